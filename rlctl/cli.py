@@ -1,0 +1,57 @@
+"""The `rlctl` command: a typer app, one module per command, and the error → exit-code mapping.
+
+Exit codes: 0 ok, 1 runtime error, 2 usage or config error, 3 partial failure (see rlctl.errors).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated
+
+import typer
+
+from rlctl.commands import check, completion, version
+from rlctl.errors import RlctlError
+
+app = typer.Typer(
+    name="rlctl",
+    help="Plan, launch and operate disaggregated RL post-training across GPU clusters and datacenters.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+_state = {"debug": False}
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks and debug logs")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="info logs on stderr")] = False,
+) -> None:
+    _state["debug"] = debug
+    level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+for module in (version, check, completion):
+    module.register(app)
+
+
+def main() -> None:
+    """Console entry point: run the app; an RlctlError becomes one stderr line and its exit code."""
+    try:
+        app()  # standalone: typer handles --help, usage errors (exit 2) and sys.exit itself
+    except RlctlError as e:
+        if _state["debug"]:
+            raise
+        line = f"rlctl: error: {e}"
+        if e.hint:
+            line += f" (hint: {e.hint})"
+        sys.stderr.write(line + "\n")
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("rlctl: interrupted\n")
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""One module per CLI command; each exposes `register(app)` and stays a thin adapter."""

@@ -1,0 +1,124 @@
+"""Loading YAML files into typed models, and turning every failure into one ConfigError line.
+
+Every config model derives from `Strict`: unknown keys are refused with the closest valid key,
+so `gpuss: 8` fails as `sites.h20.gpuss: unknown key (did you mean 'gpus'?)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+from rlctl.errors import ConfigError
+from rlctl.textutil import did_you_mean, one_of
+
+API_VERSION = "rlctl/v1"
+M = TypeVar("M", bound=BaseModel)
+
+# Fields whose value is a union told apart by `kind`: pydantic puts the tag into the error
+# location (`scheduler.slurm.partition`); we drop it so paths match the file.
+_TAGGED_FIELDS = {"scheduler", "task", "model", "algorithm"}
+
+
+class Strict(BaseModel):
+    """Base of every config model: frozen, no unknown keys, suggestions for typos."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            valid = {f.alias or name for name, f in cls.model_fields.items()}
+            for key in data:
+                if key not in valid:
+                    raise PydanticCustomError(
+                        "unknown_key",
+                        "unknown key{hint}; valid keys: {valid}",
+                        {"key": str(key), "hint": did_you_mean(str(key), valid), "valid": one_of(valid)},
+                    )
+        return data
+
+
+def format_loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    parts = list(loc)
+    for i, part in enumerate(parts):
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        if i > 0 and parts[i - 1] in _TAGGED_FIELDS:
+            continue
+        if part.startswith("function-") or part.startswith("tagged-union"):
+            continue
+        out += ("." if out else "") + part
+    return out
+
+
+def first_error(exc: ValidationError) -> tuple[str, str]:
+    """The first error as (field path, message) — one line is what the operator reads."""
+    err = exc.errors(include_url=False)[0]
+    loc = tuple(err["loc"])
+    if err["type"] == "unknown_key":
+        loc = (*loc, err["ctx"]["key"])
+    msg = err["msg"]
+    if err["type"] == "missing":
+        msg = "required field is missing"
+    elif err["type"] == "union_tag_invalid":
+        msg = f"unknown kind {err['ctx'].get('tag')!r}; valid: {err['ctx'].get('expected_tags')}"
+    elif err["type"] == "union_tag_not_found":
+        msg = f"missing 'kind'; valid: {err['ctx'].get('expected_tags')}"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if "input" in err and err["type"] not in {"missing", "unknown_key"} and not isinstance(err["input"], dict | list):
+        msg += f" (got {err['input']!r})"
+    return format_loc(loc) or "(top level)", msg
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read one YAML mapping; every failure becomes a ConfigError naming the file."""
+    name = str(path)
+    if not path.exists():
+        raise ConfigError(name, None, "no such file")
+    if path.is_dir():
+        raise ConfigError(name, None, "is a directory, expected a YAML file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(name, None, f"cannot read: {e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(name, None, f"YAML syntax error at {where}{e.problem}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(name, None, f"YAML error: {e}") from e
+    if data is None:
+        raise ConfigError(name, None, "file is empty; expected a mapping with apiVersion and kind")
+    if not isinstance(data, dict):
+        raise ConfigError(name, None, f"top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def check_header(path: Path, data: dict[str, Any], kind: str) -> None:
+    name = str(path)
+    api = data.get("apiVersion")
+    if api != API_VERSION:
+        got = "missing" if api is None else repr(api)
+        raise ConfigError(name, "apiVersion", f"must be '{API_VERSION}', got {got}")
+    if data.get("kind") != kind:
+        got = "missing" if "kind" not in data else repr(data.get("kind"))
+        raise ConfigError(name, "kind", f"must be '{kind}' for this command, got {got}")
+
+
+def validate(path: Path, data: dict[str, Any], model: type[M], *, context: dict[str, Any] | None = None) -> M:
+    try:
+        return model.model_validate(data, context=context)
+    except ValidationError as e:
+        field, msg = first_error(e)
+        raise ConfigError(str(path), field, msg) from e

@@ -1,0 +1,222 @@
+"""Inventory files (`clusters/*.yaml`, kind: Inventory): sites, their nodes and GPUs, and links.
+
+    apiVersion: rlctl/v1
+    kind: Inventory
+    sites:
+      h20:                         # site name, unique across all loaded files
+        datacenter: dc-b
+        scheduler: {kind: ssh, user: rl, port: 22, key_file: ~/.ssh/id_ed25519}
+        gpu: H20                   # catalog name, or gpu_spec: {...} for custom hardware
+        nodes: [{host: "h20-[01-04]", gpus: 8}]
+        network: {bandwidth_gbps: 100, rdma: false}
+    links:
+      - {between: [h800, h20], bandwidth_gbps: 80, latency_ms: 2}
+
+Several files are merged (sites must not repeat); links are checked against the merged sites.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
+
+from rlctl.config.base import Strict, check_header, read_yaml, validate
+from rlctl.errors import ConfigError
+from rlctl.hardware import CATALOG, GpuSpec
+from rlctl.textutil import did_you_mean, one_of
+
+NAME_RE = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+_RANGE = re.compile(r"^(?P<pre>[^\[\]]*)\[(?P<lo>\d+)-(?P<hi>\d+)\](?P<post>[^\[\]]*)$")
+
+
+def expand_hostlist(pattern: str) -> list[str]:
+    """`h20-[01-04]` → h20-01 … h20-04 (one bracket range, zero padding kept); plain names as is."""
+    m = _RANGE.match(pattern)
+    if not m:
+        if "[" in pattern or "]" in pattern:
+            raise ValueError(f"bad host pattern {pattern!r}; use one range like 'node-[01-16]'")
+        return [pattern]
+    lo, hi = m["lo"], m["hi"]
+    if int(hi) < int(lo):
+        raise ValueError(f"bad host range in {pattern!r}: {hi} < {lo}")
+    width = len(lo) if lo.startswith("0") else 0
+    return [f"{m['pre']}{i:0{width}d}{m['post']}" for i in range(int(lo), int(hi) + 1)]
+
+
+class LocalScheduler(Strict):
+    kind: Literal["local"]
+
+
+class SlurmScheduler(Strict):
+    kind: Literal["slurm"]
+    partition: str
+    account: str | None = None
+    qos: str | None = None
+    submit_host: str | None = Field(None, description="login node reached over SSH; None = run sbatch here")
+    ssh_user: str | None = None
+    ssh_port: PositiveInt = 22
+    ssh_key_file: str | None = None
+    slurm_conf: str | None = Field(None, description="SLURM_CONF for the client tools, if not the default")
+    time_limit_min: PositiveInt = 7 * 24 * 60
+
+
+class SshScheduler(Strict):
+    kind: Literal["ssh"]
+    user: str | None = None
+    port: Annotated[int, Field(ge=1, le=65535)] = 22
+    key_file: str | None = None
+    proxy_jump: str | None = None
+    workdir: str = "~/.rlctl"
+    python: str = "python3"
+
+
+Scheduler = Annotated[LocalScheduler | SlurmScheduler | SshScheduler, Field(discriminator="kind")]
+
+
+class CustomGpu(Strict):
+    name: str
+    bf16_tflops: PositiveFloat
+    hbm_gb: PositiveFloat
+    hbm_tb_per_s: PositiveFloat
+    nvlink_gb_per_s: PositiveFloat = 64.0
+    cost_per_hour: PositiveFloat = 1.0
+
+
+class Node(Strict):
+    host: str = Field(min_length=1)
+    gpus: PositiveInt
+
+    @field_validator("host")
+    @classmethod
+    def _host_pattern(cls, v: str) -> str:
+        expand_hostlist(v)
+        return v
+
+    @property
+    def hosts(self) -> list[str]:
+        return expand_hostlist(self.host)
+
+
+class Network(Strict):
+    bandwidth_gbps: PositiveFloat
+    rdma: bool = False
+
+
+class Site(Strict):
+    datacenter: str = Field(min_length=1)
+    scheduler: Scheduler
+    gpu: str | None = None
+    gpu_spec: CustomGpu | None = None
+    nodes: list[Node] = Field(min_length=1)
+    network: Network = Network(bandwidth_gbps=10.0)
+    cost_per_gpu_hour: PositiveFloat | None = None
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str | None) -> str | None:
+        if v is not None and v not in CATALOG:
+            raise ValueError(f"unknown GPU {v!r}; known: {one_of(CATALOG)}{did_you_mean(v, CATALOG)}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_gpu_source(self) -> Site:
+        if (self.gpu is None) == (self.gpu_spec is None):
+            raise ValueError("give exactly one of 'gpu' (catalog name) or 'gpu_spec' (custom specs)")
+        return self
+
+    @property
+    def spec(self) -> GpuSpec:
+        if self.gpu_spec is not None:
+            g = self.gpu_spec
+            return GpuSpec(g.name, g.bf16_tflops, g.hbm_gb, g.hbm_tb_per_s, g.nvlink_gb_per_s, g.cost_per_hour)
+        assert self.gpu is not None
+        return CATALOG[self.gpu]
+
+    @property
+    def gpu_cost_per_hour(self) -> float:
+        return self.cost_per_gpu_hour if self.cost_per_gpu_hour is not None else self.spec.cost_per_hour
+
+    @property
+    def hosts(self) -> list[tuple[str, int]]:
+        return [(h, n.gpus) for n in self.nodes for h in n.hosts]
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(g for _, g in self.hosts)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return max(g for _, g in self.hosts)
+
+
+class Link(Strict):
+    between: tuple[str, str]
+    bandwidth_gbps: PositiveFloat
+    latency_ms: Annotated[float, Field(ge=0)] = 1.0
+
+    @field_validator("between")
+    @classmethod
+    def _two_sites(cls, v: tuple[str, str]) -> tuple[str, str]:
+        if v[0] == v[1]:
+            raise ValueError(f"a link joins two different sites, got {v[0]!r} twice")
+        return v
+
+
+class InventoryFile(Strict):
+    api_version: str = Field(alias="apiVersion")
+    kind: Literal["Inventory"]
+    sites: dict[Annotated[str, Field(pattern=NAME_RE)], Site] = Field(default_factory=dict)
+    links: list[Link] = Field(default_factory=list)
+
+
+class Inventory:
+    """Sites and links merged from one or more inventory files."""
+
+    def __init__(self, sites: dict[str, Site], links: list[Link], files: list[str]) -> None:
+        self.sites = sites
+        self.links = links
+        self.files = files
+
+    def link(self, a: str, b: str) -> Link | None:
+        for link in self.links:
+            if set(link.between) == {a, b}:
+                return link
+        return None
+
+    def site(self, name: str) -> Site:
+        return self.sites[name]
+
+
+def load_inventory(paths: list[Path]) -> Inventory:
+    sites: dict[str, Site] = {}
+    origin: dict[str, str] = {}
+    links: list[tuple[str, int, Link]] = []
+    for path in paths:
+        data = read_yaml(path)
+        check_header(path, data, "Inventory")
+        inv = validate(path, data, InventoryFile)
+        for name, site in inv.sites.items():
+            if name in sites:
+                raise ConfigError(str(path), f"sites.{name}", f"duplicate site name; already defined in {origin[name]}")
+            sites[name] = site
+            origin[name] = str(path)
+        links.extend((str(path), i, link) for i, link in enumerate(inv.links))
+    if not sites:
+        raise ConfigError(", ".join(map(str, paths)), "sites", "no site defined; an inventory needs at least one site")
+    seen: set[frozenset[str]] = set()
+    for file, i, link in links:
+        for j, end in enumerate(link.between):
+            if end not in sites:
+                raise ConfigError(
+                    file, f"links[{i}].between[{j}]",
+                    f"unknown site {end!r}; known: {one_of(sites)}{did_you_mean(end, sites)}",
+                    hint="load the inventory file that declares it too",
+                )
+        key = frozenset(link.between)
+        if key in seen:
+            raise ConfigError(file, f"links[{i}]", f"duplicate link between {link.between[0]!r} and {link.between[1]!r}")
+        seen.add(key)
+    return Inventory(sites, [link for _, _, link in links], [str(p) for p in paths])

@@ -1,0 +1,273 @@
+"""Job files (`jobs/*.yaml`, kind: Job): what to train, where, and how the pipeline runs.
+
+    apiVersion: rlctl/v1
+    kind: Job
+    name: demo
+    inventory: [../clusters/local.yaml]      # relative to this file
+    model: {kind: builtin, name: tiny-demo}
+    task: {kind: digits}
+    placement: {trainer: {site: local, gpus: 1}, rollout: [{site: local, gpus: 2}]}
+    pipeline: {mode: async}
+
+Everything else has defaults; `rlctl plan` fills `gpus: auto`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+
+from rlctl.config.base import Strict, check_header, read_yaml, validate
+from rlctl.config.inventory import NAME_RE, Inventory, load_inventory
+from rlctl.errors import ConfigError
+from rlctl.modelcatalog import BUILTIN_MODELS, ModelArch
+from rlctl.textutil import did_you_mean, one_of
+
+Fraction = Annotated[float, Field(gt=0, lt=1)]
+
+
+class BuiltinModel(Strict):
+    kind: Literal["builtin"]
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in BUILTIN_MODELS:
+            raise ValueError(f"unknown built-in model {v!r}; known: {one_of(BUILTIN_MODELS)}{did_you_mean(v, BUILTIN_MODELS)}")
+        return v
+
+    @property
+    def arch(self) -> ModelArch:
+        return BUILTIN_MODELS[self.name]
+
+
+class ArchModel(Strict):
+    """A model described by its architecture only (for planning), or an HF directory to load."""
+
+    kind: Literal["arch"]
+    name: str
+    layers: PositiveInt
+    hidden: PositiveInt
+    heads: PositiveInt
+    kv_heads: PositiveInt
+    vocab: PositiveInt
+    intermediate: PositiveInt
+    params: PositiveFloat
+    path: str | None = None
+
+    @property
+    def arch(self) -> ModelArch:
+        return ModelArch(self.name, self.layers, self.hidden, self.heads, self.kv_heads, self.vocab,
+                         self.intermediate, self.params)
+
+
+Model = Annotated[BuiltinModel | ArchModel, Field(discriminator="kind")]
+
+
+class DigitsTask(Strict):
+    """The demo task (DESIGN §10): `3172=` → `aaabcccccccdd`; length = digit sum, long-tailed."""
+
+    kind: Literal["digits"]
+    num_digits_min: PositiveInt = 1
+    num_digits_max: PositiveInt = 6
+    median_output_tokens: PositiveFloat = 30.0
+    sigma: PositiveFloat = 0.8
+    max_output_tokens: PositiveInt = 256
+    seed: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _range(self) -> DigitsTask:
+        if self.num_digits_max < self.num_digits_min:
+            raise ValueError("num_digits_max must be ≥ num_digits_min")
+        return self
+
+
+class LengthsTask(Strict):
+    """A workload described only by its length distribution (planning and simulation at scale).
+
+    Output lengths are lognormal with median `median_output_tokens` and σ(ln L) = `sigma`, capped at
+    `max_output_tokens`; `growth_per_iteration` scales the median each iteration (inference-time scaling).
+    """
+
+    kind: Literal["lengths"]
+    prompt_tokens: PositiveInt = 512
+    median_output_tokens: PositiveFloat = 2750.0
+    sigma: PositiveFloat = 0.885
+    max_output_tokens: PositiveInt = 20000
+    growth_per_iteration: Annotated[float, Field(ge=0)] = 0.0
+    seed: NonNegativeInt = 0
+
+
+Task = Annotated[DigitsTask | LengthsTask, Field(discriminator="kind")]
+
+
+class GrpoAlgorithm(Strict):
+    kind: Literal["grpo"]
+    lr: PositiveFloat = 3e-4
+    clip_eps: PositiveFloat = 0.2
+    kl_coef: Annotated[float, Field(ge=0)] = 0.0
+    temperature: PositiveFloat = 1.0
+
+
+class PpoAlgorithm(Strict):
+    kind: Literal["ppo"]
+    lr: PositiveFloat = 3e-4
+    critic_lr: PositiveFloat = 1e-3
+    clip_eps: PositiveFloat = 0.2
+    kl_coef: Annotated[float, Field(ge=0)] = 0.0
+    gamma: Annotated[float, Field(gt=0, le=1)] = 1.0
+    lam: Annotated[float, Field(gt=0, le=1)] = 0.95
+    temperature: PositiveFloat = 1.0
+
+
+Algorithm = Annotated[GrpoAlgorithm | PpoAlgorithm, Field(discriminator="kind")]
+
+
+class Batch(Strict):
+    prompts_per_iteration: PositiveInt = 16
+    samples_per_prompt: PositiveInt = 8
+    train_micro_batch_samples: PositiveInt = 32
+
+    @property
+    def samples_per_iteration(self) -> int:
+        return self.prompts_per_iteration * self.samples_per_prompt
+
+
+class Pipeline(Strict):
+    mode: Literal["sync", "stream", "async"] = "async"
+    staleness: NonNegativeInt | None = Field(None, description="η; default 1 for async, 0 otherwise")
+
+    @property
+    def eta(self) -> int:
+        if self.staleness is not None:
+            return self.staleness
+        return 1 if self.mode == "async" else 0
+
+    @model_validator(mode="after")
+    def _bound_fits_mode(self) -> Pipeline:
+        if self.mode != "async" and self.staleness not in (None, 0):
+            raise ValueError(f"staleness must be 0 in mode {self.mode!r} (only 'async' trains on older samples)")
+        return self
+
+
+GpuCount = PositiveInt | Literal["auto"]
+
+
+class RolePlacement(Strict):
+    site: Annotated[str, Field(pattern=NAME_RE)]
+    gpus: GpuCount = "auto"
+
+
+class Placement(Strict):
+    trainer: RolePlacement
+    rollout: list[RolePlacement] = Field(min_length=1)
+    controller_site: str | None = None
+
+
+class Rollout(Strict):
+    engine: Literal["embedded", "vllm"] = "embedded"
+    max_batch_size: PositiveInt = 64
+    tensor_parallel: PositiveInt | None = None
+    dispatch: Literal["random", "skew_aware", "oracle"] = "skew_aware"
+    long_tail_fraction: Fraction = 0.2
+    threads_per_unit: PositiveInt = 1
+
+
+class Trainer(Strict):
+    backend: Literal["torch", "megatron"] = "torch"
+    threads_per_rank: PositiveInt = 1
+
+
+class Transport(Strict):
+    kind: Literal["tcp", "ucx", "inproc"] = "tcp"
+    streams: PositiveInt = 1
+    timeout_s: PositiveFloat = 30.0
+
+
+class WeightSync(Strict):
+    mode: Literal["full", "delta"] = "full"
+    anchor_every: PositiveInt = 8
+    chunk_bytes: PositiveInt = 4 * 1024 * 1024
+
+
+class Metrics(Strict):
+    port: Annotated[int, Field(ge=0, le=65535)] = 0  # 0 = pick a free port
+
+
+class Checkpoint(Strict):
+    every_iterations: NonNegativeInt = 20  # 0 = only at the end
+
+
+class Planning(Strict):
+    """How `plan` chooses among candidate allocations (StreamRL Alg. 1 and 2)."""
+
+    rule: Literal["paper", "fewest_gpus"] = "paper"
+    epsilon: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    dispatch_rule: Literal["sum", "max"] = "max"
+
+
+class JobFile(Strict):
+    api_version: str = Field(alias="apiVersion")
+    kind: Literal["Job"]
+    name: Annotated[str, Field(pattern=NAME_RE)]
+    inventory: list[str] = Field(min_length=1)
+    model: Model
+    task: Task
+    placement: Placement
+    algorithm: Algorithm = GrpoAlgorithm(kind="grpo")
+    iterations: PositiveInt = 100
+    batch: Batch = Batch()
+    pipeline: Pipeline = Pipeline()
+    rollout: Rollout = Rollout()
+    trainer: Trainer = Trainer()
+    transport: Transport = Transport()
+    weight_sync: WeightSync = WeightSync()
+    metrics: Metrics = Metrics()
+    checkpoint: Checkpoint = Checkpoint()
+    planning: Planning = Planning()
+    job_dir: str | None = None
+    seed: NonNegativeInt = 0
+
+
+class Job:
+    """A validated job together with the inventory it runs on."""
+
+    def __init__(self, spec: JobFile, inventory: Inventory, path: Path) -> None:
+        self.spec = spec
+        self.inventory = inventory
+        self.path = path
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def load_job(path: Path) -> Job:
+    data = read_yaml(path)
+    check_header(path, data, "Job")
+    spec = validate(path, data, JobFile)
+    inv_paths = [(path.parent / p) for p in spec.inventory]
+    for i, p in enumerate(inv_paths):
+        if not p.exists():
+            raise ConfigError(str(path), f"inventory[{i}]", f"no such file {str(p)!r} (paths are relative to the job file)")
+    inventory = load_inventory(inv_paths)
+    roles = [("placement.trainer", spec.placement.trainer)] + [
+        (f"placement.rollout[{i}]", r) for i, r in enumerate(spec.placement.rollout)
+    ]
+    for field, role in roles:
+        if role.site not in inventory.sites:
+            raise ConfigError(str(path), f"{field}.site",
+                              f"unknown site {role.site!r}; known: {one_of(inventory.sites)}{did_you_mean(role.site, inventory.sites)}")
+        if role.gpus != "auto" and role.gpus > inventory.sites[role.site].total_gpus:
+            raise ConfigError(str(path), f"{field}.gpus",
+                              f"{role.gpus} GPUs asked but site {role.site!r} has {inventory.sites[role.site].total_gpus}")
+    sites = [r.site for r in spec.placement.rollout]
+    if len(set(sites)) != len(sites):
+        raise ConfigError(str(path), "placement.rollout", "each rollout site may appear once")
+    cs = spec.placement.controller_site
+    if cs is not None and cs not in inventory.sites:
+        raise ConfigError(str(path), "placement.controller_site", f"unknown site {cs!r}; known: {one_of(inventory.sites)}")
+    return Job(spec, inventory, path)

@@ -1,0 +1,81 @@
+"""The one error tree of rlctl; the CLI maps each branch to an exit code.
+
+    RlctlError                      exit 1  runtime failure
+    ├── ConfigError                 exit 2  bad inventory / job / profile file (names file + field)
+    ├── UsageError                  exit 2  bad command-line usage
+    ├── PartialFailure              exit 3  some sites / agents failed, the rest answered
+    ├── PlanError                   exit 1  no feasible allocation for the job
+    ├── LaunchError                 exit 1  a backend could not start or stop agents
+    └── TransportError              exit 1  anything on the wire
+        ├── PeerUnreachable                 connect refused / no route
+        ├── PeerTimeout                     connect or read deadline passed
+        ├── AuthError                       HMAC challenge failed: peer refused before any payload
+        └── ProtocolError                   malformed frame, size bound exceeded, checksum mismatch
+
+Each interface translates foreign exceptions (OSError, yaml, pydantic, subprocess) into this tree
+in one place, so callers catch `RlctlError` and nothing else.
+"""
+
+from __future__ import annotations
+
+
+class RlctlError(Exception):
+    """Base of every error rlctl raises on purpose."""
+
+    exit_code = 1
+    hint: str | None = None
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        if hint is not None:
+            self.hint = hint
+
+
+class ConfigError(RlctlError):
+    """An input file is missing, malformed or invalid. The message names file and field."""
+
+    exit_code = 2
+
+    def __init__(self, file: str, field: str | None, message: str, *, hint: str | None = None) -> None:
+        self.file = file
+        self.field = field
+        where = f"{file}: {field}: " if field else f"{file}: "
+        super().__init__(where + message, hint=hint)
+
+
+class UsageError(RlctlError):
+    exit_code = 2
+
+
+class PartialFailure(RlctlError):
+    """Some parts answered and some did not; the partial result is still printed."""
+
+    exit_code = 3
+
+
+class PlanError(RlctlError):
+    pass
+
+
+class LaunchError(RlctlError):
+    pass
+
+
+class TransportError(RlctlError):
+    pass
+
+
+class PeerUnreachable(TransportError):
+    pass
+
+
+class PeerTimeout(TransportError):
+    pass
+
+
+class AuthError(TransportError):
+    pass
+
+
+class ProtocolError(TransportError):
+    pass

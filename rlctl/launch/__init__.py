@@ -1,0 +1,1 @@
+"""Launch backends (local, slurm, ssh) and site reachability probes."""

@@ -1,0 +1,43 @@
+"""Model architectures the cost models need, with built-ins (StreamRL Table 2 + the demo model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    intermediate: int
+    params: float  # total parameter count
+    bytes_per_param: int = 2  # bf16 weights
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V for every layer, bf16."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.bytes_per_param
+
+
+BUILTIN_MODELS: dict[str, ModelArch] = {
+    m.name: m
+    for m in [
+        ModelArch("qwen2.5-7b", 28, 3584, 28, 4, 152064, 18944, 7.62e9),
+        ModelArch("qwen2.5-32b", 64, 5120, 40, 8, 152064, 27648, 32.8e9),
+        ModelArch("qwen2.5-72b", 80, 8192, 64, 8, 152064, 29568, 72.7e9),
+        # The embedded CPU engine's demo model (DESIGN §10): pre-LN GPT, learned positions.
+        ModelArch("tiny-demo", 3, 96, 4, 4, 66, 384, 3.85e5, bytes_per_param=4),
+    ]
+}
