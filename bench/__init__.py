@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench <name> [--json] [--quick]`; `make bench` runs them all."""
