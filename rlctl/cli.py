@@ -43,7 +43,7 @@ for module in (version, check, completion):
 def main() -> None:
     """Console entry point: run the app; an RlctlError becomes one stderr line and its exit code."""
     try:
-        app()  # standalone: typer handles --help, usage errors (exit 2) and sys.exit itself
+        app(prog_name="rlctl")  # standalone: typer handles --help, usage errors (exit 2) and sys.exit itself
     except RlctlError as e:
         if _state["debug"]:
             raise

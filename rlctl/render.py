@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
 from tabulate import tabulate
 
 
-class OutputFormat(str, Enum):
+class OutputFormat(StrEnum):
     table = "table"
     json = "json"
 

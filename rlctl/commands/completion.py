@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated
 
 import typer
 from typer._completion_shared import get_completion_script
 
 
-class Shell(str, Enum):
+class Shell(StrEnum):
     bash = "bash"
     zsh = "zsh"
     fish = "fish"

@@ -7,7 +7,7 @@ so `gpuss: 8` fails as `sites.h20.gpuss: unknown key (did you mean 'gpus'?)`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -19,9 +19,18 @@ from rlctl.textutil import did_you_mean, one_of
 API_VERSION = "rlctl/v1"
 M = TypeVar("M", bound=BaseModel)
 
-# Fields whose value is a union told apart by `kind`: pydantic puts the tag into the error
-# location (`scheduler.slurm.partition`); we drop it so paths match the file.
-_TAGGED_FIELDS = {"scheduler", "task", "model", "algorithm"}
+NAME_RE = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+# Fields whose value is a union told apart by `kind` -> the valid kinds. Pydantic puts the tag into
+# the error location (`scheduler.slurm.partition`); we drop it so paths match the file.
+_TAGGED_FIELDS: dict[str, list[str]] = {}
+
+
+def register_tags(field: str, union: Any) -> None:
+    """Remember the kinds of an `Annotated[A | B, Field(discriminator="kind")]` field, for error messages."""
+    models = get_args(get_args(union)[0])
+    kinds = {k for m in models for k in get_args(m.model_fields["kind"].annotation)}
+    _TAGGED_FIELDS[field] = sorted(kinds | set(_TAGGED_FIELDS.get(field, [])))
 
 
 class Strict(BaseModel):
@@ -53,7 +62,7 @@ def format_loc(loc: tuple[int | str, ...]) -> str:
             continue
         if i > 0 and parts[i - 1] in _TAGGED_FIELDS:
             continue
-        if part.startswith("function-") or part.startswith("tagged-union"):
+        if part.startswith("function-") or part.startswith("tagged-union") or part == "[key]":
             continue
         out += ("." if out else "") + part
     return out
@@ -71,11 +80,15 @@ def first_error(exc: ValidationError) -> tuple[str, str]:
     elif err["type"] == "union_tag_invalid":
         msg = f"unknown kind {err['ctx'].get('tag')!r}; valid: {err['ctx'].get('expected_tags')}"
     elif err["type"] == "union_tag_not_found":
-        msg = f"missing 'kind'; valid: {err['ctx'].get('expected_tags')}"
+        field = next((str(p) for p in reversed(loc) if isinstance(p, str)), "")
+        msg = f"missing 'kind'; valid: {', '.join(_TAGGED_FIELDS.get(field, []))}"
+    elif err["type"] == "string_pattern_mismatch" and err["ctx"].get("pattern") == NAME_RE:
+        msg = "invalid name; use 1-63 lower-case letters, digits, '-' or '_', starting with a letter or digit"
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
-    if "input" in err and err["type"] not in {"missing", "unknown_key"} and not isinstance(err["input"], dict | list):
-        msg += f" (got {err['input']!r})"
+    given = err.get("input")
+    if err["type"] not in {"missing", "unknown_key"} and not isinstance(given, dict | list) and repr(given) not in msg:
+        msg += f" (got {given!r})"
     return format_loc(loc) or "(top level)", msg
 
 

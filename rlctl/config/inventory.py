@@ -23,12 +23,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from rlctl.config.base import Strict, check_header, read_yaml, validate
+from rlctl.config.base import NAME_RE, Strict, check_header, read_yaml, register_tags, validate
 from rlctl.errors import ConfigError
 from rlctl.hardware import CATALOG, GpuSpec
 from rlctl.textutil import did_you_mean, one_of
 
-NAME_RE = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 _RANGE = re.compile(r"^(?P<pre>[^\[\]]*)\[(?P<lo>\d+)-(?P<hi>\d+)\](?P<post>[^\[\]]*)$")
 
 
@@ -74,6 +73,7 @@ class SshScheduler(Strict):
 
 
 Scheduler = Annotated[LocalScheduler | SlurmScheduler | SshScheduler, Field(discriminator="kind")]
+register_tags("scheduler", Scheduler)
 
 
 class CustomGpu(Strict):
@@ -211,12 +211,15 @@ def load_inventory(paths: list[Path]) -> Inventory:
         for j, end in enumerate(link.between):
             if end not in sites:
                 raise ConfigError(
-                    file, f"links[{i}].between[{j}]",
+                    file,
+                    f"links[{i}].between[{j}]",
                     f"unknown site {end!r}; known: {one_of(sites)}{did_you_mean(end, sites)}",
                     hint="load the inventory file that declares it too",
                 )
         key = frozenset(link.between)
         if key in seen:
-            raise ConfigError(file, f"links[{i}]", f"duplicate link between {link.between[0]!r} and {link.between[1]!r}")
+            raise ConfigError(
+                file, f"links[{i}]", f"duplicate link between {link.between[0]!r} and {link.between[1]!r}"
+            )
         seen.add(key)
     return Inventory(sites, [link for _, _, link in links], [str(p) for p in paths])

@@ -14,13 +14,14 @@ Everything else has defaults; `rlctl plan` fills `gpus: auto`.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from rlctl.config.base import Strict, check_header, read_yaml, validate
-from rlctl.config.inventory import NAME_RE, Inventory, load_inventory
+from rlctl.config.base import NAME_RE, Strict, check_header, read_yaml, register_tags, validate
+from rlctl.config.inventory import Inventory, load_inventory
 from rlctl.errors import ConfigError
 from rlctl.modelcatalog import BUILTIN_MODELS, ModelArch
 from rlctl.textutil import did_you_mean, one_of
@@ -36,7 +37,9 @@ class BuiltinModel(Strict):
     @classmethod
     def _known(cls, v: str) -> str:
         if v not in BUILTIN_MODELS:
-            raise ValueError(f"unknown built-in model {v!r}; known: {one_of(BUILTIN_MODELS)}{did_you_mean(v, BUILTIN_MODELS)}")
+            raise ValueError(
+                f"unknown built-in model {v!r}; known: {one_of(BUILTIN_MODELS)}{did_you_mean(v, BUILTIN_MODELS)}"
+            )
         return v
 
     @property
@@ -60,11 +63,13 @@ class ArchModel(Strict):
 
     @property
     def arch(self) -> ModelArch:
-        return ModelArch(self.name, self.layers, self.hidden, self.heads, self.kv_heads, self.vocab,
-                         self.intermediate, self.params)
+        return ModelArch(
+            self.name, self.layers, self.hidden, self.heads, self.kv_heads, self.vocab, self.intermediate, self.params
+        )
 
 
 Model = Annotated[BuiltinModel | ArchModel, Field(discriminator="kind")]
+register_tags("model", Model)
 
 
 class DigitsTask(Strict):
@@ -102,6 +107,7 @@ class LengthsTask(Strict):
 
 
 Task = Annotated[DigitsTask | LengthsTask, Field(discriminator="kind")]
+register_tags("task", Task)
 
 
 class GrpoAlgorithm(Strict):
@@ -124,6 +130,7 @@ class PpoAlgorithm(Strict):
 
 
 Algorithm = Annotated[GrpoAlgorithm | PpoAlgorithm, Field(discriminator="kind")]
+register_tags("algorithm", Algorithm)
 
 
 class Batch(Strict):
@@ -249,25 +256,36 @@ def load_job(path: Path) -> Job:
     data = read_yaml(path)
     check_header(path, data, "Job")
     spec = validate(path, data, JobFile)
-    inv_paths = [(path.parent / p) for p in spec.inventory]
+    inv_paths = [Path(os.path.normpath(path.parent / p)) for p in spec.inventory]
     for i, p in enumerate(inv_paths):
         if not p.exists():
-            raise ConfigError(str(path), f"inventory[{i}]", f"no such file {str(p)!r} (paths are relative to the job file)")
+            raise ConfigError(
+                str(path), f"inventory[{i}]", f"no such file {str(p)!r} (paths are relative to the job file)"
+            )
     inventory = load_inventory(inv_paths)
     roles = [("placement.trainer", spec.placement.trainer)] + [
         (f"placement.rollout[{i}]", r) for i, r in enumerate(spec.placement.rollout)
     ]
     for field, role in roles:
         if role.site not in inventory.sites:
-            raise ConfigError(str(path), f"{field}.site",
-                              f"unknown site {role.site!r}; known: {one_of(inventory.sites)}{did_you_mean(role.site, inventory.sites)}")
+            raise ConfigError(
+                str(path),
+                f"{field}.site",
+                f"unknown site {role.site!r}; known: {one_of(inventory.sites)}"
+                + did_you_mean(role.site, inventory.sites),
+            )
         if role.gpus != "auto" and role.gpus > inventory.sites[role.site].total_gpus:
-            raise ConfigError(str(path), f"{field}.gpus",
-                              f"{role.gpus} GPUs asked but site {role.site!r} has {inventory.sites[role.site].total_gpus}")
+            raise ConfigError(
+                str(path),
+                f"{field}.gpus",
+                f"{role.gpus} GPUs asked but site {role.site!r} has {inventory.sites[role.site].total_gpus}",
+            )
     sites = [r.site for r in spec.placement.rollout]
     if len(set(sites)) != len(sites):
         raise ConfigError(str(path), "placement.rollout", "each rollout site may appear once")
     cs = spec.placement.controller_site
     if cs is not None and cs not in inventory.sites:
-        raise ConfigError(str(path), "placement.controller_site", f"unknown site {cs!r}; known: {one_of(inventory.sites)}")
+        raise ConfigError(
+            str(path), "placement.controller_site", f"unknown site {cs!r}; known: {one_of(inventory.sites)}"
+        )
     return Job(spec, inventory, path)

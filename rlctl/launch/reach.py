@@ -23,18 +23,31 @@ class ReachResult:
     seconds: float
 
 
-def _ssh_run(host: str, *, user: str | None, port: int, key_file: str | None, command: str, timeout_s: float,
-             proxy_jump: str | None = None) -> str:
+def _ssh_run(
+    host: str,
+    *,
+    user: str | None,
+    port: int,
+    key_file: str | None,
+    command: str,
+    timeout_s: float,
+    proxy_jump: str | None = None,
+) -> str:
     """Run one command over SSH (fabric) and return its stdout; raises OSError-like errors on failure."""
     from fabric import Connection  # imported lazily: only SSH sites need it
 
-    kwargs: dict[str, object] = {"look_for_keys": key_file is None, "allow_agent": key_file is None,
-                                 "banner_timeout": timeout_s, "auth_timeout": timeout_s}
+    kwargs: dict[str, object] = {
+        "look_for_keys": key_file is None,
+        "allow_agent": key_file is None,
+        "banner_timeout": timeout_s,
+        "auth_timeout": timeout_s,
+    }
     if key_file:
         kwargs["key_filename"] = str(Path(key_file).expanduser())
     gateway = Connection(proxy_jump, connect_timeout=timeout_s) if proxy_jump else None
-    with Connection(host, user=user, port=port, connect_timeout=timeout_s, connect_kwargs=kwargs,
-                    gateway=gateway) as conn:
+    with Connection(
+        host, user=user, port=port, connect_timeout=timeout_s, connect_kwargs=kwargs, gateway=gateway
+    ) as conn:
         res = conn.run(command, hide=True, warn=True, timeout=timeout_s, in_stream=False)
         if res.exited != 0:
             raise RuntimeError(f"'{command}' exited {res.exited}: {res.stderr.strip()[:200]}")
@@ -44,22 +57,41 @@ def _ssh_run(host: str, *, user: str | None, port: int, key_file: str | None, co
 def _probe_ssh(site: Site, sched: SshScheduler, timeout_s: float) -> str:
     hosts = [h for h, _ in site.hosts]
     for host in hosts:
-        _ssh_run(host, user=sched.user, port=sched.port, key_file=sched.key_file, command="true",
-                 timeout_s=timeout_s, proxy_jump=sched.proxy_jump)
+        _ssh_run(
+            host,
+            user=sched.user,
+            port=sched.port,
+            key_file=sched.key_file,
+            command="true",
+            timeout_s=timeout_s,
+            proxy_jump=sched.proxy_jump,
+        )
     return f"ssh login ok on {len(hosts)} host(s)"
 
 
 def _probe_slurm(sched: SlurmScheduler, timeout_s: float) -> str:
     cmd = f"sinfo -h -p {sched.partition} -o '%D %t'"
     if sched.submit_host:
-        out = _ssh_run(sched.submit_host, user=sched.ssh_user, port=sched.ssh_port, key_file=sched.ssh_key_file,
-                       command=cmd, timeout_s=timeout_s)
+        out = _ssh_run(
+            sched.submit_host,
+            user=sched.ssh_user,
+            port=sched.ssh_port,
+            key_file=sched.ssh_key_file,
+            command=cmd,
+            timeout_s=timeout_s,
+        )
     else:
         env = dict(os.environ)
         if sched.slurm_conf:
             env["SLURM_CONF"] = sched.slurm_conf
-        proc = subprocess.run(["sinfo", "-h", "-p", sched.partition, "-o", "%D %t"], env=env, capture_output=True,
-                              text=True, timeout=timeout_s, check=False)
+        proc = subprocess.run(
+            ["sinfo", "-h", "-p", sched.partition, "-o", "%D %t"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
         if proc.returncode != 0:
             raise RuntimeError((proc.stderr.strip() or f"sinfo exited {proc.returncode}").splitlines()[-1])
         out = proc.stdout

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# sshd.sh -- a private OpenSSH server on loopback for rlctl's integration tests (key auth only, no PAM).
+# Usage (root): sshd.sh install | up | down | status
+# Knobs: BASE=/tmp/rlctl-test-sshd  ADDR=127.0.0.1  PORT=2222
+# After up: client key $BASE/id_ed25519, known_hosts $BASE/known_hosts, ssh -F $BASE/ssh_config rlctl-test
+set -euo pipefail
+BASE=${BASE:-/tmp/rlctl-test-sshd}
+ADDR=${ADDR:-127.0.0.1}
+PORT=${PORT:-2222}
+log() { echo "[sshd.sh $(date +%T)] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+[ "$(id -u)" = 0 ] || die "run as root"
+
+install() {
+  [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null && return 0
+  log "apt-get install openssh-server openssh-client"
+  timeout 300 apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends openssh-server openssh-client >/dev/null
+}
+
+ours() { [ -d "/proc/$1" ] && grep -qaF "$BASE" "/proc/$1/cmdline" 2>/dev/null; }
+down() {
+  if [ -f "$BASE/sshd.bgpid" ]; then
+    local p i; p=$(cat "$BASE/sshd.bgpid")
+    if ours "$p"; then
+      kill -TERM "$p" 2>/dev/null || true
+      for i in $(seq 1 40); do { ours "$p" && ! grep -q '^State:.*Z' "/proc/$p/status" 2>/dev/null; } || break; sleep 0.25; done
+      if ours "$p"; then kill -KILL "$p" 2>/dev/null || true; fi
+    fi
+  fi
+  rm -rf "$BASE"
+}
+
+up() {
+  install
+  down
+  mkdir -p "$BASE"; chmod 700 "$BASE"
+  timeout 20 ssh-keygen -q -t ed25519 -N '' -C rlctl-test-host -f "$BASE/host_ed25519"
+  timeout 20 ssh-keygen -q -t ed25519 -N '' -C rlctl-test-client -f "$BASE/id_ed25519"
+  cp "$BASE/id_ed25519.pub" "$BASE/authorized_keys"; chmod 600 "$BASE/authorized_keys"
+  # StrictModes no: /tmp is world-writable, and sshd would refuse the AuthorizedKeysFile path below it.
+  # Subsystem sftp: fabric's put/get use SFTP. MaxStartups/MaxSessions: tests open many connections at once.
+  cat >"$BASE/sshd_config" <<CONF
+Port $PORT
+ListenAddress $ADDR
+HostKey $BASE/host_ed25519
+PidFile $BASE/sshd.pid
+AuthorizedKeysFile $BASE/authorized_keys
+StrictModes no
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PermitRootLogin prohibit-password
+Subsystem sftp internal-sftp
+MaxStartups 200:30:400
+MaxSessions 200
+LogLevel VERBOSE
+CONF
+  mkdir -p /run/sshd; chmod 755 /run/sshd   # privilege-separation dir; sshd refuses to start without it
+  timeout 10 /usr/sbin/sshd -t -f "$BASE/sshd_config" || die "sshd -t failed"
+  setsid nohup /usr/sbin/sshd -D -e -f "$BASE/sshd_config" >"$BASE/sshd.log" 2>&1 </dev/null &
+  echo $! >"$BASE/sshd.bgpid"
+  local end=$((SECONDS + 15))
+  until timeout 2 bash -c "exec 3<>/dev/tcp/$ADDR/$PORT" 2>/dev/null; do
+    [ $SECONDS -lt $end ] || die "sshd not listening: $(tail -5 "$BASE/sshd.log")"; sleep 0.1
+  done
+  echo "[$ADDR]:$PORT $(cut -d' ' -f1,2 "$BASE/host_ed25519.pub")" >"$BASE/known_hosts"
+  cat >"$BASE/ssh_config" <<CONF
+Host rlctl-test
+  HostName $ADDR
+  Port $PORT
+  User $(id -un)
+  IdentityFile $BASE/id_ed25519
+  IdentitiesOnly yes
+  UserKnownHostsFile $BASE/known_hosts
+  StrictHostKeyChecking yes
+  BatchMode yes
+CONF
+  log "sshd on $ADDR:$PORT (key $BASE/id_ed25519)"
+}
+
+case "${1:-up}" in
+  install) install ;;
+  up) up ;;
+  down) down ;;
+  status) if [ -f "$BASE/sshd.bgpid" ] && ours "$(cat "$BASE/sshd.bgpid")"; then echo running; else echo "not running"; fi ;;
+  *) die "usage: $0 install|up|down|status" ;;
+esac

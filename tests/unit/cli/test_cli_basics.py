@@ -1,0 +1,53 @@
+"""CLI conventions: version, JSON on stdout only, completion scripts, usage errors exit 2."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from rlctl import __version__
+from tests.conftest import ROOT, CliResult
+
+
+def test_version_json(cli: Callable[..., CliResult]) -> None:
+    res = cli("version", "-o", "json")
+    assert res.exit_code == 0
+    assert json.loads(res.stdout)["rlctl"] == __version__
+
+
+def test_check_examples_table_and_json_agree(cli: Callable[..., CliResult]) -> None:
+    files = sorted(str(p) for p in (ROOT / "clusters").glob("*.yaml"))
+    table = cli("check", *files)
+    data = json.loads(cli("check", *files, "-o", "json").stdout)
+    assert table.exit_code == 0
+    assert {s["name"] for s in data["sites"]} == {"h800", "h20", "local"}
+    assert data["links"] == [{"between": ["h800", "h20"], "bandwidth_gbps": 80.0, "latency_ms": 2.0}]
+    for site in data["sites"]:
+        assert site["name"] in table.stdout
+        assert str(site["gpus"]) in table.stdout
+    assert "h800 <-> h20" in table.stdout and "80 Gbps" in table.stdout
+    h800 = next(s for s in data["sites"] if s["name"] == "h800")
+    assert (h800["nodes"], h800["gpus"], h800["gpu"], h800["scheduler"]) == (16, 128, "H800", "slurm")
+    h20 = next(s for s in data["sites"] if s["name"] == "h20")
+    assert (h20["nodes"], h20["gpus"], h20["gpu"], h20["scheduler"]) == (4, 32, "H20", "ssh")
+
+
+def test_check_job_file(cli: Callable[..., CliResult]) -> None:
+    data = json.loads(cli("check", str(ROOT / "jobs" / "cross-dc-7b.yaml"), "-o", "json").stdout)
+    assert data["job"]["name"] == "cross-dc-7b"
+    assert {s["name"] for s in data["sites"]} == {"h800", "h20"}
+
+
+@pytest.mark.parametrize("shell,marker", [("bash", "complete -o"), ("zsh", "compdef"), ("fish", "complete --command")])
+def test_completion_scripts(cli: Callable[..., CliResult], shell: str, marker: str) -> None:
+    res = cli("completion", shell)
+    assert res.exit_code == 0
+    assert marker in res.stdout and "_RLCTL_COMPLETE" in res.stdout
+
+
+def test_usage_errors_exit_2(cli: Callable[..., CliResult]) -> None:
+    assert cli("completion", "tcsh").exit_code == 2
+    assert cli("no-such-command").exit_code == 2
+    assert cli("check").exit_code == 2

@@ -1,0 +1,53 @@
+"""`rlctl --help` and every subcommand's help match golden files (refresh: RLCTL_UPDATE_GOLDEN=1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlctl.cli import app
+from tests.conftest import ROOT
+
+GOLDEN = ROOT / "tests" / "golden" / "help"
+COMMANDS = sorted(c.name or c.callback.__name__ for c in app.registered_commands if c.callback is not None)
+ENV = {
+    **os.environ,
+    "COLUMNS": "100",
+    "LINES": "50",
+    "NO_COLOR": "1",
+    "TERM": "dumb",
+    "_TYPER_FORCE_DISABLE_TERMINAL": "1",
+}
+
+
+def help_text(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlctl", *args, "--help"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("command", ["rlctl", *COMMANDS])
+def test_help_matches_golden(command: str) -> None:
+    text = help_text() if command == "rlctl" else help_text(command)
+    path = GOLDEN / f"{command}.txt"
+    if os.environ.get("RLCTL_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; run with RLCTL_UPDATE_GOLDEN=1 to create it"
+    assert text == path.read_text(), f"help of {command} changed; review, then refresh with RLCTL_UPDATE_GOLDEN=1"
+
+
+def test_every_golden_file_has_a_command() -> None:
+    stale = {p.stem for p in GOLDEN.glob("*.txt")} - {"rlctl", *COMMANDS}
+    assert not stale, f"golden files for commands that no longer exist: {sorted(stale)}"

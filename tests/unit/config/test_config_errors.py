@@ -1,0 +1,237 @@
+"""Every kind of bad inventory / job gives exit 2 and one stderr line naming the file and the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_cli
+
+SITE = """\
+  h20:
+    datacenter: dc-b
+    scheduler: {kind: ssh, user: rl}
+    gpu: H20
+    nodes: [{host: "h20-[01-04]", gpus: 8}]
+"""
+HEAD = "apiVersion: rlctl/v1\nkind: Inventory\n"
+GOOD_INV = HEAD + "sites:\n" + SITE
+OTHER_INV = (
+    HEAD + "sites:\n  h800:\n    datacenter: a\n    scheduler: {kind: slurm, partition: p}\n    gpu: H800\n"
+    "    nodes: [{host: n1, gpus: 8}]\n"
+)
+JOB = """\
+apiVersion: rlctl/v1
+kind: Job
+name: j1
+inventory: [inv.yaml]
+model: {kind: builtin, name: qwen2.5-7b}
+task: {kind: lengths}
+placement:
+  trainer: {site: h20, gpus: 8}
+  rollout: [{site: h20, gpus: auto}]
+"""
+
+
+def site_with(old: str, new: str) -> str:
+    assert old in GOOD_INV, old
+    return GOOD_INV.replace(old, new)
+
+
+@dataclass
+class Case:
+    name: str
+    content: str | bytes | None  # None: the path is a directory / missing (see `kind`)
+    field: str  # substring the error line must contain (the field path or what is wrong)
+    kind: str = "inventory"  # inventory | job | dir | missing | two-files
+    extra: str = ""  # for job cases: the inventory file; for two-files: the second file
+
+
+CASES = [
+    Case("empty file", "", "file is empty"),
+    Case("only a comment", "# nothing\n", "file is empty"),
+    Case("yaml syntax error", HEAD + "sites:\n  h20: {datacenter: x\n", "line "),
+    Case("top level is a list", "- a\n- b\n", "top level must be a mapping"),
+    Case("missing apiVersion", "kind: Inventory\nsites: {}\n", "apiVersion"),
+    Case("wrong apiVersion", GOOD_INV.replace("rlctl/v1", "rlctl/v9"), "apiVersion"),
+    Case("wrong kind", GOOD_INV.replace("kind: Inventory", "kind: Inventroy"), "kind: must be 'Inventory'"),
+    Case("unknown top-level key", GOOD_INV + "linkz: []\n", "linkz: unknown key (did you mean 'links'?)"),
+    Case(
+        "unknown site key",
+        site_with("    gpu: H20\n", "    gpu: H20\n    gpus_per_node: 8\n"),
+        "sites.h20.gpus_per_node",
+    ),
+    Case("unknown GPU", site_with("gpu: H20", "gpu: H2O"), "sites.h20.gpu: unknown GPU 'H2O'"),
+    Case("negative gpu count", site_with("gpus: 8", "gpus: -8"), "sites.h20.nodes[0].gpus"),
+    Case("gpu count not a number", site_with("gpus: 8", "gpus: eight"), "sites.h20.nodes[0].gpus"),
+    Case("missing nodes", site_with('    nodes: [{host: "h20-[01-04]", gpus: 8}]\n', ""), "sites.h20.nodes: required"),
+    Case("empty nodes", site_with('[{host: "h20-[01-04]", gpus: 8}]', "[]"), "sites.h20.nodes"),
+    Case("missing scheduler", site_with("    scheduler: {kind: ssh, user: rl}\n", ""), "sites.h20.scheduler: required"),
+    Case("unknown scheduler kind", site_with("kind: ssh", "kind: pbs"), "sites.h20.scheduler: unknown kind 'pbs'"),
+    Case(
+        "scheduler without kind",
+        site_with("{kind: ssh, user: rl}", "{user: rl}"),
+        "sites.h20.scheduler: missing 'kind'; valid: local, slurm, ssh",
+    ),
+    Case(
+        "slurm without partition", site_with("{kind: ssh, user: rl}", "{kind: slurm}"), "sites.h20.scheduler.partition"
+    ),
+    Case("ssh port out of range", site_with("user: rl}", "user: rl, port: 70000}"), "sites.h20.scheduler.port"),
+    Case("bad host range", site_with("h20-[01-04]", "h20-[04-01]"), "sites.h20.nodes[0].host"),
+    Case(
+        "gpu and gpu_spec both",
+        site_with(
+            "    gpu: H20\n", "    gpu: H20\n    gpu_spec: {name: X, bf16_tflops: 1, hbm_gb: 1, hbm_tb_per_s: 1}\n"
+        ),
+        "exactly one of 'gpu'",
+    ),
+    Case("bad site name", GOOD_INV.replace("  h20:", "  H20 Site:"), "sites.H20 Site: invalid name"),
+    Case(
+        "negative bandwidth",
+        site_with("    gpu: H20\n", "    gpu: H20\n    network: {bandwidth_gbps: -1}\n"),
+        "sites.h20.network.bandwidth_gbps",
+    ),
+    Case("sites is a list", HEAD + "sites: [a, b]\n", "sites"),
+    Case(
+        "link to unknown site",
+        GOOD_INV + "links: [{between: [h20, h800], bandwidth_gbps: 80}]\n",
+        "links[0].between[1]: unknown site 'h800'",
+    ),
+    Case("link to itself", GOOD_INV + "links: [{between: [h20, h20], bandwidth_gbps: 80}]\n", "links[0].between"),
+    Case(
+        "negative link latency",
+        GOOD_INV.replace("sites:", "links: [{between: [h20, x], bandwidth_gbps: 1, latency_ms: -1}]\nsites:"),
+        "links[0].latency_ms",
+    ),
+    Case("no sites at all", HEAD + "sites: {}\n", "no site defined"),
+    Case("not UTF-8", b"apiVersion: rlctl/v1\nkind: Inventory\n\xff\xfe\xfa\n", "cannot read"),
+    Case("a directory", None, "is a directory", kind="dir"),
+    Case("missing file", None, "no such file", kind="missing"),
+    Case("duplicate site across files", GOOD_INV, "sites.h20: duplicate site name", kind="two-files", extra=GOOD_INV),
+    Case(
+        "duplicate link",
+        GOOD_INV + "links:\n  - {between: [h20, h800], bandwidth_gbps: 80}\n"
+        "  - {between: [h800, h20], bandwidth_gbps: 10}\n",
+        "links[1]: duplicate link",
+        kind="two-files",
+        extra=OTHER_INV,
+    ),
+    Case(
+        "job: unknown pipeline mode", JOB + "pipeline: {mode: streaming}\n", "pipeline.mode", kind="job", extra=GOOD_INV
+    ),
+    Case(
+        "job: staleness with sync",
+        JOB + "pipeline: {mode: sync, staleness: 2}\n",
+        "pipeline: staleness must be 0",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: unknown placement site",
+        JOB.replace("trainer: {site: h20", "trainer: {site: h02"),
+        "placement.trainer.site: unknown site 'h02'",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: more GPUs than the site",
+        JOB.replace("gpus: 8}", "gpus: 64}"),
+        "placement.trainer.gpus",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: unknown model",
+        JOB.replace("qwen2.5-7b", "qwen2.5-8b"),
+        "model.name: unknown built-in model",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: inventory file missing",
+        JOB.replace("[inv.yaml]", "[nope.yaml]"),
+        "inventory[0]: no such file",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: unknown task kind",
+        JOB.replace("kind: lengths", "kind: math"),
+        "task: unknown kind 'math'",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case("job: zero iterations", JOB + "iterations: 0\n", "iterations", kind="job", extra=GOOD_INV),
+    Case(
+        "job: bad inventory inside", JOB, "inv.yaml: sites.h20.gpu", kind="job", extra=site_with("gpu: H20", "gpu: X")
+    ),
+]
+
+
+def materialise(case: Case, tmp: Path) -> list[str]:
+    main = tmp / ("job.yaml" if case.kind == "job" else "inv.yaml")
+    if case.kind == "dir":
+        main.mkdir()
+    elif case.kind == "missing":
+        pass
+    elif isinstance(case.content, bytes):
+        main.write_bytes(case.content)
+    else:
+        assert case.content is not None
+        main.write_text(case.content)
+    if case.kind == "job":
+        (tmp / "inv.yaml").write_text(case.extra)
+    if case.kind == "two-files":
+        (tmp / "other.yaml").write_text(case.extra)
+        return [str(tmp / "other.yaml"), str(main)]
+    return [str(main)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_is_one_line_exit_2(case: Case, tmp_path: Path) -> None:
+    files = materialise(case, tmp_path)
+    res = run_cli("check", *files)
+    assert res.exit_code == 2, res
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    assert res.stdout == ""
+    line = lines[0]
+    assert line.startswith("rlctl: error: ")
+    named = case.field.split(": ")[0] if case.field.startswith("inv.yaml") else None
+    assert any(Path(f).name in line for f in files) or named, line
+    assert case.field in line, line
+
+
+def test_at_least_25_kinds() -> None:
+    assert len({c.name for c in CASES}) >= 25
+
+
+def test_debug_shows_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "inv.yaml"
+    bad.write_text(site_with("gpu: H20", "gpu: H2O"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlctl", "--debug", "check", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "ConfigError" in proc.stderr
+
+
+def test_real_process_exit_code_and_single_line(tmp_path: Path) -> None:
+    bad = tmp_path / "inv.yaml"
+    bad.write_text(site_with("gpu: H20", "gpu: H2O"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlctl", "check", str(bad)], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1
+    assert f"{bad}: sites.h20.gpu: unknown GPU 'H2O'" in proc.stderr
+    assert "did you mean 'H20'?" in proc.stderr
