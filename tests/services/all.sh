@@ -9,16 +9,20 @@ case "${1:-up}" in
   up)
     "$HERE/slurm.sh" up
     "$HERE/sshd.sh" up
+    "$HERE/prometheus.sh" up
     cat >"$ENV_FILE" <<CONF
 RLCTL_TEST_SLURM_CONF=/tmp/rlctl-test-slurm/slurm.conf
 RLCTL_TEST_SSH_HOST=127.0.0.1
 RLCTL_TEST_SSH_PORT=2222
 RLCTL_TEST_SSH_KEY=/tmp/rlctl-test-sshd/id_ed25519
 RLCTL_TEST_SSH_KNOWN_HOSTS=/tmp/rlctl-test-sshd/known_hosts
+RLCTL_TEST_PROMETHEUS_URL=http://127.0.0.1:19090
+RLCTL_TEST_PROMETHEUS_TARGETS=/tmp/rlctl-test-prometheus/targets
 CONF
     echo "[all.sh] services up; settings in $ENV_FILE" >&2
     ;;
   down)
+    "$HERE/prometheus.sh" down || true
     "$HERE/sshd.sh" down || true
     "$HERE/slurm.sh" down || true
     rm -f "$ENV_FILE"

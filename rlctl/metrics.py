@@ -1,0 +1,71 @@
+"""Every Prometheus metric rlctl exposes, declared once: `rlctl_<subsystem>_<quantity>_<unit>`.
+
+Metrics live on a registry per process (`JobMetrics(registry)`), not on the global default
+registry, so several controllers in one test process do not collide. The controller owns one and
+serves it with `serve(port)`; agents may expose their own.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+STALENESS_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 8.0)
+TRANSFER_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class JobMetrics:
+    """The metrics of one job, as exported by its controller."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry if registry is not None else CollectorRegistry()
+        self.iteration = Gauge("rlctl_job_iteration", "Last completed training iteration", registry=r)
+        self.generation_seconds = Gauge(
+            "rlctl_stage_generation_seconds", "T_gen of the last iteration (generation stage time)", registry=r
+        )
+        self.training_seconds = Gauge(
+            "rlctl_stage_training_seconds", "T_train of the last iteration (training stage time)", registry=r
+        )
+        self.imbalance_seconds = Gauge(
+            "rlctl_stage_imbalance_seconds", "delta = T_gen - T_train of the last iteration", registry=r
+        )
+        self.rebalance_threshold_seconds = Gauge(
+            "rlctl_rebalance_threshold_seconds", "delta': generation time saved by one more rollout unit", registry=r
+        )
+        self.samples_per_second = Gauge("rlctl_throughput_samples_per_second", "Trained samples per second", registry=r)
+        self.tokens_per_second = Gauge("rlctl_throughput_tokens_per_second", "Generated tokens per second", registry=r)
+        self.samples_total = Counter(
+            "rlctl_ledger_samples_total", "Samples by ledger transition", ["state"], registry=r
+        )
+        self.queue_depth = Gauge("rlctl_queue_prompts", "Prompts queued, not yet dispatched", registry=r)
+        self.staleness_versions = Histogram(
+            "rlctl_sample_staleness_versions",
+            "trainer_version - sample_version of every trained sample",
+            buckets=STALENESS_BUCKETS,
+            registry=r,
+        )
+        self.reward_mean = Gauge("rlctl_reward_mean", "Mean reward of the last iteration's samples", registry=r)
+        self.weight_version = Gauge(
+            "rlctl_weights_version", "Newest weight version published by the trainer", registry=r
+        )
+        self.weight_transfer_seconds = Histogram(
+            "rlctl_weights_transfer_seconds", "Time to deliver one weight version", buckets=TRANSFER_BUCKETS, registry=r
+        )
+        self.weight_transfer_bytes = Counter(
+            "rlctl_weights_transfer_bytes", "Bytes of weights sent by the trainer", registry=r
+        )
+        self.agent_up = Gauge("rlctl_agent_up", "1 while the agent heartbeats", ["role", "name", "site"], registry=r)
+        self.agent_heartbeat_age_seconds = Gauge(
+            "rlctl_agent_heartbeat_age_seconds",
+            "Seconds since the agent's last heartbeat",
+            ["role", "name", "site"],
+            registry=r,
+        )
+        self.rollout_units = Gauge("rlctl_rollout_units", "Rollout DP units in dispatch", ["site"], registry=r)
+        self.scale_events = Counter(
+            "rlctl_scale_events", "Rollout units added or removed", ["direction", "reason"], registry=r
+        )
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Expose /metrics over HTTP; port 0 picks a free one. Returns the port."""
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        return int(server.server_address[1])
