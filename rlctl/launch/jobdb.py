@@ -1,0 +1,119 @@
+"""The job index: a small SQLite database listing every job this operator launched.
+
+One row per job: name, job directory, state, where its controller listens, the resolved job as
+JSON, timestamps. WAL mode so `rlctl status` can read while a launcher writes; JSON columns, no
+pickle; a schema version checked on open (a newer database is refused, not silently misread).
+
+    launching ──▶ running ──▶ finished
+        │            │
+        └────────────┴──────▶ failed / stopped
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import RlctlError
+
+SCHEMA_VERSION = 1
+STATES = ("launching", "running", "finished", "failed", "stopped")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    name        TEXT PRIMARY KEY,
+    job_dir     TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    controller  TEXT,              -- address of the controller's RPC endpoint, e.g. tcp://host:port
+    spec        TEXT NOT NULL,     -- the resolved job, JSON
+    info        TEXT NOT NULL,     -- free-form JSON: sites, metrics port, backend handles
+    created_s   REAL NOT NULL,
+    updated_s   REAL NOT NULL
+);
+"""
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("RLCTL_HOME", Path.home() / ".rlctl"))
+
+
+@dataclass(frozen=True)
+class JobRow:
+    name: str
+    job_dir: str
+    state: str
+    controller: str | None
+    spec: dict[str, Any]
+    info: dict[str, Any]
+    created_s: float
+    updated_s: float
+
+
+class JobDB:
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path if path is not None else default_home() / "jobs.db"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.executescript(_SCHEMA)
+            self._check_version()
+        except sqlite3.DatabaseError as e:
+            raise RlctlError(f"{self.path}: cannot open the job index: {e}") from e
+
+    def _check_version(self) -> None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            self._conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise RlctlError(
+                f"{self.path}: job index has schema {row[0]}, this rlctl knows {SCHEMA_VERSION}",
+                hint="upgrade rlctl or set RLCTL_HOME to another directory",
+            )
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def put(self, name: str, *, job_dir: str, spec: dict[str, Any], state: str = "launching") -> None:
+        assert state in STATES, state
+        now = time.time()
+        self._conn.execute(
+            "INSERT INTO jobs VALUES (?, ?, ?, NULL, ?, '{}', ?, ?) ON CONFLICT(name) DO UPDATE SET "
+            "job_dir=excluded.job_dir, state=excluded.state, controller=NULL, spec=excluded.spec, info='{}', "
+            "updated_s=excluded.updated_s",
+            (name, job_dir, state, json.dumps(spec), now, now),
+        )
+
+    def update(
+        self, name: str, *, state: str | None = None, controller: str | None = None, info: dict[str, Any] | None = None
+    ) -> None:
+        row = self.get(name)
+        assert state is None or state in STATES, state
+        merged = {**row.info, **(info or {})}
+        self._conn.execute(
+            "UPDATE jobs SET state=?, controller=?, info=?, updated_s=? WHERE name=?",
+            (state or row.state, controller or row.controller, json.dumps(merged), time.time(), name),
+        )
+
+    def get(self, name: str) -> JobRow:
+        row = self._conn.execute("SELECT * FROM jobs WHERE name=?", (name,)).fetchone()
+        if row is None:
+            known = [r.name for r in self.list()]
+            raise RlctlError(f"no job named {name!r}; known: {', '.join(known) or 'none'}")
+        return self._row(row)
+
+    def list(self) -> list[JobRow]:
+        return [self._row(r) for r in self._conn.execute("SELECT * FROM jobs ORDER BY created_s")]
+
+    def latest(self) -> JobRow | None:
+        row = self._conn.execute("SELECT * FROM jobs ORDER BY updated_s DESC LIMIT 1").fetchone()
+        return self._row(row) if row else None
+
+    @staticmethod
+    def _row(r: tuple[Any, ...]) -> JobRow:
+        return JobRow(r[0], r[1], r[2], r[3], json.loads(r[4]), json.loads(r[5]), r[6], r[7])

@@ -1,0 +1,52 @@
+"""The SQLite job index: upsert, update, list, schema guard, WAL."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from rlctl.errors import RlctlError
+from rlctl.launch.jobdb import SCHEMA_VERSION, JobDB
+
+
+def test_put_update_list(tmp_path: Path) -> None:
+    db = JobDB(tmp_path / "jobs.db")
+    db.put("demo", job_dir="/runs/demo-1", spec={"name": "demo", "iterations": 3})
+    db.update("demo", state="running", controller="tcp://127.0.0.1:5000", info={"metrics_port": 9400})
+    db.update("demo", info={"pid": 42})
+    row = db.get("demo")
+    assert (row.state, row.controller) == ("running", "tcp://127.0.0.1:5000")
+    assert row.info == {"metrics_port": 9400, "pid": 42}
+    assert row.spec["iterations"] == 3
+    db.put("demo", job_dir="/runs/demo-2", spec={"name": "demo"})  # relaunch replaces the row
+    assert db.get("demo").job_dir == "/runs/demo-2" and db.get("demo").controller is None
+    db.put("other", job_dir="/runs/o", spec={})
+    assert [r.name for r in db.list()] == ["demo", "other"]
+    assert db.latest() is not None and db.latest().name == "other"  # type: ignore[union-attr]
+    mode = sqlite3.connect(tmp_path / "jobs.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+def test_unknown_job_names_known_ones(tmp_path: Path) -> None:
+    db = JobDB(tmp_path / "jobs.db")
+    db.put("demo", job_dir="/r", spec={})
+    with pytest.raises(RlctlError, match="no job named 'demp'; known: demo"):
+        db.get("demp")
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    JobDB(tmp_path / "jobs.db").close()
+    conn = sqlite3.connect(tmp_path / "jobs.db")
+    conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION + 1),))
+    conn.commit()
+    conn.close()
+    with pytest.raises(RlctlError, match="schema"):
+        JobDB(tmp_path / "jobs.db")
+
+
+def test_corrupt_file_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "jobs.db").write_bytes(b"not a database" * 100)
+    with pytest.raises(RlctlError, match="cannot open the job index"):
+        JobDB(tmp_path / "jobs.db")
