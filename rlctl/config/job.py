@@ -208,6 +208,12 @@ class Checkpoint(Strict):
     every_iterations: NonNegativeInt = 20  # 0 = only at the end
 
 
+class Warmup(Strict):
+    """SFT warm-up before RL (cached on disk): the demo model must first learn the task's format."""
+
+    sft_steps: NonNegativeInt = 800  # 0 = start RL from the randomly initialised model
+
+
 class Planning(Strict):
     """How `plan` chooses among candidate allocations (StreamRL Alg. 1 and 2)."""
 
@@ -235,6 +241,7 @@ class JobFile(Strict):
     metrics: Metrics = Metrics()
     checkpoint: Checkpoint = Checkpoint()
     planning: Planning = Planning()
+    warmup: Warmup = Warmup()
     job_dir: str | None = None
     seed: NonNegativeInt = 0
 

@@ -1,0 +1,264 @@
+"""Tensor RPC over loopback: rlctl tcp vs a raw socket loop vs pickle over multiprocessing.connection.
+
+One 256 MiB tensor (64 MiB with --quick) is sent from this process to a server process, which
+acknowledges with one small message; time = send start → ack received, best of `repeats`, the
+methods taking turns (raw, rlctl, …, raw, rlctl, …) so that all of them see the same load on
+this shared machine.
+
+- raw:     `sendall` of the tensor's memoryview / `recv_into` a preallocated buffer (the practical limit);
+- rlctl:   `Connection.send(Message(..., [tensor]))`; the server receives into a preallocated
+           tensor (`recv(into=...)`, how the weight plane receives) and, separately, into fresh
+           tensors (the default; page faults of a new 256 MiB buffer included);
+- rlctl 2 streams: `TcpConfig(num_streams=2)`, the tensor striped over two sockets;
+- pickle:  `pickle.dumps(tensor)` sent with `multiprocessing.connection` `send_bytes`, `pickle.loads` on
+           receipt (plain `send(tensor)` would pass a shared-memory handle, not bytes).
+
+Small messages: request/reply round trips per second with a 1-field header and no tensors,
+rlctl vs multiprocessing.connection. When ucxx is installed, the rlctl ucx transport is measured
+too (UCX_TLS=tcp over loopback; 2 repeats, it is slow on this machine).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import time
+from multiprocessing.connection import Client, Listener
+from typing import Any
+
+import torch
+
+from rlctl.transport import Message, TcpConfig, TcpTransport, TensorSpec, Transport, make_transport
+
+SECRET = b"bench-rpc-secret"
+UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_TCP_CM_REUSEADDR": "y", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+
+
+def _raw_server(port_q: Any, nbytes: int, repeats: int) -> None:
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(1)
+    port_q.put(ls.getsockname()[1])
+    conn, _ = ls.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = torch.empty(nbytes, dtype=torch.uint8)
+    view = memoryview(buf.numpy())
+    for _ in range(repeats):
+        got = 0
+        while got < nbytes:
+            got += conn.recv_into(view[got:])
+        conn.sendall(b"k")
+    conn.close()
+
+
+def _rlctl_server(port_q: Any, nbytes: int, repeats: int, preallocated: bool, kind: str = "tcp") -> None:
+    torch.set_num_threads(1)
+    lst = make_transport(kind, secret=SECRET).listen(f"{kind}://127.0.0.1:0")
+    port_q.put(lst.address)
+    conn = lst.accept()
+    buf = torch.empty(nbytes, dtype=torch.uint8)
+
+    def into(kind: str, header: dict[str, Any], specs: list[TensorSpec]) -> list[torch.Tensor]:
+        return [buf]
+
+    for _ in range(repeats):
+        msg = conn.recv(into=into if preallocated else None)
+        conn.reply(msg, Message("ack"))
+    while True:  # small-message round trips until the client closes
+        try:
+            msg = conn.recv()
+        except Exception:  # noqa: BLE001 - the client closing ends the benchmark
+            break
+        conn.reply(msg, Message("pong", {"i": msg.header["i"]}))
+    lst.close()
+
+
+def _pickle_server(port_q: Any, repeats: int) -> None:
+    with Listener(("127.0.0.1", 0), authkey=SECRET) as lst:
+        port_q.put(lst.address)
+        with lst.accept() as conn:
+            for _ in range(repeats):
+                pickle.loads(conn.recv_bytes())
+                conn.send_bytes(b"k")
+            while True:
+                try:
+                    i = conn.recv()
+                except EOFError:
+                    break
+                conn.send(i)
+
+
+def _start(target: Any, *args: Any) -> tuple[Any, Any]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=target, args=(q, *args), daemon=True)
+    p.start()
+    return p, q.get(timeout=60)
+
+
+class _Raw:
+    """Plain socket: one `sendall` of the whole buffer or of 4 MiB slices (alternating), `recv_into`."""
+
+    def __init__(self, t: torch.Tensor, repeats: int) -> None:
+        self.proc, port = _start(_raw_server, t.numel(), repeats)
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        # as rlctl does: without it Nagle + delayed ACK can hold the last segment for ~40 ms
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.view = memoryview(t.numpy())
+        self.count = 0
+
+    def once(self) -> float:
+        t0 = time.perf_counter()
+        if self.count % 2:
+            for off in range(0, len(self.view), 4 << 20):
+                self.sock.sendall(self.view[off : off + (4 << 20)])
+        else:
+            self.sock.sendall(self.view)
+        self.sock.recv(1)
+        self.count += 1
+        return time.perf_counter() - t0
+
+    def finish(self) -> float:
+        self.sock.close()
+        self.proc.join(30)
+        return 0.0
+
+
+class _Rlctl:
+    def __init__(
+        self,
+        t: torch.Tensor,
+        repeats: int,
+        *,
+        preallocated: bool,
+        round_trips: int,
+        kind: str = "tcp",
+        streams: int = 1,
+    ) -> None:
+        self.proc, addr = _start(_rlctl_server, t.numel(), repeats, preallocated, kind)
+        if kind == "tcp":
+            transport: Transport = TcpTransport(secret=SECRET, config=TcpConfig(num_streams=streams))
+        else:
+            transport = make_transport(kind, secret=SECRET)
+        self.conn = transport.connect(addr, timeout_s=30)
+        self.t, self.round_trips = t, round_trips
+
+    def once(self) -> float:
+        t0 = time.perf_counter()
+        self.conn.request(Message("tensor", {"name": "w"}, [self.t]), timeout_s=120)
+        return time.perf_counter() - t0
+
+    def finish(self) -> float:
+        """Small-message round trips per second, then close."""
+        t0 = time.perf_counter()
+        for i in range(self.round_trips):
+            self.conn.request(Message("ping", {"i": i}), timeout_s=30)
+        rps = self.round_trips / (time.perf_counter() - t0)
+        self.conn.close()
+        self.proc.join(30)
+        return rps
+
+
+class _Pickle:
+    def __init__(self, t: torch.Tensor, repeats: int, round_trips: int) -> None:
+        self.proc, addr = _start(_pickle_server, repeats)
+        self.conn = Client(addr, authkey=SECRET)
+        self.t, self.round_trips = t, round_trips
+
+    def once(self) -> float:
+        t0 = time.perf_counter()
+        # pickle explicitly: Connection.send(tensor) would use torch's ForkingPickler reduction,
+        # which passes a shared-memory handle instead of bytes (same-host only, not a wire format)
+        self.conn.send_bytes(pickle.dumps(self.t, protocol=pickle.HIGHEST_PROTOCOL))
+        self.conn.recv_bytes()
+        return time.perf_counter() - t0
+
+    def finish(self) -> float:
+        t0 = time.perf_counter()
+        for i in range(self.round_trips):
+            self.conn.send(i)
+            self.conn.recv()
+        rps = self.round_trips / (time.perf_counter() - t0)
+        self.conn.close()
+        self.proc.join(30)
+        return rps
+
+
+def _best_interleaved(methods: dict[str, Any], repeats: int) -> dict[str, float]:
+    """Best time per method, the methods taking turns so that they see the same machine load."""
+    best = dict.fromkeys(methods, float("inf"))
+    for _ in range(repeats):
+        for name, m in methods.items():
+            best[name] = min(best[name], m.once())
+    return best
+
+
+def run(*, quick: bool) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    nbytes = (64 if quick else 256) << 20
+    repeats, round_trips = (3, 2000) if quick else (9, 10000)
+    t = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    methods: dict[str, Any] = {
+        "raw": _Raw(t, repeats),
+        "rlctl": _Rlctl(t, repeats, preallocated=True, round_trips=round_trips),
+        "rlctl_fresh": _Rlctl(t, repeats, preallocated=False, round_trips=10),
+        "rlctl_2_streams": _Rlctl(t, repeats, preallocated=True, round_trips=10, streams=2),
+        "pickle": _Pickle(t, repeats, round_trips),
+    }
+    best = _best_interleaved(methods, repeats)
+    rps = {name: m.finish() for name, m in methods.items()}
+    raw_s, rl_s, rl_fresh_s, rl2_s, pk_s = (best[k] for k in methods)
+    rl_rps, pk_rps = rps["rlctl"], rps["pickle"]
+    gb = nbytes / 1e9
+    ucx: dict[str, Any] | str = "not measured: ucxx is not installed (pip install 'rlctl[ucx]')"
+    if importlib.util.find_spec("ucxx") is not None:
+        for key, value in UCX_ENV.items():  # read by UCX at its first use, here and in the spawned server
+            os.environ.setdefault(key, value)
+        u = _Rlctl(t, 2, preallocated=True, round_trips=round_trips // 10, kind="ucx")
+        ucx_s = min(u.once(), u.once())
+        ucx_rps = u.finish()
+        ucx = {
+            "env": {k: os.environ[k] for k in UCX_ENV},
+            "gb_per_s": gb / ucx_s,
+            "ratio_vs_raw": raw_s / ucx_s,
+            "round_trips_per_s": ucx_rps,
+        }
+    return {
+        "bytes": nbytes,
+        "raw_gb_per_s": gb / raw_s,
+        "rlctl_tcp_gb_per_s": gb / rl_s,
+        "rlctl_tcp_fresh_buffer_gb_per_s": gb / rl_fresh_s,
+        "pickle_gb_per_s": gb / pk_s,
+        "ratio_vs_raw": raw_s / rl_s,
+        "ratio_vs_raw_fresh_buffer": raw_s / rl_fresh_s,
+        "rlctl_tcp_2_streams_gb_per_s": gb / rl2_s,
+        "ratio_vs_raw_2_streams": raw_s / rl2_s,
+        "ratio_vs_pickle": pk_s / rl_s,
+        "rlctl_round_trips_per_s": rl_rps,
+        "pickle_round_trips_per_s": pk_rps,
+        "ucx": ucx,
+    }
+
+
+def summary(result: dict[str, Any]) -> str:
+    r = result
+    u = r["ucx"]
+    ucx_line = (
+        f"  ucx ({u['env']['UCX_TLS']}): {u['gb_per_s']:.2f} GB/s, ratio_vs_raw {u['ratio_vs_raw']:.3f}, "
+        f"{u['round_trips_per_s']:.0f} round trips/s"
+        if isinstance(u, dict)
+        else f"  ucx: {u}"
+    )
+    return (
+        f"{r['bytes'] / 2**20:.0f} MiB over loopback: raw {r['raw_gb_per_s']:.2f} GB/s, "
+        f"rlctl tcp {r['rlctl_tcp_gb_per_s']:.2f} GB/s (fresh buffer {r['rlctl_tcp_fresh_buffer_gb_per_s']:.2f}), "
+        f"pickle {r['pickle_gb_per_s']:.2f} GB/s\n"
+        f"  ratio_vs_raw {r['ratio_vs_raw']:.3f} (fresh buffer {r['ratio_vs_raw_fresh_buffer']:.3f}, "
+        f"2 streams {r['ratio_vs_raw_2_streams']:.3f}), "
+        f"ratio_vs_pickle {r['ratio_vs_pickle']:.2f}\n"
+        f"  small round trips/s: rlctl {r['rlctl_round_trips_per_s']:.0f}, pickle {r['pickle_round_trips_per_s']:.0f}\n"
+        + ucx_line
+    )

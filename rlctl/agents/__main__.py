@@ -1,0 +1,79 @@
+"""Agent entry point, as launch backends start it:
+
+    python -m rlctl.agents controller --job-dir DIR [--listen tcp://127.0.0.1:0]
+    python -m rlctl.agents rollout    --job-dir DIR --replica N [--controller ADDR]
+    python -m rlctl.agents trainer    --job-dir DIR --replica RANK [--controller ADDR]
+
+The job comes from DIR/job.json, the per-job secret from DIR/secret, the controller's address from
+DIR/controller.json unless given. Trainer ranks find each other through MASTER_ADDR / MASTER_PORT /
+WORLD_SIZE (set by the backend). SIGTERM ends the agent cleanly; exit 0 = the job finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from rlctl.errors import RlctlError
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rlctl.agents")
+    ap.add_argument("role", choices=["controller", "rollout", "trainer"])
+    ap.add_argument("--job-dir", type=Path, required=True)
+    ap.add_argument("--replica", type=int, default=0)
+    ap.add_argument("--controller", default=None, help="controller RPC address (default: DIR/controller.json)")
+    ap.add_argument("--listen", default=None, help="controller: address to listen on")
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("RLCTL_LOG_LEVEL", "INFO"),
+        stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s {args.role}-{args.replica} %(name)s: %(message)s",
+    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind `finally` blocks: stop peers, write files
+
+    import torch  # after argument parsing: `--help` stays fast
+
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    from rlctl.agents.common import AgentContext
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.transport import make_transport
+
+    try:
+        if args.role == "controller":
+            from rlctl.agents.controller import ControllerAgent
+
+            jd = JobDir(args.job_dir)
+            job = jd.read_job()
+            listen = args.listen or f"{job.transport.kind}://127.0.0.1:0"
+            agent = ControllerAgent(jd, job, make_transport(job.transport.kind, secret=jd.secret()), listen=listen)
+            return agent.run()
+        ctx = AgentContext.load(args.job_dir, controller=args.controller)
+        if args.role == "rollout":
+            from rlctl.agents.rollout import RolloutAgent
+
+            RolloutAgent(ctx, replica=args.replica).run()
+            return 0
+        from rlctl.agents.trainer import TrainerAgent, init_group
+
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        init_group(
+            rank=args.replica,
+            world_size=world,
+            master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(os.environ["MASTER_PORT"]),
+        )
+        TrainerAgent(ctx, rank=args.replica).run()
+        return 0
+    except RlctlError as e:
+        logging.getLogger("rlctl.agents").error("%s", e)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""The controller's brain, without I/O: prompt queue, dispatch, ledger, versions, staleness, stats.
+
+Every event from the outside (an agent joined / was lost, a sample finished, weights were applied,
+the trainer committed an iteration) is one method call that returns the messages to send. The
+process shell (`controller.py`) owns sockets, clocks and files; tests drive this class directly.
+
+    iteration i created when i ≤ trainer_version + η
+         │
+         ▼  dispatch: queued samples of i → units at version w with i ≤ w + η (LPT-balanced)
+    rollout units ──sample(version)──▶ ledger: finished ──deliver when trainer is at i──▶ trainer
+         ▲                                    (sync: only once all of i finished)          │
+         └──── weights v+1 (trainer → units) ◀── trained(i, v+1) ◀─────────────────────────┘
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from rlctl.agents.ledger import Ledger, State
+from rlctl.agents.staleness import StalenessBound
+from rlctl.planner.dispatch import assign_balanced
+
+Mode = Literal["sync", "stream", "async"]
+DispatchPolicy = Literal["random", "skew_aware", "oracle"]
+
+
+class PromptSpec(NamedTuple):
+    prompt_id: str
+    tokens: list[int]
+    true_len: int  # the correct output length (used only by the `oracle` dispatch policy)
+
+
+class Out(NamedTuple):
+    """One message to send: `to` is an agent name, or "trainer" for the trainer's rank 0."""
+
+    to: str
+    kind: str
+    header: dict[str, Any]
+    payload: Any = None  # opaque sample payloads travel from rollout to trainer untouched
+
+
+@dataclass
+class CoreConfig:
+    iterations: int
+    prompts_per_iteration: int
+    samples_per_prompt: int
+    max_new_tokens: int
+    mode: Mode
+    eta: int
+    dispatch: DispatchPolicy = "skew_aware"
+    seed: int = 0
+    min_units: int = 1  # rollout units to wait for before the first dispatch (the planned count)
+
+
+@dataclass
+class Unit:
+    name: str
+    role: str
+    version: int
+    address: str = ""
+    alive: bool = True
+    busy_s: float = 0.0
+
+
+@dataclass
+class IterationStats:
+    iteration: int
+    first_dispatch: float | None = None
+    last_finish: float | None = None
+    trained_at: float | None = None
+    samples: int = 0
+    output_tokens: int = 0
+    staleness: Counter[int] = field(default_factory=Counter)
+    trainer: dict[str, Any] = field(default_factory=dict)
+
+
+class ControllerCore:
+    def __init__(
+        self,
+        cfg: CoreConfig,
+        *,
+        prompts: Callable[[int], list[PromptSpec]],
+        predict: Callable[[list[PromptSpec]], Sequence[float]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.bound = StalenessBound(cfg.eta)
+        self.ledger = Ledger()
+        self._make_prompts = prompts
+        self._predict = predict
+        self._rng = random.Random(cfg.seed)
+        self.units: dict[str, Unit] = {}
+        self.trainer: Unit | None = None
+        self.trainer_version = 0  # = iterations committed; the trainer is working on this iteration
+        self.created = 0  # iterations whose prompts are in the ledger
+        self.prompts: dict[str, PromptSpec] = {}
+        self.pred_len: dict[str, float] = {}
+        self.payloads: dict[str, Any] = {}
+        self.stats: dict[int, IterationStats] = {}
+        self.failed: str | None = None
+        self.started = False  # waiting for agents → running: the trainer and min_units rollout units joined
+
+    # -- events -------------------------------------------------------------------------------------
+    def join(self, name: str, *, role: str, version: int, address: str = "") -> list[Out]:
+        unit = Unit(name, role, version, address)
+        if role == "trainer":
+            self.trainer = unit
+        else:
+            self.units[name] = unit
+        return [self._members(), *self.pump()]
+
+    def lost(self, name: str) -> list[Out]:
+        if self.trainer is not None and name == self.trainer.name:
+            self.trainer.alive = False
+            self.failed = f"trainer {name} was lost"
+            return []
+        unit = self.units.get(name)
+        if unit is None or not unit.alive:
+            return []
+        unit.alive = False
+        self.ledger.requeue_agent(name)
+        return [self._members(), *self.pump()]
+
+    def weights_applied(self, name: str, version: int) -> list[Out]:
+        unit = self.units[name]
+        unit.version = max(unit.version, version)
+        return self.pump()
+
+    def sample(self, name: str, *, sample_id: str, version: int, output_tokens: int, payload: Any) -> list[Out]:
+        if not self.ledger.finish(sample_id, agent=name, version=version, output_tokens=output_tokens):
+            return []
+        self.payloads[sample_id] = payload
+        st = self.stats[self.ledger.entries[sample_id].iteration]
+        st.last_finish = self.clock()
+        return self.pump()
+
+    def trained(self, *, iteration: int, version: int, sample_ids: list[str], stats: dict[str, Any]) -> list[Out]:
+        assert iteration == self.trainer_version, (iteration, self.trainer_version)
+        for sid in sample_ids:
+            self.ledger.mark_trained(sid)
+        self.trainer_version = version
+        st = self.stats[iteration]
+        st.trained_at, st.trainer = self.clock(), stats
+        out = self.pump()
+        if self.done:
+            out += [Out(u.name, "stop", {}) for u in self.units.values() if u.alive]
+            out.append(Out("trainer", "stop", {}))
+        return out
+
+    @property
+    def done(self) -> bool:
+        return self.trainer_version >= self.cfg.iterations
+
+    # -- the pump: create, dispatch, deliver --------------------------------------------------------
+    def start_now(self) -> list[Out]:
+        """Stop waiting for the planned rollout units (some never came); run with those present."""
+        self.started = self.trainer is not None and any(u.alive for u in self.units.values())
+        return self.pump()
+
+    def pump(self) -> list[Out]:
+        if self.failed or self.done:
+            return []
+        if not self.started:
+            alive = sum(1 for u in self.units.values() if u.alive)
+            self.started = self.trainer is not None and alive >= self.cfg.min_units
+            if not self.started:
+                return []
+        while self.created < self.cfg.iterations and self.created <= self.trainer_version + self.cfg.eta:
+            self._create(self.created)
+            self.created += 1
+        return self._dispatch() + self._deliver()
+
+    def _create(self, iteration: int) -> None:
+        specs = self._make_prompts(iteration)
+        assert len(specs) == self.cfg.prompts_per_iteration
+        preds: Sequence[float]
+        if self.cfg.dispatch == "oracle":
+            preds = [float(p.true_len) for p in specs]
+        elif self.cfg.dispatch == "skew_aware" and self._predict is not None:
+            preds = self._predict(specs)
+        else:
+            preds = [0.0] * len(specs)
+        for spec, pred in zip(specs, preds, strict=True):
+            self.prompts[spec.prompt_id] = spec
+            self.pred_len[spec.prompt_id] = float(pred)
+            self.ledger.add_prompt(
+                iteration=iteration, prompt_id=spec.prompt_id, num_samples=self.cfg.samples_per_prompt
+            )
+        self.stats[iteration] = IterationStats(iteration)
+
+    def _dispatch(self) -> list[Out]:
+        out: list[Out] = []
+        for it in range(self.trainer_version, self.created):
+            queued = self.ledger.in_state(State.QUEUED, iteration=it)
+            units = [
+                u
+                for u in self.units.values()
+                if u.alive and self.bound.may_dispatch(iteration=it, unit_version=u.version)
+            ]
+            if not queued or not units:
+                continue
+            for unit, entries in zip(units, self._assign(queued, len(units)), strict=True):
+                if not entries:
+                    continue
+                reqs = []
+                for e in entries:
+                    self.ledger.dispatch(e.sample_id, agent=unit.name, version=unit.version)
+                    spec = self.prompts[e.prompt_id]
+                    reqs.append(
+                        {
+                            "sample_id": e.sample_id,
+                            "prompt_tokens": spec.tokens,
+                            "max_new_tokens": self.cfg.max_new_tokens,
+                            "priority": self.pred_len[e.prompt_id],
+                            "iteration": it,
+                        }
+                    )
+                out.append(Out(unit.name, "generate", {"requests": reqs}))
+            st = self.stats[it]
+            if st.first_dispatch is None:
+                st.first_dispatch = self.clock()
+        return out
+
+    def _assign(self, entries: list[Any], num_units: int) -> list[list[Any]]:
+        """Skewness-aware: LPT across units by predicted tokens, longest first inside each unit."""
+        if self.cfg.dispatch == "random":
+            shuffled = list(entries)
+            self._rng.shuffle(shuffled)
+            return [shuffled[u::num_units] for u in range(num_units)]
+        tokens = [self.pred_len[e.prompt_id] + len(self.prompts[e.prompt_id].tokens) for e in entries]
+        groups = assign_balanced(tokens, num_units)
+        return [[entries[i] for i in g] for g in groups]
+
+    def _deliver(self) -> list[Out]:
+        it = self.trainer_version
+        if it >= self.created or self.trainer is None or not self.trainer.alive:
+            return []
+        entries = self.ledger.iteration_entries(it)
+        if self.cfg.mode == "sync" and any(e.state in (State.QUEUED, State.DISPATCHED) for e in entries):
+            return []  # sync: generate all, then train
+        batch = []
+        for e in entries:
+            if e.state is not State.FINISHED:
+                continue
+            assert e.sample_version is not None
+            if not self.bound.may_train(trainer_version=it, sample_version=e.sample_version):
+                self.ledger.requeue_stale(e.sample_id)
+                self.payloads.pop(e.sample_id, None)
+                continue
+            self.ledger.deliver(e.sample_id)
+            st = self.stats[it]
+            st.samples += 1
+            st.output_tokens += e.output_tokens
+            st.staleness[it - e.sample_version] += 1
+            batch.append((e, self.payloads.pop(e.sample_id)))
+        if not batch:
+            return []
+        samples = [
+            {
+                "sample_id": e.sample_id,
+                "prompt_id": e.prompt_id,
+                "iteration": e.iteration,
+                "version": e.sample_version,
+                "output_tokens": e.output_tokens,
+            }
+            for e, _ in batch
+        ]
+        return [Out("trainer", "samples", {"samples": samples}, [p for _, p in batch])]
+
+    def _members(self) -> Out:
+        targets = {u.name: u.address for u in self.units.values() if u.alive}
+        return Out("trainer", "members", {"rollouts": targets})

@@ -1,0 +1,207 @@
+"""Streaming GRPO step: samples are scored as they arrive, trained in micro-batches as soon as whole
+groups are in, and the optimizer steps once per iteration — the same update as training the batch
+at the end (sync), because the loss is a token *sum* and the gradient is divided by the
+iteration's token count only at the step.
+
+    add(sample) ─▶ group buffer ──group complete──▶ advantages ─▶ ready
+    train_ready(min) ─▶ micro-batch forward/backward (grad accumulates)        [as samples stream in]
+    step() ─▶ all-reduce(sum) over ranks, ÷ tokens, clip, AdamW step ─▶ version + 1
+
+Ranks > 0 follow rank 0: each micro-batch is broadcast, every rank takes its slice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from rlctl.config.job import GrpoAlgorithm, PpoAlgorithm
+from rlctl.engines.model import TinyGPT
+from rlctl.rl.grpo import group_advantages, policy_loss
+from rlctl.rl.samples import Sample, make_batch, score
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class StreamingLearner:
+    def __init__(
+        self,
+        model: TinyGPT,
+        cfg: GrpoAlgorithm | PpoAlgorithm,
+        *,
+        group_size: int,
+        micro_batch_samples: int,
+        ref_model: TinyGPT | None = None,
+        grad_clip: float = 1.0,
+    ) -> None:
+        self.model, self.cfg, self.ref_model = model, cfg, ref_model
+        self.group_size = group_size
+        self.micro = micro_batch_samples
+        self.grad_clip = grad_clip
+        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
+        self._reset()
+
+    def _reset(self) -> None:
+        self.groups: dict[str, list[Sample]] = defaultdict(list)
+        self.ready: list[tuple[Sample, float]] = []
+        self.count = 0
+        self.rewards: list[float] = []
+        self.tokens = 0
+        self.compute_s = 0.0
+        self.sums: dict[str, float] = defaultdict(float)
+        self.opt.zero_grad(set_to_none=True)
+
+    def add(self, sample: Sample) -> None:
+        """A scored sample arrived; when its group is complete, its advantages are known."""
+        self.count += 1
+        self.rewards.append(sample.reward)
+        self.tokens += len(sample.output_tokens)
+        group = self.groups[sample.prompt_id]
+        group.append(sample)
+        if len(group) == self.group_size:
+            adv = group_advantages([s.reward for s in group], [s.prompt_id for s in group])
+            self.ready += list(zip(group, adv, strict=True))
+            del self.groups[sample.prompt_id]
+
+    def train_ready(self, *, flush: bool = False) -> None:
+        """Forward/backward on every full micro-batch of ready samples (all of them when flushing).
+
+        Ready samples are cut in length order, so a micro-batch pads little (as `micro_batches` does).
+        """
+        self.ready.sort(key=lambda sa: len(sa[0].prompt_tokens) + len(sa[0].output_tokens))
+        while len(self.ready) >= self.micro or (flush and self.ready):
+            chunk, self.ready = self.ready[: self.micro], self.ready[self.micro :]
+            self._micro_step(chunk)
+
+    def _micro_step(self, chunk: list[tuple[Sample, float]]) -> None:
+        rank, world = _world()
+        if world > 1:
+            box: list[object] = [chunk]
+            dist.broadcast_object_list(box, src=0)
+        self.backward_share(chunk, rank=rank, world=world)
+
+    def backward_share(self, chunk: list[tuple[Sample, float]], *, rank: int, world: int) -> None:
+        t0 = time.monotonic()
+        mine = chunk[rank::world]
+        if mine:
+            samples = [s for s, _ in mine]
+            if self.cfg.kl_coef > 0 and self.ref_model is not None:
+                for s, lp in zip(
+                    samples, score(self.ref_model, samples, temperature=self.cfg.temperature), strict=True
+                ):
+                    s.ref_logprobs = lp
+            batch = make_batch(samples, [a for _, a in mine])
+            self.model.train()
+            loss, m = policy_loss(
+                self.model, batch, self.cfg.clip_eps, self.cfg.kl_coef, temperature=self.cfg.temperature, num_tokens=1
+            )
+            loss.backward()
+            for k, v in m.items():
+                self.sums[k] += v
+        self.compute_s += time.monotonic() - t0
+
+    def step(self) -> dict[str, float]:
+        """Train what is left, then one optimizer step over the whole iteration."""
+        self.train_ready(flush=True)
+        _rank, world = _world()
+        if world > 1:
+            box: list[object] = [("step", self.tokens)]
+            dist.broadcast_object_list(box, src=0)
+        stats = self.apply_step(self.tokens, world=world)
+        stats["reward_mean"] = sum(self.rewards) / max(len(self.rewards), 1)
+        stats["samples"] = float(self.count)
+        self._reset()
+        return stats
+
+    def apply_step(self, total_tokens: int, *, world: int) -> dict[str, float]:
+        t0 = time.monotonic()
+        n = float(max(total_tokens, 1))
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            if world > 1:
+                dist.all_reduce(p.grad)  # sum over ranks: each rank summed the loss of its share
+            p.grad /= n
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.model.eval()
+        self.compute_s += time.monotonic() - t0
+        return {
+            "loss": self.sums["pg_loss_sum"] / n,
+            "clip_frac": self.sums["clip_sum"] / n,
+            "grad_norm": grad_norm,
+            "tokens": float(total_tokens),
+            "train_s": self.compute_s,
+        }
+
+    def follow(self) -> None:
+        """Ranks > 0: do what rank 0 broadcasts until it sends 'stop'."""
+        rank, world = _world()
+        while True:
+            box: list[object] = [None]
+            dist.broadcast_object_list(box, src=0)
+            item = box[0]
+            if isinstance(item, tuple) and item[0] == "step":
+                self.apply_step(int(item[1]), world=world)
+                self._reset()
+            elif isinstance(item, tuple) and item[0] == "stop":
+                return
+            else:
+                assert isinstance(item, list)
+                self.backward_share(item, rank=rank, world=world)
+
+    def stop_followers(self) -> None:
+        if _world()[1] > 1:
+            box: list[object] = [("stop", 0)]
+            dist.broadcast_object_list(box, src=0)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+
+class PpoBatchLearner:
+    """PPO with a critic (`rlctl.rl.ppo`): rewards are still scored as samples arrive, but GAE and the
+    whitened advantages need the whole batch, so training happens at the step. One rank only."""
+
+    def __init__(
+        self, model: TinyGPT, cfg: PpoAlgorithm, *, micro_batch_samples: int, ref_model: TinyGPT | None = None
+    ) -> None:
+        from rlctl.rl.ppo import PpoLearner
+
+        if _world()[1] > 1:
+            raise ValueError("PPO runs on one trainer rank here; use GRPO for several ranks")
+        self.inner = PpoLearner(model, cfg, ref_model=ref_model, micro_batch_samples=micro_batch_samples)
+        self.samples: list[Sample] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.samples)
+
+    def add(self, sample: Sample) -> None:
+        self.samples.append(sample)
+
+    def train_ready(self, *, flush: bool = False) -> None:
+        del flush  # nothing to do before the whole batch is in
+
+    def step(self) -> dict[str, float]:
+        stats = self.inner.step(self.samples)
+        stats["train_s"] = stats["seconds"]
+        self.samples = []
+        return stats
+
+    def follow(self) -> None:
+        raise AssertionError("PPO has no follower ranks")
+
+    def stop_followers(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.inner.model.state_dict().items()}

@@ -1,0 +1,200 @@
+"""The sample ledger: every sample of every prompt, its state, and exactly-once delivery to the trainer.
+
+One entry per sample (`<prompt_id>/<k>`, k < samples_per_prompt); a prompt is trained when all its
+samples are. States and the only legal moves:
+
+    queued ──dispatch(agent, version)──▶ dispatched ──finish(agent, version)──▶ finished
+      ▲                                      │                                    │
+      └──────── requeue (agent lost) ────────┘                                  deliver
+      └──────── requeue (too stale to deliver) ◀───────────────────────────────── │
+                                                                                  ▼
+                                              trained ◀──trained(ack from trainer)── delivered
+
+A `finish` from an agent the sample is not dispatched to (a late message from an agent declared
+lost, a duplicate) is refused and counted, never delivered. A trainer ack for a sample that is not
+`delivered` counts as a duplicate. Restoring a checkpoint turns every untrained entry back into
+`queued`: the model checkpoint predates them, so they must be generated again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class State(StrEnum):
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    FINISHED = "finished"
+    DELIVERED = "delivered"
+    TRAINED = "trained"
+
+
+class LedgerError(ValueError):
+    """An illegal state transition: a bug in the caller (the controller), not a network event."""
+
+
+@dataclass
+class Entry:
+    sample_id: str
+    prompt_id: str
+    iteration: int
+    state: State = State.QUEUED
+    agent: str | None = None
+    dispatch_version: int | None = None
+    sample_version: int | None = None
+    attempts: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class LedgerCounts:
+    prompts: int
+    samples: int
+    trained: int  # prompts whose every sample was trained
+    trained_samples: int
+    requeued: int  # samples put back in the queue (agent lost or too stale)
+    lost: int  # prompts of finished iterations that were not trained
+    duplicated: int  # samples trained more than once (must be 0)
+    refused: int  # sample messages refused (not dispatched to that agent)
+    stale_requeued: int
+
+
+@dataclass
+class Ledger:
+    entries: dict[str, Entry] = field(default_factory=dict)
+    by_iteration: dict[int, list[Entry]] = field(default_factory=dict)
+    requeued: int = 0
+    stale_requeued: int = 0
+    duplicated: int = 0
+    refused: int = 0
+
+    # -- building -----------------------------------------------------------------------------------
+    def add_prompt(self, *, iteration: int, prompt_id: str, num_samples: int) -> list[str]:
+        ids = [f"{prompt_id}/{k}" for k in range(num_samples)]
+        for sid in ids:
+            if sid in self.entries:
+                raise LedgerError(f"sample {sid} already in the ledger")
+            self._insert(Entry(sample_id=sid, prompt_id=prompt_id, iteration=iteration))
+        return ids
+
+    def _insert(self, e: Entry) -> None:
+        self.entries[e.sample_id] = e
+        self.by_iteration.setdefault(e.iteration, []).append(e)
+
+    # -- transitions --------------------------------------------------------------------------------
+    def _move(self, sample_id: str, frm: State, to: State) -> Entry:
+        e = self.entries.get(sample_id)
+        if e is None:
+            raise LedgerError(f"unknown sample {sample_id}")
+        if e.state is not frm:
+            raise LedgerError(f"sample {sample_id}: {e.state.value} → {to.value} is not allowed")
+        e.state = to
+        return e
+
+    def dispatch(self, sample_id: str, *, agent: str, version: int) -> None:
+        e = self._move(sample_id, State.QUEUED, State.DISPATCHED)
+        e.agent, e.dispatch_version, e.attempts = agent, version, e.attempts + 1
+
+    def finish(self, sample_id: str, *, agent: str, version: int, output_tokens: int) -> bool:
+        """Record a finished sample; False (and counted) if it is not dispatched to `agent`."""
+        e = self.entries.get(sample_id)
+        if e is None or e.state is not State.DISPATCHED or e.agent != agent:
+            self.refused += 1
+            return False
+        e.state = State.FINISHED
+        # A sample whose generation straddled a weight swap is as old as its oldest token.
+        assert e.dispatch_version is not None
+        e.sample_version = min(version, e.dispatch_version) if version >= 0 else e.dispatch_version
+        e.output_tokens = output_tokens
+        return True
+
+    def deliver(self, sample_id: str) -> Entry:
+        return self._move(sample_id, State.FINISHED, State.DELIVERED)
+
+    def mark_trained(self, sample_id: str) -> None:
+        e = self.entries.get(sample_id)
+        if e is None or e.state is not State.DELIVERED:
+            self.duplicated += 1
+            return
+        e.state = State.TRAINED
+
+    def requeue_agent(self, agent: str) -> list[str]:
+        """An agent is gone: everything dispatched to it and not finished goes back to the queue."""
+        back = [e for e in self.entries.values() if e.state is State.DISPATCHED and e.agent == agent]
+        for e in back:
+            self._reset(e)
+        self.requeued += len(back)
+        return [e.sample_id for e in back]
+
+    def requeue_stale(self, sample_id: str) -> None:
+        e = self._move(sample_id, State.FINISHED, State.FINISHED)
+        self._reset(e)
+        self.requeued += 1
+        self.stale_requeued += 1
+
+    @staticmethod
+    def _reset(e: Entry) -> None:
+        e.state, e.agent, e.dispatch_version, e.sample_version, e.output_tokens = State.QUEUED, None, None, None, 0
+
+    # -- queries ------------------------------------------------------------------------------------
+    def in_state(self, state: State, *, iteration: int | None = None) -> list[Entry]:
+        pool = self.entries.values() if iteration is None else self.by_iteration.get(iteration, [])
+        return [e for e in pool if e.state is state]
+
+    def iteration_entries(self, iteration: int) -> list[Entry]:
+        return list(self.by_iteration.get(iteration, []))
+
+    def inflight(self, agent: str) -> int:
+        return sum(1 for e in self.entries.values() if e.state is State.DISPATCHED and e.agent == agent)
+
+    def counts(self, *, completed_iterations: int | None = None) -> LedgerCounts:
+        by_prompt: dict[str, list[Entry]] = {}
+        for e in self.entries.values():
+            by_prompt.setdefault(e.prompt_id, []).append(e)
+        trained = sum(1 for es in by_prompt.values() if all(e.state is State.TRAINED for e in es))
+        lost = 0
+        if completed_iterations is not None:
+            lost = sum(
+                1
+                for es in by_prompt.values()
+                if es[0].iteration < completed_iterations and not all(e.state is State.TRAINED for e in es)
+            )
+        return LedgerCounts(
+            prompts=len(by_prompt),
+            samples=len(self.entries),
+            trained=trained,
+            trained_samples=sum(1 for e in self.entries.values() if e.state is State.TRAINED),
+            requeued=self.requeued,
+            lost=lost,
+            duplicated=self.duplicated,
+            refused=self.refused,
+            stale_requeued=self.stale_requeued,
+        )
+
+    def state_histogram(self) -> dict[str, int]:
+        return dict(Counter(e.state.value for e in self.entries.values()))
+
+    # -- checkpoint ---------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "counters": {
+                "requeued": self.requeued,
+                "stale_requeued": self.stale_requeued,
+                "duplicated": self.duplicated,
+                "refused": self.refused,
+            },
+            "entries": [{**asdict(e), "state": e.state.value} for e in self.entries.values()],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Ledger:
+        led = cls(**data["counters"])
+        for row in data["entries"]:
+            e = Entry(**{**row, "state": State(row["state"])})
+            if e.state is not State.TRAINED:
+                cls._reset(e)
+            led._insert(e)
+        return led

@@ -1,0 +1,174 @@
+"""The rollout agent: one SGS data-parallel unit running a generation engine (StreamRL §4.1).
+
+    controller ──generate──▶ inbox ─┐                         ┌─▶ sample (at once, with its version)
+    trainer ──weights──▶ inbox ─────┼─▶ main loop ─ engine.step()
+                                    │     safe point between steps: load_weights → weights_applied
+    heartbeat thread ───────────────┘
+
+The main loop never blocks while the engine has work: it drains the inbox, swaps weights if a new
+version arrived (only between steps), runs one decode step, and sends every finished sample
+immediately (stream generation). With nothing to do it waits on the inbox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+
+import torch
+
+from rlctl.agents.common import AgentContext, ControllerLink
+from rlctl.agents.messages import Generate, Heartbeat, Hello, SampleDone, make, parse
+from rlctl.agents.weights import fetch_weights, state_dict_of, weight_node
+from rlctl.engines.base import GenRequest, GenResult
+from rlctl.engines.embedded import EmbeddedEngine
+from rlctl.errors import TransportError
+from rlctl.transport import Connection, Listener, Message
+
+log = logging.getLogger(__name__)
+
+
+class RolloutAgent:
+    def __init__(self, ctx: AgentContext, *, replica: int, listen_host: str = "127.0.0.1") -> None:
+        self.ctx = ctx
+        self.name = f"rollout-{replica}"
+        job = ctx.job
+        algo = job.algorithm
+        self.engine = EmbeddedEngine.from_pretrained(
+            ctx.jobdir.init_model,
+            max_batch_size=job.rollout.max_batch_size,
+            temperature=algo.temperature,
+            seed=job.seed * 1000 + replica,
+        )
+        self.inbox: queue.Queue[Message | None] = queue.Queue()
+        self.busy_s = 0.0
+        self.samples_sent = 0
+        self.state = "starting"
+        scheme = job.transport.kind
+        # weights arrive on their own connection(s); `inproc://` lets the transport pick a name
+        self.listener: Listener = ctx.transport.listen(
+            "inproc://" if scheme == "inproc" else f"{scheme}://{listen_host}:0"
+        )
+        # …and pull versions from the trainer's weight node into this agent's own node
+        self.node = weight_node(
+            ctx.transport,
+            "inproc://" if scheme == "inproc" else f"{scheme}://{listen_host}:0",
+            job.weight_sync,
+            timeout_s=job.transport.timeout_s,
+        )
+        threading.Thread(target=self._accept_weights, name="weights-accept", daemon=True).start()
+        self.link = ControllerLink(
+            ctx,
+            Hello(
+                role="rollout",
+                name=self.name,
+                version=self.engine.version,
+                address=self.listener.address,
+                pid=os.getpid(),
+            ),
+            figures=self.figures,
+            inbox=self.inbox,
+        )
+
+    def figures(self) -> Heartbeat:
+        return Heartbeat(
+            name=self.name,
+            state=self.state,
+            version=self.engine.version,
+            busy_s=self.busy_s,
+            running=self.engine.num_running(),
+            waiting=self.engine.num_waiting(),
+        )
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.state = "running"
+        pending: tuple[int, dict[str, torch.Tensor]] | None = None
+        while True:
+            # 1. take everything that arrived; block only when the engine is idle
+            msgs: list[Message | None] = []
+            with contextlib.suppress(queue.Empty):
+                msgs.append(self.inbox.get_nowait() if self.engine.has_work() else self.inbox.get(timeout=0.5))
+            while True:
+                try:
+                    msgs.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            for msg in msgs:
+                if msg is None or msg.kind == "stop":
+                    self._finish(stopped=msg is not None)
+                    return
+                if msg.kind == "generate":
+                    self._admit(parse(msg, Generate))
+                elif msg.kind == "weights":
+                    got = state_dict_of(msg)
+                    if pending is None or got[0] > pending[0]:  # newest wins; older versions are dropped
+                        pending = got
+            # 2. safe point: swap weights between engine steps
+            if pending is not None:
+                version, sd = pending
+                pending = None
+                if version > self.engine.version:
+                    self.engine.load_weights(sd, version)
+                    self.link.send(make("weights_applied", {"version": version}))
+            # 3. one decode step; every finished sample goes out at once
+            if self.engine.has_work():
+                t0 = time.monotonic()
+                done = self.engine.step()
+                self.busy_s += time.monotonic() - t0
+                for res in done:
+                    self._send_sample(res)
+
+    def _admit(self, gen: Generate) -> None:
+        self.engine.add(
+            [
+                GenRequest(r.sample_id, list(r.prompt_tokens), r.max_new_tokens, priority=r.priority)
+                for r in gen.requests
+            ]
+        )
+
+    def _send_sample(self, res: GenResult) -> None:
+        head = SampleDone(
+            sample_id=res.request_id,
+            version=res.version,
+            finish_reason=res.finish_reason,
+            num_output_tokens=len(res.output_tokens),
+        )
+        tensors = [torch.tensor(res.output_tokens, dtype=torch.int32), torch.tensor(res.logprobs, dtype=torch.float32)]
+        self.link.send(make("sample", head, tensors))
+        self.samples_sent += 1
+
+    def _finish(self, *, stopped: bool) -> None:
+        self.state = "stopped" if stopped else "orphaned"
+        log.info("%s: %s after %d samples, busy %.1f s", self.name, self.state, self.samples_sent, self.busy_s)
+        self.link.close(final=self.figures() if stopped else None)
+        self.listener.close()
+        self.node.close()
+
+    # -- weights plane ------------------------------------------------------------------------------
+    def _accept_weights(self) -> None:
+        while True:
+            try:
+                conn = self.listener.accept()
+            except TransportError:
+                return  # listener closed
+            threading.Thread(target=self._read_weights, args=(conn,), name="weights-reader", daemon=True).start()
+
+    def _read_weights(self, conn: Connection) -> None:
+        while True:
+            try:
+                msg = conn.recv()
+            except TransportError:
+                conn.close()
+                return
+            if msg.kind != "weights_available":
+                log.warning("%s: unexpected %r on the weights connection", self.name, msg.kind)
+                continue
+            try:
+                self.inbox.put(fetch_weights(self.node, msg))
+            except TransportError as e:  # the version stays unavailable; the next one will come
+                log.warning("%s: fetching weights v%s failed: %s", self.name, msg.header.get("version"), e)

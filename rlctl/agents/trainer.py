@@ -1,0 +1,175 @@
+"""The trainer agent: one torch.distributed (gloo) group; rank 0 talks to the controller.
+
+    controller ──samples──▶ inbox ─▶ score each sample at once (reward, staleness check)
+                                     ─▶ learner.add ─▶ micro-batches train as whole groups arrive
+           all samples of iteration i in? ─▶ optimizer step ─▶ version i+1
+                                     ─▶ WeightPublisher (background) ──weights──▶ rollout agents
+                                     ─▶ trained(i, i+1, sample ids, figures) ──▶ controller
+    controller ──members──▶ publisher targets (a newcomer gets the latest version)
+
+Ranks > 0 only follow rank 0's broadcasts (`StreamingLearner.follow`). With one rank the group is
+still formed, so the code path is the same as with many.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import queue
+import time
+
+import msgspec
+import torch
+import torch.distributed as dist
+
+from rlctl.agents.common import AgentContext, ControllerLink
+from rlctl.agents.learner import PpoBatchLearner, StreamingLearner
+from rlctl.agents.messages import Delivered, Heartbeat, Hello, Trained, make
+from rlctl.agents.staleness import StalenessBound
+from rlctl.agents.weights import WeightPublisher
+from rlctl.engines.model import TinyGPT
+from rlctl.rl.samples import Sample
+from rlctl.rl.tasks import DigitsTask
+from rlctl.transport import Message
+
+log = logging.getLogger(__name__)
+
+
+def init_group(*, rank: int, world_size: int, master_addr: str, master_port: int) -> None:
+    if dist.is_initialized():
+        return
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=120),
+    )
+
+
+class TrainerAgent:
+    def __init__(self, ctx: AgentContext, *, rank: int = 0) -> None:
+        self.ctx = ctx
+        job = ctx.job
+        if job.task.kind != "digits":
+            raise ValueError(f"the embedded trainer runs the digits task only, not {job.task.kind!r}")
+        self.task = DigitsTask(job.task)
+        self.rank = rank
+        self.name = f"trainer-{rank}"
+        self.model = TinyGPT.from_pretrained(ctx.jobdir.init_model)
+        ref = TinyGPT.from_pretrained(ctx.jobdir.init_model) if job.algorithm.kl_coef > 0 else None
+        self.learner: StreamingLearner | PpoBatchLearner
+        if job.algorithm.kind == "ppo":
+            self.learner = PpoBatchLearner(
+                self.model, job.algorithm, ref_model=ref, micro_batch_samples=job.batch.train_micro_batch_samples
+            )
+        else:
+            self.learner = StreamingLearner(
+                self.model,
+                job.algorithm,
+                group_size=job.batch.samples_per_prompt,
+                micro_batch_samples=job.batch.train_micro_batch_samples,
+                ref_model=ref,
+            )
+        self.bound = StalenessBound(job.pipeline.eta)
+        self.samples_per_iteration = job.batch.samples_per_iteration
+        self.version = 0
+        self.busy_s = 0.0
+        self.state = "starting"
+        self.inbox: queue.Queue[Message | None] = queue.Queue()
+
+    def figures(self) -> Heartbeat:
+        return Heartbeat(name=self.name, state=self.state, version=self.version, busy_s=self.busy_s)
+
+    def run(self) -> None:
+        if self.rank > 0:
+            self.learner.follow()
+            return
+        job = self.ctx.job
+        scheme = job.transport.kind
+        publisher = WeightPublisher(
+            self.ctx.transport,
+            listen="inproc://" if scheme == "inproc" else f"{scheme}://127.0.0.1:0",
+            sync=job.weight_sync,
+            timeout_s=job.transport.timeout_s,
+        )
+        link = ControllerLink(
+            self.ctx,
+            Hello(role="trainer", name=self.name, version=0, pid=os.getpid()),
+            figures=self.figures,
+            inbox=self.inbox,
+        )
+        self.state = "running"
+        ids: list[str] = []
+        violations = 0
+        try:
+            while True:
+                msg = self.inbox.get()
+                if msg is None or msg.kind == "stop":
+                    self.state = "stopped" if msg is not None else "orphaned"
+                    link.close(final=self.figures() if msg is not None else None)
+                    return
+                if msg.kind == "members":
+                    publisher.set_targets(dict(msg.header["rollouts"]))
+                    continue
+                if msg.kind != "samples":
+                    log.warning("trainer: unexpected message %r", msg.kind)
+                    continue
+                # sample-level work as each sample arrives: reward, staleness check, micro-batches
+                t0 = time.monotonic()
+                for d, (out, lp) in zip(_delivered(msg), _pairs(msg.tensors), strict=True):
+                    if not self.bound.may_train(trainer_version=self.version, sample_version=d.version):
+                        violations += 1
+                    prompt = self.task.prompt(int(d.prompt_id[1:]))
+                    toks = out.tolist()
+                    sample = Sample(
+                        d.prompt_id, prompt.tokens, toks, lp.tolist(), self.task.reward(prompt, toks), version=d.version
+                    )
+                    self.learner.add(sample)
+                    ids.append(d.sample_id)
+                self.learner.train_ready()
+                self.busy_s += time.monotonic() - t0
+                if self.learner.count < self.samples_per_iteration:
+                    continue
+                # the iteration is complete: one optimizer step, a new version, publish, report
+                t0 = time.monotonic()
+                stats = self.learner.step()
+                iteration, self.version = self.version, self.version + 1
+                publisher.publish(self.version, self.learner.state_dict())
+                self._maybe_checkpoint()
+                self.busy_s += time.monotonic() - t0
+                link.send(
+                    make(
+                        "trained",
+                        Trained(
+                            iteration=iteration,
+                            version=self.version,
+                            sample_ids=ids,
+                            reward_mean=stats["reward_mean"],
+                            train_s=stats["train_s"],
+                            tokens=int(stats["tokens"]),
+                            loss=stats["loss"],
+                            staleness_violations=violations,
+                            busy_s=self.busy_s,
+                        ),
+                    )
+                )
+                ids, violations = [], 0
+        finally:
+            self.learner.stop_followers()
+            publisher.close()
+
+    def _maybe_checkpoint(self) -> None:
+        every = self.ctx.job.checkpoint.every_iterations
+        last = self.version == self.ctx.job.iterations
+        if last or (every and self.version % every == 0):
+            self.model.save_pretrained(self.ctx.jobdir.checkpoint(self.version) / "model")
+
+
+def _delivered(msg: Message) -> list[Delivered]:
+    return msgspec.convert(msg.header["samples"], list[Delivered])
+
+
+def _pairs(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(tensors[i], tensors[i + 1]) for i in range(0, len(tensors), 2)]

@@ -1,0 +1,150 @@
+"""`rlctl launch JOB.yaml`: plan, start controller + trainer + rollout agents, watch, summarise.
+
+Progress goes to stderr (a live line on a TTY, plain log lines otherwise); the summary goes to stdout
+(`-o json`: one JSON object). Ctrl-C stops every agent before exiting.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from rlctl.config import load_job
+from rlctl.errors import RlctlError
+from rlctl.render import OutputFormat, OutputOpt, emit, grid
+
+
+class Mode(StrEnum):
+    sync = "sync"
+    stream = "stream"
+    async_ = "async"
+
+
+def _fmt(v: Any, spec: str = ".3f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def progress_line(st: dict[str, Any]) -> str:
+    return (
+        f"iter {st['iteration']}/{st['iterations']}  reward {_fmt(st.get('reward'))}  "
+        f"samples/s {_fmt(st.get('samples_per_s'), '.1f')}  T_gen {_fmt(st.get('t_gen_s'), '.2f')}s  "
+        f"T_train {_fmt(st.get('t_train_s'), '.2f')}s  δ {_fmt(st.get('delta_s'), '+.2f')}s  "
+        f"weights v{st.get('weight_version')}  agents "
+        + " ".join(f"{a['name']}:{a['state']}" for a in st.get("agents", []))
+    )
+
+
+def _table(s: dict[str, Any]) -> str:
+    led = s["ledger"]
+    rows = [
+        ["state", s["state"]],
+        ["mode (η)", f"{s['mode']} ({s['eta']})"],
+        ["iterations", f"{s['iterations']}/{s['iterations_planned']}"],
+        ["reward", f"{_fmt(s['reward_first'])} → {_fmt(s['reward_last'])} (mean of first/last {s['reward_window']})"],
+        ["samples/s", _fmt(s["samples_per_s"], ".1f")],
+        ["tokens/s", _fmt(s["tokens_per_s"], ".0f")],
+        [
+            "T_gen / T_train / δ",
+            f"{_fmt(s['t_gen_s'], '.2f')} / {_fmt(s['t_train_s'], '.2f')} / {_fmt(s['delta_s'], '+.2f')} s",
+        ],
+        [
+            "bubble rollout / trainer",
+            f"{_fmt(s['bubble_fraction']['rollout'], '.2f')} / {_fmt(s['bubble_fraction']['trainer'], '.2f')}",
+        ],
+        [
+            "staleness",
+            " ".join(f"{k}:{v}" for k, v in s["staleness"].items()) + f"  violations {s['staleness_violations']}",
+        ],
+        [
+            "ledger",
+            f"prompts {led['prompts']} trained {led['trained']} requeued {led['requeued']} "
+            f"lost {led['lost']} duplicated {led['duplicated']}",
+        ],
+        ["wall", f"{s['wall_s']:.1f} s"],
+        ["job dir", s["job_dir"]],
+    ]
+    return grid(rows, ["", ""], f"Job {s['job']}")
+
+
+class _Progress:
+    """A live line on a TTY, one plain line per new iteration otherwise (stderr either way)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.last = -1
+        self.live: Any = None
+        if self.tty:
+            from rich.console import Console
+            from rich.live import Live
+
+            self.live = Live(console=Console(stderr=True), refresh_per_second=4, transient=False)
+            self.live.start()
+
+    def say(self, text: str) -> None:
+        if self.live is not None:
+            self.live.console.print(text)
+        else:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+
+    def __call__(self, st: dict[str, Any]) -> None:
+        if self.live is not None:
+            self.live.update(progress_line(st))
+        elif st["iteration"] != self.last:
+            self.last = st["iteration"]
+            self.say(progress_line(st))
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def launch(
+        job_file: Annotated[Path, typer.Argument(help="job file (jobs/*.yaml)", metavar="JOB.yaml")],
+        iterations: Annotated[
+            int | None, typer.Option("--iterations", min=1, help="override the job's iterations")
+        ] = None,
+        mode: Annotated[Mode | None, typer.Option("--mode", help="override the pipeline mode")] = None,
+        job_dir: Annotated[
+            Path | None, typer.Option("--job-dir", help="job directory (default runs/<name>-<time>)")
+        ] = None,
+        output: OutputOpt = OutputFormat.table,
+    ) -> None:
+        """Run a job: SFT warm-up (cached), then controller, trainer and rollout agents as local processes."""
+        from rlctl.agents.run import JobRun, launch_dir, plan_counts, prepare, resolve_job
+
+        job = load_job(job_file)
+        spec = resolve_job(job, iterations=iterations, mode=mode.value if mode is not None else None)
+        plan = plan_counts(job, spec)
+        jd = launch_dir(job, spec, job_dir)
+        progress = _Progress()
+        run = None
+        # SIGTERM (and SIGINT, as KeyboardInterrupt) unwind through `finally`: every agent is stopped
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            units = sum(g["units"] for g in plan["rollout"])
+            progress.say(
+                f"job {spec.name}: {spec.pipeline.mode} (η={spec.pipeline.eta}), {spec.iterations} iterations, "
+                f"{plan['trainer']['ranks']} trainer rank(s), {units} rollout unit(s) ({plan['source']}); "
+                f"dir {jd.path}"
+            )
+            if spec.warmup.sft_steps:
+                progress.say(f"SFT warm-up: {spec.warmup.sft_steps} steps (cached after the first run)")
+            prepare(jd, spec, plan, source=str(job_file))
+            run = JobRun(jd, spec, plan)
+            run.start()
+            summary = run.wait(on_progress=progress)
+        finally:
+            progress.close()
+            if run is not None:
+                run.stop()
+        emit(summary, output, _table)
+        if summary["state"] != "done":
+            raise RlctlError(f"job {spec.name} did not finish: {summary['state']}", hint=f"see {jd.path}/logs")

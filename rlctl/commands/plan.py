@@ -1,0 +1,34 @@
+"""`rlctl plan JOB.yaml`: allocation, parallel configs, dispatch split, predicted times, cost, rebalance δ'."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlctl.config import load_job
+from rlctl.planner.plan import make_plan
+from rlctl.planner.view import plan_plot, plan_table
+from rlctl.profiler.profile import load_profile
+from rlctl.render import OutputFormat, OutputOpt, emit
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def plan(
+        job: Annotated[Path, typer.Argument(help="job file (jobs/*.yaml)")],
+        profile: Annotated[Path | None, typer.Option("--profile", "-p", help="profile file from `rlctl profile` "
+                                                     "(default: analytical from the inventory's GPU specs)")] = None,
+        plot: Annotated[Path | None, typer.Option("--plot", help="write a PNG of the stage-time breakdown")] = None,
+        output: OutputOpt = OutputFormat.table,
+    ) -> None:
+        """Plan a job: Algorithm 1 allocation, TP/PP/DP, Algorithm 2 dispatch, simulated iteration time per mode."""
+        j = load_job(job)
+        prof = load_profile(profile) if profile is not None else None
+        result = make_plan(j, prof)
+        if plot is not None:
+            plan_plot(result, plot)
+            sys.stderr.write(f"wrote {plot}\n")
+        emit(result, output, plan_table)

@@ -1,0 +1,59 @@
+"""The launch-backend interface: start an agent process somewhere, poll it, stop it for sure.
+
+    spec = AgentSpec(role="rollout", replica=1, site="local", argv=[...], env={...}, log_path=...)
+    handle = backend.start(spec)      # returns at once; the agent runs detached from the caller
+    backend.poll(handle)              # None while running, else the exit code
+    backend.stop([handles], grace_s) # SIGTERM to each process group, grace, SIGKILL, verify none left
+
+Backends: `local` (subprocesses in their own process groups, `local.py`); SLURM and SSH backends
+implement the same three methods. Choose one with `BACKENDS[site.scheduler.kind]`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """One agent process to start: what it is, where, and exactly how."""
+
+    role: str  # "controller" | "trainer" | "rollout"
+    replica: int
+    site: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # added to the backend's base environment
+    log_path: Path | None = None
+    cwd: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.replica}"
+
+
+@dataclass
+class AgentHandle:
+    """A started agent; `ident` is backend-specific (pid/pgid, SLURM job id, host:pidfile)."""
+
+    spec: AgentSpec
+    ident: dict[str, Any]
+    backend: str
+
+
+class LaunchBackend(ABC):
+    kind: str
+
+    @abstractmethod
+    def start(self, spec: AgentSpec) -> AgentHandle:
+        """Start the agent; LaunchError if it could not be started."""
+
+    @abstractmethod
+    def poll(self, handle: AgentHandle) -> int | None:
+        """None while the agent runs, else its exit code (negative: killed by that signal)."""
+
+    @abstractmethod
+    def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:
+        """Stop every agent and everything it started; LaunchError if anything is left running."""

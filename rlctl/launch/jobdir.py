@@ -1,0 +1,133 @@
+"""The job directory: everything one run leaves on disk, and where its processes find each other.
+
+runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_dir` / --job-dir)
+  job.json          the resolved job (every default filled in), as the agents read it
+  plan.json         GPU counts per role and how they were chosen
+  secret            per-job HMAC secret of the tensor RPC (mode 0600)
+  controller.json   the controller's RPC address and pid, written once it listens
+  logs/<role>-<n>.log
+  events.jsonl      one JSON object per event (agent joined / lost, iteration done, stop)
+  metrics.jsonl     one line per iteration (reward, stage times, δ, throughput, staleness)
+  summary.json      the final summary (what `rlctl launch -o json` prints)
+  model/init/       the starting policy (SFT warm-up), HF-style directory
+  checkpoints/iter-N/{model/, ledger.json}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from rlctl.config.job import JobFile
+from rlctl.errors import LaunchError
+
+HOME_ENV = "RLCTL_HOME"
+
+
+def default_base() -> Path:
+    home = os.environ.get(HOME_ENV)
+    return (Path(home) if home else Path.cwd()) / "runs"
+
+
+class JobDir:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def create(cls, name: str, *, explicit: str | Path | None = None) -> JobDir:
+        """`explicit` (the --job-dir flag or the job file's `job_dir`) wins; else a fresh timestamped dir."""
+        if explicit is not None:
+            path = Path(explicit).expanduser()
+        else:
+            path = default_base() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            n = 1
+            while path.exists():
+                path = path.with_name(f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+                n += 1
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "logs").mkdir(exist_ok=True)
+            (path / "checkpoints").mkdir(exist_ok=True)
+        except OSError as e:
+            raise LaunchError(f"cannot create job directory {path}: {e}") from e
+        return cls(path)
+
+    # -- paths --------------------------------------------------------------------------------------
+    @property
+    def job_json(self) -> Path:
+        return self.path / "job.json"
+
+    @property
+    def plan_json(self) -> Path:
+        return self.path / "plan.json"
+
+    @property
+    def controller_json(self) -> Path:
+        return self.path / "controller.json"
+
+    @property
+    def summary_json(self) -> Path:
+        return self.path / "summary.json"
+
+    @property
+    def events(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def init_model(self) -> Path:
+        return self.path / "model" / "init"
+
+    def log(self, role: str, replica: int) -> Path:
+        return self.path / "logs" / f"{role}-{replica}.log"
+
+    def checkpoint(self, iteration: int) -> Path:
+        return self.path / "checkpoints" / f"iter-{iteration}"
+
+    # -- contents -----------------------------------------------------------------------------------
+    def write_job(self, spec: JobFile, *, source: str) -> None:
+        data = {"source": source, "job": spec.model_dump(mode="json", by_alias=True)}
+        self.job_json.write_text(json.dumps(data, indent=2) + "\n")
+
+    def read_job(self) -> JobFile:
+        try:
+            data = json.loads(self.job_json.read_text())
+        except (OSError, ValueError) as e:
+            raise LaunchError(f"{self.job_json}: cannot read the resolved job: {e}") from e
+        return JobFile.model_validate(data["job"])
+
+    def write_json(self, path: Path, data: Any) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        tmp.replace(path)
+
+    def read_json(self, path: Path) -> Any:
+        return json.loads(path.read_text())
+
+    def secret(self) -> bytes:
+        """The per-job secret, created (0600) on first use."""
+        p = self.path / "secret"
+        if not p.exists():
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+        return bytes.fromhex(p.read_text().strip())
+
+    def append(self, path: Path, row: dict[str, Any]) -> None:
+        with path.open("a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.append(self.events, {"t": round(time.time(), 3), "event": kind, **fields})
+
+    def read_lines(self, path: Path) -> list[dict[str, Any]]:
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

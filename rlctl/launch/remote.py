@@ -1,0 +1,217 @@
+"""Running commands on a launch target: here (subprocess) or on an SSH host (fabric), one error type.
+
+Both runners take an argv or a shell string, optional stdin text and a deadline, and return
+`CommandResult`; anything that goes wrong *around* the command (host unreachable, auth refused,
+unknown host key, deadline passed, program missing) becomes `LaunchError` naming the host.
+A command that ran and exited non-zero is a result, not an error: callers decide.
+
+Host-key policy for SSH (never fabric's default, which accepts any key):
+  * `known_hosts` given → only that file is trusted;
+  * otherwise → the operator's `~/.ssh/known_hosts` (as OpenSSH with StrictHostKeyChecking=yes).
+  An unknown host or a changed key is refused with a hint (`ssh-keyscan -p PORT HOST >> FILE`).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from rlctl.errors import LaunchError
+
+if TYPE_CHECKING:
+    from fabric import Connection
+
+log = logging.getLogger(__name__)
+
+
+class RemoteState(StrEnum):
+    """Where a launched agent (SLURM job or SSH process group) stands, as far as its backend can tell."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETING = "completing"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+
+    @property
+    def active(self) -> bool:
+        return self in (RemoteState.PENDING, RemoteState.RUNNING, RemoteState.COMPLETING)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    def tail(self) -> str:
+        text = (self.stderr.strip() or self.stdout.strip()).splitlines()
+        return text[-1][:300] if text else f"exit {self.exit_code}"
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    host: str
+    user: str | None = None
+    port: int = 22
+    key_file: str | None = None
+    known_hosts: str | None = None
+    proxy_jump: str | None = None
+    connect_timeout_s: float = 10.0
+
+    @property
+    def label(self) -> str:
+        user = f"{self.user}@" if self.user else ""
+        return f"{user}{self.host}:{self.port}"
+
+    def known_hosts_path(self) -> Path:
+        return Path(self.known_hosts or "~/.ssh/known_hosts").expanduser()
+
+
+def connect(target: SshTarget) -> Connection:
+    """An open fabric Connection with the strict host-key policy of this module."""
+    try:
+        import paramiko
+        from fabric import Connection
+    except ImportError as e:  # pragma: no cover - fabric is a core dependency
+        raise LaunchError(f"fabric is not installed ({e})", hint="pip install 'fabric>=3.2'") from e
+
+    kwargs: dict[str, object] = {
+        "look_for_keys": target.key_file is None,
+        "allow_agent": target.key_file is None,
+        "banner_timeout": target.connect_timeout_s,
+        "auth_timeout": target.connect_timeout_s,
+    }
+    if target.key_file:
+        kwargs["key_filename"] = str(Path(target.key_file).expanduser())
+    gateway = None
+    if target.proxy_jump:
+        gateway = connect(SshTarget(target.proxy_jump, known_hosts=target.known_hosts))
+    conn = Connection(
+        target.host,
+        user=target.user,
+        port=target.port,
+        connect_timeout=max(1, round(target.connect_timeout_s)),
+        connect_kwargs=kwargs,
+        gateway=gateway,
+    )
+    known = target.known_hosts_path()
+    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    if known.exists():
+        conn.client.load_host_keys(str(known))
+    hint = f"add its key: ssh-keyscan -p {target.port} {target.host} >> {known} (after checking it)"
+    try:
+        conn.open()
+    except paramiko.BadHostKeyException as e:
+        raise LaunchError(f"ssh {target.label}: host key does not match {known}", hint=hint) from e
+    except paramiko.SSHException as e:
+        if "not found in known_hosts" in str(e):
+            raise LaunchError(f"ssh {target.label}: unknown host key (not in {known})", hint=hint) from e
+        raise LaunchError(f"ssh {target.label}: {e}") from e
+    except (OSError, EOFError) as e:  # socket.timeout, refused, no route, DNS
+        raise LaunchError(f"ssh {target.label}: cannot connect: {e or type(e).__name__}") from e
+    return conn
+
+
+class Runner(Protocol):
+    """Runs one command where the backend's tools live (login node, SSH host)."""
+
+    where: str
+
+    def run(self, command: str, *, timeout_s: float, stdin: str | None = None) -> CommandResult: ...
+
+    def close(self) -> None: ...
+
+
+class LocalRunner:
+    """Runs shell commands here with an optional environment overlay (e.g. SLURM_CONF)."""
+
+    where = "localhost"
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        self.env = {**os.environ, **(env or {})}
+
+    def run(self, command: str, *, timeout_s: float, stdin: str | None = None) -> CommandResult:
+        try:
+            proc = subprocess.run(
+                ["bash", "-c", command],
+                input=stdin if stdin is not None else "",
+                capture_output=True,
+                text=True,
+                env=self.env,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise LaunchError(f"{self.where}: '{_short(command)}' did not finish within {timeout_s:g} s") from e
+        return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+
+    def close(self) -> None:
+        pass
+
+
+class SshRunner:
+    """Runs shell commands on one SSH host over one connection, opened on first use."""
+
+    def __init__(self, target: SshTarget, env: dict[str, str] | None = None) -> None:
+        self.target = target
+        self.where = target.label
+        self.env = env or {}
+        self._conn: Connection | None = None
+
+    def run(self, command: str, *, timeout_s: float, stdin: str | None = None) -> CommandResult:
+        from invoke.exceptions import CommandTimedOut
+
+        if self._conn is None:
+            self._conn = connect(self.target)
+        prefix = "".join(f"export {k}={shlex.quote(v)}; " for k, v in self.env.items())
+        try:
+            res = self._conn.run(
+                prefix + command,
+                hide=True,
+                warn=True,
+                timeout=timeout_s,
+                in_stream=_ChunkedInput(stdin) if stdin is not None else False,
+            )
+        except CommandTimedOut as e:
+            self.close()
+            raise LaunchError(f"ssh {self.where}: '{_short(command)}' did not finish within {timeout_s:g} s") from e
+        except (OSError, EOFError) as e:  # socket timeouts are OSError
+            self.close()
+            raise LaunchError(f"ssh {self.where}: connection lost running '{_short(command)}': {e}") from e
+        return CommandResult(int(res.exited), str(res.stdout), str(res.stderr))
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class _ChunkedInput(io.StringIO):
+    """stdin for invoke, which reads a non-terminal stream one byte per 10 ms: hand it 64 KiB at a time."""
+
+    def read(self, size: int | None = -1) -> str:
+        return super().read(65536 if size is not None and size >= 0 else size)
+
+
+def _short(command: str) -> str:
+    first = command.strip().splitlines()[0] if command.strip() else command
+    return first if len(first) <= 80 else first[:77] + "..."
+
+
+def sh_path(path: str) -> str:
+    """Quote a path for a remote shell, keeping a leading `~/` expandable there."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)

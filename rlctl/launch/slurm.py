@@ -1,0 +1,395 @@
+"""The `slurm` launch backend: one SLURM job per agent spec (a role's ranks are the job's tasks).
+
+Two ways in, chosen by the site's `submit_host`:
+
+    submit_host unset ─▶ submitit (we are on a login node): SlurmExecutor + CommandFunction(argv)
+    submit_host set   ─▶ our own sbatch script, streamed over SSH to `sbatch --parsable` there
+
+Both scripts export the spec's environment, start every rank with `srun` (rank = $SLURM_PROCID,
+world = $SLURM_NTASKS) and ask SLURM for a TERM `grace_s` before the time limit. `render()` returns
+the exact script without submitting (`rlctl launch --dry-run`).
+
+Status never depends on accounting alone:  squeue ─(job left the queue)─▶ scontrol show job
+─(purged after MinJobAge)─▶ sacct ─▶ unknown.
+
+Stop (graceful, then forced, then verified):
+
+    scancel --signal=TERM ID ─▶ wait ≤ grace_s ─▶ scancel ID ─▶ wait until it left squeue
+    (TERM goes to the job's steps = the agents. Not `--full`: srun takes a TERM as "kill the step
+     now" and SIGKILLs the agents; measured on slurm 22.05. The batch shell forwards a TERM it gets
+     at the time limit the same way.)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlctl.config.inventory import Site, SlurmScheduler
+from rlctl.errors import LaunchError
+from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend
+from rlctl.launch.nodelist import expand
+from rlctl.launch.remote import CommandResult, LocalRunner, RemoteState, Runner, SshRunner, SshTarget
+
+log = logging.getLogger(__name__)
+
+_STATES = {
+    "PENDING": RemoteState.PENDING,
+    "CONFIGURING": RemoteState.PENDING,
+    "REQUEUED": RemoteState.PENDING,
+    "REQUEUE_HOLD": RemoteState.PENDING,
+    "REQUEUE_FED": RemoteState.PENDING,
+    "RESV_DEL_HOLD": RemoteState.PENDING,
+    "RUNNING": RemoteState.RUNNING,
+    "SIGNALING": RemoteState.RUNNING,
+    "RESIZING": RemoteState.RUNNING,
+    "SUSPENDED": RemoteState.RUNNING,
+    "STOPPED": RemoteState.RUNNING,
+    "COMPLETING": RemoteState.COMPLETING,
+    "STAGE_OUT": RemoteState.COMPLETING,
+    "COMPLETED": RemoteState.FINISHED,
+    "FAILED": RemoteState.FAILED,
+    "TIMEOUT": RemoteState.FAILED,
+    "NODE_FAIL": RemoteState.FAILED,
+    "BOOT_FAIL": RemoteState.FAILED,
+    "OUT_OF_MEMORY": RemoteState.FAILED,
+    "DEADLINE": RemoteState.FAILED,
+    "SPECIAL_EXIT": RemoteState.FAILED,
+    "CANCELLED": RemoteState.CANCELLED,
+    "PREEMPTED": RemoteState.CANCELLED,
+    "REVOKED": RemoteState.CANCELLED,
+}
+
+
+def map_state(slurm_state: str) -> RemoteState:
+    """`RUNNING` → running; `CANCELLED by 0`, `CANCELLED+` (sacct) → cancelled; anything else unknown."""
+    word = slurm_state.strip().split(" ")[0].rstrip("+").upper()
+    return _STATES.get(word, RemoteState.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class SlurmResources:
+    """What one role asks SLURM for; `gpus_per_node=0` leaves out --gpus-per-node (CPU-only sites)."""
+
+    nodes: int = 1
+    tasks_per_node: int = 1
+    cpus_per_task: int = 1
+    gpus_per_node: int = 0
+    mem_per_cpu_mb: int | None = None
+
+    @classmethod
+    def for_gpus(cls, site: Site, num_gpus: int, *, cpus_per_task: int = 1) -> SlurmResources:
+        """One task (rank) per GPU, on as few nodes as the site's node size allows."""
+        per_node = site.gpus_per_node
+        nodes = max(1, math.ceil(num_gpus / per_node))
+        tasks_per_node = math.ceil(num_gpus / nodes)
+        real = site.spec.name != "CPU"  # the CPU pseudo-GPU is a core slot, not a SLURM gres
+        return cls(nodes, tasks_per_node, cpus_per_task, tasks_per_node if real else 0)
+
+
+@dataclass(frozen=True)
+class SlurmStatus:
+    state: RemoteState
+    slurm_state: str  # as SLURM printed it, "" when no tool knew the job
+    nodes: list[str]
+    reason: str
+    exit_code: int | None
+    source: str  # squeue | scontrol | sacct | none
+
+
+class SlurmBackend(LaunchBackend):
+    kind = "slurm"
+
+    def __init__(
+        self,
+        site_name: str,
+        sched: SlurmScheduler,
+        *,
+        job: str,
+        job_dir: Path,
+        resources: dict[str, SlurmResources] | None = None,
+        grace_s: int = 30,
+        known_hosts: str | None = None,
+        python: str | None = None,
+        command_timeout_s: float = 30.0,
+    ) -> None:
+        """`job_dir` must be on a filesystem the nodes share (submitit's pickles, every log)."""
+        self.site = site_name
+        self.sched = sched
+        self.job = job
+        self.job_dir = job_dir
+        self.resources = resources or {}
+        self.grace_s = grace_s
+        self.python = python or shlex.quote(sys.executable)
+        self.command_timeout_s = command_timeout_s
+        env = {"SLURM_CONF": sched.slurm_conf} if sched.slurm_conf else {}
+        self.runner: Runner
+        if sched.submit_host:
+            target = SshTarget(
+                sched.submit_host,
+                user=sched.ssh_user,
+                port=sched.ssh_port,
+                key_file=sched.ssh_key_file,
+                known_hosts=known_hosts,
+                connect_timeout_s=min(command_timeout_s, 15.0),
+            )
+            self.runner = SshRunner(target, env)
+        else:
+            self.runner = LocalRunner(env)
+
+    @property
+    def submitter(self) -> str:
+        return "sbatch-ssh" if self.sched.submit_host else "submitit"
+
+    def job_name(self, spec: AgentSpec) -> str:
+        return f"rlctl-{self.job}-{spec.role}"
+
+    def _res(self, spec: AgentSpec) -> SlurmResources:
+        return self.resources.get(spec.role, SlurmResources())
+
+    def _log_path(self, spec: AgentSpec) -> Path:
+        return spec.log_path or self.job_dir / "logs" / f"{spec.name}.log"
+
+    def _submitit_folder(self, spec: AgentSpec) -> Path:
+        return self.job_dir / "slurm" / spec.name
+
+    # ---------------------------------------------------------------- render
+    def render(self, spec: AgentSpec) -> str:
+        """The exact batch script `start(spec)` submits (for --dry-run and the job directory)."""
+        if self.submitter == "submitit":
+            ex = self._executor(spec)
+            return str(ex._make_submission_file_text(ex._submitit_command_str, "dry-run"))
+        return self.render_sbatch(spec)
+
+    def render_sbatch(self, spec: AgentSpec) -> str:
+        res, s = self._res(spec), self.sched
+        lines = [
+            "#!/bin/bash",
+            f"# rlctl job {self.job}: {spec.name} on site {self.site} (submit: sbatch --parsable < this file)",
+            f"#SBATCH --job-name={self.job_name(spec)}",
+            f"#SBATCH --partition={s.partition}",
+        ]
+        lines += [f"#SBATCH --account={s.account}"] if s.account else []
+        lines += [f"#SBATCH --qos={s.qos}"] if s.qos else []
+        lines += [
+            f"#SBATCH --nodes={res.nodes}",
+            f"#SBATCH --ntasks-per-node={res.tasks_per_node}",
+            f"#SBATCH --cpus-per-task={res.cpus_per_task}",
+        ]
+        lines += [f"#SBATCH --gpus-per-node={res.gpus_per_node}"] if res.gpus_per_node else []
+        lines += [f"#SBATCH --mem-per-cpu={res.mem_per_cpu_mb}"] if res.mem_per_cpu_mb else []
+        lines += [
+            f"#SBATCH --time={s.time_limit_min}",
+            f"#SBATCH --output={shlex.quote(str(self._log_path(spec)))}",
+            "#SBATCH --open-mode=append",
+            f"#SBATCH --signal=B:TERM@{self.grace_s}",
+        ]
+        lines += [f"#SBATCH --chdir={shlex.quote(str(spec.cwd))}"] if spec.cwd else []
+        lines += ["set -u"]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())]
+        lines += [
+            "# every rank: rank = $SLURM_PROCID, world size = $SLURM_NTASKS, hosts = $SLURM_JOB_NODELIST",
+            f"srun --label --unbuffered --kill-on-bad-exit=1 {shlex.join(spec.argv)} &",
+            "srun_pid=$!",
+            "# a TERM to srun kills the step at once: the batch shell takes it and hands it to the agents",
+            "trap 'scancel --signal=TERM \"$SLURM_JOB_ID\"' TERM",
+            'wait "$srun_pid"; rc=$?',
+            'while kill -0 "$srun_pid" 2>/dev/null; do wait "$srun_pid"; rc=$?; done',
+            'exit "$rc"',
+            "",
+        ]
+        return "\n".join(lines)
+
+    def _executor(self, spec: AgentSpec) -> Any:
+        import submitit
+
+        res, s = self._res(spec), self.sched
+        try:
+            ex = submitit.SlurmExecutor(folder=str(self._submitit_folder(spec) / "%j"), python=self.python)
+        except RuntimeError as e:  # no srun here: not a login node
+            raise LaunchError(
+                f"site {self.site}: cannot use submitit here: {e}",
+                hint="set scheduler.submit_host to submit over SSH from a login node",
+            ) from e
+        setup = [f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())]
+        setup += [f"cd {shlex.quote(str(spec.cwd))}"] if spec.cwd else []
+        params: dict[str, Any] = {
+            "job_name": self.job_name(spec),
+            "partition": s.partition,
+            "time": s.time_limit_min,
+            "nodes": res.nodes,
+            "ntasks_per_node": res.tasks_per_node,
+            "cpus_per_task": res.cpus_per_task,
+            "signal_delay_s": self.grace_s,
+            "setup": setup,
+            "stderr_to_stdout": True,
+            # TERM to the steps (the agents), not submitit's USR2 "checkpoint and requeue"
+            "additional_parameters": {"signal": f"TERM@{self.grace_s}"},
+        }
+        params.update({"account": s.account} if s.account else {})
+        params.update({"qos": s.qos} if s.qos else {})
+        params.update({"gpus_per_node": res.gpus_per_node} if res.gpus_per_node else {})
+        params.update({"mem_per_cpu": f"{res.mem_per_cpu_mb}MB"} if res.mem_per_cpu_mb else {})
+        ex.update_parameters(**params)
+        return ex
+
+    # ---------------------------------------------------------------- start
+    def start(self, spec: AgentSpec) -> AgentHandle:
+        job_id = self._submit_submitit(spec) if self.submitter == "submitit" else self._submit_sbatch(spec)
+        log.info("site %s: %s submitted as SLURM job %s (%s)", self.site, spec.name, job_id, self.submitter)
+        ident = {"job_id": job_id, "submitter": self.submitter, "job_name": self.job_name(spec), "stopped": False}
+        return AgentHandle(spec, ident, self.kind)
+
+    def _submit_submitit(self, spec: AgentSpec) -> str:
+        import submitit
+        from submitit.core.utils import FailedSubmissionError
+
+        ex = self._executor(spec)
+        self._submitit_folder(spec).mkdir(parents=True, exist_ok=True)
+        try:
+            with _env_overlay({"SLURM_CONF": self.sched.slurm_conf} if self.sched.slurm_conf else {}):
+                job = ex.submit(submitit.helpers.CommandFunction(list(spec.argv), verbose=True))
+        except (FailedSubmissionError, OSError) as e:
+            raise LaunchError(f"site {self.site}: sbatch (submitit) refused {spec.name}: {e}") from e
+        return str(job.job_id)
+
+    def _submit_sbatch(self, spec: AgentSpec) -> str:
+        script = self.render_sbatch(spec)
+        mkdir = f"mkdir -p {shlex.quote(str(self._log_path(spec).parent))}"
+        res = self.runner.run(f"{mkdir} && sbatch --parsable", timeout_s=self.command_timeout_s, stdin=script)
+        job_id = res.stdout.strip().split(";")[0]
+        if res.exit_code != 0 or not job_id.isdigit():
+            raise LaunchError(f"site {self.site}: sbatch on {self.runner.where} refused {spec.name}: {res.tail()}")
+        return job_id
+
+    # ---------------------------------------------------------------- status
+    def _run(self, command: str) -> CommandResult:
+        return self.runner.run(command, timeout_s=self.command_timeout_s)
+
+    def status(self, handle: AgentHandle) -> SlurmStatus:
+        job_id = str(handle.ident["job_id"])
+        st = self._query(job_id)
+        if handle.ident.get("stopped") and st.state in (RemoteState.FINISHED, RemoteState.FAILED):
+            # we stopped it: the agents exiting on our TERM is a cancellation, whatever their exit code
+            return SlurmStatus(RemoteState.CANCELLED, st.slurm_state, st.nodes, st.reason, st.exit_code, st.source)
+        return st
+
+    def _query(self, job_id: str) -> SlurmStatus:
+        q = shlex.quote(job_id)
+        res = self._run(f"squeue -h -j {q} -o '%T %N %r'")
+        out = res.stdout.strip()
+        if res.exit_code == 0 and out:
+            state, nodes, reason = [*out.splitlines()[0].split(" ", 2), "", ""][:3]
+            return SlurmStatus(map_state(state), state, _hosts(nodes), reason, None, "squeue")
+        res = self._run(f"scontrol show job -o {q}")  # finished jobs stay here for MinJobAge
+        if res.exit_code == 0 and "JobState=" in res.stdout:
+            f = dict(re.findall(r"(?:^|\s)(JobState|NodeList|Reason|ExitCode)=(\S*)", res.stdout))
+            state = f.get("JobState", "")
+            code, hosts = _exit_code(f.get("ExitCode", "")), _hosts(f.get("NodeList", ""))
+            return SlurmStatus(map_state(state), state, hosts, f.get("Reason", ""), code, "scontrol")
+        res = self._run(f"sacct -X -n -P -j {q} -o State,NodeList,ExitCode")
+        rows = [r for r in res.stdout.strip().splitlines() if r]
+        if res.exit_code == 0 and rows:
+            state, nodes, code_s = [*rows[-1].split("|"), "", ""][:3]
+            return SlurmStatus(map_state(state), state, _hosts(nodes), "", _exit_code(code_s), "sacct")
+        log.warning("site %s: no SLURM tool knows job %s (%s)", self.site, job_id, res.tail())
+        return SlurmStatus(RemoteState.UNKNOWN, "", [], res.tail(), None, "none")
+
+    def poll(self, handle: AgentHandle) -> int | None:
+        st = self.status(handle)
+        if st.state.active or st.state is RemoteState.UNKNOWN:
+            return None
+        if st.state is RemoteState.FINISHED:
+            return 0
+        if st.state is RemoteState.CANCELLED:
+            return -15
+        return st.exit_code or 1
+
+    # ---------------------------------------------------------------- stop
+    def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:
+        live: list[AgentHandle] = []
+        for h in handles:
+            state = self._query(str(h.ident["job_id"])).state
+            if not state.active:
+                continue
+            h.ident["stopped"] = True
+            live.append(h)
+            job = shlex.quote(str(h.ident["job_id"]))
+            if state is RemoteState.PENDING:  # nothing runs yet; `scancel --signal` would wait for it to start
+                self._run(f"scancel {job}")
+                continue
+            try:
+                res = self.runner.run(f"scancel --signal=TERM {job}", timeout_s=10.0)
+                failed = res.exit_code != 0
+            except LaunchError as e:  # raced with a state change and blocked
+                res, failed = CommandResult(1, "", str(e)), True
+            if failed:
+                log.info("site %s: scancel --signal=TERM %s: %s; cancelling", self.site, job, res.tail())
+                self._run(f"scancel {job}")
+        live = self._wait_gone(live, grace_s)
+        for h in live:
+            log.warning("site %s: job %s ignored TERM for %.0f s; scancel", self.site, h.ident["job_id"], grace_s)
+            self._run(f"scancel {shlex.quote(str(h.ident['job_id']))}")
+        left = self._wait_gone(live, 60.0)  # scancel: TERM, KillWait, KILL, epilog
+        if left:
+            ids = ", ".join(str(h.ident["job_id"]) for h in left)
+            raise LaunchError(f"site {self.site}: SLURM job(s) {ids} still in the queue after scancel")
+
+    def _wait_gone(self, handles: list[AgentHandle], timeout_s: float) -> list[AgentHandle]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            handles = [h for h in handles if self._query(str(h.ident["job_id"])).state.active]
+            if not handles or time.monotonic() >= deadline:
+                return handles
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def _hosts(nodelist: str) -> list[str]:
+    if not nodelist or nodelist in ("(null)", "None"):
+        return []
+    try:
+        return expand(nodelist)
+    except ValueError:
+        return [nodelist]
+
+
+def _exit_code(text: str) -> int | None:
+    """SLURM's `ExitCode=143:0` (code:signal) → 143; a signal alone → -signal."""
+    m = re.match(r"^(\d+):(\d+)$", text.strip())
+    if not m:
+        return None
+    code, sig = int(m[1]), int(m[2])
+    return code if code or not sig else -sig
+
+
+_env_lock = threading.Lock()
+
+
+@contextmanager
+def _env_overlay(env: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of a block (submitit calls sbatch with os.environ)."""
+    with _env_lock:
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v

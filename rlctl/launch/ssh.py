@@ -1,0 +1,260 @@
+"""The `ssh` launch backend: agents as detached process groups on SSH hosts (fabric).
+
+Every remote action is one bash script sent to `bash -s` on the host; `render()` returns those
+scripts as copy-pastable command lines (`rlctl launch --dry-run`). Per agent, under the run dir:
+
+    <run>/<role>-<replica>.pid    {"pid", "pgid", "start_ticks"}  written right after the start
+    <run>/<role>-<replica>.exit   the agent's exit code, written by its wrapper when it exits
+    log file                      stdout + stderr of the agent (spec.log_path or <workdir>/logs/)
+
+    start: setsid nohup bash -c '"$@"; echo $? > EXIT' …  &   (pid = pgid: a new session)
+    poll : pid alive AND /proc/PID/stat field 22 (start time) = the recorded one → running;
+           else the exit file → finished / failed; a pid with another start time is someone else's
+    stop : TERM to the group ─▶ wait ≤ grace_s ─▶ KILL ─▶ verify `pgrep -g` lists no live process
+           (a pid whose start time differs is reported gone and never signalled)
+
+Host keys: see `rlctl.launch.remote` (site known_hosts file, else ~/.ssh/known_hosts; unknown
+hosts refused). Connect and command deadlines raise LaunchError naming the host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from rlctl.config.inventory import Site, SshScheduler
+from rlctl.errors import LaunchError
+from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend
+from rlctl.launch.remote import RemoteState, SshRunner, SshTarget, sh_path
+
+log = logging.getLogger(__name__)
+
+# field 22 of /proc/PID/stat (start time, clock ticks since boot); fields are counted after the
+# "(comm)" part, which may itself contain spaces: field 3 is the first after ") ".
+_STAT = "sed -E 's/^.*\\) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f{fields}"
+# live members of a process group (zombies excluded: they are dead, only not yet reaped)
+_LIVE_FN = (
+    'live() { for p in $(pgrep -g "$1" 2>/dev/null); do '
+    "s=$(sed -E 's/^.*\\) //' /proc/$p/stat 2>/dev/null | cut -c1); "
+    '[ -n "$s" ] && [ "$s" != Z ] && echo "$p"; done; return 0; }'
+)
+LOST = 255  # exit code reported when an agent vanished without writing one (SIGKILL, reboot)
+
+
+@dataclass(frozen=True)
+class SshStatus:
+    state: RemoteState
+    exit_code: int | None
+    live_pids: list[int]
+    detail: str
+
+
+def round_robin(hosts: list[str]) -> Callable[[AgentSpec], str]:
+    return lambda spec: hosts[spec.replica % len(hosts)]
+
+
+class SshBackend(LaunchBackend):
+    kind = "ssh"
+
+    def __init__(
+        self,
+        site_name: str,
+        site: Site,
+        *,
+        job: str,
+        known_hosts: str | None = None,
+        placement: Callable[[AgentSpec], str] | None = None,
+        connect_timeout_s: float = 10.0,
+        command_timeout_s: float = 30.0,
+    ) -> None:
+        assert isinstance(site.scheduler, SshScheduler)
+        self.site = site_name
+        self.sched: SshScheduler = site.scheduler
+        self.job = job
+        self.known_hosts = known_hosts
+        self.placement = placement or round_robin([h for h, _ in site.hosts])
+        self.connect_timeout_s = connect_timeout_s
+        self.command_timeout_s = command_timeout_s
+        self._runners: dict[str, SshRunner] = {}
+
+    # ---------------------------------------------------------------- paths
+    def workdir(self) -> str:
+        return f"{self.sched.workdir.rstrip('/')}/jobs/{self.job}"
+
+    def _paths(self, spec: AgentSpec) -> dict[str, str]:
+        run = f"{self.workdir()}/run"
+        return {
+            "cwd": str(spec.cwd) if spec.cwd else self.workdir(),
+            "run": run,
+            "pidfile": f"{run}/{spec.name}.pid",
+            "exitfile": f"{run}/{spec.name}.exit",
+            "log": str(spec.log_path) if spec.log_path else f"{self.workdir()}/logs/{spec.name}.log",
+        }
+
+    def target(self, host: str) -> SshTarget:
+        s = self.sched
+        return SshTarget(
+            host,
+            user=s.user,
+            port=s.port,
+            key_file=s.key_file,
+            known_hosts=self.known_hosts,
+            proxy_jump=s.proxy_jump,
+            connect_timeout_s=self.connect_timeout_s,
+        )
+
+    def _runner(self, host: str) -> SshRunner:
+        if host not in self._runners:
+            self._runners[host] = SshRunner(self.target(host))
+        return self._runners[host]
+
+    # ---------------------------------------------------------------- scripts
+    def start_script(self, spec: AgentSpec) -> str:
+        p = self._paths(spec)
+        log_dir = str(PurePosixPath(p["log"]).parent)
+        lines = [
+            "set -eu",
+            f"mkdir -p {sh_path(p['run'])} {sh_path(log_dir)} {sh_path(p['cwd'])}",
+            f"cd {sh_path(p['cwd'])}",
+            f"rm -f {sh_path(p['exitfile'])}",
+            *(f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())),
+            # no `&&` chain before the `&` (the channel would stay open); TERM is trapped by the
+            # wrapper so it lives to record the exit code (a trap, unlike an ignore, is not inherited)
+            'setsid nohup bash -c \'trap : TERM HUP; "$@"; echo $? > "$0"\' '
+            f"{sh_path(p['exitfile'])} {shlex.join(spec.argv)} > {sh_path(p['log'])} 2>&1 < /dev/null &",
+            "pid=$!",
+            f"start=$({_STAT.format(pid='$pid', fields=20)})",
+            'printf \'{"pid": %s, "pgid": %s, "start_ticks": %s}\\n\' "$pid" "$pid" "${start:-0}"'
+            f" > {sh_path(p['pidfile'])}",
+            f"cat {sh_path(p['pidfile'])}",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def poll_script(self, handle: AgentHandle) -> str:
+        i = handle.ident
+        return "\n".join(
+            [
+                _LIVE_FN,
+                f'echo "leader $({_STAT.format(pid=i["pid"], fields="1,20")})"',
+                f'echo "exit $(cat {sh_path(i["exitfile"])} 2>/dev/null)"',
+                f'echo "group $(live {i["pgid"]} | tr "\\n" " ")"',
+                "",
+            ]
+        )
+
+    def stop_script(self, handles: list[AgentHandle], grace_s: float) -> str:
+        """One script per host: TERM every group that is still ours, wait, KILL, verify."""
+        tenths = max(1, round(grace_s * 10))
+        groups = " ".join(f"{h.ident['pid']}:{h.ident['start_ticks']}:{h.ident['pgid']}" for h in handles)
+        return "\n".join(
+            [
+                _LIVE_FN,
+                "mine=''",
+                f"for g in {groups}; do",
+                "  pid=${g%%:*}; rest=${g#*:}; start=${rest%%:*}; pg=${rest#*:}",
+                f"  now=$({_STAT.format(pid='$pid', fields=20)})",
+                '  if [ -n "$now" ] && [ "$now" != "$start" ]; then echo "$pg reused"; continue; fi',
+                '  if [ -z "$(live "$pg")" ]; then echo "$pg gone"; continue; fi',
+                '  kill -TERM -- "-$pg" 2>/dev/null || true; mine="$mine $pg"',
+                "done",
+                f"n={tenths}",
+                'while [ "$n" -gt 0 ]; do any=""; for pg in $mine; do [ -n "$(live "$pg")" ] && any=1; done',
+                '  [ -z "$any" ] && break; sleep 0.1; n=$((n - 1)); done',
+                'for pg in $mine; do if [ -n "$(live "$pg")" ]; then kill -KILL -- "-$pg" 2>/dev/null || true;'
+                ' echo "$pg forced"; else echo "$pg graceful"; fi; done',
+                "n=50",
+                'while [ "$n" -gt 0 ]; do any=""; for pg in $mine; do [ -n "$(live "$pg")" ] && any=1; done',
+                '  [ -z "$any" ] && break; sleep 0.1; n=$((n - 1)); done',
+                'for pg in $mine; do left=$(live "$pg" | tr "\\n" " "); [ -n "$left" ] && echo "$pg left $left"; done',
+                "exit 0",
+                "",
+            ]
+        )
+
+    def command_line(self, host: str, script: str) -> str:
+        """The exact command to run `script` on `host` by hand (what fabric does: `bash -s` + stdin)."""
+        t = self.target(host)
+        opts = [f"-p {t.port}"]
+        opts += [f"-i {sh_path(t.key_file)}"] if t.key_file else []
+        opts += [f"-o UserKnownHostsFile={sh_path(t.known_hosts)}"] if t.known_hosts else []
+        opts += [f"-J {shlex.quote(t.proxy_jump)}"] if t.proxy_jump else []
+        opts += ["-o StrictHostKeyChecking=yes"]
+        user = f"{t.user}@" if t.user else ""
+        return f"ssh {' '.join(opts)} {user}{host} bash -s <<'RLCTL_EOF'\n{script}RLCTL_EOF\n"
+
+    def render(self, spec: AgentSpec) -> str:
+        return self.command_line(self.placement(spec), self.start_script(spec))
+
+    # ---------------------------------------------------------------- start / poll / stop
+    def start(self, spec: AgentSpec) -> AgentHandle:
+        host = self.placement(spec)
+        res = self._runner(host).run("bash -s", timeout_s=self.command_timeout_s, stdin=self.start_script(spec))
+        try:
+            if res.exit_code != 0:
+                raise ValueError(res.tail())
+            rec = json.loads(res.stdout.strip().splitlines()[-1])
+            ident = {k: int(rec[k]) for k in ("pid", "pgid", "start_ticks")}
+        except (ValueError, KeyError, IndexError) as e:
+            raise LaunchError(f"site {self.site}: cannot start {spec.name} on {host}: {e}") from e
+        if ident["start_ticks"] == 0:
+            raise LaunchError(f"site {self.site}: {spec.name} on {host} exited at once; see its log")
+        ident_all = {"host": host, **ident, **{k: self._paths(spec)[k] for k in ("pidfile", "exitfile", "log")}}
+        log.info("site %s: %s started on %s, pid %s", self.site, spec.name, host, ident["pid"])
+        return AgentHandle(spec, ident_all, self.kind)
+
+    def status(self, handle: AgentHandle) -> SshStatus:
+        i = handle.ident
+        res = self._runner(i["host"]).run("bash -s", timeout_s=self.command_timeout_s, stdin=self.poll_script(handle))
+        lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
+        leader = lines.get("leader", "").split()
+        exit_s = lines.get("exit", "").strip()
+        live = [int(p) for p in lines.get("group", "").split()]
+        ours = len(leader) == 2 and leader[1] == str(i["start_ticks"]) and leader[0] != "Z"
+        if ours:
+            return SshStatus(RemoteState.RUNNING, None, live, "running")
+        reused = len(leader) == 2 and leader[1] != str(i["start_ticks"])
+        if reused:
+            live = []  # that group is someone else's now
+        code = int(exit_s) if exit_s.lstrip("-").isdigit() else None
+        detail = "pid reused by another process" if reused else ("exited" if code is not None else "vanished")
+        if code is None:
+            code, detail = LOST, detail + " without an exit code"
+        if i.get("stopped"):  # ended because we stopped it, whatever its exit code
+            return SshStatus(RemoteState.CANCELLED, code, live, detail + " after stop")
+        return SshStatus(RemoteState.FINISHED if code == 0 else RemoteState.FAILED, code, live, detail)
+
+    def poll(self, handle: AgentHandle) -> int | None:
+        return self.status(handle).exit_code
+
+    def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:
+        by_host: dict[str, list[AgentHandle]] = {}
+        for h in handles:
+            h.ident["stopped"] = True
+            by_host.setdefault(h.ident["host"], []).append(h)
+
+        def one(host: str) -> list[str]:
+            script = self.stop_script(by_host[host], grace_s)
+            try:
+                res = self._runner(host).run("bash -s", timeout_s=grace_s + self.command_timeout_s, stdin=script)
+            except LaunchError as e:  # one dead host must not keep the others from being stopped
+                return [str(e)]
+            if res.exit_code != 0:
+                return [f"{host}: stop script failed: {res.tail()}"]
+            for line in res.stdout.splitlines():
+                log.info("site %s: %s: group %s", self.site, host, line)
+            return [f"{host}: group {line}" for line in res.stdout.splitlines() if " left " in line]
+
+        with ThreadPoolExecutor(max_workers=min(8, len(by_host) or 1)) as pool:
+            problems = [p for ps in pool.map(one, by_host) for p in ps]
+        if problems:
+            raise LaunchError(f"site {self.site}: could not stop everything: {'; '.join(problems)}")
+
+    def close(self) -> None:
+        for r in self._runners.values():
+            r.close()
+        self._runners.clear()

@@ -1,0 +1,121 @@
+"""Cost functions the planner evaluates, built from a profile: decode PTL(BS) and trainer step time.
+
+`DecodeCost` is one instance type (a GPU type at a TP degree) at the workload's context length:
+`ptl_s[bs]` seconds per decode step for bs = 1..max_batch (index 0 unused), interpolated from the
+profile grid (linear in context and in batch size, extrapolated linearly past the last batch size).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlctl.profiler.profile import GenerationEntry, SiteProfile, TrainingEntry
+
+TRAIN_STEP_OVERHEAD_S = 0.05  # optimizer step and bookkeeping per iteration
+TRAIN_MEM_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class DecodeCost:
+    tp: int
+    ptl_s: np.ndarray  # index = batch size
+    prefill_s_per_token: float
+    kv_capacity_tokens: int
+    max_batch: int  # min(engine cap, KV bound at the planning context)
+    admit_fixed_s: float = 0.0  # fixed cost of a step that admits (prefills) new sequences
+    compact_fraction: float | None = None  # lazy row compaction of the engine (None: rows freed at once)
+
+    def ptl(self, bs: int) -> float:
+        return float(self.ptl_s[min(max(bs, 1), self.max_batch)])
+
+    def batch_bound(self, seq_tokens: float) -> int:
+        """Largest batch whose KV cache fits when every sequence holds `seq_tokens` tokens."""
+        return max(1, min(self.max_batch, int(self.kv_capacity_tokens // max(seq_tokens, 1.0))))
+
+
+def _interp_context(entry: GenerationEntry, context: float) -> np.ndarray:
+    ctx = np.asarray(entry.contexts, dtype=float)
+    grid = np.asarray(entry.ptl_s, dtype=float)
+    if len(ctx) == 1:
+        return grid[0]
+    i = int(np.clip(np.searchsorted(ctx, context) - 1, 0, len(ctx) - 2))
+    w = (context - ctx[i]) / (ctx[i + 1] - ctx[i])
+    return grid[i] + w * (grid[i + 1] - grid[i])  # extrapolates linearly outside the grid
+
+
+def decode_cost(entry: GenerationEntry, *, context: float, seq_tokens: float, engine_max_batch: int) -> DecodeCost:
+    """PTL at `context` (mean live context per step), batch bounded by the engine and by KV at `seq_tokens`."""
+    row = _interp_context(entry, context)
+    bs = np.asarray(entry.batch_sizes, dtype=float)
+    kv_bound = max(1, int(entry.kv_capacity_tokens // max(seq_tokens, 1.0)))
+    cap = max(1, min(engine_max_batch, kv_bound))
+    xs = np.arange(cap + 1, dtype=float)
+    ptl = np.interp(xs, bs, row)
+    if cap > bs[-1] and len(bs) > 1:
+        slope = (row[-1] - row[-2]) / (bs[-1] - bs[-2])
+        over = xs > bs[-1]
+        ptl[over] = row[-1] + slope * (xs[over] - bs[-1])
+    ptl[0] = ptl[1] if cap >= 1 else 0.0
+    return DecodeCost(entry.tp, ptl, entry.prefill_s_per_token, entry.kv_capacity_tokens, cap,
+                      entry.prefill_fixed_s, entry.compact_fraction)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    tp: int
+    pp: int
+    dp: int
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def as_dict(self) -> dict[str, int]:
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp}
+
+
+@dataclass(frozen=True)
+class TrainWorkload:
+    tokens: float  # trained tokens per iteration (prompt + output, all samples)
+    samples: int
+    micro_batch_samples: int
+    grad_bytes: float  # bytes all-reduced across DP per optimizer step (bf16 grads of trained models)
+
+
+def train_time_s(entry: TrainingEntry, dp: int, w: TrainWorkload, *, site: SiteProfile,
+                 node_bytes_per_s: float) -> float:
+    """One iteration on tp·pp·dp GPUs: compute with the pipeline bubble, plus the DP gradient all-reduce."""
+    gpus = entry.tp * entry.pp * dp
+    if entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu / dp > TRAIN_MEM_FRACTION * site.hbm_bytes:
+        return math.inf
+    micro = max(1, math.ceil(w.samples / (dp * w.micro_batch_samples)))
+    bubble = (entry.pp - 1) / micro
+    compute = w.tokens * entry.gpu_s_per_token / gpus * (1 + bubble)
+    sync = 0.0
+    if dp > 1:
+        shard = w.grad_bytes / (entry.tp * entry.pp)
+        per_gpu_bw = node_bytes_per_s / site.gpus_per_node if gpus > site.gpus_per_node else 300e9
+        sync = 2 * (dp - 1) / dp * shard / per_gpu_bw
+    return compute + sync + TRAIN_STEP_OVERHEAD_S
+
+
+def train_curve(site: SiteProfile, w: TrainWorkload, max_gpus: int, *, node_bytes_per_s: float
+                ) -> tuple[np.ndarray, list[TrainConfig | None]]:
+    """P_train(y) for y = 0..max_gpus: the best (tp, pp, dp) with tp·pp·dp ≤ y (leftover GPUs idle)."""
+    best = np.full(max_gpus + 1, math.inf)
+    cfg: list[TrainConfig | None] = [None] * (max_gpus + 1)
+    for e in site.training:
+        unit = e.tp * e.pp
+        for dp in range(1, max_gpus // unit + 1):
+            t = train_time_s(e, dp, w, site=site, node_bytes_per_s=node_bytes_per_s)
+            y = unit * dp
+            if t < best[y]:
+                best[y], cfg[y] = t, TrainConfig(e.tp, e.pp, dp)
+    # a larger budget may leave GPUs idle: carry the best smaller config forward
+    for y in range(1, max_gpus + 1):
+        if best[y - 1] <= best[y]:
+            best[y], cfg[y] = best[y - 1], cfg[y - 1]
+    return best, cfg

@@ -1,0 +1,80 @@
+"""Stage curves: P_gen(x) and P_train(y) for every GPU count of a site, with the config that achieves it.
+
+P_gen(x) = min over TP degrees (TP within a node, instances = ⌊x / TP⌋) of the slowest instance's
+time under balanced LPT dispatch (`sim.GenEstimator`). P_train(y) = min over (TP, PP, DP) with
+TP·PP·DP ≤ y (`costs.train_curve`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlctl.planner.costs import DecodeCost, TrainConfig, TrainWorkload, decode_cost, train_curve
+from rlctl.planner.sim import GenEstimator
+from rlctl.profiler.profile import SiteProfile
+
+
+@dataclass(frozen=True)
+class GenConfig:
+    tp: int
+    instances: int
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.instances
+
+
+@dataclass
+class GenCurve:
+    seconds: np.ndarray  # index = GPUs
+    configs: list[GenConfig | None]
+    costs: dict[int, DecodeCost]  # TP → decode cost at the workload's context
+    estimators: dict[int, GenEstimator]  # TP → P_gen by number of instances
+
+
+@dataclass
+class TrainCurve:
+    seconds: np.ndarray
+    configs: list[TrainConfig | None]
+
+
+def live_context(prompt_tokens: int, lengths: np.ndarray, *, padded: bool = False) -> float:
+    """Context a decode step pays for, averaged over steps.
+
+    Paged attention (each row its own length): prompt + E[L²] / (2·E[L]) — longer samples live for
+    more steps. Padded attention (the embedded engine: every row attends over the batch's longest
+    context): prompt + L_max / 2, since the longest sample is alive for about the whole batch.
+    """
+    lf = lengths.astype(float)
+    if padded:
+        return prompt_tokens + float(lf.max()) / 2.0
+    return prompt_tokens + float((lf * lf).sum() / (2.0 * lf.sum()))
+
+
+def gen_curve(site: SiteProfile, lengths_desc: np.ndarray, *, prompt_tokens: int, engine_max_batch: int,
+              max_gpus: int, tp: int | None = None) -> GenCurve:
+    entries = [e for e in site.generation if (tp is None or e.tp == tp) and e.tp <= max(max_gpus, 1)]
+    kv_ctx = live_context(prompt_tokens, lengths_desc)
+    costs = {e.tp: decode_cost(e, context=live_context(prompt_tokens, lengths_desc, padded=e.padded_attention),
+                               seq_tokens=kv_ctx, engine_max_batch=engine_max_batch) for e in entries}
+    ests = {t: GenEstimator(lengths_desc, c, prompt_tokens=prompt_tokens) for t, c in costs.items()}
+    seconds = np.full(max_gpus + 1, math.inf)
+    configs: list[GenConfig | None] = [None] * (max_gpus + 1)
+    for x in range(1, max_gpus + 1):
+        best, cfg = math.inf, None
+        for t, est in ests.items():
+            if x // t and (s := est.time_s(x // t)) < best:
+                best, cfg = s, GenConfig(t, x // t)
+        if seconds[x - 1] <= best:  # extra GPUs do not help: keep the smaller configuration
+            seconds[x], configs[x] = seconds[x - 1], configs[x - 1]
+        else:
+            seconds[x], configs[x] = best, cfg
+    return GenCurve(seconds, configs, costs, ests)
+
+
+def train_stage_curve(site: SiteProfile, w: TrainWorkload, *, max_gpus: int, node_bytes_per_s: float) -> TrainCurve:
+    seconds, configs = train_curve(site, w, max_gpus, node_bytes_per_s=node_bytes_per_s)
+    return TrainCurve(seconds, configs)

@@ -1,0 +1,116 @@
+"""Roofline cost models from catalog specs (DESIGN §4): decode, prefill, KV capacity, training.
+
+Decode step of one instance with TP GPUs, batch BS at context C (every GPU reads its weight shard
+and its share of the KV cache; the step is bound by HBM bandwidth or by FLOPs, whichever is slower):
+
+    t = max((W + BS·C·kv) / (TP·η_bw·HBM_bw), (2·P + 4·layers·hidden·C)·BS / (TP·η_f·FLOPS))
+        + TP all-reduces (2 per layer) + t_fixed(layers)
+
+Training: FLOPs per token = k·P with k = 10 for GRPO (actor fwd+bwd 6, reference and old log-probs
+2 + 2) and 18 for PPO (adds the critic: fwd+bwd 6, values 2), at MFU η_train, plus Megatron-style
+TP all-reduces (4 per layer per token). Attention FLOPs in training are left out (≈5 % at 8K for 7B).
+"""
+
+from __future__ import annotations
+
+from rlctl.hardware import GpuSpec
+from rlctl.modelcatalog import ModelArch
+from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
+
+ETA_BW = 0.7  # achievable fraction of HBM bandwidth in decode
+ETA_FLOPS = 0.5  # achievable fraction of peak FLOPs in decode / prefill matmuls
+ETA_TRAIN = 0.40  # training MFU before communication
+ETA_LINK = 0.7  # achievable fraction of NVLink bandwidth
+KV_MEM_FRACTION = 0.9  # like vLLM's gpu_memory_utilization
+ALLREDUCE_LATENCY_S = 8e-6
+FLOPS_PER_PARAM_TOKEN = {"grpo": 10.0, "ppo": 18.0}
+TRAINED_MODELS = {"grpo": 1, "ppo": 2}  # models with gradients and optimizer state (actor, critic)
+DEFAULT_CONTEXTS = [1024, 2048, 4096, 8192, 16384, 32768]
+DEFAULT_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+TP_DEGREES = [1, 2, 4, 8]
+PP_DEGREES = [1, 2, 4, 8, 16]
+
+
+def fixed_step_s(gpu: GpuSpec, model: ModelArch) -> float:
+    """Per-step overhead outside the roofline: kernel launches, sampling, scheduling."""
+    if gpu.name == "CPU":  # interpreter + op dispatch dominate on one core (DESIGN §10: 1.39 ms at BS 1)
+        return 5e-4 + 3e-4 * model.layers
+    return 1e-3 + 4e-5 * model.layers
+
+
+def decode_step_s(model: ModelArch, gpu: GpuSpec, *, tp: int, batch: int, context: int) -> float:
+    mem_bytes = model.weight_bytes + batch * context * model.kv_bytes_per_token
+    t_mem = mem_bytes / (tp * ETA_BW * gpu.hbm_bytes_per_s)
+    flops = (2 * model.params + 4 * model.layers * model.hidden * context) * batch
+    t_flops = flops / (tp * ETA_FLOPS * gpu.flops)
+    t_comm = 0.0
+    if tp > 1:
+        ring_bytes = 2 * (tp - 1) / tp * batch * model.hidden * 2
+        t_comm = 2 * model.layers * (ALLREDUCE_LATENCY_S + ring_bytes / (ETA_LINK * gpu.nvlink_gb_per_s * 1e9))
+    return max(t_mem, t_flops) + t_comm + fixed_step_s(gpu, model)
+
+
+def prefill_s_per_token(model: ModelArch, gpu: GpuSpec, *, tp: int) -> float:
+    return 2 * model.params / (tp * ETA_FLOPS * gpu.flops)
+
+
+def kv_capacity_tokens(model: ModelArch, gpu: GpuSpec, *, tp: int) -> int:
+    free = KV_MEM_FRACTION * gpu.hbm_bytes * tp - model.weight_bytes
+    return int(free // model.kv_bytes_per_token) if free > 0 else 0
+
+
+def generation_entries(model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, contexts: list[int] | None = None,
+                       batch_sizes: list[int] | None = None) -> list[GenerationEntry]:
+    """One entry per TP degree that fits in a node and leaves room for at least one full-context sequence."""
+    contexts = contexts or DEFAULT_CONTEXTS
+    batch_sizes = batch_sizes or DEFAULT_BATCHES
+    out = []
+    for tp in (t for t in TP_DEGREES if t <= gpus_per_node and model.heads % t == 0):
+        kv_tokens = kv_capacity_tokens(model, gpu, tp=tp)
+        if kv_tokens < contexts[0]:
+            continue
+        grid = [[decode_step_s(model, gpu, tp=tp, batch=b, context=c) for b in batch_sizes] for c in contexts]
+        out.append(GenerationEntry(tp=tp, contexts=contexts, batch_sizes=batch_sizes, ptl_s=grid,
+                                   prefill_s_per_token=prefill_s_per_token(model, gpu, tp=tp),
+                                   kv_capacity_tokens=kv_tokens))
+    return out
+
+
+def training_entries(model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, algorithm: str) -> list[TrainingEntry]:
+    k = FLOPS_PER_PARAM_TOKEN[algorithm]
+    trained = TRAINED_MODELS[algorithm]
+    out = []
+    for tp in (t for t in TP_DEGREES if t <= gpus_per_node and model.heads % t == 0):
+        for pp in (p for p in PP_DEGREES if p <= model.layers):
+            compute = k * model.params / (tp * ETA_TRAIN * gpu.flops)  # seconds per token for the TP group
+            comm = 0.0
+            if tp > 1:
+                ring = 2 * (tp - 1) / tp * model.hidden * 2
+                comm = 4 * (k / 6) * model.layers / pp * ring / (ETA_LINK * gpu.nvlink_gb_per_s * 1e9)
+            shard = model.params / (tp * pp)
+            # bf16 weights + grads of the trained models and bf16 reference weights stay whole per rank;
+            # fp32 master weights and Adam moments (12 B/param) are sharded over DP (distributed optimizer).
+            fixed = shard * (4 * trained + 2) + 2e9
+            sharded = shard * 12 * trained
+            out.append(TrainingEntry(tp=tp, pp=pp, gpu_s_per_token=tp * (compute + comm),
+                                     fixed_bytes_per_gpu=fixed, sharded_bytes_per_gpu=sharded))
+    return out
+
+
+def analytical_site(model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, cost_per_gpu_hour: float,
+                    algorithm: str = "grpo") -> SiteProfile:
+    return SiteProfile(gpu=gpu.name, gpus_per_node=gpus_per_node, hbm_bytes=gpu.hbm_bytes,
+                       cost_per_gpu_hour=cost_per_gpu_hour,
+                       generation=generation_entries(model, gpu, gpus_per_node=gpus_per_node),
+                       training=training_entries(model, gpu, gpus_per_node=gpus_per_node, algorithm=algorithm))
+
+
+def analytical_profile(model: ModelArch, sites: dict[str, tuple[GpuSpec, int, float]], *,
+                       algorithm: str = "grpo") -> ProfileFile:
+    """`sites` maps site name → (GPU spec, GPUs per node, cost per GPU-hour)."""
+    return ProfileFile.model_validate({
+        "apiVersion": "rlctl/v1", "kind": "Profile", "source": "analytical", "model": ModelSpec.of(model),
+        "algorithm": algorithm,
+        "sites": {name: analytical_site(model, gpu, gpus_per_node=gpn, cost_per_gpu_hour=cost, algorithm=algorithm)
+                  for name, (gpu, gpn, cost) in sites.items()},
+    })

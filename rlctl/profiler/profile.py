@@ -1,0 +1,130 @@
+"""The profile file (`kind: Profile`): per site, PTL(BS) grids per TP degree and training cost per config.
+
+    apiVersion: rlctl/v1
+    kind: Profile
+    source: analytical            # or measured
+    model: {name: qwen2.5-7b, params: 7.62e9, ...}
+    sites:
+      h20:
+        gpu: H20
+        gpus_per_node: 8
+        cost_per_gpu_hour: 1.0
+        generation:               # one entry per tensor-parallel degree
+          - tp: 1
+            contexts: [1024, 4096, 16384]
+            batch_sizes: [1, 2, 4, ...]
+            ptl_s: [[...], [...], [...]]    # ptl_s[context][batch], seconds per decode step
+            prefill_s_per_token: 1.2e-5
+            prefill_fixed_s: 0.0            # fixed cost of a step that admits new sequences
+            kv_capacity_tokens: 1200000     # tokens of KV cache that fit beside the weights
+        training:                 # one entry per (tp, pp)
+          - {tp: 1, pp: 1, gpu_s_per_token: 3.1e-5, fixed_bytes_per_gpu: ..., sharded_bytes_per_gpu: ...}
+
+Documented field by field in docs/profile-format.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+
+from rlctl.config.base import API_VERSION, Strict, check_header, read_yaml, validate
+from rlctl.errors import ConfigError
+from rlctl.modelcatalog import ModelArch
+
+
+class ModelSpec(Strict):
+    name: str
+    layers: PositiveInt
+    hidden: PositiveInt
+    heads: PositiveInt
+    kv_heads: PositiveInt
+    vocab: PositiveInt
+    intermediate: PositiveInt
+    params: PositiveFloat
+    bytes_per_param: PositiveInt = 2
+
+    @classmethod
+    def of(cls, arch: ModelArch) -> ModelSpec:
+        return cls(name=arch.name, layers=arch.layers, hidden=arch.hidden, heads=arch.heads, kv_heads=arch.kv_heads,
+                   vocab=arch.vocab, intermediate=arch.intermediate, params=arch.params,
+                   bytes_per_param=arch.bytes_per_param)
+
+    @property
+    def arch(self) -> ModelArch:
+        return ModelArch(self.name, self.layers, self.hidden, self.heads, self.kv_heads, self.vocab,
+                         self.intermediate, self.params, self.bytes_per_param)
+
+
+class GenerationEntry(Strict):
+    """Decode cost of one instance with `tp` GPUs: a PTL grid over (context, batch size)."""
+
+    tp: PositiveInt
+    contexts: list[PositiveInt] = Field(min_length=1)
+    batch_sizes: list[PositiveInt] = Field(min_length=1)
+    ptl_s: list[list[PositiveFloat]]
+    prefill_s_per_token: NonNegativeFloat
+    prefill_fixed_s: NonNegativeFloat = 0.0
+    kv_capacity_tokens: PositiveInt
+    compact_fraction: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        None, description="finished rows stay in the batch until this fraction is free (None: freed at once)")
+    padded_attention: bool = Field(
+        False, description="a step attends over the longest context in the batch (padded), not each row's own")
+
+    @model_validator(mode="after")
+    def _grid_shape(self) -> GenerationEntry:
+        if sorted(set(self.contexts)) != self.contexts:
+            raise ValueError("contexts must be strictly increasing")
+        if sorted(set(self.batch_sizes)) != self.batch_sizes:
+            raise ValueError("batch_sizes must be strictly increasing")
+        if len(self.ptl_s) != len(self.contexts) or any(len(r) != len(self.batch_sizes) for r in self.ptl_s):
+            raise ValueError(f"ptl_s must be {len(self.contexts)} rows (contexts) × {len(self.batch_sizes)} "
+                             "columns (batch_sizes)")
+        return self
+
+
+class TrainingEntry(Strict):
+    """Training cost with tensor degree `tp` and pipeline degree `pp` (data parallel = the rest)."""
+
+    tp: PositiveInt
+    pp: PositiveInt
+    gpu_s_per_token: PositiveFloat = Field(description="GPU-seconds per trained token, all models of the algorithm")
+    fixed_bytes_per_gpu: NonNegativeFloat = Field(description="memory per GPU not divided by DP (weights, grads)")
+    sharded_bytes_per_gpu: NonNegativeFloat = Field(description="memory per GPU at DP=1 that DP shards (optimizer)")
+
+
+class SiteProfile(Strict):
+    gpu: str
+    gpus_per_node: PositiveInt
+    hbm_bytes: PositiveFloat
+    cost_per_gpu_hour: PositiveFloat
+    generation: list[GenerationEntry] = Field(default_factory=list)
+    training: list[TrainingEntry] = Field(default_factory=list)
+
+
+class ProfileFile(Strict):
+    api_version: str = Field(alias="apiVersion")
+    kind: Literal["Profile"]
+    source: Literal["analytical", "measured"]
+    model: ModelSpec
+    algorithm: Literal["grpo", "ppo"] = "grpo"
+    sites: dict[Annotated[str, Field(min_length=1)], SiteProfile] = Field(min_length=1)
+
+
+def load_profile(path: Path) -> ProfileFile:
+    data = read_yaml(path)
+    check_header(path, data, "Profile")
+    return validate(path, data, ProfileFile)
+
+
+def save_profile(profile: ProfileFile, path: Path) -> None:
+    data = profile.model_dump(by_alias=True, mode="json")
+    data = {"apiVersion": API_VERSION, "kind": "Profile", **{k: v for k, v in data.items()
+                                                             if k not in ("apiVersion", "kind")}}
+    try:
+        path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=160), encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(str(path), None, f"cannot write profile: {e}") from e

@@ -1,0 +1,136 @@
+"""PPO with a critic: a value model on the TinyGPT trunk, GAE over output tokens, PPO-clip policy loss.
+
+    token rewards  r_t = −β·(logp_behaviour − logp_ref)_t  (+ the task reward on the last token)
+    GAE            δ_t = r_t + γ·V_{t+1} − V_t ;  A_t = δ_t + γλ·A_{t+1}   (V after the last token = 0)
+    returns        R_t = A_t + V_t ;  advantages whitened over the batch's tokens
+    losses         policy: PPO-clip on A_t (grpo.policy_loss) ; critic: ½·(V_θ − R)² token mean
+
+V_t is the critic's value of the state *before* output token t, i.e. the hidden state at the
+position whose logits predict token t (the same grid as the log-probs).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+from rlctl.config.job import PpoAlgorithm
+from rlctl.engines.model import TinyGPT
+from rlctl.rl.grpo import allreduce_grads, policy_loss
+from rlctl.rl.samples import Sample, make_batch, micro_batches, score
+
+
+class ValueModel(nn.Module):
+    """A TinyGPT trunk with a scalar head; initialised from the policy (common practice)."""
+
+    def __init__(self, policy: TinyGPT) -> None:
+        super().__init__()
+        self.body = copy.deepcopy(policy)
+        self.head = nn.Linear(policy.config.hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Values [N, T-1] on the log-prob grid (position t values the state before tokens[:, t+1])."""
+        out: torch.Tensor = self.head(self.body.hidden(tokens)[:, :-1])[..., 0]
+        return out
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns [N, L] for right-padded rows whose valid tokens form one run per row."""
+    m = mask.float()
+    v = values * m
+    adv = torch.zeros_like(v)
+    last = torch.zeros(v.shape[0])
+    for t in range(v.shape[1] - 1, -1, -1):
+        nxt = v[:, t + 1] if t + 1 < v.shape[1] else torch.zeros(v.shape[0])
+        delta = rewards[:, t] + gamma * nxt - v[:, t]
+        last = (delta + gamma * lam * last) * m[:, t]
+        adv[:, t] = last
+    return adv, adv + v
+
+
+class PpoLearner:
+    def __init__(self, model: TinyGPT, cfg: PpoAlgorithm, *, critic: ValueModel | None = None,
+                 ref_model: TinyGPT | None = None, micro_batch_samples: int = 32, grad_clip: float = 1.0,
+                 pad: int = 0) -> None:
+        if cfg.kl_coef > 0 and ref_model is None:
+            raise ValueError("kl_coef > 0 needs a reference model")
+        self.model, self.cfg, self.ref_model = model, cfg, ref_model
+        self.critic = critic if critic is not None else ValueModel(model)
+        self.micro_batch_samples, self.grad_clip, self.pad = micro_batch_samples, grad_clip, pad
+        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
+        self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
+        self.steps = 0
+
+    @torch.no_grad()
+    def advantages(self, samples: list[Sample]) -> tuple[list[list[float]], list[list[float]]]:
+        """Per-token (advantages, returns) of each sample, advantages whitened over all tokens."""
+        adv: list[torch.Tensor] = [torch.zeros(0)] * len(samples)
+        ret: list[list[float]] = [[] for _ in samples]
+        for idx in micro_batches(samples, self.micro_batch_samples):  # similar lengths: little padding
+            part = [samples[i] for i in idx]
+            batch = make_batch(part, [0.0] * len(part), pad=self.pad)
+            mask = batch.mask
+            rewards = torch.zeros(mask.shape)
+            if self.cfg.kl_coef > 0 and batch.ref_logprobs is not None:
+                rewards -= self.cfg.kl_coef * (batch.old_logprobs - batch.ref_logprobs) * mask
+            last = mask.float().cumsum(1).argmax(1)  # index of each row's last output token
+            rewards[torch.arange(len(part)), last] += torch.tensor([s.reward for s in part])
+            a, r = gae(rewards, self.critic(batch.tokens), mask, self.cfg.gamma, self.cfg.lam)
+            for j, i in enumerate(idx):
+                adv[i] = a[j][mask[j]]
+                ret[i] = r[j][mask[j]].tolist()
+        flat = torch.cat(adv)
+        mean, std = flat.mean(), flat.std(unbiased=False) + 1e-6
+        return [((a - mean) / std).tolist() for a in adv], ret
+
+    def step(self, samples: list[Sample]) -> dict[str, float]:
+        t0 = time.monotonic()
+        missing = [s for s in samples if s.ref_logprobs is None]
+        if self.cfg.kl_coef > 0 and self.ref_model is not None and missing:
+            for s, lp in zip(missing, score(self.ref_model, missing, temperature=self.cfg.temperature, pad=self.pad),
+                             strict=True):
+                s.ref_logprobs = lp
+        adv, ret = self.advantages(samples)
+        total = sum(len(s.output_tokens) for s in samples)
+        self.model.train()
+        self.critic.train()
+        self.opt.zero_grad(set_to_none=True)
+        self.critic_opt.zero_grad(set_to_none=True)
+        sums: dict[str, float] = defaultdict(float)
+        for idx in micro_batches(samples, self.micro_batch_samples):
+            part = [samples[i] for i in idx]
+            batch = make_batch(part, [adv[i] for i in idx], pad=self.pad)
+            loss, m = policy_loss(self.model, batch, self.cfg.clip_eps, 0.0, temperature=self.cfg.temperature,
+                                  num_tokens=total)
+            loss.backward()
+            target = make_batch(part, [ret[i] for i in idx], pad=self.pad).advantages
+            v_err = (self.critic(batch.tokens) - target) * batch.mask
+            v_loss = 0.5 * v_err.pow(2).sum() / total
+            v_loss.backward()
+            sums["value_loss"] += float(v_loss.detach()) * total
+            for k, v in m.items():
+                sums[k] += v
+        allreduce_grads(self.model)
+        allreduce_grads(self.critic)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.grad_clip)
+        self.opt.step()
+        self.critic_opt.step()
+        self.model.eval()
+        self.critic.eval()
+        self.steps += 1
+        n = max(sums["tokens"], 1.0)
+        return {"loss": sums["pg_loss_sum"] / n, "value_loss": sums["value_loss"] / n,
+                "clip_frac": sums["clip_sum"] / n, "approx_kl": sums["approx_kl_sum"] / n,
+                "grad_norm": grad_norm, "reward_mean": sum(s.reward for s in samples) / len(samples),
+                "samples": float(len(samples)), "tokens": sums["tokens"], "seconds": time.monotonic() - t0}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

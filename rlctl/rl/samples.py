@@ -1,0 +1,104 @@
+"""Finished rollout samples as the trainer sees them, and their padded token batches.
+
+    Sample(prompt tokens, output tokens, behaviour logprobs, reward, version)
+        │ make_batch
+        ▼
+    TokenBatch  tokens [N, T]   = prompt ‖ output, right-padded with PAD
+                mask   [N, T-1] = True where tokens[:, 1:] is an output token (aligned with logits[:, :-1])
+                old_logprobs / ref_logprobs / advantages [N, T-1] on the same grid
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlctl.engines.base import GenResult
+from rlctl.engines.model import TinyGPT
+
+
+@dataclass
+class Sample:
+    prompt_id: str
+    prompt_tokens: list[int]
+    output_tokens: list[int]
+    logprobs: list[float]  # behaviour policy (engine), one per output token
+    reward: float
+    version: int = 0
+    ref_logprobs: list[float] | None = None  # reference policy, for the KL term; filled by the trainer
+
+    @classmethod
+    def from_result(cls, result: GenResult, *, prompt_id: str, reward: float) -> Sample:
+        return cls(prompt_id, list(result.prompt_tokens), list(result.output_tokens), list(result.logprobs), reward,
+                   result.version)
+
+    def __post_init__(self) -> None:
+        if len(self.logprobs) != len(self.output_tokens):
+            raise ValueError(f"sample of {self.prompt_id}: {len(self.logprobs)} logprobs for "
+                             f"{len(self.output_tokens)} output tokens")
+
+
+@dataclass
+class TokenBatch:
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.mask.sum())
+
+
+def _grid(samples: list[Sample], pad: int) -> tuple[torch.Tensor, torch.Tensor, list[slice]]:
+    rows = [s.prompt_tokens + s.output_tokens for s in samples]
+    t = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), t), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), t - 1), dtype=torch.bool)
+    spans = []
+    for i, (s, r) in enumerate(zip(samples, rows, strict=True)):
+        tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        span = slice(len(s.prompt_tokens) - 1, len(r) - 1)
+        mask[i, span] = True
+        spans.append(span)
+    return tokens, mask, spans
+
+
+def make_batch(samples: list[Sample], advantages: list[float] | list[list[float]], *, pad: int = 0) -> TokenBatch:
+    """Per-sample advantages (GRPO) are broadcast over the sample's tokens; per-token lists (PPO) are placed."""
+    tokens, mask, spans = _grid(samples, pad)
+    old = torch.zeros(mask.shape)
+    adv = torch.zeros(mask.shape)
+    has_ref = all(s.ref_logprobs is not None for s in samples)
+    ref = torch.zeros(mask.shape) if has_ref else None
+    for i, (s, span) in enumerate(zip(samples, spans, strict=True)):
+        old[i, span] = torch.tensor(s.logprobs)
+        a = advantages[i]
+        adv[i, span] = torch.tensor(a) if isinstance(a, list) else float(a)
+        if ref is not None and s.ref_logprobs is not None:
+            ref[i, span] = torch.tensor(s.ref_logprobs)
+    return TokenBatch(tokens, mask, old, adv, ref)
+
+
+def token_logprobs(model: TinyGPT, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(tokens[:, t+1] | tokens[:, :t+1]) at the sampling temperature, shape [N, T-1]."""
+    logits = model(tokens)[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
+
+
+@torch.no_grad()
+def score(model: TinyGPT, samples: list[Sample], *, temperature: float = 1.0, pad: int = 0) -> list[list[float]]:
+    """Per-output-token logprobs of `samples` under `model` (e.g. the reference policy for the KL term)."""
+    tokens, _, spans = _grid(samples, pad)
+    lp = token_logprobs(model, tokens, temperature)
+    return [lp[i, span].tolist() for i, span in enumerate(spans)]
+
+
+def micro_batches(samples: list[Sample], size: int) -> list[list[int]]:
+    """Indices of `samples` cut into micro-batches of similar length (less padding)."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_tokens) + len(samples[i].output_tokens))
+    return [order[i : i + size] for i in range(0, len(order), size)]

@@ -1,0 +1,156 @@
+"""SFT warm-up of the demo model, cached on disk by a hash of everything that determines the result.
+
+    warmup(task, steps=… | seconds=…, seed=…) -> state_dict
+        cache hit  : $RLCTL_CACHE_DIR/sft/<hash>/ (default ~/.cache/rlctl/sft/<hash>/), HF directory
+        cache miss : train (AdamW, linear warm-up then cosine decay), save, return
+
+Batches are length-bucketed (draw 8 batches' worth of prompts, sort by length, cut) so the long
+tail does not make every batch pad to 250 tokens. The loss covers the answer and EOS only.
+With `seconds=` the LR schedule follows elapsed time, so the result depends on machine speed;
+`steps=` is reproducible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rlctl.engines.model import TinyGPT, TinyGPTConfig, load_state_dict
+from rlctl.rl.tasks import EOS, PAD, DigitsTask, Prompt, encode
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "RLCTL_CACHE_DIR"
+DEMO_STEPS = 800  # ≈ 2–3 min on one (shared) core; sampled reward ≈ 0.6, see docs/engine.md
+
+
+@dataclass(frozen=True)
+class SftConfig:
+    lr: float = 3e-3
+    final_lr: float = 1e-4
+    warmup_steps: int = 50
+    batch_size: int = 32
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    buckets: int = 8
+
+
+def cache_dir() -> Path:
+    root = os.environ.get(CACHE_ENV)
+    return (Path(root) if root else Path.home() / ".cache" / "rlctl") / "sft"
+
+
+def sequences(prompts: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded [prompt, answer, EOS] token rows and a mask of the positions whose *next* token is
+    answer/EOS (i.e. the loss mask aligned with logits[:, :-1])."""
+    rows = [p.tokens + encode(p.answer) + [EOS] for p in prompts]
+    t = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), t), PAD, dtype=torch.long)
+    mask = torch.zeros((len(rows), t - 1), dtype=torch.bool)
+    for i, (p, r) in enumerate(zip(prompts, rows, strict=True)):
+        tokens[i, : len(r)] = torch.tensor(r)
+        mask[i, len(p.tokens) - 1 : len(r) - 1] = True
+    return tokens, mask
+
+
+def sft_loss(model: TinyGPT, prompts: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean token cross-entropy over answers, and per-row greedy exact match (teacher-forced argmax
+    right at every answer position ⇔ greedy decoding reproduces the answer)."""
+    tokens, mask = sequences(prompts)
+    logits = model(tokens)[:, :-1]
+    target = tokens[:, 1:]
+    ce = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+    loss = (ce * mask).sum() / mask.sum()
+    right = (logits.argmax(-1) == target) | ~mask
+    return loss, right.all(dim=1)
+
+
+@torch.no_grad()
+def greedy_exact(model: TinyGPT, prompts: list[Prompt], batch_size: int = 64) -> float:
+    was = model.training
+    model.eval()
+    hits = 0
+    for i in range(0, len(prompts), batch_size):
+        hits += int(sft_loss(model, prompts[i : i + batch_size])[1].sum())
+    model.train(was)
+    return hits / len(prompts)
+
+
+def _key(task: DigitsTask, model_cfg: TinyGPTConfig, cfg: SftConfig, budget: dict[str, float], seed: int) -> str:
+    blob = json.dumps({"task": task.cfg.model_dump(), "model": asdict(model_cfg), "sft": asdict(cfg),
+                       "budget": budget, "seed": seed, "v": 1}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def train(model: TinyGPT, task: DigitsTask, *, steps: int | None = None, seconds: float | None = None,
+          seed: int = 0, cfg: SftConfig | None = None, log_every: int = 100) -> dict[str, float]:
+    """Train `model` in place; returns a few figures (steps, seconds, final loss)."""
+    if (steps is None) == (seconds is None):
+        raise ValueError("give exactly one of steps= or seconds=")
+    cfg = cfg or SftConfig()
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    model.train()
+    t0 = time.monotonic()
+    step, queue, loss_ema = 0, list[list[Prompt]](), float("nan")
+    while True:
+        done = step / steps if steps is not None else (time.monotonic() - t0) / (seconds or 1.0)
+        if done >= 1.0:
+            break
+        warm = min(1.0, (step + 1) / cfg.warmup_steps)
+        lr = warm * (cfg.final_lr + (cfg.lr - cfg.final_lr) * 0.5 * (1 + math.cos(math.pi * done)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        if not queue:
+            pool = sorted(task.sample_prompts(cfg.batch_size * cfg.buckets, rng), key=lambda p: len(p.answer))
+            queue = [pool[i : i + cfg.batch_size] for i in range(0, len(pool), cfg.batch_size)]
+            rng.shuffle(queue)
+        loss, _ = sft_loss(model, queue.pop())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        val = loss.item()
+        loss_ema = val if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * val
+        step += 1
+        if log_every and step % log_every == 0:
+            log.info("sft step %d lr %.2e loss %.4f (%.0f s)", step, lr, loss_ema, time.monotonic() - t0)
+    model.eval()
+    return {"steps": step, "seconds": time.monotonic() - t0, "loss": loss_ema}
+
+
+def warmup(task: DigitsTask, *, steps: int | None = None, seconds: float | None = None, seed: int = 0,
+           model_cfg: TinyGPTConfig | None = None, cfg: SftConfig | None = None,
+           use_cache: bool = True) -> dict[str, torch.Tensor]:
+    """State dict of a TinyGPT warmed up on `task`; reused from the on-disk cache when present."""
+    model_cfg = model_cfg or TinyGPTConfig()
+    cfg = cfg or SftConfig()
+    budget: dict[str, float] = {"steps": steps} if steps is not None else {"seconds": seconds or 0.0}
+    where = cache_dir() / _key(task, model_cfg, cfg, budget, seed)
+    if use_cache and (where / "config.json").exists():
+        log.info("SFT warm-up: cached %s", where)
+        return load_state_dict(where)
+    torch.manual_seed(seed)
+    model = TinyGPT(model_cfg)
+    figures = train(model, task, steps=steps, seconds=seconds, seed=seed, cfg=cfg)
+    if use_cache:
+        tmp = where.with_name(where.name + f".tmp{os.getpid()}")
+        model.save_pretrained(tmp)
+        (tmp / "sft.json").write_text(json.dumps(figures) + "\n")
+        try:
+            tmp.replace(where)
+        except OSError:  # another process cached the same key first; keep theirs
+            log.info("SFT cache %s already written by another process", where)
+        log.info("SFT warm-up: %d steps in %.0f s, cached at %s", figures["steps"], figures["seconds"], where)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -1,0 +1,156 @@
+"""Wire format of one message and of the connection handshake (shared by tcp and ucx).
+
+    message  = preamble | header | frame_0 | frame_1 | ...
+    preamble = "RLM1" (4 bytes) | header_len (u32, big-endian)
+    header   = msgpack WireHeader{kind, header, msg_id, reply_to, frames: [[dtype, shape, nbytes], ...]}
+    frame_i  = nbytes raw bytes of tensor i (C-contiguous, native little-endian), nothing else
+
+The receiver learns every frame's dtype/shape/size from the header, checks the bounds, allocates
+(or is handed) the destination tensors and reads the bytes into them: no pickle, no staging copy.
+
+Handshake (HMAC-SHA256 with the per-job secret, both directions, fixed sizes, before any message):
+
+    server → client   "RLH1" | server_nonce (32)
+    client → server   client_nonce (32) | HMAC(secret, "c" | server_nonce | client_nonce)
+    server → client   "OK" | HMAC(secret, "s" | client_nonce | server_nonce)     or  "NO" and close
+
+TCP then names the stream's role (see tcp.py): "M" + (stripe streams k: u8, stripe threshold: u64)
+answered by a 16-byte connection token, or "J" + token for a stripe stream joining that connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import torch
+
+from rlctl.errors import ProtocolError
+from rlctl.transport.base import Message, TensorSpec
+
+MAGIC = b"RLM1"
+PREAMBLE = struct.Struct("!4sI")
+HELLO = b"RLH1"
+NONCE_BYTES = 32
+MAC_BYTES = 32
+
+# Every dtype that may travel; anything else is refused at send time with this list in the message.
+DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+    )
+}
+_DTYPE_NAMES = {d: n for n, d in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds a receiver enforces before allocating anything."""
+
+    max_header_bytes: int = 1 << 20
+    max_frames: int = 1 << 16
+    max_message_bytes: int = 16 << 30
+
+
+class WireHeader(msgspec.Struct, array_like=True):
+    kind: str
+    header: dict[str, Any]
+    msg_id: int
+    reply_to: int
+    frames: list[tuple[str, list[int], int]]
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(WireHeader)
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """Raw bytes of a contiguous CPU tensor, without copying."""
+    assert t.is_contiguous() and t.device.type == "cpu", "call wire_tensors() first"
+    if t.numel() == 0:
+        return memoryview(b"")
+    arr: Any = t.reshape(-1).view(torch.uint8).numpy()
+    return memoryview(arr)
+
+
+def wire_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Tensors as they go on the wire: CPU and contiguous (copies only what is not already)."""
+    out = []
+    for t in tensors:
+        if t.dtype not in _DTYPE_NAMES:
+            raise ValueError(f"dtype {t.dtype} cannot travel; supported: {', '.join(DTYPES)}")
+        out.append(t.detach().to("cpu").contiguous())
+    return out
+
+
+def encode_header(msg: Message, tensors: list[torch.Tensor]) -> bytes:
+    """Preamble + msgpack header for `msg` whose (wire-ready) tensors are `tensors`."""
+    frames = [(_DTYPE_NAMES[t.dtype], list(t.shape), t.numel() * t.element_size()) for t in tensors]
+    try:
+        body = _encoder.encode(WireHeader(msg.kind, msg.header, msg.msg_id, msg.reply_to, frames))
+    except (TypeError, msgspec.EncodeError) as e:
+        raise ValueError(f"message {msg.kind!r}: header is not msgpack-able: {e}") from e
+    return PREAMBLE.pack(MAGIC, len(body)) + body
+
+
+def parse_preamble(data: bytes, limits: Limits, peer: str) -> int:
+    magic, n = PREAMBLE.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"{peer}: bad frame magic {magic!r} (not an rlctl peer, or stream out of sync)")
+    if n > limits.max_header_bytes:
+        raise ProtocolError(f"{peer}: header of {n} bytes exceeds the bound of {limits.max_header_bytes}")
+    return n
+
+
+def decode_header(data: bytes, limits: Limits, peer: str) -> tuple[WireHeader, list[TensorSpec]]:
+    """Parse and bound-check a header; returns it with one TensorSpec per frame."""
+    try:
+        wh = _decoder.decode(data)
+    except msgspec.DecodeError as e:
+        raise ProtocolError(f"{peer}: malformed message header: {e}") from e
+    if len(wh.frames) > limits.max_frames:
+        raise ProtocolError(f"{peer}: {len(wh.frames)} frames exceed the bound of {limits.max_frames}")
+    specs, total = [], 0
+    for name, shape, nbytes in wh.frames:
+        dtype = DTYPES.get(name)
+        if dtype is None or any(d < 0 for d in shape):
+            raise ProtocolError(f"{peer}: bad frame {name}{shape}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        if numel * dtype.itemsize != nbytes:
+            raise ProtocolError(f"{peer}: frame {name}{shape} announces {nbytes} bytes")
+        total += nbytes
+        specs.append(TensorSpec(dtype, tuple(shape), nbytes))
+    if total > limits.max_message_bytes:
+        raise ProtocolError(f"{peer}: message of {total} bytes exceeds the bound of {limits.max_message_bytes}")
+    return wh, specs
+
+
+def client_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return hmac.new(secret, b"c" + server_nonce + client_nonce, hashlib.sha256).digest()
+
+
+def server_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return hmac.new(secret, b"s" + client_nonce + server_nonce, hashlib.sha256).digest()

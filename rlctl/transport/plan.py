@@ -1,0 +1,177 @@
+"""Broadcast planning: who receives a weight version from whom (pure, no I/O).
+
+    DC-A (trainer)                          DC-B (rollout)
+    root0 ──▶ a1 ──▶ a3                      b1 (designated) ──▶ b2 ──▶ b3
+    root1 ──▶ a2                   ▲
+      └───────── one copy per inter-DC link ┘
+
+Rules (StreamRL §6 "Weights transmission"):
+- datacenters form a tree rooted at the trainer's datacenter(s) over the declared inter-DC
+  links (breadth-first, so the fewest links are crossed); exactly one copy crosses each link used,
+  to a designated receiver, which re-broadcasts inside its datacenter;
+- inside the trainer's datacenter the local receivers are dealt round-robin onto pipelined chains
+  (`fanout=1`) or trees, one per trainer root, so every root's uplink is busy and loads differ by ≤ 1;
+  a datacenter's inbound copy is sent by the least-loaded holder of the parent datacenter;
+- every receiver gets an ordered list of fallback holders to re-attach to when its parent dies:
+  its same-DC ancestors (nearest first), then other same-DC nodes that come earlier in the plan
+  (never a descendant, so re-attaching cannot form a cycle), then holders in the parent datacenter.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from rlctl.config.inventory import Inventory
+from rlctl.errors import PlanError
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    datacenter: str
+    address: str = ""
+
+
+@dataclass
+class BroadcastPlan:
+    roots: list[Endpoint]
+    receivers: list[Endpoint]
+    parent: dict[str, str]  # receiver name -> sender name
+    fallbacks: dict[str, list[str]]  # receiver name -> holders to re-attach to, best first
+    order: list[str] = field(default_factory=list)  # every node, each after its parent
+
+    def children(self, name: str) -> list[str]:
+        return [c for c in self.order if self.parent.get(c) == name]
+
+    def endpoint(self, name: str) -> Endpoint:
+        for e in (*self.roots, *self.receivers):
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+    def inter_dc_edges(self) -> list[tuple[str, str]]:
+        dc = {e.name: e.datacenter for e in (*self.roots, *self.receivers)}
+        return [(p, c) for c, p in self.parent.items() if dc[p] != dc[c]]
+
+    def depth(self, name: str) -> int:
+        d = 0
+        while name in self.parent:
+            name, d = self.parent[name], d + 1
+        return d
+
+
+def _dc_tree(source_dcs: list[str], dcs: list[str], links: set[frozenset[str]] | None) -> dict[str, str]:
+    """Parent datacenter of every non-source datacenter (BFS over links; None = all connected)."""
+    parent: dict[str, str] = {}
+    seen, todo = set(source_dcs), deque(source_dcs)
+    while todo:
+        here = todo.popleft()
+        for other in dcs:
+            if other not in seen and (links is None or frozenset((here, other)) in links):
+                seen.add(other)
+                parent[other] = here
+                todo.append(other)
+    missing = [d for d in dcs if d not in seen]
+    if missing:
+        raise PlanError(f"no inter-DC link path from the trainer datacenter(s) to {', '.join(missing)}")
+    return parent
+
+
+def _attach(senders: list[str], members: list[str], fanout: int, parent: dict[str, str]) -> None:
+    """Deal `members` round-robin onto `senders`; each sender's share hangs below it as a
+    pipelined chain (fanout 1) or a fanout-ary heap-ordered tree."""
+    for k, sender in enumerate(senders):
+        nodes = [sender, *members[k :: len(senders)]]
+        for n in range(1, len(nodes)):
+            parent[nodes[n]] = nodes[(n - 1) // fanout]
+
+
+def plan_broadcast(
+    roots: list[Endpoint],
+    receivers: list[Endpoint],
+    *,
+    dc_links: set[frozenset[str]] | None = None,
+    fanout: int = 1,
+) -> BroadcastPlan:
+    """Plan one broadcast from `roots` (trainer DP ranks holding the version) to `receivers`."""
+    if not roots:
+        raise PlanError("a broadcast needs at least one root (a trainer rank holding the weights)")
+    if fanout < 1:
+        raise ValueError(f"fanout must be ≥ 1, got {fanout}")
+    names = [e.name for e in (*roots, *receivers)]
+    if len(set(names)) != len(names):
+        raise PlanError(f"endpoint names repeat: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    by_dc: dict[str, list[str]] = {}
+    for e in receivers:
+        by_dc.setdefault(e.datacenter, []).append(e.name)
+    roots_by_dc: dict[str, list[str]] = {}
+    for e in roots:
+        roots_by_dc.setdefault(e.datacenter, []).append(e.name)
+    all_dcs = list(dict.fromkeys([*roots_by_dc, *by_dc]))
+    dc_parent = _dc_tree(list(roots_by_dc), all_dcs, dc_links)
+
+    parent: dict[str, str] = {}
+    for dc in roots_by_dc:  # trainer datacenters: one chain (or tree) per root
+        _attach(roots_by_dc[dc], by_dc.get(dc, []), fanout, parent)
+    for dc in (d for d in all_dcs if d in dc_parent):  # BFS order: parents' DCs are planned first
+        members = by_dc.get(dc, [])
+        if not members:
+            continue
+        load = Counter(parent.values())
+        up = dc_parent[dc]
+        # the inbound copy comes from a root of the parent DC if it has any (least loaded first)
+        holders = roots_by_dc.get(up) or by_dc[up]
+        parent[members[0]] = min(holders, key=lambda n: (load[n], holders.index(n)))
+        _attach([members[0]], members[1:], fanout, parent)
+
+    order: list[str] = [e.name for e in roots]
+    kids: dict[str, list[str]] = {}
+    for e in receivers:
+        kids.setdefault(parent[e.name], []).append(e.name)
+    todo = deque(order)
+    while todo:
+        for c in kids.get(todo.popleft(), []):
+            order.append(c)
+            todo.append(c)
+
+    dc_of = {e.name: e.datacenter for e in (*roots, *receivers)}
+    fallbacks: dict[str, list[str]] = {}
+    for e in receivers:
+        pos = order.index(e.name)
+        ancestors, a = [], parent[e.name]
+        while a in parent:
+            a = parent[a]
+            if dc_of[a] == e.datacenter or a in roots_by_dc.get(e.datacenter, []):
+                ancestors.append(a)
+        same_dc = [n for n in reversed(order[:pos]) if dc_of[n] == e.datacenter and n not in ancestors]
+        up_dc = dc_parent.get(e.datacenter)
+        upstream = [n for n in order[:pos] if up_dc is not None and dc_of[n] == up_dc]
+        cands = [*ancestors, *same_dc, *upstream]
+        fallbacks[e.name] = [n for n in dict.fromkeys(cands) if n != parent[e.name]]
+    return BroadcastPlan(list(roots), list(receivers), parent, fallbacks, order)
+
+
+def plan_from_inventory(
+    inventory: Inventory,
+    roots: list[tuple[str, str, str]],
+    receivers: list[tuple[str, str, str]],
+    *,
+    fanout: int = 1,
+) -> BroadcastPlan:
+    """Plan from (name, site, address) triples; datacenters and inter-DC links come from the inventory."""
+
+    def endpoints(rows: list[tuple[str, str, str]]) -> list[Endpoint]:
+        out = []
+        for name, site, address in rows:
+            if site not in inventory.sites:
+                raise PlanError(f"{name}: unknown site {site!r}; known: {', '.join(inventory.sites)}")
+            out.append(Endpoint(name, inventory.site(site).datacenter, address))
+        return out
+
+    links: set[frozenset[str]] = set()
+    for link in inventory.links:
+        a, b = (inventory.site(s).datacenter for s in link.between)
+        if a != b:
+            links.add(frozenset((a, b)))
+    return plan_broadcast(endpoints(roots), endpoints(receivers), dc_links=links, fanout=fanout)

@@ -1,0 +1,263 @@
+"""The UCX transport (`ucx://host:port`, optional extra `rlctl[ucx]` = ucxx): tag send/recv per frame.
+
+Same message layout and handshake as TCP (`framing.py`), but every part travels as its own UCX
+tag message, so each tensor frame is received by UCX straight into the destination tensor:
+
+    preamble (8 B) | header (n B) | frame_0 | frame_1 | ...      (empty frames are not sent)
+    handshake: hello (36 B) → proof (64 B) → verdict (34 B: "OK"+server proof, or "NO"+zeros)
+
+ucxx is asyncio-based; one event-loop thread per process runs every UCX call and the blocking
+methods here wait on it. A receive that times out before the message starts stays posted and
+is picked up by the next recv(), so the connection stays usable (as with TCP); a stall inside a
+message closes it. Without GPUs, run with UCX_TLS=tcp (and e.g. UCX_NET_DEVICES=lo for loopback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from rlctl.errors import AuthError, PeerTimeout, PeerUnreachable, ProtocolError, TransportError
+from rlctl.transport import framing
+from rlctl.transport.base import BufferProvider, Connection, Listener, Message, Transport, check_buffers, split_address
+
+T = TypeVar("T")
+_VERDICT_BYTES = 2 + framing.MAC_BYTES
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def _ucxx() -> Any:
+    try:
+        import ucxx  # optional extra, imported on first use
+    except ImportError as e:
+        raise TransportError(
+            f"the ucx transport needs the optional ucxx package ({e})", hint="pip install 'rlctl[ucx]' (ucxx-cu12)"
+        ) from e
+    return ucxx
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _ucxx()
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="ucx-loop", daemon=True).start()
+        return _loop
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run_coroutine_threadsafe(coro, _event_loop()).result()
+
+
+def _is_ucx_error(e: BaseException) -> bool:
+    return type(e).__module__.startswith("ucxx")
+
+
+@dataclass(frozen=True)
+class UcxConfig:
+    limits: framing.Limits = field(default_factory=framing.Limits)
+    stall_timeout_s: float = 60.0
+    handshake_timeout_s: float = 10.0
+
+
+async def _recv_bytes(ep: Any, n: int, timeout_s: float | None) -> bytes:
+    buf = np.empty(n, dtype=np.uint8)
+    await asyncio.wait_for(ep.recv(buf), timeout_s)
+    return buf.tobytes()
+
+
+async def _send_bytes(ep: Any, data: bytes) -> None:
+    await ep.send(np.frombuffer(data, dtype=np.uint8))
+
+
+class UcxConnection(Connection):
+    def __init__(self, ep: Any, peer: str, cfg: UcxConfig) -> None:
+        super().__init__(peer)
+        self._ep = ep
+        self._cfg = cfg
+        self._pending: asyncio.Future[Any] | None = None  # a posted preamble receive
+        self._pre = np.empty(framing.PREAMBLE.size, dtype=np.uint8)
+        self._closed = False
+
+    def _send(self, msg: Message) -> None:
+        tensors = framing.wire_tensors(msg.tensors)
+        head = framing.encode_header(msg, tensors)
+        pre, body = head[: framing.PREAMBLE.size], head[framing.PREAMBLE.size :]
+
+        async def go() -> None:
+            await _send_bytes(self._ep, pre)
+            await _send_bytes(self._ep, body)
+            for t in tensors:
+                if t.numel():
+                    await self._ep.send(framing.tensor_bytes(t))
+
+        self._guard(go(), "send")
+
+    def _recv(self, timeout_s: float | None, into: BufferProvider) -> Message:
+        if self._closed:
+            raise PeerUnreachable(f"{self.peer}: connection is closed")
+
+        async def start() -> None:
+            if self._pending is None:
+                self._pending = asyncio.ensure_future(self._ep.recv(self._pre))
+            await asyncio.wait_for(asyncio.shield(self._pending), timeout_s)
+            self._pending = None
+
+        try:
+            _run(start())
+        except TimeoutError as e:
+            raise PeerTimeout(f"{self.peer}: no message within {timeout_s}s") from e
+        except Exception as e:
+            self.close()
+            if _is_ucx_error(e):
+                raise PeerUnreachable(f"{self.peer}: connection closed ({e})") from e
+            raise
+        n = framing.parse_preamble(self._pre.tobytes(), self._cfg.limits, self.peer)
+        stall = self._cfg.stall_timeout_s
+
+        async def rest() -> Message:
+            wh, specs = framing.decode_header(await _recv_bytes(self._ep, n, stall), self._cfg.limits, self.peer)
+            bufs = into(wh.kind, wh.header, specs)
+            check_buffers(specs, bufs)
+            for b in bufs:
+                if b.numel():
+                    await asyncio.wait_for(self._ep.recv(framing.tensor_bytes(b)), stall)
+            return Message(wh.kind, wh.header, bufs, msg_id=wh.msg_id, reply_to=wh.reply_to)
+
+        return self._guard(rest(), "receive")
+
+    def _guard(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+        """Run on the loop; map failures to the error tree, closing the (out-of-sync) stream."""
+        if self._closed:
+            coro.close()
+            raise PeerUnreachable(f"{self.peer}: connection is closed")
+        try:
+            return _run(coro)
+        except TimeoutError as e:
+            self.close()
+            raise PeerTimeout(f"{self.peer}: {what} stalled for {self._cfg.stall_timeout_s:.0f}s") from e
+        except ProtocolError:
+            self.close()
+            raise
+        except Exception as e:
+            if not _is_ucx_error(e):
+                raise
+            self.close()
+            raise PeerUnreachable(f"{self.peer}: {what} failed, connection closed ({e})") from e
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        async def shut() -> None:
+            if self._pending is not None:
+                self._pending.cancel()
+            try:
+                await asyncio.wait_for(self._ep.close(), 5)
+            except Exception:  # noqa: BLE001 - closing an endpoint whose peer is gone may fail; nothing to do
+                self._ep.abort()
+
+        _run(shut())
+
+
+class UcxListener(Listener):
+    def __init__(self, host: str, port: int, secret: bytes, cfg: UcxConfig) -> None:
+        self._secret = secret
+        self._cfg = cfg
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def on_connect(ep: Any) -> None:
+            await self._queue.put(ep)
+
+        async def make() -> Any:
+            return _ucxx().create_listener(on_connect, port or None)
+
+        self._listener = _run(make())
+        self.address = f"ucx://{host}:{self._listener.port}"
+
+    def accept(self, timeout_s: float | None = None) -> Connection:
+        async def next_ep() -> Any:
+            return await asyncio.wait_for(self._queue.get(), timeout_s)
+
+        try:
+            ep = _run(next_ep())
+        except TimeoutError as e:
+            raise PeerTimeout(f"{self.address}: no connection within {timeout_s}s") from e
+        peer = f"ucx-peer->{self.address}"
+        conn = UcxConnection(ep, peer, self._cfg)
+        try:
+            _run(self._handshake(ep, peer))
+        except TimeoutError as e:
+            conn.close()
+            raise PeerTimeout(f"{peer}: handshake timed out after {self._cfg.handshake_timeout_s}s") from e
+        except Exception as e:
+            conn.close()
+            if _is_ucx_error(e):
+                raise PeerUnreachable(f"{peer}: handshake failed ({e})") from e
+            raise
+        return conn
+
+    async def _handshake(self, ep: Any, peer: str) -> None:
+        nonce = os.urandom(framing.NONCE_BYTES)
+        await _send_bytes(ep, framing.HELLO + nonce)
+        answer = await _recv_bytes(ep, framing.NONCE_BYTES + framing.MAC_BYTES, self._cfg.handshake_timeout_s)
+        client_nonce, proof = answer[: framing.NONCE_BYTES], answer[framing.NONCE_BYTES :]
+        if not hmac.compare_digest(proof, framing.client_proof(self._secret, nonce, client_nonce)):
+            await _send_bytes(ep, b"NO" + bytes(framing.MAC_BYTES))
+            raise AuthError(f"{peer}: refused, it does not hold this job's secret")
+        await _send_bytes(ep, b"OK" + framing.server_proof(self._secret, nonce, client_nonce))
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+class UcxTransport(Transport):
+    scheme = "ucx"
+
+    def __init__(self, *, secret: bytes, config: UcxConfig | None = None) -> None:
+        if not secret:
+            raise ValueError("a per-job secret is required (non-empty bytes)")
+        _ucxx()
+        self._secret = secret
+        self.config = config or UcxConfig()
+
+    def listen(self, address: str) -> Listener:
+        host, port = split_address(address, self.scheme)
+        return UcxListener(host, port, self._secret, self.config)
+
+    def connect(self, address: str, timeout_s: float) -> Connection:
+        host, port = split_address(address, self.scheme)
+
+        async def go() -> Any:
+            ep = await _ucxx().create_endpoint(host, port, connect_timeout=timeout_s)
+            hello = await _recv_bytes(ep, len(framing.HELLO) + framing.NONCE_BYTES, timeout_s)
+            if hello[: len(framing.HELLO)] != framing.HELLO:
+                raise ProtocolError(f"{address}: not an rlctl endpoint (bad hello)")
+            nonce, mine = hello[len(framing.HELLO) :], os.urandom(framing.NONCE_BYTES)
+            await _send_bytes(ep, mine + framing.client_proof(self._secret, nonce, mine))
+            verdict = await _recv_bytes(ep, _VERDICT_BYTES, timeout_s)
+            if verdict[:2] != b"OK":
+                raise AuthError(f"{address}: refused our credentials; check that both sides use this job's secret")
+            if not hmac.compare_digest(verdict[2:], framing.server_proof(self._secret, nonce, mine)):
+                raise AuthError(f"{address}: server failed to prove it holds this job's secret")
+            return ep
+
+        try:
+            ep = _run(go())
+        except TimeoutError as e:
+            raise PeerTimeout(f"{address}: connect timed out after {timeout_s}s") from e
+        except Exception as e:
+            if _is_ucx_error(e):
+                raise PeerUnreachable(f"{address}: connect failed ({e})") from e
+            raise
+        return UcxConnection(ep, address, self.config)

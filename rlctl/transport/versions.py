@@ -1,0 +1,133 @@
+"""What one node of the weight plane holds: weight versions, each as full and/or delta payloads.
+
+    HeldVersion v7
+    ├── layout, weights_xxh3               (names/dtypes/shapes; checksum of the full flat buffer)
+    ├── payloads["full"]  data = the flat weights, per-chunk xxh3, have-bitmap (filled as chunks land)
+    ├── payloads["delta"] data = encoded delta vs v6 (only when v7 travelled as a delta)
+    └── complete                            (every chunk verified and the weights rebuilt + checked)
+
+One condition variable per node guards all of it: receivers set `have[i]` and notify; the
+serving threads of the node's children wait on it, which is what lets a relay forward chunk k
+while chunk k+1 is still arriving.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlctl.errors import ProtocolError
+from rlctl.transport import chunks
+from rlctl.transport.chunks import ChunkRef, Layout
+
+
+@dataclass(frozen=True)
+class WeightSyncConfig:
+    chunk_bytes: int = 4 << 20
+    bucket_bytes: int = 64 << 20
+    delta: bool = True
+    anchor_every: int = 8  # a full anchor every K versions (1 = always full)
+    delta_level: int = 1  # zstd level of delta payloads (3 compresses no better on weight XORs, and slower)
+    connect_timeout_s: float = 10.0
+    chunk_timeout_s: float = 30.0  # silence from a parent this long = parent dead, re-attach
+    max_chunk_retries: int = 3  # re-sends of one chunk before giving up on that parent
+    attach_passes: int = 3  # passes over parent + fallbacks before the fetch fails
+    send_bytes_per_s: float | None = None  # pace each child stream (leave room for other traffic)
+    keep_versions: int = 2
+
+    def __post_init__(self) -> None:
+        if not 0 < self.chunk_bytes <= self.bucket_bytes:
+            raise ValueError(f"need 0 < chunk_bytes ≤ bucket_bytes, got {self.chunk_bytes} and {self.bucket_bytes}")
+        if self.anchor_every < 1 or self.keep_versions < 2:
+            raise ValueError("anchor_every must be ≥ 1 and keep_versions ≥ 2 (a delta needs its base)")
+
+
+@dataclass
+class Payload:
+    encoding: str  # "full" | "delta"
+    data: torch.Tensor  # flat uint8
+    refs: list[ChunkRef]
+    sums: list[int]
+    have: list[bool]
+    base_version: int | None = None
+
+    @property
+    def num_have(self) -> int:
+        return sum(self.have)
+
+    @property
+    def done(self) -> bool:
+        return all(self.have)
+
+    def manifest(self, hv: HeldVersion, cfg: WeightSyncConfig) -> dict[str, Any]:
+        return {
+            "version": hv.version,
+            "encoding": self.encoding,
+            "base_version": self.base_version,
+            "payload_bytes": self.data.numel(),
+            "bucket_bytes": cfg.bucket_bytes,
+            "chunk_bytes": cfg.chunk_bytes,
+            "sums": self.sums,
+            "weights_bytes": hv.layout.total_bytes,
+            "weights_xxh3": hv.weights_xxh3,
+            "layout": hv.layout.to_wire(),
+        }
+
+
+def full_payload(weights: torch.Tensor, cfg: WeightSyncConfig, *, have: bool) -> Payload:
+    refs = chunks.cut(weights.numel(), bucket_bytes=cfg.bucket_bytes, chunk_bytes=cfg.chunk_bytes)
+    sums = chunks.chunk_checksums(weights, refs) if have else []
+    return Payload("full", weights, refs, sums, [have] * len(refs))
+
+
+def payload_from_manifest(m: dict[str, Any], data: torch.Tensor) -> Payload:
+    refs = chunks.cut(int(m["payload_bytes"]), bucket_bytes=int(m["bucket_bytes"]), chunk_bytes=int(m["chunk_bytes"]))
+    sums = [int(s) for s in m["sums"]]
+    if len(sums) != len(refs) or m["encoding"] not in ("full", "delta"):
+        raise ProtocolError(f"manifest of v{m['version']}: {len(sums)} checksums for {len(refs)} chunks")
+    return Payload(str(m["encoding"]), data, refs, sums, [False] * len(refs), m["base_version"])
+
+
+@dataclass
+class HeldVersion:
+    version: int
+    layout: Layout
+    weights_xxh3: int
+    weights: torch.Tensor  # flat uint8; valid once `complete` (or chunk by chunk for a full payload)
+    payloads: dict[str, Payload] = field(default_factory=dict)
+    complete: bool = False
+
+
+class VersionStore:
+    """Versions held by one node; `current` flips only to a complete, verified version."""
+
+    def __init__(self, keep_versions: int) -> None:
+        self.cv = threading.Condition()
+        self.versions: dict[int, HeldVersion] = {}
+        self.current: HeldVersion | None = None
+        self.keep_versions = keep_versions
+
+    def add(self, hv: HeldVersion) -> None:
+        with self.cv:
+            self.versions[hv.version] = hv
+            self.cv.notify_all()
+
+    def flip(self, hv: HeldVersion) -> None:
+        """Make `hv` current (it must be complete) and forget versions beyond `keep_versions`."""
+        assert hv.complete
+        with self.cv:
+            if self.current is None or hv.version >= self.current.version:
+                self.current = hv
+            done = sorted(v for v, h in self.versions.items() if h.complete)
+            for v in done[: max(0, len(done) - self.keep_versions)]:
+                if self.current is None or v != self.current.version:
+                    del self.versions[v]
+            self.cv.notify_all()
+
+    def wait_for(self, version: int, timeout_s: float) -> HeldVersion | None:
+        with self.cv:
+            self.cv.wait_for(lambda: version in self.versions, timeout=timeout_s)
+            return self.versions.get(version)

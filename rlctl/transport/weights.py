@@ -1,0 +1,323 @@
+"""The weight plane node: publishes (root), relays and fetches chunked weight versions.
+
+Every node listens and serves the versions it holds to its children; a receiver fetches a
+version from its planned parent, falling back to other holders (see `plan.py`) when the parent
+dies. Per child connection:
+
+    child                                      parent
+    subscribe{version, base, encoding, have} ─▶
+                                             ◀─ manifest{encoding, sizes, per-chunk xxh3, layout}
+                                             ◀─ chunk{version, bucket, index, offset, length, xxh3} + bytes
+    resend{index}   (checksum mismatch)     ─▶   (chunk sent again; at most max_chunk_retries times)
+                                             ◀─ chunk ...
+    complete        (every chunk verified)  ─▶
+
+The parent sends chunk i as soon as it holds it (a relay forwards chunk k while k+1 arrives).
+A delta payload is decoded once complete; its result is checked against the version's xxh3
+and on any mismatch the receiver fetches the full version instead. Only then does the version
+become current; until then the previous one stays in service.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+import torch
+
+from rlctl.errors import PeerTimeout, ProtocolError, TransportError
+from rlctl.transport import chunks, delta
+from rlctl.transport.base import Connection, Message, TensorSpec, Transport
+from rlctl.transport.versions import (
+    HeldVersion,
+    Payload,
+    VersionStore,
+    WeightSyncConfig,
+    full_payload,
+    payload_from_manifest,
+)
+
+log = logging.getLogger(__name__)
+
+
+class WeightNode:
+    """One holder of weight versions: serves children, and publishes (root) or fetches (receiver)."""
+
+    def __init__(self, transport: Transport, listen_address: str, config: WeightSyncConfig | None = None) -> None:
+        self.cfg = config or WeightSyncConfig()
+        self.transport = transport
+        self.store = VersionStore(self.cfg.keep_versions)
+        self._listener = transport.listen(listen_address)
+        self.address = self._listener.address
+        self._closing = threading.Event()
+        self._last_anchor: int | None = None
+        self._conns: set[Connection] = set()
+        self.attempts: list[tuple[int, str, str]] = []  # (version, holder address, "ok" | error), for status
+        self._accepter = threading.Thread(target=self._accept_loop, name="weights-accept", daemon=True)
+        self._accepter.start()
+
+    # -- root side ----------------------------------------------------------------------
+    def publish(self, version: int, state_dict: dict[str, torch.Tensor], *, anchor: bool = False) -> HeldVersion:
+        """Hold `version` (a full payload, plus a delta vs the previous version between anchors).
+
+        `anchor=True` forces a full anchor now (no delta), e.g. after a resume."""
+        layout = chunks.layout_of(state_dict)
+        weights = chunks.flatten(state_dict, layout)
+        hv = HeldVersion(version, layout, chunks.checksum(weights), weights, complete=True)
+        hv.payloads["full"] = full_payload(weights, self.cfg, have=True)
+        prev = self.store.current
+        anchor_due = anchor or self._last_anchor is None or version - self._last_anchor >= self.cfg.anchor_every
+        if self.cfg.delta and prev is not None and prev.layout == layout and not anchor_due:
+            data = delta.encode(prev.weights, weights, base_version=prev.version, level=self.cfg.delta_level)
+            p = full_payload(data, self.cfg, have=True)
+            hv.payloads["delta"] = Payload("delta", data, p.refs, p.sums, p.have, prev.version)
+        else:
+            self._last_anchor = version
+        self.store.add(hv)
+        self.store.flip(hv)
+        return hv
+
+    # -- receiver side ------------------------------------------------------------------
+    def fetch(self, version: int, holders: list[str], *, want_full: bool = False) -> HeldVersion:
+        """Fetch `version` from the first live address in `holders` (planned parent first) and flip to it."""
+        if not holders:
+            raise ValueError("fetch needs at least one holder address")
+        hv = self.store.versions.get(version)
+        if hv is not None and hv.complete:
+            self.store.flip(hv)
+            return hv
+        attempts: list[str] = []
+        for _ in range(self.cfg.attach_passes):
+            for addr in holders:
+                try:
+                    hv = self._fetch_from(addr, version, want_full=want_full)
+                    if not self._finish(hv):
+                        log.warning("v%d delta is unusable here; falling back to a full transfer", version)
+                        want_full = True
+                        hv = self._fetch_from(addr, version, want_full=True)
+                        if not self._finish(hv):
+                            raise ProtocolError(f"{addr}: full v{version} could not be verified")
+                    self.attempts.append((version, addr, "ok"))
+                    return hv
+                except TransportError as e:
+                    self.attempts.append((version, addr, str(e)))
+                    attempts.append(f"{addr}: {e}")
+                    log.warning("v%d from %s failed, re-attaching to the next holder: %s", version, addr, e)
+        raise TransportError(f"v{version}: no holder could deliver it; tried: " + "; ".join(attempts[-4:]))
+
+    def _fetch_from(self, addr: str, version: int, *, want_full: bool) -> HeldVersion:
+        cur = self.store.current
+        with self.transport.connect(addr, self.cfg.connect_timeout_s) as conn:
+            hv = self.store.versions.get(version)
+            held = None if hv is None else hv.payloads.get("full" if want_full else "delta") or hv.payloads.get("full")
+            conn.send(
+                Message(
+                    "subscribe",
+                    {
+                        "version": version,
+                        "base_version": None if want_full or cur is None else cur.version,
+                        "encoding": None if held is None else held.encoding,
+                        "have": None if held is None else bytes(held.have),
+                    },
+                )
+            )
+            reply = conn.recv(self.cfg.chunk_timeout_s)
+            if reply.kind != "manifest":
+                raise ProtocolError(f"{addr}: {reply.header.get('error', reply.kind)}")
+            hv, pl = self._adopt(reply.header)
+            retries = [0] * len(pl.refs)
+            while not pl.done:
+                msg = conn.recv(self.cfg.chunk_timeout_s, into=self._chunk_buffers(pl))
+                if msg.kind != "chunk" or msg.header["version"] != version:
+                    raise ProtocolError(f"{addr}: unexpected {msg.kind} during v{version}")
+                i = int(msg.header["index"])
+                if pl.have[i]:
+                    continue
+                if chunks.checksum(msg.tensors[0]) == pl.sums[i]:
+                    with self.store.cv:
+                        pl.have[i] = True
+                        self.store.cv.notify_all()
+                    continue
+                retries[i] += 1
+                if retries[i] > self.cfg.max_chunk_retries:
+                    raise ProtocolError(f"{addr}: chunk {i} of v{version} failed its checksum {retries[i]} times")
+                log.warning("v%d chunk %d from %s failed its checksum; asking again", version, i, addr)
+                conn.send(Message("resend", {"index": i}))
+            conn.send(Message("complete", {"version": version}))
+        return hv
+
+    def _adopt(self, m: dict[str, Any]) -> tuple[HeldVersion, Payload]:
+        """The local HeldVersion/Payload that chunks described by manifest `m` land in."""
+        version, enc = int(m["version"]), str(m["encoding"])
+        with self.store.cv:
+            hv = self.store.versions.get(version)
+            if hv is not None and hv.weights_xxh3 != int(m["weights_xxh3"]):
+                raise ProtocolError(f"v{version}: holders disagree on its content (xxh3 differs)")
+            if hv is None:
+                layout = chunks.Layout.from_wire(m["layout"], int(m["weights_bytes"]))
+                weights = torch.empty(layout.total_bytes, dtype=torch.uint8)
+                hv = HeldVersion(version, layout, int(m["weights_xxh3"]), weights)
+            pl = hv.payloads.get(enc)
+            if pl is None or pl.sums != [int(s) for s in m["sums"]]:
+                data = hv.weights if enc == "full" else torch.empty(int(m["payload_bytes"]), dtype=torch.uint8)
+                pl = payload_from_manifest(m, data)
+                if enc == "full" and pl.data.numel() != hv.weights.numel():
+                    raise ProtocolError(f"v{version}: full payload size differs from its layout")
+                hv.payloads[enc] = pl
+            self.store.versions[version] = hv
+            self.store.cv.notify_all()
+        return hv, pl
+
+    def _chunk_buffers(self, pl: Payload) -> Any:
+        def provide(kind: str, header: dict[str, Any], specs: list[TensorSpec]) -> list[torch.Tensor]:
+            if kind != "chunk":
+                return [torch.empty(s.shape, dtype=s.dtype) for s in specs]
+            i = int(header["index"])
+            if not 0 <= i < len(pl.refs) or len(specs) != 1 or specs[0].nbytes != pl.refs[i].length:
+                raise ProtocolError(f"chunk {i} does not match the manifest")
+            if pl.have[i]:  # a duplicate must not overwrite bytes children are being served from
+                return [torch.empty(pl.refs[i].length, dtype=torch.uint8)]
+            r = pl.refs[i]
+            return [pl.data[r.offset : r.offset + r.length]]
+
+        return provide
+
+    def _finish(self, hv: HeldVersion) -> bool:
+        """Rebuild (delta) and verify the weights; flip to them. False = delta unusable."""
+        if hv.complete:
+            self.store.flip(hv)
+            return True
+        full = hv.payloads.get("full")
+        if full is None or not full.done:
+            d = hv.payloads["delta"]
+            base = self.store.versions.get(d.base_version) if d.base_version is not None else None
+            if base is None or not base.complete:
+                return False
+            try:
+                delta.decode(base.weights, d.data, out=hv.weights)
+            except ProtocolError as e:
+                log.warning("v%d: %s", hv.version, e)
+                del hv.payloads["delta"]
+                return False
+        if chunks.checksum(hv.weights) != hv.weights_xxh3:
+            hv.payloads.pop("full", None)
+            raise ProtocolError(f"v{hv.version}: rebuilt weights fail the version checksum")
+        with self.store.cv:
+            hv.complete = True
+        self.store.flip(hv)
+        return True
+
+    def current(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """(version, state dict of views into the held buffer) of the current version, if any."""
+        hv = self.store.current
+        return None if hv is None else (hv.version, chunks.unflatten(hv.weights, hv.layout))
+
+    # -- serving children ---------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                conn = self._listener.accept(timeout_s=0.1)
+            except PeerTimeout:
+                continue
+            except TransportError as e:
+                if self._closing.is_set():
+                    return
+                log.warning("weights listener %s: %s", self.address, e)
+                continue
+            self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), name="weights-serve", daemon=True).start()
+
+    def _serve(self, conn: Connection) -> None:
+        try:
+            self._serve_one(conn)
+        except TransportError as e:
+            log.info("child %s left: %s", conn.peer, e)
+        finally:
+            self._conns.discard(conn)
+            conn.close()
+
+    def _serve_one(self, conn: Connection) -> None:
+        req = conn.recv(self.cfg.chunk_timeout_s).header
+        version = int(req["version"])
+        # a relay may be asked before its own parent's manifest arrived: wait, but answer
+        # before the child's own chunk timeout so it hears "not here" rather than silence
+        hv = self.store.wait_for(version, 0.8 * self.cfg.chunk_timeout_s)
+        pl = None if hv is None else self._payload_for(hv, req)
+        if hv is None or pl is None:
+            conn.send(Message("error", {"error": f"{self.address} does not hold v{version}"}))
+            return
+        conn.send(Message("manifest", pl.manifest(hv, self.cfg)))
+        events: queue.Queue[tuple[str, int]] = queue.Queue()
+        threading.Thread(target=self._read_child, args=(conn, events), daemon=True).start()
+        have = req["have"] if req.get("encoding") == pl.encoding and req["have"] else b""
+        todo = [i for i in range(len(pl.refs)) if not (i < len(have) and have[i])]
+        t0, sent_bytes = time.monotonic(), 0
+        for i in todo:
+            with self.store.cv:
+                while not pl.have[i] and events.empty():
+                    self.store.cv.wait(timeout=0.5)
+            while not events.empty():
+                kind, j = events.get()
+                if kind == "closed":
+                    return
+                self._send_chunk(conn, hv, pl, j)
+            sent_bytes += self._send_chunk(conn, hv, pl, i)
+            if self.cfg.send_bytes_per_s:
+                time.sleep(max(0.0, t0 + sent_bytes / self.cfg.send_bytes_per_s - time.monotonic()))
+        while True:  # everything sent: serve re-send requests until the child is complete
+            kind, j = events.get()
+            if kind != "resend":
+                return
+            self._send_chunk(conn, hv, pl, j)
+
+    def _payload_for(self, hv: HeldVersion, req: dict[str, Any]) -> Payload | None:
+        d = hv.payloads.get("delta")
+        if d is not None and req.get("base_version") is not None and req["base_version"] == d.base_version:
+            return d
+        full = hv.payloads.get("full")
+        if full is not None and (full.done or "delta" not in hv.payloads):
+            return full  # a full payload still arriving is forwarded chunk by chunk
+        with self.store.cv:  # held only as a delta: serve the rebuilt weights once complete
+            self.store.cv.wait_for(lambda: hv.complete, timeout=self.cfg.chunk_timeout_s)
+            if not hv.complete:
+                return None
+            if "full" not in hv.payloads or not hv.payloads["full"].done:
+                hv.payloads["full"] = full_payload(hv.weights, self.cfg, have=True)
+            return hv.payloads["full"]
+
+    def _read_child(self, conn: Connection, events: queue.Queue[tuple[str, int]]) -> None:
+        try:
+            while True:
+                msg = conn.recv()
+                if msg.kind == "resend":
+                    events.put(("resend", int(msg.header["index"])))
+                elif msg.kind == "complete":
+                    break
+        except TransportError:
+            pass
+        events.put(("closed", -1))
+        with self.store.cv:
+            self.store.cv.notify_all()
+
+    def _send_chunk(self, conn: Connection, hv: HeldVersion, pl: Payload, i: int) -> int:
+        r = pl.refs[i]
+        head = {"version": hv.version, "bucket": r.bucket, "index": i, "offset": r.offset, "length": r.length}
+        head["xxh3"] = pl.sums[i]
+        conn.send(Message("chunk", head, [pl.data[r.offset : r.offset + r.length]]))
+        return r.length
+
+    def close(self) -> None:
+        self._closing.set()
+        self._listener.close()
+        for c in list(self._conns):
+            c.close()
+        self._accepter.join(timeout=5)
+
+    def __enter__(self) -> WeightNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,107 @@
+"""Agents as real processes over real TCP sockets: each mode runs to the end with every prompt trained
+exactly once; a rollout agent killed mid-run has its prompts re-queued; stop leaves no process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from rlctl.agents.run import JobRun, launch_dir, plan_counts, prepare, resolve_job
+from rlctl.config import load_job
+from rlctl.launch.jobdir import JobDir
+
+from .conftest import alive_agent_pids
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def _run(path, job_dir, **over):
+    job = load_job(path)
+    spec = resolve_job(job, **over)
+    plan = plan_counts(job, spec)
+    jd = launch_dir(job, spec, job_dir)
+    prepare(jd, spec, plan, source=str(path))
+    return JobRun(jd, spec, plan)
+
+
+@pytest.mark.parametrize("mode", ["sync", "stream", "async"])
+def test_mode_trains_every_prompt_exactly_once(tiny_job, tmp_path, mode):
+    run = _run(tiny_job(mode), tmp_path / "run")
+    try:
+        run.start()
+        s = run.wait(poll_s=0.3)
+    finally:
+        run.stop()
+    assert s["state"] == "done" and s["controller_exit"] == 0
+    led = s["ledger"]
+    assert led["prompts"] == led["trained"] == 3 * 4 and led["trained_samples"] == 3 * 4 * 4
+    assert (led["duplicated"], led["lost"], s["staleness_violations"]) == (0, 0, 0)
+    eta = 1 if mode == "async" else 0
+    assert max(int(k) for k in s["staleness"]) <= eta
+    assert {a for a in s["agents"]} == {"trainer-0", "rollout-0", "rollout-1"}
+    jd = JobDir(tmp_path / "run")
+    assert len(jd.read_lines(jd.metrics)) == 3
+    assert alive_agent_pids(jd.read_lines(jd.events)) == []
+
+
+def test_two_trainer_ranks_form_one_gloo_group(tiny_job, tmp_path):
+    run = _run(tiny_job("stream", iterations=2, trainer_ranks=2), tmp_path / "run")
+    try:
+        run.start()
+        s = run.wait(poll_s=0.3)
+        deadline = time.monotonic() + 60
+        while run.agent_codes()["trainer-1"] is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        run.stop()
+    assert s["state"] == "done" and s["ledger"]["trained"] == s["ledger"]["prompts"] == 8
+    assert run.agent_codes()["trainer-1"] == 0  # the follower rank left the group cleanly
+
+
+def test_killed_rollout_agent_prompts_are_requeued(tiny_job, tmp_path):
+    run = _run(tiny_job("stream", iterations=6, prompts=8, group=4, max_tokens=64), tmp_path / "run")
+    victim = None
+    try:
+        run.start()
+        victim = next(h for h in run.handles if h.spec.name == "rollout-1")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            st = run.status()
+            agent = next((a for a in (st or {}).get("agents", []) if a["name"] == "rollout-1"), None)
+            if agent is not None and agent["inflight"] >= 4:
+                os.killpg(victim.ident["pgid"], signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("rollout-1 never had work in flight")
+        s = run.wait(poll_s=0.3)
+    finally:
+        run.stop()
+    assert s["state"] == "done"
+    led = s["ledger"]
+    assert led["requeued"] >= 1
+    assert led["prompts"] == led["trained"] == 6 * 8
+    assert (led["duplicated"], led["lost"]) == (0, 0)
+    events = JobDir(tmp_path / "run").read_lines(JobDir(tmp_path / "run").events)
+    lost = [e for e in events if e["event"] == "agent_lost"]
+    assert [e["agent"] for e in lost] == ["rollout-1"] and lost[0]["requeued"] >= 1
+
+
+def test_stop_mid_run_leaves_no_process(tiny_job, tmp_path):
+    run = _run(tiny_job("async", iterations=200), tmp_path / "run")
+    try:
+        run.start()
+        deadline = time.monotonic() + 120
+        while (st := run.status()) is None or st["iteration"] < 1:
+            assert time.monotonic() < deadline, "the job never trained an iteration"
+            time.sleep(0.1)
+    finally:
+        run.stop(grace_s=10)
+    assert all(code is not None for code in run.agent_codes().values())
+    jd = JobDir(tmp_path / "run")
+    assert alive_agent_pids(jd.read_lines(jd.events)) == []
+    # SIGTERM let the controller write what it had
+    assert jd.read_json(jd.summary_json)["state"] == "stopped"

@@ -1,0 +1,182 @@
+"""TCP transport over real loopback sockets and processes: auth, timeouts, dying and stalling peers."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+
+from rlctl.errors import AuthError, PeerTimeout, PeerUnreachable
+from rlctl.transport import Message, TcpConfig, TcpTransport
+from rlctl.transport.framing import HELLO, NONCE_BYTES
+
+SECRET = b"per-job-secret"
+
+
+@pytest.fixture
+def listener():
+    lst = TcpTransport(secret=SECRET, config=TcpConfig(stall_timeout_s=1.0)).listen("tcp://127.0.0.1:0")
+    yield lst
+    lst.close()
+
+
+def test_wrong_secret_is_refused_on_both_sides(listener):
+    result = {}
+
+    def accept():
+        try:
+            listener.accept(timeout_s=10)
+        except AuthError as e:
+            result["server"] = str(e)
+
+    th = threading.Thread(target=accept)
+    th.start()
+    with pytest.raises(AuthError, match=listener.address):
+        TcpTransport(secret=b"not-the-secret").connect(listener.address, timeout_s=5)
+    th.join()
+    assert "does not hold this job's secret" in result["server"]
+
+
+def test_unauthenticated_bytes_are_never_read_as_a_message(listener):
+    """A peer that skips the handshake and sends a frame is refused after the fixed-size proof."""
+    result = {}
+
+    def accept():
+        try:
+            listener.accept(timeout_s=10)
+        except AuthError as e:
+            result["err"] = e
+
+    th = threading.Thread(target=accept)
+    th.start()
+    host, port = listener.address.removeprefix("tcp://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        hello = s.recv(len(HELLO) + NONCE_BYTES, socket.MSG_WAITALL)
+        assert hello.startswith(HELLO)
+        s.sendall(b"RLM1" + b"\x00" * 60 + b"payload" * 1000)  # a 'message' instead of a proof
+        verdict = s.recv(2, socket.MSG_WAITALL)
+    th.join()
+    assert verdict == b"NO" and isinstance(result["err"], AuthError)
+
+
+def test_connect_refused_and_handshake_timeout_name_the_peer():
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    with pytest.raises(PeerUnreachable, match=f"tcp://127.0.0.1:{port}"):
+        TcpTransport(secret=SECRET).connect(f"tcp://127.0.0.1:{port}", timeout_s=2)
+    silent = socket.socket()  # accepts at the kernel level but never says hello
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    addr = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+    with pytest.raises(PeerTimeout, match=addr):
+        TcpTransport(secret=SECRET).connect(addr, timeout_s=0.3)
+    silent.close()
+
+
+def test_read_timeout_names_the_peer_and_the_connection_survives(listener):
+    accepted = []
+    th = threading.Thread(target=lambda: accepted.append(listener.accept(timeout_s=5)))
+    th.start()
+    client = TcpTransport(secret=SECRET).connect(listener.address, timeout_s=5)
+    th.join()
+    server = accepted[0]
+    with pytest.raises(PeerTimeout, match=server.peer):
+        server.recv(timeout_s=0.1)
+    client.send(Message("hello", {"n": 1}, [torch.ones(3)]))
+    assert server.recv(timeout_s=5).header == {"n": 1}
+    client.close()
+    server.close()
+
+
+# A peer process that authenticates, announces a 64 MiB tensor, sends 1 MiB of it, then waits.
+_HALF_SENDER = textwrap.dedent(
+    """
+    import sys, torch
+    from rlctl.transport import Message, TcpTransport
+    from rlctl.transport.framing import encode_header, wire_tensors
+    conn = TcpTransport(secret=bytes.fromhex(sys.argv[2])).connect(sys.argv[1], timeout_s=10)
+    msg = Message("weights", {}, wire_tensors([torch.zeros(64 << 20, dtype=torch.uint8)]))
+    conn._sock.sendall(encode_header(msg, msg.tensors) + bytes(1 << 20))
+    print("sent", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def _half_sender(address: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", _HALF_SENDER, address, SECRET.hex()],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_peer_killed_mid_message_is_peer_unreachable(listener):
+    proc = _half_sender(listener.address)
+    try:
+        server = listener.accept(timeout_s=30)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "sent"
+        proc.kill()
+        with pytest.raises(PeerUnreachable, match="closed mid-message"):
+            server.recv(timeout_s=30)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_peer_stalling_mid_message_times_out(listener):
+    proc = _half_sender(listener.address)
+    try:
+        server = listener.accept(timeout_s=30)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "sent"
+        with pytest.raises(PeerTimeout, match="stalled"):
+            server.recv(timeout_s=30)  # the message started; the stall bound (1 s) applies
+        with pytest.raises(PeerUnreachable):
+            server.recv(timeout_s=0.1)  # a half-read stream is closed, never reused
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_striped_connection_round_trips_and_interleaves_with_plain_clients(listener):
+    """num_streams=3: large frames are split over three sockets; small ones and headers use the main one."""
+    striped = TcpTransport(secret=SECRET, config=TcpConfig(num_streams=3, stripe_min_bytes=1 << 20))
+    plain = TcpTransport(secret=SECRET)
+    accepted = []
+
+    def accept_two():
+        accepted.extend(listener.accept(timeout_s=20) for _ in range(2))
+
+    th = threading.Thread(target=accept_two)
+    th.start()
+    a = striped.connect(listener.address, timeout_s=20)
+    b = plain.connect(listener.address, timeout_s=20)
+    th.join()
+    servers = {len(c._extra): c for c in accepted}
+    assert sorted(servers) == [0, 2]  # the stripe streams joined the striped connection, not the plain one
+    tensors = [torch.randn(3_000_001), torch.arange(10), torch.randint(0, 255, (5 << 20,), dtype=torch.uint8)]
+
+    def echo():
+        s = servers[2]
+        for _ in range(2):
+            req = s.recv(timeout_s=20)
+            s.reply(req, Message("echo", req.header, req.tensors))
+
+    th = threading.Thread(target=echo)
+    th.start()
+    for i in range(2):
+        reply = a.request(Message("big", {"i": i}, tensors), timeout_s=20)
+        assert reply.header == {"i": i} and all(torch.equal(x, y) for x, y in zip(tensors, reply.tensors, strict=True))
+    th.join()
+    b.send(Message("plain"))
+    assert servers[0].recv(timeout_s=20).kind == "plain"
+    for c in (a, b, *accepted):
+        c.close()

@@ -1,0 +1,114 @@
+"""ControllerCore wiring: skewness-aware dispatch, the start gate, sync vs stream delivery, requeue."""
+
+from __future__ import annotations
+
+from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.ledger import State
+
+
+def _core(mode="stream", dispatch="skew_aware", eta=0, prompts=4, group=1, iterations=2, min_units=1):
+    lengths = [50, 10, 30, 20, 5, 40][:prompts]
+
+    def make(it: int) -> list[PromptSpec]:
+        return [PromptSpec(f"p{it}-{j}", [1, 2], true_len=lengths[j]) for j in range(prompts)]
+
+    cfg = CoreConfig(
+        iterations=iterations,
+        prompts_per_iteration=prompts,
+        samples_per_prompt=group,
+        max_new_tokens=64,
+        mode=mode,
+        eta=eta,
+        dispatch=dispatch,
+        min_units=min_units,
+    )
+    # a perfect predictor, so the expected split is known
+    return ControllerCore(cfg, prompts=make, predict=lambda specs: [float(s.true_len) for s in specs])
+
+
+def _generate(outs: list[Out]) -> dict[str, list[tuple[str, float]]]:
+    gen: dict[str, list[tuple[str, float]]] = {}
+    for o in outs:
+        if o.kind == "generate":
+            gen.setdefault(o.to, []).extend((r["sample_id"], r["priority"]) for r in o.header["requests"])
+    return gen
+
+
+def test_skew_aware_balances_predicted_tokens_longest_first():
+    core = _core()
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    outs = core.join("r1", role="rollout", version=0)
+    gen = _generate(outs)
+    assert gen == {}  # r0 alone already started the job (min_units=1) …
+    core2 = _core(min_units=2)
+    core2.join("trainer-0", role="trainer", version=0)
+    assert _generate(core2.join("r0", role="rollout", version=0)) == {}  # … unless two units are planned
+    gen = _generate(core2.join("r1", role="rollout", version=0))
+    # LPT over predicted tokens (len + 2 prompt tokens): 52→r0, 32→r1, 22→r1, 12→r0 : loads 64 / 54
+    assert gen == {"r0": [("p0-0/0", 50.0), ("p0-1/0", 10.0)], "r1": [("p0-2/0", 30.0), ("p0-3/0", 20.0)]}
+
+
+def test_random_dispatch_ignores_lengths():
+    core = _core(dispatch="random", min_units=2)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    gen = _generate(core.join("r1", role="rollout", version=0))
+    assert sorted(len(v) for v in gen.values()) == [2, 2]
+    assert {p for v in gen.values() for _, p in v} == {0.0}
+
+
+def _finish(core: ControllerCore, agent: str, sid: str, version: int = 0) -> list[Out]:
+    return core.sample(agent, sample_id=sid, version=version, output_tokens=3, payload=sid)
+
+
+def test_sync_delivers_only_a_complete_iteration_stream_delivers_at_once():
+    for mode, expect_early in (("sync", False), ("stream", True)):
+        core = _core(mode=mode, prompts=2)
+        core.join("trainer-0", role="trainer", version=0)
+        gen = _generate(core.join("r0", role="rollout", version=0))
+        (first, _), (second, _) = gen["r0"]
+        early = [o for o in _finish(core, "r0", first) if o.kind == "samples"]
+        assert bool(early) is expect_early, mode
+        late = [o for o in _finish(core, "r0", second) if o.kind == "samples"]
+        delivered = [s["sample_id"] for o in early + late for s in o.header["samples"]]
+        assert sorted(delivered) == sorted([first, second])
+
+
+def test_sync_does_not_dispatch_the_next_iteration_before_new_weights():
+    core = _core(mode="sync", prompts=1)
+    core.join("trainer-0", role="trainer", version=0)
+    ((sid, _),) = _generate(core.join("r0", role="rollout", version=0))["r0"]
+    _finish(core, "r0", sid)
+    outs = core.trained(iteration=0, version=1, sample_ids=[sid], stats={})
+    assert _generate(outs) == {}  # r0 still holds v0; iteration 1 needs v1
+    assert list(_generate(core.weights_applied("r0", 1))) == ["r0"]
+
+
+def test_async_dispatches_one_iteration_ahead():
+    core = _core(mode="async", eta=1, prompts=1, iterations=3)
+    core.join("trainer-0", role="trainer", version=0)
+    gen = _generate(core.join("r0", role="rollout", version=0))
+    assert [sid for sid, _ in gen["r0"]] == ["p0-0/0", "p1-0/0"]  # iterations 0 and 1 with v0
+
+
+def test_lost_agent_requeues_to_the_survivor_and_nothing_is_delivered_twice():
+    core = _core(min_units=2)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    gen = _generate(core.join("r1", role="rollout", version=0))
+    done_r1 = gen["r1"][0][0]
+    _finish(core, "r1", done_r1)
+    outs = core.lost("r1")
+    regen = _generate(outs)
+    assert list(regen) == ["r0"] and [s for s, _ in regen["r0"]] == [gen["r1"][1][0]]
+    assert core.ledger.requeued == 1
+    assert core.sample("r1", sample_id=gen["r1"][1][0], version=0, output_tokens=1, payload=None) == []
+    assert core.ledger.entries[done_r1].state is State.DELIVERED
+
+
+def test_lost_trainer_fails_the_job():
+    core = _core()
+    core.join("trainer-0", role="trainer", version=0)
+    core.lost("trainer-0")
+    assert core.failed and core.pump() == []

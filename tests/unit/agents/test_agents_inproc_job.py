@@ -1,0 +1,121 @@
+"""The real controller, trainer and rollout agents in one process over the inproc transport: a tiny
+job runs to the end, every prompt is trained exactly once, the status API answers."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+
+import pytest
+import torch
+
+from rlctl.agents.common import AgentContext
+from rlctl.agents.controller import ControllerAgent
+from rlctl.agents.messages import Hello, make
+from rlctl.agents.rollout import RolloutAgent
+from rlctl.agents.trainer import TrainerAgent
+from rlctl.config.job import JobFile
+from rlctl.engines.model import TinyGPT
+from rlctl.launch.jobdir import JobDir
+from rlctl.transport import InprocTransport
+
+
+def _job(mode: str, iterations: int = 3, algorithm: str = "grpo") -> JobFile:
+    return JobFile.model_validate(
+        {
+            "apiVersion": "rlctl/v1",
+            "kind": "Job",
+            "name": "inproc",
+            "inventory": ["x.yaml"],
+            "model": {"kind": "builtin", "name": "tiny-demo"},
+            "algorithm": {"kind": algorithm},
+            "task": {"kind": "digits", "median_output_tokens": 6, "max_output_tokens": 16},
+            "iterations": iterations,
+            "batch": {"prompts_per_iteration": 3, "samples_per_prompt": 2, "train_micro_batch_samples": 2},
+            "pipeline": {"mode": mode},
+            "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": 2}]},
+            "transport": {"kind": "inproc", "timeout_s": 10},
+            "weight_sync": {"mode": "delta" if mode == "stream" else "full", "anchor_every": 2},
+            "warmup": {"sft_steps": 0},
+            "checkpoint": {"every_iterations": 2},
+        }
+    )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("mode", "algorithm"), [("sync", "grpo"), ("stream", "grpo"), ("async", "grpo"), ("async", "ppo")]
+)
+def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
+    torch.manual_seed(0)
+    job = _job(mode, algorithm=algorithm)
+    jd = JobDir.create("inproc", explicit=tmp_path / "job")
+    jd.write_job(job, source="test")
+    jd.write_json(jd.plan_json, {"rollout": [{"site": "local", "units": 2}]})
+    TinyGPT().save_pretrained(jd.init_model)
+    transport = InprocTransport(secret=jd.secret())
+    ctl = ControllerAgent(jd, job, transport, listen=f"inproc://controller-{mode}-{algorithm}")
+    ctx = AgentContext(jd, job, transport, ctl.listener.address)
+    agents = [TrainerAgent(ctx), RolloutAgent(ctx, replica=0), RolloutAgent(ctx, replica=1)]
+    threads = [threading.Thread(target=a.run, daemon=True) for a in agents]
+    for t in threads:
+        t.start()
+    client = transport.connect(ctl.listener.address, timeout_s=5)
+    client.send(make("hello", Hello(role="client", name="test")))
+    code = ctl.run()
+    for t in threads:
+        t.join(timeout=30)
+    assert code == 0
+    assert not any(t.is_alive() for t in threads)
+    s = jd.read_json(jd.summary_json)
+    assert s["state"] == "done" and s["iterations"] == 3
+    assert s["ledger"]["prompts"] == s["ledger"]["trained"] == 9
+    assert s["ledger"]["trained_samples"] == 18
+    assert (s["ledger"]["duplicated"], s["ledger"]["lost"], s["staleness_violations"]) == (0, 0, 0)
+    assert max(int(k) for k in s["staleness"]) <= job.pipeline.eta
+    assert [r["iteration"] for r in jd.read_lines(jd.metrics)] == [0, 1, 2]
+    assert (jd.checkpoint(2) / "model" / "config.json").exists() and (jd.checkpoint(3) / "ledger.json").exists()
+    assert set(s["agents"]) == {"trainer-0", "rollout-0", "rollout-1"}
+    with urllib.request.urlopen(f"http://127.0.0.1:{ctl.metrics_port}/metrics", timeout=5) as resp:
+        scraped = resp.read().decode()
+    assert "rlctl_job_iteration 2.0" in scraped
+    assert "rlctl_sample_staleness_versions_count 18.0" in scraped
+    assert 'rlctl_ledger_samples_total{state="trained"} 18.0' in scraped
+    applied = [(e["agent"], e["version"]) for e in jd.read_lines(jd.events) if e["event"] == "weights_applied"]
+    for unit in ("rollout-0", "rollout-1"):  # every unit pulled the versions it needed (sync needs v1 and v2)
+        assert max(v for a, v in applied if a == unit) >= 2
+
+
+def test_status_api_answers_with_stage_times_and_agents(tmp_path):
+    job = _job("async", iterations=1)
+    jd = JobDir.create("inproc", explicit=tmp_path / "job")
+    jd.write_job(job, source="test")
+    TinyGPT().save_pretrained(jd.init_model)
+    transport = InprocTransport(secret=jd.secret())
+    ctl = ControllerAgent(jd, job, transport, listen="inproc://controller-status")
+    client = transport.connect(ctl.listener.address, timeout_s=5)
+    client.send(make("hello", Hello(role="client", name="test")))
+    what, conn, hello = ctl.inbox.get(timeout=5)
+    ctl._handle(what, conn, hello)
+    client_thread_reply: list[dict] = []
+    t = threading.Thread(target=lambda: client_thread_reply.append(client.request(make("status"), timeout_s=5).header))
+    t.start()
+    what, who, msg = ctl.inbox.get(timeout=5)
+    ctl._handle(what, who, msg)
+    t.join(timeout=5)
+    st = client_thread_reply[0]
+    for key in (
+        "t_gen_s",
+        "t_train_s",
+        "delta_s",
+        "samples_per_s",
+        "tokens_per_s",
+        "reward",
+        "weight_version",
+        "agents",
+        "ledger",
+        "state",
+    ):
+        assert key in st
+    assert st["state"] == "running" and st["iteration"] == 0
+    ctl.listener.close()

@@ -1,0 +1,50 @@
+"""Job directory layout and the launch-time job resolution (overrides, plan from explicit counts)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from rlctl.agents.run import resolve_job
+from rlctl.config import load_job
+from rlctl.launch.jobdir import JobDir
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_default_dir_is_under_rlctl_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path))
+    a = JobDir.create("demo")
+    b = JobDir.create("demo")
+    assert a.path.parent == b.path.parent == tmp_path / "runs"
+    assert a.path != b.path and a.path.name.startswith("demo-")
+    assert (a.path / "logs").is_dir() and (a.path / "checkpoints").is_dir()
+
+
+def test_explicit_dir_wins_and_secret_is_private(tmp_path):
+    jd = JobDir.create("demo", explicit=tmp_path / "here")
+    assert jd.path == tmp_path / "here"
+    s1, s2 = jd.secret(), jd.secret()
+    assert s1 == s2 and len(s1) == 32
+    assert stat.S_IMODE(os.stat(jd.path / "secret").st_mode) == 0o600
+    assert jd.log("rollout", 1) == tmp_path / "here" / "logs" / "rollout-1.log"
+    assert jd.checkpoint(20) == tmp_path / "here" / "checkpoints" / "iter-20"
+
+
+def test_job_round_trips_through_job_json(tmp_path):
+    job = load_job(REPO / "jobs" / "demo.yaml")
+    jd = JobDir.create("demo", explicit=tmp_path / "j")
+    jd.write_job(job.spec, source="jobs/demo.yaml")
+    assert jd.read_job() == job.spec
+    jd.event("x", a=1)
+    jd.event("y")
+    assert [e["event"] for e in jd.read_lines(jd.events)] == ["x", "y"]
+
+
+def test_mode_override_takes_that_modes_bound():
+    job = load_job(REPO / "jobs" / "demo.yaml")
+    assert job.spec.pipeline.mode == "async" and job.spec.pipeline.eta == 1
+    sync = resolve_job(job, mode="sync", iterations=3)
+    assert (sync.pipeline.mode, sync.pipeline.eta, sync.iterations) == ("sync", 0, 3)
+    assert resolve_job(job) is job.spec

@@ -1,0 +1,107 @@
+"""The sample ledger's state machine: legal moves, refusals, requeues, duplicates, checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlctl.agents.ledger import Ledger, LedgerError, State
+
+
+def _ledger() -> Ledger:
+    led = Ledger()
+    led.add_prompt(iteration=0, prompt_id="p0", num_samples=2)
+    led.add_prompt(iteration=1, prompt_id="p1", num_samples=2)
+    return led
+
+
+def test_happy_path_walks_every_state_in_order():
+    led = _ledger()
+    seen = [led.entries["p0/0"].state]
+    led.dispatch("p0/0", agent="r0", version=0)
+    seen.append(led.entries["p0/0"].state)
+    assert led.finish("p0/0", agent="r0", version=0, output_tokens=7)
+    seen.append(led.entries["p0/0"].state)
+    led.deliver("p0/0")
+    seen.append(led.entries["p0/0"].state)
+    led.mark_trained("p0/0")
+    seen.append(led.entries["p0/0"].state)
+    assert seen == [State.QUEUED, State.DISPATCHED, State.FINISHED, State.DELIVERED, State.TRAINED]
+    assert led.entries["p0/0"].output_tokens == 7
+
+
+def test_illegal_moves_raise():
+    led = _ledger()
+    with pytest.raises(LedgerError):
+        led.deliver("p0/0")  # queued, not finished
+    led.dispatch("p0/0", agent="r0", version=0)
+    with pytest.raises(LedgerError):
+        led.dispatch("p0/0", agent="r1", version=0)  # already dispatched
+    with pytest.raises(LedgerError):
+        led.add_prompt(iteration=2, prompt_id="p0", num_samples=1)
+
+
+def test_finish_from_another_agent_or_twice_is_refused_not_delivered():
+    led = _ledger()
+    led.dispatch("p0/0", agent="r0", version=0)
+    assert not led.finish("p0/0", agent="r1", version=0, output_tokens=1)
+    assert led.finish("p0/0", agent="r0", version=0, output_tokens=1)
+    assert not led.finish("p0/0", agent="r0", version=0, output_tokens=1)
+    assert not led.finish("nope/0", agent="r0", version=0, output_tokens=1)
+    assert led.refused == 3
+    assert led.entries["p0/0"].state is State.FINISHED
+
+
+def test_sample_version_is_the_oldest_of_dispatch_and_reported():
+    led = _ledger()
+    led.dispatch("p0/0", agent="r0", version=3)
+    led.finish("p0/0", agent="r0", version=5, output_tokens=1)  # a weight swap mid-generation
+    assert led.entries["p0/0"].sample_version == 3
+
+
+def test_lost_agent_requeues_only_its_unfinished_samples():
+    led = _ledger()
+    led.dispatch("p0/0", agent="r0", version=0)
+    led.dispatch("p0/1", agent="r0", version=0)
+    led.dispatch("p1/0", agent="r1", version=0)
+    led.finish("p0/1", agent="r0", version=0, output_tokens=2)
+    assert led.requeue_agent("r0") == ["p0/0"]
+    assert led.entries["p0/0"].state is State.QUEUED and led.entries["p0/0"].agent is None
+    assert led.entries["p0/1"].state is State.FINISHED  # already finished: kept, delivered once
+    assert led.entries["p1/0"].state is State.DISPATCHED
+    assert led.requeued == 1
+    # a late sample from the lost agent is refused
+    assert not led.finish("p0/0", agent="r0", version=0, output_tokens=2)
+
+
+def test_training_twice_counts_a_duplicate():
+    led = _ledger()
+    led.dispatch("p0/0", agent="r0", version=0)
+    led.finish("p0/0", agent="r0", version=0, output_tokens=1)
+    led.deliver("p0/0")
+    led.mark_trained("p0/0")
+    led.mark_trained("p0/0")
+    assert led.counts().duplicated == 1
+
+
+def test_counts_trained_prompts_and_lost_ones():
+    led = _ledger()
+    for sid in ("p0/0", "p0/1"):
+        led.dispatch(sid, agent="r0", version=0)
+        led.finish(sid, agent="r0", version=0, output_tokens=1)
+        led.deliver(sid)
+        led.mark_trained(sid)
+    c = led.counts(completed_iterations=2)
+    assert (c.prompts, c.trained, c.trained_samples, c.lost) == (2, 1, 2, 1)  # p1 never trained
+
+
+def test_checkpoint_round_trip_requeues_untrained():
+    led = _ledger()
+    led.dispatch("p0/0", agent="r0", version=0)
+    led.finish("p0/0", agent="r0", version=0, output_tokens=1)
+    led.deliver("p0/0")
+    led.mark_trained("p0/0")
+    led.dispatch("p0/1", agent="r0", version=0)
+    back = Ledger.from_json(led.to_json())
+    assert back.entries["p0/0"].state is State.TRAINED
+    assert back.entries["p0/1"].state is State.QUEUED
+    assert [e.sample_id for e in back.in_state(State.QUEUED, iteration=1)] == ["p1/0", "p1/1"]

@@ -1,0 +1,136 @@
+import sys
+
+import pytest
+import torch
+
+from rlctl.engines import ENGINES, EmbeddedEngine, GenRequest, VllmEngine
+from rlctl.engines.measure import measure_ptl
+from rlctl.engines.model import TinyGPT, TinyGPTConfig
+from rlctl.rl.samples import token_logprobs
+
+SMALL = TinyGPTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+
+
+@pytest.fixture
+def model() -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(SMALL).eval()
+
+
+def requests(n: int) -> list[GenRequest]:
+    return [GenRequest(f"r{i}", [1] + [3 + (7 * i + j) % 60 for j in range(i % 6)], 3 + (5 * i) % 17)
+            for i in range(n)]
+
+
+def run(engine: EmbeddedEngine, reqs: list[GenRequest]) -> dict[str, list[int]]:
+    engine.add(reqs)
+    return {r.request_id: r.output_tokens for r in engine.run_until_done()}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_continuous_batching_equals_one_by_one(model: TinyGPT, temperature: float) -> None:
+    reqs = requests(14)
+    batched = EmbeddedEngine(model, max_batch_size=4, temperature=temperature)
+    together = run(batched, reqs)
+    alone = {}
+    for r in reqs:
+        alone.update(run(EmbeddedEngine(model, max_batch_size=1, temperature=temperature), [r]))
+    assert together == alone
+    assert batched.compactions > 0  # the tail triggered lazy compaction
+    assert all(len(t) <= r.max_new_tokens for r in reqs for t in [together[r.request_id]])
+
+
+def test_greedy_output_is_argmax_of_full_forward(model: TinyGPT) -> None:
+    engine = EmbeddedEngine(model, max_batch_size=2, temperature=0.0)
+    engine.add([GenRequest("a", [1, 5, 6], 6, ignore_eos=True)])
+    (res,) = engine.run_until_done()
+    seq = torch.tensor([[1, 5, 6, *res.output_tokens]])
+    expect = model(seq)[0, 2:-1].argmax(-1).tolist()
+    assert res.output_tokens == expect
+    assert res.finish_reason == "length"
+
+
+def test_logprobs_are_behaviour_logprobs(model: TinyGPT) -> None:
+    engine = EmbeddedEngine(model, max_batch_size=3, temperature=0.7, seed=3)
+    engine.add(requests(5))
+    for res in engine.run_until_done():
+        seq = torch.tensor([res.prompt_tokens + res.output_tokens])
+        lp = token_logprobs(model, seq, temperature=0.7)[0, len(res.prompt_tokens) - 1 :]
+        torch.testing.assert_close(lp, torch.tensor(res.logprobs), atol=1e-4, rtol=1e-4)
+
+
+def test_admission_follows_priority_then_fifo(model: TinyGPT) -> None:
+    engine = EmbeddedEngine(model, max_batch_size=1, temperature=0.0)
+    prios = {"a": 1.0, "b": 5.0, "c": 3.0, "d": 5.0, "e": 0.0}
+    engine.add([GenRequest(k, [1, 4], 2, priority=p, ignore_eos=True) for k, p in prios.items()])
+    order = [r.request_id for r in engine.run_until_done()]
+    assert order == ["b", "d", "c", "a", "e"]
+
+
+def test_admission_key_hook(model: TinyGPT) -> None:
+    engine = EmbeddedEngine(model, max_batch_size=1, temperature=0.0, admission_key=lambda r: -r.priority)
+    engine.add([GenRequest(k, [1, 4], 1, priority=p, ignore_eos=True) for k, p in {"a": 2, "b": 1, "c": 3}.items()])
+    assert [r.request_id for r in engine.run_until_done()] == ["b", "a", "c"]
+
+
+def test_batch_size_bound(model: TinyGPT) -> None:
+    engine = EmbeddedEngine(model, max_batch_size=3)
+    engine.trace = []
+    engine.add([GenRequest(f"r{i}", [1, 4], 50, ignore_eos=True) for i in range(7)])
+    engine.step()
+    assert (engine.num_running(), engine.num_waiting()) == (3, 4)
+    assert engine.trace == [3]
+
+
+def test_load_weights_bumps_version_and_stamps_results(model: TinyGPT) -> None:
+    engine = EmbeddedEngine(model, max_batch_size=2, temperature=0.0, version=3)
+    engine.add([GenRequest("old", [1, 4], 6, ignore_eos=True)])
+    engine.step()
+    torch.manual_seed(1)
+    new = TinyGPT(SMALL).state_dict()
+    engine.load_weights(new, 4)
+    assert engine.version == 4
+    assert torch.equal(engine.model.lm_head.weight, new["lm_head.weight"])
+    engine.add([GenRequest("new", [1, 4], 2, ignore_eos=True)])
+    res = {r.request_id: r for r in engine.run_until_done()}
+    assert (res["old"].version, res["old"].versions_seen) == (3, [3, 4])
+    assert (res["new"].version, res["new"].versions_seen) == (4, [4])
+
+
+def test_rejects_requests_longer_than_the_model(model: TinyGPT) -> None:
+    engine = EmbeddedEngine(model)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        engine.add([GenRequest("x", [1] * 40, 30)])
+    assert engine.num_waiting() == 0
+
+
+def test_measure_ptl_one_entry_per_batch_size(model: TinyGPT) -> None:
+    ptl = measure_ptl(lambda bs: EmbeddedEngine(model, max_batch_size=bs), [1, 4], context_tokens=8, steps=3)
+    assert sorted(ptl) == [1, 4] and all(v > 0 for v in ptl.values())
+
+
+def test_engine_table_and_vllm_install_hint(monkeypatch) -> None:
+    assert {"embedded": EmbeddedEngine, "vllm": VllmEngine} == ENGINES
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ImportError, match=r"pip install 'rlctl\[vllm\]'"):
+        VllmEngine("/nonexistent")
+
+
+def test_requests_arriving_mid_run_match_one_by_one(model: TinyGPT) -> None:
+    reqs = requests(12)
+    engine = EmbeddedEngine(model, max_batch_size=4, temperature=1.0)
+    engine.add(reqs[:5])
+    got = {}
+    for i in range(200):
+        if i == 4:
+            engine.add(reqs[5:9])  # while rows run and some are free
+        if i == 30:
+            assert not engine.has_work() and engine.compactions > 0
+            engine.add(reqs[9:])  # into an empty engine whose cache was dropped
+        got.update({r.request_id: r.output_tokens for r in engine.step()})
+    assert not engine.has_work()
+    alone = {}
+    for r in reqs:
+        alone.update(run(EmbeddedEngine(model, max_batch_size=1, temperature=1.0), [r]))
+    assert got == alone

@@ -1,0 +1,82 @@
+import json
+import sys
+
+import pytest
+import torch
+
+from rlctl.engines.model import SAFETENSORS_FILE, TORCH_FILE, TinyGPT, TinyGPTConfig, load_state_dict
+from rlctl.modelcatalog import BUILTIN_MODELS
+
+SMALL = TinyGPTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+
+
+@pytest.fixture
+def model() -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(SMALL).eval()
+
+
+def test_kv_cache_decode_matches_full_forward(model: TinyGPT) -> None:
+    tokens = torch.randint(3, 66, (3, 24))
+    full = model(tokens)
+    cache = model.new_cache(3, 40)
+    prompt_lens = torch.tensor([5, 9, 1])
+    model.prefill(cache, torch.arange(3), tokens[:, :9], prompt_lens)
+    for _ in range(12):  # rows sit at different positions and advance together
+        pos = cache.lengths.clone()
+        logits = model.decode(cache, tokens[torch.arange(3), pos])
+        torch.testing.assert_close(logits, full[torch.arange(3), pos], atol=1e-5, rtol=1e-4)
+
+
+def test_cache_select_keeps_rows(model: TinyGPT) -> None:
+    tokens = torch.randint(3, 66, (3, 10))
+    full = model(tokens)
+    cache = model.new_cache(3, 16)
+    model.prefill(cache, torch.arange(3), tokens[:, :4], torch.tensor([4, 4, 4]))
+    cache.select(torch.tensor([2, 0]))
+    logits = model.decode(cache, tokens[[2, 0], 4])
+    torch.testing.assert_close(logits, full[[2, 0], 4], atol=1e-5, rtol=1e-4)
+
+
+def test_hf_config_keys() -> None:
+    cfg = TinyGPTConfig().to_hf()
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                "max_position_embeddings", "intermediate_size", "rope_theta", "eos_token_id"):
+        assert key in cfg
+    assert TinyGPTConfig.from_hf(json.loads(json.dumps(cfg))) == TinyGPTConfig()
+
+
+def test_param_count_matches_catalog_entry() -> None:
+    m = TinyGPT()
+    n = sum(p.numel() for p in m.parameters())
+    arch = BUILTIN_MODELS["tiny-demo"]
+    assert n == m.config.num_params() == int(arch.params)
+    assert (arch.layers, arch.hidden, arch.heads, arch.kv_heads, arch.vocab, arch.intermediate) == (
+        3, 96, 4, 4, m.config.vocab_size, m.config.intermediate_size)
+    assert "model.layers.0.self_attn.q_proj.weight" in m.state_dict()  # HF Llama weight names
+
+
+def test_save_load_round_trip_safetensors(model: TinyGPT, tmp_path) -> None:
+    pytest.importorskip("safetensors")
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / SAFETENSORS_FILE).exists()
+    loaded = TinyGPT.from_pretrained(tmp_path)
+    tokens = torch.randint(3, 66, (2, 7))
+    torch.testing.assert_close(loaded(tokens), model(tokens), atol=0, rtol=0)
+    assert loaded.config == SMALL
+
+
+def test_save_load_without_safetensors(model: TinyGPT, tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)  # import fails → torch.save fallback
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / TORCH_FILE).exists() and not (tmp_path / SAFETENSORS_FILE).exists()
+    sd = load_state_dict(tmp_path)
+    assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
+
+
+def test_from_pretrained_rejects_other_architectures(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ValueError, match="not a TinyGPT"):
+        TinyGPT.from_pretrained(tmp_path)

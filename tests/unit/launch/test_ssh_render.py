@@ -1,0 +1,131 @@
+"""SSH backend without a host: the exact remote scripts (golden files) and how poll output is read."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rlctl.config.inventory import Site
+from rlctl.errors import LaunchError
+from rlctl.launch.base import AgentHandle, AgentSpec
+from rlctl.launch.remote import CommandResult, RemoteState, sh_path
+from rlctl.launch.ssh import LOST, SshBackend
+from tests.conftest import ROOT
+
+GOLDEN = ROOT / "tests" / "golden" / "launch"
+SITE = Site.model_validate(
+    {
+        "datacenter": "dc-b",
+        "scheduler": {"kind": "ssh", "user": "rl", "port": 2200, "key_file": "~/.ssh/id_rl", "workdir": "~/.rlctl"},
+        "gpu": "H20",
+        "nodes": [{"host": "h20-[01-02]", "gpus": 8}],
+    }
+)
+SPEC = AgentSpec(
+    role="rollout",
+    replica=1,
+    site="h20",
+    argv=["python3", "-m", "rlctl.agents", "rollout", "--job-dir", "~/.rlctl/jobs/demo", "--replica", "1"],
+    env={"RLCTL_ROLE": "rollout", "WEIRD": "it's $HOME"},
+)
+IDENT = {
+    "host": "h20-02",
+    "pid": 4242,
+    "pgid": 4242,
+    "start_ticks": 987654,
+    "pidfile": "~/.rlctl/jobs/demo/run/rollout-1.pid",
+    "exitfile": "~/.rlctl/jobs/demo/run/rollout-1.exit",
+    "log": "~/.rlctl/jobs/demo/logs/rollout-1.log",
+}
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("RLCTL_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; run with RLCTL_UPDATE_GOLDEN=1 to create it"
+    assert text == path.read_text(), f"{name} changed; review, then refresh with RLCTL_UPDATE_GOLDEN=1"
+
+
+def backend() -> SshBackend:
+    return SshBackend("h20", SITE, job="demo", known_hosts="/etc/rlctl/known_hosts")
+
+
+def test_start_command_line_matches_golden() -> None:
+    text = backend().render(SPEC)
+    check_golden("ssh_start_rollout.txt", text)
+    assert text.startswith('ssh -p 2200 -i "$HOME"/.ssh/id_rl -o UserKnownHostsFile=/etc/rlctl/known_hosts')
+    assert " rl@h20-02 bash -s" in text  # replica 1 → second host (round robin)
+    assert "&&" not in text.split("setsid", 1)[1].split("\n")[0]  # no && chain before the detaching &
+
+
+def test_poll_and_stop_scripts_match_golden() -> None:
+    b = backend()
+    h = AgentHandle(SPEC, dict(IDENT), "ssh")
+    other = AgentHandle(SPEC, {**IDENT, "pid": 5000, "pgid": 5000, "start_ticks": 11}, "ssh")
+    check_golden("ssh_poll_rollout.sh", b.poll_script(h))
+    check_golden("ssh_stop_two.sh", b.stop_script([h, other], grace_s=7.5))
+    assert "n=75" in b.stop_script([h], grace_s=7.5)
+
+
+def test_custom_paths_are_quoted(tmp_path: Path) -> None:
+    spec = AgentSpec("rollout", 0, "h20", ["a b"], log_path=Path("/logs/with space.log"), cwd=Path("/w d"))
+    text = backend().start_script(spec)
+    assert "> '/logs/with space.log' 2>&1" in text and "cd '/w d'" in text and "'a b'" in text
+    assert sh_path("~/x y") == "\"$HOME\"/'x y'" and sh_path("~") == '"$HOME"'
+
+
+class FakeRunner:
+    where = "fake"
+
+    def __init__(self, stdout: str) -> None:
+        self.stdout = stdout
+        self.scripts: list[str] = []
+
+    def run(self, command: str, *, timeout_s: float, stdin: str | None = None) -> CommandResult:
+        self.scripts.append(stdin or command)
+        return CommandResult(0, self.stdout, "")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("stdout", "state", "code", "live"),
+    [
+        ("leader S 987654\nexit \ngroup 4242 4250 \n", RemoteState.RUNNING, None, [4242, 4250]),
+        ("leader \nexit 0\ngroup \n", RemoteState.FINISHED, 0, []),
+        ("leader \nexit 3\ngroup \n", RemoteState.FAILED, 3, []),
+        ("leader \nexit \ngroup 4250 \n", RemoteState.FAILED, LOST, [4250]),  # leader SIGKILLed, child left
+        ("leader Z 987654\nexit \ngroup \n", RemoteState.FAILED, LOST, []),  # zombie: dead
+        # pid reused by an unrelated process (other start time): dead, and its group is not ours
+        ("leader S 123\nexit \ngroup 4242 \n", RemoteState.FAILED, LOST, []),
+    ],
+)
+def test_status_reads_poll_output(stdout: str, state: RemoteState, code: int | None, live: list[int]) -> None:
+    b = backend()
+    fake = FakeRunner(stdout)
+    b._runners["h20-02"] = fake  # type: ignore[assignment]
+    st = b.status(AgentHandle(SPEC, dict(IDENT), "ssh"))
+    assert (st.state, st.exit_code, st.live_pids) == (state, code, live)
+    assert fake.scripts == [b.poll_script(AgentHandle(SPEC, dict(IDENT), "ssh"))]
+
+
+class DeadRunner(FakeRunner):
+    def run(self, command: str, *, timeout_s: float, stdin: str | None = None) -> CommandResult:
+        raise LaunchError("ssh rl@h20-01:2200: cannot connect: timed out")
+
+
+def test_stop_reaches_every_host_and_names_the_dead_one() -> None:
+    b = backend()
+    alive = FakeRunner("4242 graceful\n")
+    b._runners.update({"h20-01": DeadRunner(""), "h20-02": alive})  # type: ignore[dict-item]
+    h1 = AgentHandle(SPEC, {**IDENT, "host": "h20-01"}, "ssh")
+    h2 = AgentHandle(SPEC, dict(IDENT), "ssh")
+    with pytest.raises(LaunchError, match="h20-01:2200: cannot connect"):
+        b.stop([h1, h2], grace_s=3)
+    assert alive.scripts == [b.stop_script([h2], 3)]
+    assert h1.ident["stopped"] and h2.ident["stopped"]

@@ -1,0 +1,94 @@
+"""`rlctl profile` and `rlctl plan` end to end on the shipped examples, and their one-line errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.conftest import ROOT, CliResult
+
+Cli = Callable[..., CliResult]
+
+
+def test_plan_cross_dc_json_has_every_field(cli: Cli, tmp_path: Path) -> None:
+    png = tmp_path / "plan.png"
+    r = cli("plan", str(ROOT / "jobs/cross-dc-7b.yaml"), "-o", "json", "--plot", str(png))
+    assert r.exit_code == 0, r.stderr
+    p = json.loads(r.stdout)
+    roles = {a["site"]: a for a in p["allocation"]}
+    assert roles["h800"]["role"] == "trainer" and roles["h20"]["role"] == "rollout"
+    for a in p["allocation"]:
+        assert {"gpus_used", "gpus_available", "config", "instances"} <= set(a)
+        assert 0 < a["gpus_used"] <= a["gpus_available"]
+    t = roles["h800"]["config"]
+    assert t["tp"] * t["pp"] * t["dp"] == roles["h800"]["gpus_used"]
+    assert set(p["stage_curves"]["generation"]["h20"][0]) == {"gpus", "seconds", "tp", "instances"}
+    assert len(p["stage_curves"]["training"]["h800"]) >= 100
+    assert set(p["predicted"]["iteration_s"]) == {"sync", "stream", "async"}
+    it = p["predicted"]["iteration_s"]
+    assert it["async"] <= it["stream"] <= it["sync"]
+    assert {"alpha", "long_tail_units", "regular_units", "long_tail_batch", "regular_batch"} <= set(p["dispatch"])
+    assert "delta_prime_s" in p["rebalance"]
+    assert {"paper", "fewest_gpus"} == set(p["alternatives"])
+    assert p["cost"]["cost_units_per_1k_samples"] > 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_profile_then_plan_with_it(cli: Cli, tmp_path: Path) -> None:
+    out = tmp_path / "h20.yaml"
+    r = cli("profile", "--cluster", str(ROOT / "clusters/h800-trainer.yaml"), "--cluster",
+            str(ROOT / "clusters/h20-rollout.yaml"), "--model", "qwen2.5-7b", "--source", "analytical", "-o", str(out))
+    assert r.exit_code == 0, r.stderr
+    text = out.read_text()
+    assert text.startswith("apiVersion: rlctl/v1\nkind: Profile\n")
+    r = cli("plan", str(ROOT / "jobs/cross-dc-7b.yaml"), "--profile", str(out), "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["profile_source"] == "analytical"
+
+
+def test_profile_of_one_site_file_whose_link_names_another_file(cli: Cli, tmp_path: Path) -> None:
+    out = tmp_path / "h20.yaml"
+    r = cli("profile", "--cluster", str(ROOT / "clusters/h20-rollout.yaml"), "--model", "qwen2.5-72b", "-o", str(out))
+    assert r.exit_code == 0, r.stderr
+    from rlctl.profiler.profile import load_profile
+
+    prof = load_profile(out)
+    assert list(prof.sites) == ["h20"]
+    assert sorted(e.tp for e in prof.sites["h20"].generation) == [2, 4, 8]  # 145 GB of weights: not on one H20
+
+
+def test_plan_table_on_the_local_demo(cli: Cli) -> None:
+    r = cli("plan", str(ROOT / "jobs/demo.yaml"))
+    assert r.exit_code == 0, r.stderr
+    assert "Allocation of demo" in r.stdout and "δ'" in r.stdout
+
+
+def test_bad_inputs_exit_2_with_one_line(cli: Cli, tmp_path: Path) -> None:
+    bad = tmp_path / "p.yaml"
+    bad.write_text("apiVersion: rlctl/v1\nkind: Profile\nsource: guessed\n")
+    cases = [
+        ("profile", "--cluster", str(ROOT / "clusters/h20-rollout.yaml"), "--model", "qwen2.5-8b"),
+        ("profile", "--cluster", str(ROOT / "clusters/local.yaml"), "--model", "tiny-demo", "--site", "nope"),
+        ("plan", str(ROOT / "jobs/cross-dc-7b.yaml"), "--profile", str(bad)),
+        ("plan", str(tmp_path / "missing.yaml")),
+    ]
+    for args in cases:
+        r = cli(*args)
+        assert r.exit_code == 2, (args, r.stdout, r.stderr)
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("rlctl: error: "), r.stderr
+
+
+def test_measured_profile_of_a_remote_site_is_refused_in_one_line(cli: Cli) -> None:
+    r = cli("profile", "--cluster", str(ROOT / "clusters/h20-rollout.yaml"), "--model", "qwen2.5-7b",
+            "--source", "measured")
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1
+    assert "not implemented" in r.stderr and "--source analytical" in r.stderr
+
+
+def test_plan_rejects_a_profile_for_another_model(cli: Cli, tmp_path: Path) -> None:
+    out = tmp_path / "tiny.yaml"
+    assert cli("profile", "--cluster", str(ROOT / "clusters/h800-trainer.yaml"), "--cluster",
+               str(ROOT / "clusters/h20-rollout.yaml"), "--model", "tiny-demo", "-o", str(out)).exit_code == 0
+    r = cli("plan", str(ROOT / "jobs/cross-dc-7b.yaml"), "--profile", str(out))
+    assert r.exit_code == 2 and "qwen2.5-7b" in r.stderr

@@ -1,0 +1,123 @@
+"""The simulator against a step-by-step reference; sample conservation; pipeline recurrences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlctl.planner.costs import DecodeCost
+from rlctl.planner.sim import DispatchConfig, GenEstimator, Unit, run_instance, simulate_generation
+from rlctl.planner.simjob import IterationWork, simulate_job
+from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths, recall_at
+
+PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
+
+
+def reference_instance(lengths: list[int], cap: int, prefill_s: float, fixed_s: float,
+                       compact: float | None) -> list[float]:
+    """An engine loop, one step at a time: admit into free rows, decode every row, finish, maybe compact."""
+    rows: list[int | None] = []  # cache rows: request index or None (finished, not yet compacted)
+    remaining: dict[int, int] = {}
+    finish = [0.0] * len(lengths)
+    t, nxt = 0.0, 0
+    while nxt < len(lengths) or remaining:
+        admitted = 0
+        while nxt < len(lengths) and len(remaining) < cap:
+            if None in rows:
+                rows[rows.index(None)] = nxt
+            else:
+                rows.append(nxt)
+            remaining[nxt] = lengths[nxt]
+            nxt += 1
+            admitted += 1
+        if admitted:
+            t += fixed_s + admitted * prefill_s
+        t += PTL[len(rows) if compact is not None else len(remaining)]
+        for i in list(remaining):
+            remaining[i] -= 1
+            if remaining[i] == 0:
+                finish[i] = t
+                del remaining[i]
+                rows[rows.index(i)] = None
+        free = rows.count(None)
+        if compact is None or free == len(rows) or (nxt >= len(lengths) and free >= compact * len(rows)):
+            rows = [r for r in rows if r is not None]
+    return finish
+
+
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=25), st.integers(1, 8), st.sampled_from([0.0, 0.002]),
+       st.sampled_from([0.0, 0.005]), st.sampled_from([None, 0.25, 0.5]))
+@settings(max_examples=200, deadline=None)
+def test_run_instance_matches_step_by_step_reference(lengths: list[int], cap: int, prefill: float, fixed: float,
+                                                     compact: float | None) -> None:
+    got = run_instance(lengths, ptl_s=PTL, batch_cap=cap, prefill_s=prefill, admit_fixed_s=fixed,
+                       compact_fraction=compact)
+    assert got.tolist() == pytest.approx(reference_instance(lengths, cap, prefill, fixed, compact))
+
+
+def _units(n: int, cap: int = 16) -> list[Unit]:
+    return [Unit("a", DecodeCost(1, PTL[: cap + 1], 0.0, 10**9, cap))] * n
+
+
+@pytest.mark.parametrize("policy", ["random", "balanced", "skew_aware", "oracle"])
+def test_generation_conserves_samples(policy: str) -> None:
+    rng = np.random.default_rng(3)
+    lengths = LengthModel(median=40, cap=400).sample(25, 4, rng)
+    pred = predict_lengths(lengths, noise_sigma=0.3, rng=rng)
+    g = simulate_generation(lengths, pred, _units(4), DispatchConfig(policy), rng=rng)  # type: ignore[arg-type]
+    assert g.finish_s.shape == (100,) and (g.finish_s > 0).all()
+    assert sorted(set(g.unit_of.tolist())) <= [0, 1, 2, 3]
+    # every unit's busy time is its last completion, and tokens are conserved: each sample needs ≥ L steps
+    assert g.makespan_s == pytest.approx(g.unit_busy_s.max())
+    assert (g.finish_s >= lengths * PTL[1] - 1e-9).all()
+
+
+def test_two_sites_share_by_speed_and_conserve() -> None:
+    fast = Unit("fast", DecodeCost(1, PTL[:17] / 2, 0.0, 10**9, 16))
+    slow = Unit("slow", DecodeCost(1, PTL[:17], 0.0, 10**9, 16))
+    lengths = np.full(90, 10)
+    g = simulate_generation(lengths, lengths.astype(float), [fast, slow], DispatchConfig("balanced"))
+    counts = np.bincount(g.unit_of, minlength=2)
+    assert counts.sum() == 90 and counts[0] == 60 and counts[1] == 30
+
+
+def test_estimator_is_the_slowest_balanced_instance() -> None:
+    lengths = np.array([50, 40, 30, 20, 10, 5])
+    est = GenEstimator(lengths, DecodeCost(1, PTL, 0.0, 10**9, 64), prompt_tokens=0)
+    assert est.time_s(2) == pytest.approx(run_instance([50, 30, 10], ptl_s=PTL, batch_cap=64).max())
+    assert est.time_s(6) == pytest.approx(50 * PTL[1])
+
+
+def _work(gen_s: float, train_s: float, n: int = 4) -> IterationWork:
+    return IterationWork(np.linspace(gen_s / n, gen_s, n), np.ones(n), train_s, 1)
+
+
+def test_pipeline_modes_steady_state() -> None:
+    works = [_work(10.0, 6.0) for _ in range(6)]
+    sync = simulate_job(works, mode="sync", weight_sync_s=1.0).iteration_s()
+    stream = simulate_job(works, mode="stream", weight_sync_s=1.0).iteration_s()
+    asyn = simulate_job(works, mode="async", weight_sync_s=1.0).iteration_s()
+    assert sync == pytest.approx(10 + 6 + 1)
+    assert stream == pytest.approx(10 + 1.5 + 1)  # only the last micro-batch trains after generation
+    assert asyn == pytest.approx(10.0)  # generation-bound: training and weights hide behind it
+    slow_train = [_work(4.0, 9.0) for _ in range(6)]
+    assert simulate_job(slow_train, mode="async", weight_sync_s=1.0).iteration_s() == pytest.approx(9.0)
+
+
+def test_async_respects_staleness_bound() -> None:
+    tl = simulate_job([_work(1.0, 10.0) for _ in range(5)], mode="async", weight_sync_s=0.5)
+    for i in range(2, 5):  # batch i may start only once weights of version i − 1 reached the rollout
+        assert tl.gen_start_s[i] >= tl.weights_ready_s[i - 2] - 1e-12
+
+
+def test_workload_matches_pat_tail_and_ranker_recall() -> None:
+    lengths = LengthModel().sample(5000, 4, np.random.default_rng(0))
+    assert np.median(lengths) == pytest.approx(2750, rel=0.05)
+    assert (lengths > 8000).mean() == pytest.approx(0.1085, abs=0.015)
+    assert (lengths > 16000).mean() == pytest.approx(0.0218, abs=0.006)
+    assert lengths.max() <= 20000
+    s = noise_for_recall(0.87, sigma=0.885)
+    pred = predict_lengths(lengths, noise_sigma=s, rng=np.random.default_rng(1))
+    assert recall_at(pred, lengths.astype(float), 0.2) == pytest.approx(0.87, abs=0.02)

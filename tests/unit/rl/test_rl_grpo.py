@@ -1,0 +1,92 @@
+import pytest
+import torch
+
+from rlctl.config.job import GrpoAlgorithm
+from rlctl.engines.base import GenResult
+from rlctl.engines.model import TinyGPT, TinyGPTConfig
+from rlctl.rl.grpo import GrpoLearner, group_advantages, policy_loss
+from rlctl.rl.samples import Sample, make_batch, score, token_logprobs
+
+SMALL = TinyGPTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=32)
+
+
+@pytest.fixture
+def model() -> TinyGPT:
+    torch.manual_seed(0)
+    return TinyGPT(SMALL)
+
+
+def on_policy(model: TinyGPT, prompt: list[int], output: list[int], reward: float, pid: str = "p") -> Sample:
+    (lp,) = score(model, [Sample(pid, prompt, output, [0.0] * len(output), reward)])
+    return Sample(pid, prompt, output, lp, reward)
+
+
+def test_group_advantages_known_numbers() -> None:
+    adv = group_advantages([1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.2], ["a", "a", "a", "a", "b", "b", "c"])
+    assert adv[:4] == pytest.approx([1.0, -1.0, 1.0, -1.0], abs=1e-5)  # mean 0.5, std 0.5 (ddof 0)
+    assert adv[4:] == [0.0, 0.0, 0.0]  # no spread → no signal
+    adv = group_advantages([3.0, 0.0, 0.0], ["g"] * 3)
+    assert adv == pytest.approx([2 / 2**0.5, -1 / 2**0.5, -1 / 2**0.5], abs=1e-5)
+
+
+def test_policy_loss_on_policy_is_minus_mean_advantage(model: TinyGPT) -> None:
+    samples = [on_policy(model, [1, 4, 5], [7, 8, 9], 1.0), on_policy(model, [1, 4], [7], 0.0)]
+    batch = make_batch(samples, [2.0, -1.0])
+    loss, m = policy_loss(model, batch, clip_eps=0.2)
+    assert float(loss.detach()) == pytest.approx((3 * -2.0 + 1 * 1.0) / 4, abs=1e-5)  # ratio 1: −Σ A / #tokens
+    assert m["tokens"] == 4 and m["clip_sum"] == 0 and abs(m["approx_kl_sum"]) < 1e-5
+
+
+def test_clipped_tokens_have_no_gradient(model: TinyGPT) -> None:
+    s = on_policy(model, [1, 4], [7, 8], 1.0)
+    s.logprobs = [lp - 1.0 for lp in s.logprobs]  # ratio e ≫ 1+ε with A > 0 → clipped
+    loss, m = policy_loss(model, make_batch([s], [1.0]), clip_eps=0.2)
+    loss.backward()
+    assert m["clip_sum"] == 2
+    assert all(p.grad is None or float(p.grad.abs().max()) == 0 for p in model.parameters())
+
+
+def test_kl_term_is_zero_against_itself(model: TinyGPT) -> None:
+    s = on_policy(model, [1, 4], [7, 8], 1.0)
+    s.ref_logprobs = list(s.logprobs)
+    loss, m = policy_loss(model, make_batch([s], [0.0]), clip_eps=0.2, kl_coef=0.5)
+    assert m["kl_ref_sum"] == pytest.approx(0.0, abs=1e-6) and float(loss.detach()) == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="reference"):
+        s.ref_logprobs = None
+        policy_loss(model, make_batch([s], [0.0]), clip_eps=0.2, kl_coef=0.5)
+
+
+def test_learner_step_moves_probability_to_the_better_sample(model: TinyGPT) -> None:
+    good, bad = [7, 8, 9], [10, 11, 12]
+    learner = GrpoLearner(model, GrpoAlgorithm(kind="grpo", lr=1e-2))
+    seq_good = torch.tensor([[1, 4, *good]])
+    seq_bad = torch.tensor([[1, 4, *bad]])
+
+    def total(seq: torch.Tensor) -> float:
+        with torch.no_grad():
+            return float(token_logprobs(model, seq)[0, 1:].sum())
+
+    before = total(seq_good) - total(seq_bad)
+    for _ in range(3):
+        m = learner.step([on_policy(model, [1, 4], good, 1.0), on_policy(model, [1, 4], bad, 0.0)])
+    assert total(seq_good) - total(seq_bad) > before + 0.1
+    assert m["reward_mean"] == 0.5 and m["tokens"] == 6 and learner.steps == 3
+
+
+def test_learner_fills_reference_logprobs(model: TinyGPT) -> None:
+    ref = TinyGPT(SMALL)
+    learner = GrpoLearner(model, GrpoAlgorithm(kind="grpo", kl_coef=0.1), ref_model=ref)
+    s = on_policy(model, [1, 4], [7, 8], 1.0)
+    m = learner.step([s, on_policy(model, [1, 4], [9], 0.0)])
+    assert s.ref_logprobs is not None and len(s.ref_logprobs) == 2 and m["kl_ref"] > 0
+    with pytest.raises(ValueError, match="reference model"):
+        GrpoLearner(model, GrpoAlgorithm(kind="grpo", kl_coef=0.1))
+
+
+def test_sample_from_engine_result() -> None:
+    res = GenResult("p3/1", [1, 4], [7, 2], [-0.5, -0.1], 5, "eos", [5])
+    s = Sample.from_result(res, prompt_id="p3", reward=0.5)
+    assert (s.prompt_id, s.output_tokens, s.logprobs, s.reward, s.version) == ("p3", [7, 2], [-0.5, -0.1], 0.5, 5)
+    with pytest.raises(ValueError, match="logprobs"):
+        Sample("p", [1], [7, 8], [0.0], 1.0)

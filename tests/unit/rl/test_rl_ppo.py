@@ -1,0 +1,45 @@
+import pytest
+import torch
+
+from rlctl.config.job import PpoAlgorithm
+from rlctl.engines.model import TinyGPT, TinyGPTConfig
+from rlctl.rl.ppo import PpoLearner, ValueModel, gae
+from rlctl.rl.samples import Sample, score
+
+SMALL = TinyGPTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=32)
+
+
+def test_gae_known_numbers() -> None:
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.5, 0.5, 9.0]])
+    mask = torch.tensor([[True, True, True, False]])
+    adv, ret = gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    assert adv.tolist() == [[0.5, 0.5, 0.5, 0.0]]  # Monte-Carlo return 1 minus V; padding ignored
+    assert ret[0, :3].tolist() == [1.0, 1.0, 1.0]
+    adv, _ = gae(rewards, values, mask, gamma=1.0, lam=0.0)  # one-step TD errors
+    assert adv.tolist() == [[0.0, 0.0, 0.5, 0.0]]
+    adv, _ = gae(rewards, torch.zeros(1, 4), mask, gamma=0.5, lam=1.0)
+    assert adv[0, :3].tolist() == pytest.approx([0.25, 0.5, 1.0])
+
+
+def test_value_model_starts_at_zero_on_the_logprob_grid() -> None:
+    critic = ValueModel(TinyGPT(SMALL))
+    assert torch.equal(critic(torch.tensor([[1, 4, 5, 6]])), torch.zeros(1, 3))
+
+
+def test_ppo_step_fits_the_critic_and_moves_the_policy() -> None:
+    torch.manual_seed(0)
+    model = TinyGPT(SMALL)
+    learner = PpoLearner(model, PpoAlgorithm(kind="ppo", lr=1e-2, critic_lr=1e-2))
+
+    def sample(output: list[int], reward: float) -> Sample:
+        (lp,) = score(model, [Sample("p", [1, 4], output, [0.0] * len(output), reward)])
+        return Sample("p", [1, 4], output, lp, reward)
+
+    first = learner.step([sample([7, 8], 1.0), sample([9, 10], 0.0)])
+    for _ in range(5):
+        last = learner.step([sample([7, 8], 1.0), sample([9, 10], 0.0)])
+    assert last["value_loss"] < first["value_loss"]
+    good, bad = score(model, [sample([7, 8], 1.0), sample([9, 10], 0.0)])
+    assert sum(good) > sum(bad)

@@ -1,0 +1,47 @@
+import pytest
+import torch
+
+from rlctl.engines.model import TinyGPTConfig
+from rlctl.rl import sft
+from rlctl.rl.tasks import EOS, DigitsTask, encode
+
+TINY = TinyGPTConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=2, max_position_embeddings=320)
+
+
+def test_sequences_mask_covers_answer_and_eos() -> None:
+    p = DigitsTask().prompt(0)
+    tokens, mask = sft.sequences([p, DigitsTask().prompt(1)])
+    row = tokens[0, 1:][mask[0]].tolist()
+    assert row == [*encode(p.answer), EOS]
+
+
+def test_warmup_is_cached_by_config(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(sft.CACHE_ENV, str(tmp_path))
+    task = DigitsTask()
+    cfg = sft.SftConfig(batch_size=4, warmup_steps=1, buckets=1)
+    first = sft.warmup(task, steps=2, seed=0, model_cfg=TINY, cfg=cfg)
+    assert len(list((tmp_path / "sft").iterdir())) == 1
+
+    def no_training(*a: object, **k: object) -> None:
+        raise AssertionError("trained again despite a cached result")
+
+    monkeypatch.setattr(sft, "train", no_training)
+    again = sft.warmup(task, steps=2, seed=0, model_cfg=TINY, cfg=cfg)
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    with pytest.raises(AssertionError, match="trained again"):
+        sft.warmup(task, steps=3, seed=0, model_cfg=TINY, cfg=cfg)  # another budget is another key
+
+
+def test_training_lowers_the_loss() -> None:
+    from rlctl.engines.model import TinyGPT
+
+    torch.manual_seed(0)
+    task = DigitsTask()
+    model = TinyGPT(TINY)
+    prompts = task.prompts(0, 16)
+    before = float(sft.sft_loss(model, prompts)[0].detach())
+    sft.train(model, task, steps=30, seed=0, cfg=sft.SftConfig(batch_size=8, warmup_steps=3, buckets=2))
+    assert float(sft.sft_loss(model, prompts)[0].detach()) < before - 0.5
+    with pytest.raises(ValueError, match="exactly one"):
+        sft.train(model, task, seed=0)

@@ -1,0 +1,63 @@
+"""Delta codec: bit-exact reconstruction, small deltas for sparse changes, loud failures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlctl.errors import ProtocolError
+from rlctl.transport import delta
+
+
+def _versions(n: int, frac: float, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    old = (torch.randn(n, generator=g) * 0.02).to(dtype)
+    new = old.clone()
+    idx = torch.randperm(n, generator=g)[: int(n * frac)]
+    new[idx] = (new[idx].float() * 1.01 + 1e-4).to(dtype)
+    return old.view(torch.uint8), new.view(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_round_trip_is_bit_exact(dtype):
+    old, new = _versions(50_000, 0.05, dtype)
+    enc = delta.encode(old, new, base_version=4, element_bytes=dtype.itemsize)
+    assert delta.base_version_of(enc) == 4
+    assert torch.equal(delta.decode(old, enc), new)
+
+
+def test_odd_sizes_fall_back_to_byte_planes():
+    old = torch.randint(0, 256, (1001,), dtype=torch.uint8)
+    new = old.clone()
+    new[::97] ^= 0x5A
+    assert torch.equal(delta.decode(old, delta.encode(old, new, base_version=0)), new)
+
+
+def test_sparse_changes_give_small_deltas():
+    old, new = _versions(1 << 20, 0.01)
+    enc = delta.encode(old, new, base_version=1)
+    assert enc.numel() < 0.05 * new.numel()
+    same = delta.encode(old, old, base_version=1)
+    assert same.numel() < 0.001 * old.numel()
+
+
+def test_wrong_base_fails_the_checksum():
+    old, new = _versions(10_000, 0.05)
+    enc = delta.encode(old, new, base_version=1)
+    other = old.clone()
+    other[5] ^= 1
+    with pytest.raises(ProtocolError, match="checksum"):
+        delta.decode(other, enc)
+
+
+def test_corrupted_or_truncated_payloads_are_refused():
+    old, new = _versions(10_000, 0.05)
+    enc = delta.encode(old, new, base_version=1)
+    bad = enc.clone()
+    bad[-3] ^= 0xFF
+    with pytest.raises(ProtocolError):
+        delta.decode(old, bad)
+    with pytest.raises(ProtocolError, match="shorter than its header"):
+        delta.decode(old, enc[:5])
+    with pytest.raises(ProtocolError, match="-byte buffer"):
+        delta.decode(old[:-64], enc)

@@ -1,0 +1,95 @@
+"""Weight plane over the inproc transport: relays, deltas, anchors, fallback to full, flips."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from rlctl.errors import TransportError
+from rlctl.transport import InprocTransport
+from rlctl.transport.bcast_agent import synthetic_weights
+from rlctl.transport.versions import WeightSyncConfig
+from rlctl.transport.weights import WeightNode
+
+CFG = WeightSyncConfig(chunk_bytes=64 << 10, bucket_bytes=256 << 10, anchor_every=3, chunk_timeout_s=5)
+
+
+@pytest.fixture
+def nodes():
+    t = InprocTransport(secret=b"job")
+    made = [WeightNode(t, "inproc://", CFG) for _ in range(4)]
+    yield made
+    for n in made:
+        n.close()
+
+
+def _sd(version: int) -> dict[str, torch.Tensor]:
+    return synthetic_weights(1 << 20, version=version, seed=3, change_frac=0.01)
+
+
+def _fetch_all(pairs):
+    errors = []
+
+    def run(node, holders, v):
+        try:
+            node.fetch(v, holders)
+        except TransportError as e:
+            errors.append(e)
+
+    ths = [threading.Thread(target=run, args=p) for p in pairs]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    assert not errors
+
+
+def test_chain_delivers_full_then_deltas_then_an_anchor(nodes):
+    root, a, b, c = nodes
+    encodings = []
+    for v in range(1, 6):
+        sd = _sd(v)
+        hv = root.publish(v, sd)
+        encodings.append(sorted(hv.payloads))
+        _fetch_all([(a, [root.address], v), (b, [a.address, root.address], v), (c, [b.address, root.address], v)])
+        for n in (a, b, c):
+            version, got = n.current()
+            assert version == v and all(torch.equal(got[k], sd[k]) for k in sd)
+            assert n.store.current.weights_xxh3 == hv.weights_xxh3
+    # K=3: v1 anchor, v2-v3 deltas, v4 anchor, v5 delta
+    assert encodings == [["full"], ["delta", "full"], ["delta", "full"], ["full"], ["delta", "full"]]
+    assert sorted(c.store.current.payloads) == ["delta"]  # the leaf got v5 as a delta through two relays
+
+
+def test_receiver_without_the_base_gets_the_full_version(nodes):
+    root, a, b, _ = nodes
+    root.publish(1, _sd(1))
+    a.fetch(1, [root.address])
+    root.publish(2, _sd(2))
+    a.fetch(2, [root.address])
+    assert sorted(a.store.current.payloads) == ["delta"]
+    b.fetch(2, [a.address])  # b never had v1: a serves the weights it rebuilt from the delta
+    assert b.current()[0] == 2 and sorted(b.store.current.payloads) == ["full"]
+    assert all(torch.equal(b.current()[1][k], v) for k, v in _sd(2).items())
+
+
+def test_previous_version_stays_current_until_the_new_one_is_verified():
+    t = InprocTransport(secret=b"job")
+    quick = WeightSyncConfig(chunk_bytes=64 << 10, bucket_bytes=256 << 10, chunk_timeout_s=0.2, attach_passes=1)
+    with WeightNode(t, "inproc://", quick) as root, WeightNode(t, "inproc://", quick) as a:
+        root.publish(1, _sd(1))
+        a.fetch(1, [root.address])
+        with pytest.raises(TransportError, match="does not hold v7"):
+            a.fetch(7, [root.address])  # nobody holds v7: the fetch fails, v1 stays in service
+        version, sd = a.current()
+        assert version == 1 and all(torch.equal(sd[k], v) for k, v in _sd(1).items())
+
+
+def test_dead_first_holder_falls_through_to_the_next(nodes):
+    root, a, b, _ = nodes
+    root.publish(1, _sd(1))
+    a.close()
+    b.fetch(1, [a.address, root.address])
+    assert b.current()[0] == 1
