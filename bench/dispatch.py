@@ -31,9 +31,9 @@ import torch
 
 from rlctl.engines.base import GenRequest, GenResult
 from rlctl.engines.embedded import EmbeddedEngine
-from rlctl.engines.measure import measure_ptl
 from rlctl.engines.model import TinyGPT
 from rlctl.planner.dispatch import assign_balanced
+from rlctl.profiler.measure import measure_generation
 from rlctl.rl.ranker import LengthRanker, recall_at
 from rlctl.rl.sft import DEMO_STEPS, warmup
 from rlctl.rl.tasks import VOCAB_SIZE, DigitsTask, Prompt
@@ -121,7 +121,9 @@ def run(*, quick: bool) -> dict[str, Any]:
     def factory(bs: int) -> EmbeddedEngine:
         return EmbeddedEngine(model, max_batch_size=bs, temperature=1.0, seed=0)
 
-    ptl = measure_ptl(factory, PTL_BATCH_SIZES, context_tokens=32, steps=10 if quick else 40, clock=time.process_time)
+    entry = measure_generation(factory, contexts=[32], batch_sizes=PTL_BATCH_SIZES, kv_capacity_tokens=10**9,
+                               steps=10 if quick else 40, clock=time.process_time)
+    ptl = dict(zip(PTL_BATCH_SIZES, entry.ptl_s[0], strict=True))
 
     boot = task.prompts(1_000_000, bootstrap)
     boot_len = {r.request_id: len(r.output_tokens) for r in _generate(model, task, boot, [0.0] * len(boot))}

@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         """Plan a job: Algorithm 1 allocation, TP/PP/DP, Algorithm 2 dispatch, simulated iteration time per mode."""
         j = load_job(job)
         prof = load_profile(profile) if profile is not None else None
-        result = make_plan(j, prof)
+        result = make_plan(j, prof, profile_file=str(profile))
         if plot is not None:
             plan_plot(result, plot)
             sys.stderr.write(f"wrote {plot}\n")

@@ -63,7 +63,7 @@ def length_model(job: Job) -> LengthModel:
     return LengthModel(task.median_output_tokens, task.sigma, task.max_output_tokens, prompt)
 
 
-def profile_for(job: Job, profile: ProfileFile | None) -> ProfileFile:
+def profile_for(job: Job, profile: ProfileFile | None, *, profile_file: str = "profile") -> ProfileFile:
     sites = {job.spec.placement.trainer.site, *(r.site for r in job.spec.placement.rollout)}
     arch = job.spec.model.arch
     if profile is None:
@@ -71,11 +71,11 @@ def profile_for(job: Job, profile: ProfileFile | None) -> ProfileFile:
         return analytical_profile(arch, {s: (inv[s].spec, inv[s].gpus_per_node, inv[s].gpu_cost_per_hour)
                                          for s in sorted(sites)}, algorithm=job.spec.algorithm.kind)
     if profile.model.name != arch.name:
-        raise ConfigError("profile", "model.name", f"profile is for {profile.model.name!r}, job trains {arch.name!r}",
+        raise ConfigError(profile_file, "model.name", f"profile is for {profile.model.name!r}, job trains {arch.name!r}",
                           hint=f"run rlctl profile --model {arch.name}")
     missing = sorted(sites - set(profile.sites))
     if missing:
-        raise ConfigError("profile", "sites", f"no profile for site(s) {', '.join(missing)}; has "
+        raise ConfigError(profile_file, "sites", f"no profile for site(s) {', '.join(missing)}; has "
                           f"{', '.join(sorted(profile.sites))}", hint="profile every site the job places a role on")
     return profile
 
@@ -93,10 +93,12 @@ def _node_bytes_per_s(site: Site) -> float:
     return site.network.bandwidth_gbps * 1e9 / 8
 
 
-def make_plan(job: Job, profile: ProfileFile | None = None, options: PlanOptions | None = None) -> dict[str, Any]:
+def make_plan(
+    job: Job, profile: ProfileFile | None = None, options: PlanOptions | None = None, *, profile_file: str = "profile"
+) -> dict[str, Any]:
     opts = options or PlanOptions()
     spec = job.spec
-    prof = profile_for(job, profile)
+    prof = profile_for(job, profile, profile_file=profile_file)
     arch = prof.model.arch
     inv = job.inventory
     lm = length_model(job)
