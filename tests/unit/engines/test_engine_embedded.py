@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from rlctl.engines import ENGINES, EmbeddedEngine, GenRequest, VllmEngine
-from rlctl.engines.measure import measure_ptl
 from rlctl.engines.model import TinyGPT, TinyGPTConfig
 from rlctl.rl.samples import token_logprobs
 
@@ -105,9 +104,13 @@ def test_rejects_requests_longer_than_the_model(model: TinyGPT) -> None:
     assert engine.num_waiting() == 0
 
 
-def test_measure_ptl_one_entry_per_batch_size(model: TinyGPT) -> None:
-    ptl = measure_ptl(lambda bs: EmbeddedEngine(model, max_batch_size=bs), [1, 4], context_tokens=8, steps=3)
-    assert sorted(ptl) == [1, 4] and all(v > 0 for v in ptl.values())
+def test_measured_profile_of_the_real_engine(model: TinyGPT) -> None:
+    from rlctl.profiler.measure import measure_generation
+
+    entry = measure_generation(lambda bs: EmbeddedEngine(model, max_batch_size=bs), contexts=[8],
+                               batch_sizes=[1, 4], kv_capacity_tokens=10**6, steps=3)
+    assert len(entry.ptl_s) == 1 and len(entry.ptl_s[0]) == 2 and all(v > 0 for v in entry.ptl_s[0])
+    assert entry.compact_fraction == 0.25  # read off the engine for the simulator
 
 
 def test_engine_table_and_vllm_install_hint(monkeypatch) -> None:
