@@ -45,12 +45,17 @@ PTL_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 SCHEDULES = ("random", "skew_aware", "oracle")
 
 
-def _generate(model: TinyGPT, task: DigitsTask, prompts: list[Prompt], priority: list[float],
-              trace: list[int] | None = None) -> list[GenResult]:
+def _generate(
+    model: TinyGPT, task: DigitsTask, prompts: list[Prompt], priority: list[float], trace: list[int] | None = None
+) -> list[GenResult]:
     engine = EmbeddedEngine(model, max_batch_size=MAX_BATCH, temperature=1.0, seed=0)
     engine.trace = trace
-    engine.add([GenRequest(p.prompt_id, p.tokens, task.max_new_tokens, priority=pr)
-                for p, pr in zip(prompts, priority, strict=True)])
+    engine.add(
+        [
+            GenRequest(p.prompt_id, p.tokens, task.max_new_tokens, priority=pr)
+            for p, pr in zip(prompts, priority, strict=True)
+        ]
+    )
     return engine.run_until_done()
 
 
@@ -63,14 +68,21 @@ def _fraction(times: dict[str, float]) -> float | None:
     return round((times["random"] - times["skew_aware"]) / gain, 3) if gain > 0 else None
 
 
-def _run_batch(model: TinyGPT, task: DigitsTask, prompts: list[Prompt], ranker: LengthRanker,
-               rng: np.random.Generator, repeats: int, ptl: dict[int, float]) -> tuple[dict[str, Any], list[float],
-                                                                                         list[float]]:
+def _run_batch(
+    model: TinyGPT,
+    task: DigitsTask,
+    prompts: list[Prompt],
+    ranker: LengthRanker,
+    rng: np.random.Generator,
+    repeats: int,
+    ptl: dict[int, float],
+) -> tuple[dict[str, Any], list[float], list[float]]:
     n = len(prompts)
     perm = rng.permutation(n).tolist()
     half = n // NUM_UNITS
-    random_units = [perm[u * half : (u + 1) * half] if u < NUM_UNITS - 1 else perm[u * half :]
-                    for u in range(NUM_UNITS)]
+    random_units = [
+        perm[u * half : (u + 1) * half] if u < NUM_UNITS - 1 else perm[u * half :] for u in range(NUM_UNITS)
+    ]
     # The random run reveals the true lengths the oracle needs; it is repeated below with the others.
     true_len: dict[str, int] = {}
     for idx in random_units:
@@ -78,8 +90,11 @@ def _run_batch(model: TinyGPT, task: DigitsTask, prompts: list[Prompt], ranker: 
         true_len.update({r.request_id: len(r.output_tokens) for r in _generate(model, task, ps, [0.0] * len(ps))})
     true = [float(true_len[p.prompt_id]) for p in prompts]
     pred = ranker.predict(prompts).tolist()
-    plans = {"random": (random_units, [0.0] * n), "skew_aware": (assign_balanced(pred, NUM_UNITS), pred),
-             "oracle": (assign_balanced(true, NUM_UNITS), true)}
+    plans = {
+        "random": (random_units, [0.0] * n),
+        "skew_aware": (assign_balanced(pred, NUM_UNITS), pred),
+        "oracle": (assign_balanced(true, NUM_UNITS), true),
+    }
     cpu = {s: [float("inf")] * NUM_UNITS for s in SCHEDULES}
     wall = {s: [float("inf")] * NUM_UNITS for s in SCHEDULES}
     model_s = {s: [0.0] * NUM_UNITS for s in SCHEDULES}
@@ -100,7 +115,8 @@ def _run_batch(model: TinyGPT, task: DigitsTask, prompts: list[Prompt], ranker: 
         "measured_s": {s: max(cpu[s]) for s in SCHEDULES},
         "step_model_s": {s: max(model_s[s]) for s in SCHEDULES},
         "wall_s": {s: max(wall[s]) for s in SCHEDULES},
-        "units_measured_s": cpu, "units_step_model_s": model_s,
+        "units_measured_s": cpu,
+        "units_step_model_s": model_s,
         "unit_tokens": {s: [int(sum(true[i] for i in u)) for u in plans[s][0]] for s in SCHEDULES},
         "tokens": int(sum(true)),
         "recall": {str(f): recall_at(pred, true, f) for f in FRACS},
@@ -121,8 +137,14 @@ def run(*, quick: bool) -> dict[str, Any]:
     def factory(bs: int) -> EmbeddedEngine:
         return EmbeddedEngine(model, max_batch_size=bs, temperature=1.0, seed=0)
 
-    entry = measure_generation(factory, contexts=[32], batch_sizes=PTL_BATCH_SIZES, kv_capacity_tokens=10**9,
-                               steps=10 if quick else 40, clock=time.process_time)
+    entry = measure_generation(
+        factory,
+        contexts=[32],
+        batch_sizes=PTL_BATCH_SIZES,
+        kv_capacity_tokens=10**9,
+        steps=10 if quick else 40,
+        clock=time.process_time,
+    )
     ptl = dict(zip(PTL_BATCH_SIZES, entry.ptl_s[0], strict=True))
 
     boot = task.prompts(1_000_000, bootstrap)
@@ -147,15 +169,24 @@ def run(*, quick: bool) -> dict[str, Any]:
         "fraction_of_oracle_gain": _fraction(measured),
         "skew_aware_gain": _gain(measured["random"], measured["skew_aware"]),
         "oracle_gain": _gain(measured["random"], measured["oracle"]),
-        "step_model": {**{f"{s}_s": round(v, 4) for s, v in modelled.items()},
-                       "fraction_of_oracle_gain": _fraction(modelled),
-                       "skew_aware_gain": _gain(modelled["random"], modelled["skew_aware"]),
-                       "oracle_gain": _gain(modelled["random"], modelled["oracle"])},
+        "step_model": {
+            **{f"{s}_s": round(v, 4) for s, v in modelled.items()},
+            "fraction_of_oracle_gain": _fraction(modelled),
+            "skew_aware_gain": _gain(modelled["random"], modelled["skew_aware"]),
+            "oracle_gain": _gain(modelled["random"], modelled["oracle"]),
+        },
         "ranker_recall": {str(f): round(recall_at(all_pred, all_true, f), 3) for f in FRACS},
         "ptl_ms": {str(k): round(v * 1e3, 3) for k, v in ptl.items()},
-        "num_units": NUM_UNITS, "max_batch_size": MAX_BATCH, "prompts_per_batch": num_prompts,
-        "batches": batches, "bootstrap_prompts": bootstrap, "sft_steps": sft_steps, "timing_repeats": repeats,
-        "assignment": "rlctl.planner.dispatch.assign_balanced", "threads": 1, "timing": "process_time",
+        "num_units": NUM_UNITS,
+        "max_batch_size": MAX_BATCH,
+        "prompts_per_batch": num_prompts,
+        "batches": batches,
+        "bootstrap_prompts": bootstrap,
+        "sft_steps": sft_steps,
+        "timing_repeats": repeats,
+        "assignment": "rlctl.planner.dispatch.assign_balanced",
+        "threads": 1,
+        "timing": "process_time",
         "per_batch": rows,
     }
 
@@ -163,12 +194,14 @@ def run(*, quick: bool) -> dict[str, Any]:
 def summary(result: dict[str, Any]) -> str:
     r, m = result, result["step_model"]
     rec = r["ranker_recall"]
-    return (f"{r['batches']}×{r['prompts_per_batch']} prompts on {r['num_units']} units (max batch "
-            f"{r['max_batch_size']}), makespan per batch, measured CPU s | step-trace × PTL model:\n"
-            f"  random + FIFO   {r['random_s']:.3f} | {m['random_s']:.3f}\n"
-            f"  skew-aware      {r['skew_aware_s']:.3f} | {m['skew_aware_s']:.3f}  "
-            f"({100 * r['skew_aware_gain']:.1f} % | {100 * m['skew_aware_gain']:.1f} % faster)\n"
-            f"  oracle lengths  {r['oracle_s']:.3f} | {m['oracle_s']:.3f}  "
-            f"({100 * r['oracle_gain']:.1f} % | {100 * m['oracle_gain']:.1f} % faster)\n"
-            f"  fraction of the oracle's gain: {r['fraction_of_oracle_gain']} | {m['fraction_of_oracle_gain']}\n"
-            f"  ranker recall of the true top 20/10/5 %: {rec['0.2']:.2f} / {rec['0.1']:.2f} / {rec['0.05']:.2f}")
+    return (
+        f"{r['batches']}×{r['prompts_per_batch']} prompts on {r['num_units']} units (max batch "
+        f"{r['max_batch_size']}), makespan per batch, measured CPU s | step-trace × PTL model:\n"
+        f"  random + FIFO   {r['random_s']:.3f} | {m['random_s']:.3f}\n"
+        f"  skew-aware      {r['skew_aware_s']:.3f} | {m['skew_aware_s']:.3f}  "
+        f"({100 * r['skew_aware_gain']:.1f} % | {100 * m['skew_aware_gain']:.1f} % faster)\n"
+        f"  oracle lengths  {r['oracle_s']:.3f} | {m['oracle_s']:.3f}  "
+        f"({100 * r['oracle_gain']:.1f} % | {100 * m['oracle_gain']:.1f} % faster)\n"
+        f"  fraction of the oracle's gain: {r['fraction_of_oracle_gain']} | {m['fraction_of_oracle_gain']}\n"
+        f"  ranker recall of the true top 20/10/5 %: {rec['0.2']:.2f} / {rec['0.1']:.2f} / {rec['0.05']:.2f}"
+    )

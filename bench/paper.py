@@ -29,8 +29,12 @@ from rlctl.planner.workload import LengthModel, noise_for_recall, predict_length
 from rlctl.profiler.analytical import TRAINED_MODELS
 
 DATASETS = {"5K": 0.25, "10K": 0.5, "20K": 1.0}
-PAPER = {"planned_vs_even_speedup": 1.25, "cost_normalized_gain": (1.23, 1.31), "ranker_recall": 0.87,
-         "scaleout_iterations": [10, 16]}
+PAPER = {
+    "planned_vs_even_speedup": 1.25,
+    "cost_normalized_gain": (1.23, 1.31),
+    "ranker_recall": 0.87,
+    "scaleout_iterations": [10, 16],
+}
 
 
 def _site(gpu: str, gpus: int, dc: str, gbps: float) -> Site:
@@ -38,26 +42,51 @@ def _site(gpu: str, gpus: int, dc: str, gbps: float) -> Site:
     nodes = [{"host": f"{dc}-[01-{full:02d}]" if full > 1 else f"{dc}-01", "gpus": 8}] if full else []
     if rest:
         nodes.append({"host": f"{dc}-x", "gpus": rest})
-    return Site.model_validate({"datacenter": dc, "scheduler": {"kind": "ssh"}, "gpu": gpu, "nodes": nodes,
-                                "network": {"bandwidth_gbps": gbps}})
+    return Site.model_validate(
+        {
+            "datacenter": dc,
+            "scheduler": {"kind": "ssh"},
+            "gpu": gpu,
+            "nodes": nodes,
+            "network": {"bandwidth_gbps": gbps},
+        }
+    )
 
 
-def make_job(model: str, *, dataset: str, trainer: tuple[str, str, int, int | None],
-             rollout: list[tuple[str, str, int, int | None]], seed: int = 0) -> Job:
+def make_job(
+    model: str,
+    *,
+    dataset: str,
+    trainer: tuple[str, str, int, int | None],
+    rollout: list[tuple[str, str, int, int | None]],
+    seed: int = 0,
+) -> Job:
     """trainer / rollout = (site, GPU type, GPUs in the site, GPUs to use or None = auto)."""
-    sites = {name: _site(gpu, total, f"dc-{name}", 1600 if gpu == "H800" else 100)
-             for name, gpu, total, _ in [trainer, *rollout]}
+    sites = {
+        name: _site(gpu, total, f"dc-{name}", 1600 if gpu == "H800" else 100)
+        for name, gpu, total, _ in [trainer, *rollout]
+    }
     links = [Link(between=(trainer[0], r[0]), bandwidth_gbps=80, latency_ms=2) for r in rollout if r[0] != trainer[0]]
     f = DATASETS[dataset]
-    spec = JobFile.model_validate({
-        "apiVersion": "rlctl/v1", "kind": "Job", "name": "paper", "inventory": ["-"],
-        "model": {"kind": "builtin", "name": model},
-        "task": {"kind": "lengths", "median_output_tokens": 2750 * f, "max_output_tokens": round(20000 * f)},
-        "algorithm": {"kind": "ppo"}, "batch": {"prompts_per_iteration": 128, "samples_per_prompt": 8},
-        "pipeline": {"mode": "async"}, "rollout": {"engine": "vllm", "max_batch_size": 256}, "seed": seed,
-        "placement": {"trainer": {"site": trainer[0], "gpus": trainer[3] or "auto"},
-                      "rollout": [{"site": r[0], "gpus": r[3] or "auto"} for r in rollout]},
-    })
+    spec = JobFile.model_validate(
+        {
+            "apiVersion": "rlctl/v1",
+            "kind": "Job",
+            "name": "paper",
+            "inventory": ["-"],
+            "model": {"kind": "builtin", "name": model},
+            "task": {"kind": "lengths", "median_output_tokens": 2750 * f, "max_output_tokens": round(20000 * f)},
+            "algorithm": {"kind": "ppo"},
+            "batch": {"prompts_per_iteration": 128, "samples_per_prompt": 8},
+            "pipeline": {"mode": "async"},
+            "rollout": {"engine": "vllm", "max_batch_size": 256},
+            "seed": seed,
+            "placement": {
+                "trainer": {"site": trainer[0], "gpus": trainer[3] or "auto"},
+                "rollout": [{"site": r[0], "gpus": r[3] or "auto"} for r in rollout],
+            },
+        }
+    )
     return Job(spec, Inventory(sites, links, ["(bench)"]), Path("paper.yaml"))
 
 
@@ -67,15 +96,22 @@ OPTS = PlanOptions(sim_iterations=5, curves_in_output=False)
 def _planned_vs_even(models: list[str]) -> dict[str, Any]:
     out = {}
     for model in models:
-        planned = make_plan(make_job(model, dataset="20K", trainer=("h800", "H800", 128, None),
-                                     rollout=[("h800", "H800", 128, None)]), options=OPTS)
-        even = make_plan(make_job(model, dataset="20K", trainer=("h800", "H800", 128, 64),
-                                  rollout=[("h800", "H800", 128, 64)]), options=OPTS)
+        planned = make_plan(
+            make_job(model, dataset="20K", trainer=("h800", "H800", 128, None), rollout=[("h800", "H800", 128, None)]),
+            options=OPTS,
+        )
+        even = make_plan(
+            make_job(model, dataset="20K", trainer=("h800", "H800", 128, 64), rollout=[("h800", "H800", 128, 64)]),
+            options=OPTS,
+        )
         few = planned["alternatives"]["fewest_gpus"]
         out[model] = {
-            "planned": _stages(planned), "even": _stages(even),
-            "fewest_gpus_within_eps": {"gpus": few["rollout_gpus"] + few["trainer_gpus"],
-                                       "iteration_s": few["iteration_s"]},
+            "planned": _stages(planned),
+            "even": _stages(even),
+            "fewest_gpus_within_eps": {
+                "gpus": few["rollout_gpus"] + few["trainer_gpus"],
+                "iteration_s": few["iteration_s"],
+            },
             "speedup": even["predicted"]["iteration_s"]["async"] / planned["predicted"]["iteration_s"]["async"],
         }
     return out
@@ -83,23 +119,40 @@ def _planned_vs_even(models: list[str]) -> dict[str, Any]:
 
 def _stages(p: dict[str, Any]) -> dict[str, Any]:
     used = {a["role"]: a["gpus_used"] for a in p["allocation"]}
-    return {"rollout_gpus": used["rollout"], "trainer_gpus": used["trainer"], "t_gen_s": p["predicted"]["t_gen_s"],
-            "t_train_s": p["predicted"]["t_train_s"], "iteration_s": p["predicted"]["iteration_s"]["async"]}
+    return {
+        "rollout_gpus": used["rollout"],
+        "trainer_gpus": used["trainer"],
+        "t_gen_s": p["predicted"]["t_gen_s"],
+        "t_train_s": p["predicted"]["t_train_s"],
+        "iteration_s": p["predicted"]["iteration_s"]["async"],
+    }
 
 
 def _cost_normalized(datasets: list[str]) -> dict[str, Any]:
     out = {}
     for ds in datasets:
-        single = make_plan(make_job("qwen2.5-7b", dataset=ds, trainer=("h800", "H800", 32, None),
-                                    rollout=[("h800", "H800", 32, None)]), options=OPTS)
+        single = make_plan(
+            make_job(
+                "qwen2.5-7b", dataset=ds, trainer=("h800", "H800", 32, None), rollout=[("h800", "H800", 32, None)]
+            ),
+            options=OPTS,
+        )
         y = next(a["gpus_used"] for a in single["allocation"] if a["role"] == "trainer")
-        cross = make_plan(make_job("qwen2.5-7b", dataset=ds, trainer=("h800", "H800", 128, y),
-                                   rollout=[("h20", "H20", 32, None)]), options=OPTS)
-        per_cost = {name: (p["samples_per_iteration"] / p["predicted"]["iteration_s"]["async"])
-                    / (p["cost"]["cost_units_per_iteration"] / p["predicted"]["iteration_s"]["async"] * 3600)
-                    for name, p in (("single", single), ("cross", cross))}
-        out[ds] = {"single_dc": _stages(single), "cross_dc": _stages(cross),
-                   "samples_per_cost_unit": per_cost, "gain": per_cost["cross"] / per_cost["single"]}
+        cross = make_plan(
+            make_job("qwen2.5-7b", dataset=ds, trainer=("h800", "H800", 128, y), rollout=[("h20", "H20", 32, None)]),
+            options=OPTS,
+        )
+        per_cost = {
+            name: (p["samples_per_iteration"] / p["predicted"]["iteration_s"]["async"])
+            / (p["cost"]["cost_units_per_iteration"] / p["predicted"]["iteration_s"]["async"] * 3600)
+            for name, p in (("single", single), ("cross", cross))
+        }
+        out[ds] = {
+            "single_dc": _stages(single),
+            "cross_dc": _stages(cross),
+            "samples_per_cost_unit": per_cost,
+            "gain": per_cost["cross"] / per_cost["single"],
+        }
     return out
 
 
@@ -138,22 +191,28 @@ def _dispatch(models: list[str], seeds: int) -> dict[str, Any]:
             pred = predict_lengths(lengths, noise_sigma=noise, rng=rng)
             units = _units_of(job, plan, lm, lengths)
             for name, cfg in policies.items():
-                g = simulate_generation(lengths, pred, units, cfg, prompt_tokens=lm.prompt_tokens,
-                                        rng=np.random.default_rng(seed))
+                g = simulate_generation(
+                    lengths, pred, units, cfg, prompt_tokens=lm.prompt_tokens, rng=np.random.default_rng(seed)
+                )
                 times[name].append(g.makespan_s)
                 if name == "skew_aware":
                     long_units.append(g.num_long_units)
         mean = {k: float(np.mean(v)) for k, v in times.items()}
         gain = (mean["random"] - mean["skew_aware"]) / max(mean["random"] - mean["oracle"], 1e-9)
-        out[model] = {**{f"{k}_s": v for k, v in mean.items()}, "units": len(units),
-                      "skew_long_tail_units": long_units, "share_of_oracle_gain": gain}
+        out[model] = {
+            **{f"{k}_s": v for k, v in mean.items()},
+            "units": len(units),
+            "skew_long_tail_units": long_units,
+            "share_of_oracle_gain": gain,
+        }
     return out
 
 
 def _scaleout(iterations: int, unit_gpus: int = 8) -> dict[str, Any]:
     """7B, 32 GPUs planned on the 10K dataset; lengths grow linearly to the 20K dataset; δ ≥ δ' adds a node."""
-    job = make_job("qwen2.5-7b", dataset="10K", trainer=("h800", "H800", 32, None),
-                   rollout=[("h800", "H800", 32, None)])
+    job = make_job(
+        "qwen2.5-7b", dataset="10K", trainer=("h800", "H800", 32, None), rollout=[("h800", "H800", 32, None)]
+    )
     plan = make_plan(job, options=OPTS)
     prof = profile_for(job, None)
     roll = next(a for a in plan["allocation"] if a["role"] == "rollout")
@@ -161,8 +220,7 @@ def _scaleout(iterations: int, unit_gpus: int = 8) -> dict[str, Any]:
     tp = roll["config"]["tp"]
     instances = roll["instances"]
     entry = next(e for e in prof.sites["h800"].generation if e.tp == tp)
-    tentry = next(e for e in prof.sites["h800"].training
-                  if (e.tp, e.pp) == (trn["config"]["tp"], trn["config"]["pp"]))
+    tentry = next(e for e in prof.sites["h800"].training if (e.tp, e.pp) == (trn["config"]["tp"], trn["config"]["pp"]))
     base = LengthModel().scaled(0.5)
     rng = np.random.default_rng(7)
     added: list[int] = []
@@ -172,21 +230,43 @@ def _scaleout(iterations: int, unit_gpus: int = 8) -> dict[str, Any]:
         lengths = lm.sample(128, 8, rng)
         ctx = live_context(lm.prompt_tokens, lengths)
         cost = decode_cost(entry, context=ctx, seq_tokens=ctx, engine_max_batch=job.spec.rollout.max_batch_size)
-        g = simulate_generation(lengths, lengths.astype(float), [Unit("h800", cost)] * instances,
-                                DispatchConfig("skew_aware"), prompt_tokens=lm.prompt_tokens, rng=rng)
-        tw = TrainWorkload(float(lengths.sum() + len(lengths) * lm.prompt_tokens), len(lengths), 32,
-                           job.spec.model.arch.params * 2 * TRAINED_MODELS["ppo"])
+        g = simulate_generation(
+            lengths,
+            lengths.astype(float),
+            [Unit("h800", cost)] * instances,
+            DispatchConfig("skew_aware"),
+            prompt_tokens=lm.prompt_tokens,
+            rng=rng,
+        )
+        tw = TrainWorkload(
+            float(lengths.sum() + len(lengths) * lm.prompt_tokens),
+            len(lengths),
+            32,
+            job.spec.model.arch.params * 2 * TRAINED_MODELS["ppo"],
+        )
         t_train = train_time_s(tentry, trn["config"]["dp"], tw, site=prof.sites["h800"], node_bytes_per_s=200e9)
         est = GenEstimator(np.sort(lengths)[::-1], cost, prompt_tokens=lm.prompt_tokens)
         delta = g.makespan_s - t_train
         delta_prime = est.time_s(instances) - est.time_s(instances + unit_gpus // tp)
-        rows.append({"iteration": i, "rollout_gpus": instances * tp, "t_gen_s": g.makespan_s, "t_train_s": t_train,
-                     "delta_s": delta, "delta_prime_s": delta_prime})
+        rows.append(
+            {
+                "iteration": i,
+                "rollout_gpus": instances * tp,
+                "t_gen_s": g.makespan_s,
+                "t_train_s": t_train,
+                "delta_s": delta,
+                "delta_prime_s": delta_prime,
+            }
+        )
         if delta >= delta_prime:
             instances += unit_gpus // tp
             added.append(i)
-    return {"iterations": added, "delta_s": [r["delta_s"] for r in rows], "per_iteration": rows,
-            "initial": {"rollout_gpus": roll["gpus_used"], "trainer_gpus": trn["gpus_used"], "rollout_tp": tp}}
+    return {
+        "iterations": added,
+        "delta_s": [r["delta_s"] for r in rows],
+        "per_iteration": rows,
+        "initial": {"rollout_gpus": roll["gpus_used"], "trainer_gpus": trn["gpus_used"], "rollout_tp": tp},
+    }
 
 
 def run(*, quick: bool) -> dict[str, Any]:
@@ -200,10 +280,15 @@ def run(*, quick: bool) -> dict[str, Any]:
     return {
         "planned_vs_even_speedup": float(np.mean([v["speedup"] for v in a.values()])),
         "planned_vs_even": a,
-        "cost_normalized_gain": float(np.mean(gains)), "cost_normalized_gain_range": [min(gains), max(gains)],
+        "cost_normalized_gain": float(np.mean(gains)),
+        "cost_normalized_gain_range": [min(gains), max(gains)],
         "cost_normalized": b,
-        "dispatch": {"random_s": head["random_s"], "skew_aware_s": head["skew_aware_s"], "oracle_s": head["oracle_s"],
-                     "by_model": c},
+        "dispatch": {
+            "random_s": head["random_s"],
+            "skew_aware_s": head["skew_aware_s"],
+            "oracle_s": head["oracle_s"],
+            "by_model": c,
+        },
         "scaleout": d,
         "paper": PAPER,
     }
@@ -213,33 +298,45 @@ def summary(r: dict[str, Any]) -> str:
     lines = ["(a) planned vs even split of 128 H800, async, 20K dataset (paper Fig. 10: 1.25×)"]
     for m, v in r["planned_vs_even"].items():
         p, e = v["planned"], v["even"]
-        lines.append(f"    {m}: even {e['rollout_gpus']}+{e['trainer_gpus']} GPUs {e['iteration_s']:.0f} s "
-                     f"(gen {e['t_gen_s']:.0f} / train {e['t_train_s']:.0f}) → planned {p['rollout_gpus']}+"
-                     f"{p['trainer_gpus']} {p['iteration_s']:.0f} s (gen {p['t_gen_s']:.0f} / train "
-                     f"{p['t_train_s']:.0f}): {v['speedup']:.2f}×; fewest GPUs within 5 %: "
-                     f"{v['fewest_gpus_within_eps']['gpus']} GPUs")
+        lines.append(
+            f"    {m}: even {e['rollout_gpus']}+{e['trainer_gpus']} GPUs {e['iteration_s']:.0f} s "
+            f"(gen {e['t_gen_s']:.0f} / train {e['t_train_s']:.0f}) → planned {p['rollout_gpus']}+"
+            f"{p['trainer_gpus']} {p['iteration_s']:.0f} s (gen {p['t_gen_s']:.0f} / train "
+            f"{p['t_train_s']:.0f}): {v['speedup']:.2f}×; fewest GPUs within 5 %: "
+            f"{v['fewest_gpus_within_eps']['gpus']} GPUs"
+        )
     lines.append(f"    mean speedup {r['planned_vs_even_speedup']:.2f}×   paper 1.25×")
     lo, hi = r["cost_normalized_gain_range"]
-    lines.append(f"(b) samples per cost unit, H20 rollout + H800 trainer vs 32 H800, 7B: {lo:.2f}–{hi:.2f}×   "
-                 "paper 1.23–1.31×")
+    lines.append(
+        f"(b) samples per cost unit, H20 rollout + H800 trainer vs 32 H800, 7B: {lo:.2f}–{hi:.2f}×   paper 1.23–1.31×"
+    )
     for ds, v in r["cost_normalized"].items():
         s, c = v["single_dc"], v["cross_dc"]
-        lines.append(f"    {ds}: single {s['rollout_gpus']}+{s['trainer_gpus']} H800 {s['iteration_s']:.0f} s; cross "
-                     f"{c['rollout_gpus']} H20 + {c['trainer_gpus']} H800 {c['iteration_s']:.0f} s → {v['gain']:.2f}×")
-    lines.append("(c) generation time by dispatch, 20K dataset, ranker recall 0.87 "
-                 "(paper Fig. 9: most of the oracle gain)")
+        lines.append(
+            f"    {ds}: single {s['rollout_gpus']}+{s['trainer_gpus']} H800 {s['iteration_s']:.0f} s; cross "
+            f"{c['rollout_gpus']} H20 + {c['trainer_gpus']} H800 {c['iteration_s']:.0f} s → {v['gain']:.2f}×"
+        )
+    lines.append(
+        "(c) generation time by dispatch, 20K dataset, ranker recall 0.87 (paper Fig. 9: most of the oracle gain)"
+    )
     for m, v in r["dispatch"]["by_model"].items():
-        lines.append(f"    {m} on {v['units']} units: random {v['random_s']:.0f} s, "
-                     f"skew-aware {v['skew_aware_s']:.0f} s, "
-                     f"oracle {v['oracle_s']:.0f} s (random/skew {v['random_s'] / v['skew_aware_s']:.2f}×, "
-                     f"random/oracle {v['random_s'] / v['oracle_s']:.2f}×: {v['share_of_oracle_gain']:.0%} of the "
-                     f"oracle's gain); long-tail units chosen {v['skew_long_tail_units']}")
-        lines.append("      other Alg. 2 cost models: no split (LPT by predicted tokens) "
-                     f"{v['balanced_no_split_s']:.0f} s, "
-                     f"Eq. 2 P90/P50 sum rule as written {v['paper_literal_s']:.0f} s")
+        lines.append(
+            f"    {m} on {v['units']} units: random {v['random_s']:.0f} s, "
+            f"skew-aware {v['skew_aware_s']:.0f} s, "
+            f"oracle {v['oracle_s']:.0f} s (random/skew {v['random_s'] / v['skew_aware_s']:.2f}×, "
+            f"random/oracle {v['random_s'] / v['oracle_s']:.2f}×: {v['share_of_oracle_gain']:.0%} of the "
+            f"oracle's gain); long-tail units chosen {v['skew_long_tail_units']}"
+        )
+        lines.append(
+            "      other Alg. 2 cost models: no split (LPT by predicted tokens) "
+            f"{v['balanced_no_split_s']:.0f} s, "
+            f"Eq. 2 P90/P50 sum rule as written {v['paper_literal_s']:.0f} s"
+        )
     d = r["scaleout"]
-    lines.append(f"(d) 7B, 10K→20K over {len(d['delta_s'])} iterations, start {d['initial']['rollout_gpus']} rollout + "
-                 f"{d['initial']['trainer_gpus']} trainer GPUs: node added after iterations {d['iterations']} "
-                 "(paper Fig. 11: after 10 and 16)")
+    lines.append(
+        f"(d) 7B, 10K→20K over {len(d['delta_s'])} iterations, start {d['initial']['rollout_gpus']} rollout + "
+        f"{d['initial']['trainer_gpus']} trainer GPUs: node added after iterations {d['iterations']} "
+        "(paper Fig. 11: after 10 and 16)"
+    )
     lines.append("    δ per iteration (s): " + " ".join(f"{x:.0f}" for x in d["delta_s"]))
     return "\n".join(lines)

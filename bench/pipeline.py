@@ -1,8 +1,9 @@
 """Pipeline modes on this CPU: the demo workload in sync, stream and async modes, as real processes.
 
 Each mode runs the controller, one trainer and `ROLLOUT_UNITS` rollout agents over TCP (the launch
-backend and agents of `rlctl launch`), starting from the same SFT warm-up. Reported per mode:
-samples/s over the run (first dispatch → last optimizer step), the bubble fraction of each stage
+backend and agents of `rlctl launch`), starting from the same SFT warm-up, in segments interleaved
+with the other modes (the machine is shared; load drifts over minutes). Reported per mode:
+samples/s over the runs (first dispatch → last optimizer step), the bubble fraction of each stage
 (1 − busy time / run time; rollout = mean over units), staleness violations (must be 0) and the
 reward. StreamRL Table 3 for comparison: streaming +15 % over the naive disaggregated baseline,
 one-step async +25 % on top. Two single-thread processes (one rollout unit + the trainer) match the
@@ -46,25 +47,60 @@ def run_mode(mode: str, *, iterations: int, root: Path) -> dict[str, Any]:
     return summary
 
 
+def _combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's segments as one run: rates over the summed run time, fractions weighted by it."""
+    span = sum(r["run_s"] for r in runs)
+    samples = sum(r["ledger"]["trained_samples"] for r in runs)
+
+    def weighted(get: Any) -> float:
+        return round(sum(get(r) * r["run_s"] for r in runs) / span, 4)
+
+    staleness: dict[str, int] = {}
+    for r in runs:
+        for k, n in r["staleness"].items():
+            staleness[k] = staleness.get(k, 0) + n
+    return {
+        "samples_per_s": round(samples / span, 2),
+        "run_s": round(span, 2),
+        "bubble_fraction": {
+            stage: weighted(lambda r, stage=stage: r["bubble_fraction"][stage]) for stage in ("rollout", "trainer")
+        },
+        "t_gen_s": weighted(lambda r: r["t_gen_s"]),
+        "t_train_s": weighted(lambda r: r["t_train_s"]),
+        "staleness": staleness,
+        "staleness_violations": sum(r["staleness_violations"] for r in runs),
+        "reward": [runs[0]["reward_first"], runs[0]["reward_last"]],
+        "trained_prompts": sum(r["ledger"]["trained"] for r in runs),
+        "prompts": sum(r["ledger"]["prompts"] for r in runs),
+        "duplicated": sum(r["ledger"]["duplicated"] for r in runs),
+        "states": [r["state"] for r in runs],
+    }
+
+
 def run(*, quick: bool) -> dict[str, Any]:
-    iterations = 8 if quick else 30
+    """Modes run in interleaved segments (sync, stream, async, then reversed …): the machine is shared,
+    and load that changes over minutes would otherwise favour whichever mode ran in a quiet spell."""
+    segments, iterations = (1, 8) if quick else (3, 12)
     load_before = os.getloadavg()[0]
-    results: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory(prefix="rlctl-bench-pipeline-") as tmp:
-        for mode in MODES:
-            results[mode] = run_mode(mode, iterations=iterations, root=Path(tmp))
-    sps = {m: results[m]["samples_per_s"] for m in MODES}
-    # what perfect overlap would give, from the sync run's own stage times (DESIGN §10: ideal 1.88)
-    t_gen, t_train = results["sync"]["t_gen_s"], results["sync"]["t_train_s"]
+        for seg in range(segments):
+            for mode in MODES if seg % 2 == 0 else tuple(reversed(MODES)):
+                runs[mode].append(run_mode(mode, iterations=iterations, root=Path(tmp) / f"seg{seg}"))
+    res = {m: _combine(runs[m]) for m in MODES}
+    sps = {m: res[m]["samples_per_s"] for m in MODES}
+    # what perfect overlap would give, from the sync runs' own stage times (DESIGN §10: ideal 1.88)
+    t_gen, t_train = res["sync"]["t_gen_s"], res["sync"]["t_train_s"]
     ideal = (t_gen + t_train) / max(t_gen, t_train)
     return {
         "iterations": iterations,
+        "segments": segments,
         "rollout_units": ROLLOUT_UNITS,
         "trainer_ranks": 1,
         "samples_per_s": sps,
-        "bubble_fraction": {m: results[m]["bubble_fraction"] for m in MODES},
-        "staleness_violations": sum(results[m]["staleness_violations"] for m in MODES),
-        "staleness": {m: results[m]["staleness"] for m in MODES},
+        "bubble_fraction": {m: res[m]["bubble_fraction"] for m in MODES},
+        "staleness_violations": sum(res[m]["staleness_violations"] for m in MODES),
+        "staleness": {m: res[m]["staleness"] for m in MODES},
         "async_over_sync": round(sps["async"] / sps["sync"], 3),
         "stream_over_sync": round(sps["stream"] / sps["sync"], 3),
         "ideal_async_over_sync": round(ideal, 3),
@@ -72,16 +108,20 @@ def run(*, quick: bool) -> dict[str, Any]:
         # other work on the machine takes the cores the overlapped stages need; recorded for context
         "load_average": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
         "cpu_count": os.cpu_count(),
-        "t_gen_s": {m: results[m]["t_gen_s"] for m in MODES},
-        "t_train_s": {m: results[m]["t_train_s"] for m in MODES},
-        "reward": {m: [results[m]["reward_first"], results[m]["reward_last"]] for m in MODES},
-        "ledger": {m: results[m]["ledger"] for m in MODES},
-        "state": {m: results[m]["state"] for m in MODES},
+        "t_gen_s": {m: res[m]["t_gen_s"] for m in MODES},
+        "t_train_s": {m: res[m]["t_train_s"] for m in MODES},
+        "per_segment_samples_per_s": {m: [r["samples_per_s"] for r in runs[m]] for m in MODES},
+        "reward": {m: res[m]["reward"] for m in MODES},
+        "ledger": {m: {k: res[m][k] for k in ("prompts", "trained_prompts", "duplicated")} for m in MODES},
+        "state": {m: res[m]["states"] for m in MODES},
     }
 
 
 def summary(result: dict[str, Any]) -> str:
-    lines = [f"{result['iterations']} iterations per mode, {result['rollout_units']} rollout unit(s) + 1 trainer rank"]
+    lines = [
+        f"{result['segments']} interleaved segment(s) of {result['iterations']} iterations per mode, "
+        f"{result['rollout_units']} rollout unit(s) + 1 trainer rank"
+    ]
     for m in MODES:
         b = result["bubble_fraction"][m]
         lines.append(

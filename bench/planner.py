@@ -18,8 +18,12 @@ from rlctl.config import load_job
 from rlctl.planner.plan import make_plan
 
 SIZES = [16, 1000, 10000]
-SITES = [("train", "H800", "dc-a"), ("roll-h20", "H20", "dc-b"), ("roll-h100", "H100", "dc-c"),
-         ("roll-a100", "A100", "dc-d")]
+SITES = [
+    ("train", "H800", "dc-a"),
+    ("roll-h20", "H20", "dc-b"),
+    ("roll-h100", "H100", "dc-c"),
+    ("roll-a100", "A100", "dc-d"),
+]
 
 
 def _nodes(name: str, gpus: int) -> list[dict[str, Any]]:
@@ -34,17 +38,33 @@ def _nodes(name: str, gpus: int) -> list[dict[str, Any]]:
 
 def write_cluster(directory: Path, total_gpus: int) -> Path:
     per_site = total_gpus // len(SITES)
-    inv = {"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {
-        name: {"datacenter": dc, "scheduler": {"kind": "ssh", "user": "rl"}, "gpu": gpu,
-               "nodes": _nodes(name, per_site), "network": {"bandwidth_gbps": 200}}
-        for name, gpu, dc in SITES},
-        "links": [{"between": ["train", name], "bandwidth_gbps": 80, "latency_ms": 5} for name, _, _ in SITES[1:]]}
+    inv = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Inventory",
+        "sites": {
+            name: {
+                "datacenter": dc,
+                "scheduler": {"kind": "ssh", "user": "rl"},
+                "gpu": gpu,
+                "nodes": _nodes(name, per_site),
+                "network": {"bandwidth_gbps": 200},
+            }
+            for name, gpu, dc in SITES
+        },
+        "links": [{"between": ["train", name], "bandwidth_gbps": 80, "latency_ms": 5} for name, _, _ in SITES[1:]],
+    }
     (directory / "inv.yaml").write_text(yaml.safe_dump(inv))
-    job = {"apiVersion": "rlctl/v1", "kind": "Job", "name": f"scale-{total_gpus}", "inventory": ["inv.yaml"],
-           "model": {"kind": "builtin", "name": "qwen2.5-7b"}, "task": {"kind": "lengths"},
-           "batch": {"prompts_per_iteration": 128, "samples_per_prompt": 8},
-           "rollout": {"engine": "vllm", "max_batch_size": 256},
-           "placement": {"trainer": {"site": "train"}, "rollout": [{"site": n} for n, _, _ in SITES[1:]]}}
+    job = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Job",
+        "name": f"scale-{total_gpus}",
+        "inventory": ["inv.yaml"],
+        "model": {"kind": "builtin", "name": "qwen2.5-7b"},
+        "task": {"kind": "lengths"},
+        "batch": {"prompts_per_iteration": 128, "samples_per_prompt": 8},
+        "rollout": {"engine": "vllm", "max_batch_size": 256},
+        "placement": {"trainer": {"site": "train"}, "rollout": [{"site": n} for n, _, _ in SITES[1:]]},
+    }
     path = directory / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -66,14 +86,21 @@ def run(*, quick: bool) -> dict[str, Any]:
                 best = min(best, time.perf_counter() - t0)
             seconds[str(n)] = round(best, 4)
             allocations[str(n)] = {a["site"]: a["gpus_used"] for a in plan["allocation"]}
-    return {"seconds_by_gpus": seconds, "allocation_by_gpus": allocations, "datacenters": len(SITES),
-            "target": "10,000 GPUs under 1 s and at most a few times the 16-GPU plan"}
+    return {
+        "seconds_by_gpus": seconds,
+        "allocation_by_gpus": allocations,
+        "datacenters": len(SITES),
+        "target": "10,000 GPUs under 1 s and at most a few times the 16-GPU plan",
+    }
 
 
 def summary(result: dict[str, Any]) -> str:
     s = result["seconds_by_gpus"]
-    lines = [f"{int(n):>6} GPUs over {result['datacenters']} DCs: plan {t:.3f} s  (GPUs used per site: "
-             f"{result['allocation_by_gpus'][n]})" for n, t in s.items()]
+    lines = [
+        f"{int(n):>6} GPUs over {result['datacenters']} DCs: plan {t:.3f} s  (GPUs used per site: "
+        f"{result['allocation_by_gpus'][n]})"
+        for n, t in s.items()
+    ]
     ratio = s["10000"] / s["16"]
     lines.append(f"10,000-GPU plan / 16-GPU plan = {ratio:.1f}×; target < 1 s: {'yes' if s['10000'] < 1 else 'NO'}")
     return "\n".join(lines)

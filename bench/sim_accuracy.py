@@ -45,8 +45,12 @@ def _run_batch(factory: Any, lengths: np.ndarray, *, cap: int, lpt: bool) -> flo
 
     engine = factory(cap)
     prompt = [1] + [3] * (PROMPT_TOKENS - 1)
-    engine.add([GenRequest(f"r{i}", prompt, int(n), priority=float(n) if lpt else 0.0, ignore_eos=True)
-                for i, n in enumerate(lengths)])
+    engine.add(
+        [
+            GenRequest(f"r{i}", prompt, int(n), priority=float(n) if lpt else 0.0, ignore_eos=True)
+            for i, n in enumerate(lengths)
+        ]
+    )
     t0 = time.thread_time()
     engine.run_until_done()
     return time.thread_time() - t0
@@ -54,9 +58,16 @@ def _run_batch(factory: Any, lengths: np.ndarray, *, cap: int, lpt: bool) -> flo
 
 def run(*, quick: bool) -> dict[str, Any]:
     factory = _engine_factory()
-    entry = measure_generation(factory, contexts=[8, 48, 160], batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128],
-                               kv_capacity_tokens=10**9, steps=6 if quick else 12, warmup_steps=2,
-                               clock=time.thread_time, padded_attention=True)
+    entry = measure_generation(
+        factory,
+        contexts=[8, 48, 160],
+        batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128],
+        kv_capacity_tokens=10**9,
+        steps=6 if quick else 12,
+        warmup_steps=2,
+        clock=time.thread_time,
+        padded_attention=True,
+    )
     reference = entry.ptl_s[1][entry.batch_sizes.index(16)]  # PTL(16) at context 48, as profiled
     lm = LengthModel(median=30.0, sigma=0.8, cap=256, prompt_tokens=PROMPT_TOKENS)
     rng = np.random.default_rng(0)
@@ -69,32 +80,54 @@ def run(*, quick: bool) -> dict[str, Any]:
                 ctx = live_context(PROMPT_TOKENS, lengths, padded=True)
                 cost = decode_cost(entry, context=ctx, seq_tokens=ctx, engine_max_batch=cap)
                 order = lpt_order(lengths.tolist()) if lpt else list(range(n))
-                predicted = float(run_instance(lengths[order], ptl_s=cost.ptl_s, batch_cap=cap,
-                                               prefill_s=PROMPT_TOKENS * entry.prefill_s_per_token,
-                                               admit_fixed_s=entry.prefill_fixed_s,
-                                               compact_fraction=entry.compact_fraction).max())
+                predicted = float(
+                    run_instance(
+                        lengths[order],
+                        ptl_s=cost.ptl_s,
+                        batch_cap=cap,
+                        prefill_s=PROMPT_TOKENS * entry.prefill_s_per_token,
+                        admit_fixed_s=entry.prefill_fixed_s,
+                        compact_fraction=entry.compact_fraction,
+                    ).max()
+                )
                 before = _probe(factory)
                 measured = _run_batch(factory, lengths, cap=cap, lpt=lpt)
                 drift = (before + _probe(factory)) / 2 / reference
-                cases.append({"samples": n, "batch_cap": cap, "order": "lpt" if lpt else "fifo",
-                              "tokens": int(lengths.sum()), "predicted_s": predicted, "measured_s": measured,
-                              "error": (predicted - measured) / measured, "machine_drift": drift})
+                cases.append(
+                    {
+                        "samples": n,
+                        "batch_cap": cap,
+                        "order": "lpt" if lpt else "fifo",
+                        "tokens": int(lengths.sum()),
+                        "predicted_s": predicted,
+                        "measured_s": measured,
+                        "error": (predicted - measured) / measured,
+                        "machine_drift": drift,
+                    }
+                )
     split_cases = _split_cases(factory, entry, lm, rng, reference)
     mape = float(np.mean([abs(c["error"]) for c in cases + split_cases]))
     ptl_ms = dict(zip(entry.batch_sizes, (1e3 * x for x in entry.ptl_s[1]), strict=True))
-    return {"mape": mape, "cases": cases, "dispatch_2_units": split_cases,
-            "ptl_ms_at_ctx48": ptl_ms}
+    return {"mape": mape, "cases": cases, "dispatch_2_units": split_cases, "ptl_ms_at_ctx48": ptl_ms}
 
 
 def _probe(factory: Any) -> float:
     """PTL(16) at context 48 right now: how fast this shared machine runs the engine at this moment."""
-    e = measure_generation(factory, contexts=[48], batch_sizes=[16], kv_capacity_tokens=10**9, steps=8,
-                           warmup_steps=1, clock=time.thread_time)
+    e = measure_generation(
+        factory,
+        contexts=[48],
+        batch_sizes=[16],
+        kv_capacity_tokens=10**9,
+        steps=8,
+        warmup_steps=1,
+        clock=time.thread_time,
+    )
     return e.ptl_s[0][0]
 
 
-def _split_cases(factory: Any, entry: Any, lm: LengthModel, rng: np.random.Generator,
-                 reference: float) -> list[dict[str, Any]]:
+def _split_cases(
+    factory: Any, entry: Any, lm: LengthModel, rng: np.random.Generator, reference: float
+) -> list[dict[str, Any]]:
     """DESIGN §10's check: 256 prompts on 2 units — no split vs the paper's split vs the simulator's choice.
 
     Each unit runs on its own (one engine after the other, each timed); the batch time is the slower unit.
@@ -107,8 +140,9 @@ def _split_cases(factory: Any, entry: Any, lm: LengthModel, rng: np.random.Gener
     chosen = split_by_simulation(pred, cost, 2, alpha=0.2, prompt_tokens=PROMPT_TOKENS, length_dist=lengths)
     plans = {
         "no split (LPT by tokens)": fixed_split(list(pred), num_units=2, num_long=0, long_batch=0, regular_batch=64),
-        "paper split (top 20 % at batch 8)": fixed_split(list(pred), num_units=2, num_long=1, long_batch=8,
-                                                         regular_batch=64),
+        "paper split (top 20 % at batch 8)": fixed_split(
+            list(pred), num_units=2, num_long=1, long_batch=8, regular_batch=64
+        ),
         f"simulator's choice (N_l={chosen.num_long}, batch {chosen.long_batch})": chosen,
     }
     out = []
@@ -118,29 +152,52 @@ def _split_cases(factory: Any, entry: Any, lm: LengthModel, rng: np.random.Gener
         before = _probe(factory)
         measured = max(_run_batch(factory, lengths[g], cap=c, lpt=True) for g, c in zip(groups, caps, strict=True))
         drift = (before + _probe(factory)) / 2 / reference
-        predicted = max(float(run_instance(lengths[g], ptl_s=cost.ptl_s, batch_cap=c,
-                                           prefill_s=PROMPT_TOKENS * entry.prefill_s_per_token,
-                                           admit_fixed_s=entry.prefill_fixed_s,
-                                           compact_fraction=entry.compact_fraction).max())
-                        for g, c in zip(groups, caps, strict=True))
-        out.append({"policy": name, "predicted_s": predicted, "measured_s": measured,
-                    "error": (predicted - measured) / measured, "machine_drift": drift})
+        predicted = max(
+            float(
+                run_instance(
+                    lengths[g],
+                    ptl_s=cost.ptl_s,
+                    batch_cap=c,
+                    prefill_s=PROMPT_TOKENS * entry.prefill_s_per_token,
+                    admit_fixed_s=entry.prefill_fixed_s,
+                    compact_fraction=entry.compact_fraction,
+                ).max()
+            )
+            for g, c in zip(groups, caps, strict=True)
+        )
+        out.append(
+            {
+                "policy": name,
+                "predicted_s": predicted,
+                "measured_s": measured,
+                "error": (predicted - measured) / measured,
+                "machine_drift": drift,
+            }
+        )
     return out
 
 
 def summary(r: dict[str, Any]) -> str:
-    lines = [f"{'samples':>7} {'cap':>4} {'order':>5} {'tokens':>7} {'predicted s':>11} {'measured s':>10} "
-             f"{'error':>7} {'drift':>6}"]
+    lines = [
+        f"{'samples':>7} {'cap':>4} {'order':>5} {'tokens':>7} {'predicted s':>11} {'measured s':>10} "
+        f"{'error':>7} {'drift':>6}"
+    ]
     for c in r["cases"]:
-        lines.append(f"{c['samples']:>7} {c['batch_cap']:>4} {c['order']:>5} {c['tokens']:>7} "
-                     f"{c['predicted_s']:>11.3f} {c['measured_s']:>10.3f} {c['error']:>+7.1%} "
-                     f"{c['machine_drift']:>6.2f}")
+        lines.append(
+            f"{c['samples']:>7} {c['batch_cap']:>4} {c['order']:>5} {c['tokens']:>7} "
+            f"{c['predicted_s']:>11.3f} {c['measured_s']:>10.3f} {c['error']:>+7.1%} "
+            f"{c['machine_drift']:>6.2f}"
+        )
     lines.append("256 prompts on 2 units (DESIGN §10: the paper's split lost 43 % on this CPU):")
     for c in r["dispatch_2_units"]:
-        lines.append(f"  {c['policy']:<45} predicted {c['predicted_s']:.3f} s, measured {c['measured_s']:.3f} s "
-                     f"({c['error']:+.1%}; drift {c['machine_drift']:.2f})")
+        lines.append(
+            f"  {c['policy']:<45} predicted {c['predicted_s']:.3f} s, measured {c['measured_s']:.3f} s "
+            f"({c['error']:+.1%}; drift {c['machine_drift']:.2f})"
+        )
     ptl = " ".join(f"{bs}:{ms:.2f}" for bs, ms in r["ptl_ms_at_ctx48"].items())
-    lines.append(f"MAPE {r['mape']:.1%}; drift = PTL(16) probed around a case / as profiled (1.00 = the machine "
-                 "ran as fast as when profiled; other work on this shared machine moves it)")
+    lines.append(
+        f"MAPE {r['mape']:.1%}; drift = PTL(16) probed around a case / as profiled (1.00 = the machine "
+        "ran as fast as when profiled; other work on this shared machine moves it)"
+    )
     lines.append(f"measured PTL ms (BS:ms, ctx 48): {ptl}")
     return "\n".join(lines)

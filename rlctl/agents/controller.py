@@ -290,6 +290,7 @@ class ControllerAgent:
             for _ in range(n):
                 m.staleness_versions.observe(gap)
         self.weights_published[t.version] = time.monotonic()
+        self.jobdir.event("trained", iteration=t.iteration, version=t.version)
 
     def _metrics_row(self, t: Trained) -> dict[str, Any]:
         st = self.core.stats[t.iteration]

@@ -27,6 +27,7 @@ from rlctl.planner.dispatch import assign_balanced
 
 Mode = Literal["sync", "stream", "async"]
 DispatchPolicy = Literal["random", "skew_aware", "oracle"]
+ITERATION_PRIORITY_STEP = 1e6  # > any predicted length: the iteration dominates the admission order
 
 
 class PromptSpec(NamedTuple):
@@ -77,6 +78,13 @@ class IterationStats:
     output_tokens: int = 0
     staleness: Counter[int] = field(default_factory=Counter)
     trainer: dict[str, Any] = field(default_factory=dict)
+
+
+def admission_priority(iteration: int, pred_len: float) -> float:
+    """Older iterations first, longest predicted first within one (LPT). With η ≥ 1 a unit holds two
+    iterations; letting the newer one's long samples jump ahead would delay the trainer's step on the
+    older one, hence the next weights, hence the next dispatch."""
+    return pred_len - iteration * ITERATION_PRIORITY_STEP
 
 
 class ControllerCore:
@@ -217,7 +225,7 @@ class ControllerCore:
                             "sample_id": e.sample_id,
                             "prompt_tokens": spec.tokens,
                             "max_new_tokens": self.cfg.max_new_tokens,
-                            "priority": self.pred_len[e.prompt_id],
+                            "priority": admission_priority(it, self.pred_len[e.prompt_id]),
                             "iteration": it,
                         }
                     )

@@ -45,6 +45,13 @@ def resolve_job(job: Job, *, iterations: int | None = None, mode: str | None = N
 def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
     """Trainer ranks and rollout units per site: the job's explicit counts, or the planner's for `auto`."""
     placement = spec.placement
+    sites = [placement.trainer.site, *(r.site for r in placement.rollout)]
+    remote = sorted({s for s in sites if job.inventory.sites[s].scheduler.kind != "local"})
+    if remote:
+        raise UsageError(
+            f"{job.path}: site(s) {', '.join(remote)} are not local; only the local launch backend exists so far",
+            hint="place the job on a site with scheduler kind 'local' (e.g. clusters/local.yaml)",
+        )
     auto = placement.trainer.gpus == "auto" or any(r.gpus == "auto" for r in placement.rollout)
     planned: dict[str, Any] | None = None
     note = ""

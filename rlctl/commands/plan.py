@@ -19,8 +19,14 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def plan(
         job: Annotated[Path, typer.Argument(help="job file (jobs/*.yaml)")],
-        profile: Annotated[Path | None, typer.Option("--profile", "-p", help="profile file from `rlctl profile` "
-                                                     "(default: analytical from the inventory's GPU specs)")] = None,
+        profile: Annotated[
+            Path | None,
+            typer.Option(
+                "--profile",
+                "-p",
+                help="profile file from `rlctl profile` (default: analytical from the inventory's GPU specs)",
+            ),
+        ] = None,
         plot: Annotated[Path | None, typer.Option("--plot", help="write a PNG of the stage-time breakdown")] = None,
         output: OutputOpt = OutputFormat.table,
     ) -> None:

@@ -48,11 +48,14 @@ def load_sites(paths: list[Path]) -> dict[str, Site]:
     return sites
 
 
-def build_profile(cluster: list[Path], *, model_name: str, source: Source, sites: list[str] | None,
-                  algorithm: str = "grpo") -> ProfileFile:
+def build_profile(
+    cluster: list[Path], *, model_name: str, source: Source, sites: list[str] | None, algorithm: str = "grpo"
+) -> ProfileFile:
     if model_name not in BUILTIN_MODELS:
-        raise UsageError(f"--model: unknown model {model_name!r}; known: {one_of(BUILTIN_MODELS)}"
-                         f"{did_you_mean(model_name, BUILTIN_MODELS)}")
+        raise UsageError(
+            f"--model: unknown model {model_name!r}; known: {one_of(BUILTIN_MODELS)}"
+            f"{did_you_mean(model_name, BUILTIN_MODELS)}"
+        )
     arch = BUILTIN_MODELS[model_name]
     inv_sites = load_sites(cluster)
     names = sites or list(inv_sites)
@@ -63,25 +66,49 @@ def build_profile(cluster: list[Path], *, model_name: str, source: Source, sites
     for s in names:
         site = inv_sites[s]
         if source is Source.analytical:
-            out[s] = analytical_site(arch, site.spec, gpus_per_node=site.gpus_per_node,
-                                     cost_per_gpu_hour=site.gpu_cost_per_hour, algorithm=algorithm)
+            out[s] = analytical_site(
+                arch,
+                site.spec,
+                gpus_per_node=site.gpus_per_node,
+                cost_per_gpu_hour=site.gpu_cost_per_hour,
+                algorithm=algorithm,
+            )
             continue
         if site.scheduler.kind != "local":
-            raise RlctlError(f"site {s!r}: measured profiling through the {site.scheduler.kind} backend is not "
-                             "implemented yet", hint="use --source analytical, or edit the profile file by hand")
+            raise RlctlError(
+                f"site {s!r}: measured profiling through the {site.scheduler.kind} backend is not implemented yet",
+                hint="use --source analytical, or edit the profile file by hand",
+            )
         import torch
 
         torch.set_num_threads(1)  # one "GPU" slot of a local site = one CPU core
         # CPU time of the (single) engine thread: other work on the machine does not inflate the profile
-        entry = measure_generation(embedded_engine_factory(arch), contexts=LOCAL_CONTEXTS, batch_sizes=LOCAL_BATCHES,
-                                   kv_capacity_tokens=kv_capacity_tokens(arch, site.spec, tp=1), clock=time.thread_time,
-                                   padded_attention=True)  # the embedded engine attends over the batch's max length
-        out[s] = SiteProfile(gpu=site.spec.name, gpus_per_node=site.gpus_per_node, hbm_bytes=site.spec.hbm_bytes,
-                             cost_per_gpu_hour=site.gpu_cost_per_hour, generation=[entry],
-                             training=training_entries(arch, site.spec, gpus_per_node=site.gpus_per_node,
-                                                       algorithm=algorithm))
-    return ProfileFile.model_validate({"apiVersion": "rlctl/v1", "kind": "Profile", "source": source.value,
-                                       "model": ModelSpec.of(arch), "algorithm": algorithm, "sites": out})
+        entry = measure_generation(
+            embedded_engine_factory(arch),
+            contexts=LOCAL_CONTEXTS,
+            batch_sizes=LOCAL_BATCHES,
+            kv_capacity_tokens=kv_capacity_tokens(arch, site.spec, tp=1),
+            clock=time.thread_time,
+            padded_attention=True,
+        )  # the embedded engine attends over the batch's max length
+        out[s] = SiteProfile(
+            gpu=site.spec.name,
+            gpus_per_node=site.gpus_per_node,
+            hbm_bytes=site.spec.hbm_bytes,
+            cost_per_gpu_hour=site.gpu_cost_per_hour,
+            generation=[entry],
+            training=training_entries(arch, site.spec, gpus_per_node=site.gpus_per_node, algorithm=algorithm),
+        )
+    return ProfileFile.model_validate(
+        {
+            "apiVersion": "rlctl/v1",
+            "kind": "Profile",
+            "source": source.value,
+            "model": ModelSpec.of(arch),
+            "algorithm": algorithm,
+            "sites": out,
+        }
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -89,21 +116,32 @@ def register(app: typer.Typer) -> None:
     def profile(
         cluster: Annotated[list[Path], typer.Option("--cluster", "-c", help="inventory file(s) (clusters/*.yaml)")],
         model: Annotated[str, typer.Option("--model", "-m", help=f"built-in model: {one_of(BUILTIN_MODELS)}")],
-        site: Annotated[list[str] | None, typer.Option("--site", help="profile only these sites (default: all)")]
-        = None,
-        source: Annotated[Source, typer.Option("--source", help="analytical (roofline from GPU specs) or measured "
-                                               "(microbenchmarks; local sites run the embedded engine)")]
-        = Source.analytical,
-        algorithm: Annotated[Algo, typer.Option("--algorithm", help="RL algorithm: sets training FLOPs and memory")]
-        = Algo.grpo,
-        output: Annotated[Path | None, typer.Option("--output", "-o", help="profile file to write (default: stdout)")]
-        = None,
+        site: Annotated[
+            list[str] | None, typer.Option("--site", help="profile only these sites (default: all)")
+        ] = None,
+        source: Annotated[
+            Source,
+            typer.Option(
+                "--source",
+                help="analytical (roofline from GPU specs) or measured "
+                "(microbenchmarks; local sites run the embedded engine)",
+            ),
+        ] = Source.analytical,
+        algorithm: Annotated[
+            Algo, typer.Option("--algorithm", help="RL algorithm: sets training FLOPs and memory")
+        ] = Algo.grpo,
+        output: Annotated[
+            Path | None, typer.Option("--output", "-o", help="profile file to write (default: stdout)")
+        ] = None,
     ) -> None:
         """Write a profile (PTL(BS) per GPU type and TP, prefill, KV capacity, training cost) for `rlctl plan`."""
         prof = build_profile(cluster, model_name=model, source=source, sites=site, algorithm=algorithm.value)
         if output is None:
-            sys.stdout.write(yaml.safe_dump(prof.model_dump(by_alias=True, mode="json"), sort_keys=False,
-                                            default_flow_style=None, width=160))
+            sys.stdout.write(
+                yaml.safe_dump(
+                    prof.model_dump(by_alias=True, mode="json"), sort_keys=False, default_flow_style=None, width=160
+                )
+            )
             return
         save_profile(prof, output)
         sys.stderr.write(f"wrote {output} ({source.value}, {len(prof.sites)} site(s))\n")

@@ -62,9 +62,17 @@ class _Running:
 
 
 class EmbeddedEngine(GenerationEngine):
-    def __init__(self, model: TinyGPT, *, max_batch_size: int = 64, temperature: float = 1.0, seed: int = 0,
-                 version: int = 0, compact_fraction: float = 0.25,
-                 admission_key: Callable[[GenRequest], float] | None = None) -> None:
+    def __init__(
+        self,
+        model: TinyGPT,
+        *,
+        max_batch_size: int = 64,
+        temperature: float = 1.0,
+        seed: int = 0,
+        version: int = 0,
+        compact_fraction: float = 0.25,
+        admission_key: Callable[[GenRequest], float] | None = None,
+    ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be ≥ 1")
         if temperature < 0:
@@ -109,8 +117,10 @@ class EmbeddedEngine(GenerationEngine):
             if not r.prompt_tokens or r.max_new_tokens < 1:
                 raise ValueError(f"request {r.request_id}: empty prompt or max_new_tokens < 1")
             if len(r.prompt_tokens) + r.max_new_tokens > limit:
-                raise ValueError(f"request {r.request_id}: {len(r.prompt_tokens)} prompt + {r.max_new_tokens} "
-                                 f"new tokens > max_position_embeddings {limit}")
+                raise ValueError(
+                    f"request {r.request_id}: {len(r.prompt_tokens)} prompt + {r.max_new_tokens} "
+                    f"new tokens > max_position_embeddings {limit}"
+                )
         for r in requests:
             heapq.heappush(self._waiting, (-self._key(r), self._seq, r))
             self._seq += 1
@@ -187,8 +197,17 @@ class EmbeddedEngine(GenerationEngine):
             eos = tokens[i] == self.eos and not r.req.ignore_eos
             if eos or len(r.tokens) >= r.req.max_new_tokens:
                 seen = sorted(r.versions)
-                done.append(GenResult(r.req.request_id, r.req.prompt_tokens, r.tokens, r.logprobs, seen[0],
-                                      "eos" if eos else "length", seen))
+                done.append(
+                    GenResult(
+                        r.req.request_id,
+                        r.req.prompt_tokens,
+                        r.tokens,
+                        r.logprobs,
+                        seen[0],
+                        "eos" if eos else "length",
+                        seen,
+                    )
+                )
                 self._rows[i] = None
         free = torch.tensor([r is None for r in self._rows])
         self._cache.lengths[free] = 0  # free rows attend to position 0 only and never outgrow the cache

@@ -170,8 +170,16 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x, cos, sin)
         return self._attend(q, k, v, is_causal=True), k, v
 
-    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
-               pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def decode(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         q, k, v = self._qkv(x, cos, sin)
         rows = torch.arange(x.shape[0])
         kc[rows, :, pos] = k[:, :, 0]
@@ -327,8 +335,9 @@ def load_state_dict(directory: str | Path) -> dict[str, torch.Tensor]:
         try:
             from safetensors.torch import load_file
         except ImportError as e:
-            raise ValueError(f"{d / SAFETENSORS_FILE}: reading it needs the safetensors package: "
-                             "pip install safetensors") from e
+            raise ValueError(
+                f"{d / SAFETENSORS_FILE}: reading it needs the safetensors package: pip install safetensors"
+            ) from e
         return load_file(str(d / SAFETENSORS_FILE))
     if (d / TORCH_FILE).exists():
         sd: dict[str, torch.Tensor] = torch.load(d / TORCH_FILE, map_location="cpu", weights_only=True)
@@ -338,4 +347,3 @@ def load_state_dict(directory: str | Path) -> dict[str, torch.Tensor]:
 
 def param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-

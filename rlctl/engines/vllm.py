@@ -34,16 +34,31 @@ def _import_vllm() -> Any:
 
 
 class VllmEngine(GenerationEngine):
-    def __init__(self, model_dir: str, *, max_batch_size: int = 64, temperature: float = 1.0, seed: int = 0,
-                 version: int = 0, tensor_parallel: int = 1, **llm_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        max_batch_size: int = 64,
+        temperature: float = 1.0,
+        seed: int = 0,
+        version: int = 0,
+        tensor_parallel: int = 1,
+        **llm_kwargs: Any,
+    ) -> None:
         vllm = _import_vllm()
         self._vllm = vllm
         self.max_batch_size = max_batch_size
         self.temperature = temperature
         self.seed = seed
         self._version = version
-        self.llm = vllm.LLM(model=model_dir, max_num_seqs=max_batch_size, scheduling_policy="priority",
-                            tensor_parallel_size=tensor_parallel, seed=seed, **llm_kwargs)
+        self.llm = vllm.LLM(
+            model=model_dir,
+            max_num_seqs=max_batch_size,
+            scheduling_policy="priority",
+            tensor_parallel_size=tensor_parallel,
+            seed=seed,
+            **llm_kwargs,
+        )
         self._pending: dict[str, GenRequest] = {}
         self._versions: dict[str, set[int]] = {}
 
@@ -61,10 +76,15 @@ class VllmEngine(GenerationEngine):
     def add(self, requests: list[GenRequest]) -> None:
         for r in requests:
             params = self._vllm.SamplingParams(
-                temperature=self.temperature, max_tokens=r.max_new_tokens, logprobs=0,
-                ignore_eos=r.ignore_eos, seed=request_seed(self.seed, r.request_id))
-            self.llm.llm_engine.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_tokens)}, params,
-                                            priority=-round(r.priority))
+                temperature=self.temperature,
+                max_tokens=r.max_new_tokens,
+                logprobs=0,
+                ignore_eos=r.ignore_eos,
+                seed=request_seed(self.seed, r.request_id),
+            )
+            self.llm.llm_engine.add_request(
+                r.request_id, {"prompt_token_ids": list(r.prompt_tokens)}, params, priority=-round(r.priority)
+            )
             self._pending[r.request_id] = r
             self._versions[r.request_id] = {self._version}
 
@@ -77,8 +97,17 @@ class VllmEngine(GenerationEngine):
             seen = sorted(self._versions.pop(out.request_id))
             comp = out.outputs[0]
             logprobs = [float(lp[t].logprob) for t, lp in zip(comp.token_ids, comp.logprobs or [], strict=False)]
-            done.append(GenResult(req.request_id, req.prompt_tokens, list(comp.token_ids), logprobs, seen[0],
-                                  "length" if comp.finish_reason == "length" else "eos", seen))
+            done.append(
+                GenResult(
+                    req.request_id,
+                    req.prompt_tokens,
+                    list(comp.token_ids),
+                    logprobs,
+                    seen[0],
+                    "length" if comp.finish_reason == "length" else "eos",
+                    seen,
+                )
+            )
         return done
 
     def num_running(self) -> int:

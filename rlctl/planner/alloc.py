@@ -43,7 +43,7 @@ def single_dc(gen: np.ndarray, train: np.ndarray, n: int) -> Choice:
     """Exact Algorithm 1 for one shared budget in O(n log n) (prefix minima + binary search)."""
     if n < 2:
         raise ValueError(f"a shared site needs at least 2 GPUs (one per stage), has {n}")
-    tmin, targ = _prefix_min(np.asarray(train[: n], dtype=float))
+    tmin, targ = _prefix_min(np.asarray(train[:n], dtype=float))
     neg = -tmin[1:]  # non-decreasing: for searchsorted
     best: tuple[float, int, int] | None = None
     choice = (0, 0)
@@ -81,8 +81,9 @@ def _first_at_most(c: np.ndarray, bound: float, hi: int) -> int | None:
     return int(ok[0]) + 1 if ok.size else None
 
 
-def fewest_gpus(gen: np.ndarray, train: np.ndarray, *, m: int, n: int, reference_s: float, epsilon: float,
-                shared: bool = False) -> Choice:
+def fewest_gpus(
+    gen: np.ndarray, train: np.ndarray, *, m: int, n: int, reference_s: float, epsilon: float, shared: bool = False
+) -> Choice:
     """Fewest GPUs (x + y) with max(gen[x], train[y]) ≤ (1 + ε)·reference; x ≤ m, y ≤ n (x + y ≤ n if shared)."""
     bound = (1.0 + epsilon) * reference_s * (1 + 1e-12)
     x = _first_at_most(gen, bound, m if not shared else n - 1)

@@ -59,8 +59,15 @@ def decode_cost(entry: GenerationEntry, *, context: float, seq_tokens: float, en
         over = xs > bs[-1]
         ptl[over] = row[-1] + slope * (xs[over] - bs[-1])
     ptl[0] = ptl[1] if cap >= 1 else 0.0
-    return DecodeCost(entry.tp, ptl, entry.prefill_s_per_token, entry.kv_capacity_tokens, cap,
-                      entry.prefill_fixed_s, entry.compact_fraction)
+    return DecodeCost(
+        entry.tp,
+        ptl,
+        entry.prefill_s_per_token,
+        entry.kv_capacity_tokens,
+        cap,
+        entry.prefill_fixed_s,
+        entry.compact_fraction,
+    )
 
 
 @dataclass(frozen=True)
@@ -85,8 +92,9 @@ class TrainWorkload:
     grad_bytes: float  # bytes all-reduced across DP per optimizer step (bf16 grads of trained models)
 
 
-def train_time_s(entry: TrainingEntry, dp: int, w: TrainWorkload, *, site: SiteProfile,
-                 node_bytes_per_s: float) -> float:
+def train_time_s(
+    entry: TrainingEntry, dp: int, w: TrainWorkload, *, site: SiteProfile, node_bytes_per_s: float
+) -> float:
     """One iteration on tp·pp·dp GPUs: compute with the pipeline bubble, plus the DP gradient all-reduce."""
     gpus = entry.tp * entry.pp * dp
     if entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu / dp > TRAIN_MEM_FRACTION * site.hbm_bytes:
@@ -102,8 +110,9 @@ def train_time_s(entry: TrainingEntry, dp: int, w: TrainWorkload, *, site: SiteP
     return compute + sync + TRAIN_STEP_OVERHEAD_S
 
 
-def train_curve(site: SiteProfile, w: TrainWorkload, max_gpus: int, *, node_bytes_per_s: float
-                ) -> tuple[np.ndarray, list[TrainConfig | None]]:
+def train_curve(
+    site: SiteProfile, w: TrainWorkload, max_gpus: int, *, node_bytes_per_s: float
+) -> tuple[np.ndarray, list[TrainConfig | None]]:
     """P_train(y) for y = 0..max_gpus: the best (tp, pp, dp) with tp·pp·dp ≤ y (leftover GPUs idle)."""
     best = np.full(max_gpus + 1, math.inf)
     cfg: list[TrainConfig | None] = [None] * (max_gpus + 1)

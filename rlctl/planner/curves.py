@@ -54,12 +54,26 @@ def live_context(prompt_tokens: int, lengths: np.ndarray, *, padded: bool = Fals
     return prompt_tokens + float((lf * lf).sum() / (2.0 * lf.sum()))
 
 
-def gen_curve(site: SiteProfile, lengths_desc: np.ndarray, *, prompt_tokens: int, engine_max_batch: int,
-              max_gpus: int, tp: int | None = None) -> GenCurve:
+def gen_curve(
+    site: SiteProfile,
+    lengths_desc: np.ndarray,
+    *,
+    prompt_tokens: int,
+    engine_max_batch: int,
+    max_gpus: int,
+    tp: int | None = None,
+) -> GenCurve:
     entries = [e for e in site.generation if (tp is None or e.tp == tp) and e.tp <= max(max_gpus, 1)]
     kv_ctx = live_context(prompt_tokens, lengths_desc)
-    costs = {e.tp: decode_cost(e, context=live_context(prompt_tokens, lengths_desc, padded=e.padded_attention),
-                               seq_tokens=kv_ctx, engine_max_batch=engine_max_batch) for e in entries}
+    costs = {
+        e.tp: decode_cost(
+            e,
+            context=live_context(prompt_tokens, lengths_desc, padded=e.padded_attention),
+            seq_tokens=kv_ctx,
+            engine_max_batch=engine_max_batch,
+        )
+        for e in entries
+    }
     ests = {t: GenEstimator(lengths_desc, c, prompt_tokens=prompt_tokens) for t, c in costs.items()}
     seconds = np.full(max_gpus + 1, math.inf)
     configs: list[GenConfig | None] = [None] * (max_gpus + 1)

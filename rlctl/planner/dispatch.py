@@ -48,8 +48,14 @@ def assign_balanced(pred_tokens: Sequence[float], num_units: int) -> list[list[i
     return units
 
 
-def eq2_latency_s(num_prompts: int, avg_len: float, num_units: int, *,
-                  ptl_s: Callable[[int], float], max_batch: Callable[[float], int]) -> float:
+def eq2_latency_s(
+    num_prompts: int,
+    avg_len: float,
+    num_units: int,
+    *,
+    ptl_s: Callable[[int], float],
+    max_batch: Callable[[float], int],
+) -> float:
     """Eq. 2 for one group spread evenly over `num_units`: PTL(BS) × L_avg × ⌈M / BS⌉ (M per unit)."""
     if num_prompts == 0:
         return 0.0
@@ -77,10 +83,17 @@ class SkewSplit:
     candidates: list[tuple[int, float]] = field(default_factory=list)  # (N_l, estimated seconds)
 
 
-def skew_split(pred_lengths: Sequence[float], *, num_units: int, ptl_s: Callable[[int], float],
-               max_batch: Callable[[float], int], alpha: float = 0.2, rule: Rule = "max",
-               length_estimate: LengthEstimate = "quantile",
-               length_dist: Sequence[float] | None = None) -> SkewSplit:
+def skew_split(
+    pred_lengths: Sequence[float],
+    *,
+    num_units: int,
+    ptl_s: Callable[[int], float],
+    max_batch: Callable[[float], int],
+    alpha: float = 0.2,
+    rule: Rule = "max",
+    length_estimate: LengthEstimate = "quantile",
+    length_dist: Sequence[float] | None = None,
+) -> SkewSplit:
     """Algorithm 2: split `num_units` into N_l long-tail and N_r regular units (N_l = 0 allowed).
 
     `length_estimate="quantile"` uses the paper's L_α = P90(D), L_r = P50(D) (D = `length_dist`,
@@ -134,9 +147,19 @@ def skew_split(pred_lengths: Sequence[float], *, num_units: int, ptl_s: Callable
     nr = num_units - best_nl
     m_long = math.ceil(len(long_ids) / best_nl) if long_ids else 0
     m_reg = math.ceil(len(regular_ids) / nr) if nr and regular_ids else 0
-    return SkewSplit(best_nl, nr, long_ids, regular_ids, l_long, l_reg,
-                     max(1, min(m_long, max_batch(l_long))), max(1, min(m_reg, max_batch(l_reg))) if nr else 0,
-                     best, rule, candidates)
+    return SkewSplit(
+        best_nl,
+        nr,
+        long_ids,
+        regular_ids,
+        l_long,
+        l_reg,
+        max(1, min(m_long, max_batch(l_long))),
+        max(1, min(m_reg, max_batch(l_reg))) if nr else 0,
+        best,
+        rule,
+        candidates,
+    )
 
 
 def dispatch_skew(pred_lengths: Sequence[float], split: SkewSplit) -> list[list[int]]:
@@ -153,12 +176,29 @@ def dispatch_skew(pred_lengths: Sequence[float], split: SkewSplit) -> list[list[
     return units
 
 
-def fixed_split(pred_lengths: Sequence[float], *, num_units: int, num_long: int, alpha: float = 0.2,
-                long_batch: int, regular_batch: int) -> SkewSplit:
+def fixed_split(
+    pred_lengths: Sequence[float],
+    *,
+    num_units: int,
+    num_long: int,
+    alpha: float = 0.2,
+    long_batch: int,
+    regular_batch: int,
+) -> SkewSplit:
     """A split with a given N_l (e.g. the paper's split taken literally), without the Eq. 2 search."""
     if not 0 <= num_long < num_units:
         raise ValueError(f"num_long must be in [0, {num_units - 1}], got {num_long}")
     order = lpt_order(pred_lengths)
     n_long = round(alpha * len(order)) if num_long else 0
-    return SkewSplit(num_long, num_units - num_long, order[:n_long], order[n_long:], 0.0, 0.0,
-                     long_batch if num_long else 0, regular_batch, math.nan, "max")
+    return SkewSplit(
+        num_long,
+        num_units - num_long,
+        order[:n_long],
+        order[n_long:],
+        0.0,
+        0.0,
+        long_batch if num_long else 0,
+        regular_batch,
+        math.nan,
+        "max",
+    )

@@ -68,15 +68,26 @@ def profile_for(job: Job, profile: ProfileFile | None, *, profile_file: str = "p
     arch = job.spec.model.arch
     if profile is None:
         inv = job.inventory.sites
-        return analytical_profile(arch, {s: (inv[s].spec, inv[s].gpus_per_node, inv[s].gpu_cost_per_hour)
-                                         for s in sorted(sites)}, algorithm=job.spec.algorithm.kind)
+        return analytical_profile(
+            arch,
+            {s: (inv[s].spec, inv[s].gpus_per_node, inv[s].gpu_cost_per_hour) for s in sorted(sites)},
+            algorithm=job.spec.algorithm.kind,
+        )
     if profile.model.name != arch.name:
-        raise ConfigError(profile_file, "model.name", f"profile is for {profile.model.name!r}, job trains {arch.name!r}",
-                          hint=f"run rlctl profile --model {arch.name}")
+        raise ConfigError(
+            profile_file,
+            "model.name",
+            f"profile is for {profile.model.name!r}, job trains {arch.name!r}",
+            hint=f"run rlctl profile --model {arch.name}",
+        )
     missing = sorted(sites - set(profile.sites))
     if missing:
-        raise ConfigError(profile_file, "sites", f"no profile for site(s) {', '.join(missing)}; has "
-                          f"{', '.join(sorted(profile.sites))}", hint="profile every site the job places a role on")
+        raise ConfigError(
+            profile_file,
+            "sites",
+            f"no profile for site(s) {', '.join(missing)}; has {', '.join(sorted(profile.sites))}",
+            hint="profile every site the job places a role on",
+        )
     return profile
 
 
@@ -121,35 +132,55 @@ def make_plan(
         if t_fixed is not None and fixed_x is not None:
             n_shared = t_fixed + fixed_x
         if n_shared > inv.sites[t_site].total_gpus:
-            raise PlanError(f"site {t_site!r}: trainer {t_fixed} + rollout {fixed_x} GPUs > "
-                            f"{inv.sites[t_site].total_gpus} available")
+            raise PlanError(
+                f"site {t_site!r}: trainer {t_fixed} + rollout {fixed_x} GPUs > "
+                f"{inv.sites[t_site].total_gpus} available"
+            )
         budgets[t_site] = n_train = n_shared
     gcurves: dict[str, GenCurve] = {}
     for s in r_sites:
-        gcurves[s] = gen_curve(prof.sites[s], plan_lengths, prompt_tokens=lm.prompt_tokens,
-                               engine_max_batch=spec.rollout.max_batch_size, max_gpus=budgets[s],
-                               tp=spec.rollout.tensor_parallel)
+        gcurves[s] = gen_curve(
+            prof.sites[s],
+            plan_lengths,
+            prompt_tokens=lm.prompt_tokens,
+            engine_max_batch=spec.rollout.max_batch_size,
+            max_gpus=budgets[s],
+            tp=spec.rollout.tensor_parallel,
+        )
         if not gcurves[s].costs:
-            raise PlanError(f"site {s!r}: model {arch.name} does not fit on {prof.sites[s].gpu} at any TP degree "
-                            f"≤ {prof.sites[s].gpus_per_node}", hint="use a larger GPU or a smaller model")
-    tcurve = train_stage_curve(prof.sites[t_site], tw, max_gpus=n_train, node_bytes_per_s=_node_bytes_per_s(
-        inv.sites[t_site]))
+            raise PlanError(
+                f"site {s!r}: model {arch.name} does not fit on {prof.sites[s].gpu} at any TP degree "
+                f"≤ {prof.sites[s].gpus_per_node}",
+                hint="use a larger GPU or a smaller model",
+            )
+    tcurve = train_stage_curve(
+        prof.sites[t_site], tw, max_gpus=n_train, node_bytes_per_s=_node_bytes_per_s(inv.sites[t_site])
+    )
     if not np.isfinite(tcurve.seconds).any():
-        raise PlanError(f"site {t_site!r}: {arch.name} training state does not fit in {n_train} × "
-                        f"{prof.sites[t_site].gpu}", hint="add GPUs to the trainer site")
+        raise PlanError(
+            f"site {t_site!r}: {arch.name} training state does not fit in {n_train} × {prof.sites[t_site].gpu}",
+            hint="add GPUs to the trainer site",
+        )
     train_s = _mask_fixed(tcurve.seconds, t_fixed)
     try:
-        choice, alt, order, base = _allocate(job, gcurves, (train_s, tcurve.seconds), budgets, r_fixed, n_train,
-                                             shared, t_site)
+        choice, alt, order, base = _allocate(
+            job, gcurves, (train_s, tcurve.seconds), budgets, r_fixed, n_train, shared, t_site
+        )
     except ValueError as e:
         raise PlanError(f"{spec.name}: {e}", hint="check the GPU counts in placement") from e
     chosen = choice if spec.planning.rule == "paper" else alt
     per_site = alloc.split_combined(chosen.x, [budgets[s] for s in r_sites], order)
-    out = _assemble(job, prof, lm, gcurves, tcurve, chosen, choice, alt, dict(zip(r_sites, per_site, strict=True)),
-                    tw, opts)
-    out["baseline"] = {"kind": "even_split" if shared else "full_allocation", "rollout_gpus": base.x,
-                       "trainer_gpus": base.y, "t_gen_s": base.t_gen_s, "t_train_s": base.t_train_s,
-                       "iteration_s": base.iteration_s}
+    out = _assemble(
+        job, prof, lm, gcurves, tcurve, chosen, choice, alt, dict(zip(r_sites, per_site, strict=True)), tw, opts
+    )
+    out["baseline"] = {
+        "kind": "even_split" if shared else "full_allocation",
+        "rollout_gpus": base.x,
+        "trainer_gpus": base.y,
+        "t_gen_s": base.t_gen_s,
+        "t_train_s": base.t_train_s,
+        "iteration_s": base.iteration_s,
+    }
     curves = out.pop("stage_curves", None)
     out = _json_safe(out)
     if curves is not None:  # only finite points are listed: no conversion needed (it is the bulk of a big plan)
@@ -170,9 +201,16 @@ def _json_safe(v: Any) -> Any:
     return v
 
 
-def _allocate(job: Job, gcurves: dict[str, GenCurve], train: tuple[np.ndarray, np.ndarray], budgets: dict[str, int],
-              r_fixed: dict[str, int | None], n_train: int, shared: bool, t_site: str
-              ) -> tuple[alloc.Choice, alloc.Choice, list[int], alloc.Choice]:
+def _allocate(
+    job: Job,
+    gcurves: dict[str, GenCurve],
+    train: tuple[np.ndarray, np.ndarray],
+    budgets: dict[str, int],
+    r_fixed: dict[str, int | None],
+    n_train: int,
+    shared: bool,
+    t_site: str,
+) -> tuple[alloc.Choice, alloc.Choice, list[int], alloc.Choice]:
     """(paper rule, fewest GPUs within ε, rollout fill order, baseline: even split or full allocation).
 
     `train` = (curve masked to fixed counts, unmasked curve); the baseline ignores fixed counts.
@@ -212,9 +250,19 @@ def _noise(recall: float, sigma: float) -> float:
     return noise_for_recall(recall, sigma=sigma)
 
 
-def _assemble(job: Job, prof: ProfileFile, lm: LengthModel, gcurves: dict[str, GenCurve], tcurve: TrainCurve,
-              chosen: alloc.Choice, paper: alloc.Choice, fewest: alloc.Choice, per_site: dict[str, int],
-              tw: TrainWorkload, opts: PlanOptions) -> dict[str, Any]:
+def _assemble(
+    job: Job,
+    prof: ProfileFile,
+    lm: LengthModel,
+    gcurves: dict[str, GenCurve],
+    tcurve: TrainCurve,
+    chosen: alloc.Choice,
+    paper: alloc.Choice,
+    fewest: alloc.Choice,
+    per_site: dict[str, int],
+    tw: TrainWorkload,
+    opts: PlanOptions,
+) -> dict[str, Any]:
     spec = job.spec
     inv = job.inventory
     t_site = spec.placement.trainer.site
@@ -222,21 +270,35 @@ def _assemble(job: Job, prof: ProfileFile, lm: LengthModel, gcurves: dict[str, G
     if tcfg is None:
         raise PlanError("no feasible trainer configuration")
     units: list[Unit] = []
-    allocation: list[dict[str, Any]] = [{
-        "site": t_site, "role": "trainer", "gpu": prof.sites[t_site].gpu, "gpus_used": tcfg.gpus,
-        "gpus_available": inv.sites[t_site].total_gpus, "config": tcfg.as_dict(), "instances": 1,
-        "predicted_s": float(tcurve.seconds[chosen.y]),
-    }]
+    allocation: list[dict[str, Any]] = [
+        {
+            "site": t_site,
+            "role": "trainer",
+            "gpu": prof.sites[t_site].gpu,
+            "gpus_used": tcfg.gpus,
+            "gpus_available": inv.sites[t_site].total_gpus,
+            "config": tcfg.as_dict(),
+            "instances": 1,
+            "predicted_s": float(tcurve.seconds[chosen.y]),
+        }
+    ]
     for s, x in per_site.items():
         cfg = gcurves[s].configs[x] if x > 0 else None
         if cfg is not None:
             units += [Unit(s, gcurves[s].costs[cfg.tp])] * cfg.instances
-        allocation.append({
-            "site": s, "role": "rollout", "gpu": prof.sites[s].gpu, "gpus_used": cfg.gpus if cfg else 0,
-            "gpus_available": inv.sites[s].total_gpus, "config": {"tp": cfg.tp, "dp": cfg.instances} if cfg else None,
-            "instances": cfg.instances if cfg else 0, "predicted_s": float(gcurves[s].seconds[x]) if x else None,
-            "max_batch": gcurves[s].costs[cfg.tp].max_batch if cfg else None,
-        })
+        allocation.append(
+            {
+                "site": s,
+                "role": "rollout",
+                "gpu": prof.sites[s].gpu,
+                "gpus_used": cfg.gpus if cfg else 0,
+                "gpus_available": inv.sites[s].total_gpus,
+                "config": {"tp": cfg.tp, "dp": cfg.instances} if cfg else None,
+                "instances": cfg.instances if cfg else 0,
+                "predicted_s": float(gcurves[s].seconds[x]) if x else None,
+                "max_batch": gcurves[s].costs[cfg.tp].max_batch if cfg else None,
+            }
+        )
     if not units:
         raise PlanError("the allocation has no rollout instance")
     sim = _simulate(job, lm, units, tw, float(tcurve.seconds[chosen.y]), per_site, opts)
@@ -246,29 +308,62 @@ def _assemble(job: Job, prof: ProfileFile, lm: LengthModel, gcurves: dict[str, G
     cost_u = sum(g * c for g, c in used) * iteration_s / 3600
     per_k = 1000 / tw.samples
     out: dict[str, Any] = {
-        "job": spec.name, "model": prof.model.name, "profile_source": prof.source, "mode": spec.pipeline.mode,
-        "samples_per_iteration": tw.samples, "rule": spec.planning.rule,
+        "job": spec.name,
+        "model": prof.model.name,
+        "profile_source": prof.source,
+        "mode": spec.pipeline.mode,
+        "samples_per_iteration": tw.samples,
+        "rule": spec.planning.rule,
         "allocation": allocation,
-        "alternatives": {name: {"rollout_gpus": c.x, "trainer_gpus": c.y, "t_gen_s": c.t_gen_s,
-                                "t_train_s": c.t_train_s, "iteration_s": c.iteration_s}
-                         for name, c in (("paper", paper), ("fewest_gpus", fewest))},
+        "alternatives": {
+            name: {
+                "rollout_gpus": c.x,
+                "trainer_gpus": c.y,
+                "t_gen_s": c.t_gen_s,
+                "t_train_s": c.t_train_s,
+                "iteration_s": c.iteration_s,
+            }
+            for name, c in (("paper", paper), ("fewest_gpus", fewest))
+        },
         **sim,
         "rebalance": _rebalance(gcurves, per_site, _free_gpus(allocation, inv), sim["predicted"]),
-        "cost": {"gpu_hours_per_iteration": gpu_h, "cost_units_per_iteration": cost_u,
-                 "gpu_hours_per_1k_samples": gpu_h * per_k, "cost_units_per_1k_samples": cost_u * per_k},
+        "cost": {
+            "gpu_hours_per_iteration": gpu_h,
+            "cost_units_per_iteration": cost_u,
+            "gpu_hours_per_1k_samples": gpu_h * per_k,
+            "cost_units_per_1k_samples": cost_u * per_k,
+        },
     }
     if opts.curves_in_output:
         out["stage_curves"] = {
-            "generation": {s: [{"gpus": x, "seconds": float(c.seconds[x]), "tp": cfg.tp, "instances": cfg.instances}
-                               for x, cfg in enumerate(c.configs) if cfg is not None] for s, c in gcurves.items()},
-            "training": {t_site: [{"gpus": y, "seconds": float(tcurve.seconds[y]), **cfg.as_dict()}
-                                  for y, cfg in enumerate(tcurve.configs) if cfg is not None]},
+            "generation": {
+                s: [
+                    {"gpus": x, "seconds": float(c.seconds[x]), "tp": cfg.tp, "instances": cfg.instances}
+                    for x, cfg in enumerate(c.configs)
+                    if cfg is not None
+                ]
+                for s, c in gcurves.items()
+            },
+            "training": {
+                t_site: [
+                    {"gpus": y, "seconds": float(tcurve.seconds[y]), **cfg.as_dict()}
+                    for y, cfg in enumerate(tcurve.configs)
+                    if cfg is not None
+                ]
+            },
         }
     return out
 
 
-def _simulate(job: Job, lm: LengthModel, units: list[Unit], tw: TrainWorkload, train_s: float,
-              per_site: dict[str, int], opts: PlanOptions) -> dict[str, Any]:
+def _simulate(
+    job: Job,
+    lm: LengthModel,
+    units: list[Unit],
+    tw: TrainWorkload,
+    train_s: float,
+    per_site: dict[str, int],
+    opts: PlanOptions,
+) -> dict[str, Any]:
     spec = job.spec
     rng = np.random.default_rng(spec.seed)
     noise = _noise(opts.ranker_recall, lm.sigma)
@@ -282,26 +377,49 @@ def _simulate(job: Job, lm: LengthModel, units: list[Unit], tw: TrainWorkload, t
         if first_pred is None:
             first_pred, first_len = pred, lengths
         # Algorithm 2 decides N_l on the first batch; later batches keep it (as a controller would)
-        g = simulate_generation(lengths, pred, units, dcfg, prompt_tokens=lm.prompt_tokens, rng=rng,
-                                keep_splits=gens[0].splits if gens else None)
+        g = simulate_generation(
+            lengths,
+            pred,
+            units,
+            dcfg,
+            prompt_tokens=lm.prompt_tokens,
+            rng=rng,
+            keep_splits=gens[0].splits if gens else None,
+        )
         gens.append(g)
-        works.append(IterationWork(g.finish_s, (lengths + lm.prompt_tokens).astype(float), train_s,
-                                   spec.batch.train_micro_batch_samples))
+        works.append(
+            IterationWork(
+                g.finish_s, (lengths + lm.prompt_tokens).astype(float), train_s, spec.batch.train_micro_batch_samples
+            )
+        )
     w_s = _weight_sync_s(job, per_site)
     works = [works[i % len(works)] for i in range(max(len(works), 4))]  # the pipeline needs a steady state
-    iteration = {m: simulate_job(works, mode=m, weight_sync_s=w_s, eta=spec.pipeline.eta if m == "async" else 0)
-                 .iteration_s() for m in MODES}
+    iteration = {
+        m: simulate_job(works, mode=m, weight_sync_s=w_s, eta=spec.pipeline.eta if m == "async" else 0).iteration_s()
+        for m in MODES
+    }
     t_gen = float(np.mean([g.makespan_s for g in gens]))
     assert first_pred is not None and first_len is not None
     return {
-        "predicted": {"t_gen_s": t_gen, "t_train_s": train_s, "weight_sync_s": w_s, "iteration_s": iteration,
-                      "samples_per_s": {m: tw.samples / t for m, t in iteration.items()}},
+        "predicted": {
+            "t_gen_s": t_gen,
+            "t_train_s": train_s,
+            "weight_sync_s": w_s,
+            "iteration_s": iteration,
+            "samples_per_s": {m: tw.samples / t for m, t in iteration.items()},
+        },
         "dispatch": _dispatch_report(lm, units, first_len, first_pred, dcfg, gens[0]),
     }
 
 
-def _dispatch_report(lm: LengthModel, units: list[Unit], all_lengths: np.ndarray, all_pred: np.ndarray,
-                     dcfg: DispatchConfig, gen: GenResult) -> dict[str, Any]:
+def _dispatch_report(
+    lm: LengthModel,
+    units: list[Unit],
+    all_lengths: np.ndarray,
+    all_pred: np.ndarray,
+    dcfg: DispatchConfig,
+    gen: GenResult,
+) -> dict[str, Any]:
     """Algorithm 2 on the largest rollout site (its share of the first simulated batch): both rules ×
     three cost models (Eq. 2 with P90/P50, Eq. 2 with group means + critical path, the simulator),
     each split simulated on the true lengths; identical splits are simulated once."""
@@ -320,27 +438,49 @@ def _dispatch_report(lm: LengthModel, units: list[Unit], all_lengths: np.ndarray
             simulated[key] = simulate_split(lengths, pred, cost, sp, prompt_tokens=lm.prompt_tokens)
         return simulated[key]
 
-    combos: list[tuple[Rule, Estimate]] = [("sum", "quantile"), ("max", "quantile"), ("sum", "mean"), ("max", "mean"),
-                                           ("max", "simulate")]
+    combos: list[tuple[Rule, Estimate]] = [
+        ("sum", "quantile"),
+        ("max", "quantile"),
+        ("sum", "mean"),
+        ("max", "mean"),
+        ("max", "simulate"),
+    ]
     for rule, est in combos:
         cfg = DispatchConfig("skew_aware", dcfg.alpha, rule, length_estimate=est)
         sp = site_split(pred, cost, n_units, cfg, prompt_tokens=lm.prompt_tokens, length_dist=lengths)
         sim_s = sim_of(sp)
         table[_key(rule, est)] = {
-            "rule": rule if est != "simulate" else "-", "length_estimate": est, "long_tail_units": sp.num_long,
-            "regular_units": sp.num_regular, "long_tail_batch": sp.long_batch, "regular_batch": sp.regular_batch,
-            "estimate_s": sp.latency_s, "simulated_s": sim_s,
-            "abs_error": abs(sp.latency_s - sim_s) / max(sim_s, 1e-12)}
+            "rule": rule if est != "simulate" else "-",
+            "length_estimate": est,
+            "long_tail_units": sp.num_long,
+            "regular_units": sp.num_regular,
+            "long_tail_batch": sp.long_batch,
+            "regular_batch": sp.regular_batch,
+            "estimate_s": sp.latency_s,
+            "simulated_s": sim_s,
+            "abs_error": abs(sp.latency_s - sim_s) / max(sim_s, 1e-12),
+        }
     chosen = table[_key(dcfg.rule, dcfg.length_estimate)]
-    no_split = sim_of(fixed_split(list(pred), num_units=n_units, num_long=0, alpha=dcfg.alpha, long_batch=0,
-                                  regular_batch=cost.max_batch))
+    no_split = sim_of(
+        fixed_split(
+            list(pred), num_units=n_units, num_long=0, alpha=dcfg.alpha, long_batch=0, regular_batch=cost.max_batch
+        )
+    )
     return {
-        "policy": dcfg.policy, "rule": dcfg.rule, "length_estimate": dcfg.length_estimate, "alpha": dcfg.alpha,
-        "site": site, "long_tail_units": chosen["long_tail_units"], "regular_units": chosen["regular_units"],
-        "long_tail_batch": chosen["long_tail_batch"], "regular_batch": chosen["regular_batch"],
+        "policy": dcfg.policy,
+        "rule": dcfg.rule,
+        "length_estimate": dcfg.length_estimate,
+        "alpha": dcfg.alpha,
+        "site": site,
+        "long_tail_units": chosen["long_tail_units"],
+        "regular_units": chosen["regular_units"],
+        "long_tail_batch": chosen["long_tail_batch"],
+        "regular_batch": chosen["regular_batch"],
         "candidates": table,
         "better_rule": _better({r: table[f"{r}/quantile"] for r in ("sum", "max")}),
-        "samples_on_site": int(mine.sum()), "no_split_simulated_s": no_split, "policy_simulated_s": gen.makespan_s,
+        "samples_on_site": int(mine.sum()),
+        "no_split_simulated_s": no_split,
+        "policy_simulated_s": gen.makespan_s,
     }
 
 
@@ -359,8 +499,11 @@ def _weight_sync_s(job: Job, per_site: dict[str, int]) -> float:
     inv = job.inventory
     t_site = spec.placement.trainer.site
     full = job.spec.model.arch.weight_bytes
-    size = full if spec.weight_sync.mode == "full" else full * (
-        1 / spec.weight_sync.anchor_every + (1 - 1 / spec.weight_sync.anchor_every) * DELTA_FRACTION)
+    size = (
+        full
+        if spec.weight_sync.mode == "full"
+        else full * (1 / spec.weight_sync.anchor_every + (1 - 1 / spec.weight_sync.anchor_every) * DELTA_FRACTION)
+    )
     worst = 0.0
     for s, x in per_site.items():
         if x == 0:
@@ -371,12 +514,22 @@ def _weight_sync_s(job: Job, per_site: dict[str, int]) -> float:
         else:
             link = inv.link(t_site, s)
             if link is None:
-                raise PlanError(f"no link declared between {t_site!r} and {s!r}",
-                                hint="add it under 'links:' in an inventory file")
+                raise PlanError(
+                    f"no link declared between {t_site!r} and {s!r}", hint="add it under 'links:' in an inventory file"
+                )
             link_bps, lat = link.bandwidth_gbps * 1e9 / 8, link.latency_ms / 1e3
         hops = max(0, x // max(1, inv.sites[s].gpus_per_node) - 1)  # one relay per node after the first
-        worst = max(worst, weight_transfer_s(size, link_bytes_per_s=link_bps, latency_s=lat, local_bytes_per_s=local,
-                                             num_local_hops=hops, chunk_bytes=spec.weight_sync.chunk_bytes))
+        worst = max(
+            worst,
+            weight_transfer_s(
+                size,
+                link_bytes_per_s=link_bps,
+                latency_s=lat,
+                local_bytes_per_s=local,
+                num_local_hops=hops,
+                chunk_bytes=spec.weight_sync.chunk_bytes,
+            ),
+        )
     return worst
 
 
@@ -387,8 +540,9 @@ def _free_gpus(allocation: list[dict[str, Any]], inv: Any) -> dict[str, int]:
     return {s: inv.sites[s].total_gpus - u for s, u in used.items()}
 
 
-def _rebalance(gcurves: dict[str, GenCurve], per_site: dict[str, int], free: dict[str, int],
-               predicted: dict[str, Any]) -> dict[str, Any]:
+def _rebalance(
+    gcurves: dict[str, GenCurve], per_site: dict[str, int], free: dict[str, int], predicted: dict[str, Any]
+) -> dict[str, Any]:
     """δ' = reduction of generation time from one more DP unit on the best site with free GPUs.
 
     P_gen comes from the stage curve of the planning workload; as lengths grow the controller
@@ -404,8 +558,14 @@ def _rebalance(gcurves: dict[str, GenCurve], per_site: dict[str, int], free: dic
         gain = est.time_s(n) - est.time_s(n + 1) if n else math.inf
         options.append((tp <= free[s], gain, s, tp))
     has_free, gain, site, tp = max(options)
-    out = {"delta_s": delta, "delta_prime_s": gain, "site": site, "unit_gpus": tp, "free_gpus": free[site],
-           "add_unit": bool(has_free and delta >= gain)}
+    out = {
+        "delta_s": delta,
+        "delta_prime_s": gain,
+        "site": site,
+        "unit_gpus": tp,
+        "free_gpus": free[site],
+        "add_unit": bool(has_free and delta >= gain),
+    }
     if not has_free:
         out["reason"] = "no rollout site has free GPUs for another unit (δ' is what one would gain)"
     return out

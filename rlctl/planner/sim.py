@@ -36,8 +36,15 @@ Policy = Literal["random", "skew_aware", "oracle", "balanced"]
 Estimate = Literal["quantile", "mean", "simulate"]  # Alg. 2 cost model: Eq. 2 (P90/P50, group means) or simulator
 
 
-def run_instance(lengths: Sequence[int] | np.ndarray, *, ptl_s: np.ndarray, batch_cap: int, prefill_s: float = 0.0,
-                 admit_fixed_s: float = 0.0, compact_fraction: float | None = None) -> np.ndarray:
+def run_instance(
+    lengths: Sequence[int] | np.ndarray,
+    *,
+    ptl_s: np.ndarray,
+    batch_cap: int,
+    prefill_s: float = 0.0,
+    admit_fixed_s: float = 0.0,
+    compact_fraction: float | None = None,
+) -> np.ndarray:
     """Finish time (s) of each sample, admitted in the given order with continuous batching.
 
     A step with admissions pays `admit_fixed_s` + `prefill_s` per admitted sample. A step costs
@@ -135,9 +142,16 @@ class DispatchConfig:
     length_estimate: Estimate = "simulate"
 
 
-def simulate_generation(lengths: np.ndarray, pred: np.ndarray, units: Sequence[Unit], dispatch: DispatchConfig, *,
-                        prompt_tokens: int = 0, rng: np.random.Generator | None = None,
-                        keep_splits: dict[str, tuple[int, int]] | None = None) -> GenResult:
+def simulate_generation(
+    lengths: np.ndarray,
+    pred: np.ndarray,
+    units: Sequence[Unit],
+    dispatch: DispatchConfig,
+    *,
+    prompt_tokens: int = 0,
+    rng: np.random.Generator | None = None,
+    keep_splits: dict[str, tuple[int, int]] | None = None,
+) -> GenResult:
     """Generate one batch on `units`. Sites with different GPUs get samples in proportion to their speed.
 
     - random: shuffled, equal counts per unit, FIFO inside a unit, full batch cap;
@@ -161,8 +175,12 @@ def simulate_generation(lengths: np.ndarray, pred: np.ndarray, units: Sequence[U
     sites: dict[str, list[int]] = {}
     for u, unit in enumerate(units):
         sites.setdefault(unit.site, []).append(u)
-    speed = np.array([len(us) * units[us[0]].cost.max_batch / units[us[0]].cost.ptl(units[us[0]].cost.max_batch)
-                      for us in sites.values()])
+    speed = np.array(
+        [
+            len(us) * units[us[0]].cost.max_batch / units[us[0]].cost.ptl(units[us[0]].cost.max_batch)
+            for us in sites.values()
+        ]
+    )
     order = lpt_order(list(pred)) if policy != "random" else list(rng.permutation(n))
     counts = _proportional_counts(speed, n)
     # deal samples round-robin by weight so every site gets a share of long and short ones
@@ -188,11 +206,18 @@ def simulate_generation(lengths: np.ndarray, pred: np.ndarray, units: Sequence[U
             # D for Algorithm 2: the length distribution (known from recent iterations; here this batch's)
             if keep_splits is not None and site in keep_splits:
                 nl, bl = keep_splits[site]
-                split = fixed_split(list(sub_pred), num_units=len(us), num_long=nl, alpha=dispatch.alpha,
-                                    long_batch=bl, regular_batch=cost.max_batch)
+                split = fixed_split(
+                    list(sub_pred),
+                    num_units=len(us),
+                    num_long=nl,
+                    alpha=dispatch.alpha,
+                    long_batch=bl,
+                    regular_batch=cost.max_batch,
+                )
             else:
-                split = site_split(sub_pred, cost, len(us), dispatch, prompt_tokens=prompt_tokens,
-                                   length_dist=lengths[ids])
+                split = site_split(
+                    sub_pred, cost, len(us), dispatch, prompt_tokens=prompt_tokens, length_dist=lengths[ids]
+                )
             used[site] = (split.num_long, split.long_batch)
             groups = dispatch_skew(list(sub_pred), split)
             caps = [split.long_batch] * split.num_long + [cost.max_batch] * split.num_regular
@@ -203,8 +228,14 @@ def simulate_generation(lengths: np.ndarray, pred: np.ndarray, units: Sequence[U
             idx = [ids[j] for j in grp]
             if policy != "random":
                 idx = [idx[j] for j in lpt_order(list(pred[idx]))]
-            f = run_instance(lengths[idx], ptl_s=cost.ptl_s, batch_cap=cap, prefill_s=pfill,
-                             admit_fixed_s=cost.admit_fixed_s, compact_fraction=cost.compact_fraction)
+            f = run_instance(
+                lengths[idx],
+                ptl_s=cost.ptl_s,
+                batch_cap=cap,
+                prefill_s=pfill,
+                admit_fixed_s=cost.admit_fixed_s,
+                compact_fraction=cost.compact_fraction,
+            )
             finish[idx] = f
             unit_of[idx] = u
             busy[u] = f.max() if len(f) else 0.0
@@ -215,22 +246,51 @@ def _kv_bound(cost: DecodeCost, prompt_tokens: int) -> Callable[[float], int]:
     return lambda length: cost.batch_bound(prompt_tokens + length)
 
 
-def site_split(pred: np.ndarray, cost: DecodeCost, num_units: int, dispatch: DispatchConfig, *,
-               prompt_tokens: int, length_dist: np.ndarray | None = None) -> SkewSplit:
+def site_split(
+    pred: np.ndarray,
+    cost: DecodeCost,
+    num_units: int,
+    dispatch: DispatchConfig,
+    *,
+    prompt_tokens: int,
+    length_dist: np.ndarray | None = None,
+) -> SkewSplit:
     """Algorithm 2 for one site's units: forced, Eq. 2 based, or chosen by simulating the candidates."""
     bound = _kv_bound(cost, prompt_tokens)
     if dispatch.force_long_units is not None:
-        return fixed_split(list(pred), num_units=num_units, num_long=dispatch.force_long_units, alpha=dispatch.alpha,
-                           long_batch=dispatch.force_long_batch or cost.max_batch, regular_batch=cost.max_batch)
+        return fixed_split(
+            list(pred),
+            num_units=num_units,
+            num_long=dispatch.force_long_units,
+            alpha=dispatch.alpha,
+            long_batch=dispatch.force_long_batch or cost.max_batch,
+            regular_batch=cost.max_batch,
+        )
     if dispatch.length_estimate != "simulate":
-        return skew_split(list(pred), num_units=num_units, ptl_s=cost.ptl, max_batch=bound, alpha=dispatch.alpha,
-                          rule=dispatch.rule, length_estimate=dispatch.length_estimate)
-    return split_by_simulation(pred, cost, num_units, alpha=dispatch.alpha, prompt_tokens=prompt_tokens,
-                               length_dist=length_dist)
+        return skew_split(
+            list(pred),
+            num_units=num_units,
+            ptl_s=cost.ptl,
+            max_batch=bound,
+            alpha=dispatch.alpha,
+            rule=dispatch.rule,
+            length_estimate=dispatch.length_estimate,
+        )
+    return split_by_simulation(
+        pred, cost, num_units, alpha=dispatch.alpha, prompt_tokens=prompt_tokens, length_dist=length_dist
+    )
 
 
-def split_by_simulation(pred: np.ndarray, cost: DecodeCost, num_units: int, *, alpha: float, prompt_tokens: int,
-                        length_dist: np.ndarray | None = None, max_candidates: int = 12) -> SkewSplit:
+def split_by_simulation(
+    pred: np.ndarray,
+    cost: DecodeCost,
+    num_units: int,
+    *,
+    alpha: float,
+    prompt_tokens: int,
+    length_dist: np.ndarray | None = None,
+    max_candidates: int = 12,
+) -> SkewSplit:
     """Algorithm 2 with the simulator as the cost model: simulate each N_l on rank-mapped lengths.
 
     The ranker is trusted for the order only (StreamRL §5.2): sample k-th in predicted order gets
@@ -244,8 +304,9 @@ def split_by_simulation(pred: np.ndarray, cost: DecodeCost, num_units: int, *, a
     """
     n = len(pred)
     if n <= num_units or num_units < 2:
-        return fixed_split(list(pred), num_units=num_units, num_long=0, alpha=alpha, long_batch=0,
-                           regular_batch=cost.max_batch)
+        return fixed_split(
+            list(pred), num_units=num_units, num_long=0, alpha=alpha, long_batch=0, regular_batch=cost.max_batch
+        )
     if num_units <= max_candidates:
         cands = list(range(num_units))
     else:
@@ -260,8 +321,14 @@ def split_by_simulation(pred: np.ndarray, cost: DecodeCost, num_units: int, *, a
     tried = []
     for nl in cands:
         bs_long = max(1, min(-(-n_long // nl), cost.batch_bound(prompt_tokens + long_len))) if nl else 0
-        split = fixed_split(list(pred), num_units=num_units, num_long=int(nl), alpha=alpha, long_batch=bs_long,
-                            regular_batch=cost.max_batch)
+        split = fixed_split(
+            list(pred),
+            num_units=num_units,
+            num_long=int(nl),
+            alpha=alpha,
+            long_batch=bs_long,
+            regular_batch=cost.max_batch,
+        )
         t = simulate_split(ints, pred, cost, split, prompt_tokens=prompt_tokens)
         tried.append((int(nl), t))
         if best is None or t < best[0]:
@@ -270,15 +337,30 @@ def split_by_simulation(pred: np.ndarray, cost: DecodeCost, num_units: int, *, a
     return replace(best[1], latency_s=best[0], candidates=tried)
 
 
-def simulate_split(lengths: np.ndarray, pred: np.ndarray, cost: DecodeCost, split: SkewSplit, *,
-                   prompt_tokens: int) -> float:
+def simulate_split(
+    lengths: np.ndarray, pred: np.ndarray, cost: DecodeCost, split: SkewSplit, *, prompt_tokens: int
+) -> float:
     """Makespan of one site's identical units under a given split (LPT by prediction inside each unit)."""
     groups = dispatch_skew(list(pred), split)
     caps = [split.long_batch] * split.num_long + [cost.max_batch] * split.num_regular
     pfill = prompt_tokens * cost.prefill_s_per_token
-    return max((float(run_instance(lengths[g], ptl_s=cost.ptl_s, batch_cap=c, prefill_s=pfill,
-                                   admit_fixed_s=cost.admit_fixed_s, compact_fraction=cost.compact_fraction).max())
-                for g, c in zip(groups, caps, strict=True) if g), default=0.0)
+    return max(
+        (
+            float(
+                run_instance(
+                    lengths[g],
+                    ptl_s=cost.ptl_s,
+                    batch_cap=c,
+                    prefill_s=pfill,
+                    admit_fixed_s=cost.admit_fixed_s,
+                    compact_fraction=cost.compact_fraction,
+                ).max()
+            )
+            for g, c in zip(groups, caps, strict=True)
+            if g
+        ),
+        default=0.0,
+    )
 
 
 class GenEstimator:
@@ -300,8 +382,13 @@ class GenEstimator:
         m = -(-b // max(num_units, 1))
         if m not in self._cache:
             pick = self.lengths[np.floor(np.arange(m) * (b / m)).astype(int)]
-            f = run_instance(pick.astype(np.int64), ptl_s=self.cost.ptl_s, batch_cap=self.cost.max_batch,
-                             prefill_s=self.prefill_s, admit_fixed_s=self.cost.admit_fixed_s,
-                             compact_fraction=self.cost.compact_fraction)
+            f = run_instance(
+                pick.astype(np.int64),
+                ptl_s=self.cost.ptl_s,
+                batch_cap=self.cost.max_batch,
+                prefill_s=self.prefill_s,
+                admit_fixed_s=self.cost.admit_fixed_s,
+                compact_fraction=self.cost.compact_fraction,
+            )
             self._cache[m] = float(f.max())
         return self._cache[m]

@@ -50,8 +50,15 @@ class JobTimeline:
         return (ends[-1] - ends[warmup]) / (len(ends) - 1 - warmup)
 
 
-def weight_transfer_s(weight_bytes: float, *, link_bytes_per_s: float, latency_s: float, local_bytes_per_s: float,
-                      num_local_hops: int, chunk_bytes: float) -> float:
+def weight_transfer_s(
+    weight_bytes: float,
+    *,
+    link_bytes_per_s: float,
+    latency_s: float,
+    local_bytes_per_s: float,
+    num_local_hops: int,
+    chunk_bytes: float,
+) -> float:
     """Root → one rollout unit over the link, then a pipelined chain to the others: T ≈ (S + (h−1)·c)/B."""
     t = latency_s + weight_bytes / link_bytes_per_s
     if num_local_hops > 0:
@@ -59,8 +66,9 @@ def weight_transfer_s(weight_bytes: float, *, link_bytes_per_s: float, latency_s
     return t
 
 
-def simulate_job(works: Sequence[IterationWork], *, mode: Mode, weight_sync_s: float,
-                 eta: int | None = None) -> JobTimeline:
+def simulate_job(
+    works: Sequence[IterationWork], *, mode: Mode, weight_sync_s: float, eta: int | None = None
+) -> JobTimeline:
     eta = (1 if mode == "async" else 0) if eta is None else eta
     gen_start: list[float] = []
     gen_end: list[float] = []

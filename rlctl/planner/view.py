@@ -13,37 +13,81 @@ def _s(v: float | None) -> str:
 
 
 def plan_table(p: dict[str, Any]) -> str:
-    rows = [[a["site"], a["role"], a["gpu"], f"{a['gpus_used']}/{a['gpus_available']}",
-             " ".join(f"{k}={v}" for k, v in (a["config"] or {}).items()), a["instances"], _s(a["predicted_s"])]
-            for a in p["allocation"]]
-    out = [grid(rows, ["site", "role", "gpu", "gpus used/avail", "config", "instances", "stage s"],
-                f"Allocation of {p['job']} ({p['model']}, rule {p['rule']}, profile {p['profile_source']})")]
-    alt = [[name, a["rollout_gpus"], a["trainer_gpus"], _s(a["t_gen_s"]), _s(a["t_train_s"]), _s(a["iteration_s"])]
-           for name, a in {**p["alternatives"], "baseline:" + p["baseline"]["kind"]: p["baseline"]}.items()]
-    out.append(grid(alt, ["allocation", "rollout gpus", "trainer gpus", "gen s", "train s", "max s"],
-                    "Candidates (stage curves)"))
+    rows = [
+        [
+            a["site"],
+            a["role"],
+            a["gpu"],
+            f"{a['gpus_used']}/{a['gpus_available']}",
+            " ".join(f"{k}={v}" for k, v in (a["config"] or {}).items()),
+            a["instances"],
+            _s(a["predicted_s"]),
+        ]
+        for a in p["allocation"]
+    ]
+    out = [
+        grid(
+            rows,
+            ["site", "role", "gpu", "gpus used/avail", "config", "instances", "stage s"],
+            f"Allocation of {p['job']} ({p['model']}, rule {p['rule']}, profile {p['profile_source']})",
+        )
+    ]
+    alt = [
+        [name, a["rollout_gpus"], a["trainer_gpus"], _s(a["t_gen_s"]), _s(a["t_train_s"]), _s(a["iteration_s"])]
+        for name, a in {**p["alternatives"], "baseline:" + p["baseline"]["kind"]: p["baseline"]}.items()
+    ]
+    out.append(
+        grid(
+            alt,
+            ["allocation", "rollout gpus", "trainer gpus", "gen s", "train s", "max s"],
+            "Candidates (stage curves)",
+        )
+    )
     pr = p["predicted"]
-    modes = [[m, _s(t), f"{pr['samples_per_s'][m]:.2f}", "*" if m == p["mode"] else ""]
-             for m, t in pr["iteration_s"].items()]
-    out.append(grid(modes, ["mode", "iteration s", "samples/s", "job"],
-                    f"Simulated: t_gen {_s(pr['t_gen_s'])} s, t_train {_s(pr['t_train_s'])} s, "
-                    f"weight sync {_s(pr['weight_sync_s'])} s"))
+    modes = [
+        [m, _s(t), f"{pr['samples_per_s'][m]:.2f}", "*" if m == p["mode"] else ""] for m, t in pr["iteration_s"].items()
+    ]
+    out.append(
+        grid(
+            modes,
+            ["mode", "iteration s", "samples/s", "job"],
+            f"Simulated: t_gen {_s(pr['t_gen_s'])} s, t_train {_s(pr['t_train_s'])} s, "
+            f"weight sync {_s(pr['weight_sync_s'])} s",
+        )
+    )
     d = p["dispatch"]
-    drows = [[v["rule"], v["length_estimate"], v["long_tail_units"], v["regular_units"],
-              f"{v['long_tail_batch']}/{v['regular_batch']}", _s(v["estimate_s"]), _s(v["simulated_s"])]
-             for v in d["candidates"].values()]
-    out.append(grid(drows, ["Alg. 2 rule", "lengths", "long-tail units", "regular units", "batches", "estimate s",
-                            "simulated s"],
-                    f"Dispatch on {d['site']}: {d['policy']} ({d['rule']}/{d['length_estimate']}), α={d['alpha']}, "
-                    f"no-split {_s(d['no_split_simulated_s'])} s, rule closer to the simulator: {d['better_rule']}"))
+    drows = [
+        [
+            v["rule"],
+            v["length_estimate"],
+            v["long_tail_units"],
+            v["regular_units"],
+            f"{v['long_tail_batch']}/{v['regular_batch']}",
+            _s(v["estimate_s"]),
+            _s(v["simulated_s"]),
+        ]
+        for v in d["candidates"].values()
+    ]
+    out.append(
+        grid(
+            drows,
+            ["Alg. 2 rule", "lengths", "long-tail units", "regular units", "batches", "estimate s", "simulated s"],
+            f"Dispatch on {d['site']}: {d['policy']} ({d['rule']}/{d['length_estimate']}), α={d['alpha']}, "
+            f"no-split {_s(d['no_split_simulated_s'])} s, rule closer to the simulator: {d['better_rule']}",
+        )
+    )
     rb = p["rebalance"]
     c = p["cost"]
     verdict = rb.get("reason") or ("add one now (δ ≥ δ')" if rb["add_unit"] else "not needed (δ < δ')")
-    out.append(f"Rebalance: δ = {_s(rb['delta_s'])} s, δ' = {_s(rb['delta_prime_s'])} s for one more "
-               f"{rb['unit_gpus']}-GPU unit on {rb['site']}: {verdict}")
-    out.append(f"Cost: {c['gpu_hours_per_iteration']:.4g} GPU-h and {c['cost_units_per_iteration']:.4g} cost units "
-               f"per iteration; {c['gpu_hours_per_1k_samples']:.4g} GPU-h and {c['cost_units_per_1k_samples']:.4g} "
-               "cost units per 1k samples")
+    out.append(
+        f"Rebalance: δ = {_s(rb['delta_s'])} s, δ' = {_s(rb['delta_prime_s'])} s for one more "
+        f"{rb['unit_gpus']}-GPU unit on {rb['site']}: {verdict}"
+    )
+    out.append(
+        f"Cost: {c['gpu_hours_per_iteration']:.4g} GPU-h and {c['cost_units_per_iteration']:.4g} cost units "
+        f"per iteration; {c['gpu_hours_per_1k_samples']:.4g} GPU-h and {c['cost_units_per_1k_samples']:.4g} "
+        "cost units per 1k samples"
+    )
     return "\n\n".join(out)
 
 
@@ -57,11 +101,19 @@ def plan_plot(p: dict[str, Any], path: Path) -> None:
     b = p["baseline"]
     trainer = next(a for a in p["allocation"] if a["role"] == "trainer")
     groups = [
-        (b["kind"].replace("_", " "), [("generation", b["t_gen_s"], b["rollout_gpus"]),
-                                       ("training", b["t_train_s"], b["trainer_gpus"])]),
-        ("planned", [(f"gen @ {a['site']}", a["predicted_s"], a["gpus_used"])
-                     for a in p["allocation"] if a["role"] == "rollout" and a["gpus_used"]]
-         + [(f"train @ {trainer['site']}", trainer["predicted_s"], trainer["gpus_used"])]),
+        (
+            b["kind"].replace("_", " "),
+            [("generation", b["t_gen_s"], b["rollout_gpus"]), ("training", b["t_train_s"], b["trainer_gpus"])],
+        ),
+        (
+            "planned",
+            [
+                (f"gen @ {a['site']}", a["predicted_s"], a["gpus_used"])
+                for a in p["allocation"]
+                if a["role"] == "rollout" and a["gpus_used"]
+            ]
+            + [(f"train @ {trainer['site']}", trainer["predicted_s"], trainer["gpus_used"])],
+        ),
     ]
     fig, ax = plt.subplots(figsize=(7, 4))
     x = 0.0
@@ -75,15 +127,25 @@ def plan_plot(p: dict[str, Any], path: Path) -> None:
             ticks.append(x)
             labels.append(label)
             x += 1
-        ax.text((start + x - 1) / 2, -0.18, name, ha="center", transform=ax.get_xaxis_transform(), fontsize=9,
-                fontweight="bold")
+        ax.text(
+            (start + x - 1) / 2,
+            -0.18,
+            name,
+            ha="center",
+            transform=ax.get_xaxis_transform(),
+            fontsize=9,
+            fontweight="bold",
+        )
         x += 0.8
     ax.set_xticks(ticks, labels, fontsize=8)
     ax.set_ylabel("stage seconds per iteration")
     it = p["predicted"]["iteration_s"][p["mode"]]
     ax.set_title(f"{p['job']}: stage times ({p['mode']} iteration {it:.1f} s simulated)", fontsize=10)
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color="tab:blue"), plt.Rectangle((0, 0), 1, 1, color="tab:orange")],
-              labels=["generation", "training"], fontsize=8)
+    ax.legend(
+        handles=[plt.Rectangle((0, 0), 1, 1, color="tab:blue"), plt.Rectangle((0, 0), 1, 1, color="tab:orange")],
+        labels=["generation", "training"],
+        fontsize=8,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

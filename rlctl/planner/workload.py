@@ -30,13 +30,19 @@ class LengthModel:
 
     @classmethod
     def of(cls, task: LengthsTask) -> LengthModel:
-        return cls(task.median_output_tokens, task.sigma, task.max_output_tokens, task.prompt_tokens,
-                   task.growth_per_iteration)
+        return cls(
+            task.median_output_tokens, task.sigma, task.max_output_tokens, task.prompt_tokens, task.growth_per_iteration
+        )
 
     def scaled(self, factor: float) -> LengthModel:
         """The same distribution with every length (median and cap) multiplied by `factor`."""
-        return LengthModel(self.median * factor, self.sigma, max(1, round(self.cap * factor)), self.prompt_tokens,
-                           self.growth_per_iteration)
+        return LengthModel(
+            self.median * factor,
+            self.sigma,
+            max(1, round(self.cap * factor)),
+            self.prompt_tokens,
+            self.growth_per_iteration,
+        )
 
     def at_iteration(self, i: int) -> LengthModel:
         f = (1.0 + self.growth_per_iteration) ** i

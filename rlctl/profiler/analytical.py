@@ -59,8 +59,14 @@ def kv_capacity_tokens(model: ModelArch, gpu: GpuSpec, *, tp: int) -> int:
     return int(free // model.kv_bytes_per_token) if free > 0 else 0
 
 
-def generation_entries(model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, contexts: list[int] | None = None,
-                       batch_sizes: list[int] | None = None) -> list[GenerationEntry]:
+def generation_entries(
+    model: ModelArch,
+    gpu: GpuSpec,
+    *,
+    gpus_per_node: int,
+    contexts: list[int] | None = None,
+    batch_sizes: list[int] | None = None,
+) -> list[GenerationEntry]:
     """One entry per TP degree that fits in a node and leaves room for at least one full-context sequence."""
     contexts = contexts or DEFAULT_CONTEXTS
     batch_sizes = batch_sizes or DEFAULT_BATCHES
@@ -70,9 +76,16 @@ def generation_entries(model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, co
         if kv_tokens < contexts[0]:
             continue
         grid = [[decode_step_s(model, gpu, tp=tp, batch=b, context=c) for b in batch_sizes] for c in contexts]
-        out.append(GenerationEntry(tp=tp, contexts=contexts, batch_sizes=batch_sizes, ptl_s=grid,
-                                   prefill_s_per_token=prefill_s_per_token(model, gpu, tp=tp),
-                                   kv_capacity_tokens=kv_tokens))
+        out.append(
+            GenerationEntry(
+                tp=tp,
+                contexts=contexts,
+                batch_sizes=batch_sizes,
+                ptl_s=grid,
+                prefill_s_per_token=prefill_s_per_token(model, gpu, tp=tp),
+                kv_capacity_tokens=kv_tokens,
+            )
+        )
     return out
 
 
@@ -92,25 +105,45 @@ def training_entries(model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, algo
             # fp32 master weights and Adam moments (12 B/param) are sharded over DP (distributed optimizer).
             fixed = shard * (4 * trained + 2) + 2e9
             sharded = shard * 12 * trained
-            out.append(TrainingEntry(tp=tp, pp=pp, gpu_s_per_token=tp * (compute + comm),
-                                     fixed_bytes_per_gpu=fixed, sharded_bytes_per_gpu=sharded))
+            out.append(
+                TrainingEntry(
+                    tp=tp,
+                    pp=pp,
+                    gpu_s_per_token=tp * (compute + comm),
+                    fixed_bytes_per_gpu=fixed,
+                    sharded_bytes_per_gpu=sharded,
+                )
+            )
     return out
 
 
-def analytical_site(model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, cost_per_gpu_hour: float,
-                    algorithm: str = "grpo") -> SiteProfile:
-    return SiteProfile(gpu=gpu.name, gpus_per_node=gpus_per_node, hbm_bytes=gpu.hbm_bytes,
-                       cost_per_gpu_hour=cost_per_gpu_hour,
-                       generation=generation_entries(model, gpu, gpus_per_node=gpus_per_node),
-                       training=training_entries(model, gpu, gpus_per_node=gpus_per_node, algorithm=algorithm))
+def analytical_site(
+    model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, cost_per_gpu_hour: float, algorithm: str = "grpo"
+) -> SiteProfile:
+    return SiteProfile(
+        gpu=gpu.name,
+        gpus_per_node=gpus_per_node,
+        hbm_bytes=gpu.hbm_bytes,
+        cost_per_gpu_hour=cost_per_gpu_hour,
+        generation=generation_entries(model, gpu, gpus_per_node=gpus_per_node),
+        training=training_entries(model, gpu, gpus_per_node=gpus_per_node, algorithm=algorithm),
+    )
 
 
-def analytical_profile(model: ModelArch, sites: dict[str, tuple[GpuSpec, int, float]], *,
-                       algorithm: str = "grpo") -> ProfileFile:
+def analytical_profile(
+    model: ModelArch, sites: dict[str, tuple[GpuSpec, int, float]], *, algorithm: str = "grpo"
+) -> ProfileFile:
     """`sites` maps site name → (GPU spec, GPUs per node, cost per GPU-hour)."""
-    return ProfileFile.model_validate({
-        "apiVersion": "rlctl/v1", "kind": "Profile", "source": "analytical", "model": ModelSpec.of(model),
-        "algorithm": algorithm,
-        "sites": {name: analytical_site(model, gpu, gpus_per_node=gpn, cost_per_gpu_hour=cost, algorithm=algorithm)
-                  for name, (gpu, gpn, cost) in sites.items()},
-    })
+    return ProfileFile.model_validate(
+        {
+            "apiVersion": "rlctl/v1",
+            "kind": "Profile",
+            "source": "analytical",
+            "model": ModelSpec.of(model),
+            "algorithm": algorithm,
+            "sites": {
+                name: analytical_site(model, gpu, gpus_per_node=gpn, cost_per_gpu_hour=cost, algorithm=algorithm)
+                for name, (gpu, gpn, cost) in sites.items()
+            },
+        }
+    )

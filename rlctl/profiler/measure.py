@@ -27,15 +27,24 @@ class Engine(Protocol):
 
     def step(self) -> list[Any]: ...
 
+
 LOCAL_CONTEXTS = [16, 64, 160]
 BOS_TOKEN, PROMPT_TOKEN = 1, 3
 LOCAL_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
 
 
-def measure_generation(engine_factory: Callable[[int], Engine], *, contexts: Sequence[int],
-                       batch_sizes: Sequence[int], kv_capacity_tokens: int, steps: int = 8, warmup_steps: int = 2,
-                       clock: Callable[[], float] = time.perf_counter, compact_fraction: float | None = None,
-                       padded_attention: bool = False) -> GenerationEntry:
+def measure_generation(
+    engine_factory: Callable[[int], Engine],
+    *,
+    contexts: Sequence[int],
+    batch_sizes: Sequence[int],
+    kv_capacity_tokens: int,
+    steps: int = 8,
+    warmup_steps: int = 2,
+    clock: Callable[[], float] = time.perf_counter,
+    compact_fraction: float | None = None,
+    padded_attention: bool = False,
+) -> GenerationEntry:
     """One profile entry (TP = 1) measured on engines from `engine_factory`.
 
     `clock` may be `time.thread_time` on a busy machine (one-thread engines: CPU time, not wall time).
@@ -55,8 +64,12 @@ def measure_generation(engine_factory: Callable[[int], Engine], *, contexts: Seq
             if compact_fraction is None:
                 compact_fraction = getattr(engine, "compact_fraction", None)
             prompt = [BOS_TOKEN] + [PROMPT_TOKEN] * (ctx - 1)
-            engine.add([gen_request(f"prof-{ctx}-{bs}-{i}", prompt, 1 + warmup_steps + steps + 1, ignore_eos=True)
-                        for i in range(bs)])
+            engine.add(
+                [
+                    gen_request(f"prof-{ctx}-{bs}-{i}", prompt, 1 + warmup_steps + steps + 1, ignore_eos=True)
+                    for i in range(bs)
+                ]
+            )
             t0 = clock()
             engine.step()  # admission + prefill + first decode step
             first = clock() - t0
@@ -72,10 +85,17 @@ def measure_generation(engine_factory: Callable[[int], Engine], *, contexts: Seq
             prefill.append((bs * max(ctx - 1, 1), max(first - ptl, 0.0)))
         grid.append(row)
     fixed_s, per_token_s = _fit_line(prefill)
-    return GenerationEntry(tp=1, contexts=list(contexts), batch_sizes=list(batch_sizes), ptl_s=grid,
-                           prefill_s_per_token=per_token_s, prefill_fixed_s=fixed_s,
-                           kv_capacity_tokens=kv_capacity_tokens, compact_fraction=compact_fraction,
-                           padded_attention=padded_attention)
+    return GenerationEntry(
+        tp=1,
+        contexts=list(contexts),
+        batch_sizes=list(batch_sizes),
+        ptl_s=grid,
+        prefill_s_per_token=per_token_s,
+        prefill_fixed_s=fixed_s,
+        kv_capacity_tokens=kv_capacity_tokens,
+        compact_fraction=compact_fraction,
+        padded_attention=padded_attention,
+    )
 
 
 def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -92,12 +112,17 @@ def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
 def embedded_engine_factory(model: ModelArch) -> Callable[[int], Engine]:
     """Engines of the embedded CPU engine running the built-in tiny model (random weights: speed only)."""
     if model.name != "tiny-demo":
-        raise UsageError(f"measured profiles on a local site run the embedded engine, which runs 'tiny-demo' only; "
-                         f"got {model.name!r}", hint="use --source analytical for other models")
+        raise UsageError(
+            f"measured profiles on a local site run the embedded engine, which runs 'tiny-demo' only; "
+            f"got {model.name!r}",
+            hint="use --source analytical for other models",
+        )
     try:
         embedded = importlib.import_module("rlctl.engines.embedded")
         net = importlib.import_module("rlctl.engines.model").TinyGPT()
     except ImportError as e:
-        raise RlctlError(f"--source measured on a local site needs the embedded engine (rlctl.engines.embedded): {e}",
-                         hint="use --source analytical until it is installed") from e
+        raise RlctlError(
+            f"--source measured on a local site needs the embedded engine (rlctl.engines.embedded): {e}",
+            hint="use --source analytical until it is installed",
+        ) from e
     return lambda bs: embedded.EmbeddedEngine(net, max_batch_size=bs, temperature=1.0, seed=0)

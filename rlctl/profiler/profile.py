@@ -49,14 +49,31 @@ class ModelSpec(Strict):
 
     @classmethod
     def of(cls, arch: ModelArch) -> ModelSpec:
-        return cls(name=arch.name, layers=arch.layers, hidden=arch.hidden, heads=arch.heads, kv_heads=arch.kv_heads,
-                   vocab=arch.vocab, intermediate=arch.intermediate, params=arch.params,
-                   bytes_per_param=arch.bytes_per_param)
+        return cls(
+            name=arch.name,
+            layers=arch.layers,
+            hidden=arch.hidden,
+            heads=arch.heads,
+            kv_heads=arch.kv_heads,
+            vocab=arch.vocab,
+            intermediate=arch.intermediate,
+            params=arch.params,
+            bytes_per_param=arch.bytes_per_param,
+        )
 
     @property
     def arch(self) -> ModelArch:
-        return ModelArch(self.name, self.layers, self.hidden, self.heads, self.kv_heads, self.vocab,
-                         self.intermediate, self.params, self.bytes_per_param)
+        return ModelArch(
+            self.name,
+            self.layers,
+            self.hidden,
+            self.heads,
+            self.kv_heads,
+            self.vocab,
+            self.intermediate,
+            self.params,
+            self.bytes_per_param,
+        )
 
 
 class GenerationEntry(Strict):
@@ -70,9 +87,11 @@ class GenerationEntry(Strict):
     prefill_fixed_s: NonNegativeFloat = 0.0
     kv_capacity_tokens: PositiveInt
     compact_fraction: Annotated[float, Field(gt=0, le=1)] | None = Field(
-        None, description="finished rows stay in the batch until this fraction is free (None: freed at once)")
+        None, description="finished rows stay in the batch until this fraction is free (None: freed at once)"
+    )
     padded_attention: bool = Field(
-        False, description="a step attends over the longest context in the batch (padded), not each row's own")
+        False, description="a step attends over the longest context in the batch (padded), not each row's own"
+    )
 
     @model_validator(mode="after")
     def _grid_shape(self) -> GenerationEntry:
@@ -81,8 +100,9 @@ class GenerationEntry(Strict):
         if sorted(set(self.batch_sizes)) != self.batch_sizes:
             raise ValueError("batch_sizes must be strictly increasing")
         if len(self.ptl_s) != len(self.contexts) or any(len(r) != len(self.batch_sizes) for r in self.ptl_s):
-            raise ValueError(f"ptl_s must be {len(self.contexts)} rows (contexts) × {len(self.batch_sizes)} "
-                             "columns (batch_sizes)")
+            raise ValueError(
+                f"ptl_s must be {len(self.contexts)} rows (contexts) × {len(self.batch_sizes)} columns (batch_sizes)"
+            )
         return self
 
 
@@ -122,8 +142,11 @@ def load_profile(path: Path) -> ProfileFile:
 
 def save_profile(profile: ProfileFile, path: Path) -> None:
     data = profile.model_dump(by_alias=True, mode="json")
-    data = {"apiVersion": API_VERSION, "kind": "Profile", **{k: v for k, v in data.items()
-                                                             if k not in ("apiVersion", "kind")}}
+    data = {
+        "apiVersion": API_VERSION,
+        "kind": "Profile",
+        **{k: v for k, v in data.items() if k not in ("apiVersion", "kind")},
+    }
     try:
         path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=160), encoding="utf-8")
     except OSError as e:

@@ -39,8 +39,15 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], *, eps:
     return out
 
 
-def policy_loss(model: TinyGPT, batch: TokenBatch, clip_eps: float, kl_coef: float = 0.0, *,
-                temperature: float = 1.0, num_tokens: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def policy_loss(
+    model: TinyGPT,
+    batch: TokenBatch,
+    clip_eps: float,
+    kl_coef: float = 0.0,
+    *,
+    temperature: float = 1.0,
+    num_tokens: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip loss (+ k3 KL to the reference when kl_coef > 0), summed over masked tokens / num_tokens."""
     mask = batch.mask.float()
     n = float(num_tokens if num_tokens is not None else max(batch.num_tokens, 1))
@@ -61,9 +68,13 @@ def policy_loss(model: TinyGPT, batch: TokenBatch, clip_eps: float, kl_coef: flo
     loss = (per_token * mask).sum() / n
     with torch.no_grad():
         clipped = ((ratio - 1).abs() > clip_eps).float() * mask
-        metrics = {"pg_loss_sum": float((pg * mask).sum()), "kl_ref_sum": kl_sum,
-                   "clip_sum": float(clipped.sum()), "approx_kl_sum": float((-log_ratio * mask).sum()),
-                   "tokens": float(mask.sum())}
+        metrics = {
+            "pg_loss_sum": float((pg * mask).sum()),
+            "kl_ref_sum": kl_sum,
+            "clip_sum": float(clipped.sum()),
+            "approx_kl_sum": float((-log_ratio * mask).sum()),
+            "tokens": float(mask.sum()),
+        }
     return loss, metrics
 
 
@@ -81,8 +92,16 @@ def allreduce_grads(model: torch.nn.Module) -> None:
 class GrpoLearner:
     """One GRPO optimizer step per call; the trainer agent owns batching, versions and publishing."""
 
-    def __init__(self, model: TinyGPT, cfg: GrpoAlgorithm, *, ref_model: TinyGPT | None = None,
-                 micro_batch_samples: int = 32, grad_clip: float = 1.0, pad: int = 0) -> None:
+    def __init__(
+        self,
+        model: TinyGPT,
+        cfg: GrpoAlgorithm,
+        *,
+        ref_model: TinyGPT | None = None,
+        micro_batch_samples: int = 32,
+        grad_clip: float = 1.0,
+        pad: int = 0,
+    ) -> None:
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
@@ -99,8 +118,9 @@ class GrpoLearner:
         t0 = time.monotonic()
         missing = [s for s in samples if s.ref_logprobs is None]
         if self.cfg.kl_coef > 0 and self.ref_model is not None and missing:
-            for s, lp in zip(missing, score(self.ref_model, missing, temperature=self.cfg.temperature, pad=self.pad),
-                             strict=True):
+            for s, lp in zip(
+                missing, score(self.ref_model, missing, temperature=self.cfg.temperature, pad=self.pad), strict=True
+            ):
                 s.ref_logprobs = lp
         adv = self.advantages(samples)
         total_tokens = sum(len(s.output_tokens) for s in samples)
@@ -109,8 +129,14 @@ class GrpoLearner:
         sums: dict[str, float] = defaultdict(float)
         for idx in micro_batches(samples, self.micro_batch_samples):
             batch = make_batch([samples[i] for i in idx], [adv[i] for i in idx], pad=self.pad)
-            loss, m = policy_loss(self.model, batch, self.cfg.clip_eps, self.cfg.kl_coef,
-                                  temperature=self.cfg.temperature, num_tokens=total_tokens)
+            loss, m = policy_loss(
+                self.model,
+                batch,
+                self.cfg.clip_eps,
+                self.cfg.kl_coef,
+                temperature=self.cfg.temperature,
+                num_tokens=total_tokens,
+            )
             loss.backward()
             for k, v in m.items():
                 sums[k] += v
@@ -121,11 +147,17 @@ class GrpoLearner:
         self.steps += 1
         n = max(sums["tokens"], 1.0)
         rewards = [s.reward for s in samples]
-        return {"loss": sums["pg_loss_sum"] / n + self.cfg.kl_coef * sums["kl_ref_sum"] / n,
-                "kl_ref": sums["kl_ref_sum"] / n, "clip_frac": sums["clip_sum"] / n,
-                "approx_kl": sums["approx_kl_sum"] / n, "grad_norm": grad_norm,
-                "reward_mean": sum(rewards) / len(rewards), "samples": float(len(samples)),
-                "tokens": sums["tokens"], "seconds": time.monotonic() - t0}
+        return {
+            "loss": sums["pg_loss_sum"] / n + self.cfg.kl_coef * sums["kl_ref_sum"] / n,
+            "kl_ref": sums["kl_ref_sum"] / n,
+            "clip_frac": sums["clip_sum"] / n,
+            "approx_kl": sums["approx_kl_sum"] / n,
+            "grad_norm": grad_norm,
+            "reward_mean": sum(rewards) / len(rewards),
+            "samples": float(len(samples)),
+            "tokens": sums["tokens"],
+            "seconds": time.monotonic() - t0,
+        }
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

@@ -40,8 +40,9 @@ class ValueModel(nn.Module):
         return out
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
-        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns [N, L] for right-padded rows whose valid tokens form one run per row."""
     m = mask.float()
     v = values * m
@@ -56,9 +57,17 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
 
 
 class PpoLearner:
-    def __init__(self, model: TinyGPT, cfg: PpoAlgorithm, *, critic: ValueModel | None = None,
-                 ref_model: TinyGPT | None = None, micro_batch_samples: int = 32, grad_clip: float = 1.0,
-                 pad: int = 0) -> None:
+    def __init__(
+        self,
+        model: TinyGPT,
+        cfg: PpoAlgorithm,
+        *,
+        critic: ValueModel | None = None,
+        ref_model: TinyGPT | None = None,
+        micro_batch_samples: int = 32,
+        grad_clip: float = 1.0,
+        pad: int = 0,
+    ) -> None:
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
@@ -94,8 +103,9 @@ class PpoLearner:
         t0 = time.monotonic()
         missing = [s for s in samples if s.ref_logprobs is None]
         if self.cfg.kl_coef > 0 and self.ref_model is not None and missing:
-            for s, lp in zip(missing, score(self.ref_model, missing, temperature=self.cfg.temperature, pad=self.pad),
-                             strict=True):
+            for s, lp in zip(
+                missing, score(self.ref_model, missing, temperature=self.cfg.temperature, pad=self.pad), strict=True
+            ):
                 s.ref_logprobs = lp
         adv, ret = self.advantages(samples)
         total = sum(len(s.output_tokens) for s in samples)
@@ -107,8 +117,9 @@ class PpoLearner:
         for idx in micro_batches(samples, self.micro_batch_samples):
             part = [samples[i] for i in idx]
             batch = make_batch(part, [adv[i] for i in idx], pad=self.pad)
-            loss, m = policy_loss(self.model, batch, self.cfg.clip_eps, 0.0, temperature=self.cfg.temperature,
-                                  num_tokens=total)
+            loss, m = policy_loss(
+                self.model, batch, self.cfg.clip_eps, 0.0, temperature=self.cfg.temperature, num_tokens=total
+            )
             loss.backward()
             target = make_batch(part, [ret[i] for i in idx], pad=self.pad).advantages
             v_err = (self.critic(batch.tokens) - target) * batch.mask
@@ -127,10 +138,17 @@ class PpoLearner:
         self.critic.eval()
         self.steps += 1
         n = max(sums["tokens"], 1.0)
-        return {"loss": sums["pg_loss_sum"] / n, "value_loss": sums["value_loss"] / n,
-                "clip_frac": sums["clip_sum"] / n, "approx_kl": sums["approx_kl_sum"] / n,
-                "grad_norm": grad_norm, "reward_mean": sum(s.reward for s in samples) / len(samples),
-                "samples": float(len(samples)), "tokens": sums["tokens"], "seconds": time.monotonic() - t0}
+        return {
+            "loss": sums["pg_loss_sum"] / n,
+            "value_loss": sums["value_loss"] / n,
+            "clip_frac": sums["clip_sum"] / n,
+            "approx_kl": sums["approx_kl_sum"] / n,
+            "grad_norm": grad_norm,
+            "reward_mean": sum(s.reward for s in samples) / len(samples),
+            "samples": float(len(samples)),
+            "tokens": sums["tokens"],
+            "seconds": time.monotonic() - t0,
+        }
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

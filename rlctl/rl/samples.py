@@ -1,11 +1,11 @@
 """Finished rollout samples as the trainer sees them, and their padded token batches.
 
-    Sample(prompt tokens, output tokens, behaviour logprobs, reward, version)
-        │ make_batch
-        ▼
-    TokenBatch  tokens [N, T]   = prompt ‖ output, right-padded with PAD
-                mask   [N, T-1] = True where tokens[:, 1:] is an output token (aligned with logits[:, :-1])
-                old_logprobs / ref_logprobs / advantages [N, T-1] on the same grid
+Sample(prompt tokens, output tokens, behaviour logprobs, reward, version)
+    │ make_batch
+    ▼
+TokenBatch  tokens [N, T]   = prompt ‖ output, right-padded with PAD
+            mask   [N, T-1] = True where tokens[:, 1:] is an output token (aligned with logits[:, :-1])
+            old_logprobs / ref_logprobs / advantages [N, T-1] on the same grid
 """
 
 from __future__ import annotations
@@ -30,13 +30,20 @@ class Sample:
 
     @classmethod
     def from_result(cls, result: GenResult, *, prompt_id: str, reward: float) -> Sample:
-        return cls(prompt_id, list(result.prompt_tokens), list(result.output_tokens), list(result.logprobs), reward,
-                   result.version)
+        return cls(
+            prompt_id,
+            list(result.prompt_tokens),
+            list(result.output_tokens),
+            list(result.logprobs),
+            reward,
+            result.version,
+        )
 
     def __post_init__(self) -> None:
         if len(self.logprobs) != len(self.output_tokens):
-            raise ValueError(f"sample of {self.prompt_id}: {len(self.logprobs)} logprobs for "
-                             f"{len(self.output_tokens)} output tokens")
+            raise ValueError(
+                f"sample of {self.prompt_id}: {len(self.logprobs)} logprobs for {len(self.output_tokens)} output tokens"
+            )
 
 
 @dataclass

@@ -87,13 +87,30 @@ def greedy_exact(model: TinyGPT, prompts: list[Prompt], batch_size: int = 64) ->
 
 
 def _key(task: DigitsTask, model_cfg: TinyGPTConfig, cfg: SftConfig, budget: dict[str, float], seed: int) -> str:
-    blob = json.dumps({"task": task.cfg.model_dump(), "model": asdict(model_cfg), "sft": asdict(cfg),
-                       "budget": budget, "seed": seed, "v": 1}, sort_keys=True)
+    blob = json.dumps(
+        {
+            "task": task.cfg.model_dump(),
+            "model": asdict(model_cfg),
+            "sft": asdict(cfg),
+            "budget": budget,
+            "seed": seed,
+            "v": 1,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def train(model: TinyGPT, task: DigitsTask, *, steps: int | None = None, seconds: float | None = None,
-          seed: int = 0, cfg: SftConfig | None = None, log_every: int = 100) -> dict[str, float]:
+def train(
+    model: TinyGPT,
+    task: DigitsTask,
+    *,
+    steps: int | None = None,
+    seconds: float | None = None,
+    seed: int = 0,
+    cfg: SftConfig | None = None,
+    log_every: int = 100,
+) -> dict[str, float]:
     """Train `model` in place; returns a few figures (steps, seconds, final loss)."""
     if (steps is None) == (seconds is None):
         raise ValueError("give exactly one of steps= or seconds=")
@@ -130,9 +147,16 @@ def train(model: TinyGPT, task: DigitsTask, *, steps: int | None = None, seconds
     return {"steps": step, "seconds": time.monotonic() - t0, "loss": loss_ema}
 
 
-def warmup(task: DigitsTask, *, steps: int | None = None, seconds: float | None = None, seed: int = 0,
-           model_cfg: TinyGPTConfig | None = None, cfg: SftConfig | None = None,
-           use_cache: bool = True) -> dict[str, torch.Tensor]:
+def warmup(
+    task: DigitsTask,
+    *,
+    steps: int | None = None,
+    seconds: float | None = None,
+    seed: int = 0,
+    model_cfg: TinyGPTConfig | None = None,
+    cfg: SftConfig | None = None,
+    use_cache: bool = True,
+) -> dict[str, torch.Tensor]:
     """State dict of a TinyGPT warmed up on `task`; reused from the on-disk cache when present."""
     model_cfg = model_cfg or TinyGPTConfig()
     cfg = cfg or SftConfig()

@@ -90,6 +90,8 @@ def test_async_dispatches_one_iteration_ahead():
     core.join("trainer-0", role="trainer", version=0)
     gen = _generate(core.join("r0", role="rollout", version=0))
     assert [sid for sid, _ in gen["r0"]] == ["p0-0/0", "p1-0/0"]  # iterations 0 and 1 with v0
+    (_, p0), (_, p1) = gen["r0"]
+    assert p0 > p1  # the older iteration is admitted first, whatever the predicted lengths
 
 
 def test_lost_agent_requeues_to_the_survivor_and_nothing_is_delivered_twice():

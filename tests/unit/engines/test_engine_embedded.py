@@ -7,8 +7,14 @@ from rlctl.engines import ENGINES, EmbeddedEngine, GenRequest, VllmEngine
 from rlctl.engines.model import TinyGPT, TinyGPTConfig
 from rlctl.rl.samples import token_logprobs
 
-SMALL = TinyGPTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64)
+SMALL = TinyGPTConfig(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 
 
 @pytest.fixture
@@ -18,8 +24,7 @@ def model() -> TinyGPT:
 
 
 def requests(n: int) -> list[GenRequest]:
-    return [GenRequest(f"r{i}", [1] + [3 + (7 * i + j) % 60 for j in range(i % 6)], 3 + (5 * i) % 17)
-            for i in range(n)]
+    return [GenRequest(f"r{i}", [1] + [3 + (7 * i + j) % 60 for j in range(i % 6)], 3 + (5 * i) % 17) for i in range(n)]
 
 
 def run(engine: EmbeddedEngine, reqs: list[GenRequest]) -> dict[str, list[int]]:
@@ -107,8 +112,13 @@ def test_rejects_requests_longer_than_the_model(model: TinyGPT) -> None:
 def test_measured_profile_of_the_real_engine(model: TinyGPT) -> None:
     from rlctl.profiler.measure import measure_generation
 
-    entry = measure_generation(lambda bs: EmbeddedEngine(model, max_batch_size=bs), contexts=[8],
-                               batch_sizes=[1, 4], kv_capacity_tokens=10**6, steps=3)
+    entry = measure_generation(
+        lambda bs: EmbeddedEngine(model, max_batch_size=bs),
+        contexts=[8],
+        batch_sizes=[1, 4],
+        kv_capacity_tokens=10**6,
+        steps=3,
+    )
     assert len(entry.ptl_s) == 1 and len(entry.ptl_s[0]) == 2 and all(v > 0 for v in entry.ptl_s[0])
     assert entry.compact_fraction == 0.25  # read off the engine for the simulator
 

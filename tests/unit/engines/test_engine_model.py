@@ -7,8 +7,14 @@ import torch
 from rlctl.engines.model import SAFETENSORS_FILE, TORCH_FILE, TinyGPT, TinyGPTConfig, load_state_dict
 from rlctl.modelcatalog import BUILTIN_MODELS
 
-SMALL = TinyGPTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64)
+SMALL = TinyGPTConfig(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 
 
 @pytest.fixture
@@ -42,8 +48,17 @@ def test_cache_select_keeps_rows(model: TinyGPT) -> None:
 def test_hf_config_keys() -> None:
     cfg = TinyGPTConfig().to_hf()
     assert cfg["architectures"] == ["LlamaForCausalLM"]
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
-                "max_position_embeddings", "intermediate_size", "rope_theta", "eos_token_id"):
+    for key in (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "max_position_embeddings",
+        "intermediate_size",
+        "rope_theta",
+        "eos_token_id",
+    ):
         assert key in cfg
     assert TinyGPTConfig.from_hf(json.loads(json.dumps(cfg))) == TinyGPTConfig()
 
@@ -54,7 +69,13 @@ def test_param_count_matches_catalog_entry() -> None:
     arch = BUILTIN_MODELS["tiny-demo"]
     assert n == m.config.num_params() == int(arch.params)
     assert (arch.layers, arch.hidden, arch.heads, arch.kv_heads, arch.vocab, arch.intermediate) == (
-        3, 96, 4, 4, m.config.vocab_size, m.config.intermediate_size)
+        3,
+        96,
+        4,
+        4,
+        m.config.vocab_size,
+        m.config.intermediate_size,
+    )
     assert "model.layers.0.self_attn.q_proj.weight" in m.state_dict()  # HF Llama weight names
 
 

@@ -30,8 +30,13 @@ def brute_single(gen: np.ndarray, train: np.ndarray, n: int) -> tuple[int, int]:
     return best[2], best[1] - best[2]
 
 
-@given(st.integers(2, 14).flatmap(lambda n: st.tuples(st.just(n), st.lists(times, min_size=n, max_size=n),
-                                                       st.lists(times, min_size=n, max_size=n))))
+@given(
+    st.integers(2, 14).flatmap(
+        lambda n: st.tuples(
+            st.just(n), st.lists(times, min_size=n, max_size=n), st.lists(times, min_size=n, max_size=n)
+        )
+    )
+)
 @settings(max_examples=200, deadline=None)
 def test_single_dc_equals_brute_force(case: tuple[int, list[float], list[float]]) -> None:
     n, g, t = case
@@ -57,9 +62,18 @@ def brute_cross(gen: np.ndarray, train: np.ndarray, m: int, n: int) -> tuple[int
 finite = st.integers(1, 12).map(float)
 
 
-@given(st.integers(1, 12).flatmap(lambda m: st.integers(1, 12).flatmap(
-    lambda n: st.tuples(st.just(m), st.just(n), st.lists(finite, min_size=m, max_size=m),
-                        st.lists(finite, min_size=n, max_size=n)))))
+@given(
+    st.integers(1, 12).flatmap(
+        lambda m: st.integers(1, 12).flatmap(
+            lambda n: st.tuples(
+                st.just(m),
+                st.just(n),
+                st.lists(finite, min_size=m, max_size=m),
+                st.lists(finite, min_size=n, max_size=n),
+            )
+        )
+    )
+)
 @settings(max_examples=200, deadline=None)
 def test_cross_dc_equals_brute_force(case: tuple[int, int, list[float], list[float]]) -> None:
     m, n, g, t = case
@@ -82,9 +96,19 @@ def brute_fewest(gen: np.ndarray, train: np.ndarray, m: int, n: int, bound: floa
     return min(sizes) if sizes else None
 
 
-@given(st.integers(1, 10).flatmap(lambda m: st.integers(1, 10).flatmap(
-    lambda n: st.tuples(st.just(m), st.just(n), st.lists(finite, min_size=m, max_size=m),
-                        st.lists(finite, min_size=n, max_size=n)))), st.sampled_from([0.0, 0.05, 0.5]))
+@given(
+    st.integers(1, 10).flatmap(
+        lambda m: st.integers(1, 10).flatmap(
+            lambda n: st.tuples(
+                st.just(m),
+                st.just(n),
+                st.lists(finite, min_size=m, max_size=m),
+                st.lists(finite, min_size=n, max_size=n),
+            )
+        )
+    ),
+    st.sampled_from([0.0, 0.05, 0.5]),
+)
 @settings(max_examples=200, deadline=None)
 def test_fewest_gpus_equals_brute_force(case: tuple[int, int, list[float], list[float]], eps: float) -> None:
     m, n, g, t = case

@@ -37,8 +37,19 @@ def test_plan_cross_dc_json_has_every_field(cli: Cli, tmp_path: Path) -> None:
 
 def test_profile_then_plan_with_it(cli: Cli, tmp_path: Path) -> None:
     out = tmp_path / "h20.yaml"
-    r = cli("profile", "--cluster", str(ROOT / "clusters/h800-trainer.yaml"), "--cluster",
-            str(ROOT / "clusters/h20-rollout.yaml"), "--model", "qwen2.5-7b", "--source", "analytical", "-o", str(out))
+    r = cli(
+        "profile",
+        "--cluster",
+        str(ROOT / "clusters/h800-trainer.yaml"),
+        "--cluster",
+        str(ROOT / "clusters/h20-rollout.yaml"),
+        "--model",
+        "qwen2.5-7b",
+        "--source",
+        "analytical",
+        "-o",
+        str(out),
+    )
     assert r.exit_code == 0, r.stderr
     text = out.read_text()
     assert text.startswith("apiVersion: rlctl/v1\nkind: Profile\n")
@@ -80,15 +91,28 @@ def test_bad_inputs_exit_2_with_one_line(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_measured_profile_of_a_remote_site_is_refused_in_one_line(cli: Cli) -> None:
-    r = cli("profile", "--cluster", str(ROOT / "clusters/h20-rollout.yaml"), "--model", "qwen2.5-7b",
-            "--source", "measured")
+    r = cli(
+        "profile", "--cluster", str(ROOT / "clusters/h20-rollout.yaml"), "--model", "qwen2.5-7b", "--source", "measured"
+    )
     assert r.exit_code == 1 and r.stderr.count("\n") == 1
     assert "not implemented" in r.stderr and "--source analytical" in r.stderr
 
 
 def test_plan_rejects_a_profile_for_another_model(cli: Cli, tmp_path: Path) -> None:
     out = tmp_path / "tiny.yaml"
-    assert cli("profile", "--cluster", str(ROOT / "clusters/h800-trainer.yaml"), "--cluster",
-               str(ROOT / "clusters/h20-rollout.yaml"), "--model", "tiny-demo", "-o", str(out)).exit_code == 0
+    assert (
+        cli(
+            "profile",
+            "--cluster",
+            str(ROOT / "clusters/h800-trainer.yaml"),
+            "--cluster",
+            str(ROOT / "clusters/h20-rollout.yaml"),
+            "--model",
+            "tiny-demo",
+            "-o",
+            str(out),
+        ).exit_code
+        == 0
+    )
     r = cli("plan", str(ROOT / "jobs/cross-dc-7b.yaml"), "--profile", str(out))
     assert r.exit_code == 2 and "qwen2.5-7b" in r.stderr

@@ -80,12 +80,18 @@ def _brute_force(pred: list[float], n_units: int, alpha: float, rule: str, kv: i
     return best
 
 
-@given(st.lists(st.integers(1, 20000), min_size=1, max_size=120), st.integers(1, 12),
-       st.sampled_from(["sum", "max"]), st.sampled_from([0.1, 0.2, 0.3]), st.integers(1, 64))
+@given(
+    st.lists(st.integers(1, 20000), min_size=1, max_size=120),
+    st.integers(1, 12),
+    st.sampled_from(["sum", "max"]),
+    st.sampled_from([0.1, 0.2, 0.3]),
+    st.integers(1, 64),
+)
 @settings(max_examples=200, deadline=None)
 def test_skew_split_equals_brute_force_eq2(pred: list[int], n_units: int, rule: str, alpha: float, kv: int) -> None:
-    sp = skew_split([float(p) for p in pred], num_units=n_units, ptl_s=_ptl, max_batch=lambda _len: kv,
-                    alpha=alpha, rule=rule)  # type: ignore[arg-type]
+    sp = skew_split(
+        [float(p) for p in pred], num_units=n_units, ptl_s=_ptl, max_batch=lambda _len: kv, alpha=alpha, rule=rule
+    )  # type: ignore[arg-type]
     nl, t = _brute_force([float(p) for p in pred], n_units, alpha, rule, kv)
     assert sp.num_long == nl
     assert sp.latency_s == t
@@ -104,8 +110,9 @@ def test_skew_split_chooses_no_split_when_dedicated_unit_is_the_bottleneck() -> 
 def test_skew_split_uses_dedicated_units_when_they_pay() -> None:
     # Many units, few long samples: isolating them at batch 1..2 beats mixing them into big batches.
     pred = [20000.0] * 4 + [500.0] * 400
-    sp = skew_split(pred, num_units=8, ptl_s=_ptl, max_batch=lambda _len: 256, alpha=0.01, rule="max",
-                    length_estimate="mean")
+    sp = skew_split(
+        pred, num_units=8, ptl_s=_ptl, max_batch=lambda _len: 256, alpha=0.01, rule="max", length_estimate="mean"
+    )
     assert skew_split(pred, num_units=8, ptl_s=_ptl, max_batch=lambda _len: 256, alpha=0.01).num_long == 0  # P90/P50
     assert sp.num_long >= 1
     units = dispatch_skew(pred, sp)

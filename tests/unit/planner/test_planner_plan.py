@@ -15,22 +15,48 @@ from rlctl.planner.plan import PlanOptions, make_plan
 OPTS = PlanOptions(sim_iterations=2)
 
 
-def write_job(tmp: Path, *, rollout: list[dict[str, Any]], links: list[dict[str, Any]], rule: str = "paper",
-              trainer_gpus: int | str = "auto") -> Path:
-    sites = {"trn": {"datacenter": "a", "scheduler": {"kind": "ssh"}, "gpu": "H800",
-                     "nodes": [{"host": "t-[1-4]", "gpus": 8}]},
-             "r20": {"datacenter": "b", "scheduler": {"kind": "ssh"}, "gpu": "H20",
-                     "nodes": [{"host": "r-[1-2]", "gpus": 8}]},
-             "r100": {"datacenter": "c", "scheduler": {"kind": "ssh"}, "gpu": "A100",
-                      "nodes": [{"host": "s-[1-2]", "gpus": 8}]}}
-    (tmp / "inv.yaml").write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites,
-                                                  "links": links}))
-    job = {"apiVersion": "rlctl/v1", "kind": "Job", "name": "t", "inventory": ["inv.yaml"],
-           "model": {"kind": "builtin", "name": "qwen2.5-7b"},
-           "task": {"kind": "lengths", "median_output_tokens": 700, "max_output_tokens": 5000},
-           "batch": {"prompts_per_iteration": 32, "samples_per_prompt": 8},
-           "planning": {"rule": rule, "epsilon": 0.05},
-           "placement": {"trainer": {"site": "trn", "gpus": trainer_gpus}, "rollout": rollout}}
+def write_job(
+    tmp: Path,
+    *,
+    rollout: list[dict[str, Any]],
+    links: list[dict[str, Any]],
+    rule: str = "paper",
+    trainer_gpus: int | str = "auto",
+) -> Path:
+    sites = {
+        "trn": {
+            "datacenter": "a",
+            "scheduler": {"kind": "ssh"},
+            "gpu": "H800",
+            "nodes": [{"host": "t-[1-4]", "gpus": 8}],
+        },
+        "r20": {
+            "datacenter": "b",
+            "scheduler": {"kind": "ssh"},
+            "gpu": "H20",
+            "nodes": [{"host": "r-[1-2]", "gpus": 8}],
+        },
+        "r100": {
+            "datacenter": "c",
+            "scheduler": {"kind": "ssh"},
+            "gpu": "A100",
+            "nodes": [{"host": "s-[1-2]", "gpus": 8}],
+        },
+    }
+    (tmp / "inv.yaml").write_text(
+        yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites, "links": links})
+    )
+    job = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Job",
+        "name": "t",
+        "inventory": ["inv.yaml"],
+        "model": {"kind": "builtin", "name": "qwen2.5-7b"},
+        "task": {"kind": "lengths", "median_output_tokens": 700, "max_output_tokens": 5000},
+        "batch": {"prompts_per_iteration": 32, "samples_per_prompt": 8},
+        "planning": {"rule": rule, "epsilon": 0.05},
+        "placement": {"trainer": {"site": "trn", "gpus": trainer_gpus}, "rollout": rollout},
+    }
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -55,14 +81,17 @@ def test_allocation_follows_the_job_rule(tmp_path: Path, rule: str) -> None:
 
 
 def test_fixed_trainer_count_is_kept(tmp_path: Path) -> None:
-    plan = make_plan(load_job(write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, trainer_gpus=8)),
-                     options=OPTS)
+    plan = make_plan(
+        load_job(write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, trainer_gpus=8)), options=OPTS
+    )
     assert _used(plan, "trainer") == 8
 
 
 def test_two_rollout_sites_and_weight_sync_over_the_slower_link(tmp_path: Path) -> None:
-    plan = make_plan(load_job(write_job(tmp_path, rollout=[{"site": "r20", "gpus": 16}, {"site": "r100", "gpus": 16}],
-                                        links=LINKS)), options=OPTS)
+    plan = make_plan(
+        load_job(write_job(tmp_path, rollout=[{"site": "r20", "gpus": 16}, {"site": "r100", "gpus": 16}], links=LINKS)),
+        options=OPTS,
+    )
     sites = {a["site"]: a for a in plan["allocation"]}
     assert sites["r20"]["gpus_used"] == 16 and sites["r100"]["gpus_used"] == 16
     weight_bytes = 7.62e9 * 2

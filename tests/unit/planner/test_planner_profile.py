@@ -72,8 +72,15 @@ def test_measure_generation_recovers_the_fake_cost_model() -> None:
         engines.append(FakeEngine(clock, bs))
         return engines[-1]
 
-    e = measure_generation(factory, contexts=[10, 100], batch_sizes=[1, 4, 16], kv_capacity_tokens=999,
-                           steps=4, warmup_steps=1, clock=clock)
+    e = measure_generation(
+        factory,
+        contexts=[10, 100],
+        batch_sizes=[1, 4, 16],
+        kv_capacity_tokens=999,
+        steps=4,
+        warmup_steps=1,
+        clock=clock,
+    )
     for ci, ctx in enumerate([10, 100]):
         for bi, bs in enumerate([1, 4, 16]):
             assert e.ptl_s[ci][bi] == pytest.approx(1e-3 + 1e-4 * bs + 1e-6 * ctx)

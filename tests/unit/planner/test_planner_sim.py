@@ -15,8 +15,9 @@ from rlctl.planner.workload import LengthModel, noise_for_recall, predict_length
 PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
 
 
-def reference_instance(lengths: list[int], cap: int, prefill_s: float, fixed_s: float,
-                       compact: float | None) -> list[float]:
+def reference_instance(
+    lengths: list[int], cap: int, prefill_s: float, fixed_s: float, compact: float | None
+) -> list[float]:
     """An engine loop, one step at a time: admit into free rows, decode every row, finish, maybe compact."""
     rows: list[int | None] = []  # cache rows: request index or None (finished, not yet compacted)
     remaining: dict[int, int] = {}
@@ -47,13 +48,20 @@ def reference_instance(lengths: list[int], cap: int, prefill_s: float, fixed_s: 
     return finish
 
 
-@given(st.lists(st.integers(1, 30), min_size=1, max_size=25), st.integers(1, 8), st.sampled_from([0.0, 0.002]),
-       st.sampled_from([0.0, 0.005]), st.sampled_from([None, 0.25, 0.5]))
+@given(
+    st.lists(st.integers(1, 30), min_size=1, max_size=25),
+    st.integers(1, 8),
+    st.sampled_from([0.0, 0.002]),
+    st.sampled_from([0.0, 0.005]),
+    st.sampled_from([None, 0.25, 0.5]),
+)
 @settings(max_examples=200, deadline=None)
-def test_run_instance_matches_step_by_step_reference(lengths: list[int], cap: int, prefill: float, fixed: float,
-                                                     compact: float | None) -> None:
-    got = run_instance(lengths, ptl_s=PTL, batch_cap=cap, prefill_s=prefill, admit_fixed_s=fixed,
-                       compact_fraction=compact)
+def test_run_instance_matches_step_by_step_reference(
+    lengths: list[int], cap: int, prefill: float, fixed: float, compact: float | None
+) -> None:
+    got = run_instance(
+        lengths, ptl_s=PTL, batch_cap=cap, prefill_s=prefill, admit_fixed_s=fixed, compact_fraction=compact
+    )
     assert got.tolist() == pytest.approx(reference_instance(lengths, cap, prefill, fixed, compact))
 
 

@@ -7,8 +7,14 @@ from rlctl.engines.model import TinyGPT, TinyGPTConfig
 from rlctl.rl.grpo import GrpoLearner, group_advantages, policy_loss
 from rlctl.rl.samples import Sample, make_batch, score, token_logprobs
 
-SMALL = TinyGPTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=32)
+SMALL = TinyGPTConfig(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=32,
+)
 
 
 @pytest.fixture

@@ -6,8 +6,14 @@ from rlctl.engines.model import TinyGPT, TinyGPTConfig
 from rlctl.rl.ppo import PpoLearner, ValueModel, gae
 from rlctl.rl.samples import Sample, score
 
-SMALL = TinyGPTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=32)
+SMALL = TinyGPTConfig(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=32,
+)
 
 
 def test_gae_known_numbers() -> None:

@@ -18,14 +18,17 @@ def test_answer_rule() -> None:
     assert answer_for("3172") == "aaabcccccccdd"
 
 
-@pytest.mark.parametrize(("output", "expected"), [
-    ("aaabcccccccdd", 1.0),
-    ("aaabccccccdd", 0.75),       # c run too short
-    ("aaabcccccccddx", 0.8),      # extra run: 4 right of 5 produced
-    ("aab", 0.25),               # (b, 1) is right in place
-    ("", 0.0),
-    ("aaabcccccccdd" + "d", 0.75),
-])
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("aaabcccccccdd", 1.0),
+        ("aaabccccccdd", 0.75),  # c run too short
+        ("aaabcccccccddx", 0.8),  # extra run: 4 right of 5 produced
+        ("aab", 0.25),  # (b, 1) is right in place
+        ("", 0.0),
+        ("aaabcccccccdd" + "d", 0.75),
+    ],
+)
 def test_reward_rule(output: str, expected: float) -> None:
     assert score("aaabcccccccdd", output) == pytest.approx(expected)
 
