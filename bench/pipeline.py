@@ -37,7 +37,7 @@ def run_mode(mode: str, *, iterations: int, root: Path) -> dict[str, Any]:
         "controller_site": "local",
     }
     jd = JobDir.create(f"pipeline-{mode}", explicit=root / mode)
-    prepare(jd, spec, plan, source=str(JOB))
+    prepare(jd, spec, plan, source=str(JOB), job=job)
     run = JobRun(jd, spec, plan)
     try:
         run.start()

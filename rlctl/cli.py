@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from rlctl.commands import check, completion, launch, plan, profile, version
+from rlctl.commands import check, completion, launch, logs, plan, profile, report, scale, status, stop, version
 from rlctl.errors import RlctlError
 
 app = typer.Typer(
@@ -36,7 +36,7 @@ def _root(
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-for module in (version, check, completion, profile, plan, launch):
+for module in (version, check, completion, profile, plan, launch, status, scale, stop, logs, report):
     module.register(app)
 
 

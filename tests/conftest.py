@@ -60,3 +60,9 @@ def services() -> dict[str, str]:
             k, v = line.split("=", 1)
             env[k.strip()] = v.strip()
     return env
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _rlctl_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Jobs started by tests go into a throwaway index ($RLCTL_HOME), never the operator's ~/.rlctl."""
+    os.environ["RLCTL_HOME"] = str(tmp_path_factory.mktemp("rlctl-home"))

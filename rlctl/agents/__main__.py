@@ -25,10 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlctl.agents")
     ap.add_argument("role", choices=["controller", "rollout", "trainer"])
     ap.add_argument("--job-dir", type=Path, required=True)
-    ap.add_argument("--replica", type=int, default=0)
+    ap.add_argument("--replica", type=int, default=None, help="default: $SLURM_PROCID, else 0")
     ap.add_argument("--controller", default=None, help="controller RPC address (default: DIR/controller.json)")
     ap.add_argument("--listen", default=None, help="controller: address to listen on")
     args = ap.parse_args(argv)
+    if args.replica is None:  # a SLURM task: every rank runs the same command line
+        args.replica = int(os.environ.get("SLURM_PROCID", "0"))
     logging.basicConfig(
         level=os.environ.get("RLCTL_LOG_LEVEL", "INFO"),
         stream=sys.stderr,
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
             jd = JobDir(args.job_dir)
             job = jd.read_job()
-            listen = args.listen or f"{job.transport.kind}://127.0.0.1:0"
+            listen = args.listen or f"{job.transport.kind}://{job.transport.listen_host}:0"
             agent = ControllerAgent(jd, job, make_transport(job.transport.kind, secret=jd.secret()), listen=listen)
             return agent.run()
         ctx = AgentContext.load(args.job_dir, controller=args.controller)
@@ -61,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from rlctl.agents.trainer import TrainerAgent, init_group
 
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        world = int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or "1")
         init_group(
             rank=args.replica,
             world_size=world,
-            master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            master_addr=os.environ.get("MASTER_ADDR") or _first_node(),
             master_port=int(os.environ["MASTER_PORT"]),
         )
         TrainerAgent(ctx, rank=args.replica).run()
@@ -73,6 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     except RlctlError as e:
         logging.getLogger("rlctl.agents").error("%s", e)
         return 1
+
+
+def _first_node() -> str:
+    """Rank 0's host in a SLURM allocation (the first of $SLURM_JOB_NODELIST), else this host."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return "127.0.0.1"
+    from rlctl.launch.nodelist import expand
+
+    return expand(nodelist)[0]
 
 
 if __name__ == "__main__":

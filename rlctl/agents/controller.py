@@ -5,6 +5,9 @@ metrics and the job directory.
     main loop:  event = inbox.get()
                   hello / sample / weights_applied / trained / closed ──▶ core ──▶ send its messages
                   status ──▶ reply with the status view
+                  scale ──▶ spawner thread starts / core drains units ──▶ "spawned" back into the inbox
+                  shutdown ──▶ leave the loop (graceful stop requested by `rlctl stop`)
+                trained ──▶ rebalance rule: δ ≥ δ' and a free slot ──▶ spawn one more rollout unit
                   heartbeat ──▶ agent figures; an agent silent for HEARTBEAT_TIMEOUT_S is lost
                 done ──▶ stop everyone, wait for their last figures, write summary.json, exit
 
@@ -27,8 +30,12 @@ import msgspec
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Hello, SampleDone, Trained, make, parse
+from rlctl.agents.rebalance import Reading, RebalanceRule
+from rlctl.agents.spawn import Spawner
+from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
-from rlctl.errors import TransportError
+from rlctl.errors import RlctlError, TransportError
+from rlctl.launch.backends import read_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
 from rlctl.rl.ranker import LengthRanker, recall_at
@@ -41,7 +48,6 @@ HEARTBEAT_TIMEOUT_S = 15.0
 NO_ROLLOUT_TIMEOUT_S = 60.0
 START_WAIT_S = 90.0  # how long to wait for every planned rollout unit before starting with fewer
 BYE_WAIT_S = 5.0
-PROMPT_OFFSET = 1_000_000  # RL prompts are indices ≥ this in the task's stream; SFT draws at random
 RANKER_BOOTSTRAP = 512
 
 
@@ -79,7 +85,18 @@ class ControllerAgent:
         boot = self.task.prompts(0, RANKER_BOOTSTRAP)  # bootstrap on the verifier's lengths; refit online
         self.ranker.fit([p.tokens for p in boot], [p.target_tokens for p in boot])
         plan = jobdir.read_json(jobdir.plan_json) if jobdir.plan_json.exists() else {}
+        self.plan = plan
         self.sites = _sites_by_agent(plan)
+        self.site_specs: dict[str, Site] = read_sites(jobdir.path)
+        self.spawner = Spawner(jobdir, self.site_specs, job=jobdir.path.name) if self.site_specs else None
+        self.rule = RebalanceRule(job.rebalance)
+        self.reading: Reading | None = None
+        self.stop_requested = False
+        self.spawn_requested: dict[str, float] = {}  # agent → when its start was asked for
+        self._next_replica: int | None = None
+        self.scale_log: list[dict[str, Any]] = []
+        self.transfers: dict[int, dict[str, Any]] = {}
+        self.last_transfer: dict[str, Any] | None = None
         planned_units = sum(int(g["units"]) for g in plan.get("rollout", [])) or 1
         self.core = ControllerCore(
             core_config(job, self.task.max_new_tokens, min_units=planned_units),
@@ -107,17 +124,14 @@ class ControllerAgent:
 
     def _prompts(self, iteration: int) -> list[PromptSpec]:
         n = self.job.batch.prompts_per_iteration
-        return [
-            PromptSpec(p.prompt_id, p.tokens, p.target_tokens)
-            for p in self.task.prompts(PROMPT_OFFSET + iteration * n, n)
-        ]
+        return [PromptSpec(p.prompt_id, p.tokens, p.target_tokens) for p in self.task.rl_prompts(iteration, n)]
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:
         """Run the job to its end; 0 when every iteration was trained, 1 when it failed."""
         no_rollout_since: float | None = None
         try:
-            while not self.core.done and not self.core.failed:
+            while not self.core.done and not self.core.failed and not self.stop_requested:
                 try:
                     what, who, payload = self.inbox.get(timeout=0.5)
                 except queue.Empty:
@@ -144,6 +158,9 @@ class ControllerAgent:
         if what == "hello":
             self._hello(who, payload)
             return
+        if what == "spawned":
+            self._spawned(who, payload)
+            return
         peer = self.peers.get(who)
         if peer is None:
             return
@@ -160,6 +177,12 @@ class ControllerAgent:
         peer.last_seen = time.monotonic()
         if msg.kind == "sample":
             s = parse(msg, SampleDone)
+            t0 = self.spawn_requested.pop(who, None)
+            if t0 is not None:
+                seconds = round(time.monotonic() - t0, 3)
+                self.jobdir.event("first_sample", agent=who, seconds_since_scale=seconds)
+                self.rule.changed(self.core.trainer_version)  # from now on δ reflects the new unit count
+                log.info("controller: %s produced its first sample %.1f s after it was asked for", who, seconds)
             self._send(
                 self.core.sample(
                     who,
@@ -172,6 +195,7 @@ class ControllerAgent:
         elif msg.kind == "weights_applied":
             version = int(msg.header["version"])
             self.jobdir.event("weights_applied", agent=who, version=version)
+            self._transfer(who, version, msg.header)
             self._send(self.core.weights_applied(who, version))
             self._weights_applied_metric(version)
         elif msg.kind == "trained":
@@ -182,14 +206,129 @@ class ControllerAgent:
                 peer.state = "stopped"
         elif msg.kind == "status":
             self._reply_status(peer, msg)
+        elif msg.kind == "scale":
+            self._reply(peer, msg, self._scale(int(msg.header["delta"]), msg.header.get("site"), reason="manual"))
+        elif msg.kind == "shutdown":
+            self.stop_requested = True
+            self.jobdir.event("stop_requested", by=peer.name)
+            self._reply(peer, msg, {"ok": True})
         else:
             log.warning("controller: unexpected %r from %s", msg.kind, who)
 
     def _reply_status(self, peer: Peer, request: Message) -> None:
+        self._reply(peer, request, self.status())
+
+    def _reply(self, peer: Peer, request: Message, body: dict[str, Any]) -> None:
         try:
-            peer.conn.reply(request, make("status", self.status()))
+            peer.conn.reply(request, make(request.kind, body))
         except TransportError as e:  # the asker left; its reader thread reports the close
-            log.info("controller: status reply to %s failed: %s", peer.name, e)
+            log.info("controller: %s reply to %s failed: %s", request.kind, peer.name, e)
+
+    # -- scaling ------------------------------------------------------------------------------------
+    def pending_units(self) -> list[str]:
+        """Units asked for that have not joined yet."""
+        return [n for n in self.spawn_requested if n not in self.core.units]
+
+    def free_slots(self) -> dict[str, int]:
+        """GPU slots a rollout site can still give this job (tensor_parallel slots per unit)."""
+        tp = self.job.rollout.tensor_parallel or 1
+        used = dict.fromkeys(self.site_specs, 0)
+        trainer = self.plan.get("trainer", {})
+        if trainer.get("site") in used:
+            used[trainer["site"]] += int(trainer.get("ranks", 1))
+        for u in self.core.units.values():
+            if u.alive and self.sites.get(u.name) in used:
+                used[self.sites[u.name]] += tp
+        for site in (self.sites.get(n, "") for n in self.pending_units()):
+            if site in used:
+                used[site] += tp
+        rollout_sites = [g["site"] for g in self.plan.get("rollout", [])]
+        return {s: (self.site_specs[s].total_gpus - used[s]) // tp for s in rollout_sites if s in self.site_specs}
+
+    def _scale(self, delta: int, site: str | None, *, reason: str) -> dict[str, Any]:
+        """Add (delta > 0: started in the background) or drain and remove (delta < 0) rollout units."""
+        rollout_sites = [g["site"] for g in self.plan.get("rollout", [])]
+        if site is not None and site not in rollout_sites:
+            return {"error": f"site {site!r} runs no rollout units of this job; rollout sites: {rollout_sites}"}
+        if delta > 0:
+            if self.spawner is None:
+                return {"error": "this controller has no launch backends (no sites.json in the job directory)"}
+            free = self.free_slots()
+            cap = self.job.rebalance.max_rollout_units
+            room = None if cap is None else cap - len(self.core.live_units) - len(self.pending_units())
+            targets: list[str] = []
+            for _ in range(delta):
+                candidates = [site] if site is not None else rollout_sites
+                pick = next((s for s in candidates if free.get(s, 0) > 0), None)
+                if pick is None or (room is not None and room <= 0):
+                    break
+                free[pick] -= 1
+                room = None if room is None else room - 1
+                targets.append(pick)
+            if len(targets) < delta:
+                where = site or ", ".join(rollout_sites)
+                return {
+                    "error": f"only {len(targets)} of {delta} units fit: free slots on {where}: {self.free_slots()}"
+                }
+            names = [self._spawn(t, reason) for t in targets]
+            return {"adding": names, "sites": targets}
+        units = [u for u in self.core.live_units if site is None or self.sites.get(u.name) == site]
+        if -delta > len(units) or -delta >= len(self.core.live_units):
+            return {
+                "error": f"cannot remove {-delta} of {len(units)} rollout unit(s)"
+                f"{' on ' + site if site else ''}: at least one unit must stay in the job"
+            }
+        victims = sorted(units, key=lambda u: int(u.name.rsplit("-", 1)[1]), reverse=True)[:-delta]
+        for u in victims:
+            self._send(self.core.drain(u.name))
+            self._scale_event("in", u.name, self.sites.get(u.name, ""), reason)
+        return {"removing": [u.name for u in victims]}
+
+    def _spawn(self, site: str, reason: str) -> str:
+        """Start one rollout unit on `site` from a thread (SSH / sbatch may take seconds); its name."""
+        spawner = self.spawner
+        assert spawner is not None
+        if self._next_replica is None:
+            self._next_replica = spawner.first_free_replica()
+        replica, self._next_replica = self._next_replica, self._next_replica + 1
+        name = f"rollout-{replica}"
+        self.sites[name] = site
+        self.spawn_requested[name] = time.monotonic()
+
+        def run() -> None:
+            try:
+                spawner.add_rollout(site, replica)
+                self.inbox.put(("spawned", name, (site, reason, None)))
+            except RlctlError as e:
+                self.inbox.put(("spawned", name, (site, reason, str(e))))
+
+        threading.Thread(target=run, name=f"spawn-{name}", daemon=True).start()
+        return name
+
+    def _spawned(self, name: str, info: tuple[str, str, str | None]) -> None:
+        site, reason, error = info
+        if error is not None:
+            self.spawn_requested.pop(name, None)
+            self.jobdir.event("scale_failed", agent=name, site=site, reason=reason, error=error)
+            log.warning("controller: could not add %s on %s: %s", name, site, error)
+            return
+        self._scale_event("out", name, site, reason)
+
+    def _scale_event(self, direction: str, name: str, site: str, reason: str) -> None:
+        r = self.reading
+        ev = {
+            "direction": direction,
+            "agent": name,
+            "site": site,
+            "reason": reason,
+            "iteration": self.core.trainer_version,
+            "delta_s": None if r is None else round(r.delta_s, 4),
+            "delta_prime_s": None if r is None else round(r.delta_prime_s, 4),
+        }
+        self.scale_log.append(ev)
+        self.jobdir.event("scale", **ev)
+        self.metrics.scale_events.labels(direction, reason).inc()
+        self.rule.changed(self.core.trainer_version)
 
     def _hello(self, conn: Connection, h: Hello) -> None:
         name = h.name if h.role != "client" else f"client-{next(self._clients)}"
@@ -221,6 +360,21 @@ class ControllerAgent:
                 units[site] = units.get(site, 0) + 1
         for site, n in units.items():
             m.rollout_units.labels(site).set(n)
+
+    def _transfer(self, who: str, version: int, header: dict[str, Any]) -> None:
+        """Per version: the slowest unit's fetch time and the bytes every unit pulled."""
+        wire = header.get("wire_bytes")
+        fetch_s = header.get("fetch_s")
+        t = self.transfers.setdefault(version, {"version": version, "fetch_s": 0.0, "bytes": 0, "units": 0})
+        t["units"] += 1
+        if isinstance(wire, int):
+            t["bytes"] += wire
+            self.metrics.weight_transfer_bytes.inc(wire)
+        if isinstance(fetch_s, int | float):
+            t["fetch_s"] = max(t["fetch_s"], float(fetch_s))
+        self.last_transfer = t
+        for v in [v for v in self.transfers if v < version - 4]:
+            del self.transfers[v]
 
     def _weights_applied_metric(self, version: int) -> None:
         """A version counts as delivered when the last live rollout unit applied it."""
@@ -267,6 +421,7 @@ class ControllerAgent:
         if trainer is not None:
             trainer.figures.busy_s, trainer.figures.version = t.busy_s, t.version
         row = self._metrics_row(t)
+        self._rebalance(row)
         self.rows.append(row)
         self._refit_ranker(t.iteration)
         self.jobdir.append(self.jobdir.metrics, row)
@@ -292,6 +447,32 @@ class ControllerAgent:
         self.weights_published[t.version] = time.monotonic()
         self.jobdir.event("trained", iteration=t.iteration, version=t.version)
 
+    def _rebalance(self, row: dict[str, Any]) -> None:
+        """StreamRL §4.2: δ ≥ δ' and a free slot → one more rollout unit (see rebalance.py)."""
+        units = len(self.core.live_units) + len(self.pending_units())
+        free = self.free_slots() if self.spawner is not None else {}
+        cap = self.job.rebalance.max_rollout_units
+        can_add = any(n > 0 for n in free.values()) and (cap is None or units < cap)
+        r = self.rule.observe(
+            row["iteration"], t_gen_s=row["t_gen_s"], t_train_s=row["t_train_s"], units=units, can_add=can_add
+        )
+        self.reading = r
+        row["delta_window_s"] = round(r.delta_s, 4)
+        row["delta_prime_s"] = round(r.delta_prime_s, 4)
+        row["rollout_units"] = units
+        self.metrics.rebalance_threshold_seconds.set(r.delta_prime_s)
+        if r.add:
+            self.rule.changed(self.core.trainer_version)
+            log.info(
+                "controller: δ %.3f s ≥ δ' %.3f s at iteration %d: adding a rollout unit",
+                r.delta_s,
+                r.delta_prime_s,
+                r.iteration,
+            )
+            out = self._scale(1, None, reason="rebalance")
+            if "error" in out:
+                self.jobdir.event("scale_failed", reason="rebalance", error=out["error"])
+
     def _metrics_row(self, t: Trained) -> dict[str, Any]:
         st = self.core.stats[t.iteration]
         prev = self.core.stats.get(t.iteration - 1)
@@ -311,6 +492,17 @@ class ControllerAgent:
             "loss": round(t.loss, 5),
             "period_s": round(period, 4),
             "wall_s": round((st.trained_at or 0.0) - self.t_start, 3),
+            "t": round(time.time(), 3),
+            "agents": {
+                p.name: {
+                    "role": p.role,
+                    "site": self.sites.get(p.name, ""),
+                    "busy_s": round(p.figures.busy_s, 3),
+                    "state": p.state,
+                }
+                for p in self.peers.values()
+                if p.role != "client"
+            },
         }
 
     def _refit_ranker(self, iteration: int) -> None:
@@ -339,17 +531,28 @@ class ControllerAgent:
                     "role": p.role,
                     "state": p.state,
                     "version": p.figures.version,
+                    "site": self.sites.get(p.name, ""),
                     "heartbeat_age_s": round(now - p.last_seen, 2),
                     "busy_s": round(p.figures.busy_s, 2),
                     "inflight": self.core.ledger.inflight(p.name) if p.role == "rollout" else 0,
+                    "draining": bool(
+                        p.role == "rollout" and p.name in self.core.units and self.core.units[p.name].draining
+                    ),
                 }
             )
         counts = self.core.ledger.counts()
+        staleness: dict[str, int] = {}
+        for row in self.rows:
+            for key, n in row["staleness"].items():
+                staleness[key] = staleness.get(key, 0) + n
+        last_trained = self.core.stats.get(self.core.trainer_version - 1)
+        r = self.reading
+        state = "done" if self.core.done else "failed" if self.core.failed else "running"
         return {
             "job": self.job.name,
             "mode": self.job.pipeline.mode,
             "eta": self.job.pipeline.eta,
-            "state": "done" if self.core.done else "failed" if self.core.failed else "running",
+            "state": "stopping" if self.stop_requested and state == "running" else state,
             "iteration": self.core.trainer_version,
             "iterations": self.job.iterations,
             "weight_version": self.core.trainer_version,
@@ -357,6 +560,17 @@ class ControllerAgent:
             "t_gen_s": last.get("t_gen_s"),
             "t_train_s": last.get("t_train_s"),
             "delta_s": last.get("delta_s"),
+            "delta_window_s": None if r is None else round(r.delta_s, 4),
+            "delta_prime_s": None if r is None else round(r.delta_prime_s, 4),
+            "rebalance": {"auto": self.job.rebalance.auto, "why": None if r is None else r.why},
+            "rollout_units": len(self.core.live_units),
+            "free_slots": self.free_slots(),
+            "scale_events": self.scale_log[-10:],
+            "staleness": staleness,
+            "weights": self._weights_view(),
+            "figures_age_s": None
+            if last_trained is None or last_trained.trained_at is None
+            else round(now - last_trained.trained_at, 2),
             "samples_per_s": last.get("samples_per_s"),
             "tokens_per_s": last.get("tokens_per_s"),
             "queue_depth": len(self.core.ledger.in_state(State.QUEUED, iteration=self.core.trainer_version)),
@@ -370,6 +584,17 @@ class ControllerAgent:
                 "duplicated": counts.duplicated,
             },
             "agents": agents,
+        }
+
+    def _weights_view(self) -> dict[str, Any]:
+        """The newest version; the last transfer: slowest unit's fetch seconds, bytes pulled by all units."""
+        t = self.last_transfer
+        return {
+            "version": self.core.trainer_version,
+            "last_transfer_version": None if t is None else t["version"],
+            "last_transfer_s": None if t is None else round(t["fetch_s"], 4),
+            "last_transfer_bytes": None if t is None else t["bytes"],
+            "units_at_version": sum(1 for u in self.core.live_units if u.version >= self.core.trainer_version),
         }
 
     def summary(self) -> dict[str, Any]:
@@ -399,6 +624,7 @@ class ControllerAgent:
             "mode": self.job.pipeline.mode,
             "eta": self.job.pipeline.eta,
             "state": "done" if self.core.done else f"failed: {self.core.failed}" if self.core.failed else "stopped",
+            "scale_events": self.scale_log,
             "iterations": len(rows),
             "iterations_planned": self.job.iterations,
             "reward_first": round(sum(r["reward_mean"] for r in rows[:k]) / k, 4) if rows else None,
@@ -461,6 +687,8 @@ class ControllerAgent:
         for p in self.peers.values():
             p.conn.close()
         self.listener.close()
+        if self.spawner is not None:
+            self.spawner.close()
 
     # -- threads ------------------------------------------------------------------------------------
     def _accept(self) -> None:

@@ -66,6 +66,7 @@ class Unit:
     address: str = ""
     alive: bool = True
     busy_s: float = 0.0
+    draining: bool = False  # being removed: no new work; stopped once nothing is in flight
 
 
 @dataclass
@@ -135,6 +136,25 @@ class ControllerCore:
         self.ledger.requeue_agent(name)
         return [self._members(), *self.pump()]
 
+    def drain(self, name: str) -> list[Out]:
+        """Take a rollout unit out of dispatch; it is told to stop once its in-flight samples are in."""
+        unit = self.units[name]
+        unit.draining = True
+        return self._retire_drained()
+
+    def _retire_drained(self) -> list[Out]:
+        out = []
+        for u in self.units.values():
+            if u.alive and u.draining and self.ledger.inflight(u.name) == 0:
+                u.alive = False
+                out += [Out(u.name, "stop", {}), self._members()]
+        return out
+
+    @property
+    def live_units(self) -> list[Unit]:
+        """Rollout units in dispatch (alive and not draining)."""
+        return [u for u in self.units.values() if u.alive and not u.draining]
+
     def weights_applied(self, name: str, version: int) -> list[Out]:
         unit = self.units[name]
         unit.version = max(unit.version, version)
@@ -146,7 +166,7 @@ class ControllerCore:
         self.payloads[sample_id] = payload
         st = self.stats[self.ledger.entries[sample_id].iteration]
         st.last_finish = self.clock()
-        return self.pump()
+        return self.pump() + self._retire_drained()
 
     def trained(self, *, iteration: int, version: int, sample_ids: list[str], stats: dict[str, Any]) -> list[Out]:
         assert iteration == self.trainer_version, (iteration, self.trainer_version)
@@ -175,7 +195,7 @@ class ControllerCore:
         if self.failed or self.done:
             return []
         if not self.started:
-            alive = sum(1 for u in self.units.values() if u.alive)
+            alive = len(self.live_units)
             self.started = self.trainer is not None and alive >= self.cfg.min_units
             if not self.started:
                 return []
@@ -206,11 +226,7 @@ class ControllerCore:
         out: list[Out] = []
         for it in range(self.trainer_version, self.created):
             queued = self.ledger.in_state(State.QUEUED, iteration=it)
-            units = [
-                u
-                for u in self.units.values()
-                if u.alive and self.bound.may_dispatch(iteration=it, unit_version=u.version)
-            ]
+            units = [u for u in self.live_units if self.bound.may_dispatch(iteration=it, unit_version=u.version)]
             if not queued or not units:
                 continue
             for unit, entries in zip(units, self._assign(queued, len(units)), strict=True):

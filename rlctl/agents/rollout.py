@@ -18,6 +18,7 @@ import os
 import queue
 import threading
 import time
+from typing import Any
 
 import torch
 
@@ -33,10 +34,11 @@ log = logging.getLogger(__name__)
 
 
 class RolloutAgent:
-    def __init__(self, ctx: AgentContext, *, replica: int, listen_host: str = "127.0.0.1") -> None:
+    def __init__(self, ctx: AgentContext, *, replica: int, listen_host: str | None = None) -> None:
         self.ctx = ctx
         self.name = f"rollout-{replica}"
         job = ctx.job
+        listen_host = listen_host or job.transport.listen_host
         algo = job.algorithm
         self.engine = EmbeddedEngine.from_pretrained(
             ctx.jobdir.init_model,
@@ -87,7 +89,7 @@ class RolloutAgent:
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> None:
         self.state = "running"
-        pending: tuple[int, dict[str, torch.Tensor]] | None = None
+        pending: tuple[tuple[int, dict[str, torch.Tensor]], dict[str, Any]] | None = None
         while True:
             # 1. take everything that arrived; block only when the engine is idle
             msgs: list[Message | None] = []
@@ -106,15 +108,15 @@ class RolloutAgent:
                     self._admit(parse(msg, Generate))
                 elif msg.kind == "weights":
                     got = state_dict_of(msg)
-                    if pending is None or got[0] > pending[0]:  # newest wins; older versions are dropped
-                        pending = got
+                    if pending is None or got[0] > pending[0][0]:  # newest wins; older versions are dropped
+                        pending = (got, {k: msg.header.get(k) for k in ("fetch_s", "wire_bytes")})
             # 2. safe point: swap weights between engine steps
             if pending is not None:
-                version, sd = pending
+                (version, sd), transfer = pending
                 pending = None
                 if version > self.engine.version:
                     self.engine.load_weights(sd, version)
-                    self.link.send(make("weights_applied", {"version": version}))
+                    self.link.send(make("weights_applied", {"version": version, **transfer}))
             # 3. one decode step; every finished sample goes out at once
             if self.engine.has_work():
                 t0 = time.monotonic()

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import socket
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rlctl.agents.messages import Hello, make
+from rlctl.agents.spawn import agent_spec
+from rlctl.config.inventory import Site
 from rlctl.config.job import Job, JobFile, Pipeline
 from rlctl.errors import LaunchError, PlanError, TransportError, UsageError
-from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend
+from rlctl.launch.backends import Backends, read_sites, record_agent, recorded_agents, stop_agents, write_sites
+from rlctl.launch.base import AgentHandle, AgentSpec
+from rlctl.launch.jobdb import JobDB
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.local import BACKENDS
 from rlctl.transport import Connection, make_transport
 
 log = logging.getLogger(__name__)
@@ -45,13 +48,6 @@ def resolve_job(job: Job, *, iterations: int | None = None, mode: str | None = N
 def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
     """Trainer ranks and rollout units per site: the job's explicit counts, or the planner's for `auto`."""
     placement = spec.placement
-    sites = [placement.trainer.site, *(r.site for r in placement.rollout)]
-    remote = sorted({s for s in sites if job.inventory.sites[s].scheduler.kind != "local"})
-    if remote:
-        raise UsageError(
-            f"{job.path}: site(s) {', '.join(remote)} are not local; only the local launch backend exists so far",
-            hint="place the job on a site with scheduler kind 'local' (e.g. clusters/local.yaml)",
-        )
     auto = placement.trainer.gpus == "auto" or any(r.gpus == "auto" for r in placement.rollout)
     planned: dict[str, Any] | None = None
     note = ""
@@ -91,10 +87,13 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
     return out
 
 
-def prepare(jobdir: JobDir, spec: JobFile, plan: dict[str, Any], *, source: str) -> None:
+def prepare(jobdir: JobDir, spec: JobFile, plan: dict[str, Any], *, source: str, job: Job | None = None) -> None:
     """Write what the agents read, and the starting policy (the SFT warm-up, cached across runs)."""
     jobdir.write_job(spec, source=source)
     jobdir.write_json(jobdir.plan_json, plan)
+    if job is not None:
+        used = {plan["trainer"]["site"], plan["controller_site"], *(g["site"] for g in plan["rollout"])}
+        write_sites(jobdir.path, {n: s for n, s in job.inventory.sites.items() if n in used})
     jobdir.secret()
     if (jobdir.init_model / "config.json").exists():
         return
@@ -119,44 +118,68 @@ def _free_port() -> int:
 
 
 class JobRun:
+    """One job from the operator's side: start its agents on their sites, watch it, stop it for sure."""
+
     def __init__(
-        self, jobdir: JobDir, spec: JobFile, plan: dict[str, Any], *, backends: dict[str, LaunchBackend] | None = None
+        self,
+        jobdir: JobDir,
+        spec: JobFile,
+        plan: dict[str, Any],
+        *,
+        db: JobDB | None = None,
+        sites: dict[str, Site] | None = None,
     ) -> None:
         self.jobdir, self.spec, self.plan = jobdir, spec, plan
-        self.backends = backends if backends is not None else {k: cls() for k, cls in BACKENDS.items()}
+        self.sites = sites if sites is not None else read_sites(jobdir.path)
+        if not self.sites:
+            raise LaunchError(f"{jobdir.path}: no sites.json; prepare(…, job=job) writes it")
+        self.backends = Backends(
+            self.sites, job=jobdir.path.name, job_dir=jobdir.path, trainer_ranks=int(plan["trainer"]["ranks"])
+        )
+        self.db = db
         self.handles: list[AgentHandle] = []
         self.controller: AgentHandle | None = None
         self._status_conn: Connection | None = None
         self.t_start = time.monotonic()
 
-    def _spec(self, role: str, replica: int, site: str, env: dict[str, str] | None = None) -> AgentSpec:
-        argv = [
-            sys.executable,
-            "-m",
-            "rlctl.agents",
-            role,
-            "--job-dir",
-            str(self.jobdir.path),
-            "--replica",
-            str(replica),
-        ]
-        base = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        return AgentSpec(role, replica, site, argv, {**base, **(env or {})}, self.jobdir.log(role, replica))
+    @property
+    def id(self) -> str:
+        return self.jobdir.path.name
 
-    def _start(self, spec: AgentSpec) -> AgentHandle:
-        kind = "local"  # the only backend so far; SLURM/SSH sites get theirs from the inventory
-        h = self.backends[kind].start(spec)
+    def render(self, *, master_port: int) -> list[tuple[AgentSpec, str, str]]:
+        """(spec, backend kind, the exact script / command line) per agent, for `launch --dry-run`."""
+        out = []
+        for role, replica, site, env in planned_agents(self.plan, self.sites, master_port=master_port):
+            spec = agent_spec(self.jobdir, role, replica, site, self.sites[site], env=env)
+            backend = self.backends.for_site(site)
+            render = getattr(backend, "render", None)
+            text = render(spec) if render is not None else shlex.join(spec.argv)
+            out.append((spec, backend.kind, text))
+        return out
+
+    def _start(self, role: str, replica: int, site: str, env: dict[str, str] | None = None) -> AgentHandle:
+        spec: AgentSpec = agent_spec(self.jobdir, role, replica, site, self.sites[site], env=env)
+        h = self.backends.for_site(site).start(spec)
+        record_agent(self.jobdir.path, h)
         self.handles.append(h)
-        self.jobdir.event("agent_started", agent=spec.name, site=spec.site, backend=kind, ident=h.ident)
+        self.jobdir.event("agent_started", agent=spec.name, site=spec.site, backend=h.backend, ident=h.ident)
         return h
+
+    def _register(self, state: str, **info: Any) -> None:
+        if self.db is None:
+            return
+        if state == "launching":
+            self.db.put(self.id, job_dir=str(self.jobdir.path), spec=self.spec.model_dump(mode="json", by_alias=True))
+        self.db.update(self.id, state=state, info=info or None)
 
     def start(self) -> None:
         self.t_start = time.monotonic()
         self.jobdir.controller_json.unlink(missing_ok=True)
-        self.controller = self._start(self._spec("controller", 0, self.plan["controller_site"]))
+        self._register("launching", sites=sorted(self.sites))
+        self.controller = self._start("controller", 0, self.plan["controller_site"])
         deadline = time.monotonic() + CONTROLLER_START_S
         while not self.jobdir.controller_json.exists():
-            code = self._backend(self.controller).poll(self.controller)
+            code = self.poll(self.controller)
             if code is not None:
                 raise LaunchError(
                     f"the controller exited with {code} before listening; "
@@ -165,18 +188,15 @@ class JobRun:
             if time.monotonic() > deadline:
                 raise LaunchError(f"the controller did not listen within {CONTROLLER_START_S:.0f} s")
             time.sleep(0.05)
-        t = self.plan["trainer"]
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(t["ranks"])}
-        for rank in range(t["ranks"]):
-            self._start(self._spec("trainer", rank, t["site"], {**env, "RANK": str(rank)}))
-        n = 0
-        for group in self.plan["rollout"]:
-            for _ in range(group["units"]):
-                self._start(self._spec("rollout", n, group["site"]))
-                n += 1
+        address = str(self.jobdir.read_json(self.jobdir.controller_json)["address"])
+        if self.db is not None:
+            self.db.update(self.id, state="running", controller=address)
+        for role, replica, site, env in planned_agents(self.plan, self.sites, master_port=_free_port()):
+            if role != "controller":
+                self._start(role, replica, site, env)
 
-    def _backend(self, h: AgentHandle) -> LaunchBackend:
-        return self.backends[h.backend]
+    def poll(self, h: AgentHandle) -> int | None:
+        return self.backends.for_site(h.spec.site).poll(h)
 
     def log_tail(self, role: str, replica: int, lines: int = 15) -> str:
         p = self.jobdir.log(role, replica)
@@ -186,10 +206,7 @@ class JobRun:
         """The controller's live status, or None when it does not answer."""
         try:
             if self._status_conn is None:
-                address = self.jobdir.read_json(self.jobdir.controller_json)["address"]
-                transport = make_transport(self.spec.transport.kind, secret=self.jobdir.secret())
-                self._status_conn = transport.connect(address, timeout_s=timeout_s)
-                self._status_conn.send(make("hello", Hello(role="client", name="launch", pid=os.getpid())))
+                self._status_conn = connect_client(self.jobdir, timeout_s=timeout_s, name="launch")
             reply = self._status_conn.request(make("status"), timeout_s=timeout_s)
             return dict(reply.header)
         except (TransportError, OSError, ValueError, KeyError):
@@ -199,22 +216,23 @@ class JobRun:
             return None
 
     def agent_codes(self) -> dict[str, int | None]:
-        return {h.spec.name: self._backend(h).poll(h) for h in self.handles}
+        return {h.spec.name: self.poll(h) for h in self.handles}
 
     def wait(
         self, *, on_progress: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 1.0
     ) -> dict[str, Any]:
         """Until the controller exits; returns the job summary (summary.json + wall_s)."""
         assert self.controller is not None
-        while self._backend(self.controller).poll(self.controller) is None:
+        while self.poll(self.controller) is None:
             st = self.status() if on_progress is not None else None
             if st is not None and on_progress is not None:
                 on_progress(st)
             time.sleep(poll_s)
-        code = self._backend(self.controller).poll(self.controller)
+        code = self.poll(self.controller)
         if self._status_conn is not None:
             self._status_conn.close()
         if not self.jobdir.summary_json.exists():
+            self._register("failed", controller_exit=code)
             raise LaunchError(
                 f"the controller exited with {code} without a summary; "
                 f"see {self.jobdir.log('controller', 0)}:\n{self.log_tail('controller', 0)}"
@@ -222,16 +240,52 @@ class JobRun:
         summary: dict[str, Any] = self.jobdir.read_json(self.jobdir.summary_json)
         summary["wall_s"] = round(time.monotonic() - self.t_start, 2)
         summary["controller_exit"] = code
+        state = "finished" if summary["state"] == "done" else "stopped" if summary["state"] == "stopped" else "failed"
+        self._register(state, controller_exit=code)
         return summary
 
     def stop(self, *, grace_s: float = 10.0) -> None:
-        """Stop every agent (already-exited ones are just verified) — nothing is left running."""
-        by_backend: dict[str, list[AgentHandle]] = {}
-        for h in self.handles:
-            by_backend.setdefault(h.backend, []).append(h)
-        for kind, hs in by_backend.items():
-            self.backends[kind].stop(hs, grace_s=grace_s)
-        self.jobdir.event("agents_stopped", agents=[h.spec.name for h in self.handles])
+        """Stop every agent of the job on every site, including units the controller started."""
+        handles = recorded_agents(self.jobdir.path)
+        problems = stop_agents(self.backends, handles, grace_s=grace_s)
+        self.jobdir.event("agents_stopped", agents=[h.spec.name for h in handles], problems=problems)
+        if self.db is not None and self.db.get(self.id).state in ("launching", "running"):
+            self._register("stopped")
+        self.backends.close()
+        if problems:
+            raise LaunchError("; ".join(problems))
+
+
+def planned_agents(
+    plan: dict[str, Any], sites: dict[str, Site], *, master_port: int
+) -> list[tuple[str, int, str, dict[str, str]]]:
+    """(role, replica, site, extra env) of every agent to start, controller first, in start order."""
+    out: list[tuple[str, int, str, dict[str, str]]] = [("controller", 0, plan["controller_site"], {})]
+    t = plan["trainer"]
+    ranks = int(t["ranks"])
+    env = {"MASTER_PORT": str(master_port), "WORLD_SIZE": str(ranks)}
+    if sites[t["site"]].scheduler.kind == "slurm":
+        # one SLURM job whose tasks are the ranks ($SLURM_PROCID); rank 0's host is the first node
+        out.append(("trainer", 0, t["site"], env if ranks > 1 else {**env, "MASTER_ADDR": "127.0.0.1"}))
+    else:
+        local = {**env, "MASTER_ADDR": "127.0.0.1"}
+        out += [("trainer", rank, t["site"], {**local, "RANK": str(rank)}) for rank in range(ranks)]
+    n = 0
+    for group in plan["rollout"]:
+        for _ in range(int(group["units"])):
+            out.append(("rollout", n, group["site"], {}))
+            n += 1
+    return out
+
+
+def connect_client(jobdir: JobDir, *, timeout_s: float, name: str) -> Connection:
+    """A client connection to the job's controller (status, scale, stop requests)."""
+    job = jobdir.read_job()
+    address = jobdir.read_json(jobdir.controller_json)["address"]
+    transport = make_transport(job.transport.kind, secret=jobdir.secret())
+    conn = transport.connect(address, timeout_s=timeout_s)
+    conn.send(make("hello", Hello(role="client", name=name, pid=os.getpid())))
+    return conn
 
 
 def launch_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> JobDir:

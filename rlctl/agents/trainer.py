@@ -90,7 +90,7 @@ class TrainerAgent:
         scheme = job.transport.kind
         publisher = WeightPublisher(
             self.ctx.transport,
-            listen="inproc://" if scheme == "inproc" else f"{scheme}://127.0.0.1:0",
+            listen="inproc://" if scheme == "inproc" else f"{scheme}://{job.transport.listen_host}:0",
             sync=job.weight_sync,
             timeout_s=job.transport.timeout_s,
         )

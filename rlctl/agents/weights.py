@@ -46,12 +46,17 @@ def announce(conn: Connection, version: int, holders: list[str]) -> None:
 
 def fetch_weights(node: WeightNode, msg: Message) -> Message:
     """Pull the announced version into `node` (verified) and wrap it as the rollout loop's `weights` message."""
-    node.fetch(int(msg.header["version"]), list(msg.header["holders"]))
+    t0 = time.monotonic()
+    hv = node.fetch(int(msg.header["version"]), list(msg.header["holders"]))
+    fetch_s = time.monotonic() - t0
+    payload = hv.payloads.get("delta") or hv.payloads.get("full")
+    wire_bytes = int(payload.data.numel()) if payload is not None else int(hv.weights.numel())
     held = node.current()
     assert held is not None
     version, sd = held
     names = list(sd)
-    return make("weights", {"version": version, "names": names}, [sd[n].clone() for n in names])
+    header = {"version": version, "names": names, "fetch_s": round(fetch_s, 4), "wire_bytes": wire_bytes}
+    return make("weights", header, [sd[n].clone() for n in names])
 
 
 def state_dict_of(msg: Message) -> tuple[int, dict[str, torch.Tensor]]:

@@ -104,6 +104,20 @@ class _Progress:
             self.live.stop()
 
 
+DRY_RUN_MASTER_PORT = 29500  # a real launch picks a free port on the trainer's first host
+
+
+def _sites_of(plan: dict[str, Any]) -> set[str]:
+    return {plan["trainer"]["site"], plan["controller_site"], *(g["site"] for g in plan["rollout"])}
+
+
+def _dry_table(rows: list[dict[str, Any]]) -> str:
+    out = [f"# {len(rows)} agents; MASTER_PORT={DRY_RUN_MASTER_PORT} stands for the free port picked at launch"]
+    for r in rows:
+        out.append(f"\n# ---- {r['agent']} on site {r['site']} ({r['backend']}) ----\n{r['script'].rstrip()}")
+    return "\n".join(out)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def launch(
@@ -115,17 +129,36 @@ def register(app: typer.Typer) -> None:
         job_dir: Annotated[
             Path | None, typer.Option("--job-dir", help="job directory (default runs/<name>-<time>)")
         ] = None,
+        dry_run: Annotated[
+            bool, typer.Option("--dry-run", help="print every agent's exact sbatch script / SSH command; start nothing")
+        ] = False,
         output: OutputOpt = OutputFormat.table,
     ) -> None:
-        """Run a job: SFT warm-up (cached), then controller, trainer and rollout agents as local processes."""
+        """Run a job: SFT warm-up (cached), then controller, trainer and rollout agents on their sites
+        (local processes, SLURM jobs, SSH hosts)."""
         from rlctl.agents.run import JobRun, launch_dir, plan_counts, prepare, resolve_job
+        from rlctl.launch.jobdb import JobDB
+        from rlctl.launch.jobdir import JobDir
 
         job = load_job(job_file)
         spec = resolve_job(job, iterations=iterations, mode=mode.value if mode is not None else None)
         plan = plan_counts(job, spec)
+        if dry_run:
+            path = JobDir.choose_path(spec.name, explicit=job_dir if job_dir is not None else spec.job_dir)
+            sites = {n: job.inventory.sites[n] for n in _sites_of(plan)}
+            dry = JobRun(JobDir(path), spec, plan, sites=sites)
+            rendered = dry.render(master_port=DRY_RUN_MASTER_PORT)
+            dry.backends.close()
+            emit(
+                [{"agent": a.name, "site": a.site, "backend": kind, "script": text} for a, kind, text in rendered],
+                output,
+                _dry_table,
+            )
+            return
         jd = launch_dir(job, spec, job_dir)
         progress = _Progress()
         run = None
+        db = JobDB()
         # SIGTERM (and SIGINT, as KeyboardInterrupt) unwind through `finally`: every agent is stopped
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
@@ -137,14 +170,15 @@ def register(app: typer.Typer) -> None:
             )
             if spec.warmup.sft_steps:
                 progress.say(f"SFT warm-up: {spec.warmup.sft_steps} steps (cached after the first run)")
-            prepare(jd, spec, plan, source=str(job_file))
-            run = JobRun(jd, spec, plan)
+            prepare(jd, spec, plan, source=str(job_file), job=job)
+            run = JobRun(jd, spec, plan, db=db)
             run.start()
             summary = run.wait(on_progress=progress)
         finally:
             progress.close()
             if run is not None:
                 run.stop()
+            db.close()
         emit(summary, output, _table)
         if summary["state"] != "done":
             raise RlctlError(f"job {spec.name} did not finish: {summary['state']}", hint=f"see {jd.path}/logs")

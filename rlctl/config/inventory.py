@@ -58,6 +58,7 @@ class SlurmScheduler(Strict):
     ssh_user: str | None = None
     ssh_port: PositiveInt = 22
     ssh_key_file: str | None = None
+    ssh_known_hosts: str | None = Field(None, description="known_hosts file for the submit host (default ~/.ssh)")
     slurm_conf: str | None = Field(None, description="SLURM_CONF for the client tools, if not the default")
     time_limit_min: PositiveInt = 7 * 24 * 60
 
@@ -68,6 +69,7 @@ class SshScheduler(Strict):
     port: Annotated[int, Field(ge=1, le=65535)] = 22
     key_file: str | None = None
     proxy_jump: str | None = None
+    known_hosts: str | None = Field(None, description="known_hosts file trusted for these hosts (default ~/.ssh)")
     workdir: str = "~/.rlctl"
     python: str = "python3"
 

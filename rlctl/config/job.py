@@ -81,6 +81,7 @@ class DigitsTask(Strict):
     median_output_tokens: PositiveFloat = 30.0
     sigma: PositiveFloat = 0.8
     max_output_tokens: PositiveInt = 256
+    growth_per_iteration: Annotated[float, Field(ge=0)] = 0.0  # RL iteration i: median × (1 + growth × i)
     seed: NonNegativeInt = 0
 
     @model_validator(mode="after")
@@ -190,6 +191,7 @@ class Trainer(Strict):
 
 class Transport(Strict):
     kind: Literal["tcp", "ucx", "inproc"] = "tcp"
+    listen_host: str = Field("127.0.0.1", description="address the controller and rollout agents listen on")
     streams: PositiveInt = 1
     timeout_s: PositiveFloat = 30.0
 
@@ -212,6 +214,20 @@ class Warmup(Strict):
     """SFT warm-up before RL (cached on disk): the demo model must first learn the task's format."""
 
     sft_steps: NonNegativeInt = 800  # 0 = start RL from the randomly initialised model
+
+
+class Rebalance(Strict):
+    """StreamRL §4.2 dynamic adjustment: add one rollout DP unit when δ = T_gen − T_train ≥ δ'.
+
+    δ is the mean over the last `window_iterations`; after a change the rule waits
+    `cooldown_iterations` so the new unit's effect is measured before the next decision. Units are
+    only added automatically (removal is `rlctl scale -N`), so the rule cannot oscillate.
+    """
+
+    auto: bool = False
+    window_iterations: PositiveInt = 3
+    cooldown_iterations: PositiveInt = 3
+    max_rollout_units: PositiveInt | None = None  # default: as many as the rollout sites' free GPUs allow
 
 
 class Planning(Strict):
@@ -241,6 +257,7 @@ class JobFile(Strict):
     metrics: Metrics = Metrics()
     checkpoint: Checkpoint = Checkpoint()
     planning: Planning = Planning()
+    rebalance: Rebalance = Rebalance()
     warmup: Warmup = Warmup()
     job_dir: str | None = None
     seed: NonNegativeInt = 0

@@ -37,17 +37,21 @@ class JobDir:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    @classmethod
-    def create(cls, name: str, *, explicit: str | Path | None = None) -> JobDir:
+    @staticmethod
+    def choose_path(name: str, *, explicit: str | Path | None = None) -> Path:
         """`explicit` (the --job-dir flag or the job file's `job_dir`) wins; else a fresh timestamped dir."""
         if explicit is not None:
-            path = Path(explicit).expanduser()
-        else:
-            path = default_base() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-            n = 1
-            while path.exists():
-                path = path.with_name(f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
-                n += 1
+            return Path(explicit).expanduser().absolute()
+        path = default_base().absolute() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        n = 1
+        while path.exists():
+            path = path.with_name(f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+            n += 1
+        return path
+
+    @classmethod
+    def create(cls, name: str, *, explicit: str | Path | None = None) -> JobDir:
+        path = cls.choose_path(name, explicit=explicit)
         try:
             path.mkdir(parents=True, exist_ok=True)
             (path / "logs").mkdir(exist_ok=True)

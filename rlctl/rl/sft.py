@@ -89,7 +89,7 @@ def greedy_exact(model: TinyGPT, prompts: list[Prompt], batch_size: int = 64) ->
 def _key(task: DigitsTask, model_cfg: TinyGPTConfig, cfg: SftConfig, budget: dict[str, float], seed: int) -> str:
     blob = json.dumps(
         {
-            "task": task.cfg.model_dump(),
+            "task": task.cfg.model_dump(exclude={"growth_per_iteration"}),  # RL-only: SFT draws no RL prompts
             "model": asdict(model_cfg),
             "sft": asdict(cfg),
             "budget": budget,

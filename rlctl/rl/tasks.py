@@ -10,7 +10,9 @@ digits; L is then split into k digits 1–9. With the defaults: median 30, p95 �
 
 Reward (rule-based verifier): 1.0 for an exact answer, else the fraction of (letter, count) runs that
 are right, position by position, over max(#expected runs, #produced runs).
-Prompts are a pure function of (task seed, index), so every prompt id can be regenerated.
+Prompts are a pure function of (task seed, index), so every prompt id can be regenerated. RL prompts
+live at `rl_index(iteration, j)`; with `growth_per_iteration` g the median length of iteration i is
+median × (1 + g·i) (a run whose outputs lengthen, as with inference-time scaling: StreamRL Fig. 11).
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ from rlctl.config.job import DigitsTask as DigitsTaskConfig
 
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 MAX_DIGITS = len(LETTERS)  # one letter per digit position
+RL_OFFSET = 10**12  # RL prompt indices start here; SFT draws indices below 2**62 at random
+RL_STRIDE = 10**6  # indices per RL iteration: the iteration is recoverable from the index alone
+
+
+def rl_index(iteration: int, j: int) -> int:
+    assert 0 <= j < RL_STRIDE, j
+    return RL_OFFSET + iteration * RL_STRIDE + j
 
 
 class CharTokenizer:
@@ -123,7 +132,7 @@ class DigitsTask:
         """Prompt number `index` of this task's deterministic stream (id `p<index>`)."""
         rng = np.random.default_rng([self.cfg.seed, index])
         c = self.cfg
-        total = round(float(rng.lognormal(math.log(c.median_output_tokens), c.sigma)))
+        total = round(float(rng.lognormal(math.log(self.median_at(index)), c.sigma)))
         total = min(max(total, 1), self.max_answer_chars)
         k = int(rng.integers(c.num_digits_min, c.num_digits_max + 1))
         k = min(max(k, math.ceil(total / 9)), total, MAX_DIGITS)
@@ -133,6 +142,17 @@ class DigitsTask:
             digits[free[int(rng.integers(len(free)))]] += 1
         text = "".join(str(d) for d in digits) + "="
         return Prompt(f"p{index}", text, [BOS, *encode(text)], answer_for(text[:-1]))
+
+    def median_at(self, index: int) -> float:
+        """The median output length for prompt `index` (grows with the RL iteration, if configured)."""
+        c = self.cfg
+        if c.growth_per_iteration == 0 or index < RL_OFFSET:
+            return c.median_output_tokens
+        return c.median_output_tokens * (1 + c.growth_per_iteration * ((index - RL_OFFSET) // RL_STRIDE))
+
+    def rl_prompts(self, iteration: int, n: int) -> list[Prompt]:
+        """The n prompts of RL iteration `iteration`."""
+        return [self.prompt(rl_index(iteration, j)) for j in range(n)]
 
     def prompts(self, start: int, n: int) -> list[Prompt]:
         return [self.prompt(i) for i in range(start, start + n)]

@@ -23,7 +23,7 @@ def _run(path, job_dir, **over):
     spec = resolve_job(job, **over)
     plan = plan_counts(job, spec)
     jd = launch_dir(job, spec, job_dir)
-    prepare(jd, spec, plan, source=str(path))
+    prepare(jd, spec, plan, source=str(path), job=job)
     return JobRun(jd, spec, plan)
 
 

@@ -1,0 +1,187 @@
+"""Operating a running job from any terminal: status, scale, stop — the library behind those verbs.
+
+status: controller (live, one RPC with a deadline) ──none──▶ last metrics row + each site's
+        scheduler (squeue / pidfiles over SSH), every site in its own thread with a deadline:
+        a dead site is reported "unreachable" and never holds the answer back
+scale:  one RPC to the controller; it starts (or drains) the units and answers with their names
+stop:   "shutdown" RPC (graceful: the controller stops its agents, writes summary.json) ─▶ wait
+        ─▶ every agent in agents.jsonl stopped on its site (TERM, grace, KILL, verified)
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+from rlctl.agents.messages import make
+from rlctl.agents.run import connect_client
+from rlctl.errors import RlctlError, TransportError
+from rlctl.launch.backends import Backends, read_sites, recorded_agents, stop_agents
+from rlctl.launch.base import AgentHandle
+from rlctl.launch.jobdb import JobDB
+from rlctl.launch.jobref import JobRef
+
+STATUS_DEADLINE_S = 5.0
+
+
+def ask_controller(ref: JobRef, kind: str, body: dict[str, Any] | None = None, *, timeout_s: float) -> dict[str, Any]:
+    """One request to the job's controller; TransportError (or OSError/KeyError: no controller.json)."""
+    jd = ref.jobdir
+    if not jd.controller_json.exists():
+        raise TransportError(f"{jd.path}: the controller has not written controller.json (not started?)")
+    conn = connect_client(jd, timeout_s=timeout_s, name=f"rlctl-{kind}")
+    try:
+        return dict(conn.request(make(kind, body or {}), timeout_s=timeout_s).header)
+    finally:
+        conn.close()
+
+
+def _with_deadline(work: dict[str, Any], timeout_s: float) -> dict[str, tuple[str, Any]]:
+    """Run each callable in a daemon thread; ("ok", value), ("error", text) or ("timeout", None) per key.
+
+    Daemon threads, not an executor: a thread stuck on a dead host must not keep the CLI from exiting."""
+    results: queue.Queue[tuple[str, str, Any]] = queue.Queue()
+
+    def one(key: str, fn: Any) -> None:
+        try:
+            results.put((key, "ok", fn()))
+        except (RlctlError, OSError) as e:
+            results.put((key, "error", str(e)))
+
+    for key, fn in work.items():
+        threading.Thread(target=one, args=(key, fn), daemon=True).start()
+    out: dict[str, tuple[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(out) < len(work):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            key, how, value = results.get(timeout=left)
+        except queue.Empty:
+            break
+        out[key] = (how, value)
+    for key in work:
+        out.setdefault(key, ("timeout", None))
+    return out
+
+
+def site_view(ref: JobRef, *, timeout_s: float) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every recorded agent's state as its site's scheduler sees it; sites that did not answer."""
+    handles = recorded_agents(ref.jobdir.path)
+    sites = read_sites(ref.jobdir.path)
+    backends = Backends(sites, job=ref.jobdir.path.name, job_dir=ref.jobdir.path)
+    by_site: dict[str, list[AgentHandle]] = {}
+    for h in handles:
+        by_site.setdefault(h.spec.site, []).append(h)
+
+    def poll_site(site: str) -> Any:
+        b = backends.for_site(site)
+        return lambda: {h.spec.name: b.poll(h) for h in by_site[site]}
+
+    t0 = time.monotonic()
+    answers = _with_deadline({s: poll_site(s) for s in by_site}, timeout_s)
+    agents, down = [], []
+    for site, hs in by_site.items():
+        how, value = answers[site]
+        if how != "ok":
+            down.append(site)
+        for h in hs:
+            code = value.get(h.spec.name) if how == "ok" else None
+            state = "running" if how == "ok" and code is None else f"exited {code}" if how == "ok" else "unknown"
+            agents.append(
+                {
+                    "name": h.spec.name,
+                    "role": h.spec.role,
+                    "site": site,
+                    "backend": h.backend,
+                    "state": state,
+                    "source": h.backend if how == "ok" else f"{how}: {value or f'no answer in {timeout_s:.0f} s'}",
+                    "age_s": round(time.monotonic() - t0, 2),
+                }
+            )
+    if not down:
+        backends.close()  # a stuck site's connection is abandoned with its daemon thread
+    return agents, down
+
+
+def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[dict[str, Any], bool]:
+    """The job's status and whether it is complete (False: exit 3, some part did not answer)."""
+    jd = ref.jobdir
+    out: dict[str, Any] = {"id": ref.id, "job_dir": str(jd.path)}
+    if ref.row is not None:
+        out["index_state"] = ref.row.state
+    t0 = time.monotonic()
+    live = _with_deadline({"controller": lambda: ask_controller(ref, "status", timeout_s=timeout_s)}, timeout_s + 1)
+    how, value = live["controller"]
+    out["controller_latency_s"] = round(time.monotonic() - t0, 3)
+    if how == "ok":
+        out.update(source="controller", live=value, figures_age_s=value.get("figures_age_s"))
+        return out, True
+    out["controller"] = f"{how}: {value}" if value else how
+    out["source"] = "job directory + site schedulers"
+    rows = jd.read_lines(jd.metrics)
+    if rows:
+        last = rows[-1]
+        out["last_iteration"] = {
+            k: last.get(k) for k in ("iteration", "reward_mean", "t_gen_s", "t_train_s", "delta_s")
+        }
+        out["figures_age_s"] = round(time.time() - float(last.get("t", time.time())), 1) if "t" in last else None
+    if jd.summary_json.exists():
+        out["summary"] = {k: v for k, v in jd.read_json(jd.summary_json).items() if k not in ("reward_curve",)}
+    agents, down = site_view(ref, timeout_s=timeout_s)
+    out["agents"], out["sites_down"] = agents, down
+    ended = "summary" in out and all(a["state"] != "running" for a in agents)
+    return out, ended and not down
+
+
+def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0) -> dict[str, Any]:
+    if delta == 0:
+        raise RlctlError("--rollout must be non-zero, e.g. +1 or -1")
+    try:
+        return ask_controller(ref, "scale", {"delta": delta, "site": site}, timeout_s=timeout_s)
+    except (TransportError, OSError) as e:
+        raise RlctlError(f"job {ref.id}: the controller did not answer: {e}", hint="is the job running?") from e
+
+
+def first_samples(ref: JobRef, names: list[str]) -> dict[str, float]:
+    """Seconds from the scale request to each new unit's first sample (events.jsonl)."""
+    out = {}
+    for e in ref.jobdir.read_lines(ref.jobdir.events):
+        if e.get("event") == "first_sample" and e.get("agent") in names:
+            out[e["agent"]] = float(e["seconds_since_scale"])
+    return out
+
+
+def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
+    """Graceful (controller), then forced (every recorded agent on its site); verifies none is left."""
+    jd = ref.jobdir
+    out: dict[str, Any] = {"id": ref.id}
+    try:
+        ask_controller(ref, "shutdown", timeout_s=min(grace_s, 10.0))
+        out["graceful"] = "requested"
+    except (TransportError, OSError, ValueError, KeyError) as e:
+        out["graceful"] = f"controller did not answer ({e}); forcing"
+    handles = recorded_agents(jd.path)
+    sites = read_sites(jd.path)
+    backends = Backends(sites, job=jd.path.name, job_dir=jd.path)
+    controller = [h for h in handles if h.spec.role == "controller"]
+    deadline = time.monotonic() + grace_s
+    while out["graceful"] == "requested" and time.monotonic() < deadline:
+        if all(backends.for_site(h.spec.site).poll(h) is not None for h in controller):
+            break
+        time.sleep(0.3)
+    problems = stop_agents(backends, handles, grace_s=min(grace_s, 10.0))
+    backends.close()
+    out["agents"] = [h.spec.name for h in handles]
+    out["problems"] = problems
+    jd.event("stopped_by_operator", agents=out["agents"], problems=problems)
+    if ref.row is not None:
+        db = JobDB()
+        try:
+            db.update(ref.row.name, state="stopped")
+        finally:
+            db.close()
+    return out

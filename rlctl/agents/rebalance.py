@@ -1,0 +1,63 @@
+"""The dynamic-adjustment rule (StreamRL §4.2): add one rollout DP unit when δ ≥ δ'.
+
+    δ  = T_gen − T_train, averaged over the last `window_iterations` iterations
+    δ' = the generation time one more unit saves.  With N balanced DP units T_gen(N) ≈ W/N, so
+         T_gen(N) − T_gen(N+1) = T_gen(N) / (N + 1)   — from the *measured* T_gen of the current
+         workload (its lengths may have grown since planning), not from the plan's profile.
+
+    iteration rows ──▶ window since the last change ──(≥ window and ≥ cooldown rows)──▶ δ ≥ δ'? ──▶ add
+
+Only scale-out is automatic; removal is the operator's (`rlctl scale -N`). After a change the window
+restarts, so the next decision sees only iterations run with the new unit count: the rule cannot
+add twice on the same evidence, and with no automatic removal it cannot oscillate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlctl.config.job import Rebalance
+
+
+@dataclass(frozen=True)
+class Reading:
+    iteration: int
+    delta_s: float  # windowed δ
+    delta_prime_s: float  # δ' for the current unit count
+    units: int
+    add: bool
+    why: str
+
+
+def delta_prime(t_gen_s: float, units: int) -> float:
+    """Generation time saved by one more unit when `units` balanced units take `t_gen_s`."""
+    return t_gen_s / (units + 1)
+
+
+@dataclass
+class RebalanceRule:
+    cfg: Rebalance
+    window: list[tuple[float, float]] = field(default_factory=list)  # (t_gen, t_train) since the last change
+    last_change: int | None = None
+
+    def observe(self, iteration: int, *, t_gen_s: float, t_train_s: float, units: int, can_add: bool) -> Reading:
+        """One trained iteration; says whether to add a unit now (the caller then calls `changed`)."""
+        self.window.append((t_gen_s, t_train_s))
+        recent = self.window[-self.cfg.window_iterations :]
+        gen = sum(g for g, _ in recent) / len(recent)
+        delta = sum(g - t for g, t in recent) / len(recent)
+        dprime = delta_prime(gen, units)
+        if not self.cfg.auto:
+            return Reading(iteration, delta, dprime, units, False, "automatic rebalancing is off")
+        if len(self.window) < max(self.cfg.window_iterations, self.cfg.cooldown_iterations):
+            return Reading(iteration, delta, dprime, units, False, "measuring since the last change")
+        if delta < dprime:
+            return Reading(iteration, delta, dprime, units, False, "δ < δ'")
+        if not can_add:
+            return Reading(iteration, delta, dprime, units, False, "δ ≥ δ' but no free GPU slot on a rollout site")
+        return Reading(iteration, delta, dprime, units, True, "δ ≥ δ'")
+
+    def changed(self, iteration: int) -> None:
+        """The unit count changed (by this rule or by the operator): measure afresh."""
+        self.window.clear()
+        self.last_change = iteration

@@ -1,0 +1,37 @@
+"""`rlctl report [JOB]`: write the PNG and HTML report of a job run (see rlctl.report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlctl.launch.jobref import resolve
+from rlctl.render import OutputFormat, OutputOpt, emit
+from rlctl.report import build_report
+
+
+def _table(paths: dict[str, str]) -> str:
+    return f"{paths['png']}\n{paths['html']}"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def report(
+        job: Annotated[
+            str | None, typer.Argument(help="job name, id or job directory (default: the latest job)")
+        ] = None,
+        out: Annotated[
+            Path | None,
+            typer.Option(
+                "--out",
+                help="write here (ends in .png or .html; the other is written beside it) "
+                "instead of JOB_DIR/report.{png,html}",
+            ),
+        ] = None,
+        output: OutputOpt = OutputFormat.table,
+    ) -> None:
+        """Write a PNG and an HTML report of a job: reward, T_gen/T_train/δ with scale events, agent busy/idle timeline."""  # noqa: E501 (one line: typer keeps newlines in the command list)
+        files = build_report(resolve(job).jobdir.path, out=out)
+        emit({"png": str(files.png), "html": str(files.html)}, output, _table)

@@ -1,0 +1,70 @@
+"""`rlctl scale JOB --rollout +N|-N [--site S]`: add or drain rollout DP units of a running job."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+
+from rlctl.commands.status import JobArg
+from rlctl.errors import RlctlError, UsageError
+from rlctl.render import OutputFormat, OutputOpt, emit, grid
+
+
+def _delta(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise UsageError(f"--rollout {text!r}: expected a signed count such as +1 or -2") from None
+    if n == 0:
+        raise UsageError("--rollout 0 changes nothing; give +N to add units or -N to remove them")
+    return n
+
+
+def _table(r: dict[str, Any]) -> str:
+    rows = [[k, ", ".join(map(str, v)) if isinstance(v, list) else v] for k, v in r.items()]
+    return grid(rows, ["", ""], f"Scale {r['id']}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def scale(
+        job: JobArg = None,
+        rollout: Annotated[
+            str, typer.Option("--rollout", help="+N adds N rollout units, -N drains and removes N", metavar="±N")
+        ] = "+1",
+        site: Annotated[str | None, typer.Option("--site", help="rollout site (default: any with free slots)")] = None,
+        wait: Annotated[
+            bool, typer.Option("--wait/--no-wait", help="wait until each new unit produced its first sample")
+        ] = True,
+        timeout_s: Annotated[float, typer.Option("--timeout", min=1.0, help="how long --wait waits, seconds")] = 300.0,
+        output: OutputOpt = OutputFormat.table,
+    ) -> None:
+        """Add rollout DP units to a running job without pausing training (they get the current weights
+        first), or drain units (no new work; stopped once their in-flight samples are in)."""
+        from rlctl.agents.operate import first_samples
+        from rlctl.agents.operate import scale as do_scale
+        from rlctl.launch.jobref import resolve
+
+        delta = _delta(rollout)
+        ref = resolve(job)
+        t0 = time.monotonic()
+        reply = do_scale(ref, delta, site=site)
+        if "error" in reply:
+            raise UsageError(f"job {ref.id}: {reply['error']}")
+        out: dict[str, Any] = {"id": ref.id, **reply}
+        added: list[str] = list(reply.get("adding", []))
+        if added and wait:
+            deadline = time.monotonic() + timeout_s
+            firsts: dict[str, float] = {}
+            while len(firsts) < len(added) and time.monotonic() < deadline:
+                firsts = first_samples(ref, added)
+                time.sleep(0.25)
+            out["first_sample_s"] = firsts
+            if len(firsts) < len(added):
+                missing = sorted(set(added) - set(firsts))
+                emit(out, output, _table)
+                raise RlctlError(f"job {ref.id}: {', '.join(missing)} produced no sample within {timeout_s:.0f} s")
+        out["wall_s"] = round(time.monotonic() - t0, 2)
+        emit(out, output, _table)

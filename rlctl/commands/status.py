@@ -1,0 +1,137 @@
+"""`rlctl status [JOB] [-w]`: a running job's live view (controller), else what each site's scheduler says."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+
+from rlctl.errors import PartialFailure
+from rlctl.render import OutputFormat, OutputOpt, emit, grid
+
+JobArg = Annotated[str | None, typer.Argument(help="job name, id or job directory (default: the latest job)")]
+
+
+def _f(v: Any, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _live_table(s: dict[str, Any]) -> str:
+    v = s["live"]
+    w = v.get("weights", {})
+    led = v["ledger"]
+    rows = [
+        ["state", f"{v['state']}  ({v['mode']}, η={v['eta']})"],
+        ["iteration", f"{v['iteration']}/{v['iterations']}  (figures {_f(s.get('figures_age_s'), '.1f')} s old)"],
+        ["reward", _f(v.get("reward"), ".3f")],
+        ["T_gen / T_train", f"{_f(v.get('t_gen_s'))} / {_f(v.get('t_train_s'))} s"],
+        ["δ (window) / δ'", f"{_f(v.get('delta_window_s'), '+.2f')} / {_f(v.get('delta_prime_s'))} s"],
+        ["rebalance", f"{'auto' if v['rebalance']['auto'] else 'manual'}: {v['rebalance']['why'] or '-'}"],
+        ["rollout units", f"{v['rollout_units']}  free slots {v['free_slots']}"],
+        ["samples/s  tokens/s", f"{_f(v.get('samples_per_s'), '.1f')}  {_f(v.get('tokens_per_s'), '.0f')}"],
+        [
+            "weights",
+            f"v{w.get('version')}  last transfer v{w.get('last_transfer_version')}: "
+            f"{_f(w.get('last_transfer_s'), '.3f')} s, {w.get('last_transfer_bytes') or 0:,} B",
+        ],
+        ["staleness", " ".join(f"{k}:{n}" for k, n in v["staleness"].items()) or "-"],
+        ["ledger", " ".join(f"{k} {n}" for k, n in led.items())],
+        ["job dir", s["job_dir"]],
+    ]
+    agents = [
+        [
+            a["name"],
+            a["role"],
+            a.get("site", ""),
+            a["state"] + (" (draining)" if a.get("draining") else ""),
+            f"v{a['version']}",
+            _f(a["heartbeat_age_s"], ".1f"),
+            _f(a["busy_s"], ".1f"),
+            a["inflight"],
+        ]
+        for a in v["agents"]
+    ]
+    head = grid(rows, ["", ""], f"Job {s['id']} (live from the controller, {s['controller_latency_s']:.2f} s)")
+    body = grid(agents, ["agent", "role", "site", "state", "weights", "heartbeat age s", "busy s", "in flight"])
+    return head + "\n\n" + body
+
+
+def _fallback_table(s: dict[str, Any]) -> str:
+    rows = [["controller", s["controller"]], ["source", s["source"]]]
+    if "last_iteration" in s:
+        li = s["last_iteration"]
+        rows.append(
+            [
+                "last iteration",
+                f"{li['iteration']}: reward {_f(li['reward_mean'], '.3f')}, T_gen {_f(li['t_gen_s'])} s, "
+                f"T_train {_f(li['t_train_s'])} s ({_f(s.get('figures_age_s'), '.0f')} s ago)",
+            ]
+        )
+    if "summary" in s:
+        rows.append(["ended", f"{s['summary']['state']} after {s['summary']['iterations']} iterations"])
+    if s["sites_down"]:
+        rows.append(["sites not answering", ", ".join(s["sites_down"])])
+    agents = [[a["name"], a["role"], a["site"], a["state"], a["source"], _f(a["age_s"])] for a in s["agents"]]
+    return (
+        grid(rows, ["", ""], f"Job {s['id']}")
+        + "\n\n"
+        + grid(agents, ["agent", "role", "site", "state", "according to", "age s"])
+    )
+
+
+def _table(s: dict[str, Any]) -> str:
+    return _live_table(s) if s["source"] == "controller" else _fallback_table(s)
+
+
+def _jobs_table(rows: list[dict[str, Any]]) -> str:
+    return grid([[r["id"], r["name"], r["state"], r["job_dir"]] for r in rows], ["id", "job", "state", "job dir"])
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def status(
+        job: JobArg = None,
+        watch: Annotated[
+            bool, typer.Option("--watch", "-w", help="refresh until the job ends (Ctrl-C to leave)")
+        ] = False,
+        interval_s: Annotated[float, typer.Option("--interval", min=0.2, help="seconds between refreshes")] = 2.0,
+        timeout_s: Annotated[
+            float, typer.Option("--timeout", min=0.1, help="deadline per site and for the controller, seconds")
+        ] = 5.0,
+        all_jobs: Annotated[bool, typer.Option("--all", help="list every job in the index instead")] = False,
+        output: OutputOpt = OutputFormat.table,
+    ) -> None:
+        """Show a job's live state: stage times, δ and δ', throughput, weights, staleness, each agent's health."""
+        from rlctl.agents.operate import job_status
+        from rlctl.launch.jobdb import JobDB
+        from rlctl.launch.jobref import resolve
+
+        if all_jobs:
+            db = JobDB()
+            try:
+                rows = [
+                    {"id": r.name, "name": r.spec.get("name"), "state": r.state, "job_dir": r.job_dir}
+                    for r in db.list()
+                ]
+            finally:
+                db.close()
+            emit(rows, output, _jobs_table)
+            return
+        ref = resolve(job)
+        while True:
+            s, complete = job_status(ref, timeout_s=timeout_s)
+            if watch and output is OutputFormat.table and sys.stdout.isatty():
+                sys.stdout.write("\x1b[2J\x1b[H")
+            emit(s, output, _table)
+            ended = s.get("live", {}).get("state") in ("done", "failed") or "summary" in s
+            if not watch or ended:
+                break
+            sys.stdout.flush()
+            time.sleep(interval_s)
+        if not complete:
+            down = ", ".join(s.get("sites_down", [])) or "none"
+            raise PartialFailure(
+                f"job {ref.id}: partial status: controller {s.get('controller', 'ok')}; sites not answering: {down}"
+            )

@@ -1,0 +1,141 @@
+"""Which backend runs a site's agents, and the job's record of every agent it started.
+
+    site.scheduler.kind ─▶ local: LocalBackend · slurm: SlurmBackend · ssh: SshBackend
+    every start ─▶ <job_dir>/agents.jsonl  (one line per agent: name, role, replica, site, backend, ident)
+
+Whoever starts an agent — `rlctl launch`, the controller scaling out — appends its handle, so
+`rlctl stop` (another process, maybe another day) can find and stop every agent of the job on every
+site, and `rlctl status` can ask each site's scheduler when the controller does not answer.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlctl.config.inventory import Site, SlurmScheduler, SshScheduler
+from rlctl.errors import LaunchError
+from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend
+from rlctl.launch.local import LocalBackend
+
+SITES_FILE = "sites.json"
+AGENTS_FILE = "agents.jsonl"
+
+
+@dataclass(frozen=True)
+class SiteInfo:
+    """A site as a job's agents need it: its inventory entry, and where to find known host keys."""
+
+    name: str
+    site: Site
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "site": self.site.model_dump(mode="json", by_alias=True)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SiteInfo:
+        return cls(str(d["name"]), Site.model_validate(d["site"]))
+
+
+def write_sites(job_dir: Path, sites: dict[str, Site]) -> None:
+    data = [SiteInfo(n, s).to_json() for n, s in sorted(sites.items())]
+    (job_dir / SITES_FILE).write_text(json.dumps(data, indent=2) + "\n")
+
+
+def read_sites(job_dir: Path) -> dict[str, Site]:
+    p = job_dir / SITES_FILE
+    if not p.exists():
+        return {}
+    return {i.name: i.site for i in (SiteInfo.from_json(d) for d in json.loads(p.read_text()))}
+
+
+def make_backend(site_name: str, site: Site, *, job: str, job_dir: Path, trainer_ranks: int = 1) -> LaunchBackend:
+    """The backend of one site (one instance per site per process: it holds SSH connections)."""
+    sched = site.scheduler
+    if isinstance(sched, SlurmScheduler):
+        from rlctl.launch.slurm import SlurmBackend, SlurmResources
+
+        # the trainer's ranks are one SLURM job's tasks; the controller and each rollout unit one task
+        resources = {"trainer": SlurmResources.for_gpus(site, trainer_ranks), "rollout": SlurmResources()}
+        return SlurmBackend(
+            site_name, sched, job=job, job_dir=job_dir, resources=resources, known_hosts=sched.ssh_known_hosts
+        )
+    if isinstance(sched, SshScheduler):
+        from rlctl.launch.ssh import SshBackend
+
+        return SshBackend(site_name, site, job=job, known_hosts=sched.known_hosts)
+    return LocalBackend()
+
+
+class Backends:
+    """One backend per site of a job, created on first use; `close()` ends their connections."""
+
+    def __init__(self, sites: dict[str, Site], *, job: str, job_dir: Path, trainer_ranks: int = 1) -> None:
+        self.sites, self.job, self.job_dir, self.trainer_ranks = sites, job, job_dir, trainer_ranks
+        self._by_site: dict[str, LaunchBackend] = {}
+        self._lock = threading.Lock()
+
+    def for_site(self, site: str) -> LaunchBackend:
+        with self._lock:
+            if site not in self._by_site:
+                if site not in self.sites:
+                    raise LaunchError(f"site {site!r} is not in this job's inventory ({', '.join(self.sites)})")
+                self._by_site[site] = make_backend(
+                    site, self.sites[site], job=self.job, job_dir=self.job_dir, trainer_ranks=self.trainer_ranks
+                )
+            return self._by_site[site]
+
+    def close(self) -> None:
+        for b in self._by_site.values():
+            close = getattr(b, "close", None)
+            if close is not None:
+                close()
+        self._by_site.clear()
+
+
+# -- the job's agent record ---------------------------------------------------------------------------
+def record_agent(job_dir: Path, handle: AgentHandle) -> None:
+    s = handle.spec
+    row = {
+        "name": s.name,
+        "role": s.role,
+        "replica": s.replica,
+        "site": s.site,
+        "backend": handle.backend,
+        "ident": handle.ident,
+        "log": str(s.log_path) if s.log_path else None,
+    }
+    with (job_dir / AGENTS_FILE).open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def recorded_agents(job_dir: Path) -> list[AgentHandle]:
+    """Every agent ever started for the job (the last record wins for a name started twice)."""
+    p = job_dir / AGENTS_FILE
+    if not p.exists():
+        return []
+    out: dict[str, AgentHandle] = {}
+    for line in p.read_text().splitlines():
+        if not line.strip():
+            continue
+        d = json.loads(line)
+        spec = AgentSpec(d["role"], int(d["replica"]), d["site"], [], log_path=Path(d["log"]) if d.get("log") else None)
+        out[d["name"]] = AgentHandle(spec, dict(d["ident"]), d["backend"])
+    return list(out.values())
+
+
+def stop_agents(backends: Backends, handles: list[AgentHandle], *, grace_s: float) -> list[str]:
+    """Stop every handle on its site's backend; returns one problem line per site that failed."""
+    by_site: dict[str, list[AgentHandle]] = {}
+    for h in handles:
+        by_site.setdefault(h.spec.site, []).append(h)
+    problems = []
+    for site, hs in by_site.items():
+        try:
+            backends.for_site(site).stop(hs, grace_s=grace_s)
+        except LaunchError as e:
+            problems.append(f"site {site}: {e}")
+    return problems

@@ -1,0 +1,374 @@
+"""The report of one job run: a PNG (reward, stage times with scale events, agent busy/idle) and an HTML page.
+
+job_dir/job.json ─────────┐
+job_dir/metrics.jsonl ────┼─▶ load() ─▶ JobRecord ─┬─▶ _figure() ─▶ report.png ─┐
+job_dir/events.jsonl ─────┤                        └─▶ _html() ◀── PNG bytes ◀──┴─▶ report.html
+job_dir/summary.json ─────┘   (only job.json is required: a running job may have written nothing yet)
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import ConfigError, RlctlError, UsageError
+
+NO_DATA = "no data yet"
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    png: Path
+    html: Path
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What a job directory holds, read once; `summary` is None until the job ended."""
+
+    name: str
+    mode: str
+    rows: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+
+    @property
+    def scales(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") == "scale"]
+
+
+def build_report(job_dir: Path, *, out: Path | None = None) -> ReportFiles:
+    """Write `<job_dir>/report.{png,html}` (or `out` and its sibling with the other suffix)."""
+    files = _paths(job_dir, out)
+    rec = load(job_dir)
+    png = _figure(rec)
+    page = _html(rec, png)
+    try:
+        files.png.parent.mkdir(parents=True, exist_ok=True)
+        files.png.write_bytes(png)
+        files.html.write_text(page, encoding="utf-8")
+    except OSError as e:
+        raise RlctlError(f"cannot write the report: {e}") from e
+    return files
+
+
+def _paths(job_dir: Path, out: Path | None) -> ReportFiles:
+    if out is None:
+        return ReportFiles(job_dir / "report.png", job_dir / "report.html")
+    if out.suffix not in (".png", ".html"):
+        raise UsageError(
+            f"--out {out}: must end in .png or .html", hint="the sibling with the other suffix is written too"
+        )
+    return ReportFiles(out.with_suffix(".png"), out.with_suffix(".html"))
+
+
+# -- reading ----------------------------------------------------------------------------------------
+
+
+def load(job_dir: Path) -> JobRecord:
+    job_json = job_dir / "job.json"
+    if not job_json.is_file():
+        raise UsageError(f"{job_dir}: not a job directory (no job.json)")
+    job = _read_json(job_json)["job"]
+    summary_json = job_dir / "summary.json"
+    return JobRecord(
+        name=str(job["name"]),
+        mode=str(job["pipeline"]["mode"]),
+        rows=_read_lines(job_dir / "metrics.jsonl"),
+        events=_read_lines(job_dir / "events.jsonl"),
+        summary=_read_json(summary_json) if summary_json.is_file() else None,
+    )
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(str(path), None, f"cannot read: {e}") from e
+    except ValueError as e:
+        raise ConfigError(str(path), None, f"not JSON: {e}") from e
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(str(path), None, f"cannot read: {e}") from e
+    lines = text.split("\n")
+    # The job may be appending right now: a last line without its newline is unfinished, not corrupt.
+    rows = []
+    for n, line in enumerate(lines[:-1], start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as e:
+            raise ConfigError(str(path), f"line {n}", f"not JSON: {e}") from e
+    return rows
+
+
+# -- derived series ---------------------------------------------------------------------------------
+
+
+def busy_fractions(rows: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+    """Per agent, per row: busy seconds in that iteration's interval / period_s, clipped to [0, 1].
+
+    None where the agent is absent from the row's `agents` (joined later, or an older run) or was
+    not running at either end of the interval (lost or stopped: gone, not idle; the controller keeps
+    listing it). An agent's first row counts all its busy seconds: it started from zero inside it.
+    """
+    out: dict[str, list[float | None]] = {}
+    prev: dict[str, tuple[float, bool]] = {}  # name → (busy_s, running) at the previous row
+    for i, row in enumerate(rows):
+        agents = row.get("agents") or {}
+        period = row["period_s"]
+        for name, a in agents.items():
+            series = out.setdefault(name, [None] * len(rows))
+            busy, running = float(a["busy_s"]), a.get("state", "running") == "running"
+            before_s, was_running = prev.get(name, (0.0, False))
+            if not (running or was_running) or period <= 0:
+                continue
+            spent = busy - before_s
+            if spent < 0:  # the agent was restarted under the same name: its counter began again
+                spent = busy
+            series[i] = min(1.0, max(0.0, spent / period))
+        prev = {name: (float(a["busy_s"]), a.get("state", "running") == "running") for name, a in agents.items()}
+    return out
+
+
+def _agent_labels(rows: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """name → (role, site) as last seen; trainers first, then rollouts, each in order of first appearance."""
+    seen: dict[str, tuple[str, str]] = {}
+    for row in rows:
+        for name, a in (row.get("agents") or {}).items():
+            seen[name] = (str(a.get("role", "?")), str(a.get("site", "?")))
+    order = sorted(seen, key=lambda n: seen[n][0] != "trainer")
+    return {n: seen[n] for n in order}
+
+
+def _scale_label(e: dict[str, Any]) -> str:
+    sign = "+" if e.get("direction") == "out" else "-"
+    return f"{sign}{e.get('agent', '?')} ({e.get('reason', '?')})"
+
+
+def _col(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [math.nan if r.get(key) is None else float(r[key]) for r in rows]
+
+
+# -- the PNG ----------------------------------------------------------------------------------------
+
+
+def _figure(rec: JobRecord) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    rows = rec.rows
+    n_agents = len(_agent_labels(rows))
+    fig, (ax_r, ax_t, ax_b) = plt.subplots(
+        3,
+        1,
+        figsize=(10, 8.5 + 0.25 * max(0, n_agents - 4)),
+        sharex=True,
+        layout="constrained",
+        gridspec_kw={"height_ratios": [1.0, 1.3, 0.5 + 0.15 * max(1, n_agents)]},
+    )
+    state = rec.summary["state"] if rec.summary else "no summary yet"
+    fig.suptitle(f"{rec.name} ({rec.mode}): {len(rows)} iterations, {state}", fontsize=11)
+    ax_r.set_title("(a) mean reward", fontsize=9, loc="left")
+    ax_t.set_title("(b) stage times per iteration, scale events", fontsize=9, loc="left")
+    ax_b.set_title("(c) agent busy fraction per iteration (blank: absent)", fontsize=9, loc="left")
+    ax_b.set_xlabel("iteration")
+    if rows:
+        its = [int(r["iteration"]) for r in rows]
+        _reward(ax_r, rows, its)
+        _stages(ax_t, rows, its)
+        _scale_marks(rec, ax_t, ax_b)
+        _busy(fig, ax_b, rows, its)
+        ax_b.set_xlim(min(its) - 0.5, max(its) + 0.5)
+        ax_b.xaxis.set_major_locator(MaxNLocator(integer=True))
+    else:
+        for ax in (ax_r, ax_t, ax_b):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            _no_data(ax)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _marker(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"marker": "o", "markersize": 3} if len(rows) <= 60 else {}
+
+
+def _reward(ax: Any, rows: list[dict[str, Any]], its: list[int]) -> None:
+    ax.set_ylabel("reward")
+    ax.plot(its, _col(rows, "reward_mean"), color="tab:green", **_marker(rows))
+
+
+def _stages(ax: Any, rows: list[dict[str, Any]], its: list[int]) -> None:
+    ax.set_ylabel("seconds")
+    ax.plot(its, _col(rows, "t_gen_s"), label="T_gen", color="tab:blue", **_marker(rows))
+    ax.plot(its, _col(rows, "t_train_s"), label="T_train", color="tab:orange", **_marker(rows))
+    ax.plot(its, _col(rows, "delta_s"), label="δ = T_gen − T_train", color="tab:red", **_marker(rows))
+    if any(r.get("delta_prime_s") is not None for r in rows):
+        ax.plot(its, _col(rows, "delta_prime_s"), linestyle="--", label="δ' (rebalance threshold)", color="k")
+    ax.axhline(0.0, color="0.6", linewidth=0.6)
+    ax.margins(y=0.2)  # headroom for the scale-event boxes along the top edge
+    # Legend in the title line, right-aligned: inside it would cover data, to the right it narrows every panel.
+    ax.legend(fontsize=7, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, frameon=False, borderaxespad=0.1)
+
+
+def _scale_marks(rec: JobRecord, ax_t: Any, ax_b: Any) -> None:
+    """A dotted line per scale event (panels b and c); in b one label box per iteration, staggered in 3 heights."""
+    by_iteration: dict[int, list[str]] = {}
+    for e in rec.scales:
+        if e.get("iteration") is not None:
+            by_iteration.setdefault(int(e["iteration"]), []).append(_scale_label(e))
+    for k, (it, texts) in enumerate(sorted(by_iteration.items())):
+        for ax in (ax_t, ax_b):
+            ax.axvline(it, color="tab:purple", linewidth=1.0, linestyle=":")
+        ax_t.annotate(
+            "\n".join(texts),
+            xy=(it, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -3 - 12 * (k % 3)),  # neighbouring iterations' boxes would overlap at one height
+            textcoords="offset points",
+            va="top",
+            fontsize=7,
+            color="tab:purple",
+            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "tab:purple", "alpha": 0.85},
+        )
+
+
+def _busy(fig: Any, ax: Any, rows: list[dict[str, Any]], its: list[int]) -> None:
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    fractions = busy_fractions(rows)
+    if not fractions:
+        ax.set_yticks([])
+        _no_data(ax, "no per-agent busy time in metrics.jsonl (older run)")
+        return
+    labels = _agent_labels(rows)
+    cmap, norm = colormaps["viridis"], Normalize(0.0, 1.0)
+    for y, name in enumerate(labels):
+        cells = [(it - 0.5, 1.0) for it, f in zip(its, fractions[name], strict=True) if f is not None]
+        colours = [cmap(norm(f)) for f in fractions[name] if f is not None]
+        ax.broken_barh(cells, (y - 0.4, 0.8), facecolors=colours)
+    ax.set_yticks(range(len(labels)), [f"{n} ({role}, {site})" for n, (role, site) in labels.items()])
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    fig.colorbar(ScalarMappable(norm, cmap), ax=ax, label="busy fraction", fraction=0.04, pad=0.01)
+
+
+def _no_data(ax: Any, text: str = NO_DATA) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=10, color="0.4")
+
+
+# -- the HTML ---------------------------------------------------------------------------------------
+
+_CSS = (
+    "body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:0.5em 0 1.5em}"
+    "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}th{background:#f3f3f3}"
+    "td:first-child,th:first-child{text-align:left}img{max-width:100%}.none{color:#777;font-style:italic}"
+)
+
+
+def _f(v: Any, spec: str = ".3f") -> str:
+    return "-" if v is None else format(v, spec) if isinstance(v, float | int) else str(v)
+
+
+def _table(headers: list[str] | None, rows: list[list[str]], *, id_: str) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers or [])
+    thead = f"<thead><tr>{head}</tr></thead>\n" if headers else ""
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>\n" for r in rows)
+    return f'<table id="{id_}">\n{thead}<tbody>\n{body}</tbody>\n</table>'
+
+
+def _summary_rows(rec: JobRecord) -> list[list[str]]:
+    s, rows = rec.summary or {}, rec.rows
+    first = s.get("reward_first", rows[0]["reward_mean"] if rows else None)
+    last = s.get("reward_last", rows[-1]["reward_mean"] if rows else None)
+    wall = s.get("wall_s", rows[-1].get("wall_s") if rows else None)
+    ledger = s.get("ledger") or {}
+    keys = ("prompts", "trained", "requeued", "lost", "duplicated")
+    return [
+        ["job", rec.name],
+        ["mode", rec.mode],
+        ["state", str(s.get("state", "running (no summary.json yet)"))],
+        ["iterations", str(s.get("iterations", len(rows)))],
+        ["reward first → last", f"{_f(first)} → {_f(last)}"],
+        ["samples/s", _f(s.get("samples_per_s", rows[-1]["samples_per_s"] if rows else None), ".2f")],
+        ["wall s", _f(wall, ".1f")],
+        ["ledger", ", ".join(f"{k} {ledger[k]}" for k in keys if k in ledger) or "- (written when the job ends)"],
+    ]
+
+
+def _scale_rows(rec: JobRecord) -> list[list[str]]:
+    return [
+        [
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(e["t"]))),
+            _f(e.get("iteration"), "d"),
+            str(e.get("direction", "-")),
+            str(e.get("agent", "-")),
+            str(e.get("site", "-")),
+            str(e.get("reason", "-")),
+            _f(e.get("delta_s"), ".2f"),
+            _f(e.get("delta_prime_s"), ".2f"),
+        ]
+        for e in rec.scales
+    ]
+
+
+def _iteration_rows(rec: JobRecord) -> list[list[str]]:
+    return [
+        [
+            str(r["iteration"]),
+            _f(r["reward_mean"], ".4f"),
+            _f(r["t_gen_s"], ".2f"),
+            _f(r["t_train_s"], ".2f"),
+            _f(r["delta_s"], "+.2f"),
+            _f(r.get("delta_prime_s"), ".2f"),
+            _f(r.get("rollout_units"), "d"),
+        ]
+        for r in rec.rows
+    ]
+
+
+def _html(rec: JobRecord, png: bytes) -> str:
+    title = html.escape(f"rlctl report: {rec.name}")
+    none = f'<p class="none">{NO_DATA}</p>'
+    scales = _scale_rows(rec)
+    iterations = _iteration_rows(rec)
+    parts = [
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{title}</title>',
+        f"<style>{_CSS}</style>\n</head>\n<body>\n<h1>{title}</h1>",
+        f"<p>written {html.escape(time.strftime('%Y-%m-%d %H:%M:%S'))}</p>",
+        _table(None, _summary_rows(rec), id_="summary"),
+        f'<img alt="reward, stage times, agent busy fraction" src="data:image/png;base64,'
+        f'{base64.b64encode(png).decode("ascii")}">',
+        "<h2>Scale events</h2>",
+        _table(["time", "iteration", "direction", "agent", "site", "reason", "δ s", "δ' s"], scales, id_="scale")
+        if scales
+        else '<p class="none">no scale events</p>',
+        "<h2>Iterations</h2>",
+        _table(["iteration", "reward", "T_gen s", "T_train s", "δ s", "δ' s", "units"], iterations, id_="iterations")
+        if iterations
+        else none,
+        "</body>\n</html>\n",
+    ]
+    return "\n".join(parts)

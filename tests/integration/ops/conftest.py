@@ -1,0 +1,115 @@
+"""Jobs for the operations tests: real agents launched by `rlctl launch` in a subprocess, then
+operated from other `rlctl` processes (status, scale, stop), as an operator would from a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+RLCTL = [sys.executable, "-m", "rlctl"]
+
+
+def rlctl(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*RLCTL, *args], capture_output=True, text=True, timeout=timeout_s)
+
+
+def rlctl_json(*args: str, timeout_s: float = 120) -> tuple[int, Any]:
+    proc = rlctl(*args, "-o", "json", timeout_s=timeout_s)
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"rlctl {' '.join(args)}: exit {proc.returncode}, no JSON:\n{proc.stderr}") from None
+
+
+def wait_for(
+    what: str, cond: Callable[[], Any], timeout_s: float, *, alive: subprocess.Popen[str] | None = None
+) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = cond()
+        if value:
+            return value
+        if alive is not None and alive.poll() is not None:
+            raise AssertionError(f"the launcher exited ({alive.returncode}) while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose command line contains `marker` (e.g. a job directory)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() not in (d / "cmdline").read_bytes():
+                continue
+            if (d / "stat").read_text().rsplit(") ", 1)[1].split()[0] != "Z":
+                pids.append(int(d.name))
+        except (OSError, IndexError):
+            continue
+    return pids
+
+
+def metrics_rows(job_dir: Path) -> list[dict[str, Any]]:
+    p = job_dir / "metrics.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+
+
+def events(job_dir: Path) -> list[dict[str, Any]]:
+    p = job_dir / "events.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+
+
+def job_yaml(
+    path: Path, *, inventory: list[str], trainer: str, rollout: str, rollout_gpus: int = 1, **over: Any
+) -> Path:
+    data: dict[str, Any] = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Job",
+        "name": path.stem,
+        "inventory": inventory,
+        "model": {"kind": "builtin", "name": "tiny-demo"},
+        "task": {"kind": "digits", "median_output_tokens": 8, "max_output_tokens": 32},
+        "iterations": 400,
+        "batch": {"prompts_per_iteration": 4, "samples_per_prompt": 4, "train_micro_batch_samples": 8},
+        "pipeline": {"mode": "async"},
+        "placement": {"trainer": {"site": trainer, "gpus": 1}, "rollout": [{"site": rollout, "gpus": rollout_gpus}]},
+        "warmup": {"sft_steps": 0},
+        "checkpoint": {"every_iterations": 0},
+    }
+    data.update(over)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def launcher():
+    """Start `rlctl launch …` in the background; every launcher still running at the end is killed
+    (its own `finally` stops the agents)."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*args: str) -> subprocess.Popen[str]:
+        p = subprocess.Popen([*RLCTL, "launch", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()

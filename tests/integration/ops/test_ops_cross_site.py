@@ -1,0 +1,120 @@
+"""One job across two sites, operated from other terminals: the trainer and the controller are SLURM
+jobs on the localhost cluster (partition `sitea`), the rollout units run detached on the SSH site
+(the sshd on 127.0.0.1:2222). `status` reads the live controller, `scale +1` adds a unit on the SSH
+site that produces samples, `stop` leaves nothing running on either site."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import events, job_yaml, metrics_rows, processes_mentioning, rlctl, rlctl_json, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+
+def cross_site_inventory(services: dict[str, str], path: Path, workdir: Path) -> Path:
+    inv = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Inventory",
+        "sites": {
+            "train": {
+                "datacenter": "dc-a",
+                "gpu": "CPU",
+                "scheduler": {
+                    "kind": "slurm",
+                    "partition": "sitea",
+                    "slurm_conf": services["RLCTL_TEST_SLURM_CONF"],
+                    "time_limit_min": 15,
+                },
+                "nodes": [{"host": "sitea-[1-2]", "gpus": 2}],
+            },
+            "gen": {
+                "datacenter": "dc-b",
+                "gpu": "CPU",
+                "scheduler": {
+                    "kind": "ssh",
+                    "user": "root",
+                    "port": int(services["RLCTL_TEST_SSH_PORT"]),
+                    "key_file": services["RLCTL_TEST_SSH_KEY"],
+                    "known_hosts": services["RLCTL_TEST_SSH_KNOWN_HOSTS"],
+                    "workdir": str(workdir),
+                    "python": sys.executable,
+                },
+                "nodes": [{"host": services["RLCTL_TEST_SSH_HOST"], "gpus": 3}],
+            },
+        },
+        "links": [{"between": ["train", "gen"], "bandwidth_gbps": 1, "latency_ms": 2}],
+    }
+    path.write_text(yaml.safe_dump(inv))
+    return path
+
+
+def squeue_names(services: dict[str, str]) -> list[str]:
+    import os
+    import subprocess
+
+    env = {**os.environ, "SLURM_CONF": services["RLCTL_TEST_SLURM_CONF"]}
+    out = subprocess.run(["squeue", "-h", "-o", "%j"], env=env, capture_output=True, text=True, timeout=30)
+    return out.stdout.split()
+
+
+def test_cross_site_job_status_scale_stop(services, tmp_path, launcher):
+    inv = cross_site_inventory(services, tmp_path / "sites.yaml", tmp_path / "gen-workdir")
+    job = job_yaml(tmp_path / "xsite.yaml", inventory=[str(inv)], trainer="train", rollout="gen")
+    job_dir = tmp_path / "run"
+
+    proc = launcher(str(job), "--job-dir", str(job_dir))
+    wait_for("two trained iterations", lambda: len(metrics_rows(job_dir)) >= 2, 180, alive=proc)
+
+    code, st = rlctl_json("status", str(job_dir))
+    assert code == 0 and st["source"] == "controller", st
+    live = st["live"]
+    assert live["state"] == "running" and live["iteration"] >= 2
+    agents = {a["name"]: a for a in live["agents"]}
+    assert agents["trainer-0"]["site"] == "train" and agents["rollout-0"]["site"] == "gen"
+    assert all(a["state"] == "running" for a in agents.values())
+    started = {e["agent"]: e["backend"] for e in events(job_dir) if e["event"] == "agent_started"}
+    assert started == {"controller-0": "slurm", "trainer-0": "slurm", "rollout-0": "ssh"}
+    assert {"rlctl-run-controller", "rlctl-run-trainer"} <= set(squeue_names(services))
+
+    t0 = time.monotonic()
+    code, sc = rlctl_json("scale", str(job_dir), "--rollout", "+1", "--timeout", "120", timeout_s=200)
+    assert code == 0, sc
+    assert sc["adding"] == ["rollout-1"] and sc["sites"] == ["gen"]
+    first = sc["first_sample_s"]["rollout-1"]
+    print(
+        f"\nscale +1 on the SSH site: first sample {first:.2f} s after the request (CLI {time.monotonic() - t0:.2f} s)"
+    )
+    trained_by_new = lambda: any(  # noqa: E731
+        "rollout-1" in r["agents"] and r["agents"]["rollout-1"]["busy_s"] > 0 for r in metrics_rows(job_dir)
+    )
+    wait_for("the new unit to work in a trained iteration", trained_by_new, 60, alive=proc)
+
+    code, stopped = rlctl_json("stop", str(job_dir), timeout_s=180)
+    assert code == 0 and stopped["problems"] == [], stopped
+    assert set(stopped["agents"]) == {"controller-0", "trainer-0", "rollout-0", "rollout-1"}
+    proc.wait(timeout=60)
+    wait_for("every agent process to be gone", lambda: not processes_mentioning(str(job_dir)), 30)
+    wait_for("the SLURM jobs to leave the queue", lambda: not any("rlctl-run" in n for n in squeue_names(services)), 60)
+    summary = (job_dir / "summary.json").read_text()
+    assert '"state": "stopped"' in summary
+
+    code, after = rlctl_json("status", str(job_dir))  # the controller is gone: the schedulers answer
+    assert code == 0 and after["source"] != "controller"
+    assert {a["name"]: a["state"].split()[0] for a in after["agents"]} == dict.fromkeys(stopped["agents"], "exited")
+
+
+def test_dry_run_renders_sbatch_and_ssh_without_starting_anything(services, tmp_path):
+    inv = cross_site_inventory(services, tmp_path / "sites.yaml", tmp_path / "gen-workdir")
+    job = job_yaml(tmp_path / "xsite.yaml", inventory=[str(inv)], trainer="train", rollout="gen", rollout_gpus=2)
+    proc = rlctl("launch", str(job), "--dry-run", "--job-dir", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.count("#SBATCH") >= 2 and "--partition=sitea" in out  # controller + trainer jobs
+    assert out.count("setsid nohup") == 2 and "ssh -p" in out  # two rollout units over SSH
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,158 @@
+"""`rlctl.report`: the PNG and HTML of a job directory, while it runs and after, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlctl.errors import ConfigError, UsageError
+from rlctl.report import build_report, busy_fractions
+from tests.unit.report.fake_jobdir import ITERATIONS, make_job_dir, metrics_row
+
+
+class Tables(HTMLParser):
+    """Body rows per table id, and every <img> src."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, int] = {}
+        self.imgs: list[str] = []
+        self._table: str | None = None
+        self._in_body = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "table":
+            self._table = a.get("id") or ""
+            self.rows[self._table] = 0
+        elif tag == "tbody":
+            self._in_body = True
+        elif tag == "tr" and self._in_body and self._table is not None:
+            self.rows[self._table] += 1
+        elif tag == "img":
+            self.imgs.append(a.get("src") or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "tbody":
+            self._in_body = False
+        elif tag == "table":
+            self._table = None
+
+
+def parse(page: str) -> Tables:
+    t = Tables()
+    t.feed(page)
+    return t
+
+
+def test_report_of_a_run_with_a_scale_out(tmp_path: Path) -> None:
+    d = make_job_dir(tmp_path)
+    files = build_report(d)
+    assert files.png == d / "report.png" and files.html == d / "report.html"
+    png = files.png.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(png) > 20_000
+    page = files.html.read_text()
+    t = parse(page)
+    assert t.rows["iterations"] == ITERATIONS
+    assert t.rows["scale"] == 1
+    assert "rollout-2" in page and "rebalance" in page
+    assert len(t.imgs) == 1 and t.imgs[0].startswith("data:image/png;base64,iVBORw0KGgo")
+    assert "no summary.json yet" in page
+
+
+def test_summary_and_escaping(tmp_path: Path) -> None:
+    d = make_job_dir(tmp_path)
+    summary = {
+        "job": "demo",
+        "mode": "stream",
+        "eta": 0,
+        "state": "failed: <trainer lost>",
+        "iterations": ITERATIONS,
+        "reward_first": 0.15,
+        "reward_last": 0.7,
+        "samples_per_s": 19.5,
+        "ledger": {"prompts": 96, "trained": 90, "requeued": 4, "lost": 0, "duplicated": 1},
+    }
+    (d / "summary.json").write_text(json.dumps(summary))
+    page = build_report(d).html.read_text()
+    assert "failed: &lt;trainer lost&gt;" in page and "<trainer lost>" not in page
+    assert "0.150 → 0.700" in page
+    assert "prompts 96, trained 90, requeued 4, lost 0, duplicated 1" in page
+
+
+def test_a_job_that_wrote_nothing_yet_still_renders(tmp_path: Path) -> None:
+    d = make_job_dir(tmp_path, metrics=False)
+    files = build_report(d)
+    assert files.png.read_bytes()[:4] == b"\x89PNG"
+    page = files.html.read_text()
+    assert "no data yet" in page and "no scale events" in page
+    assert "iterations" not in parse(page).rows
+
+
+def test_an_unfinished_last_line_is_being_written_not_corrupt(tmp_path: Path) -> None:
+    d = make_job_dir(tmp_path)
+    with (d / "metrics.jsonl").open("a") as f:
+        f.write('{"iteration": 13, "rew')
+    assert parse(build_report(d).html.read_text()).rows["iterations"] == ITERATIONS
+
+
+def test_out_names_one_file_and_its_sibling(tmp_path: Path) -> None:
+    d = make_job_dir(tmp_path)
+    files = build_report(d, out=tmp_path / "reports" / "demo.html")
+    assert files.png == tmp_path / "reports" / "demo.png" and files.png.exists() and files.html.exists()
+    assert not (d / "report.png").exists()
+    with pytest.raises(UsageError, match=r"demo\.pdf: must end in \.png or \.html"):
+        build_report(d, out=tmp_path / "demo.pdf")
+
+
+def test_missing_job_json_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"not a job directory \(no job\.json\)"):
+        build_report(tmp_path)
+
+
+def test_corrupt_metrics_line_names_file_and_line(tmp_path: Path) -> None:
+    d = make_job_dir(tmp_path)
+    path = d / "metrics.jsonl"
+    path.write_text(json.dumps(metrics_row(1)) + "\n{not json\n")
+    with pytest.raises(ConfigError, match="line 2: not JSON") as e:
+        build_report(d)
+    assert e.value.file == str(path)
+
+
+def test_busy_fractions_join_leave_restart_and_clip() -> None:
+    def row(period_s: float, **busy_s: float | tuple[float, str]) -> dict[str, Any]:
+        agents = {}
+        for name, b in busy_s.items():
+            seconds, state = b if isinstance(b, tuple) else (b, "running")
+            agents[name] = {"role": "rollout", "site": "h20", "busy_s": seconds, "state": state}
+        return {"period_s": period_s, "agents": agents}
+
+    rows = [
+        row(2.0, a=1.0, c=(0.0, "lost")),  # c is listed but was never running here: blank
+        row(2.0, a=4.0, b=0.5),  # a: 3 s busy in 2 s (clipped); b joins: all its 0.5 s fall in this interval
+        row(4.0, a=5.0, b=2.5),
+        row(4.0, a=(6.0, "lost"), b=1.0),  # a lost during the interval: its last 1 s counts; b restarted
+        row(4.0, a=(6.0, "lost"), b=2.0),  # a still listed, gone: blank, not idle
+        {"period_s": 1.0},  # an older row without per-agent figures
+    ]
+    assert busy_fractions(rows) == {
+        "a": [0.5, 1.0, 0.25, 0.25, None, None],
+        "c": [None, None, None, None, None, None],
+        "b": [None, 0.25, 0.5, 0.25, 0.25, None],
+    }
+    assert busy_fractions([{"period_s": 1.0}]) == {}
+
+
+def test_an_older_run_without_agents_delta_prime_or_units(tmp_path: Path) -> None:
+    d = make_job_dir(tmp_path)
+    old = ("agents", "delta_prime_s", "rollout_units")
+    rows = [{k: v for k, v in metrics_row(i).items() if k not in old} for i in range(1, ITERATIONS + 1)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = build_report(d).html.read_text()
+    assert parse(page).rows["iterations"] == ITERATIONS
+    assert "<td>1</td><td>0.1500</td><td>3.00</td><td>1.50</td><td>+1.50</td><td>-</td><td>-</td>" in page

@@ -1,0 +1,62 @@
+"""`rlctl report [JOB]` through its own typer app: job resolution, --out, both output formats."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from rlctl.commands.report import register
+from rlctl.errors import UsageError
+from rlctl.launch.jobdb import JobDB
+from tests.unit.report.fake_jobdir import make_job_dir
+
+
+def app() -> typer.Typer:
+    a = typer.Typer()
+
+    @a.callback()
+    def _root() -> None:  # with a callback the command keeps its name, as under `rlctl`
+        pass
+
+    register(a)
+    return a
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    h = tmp_path / "home"
+    monkeypatch.setenv("RLCTL_HOME", str(h))
+    return h
+
+
+def test_report_by_directory_json(tmp_path: Path, home: Path) -> None:
+    d = make_job_dir(tmp_path)
+    r = CliRunner().invoke(app(), ["report", str(d), "-o", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"png": str(d / "report.png"), "html": str(d / "report.html")}
+    assert (d / "report.png").read_bytes()[:4] == b"\x89PNG" and (d / "report.html").exists()
+
+
+def test_report_of_the_latest_job_to_out(tmp_path: Path, home: Path) -> None:
+    d = make_job_dir(tmp_path)
+    db = JobDB()
+    db.put(d.name, job_dir=str(d), spec={"name": "demo"}, state="running")
+    db.close()
+    out = tmp_path / "out" / "r.png"
+    r = CliRunner().invoke(app(), ["report", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines() == [str(out), str(tmp_path / "out" / "r.html")]
+    assert out.exists() and not (d / "report.png").exists()
+    r = CliRunner().invoke(app(), ["report", "demo", "-o", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["html"] == str(d / "report.html")
+
+
+def test_report_of_an_unknown_job_is_a_usage_error(home: Path) -> None:
+    r = CliRunner().invoke(app(), ["report", "nosuchjob"])
+    assert isinstance(r.exception, UsageError)
+    assert "no job 'nosuchjob' in the index" in str(r.exception)
