@@ -5,6 +5,8 @@ runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_di
   plan.json         GPU counts per role and how they were chosen
   secret            per-job HMAC secret of the tensor RPC (mode 0600)
   controller.json   the controller's RPC address and pid, written once it listens
+  sites.json        the inventory entries of the job's sites (what the controller needs to scale)
+  agents.jsonl      every agent started, by whom ever: site, backend, handle (pid/pgid, SLURM job, host)
   logs/<role>-<n>.log
   events.jsonl      one JSON object per event (agent joined / lost, iteration done, stop)
   metrics.jsonl     one line per iteration (reward, stage times, δ, throughput, staleness)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,7 @@ def test_growing_lengths_trigger_one_scale_out_then_delta_falls_under_delta_prim
         trainer="local",
         rollout="local",
         iterations=48,
-        task={"kind": "digits", "median_output_tokens": 8, "max_output_tokens": 96, "growth_per_iteration": 0.15},
+        task={"kind": "digits", "median_output_tokens": 8, "max_output_tokens": 200, "growth_per_iteration": 0.2},
         batch={"prompts_per_iteration": 8, "samples_per_prompt": 4, "train_micro_batch_samples": 8},
         warmup={"sft_steps": 400},
         rebalance={"auto": True, "max_rollout_units": 2},
@@ -51,11 +53,31 @@ def test_growing_lengths_trigger_one_scale_out_then_delta_falls_under_delta_prim
     )
 
 
-def test_scale_in_drains_a_unit_while_training_goes_on(tmp_path, launcher):
+def prometheus_query(base: str, promql: str) -> list[dict]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return list(json.load(resp)["data"]["result"])
+
+
+def test_scale_in_drains_a_unit_while_training_goes_on(tmp_path, launcher, services):
     job = job_yaml(tmp_path / "drain.yaml", inventory=[LOCAL], trainer="local", rollout="local", rollout_gpus=2)
     job_dir = tmp_path / "run"
     proc = launcher(str(job), "--job-dir", str(job_dir))
     wait_for("two trained iterations", lambda: len(metrics_rows(job_dir)) >= 2, 120, alive=proc)
+
+    # the real Prometheus server scrapes the running controller
+    port = json.loads((job_dir / "controller.json").read_text())["metrics_port"]
+    target = Path(services["RLCTL_TEST_PROMETHEUS_TARGETS"]) / f"ops-controller-{port}.json"
+    target.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": {"test": "ops"}}]))
+    base, inst = services["RLCTL_TEST_PROMETHEUS_URL"], f'instance="127.0.0.1:{port}"'
+    try:
+        scraped = lambda: prometheus_query(base, f"rlctl_job_iteration{{{inst}}} > 0")  # noqa: E731
+        wait_for("Prometheus to scrape the controller mid-run", scraped, 60, alive=proc)
+        up = prometheus_query(base, f"rlctl_agent_up{{{inst}}} == 1")
+        assert {r["metric"]["name"] for r in up} >= {"trainer-0", "rollout-0", "rollout-1"}
+        assert prometheus_query(base, f'rlctl_rollout_units{{{inst},site="local"}}')[0]["value"][1] == "2"
+    finally:
+        target.unlink()
     code, r = rlctl_json("scale", str(job_dir), "--rollout=-1")
     assert code == 0 and r["removing"] == ["rollout-1"], r
 
