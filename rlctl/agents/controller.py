@@ -181,7 +181,7 @@ class ControllerAgent:
             if t0 is not None:
                 seconds = round(time.monotonic() - t0, 3)
                 self.jobdir.event("first_sample", agent=who, seconds_since_scale=seconds)
-                self.rule.changed(self.core.trainer_version)  # from now on δ reflects the new unit count
+                self.rule.changed()  # from now on δ reflects the new unit count
                 log.info("controller: %s produced its first sample %.1f s after it was asked for", who, seconds)
             self._send(
                 self.core.sample(
@@ -328,7 +328,7 @@ class ControllerAgent:
         self.scale_log.append(ev)
         self.jobdir.event("scale", **ev)
         self.metrics.scale_events.labels(direction, reason).inc()
-        self.rule.changed(self.core.trainer_version)
+        self.rule.changed()
 
     def _hello(self, conn: Connection, h: Hello) -> None:
         name = h.name if h.role != "client" else f"client-{next(self._clients)}"
@@ -462,7 +462,7 @@ class ControllerAgent:
         row["rollout_units"] = units
         self.metrics.rebalance_threshold_seconds.set(r.delta_prime_s)
         if r.add:
-            self.rule.changed(self.core.trainer_version)
+            self.rule.changed()
             log.info(
                 "controller: δ %.3f s ≥ δ' %.3f s at iteration %d: adding a rollout unit",
                 r.delta_s,

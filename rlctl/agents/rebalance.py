@@ -38,11 +38,11 @@ def delta_prime(t_gen_s: float, units: int) -> float:
 class RebalanceRule:
     cfg: Rebalance
     window: list[tuple[float, float]] = field(default_factory=list)  # (t_gen, t_train) since the last change
-    last_change: int | None = None
 
     def observe(self, iteration: int, *, t_gen_s: float, t_train_s: float, units: int, can_add: bool) -> Reading:
         """One trained iteration; says whether to add a unit now (the caller then calls `changed`)."""
         self.window.append((t_gen_s, t_train_s))
+        del self.window[: -max(self.cfg.window_iterations, self.cfg.cooldown_iterations)]  # all any check reads
         recent = self.window[-self.cfg.window_iterations :]
         gen = sum(g for g, _ in recent) / len(recent)
         delta = sum(g - t for g, t in recent) / len(recent)
@@ -57,7 +57,6 @@ class RebalanceRule:
             return Reading(iteration, delta, dprime, units, False, "δ ≥ δ' but no free GPU slot on a rollout site")
         return Reading(iteration, delta, dprime, units, True, "δ ≥ δ'")
 
-    def changed(self, iteration: int) -> None:
+    def changed(self) -> None:
         """The unit count changed (by this rule or by the operator): measure afresh."""
         self.window.clear()
-        self.last_change = iteration

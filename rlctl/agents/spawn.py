@@ -1,8 +1,8 @@
 """How an agent process is described to a launch backend, and the controller's spawner for scaling.
 
     agent_spec(role, replica, site) ─▶ AgentSpec(argv = python -m rlctl.agents ROLE --job-dir D …)
-    Spawner.add_rollout(site)       ─▶ backend(site).start(spec) ─▶ agents.jsonl ─▶ the unit says hello
-    Spawner.retire(name)            ─▶ backend(site).stop([handle])   (after the controller drained it)
+    Spawner.add_rollout(site, n)    ─▶ backend(site).start(spec) ─▶ agents.jsonl ─▶ the unit says hello
+    (a drained unit is told to stop by the controller; `rlctl stop` verifies every recorded agent gone)
 
 The launcher (`rlctl launch`) and the controller (scale requests, automatic rebalancing) both start
 agents this way, so `rlctl stop` finds every one of them in the job's agents.jsonl.
@@ -17,7 +17,7 @@ import threading
 from rlctl.config.inventory import Site, SshScheduler
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import Backends, record_agent, recorded_agents
-from rlctl.launch.base import AgentHandle, AgentSpec
+from rlctl.launch.base import AgentSpec
 from rlctl.launch.jobdir import JobDir
 
 log = logging.getLogger(__name__)
@@ -39,19 +39,8 @@ def agent_spec(
     return AgentSpec(role, replica, site_name, argv, {**BASE_ENV, **(env or {})}, jobdir.log(role, replica))
 
 
-def gpus_used(jobdir: JobDir, sites: dict[str, Site], *, tp: int, live: set[str]) -> dict[str, int]:
-    """GPUs (slots) this job holds per site: trainer ranks + tp per live rollout unit."""
-    plan = jobdir.read_json(jobdir.plan_json)
-    used = dict.fromkeys(sites, 0)
-    used[plan["trainer"]["site"]] = used.get(plan["trainer"]["site"], 0) + int(plan["trainer"]["ranks"])
-    for h in recorded_agents(jobdir.path):
-        if h.spec.role == "rollout" and h.spec.name in live:
-            used[h.spec.site] = used.get(h.spec.site, 0) + tp
-    return used
-
-
 class Spawner:
-    """Starts and retires rollout units of a running job on their sites (used by the controller)."""
+    """Starts rollout units of a running job on their sites (used by the controller)."""
 
     def __init__(self, jobdir: JobDir, sites: dict[str, Site], *, job: str) -> None:
         self.jobdir, self.sites = jobdir, sites
@@ -72,16 +61,6 @@ class Spawner:
             record_agent(self.jobdir.path, handle)
         self.jobdir.event("agent_started", agent=spec.name, site=site, backend=handle.backend, ident=handle.ident)
         return spec.name
-
-    def handle(self, name: str) -> AgentHandle | None:
-        return next((h for h in recorded_agents(self.jobdir.path) if h.spec.name == name), None)
-
-    def retire(self, name: str, *, grace_s: float = 10.0) -> None:
-        """Make sure the (drained, stopped) agent `name` is gone on its site."""
-        h = self.handle(name)
-        if h is None:
-            return
-        self.backends.for_site(h.spec.site).stop([h], grace_s=grace_s)
 
     def close(self) -> None:
         self.backends.close()

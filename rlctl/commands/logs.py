@@ -32,19 +32,18 @@ def _tail(path: Path, lines: int) -> list[str]:
 
 def _remote_tail(job_dir: Path, name: str, lines: int) -> list[str] | None:
     """The log of an agent on an SSH site whose file is not visible here (no shared filesystem)."""
-    from rlctl.launch.backends import read_sites, recorded_agents
-    from rlctl.launch.remote import SshRunner
+    from rlctl.launch.backends import make_backend, read_sites, recorded_agents
+    from rlctl.launch.remote import SshRunner, sh_path
+    from rlctl.launch.ssh import SshBackend
 
     h = next((h for h in recorded_agents(job_dir) if h.spec.name == name and h.backend == "ssh"), None)
     if h is None:
         return None
-    from rlctl.launch.ssh import SshBackend
-
-    site = read_sites(job_dir)[h.spec.site]
-    target = SshBackend(h.spec.site, site, job=job_dir.name, known_hosts=getattr(site.scheduler, "known_hosts", None))
-    runner = SshRunner(target.target(h.ident["host"]))
+    backend = make_backend(h.spec.site, read_sites(job_dir)[h.spec.site], job=job_dir.name, job_dir=job_dir)
+    assert isinstance(backend, SshBackend)
+    runner = SshRunner(backend.target(h.ident["host"]))
     try:
-        res = runner.run(f"tail -n {int(lines)} {h.ident['log']}", timeout_s=15.0)
+        res = runner.run(f"tail -n {int(lines)} {sh_path(h.ident['log'])}", timeout_s=15.0)
     finally:
         runner.close()
     return res.stdout.splitlines()

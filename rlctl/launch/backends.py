@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rlctl.config.inventory import Site, SlurmScheduler, SshScheduler
 from rlctl.errors import LaunchError
@@ -25,23 +23,9 @@ SITES_FILE = "sites.json"
 AGENTS_FILE = "agents.jsonl"
 
 
-@dataclass(frozen=True)
-class SiteInfo:
-    """A site as a job's agents need it: its inventory entry, and where to find known host keys."""
-
-    name: str
-    site: Site
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "site": self.site.model_dump(mode="json", by_alias=True)}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> SiteInfo:
-        return cls(str(d["name"]), Site.model_validate(d["site"]))
-
-
 def write_sites(job_dir: Path, sites: dict[str, Site]) -> None:
-    data = [SiteInfo(n, s).to_json() for n, s in sorted(sites.items())]
+    """The inventory entries of the job's sites, [{"name", "site"}], for processes that scale or stop it."""
+    data = [{"name": n, "site": s.model_dump(mode="json", by_alias=True)} for n, s in sorted(sites.items())]
     (job_dir / SITES_FILE).write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -49,7 +33,7 @@ def read_sites(job_dir: Path) -> dict[str, Site]:
     p = job_dir / SITES_FILE
     if not p.exists():
         return {}
-    return {i.name: i.site for i in (SiteInfo.from_json(d) for d in json.loads(p.read_text()))}
+    return {str(d["name"]): Site.model_validate(d["site"]) for d in json.loads(p.read_text())}
 
 
 def make_backend(site_name: str, site: Site, *, job: str, job_dir: Path, trainer_ranks: int = 1) -> LaunchBackend:

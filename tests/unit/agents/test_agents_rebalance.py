@@ -1,0 +1,50 @@
+"""The dynamic-adjustment rule on known sequences: δ over a window, δ' = T_gen/(N+1), cooldown, caps."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlctl.agents.rebalance import RebalanceRule, delta_prime
+from rlctl.config.job import Rebalance
+
+
+def feed(rule: RebalanceRule, rows: list[tuple[float, float]], *, units: int = 1, can_add: bool = True) -> list[bool]:
+    return [rule.observe(i, t_gen_s=g, t_train_s=t, units=units, can_add=can_add).add for i, (g, t) in enumerate(rows)]
+
+
+def test_delta_prime_is_the_time_one_more_balanced_unit_saves():
+    work = 12.0  # 2 units take 6 s, 3 units 4 s: one more saves 2 s
+    assert delta_prime(work / 2, 2) == pytest.approx(work / 2 - work / 3)
+
+
+def test_adds_only_after_a_full_window_with_delta_at_least_delta_prime():
+    rule = RebalanceRule(Rebalance(auto=True, window_iterations=3, cooldown_iterations=3))
+    # T_gen 3, T_train 1: δ = 2 ≥ δ' = 1.5 — but only once three iterations were measured
+    assert feed(rule, [(3.0, 1.0)] * 3) == [False, False, True]
+
+
+def test_balanced_stages_never_add():
+    rule = RebalanceRule(Rebalance(auto=True))
+    r = [rule.observe(i, t_gen_s=2.0, t_train_s=1.5, units=1, can_add=True) for i in range(10)]
+    assert not any(x.add for x in r) and r[-1].why == "δ < δ'"
+    assert r[-1].delta_s == pytest.approx(0.5) and r[-1].delta_prime_s == pytest.approx(1.0)
+
+
+def test_after_a_change_it_measures_afresh():
+    rule = RebalanceRule(Rebalance(auto=True, window_iterations=2, cooldown_iterations=4))
+    assert feed(rule, [(3.0, 1.0)] * 4) == [False, False, False, True]
+    rule.changed()
+    assert feed(rule, [(3.0, 1.0)] * 4, units=2) == [False, False, False, True]  # δ 2 ≥ δ' 1: again after 4
+
+
+def test_no_free_slot_or_auto_off_never_adds():
+    full = RebalanceRule(Rebalance(auto=True))
+    assert not any(feed(full, [(5.0, 1.0)] * 6, can_add=False))
+    off = RebalanceRule(Rebalance(auto=False))
+    assert not any(feed(off, [(5.0, 1.0)] * 6))
+
+
+def test_the_window_keeps_only_what_the_checks_read():
+    rule = RebalanceRule(Rebalance(auto=True, window_iterations=3, cooldown_iterations=5))
+    feed(rule, [(1.0, 1.0)] * 50)
+    assert len(rule.window) == 5
