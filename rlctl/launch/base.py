@@ -6,7 +6,8 @@
     backend.stop([handles], grace_s) # SIGTERM to each process group, grace, SIGKILL, verify none left
 
 Backends: `local` (subprocesses in their own process groups, `local.py`); SLURM and SSH backends
-implement the same three methods. Choose one with `BACKENDS[site.scheduler.kind]`.
+implement the same three methods. `rlctl.launch.backends.make_backend(site)` picks one by the
+site's scheduler kind.
 """
 
 from __future__ import annotations

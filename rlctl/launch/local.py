@@ -18,14 +18,32 @@ from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend
 
 
-def _group_alive(pgid: int) -> bool:
+def _group_alive(pgid: int, *, ours: bool) -> bool:
+    """Some member of the group is left. For a group we started, that means any process, zombies too
+    (we reap our own). For someone else's (an agent `rlctl stop` stops from another terminal) zombies
+    do not count: one stays until *its* parent reaps it, and `kill(0)` still succeeds on it."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return ours or any(pgrp == pgid and state != "Z" for state, pgrp in _proc_states())
+
+
+def _proc_states() -> list[tuple[str, int]]:
+    """(state, process group) of every process, from /proc/PID/stat (fields after the "(comm) ")."""
+    out = []
+    for d in os.scandir("/proc"):
+        if not d.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d.name}/stat") as f:
+                fields = f.read().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        out.append((fields[0], int(fields[2])))
+    return out
 
 
 class LocalBackend(LaunchBackend):
@@ -61,7 +79,7 @@ class LocalBackend(LaunchBackend):
     def poll(self, handle: AgentHandle) -> int | None:
         proc = self._procs.get(handle.ident["pid"])
         if proc is None:
-            return None if _group_alive(handle.ident["pgid"]) else 0
+            return None if _group_alive(handle.ident["pgid"], ours=False) else 0
         return proc.poll()
 
     def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:
@@ -85,12 +103,9 @@ class LocalBackend(LaunchBackend):
         proc = self._procs.get(h.ident["pid"])
         if proc is not None:
             proc.poll()  # reap: a zombie leader would otherwise keep the group "alive"
-        return _group_alive(h.ident["pgid"])
+        return _group_alive(h.ident["pgid"], ours=proc is not None)
 
     @staticmethod
     def _signal(h: AgentHandle, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(h.ident["pgid"], sig)
-
-
-BACKENDS: dict[str, type[LaunchBackend]] = {"local": LocalBackend}
