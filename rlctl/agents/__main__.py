@@ -52,7 +52,13 @@ def main(argv: list[str] | None = None) -> int:
 
             jd = JobDir(args.job_dir)
             job = jd.read_job()
-            listen = args.listen or f"{job.transport.kind}://{job.transport.listen_host}:0"
+            if args.listen is None:
+                from rlctl.agents.listen import ENV_SITE, controller_peer, listen_host
+                from rlctl.launch.backends import read_sites
+
+                toward = controller_peer(read_sites(args.job_dir), os.environ.get(ENV_SITE))
+                args.listen = f"{job.transport.kind}://{listen_host(job, toward=toward)}:0"
+            listen = args.listen
             agent = ControllerAgent(jd, job, make_transport(job.transport.kind, secret=jd.secret()), listen=listen)
             return agent.run()
         ctx = AgentContext.load(args.job_dir, controller=args.controller)

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from rlctl.agents.common import AgentContext, ControllerLink
+from rlctl.agents.listen import host_of
+from rlctl.agents.listen import listen_host as resolve_listen_host
 from rlctl.agents.messages import Generate, Heartbeat, Hello, SampleDone, make, parse
 from rlctl.agents.weights import fetch_weights, state_dict_of, weight_node
 from rlctl.engines.base import GenRequest, GenResult
@@ -38,7 +40,7 @@ class RolloutAgent:
         self.ctx = ctx
         self.name = f"rollout-{replica}"
         job = ctx.job
-        listen_host = listen_host or job.transport.listen_host
+        listen_host = listen_host or resolve_listen_host(job, toward=host_of(ctx.controller))
         algo = job.algorithm
         self.engine = EmbeddedEngine.from_pretrained(
             ctx.jobdir.init_model,
@@ -161,16 +163,42 @@ class RolloutAgent:
             threading.Thread(target=self._read_weights, args=(conn,), name="weights-reader", daemon=True).start()
 
     def _read_weights(self, conn: Connection) -> None:
+        """Announcements go into one slot (newest wins); a fetcher thread pulls whatever is newest, so
+        a unit that falls behind a fast trainer skips versions instead of fetching each in turn."""
+        slot: list[Message] = []
+        cv = threading.Condition()
+        threading.Thread(target=self._fetch_newest, args=(slot, cv), name="weights-fetch", daemon=True).start()
         while True:
             try:
                 msg = conn.recv()
             except TransportError:
                 conn.close()
+                with cv:
+                    slot[:] = [Message("closed", {})]
+                    cv.notify()
                 return
             if msg.kind != "weights_available":
                 log.warning("%s: unexpected %r on the weights connection", self.name, msg.kind)
                 continue
+            with cv:
+                if not slot or int(msg.header["version"]) > int(slot[0].header.get("version", -1)):
+                    slot[:] = [msg]
+                cv.notify()
+
+    def _fetch_newest(self, slot: list[Message], cv: threading.Condition) -> None:
+        while True:
+            with cv:
+                cv.wait_for(lambda: bool(slot))
+                msg = slot.pop()
+            if msg.kind == "closed":
+                return
+            if int(msg.header["version"]) <= self.node_version():
+                continue  # already fetched (a newer one arrived while the older was announced)
             try:
                 self.inbox.put(fetch_weights(self.node, msg))
             except TransportError as e:  # the version stays unavailable; the next one will come
                 log.warning("%s: fetching weights v%s failed: %s", self.name, msg.header.get("version"), e)
+
+    def node_version(self) -> int:
+        cur = self.node.store.current
+        return -1 if cur is None else cur.version

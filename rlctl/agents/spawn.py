@@ -14,6 +14,7 @@ import logging
 import sys
 import threading
 
+from rlctl.agents.listen import ENV_LISTEN_HOST, ENV_SITE
 from rlctl.config.inventory import Site, SshScheduler
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import Backends, record_agent, recorded_agents
@@ -36,7 +37,10 @@ def agent_spec(
     argv = [python_for(site), "-m", "rlctl.agents", role, "--job-dir", str(jobdir.path)]
     if not (role == "trainer" and site.scheduler.kind == "slurm"):  # SLURM tasks take $SLURM_PROCID
         argv += ["--replica", str(replica)]
-    return AgentSpec(role, replica, site_name, argv, {**BASE_ENV, **(env or {})}, jobdir.log(role, replica))
+    site_env = {ENV_SITE: site_name}
+    if site.network.listen_host:
+        site_env[ENV_LISTEN_HOST] = site.network.listen_host
+    return AgentSpec(role, replica, site_name, argv, {**BASE_ENV, **site_env, **(env or {})}, jobdir.log(role, replica))
 
 
 class Spawner:

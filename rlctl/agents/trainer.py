@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.learner import PpoBatchLearner, StreamingLearner
+from rlctl.agents.listen import host_of, listen_host
 from rlctl.agents.messages import Delivered, Heartbeat, Hello, Trained, make
 from rlctl.agents.staleness import StalenessBound
 from rlctl.agents.weights import WeightPublisher
@@ -88,9 +89,10 @@ class TrainerAgent:
             return
         job = self.ctx.job
         scheme = job.transport.kind
+        host = "" if scheme == "inproc" else listen_host(job, toward=host_of(self.ctx.controller))
         publisher = WeightPublisher(
             self.ctx.transport,
-            listen="inproc://" if scheme == "inproc" else f"{scheme}://{job.transport.listen_host}:0",
+            listen="inproc://" if scheme == "inproc" else f"{scheme}://{host}:0",
             sync=job.weight_sync,
             timeout_s=job.transport.timeout_s,
         )

@@ -47,7 +47,7 @@ def announce(conn: Connection, version: int, holders: list[str]) -> None:
 def fetch_weights(node: WeightNode, msg: Message) -> Message:
     """Pull the announced version into `node` (verified) and wrap it as the rollout loop's `weights` message."""
     t0 = time.monotonic()
-    hv = node.fetch(int(msg.header["version"]), list(msg.header["holders"]))
+    hv = node.fetch(int(msg.header["version"]), list(msg.header["holders"]), newer_ok=True)
     fetch_s = time.monotonic() - t0
     payload = hv.payloads.get("delta") or hv.payloads.get("full")
     wire_bytes = int(payload.data.numel()) if payload is not None else int(hv.weights.numel())

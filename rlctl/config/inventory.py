@@ -105,6 +105,13 @@ class Node(Strict):
 class Network(Strict):
     bandwidth_gbps: PositiveFloat
     rdma: bool = False
+    listen_host: str | None = Field(
+        None,
+        min_length=1,
+        description="address this site's agents bind and advertise to peers on other sites: an IP or "
+        "hostname of its hosts, or `auto` (the interface that routes toward the controller); "
+        "default: the job's transport.listen_host",
+    )
 
 
 class Site(Strict):

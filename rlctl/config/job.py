@@ -191,7 +191,11 @@ class Trainer(Strict):
 
 class Transport(Strict):
     kind: Literal["tcp", "ucx", "inproc"] = "tcp"
-    listen_host: str = Field("127.0.0.1", description="address the controller and rollout agents listen on")
+    listen_host: str = Field(
+        "127.0.0.1",
+        description="address agents bind and advertise unless their site's network.listen_host says "
+        "otherwise; `auto` = the interface that routes toward the controller",
+    )
     streams: PositiveInt = 1
     timeout_s: PositiveFloat = 30.0
 

@@ -129,5 +129,9 @@ class VersionStore:
 
     def wait_for(self, version: int, timeout_s: float) -> HeldVersion | None:
         with self.cv:
-            self.cv.wait_for(lambda: version in self.versions, timeout=timeout_s)
+            # a version older than the current one that is not held will never arrive: answer now
+            self.cv.wait_for(
+                lambda: version in self.versions or (self.current is not None and self.current.version > version),
+                timeout=timeout_s,
+            )
             return self.versions.get(version)

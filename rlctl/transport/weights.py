@@ -43,6 +43,14 @@ from rlctl.transport.versions import (
 log = logging.getLogger(__name__)
 
 
+class Superseded(ProtocolError):
+    """The holder no longer has the asked version: it has moved on to `current`."""
+
+    def __init__(self, message: str, current: int) -> None:
+        super().__init__(message)
+        self.current = current
+
+
 class WeightNode:
     """One holder of weight versions: serves children, and publishes (root) or fetches (receiver)."""
 
@@ -81,8 +89,13 @@ class WeightNode:
         return hv
 
     # -- receiver side ------------------------------------------------------------------
-    def fetch(self, version: int, holders: list[str], *, want_full: bool = False) -> HeldVersion:
-        """Fetch `version` from the first live address in `holders` (planned parent first) and flip to it."""
+    def fetch(
+        self, version: int, holders: list[str], *, want_full: bool = False, newer_ok: bool = False
+    ) -> HeldVersion:
+        """Fetch `version` from the first live address in `holders` (planned parent first) and flip to it.
+
+        `newer_ok`: a holder that has moved past `version` (and dropped it) gives its current version
+        instead — what a rollout engine wants, since only the newest weights matter to it."""
         if not holders:
             raise ValueError("fetch needs at least one holder address")
         hv = self.store.versions.get(version)
@@ -93,7 +106,15 @@ class WeightNode:
         for _ in range(self.cfg.attach_passes):
             for addr in holders:
                 try:
-                    hv = self._fetch_from(addr, version, want_full=want_full)
+                    while True:
+                        try:
+                            hv = self._fetch_from(addr, version, want_full=want_full)
+                            break
+                        except Superseded as e:
+                            if not newer_ok:
+                                raise
+                            log.info("v%d is superseded at %s: fetching its v%d", version, addr, e.current)
+                            version = e.current
                     if not self._finish(hv):
                         log.warning("v%d delta is unusable here; falling back to a full transfer", version)
                         want_full = True
@@ -126,7 +147,11 @@ class WeightNode:
             )
             reply = conn.recv(self.cfg.chunk_timeout_s)
             if reply.kind != "manifest":
-                raise ProtocolError(f"{addr}: {reply.header.get('error', reply.kind)}")
+                err = f"{addr}: {reply.header.get('error', reply.kind)}"
+                current = reply.header.get("current")
+                if isinstance(current, int) and current > version:
+                    raise Superseded(err, current)
+                raise ProtocolError(err)
             hv, pl = self._adopt(reply.header)
             retries = [0] * len(pl.refs)
             while not pl.done:
@@ -247,7 +272,9 @@ class WeightNode:
         hv = self.store.wait_for(version, 0.8 * self.cfg.chunk_timeout_s)
         pl = None if hv is None else self._payload_for(hv, req)
         if hv is None or pl is None:
-            conn.send(Message("error", {"error": f"{self.address} does not hold v{version}"}))
+            cur = self.store.current
+            error = {"error": f"{self.address} does not hold v{version}", "current": cur and cur.version}
+            conn.send(Message("error", error))
             return
         conn.send(Message("manifest", pl.manifest(hv, self.cfg)))
         events: queue.Queue[tuple[str, int]] = queue.Queue()

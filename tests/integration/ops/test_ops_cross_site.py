@@ -1,10 +1,15 @@
 """One job across two sites, operated from other terminals: the trainer and the controller are SLURM
-jobs on the localhost cluster (partition `sitea`), the rollout units run detached on the SSH site
-(the sshd on 127.0.0.1:2222). `status` reads the live controller, `scale +1` adds a unit on the SSH
-site that produces samples, `stop` leaves nothing running on either site."""
+jobs on the localhost cluster (partition `sitea`), the rollout units run detached on the SSH site —
+a host in its own network namespace with its own sshd, reached over a veth link shaped with tc tbf
+(tests/services/netsite.sh), so samples, control messages and weights all cross the shaped link.
+`status` reads the live controller, `scale +1` adds a unit on the SSH site that produces samples,
+`stop` leaves nothing running on either site."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +37,8 @@ def cross_site_inventory(services: dict[str, str], path: Path, workdir: Path) ->
                     "time_limit_min": 15,
                 },
                 "nodes": [{"host": "sitea-[1-2]", "gpus": 2}],
+                # the root namespace's end of the shaped link: what the site-b host can reach
+                "network": {"bandwidth_gbps": 10, "listen_host": services["RLCTL_TEST_NETSITE_GATEWAY"]},
             },
             "gen": {
                 "datacenter": "dc-b",
@@ -39,37 +46,63 @@ def cross_site_inventory(services: dict[str, str], path: Path, workdir: Path) ->
                 "scheduler": {
                     "kind": "ssh",
                     "user": "root",
-                    "port": int(services["RLCTL_TEST_SSH_PORT"]),
+                    "port": 22,
                     "key_file": services["RLCTL_TEST_SSH_KEY"],
-                    "known_hosts": services["RLCTL_TEST_SSH_KNOWN_HOSTS"],
+                    "known_hosts": services["RLCTL_TEST_NETSITE_KNOWN_HOSTS"],
                     "workdir": str(workdir),
                     "python": sys.executable,
                 },
-                "nodes": [{"host": services["RLCTL_TEST_SSH_HOST"], "gpus": 3}],
+                "nodes": [{"host": services["RLCTL_TEST_NETSITE_HOST"], "gpus": 3}],
+                "network": {"bandwidth_gbps": 10, "listen_host": "auto"},  # routes toward the controller
             },
         },
-        "links": [{"between": ["train", "gen"], "bandwidth_gbps": 1, "latency_ms": 2}],
+        "links": [
+            {
+                "between": ["train", "gen"],
+                "bandwidth_gbps": int(services["RLCTL_TEST_NETSITE_RATE_MBIT"]) / 1000,
+                "latency_ms": 1,
+            }
+        ],
     }
     path.write_text(yaml.safe_dump(inv))
     return path
 
 
 def squeue_names(services: dict[str, str]) -> list[str]:
-    import os
-    import subprocess
-
     env = {**os.environ, "SLURM_CONF": services["RLCTL_TEST_SLURM_CONF"]}
     out = subprocess.run(["squeue", "-h", "-o", "%j"], env=env, capture_output=True, text=True, timeout=30)
     return out.stdout.split()
 
 
+def link_bytes(services: dict[str, str]) -> dict[str, int]:
+    """Bytes through the shaped link's two tbf queues so far: toward the site and back from it."""
+    ns, dev = services["RLCTL_TEST_NETSITE_NETNS"], services["RLCTL_TEST_NETSITE_DEV"]
+
+    def queue(prefix: list[str], device: str) -> int:
+        out = subprocess.run(
+            [*prefix, "tc", "-s", "-j", "qdisc", "show", "dev", device], capture_output=True, text=True, timeout=10
+        )
+        return sum(int(q.get("bytes", 0)) for q in json.loads(out.stdout or "[]") if q.get("kind") == "tbf")
+
+    return {"to_site": queue([], dev), "from_site": queue(["ip", "netns", "exec", ns], "eth0")}
+
+
+def in_netns(job_dir: Path, agent: str, netns: str) -> bool:
+    """Whether the agent's process (the pid it said hello with) lives in network namespace `netns`."""
+    pid = next(e["pid"] for e in events(job_dir) if e["event"] == "agent_joined" and e["agent"] == agent)
+    return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{netns}").st_ino
+
+
 def test_cross_site_job_status_scale_stop(services, tmp_path, launcher):
     inv = cross_site_inventory(services, tmp_path / "sites.yaml", tmp_path / "gen-workdir")
-    job = job_yaml(tmp_path / "xsite.yaml", inventory=[str(inv)], trainer="train", rollout="gen")
+    job = job_yaml(tmp_path / "xsite.yaml", inventory=[str(inv)], trainer="train", rollout="gen", iterations=5000)
     job_dir = tmp_path / "run"
 
+    before = link_bytes(services)
     proc = launcher(str(job), "--job-dir", str(job_dir))
     wait_for("two trained iterations", lambda: len(metrics_rows(job_dir)) >= 2, 180, alive=proc)
+    netns = services["RLCTL_TEST_NETSITE_NETNS"]
+    assert in_netns(job_dir, "rollout-0", netns) and not in_netns(job_dir, "trainer-0", netns)
 
     code, st = rlctl_json("status", str(job_dir))
     assert code == 0 and st["source"] == "controller", st
@@ -94,6 +127,14 @@ def test_cross_site_job_status_scale_stop(services, tmp_path, launcher):
         "rollout-1" in r["agents"] and r["agents"]["rollout-1"]["busy_s"] > 0 for r in metrics_rows(job_dir)
     )
     wait_for("the new unit to work in a trained iteration", trained_by_new, 60, alive=proc)
+    assert in_netns(job_dir, "rollout-1", netns)
+    after = link_bytes(services)
+    crossed = {k: after[k] - before[k] for k in after}
+    versions = max(r["weight_version"] for r in metrics_rows(job_dir))
+    print(f"over the shaped link ({services['RLCTL_TEST_NETSITE_RATE_MBIT']} Mbit/s): {crossed}, {versions} versions")
+    # weights (≥ one full copy per unit) and dispatch go to the site; samples come back from it
+    model_bytes = (job_dir / "model" / "init" / "model.safetensors").stat().st_size
+    assert crossed["to_site"] > 2 * model_bytes and crossed["from_site"] > 10_000, crossed
 
     code, stopped = rlctl_json("stop", str(job_dir), timeout_s=180)
     assert code == 0 and stopped["problems"] == [], stopped

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -93,3 +94,18 @@ def test_dead_first_holder_falls_through_to_the_next(nodes):
     a.close()
     b.fetch(1, [a.address, root.address])
     assert b.current()[0] == 1
+
+
+def test_a_version_the_holder_moved_past_is_refused_at_once_or_replaced_by_its_newest(nodes):
+    """A newcomer asking a fast trainer for a version it already dropped hears so immediately (no
+    wait for a version that cannot come), and with newer_ok gets the holder's current version."""
+    root, a, b, _ = nodes
+    for v in (1, 2, 3):  # keep_versions 2: v1 is gone
+        root.publish(v, _sd(v))
+    t0 = time.monotonic()
+    with pytest.raises(TransportError, match="does not hold v1"):
+        a.fetch(1, [root.address])
+    assert time.monotonic() - t0 < 0.5 * CFG.chunk_timeout_s
+    hv = b.fetch(1, [root.address], newer_ok=True)
+    assert hv.version == 3 and b.current()[0] == 3
+    assert all(torch.equal(b.current()[1][k], v) for k, v in _sd(3).items())
