@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s {args.role}-{args.replica} %(name)s: %(message)s",
     )
+    logging.getLogger("rlctl.agents").info(
+        "starting on %s, pid %d, job %s", os.uname().nodename, os.getpid(), args.job_dir
+    )  # the first line of every agent's log: where it runs (and that it started at all)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind `finally` blocks: stop peers, write files
 
     import torch  # after argument parsing: `--help` stays fast

@@ -14,10 +14,11 @@ import yaml
 from rlctl.config import Site
 from rlctl.config.base import check_header, read_yaml, validate
 from rlctl.config.inventory import InventoryFile
-from rlctl.errors import ConfigError, RlctlError, UsageError
+from rlctl.errors import ConfigError, UsageError
 from rlctl.modelcatalog import BUILTIN_MODELS
 from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entries
-from rlctl.profiler.measure import LOCAL_BATCHES, LOCAL_CONTEXTS, embedded_engine_factory, measure_generation
+from rlctl.profiler.measure import embedded_engine_factory
+from rlctl.profiler.probe import measure_here
 from rlctl.profiler.profile import ModelSpec, ProfileFile, SiteProfile, save_profile
 from rlctl.textutil import did_you_mean, one_of
 
@@ -49,7 +50,13 @@ def load_sites(paths: list[Path]) -> dict[str, Site]:
 
 
 def build_profile(
-    cluster: list[Path], *, model_name: str, source: Source, sites: list[str] | None, algorithm: str = "grpo"
+    cluster: list[Path],
+    *,
+    model_name: str,
+    source: Source,
+    sites: list[str] | None,
+    algorithm: str = "grpo",
+    workdir: Path | None = None,
 ) -> ProfileFile:
     if model_name not in BUILTIN_MODELS:
         raise UsageError(
@@ -74,23 +81,16 @@ def build_profile(
                 algorithm=algorithm,
             )
             continue
-        if site.scheduler.kind != "local":
-            raise RlctlError(
-                f"site {s!r}: measured profiling through the {site.scheduler.kind} backend is not implemented yet",
-                hint="use --source analytical, or edit the profile file by hand",
-            )
-        import torch
+        kv = kv_capacity_tokens(arch, site.spec, tp=1)
+        if site.scheduler.kind == "local":
+            entry = measure_here(arch, kv_capacity_tokens=kv)
+        else:
+            from rlctl.profiler.remote import measure_on_site  # launch backends: only when needed
 
-        torch.set_num_threads(1)  # one "GPU" slot of a local site = one CPU core
-        # CPU time of the (single) engine thread: other work on the machine does not inflate the profile
-        entry = measure_generation(
-            embedded_engine_factory(arch),
-            contexts=LOCAL_CONTEXTS,
-            batch_sizes=LOCAL_BATCHES,
-            kv_capacity_tokens=kv_capacity_tokens(arch, site.spec, tp=1),
-            clock=time.thread_time,
-            padded_attention=True,
-        )  # the embedded engine attends over the batch's max length
+            embedded_engine_factory(arch)  # the same model check as a local site, before starting anything
+            where = workdir or Path("runs") / f"profile-{time.strftime('%Y%m%d-%H%M%S')}"
+            sys.stderr.write(f"site {s}: measuring through its {site.scheduler.kind} backend (work dir {where})\n")
+            entry = measure_on_site(s, site, arch, kv_capacity_tokens=kv, workdir=where)
         out[s] = SiteProfile(
             gpu=site.spec.name,
             gpus_per_node=site.gpus_per_node,
@@ -133,9 +133,19 @@ def register(app: typer.Typer) -> None:
         output: Annotated[
             Path | None, typer.Option("--output", "-o", help="profile file to write (default: stdout)")
         ] = None,
+        workdir: Annotated[
+            Path | None,
+            typer.Option(
+                "--workdir",
+                help="measured, SLURM/SSH sites: where the probe writes its result and log; must be on "
+                "storage the site's hosts share (default runs/profile-<time>)",
+            ),
+        ] = None,
     ) -> None:
         """Write a profile (PTL(BS) per GPU type and TP, prefill, KV capacity, training cost) for `rlctl plan`."""
-        prof = build_profile(cluster, model_name=model, source=source, sites=site, algorithm=algorithm.value)
+        prof = build_profile(
+            cluster, model_name=model, source=source, sites=site, algorithm=algorithm.value, workdir=workdir
+        )
         if output is None:
             sys.stdout.write(
                 yaml.safe_dump(

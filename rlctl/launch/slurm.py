@@ -257,9 +257,14 @@ class SlurmBackend(LaunchBackend):
 
         ex = self._executor(spec)
         self._submitit_folder(spec).mkdir(parents=True, exist_ok=True)
+        log_path = self._log_path(spec)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        # the agent's output goes to its log in the job directory, as sbatch's --output does (submitit's
+        # folder keeps only its own wrapper's output); `exec` keeps the agent the process SLURM signals
+        argv = ["bash", "-c", 'exec "$@" >>"$0" 2>&1', str(log_path), *spec.argv]
         try:
             with _env_overlay({"SLURM_CONF": self.sched.slurm_conf} if self.sched.slurm_conf else {}):
-                job = ex.submit(submitit.helpers.CommandFunction(list(spec.argv), verbose=True))
+                job = ex.submit(submitit.helpers.CommandFunction(argv, verbose=True))
         except (FailedSubmissionError, OSError) as e:
             raise LaunchError(f"site {self.site}: sbatch (submitit) refused {spec.name}: {e}") from e
         return str(job.job_id)

@@ -136,6 +136,10 @@ def test_cross_site_job_status_scale_stop(services, tmp_path, launcher):
     model_bytes = (job_dir / "model" / "init" / "model.safetensors").stat().st_size
     assert crossed["to_site"] > 2 * model_bytes and crossed["from_site"] > 10_000, crossed
 
+    for agent in ("trainer/0", "rollout/0"):  # the SLURM agent's output reaches the job directory too
+        shown = rlctl("logs", str(job_dir), agent)
+        assert shown.returncode == 0 and shown.stdout.strip(), (agent, shown.stderr)
+
     code, stopped = rlctl_json("stop", str(job_dir), timeout_s=180)
     assert code == 0 and stopped["problems"] == [], stopped
     assert set(stopped["agents"]) == {"controller-0", "trainer-0", "rollout-0", "rollout-1"}

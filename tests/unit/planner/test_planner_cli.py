@@ -90,12 +90,23 @@ def test_bad_inputs_exit_2_with_one_line(cli: Cli, tmp_path: Path) -> None:
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("rlctl: error: "), r.stderr
 
 
-def test_measured_profile_of_a_remote_site_is_refused_in_one_line(cli: Cli) -> None:
+def test_measured_profile_of_a_model_the_engine_cannot_run_is_refused_before_starting_anything(
+    cli: Cli, tmp_path: Path
+) -> None:
     r = cli(
-        "profile", "--cluster", str(ROOT / "clusters/h20-rollout.yaml"), "--model", "qwen2.5-7b", "--source", "measured"
+        "profile",
+        "--cluster",
+        str(ROOT / "clusters/h20-rollout.yaml"),
+        "--model",
+        "qwen2.5-7b",
+        "--source",
+        "measured",
+        "--workdir",
+        str(tmp_path / "w"),
     )
-    assert r.exit_code == 1 and r.stderr.count("\n") == 1
-    assert "not implemented" in r.stderr and "--source analytical" in r.stderr
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "tiny-demo" in r.stderr and "--source analytical" in r.stderr
+    assert not (tmp_path / "w").exists()
 
 
 def test_plan_rejects_a_profile_for_another_model(cli: Cli, tmp_path: Path) -> None:
