@@ -125,9 +125,13 @@ def busy_fractions(rows: list[dict[str, Any]]) -> dict[str, list[float | None]]:
     None where the agent is absent from the row's `agents` (joined later, or an older run) or was
     not running at either end of the interval (lost or stopped: gone, not idle; the controller keeps
     listing it). An agent's first row counts all its busy seconds: it started from zero inside it.
+    Busy seconds arrive with heartbeats (every second), which can be slower than iterations: rows in
+    which a running agent's figure did not move share the next change evenly over their periods
+    (when inside them the work happened is not known); rows still unchanged at the end count as idle.
     """
     out: dict[str, list[float | None]] = {}
     prev: dict[str, tuple[float, bool]] = {}  # name → (busy_s, running) at the previous row
+    pending: dict[str, list[int]] = {}  # name → rows since its figure last changed
     for i, row in enumerate(rows):
         agents = row.get("agents") or {}
         period = row["period_s"]
@@ -136,12 +140,23 @@ def busy_fractions(rows: list[dict[str, Any]]) -> dict[str, list[float | None]]:
             busy, running = float(a["busy_s"]), a.get("state", "running") == "running"
             before_s, was_running = prev.get(name, (0.0, False))
             if not (running or was_running) or period <= 0:
+                for j in pending.pop(name, []):
+                    series[j] = 0.0
                 continue
             spent = busy - before_s
             if spent < 0:  # the agent was restarted under the same name: its counter began again
                 spent = busy
-            series[i] = min(1.0, max(0.0, spent / period))
+            if spent == 0 and running and was_running:
+                pending.setdefault(name, []).append(i)  # no new heartbeat yet (or idle): decide later
+                continue
+            idx = [*pending.pop(name, []), i]
+            span = sum(rows[j]["period_s"] for j in idx)
+            for j in idx:
+                series[j] = min(1.0, max(0.0, spent / span))
         prev = {name: (float(a["busy_s"]), a.get("state", "running") == "running") for name, a in agents.items()}
+    for name, idx in pending.items():
+        for j in idx:
+            out[name][j] = 0.0
     return out
 
 

@@ -148,6 +148,16 @@ def test_busy_fractions_join_leave_restart_and_clip() -> None:
     assert busy_fractions([{"period_s": 1.0}]) == {}
 
 
+def test_busy_seconds_reported_every_other_iteration_are_spread_not_alternating() -> None:
+    """Heartbeats (1 s) slower than iterations (0.5 s): the figure moves every other row."""
+
+    def row(busy_s: float) -> dict[str, Any]:
+        return {"period_s": 0.5, "agents": {"r": {"role": "rollout", "site": "s", "busy_s": busy_s}}}
+
+    rows = [row(0.4), row(0.4), row(1.2), row(1.2), row(2.0), row(2.0)]
+    assert busy_fractions(rows)["r"] == pytest.approx([0.8, 0.8, 0.8, 0.8, 0.8, 0.0])
+
+
 def test_an_older_run_without_agents_delta_prime_or_units(tmp_path: Path) -> None:
     d = make_job_dir(tmp_path)
     old = ("agents", "delta_prime_s", "rollout_units")
