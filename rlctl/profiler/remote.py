@@ -37,11 +37,14 @@ def measure_on_site(
         handle = backend.start(spec)
         record_agent(workdir, handle)
         deadline = time.monotonic() + timeout_s
-        while (code := backend.poll(handle)) is None:
-            if time.monotonic() > deadline:
-                backend.stop([handle], grace_s=5.0)
-                raise RlctlError(f"site {name!r}: the profiling run took over {timeout_s:.0f} s; stopped it")
-            time.sleep(POLL_S)
+        try:
+            while (code := backend.poll(handle)) is None:
+                if time.monotonic() > deadline:
+                    raise RlctlError(f"site {name!r}: the profiling run took over {timeout_s:.0f} s; stopped it")
+                time.sleep(POLL_S)
+        except BaseException:  # timeout, Ctrl-C, a lost site: leave nothing running there
+            backend.stop([handle], grace_s=5.0)
+            raise
     finally:
         backends.close()
     if code != 0 or not out.exists():
