@@ -6,7 +6,7 @@
 #   root ns: $DEV 10.250.0.1/24 ══tbf $RATE══ eth0 10.250.0.2/24 in netns $NS (sshd :22)
 #
 # Every byte between an agent on the site and the controller/trainer crosses the shaped link.
-# The sshd accepts the loopback test sshd's client key (sshd.sh must be up first).
+# The sshd (sshd.sh with NETNS set) accepts the loopback test sshd's client key (that one must be up first).
 # Usage (root): netsite.sh up | down | status     Knobs: RATE=100mbit BURST=256k
 set -euo pipefail
 NS=${NS:-rlctl-site-b}
@@ -17,11 +17,13 @@ RATE=${RATE:-100mbit}
 BURST=${BURST:-256k}
 BASE=${BASE:-/tmp/rlctl-test-netsite}
 SSHD_BASE=${SSHD_BASE:-/tmp/rlctl-test-sshd}
+HERE=$(cd "$(dirname "$0")" && pwd)
 log() { echo "[netsite.sh $(date +%T)] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 [ "$(id -u)" = 0 ] || die "run as root"
 
 down() {
+  BASE=$BASE "$HERE/sshd.sh" down
   if [ -e "/run/netns/$NS" ]; then
     # processes still inside keep the namespace alive; they are ours (sshd, agents of a failed test)
     local sig p
@@ -33,7 +35,6 @@ down() {
     ip netns del "$NS" 2>/dev/null || true
   fi
   ip link del "$DEV" 2>/dev/null || true
-  rm -rf "$BASE"
 }
 
 shape() { # shape <netns|-> <dev>: tbf on the device's egress
@@ -45,7 +46,6 @@ shape() { # shape <netns|-> <dev>: tbf on the device's egress
 up() {
   [ -f "$SSHD_BASE/id_ed25519.pub" ] || die "the loopback sshd ($SSHD_BASE) must be up first: its client key is reused"
   down
-  mkdir -p "$BASE"; chmod 700 "$BASE"
   ip netns add "$NS"
   ip -n "$NS" link set lo up
   ip link add "$DEV" type veth peer name eth0 netns "$NS"
@@ -55,35 +55,7 @@ up() {
   ip -n "$NS" link set eth0 up
   shape - "$DEV"        # root ns -> site
   shape "$NS" eth0      # site -> root ns
-  timeout 20 ssh-keygen -q -t ed25519 -N '' -C rlctl-test-netsite -f "$BASE/host_ed25519"
-  cp "$SSHD_BASE/id_ed25519.pub" "$BASE/authorized_keys"; chmod 600 "$BASE/authorized_keys"
-  cat >"$BASE/sshd_config" <<CONF
-Port 22
-ListenAddress $SITE_IP
-HostKey $BASE/host_ed25519
-PidFile $BASE/sshd.pid
-AuthorizedKeysFile $BASE/authorized_keys
-StrictModes no
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-PermitRootLogin prohibit-password
-Subsystem sftp internal-sftp
-MaxStartups 200:30:400
-MaxSessions 200
-LogLevel VERBOSE
-CONF
-  mkdir -p /run/sshd; chmod 755 /run/sshd
-  timeout 10 /usr/sbin/sshd -t -f "$BASE/sshd_config" || die "sshd -t failed"
-  # nsenter, not `ip netns exec`: the latter also remounts /sys, which the site does not need
-  setsid nohup nsenter --net="/run/netns/$NS" /usr/sbin/sshd -D -e -f "$BASE/sshd_config" \
-    >"$BASE/sshd.log" 2>&1 </dev/null &
-  local end=$((SECONDS + 15))
-  until timeout 2 bash -c "exec 3<>/dev/tcp/$SITE_IP/22" 2>/dev/null; do
-    [ $SECONDS -lt $end ] || die "sshd in $NS not listening: $(tail -5 "$BASE/sshd.log")"; sleep 0.1
-  done
-  echo "$SITE_IP $(cut -d' ' -f1,2 "$BASE/host_ed25519.pub")" >"$BASE/known_hosts"
+  BASE=$BASE ADDR=$SITE_IP PORT=22 NETNS=$NS CLIENT_KEY=$SSHD_BASE/id_ed25519 "$HERE/sshd.sh" up
   log "site $NS: $SITE_IP (sshd :22), link to $GW_IP shaped to $RATE both ways"
 }
 

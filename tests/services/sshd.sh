@@ -2,11 +2,16 @@
 # sshd.sh -- a private OpenSSH server on loopback for rlctl's integration tests (key auth only, no PAM).
 # Usage (root): sshd.sh install | up | down | status
 # Knobs: BASE=/tmp/rlctl-test-sshd  ADDR=127.0.0.1  PORT=2222
-# After up: client key $BASE/id_ed25519, known_hosts $BASE/known_hosts, ssh -F $BASE/ssh_config rlctl-test
+#        NETNS=     run sshd inside this network namespace (/run/netns/NAME; ADDR is one of its addresses)
+#        CLIENT_KEY=  accept this existing client key (private key path; its .pub beside it) instead of
+#                     generating $BASE/id_ed25519
+# After up: client key $CLIENT_KEY, known_hosts $BASE/known_hosts, ssh -F $BASE/ssh_config rlctl-test
 set -euo pipefail
 BASE=${BASE:-/tmp/rlctl-test-sshd}
 ADDR=${ADDR:-127.0.0.1}
 PORT=${PORT:-2222}
+NETNS=${NETNS:-}
+CLIENT_KEY=${CLIENT_KEY:-$BASE/id_ed25519}
 log() { echo "[sshd.sh $(date +%T)] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 [ "$(id -u)" = 0 ] || die "run as root"
@@ -36,8 +41,11 @@ up() {
   down
   mkdir -p "$BASE"; chmod 700 "$BASE"
   timeout 20 ssh-keygen -q -t ed25519 -N '' -C rlctl-test-host -f "$BASE/host_ed25519"
-  timeout 20 ssh-keygen -q -t ed25519 -N '' -C rlctl-test-client -f "$BASE/id_ed25519"
-  cp "$BASE/id_ed25519.pub" "$BASE/authorized_keys"; chmod 600 "$BASE/authorized_keys"
+  if [ "$CLIENT_KEY" = "$BASE/id_ed25519" ]; then
+    timeout 20 ssh-keygen -q -t ed25519 -N '' -C rlctl-test-client -f "$CLIENT_KEY"
+  fi
+  [ -f "$CLIENT_KEY.pub" ] || die "no client public key $CLIENT_KEY.pub"
+  cp "$CLIENT_KEY.pub" "$BASE/authorized_keys"; chmod 600 "$BASE/authorized_keys"
   # StrictModes no: /tmp is world-writable, and sshd would refuse the AuthorizedKeysFile path below it.
   # Subsystem sftp: fabric's put/get use SFTP. MaxStartups/MaxSessions: tests open many connections at once.
   cat >"$BASE/sshd_config" <<CONF
@@ -59,25 +67,28 @@ LogLevel VERBOSE
 CONF
   mkdir -p /run/sshd; chmod 755 /run/sshd   # privilege-separation dir; sshd refuses to start without it
   timeout 10 /usr/sbin/sshd -t -f "$BASE/sshd_config" || die "sshd -t failed"
-  setsid nohup /usr/sbin/sshd -D -e -f "$BASE/sshd_config" >"$BASE/sshd.log" 2>&1 </dev/null &
+  # nsenter (no fork: it execs sshd, so $! is sshd), not `ip netns exec`, which also remounts /sys
+  setsid nohup ${NETNS:+nsenter --net="/run/netns/$NETNS"} /usr/sbin/sshd -D -e -f "$BASE/sshd_config" \
+    >"$BASE/sshd.log" 2>&1 </dev/null &
   echo $! >"$BASE/sshd.bgpid"
   local end=$((SECONDS + 15))
   until timeout 2 bash -c "exec 3<>/dev/tcp/$ADDR/$PORT" 2>/dev/null; do
     [ $SECONDS -lt $end ] || die "sshd not listening: $(tail -5 "$BASE/sshd.log")"; sleep 0.1
   done
-  echo "[$ADDR]:$PORT $(cut -d' ' -f1,2 "$BASE/host_ed25519.pub")" >"$BASE/known_hosts"
+  local known="[$ADDR]:$PORT"; [ "$PORT" = 22 ] && known=$ADDR   # port 22 entries name the bare host
+  echo "$known $(cut -d' ' -f1,2 "$BASE/host_ed25519.pub")" >"$BASE/known_hosts"
   cat >"$BASE/ssh_config" <<CONF
 Host rlctl-test
   HostName $ADDR
   Port $PORT
   User $(id -un)
-  IdentityFile $BASE/id_ed25519
+  IdentityFile $CLIENT_KEY
   IdentitiesOnly yes
   UserKnownHostsFile $BASE/known_hosts
   StrictHostKeyChecking yes
   BatchMode yes
 CONF
-  log "sshd on $ADDR:$PORT (key $BASE/id_ed25519)"
+  log "sshd on $ADDR:$PORT${NETNS:+ in netns $NETNS} (key $CLIENT_KEY)"
 }
 
 case "${1:-up}" in
