@@ -17,7 +17,7 @@ from rlctl.config.inventory import InventoryFile
 from rlctl.errors import ConfigError, UsageError
 from rlctl.modelcatalog import BUILTIN_MODELS
 from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entries
-from rlctl.profiler.measure import embedded_engine_factory
+from rlctl.profiler.measure import require_embedded_model
 from rlctl.profiler.probe import measure_here
 from rlctl.profiler.profile import ModelSpec, ProfileFile, SiteProfile, save_profile
 from rlctl.textutil import did_you_mean, one_of
@@ -87,7 +87,7 @@ def build_profile(
         else:
             from rlctl.profiler.remote import measure_on_site  # launch backends: only when needed
 
-            embedded_engine_factory(arch)  # the same model check as a local site, before starting anything
+            require_embedded_model(arch)  # the probe runs the embedded engine: check before starting anything
             where = workdir or Path("runs") / f"profile-{time.strftime('%Y%m%d-%H%M%S')}"
             sys.stderr.write(f"site {s}: measuring through its {site.scheduler.kind} backend (work dir {where})\n")
             entry = measure_on_site(s, site, arch, kv_capacity_tokens=kv, workdir=where)

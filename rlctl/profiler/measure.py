@@ -109,14 +109,18 @@ def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
     return a, b
 
 
-def embedded_engine_factory(model: ModelArch) -> Callable[[int], Engine]:
-    """Engines of the embedded CPU engine running the built-in tiny model (random weights: speed only)."""
+def require_embedded_model(model: ModelArch) -> None:
+    """UsageError unless the embedded engine can run `model` (it runs the built-in tiny model only)."""
     if model.name != "tiny-demo":
         raise UsageError(
-            f"measured profiles on a local site run the embedded engine, which runs 'tiny-demo' only; "
-            f"got {model.name!r}",
+            f"measured profiles run the embedded engine, which runs 'tiny-demo' only; got {model.name!r}",
             hint="use --source analytical for other models",
         )
+
+
+def embedded_engine_factory(model: ModelArch) -> Callable[[int], Engine]:
+    """Engines of the embedded CPU engine running the built-in tiny model (random weights: speed only)."""
+    require_embedded_model(model)
     try:
         embedded = importlib.import_module("rlctl.engines.embedded")
         net = importlib.import_module("rlctl.engines.model").TinyGPT()
