@@ -25,6 +25,7 @@ BENCHES = {
     "delta": "bench.delta",
     "pipeline": "bench.pipeline",
     "dispatch": "bench.dispatch",
+    "batching": "bench.batching",
 }
 
 

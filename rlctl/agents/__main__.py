@@ -84,6 +84,22 @@ def main(argv: list[str] | None = None) -> int:
     except RlctlError as e:
         logging.getLogger("rlctl.agents").error("%s", e)
         return 1
+    finally:
+        _log_cpu()
+
+
+def _log_cpu() -> None:
+    """The last line of every agent's log: CPU it used and how often it was preempted (a busy host)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    logging.getLogger("rlctl.agents").info(
+        "cpu %.1f s (user %.1f, sys %.1f), %d involuntary context switches",
+        ru.ru_utime + ru.ru_stime,
+        ru.ru_utime,
+        ru.ru_stime,
+        ru.ru_nivcsw,
+    )
 
 
 def _first_node() -> str:

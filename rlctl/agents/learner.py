@@ -21,7 +21,7 @@ import torch.distributed as dist
 from rlctl.config.job import GrpoAlgorithm, PpoAlgorithm
 from rlctl.engines.model import TinyGPT
 from rlctl.rl.grpo import group_advantages, policy_loss
-from rlctl.rl.samples import Sample, make_batch, score
+from rlctl.rl.samples import Sample, make_batch, micro_batches, score
 
 
 def _world() -> tuple[int, int]:
@@ -38,12 +38,13 @@ class StreamingLearner:
         *,
         group_size: int,
         micro_batch_samples: int,
+        micro_batch_tokens: int | None = None,
         ref_model: TinyGPT | None = None,
         grad_clip: float = 1.0,
     ) -> None:
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
         self.group_size = group_size
-        self.micro = micro_batch_samples
+        self.micro, self.micro_tokens = micro_batch_samples, micro_batch_tokens
         self.grad_clip = grad_clip
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
         self._reset()
@@ -73,12 +74,14 @@ class StreamingLearner:
     def train_ready(self, *, flush: bool = False) -> None:
         """Forward/backward on every full micro-batch of ready samples (all of them when flushing).
 
-        Ready samples are cut in length order, so a micro-batch pads little (as `micro_batches` does).
+        Ready samples are cut in length order by `micro_batches` (rows and padded-token budget); the
+        last cut may still grow with the next arrivals, so it waits unless it is full or this flushes.
         """
-        self.ready.sort(key=lambda sa: len(sa[0].prompt_tokens) + len(sa[0].output_tokens))
-        while len(self.ready) >= self.micro or (flush and self.ready):
-            chunk, self.ready = self.ready[: self.micro], self.ready[self.micro :]
-            self._micro_step(chunk)
+        cuts = micro_batches([s for s, _ in self.ready], self.micro, max_tokens=self.micro_tokens)
+        keep = cuts.pop() if cuts and not flush and len(cuts[-1]) < self.micro else []
+        for idx in cuts:
+            self._micro_step([self.ready[i] for i in idx])
+        self.ready = [self.ready[i] for i in keep]
 
     def _micro_step(self, chunk: list[tuple[Sample, float]]) -> None:
         rank, world = _world()
@@ -172,13 +175,25 @@ class PpoBatchLearner:
     whitened advantages need the whole batch, so training happens at the step. One rank only."""
 
     def __init__(
-        self, model: TinyGPT, cfg: PpoAlgorithm, *, micro_batch_samples: int, ref_model: TinyGPT | None = None
+        self,
+        model: TinyGPT,
+        cfg: PpoAlgorithm,
+        *,
+        micro_batch_samples: int,
+        micro_batch_tokens: int | None = None,
+        ref_model: TinyGPT | None = None,
     ) -> None:
         from rlctl.rl.ppo import PpoLearner
 
         if _world()[1] > 1:
             raise ValueError("PPO runs on one trainer rank here; use GRPO for several ranks")
-        self.inner = PpoLearner(model, cfg, ref_model=ref_model, micro_batch_samples=micro_batch_samples)
+        self.inner = PpoLearner(
+            model,
+            cfg,
+            ref_model=ref_model,
+            micro_batch_samples=micro_batch_samples,
+            micro_batch_tokens=micro_batch_tokens,
+        )
         self.samples: list[Sample] = []
 
     @property

@@ -130,7 +130,7 @@ class RolloutAgent:
     def _admit(self, gen: Generate) -> None:
         self.engine.add(
             [
-                GenRequest(r.sample_id, list(r.prompt_tokens), r.max_new_tokens, priority=r.priority)
+                GenRequest(r.sample_id, list(r.prompt_tokens), r.max_new_tokens, priority=r.priority, group=r.iteration)
                 for r in gen.requests
             ]
         )

@@ -63,7 +63,11 @@ class TrainerAgent:
         self.learner: StreamingLearner | PpoBatchLearner
         if job.algorithm.kind == "ppo":
             self.learner = PpoBatchLearner(
-                self.model, job.algorithm, ref_model=ref, micro_batch_samples=job.batch.train_micro_batch_samples
+                self.model,
+                job.algorithm,
+                ref_model=ref,
+                micro_batch_samples=job.batch.train_micro_batch_samples,
+                micro_batch_tokens=job.batch.train_micro_batch_tokens,
             )
         else:
             self.learner = StreamingLearner(
@@ -71,6 +75,7 @@ class TrainerAgent:
                 job.algorithm,
                 group_size=job.batch.samples_per_prompt,
                 micro_batch_samples=job.batch.train_micro_batch_samples,
+                micro_batch_tokens=job.batch.train_micro_batch_tokens,
                 ref_model=ref,
             )
         self.bound = StalenessBound(job.pipeline.eta)

@@ -138,6 +138,9 @@ class Batch(Strict):
     prompts_per_iteration: PositiveInt = 16
     samples_per_prompt: PositiveInt = 8
     train_micro_batch_samples: PositiveInt = 32
+    train_micro_batch_tokens: PositiveInt | None = Field(
+        8192, description="padded tokens per micro-batch (rows × longest row); null: rows only"
+    )
 
     @property
     def samples_per_iteration(self) -> int:

@@ -27,6 +27,7 @@ class GenRequest:
     prompt_tokens: list[int]
     max_new_tokens: int
     priority: float = 0.0  # higher = admitted first (LPT: the predicted output length)
+    group: int = 0  # admission group (the iteration); engines may keep a later group waiting while an earlier runs
     ignore_eos: bool = False  # keep decoding past EOS (benchmarks that need a fixed length)
 
 

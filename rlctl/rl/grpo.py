@@ -99,13 +99,14 @@ class GrpoLearner:
         *,
         ref_model: TinyGPT | None = None,
         micro_batch_samples: int = 32,
+        micro_batch_tokens: int | None = None,
         grad_clip: float = 1.0,
         pad: int = 0,
     ) -> None:
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
-        self.micro_batch_samples = micro_batch_samples
+        self.micro_batch_samples, self.micro_batch_tokens = micro_batch_samples, micro_batch_tokens
         self.grad_clip = grad_clip
         self.pad = pad
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
@@ -127,7 +128,7 @@ class GrpoLearner:
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
-        for idx in micro_batches(samples, self.micro_batch_samples):
+        for idx in micro_batches(samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens):
             batch = make_batch([samples[i] for i in idx], [adv[i] for i in idx], pad=self.pad)
             loss, m = policy_loss(
                 self.model,

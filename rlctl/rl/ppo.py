@@ -65,6 +65,7 @@ class PpoLearner:
         critic: ValueModel | None = None,
         ref_model: TinyGPT | None = None,
         micro_batch_samples: int = 32,
+        micro_batch_tokens: int | None = None,
         grad_clip: float = 1.0,
         pad: int = 0,
     ) -> None:
@@ -72,7 +73,8 @@ class PpoLearner:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
         self.critic = critic if critic is not None else ValueModel(model)
-        self.micro_batch_samples, self.grad_clip, self.pad = micro_batch_samples, grad_clip, pad
+        self.micro_batch_samples, self.micro_batch_tokens = micro_batch_samples, micro_batch_tokens
+        self.grad_clip, self.pad = grad_clip, pad
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
         self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
         self.steps = 0
@@ -82,7 +84,9 @@ class PpoLearner:
         """Per-token (advantages, returns) of each sample, advantages whitened over all tokens."""
         adv: list[torch.Tensor] = [torch.zeros(0)] * len(samples)
         ret: list[list[float]] = [[] for _ in samples]
-        for idx in micro_batches(samples, self.micro_batch_samples):  # similar lengths: little padding
+        for idx in micro_batches(
+            samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens
+        ):  # similar lengths: little padding
             part = [samples[i] for i in idx]
             batch = make_batch(part, [0.0] * len(part), pad=self.pad)
             mask = batch.mask
@@ -114,7 +118,7 @@ class PpoLearner:
         self.opt.zero_grad(set_to_none=True)
         self.critic_opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
-        for idx in micro_batches(samples, self.micro_batch_samples):
+        for idx in micro_batches(samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens):
             part = [samples[i] for i in idx]
             batch = make_batch(part, [adv[i] for i in idx], pad=self.pad)
             loss, m = policy_loss(

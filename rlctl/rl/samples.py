@@ -105,7 +105,27 @@ def score(model: TinyGPT, samples: list[Sample], *, temperature: float = 1.0, pa
     return [lp[i, span].tolist() for i, span in enumerate(spans)]
 
 
-def micro_batches(samples: list[Sample], size: int) -> list[list[int]]:
-    """Indices of `samples` cut into micro-batches of similar length (less padding)."""
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_tokens) + len(samples[i].output_tokens))
-    return [order[i : i + size] for i in range(0, len(order), size)]
+def row_tokens(sample: Sample) -> int:
+    """Tokens of one row of the training grid: prompt ‖ output."""
+    return len(sample.prompt_tokens) + len(sample.output_tokens)
+
+
+def micro_batches(samples: list[Sample], size: int, *, max_tokens: int | None = None) -> list[list[int]]:
+    """Indices of `samples` in length order, cut into micro-batches of at most `size` rows and, with
+    `max_tokens`, at most that many padded tokens (rows × the longest row; a longer sample goes alone).
+
+    Rows of similar length pad little, and a token budget keeps the long tail's rows from padding a
+    whole micro-batch to its length: on one CPU thread a 1024-token budget trained a long-tailed batch
+    1.77× faster than 32-row cuts (`python -m bench batching`); on a GPU it bounds activation memory.
+    """
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in sorted(range(len(samples)), key=lambda i: row_tokens(samples[i])):
+        n = row_tokens(samples[i])
+        if cur and (len(cur) == size or (max_tokens is not None and (len(cur) + 1) * n > max_tokens)):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out

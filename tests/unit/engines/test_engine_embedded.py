@@ -147,3 +147,33 @@ def test_requests_arriving_mid_run_match_one_by_one(model: TinyGPT) -> None:
     for r in reqs:
         alone.update(run(EmbeddedEngine(model, max_batch_size=1, temperature=1.0), [r]))
     assert got == alone
+
+
+@pytest.mark.parametrize("barrier", [True, False])
+def test_a_later_group_waits_while_an_earlier_group_runs(model: TinyGPT, barrier: bool) -> None:
+    engine = EmbeddedEngine(model, max_batch_size=8, temperature=0.0, group_barrier=barrier)
+    engine.trace = []
+    engine.add(
+        [GenRequest("old-long", [1, 4], 20, ignore_eos=True), GenRequest("old-short", [1, 5], 2, ignore_eos=True)]
+    )
+    engine.step()
+    engine.add([GenRequest(f"new{i}", [1, 6], 3, group=1, priority=100.0, ignore_eos=True) for i in range(3)])
+    finished: dict[str, int] = {}
+    step = 1
+    while engine.has_work():
+        step += 1
+        finished.update({r.request_id: step for r in engine.step()})
+    if barrier:
+        # the newer group starts only after the old tail's last row, which ran alone once compacted
+        assert finished["old-long"] == 20 and min(finished[f"new{i}"] for i in range(3)) == 23
+        assert engine.trace[2:19] == [1] * 17 and engine.compactions >= 1
+    else:
+        assert max(finished[f"new{i}"] for i in range(3)) == 4  # admitted into free rows at once
+        assert finished["old-long"] == 20
+
+
+def test_an_earlier_group_arriving_late_goes_before_the_later_one(model: TinyGPT) -> None:
+    engine = EmbeddedEngine(model, max_batch_size=1, temperature=0.0)
+    engine.add([GenRequest("g2", [1, 4], 1, group=2, priority=9.0), GenRequest("g1", [1, 4], 1, group=1)])
+    engine.add([GenRequest("g0", [1, 4], 1, group=0, priority=-9.0)])
+    assert [r.request_id for r in engine.run_until_done()] == ["g0", "g1", "g2"]

@@ -5,7 +5,7 @@ from rlctl.config.job import GrpoAlgorithm
 from rlctl.engines.base import GenResult
 from rlctl.engines.model import TinyGPT, TinyGPTConfig
 from rlctl.rl.grpo import GrpoLearner, group_advantages, policy_loss
-from rlctl.rl.samples import Sample, make_batch, score, token_logprobs
+from rlctl.rl.samples import Sample, make_batch, micro_batches, row_tokens, score, token_logprobs
 
 SMALL = TinyGPTConfig(
     hidden_size=32,
@@ -96,3 +96,20 @@ def test_sample_from_engine_result() -> None:
     assert (s.prompt_id, s.output_tokens, s.logprobs, s.reward, s.version) == ("p3", [7, 2], [-0.5, -0.1], 0.5, 5)
     with pytest.raises(ValueError, match="logprobs"):
         Sample("p", [1], [7, 8], [0.0], 1.0)
+
+
+def test_micro_batches_cut_in_length_order_by_rows_and_padded_tokens() -> None:
+    g = torch.Generator().manual_seed(3)
+    lengths = [int(x) for x in torch.randint(1, 60, (50,), generator=g)] + [200]
+    samples = [Sample(f"p{i}", [1, 4, 5], [7] * n, [0.0] * n, 0.0) for i, n in enumerate(lengths)]
+    for size, budget in [(8, None), (32, 256), (4, 64)]:
+        cuts = micro_batches(samples, size, max_tokens=budget)
+        assert sorted(i for c in cuts for i in c) == list(range(len(samples)))
+        flat = [row_tokens(samples[i]) for c in cuts for i in c]
+        assert flat == sorted(flat)
+        for c in cuts:
+            padded = len(c) * max(row_tokens(samples[i]) for i in c)
+            assert len(c) <= size and (budget is None or padded <= budget or len(c) == 1)
+        if budget is not None:
+            assert cuts[-1] == [len(samples) - 1]  # the 203-token row is over the budget: alone
+    assert [len(c) for c in micro_batches(samples, 8)] == [8] * 6 + [3]  # rows only: the old cut
