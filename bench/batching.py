@@ -122,7 +122,8 @@ def summary(result: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"engine, {e['iterations']} iterations × {e['requests_per_iteration']} long-tailed requests, batch 64:",
-            f"  group barrier {e['barrier']['us_per_token']:.1f} µs CPU/token ({e['barrier']['mean_rows']} rows/step)   "
+            f"  group barrier {e['barrier']['us_per_token']:.1f} µs CPU/token "
+            f"({e['barrier']['mean_rows']} rows/step)   "
             f"mixed {e['mixed']['us_per_token']:.1f} µs ({e['mixed']['mean_rows']} rows/step)   "
             f"mixed/barrier {e['mixed_over_barrier']:.2f}",
             f"train step, {t['samples']} samples: 32-row cuts {t['rows_32_s']:.3f} s   1024-token cuts "
