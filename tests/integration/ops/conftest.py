@@ -73,8 +73,16 @@ def events(job_dir: Path) -> list[dict[str, Any]]:
 
 
 def job_yaml(
-    path: Path, *, inventory: list[str], trainer: str, rollout: str, rollout_gpus: int = 1, **over: Any
+    path: Path,
+    *,
+    inventory: list[str],
+    trainer: str,
+    rollout: str,
+    rollout_gpus: int = 1,
+    engine: dict[str, Any] | None = None,
+    **over: Any,
 ) -> Path:
+    """A job file: `rollout` names the rollout site, `engine` is the job's `rollout:` section."""
     data: dict[str, Any] = {
         "apiVersion": "rlctl/v1",
         "kind": "Job",
@@ -89,6 +97,8 @@ def job_yaml(
         "warmup": {"sft_steps": 0},
         "checkpoint": {"every_iterations": 0},
     }
+    if engine is not None:
+        data["rollout"] = engine
     data.update(over)
     path.write_text(yaml.safe_dump(data))
     return path

@@ -32,6 +32,7 @@ def test_growing_lengths_trigger_one_scale_out_then_delta_falls_under_delta_prim
         batch={"prompts_per_iteration": 8, "samples_per_prompt": 4, "train_micro_batch_samples": 8},
         warmup={"sft_steps": 400},
         rebalance={"auto": True, "max_rollout_units": 2},
+        engine={"max_batch_size": 16},  # a unit's capacity: as lengths grow, generation falls behind training
     )
     code, s = rlctl_json("launch", str(job), "--job-dir", str(tmp_path / "run"), timeout_s=400)
     assert code == 0 and s["state"] == "done", s
