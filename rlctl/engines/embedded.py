@@ -17,8 +17,8 @@ cache; attention is memory-bound on a CPU), so short rows of the next iteration 
 previous iteration's long tail make every step read the tail's length for all rows. Measured here
 (`python -m bench batching`: 10 iterations of 128 long-tailed requests, batch 64): 44 µs of CPU per
 token when the next iteration starts only after the previous one's last row, 60 µs when it fills
-freed rows at once; the tail running alone at a small batch is the cheaper schedule. A paged-attention engine (vLLM)
-reads only each row's own length and has no such barrier.
+freed rows at once; the tail running alone at a small batch is the cheaper schedule. A
+paged-attention engine (vLLM) reads only each row's own length and has no such barrier.
 
 Weights change only between steps (`load_weights`); rows already running keep their K/V (computed
 with the older weights) and continue with the new ones, and the result's `version` is the oldest

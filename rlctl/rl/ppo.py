@@ -84,9 +84,8 @@ class PpoLearner:
         """Per-token (advantages, returns) of each sample, advantages whitened over all tokens."""
         adv: list[torch.Tensor] = [torch.zeros(0)] * len(samples)
         ret: list[list[float]] = [[] for _ in samples]
-        for idx in micro_batches(
-            samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens
-        ):  # similar lengths: little padding
+        # similar lengths: little padding
+        for idx in micro_batches(samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens):
             part = [samples[i] for i in idx]
             batch = make_batch(part, [0.0] * len(part), pad=self.pad)
             mask = batch.mask
