@@ -2,9 +2,10 @@
 
 - `engine`: consecutive iterations of long-tailed requests (lognormal lengths, median 30, σ 0.8,
   cap 200, as in DESIGN §10) on one `EmbeddedEngine` at batch 64, the next iteration queued as soon
-  as the previous one is admitted (what a one-step-async rollout unit sees). With the group barrier
-  the next iteration starts after the previous one's last row; without it, it fills freed rows at
-  once. CPU µs per generated token, and the ratio.
+  as the previous one is admitted (what a one-step-async rollout unit sees), at 64 and 128 requests
+  per iteration. `group_barrier` "always": the next iteration starts after the previous one's last
+  row; "never": it fills freed rows at once; "auto" (the default): "always" for an iteration larger
+  than the batch, else "never". CPU µs per generated token, and the ratios.
 - `train`: one GRPO step over 128 samples with those lengths, micro-batches cut by 32 rows (the old
   cut) vs by a 1024 padded-token budget; seconds (median of 5) and the ratio.
 
@@ -24,7 +25,7 @@ import torch
 
 from rlctl.config.job import GrpoAlgorithm
 from rlctl.engines.base import GenRequest
-from rlctl.engines.embedded import EmbeddedEngine
+from rlctl.engines.embedded import GROUP_BARRIERS, EmbeddedEngine, GroupBarrier
 from rlctl.engines.model import TinyGPT
 from rlctl.rl.grpo import GrpoLearner
 from rlctl.rl.samples import Sample
@@ -44,7 +45,9 @@ def _iteration(it: int, rng: random.Random, n: int) -> list[GenRequest]:
     ]
 
 
-def engine_cpu_per_token(model: TinyGPT, *, barrier: bool, iterations: int, per_iteration: int) -> dict[str, float]:
+def engine_cpu_per_token(
+    model: TinyGPT, *, barrier: GroupBarrier, iterations: int, per_iteration: int
+) -> dict[str, float]:
     engine = EmbeddedEngine(model, max_batch_size=64, temperature=1.0, seed=0, group_barrier=barrier)
     engine.trace = []
     rng = random.Random(0)
@@ -85,29 +88,32 @@ def train_seconds(*, rows: int, tokens: int | None, repeats: int) -> float:
 
 def run(*, quick: bool) -> dict[str, Any]:
     torch.set_num_threads(1)
-    iterations, per_iteration, repeats = (4, 64, 3) if quick else (10, 128, 5)
+    tokens_per_size, repeats = (2 * 128, 3) if quick else (10 * 128, 5)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="rlctl-bench-batching-") as tmp:
         TinyGPT().save_pretrained(tmp)
         model = TinyGPT.from_pretrained(tmp).eval()
-    runs: dict[str, list[dict[str, float]]] = {"barrier": [], "mixed": []}
-    for _ in range(2):  # alternated: load on the machine drifts
-        for name, barrier in (("barrier", True), ("mixed", False)):
-            runs[name].append(
-                engine_cpu_per_token(model, barrier=barrier, iterations=iterations, per_iteration=per_iteration)
-            )
-    best = {k: min(v, key=lambda r: r["us_per_token"]) for k, v in runs.items()}
+    engine: dict[str, Any] = {"max_batch_size": 64}
+    for per_iteration in (64, 128):
+        runs: dict[str, list[dict[str, float]]] = {m: [] for m in GROUP_BARRIERS}
+        for _ in range(2):  # alternated: load on the machine drifts; the better of two is kept
+            for mode in GROUP_BARRIERS:
+                runs[mode].append(
+                    engine_cpu_per_token(
+                        model, barrier=mode, iterations=tokens_per_size // per_iteration, per_iteration=per_iteration
+                    )
+                )
+        best = {m: min(v, key=lambda r: r["us_per_token"]) for m, v in runs.items()}
+        us = {m: best[m]["us_per_token"] for m in GROUP_BARRIERS}
+        engine[str(per_iteration)] = {
+            **best,
+            "never_over_always": round(us["never"] / us["always"], 3),
+            "auto_over_best": round(us["auto"] / min(us["always"], us["never"]), 3),
+        }
     rows_s = train_seconds(rows=32, tokens=None, repeats=repeats)
     budget_s = train_seconds(rows=32, tokens=1024, repeats=repeats)
     return {
-        "engine": {
-            "iterations": iterations,
-            "requests_per_iteration": per_iteration,
-            "max_batch_size": 64,
-            "barrier": best["barrier"],
-            "mixed": best["mixed"],
-            "mixed_over_barrier": round(best["mixed"]["us_per_token"] / best["barrier"]["us_per_token"], 3),
-        },
+        "engine": engine,
         "train": {
             "samples": 128,
             "rows_32_s": round(rows_s, 4),
@@ -119,14 +125,17 @@ def run(*, quick: bool) -> dict[str, Any]:
 
 def summary(result: dict[str, Any]) -> str:
     e, t = result["engine"], result["train"]
-    return "\n".join(
-        [
-            f"engine, {e['iterations']} iterations × {e['requests_per_iteration']} long-tailed requests, batch 64:",
-            f"  group barrier {e['barrier']['us_per_token']:.1f} µs CPU/token "
-            f"({e['barrier']['mean_rows']} rows/step)   "
-            f"mixed {e['mixed']['us_per_token']:.1f} µs ({e['mixed']['mean_rows']} rows/step)   "
-            f"mixed/barrier {e['mixed_over_barrier']:.2f}",
-            f"train step, {t['samples']} samples: 32-row cuts {t['rows_32_s']:.3f} s   1024-token cuts "
-            f"{t['tokens_1024_s']:.3f} s   ratio {t['rows_over_tokens']:.2f}",
-        ]
+    lines = ["engine, long-tailed requests, batch 64, µs CPU per token (rows per step):"]
+    for n in ("64", "128"):
+        r = e[n]
+        lines.append(
+            f"  {n:>3} per iteration: always {r['always']['us_per_token']:.1f} ({r['always']['mean_rows']})   "
+            f"never {r['never']['us_per_token']:.1f} ({r['never']['mean_rows']})   auto "
+            f"{r['auto']['us_per_token']:.1f}   never/always {r['never_over_always']:.2f}   "
+            f"auto/best {r['auto_over_best']:.2f}"
+        )
+    lines.append(
+        f"train step, {t['samples']} samples: 32-row cuts {t['rows_32_s']:.3f} s   1024-token cuts "
+        f"{t['tokens_1024_s']:.3f} s   ratio {t['rows_over_tokens']:.2f}"
     )
+    return "\n".join(lines)

@@ -47,6 +47,7 @@ class RolloutAgent:
             max_batch_size=job.rollout.max_batch_size,
             temperature=algo.temperature,
             seed=job.seed * 1000 + replica,
+            group_barrier=job.rollout.group_barrier,
         )
         self.inbox: queue.Queue[Message | None] = queue.Queue()
         self.busy_s = 0.0

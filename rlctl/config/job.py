@@ -185,6 +185,9 @@ class Rollout(Strict):
     dispatch: Literal["random", "skew_aware", "oracle"] = "skew_aware"
     long_tail_fraction: Fraction = 0.2
     threads_per_unit: PositiveInt = 1
+    group_barrier: Literal["auto", "always", "never"] = Field(
+        "auto", description="embedded engine: may the next iteration fill rows freed by the previous one's tail"
+    )
 
 
 class Trainer(Strict):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rlctl.engines import ENGINES, EmbeddedEngine, GenRequest, VllmEngine
+from rlctl.engines.embedded import GroupBarrier
 from rlctl.engines.model import TinyGPT, TinyGPTConfig
 from rlctl.rl.samples import token_logprobs
 
@@ -149,27 +150,38 @@ def test_requests_arriving_mid_run_match_one_by_one(model: TinyGPT) -> None:
     assert got == alone
 
 
-@pytest.mark.parametrize("barrier", [True, False])
-def test_a_later_group_waits_while_an_earlier_group_runs(model: TinyGPT, barrier: bool) -> None:
-    engine = EmbeddedEngine(model, max_batch_size=8, temperature=0.0, group_barrier=barrier)
+@pytest.mark.parametrize(
+    ("barrier", "max_batch", "new_done"),
+    [
+        ("auto", 2, [23, 23]),  # group 0 (3 requests) > a batch: group 1 waits for its last row
+        ("never", 2, [7, 10]),  # group 1 takes each freed row at once
+        ("auto", 3, [5, 5]),  # group 0 fits in one batch: its freed rows go to group 1 at once
+        ("always", 3, [23, 23]),
+    ],
+)
+def test_a_later_group_waits_while_a_larger_than_batch_group_runs(
+    model: TinyGPT, barrier: GroupBarrier, max_batch: int, new_done: list[int]
+) -> None:
+    engine = EmbeddedEngine(model, max_batch_size=max_batch, temperature=0.0, group_barrier=barrier)
     engine.trace = []
     engine.add(
-        [GenRequest("old-long", [1, 4], 20, ignore_eos=True), GenRequest("old-short", [1, 5], 2, ignore_eos=True)]
+        [
+            GenRequest("old-long", [1, 4], 20, priority=10.0, ignore_eos=True),
+            GenRequest("old-b", [1, 5], 2, ignore_eos=True),
+            GenRequest("old-c", [1, 6], 2, ignore_eos=True),
+        ]
     )
     engine.step()
-    engine.add([GenRequest(f"new{i}", [1, 6], 3, group=1, priority=100.0, ignore_eos=True) for i in range(3)])
+    engine.add([GenRequest(f"new{i}", [1, 6], 3, group=1, priority=100.0, ignore_eos=True) for i in range(2)])
     finished: dict[str, int] = {}
     step = 1
     while engine.has_work():
         step += 1
         finished.update({r.request_id: step for r in engine.step()})
-    if barrier:
-        # the newer group starts only after the old tail's last row, which ran alone once compacted
-        assert finished["old-long"] == 20 and min(finished[f"new{i}"] for i in range(3)) == 23
-        assert engine.trace[2:19] == [1] * 17 and engine.compactions >= 1
-    else:
-        assert max(finished[f"new{i}"] for i in range(3)) == 4  # admitted into free rows at once
-        assert finished["old-long"] == 20
+    assert finished["old-long"] == 20
+    assert sorted(finished[f"new{i}"] for i in range(2)) == new_done
+    if new_done == [23, 23]:
+        assert engine.trace[4:19] == [1] * 15 and engine.compactions >= 1  # the tail ran alone, compacted
 
 
 def test_an_earlier_group_arriving_late_goes_before_the_later_one(model: TinyGPT) -> None:
@@ -177,3 +189,8 @@ def test_an_earlier_group_arriving_late_goes_before_the_later_one(model: TinyGPT
     engine.add([GenRequest("g2", [1, 4], 1, group=2, priority=9.0), GenRequest("g1", [1, 4], 1, group=1)])
     engine.add([GenRequest("g0", [1, 4], 1, group=0, priority=-9.0)])
     assert [r.request_id for r in engine.run_until_done()] == ["g0", "g1", "g2"]
+
+
+def test_group_barrier_names_its_choices(model: TinyGPT) -> None:
+    with pytest.raises(ValueError, match="auto, always, never"):
+        EmbeddedEngine(model, group_barrier="sometimes")  # type: ignore[arg-type]
