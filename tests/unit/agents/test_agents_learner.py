@@ -7,18 +7,12 @@ import torch
 
 from rlctl.agents.learner import StreamingLearner
 from rlctl.config.job import GrpoAlgorithm
-from rlctl.engines.model import TinyGPT, TinyGPTConfig
+from rlctl.engines.model import TinyGPT
 from rlctl.rl.grpo import GrpoLearner
 from rlctl.rl.samples import Sample, score
+from tests.unit.tiny_models import small_config
 
-SMALL = TinyGPTConfig(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=2,
-    max_position_embeddings=48,
-)
+SMALL = small_config(positions=48)
 
 
 def batch(model: TinyGPT, rng: random.Random, *, prompts: int, group: int) -> list[Sample]:

@@ -5,17 +5,11 @@ import torch
 
 from rlctl.engines import ENGINES, EmbeddedEngine, GenRequest, VllmEngine
 from rlctl.engines.embedded import GroupBarrier
-from rlctl.engines.model import TinyGPT, TinyGPTConfig
+from rlctl.engines.model import TinyGPT
 from rlctl.rl.samples import token_logprobs
+from tests.unit.tiny_models import small_config
 
-SMALL = TinyGPTConfig(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
+SMALL = small_config(layers=2, heads=4, positions=64)
 
 
 @pytest.fixture

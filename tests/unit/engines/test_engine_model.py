@@ -6,15 +6,9 @@ import torch
 
 from rlctl.engines.model import SAFETENSORS_FILE, TORCH_FILE, TinyGPT, TinyGPTConfig, load_state_dict
 from rlctl.modelcatalog import BUILTIN_MODELS
+from tests.unit.tiny_models import small_config
 
-SMALL = TinyGPTConfig(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
+SMALL = small_config(layers=2, heads=4, positions=64)
 
 
 @pytest.fixture

@@ -3,18 +3,12 @@ import torch
 
 from rlctl.config.job import GrpoAlgorithm
 from rlctl.engines.base import GenResult
-from rlctl.engines.model import TinyGPT, TinyGPTConfig
+from rlctl.engines.model import TinyGPT
 from rlctl.rl.grpo import GrpoLearner, group_advantages, policy_loss
 from rlctl.rl.samples import Sample, make_batch, micro_batches, row_tokens, score, token_logprobs
+from tests.unit.tiny_models import small_config
 
-SMALL = TinyGPTConfig(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=2,
-    max_position_embeddings=32,
-)
+SMALL = small_config()
 
 
 @pytest.fixture

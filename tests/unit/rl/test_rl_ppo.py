@@ -2,18 +2,12 @@ import pytest
 import torch
 
 from rlctl.config.job import PpoAlgorithm
-from rlctl.engines.model import TinyGPT, TinyGPTConfig
+from rlctl.engines.model import TinyGPT
 from rlctl.rl.ppo import PpoLearner, ValueModel, gae
 from rlctl.rl.samples import Sample, score
+from tests.unit.tiny_models import small_config
 
-SMALL = TinyGPTConfig(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=2,
-    max_position_embeddings=32,
-)
+SMALL = small_config()
 
 
 def test_gae_known_numbers() -> None:

@@ -1,18 +1,11 @@
 import pytest
 import torch
 
-from rlctl.engines.model import TinyGPTConfig
 from rlctl.rl import sft
 from rlctl.rl.tasks import EOS, DigitsTask, encode
+from tests.unit.tiny_models import small_config
 
-TINY = TinyGPTConfig(
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=2,
-    max_position_embeddings=320,
-)
+TINY = small_config(hidden=16, positions=320)
 
 
 def test_sequences_mask_covers_answer_and_eos() -> None:
