@@ -20,8 +20,8 @@ import torch.distributed as dist
 
 from rlctl.config.job import GrpoAlgorithm, PpoAlgorithm
 from rlctl.engines.model import TinyGPT
-from rlctl.rl.grpo import group_advantages, policy_loss
-from rlctl.rl.samples import Sample, make_batch, micro_batches, score
+from rlctl.rl.grpo import group_advantages, policy_loss, policy_optimizer
+from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, micro_batches
 
 
 def _world() -> tuple[int, int]:
@@ -46,7 +46,7 @@ class StreamingLearner:
         self.group_size = group_size
         self.micro, self.micro_tokens = micro_batch_samples, micro_batch_tokens
         self.grad_clip = grad_clip
-        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
+        self.opt = policy_optimizer(model, cfg.lr)
         self._reset()
 
     def _reset(self) -> None:
@@ -95,11 +95,8 @@ class StreamingLearner:
         mine = chunk[rank::world]
         if mine:
             samples = [s for s, _ in mine]
-            if self.cfg.kl_coef > 0 and self.ref_model is not None:
-                for s, lp in zip(
-                    samples, score(self.ref_model, samples, temperature=self.cfg.temperature), strict=True
-                ):
-                    s.ref_logprobs = lp
+            if self.cfg.kl_coef > 0:
+                fill_ref_logprobs(self.ref_model, samples, temperature=self.cfg.temperature)
             batch = make_batch(samples, [a for _, a in mine])
             self.model.train()
             loss, m = policy_loss(

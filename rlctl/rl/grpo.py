@@ -20,7 +20,12 @@ import torch.distributed as dist
 
 from rlctl.config.job import GrpoAlgorithm
 from rlctl.engines.model import TinyGPT
-from rlctl.rl.samples import Sample, TokenBatch, make_batch, micro_batches, score, token_logprobs
+from rlctl.rl.samples import Sample, TokenBatch, fill_ref_logprobs, make_batch, micro_batches, token_logprobs
+
+
+def policy_optimizer(model: TinyGPT, lr: float) -> torch.optim.AdamW:
+    """The policy's optimizer in every learner: AdamW, no weight decay, β₂ 0.98."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
 
 
 def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], *, eps: float = 1e-6) -> list[float]:
@@ -109,7 +114,7 @@ class GrpoLearner:
         self.micro_batch_samples, self.micro_batch_tokens = micro_batch_samples, micro_batch_tokens
         self.grad_clip = grad_clip
         self.pad = pad
-        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
+        self.opt = policy_optimizer(model, cfg.lr)
         self.steps = 0
 
     def advantages(self, samples: list[Sample]) -> list[float]:
@@ -117,12 +122,8 @@ class GrpoLearner:
 
     def step(self, samples: list[Sample]) -> dict[str, float]:
         t0 = time.monotonic()
-        missing = [s for s in samples if s.ref_logprobs is None]
-        if self.cfg.kl_coef > 0 and self.ref_model is not None and missing:
-            for s, lp in zip(
-                missing, score(self.ref_model, missing, temperature=self.cfg.temperature, pad=self.pad), strict=True
-            ):
-                s.ref_logprobs = lp
+        if self.cfg.kl_coef > 0:
+            fill_ref_logprobs(self.ref_model, samples, temperature=self.cfg.temperature, pad=self.pad)
         adv = self.advantages(samples)
         total_tokens = sum(len(s.output_tokens) for s in samples)
         self.model.train()

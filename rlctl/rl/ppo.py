@@ -20,8 +20,8 @@ from torch import nn
 
 from rlctl.config.job import PpoAlgorithm
 from rlctl.engines.model import TinyGPT
-from rlctl.rl.grpo import allreduce_grads, policy_loss
-from rlctl.rl.samples import Sample, make_batch, micro_batches, score
+from rlctl.rl.grpo import allreduce_grads, policy_loss, policy_optimizer
+from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, micro_batches
 
 
 class ValueModel(nn.Module):
@@ -75,7 +75,7 @@ class PpoLearner:
         self.critic = critic if critic is not None else ValueModel(model)
         self.micro_batch_samples, self.micro_batch_tokens = micro_batch_samples, micro_batch_tokens
         self.grad_clip, self.pad = grad_clip, pad
-        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
+        self.opt = policy_optimizer(model, cfg.lr)
         self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
         self.steps = 0
 
@@ -104,12 +104,8 @@ class PpoLearner:
 
     def step(self, samples: list[Sample]) -> dict[str, float]:
         t0 = time.monotonic()
-        missing = [s for s in samples if s.ref_logprobs is None]
-        if self.cfg.kl_coef > 0 and self.ref_model is not None and missing:
-            for s, lp in zip(
-                missing, score(self.ref_model, missing, temperature=self.cfg.temperature, pad=self.pad), strict=True
-            ):
-                s.ref_logprobs = lp
+        if self.cfg.kl_coef > 0:
+            fill_ref_logprobs(self.ref_model, samples, temperature=self.cfg.temperature, pad=self.pad)
         adv, ret = self.advantages(samples)
         total = sum(len(s.output_tokens) for s in samples)
         self.model.train()

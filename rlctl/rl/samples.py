@@ -110,6 +110,15 @@ def row_tokens(sample: Sample) -> int:
     return len(sample.prompt_tokens) + len(sample.output_tokens)
 
 
+def fill_ref_logprobs(ref_model: TinyGPT | None, samples: list[Sample], *, temperature: float, pad: int = 0) -> None:
+    """Score the samples that have no reference logprobs yet under `ref_model` (the KL term's policy)."""
+    missing = [s for s in samples if s.ref_logprobs is None]
+    if ref_model is None or not missing:
+        return
+    for s, lp in zip(missing, score(ref_model, missing, temperature=temperature, pad=pad), strict=True):
+        s.ref_logprobs = lp
+
+
 def micro_batches(samples: list[Sample], size: int, *, max_tokens: int | None = None) -> list[list[int]]:
     """Indices of `samples` in length order, cut into micro-batches of at most `size` rows and, with
     `max_tokens`, at most that many padded tokens (rows × the longest row; a longer sample goes alone).
