@@ -62,9 +62,10 @@ def brute_cross(gen: np.ndarray, train: np.ndarray, m: int, n: int) -> tuple[int
 finite = st.integers(1, 12).map(float)
 
 
-@given(
-    st.integers(1, 12).flatmap(
-        lambda m: st.integers(1, 12).flatmap(
+def two_curves(*, max_gpus: int) -> st.SearchStrategy[tuple[int, int, list[float], list[float]]]:
+    """(m, n, m generation times, n training times) with 1 ≤ m, n ≤ max_gpus."""
+    return st.integers(1, max_gpus).flatmap(
+        lambda m: st.integers(1, max_gpus).flatmap(
             lambda n: st.tuples(
                 st.just(m),
                 st.just(n),
@@ -73,7 +74,9 @@ finite = st.integers(1, 12).map(float)
             )
         )
     )
-)
+
+
+@given(two_curves(max_gpus=12))
 @settings(max_examples=200, deadline=None)
 def test_cross_dc_equals_brute_force(case: tuple[int, int, list[float], list[float]]) -> None:
     m, n, g, t = case
@@ -97,16 +100,7 @@ def brute_fewest(gen: np.ndarray, train: np.ndarray, m: int, n: int, bound: floa
 
 
 @given(
-    st.integers(1, 10).flatmap(
-        lambda m: st.integers(1, 10).flatmap(
-            lambda n: st.tuples(
-                st.just(m),
-                st.just(n),
-                st.lists(finite, min_size=m, max_size=m),
-                st.lists(finite, min_size=n, max_size=n),
-            )
-        )
-    ),
+    two_curves(max_gpus=10),
     st.sampled_from([0.0, 0.05, 0.5]),
 )
 @settings(max_examples=200, deadline=None)
