@@ -23,10 +23,9 @@ from rlctl.modelcatalog import BUILTIN_MODELS
 from rlctl.planner.costs import decode_cost
 from rlctl.planner.curves import live_context
 from rlctl.planner.dispatch import dispatch_skew, fixed_split, lpt_order
-from rlctl.planner.sim import run_instance, split_by_simulation
+from rlctl.planner.sim import run_with, split_by_simulation
 from rlctl.planner.workload import LengthModel
 from rlctl.profiler.measure import embedded_engine_factory, measure_generation
-from rlctl.profiler.profile import GenerationEntry
 
 PROMPT_TOKENS = 6
 
@@ -81,7 +80,7 @@ def run(*, quick: bool) -> dict[str, Any]:
                 ctx = live_context(PROMPT_TOKENS, lengths, padded=True)
                 cost = decode_cost(entry, context=ctx, seq_tokens=ctx, engine_max_batch=cap)
                 order = lpt_order(lengths.tolist()) if lpt else list(range(n))
-                predicted = _predict(entry, lengths[order], ptl_s=cost.ptl_s, cap=cap)
+                predicted = float(run_with(cost, lengths[order], batch_cap=cap, prompt_tokens=PROMPT_TOKENS).max())
                 before = _probe(factory)
                 measured = _run_batch(factory, lengths, cap=cap, lpt=lpt)
                 drift = (before + _probe(factory)) / 2 / reference
@@ -101,19 +100,6 @@ def run(*, quick: bool) -> dict[str, Any]:
     mape = float(np.mean([abs(c["error"]) for c in cases + split_cases]))
     ptl_ms = dict(zip(entry.batch_sizes, (1e3 * x for x in entry.ptl_s[1]), strict=True))
     return {"mape": mape, "cases": cases, "dispatch_2_units": split_cases, "ptl_ms_at_ctx48": ptl_ms}
-
-
-def _predict(entry: GenerationEntry, lengths: np.ndarray, *, ptl_s: np.ndarray, cap: int) -> float:
-    """The simulator's finish time of one instance generating `lengths` in that order."""
-    finish = run_instance(
-        lengths,
-        ptl_s=ptl_s,
-        batch_cap=cap,
-        prefill_s=PROMPT_TOKENS * entry.prefill_s_per_token,
-        admit_fixed_s=entry.prefill_fixed_s,
-        compact_fraction=entry.compact_fraction,
-    )
-    return float(finish.max())
 
 
 def _probe(factory: Any) -> float:
@@ -157,7 +143,10 @@ def _split_cases(
         before = _probe(factory)
         measured = max(_run_batch(factory, lengths[g], cap=c, lpt=True) for g, c in zip(groups, caps, strict=True))
         drift = (before + _probe(factory)) / 2 / reference
-        predicted = max(_predict(entry, lengths[g], ptl_s=cost.ptl_s, cap=c) for g, c in zip(groups, caps, strict=True))
+        predicted = max(
+            float(run_with(cost, lengths[g], batch_cap=c, prompt_tokens=PROMPT_TOKENS).max())
+            for g, c in zip(groups, caps, strict=True)
+        )
         out.append(
             {
                 "policy": name,

@@ -122,6 +122,20 @@ class GenResult:
         return float(self.finish_s.max()) if self.finish_s.size else 0.0
 
 
+def run_with(
+    cost: DecodeCost, lengths: Sequence[int] | np.ndarray, *, batch_cap: int, prompt_tokens: int
+) -> np.ndarray:
+    """`run_instance` with a unit's measured engine figures: PTL, prefill, admission cost, compaction."""
+    return run_instance(
+        lengths,
+        ptl_s=cost.ptl_s,
+        batch_cap=batch_cap,
+        prefill_s=prompt_tokens * cost.prefill_s_per_token,
+        admit_fixed_s=cost.admit_fixed_s,
+        compact_fraction=cost.compact_fraction,
+    )
+
+
 def _proportional_counts(weights: np.ndarray, n: int) -> np.ndarray:
     raw = weights / weights.sum() * n
     counts = np.floor(raw).astype(int)
@@ -193,7 +207,6 @@ def simulate_generation(
         credit[s] -= 1.0
     for (site, us), ids in zip(sites.items(), site_ids, strict=True):
         cost = units[us[0]].cost
-        pfill = prompt_tokens * cost.prefill_s_per_token
         if not ids:
             continue
         sub_pred = pred[ids]
@@ -228,14 +241,7 @@ def simulate_generation(
             idx = [ids[j] for j in grp]
             if policy != "random":
                 idx = [idx[j] for j in lpt_order(list(pred[idx]))]
-            f = run_instance(
-                lengths[idx],
-                ptl_s=cost.ptl_s,
-                batch_cap=cap,
-                prefill_s=pfill,
-                admit_fixed_s=cost.admit_fixed_s,
-                compact_fraction=cost.compact_fraction,
-            )
+            f = run_with(cost, lengths[idx], batch_cap=cap, prompt_tokens=prompt_tokens)
             finish[idx] = f
             unit_of[idx] = u
             busy[u] = f.max() if len(f) else 0.0
@@ -343,19 +349,9 @@ def simulate_split(
     """Makespan of one site's identical units under a given split (LPT by prediction inside each unit)."""
     groups = dispatch_skew(list(pred), split)
     caps = [split.long_batch] * split.num_long + [cost.max_batch] * split.num_regular
-    pfill = prompt_tokens * cost.prefill_s_per_token
     return max(
         (
-            float(
-                run_instance(
-                    lengths[g],
-                    ptl_s=cost.ptl_s,
-                    batch_cap=c,
-                    prefill_s=pfill,
-                    admit_fixed_s=cost.admit_fixed_s,
-                    compact_fraction=cost.compact_fraction,
-                ).max()
-            )
+            float(run_with(cost, lengths[g], batch_cap=c, prompt_tokens=prompt_tokens).max())
             for g, c in zip(groups, caps, strict=True)
             if g
         ),
@@ -374,7 +370,7 @@ class GenEstimator:
     def __init__(self, lengths_desc: np.ndarray, cost: DecodeCost, *, prompt_tokens: int) -> None:
         self.lengths = np.asarray(lengths_desc, dtype=float)
         self.cost = cost
-        self.prefill_s = prompt_tokens * cost.prefill_s_per_token
+        self.prompt_tokens = prompt_tokens
         self._cache: dict[int, float] = {}
 
     def time_s(self, num_units: int) -> float:
@@ -382,13 +378,8 @@ class GenEstimator:
         m = -(-b // max(num_units, 1))
         if m not in self._cache:
             pick = self.lengths[np.floor(np.arange(m) * (b / m)).astype(int)]
-            f = run_instance(
-                pick.astype(np.int64),
-                ptl_s=self.cost.ptl_s,
-                batch_cap=self.cost.max_batch,
-                prefill_s=self.prefill_s,
-                admit_fixed_s=self.cost.admit_fixed_s,
-                compact_fraction=self.cost.compact_fraction,
+            f = run_with(
+                self.cost, pick.astype(np.int64), batch_cap=self.cost.max_batch, prompt_tokens=self.prompt_tokens
             )
             self._cache[m] = float(f.max())
         return self._cache[m]
