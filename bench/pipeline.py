@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rlctl.agents.run import JobRun, prepare, resolve_job
 from rlctl.config import load_job
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.run import JobRun, prepare, resolve_job
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "demo.yaml"
 MODES = ("sync", "stream", "async")

@@ -51,7 +51,24 @@ class JobMetrics:
             "rlctl_weights_transfer_seconds", "Time to deliver one weight version", buckets=TRANSFER_BUCKETS, registry=r
         )
         self.weight_transfer_bytes = Counter(
-            "rlctl_weights_transfer_bytes", "Bytes of weights sent by the trainer", registry=r
+            "rlctl_weights_transfer_bytes", "Bytes of weights pulled by rollout units (every hop)", registry=r
+        )
+        self.weight_inter_dc_bytes = Counter(
+            "rlctl_weights_inter_dc_bytes",
+            "Bytes of weights that crossed an inter-datacenter link",
+            ["link"],
+            registry=r,
+        )
+        self.weight_inter_dc_copies = Counter(
+            "rlctl_weights_inter_dc_copies",
+            "Weight payloads that crossed an inter-datacenter link",
+            ["link"],
+            registry=r,
+        )
+        self.weight_last_unit_seconds = Gauge(
+            "rlctl_weights_last_unit_seconds",
+            "Seconds from a version's publication until the last live rollout unit had it",
+            registry=r,
         )
         self.agent_up = Gauge("rlctl_agent_up", "1 while the agent heartbeats", ["role", "name", "site"], registry=r)
         self.agent_heartbeat_age_seconds = Gauge(

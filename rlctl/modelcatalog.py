@@ -1,4 +1,7 @@
-"""Model architectures the cost models need, with built-ins (StreamRL Table 2 + the demo model)."""
+"""Model architectures the cost models need, with built-ins (StreamRL Table 2 + the demo model).
+
+An HF checkpoint directory's figures come from its config.json: `rlctl.engines.hf.check_hf_dir`.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +19,11 @@ class ModelArch:
     intermediate: int
     params: float  # total parameter count
     bytes_per_param: int = 2  # bf16 weights
+    explicit_head_dim: int | None = None  # HF `head_dim` where it is not hidden / heads (e.g. Qwen3, Gemma)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim or self.hidden // self.heads
 
     @property
     def kv_bytes_per_token(self) -> int:

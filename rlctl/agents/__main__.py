@@ -6,12 +6,16 @@
 
 The job comes from DIR/job.json, the per-job secret from DIR/secret, the controller's address from
 DIR/controller.json unless given. Trainer ranks find each other through MASTER_ADDR / MASTER_PORT /
-WORLD_SIZE (set by the backend). SIGTERM ends the agent cleanly; exit 0 = the job finished.
+WORLD_SIZE (set by the backend). The launcher's other variables (`rlctl.launch.agentenv`):
+RLCTL_PARALLEL (role, tp/pp/dp, rank or replica) and CUDA_VISIBLE_DEVICES go into the first log
+line; torch uses the job's threads for the role (rollout.threads_per_unit, trainer.threads_per_rank,
+1 for the controller). SIGTERM ends the agent cleanly; exit 0 = the job finished.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -36,27 +40,45 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s {args.role}-{args.replica} %(name)s: %(message)s",
     )
-    logging.getLogger("rlctl.agents").info(
-        "starting on %s, pid %d, job %s", os.uname().nodename, os.getpid(), args.job_dir
-    )  # the first line of every agent's log: where it runs (and that it started at all)
+    from rlctl.launch.agentenv import ENV_VISIBLE, parallel_from_env, threads_for
+
+    log = logging.getLogger("rlctl.agents")
+    try:
+        parallel = parallel_from_env()
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    # the first line of every agent's log: where it runs, on which GPUs, its place in the layout
+    log.info(
+        "starting on %s, pid %d, job %s, parallel %s, %s=%s",
+        os.uname().nodename,
+        os.getpid(),
+        args.job_dir,
+        json.dumps(parallel, sort_keys=True) if parallel else "-",
+        ENV_VISIBLE,
+        os.environ.get(ENV_VISIBLE, "(unset)"),
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind `finally` blocks: stop peers, write files
 
     import torch  # after argument parsing: `--help` stays fast
 
-    torch.set_num_threads(1)
-    torch.set_num_interop_threads(1)
     from rlctl.agents.common import AgentContext
     from rlctl.launch.jobdir import JobDir
     from rlctl.transport import make_transport
 
     try:
+        threads = threads_for(JobDir(args.job_dir).read_job(), args.role)
+        torch.set_num_threads(threads)
+        torch.set_num_interop_threads(1)
+        log.info("torch threads %d (intra-op), 1 (inter-op)", threads)
         if args.role == "controller":
             from rlctl.agents.controller import ControllerAgent
 
             jd = JobDir(args.job_dir)
             job = jd.read_job()
             if args.listen is None:
-                from rlctl.agents.listen import ENV_SITE, controller_peer, listen_host
+                from rlctl.agents.listen import controller_peer, listen_host
+                from rlctl.launch.agentenv import ENV_SITE
                 from rlctl.launch.backends import read_sites
 
                 toward = controller_peer(read_sites(args.job_dir), os.environ.get(ENV_SITE))
@@ -82,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         TrainerAgent(ctx, rank=args.replica).run()
         return 0
     except RlctlError as e:
-        logging.getLogger("rlctl.agents").error("%s", e)
+        log.error("%s", e)
         return 1
     finally:
         _log_cpu()

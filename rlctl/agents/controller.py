@@ -31,15 +31,18 @@ from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Hello, SampleDone, Trained, make, parse
 from rlctl.agents.rebalance import Reading, RebalanceRule
-from rlctl.agents.spawn import Spawner
+from rlctl.agents.weightbook import WeightBook
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.errors import RlctlError, TransportError
 from rlctl.launch.backends import read_sites
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.layout import rollout_tp
+from rlctl.launch.spawn import Spawner
 from rlctl.metrics import JobMetrics
 from rlctl.rl.ranker import LengthRanker, recall_at
 from rlctl.rl.tasks import VOCAB_SIZE, DigitsTask
+from rlctl.tracking import FanOut, make_trackers, row_to_metrics
 from rlctl.transport import Connection, Listener, Message, Transport
 
 log = logging.getLogger(__name__)
@@ -95,8 +98,8 @@ class ControllerAgent:
         self.spawn_requested: dict[str, float] = {}  # agent → when its start was asked for
         self._next_replica: int | None = None
         self.scale_log: list[dict[str, Any]] = []
-        self.transfers: dict[int, dict[str, Any]] = {}
-        self.last_transfer: dict[str, Any] | None = None
+        self.book = WeightBook()
+        self.done_at: float | None = None  # when the last iteration was trained (the final weight sync starts)
         planned_units = sum(int(g["units"]) for g in plan.get("rollout", [])) or 1
         self.core = ControllerCore(
             core_config(job, self.task.max_new_tokens, min_units=planned_units),
@@ -114,7 +117,8 @@ class ControllerAgent:
         self._closing = False
         self.metrics = JobMetrics()
         self.metrics_port = self.metrics.serve(job.metrics.port)
-        self.weights_published: dict[int, float] = {}
+        job_config = job.model_dump(mode="json", by_alias=True)
+        self.tracker = FanOut(make_trackers(job.tracking, jobdir.path, job.name, job_config))
         jobdir.write_json(
             jobdir.controller_json,
             {"address": self.listener.address, "pid": os.getpid(), "metrics_port": self.metrics_port},
@@ -131,7 +135,7 @@ class ControllerAgent:
         """Run the job to its end; 0 when every iteration was trained, 1 when it failed."""
         no_rollout_since: float | None = None
         try:
-            while not self.core.done and not self.core.failed and not self.stop_requested:
+            while not self.core.failed and not self.stop_requested and not self._finished():
                 try:
                     what, who, payload = self.inbox.get(timeout=0.5)
                 except queue.Empty:
@@ -153,6 +157,23 @@ class ControllerAgent:
         finally:
             self._shutdown()
         return 0 if self.core.done else 1
+
+    def _finished(self) -> bool:
+        """Done once every iteration is trained and every live unit holds the last version (so a job ends
+        with its rollout units on the trainer's final weights), or that final sync timed out."""
+        if not self.core.done:
+            return False
+        now = time.monotonic()
+        if self.done_at is None:
+            self.done_at = now
+        behind = [u.name for u in self.core.units.values() if u.alive and u.version < self.core.trainer_version]
+        if not behind:
+            return True
+        if now - self.done_at > self.job.transport.timeout_s:
+            log.warning("controller: %s did not get v%d in time", ", ".join(behind), self.core.trainer_version)
+            self.jobdir.event("final_weights_timeout", agents=behind, version=self.core.trainer_version)
+            return True
+        return False
 
     def _handle(self, what: str, who: Any, payload: Any) -> None:
         if what == "hello":
@@ -194,10 +215,17 @@ class ControllerAgent:
             )
         elif msg.kind == "weights_applied":
             version = int(msg.header["version"])
-            self.jobdir.event("weights_applied", agent=who, version=version)
+            holder = self.book.nodes.get(str(msg.header.get("holder", "")), ("", ""))[0]
+            self.jobdir.event(
+                "weights_applied",
+                agent=who,
+                version=version,
+                source=holder,
+                encoding=msg.header.get("encoding"),
+                bytes=msg.header.get("wire_bytes"),
+            )
             self._transfer(who, version, msg.header)
             self._send(self.core.weights_applied(who, version))
-            self._weights_applied_metric(version)
         elif msg.kind == "trained":
             self._trained(parse(msg, Trained))
         elif msg.kind in ("heartbeat", "bye"):
@@ -230,20 +258,21 @@ class ControllerAgent:
         return [n for n in self.spawn_requested if n not in self.core.units]
 
     def free_slots(self) -> dict[str, int]:
-        """GPU slots a rollout site can still give this job (tensor_parallel slots per unit)."""
-        tp = self.job.rollout.tensor_parallel or 1
+        """Rollout units each rollout site can still start for this job (GPUs left / the site's tp per unit)."""
         used = dict.fromkeys(self.site_specs, 0)
         trainer = self.plan.get("trainer", {})
         if trainer.get("site") in used:
             used[trainer["site"]] += int(trainer.get("ranks", 1))
-        for u in self.core.units.values():
-            if u.alive and self.sites.get(u.name) in used:
-                used[self.sites[u.name]] += tp
-        for site in (self.sites.get(n, "") for n in self.pending_units()):
+        units = [u.name for u in self.core.units.values() if u.alive] + self.pending_units()
+        for site in (self.sites.get(n, "") for n in units):
             if site in used:
-                used[site] += tp
+                used[site] += rollout_tp(self.plan, site)
         rollout_sites = [g["site"] for g in self.plan.get("rollout", [])]
-        return {s: (self.site_specs[s].total_gpus - used[s]) // tp for s in rollout_sites if s in self.site_specs}
+        return {
+            s: (self.site_specs[s].total_gpus - used[s]) // rollout_tp(self.plan, s)
+            for s in rollout_sites
+            if s in self.site_specs
+        }
 
     def _scale(self, delta: int, site: str | None, *, reason: str) -> dict[str, Any]:
         """Add (delta > 0: started in the background) or drain and remove (delta < 0) rollout units."""
@@ -341,8 +370,13 @@ class ControllerAgent:
         threading.Thread(target=self._read, args=(name, conn), name=f"read-{name}", daemon=True).start()
         if h.role == "client":
             return
-        self.jobdir.event("agent_joined", agent=name, role=h.role, version=h.version, pid=h.pid)
-        self._send(self.core.join(name, role=h.role, version=h.version, address=h.address))
+        dc = self._datacenter(name)
+        for i, address in enumerate(h.weight_roots or [h.weights]):  # a trainer's ranks, or the unit itself
+            self.book.node(address, agent=name if h.role != "trainer" else f"trainer-{i}", datacenter=dc)
+        self.jobdir.event("agent_joined", agent=name, role=h.role, version=h.version, pid=h.pid, datacenter=dc)
+        self._send(
+            self.core.join(name, role=h.role, version=h.version, address=h.address, weights=h.weights, datacenter=dc)
+        )
 
     def _gauges(self, now: float) -> None:
         m = self.metrics
@@ -362,29 +396,32 @@ class ControllerAgent:
             m.rollout_units.labels(site).set(n)
 
     def _transfer(self, who: str, version: int, header: dict[str, Any]) -> None:
-        """Per version: the slowest unit's fetch time and the bytes every unit pulled."""
+        """One unit applied `version`: book its transfer (bytes, the link it crossed) and whether every
+        live unit now has that version (and the ones it skipped)."""
         wire = header.get("wire_bytes")
-        fetch_s = header.get("fetch_s")
-        t = self.transfers.setdefault(version, {"version": version, "fetch_s": 0.0, "bytes": 0, "units": 0})
-        t["units"] += 1
-        if isinstance(wire, int):
-            t["bytes"] += wire
-            self.metrics.weight_transfer_bytes.inc(wire)
-        if isinstance(fetch_s, int | float):
-            t["fetch_s"] = max(t["fetch_s"], float(fetch_s))
-        self.last_transfer = t
-        for v in [v for v in self.transfers if v < version - 4]:
-            del self.transfers[v]
+        wire_bytes = wire if isinstance(wire, int) else 0
+        fetch = header.get("fetch_s")
+        link = self.book.applied(
+            who,
+            datacenter=self._datacenter(who),
+            version=version,
+            holder=str(header.get("holder", "")),
+            encoding=str(header.get("encoding", "")),
+            wire_bytes=wire_bytes,
+            fetch_s=float(fetch) if isinstance(fetch, int | float) else 0.0,
+        )
+        self.metrics.weight_transfer_bytes.inc(wire_bytes)
+        if link is not None:
+            self.metrics.weight_inter_dc_bytes.labels(link).inc(wire_bytes)
+            self.metrics.weight_inter_dc_copies.labels(link).inc()
+        live = {u.name for u in self.core.units.values() if u.alive}
+        for seconds in self.book.reached(who, version, live, time.monotonic()):
+            self.metrics.weight_transfer_seconds.observe(seconds)
+            self.metrics.weight_last_unit_seconds.set(seconds)
 
-    def _weights_applied_metric(self, version: int) -> None:
-        """A version counts as delivered when the last live rollout unit applied it."""
-        published = self.weights_published.get(version)
-        if published is None:
-            return
-        units = [u for u in self.core.units.values() if u.alive]
-        if all(u.version >= version for u in units):
-            self.metrics.weight_transfer_seconds.observe(time.monotonic() - published)
-            del self.weights_published[version]
+    def _datacenter(self, agent: str) -> str:
+        site = self.site_specs.get(self.sites.get(agent, ""))
+        return site.datacenter if site is not None else ""
 
     def _lose(self, name: str, why: str) -> None:
         peer = self.peers[name]
@@ -425,6 +462,7 @@ class ControllerAgent:
         self.rows.append(row)
         self._refit_ranker(t.iteration)
         self.jobdir.append(self.jobdir.metrics, row)
+        self.tracker.log(t.iteration, row_to_metrics(row))
         every = self.job.checkpoint.every_iterations
         if t.version == self.job.iterations or (every and t.version % every == 0):
             d = self.jobdir.checkpoint(t.version)
@@ -444,7 +482,7 @@ class ControllerAgent:
         for gap, n in self.core.stats[t.iteration].staleness.items():
             for _ in range(n):
                 m.staleness_versions.observe(gap)
-        self.weights_published[t.version] = time.monotonic()
+        self.book.published(t.version, time.monotonic())
         self.jobdir.event("trained", iteration=t.iteration, version=t.version)
 
     def _rebalance(self, row: dict[str, Any]) -> None:
@@ -587,14 +625,14 @@ class ControllerAgent:
         }
 
     def _weights_view(self) -> dict[str, Any]:
-        """The newest version; the last transfer: slowest unit's fetch seconds, bytes pulled by all units."""
-        t = self.last_transfer
+        """The newest version, how many live units have it, and per recent version: transfers, bytes,
+        encodings, bytes and copies per inter-DC link, seconds until the last unit had it."""
         return {
             "version": self.core.trainer_version,
-            "last_transfer_version": None if t is None else t["version"],
-            "last_transfer_s": None if t is None else round(t["fetch_s"], 4),
-            "last_transfer_bytes": None if t is None else t["bytes"],
             "units_at_version": sum(1 for u in self.core.live_units if u.version >= self.core.trainer_version),
+            "sync": self.job.weight_sync.mode,
+            "inter_dc_total": {k: dict(v) for k, v in self.book.totals.items()},
+            "versions": self.book.view(),
         }
 
     def summary(self) -> dict[str, Any]:
@@ -625,6 +663,7 @@ class ControllerAgent:
             "eta": self.job.pipeline.eta,
             "state": "done" if self.core.done else f"failed: {self.core.failed}" if self.core.failed else "stopped",
             "scale_events": self.scale_log,
+            "weights": self._weights_view(),
             "iterations": len(rows),
             "iterations_planned": self.job.iterations,
             "reward_first": round(sum(r["reward_mean"] for r in rows[:k]) / k, 4) if rows else None,
@@ -684,6 +723,7 @@ class ControllerAgent:
         summary = self.summary()
         self.jobdir.write_json(self.jobdir.summary_json, summary)
         self.jobdir.event("job_end", state=summary["state"], iterations=summary["iterations"])
+        self.tracker.close()
         for p in self.peers.values():
             p.conn.close()
         self.listener.close()
@@ -722,7 +762,7 @@ class ControllerAgent:
 
 
 def _sites_by_agent(plan: dict[str, Any]) -> dict[str, str]:
-    """Agent name → site, in the order the launcher starts them (see run.JobRun.start)."""
+    """Agent name → site, in the order the launcher starts them (see rlctl.launch.run.JobRun.start)."""
     out: dict[str, str] = {}
     trainer = plan.get("trainer", {})
     for rank in range(int(trainer.get("ranks", 1))):

@@ -64,6 +64,8 @@ class Unit:
     role: str
     version: int
     address: str = ""
+    weights: str = ""  # its weight node's address
+    datacenter: str = ""
     alive: bool = True
     busy_s: float = 0.0
     draining: bool = False  # being removed: no new work; stopped once nothing is in flight
@@ -116,8 +118,10 @@ class ControllerCore:
         self.started = False  # waiting for agents → running: the trainer and min_units rollout units joined
 
     # -- events -------------------------------------------------------------------------------------
-    def join(self, name: str, *, role: str, version: int, address: str = "") -> list[Out]:
-        unit = Unit(name, role, version, address)
+    def join(
+        self, name: str, *, role: str, version: int, address: str = "", weights: str = "", datacenter: str = ""
+    ) -> list[Out]:
+        unit = Unit(name, role, version, address, weights, datacenter)
         if role == "trainer":
             self.trainer = unit
         else:
@@ -175,11 +179,7 @@ class ControllerCore:
         self.trainer_version = version
         st = self.stats[iteration]
         st.trained_at, st.trainer = self.clock(), stats
-        out = self.pump()
-        if self.done:
-            out += [Out(u.name, "stop", {}) for u in self.units.values() if u.alive]
-            out.append(Out("trainer", "stop", {}))
-        return out
+        return self.pump()  # when done, the controller stops everyone once the last version reached the units
 
     @property
     def done(self) -> bool:
@@ -298,5 +298,10 @@ class ControllerCore:
         return [Out("trainer", "samples", {"samples": samples}, [p for _, p in batch])]
 
     def _members(self) -> Out:
-        targets = {u.name: u.address for u in self.units.values() if u.alive}
-        return Out("trainer", "members", {"rollouts": targets})
+        targets = {
+            u.name: {"address": u.address, "weights": u.weights, "datacenter": u.datacenter}
+            for u in self.units.values()
+            if u.alive
+        }
+        dc = self.trainer.datacenter if self.trainer is not None else ""
+        return Out("trainer", "members", {"datacenter": dc, "rollouts": targets})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -142,8 +143,9 @@ class StreamingLearner:
             "train_s": self.compute_s,
         }
 
-    def follow(self) -> None:
-        """Ranks > 0: do what rank 0 broadcasts until it sends 'stop'."""
+    def follow(self, on_step: Callable[[], None] | None = None) -> None:
+        """Ranks > 0: do what rank 0 broadcasts until it sends 'stop'; `on_step` after each optimizer step
+        (the rank then holds the same weights as rank 0, bit for bit: gradients are all-reduced)."""
         rank, world = _world()
         while True:
             box: list[object] = [None]
@@ -152,6 +154,8 @@ class StreamingLearner:
             if isinstance(item, tuple) and item[0] == "step":
                 self.apply_step(int(item[1]), world=world)
                 self._reset()
+                if on_step is not None:
+                    on_step()
             elif isinstance(item, tuple) and item[0] == "stop":
                 return
             else:
@@ -209,7 +213,7 @@ class PpoBatchLearner:
         self.samples = []
         return stats
 
-    def follow(self) -> None:
+    def follow(self, on_step: Callable[[], None] | None = None) -> None:
         raise AssertionError("PPO has no follower ranks")
 
     def stop_followers(self) -> None:

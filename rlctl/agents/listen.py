@@ -17,9 +17,8 @@ from urllib.parse import urlsplit
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
+from rlctl.launch.agentenv import ENV_LISTEN_HOST
 
-ENV_LISTEN_HOST = "RLCTL_LISTEN_HOST"
-ENV_SITE = "RLCTL_SITE"
 AUTO = "auto"
 
 

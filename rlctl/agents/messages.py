@@ -7,9 +7,11 @@ builtins) and raw tensor frames. Who sends what:
     hello            agent → controller          Hello                          –
     generate         controller → rollout        Generate (requests)            –
     sample           rollout → controller        SampleDone                     [output int32, logprobs f32]
-    weights_applied  rollout → controller        {version}                      –
+    weights_applied  rollout → controller        {version, holder, encoding,   –
+                                                  wire_bytes, fetch_s}
     samples          controller → trainer        {samples: [Delivered…]}        2 per sample, as in `sample`
-    members          controller → trainer        {rollouts: {name: address}}    –
+    members          controller → trainer        {datacenter, rollouts: {name:  –
+                                                  {address, weights, datacenter}}}
     trained          trainer → controller        Trained                        –
     weights_available trainer → rollout (direct) {version, holders}             – (the rollout pulls the
                                                                                 version's chunks from a holder's
@@ -36,8 +38,10 @@ class Hello(msgspec.Struct):
     role: str  # "rollout" | "trainer" | "client"
     name: str
     version: int = 0
-    address: str = ""  # where a rollout agent receives weights
+    address: str = ""  # where a rollout agent hears `weights_available`
     pid: int = 0
+    weights: str = ""  # the agent's weight node (a rollout unit's; a trainer's rank 0 root)
+    weight_roots: list[str] = []  # a trainer: every rank's weight node, rank 0 first
 
 
 class Request(msgspec.Struct):

@@ -34,6 +34,8 @@ from rlctl.transport import Connection, Listener, Message
 
 log = logging.getLogger(__name__)
 
+TRANSFER_FIELDS = ("fetch_s", "wire_bytes", "encoding", "holder")  # reported with `weights_applied`
+
 
 class RolloutAgent:
     def __init__(self, ctx: AgentContext, *, replica: int, listen_host: str | None = None) -> None:
@@ -74,6 +76,7 @@ class RolloutAgent:
                 version=self.engine.version,
                 address=self.listener.address,
                 pid=os.getpid(),
+                weights=self.node.address,
             ),
             figures=self.figures,
             inbox=self.inbox,
@@ -112,7 +115,7 @@ class RolloutAgent:
                 elif msg.kind == "weights":
                     got = state_dict_of(msg)
                     if pending is None or got[0] > pending[0][0]:  # newest wins; older versions are dropped
-                        pending = (got, {k: msg.header.get(k) for k in ("fetch_s", "wire_bytes")})
+                        pending = (got, {k: msg.header.get(k) for k in TRANSFER_FIELDS})
             # 2. safe point: swap weights between engine steps
             if pending is not None:
                 (version, sd), transfer = pending

@@ -3,12 +3,13 @@
     controller ──samples──▶ inbox ─▶ score each sample at once (reward, staleness check)
                                      ─▶ learner.add ─▶ micro-batches train as whole groups arrive
            all samples of iteration i in? ─▶ optimizer step ─▶ version i+1
-                                     ─▶ WeightPublisher (background) ──weights──▶ rollout agents
+                                     ─▶ WeightPublisher (background): plan the broadcast, tell units
                                      ─▶ trained(i, i+1, sample ids, figures) ──▶ controller
-    controller ──members──▶ publisher targets (a newcomer gets the latest version)
+    controller ──members──▶ publisher targets with their datacenters (a newcomer gets the latest version)
 
-Ranks > 0 only follow rank 0's broadcasts (`StreamingLearner.follow`). With one rank the group is
-still formed, so the code path is the same as with many.
+Ranks > 0 follow rank 0's broadcasts (`StreamingLearner.follow`) and publish every version into their own
+weight node: each rank is a root of the broadcast plan (`rlctl.agents.weights`), so several chains share
+the trainer datacenter's links. With one rank the group is still formed, so the code path is the same.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from rlctl.agents.learner import PpoBatchLearner, StreamingLearner
 from rlctl.agents.listen import host_of, listen_host
 from rlctl.agents.messages import Delivered, Heartbeat, Hello, Trained, make
 from rlctl.agents.staleness import StalenessBound
-from rlctl.agents.weights import WeightPublisher
+from rlctl.agents.weights import Target, WeightPublisher
 from rlctl.engines.model import TinyGPT
 from rlctl.rl.samples import Sample
 from rlctl.rl.tasks import DigitsTask
@@ -88,22 +89,45 @@ class TrainerAgent:
     def figures(self) -> Heartbeat:
         return Heartbeat(name=self.name, state=self.state, version=self.version, busy_s=self.busy_s)
 
-    def run(self) -> None:
-        if self.rank > 0:
-            self.learner.follow()
-            return
+    def _publisher(self) -> WeightPublisher:
+        """This rank's weight node: every rank publishes each version and is a root of the broadcast."""
         job = self.ctx.job
         scheme = job.transport.kind
         host = "" if scheme == "inproc" else listen_host(job, toward=host_of(self.ctx.controller))
-        publisher = WeightPublisher(
+        return WeightPublisher(
             self.ctx.transport,
             listen="inproc://" if scheme == "inproc" else f"{scheme}://{host}:0",
             sync=job.weight_sync,
             timeout_s=job.transport.timeout_s,
         )
+
+    def run(self) -> None:
+        publisher = self._publisher()
+        roots = _gather(publisher.node.address)
+        if self.rank > 0:  # follow rank 0's steps; publish each version for the units planned below this rank
+            version = 0
+
+            def stepped() -> None:
+                nonlocal version
+                version += 1
+                publisher.publish(version, self.learner.state_dict())
+
+            try:
+                self.learner.follow(on_step=stepped)
+            finally:
+                publisher.close()
+            return
+        publisher.set_roots(roots)
         link = ControllerLink(
             self.ctx,
-            Hello(role="trainer", name=self.name, version=0, pid=os.getpid()),
+            Hello(
+                role="trainer",
+                name=self.name,
+                version=0,
+                pid=os.getpid(),
+                weights=publisher.node.address,
+                weight_roots=roots,
+            ),
             figures=self.figures,
             inbox=self.inbox,
         )
@@ -118,7 +142,9 @@ class TrainerAgent:
                     link.close(final=self.figures() if msg is not None else None)
                     return
                 if msg.kind == "members":
-                    publisher.set_targets(dict(msg.header["rollouts"]))
+                    rollouts = msg.header["rollouts"]
+                    targets = {n: Target(t["address"], t["weights"], t["datacenter"]) for n, t in rollouts.items()}
+                    publisher.set_targets(targets, datacenter=str(msg.header.get("datacenter", "")))
                     continue
                 if msg.kind != "samples":
                     log.warning("trainer: unexpected message %r", msg.kind)
@@ -172,6 +198,15 @@ class TrainerAgent:
         last = self.version == self.ctx.job.iterations
         if last or (every and self.version % every == 0):
             self.model.save_pretrained(self.ctx.jobdir.checkpoint(self.version) / "model")
+
+
+def _gather(address: str) -> list[str]:
+    """Every rank's weight-node address, rank 0 first (one collective over the trainer's group)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [address]
+    out: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, address)
+    return [str(a) for a in out]
 
 
 def _delivered(msg: Message) -> list[Delivered]:

@@ -1,13 +1,23 @@
-"""The weight plane seam: how a trainer's new policy version reaches rollout agents.
+"""The weight plane seam: how a trainer's new policy version reaches rollout agents, along the
+broadcast plan (StreamRL §6 "Weights transmission").
 
-The trainer holds every version it publishes in a `rlctl.transport.weights.WeightNode` (chunked,
-checksummed, full or delta payloads per the job's `weight_sync`); rollout agents are told that a
-version exists and pull it from the holders, verify it, and hand it to their main loop, which swaps
-it in between engine steps. Everything weight-specific is in the three functions below.
+Every trainer rank holds the versions it publishes in a `rlctl.transport.weights.WeightNode` (chunked,
+checksummed, full or delta payloads per the job's `weight_sync`) and is a root of the broadcast; every
+rollout unit holds one too and serves the versions it has to the units below it. For each version,
+rank 0 plans the tree (`rlctl.transport.plan.plan_broadcast`) over the live units and their
+datacenters, and tells each unit whom to pull from: its planned parent first, then its fallbacks.
 
     trainer step v ─▶ WeightPublisher.publish(v, sd) ─queue─▶ publisher thread: node.publish(v, sd)
-                          └── weights_available{v, holders} ──▶ rollout i (one connection each)
-    rollout reader thread: fetch_weights(node, msg) ── chunks ◀── trainer's node ─▶ inbox: weights(v)
+       plan(v): roots = trainer ranks, receivers = rollout units (datacenter, host)
+                          └── weights_available{v, holders=[parent, fallbacks…]} ──▶ rollout i
+    rollout fetch thread: fetch_weights(node, msg) ◀── chunks ── parent's node (a relay forwards chunk k
+                          while k+1 arrives) ─▶ inbox: weights(v) ─▶ swapped in between engine steps
+
+    DC-A: trainer-0 ─▶ rollout-0 ─▶ …           one copy per inter-DC link:
+          trainer-0 ══════════════▶ DC-B: rollout-2 (relay) ─▶ rollout-3 ─▶ rollout-4 (chain by host)
+
+A unit whose parent dies re-attaches to the next holder of its list; a version is applied only once
+every chunk and the rebuilt weights are verified (WeightNode.fetch).
 """
 
 from __future__ import annotations
@@ -16,6 +26,8 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import torch
 
@@ -23,10 +35,20 @@ from rlctl.agents.messages import make
 from rlctl.config.job import WeightSync
 from rlctl.errors import TransportError
 from rlctl.transport import Connection, Message, Transport
+from rlctl.transport.plan import BroadcastPlan, Endpoint, plan_broadcast
 from rlctl.transport.versions import WeightSyncConfig
 from rlctl.transport.weights import WeightNode
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A rollout unit as the weight plane sees it."""
+
+    address: str  # where it hears `weights_available`
+    weights: str  # its weight node: what the units below it pull from
+    datacenter: str = ""
 
 
 def weight_node(transport: Transport, listen: str, sync: WeightSync, *, timeout_s: float) -> WeightNode:
@@ -44,18 +66,49 @@ def announce(conn: Connection, version: int, holders: list[str]) -> None:
     conn.send(make("weights_available", {"version": version, "holders": holders}))
 
 
+def host_of(address: str) -> str:
+    return urlsplit(address).hostname or address
+
+
+def plan_version(roots: list[str], datacenter: str, targets: dict[str, Target], *, fanout: int = 1) -> BroadcastPlan:
+    """The broadcast tree of one version: `roots` are the trainer ranks' weight nodes (in `datacenter`).
+
+    Receivers are ordered by (datacenter, host), so that a chain visits each host's units together and
+    one copy reaches each host; the first unit of a remote datacenter is its designated relay."""
+    receivers = sorted(
+        (Endpoint(name, t.datacenter, t.weights) for name, t in targets.items()),
+        key=lambda e: (e.datacenter, host_of(e.address), e.name),
+    )
+    root_eps = [Endpoint(f"trainer-{i}", datacenter, a) for i, a in enumerate(roots)]
+    return plan_broadcast(root_eps, receivers, fanout=fanout)
+
+
+def holders_for(plan: BroadcastPlan, name: str) -> list[str]:
+    """Weight-node addresses `name` pulls from, best first: planned parent, fallbacks, then the roots."""
+    names = [plan.parent[name], *plan.fallbacks[name], *(r.name for r in plan.roots)]
+    return list(dict.fromkeys(plan.endpoint(n).address for n in names))
+
+
 def fetch_weights(node: WeightNode, msg: Message) -> Message:
-    """Pull the announced version into `node` (verified) and wrap it as the rollout loop's `weights` message."""
+    """Pull the announced version into `node` (verified) and wrap it as the rollout loop's `weights` message,
+    with where it came from and what crossed the wire (for the controller's per-version figures)."""
     t0 = time.monotonic()
     hv = node.fetch(int(msg.header["version"]), list(msg.header["holders"]), newer_ok=True)
     fetch_s = time.monotonic() - t0
-    payload = hv.payloads.get("delta") or hv.payloads.get("full")
-    wire_bytes = int(payload.data.numel()) if payload is not None else int(hv.weights.numel())
+    encoding, wire_bytes = hv.received_encoding, hv.received_bytes
+    holder = next((a for v, a, r in reversed(node.attempts) if v == hv.version and r == "ok"), "")
     held = node.current()
     assert held is not None
     version, sd = held
     names = list(sd)
-    header = {"version": version, "names": names, "fetch_s": round(fetch_s, 4), "wire_bytes": wire_bytes}
+    header = {
+        "version": version,
+        "names": names,
+        "fetch_s": round(fetch_s, 4),
+        "wire_bytes": wire_bytes,
+        "encoding": encoding,
+        "holder": holder,
+    }
     return make("weights", header, [sd[n].clone() for n in names])
 
 
@@ -64,28 +117,41 @@ def state_dict_of(msg: Message) -> tuple[int, dict[str, torch.Tensor]]:
 
 
 class WeightPublisher:
-    """Publishes each version into the trainer's weight node and tells every rollout agent, from one
-    background thread so training overlaps the transfer."""
+    """Publishes each version into this trainer rank's weight node; on rank 0 it also plans the broadcast
+    and tells every rollout unit whom to pull from — from one background thread, so training overlaps
+    the transfer. Other ranks' nodes are extra roots (`set_roots`)."""
 
-    def __init__(self, transport: Transport, *, listen: str, sync: WeightSync, timeout_s: float) -> None:
+    def __init__(
+        self, transport: Transport, *, listen: str, sync: WeightSync, timeout_s: float, fanout: int = 1
+    ) -> None:
         self._transport = transport
         self._timeout_s = timeout_s
+        self._fanout = fanout
         self.node = weight_node(transport, listen, sync, timeout_s=timeout_s)
+        self._roots = [self.node.address]
+        self._datacenter = ""
         self._conns: dict[str, tuple[str, Connection]] = {}
-        self._targets: dict[str, str] = {}
+        self._targets: dict[str, Target] = {}
         self._latest: tuple[int, dict[str, torch.Tensor]] | None = None
         self._held = -1
         self._told: dict[str, int] = {}
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._lock = threading.Lock()
         self.publish_s = 0.0
+        self.plan: BroadcastPlan | None = None  # the newest version's plan (for logs and tests)
         self._thread = threading.Thread(target=self._run, name="weights-publisher", daemon=True)
         self._thread.start()
 
-    def set_targets(self, targets: dict[str, str]) -> None:
-        """Rollout agents changed (joined / lost); newcomers are told about the latest version."""
+    def set_roots(self, addresses: list[str]) -> None:
+        """Every trainer rank's weight node, rank 0 first (each rank publishes the same versions)."""
+        with self._lock:
+            self._roots = list(addresses)
+
+    def set_targets(self, targets: dict[str, Target], *, datacenter: str = "") -> None:
+        """Rollout units changed (joined / lost); newcomers are told about the latest version."""
         with self._lock:
             self._targets = dict(targets)
+            self._datacenter = datacenter
         self._queue.put(0)
 
     def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
@@ -103,7 +169,7 @@ class WeightPublisher:
     def _run(self) -> None:
         while self._queue.get() is not None:
             with self._lock:
-                latest, targets = self._latest, dict(self._targets)
+                latest, targets, roots, dc = self._latest, dict(self._targets), list(self._roots), self._datacenter
             if latest is None:
                 continue
             version, sd = latest
@@ -112,11 +178,16 @@ class WeightPublisher:
                 self.node.publish(version, sd)
                 self._held = version
                 self.publish_s += time.monotonic() - t0
-            for name, address in targets.items():
-                if self._told.get(name, -1) >= version:
+            todo = {n: t for n, t in targets.items() if self._told.get(n, -1) < version}
+            if not todo:
+                continue
+            plan = plan_version(roots, dc, targets, fanout=self._fanout)
+            self.plan = plan
+            for name in plan.order:  # parents before children: relays start first
+                if name not in todo:
                     continue
                 try:
-                    announce(self._connection(name, address), version, [self.node.address])
+                    announce(self._connection(name, todo[name].address), version, holders_for(plan, name))
                 except TransportError as e:  # that agent is gone; the controller notices it too
                     log.warning("weights v%d: cannot tell %s: %s", version, name, e)
                     self._conns.pop(name, None)

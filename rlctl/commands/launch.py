@@ -111,8 +111,25 @@ def _sites_of(plan: dict[str, Any]) -> set[str]:
     return {plan["trainer"]["site"], plan["controller_site"], *(g["site"] for g in plan["rollout"])}
 
 
-def _dry_table(rows: list[dict[str, Any]]) -> str:
-    out = [f"# {len(rows)} agents; MASTER_PORT={DRY_RUN_MASTER_PORT} stands for the free port picked at launch"]
+def dry_table(rows: list[dict[str, Any]]) -> str:
+    """Where each agent runs and what it gets (one table), then its exact sbatch script / SSH command."""
+    table = [
+        [
+            r["agent"],
+            r["site"],
+            r["host"] or "(SLURM places it)",
+            r["backend"],
+            r["cuda_visible_devices"] if r["cuda_visible_devices"] is not None else r["gpu_request"] or "-",
+            r["threads"],
+            r["parallel"],
+        ]
+        for r in rows
+    ]
+    head = ["agent", "site", "host", "backend", "CUDA_VISIBLE_DEVICES / SLURM request", "threads", "parallel"]
+    out = [
+        f"# {len(rows)} agents; MASTER_PORT={DRY_RUN_MASTER_PORT} stands for the free port picked at launch",
+        grid(table, head),
+    ]
     for r in rows:
         out.append(f"\n# ---- {r['agent']} on site {r['site']} ({r['backend']}) ----\n{r['script'].rstrip()}")
     return "\n".join(out)
@@ -136,9 +153,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a job: SFT warm-up (cached), then controller, trainer and rollout agents on their sites
         (local processes, SLURM jobs, SSH hosts)."""
-        from rlctl.agents.run import JobRun, launch_dir, plan_counts, prepare, resolve_job
         from rlctl.launch.jobdb import JobDB
         from rlctl.launch.jobdir import JobDir
+        from rlctl.launch.run import JobRun, launch_dir, plan_counts, prepare, resolve_job
 
         job = load_job(job_file)
         spec = resolve_job(job, iterations=iterations, mode=mode.value if mode is not None else None)
@@ -147,13 +164,11 @@ def register(app: typer.Typer) -> None:
             path = JobDir.choose_path(spec.name, explicit=job_dir if job_dir is not None else spec.job_dir)
             sites = {n: job.inventory.sites[n] for n in _sites_of(plan)}
             dry = JobRun(JobDir(path), spec, plan, sites=sites)
-            rendered = dry.render(master_port=DRY_RUN_MASTER_PORT)
-            dry.backends.close()
-            emit(
-                [{"agent": a.name, "site": a.site, "backend": kind, "script": text} for a, kind, text in rendered],
-                output,
-                _dry_table,
-            )
+            try:
+                rows = dry.render(master_port=DRY_RUN_MASTER_PORT)
+            finally:
+                dry.backends.close()
+            emit(rows, output, dry_table)
             return
         jd = launch_dir(job, spec, job_dir)
         progress = _Progress()

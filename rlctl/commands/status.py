@@ -18,6 +18,17 @@ def _f(v: Any, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _weights_line(w: dict[str, Any]) -> str:
+    """Newest version; the last delivered one: seconds until the last unit had it, bytes, inter-DC copies."""
+    line = f"v{w.get('version')} ({w.get('sync')}), {w.get('units_at_version')} units at it"
+    done = [r for r in w.get("versions", []) if r.get("seconds_to_last_unit") is not None]
+    if done:
+        r = done[-1]
+        links = ", ".join(f"{k} {x['copies']}× {x['bytes']:,} B" for k, x in r["inter_dc"].items()) or "no inter-DC"
+        line += f"; v{r['version']}: all units in {r['seconds_to_last_unit']:.3f} s, {r['bytes']:,} B pulled, {links}"
+    return line
+
+
 def _live_table(s: dict[str, Any]) -> str:
     v = s["live"]
     w = v.get("weights", {})
@@ -31,11 +42,7 @@ def _live_table(s: dict[str, Any]) -> str:
         ["rebalance", f"{'auto' if v['rebalance']['auto'] else 'manual'}: {v['rebalance']['why'] or '-'}"],
         ["rollout units", f"{v['rollout_units']}  free slots {v['free_slots']}"],
         ["samples/s  tokens/s", f"{_f(v.get('samples_per_s'), '.1f')}  {_f(v.get('tokens_per_s'), '.0f')}"],
-        [
-            "weights",
-            f"v{w.get('version')}  last transfer v{w.get('last_transfer_version')}: "
-            f"{_f(w.get('last_transfer_s'), '.3f')} s, {w.get('last_transfer_bytes') or 0:,} B",
-        ],
+        ["weights", _weights_line(w)],
         ["staleness", " ".join(f"{k}:{n}" for k, n in v["staleness"].items()) or "-"],
         ["ledger", " ".join(f"{k} {n}" for k, n in led.items())],
         ["job dir", s["job_dir"]],
@@ -104,9 +111,9 @@ def register(app: typer.Typer) -> None:
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Show a job's live state: stage times, δ and δ', throughput, weights, staleness, each agent's health."""
-        from rlctl.agents.operate import job_status
         from rlctl.launch.jobdb import JobDB
         from rlctl.launch.jobref import resolve
+        from rlctl.launch.operate import job_status
 
         if all_jobs:
             db = JobDB()

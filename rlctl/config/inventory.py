@@ -7,7 +7,7 @@
         datacenter: dc-b
         scheduler: {kind: ssh, user: rl, port: 22, key_file: ~/.ssh/id_ed25519}
         gpu: H20                   # catalog name, or gpu_spec: {...} for custom hardware
-        nodes: [{host: "h20-[01-04]", gpus: 8}]
+        nodes: [{host: "h20-[01-04]", gpus: 8}]   # local/ssh agents get CUDA_VISIBLE_DEVICES slices of these
         network: {bandwidth_gbps: 100, rdma: false}
     links:
       - {between: [h800, h20], bandwidth_gbps: 80, latency_ms: 2}
@@ -61,6 +61,11 @@ class SlurmScheduler(Strict):
     ssh_known_hosts: str | None = Field(None, description="known_hosts file for the submit host (default ~/.ssh)")
     slurm_conf: str | None = Field(None, description="SLURM_CONF for the client tools, if not the default")
     time_limit_min: PositiveInt = 7 * 24 * 60
+    gpu_request: Literal["auto", "per_task", "gres", "none"] = Field(
+        "auto",
+        description="how jobs ask for GPUs: per_task = --gpus-per-task=N, gres = --gres=gpu:N per node "
+        "(clusters without select/cons_tres), none = no GPU request; auto = per_task unless the site's gpu is CPU",
+    )
 
 
 class SshScheduler(Strict):

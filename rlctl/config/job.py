@@ -22,6 +22,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 
 from rlctl.config.base import NAME_RE, Strict, check_header, read_yaml, register_tags, validate
 from rlctl.config.inventory import Inventory, load_inventory
+from rlctl.config.tracking import Tracking
 from rlctl.errors import ConfigError
 from rlctl.modelcatalog import BUILTIN_MODELS, ModelArch
 from rlctl.textutil import did_you_mean, one_of
@@ -107,7 +108,56 @@ class LengthsTask(Strict):
     seed: NonNegativeInt = 0
 
 
-Task = Annotated[DigitsTask | LengthsTask, Field(discriminator="kind")]
+class DatasetTask(Strict):
+    """Prompts from the user's jsonl or parquet file, scored by a reward function (rlctl/rl/dataset.py, reward.py).
+
+    Rows carry the fields RL users already have (verl's layout): `prompt` (a string or chat messages
+    [{role, content}]), the ground truth (`ground_truth`, or verl's nested `reward_model.ground_truth`),
+    `data_source`, `extra_info`. `reward` is a built-in (`exact_match`, `digits`) or a user function
+    `path/to/file.py:name` / `package.module:name` with verl's signature
+    `compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict`.
+    """
+
+    kind: Literal["dataset"]
+    path: str = Field(description="jsonl or parquet file; relative to the job file")
+    prompt_key: str = "prompt"
+    answer_key: str | None = Field(
+        "ground_truth", description="dotted keys reach nested fields (reward_model.ground_truth); null: none"
+    )
+    data_source_key: str = "data_source"
+    extra_info_key: str = "extra_info"
+    template_strings: bool = Field(
+        False, description="render string prompts through the chat template, as one user message"
+    )
+    max_prompt_tokens: PositiveInt = 1024
+    max_output_tokens: PositiveInt = 1024
+    bad_rows: Literal["refuse", "skip"] = "refuse"
+    shuffle: bool = True
+    shuffle_seed: NonNegativeInt = 0
+    reward: str = "exact_match"
+    reward_workers: NonNegativeInt = Field(2, description="worker processes; 0: in the caller's thread, no timeout")
+    reward_timeout_s: PositiveFloat = 10.0
+    reward_on_error: float = 0.0
+
+    @field_validator("path")
+    @classmethod
+    def _format(cls, v: str) -> str:
+        if not v.endswith((".jsonl", ".parquet")):
+            raise ValueError(f"unsupported file {v!r}; use a .jsonl or .parquet file")
+        return v
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_form(cls, v: str) -> str:
+        target, sep, name = v.rpartition(":")
+        if sep and (not target or not name.isidentifier()):
+            raise ValueError(
+                f"invalid reward {v!r}; use a built-in name, path/to/file.py:function or package.module:function"
+            )
+        return v
+
+
+Task = Annotated[DigitsTask | LengthsTask | DatasetTask, Field(discriminator="kind")]
 register_tags("task", Task)
 
 
@@ -208,7 +258,11 @@ class Transport(Strict):
 
 class WeightSync(Strict):
     mode: Literal["full", "delta"] = "full"
-    anchor_every: PositiveInt = 8
+    anchor_every: PositiveInt | None = Field(
+        None,
+        description="delta mode: send a full anchor every K versions; unset (default) = full copies only on "
+        "demand (a unit joins, a job resumes, a verification fails), every other version as a delta",
+    )
     chunk_bytes: PositiveInt = 4 * 1024 * 1024
 
 
@@ -269,6 +323,7 @@ class JobFile(Strict):
     planning: Planning = Planning()
     rebalance: Rebalance = Rebalance()
     warmup: Warmup = Warmup()
+    tracking: Tracking = Tracking()
     job_dir: str | None = None
     seed: NonNegativeInt = 0
 

@@ -1,5 +1,8 @@
 """EmbeddedEngine: continuous batching of TinyGPT on the CPU (the default rollout engine).
 
+It runs the built-in demo model or any HF Llama/Qwen2 checkpoint directory (`from_pretrained`);
+a row finishes on any of the model's EOS ids.
+
 One `step()`:
 
     admit   waiting requests, oldest group then highest priority first, into free cache rows
@@ -33,10 +36,10 @@ from __future__ import annotations
 import heapq
 import zlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -89,6 +92,7 @@ class EmbeddedEngine(GenerationEngine):
         compact_fraction: float = 0.25,
         admission_key: Callable[[GenRequest], float] | None = None,
         group_barrier: GroupBarrier = "auto",
+        eos_token_ids: Iterable[int] | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be ≥ 1")
@@ -101,7 +105,10 @@ class EmbeddedEngine(GenerationEngine):
         self.temperature = temperature
         self.seed = seed
         self.compact_fraction = compact_fraction
-        self.eos = model.config.eos_token_id
+        # a row ends on any of these; default the model's config.json ids (a tokenizer may add
+        # generation_config.json's, e.g. an instruct model's end-of-turn)
+        self.eos_ids = frozenset(model.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
+        self.pad_id = model.config.pad_token_id or 0  # HF configs may have none: any id does (masked)
         self._key = admission_key or (lambda r: r.priority)  # the admission-order hook; higher = sooner
         self.group_barrier = group_barrier
         self._version = version
@@ -118,8 +125,9 @@ class EmbeddedEngine(GenerationEngine):
         self.trace: list[int] | None = None  # set to [] to record the rows computed at every step
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, **kw: float | int | str) -> EmbeddedEngine:
-        return cls(TinyGPT.from_pretrained(directory), **kw)  # type: ignore[arg-type]
+    def from_pretrained(cls, directory: str | Path, **kw: Any) -> EmbeddedEngine:
+        """An engine on an HF Llama/Qwen2 checkpoint directory (or a saved demo model)."""
+        return cls(TinyGPT.from_pretrained(directory), **kw)
 
     # ---- GenerationEngine ----
     @property
@@ -192,7 +200,7 @@ class EmbeddedEngine(GenerationEngine):
         self._cache.grow(need)
         rows = free[: len(new)]
         width = max(len(r.prompt_tokens) for r in new) - 1
-        prompt = torch.full((len(new), width), self.model.config.pad_token_id, dtype=torch.long)
+        prompt = torch.full((len(new), width), self.pad_id, dtype=torch.long)
         for i, r in enumerate(new):
             prompt[i, : len(r.prompt_tokens) - 1] = torch.tensor(r.prompt_tokens[:-1], dtype=torch.long)
             self._rows[rows[i]] = _Running(r, versions={self._version})
@@ -233,7 +241,7 @@ class EmbeddedEngine(GenerationEngine):
                 continue
             r.tokens.append(tokens[i])
             r.logprobs.append(logprobs[i])
-            eos = tokens[i] == self.eos and not r.req.ignore_eos
+            eos = tokens[i] in self.eos_ids and not r.req.ignore_eos
             if eos or len(r.tokens) >= r.req.max_new_tokens:
                 seen = sorted(r.versions)
                 done.append(

@@ -1,11 +1,10 @@
-"""TinyGPT: the embedded engine's model — a tiny Llama-architecture decoder in HF directory format.
+"""TinyGPT: the embedded engine's and the torch trainer's model — a Llama/Qwen2 decoder in HF format.
 
-Same module names, config keys and weight names as `LlamaForCausalLM` (RMSNorm, RoPE, SwiGLU MLP,
-grouped-query attention, no biases), so a saved directory is an ordinary HF checkpoint:
-
-    <dir>/config.json          architectures, hidden_size, num_hidden_layers, … (HF keys)
-    <dir>/model.safetensors    state dict (or pytorch_model.bin via torch.save when the
-                               `safetensors` package is missing; loaded with weights_only=True)
+Same module names, config keys and weight names as `LlamaForCausalLM` / `Qwen2ForCausalLM`
+(RMSNorm, RoPE, SwiGLU MLP, grouped-query attention; q/k/v bias for Qwen2, optional q/k/v/o bias
+for Llama, explicit head_dim, tied embeddings), so a saved directory is an ordinary HF checkpoint
+and an HF checkpoint of those two architectures loads (hf.py owns the directory format and what is
+refused). The built-in demo model is `TinyGPT()` (Llama, fp32, no biases).
 
 Two ways to run it:
     forward(tokens[B,T]) -> logits[B,T,V]            training / scoring (right padding is harmless:
@@ -20,7 +19,6 @@ decode together (continuous batching); `KVCache.select` drops finished rows (laz
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,66 +26,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-CONFIG_FILE = "config.json"
-SAFETENSORS_FILE = "model.safetensors"
-TORCH_FILE = "pytorch_model.bin"
+from rlctl.engines import hf
+from rlctl.engines.hf import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    SAFETENSORS_FILE,
+    TORCH_FILE,
+    TinyGPTConfig,
+    load_state_dict,
+)
 
-
-@dataclass
-class TinyGPTConfig:
-    """HF `LlamaConfig` keys (the subset this model uses). Defaults = the `tiny-demo` catalog entry."""
-
-    vocab_size: int = 66
-    hidden_size: int = 96
-    intermediate_size: int = 256
-    num_hidden_layers: int = 3
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 4
-    max_position_embeddings: int = 320
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    tie_word_embeddings: bool = False
-    bos_token_id: int = 1
-    eos_token_id: int = 2
-    pad_token_id: int = 0
-    initializer_range: float = 0.02
-
-    def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError("hidden_size must be a multiple of num_attention_heads")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    def to_hf(self) -> dict[str, Any]:
-        return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
-            "head_dim": self.head_dim,
-            "torch_dtype": "float32",
-            **asdict(self),
-        }
-
-    @classmethod
-    def from_hf(cls, d: dict[str, Any]) -> TinyGPTConfig:
-        arch = d.get("architectures", ["LlamaForCausalLM"])
-        if arch != ["LlamaForCausalLM"] or d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"not a TinyGPT (Llama) config: architectures={arch}, hidden_act={d.get('hidden_act')}")
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-    def num_params(self) -> int:
-        h, i, n = self.hidden_size, self.intermediate_size, self.num_hidden_layers
-        kv = self.num_key_value_heads * self.head_dim
-        per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return n * per_layer + emb + h
+__all__ = [
+    "CONFIG_FILE",
+    "INDEX_FILE",
+    "SAFETENSORS_FILE",
+    "TORCH_FILE",
+    "KVCache",
+    "TinyGPT",
+    "TinyGPTConfig",
+    "load_state_dict",
+    "param_count",
+]
 
 
 class KVCache:
@@ -143,10 +102,10 @@ class Attention(nn.Module):
     def __init__(self, c: TinyGPTConfig) -> None:
         super().__init__()
         self.h, self.kvh, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj = nn.Linear(c.hidden_size, self.h * self.d, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, self.kvh * self.d, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, self.kvh * self.d, bias=False)
-        self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=False)
+        self.q_proj = nn.Linear(c.hidden_size, self.h * self.d, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.hidden_size, self.kvh * self.d, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.hidden_size, self.kvh * self.d, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=c.attention_bias)
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         b, t, _ = x.shape
@@ -227,8 +186,9 @@ class TinyGPT(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
-        ang = torch.outer(torch.arange(c.max_position_embeddings, dtype=torch.float64), inv_freq)
+        angle_dtype = torch.float64 if c.rope_fp64_angles else torch.float32
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=angle_dtype) / c.head_dim))
+        ang = torch.outer(torch.arange(c.max_position_embeddings, dtype=angle_dtype), inv_freq)
         ang = torch.cat([ang, ang], dim=-1)
         self.register_buffer("rope_cos", ang.cos().float(), persistent=False)
         self.register_buffer("rope_sin", ang.sin().float(), persistent=False)
@@ -237,6 +197,8 @@ class TinyGPT(nn.Module):
     def _init(self, m: nn.Module) -> None:
         if isinstance(m, nn.Linear | nn.Embedding):
             nn.init.normal_(m.weight, std=self.config.initializer_range)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)  # as HF initialises them
 
     def blocks(self) -> list[DecoderLayer]:
         return cast(list[DecoderLayer], list(self.model.layers))
@@ -301,48 +263,40 @@ class TinyGPT(nn.Module):
         logits: torch.Tensor = self.lm_head(self.model.norm(x[:, 0]))
         return logits
 
-    # ---- HF directory format ----
-    def save_pretrained(self, directory: str | Path) -> Path:
+    # ---- HF directory format (hf.py) ----
+    def save_pretrained(
+        self,
+        directory: str | Path,
+        *,
+        max_shard_bytes: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        tokenizer_from: str | Path | None = None,
+    ) -> Path:
+        """Write config.json and the weights (sharded above `max_shard_bytes`, cast to `dtype`), and
+        copy the tokenizer files of checkpoint `tokenizer_from` when given."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        (d / CONFIG_FILE).write_text(json.dumps(self.config.to_hf(), indent=2) + "\n")
-        sd = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        sd = {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in self.state_dict().items()}
         if self.config.tie_word_embeddings:
             sd.pop("lm_head.weight")
-        try:
-            from safetensors.torch import save_file
-        except ImportError:
-            torch.save(sd, d / TORCH_FILE)
-        else:
-            save_file(sd, str(d / SAFETENSORS_FILE), metadata={"format": "pt"})
+        hf.save_state_dict(sd, d, max_shard_bytes=max_shard_bytes)
+        config = {**self.config.to_hf(), "torch_dtype": str(dtype).removeprefix("torch.")}
+        (d / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        if tokenizer_from is not None:
+            hf.copy_tokenizer_files(tokenizer_from, d)
         return d
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> TinyGPT:
+        """Load an HF Llama/Qwen2 checkpoint directory into fp32; ConfigError for what is not supported."""
         d = Path(directory)
-        try:
-            config = TinyGPTConfig.from_hf(json.loads((d / CONFIG_FILE).read_text()))
-        except (OSError, ValueError, TypeError) as e:
-            raise ValueError(f"{d}: not a TinyGPT model directory: {e}") from e
+        config = hf.read_config(d)
+        sd = load_state_dict(d)
+        names = hf.match_weights({k: tuple(v.shape) for k, v in sd.items()}, config, where=str(d))
         model = cls(config)
-        model.load_state_dict(load_state_dict(d), strict=not config.tie_word_embeddings)
+        missing, _ = model.load_state_dict({k: sd[k] for k in names}, strict=False)
+        assert set(missing) <= {"lm_head.weight"}, missing  # lm_head is the tied embedding
         return model
-
-
-def load_state_dict(directory: str | Path) -> dict[str, torch.Tensor]:
-    d = Path(directory)
-    if (d / SAFETENSORS_FILE).exists():
-        try:
-            from safetensors.torch import load_file
-        except ImportError as e:
-            raise ValueError(
-                f"{d / SAFETENSORS_FILE}: reading it needs the safetensors package: pip install safetensors"
-            ) from e
-        return load_file(str(d / SAFETENSORS_FILE))
-    if (d / TORCH_FILE).exists():
-        sd: dict[str, torch.Tensor] = torch.load(d / TORCH_FILE, map_location="cpu", weights_only=True)
-        return sd
-    raise ValueError(f"{d}: no {SAFETENSORS_FILE} or {TORCH_FILE}")
 
 
 def param_count(model: nn.Module) -> int:

@@ -1,11 +1,13 @@
 """Which backend runs a site's agents, and the job's record of every agent it started.
 
     site.scheduler.kind ─▶ local: LocalBackend · slurm: SlurmBackend · ssh: SshBackend
-    every start ─▶ <job_dir>/agents.jsonl  (one line per agent: name, role, replica, site, backend, ident)
+    every start ─▶ <job_dir>/agents.jsonl  (one line per agent: name, role, replica, site, backend, ident,
+                                            host + gpus of its GPU slice on local / SSH sites)
 
 Whoever starts an agent — `rlctl launch`, the controller scaling out — appends its handle, so
 `rlctl stop` (another process, maybe another day) can find and stop every agent of the job on every
-site, and `rlctl status` can ask each site's scheduler when the controller does not answer.
+site, `rlctl status` can ask each site's scheduler when the controller does not answer, and a unit
+added later gets a GPU slice no recorded agent holds.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from rlctl.config.inventory import Site, SlurmScheduler, SshScheduler
 from rlctl.errors import LaunchError
-from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend
+from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
 from rlctl.launch.local import LocalBackend
 
 SITES_FILE = "sites.json"
@@ -36,16 +38,21 @@ def read_sites(job_dir: Path) -> dict[str, Site]:
     return {str(d["name"]): Site.model_validate(d["site"]) for d in json.loads(p.read_text())}
 
 
-def make_backend(site_name: str, site: Site, *, job: str, job_dir: Path, trainer_ranks: int = 1) -> LaunchBackend:
+def make_backend(site_name: str, site: Site, *, job: str, job_dir: Path) -> LaunchBackend:
     """The backend of one site (one instance per site per process: it holds SSH connections)."""
     sched = site.scheduler
     if isinstance(sched, SlurmScheduler):
-        from rlctl.launch.slurm import SlurmBackend, SlurmResources
+        from rlctl.launch.slurm import SlurmBackend, gpu_request_for
 
-        # the trainer's ranks are one SLURM job's tasks; the controller and each rollout unit one task
-        resources = {"trainer": SlurmResources.for_gpus(site, trainer_ranks), "rollout": SlurmResources()}
+        # each spec's own resources say what to ask for (the trainer: one job, its tasks the ranks)
         return SlurmBackend(
-            site_name, sched, job=job, job_dir=job_dir, resources=resources, known_hosts=sched.ssh_known_hosts
+            site_name,
+            sched,
+            job=job,
+            job_dir=job_dir,
+            slots_per_node=site.gpus_per_node,
+            gpu_request=gpu_request_for(site),
+            known_hosts=sched.ssh_known_hosts,
         )
     if isinstance(sched, SshScheduler):
         from rlctl.launch.ssh import SshBackend
@@ -57,8 +64,8 @@ def make_backend(site_name: str, site: Site, *, job: str, job_dir: Path, trainer
 class Backends:
     """One backend per site of a job, created on first use; `close()` ends their connections."""
 
-    def __init__(self, sites: dict[str, Site], *, job: str, job_dir: Path, trainer_ranks: int = 1) -> None:
-        self.sites, self.job, self.job_dir, self.trainer_ranks = sites, job, job_dir, trainer_ranks
+    def __init__(self, sites: dict[str, Site], *, job: str, job_dir: Path) -> None:
+        self.sites, self.job, self.job_dir = sites, job, job_dir
         self._by_site: dict[str, LaunchBackend] = {}
         self._lock = threading.Lock()
 
@@ -67,9 +74,7 @@ class Backends:
             if site not in self._by_site:
                 if site not in self.sites:
                     raise LaunchError(f"site {site!r} is not in this job's inventory ({', '.join(self.sites)})")
-                self._by_site[site] = make_backend(
-                    site, self.sites[site], job=self.job, job_dir=self.job_dir, trainer_ranks=self.trainer_ranks
-                )
+                self._by_site[site] = make_backend(site, self.sites[site], job=self.job, job_dir=self.job_dir)
             return self._by_site[site]
 
     def close(self) -> None:
@@ -91,6 +96,8 @@ def record_agent(job_dir: Path, handle: AgentHandle) -> None:
         "backend": handle.backend,
         "ident": handle.ident,
         "log": str(s.log_path) if s.log_path else None,
+        "host": s.gpu_slice.host if s.gpu_slice else None,
+        "gpus": list(s.gpu_slice.gpus) if s.gpu_slice else None,
     }
     with (job_dir / AGENTS_FILE).open("a") as f:
         f.write(json.dumps(row) + "\n")
@@ -106,7 +113,9 @@ def recorded_agents(job_dir: Path) -> list[AgentHandle]:
         if not line.strip():
             continue
         d = json.loads(line)
-        spec = AgentSpec(d["role"], int(d["replica"]), d["site"], [], log_path=Path(d["log"]) if d.get("log") else None)
+        gpu_slice = GpuSlice(str(d["host"]), tuple(int(g) for g in d["gpus"])) if d.get("gpus") is not None else None
+        log = Path(d["log"]) if d.get("log") else None
+        spec = AgentSpec(d["role"], int(d["replica"]), d["site"], [], log_path=log, gpu_slice=gpu_slice)
         out[d["name"]] = AgentHandle(spec, dict(d["ident"]), d["backend"])
     return list(out.values())
 

@@ -8,6 +8,10 @@
 Backends: `local` (subprocesses in their own process groups, `local.py`); SLURM and SSH backends
 implement the same three methods. `rlctl.launch.backends.make_backend(site)` picks one by the
 site's scheduler kind.
+
+What an agent needs travels with its spec: `resources` (tasks, GPUs and CPU threads per task, which
+SLURM requests) and, on `local` / `ssh` sites, `gpu_slice` (the host it runs on and the GPU ids it
+owns there, exported as CUDA_VISIBLE_DEVICES; `rlctl.launch.gpus` hands them out).
 """
 
 from __future__ import annotations
@@ -16,6 +20,29 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one spec asks its site for: its tasks (a SLURM trainer's ranks), GPU slots and CPU threads each.
+
+    On a `gpu: CPU` site a GPU slot is a core slot: counted and placed the same way, never requested as GRES."""
+
+    tasks: int = 1
+    gpus_per_task: int = 0
+    cpus_per_task: int = 1
+
+
+@dataclass(frozen=True)
+class GpuSlice:
+    """The GPUs one agent owns on one host of a local / SSH site (ids as CUDA_VISIBLE_DEVICES lists them)."""
+
+    host: str
+    gpus: tuple[int, ...]
+
+    @property
+    def visible_devices(self) -> str:
+        return ",".join(map(str, self.gpus))
 
 
 @dataclass(frozen=True)
@@ -29,6 +56,8 @@ class AgentSpec:
     env: dict[str, str] = field(default_factory=dict)  # added to the backend's base environment
     log_path: Path | None = None
     cwd: Path | None = None
+    resources: Resources = Resources()
+    gpu_slice: GpuSlice | None = None  # local / SSH sites: where it runs and its GPUs; None: the backend picks
 
     @property
     def name(self) -> str:

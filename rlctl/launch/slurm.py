@@ -5,7 +5,9 @@ Two ways in, chosen by the site's `submit_host`:
     submit_host unset ─▶ submitit (we are on a login node): SlurmExecutor + CommandFunction(argv)
     submit_host set   ─▶ our own sbatch script, streamed over SSH to `sbatch --parsable` there
 
-Both scripts export the spec's environment, start every rank with `srun` (rank = $SLURM_PROCID,
+Both scripts export the spec's environment, ask for the spec's resources (its tasks on as few nodes
+as fit, `--cpus-per-task` = its threads, GPUs per the site's `gpu_request`: `--gpus-per-task=N`,
+`--gres=gpu:N`, or none on `gpu: CPU` sites), start every rank with `srun` (rank = $SLURM_PROCID,
 world = $SLURM_NTASKS) and ask SLURM for a TERM `grace_s` before the time limit. `render()` returns
 the exact script without submitting (`rlctl launch --dry-run`).
 
@@ -34,11 +36,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rlctl.config.inventory import Site, SlurmScheduler
 from rlctl.errors import LaunchError
-from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend
+from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend, Resources
 from rlctl.launch.nodelist import expand
 from rlctl.launch.remote import CommandResult, LocalRunner, RemoteState, Runner, SshRunner, SshTarget
 
@@ -78,24 +80,56 @@ def map_state(slurm_state: str) -> RemoteState:
     return _STATES.get(word, RemoteState.UNKNOWN)
 
 
+GpuRequest = Literal["per_task", "gres", "none"]
+
+
+def gpu_request_for(site: Site) -> GpuRequest:
+    """How the site's jobs ask for GPUs: its scheduler's `gpu_request`; `auto` = --gpus-per-task on a
+    real GPU type, nothing on `gpu: CPU` (a cluster without GRES would leave such a job pending forever)."""
+    sched = site.scheduler
+    assert isinstance(sched, SlurmScheduler)
+    if sched.gpu_request != "auto":
+        return sched.gpu_request
+    return "none" if site.spec.name == "CPU" else "per_task"
+
+
 @dataclass(frozen=True)
 class SlurmResources:
-    """What one role asks SLURM for; `gpus_per_node=0` leaves out --gpus-per-node (CPU-only sites)."""
+    """What one agent spec asks SLURM for. `gpus_per_task=0` asks for no GPU (CPU-only sites, the controller);
+    else `gpu_request` says how: `--gpus-per-task=N` (SLURM binds N GPUs to each task) or, for clusters
+    without cons_tres, `--gres=gpu:N×tasks_per_node` per node."""
 
     nodes: int = 1
     tasks_per_node: int = 1
     cpus_per_task: int = 1
-    gpus_per_node: int = 0
+    gpus_per_task: int = 0
+    gpu_request: GpuRequest = "per_task"
     mem_per_cpu_mb: int | None = None
 
     @classmethod
-    def for_gpus(cls, site: Site, num_gpus: int, *, cpus_per_task: int = 1) -> SlurmResources:
-        """One task (rank) per GPU, on as few nodes as the site's node size allows."""
-        per_node = site.gpus_per_node
-        nodes = max(1, math.ceil(num_gpus / per_node))
-        tasks_per_node = math.ceil(num_gpus / nodes)
-        real = site.spec.name != "CPU"  # the CPU pseudo-GPU is a core slot, not a SLURM gres
-        return cls(nodes, tasks_per_node, cpus_per_task, tasks_per_node if real else 0)
+    def for_spec(cls, res: Resources, *, slots_per_node: int, gpu_request: GpuRequest) -> SlurmResources:
+        """The spec's tasks on as few nodes as the site's node size (GPU slots) allows; a task's GPUs on one node."""
+        slots = max(1, res.gpus_per_task)
+        if slots > slots_per_node:
+            raise LaunchError(f"a task needs {slots} GPUs; the site's nodes have {slots_per_node}")
+        nodes = max(1, math.ceil(res.tasks / (slots_per_node // slots)))
+        tasks_per_node = math.ceil(res.tasks / nodes)
+        gpus = res.gpus_per_task if gpu_request != "none" else 0
+        return cls(nodes, tasks_per_node, res.cpus_per_task, gpus, gpu_request if gpus else "per_task")
+
+    @property
+    def gpu_option(self) -> str | None:
+        """The sbatch option asking for the GPUs, None when none are asked for."""
+        if not self.gpus_per_task or self.gpu_request == "none":
+            return None
+        if self.gpu_request == "gres":
+            return f"--gres=gpu:{self.gpus_per_task * self.tasks_per_node}"
+        return f"--gpus-per-task={self.gpus_per_task}"
+
+    def summary(self) -> str:
+        """`2 nodes × 8 tasks, --gpus-per-task=1, 4 cpus/task` for `launch --dry-run`."""
+        gpus = self.gpu_option or "no GPU request"
+        return f"{self.nodes} node(s) × {self.tasks_per_node} task(s), {gpus}, {self.cpus_per_task} cpu(s)/task"
 
 
 @dataclass(frozen=True)
@@ -119,13 +153,20 @@ class SlurmBackend(LaunchBackend):
         job: str,
         job_dir: Path,
         resources: dict[str, SlurmResources] | None = None,
+        slots_per_node: int = 1,
+        gpu_request: GpuRequest = "none",
         grace_s: int = 30,
         known_hosts: str | None = None,
         python: str | None = None,
         command_timeout_s: float = 30.0,
     ) -> None:
-        """`job_dir` must be on a filesystem the nodes share (submitit's pickles, every log)."""
+        """`job_dir` must be on a filesystem the nodes share (submitit's pickles, every log).
+
+        A spec's SLURM resources come from its own `resources` (placed on nodes of `slots_per_node` GPU
+        slots, GPUs asked for as `gpu_request` says); `resources[role]` overrides that for a role."""
         self.site = site_name
+        self.slots_per_node = slots_per_node
+        self.gpu_request: GpuRequest = gpu_request
         self.sched = sched
         self.job = job
         self.job_dir = job_dir
@@ -156,7 +197,17 @@ class SlurmBackend(LaunchBackend):
         return f"rlctl-{self.job}-{spec.role}"
 
     def _res(self, spec: AgentSpec) -> SlurmResources:
-        return self.resources.get(spec.role, SlurmResources())
+        if spec.role in self.resources:
+            return self.resources[spec.role]
+        try:
+            return SlurmResources.for_spec(
+                spec.resources, slots_per_node=self.slots_per_node, gpu_request=self.gpu_request
+            )
+        except LaunchError as e:
+            raise LaunchError(f"site {self.site}: {spec.name}: {e}") from e
+
+    def request_summary(self, spec: AgentSpec) -> str:
+        return self._res(spec).summary()
 
     def _log_path(self, spec: AgentSpec) -> Path:
         return spec.log_path or self.job_dir / "logs" / f"{spec.name}.log"
@@ -187,7 +238,7 @@ class SlurmBackend(LaunchBackend):
             f"#SBATCH --ntasks-per-node={res.tasks_per_node}",
             f"#SBATCH --cpus-per-task={res.cpus_per_task}",
         ]
-        lines += [f"#SBATCH --gpus-per-node={res.gpus_per_node}"] if res.gpus_per_node else []
+        lines += [f"#SBATCH {res.gpu_option}"] if res.gpu_option else []
         lines += [f"#SBATCH --mem-per-cpu={res.mem_per_cpu_mb}"] if res.mem_per_cpu_mb else []
         lines += [
             f"#SBATCH --time={s.time_limit_min}",
@@ -239,7 +290,10 @@ class SlurmBackend(LaunchBackend):
         }
         params.update({"account": s.account} if s.account else {})
         params.update({"qos": s.qos} if s.qos else {})
-        params.update({"gpus_per_node": res.gpus_per_node} if res.gpus_per_node else {})
+        if res.gpu_option is not None and res.gpu_request == "gres":
+            params["gres"] = res.gpu_option.removeprefix("--gres=")
+        elif res.gpu_option is not None:
+            params["gpus_per_task"] = res.gpus_per_task
         params.update({"mem_per_cpu": f"{res.mem_per_cpu_mb}MB"} if res.mem_per_cpu_mb else {})
         ex.update_parameters(**params)
         return ex

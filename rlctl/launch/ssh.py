@@ -13,6 +13,9 @@ scripts as copy-pastable command lines (`rlctl launch --dry-run`). Per agent, un
     stop : TERM to the group ─▶ wait ≤ grace_s ─▶ KILL ─▶ verify `pgrep -g` lists no live process
            (a pid whose start time differs is reported gone and never signalled)
 
+Host: the one of the spec's GPU slice (`spec.gpu_slice`, handed out by `rlctl.launch.gpus`);
+a spec without one goes round robin over the site's hosts by replica.
+
 Host keys: see `rlctl.launch.remote` (site known_hosts file, else ~/.ssh/known_hosts; unknown
 hosts refused). Connect and command deadlines raise LaunchError naming the host.
 """
@@ -77,7 +80,8 @@ class SshBackend(LaunchBackend):
         self.sched: SshScheduler = site.scheduler
         self.job = job
         self.known_hosts = known_hosts
-        self.placement = placement or round_robin([h for h, _ in site.hosts])
+        self._hosts = [h for h, _ in site.hosts]
+        self.placement = placement or round_robin(self._hosts)
         self.connect_timeout_s = connect_timeout_s
         self.command_timeout_s = command_timeout_s
         self._runners: dict[str, SshRunner] = {}
@@ -187,12 +191,23 @@ class SshBackend(LaunchBackend):
         user = f"{t.user}@" if t.user else ""
         return f"ssh {' '.join(opts)} {user}{host} bash -s <<'RLCTL_EOF'\n{script}RLCTL_EOF\n"
 
+    def host_for(self, spec: AgentSpec) -> str:
+        """The host of the spec's GPU slice; without one, the placement rule (round robin by replica)."""
+        if spec.gpu_slice is None:
+            return self.placement(spec)
+        if spec.gpu_slice.host not in self._hosts:
+            raise LaunchError(
+                f"site {self.site}: {spec.name} is placed on {spec.gpu_slice.host!r}, "
+                f"not a host of the site ({', '.join(self._hosts)})"
+            )
+        return spec.gpu_slice.host
+
     def render(self, spec: AgentSpec) -> str:
-        return self.command_line(self.placement(spec), self.start_script(spec))
+        return self.command_line(self.host_for(spec), self.start_script(spec))
 
     # ---------------------------------------------------------------- start / poll / stop
     def start(self, spec: AgentSpec) -> AgentHandle:
-        host = self.placement(spec)
+        host = self.host_for(spec)
         res = self._runner(host).run("bash -s", timeout_s=self.command_timeout_s, stdin=self.start_script(spec))
         try:
             if res.exit_code != 0:

@@ -499,11 +499,13 @@ def _weight_sync_s(job: Job, per_site: dict[str, int]) -> float:
     inv = job.inventory
     t_site = spec.placement.trainer.site
     full = job.spec.model.arch.weight_bytes
-    size = (
-        full
-        if spec.weight_sync.mode == "full"
-        else full * (1 / spec.weight_sync.anchor_every + (1 - 1 / spec.weight_sync.anchor_every) * DELTA_FRACTION)
-    )
+    every = spec.weight_sync.anchor_every
+    if spec.weight_sync.mode == "full":
+        size = full
+    elif every is None:  # full copies only on demand (joins, resumes): every update is a delta
+        size = full * DELTA_FRACTION
+    else:
+        size = full * (1 / every + (1 - 1 / every) * DELTA_FRACTION)
     worst = 0.0
     for s, x in per_site.items():
         if x == 0:

@@ -10,11 +10,12 @@ import json
 import time
 from pathlib import Path
 
-from rlctl.agents.spawn import BASE_ENV, python_for
 from rlctl.config.inventory import Site
 from rlctl.errors import RlctlError
+from rlctl.launch.agentenv import BASE_ENV
 from rlctl.launch.backends import Backends, record_agent
 from rlctl.launch.base import AgentSpec
+from rlctl.launch.spawn import python_for
 from rlctl.modelcatalog import ModelArch
 from rlctl.profiler.profile import GenerationEntry
 

@@ -1,14 +1,18 @@
 """A stand-alone weight-plane process driven over stdin/stdout, for tests, benchmarks and netns labs.
 
     python -m rlctl.transport.bcast_agent --listen tcp://10.0.0.1:0 [--chunk-bytes N] [--pace-bytes-per-s R]
+        [--anchor-every K] [--keep-versions N]
 
 stdin, one JSON command per line:
     {"cmd": "publish", "version": 1, "bytes": 268435456, "seed": 0, "change_frac": 0.02, "anchor": false}
-    {"cmd": "fetch", "version": 1, "holders": ["tcp://...", ...]}
+    {"cmd": "fetch", "version": 1, "holders": ["tcp://...", ...], "want_full": false, "newer_ok": false}
+    {"cmd": "served"}                      (what this node has served its children so far)
     {"cmd": "quit"}
 stdout, one JSON event per line:
     {"event": "listening", "address": ...}
     {"event": "published" | "current", "version": v, "xxh3": x, "seconds": s, "encoding": e, ...}
+        ("current" adds received_encoding and received_bytes: what the fetch took off the wire)
+    {"event": "served", "served": [[version, encoding, base_version, child, bytes], ...]}
     {"event": "progress", "version": v, "chunks": n, "of": m}      (receivers, as chunks land)
     {"event": "error", "error": "..."}
 The per-job secret comes from the environment (RLCTL_JOB_SECRET, hex). The process keeps
@@ -18,6 +22,7 @@ serving its children until it reads "quit" or stdin closes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import queue
@@ -128,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-bytes", type=int, default=WeightSyncConfig.chunk_bytes)
     ap.add_argument("--pace-bytes-per-s", type=float, default=None)
     ap.add_argument("--chunk-timeout-s", type=float, default=WeightSyncConfig.chunk_timeout_s)
-    ap.add_argument("--anchor-every", type=int, default=WeightSyncConfig.anchor_every)
+    ap.add_argument("--anchor-every", type=int, default=None, help="periodic full anchors (default: on demand)")
+    ap.add_argument("--keep-versions", type=int, default=WeightSyncConfig.keep_versions)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     cfg = WeightSyncConfig(
@@ -137,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         send_bytes_per_s=args.pace_bytes_per_s,
         chunk_timeout_s=args.chunk_timeout_s,
         anchor_every=args.anchor_every,
+        keep_versions=args.keep_versions,
     )
     transport = make_transport("tcp", secret=bytes.fromhex(os.environ[SECRET_ENV]))
     with WeightNode(transport, args.listen, cfg) as node:
@@ -167,7 +174,12 @@ def main(argv: list[str] | None = None) -> int:
                     stop = threading.Event()
                     threading.Thread(target=_watch, args=(node, cmd["version"], stop), daemon=True).start()
                     try:
-                        hv = node.fetch(cmd["version"], cmd["holders"], want_full=cmd.get("want_full", False))
+                        hv = node.fetch(
+                            cmd["version"],
+                            cmd["holders"],
+                            want_full=cmd.get("want_full", False),
+                            newer_ok=cmd.get("newer_ok", False),
+                        )
                     finally:
                         stop.set()
                     tried = [[a, r] for v, a, r in node.attempts if v == hv.version]
@@ -177,8 +189,12 @@ def main(argv: list[str] | None = None) -> int:
                         xxh3=hv.weights_xxh3,
                         seconds=time.perf_counter() - t0,
                         encoding=sorted(hv.payloads),
+                        received_encoding=hv.received_encoding,
+                        received_bytes=hv.received_bytes,
                         attempts=tried,
                     )
+                elif cmd["cmd"] == "served":
+                    _emit("served", served=[dataclasses.astuple(s) for s in node.served])
             except RlctlError as e:
                 _emit("error", error=str(e))
     return 0

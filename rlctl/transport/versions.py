@@ -3,7 +3,10 @@
     HeldVersion v7
     ├── layout, weights_xxh3               (names/dtypes/shapes; checksum of the full flat buffer)
     ├── payloads["full"]  data = the flat weights, per-chunk xxh3, have-bitmap (filled as chunks land)
-    ├── payloads["delta"] data = encoded delta vs v6 (only when v7 travelled as a delta)
+    ├── payloads["delta"] data = encoded delta vs v6 (the root's delta vs its previous version, or the
+    │                      delta this version travelled as)
+    ├── deltas_by_base     on-demand deltas vs older held bases {5: ...}, encoded for a child that skipped v6
+    ├── received_encoding, received_bytes  (what the fetch of this version took off the wire)
     └── complete                            (every chunk verified and the weights rebuilt + checked)
 
 One condition variable per node guards all of it: receivers set `have[i]` and notify; the
@@ -29,20 +32,28 @@ class WeightSyncConfig:
     chunk_bytes: int = 4 << 20
     bucket_bytes: int = 64 << 20
     delta: bool = True
-    anchor_every: int = 8  # a full anchor every K versions (1 = always full)
+    # None = no periodic anchors: every version is published with a delta vs the previous one and
+    # a full copy goes only to a receiver that needs one (joins, resumes, fails verification);
+    # K = the old periodic behaviour, a full anchor (no delta) every K versions (1 = always full)
+    anchor_every: int | None = None
     delta_level: int = 1  # zstd level of delta payloads (3 compresses no better on weight XORs, and slower)
     connect_timeout_s: float = 10.0
     chunk_timeout_s: float = 30.0  # silence from a parent this long = parent dead, re-attach
     max_chunk_retries: int = 3  # re-sends of one chunk before giving up on that parent
     attach_passes: int = 3  # passes over parent + fallbacks before the fetch fails
     send_bytes_per_s: float | None = None  # pace each child stream (leave room for other traffic)
+    # complete versions a node keeps; a child whose base is among them gets an on-demand delta
+    # (a rollout unit that skipped versions), otherwise a full copy. Each one is a copy of the weights.
     keep_versions: int = 2
+    served_log: int = 4096  # (version, encoding, bytes, child) records a node keeps in `served`
 
     def __post_init__(self) -> None:
         if not 0 < self.chunk_bytes <= self.bucket_bytes:
             raise ValueError(f"need 0 < chunk_bytes ≤ bucket_bytes, got {self.chunk_bytes} and {self.bucket_bytes}")
-        if self.anchor_every < 1 or self.keep_versions < 2:
-            raise ValueError("anchor_every must be ≥ 1 and keep_versions ≥ 2 (a delta needs its base)")
+        if (self.anchor_every is not None and self.anchor_every < 1) or self.keep_versions < 2:
+            raise ValueError("anchor_every must be None or ≥ 1 and keep_versions ≥ 2 (a delta needs its base)")
+        if self.served_log < 1:
+            raise ValueError(f"served_log must be ≥ 1, got {self.served_log}")
 
 
 @dataclass
@@ -73,6 +84,7 @@ class Payload:
             "sums": self.sums,
             "weights_bytes": hv.layout.total_bytes,
             "weights_xxh3": hv.weights_xxh3,
+            "anchor": hv.anchor,
             "layout": hv.layout.to_wire(),
         }
 
@@ -98,7 +110,35 @@ class HeldVersion:
     weights_xxh3: int
     weights: torch.Tensor  # flat uint8; valid once `complete` (or chunk by chunk for a full payload)
     payloads: dict[str, Payload] = field(default_factory=dict)
+    deltas_by_base: dict[int, Payload] = field(default_factory=dict)  # on-demand deltas, by base version
     complete: bool = False
+    finishing: bool = False  # all chunks in, being decoded/verified
+    anchor: bool = False  # published as a forced/periodic anchor: every child gets it in full
+    received_encoding: str | None = None  # "full" | "delta" as fetched (None: published here)
+    received_bytes: int = 0  # payload bytes this node took off the wire for this version (resends included)
+
+    def delta_for(self, base_version: int | None) -> Payload | None:
+        """The delta payload held for `base_version` (published, received or encoded on demand)."""
+        if base_version is None:
+            return None
+        d = self.payloads.get("delta")
+        if d is not None and d.base_version == base_version:
+            return d
+        return self.deltas_by_base.get(base_version)
+
+
+@dataclass
+class Served:
+    """One child connection served: which payload, and the payload bytes sent so far (re-sends included).
+
+    Recorded before the manifest goes out and counted before each chunk is sent, so once a child holds
+    the version its record is final."""
+
+    version: int
+    encoding: str  # "full" | "delta"
+    base_version: int | None  # the delta's base
+    child: str  # the child's listening address when it said so, else its connection's peer
+    bytes: int = 0
 
 
 class VersionStore:

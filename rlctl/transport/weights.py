@@ -5,7 +5,9 @@ version from its planned parent, falling back to other holders (see `plan.py`) w
 dies. Per child connection:
 
     child                                      parent
-    subscribe{version, base, encoding, have} ─▶
+    subscribe{version, base, encoding, have, from} ─▶
+                                             ◀─ waiting{version}   (while it completes the version,
+                                                                    to serve a delta or full rebuilt)
                                              ◀─ manifest{encoding, sizes, per-chunk xxh3, layout}
                                              ◀─ chunk{version, bucket, index, offset, length, xxh3} + bytes
     resend{index}   (checksum mismatch)     ─▶   (chunk sent again; at most max_chunk_retries times)
@@ -13,9 +15,19 @@ dies. Per child connection:
     complete        (every chunk verified)  ─▶
 
 The parent sends chunk i as soon as it holds it (a relay forwards chunk k while k+1 arrives).
-A delta payload is decoded once complete; its result is checked against the version's xxh3
-and on any mismatch the receiver fetches the full version instead. Only then does the version
-become current; until then the previous one stays in service.
+Which payload a child gets (`_payload_for`), given the base version it holds:
+
+    base = the delta's base (root: previous version; relay: what it received)  → that delta, as it arrives
+    base held complete here, same layout, not an anchor                        → delta vs base, encoded
+                                                                                 once on demand, cached
+    otherwise (joins, resumes, asked for full after a failed verification)     → full
+
+There are no periodic anchors unless `anchor_every` asks for them: every applied version is
+verified, so a full copy is sent only to a receiver that needs one. A delta payload is decoded
+once complete; its result is checked against the version's xxh3 and on any mismatch the
+receiver fetches the full version instead. Only then does the version become current; until
+then the previous one stays in service. Every node counts what it serves (`served`) and what a
+fetch took off the wire (`HeldVersion.received_encoding`, `received_bytes`).
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import torch
@@ -34,6 +47,7 @@ from rlctl.transport.base import Connection, Message, TensorSpec, Transport
 from rlctl.transport.versions import (
     HeldVersion,
     Payload,
+    Served,
     VersionStore,
     WeightSyncConfig,
     full_payload,
@@ -64,29 +78,44 @@ class WeightNode:
         self._last_anchor: int | None = None
         self._conns: set[Connection] = set()
         self.attempts: list[tuple[int, str, str]] = []  # (version, holder address, "ok" | error), for status
+        self._served: deque[Served] = deque(maxlen=self.cfg.served_log)  # one record per child connection
+        self._served_lock = threading.Lock()
+        self._encode_lock = threading.Lock()  # one on-demand delta encode at a time (CPU-bound anyway)
         self._accepter = threading.Thread(target=self._accept_loop, name="weights-accept", daemon=True)
         self._accepter.start()
 
     # -- root side ----------------------------------------------------------------------
     def publish(self, version: int, state_dict: dict[str, torch.Tensor], *, anchor: bool = False) -> HeldVersion:
-        """Hold `version` (a full payload, plus a delta vs the previous version between anchors).
+        """Hold `version`: a full payload (for receivers that need one), plus a delta vs the previous
+        version whenever the layouts match and no anchor is due.
 
-        `anchor=True` forces a full anchor now (no delta), e.g. after a resume."""
+        `anchor=True` forces a full anchor now (no delta for anyone), e.g. after a resume; with
+        `anchor_every=K` one is also due every K versions."""
         layout = chunks.layout_of(state_dict)
         weights = chunks.flatten(state_dict, layout)
         hv = HeldVersion(version, layout, chunks.checksum(weights), weights, complete=True)
         hv.payloads["full"] = full_payload(weights, self.cfg, have=True)
         prev = self.store.current
-        anchor_due = anchor or self._last_anchor is None or version - self._last_anchor >= self.cfg.anchor_every
-        if self.cfg.delta and prev is not None and prev.layout == layout and not anchor_due:
-            data = delta.encode(prev.weights, weights, base_version=prev.version, level=self.cfg.delta_level)
-            p = full_payload(data, self.cfg, have=True)
-            hv.payloads["delta"] = Payload("delta", data, p.refs, p.sums, p.have, prev.version)
-        else:
+        every = self.cfg.anchor_every
+        periodic_due = every is not None and (self._last_anchor is None or version - self._last_anchor >= every)
+        if self.cfg.delta and prev is not None and prev.layout == layout and not (anchor or periodic_due):
+            d = self._encode_delta(prev, hv)
+            if d is not None:
+                hv.payloads["delta"] = d
+        if "delta" not in hv.payloads:
             self._last_anchor = version
+            hv.anchor = anchor or periodic_due
         self.store.add(hv)
         self.store.flip(hv)
         return hv
+
+    def _encode_delta(self, base: HeldVersion, hv: HeldVersion) -> Payload | None:
+        """A delta payload turning complete `base` into complete `hv`; None when it is not smaller than full."""
+        data = delta.encode(base.weights, hv.weights, base_version=base.version, level=self.cfg.delta_level)
+        if data.numel() >= hv.weights.numel():
+            return None
+        p = full_payload(data, self.cfg, have=True)
+        return Payload("delta", data, p.refs, p.sums, p.have, base.version)
 
     # -- receiver side ------------------------------------------------------------------
     def fetch(
@@ -142,10 +171,14 @@ class WeightNode:
                         "base_version": None if want_full or cur is None else cur.version,
                         "encoding": None if held is None else held.encoding,
                         "have": None if held is None else bytes(held.have),
+                        "have_base_version": None if held is None else held.base_version,
+                        "from": self.address,
                     },
                 )
             )
             reply = conn.recv(self.cfg.chunk_timeout_s)
+            while reply.kind == "waiting":  # the holder is still completing the version for us
+                reply = conn.recv(self.cfg.chunk_timeout_s)
             if reply.kind != "manifest":
                 err = f"{addr}: {reply.header.get('error', reply.kind)}"
                 current = reply.header.get("current")
@@ -153,11 +186,13 @@ class WeightNode:
                     raise Superseded(err, current)
                 raise ProtocolError(err)
             hv, pl = self._adopt(reply.header)
+            hv.received_encoding = pl.encoding
             retries = [0] * len(pl.refs)
             while not pl.done:
                 msg = conn.recv(self.cfg.chunk_timeout_s, into=self._chunk_buffers(pl))
                 if msg.kind != "chunk" or msg.header["version"] != version:
                     raise ProtocolError(f"{addr}: unexpected {msg.kind} during v{version}")
+                hv.received_bytes += sum(t.numel() * t.element_size() for t in msg.tensors)
                 i = int(msg.header["index"])
                 if pl.have[i]:
                     continue
@@ -184,7 +219,7 @@ class WeightNode:
             if hv is None:
                 layout = chunks.Layout.from_wire(m["layout"], int(m["weights_bytes"]))
                 weights = torch.empty(layout.total_bytes, dtype=torch.uint8)
-                hv = HeldVersion(version, layout, int(m["weights_xxh3"]), weights)
+                hv = HeldVersion(version, layout, int(m["weights_xxh3"]), weights, anchor=bool(m.get("anchor")))
             pl = hv.payloads.get(enc)
             if pl is None or pl.sums != [int(s) for s in m["sums"]]:
                 data = hv.weights if enc == "full" else torch.empty(int(m["payload_bytes"]), dtype=torch.uint8)
@@ -212,6 +247,13 @@ class WeightNode:
 
     def _finish(self, hv: HeldVersion) -> bool:
         """Rebuild (delta) and verify the weights; flip to them. False = delta unusable."""
+        hv.finishing = True  # children waiting for this version count the decode as progress
+        try:
+            return self._rebuild(hv)
+        finally:
+            hv.finishing = False
+
+    def _rebuild(self, hv: HeldVersion) -> bool:
         if hv.complete:
             self.store.flip(hv)
             return True
@@ -270,18 +312,33 @@ class WeightNode:
         # a relay may be asked before its own parent's manifest arrived: wait, but answer
         # before the child's own chunk timeout so it hears "not here" rather than silence
         hv = self.store.wait_for(version, 0.8 * self.cfg.chunk_timeout_s)
-        pl = None if hv is None else self._payload_for(hv, req)
+        pl = None if hv is None else self._payload_for(hv, req, conn)
         if hv is None or pl is None:
             cur = self.store.current
             error = {"error": f"{self.address} does not hold v{version}", "current": cur and cur.version}
             conn.send(Message("error", error))
             return
+        record = Served(hv.version, pl.encoding, pl.base_version, str(req.get("from") or conn.peer))
+        with self._served_lock:
+            self._served.append(record)
         conn.send(Message("manifest", pl.manifest(hv, self.cfg)))
+        self._stream(conn, hv, pl, req, record)
+
+    @property
+    def served(self) -> list[Served]:
+        """What this node served its children, oldest first (the last `served_log` connections)."""
+        with self._served_lock:
+            return list(self._served)
+
+    def _stream(self, conn: Connection, hv: HeldVersion, pl: Payload, req: dict[str, Any], record: Served) -> None:
+        """Send the chunks the child lacks as they become available, then serve its re-send requests."""
         events: queue.Queue[tuple[str, int]] = queue.Queue()
         threading.Thread(target=self._read_child, args=(conn, events), daemon=True).start()
-        have = req["have"] if req.get("encoding") == pl.encoding and req["have"] else b""
+        # the child's bitmap counts only for the very payload it describes (same encoding and base)
+        same = req.get("encoding") == pl.encoding and req.get("have_base_version") == pl.base_version
+        have = req["have"] if same and req["have"] else b""
         todo = [i for i in range(len(pl.refs)) if not (i < len(have) and have[i])]
-        t0, sent_bytes = time.monotonic(), 0
+        t0, paced_bytes = time.monotonic(), 0
         for i in todo:
             with self.store.cv:
                 while not pl.have[i] and events.empty():
@@ -290,30 +347,96 @@ class WeightNode:
                 kind, j = events.get()
                 if kind == "closed":
                     return
-                self._send_chunk(conn, hv, pl, j)
-            sent_bytes += self._send_chunk(conn, hv, pl, i)
+                self._send_chunk(conn, hv, pl, j, record)
+            paced_bytes += self._send_chunk(conn, hv, pl, i, record)
             if self.cfg.send_bytes_per_s:
-                time.sleep(max(0.0, t0 + sent_bytes / self.cfg.send_bytes_per_s - time.monotonic()))
+                time.sleep(max(0.0, t0 + paced_bytes / self.cfg.send_bytes_per_s - time.monotonic()))
         while True:  # everything sent: serve re-send requests until the child is complete
             kind, j = events.get()
             if kind != "resend":
                 return
-            self._send_chunk(conn, hv, pl, j)
+            self._send_chunk(conn, hv, pl, j, record)
 
-    def _payload_for(self, hv: HeldVersion, req: dict[str, Any]) -> Payload | None:
-        d = hv.payloads.get("delta")
-        if d is not None and req.get("base_version") is not None and req["base_version"] == d.base_version:
-            return d
+    def _payload_for(self, hv: HeldVersion, req: dict[str, Any], conn: Connection) -> Payload | None:
+        """The payload a child holding `req["base_version"]` gets (see the module docstring); None = gone."""
+        base = req.get("base_version")
+        d = hv.delta_for(base)
+        if d is not None:
+            return d  # the delta it travelled as is forwarded chunk by chunk while it arrives
+        if self._can_encode_for(hv, base):
+            assert base is not None
+            if not self._wait_complete(hv, conn):
+                return None
+            d = self._on_demand_delta(hv, base, conn)
+            if d is not None:
+                return d
         full = hv.payloads.get("full")
         if full is not None and (full.done or "delta" not in hv.payloads):
             return full  # a full payload still arriving is forwarded chunk by chunk
-        with self.store.cv:  # held only as a delta: serve the rebuilt weights once complete
-            self.store.cv.wait_for(lambda: hv.complete, timeout=self.cfg.chunk_timeout_s)
-            if not hv.complete:
-                return None
+        if not self._wait_complete(hv, conn):  # held only as a delta: serve the rebuilt weights once complete
+            return None
+        with self.store.cv:
             if "full" not in hv.payloads or not hv.payloads["full"].done:
                 hv.payloads["full"] = full_payload(hv.weights, self.cfg, have=True)
             return hv.payloads["full"]
+
+    def _can_encode_for(self, hv: HeldVersion, base: int | None) -> bool:
+        """Whether a delta vs `base` can be made here: base held complete, same layout, no anchor."""
+        if not self.cfg.delta or hv.anchor or base is None or base == hv.version:
+            return False
+        b = self.store.versions.get(base)
+        return b is not None and b.complete and b.layout == hv.layout
+
+    def _wait_complete(self, hv: HeldVersion, conn: Connection) -> bool:
+        """Wait until `hv` is complete here, telling the child so; False after chunk_timeout_s without progress."""
+        timeout_s = self.cfg.chunk_timeout_s
+
+        def progress() -> int:
+            return sum(p.num_have for p in list(hv.payloads.values()))
+
+        last, since = progress(), time.monotonic()
+        while True:
+            with self.store.cv:
+                if self.store.cv.wait_for(lambda: hv.complete, timeout=0.25 * timeout_s):
+                    return True
+            now = progress()
+            if now != last or hv.finishing:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since > timeout_s:
+                return False
+            conn.send(Message("waiting", {"version": hv.version}))
+
+    def _on_demand_delta(self, hv: HeldVersion, base: int, conn: Connection) -> Payload | None:
+        """Delta of complete `hv` vs held `base`, encoded once and cached (None: base gone or no gain).
+
+        Encoding a large model takes a while: the child hears `waiting` meanwhile, and if it leaves
+        the delta is still cached for whoever asks next."""
+        result: list[Payload | None] = []
+        worker = threading.Thread(target=lambda: result.append(self._encode_cached(hv, base)), daemon=True)
+        worker.start()
+        worker.join(timeout=0.25 * self.cfg.chunk_timeout_s)
+        while worker.is_alive():
+            conn.send(Message("waiting", {"version": hv.version}))
+            worker.join(timeout=0.25 * self.cfg.chunk_timeout_s)
+        return result[0] if result else None
+
+    def _encode_cached(self, hv: HeldVersion, base: int) -> Payload | None:
+        with self._encode_lock:  # one encode at a time: a second child for the same base finds it cached
+            d = hv.delta_for(base)
+            if d is not None:
+                return d
+            b = self.store.versions.get(base)
+            if b is None or not b.complete:
+                return None  # dropped (keep_versions) since the check
+            d = self._encode_delta(b, hv)
+            if d is None:
+                return None
+            with self.store.cv:
+                hv.deltas_by_base[base] = d
+                while len(hv.deltas_by_base) > self.cfg.keep_versions:
+                    del hv.deltas_by_base[min(hv.deltas_by_base)]
+            log.info("v%d: encoded a delta vs v%d on demand (%d bytes)", hv.version, base, d.data.numel())
+            return d
 
     def _read_child(self, conn: Connection, events: queue.Queue[tuple[str, int]]) -> None:
         try:
@@ -329,8 +452,9 @@ class WeightNode:
         with self.store.cv:
             self.store.cv.notify_all()
 
-    def _send_chunk(self, conn: Connection, hv: HeldVersion, pl: Payload, i: int) -> int:
+    def _send_chunk(self, conn: Connection, hv: HeldVersion, pl: Payload, i: int, record: Served) -> int:
         r = pl.refs[i]
+        record.bytes += r.length  # before sending: the child may hold the version as soon as it is sent
         head = {"version": hv.version, "bucket": r.bucket, "index": i, "offset": r.offset, "length": r.length}
         head["xxh3"] = pl.sums[i]
         conn.send(Message("chunk", head, [pl.data[r.offset : r.offset + r.length]]))

@@ -7,7 +7,7 @@
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=8
 #SBATCH --cpus-per-task=12
-#SBATCH --gpus-per-node=8
+#SBATCH --gpus-per-task=1
 #SBATCH --time=720
 #SBATCH --output=/shared/runs/demo/logs/trainer-0.log
 #SBATCH --open-mode=append

@@ -3,7 +3,7 @@
 # Parameters
 #SBATCH --account=rl
 #SBATCH --cpus-per-task=12
-#SBATCH --gpus-per-node=8
+#SBATCH --gpus-per-task=1
 #SBATCH --job-name=rlctl-demo-trainer
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=8

@@ -87,6 +87,10 @@ def link_bytes(services: dict[str, str]) -> dict[str, int]:
     return {"to_site": queue([], dev), "from_site": queue(["ip", "netns", "exec", ns], "eth0")}
 
 
+def weights_versions(applied: list[dict]) -> set[int]:
+    return {int(e["version"]) for e in applied}
+
+
 def in_netns(job_dir: Path, agent: str, netns: str) -> bool:
     """Whether the agent's process (the pid it said hello with) lives in network namespace `netns`."""
     pid = next(e["pid"] for e in events(job_dir) if e["event"] == "agent_joined" and e["agent"] == agent)
@@ -152,6 +156,52 @@ def test_cross_site_job_status_scale_stop(services, tmp_path, launcher):
     code, after = rlctl_json("status", str(job_dir))  # the controller is gone: the schedulers answer
     assert code == 0 and after["source"] != "controller"
     assert {a["name"]: a["state"].split()[0] for a in after["agents"]} == dict.fromkeys(stopped["agents"], "exited")
+
+
+@pytest.mark.parametrize("sync", ["full", "delta"])
+def test_one_copy_of_each_version_crosses_the_shaped_link(services, tmp_path, sync):
+    """Three rollout units behind the shaped link: per version one unit pulls from the trainer, the others
+    from relays on their side; the link's byte counter sees one copy per version (plus headers and the
+    job's other traffic), and every unit ends on the trainer's last version."""
+    inv = cross_site_inventory(services, tmp_path / "sites.yaml", tmp_path / "gen-workdir")
+    iterations = 8
+    job = job_yaml(
+        tmp_path / f"onecopy-{sync}.yaml",
+        inventory=[str(inv)],
+        trainer="train",
+        rollout="gen",
+        rollout_gpus=3,
+        iterations=iterations,
+        weight_sync={"mode": sync},
+    )
+    job_dir = tmp_path / "run"
+    before = link_bytes(services)
+    proc = rlctl("launch", str(job), "--job-dir", str(job_dir), "-o", "json", timeout_s=360)
+    after = link_bytes(services)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    units = {"rollout-0", "rollout-1", "rollout-2"}
+    applied = [e for e in events(job_dir) if e["event"] == "weights_applied"]
+    assert {e["agent"] for e in applied} == units
+    # every unit ends on the trainer's last version (applied only once verified)
+    assert {u: max(e["version"] for e in applied if e["agent"] == u) for u in units} == dict.fromkeys(units, iterations)
+    one_copy, relayed = 0, 0
+    for v in sorted({e["version"] for e in applied}):
+        pulls = [e for e in applied if e["version"] == v]
+        from_trainer = [e for e in pulls if e["source"].startswith("trainer")]
+        assert len(from_trainer) == 1, (v, pulls)  # exactly one copy crossed for this version
+        one_copy += from_trainer[0]["bytes"]
+        relayed += sum(1 for e in pulls if e["source"] in units)
+        if sync == "delta" and v > 1:
+            assert {e["encoding"] for e in pulls} == {"delta"}, pulls
+    crossed = after["to_site"] - before["to_site"]
+    print(
+        f"\n{sync}: {crossed:,} B crossed toward the site for {one_copy:,} B of weights (one copy per version): "
+        f"{crossed / one_copy:.3f}x; {relayed} pulls from relays in dc-b"
+    )
+    assert relayed > 0
+    assert crossed <= 1.10 * one_copy, (crossed, one_copy)
+    weights = json.loads((job_dir / "summary.json").read_text())["weights"]
+    assert weights["inter_dc_total"]["dc-a->dc-b"] == {"bytes": one_copy, "copies": len(weights_versions(applied))}
 
 
 def test_dry_run_renders_sbatch_and_ssh_without_starting_anything(services, tmp_path):

@@ -152,3 +152,29 @@ def test_relay_killed_mid_broadcast_children_reattach_and_all_survivors_agree(ag
     tried = [(addr, "ok" if res == "ok" else "failed") for addr, res in done["leaf1"]["attempts"]]
     assert tried == [(nodes["relay"].address, "failed"), (root.address, "ok")]
     assert done["leaf2"]["attempts"] == [[nodes["leaf1"].address, "ok"]]
+
+
+def test_a_unit_that_skipped_a_version_gets_an_on_demand_delta_and_both_sides_count_the_bytes(agents):
+    """No periodic anchors: after the first full copy, every fetch is a delta — against the version
+    the unit holds, encoded on demand when it skipped one — and the root's served log agrees."""
+    nodes = agents({"root": {"keep_versions": 3}, "steady": {}, "skipper": {}})
+    root, steady, skipper = nodes["root"], nodes["steady"], nodes["skipper"]
+    got: dict[str, list[tuple[int, str, int]]] = {"steady": [], "skipper": []}
+    for v in (1, 2, 3):
+        root.command(cmd="publish", version=v, bytes=2 << 20, seed=4, change_frac=0.01)
+        want = root.wait("published")["xxh3"]
+        for name, node in (("steady", steady), ("skipper", skipper)):
+            if name == "skipper" and v == 2:
+                continue
+            node.command(cmd="fetch", version=v, holders=[root.address])
+            ev = node.wait("current")
+            assert (ev["version"], ev["xxh3"]) == (v, want)
+            got[name].append((v, ev["received_encoding"], ev["received_bytes"]))
+    assert [e for _, e, _ in got["steady"]] == ["full", "delta", "delta"]
+    assert [(v, e) for v, e, _ in got["skipper"]] == [(1, "full"), (3, "delta")]
+    assert got["skipper"][1][2] < 0.1 * got["skipper"][0][2]
+    root.command(cmd="served")
+    served = root.wait("served")["served"]
+    by_child = {(v, child): (enc, base, n) for v, enc, base, child, n in served}
+    assert by_child[(3, skipper.address)] == ("delta", 1, got["skipper"][1][2])
+    assert by_child[(3, steady.address)] == ("delta", 2, got["steady"][2][2])

@@ -6,9 +6,9 @@ import os
 import stat
 from pathlib import Path
 
-from rlctl.agents.run import resolve_job
 from rlctl.config import load_job
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.run import resolve_job
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -4,7 +4,9 @@ import sys
 import pytest
 import torch
 
-from rlctl.engines.model import SAFETENSORS_FILE, TORCH_FILE, TinyGPT, TinyGPTConfig, load_state_dict
+from rlctl.engines.hf import INDEX_FILE, expected_shapes, save_state_dict
+from rlctl.engines.model import SAFETENSORS_FILE, TORCH_FILE, TinyGPT, TinyGPTConfig, load_state_dict, param_count
+from rlctl.errors import ConfigError
 from rlctl.modelcatalog import BUILTIN_MODELS
 from tests.unit.tiny_models import small_config
 
@@ -93,5 +95,43 @@ def test_save_load_without_safetensors(model: TinyGPT, tmp_path, monkeypatch) ->
 
 def test_from_pretrained_rejects_other_architectures(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
-    with pytest.raises(ValueError, match="not a TinyGPT"):
+    with pytest.raises(
+        ConfigError, match=r"config.json: architectures: .* supported: LlamaForCausalLM, Qwen2ForCausalLM"
+    ):
         TinyGPT.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SMALL,
+        TinyGPTConfig(
+            architecture="Qwen2ForCausalLM", explicit_head_dim=32, num_key_value_heads=2, tie_word_embeddings=True
+        ),
+        TinyGPTConfig(attention_bias=True, explicit_head_dim=16, eos_token_id=[2, 3]),
+    ],
+)
+def test_expected_shapes_and_param_count_follow_the_model(cfg: TinyGPTConfig) -> None:
+    m = TinyGPT(cfg)
+    sd = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        del sd["lm_head.weight"]
+    assert expected_shapes(cfg) == sd
+    assert cfg.num_params() == param_count(m) == cfg.arch("x").params
+    assert all(torch.count_nonzero(p) == 0 for n, p in m.named_parameters() if n.endswith("bias"))  # as HF inits them
+
+
+def test_sharded_save_round_trip_and_stale_files(model: TinyGPT, tmp_path) -> None:
+    files = save_state_dict(model.state_dict(), tmp_path, max_shard_bytes=20_000)
+    assert len(files) > 2 and (tmp_path / INDEX_FILE).exists()
+    model.save_pretrained(tmp_path)  # one file now: the shards and the index are gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", SAFETENSORS_FILE]
+    sd = load_state_dict(tmp_path)
+    assert all(torch.equal(sd[k], v) for k, v in model.state_dict().items())
+
+
+def test_demo_config_figures_and_eos_ids() -> None:
+    c = TinyGPTConfig()
+    assert c.arch("tiny-demo") == BUILTIN_MODELS["tiny-demo"]
+    assert c.eos_token_ids == (2,) and TinyGPTConfig(eos_token_id=[4, 2]).eos_token_ids == (4, 2)
+    assert TinyGPTConfig(eos_token_id=None).eos_token_ids == ()

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from rlctl.config.inventory import Site, SlurmScheduler
-from rlctl.launch.base import AgentSpec
+from rlctl.errors import LaunchError
+from rlctl.launch.base import AgentSpec, Resources
 from rlctl.launch.remote import CommandResult, RemoteState
-from rlctl.launch.slurm import SlurmBackend, SlurmResources, map_state
+from rlctl.launch.slurm import SlurmBackend, SlurmResources, gpu_request_for, map_state
 from tests.conftest import ROOT
 
 GOLDEN = ROOT / "tests" / "golden" / "launch"
@@ -22,6 +23,7 @@ SPEC = AgentSpec(
     env={"RLCTL_ROLE": "trainer", "NCCL_SOCKET_IFNAME": "ib0", "QUOTED": "a b'c"},
     log_path=Path("/shared/runs/demo/logs/trainer-0.log"),
     cwd=Path("/shared/runs/demo"),
+    resources=Resources(tasks=16, gpus_per_task=1, cpus_per_task=12),  # 16 ranks, one GPU and 12 threads each
 )
 
 
@@ -35,10 +37,17 @@ def check_golden(name: str, text: str) -> None:
 
 
 def backend(**sched: object) -> SlurmBackend:
+    """An 8-GPU-per-node H800 site; the spec's own resources say what to ask for."""
     s = SlurmScheduler.model_validate({"kind": "slurm", "partition": "h800", "time_limit_min": 720, **sched})
-    res = {"trainer": SlurmResources(nodes=2, tasks_per_node=8, cpus_per_task=12, gpus_per_node=8)}
     return SlurmBackend(
-        "h800", s, job="demo", job_dir=Path("/shared/runs/demo"), resources=res, grace_s=45, python="python3"
+        "h800",
+        s,
+        job="demo",
+        job_dir=Path("/shared/runs/demo"),
+        slots_per_node=8,
+        gpu_request="per_task",
+        grace_s=45,
+        python="python3",
     )
 
 
@@ -48,11 +57,30 @@ def test_sbatch_script_over_ssh_matches_golden() -> None:
     check_golden("sbatch_trainer.sh", b.render(SPEC))
 
 
+def test_sbatch_script_asks_one_gpu_per_rank_on_two_nodes() -> None:
+    text = backend(submit_host="login.h800").render(SPEC)
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n#SBATCH --cpus-per-task=12\n" in text
+    assert "#SBATCH --gpus-per-task=1\n" in text and "--gres" not in text
+
+
+def test_gres_request_counts_the_gpus_of_a_node() -> None:
+    s = SlurmScheduler(kind="slurm", partition="p", submit_host="login", gpu_request="gres")
+    b = SlurmBackend("a", s, job="j", job_dir=Path("/r"), slots_per_node=8, gpu_request="gres")
+    text = b.render(SPEC)
+    assert "#SBATCH --gres=gpu:8\n" in text and "--gpus-per-task" not in text
+    rollout = AgentSpec("rollout", 3, "a", ["x"], resources=Resources(1, 2, 4))
+    assert b.request_summary(rollout) == "1 node(s) × 1 task(s), --gres=gpu:2, 4 cpu(s)/task"
+
+
 def test_sbatch_script_cpu_site_has_no_gpu_line() -> None:
     s = SlurmScheduler(kind="slurm", partition="sitea", submit_host="login")
     b = SlurmBackend("a", s, job="j", job_dir=Path("/r"), resources={"trainer": SlurmResources()})
     text = b.render(SPEC)
-    assert "--gpus-per-node" not in text and "--account" not in text and "--qos" not in text
+    assert "--gpus" not in text and "--gres" not in text and "--account" not in text and "--qos" not in text
+    # no override: the spec's GPU slots place its tasks, but a `none` site asks SLURM for no GPU
+    b = SlurmBackend("a", s, job="j", job_dir=Path("/r"), slots_per_node=2, gpu_request="none")
+    text = b.render(SPEC)
+    assert "#SBATCH --nodes=8\n#SBATCH --ntasks-per-node=2\n" in text and "--gpus" not in text
     assert "#SBATCH --job-name=rlctl-j-trainer" in text and "#SBATCH --signal=B:TERM@30" in text
 
 
@@ -64,22 +92,42 @@ def test_submitit_script_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None
     assert b.submitter == "submitit"
     text = b.render(SPEC)
     check_golden("submitit_trainer.sh", text)
-    assert "#SBATCH --signal=TERM@45" in text and "#SBATCH --gpus-per-node=8" in text
+    assert "#SBATCH --signal=TERM@45" in text and "#SBATCH --gpus-per-task=1" in text
 
 
-def test_resources_one_task_per_gpu() -> None:
-    site = Site.model_validate(
+def test_resources_place_tasks_by_gpu_slots() -> None:
+    def res(tasks: int, gpus: int, request: str = "per_task") -> SlurmResources:
+        return SlurmResources.for_spec(Resources(tasks, gpus, 3), slots_per_node=8, gpu_request=request)  # type: ignore[arg-type]
+
+    assert res(16, 1) == SlurmResources(nodes=2, tasks_per_node=8, cpus_per_task=3, gpus_per_task=1)
+    assert res(12, 1) == SlurmResources(nodes=2, tasks_per_node=6, cpus_per_task=3, gpus_per_task=1)
+    assert res(4, 1) == SlurmResources(nodes=1, tasks_per_node=4, cpus_per_task=3, gpus_per_task=1)
+    assert (
+        res(1, 4).gpu_option == "--gpus-per-task=4" and res(1, 0).gpu_option is None
+    )  # a rollout unit; the controller
+    assert res(3, 4) == SlurmResources(nodes=2, tasks_per_node=2, cpus_per_task=3, gpus_per_task=4)  # 2 per node fit
+    assert res(16, 1, "none").gpu_option is None and res(16, 1, "none").nodes == 2
+    with pytest.raises(LaunchError, match="a task needs 16 GPUs; the site's nodes have 8"):
+        res(1, 16)
+
+
+def _site(gpu: str, **sched: object) -> Site:
+    return Site.model_validate(
         {
             "datacenter": "a",
-            "scheduler": {"kind": "slurm", "partition": "p"},
-            "gpu": "H800",
+            "scheduler": {"kind": "slurm", "partition": "p", **sched},
+            "gpu": gpu,
             "nodes": [{"host": "n[1-4]", "gpus": 8}],
         }
     )
-    assert SlurmResources.for_gpus(site, 16) == SlurmResources(nodes=2, tasks_per_node=8, gpus_per_node=8)
-    assert SlurmResources.for_gpus(site, 4) == SlurmResources(nodes=1, tasks_per_node=4, gpus_per_node=4)
-    cpu = site.model_copy(update={"gpu": "CPU"})
-    assert SlurmResources.for_gpus(cpu, 2).gpus_per_node == 0
+
+
+def test_gpu_request_depends_on_the_inventory() -> None:
+    assert gpu_request_for(_site("H800")) == "per_task"
+    assert gpu_request_for(_site("CPU")) == "none"  # the test clusters have no GRES: never ask there
+    assert gpu_request_for(_site("H800", gpu_request="gres")) == "gres"
+    assert gpu_request_for(_site("H800", gpu_request="none")) == "none"
+    assert gpu_request_for(_site("CPU", gpu_request="per_task")) == "per_task"
 
 
 @pytest.mark.parametrize(

@@ -41,3 +41,33 @@ def test_online_refit_follows_recent_lengths() -> None:
 
 def test_unfitted_ranker_predicts_a_constant() -> None:
     assert LengthRanker(66).predict([[1, 4], [1, 5, 6]]).tolist() == [1.0, 1.0]
+
+
+def test_features_do_not_grow_with_the_vocabulary() -> None:
+    rng = np.random.default_rng(0)
+    marker = 150_001  # a token id far beyond any demo vocabulary: how often it occurs sets the length
+    prompts = []
+    for i in range(400):
+        p = rng.integers(0, 151_936, size=int(rng.integers(5, 40))).tolist()
+        p[: i % 4] = [marker] * (i % 4)
+        prompts.append(p)
+    lengths = [10.0 + 40.0 * p.count(marker) + rng.normal(0, 2) for p in prompts]
+    ranker = LengthRanker()  # 1024 buckets
+    x = ranker.features(prompts)
+    assert x.shape == (400, 1026)
+    assert (x[:, -2] == [len(p) for p in prompts]).all() and (x[:, -1] == 1).all()
+    assert np.abs(x[:, :-2]).sum(axis=1).max() <= 2 * 40  # unigrams + bigrams, each ±1 in one bucket
+    ranker.fit(prompts[:300], lengths[:300])
+    assert np.corrcoef(ranker.predict(prompts[300:]), lengths[300:])[0, 1] > 0.95
+
+
+def test_sliding_window_equals_a_fresh_fit_on_its_pairs() -> None:
+    task = DigitsTask()
+    ps = task.prompts(0, 250)
+    lengths = [float(p.target_tokens) * (1 + (i % 3)) for i, p in enumerate(ps)]
+    rolling = LengthRanker(128, window=100)
+    for i in range(0, 250, 30):  # batches of 30: the window keeps the last 100 pairs
+        rolling.update(ps[i : i + 30], lengths[i : i + 30])
+    fresh = LengthRanker(128, window=100).fit(ps[150:], lengths[150:])
+    np.testing.assert_allclose(rolling.predict(ps[:50]), fresh.predict(ps[:50]), rtol=1e-6)
+    assert LengthRanker(128).features([[1, 2, 3]]).tolist() == LengthRanker(128).features([(1, 2, 3)]).tolist()

@@ -2,6 +2,7 @@
 agents through a launch backend, watch the controller's status, stop everything.
 
     resolve_job ─▶ plan_counts ─▶ prepare (job.json, plan.json, secret, SFT warm-up → model/init)
+        ─▶ layout (host, GPU slice / SLURM request, threads, tp/pp/dp of every agent; see layout.py)
         ─▶ JobRun.start: controller ─(controller.json)─▶ trainer ranks ─▶ rollout units
         ─▶ JobRun.wait: status RPC every poll_s ─▶ on_progress(status) … controller exits
         ─▶ summary.json (+ wall_s) ;  JobRun.stop(): every agent, SIGTERM → grace → SIGKILL
@@ -18,8 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlctl.agents.messages import Hello, make
-from rlctl.agents.spawn import agent_spec
 from rlctl.config.inventory import Site
 from rlctl.config.job import Job, JobFile, Pipeline
 from rlctl.errors import LaunchError, PlanError, TransportError, UsageError
@@ -27,7 +26,9 @@ from rlctl.launch.backends import Backends, read_sites, record_agent, recorded_a
 from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.jobdb import JobDB
 from rlctl.launch.jobdir import JobDir
-from rlctl.transport import Connection, make_transport
+from rlctl.launch.layout import PlannedAgent, layout
+from rlctl.launch.spawn import agent_spec
+from rlctl.transport import Connection, Message, make_transport
 
 log = logging.getLogger(__name__)
 
@@ -63,20 +64,35 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
                 f"{job.path}: 'gpus: auto' needs the planner, which failed: {e}",
                 hint="give explicit GPU counts in placement",
             ) from e
-    tp = spec.rollout.tensor_parallel or 1
+    alloc = planned["allocation"] if planned is not None else []
+    planned_tp = {a["site"]: int(a["config"]["tp"]) for a in alloc if a["role"] == "rollout" and a.get("config")}
+    t_config = next((a.get("config") for a in alloc if a["role"] == "trainer"), None)
+
+    def tp_of(site: str) -> int:
+        """GPUs per rollout unit: the job's tensor_parallel; else, when the planner chose the counts, its TP."""
+        return spec.rollout.tensor_parallel or (planned_tp.get(site, 1) if auto else 1)
+
     if auto:
-        assert planned is not None
-        alloc = planned["allocation"]
         trainer = int(next(a["gpus_used"] for a in alloc if a["role"] == "trainer"))
-        rollout = [{"site": a["site"], "units": int(a["instances"])} for a in alloc if a["role"] == "rollout"]
+        rollout = [
+            {"site": a["site"], "units": int(a["instances"]), "tp": tp_of(a["site"])}
+            for a in alloc
+            if a["role"] == "rollout"
+        ]
         source = "planner"
     else:
         trainer = int(placement.trainer.gpus)
-        rollout = [{"site": r.site, "units": max(1, int(r.gpus) // tp)} for r in placement.rollout]
+        rollout = [
+            {"site": r.site, "units": max(1, int(r.gpus) // tp_of(r.site)), "tp": tp_of(r.site)}
+            for r in placement.rollout
+        ]
         source = "job"
+    parallel = {"tp": 1, "pp": 1, "dp": trainer}
+    if t_config and int(t_config["tp"]) * int(t_config["pp"]) * int(t_config["dp"]) == trainer:
+        parallel = {k: int(t_config[k]) for k in ("tp", "pp", "dp")}
     out: dict[str, Any] = {
         "source": source,
-        "trainer": {"site": placement.trainer.site, "ranks": trainer},
+        "trainer": {"site": placement.trainer.site, "ranks": trainer, "parallel": parallel},
         "rollout": rollout,
         "controller_site": placement.controller_site or placement.trainer.site,
     }
@@ -133,9 +149,7 @@ class JobRun:
         self.sites = sites if sites is not None else read_sites(jobdir.path)
         if not self.sites:
             raise LaunchError(f"{jobdir.path}: no sites.json; prepare(…, job=job) writes it")
-        self.backends = Backends(
-            self.sites, job=jobdir.path.name, job_dir=jobdir.path, trainer_ranks=int(plan["trainer"]["ranks"])
-        )
+        self.backends = Backends(self.sites, job=jobdir.path.name, job_dir=jobdir.path)
         self.db = db
         self.handles: list[AgentHandle] = []
         self.controller: AgentHandle | None = None
@@ -146,23 +160,37 @@ class JobRun:
     def id(self) -> str:
         return self.jobdir.path.name
 
-    def render(self, *, master_port: int) -> list[tuple[AgentSpec, str, str]]:
-        """(spec, backend kind, the exact script / command line) per agent, for `launch --dry-run`."""
+    def render(self, *, master_port: int) -> list[dict[str, Any]]:
+        """Per agent, for `launch --dry-run`: where it runs, what it gets, and the exact script / command."""
         out = []
-        for role, replica, site, env in planned_agents(self.plan, self.sites, master_port=master_port):
-            spec = agent_spec(self.jobdir, role, replica, site, self.sites[site], env=env)
-            backend = self.backends.for_site(site)
+        for a, env in planned_agents(self.plan, self.sites, self.spec, master_port=master_port):
+            spec = agent_spec(self.jobdir, a, self.sites[a.site], env=env)
+            backend = self.backends.for_site(a.site)
             render = getattr(backend, "render", None)
-            text = render(spec) if render is not None else shlex.join(spec.argv)
-            out.append((spec, backend.kind, text))
+            request = getattr(backend, "request_summary", None)
+            gpus = spec.gpu_slice.visible_devices if spec.gpu_slice else None
+            out.append(
+                {
+                    "agent": spec.name,
+                    "site": spec.site,
+                    "backend": backend.kind,
+                    "host": spec.gpu_slice.host if spec.gpu_slice else None,  # SLURM sites: SLURM places it
+                    "cuda_visible_devices": gpus,
+                    "gpu_request": request(spec) if request is not None else None,
+                    "threads": spec.resources.cpus_per_task,
+                    "parallel": a.parallel.short(),
+                    "script": render(spec) if render is not None else shlex.join(spec.argv),
+                }
+            )
         return out
 
-    def _start(self, role: str, replica: int, site: str, env: dict[str, str] | None = None) -> AgentHandle:
-        spec: AgentSpec = agent_spec(self.jobdir, role, replica, site, self.sites[site], env=env)
-        h = self.backends.for_site(site).start(spec)
+    def _start(self, a: PlannedAgent, env: dict[str, str] | None = None) -> AgentHandle:
+        spec: AgentSpec = agent_spec(self.jobdir, a, self.sites[a.site], env=env)
+        h = self.backends.for_site(a.site).start(spec)
         record_agent(self.jobdir.path, h)
         self.handles.append(h)
-        self.jobdir.event("agent_started", agent=spec.name, site=spec.site, backend=h.backend, ident=h.ident)
+        gpus = spec.gpu_slice.visible_devices if spec.gpu_slice else None
+        self.jobdir.event("agent_started", agent=spec.name, site=spec.site, backend=h.backend, ident=h.ident, gpus=gpus)
         return h
 
     def _register(self, state: str, **info: Any) -> None:
@@ -176,7 +204,8 @@ class JobRun:
         self.t_start = time.monotonic()
         self.jobdir.controller_json.unlink(missing_ok=True)
         self._register("launching", sites=sorted(self.sites))
-        self.controller = self._start("controller", 0, self.plan["controller_site"])
+        agents = planned_agents(self.plan, self.sites, self.spec, master_port=_free_port())  # refuses a short site
+        self.controller = self._start(*agents[0])
         deadline = time.monotonic() + CONTROLLER_START_S
         while not self.jobdir.controller_json.exists():
             code = self.poll(self.controller)
@@ -191,9 +220,8 @@ class JobRun:
         address = str(self.jobdir.read_json(self.jobdir.controller_json)["address"])
         if self.db is not None:
             self.db.update(self.id, state="running", controller=address)
-        for role, replica, site, env in planned_agents(self.plan, self.sites, master_port=_free_port()):
-            if role != "controller":
-                self._start(role, replica, site, env)
+        for a, env in agents[1:]:
+            self._start(a, env)
 
     def poll(self, h: AgentHandle) -> int | None:
         return self.backends.for_site(h.spec.site).poll(h)
@@ -207,7 +235,7 @@ class JobRun:
         try:
             if self._status_conn is None:
                 self._status_conn = connect_client(self.jobdir, timeout_s=timeout_s, name="launch")
-            reply = self._status_conn.request(make("status"), timeout_s=timeout_s)
+            reply = self._status_conn.request(Message("status", {}), timeout_s=timeout_s)
             return dict(reply.header)
         except (TransportError, OSError, ValueError, KeyError):
             if self._status_conn is not None:
@@ -257,24 +285,27 @@ class JobRun:
 
 
 def planned_agents(
-    plan: dict[str, Any], sites: dict[str, Site], *, master_port: int
-) -> list[tuple[str, int, str, dict[str, str]]]:
-    """(role, replica, site, extra env) of every agent to start, controller first, in start order."""
-    out: list[tuple[str, int, str, dict[str, str]]] = [("controller", 0, plan["controller_site"], {})]
-    t = plan["trainer"]
-    ranks = int(t["ranks"])
+    plan: dict[str, Any], sites: dict[str, Site], job: JobFile, *, master_port: int
+) -> list[tuple[PlannedAgent, dict[str, str]]]:
+    """Every agent to start with the environment its role adds, controller first, in start order.
+
+    Trainer ranks find rank 0 at MASTER_ADDR: the first node of a SLURM allocation ($SLURM_JOB_NODELIST,
+    read by the agent), else rank 0's host (127.0.0.1 when every rank runs on one host)."""
+    agents = layout(plan, sites, job)
+    ranks = int(plan["trainer"]["ranks"])
     env = {"MASTER_PORT": str(master_port), "WORLD_SIZE": str(ranks)}
-    if sites[t["site"]].scheduler.kind == "slurm":
-        # one SLURM job whose tasks are the ranks ($SLURM_PROCID); rank 0's host is the first node
-        out.append(("trainer", 0, t["site"], env if ranks > 1 else {**env, "MASTER_ADDR": "127.0.0.1"}))
-    else:
-        local = {**env, "MASTER_ADDR": "127.0.0.1"}
-        out += [("trainer", rank, t["site"], {**local, "RANK": str(rank)}) for rank in range(ranks)]
-    n = 0
-    for group in plan["rollout"]:
-        for _ in range(int(group["units"])):
-            out.append(("rollout", n, group["site"], {}))
-            n += 1
+    trainers = [a for a in agents if a.role == "trainer"]
+    hosts = {a.gpu_slice.host for a in trainers if a.gpu_slice is not None}
+    t0 = trainers[0].gpu_slice
+    master = t0.host if len(hosts) > 1 and t0 is not None else "127.0.0.1"
+    out: list[tuple[PlannedAgent, dict[str, str]]] = []
+    for a in agents:
+        if a.role != "trainer":
+            out.append((a, {}))
+        elif sites[a.site].scheduler.kind == "slurm":  # one SLURM job whose tasks are the ranks ($SLURM_PROCID)
+            out.append((a, env if ranks > 1 else {**env, "MASTER_ADDR": "127.0.0.1"}))
+        else:
+            out.append((a, {**env, "MASTER_ADDR": master, "RANK": str(a.replica)}))
     return out
 
 
@@ -284,8 +315,13 @@ def connect_client(jobdir: JobDir, *, timeout_s: float, name: str) -> Connection
     address = jobdir.read_json(jobdir.controller_json)["address"]
     transport = make_transport(job.transport.kind, secret=jobdir.secret())
     conn = transport.connect(address, timeout_s=timeout_s)
-    conn.send(make("hello", Hello(role="client", name=name, pid=os.getpid())))
+    conn.send(Message("hello", client_hello(name)))
     return conn
+
+
+def client_hello(name: str) -> dict[str, Any]:
+    """The header of a client's `hello` (the client fields of `rlctl.agents.messages.Hello`)."""
+    return {"role": "client", "name": name, "pid": os.getpid()}
 
 
 def launch_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> JobDir:

@@ -15,13 +15,13 @@ import threading
 import time
 from typing import Any
 
-from rlctl.agents.messages import make
-from rlctl.agents.run import connect_client
 from rlctl.errors import RlctlError, TransportError
 from rlctl.launch.backends import Backends, read_sites, recorded_agents, stop_agents
 from rlctl.launch.base import AgentHandle
 from rlctl.launch.jobdb import JobDB
 from rlctl.launch.jobref import JobRef
+from rlctl.launch.run import connect_client
+from rlctl.transport import Message
 
 STATUS_DEADLINE_S = 5.0
 
@@ -33,7 +33,7 @@ def ask_controller(ref: JobRef, kind: str, body: dict[str, Any] | None = None, *
         raise TransportError(f"{jd.path}: the controller has not written controller.json (not started?)")
     conn = connect_client(jd, timeout_s=timeout_s, name=f"rlctl-{kind}")
     try:
-        return dict(conn.request(make(kind, body or {}), timeout_s=timeout_s).header)
+        return dict(conn.request(Message(kind, dict(body or {})), timeout_s=timeout_s).header)
     finally:
         conn.close()
 

@@ -1,0 +1,106 @@
+"""The controller's book of the weight plane: per version, who had it when, from whom, and what crossed
+each inter-datacenter link (for `rlctl status`, metrics and the tests that count copies).
+
+    trained(v) ──▶ published(v, t)
+    weights_applied(unit, v, holder, encoding, bytes) ──▶ applied(…): a unit at v also "has" every
+        older open version it skipped; a version is delivered when every live unit has it
+                                                   └─▶ seconds_to_last_unit(v)
+
+A transfer crosses a link when the holder it came from (a trainer rank's root or a relay unit) is in
+another datacenter than the unit: its bytes and one copy are added to that link `dc-a->dc-b`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class VersionRecord:
+    version: int
+    published_at: float | None = None
+    units: int = 0  # transfers (units that pulled this version)
+    bytes: int = 0  # payload bytes pulled, every hop
+    fetch_s: float = 0.0  # slowest unit's fetch
+    encodings: dict[str, int] = field(default_factory=dict)
+    links: dict[str, dict[str, int]] = field(default_factory=dict)  # "dc-a->dc-b" → {bytes, copies}
+    had_it: set[str] = field(default_factory=set)
+    last_unit_s: float | None = None  # publication → the last live unit had it
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "units": self.units,
+            "bytes": self.bytes,
+            "fetch_s": round(self.fetch_s, 4),
+            "encodings": dict(self.encodings),
+            "inter_dc": {k: dict(v) for k, v in self.links.items()},
+            "seconds_to_last_unit": None if self.last_unit_s is None else round(self.last_unit_s, 4),
+        }
+
+
+class WeightBook:
+    def __init__(self, *, keep_versions: int = 8) -> None:
+        self.keep_versions = keep_versions
+        self.nodes: dict[str, tuple[str, str]] = {}  # weight-node address → (agent, datacenter)
+        self.versions: dict[int, VersionRecord] = {}
+        self.totals: dict[str, dict[str, int]] = {}  # link → {bytes, copies}, over the whole job
+
+    def node(self, address: str, *, agent: str, datacenter: str) -> None:
+        if address:
+            self.nodes[address] = (agent, datacenter)
+
+    def _record(self, version: int) -> VersionRecord:
+        rec = self.versions.get(version)
+        if rec is None:
+            rec = self.versions[version] = VersionRecord(version)
+            for v in sorted(self.versions)[: -self.keep_versions]:
+                del self.versions[v]
+        return rec
+
+    def published(self, version: int, t: float) -> None:
+        self._record(version).published_at = t
+
+    def applied(
+        self,
+        unit: str,
+        *,
+        datacenter: str,
+        version: int,
+        holder: str,
+        encoding: str,
+        wire_bytes: int,
+        fetch_s: float,
+    ) -> str | None:
+        """Record one unit's transfer; returns the inter-DC link it crossed, if any."""
+        rec = self._record(version)
+        rec.units += 1
+        rec.bytes += wire_bytes
+        rec.fetch_s = max(rec.fetch_s, fetch_s)
+        rec.encodings[encoding] = rec.encodings.get(encoding, 0) + 1
+        src = self.nodes.get(holder)
+        if src is None or src[1] == datacenter:
+            return None
+        link = f"{src[1]}->{datacenter}"
+        for book in (rec.links, self.totals):
+            entry = book.setdefault(link, {"bytes": 0, "copies": 0})
+            entry["bytes"] += wire_bytes
+            entry["copies"] += 1
+        return link
+
+    def reached(self, unit: str, version: int, live: set[str], t: float) -> list[float]:
+        """`unit` now holds `version` (and so every older version); returns the publication-to-last-unit
+        seconds of the versions this completes."""
+        done = []
+        for v, rec in self.versions.items():
+            if v > version or rec.last_unit_s is not None:
+                continue
+            rec.had_it.add(unit)
+            if rec.published_at is not None and live <= rec.had_it:
+                rec.last_unit_s = t - rec.published_at
+                done.append(rec.last_unit_s)
+        return done
+
+    def view(self, last: int = 4) -> list[dict[str, Any]]:
+        return [self.versions[v].view() for v in sorted(self.versions)[-last:]]

@@ -1,0 +1,473 @@
+"""Hugging Face checkpoint directories of Llama and Qwen2 decoders: the model config (`TinyGPTConfig`,
+validated from config.json), the weight files, the tokenizer files, and `check_hf_dir`.
+
+    <dir>/config.json                   HF keys; anything the model would compute differently is refused
+    <dir>/model.safetensors             one weight file, or
+    <dir>/model.safetensors.index.json  {"weight_map": {tensor: shard}} + model-0000i-of-0000n.safetensors
+    <dir>/pytorch_model.bin             only where the `safetensors` package is missing (weights_only load)
+    <dir>/tokenizer.json, …             never read; `copy_tokenizer_files` carries them to a new directory
+
+Runs: LlamaForCausalLM (`attention_bias` puts a bias on q, k, v and o) and Qwen2ForCausalLM (bias on
+q, k, v; none on o), explicit `head_dim`, grouped-query attention, tied embeddings (no lm_head in
+the file), one or several EOS ids, default RoPE with any theta, fp32/bf16/fp16 weights (loaded into
+fp32: the CPU computes in fp32; the file's dtype is kept in `torch_dtype`). Refused with one line
+naming the file and key: other architectures, rope scaling, sliding-window attention, MLP bias,
+activations other than SiLU, quantized weights.
+
+Torch is imported only where tensors are read or written, so `check_hf_dir` (config, and weight
+names and shapes read from the safetensors headers) can run without it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlctl.errors import ConfigError
+from rlctl.modelcatalog import ModelArch
+
+if TYPE_CHECKING:
+    import torch
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+TORCH_FILE = "pytorch_model.bin"
+SHARD_RE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+LLAMA, QWEN2 = "LlamaForCausalLM", "Qwen2ForCausalLM"
+MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2"}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+_HF_DEFAULT_POSITIONS = {LLAMA: 2048, QWEN2: 32768}
+_MAX_HEADER_BYTES = 100 << 20
+ROPE_FP64_KEY = "rlctl_rope_fp64_angles"  # written by the demo model only; other readers ignore it
+
+
+@dataclass
+class TinyGPTConfig:
+    """HF `LlamaConfig`/`Qwen2Config` keys (the subset the model computes with). Defaults = `tiny-demo`."""
+
+    vocab_size: int = 66
+    hidden_size: int = 96
+    intermediate_size: int = 256
+    num_hidden_layers: int = 3
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    max_position_embeddings: int = 320
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    pad_token_id: int | None = 0
+    initializer_range: float = 0.02
+    architecture: str = LLAMA  # LLAMA or QWEN2 (HF `architectures[0]`)
+    explicit_head_dim: int | None = None  # HF `head_dim` where it is not hidden_size / num_attention_heads
+    attention_bias: bool = False  # Llama only: bias on q, k, v and o (Qwen2 always has q, k, v bias)
+    torch_dtype: str = "float32"  # dtype of the weights in the file (the model computes in fp32)
+    # RoPE angles position·θ^(-2i/d) in fp64 (the demo model: its outputs are pinned) or, as
+    # transformers and vLLM compute them, in fp32 (HF checkpoints: ~2e-5 apart in logits at position 100)
+    rope_fp64_angles: bool = True
+
+    def __post_init__(self) -> None:
+        if self.explicit_head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be a multiple of num_attention_heads (or give explicit_head_dim)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.architecture not in MODEL_TYPES:
+            raise ValueError(f"architecture must be one of {', '.join(MODEL_TYPES)}, not {self.architecture!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.explicit_head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.attention_bias or self.architecture == QWEN2
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every id that ends a sequence (HF allows one id, a list, or none)."""
+        e = self.eos_token_id
+        return () if e is None else (e,) if isinstance(e, int) else tuple(e)
+
+    def to_hf(self) -> dict[str, Any]:
+        """config.json contents: loadable by `transformers` (and vLLM) as well as by `from_hf`."""
+        d = asdict(self)
+        for key in ("architecture", "explicit_head_dim", "rope_fp64_angles"):
+            del d[key]
+        if self.architecture == QWEN2:
+            del d["attention_bias"]
+        return {
+            "architectures": [self.architecture],
+            "model_type": MODEL_TYPES[self.architecture],
+            "hidden_act": "silu",
+            "mlp_bias": False,
+            "head_dim": self.head_dim,
+            **d,
+            **({"use_sliding_window": False, "sliding_window": None} if self.architecture == QWEN2 else {}),
+            **({ROPE_FP64_KEY: True} if self.rope_fp64_angles else {}),
+        }
+
+    @classmethod
+    def from_hf(cls, d: Mapping[str, Any], *, file: str = CONFIG_FILE) -> TinyGPTConfig:
+        """Validate an HF config dict; ConfigError naming `file` and the key for anything not supported."""
+        return _parse_config(d, file)
+
+    def num_params(self) -> int:
+        h, i, n = self.hidden_size, self.intermediate_size, self.num_hidden_layers
+        q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        per_layer = 2 * h * q + 2 * h * kv + 3 * h * i + 2 * h
+        per_layer += (q + 2 * kv if self.qkv_bias else 0) + (h if self.attention_bias else 0)
+        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return n * per_layer + emb + h
+
+    def arch(self, name: str) -> ModelArch:
+        """The planner's figures for this model (bytes per parameter from the checkpoint's dtype)."""
+        return ModelArch(
+            name,
+            self.num_hidden_layers,
+            self.hidden_size,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.vocab_size,
+            self.intermediate_size,
+            float(self.num_params()),
+            bytes_per_param=DTYPE_BYTES[self.torch_dtype],
+            explicit_head_dim=self.explicit_head_dim,
+        )
+
+
+def expected_shapes(c: TinyGPTConfig) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape of a checkpoint of `c`, in HF order (no lm_head when embeddings are tied)."""
+    h, i = c.hidden_size, c.intermediate_size
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h)}
+    for n in range(c.num_hidden_layers):
+        p = f"model.layers.{n}."
+        for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            out[f"{p}self_attn.{proj}.weight"] = (rows, h)
+            if c.qkv_bias:
+                out[f"{p}self_attn.{proj}.bias"] = (rows,)
+        out[f"{p}self_attn.o_proj.weight"] = (h, q)
+        if c.attention_bias:
+            out[f"{p}self_attn.o_proj.bias"] = (h,)
+        out |= {
+            f"{p}mlp.gate_proj.weight": (i, h),
+            f"{p}mlp.up_proj.weight": (i, h),
+            f"{p}mlp.down_proj.weight": (h, i),
+        }
+        out |= {f"{p}input_layernorm.weight": (h,), f"{p}post_attention_layernorm.weight": (h,)}
+    out["model.norm.weight"] = (h,)
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = (c.vocab_size, h)
+    return out
+
+
+def match_weights(shapes: Mapping[str, tuple[int, ...]], c: TinyGPTConfig, *, where: str) -> list[str]:
+    """The names to load from a checkpoint holding `shapes`; ConfigError on a missing, extra or
+    misshapen tensor. Ignored: `rotary_emb.inv_freq` buffers (older Llama files) and a tied lm_head."""
+    want = expected_shapes(c)
+    for name, shape in want.items():
+        if name not in shapes:
+            raise ConfigError(where, None, f"tensor {name} is missing ({len(shapes)} tensors in the checkpoint)")
+        if tuple(shapes[name]) != shape:
+            raise ConfigError(
+                where, None, f"tensor {name} has shape {list(shapes[name])}; config.json implies {list(shape)}"
+            )
+    ignorable = {"lm_head.weight"} if c.tie_word_embeddings else set()
+    extra = [k for k in shapes if k not in want and k not in ignorable and not k.endswith("rotary_emb.inv_freq")]
+    if extra:
+        raise ConfigError(where, None, f"tensor {extra[0]} is not part of a {c.architecture} of this config.json")
+    return list(want)
+
+
+# ---- config.json ----
+def read_config(directory: str | Path) -> TinyGPTConfig:
+    path = Path(directory) / CONFIG_FILE
+    try:
+        d = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(str(path), None, f"cannot read: {e.strerror or e}") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(str(path), None, f"not JSON: {e}") from e
+    if not isinstance(d, dict):
+        raise ConfigError(str(path), None, "not a JSON object")
+    return _parse_config(d, str(path))
+
+
+def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
+    def bad(key: str, msg: str) -> ConfigError:
+        return ConfigError(file, key, msg)
+
+    def num(key: str, default: Any = None, *, kind: type = int) -> Any:
+        v = d.get(key, default)
+        if v is None:
+            raise bad(key, "missing; a Llama or Qwen2 config.json has it")
+        ok = isinstance(v, int | float) and not isinstance(v, bool) if kind is float else type(v) is int
+        if not ok or v <= 0:
+            raise bad(key, f"{v!r} is not a positive {'number' if kind is float else 'integer'}")
+        return float(v) if kind is float else v
+
+    def token_id(key: str, *, many: bool = False) -> Any:
+        v = d.get(key)
+        ids = v if many and isinstance(v, list) else [v]
+        if v is not None and not all(type(t) is int and t >= 0 for t in ids):
+            raise bad(key, f"{v!r} is not a token id{' or a list of them' if many else ''}")
+        return v
+
+    archs = d.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and len(archs) == 1 else None
+    if arch not in MODEL_TYPES:
+        raise bad("architectures", f"{archs!r} is not supported; supported: {', '.join(MODEL_TYPES)}")
+    if d.get("model_type", MODEL_TYPES[arch]) != MODEL_TYPES[arch]:
+        raise bad("model_type", f"{d['model_type']!r} does not match {arch} (expected {MODEL_TYPES[arch]!r})")
+    if d.get("hidden_act", "silu") != "silu":
+        raise bad("hidden_act", f"{d['hidden_act']!r} is not supported; supported: silu")
+    if d.get("mlp_bias", False):
+        raise bad("mlp_bias", "true is not supported; supported: false")
+    if d.get("quantization_config") is not None:
+        raise bad("quantization_config", "quantized checkpoints are not supported; give fp32/bf16/fp16 weights")
+    if d.get("use_sliding_window", False):
+        raise bad("use_sliding_window", "sliding-window attention is not supported; supported: false")
+    layer_types = d.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types):
+        raise bad("layer_types", f"{sorted(set(layer_types))} is not supported; supported: full_attention only")
+    theta = _rope_theta(d, bad)
+    dtype = d.get("dtype") or d.get("torch_dtype") or "float32"
+    if dtype not in DTYPE_BYTES:
+        raise bad(
+            "dtype" if "dtype" in d else "torch_dtype",
+            f"{dtype!r} is not supported; supported: {', '.join(DTYPE_BYTES)}",
+        )
+
+    hidden, heads = num("hidden_size"), num("num_attention_heads")
+    kv_heads = num("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise bad("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads {heads}")
+    head_dim = d.get("head_dim")
+    if head_dim is None and hidden % heads:
+        raise bad("hidden_size", f"{hidden} is not a multiple of num_attention_heads {heads}; give head_dim")
+    if head_dim is not None and (type(head_dim) is not int or head_dim <= 0 or head_dim % 2):
+        raise bad("head_dim", f"{head_dim!r} is not a positive even integer")
+    bias = d.get("attention_bias", False)
+    if not isinstance(bias, bool):
+        raise bad("attention_bias", f"{bias!r} is not true or false")
+    tie = d.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise bad("tie_word_embeddings", f"{tie!r} is not true or false")
+    return TinyGPTConfig(
+        vocab_size=num("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=num("intermediate_size"),
+        num_hidden_layers=num("num_hidden_layers"),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=num("max_position_embeddings", _HF_DEFAULT_POSITIONS[arch]),
+        rms_norm_eps=num("rms_norm_eps", 1e-6, kind=float),
+        rope_theta=theta,
+        tie_word_embeddings=tie,
+        bos_token_id=token_id("bos_token_id"),
+        eos_token_id=token_id("eos_token_id", many=True),
+        pad_token_id=token_id("pad_token_id"),
+        initializer_range=num("initializer_range", 0.02, kind=float),
+        architecture=arch,
+        explicit_head_dim=head_dim if head_dim is not None and head_dim * heads != hidden else None,
+        attention_bias=bias and arch == LLAMA,  # Qwen2 has no such key: its q/k/v bias is fixed
+        torch_dtype=dtype,
+        rope_fp64_angles=d.get(ROPE_FP64_KEY) is True,
+    )
+
+
+def _rope_theta(d: Mapping[str, Any], bad: Any) -> float:
+    """θ of default RoPE from `rope_theta` or transformers-5 `rope_parameters`; any scaling is refused."""
+    theta = d.get("rope_theta", 10000.0)
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = d.get(key)
+        if rope is None:
+            continue
+        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+        if kind != "default" or set(rope) - {"rope_type", "type", "rope_theta"}:
+            raise bad(key, f"RoPE {kind!r} with {sorted(rope)} is not supported; supported: default RoPE (rope_theta)")
+        theta = rope.get("rope_theta", theta)
+    if isinstance(theta, bool) or not isinstance(theta, int | float) or theta <= 0:
+        raise bad("rope_theta", f"{theta!r} is not a positive number")
+    return float(theta)
+
+
+# ---- weight files ----
+def weight_files(directory: str | Path) -> list[Path]:
+    """The weight files of a checkpoint directory: [model.safetensors], the index's shards, or
+    [pytorch_model.bin]. ConfigError when there are none or a shard is missing."""
+    d = Path(directory)
+    if (d / SAFETENSORS_FILE).exists():
+        return [d / SAFETENSORS_FILE]
+    if (d / INDEX_FILE).exists():
+        shards = sorted(set(_weight_map(d).values()))
+        for s in shards:
+            if not (d / s).exists():
+                raise ConfigError(str(d / INDEX_FILE), "weight_map", f"shard {s} is missing from {d}")
+        return [d / s for s in shards]
+    if (d / TORCH_FILE).exists():
+        return [d / TORCH_FILE]
+    raise ConfigError(str(d), None, f"no weights: expected {SAFETENSORS_FILE}, {INDEX_FILE} + shards, or {TORCH_FILE}")
+
+
+def _weight_map(d: Path) -> dict[str, str]:
+    try:
+        wm = json.loads((d / INDEX_FILE).read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(str(d / INDEX_FILE), "weight_map", f"unreadable: {e}") from e
+    if not isinstance(wm, dict) or not all(isinstance(v, str) and "/" not in v for v in wm.values()):
+        raise ConfigError(str(d / INDEX_FILE), "weight_map", "not a map of tensor name → shard file in this directory")
+    return wm
+
+
+def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Tensor name → (dtype, shape) from a .safetensors file's JSON header, without reading tensors."""
+    try:
+        with path.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= _MAX_HEADER_BYTES:
+                raise ValueError(f"header length {n}")
+            header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        return {k: (v["dtype"], tuple(v["shape"])) for k, v in header.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(str(path), None, f"not a safetensors file: {e}") from e
+
+
+def load_state_dict(directory: str | Path, *, to_fp32: bool = True) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint in `directory` (one file or all shards); floating tensors
+    cast to fp32 unless `to_fp32=False`."""
+    import torch
+
+    sd: dict[str, torch.Tensor] = {}
+    for f in weight_files(directory):
+        if f.name == TORCH_FILE:
+            sd.update(torch.load(f, map_location="cpu", weights_only=True))
+            continue
+        try:
+            from safetensors.torch import load_file
+        except ImportError as e:
+            raise ConfigError(str(f), None, "reading it needs the safetensors package: pip install safetensors") from e
+        sd.update(load_file(str(f)))
+    if to_fp32:
+        sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
+    return sd
+
+
+def save_state_dict(
+    sd: Mapping[str, torch.Tensor], directory: str | Path, *, max_shard_bytes: int | None = None
+) -> list[Path]:
+    """Write `sd` as model.safetensors, or as HF shards + index when it exceeds `max_shard_bytes`
+    (without the `safetensors` package: one pytorch_model.bin). Earlier weight files are removed so
+    the directory never holds two checkpoints. Returns the files written."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    for old in [
+        d / SAFETENSORS_FILE,
+        d / INDEX_FILE,
+        d / TORCH_FILE,
+        *(p for p in d.iterdir() if SHARD_RE.fullmatch(p.name)),
+    ]:
+        old.unlink(missing_ok=True)
+    tensors = {k: v.detach().contiguous() for k, v in sd.items()}
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        import torch
+
+        torch.save(tensors, d / TORCH_FILE)
+        return [d / TORCH_FILE]
+    shards = _pack(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(tensors, str(d / SAFETENSORS_FILE), metadata={"format": "pt"})
+        return [d / SAFETENSORS_FILE]
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for name, keys in zip(names, shards, strict=True):
+        save_file({k: tensors[k] for k in keys}, str(d / name), metadata={"format": "pt"})
+    index = {
+        "metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+        "weight_map": {k: name for name, keys in zip(names, shards, strict=True) for k in keys},
+    }
+    (d / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    return [d / n for n in names]
+
+
+def _pack(tensors: Mapping[str, torch.Tensor], max_shard_bytes: int | None) -> list[list[str]]:
+    """Tensor names in order, cut into shards of ≤ max_shard_bytes (a larger tensor gets its own)."""
+    shards: list[list[str]] = [[]]
+    used = 0
+    for k, t in tensors.items():
+        size = t.numel() * t.element_size()
+        if max_shard_bytes is not None and shards[-1] and used + size > max_shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(k)
+        used += size
+    return shards
+
+
+def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
+    """Copy the tokenizer (and generation-config) files of checkpoint `src` into `dst`; their names."""
+    s, d = Path(src), Path(dst)
+    if s.resolve() == d.resolve():
+        return []
+    d.mkdir(parents=True, exist_ok=True)
+    copied = [n for n in TOKENIZER_FILES if (s / n).is_file()]
+    for n in copied:
+        shutil.copyfile(s / n, d / n)
+    return copied
+
+
+# ---- the check `rlctl check` runs ----
+@dataclass(frozen=True)
+class HfModelInfo:
+    """What `check_hf_dir` found: the validated config, the planner figures and the weight files."""
+
+    path: Path
+    config: TinyGPTConfig
+    arch: ModelArch
+    weight_files: list[Path] = field(default_factory=list)
+    tokenizer_files: list[str] = field(default_factory=list)
+
+
+def check_hf_dir(directory: str | Path, *, name: str | None = None) -> HfModelInfo:
+    """Validate an HF checkpoint directory without loading tensors: config.json (supported
+    architecture and options), the weight files, and every tensor's name, shape and dtype (from
+    the safetensors headers). Raises ConfigError (one line: file, key, what is supported).
+    `name` names the ModelArch (default: the directory's name)."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise ConfigError(str(d), None, "not a directory (a Hugging Face checkpoint directory is expected)")
+    config = read_config(d)
+    files = weight_files(d)
+    if files[0].name != TORCH_FILE:  # a .bin fallback checkpoint is checked when it is loaded
+        shapes: dict[str, tuple[int, ...]] = {}
+        for f in files:
+            for tensor, (dtype, shape) in safetensors_header(f).items():
+                if dtype not in _ST_DTYPES:
+                    raise ConfigError(
+                        str(f), None, f"tensor {tensor}: dtype {dtype} is not supported; supported: F32, BF16, F16"
+                    )
+                shapes[tensor] = shape
+        match_weights(shapes, config, where=str(d))
+    tokenizer = [n for n in TOKENIZER_FILES if (d / n).is_file()]
+    return HfModelInfo(d, config, config.arch(name or d.resolve().name), files, tokenizer)

@@ -1,0 +1,84 @@
+"""The environment a launcher gives an agent, and how the agent reads it back.
+
+    launcher (rlctl.launch.spawn.agent_spec)           agent (python -m rlctl.agents ROLE …)
+    RLCTL_SITE            its site's name        ─▶    listen address, logs
+    RLCTL_LISTEN_HOST     site network.listen_host ─▶  the address it binds and advertises
+    RLCTL_PARALLEL        {"role","tp","pp","dp", ─▶   parallel_from_env(): its place in the job's
+                           "rank" | "replica"}          parallel layout (a SLURM rank from $SLURM_PROCID)
+    CUDA_VISIBLE_DEVICES  its GPU slice (local/ssh) ─▶ the devices it may use (SLURM sets its own)
+    OMP/MKL_NUM_THREADS   threads_for(job, role)  ─▶   torch.set_num_threads, from the job as well
+
+This module is the contract: both sides import it, neither imports the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rlctl.config.job import JobFile
+
+ENV_SITE = "RLCTL_SITE"
+ENV_LISTEN_HOST = "RLCTL_LISTEN_HOST"
+ENV_PARALLEL = "RLCTL_PARALLEL"
+ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
+
+BASE_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """One agent's place in the job's parallel layout.
+
+    trainer: tp × pp × dp = its ranks; `rank` is this process (None for a SLURM job whose tasks are the
+    ranks: each reads $SLURM_PROCID). rollout: one DP unit of `tp` GPUs; `dp` = rollout units on its site
+    when it started, itself included; `replica` = the unit's number. controller: all 1."""
+
+    role: str
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    rank: int | None = None
+    replica: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, sort_keys=True)
+
+    def short(self) -> str:
+        """`tp2 pp1 dp8` for tables and log lines."""
+        return f"tp{self.tp} pp{self.pp} dp{self.dp}"
+
+
+def threads_for(job: JobFile, role: str) -> int:
+    """CPU threads of one agent process: rollout.threads_per_unit, trainer.threads_per_rank, else 1."""
+    if role == "rollout":
+        return job.rollout.threads_per_unit
+    if role == "trainer":
+        return job.trainer.threads_per_rank
+    return 1
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def parallel_from_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """This agent's RLCTL_PARALLEL as a dict ({} when not launched by rlctl); a trainer rank without an
+    explicit `rank` (a SLURM task) takes $SLURM_PROCID, else $RANK. ValueError if the variable is not JSON."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_PARALLEL)
+    if not raw:
+        return {}
+    try:
+        out = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"{ENV_PARALLEL} is not JSON: {raw!r}") from e
+    if not isinstance(out, dict):
+        raise ValueError(f"{ENV_PARALLEL} must be a JSON object, got {raw!r}")
+    if out.get("role") == "trainer" and "rank" not in out:
+        rank = env.get("SLURM_PROCID") or env.get("RANK")
+        if rank is not None:
+            out["rank"] = int(rank)
+    return dict(out)

@@ -1,0 +1,113 @@
+"""Where every agent of a job runs and what it gets: host and GPU slice, SLURM request, threads, tp/pp/dp.
+
+    plan (run.plan_counts)  ─┐
+    sites (inventory)        ├─▶ layout() ─▶ [PlannedAgent: role, replica, site, resources, gpu_slice, parallel]
+    job (threads per role)  ─┘     controller first, then trainer ranks, then rollout units (start order)
+
+Per site kind:
+    local / ssh  every trainer rank a one-GPU slice, every rollout unit a `tp`-GPU slice on one host
+                 (`rlctl.launch.gpus.GpuPool`); too few GPUs on the site is a LaunchError before anything starts
+    slurm        one spec per role; `resources` says tasks × GPUs per task and SLURM places them
+                 (the trainer is one SLURM job whose tasks are its ranks)
+
+The controller uses no GPU. A unit added later by `scale` gets its slice from the same pool, with
+every recorded agent's slice claimed first (`rlctl.launch.spawn.Spawner`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rlctl.config.inventory import Site
+from rlctl.config.job import JobFile
+from rlctl.errors import LaunchError
+from rlctl.launch.agentenv import ParallelConfig, threads_for
+from rlctl.launch.base import GpuSlice, Resources
+from rlctl.launch.gpus import GpuPool, uses_slices
+
+
+@dataclass(frozen=True)
+class PlannedAgent:
+    role: str
+    replica: int
+    site: str
+    resources: Resources
+    parallel: ParallelConfig
+    gpu_slice: GpuSlice | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.replica}"
+
+
+def trainer_parallel(plan: dict[str, Any]) -> ParallelConfig:
+    t = plan["trainer"]
+    p = t.get("parallel") or {"tp": 1, "pp": 1, "dp": int(t["ranks"])}
+    return ParallelConfig("trainer", tp=int(p["tp"]), pp=int(p["pp"]), dp=int(p["dp"]))
+
+
+def rollout_tp(plan: dict[str, Any], site: str) -> int:
+    """GPUs per rollout unit on `site` (the plan's figure; 1 for plans written before it had one)."""
+    return next((int(g.get("tp", 1)) for g in plan["rollout"] if g["site"] == site), 1)
+
+
+def layout(plan: dict[str, Any], sites: dict[str, Site], job: JobFile) -> list[PlannedAgent]:
+    """Every agent of the job, in start order; LaunchError if a local / SSH site has too few GPUs."""
+    _check_counts(plan, sites)
+    pools = {n: GpuPool(n, s) for n, s in sites.items() if uses_slices(s)}
+    out = [PlannedAgent("controller", 0, plan["controller_site"], Resources(), ParallelConfig("controller"))]
+    t = plan["trainer"]
+    ranks, t_site = int(t["ranks"]), str(t["site"])
+    par = trainer_parallel(plan)
+    threads = threads_for(job, "trainer")
+    if t_site in pools:
+        slices = pools[t_site].take_ranks(ranks, who=f"the trainer ({ranks} ranks)")
+        res = Resources(1, 1, threads)
+        out += [PlannedAgent("trainer", r, t_site, res, _with(par, rank=r), s) for r, s in enumerate(slices)]
+    else:  # SLURM: one job, its tasks are the ranks
+        out.append(PlannedAgent("trainer", 0, t_site, Resources(ranks, 1, threads), par))
+    threads = threads_for(job, "rollout")
+    n = 0
+    for group in plan["rollout"]:
+        site, units = str(group["site"]), int(group["units"])
+        tp = int(group.get("tp", 1))
+        for _ in range(units):
+            gpu_slice = pools[site].take(tp, who=f"rollout-{n}") if site in pools else None
+            p = ParallelConfig("rollout", tp=tp, dp=units, replica=n)
+            out.append(PlannedAgent("rollout", n, site, Resources(1, tp, threads), p, gpu_slice))
+            n += 1
+    return out
+
+
+def rollout_agent(
+    site_name: str, site: Site, *, replica: int, tp: int, units_on_site: int, threads: int, pool: GpuPool | None
+) -> PlannedAgent:
+    """One more rollout unit (scale-out): its slice from `pool` (already holding every claimed slice)."""
+    gpu_slice = pool.take(tp, who=f"rollout-{replica}") if pool is not None and uses_slices(site) else None
+    p = ParallelConfig("rollout", tp=tp, dp=units_on_site, replica=replica)
+    return PlannedAgent("rollout", replica, site_name, Resources(1, tp, threads), p, gpu_slice)
+
+
+def _with(p: ParallelConfig, *, rank: int) -> ParallelConfig:
+    return ParallelConfig(p.role, p.tp, p.pp, p.dp, rank=rank)
+
+
+def _check_counts(plan: dict[str, Any], sites: dict[str, Site]) -> None:
+    """One clear line per site when the job's GPUs outnumber the site's, before placing any."""
+    need: dict[str, list[tuple[str, int]]] = {}
+    t = plan["trainer"]
+    need.setdefault(t["site"], []).append((f"trainer {t['ranks']} rank(s)", int(t["ranks"])))
+    for g in plan["rollout"]:
+        tp = int(g.get("tp", 1))
+        need.setdefault(g["site"], []).append((f"{g['units']} rollout unit(s) × tp {tp}", int(g["units"]) * tp))
+    for name, parts in need.items():
+        site = sites[name]
+        total = sum(n for _, n in parts)
+        if total > site.total_gpus:
+            hosts = ", ".join(f"{h}: {g}" for h, g in site.hosts)
+            raise LaunchError(
+                f"site {name}: {' + '.join(w for w, _ in parts)} need {total} GPU(s); "
+                f"the inventory gives it {site.total_gpus} ({hosts})",
+                hint="lower the GPU counts in the job's placement, or add nodes to the site",
+            )

@@ -1,0 +1,152 @@
+"""How an agent process is described to a launch backend, and the controller's spawner for scaling.
+
+    agent_spec(planned agent) ─▶ AgentSpec(argv = python -m rlctl.agents ROLE --job-dir D …,
+                                           env: site, listen host, RLCTL_PARALLEL, CUDA_VISIBLE_DEVICES, threads)
+    Spawner.add_rollout(site, n) ─▶ a free GPU slice (claims: agents.jsonl + planned + in flight)
+                                 ─▶ backend(site).start(spec) ─▶ agents.jsonl ─▶ the unit says hello
+    (a drained unit is told to stop by the controller; `rlctl stop` verifies every recorded agent gone)
+
+The launcher (`rlctl launch`) and the controller (scale requests, automatic rebalancing) both start
+agents this way, so `rlctl stop` finds every one of them in the job's agents.jsonl, and a new unit's
+GPU slice never overlaps one an agent of the job still holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from typing import Any
+
+from rlctl.config.inventory import Site, SshScheduler
+from rlctl.config.job import JobFile
+from rlctl.errors import LaunchError
+from rlctl.launch.agentenv import (
+    BASE_ENV,
+    ENV_LISTEN_HOST,
+    ENV_PARALLEL,
+    ENV_SITE,
+    ENV_VISIBLE,
+    thread_env,
+    threads_for,
+)
+from rlctl.launch.backends import Backends, record_agent, recorded_agents
+from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice
+from rlctl.launch.gpus import GpuPool, uses_slices
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.layout import PlannedAgent, layout, rollout_agent, rollout_tp
+
+log = logging.getLogger(__name__)
+
+
+def python_for(site: Site) -> str:
+    """The interpreter on the site's hosts: the SSH site's configured one; else this one (shared FS)."""
+    return site.scheduler.python if isinstance(site.scheduler, SshScheduler) else sys.executable
+
+
+def agent_spec(jobdir: JobDir, a: PlannedAgent, site: Site, *, env: dict[str, str] | None = None) -> AgentSpec:
+    """The exact process of one planned agent; `env` adds to (and wins over) what the layout says."""
+    argv = [python_for(site), "-m", "rlctl.agents", a.role, "--job-dir", str(jobdir.path)]
+    if not (a.role == "trainer" and site.scheduler.kind == "slurm"):  # SLURM tasks take $SLURM_PROCID
+        argv += ["--replica", str(a.replica)]
+    agent_env = {ENV_SITE: a.site, ENV_PARALLEL: a.parallel.to_json(), **thread_env(a.resources.cpus_per_task)}
+    if site.network.listen_host:
+        agent_env[ENV_LISTEN_HOST] = site.network.listen_host
+    if a.gpu_slice is not None:
+        agent_env[ENV_VISIBLE] = a.gpu_slice.visible_devices
+    return AgentSpec(
+        a.role,
+        a.replica,
+        a.site,
+        argv,
+        {**BASE_ENV, **agent_env, **(env or {})},
+        jobdir.log(a.role, a.replica),
+        resources=a.resources,
+        gpu_slice=a.gpu_slice,
+    )
+
+
+class Spawner:
+    """Starts rollout units of a running job on their sites (used by the controller)."""
+
+    def __init__(self, jobdir: JobDir, sites: dict[str, Site], *, job: str) -> None:
+        self.jobdir, self.sites = jobdir, sites
+        self.backends = Backends(sites, job=job, job_dir=jobdir.path)
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, GpuSlice] = {}  # units being started: their slices are taken
+
+    def first_free_replica(self) -> int:
+        replicas = [h.spec.replica for h in recorded_agents(self.jobdir.path) if h.spec.role == "rollout"]
+        return 1 + max(replicas, default=-1)
+
+    def add_rollout(self, site: str, replica: int) -> str:
+        """Start rollout unit `replica` on `site`; returns its agent name. LaunchError if it cannot."""
+        if site not in self.sites:
+            raise LaunchError(f"site {site!r} is not one of this job's sites ({', '.join(sorted(self.sites))})")
+        with self._lock:
+            planned = self._plan_unit(site, replica)
+            if planned.gpu_slice is not None:
+                self._in_flight[planned.name] = planned.gpu_slice
+        spec = agent_spec(self.jobdir, planned, self.sites[site])
+        try:
+            handle = self.backends.for_site(site).start(spec)
+            with self._lock:
+                record_agent(self.jobdir.path, handle)
+        finally:
+            with self._lock:
+                self._in_flight.pop(planned.name, None)
+        gpus = spec.gpu_slice.visible_devices if spec.gpu_slice else None
+        self.jobdir.event(
+            "agent_started", agent=spec.name, site=site, backend=handle.backend, ident=handle.ident, gpus=gpus
+        )
+        return spec.name
+
+    def _plan_unit(self, site: str, replica: int) -> PlannedAgent:
+        """The new unit with a free slice: every slice held by a recorded or planned agent is claimed;
+        when that leaves too few, recorded agents are polled and the slices of those that exited freed."""
+        job = self.jobdir.read_job()
+        plan = self.jobdir.read_json(self.jobdir.plan_json) if self.jobdir.plan_json.exists() else {}
+        tp = rollout_tp(plan, site) if plan else job.rollout.tensor_parallel or 1
+        recorded = [h for h in recorded_agents(self.jobdir.path) if h.spec.site == site]
+
+        def unit(pool: GpuPool | None, exited: set[str]) -> PlannedAgent:
+            units = 1 + sum(1 for h in recorded if h.spec.role == "rollout" and h.spec.name not in exited)
+            threads = threads_for(job, "rollout")
+            return rollout_agent(
+                site, self.sites[site], replica=replica, tp=tp, units_on_site=units, threads=threads, pool=pool
+            )
+
+        if not uses_slices(self.sites[site]):
+            return unit(None, set())
+        try:
+            return unit(self._pool(site, plan, job, recorded, exited=set()), set())
+        except LaunchError:
+            exited = {h.spec.name for h in recorded if h.spec.gpu_slice is not None and self._exited(h)}
+            log.info("site %s: slices of exited agents freed for rollout-%d: %s", site, replica, sorted(exited))
+            return unit(self._pool(site, plan, job, recorded, exited=exited), exited)
+
+    def _pool(
+        self, site: str, plan: dict[str, Any], job: JobFile, recorded: list[AgentHandle], *, exited: set[str]
+    ) -> GpuPool:
+        pool = GpuPool(site, self.sites[site])
+        names = {h.spec.name for h in recorded}
+        for h in recorded:
+            if h.spec.gpu_slice is not None and h.spec.name not in exited:
+                pool.claim(h.spec.gpu_slice)
+        if plan:  # agents the launcher has not started (recorded) yet still own their planned slices
+            for a in layout(plan, self.sites, job):
+                if a.site == site and a.gpu_slice is not None and a.name not in names:
+                    pool.claim(a.gpu_slice)
+        for s in self._in_flight.values():
+            pool.claim(s)
+        return pool
+
+    def _exited(self, h: AgentHandle) -> bool:
+        try:
+            return self.backends.for_site(h.spec.site).poll(h) is not None
+        except LaunchError as e:  # cannot tell: the slice stays taken
+            log.warning("site %s: cannot poll %s: %s", h.spec.site, h.spec.name, e)
+            return False
+
+    def close(self) -> None:
+        self.backends.close()

@@ -1,0 +1,376 @@
+"""User datasets (task kind `dataset`): rows → token ids once at launch, read back identically on every site.
+
+    train.jsonl / .parquet ──prepare_dataset (launch, once)──▶ <out_dir>/
+      {"prompt": str | [{role, content}],                         prompts.safetensors  tokens int32, offsets int64
+       "ground_truth" | "reward_model": {"ground_truth"},         rows.jsonl           ground_truth, data_source,
+       "data_source", "extra_info"}                                                    extra_info, source row
+                                                                  manifest.json        counts, order, checksum
+    every site: load_dataset(out_dir) → PromptDataset (checksum verified)
+
+Bad rows (a missing field, a prompt over `max_prompt_tokens`, invalid JSON) are named `file:line N`
+(jsonl, 1-based) or `file:row N` (parquet, 0-based as in pandas), logged and counted; `bad_rows:
+refuse` turns them into one ConfigError, `skip` drops them. The data stream is a pure function of the
+position: position k is row order(k // N)[k % N], where order(epoch) is the permutation seeded by
+(shuffle_seed, epoch); iteration i's n prompts are positions i·n … i·n + n − 1 (prompt ids `p<k>`), so
+a resumed job needs no loader state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlctl.config.job import DatasetTask
+from rlctl.errors import ConfigError
+from rlctl.rl.reward import RewardPool, RewardResult, load_reward
+from rlctl.rl.tokenizer import TextTokenizer, decode_output
+
+log = logging.getLogger(__name__)
+
+TOKENS_FILE = "prompts.safetensors"
+ROWS_FILE = "rows.jsonl"
+MANIFEST_FILE = "manifest.json"
+VERL_ANSWER_KEY = "reward_model.ground_truth"
+SHOWN_BAD_ROWS = 3  # in the refusal's one line
+LOGGED_BAD_ROWS = 20
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class BadRow:
+    where: str  # "data/train.jsonl:line 3"
+    field: str | None
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.field}: {self.what}" if self.field else f"{self.where}: {self.what}"
+
+
+@dataclass(frozen=True)
+class DataPrompt:
+    prompt_id: str  # p<position in the data stream>
+    tokens: list[int]
+    ground_truth: Any
+    data_source: str
+    extra_info: Any
+    row: int  # index among the prepared rows
+    source_row: str  # "line 3" / "row 2" in the user's file
+
+
+# ── reading the user's file ───────────────────────────────────────────────────────────────────────
+
+
+def _read_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """(label, row) for each row: label `line N` (jsonl) or `row N` (parquet); a bad row is a BadRow."""
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            n = 0
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+                for row in batch.to_pylist():
+                    yield f"row {n}", row
+                    n += 1
+        except (OSError, pa.ArrowException) as e:
+            raise ConfigError(str(path), None, f"cannot read parquet: {e}") from e
+        return
+    try:
+        with path.open(encoding="utf-8") as f:
+            for i, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    yield f"line {i}", BadRow(f"{path}:line {i}", None, f"invalid JSON: {e.msg} (column {e.colno})")
+                    continue
+                yield f"line {i}", row
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(str(path), None, f"cannot read: {e}") from e
+
+
+def _lookup(row: dict[str, Any], key: str) -> Any:
+    """row[key], or the dotted path `a.b` through nested mappings; _MISSING when absent or null."""
+    if key in row:
+        value = row[key]
+    else:
+        value = row
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                return _MISSING
+            value = value[part]
+    return _MISSING if value is None else value
+
+
+def _json_ok(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _prompt_tokens(prompt: Any, cfg: DatasetTask, tokenizer: TextTokenizer) -> list[int] | str:
+    """Token ids of one prompt, or what is wrong with it."""
+    if isinstance(prompt, str):
+        if not prompt:
+            return "empty string"
+        if cfg.template_strings:
+            return tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, list) and prompt:
+        for i, m in enumerate(prompt):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+                return f"message [{i}] is not a {{role, content}} mapping"
+        if not tokenizer.has_chat_template:
+            return "chat messages need a chat template, and the tokenizer has none (give a string prompt)"
+        return tokenizer.encode_chat(prompt)
+    return f"expected a string or a non-empty list of chat messages [{{role, content}}], got {prompt!r:.60}"
+
+
+def _parse_row(
+    where: str, row: Any, cfg: DatasetTask, tokenizer: TextTokenizer, default_source: str
+) -> tuple[list[int], dict[str, Any]] | BadRow:
+    if not isinstance(row, dict):
+        return BadRow(where, None, f"expected a JSON object, got {type(row).__name__}")
+    answer: Any = None
+    if cfg.answer_key is not None:
+        answer = _lookup(row, cfg.answer_key)
+        if answer is _MISSING and cfg.answer_key == "ground_truth":
+            answer = _lookup(row, VERL_ANSWER_KEY)  # verl's layout works with the default key
+        if answer is _MISSING:
+            return BadRow(where, cfg.answer_key, "missing")
+        if not _json_ok(answer):
+            return BadRow(where, cfg.answer_key, f"not JSON-serialisable ({type(answer).__name__})")
+    source = _lookup(row, cfg.data_source_key)
+    if source is _MISSING:
+        source = default_source
+    elif not isinstance(source, str):
+        return BadRow(where, cfg.data_source_key, f"expected a string, got {type(source).__name__}")
+    extra = _lookup(row, cfg.extra_info_key)
+    extra = None if extra is _MISSING else extra
+    if not _json_ok(extra):
+        return BadRow(where, cfg.extra_info_key, f"not JSON-serialisable ({type(extra).__name__})")
+    prompt = _lookup(row, cfg.prompt_key)
+    if prompt is _MISSING:
+        return BadRow(where, cfg.prompt_key, "missing")
+    try:
+        tokens = _prompt_tokens(prompt, cfg, tokenizer)
+    except ValueError as e:  # the chat template refused the messages (raise_exception)
+        return BadRow(where, cfg.prompt_key, str(e))
+    if isinstance(tokens, str):
+        return BadRow(where, cfg.prompt_key, tokens)
+    if len(tokens) > cfg.max_prompt_tokens:
+        return BadRow(where, cfg.prompt_key, f"{len(tokens)} tokens, over max_prompt_tokens {cfg.max_prompt_tokens}")
+    return tokens, {"ground_truth": answer, "data_source": source, "extra_info": extra}
+
+
+# ── preparing (once, at launch) and loading (every site) ──────────────────────────────────────────
+
+_TOKENIZING_FIELDS = {
+    "prompt_key",
+    "answer_key",
+    "data_source_key",
+    "extra_info_key",
+    "template_strings",
+    "max_prompt_tokens",
+    "bad_rows",
+}
+
+
+def _sha256(*files: Path) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def prepare_dataset(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer, out_dir: Path) -> PromptDataset:
+    """Tokenize `data_path` into `out_dir` (kept when the file, tokenizer and settings are unchanged)."""
+    from safetensors.numpy import save
+
+    if not data_path.is_file():
+        raise ConfigError(str(data_path), None, "no such file (task.path is relative to the job file)")
+    source_sha = _sha256(data_path)
+    identity = {
+        "source": str(data_path),
+        "source_sha256": source_sha,
+        "tokenizer": tokenizer.fingerprint(),
+        "settings": cfg.model_dump(include=_TOKENIZING_FIELDS),
+    }
+    manifest_path = out_dir / MANIFEST_FILE
+    if manifest_path.exists():
+        old = json.loads(manifest_path.read_text(encoding="utf-8"))
+        if all(old.get(k) == v for k, v in identity.items()):
+            return load_dataset(out_dir, cfg)
+    tokens: list[list[int]] = []
+    rows: list[dict[str, Any]] = []
+    bad: list[BadRow] = []
+    for label, raw in _read_rows(data_path):
+        parsed = (
+            raw if isinstance(raw, BadRow) else _parse_row(f"{data_path}:{label}", raw, cfg, tokenizer, data_path.stem)
+        )
+        if isinstance(parsed, BadRow):
+            bad.append(parsed)
+            continue
+        tokens.append(parsed[0])
+        rows.append({"source_row": label, **parsed[1]})
+    total = len(rows) + len(bad)
+    _report_bad_rows(cfg, data_path, bad, total)
+    if not rows:
+        raise ConfigError(str(data_path), None, f"no usable rows ({total} read, {len(bad)} bad)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    offsets = np.zeros(len(tokens) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(t) for t in tokens])
+    flat = np.fromiter((t for seq in tokens for t in seq), dtype=np.int32, count=int(offsets[-1]))
+    _write_atomic(out_dir / TOKENS_FILE, save({"tokens": flat, "offsets": offsets}))
+    _write_atomic(out_dir / ROWS_FILE, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
+    manifest = {
+        **identity,
+        "num_rows": len(rows),
+        "num_bad_rows": len(bad),
+        "bad_rows": [str(b) for b in bad[:LOGGED_BAD_ROWS]],
+        "checksum": _sha256(out_dir / TOKENS_FILE, out_dir / ROWS_FILE),
+    }
+    _write_atomic(manifest_path, json.dumps(manifest, indent=1).encode())
+    log.info("dataset %s: %d prompts prepared in %s (%d bad rows skipped)", data_path, len(rows), out_dir, len(bad))
+    return load_dataset(out_dir, cfg)
+
+
+def _report_bad_rows(cfg: DatasetTask, data_path: Path, bad: list[BadRow], total: int) -> None:
+    if not bad:
+        return
+    if cfg.bad_rows == "refuse":
+        shown = "; ".join(str(b).removeprefix(f"{data_path}:") for b in bad[:SHOWN_BAD_ROWS])
+        more = f"; … {len(bad) - SHOWN_BAD_ROWS} more" if len(bad) > SHOWN_BAD_ROWS else ""
+        raise ConfigError(
+            str(data_path),
+            None,
+            f"{len(bad)} of {total} rows are bad: {shown}{more}",
+            hint="fix the rows, or set `task.bad_rows: skip` to train on the others",
+        )
+    for b in bad[:LOGGED_BAD_ROWS]:
+        log.warning("skipped bad row %s", b)
+    if len(bad) > LOGGED_BAD_ROWS:
+        log.warning("skipped %d more bad rows of %s", len(bad) - LOGGED_BAD_ROWS, data_path)
+    log.warning("dataset %s: skipped %d of %d rows (task.bad_rows: skip)", data_path, len(bad), total)
+
+
+def load_dataset(out_dir: Path, cfg: DatasetTask) -> PromptDataset:
+    """The prepared dataset in `out_dir`, its checksum verified (what every site calls)."""
+    from safetensors.numpy import load_file
+
+    manifest_path = out_dir / MANIFEST_FILE
+    if not manifest_path.exists():
+        raise ConfigError(str(manifest_path), None, "no prepared dataset here; the launch prepares it first")
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    if _sha256(out_dir / TOKENS_FILE, out_dir / ROWS_FILE) != manifest["checksum"]:
+        raise ConfigError(
+            str(out_dir), None, f"{TOKENS_FILE} or {ROWS_FILE} changed since they were prepared (checksum mismatch)"
+        )
+    arrays = load_file(str(out_dir / TOKENS_FILE))
+    with (out_dir / ROWS_FILE).open(encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    return PromptDataset(arrays["tokens"], arrays["offsets"], rows, cfg, manifest)
+
+
+class PromptDataset:
+    """Prepared prompts and their deterministic per-epoch order (see the module docstring)."""
+
+    def __init__(
+        self, tokens: np.ndarray, offsets: np.ndarray, rows: list[dict[str, Any]], cfg: DatasetTask, manifest: dict
+    ) -> None:
+        assert len(offsets) == len(rows) + 1
+        self._tokens = tokens
+        self._offsets = offsets
+        self._rows = rows
+        self.cfg = cfg
+        self.checksum: str = manifest["checksum"]
+        self.num_bad_rows: int = manifest["num_bad_rows"]
+        self._orders: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return int(np.diff(self._offsets).max())
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.cfg.max_output_tokens
+
+    def tokens(self, row: int) -> list[int]:
+        return list(self._tokens[self._offsets[row] : self._offsets[row + 1]].tolist())
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The row order of `epoch`: a permutation seeded by (shuffle_seed, epoch), or file order."""
+        if epoch not in self._orders:
+            if len(self._orders) > 4:
+                self._orders.clear()
+            n = len(self._rows)
+            rng = np.random.default_rng([self.cfg.shuffle_seed, epoch])
+            self._orders[epoch] = rng.permutation(n) if self.cfg.shuffle else np.arange(n)
+        return self._orders[epoch]
+
+    def row_at(self, position: int) -> int:
+        epoch, i = divmod(position, len(self._rows))
+        return int(self.order(epoch)[i])
+
+    def prompt(self, position: int) -> DataPrompt:
+        """The prompt at `position` of the data stream (id `p<position>`)."""
+        row = self.row_at(position)
+        r = self._rows[row]
+        return DataPrompt(
+            f"p{position}", self.tokens(row), r["ground_truth"], r["data_source"], r["extra_info"], row, r["source_row"]
+        )
+
+    def prompt_ids_for(self, iteration: int, n: int) -> list[str]:
+        return [f"p{k}" for k in range(iteration * n, (iteration + 1) * n)]
+
+    def rl_prompts(self, iteration: int, n: int) -> list[DataPrompt]:
+        """The n prompts of RL iteration `iteration`: positions iteration·n … iteration·n + n − 1."""
+        return [self.prompt(k) for k in range(iteration * n, (iteration + 1) * n)]
+
+
+# ── glue for the trainer and `rlctl check` ────────────────────────────────────────────────────────
+
+
+def submit_reward(
+    pool: RewardPool, tokenizer: TextTokenizer, *, sample_id: str, prompt: DataPrompt, output_tokens: Sequence[int]
+) -> Future[RewardResult]:
+    """Decode the output (cut at the first EOS) and queue its reward call; returns at once."""
+    text = decode_output(tokenizer, output_tokens)
+    return pool.submit(sample_id, prompt.data_source, text, prompt.ground_truth, prompt.extra_info)
+
+
+def check_task(cfg: DatasetTask, *, job_file: Path) -> None:
+    """What `rlctl check` verifies without tokenizing: the data file exists, the reward function loads."""
+    base = job_file.parent
+    data = base / cfg.path
+    if not data.is_file():
+        raise ConfigError(
+            str(job_file), "task.path", f"no such file {str(data)!r} (paths are relative to the job file)"
+        )
+    try:
+        load_reward(cfg.reward, base)
+    except ValueError as e:
+        raise ConfigError(str(job_file), "task.reward", str(e)) from e

@@ -1,0 +1,453 @@
+"""Reward functions: loading them (built-in or the user's), and calling them in a pool of worker processes.
+
+A reward function has verl's signature, so functions users already have work unchanged:
+
+    compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict
+
+    trainer thread                    dispatcher thread                  worker processes (forkserver)
+    pool.submit(id, …) ─▶ Future ─▶  pending ─▶ idle worker ─── call ──▶ fn(**kwargs) → checked result
+          │                           ◀── result / deadline passed ◀───┘
+          ▼                           deadline passed: kill the worker, start a new one,
+    future.result() → RewardResult    and score the call `on_error`
+
+A call that raises, runs past `timeout_s`, returns a wrong type (or a NaN) or kills its worker never
+fails the job: it scores `on_error`, is counted (calls, errors, timeouts, bad_type) and logged with
+its sample id. `workers=0` calls the function in the submitting thread (no timeout): the in-process
+mode for debugging and tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import logging
+import math
+import multiprocessing
+import numbers
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import ForkServerContext, SpawnContext
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from rlctl.textutil import did_you_mean, one_of
+
+log = logging.getLogger(__name__)
+
+RewardFn = Callable[..., Any]
+Outcome = Literal["ok", "error", "timeout", "bad_type"]
+ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def exact_match(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    """1.0 when the output, stripped, equals the ground truth (or one of a list of them), else 0.0."""
+    answers = ground_truth if isinstance(ground_truth, list | tuple) else [ground_truth]
+    return 1.0 if solution_str.strip() in {str(a).strip() for a in answers} else 0.0
+
+
+def digits(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    """The demo task's verifier (rlctl.rl.tasks.score): partial credit per (letter, count) run."""
+    from rlctl.rl.tasks import score
+
+    return score(str(ground_truth), solution_str)
+
+
+BUILTIN_REWARDS: dict[str, RewardFn] = {"digits": digits, "exact_match": exact_match}
+
+
+# ── loading ───────────────────────────────────────────────────────────────────────────────────────
+
+
+def _from_file(file: Path, shown: str) -> Any:
+    if not file.is_file():
+        raise ValueError(f"{shown}: no such file (relative paths are relative to the job file)")
+    digest = hashlib.sha256(str(file.resolve()).encode()).hexdigest()[:12]
+    mod_name = f"rlctl_reward_{file.stem}_{digest}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # before exec: dataclasses and pickle look the module up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # any error in the user's file is reported as one line
+        del sys.modules[mod_name]
+        raise ValueError(f"{shown}: cannot import: {type(e).__name__}: {e}") from e
+    return module
+
+
+def _from_module(name: str, base_dir: Path) -> Any:
+    if str(base_dir) not in sys.path:
+        sys.path.append(str(base_dir))  # a module beside the job file is found; installed ones come first
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and name.startswith(e.name):
+            raise ValueError(f"no module named {e.name!r} (install it, or name a file: path/to/file.py:fn)") from e
+        raise ValueError(f"module {name!r}: cannot import: {e}") from e
+    except Exception as e:  # any error in the user's module is reported as one line
+        raise ValueError(f"module {name!r}: cannot import: {type(e).__name__}: {e}") from e
+
+
+def load_reward(spec: str, base_dir: Path) -> RewardFn:
+    """The reward function named by `spec`: a built-in name, `path/to/file.py:name` or `package.module:name`.
+
+    Raises ValueError with one line naming what is missing (file, module, function) or wrong (not
+    callable, a signature that cannot take verl's arguments).
+    """
+    target, sep, name = spec.rpartition(":")
+    if not sep:
+        if spec not in BUILTIN_REWARDS:
+            raise ValueError(
+                f"unknown built-in reward {spec!r}; built-ins: {one_of(BUILTIN_REWARDS)}"
+                f"{did_you_mean(spec, BUILTIN_REWARDS)}; or a user function: path/to/file.py:name or module:name"
+            )
+        return BUILTIN_REWARDS[spec]
+    if target.endswith(".py"):
+        file = Path(target) if Path(target).is_absolute() else base_dir / target
+        module, where = _from_file(file, target), target
+    else:
+        module, where = _from_module(target, base_dir), f"module {target!r}"
+    fn = getattr(module, name, None)
+    if fn is None:
+        defined = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+        raise ValueError(f"{where}: no function {name!r}{did_you_mean(name, defined)}; defined: {one_of(defined)}")
+    if not callable(fn):
+        raise ValueError(f"{where}: {name!r} is a {type(fn).__name__}, not a function")
+    _check_signature(fn, f"{target}:{name}")
+    return fn
+
+
+def _check_signature(fn: RewardFn, shown: str) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # builtins without a signature: the first call tells
+    try:
+        sig.bind(**dict.fromkeys(ARGS[:3]))
+    except TypeError as e:
+        raise ValueError(
+            f"{shown}{sig}: cannot be called as compute_score(data_source=, solution_str=, ground_truth=, "
+            f"extra_info=None): {e}"
+        ) from e
+
+
+def _takes_extra_info(fn: RewardFn) -> bool:
+    try:
+        inspect.signature(fn).bind(**dict.fromkeys(ARGS))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+# ── one call, checked ─────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    score: float
+    outcome: Outcome = "ok"
+    error: str | None = None
+    extra: dict[str, float] = field(default_factory=dict)  # the other numeric keys of a dict return
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and math.isfinite(float(v))
+
+
+def check_result(value: Any, on_error: float) -> RewardResult:
+    """A function's return value as a RewardResult: a finite number, or a dict with a numeric 'score'."""
+    if isinstance(value, dict):
+        if "score" not in value:
+            return RewardResult(on_error, "bad_type", f"dict without a 'score' key (keys: {sorted(map(str, value))})")
+        extra = {str(k): float(v) for k, v in value.items() if k != "score" and _real(v)}
+        value, rest = value["score"], extra
+    else:
+        rest = {}
+    if not _real(value):
+        return RewardResult(on_error, "bad_type", f"expected a finite number or a dict with 'score', got {value!r:.80}")
+    return RewardResult(float(value), "ok", None, rest)
+
+
+def call_reward(fn: RewardFn, kwargs: dict[str, Any], on_error: float) -> RewardResult:
+    """Call `fn` once in this thread; an exception scores `on_error`."""
+    try:
+        value = fn(**kwargs)
+    except Exception as e:  # noqa: BLE001 - a user function's failure is scored, counted and logged
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        where = f" ({Path(frame.filename).name}:{frame.lineno})"
+        return RewardResult(on_error, "error", f"{type(e).__name__}: {e}{where}")
+    return check_result(value, on_error)
+
+
+def _worker_main(spec: str, base_dir: str, on_error: float, conn: Connection) -> None:
+    """Worker process: load the function, say "ready" (or why not), then answer each kwargs with a RewardResult."""
+    try:
+        fn = load_reward(spec, Path(base_dir))
+    except ValueError as e:
+        conn.send(str(e))
+        return
+    takes_extra_info = _takes_extra_info(fn)
+    conn.send("ready")
+    while True:
+        try:
+            kwargs = conn.recv()
+        except EOFError:
+            return
+        if kwargs is None:
+            return
+        if not takes_extra_info:
+            kwargs.pop("extra_info", None)
+        conn.send(call_reward(fn, kwargs, on_error))
+
+
+# ── the pool ──────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class _Call:
+    sample_id: str
+    kwargs: dict[str, Any]
+    future: Future[RewardResult]
+
+
+@dataclass
+class _Worker:
+    proc: Any  # multiprocessing.process.BaseProcess
+    conn: Connection
+    state: Literal["starting", "ready", "broken"] = "starting"
+    call: _Call | None = None
+    deadline: float = math.inf
+
+
+@dataclass
+class RewardStats:
+    calls: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    bad_type: int = 0
+    restarts: int = 0  # workers replaced (killed on a timeout, or died)
+
+    @property
+    def failures(self) -> int:
+        return self.errors + self.timeouts + self.bad_type
+
+
+class RewardPool:
+    """Reward calls in `workers` processes, each call bounded by `timeout_s` (see the module docstring)."""
+
+    def __init__(
+        self, spec: str, *, base_dir: Path, workers: int = 2, timeout_s: float = 10.0, on_error: float = 0.0
+    ) -> None:
+        self.spec = spec
+        self.base_dir = base_dir
+        self.timeout_s = timeout_s
+        self.on_error = float(on_error)
+        self.stats = RewardStats()
+        self._fn = load_reward(spec, base_dir)  # a bad spec fails here, in the caller
+        self._inline = workers == 0
+        self._lock = threading.Lock()
+        self._pending: deque[_Call] = deque()
+        self._closed = False
+        self._workers: list[_Worker] = []
+        if self._inline:
+            return
+        methods = multiprocessing.get_all_start_methods()
+        # never fork: the trainer has threads (and torch's); forkserver forks from a clean process
+        ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        self._ctx = cast("ForkServerContext | SpawnContext", ctx)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._workers = [self._start_worker() for _ in range(workers)]
+        self._thread = threading.Thread(target=self._dispatch, name="reward-pool", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def submit(
+        self, sample_id: str, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+    ) -> Future[RewardResult]:
+        """Queue one call and return at once; the future's result is always a RewardResult."""
+        kwargs = {
+            "data_source": data_source,
+            "solution_str": solution_str,
+            "ground_truth": ground_truth,
+            "extra_info": extra_info,
+        }
+        call = _Call(sample_id, kwargs, Future())
+        if self._inline:
+            if not _takes_extra_info(self._fn):
+                kwargs.pop("extra_info")
+            self._finish(call, call_reward(self._fn, kwargs, self.on_error))
+            return call.future
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("reward pool is closed")
+            self._pending.append(call)
+        self._wake_w.send(b"x")
+        return call.future
+
+    def score(
+        self, sample_id: str, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+    ) -> RewardResult:
+        """One call, waiting for its result."""
+        return self.submit(sample_id, data_source, solution_str, ground_truth, extra_info).result()
+
+    def close(self) -> None:
+        """Stop the workers; calls not finished yet are cancelled."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._inline:
+            return
+        self._wake_w.send(b"x")
+        self._thread.join()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # ── the dispatcher thread ──
+
+    def _start_worker(self) -> _Worker:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(
+            target=_worker_main,
+            args=(self.spec, str(self.base_dir), self.on_error, child),
+            name="rlctl-reward",
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        return _Worker(proc, parent)
+
+    def _finish(self, call: _Call, result: RewardResult) -> None:
+        s = self.stats
+        s.calls += 1
+        if result.outcome == "error":
+            s.errors += 1
+        elif result.outcome == "timeout":
+            s.timeouts += 1
+        elif result.outcome == "bad_type":
+            s.bad_type += 1
+        if not result.ok:
+            log.warning(
+                "reward %s: sample %s: %s; scored %s", result.outcome, call.sample_id, result.error, result.score
+            )
+        call.future.set_result(result)
+
+    def _replace(self, i: int) -> None:
+        w = self._workers[i]
+        w.proc.kill()
+        w.proc.join()
+        w.conn.close()
+        self.stats.restarts += 1
+        self._workers[i] = self._start_worker()
+
+    def _assign(self) -> None:
+        for i, w in enumerate(self._workers):
+            if w.state != "ready" or w.call is not None:
+                continue
+            with self._lock:
+                if not self._pending:
+                    return
+                call = self._pending.popleft()
+            try:
+                w.conn.send(call.kwargs)
+            except OSError:  # died while idle: its replacement takes the call once ready
+                with self._lock:
+                    self._pending.appendleft(call)
+                self._replace(i)
+                continue
+            w.call, w.deadline = call, time.monotonic() + self.timeout_s
+        if all(w.state == "broken" for w in self._workers):
+            with self._lock:
+                pending, self._pending = list(self._pending), deque()
+            for call in pending:
+                self._finish(call, RewardResult(self.on_error, "error", "no reward worker could load the function"))
+
+    def _receive(self, i: int) -> None:
+        w = self._workers[i]
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            w.proc.join(1.0)
+            code, call = w.proc.exitcode, w.call
+            if w.state == "starting":  # crashed while loading the function: do not restart it in a loop
+                log.error("reward worker %d died while loading %s (exit code %s)", i, self.spec, code)
+                w.state = "broken"
+                return
+            self._replace(i)
+            if call is not None:
+                self._finish(call, RewardResult(self.on_error, "error", f"reward worker died (exit code {code})"))
+            return
+        if w.state == "starting":
+            if msg == "ready":
+                w.state = "ready"
+            else:
+                log.error("reward worker %d cannot load %s: %s", i, self.spec, msg)
+                w.state = "broken"
+            return
+        call, w.call, w.deadline = w.call, None, math.inf
+        assert call is not None and isinstance(msg, RewardResult), msg
+        self._finish(call, msg)
+
+    def _dispatch(self) -> None:
+        try:
+            while not self._closed:
+                self._assign()
+                waiting = [w for w in self._workers if w.state == "starting" or w.call is not None]
+                next_deadline = min((w.deadline for w in waiting), default=math.inf)
+                timeout = None if math.isinf(next_deadline) else max(0.0, next_deadline - time.monotonic())
+                ready = wait([self._wake_r, *(w.conn for w in waiting)], timeout)
+                if self._wake_r in ready:
+                    self._wake_r.recv(4096)
+                for i, w in enumerate(list(self._workers)):
+                    if w.conn in ready:
+                        self._receive(i)
+                    elif w.call is not None and time.monotonic() >= w.deadline:
+                        call = w.call
+                        self._replace(i)  # a running call cannot be interrupted: its process goes
+                        self._finish(call, RewardResult(self.on_error, "timeout", f"no result in {self.timeout_s}s"))
+        except Exception:  # a dead dispatcher would leave futures hanging: log, cancel them
+            log.exception("reward pool dispatcher failed; pending reward calls are cancelled")
+        finally:
+            with self._lock:
+                self._closed = True
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            pending, self._pending = list(self._pending), deque()
+        for call in pending:
+            call.future.cancel()
+        for w in self._workers:
+            if w.call is not None:  # a running call is not waited for
+                w.call.future.cancel()
+                w.proc.kill()
+            with contextlib.suppress(OSError):
+                w.conn.send(None)
+        for w in self._workers:
+            w.proc.join(timeout=2.0)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join()
+            w.conn.close()

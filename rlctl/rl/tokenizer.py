@@ -1,0 +1,201 @@
+"""The tokenizer of a Hugging Face model directory, without transformers: encode, decode, chat template, EOS ids.
+
+    model_dir/
+      tokenizer.json           vocabulary, pre-tokenizer, post-processor   → `tokenizers.Tokenizer`
+      tokenizer_config.json    special tokens, `chat_template`              → template variables
+      chat_template.jinja      (newer exports) the template; wins over tokenizer_config's
+      generation_config.json   eos_token_id (int or list)  ┐
+      config.json              eos_token_id (int or list)  ├ EOS ids: the union, in this order
+                               tokenizer_config eos_token  ┘
+
+The chat template is rendered the way transformers renders it (sandboxed jinja2 with trim_blocks and
+lstrip_blocks, `raise_exception`, a `tojson` that keeps non-ASCII, the special tokens as variables), and
+the rendered text is encoded without adding special tokens again: the template already holds them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from rlctl.errors import ConfigError
+
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+class TextTokenizer(Protocol):
+    """What the dataset and the reward path need from a tokenizer."""
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def has_chat_template(self) -> bool: ...
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
+
+    def fingerprint(self) -> str: ...
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(str(path), None, f"cannot read JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), None, f"top level must be an object, got {type(data).__name__}")
+    return data
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json stores it: a string or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _ids(value: Any) -> list[int]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def _chat_template(model_dir: Path, config: dict[str, Any]) -> str | None:
+    jinja_file = model_dir / "chat_template.jinja"
+    if jinja_file.exists():
+        return jinja_file.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):  # older multi-template form: [{name, template}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def render_chat_template(template: str, messages: Sequence[dict[str, Any]], **variables: Any) -> str:
+    """Render `template` for `messages` with `add_generation_prompt=True`, as transformers does."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(
+        x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+    ) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template).render(messages=list(messages), add_generation_prompt=True, **variables)
+    except jinja2.exceptions.TemplateError as e:
+        raise ValueError(f"chat template: {e}") from e
+
+
+class HFTokenizer:
+    """A model directory's tokenizer (see the module docstring for the files read)."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.model_dir = model_dir
+        tok_file = model_dir / "tokenizer.json"
+        if not tok_file.exists():
+            raise ConfigError(
+                str(tok_file), None, "no such file; the model directory needs a fast tokenizer (tokenizer.json)"
+            )
+        try:
+            self._tok = Tokenizer.from_file(str(tok_file))
+        except Exception as e:  # the tokenizers library raises plain Exception on bad files
+            raise ConfigError(str(tok_file), None, f"cannot load tokenizer: {e}") from e
+        config = _read_json(model_dir / "tokenizer_config.json")
+        self.special_tokens: dict[str, str] = {}
+        for key in SPECIAL_TOKEN_KEYS:
+            text = _token_text(config.get(key))
+            if text is not None:
+                self.special_tokens[key] = text
+        self.chat_template = _chat_template(model_dir, config)
+        eos: list[int] = []
+        eos += _ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
+        eos += _ids(_read_json(model_dir / "config.json").get("eos_token_id"))
+        eos_text = self.special_tokens.get("eos_token")
+        if eos_text is not None and (i := self._tok.token_to_id(eos_text)) is not None:
+            eos.append(i)
+        self._eos_ids = tuple(dict.fromkeys(eos))
+        pad_text = self.special_tokens.get("pad_token")
+        pad = self._tok.token_to_id(pad_text) if pad_text is not None else None
+        self.pad_id: int = pad if pad is not None else (self._eos_ids[0] if self._eos_ids else 0)
+        bos_text = self.special_tokens.get("bos_token")
+        self.bos_id: int | None = self._tok.token_to_id(bos_text) if bos_text is not None else None
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return self._eos_ids
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.chat_template is not None
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]]) -> str:
+        """The prompt text for `messages`, ending with the assistant header (`add_generation_prompt=True`)."""
+        if self.chat_template is None:
+            raise ValueError(f"the tokenizer in {self.model_dir} has no chat_template")
+        return render_chat_template(self.chat_template, messages, **self.special_tokens)
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def fingerprint(self) -> str:
+        """Hash of everything that changes token ids: the tokenizer, the template, the EOS ids."""
+        h = hashlib.sha256((self.model_dir / "tokenizer.json").read_bytes())
+        h.update(json.dumps([self.chat_template, self.special_tokens, self._eos_ids], sort_keys=True).encode())
+        return h.hexdigest()[:16]
+
+
+def load_tokenizer(model_dir: Path) -> HFTokenizer:
+    if not model_dir.is_dir():
+        raise ConfigError(str(model_dir), None, "no such directory; expected a Hugging Face model directory")
+    return HFTokenizer(model_dir)
+
+
+def cut_at_eos(ids: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
+    """`ids` up to (not including) the first EOS id."""
+    stop = set(eos_ids)
+    for i, t in enumerate(ids):
+        if t in stop:
+            return list(ids[:i])
+    return list(ids)
+
+
+def decode_output(tokenizer: TextTokenizer, ids: Sequence[int]) -> str:
+    """The text a reward function scores: the output cut at the first EOS, special tokens dropped."""
+    return tokenizer.decode(cut_at_eos(ids, tokenizer.eos_ids), skip_special_tokens=True)

@@ -1,0 +1,122 @@
+"""The job's weight plane follows the broadcast plan: the trainer's publisher tells every unit whom to
+pull from, one copy crosses into a remote datacenter and is relayed there, units that share a host
+are chained together, and the controller's book counts copies per inter-DC link."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from rlctl.agents.weightbook import WeightBook
+from rlctl.agents.weights import Target, WeightPublisher, fetch_weights, holders_for, plan_version, weight_node
+from rlctl.config.job import WeightSync
+from rlctl.transport import InprocTransport, Message
+
+
+def _targets(spec: dict[str, tuple[str, str]]) -> dict[str, Target]:
+    """name → (datacenter, host): addresses carry the host, as tcp addresses do."""
+    return {n: Target(f"tcp://{h}:1", f"tcp://{h}:{100 + i}", dc) for i, (n, (dc, h)) in enumerate(spec.items())}
+
+
+def test_one_copy_enters_a_remote_datacenter_and_each_host_is_visited_once():
+    targets = _targets(
+        {
+            "rollout-0": ("dc-b", "h2"),
+            "rollout-1": ("dc-b", "h1"),
+            "rollout-2": ("dc-b", "h2"),
+            "rollout-3": ("dc-b", "h1"),
+            "rollout-4": ("dc-a", "t1"),
+        }
+    )
+    plan = plan_version(["tcp://t0:1", "tcp://t0:2"], "dc-a", targets)
+    dc = {n: t.datacenter for n, t in targets.items()} | {"trainer-0": "dc-a", "trainer-1": "dc-a"}
+    crossing = [(p, c) for c, p in plan.parent.items() if dc[p] != dc[c]]
+    assert len(crossing) == 1 and crossing[0][0].startswith("trainer-")
+    # inside dc-b a chain that visits h1's units, then h2's: two host-to-host copies, never back
+    host = {n: t.weights.split("//")[1].split(":")[0] for n, t in targets.items()}
+    chain = [crossing[0][1]]
+    while kids := plan.children(chain[-1]):
+        chain.append(kids[0])
+    assert [host[n] for n in chain] == ["h1", "h1", "h2", "h2"]
+    # the dc-a unit hangs below a trainer root; the remote copy comes from the other (less loaded) root
+    assert plan.parent["rollout-4"] != crossing[0][0]
+    # holders: the planned parent first, the trainer's roots always among the fallbacks
+    h = holders_for(plan, chain[-1])
+    assert h[0] == targets[chain[-2]].weights and {"tcp://t0:1", "tcp://t0:2"} <= set(h)
+
+
+def test_a_running_publisher_sends_one_copy_per_version_into_the_remote_datacenter():
+    transport = InprocTransport(secret=b"k" * 16)
+    sync = WeightSync(mode="delta", chunk_bytes=4096)
+    pub = WeightPublisher(transport, listen="inproc://", sync=sync, timeout_s=10)
+    names = ["rollout-0", "rollout-1", "rollout-2"]
+    units = {}
+    for n in names:
+        listener = transport.listen("inproc://")
+        units[n] = (listener, weight_node(transport, "inproc://", sync, timeout_s=10))
+    book = WeightBook()
+    book.node(pub.node.address, agent="trainer-0", datacenter="dc-a")
+    for n, (_, node) in units.items():
+        book.node(node.address, agent=n, datacenter="dc-b")
+    got: dict[str, list[Message]] = {n: [] for n in names}
+
+    def unit(name: str, versions: int) -> None:
+        listener, node = units[name]
+        conn = listener.accept(timeout_s=10)
+        while True:
+            msg = conn.recv(10)
+            got[name].append(fetch_weights(node, msg))
+            if int(msg.header["version"]) == versions:
+                return
+
+    threads = [threading.Thread(target=unit, args=(n, 3), daemon=True) for n in names]
+    for t in threads:
+        t.start()
+    pub.set_targets({n: Target(units[n][0].address, units[n][1].address, "dc-b") for n in names}, datacenter="dc-a")
+    torch.manual_seed(0)
+    w = {"a": torch.randn(5000), "b": torch.randn(300)}
+    for v in (1, 2, 3):
+        w = {k: x + 1e-3 * torch.randn_like(x) * (torch.rand_like(x) < 0.05) for k, x in w.items()}
+        pub.publish(v, w)
+        for t in threads:
+            t.join(timeout=0)
+        while not all(any(int(m.header["version"]) >= v for m in got[n]) for n in names):
+            threads[0].join(timeout=0.05)
+    for t in threads:
+        t.join(timeout=30)
+    for n in names:
+        last = got[n][-1]
+        assert last.header["version"] == 3
+        assert all(torch.equal(x, w[k]) for k, x in zip(last.header["names"], last.tensors, strict=True))
+        for m in got[n]:
+            book.applied(
+                n,
+                datacenter="dc-b",
+                version=int(m.header["version"]),
+                holder=m.header["holder"],
+                encoding=m.header["encoding"],
+                wire_bytes=m.header["wire_bytes"],
+                fetch_s=m.header["fetch_s"],
+            )
+    # per version exactly one unit pulled from the trainer; the others from a relay in dc-b
+    for v in (1, 2, 3):
+        rec = book.versions[v]
+        assert rec.units == 3 and rec.links["dc-a->dc-b"]["copies"] == 1, rec.view()
+    assert book.totals["dc-a->dc-b"]["copies"] == 3
+    assert book.versions[3].encodings.get("delta") == 3  # steady state travels as deltas, relays included
+    pub.close()
+    for listener, node in units.values():
+        listener.close()
+        node.close()
+
+
+def test_the_book_times_a_version_until_the_last_live_unit_has_it_even_when_units_skip_versions():
+    book = WeightBook()
+    book.published(1, 10.0)
+    book.published(2, 11.0)
+    live = {"u0", "u1"}
+    assert book.reached("u0", 1, live, 10.5) == []
+    assert book.reached("u1", 2, live, 11.5) == [1.5]  # u1 skipped v1: holding v2 it has v1 too
+    assert book.reached("u0", 2, live, 12.0) == [1.0]
+    assert book.versions[1].last_unit_s == 1.5 and book.versions[2].last_unit_s == 1.0

@@ -1,0 +1,215 @@
+"""HF Llama/Qwen2 checkpoints in the embedded model: transformers is the parity oracle (fp32, ≤ 1e-5)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlctl.engines import EmbeddedEngine, GenRequest
+from rlctl.engines.hf import INDEX_FILE, SAFETENSORS_FILE, check_hf_dir, expected_shapes
+from rlctl.engines.model import TinyGPT
+from rlctl.errors import ConfigError
+from rlctl.rl.samples import token_logprobs
+from tests.unit.hf_checkpoints import VARIANTS, write_checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+ATOL = 1e-5
+
+
+@pytest.fixture(params=list(VARIANTS))
+def variant(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def tokens(batch: int, length: int, *, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 96, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def hf_logits(model, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out: torch.Tensor = model(input_ids=x).logits
+    return out
+
+
+def test_logits_equal_transformers(variant: str, tmp_path: Path) -> None:
+    ref = write_checkpoint(variant, tmp_path)
+    model = TinyGPT.from_pretrained(tmp_path).eval()
+    x = tokens(3, 100)
+    with torch.no_grad():
+        got = model(x)
+    torch.testing.assert_close(got, hf_logits(ref, x), atol=ATOL, rtol=0)
+
+
+def test_trainer_gradients_equal_transformers(variant: str, tmp_path: Path) -> None:
+    """The trainer's loss path (token log-probs → backward) gives transformers' gradients, tied lm_head included."""
+    ref = write_checkpoint(variant, tmp_path)
+    model = TinyGPT.from_pretrained(tmp_path)
+    x = tokens(2, 24, seed=1)
+    token_logprobs(model, x).sum().backward()
+    logits = ref(input_ids=x).logits[:, :-1]
+    torch.log_softmax(logits, -1).gather(-1, x[:, 1:, None]).sum().backward()
+    ref_grads = dict(ref.named_parameters())
+    for name, p in model.named_parameters():  # tied: one parameter, listed once, under the embedding's name
+        assert p.grad is not None and ref_grads[name].grad is not None
+        torch.testing.assert_close(p.grad, ref_grads[name].grad, atol=ATOL, rtol=1e-4)
+
+
+def test_prefill_then_decode_equals_full_forward(variant: str, tmp_path: Path) -> None:
+    write_checkpoint(variant, tmp_path)
+    model = TinyGPT.from_pretrained(tmp_path).eval()
+    x = tokens(3, 40, seed=2)
+    with torch.no_grad():
+        full = model(x)
+    cache = model.new_cache(3, 48)
+    model.prefill(cache, torch.arange(3), x[:, :17], torch.tensor([5, 17, 1]))
+    for _ in range(20):  # rows at different positions advance together
+        pos = cache.lengths.clone()
+        logits = model.decode(cache, x[torch.arange(3), pos])  # another summation order: ~20 ulp at |logit| ≈ 7
+        torch.testing.assert_close(logits, full[torch.arange(3), pos], atol=ATOL, rtol=1e-5)
+
+
+def test_engine_greedy_equals_transformers_generate(variant: str, tmp_path: Path) -> None:
+    ref = write_checkpoint(variant, tmp_path)
+    engine = EmbeddedEngine.from_pretrained(tmp_path, max_batch_size=3, temperature=0.0)
+    prompts = [[1, 40, 41, 42], [1, 7], [1, 90, 12, 13, 14, 15, 16], [1, 60, 61]]
+    engine.add([GenRequest(f"p{i}", p, 16) for i, p in enumerate(prompts)])
+    got = {r.request_id: r.output_tokens for r in engine.run_until_done()}
+    for i, p in enumerate(prompts):
+        out = ref.generate(torch.tensor([p]), max_new_tokens=16, do_sample=False, pad_token_id=0)
+        assert got[f"p{i}"] == out[0, len(p) :].tolist(), f"prompt {i}"
+
+
+def test_a_row_ends_on_any_of_several_eos_ids(tmp_path: Path) -> None:
+    write_checkpoint("llama-hd64-eos3", tmp_path)
+    model = TinyGPT.from_pretrained(tmp_path)
+    assert model.config.eos_token_ids == (2, 5, 7)
+    free = EmbeddedEngine(model, temperature=0.0)
+    free.add([GenRequest("a", [1, 40, 41], 12, ignore_eos=True)])
+    (run,) = free.run_until_done()
+    stop = run.output_tokens[4]
+    others = [t for t in range(96) if t not in run.output_tokens[:5]][:2]
+    model.config.eos_token_id = [*others, stop]  # the row's 5th token is the last of three EOS ids
+    engine = EmbeddedEngine(model, temperature=0.0)
+    engine.add([GenRequest("a", [1, 40, 41], 12)])
+    (res,) = engine.run_until_done()
+    assert (res.output_tokens, res.finish_reason) == (run.output_tokens[: run.output_tokens.index(stop) + 1], "eos")
+    model.config.eos_token_id = others
+    given = EmbeddedEngine(model, temperature=0.0, eos_token_ids=[stop])  # e.g. the tokenizer's EOS ids
+    given.add([GenRequest("a", [1, 40, 41], 12)])
+    assert given.run_until_done()[0].output_tokens == res.output_tokens
+
+
+def test_sharded_checkpoint_loads(tmp_path: Path) -> None:
+    ref = write_checkpoint("llama-hd64-eos3", tmp_path, max_shard_size="40KB")
+    assert (tmp_path / INDEX_FILE).exists() and not (tmp_path / SAFETENSORS_FILE).exists()
+    info = check_hf_dir(tmp_path)
+    assert len(info.weight_files) > 3
+    x = tokens(2, 30)
+    with torch.no_grad():
+        torch.testing.assert_close(TinyGPT.from_pretrained(tmp_path)(x), hf_logits(ref, x), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("max_shard_bytes", [None, 50_000])
+def test_load_save_load_is_bit_exact_and_transformers_reads_it(
+    variant: str, tmp_path: Path, max_shard_bytes: int | None
+) -> None:
+    ref = write_checkpoint(variant, tmp_path / "src")
+    first = TinyGPT.from_pretrained(tmp_path / "src")
+    first.save_pretrained(tmp_path / "out", max_shard_bytes=max_shard_bytes, tokenizer_from=tmp_path / "src")
+    assert ((tmp_path / "out" / INDEX_FILE).exists()) == (max_shard_bytes is not None)
+    assert (tmp_path / "out" / "tokenizer.json").read_text() == (tmp_path / "src" / "tokenizer.json").read_text()
+    again = TinyGPT.from_pretrained(tmp_path / "out")
+    assert again.config == first.config
+    a, b = first.state_dict(), again.state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+    reread = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    x = tokens(2, 50)
+    torch.testing.assert_close(hf_logits(reread, x), hf_logits(ref, x), atol=0, rtol=0)
+
+
+def test_bf16_checkpoint_loads_into_fp32(tmp_path: Path) -> None:
+    write_checkpoint("qwen2-tied-hd32", tmp_path, dtype=torch.bfloat16)
+    model = TinyGPT.from_pretrained(tmp_path)
+    assert model.config.torch_dtype == "bfloat16" and check_hf_dir(tmp_path).arch.bytes_per_param == 2
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    x = tokens(2, 30)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf_logits(ref, x), atol=ATOL, rtol=0)
+    model.save_pretrained(tmp_path / "fp32")  # the fp32 copy holds the same (bf16-representable) values
+    assert json.loads((tmp_path / "fp32" / "config.json").read_text())["torch_dtype"] == "float32"
+    assert all(
+        torch.equal(p, q)
+        for p, q in zip(model.parameters(), TinyGPT.from_pretrained(tmp_path / "fp32").parameters(), strict=True)
+    )
+
+
+def test_check_hf_dir_gives_the_planner_figures(variant: str, tmp_path: Path) -> None:
+    ref = write_checkpoint(variant, tmp_path)
+    info = check_hf_dir(tmp_path, name="tiny")
+    c, a = ref.config, info.arch
+    assert (a.name, a.layers, a.hidden, a.heads, a.kv_heads, a.vocab, a.intermediate) == (
+        "tiny",
+        c.num_hidden_layers,
+        c.hidden_size,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.vocab_size,
+        c.intermediate_size,
+    )
+    assert a.params == sum(p.numel() for p in ref.parameters())  # tied embeddings counted once, biases in
+    assert (
+        a.head_dim == c.head_dim
+        and a.kv_bytes_per_token == 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
+    )
+    assert info.weight_files == [tmp_path / SAFETENSORS_FILE] and "tokenizer.json" in info.tokenizer_files
+    assert dict(expected_shapes(info.config)) == {
+        k: tuple(v.shape) for k, v in ref.state_dict().items() if not (c.tie_word_embeddings and k == "lm_head.weight")
+    }
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "complaint"),
+    [
+        ("architectures", ["MistralForCausalLM"], "supported: LlamaForCausalLM, Qwen2ForCausalLM"),
+        ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, "supported: default RoPE"),
+        ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}, "supported: default RoPE"),
+        ("use_sliding_window", True, "supported: false"),
+        ("hidden_act", "gelu", "supported: silu"),
+        ("mlp_bias", True, "supported: false"),
+        ("model_type", "mistral", "does not match"),
+        ("torch_dtype", "float8_e4m3fn", "supported: float32, bfloat16, float16"),
+        ("num_key_value_heads", 3, "does not divide"),
+    ],
+)
+def test_unsupported_configs_are_refused_in_one_line(tmp_path: Path, key: str, value: object, complaint: str) -> None:
+    write_checkpoint("llama-hd64-eos3", tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("dtype", None)  # so that torch_dtype is the key read
+    cfg[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for load in (check_hf_dir, TinyGPT.from_pretrained):
+        with pytest.raises(ConfigError) as e:
+            load(tmp_path)
+        msg = str(e.value)
+        assert msg.startswith(f"{tmp_path / 'config.json'}: {key}: ") and complaint in msg and "\n" not in msg
+
+
+def test_weights_that_do_not_match_the_config_are_refused(tmp_path: Path) -> None:
+    write_checkpoint("qwen2-tied-hd32", tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 128}))
+    with pytest.raises(
+        ConfigError, match=r"mlp.gate_proj.weight has shape \[96, 64\]; config.json implies \[128, 64\]"
+    ):
+        check_hf_dir(tmp_path)
+    (tmp_path / "config.json").write_text(
+        json.dumps({**cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    )
+    with pytest.raises(ConfigError, match=r"self_attn\.[qkv]_proj\.bias is not part of a LlamaForCausalLM"):
+        TinyGPT.from_pretrained(tmp_path)
+    (tmp_path / SAFETENSORS_FILE).unlink()
+    with pytest.raises(ConfigError, match="no weights"):
+        check_hf_dir(tmp_path)

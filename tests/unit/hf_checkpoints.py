@@ -1,0 +1,93 @@
+"""Tiny Hugging Face checkpoints built with `transformers` (weights cannot be downloaded on these machines).
+
+Each variant exercises a part of the HF format the embedded model must read: Qwen2's q/k/v bias
+with tied embeddings and a 32-wide head, Llama with an explicit 64-wide head (≠ hidden/heads) and
+several EOS ids, Llama with `attention_bias`. Weights are redrawn wider than HF's init (std 0.02
+gives near-uniform logits, where greedy comparisons would hinge on ties) and biases and norm
+weights are made non-trivial so that they are checked too. Import `transformers` only after
+`pytest.importorskip("transformers")`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+COMMON: dict[str, Any] = {
+    "vocab_size": 96,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "qwen2-tied-hd32": {
+        "arch": "qwen2",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "head_dim": 32,
+        "num_key_value_heads": 1,
+        "tie_word_embeddings": True,
+        "eos_token_id": [2, 3],
+        "rope_theta": 1000000.0,
+    },
+    "llama-hd64-eos3": {
+        "arch": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "head_dim": 64,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": False,
+        "eos_token_id": [2, 5, 7],
+        "rope_theta": 500000.0,
+    },
+    "llama-bias-tied": {
+        "arch": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "attention_bias": True,
+        "tie_word_embeddings": True,
+        "eos_token_id": 2,
+    },
+}
+
+
+def hf_model(variant: str, *, seed: int = 0) -> Any:
+    """A randomly initialised transformers model of `variant`, fp32, in eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    spec = {**COMMON, **VARIANTS[variant]}
+    kind = spec.pop("arch")
+    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if kind == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**spec)).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            else:  # matrices and biases
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def write_checkpoint(
+    variant: str,
+    directory: Path,
+    *,
+    seed: int = 0,
+    max_shard_size: str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Any:
+    """Save `hf_model(variant)` with transformers' own save_pretrained (sharded when
+    `max_shard_size` is given, cast to `dtype`); returns the fp32 model that was saved."""
+    model = hf_model(variant, seed=seed)
+    out = model if dtype is None else hf_model(variant, seed=seed).to(dtype)
+    kw = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    out.save_pretrained(directory, **kw)
+    (directory / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordLevel"}}\n')
+    return model

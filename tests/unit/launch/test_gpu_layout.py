@@ -1,0 +1,312 @@
+"""GPU slices and the agent layout: disjoint CUDA_VISIBLE_DEVICES per host, refusal when a site is short,
+scale-out into a free slice, the agent environment (RLCTL_PARALLEL, threads) and `launch --dry-run` (golden)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rlctl.config import load_job
+from rlctl.config.inventory import Site
+from rlctl.config.job import Job
+from rlctl.errors import LaunchError
+from rlctl.launch.agentenv import ENV_PARALLEL, ENV_VISIBLE, parallel_from_env, threads_for
+from rlctl.launch.backends import record_agent, recorded_agents, write_sites
+from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
+from rlctl.launch.gpus import GpuPool
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.layout import PlannedAgent, layout
+from rlctl.launch.run import client_hello, plan_counts, planned_agents, resolve_job
+from rlctl.launch.spawn import Spawner, agent_spec
+from tests.conftest import ROOT, run_cli
+
+GOLDEN = ROOT / "tests" / "golden" / "launch"
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("RLCTL_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; run with RLCTL_UPDATE_GOLDEN=1 to create it"
+    assert text == path.read_text(), f"{name} changed; review, then refresh with RLCTL_UPDATE_GOLDEN=1"
+
+
+def site(kind: str, hosts: str, gpus: int, gpu: str = "CPU") -> Site:
+    sched: dict[str, Any] = {"kind": kind}
+    if kind == "slurm":
+        sched["partition"] = "p"
+    return Site.model_validate(
+        {"datacenter": "d", "scheduler": sched, "gpu": gpu, "nodes": [{"host": hosts, "gpus": gpus}]}
+    )
+
+
+def write_job(
+    tmp_path: Path, sites: dict[str, Any], *, at: tuple[tuple[str, int], tuple[str, int]], **over: Any
+) -> Job:
+    """A job on an inventory of `sites`; `at` = ((trainer site, GPUs), (rollout site, GPUs)); `over` adds sections."""
+    (trainer, rollout) = at
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites}))
+    data: dict[str, Any] = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Job",
+        "name": "gpus",
+        "inventory": [str(inv)],
+        "model": {"kind": "builtin", "name": "tiny-demo"},
+        "task": {"kind": "digits"},
+        "placement": {
+            "trainer": {"site": trainer[0], "gpus": trainer[1]},
+            "rollout": [{"site": rollout[0], "gpus": rollout[1]}],
+        },
+        **over,
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_job(path)
+
+
+def local_site(gpus: int) -> dict[str, Any]:
+    return {
+        "datacenter": "d",
+        "scheduler": {"kind": "local"},
+        "gpu": "CPU",
+        "nodes": [{"host": "localhost", "gpus": gpus}],
+    }
+
+
+def ssh_site(hosts: str, gpus: int) -> dict[str, Any]:
+    return {"datacenter": "e", "scheduler": {"kind": "ssh"}, "gpu": "CPU", "nodes": [{"host": hosts, "gpus": gpus}]}
+
+
+def assert_disjoint(agents: list[PlannedAgent]) -> None:
+    slices = [a.gpu_slice for a in agents if a.gpu_slice is not None]
+    for a, b in combinations(slices, 2):
+        assert a.host != b.host or not set(a.gpus) & set(b.gpus), (a, b)
+
+
+# -- the pool -------------------------------------------------------------------------------------------
+def test_pool_spreads_units_over_hosts_with_contiguous_ids() -> None:
+    pool = GpuPool("h20", site("ssh", "h20-[01-02]", 8))
+    got = [pool.take(2, who=f"rollout-{i}") for i in range(4)]
+    assert got == [
+        GpuSlice("h20-01", (0, 1)),
+        GpuSlice("h20-02", (0, 1)),
+        GpuSlice("h20-01", (2, 3)),
+        GpuSlice("h20-02", (2, 3)),
+    ]
+    pool.release(got[0])
+    assert pool.take(4, who="x") == GpuSlice("h20-01", (4, 5, 6, 7))  # aligned run of 4 on the freest host
+    assert pool.take(2, who="y") == GpuSlice("h20-02", (4, 5))
+
+
+def test_pool_ranks_fill_a_host_first_and_refusals_name_site_and_counts() -> None:
+    pool = GpuPool("a", site("local", "n[1-2]", 2))
+    assert pool.take_ranks(3, who="the trainer") == [GpuSlice("n1", (0,)), GpuSlice("n1", (1,)), GpuSlice("n2", (0,))]
+    with pytest.raises(
+        LaunchError, match=r"site a: no host has 2 free GPU\(s\) for rollout-0 \(free per host: n1: 0/2, n2: 1/2\)"
+    ):
+        pool.take(2, who="rollout-0")
+    with pytest.raises(LaunchError, match=r"site a: the trainer needs 2 GPU\(s\), 1 free"):
+        pool.take_ranks(2, who="the trainer")
+    pool.claim(GpuSlice("gone-host", (0,)))  # a host the inventory no longer has: ignored
+    assert pool.take(1, who="r") == GpuSlice("n2", (1,))
+
+
+# -- the layout ---------------------------------------------------------------------------------------
+def test_shared_local_site_gives_trainer_and_units_disjoint_slices(tmp_path: Path) -> None:
+    job = write_job(tmp_path, {"local": local_site(4)}, at=(("local", 2), ("local", 2)))
+    spec = resolve_job(job)
+    plan = plan_counts(job, spec)
+    assert plan["rollout"] == [{"site": "local", "units": 2, "tp": 1}]  # explicit counts: the job's tp (1)
+    agents = planned_agents(plan, job.inventory.sites, spec, master_port=1234)
+    got = [(a.name, a.gpu_slice.visible_devices if a.gpu_slice else None, env.get("RANK")) for a, env in agents]
+    assert got == [("controller-0", None, None), ("trainer-0", "0", "0"), ("trainer-1", "1", "1"),
+                   ("rollout-0", "2", None), ("rollout-1", "3", None)]  # fmt: skip
+    assert all(env.get("MASTER_ADDR") == "127.0.0.1" for a, env in agents if a.role == "trainer")
+    assert_disjoint([a for a, _ in agents])
+
+
+def test_a_site_with_too_few_gpus_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    job = write_job(tmp_path, {"local": local_site(4)}, at=(("local", 2), ("local", 3)))
+    plan = plan_counts(job, resolve_job(job))
+    with pytest.raises(LaunchError) as e:
+        layout(plan, job.inventory.sites, job.spec)
+    assert str(e.value) == (
+        "site local: trainer 2 rank(s) + 3 rollout unit(s) × tp 1 need 5 GPU(s); "
+        "the inventory gives it 4 (localhost: 4)"
+    )
+
+
+def test_tp_units_never_straddle_hosts(tmp_path: Path) -> None:
+    sites = {"local": local_site(1), "gen": ssh_site("g[1-3]", 3)}
+    job = write_job(tmp_path, sites, at=(("local", 1), ("gen", 6)), rollout={"tensor_parallel": 2})
+    plan = plan_counts(job, resolve_job(job))
+    assert plan["rollout"] == [{"site": "gen", "units": 3, "tp": 2}]
+    units = [a for a in layout(plan, job.inventory.sites, job.spec) if a.role == "rollout"]
+    assert [a.gpu_slice for a in units] == [GpuSlice("g1", (0, 1)), GpuSlice("g2", (0, 1)), GpuSlice("g3", (0, 1))]
+    # 9 GPUs on the site but only one free per host after 3 units: a 4th tp-2 unit cannot be placed
+    plan["rollout"][0]["units"] = 4
+    with pytest.raises(LaunchError, match="site gen: no host has 2 free GPU"):
+        layout(plan, job.inventory.sites, job.spec)
+
+
+def test_trainer_over_ssh_hosts_meets_at_rank0s_host(tmp_path: Path) -> None:
+    sites = {"tr": ssh_site("t[1-2]", 2), "gen": ssh_site("g1", 1)}
+    job = write_job(tmp_path, sites, at=(("tr", 4), ("gen", 1)))
+    spec = resolve_job(job)
+    agents = planned_agents(plan_counts(job, spec), job.inventory.sites, spec, master_port=1)
+    trainers = [(a.gpu_slice, env["MASTER_ADDR"], env["RANK"]) for a, env in agents if a.role == "trainer"]
+    assert trainers == [
+        (GpuSlice("t1", (0,)), "t1", "0"),
+        (GpuSlice("t1", (1,)), "t1", "1"),
+        (GpuSlice("t2", (0,)), "t1", "2"),
+        (GpuSlice("t2", (1,)), "t1", "3"),
+    ]
+
+
+def test_agent_environment_carries_parallel_config_gpus_and_threads(tmp_path: Path) -> None:
+    job = write_job(
+        tmp_path,
+        {"local": local_site(4)},
+        at=(("local", 2), ("local", 2)),
+        rollout={"threads_per_unit": 3},
+        trainer={"threads_per_rank": 2},
+    )
+    spec = resolve_job(job)
+    jd = JobDir(tmp_path / "run")
+    specs = {
+        a.name: agent_spec(jd, a, job.inventory.sites[a.site], env=env)
+        for a, env in planned_agents(plan_counts(job, spec), job.inventory.sites, spec, master_port=1)
+    }
+    r1, t1, c = specs["rollout-1"].env, specs["trainer-1"].env, specs["controller-0"].env
+    assert json.loads(r1[ENV_PARALLEL]) == {"role": "rollout", "tp": 1, "pp": 1, "dp": 2, "replica": 1}
+    assert json.loads(t1[ENV_PARALLEL]) == {"role": "trainer", "tp": 1, "pp": 1, "dp": 2, "rank": 1}
+    assert (r1[ENV_VISIBLE], r1["OMP_NUM_THREADS"], t1[ENV_VISIBLE], t1["OMP_NUM_THREADS"]) == ("3", "3", "1", "2")
+    assert ENV_VISIBLE not in c and c["OMP_NUM_THREADS"] == "1"
+    assert specs["rollout-1"].resources.cpus_per_task == 3
+    assert [threads_for(spec, r) for r in ("controller", "trainer", "rollout")] == [1, 2, 3]
+
+
+def test_parallel_from_env_fills_a_slurm_rank() -> None:
+    trainer = '{"role": "trainer", "tp": 2, "pp": 1, "dp": 4}'
+    assert parallel_from_env({ENV_PARALLEL: trainer, "SLURM_PROCID": "5"})["rank"] == 5
+    assert parallel_from_env({ENV_PARALLEL: '{"role": "trainer", "rank": 1}', "SLURM_PROCID": "5"})["rank"] == 1
+    assert parallel_from_env({}) == {}
+    with pytest.raises(ValueError, match="RLCTL_PARALLEL is not JSON"):
+        parallel_from_env({ENV_PARALLEL: "tp=2"})
+
+
+def test_launch_side_speaks_the_agents_contract() -> None:
+    """The launcher names the agents' variables and client hello without importing `rlctl.agents`."""
+    import msgspec
+
+    from rlctl.agents.messages import Hello
+
+    assert msgspec.convert(client_hello("rlctl-status"), Hello).role == "client"
+
+
+# -- scale-out ----------------------------------------------------------------------------------------
+class FakeBackend(LaunchBackend):
+    kind = "fake"
+
+    def __init__(self, exited: set[str]) -> None:
+        self.started: list[AgentSpec] = []
+        self.exited = exited
+
+    def start(self, spec: AgentSpec) -> AgentHandle:
+        self.started.append(spec)
+        return AgentHandle(spec, {"pid": 1}, self.kind)
+
+    def poll(self, handle: AgentHandle) -> int | None:
+        return 0 if handle.spec.name in self.exited else None
+
+    def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:
+        pass
+
+
+def scale_setup(tmp_path: Path, *, start: list[str]) -> tuple[JobDir, Spawner, FakeBackend]:
+    """A prepared job (trainer 1 + 2 units on 4 local GPUs), of which the agents in `start` were launched."""
+    job = write_job(tmp_path, {"local": local_site(4)}, at=(("local", 1), ("local", 2)))
+    spec = resolve_job(job)
+    plan = plan_counts(job, spec)
+    jd = JobDir.create("gpus", explicit=tmp_path / "run")
+    jd.write_job(spec, source="job.yaml")
+    jd.write_json(jd.plan_json, plan)
+    write_sites(jd.path, job.inventory.sites)
+    for a, env in planned_agents(plan, job.inventory.sites, spec, master_port=1):
+        if a.name in start:
+            s = agent_spec(jd, a, job.inventory.sites[a.site], env=env)
+            record_agent(jd.path, AgentHandle(s, {"pid": 1}, "fake"))
+    sp = Spawner(jd, job.inventory.sites, job="gpus")
+    fake = FakeBackend(set())
+    sp.backends._by_site["local"] = fake
+    return jd, sp, fake
+
+
+def test_scale_out_takes_a_free_slice_and_records_it(tmp_path: Path) -> None:
+    jd, sp, fake = scale_setup(tmp_path, start=["controller-0", "trainer-0", "rollout-0"])
+    # rollout-1 is planned (GPU 2) but the launcher has not started it yet: the new unit must leave it alone
+    assert sp.add_rollout("local", 5) == "rollout-5"
+    assert [(s.name, s.env[ENV_VISIBLE]) for s in fake.started] == [("rollout-5", "3")]
+    recorded = {h.spec.name: h.spec.gpu_slice for h in recorded_agents(jd.path)}
+    assert recorded["rollout-5"] == GpuSlice("localhost", (3,))
+    assert sorted(g for s in recorded.values() if s is not None for g in s.gpus) == [0, 1, 3]
+    with pytest.raises(LaunchError, match=r"site local: no host has 1 free GPU\(s\) for rollout-6"):
+        sp.add_rollout("local", 6)
+    assert len(fake.started) == 1
+
+
+def test_scale_out_reuses_the_slice_of_a_unit_that_exited(tmp_path: Path) -> None:
+    _, sp, fake = scale_setup(tmp_path, start=["controller-0", "trainer-0", "rollout-0", "rollout-1"])
+    sp.add_rollout("local", 2)  # the last free GPU
+    fake.exited.add("rollout-0")  # drained and gone: its GPU 1 is free again
+    sp.add_rollout("local", 3)
+    assert [(s.name, s.env[ENV_VISIBLE]) for s in fake.started] == [("rollout-2", "3"), ("rollout-3", "1")]
+    assert json.loads(fake.started[1].env[ENV_PARALLEL])["dp"] == 3  # rollout-1, -2 and itself
+
+
+# -- launch --dry-run (golden) ------------------------------------------------------------------------
+def test_dry_run_on_gpu_sites_matches_golden(tmp_path: Path) -> None:
+    """SLURM trainer on 8-GPU H800 nodes (GPUs per task) + SSH rollout on H20 hosts with tp=2 slices."""
+    job = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Job",
+        "name": "gpu-demo",
+        "inventory": [str(ROOT / "clusters" / "h800-trainer.yaml"), str(ROOT / "clusters" / "h20-rollout.yaml")],
+        "model": {"kind": "builtin", "name": "qwen2.5-7b"},
+        "task": {"kind": "lengths", "prompt_tokens": 512, "median_output_tokens": 2750, "max_output_tokens": 20000},
+        "iterations": 10,
+        "batch": {"prompts_per_iteration": 128, "samples_per_prompt": 8},
+        "placement": {"trainer": {"site": "h800", "gpus": 16}, "rollout": [{"site": "h20", "gpus": 12}]},
+        "rollout": {"engine": "vllm", "tensor_parallel": 2, "threads_per_unit": 4},
+        "trainer": {"backend": "megatron", "threads_per_rank": 8},
+    }
+    path = tmp_path / "gpu-demo.yaml"
+    path.write_text(yaml.safe_dump(job))
+    res = run_cli("launch", str(path), "--dry-run", "--job-dir", "/shared/runs/gpu-demo")
+    assert res.exit_code == 0, res.stderr
+    text = res.stdout.replace(sys.executable, "python3")  # SLURM sites run this interpreter (shared FS)
+    check_golden("dry_run_gpu.txt", text)
+    assert "#SBATCH --gpus-per-task=1" in text and "export CUDA_VISIBLE_DEVICES=2,3" in text
+    assert "gres" not in text and "--gpus-per-node" not in text
+
+
+def test_dry_run_on_cpu_slurm_site_requests_no_gpu(tmp_path: Path) -> None:
+    """The test clusters say `gpu: CPU`: a GPU request would leave their jobs pending forever."""
+    sites = {"train": {**local_site(2), "scheduler": {"kind": "slurm", "partition": "sitea", "submit_host": "login"},
+                       "nodes": [{"host": "sitea-[1-2]", "gpus": 2}]},
+             "gen": ssh_site("g1", 2)}  # fmt: skip
+    job = write_job(tmp_path, sites, at=(("train", 2), ("gen", 2)))
+    res = run_cli("launch", str(job.path), "--dry-run", "--job-dir", str(tmp_path / "run"), "-o", "json")
+    assert res.exit_code == 0, res.stderr
+    rows = {r["agent"]: r for r in json.loads(res.stdout)}
+    assert "--gpus" not in rows["trainer-0"]["script"] and "--gres" not in rows["trainer-0"]["script"]
+    assert rows["trainer-0"]["gpu_request"] == "1 node(s) × 2 task(s), no GPU request, 1 cpu(s)/task"
+    assert (rows["rollout-1"]["host"], rows["rollout-1"]["cuda_visible_devices"]) == ("g1", "1")

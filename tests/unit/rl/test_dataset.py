@@ -1,0 +1,252 @@
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlctl.config.job import DatasetTask
+from rlctl.errors import ConfigError
+from rlctl.rl.dataset import check_task, load_dataset, prepare_dataset, submit_reward
+from rlctl.rl.reward import RewardPool
+from rlctl.rl.tokenizer import HFTokenizer, load_tokenizer
+from tests.unit.hf_tokenizer import SPECIALS, write_tokenizer
+
+ID = {t: i for i, t in enumerate(SPECIALS)}
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def task(**kw: Any) -> DatasetTask:
+    return DatasetTask.model_validate({"kind": "dataset", "path": "train.jsonl", **kw})
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def write_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.fixture
+def tok(tmp_path: Path) -> HFTokenizer:
+    return load_tokenizer(write_tokenizer(tmp_path / "model"))
+
+
+def verl_row(i: int, question: str = "what is 1 + 2 ?", answer: str = "3") -> dict[str, Any]:
+    """A row as verl's preprocessing scripts write it."""
+    return {
+        "data_source": "arith",
+        "prompt": [{"role": "user", "content": question}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": {"split": "train", "index": i},
+    }
+
+
+def test_config_defaults_and_validation() -> None:
+    cfg = task()
+    assert (cfg.prompt_key, cfg.answer_key, cfg.bad_rows, cfg.reward, cfg.reward_on_error) == (
+        "prompt",
+        "ground_truth",
+        "refuse",
+        "exact_match",
+        0.0,
+    )
+    with pytest.raises(ValueError, match=r"use a \.jsonl or \.parquet file"):
+        task(path="train.csv")
+    with pytest.raises(ValueError, match=r"invalid reward 'x\.py:'"):
+        task(reward="x.py:")
+    assert task(reward="rewards/math.py:compute_score").reward == "rewards/math.py:compute_score"
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_verl_rows_with_chat_messages(tmp_path: Path, tok: HFTokenizer, fmt: str) -> None:
+    rows = [verl_row(i, "what is 1 + 2 ?", "3") for i in range(3)]
+    path = tmp_path / f"train.{fmt}"
+    write_jsonl(path, rows) if fmt == "jsonl" else write_parquet(path, rows)
+    data = prepare_dataset(task(path=path.name, shuffle=False), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert len(data) == 3 and data.num_bad_rows == 0
+    p = data.prompt(1)
+    assert p.prompt_id == "p1" and p.ground_truth == "3" and p.data_source == "arith"
+    assert p.extra_info == {"split": "train", "index": 1}
+    assert p.tokens == tok.encode_chat(rows[0]["prompt"])
+    assert p.tokens[0] == ID["<s>"] and p.tokens[-1] == ID["<|assistant|>"]
+    assert p.source_row == ("line 2" if fmt == "jsonl" else "row 1")
+
+
+def test_string_prompts_as_is_or_through_the_template(tmp_path: Path, tok: HFTokenizer) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "what is 1 + 2 ?", "ground_truth": 3}])
+    plain = prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "a")
+    assert plain.prompt(0).tokens == tok.encode("what is 1 + 2 ?")
+    assert plain.prompt(0).data_source == "train"  # no data_source field: the file's stem
+    chat = prepare_dataset(task(template_strings=True), data_path=path, tokenizer=tok, out_dir=tmp_path / "b")
+    assert chat.prompt(0).tokens == tok.encode_chat([{"role": "user", "content": "what is 1 + 2 ?"}])
+
+
+def test_custom_and_dotted_keys(tmp_path: Path, tok: HFTokenizer) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", [{"q": "hello", "meta": {"gold": ["a", "b"]}, "src": "s"}])
+    cfg = task(prompt_key="q", answer_key="meta.gold", data_source_key="src")
+    p = prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "d").prompt(0)
+    assert (p.ground_truth, p.data_source, p.extra_info) == (["a", "b"], "s", None)
+    no_answer = prepare_dataset(
+        task(prompt_key="q", answer_key=None), data_path=path, tokenizer=tok, out_dir=tmp_path / "e"
+    )
+    assert no_answer.prompt(0).ground_truth is None
+
+
+BAD_ROWS = [
+    {"prompt": "hello", "ground_truth": "a"},  # line 1: good
+    {"ground_truth": "a"},  # line 2: no prompt
+    "{not json",  # line 3
+    {"prompt": "hello"},  # line 4: no ground truth
+    {"prompt": " ".join(["hello"] * 20), "ground_truth": "a"},  # line 5: 21 tokens with BOS
+    {"prompt": [{"content": "x"}], "ground_truth": "a"},  # line 6: a message without role
+    {"prompt": 7, "ground_truth": "a"},  # line 7
+    {"prompt": [{"role": "tool", "content": "x"}], "ground_truth": "a"},  # line 8: the template refuses it
+    {"prompt": "world", "ground_truth": "b", "data_source": 3},  # line 9
+    {"prompt": "world", "ground_truth": "b"},  # line 10: good
+]
+
+
+def test_bad_rows_are_refused_with_file_and_line(tmp_path: Path, tok: HFTokenizer) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", BAD_ROWS)
+    with pytest.raises(ConfigError) as e:
+        prepare_dataset(task(max_prompt_tokens=16), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert str(e.value) == (
+        f"{path}: 8 of 10 rows are bad: line 2: prompt: missing; line 3: invalid JSON: Expecting property name "
+        "enclosed in double quotes (column 2); line 4: ground_truth: missing; … 5 more"
+    )
+    assert e.value.hint is not None and "bad_rows: skip" in e.value.hint
+    assert not (tmp_path / "d").exists()
+
+
+def test_bad_rows_are_skipped_counted_and_logged(
+    tmp_path: Path, tok: HFTokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", BAD_ROWS)
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    cfg = task(max_prompt_tokens=16, bad_rows="skip", shuffle=False)
+    data = prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert len(data) == 2 and data.num_bad_rows == 8
+    assert [data.prompt(i).source_row for i in range(2)] == ["line 1", "line 10"]
+    logged = [r.getMessage() for r in caplog.records]
+    assert logged[:-1] == [
+        f"skipped bad row {path}:line 2: prompt: missing",
+        f"skipped bad row {path}:line 3: invalid JSON: Expecting property name enclosed in double quotes (column 2)",
+        f"skipped bad row {path}:line 4: ground_truth: missing",
+        f"skipped bad row {path}:line 5: prompt: 21 tokens, over max_prompt_tokens 16",
+        f"skipped bad row {path}:line 6: prompt: message [0] is not a {{role, content}} mapping",
+        f"skipped bad row {path}:line 7: prompt: expected a string or a non-empty list of chat messages "
+        "[{role, content}], got 7",
+        f"skipped bad row {path}:line 8: prompt: chat template: unknown role tool",
+        f"skipped bad row {path}:line 9: data_source: expected a string, got int",
+    ]
+    assert logged[-1] == f"dataset {path}: skipped 8 of 10 rows (task.bad_rows: skip)"
+    manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert manifest["num_bad_rows"] == 8 and len(manifest["bad_rows"]) == 8
+
+
+def test_messages_need_a_template_and_all_bad_is_refused(tmp_path: Path) -> None:
+    tok = load_tokenizer(write_tokenizer(tmp_path / "m", chat_template=None))
+    path = write_jsonl(tmp_path / "train.jsonl", [verl_row(0)])
+    with pytest.raises(ConfigError, match="line 1: prompt: chat messages need a chat template"):
+        prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    with pytest.raises(ConfigError, match=r"no usable rows \(1 read, 1 bad\)"):
+        prepare_dataset(task(bad_rows="skip"), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+
+
+def test_parquet_bad_rows_name_the_row(tmp_path: Path, tok: HFTokenizer) -> None:
+    path = write_parquet(tmp_path / "train.parquet", [verl_row(0), {**verl_row(1), "prompt": None}])
+    with pytest.raises(ConfigError, match=r"train\.parquet: 1 of 2 rows are bad: row 1: prompt: missing"):
+        prepare_dataset(task(path=path.name), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+
+
+def ten_rows(tmp_path: Path) -> Path:
+    return write_jsonl(
+        tmp_path / "train.jsonl", [{"prompt": f"{i % 5 + 1}", "ground_truth": str(i)} for i in range(10)]
+    )
+
+
+def test_order_is_a_function_of_the_position(tmp_path: Path, tok: HFTokenizer) -> None:
+    path = ten_rows(tmp_path)
+    data = prepare_dataset(task(shuffle_seed=7), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    epoch0 = [data.row_at(k) for k in range(10)]
+    epoch1 = [data.row_at(k) for k in range(10, 20)]
+    assert sorted(epoch0) == sorted(epoch1) == list(range(10))  # each epoch visits every row once
+    assert epoch0 != epoch1 and epoch0 != list(range(10))
+    batch = data.rl_prompts(2, 4)  # positions 8..11: the end of epoch 0 and the start of epoch 1
+    assert [p.prompt_id for p in batch] == data.prompt_ids_for(2, 4) == ["p8", "p9", "p10", "p11"]
+    assert [p.row for p in batch] == [epoch0[8], epoch0[9], epoch1[0], epoch1[1]]
+    again = load_dataset(tmp_path / "d", task(shuffle_seed=7))  # a fresh reader (a resumed job, another site)
+    assert [again.prompt(k) for k in range(25)] == [data.prompt(k) for k in range(25)]
+    other = load_dataset(tmp_path / "d", task(shuffle_seed=8))
+    assert [other.row_at(k) for k in range(10)] != epoch0
+
+
+def test_other_processes_see_identical_ids_and_order(tmp_path: Path, tok: HFTokenizer) -> None:
+    path = ten_rows(tmp_path)
+    cfg = task(shuffle_seed=3)
+    data = prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    script = (
+        "import json, sys; from pathlib import Path; from rlctl.config.job import DatasetTask;"
+        "from rlctl.rl.dataset import load_dataset;"
+        "d = load_dataset(Path(sys.argv[1]), DatasetTask.model_validate_json(sys.argv[2]));"
+        "print(json.dumps([[p.prompt_id, p.tokens, p.ground_truth] for p in d.rl_prompts(3, 7)] + [d.checksum]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "d"), cfg.model_dump_json()],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        timeout=120,
+    ).stdout
+    mine = [[p.prompt_id, p.tokens, p.ground_truth] for p in data.rl_prompts(3, 7)] + [data.checksum]
+    assert json.loads(out) == mine
+
+
+def test_prepared_files_are_checked_and_reused(tmp_path: Path, tok: HFTokenizer) -> None:
+    path = ten_rows(tmp_path)
+    out = tmp_path / "d"
+    first = prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=out)
+    stamp = (out / "prompts.safetensors").stat().st_mtime_ns
+    assert prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=out).checksum == first.checksum
+    assert (out / "prompts.safetensors").stat().st_mtime_ns == stamp  # unchanged input: not rewritten
+    changed = prepare_dataset(task(max_prompt_tokens=64), data_path=path, tokenizer=tok, out_dir=out)
+    assert changed.checksum == first.checksum  # a settings change re-tokenizes, to the same ids here
+    rows = (out / "rows.jsonl").read_text()
+    (out / "rows.jsonl").write_text(rows.replace('"0"', '"9"', 1))
+    with pytest.raises(ConfigError, match="changed since they were prepared"):
+        load_dataset(out, task())
+    with pytest.raises(ConfigError, match="no prepared dataset here"):
+        load_dataset(tmp_path / "nowhere", task())
+    with pytest.raises(ConfigError, match="no such file"):
+        prepare_dataset(task(), data_path=tmp_path / "missing.jsonl", tokenizer=tok, out_dir=out)
+
+
+def test_rewards_decode_up_to_eos(tmp_path: Path, tok: HFTokenizer) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "what is 1 + 2 ?", "ground_truth": "3"}])
+    data = prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    out = [*tok.encode("3", add_special_tokens=False), ID["<|end|>"], *tok.encode("4", add_special_tokens=False)]
+    with RewardPool("exact_match", base_dir=tmp_path, workers=0) as pool:
+        right = submit_reward(pool, tok, sample_id="s0", prompt=data.prompt(0), output_tokens=out)
+        wrong = submit_reward(pool, tok, sample_id="s1", prompt=data.prompt(0), output_tokens=out[2:])
+        assert (right.result().score, wrong.result().score) == (1.0, 0.0)
+
+
+def test_check_task_names_the_job_field(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    ten_rows(tmp_path)
+    check_task(task(), job_file=job)
+    with pytest.raises(ConfigError, match=r"job\.yaml: task\.path: no such file .*nope\.jsonl"):
+        check_task(task(path="nope.jsonl"), job_file=job)
+    with pytest.raises(ConfigError, match=r"job\.yaml: task\.reward: r\.py: no such file"):
+        check_task(task(reward="r.py:f"), job_file=job)

@@ -1,0 +1,165 @@
+import logging
+import math
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from rlctl.rl.reward import RewardPool, RewardResult, check_result, digits, exact_match, load_reward
+
+USER_FILE = """
+import os, threading
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "hang":
+        threading.Event().wait()  # never returns
+    if solution_str == "raise":
+        raise KeyError("boom")
+    if solution_str == "die":
+        os._exit(3)
+    if solution_str == "str":
+        return "1.0"
+    if solution_str == "dict":
+        return {"score": 0.5, "acc": True, "format": 1, "note": "kept out: not a number"}
+    if solution_str == "extra":
+        return float(extra_info["bonus"])
+    return float(solution_str == ground_truth)
+
+def three_args(data_source, solution_str, ground_truth):
+    return 2.0
+
+def too_few(solution_str):
+    return 0.0
+
+NOT_A_FUNCTION = 3
+"""
+
+
+@pytest.fixture
+def rewards_dir(tmp_path: Path) -> Path:
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "mine.py").write_text(USER_FILE)
+    return tmp_path
+
+
+def test_builtins() -> None:
+    assert exact_match("x", " 42\n", "42") == 1.0
+    assert exact_match("x", "41", "42") == 0.0
+    assert exact_match("x", "b", ["a", "b"]) == 1.0
+    assert exact_match("x", "7", 7) == 1.0
+    assert digits("digits", "aaab", "aaab") == 1.0
+    assert digits("digits", "aab", "aaab") == 0.5  # (b, 1) right, (a, 2) wrong
+    assert load_reward("exact_match", Path(".")) is exact_match
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1, RewardResult(1.0)),
+        (0.25, RewardResult(0.25)),
+        ({"score": 0.5, "acc": 1, "s": "x"}, RewardResult(0.5, extra={"acc": 1.0})),
+        ("1.0", RewardResult(-1.0, "bad_type", "expected a finite number or a dict with 'score', got '1.0'")),
+        (None, RewardResult(-1.0, "bad_type", "expected a finite number or a dict with 'score', got None")),
+        (math.nan, RewardResult(-1.0, "bad_type", "expected a finite number or a dict with 'score', got nan")),
+        ({"acc": 1.0}, RewardResult(-1.0, "bad_type", "dict without a 'score' key (keys: ['acc'])")),
+    ],
+)
+def test_return_values_are_checked(value: object, expected: RewardResult) -> None:
+    assert check_result(value, -1.0) == expected
+
+
+def test_load_user_file_and_module(rewards_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fn = load_reward("rewards/mine.py:compute_score", rewards_dir)
+    assert fn("d", "a", "a") == 1.0
+    (rewards_dir / "myrewards").mkdir()
+    (rewards_dir / "myrewards" / "__init__.py").write_text("")
+    (rewards_dir / "myrewards" / "math_rw.py").write_text(
+        "def score(data_source, solution_str, ground_truth):\n    return 0.75\n"
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load_reward appends base_dir; undo it after the test
+    assert load_reward("myrewards.math_rw:score", rewards_dir)("d", "s", "g") == 0.75
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("exact", "unknown built-in reward 'exact'; built-ins: digits, exact_match"),
+        ("rewards/nope.py:f", "rewards/nope.py: no such file"),
+        ("rewards/mine.py:compute_scor", "no function 'compute_scor' (did you mean 'compute_score'?)"),
+        ("rewards/mine.py:NOT_A_FUNCTION", "'NOT_A_FUNCTION' is a int, not a function"),
+        ("rewards/mine.py:too_few", "rewards/mine.py:too_few(solution_str): cannot be called as compute_score("),
+        ("no_such_pkg_xyz.mod:f", "no module named 'no_such_pkg_xyz'"),
+        ("rewards/syntax.py:f", "rewards/syntax.py: cannot import: SyntaxError"),
+    ],
+)
+def test_load_errors_are_one_line(rewards_dir: Path, monkeypatch: pytest.MonkeyPatch, spec: str, message: str) -> None:
+    (rewards_dir / "rewards" / "syntax.py").write_text("def f(:\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(ValueError) as e:
+        load_reward(spec, rewards_dir)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_inline_pool_scores_and_counts(rewards_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pool = RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=0, on_error=-1)
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
+    assert pool.score("s0", "d", "a", "a") == RewardResult(1.0)
+    assert pool.score("s1", "d", "extra", "a", {"bonus": 3}).score == 3.0
+    bad = pool.score("s2", "d", "raise", "a")
+    assert (bad.score, bad.outcome) == (-1.0, "error") and "KeyError: 'boom' (mine.py:" in str(bad.error)
+    assert pool.score("s3", "d", "str", "a").outcome == "bad_type"
+    assert (pool.stats.calls, pool.stats.errors, pool.stats.bad_type, pool.stats.timeouts) == (4, 1, 1, 0)
+    assert [r.message.split(":")[0] for r in caplog.records] == ["reward error", "reward bad_type"]
+    assert "sample s2" in caplog.records[0].getMessage()
+    pool.close()
+
+
+def test_three_argument_functions_get_no_extra_info(rewards_dir: Path) -> None:
+    with RewardPool("rewards/mine.py:three_args", base_dir=rewards_dir, workers=1) as pool:
+        assert pool.score("s", "d", "x", "y", {"k": 1}) == RewardResult(2.0)
+
+
+def test_worker_pool_survives_exceptions_hangs_and_deaths(rewards_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
+    with RewardPool(
+        "rewards/mine.py:compute_score", base_dir=rewards_dir, workers=2, timeout_s=1.0, on_error=-1.0
+    ) as pool:
+        inputs = ["a", "hang", "raise", "str", "dict", "die", "b", "hang", "a", "extra"]
+        futures = [
+            pool.submit(f"s{i}", "src", s, "a", {"bonus": 4}) for i, s in enumerate(inputs)
+        ]  # returns at once, even with both workers stuck
+        results = [f.result(timeout=60) for f in futures]
+        assert [r.outcome for r in results] == [
+            "ok", "timeout", "error", "bad_type", "ok", "error", "ok", "timeout", "ok", "ok"
+        ]  # fmt: skip
+        assert [r.score for r in results] == [1.0, -1.0, -1.0, -1.0, 0.5, -1.0, 0.0, -1.0, 1.0, 4.0]
+        assert results[4].extra == {"acc": 1.0, "format": 1.0}
+        assert results[5].error == "reward worker died (exit code 3)"
+        s = pool.stats
+        assert (s.calls, s.errors, s.timeouts, s.bad_type, s.restarts) == (10, 2, 2, 1, 3)
+        assert pool.score("after", "src", "a", "a").ok  # the replaced workers answer
+    failed = sorted(r.getMessage().split(":")[1].strip() for r in caplog.records)
+    assert failed == ["sample s1", "sample s2", "sample s3", "sample s5", "sample s7"]
+
+
+def test_submit_from_another_thread_and_close_cancels(rewards_dir: Path) -> None:
+    pool = RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=1, timeout_s=60.0)
+    out: list[float] = []
+    t = threading.Thread(target=lambda: out.append(pool.score("t", "d", "a", "a").score))
+    t.start()
+    t.join()
+    assert out == [1.0]
+    stuck = pool.submit("stuck", "d", "hang", "a")
+    queued = pool.submit("queued", "d", "a", "a")
+    pool.close()
+    assert stuck.cancelled() and queued.cancelled()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit("late", "d", "a", "a")
+
+
+def test_broken_spec_fails_in_the_caller(tmp_path: Path) -> None:
+    (tmp_path / "r.py").write_text("raise ImportError('needs sympy')\n")
+    with pytest.raises(ValueError, match=r"r\.py: cannot import: ImportError: needs sympy"):
+        RewardPool("r.py:f", base_dir=tmp_path, workers=1)

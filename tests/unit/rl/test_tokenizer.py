@@ -1,0 +1,85 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from rlctl.errors import ConfigError
+from rlctl.rl.tokenizer import cut_at_eos, decode_output, load_tokenizer, render_chat_template
+from tests.unit.hf_tokenizer import SPECIALS, write_tokenizer
+
+ID = {t: i for i, t in enumerate(SPECIALS)}
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    return write_tokenizer(tmp_path / "model")
+
+
+def test_encode_decode_and_special_ids(model_dir: Path) -> None:
+    tok = load_tokenizer(model_dir)
+    ids = tok.encode("what is 1 + 2 ?")
+    assert ids[0] == ID["<s>"] == tok.bos_id  # the post-processor prepends BOS
+    assert tok.encode("what is", add_special_tokens=False) == ids[1:3]
+    assert tok.decode(ids) == "what is 1 + 2 ?"
+    assert tok.encode("zebra", add_special_tokens=False) == [ID["<unk>"]]
+    assert tok.eos_ids == (ID["<|end|>"], ID["</s>"])  # generation_config first, then tokenizer_config's eos_token
+    assert tok.pad_id == ID["<pad>"]
+    assert tok.vocab_size == len(SPECIALS) + 17
+
+
+def test_chat_template_renders_like_transformers(model_dir: Path) -> None:
+    tok = load_tokenizer(model_dir)
+    messages = [{"role": "system", "content": "the answer"}, {"role": "user", "content": "what is 1 + 2 ?"}]
+    text = tok.apply_chat_template(messages)
+    assert text == "<s> <|system|> the answer <|end|> <|user|> what is 1 + 2 ? <|end|> <|assistant|>"
+    ids = tok.encode_chat(messages)
+    assert ids[0] == ID["<s>"] and ids.count(ID["<s>"]) == 1  # BOS from the template only, not added twice
+    assert ids[-1] == ID["<|assistant|>"]
+    with pytest.raises(ValueError, match="chat template: unknown role tool"):
+        tok.apply_chat_template([{"role": "tool", "content": "x"}])
+
+
+def test_template_file_wins_and_json_keeps_unicode(tmp_path: Path) -> None:
+    d = write_tokenizer(tmp_path / "m")
+    (d / "chat_template.jinja").write_text("{{ messages | tojson }}{% if add_generation_prompt %}!{% endif %}")
+    tok = load_tokenizer(d)
+    assert tok.apply_chat_template([{"role": "user", "content": "é"}]) == '[{"role": "user", "content": "é"}]!'
+    assert render_chat_template("{{ eos_token }}", [], eos_token="</s>") == "</s>"
+
+
+def test_no_template_and_eos_from_config_json(tmp_path: Path) -> None:
+    d = write_tokenizer(tmp_path / "m", chat_template=None)
+    (d / "generation_config.json").unlink()
+    (d / "config.json").write_text(json.dumps({"eos_token_id": ID["<|end|>"]}))
+    tok = load_tokenizer(d)
+    assert not tok.has_chat_template
+    assert tok.eos_ids == (ID["<|end|>"], ID["</s>"])
+    with pytest.raises(ValueError, match="no chat_template"):
+        tok.encode_chat([{"role": "user", "content": "hello"}])
+
+
+def test_fingerprint_follows_the_template(tmp_path: Path) -> None:
+    a = load_tokenizer(write_tokenizer(tmp_path / "a")).fingerprint()
+    assert a == load_tokenizer(write_tokenizer(tmp_path / "b")).fingerprint()
+    assert a != load_tokenizer(write_tokenizer(tmp_path / "c", chat_template="{{ 'x' }}")).fingerprint()
+
+
+def test_missing_or_broken_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such directory"):
+        load_tokenizer(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"tokenizer\.json: no such file"):
+        load_tokenizer(tmp_path / "empty")
+    d = write_tokenizer(tmp_path / "bad")
+    (d / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"tokenizer_config\.json: cannot read JSON"):
+        load_tokenizer(d)
+
+
+def test_output_cut_at_first_eos(model_dir: Path) -> None:
+    tok = load_tokenizer(model_dir)
+    out = [*tok.encode("the answer is 3", add_special_tokens=False), ID["<|end|>"], *tok.encode("hello")]
+    assert cut_at_eos(out, tok.eos_ids) == out[:4]
+    assert cut_at_eos([5, 6], [2]) == [5, 6]
+    assert decode_output(tok, out) == "the answer is 3"
+    assert decode_output(tok, [ID["<s>"], *out]) == "the answer is 3"  # special tokens are dropped
