@@ -1,6 +1,6 @@
 """Weight broadcast across two emulated datacenters: rlctl's plan vs a naive star vs gloo.
 
-Topology (rlctl.netem, needs root): DC-A = trainer root + a1; DC-B = b1, b2, b3 (rollout);
+Topology (bench.netem, needs root): DC-A = trainer root + a1; DC-B = b1, b2, b3 (rollout);
 every host NIC shaped to 2 Gbit/s both ways, the inter-DC link to 500 Mbit/s. Weights: 256 MiB
 (64 MiB with --quick). Every method moves the same bytes from the root to all four receivers:
 
@@ -9,7 +9,11 @@ every host NIC shaped to 2 Gbit/s both ways, the inter-DC link to 500 Mbit/s. We
 - naive_star: the same agents, every receiver fetching straight from the root;
 - gloo:       torch.distributed.broadcast (gloo backend) over the same namespaces;
 - rlctl_delta: the next version (2 % of the bf16 weights changed) sent as a lossless delta;
-- intra_dc_chain: b1 → b2 → b3 alone, against the pipelined-chain bound (S + (h−1)·c)/B.
+- intra_dc_chain: b1 → b2 → b3 alone, against the pipelined-chain bound (S + (h−1)·c)/B;
+- job:        a running job's own agents (controller + trainer on root, one rollout unit on each of
+              b1-b3; bench.broadcast_job): each version's ~50 MiB of fp32 weights along the job's
+              broadcast plan, copies counted from the job's events and the same tc counters
+              (`job_delta`: the same job with `weight_sync: delta`).
 
 The yardsticks are measured in the same run: TCP goodput of the inter-DC link and of a host link
 (plain socket, one stream, best of two probes), and the tc byte overhead per payload byte (headers, ACKs), which turns
@@ -26,9 +30,10 @@ import sys
 import time
 from typing import Any
 
-from rlctl.netem import LabSpec, NetLab
-from rlctl.netem.probe import measure_goodput
-from rlctl.transport.bcast_agent import SECRET_ENV, AgentProcess, agent_argv
+from bench.broadcast_job import run_job
+from bench.netem import LabSpec, NetLab
+from bench.netem.bcast_agent import SECRET_ENV, AgentProcess, agent_argv
+from bench.netem.probe import measure_goodput
 from rlctl.transport.plan import Endpoint, plan_broadcast
 
 DCS = {"dc-a": ["root", "a1"], "dc-b": ["b1", "b2", "b3"]}
@@ -157,6 +162,8 @@ def run(*, quick: bool) -> dict[str, Any]:
         host_goodput = max(measure_goodput(lab, "b1", "b2", probe_bytes * 2, port=5995 + i) for i in range(2))
         agents = _run_agents(lab, nbytes, secrets.token_hex(16))
         gloo = _run_gloo(lab, nbytes)
+        yardstick = {"inter_goodput": inter_goodput, "wire_per_payload": wire_per_payload}
+        jobs = {sync: run_job(lab, sync=sync, iterations=4 if quick else 8, **yardstick) for sync in ("full", "delta")}
     result: dict[str, Any] = {
         "bytes": nbytes,
         "chunk_bytes": CHUNK_BYTES,
@@ -180,6 +187,7 @@ def run(*, quick: bool) -> dict[str, Any]:
     c = result["intra_dc_chain"] = agents["intra_dc_chain"]
     c["chain_bound_s"] = (nbytes + (2 - 1) * CHUNK_BYTES) / host_goodput
     c["ratio_to_chain_bound"] = c["chain_bound_s"] / c["seconds"]
+    result["job"], result["job_delta"] = jobs["full"], jobs["delta"]
     return result
 
 
@@ -201,6 +209,14 @@ def summary(result: dict[str, Any]) -> str:
     lines.append(
         f"  intra-DC chain b1→b2→b3: {c['seconds']:.2f} s, ratio to (S+(h-1)c)/B {c['ratio_to_chain_bound']:.3f}"
     )
+    for m in ("job", "job_delta"):
+        j = result[m]
+        lines.append(
+            f"  {m:<11} {j['versions']} versions of {j['version_bytes'] / 2**20:.1f} MiB ({j['sync']}) in "
+            f"{j['seconds']:.1f} s: inter_dc_copies {j['inter_dc_copies']:.3f} (events: "
+            f"{j['copies_per_version_from_events']:.2f}/version, {j['relayed_pulls']} relayed pulls), "
+            f"fraction_of_inter_dc_link {j['fraction_of_inter_dc_link']:.3f} ({', '.join(j['transfer_time'])})"
+        )
     return "\n".join(lines)
 
 

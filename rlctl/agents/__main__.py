@@ -4,8 +4,11 @@
     python -m rlctl.agents rollout    --job-dir DIR --replica N [--controller ADDR]
     python -m rlctl.agents trainer    --job-dir DIR --replica RANK [--controller ADDR]
 
-The job comes from DIR/job.json, the per-job secret from DIR/secret, the controller's address from
-DIR/controller.json unless given. Trainer ranks find each other through MASTER_ADDR / MASTER_PORT /
+DIR is the job's directory on the agent's own site (sites share no filesystem: `rlctl launch` stages
+job.json, plan.json, sites.json, secret, model/, data/, reward/ there, see rlctl.launch.stage); a leading `~` is
+this user's home. The job comes from DIR/job.json, the per-job secret from DIR/secret, the
+controller's address from --controller (the launcher passes it), else DIR/controller.json.
+Trainer ranks find each other through MASTER_ADDR / MASTER_PORT /
 WORLD_SIZE (set by the backend). The launcher's other variables (`rlctl.launch.agentenv`):
 RLCTL_PARALLEL (role, tp/pp/dp, rank or replica) and CUDA_VISIBLE_DEVICES go into the first log
 line; torch uses the job's threads for the role (rollout.threads_per_unit, trainer.threads_per_rank,
@@ -33,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--controller", default=None, help="controller RPC address (default: DIR/controller.json)")
     ap.add_argument("--listen", default=None, help="controller: address to listen on")
     args = ap.parse_args(argv)
+    args.job_dir = args.job_dir.expanduser()
     if args.replica is None:  # a SLURM task: every rank runs the same command line
         args.replica = int(os.environ.get("SLURM_PROCID", "0"))
     logging.basicConfig(

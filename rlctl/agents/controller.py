@@ -41,7 +41,7 @@ from rlctl.launch.layout import rollout_tp
 from rlctl.launch.spawn import Spawner
 from rlctl.metrics import JobMetrics
 from rlctl.rl.ranker import LengthRanker, recall_at
-from rlctl.rl.tasks import VOCAB_SIZE, DigitsTask
+from rlctl.rl.source import DigitsSource, task_source
 from rlctl.tracking import FanOut, make_trackers, row_to_metrics
 from rlctl.transport import Connection, Listener, Message, Transport
 
@@ -80,13 +80,11 @@ def core_config(job: JobFile, max_new_tokens: int, *, min_units: int = 1) -> Cor
 
 class ControllerAgent:
     def __init__(self, jobdir: JobDir, job: JobFile, transport: Transport, *, listen: str) -> None:
-        if job.task.kind != "digits":
-            raise ValueError(f"the runtime runs the digits task only, not {job.task.kind!r}")
         self.jobdir, self.job = jobdir, job
-        self.task = DigitsTask(job.task)
-        self.ranker = LengthRanker(VOCAB_SIZE)
-        boot = self.task.prompts(0, RANKER_BOOTSTRAP)  # bootstrap on the verifier's lengths; refit online
-        self.ranker.fit([p.tokens for p in boot], [p.target_tokens for p in boot])
+        self.task = task_source(job, jobdir.path, jobdir.init_model)
+        self.ranker = LengthRanker()  # hashed token features: any vocabulary; refit online on real lengths
+        if isinstance(self.task, DigitsSource):  # the demo's verifier knows lengths: bootstrap on them
+            self.ranker.fit(*self.task.bootstrap(RANKER_BOOTSTRAP))
         plan = jobdir.read_json(jobdir.plan_json) if jobdir.plan_json.exists() else {}
         self.plan = plan
         self.sites = _sites_by_agent(plan)
@@ -128,7 +126,10 @@ class ControllerAgent:
 
     def _prompts(self, iteration: int) -> list[PromptSpec]:
         n = self.job.batch.prompts_per_iteration
-        return [PromptSpec(p.prompt_id, p.tokens, p.target_tokens) for p in self.task.rl_prompts(iteration, n)]
+        return [
+            PromptSpec(p.prompt_id, p.tokens, p.target_tokens or self.task.max_new_tokens)
+            for p in self.task.rl_prompts(iteration, n)
+        ]
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -223,6 +224,7 @@ class ControllerAgent:
                 source=holder,
                 encoding=msg.header.get("encoding"),
                 bytes=msg.header.get("wire_bytes"),
+                fetch_s=msg.header.get("fetch_s"),
             )
             self._transfer(who, version, msg.header)
             self._send(self.core.weights_applied(who, version))
@@ -528,6 +530,7 @@ class ControllerAgent:
             "weight_version": t.version,
             "staleness": {str(k): v for k, v in sorted(st.staleness.items())},
             "loss": round(t.loss, 5),
+            "reward_failures": t.reward_failures,
             "period_s": round(period, 4),
             "wall_s": round((st.trained_at or 0.0) - self.t_start, 3),
             "t": round(time.time(), 3),
@@ -664,6 +667,7 @@ class ControllerAgent:
             "state": "done" if self.core.done else f"failed: {self.core.failed}" if self.core.failed else "stopped",
             "scale_events": self.scale_log,
             "weights": self._weights_view(),
+            "reward_failures": rows[-1]["reward_failures"] if rows else 0,
             "iterations": len(rows),
             "iterations_planned": self.job.iterations,
             "reward_first": round(sum(r["reward_mean"] for r in rows[:k]) / k, 4) if rows else None,

@@ -81,6 +81,7 @@ class Trained(msgspec.Struct):
     loss: float
     staleness_violations: int  # samples the trainer found older than η (must stay 0)
     busy_s: float
+    reward_failures: int = 0  # reward calls that raised, timed out or returned a wrong type, so far
 
 
 class Heartbeat(msgspec.Struct):

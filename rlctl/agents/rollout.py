@@ -27,9 +27,11 @@ from rlctl.agents.listen import host_of
 from rlctl.agents.listen import listen_host as resolve_listen_host
 from rlctl.agents.messages import Generate, Heartbeat, Hello, SampleDone, make, parse
 from rlctl.agents.weights import fetch_weights, state_dict_of, weight_node
+from rlctl.engines import make_engine
 from rlctl.engines.base import GenRequest, GenResult
-from rlctl.engines.embedded import EmbeddedEngine
 from rlctl.errors import TransportError
+from rlctl.launch.agentenv import parallel_from_env
+from rlctl.rl.source import stop_ids
 from rlctl.transport import Connection, Listener, Message
 
 log = logging.getLogger(__name__)
@@ -44,12 +46,19 @@ class RolloutAgent:
         job = ctx.job
         listen_host = listen_host or resolve_listen_host(job, toward=host_of(ctx.controller))
         algo = job.algorithm
-        self.engine = EmbeddedEngine.from_pretrained(
+        eos = stop_ids(job, ctx.jobdir.init_model) or None
+        # the embedded engine's group barrier is its own knob; vLLM pages its KV cache (no barrier needed)
+        kw: dict[str, Any] = {"group_barrier": job.rollout.group_barrier}
+        if job.rollout.engine == "vllm":  # tensor parallel over the unit's GPU slice (the plan's tp)
+            kw = {"tensor_parallel": int(parallel_from_env().get("tp") or job.rollout.tensor_parallel or 1)}
+        self.engine = make_engine(
+            job.rollout.engine,
             ctx.jobdir.init_model,
             max_batch_size=job.rollout.max_batch_size,
             temperature=algo.temperature,
             seed=job.seed * 1000 + replica,
-            group_barrier=job.rollout.group_barrier,
+            eos_token_ids=eos,
+            **kw,
         )
         self.inbox: queue.Queue[Message | None] = queue.Queue()
         self.busy_s = 0.0

@@ -19,6 +19,8 @@ import logging
 import os
 import queue
 import time
+from collections import deque
+from concurrent.futures import Future
 
 import msgspec
 import torch
@@ -32,7 +34,7 @@ from rlctl.agents.staleness import StalenessBound
 from rlctl.agents.weights import Target, WeightPublisher
 from rlctl.engines.model import TinyGPT
 from rlctl.rl.samples import Sample
-from rlctl.rl.tasks import DigitsTask
+from rlctl.rl.source import task_source
 from rlctl.transport import Message
 
 log = logging.getLogger(__name__)
@@ -54,9 +56,7 @@ class TrainerAgent:
     def __init__(self, ctx: AgentContext, *, rank: int = 0) -> None:
         self.ctx = ctx
         job = ctx.job
-        if job.task.kind != "digits":
-            raise ValueError(f"the embedded trainer runs the digits task only, not {job.task.kind!r}")
-        self.task = DigitsTask(job.task)
+        self.task = task_source(job, ctx.jobdir.path, ctx.jobdir.init_model, scoring=rank == 0)
         self.rank = rank
         self.name = f"trainer-{rank}"
         self.model = TinyGPT.from_pretrained(ctx.jobdir.init_model)
@@ -133,6 +133,7 @@ class TrainerAgent:
         )
         self.state = "running"
         ids: list[str] = []
+        scoring: deque[tuple[Delivered, list[int], list[float], Future[float]]] = deque()
         violations = 0
         try:
             while True:
@@ -149,18 +150,16 @@ class TrainerAgent:
                 if msg.kind != "samples":
                     log.warning("trainer: unexpected message %r", msg.kind)
                     continue
-                # sample-level work as each sample arrives: reward, staleness check, micro-batches
+                # sample-level work as each sample arrives: staleness check, reward (the task's verifier, or
+                # the user's function in worker processes), then micro-batches as scored groups complete
                 t0 = time.monotonic()
                 for d, (out, lp) in zip(_delivered(msg), _pairs(msg.tensors), strict=True):
                     if not self.bound.may_train(trainer_version=self.version, sample_version=d.version):
                         violations += 1
-                    prompt = self.task.prompt(int(d.prompt_id[1:]))
                     toks = out.tolist()
-                    sample = Sample(
-                        d.prompt_id, prompt.tokens, toks, lp.tolist(), self.task.reward(prompt, toks), version=d.version
-                    )
-                    self.learner.add(sample)
-                    ids.append(d.sample_id)
+                    scoring.append((d, toks, lp.tolist(), self.task.score(d.sample_id, d.prompt_id, toks)))
+                whole = self.learner.count + len(scoring) >= self.samples_per_iteration
+                ids += self._take_scored(scoring, wait=whole)
                 self.learner.train_ready()
                 self.busy_s += time.monotonic() - t0
                 if self.learner.count < self.samples_per_iteration:
@@ -185,6 +184,7 @@ class TrainerAgent:
                             loss=stats["loss"],
                             staleness_violations=violations,
                             busy_s=self.busy_s,
+                            reward_failures=self.task.reward_stats().failures,
                         ),
                     )
                 )
@@ -192,12 +192,26 @@ class TrainerAgent:
         finally:
             self.learner.stop_followers()
             publisher.close()
+            self.task.close()
+
+    def _take_scored(
+        self, scoring: deque[tuple[Delivered, list[int], list[float], Future[float]]], *, wait: bool
+    ) -> list[str]:
+        """Hand the learner every sample whose reward is in, in arrival order (all of them when `wait`)."""
+        ids = []
+        while scoring and (wait or scoring[0][3].done()):
+            d, toks, lps, reward = scoring.popleft()
+            prompt = self.task.prompt_tokens(d.prompt_id)
+            self.learner.add(Sample(d.prompt_id, prompt, toks, lps, reward.result(), version=d.version))
+            ids.append(d.sample_id)
+        return ids
 
     def _maybe_checkpoint(self) -> None:
         every = self.ctx.job.checkpoint.every_iterations
         last = self.version == self.ctx.job.iterations
         if last or (every and self.version % every == 0):
-            self.model.save_pretrained(self.ctx.jobdir.checkpoint(self.version) / "model")
+            init = self.ctx.jobdir.init_model
+            self.model.save_pretrained(self.ctx.jobdir.checkpoint(self.version) / "model", tokenizer_from=init)
 
 
 def _gather(address: str) -> list[str]:

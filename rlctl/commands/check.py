@@ -11,6 +11,7 @@ import typer
 from rlctl.config import Inventory, load_inventory, load_job
 from rlctl.config.base import read_yaml
 from rlctl.errors import PartialFailure
+from rlctl.launch.preflight import preflight
 from rlctl.launch.reach import probe_site
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
@@ -89,6 +90,7 @@ def register(app: typer.Typer) -> None:
         job = None
         if len(files) == 1 and read_yaml(files[0]).get("kind") == "Job":
             job = load_job(files[0])
+            preflight(job)  # check passing means launch can start it: every field is honoured or refused
             inv = job.inventory
         else:
             inv = load_inventory(files)

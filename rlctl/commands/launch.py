@@ -16,6 +16,8 @@ import typer
 
 from rlctl.config import load_job
 from rlctl.errors import RlctlError
+from rlctl.launch.preflight import preflight
+from rlctl.launch.run import DRY_RUN_CONTROLLER
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
 
@@ -111,8 +113,15 @@ def _sites_of(plan: dict[str, Any]) -> set[str]:
     return {plan["trainer"]["site"], plan["controller_site"], *(g["site"] for g in plan["rollout"])}
 
 
-def dry_table(rows: list[dict[str, Any]]) -> str:
-    """Where each agent runs and what it gets (one table), then its exact sbatch script / SSH command."""
+def staging_table(staging: list[dict[str, Any]]) -> str:
+    """Where `launch` copies the job's files on each site (sites share no filesystem)."""
+    rows = [[s["site"], ", ".join(s["hosts"]), s["job_dir"], " ".join(s["files"]) or "-", s["note"]] for s in staging]
+    return grid(rows, ["site", "hosts", "job dir on the site", "staged there", ""], "Staging")
+
+
+def dry_table(rows: list[dict[str, Any]], staging: list[dict[str, Any]] | None = None) -> str:
+    """Where each agent runs and what it gets (one table), the staging plan, then every exact sbatch
+    script / SSH command."""
     table = [
         [
             r["agent"],
@@ -127,9 +136,12 @@ def dry_table(rows: list[dict[str, Any]]) -> str:
     ]
     head = ["agent", "site", "host", "backend", "CUDA_VISIBLE_DEVICES / SLURM request", "threads", "parallel"]
     out = [
-        f"# {len(rows)} agents; MASTER_PORT={DRY_RUN_MASTER_PORT} stands for the free port picked at launch",
+        f"# {len(rows)} agents; MASTER_PORT={DRY_RUN_MASTER_PORT} stands for the free port picked at launch, "
+        f"{DRY_RUN_CONTROLLER} for the controller's address once it listens",
         grid(table, head),
     ]
+    if staging is not None:
+        out += ["", staging_table(staging)]
     for r in rows:
         out.append(f"\n# ---- {r['agent']} on site {r['site']} ({r['backend']}) ----\n{r['script'].rstrip()}")
     return "\n".join(out)
@@ -168,8 +180,10 @@ def register(app: typer.Typer) -> None:
                 rows = dry.render(master_port=DRY_RUN_MASTER_PORT)
             finally:
                 dry.backends.close()
-            emit(rows, output, dry_table)
+            staging = dry.staging_plan()
+            emit(rows, output, lambda r: dry_table(r, staging))
             return
+        preflight(job)  # what `rlctl check` refuses, refused before anything is built or started
         jd = launch_dir(job, spec, job_dir)
         progress = _Progress()
         run = None

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 
 from rlctl.commands.status import JobArg
-from rlctl.errors import UsageError
+from rlctl.errors import RlctlError, UsageError
+from rlctl.launch.base import AgentHandle
 from rlctl.textutil import did_you_mean
 
 ROLES = ("controller", "trainer", "rollout")
@@ -30,23 +31,19 @@ def _tail(path: Path, lines: int) -> list[str]:
     return path.read_text(errors="replace").splitlines()[-lines:] if lines else []
 
 
-def _remote_tail(job_dir: Path, name: str, lines: int) -> list[str] | None:
-    """The log of an agent on an SSH site whose file is not visible here (no shared filesystem)."""
-    from rlctl.launch.backends import make_backend, read_sites, recorded_agents
-    from rlctl.launch.remote import SshRunner, sh_path
-    from rlctl.launch.ssh import SshBackend
+def _site_tail(job_dir: Path, handle: AgentHandle, lines: int) -> list[str] | None:
+    """The log of an agent whose file is not visible here, read on its site (sites share no filesystem)."""
+    from rlctl.launch.backends import read_sites
+    from rlctl.launch.sitefs import agent_view, host_files
 
-    h = next((h for h in recorded_agents(job_dir) if h.spec.name == name and h.backend == "ssh"), None)
-    if h is None:
+    site = read_sites(job_dir).get(handle.spec.site)
+    if site is None or handle.spec.log_path is None:
         return None
-    backend = make_backend(h.spec.site, read_sites(job_dir)[h.spec.site], job=job_dir.name, job_dir=job_dir)
-    assert isinstance(backend, SshBackend)
-    runner = SshRunner(backend.target(h.ident["host"]))
+    fs = host_files(site, agent_view(site, handle.ident.get("host")))
     try:
-        res = runner.run(f"tail -n {int(lines)} {sh_path(h.ident['log'])}", timeout_s=15.0)
+        return fs.tail(str(handle.spec.log_path), lines)
     finally:
-        runner.close()
-    return res.stdout.splitlines()
+        fs.close()
 
 
 def register(app: typer.Typer) -> None:
@@ -61,23 +58,30 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Print an agent's log: from the job directory, or over SSH from the host the agent runs on."""
         from rlctl.launch.jobref import resolve
+        from rlctl.launch.stage import all_recorded_agents
 
         ref = resolve(job)
         log_dir = ref.jobdir.path / "logs"
+        handles = {h.spec.name: h for h in all_recorded_agents(ref.jobdir.path)}
         if agent is None:
             if follow:
                 raise UsageError("--follow needs one agent, e.g. `rlctl logs JOB rollout/0 -f`")
-            for path in sorted(log_dir.glob("*.log")):
-                sys.stdout.write(f"==> {path.stem} <==\n")
-                sys.stdout.writelines(line + "\n" for line in _tail(path, min(lines, 10)))
+            names = sorted({*handles, *(p.stem for p in log_dir.glob("*.log"))})
+            for name in names:
+                sys.stdout.write(f"==> {name} <==\n")
+                sys.stdout.writelines(line + "\n" for line in _agent_tail(ref.jobdir.path, handles, name, 10))
             return
         name = agent_name(agent)
         path = log_dir / f"{name}.log"
+        recorded_log = handles[name].spec.log_path if name in handles else None
+        if recorded_log is not None:
+            path = recorded_log
         if not path.exists():
-            remote = _remote_tail(ref.jobdir.path, name, lines)
+            remote = _site_tail(ref.jobdir.path, handles[name], lines) if name in handles else None
             if remote is None:
-                known = sorted(p.stem for p in log_dir.glob("*.log"))
-                raise UsageError(f"job {ref.id}: no log for {name}; known: {', '.join(known) or 'none'}")
+                raise UsageError(f"job {ref.id}: no log for {name}; known: {', '.join(sorted(handles)) or 'none'}")
+            if follow:
+                raise UsageError(f"--follow reads logs on this machine; {name} logs on site {handles[name].spec.site}")
             sys.stdout.writelines(line + "\n" for line in remote)
             return
         sys.stdout.writelines(line + "\n" for line in _tail(path, lines))
@@ -93,3 +97,17 @@ def register(app: typer.Typer) -> None:
                     sys.stdout.flush()
                 else:
                     time.sleep(0.3)
+
+
+def _agent_tail(job_dir: Path, handles: dict[str, AgentHandle], name: str, lines: int) -> list[str]:
+    """An agent's last lines wherever its log is; a site that does not answer says so in one line."""
+    h = handles.get(name)
+    path = h.spec.log_path if h is not None and h.spec.log_path is not None else job_dir / "logs" / f"{name}.log"
+    if path.exists():
+        return _tail(path, lines)
+    if h is None:
+        return ["(no log)"]
+    try:
+        return _site_tail(job_dir, h, lines) or ["(no log)"]
+    except RlctlError as e:
+        return [f"(log on site {h.spec.site} unreadable: {e})"]

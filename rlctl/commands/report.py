@@ -33,5 +33,9 @@ def register(app: typer.Typer) -> None:
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Write a PNG and an HTML report of a job: reward, T_gen/T_train/δ with scale events, agent busy/idle timeline."""  # noqa: E501 (one line: typer keeps newlines in the command list)
-        files = build_report(resolve(job).jobdir.path, out=out)
+        from rlctl.launch.operate import fetch_job_record
+
+        ref = resolve(job)
+        fetch_job_record(ref)  # the record lives with the controller; a copy here when it ran on another site
+        files = build_report(ref.jobdir.path, out=out)
         emit({"png": str(files.png), "html": str(files.html)}, output, _table)

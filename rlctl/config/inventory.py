@@ -45,8 +45,16 @@ def expand_hostlist(pattern: str) -> list[str]:
     return [f"{m['pre']}{i:0{width}d}{m['post']}" for i in range(int(lo), int(hi) + 1)]
 
 
+WORKDIR_HELP = (
+    "work root on the site: a job's files there are <workdir>/jobs/<job id>/ (staged by `launch`, logs, "
+    "checkpoints); default: ssh and a SLURM submit_host ~/.rlctl, local and SLURM submitted from here the "
+    "operator's job directory itself"
+)
+
+
 class LocalScheduler(Strict):
     kind: Literal["local"]
+    workdir: str | None = Field(None, description=WORKDIR_HELP)
 
 
 class SlurmScheduler(Strict):
@@ -60,6 +68,7 @@ class SlurmScheduler(Strict):
     ssh_key_file: str | None = None
     ssh_known_hosts: str | None = Field(None, description="known_hosts file for the submit host (default ~/.ssh)")
     slurm_conf: str | None = Field(None, description="SLURM_CONF for the client tools, if not the default")
+    workdir: str | None = Field(None, description=WORKDIR_HELP)
     time_limit_min: PositiveInt = 7 * 24 * 60
     gpu_request: Literal["auto", "per_task", "gres", "none"] = Field(
         "auto",
@@ -75,7 +84,7 @@ class SshScheduler(Strict):
     key_file: str | None = None
     proxy_jump: str | None = None
     known_hosts: str | None = Field(None, description="known_hosts file trusted for these hosts (default ~/.ssh)")
-    workdir: str = "~/.rlctl"
+    workdir: str = Field("~/.rlctl", description=WORKDIR_HELP)
     python: str = "python3"
 
 

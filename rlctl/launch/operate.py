@@ -6,22 +6,29 @@ status: controller (live, one RPC with a deadline) ──none──▶ last metr
 scale:  one RPC to the controller; it starts (or drains) the units and answers with their names
 stop:   "shutdown" RPC (graceful: the controller stops its agents, writes summary.json) ─▶ wait
         ─▶ every agent in agents.jsonl stopped on its site (TERM, grace, KILL, verified)
+
+Agents are those in the operator's agents.jsonl plus, when the controller runs on another site, those
+its Spawner recorded there; its record (summary, metrics, events) is fetched from there when needed.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 from typing import Any
 
 from rlctl.errors import RlctlError, TransportError
-from rlctl.launch.backends import Backends, read_sites, recorded_agents, stop_agents
+from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import AgentHandle
 from rlctl.launch.jobdb import JobDB
 from rlctl.launch.jobref import JobRef
 from rlctl.launch.run import connect_client
+from rlctl.launch.stage import all_recorded_agents, fetch_record, record_view
 from rlctl.transport import Message
+
+log = logging.getLogger(__name__)
 
 STATUS_DEADLINE_S = 5.0
 
@@ -70,7 +77,7 @@ def _with_deadline(work: dict[str, Any], timeout_s: float) -> dict[str, tuple[st
 
 def site_view(ref: JobRef, *, timeout_s: float) -> tuple[list[dict[str, Any]], list[str]]:
     """Every recorded agent's state as its site's scheduler sees it; sites that did not answer."""
-    handles = recorded_agents(ref.jobdir.path)
+    handles = all_recorded_agents(ref.jobdir.path)
     sites = read_sites(ref.jobdir.path)
     backends = Backends(sites, job=ref.jobdir.path.name, job_dir=ref.jobdir.path)
     by_site: dict[str, list[AgentHandle]] = {}
@@ -122,6 +129,7 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         return out, True
     out["controller"] = f"{how}: {value}" if value else how
     out["source"] = "job directory + site schedulers"
+    fetch_job_record(ref)
     rows = jd.read_lines(jd.metrics)
     if rows:
         last = rows[-1]
@@ -135,6 +143,19 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     out["agents"], out["sites_down"] = agents, down
     ended = "summary" in out and all(a["state"] != "running" for a in agents)
     return out, ended and not down
+
+
+def fetch_job_record(ref: JobRef) -> list[str]:
+    """Bring the controller's record (summary, metrics, events) here when it runs on another site;
+    a site that does not answer leaves what is here (logged)."""
+    view = record_view(ref.jobdir.path)
+    if view is None:
+        return []
+    try:
+        return fetch_record(ref.jobdir.path, *view)
+    except (RlctlError, OSError) as e:
+        log.warning("job %s: cannot fetch the record from the controller's site: %s", ref.id, e)
+        return []
 
 
 def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -164,7 +185,7 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
         out["graceful"] = "requested"
     except (TransportError, OSError, ValueError, KeyError) as e:
         out["graceful"] = f"controller did not answer ({e}); forcing"
-    handles = recorded_agents(jd.path)
+    handles = all_recorded_agents(jd.path)
     sites = read_sites(jd.path)
     backends = Backends(sites, job=jd.path.name, job_dir=jd.path)
     controller = [h for h in handles if h.spec.role == "controller"]
@@ -175,6 +196,7 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
         time.sleep(0.3)
     problems = stop_agents(backends, handles, grace_s=min(grace_s, 10.0))
     backends.close()
+    fetch_job_record(ref)
     out["agents"] = [h.spec.name for h in handles]
     out["problems"] = problems
     jd.event("stopped_by_operator", agents=out["agents"], problems=problems)

@@ -190,6 +190,17 @@ class SshRunner:
             raise LaunchError(f"ssh {self.where}: connection lost running '{_short(command)}': {e}") from e
         return CommandResult(int(res.exited), str(res.stdout), str(res.stderr))
 
+    def put(self, local: Path, remote: str, *, timeout_s: float = 300.0) -> None:
+        """Copy one file to an absolute path on the host over SFTP, keeping its mode (a 0600 secret stays 0600)."""
+        if self._conn is None:
+            self._conn = connect(self.target)
+        try:
+            self._conn.sftp().get_channel().settimeout(timeout_s)
+            self._conn.put(str(local), remote, preserve_mode=True)
+        except (OSError, EOFError) as e:
+            self.close()
+            raise LaunchError(f"ssh {self.where}: cannot copy {local} to {remote}: {e or type(e).__name__}") from e
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()

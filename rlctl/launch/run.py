@@ -3,13 +3,21 @@ agents through a launch backend, watch the controller's status, stop everything.
 
     resolve_job ─▶ plan_counts ─▶ prepare (job.json, plan.json, secret, SFT warm-up → model/init)
         ─▶ layout (host, GPU slice / SLURM request, threads, tp/pp/dp of every agent; see layout.py)
-        ─▶ JobRun.start: controller ─(controller.json)─▶ trainer ranks ─▶ rollout units
+        ─▶ JobRun.start: stage the job dir to every site (stage.py: copy, verify size + SHA-256)
+           ─▶ controller on its site ─(its site's controller.json, read through the site)─▶
+              trainer ranks, rollout units: --job-dir <their site's copy> --controller ADDR
         ─▶ JobRun.wait: status RPC every poll_s ─▶ on_progress(status) … controller exits
+        ─▶ the controller's record (summary, metrics, events) fetched to the operator's job dir
         ─▶ summary.json (+ wall_s) ;  JobRun.stop(): every agent, SIGTERM → grace → SIGKILL
+
+The operator's job dir keeps what launch started (agents.jsonl) and the job index; when the controller
+runs elsewhere its site job dir is the job's record, and the launcher mirrors its agent records there
+(the controller's Spawner claims GPU slices from them).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -21,18 +29,30 @@ from typing import Any
 
 from rlctl.config.inventory import Site
 from rlctl.config.job import Job, JobFile, Pipeline
-from rlctl.errors import LaunchError, PlanError, TransportError, UsageError
-from rlctl.launch.backends import Backends, read_sites, record_agent, recorded_agents, stop_agents, write_sites
+from rlctl.errors import LaunchError, PlanError, TransportError
+from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, record_agent, stop_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
+from rlctl.launch.inputs import copy_inputs, resolve_inputs
 from rlctl.launch.jobdb import JobDB
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent, layout
+from rlctl.launch.sitefs import HostFiles, access_hosts, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
+from rlctl.launch.stage import (
+    STAGED_FILE,
+    all_recorded_agents,
+    controller_view,
+    fetch_record,
+    root_for,
+    stage_all,
+    staging_plan,
+)
 from rlctl.transport import Connection, Message, make_transport
 
 log = logging.getLogger(__name__)
 
 CONTROLLER_START_S = 120.0
+DRY_RUN_CONTROLLER = "CONTROLLER_ADDR"  # what `--dry-run` shows for the address the controller gets at launch
 
 
 def resolve_job(job: Job, *, iterations: int | None = None, mode: str | None = None) -> JobFile:
@@ -103,28 +123,17 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
     return out
 
 
-def prepare(jobdir: JobDir, spec: JobFile, plan: dict[str, Any], *, source: str, job: Job | None = None) -> None:
-    """Write what the agents read, and the starting policy (the SFT warm-up, cached across runs)."""
+def prepare(jobdir: JobDir, spec: JobFile, plan: dict[str, Any], *, source: str, job: Job) -> None:
+    """Write what the agents read, and what the job starts from (rlctl.launch.inputs: the starting policy —
+    the SFT warm-up, cached across runs, or the user's checkpoint — a dataset's tokenized prompts, its
+    reward file)."""
+    spec = resolve_inputs(spec, job)
     jobdir.write_job(spec, source=source)
     jobdir.write_json(jobdir.plan_json, plan)
-    if job is not None:
-        used = {plan["trainer"]["site"], plan["controller_site"], *(g["site"] for g in plan["rollout"])}
-        write_sites(jobdir.path, {n: s for n, s in job.inventory.sites.items() if n in used})
+    used = {plan["trainer"]["site"], plan["controller_site"], *(g["site"] for g in plan["rollout"])}
+    write_sites(jobdir.path, {n: s for n, s in job.inventory.sites.items() if n in used})
     jobdir.secret()
-    if (jobdir.init_model / "config.json").exists():
-        return
-    from rlctl.engines.model import TinyGPT
-    from rlctl.rl import sft
-    from rlctl.rl.tasks import DigitsTask
-
-    if spec.task.kind != "digits":
-        raise UsageError(f"the local runtime runs the digits task; this job's task is {spec.task.kind!r}")
-    model = TinyGPT()
-    if spec.warmup.sft_steps:
-        t0 = time.monotonic()
-        model.load_state_dict(sft.warmup(DigitsTask(spec.task), steps=spec.warmup.sft_steps, seed=spec.seed))
-        jobdir.event("sft_warmup", steps=spec.warmup.sft_steps, seconds=round(time.monotonic() - t0, 2))
-    model.save_pretrained(jobdir.init_model)
+    copy_inputs(jobdir, spec, job)
 
 
 def _free_port() -> int:
@@ -153,6 +162,8 @@ class JobRun:
         self.db = db
         self.handles: list[AgentHandle] = []
         self.controller: AgentHandle | None = None
+        self.staged: dict[str, Any] = {}
+        self._record: tuple[Site, str, str] | None = None  # the controller's site, host view, site job dir
         self._status_conn: Connection | None = None
         self.t_start = time.monotonic()
 
@@ -164,7 +175,8 @@ class JobRun:
         """Per agent, for `launch --dry-run`: where it runs, what it gets, and the exact script / command."""
         out = []
         for a, env in planned_agents(self.plan, self.sites, self.spec, master_port=master_port):
-            spec = agent_spec(self.jobdir, a, self.sites[a.site], env=env)
+            site_dir = JobDir(Path(site_root(self.sites[a.site], self.id, here=self.jobdir.path)))
+            spec = agent_spec(site_dir, a, self.sites[a.site], env=env, controller=DRY_RUN_CONTROLLER)
             backend = self.backends.for_site(a.site)
             render = getattr(backend, "render", None)
             request = getattr(backend, "request_summary", None)
@@ -179,15 +191,29 @@ class JobRun:
                     "gpu_request": request(spec) if request is not None else None,
                     "threads": spec.resources.cpus_per_task,
                     "parallel": a.parallel.short(),
+                    "job_dir": str(site_dir.path),
                     "script": render(spec) if render is not None else shlex.join(spec.argv),
                 }
             )
         return out
 
-    def _start(self, a: PlannedAgent, env: dict[str, str] | None = None) -> AgentHandle:
-        spec: AgentSpec = agent_spec(self.jobdir, a, self.sites[a.site], env=env)
+    def staging_plan(self) -> list[dict[str, Any]]:
+        """For `launch --dry-run`: each site's job dir and what is staged there."""
+        return staging_plan(self.sites, job_id=self.id, here=self.jobdir.path)
+
+    def site_dir(self, a: PlannedAgent) -> JobDir:
+        """The job's directory on the agent's site (its host's view), as staged."""
+        host = a.gpu_slice.host if a.gpu_slice is not None else None
+        return JobDir(Path(root_for(self.staged[a.site]["roots"], host)))
+
+    def _start(
+        self, a: PlannedAgent, env: dict[str, str] | None = None, *, controller: str | None = None
+    ) -> AgentHandle:
+        spec: AgentSpec = agent_spec(self.site_dir(a), a, self.sites[a.site], env=env, controller=controller)
         h = self.backends.for_site(a.site).start(spec)
         record_agent(self.jobdir.path, h)
+        if self._record is not None and h.spec.role != "controller":  # the controller's Spawner reads these
+            self._mirror_record(h)
         self.handles.append(h)
         gpus = spec.gpu_slice.visible_devices if spec.gpu_slice else None
         self.jobdir.event("agent_started", agent=spec.name, site=spec.site, backend=h.backend, ident=h.ident, gpus=gpus)
@@ -200,35 +226,109 @@ class JobRun:
             self.db.put(self.id, job_dir=str(self.jobdir.path), spec=self.spec.model_dump(mode="json", by_alias=True))
         self.db.update(self.id, state=state, info=info or None)
 
+    def _files(self) -> tuple[HostFiles, str]:
+        """The controller's site job dir and a view of it (the caller closes the view)."""
+        assert self._record is not None
+        site, host, root = self._record
+        return host_files(site, host), root
+
+    def _mirror_record(self, h: AgentHandle) -> None:
+        """Append the agent's record to the controller site's agents.jsonl (its Spawner claims slices from it)."""
+        line = (self.jobdir.path / AGENTS_FILE).read_text().splitlines()[-1] + "\n"
+        fs, root = self._files()
+        try:
+            fs.append(f"{root}/{AGENTS_FILE}", line)
+        finally:
+            fs.close()
+
     def start(self) -> None:
         self.t_start = time.monotonic()
         self.jobdir.controller_json.unlink(missing_ok=True)
         self._register("launching", sites=sorted(self.sites))
         agents = planned_agents(self.plan, self.sites, self.spec, master_port=_free_port())  # refuses a short site
-        self.controller = self._start(*agents[0])
+        t0 = time.monotonic()
+        self.staged = stage_all(self.jobdir.path, self.sites, job_id=self.id)
+        copied = {s: sum(v["copied"].values()) for s, v in self.staged.items()}
+        self.jobdir.event("staged", seconds=round(time.monotonic() - t0, 2), copied=copied)
+        c = agents[0][0]
+        site, host, root = controller_view(self.staged, self.sites, c.site, self._controller_host(c))
+        remote = is_remote(site) or Path(root) != self.jobdir.path
+        if remote:  # the controller's own view of the job: where it is staged (its Spawner's record)
+            self._record = (site, host, root)
+            fs, _ = self._files()
+            try:
+                fs.put(self.jobdir.path / STAGED_FILE, f"{root}/{STAGED_FILE}")
+                for name in ("controller.json", AGENTS_FILE):  # leftovers of an earlier run of this job id
+                    fs.put(self._empty(), f"{root}/{name}")
+            finally:
+                fs.close()
+        self.controller = self._start(c)
+        address = self._controller_address(remote)
+        if self.db is not None:
+            self.db.update(self.id, state="running", controller=address)
+        for a, env in agents[1:]:
+            self._start(a, env, controller=address)
+
+    def _empty(self) -> Path:
+        p = self.jobdir.path / ".empty"
+        p.write_text("")
+        return p
+
+    def _controller_host(self, c: PlannedAgent) -> str | None:
+        """The host view the controller runs in: an SSH site places it like any spec without a slice."""
+        backend = self.backends.for_site(c.site)
+        host_for = getattr(backend, "host_for", None)
+        if host_for is None:
+            return None
+        return str(host_for(agent_spec(self.jobdir, c, self.sites[c.site])))
+
+    def _controller_address(self, remote: bool) -> str:
+        """Wait until the controller listens: its controller.json on its site (read there; copied here)."""
+        assert self.controller is not None
         deadline = time.monotonic() + CONTROLLER_START_S
-        while not self.jobdir.controller_json.exists():
+        while True:
+            text = self._read_record("controller.json") if remote else None
+            if not remote and self.jobdir.controller_json.exists():
+                break
+            if text:
+                self.jobdir.write_json(self.jobdir.controller_json, json.loads(text))
+                break
             code = self.poll(self.controller)
             if code is not None:
                 raise LaunchError(
                     f"the controller exited with {code} before listening; "
-                    f"see {self.jobdir.log('controller', 0)}:\n{self.log_tail('controller', 0)}"
+                    f"see {self.controller.spec.log_path}:\n{self.log_tail('controller', 0)}"
                 )
             if time.monotonic() > deadline:
                 raise LaunchError(f"the controller did not listen within {CONTROLLER_START_S:.0f} s")
-            time.sleep(0.05)
-        address = str(self.jobdir.read_json(self.jobdir.controller_json)["address"])
-        if self.db is not None:
-            self.db.update(self.id, state="running", controller=address)
-        for a, env in agents[1:]:
-            self._start(a, env)
+            time.sleep(0.25 if remote else 0.05)
+        return str(self.jobdir.read_json(self.jobdir.controller_json)["address"])
+
+    def _read_record(self, name: str) -> str | None:
+        fs, root = self._files()
+        try:
+            return fs.read_text(f"{root}/{name}")
+        finally:
+            fs.close()
 
     def poll(self, h: AgentHandle) -> int | None:
         return self.backends.for_site(h.spec.site).poll(h)
 
     def log_tail(self, role: str, replica: int, lines: int = 15) -> str:
-        p = self.jobdir.log(role, replica)
-        return "\n".join(p.read_text(errors="replace").splitlines()[-lines:]) if p.exists() else "(no log)"
+        """The end of an agent's log, read on its site."""
+        h = next((h for h in self.handles if h.spec.name == f"{role}-{replica}"), None)
+        if h is None or h.spec.log_path is None:
+            return "(no log)"
+        site = self.sites[h.spec.site]
+        view = h.ident.get("host") or access_hosts(site)[0]
+        fs = host_files(site, view if is_remote(site) else "localhost")
+        try:
+            text = fs.read_text(str(h.spec.log_path))
+        except LaunchError as e:
+            return f"(log unreadable: {e})"
+        finally:
+            fs.close()
+        return "\n".join(text.splitlines()[-lines:]) if text is not None else "(no log)"
 
     def status(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
         """The controller's live status, or None when it does not answer."""
@@ -259,11 +359,13 @@ class JobRun:
         code = self.poll(self.controller)
         if self._status_conn is not None:
             self._status_conn.close()
+        if self._record is not None:
+            fetch_record(self.jobdir.path, *self._record)
         if not self.jobdir.summary_json.exists():
             self._register("failed", controller_exit=code)
             raise LaunchError(
                 f"the controller exited with {code} without a summary; "
-                f"see {self.jobdir.log('controller', 0)}:\n{self.log_tail('controller', 0)}"
+                f"see {self.controller.spec.log_path}:\n{self.log_tail('controller', 0)}"
             )
         summary: dict[str, Any] = self.jobdir.read_json(self.jobdir.summary_json)
         summary["wall_s"] = round(time.monotonic() - self.t_start, 2)
@@ -274,8 +376,13 @@ class JobRun:
 
     def stop(self, *, grace_s: float = 10.0) -> None:
         """Stop every agent of the job on every site, including units the controller started."""
-        handles = recorded_agents(self.jobdir.path)
+        handles = all_recorded_agents(self.jobdir.path)
         problems = stop_agents(self.backends, handles, grace_s=grace_s)
+        if self._record is not None:
+            try:
+                fetch_record(self.jobdir.path, *self._record)
+            except LaunchError as e:  # the job's record stays on the controller's site
+                problems.append(f"cannot fetch the job's record from site {self._record[0]}: {e}")
         self.jobdir.event("agents_stopped", agents=[h.spec.name for h in handles], problems=problems)
         if self.db is not None and self.db.get(self.id).state in ("launching", "running"):
             self._register("stopped")

@@ -1,9 +1,14 @@
 """How an agent process is described to a launch backend, and the controller's spawner for scaling.
 
-    agent_spec(planned agent) ─▶ AgentSpec(argv = python -m rlctl.agents ROLE --job-dir D …,
+    agent_spec(planned agent) ─▶ AgentSpec(argv = python -m rlctl.agents ROLE --job-dir SITE_DIR
+                                                  [--controller ADDR] …,
                                            env: site, listen host, RLCTL_PARALLEL, CUDA_VISIBLE_DEVICES, threads)
     Spawner.add_rollout(site, n) ─▶ a free GPU slice (claims: agents.jsonl + planned + in flight)
+                                 ─▶ the site's staged copy (staged.json; stage it first if absent)
                                  ─▶ backend(site).start(spec) ─▶ agents.jsonl ─▶ the unit says hello
+
+SITE_DIR is the job's directory on the agent's own site (rlctl.launch.sitefs): sites share no
+filesystem, so an agent never reads the operator's path.
     (a drained unit is told to stop by the controller; `rlctl stop` verifies every recorded agent gone)
 
 The launcher (`rlctl launch`) and the controller (scale requests, automatic rebalancing) both start
@@ -16,6 +21,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from rlctl.config.inventory import Site, SshScheduler
@@ -35,6 +41,7 @@ from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice
 from rlctl.launch.gpus import GpuPool, uses_slices
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent, layout, rollout_agent, rollout_tp
+from rlctl.launch.stage import ensure_staged, root_for
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +51,17 @@ def python_for(site: Site) -> str:
     return site.scheduler.python if isinstance(site.scheduler, SshScheduler) else sys.executable
 
 
-def agent_spec(jobdir: JobDir, a: PlannedAgent, site: Site, *, env: dict[str, str] | None = None) -> AgentSpec:
-    """The exact process of one planned agent; `env` adds to (and wins over) what the layout says."""
+def agent_spec(
+    jobdir: JobDir, a: PlannedAgent, site: Site, *, env: dict[str, str] | None = None, controller: str | None = None
+) -> AgentSpec:
+    """The exact process of one planned agent; `jobdir` is the job's directory *on the agent's site*
+    (its staged copy), `controller` the controller's address (trainer and rollout agents); `env` adds
+    to (and wins over) what the layout says."""
     argv = [python_for(site), "-m", "rlctl.agents", a.role, "--job-dir", str(jobdir.path)]
     if not (a.role == "trainer" and site.scheduler.kind == "slurm"):  # SLURM tasks take $SLURM_PROCID
         argv += ["--replica", str(a.replica)]
+    if controller is not None and a.role != "controller":
+        argv += ["--controller", controller]
     agent_env = {ENV_SITE: a.site, ENV_PARALLEL: a.parallel.to_json(), **thread_env(a.resources.cpus_per_task)}
     if site.network.listen_host:
         agent_env[ENV_LISTEN_HOST] = site.network.listen_host
@@ -70,7 +83,7 @@ class Spawner:
     """Starts rollout units of a running job on their sites (used by the controller)."""
 
     def __init__(self, jobdir: JobDir, sites: dict[str, Site], *, job: str) -> None:
-        self.jobdir, self.sites = jobdir, sites
+        self.jobdir, self.sites, self.job = jobdir, sites, job
         self.backends = Backends(sites, job=job, job_dir=jobdir.path)
         self._lock = threading.Lock()
         self._in_flight: dict[str, GpuSlice] = {}  # units being started: their slices are taken
@@ -87,7 +100,11 @@ class Spawner:
             planned = self._plan_unit(site, replica)
             if planned.gpu_slice is not None:
                 self._in_flight[planned.name] = planned.gpu_slice
-        spec = agent_spec(self.jobdir, planned, self.sites[site])
+        # the unit reads its own site's copy of the job (staged now if this site has none yet)
+        roots = ensure_staged(self.jobdir.path, site, self.sites[site], job_id=self.job)
+        host = planned.gpu_slice.host if planned.gpu_slice is not None else None
+        site_dir = JobDir(Path(root_for(roots, host)))
+        spec = agent_spec(site_dir, planned, self.sites[site], controller=self._controller_address())
         try:
             handle = self.backends.for_site(site).start(spec)
             with self._lock:
@@ -100,6 +117,11 @@ class Spawner:
             "agent_started", agent=spec.name, site=site, backend=handle.backend, ident=handle.ident, gpus=gpus
         )
         return spec.name
+
+    def _controller_address(self) -> str | None:
+        """The address the controller (this process, on its site) wrote; None before it listens."""
+        p = self.jobdir.controller_json
+        return str(self.jobdir.read_json(p)["address"]) if p.exists() else None
 
     def _plan_unit(self, site: str, replica: int) -> PlannedAgent:
         """The new unit with a free slice: every slice held by a recorded or planned agent is claimed;

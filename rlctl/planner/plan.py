@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from rlctl.config.inventory import Site
-from rlctl.config.job import DigitsTask, Job, LengthsTask
+from rlctl.config.job import DatasetTask, Job, LengthsTask
 from rlctl.errors import ConfigError, PlanError
 from rlctl.planner import alloc
 from rlctl.planner.costs import TrainWorkload
@@ -58,7 +58,11 @@ def length_model(job: Job) -> LengthModel:
     task = job.spec.task
     if isinstance(task, LengthsTask):
         return LengthModel.of(task)
-    assert isinstance(task, DigitsTask)
+    if isinstance(task, DatasetTask):
+        # a prior until the job measures its own lengths (the controller's ranker refits online): outputs
+        # lognormal around a quarter of the cap, prompts at half their limit
+        cap = task.max_output_tokens
+        return LengthModel(max(1.0, cap / 4), 0.8, cap, max(1, task.max_prompt_tokens // 2))
     prompt = (task.num_digits_min + task.num_digits_max) // 2 + 1
     return LengthModel(task.median_output_tokens, task.sigma, task.max_output_tokens, prompt)
 

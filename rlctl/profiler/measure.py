@@ -1,10 +1,12 @@
 """Measured profiles: decode PTL(BS) and prefill of a real generation engine, on this machine.
 
-For each (context C, batch size BS) of the grid: a fresh engine with room for BS rows, BS requests
+For each (context C, batch size BS) of the grid: an empty engine with room for BS rows, BS requests
 with a C-token prompt that ignore EOS, one step that admits and prefills them (timed: prefill),
-`warmup_steps` untimed steps, then `steps` timed decode steps whose median is PTL(BS) at C.
-The engine comes from a factory (`bs → engine`), so the same code measures the embedded CPU engine,
-a vLLM engine, or a fake with a fake clock in tests.
+`warmup_steps` untimed steps, then `steps` timed decode steps whose median is PTL(BS) at C (each
+request has one token left: the engine is dropped, or emptied by the factory before its next use).
+The engine comes from a factory (`bs → engine`), so the same code measures the embedded CPU engine
+(a fresh one per batch size), a vLLM engine (one engine reused: it takes ~20 s to start), or a fake
+with a fake clock in tests.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import importlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from rlctl.errors import RlctlError, UsageError
@@ -130,3 +133,72 @@ def embedded_engine_factory(model: ModelArch) -> Callable[[int], Engine]:
             hint="use --source analytical until it is installed",
         ) from e
     return lambda bs: embedded.EmbeddedEngine(net, max_batch_size=bs, temperature=1.0, seed=0)
+
+
+def vllm_engine_factory(engine: Any) -> Callable[[int], Engine]:
+    """Batch sizes ≤ `engine.max_batch_size` measured on one running `VllmEngine`: vLLM's batch is
+    whatever is queued, up to its bound, so BS requests on an empty engine run at batch BS."""
+
+    def factory(bs: int) -> Engine:
+        if bs > engine.max_batch_size:
+            raise ValueError(f"batch size {bs} > the vLLM engine's max_batch_size {engine.max_batch_size}")
+        engine.abort_all()  # leftovers of an interrupted measurement
+        return engine
+
+    return factory
+
+
+def start_vllm_for_profile(
+    model_dir: str | Path, *, contexts: Sequence[int], batch_sizes: Sequence[int], **llm_kwargs: Any
+) -> Any:
+    """A warmed-up `VllmEngine` on `model_dir` for `measure_generation`: room for the largest batch,
+    every prompt of a batch prefilled in its first step (no chunking), no prefix cache (the
+    profile's prompts are identical: cache hits would make prefill look free)."""
+    try:
+        vllm_engine = importlib.import_module("rlctl.engines.vllm")
+    except ImportError as e:
+        raise RlctlError(f"--source measured with the vllm engine needs rlctl.engines.vllm: {e}") from e
+    max_bs = max(batch_sizes)
+    kwargs = {
+        "enable_prefix_caching": False,
+        "max_num_batched_tokens": max(max_bs * max(contexts), 2048),
+        **llm_kwargs,
+    }
+    try:
+        engine = vllm_engine.VllmEngine(model_dir, max_batch_size=max_bs, temperature=1.0, seed=0, **kwargs)
+    except ImportError as e:
+        raise RlctlError(str(e), hint="use --source analytical, or the embedded engine") from e
+    # vLLM's first step at a new shape costs seconds (allocation, kernel set-up): not part of a profile
+    gen_request = importlib.import_module("rlctl.engines.base").GenRequest
+    prompt = [BOS_TOKEN] + [PROMPT_TOKEN] * (max(contexts) - 1)
+    engine.add([gen_request(f"prof-warmup-{i}", prompt, 2, ignore_eos=True) for i in range(max_bs)])
+    engine.run_until_done()
+    return engine
+
+
+def measure_vllm(
+    model_dir: str | Path,
+    *,
+    contexts: Sequence[int],
+    batch_sizes: Sequence[int],
+    kv_capacity_tokens: int,
+    steps: int = 8,
+    warmup_steps: int = 2,
+    clock: Callable[[], float] = time.perf_counter,
+    **llm_kwargs: Any,
+) -> GenerationEntry:
+    """PTL(BS) and prefill of vLLM on the HF checkpoint `model_dir`, on this host (paged attention:
+    each row attends over its own length)."""
+    engine = start_vllm_for_profile(model_dir, contexts=contexts, batch_sizes=batch_sizes, **llm_kwargs)
+    entry = measure_generation(
+        vllm_engine_factory(engine),
+        contexts=contexts,
+        batch_sizes=batch_sizes,
+        kv_capacity_tokens=kv_capacity_tokens,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        clock=clock,
+        padded_attention=False,
+    )
+    engine.abort_all()
+    return entry

@@ -7,7 +7,12 @@
 #
 # Every byte between an agent on the site and the controller/trainer crosses the shaped link.
 # The sshd (sshd.sh with NETNS set) accepts the loopback test sshd's client key (that one must be up first).
-# Usage (root): netsite.sh up | down | status     Knobs: RATE=100mbit BURST=256k
+# It also runs in its own mount namespace with private, empty /tmp and /root (sshd.sh PRIVATE_DIRS): the
+# site shares no filesystem with the operator (their /tmp/pytest-*/ job dirs, ~/.rlctl are not there), so
+# agents on it can only read what `rlctl launch` staged to the site's work root.
+# Usage (root): netsite.sh up | down | status
+# Knobs: RATE=100mbit BURST=256k  SITE_PYTHON= the interpreter agents run there (default: the repo's .venv, else python3;
+#        its install prefix is kept visible when it lives under /root)
 set -euo pipefail
 NS=${NS:-rlctl-site-b}
 DEV=${DEV:-rlsiteb0}
@@ -55,7 +60,14 @@ up() {
   ip -n "$NS" link set eth0 up
   shape - "$DEV"        # root ns -> site
   shape "$NS" eth0      # site -> root ns
-  BASE=$BASE ADDR=$SITE_IP PORT=22 NETNS=$NS CLIENT_KEY=$SSHD_BASE/id_ed25519 "$HERE/sshd.sh" up
+  # the site's python: the interpreter the venv links to may live under /root (pyenv): kept visible
+  local py keep=""
+  py=${SITE_PYTHON:-$HERE/../../.venv/bin/python}
+  [ -e "$py" ] || py=$(command -v python3)
+  py=$(readlink -f "$py")
+  case "$py" in /root/*) keep=$(cd "$(dirname "$py")/.." && pwd) ;; esac
+  BASE=$BASE ADDR=$SITE_IP PORT=22 NETNS=$NS CLIENT_KEY=$SSHD_BASE/id_ed25519 PRIVATE_DIRS="/tmp /root" \
+    PRIVATE_KEEP="$keep" "$HERE/sshd.sh" up
   log "site $NS: $SITE_IP (sshd :22), link to $GW_IP shaped to $RATE both ways"
 }
 

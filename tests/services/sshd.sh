@@ -5,12 +5,19 @@
 #        NETNS=     run sshd inside this network namespace (/run/netns/NAME; ADDR is one of its addresses)
 #        CLIENT_KEY=  accept this existing client key (private key path; its .pub beside it) instead of
 #                     generating $BASE/id_ed25519
+#        PRIVATE_DIRS=  run sshd (and so every session) in its own mount namespace with an empty private
+#                     tmpfs over each of these directories (e.g. "/tmp /root"): what the operator keeps there
+#                     is invisible to the site, what the site writes there invisible to the operator.
+#                     $BASE (sshd's own files) and PRIVATE_KEEP (e.g. the interpreter under /root/.pyenv)
+#                     stay visible inside, bind-mounted back.
 # After up: client key $CLIENT_KEY, known_hosts $BASE/known_hosts, ssh -F $BASE/ssh_config rlctl-test
 set -euo pipefail
 BASE=${BASE:-/tmp/rlctl-test-sshd}
 ADDR=${ADDR:-127.0.0.1}
 PORT=${PORT:-2222}
 NETNS=${NETNS:-}
+PRIVATE_DIRS=${PRIVATE_DIRS:-}
+PRIVATE_KEEP=${PRIVATE_KEEP:-}
 CLIENT_KEY=${CLIENT_KEY:-$BASE/id_ed25519}
 log() { echo "[sshd.sh $(date +%T)] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -68,13 +75,29 @@ CONF
   mkdir -p /run/sshd; chmod 755 /run/sshd   # privilege-separation dir; sshd refuses to start without it
   timeout 10 /usr/sbin/sshd -t -f "$BASE/sshd_config" || die "sshd -t failed"
   # nsenter (no fork: it execs sshd, so $! is sshd), not `ip netns exec`, which also remounts /sys
-  setsid nohup ${NETNS:+nsenter --net="/run/netns/$NETNS"} /usr/sbin/sshd -D -e -f "$BASE/sshd_config" \
-    >"$BASE/sshd.log" 2>&1 </dev/null &
+  local private=()
+  if [ -n "$PRIVATE_DIRS" ]; then
+    # unshare without --fork and `exec sshd`: $! is still sshd. Inside the new mount namespace: keep
+    # $BASE and $PRIVATE_KEEP at side mount points, cover each private dir with an empty tmpfs, bind
+    # the kept ones back where they were.
+    local keep=/run/rlctl-sshd-keep-$$
+    mkdir -p "$keep"
+    private=(unshare --mount --propagation private -- bash -ec '
+      keep=$1; shift; n=0
+      for k in $KEEP; do n=$((n + 1)); mkdir -p "$keep/$n"; mount --bind "$k" "$keep/$n"; done
+      for d in $PRIVATE_DIRS; do mode=700; [ "$d" = /tmp ] && mode=1777; mount -t tmpfs -o mode=$mode rlctl-site "$d"; done
+      n=0
+      for k in $KEEP; do n=$((n + 1)); mkdir -p "$k"; mount --bind "$keep/$n" "$k"; umount "$keep/$n"; done
+      exec "$@"' private "$keep")
+  fi
+  KEEP="$BASE $PRIVATE_KEEP" PRIVATE_DIRS=$PRIVATE_DIRS setsid nohup ${NETNS:+nsenter --net="/run/netns/$NETNS"} "${private[@]}" \
+    /usr/sbin/sshd -D -e -f "$BASE/sshd_config" >"$BASE/sshd.log" 2>&1 </dev/null &
   echo $! >"$BASE/sshd.bgpid"
   local end=$((SECONDS + 15))
   until timeout 2 bash -c "exec 3<>/dev/tcp/$ADDR/$PORT" 2>/dev/null; do
     [ $SECONDS -lt $end ] || die "sshd not listening: $(tail -5 "$BASE/sshd.log")"; sleep 0.1
   done
+  [ -z "$PRIVATE_DIRS" ] || rm -rf "/run/rlctl-sshd-keep-$$"  # empty side mount points (unmounted inside)
   local known="[$ADDR]:$PORT"; [ "$PORT" = 22 ] && known=$ADDR   # port 22 entries name the bare host
   echo "$known $(cut -d' ' -f1,2 "$BASE/host_ed25519.pub")" >"$BASE/known_hosts"
   cat >"$BASE/ssh_config" <<CONF

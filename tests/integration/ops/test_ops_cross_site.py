@@ -3,7 +3,11 @@ jobs on the localhost cluster (partition `sitea`), the rollout units run detache
 a host in its own network namespace with its own sshd, reached over a veth link shaped with tc tbf
 (tests/services/netsite.sh), so samples, control messages and weights all cross the shaped link.
 `status` reads the live controller, `scale +1` adds a unit on the SSH site that produces samples,
-`stop` leaves nothing running on either site."""
+`stop` leaves nothing running on either site.
+
+The SSH site shares no filesystem with the operator: its sshd runs in a private mount namespace with
+empty /tmp and /root (netsite.sh), so the operator's job dir (under /tmp/pytest-*) does not exist there
+and the units read only what `launch` staged to the site's work root (also invisible from here)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -68,6 +73,24 @@ def cross_site_inventory(services: dict[str, str], path: Path, workdir: Path) ->
     return path
 
 
+def site_workdir() -> str:
+    """A work root for the SSH site that exists only in its private /tmp (unique: job ids repeat across tests)."""
+    return f"/tmp/rlctl-site-b/{uuid.uuid4().hex[:12]}"
+
+
+def on_site(services: dict[str, str], script: str) -> subprocess.CompletedProcess[str]:
+    """Run a shell script on the SSH site through its sshd (so in the site's own view of the filesystem)."""
+    argv = [
+        "ssh",
+        "-i",
+        services["RLCTL_TEST_SSH_KEY"],
+        "-o",
+        f"UserKnownHostsFile={services['RLCTL_TEST_NETSITE_KNOWN_HOSTS']}",
+    ]
+    argv += ["-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{services['RLCTL_TEST_NETSITE_HOST']}"]
+    return subprocess.run([*argv, script], capture_output=True, text=True, timeout=30)
+
+
 def squeue_names(services: dict[str, str]) -> list[str]:
     env = {**os.environ, "SLURM_CONF": services["RLCTL_TEST_SLURM_CONF"]}
     out = subprocess.run(["squeue", "-h", "-o", "%j"], env=env, capture_output=True, text=True, timeout=30)
@@ -98,15 +121,35 @@ def in_netns(job_dir: Path, agent: str, netns: str) -> bool:
 
 
 def test_cross_site_job_status_scale_stop(services, tmp_path, launcher):
-    inv = cross_site_inventory(services, tmp_path / "sites.yaml", tmp_path / "gen-workdir")
+    workdir = site_workdir()
+    inv = cross_site_inventory(services, tmp_path / "sites.yaml", Path(workdir))
     job = job_yaml(tmp_path / "xsite.yaml", inventory=[str(inv)], trainer="train", rollout="gen", iterations=5000)
     job_dir = tmp_path / "run"
+    site_dir = f"{workdir}/jobs/run"
 
+    # the site does not see the operator's filesystem (a hidden reliance on a shared path would fail below)
+    assert on_site(services, f"test -e {tmp_path} || echo absent").stdout.strip() == "absent"
     before = link_bytes(services)
     proc = launcher(str(job), "--job-dir", str(job_dir))
     wait_for("two trained iterations", lambda: len(metrics_rows(job_dir)) >= 2, 180, alive=proc)
     netns = services["RLCTL_TEST_NETSITE_NETNS"]
     assert in_netns(job_dir, "rollout-0", netns) and not in_netns(job_dir, "trainer-0", netns)
+
+    # staged to the site's work root, verified: same bytes as here, the secret 0600; invisible from here
+    staged = json.loads((job_dir / "staged.json").read_text())
+    assert staged["gen"]["roots"] == {services["RLCTL_TEST_NETSITE_HOST"]: site_dir}
+    assert staged["train"]["roots"] == {"localhost": str(job_dir)}  # SLURM submitted from here: no copy
+    listing = on_site(services, f"cd {site_dir} && stat -c '%a %n' secret && sha256sum job.json model/init/*")
+    assert listing.returncode == 0, listing.stderr
+    lines = listing.stdout.splitlines()
+    assert lines[0] == "600 secret", lines
+    here = subprocess.run(
+        f"cd {job_dir} && sha256sum job.json model/init/*", shell=True, capture_output=True, text=True, check=True
+    )
+    assert lines[1:] == here.stdout.splitlines()
+    assert not Path(workdir).exists()
+    started = [json.loads(line) for line in (job_dir / "agents.jsonl").read_text().splitlines()]
+    assert {a["name"]: a["log"].startswith(site_dir) for a in started if a["site"] == "gen"} == {"rollout-0": True}
 
     code, st = rlctl_json("status", str(job_dir))
     assert code == 0 and st["source"] == "controller", st
@@ -140,15 +183,23 @@ def test_cross_site_job_status_scale_stop(services, tmp_path, launcher):
     model_bytes = (job_dir / "model" / "init" / "model.safetensors").stat().st_size
     assert crossed["to_site"] > 2 * model_bytes and crossed["from_site"] > 10_000, crossed
 
-    for agent in ("trainer/0", "rollout/0"):  # the SLURM agent's output reaches the job directory too
+    for agent in ("trainer/0", "rollout/0", "rollout/1"):  # SLURM: this job dir; SSH: read on the site
         shown = rlctl("logs", str(job_dir), agent)
-        assert shown.returncode == 0 and shown.stdout.strip(), (agent, shown.stderr)
+        assert shown.returncode == 0 and "starting on" in shown.stdout, (agent, shown.stderr)
+    assert on_site(services, f"grep -c 'job {site_dir}' {site_dir}/logs/rollout-1.log").stdout.strip() == "1"
 
     code, stopped = rlctl_json("stop", str(job_dir), timeout_s=180)
     assert code == 0 and stopped["problems"] == [], stopped
     assert set(stopped["agents"]) == {"controller-0", "trainer-0", "rollout-0", "rollout-1"}
     proc.wait(timeout=60)
     wait_for("every agent process to be gone", lambda: not processes_mentioning(str(job_dir)), 30)
+    wait_for("every agent process on the site to be gone", lambda: not processes_mentioning(site_dir), 30)
+    alive = (  # every pidfile's process on the site, as the site sees it
+        f"for f in {site_dir}/run/*.pid; do p=$(grep -o '\"pid\": [0-9]*' $f | grep -o '[0-9]*$'); "
+        "kill -0 $p 2>/dev/null && echo $f; done; true"
+    )
+    left = on_site(services, alive)
+    assert left.returncode == 0 and left.stdout == "", left
     wait_for("the SLURM jobs to leave the queue", lambda: not any("rlctl-run" in n for n in squeue_names(services)), 60)
     summary = (job_dir / "summary.json").read_text()
     assert '"state": "stopped"' in summary
@@ -163,7 +214,7 @@ def test_one_copy_of_each_version_crosses_the_shaped_link(services, tmp_path, sy
     """Three rollout units behind the shaped link: per version one unit pulls from the trainer, the others
     from relays on their side; the link's byte counter sees one copy per version (plus headers and the
     job's other traffic), and every unit ends on the trainer's last version."""
-    inv = cross_site_inventory(services, tmp_path / "sites.yaml", tmp_path / "gen-workdir")
+    inv = cross_site_inventory(services, tmp_path / "sites.yaml", Path(site_workdir()))
     iterations = 8
     job = job_yaml(
         tmp_path / f"onecopy-{sync}.yaml",
@@ -193,10 +244,12 @@ def test_one_copy_of_each_version_crosses_the_shaped_link(services, tmp_path, sy
         relayed += sum(1 for e in pulls if e["source"] in units)
         if sync == "delta" and v > 1:
             assert {e["encoding"] for e in pulls} == {"delta"}, pulls
-    crossed = after["to_site"] - before["to_site"]
+    # besides the weights: the job's files staged to the site once at launch (the initial model among them)
+    staged = sum(f["bytes"] for f in json.loads((job_dir / "staged.json").read_text())["gen"]["files"])
+    crossed = after["to_site"] - before["to_site"] - staged
     print(
-        f"\n{sync}: {crossed:,} B crossed toward the site for {one_copy:,} B of weights (one copy per version): "
-        f"{crossed / one_copy:.3f}x; {relayed} pulls from relays in dc-b"
+        f"\n{sync}: {crossed:,} B crossed toward the site (besides {staged:,} B staged) for {one_copy:,} B of "
+        f"weights (one copy per version): {crossed / one_copy:.3f}x; {relayed} pulls from relays in dc-b"
     )
     assert relayed > 0
     assert crossed <= 1.10 * one_copy, (crossed, one_copy)

@@ -11,8 +11,9 @@ import threading
 import pytest
 import torch
 
+from bench.netem.bcast_agent import SECRET_ENV, AgentProcess, agent_argv, synthetic_weights
+from bench.netem.lab import REPO_ROOT
 from rlctl.transport import Message, TcpTransport, chunks
-from rlctl.transport.bcast_agent import SECRET_ENV, AgentProcess, agent_argv, synthetic_weights
 from rlctl.transport.plan import Endpoint, plan_broadcast
 from rlctl.transport.versions import HeldVersion, WeightSyncConfig, full_payload
 from rlctl.transport.weights import WeightNode
@@ -113,6 +114,7 @@ def agents():
                 stdout=subprocess.PIPE,
                 text=True,
                 env=env,
+                cwd=REPO_ROOT,  # `python -m bench.netem.bcast_agent` resolves from the repository root
             )
             for name, opts in options.items()
         }

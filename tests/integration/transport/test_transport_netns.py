@@ -1,4 +1,4 @@
-"""A small broadcast in real network namespaces with tc shaping (rlctl.netem): one copy crosses."""
+"""A small broadcast in real network namespaces with tc shaping (bench.netem): one copy crosses."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from rlctl.netem import LabSpec, NetLab
-from rlctl.netem.lab import PREFIX, STATE_DIR, cleanup_stale
-from rlctl.transport.bcast_agent import SECRET_ENV, AgentProcess, agent_argv
+from bench.netem import LabSpec, NetLab
+from bench.netem.bcast_agent import SECRET_ENV, AgentProcess, agent_argv
+from bench.netem.lab import PREFIX, STATE_DIR, cleanup_stale
 from rlctl.transport.plan import Endpoint, plan_broadcast
 
 pytestmark = [

@@ -35,9 +35,19 @@ def test_check_examples_table_and_json_agree(cli: Callable[..., CliResult]) -> N
 
 
 def test_check_job_file(cli: Callable[..., CliResult]) -> None:
-    data = json.loads(cli("check", str(ROOT / "jobs" / "cross-dc-7b.yaml"), "-o", "json").stdout)
-    assert data["job"]["name"] == "cross-dc-7b"
-    assert {s["name"] for s in data["sites"]} == {"h800", "h20"}
+    data = json.loads(cli("check", str(ROOT / "jobs" / "demo.yaml"), "-o", "json").stdout)
+    assert data["job"]["name"] == "demo"
+    assert {s["name"] for s in data["sites"]} == {"local"}
+
+
+def test_check_refuses_what_launch_cannot_run_in_one_line(cli: Callable[..., CliResult]) -> None:
+    """The 7B planning example names a model without weights, a length-only workload and, on this machine,
+    an engine and a trainer backend that cannot start: check says so (exit 2), before launch would."""
+    res = cli("check", str(ROOT / "jobs" / "cross-dc-7b.yaml"), "-o", "json")
+    line = res.stderr.strip()
+    assert res.exit_code == 2 and "\n" not in line and "Traceback" not in line
+    assert "jobs/cross-dc-7b.yaml: model: built-in 'qwen2.5-7b'" in line
+    assert "(and 3 more: task, rollout.engine, trainer.backend)" in line
 
 
 @pytest.mark.parametrize("shell,marker", [("bash", "complete -o"), ("zsh", "compdef"), ("fish", "complete --command")])

@@ -8,9 +8,9 @@ import time
 import pytest
 import torch
 
+from bench.netem.bcast_agent import synthetic_weights
 from rlctl.errors import TransportError
 from rlctl.transport import InprocTransport
-from rlctl.transport.bcast_agent import synthetic_weights
 from rlctl.transport.versions import WeightSyncConfig
 from rlctl.transport.weights import WeightNode
 

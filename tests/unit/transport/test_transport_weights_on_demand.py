@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
+from bench.netem.bcast_agent import synthetic_weights
 from rlctl.transport import InprocTransport, delta
-from rlctl.transport.bcast_agent import synthetic_weights
 from rlctl.transport.versions import Served, WeightSyncConfig
 from rlctl.transport.weights import WeightNode
 

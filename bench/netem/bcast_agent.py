@@ -1,6 +1,6 @@
 """A stand-alone weight-plane process driven over stdin/stdout, for tests, benchmarks and netns labs.
 
-    python -m rlctl.transport.bcast_agent --listen tcp://10.0.0.1:0 [--chunk-bytes N] [--pace-bytes-per-s R]
+    python -m bench.netem.bcast_agent --listen tcp://10.0.0.1:0 [--chunk-bytes N] [--pace-bytes-per-s R]
         [--anchor-every K] [--keep-versions N]
 
 stdin, one JSON command per line:
@@ -120,7 +120,7 @@ class AgentProcess:
 
 def agent_argv(listen: str, **options: Any) -> list[str]:
     """Command line of an agent; options are the long flags without dashes (chunk_bytes=...)."""
-    argv = [sys.executable, "-m", "rlctl.transport.bcast_agent", "--listen", listen]
+    argv = [sys.executable, "-m", "bench.netem.bcast_agent", "--listen", listen]
     for k, v in options.items():
         if v is not None:
             argv += [f"--{k.replace('_', '-')}", str(v)]
@@ -128,7 +128,7 @@ def agent_argv(listen: str, **options: Any) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rlctl.transport.bcast_agent")
+    ap = argparse.ArgumentParser(prog="python -m bench.netem.bcast_agent")
     ap.add_argument("--listen", required=True)
     ap.add_argument("--chunk-bytes", type=int, default=WeightSyncConfig.chunk_bytes)
     ap.add_argument("--pace-bytes-per-s", type=float, default=None)

@@ -1,7 +1,7 @@
 """Plain-TCP goodput probe between two lab hosts (the yardstick links are compared against).
 
-    python -m rlctl.netem.probe recv IP PORT          # prints {"bytes": n, "seconds": s} when the sender is done
-    python -m rlctl.netem.probe send IP PORT NBYTES
+    python -m bench.netem.probe recv IP PORT          # prints {"bytes": n, "seconds": s} when the sender is done
+    python -m bench.netem.probe send IP PORT NBYTES
 
 The receiver times from the first to the last byte, so connection setup is not counted.
 """
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from rlctl.netem.lab import NetLab
+from bench.netem.lab import NetLab
 
 
 def _recv(ip: str, port: int) -> None:
@@ -45,13 +45,13 @@ def measure_goodput(lab: NetLab, src: str, dst: str, nbytes: int, *, port: int =
     """TCP goodput (bytes/s) from host `src` to host `dst` inside `lab`."""
     rx = lab.spawn(
         dst,
-        [sys.executable, "-m", "rlctl.netem.probe", "recv", lab.ip(dst), str(port)],
+        [sys.executable, "-m", "bench.netem.probe", "recv", lab.ip(dst), str(port)],
         stdout=subprocess.PIPE,
         text=True,
     )
     assert rx.stdout is not None
     rx.stdout.readline()
-    tx = lab.spawn(src, [sys.executable, "-m", "rlctl.netem.probe", "send", lab.ip(dst), str(port), str(nbytes)])
+    tx = lab.spawn(src, [sys.executable, "-m", "bench.netem.probe", "send", lab.ip(dst), str(port), str(nbytes)])
     tx.wait(timeout=600)
     res = json.loads(rx.stdout.readline())
     rx.wait(timeout=30)

@@ -35,6 +35,7 @@ from rlctl.errors import RlctlError
 
 log = logging.getLogger(__name__)
 
+REPO_ROOT = Path(__file__).resolve().parents[2]  # lab processes run here: `python -m bench.netem.…` resolves
 PREFIX = "rlx"
 STATE_DIR = Path("/run/rlctl-netem")
 _CMD_TIMEOUT_S = 15
@@ -208,7 +209,9 @@ class NetLab:
         return self.hosts[host].ip
 
     def spawn(self, host: str, argv: list[str], **popen: Any) -> subprocess.Popen[Any]:
-        """Start `argv` inside `host`'s namespace; it is stopped on exit if still running."""
+        """Start `argv` inside `host`'s namespace (from the repository root unless `cwd` is given);
+        it is stopped on exit if still running."""
+        popen.setdefault("cwd", REPO_ROOT)
         proc = subprocess.Popen(["ip", "netns", "exec", self.hosts[host].netns, *argv], **popen)
         self._procs.append(proc)
         return proc

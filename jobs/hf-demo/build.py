@@ -1,0 +1,155 @@
+"""Build the HF demo's inputs: a tiny Qwen2-architecture checkpoint with a word-level tokenizer and a chat
+template, and the jsonl dataset — all made here (nothing can be downloaded), in the files a user's own
+job would point at:
+
+    python jobs/hf-demo/build.py [--out jobs/hf-demo] [--rows 4096] [--sft-steps 300]
+
+    model/      config.json (Qwen2ForCausalLM: 3 heads of 32, q/k/v bias, tied embeddings),
+                model.safetensors, tokenizer.json, tokenizer_config.json (chat template),
+                generation_config.json (two EOS ids)
+    data.jsonl  {"prompt": [{"role": "user", "content": "3 1 7 2 ="}], "ground_truth": "a a a b c …",
+                 "data_source": "letters", "extra_info": {"index": i}}
+
+The task is the digits demo spelled as words: digit k asks for k copies of the k-th letter. A short
+SFT warm-up on other prompts than the dataset's teaches the format, so RL starts above zero reward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from rlctl.engines.model import TinyGPT, TinyGPTConfig
+
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>"]
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+WORDS = [*"123456789", "=", *LETTERS]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %} <|{{ m['role'] }}|> {{ m['content'] }} <|end|>{% endfor %}"
+    "{% if add_generation_prompt %} <|assistant|>{% endif %}"
+)
+
+
+def example(rng: random.Random) -> tuple[str, str]:
+    """One prompt and its answer; the answer length is long-tailed (lognormal digit sum, capped)."""
+    total = min(max(1, round(rng.lognormvariate(math.log(12), 0.6))), 54)
+    k = max(math.ceil(total / 9), min(rng.randint(1, 4), total))  # ≤ 6 digits, each 1–9
+    digits = [1] * k
+    for _ in range(total - k):
+        free = [i for i, d in enumerate(digits) if d < 9]
+        digits[rng.choice(free)] += 1
+    prompt = " ".join(str(d) for d in digits) + " ="
+    answer = " ".join(LETTERS[i] for i, d in enumerate(digits) for _ in range(d))
+    return prompt, answer
+
+
+def write_tokenizer(model_dir: Path) -> dict[str, int]:
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {t: i for i, t in enumerate([*SPECIALS, *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(SPECIALS)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
+    model_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(model_dir / "tokenizer.json"))
+    config = {
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    eos = [vocab["<|end|>"], vocab["</s>"]]
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}) + "\n")
+    return vocab
+
+
+def sft(model: TinyGPT, vocab: dict[str, int], *, steps: int, seed: int) -> None:
+    """Teacher-forced warm-up on prompts drawn apart from the dataset's (loss on the answer tokens only)."""
+    rng = random.Random(seed + 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30) * (1 - s / max(steps, 1)) + 0.05)
+    head = [vocab["<s>"], vocab["<|user|>"]]
+    model.train()
+    for _ in range(steps):
+        rows, masks = [], []
+        for _ in range(32):
+            p, a = example(rng)
+            ptoks = [*head, *(vocab[w] for w in p.split()), vocab["<|end|>"], vocab["<|assistant|>"]]
+            atoks = [*(vocab[w] for w in a.split()), vocab["<|end|>"]]
+            rows.append(ptoks + atoks)
+            masks.append([0] * len(ptoks) + [1] * len(atoks))
+        n = max(map(len, rows))
+        x = torch.tensor([r + [vocab["<pad>"]] * (n - len(r)) for r in rows])
+        m = torch.tensor([r + [0] * (n - len(r)) for r in masks], dtype=torch.float32)
+        logits = model(x[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
+        loss = (loss * m[:, 1:]).sum() / m[:, 1:].sum()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    model.eval()
+
+
+def build(out: Path, *, rows: int, sft_steps: int, seed: int = 0) -> None:
+    t0 = time.monotonic()
+    torch.manual_seed(seed)
+    vocab = write_tokenizer(out / "model")
+    cfg = TinyGPTConfig(
+        vocab_size=len(vocab),
+        hidden_size=96,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=vocab["<s>"],
+        eos_token_id=[vocab["<|end|>"], vocab["</s>"]],
+        pad_token_id=vocab["<pad>"],
+        architecture="Qwen2ForCausalLM",
+    )
+    model = TinyGPT(cfg)
+    if sft_steps:
+        sft(model, vocab, steps=sft_steps, seed=seed)
+    model.save_pretrained(out / "model")
+    rng = random.Random(seed)
+    with (out / "data.jsonl").open("w") as f:
+        for i in range(rows):
+            p, a = example(rng)
+            row = {
+                "prompt": [{"role": "user", "content": p}],
+                "ground_truth": a,
+                "data_source": "letters",
+                "extra_info": {"index": i},
+            }
+            f.write(json.dumps(row) + "\n")
+    print(
+        f"built {out}/model ({sft_steps} SFT steps) and {out}/data.jsonl ({rows} rows) in {time.monotonic() - t0:.1f} s"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent)
+    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    build(args.out, rows=args.rows, sft_steps=args.sft_steps, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""What a job starts from, built once at launch in the job directory (then staged to every site):
+
+model/init/   the starting policy: the built-in demo model after its SFT warm-up (cached), or a copy of
+              the user's Hugging Face checkpoint directory (config, weights, tokenizer files)
+data/         a dataset task's prompts, tokenized once with the model's tokenizer (rlctl.rl.dataset), so
+              every site sees the same token ids
+reward/       a dataset task's reward file (`path/to/file.py:name`), copied; the resolved job names it
+              relative to the job directory, where the trainer loads it
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, JobFile
+from rlctl.errors import ConfigError, UsageError
+from rlctl.launch.jobdir import JobDir
+from rlctl.rl.source import DATA_DIR, REWARD_DIR
+
+
+def resolve_inputs(spec: JobFile, job: Job) -> JobFile:
+    """The job with a reward file's path rewritten to its copy in the job directory (see `copy_inputs`)."""
+    task = spec.task
+    if not isinstance(task, DatasetTask):
+        return spec
+    target, sep, name = task.reward.rpartition(":")
+    if not sep or not target.endswith(".py"):
+        return spec  # a built-in or an importable module: nothing to copy
+    return spec.model_copy(
+        update={"task": task.model_copy(update={"reward": f"{REWARD_DIR}/{Path(target).name}:{name}"})}
+    )
+
+
+def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job) -> None:
+    """Build model/init, data/ and reward/ (each only if missing: a relaunch into the same dir reuses them)."""
+    if not (jobdir.init_model / "config.json").exists():
+        _starting_policy(jobdir, spec)
+    task = spec.task
+    if isinstance(task, DatasetTask):
+        from rlctl.rl.dataset import prepare_dataset
+        from rlctl.rl.tokenizer import load_tokenizer
+
+        base = job.path.parent
+        original = job.spec.task
+        assert isinstance(original, DatasetTask)
+        target, sep, _ = original.reward.rpartition(":")
+        if sep and target.endswith(".py"):
+            src = (base / target).resolve()
+            if not src.is_file():
+                raise ConfigError(str(job.path), "task.reward", f"no such file {str(src)!r} (relative to the job file)")
+            (jobdir.path / REWARD_DIR).mkdir(exist_ok=True)
+            shutil.copy2(src, jobdir.path / REWARD_DIR / src.name)
+        prepare_dataset(
+            task,
+            data_path=base / task.path,
+            tokenizer=load_tokenizer(jobdir.init_model),
+            out_dir=jobdir.path / DATA_DIR,
+        )
+
+
+def _starting_policy(jobdir: JobDir, spec: JobFile) -> None:
+    if isinstance(spec.model, HfModel):
+        src = Path(spec.model.path)
+        jobdir.init_model.mkdir(parents=True, exist_ok=True)
+        for f in sorted(src.iterdir()):
+            if f.is_file():
+                shutil.copy2(f, jobdir.init_model / f.name)
+        return
+    if not isinstance(spec.task, DigitsTask) or spec.model.kind != "builtin":
+        raise UsageError(
+            f"the built-in model learns the digits task only; this job pairs model {spec.model.kind!r} "
+            f"with task {spec.task.kind!r}",
+            hint="use model kind 'hf' (a local Hugging Face checkpoint) for a dataset task",
+        )
+    from rlctl.engines.model import TinyGPT
+    from rlctl.rl import sft
+    from rlctl.rl.tasks import DigitsTask as Digits
+
+    model = TinyGPT()
+    if spec.warmup.sft_steps:
+        t0 = time.monotonic()
+        model.load_state_dict(sft.warmup(Digits(spec.task), steps=spec.warmup.sft_steps, seed=spec.seed))
+        jobdir.event("sft_warmup", steps=spec.warmup.sft_steps, seconds=round(time.monotonic() - t0, 2))
+    model.save_pretrained(jobdir.init_model)

@@ -1,0 +1,244 @@
+"""The job's directory on each of its sites, and the files there, reached through the site's access path.
+
+Sites share no filesystem. Each has a work root (`scheduler.workdir`); a job's files on it live in one
+directory, the *site job dir*:
+
+    site                                   site job dir                          reached through
+    local / SLURM submitted from here      the operator's job dir (no copy)      this filesystem
+      … with `workdir: W`                  W/jobs/<job id>                       this filesystem
+    ssh (W default ~/.rlctl)               W/jobs/<job id> on every host         SSH to that host
+    SLURM with submit_host (W ~/.rlctl)    W/jobs/<job id> as the submit host    SSH to the submit host
+                                           sees it (the cluster's shared FS)
+
+`HostFiles` is one such view: local (`LocalFiles`) or over SSH (`SshFiles`, one connection, SFTP for
+copies, coreutils for the rest). `site_files()` gives every view a site needs staging to (an SSH site:
+one per host, since its hosts need not share storage either).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlctl.config.inventory import Site, SlurmScheduler, SshScheduler
+from rlctl.errors import LaunchError
+from rlctl.launch.remote import SshRunner, SshTarget, sh_path
+
+DEFAULT_WORKDIR = "~/.rlctl"
+COMMAND_TIMEOUT_S = 60.0
+
+
+def site_root(site: Site, job_id: str, *, here: Path) -> str:
+    """The site job dir as configured (a leading `~` is the site user's home; `resolve` makes it absolute)."""
+    sched = site.scheduler
+    if isinstance(sched, SshScheduler):
+        workdir: str | None = sched.workdir
+    elif isinstance(sched, SlurmScheduler) and sched.submit_host:
+        workdir = sched.workdir or DEFAULT_WORKDIR
+    elif sched.workdir is None:  # this machine's filesystem: the operator's job dir unless the site names a root
+        return str(here)
+    else:
+        workdir = str(Path(sched.workdir).expanduser())
+    assert workdir is not None
+    return f"{workdir.rstrip('/')}/jobs/{job_id}"
+
+
+def is_remote(site: Site) -> bool:
+    """Whether the site's files are reached over SSH (not this machine's filesystem)."""
+    sched = site.scheduler
+    return isinstance(sched, SshScheduler) or (isinstance(sched, SlurmScheduler) and bool(sched.submit_host))
+
+
+@dataclass(frozen=True)
+class FileState:
+    """What a site holds under one name: size in bytes, SHA-256 (hex), permission bits."""
+
+    size: int
+    sha256: str
+    mode: int
+
+
+def file_state(path: Path) -> FileState:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    st = path.stat()
+    return FileState(st.st_size, h.hexdigest(), st.st_mode & 0o777)
+
+
+class HostFiles(ABC):
+    """Files on one host's view of a site (absolute paths on that host)."""
+
+    where: str
+
+    @abstractmethod
+    def make_dirs(self, paths: list[str]) -> list[str]:
+        """`mkdir -p` (new ones 0700) each path; their absolute, resolved forms, in order."""
+
+    @abstractmethod
+    def states(self, root: str, names: list[str]) -> dict[str, FileState]:
+        """Size, checksum and mode of each of `names` (relative to root) that exists there."""
+
+    @abstractmethod
+    def put(self, local: Path, path: str) -> None:
+        """Copy a local file to `path` (its parent exists), keeping its mode."""
+
+    @abstractmethod
+    def read_text(self, path: str) -> str | None:
+        """The file's text, None if it does not exist."""
+
+    @abstractmethod
+    @abstractmethod
+    def append(self, path: str, text: str) -> None: ...
+
+    def tail(self, path: str, lines: int) -> list[str] | None:
+        """The last `lines` lines of a file, None if it does not exist."""
+        text = self.read_text(path)
+        return None if text is None else (text.splitlines()[-lines:] if lines else [])
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class LocalFiles(HostFiles):
+    where = "localhost"
+
+    def make_dirs(self, paths: list[str]) -> list[str]:
+        out = []
+        for p in paths:
+            path = Path(p).expanduser()
+            try:
+                path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as e:
+                raise LaunchError(f"cannot create {path}: {e}") from e
+            out.append(str(path.resolve()))
+        return out
+
+    def states(self, root: str, names: list[str]) -> dict[str, FileState]:
+        return {n: file_state(Path(root) / n) for n in names if (Path(root) / n).is_file()}
+
+    def put(self, local: Path, path: str) -> None:
+        dst = Path(path)
+        if dst.exists() and os.path.samefile(local, dst):
+            return
+        try:
+            shutil.copyfile(local, dst)
+            os.chmod(dst, local.stat().st_mode & 0o777)
+        except OSError as e:
+            raise LaunchError(f"cannot copy {local} to {dst}: {e}") from e
+
+    def read_text(self, path: str) -> str | None:
+        p = Path(path)
+        return p.read_text(errors="replace") if p.is_file() else None
+
+    def append(self, path: str, text: str) -> None:
+        with Path(path).open("a") as f:
+            f.write(text)
+
+    def close(self) -> None:
+        pass
+
+
+class SshFiles(HostFiles):
+    """One SSH host: commands over one connection, copies over SFTP."""
+
+    def __init__(self, target: SshTarget) -> None:
+        self.runner = SshRunner(target)
+        self.where = target.label
+
+    def _run(self, script: str, *, stdin: str | None = None) -> str:
+        res = self.runner.run(script, timeout_s=COMMAND_TIMEOUT_S, stdin=stdin)
+        if res.exit_code != 0:
+            raise LaunchError(f"ssh {self.where}: '{script.splitlines()[0][:80]}' failed: {res.tail()}")
+        return res.stdout
+
+    def make_dirs(self, paths: list[str]) -> list[str]:
+        lines = ["umask 077", "set -e"] + [f"mkdir -p {sh_path(p)} && (cd {sh_path(p)} && pwd -P)" for p in paths]
+        out = self._run("\n".join(lines)).splitlines()
+        assert len(out) == len(paths), out
+        return out
+
+    def states(self, root: str, names: list[str]) -> dict[str, FileState]:
+        if not names:
+            return {}
+        files = " ".join(shlex.quote(n) for n in names)
+        script = (
+            f"cd {sh_path(root)} 2>/dev/null || exit 0\n"
+            f'for f in {files}; do [ -f "$f" ] || continue; '
+            'printf "%s %s %s %s\\n" "$(stat -c %s "$f")" "$(stat -c %a "$f")" '
+            '"$(sha256sum < "$f" | cut -d" " -f1)" "$f"; done\n'
+        )
+        out = {}
+        for line in self._run(script).splitlines():
+            size, mode, sha, name = line.split(" ", 3)
+            out[name] = FileState(int(size), sha, int(mode, 8))
+        return out
+
+    def put(self, local: Path, path: str) -> None:
+        self.runner.put(local, path)
+
+    def read_text(self, path: str) -> str | None:
+        res = self.runner.run(f"cat {sh_path(path)}", timeout_s=COMMAND_TIMEOUT_S)
+        return res.stdout if res.exit_code == 0 else None
+
+    def append(self, path: str, text: str) -> None:
+        self._run(f"cat >> {sh_path(path)}", stdin=text)
+
+    def tail(self, path: str, lines: int) -> list[str] | None:
+        res = self.runner.run(f"tail -n {int(lines)} {sh_path(path)}", timeout_s=COMMAND_TIMEOUT_S)
+        return res.stdout.splitlines() if res.exit_code == 0 else None
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def ssh_target(site: Site, host: str | None = None, *, connect_timeout_s: float = 10.0) -> SshTarget:
+    """Where an SSH site's host (default: its first) or a SLURM site's submit host is reached."""
+    sched = site.scheduler
+    if isinstance(sched, SshScheduler):
+        return SshTarget(
+            host or site.hosts[0][0],
+            user=sched.user,
+            port=sched.port,
+            key_file=sched.key_file,
+            known_hosts=sched.known_hosts,
+            proxy_jump=sched.proxy_jump,
+            connect_timeout_s=connect_timeout_s,
+        )
+    assert isinstance(sched, SlurmScheduler) and sched.submit_host
+    return SshTarget(
+        sched.submit_host,
+        user=sched.ssh_user,
+        port=sched.ssh_port,
+        key_file=sched.ssh_key_file,
+        known_hosts=sched.ssh_known_hosts,
+        connect_timeout_s=connect_timeout_s,
+    )
+
+
+def access_hosts(site: Site) -> list[str]:
+    """The views of a site that need their own copy: an SSH site's hosts, else one ("localhost" or the submit host)."""
+    sched = site.scheduler
+    if isinstance(sched, SshScheduler):
+        return [h for h, _ in site.hosts]
+    if isinstance(sched, SlurmScheduler) and sched.submit_host:
+        return [sched.submit_host]
+    return ["localhost"]
+
+
+def agent_view(site: Site, agent_host: str | None) -> str:
+    """The host view holding an agent's files: its own host on an SSH site, else the site's one view."""
+    if isinstance(site.scheduler, SshScheduler) and agent_host:
+        return agent_host
+    return access_hosts(site)[0]
+
+
+def host_files(site: Site, host: str) -> HostFiles:
+    """The view of `site` on `host` (one of `access_hosts(site)`)."""
+    return SshFiles(ssh_target(site, host)) if is_remote(site) else LocalFiles()

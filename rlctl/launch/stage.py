@@ -1,0 +1,235 @@
+"""Staging a job to its sites: copy what the agents read into each site's job dir, verify it, record it.
+
+    operator's job dir (prepare) ─▶ files_to_stage: job.json plan.json sites.json secret model/** data/** reward/**
+        ─▶ per site, per host view (rlctl.launch.sitefs): mkdir the site job dir (0700), resolve it
+           ─▶ compare size + SHA-256 of what is there ─▶ copy what differs (SFTP / local copy)
+           ─▶ verify size + SHA-256 (+ secret 0600) again ─▶ staged.json {site: {roots, files}}
+
+A site whose job dir is the operator's (local, SLURM submitted from here) needs no copy. staged.json
+says where each site's copy is; the controller's Spawner reads it (its own copy) so a unit it adds goes
+to a site already staged, or stages it first. The job's record (events, metrics, summary, controller.json)
+is written by the controller on its site; `fetch_record` brings it to the operator's job dir.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rlctl.config.inventory import Site
+from rlctl.errors import LaunchError
+from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, read_sites
+from rlctl.launch.base import AgentHandle
+from rlctl.launch.sitefs import FileState, access_hosts, file_state, host_files, is_remote, site_root
+
+log = logging.getLogger(__name__)
+
+STAGED_FILE = "staged.json"
+TOP_FILES = ("job.json", "plan.json", SITES_FILE, "secret")
+TREES = ("model", "data", "reward")  # what prepare() builds (rlctl.launch.inputs): policy, data set, reward file
+RECORD_FILES = ("controller.json", "summary.json", "metrics.jsonl", "events.jsonl")
+SECRET_MODE = 0o600
+
+Roots = dict[str, str]  # host view → absolute site job dir there
+
+
+def files_to_stage(job_dir: Path) -> list[str]:
+    """Names (relative to the job dir) of everything the agents read, symlinked trees followed."""
+    names = [n for n in TOP_FILES if (job_dir / n).is_file()]
+    for tree in TREES:
+        for dirpath, _, files in sorted(os.walk(job_dir / tree, followlinks=True)):
+            names += sorted(str(Path(dirpath, f).relative_to(job_dir)) for f in files)
+    return names
+
+
+def staging_plan(sites: dict[str, Site], *, job_id: str, here: Path) -> list[dict[str, Any]]:
+    """For `launch --dry-run`: where each site's copy goes (unresolved `~`) and what goes there."""
+    what = [*TOP_FILES, *(f"{t}/" for t in TREES)]
+    out = []
+    for name, site in sorted(sites.items()):
+        root = site_root(site, job_id, here=here)
+        copy = is_remote(site) or Path(root) != here
+        out.append(
+            {
+                "site": name,
+                "hosts": access_hosts(site),
+                "job_dir": root,
+                "files": what if copy else [],
+                "note": "staged: size + SHA-256 verified, secret 0600" if copy else "the operator's job dir: no copy",
+            }
+        )
+    return out
+
+
+def stage_site(name: str, site: Site, src: Path, *, job_id: str, names: list[str] | None = None) -> dict[str, Any]:
+    """Copy the job's files from `src` to every host view of `site`, verify them; the site's staged.json entry."""
+    names = files_to_stage(src) if names is None else names
+    want = {n: file_state(src / n) for n in names}
+    root = site_root(site, job_id, here=src)
+
+    def one(host: str) -> tuple[str, str, int, int]:
+        if not is_remote(site) and Path(root).resolve() == src.resolve():
+            return host, str(src), 0, 0  # the operator's own job dir
+        fs = host_files(site, host)
+        try:
+            parents = sorted({str(Path(n).parent) for n in names} - {"."})
+            resolved = fs.make_dirs([root, *(f"{root}/{p}" for p in parents)])[0]
+            have = fs.states(resolved, names)
+            todo = [n for n in names if have.get(n) != want[n]]
+            for n in todo:
+                fs.put(src / n, f"{resolved}/{n}")
+            if todo:
+                _verify(name, fs.where, resolved, want, fs.states(resolved, names))
+            return host, resolved, len(todo), sum(want[n].size for n in todo)
+        finally:
+            fs.close()
+
+    hosts = access_hosts(site)
+    with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
+        results = list(pool.map(one, hosts))
+    for host, resolved, n, size in results:
+        log.info("site %s: %s:%s holds the job's %d files (%d copied, %d B)", name, host, resolved, len(names), n, size)
+    return {
+        "roots": {host: resolved for host, resolved, _, _ in results},
+        "files": [{"path": n, "bytes": want[n].size, "sha256": want[n].sha256} for n in names],
+        "copied": {host: n for host, _, n, _ in results},
+    }
+
+
+def _verify(site: str, where: str, root: str, want: dict[str, FileState], have: dict[str, FileState]) -> None:
+    for n, w in want.items():
+        h = have.get(n)
+        path = f"site {site}: {where}:{root}/{n}"
+        if h is None:
+            raise LaunchError(f"{path}: missing after the copy")
+        if h.size != w.size:
+            raise LaunchError(f"{path}: {h.size} bytes after the copy, {w.size} here")
+        if h.sha256 != w.sha256:
+            raise LaunchError(f"{path}: SHA-256 {h.sha256[:12]}… after the copy, {w.sha256[:12]}… here")
+        if n == "secret" and h.mode != SECRET_MODE:
+            raise LaunchError(f"{path}: mode {h.mode:o} after the copy, must be 600")
+
+
+def read_staged(job_dir: Path) -> dict[str, Any]:
+    p = job_dir / STAGED_FILE
+    return dict(json.loads(p.read_text())) if p.exists() else {}
+
+
+def write_staged(job_dir: Path, staged: dict[str, Any]) -> None:
+    tmp = job_dir / (STAGED_FILE + ".tmp")
+    tmp.write_text(json.dumps(staged, indent=2) + "\n")
+    tmp.replace(job_dir / STAGED_FILE)
+
+
+def stage_all(job_dir: Path, sites: dict[str, Site], *, job_id: str) -> dict[str, Any]:
+    """Stage to every site of the job (once each; a site already holding identical files gets no copy)."""
+    staged = read_staged(job_dir)
+    names = files_to_stage(job_dir)
+    for name, site in sorted(sites.items()):
+        staged[name] = stage_site(name, site, job_dir, job_id=job_id, names=names)
+    write_staged(job_dir, staged)
+    return staged
+
+
+def ensure_staged(job_dir: Path, name: str, site: Site, *, job_id: str) -> Roots:
+    """The site's roots from staged.json; a site not staged yet is staged from `job_dir` first (scale-out)."""
+    staged = read_staged(job_dir)
+    if name not in staged:
+        staged[name] = stage_site(name, site, job_dir, job_id=job_id)
+        write_staged(job_dir, staged)
+    return dict(staged[name]["roots"])
+
+
+def root_for(roots: Roots, host: str | None) -> str:
+    """The site job dir an agent on `host` uses (SLURM / local sites have one view for every node)."""
+    if host is not None and host in roots:
+        return roots[host]
+    return next(iter(roots.values()))
+
+
+# -- the job's record on the controller's site ----------------------------------------------------------
+def controller_view(
+    staged: dict[str, Any], sites: dict[str, Site], controller_site: str, host: str | None
+) -> tuple[Site, str, str]:
+    """(site, host view, site job dir) where the controller writes the job's record."""
+    roots: Roots = staged[controller_site]["roots"]
+    view = host if host in roots else next(iter(roots))
+    return sites[controller_site], view, roots[view]
+
+
+def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
+    """Copy the controller's record (summary, metrics, controller.json; events merged) into the operator's
+    job dir; nothing to do when the controller's site job dir is this one. Returns the names fetched."""
+    if not is_remote(site) and Path(root) == job_dir:
+        return []
+    fs = host_files(site, host)
+    fetched = []
+    try:
+        for name in RECORD_FILES:
+            text = fs.read_text(f"{root}/{name}")
+            if text is None:
+                continue
+            if name == "events.jsonl":
+                text = _merge_lines(job_dir / name, text)
+            tmp = job_dir / (name + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(job_dir / name)
+            fetched.append(name)
+    finally:
+        fs.close()
+    return fetched
+
+
+def _merge_lines(local: Path, remote: str) -> str:
+    """Both event logs as one, ordered by time, each event once (fetching twice adds nothing)."""
+    lines = local.read_text().splitlines() if local.exists() else []
+    seen = set(lines)
+    lines += [line for line in remote.splitlines() if line.strip() and line not in seen]
+    rows = sorted((json.loads(line).get("t", 0), i, line) for i, line in enumerate(lines) if line.strip())
+    return "".join(line + "\n" for _, _, line in rows)
+
+
+def remote_agent_lines(job_dir: Path, site: Site, host: str, root: str) -> str:
+    """The controller site's agents.jsonl ('' when it is the operator's own file or missing)."""
+    if not is_remote(site) and Path(root) == job_dir:
+        return ""
+    fs = host_files(site, host)
+    try:
+        return fs.read_text(f"{root}/{AGENTS_FILE}") or ""
+    finally:
+        fs.close()
+
+
+def record_view(job_dir: Path) -> tuple[Site, str, str] | None:
+    """Where the controller of the job in `job_dir` (the operator's) keeps the record; None before staging."""
+    staged = read_staged(job_dir)
+    plan_p = job_dir / "plan.json"
+    if not staged or not plan_p.exists():
+        return None
+    cs = str(json.loads(plan_p.read_text())["controller_site"])
+    sites = read_sites(job_dir)
+    if cs not in staged or cs not in sites:
+        return None
+    local = job_dir / AGENTS_FILE
+    rows = agents_from_lines(local.read_text()) if local.exists() else []
+    host = next((h.ident.get("host") for h in rows if h.spec.role == "controller"), None)
+    return controller_view(staged, sites, cs, host)
+
+
+def all_recorded_agents(job_dir: Path) -> list[AgentHandle]:
+    """Every agent of the job: those the operator's launch started (its agents.jsonl) and those the controller
+    started on scale (the controller site's agents.jsonl, when that is elsewhere). A controller site that does
+    not answer leaves only the first, with a warning."""
+    local = job_dir / AGENTS_FILE
+    text = local.read_text() if local.exists() else ""
+    view = record_view(job_dir)
+    if view is not None:
+        try:
+            text += remote_agent_lines(job_dir, *view)
+        except LaunchError as e:
+            log.warning("the controller site's agent record is unreachable (%s); using the local one", e)
+    return agents_from_lines(text)

@@ -1,0 +1,158 @@
+"""The task as the agents see it: where a job's prompts come from and how its samples are scored.
+
+    controller: rl_prompts(iteration, n) ─▶ dispatch (prompt ids p<position>, token ids, known lengths)
+    trainer:    prompt_tokens(prompt_id), score(sample_id, prompt_id, output) ─▶ Future[score]
+
+Two implementations behind one interface: the built-in digits task (prompts from a seeded stream,
+the rule-based verifier scoring in-line) and a user dataset (`task: {kind: dataset}`: prompts tokenized
+once at launch into the job directory's `data/`, rewards from the user's function in a pool of worker
+processes, failures scored as configured and counted). Both derive a prompt from its id alone, so the
+controller and the trainer agree without sending prompts around, and a resume needs no loader state.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlctl.config.job import DatasetTask, DigitsTask, JobFile
+from rlctl.errors import ConfigError
+from rlctl.rl.reward import RewardPool, RewardStats
+
+DATA_DIR = "data"  # in the job directory: the tokenized prompts (rlctl.rl.dataset)
+REWARD_DIR = "reward"  # in the job directory: the user's reward file, copied at launch
+
+
+@dataclass(frozen=True)
+class RlPrompt:
+    prompt_id: str
+    tokens: list[int]
+    target_tokens: int | None  # the true output length when the task knows it (digits); else None
+
+
+class TaskSource(ABC):
+    """Prompts and scores of one job's task."""
+
+    max_new_tokens: int
+    eos_ids: tuple[int, ...] = ()  # () = the model's own
+
+    @abstractmethod
+    def rl_prompts(self, iteration: int, n: int) -> list[RlPrompt]: ...
+
+    @abstractmethod
+    def prompt_tokens(self, prompt_id: str) -> list[int]: ...
+
+    @abstractmethod
+    def score(self, sample_id: str, prompt_id: str, output_tokens: list[int]) -> Future[float]: ...
+
+    def reward_stats(self) -> RewardStats:
+        return RewardStats()
+
+    def close(self) -> None:
+        return None
+
+
+def _done(value: float) -> Future[float]:
+    f: Future[float] = Future()
+    f.set_result(value)
+    return f
+
+
+def _position(prompt_id: str) -> int:
+    return int(prompt_id[1:])
+
+
+class DigitsSource(TaskSource):
+    """The demo task: its verifier scores at once (microseconds: no pool needed)."""
+
+    def __init__(self, cfg: DigitsTask) -> None:
+        from rlctl.rl.tasks import DigitsTask as Digits
+
+        self.task = Digits(cfg)
+        self.max_new_tokens = self.task.max_new_tokens
+
+    def rl_prompts(self, iteration: int, n: int) -> list[RlPrompt]:
+        return [RlPrompt(p.prompt_id, p.tokens, p.target_tokens) for p in self.task.rl_prompts(iteration, n)]
+
+    def bootstrap(self, n: int) -> tuple[list[list[int]], list[int]]:
+        """(prompt tokens, true output lengths) of n prompts outside the RL stream, to pre-fit the ranker."""
+        prompts = self.task.prompts(0, n)
+        return [p.tokens for p in prompts], [p.target_tokens for p in prompts]
+
+    def prompt_tokens(self, prompt_id: str) -> list[int]:
+        return self.task.prompt(_position(prompt_id)).tokens
+
+    def score(self, sample_id: str, prompt_id: str, output_tokens: list[int]) -> Future[float]:
+        return _done(self.task.reward(self.task.prompt(_position(prompt_id)), output_tokens))
+
+
+class DatasetSource(TaskSource):
+    """A user dataset prepared in `job_dir/data`; rewards from the user's function (when `scoring`)."""
+
+    def __init__(self, cfg: DatasetTask, job_dir: Path, model_dir: Path, *, scoring: bool) -> None:
+        from rlctl.rl.dataset import load_dataset
+        from rlctl.rl.tokenizer import load_tokenizer
+
+        self.cfg = cfg
+        self.data = load_dataset(job_dir / DATA_DIR, cfg)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.eos_ids = self.tokenizer.eos_ids
+        self.max_new_tokens = self.data.max_new_tokens
+        self.pool = (
+            RewardPool(
+                cfg.reward,
+                base_dir=job_dir,
+                workers=cfg.reward_workers,
+                timeout_s=cfg.reward_timeout_s,
+                on_error=cfg.reward_on_error,
+            )
+            if scoring
+            else None
+        )
+
+    def rl_prompts(self, iteration: int, n: int) -> list[RlPrompt]:
+        return [RlPrompt(p.prompt_id, p.tokens, None) for p in self.data.rl_prompts(iteration, n)]
+
+    def prompt_tokens(self, prompt_id: str) -> list[int]:
+        return self.data.prompt(_position(prompt_id)).tokens
+
+    def score(self, sample_id: str, prompt_id: str, output_tokens: list[int]) -> Future[float]:
+        from rlctl.rl.dataset import submit_reward
+
+        assert self.pool is not None, "this source was built without scoring"
+        prompt = self.data.prompt(_position(prompt_id))
+        result = submit_reward(
+            self.pool, self.tokenizer, sample_id=sample_id, prompt=prompt, output_tokens=output_tokens
+        )
+        out: Future[float] = Future()
+        result.add_done_callback(lambda f: out.set_result(f.result().score))
+        return out
+
+    def reward_stats(self) -> RewardStats:
+        return self.pool.stats if self.pool is not None else RewardStats()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+
+def stop_ids(job: JobFile, model_dir: Path) -> tuple[int, ...]:
+    """The token ids that end a generation: the tokenizer's EOS ids for a dataset job (its generation
+    config may name more than the model's config), else () = the model's own."""
+    if isinstance(job.task, DatasetTask):
+        from rlctl.rl.tokenizer import load_tokenizer
+
+        return load_tokenizer(model_dir).eos_ids
+    return ()
+
+
+def task_source(job: JobFile, job_dir: Path, model_dir: Path, *, scoring: bool = False) -> TaskSource:
+    """The job's task as a source of prompts (and scores, on the trainer)."""
+    task = job.task
+    if isinstance(task, DigitsTask):
+        return DigitsSource(task)
+    if isinstance(task, DatasetTask):
+        return DatasetSource(task, job_dir, model_dir, scoring=scoring)
+    raise ConfigError("job.json", "task", f"kind {task.kind!r} describes a workload for planning; it has no prompts")

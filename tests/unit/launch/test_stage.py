@@ -1,0 +1,92 @@
+"""Staging a job dir to a site's work root (the local-filesystem view; the SSH view runs in the
+cross-site integration test): what is copied, verified, recorded, and what fails with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rlctl.config.inventory import Site
+from rlctl.errors import LaunchError
+from rlctl.launch import stage
+from rlctl.launch.sitefs import FileState, LocalFiles, site_root
+from rlctl.launch.stage import ensure_staged, fetch_record, files_to_stage, stage_all, staging_plan
+
+
+def local_site(workdir: Path | None = None) -> Site:
+    sched: dict[str, object] = {"kind": "local"} | ({"workdir": str(workdir)} if workdir else {})
+    return Site.model_validate({"datacenter": "a", "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 2}],
+                                "scheduler": sched})  # fmt: skip
+
+
+def job_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "op" / "job-1"
+    (d / "model" / "init").mkdir(parents=True)
+    for name in ("job.json", "plan.json", "sites.json"):
+        (d / name).write_text(json.dumps({"name": name}))
+    fd = os.open(d / "secret", os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"ab" * 32)
+    os.close(fd)
+    (d / "model" / "init" / "model.safetensors").write_bytes(os.urandom(4096))
+    (d / "model" / "init" / "config.json").write_text("{}")
+    (d / "agents.jsonl").write_text("")  # the operator's record: never staged
+    return d
+
+
+def test_stages_what_agents_read_verifies_and_records_it(tmp_path: Path) -> None:
+    src = job_dir(tmp_path)
+    site = local_site(tmp_path / "site-root")
+    assert files_to_stage(src) == [
+        "job.json", "plan.json", "sites.json", "secret", "model/init/config.json", "model/init/model.safetensors",
+    ]  # fmt: skip
+    staged = stage_all(src, {"far": site, "here": local_site()}, job_id="job-1")
+    root = tmp_path / "site-root" / "jobs" / "job-1"
+    assert staged["far"]["roots"] == {"localhost": str(root)} and staged["far"]["copied"] == {"localhost": 6}
+    assert staged["here"]["roots"] == {"localhost": str(src)}  # the operator's own job dir: nothing copied
+    assert (root / "model" / "init" / "model.safetensors").read_bytes() == (
+        src / "model" / "init" / "model.safetensors"
+    ).read_bytes()
+    assert (root / "secret").stat().st_mode & 0o777 == 0o600 and not (root / "agents.jsonl").exists()
+    assert json.loads((src / "staged.json").read_text())["far"]["roots"] == staged["far"]["roots"]
+    again = stage_all(src, {"far": site}, job_id="job-1")  # identical files there: verified, not copied
+    assert again["far"]["copied"] == {"localhost": 0}
+    assert ensure_staged(src, "far", site, job_id="job-1") == {"localhost": str(root)}
+
+
+def test_a_copy_that_differs_names_site_file_and_what(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = job_dir(tmp_path)
+    real = LocalFiles.states
+
+    def corrupt(self: LocalFiles, root: str, names: list[str]) -> dict[str, FileState]:
+        out = real(self, root, names)
+        if "job.json" in out and Path(root) != src:
+            out["job.json"] = FileState(out["job.json"].size, "0" * 64, out["job.json"].mode)
+        return out
+
+    monkeypatch.setattr(LocalFiles, "states", corrupt)
+    with pytest.raises(LaunchError, match=r"site far: localhost:.*/jobs/job-1/job.json: SHA-256 000000000000… after"):
+        stage.stage_site("far", local_site(tmp_path / "w"), src, job_id="job-1")
+
+
+def test_plan_and_record_fetch(tmp_path: Path) -> None:
+    src = job_dir(tmp_path)
+    plan = staging_plan({"far": local_site(tmp_path / "w"), "here": local_site()}, job_id="job-1", here=src)
+    assert [(p["site"], p["job_dir"], bool(p["files"])) for p in plan] == [
+        ("far", str(tmp_path / "w" / "jobs" / "job-1"), True),
+        ("here", str(src), False),
+    ]
+    site = local_site(tmp_path / "w")
+    root = Path(site_root(site, "job-1", here=src))
+    root.mkdir(parents=True)
+    (root / "summary.json").write_text('{"state": "done"}')
+    (root / "events.jsonl").write_text('{"t": 2, "event": "job_end"}\n')
+    (src / "events.jsonl").write_text('{"t": 1, "event": "agent_started"}\n')
+    assert fetch_record(src, site, "localhost", str(root)) == ["summary.json", "events.jsonl"]
+    fetch_record(src, site, "localhost", str(root))  # twice: each event once
+    assert [json.loads(line)["event"] for line in (src / "events.jsonl").read_text().splitlines()] == [
+        "agent_started", "job_end",
+    ]  # fmt: skip
+    assert fetch_record(src, local_site(), "localhost", str(src)) == []  # the record is already here

@@ -1,0 +1,36 @@
+"""The broadcast benchmark's `job` row: per-version copies and transfer times read from a job's events."""
+
+from __future__ import annotations
+
+from bench.broadcast_job import per_version
+
+
+def applied(agent: str, version: int, source: str, t: float, **extra) -> dict:
+    return {"t": t, "event": "weights_applied", "agent": agent, "version": version, "source": source, **extra}
+
+
+def test_one_pull_from_the_trainer_per_version_and_its_transfer_time():
+    events = [
+        {"t": 10.0, "event": "trained", "iteration": 1, "version": 1},
+        applied("rollout-0", 1, "trainer-0", 11.5, encoding="full", bytes=100),
+        applied("rollout-1", 1, "rollout-0", 11.7, encoding="full", bytes=100),
+        {"t": 20.0, "event": "trained", "iteration": 2, "version": 2},
+        applied("rollout-0", 2, "trainer-0", 22.0, encoding="delta", bytes=40, fetch_s=0.8),
+        applied("rollout-1", 2, "trainer-0", 22.1, encoding="delta", bytes=40, fetch_s=0.9),  # its parent failed
+    ]
+    rows = per_version(events)
+    assert [(r["version"], r["from_trainer"], r["from_relays"], r["bytes_from_trainer"]) for r in rows] == [
+        (1, ["rollout-0"], ["rollout-1"], 100),
+        (2, ["rollout-0", "rollout-1"], [], 80),
+    ]
+    assert rows[0]["transfer_time"] == "trained_to_applied" and rows[0]["transfer_s"] == 1.5
+    assert "transfer_s" not in rows[1]  # two copies crossed: no single inter-DC transfer to time
+
+
+def test_fetch_s_in_the_event_wins_over_the_event_stamps():
+    events = [
+        {"t": 10.0, "event": "trained", "iteration": 1, "version": 1},
+        applied("rollout-0", 1, "trainer-0", 12.0, encoding="full", bytes=100, fetch_s=0.75),
+    ]
+    (row,) = per_version(events)
+    assert (row["transfer_s"], row["transfer_time"]) == (0.75, "fetch_s")

