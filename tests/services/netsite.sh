@@ -66,6 +66,10 @@ up() {
   [ -e "$py" ] || py=$(command -v python3)
   py=$(readlink -f "$py")
   case "$py" in /root/*) keep=$(cd "$(dirname "$py")/.." && pwd) ;; esac
+  # the checkout itself (its .venv is the site's software) when a private dir would hide it, e.g. a CI clone in /tmp
+  local repo
+  repo=$(cd "$HERE/../.." && pwd -P)
+  case "$repo" in /tmp/* | /root/*) keep="$keep $repo" ;; esac
   BASE=$BASE ADDR=$SITE_IP PORT=22 NETNS=$NS CLIENT_KEY=$SSHD_BASE/id_ed25519 PRIVATE_DIRS="/tmp /root" \
     PRIVATE_KEEP="$keep" "$HERE/sshd.sh" up
   log "site $NS: $SITE_IP (sshd :22), link to $GW_IP shaped to $RATE both ways"
