@@ -42,6 +42,19 @@ class GenResult:
     versions_seen: list[int] = field(default_factory=list)  # every version that contributed, ascending
 
 
+def check_requests(requests: list[GenRequest], *, limit: int, limit_name: str) -> None:
+    """ValueError naming the first request with an empty prompt, no new tokens, or prompt + new tokens over
+    the engine's context `limit` (called `limit_name` in the message)."""
+    for r in requests:
+        if not r.prompt_tokens or r.max_new_tokens < 1:
+            raise ValueError(f"request {r.request_id}: empty prompt or max_new_tokens < 1")
+        if len(r.prompt_tokens) + r.max_new_tokens > limit:
+            raise ValueError(
+                f"request {r.request_id}: {len(r.prompt_tokens)} prompt + {r.max_new_tokens} "
+                f"new tokens > {limit_name} {limit}"
+            )
+
+
 class GenerationEngine(ABC):
     """A continuous-batching generator. Not thread-safe: one caller drives add/step/load_weights."""
 

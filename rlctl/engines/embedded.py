@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import torch
 
-from rlctl.engines.base import GenerationEngine, GenRequest, GenResult
+from rlctl.engines.base import GenerationEngine, GenRequest, GenResult, check_requests
 from rlctl.engines.model import KVCache, TinyGPT
 
 _M32 = 0xFFFFFFFF
@@ -142,15 +142,7 @@ class EmbeddedEngine(GenerationEngine):
                 r.versions.add(version)
 
     def add(self, requests: list[GenRequest]) -> None:
-        limit = self.model.config.max_position_embeddings
-        for r in requests:
-            if not r.prompt_tokens or r.max_new_tokens < 1:
-                raise ValueError(f"request {r.request_id}: empty prompt or max_new_tokens < 1")
-            if len(r.prompt_tokens) + r.max_new_tokens > limit:
-                raise ValueError(
-                    f"request {r.request_id}: {len(r.prompt_tokens)} prompt + {r.max_new_tokens} "
-                    f"new tokens > max_position_embeddings {limit}"
-                )
+        check_requests(requests, limit=self.model.config.max_position_embeddings, limit_name="max_position_embeddings")
         for r in requests:
             heapq.heappush(self._waiting, (r.group, -self._key(r), self._seq, r))
             self._seq += 1

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from rlctl.engines.base import GenerationEngine, GenRequest, GenResult
+from rlctl.engines.base import GenerationEngine, GenRequest, GenResult, check_requests
 from rlctl.engines.embedded import request_seed
 from rlctl.engines.factory import VLLM_INSTALL_HINT
 from rlctl.errors import ConfigError
@@ -172,15 +172,8 @@ class VllmEngine(GenerationEngine):
         self.push_s.append(time.perf_counter() - t0)
 
     def add(self, requests: list[GenRequest]) -> None:
-        limit = self._engine.model_config.max_model_len
+        check_requests(requests, limit=self._engine.model_config.max_model_len, limit_name="the model's max_model_len")
         for r in requests:
-            if not r.prompt_tokens or r.max_new_tokens < 1:
-                raise ValueError(f"request {r.request_id}: empty prompt or max_new_tokens < 1")
-            if len(r.prompt_tokens) + r.max_new_tokens > limit:
-                raise ValueError(
-                    f"request {r.request_id}: {len(r.prompt_tokens)} prompt + {r.max_new_tokens} "
-                    f"new tokens > the model's max_model_len {limit}"
-                )
             if r.request_id in self._unfinished:
                 raise ValueError(f"request {r.request_id}: already queued")
         for r in requests:
