@@ -530,6 +530,7 @@ class ControllerAgent:
             "weight_version": t.version,
             "staleness": {str(k): v for k, v in sorted(st.staleness.items())},
             "loss": round(t.loss, 5),
+            "kl": round(t.kl, 6),
             "reward_failures": t.reward_failures,
             "period_s": round(period, 4),
             "wall_s": round((st.trained_at or 0.0) - self.t_start, 3),

@@ -82,6 +82,7 @@ class Trained(msgspec.Struct):
     staleness_violations: int  # samples the trainer found older than η (must stay 0)
     busy_s: float
     reward_failures: int = 0  # reward calls that raised, timed out or returned a wrong type, so far
+    kl: float = 0.0  # mean per-token KL estimate (k3) of the updated policy from the sampling policy
 
 
 class Heartbeat(msgspec.Struct):
