@@ -2,7 +2,7 @@
 
     $RLCTL_LISTEN_HOST (its site's network.listen_host, set by the launcher)  else  job transport.listen_host
     "auto" ─▶ the local address of the route toward the peer that must reach it:
-              rollout/trainer: the controller's host; controller: the first host of another job site
+              rollout/trainer: the controller's host; controller: another site (its listen_host, else first host)
 
 On one machine every agent can use 127.0.0.1. Across sites each site names the interface its
 peers reach (an IP, a hostname, or `auto` when a site's hosts differ and routing already knows).
@@ -48,8 +48,11 @@ def host_of(address: str) -> str:
 
 
 def controller_peer(sites: dict[str, Site], own_site: str | None) -> str | None:
-    """For a controller with `auto`: the first host of another site of the job (its peers live there)."""
+    """For a controller with `auto`: where its peers live — another site of the job, by the address that
+    site names for its peers (`network.listen_host`, an interface of that site) when it names one, else
+    its first host (a scheduler's node name may resolve only through the scheduler, hence the order)."""
     for name, site in sites.items():
         if name != own_site:
-            return site.nodes[0].hosts[0]
+            named = site.network.listen_host
+            return named if named and named != AUTO else site.nodes[0].hosts[0]
     return None

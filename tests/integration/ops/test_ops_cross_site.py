@@ -267,3 +267,49 @@ def test_dry_run_renders_sbatch_and_ssh_without_starting_anything(services, tmp_
     assert out.count("#SBATCH") >= 2 and "--partition=sitea" in out  # controller + trainer jobs
     assert out.count("setsid nohup") == 2 and "ssh -p" in out  # two rollout units over SSH
     assert not (tmp_path / "run").exists()
+
+
+def test_controller_on_the_ssh_site_keeps_the_record_there_and_launch_fetches_it(services, tmp_path):
+    """`placement.controller_site` names the SSH site: the controller runs behind the shaped link, in the site's
+    own filesystem view; the trainer (SLURM, this side) and the operator reach it across the link, and the
+    job's record (summary, metrics, events) is fetched back to the operator's job dir when it ends."""
+    workdir = site_workdir()
+    inv = cross_site_inventory(services, tmp_path / "sites.yaml", Path(workdir))
+    job = job_yaml(
+        tmp_path / "remote-controller.yaml",
+        inventory=[str(inv)],
+        trainer="train",
+        rollout="gen",
+        iterations=4,
+        placement={
+            "trainer": {"site": "train", "gpus": 1},
+            "rollout": [{"site": "gen", "gpus": 1}],
+            "controller_site": "gen",
+        },
+    )
+    job_dir = tmp_path / "run"
+    site_dir = f"{workdir}/jobs/run"
+    proc = rlctl("launch", str(job), "--job-dir", str(job_dir), "-o", "json", timeout_s=360)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["iterations"] == 4 and out["ledger"]["trained"] == out["ledger"]["prompts"] > 0, out
+    assert out["ledger"]["lost"] == 0 and out["ledger"]["duplicated"] == 0, out["ledger"]
+
+    started = {e["agent"]: e["backend"] for e in events(job_dir) if e["event"] == "agent_started"}
+    assert started == {"controller-0": "ssh", "trainer-0": "slurm", "rollout-0": "ssh"}, started
+    # the record was written on the site and fetched: the same summary there and here
+    there = on_site(services, f"cat {site_dir}/summary.json")
+    assert there.returncode == 0, there.stderr
+    assert json.loads(there.stdout)["ledger"] == json.loads((job_dir / "summary.json").read_text())["ledger"]
+    assert len(metrics_rows(job_dir)) == 4
+    joined = {e["agent"] for e in events(job_dir) if e["event"] == "agent_joined"}
+    assert joined == {"trainer-0", "rollout-0"}, joined
+    # it listened on the site's end of the shaped link (`auto` routed toward the other site's listen_host)
+    listening = [e["address"] for e in events(job_dir) if e["event"] == "controller_listening"]
+    assert listening == [f"tcp://{services['RLCTL_TEST_NETSITE_HOST']}:{listening[0].rsplit(':', 1)[1]}"], listening
+
+    code, st = rlctl_json("status", str(job_dir))  # ended: answered from the fetched record
+    assert code == 0 and st["source"] != "controller", st
+    shown = rlctl("logs", str(job_dir), "controller/0")  # the controller's log is read on its site
+    assert shown.returncode == 0 and shown.stdout.strip(), shown.stderr
+    assert not Path(workdir).exists()
