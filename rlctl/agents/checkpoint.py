@@ -1,0 +1,147 @@
+"""Atomic, verifiable checkpoints: what each part writes, in what order, and which checkpoint a resume may use.
+
+A checkpoint of version N (the weights after N trained iterations) has two parts, written by the agents
+that own the state, each on its own site (sites share no filesystem):
+
+    checkpoints/iter-N/
+        model/                    the policy, a Hugging Face directory (trainer)
+        trainer/                  optimizer.pt, rng.pt, state.json (version, step, the trainer's counters)
+        MANIFEST.trainer.json     written LAST by the trainer: every file's bytes and SHA-256
+        controller/               ledger.json, state.json (iteration, ranker, rebalance window, rows)
+        MANIFEST.controller.json  written LAST by the controller; names the trainer manifest's SHA-256
+    checkpoints/latest.json       {"version": N}: moved (os.replace) by the controller once it has the
+                                  trainer's report that its part of N is complete, and its own part is
+
+Every file goes to a temporary name first and is renamed into place; the manifest is renamed into place
+only after every file it lists is. A part without a manifest, or whose files do not match it (size or
+SHA-256), is never used: `latest_complete` falls back to the newest older checkpoint that verifies.
+Files are read back with `torch.load(weights_only=True)` and JSON only: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PARTS = ("trainer", "controller")
+LATEST = "latest.json"
+PREFIX = "iter-"
+CHUNK = 1 << 22
+
+
+def manifest_path(ckpt: Path, part: str) -> Path:
+    return ckpt / f"MANIFEST.{part}.json"
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _replace(tmp: Path, dst: Path) -> None:
+    """Move `tmp` (a file or a directory) to `dst`, replacing what an earlier, failed attempt left there."""
+    if dst.is_dir() and not dst.is_symlink():
+        shutil.rmtree(dst)
+    os.replace(tmp, dst)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_part(
+    ckpt: Path, part: str, entries: dict[str, Callable[[Path], None]], *, meta: dict[str, Any] | None = None
+) -> str:
+    """Write one part of a checkpoint; returns the SHA-256 of its manifest.
+
+    `entries` maps a top-level name in `ckpt` ("model", "trainer", …) to a function that fills the path it is
+    given (a file or a directory) — always a temporary one, renamed into place when the function returns."""
+    ckpt.mkdir(parents=True, exist_ok=True)
+    manifest_path(ckpt, part).unlink(missing_ok=True)  # a rewrite of this part is incomplete until it is done
+    for name, fill in entries.items():
+        tmp = ckpt / f".{name}.tmp-{os.getpid()}"
+        if tmp.is_dir():
+            shutil.rmtree(tmp)
+        fill(tmp)
+        _replace(tmp, ckpt / name)
+    files = {}
+    for name in entries:
+        top = ckpt / name
+        for p in sorted([top] if top.is_file() else [q for q in top.rglob("*") if q.is_file()]):
+            files[str(p.relative_to(ckpt))] = {"bytes": p.stat().st_size, "sha256": file_digest(p)}
+    body = {"part": part, "files": files, **(meta or {})}
+    write_json_atomic(manifest_path(ckpt, part), body)
+    return file_digest(manifest_path(ckpt, part))
+
+
+def read_manifest(ckpt: Path, part: str) -> dict[str, Any] | None:
+    """The part's manifest when every file it lists is there with its size and SHA-256; else None (logged)."""
+    path = manifest_path(ckpt, part)
+    try:
+        body = json.loads(path.read_text())
+        files = body["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.info("checkpoint %s: no valid %s manifest (%s)", ckpt.name, part, e)
+        return None
+    for rel, want in files.items():
+        p = ckpt / rel
+        try:
+            ok = p.stat().st_size == want["bytes"] and file_digest(p) == want["sha256"]
+        except OSError:
+            ok = False
+        if not ok:
+            log.warning("checkpoint %s: %s does not match its %s manifest; not used", ckpt.name, rel, part)
+            return None
+    body["digest"] = file_digest(path)
+    return body
+
+
+def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
+    """(version, directory) of every `iter-N` under `root`, newest first."""
+    out = []
+    for p in root.glob(f"{PREFIX}*"):
+        try:
+            out.append((int(p.name[len(PREFIX) :]), p))
+        except ValueError:
+            continue
+    return sorted(out, reverse=True)
+
+
+def set_latest(root: Path, version: int) -> None:
+    write_json_atomic(root / LATEST, {"version": version})
+
+
+def read_latest(root: Path) -> int | None:
+    try:
+        return int(json.loads((root / LATEST).read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def latest_complete(root: Path, parts: Iterable[str] = PARTS) -> int | None:
+    """The newest version whose every part in `parts` verifies: the `latest` pointer's when it does, else
+    the newest older one (a pointer moved past a checkpoint that was later damaged is not trusted)."""
+    wanted = tuple(parts)
+    pointer = read_latest(root)
+    for version, d in checkpoint_dirs(root):
+        if pointer is not None and version > pointer:
+            continue  # written after the pointer last moved: its other part may be missing on another site
+        if all(read_manifest(d, part) is not None for part in wanted):
+            return version
+    return None

@@ -1,0 +1,95 @@
+"""The trainer's part of a checkpoint: the policy (an HF directory), every optimizer's state, other trained
+modules (a PPO critic), the RNG states and the trainer's counters — saved and restored as one unit.
+
+    save_trainer(ckpt, …)  ─▶ checkpoint.write_part(ckpt, "trainer", {model/, trainer/})  ─▶ manifest digest
+    load_trainer(ckpt, …)  ◀─ checkpoint.read_manifest(ckpt, "trainer") must verify, else CheckpointError
+
+Tensors go through `torch.save` and come back through `torch.load(weights_only=True)`; the RNG states of
+`random` and numpy are JSON. Nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlctl.agents.checkpoint import read_manifest, write_part
+from rlctl.engines.model import TinyGPT
+from rlctl.errors import RlctlError
+
+MODEL = "model"
+STATE = "trainer"
+
+
+class CheckpointError(RlctlError):
+    """A checkpoint that cannot be used: missing, incomplete or damaged (names the checkpoint and why)."""
+
+
+def rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [str(kind), np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)],
+    }
+
+
+def set_rng_state(state: dict[str, Any], torch_state: torch.Tensor) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch_state)
+
+
+def save_trainer(
+    ckpt: Path,
+    *,
+    model: TinyGPT,
+    optimizers: dict[str, torch.optim.Optimizer],
+    modules: dict[str, torch.nn.Module] | None = None,
+    counters: dict[str, Any],
+    tokenizer_from: Path | None = None,
+) -> str:
+    """Write the trainer's part of checkpoint `ckpt`; the SHA-256 of its manifest (the controller records it)."""
+
+    def fill_model(tmp: Path) -> None:
+        model.save_pretrained(tmp, tokenizer_from=tokenizer_from)
+
+    def fill_state(tmp: Path) -> None:
+        tmp.mkdir(parents=True)
+        tensors: dict[str, Any] = {f"optimizer.{k}": o.state_dict() for k, o in optimizers.items()}
+        tensors |= {f"module.{k}": m.state_dict() for k, m in (modules or {}).items()}
+        torch.save(tensors, tmp / "state.pt")
+        torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+        (tmp / "state.json").write_text(json.dumps({"counters": counters, "rng": rng_state()}, indent=1))
+
+    return write_part(ckpt, "trainer", {MODEL: fill_model, STATE: fill_state}, meta={"counters": counters})
+
+
+def load_trainer(
+    ckpt: Path,
+    *,
+    model: TinyGPT,
+    optimizers: dict[str, torch.optim.Optimizer],
+    modules: dict[str, torch.nn.Module] | None = None,
+) -> tuple[dict[str, Any], str]:
+    """Restore everything `save_trainer` wrote into the given objects; (counters, manifest digest)."""
+    manifest = read_manifest(ckpt, "trainer")
+    if manifest is None:
+        raise CheckpointError(f"{ckpt}: the trainer's part is missing or does not match its manifest")
+    loaded = TinyGPT.from_pretrained(ckpt / MODEL)
+    model.load_state_dict(loaded.state_dict())
+    tensors = torch.load(ckpt / STATE / "state.pt", weights_only=True)
+    for k, o in optimizers.items():
+        o.load_state_dict(tensors[f"optimizer.{k}"])
+    for k, m in (modules or {}).items():
+        m.load_state_dict(tensors[f"module.{k}"])
+    body = json.loads((ckpt / STATE / "state.json").read_text())
+    set_rng_state(body["rng"], torch.load(ckpt / STATE / "rng.pt", weights_only=True)["torch"])
+    return body["counters"], str(manifest["digest"])

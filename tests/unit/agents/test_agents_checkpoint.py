@@ -1,0 +1,97 @@
+"""Checkpoints: each part written atomically with its manifest last; a part that does not verify is never
+used; the trainer's state (policy, optimizer, RNG, counters) comes back exactly as saved."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlctl.agents.checkpoint import latest_complete, manifest_path, read_manifest, set_latest, write_part
+from rlctl.agents.trainstate import CheckpointError, load_trainer, save_trainer
+from rlctl.engines.model import TinyGPT
+from tests.unit.tiny_models import small_config
+
+
+def text_part(ckpt: Path, part: str, body: str) -> str:
+    def fill(tmp: Path) -> None:
+        tmp.mkdir()
+        (tmp / "state.json").write_text(body)
+
+    return write_part(ckpt, part, {part: fill}, meta={"version": int(ckpt.name.split("-")[1])})
+
+
+def test_a_part_is_used_only_when_every_file_matches_its_manifest(tmp_path: Path) -> None:
+    ckpt = tmp_path / "iter-3"
+    digest = text_part(ckpt, "controller", '{"iteration": 3}')
+    m = read_manifest(ckpt, "controller")
+    assert m is not None and m["digest"] == digest and list(m["files"]) == ["controller/state.json"]
+    assert not list(ckpt.glob(".*tmp*"))  # nothing left under a temporary name
+    (ckpt / "controller" / "state.json").write_text('{"iteration": 4}')  # same size, other bytes
+    assert read_manifest(ckpt, "controller") is None
+    text_part(ckpt, "controller", '{"iteration": 3}')
+    manifest_path(ckpt, "controller").unlink()  # a part whose manifest was never written
+    assert read_manifest(ckpt, "controller") is None
+
+
+def test_latest_complete_follows_the_pointer_and_falls_back_past_a_damaged_checkpoint(tmp_path: Path) -> None:
+    for v in (2, 4, 6):
+        for part in ("trainer", "controller"):
+            text_part(tmp_path / f"iter-{v}", part, json.dumps({"v": v}))
+    assert latest_complete(tmp_path) == 6  # no pointer yet: the newest that verifies
+    set_latest(tmp_path, 4)
+    assert latest_complete(tmp_path) == 4  # iter-6 was written after the pointer last moved
+    (tmp_path / "iter-4" / "trainer" / "state.json").write_text("damaged")
+    assert latest_complete(tmp_path) == 2
+    assert latest_complete(tmp_path, ["controller"]) == 4
+    set_latest(tmp_path, 0)
+    assert latest_complete(tmp_path) is None
+
+
+def trained_model(steps: int) -> tuple[TinyGPT, torch.optim.AdamW]:
+    torch.manual_seed(0)
+    model = TinyGPT(small_config())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = model(torch.randint(0, 60, (2, 8))).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model, opt
+
+
+def test_trainer_state_round_trips_exactly(tmp_path: Path) -> None:
+    model, opt = trained_model(3)
+    random.seed(7)
+    np.random.seed(7)
+    torch.manual_seed(7)
+    saved_params = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = opt.state_dict()
+    digest = save_trainer(tmp_path / "iter-3", model=model, optimizers={"policy": opt}, counters={"version": 3})
+    after = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+
+    other, other_opt = trained_model(5)  # a different state, restored into
+    counters, got = load_trainer(tmp_path / "iter-3", model=other, optimizers={"policy": other_opt})
+    assert counters == {"version": 3} and got == digest
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in saved_params.items())
+    restored = other_opt.state_dict()
+    assert restored["param_groups"] == saved_opt["param_groups"]
+    for i, st in saved_opt["state"].items():
+        assert all(torch.equal(restored["state"][i][k], v) for k, v in st.items())
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == after  # RNG streams continue
+
+
+def test_a_damaged_trainer_part_is_refused_with_the_checkpoint_named(tmp_path: Path) -> None:
+    model, opt = trained_model(1)
+    save_trainer(tmp_path / "iter-1", model=model, optimizers={"policy": opt}, counters={"version": 1})
+    shard = next((tmp_path / "iter-1" / "model").glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
+    try:
+        load_trainer(tmp_path / "iter-1", model=model, optimizers={"policy": opt})
+    except CheckpointError as e:
+        assert "iter-1" in str(e)
+    else:
+        raise AssertionError("a damaged checkpoint was loaded")
