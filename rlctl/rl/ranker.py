@@ -121,6 +121,11 @@ class LengthRanker:
         self._mean_len = self._sum_y / len(self._history)
         return self
 
+    def history(self) -> tuple[list[list[int]], list[float]]:
+        """The (prompt tokens, length) pairs in the window, oldest first: `fit(*history())` rebuilds this
+        ranker (a checkpoint stores them, not the solved weights)."""
+        return [t.tolist() for t, _ in self._history], [y for _, y in self._history]
+
     def _account(self, x: np.ndarray, y: np.ndarray, sign: float) -> None:
         self._xtx += sign * (x.T @ x)
         self._xty += sign * (x.T @ y)

@@ -71,3 +71,14 @@ def test_sliding_window_equals_a_fresh_fit_on_its_pairs() -> None:
     fresh = LengthRanker(128, window=100).fit(ps[150:], lengths[150:])
     np.testing.assert_allclose(rolling.predict(ps[:50]), fresh.predict(ps[:50]), rtol=1e-6)
     assert LengthRanker(128).features([[1, 2, 3]]).tolist() == LengthRanker(128).features([(1, 2, 3)]).tolist()
+
+
+def test_a_ranker_rebuilt_from_its_history_predicts_the_same() -> None:
+    task = DigitsTask()
+    ps = task.prompts(0, 200)
+    ranker = LengthRanker(66, window=150).fit(ps[:100], [p.target_tokens for p in ps[:100]])
+    ranker.update(ps[100:], [1.5 * p.target_tokens for p in ps[100:]])  # some pairs have left the window
+    tokens, lengths = ranker.history()
+    assert len(tokens) == 150 and tokens[0] == list(ps[50].tokens)
+    again = LengthRanker(66, window=150).fit(tokens, lengths)
+    np.testing.assert_allclose(again.predict(ps[:20]), ranker.predict(ps[:20]), rtol=1e-6)
