@@ -204,7 +204,19 @@ class ControllerCore:
             self.created += 1
         return self._dispatch() + self._deliver()
 
-    def _create(self, iteration: int) -> None:
+    def restore(self, *, version: int, ledger: Ledger) -> None:
+        """Continue from the checkpoint of `version`: the iterations before it are trained; every other entry
+        of `ledger` is queued again (`Ledger.from_json`), to be generated on the checkpoint's weights."""
+        assert not self.started and self.created == 0, "restore before the first agent joins"
+        assert all(e.state is State.TRAINED for e in ledger.entries.values() if e.iteration < version)
+        self.ledger, self.trainer_version = ledger, version
+        self.created = max([e.iteration + 1 for e in ledger.entries.values()], default=version)
+        for iteration in range(version, self.created):
+            self._specs(iteration)
+            self.stats[iteration] = IterationStats(iteration)
+
+    def _specs(self, iteration: int) -> list[PromptSpec]:
+        """The iteration's prompts (a function of the iteration) with their predicted output lengths."""
         specs = self._make_prompts(iteration)
         assert len(specs) == self.cfg.prompts_per_iteration
         preds: Sequence[float]
@@ -217,6 +229,10 @@ class ControllerCore:
         for spec, pred in zip(specs, preds, strict=True):
             self.prompts[spec.prompt_id] = spec
             self.pred_len[spec.prompt_id] = float(pred)
+        return specs
+
+    def _create(self, iteration: int) -> None:
+        for spec in self._specs(iteration):
             self.ledger.add_prompt(
                 iteration=iteration, prompt_id=spec.prompt_id, num_samples=self.cfg.samples_per_prompt
             )

@@ -114,3 +114,34 @@ def test_lost_trainer_fails_the_job():
     core.join("trainer-0", role="trainer", version=0)
     core.lost("trainer-0")
     assert core.failed and core.pump() == []
+
+
+def test_restored_core_regenerates_exactly_what_the_checkpoint_had_not_trained():
+    from rlctl.agents.ledger import Ledger
+
+    core = _core(mode="async", eta=1, prompts=2, iterations=4)
+    core.join("trainer-0", role="trainer", version=0)
+    gen = _generate(core.join("r0", role="rollout", version=0))["r0"]
+    for sid, _ in gen:  # iterations 0 and 1 generated on v0
+        _finish(core, "r0", sid)
+    core.trained(iteration=0, version=1, sample_ids=["p0-0/0", "p0-1/0"], stats={})
+    saved = core.ledger.to_json()  # the checkpoint of v1: iteration 1 was generated, not trained
+
+    again = _core(mode="async", eta=1, prompts=2, iterations=4)
+    again.restore(version=1, ledger=Ledger.from_json(saved))
+    again.join("trainer-0", role="trainer", version=1)
+    regen = _generate(again.join("r0", role="rollout", version=0))["r0"]
+    assert sorted(s for s, _ in regen) == ["p1-0/0", "p1-1/0"]  # v0 may serve iteration 1 only (η = 1)
+    trained, pending, unit_version = ["p0-0/0", "p0-1/0"], [s for s, _ in regen], 0
+    for it in (1, 2, 3):
+        outs = []
+        for sid in [s for s in pending if s.startswith(f"p{it}-")]:
+            outs += _finish(again, "r0", sid, version=unit_version)
+        delivered = sorted(s["sample_id"] for o in outs if o.kind == "samples" for s in o.header["samples"])
+        assert delivered == [f"p{it}-0/0", f"p{it}-1/0"]
+        again.trained(iteration=it, version=it + 1, sample_ids=delivered, stats={})
+        trained += delivered
+        unit_version = it + 1
+        pending += [s for s, _ in _generate(again.weights_applied("r0", unit_version)).get("r0", [])]
+    assert again.done and sorted(trained) == sorted(again.ledger.entries)  # each prompt trained once
+    assert again.ledger.counts().duplicated == 0
