@@ -7,7 +7,9 @@ iteration's token count only at the step.
     train_ready(min) ─▶ micro-batch forward/backward (grad accumulates)        [as samples stream in]
     step() ─▶ all-reduce(sum) over ranks, ÷ tokens, clip, AdamW step ─▶ version + 1
 
-Ranks > 0 follow rank 0: each micro-batch is broadcast, every rank takes its slice.
+Ranks > 0 follow rank 0: each micro-batch is broadcast, every rank takes its slice. The step's figures
+(loss, clip fraction, k3 KL of the sampling policy from the trained one) are token sums all-reduced with
+the gradients, so rank 0 reports the whole iteration, not its own slice.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from rlctl.config.job import GrpoAlgorithm, PpoAlgorithm
 from rlctl.engines.model import TinyGPT
 from rlctl.rl.grpo import group_advantages, policy_loss, policy_optimizer
 from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, micro_batches
+
+_SUMMED = ("pg_loss_sum", "clip_sum", "kl_sum")  # token sums of `policy_loss` that the step reports
 
 
 def _world() -> tuple[int, int]:
@@ -130,14 +134,20 @@ class StreamingLearner:
             if world > 1:
                 dist.all_reduce(p.grad)  # sum over ranks: each rank summed the loss of its share
             p.grad /= n
+        sums = {k: self.sums[k] for k in _SUMMED}
+        if world > 1:
+            box = torch.tensor([sums[k] for k in _SUMMED], dtype=torch.float64)
+            dist.all_reduce(box)
+            sums = dict(zip(_SUMMED, box.tolist(), strict=True))
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.model.eval()
         self.compute_s += time.monotonic() - t0
         return {
-            "loss": self.sums["pg_loss_sum"] / n,
-            "clip_frac": self.sums["clip_sum"] / n,
+            "loss": sums["pg_loss_sum"] / n,
+            "clip_frac": sums["clip_sum"] / n,
+            "kl": sums["kl_sum"] / n,
             "grad_norm": grad_norm,
             "tokens": float(total_tokens),
             "train_s": self.compute_s,

@@ -82,7 +82,9 @@ class Trained(msgspec.Struct):
     staleness_violations: int  # samples the trainer found older than η (must stay 0)
     busy_s: float
     reward_failures: int = 0  # reward calls that raised, timed out or returned a wrong type, so far
-    kl: float = 0.0  # mean per-token KL estimate (k3) of the updated policy from the sampling policy
+    # mean per-token k3 estimate of KL(sampling policy ‖ trainer policy before this step's update), over the
+    # iteration's tokens: how off-policy the batch was (staleness, engine numerics); not the reference KL
+    kl: float = 0.0
 
 
 class Heartbeat(msgspec.Struct):

@@ -182,6 +182,7 @@ class TrainerAgent:
                             train_s=stats["train_s"],
                             tokens=int(stats["tokens"]),
                             loss=stats["loss"],
+                            kl=stats["kl"],
                             staleness_violations=violations,
                             busy_s=self.busy_s,
                             reward_failures=self.task.reward_stats().failures,

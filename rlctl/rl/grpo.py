@@ -3,9 +3,13 @@
     rewards of the samples of one prompt ─▶ A = (r − mean_group) / (std_group + eps)   (std over the group, ddof 0)
     ratio  = exp(logp_θ − logp_behaviour)          behaviour logprobs come from the engine
     loss   = Σ_tokens max(−ratio·A, −clip(ratio, 1±ε)·A) + β·KL_k3(θ ‖ ref)   / #tokens in the batch
+    kl     = Σ_tokens (ratio − 1) − log ratio                                   / #tokens in the batch
 
 The token mean is over the whole batch (not per sequence), so long samples are not down-weighted;
 micro-batches accumulate gradients with the batch's token count as the common normaliser.
+`kl` is the k3 estimate of KL(behaviour ‖ θ) on the behaviour's own samples, from the log-probs the
+loss computes anyway: θ is the trainer's policy *before* this step's update, so it measures how far
+off-policy the batch was (staleness, engine vs trainer numerics), not how far the update moved.
 `GrpoLearner.step(samples)` does one optimizer step on one batch and returns its metrics.
 """
 
@@ -29,7 +33,11 @@ def policy_optimizer(model: TinyGPT, lr: float) -> torch.optim.AdamW:
 
 
 def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], *, eps: float = 1e-6) -> list[float]:
-    """(r − group mean) / (group std + eps); a group whose rewards are all equal gets 0 everywhere."""
+    """(r − group mean) / (group std + eps); a group whose rewards are all equal gets 0 everywhere.
+
+    The std has ddof 0. Equal rewards are skipped rather than normalised: their float mean can miss
+    the rewards by an ulp (three rewards of 0.1 gave advantages of 1.4e-11, not 0).
+    """
     if len(rewards) != len(group_ids):
         raise ValueError("one group id per reward")
     groups: dict[str, list[int]] = defaultdict(list)
@@ -37,6 +45,8 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], *, eps:
         groups[g].append(i)
     out = [0.0] * len(rewards)
     for idx in groups.values():
+        if len({float(rewards[i]) for i in idx}) == 1:
+            continue
         r = torch.tensor([float(rewards[i]) for i in idx], dtype=torch.float64)
         a = (r - r.mean()) / (r.std(unbiased=False) + eps)
         for i, v in zip(idx, a.tolist(), strict=True):
@@ -53,7 +63,10 @@ def policy_loss(
     temperature: float = 1.0,
     num_tokens: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip loss (+ k3 KL to the reference when kl_coef > 0), summed over masked tokens / num_tokens."""
+    """PPO-clip loss (+ k3 KL to the reference when kl_coef > 0), summed over masked tokens / num_tokens.
+
+    The metrics are sums over the batch's valid tokens; `kl_sum` is the k3 KL(behaviour ‖ θ) (no gradient).
+    """
     mask = batch.mask.float()
     n = float(num_tokens if num_tokens is not None else max(batch.num_tokens, 1))
     logp = token_logprobs(model, batch.tokens, temperature)
@@ -78,6 +91,8 @@ def policy_loss(
             "kl_ref_sum": kl_sum,
             "clip_sum": float(clipped.sum()),
             "approx_kl_sum": float((-log_ratio * mask).sum()),
+            # k3 = (r − 1) − log r ≥ 0; expm1 keeps it exact near r = 1, where it is ~ (log r)² / 2
+            "kl_sum": float(((torch.expm1(log_ratio) - log_ratio) * mask).sum()),
             "tokens": float(mask.sum()),
         }
     return loss, metrics
@@ -154,6 +169,7 @@ class GrpoLearner:
             "kl_ref": sums["kl_ref_sum"] / n,
             "clip_frac": sums["clip_sum"] / n,
             "approx_kl": sums["approx_kl_sum"] / n,
+            "kl": sums["kl_sum"] / n,
             "grad_norm": grad_norm,
             "reward_mean": sum(rewards) / len(rewards),
             "samples": float(len(samples)),

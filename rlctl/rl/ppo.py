@@ -142,6 +142,7 @@ class PpoLearner:
             "value_loss": sums["value_loss"] / n,
             "clip_frac": sums["clip_sum"] / n,
             "approx_kl": sums["approx_kl_sum"] / n,
+            "kl": sums["kl_sum"] / n,
             "grad_norm": grad_norm,
             "reward_mean": sum(s.reward for s in samples) / len(samples),
             "samples": float(len(samples)),

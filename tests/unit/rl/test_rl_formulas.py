@@ -1,0 +1,209 @@
+"""GRPO and PPO formulas against values worked out by hand from the published definitions.
+
+GRPO (Shao et al. 2024): A_i = (r_i − mean_group) / std_group, one advantage per sample.
+PPO (Schulman et al. 2017): L = −min(r·A, clip(r, 1−ε, 1+ε)·A) per token; GAE (Schulman et al. 2016):
+δ_t = r_t + γV_{t+1} − V_t, A_t = δ_t + γλA_{t+1}; returns A_t + V_t.
+k3 (Schulman, "Approximating KL divergence"): KL(q ‖ p) ≈ (ρ − 1) − log ρ with ρ = p/q on samples of q.
+
+The policy is `tests.unit.fixed_policy`: fixed logits over 4 tokens with probabilities 0.1, 0.2, 0.3,
+0.4, so every log-prob and ratio is a number chosen in the test; the comments carry the arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import cast
+
+import pytest
+import torch
+from torch import nn
+
+from rlctl.config.job import PpoAlgorithm
+from rlctl.engines.model import TinyGPT
+from rlctl.rl.grpo import group_advantages, policy_loss
+from rlctl.rl.ppo import PpoLearner, ValueModel, gae
+from rlctl.rl.samples import Sample, make_batch
+from tests.unit.fixed_policy import FixedPolicy, behaviour, fixed
+from tests.unit.tiny_models import small_config
+
+# ---------------------------------------------------------------- GRPO advantages
+
+
+def test_group_advantages_by_hand() -> None:
+    # group a: [1, 2, 3, 6], mean 3, deviations [−2, −1, 0, 3], variance (4+1+0+9)/4 = 3.5 (ddof 0),
+    # std √3.5 = 1.8708287 → [−1.0690450, −0.5345225, 0, 1.6035675]; ddof 1 would give std 2.1602469
+    # group b: [0, 1e-6], mean 5e-7, std 5e-7 → ±5e-7 / (5e-7 + eps 1e-6) = ±1/3: eps is added to the std
+    # group c: three equal rewards → 0 (no signal), exactly; group d: a lone sample → 0
+    adv = group_advantages(
+        [1.0, 2.0, 3.0, 6.0, 0.0, 1e-6, 0.1, 0.1, 0.1, 5.0], ["a", "a", "a", "a", "b", "b", "c", "c", "c", "d"]
+    )
+    assert adv[:4] == pytest.approx([-1.0690450, -0.5345225, 0.0, 1.6035675], abs=2e-6)
+    assert adv[4:6] == pytest.approx([-1 / 3, 1 / 3], abs=1e-9)
+    assert adv[6:] == [0.0, 0.0, 0.0, 0.0]  # 0.1 three times: the float mean misses 0.1 by an ulp
+
+
+def test_group_advantages_interleaved_groups_keep_their_positions() -> None:
+    # a: [0, 1] → mean 0.5, std 0.5 → ∓1/(1 + 2e-6); b: [4, 2] → mean 3, std 1 → ±1/(1 + 1e-6)
+    adv = group_advantages([0.0, 4.0, 1.0, 2.0], ["a", "b", "a", "b"])
+    assert adv == pytest.approx([-1.0, 1.0, 1.0, -1.0], abs=3e-6)
+
+
+# ---------------------------------------------------------------- GRPO clipped surrogate
+
+# ε = 0.2, clip range [0.8, 1.2]; surrogate s = min(r·A, clip(r)·A), loss term −s
+#   sample 1, A = +2, prompt [1]:    r = 1.5 → min(3.0, 2.4) = 2.4  clipped (A > 0, r > 1+ε)
+#                                   r = 0.5 → min(1.0, 1.6) = 1.0  unclipped (A > 0, r < 1−ε)
+#                                   r = 1.1 → min(2.2, 2.2) = 2.2  inside
+#   sample 2, A = −1, prompt [1, 2]: r = 1.5 → min(−1.5, −1.2) = −1.5 unclipped (A < 0, r > 1+ε)
+#                                   r = 0.5 → min(−0.5, −0.8) = −0.8 clipped (A < 0, r < 1−ε)
+#   sample 3, A = +0.5, prompt [1]:  r = 0.95 → min(0.475, 0.475) = 0.475, then 2 padding positions
+# Σ −s = −(2.4 + 1.0 + 2.2) − (−1.5 − 0.8) − 0.475 = −5.6 + 2.3 − 0.475 = −3.775 over 6 tokens
+#   token mean (the code): −3.775 / 6 = −0.6291667
+#   sequence mean (not the code): (−5.6/3 + 2.3/2 − 0.475/1) / 3 = −0.3972222
+SAMPLES = [
+    ([1], [3, 1, 2], [1.5, 0.5, 1.1], 2.0),
+    ([1, 2], [3, 1], [1.5, 0.5], -1.0),
+    ([1], [2], [0.95], 0.5),
+]
+
+
+def grpo_batch() -> tuple[list[Sample], list[float]]:
+    samples = [Sample("g", p, out, behaviour(out, r), 0.0) for p, out, r, _ in SAMPLES]
+    return samples, [a for *_, a in SAMPLES]
+
+
+def test_policy_loss_is_the_token_mean_of_the_clipped_surrogate() -> None:
+    samples, adv = grpo_batch()
+    loss, m = policy_loss(fixed(), make_batch(samples, adv), clip_eps=0.2)
+    assert float(loss.detach()) == pytest.approx(-0.6291667, abs=1e-6)
+    assert float(loss.detach()) != pytest.approx(-0.3972222, abs=1e-3)
+    assert m["tokens"] == 6 and m["pg_loss_sum"] == pytest.approx(-3.775, abs=1e-5)
+    # clip_sum counts ratios outside [1−ε, 1+ε] (1.5, 0.5, 1.5, 0.5), whether or not the min picked the clip
+    assert m["clip_sum"] == 4
+    # a micro-batch normalises by the whole batch's token count: the same sum over 10 tokens
+    loss10, _ = policy_loss(fixed(), make_batch(samples, adv), clip_eps=0.2, num_tokens=10)
+    assert float(loss10.detach()) == pytest.approx(-3.775 / 10, abs=1e-6)
+
+
+def test_clipped_tokens_carry_no_gradient_and_the_others_carry_minus_r_a() -> None:
+    # dL/dlogit[y] = −(r·A / 6)·(1 − p_y) for an unclipped token y, 0 for a clipped one
+    #   sample 1: t0 clipped → 0; t1 token 1 (p 0.2), r·A = 1.0 → −(1.0/6)(0.8) = −0.1333333
+    #             t2 token 2 (p 0.3), r·A = 2.2 → −(2.2/6)(0.7) = −0.2566667
+    #   sample 2: t0 is the prompt → 0; t1 token 3 (p 0.4), r·A = −1.5 → +(1.5/6)(0.6) = +0.15; t2 clipped → 0
+    #   sample 3: t0 token 2 (p 0.3), r·A = 0.475 → −(0.475/6)(0.7) = −0.0554167; t1, t2 padding → 0
+    samples, adv = grpo_batch()
+    policy = fixed((3, 4))  # rows × grid positions (rows of 4 tokens → 3 log-prob positions)
+    loss, _ = policy_loss(policy, make_batch(samples, adv), clip_eps=0.2)
+    loss.backward()
+    logits = cast(FixedPolicy, policy).logits
+    assert logits.grad is not None
+    grad = logits.grad[:, :3]
+    target = [[3, 1, 2], [2, 3, 1], [2, 0, 0]]  # the token each position predicts (prompt/pad included)
+    got = [[float(grad[i, t, target[i][t]]) for t in range(3)] for i in range(3)]
+    want = [[0.0, -0.1333333, -0.2566667], [0.0, 0.15, 0.0], [-0.0554167, 0.0, 0.0]]
+    for row, exp in zip(got, want, strict=True):
+        assert row == pytest.approx(exp, abs=1e-6)
+    assert float(grad[0, 0].abs().max()) == 0 and float(grad[1, 2].abs().max()) == 0  # clipped: all logits
+    assert float(grad[1, 0].abs().max()) == 0 and float(grad[2, 1:].abs().max()) == 0  # prompt and padding
+
+
+def test_padding_and_prompt_positions_are_masked_out() -> None:
+    samples, adv = grpo_batch()
+    batch = make_batch(samples, adv)
+    loss, m = policy_loss(fixed(), batch, clip_eps=0.2)
+    off = ~batch.mask  # prompt and padding positions: garbage there must change nothing
+    batch.old_logprobs[off] = -7.0
+    batch.advantages[off] = 11.0
+    loss2, m2 = policy_loss(fixed(), batch, clip_eps=0.2)
+    assert float(loss2.detach()) == float(loss.detach()) and m2 == m
+    loss3, m3 = policy_loss(fixed(), make_batch(samples, adv, pad=3), clip_eps=0.2)
+    assert float(loss3.detach()) == float(loss.detach()) and m3 == m
+
+
+def test_k3_kl_of_the_behaviour_policy_from_the_trained_one() -> None:
+    # k3 = (r − 1) − log r:  r 1.5 → 0.5 − 0.4054651 = 0.0945349 (×2);  r 0.5 → −0.5 + 0.6931472 = 0.1931472 (×2)
+    #   r 1.1 → 0.1 − 0.0953102 = 0.0046898;  r 0.95 → −0.05 + 0.0512933 = 0.0012933;  Σ = 0.5813473
+    # the k1 estimate Σ −log r = 0.5313473 differs by Σ (r − 1) = 0.05
+    samples, adv = grpo_batch()
+    _, m = policy_loss(fixed(), make_batch(samples, adv), clip_eps=0.2)
+    assert m["kl_sum"] == pytest.approx(0.5813473, abs=1e-6)
+    assert m["approx_kl_sum"] == pytest.approx(0.5313473, abs=1e-6)
+    on = [Sample("g", p, out, behaviour(out, [1.0] * len(out)), 0.0) for p, out, _, _ in SAMPLES]
+    _, m = policy_loss(fixed(), make_batch(on, adv), clip_eps=0.2)
+    assert abs(m["kl_sum"]) <= 1e-7  # r = 1 up to float32 rounding of the log-probs
+
+
+def test_k3_kl_to_the_reference_in_the_loss() -> None:
+    # on-policy (r = 1), A = 0: only the β·KL term.  θ: tokens 3, 2 at 0.4, 0.3;  ref: 0.8, 0.15
+    # d = log ref − log θ = ln 2, ln 0.5;  k3 = e^d − d − 1 = 2 − 0.6931472 − 1 = 0.3068528 and
+    # 0.5 + 0.6931472 − 1 = 0.1931472; Σ = 0.5;  loss = β·0.5 / 2 tokens = 0.1·0.25 = 0.025
+    s = Sample("g", [1], [3, 2], behaviour([3, 2], [1.0, 1.0]), 0.0, ref_logprobs=[math.log(0.8), math.log(0.15)])
+    loss, m = policy_loss(fixed(), make_batch([s], [0.0]), clip_eps=0.2, kl_coef=0.1)
+    assert m["kl_ref_sum"] == pytest.approx(0.5, abs=1e-6)
+    assert float(loss.detach()) == pytest.approx(0.025, abs=1e-7)
+
+
+# ---------------------------------------------------------------- PPO: GAE, returns, losses
+
+
+def test_gae_unrolled_by_hand() -> None:
+    # γ = 0.9, λ = 0.8, γλ = 0.72; V after a row's last output token is 0
+    # row 0: outputs at t = 0..2, rewards [0.1, 0, 1.0], V [0.5, 0.2, −0.1], padding V 9 at t = 3
+    #   δ2 = 1.0 + 0.9·0 − (−0.1) = 1.1;  δ1 = 0 + 0.9·(−0.1) − 0.2 = −0.29;  δ0 = 0.1 + 0.9·0.2 − 0.5 = −0.22
+    #   A2 = 1.1;  A1 = −0.29 + 0.72·1.1 = 0.502;  A0 = −0.22 + 0.72·0.502 = 0.14144
+    #   R = A + V = [0.64144, 0.702, 1.0]
+    # row 1: prompt position t = 0 (V 7), outputs at t = 1, 2 with rewards [0, 1.0], V [0.25, 0.5], pad V 3
+    #   δ2 = 1.0 − 0.5 = 0.5;  δ1 = 0 + 0.9·0.5 − 0.25 = 0.2;  A2 = 0.5;  A1 = 0.2 + 0.72·0.5 = 0.56
+    #   R = [0.81, 1.0]
+    rewards = torch.tensor([[0.1, 0.0, 1.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.2, -0.1, 9.0], [7.0, 0.25, 0.5, 3.0]])
+    mask = torch.tensor([[True, True, True, False], [False, True, True, False]])
+    adv, ret = gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    assert adv[0].tolist() == pytest.approx([0.14144, 0.502, 1.1, 0.0], abs=1e-6)
+    assert adv[1].tolist() == pytest.approx([0.0, 0.56, 0.5, 0.0], abs=1e-6)
+    assert ret[0, :3].tolist() == pytest.approx([0.64144, 0.702, 1.0], abs=1e-6)
+    assert ret[1, 1:3].tolist() == pytest.approx([0.81, 1.0], abs=1e-6)
+
+
+# PPO batch: γ 0.9, λ 0.8, β (kl_coef) 0.1, ε 0.2, critic V = 0.5 everywhere
+#   sample A, outputs [3, 1], ratios [1.5, 0.5], behaviour − ref = [0.5, −1.0], task reward 1
+#     token rewards −β·(behaviour − ref) (+ reward on the last): [−0.05, 0.1 + 1.0 = 1.1]
+#     δ1 = 1.1 − 0.5 = 0.6;  δ0 = −0.05 + 0.9·0.5 − 0.5 = −0.1;  A = [−0.1 + 0.72·0.6 = 0.332, 0.6];  R = [0.832, 1.1]
+#   sample B, output [3], ratio 1.5, behaviour − ref = 0, task reward 0
+#     δ0 = 0 − 0.5 = −0.5;  A = [−0.5];  R = [0.0]
+#   whitening over the 3 tokens: mean 0.432/3 = 0.144, deviations [0.188, 0.456, −0.644],
+#     variance (0.035344 + 0.207936 + 0.414736)/3 = 0.2193387, std 0.4683361
+#     → [0.4014203, 0.9736577, −1.3750780]
+#   policy loss: min(1.5·0.4014203, 1.2·0.4014203) = 0.4817044;  min(0.5·0.9736577, 0.8·0.9736577) = 0.4868289
+#     min(1.5·(−1.3750780), 1.2·(−1.3750780)) = −2.0626170;  loss = −(Σ)/3 = 1.0940837/3 = 0.3646946
+#   value loss ½·mean (V − R)²: errors [−0.332, −0.6, 0.5] → ½·(0.110224 + 0.36 + 0.25)/3 = 0.1200373
+#   k3 KL: (0.0945349·2 + 0.1931472)/3 = 0.1274057
+
+
+def ppo_setup() -> tuple[PpoLearner, list[Sample]]:
+    critic = ValueModel(TinyGPT(small_config()))
+    nn.init.constant_(critic.head.bias, 0.5)
+    cfg = PpoAlgorithm(kind="ppo", gamma=0.9, lam=0.8, kl_coef=0.1, clip_eps=0.2)
+    learner = PpoLearner(fixed(), cfg, critic=critic, ref_model=TinyGPT(small_config()))
+    old_a = behaviour([3, 1], [1.5, 0.5])
+    old_b = behaviour([3], [1.5])
+    a = Sample("p", [1], [3, 1], old_a, 1.0, ref_logprobs=[old_a[0] - 0.5, old_a[1] + 1.0])
+    b = Sample("q", [1], [3], old_b, 0.0, ref_logprobs=list(old_b))
+    return learner, [a, b]
+
+
+def test_ppo_advantages_and_returns_by_hand() -> None:
+    learner, samples = ppo_setup()
+    adv, ret = learner.advantages(samples)
+    assert adv[0] == pytest.approx([0.4014203, 0.9736577], abs=2e-6)
+    assert adv[1] == pytest.approx([-1.3750780], abs=2e-6)
+    assert ret[0] == pytest.approx([0.832, 1.1], abs=1e-6) and ret[1] == pytest.approx([0.0], abs=1e-6)
+
+
+def test_ppo_step_losses_and_kl_by_hand() -> None:
+    learner, samples = ppo_setup()
+    m = learner.step(samples)
+    assert m["loss"] == pytest.approx(0.3646946, abs=2e-6)
+    assert m["value_loss"] == pytest.approx(0.1200373, abs=1e-6)  # unclipped ½(V − R)², token mean
+    assert m["kl"] == pytest.approx(0.1274057, abs=1e-6)
+    assert m["tokens"] == 3 and m["clip_frac"] == 1.0  # all three ratios are outside [0.8, 1.2]
