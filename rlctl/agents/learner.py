@@ -180,6 +180,13 @@ class StreamingLearner:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """What a checkpoint saves besides the policy (`rlctl.agents.trainstate`)."""
+        return {"policy": self.opt}
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {}
+
 
 class PpoBatchLearner:
     """PPO with a critic (`rlctl.rl.ppo`): rewards are still scored as samples arrive, but GAE and the
@@ -231,3 +238,9 @@ class PpoBatchLearner:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.inner.model.state_dict().items()}
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"policy": self.inner.opt, "critic": self.inner.critic_opt}
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {"critic": self.inner.critic}

@@ -42,6 +42,7 @@ class Hello(msgspec.Struct):
     pid: int = 0
     weights: str = ""  # the agent's weight node (a rollout unit's; a trainer's rank 0 root)
     weight_roots: list[str] = []  # a trainer: every rank's weight node, rank 0 first
+    checkpoint: str = ""  # a resumed trainer: the SHA-256 of the checkpoint manifest it restored
 
 
 class Request(msgspec.Struct):
@@ -85,6 +86,7 @@ class Trained(msgspec.Struct):
     # mean per-token k3 estimate of KL(sampling policy ‖ trainer policy before this step's update), over the
     # iteration's tokens: how off-policy the batch was (staleness, engine numerics); not the reference KL
     kl: float = 0.0
+    checkpoint: str = ""  # this version's trainer checkpoint part was written: its manifest's SHA-256
 
 
 class Heartbeat(msgspec.Struct):

@@ -31,8 +31,10 @@ from rlctl.agents.learner import PpoBatchLearner, StreamingLearner
 from rlctl.agents.listen import host_of, listen_host
 from rlctl.agents.messages import Delivered, Heartbeat, Hello, Trained, make
 from rlctl.agents.staleness import StalenessBound
+from rlctl.agents.trainstate import load_trainer, save_trainer
 from rlctl.agents.weights import Target, WeightPublisher
 from rlctl.engines.model import TinyGPT
+from rlctl.launch.agentenv import resume_version
 from rlctl.rl.samples import Sample
 from rlctl.rl.source import task_source
 from rlctl.transport import Message
@@ -82,6 +84,17 @@ class TrainerAgent:
         self.bound = StalenessBound(job.pipeline.eta)
         self.samples_per_iteration = job.batch.samples_per_iteration
         self.version = 0
+        self.checkpoint_digest = ""  # of the checkpoint this trainer restored (the controller compares)
+        resumed = resume_version()
+        if resumed:  # `launch --resume`: policy, optimizers, RNG and version from the checkpoint's trainer part
+            counters, self.checkpoint_digest = load_trainer(
+                ctx.jobdir.checkpoint(resumed),
+                model=self.model,
+                optimizers=self.learner.optimizers(),
+                modules=self.learner.modules(),
+            )
+            self.version = int(counters["version"])
+            log.info("%s: restored checkpoint v%d", self.name, self.version)
         self.busy_s = 0.0
         self.state = "starting"
         self.inbox: queue.Queue[Message | None] = queue.Queue()
@@ -104,8 +117,10 @@ class TrainerAgent:
     def run(self) -> None:
         publisher = self._publisher()
         roots = _gather(publisher.node.address)
+        if self.version:  # resumed: the checkpoint's weights, as a full copy to every unit (an anchor)
+            publisher.publish(self.version, self.learner.state_dict())
         if self.rank > 0:  # follow rank 0's steps; publish each version for the units planned below this rank
-            version = 0
+            version = self.version
 
             def stepped() -> None:
                 nonlocal version
@@ -123,9 +138,10 @@ class TrainerAgent:
             Hello(
                 role="trainer",
                 name=self.name,
-                version=0,
+                version=self.version,
                 pid=os.getpid(),
                 weights=publisher.node.address,
+                checkpoint=self.checkpoint_digest,
                 weight_roots=roots,
             ),
             figures=self.figures,
@@ -169,7 +185,7 @@ class TrainerAgent:
                 stats = self.learner.step()
                 iteration, self.version = self.version, self.version + 1
                 publisher.publish(self.version, self.learner.state_dict())
-                self._maybe_checkpoint()
+                checkpoint = self._maybe_checkpoint()
                 self.busy_s += time.monotonic() - t0
                 link.send(
                     make(
@@ -183,6 +199,7 @@ class TrainerAgent:
                             tokens=int(stats["tokens"]),
                             loss=stats["loss"],
                             kl=stats["kl"],
+                            checkpoint=checkpoint,
                             staleness_violations=violations,
                             busy_s=self.busy_s,
                             reward_failures=self.task.reward_stats().failures,
@@ -207,12 +224,21 @@ class TrainerAgent:
             ids.append(d.sample_id)
         return ids
 
-    def _maybe_checkpoint(self) -> None:
+    def _maybe_checkpoint(self) -> str:
+        """Every `checkpoint.every_iterations` and at the end: the trainer's part of the checkpoint of this
+        version (policy, optimizers, RNG, counters); the SHA-256 of its manifest, or "" when none was due."""
         every = self.ctx.job.checkpoint.every_iterations
         last = self.version == self.ctx.job.iterations
-        if last or (every and self.version % every == 0):
-            init = self.ctx.jobdir.init_model
-            self.model.save_pretrained(self.ctx.jobdir.checkpoint(self.version) / "model", tokenizer_from=init)
+        if not (last or (every and self.version % every == 0)):
+            return ""
+        return save_trainer(
+            self.ctx.jobdir.checkpoint(self.version),
+            model=self.model,
+            optimizers=self.learner.optimizers(),
+            modules=self.learner.modules(),
+            counters={"version": self.version},
+            tokenizer_from=self.ctx.jobdir.init_model,
+        )
 
 
 def _gather(address: str) -> list[str]:
