@@ -29,10 +29,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from rlctl.launch.agentenv import LATEST_POINTER as LATEST
+from rlctl.launch.agentenv import parse_latest
+
 log = logging.getLogger(__name__)
 
 PARTS = ("trainer", "controller")
-LATEST = "latest.json"
 PREFIX = "iter-"
 CHUNK = 1 << 22
 
@@ -129,8 +131,8 @@ def set_latest(root: Path, version: int) -> None:
 
 def read_latest(root: Path) -> int | None:
     try:
-        return int(json.loads((root / LATEST).read_text())["version"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return parse_latest((root / LATEST).read_text())
+    except OSError:
         return None
 
 

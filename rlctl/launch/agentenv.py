@@ -7,6 +7,8 @@
                            "rank" | "replica"}          parallel layout (a SLURM rank from $SLURM_PROCID)
     CUDA_VISIBLE_DEVICES  its GPU slice (local/ssh) ─▶ the devices it may use (SLURM sets its own)
     OMP/MKL_NUM_THREADS   threads_for(job, role)  ─▶   torch.set_num_threads, from the job as well
+    RLCTL_RESUME_VERSION  `launch --resume`: the    ─▶  controller and trainer restore that checkpoint
+                          version checkpoints/latest.json names on the controller's site (0: start over)
 
 This module is the contract: both sides import it, neither imports the other.
 """
@@ -24,6 +26,23 @@ ENV_SITE = "RLCTL_SITE"
 ENV_LISTEN_HOST = "RLCTL_LISTEN_HOST"
 ENV_PARALLEL = "RLCTL_PARALLEL"
 ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
+ENV_RESUME = "RLCTL_RESUME_VERSION"
+LATEST_POINTER = "latest.json"  # in the job's checkpoints/: {"version": N}, moved by the controller
+
+
+def parse_latest(text: str) -> int:
+    """The version a `latest.json` pointer names; 0 for a pointer that does not parse (never half-written:
+    it is replaced atomically, so this is a damaged file, and starting over is the safe reading)."""
+    try:
+        return int(json.loads(text)["version"])
+    except (ValueError, KeyError, TypeError):
+        return 0
+
+
+def resume_version() -> int | None:
+    """The checkpoint version this agent continues from (`launch --resume`), or None for a fresh start."""
+    value = os.environ.get(ENV_RESUME)
+    return int(value) if value else None
 
 BASE_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
