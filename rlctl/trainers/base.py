@@ -1,0 +1,70 @@
+"""The trainer backend interface: one trainer rank's policy model, from an HF checkpoint to HF weights.
+
+    load_backend(job.trainer.backend, model_dir, tp=…, pp=…) ─▶ TrainerBackend
+        .model          nn.Module: tokens [B, T] → fp32 logits [B, T, V]; the learner's loss, AdamW and
+                        gradient all-reduce work on it unchanged (rlctl.rl.grpo)
+        .weights()      what the weight plane sends to rollout units: full tensors under the embedded
+                        model's names (TinyGPT.state_dict: lm_head.weight present even when tied)
+        .save_pretrained(dir, tokenizer_from=…)   an HF checkpoint directory (config, weights, tokenizer)
+
+`torch` (native.py) is TinyGPT itself; `megatron` (megatron/backend.py) is megatron-core's GPTModel behind
+rlctl's HF ⇄ Megatron table. Backends are chosen by one small dict, and the megatron one is imported only
+when it is chosen (an optional extra).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+MEGATRON_INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1; `make unit` installs it)"
+
+
+class TrainerBackend(ABC):
+    """One trainer rank's policy: trained through `model`, published with `weights`, saved as HF."""
+
+    model: nn.Module
+
+    @abstractmethod
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Full HF-layout tensors under the embedded model's names (detached; may share storage with the
+        parameters, as the publisher encodes them before the next optimizer step)."""
+
+    @abstractmethod
+    def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
+        """Write an HF checkpoint directory (config.json, weights, the tokenizer files of `tokenizer_from`)."""
+
+
+def _torch(model_dir: Path, *, tp: int, pp: int) -> TrainerBackend:
+    from rlctl.trainers.native import TorchBackend
+
+    return TorchBackend.load(model_dir, tp=tp, pp=pp)
+
+
+def _megatron(model_dir: Path, *, tp: int, pp: int) -> TrainerBackend:
+    from rlctl.trainers.megatron.backend import MegatronBackend
+
+    return MegatronBackend.load(model_dir, tp=tp, pp=pp)
+
+
+BACKENDS: dict[str, Callable[..., TrainerBackend]] = {"torch": _torch, "megatron": _megatron}
+
+
+def load_backend(name: str, model_dir: str | Path, *, tp: int = 1, pp: int = 1) -> TrainerBackend:
+    """The `name` backend on the HF checkpoint `model_dir`, as tensor/pipeline-parallel rank of tp × pp."""
+    try:
+        build = BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown trainer backend {name!r}; known: {', '.join(BACKENDS)}") from None
+    return build(Path(model_dir), tp=tp, pp=pp)
+
+
+def megatron_available() -> str | None:
+    """None when megatron-core can be imported here, else the install hint (one line). Imports nothing."""
+    found = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+    return None if found else MEGATRON_INSTALL_HINT

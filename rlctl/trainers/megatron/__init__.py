@@ -1,0 +1,9 @@
+"""The `megatron` trainer backend: megatron-core's GPTModel with rlctl's own HF ⇄ Megatron table.
+
+names.py  the name and layout table (pure torch: no megatron import)
+model.py  GPTModel from an HF config, the policy module, parallel state
+cpu.py    the narrow shim that lets megatron-core run without CUDA
+backend.py MegatronBackend (rlctl.trainers.base.TrainerBackend)
+
+Importing this package imports neither megatron-core nor its warnings; `model.import_megatron` does.
+"""

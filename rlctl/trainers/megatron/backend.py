@@ -1,0 +1,89 @@
+"""The `megatron` trainer backend: megatron-core's GPTModel, loaded from and exported to HF layout.
+
+    HF checkpoint ──names.to_megatron(tp rank)──▶ GPTModel (this rank's shard) ──learner (rlctl.rl.grpo)
+    weights():  names.to_hf (this rank's HF shard) ──all-gather over the tp group──▶ full HF tensors
+
+What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the shim that allows it):
+  - tp = 1: GPTModel forward and backward, trained by the learner's own GRPO loss, AdamW, gradient clipping
+    and gradient all-reduce over the trainer's ranks (data parallel: every rank a full replica, as the
+    `torch` backend); the job path runs this (`trainer.backend: megatron`).
+  - tp = 2 across two processes over gloo (tests/unit/trainers/test_megatron_tp.py): megatron's own
+    parallel state, column/row-parallel layers, vocab-parallel embedding and logits gathered over the tp
+    group; logits equal the `torch` backend's, the gathered gradients equal its gradients, and each rank's
+    HF shard, all-gathered (`weights`), is the checkpoint bit for bit.
+Not run here: megatron's DDP wrapper and distributed optimizer (CUDA buffers; gradients are summed by the
+learner over gloo instead), pipeline parallel (megatron's schedules; `load` refuses pp > 1), sequence
+parallel, Transformer Engine, and tp > 1 in a job (the learner hands each rank its own samples, where tp
+ranks must see the same ones; preflight refuses it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlctl.engines import hf
+from rlctl.trainers.base import TrainerBackend
+from rlctl.trainers.megatron import names
+from rlctl.trainers.megatron.model import MegatronPolicy, import_megatron, init_parallel
+
+
+class MegatronBackend(TrainerBackend):
+    def __init__(self, policy: MegatronPolicy) -> None:
+        self.model: MegatronPolicy = policy
+        self.config = policy.config
+        self.tp = policy.tp
+
+    @classmethod
+    def load(cls, model_dir: Path, *, tp: int = 1, pp: int = 1) -> MegatronBackend:
+        """This rank's shard of the HF checkpoint `model_dir` in a GPTModel; forms megatron's parallel state
+        (tp × pp over the torch.distributed group, which must exist)."""
+        if pp != 1:
+            raise ValueError(f"pipeline parallel {pp}: megatron's pipeline schedules are not wired in; use pp 1")
+        config = hf.read_config(model_dir)
+        sd = hf.load_state_dict(model_dir)
+        hf.match_weights({k: tuple(v.shape) for k, v in sd.items()}, config, where=str(model_dir))
+        init_parallel(tp=tp, pp=pp)
+        policy = MegatronPolicy(config, tp=tp)
+        policy.load_hf(sd, rank=import_megatron().parallel_state.get_tensor_model_parallel_rank())
+        return cls(policy)
+
+    def shard(self) -> dict[str, torch.Tensor]:
+        """This tp rank's HF-layout shard (see names.py); the whole checkpoint when tp = 1."""
+        return self.model.export_hf()
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Full HF tensors (a collective over the tp group when tp > 1: every tp rank calls it)."""
+        out = self.shard() if self.tp == 1 else names.gather_hf(self._all_gather(self.shard()))
+        if self.config.tie_word_embeddings:
+            out["lm_head.weight"] = out["model.embed_tokens.weight"]  # the embedded model lists both
+        return out
+
+    def _all_gather(self, shard: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        group = import_megatron().parallel_state.get_tensor_model_parallel_group()
+        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tp)]
+        for name, t in shard.items():
+            if names.shard_dim(name) is None:
+                shards[0][name] = t
+                continue
+            parts = [torch.empty_like(t) for _ in range(self.tp)]
+            dist.all_gather(parts, t, group=group)
+            for rank, part in enumerate(parts):
+                shards[rank][name] = part
+        return shards
+
+    def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
+        """An fp32 HF checkpoint, as TinyGPT.save_pretrained writes it (collective when tp > 1)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        sd = self.weights()
+        if self.config.tie_word_embeddings:
+            del sd["lm_head.weight"]
+        hf.save_state_dict(sd, d)
+        (d / hf.CONFIG_FILE).write_text(json.dumps({**self.config.to_hf(), "torch_dtype": "float32"}, indent=2) + "\n")
+        if tokenizer_from is not None:
+            hf.copy_tokenizer_files(tokenizer_from, d)
+        return d

@@ -1,0 +1,97 @@
+"""The one place where megatron-core is made to run without CUDA (the CPU path and the tests).
+
+megatron-core 0.16.1 with the local layer spec and `use_cpu_initialization` builds on CPU, but its
+forward still asks CUDA for things it does not need there:
+
+    RotaryEmbedding.get_emb            inv_freq.to(torch.cuda.current_device())      every forward
+    GlobalMemoryBuffer.get_tensor      torch.empty(…, device=torch.cuda.current_device())  attention scores
+    tensor_parallel gather/all-gather  torch.empty(…, device=torch.cuda.current_device())  tp > 1, parallel_output=False
+    CudaRNGStatesTracker.fork          torch.cuda.get_rng_state()/set_rng_state()    around attention dropout
+    get_default_causal_mask            torch.ones(…, device="cuda")                 when no mask is given
+
+`on_cpu()` answers `torch.cuda.current_device()` with "cpu" for the duration of a megatron call (and
+only when CUDA is unavailable), and `install_rng_tracker()` puts a tracker whose `fork` does nothing in
+place of megatron's CUDA RNG tracker: every dropout is 0 in rlctl's config, so no random number is
+drawn inside a fork. The causal mask is passed explicitly by the caller (`model.MegatronPolicy`).
+Nothing else is patched; on a machine with CUDA neither function changes anything.
+
+Not exercised without a GPU: megatron's DDP wrapper and distributed optimizer (they allocate CUDA
+buffers), Transformer Engine layers, fused kernels, CUDA graphs, and the pipeline-parallel schedules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+_lock = threading.Lock()
+_depth = 0  # nesting of on_cpu() blocks, over all threads
+_saved_current_device: Callable[[], Any] = torch.cuda.current_device
+
+
+def needs_shim() -> bool:
+    return not torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def on_cpu() -> Iterator[None]:
+    """Run a megatron-core call on CPU: `torch.cuda.current_device()` returns "cpu" inside (re-entrant;
+    restored when the outermost block exits). A no-op when CUDA is available."""
+    global _depth, _saved_current_device
+    if not needs_shim():
+        yield
+        return
+    with _lock:
+        if _depth == 0:
+            _saved_current_device = torch.cuda.current_device
+            torch.cuda.current_device = _cpu_device  # type: ignore[assignment]
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                torch.cuda.current_device = _saved_current_device
+
+
+def _cpu_device() -> str:
+    return "cpu"
+
+
+def install_rng_tracker() -> None:
+    """Replace megatron's CUDA RNG tracker by one whose `fork` is a no-op (CPU only; idempotent)."""
+    if not needs_shim():
+        return
+    from megatron.core.tensor_parallel import random
+
+    if isinstance(random._CUDA_RNG_STATE_TRACKER, _NoForkTracker):
+        return
+
+    random._CUDA_RNG_STATE_TRACKER = _NoForkTracker()
+    random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+
+class _NoForkTracker:
+    """Megatron's tracker interface without CUDA RNG states: dropout is off, so nothing is forked."""
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def get_states(self) -> dict[str, Any]:
+        return {}
+
+    def set_states(self, states: dict[str, Any]) -> None:
+        del states
+
+    def add(self, name: str, seed: int) -> None:
+        del name, seed
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng") -> Iterator[None]:
+        del name
+        yield

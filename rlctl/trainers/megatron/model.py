@@ -1,0 +1,175 @@
+"""A megatron-core GPTModel built from an HF Llama/Qwen2 config, and the policy module the learner trains.
+
+    TinyGPTConfig (config.json) ─▶ transformer_config ─▶ GPTModel(local layer spec, use_cpu_initialization)
+                                                              ▲ load_hf: names.to_megatron(this tp rank)
+    MegatronPolicy(tokens [B, T]) ─▶ logits [B, T, V] fp32     │ export_hf: names.to_hf (this rank's shard)
+
+The config maps one to one: RMSNorm(eps), SwiGLU (`gated_linear_unit`, SiLU, fc1 = gate ‖ up), RoPE with
+the checkpoint's θ over the whole head (`kv_channels` = head_dim, explicit or hidden/heads), grouped-query
+attention (`num_query_groups` = num_key_value_heads), q/k/v bias (`add_qkv_bias`: Qwen2, Llama
+`attention_bias`), no other linear bias except o_proj's under Llama `attention_bias` (megatron's
+`add_bias_linear` would also put one on the MLP: a bias-forcing RowParallelLinear is put in the spec's
+`linear_proj` instead), tied embeddings (`share_embeddings_and_output_weights`). Every dropout is 0 and
+every fusion off: the local spec in fp32, as the CPU runs it (`cpu.py` for what that needs).
+
+The GPTModel needs megatron's parallel state (`init_parallel`): tensor/pipeline-parallel groups over the
+already-initialised torch.distributed group. Logits are gathered over the tp ranks (`parallel_output=False`),
+so every rank computes the same token log-probs and the loss code is the torch backend's.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlctl.engines.hf import TinyGPTConfig
+from rlctl.trainers.megatron import cpu, names
+
+INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1)"
+
+
+def import_megatron() -> Any:
+    """megatron.core, imported quietly (it warns at import that Transformer Engine and Apex are missing,
+    which is the point of the local spec); ImportError with the install hint when it is not installed."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import megatron.core
+            import megatron.core.models.gpt
+            import megatron.core.models.gpt.gpt_layer_specs
+            import megatron.core.parallel_state
+    except ImportError as e:
+        raise ImportError(f"trainer backend 'megatron' needs megatron-core: {INSTALL_HINT} ({e})") from e
+    return megatron.core
+
+
+def init_parallel(*, tp: int = 1, pp: int = 1) -> None:
+    """Megatron's tp/pp/dp groups over the current torch.distributed group (dp = world ÷ (tp·pp)); once."""
+    import torch.distributed as dist
+
+    mcore = import_megatron()
+    ps = mcore.parallel_state
+    if ps.model_parallel_is_initialized():
+        have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
+        if have != (tp, pp):
+            raise ValueError(f"megatron parallel state is tp {have[0]} pp {have[1]}, not tp {tp} pp {pp}")
+        return
+    if not dist.is_initialized():
+        raise ValueError("megatron-core needs a torch.distributed group: initialise one first (gloo on CPU)")
+    with cpu.on_cpu():
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    cpu.install_rng_tracker()
+
+
+def transformer_config(c: TinyGPTConfig, *, tp: int = 1, pp: int = 1) -> Any:
+    """megatron-core's TransformerConfig for an HF config (fp32, local modules, no dropout, no fusion)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    names.check_split(c, tp)
+    return TransformerConfig(
+        num_layers=c.num_hidden_layers,
+        hidden_size=c.hidden_size,
+        ffn_hidden_size=c.intermediate_size,
+        num_attention_heads=c.num_attention_heads,
+        num_query_groups=c.num_key_value_heads,
+        kv_channels=c.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=c.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=c.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        init_method_std=c.initializer_range,
+        cuda_graph_scope=[],  # none (the default, "full", warns that it is deprecated)
+    )
+
+
+def layer_spec(c: TinyGPTConfig) -> Any:
+    """The local (non-Transformer-Engine) GPT layer spec with RMSNorm; o_proj gets its bias under Llama
+    `attention_bias`."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if c.attention_bias:
+        spec.submodules.self_attention.submodules.linear_proj = _biased_row_parallel_linear()
+    return spec
+
+
+def _biased_row_parallel_linear() -> type:
+    from megatron.core.tensor_parallel import RowParallelLinear
+
+    class BiasedRowParallelLinear(RowParallelLinear):
+        """RowParallelLinear with a bias whatever `add_bias_linear` says (HF Llama's o_proj bias)."""
+
+        def __init__(self, *args: Any, bias: bool, **kw: Any) -> None:
+            del bias
+            super().__init__(*args, bias=True, **kw)
+
+    return BiasedRowParallelLinear
+
+
+class MegatronPolicy(nn.Module):
+    """A GPTModel that takes and returns what TinyGPT does: tokens [B, T] → fp32 logits [B, T, V] (causal;
+    right padding is harmless). Build it after `init_parallel`."""
+
+    def __init__(self, c: TinyGPTConfig, *, tp: int = 1) -> None:
+        super().__init__()
+        import_megatron()
+        from megatron.core.models.gpt import GPTModel
+
+        self.config, self.tp = c, tp
+        with cpu.on_cpu():
+            self.gpt = GPTModel(
+                config=transformer_config(c, tp=tp),
+                transformer_layer_spec=layer_spec(c),
+                vocab_size=c.vocab_size,
+                max_sequence_length=c.max_position_embeddings,
+                parallel_output=False,
+                share_embeddings_and_output_weights=c.tie_word_embeddings,
+                position_embedding_type="rope",
+                rotary_base=c.rope_theta,  # annotated int; a float θ (1e6, 5e5) is used as is
+            )
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        b, t = tokens.shape
+        if t > self.config.max_position_embeddings:
+            raise ValueError(f"sequence of {t} tokens > max_position_embeddings {self.config.max_position_embeddings}")
+        positions = torch.arange(t, device=tokens.device).expand(b, t)
+        masked = torch.ones(t, t, dtype=torch.bool, device=tokens.device).triu(1)[None, None]  # True = hidden
+        with cpu.on_cpu():
+            logits: torch.Tensor = self.gpt(tokens, positions, masked)
+        return logits.float()
+
+    def megatron_state(self) -> dict[str, torch.Tensor]:
+        """This rank's GPTModel tensors (no `_extra_state` entries)."""
+        return {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
+
+    @torch.no_grad()
+    def load_hf(self, hf: dict[str, torch.Tensor], *, rank: int = 0) -> None:
+        """Copy full HF tensors (a checkpoint of this config) into this tp rank's parameters."""
+        mine = names.to_megatron(hf, self.config, tp=self.tp, rank=rank)
+        params = self.megatron_state()
+        if set(mine) != set(params):
+            raise AssertionError(f"name table and GPTModel disagree: {sorted(set(mine) ^ set(params))}")
+        for k, v in mine.items():
+            params[k].copy_(v)
+
+    def export_hf(self) -> dict[str, torch.Tensor]:
+        """This rank's HF-layout shard (the full checkpoint when tp = 1), HF names, no lm_head when tied."""
+        return names.to_hf(self.megatron_state(), self.config, tp=self.tp)

@@ -1,0 +1,130 @@
+"""rlctl's own HF ⇄ Megatron-core name and layout table for Llama/Qwen2 decoders (the local layer spec).
+
+    HF checkpoint (layer n: model.layers.n.)   Megatron-core GPTModel (decoder.layers.n.)      split over tp
+    model.embed_tokens.weight      [V, h]   ⇄  embedding.word_embeddings.weight                rows
+    input_layernorm.weight         [h]      ⇄  input_layernorm.weight                          replicated
+    self_attn.{q,k,v}_proj.weight  [·, h]   ⇄  self_attention.linear_qkv.weight               query groups
+    self_attn.{q,k,v}_proj.bias    [·]      ⇄  self_attention.linear_qkv.bias                 query groups
+    self_attn.o_proj.weight        [h, q]   ⇄  self_attention.linear_proj.weight              columns
+    self_attn.o_proj.bias          [h]      ⇄  self_attention.linear_proj.bias (Llama attention_bias) replicated
+    post_attention_layernorm.weight         ⇄  pre_mlp_layernorm.weight                        replicated
+    mlp.gate_proj / up_proj.weight [i, h]   ⇄  mlp.linear_fc1.weight = cat(gate, up)           rows of each
+    mlp.down_proj.weight           [h, i]   ⇄  mlp.linear_fc2.weight                           columns
+    model.norm.weight                       ⇄  decoder.final_layernorm.weight                  replicated
+    lm_head.weight                 [V, h]   ⇄  output_layer.weight (absent when tied)          rows
+
+Fused QKV, per query group g (G = num_key_value_heads groups of H/G query heads each, head_dim d):
+
+    linear_qkv rows = [ q heads of g=0 (H/G·d) ‖ k of g=0 (d) ‖ v of g=0 (d) ‖ q heads of g=1 ‖ … ]
+
+Tensor parallel rank r of tp holds groups [r·G/tp, (r+1)·G/tp) of that layout, i.e. the rows of its own
+query heads and their k/v; `linear_fc1` on rank r is cat(gate rows of r, up rows of r) (megatron's
+SwiGLU chunks the local output in two). So every rank exports an HF-layout *shard* with the HF names
+(`to_hf`): q/k/v/gate/up/embedding/lm_head rows, o_proj/down_proj columns, the rest whole. The full HF
+tensors are the shards concatenated in rank order along `shard_dim(name)` (`gather_hf`): no
+re-interleaving is needed after the export, which is why each rank can export (and delta-encode) its
+own shard. Only slicing and concatenation happen here, so HF → Megatron → HF is bit-exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from rlctl.engines.hf import TinyGPTConfig, expected_shapes
+
+_ROWS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")
+_COLUMNS = ("o_proj.weight", "down_proj.weight")
+
+
+def check_split(c: TinyGPTConfig, tp: int) -> None:
+    """ValueError unless `tp` divides what megatron-core splits: query groups, MLP width and vocabulary."""
+    for what, n in (
+        ("num_key_value_heads", c.num_key_value_heads),
+        ("intermediate_size", c.intermediate_size),
+        ("vocab_size", c.vocab_size),
+    ):
+        if n % tp:
+            raise ValueError(f"tensor parallel {tp} does not divide {what} {n}")
+
+
+def shard_dim(name: str) -> int | None:
+    """The dimension along which tp ranks hold parts of HF tensor `name` (None: every rank holds all of it)."""
+    if name.endswith(_COLUMNS):
+        return 1
+    return 0 if any(f"{part}." in name for part in _ROWS) else None
+
+
+def _layer_names(n: int) -> list[tuple[str, str]]:
+    """(HF, Megatron) names of one layer's tensors that map one to one."""
+    hf, mg = f"model.layers.{n}.", f"decoder.layers.{n}."
+    return [
+        (hf + "input_layernorm.weight", mg + "input_layernorm.weight"),
+        (hf + "post_attention_layernorm.weight", mg + "pre_mlp_layernorm.weight"),
+        (hf + "self_attn.o_proj.weight", mg + "self_attention.linear_proj.weight"),
+        (hf + "self_attn.o_proj.bias", mg + "self_attention.linear_proj.bias"),
+        (hf + "mlp.down_proj.weight", mg + "mlp.linear_fc2.weight"),
+    ]
+
+
+def _one_to_one(c: TinyGPTConfig) -> list[tuple[str, str]]:
+    pairs = [("model.embed_tokens.weight", "embedding.word_embeddings.weight")]
+    for n in range(c.num_hidden_layers):
+        pairs += _layer_names(n)
+    pairs.append(("model.norm.weight", "decoder.final_layernorm.weight"))
+    if not c.tie_word_embeddings:
+        pairs.append(("lm_head.weight", "output_layer.weight"))
+    return pairs
+
+
+def _split(t: torch.Tensor, dim: int | None, *, tp: int, rank: int) -> torch.Tensor:
+    return t if dim is None or tp == 1 else t.chunk(tp, dim=dim)[rank].contiguous()
+
+
+def to_megatron(
+    hf: Mapping[str, torch.Tensor], c: TinyGPTConfig, *, tp: int = 1, rank: int = 0
+) -> dict[str, torch.Tensor]:
+    """Tensor parallel rank `rank`'s GPTModel state dict from full HF tensors (a checkpoint of `c`)."""
+    check_split(c, tp)
+    want = expected_shapes(c)
+    out = {mg: _split(hf[name], shard_dim(name), tp=tp, rank=rank) for name, mg in _one_to_one(c) if name in want}
+    g, per, d = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim
+    for n in range(c.num_hidden_layers):
+        hp, mp = f"model.layers.{n}.", f"decoder.layers.{n}."
+        for kind in ("weight", "bias") if c.qkv_bias else ("weight",):
+            q, k, v = (hf[f"{hp}self_attn.{p}_proj.{kind}"] for p in "qkv")
+            rest = q.shape[1:]
+            fused = torch.cat([q.reshape(g, per * d, *rest), k.reshape(g, d, *rest), v.reshape(g, d, *rest)], dim=1)
+            out[f"{mp}self_attention.linear_qkv.{kind}"] = fused.chunk(tp, dim=0)[rank].reshape(-1, *rest)
+        gate, up = (_split(hf[f"{hp}mlp.{p}_proj.weight"], 0, tp=tp, rank=rank) for p in ("gate", "up"))
+        out[f"{mp}mlp.linear_fc1.weight"] = torch.cat([gate, up], dim=0)
+    return out
+
+
+def to_hf(mg: Mapping[str, torch.Tensor], c: TinyGPTConfig, *, tp: int = 1) -> dict[str, torch.Tensor]:
+    """This rank's HF-layout shard (HF names, no lm_head when tied) from its GPTModel state dict `mg`;
+    with tp = 1 the full checkpoint. `gather_hf` joins the shards of all ranks."""
+    want = expected_shapes(c)
+    out = {name: mg[m] for name, m in _one_to_one(c) if name in want}
+    g, per, d = c.num_key_value_heads // tp, c.num_attention_heads // c.num_key_value_heads, c.head_dim
+    for n in range(c.num_hidden_layers):
+        hp, mp = f"model.layers.{n}.", f"decoder.layers.{n}."
+        for kind in ("weight", "bias") if c.qkv_bias else ("weight",):
+            fused = mg[f"{mp}self_attention.linear_qkv.{kind}"]
+            rest = fused.shape[1:]
+            q, k, v = fused.reshape(g, (per + 2) * d, *rest).split([per * d, d, d], dim=1)
+            for p, t in zip("qkv", (q, k, v), strict=True):
+                out[f"{hp}self_attn.{p}_proj.{kind}"] = t.reshape(-1, *rest)
+        gate, up = mg[f"{mp}mlp.linear_fc1.weight"].chunk(2, dim=0)
+        out[f"{hp}mlp.gate_proj.weight"], out[f"{hp}mlp.up_proj.weight"] = gate, up
+    return {name: out[name].detach().contiguous() for name in want}  # HF order
+
+
+def gather_hf(shards: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Full HF tensors from every tp rank's `to_hf` shard (rank order): concatenated along `shard_dim`,
+    replicated tensors taken from rank 0."""
+    return {
+        name: t if (dim := shard_dim(name)) is None else torch.cat([s[name] for s in shards], dim=dim)
+        for name, t in shards[0].items()
+    }

@@ -1,0 +1,97 @@
+"""rlctl's HF ⇄ Megatron name and layout table, on tensors alone (no megatron-core needed): the fused QKV
+interleave per query group, fc1 = gate ‖ up per tp rank, and HF → Megatron → HF bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlctl.engines.hf import TinyGPTConfig, expected_shapes
+from rlctl.trainers.megatron.names import check_split, gather_hf, shard_dim, to_hf, to_megatron
+
+GQA = TinyGPTConfig(
+    vocab_size=16,
+    hidden_size=8,
+    intermediate_size=12,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    explicit_head_dim=3,
+    architecture="Qwen2ForCausalLM",
+    tie_word_embeddings=True,
+)
+LLAMA_BIAS = TinyGPTConfig(
+    vocab_size=16,
+    hidden_size=8,
+    intermediate_size=12,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    attention_bias=True,
+)
+
+
+def checkpoint(c: TinyGPTConfig, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(shape, generator=g) for k, shape in expected_shapes(c).items()}
+
+
+@pytest.mark.parametrize("c", [GQA, LLAMA_BIAS, TinyGPTConfig()], ids=["qwen2-gqa-tied", "llama-bias", "demo"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_hf_to_megatron_to_hf_is_bit_exact_per_rank_and_gathered(c: TinyGPTConfig, tp: int) -> None:
+    hf = checkpoint(c)
+    shards = [to_hf(to_megatron(hf, c, tp=tp, rank=r), c, tp=tp) for r in range(tp)]
+    full = gather_hf(shards)
+    assert list(full) == list(hf)  # HF names, HF order, no lm_head when tied
+    assert all(torch.equal(full[k], hf[k]) for k in hf)
+    for name, t in shards[-1].items():  # each rank's shard is its slice of the HF tensor
+        dim = shard_dim(name)
+        want = hf[name] if dim is None else hf[name].chunk(tp, dim=dim)[-1]
+        assert torch.equal(t, want), name
+
+
+def test_fused_qkv_is_q_heads_then_k_then_v_per_query_group_and_tp_ranks_take_whole_groups() -> None:
+    c, d = GQA, GQA.head_dim  # 4 query heads in 2 groups, head_dim 3
+    hf = checkpoint(c)
+    p = "model.layers.0.self_attn."
+    # label every row with (projection, head): q heads 0..3, k/v groups 0..1
+    for proj, heads in (("q", 4), ("k", 2), ("v", 2)):
+        hf[f"{p}{proj}_proj.bias"] = torch.tensor(
+            [float(f"{'qkv'.index(proj) + 1}{h}") for h in range(heads) for _ in range(d)]
+        )
+    rows = lambda t: [int(x) for x in t[::d].tolist()]  # noqa: E731  one label per head
+    whole = to_megatron(hf, c)["decoder.layers.0.self_attention.linear_qkv.bias"]
+    assert rows(whole) == [10, 11, 20, 30, 12, 13, 21, 31]  # [q0 q1 k0 v0 | q2 q3 k1 v1]
+    ranks = [to_megatron(hf, c, tp=2, rank=r)["decoder.layers.0.self_attention.linear_qkv.bias"] for r in (0, 1)]
+    assert [rows(t) for t in ranks] == [[10, 11, 20, 30], [12, 13, 21, 31]]
+
+
+def test_fc1_is_gate_then_up_on_every_rank() -> None:
+    c = GQA
+    hf = checkpoint(c)
+    gate, up = hf["model.layers.1.mlp.gate_proj.weight"], hf["model.layers.1.mlp.up_proj.weight"]
+    assert torch.equal(to_megatron(hf, c)["decoder.layers.1.mlp.linear_fc1.weight"], torch.cat([gate, up]))
+    r1 = to_megatron(hf, c, tp=2, rank=1)["decoder.layers.1.mlp.linear_fc1.weight"]
+    assert torch.equal(r1, torch.cat([gate[6:], up[6:]]))
+
+
+def test_names_cover_megatron_and_tied_embeddings_have_no_output_layer() -> None:
+    mg = to_megatron(checkpoint(GQA), GQA)
+    assert "output_layer.weight" not in mg and "embedding.word_embeddings.weight" in mg
+    layer = sorted(k.removeprefix("decoder.layers.0.") for k in mg if k.startswith("decoder.layers.0."))
+    assert layer == [
+        "input_layernorm.weight",
+        "mlp.linear_fc1.weight",
+        "mlp.linear_fc2.weight",
+        "pre_mlp_layernorm.weight",
+        "self_attention.linear_proj.weight",
+        "self_attention.linear_qkv.bias",
+        "self_attention.linear_qkv.weight",
+    ]
+    untied = to_megatron(checkpoint(LLAMA_BIAS), LLAMA_BIAS)
+    assert "output_layer.weight" in untied and "decoder.layers.0.self_attention.linear_proj.bias" in untied
+
+
+def test_a_tp_that_does_not_split_the_query_groups_is_refused() -> None:
+    with pytest.raises(ValueError, match="does not divide num_key_value_heads 2"):
+        check_split(GQA, 4)

@@ -1,0 +1,61 @@
+"""Tensor parallel 2 across two processes over gloo on CPU: megatron-core's column/row-parallel layers and
+vocab-parallel embedding, logits gathered over the tp group, equal the `torch` backend's; the gradients,
+gathered, equal its gradients; each rank exports its own HF shard and the all-gather is the checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlctl.engines.hf import read_config
+from rlctl.trainers.base import megatron_available
+from rlctl.trainers.megatron.names import check_split
+from tests.unit.hf_checkpoints import write_checkpoint
+
+pytest.importorskip("transformers")
+ROOT = Path(__file__).resolve().parents[3]
+RANK = Path(__file__).with_name("megatron_tp_rank.py")
+
+
+# grouped-query attention (2 groups of 2 heads) with an explicit head_dim and an untied lm_head; and tied
+# embeddings (vocab-parallel on both ends) with Llama's o_proj bias (whole on every rank of a row-parallel layer)
+VARIANTS = ["llama-hd64-eos3", "llama-bias-tied"]
+
+
+@pytest.mark.timeout(300)
+def test_tp2_over_gloo_equals_the_torch_backend(tmp_path: Path) -> None:
+    if (hint := megatron_available()) is not None:
+        pytest.skip(f"megatron-core is not installed: {hint}")
+    checkpoints = [tmp_path / v for v in VARIANTS]
+    for variant, path in zip(VARIANTS, checkpoints, strict=True):
+        write_checkpoint(variant, path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(RANK), str(r), "2", str(tmp_path / "rendezvous"), str(tmp_path / f"rank{r}.json")]
+            + [str(c) for c in checkpoints],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    errors = [p.communicate(timeout=240)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors[0][-3000:] + errors[1][-3000:]
+    for r, c in ((r, c) for r in (0, 1) for c in checkpoints):
+        got = json.loads((tmp_path / f"rank{r}.json").read_text())[str(c)]
+        assert got["shard_numel"] < 0.75 * got["full_numel"]  # each rank holds about half (norms are whole)
+        assert got["logits_max_abs_diff"] <= 2e-5  # fp32 rounding, as at tp = 1 (test_megatron_backend.py)
+        assert got["grad_max_rel_diff"] <= 2e-5
+        assert got["weights_names_are_the_engine_names"] and got["weights_bit_exact"]
+
+
+def test_a_tp_that_splits_a_query_group_is_refused(tmp_path: Path) -> None:
+    write_checkpoint("qwen2-tied-hd32", tmp_path)  # one key/value head
+    with pytest.raises(ValueError, match="tensor parallel 2 does not divide num_key_value_heads 1"):
+        check_split(read_config(tmp_path), 2)
