@@ -26,7 +26,7 @@ from rlctl.tracking import (
 
 
 def controller_row(i: int) -> dict[str, Any]:
-    """A metrics.jsonl line as ControllerAgent writes it (_metrics_row + _rebalance + _refit_ranker)."""
+    """A metrics.jsonl line as ControllerAgent writes it (views.metrics_row + Scaler.rebalance + _refit_ranker)."""
     return {
         "iteration": i,
         "reward_mean": 0.25 + 0.125 * i,

@@ -1,0 +1,262 @@
+"""Scaling the rollout side of a running job: where each agent runs and how many more units fit,
+`rlctl scale ±N` requests, the rebalance rule's scale-out, starting units in the background, scale events.
+
+    scale +N / rebalance adds one ──▶ free slots per rollout site ──▶ pick sites ──▶ spawn thread
+         spawn thread: Spawner.add_rollout (SSH / sbatch: seconds) ──▶ post("spawned", name, error)
+    "spawned" from the controller's inbox ──▶ spawned(): scale event "out" (or scale_failed)
+    the new unit's first sample ──▶ sampled(): first_sample event; the rule measures afresh
+    scale −N ──▶ core.drain(the newest units) ──▶ scale event "in" (the controller sends the drain)
+
+The controller owns the inbox and the sockets; this module only posts to the one and returns the
+messages for the other, so every send still happens on the controller's main loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlctl.agents.core import ControllerCore, Out
+from rlctl.agents.rebalance import Reading, RebalanceRule
+from rlctl.config.inventory import Site
+from rlctl.config.job import Rebalance
+from rlctl.errors import RlctlError
+from rlctl.launch.backends import read_sites
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.layout import rollout_tp
+from rlctl.launch.spawn import Spawner
+from rlctl.metrics import JobMetrics
+
+log = logging.getLogger(__name__)
+
+Post = Callable[[tuple[str, Any, Any]], None]  # the controller's inbox.put
+
+
+@dataclass
+class Placement:
+    """Where the job's agents run: the launch plan, the sites' specs and agent name → site (grows as
+    units are added)."""
+
+    plan: dict[str, Any]
+    site_specs: dict[str, Site]
+    sites: dict[str, str]
+
+    @classmethod
+    def read(cls, jobdir: JobDir) -> Placement:
+        plan = jobdir.read_json(jobdir.plan_json) if jobdir.plan_json.exists() else {}
+        return cls(plan, read_sites(jobdir.path), _sites_by_agent(plan))
+
+    @property
+    def planned_units(self) -> int:
+        return sum(int(g["units"]) for g in self.plan.get("rollout", [])) or 1
+
+    @property
+    def rollout_sites(self) -> list[str]:
+        return [g["site"] for g in self.plan.get("rollout", [])]
+
+    def datacenter(self, agent: str) -> str:
+        site = self.site_specs.get(self.sites.get(agent, ""))
+        return site.datacenter if site is not None else ""
+
+    def free_slots(self, units: list[str]) -> dict[str, int]:
+        """Rollout units each rollout site can still start next to `units` (live or pending) and the
+        trainer: GPUs left / the site's tp per unit."""
+        used = dict.fromkeys(self.site_specs, 0)
+        trainer = self.plan.get("trainer", {})
+        if trainer.get("site") in used:
+            used[trainer["site"]] += int(trainer.get("ranks", 1))
+        for site in (self.sites.get(n, "") for n in units):
+            if site in used:
+                used[site] += rollout_tp(self.plan, site)
+        return {
+            s: (self.site_specs[s].total_gpus - used[s]) // rollout_tp(self.plan, s)
+            for s in self.rollout_sites
+            if s in self.site_specs
+        }
+
+
+class Scaler:
+    """The controller's scaling state: units asked for, the rebalance rule's last reading, scale events."""
+
+    def __init__(
+        self,
+        jobdir: JobDir,
+        cfg: Rebalance,
+        *,
+        core: ControllerCore,
+        placement: Placement,
+        metrics: JobMetrics,
+        post: Post,
+    ) -> None:
+        self.jobdir, self.cfg, self.core, self.placement = jobdir, cfg, core, placement
+        self.metrics, self.post = metrics, post
+        specs = placement.site_specs
+        self.spawner = Spawner(jobdir, specs, job=jobdir.path.name) if specs else None
+        self.rule = RebalanceRule(cfg)
+        self.reading: Reading | None = None
+        self.spawn_requested: dict[str, float] = {}  # agent → when its start was asked for
+        self.scale_log: list[dict[str, Any]] = []
+        self._next_replica: int | None = None
+
+    def pending_units(self) -> list[str]:
+        """Units asked for that have not joined yet."""
+        return [n for n in self.spawn_requested if n not in self.core.units]
+
+    def free_slots(self) -> dict[str, int]:
+        """Rollout units each rollout site can still start for this job."""
+        return self.placement.free_slots([u.name for u in self.core.units.values() if u.alive] + self.pending_units())
+
+    # -- requests -----------------------------------------------------------------------------------
+    def scale(self, delta: int, site: str | None, *, reason: str) -> tuple[dict[str, Any], list[Out]]:
+        """Add (delta > 0: started in the background) or drain and remove (delta < 0) rollout units;
+        the reply and the drain messages to send."""
+        rollout_sites = self.placement.rollout_sites
+        if site is not None and site not in rollout_sites:
+            return {"error": f"site {site!r} runs no rollout units of this job; rollout sites: {rollout_sites}"}, []
+        if delta > 0:
+            return self._add(delta, site, reason=reason), []
+        return self._remove(-delta, site, reason=reason)
+
+    def _add(self, n: int, site: str | None, *, reason: str) -> dict[str, Any]:
+        if self.spawner is None:
+            return {"error": "this controller has no launch backends (no sites.json in the job directory)"}
+        rollout_sites = self.placement.rollout_sites
+        free = self.free_slots()
+        cap = self.cfg.max_rollout_units
+        room = None if cap is None else cap - len(self.core.live_units) - len(self.pending_units())
+        targets: list[str] = []
+        for _ in range(n):
+            candidates = [site] if site is not None else rollout_sites
+            pick = next((s for s in candidates if free.get(s, 0) > 0), None)
+            if pick is None or (room is not None and room <= 0):
+                break
+            free[pick] -= 1
+            room = None if room is None else room - 1
+            targets.append(pick)
+        if len(targets) < n:
+            where = site or ", ".join(rollout_sites)
+            return {"error": f"only {len(targets)} of {n} units fit: free slots on {where}: {self.free_slots()}"}
+        names = [self._spawn(t, reason) for t in targets]
+        return {"adding": names, "sites": targets}
+
+    def _remove(self, n: int, site: str | None, *, reason: str) -> tuple[dict[str, Any], list[Out]]:
+        sites = self.placement.sites
+        units = [u for u in self.core.live_units if site is None or sites.get(u.name) == site]
+        if n > len(units) or n >= len(self.core.live_units):
+            return {
+                "error": f"cannot remove {n} of {len(units)} rollout unit(s)"
+                f"{' on ' + site if site else ''}: at least one unit must stay in the job"
+            }, []
+        victims = sorted(units, key=lambda u: int(u.name.rsplit("-", 1)[1]), reverse=True)[:n]
+        outs: list[Out] = []
+        for u in victims:
+            outs += self.core.drain(u.name)
+            self._scale_event("in", u.name, sites.get(u.name, ""), reason)
+        return {"removing": [u.name for u in victims]}, outs
+
+    def rebalance(self, row: dict[str, Any]) -> None:
+        """StreamRL §4.2 after each trained iteration: δ ≥ δ' and a free slot → one more rollout unit
+        (see rebalance.py). Adds the rule's reading to the iteration's metrics `row`."""
+        units = len(self.core.live_units) + len(self.pending_units())
+        free = self.free_slots() if self.spawner is not None else {}
+        cap = self.cfg.max_rollout_units
+        can_add = any(n > 0 for n in free.values()) and (cap is None or units < cap)
+        r = self.rule.observe(
+            row["iteration"], t_gen_s=row["t_gen_s"], t_train_s=row["t_train_s"], units=units, can_add=can_add
+        )
+        self.reading = r
+        row["delta_window_s"] = round(r.delta_s, 4)
+        row["delta_prime_s"] = round(r.delta_prime_s, 4)
+        row["rollout_units"] = units
+        self.metrics.rebalance_threshold_seconds.set(r.delta_prime_s)
+        if r.add:
+            self.rule.changed()
+            log.info(
+                "controller: δ %.3f s ≥ δ' %.3f s at iteration %d: adding a rollout unit",
+                r.delta_s,
+                r.delta_prime_s,
+                r.iteration,
+            )
+            out = self._add(1, None, reason="rebalance")
+            if "error" in out:
+                self.jobdir.event("scale_failed", reason="rebalance", error=out["error"])
+
+    # -- units starting -----------------------------------------------------------------------------
+    def _spawn(self, site: str, reason: str) -> str:
+        """Start one rollout unit on `site` from a thread (SSH / sbatch may take seconds); its name."""
+        spawner = self.spawner
+        assert spawner is not None
+        if self._next_replica is None:
+            self._next_replica = spawner.first_free_replica()
+        replica, self._next_replica = self._next_replica, self._next_replica + 1
+        name = f"rollout-{replica}"
+        self.placement.sites[name] = site
+        self.spawn_requested[name] = time.monotonic()
+
+        def run() -> None:
+            try:
+                spawner.add_rollout(site, replica)
+                self.post(("spawned", name, (site, reason, None)))
+            except RlctlError as e:
+                self.post(("spawned", name, (site, reason, str(e))))
+
+        threading.Thread(target=run, name=f"spawn-{name}", daemon=True).start()
+        return name
+
+    def spawned(self, name: str, info: tuple[str, str, str | None]) -> None:
+        """The spawn thread of `name` finished: (site, reason, error or None)."""
+        site, reason, error = info
+        if error is not None:
+            self.spawn_requested.pop(name, None)
+            self.jobdir.event("scale_failed", agent=name, site=site, reason=reason, error=error)
+            log.warning("controller: could not add %s on %s: %s", name, site, error)
+            return
+        self._scale_event("out", name, site, reason)
+
+    def sampled(self, name: str) -> None:
+        """`name` produced a sample: if it is a unit asked for, record how long it took to be useful."""
+        t0 = self.spawn_requested.pop(name, None)
+        if t0 is None:
+            return
+        seconds = round(time.monotonic() - t0, 3)
+        self.jobdir.event("first_sample", agent=name, seconds_since_scale=seconds)
+        self.rule.changed()  # from now on δ reflects the new unit count
+        log.info("controller: %s produced its first sample %.1f s after it was asked for", name, seconds)
+
+    def _scale_event(self, direction: str, name: str, site: str, reason: str) -> None:
+        r = self.reading
+        ev = {
+            "direction": direction,
+            "agent": name,
+            "site": site,
+            "reason": reason,
+            "iteration": self.core.trainer_version,
+            "delta_s": None if r is None else round(r.delta_s, 4),
+            "delta_prime_s": None if r is None else round(r.delta_prime_s, 4),
+        }
+        self.scale_log.append(ev)
+        self.jobdir.event("scale", **ev)
+        self.metrics.scale_events.labels(direction, reason).inc()
+        self.rule.changed()
+
+    def close(self) -> None:
+        if self.spawner is not None:
+            self.spawner.close()
+
+
+def _sites_by_agent(plan: dict[str, Any]) -> dict[str, str]:
+    """Agent name → site, in the order the launcher starts them (see rlctl.launch.run.JobRun.start)."""
+    out: dict[str, str] = {}
+    trainer = plan.get("trainer", {})
+    for rank in range(int(trainer.get("ranks", 1))):
+        out[f"trainer-{rank}"] = str(trainer.get("site", ""))
+    n = 0
+    for group in plan.get("rollout", []):
+        for _ in range(int(group["units"])):
+            out[f"rollout-{n}"] = str(group["site"])
+            n += 1
+    return out

@@ -1,0 +1,274 @@
+"""What the controller shows: the status reply (`rlctl status -o json`), summary.json, the row each
+trained iteration appends to metrics.jsonl and the Prometheus gauges — functions of the controller's
+books (a `Snapshot`, or the few parts a gauge reads), so they are tested without sockets or threads.
+
+    ControllerAgent.snapshot() ──▶ Snapshot ──┬─▶ status(s, now=…)      ──▶ the status reply
+                                              ├─▶ summary(s)            ──▶ summary.json
+                                              └─▶ metrics_row(s, t, …)  ──▶ metrics.jsonl (the rebalance
+                                                                            rule then adds its reading)
+    every turn of the main loop ──▶ agent_gauges;  each trained iteration ──▶ iteration_gauges
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rlctl.agents.core import ControllerCore, IterationStats
+from rlctl.agents.ledger import State
+from rlctl.agents.messages import Heartbeat, Trained
+from rlctl.agents.rebalance import Reading
+from rlctl.agents.weightbook import WeightBook
+from rlctl.config.job import JobFile
+from rlctl.metrics import JobMetrics
+
+
+class AgentRecord(Protocol):
+    """What the views read of the controller's record of one connected agent (`controller.Peer`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def role(self) -> str: ...  # trainer | rollout | client
+    @property
+    def state(self) -> str: ...  # running | stopped | lost
+    @property
+    def last_seen(self) -> float: ...  # time.monotonic() of its last message
+    @property
+    def figures(self) -> Heartbeat: ...
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The controller's books at one moment (references, not copies: build one per view)."""
+
+    job: JobFile
+    core: ControllerCore
+    book: WeightBook
+    peers: Mapping[str, AgentRecord]
+    sites: Mapping[str, str]  # agent → site
+    rows: list[dict[str, Any]]  # metrics.jsonl so far
+    t_start: float  # time.monotonic() when the controller started
+    t_first: float | None  # … when it first dispatched a sample
+    violations: int  # staleness violations the trainer reported
+    reading: Reading | None  # the rebalance rule's last reading
+    scale_log: list[dict[str, Any]]
+    free_slots: dict[str, int]
+    stop_requested: bool
+    metrics_port: int
+    job_dir: str
+
+
+def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
+    """The metrics.jsonl row of trained iteration `t` (`wall_time`: time.time() now)."""
+    st = s.core.stats[t.iteration]
+    prev = s.core.stats.get(t.iteration - 1)
+    start = prev.trained_at if prev is not None and prev.trained_at else (s.t_first or s.t_start)
+    period = max((st.trained_at or 0.0) - start, 1e-9)
+    t_gen = (st.last_finish or 0.0) - (st.first_dispatch or 0.0)
+    return {
+        "iteration": t.iteration,
+        "reward_mean": round(t.reward_mean, 4),
+        "t_gen_s": round(t_gen, 4),
+        "t_train_s": round(t.train_s, 4),
+        "delta_s": round(t_gen - t.train_s, 4),
+        "samples_per_s": round(st.samples / period, 2),
+        "tokens_per_s": round(st.output_tokens / period, 1),
+        "weight_version": t.version,
+        "staleness": {str(k): v for k, v in sorted(st.staleness.items())},
+        "loss": round(t.loss, 5),
+        "kl": round(t.kl, 6),
+        "reward_failures": t.reward_failures,
+        "period_s": round(period, 4),
+        "wall_s": round((st.trained_at or 0.0) - s.t_start, 3),
+        "t": round(wall_time, 3),
+        "agents": {
+            p.name: {
+                "role": p.role,
+                "site": s.sites.get(p.name, ""),
+                "busy_s": round(p.figures.busy_s, 3),
+                "state": p.state,
+            }
+            for p in s.peers.values()
+            if p.role != "client"
+        },
+    }
+
+
+def status(s: Snapshot, *, now: float) -> dict[str, Any]:
+    """The reply to a status request (`now`: time.monotonic())."""
+    core = s.core
+    last = s.rows[-1] if s.rows else {}
+    agents = [
+        {
+            "name": p.name,
+            "role": p.role,
+            "state": p.state,
+            "version": p.figures.version,
+            "site": s.sites.get(p.name, ""),
+            "heartbeat_age_s": round(now - p.last_seen, 2),
+            "busy_s": round(p.figures.busy_s, 2),
+            "inflight": core.ledger.inflight(p.name) if p.role == "rollout" else 0,
+            "draining": bool(p.role == "rollout" and p.name in core.units and core.units[p.name].draining),
+        }
+        for p in s.peers.values()
+        if p.role != "client"
+    ]
+    counts = core.ledger.counts()
+    last_trained = core.stats.get(core.trainer_version - 1)
+    r = s.reading
+    state = "done" if core.done else "failed" if core.failed else "running"
+    return {
+        "job": s.job.name,
+        "mode": s.job.pipeline.mode,
+        "eta": s.job.pipeline.eta,
+        "state": "stopping" if s.stop_requested and state == "running" else state,
+        "iteration": core.trainer_version,
+        "iterations": s.job.iterations,
+        "weight_version": core.trainer_version,
+        "reward": last.get("reward_mean"),
+        "t_gen_s": last.get("t_gen_s"),
+        "t_train_s": last.get("t_train_s"),
+        "delta_s": last.get("delta_s"),
+        "delta_window_s": None if r is None else round(r.delta_s, 4),
+        "delta_prime_s": None if r is None else round(r.delta_prime_s, 4),
+        "rebalance": {"auto": s.job.rebalance.auto, "why": None if r is None else r.why},
+        "rollout_units": len(core.live_units),
+        "free_slots": s.free_slots,
+        "scale_events": s.scale_log[-10:],
+        "staleness": _staleness(s.rows),
+        "weights": weights_view(s),
+        "figures_age_s": None
+        if last_trained is None or last_trained.trained_at is None
+        else round(now - last_trained.trained_at, 2),
+        "samples_per_s": last.get("samples_per_s"),
+        "tokens_per_s": last.get("tokens_per_s"),
+        "queue_depth": len(core.ledger.in_state(State.QUEUED, iteration=core.trainer_version)),
+        "staleness_violations": s.violations,
+        "elapsed_s": round(now - s.t_start, 2),
+        "metrics_port": s.metrics_port,
+        "ledger": {
+            "prompts": counts.prompts,
+            "trained": counts.trained,
+            "requeued": counts.requeued,
+            "duplicated": counts.duplicated,
+        },
+        "agents": agents,
+    }
+
+
+def weights_view(s: Snapshot) -> dict[str, Any]:
+    """The newest version, how many live units have it, and per recent version: transfers, bytes,
+    encodings, bytes and copies per inter-DC link, seconds until the last unit had it."""
+    v = s.core.trainer_version
+    return {
+        "version": v,
+        "units_at_version": sum(1 for u in s.core.live_units if u.version >= v),
+        "sync": s.job.weight_sync.mode,
+        "inter_dc_total": {k: dict(x) for k, x in s.book.totals.items()},
+        "versions": s.book.view(),
+    }
+
+
+def summary(s: Snapshot) -> dict[str, Any]:
+    """summary.json: how the job ended, its reward curve, throughput, bubbles, staleness and ledger."""
+    core, rows = s.core, s.rows
+    k = max(1, min(20, len(rows) // 10)) if rows else 0  # reward_first/last: mean of the first/last 10 %
+    end = core.stats[rows[-1]["iteration"]].trained_at if rows else None
+    span = (end - (s.t_first or s.t_start)) if end else 0.0
+    samples = sum(core.stats[r["iteration"]].samples for r in rows)
+    tokens = sum(core.stats[r["iteration"]].output_tokens for r in rows)
+    counts = core.ledger.counts(completed_iterations=core.trainer_version)
+    busy = {p.name: (p.role, p.figures.busy_s) for p in s.peers.values() if p.role != "client"}
+    roll = [b for role, b in busy.values() if role == "rollout"]
+    train = [b for role, b in busy.values() if role == "trainer"]
+
+    def bubble(xs: list[float]) -> float | None:
+        return round(max(0.0, 1 - (sum(xs) / len(xs)) / span), 4) if xs and span > 0 else None
+
+    def mean(key: str) -> float | None:
+        return round(sum(r[key] for r in rows) / len(rows), 4) if rows else None
+
+    return {
+        "job": s.job.name,
+        "mode": s.job.pipeline.mode,
+        "eta": s.job.pipeline.eta,
+        "state": "done" if core.done else f"failed: {core.failed}" if core.failed else "stopped",
+        "scale_events": s.scale_log,
+        "weights": weights_view(s),
+        "reward_failures": rows[-1]["reward_failures"] if rows else 0,
+        "iterations": len(rows),
+        "iterations_planned": s.job.iterations,
+        "reward_first": round(sum(r["reward_mean"] for r in rows[:k]) / k, 4) if rows else None,
+        "reward_last": round(sum(r["reward_mean"] for r in rows[-k:]) / k, 4) if rows else None,
+        "reward_window": k,
+        "reward_curve": [r["reward_mean"] for r in rows],
+        "samples_per_s": round(samples / span, 2) if span > 0 else None,
+        "tokens_per_s": round(tokens / span, 1) if span > 0 else None,
+        "run_s": round(span, 3),
+        "t_gen_s": mean("t_gen_s"),
+        "t_train_s": mean("t_train_s"),
+        "delta_s": mean("delta_s"),
+        "bubble_fraction": {"rollout": bubble(roll), "trainer": bubble(train)},
+        "staleness": _staleness(rows),
+        "staleness_violations": s.violations,
+        "ledger": {
+            "prompts": counts.prompts,
+            "trained": counts.trained,
+            "requeued": counts.requeued,
+            "lost": counts.lost,
+            "duplicated": counts.duplicated,
+            "refused": counts.refused,
+            "samples": counts.samples,
+            "trained_samples": counts.trained_samples,
+        },
+        "agents": {n: {"role": r, "busy_s": round(b, 3)} for n, (r, b) in busy.items()},
+        "job_dir": s.job_dir,
+    }
+
+
+def _staleness(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Samples per staleness gap (versions behind, as a string key) over `rows`."""
+    out: dict[str, int] = {}
+    for row in rows:
+        for key, n in row["staleness"].items():
+            out[key] = out.get(key, 0) + n
+    return out
+
+
+# -- Prometheus gauges (declared in rlctl/metrics.py) ------------------------------------------------
+def agent_gauges(
+    m: JobMetrics, core: ControllerCore, peers: Mapping[str, AgentRecord], sites: Mapping[str, str], *, now: float
+) -> None:
+    """Queue depth, each agent's liveness and heartbeat age, live rollout units per site."""
+    m.queue_depth.set(len(core.ledger.in_state(State.QUEUED, iteration=core.trainer_version)))
+    for p in peers.values():
+        if p.role == "client":
+            continue
+        labels = (p.role, p.name, sites.get(p.name, ""))
+        m.agent_up.labels(*labels).set(1 if p.state == "running" else 0)
+        m.agent_heartbeat_age_seconds.labels(*labels).set(now - p.last_seen)
+    units: dict[str, int] = {}
+    for u in core.units.values():
+        if u.alive:
+            site = sites.get(u.name, "")
+            units[site] = units.get(site, 0) + 1
+    for site, n in units.items():
+        m.rollout_units.labels(site).set(n)
+
+
+def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: IterationStats) -> None:
+    """The figures of trained iteration `t` (its metrics `row`, its `stats` in the core)."""
+    m.iteration.set(t.iteration)
+    m.generation_seconds.set(row["t_gen_s"])
+    m.training_seconds.set(row["t_train_s"])
+    m.imbalance_seconds.set(row["delta_s"])
+    m.samples_per_second.set(row["samples_per_s"])
+    m.tokens_per_second.set(row["tokens_per_s"])
+    m.reward_mean.set(t.reward_mean)
+    m.weight_version.set(t.version)
+    m.samples_total.labels("trained").inc(len(t.sample_ids))
+    for gap, n in stats.staleness.items():
+        for _ in range(n):
+            m.staleness_versions.observe(gap)

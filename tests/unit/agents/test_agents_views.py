@@ -1,0 +1,238 @@
+"""The controller's views (status reply, summary.json, metrics row) over a core driven by a fake clock,
+and the Scaler's scale-in and refusals — no sockets, no threads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.messages import Heartbeat, Trained
+from rlctl.agents.rebalance import Reading
+from rlctl.agents.scaling import Placement, Scaler
+from rlctl.agents.views import Snapshot, metrics_row, status, summary
+from rlctl.agents.weightbook import WeightBook
+from rlctl.config.inventory import Site
+from rlctl.config.job import JobFile
+from rlctl.launch.jobdir import JobDir
+from rlctl.metrics import JobMetrics
+
+
+@dataclass
+class FakePeer:
+    name: str
+    role: str
+    last_seen: float
+    figures: Heartbeat
+    state: str = "running"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _job(iterations: int = 2) -> JobFile:
+    return JobFile.model_validate(
+        {
+            "apiVersion": "rlctl/v1",
+            "kind": "Job",
+            "name": "views",
+            "inventory": ["x.yaml"],
+            "model": {"kind": "builtin", "name": "tiny-demo"},
+            "task": {"kind": "digits"},
+            "iterations": iterations,
+            "batch": {"prompts_per_iteration": 2, "samples_per_prompt": 1},
+            "pipeline": {"mode": "stream"},
+            "placement": {"trainer": {"site": "a", "gpus": 1}, "rollout": [{"site": "a", "gpus": 1}]},
+        }
+    )
+
+
+def _core(clock: Clock, iterations: int = 2) -> ControllerCore:
+    cfg = CoreConfig(
+        iterations=iterations, prompts_per_iteration=2, samples_per_prompt=1, max_new_tokens=8, mode="stream", eta=0
+    )
+    return ControllerCore(
+        cfg, prompts=lambda it: [PromptSpec(f"p{it}-{j}", [1], 4) for j in range(2)], predict=None, clock=clock
+    )
+
+
+def _one_iteration() -> tuple[ControllerCore, Trained, Clock]:
+    """Trainer and r0 join at t=101 (dispatch), samples finish at 102 and 104, iteration 0 trained at 106."""
+    clock = Clock()
+    core = _core(clock)
+    clock.now = 101.0
+    core.join("trainer-0", role="trainer", version=0)
+    outs = core.join("r0", role="rollout", version=0)
+    sids = [r["sample_id"] for o in outs if o.kind == "generate" for r in o.header["requests"]]
+    assert len(sids) == 2
+    for at, sid in zip((102.0, 104.0), sids, strict=True):
+        clock.now = at
+        core.sample("r0", sample_id=sid, version=0, output_tokens=3, payload=None)
+    clock.now = 106.0
+    core.trained(iteration=0, version=1, sample_ids=sids, stats={})
+    t = Trained(
+        iteration=0,
+        version=1,
+        sample_ids=sids,
+        reward_mean=0.5,
+        train_s=1.5,
+        tokens=6,
+        loss=0.1,
+        staleness_violations=0,
+        busy_s=1.5,
+        kl=0.0123456,
+    )
+    return core, t, clock
+
+
+def _snapshot(core: ControllerCore, rows: list[dict[str, Any]], **over: Any) -> Snapshot:
+    peers = {
+        "trainer-0": FakePeer("trainer-0", "trainer", 105.0, Heartbeat(name="trainer-0", state="running", busy_s=1.5)),
+        "r0": FakePeer("r0", "rollout", 104.0, Heartbeat(name="r0", state="running", version=1, busy_s=4.0)),
+        "client-0": FakePeer("client-0", "client", 100.0, Heartbeat(name="client-0", state="running")),
+    }
+    s = Snapshot(
+        job=_job(),
+        core=core,
+        book=WeightBook(),
+        peers=peers,
+        sites={"trainer-0": "a", "r0": "b"},
+        rows=rows,
+        t_start=100.0,
+        t_first=101.0,
+        violations=0,
+        reading=None,
+        scale_log=[],
+        free_slots={"b": 1},
+        stop_requested=False,
+        metrics_port=9999,
+        job_dir="/jobs/views",
+    )
+    return replace(s, **over)
+
+
+def test_metrics_row_times_rates_and_agents_from_the_core_and_the_trained_message():
+    core, t, _ = _one_iteration()
+    row = metrics_row(_snapshot(core, []), t, wall_time=1234.56789)
+    assert (row["t_gen_s"], row["t_train_s"], row["delta_s"]) == (3.0, 1.5, 1.5)  # gen: 101 → 104
+    assert (row["period_s"], row["samples_per_s"], row["tokens_per_s"]) == (5.0, 0.4, 1.2)  # 101 → 106
+    assert (row["wall_s"], row["t"], row["kl"], row["weight_version"]) == (6.0, 1234.568, 0.012346, 1)
+    assert row["staleness"] == {"0": 2}
+    assert row["agents"] == {
+        "trainer-0": {"role": "trainer", "site": "a", "busy_s": 1.5, "state": "running"},
+        "r0": {"role": "rollout", "site": "b", "busy_s": 4.0, "state": "running"},
+    }
+
+
+def test_status_reports_the_last_row_the_rule_and_live_agents_without_clients():
+    core, t, _ = _one_iteration()
+    row = metrics_row(_snapshot(core, []), t, wall_time=0.0)
+    events = [{"direction": "out", "agent": f"rollout-{i}"} for i in range(12)]
+    reading = Reading(0, delta_s=1.23456, delta_prime_s=0.5, units=1, add=False, why="δ ≥ δ' but no free GPU slot")
+    st = status(_snapshot(core, [row, row], reading=reading, scale_log=events, stop_requested=True), now=110.0)
+    assert st["state"] == "stopping" and st["iteration"] == st["weight_version"] == 1
+    assert (st["t_gen_s"], st["reward"], st["figures_age_s"], st["elapsed_s"]) == (3.0, 0.5, 4.0, 10.0)
+    assert (st["delta_window_s"], st["delta_prime_s"]) == (1.2346, 0.5)
+    assert st["rebalance"] == {"auto": False, "why": "δ ≥ δ' but no free GPU slot"}
+    assert st["scale_events"] == events[-10:] and st["free_slots"] == {"b": 1}
+    assert st["staleness"] == {"0": 4}  # summed over the rows
+    assert [a["name"] for a in st["agents"]] == ["trainer-0", "r0"]
+    r0 = st["agents"][1]
+    assert (r0["heartbeat_age_s"], r0["site"], r0["inflight"], r0["draining"]) == (6.0, "b", 0, False)
+    assert st["weights"]["version"] == 1 and st["weights"]["units_at_version"] == 0  # r0 has not applied v1
+    assert st["ledger"] == {"prompts": 4, "trained": 2, "requeued": 0, "duplicated": 0}
+
+
+def test_status_before_any_iteration_has_no_figures():
+    clock = Clock()
+    st = status(_snapshot(_core(clock), []), now=100.0)
+    assert st["state"] == "running" and st["iteration"] == 0
+    assert st["t_gen_s"] is st["figures_age_s"] is st["delta_window_s"] is None
+
+
+def test_summary_reward_throughput_and_bubbles_then_the_end_state():
+    core, t, _ = _one_iteration()
+    row = metrics_row(_snapshot(core, []), t, wall_time=0.0)
+    s = summary(_snapshot(core, [row]))
+    assert s["state"] == "stopped" and s["iterations"] == 1 and s["iterations_planned"] == 2
+    assert (s["reward_first"], s["reward_last"], s["reward_window"], s["reward_curve"]) == (0.5, 0.5, 1, [0.5])
+    assert (s["run_s"], s["samples_per_s"], s["tokens_per_s"]) == (5.0, 0.4, 1.2)
+    assert s["bubble_fraction"] == {"rollout": 0.2, "trainer": 0.7}  # 1 − busy / 5 s
+    assert s["agents"] == {"trainer-0": {"role": "trainer", "busy_s": 1.5}, "r0": {"role": "rollout", "busy_s": 4.0}}
+    assert s["job_dir"] == "/jobs/views" and s["ledger"]["trained_samples"] == 2
+    core.failed = "trainer trainer-0 was lost"
+    assert summary(_snapshot(core, [row]))["state"] == "failed: trainer trainer-0 was lost"
+    empty = summary(_snapshot(_core(Clock()), []))
+    assert (empty["reward_first"], empty["samples_per_s"], empty["bubble_fraction"]["rollout"]) == (None, None, None)
+
+
+# -- the Scaler ----------------------------------------------------------------------------------------
+def _site(gpus: int) -> Site:
+    return Site.model_validate(
+        {"datacenter": "d", "gpu": "CPU", "scheduler": {"kind": "local"}, "nodes": [{"host": "h", "gpus": gpus}]}
+    )
+
+
+def test_free_slots_count_the_trainer_live_and_pending_units_per_tp():
+    plan = {"trainer": {"site": "a", "ranks": 1}, "rollout": [{"site": "a", "units": 1}, {"site": "b", "units": 1}]}
+    p = Placement(plan, {"a": _site(4), "b": _site(4)}, {"rollout-0": "a", "rollout-1": "b"})
+    assert p.free_slots(["rollout-0", "rollout-1"]) == {"a": 2, "b": 3}
+    p.plan["rollout"][1]["tp"] = 2
+    assert p.free_slots(["rollout-0", "rollout-1"]) == {"a": 2, "b": 1}
+    assert p.planned_units == 2 and p.rollout_sites == ["a", "b"] and p.datacenter("rollout-1") == "d"
+
+
+def _scaler(tmp_path, units: int) -> tuple[Scaler, ControllerCore, JobDir, list[Any]]:
+    jd = JobDir.create("views", explicit=tmp_path / "job")
+    core = _core(Clock())
+    core.join("trainer-0", role="trainer", version=0)
+    for i in range(units):
+        core.join(f"rollout-{i}", role="rollout", version=0)
+    plan = {"rollout": [{"site": "a", "units": units}]}
+    placement = Placement(plan, {}, {f"rollout-{i}": "a" for i in range(units)})
+    posted: list[Any] = []
+    scaler = Scaler(jd, _job().rebalance, core=core, placement=placement, metrics=JobMetrics(), post=posted.append)
+    return scaler, core, jd, posted
+
+
+def test_scale_in_drains_the_newest_units_and_logs_scale_events(tmp_path):
+    scaler, core, jd, posted = _scaler(tmp_path, units=3)
+    reply, outs = scaler.scale(-2, None, reason="manual")
+    assert reply == {"removing": ["rollout-2", "rollout-1"]}
+    assert [u.name for u in core.live_units] == ["rollout-0"]
+    assert Out("rollout-2", "stop", {}) in outs and Out("rollout-1", "stop", {}) in outs  # none had work in flight
+    assert [(e["direction"], e["agent"], e["reason"]) for e in scaler.scale_log] == [
+        ("in", "rollout-2", "manual"),
+        ("in", "rollout-1", "manual"),
+    ]
+    assert [e["agent"] for e in jd.read_lines(jd.events) if e["event"] == "scale"] == ["rollout-2", "rollout-1"]
+    assert posted == []
+
+
+def test_scale_refusals_say_what_is_valid(tmp_path):
+    scaler, core, _, _ = _scaler(tmp_path, units=2)
+    assert scaler.scale(-1, "zz", reason="manual") == (
+        {"error": "site 'zz' runs no rollout units of this job; rollout sites: ['a']"},
+        [],
+    )
+    reply, outs = scaler.scale(-2, None, reason="manual")
+    assert reply == {"error": "cannot remove 2 of 2 rollout unit(s): at least one unit must stay in the job"}
+    assert outs == [] and len(core.live_units) == 2
+    reply, _ = scaler.scale(1, None, reason="manual")
+    assert reply == {"error": "this controller has no launch backends (no sites.json in the job directory)"}
+
+
+def test_first_sample_of_a_requested_unit_is_recorded_once(tmp_path):
+    scaler, _, jd, _ = _scaler(tmp_path, units=1)
+    scaler.spawn_requested["rollout-5"] = 0.0
+    assert scaler.pending_units() == ["rollout-5"]
+    scaler.sampled("rollout-5")
+    scaler.sampled("rollout-5")
+    scaler.sampled("rollout-0")
+    assert [e["agent"] for e in jd.read_lines(jd.events) if e["event"] == "first_sample"] == ["rollout-5"]
+    assert scaler.pending_units() == []
