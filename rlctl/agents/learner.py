@@ -38,13 +38,13 @@ def _world() -> tuple[int, int]:
 class StreamingLearner:
     def __init__(
         self,
-        model: TinyGPT,
+        model: torch.nn.Module,  # a trainer backend's policy: tokens → logits (rlctl.trainers)
         cfg: GrpoAlgorithm | PpoAlgorithm,
         *,
         group_size: int,
         micro_batch_samples: int,
         micro_batch_tokens: int | None = None,
-        ref_model: TinyGPT | None = None,
+        ref_model: torch.nn.Module | None = None,
         grad_clip: float = 1.0,
     ) -> None:
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
@@ -177,9 +177,6 @@ class StreamingLearner:
             box: list[object] = [("stop", 0)]
             dist.broadcast_object_list(box, src=0)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach() for k, v in self.model.state_dict().items()}
-
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """What a checkpoint saves besides the policy (`rlctl.agents.trainstate`)."""
         return {"policy": self.opt}
@@ -235,9 +232,6 @@ class PpoBatchLearner:
 
     def stop_followers(self) -> None:
         pass
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach() for k, v in self.inner.model.state_dict().items()}
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"policy": self.inner.opt, "critic": self.inner.critic_opt}

@@ -10,6 +10,9 @@
 Ranks > 0 follow rank 0's broadcasts (`StreamingLearner.follow`) and publish every version into their own
 weight node: each rank is a root of the broadcast plan (`rlctl.agents.weights`), so several chains share
 the trainer datacenter's links. With one rank the group is still formed, so the code path is the same.
+
+The policy is held by the job's trainer backend (`rlctl.trainers`: `torch` or `megatron`); the learner trains
+its module, and what is published and checkpointed is the backend's HF-layout weights.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import queue
 import time
 from collections import deque
 from concurrent.futures import Future
+from pathlib import Path
 
 import msgspec
 import torch
@@ -33,10 +37,13 @@ from rlctl.agents.messages import Delivered, Heartbeat, Hello, Trained, make
 from rlctl.agents.staleness import StalenessBound
 from rlctl.agents.trainstate import load_trainer, save_trainer
 from rlctl.agents.weights import Target, WeightPublisher
+from rlctl.config.job import JobFile
 from rlctl.engines.model import TinyGPT
-from rlctl.launch.agentenv import resume_version
+from rlctl.errors import ConfigError
+from rlctl.launch.agentenv import parallel_from_env, resume_version
 from rlctl.rl.samples import Sample
 from rlctl.rl.source import task_source
+from rlctl.trainers.base import TrainerBackend, load_backend
 from rlctl.transport import Message
 
 log = logging.getLogger(__name__)
@@ -61,12 +68,15 @@ class TrainerAgent:
         self.task = task_source(job, ctx.jobdir.path, ctx.jobdir.init_model, scoring=rank == 0)
         self.rank = rank
         self.name = f"trainer-{rank}"
-        self.model = TinyGPT.from_pretrained(ctx.jobdir.init_model)
-        ref = TinyGPT.from_pretrained(ctx.jobdir.init_model) if job.algorithm.kl_coef > 0 else None
+        where = str(ctx.jobdir.job_json)
+        self.backend = _backend(job, ctx.jobdir.init_model, where=where)
+        ref = _backend(job, ctx.jobdir.init_model, where=where).model if job.algorithm.kl_coef > 0 else None
         self.learner: StreamingLearner | PpoBatchLearner
         if job.algorithm.kind == "ppo":
+            policy = self.backend.model  # preflight: PPO's critic is built on the torch backend's TinyGPT
+            assert isinstance(policy, TinyGPT) and isinstance(ref, TinyGPT | None), job.trainer.backend
             self.learner = PpoBatchLearner(
-                self.model,
+                policy,
                 job.algorithm,
                 ref_model=ref,
                 micro_batch_samples=job.batch.train_micro_batch_samples,
@@ -74,7 +84,7 @@ class TrainerAgent:
             )
         else:
             self.learner = StreamingLearner(
-                self.model,
+                self.backend.model,
                 job.algorithm,
                 group_size=job.batch.samples_per_prompt,
                 micro_batch_samples=job.batch.train_micro_batch_samples,
@@ -89,7 +99,7 @@ class TrainerAgent:
         if resumed:  # `launch --resume`: policy, optimizers, RNG and version from the checkpoint's trainer part
             counters, self.checkpoint_digest = load_trainer(
                 ctx.jobdir.checkpoint(resumed),
-                model=self.model,
+                model=self.backend,
                 optimizers=self.learner.optimizers(),
                 modules=self.learner.modules(),
             )
@@ -118,14 +128,14 @@ class TrainerAgent:
         publisher = self._publisher()
         roots = _gather(publisher.node.address)
         if self.version:  # resumed: the checkpoint's weights, as a full copy to every unit (an anchor)
-            publisher.publish(self.version, self.learner.state_dict())
+            publisher.publish(self.version, self.backend.weights())
         if self.rank > 0:  # follow rank 0's steps; publish each version for the units planned below this rank
             version = self.version
 
             def stepped() -> None:
                 nonlocal version
                 version += 1
-                publisher.publish(version, self.learner.state_dict())
+                publisher.publish(version, self.backend.weights())
 
             try:
                 self.learner.follow(on_step=stepped)
@@ -184,7 +194,7 @@ class TrainerAgent:
                 t0 = time.monotonic()
                 stats = self.learner.step()
                 iteration, self.version = self.version, self.version + 1
-                publisher.publish(self.version, self.learner.state_dict())
+                publisher.publish(self.version, self.backend.weights())
                 checkpoint = self._maybe_checkpoint()
                 self.busy_s += time.monotonic() - t0
                 link.send(
@@ -233,12 +243,29 @@ class TrainerAgent:
             return ""
         return save_trainer(
             self.ctx.jobdir.checkpoint(self.version),
-            model=self.model,
+            model=self.backend,
             optimizers=self.learner.optimizers(),
             modules=self.learner.modules(),
             counters={"version": self.version},
             tokenizer_from=self.ctx.jobdir.init_model,
         )
+
+
+def _backend(job: JobFile, model_dir: Path, *, where: str) -> TrainerBackend:
+    """The job's trainer backend on `model_dir`, as this rank's place in the plan's tp × pp (from the launcher).
+    The learner hands every rank its own samples and all-reduces whole gradients (data parallel), so a
+    plan that splits the model over ranks is refused here (preflight cannot see the plan)."""
+    parallel = parallel_from_env()
+    tp, pp = int(parallel.get("tp", 1)), int(parallel.get("pp", 1))
+    if job.trainer.backend == "megatron" and (tp, pp) != (1, 1):
+        raise ConfigError(
+            where,
+            "trainer.backend",
+            f"'megatron' with the plan's tp {tp} pp {pp}: the learner trains data parallel only "
+            "(every rank a whole model); give the trainer a plan with tp 1 pp 1",
+        )
+    log.info("trainer backend %s, tp %d pp %d, on %s", job.trainer.backend, tp, pp, model_dir)
+    return load_backend(job.trainer.backend, model_dir, tp=tp, pp=pp)
 
 
 def _gather(address: str) -> list[str]:

@@ -21,6 +21,7 @@ import torch
 from rlctl.agents.checkpoint import read_manifest, write_part
 from rlctl.engines.model import TinyGPT
 from rlctl.errors import RlctlError
+from rlctl.trainers.base import TrainerBackend
 
 MODEL = "model"
 STATE = "trainer"
@@ -50,7 +51,7 @@ def set_rng_state(state: dict[str, Any], torch_state: torch.Tensor) -> None:
 def save_trainer(
     ckpt: Path,
     *,
-    model: TinyGPT,
+    model: TinyGPT | TrainerBackend,
     optimizers: dict[str, torch.optim.Optimizer],
     modules: dict[str, torch.nn.Module] | None = None,
     counters: dict[str, Any],
@@ -75,7 +76,7 @@ def save_trainer(
 def load_trainer(
     ckpt: Path,
     *,
-    model: TinyGPT,
+    model: TinyGPT | TrainerBackend,
     optimizers: dict[str, torch.optim.Optimizer],
     modules: dict[str, torch.nn.Module] | None = None,
 ) -> tuple[dict[str, Any], str]:

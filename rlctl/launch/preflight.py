@@ -18,6 +18,7 @@ from rlctl.engines.factory import vllm_available
 from rlctl.errors import ConfigError
 from rlctl.rl.dataset import check_task
 from rlctl.tracking import check_tracking
+from rlctl.trainers.base import megatron_available
 
 RUNNABLE_BUILTIN = "tiny-demo"  # the one built-in model with weights (rlctl.engines.model.TinyGPT)
 
@@ -72,12 +73,7 @@ def problems(job: Job) -> list[Problem]:
             )
         )
     if spec.trainer.backend == "megatron":
-        out.append(
-            Problem(
-                "trainer.backend",
-                "'megatron' is not available in this version of the runtime; valid: 'torch'",
-            )
-        )
+        out += _megatron(job)
     if spec.algorithm.kind == "ppo" and spec.placement.trainer.gpus not in ("auto", 1):
         out.append(
             Problem(
@@ -110,6 +106,29 @@ def problems(job: Job) -> list[Problem]:
             out.append(Problem("warmup.sft_steps", "the SFT warm-up is the built-in digits model's; use 0"))
         out += _raised("task", lambda: check_task(task, job_file=job.path))
     out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path)))
+    return out
+
+
+def _megatron(job: Job) -> list[Problem]:
+    """What the `megatron` trainer backend cannot do here: it runs on CPU, tp 1 pp 1 (rlctl.trainers.megatron);
+    a plan that splits the model over ranks is refused by the trainer when it starts."""
+    spec, out = job.spec, []
+    if (hint := megatron_available()) is not None:
+        out.append(Problem("trainer.backend", "'megatron' needs megatron-core, which is not installed", hint=hint))
+    site = spec.placement.trainer.site
+    gpu = job.inventory.sites[site].spec.name
+    if gpu != "CPU":
+        out.append(
+            Problem(
+                "trainer.backend",
+                f"'megatron' runs on CPU here; site {site!r} has {gpu} GPUs, and the GPU path (CUDA tensors, "
+                "megatron's DDP, tp/pp ranks) is not built: use 'torch', or a site whose gpu is CPU",
+            )
+        )
+    if spec.algorithm.kind == "ppo":
+        out.append(
+            Problem("trainer.backend", "'megatron' trains GRPO here (PPO's critic is built on TinyGPT); use 'torch'")
+        )
     return out
 
 

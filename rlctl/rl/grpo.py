@@ -27,7 +27,7 @@ from rlctl.engines.model import TinyGPT
 from rlctl.rl.samples import Sample, TokenBatch, fill_ref_logprobs, make_batch, micro_batches, token_logprobs
 
 
-def policy_optimizer(model: TinyGPT, lr: float) -> torch.optim.AdamW:
+def policy_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
     """The policy's optimizer in every learner: AdamW, no weight decay, β₂ 0.98."""
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
 
@@ -55,7 +55,7 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], *, eps:
 
 
 def policy_loss(
-    model: TinyGPT,
+    model: torch.nn.Module,
     batch: TokenBatch,
     clip_eps: float,
     kl_coef: float = 0.0,

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from rlctl.engines.base import GenResult
-from rlctl.engines.model import TinyGPT
 
 
 @dataclass
@@ -89,7 +89,7 @@ def make_batch(samples: list[Sample], advantages: list[float] | list[list[float]
     return TokenBatch(tokens, mask, old, adv, ref)
 
 
-def token_logprobs(model: TinyGPT, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(model: nn.Module, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(tokens[:, t+1] | tokens[:, :t+1]) at the sampling temperature, shape [N, T-1]."""
     logits = model(tokens)[:, :-1].float()
     if temperature != 1.0:
@@ -98,7 +98,7 @@ def token_logprobs(model: TinyGPT, tokens: torch.Tensor, temperature: float = 1.
 
 
 @torch.no_grad()
-def score(model: TinyGPT, samples: list[Sample], *, temperature: float = 1.0, pad: int = 0) -> list[list[float]]:
+def score(model: nn.Module, samples: list[Sample], *, temperature: float = 1.0, pad: int = 0) -> list[list[float]]:
     """Per-output-token logprobs of `samples` under `model` (e.g. the reference policy for the KL term)."""
     tokens, _, spans = _grid(samples, pad)
     lp = token_logprobs(model, tokens, temperature)
@@ -110,7 +110,7 @@ def row_tokens(sample: Sample) -> int:
     return len(sample.prompt_tokens) + len(sample.output_tokens)
 
 
-def fill_ref_logprobs(ref_model: TinyGPT | None, samples: list[Sample], *, temperature: float, pad: int = 0) -> None:
+def fill_ref_logprobs(ref_model: nn.Module | None, samples: list[Sample], *, temperature: float, pad: int = 0) -> None:
     """Score the samples that have no reference logprobs yet under `ref_model` (the KL term's policy)."""
     missing = [s for s in samples if s.ref_logprobs is None]
     if ref_model is None or not missing:

@@ -5,6 +5,7 @@
                         gradient all-reduce work on it unchanged (rlctl.rl.grpo)
         .weights()      what the weight plane sends to rollout units: full tensors under the embedded
                         model's names (TinyGPT.state_dict: lm_head.weight present even when tied)
+        .load_state_dict(sd)   the inverse of weights(): a resumed checkpoint's policy
         .save_pretrained(dir, tokenizer_from=…)   an HF checkpoint directory (config, weights, tokenizer)
 
 `torch` (native.py) is TinyGPT itself; `megatron` (megatron/backend.py) is megatron-core's GPTModel behind
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import importlib.util
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch only where a backend is built: preflight imports this module too
+    import torch
+    from torch import nn
 
 MEGATRON_INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1; `make unit` installs it)"
 
@@ -36,6 +39,10 @@ class TrainerBackend(ABC):
         parameters, as the publisher encodes them before the next optimizer step)."""
 
     @abstractmethod
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Set the policy to full HF-layout tensors under the embedded model's names (what `weights` gives)."""
+
+    @abstractmethod
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
         """Write an HF checkpoint directory (config.json, weights, the tokenizer files of `tokenizer_from`)."""
 
@@ -43,7 +50,8 @@ class TrainerBackend(ABC):
 def _torch(model_dir: Path, *, tp: int, pp: int) -> TrainerBackend:
     from rlctl.trainers.native import TorchBackend
 
-    return TorchBackend.load(model_dir, tp=tp, pp=pp)
+    del tp, pp  # data parallel over every rank, whatever the plan's split: one whole replica per rank
+    return TorchBackend.load(model_dir)
 
 
 def _megatron(model_dir: Path, *, tp: int, pp: int) -> TrainerBackend:

@@ -1,7 +1,8 @@
-"""The `torch` trainer backend: TinyGPT (the embedded engine's own model), a full replica on every rank."""
+"""The `torch` trainer backend: TinyGPT (the embedded engine's own model), a whole replica on every rank."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -15,13 +16,14 @@ class TorchBackend(TrainerBackend):
         self.model: TinyGPT = model
 
     @classmethod
-    def load(cls, model_dir: Path, *, tp: int = 1, pp: int = 1) -> TorchBackend:
-        if (tp, pp) != (1, 1):
-            raise ValueError(f"trainer backend 'torch' keeps a whole model per rank: tp {tp} pp {pp} needs megatron")
+    def load(cls, model_dir: Path) -> TorchBackend:
         return cls(TinyGPT.from_pretrained(model_dir))
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state_dict)
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
         return self.model.save_pretrained(directory, tokenizer_from=tokenizer_from)

@@ -13,13 +13,16 @@ What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the sh
     HF shard, all-gathered (`weights`), is the checkpoint bit for bit.
 Not run here: megatron's DDP wrapper and distributed optimizer (CUDA buffers; gradients are summed by the
 learner over gloo instead), pipeline parallel (megatron's schedules; `load` refuses pp > 1), sequence
-parallel, Transformer Engine, and tp > 1 in a job (the learner hands each rank its own samples, where tp
-ranks must see the same ones; preflight refuses it).
+parallel, Transformer Engine, and tp > 1 in a job: the learner hands each rank its own samples (tp ranks
+must see the same ones), clips by a norm over whole tensors and checkpoints from rank 0 alone, so the
+trainer refuses a plan with tp or pp > 1 (rlctl.agents.trainer), and preflight refuses a GPU trainer site
+(the runtime trains on CPU tensors) and PPO (its critic is built on TinyGPT).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -61,6 +64,14 @@ class MegatronBackend(TrainerBackend):
         if self.config.tie_word_embeddings:
             out["lm_head.weight"] = out["model.embed_tokens.weight"]  # the embedded model lists both
         return out
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Full HF tensors (the embedded model's names) into this rank's shard."""
+        sd = dict(state_dict)
+        if self.config.tie_word_embeddings:
+            sd.pop("lm_head.weight", None)
+        self.model.load_hf(sd, rank=import_megatron().parallel_state.get_tensor_model_parallel_rank())
 
     def _all_gather(self, shard: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         group = import_megatron().parallel_state.get_tensor_model_parallel_group()

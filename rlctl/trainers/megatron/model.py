@@ -10,7 +10,9 @@ attention (`num_query_groups` = num_key_value_heads), q/k/v bias (`add_qkv_bias`
 `attention_bias`), no other linear bias except o_proj's under Llama `attention_bias` (megatron's
 `add_bias_linear` would also put one on the MLP: a bias-forcing RowParallelLinear is put in the spec's
 `linear_proj` instead), tied embeddings (`share_embeddings_and_output_weights`). Every dropout is 0 and
-every fusion off: the local spec in fp32, as the CPU runs it (`cpu.py` for what that needs).
+every fusion off: the local spec in fp32, as the CPU runs it (`cpu.py` for what that needs). RoPE angles are
+fp32, as in transformers; the built-in demo model's fp64 angles (`rlctl_rope_fp64_angles`) are not
+reproduced (its logits move by ~2e-5 at position 100).
 
 The GPTModel needs megatron's parallel state (`init_parallel`): tensor/pipeline-parallel groups over the
 already-initialised torch.distributed group. Logits are gathered over the tp ranks (`parallel_output=False`),

@@ -36,7 +36,10 @@ def checkpoint(c: TinyGPTConfig, *, seed: int = 0) -> dict[str, torch.Tensor]:
     return {k: torch.randn(shape, generator=g) for k, shape in expected_shapes(c).items()}
 
 
-@pytest.mark.parametrize("c", [GQA, LLAMA_BIAS, TinyGPTConfig()], ids=["qwen2-gqa-tied", "llama-bias", "demo"])
+LLAMA = TinyGPTConfig(vocab_size=16, hidden_size=8, intermediate_size=12, num_attention_heads=2, num_key_value_heads=2)
+
+
+@pytest.mark.parametrize("c", [GQA, LLAMA_BIAS, LLAMA], ids=["qwen2-gqa-tied", "llama-bias", "llama"])
 @pytest.mark.parametrize("tp", [1, 2])
 def test_hf_to_megatron_to_hf_is_bit_exact_per_rank_and_gathered(c: TinyGPTConfig, tp: int) -> None:
     hf = checkpoint(c)

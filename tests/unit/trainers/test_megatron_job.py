@@ -1,0 +1,127 @@
+"""`trainer.backend: megatron` in the job path: what preflight refuses and why, the trainer's refusal of a
+plan that splits the model, and a whole job (real controller, trainer and rollout agents in one process over
+the inproc transport) whose trainer is the Megatron backend."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from rlctl.agents.common import AgentContext
+from rlctl.agents.controller import ControllerAgent
+from rlctl.agents.messages import Hello, make
+from rlctl.agents.rollout import RolloutAgent
+from rlctl.agents.trainer import TrainerAgent, _backend
+from rlctl.config.job import Job, JobFile, load_job
+from rlctl.engines.model import TinyGPT
+from rlctl.errors import ConfigError
+from rlctl.launch import preflight
+from rlctl.launch.jobdir import JobDir
+from rlctl.trainers.megatron.backend import MegatronBackend
+from rlctl.transport import InprocTransport
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def job_dict(**over: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "rlctl/v1",
+        "kind": "Job",
+        "name": "megatron",
+        "inventory": [str(ROOT / "clusters" / "local.yaml")],
+        "model": {"kind": "builtin", "name": "tiny-demo"},
+        "algorithm": {"kind": "grpo"},
+        "task": {"kind": "digits", "median_output_tokens": 6, "max_output_tokens": 16},
+        "iterations": 2,
+        "batch": {"prompts_per_iteration": 3, "samples_per_prompt": 2, "train_micro_batch_samples": 2},
+        "pipeline": {"mode": "async"},
+        "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": 2}]},
+        "trainer": {"backend": "megatron"},
+        "transport": {"kind": "inproc", "timeout_s": 10},
+        "warmup": {"sft_steps": 0},
+        "checkpoint": {"every_iterations": 1},
+        **over,
+    }
+
+
+def load(tmp_path: Path, **over: Any) -> Job:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job_dict(**over)))
+    return load_job(path)
+
+
+def refusals(job: Job) -> list[str]:
+    return [p.message for p in preflight.problems(job) if p.field == "trainer.backend"]
+
+
+def test_preflight_accepts_megatron_on_a_cpu_site_and_says_what_it_cannot_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert refusals(load(tmp_path)) == []
+    assert refusals(load(tmp_path, algorithm={"kind": "ppo"})) == [
+        "'megatron' trains GRPO here (PPO's critic is built on TinyGPT); use 'torch'"
+    ]
+    gpu_site = load(
+        tmp_path,
+        inventory=[str(ROOT / "clusters" / "h800-trainer.yaml"), str(ROOT / "clusters" / "local.yaml")],
+        placement={"trainer": {"site": "h800", "gpus": 8}, "rollout": [{"site": "local", "gpus": 2}]},
+    )
+    assert ["site 'h800' has H800 GPUs" in m for m in refusals(gpu_site)] == [True]
+    monkeypatch.setattr(preflight, "megatron_available", lambda: "pip install 'rlctl[megatron]'")
+    (missing,) = [p for p in preflight.problems(load(tmp_path)) if p.field == "trainer.backend"]
+    assert "needs megatron-core" in missing.message and missing.hint == "pip install 'rlctl[megatron]'"
+
+
+@pytest.mark.usefixtures("megatron_rank")
+def test_the_trainer_refuses_a_plan_that_splits_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    TinyGPT().save_pretrained(tmp_path / "model")
+    job = JobFile.model_validate(job_dict())
+    monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 2, "pp": 1, "dp": 1, "rank": 0}')
+    with pytest.raises(ConfigError, match=r"trainer\.backend: 'megatron' with the plan's tp 2 pp 1"):
+        _backend(job, tmp_path / "model", where="job.json")
+    monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 1, "pp": 1, "dp": 1, "rank": 0}')
+    assert isinstance(_backend(job, tmp_path / "model", where="job.json"), MegatronBackend)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.usefixtures("megatron_rank")
+def test_an_inproc_job_trains_with_the_megatron_backend(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    job = JobFile.model_validate(job_dict())
+    jd = JobDir.create("megatron", explicit=tmp_path / "job")
+    jd.write_job(job, source="test")
+    jd.write_json(jd.plan_json, {"rollout": [{"site": "local", "units": 2}]})
+    TinyGPT().save_pretrained(jd.init_model)
+    transport = InprocTransport(secret=jd.secret())
+    ctl = ControllerAgent(jd, job, transport, listen="inproc://controller-megatron")
+    ctx = AgentContext(jd, job, transport, ctl.listener.address)
+    trainer = TrainerAgent(ctx)
+    assert isinstance(trainer.backend, MegatronBackend)
+    agents = [trainer, RolloutAgent(ctx, replica=0), RolloutAgent(ctx, replica=1)]
+    threads = [threading.Thread(target=a.run, daemon=True) for a in agents]
+    for t in threads:
+        t.start()
+    client = transport.connect(ctl.listener.address, timeout_s=5)
+    client.send(make("hello", Hello(role="client", name="test")))
+    code = ctl.run()
+    for t in threads:
+        t.join(timeout=30)
+    assert code == 0 and not any(t.is_alive() for t in threads)
+    s = jd.read_json(jd.summary_json)
+    assert s["state"] == "done" and s["iterations"] == 2
+    assert s["ledger"]["prompts"] == s["ledger"]["trained"] == 6
+    # the final checkpoint is an HF directory of the trained weights: what the backend publishes, bit for bit
+    saved = TinyGPT.from_pretrained(jd.checkpoint(2) / "model").state_dict()
+    published = trainer.backend.weights()
+    assert all(torch.equal(saved[k], published[k]) for k in saved)
+    # the learner's AdamW stepped the GPTModel's own parameters once per iteration (the untrained demo model
+    # scores 0 on every sample here, so the advantages, and the updates, are 0)
+    opt = trainer.learner.optimizers()["policy"]
+    assert [int(opt.state[p]["step"]) for p in trainer.backend.model.parameters()] == [2] * len(opt.state)
+    applied = [(e["agent"], e["version"]) for e in jd.read_lines(jd.events) if e["event"] == "weights_applied"]
+    assert {u for u, v in applied if v == job.iterations} == {"rollout-0", "rollout-1"}
