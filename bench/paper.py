@@ -22,15 +22,16 @@ import numpy as np
 from rlctl.config.inventory import Inventory, Link, Site
 from rlctl.config.job import Job, JobFile
 from rlctl.planner.costs import TrainWorkload, decode_cost, train_time_s
-from rlctl.planner.curves import live_context
-from rlctl.planner.plan import PlanOptions, make_plan, profile_for
+from rlctl.planner.curves import gen_curve, live_context
+from rlctl.planner.plan import PlanOptions, length_model, make_plan, profile_for
 from rlctl.planner.sim import DispatchConfig, GenEstimator, Unit, simulate_generation
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths
-from rlctl.profiler.analytical import TRAINED_MODELS
+from rlctl.profiler.traincost import TrainingPasses, trained_models
 
 DATASETS = {"5K": 0.25, "10K": 0.5, "20K": 1.0}
 PAPER = {
     "planned_vs_even_speedup": 1.25,
+    "planned_vs_even_speedup_ppo": 1.25,
     "cost_normalized_gain": (1.23, 1.31),
     "ranker_recall": 0.87,
     "scaleout_iterations": [10, 16],
@@ -60,8 +61,10 @@ def make_job(
     trainer: tuple[str, str, int, int | None],
     rollout: list[tuple[str, str, int, int | None]],
     seed: int = 0,
+    algorithm: str = "ppo",
 ) -> Job:
-    """trainer / rollout = (site, GPU type, GPUs in the site, GPUs to use or None = auto)."""
+    """trainer / rollout = (site, GPU type, GPUs in the site, GPUs to use or None = auto); the paper's
+    PPO has a reference model for the KL term (StreamRL §7: actor, critic and reference of one size)."""
     sites = {
         name: _site(gpu, total, f"dc-{name}", 1600 if gpu == "H800" else 100)
         for name, gpu, total, _ in [trainer, *rollout]
@@ -76,7 +79,7 @@ def make_job(
             "inventory": ["-"],
             "model": {"kind": "builtin", "name": model},
             "task": {"kind": "lengths", "median_output_tokens": 2750 * f, "max_output_tokens": round(20000 * f)},
-            "algorithm": {"kind": "ppo"},
+            "algorithm": {"kind": algorithm, "kl_coef": 0.001},
             "batch": {"prompts_per_iteration": 128, "samples_per_prompt": 8},
             "pipeline": {"mode": "async"},
             "rollout": {"engine": "vllm", "max_batch_size": 256},
@@ -91,18 +94,33 @@ def make_job(
 
 
 OPTS = PlanOptions(sim_iterations=5, curves_in_output=False)
+# what-if: a trainer that re-scores old log-probs and recomputes activations (verl/Megatron-style);
+# rlctl's trainer does neither, so the headline numbers use OPTS
+VERL_STYLE = PlanOptions(
+    sim_iterations=5, curves_in_output=False, trainer=TrainingPasses(old_logprobs=True, recompute=True)
+)
 
 
-def _planned_vs_even(models: list[str]) -> dict[str, Any]:
+def _planned_vs_even(models: list[str], *, algorithm: str = "ppo", opts: PlanOptions = OPTS) -> dict[str, Any]:
     out = {}
     for model in models:
-        planned = make_plan(
-            make_job(model, dataset="20K", trainer=("h800", "H800", 128, None), rollout=[("h800", "H800", 128, None)]),
-            options=OPTS,
+        auto = make_job(
+            model,
+            dataset="20K",
+            trainer=("h800", "H800", 128, None),
+            rollout=[("h800", "H800", 128, None)],
+            algorithm=algorithm,
         )
+        planned = make_plan(auto, options=opts)
         even = make_plan(
-            make_job(model, dataset="20K", trainer=("h800", "H800", 128, 64), rollout=[("h800", "H800", 128, 64)]),
-            options=OPTS,
+            make_job(
+                model,
+                dataset="20K",
+                trainer=("h800", "H800", 128, 64),
+                rollout=[("h800", "H800", 128, 64)],
+                algorithm=algorithm,
+            ),
+            options=opts,
         )
         few = planned["alternatives"]["fewest_gpus"]
         out[model] = {
@@ -112,9 +130,26 @@ def _planned_vs_even(models: list[str]) -> dict[str, Any]:
                 "gpus": few["rollout_gpus"] + few["trainer_gpus"],
                 "iteration_s": few["iteration_s"],
             },
+            "training_forward_units": planned["training"]["forward_units"],
+            "t_gen_by_rollout_gpus_s": _gen_scaling(auto, [32, 64, 96, 128]),
             "speedup": even["predicted"]["iteration_s"]["async"] / planned["predicted"]["iteration_s"]["async"],
         }
     return out
+
+
+def _gen_scaling(job: Job, gpus: list[int]) -> dict[int, float]:
+    """P_gen(x), the planner's stage curve: where it flattens, more rollout GPUs cannot shorten the
+    iteration (the longest samples decode one token per step whatever the number of instances)."""
+    prof = profile_for(job, None)
+    lm = length_model(job)
+    curve = gen_curve(
+        prof.sites["h800"],
+        lm.quantiles(job.spec.batch.samples_per_iteration),
+        prompt_tokens=lm.prompt_tokens,
+        engine_max_batch=job.spec.rollout.max_batch_size,
+        max_gpus=max(gpus),
+    )
+    return {x: float(curve.seconds[x]) for x in gpus}
 
 
 def _stages(p: dict[str, Any]) -> dict[str, Any]:
@@ -242,7 +277,7 @@ def _scaleout(iterations: int, unit_gpus: int = 8) -> dict[str, Any]:
             float(lengths.sum() + len(lengths) * lm.prompt_tokens),
             len(lengths),
             32,
-            job.spec.model.arch.params * 2 * TRAINED_MODELS["ppo"],
+            job.spec.model.arch.params * 2 * trained_models("ppo"),
         )
         t_train = train_time_s(tentry, trn["config"]["dp"], tw, site=prof.sites["h800"], node_bytes_per_s=200e9)
         est = GenEstimator(np.sort(lengths)[::-1], cost, prompt_tokens=lm.prompt_tokens)
@@ -272,14 +307,23 @@ def _scaleout(iterations: int, unit_gpus: int = 8) -> dict[str, Any]:
 def run(*, quick: bool) -> dict[str, Any]:
     models = ["qwen2.5-32b", "qwen2.5-72b"]
     a = _planned_vs_even(models)
+    a_grpo = _planned_vs_even(models, algorithm="grpo")
+    a_verl = _planned_vs_even(models, opts=VERL_STYLE)
     b = _cost_normalized(["20K"] if quick else list(DATASETS))
     c = _dispatch(["qwen2.5-72b"] if quick else ["qwen2.5-7b", "qwen2.5-32b", "qwen2.5-72b"], 2 if quick else 5)
     d = _scaleout(20)
     gains = [v["gain"] for v in b.values()]
     head = c["qwen2.5-72b"]
+    ppo = {m: v["speedup"] for m, v in a.items()}
     return {
-        "planned_vs_even_speedup": float(np.mean([v["speedup"] for v in a.values()])),
+        "planned_vs_even_speedup": float(np.mean(list(ppo.values()))),  # the paper's algorithm (PPO)
+        "planned_vs_even_speedup_ppo": float(np.mean(list(ppo.values()))),
+        "planned_vs_even_speedup_ppo_by_model": ppo,
         "planned_vs_even": a,
+        "planned_vs_even_speedup_grpo": float(np.mean([v["speedup"] for v in a_grpo.values()])),
+        "planned_vs_even_grpo": a_grpo,
+        "planned_vs_even_speedup_ppo_verl_style": float(np.mean([v["speedup"] for v in a_verl.values()])),
+        "planned_vs_even_ppo_verl_style": a_verl,
         "cost_normalized_gain": float(np.mean(gains)),
         "cost_normalized_gain_range": [min(gains), max(gains)],
         "cost_normalized": b,
@@ -294,9 +338,9 @@ def run(*, quick: bool) -> dict[str, Any]:
     }
 
 
-def summary(r: dict[str, Any]) -> str:
-    lines = ["(a) planned vs even split of 128 H800, async, 20K dataset (paper Fig. 10: 1.25×)"]
-    for m, v in r["planned_vs_even"].items():
+def _split_lines(runs: dict[str, Any]) -> list[str]:
+    lines = []
+    for m, v in runs.items():
         p, e = v["planned"], v["even"]
         lines.append(
             f"    {m}: even {e['rollout_gpus']}+{e['trainer_gpus']} GPUs {e['iteration_s']:.0f} s "
@@ -305,7 +349,26 @@ def summary(r: dict[str, Any]) -> str:
             f"{p['t_train_s']:.0f}): {v['speedup']:.2f}×; fewest GPUs within 5 %: "
             f"{v['fewest_gpus_within_eps']['gpus']} GPUs"
         )
-    lines.append(f"    mean speedup {r['planned_vs_even_speedup']:.2f}×   paper 1.25×")
+    return lines
+
+
+def summary(r: dict[str, Any]) -> str:
+    units = next(iter(r["planned_vs_even"].values()))["training_forward_units"]
+    lines = [
+        "(a) planned vs even split of 128 H800, async, 20K dataset (paper Fig. 10: 1.25×); "
+        f"PPO with KL on rlctl's trainer: {units:g} policy forwards per token"
+    ]
+    lines += _split_lines(r["planned_vs_even"])
+    by_model = ", ".join(f"{m} {x:.2f}×" for m, x in r["planned_vs_even_speedup_ppo_by_model"].items())
+    lines.append(f"    mean speedup (PPO) {r['planned_vs_even_speedup_ppo']:.2f}× ({by_model})   paper 1.25×")
+    for m, v in r["planned_vs_even"].items():
+        curve = ", ".join(f"{x}: {t:.0f} s" for x, t in v["t_gen_by_rollout_gpus_s"].items())
+        lines.append(f"    {m} P_gen by rollout GPUs (the long tail's floor): {curve}")
+    for key, label in (("grpo", "GRPO with KL"), ("ppo_verl_style", "PPO, old log-probs re-scored + recomputation")):
+        runs = r[f"planned_vs_even_{key}"]
+        u = next(iter(runs.values()))["training_forward_units"]
+        lines.append(f"    {label} ({u:g} forwards per token): mean {r[f'planned_vs_even_speedup_{key}']:.2f}×")
+        lines += _split_lines(runs)
     lo, hi = r["cost_normalized_gain_range"]
     lines.append(
         f"(b) samples per cost unit, H20 rollout + H800 trainer vs 32 H800, 7B: {lo:.2f}–{hi:.2f}×   paper 1.23–1.31×"

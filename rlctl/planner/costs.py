@@ -90,24 +90,29 @@ class TrainWorkload:
     samples: int
     micro_batch_samples: int
     grad_bytes: float  # bytes all-reduced across DP per optimizer step (bf16 grads of trained models)
+    # the job's passes relative to those the profile's seconds per token include (traincost.forward_units)
+    pass_scale: float = 1.0
+    mini_batches: int = 1  # optimizer steps per epoch: the pipeline drains after each
+    optimizer_steps: int = 1  # per iteration (epochs × mini-batches): one gradient all-reduce each
 
 
 def train_time_s(
     entry: TrainingEntry, dp: int, w: TrainWorkload, *, site: SiteProfile, node_bytes_per_s: float
 ) -> float:
-    """One iteration on tp·pp·dp GPUs: compute with the pipeline bubble, plus the DP gradient all-reduce."""
+    """One iteration on tp·pp·dp GPUs: compute with the pipeline bubble of every mini-batch, plus a DP
+    gradient all-reduce and the optimizer's bookkeeping per optimizer step."""
     gpus = entry.tp * entry.pp * dp
     if entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu / dp > TRAIN_MEM_FRACTION * site.hbm_bytes:
         return math.inf
-    micro = max(1, math.ceil(w.samples / (dp * w.micro_batch_samples)))
+    micro = max(1, math.ceil(w.samples / (w.mini_batches * dp * w.micro_batch_samples)))
     bubble = (entry.pp - 1) / micro
-    compute = w.tokens * entry.gpu_s_per_token / gpus * (1 + bubble)
+    compute = w.tokens * entry.gpu_s_per_token * w.pass_scale / gpus * (1 + bubble)
     sync = 0.0
     if dp > 1:
         shard = w.grad_bytes / (entry.tp * entry.pp)
         per_gpu_bw = node_bytes_per_s / site.gpus_per_node if gpus > site.gpus_per_node else 300e9
         sync = 2 * (dp - 1) / dp * shard / per_gpu_bw
-    return compute + sync + TRAIN_STEP_OVERHEAD_S
+    return compute + w.optimizer_steps * (sync + TRAIN_STEP_OVERHEAD_S)
 
 
 def train_curve(

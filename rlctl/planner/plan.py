@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -38,8 +38,16 @@ from rlctl.planner.sim import (
 )
 from rlctl.planner.simjob import MODES, IterationWork, simulate_job, weight_transfer_s
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths
-from rlctl.profiler.analytical import TRAINED_MODELS, analytical_profile
-from rlctl.profiler.profile import ProfileFile
+from rlctl.profiler.analytical import analytical_profile
+from rlctl.profiler.profile import ProfileFile, SiteProfile
+from rlctl.profiler.traincost import (
+    TrainingPasses,
+    flops_per_token,
+    forward_units,
+    passes_for,
+    streamed_units,
+    trained_models,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +60,9 @@ class PlanOptions:
     sim_iterations: int = 4
     ranker_recall: float = DEFAULT_RECALL
     curves_in_output: bool = True
+    # how the trainer runs the job's algorithm (epochs, mini-batches, recomputation, an old log-prob
+    # pass); default rlctl's trainer. `reference` always comes from the job (kl_coef > 0).
+    trainer: TrainingPasses = field(default_factory=TrainingPasses)
 
 
 def length_model(job: Job) -> LengthModel:
@@ -67,7 +78,9 @@ def length_model(job: Job) -> LengthModel:
     return LengthModel(task.median_output_tokens, task.sigma, task.max_output_tokens, prompt)
 
 
-def profile_for(job: Job, profile: ProfileFile | None, *, profile_file: str = "profile") -> ProfileFile:
+def profile_for(
+    job: Job, profile: ProfileFile | None, *, profile_file: str = "profile", trainer: TrainingPasses | None = None
+) -> ProfileFile:
     sites = {job.spec.placement.trainer.site, *(r.site for r in job.spec.placement.rollout)}
     arch = job.spec.model.arch
     if profile is None:
@@ -76,6 +89,14 @@ def profile_for(job: Job, profile: ProfileFile | None, *, profile_file: str = "p
             arch,
             {s: (inv[s].spec, inv[s].gpus_per_node, inv[s].gpu_cost_per_hour) for s in sorted(sites)},
             algorithm=job.spec.algorithm.kind,
+            passes=passes_for(job.spec.algorithm, trainer),
+        )
+    if profile.algorithm != job.spec.algorithm.kind:  # the trained models, hence the memory, differ
+        raise ConfigError(
+            profile_file,
+            "algorithm",
+            f"profile is for {profile.algorithm!r}, job runs {job.spec.algorithm.kind!r}",
+            hint=f"run rlctl profile --algorithm {job.spec.algorithm.kind} (or --job with this job)",
         )
     if profile.model.name != arch.name:
         raise ConfigError(
@@ -93,6 +114,41 @@ def profile_for(job: Job, profile: ProfileFile | None, *, profile_file: str = "p
             hint="profile every site the job places a role on",
         )
     return profile
+
+
+def _for_engine(site: SiteProfile, engine: str, *, name: str, profile_file: str) -> SiteProfile:
+    """The site with the generation entries of `engine`: those measured with it, else those of any
+    engine (analytical); a site measured only with another engine is refused."""
+    mine = [e for e in site.generation if e.engine == engine]
+    mine = mine or [e for e in site.generation if e.engine is None]
+    if not mine and site.generation:
+        other = sorted({e.engine or "" for e in site.generation})
+        raise ConfigError(
+            profile_file,
+            f"sites.{name}.generation",
+            f"measured with engine {', '.join(other)}; the job rolls out with {engine!r}",
+            hint=f"run rlctl profile --source measured --engine {engine} (or --job with this job)",
+        )
+    return site.model_copy(update={"generation": mine})
+
+
+def train_cost(job: Job, prof: ProfileFile, trainer: TrainingPasses) -> dict[str, Any]:
+    """The job's training passes against the profile's: scale of the profile's seconds per token, and
+    the share that streams (the rest waits for the whole batch)."""
+    kind = job.spec.algorithm.kind
+    passes = passes_for(job.spec.algorithm, trainer)
+    units = forward_units(kind, passes)
+    return {
+        "algorithm": kind,
+        "passes": passes.model_dump(),
+        "forward_units": units,
+        "flops_per_token": flops_per_token(kind, passes, prof.model.params),
+        "profile_passes": prof.training_passes.model_dump(),
+        "scale_of_profile": units / forward_units(prof.algorithm, prof.training_passes),
+        "streamed_fraction": streamed_units(kind, passes) / units,
+        "optimizer_steps": passes.optimizer_steps,
+        "mini_batches": passes.mini_batches,
+    }
 
 
 def _mask_fixed(seconds: np.ndarray, fixed: int | None) -> np.ndarray:
@@ -113,15 +169,23 @@ def make_plan(
 ) -> dict[str, Any]:
     opts = options or PlanOptions()
     spec = job.spec
-    prof = profile_for(job, profile, profile_file=profile_file)
+    prof = profile_for(job, profile, profile_file=profile_file, trainer=opts.trainer)
     arch = prof.model.arch
     inv = job.inventory
     lm = length_model(job)
     samples = spec.batch.samples_per_iteration
     plan_lengths = lm.quantiles(samples)
     tokens = float(plan_lengths.sum() + samples * lm.prompt_tokens)
-    trained = TRAINED_MODELS[spec.algorithm.kind]
-    tw = TrainWorkload(tokens, samples, spec.batch.train_micro_batch_samples, arch.params * 2 * trained)
+    tcost = train_cost(job, prof, opts.trainer)
+    tw = TrainWorkload(
+        tokens,
+        samples,
+        spec.batch.train_micro_batch_samples,
+        arch.params * 2 * trained_models(spec.algorithm.kind),
+        pass_scale=tcost["scale_of_profile"],
+        mini_batches=tcost["mini_batches"],
+        optimizer_steps=tcost["optimizer_steps"],
+    )
 
     t_site = spec.placement.trainer.site
     t_fixed = None if spec.placement.trainer.gpus == "auto" else int(spec.placement.trainer.gpus)
@@ -144,7 +208,7 @@ def make_plan(
     gcurves: dict[str, GenCurve] = {}
     for s in r_sites:
         gcurves[s] = gen_curve(
-            prof.sites[s],
+            _for_engine(prof.sites[s], spec.rollout.engine, name=s, profile_file=profile_file),
             plan_lengths,
             prompt_tokens=lm.prompt_tokens,
             engine_max_batch=spec.rollout.max_batch_size,
@@ -175,8 +239,20 @@ def make_plan(
     chosen = choice if spec.planning.rule == "paper" else alt
     per_site = alloc.split_combined(chosen.x, [budgets[s] for s in r_sites], order)
     out = _assemble(
-        job, prof, lm, gcurves, tcurve, chosen, choice, alt, dict(zip(r_sites, per_site, strict=True)), tw, opts
+        job,
+        prof,
+        lm,
+        gcurves,
+        tcurve,
+        chosen,
+        choice,
+        alt,
+        dict(zip(r_sites, per_site, strict=True)),
+        tw,
+        opts,
+        streamed_fraction=tcost["streamed_fraction"],
     )
+    out["training"] = tcost
     out["baseline"] = {
         "kind": "even_split" if shared else "full_allocation",
         "rollout_gpus": base.x,
@@ -266,6 +342,8 @@ def _assemble(
     per_site: dict[str, int],
     tw: TrainWorkload,
     opts: PlanOptions,
+    *,
+    streamed_fraction: float,
 ) -> dict[str, Any]:
     spec = job.spec
     inv = job.inventory
@@ -305,7 +383,8 @@ def _assemble(
         )
     if not units:
         raise PlanError("the allocation has no rollout instance")
-    sim = _simulate(job, lm, units, tw, float(tcurve.seconds[chosen.y]), per_site, opts)
+    train_s = float(tcurve.seconds[chosen.y])
+    sim = _simulate(job, lm, units, tw, (train_s, train_s * (1 - streamed_fraction)), per_site, opts)
     iteration_s = sim["predicted"]["iteration_s"][spec.pipeline.mode]
     used = [(a["gpus_used"], inv.sites[a["site"]].gpu_cost_per_hour) for a in allocation]
     gpu_h = sum(g for g, _ in used) * iteration_s / 3600
@@ -364,11 +443,13 @@ def _simulate(
     lm: LengthModel,
     units: list[Unit],
     tw: TrainWorkload,
-    train_s: float,
+    train: tuple[float, float],
     per_site: dict[str, int],
     opts: PlanOptions,
 ) -> dict[str, Any]:
+    """`train` = (trainer seconds per iteration, the part of them that waits for the whole batch)."""
     spec = job.spec
+    train_s, at_step_s = train
     rng = np.random.default_rng(spec.seed)
     noise = _noise(opts.ranker_recall, lm.sigma)
     dcfg = DispatchConfig(spec.rollout.dispatch, spec.rollout.long_tail_fraction, spec.planning.dispatch_rule)
@@ -393,7 +474,11 @@ def _simulate(
         gens.append(g)
         works.append(
             IterationWork(
-                g.finish_s, (lengths + lm.prompt_tokens).astype(float), train_s, spec.batch.train_micro_batch_samples
+                g.finish_s,
+                (lengths + lm.prompt_tokens).astype(float),
+                train_s,
+                spec.batch.train_micro_batch_samples,
+                at_step_s=at_step_s,
             )
         )
     w_s = _weight_sync_s(job, per_site)

@@ -5,7 +5,9 @@ For iteration i (0-based), with staleness bound η (version v = number of finish
     gen_start[i]   = max(gen_end[i-1], weights_at_rollout[i-1-η])     (sync/stream: η = 0)
     sample k of i  arrives at gen_start[i] + finish_k (streamed as soon as it is done)
     train[i]       micro-batches in arrival order; a micro-batch starts when its last sample has
-                   arrived (stream/async) or when the whole batch has (sync), and after the previous one
+                   arrived (stream/async) or when the whole batch has (sync), and after the previous one;
+                   then the work that needs the whole batch (`at_step_s`: PPO's GAE-whitened update,
+                   later epochs), after the last sample
     weights[i]     = train_end[i] + weight transfer (the rollout swaps at the next batch start)
 
     sync:   gen ▮▮▮▮░░░░░░░▮▮▮▮      stream: gen ▮▮▮▮░░░░▮▮▮▮      async: gen ▮▮▮▮▮▮▮▮▮▮▮▮
@@ -34,6 +36,7 @@ class IterationWork:
     sample_tokens: np.ndarray  # per sample, tokens to train on
     train_s: float  # trainer time for the whole batch
     micro_batch_samples: int
+    at_step_s: float = 0.0  # the part of train_s that waits for the whole batch (the rest streams)
 
 
 @dataclass(frozen=True)
@@ -86,10 +89,13 @@ def simulate_job(
         t = train_end[-1] if train_end else 0.0
         total = float(tokens.sum()) or 1.0
         mb = max(1, w.micro_batch_samples)
+        streamed_s = w.train_s - w.at_step_s
         for k in range(0, len(arrivals), mb):
             last = min(k + mb, len(arrivals)) - 1
             avail = g_end if mode == "sync" else float(arrivals[last])
-            t = max(t, avail) + w.train_s * float(tokens[k : last + 1].sum()) / total
+            t = max(t, avail) + streamed_s * float(tokens[k : last + 1].sum()) / total
+        if w.at_step_s > 0:
+            t = max(t, g_end) + w.at_step_s
         gen_start.append(start)
         gen_end.append(g_end)
         train_end.append(t)

@@ -76,6 +76,15 @@ def plan_table(p: dict[str, Any]) -> str:
             f"no-split {_s(d['no_split_simulated_s'])} s, rule closer to the simulator: {d['better_rule']}",
         )
     )
+    tr = p["training"]
+    extras = [k for k in ("reference", "old_logprobs", "recompute") if tr["passes"][k]]
+    epochs, minis = tr["passes"]["epochs"], tr["mini_batches"]
+    steps = f", {epochs} epoch{'s' * (epochs > 1)} × {minis} mini-batch{'es' * (minis > 1)}"
+    out.append(
+        f"Training cost: {tr['algorithm']} = {tr['forward_units']:g} forward passes of the policy per token "
+        f"({tr['flops_per_token']:.3g} FLOPs{', with ' + ', '.join(extras) if extras else ''}{steps}); "
+        f"{tr['streamed_fraction']:.0%} trains as samples stream in"
+    )
     rb = p["rebalance"]
     c = p["cost"]
     verdict = rb.get("reason") or ("add one now (δ ≥ δ')" if rb["add_unit"] else "not needed (δ < δ')")

@@ -1,6 +1,11 @@
 """Profiles: the cost functions the planner needs, modelled from GPU specs or measured on a site.
 
-analytical.py   roofline decode / prefill / KV capacity / training cost from catalog specs
-measure.py      microbenchmarks of a generation engine (the embedded CPU engine on `local`)
-profile.py      the versioned profile file (apiVersion rlctl/v1, kind Profile): models, load, save
+analytical.py     roofline decode / prefill / KV capacity / training cost from catalog specs
+traincost.py      which model passes an RL iteration runs per token, per algorithm (FLOPs, what streams)
+measure.py        microbenchmarks of a generation engine (embedded CPU engine, vLLM, fakes in tests)
+measure_train.py  seconds per token of a training step of rlctl's own learners
+probe.py          what a site measures (`python -m rlctl.profiler.probe`), run in-process or on the site
+remote.py         the probe on a SLURM or SSH site through its launch backend
+build.py          `rlctl profile`: a profile file from options or a job, analytical or measured
+profile.py        the versioned profile file (apiVersion rlctl/v1, kind Profile): models, load, save
 """

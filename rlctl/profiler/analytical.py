@@ -6,9 +6,10 @@ and its share of the KV cache; the step is bound by HBM bandwidth or by FLOPs, w
     t = max((W + BS·C·kv) / (TP·η_bw·HBM_bw), (2·P + 4·layers·hidden·C)·BS / (TP·η_f·FLOPS))
         + TP all-reduces (2 per layer) + t_fixed(layers)
 
-Training: FLOPs per token = k·P with k = 10 for GRPO (actor fwd+bwd 6, reference and old log-probs
-2 + 2) and 18 for PPO (adds the critic: fwd+bwd 6, values 2), at MFU η_train, plus Megatron-style
-TP all-reduces (4 per layer per token). Attention FLOPs in training are left out (≈5 % at 8K for 7B).
+Training: FLOPs per token = 2·P·u, u the forward units of the algorithm's passes (`traincost`: e.g.
+3 for rlctl's GRPO without KL, 8 for its PPO with KL), at MFU η_train, plus Megatron-style TP
+all-reduces (4 per layer per update-token, scaled by u/3). Attention FLOPs in training are left
+out (≈5 % at 8K for 7B).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from rlctl.hardware import GpuSpec
 from rlctl.modelcatalog import ModelArch
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
+from rlctl.profiler.traincost import TrainingPasses, flops_per_token, trained_models
 
 ETA_BW = 0.7  # achievable fraction of HBM bandwidth in decode
 ETA_FLOPS = 0.5  # achievable fraction of peak FLOPs in decode / prefill matmuls
@@ -23,8 +25,6 @@ ETA_TRAIN = 0.40  # training MFU before communication
 ETA_LINK = 0.7  # achievable fraction of NVLink bandwidth
 KV_MEM_FRACTION = 0.9  # like vLLM's gpu_memory_utilization
 ALLREDUCE_LATENCY_S = 8e-6
-FLOPS_PER_PARAM_TOKEN = {"grpo": 10.0, "ppo": 18.0}
-TRAINED_MODELS = {"grpo": 1, "ppo": 2}  # models with gradients and optimizer state (actor, critic)
 DEFAULT_CONTEXTS = [1024, 2048, 4096, 8192, 16384, 32768]
 DEFAULT_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 TP_DEGREES = [1, 2, 4, 8]
@@ -89,21 +89,27 @@ def generation_entries(
     return out
 
 
-def training_entries(model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, algorithm: str) -> list[TrainingEntry]:
-    k = FLOPS_PER_PARAM_TOKEN[algorithm]
-    trained = TRAINED_MODELS[algorithm]
+def training_entries(
+    model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, algorithm: str, passes: TrainingPasses | None = None
+) -> list[TrainingEntry]:
+    """One entry per (TP, PP): seconds per token of every pass of `algorithm` with `passes` (default:
+    rlctl's trainer, no KL), and the memory of the trained models (+ reference weights if it runs)."""
+    passes = passes or TrainingPasses()
+    flops = flops_per_token(algorithm, passes, model.params)
+    trained = trained_models(algorithm)
+    update_equivalents = flops / (6 * model.params)  # TP all-reduces scale with the FLOPs
     out = []
     for tp in (t for t in TP_DEGREES if t <= gpus_per_node and model.heads % t == 0):
         for pp in (p for p in PP_DEGREES if p <= model.layers):
-            compute = k * model.params / (tp * ETA_TRAIN * gpu.flops)  # seconds per token for the TP group
+            compute = flops / (tp * ETA_TRAIN * gpu.flops)  # seconds per token for the TP group
             comm = 0.0
-            if tp > 1:
+            if tp > 1:  # 4 all-reduces per layer per token in an update (fwd + bwd)
                 ring = 2 * (tp - 1) / tp * model.hidden * 2
-                comm = 4 * (k / 6) * model.layers / pp * ring / (ETA_LINK * gpu.nvlink_gb_per_s * 1e9)
+                comm = 4 * update_equivalents * model.layers / pp * ring / (ETA_LINK * gpu.nvlink_gb_per_s * 1e9)
             shard = model.params / (tp * pp)
             # bf16 weights + grads of the trained models and bf16 reference weights stay whole per rank;
             # fp32 master weights and Adam moments (12 B/param) are sharded over DP (distributed optimizer).
-            fixed = shard * (4 * trained + 2) + 2e9
+            fixed = shard * (4 * trained + 2 * passes.reference) + 2e9
             sharded = shard * 12 * trained
             out.append(
                 TrainingEntry(
@@ -118,7 +124,13 @@ def training_entries(model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, algo
 
 
 def analytical_site(
-    model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, cost_per_gpu_hour: float, algorithm: str = "grpo"
+    model: ModelArch,
+    gpu: GpuSpec,
+    *,
+    gpus_per_node: int,
+    cost_per_gpu_hour: float,
+    algorithm: str = "grpo",
+    passes: TrainingPasses | None = None,
 ) -> SiteProfile:
     return SiteProfile(
         gpu=gpu.name,
@@ -126,14 +138,19 @@ def analytical_site(
         hbm_bytes=gpu.hbm_bytes,
         cost_per_gpu_hour=cost_per_gpu_hour,
         generation=generation_entries(model, gpu, gpus_per_node=gpus_per_node),
-        training=training_entries(model, gpu, gpus_per_node=gpus_per_node, algorithm=algorithm),
+        training=training_entries(model, gpu, gpus_per_node=gpus_per_node, algorithm=algorithm, passes=passes),
     )
 
 
 def analytical_profile(
-    model: ModelArch, sites: dict[str, tuple[GpuSpec, int, float]], *, algorithm: str = "grpo"
+    model: ModelArch,
+    sites: dict[str, tuple[GpuSpec, int, float]],
+    *,
+    algorithm: str = "grpo",
+    passes: TrainingPasses | None = None,
 ) -> ProfileFile:
     """`sites` maps site name → (GPU spec, GPUs per node, cost per GPU-hour)."""
+    passes = passes or TrainingPasses()
     return ProfileFile.model_validate(
         {
             "apiVersion": "rlctl/v1",
@@ -141,8 +158,11 @@ def analytical_profile(
             "source": "analytical",
             "model": ModelSpec.of(model),
             "algorithm": algorithm,
+            "training_passes": passes,
             "sites": {
-                name: analytical_site(model, gpu, gpus_per_node=gpn, cost_per_gpu_hour=cost, algorithm=algorithm)
+                name: analytical_site(
+                    model, gpu, gpus_per_node=gpn, cost_per_gpu_hour=cost, algorithm=algorithm, passes=passes
+                )
                 for name, (gpu, gpn, cost) in sites.items()
             },
         }

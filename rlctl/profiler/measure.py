@@ -6,7 +6,8 @@ with a C-token prompt that ignore EOS, one step that admits and prefills them (t
 request has one token left: the engine is dropped, or emptied by the factory before its next use).
 The engine comes from a factory (`bs → engine`), so the same code measures the embedded CPU engine
 (a fresh one per batch size), a vLLM engine (one engine reused: it takes ~20 s to start), or a fake
-with a fake clock in tests.
+with a fake clock in tests. `probe.py` picks the engines a profile measures; `measure_train.py`
+measures the training side.
 """
 
 from __future__ import annotations
@@ -125,13 +126,18 @@ def embedded_engine_factory(model: ModelArch) -> Callable[[int], Engine]:
     """Engines of the embedded CPU engine running the built-in tiny model (random weights: speed only)."""
     require_embedded_model(model)
     try:
-        embedded = importlib.import_module("rlctl.engines.embedded")
         net = importlib.import_module("rlctl.engines.model").TinyGPT()
     except ImportError as e:
         raise RlctlError(
             f"--source measured on a local site needs the embedded engine (rlctl.engines.embedded): {e}",
             hint="use --source analytical until it is installed",
         ) from e
+    return embedded_engines_on(net)
+
+
+def embedded_engines_on(net: Any) -> Callable[[int], Engine]:
+    """A fresh embedded engine per batch size on the loaded model `net` (a TinyGPT: tiny-demo or HF)."""
+    embedded = importlib.import_module("rlctl.engines.embedded")
     return lambda bs: embedded.EmbeddedEngine(net, max_batch_size=bs, temperature=1.0, seed=0)
 
 
@@ -176,6 +182,13 @@ def start_vllm_for_profile(
     return engine
 
 
+def vllm_kv_capacity_tokens(engine: Any) -> int | None:
+    """Tokens of KV cache vLLM allocated (cache blocks × block size), None if it does not say."""
+    cache = engine.llm.llm_engine.vllm_config.cache_config
+    blocks = getattr(cache, "num_gpu_blocks", None)
+    return int(blocks * cache.block_size) if blocks else None
+
+
 def measure_vllm(
     model_dir: str | Path,
     *,
@@ -188,13 +201,14 @@ def measure_vllm(
     **llm_kwargs: Any,
 ) -> GenerationEntry:
     """PTL(BS) and prefill of vLLM on the HF checkpoint `model_dir`, on this host (paged attention:
-    each row attends over its own length)."""
+    each row attends over its own length). The KV capacity is vLLM's own (its cache blocks) when it
+    reports one, else `kv_capacity_tokens`."""
     engine = start_vllm_for_profile(model_dir, contexts=contexts, batch_sizes=batch_sizes, **llm_kwargs)
     entry = measure_generation(
         vllm_engine_factory(engine),
         contexts=contexts,
         batch_sizes=batch_sizes,
-        kv_capacity_tokens=kv_capacity_tokens,
+        kv_capacity_tokens=vllm_kv_capacity_tokens(engine) or kv_capacity_tokens,
         steps=steps,
         warmup_steps=warmup_steps,
         clock=clock,

@@ -1,9 +1,12 @@
-"""The generation microbenchmark of `rlctl profile --source measured`, run where the site's engines run.
+"""The microbenchmarks of `rlctl profile --source measured`, run where the site's agents run.
 
-    rlctl profile ──backend(site).start──▶ python -m rlctl.profiler.probe --model M --kv-capacity-tokens N --out F
-                  ◀── F (JSON: one GenerationEntry) on storage the site shares with the operator ──
+    rlctl profile ──backend(site).start──▶ python -m rlctl.profiler.probe <ProbeSpec as options> --out F
+                  ◀── F (JSON: generation entries, one per engine, and the training figure) ──
 
 A local site runs it in-process; a SLURM or SSH site through its launch backend, like an agent.
+Generation: PTL(BS) and prefill of each rollout engine asked for (the embedded engine on the
+built-in tiny-demo or an HF checkpoint; vLLM on an HF checkpoint). Training: seconds per token of
+one iteration of the algorithm with rlctl's learners (`measure_train`).
 """
 
 from __future__ import annotations
@@ -13,45 +16,159 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from rlctl.errors import RlctlError
-from rlctl.modelcatalog import BUILTIN_MODELS, ModelArch
-from rlctl.profiler.measure import LOCAL_BATCHES, LOCAL_CONTEXTS, embedded_engine_factory, measure_generation
+from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
+from rlctl.engines.factory import VLLM_INSTALL_HINT, vllm_available
+from rlctl.errors import RlctlError, UsageError
+from rlctl.modelcatalog import BUILTIN_MODELS
+from rlctl.profiler.measure import (
+    LOCAL_BATCHES,
+    LOCAL_CONTEXTS,
+    embedded_engines_on,
+    measure_generation,
+    measure_vllm,
+)
 from rlctl.profiler.profile import GenerationEntry
 
+ENGINES = ("embedded", "vllm")
+CONTEXT_MARGIN = 16  # a profiled prompt plus the tokens decoded after it must fit the model's positions
 
-def measure_here(arch: ModelArch, *, kv_capacity_tokens: int) -> GenerationEntry:
-    """PTL(BS) and prefill of the embedded engine on this host, one engine thread (one "GPU" slot)."""
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """What to measure: the model (built-in name or HF checkpoint), engines, algorithm and batch shape."""
+
+    model: str | None  # a built-in model name (tiny-demo), or None with `checkpoint`
+    checkpoint: str | None  # an HF checkpoint directory on the host that runs the probe
+    engines: tuple[str, ...]
+    kv_capacity_tokens: int
+    algorithm: GrpoAlgorithm | PpoAlgorithm
+    batch: Batch
+
+    def argv(self) -> list[str]:
+        """The probe's command-line options for this spec (everything but --out)."""
+        out = ["--model", self.model] if self.model else ["--checkpoint", str(self.checkpoint)]
+        for e in self.engines:
+            out += ["--engine", e]
+        b = self.batch
+        out += ["--kv-capacity-tokens", str(self.kv_capacity_tokens), "--algorithm", self.algorithm.kind]
+        out += ["--kl-coef", repr(self.algorithm.kl_coef), "--prompts", str(b.prompts_per_iteration)]
+        out += ["--samples-per-prompt", str(b.samples_per_prompt)]
+        out += ["--micro-batch-samples", str(b.train_micro_batch_samples)]
+        out += ["--micro-batch-tokens", str(b.train_micro_batch_tokens or 0)]
+        return out
+
+
+def check_engines(spec: ProbeSpec, *, vllm_here: bool = True) -> None:
+    """UsageError unless every engine of `spec` can run its model (before anything starts); with
+    `vllm_here`, vLLM must be importable here (the probe runs on this host)."""
+    for engine in spec.engines:
+        if engine == "vllm":
+            if spec.checkpoint is None:
+                raise UsageError(
+                    f"the vllm engine runs Hugging Face checkpoints; {spec.model!r} is a built-in model",
+                    hint="pass --model DIR (a checkpoint directory) or --job with model.kind hf",
+                )
+            if vllm_here and vllm_available() is not None:
+                raise UsageError(
+                    f"--source measured --engine vllm: {VLLM_INSTALL_HINT}",
+                    hint="or measure the embedded engine: --engine embedded",
+                )
+        elif spec.checkpoint is None and spec.model != "tiny-demo":
+            raise UsageError(
+                f"measured profiles run the embedded engine, which runs 'tiny-demo' or an HF checkpoint; "
+                f"got {spec.model!r}",
+                hint="use --source analytical for other models",
+            )
+
+
+def contexts_for(max_positions: int) -> list[int]:
+    """The local grid's contexts that fit the model's positions (at least one: half of them)."""
+    fit = [c for c in LOCAL_CONTEXTS if c + CONTEXT_MARGIN <= max_positions]
+    return fit or [max(2, max_positions // 2)]
+
+
+def measure_here(spec: ProbeSpec) -> dict[str, Any]:
+    """Generation entries (one per engine) and the training seconds per token, measured on this host."""
     import torch
 
-    torch.set_num_threads(1)
-    # CPU time of the (single) engine thread: other work on the machine does not inflate the profile;
-    # the embedded engine attends over the batch's max length (padded attention)
-    return measure_generation(
-        embedded_engine_factory(arch),
-        contexts=LOCAL_CONTEXTS,
-        batch_sizes=LOCAL_BATCHES,
-        kv_capacity_tokens=kv_capacity_tokens,
-        clock=time.thread_time,
-        padded_attention=True,
+    from rlctl.profiler.measure_train import load_policy, measure_training
+
+    check_engines(spec)
+    torch.set_num_threads(1)  # one engine thread / one trainer rank: one "GPU" slot
+    net = load_policy(spec.checkpoint)
+    contexts = contexts_for(net.config.max_position_embeddings)
+    entries: list[GenerationEntry] = []
+    for engine in spec.engines:
+        # CPU time of the (single) engine thread: other work on the machine does not inflate the profile
+        if engine == "vllm":
+            assert spec.checkpoint is not None
+            entry = measure_vllm(
+                spec.checkpoint,
+                contexts=contexts,
+                batch_sizes=LOCAL_BATCHES,
+                kv_capacity_tokens=spec.kv_capacity_tokens,
+                clock=time.thread_time,
+            )
+        else:  # the embedded engine attends over the batch's max length (padded attention)
+            entry = measure_generation(
+                embedded_engines_on(net),
+                contexts=contexts,
+                batch_sizes=LOCAL_BATCHES,
+                kv_capacity_tokens=spec.kv_capacity_tokens,
+                clock=time.thread_time,
+                padded_attention=True,
+            )
+        entries.append(entry.model_copy(update={"engine": engine}))
+    train = measure_training(spec.algorithm, spec.batch, checkpoint=spec.checkpoint, clock=time.thread_time)
+    return {
+        "host": os.uname().nodename,
+        "generation": [e.model_dump(mode="json") for e in entries],
+        "training": {"gpu_s_per_token": train.gpu_s_per_token, "step_s": train.step_s, "tokens": train.step_tokens},
+    }
+
+
+def parse_spec(argv: list[str] | None = None) -> tuple[ProbeSpec, Path]:
+    ap = argparse.ArgumentParser(prog="python -m rlctl.profiler.probe")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", choices=sorted(BUILTIN_MODELS))
+    which.add_argument("--checkpoint", help="an HF checkpoint directory on this host")
+    ap.add_argument("--engine", action="append", choices=ENGINES)
+    ap.add_argument("--kv-capacity-tokens", type=int, required=True)
+    ap.add_argument("--algorithm", choices=["grpo", "ppo"], default="grpo")
+    ap.add_argument("--kl-coef", type=float, default=0.0)
+    ap.add_argument("--prompts", type=int, default=Batch().prompts_per_iteration)
+    ap.add_argument("--samples-per-prompt", type=int, default=Batch().samples_per_prompt)
+    ap.add_argument("--micro-batch-samples", type=int, default=Batch().train_micro_batch_samples)
+    ap.add_argument("--micro-batch-tokens", type=int, default=Batch().train_micro_batch_tokens or 0)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    algo: GrpoAlgorithm | PpoAlgorithm = (PpoAlgorithm if a.algorithm == "ppo" else GrpoAlgorithm)(
+        kind=a.algorithm, kl_coef=a.kl_coef
     )
+    batch = Batch(
+        prompts_per_iteration=a.prompts,
+        samples_per_prompt=a.samples_per_prompt,
+        train_micro_batch_samples=a.micro_batch_samples,
+        train_micro_batch_tokens=a.micro_batch_tokens or None,
+    )
+    engines = tuple(dict.fromkeys(a.engine or ["embedded"]))
+    return ProbeSpec(a.model, a.checkpoint, engines, a.kv_capacity_tokens, algo, batch), a.out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rlctl.profiler.probe")
-    ap.add_argument("--model", required=True, choices=sorted(BUILTIN_MODELS))
-    ap.add_argument("--kv-capacity-tokens", type=int, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args(argv)
+    spec, out = parse_spec(argv)
     try:
-        entry = measure_here(BUILTIN_MODELS[args.model], kv_capacity_tokens=args.kv_capacity_tokens)
+        result = measure_here(spec)
     except RlctlError as e:
         sys.stderr.write(f"rlctl profile probe: {e}\n")
-        return 1
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps({"host": os.uname().nodename, "generation": entry.model_dump(mode="json")}))
-    tmp.replace(args.out)  # whole or absent: the operator never reads half a file
+        return e.exit_code
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(out)  # whole or absent: the operator never reads half a file
     return 0
 
 

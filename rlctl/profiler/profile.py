@@ -4,13 +4,16 @@
     kind: Profile
     source: analytical            # or measured
     model: {name: qwen2.5-7b, params: 7.62e9, ...}
+    algorithm: grpo
+    training_passes: {reference: true, old_logprobs: false, epochs: 1, mini_batches: 1, recompute: false}
     sites:
       h20:
         gpu: H20
         gpus_per_node: 8
         cost_per_gpu_hour: 1.0
-        generation:               # one entry per tensor-parallel degree
+        generation:               # one entry per tensor-parallel degree (and engine, when measured)
           - tp: 1
+            engine: vllm            # measured with; absent = any engine (analytical)
             contexts: [1024, 4096, 16384]
             batch_sizes: [1, 2, 4, ...]
             ptl_s: [[...], [...], [...]]    # ptl_s[context][batch], seconds per decode step
@@ -34,6 +37,7 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_
 from rlctl.config.base import API_VERSION, Strict, check_header, read_yaml, validate
 from rlctl.errors import ConfigError
 from rlctl.modelcatalog import ModelArch
+from rlctl.profiler.traincost import TrainingPasses
 
 
 class ModelSpec(Strict):
@@ -92,6 +96,9 @@ class GenerationEntry(Strict):
     padded_attention: bool = Field(
         False, description="a step attends over the longest context in the batch (padded), not each row's own"
     )
+    engine: Literal["embedded", "vllm"] | None = Field(
+        None, description="the engine measured; None = any (analytical roofline, or an imported profile)"
+    )
 
     @model_validator(mode="after")
     def _grid_shape(self) -> GenerationEntry:
@@ -111,7 +118,9 @@ class TrainingEntry(Strict):
 
     tp: PositiveInt
     pp: PositiveInt
-    gpu_s_per_token: PositiveFloat = Field(description="GPU-seconds per trained token, all models of the algorithm")
+    gpu_s_per_token: PositiveFloat = Field(
+        description="GPU-seconds per trained token of one iteration: every pass of the profile's training_passes"
+    )
     fixed_bytes_per_gpu: NonNegativeFloat = Field(description="memory per GPU not divided by DP (weights, grads)")
     sharded_bytes_per_gpu: NonNegativeFloat = Field(description="memory per GPU at DP=1 that DP shards (optimizer)")
 
@@ -131,6 +140,9 @@ class ProfileFile(Strict):
     source: Literal["analytical", "measured"]
     model: ModelSpec
     algorithm: Literal["grpo", "ppo"] = "grpo"
+    training_passes: TrainingPasses = Field(
+        default_factory=TrainingPasses, description="the passes the training entries' seconds per token include"
+    )
     sites: dict[Annotated[str, Field(min_length=1)], SiteProfile] = Field(min_length=1)
 
 

@@ -1,47 +1,63 @@
-"""Run the generation probe on a SLURM or SSH site through its launch backend and collect the entry.
+"""Run the probe on a SLURM or SSH site through its launch backend and collect its result.
 
 The probe writes its result and its log on the site (sites share no filesystem with the operator):
 in the site's work root, `<site workdir>/jobs/profile-<site>/` (the operator's work directory itself on a
 local site or a SLURM site submitted from here, see rlctl.launch.sitefs); both are read back through
-the site into the operator's work directory. Every start is recorded in <workdir>/agents.jsonl.
+the site into the operator's work directory. An HF checkpoint is copied there first (`model/`) when the
+site's files are remote. Every start is recorded in <workdir>/agents.jsonl. A probe that exits 2 (a
+usage error on the site, e.g. vLLM not installed there) is a usage error here too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from rlctl.config.inventory import Site
-from rlctl.errors import RlctlError
+from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.agentenv import BASE_ENV
 from rlctl.launch.backends import Backends, record_agent
 from rlctl.launch.base import AgentSpec
-from rlctl.launch.sitefs import access_hosts, host_files, site_root
+from rlctl.launch.sitefs import HostFiles, access_hosts, host_files, is_remote, site_root
 from rlctl.launch.spawn import python_for
-from rlctl.modelcatalog import ModelArch
-from rlctl.profiler.profile import GenerationEntry
+from rlctl.profiler.probe import ProbeSpec
 
 POLL_S = 0.5
 
 
+def stage_checkpoint(fs: HostFiles, checkpoint: Path, root: str) -> str:
+    """Copy the checkpoint directory's files to `<root>/model` on the site; that directory."""
+    (model_dir,) = fs.make_dirs([f"{root}/model"])
+    for f in sorted(p for p in checkpoint.iterdir() if p.is_file()):
+        fs.put(f, f"{model_dir}/{f.name}")
+    return model_dir
+
+
 def measure_on_site(
-    name: str, site: Site, arch: ModelArch, *, kv_capacity_tokens: int, workdir: Path, timeout_s: float = 900.0
-) -> GenerationEntry:
+    name: str, site: Site, spec: ProbeSpec, *, workdir: Path, timeout_s: float = 900.0
+) -> dict[str, Any]:
+    """The probe's result (see probe.measure_here) from a run on the site's first host."""
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    out, log_path = workdir / f"{name}.generation.json", workdir / f"{name}.probe.log"
+    out, log_path = workdir / f"{name}.probe.json", workdir / f"{name}.probe.log"
     out.unlink(missing_ok=True)
     fs = host_files(site, access_hosts(site)[0])  # an SSH site's probe runs on its first host (replica 0)
     backends = Backends({name: site}, job=f"profile-{name}", job_dir=workdir)
     try:
         root = fs.make_dirs([site_root(site, f"profile-{name}", here=workdir)])[0]
         site_out, site_log = f"{root}/{out.name}", f"{root}/{log_path.name}"
-        argv = [python_for(site), "-m", "rlctl.profiler.probe", "--model", arch.name]
-        argv += ["--kv-capacity-tokens", str(kv_capacity_tokens), "--out", site_out]
-        spec = AgentSpec("profile", 0, name, argv, dict(BASE_ENV), Path(site_log))
+        if spec.checkpoint is not None:  # the probe reads the checkpoint on the site
+            where = Path(spec.checkpoint).resolve()
+            spec = dataclasses.replace(
+                spec, checkpoint=stage_checkpoint(fs, where, root) if is_remote(site) else str(where)
+            )
+        argv = [python_for(site), "-m", "rlctl.profiler.probe", *spec.argv(), "--out", site_out]
+        agent = AgentSpec("profile", 0, name, argv, dict(BASE_ENV), Path(site_log))
         backend = backends.for_site(name)
-        handle = backend.start(spec)
+        handle = backend.start(agent)
         record_agent(workdir, handle)
         deadline = time.monotonic() + timeout_s
         try:
@@ -61,8 +77,11 @@ def measure_on_site(
         fs.close()
     if code != 0 or not out.exists():
         tail = log_path.read_text(errors="replace").strip().splitlines()[-3:] if log_path.exists() else []
+        if code == 2 and tail:  # the probe refused its inputs (e.g. vLLM missing on the site): one line
+            raise UsageError(f"site {name!r}: {tail[-1].removeprefix('rlctl profile probe: ')}")
         raise RlctlError(
             f"site {name!r}: the profiling run exited {code} without a result ({' | '.join(tail) or 'no log'})",
             hint=f"its log: {log_path}",
         )
-    return GenerationEntry.model_validate(json.loads(out.read_text())["generation"])
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result

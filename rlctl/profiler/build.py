@@ -1,0 +1,186 @@
+"""Building a profile file for `rlctl profile`: what to profile (from options or a job), then per site
+the analytical roofline or the probe's measurements.
+
+    --cluster/--model/--algorithm/--engine ─┐
+                                            ├─▶ ProfileRequest ─▶ build_profile ─▶ ProfileFile
+    --job JOB (model, algorithm, engine,   ─┘        per site: analytical_site, or the probe
+               batch, the job's sites)                 (in-process on a local site, else remote.py)
+
+A measured site profile holds one generation entry per engine (named, so `rlctl plan` takes the
+curve of the job's engine) and one training entry (tp = pp = 1: the torch trainer's data-parallel
+ranks) whose seconds per token come from a step of rlctl's learner; its memory is analytical.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from rlctl.config import Site
+from rlctl.config.base import check_header, read_yaml, validate
+from rlctl.config.inventory import InventoryFile
+from rlctl.config.job import Batch, BuiltinModel, GrpoAlgorithm, HfModel, Job, PpoAlgorithm
+from rlctl.errors import ConfigError, UsageError
+from rlctl.modelcatalog import BUILTIN_MODELS, ModelArch
+from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entries
+from rlctl.profiler.probe import ProbeSpec, check_engines, measure_here
+from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile
+from rlctl.profiler.traincost import passes_for
+from rlctl.textutil import did_you_mean, one_of
+
+Source = Literal["analytical", "measured"]
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """What a profile covers: sites, the model (and its weights, for measurements), algorithm, engines."""
+
+    sites: dict[str, Site]
+    arch: ModelArch
+    model_name: str | None  # a built-in model, or None with `checkpoint`
+    checkpoint: Path | None  # an HF checkpoint directory (the embedded engine and vLLM run it)
+    algorithm: GrpoAlgorithm | PpoAlgorithm
+    batch: Batch
+    engines: tuple[str, ...]
+
+
+def load_sites(paths: list[Path]) -> dict[str, Site]:
+    """Sites of inventory files, validated, without resolving links: a profile needs no link, so one
+    site's file (`clusters/h20-rollout.yaml`, whose link names a site in another file) is enough."""
+    sites: dict[str, Site] = {}
+    for path in paths:
+        data = read_yaml(path)
+        check_header(path, data, "Inventory")
+        for name, site in validate(path, data, InventoryFile).sites.items():
+            if name in sites:
+                raise ConfigError(str(path), f"sites.{name}", "duplicate site name; already defined in another file")
+            sites[name] = site
+    if not sites:
+        raise ConfigError(", ".join(map(str, paths)), "sites", "no site defined; an inventory needs at least one site")
+    return sites
+
+
+def _pick_sites(known: dict[str, Site], names: list[str] | None) -> dict[str, Site]:
+    for s in names or []:
+        if s not in known:
+            raise UsageError(f"--site: unknown site {s!r}; known: {one_of(known)}{did_you_mean(s, known)}")
+    return {s: known[s] for s in (names or known)}
+
+
+def request_from_options(
+    cluster: list[Path], *, model: str, algorithm: str, sites: list[str] | None, engines: list[str] | None
+) -> ProfileRequest:
+    """`--model` is a built-in name or an HF checkpoint directory; the algorithm has no KL term."""
+    if model in BUILTIN_MODELS:
+        arch, name, checkpoint = BUILTIN_MODELS[model], model, None
+    elif Path(model).is_dir():
+        from rlctl.engines.hf import check_hf_dir
+
+        checkpoint = Path(model).resolve()
+        arch, name = check_hf_dir(checkpoint).arch, None
+    else:
+        raise UsageError(
+            f"--model: unknown model {model!r}; known: {one_of(BUILTIN_MODELS)}, or a Hugging Face checkpoint "
+            f"directory{did_you_mean(model, BUILTIN_MODELS)}"
+        )
+    algo = PpoAlgorithm(kind="ppo") if algorithm == "ppo" else GrpoAlgorithm(kind="grpo")
+    return ProfileRequest(
+        _pick_sites(load_sites(cluster), sites), arch, name, checkpoint, algo, Batch(), tuple(engines or ["embedded"])
+    )
+
+
+def request_from_job(job: Job, *, sites: list[str] | None, engines: list[str] | None) -> ProfileRequest:
+    """The job's model, algorithm (its KL term included), rollout engine, batch shape and sites."""
+    spec = job.spec
+    placed = [spec.placement.trainer.site, *(r.site for r in spec.placement.rollout)]
+    known = {s: job.inventory.sites[s] for s in dict.fromkeys(placed)}
+    model = spec.model
+    checkpoint = Path(model.path) if isinstance(model, HfModel) else None
+    name = model.name if isinstance(model, BuiltinModel) else None
+    return ProfileRequest(
+        _pick_sites(known, sites),
+        model.arch,
+        name,
+        checkpoint,
+        spec.algorithm,
+        spec.batch,
+        tuple(engines or [spec.rollout.engine]),
+    )
+
+
+def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None = None) -> ProfileFile:
+    passes = passes_for(req.algorithm)
+    kind = req.algorithm.kind
+    if source == "measured":
+        check_measurable(req)
+    specs = {s: _probe_spec(req, site) for s, site in req.sites.items()} if source == "measured" else {}
+    for s, spec in specs.items():  # refuse before starting anything (vLLM is looked for here on local sites)
+        check_engines(spec, vllm_here=req.sites[s].scheduler.kind == "local")
+    out: dict[str, SiteProfile] = {}
+    for s, site in req.sites.items():
+        if source == "analytical":
+            out[s] = analytical_site(
+                req.arch,
+                site.spec,
+                gpus_per_node=site.gpus_per_node,
+                cost_per_gpu_hour=site.gpu_cost_per_hour,
+                algorithm=kind,
+                passes=passes,
+            )
+            continue
+        if site.scheduler.kind == "local":
+            result = measure_here(specs[s])
+        else:
+            from rlctl.profiler.remote import measure_on_site  # launch backends: only when needed
+
+            where = workdir or Path("runs") / f"profile-{time.strftime('%Y%m%d-%H%M%S')}"
+            sys.stderr.write(f"site {s}: measuring through its {site.scheduler.kind} backend (work dir {where})\n")
+            result = measure_on_site(s, site, specs[s], workdir=where)
+        # memory of the torch trainer's one-GPU ranks: the analytical tp = pp = 1 entry's
+        (mem,) = [
+            e
+            for e in training_entries(req.arch, site.spec, gpus_per_node=1, algorithm=kind, passes=passes)
+            if e.pp == 1
+        ]
+        out[s] = SiteProfile(
+            gpu=site.spec.name,
+            gpus_per_node=site.gpus_per_node,
+            hbm_bytes=site.spec.hbm_bytes,
+            cost_per_gpu_hour=site.gpu_cost_per_hour,
+            generation=[GenerationEntry.model_validate(g) for g in result["generation"]],
+            training=[mem.model_copy(update={"gpu_s_per_token": result["training"]["gpu_s_per_token"]})],
+        )
+    return ProfileFile.model_validate(
+        {
+            "apiVersion": "rlctl/v1",
+            "kind": "Profile",
+            "source": source,
+            "model": ModelSpec.of(req.arch),
+            "algorithm": kind,
+            "training_passes": passes,
+            "sites": out,
+        }
+    )
+
+
+def _probe_spec(req: ProfileRequest, site: Site) -> ProbeSpec:
+    return ProbeSpec(
+        req.model_name,
+        None if req.checkpoint is None else str(req.checkpoint),
+        req.engines,
+        kv_capacity_tokens(req.arch, site.spec, tp=1),
+        req.algorithm,
+        req.batch,
+    )
+
+
+def check_measurable(req: ProfileRequest) -> None:
+    """UsageError if the model cannot be measured at all (a job's `kind: arch` model has no weights)."""
+    if req.model_name is None and req.checkpoint is None:
+        raise UsageError(
+            f"model {req.arch.name!r} is described by its architecture only: nothing to run",
+            hint="use --source analytical",
+        )

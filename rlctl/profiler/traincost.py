@@ -1,0 +1,78 @@
+"""The training cost model per RL algorithm: which model passes one iteration runs per trained token.
+
+A forward of a model of P parameters costs 2·P FLOPs per token (matmuls; attention is left out), its
+backward 4·P: an update (forward + backward) is 6·P, 8·P with activation recomputation (the forward
+runs again before the backward). Counted in *forward units* (one forward of the policy, 2·P):
+
+    GRPO  policy update                      (3 + recompute) · epochs
+          + reference forward                 1   when the job has a KL term (kl_coef > 0)
+          + old log-prob forward              1   if the trainer re-scores samples (rlctl: no)
+    PPO   policy and critic updates           2 · (3 + recompute) · epochs
+          + critic values forward (for GAE)   1
+          + reference / old log-prob forwards as for GRPO
+
+The critic is the policy's size (StreamRL §7; rlctl's critic is a copy of the policy's trunk).
+E.g. rlctl's GRPO: 3 units (6·P), with KL 4 (8·P); rlctl's PPO with KL: 8 (16·P); verl-style PPO
+with KL, old log-probs and recomputation: 2 + 1 + 2·4 = 11 (22·P).
+
+What rlctl's trainer does (the defaults, `TrainingPasses()`): one epoch, one optimizer step per
+iteration (gradients accumulate over micro-batches), no recomputation, the engine's log-probs as the
+behaviour policy; GRPO trains micro-batches as groups stream in, PPO trains at the step (GAE and the
+whitened advantages need the whole batch). Epochs, mini-batches, recomputation and an old log-prob
+pass are planner/profile parameters for trainers that run them; the job cannot ask for them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import PositiveInt
+
+from rlctl.config.base import Strict
+from rlctl.config.job import GrpoAlgorithm, PpoAlgorithm
+
+AlgorithmKind = Literal["grpo", "ppo"]
+TRAINED_MODELS: dict[str, int] = {"grpo": 1, "ppo": 2}  # models with gradients and optimizer state
+UPDATE_UNITS = 3  # forward + backward = 3 forwards
+
+
+class TrainingPasses(Strict):
+    """What one iteration's training runs beyond the algorithm's own models (see the module docstring)."""
+
+    reference: bool = False  # a reference forward: the job's algorithm has kl_coef > 0
+    old_logprobs: bool = False  # the policy re-scores the samples before updating (rlctl: the engine's)
+    epochs: PositiveInt = 1  # passes of the update over the batch per iteration
+    mini_batches: PositiveInt = 1  # optimizer steps per epoch
+    recompute: bool = False  # activation recomputation: one more forward per update
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self.epochs * self.mini_batches
+
+
+def passes_for(algorithm: GrpoAlgorithm | PpoAlgorithm, trainer: TrainingPasses | None = None) -> TrainingPasses:
+    """The passes of a job's algorithm on `trainer` (default: rlctl's trainer); the job sets `reference`."""
+    return (trainer or TrainingPasses()).model_copy(update={"reference": algorithm.kl_coef > 0})
+
+
+def trained_models(algorithm: str) -> int:
+    return TRAINED_MODELS[algorithm]
+
+
+def forward_units(algorithm: str, passes: TrainingPasses) -> float:
+    """Forward passes of the policy's size per trained token in one iteration (FLOPs = 2·P·units)."""
+    update = (UPDATE_UNITS + passes.recompute) * passes.epochs * trained_models(algorithm)
+    forwards = passes.reference + passes.old_logprobs + (algorithm == "ppo")  # critic values for GAE
+    return float(update + forwards)
+
+
+def flops_per_token(algorithm: str, passes: TrainingPasses, params: float) -> float:
+    return 2.0 * params * forward_units(algorithm, passes)
+
+
+def streamed_units(algorithm: str, passes: TrainingPasses) -> float:
+    """The forward units rlctl's learner runs as samples stream in (before the whole batch is there):
+    GRPO's first epoch (reference forward and policy update per micro-batch); nothing for PPO."""
+    if algorithm == "ppo":
+        return 0.0
+    return float(passes.reference + passes.old_logprobs + UPDATE_UNITS + passes.recompute)

@@ -1,0 +1,271 @@
+"""`rlctl profile --source measured` wiring: which engines the probe measures (fakes for vLLM), the
+training step it times, how a profile names its engines, and how `plan` picks the job's engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from rlctl.config import load_job
+from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
+from rlctl.engines.factory import vllm_available
+from rlctl.errors import ConfigError, UsageError
+from rlctl.launch.sitefs import LocalFiles
+from rlctl.planner.plan import PlanOptions, make_plan
+from rlctl.profiler import build, measure_train, probe
+from rlctl.profiler.profile import GenerationEntry, load_profile, save_profile
+from rlctl.profiler.remote import stage_checkpoint
+from tests.conftest import ROOT, CliResult
+
+Cli = Callable[..., CliResult]
+
+
+def spec(*, engines: tuple[str, ...], checkpoint: str | None = "/ckpt", model: str | None = None) -> probe.ProbeSpec:
+    return probe.ProbeSpec(
+        model, checkpoint, engines, 1000, PpoAlgorithm(kind="ppo", kl_coef=0.05), Batch(train_micro_batch_tokens=None)
+    )
+
+
+def entry(ptl_s: float) -> GenerationEntry:
+    return GenerationEntry(
+        tp=1,
+        contexts=[16],
+        batch_sizes=[1, 8],
+        ptl_s=[[ptl_s, 2 * ptl_s]],
+        prefill_s_per_token=1e-6,
+        kv_capacity_tokens=99,
+    )
+
+
+def test_probe_spec_round_trips_through_its_command_line() -> None:
+    s = spec(engines=("embedded", "vllm"))
+    back, out = probe.parse_spec([*s.argv(), "--out", "/tmp/x.json"])
+    assert back == s and out == Path("/tmp/x.json")
+    builtin = probe.ProbeSpec("tiny-demo", None, ("embedded",), 5, GrpoAlgorithm(kind="grpo"), Batch())
+    assert probe.parse_spec([*builtin.argv(), "--out", "o"])[0] == builtin
+
+
+def test_engines_are_checked_before_anything_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UsageError, match="vllm engine runs Hugging Face checkpoints"):
+        probe.check_engines(spec(engines=("vllm",), checkpoint=None, model="tiny-demo"))
+    with pytest.raises(UsageError, match=r"runs 'tiny-demo' or an HF checkpoint; got 'qwen2\.5-7b'"):
+        probe.check_engines(spec(engines=("embedded",), checkpoint=None, model="qwen2.5-7b"))
+    monkeypatch.setattr(probe, "vllm_available", lambda: "pip install 'rlctl[vllm]'")
+    with pytest.raises(UsageError, match=r"pip install 'rlctl\[vllm\]'") as e:
+        probe.check_engines(spec(engines=("embedded", "vllm")))
+    assert e.value.exit_code == 2 and "--engine embedded" in (e.value.hint or "")
+    probe.check_engines(spec(engines=("vllm",)), vllm_here=False)  # a remote site: vLLM is looked for there
+
+
+def test_measure_here_measures_each_engine_and_a_training_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[Any] = []
+    net = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=128))
+
+    def fake_vllm(checkpoint: str, *, contexts: list[int], **kw: Any) -> GenerationEntry:
+        events.append(("vllm", checkpoint, contexts, kw["kv_capacity_tokens"]))
+        return entry(2e-3)
+
+    def fake_embedded(factory: Any, *, contexts: list[int], padded_attention: bool, **kw: Any) -> GenerationEntry:
+        events.append(("embedded", contexts, padded_attention))
+        return entry(1e-3).model_copy(update={"padded_attention": padded_attention})
+
+    def fake_train(algorithm: Any, batch: Batch, *, checkpoint: str | None, clock: Any) -> Any:
+        events.append(("train", algorithm.kind, algorithm.kl_coef, checkpoint, clock is time.thread_time))
+        return measure_train.TrainMeasurement(3e-5, [0.1], [1000])
+
+    monkeypatch.setattr(probe, "vllm_available", lambda: None)
+    monkeypatch.setattr(probe, "measure_vllm", fake_vllm)
+    monkeypatch.setattr(probe, "measure_generation", fake_embedded)
+    monkeypatch.setattr(probe, "embedded_engines_on", lambda n: events.append(("factory", n is net)))
+    monkeypatch.setattr(measure_train, "load_policy", lambda checkpoint: net)
+    monkeypatch.setattr(measure_train, "measure_training", fake_train)
+    out = probe.measure_here(spec(engines=("embedded", "vllm")))
+    assert events == [
+        ("factory", True),
+        ("embedded", [16, 64], True),  # 160 + margin does not fit 128 positions
+        ("vllm", "/ckpt", [16, 64], 1000),
+        ("train", "ppo", 0.05, "/ckpt", True),
+    ]
+    gen = [GenerationEntry.model_validate(g) for g in out["generation"]]
+    assert [(g.engine, g.padded_attention, g.ptl_s[0][0]) for g in gen] == [
+        ("embedded", True, 1e-3),
+        ("vllm", False, 2e-3),
+    ]
+    assert out["training"]["gpu_s_per_token"] == 3e-5
+
+
+def test_contexts_fit_the_models_positions() -> None:
+    assert probe.contexts_for(320) == [16, 64, 160]
+    assert probe.contexts_for(40) == [16]
+    assert probe.contexts_for(24) == [12]
+
+
+def test_measured_profile_names_its_engines_and_holds_the_measured_training(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[tuple[str, tuple[str, ...], float]] = []
+
+    def fake_probe(s: probe.ProbeSpec) -> dict[str, Any]:
+        calls.append(("here", s.engines, s.algorithm.kl_coef))
+        gens = [entry(1e-3 * (i + 1)).model_copy(update={"engine": e}) for i, e in enumerate(s.engines)]
+        return {"generation": [g.model_dump(mode="json") for g in gens], "training": {"gpu_s_per_token": 4e-5}}
+
+    monkeypatch.setattr(build, "measure_here", fake_probe)
+    monkeypatch.setattr(probe, "vllm_available", lambda: None)
+    job = load_job(ROOT / "jobs/demo.yaml")
+    algo = PpoAlgorithm(kind="ppo", kl_coef=0.02)
+    job.spec = job.spec.model_copy(update={"algorithm": algo})
+    req = build.request_from_job(job, sites=None, engines=["embedded", "vllm"])
+    assert req.engines == ("embedded", "vllm") and req.batch == job.spec.batch and req.algorithm == algo
+    with pytest.raises(UsageError, match="vllm engine runs Hugging Face checkpoints"):
+        build.build_profile(req, source="measured")  # tiny-demo is built in: no checkpoint for vLLM
+    assert calls == []  # refused before measuring anything
+    req = dataclasses.replace(req, model_name=None, checkpoint=Path("/ckpt"))
+    prof = build.build_profile(req, source="measured")
+    assert calls == [("here", ("embedded", "vllm"), 0.02)]
+    site = prof.sites["local"]
+    assert [e.engine for e in site.generation] == ["embedded", "vllm"]
+    ((tp, pp, s_per_token),) = [(t.tp, t.pp, t.gpu_s_per_token) for t in site.training]
+    assert (tp, pp, s_per_token) == (1, 1, 4e-5)
+    assert prof.algorithm == "ppo" and prof.training_passes.reference is True
+    save_profile(prof, tmp_path / "p.yaml")
+    assert load_profile(tmp_path / "p.yaml") == prof
+
+
+def test_plan_takes_the_curve_of_the_jobs_engine(tmp_path: Path) -> None:
+    job = load_job(ROOT / "jobs/demo.yaml")
+    prof = build.build_profile(build.request_from_job(job, sites=None, engines=None), source="analytical")
+    site = prof.sites["local"]
+    fast, slow = entry(1e-4), entry(1e-2)
+    both = prof.model_copy(
+        update={
+            "source": "measured",
+            "sites": {
+                "local": site.model_copy(
+                    update={
+                        "generation": [
+                            fast.model_copy(update={"engine": "embedded"}),
+                            slow.model_copy(update={"engine": "vllm"}),
+                        ]
+                    }
+                )
+            },
+        }
+    )
+    opts = PlanOptions(sim_iterations=1)
+    t_embedded = make_plan(job, both, opts)["predicted"]["t_gen_s"]
+    job.spec = job.spec.model_copy(update={"rollout": job.spec.rollout.model_copy(update={"engine": "vllm"})})
+    t_vllm = make_plan(job, both, opts)["predicted"]["t_gen_s"]
+    assert t_vllm > 20 * t_embedded  # PTL 100× slower
+    only_embedded = both.model_copy(
+        update={
+            "sites": {
+                "local": both.sites["local"].model_copy(update={"generation": [both.sites["local"].generation[0]]})
+            }
+        }
+    )
+    with pytest.raises(ConfigError, match="measured with engine embedded; the job rolls out with 'vllm'"):
+        make_plan(job, only_embedded, opts, profile_file="p.yaml")
+
+
+def test_measure_training_times_the_learner_per_token() -> None:
+    clock = SimpleNamespace(now=0.0)
+    events: list[str] = []
+
+    class FakeLearner:
+        def add(self, sample: Any) -> None:
+            clock.now += 0.01
+            events.append("add")
+
+        def train_ready(self) -> None:
+            events.append("ready")
+
+        def step(self) -> None:
+            clock.now += 1.0
+            events.append("step")
+
+    batch = Batch(prompts_per_iteration=2, samples_per_prompt=2)
+    m = measure_train.measure_training(
+        GrpoAlgorithm(kind="grpo"), batch, steps=2, warmup_steps=1, clock=lambda: clock.now,
+        learner_factory=FakeLearner, vocab=50,
+    )  # fmt: skip
+    assert events == (["add", "ready"] * 4 + ["step"]) * 3
+    assert m.step_s == pytest.approx([1.04, 1.04])
+    assert m.gpu_s_per_token == pytest.approx(statistics.median([1.04 / n for n in m.step_tokens]))
+    assert all(4 * (8 + 16) <= n <= 4 * (8 + 48) for n in m.step_tokens)
+
+
+@pytest.mark.parametrize("algorithm", [GrpoAlgorithm(kind="grpo", kl_coef=0.1), PpoAlgorithm(kind="ppo")])
+def test_measure_training_runs_rlctls_learners_on_the_tiny_model(algorithm: GrpoAlgorithm | PpoAlgorithm) -> None:
+    batch = Batch(prompts_per_iteration=2, samples_per_prompt=4)
+    m = measure_train.measure_training(algorithm, batch, steps=1, warmup_steps=0, clock=time.thread_time)
+    assert m.gpu_s_per_token > 0 and len(m.step_s) == 1 and m.step_tokens[0] >= 8 * (8 + 16)
+
+
+def test_stage_checkpoint_copies_every_file(tmp_path: Path) -> None:
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"\0" * 10)
+    (src / "sub").mkdir()  # not part of a checkpoint's top level: not copied
+    where = stage_checkpoint(LocalFiles(), src, str(tmp_path / "site"))
+    assert sorted(p.name for p in Path(where).iterdir()) == ["config.json", "model.safetensors"]
+
+
+@pytest.mark.skipif(vllm_available() is None, reason="vLLM is installed here: tests/vllm measure it for real")
+def test_measured_vllm_profile_without_vllm_is_one_line_exit_2(cli: Cli, tmp_path: Path) -> None:
+    from rlctl.engines.model import TinyGPT
+    from tests.unit.tiny_models import small_config
+
+    TinyGPT(small_config(positions=64)).save_pretrained(tmp_path / "m")
+    r = cli(
+        "profile", "--cluster", str(ROOT / "clusters/local.yaml"), "--model", str(tmp_path / "m"),
+        "--engine", "vllm", "--source", "measured", "-o", str(tmp_path / "p.yaml"),
+    )  # fmt: skip
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "pip install 'rlctl[vllm]'" in r.stderr and "--engine embedded" in r.stderr
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_profile_of_a_job(cli: Cli, tmp_path: Path) -> None:
+    r = cli("profile", "--job", str(ROOT / "jobs/cross-dc-7b.yaml"), "-o", str(tmp_path / "p.yaml"))
+    assert r.exit_code == 0, r.stderr
+    prof = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    assert set(prof["sites"]) == {"h800", "h20"} and prof["algorithm"] == "grpo"
+    r = cli("plan", str(ROOT / "jobs/cross-dc-7b.yaml"), "--profile", str(tmp_path / "p.yaml"), "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    r = cli("profile", "--job", str(ROOT / "jobs/demo.yaml"), "--cluster", str(ROOT / "clusters/local.yaml"))
+    assert r.exit_code == 2 and "drop --cluster" in r.stderr and r.stderr.count("\n") == 1
+    r = cli("profile", "--model", "tiny-demo")
+    assert r.exit_code == 2 and "give --cluster and --model, or --job" in r.stderr
+
+
+def test_a_remote_site_is_measured_through_its_backend_and_looks_for_vllm_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from rlctl.profiler import remote
+
+    started: list[tuple[str, tuple[str, ...], Path]] = []
+
+    def fake_site(name: str, site: Any, s: probe.ProbeSpec, *, workdir: Path) -> dict[str, Any]:
+        started.append((name, s.engines, workdir))
+        g = entry(5e-3).model_copy(update={"engine": "vllm"})
+        return {"generation": [g.model_dump(mode="json")], "training": {"gpu_s_per_token": 1e-6}}
+
+    monkeypatch.setattr(remote, "measure_on_site", fake_site)
+    monkeypatch.setattr(probe, "vllm_available", lambda: "not here")  # the operator's host has no vLLM
+    req = build.request_from_options(
+        [ROOT / "clusters/h20-rollout.yaml"], model="tiny-demo", algorithm="grpo", sites=None, engines=["vllm"]
+    )
+    req = dataclasses.replace(req, model_name=None, checkpoint=Path("/ckpt"))
+    prof = build.build_profile(req, source="measured", workdir=tmp_path)
+    assert started == [("h20", ("vllm",), tmp_path)]
+    assert prof.sites["h20"].generation[0].engine == "vllm"

@@ -1,0 +1,151 @@
+"""The training cost model per algorithm: hand-computed FLOPs, the analytical entries, and how the
+planner and the simulator use it (profile scaling, streamed vs at-step work, optimizer steps)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from rlctl.config import load_job
+from rlctl.config.job import GrpoAlgorithm, Job, PpoAlgorithm
+from rlctl.errors import ConfigError
+from rlctl.hardware import CATALOG
+from rlctl.modelcatalog import BUILTIN_MODELS
+from rlctl.planner.costs import TrainWorkload, train_time_s
+from rlctl.planner.plan import PlanOptions, make_plan, profile_for, train_cost
+from rlctl.planner.simjob import IterationWork, simulate_job
+from rlctl.profiler.analytical import ETA_TRAIN, analytical_profile, training_entries
+from rlctl.profiler.traincost import (
+    TrainingPasses,
+    flops_per_token,
+    forward_units,
+    passes_for,
+    streamed_units,
+)
+
+P7 = 7.62e9  # qwen2.5-7b parameters
+RUNTIME = TrainingPasses()  # rlctl's trainer: 1 epoch, 1 optimizer step, no recompute, engine log-probs
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "passes", "flops"),
+    [
+        ("grpo", RUNTIME, 6 * P7),  # policy fwd 2P + bwd 4P
+        ("grpo", TrainingPasses(reference=True), 8 * P7),  # + reference fwd 2P
+        ("ppo", RUNTIME, 14 * P7),  # policy 6P + critic 6P + critic values 2P
+        ("ppo", TrainingPasses(reference=True), 16 * P7),  # + reference 2P
+        # verl-style PPO: + old log-probs 2P, recomputation re-runs each update's forward (+2P × 2 models)
+        ("ppo", TrainingPasses(reference=True, old_logprobs=True, recompute=True), 22 * P7),
+        # two epochs: both updates twice (2 × 12P), the forwards once (ref 2P + values 2P)
+        ("ppo", TrainingPasses(reference=True, epochs=2), 28 * P7),
+        ("grpo", TrainingPasses(epochs=4, mini_batches=8), 24 * P7),  # mini-batches do not add FLOPs
+    ],
+)
+def test_flops_per_token_by_hand(algorithm: str, passes: TrainingPasses, flops: float) -> None:
+    assert flops_per_token(algorithm, passes, P7) == pytest.approx(flops)
+
+
+def test_the_job_sets_the_reference_forward_and_the_trainer_the_rest() -> None:
+    assert passes_for(GrpoAlgorithm(kind="grpo")) == TrainingPasses(reference=False)
+    assert passes_for(PpoAlgorithm(kind="ppo", kl_coef=0.001)) == TrainingPasses(reference=True)
+    verl = TrainingPasses(reference=False, old_logprobs=True, epochs=2, mini_batches=4)
+    got = passes_for(PpoAlgorithm(kind="ppo", kl_coef=0.01), verl)
+    assert got.reference and got.old_logprobs and got.optimizer_steps == 8
+
+
+def test_what_streams_in_rlctls_learners() -> None:
+    # GRPO: reference forward + the first epoch's update per micro-batch; later epochs need the batch
+    p = TrainingPasses(reference=True, epochs=2)
+    assert (streamed_units("grpo", p), forward_units("grpo", p)) == (4.0, 7.0)
+    assert streamed_units("ppo", TrainingPasses(reference=True)) == 0.0  # GAE whitening: all at the step
+
+
+def test_analytical_entry_is_flops_over_mfu_and_memory_counts_the_models() -> None:
+    m, g = BUILTIN_MODELS["qwen2.5-7b"], CATALOG["H800"]
+    grpo = {(e.tp, e.pp): e for e in training_entries(m, g, gpus_per_node=8, algorithm="grpo")}
+    ppo = {
+        (e.tp, e.pp): e
+        for e in training_entries(m, g, gpus_per_node=8, algorithm="ppo", passes=TrainingPasses(reference=True))
+    }
+    assert grpo[1, 1].gpu_s_per_token == pytest.approx(6 * P7 / (ETA_TRAIN * g.flops))
+    assert ppo[1, 1].gpu_s_per_token == pytest.approx(16 * P7 / (ETA_TRAIN * g.flops))
+    assert ppo[2, 1].gpu_s_per_token / grpo[2, 1].gpu_s_per_token == pytest.approx(16 / 6)  # TP comm scales too
+    # bf16 weights + grads of policy and critic (4 B each) + bf16 reference (2 B) + 2 GB; Adam 12 B per trained
+    assert ppo[1, 1].fixed_bytes_per_gpu == pytest.approx(P7 * (4 * 2 + 2) + 2e9)
+    assert ppo[1, 1].sharded_bytes_per_gpu == pytest.approx(P7 * 12 * 2)
+    assert grpo[1, 1].fixed_bytes_per_gpu == pytest.approx(P7 * 4 + 2e9)  # no KL: no reference weights
+
+
+def test_optimizer_steps_and_scale_enter_the_trainer_time() -> None:
+    prof = analytical_profile(BUILTIN_MODELS["qwen2.5-7b"], {"h": (CATALOG["H800"], 8, 2.85)})
+    site = prof.sites["h"]
+    e = next(x for x in site.training if (x.tp, x.pp) == (1, 1))
+    one = TrainWorkload(1e6, 512, 32, P7 * 2)
+    t1 = train_time_s(e, 4, one, site=site, node_bytes_per_s=25e9)
+    t_scaled = train_time_s(e, 4, TrainWorkload(1e6, 512, 32, P7 * 2, pass_scale=2.0), site=site, node_bytes_per_s=25e9)
+    t_steps = train_time_s(
+        e, 4, TrainWorkload(1e6, 512, 32, P7 * 2, mini_batches=4, optimizer_steps=4), site=site, node_bytes_per_s=25e9
+    )
+    compute = 1e6 * e.gpu_s_per_token / 4
+    assert t_scaled - t1 == pytest.approx(compute)
+    sync_and_step = t1 - compute
+    assert t_steps - t1 == pytest.approx(3 * sync_and_step)  # pp = 1: no bubble to grow
+
+
+def _job(algorithm: dict[str, object]) -> Job:
+    job = load_job(Path(__file__).resolve().parents[3] / "jobs" / "cross-dc-7b.yaml")
+    spec = job.spec.model_copy(
+        update={"algorithm": (PpoAlgorithm if algorithm["kind"] == "ppo" else GrpoAlgorithm).model_validate(algorithm)}
+    )
+    return Job(spec, job.inventory, job.path)
+
+
+def test_a_profile_of_other_passes_is_scaled_to_the_jobs() -> None:
+    """A PPO profile without reference, planned for a PPO job with KL: ×16/14, the same trainer time
+    as the profile built for the job's own passes (the analytical entries are linear in FLOPs)."""
+    job = _job({"kind": "ppo", "kl_coef": 0.01})
+    opts = PlanOptions(sim_iterations=1, curves_in_output=False)
+    plain = analytical_profile(
+        job.spec.model.arch,
+        {s: (site.spec, site.gpus_per_node, site.gpu_cost_per_hour) for s, site in job.inventory.sites.items()},
+        algorithm="ppo",
+    )
+    assert train_cost(job, plain, TrainingPasses())["scale_of_profile"] == pytest.approx(16 / 14)
+    scaled = make_plan(job, plain, opts)
+    own = make_plan(job, None, opts)
+    assert scaled["predicted"]["t_train_s"] == pytest.approx(own["predicted"]["t_train_s"])
+    assert own["training"]["flops_per_token"] == pytest.approx(16 * P7)
+    grpo = make_plan(_job({"kind": "grpo"}), None, opts)
+    assert grpo["training"]["forward_units"] == 3 and own["training"]["forward_units"] == 8
+
+
+def test_a_profile_of_another_algorithm_is_refused() -> None:
+    job = _job({"kind": "ppo"})
+    grpo_prof = profile_for(_job({"kind": "grpo"}), None)
+    with pytest.raises(ConfigError, match="profile is for 'grpo', job runs 'ppo'"):
+        make_plan(job, grpo_prof, PlanOptions(sim_iterations=1))
+
+
+def test_ppo_trains_at_the_step_so_stream_is_no_better_than_sync() -> None:
+    n = 4
+
+    def work(at_step_s: float) -> IterationWork:
+        return IterationWork(np.linspace(10 / n, 10, n), np.ones(n), 6.0, 1, at_step_s=at_step_s)
+
+    stream = simulate_job([work(0.0)] * 6, mode="stream", weight_sync_s=1.0).iteration_s()
+    ppo_stream = simulate_job([work(6.0)] * 6, mode="stream", weight_sync_s=1.0).iteration_s()
+    ppo_sync = simulate_job([work(6.0)] * 6, mode="sync", weight_sync_s=1.0).iteration_s()
+    assert stream == pytest.approx(10 + 1.5 + 1)
+    assert ppo_stream == pytest.approx(ppo_sync) == pytest.approx(10 + 6 + 1)
+    half = simulate_job([work(3.0)] * 6, mode="stream", weight_sync_s=1.0).iteration_s()
+    assert half == pytest.approx(10 + 0.75 + 3 + 1)  # the last micro-batch's streamed share, then the step
+
+
+def test_plan_json_reports_the_training_cost() -> None:
+    p = make_plan(_job({"kind": "grpo", "kl_coef": 0.1}), None, PlanOptions(sim_iterations=1))
+    t = p["training"]
+    assert t["passes"]["reference"] is True and t["forward_units"] == 4 and t["streamed_fraction"] == 1.0
+    yaml.safe_dump(t)  # plain data
