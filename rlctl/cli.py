@@ -40,6 +40,12 @@ for module in (version, check, completion, profile, plan, launch, status, scale,
     module.register(app)
 
 
+def one_line(text: str) -> str:
+    """`text` with line breaks and other control characters escaped (a key named "a\\nb" in a YAML file
+    must not split the error in two, nor an escape sequence reach the terminal)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def main() -> None:
     """Console entry point: run the app; an RlctlError becomes one stderr line and its exit code."""
     try:
@@ -50,7 +56,7 @@ def main() -> None:
         line = f"rlctl: error: {e}"
         if e.hint:
             line += f" (hint: {e.hint})"
-        sys.stderr.write(line + "\n")
+        sys.stderr.write(one_line(line) + "\n")
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("rlctl: interrupted\n")

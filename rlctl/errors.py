@@ -10,7 +10,8 @@
         ├── PeerUnreachable                 connect refused / no route
         ├── PeerTimeout                     connect or read deadline passed
         ├── AuthError                       HMAC challenge failed: peer refused before any payload
-        └── ProtocolError                   malformed frame, size bound exceeded, checksum mismatch
+        └── ProtocolError                   malformed frame, size bound exceeded, checksum mismatch,
+                                            a header that does not fit its message kind
 
 Each interface translates foreign exceptions (OSError, yaml, pydantic, subprocess) into this tree
 in one place, so callers catch `RlctlError` and nothing else.

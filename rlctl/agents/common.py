@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlctl.agents.messages import Heartbeat, Hello, make
+from rlctl.agents.messages import FROM_CONTROLLER, Heartbeat, Hello, make, recv_checked
 from rlctl.config.job import JobFile
 from rlctl.errors import TransportError
 from rlctl.launch.jobdir import JobDir
@@ -75,7 +75,7 @@ class ControllerLink:
     def _read(self) -> None:
         while not self._closed.is_set():
             try:
-                self.inbox.put(self.conn.recv())
+                self.inbox.put(recv_checked(self.conn, peer=f"controller {self.conn.peer}", kinds=FROM_CONTROLLER))
             except TransportError as e:
                 if not self._closed.is_set():
                     log.warning("controller link closed: %s", e)

@@ -7,37 +7,55 @@ builtins) and raw tensor frames. Who sends what:
     hello            agent → controller          Hello                          –
     generate         controller → rollout        Generate (requests)            –
     sample           rollout → controller        SampleDone                     [output int32, logprobs f32]
-    weights_applied  rollout → controller        {version, holder, encoding,   –
-                                                  wire_bytes, fetch_s}
-    samples          controller → trainer        {samples: [Delivered…]}        2 per sample, as in `sample`
-    members          controller → trainer        {datacenter, rollouts: {name:  –
-                                                  {address, weights, datacenter}}}
+    weights_applied  rollout → controller        WeightsApplied                 –
+    samples          controller → trainer        Samples {samples: [Delivered…]} 2 per sample, as in `sample`
+    members          controller → trainer        Members {datacenter, rollouts: –
+                                                  {name: {address, weights, datacenter}}}
     trained          trainer → controller        Trained                        –
-    weights_available trainer → rollout (direct) {version, holders}             – (the rollout pulls the
-                                                                                version's chunks from a holder's
+    weights_available trainer → rollout (direct) WeightsAvailable               – (the rollout pulls the
+                                                 {version, holders}               version's chunks from a holder's
                                                                                 WeightNode, see weights.py)
     heartbeat        agent → controller          Heartbeat                      –
     stop             controller → agent          {}                             –
     bye              agent → controller          Heartbeat (final figures)      –
     status           client → controller         {}  → reply `status` with the status view
+    scale            client → controller         Scale {delta, site}  → reply with the outcome
+    shutdown         client → controller         {}  → reply {ok}
+
+Readers take messages through `recv_checked`, with the kinds they expect (`TO_CONTROLLER`, …):
+
+    conn.recv() ──▶ check(kind expected? header converts to its struct? tensors as the table says?)
+                      ok ──▶ the reader's loop         wrong ──▶ log "dropped … from PEER", read on
+
+A malformed message is its sender's fault: it is dropped with a warning naming the peer and never
+ends a loop. A stream the transport can no longer frame (bad preamble, bound exceeded) is closed by
+the transport; the reader sees that as the peer leaving.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import logging
+from collections.abc import Callable, Collection
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 import torch
 
-from rlctl.transport import Message
+from rlctl.errors import ProtocolError
+from rlctl.transport import Connection, Message
+from rlctl.transport.framing import to_struct
+
+log = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=msgspec.Struct)
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 
 
 class Hello(msgspec.Struct):
-    role: str  # "rollout" | "trainer" | "client"
+    role: Literal["rollout", "trainer", "client"]
     name: str
-    version: int = 0
+    version: NonNegInt = 0
     address: str = ""  # where a rollout agent hears `weights_available`
     pid: int = 0
     weights: str = ""  # the agent's weight node (a rollout unit's; a trainer's rank 0 root)
@@ -47,10 +65,10 @@ class Hello(msgspec.Struct):
 
 class Request(msgspec.Struct):
     sample_id: str
-    prompt_tokens: list[int]
-    max_new_tokens: int
+    prompt_tokens: Annotated[list[int], msgspec.Meta(min_length=1)]
+    max_new_tokens: PositiveInt
     priority: float
-    iteration: int
+    iteration: NonNegInt
 
 
 class Generate(msgspec.Struct):
@@ -59,22 +77,50 @@ class Generate(msgspec.Struct):
 
 class SampleDone(msgspec.Struct):
     sample_id: str
-    version: int
+    version: NonNegInt
     finish_reason: str
-    num_output_tokens: int
+    num_output_tokens: NonNegInt
 
 
 class Delivered(msgspec.Struct):
     sample_id: str
     prompt_id: str
-    iteration: int
-    version: int
-    output_tokens: int
+    iteration: NonNegInt
+    version: NonNegInt
+    output_tokens: NonNegInt
+
+
+class Samples(msgspec.Struct):
+    samples: list[Delivered]
+
+
+class Member(msgspec.Struct):
+    address: str
+    weights: str
+    datacenter: str
+
+
+class Members(msgspec.Struct):
+    rollouts: dict[str, Member]
+    datacenter: str = ""
+
+
+class WeightsApplied(msgspec.Struct):
+    version: NonNegInt
+    holder: str | None = None
+    encoding: str | None = None
+    wire_bytes: NonNegInt | None = None
+    fetch_s: float | None = None
+
+
+class WeightsAvailable(msgspec.Struct):
+    version: NonNegInt
+    holders: Annotated[list[str], msgspec.Meta(min_length=1)]
 
 
 class Trained(msgspec.Struct):
-    iteration: int
-    version: int
+    iteration: NonNegInt
+    version: NonNegInt
     sample_ids: list[str]
     reward_mean: float
     train_s: float  # compute time of this iteration's step (forward/backward/optimizer)
@@ -98,6 +144,39 @@ class Heartbeat(msgspec.Struct):
     waiting: int = 0
 
 
+class Scale(msgspec.Struct):
+    delta: int
+    site: str | None = None
+
+
+class Empty(msgspec.Struct):
+    """A header that carries nothing (stop, status, shutdown); extra keys are ignored."""
+
+
+# The header struct of every kind that crosses the wire between agents.
+HEADERS: dict[str, type[msgspec.Struct]] = {
+    "hello": Hello,
+    "generate": Generate,
+    "sample": SampleDone,
+    "weights_applied": WeightsApplied,
+    "samples": Samples,
+    "members": Members,
+    "trained": Trained,
+    "weights_available": WeightsAvailable,
+    "heartbeat": Heartbeat,
+    "stop": Empty,
+    "bye": Heartbeat,
+    "status": Empty,
+    "scale": Scale,
+    "shutdown": Empty,
+}
+
+# What each reader accepts (a new kind goes into HEADERS and into its receiver's set).
+TO_CONTROLLER = ("sample", "weights_applied", "trained", "heartbeat", "bye", "status", "scale", "shutdown")
+FROM_CONTROLLER = ("generate", "samples", "members", "stop")  # what an agent's ControllerLink accepts
+TO_WEIGHTS_LISTENER = ("weights_available",)  # a rollout unit's announcement listener
+
+
 def make(
     kind: str, header: msgspec.Struct | dict[str, Any] | None = None, tensors: list[torch.Tensor] | None = None
 ) -> Message:
@@ -105,6 +184,61 @@ def make(
     return Message(kind, body, list(tensors or []))
 
 
-def parse(msg: Message, typ: type[S]) -> S:
-    """The header as its typed struct; a malformed header is a ProtocolError at the caller's edge."""
-    return msgspec.convert(msg.header, typ)
+def parse(msg: Message, typ: type[S], *, peer: str = "") -> S:
+    """The header as its typed struct; ProtocolError (naming `peer` when given) if it does not convert."""
+    return to_struct(msg.header, typ, what=f"{peer + ': ' if peer else ''}{_short(msg.kind)} header")
+
+
+def check(msg: Message, *, peer: str, kinds: Collection[str]) -> Message:
+    """`msg` if its kind is one of `kinds` and its header and tensors are what HEADERS and the table say;
+    ProtocolError naming `peer`, the kind and what is wrong otherwise."""
+    if msg.kind not in kinds or msg.kind not in HEADERS:
+        raise ProtocolError(f"{peer}: unexpected message kind {_short(msg.kind)}; expected one of {', '.join(kinds)}")
+    header = parse(msg, HEADERS[msg.kind], peer=peer)
+    rule = _TENSORS.get(msg.kind)
+    problem = rule(header, msg.tensors) if rule else (f"{len(msg.tensors)} unexpected tensors" if msg.tensors else "")
+    if problem:
+        raise ProtocolError(f"{peer}: {msg.kind}: {problem}")
+    return msg
+
+
+def recv_checked(conn: Connection, *, peer: str, kinds: Collection[str], timeout_s: float | None = None) -> Message:
+    """The next well-formed message of one of `kinds` from `conn`; malformed ones are logged and skipped.
+
+    Transport errors (peer gone, stream out of sync, timeout) propagate: the reader decides what they mean."""
+    while True:
+        msg = conn.recv(timeout_s)
+        try:
+            return check(msg, peer=peer, kinds=kinds)
+        except ProtocolError as e:  # declared fault-tolerance point: one peer's bad message, not the loop's end
+            log.warning("dropped a malformed message: %s", e)
+
+
+def _sample_tensors(output_tokens: int, pair: list[torch.Tensor]) -> str:
+    """'' if `pair` is [output int32, logprobs float32], both 1-D of `output_tokens` elements."""
+    want = [(torch.int32, (output_tokens,)), (torch.float32, (output_tokens,))]
+    got = [(t.dtype, tuple(t.shape)) for t in pair]
+    return "" if got == want else f"tensors {got} do not match [int32, float32] of {output_tokens} tokens"
+
+
+def _one_sample(h: Any, ts: list[torch.Tensor]) -> str:
+    return _sample_tensors(h.num_output_tokens, ts)
+
+
+def _many_samples(h: Any, ts: list[torch.Tensor]) -> str:
+    if len(ts) != 2 * len(h.samples):
+        return f"{len(ts)} tensors for {len(h.samples)} samples (2 each)"
+    for i, d in enumerate(h.samples):
+        problem = _sample_tensors(d.output_tokens, ts[2 * i : 2 * i + 2])
+        if problem:
+            return f"sample {i}: {problem}"
+    return ""
+
+
+# Kinds that carry tensors, and the check of those tensors against the (converted) header.
+_TENSORS: dict[str, Callable[[Any, list[torch.Tensor]], str]] = {"sample": _one_sample, "samples": _many_samples}
+
+
+def _short(kind: str) -> str:
+    """A peer-supplied kind as it goes into a log line: quoted, at most 40 characters."""
+    return repr(kind if len(kind) <= 40 else kind[:37] + "...")

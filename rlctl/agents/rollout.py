@@ -25,7 +25,7 @@ import torch
 from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.listen import host_of
 from rlctl.agents.listen import listen_host as resolve_listen_host
-from rlctl.agents.messages import Generate, Heartbeat, Hello, SampleDone, make, parse
+from rlctl.agents.messages import TO_WEIGHTS_LISTENER, Generate, Heartbeat, Hello, SampleDone, make, parse, recv_checked
 from rlctl.agents.weights import fetch_weights, state_dict_of, weight_node
 from rlctl.engines import make_engine
 from rlctl.engines.base import GenRequest, GenResult
@@ -183,7 +183,7 @@ class RolloutAgent:
         threading.Thread(target=self._fetch_newest, args=(slot, cv), name="weights-fetch", daemon=True).start()
         while True:
             try:
-                msg = conn.recv()
+                msg = recv_checked(conn, peer=conn.peer, kinds=TO_WEIGHTS_LISTENER)
             except TransportError:
                 conn.close()
                 with cv:

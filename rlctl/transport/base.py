@@ -172,3 +172,13 @@ def split_address(address: str, scheme: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"address {address!r} has no port; expected {prefix}HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+def bind_host(address: str) -> str:
+    """The interface a listener at `address` (`tcp://10.0.0.5:4000`) is bound to: where the same process's
+    other servers (its metrics endpoint) bind too, so an agent listens only where it was configured to.
+    The loopback for an in-process address."""
+    scheme, sep, rest = address.partition("://")
+    if not sep or scheme == "inproc":
+        return "127.0.0.1"
+    return rest.rpartition(":")[0].strip("[]") or "127.0.0.1"

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +17,10 @@ import torch
 import xxhash
 
 from rlctl.errors import ProtocolError
-from rlctl.transport.framing import DTYPES, tensor_bytes
+from rlctl.transport.framing import DTYPES, Limits, tensor_bytes
 
 ALIGN_BYTES = 64
+MAX_DIMS = Limits.max_dims
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,25 @@ class Layout:
         return [[s.name, s.dtype, list(s.shape), s.offset, s.nbytes] for s in self.slots]
 
     @classmethod
-    def from_wire(cls, rows: list[list[Any]], total_bytes: int) -> Layout:
+    def from_wire(cls, rows: Sequence[Sequence[Any]], total_bytes: int) -> Layout:
+        """The layout a manifest announces; ProtocolError for an entry outside the buffer or whose shape
+        does not fill its bytes (unflatten would fail on it later)."""
         slots = []
         for name, dtype, shape, offset, nbytes in rows:
-            if dtype not in DTYPES or offset < 0 or nbytes < 0 or offset + nbytes > total_bytes:
-                raise ProtocolError(f"bad layout entry {name!r}: {dtype}{shape} at {offset}+{nbytes}")
+            numel = 1
+            for d in shape[: MAX_DIMS + 1]:  # no huge products: a longer shape is refused below anyway
+                numel *= d
+            if (
+                dtype not in DTYPES
+                or offset < 0
+                or nbytes < 0
+                or offset + nbytes > total_bytes
+                or len(shape) > MAX_DIMS
+                or any(d < 0 for d in shape)
+                or numel * DTYPES[dtype].itemsize != nbytes
+            ):
+                entry = f"{str(name)[:80]!r}: {dtype!s:.20}{list(shape)[:MAX_DIMS]} at {offset}+{nbytes}"
+                raise ProtocolError(f"bad layout entry {entry}")
             slots.append(Slot(str(name), str(dtype), tuple(shape), int(offset), int(nbytes)))
         return cls(tuple(slots), total_bytes)
 

@@ -7,6 +7,10 @@
 
 The receiver learns every frame's dtype/shape/size from the header, checks the bounds, allocates
 (or is handed) the destination tensors and reads the bytes into them: no pickle, no staging copy.
+What a receiver allocates is bounded by `Limits` before anything is allocated: the header buffer
+by `max_header_bytes` (the preamble's length is checked first), the tensors by `max_message_bytes`
+(the sum of every frame, each frame's shape checked against its size and `max_dims`). Anything
+malformed is a `ProtocolError` naming the peer; msgpack ext types decode as inert `msgspec.msgpack.Ext`.
 
 Handshake (HMAC-SHA256 with the per-job secret, both directions, fixed sizes, before any message):
 
@@ -24,7 +28,7 @@ import hashlib
 import hmac
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import torch
@@ -35,6 +39,7 @@ from rlctl.transport.base import Message, TensorSpec
 MAGIC = b"RLM1"
 PREAMBLE = struct.Struct("!4sI")
 HELLO = b"RLH1"
+S = TypeVar("S", bound=msgspec.Struct)
 NONCE_BYTES = 32
 MAC_BYTES = 32
 
@@ -71,6 +76,7 @@ class Limits:
     max_header_bytes: int = 1 << 20
     max_frames: int = 1 << 16
     max_message_bytes: int = 16 << 30
+    max_dims: int = 32  # dimensions of one tensor frame
 
 
 class WireHeader(msgspec.Struct, array_like=True):
@@ -127,25 +133,38 @@ def decode_header(data: bytes, limits: Limits, peer: str) -> tuple[WireHeader, l
     """Parse and bound-check a header; returns it with one TensorSpec per frame."""
     try:
         wh = _decoder.decode(data)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as e:  # nesting deeper than Python allows
         raise ProtocolError(f"{peer}: malformed message header: {e}") from e
     if len(wh.frames) > limits.max_frames:
         raise ProtocolError(f"{peer}: {len(wh.frames)} frames exceed the bound of {limits.max_frames}")
     specs, total = [], 0
     for name, shape, nbytes in wh.frames:
         dtype = DTYPES.get(name)
-        if dtype is None or any(d < 0 for d in shape):
-            raise ProtocolError(f"{peer}: bad frame {name}{shape}")
-        numel = 1
+        if dtype is None or len(shape) > limits.max_dims or any(d < 0 for d in shape):
+            raise ProtocolError(f"{peer}: bad frame {name[:32]!r} {shape[: limits.max_dims]}")
+        numel, span = 1, dtype.itemsize  # span: the bytes torch would stride over, empty dimensions as 1
         for d in shape:
             numel *= d
+            span *= max(d, 1)
         if numel * dtype.itemsize != nbytes:
             raise ProtocolError(f"{peer}: frame {name}{shape} announces {nbytes} bytes")
+        if span > limits.max_message_bytes:  # an empty (0, 2**40, 2**40) frame still overflows torch's strides
+            raise ProtocolError(f"{peer}: frame {name}{shape} exceeds the bound of {limits.max_message_bytes} bytes")
         total += nbytes
         specs.append(TensorSpec(dtype, tuple(shape), nbytes))
     if total > limits.max_message_bytes:
         raise ProtocolError(f"{peer}: message of {total} bytes exceeds the bound of {limits.max_message_bytes}")
     return wh, specs
+
+
+def to_struct(data: Any, typ: type[S], *, what: str) -> S:
+    """`data` (a decoded header, or part of one) as the struct `typ`; ProtocolError naming `what` otherwise.
+
+    The one place where a well-framed but ill-typed header becomes an error of the tree."""
+    try:
+        return msgspec.convert(data, typ)
+    except (msgspec.ValidationError, RecursionError) as e:
+        raise ProtocolError(f"{what}: {e}") from e
 
 
 def client_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:

@@ -72,6 +72,7 @@ class InprocConnection(Connection):
         wh, specs = framing.decode_header(pkt.head, self.limits, self.peer)
         if into is empty_buffers:
             bufs = pkt.tensors
+            check_buffers(specs, bufs)  # what the header announces is what arrives, as over a wire
         else:
             bufs = into(wh.kind, wh.header, specs)
             check_buffers(specs, bufs)

@@ -47,6 +47,7 @@ _SEND_SLICE_BYTES = 4 << 20  # sendall() deadlines apply per slice, so the stall
 _SMALL_MESSAGE_BYTES = 64 << 10  # below this, header and frames go out in one syscall
 _TOKEN_BYTES = 16  # names a connection, so its stripe streams can join it
 _STREAMS = struct.Struct("!BQ")  # after "M": number of stripe streams that follow, stripe threshold in bytes
+MAX_STREAMS = 16  # TCP streams per connection, the main one included
 
 
 @dataclass(frozen=True)
@@ -294,6 +295,8 @@ class TcpListener(Listener):
                 role = _recv_exact(sock, 1, peer)
                 if role == b"M":  # a main stream announcing its stripe streams and threshold
                     extra, stripe_min = _STREAMS.unpack(_recv_exact(sock, _STREAMS.size, peer))
+                    if extra >= MAX_STREAMS:
+                        raise ProtocolError(f"{peer}: asks for {extra} stripe streams; at most {MAX_STREAMS - 1}")
                     token = os.urandom(_TOKEN_BYTES)
                     sock.sendall(token)
                     _tune(sock, self._cfg)
@@ -358,8 +361,8 @@ class TcpTransport(Transport):
 
     def connect(self, address: str, timeout_s: float) -> Connection:
         n = self.config.num_streams
-        if not 1 <= n <= 16:
-            raise ValueError(f"num_streams must be 1..16, got {n}")
+        if not 1 <= n <= MAX_STREAMS:
+            raise ValueError(f"num_streams must be 1..{MAX_STREAMS}, got {n}")
         main = self._open(address, timeout_s, b"M" + _STREAMS.pack(n - 1, self.config.stripe_min_bytes))
         extra: list[socket.socket] = []
         try:

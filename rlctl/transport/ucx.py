@@ -10,6 +10,8 @@ ucxx is asyncio-based; one event-loop thread per process runs every UCX call and
 methods here wait on it. A receive that times out before the message starts stays posted and
 is picked up by the next recv(), so the connection stays usable (as with TCP); a stall inside a
 message closes it. Without GPUs, run with UCX_TLS=tcp (and e.g. UCX_NET_DEVICES=lo for loopback).
+A UCX listener listens on every interface (ucxx takes a port, no address; UCX_NET_DEVICES narrows
+it); the handshake still refuses any peer without the job's secret before reading a message.
 """
 
 from __future__ import annotations
@@ -121,7 +123,11 @@ class UcxConnection(Connection):
             if _is_ucx_error(e):
                 raise PeerUnreachable(f"{self.peer}: connection closed ({e})") from e
             raise
-        n = framing.parse_preamble(self._pre.tobytes(), self._cfg.limits, self.peer)
+        try:
+            n = framing.parse_preamble(self._pre.tobytes(), self._cfg.limits, self.peer)
+        except ProtocolError:
+            self.close()  # the stream is out of sync: nothing after this can be trusted
+            raise
         stall = self._cfg.stall_timeout_s
 
         async def rest() -> Message:

@@ -12,19 +12,26 @@
 One condition variable per node guards all of it: receivers set `have[i]` and notify; the
 serving threads of the node's children wait on it, which is what lets a relay forward chunk k
 while chunk k+1 is still arriving.
+
+The headers of the weight plane's messages are typed here too (`Subscribe`, `Manifest`, `ChunkHead`,
+`Resend`): a receiver converts each before use (`framing.to_struct`, a ProtocolError otherwise), and a
+manifest is checked against the receiver's `max_weights_bytes` before anything is allocated for it.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import torch
 
 from rlctl.errors import ProtocolError
 from rlctl.transport import chunks
 from rlctl.transport.chunks import ChunkRef, Layout
+
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,8 @@ class WeightSyncConfig:
     # (a rollout unit that skipped versions), otherwise a full copy. Each one is a copy of the weights.
     keep_versions: int = 2
     served_log: int = 4096  # (version, encoding, bytes, child) records a node keeps in `served`
+    # the most a received manifest may make this node allocate for one version (weights, and a delta payload)
+    max_weights_bytes: int = 1 << 40
 
     def __post_init__(self) -> None:
         if not 0 < self.chunk_bytes <= self.bucket_bytes:
@@ -95,12 +104,68 @@ def full_payload(weights: torch.Tensor, cfg: WeightSyncConfig, *, have: bool) ->
     return Payload("full", weights, refs, sums, [have] * len(refs))
 
 
-def payload_from_manifest(m: dict[str, Any], data: torch.Tensor) -> Payload:
-    refs = chunks.cut(int(m["payload_bytes"]), bucket_bytes=int(m["bucket_bytes"]), chunk_bytes=int(m["chunk_bytes"]))
-    sums = [int(s) for s in m["sums"]]
-    if len(sums) != len(refs) or m["encoding"] not in ("full", "delta"):
-        raise ProtocolError(f"manifest of v{m['version']}: {len(sums)} checksums for {len(refs)} chunks")
-    return Payload(str(m["encoding"]), data, refs, sums, [False] * len(refs), m["base_version"])
+class Subscribe(msgspec.Struct):
+    """child → parent: the version it wants, what it holds, where it listens."""
+
+    version: NonNegInt
+    base_version: int | None = None
+    encoding: Literal["full", "delta"] | None = None
+    have: bytes | None = None  # one byte per chunk of the payload it holds part of (0/1)
+    have_base_version: int | None = None
+    from_: str | None = msgspec.field(default=None, name="from")
+
+
+class Manifest(msgspec.Struct):
+    """parent → child: what the chunks that follow make up (see `Payload.manifest`)."""
+
+    version: NonNegInt
+    encoding: Literal["full", "delta"]
+    base_version: int | None
+    payload_bytes: NonNegInt
+    bucket_bytes: Annotated[int, msgspec.Meta(ge=1)]
+    chunk_bytes: Annotated[int, msgspec.Meta(ge=1)]
+    sums: list[NonNegInt]
+    weights_bytes: NonNegInt
+    weights_xxh3: NonNegInt
+    layout: list[tuple[str, str, list[NonNegInt], NonNegInt, NonNegInt]]
+    anchor: bool = False
+
+    def check(self, max_bytes: int, *, peer: str) -> None:
+        """ProtocolError unless every size is within `max_bytes` and the checksums match the chunking."""
+        where = f"{peer}: manifest of v{self.version}"
+        if self.chunk_bytes > self.bucket_bytes:
+            raise ProtocolError(f"{where}: chunk_bytes {self.chunk_bytes} > bucket_bytes {self.bucket_bytes}")
+        if max(self.weights_bytes, self.payload_bytes) > max_bytes:
+            raise ProtocolError(f"{where}: {max(self.weights_bytes, self.payload_bytes)} bytes exceed {max_bytes}")
+        if self.encoding == "full" and self.payload_bytes != self.weights_bytes:
+            raise ProtocolError(f"{where}: full payload of {self.payload_bytes} bytes, weights of {self.weights_bytes}")
+        whole, rest = divmod(self.payload_bytes, self.bucket_bytes)
+        n = whole * -(-self.bucket_bytes // self.chunk_bytes) + -(-rest // self.chunk_bytes)
+        if len(self.sums) != n:  # before chunks.cut: the count is bounded by the header, not by payload_bytes
+            raise ProtocolError(f"{where}: {len(self.sums)} checksums for {n} chunks")
+
+
+class ChunkHead(msgspec.Struct):
+    """parent → child: the header of one chunk (its bytes are the message's one tensor)."""
+
+    version: NonNegInt
+    bucket: NonNegInt
+    index: NonNegInt
+    offset: NonNegInt
+    length: NonNegInt
+    xxh3: NonNegInt
+
+
+class Resend(msgspec.Struct):
+    """child → parent: chunk `index` failed its checksum, send it again."""
+
+    index: NonNegInt
+
+
+def payload_from_manifest(m: Manifest, data: torch.Tensor) -> Payload:
+    """The (empty) payload a checked manifest describes, receiving into `data`."""
+    refs = chunks.cut(m.payload_bytes, bucket_bytes=m.bucket_bytes, chunk_bytes=m.chunk_bytes)
+    return Payload(m.encoding, data, refs, list(m.sums), [False] * len(refs), m.base_version)
 
 
 @dataclass

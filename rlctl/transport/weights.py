@@ -44,10 +44,15 @@ import torch
 from rlctl.errors import PeerTimeout, ProtocolError, TransportError
 from rlctl.transport import chunks, delta
 from rlctl.transport.base import Connection, Message, TensorSpec, Transport
+from rlctl.transport.framing import to_struct
 from rlctl.transport.versions import (
+    ChunkHead,
     HeldVersion,
+    Manifest,
     Payload,
+    Resend,
     Served,
+    Subscribe,
     VersionStore,
     WeightSyncConfig,
     full_payload,
@@ -185,15 +190,15 @@ class WeightNode:
                 if isinstance(current, int) and current > version:
                     raise Superseded(err, current)
                 raise ProtocolError(err)
-            hv, pl = self._adopt(reply.header)
+            hv, pl = self._adopt(reply.header, peer=addr)
             hv.received_encoding = pl.encoding
             retries = [0] * len(pl.refs)
             while not pl.done:
-                msg = conn.recv(self.cfg.chunk_timeout_s, into=self._chunk_buffers(pl))
-                if msg.kind != "chunk" or msg.header["version"] != version:
-                    raise ProtocolError(f"{addr}: unexpected {msg.kind} during v{version}")
+                msg = conn.recv(self.cfg.chunk_timeout_s, into=self._chunk_buffers(pl, hv.version, addr))
+                if msg.kind != "chunk":
+                    raise ProtocolError(f"{addr}: unexpected {msg.kind[:40]!r} during v{version}")
                 hv.received_bytes += sum(t.numel() * t.element_size() for t in msg.tensors)
-                i = int(msg.header["index"])
+                i = to_struct(msg.header, ChunkHead, what=f"{addr}: chunk header").index  # checked by the provider
                 if pl.have[i]:
                     continue
                 if chunks.checksum(msg.tensors[0]) == pl.sums[i]:
@@ -209,20 +214,23 @@ class WeightNode:
             conn.send(Message("complete", {"version": version}))
         return hv
 
-    def _adopt(self, m: dict[str, Any]) -> tuple[HeldVersion, Payload]:
-        """The local HeldVersion/Payload that chunks described by manifest `m` land in."""
-        version, enc = int(m["version"]), str(m["encoding"])
+    def _adopt(self, header: dict[str, Any], *, peer: str = "") -> tuple[HeldVersion, Payload]:
+        """The local HeldVersion/Payload that chunks described by the manifest `header` land in; the manifest
+        is typed and checked (sizes within `max_weights_bytes`) before anything is allocated for it."""
+        m = to_struct(header, Manifest, what=f"{peer}: manifest")
+        m.check(self.cfg.max_weights_bytes, peer=peer)
+        version, enc = m.version, m.encoding
         with self.store.cv:
             hv = self.store.versions.get(version)
-            if hv is not None and hv.weights_xxh3 != int(m["weights_xxh3"]):
+            if hv is not None and hv.weights_xxh3 != m.weights_xxh3:
                 raise ProtocolError(f"v{version}: holders disagree on its content (xxh3 differs)")
             if hv is None:
-                layout = chunks.Layout.from_wire(m["layout"], int(m["weights_bytes"]))
+                layout = chunks.Layout.from_wire(m.layout, m.weights_bytes)
                 weights = torch.empty(layout.total_bytes, dtype=torch.uint8)
-                hv = HeldVersion(version, layout, int(m["weights_xxh3"]), weights, anchor=bool(m.get("anchor")))
+                hv = HeldVersion(version, layout, m.weights_xxh3, weights, anchor=m.anchor)
             pl = hv.payloads.get(enc)
-            if pl is None or pl.sums != [int(s) for s in m["sums"]]:
-                data = hv.weights if enc == "full" else torch.empty(int(m["payload_bytes"]), dtype=torch.uint8)
+            if pl is None or pl.sums != m.sums:
+                data = hv.weights if enc == "full" else torch.empty(m.payload_bytes, dtype=torch.uint8)
                 pl = payload_from_manifest(m, data)
                 if enc == "full" and pl.data.numel() != hv.weights.numel():
                     raise ProtocolError(f"v{version}: full payload size differs from its layout")
@@ -231,13 +239,19 @@ class WeightNode:
             self.store.cv.notify_all()
         return hv, pl
 
-    def _chunk_buffers(self, pl: Payload) -> Any:
+    def _chunk_buffers(self, pl: Payload, version: int, peer: str) -> Any:
         def provide(kind: str, header: dict[str, Any], specs: list[TensorSpec]) -> list[torch.Tensor]:
             if kind != "chunk":
                 return [torch.empty(s.shape, dtype=s.dtype) for s in specs]
-            i = int(header["index"])
-            if not 0 <= i < len(pl.refs) or len(specs) != 1 or specs[0].nbytes != pl.refs[i].length:
-                raise ProtocolError(f"chunk {i} does not match the manifest")
+            head = to_struct(header, ChunkHead, what=f"{peer}: chunk header")
+            i = head.index
+            if (
+                head.version != version
+                or not 0 <= i < len(pl.refs)
+                or len(specs) != 1
+                or specs[0].nbytes != pl.refs[i].length
+            ):
+                raise ProtocolError(f"{peer}: chunk {i} of v{head.version} does not match the manifest of v{version}")
             if pl.have[i]:  # a duplicate must not overwrite bytes children are being served from
                 return [torch.empty(pl.refs[i].length, dtype=torch.uint8)]
             r = pl.refs[i]
@@ -307,8 +321,11 @@ class WeightNode:
             conn.close()
 
     def _serve_one(self, conn: Connection) -> None:
-        req = conn.recv(self.cfg.chunk_timeout_s).header
-        version = int(req["version"])
+        msg = conn.recv(self.cfg.chunk_timeout_s)
+        if msg.kind != "subscribe":
+            raise ProtocolError(f"{conn.peer}: expected subscribe, got {msg.kind[:40]!r}")
+        req = to_struct(msg.header, Subscribe, what=f"{conn.peer}: subscribe")
+        version = req.version
         # a relay may be asked before its own parent's manifest arrived: wait, but answer
         # before the child's own chunk timeout so it hears "not here" rather than silence
         hv = self.store.wait_for(version, 0.8 * self.cfg.chunk_timeout_s)
@@ -318,7 +335,7 @@ class WeightNode:
             error = {"error": f"{self.address} does not hold v{version}", "current": cur and cur.version}
             conn.send(Message("error", error))
             return
-        record = Served(hv.version, pl.encoding, pl.base_version, str(req.get("from") or conn.peer))
+        record = Served(hv.version, pl.encoding, pl.base_version, req.from_ or conn.peer)
         with self._served_lock:
             self._served.append(record)
         conn.send(Message("manifest", pl.manifest(hv, self.cfg)))
@@ -330,13 +347,13 @@ class WeightNode:
         with self._served_lock:
             return list(self._served)
 
-    def _stream(self, conn: Connection, hv: HeldVersion, pl: Payload, req: dict[str, Any], record: Served) -> None:
+    def _stream(self, conn: Connection, hv: HeldVersion, pl: Payload, req: Subscribe, record: Served) -> None:
         """Send the chunks the child lacks as they become available, then serve its re-send requests."""
         events: queue.Queue[tuple[str, int]] = queue.Queue()
-        threading.Thread(target=self._read_child, args=(conn, events), daemon=True).start()
+        threading.Thread(target=self._read_child, args=(conn, events, len(pl.refs)), daemon=True).start()
         # the child's bitmap counts only for the very payload it describes (same encoding and base)
-        same = req.get("encoding") == pl.encoding and req.get("have_base_version") == pl.base_version
-        have = req["have"] if same and req["have"] else b""
+        same = req.encoding == pl.encoding and req.have_base_version == pl.base_version
+        have = req.have if same and req.have else b""
         todo = [i for i in range(len(pl.refs)) if not (i < len(have) and have[i])]
         t0, paced_bytes = time.monotonic(), 0
         for i in todo:
@@ -357,9 +374,9 @@ class WeightNode:
                 return
             self._send_chunk(conn, hv, pl, j, record)
 
-    def _payload_for(self, hv: HeldVersion, req: dict[str, Any], conn: Connection) -> Payload | None:
-        """The payload a child holding `req["base_version"]` gets (see the module docstring); None = gone."""
-        base = req.get("base_version")
+    def _payload_for(self, hv: HeldVersion, req: Subscribe, conn: Connection) -> Payload | None:
+        """The payload a child holding `req.base_version` gets (see the module docstring); None = gone."""
+        base = req.base_version
         d = hv.delta_for(base)
         if d is not None:
             return d  # the delta it travelled as is forwarded chunk by chunk while it arrives
@@ -438,12 +455,19 @@ class WeightNode:
             log.info("v%d: encoded a delta vs v%d on demand (%d bytes)", hv.version, base, d.data.numel())
             return d
 
-    def _read_child(self, conn: Connection, events: queue.Queue[tuple[str, int]]) -> None:
+    def _read_child(self, conn: Connection, events: queue.Queue[tuple[str, int]], num_chunks: int) -> None:
         try:
             while True:
                 msg = conn.recv()
                 if msg.kind == "resend":
-                    events.put(("resend", int(msg.header["index"])))
+                    try:
+                        i = to_struct(msg.header, Resend, what=f"{conn.peer}: resend").index
+                        if i >= num_chunks:
+                            raise ProtocolError(f"{conn.peer}: resend of chunk {i}, the payload has {num_chunks}")
+                    except ProtocolError as e:  # the child's mistake: drop the request, keep serving it
+                        log.warning("dropped a malformed message: %s", e)
+                        continue
+                    events.put(("resend", i))
                 elif msg.kind == "complete":
                     break
         except TransportError:
