@@ -10,6 +10,8 @@ peers reach (an IP, a hostname, or `auto` when a site's hosts differ and routing
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
 import socket
 from urllib.parse import urlsplit
@@ -20,6 +22,7 @@ from rlctl.errors import LaunchError
 from rlctl.launch.agentenv import ENV_LISTEN_HOST
 
 AUTO = "auto"
+log = logging.getLogger(__name__)
 
 
 def route_source(host: str) -> str:
@@ -56,3 +59,35 @@ def controller_peer(sites: dict[str, Site], own_site: str | None) -> str | None:
             named = site.network.listen_host
             return named if named and named != AUTO else site.nodes[0].hosts[0]
     return None
+
+
+def store_listener(master_addr: str, port: int) -> int | None:
+    """A listening socket for the trainer group's rendezvous store on the interface MASTER_ADDR names (torch's
+    own store server listens on every interface); its descriptor, for `TCPStore(master_listen_fd=...)`.
+
+    None — torch's default, with a warning — when MASTER_ADDR is a host name that resolves to a loopback
+    address here only (a Debian-style /etc/hosts entry, while the other nodes reach this one by its network
+    address): binding the loopback would lock them out."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(master_addr, port, type=socket.SOCK_STREAM)[0]
+    except OSError as e:
+        raise LaunchError(f"MASTER_ADDR {master_addr!r} does not resolve: {e}") from e
+    ip = str(sockaddr[0])
+    if ipaddress.ip_address(ip).is_loopback and master_addr != "localhost" and not _is_ip(master_addr):
+        log.warning(
+            "MASTER_ADDR %s resolves to %s here: the trainer group's store listens on every interface", master_addr, ip
+        )
+        return None
+    try:
+        sock = socket.create_server((ip, port), family=family)
+    except OSError as e:
+        raise LaunchError(f"trainer group: cannot listen on {ip}:{port} (MASTER_ADDR {master_addr}): {e}") from e
+    return sock.detach()
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        return False
+    return True

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.learner import PpoBatchLearner, StreamingLearner
-from rlctl.agents.listen import host_of, listen_host
+from rlctl.agents.listen import host_of, listen_host, store_listener
 from rlctl.agents.messages import Delivered, Heartbeat, Hello, Trained, make
 from rlctl.agents.staleness import StalenessBound
 from rlctl.agents.trainstate import load_trainer, save_trainer
@@ -52,13 +52,10 @@ log = logging.getLogger(__name__)
 def init_group(*, rank: int, world_size: int, master_addr: str, master_port: int) -> None:
     if dist.is_initialized():
         return
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{master_addr}:{master_port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=120),
-    )
+    timeout = datetime.timedelta(seconds=120)
+    fd = store_listener(master_addr, master_port) if rank == 0 else None  # bound to MASTER_ADDR, not every interface
+    store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout=timeout, master_listen_fd=fd)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 class TrainerAgent:

@@ -1,7 +1,9 @@
 """Reachability of a site through its scheduler: local always, SSH login, SLURM controller.
 
 Each probe has a deadline and never raises for an unreachable site: it returns a result row,
-so `rlctl check --reach` can report every site and exit 3 when some failed.
+so `rlctl check --reach` can report every site and exit 3 when some failed. SSH probes connect as
+the launch backends do (`rlctl.launch.remote`), under the one host-key policy of `rlctl.launch.hostkeys`:
+a host whose key is unknown is unreachable for `check` exactly as it would be for `launch`.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import os
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from rlctl.config.inventory import LocalScheduler, Site, SlurmScheduler, SshScheduler
+from rlctl.errors import LaunchError
+from rlctl.launch.remote import SshRunner
+from rlctl.launch.sitefs import ssh_target
 
 
 @dataclass
@@ -23,63 +27,29 @@ class ReachResult:
     seconds: float
 
 
-def _ssh_run(
-    host: str,
-    *,
-    user: str | None,
-    port: int,
-    key_file: str | None,
-    command: str,
-    timeout_s: float,
-    proxy_jump: str | None = None,
-) -> str:
-    """Run one command over SSH (fabric) and return its stdout; raises OSError-like errors on failure."""
-    from fabric import Connection  # imported lazily: only SSH sites need it
-
-    kwargs: dict[str, object] = {
-        "look_for_keys": key_file is None,
-        "allow_agent": key_file is None,
-        "banner_timeout": timeout_s,
-        "auth_timeout": timeout_s,
-    }
-    if key_file:
-        kwargs["key_filename"] = str(Path(key_file).expanduser())
-    gateway = Connection(proxy_jump, connect_timeout=timeout_s) if proxy_jump else None
-    with Connection(
-        host, user=user, port=port, connect_timeout=timeout_s, connect_kwargs=kwargs, gateway=gateway
-    ) as conn:
-        res = conn.run(command, hide=True, warn=True, timeout=timeout_s, in_stream=False)
-        if res.exited != 0:
-            raise RuntimeError(f"'{command}' exited {res.exited}: {res.stderr.strip()[:200]}")
-        return str(res.stdout)
+def _ssh_run(site: Site, host: str | None, *, command: str, timeout_s: float) -> str:
+    """Run one command on an SSH site's host or a SLURM site's submit host; its stdout, or LaunchError."""
+    runner = SshRunner(ssh_target(site, host, connect_timeout_s=timeout_s))
+    try:
+        res = runner.run(command, timeout_s=timeout_s)
+    finally:
+        runner.close()
+    if res.exit_code != 0:
+        raise LaunchError(f"'{command}' exited {res.exit_code}: {res.tail()[:200]}")
+    return res.stdout
 
 
-def _probe_ssh(site: Site, sched: SshScheduler, timeout_s: float) -> str:
+def _probe_ssh(site: Site, timeout_s: float) -> str:
     hosts = [h for h, _ in site.hosts]
     for host in hosts:
-        _ssh_run(
-            host,
-            user=sched.user,
-            port=sched.port,
-            key_file=sched.key_file,
-            command="true",
-            timeout_s=timeout_s,
-            proxy_jump=sched.proxy_jump,
-        )
+        _ssh_run(site, host, command="true", timeout_s=timeout_s)
     return f"ssh login ok on {len(hosts)} host(s)"
 
 
-def _probe_slurm(sched: SlurmScheduler, timeout_s: float) -> str:
+def _probe_slurm(site: Site, sched: SlurmScheduler, timeout_s: float) -> str:
     cmd = f"sinfo -h -p {sched.partition} -o '%D %t'"
     if sched.submit_host:
-        out = _ssh_run(
-            sched.submit_host,
-            user=sched.ssh_user,
-            port=sched.ssh_port,
-            key_file=sched.ssh_key_file,
-            command=cmd,
-            timeout_s=timeout_s,
-        )
+        out = _ssh_run(site, None, command=cmd, timeout_s=timeout_s)
     else:
         env = dict(os.environ)
         if sched.slurm_conf:
@@ -108,9 +78,9 @@ def probe_site(name: str, site: Site, *, timeout_s: float = 10.0) -> ReachResult
         if isinstance(sched, LocalScheduler):
             detail = "local processes"
         elif isinstance(sched, SshScheduler):
-            detail = _probe_ssh(site, sched, timeout_s)
+            detail = _probe_ssh(site, timeout_s)
         else:
-            detail = _probe_slurm(sched, timeout_s)
+            detail = _probe_slurm(site, sched, timeout_s)
         ok = True
     except FileNotFoundError as e:  # fault-tolerance point: one row per site, never a crash
         ok, detail = False, f"command not found: {e.filename}"

@@ -5,10 +5,9 @@ Both runners take an argv or a shell string, optional stdin text and a deadline,
 unknown host key, deadline passed, program missing) becomes `LaunchError` naming the host.
 A command that ran and exited non-zero is a result, not an error: callers decide.
 
-Host-key policy for SSH (never fabric's default, which accepts any key):
-  * `known_hosts` given → only that file is trusted;
-  * otherwise → the operator's `~/.ssh/known_hosts` (as OpenSSH with StrictHostKeyChecking=yes).
-  An unknown host or a changed key is refused with a hint (`ssh-keyscan -p PORT HOST >> FILE`).
+Host-key policy for SSH: `rlctl.launch.hostkeys`, the one place that decides (never fabric's default,
+which accepts any key): the target's `known_hosts` file, else `~/.ssh/known_hosts`; unknown hosts and
+changed keys refused unless RLCTL_SSH_HOST_KEY_CHECKING=off.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from rlctl.errors import LaunchError
+from rlctl.launch import hostkeys
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -74,7 +74,7 @@ class SshTarget:
         return f"{user}{self.host}:{self.port}"
 
     def known_hosts_path(self) -> Path:
-        return Path(self.known_hosts or "~/.ssh/known_hosts").expanduser()
+        return hostkeys.known_hosts_path(self.known_hosts)
 
 
 def connect(target: SshTarget) -> Connection:
@@ -104,19 +104,12 @@ def connect(target: SshTarget) -> Connection:
         connect_kwargs=kwargs,
         gateway=gateway,
     )
-    known = target.known_hosts_path()
-    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    if known.exists():
-        conn.client.load_host_keys(str(known))
-    hint = f"add its key: ssh-keyscan -p {target.port} {target.host} >> {known} (after checking it)"
+    known = hostkeys.apply(conn.client, known_hosts=target.known_hosts)
     try:
         conn.open()
-    except paramiko.BadHostKeyException as e:
-        raise LaunchError(f"ssh {target.label}: host key does not match {known}", hint=hint) from e
-    except paramiko.SSHException as e:
-        if "not found in known_hosts" in str(e):
-            raise LaunchError(f"ssh {target.label}: unknown host key (not in {known})", hint=hint) from e
-        raise LaunchError(f"ssh {target.label}: {e}") from e
+    except paramiko.SSHException as e:  # BadHostKeyException included
+        refused = hostkeys.refusal(e, label=target.label, host=target.host, port=target.port, known=known)
+        raise refused or LaunchError(f"ssh {target.label}: {e}") from e
     except (OSError, EOFError) as e:  # socket.timeout, refused, no route, DNS
         raise LaunchError(f"ssh {target.label}: cannot connect: {e or type(e).__name__}") from e
     return conn

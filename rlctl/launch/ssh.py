@@ -16,8 +16,9 @@ scripts as copy-pastable command lines (`rlctl launch --dry-run`). Per agent, un
 Host: the one of the spec's GPU slice (`spec.gpu_slice`, handed out by `rlctl.launch.gpus`);
 a spec without one goes round robin over the site's hosts by replica.
 
-Host keys: see `rlctl.launch.remote` (site known_hosts file, else ~/.ssh/known_hosts; unknown
-hosts refused). Connect and command deadlines raise LaunchError naming the host.
+Host keys: `rlctl.launch.hostkeys`, for the connections and for the rendered command lines alike (site
+known_hosts file, else ~/.ssh/known_hosts; unknown hosts refused). Connect and command deadlines raise
+LaunchError naming the host.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import PurePosixPath
 
 from rlctl.config.inventory import Site, SshScheduler
 from rlctl.errors import LaunchError
+from rlctl.launch import hostkeys
 from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend
 from rlctl.launch.remote import RemoteState, SshRunner, SshTarget, sh_path
 
@@ -185,9 +187,8 @@ class SshBackend(LaunchBackend):
         t = self.target(host)
         opts = [f"-p {t.port}"]
         opts += [f"-i {sh_path(t.key_file)}"] if t.key_file else []
-        opts += [f"-o UserKnownHostsFile={sh_path(t.known_hosts)}"] if t.known_hosts else []
         opts += [f"-J {shlex.quote(t.proxy_jump)}"] if t.proxy_jump else []
-        opts += ["-o StrictHostKeyChecking=yes"]
+        opts += hostkeys.rendered_options(sh_path(t.known_hosts) if t.known_hosts else None)
         user = f"{t.user}@" if t.user else ""
         return f"ssh {' '.join(opts)} {user}{host} bash -s <<'RLCTL_EOF'\n{script}RLCTL_EOF\n"
 

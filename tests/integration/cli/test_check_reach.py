@@ -31,7 +31,8 @@ sites:
     nodes: [{{host: "sitea-[1-2]", gpus: 8}}]
   rollouts:
     datacenter: b
-    scheduler: {{kind: ssh, user: root, port: {port}, key_file: {services["RLCTL_TEST_SSH_KEY"]}}}
+    scheduler: {{kind: ssh, user: root, port: {port}, key_file: {services["RLCTL_TEST_SSH_KEY"]},
+                known_hosts: {services["RLCTL_TEST_SSH_KNOWN_HOSTS"]}}}
     gpu: H20
     nodes: [{{host: {services["RLCTL_TEST_SSH_HOST"]}, gpus: 8}}]
 links:

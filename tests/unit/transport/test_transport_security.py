@@ -1,0 +1,273 @@
+"""Security of the wire: peers without the job's secret are refused before any payload is read, nothing
+received is ever unpickled, and listeners bind only the interface they were given.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import pickle
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import torch
+
+from rlctl.agents.listen import store_listener
+from rlctl.errors import AuthError, PeerUnreachable
+from rlctl.transport import InprocTransport, Message, TcpTransport, framing, tcp
+from rlctl.transport.base import bind_host
+from rlctl.transport.framing import HELLO, MAC_BYTES, MAGIC, NONCE_BYTES
+from rlctl.transport.weights import WeightNode
+from tests.conftest import ROOT
+
+SECRET = b"the-job-secret"
+
+
+@pytest.fixture
+def listener():
+    lst = TcpTransport(secret=SECRET).listen("tcp://127.0.0.1:0")
+    yield lst
+    lst.close()
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
+    """What is read off handshaking sockets (bytes, by the side that names `peer`), and whether any frame
+    decoding is attempted."""
+    seen: dict[str, list[Any]] = {"recv_exact": [], "decoded": []}
+    real = tcp._recv_exact
+
+    def recv_exact(sock: socket.socket, n: int, peer: str) -> bytes:
+        seen["recv_exact"].append((n, peer))
+        return real(sock, n, peer)
+
+    monkeypatch.setattr(tcp, "_recv_exact", recv_exact)
+    for name in ("parse_preamble", "decode_header"):
+        monkeypatch.setattr(framing, name, lambda *a, name=name: seen["decoded"].append(name))
+    return seen
+
+
+def _accept_in_thread(lst: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["conn"] = lst.accept(timeout_s=10)
+        except Exception as e:  # noqa: BLE001 - the outcome under test
+            out["err"] = e
+
+    th = threading.Thread(target=run)
+    th.start()
+    return th, out
+
+
+def _addr(lst: Any) -> tuple[str, int]:
+    host, port = lst.address.removeprefix("tcp://").rsplit(":", 1)
+    return host, int(port)
+
+
+def test_a_raw_peer_sending_a_frame_is_refused_after_the_fixed_size_proof(listener, reads) -> None:
+    th, out = _accept_in_thread(listener)
+    frame = MAGIC + (2**20).to_bytes(4, "big") + msgspec.msgpack.encode(["kind", {}, 1, 0, []]) + b"payload" * 10_000
+    with socket.create_connection(_addr(listener), timeout=5) as s:
+        hello = s.recv(len(HELLO) + NONCE_BYTES, socket.MSG_WAITALL)
+        assert hello.startswith(HELLO)
+        with contextlib.suppress(ConnectionResetError):  # the listener may already have closed on us
+            s.sendall(frame)  # a message where the proof belongs
+        verdict = s.recv(2, socket.MSG_WAITALL)
+        try:
+            rest = s.recv(1)
+        except ConnectionResetError:  # closed with our unread bytes in its buffer: a reset
+            rest = b""
+    th.join()
+    assert verdict == b"NO" and rest == b""  # refused, then closed
+    assert isinstance(out["err"], AuthError) and "does not hold this job's secret" in str(out["err"])
+    assert [n for n, _ in reads["recv_exact"]] == [NONCE_BYTES + MAC_BYTES]  # not one byte beyond the proof
+    assert reads["decoded"] == []  # no preamble or header was ever parsed
+
+
+def test_a_peer_with_the_wrong_secret_is_refused_and_sends_nothing_more(listener, reads) -> None:
+    th, out = _accept_in_thread(listener)
+    with pytest.raises(AuthError, match="refused our credentials"):
+        TcpTransport(secret=b"another-jobs-secret").connect(listener.address, timeout_s=5)
+    th.join()
+    assert isinstance(out["err"], AuthError)
+    by_listener = [n for n, peer in reads["recv_exact"] if peer != listener.address]  # the client names the address
+    assert by_listener == [NONCE_BYTES + MAC_BYTES] and reads["decoded"] == []
+
+
+def test_a_server_without_the_secret_gets_nothing_from_a_client() -> None:
+    """The client checks the server's proof before it names its stream or sends any message."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    got: dict[str, bytes] = {}
+
+    def impostor() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.sendall(HELLO + os.urandom(NONCE_BYTES))
+            got["proof"] = conn.recv(NONCE_BYTES + MAC_BYTES, socket.MSG_WAITALL)
+            conn.sendall(b"OK" + os.urandom(MAC_BYTES))  # claims success, cannot prove it
+            conn.settimeout(5)
+            got["after"] = conn.recv(1 << 16)
+
+    th = threading.Thread(target=impostor)
+    th.start()
+    with pytest.raises(AuthError, match="failed to prove"):
+        TcpTransport(secret=SECRET).connect(f"tcp://127.0.0.1:{srv.getsockname()[1]}", timeout_s=5)
+    th.join()
+    srv.close()
+    assert len(got["proof"]) == NONCE_BYTES + MAC_BYTES and got["after"] == b""
+
+
+def test_inproc_refuses_the_wrong_secret() -> None:
+    lst = InprocTransport(secret=SECRET).listen("inproc://")
+    try:
+        with pytest.raises(AuthError):
+            InprocTransport(secret=b"other").connect(lst.address, timeout_s=1)
+    finally:
+        lst.close()
+
+
+# -- nothing on the wire is unpickled -----------------------------------------------------------------------
+UNPICKLED: list[str] = []
+
+
+def _record_unpickling() -> str:
+    UNPICKLED.append("boom")
+    return "boom"
+
+
+class _Bomb:
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_record_unpickling, ())
+
+
+def test_pickles_on_the_wire_stay_inert_bytes() -> None:
+    """A header carrying pickles (as bytes, as a msgpack ext) and a frame full of one arrive as data."""
+    bomb = pickle.dumps(_Bomb())
+    a, b = socket.socketpair()
+    ca, cb = tcp.TcpConnection(a, "b", tcp.TcpConfig()), tcp.TcpConnection(b, "a", tcp.TcpConfig())
+    try:
+        payload = torch.frombuffer(bytearray(bomb), dtype=torch.uint8)
+        ca.send(Message("x", {"p": bomb, "e": msgspec.msgpack.Ext(1, bomb)}, [payload]))
+        got = cb.recv(timeout_s=5)
+    finally:
+        ca.close()
+        cb.close()
+    assert got.header["p"] == bomb and isinstance(got.header["e"], msgspec.msgpack.Ext)
+    assert bytes(got.tensors[0].numpy()) == bomb
+    assert UNPICKLED == []
+
+
+WIRE_PACKAGES = ("transport", "agents")
+UNPICKLERS = {"pickle", "_pickle", "cPickle", "marshal", "dill", "cloudpickle", "shelve", "joblib", "multiprocessing"}
+
+
+def _modules(pkgs: tuple[str, ...]) -> list[Path]:
+    return [p for pkg in pkgs for p in sorted((ROOT / "rlctl" / pkg).rglob("*.py"))]
+
+
+def test_wire_code_imports_no_unpickler() -> None:
+    """The transport and the agents (everything that reads from a peer) import nothing that unpickles."""
+    found = []
+    for path in _modules(WIRE_PACKAGES):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in UNPICKLERS]
+    assert found == []
+
+
+def test_every_torch_load_is_weights_only() -> None:
+    """Anywhere in rlctl: torch.load only with weights_only=True, numpy.load never with allow_pickle."""
+    bad = []
+    for path in sorted((ROOT / "rlctl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            owner = node.func.value.id if isinstance(node.func.value, ast.Name) else ""
+            kw = {k.arg: k.value for k in node.keywords}
+            if node.func.attr == "load" and owner == "torch":
+                ok = isinstance(kw.get("weights_only"), ast.Constant) and kw["weights_only"].value is True
+            elif node.func.attr == "load" and owner in ("np", "numpy"):
+                ok = not (isinstance(kw.get("allow_pickle"), ast.Constant) and kw["allow_pickle"].value)
+            else:
+                continue
+            if not ok:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert bad == []
+
+
+# -- listeners bind only where they are told ------------------------------------------------------------------
+def test_a_listener_binds_only_the_given_interface() -> None:
+    lst = TcpTransport(secret=SECRET).listen("tcp://127.0.0.2:0")
+    try:
+        host, port = _addr(lst)
+        assert host == "127.0.0.2"
+        with pytest.raises(ConnectionRefusedError):  # the same port on another address of this host: nobody
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        assert (host, port) in _listening_sockets()
+        assert ("0.0.0.0", port) not in _listening_sockets()
+    finally:
+        lst.close()
+
+
+def test_a_weight_node_binds_only_the_given_interface() -> None:
+    with WeightNode(TcpTransport(secret=SECRET), "tcp://127.0.0.2:0") as node:
+        host, port = node.address.removeprefix("tcp://").rsplit(":", 1)
+        assert host == "127.0.0.2" and ("0.0.0.0", int(port)) not in _listening_sockets()
+
+
+def test_bind_host_is_the_listeners_interface() -> None:
+    assert bind_host("tcp://10.1.2.3:4000") == "10.1.2.3"
+    assert bind_host("tcp://[::1]:4000") == "::1"
+    assert bind_host("ucx://10.1.2.3:1") == "10.1.2.3"
+    assert bind_host("inproc://anon-3") == "127.0.0.1"
+
+
+def test_the_trainer_groups_store_binds_master_addr_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's TCPStore server would listen on every interface; rank 0 hands it a socket bound to MASTER_ADDR."""
+    fd = store_listener("127.0.0.2", 0)
+    assert fd is not None
+    sock = socket.socket(fileno=fd)
+    try:
+        host, port = sock.getsockname()[:2]
+        assert host == "127.0.0.2" and ("0.0.0.0", port) not in _listening_sockets()
+    finally:
+        sock.close()
+    # a node name that only this node resolves to the loopback (Debian's 127.0.1.1): torch's default, not a lockout
+    real = socket.getaddrinfo
+    monkeypatch.setattr(
+        socket,
+        "getaddrinfo",
+        lambda host, *a, **k: real("127.0.1.1", *a, **k) if host == "node-1" else real(host, *a, **k),
+    )
+    assert store_listener("node-1", 0) is None
+
+
+def test_connecting_to_a_closed_listener_names_it() -> None:
+    lst = TcpTransport(secret=SECRET).listen("tcp://127.0.0.1:0")
+    lst.close()
+    with pytest.raises(PeerUnreachable, match=lst.address):
+        TcpTransport(secret=SECRET).connect(lst.address, timeout_s=2)
+
+
+def _listening_sockets() -> set[tuple[str, int]]:
+    """(address, port) of every listening IPv4 TCP socket of this network namespace (/proc/net/tcp)."""
+    out = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] != "0A":  # LISTEN
+            continue
+        hexip, hexport = fields[1].split(":")
+        ip = socket.inet_ntoa(int(hexip, 16).to_bytes(4, "little"))
+        out.add((ip, int(hexport, 16)))
+    return out
