@@ -28,12 +28,15 @@ from typing import Any
 import msgspec
 
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.ledger import State
 from rlctl.agents.messages import TO_CONTROLLER, Heartbeat, Hello, SampleDone, Trained, make, parse, recv_checked
+from rlctl.agents.resume import cut_metrics, load_controller, save_controller
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
 from rlctl.config.job import JobFile
 from rlctl.errors import TransportError
+from rlctl.launch.agentenv import resume_version
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
 from rlctl.rl.ranker import LengthRanker, recall_at
@@ -106,6 +109,11 @@ class ControllerAgent:
         self.scaler = Scaler(
             jobdir, job.rebalance, core=self.core, placement=self.placement, metrics=self.metrics, post=self.inbox.put
         )
+        self.resumes = sum(1 for e in jobdir.read_lines(jobdir.events) if e.get("event") == "resumed_from")
+        self.expect_checkpoint: str | None = None  # a resumed job: the trainer part's digest it must restore
+        version = resume_version()
+        if version is not None:
+            self._resume(version)
         job_config = job.model_dump(mode="json", by_alias=True)
         self.tracker = FanOut(make_trackers(job.tracking, jobdir.path, job.name, job_config))
         jobdir.write_json(
@@ -114,6 +122,34 @@ class ControllerAgent:
         )
         jobdir.event("controller_listening", address=self.listener.address)
         threading.Thread(target=self._accept, name="accept", daemon=True).start()
+
+    def _resume(self, version: int) -> None:
+        """`launch --resume`: the controller's part of checkpoint `version` (0: none, start over); the metrics
+        rows the failed run wrote past it move aside so the curves continue from the checkpoint."""
+        requeued = 0
+        if version > 0:
+            st = load_controller(self.jobdir, version)
+            requeued = sum(1 for e in st.ledger.entries.values() if e.state is not State.TRAINED)
+            self.core.restore(version=version, ledger=st.ledger)
+            if st.ranker_tokens:
+                self.ranker.fit(st.ranker_tokens, st.ranker_lengths)
+            self.scaler.rule.window = list(st.rebalance_window)
+            self.expect_checkpoint = st.trainer_digest
+        self.rows = cut_metrics(self.jobdir, version)
+        self.resumes += 1
+        self.jobdir.event("resumed_from", version=version, regenerate=requeued, rows_kept=len(self.rows))
+        log.info("controller: resumed from checkpoint v%d; %d samples to generate again", version, requeued)
+
+    def _checkpoint(self, t: Trained) -> None:
+        """The trainer wrote its part of checkpoint `t.version`: write ours, then move `latest` to it."""
+        tokens, lengths = self.ranker.history()
+        state = {
+            "iteration": self.core.trainer_version,
+            "ranker": {"tokens": tokens, "lengths": lengths},
+            "rebalance_window": self.scaler.rule.window,
+        }
+        save_controller(self.jobdir, t.version, state=state, ledger=self.core.ledger, trainer_digest=t.checkpoint)
+        self.jobdir.event("checkpoint", version=t.version)
 
     def _prompts(self, iteration: int) -> list[PromptSpec]:
         n = self.job.batch.prompts_per_iteration
@@ -135,6 +171,7 @@ class ControllerAgent:
                 else:
                     self._handle(what, who, payload)
                 now = time.monotonic()
+                self.scaler.tick(now)
                 agent_gauges(self.metrics, self.core, self.peers, self.sites, now=now)
                 for p in list(self.peers.values()):
                     if p.role != "client" and p.state == "running" and now - p.last_seen > HEARTBEAT_TIMEOUT_S:
@@ -254,6 +291,17 @@ class ControllerAgent:
         threading.Thread(target=self._read, args=(name, conn), name=f"read-{name}", daemon=True).start()
         if h.role == "client":
             return
+        if h.role == "trainer" and (
+            h.version != self.core.trainer_version
+            or (self.expect_checkpoint is not None and h.checkpoint != self.expect_checkpoint)
+        ):
+            self.core.failed = (
+                f"the trainer restored v{h.version} (manifest {h.checkpoint[:12] or '-'}) but the controller's "
+                f"checkpoint is v{self.core.trainer_version} "
+                f"(trainer manifest {(self.expect_checkpoint or '-')[:12]}): "
+                "the two parts of the checkpoint do not belong together"
+            )
+            return
         dc = self.placement.datacenter(name)
         for i, address in enumerate(h.weight_roots or [h.weights]):  # a trainer's ranks, or the unit itself
             self.book.node(address, agent=name if h.role != "trainer" else f"trainer-{i}", datacenter=dc)
@@ -287,6 +335,9 @@ class ControllerAgent:
             self.metrics.weight_last_unit_seconds.set(seconds)
 
     def _lose(self, name: str, why: str) -> None:
+        """An agent stopped heartbeating or its connection broke. A rollout unit's in-flight samples are
+        requeued at once and a replacement is started on its site; a lost trainer ends the job (a clean stop
+        whose message names the resume command)."""
         peer = self.peers[name]
         peer.state = "lost"
         peer.conn.close()
@@ -294,6 +345,11 @@ class ControllerAgent:
         self._send(self.core.lost(name))
         self.jobdir.event("agent_lost", agent=name, reason=why, requeued=self.core.ledger.requeued - before)
         log.warning("controller: %s lost (%s); %d samples re-queued", name, why, self.core.ledger.requeued - before)
+        unit = self.core.units.get(name)
+        if peer.role == "rollout" and unit is not None and not unit.draining and not self.stop_requested:
+            self.scaler.replace(name, now=time.monotonic())
+        if peer.role == "trainer" and self.core.failed:
+            self.core.failed += f" ({why}); continue the job with `rlctl launch --resume {self.jobdir.path.name}`"
 
     def _send(self, outs: list[Out]) -> None:
         if self.t_first is None and any(o.kind == "generate" for o in outs):
@@ -326,11 +382,8 @@ class ControllerAgent:
         self._refit_ranker(t.iteration)
         self.jobdir.append(self.jobdir.metrics, row)
         self.tracker.log(t.iteration, row_to_metrics(row))
-        every = self.job.checkpoint.every_iterations
-        if t.version == self.job.iterations or (every and t.version % every == 0):
-            d = self.jobdir.checkpoint(t.version)
-            d.mkdir(parents=True, exist_ok=True)
-            self.jobdir.write_json(d / "ledger.json", self.core.ledger.to_json())
+        if t.checkpoint:
+            self._checkpoint(t)
         self._send(outs)
         iteration_gauges(self.metrics, row, t, self.core.stats[t.iteration])
         self.book.published(t.version, time.monotonic())
@@ -367,6 +420,7 @@ class ControllerAgent:
             stop_requested=self.stop_requested,
             metrics_port=self.metrics_port,
             job_dir=str(self.jobdir.path),
+            resilience={"resumes": self.resumes, **self.scaler.resilience()},
         )
 
     def _shutdown(self) -> None:

@@ -5,6 +5,7 @@
          spawn thread: Spawner.add_rollout (SSH / sbatch: seconds) ──▶ post("spawned", name, error)
     "spawned" from the controller's inbox ──▶ spawned(): scale event "out" (or scale_failed)
     the new unit's first sample ──▶ sampled(): first_sample event; the rule measures afresh
+    a unit lost ──▶ replace(): tick() starts one on its site (≤ REPLACE_ATTEMPTS, backoff) ──▶ unit_replaced
     scale −N ──▶ core.drain(the newest units) ──▶ scale event "in" (the controller sends the drain)
 
 The controller owns the inbox and the sockets; this module only posts to the one and returns the
@@ -34,6 +35,22 @@ from rlctl.metrics import JobMetrics
 log = logging.getLogger(__name__)
 
 Post = Callable[[tuple[str, Any, Any]], None]  # the controller's inbox.put
+
+
+REPLACE_ATTEMPTS = 3
+REPLACE_BACKOFF_S = 5.0  # before the 2nd attempt; doubled before each next one
+REPLACE_JOIN_S = 120.0  # a started replacement that has not joined by then counts as a failed attempt
+
+
+@dataclass
+class Replacement:
+    lost: str
+    site: str
+    due: float  # time.monotonic() of the next attempt
+    attempts: int = 0
+    unit: str | None = None  # the unit started for the current attempt
+    started: float = 0.0
+    error: str | None = None  # why the current attempt failed to start
 
 
 @dataclass
@@ -101,6 +118,9 @@ class Scaler:
         self.spawn_requested: dict[str, float] = {}  # agent → when its start was asked for
         self.scale_log: list[dict[str, Any]] = []
         self._next_replica: int | None = None
+        self.replacing: dict[str, Replacement] = {}  # lost unit → its replacement's progress
+        self.replaced = 0  # replacements that joined
+        self.gave_up: list[str] = []  # lost units not replaced after every attempt
 
     def pending_units(self) -> list[str]:
         """Units asked for that have not joined yet."""
@@ -185,6 +205,52 @@ class Scaler:
             if "error" in out:
                 self.jobdir.event("scale_failed", reason="rebalance", error=out["error"])
 
+    # -- self-healing -------------------------------------------------------------------------------
+    def replace(self, lost: str, *, now: float) -> None:
+        """A rollout unit stopped heartbeating (its in-flight samples are already requeued): start another on
+        its site, up to REPLACE_ATTEMPTS times with backoff; `tick` does the work."""
+        site = self.placement.sites.get(lost)
+        if self.spawner is None or site is None or lost in self.replacing:
+            return
+        self.replacing[lost] = Replacement(lost, site, due=now)
+
+    def tick(self, now: float) -> None:
+        """From the controller's loop: start replacements that are due; count a replacement that failed to
+        start or did not join within REPLACE_JOIN_S as a failed attempt (then back off, or give up)."""
+        for r in list(self.replacing.values()):
+            if r.error is not None:
+                self._failed(r, r.error, now)
+            elif r.unit is not None and r.unit in self.core.units:
+                self.replaced += 1
+                self.jobdir.event("unit_replaced", lost=r.lost, by=r.unit, site=r.site, attempts=r.attempts)
+                del self.replacing[r.lost]
+            elif r.unit is not None and now - r.started > REPLACE_JOIN_S:
+                self._failed(r, f"{r.unit} did not join within {REPLACE_JOIN_S:.0f} s", now)
+            elif r.unit is None and now >= r.due and self.free_slots().get(r.site, 0) > 0:
+                r.attempts += 1
+                r.started = now
+                r.unit = self._spawn(r.site, "replace")
+
+    def _failed(self, r: Replacement, why: str, now: float) -> None:
+        self.spawn_requested.pop(r.unit or "", None)
+        if r.attempts >= REPLACE_ATTEMPTS:
+            del self.replacing[r.lost]
+            self.gave_up.append(r.lost)
+            self.jobdir.event("replace_gave_up", lost=r.lost, site=r.site, attempts=r.attempts, error=why)
+            log.warning("controller: gave up replacing %s on %s after %d attempts: %s", r.lost, r.site, r.attempts, why)
+            return
+        r.unit, r.error, r.due = None, None, now + REPLACE_BACKOFF_S * 2 ** (r.attempts - 1)
+        log.warning("controller: replacing %s failed (%s); next attempt in %.0f s", r.lost, why, r.due - now)
+
+    def resilience(self) -> dict[str, Any]:
+        """For status: replacements done, under way, given up, and what that means for the job."""
+        note = None
+        if self.gave_up:
+            note = f"running with fewer rollout units: could not replace {', '.join(self.gave_up)}"
+        elif self.replacing:
+            note = f"replacing {', '.join(self.replacing)}"
+        return {"replaced": self.replaced, "replacing": sorted(self.replacing), "gave_up": self.gave_up, "note": note}
+
     # -- units starting -----------------------------------------------------------------------------
     def _spawn(self, site: str, reason: str) -> str:
         """Start one rollout unit on `site` from a thread (SSH / sbatch may take seconds); its name."""
@@ -211,6 +277,9 @@ class Scaler:
         """The spawn thread of `name` finished: (site, reason, error or None)."""
         site, reason, error = info
         if error is not None:
+            r = next((r for r in self.replacing.values() if r.unit == name), None)
+            if r is not None:
+                r.error = error  # tick() counts the failed attempt
             self.spawn_requested.pop(name, None)
             self.jobdir.event("scale_failed", agent=name, site=site, reason=reason, error=error)
             log.warning("controller: could not add %s on %s: %s", name, site, error)

@@ -10,7 +10,9 @@ Tensors go through `torch.save` and come back through `torch.load(weights_only=T
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,8 @@ from rlctl.agents.checkpoint import read_manifest, write_part
 from rlctl.engines.model import TinyGPT
 from rlctl.errors import RlctlError
 from rlctl.trainers.base import TrainerBackend
+
+log = logging.getLogger(__name__)
 
 MODEL = "model"
 STATE = "trainer"
@@ -48,6 +52,22 @@ def set_rng_state(state: dict[str, Any], torch_state: torch.Tensor) -> None:
     torch.set_rng_state(torch_state)
 
 
+def optimizer_digest(optimizers: dict[str, torch.optim.Optimizer]) -> str:
+    """SHA-256 over every optimizer's hyper-parameters and state tensors (bytes), in a fixed order: equal
+    digests before the save and after the restore mean the optimizer state came back exactly."""
+    h = hashlib.sha256()
+    for name in sorted(optimizers):
+        sd = optimizers[name].state_dict()
+        h.update(name.encode() + json.dumps(sd["param_groups"], sort_keys=True, default=str).encode())
+        for index in sorted(sd["state"]):
+            for key in sorted(sd["state"][index]):
+                value = sd["state"][index][key]
+                h.update(f"{index}.{key}".encode())
+                t = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+                h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def save_trainer(
     ckpt: Path,
     *,
@@ -70,7 +90,8 @@ def save_trainer(
         torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps({"counters": counters, "rng": rng_state()}, indent=1))
 
-    return write_part(ckpt, "trainer", {MODEL: fill_model, STATE: fill_state}, meta={"counters": counters})
+    meta = {"counters": counters, "optimizer_sha256": optimizer_digest(optimizers)}
+    return write_part(ckpt, "trainer", {MODEL: fill_model, STATE: fill_state}, meta=meta)
 
 
 def load_trainer(
@@ -91,6 +112,10 @@ def load_trainer(
         o.load_state_dict(tensors[f"optimizer.{k}"])
     for k, m in (modules or {}).items():
         m.load_state_dict(tensors[f"module.{k}"])
+    restored = optimizer_digest(optimizers)
+    if restored != manifest["optimizer_sha256"]:
+        raise CheckpointError(f"{ckpt}: the optimizer state restored differs from the one saved")
     body = json.loads((ckpt / STATE / "state.json").read_text())
     set_rng_state(body["rng"], torch.load(ckpt / STATE / "rng.pt", weights_only=True)["torch"])
+    log.info("restored %s: optimizer state sha256 %s, as saved", ckpt.name, restored)
     return body["counters"], str(manifest["digest"])

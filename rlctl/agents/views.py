@@ -12,7 +12,7 @@ books (a `Snapshot`, or the few parts a gauge reads), so they are tested without
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rlctl.agents.core import ControllerCore, IterationStats
@@ -58,6 +58,7 @@ class Snapshot:
     stop_requested: bool
     metrics_port: int
     job_dir: str
+    resilience: Mapping[str, Any] = field(default_factory=dict)  # resumes, replaced units, a note
 
 
 def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
@@ -152,8 +153,10 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
             "prompts": counts.prompts,
             "trained": counts.trained,
             "requeued": counts.requeued,
+            "lost": counts.lost,
             "duplicated": counts.duplicated,
         },
+        "resilience": dict(s.resilience),
         "agents": agents,
     }
 
@@ -175,10 +178,12 @@ def summary(s: Snapshot) -> dict[str, Any]:
     """summary.json: how the job ended, its reward curve, throughput, bubbles, staleness and ledger."""
     core, rows = s.core, s.rows
     k = max(1, min(20, len(rows) // 10)) if rows else 0  # reward_first/last: mean of the first/last 10 %
-    end = core.stats[rows[-1]["iteration"]].trained_at if rows else None
+    # throughput over this run's iterations (a resumed job's earlier rows have no stats here)
+    ran = [core.stats[r["iteration"]] for r in rows if r["iteration"] in core.stats]
+    end = ran[-1].trained_at if ran else None
     span = (end - (s.t_first or s.t_start)) if end else 0.0
-    samples = sum(core.stats[r["iteration"]].samples for r in rows)
-    tokens = sum(core.stats[r["iteration"]].output_tokens for r in rows)
+    samples = sum(st.samples for st in ran)
+    tokens = sum(st.output_tokens for st in ran)
     counts = core.ledger.counts(completed_iterations=core.trainer_version)
     busy = {p.name: (p.role, p.figures.busy_s) for p in s.peers.values() if p.role != "client"}
     roll = [b for role, b in busy.values() if role == "rollout"]
@@ -223,6 +228,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
             "samples": counts.samples,
             "trained_samples": counts.trained_samples,
         },
+        "resilience": dict(s.resilience),
         "agents": {n: {"role": r, "busy_s": round(b, 3)} for n, (r, b) in busy.items()},
         "job_dir": s.job_dir,
     }

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from rlctl.config import load_job
-from rlctl.errors import RlctlError
+from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.preflight import preflight
 from rlctl.launch.run import DRY_RUN_CONTROLLER
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
@@ -150,7 +150,9 @@ def dry_table(rows: list[dict[str, Any]], staging: list[dict[str, Any]] | None =
 def register(app: typer.Typer) -> None:
     @app.command()
     def launch(
-        job_file: Annotated[Path, typer.Argument(help="job file (jobs/*.yaml)", metavar="JOB.yaml")],
+        job_file: Annotated[
+            Path | None, typer.Argument(help="job file (jobs/*.yaml)", metavar="JOB.yaml", show_default=False)
+        ] = None,
         iterations: Annotated[
             int | None, typer.Option("--iterations", min=1, help="override the job's iterations")
         ] = None,
@@ -161,14 +163,29 @@ def register(app: typer.Typer) -> None:
         dry_run: Annotated[
             bool, typer.Option("--dry-run", help="print every agent's exact sbatch script / SSH command; start nothing")
         ] = False,
+        resume: Annotated[
+            str | None,
+            typer.Option(
+                "--resume",
+                metavar="JOB",
+                help="continue a job (name, id or directory) from its latest complete checkpoint",
+            ),
+        ] = None,
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Run a job: SFT warm-up (cached), then controller, trainer and rollout agents on their sites
-        (local processes, SLURM jobs, SSH hosts)."""
+        (local processes, SLURM jobs, SSH hosts). `--resume JOB` continues a stopped or failed one."""
         from rlctl.launch.jobdb import JobDB
         from rlctl.launch.jobdir import JobDir
         from rlctl.launch.run import JobRun, launch_dir, plan_counts, prepare, resolve_job
 
+        if resume is not None:
+            if job_file is not None or dry_run or iterations is not None or mode is not None or job_dir is not None:
+                raise UsageError("--resume JOB takes no job file, --dry-run, --iterations, --mode or --job-dir")
+            _resume(resume, output)
+            return
+        if job_file is None:
+            raise UsageError("missing JOB.yaml", hint="`rlctl launch jobs/demo.yaml`, or `--resume JOB`")
         job = load_job(job_file)
         spec = resolve_job(job, iterations=iterations, mode=mode.value if mode is not None else None)
         plan = plan_counts(job, spec)
@@ -211,3 +228,34 @@ def register(app: typer.Typer) -> None:
         emit(summary, output, _table)
         if summary["state"] != "done":
             raise RlctlError(f"job {spec.name} did not finish: {summary['state']}", hint=f"see {jd.path}/logs")
+
+
+def _resume(ref: str, output: OutputFormat) -> None:
+    """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest
+    complete checkpoint, every prompt it had not trained is generated again, the curves continue."""
+    from rlctl.launch.jobdb import JobDB
+    from rlctl.launch.jobref import resolve
+    from rlctl.launch.run import JobRun, refuse_if_running
+
+    db = JobDB()
+    ref_ = resolve(ref, db=db)
+    jd = ref_.jobdir
+    spec = jd.read_job()
+    plan = jd.read_json(jd.plan_json)
+    progress = _Progress()
+    run = None
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        refuse_if_running(jd)
+        run = JobRun(jd, spec, plan, db=db)
+        run.start(resume=True)
+        progress.say(f"job {spec.name}: resumed from checkpoint v{run.resume_env.get('RLCTL_RESUME_VERSION')}")
+        summary = run.wait(on_progress=progress)
+    finally:
+        progress.close()
+        if run is not None:
+            run.stop()
+        db.close()
+    emit(summary, output, _table)
+    if summary["state"] != "done":
+        raise RlctlError(f"job {spec.name} did not finish: {summary['state']}", hint=f"see {jd.path}/logs")

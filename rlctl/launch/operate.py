@@ -126,6 +126,7 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     out["controller_latency_s"] = round(time.monotonic() - t0, 3)
     if how == "ok":
         out.update(source="controller", live=value, figures_age_s=value.get("figures_age_s"))
+        out.update(ledger=value.get("ledger"), resilience=value.get("resilience"))
         return out, True
     out["controller"] = f"{how}: {value}" if value else how
     out["source"] = "job directory + site schedulers"
@@ -139,6 +140,8 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         out["figures_age_s"] = round(time.time() - float(last.get("t", time.time())), 1) if "t" in last else None
     if jd.summary_json.exists():
         out["summary"] = {k: v for k, v in jd.read_json(jd.summary_json).items() if k not in ("reward_curve",)}
+        # the same totals as a live status: the ledger, resumes and replaced units
+        out.update(ledger=out["summary"].get("ledger"), resilience=out["summary"].get("resilience"))
     agents, down = site_view(ref, timeout_s=timeout_s)
     out["agents"], out["sites_down"] = agents, down
     ended = "summary" in out and all(a["state"] != "running" for a in agents)

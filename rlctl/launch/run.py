@@ -29,7 +29,8 @@ from typing import Any
 
 from rlctl.config.inventory import Site
 from rlctl.config.job import Job, JobFile, Pipeline
-from rlctl.errors import LaunchError, PlanError, TransportError
+from rlctl.errors import LaunchError, PlanError, TransportError, UsageError
+from rlctl.launch.agentenv import ENV_RESUME, LATEST_POINTER, parse_latest
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, record_agent, stop_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.inputs import copy_inputs, resolve_inputs
@@ -165,6 +166,7 @@ class JobRun:
         self.staged: dict[str, Any] = {}
         self._record: tuple[Site, str, str] | None = None  # the controller's site, host view, site job dir
         self._status_conn: Connection | None = None
+        self.resume_env: dict[str, str] = {}
         self.t_start = time.monotonic()
 
     @property
@@ -209,6 +211,8 @@ class JobRun:
     def _start(
         self, a: PlannedAgent, env: dict[str, str] | None = None, *, controller: str | None = None
     ) -> AgentHandle:
+        if a.role in ("controller", "trainer"):
+            env = {**(env or {}), **self.resume_env}
         spec: AgentSpec = agent_spec(self.site_dir(a), a, self.sites[a.site], env=env, controller=controller)
         h = self.backends.for_site(a.site).start(spec)
         record_agent(self.jobdir.path, h)
@@ -241,7 +245,10 @@ class JobRun:
         finally:
             fs.close()
 
-    def start(self) -> None:
+    def start(self, *, resume: bool = False) -> None:
+        """Stage, then start the controller, then (once it listens) the trainer ranks and rollout units.
+        `resume`: the controller and trainer continue from the job's latest complete checkpoint (read on
+        the controller's site, which keeps the pointer; version 0 = none yet: the job starts over)."""
         self.t_start = time.monotonic()
         self.jobdir.controller_json.unlink(missing_ok=True)
         self._register("launching", sites=sorted(self.sites))
@@ -262,6 +269,10 @@ class JobRun:
                     fs.put(self._empty(), f"{root}/{name}")
             finally:
                 fs.close()
+        if resume:
+            version = self.resume_point()
+            self.resume_env = {ENV_RESUME: str(version)}
+            self.jobdir.event("resumed", version=version)
         self.controller = self._start(c)
         address = self._controller_address(remote)
         if self.db is not None:
@@ -303,6 +314,14 @@ class JobRun:
                 raise LaunchError(f"the controller did not listen within {CONTROLLER_START_S:.0f} s")
             time.sleep(0.25 if remote else 0.05)
         return str(self.jobdir.read_json(self.jobdir.controller_json)["address"])
+
+    def resume_point(self) -> int:
+        """The version the controller's site's `checkpoints/latest.json` names (0 when there is none)."""
+        name = f"checkpoints/{LATEST_POINTER}"
+        text = self._read_record(name) if self._record is not None else None
+        if self._record is None and (self.jobdir.path / name).exists():
+            text = (self.jobdir.path / name).read_text()
+        return parse_latest(text) if text else 0
 
     def _read_record(self, name: str) -> str | None:
         fs, root = self._files()
@@ -414,6 +433,28 @@ def planned_agents(
         else:
             out.append((a, {**env, "MASTER_ADDR": master, "RANK": str(a.replica)}))
     return out
+
+
+def refuse_if_running(jobdir: JobDir) -> None:
+    """Before a resume: refuse while the job's controller answers; stop what is left of the run that ended
+    (an orphaned unit, a trainer rank whose peer died), so two runs of one job never overlap."""
+    try:
+        conn = connect_client(jobdir, timeout_s=3.0, name="resume")
+    except (TransportError, OSError, ValueError, KeyError):
+        pass
+    else:
+        conn.close()
+        raise UsageError(
+            f"job {jobdir.path.name} is running (its controller answers)",
+            hint=f"stop it first: `rlctl stop {jobdir.path.name}`",
+        )
+    backends = Backends(read_sites(jobdir.path), job=jobdir.path.name, job_dir=jobdir.path)
+    try:
+        problems = stop_agents(backends, all_recorded_agents(jobdir.path), grace_s=5.0)
+    finally:
+        backends.close()
+    if problems:
+        raise LaunchError("cannot stop what is left of the last run: " + "; ".join(problems))
 
 
 def connect_client(jobdir: JobDir, *, timeout_s: float, name: str) -> Connection:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from rlctl.agents.checkpoint import latest_complete, manifest_path, read_manifest, set_latest, write_part
-from rlctl.agents.trainstate import CheckpointError, load_trainer, save_trainer
+from rlctl.agents.trainstate import CheckpointError, load_trainer, optimizer_digest, save_trainer
 from rlctl.engines.model import TinyGPT
 from tests.unit.tiny_models import small_config
 
@@ -82,6 +82,9 @@ def test_trainer_state_round_trips_exactly(tmp_path: Path) -> None:
     for i, st in saved_opt["state"].items():
         assert all(torch.equal(restored["state"][i][k], v) for k, v in st.items())
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == after  # RNG streams continue
+    manifest = read_manifest(tmp_path / "iter-3", "trainer")
+    assert manifest is not None and manifest["optimizer_sha256"] == optimizer_digest({"policy": other_opt})
+    assert optimizer_digest({"policy": trained_model(4)[1]}) != manifest["optimizer_sha256"]
 
 
 def test_a_damaged_trainer_part_is_refused_with_the_checkpoint_named(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import urllib.request
 import pytest
 import torch
 
+from rlctl.agents.checkpoint import latest_complete
 from rlctl.agents.common import AgentContext
 from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.messages import Hello, make
@@ -74,7 +75,9 @@ def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
     assert (s["ledger"]["duplicated"], s["ledger"]["lost"], s["staleness_violations"]) == (0, 0, 0)
     assert max(int(k) for k in s["staleness"]) <= job.pipeline.eta
     assert [r["iteration"] for r in jd.read_lines(jd.metrics)] == [0, 1, 2]
-    assert (jd.checkpoint(2) / "model" / "config.json").exists() and (jd.checkpoint(3) / "ledger.json").exists()
+    assert (jd.checkpoint(2) / "model" / "config.json").exists()
+    assert latest_complete(jd.path / "checkpoints") == 3  # both parts, verified; the pointer moved last
+    assert (jd.checkpoint(3) / "controller" / "ledger.json").exists()
     assert set(s["agents"]) == {"trainer-0", "rollout-0", "rollout-1"}
     with urllib.request.urlopen(f"http://127.0.0.1:{ctl.metrics_port}/metrics", timeout=5) as resp:
         scraped = resp.read().decode()

@@ -1,0 +1,84 @@
+"""The controller's part of a checkpoint, and what a resumed controller restores from it.
+
+trained(i, v, checkpoint=D)  (the trainer wrote its part of iter-v; D = its manifest's SHA-256)
+    ─▶ save_controller(iter-v): ledger, iteration, ranker history, rebalance window, rows so far, D
+    ─▶ set_latest(v)                        (only now is iter-v a checkpoint a resume may use)
+
+launch --resume ─▶ RLCTL_RESUME_VERSION=v ─▶ load_controller(iter-v) ─▶ core.restore, ranker.fit,
+    rule.window; metrics rows of iterations ≥ v move to metrics.discarded.jsonl (the curves continue
+    from the checkpoint, as the model does); the trainer's hello must name the same version and D.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlctl.agents.checkpoint import read_manifest, set_latest, write_part
+from rlctl.agents.ledger import Ledger
+from rlctl.launch.jobdir import JobDir
+
+PART = "controller"
+
+
+@dataclass
+class ControllerState:
+    version: int
+    ledger: Ledger
+    ranker_tokens: list[list[int]]
+    ranker_lengths: list[float]
+    rebalance_window: list[tuple[float, float]]
+    trainer_digest: str
+    resumes: int
+    replaced: int
+
+
+def save_controller(
+    jobdir: JobDir, version: int, *, state: dict[str, Any], ledger: Ledger, trainer_digest: str
+) -> None:
+    """Write the controller's part of checkpoint `version`, then move `latest` to it."""
+    ckpt = jobdir.checkpoint(version)
+
+    def fill(tmp: Path) -> None:
+        tmp.mkdir(parents=True)
+        (tmp / "ledger.json").write_text(json.dumps(ledger.to_json()))
+        (tmp / "state.json").write_text(json.dumps({**state, "version": version}))
+
+    write_part(ckpt, PART, {PART: fill}, meta={"version": version, "trainer_digest": trainer_digest})
+    set_latest(ckpt.parent, version)
+
+
+def load_controller(jobdir: JobDir, version: int) -> ControllerState:
+    """The controller's state at checkpoint `version`; ValueError naming the checkpoint when it does not verify."""
+    ckpt = jobdir.checkpoint(version)
+    manifest = read_manifest(ckpt, PART)
+    if manifest is None:
+        raise ValueError(f"{ckpt}: the controller's part is missing or does not match its manifest")
+    state = json.loads((ckpt / PART / "state.json").read_text())
+    ledger = Ledger.from_json(json.loads((ckpt / PART / "ledger.json").read_text()))
+    return ControllerState(
+        version=version,
+        ledger=ledger,
+        ranker_tokens=state["ranker"]["tokens"],
+        ranker_lengths=state["ranker"]["lengths"],
+        rebalance_window=[(float(g), float(t)) for g, t in state["rebalance_window"]],
+        trainer_digest=str(manifest["trainer_digest"]),
+        resumes=int(state.get("resumes", 0)),
+        replaced=int(state.get("replaced", 0)),
+    )
+
+
+def cut_metrics(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
+    """Keep the metrics rows of iterations before `version` (returned); move the others, which the failed
+    run trained past its last checkpoint, to metrics.discarded.jsonl."""
+    rows = jobdir.read_lines(jobdir.metrics) if jobdir.metrics.exists() else []
+    kept = [r for r in rows if int(r["iteration"]) < version]
+    dropped = [r for r in rows if int(r["iteration"]) >= version]
+    for r in dropped:
+        jobdir.append(jobdir.path / "metrics.discarded.jsonl", r)
+    tmp = jobdir.metrics.with_name(".metrics.jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(jobdir.metrics)
+    return kept

@@ -1,0 +1,107 @@
+"""Long runs survive: a trainer SIGKILLed mid-run ends the job with the resume command; `launch --resume`
+continues from the latest complete checkpoint (policy, optimizer, RNG, ledger, ranker) and every prompt of
+the run is trained exactly once in the lineage of the final model. A rollout unit SIGKILLed mid-generation
+is replaced on its site while its in-flight samples are generated again by the others."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+
+import pytest
+
+from .conftest import REPO, events, job_yaml, metrics_rows, rlctl, rlctl_json, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+LOCAL = str(REPO / "clusters" / "local.yaml")
+
+
+def pid_of(job_dir, agent: str) -> int:
+    return [e["pid"] for e in events(job_dir) if e["event"] == "agent_joined" and e["agent"] == agent][-1]
+
+
+def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, launcher):
+    job = job_yaml(
+        tmp_path / "resume.yaml",
+        inventory=[LOCAL],
+        trainer="local",
+        rollout="local",
+        rollout_gpus=2,
+        iterations=12,
+        checkpoint={"every_iterations": 3},
+    )
+    job_dir = tmp_path / "run"
+    proc = launcher(str(job), "--job-dir", str(job_dir), "-o", "json")
+    wait_for("a checkpoint and two more iterations", lambda: len(metrics_rows(job_dir)) >= 5, 240, alive=proc)
+    os.kill(pid_of(job_dir, "trainer-0"), signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert f"rlctl launch --resume {job_dir.name}" in err, err[-2000:]  # the failure names the resume command
+    latest = json.loads((job_dir / "checkpoints" / "latest.json").read_text())["version"]
+    assert latest >= 3 and latest % 3 == 0
+    before = [r["iteration"] for r in metrics_rows(job_dir)]
+
+    code, s = rlctl_json("launch", "--resume", str(job_dir), timeout_s=300)
+    assert code == 0 and s["state"] == "done", s
+    rows = metrics_rows(job_dir)
+    assert [r["iteration"] for r in rows] == list(range(12))  # the curve continues from the checkpoint
+    discarded = job_dir / "metrics.discarded.jsonl"
+    past = [json.loads(x)["iteration"] for x in discarded.read_text().splitlines()] if discarded.exists() else []
+    assert sorted(past) == [i for i in before if i >= latest]  # what the killed run trained past it
+    # every prompt trained exactly once in the final model's lineage: the last checkpoint's ledger
+    ledger = json.loads((job_dir / "checkpoints" / "iter-12" / "controller" / "ledger.json").read_text())
+    prompts = {e["prompt_id"] for e in ledger["entries"]}
+    assert len(prompts) == 12 * 4 and all(e["state"] == "trained" for e in ledger["entries"])
+    assert s["ledger"]["prompts"] == s["ledger"]["trained"] == 48
+    assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
+    assert s["resilience"]["resumes"] == 1
+    # the optimizer state the trainer restored is the one it saved (its digest, checked by the trainer too)
+    log = (job_dir / "logs" / "trainer-0.log").read_text()
+    restored = re.findall(rf"restored iter-{latest}: optimizer state sha256 ([0-9a-f]+), as saved", log)
+    manifest = json.loads((job_dir / "checkpoints" / f"iter-{latest}" / "MANIFEST.trainer.json").read_text())
+    assert restored == [manifest["optimizer_sha256"]], log[-2000:]
+    resumed = [e for e in events(job_dir) if e["event"] == "resumed_from"]
+    assert [e["version"] for e in resumed] == [latest]
+
+    code, st = rlctl_json("status", str(job_dir))  # after the end: the totals, resumes and replaced units
+    assert code == 0 and st["ledger"]["trained"] == 48 and st["resilience"]["resumes"] == 1, st
+    print(f"\nresumed from v{latest}; {len(past)} iteration(s) trained past it were discarded and redone")
+
+
+def test_a_rollout_unit_killed_mid_generation_is_replaced(tmp_path, launcher):
+    job = job_yaml(
+        tmp_path / "heal.yaml",
+        inventory=[LOCAL],
+        trainer="local",
+        rollout="local",
+        rollout_gpus=2,
+        iterations=400,
+        task={"kind": "digits", "median_output_tokens": 24, "max_output_tokens": 64},
+    )
+    job_dir = tmp_path / "run"
+    proc = launcher(str(job), "--job-dir", str(job_dir))
+    wait_for("two trained iterations", lambda: len(metrics_rows(job_dir)) >= 2, 240, alive=proc)
+    os.kill(pid_of(job_dir, "rollout-1"), signal.SIGKILL)
+    wait_for("the replacement to join", lambda: any(e["event"] == "unit_replaced" for e in events(job_dir)), 120)
+    rep = next(e for e in events(job_dir) if e["event"] == "unit_replaced")
+    assert rep["lost"] == "rollout-1" and rep["site"] == "local"
+    by = rep["by"]
+    wait_for(
+        "the replacement to work in a trained iteration",
+        lambda: any(by in r["agents"] and r["agents"][by]["busy_s"] > 0 for r in metrics_rows(job_dir)),
+        120,
+        alive=proc,
+    )
+    lost = next(e for e in events(job_dir) if e["event"] == "agent_lost" and e["agent"] == "rollout-1")
+    code, st = rlctl_json("status", str(job_dir))
+    assert code == 0 and st["resilience"]["replaced"] == 1 and st["ledger"]["duplicated"] == 0, st
+    code, stopped = rlctl_json("stop", str(job_dir), timeout_s=120)
+    assert code == 0, stopped
+    proc.wait(timeout=60)
+    s = json.loads((job_dir / "summary.json").read_text())
+    assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicated"] == 0
+    print(f"\nrollout-1 lost ({lost['requeued']} samples requeued), replaced by {by}")
+    assert rlctl("logs", str(job_dir), f"rollout/{by.rsplit('-', 1)[1]}").returncode == 0

@@ -1,0 +1,97 @@
+"""Self-healing rollout: a lost unit is replaced on its site, with bounded attempts and backoff; when every
+attempt fails the job goes on with fewer units and says so."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from rlctl.agents import scaling
+from rlctl.agents.core import ControllerCore, CoreConfig, PromptSpec
+from rlctl.agents.scaling import Placement, Scaler
+from rlctl.config.inventory import Site
+from rlctl.config.job import Rebalance
+from rlctl.errors import LaunchError
+from rlctl.launch.jobdir import JobDir
+from rlctl.metrics import JobMetrics
+
+
+class FakeSpawner:
+    def __init__(self, fail: int) -> None:
+        self.fail, self.calls = fail, []  # the first `fail` starts raise
+
+    def first_free_replica(self) -> int:
+        return 2
+
+    def add_rollout(self, site: str, replica: int) -> None:
+        self.calls.append((site, replica))
+        if len(self.calls) <= self.fail:
+            raise LaunchError(f"sbatch refused rollout-{replica}")
+
+    def close(self) -> None:
+        pass
+
+
+def setup(tmp_path, fail: int) -> tuple[Scaler, ControllerCore, JobDir, list[Any], FakeSpawner]:
+    jd = JobDir.create("heal", explicit=tmp_path / "job")
+    cfg = CoreConfig(iterations=2, prompts_per_iteration=1, samples_per_prompt=1, max_new_tokens=4, mode="async", eta=1)
+    core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1], 1)])
+    core.join("trainer-0", role="trainer", version=0)
+    for i in range(2):
+        core.join(f"rollout-{i}", role="rollout", version=0)
+    site = Site.model_validate(
+        {"datacenter": "d", "gpu": "CPU", "scheduler": {"kind": "local"}, "nodes": [{"host": "h", "gpus": 3}]}
+    )
+    plan = {"trainer": {"site": "t", "ranks": 1}, "rollout": [{"site": "a", "units": 2}]}
+    placement = Placement(plan, {"a": site}, {"rollout-0": "a", "rollout-1": "a"})
+    posted: list[Any] = []
+    scaler = Scaler(jd, Rebalance(), core=core, placement=placement, metrics=JobMetrics(), post=posted.append)
+    spawner = FakeSpawner(fail)
+    scaler.spawner = spawner  # type: ignore[assignment]
+    return scaler, core, jd, posted, spawner
+
+
+def deliver(scaler: Scaler, posted: list[Any]) -> None:
+    """What the controller's loop does with the spawn thread's post."""
+    deadline = time.monotonic() + 5
+    while not posted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _, name, info = posted.pop()
+    scaler.spawned(name, info)
+
+
+def test_a_lost_unit_is_replaced_on_its_site(tmp_path) -> None:
+    scaler, core, jd, posted, spawner = setup(tmp_path, fail=0)
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=100.0)
+    assert scaler.resilience()["note"] == "replacing rollout-1"
+    scaler.tick(100.0)
+    deliver(scaler, posted)
+    assert spawner.calls == [("a", 2)]
+    core.join("rollout-2", role="rollout", version=0)  # the replacement said hello
+    scaler.tick(101.0)
+    assert scaler.resilience() == {"replaced": 1, "replacing": [], "gave_up": [], "note": None}
+    ev = [e for e in jd.read_lines(jd.events) if e["event"] == "unit_replaced"]
+    assert [(e["lost"], e["by"], e["attempts"]) for e in ev] == [("rollout-1", "rollout-2", 1)]
+
+
+def test_failed_attempts_back_off_then_the_job_goes_on_with_fewer_units(tmp_path) -> None:
+    scaler, core, jd, posted, spawner = setup(tmp_path, fail=scaling.REPLACE_ATTEMPTS)
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=0.0)
+    now, starts = 0.0, []
+    for _ in range(200):
+        scaler.tick(now)
+        r = scaler.replacing.get("rollout-1")
+        if r is not None and r.unit is not None and r.error is None:  # an attempt started: its spawn fails
+            starts.append(now)
+            deliver(scaler, posted)
+        now += 1.0
+    assert len(spawner.calls) == scaling.REPLACE_ATTEMPTS
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    # the failure is counted on the loop's next turn (1 s here), then 5 s, then 10 s of backoff
+    assert gaps == [1 + scaling.REPLACE_BACKOFF_S * 2**i for i in range(len(gaps))]
+    r = scaler.resilience()
+    assert r["gave_up"] == ["rollout-1"] and r["note"].startswith("running with fewer rollout units")
+    assert [e["event"] for e in jd.read_lines(jd.events) if e["event"] == "replace_gave_up"] == ["replace_gave_up"]
