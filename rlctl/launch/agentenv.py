@@ -44,6 +44,7 @@ def resume_version() -> int | None:
     value = os.environ.get(ENV_RESUME)
     return int(value) if value else None
 
+
 BASE_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
