@@ -56,7 +56,9 @@ class RolloutAgent:
             ctx.jobdir.init_model,
             max_batch_size=job.rollout.max_batch_size,
             temperature=algo.temperature,
-            seed=job.seed * 1000 + replica,
+            # a request's sampling noise is a function of (job seed, sample id) only, never of the unit that
+            # runs it: a sample requeued to another unit (lost unit, resume) regenerates identically
+            seed=job.seed,
             eos_token_ids=eos,
             **kw,
         )
