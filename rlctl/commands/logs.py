@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import sys
-import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from rlctl.commands.status import JobArg
-from rlctl.errors import RlctlError, UsageError
-from rlctl.launch.base import AgentHandle
+from rlctl.errors import UsageError
 from rlctl.textutil import did_you_mean
 
 ROLES = ("controller", "trainer", "rollout")
@@ -27,25 +24,6 @@ def agent_name(text: str) -> str:
     return f"{role}-{n or 0}"
 
 
-def _tail(path: Path, lines: int) -> list[str]:
-    return path.read_text(errors="replace").splitlines()[-lines:] if lines else []
-
-
-def _site_tail(job_dir: Path, handle: AgentHandle, lines: int) -> list[str] | None:
-    """The log of an agent whose file is not visible here, read on its site (sites share no filesystem)."""
-    from rlctl.launch.backends import read_sites
-    from rlctl.launch.sitefs import agent_view, host_files
-
-    site = read_sites(job_dir).get(handle.spec.site)
-    if site is None or handle.spec.log_path is None:
-        return None
-    fs = host_files(site, agent_view(site, handle.ident.get("host")))
-    try:
-        return fs.tail(str(handle.spec.log_path), lines)
-    finally:
-        fs.close()
-
-
 def register(app: typer.Typer) -> None:
     @app.command()
     def logs(
@@ -57,6 +35,7 @@ def register(app: typer.Typer) -> None:
         lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="lines from the end")] = 40,
     ) -> None:
         """Print an agent's log: from the job directory, or over SSH from the host the agent runs on."""
+        from rlctl.launch import agentlogs
         from rlctl.launch.jobref import resolve
         from rlctl.launch.stage import all_recorded_agents
 
@@ -69,45 +48,29 @@ def register(app: typer.Typer) -> None:
             names = sorted({*handles, *(p.stem for p in log_dir.glob("*.log"))})
             for name in names:
                 sys.stdout.write(f"==> {name} <==\n")
-                sys.stdout.writelines(line + "\n" for line in _agent_tail(ref.jobdir.path, handles, name, 10))
+                shown = agentlogs.tail_or_why(ref.jobdir.path, handles, name, 10)
+                sys.stdout.writelines(line + "\n" for line in shown)
             return
         name = agent_name(agent)
-        path = log_dir / f"{name}.log"
-        recorded_log = handles[name].spec.log_path if name in handles else None
-        if recorded_log is not None:
-            path = recorded_log
-        if not path.exists():
-            remote = _site_tail(ref.jobdir.path, handles[name], lines) if name in handles else None
-            if remote is None:
-                raise UsageError(f"job {ref.id}: no log for {name}; known: {', '.join(sorted(handles)) or 'none'}")
-            if follow:
-                raise UsageError(f"--follow reads logs on this machine; {name} logs on site {handles[name].spec.site}")
-            sys.stdout.writelines(line + "\n" for line in remote)
-            return
-        sys.stdout.writelines(line + "\n" for line in _tail(path, lines))
-        if not follow:
-            return
-        sys.stdout.flush()
-        with path.open(errors="replace") as f:
-            f.seek(0, 2)
-            while True:
-                chunk = f.read()
-                if chunk:
-                    sys.stdout.write(chunk)
-                    sys.stdout.flush()
-                else:
-                    time.sleep(0.3)
+        no_log = UsageError(f"job {ref.id}: no log for {name}; known: {', '.join(sorted(handles)) or 'none'}")
+        found = agentlogs.locate(ref.jobdir.path, handles, name)
+        if found is None:
+            raise no_log
+        try:
+            if not follow:
+                tail = found.files.tail(found.path, lines)
+                if tail is None:
+                    raise no_log
+                sys.stdout.writelines(line + "\n" for line in tail)
+                return
+            # until the agent exits (its site's backend says so) or Ctrl-C
+            with agentlogs.agent_ended(ref.jobdir.path, found.handle) as ended:
+                if not agentlogs.follow(found, lines, ended=ended, write=_write):
+                    raise no_log
+        finally:
+            found.close()
 
 
-def _agent_tail(job_dir: Path, handles: dict[str, AgentHandle], name: str, lines: int) -> list[str]:
-    """An agent's last lines wherever its log is; a site that does not answer says so in one line."""
-    h = handles.get(name)
-    path = h.spec.log_path if h is not None and h.spec.log_path is not None else job_dir / "logs" / f"{name}.log"
-    if path.exists():
-        return _tail(path, lines)
-    if h is None:
-        return ["(no log)"]
-    try:
-        return _site_tail(job_dir, h, lines) or ["(no log)"]
-    except RlctlError as e:
-        return [f"(log on site {h.spec.site} unreadable: {e})"]
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

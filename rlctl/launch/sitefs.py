@@ -17,6 +17,7 @@ one per host, since its hosts need not share storage either).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import shlex
@@ -103,6 +104,11 @@ class HostFiles(ABC):
         return None if text is None else (text.splitlines()[-lines:] if lines else [])
 
     @abstractmethod
+    def read_from(self, path: str, offset: int, limit: int) -> tuple[bytes, int] | None:
+        """At most `limit` bytes of a file from byte `offset` on, and the file's size; None if it does not
+        exist (what `rlctl logs -f` polls)."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
 
@@ -140,6 +146,15 @@ class LocalFiles(HostFiles):
     def append(self, path: str, text: str) -> None:
         with Path(path).open("a") as f:
             f.write(text)
+
+    def read_from(self, path: str, offset: int, limit: int) -> tuple[bytes, int] | None:
+        try:
+            with Path(path).open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(offset)
+                return f.read(limit), size
+        except FileNotFoundError:
+            return None
 
     def close(self) -> None:
         pass
@@ -193,6 +208,21 @@ class SshFiles(HostFiles):
     def tail(self, path: str, lines: int) -> list[str] | None:
         res = self.runner.run(f"tail -n {int(lines)} {sh_path(path)}", timeout_s=COMMAND_TIMEOUT_S)
         return res.stdout.splitlines() if res.exit_code == 0 else None
+
+    def read_from(self, path: str, offset: int, limit: int) -> tuple[bytes, int] | None:
+        # base64: the bytes arrive exactly (a chunk may end inside a UTF-8 character); the size line first
+        f = sh_path(path)
+        script = (
+            f"[ -f {f} ] || exit 3\nstat -c %s {f}\n"
+            f"tail -c +{int(offset) + 1} {f} | head -c {int(limit)} | base64 -w 0\n"
+        )
+        res = self.runner.run(script, timeout_s=COMMAND_TIMEOUT_S)
+        if res.exit_code == 3:
+            return None
+        size, _, data = res.stdout.partition("\n")
+        if res.exit_code != 0 or not size.strip().isdigit():
+            raise LaunchError(f"ssh {self.where}: cannot read {path}: {res.tail()}")
+        return base64.b64decode(data.strip()), int(size)
 
     def close(self) -> None:
         self.runner.close()

@@ -1,0 +1,177 @@
+"""An agent's log wherever it runs: on this filesystem, or — sites share no filesystem — read through its
+site's view of the file (`sitefs.host_files`: SSH to the agent's host, or to a SLURM site's submit host);
+printed as a tail, or followed until the agent ends (`rlctl logs -f`).
+
+    follow:  last N lines ──▶ read_from(offset) ──new bytes──▶ complete lines out ──▶ read again
+                                  │ nothing new: sleep POLL_INTERVAL_S; every ENDED_CHECK_S ask the
+                                  │ agent's backend (`poll`) whether it exited
+                                  └─ exited ──▶ one more read (its last lines) ──▶ stop
+             Ctrl-C ──▶ KeyboardInterrupt leaves the loop; the caller closes the SSH connection
+
+Following polls the file by byte offset (one short command per interval over one SSH connection) rather
+than streaming `tail -F`: nothing is left running on the site when this process dies, and what an agent
+wrote just before it exited is read, once, after its backend says it ended. A file that shrank (the agent
+was started again and its log truncated) is read again from its start.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlctl.errors import LaunchError, RlctlError
+from rlctl.launch.backends import Backends, read_sites
+from rlctl.launch.base import AgentHandle
+from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.5
+ENDED_CHECK_S = 2.0  # how often a follower asks the agent's backend whether it exited
+READ_CHUNK_BYTES = 1 << 20
+TAIL_WINDOW_BYTES = 64 << 10  # first read from the end when looking for the last lines
+
+
+@dataclass
+class AgentLog:
+    """Where one agent's log is read: a view of a host's files and the path on that host."""
+
+    name: str
+    files: HostFiles
+    path: str
+    handle: AgentHandle | None  # None: a log file in the job dir with no agent record
+
+    def close(self) -> None:
+        self.files.close()
+
+
+def locate(job_dir: Path, handles: dict[str, AgentHandle], name: str) -> AgentLog | None:
+    """Agent `name`'s log: here when the file is, else on its site; None when neither can say where."""
+    h = handles.get(name)
+    path = h.spec.log_path if h is not None and h.spec.log_path is not None else job_dir / "logs" / f"{name}.log"
+    if path.exists():
+        return AgentLog(name, LocalFiles(), str(path), h)
+    if h is None or h.spec.log_path is None:
+        return None
+    site = read_sites(job_dir).get(h.spec.site)
+    if site is None:
+        return None
+    return AgentLog(name, host_files(site, agent_view(site, h.ident.get("host"))), str(h.spec.log_path), h)
+
+
+def tail(job_dir: Path, handles: dict[str, AgentHandle], name: str, lines: int) -> list[str] | None:
+    """The last `lines` lines of agent `name`'s log; None when there is none."""
+    found = locate(job_dir, handles, name)
+    if found is None:
+        return None
+    try:
+        return found.files.tail(found.path, lines)
+    finally:
+        found.close()
+
+
+def tail_or_why(job_dir: Path, handles: dict[str, AgentHandle], name: str, lines: int) -> list[str]:
+    """An agent's last lines; a site that does not answer says so in one line (the every-agent view)."""
+    try:
+        return tail(job_dir, handles, name, lines) or ["(no log)"]
+    except RlctlError as e:
+        h = handles.get(name)
+        return [f"(log on site {h.spec.site if h is not None else '?'} unreadable: {e})"]
+
+
+@contextmanager
+def agent_ended(job_dir: Path, handle: AgentHandle | None) -> Iterator[Callable[[], bool]]:
+    """Whether the agent has exited, as its site's backend sees it. No record, or a backend that does
+    not answer: not ended (the follower goes on; Ctrl-C stops it)."""
+    if handle is None:
+        yield lambda: False
+        return
+    backends = Backends(read_sites(job_dir), job=job_dir.name, job_dir=job_dir)
+    warned = False
+
+    def ended() -> bool:
+        nonlocal warned
+        try:
+            return backends.for_site(handle.spec.site).poll(handle) is not None
+        except LaunchError as e:
+            if not warned:
+                log.warning("cannot tell whether %s still runs (%s); following until Ctrl-C", handle.spec.name, e)
+                warned = True
+            return False
+
+    try:
+        yield ended
+    finally:
+        backends.close()
+
+
+def follow(
+    agent_log: AgentLog,
+    lines: int,
+    *,
+    ended: Callable[[], bool],
+    write: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool:
+    """Write the log's last `lines` lines, then each new line, until `ended()` says the agent exited;
+    False when there is no such file."""
+    files, path = agent_log.files, agent_log.path
+    first = _last_lines(files, path, lines)
+    if first is None:
+        return False
+    shown, pending, offset = first
+    write("".join(_text(line) for line in shown))
+    checked, finishing = -float("inf"), False
+    while True:
+        got = files.read_from(path, offset, READ_CHUNK_BYTES)
+        if got is not None and got[1] < offset:  # truncated: the agent was started again
+            offset, pending = 0, b""
+            continue
+        data = got[0] if got is not None else b""
+        if data:
+            offset += len(data)
+            *complete, pending = (pending + data).split(b"\n")
+            write("".join(_text(line) for line in complete))
+            continue  # more may be waiting
+        if finishing:
+            break
+        if clock() - checked >= ENDED_CHECK_S:
+            checked = clock()
+            finishing = ended()
+            if finishing:
+                continue  # one more read: what it wrote before it exited
+        sleep(POLL_INTERVAL_S)
+    if pending:
+        write(_text(pending))
+    return True
+
+
+def _last_lines(files: HostFiles, path: str, n: int) -> tuple[list[bytes], bytes, int] | None:
+    """The file's last `n` complete lines, its unfinished last line, and the offset where it ends."""
+    got = files.read_from(path, 0, 0)
+    if got is None:
+        return None
+    end = got[1]
+    window = TAIL_WINDOW_BYTES
+    while True:
+        start = max(0, end - window)
+        got = files.read_from(path, start, end - start)
+        if got is None:
+            return None
+        data = got[0]
+        if start == 0 or data.count(b"\n") > n:
+            break
+        window *= 4
+    *complete, pending = data.split(b"\n")
+    if start > 0:
+        complete = complete[1:]  # the window began inside a line
+    return (complete[-n:] if n else []), pending, start + len(data)
+
+
+def _text(line: bytes) -> str:
+    return line.decode(errors="replace") + "\n"

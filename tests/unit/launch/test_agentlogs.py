@@ -1,0 +1,162 @@
+"""`rlctl logs -f` logic over a fake site file: the last lines, then new lines as they are written, the
+agent's last lines after its backend says it ended, partial lines held back, a truncated log reread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlctl.launch.agentlogs import ENDED_CHECK_S, AgentLog, follow, locate, tail
+from rlctl.launch.base import AgentHandle, AgentSpec
+from rlctl.launch.sitefs import FileState, HostFiles
+
+
+class FakeFiles(HostFiles):
+    """One file in memory, as a site would serve it; records how it was read."""
+
+    where = "fake"
+
+    def __init__(self, text: bytes | None) -> None:
+        self.data = text
+        self.reads: list[tuple[int, int]] = []
+        self.closed = False
+
+    def read_from(self, path: str, offset: int, limit: int) -> tuple[bytes, int] | None:
+        self.reads.append((offset, limit))
+        if self.data is None:
+            return None
+        return self.data[offset : offset + limit], len(self.data)
+
+    def read_text(self, path: str) -> str | None:
+        return None if self.data is None else self.data.decode()
+
+    def make_dirs(self, paths: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    def states(self, root: str, names: list[str]) -> dict[str, FileState]:
+        raise NotImplementedError
+
+    def put(self, local: Path, path: str) -> None:
+        raise NotImplementedError
+
+    def append(self, path: str, text: str) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Script:
+    """The world between two polls: each sleep runs the next step (writes to the file, time passes)."""
+
+    def __init__(self, files: FakeFiles, steps: list[bytes | None]) -> None:
+        self.files, self.steps = files, list(steps)
+        self.now = 0.0
+        self.exited = False
+        self.asked = 0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        assert self.now < 1000, "the follower never stopped"
+        step = self.steps.pop(0) if self.steps else None
+        if step == b"<exit>":
+            self.exited = True
+        elif step == b"<truncate>":
+            self.files.data = b""
+        elif step is not None:
+            assert self.files.data is not None
+            self.files.data += step
+
+    def ended(self) -> bool:
+        self.asked += 1
+        return self.exited
+
+
+def _follow(files: FakeFiles, steps: list[bytes | None], lines: int = 2) -> tuple[list[str], Script, bool]:
+    out: list[str] = []
+    world = Script(files, steps)
+    found = follow(
+        AgentLog("rollout-0", files, "/site/logs/rollout-0.log", None),
+        lines,
+        ended=world.ended,
+        write=out.append,
+        sleep=world.sleep,
+        clock=lambda: world.now,
+    )
+    return "".join(out).splitlines(), world, found
+
+
+def test_last_lines_then_new_lines_then_the_lines_written_before_the_exit():
+    files = FakeFiles(b"a\nb\nc\n")
+    steps: list[bytes | None] = [b"d\n", None, b"e\nf", b"\n", b"<exit>"]
+    shown, world, found = _follow(files, steps)
+    assert found and shown == ["b", "c", "d", "e", "f"]
+    assert world.exited and not world.steps
+
+
+def test_the_last_words_of_an_agent_are_read_after_its_backend_says_it_ended():
+    """It writes its last line and exits between two polls: the follower still prints that line."""
+    files = FakeFiles(b"start\n")
+    world_steps: list[bytes | None] = [None] * 3
+    out: list[str] = []
+    world = Script(files, world_steps)
+
+    def ended() -> bool:  # the agent wrote "bye" and exited just before the backend was asked
+        assert files.data is not None
+        files.data += b"bye\n"
+        world.exited = True
+        return True
+
+    follow(
+        AgentLog("rollout-0", files, "/x", None),
+        5,
+        ended=ended,
+        write=out.append,
+        sleep=world.sleep,
+        clock=lambda: world.now,
+    )
+    assert "".join(out).splitlines() == ["start", "bye"]
+
+
+def test_the_backend_is_asked_at_most_every_ENDED_CHECK_S():
+    files = FakeFiles(b"x\n")
+    steps: list[bytes | None] = [None] * 40 + [b"<exit>"]
+    _, world, _ = _follow(files, steps)
+    # 40 idle polls of 0.5 s = 20 s: about one question per ENDED_CHECK_S, not one per poll
+    assert world.asked <= 20 / ENDED_CHECK_S + 2
+    assert world.asked >= 20 / ENDED_CHECK_S - 1
+
+
+def test_an_unfinished_last_line_waits_for_its_end_and_is_flushed_at_exit():
+    files = FakeFiles(b"one\ntw")
+    shown, _, _ = _follow(files, [b"o\nthr", b"<exit>"], lines=5)
+    assert shown == ["one", "two", "thr"]
+
+
+def test_a_truncated_log_is_read_again_from_its_start():
+    files = FakeFiles(b"old-1\nold-2\n")
+    shown, _, _ = _follow(files, [b"<truncate>", b"new-1\n", b"<exit>"], lines=1)
+    assert shown == ["old-2", "new-1"]
+
+
+def test_last_lines_of_a_long_log_read_only_a_window_from_its_end():
+    body = b"".join(b"line %06d\n" % i for i in range(50_000))  # 600 kB
+    files = FakeFiles(body)
+    shown, _, _ = _follow(files, [b"<exit>"], lines=3)
+    assert shown == ["line 049997", "line 049998", "line 049999"]
+    first_window = files.reads[1]
+    assert first_window[0] > 0 and first_window[1] < len(body) // 4  # not the whole file over the link
+
+
+def test_no_file_is_no_log():
+    shown, world, found = _follow(FakeFiles(None), [])
+    assert (shown, found, world.asked) == ([], False, 0)
+
+
+def test_locate_reads_here_when_the_file_is_here_else_on_the_agents_site(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "trainer-0.log").write_text("t1\nt2\n")
+    assert tail(tmp_path, {}, "trainer-0", 1) == ["t2"]
+    remote = AgentSpec("rollout", 0, "gen", [], log_path=Path("/site/jobs/run/logs/rollout-0.log"))
+    handles = {"rollout-0": AgentHandle(remote, {"host": "h"}, "ssh")}
+    assert locate(tmp_path, handles, "rollout-0") is None  # the site is not in this job's sites.json
+    assert locate(tmp_path, {}, "rollout-1") is None
