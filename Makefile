@@ -14,7 +14,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_FAILED := $(VLLM_VENV)/.install-failed
 HF_DEMO := jobs/hf-demo/model/config.json
 
-.PHONY: demo test lint unit integration vllm-venv vllm-test services-up services-down bench clean
+.PHONY: demo test lint unit integration faults vllm-venv vllm-test services-up services-down bench clean
 
 # torch first, pinned: on these machines `torch==2.13.0` is a local CPU build; an open range would pull
 # a multi-GB CUDA build.
@@ -84,11 +84,20 @@ unit: $(STAMP) $(MEGATRON_STAMP)
 
 # Integration tests need root: they start SLURM, sshd and network namespaces, and always stop them.
 # Then the vLLM engine's tests, in its own virtualenv.
+# The fault-injection suite's reduced form (tests/faults: fewer kills, the quickest scenarios) runs here too.
 integration: $(STAMP) $(UCX_STAMP) $(MEGATRON_STAMP) $(VLLM_STAMP)
 	trap 'bash tests/services/all.sh down' EXIT; \
-	bash tests/services/all.sh up && \
-	RLCTL_REQUIRE_SERVICES=1 $(BIN)/pytest -q tests/integration
+	bash tests/services/all.sh up && bash tests/faults/tools.sh && \
+	RLCTL_REQUIRE_SERVICES=1 $(BIN)/pytest -q tests/integration tests/faults
 	$(MAKE) --no-print-directory vllm-test
+
+# The whole fault-injection suite on real processes, local and across the namespaced two-datacenter link
+# (≥ 50 SIGKILLs, resumes, a relay killed mid-broadcast, a flipped bit, the link down, a silent peer); prints
+# its table at the end.
+faults: $(STAMP)
+	trap 'bash tests/services/all.sh down' EXIT; \
+	bash tests/services/all.sh up && bash tests/faults/tools.sh && \
+	RLCTL_REQUIRE_SERVICES=1 RLCTL_FAULTS=full $(BIN)/pytest -q tests/faults
 
 test: lint unit integration
 

@@ -1,0 +1,239 @@
+"""Faults on the local site, real processes: rollout units SIGKILLed mid-generation again and again, the trainer
+SIGKILLed mid-step then `launch --resume`, the controller SIGKILLed (with its launcher) then `launch --resume`,
+a bit flipped in a weight chunk by a proxy, a weight source that accepts and never answers.
+
+Each scenario checks its outcome on the job's books (summary, ledger, events, logs) and records one row of the
+table printed at the end of the run (conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.ops.conftest import job_yaml
+
+from .faultlib import (
+    LOCAL,
+    SIGKILL,
+    Row,
+    StatusClient,
+    events,
+    finish,
+    joined,
+    launch,
+    metrics_rows,
+    pid_alive,
+    record,
+    rlctl,
+    size,
+    stop_launcher,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(1200)]
+
+
+def every_iteration_whole(job_dir: Path, samples_per_iteration: int) -> list[int]:
+    """Iterations whose trained batch was not exactly one sample per ledger entry (must be none)."""
+    return [r["iteration"] for r in metrics_rows(job_dir) if sum(r["staleness"].values()) != samples_per_iteration]
+
+
+def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> None:
+    """Three units; a killer SIGKILLs a random unit that has samples in flight whenever at least two are up.
+    Each lost unit's samples are requeued at once and a replacement is started on its site; the ledger ends
+    with nothing lost and nothing trained twice. Recovery: from the SIGKILL to its replacement's join."""
+    kills = size(6, 50)
+    job = job_yaml(
+        tmp_path / "kills.yaml",
+        inventory=[LOCAL],
+        trainer="local",
+        rollout="local",
+        rollout_gpus=3,
+        iterations=100000,
+        task={"kind": "digits", "median_output_tokens": 24, "max_output_tokens": 64},
+    )
+    job_dir = tmp_path / "run"
+    proc = launch(str(job), "--job-dir", str(job_dir), "-o", "json")
+    status = StatusClient(job_dir)
+    rng = random.Random(0)
+    killed: dict[str, float] = {}  # unit → when it was killed
+    try:
+        wait_for("a trained iteration", lambda: len(metrics_rows(job_dir)) >= 1, 300, alive=proc)
+        while len(killed) < kills:
+            st = status()
+            if st is None:
+                time.sleep(0.5)
+                continue
+            pids = joined(job_dir)
+            up = [
+                a["name"]
+                for a in st["agents"]
+                if a["role"] == "rollout" and a["state"] == "running" and a["name"] in pids
+            ]
+            busy = [n for n in up if n not in killed and any(a["name"] == n and a["inflight"] for a in st["agents"])]
+            if len(up) < 2 or not busy:
+                time.sleep(0.3)
+                continue
+            victim = rng.choice(busy)
+            os.kill(pids[victim]["pid"], SIGKILL)
+            killed[victim] = time.time()
+            time.sleep(1.0 if len(up) == 3 else 2.0)
+        wait_for(
+            "every killed unit replaced",
+            lambda: {e["lost"] for e in events(job_dir, "unit_replaced")} >= set(killed),
+            240,
+            alive=proc,
+        )
+        trained = len(metrics_rows(job_dir))
+        wait_for("two more trained iterations", lambda: len(metrics_rows(job_dir)) >= trained + 2, 240, alive=proc)
+        code, stopped = rlctl_stop(job_dir)
+        assert code == 0, stopped
+        code, s, err = finish(proc, 120)
+    finally:
+        status.close()
+        stop_launcher(proc)
+    assert s is not None and s["state"] == "stopped", (code, err[-2000:])
+    replaced = {e["lost"]: e for e in events(job_dir, "unit_replaced")}
+    lost = {e["agent"]: e for e in events(job_dir, "agent_lost")}
+    assert set(killed) <= set(lost) and set(killed) <= set(replaced)
+    recovery = [replaced[u]["t"] - t for u, t in killed.items()]
+    led = s["ledger"]
+    spi = 4 * 4
+    assert every_iteration_whole(job_dir, spi) == []
+    assert led["trained"] == s["iterations"] * 4  # every prompt of every trained iteration, once
+    assert led["lost"] == 0 and led["duplicated"] == 0, led
+    requeued = sum(lost[u]["requeued"] for u in killed)
+    record(
+        Row(
+            "rollout units SIGKILLed mid-generation (local, 3 units)",
+            len(killed),
+            led["lost"],
+            led["duplicated"],
+            recovery,
+            f"{requeued} samples requeued, {len(replaced)} replaced, {s['iterations']} iterations trained",
+        )
+    )
+
+
+def rlctl_stop(job_dir: Path) -> tuple[int, dict[str, object] | str]:
+    p = rlctl("stop", str(job_dir), "-o", "json", timeout_s=180)
+    try:
+        return p.returncode, json.loads(p.stdout)
+    except ValueError:
+        return p.returncode, p.stderr
+
+
+def resumable_job(tmp_path: Path, name: str, iterations: int) -> Path:
+    return job_yaml(
+        tmp_path / f"{name}.yaml",
+        inventory=[LOCAL],
+        trainer="local",
+        rollout="local",
+        rollout_gpus=2,
+        iterations=iterations,
+        checkpoint={"every_iterations": 3},
+    )
+
+
+def check_resumed(job_dir: Path, s: dict, *, iterations: int, latest: int) -> None:
+    """The resumed run finished and trained every prompt of the run exactly once (the last checkpoint's ledger,
+    the summary's totals, one whole batch per iteration, the curve continuous)."""
+    assert s["state"] == "done", s
+    assert [r["iteration"] for r in metrics_rows(job_dir)] == list(range(iterations))
+    assert every_iteration_whole(job_dir, 16) == []
+    ledger = json.loads((job_dir / "checkpoints" / f"iter-{iterations}" / "controller" / "ledger.json").read_text())
+    assert len({e["prompt_id"] for e in ledger["entries"]}) == iterations * 4
+    assert all(e["state"] == "trained" for e in ledger["entries"])
+    assert s["ledger"]["prompts"] == s["ledger"]["trained"] == iterations * 4, s["ledger"]
+    assert [e["version"] for e in events(job_dir, "resumed_from")] == [latest]
+
+
+def first_trained_after_resume(job_dir: Path) -> float:
+    resumed = events(job_dir, "resumed_from")[-1]["t"]
+    return min(e["t"] for e in events(job_dir, "trained") if e["t"] > resumed)
+
+
+def test_trainer_killed_mid_step_then_resumed(tmp_path: Path) -> None:
+    """SIGKILL the trainer while it trains (it trains as samples arrive: at any moment it is inside some
+    iteration's step); the job stops and names the resume command; `launch --resume` continues from the latest
+    complete checkpoint. Recovery: from the SIGKILL to the resumed run's first trained iteration."""
+    iterations = 12
+    job_dir = tmp_path / "run"
+    proc = launch(str(resumable_job(tmp_path, "trainer", iterations)), "--job-dir", str(job_dir), "-o", "json")
+    try:
+        wait_for("a checkpoint and two more iterations", lambda: len(metrics_rows(job_dir)) >= 5, 300, alive=proc)
+        os.kill(joined(job_dir)["trainer-0"]["pid"], SIGKILL)
+        t_kill = time.time()
+        code, _, err = finish(proc, 120)
+    finally:
+        stop_launcher(proc)
+    assert code != 0 and f"rlctl launch --resume {job_dir.name}" in err, err[-2000:]
+    latest = json.loads((job_dir / "checkpoints" / "latest.json").read_text())["version"]
+    p = rlctl("launch", "--resume", str(job_dir), "-o", "json", timeout_s=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads(p.stdout)
+    check_resumed(job_dir, s, iterations=iterations, latest=latest)
+    record(
+        Row(
+            "trainer SIGKILLed mid-step, then launch --resume (local)",
+            1,
+            s["ledger"]["lost"],
+            s["ledger"]["duplicated"],
+            [first_trained_after_resume(job_dir) - t_kill],
+            f"resumed from v{latest}; every one of {iterations * 4} prompts trained once",
+        )
+    )
+
+
+def test_controller_killed_then_resumed_leaves_no_orphan(tmp_path: Path) -> None:
+    """SIGKILL the launcher (so nobody stops the job's agents) and then the controller: the trainer and the rollout
+    units notice that their controller is gone and exit on their own; `launch --resume` then finds nothing
+    running and continues from the latest complete checkpoint. Recovery: from the controller's SIGKILL to the
+    resumed run's first trained iteration (the orphans' exits included)."""
+    iterations = 12
+    job_dir = tmp_path / "run"
+    proc = launch(str(resumable_job(tmp_path, "controller", iterations)), "--job-dir", str(job_dir), "-o", "json")
+    try:
+        wait_for("a checkpoint and two more iterations", lambda: len(metrics_rows(job_dir)) >= 5, 300, alive=proc)
+        agents = joined(job_dir)
+        controller = json.loads((job_dir / "controller.json").read_text())["pid"]
+        proc.kill()
+        proc.communicate()
+        os.kill(controller, SIGKILL)
+        t_kill = time.time()
+        orphans = {name: a["pid"] for name, a in agents.items()}
+        gone: dict[str, float] = {}
+
+        def all_gone() -> bool:
+            for name, pid in orphans.items():
+                if name not in gone and not pid_alive(pid):
+                    gone[name] = time.time() - t_kill
+            return len(gone) == len(orphans)
+
+        wait_for("the orphaned agents to exit on their own", all_gone, 120)
+    finally:
+        stop_launcher(proc)
+    latest = json.loads((job_dir / "checkpoints" / "latest.json").read_text())["version"]
+    p = rlctl("launch", "--resume", str(job_dir), "-o", "json", timeout_s=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads(p.stdout)
+    check_resumed(job_dir, s, iterations=iterations, latest=latest)
+    for name in orphans:  # each said why it left
+        role, replica = name.rsplit("-", 1)
+        log = (job_dir / "logs" / f"{role}-{replica}.log").read_text()
+        assert "controller link closed" in log, (name, log[-1500:])
+    record(
+        Row(
+            "controller SIGKILLed (launcher too), then launch --resume (local)",
+            1,
+            s["ledger"]["lost"],
+            s["ledger"]["duplicated"],
+            [first_trained_after_resume(job_dir) - t_kill],
+            f"{len(orphans)} orphans exited on their own within {max(gone.values()):.1f} s; resumed from v{latest}",
+        )
+    )
