@@ -248,6 +248,7 @@ class ControllerAgent:
                 encoding=msg.header.get("encoding"),
                 bytes=msg.header.get("wire_bytes"),
                 fetch_s=msg.header.get("fetch_s"),
+                xxh3=msg.header.get("xxh3"),
             )
             self._transfer(who, version, msg.header)
             self._send(self.core.weights_applied(who, version))
@@ -305,7 +306,9 @@ class ControllerAgent:
         dc = self.placement.datacenter(name)
         for i, address in enumerate(h.weight_roots or [h.weights]):  # a trainer's ranks, or the unit itself
             self.book.node(address, agent=name if h.role != "trainer" else f"trainer-{i}", datacenter=dc)
-        self.jobdir.event("agent_joined", agent=name, role=h.role, version=h.version, pid=h.pid, datacenter=dc)
+        self.jobdir.event(
+            "agent_joined", agent=name, role=h.role, version=h.version, pid=h.pid, datacenter=dc, weights=h.weights
+        )
         self._send(
             self.core.join(name, role=h.role, version=h.version, address=h.address, weights=h.weights, datacenter=dc)
         )

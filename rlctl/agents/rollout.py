@@ -36,7 +36,8 @@ from rlctl.transport import Connection, Listener, Message
 
 log = logging.getLogger(__name__)
 
-TRANSFER_FIELDS = ("fetch_s", "wire_bytes", "encoding", "holder")  # reported with `weights_applied`
+FETCH_RETRY_S = 5.0  # a version no holder could deliver is fetched again after this pause
+TRANSFER_FIELDS = ("fetch_s", "wire_bytes", "encoding", "holder", "xxh3")  # reported with `weights_applied`
 
 
 class RolloutAgent:
@@ -211,8 +212,19 @@ class RolloutAgent:
                 continue  # already fetched (a newer one arrived while the older was announced)
             try:
                 self.inbox.put(fetch_weights(self.node, msg))
-            except TransportError as e:  # the version stays unavailable; the next one will come
-                log.warning("%s: fetching weights v%s failed: %s", self.name, msg.header.get("version"), e)
+            except TransportError as e:
+                # every attempt was bounded; the trainer may publish nothing new until this unit catches up
+                # (the staleness bound), so the same announcement is tried again unless a newer one comes first
+                log.warning(
+                    "%s: fetching weights v%s failed (%s); again in %.0f s unless a newer version is announced",
+                    self.name,
+                    msg.header.get("version"),
+                    e,
+                    FETCH_RETRY_S,
+                )
+                with cv:
+                    if not cv.wait_for(lambda: bool(slot), timeout=FETCH_RETRY_S):
+                        slot.append(msg)
 
     def node_version(self) -> int:
         cur = self.node.store.current

@@ -34,7 +34,7 @@ import torch
 from rlctl.agents.messages import make
 from rlctl.config.job import WeightSync
 from rlctl.errors import TransportError
-from rlctl.transport import Connection, Message, Transport
+from rlctl.transport import Connection, Message, Transport, chunks
 from rlctl.transport.plan import BroadcastPlan, Endpoint, plan_broadcast
 from rlctl.transport.versions import WeightSyncConfig
 from rlctl.transport.weights import WeightNode
@@ -91,25 +91,28 @@ def holders_for(plan: BroadcastPlan, name: str) -> list[str]:
 
 def fetch_weights(node: WeightNode, msg: Message) -> Message:
     """Pull the announced version into `node` (verified) and wrap it as the rollout loop's `weights` message,
-    with where it came from and what crossed the wire (for the controller's per-version figures)."""
+    with where it came from, what crossed the wire (for the controller's per-version figures) and the xxh3 of
+    the bytes the engine gets (the trainer logs the one it published: the faults suite compares them)."""
     t0 = time.monotonic()
     hv = node.fetch(int(msg.header["version"]), list(msg.header["holders"]), newer_ok=True)
     fetch_s = time.monotonic() - t0
     encoding, wire_bytes = hv.received_encoding, hv.received_bytes
     holder = next((a for v, a, r in reversed(node.attempts) if v == hv.version and r == "ok"), "")
-    held = node.current()
+    held = node.store.current
     assert held is not None
-    version, sd = held
+    sd = chunks.unflatten(held.weights, held.layout)
     names = list(sd)
+    tensors = [sd[n].clone() for n in names]
     header = {
-        "version": version,
+        "version": held.version,
         "names": names,
         "fetch_s": round(fetch_s, 4),
         "wire_bytes": wire_bytes,
         "encoding": encoding,
         "holder": holder,
+        "xxh3": f"{chunks.checksum(held.weights):016x}",
     }
-    return make("weights", header, [sd[n].clone() for n in names])
+    return make("weights", header, tensors)
 
 
 def state_dict_of(msg: Message) -> tuple[int, dict[str, torch.Tensor]]:
@@ -175,9 +178,10 @@ class WeightPublisher:
             version, sd = latest
             if version > self._held:
                 t0 = time.monotonic()
-                self.node.publish(version, sd)
+                hv = self.node.publish(version, sd)
                 self._held = version
                 self.publish_s += time.monotonic() - t0
+                log.info("weights v%d published: %d bytes, xxh3 %016x", version, hv.layout.total_bytes, hv.weights_xxh3)
             todo = {n: t for n, t in targets.items() if self._told.get(n, -1) < version}
             if not todo:
                 continue

@@ -32,7 +32,7 @@ import pytest
 
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.run import connect_client
-from rlctl.transport import Connection, Message
+from rlctl.transport import Connection, Message, framing
 
 REPO = Path(__file__).resolve().parents[2]
 RLCTL = [sys.executable, "-m", "rlctl"]
@@ -71,7 +71,8 @@ def table(rows: list[Row]) -> list[str]:
         rec = "-"
         if r.recovery_s:
             med, top = statistics.median(r.recovery_s), max(r.recovery_s)
-            rec = f"{top:.1f}" if len(r.recovery_s) == 1 else f"{med:.1f} / {top:.1f}"
+            digits = 2 if top < 1 else 1
+            rec = f"{top:.{digits}f}" if len(r.recovery_s) == 1 else f"{med:.{digits}f} / {top:.{digits}f}"
         body.append([r.scenario, str(r.injections), str(r.lost), str(r.duplicated), rec, r.note])
     widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
     fmt = "  ".join(f"{{:{w}}}" for w in widths)
@@ -255,7 +256,7 @@ class Redirect:
 
     def __enter__(self) -> Redirect:
         nft(
-            f"table ip {NFT_TABLE} {{\n chain redirect {{\n  type nat hook output priority -100; policy accept;\n"
+            f"table ip {NFT_TABLE} {{\n chain to_proxy {{\n  type nat hook output priority -100; policy accept;\n"
             f"  ip daddr 127.0.0.1 tcp dport {self.port} meta mark != {PROXY_MARK:#x} redirect to :{self.to}\n"
             " }\n}\n"
         )
@@ -307,6 +308,10 @@ class Proxy:
         threading.Thread(target=self._accept, daemon=True).start()
         return self
 
+    @property
+    def address(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
     def __exit__(self, *exc: object) -> None:
         self._closing.set()
         assert self._sock is not None
@@ -357,3 +362,57 @@ def skip_without_nft() -> None:
         if os.environ.get("RLCTL_REQUIRE_SERVICES") == "1":
             pytest.fail(msg)
         pytest.skip(msg)
+
+
+class ChunkFlip:
+    """For a Proxy in front of a weight node: flips one bit in the middle of the first `chunk` frame of each of
+    the first `connections` connections (server → client), so the bytes still frame correctly and only the
+    chunk's checksum can tell. Records (connection, version, chunk index, time) of every flip."""
+
+    # server → client before the first message: "RLH1" + nonce, "OK" + proof, then the 16-byte connection token
+    HANDSHAKE_BYTES = len(framing.HELLO) + framing.NONCE_BYTES + 2 + framing.MAC_BYTES + 16
+
+    def __init__(self, connections: int) -> None:
+        self.connections = connections
+        self.flips: list[tuple[int, int, int, float]] = []
+        self._streams: dict[int, _Stream] = {}
+
+    def __call__(self, conn_no: int, piece: bytearray) -> None:
+        st = self._streams.setdefault(conn_no, _Stream(self.HANDSHAKE_BYTES))
+        start = st.seen
+        st.seen += len(piece)
+        if conn_no > self.connections or st.flipped:
+            return
+        if st.target is None:
+            st.buf += piece
+            st.find_chunk()
+        if st.target is not None and start <= st.target < st.seen:
+            piece[st.target - start] ^= 0x10
+            st.flipped = True
+            self.flips.append((conn_no, st.version, st.index, time.time()))
+
+
+@dataclass
+class _Stream:
+    pos: int  # where the next message starts (absolute offset in the stream)
+    seen: int = 0
+    buf: bytearray = field(default_factory=bytearray)
+    target: int | None = None  # the absolute offset of the byte to flip
+    version: int = -1
+    index: int = -1
+    flipped: bool = False
+
+    def find_chunk(self) -> None:
+        limits = framing.Limits()
+        while len(self.buf) >= self.pos + framing.PREAMBLE.size:
+            n = framing.parse_preamble(bytes(self.buf[self.pos : self.pos + framing.PREAMBLE.size]), limits, "proxy")
+            body = self.pos + framing.PREAMBLE.size
+            if len(self.buf) < body + n:
+                return
+            wh, specs = framing.decode_header(bytes(self.buf[body : body + n]), limits, "proxy")
+            frames = body + n
+            if wh.kind == "chunk" and specs and specs[0].nbytes:
+                self.target = frames + specs[0].nbytes // 2
+                self.version, self.index = int(wh.header["version"]), int(wh.header["index"])
+                return
+            self.pos = frames + sum(s.nbytes for s in specs)

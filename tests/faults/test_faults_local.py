@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,6 +23,9 @@ from tests.integration.ops.conftest import job_yaml
 from .faultlib import (
     LOCAL,
     SIGKILL,
+    ChunkFlip,
+    Proxy,
+    Redirect,
     Row,
     StatusClient,
     events,
@@ -31,10 +37,12 @@ from .faultlib import (
     record,
     rlctl,
     size,
+    skip_without_nft,
     stop_launcher,
     wait_for,
 )
 
+AGENT = [sys.executable, "-m", "rlctl.agents"]
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(1200)]
 
 
@@ -235,5 +243,145 @@ def test_controller_killed_then_resumed_leaves_no_orphan(tmp_path: Path) -> None
             s["ledger"]["duplicated"],
             [first_trained_after_resume(job_dir) - t_kill],
             f"{len(orphans)} orphans exited on their own within {max(gone.values()):.1f} s; resumed from v{latest}",
+        )
+    )
+
+
+def weights_port(job_dir: Path, agent: str) -> int:
+    return int(joined(job_dir)[agent]["weights"].rsplit(":", 1)[1])
+
+
+def published(job_dir: Path) -> dict[int, str]:
+    """version → the xxh3 the trainer logged when it published it."""
+    text = (job_dir / "logs" / "trainer-0.log").read_text()
+    return {int(v): x for v, x in re.findall(r"weights v(\d+) published: \d+ bytes, xxh3 ([0-9a-f]{16})", text)}
+
+
+def applied(job_dir: Path, agent: str) -> dict[int, tuple[str, float]]:
+    """version → (the xxh3 the unit computed on the bytes its engine got, when the controller heard of it)."""
+    return {e["version"]: (e["xxh3"], e["t"]) for e in events(job_dir, "weights_applied") if e["agent"] == agent}
+
+
+def one_unit_job(tmp_path: Path, name: str, **over: object) -> Path:
+    return job_yaml(
+        tmp_path / f"{name}.yaml",
+        inventory=[LOCAL],
+        trainer="local",
+        rollout="local",
+        rollout_gpus=1,
+        iterations=100000,
+        **over,
+    )
+
+
+def test_a_bit_flipped_on_the_wire_is_detected_resent_and_never_applied(tmp_path: Path) -> None:
+    """A proxy between the rollout unit and the trainer's weight node (new connections to the node's port are
+    redirected to it) flips one bit in the middle of the first chunk of each of the next fetches. The unit's
+    chunk checksum fails, it asks for the chunk again and applies the version only once verified: every
+    version it applied has the xxh3 the trainer published. Recovery: from the flip to that version's apply."""
+    skip_without_nft()
+    flips = size(3, 6)
+    job_dir = tmp_path / "run"
+    proc = launch(str(one_unit_job(tmp_path, "bitflip")), "--job-dir", str(job_dir), "-o", "json")
+    flipper = ChunkFlip(flips)
+    try:
+        wait_for("two trained iterations", lambda: len(metrics_rows(job_dir)) >= 2, 300, alive=proc)
+        with (
+            Proxy(weights_port(job_dir, "trainer-0"), flip=flipper) as proxy,
+            Redirect(proxy.upstream_port, proxy.port),
+        ):
+            wait_for(f"{flips} flipped fetches", lambda: len(flipper.flips) >= flips, 300, alive=proc)
+            last = max(v for _, v, _, _ in flipper.flips)
+            wait_for(
+                f"v{last} applied", lambda: max(applied(job_dir, "rollout-0"), default=-1) >= last, 120, alive=proc
+            )
+        code, stopped = rlctl_stop(job_dir)
+        assert code == 0, stopped
+        code, s, err = finish(proc, 120)
+    finally:
+        stop_launcher(proc)
+    assert s is not None, err[-2000:]
+    log = (job_dir / "logs" / "rollout-0.log").read_text()
+    detected = re.findall(r"v(\d+) chunk (\d+) from (\S+) failed its checksum; asking again", log)
+    assert [(int(v), int(i)) for v, i, _ in detected] == [(v, i) for _, v, i, _ in flipper.flips], detected
+    ours, theirs = applied(job_dir, "rollout-0"), published(job_dir)
+    assert ours and all(x == theirs[v] for v, (x, _) in ours.items()), (ours, theirs)  # never a corrupt version
+    recovery = [ours[v][1] - t for _, v, _, t in flipper.flips if v in ours]
+    assert len(recovery) == len(flipper.flips)  # each flipped version was then applied, verified
+    led = s["ledger"]
+    assert led["lost"] == 0 and led["duplicated"] == 0, led
+    record(
+        Row(
+            "a bit flipped in a weight chunk by a proxy (local)",
+            len(flipper.flips),
+            led["lost"],
+            led["duplicated"],
+            recovery,
+            f"{len(detected)} checksum failures, each chunk re-sent; {len(ours)} versions applied = trainer's xxh3",
+        )
+    )
+
+
+def test_a_peer_that_accepts_and_never_answers(tmp_path: Path) -> None:
+    """The trainer's weight node turns into a black hole for the rollout unit (its new connections go to a
+    listener that accepts and never answers): each fetch attempt ends at its bound (the job's transport.timeout_s)
+    with one log line naming the peer and what the unit waited for; the unit keeps the weights it has, tries
+    again after a pause, and catches up once the node answers again. A rollout agent whose controller is such a peer exits at
+    the same bound, saying so. Recovery: from the node answering again to the next version applied."""
+    skip_without_nft()
+    bound_s = 4.0
+    job_dir = tmp_path / "run"
+    job = one_unit_job(tmp_path, "blackhole", transport={"timeout_s": bound_s})
+    proc = launch(str(job), "--job-dir", str(job_dir), "-o", "json")
+    log_path = job_dir / "logs" / "rollout-0.log"
+    try:
+        wait_for("two trained iterations", lambda: len(metrics_rows(job_dir)) >= 2, 300, alive=proc)
+        address = joined(job_dir)["trainer-0"]["weights"]
+        failed = re.compile(rf"v\d+ from {re.escape(address)} failed, re-attaching to the next holder: (.*)")
+        before = len(failed.findall(log_path.read_text()))
+        with Proxy(weights_port(job_dir, "trainer-0"), silent=True) as hole, Redirect(hole.upstream_port, hole.port):
+            wait_for(
+                "a fetch that gave up on every holder",
+                lambda: "no holder could deliver it" in log_path.read_text(),
+                120,
+                alive=proc,
+            )
+            accepted = hole.accepted
+        t_back = time.time()
+        v_back = max(applied(job_dir, "rollout-0"))
+        wait_for("a newer version applied", lambda: max(applied(job_dir, "rollout-0")) > v_back, 120, alive=proc)
+        recovered = min(t for v, (_, t) in applied(job_dir, "rollout-0").items() if v > v_back) - t_back
+        # an agent whose controller accepts and never answers: it leaves at the bound, naming the peer
+        with Proxy(0, silent=True) as hole:
+            t0 = time.monotonic()
+            agent = subprocess.run(
+                [*AGENT, "rollout", "--job-dir", str(job_dir), "--replica", "99", "--controller", hole.address],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            agent_s = time.monotonic() - t0
+        code, stopped = rlctl_stop(job_dir)
+        assert code == 0, stopped
+        code, s, err = finish(proc, 120)
+    finally:
+        stop_launcher(proc)
+    assert s is not None, err[-2000:]
+    waits = failed.findall(log_path.read_text())[before:]
+    assert accepted >= 3 and len(waits) >= 3, (accepted, waits)
+    assert all(f"handshake timed out after {bound_s}s" in w for w in waits), waits  # the peer and what for
+    assert agent.returncode == 1 and f"127.0.0.1:{hole.port}" in agent.stderr, agent.stderr[-2000:]
+    assert "handshake timed out" in agent.stderr
+    led = s["ledger"]
+    assert led["lost"] == 0 and led["duplicated"] == 0, led
+    record(
+        Row(
+            "a peer that accepts and never answers (local: weight node, controller)",
+            2,
+            led["lost"],
+            led["duplicated"],
+            [recovered],
+            f"{len(waits)} fetch waits each ended at its {bound_s:g} s bound, one line naming the peer; "
+            f"an agent whose controller is silent exited {agent_s:.1f} s after its start",
         )
     )
