@@ -18,6 +18,19 @@ datacenters, and tells each unit whom to pull from: its planned parent first, th
 
 A unit whose parent dies re-attaches to the next holder of its list; a version is applied only once
 every chunk and the rebuilt weights are verified (WeightNode.fetch).
+
+Every root holds the whole version, so any root can stand in for a lost parent. Disjoint tensor subsets
+per root would not fit: a version is one flat buffer under one xxh3, one manifest and one delta base,
+and `weights_available` names holders of all of it; a unit would need one node (or part id) per root,
+a holder list per part, and the same version for every part (`newer_ok` could mix them). What the ranks
+split is the delta *encoding*, the costly part of publishing (rlctl.transport.delta_parts):
+
+    rank r: encode_part(prev, new, r of P) ─all-gather over the trainer's weights group─▶ every frame
+            assemble(frames) ─▶ the same delta payload on every root ─▶ node.publish(v, sd, encode=…)
+
+For that every rank encodes every version, in order (`group`: no coalescing of versions, at most
+`SPLIT_QUEUE` waiting, then `publish` blocks the trainer); if the group fails, this rank encodes alone
+from then on (a root's delta need not be byte-equal to another's: units verify the rebuilt weights).
 """
 
 from __future__ import annotations
@@ -27,19 +40,24 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import torch
+import torch.distributed as dist
 
 from rlctl.agents.messages import make
 from rlctl.config.job import WeightSync
 from rlctl.errors import TransportError
-from rlctl.transport import Connection, Message, Transport, chunks
+from rlctl.transport import Connection, Message, Transport, chunks, delta
+from rlctl.transport.delta_parts import assemble, encode_part, part_range
 from rlctl.transport.plan import BroadcastPlan, Endpoint, plan_broadcast
 from rlctl.transport.versions import WeightSyncConfig
 from rlctl.transport.weights import WeightNode
 
 log = logging.getLogger(__name__)
+
+SPLIT_QUEUE = 2  # versions waiting for the split encoding before `publish` blocks
 
 
 @dataclass(frozen=True)
@@ -122,10 +140,20 @@ def state_dict_of(msg: Message) -> tuple[int, dict[str, torch.Tensor]]:
 class WeightPublisher:
     """Publishes each version into this trainer rank's weight node; on rank 0 it also plans the broadcast
     and tells every rollout unit whom to pull from — from one background thread, so training overlaps
-    the transfer. Other ranks' nodes are extra roots (`set_roots`)."""
+    the transfer. Other ranks' nodes are extra roots (`set_roots`).
+
+    `group`: the trainer ranks' own process group (every rank passes one, made for this), over which
+    delta encoding is split (see the module docstring); None, or a group of one, encodes here alone."""
 
     def __init__(
-        self, transport: Transport, *, listen: str, sync: WeightSync, timeout_s: float, fanout: int = 1
+        self,
+        transport: Transport,
+        *,
+        listen: str,
+        sync: WeightSync,
+        timeout_s: float,
+        fanout: int = 1,
+        group: Any = None,
     ) -> None:
         self._transport = transport
         self._timeout_s = timeout_s
@@ -141,7 +169,12 @@ class WeightPublisher:
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._lock = threading.Lock()
         self.publish_s = 0.0
+        self.encoded_bytes = 0  # bytes of XOR stream this rank compressed (its share, when split)
         self.plan: BroadcastPlan | None = None  # the newest version's plan (for logs and tests)
+        split = group is not None and sync.mode == "delta" and dist.get_world_size(group) > 1
+        self._group = group if split else None
+        self._level = self.node.cfg.delta_level
+        self._ordered: queue.Queue[tuple[int, dict[str, torch.Tensor]]] = queue.Queue(maxsize=SPLIT_QUEUE)
         self._thread = threading.Thread(target=self._run, name="weights-publisher", daemon=True)
         self._thread.start()
 
@@ -158,8 +191,11 @@ class WeightPublisher:
         self._queue.put(0)
 
     def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
+        latest = (version, {k: v.detach().clone() for k, v in state_dict.items()})
+        if self._group is not None:
+            self._ordered.put(latest)  # every version, in order (blocks when the encoding lags)
         with self._lock:
-            self._latest = (version, {k: v.detach().clone() for k, v in state_dict.items()})
+            self._latest = latest
         self._queue.put(version)
 
     def close(self) -> None:
@@ -175,13 +211,10 @@ class WeightPublisher:
                 latest, targets, roots, dc = self._latest, dict(self._targets), list(self._roots), self._datacenter
             if latest is None:
                 continue
+            while self._group is not None and not self._ordered.empty():
+                self._hold(*self._ordered.get())
             version, sd = latest
-            if version > self._held:
-                t0 = time.monotonic()
-                hv = self.node.publish(version, sd)
-                self._held = version
-                self.publish_s += time.monotonic() - t0
-                log.info("weights v%d published: %d bytes, xxh3 %016x", version, hv.layout.total_bytes, hv.weights_xxh3)
+            self._hold(version, sd)
             todo = {n: t for n, t in targets.items() if self._told.get(n, -1) < version}
             if not todo:
                 continue
@@ -197,6 +230,46 @@ class WeightPublisher:
                     self._conns.pop(name, None)
                     continue
                 self._told[name] = version
+
+    def _hold(self, version: int, sd: dict[str, torch.Tensor]) -> None:
+        if version <= self._held:
+            return
+        t0 = time.monotonic()
+        hv = self.node.publish(version, sd, encode=self._split_encode if self._group is not None else self._encode)
+        self._held = version
+        self.publish_s += time.monotonic() - t0
+        log.info("weights v%d published: %d bytes, xxh3 %016x", version, hv.layout.total_bytes, hv.weights_xxh3)
+
+    def _encode(self, prev: torch.Tensor, new: torch.Tensor, base_version: int) -> torch.Tensor:
+        self.encoded_bytes += new.numel()
+        return delta.encode(prev, new, base_version=base_version, level=self._level)
+
+    def _split_encode(self, prev: torch.Tensor, new: torch.Tensor, base_version: int) -> torch.Tensor:
+        """This rank's frame of the delta, every rank's frames gathered, the whole delta assembled."""
+        rank, parts = dist.get_rank(self._group), dist.get_world_size(self._group)
+        try:
+            mine = encode_part(prev, new, part=rank, parts=parts, level=self._level)
+            frames: list[Any] = [None] * parts
+            dist.all_gather_object(frames, (base_version, mine), group=self._group)
+        except Exception as e:  # noqa: BLE001 - a broken group must not stop publication
+            log.warning("weights v%d: split delta encoding failed, encoding alone from now on: %s", base_version + 1, e)
+            self._group = None
+            return self._encode(prev, new, base_version)
+        lo, hi = part_range(new.numel(), part=rank, parts=parts)
+        self.encoded_bytes += hi - lo
+        if any(base != base_version for base, _ in frames):  # the ranks disagree on what they encode
+            log.warning("weights: ranks encoded deltas from different bases; encoding alone from now on")
+            self._group = None
+            return self._encode(prev, new, base_version)
+        payload = assemble([f for _, f in frames], new=new, base_version=base_version)
+        log.info(
+            "weights: delta vs v%d encoded by %d ranks (this one: %d of %d bytes)",
+            base_version,
+            parts,
+            hi - lo,
+            new.numel(),
+        )
+        return payload
 
     def _connection(self, name: str, address: str) -> Connection:
         held = self._conns.get(name)

@@ -37,6 +37,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -90,12 +91,20 @@ class WeightNode:
         self._accepter.start()
 
     # -- root side ----------------------------------------------------------------------
-    def publish(self, version: int, state_dict: dict[str, torch.Tensor], *, anchor: bool = False) -> HeldVersion:
+    def publish(
+        self,
+        version: int,
+        state_dict: dict[str, torch.Tensor],
+        *,
+        anchor: bool = False,
+        encode: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None,
+    ) -> HeldVersion:
         """Hold `version`: a full payload (for receivers that need one), plus a delta vs the previous
         version whenever the layouts match and no anchor is due.
 
         `anchor=True` forces a full anchor now (no delta for anyone), e.g. after a resume; with
-        `anchor_every=K` one is also due every K versions."""
+        `anchor_every=K` one is also due every K versions. `encode(prev, new, base_version)` makes that
+        delta instead of `delta.encode` (the trainer ranks' split encoding, rlctl.agents.weights)."""
         layout = chunks.layout_of(state_dict)
         weights = chunks.flatten(state_dict, layout)
         hv = HeldVersion(version, layout, chunks.checksum(weights), weights, complete=True)
@@ -104,7 +113,7 @@ class WeightNode:
         every = self.cfg.anchor_every
         periodic_due = every is not None and (self._last_anchor is None or version - self._last_anchor >= every)
         if self.cfg.delta and prev is not None and prev.layout == layout and not (anchor or periodic_due):
-            d = self._encode_delta(prev, hv)
+            d = self._encode_delta(prev, hv, encode)
             if d is not None:
                 hv.payloads["delta"] = d
         if "delta" not in hv.payloads:
@@ -114,9 +123,17 @@ class WeightNode:
         self.store.flip(hv)
         return hv
 
-    def _encode_delta(self, base: HeldVersion, hv: HeldVersion) -> Payload | None:
+    def _encode_delta(
+        self,
+        base: HeldVersion,
+        hv: HeldVersion,
+        encode: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None,
+    ) -> Payload | None:
         """A delta payload turning complete `base` into complete `hv`; None when it is not smaller than full."""
-        data = delta.encode(base.weights, hv.weights, base_version=base.version, level=self.cfg.delta_level)
+        if encode is not None:
+            data = encode(base.weights, hv.weights, base.version)
+        else:
+            data = delta.encode(base.weights, hv.weights, base_version=base.version, level=self.cfg.delta_level)
         if data.numel() >= hv.weights.numel():
             return None
         p = full_payload(data, self.cfg, have=True)

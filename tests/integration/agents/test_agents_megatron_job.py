@@ -45,6 +45,7 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(tmp_path: Path)
     job.update(iterations=3, batch={"prompts_per_iteration": 4, "samples_per_prompt": 4}, tracking=[])
     job["placement"] = {"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]}
     job["trainer"] = {"backend": "megatron"}
+    job["weight_sync"] = {"mode": "delta"}  # the two ranks split each delta's encoding
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
 
     check = subprocess.run([sys.executable, "-m", "rlctl", "check", str(tmp_path / "job.yaml")], capture_output=True)
@@ -65,6 +66,10 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(tmp_path: Path)
     for rank in (0, 1):
         log = next(run.glob(f"**/trainer-{rank}*.log")).read_text()
         assert '"dp": 2' in log and "trainer backend megatron, tp 1 pp 1" in log, log[:2000]
+        assert "encoded by 2 ranks" in log, log[-2000:]
+    # and the unit rebuilt and verified versions 2 and 3 from those deltas
+    versions = json.loads((run / "summary.json").read_text())["weights"]["versions"]
+    assert [v["encodings"] for v in versions] == [{"full": 1}, {"delta": 1}, {"delta": 1}]
     # the final checkpoint: an HF directory (Qwen2, tied embeddings) the training moved away from the start
     import torch
 
