@@ -1,8 +1,18 @@
 """What every agent process shares: its job directory, its link to the controller, its heartbeat.
 
-reader thread:    controller ──recv──▶ inbox (queue of Message; None = link closed)
+reader thread:    controller ──recv──▶ inbox (queue of Message; None = the agent must leave)
 heartbeat thread: every interval ──heartbeat(figures())──▶ controller
 main loop (the agent): inbox.get() … link.send(…)
+
+Every wait on the controller is bounded: it pings every agent (PING_INTERVAL_S), so a reader that hears
+nothing for the job's `transport.unreachable_timeout_s` knows its controller is gone or cut off and leaves
+(the controller counts it lost after the same bound). A link that breaks:
+
+    trainer:        leave (what it was sent on the old connection may be lost; `launch --resume` continues)
+    rollout unit:   reconnect and say hello again, until that bound since the controller last spoke;
+                    refused (nothing listens there: the controller exited) → leave at once.
+                    Messages sent while the link is down are dropped: the controller requeues the unit's
+                    work when it hears the new hello.
 """
 
 from __future__ import annotations
@@ -11,19 +21,24 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from rlctl.agents.messages import FROM_CONTROLLER, Heartbeat, Hello, make, recv_checked
 from rlctl.config.job import JobFile
-from rlctl.errors import TransportError
+from rlctl.errors import PeerTimeout, TransportError
 from rlctl.launch.jobdir import JobDir
 from rlctl.transport import Connection, Message, Transport, make_transport
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 1.0
+PING_INTERVAL_S = 2.0  # the controller's keepalive to every agent (see the module docstring)
+RECONNECT_PAUSE_S = 2.0  # between a rollout unit's attempts to reach its controller again
 
 
 @dataclass
@@ -43,7 +58,8 @@ class AgentContext:
 
 
 class ControllerLink:
-    """One agent's connection to the controller: a reader thread feeding `inbox`, and heartbeats."""
+    """One agent's connection to the controller: a reader thread feeding `inbox`, and heartbeats.
+    `reconnect`: a broken link is re-established with a new hello (rollout units)."""
 
     def __init__(
         self,
@@ -52,18 +68,33 @@ class ControllerLink:
         *,
         figures: Callable[[], Heartbeat],
         inbox: queue.Queue[Message | None] | None = None,
+        reconnect: bool = False,
     ) -> None:
         self.name = hello.name
         self.inbox: queue.Queue[Message | None] = inbox if inbox is not None else queue.Queue()
-        self._figures = figures
+        self._ctx, self._hello, self._figures, self._reconnect = ctx, hello, figures, reconnect
+        self.silence_s = ctx.job.transport.unreachable_timeout_s
+        self._poll_s = min(2 * PING_INTERVAL_S, self.silence_s)  # how often the reader checks the silence
         self._closed = threading.Event()
-        self.conn: Connection = ctx.transport.connect(ctx.controller, timeout_s=ctx.job.transport.timeout_s)
-        self.conn.send(make("hello", hello))
+        self.reconnects = 0
+        self.conn: Connection = self._connect()
         threading.Thread(target=self._read, name="controller-reader", daemon=True).start()
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
 
+    def _connect(self) -> Connection:
+        conn = self._ctx.transport.connect(self._ctx.controller, timeout_s=self._ctx.job.transport.timeout_s)
+        hello = msgspec.structs.replace(self._hello, version=self._figures().version)
+        conn.send(make("hello", hello))
+        return conn
+
     def send(self, msg: Message) -> None:
-        self.conn.send(msg)
+        """Send to the controller. A unit that reconnects drops what it cannot send meanwhile (see above)."""
+        try:
+            self.conn.send(msg)
+        except TransportError as e:
+            if not self._reconnect or self._closed.is_set():
+                raise
+            log.info("%s: dropped %s while the controller link is down: %s", self.name, msg.kind, e)
 
     def close(self, *, final: Heartbeat | None = None) -> None:
         if final is not None:
@@ -73,18 +104,65 @@ class ControllerLink:
         self.conn.close()
 
     def _read(self) -> None:
+        heard = time.monotonic()  # when the controller last spoke
         while not self._closed.is_set():
+            conn = self.conn
             try:
-                self.inbox.put(recv_checked(self.conn, peer=f"controller {self.conn.peer}", kinds=FROM_CONTROLLER))
+                msg = recv_checked(conn, peer=f"controller {conn.peer}", kinds=FROM_CONTROLLER, timeout_s=self._poll_s)
+            except PeerTimeout:
+                if time.monotonic() - heard > self.silence_s:
+                    log.warning(
+                        "%s: controller %s said nothing (no work, no ping) for %.0f s: leaving",
+                        self.name,
+                        conn.peer,
+                        self.silence_s,
+                    )
+                    break
+                continue
             except TransportError as e:
-                if not self._closed.is_set():
-                    log.warning("controller link closed: %s", e)
-                self.inbox.put(None)
-                return
+                if self._closed.is_set():
+                    return
+                log.warning("controller link closed: %s", e)
+                if self._reconnect and self._again(heard):
+                    continue
+                break
+            heard = time.monotonic()
+            if msg.kind != "ping":
+                self.inbox.put(msg)
+        if not self._closed.is_set():
+            self.conn.close()
+        self.inbox.put(None)
+
+    def _again(self, heard: float) -> bool:
+        """Reconnect until `silence_s` after the controller last spoke; False when it cannot be reached (refused:
+        it no longer listens, or the bound passed)."""
+        while not self._closed.is_set():
+            left = self.silence_s - (time.monotonic() - heard)
+            if left <= 0:
+                log.warning(
+                    "%s: controller %s unreachable for %.0f s: leaving", self.name, self._ctx.controller, self.silence_s
+                )
+                return False
+            try:
+                self.conn = self._connect()
+            except TransportError as e:
+                if isinstance(e.__cause__, ConnectionRefusedError):
+                    log.warning("%s: %s: nothing listens there, the controller is gone: leaving", self.name, e)
+                    return False
+                log.info(
+                    "%s: controller %s still unreachable (%s); %.0f s left", self.name, self._ctx.controller, e, left
+                )
+                self._closed.wait(min(RECONNECT_PAUSE_S, max(left, 0.0)))
+                continue
+            self.reconnects += 1
+            log.info("%s: reconnected to controller %s and said hello again", self.name, self._ctx.controller)
+            return True
+        return False
 
     def _beat(self) -> None:
         while not self._closed.wait(HEARTBEAT_INTERVAL_S):
             try:
                 self.conn.send(make("heartbeat", self._figures()))
             except TransportError:
-                return
+                if not self._reconnect:
+                    return

@@ -8,14 +8,22 @@ the job directory. Scaling lives in `scaling.py` (`Scaler`), what it shows in `v
                   scale ──▶ Scaler: spawn thread starts / core drains units ──▶ "spawned" back into the inbox
                   shutdown ──▶ leave the loop (graceful stop requested by `rlctl stop`)
                 trained ──▶ metrics row ──▶ Scaler.rebalance: δ ≥ δ' and a free slot ──▶ spawn one more unit
-                  heartbeat ──▶ agent figures; an agent silent for HEARTBEAT_TIMEOUT_S is lost
+                  heartbeat ──▶ agent figures;  every PING_INTERVAL_S ──▶ ping every agent
                 done ──▶ stop everyone, wait for their last figures, write views.summary, exit
+
+An agent that goes silent is not given up at once (its site's link may be down for a while):
+
+    running ──silent HEARTBEAT_TIMEOUT_S──▶ unreachable ──any message / a new hello──▶ running (rejoined)
+                                                 │  its samples requeued, out of dispatch and the broadcast;
+                                                 │  no rollout unit left (or the trainer cut off) = paused
+                                                 └──transport.unreachable_timeout_s──▶ lost (replaced)
 
 Only the main loop sends, so each connection has one sender thread and one receiver thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -27,6 +35,7 @@ from typing import Any
 
 import msgspec
 
+from rlctl.agents import common
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import TO_CONTROLLER, Heartbeat, Hello, SampleDone, Trained, make, parse, recv_checked
@@ -48,6 +57,7 @@ from rlctl.transport.base import bind_host
 log = logging.getLogger(__name__)
 
 HEARTBEAT_TIMEOUT_S = 15.0
+PING_INTERVAL_S = common.PING_INTERVAL_S
 NO_ROLLOUT_TIMEOUT_S = 60.0
 START_WAIT_S = 90.0  # how long to wait for every planned rollout unit before starting with fewer
 BYE_WAIT_S = 5.0
@@ -61,7 +71,9 @@ class Peer:
     conn: Connection
     last_seen: float
     figures: Heartbeat
-    state: str = "running"
+    state: str = "running"  # running | unreachable | stopped | lost
+    unreachable_since: float | None = None  # time.monotonic() when it went silent
+    unreachable_wall: float = 0.0  # …and time.time(), for status
 
 
 def core_config(job: JobFile, max_new_tokens: int, *, min_units: int = 1) -> CoreConfig:
@@ -104,6 +116,8 @@ class ControllerAgent:
         self.rows: list[dict[str, Any]] = []
         self._clients = itertools.count()
         self._closing = False
+        self._pinged = 0.0
+        self.paused: str | None = None  # why the job waits (status), None when it runs
         self.metrics = JobMetrics()
         self.metrics_port = self.metrics.serve(job.metrics.port, addr=bind_host(self.listener.address))
         self.scaler = Scaler(
@@ -173,9 +187,7 @@ class ControllerAgent:
                 now = time.monotonic()
                 self.scaler.tick(now)
                 agent_gauges(self.metrics, self.core, self.peers, self.sites, now=now)
-                for p in list(self.peers.values()):
-                    if p.role != "client" and p.state == "running" and now - p.last_seen > HEARTBEAT_TIMEOUT_S:
-                        self._lose(p.name, f"no heartbeat for {now - p.last_seen:.0f} s")
+                self._watch(now)
                 if not self.core.started and now - self.t_start > START_WAIT_S:
                     self.jobdir.event("start_with_fewer_units", planned=self.core.cfg.min_units)
                     self._send(self.core.start_now())
@@ -187,6 +199,86 @@ class ControllerAgent:
             self._shutdown()
         return 0 if self.core.done else 1
 
+    def _watch(self, now: float) -> None:
+        """Ping every agent; mark the silent ones unreachable, and lost once the job's bound has passed."""
+        bound = self.job.transport.unreachable_timeout_s
+        ping = now - self._pinged >= PING_INTERVAL_S
+        for p in list(self.peers.values()):
+            if p.role == "client":
+                continue
+            if p.state == "running" and now - p.last_seen > HEARTBEAT_TIMEOUT_S:
+                self._unreachable(p, now)
+            elif p.state == "unreachable" and p.unreachable_since is not None and now - p.unreachable_since > bound:
+                self._lose(
+                    p.name,
+                    f"unreachable for {now - p.unreachable_since:.0f} s (no message for {now - p.last_seen:.0f} s)",
+                )
+            elif p.state == "running" and ping:
+                try:
+                    p.conn.send(make("ping"))
+                except TransportError as e:
+                    self._lose(p.name, f"ping failed: {e}")
+        if ping:
+            self._pinged = now
+        self._pause_state(now)
+
+    def _unreachable(self, p: Peer, now: float) -> None:
+        """`p` went silent: its samples go to the others; it may come back until the bound (module docstring)."""
+        p.state, p.unreachable_since, p.unreachable_wall = "unreachable", now, time.time()
+        before = self.core.ledger.requeued
+        if p.role == "rollout":
+            self._send(self.core.unreachable(p.name))
+        requeued = self.core.ledger.requeued - before
+        site = self.sites.get(p.name, "")
+        bound = self.job.transport.unreachable_timeout_s
+        self.jobdir.event(
+            "agent_unreachable", agent=p.name, site=site, silent_s=round(now - p.last_seen, 1), requeued=requeued
+        )
+        log.warning(
+            "controller: %s (site %s) silent for %.0f s: unreachable, %d samples requeued; waiting up to %.0f s for it",
+            p.name,
+            site,
+            now - p.last_seen,
+            requeued,
+            bound,
+        )
+
+    def _rejoin(self, p: Peer, *, version: int, new_connection: bool) -> None:
+        """`p` (unreachable, or reconnecting with a new hello) is back."""
+        now = time.monotonic()
+        away = now - p.unreachable_since if p.unreachable_since is not None else 0.0
+        p.state, p.unreachable_since, p.last_seen = "running", None, now
+        if p.role == "rollout":
+            self._send(self.core.rejoin(p.name, version=version, requeue=new_connection))
+        how = "a new connection" if new_connection else "its connection"
+        self.jobdir.event(
+            "agent_rejoined", agent=p.name, site=self.sites.get(p.name, ""), away_s=round(away, 1), how=how
+        )
+        log.info("controller: %s is back after %.0f s (on %s)", p.name, away, how)
+
+    def _pause_state(self, now: float) -> None:
+        """Whether the job waits for an unreachable site: no rollout unit left to dispatch to, or the trainer cut
+        off. Logged and recorded when it changes (events job_paused / job_resumed); status shows it."""
+        away = [p for p in self.peers.values() if p.state == "unreachable"]
+        stalled = away and (not self.core.live_units or any(p.role == "trainer" for p in away))
+        if not stalled:
+            if self.paused is not None:
+                self.jobdir.event("job_resumed", after=self.paused)
+                log.info("controller: resumed (was %s)", self.paused)
+            self.paused = None
+            return
+        sites = sorted({self.sites.get(p.name, "") or p.name for p in away})
+        since = min(p.unreachable_wall for p in away)
+        bound = self.job.transport.unreachable_timeout_s
+        was = self.paused
+        self.paused = (
+            f"paused: site {', '.join(sites)} unreachable since {time.strftime('%H:%M:%S', time.localtime(since))} "
+            f"({time.time() - since:.0f} s; the job waits up to {bound:.0f} s)"
+        )
+        if was is None:
+            self.jobdir.event("job_paused", sites=sites, agents=sorted(p.name for p in away))
+            log.warning("controller: %s", self.paused)
+
     def _finished(self) -> bool:
         """Done once every iteration is trained and every live unit holds the last version (so a job ends
         with its rollout units on the trainer's final weights), or that final sync timed out."""
@@ -195,7 +287,11 @@ class ControllerAgent:
         now = time.monotonic()
         if self.done_at is None:
             self.done_at = now
-        behind = [u.name for u in self.core.units.values() if u.alive and u.version < self.core.trainer_version]
+        behind = [
+            u.name
+            for u in self.core.units.values()
+            if u.alive and u.reachable and u.version < self.core.trainer_version
+        ]
         if not behind:
             return True
         if now - self.done_at > self.job.transport.timeout_s:
@@ -225,6 +321,8 @@ class ControllerAgent:
             return
         msg: Message = payload
         peer.last_seen = time.monotonic()
+        if peer.state == "unreachable":
+            self._rejoin(peer, version=peer.figures.version, new_connection=False)
         if msg.kind == "sample":
             s = parse(msg, SampleDone)
             self.scaler.sampled(who)
@@ -283,7 +381,11 @@ class ControllerAgent:
     # -- events -------------------------------------------------------------------------------------
     def _hello(self, conn: Connection, h: Hello) -> None:
         name = h.name if h.role != "client" else f"client-{next(self._clients)}"
-        if name in self.peers and self.peers[name].state == "running":
+        old = self.peers.get(name)
+        if old is not None and h.role == "rollout" and old.role == "rollout" and old.state != "stopped":
+            self._hello_again(old, conn, h)
+            return
+        if old is not None and old.state in ("running", "unreachable"):
             log.warning("controller: %s joined twice; dropping the old connection", name)
             self._lose(name, "replaced")
         self.peers[name] = Peer(
@@ -312,6 +414,24 @@ class ControllerAgent:
         self._send(
             self.core.join(name, role=h.role, version=h.version, address=h.address, weights=h.weights, datacenter=dc)
         )
+
+    def _hello_again(self, p: Peer, conn: Connection, h: Hello) -> None:
+        """A rollout unit that reconnected: back on its new connection, unless it was counted lost meanwhile
+        (then it is told to stop: its work went to the others and a replacement may be running)."""
+        if p.state == "lost":
+            log.warning("controller: %s came back after it was counted lost; telling it to stop", p.name)
+            self.jobdir.event("rejoin_refused", agent=p.name, reason="counted lost")
+            with contextlib.suppress(TransportError):  # it left already
+                conn.send(make("stop"))
+            conn.close()
+            return
+        p.conn.close()  # its reader reports the close of a connection that is no longer the peer's: ignored
+        p.conn = conn
+        p.figures = Heartbeat(name=p.name, state="running", version=h.version)
+        threading.Thread(target=self._read, args=(p.name, conn), name=f"read-{p.name}", daemon=True).start()
+        if p.state != "unreachable":
+            p.unreachable_since = time.monotonic()  # it never went silent for long: away since now
+        self._rejoin(p, version=h.version, new_connection=True)
 
     def _transfer(self, who: str, version: int, header: dict[str, Any]) -> None:
         """One unit applied `version`: book its transfer (bytes, the link it crossed) and whether every
@@ -423,7 +543,7 @@ class ControllerAgent:
             stop_requested=self.stop_requested,
             metrics_port=self.metrics_port,
             job_dir=str(self.jobdir.path),
-            resilience={"resumes": self.resumes, **self.scaler.resilience()},
+            resilience={"resumes": self.resumes, **self.scaler.resilience(), "paused": self.paused},
         )
 
     def _shutdown(self) -> None:

@@ -69,6 +69,7 @@ class Unit:
     alive: bool = True
     busy_s: float = 0.0
     draining: bool = False  # being removed: no new work; stopped once nothing is in flight
+    reachable: bool = True  # False while it is silent (its site's link down?): no work, not in the broadcast
 
 
 @dataclass
@@ -140,6 +141,29 @@ class ControllerCore:
         self.ledger.requeue_agent(name)
         return [self._members(), *self.pump()]
 
+    def unreachable(self, name: str) -> list[Out]:
+        """A rollout unit went silent (not lost yet: it may come back): its in-flight samples are requeued for
+        the others and it leaves dispatch and the broadcast. With no unit left, dispatch simply pauses."""
+        unit = self.units.get(name)
+        if unit is None or not unit.alive or not unit.reachable:
+            return []
+        unit.reachable = False
+        self.ledger.requeue_agent(name)
+        return [self._members(), *self.pump()]
+
+    def rejoin(self, name: str, *, version: int, requeue: bool) -> list[Out]:
+        """An unreachable (or reconnecting) rollout unit is back at weight `version`. `requeue`: it came back on
+        a new connection, so work sent on the old one may never have arrived: what it holds is queued again
+        (a late result of it is refused by the ledger, or accepted if the same sample is dispatched to it again)."""
+        unit = self.units.get(name)
+        if unit is None or not unit.alive:
+            return []
+        unit.reachable = True
+        unit.version = max(unit.version, version)
+        if requeue:
+            self.ledger.requeue_agent(name)
+        return [self._members(), *self.pump()]
+
     def drain(self, name: str) -> list[Out]:
         """Take a rollout unit out of dispatch; it is told to stop once its in-flight samples are in."""
         unit = self.units[name]
@@ -156,8 +180,8 @@ class ControllerCore:
 
     @property
     def live_units(self) -> list[Unit]:
-        """Rollout units in dispatch (alive and not draining)."""
-        return [u for u in self.units.values() if u.alive and not u.draining]
+        """Rollout units in dispatch (alive, reachable and not draining)."""
+        return [u for u in self.units.values() if u.alive and u.reachable and not u.draining]
 
     def weights_applied(self, name: str, version: int) -> list[Out]:
         unit = self.units[name]
@@ -317,7 +341,7 @@ class ControllerCore:
         targets = {
             u.name: {"address": u.address, "weights": u.weights, "datacenter": u.datacenter}
             for u in self.units.values()
-            if u.alive
+            if u.alive and u.reachable
         }
         dc = self.trainer.datacenter if self.trainer is not None else ""
         return Out("trainer", "members", {"datacenter": dc, "rollouts": targets})

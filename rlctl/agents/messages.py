@@ -17,6 +17,8 @@ builtins) and raw tensor frames. Who sends what:
                                                                                 WeightNode, see weights.py)
     heartbeat        agent → controller          Heartbeat                      –
     stop             controller → agent          {}                             –
+    ping             controller → agent          {} (every PING_INTERVAL_S: an agent that hears nothing for its job's
+                                                 transport.unreachable_timeout_s knows its controller is gone)
     bye              agent → controller          Heartbeat (final figures)      –
     status           client → controller         {}  → reply `status` with the status view
     scale            client → controller         Scale {delta, site}  → reply with the outcome
@@ -165,6 +167,7 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
     "weights_available": WeightsAvailable,
     "heartbeat": Heartbeat,
     "stop": Empty,
+    "ping": Empty,
     "bye": Heartbeat,
     "status": Empty,
     "scale": Scale,
@@ -173,7 +176,7 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
 
 # What each reader accepts (a new kind goes into HEADERS and into its receiver's set).
 TO_CONTROLLER = ("sample", "weights_applied", "trained", "heartbeat", "bye", "status", "scale", "shutdown")
-FROM_CONTROLLER = ("generate", "samples", "members", "stop")  # what an agent's ControllerLink accepts
+FROM_CONTROLLER = ("generate", "samples", "members", "stop", "ping")  # what an agent's ControllerLink accepts
 TO_WEIGHTS_LISTENER = ("weights_available",)  # a rollout unit's announcement listener
 
 

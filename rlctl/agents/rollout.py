@@ -66,6 +66,7 @@ class RolloutAgent:
         self.inbox: queue.Queue[Message | None] = queue.Queue()
         self.busy_s = 0.0
         self.samples_sent = 0
+        self.holding: set[str] = set()  # sample ids queued or running in the engine
         self.state = "starting"
         scheme = job.transport.kind
         # weights arrive on their own connection(s); `inproc://` lets the transport pick a name
@@ -92,6 +93,7 @@ class RolloutAgent:
             ),
             figures=self.figures,
             inbox=self.inbox,
+            reconnect=True,
         )
 
     def figures(self) -> Heartbeat:
@@ -144,10 +146,15 @@ class RolloutAgent:
                     self._send_sample(res)
 
     def _admit(self, gen: Generate) -> None:
+        """Queue the requests, except samples the engine already holds: the controller requeues a unit's work
+        when it went silent or reconnected, and may hand the same sample back to it (its result is accepted
+        once, from whichever generation finishes first)."""
+        fresh = [r for r in gen.requests if r.sample_id not in self.holding]
+        self.holding.update(r.sample_id for r in fresh)
         self.engine.add(
             [
                 GenRequest(r.sample_id, list(r.prompt_tokens), r.max_new_tokens, priority=r.priority, group=r.iteration)
-                for r in gen.requests
+                for r in fresh
             ]
         )
 
@@ -159,6 +166,7 @@ class RolloutAgent:
             num_output_tokens=len(res.output_tokens),
         )
         tensors = [torch.tensor(res.output_tokens, dtype=torch.int32), torch.tensor(res.logprobs, dtype=torch.float32)]
+        self.holding.discard(res.request_id)
         self.link.send(make("sample", head, tensors))
         self.samples_sent += 1
 

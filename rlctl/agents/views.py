@@ -32,7 +32,7 @@ class AgentRecord(Protocol):
     @property
     def role(self) -> str: ...  # trainer | rollout | client
     @property
-    def state(self) -> str: ...  # running | stopped | lost
+    def state(self) -> str: ...  # running | unreachable | stopped | lost
     @property
     def last_seen(self) -> float: ...  # time.monotonic() of its last message
     @property
@@ -120,6 +120,8 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
     last_trained = core.stats.get(core.trainer_version - 1)
     r = s.reading
     state = "done" if core.done else "failed" if core.failed else "running"
+    if state == "running" and s.resilience.get("paused"):  # waiting for an unreachable site (resilience.paused)
+        state = "paused"
     return {
         "job": s.job.name,
         "mode": s.job.pipeline.mode,

@@ -269,6 +269,12 @@ class Transport(Strict):
     )
     streams: PositiveInt = 1
     timeout_s: PositiveFloat = 30.0
+    unreachable_timeout_s: PositiveFloat = Field(
+        300.0,
+        description="how long the job waits for an agent it cannot reach (silent for 15 s: its site's link is down) "
+        "before counting it lost; meanwhile its work goes to the others, or the job pauses; an agent waits as long "
+        "for a silent controller",
+    )
 
 
 class WeightSync(Strict):

@@ -1,0 +1,292 @@
+"""A silent agent is unreachable before it is lost: its work goes to the others (or the job pauses), it rejoins
+when it speaks again, on its connection or a new one; past the job's bound it is lost. Agents bound their wait
+on a silent controller the same way, and a rollout unit whose link breaks says hello again."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from rlctl.agents import controller as controller_mod
+from rlctl.agents.common import AgentContext, ControllerLink
+from rlctl.agents.controller import ControllerAgent
+from rlctl.agents.core import ControllerCore, CoreConfig, PromptSpec
+from rlctl.agents.ledger import State
+from rlctl.agents.messages import Heartbeat, Hello, SampleDone, make
+from rlctl.config.job import JobFile
+from rlctl.launch.jobdir import JobDir
+from rlctl.transport import Connection, InprocTransport, Message
+
+# -- the core ---------------------------------------------------------------------------------------------
+
+
+def core_with(units: int) -> ControllerCore:
+    cfg = CoreConfig(
+        iterations=3,
+        prompts_per_iteration=2,
+        samples_per_prompt=2,
+        max_new_tokens=4,
+        mode="async",
+        eta=1,
+        min_units=units,
+    )
+    core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}-{k}", [1, 2], 2) for k in range(2)])
+    core.join("trainer-0", role="trainer", version=0)
+    for i in range(units):
+        core.join(f"rollout-{i}", role="rollout", version=0)
+    return core
+
+
+def dispatched(core: ControllerCore, name: str) -> list[str]:
+    return sorted(e.sample_id for e in core.ledger.in_state(State.DISPATCHED) if e.agent == name)
+
+
+def test_an_unreachable_unit_leaves_dispatch_and_the_broadcast_and_its_work_goes_to_the_other() -> None:
+    core = core_with(2)
+    held = dispatched(core, "rollout-1")
+    assert held
+    outs = core.unreachable("rollout-1")
+    assert outs[0].kind == "members" and list(outs[0].header["rollouts"]) == ["rollout-0"]
+    assert [u.name for u in core.live_units] == ["rollout-0"]
+    assert set(held) <= set(dispatched(core, "rollout-0"))  # requeued and handed to the reachable unit
+    assert core.unreachable("rollout-1") == []  # once
+
+
+def test_with_no_unit_left_dispatch_pauses_and_resumes_when_it_rejoins() -> None:
+    core = core_with(1)
+    held = dispatched(core, "rollout-0")
+    core.unreachable("rollout-0")
+    assert dispatched(core, "rollout-0") == [] and core.pump() == []  # paused: nothing to dispatch to
+    assert sorted(e.sample_id for e in core.ledger.in_state(State.QUEUED)) == held
+    # a late result of requeued work is refused, never delivered
+    assert core.sample("rollout-0", sample_id=held[0], version=0, output_tokens=2, payload=None) == []
+    assert core.ledger.refused == 1
+    outs = core.rejoin("rollout-0", version=0, requeue=False)
+    assert outs[0].kind == "members" and {o.kind for o in outs[1:]} == {"generate"}  # one per iteration (η = 1)
+    assert dispatched(core, "rollout-0") == held
+    # the same sample handed back to it: its result counts once, whichever generation finishes first
+    core.sample("rollout-0", sample_id=held[0], version=0, output_tokens=2, payload=None)
+    assert core.ledger.entries[held[0]].state is State.DELIVERED and core.ledger.refused == 1  # async: on to training
+    core.sample("rollout-0", sample_id=held[0], version=0, output_tokens=2, payload=None)
+    assert core.ledger.refused == 2
+
+
+def test_rejoining_on_a_new_connection_requeues_what_it_was_sent_on_the_old_one() -> None:
+    core = core_with(1)
+    held = dispatched(core, "rollout-0")
+    requeued = core.ledger.requeued
+    outs = core.rejoin("rollout-0", version=1, requeue=True)
+    assert core.ledger.requeued == requeued + len(held)
+    assert outs[0].kind == "members" and {o.kind for o in outs[1:]} == {"generate"}
+    assert dispatched(core, "rollout-0") == held
+    assert core.units["rollout-0"].version == 1
+
+
+# -- the controller ---------------------------------------------------------------------------------------
+
+
+def job(unreachable_s: float) -> JobFile:
+    return JobFile.model_validate(
+        {
+            "apiVersion": "rlctl/v1",
+            "kind": "Job",
+            "name": "reach",
+            "inventory": ["x.yaml"],
+            "model": {"kind": "builtin", "name": "tiny-demo"},
+            "task": {"kind": "digits", "median_output_tokens": 6, "max_output_tokens": 16},
+            "iterations": 5,
+            "batch": {"prompts_per_iteration": 2, "samples_per_prompt": 2, "train_micro_batch_samples": 2},
+            "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "far", "gpus": 1}]},
+            "transport": {"kind": "inproc", "timeout_s": 5, "unreachable_timeout_s": unreachable_s},
+            "warmup": {"sft_steps": 0},
+        }
+    )
+
+
+class Fake:
+    """An agent's end of a connection to the controller: what it received, on a reader thread."""
+
+    def __init__(self, transport: InprocTransport, address: str, hello: Hello, *, beat: bool = False) -> None:
+        self.conn: Connection = transport.connect(address, timeout_s=5)
+        self.got: queue.Queue[Message] = queue.Queue()
+        self.conn.send(make("hello", hello))
+        self.name = hello.name
+        self.beating = threading.Event()
+        if beat:
+            self.beating.set()
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._beat, daemon=True).start()
+
+    def _beat(self) -> None:
+        while True:
+            self.beating.wait()
+            try:
+                self.conn.send(make("heartbeat", Heartbeat(name=self.name, state="running")))
+            except Exception:  # noqa: BLE001 - the connection closed
+                return
+            time.sleep(0.1)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                self.got.put(self.conn.recv())
+        except Exception:  # noqa: BLE001 - the connection closed: the fake stops listening
+            return
+
+    def requests(self) -> list[str]:
+        """Sample ids of every `generate` it got until none came for a second."""
+        ids = []
+        while True:
+            try:
+                msg = self.next("generate", timeout_s=1.0)
+            except queue.Empty:
+                return sorted(ids)
+            ids += [r["sample_id"] for r in msg.header["requests"]]
+
+    def next(self, kind: str, timeout_s: float = 10) -> Message:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            msg = self.got.get(timeout=max(0.01, deadline - time.monotonic()))
+            if msg.kind == kind:
+                return msg
+
+
+def wait_event(jd: JobDir, kind: str, timeout_s: float = 10) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        hits = [e for e in jd.read_lines(jd.events) if e["event"] == kind]
+        if hits:
+            return hits[-1]
+        time.sleep(0.05)
+    raise AssertionError(f"no {kind} event within {timeout_s} s")
+
+
+@pytest.fixture
+def running(tmp_path, monkeypatch):
+    """A real controller (inproc) with a fake trainer and a fake rollout unit on site `far`."""
+    monkeypatch.setattr(controller_mod, "HEARTBEAT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(controller_mod, "BYE_WAIT_S", 0.2)  # the fakes say no bye
+    made: list[tuple[ControllerAgent, threading.Thread, Connection]] = []
+
+    def start(unreachable_s: float) -> tuple[ControllerAgent, JobDir, InprocTransport, Fake, Connection]:
+        jd = JobDir.create("reach", explicit=tmp_path / "job")
+        spec = job(unreachable_s)
+        jd.write_job(spec, source="test")
+        jd.write_json(jd.plan_json, {"rollout": [{"site": "far", "units": 1}], "trainer": {"site": "local"}})
+        transport = InprocTransport(secret=jd.secret())
+        ctl = ControllerAgent(jd, spec, transport, listen="inproc://reach")
+        ctl.sites["rollout-0"] = "far"
+        Fake(transport, ctl.listener.address, Hello(role="trainer", name="trainer-0"), beat=True)
+        unit = Fake(transport, ctl.listener.address, Hello(role="rollout", name="rollout-0", address="x", weights="y"))
+        client = transport.connect(ctl.listener.address, timeout_s=5)
+        client.send(make("hello", Hello(role="client", name="test")))
+        t = threading.Thread(target=ctl.run, daemon=True)
+        t.start()
+        made.append((ctl, t, client))
+        return ctl, jd, transport, unit, client
+
+    yield start
+    for ctl, t, client in made:
+        ctl.stop_requested = True
+        t.join(timeout=20)
+        client.close()
+
+
+def status(client: Connection) -> dict[str, Any]:
+    return dict(client.request(Message("status", {}), timeout_s=10).header)
+
+
+def test_a_silent_unit_pauses_the_job_and_its_heartbeat_brings_it_back(running) -> None:
+    _, jd, _, unit, client = running(60.0)
+    work = unit.requests()
+    gone = wait_event(jd, "agent_unreachable")  # it never heartbeats
+    assert gone["agent"] == "rollout-0" and gone["site"] == "far" and gone["requeued"] == len(work)
+    paused = wait_event(jd, "job_paused")
+    assert paused["sites"] == ["far"]
+    st = status(client)
+    assert st["state"] == "paused" and st["resilience"]["paused"].startswith("paused: site far unreachable since ")
+    assert {a["name"]: a["state"] for a in st["agents"]}["rollout-0"] == "unreachable"
+    unit.beating.set()  # the link is back
+    back = wait_event(jd, "agent_rejoined")
+    assert back["how"] == "its connection"
+    wait_event(jd, "job_resumed")
+    assert unit.requests() == work  # requeued, handed back
+    done = SampleDone(sample_id=work[0], version=0, finish_reason="eos", num_output_tokens=1)
+    unit.conn.send(make("sample", done, [torch.tensor([1], dtype=torch.int32), torch.tensor([0.0])]))
+    st = status(client)
+    assert st["state"] == "running" and st["resilience"]["paused"] is None
+
+
+def test_past_the_bound_it_is_lost_and_a_late_hello_is_told_to_stop(running) -> None:
+    ctl, jd, transport, unit, _ = running(1.0)
+    unit.next("generate")
+    lost = wait_event(jd, "agent_lost", timeout_s=15)
+    assert lost["agent"] == "rollout-0" and lost["reason"].startswith("unreachable for ")
+    late = Fake(transport, ctl.listener.address, Hello(role="rollout", name="rollout-0", address="x", weights="y"))
+    late.next("stop")
+    assert wait_event(jd, "rejoin_refused")["agent"] == "rollout-0"
+
+
+def test_a_unit_saying_hello_again_rejoins_on_its_new_connection(running) -> None:
+    ctl, jd, transport, unit, _ = running(60.0)
+    unit.beating.set()
+    work = unit.requests()
+    # its link broke while down: the new hello reaches the controller before the old connection's end does
+    again = Fake(
+        transport, ctl.listener.address, Hello(role="rollout", name="rollout-0", address="x", weights="y"), beat=True
+    )
+    back = wait_event(jd, "agent_rejoined")
+    unit.conn.close()
+    assert back["how"] == "a new connection"
+    assert again.requests() == work
+    assert not [e for e in jd.read_lines(jd.events) if e["event"] == "agent_lost"]
+
+
+# -- the agent's side -------------------------------------------------------------------------------------
+
+
+def test_an_agent_leaves_when_its_controller_says_nothing_for_the_bound(tmp_path) -> None:
+    jd = JobDir.create("reach", explicit=tmp_path / "job")
+    spec = job(1.0)
+    transport = InprocTransport(secret=jd.secret())
+    silent = transport.listen("inproc://silent")
+    ctx = AgentContext(jd, spec, transport, silent.address)
+    link = ControllerLink(
+        ctx, Hello(role="rollout", name="rollout-0"), figures=lambda: Heartbeat(name="rollout-0", state="running")
+    )
+    server = silent.accept(timeout_s=5)  # accepts, reads the hello, then never answers
+    assert server.recv(timeout_s=5).kind == "hello"
+    t0 = time.monotonic()
+    assert link.inbox.get(timeout=15) is None  # the agent's loop is told to leave
+    assert 1.0 <= time.monotonic() - t0 < 10
+    link.close()
+
+
+def test_a_rollout_unit_whose_link_breaks_says_hello_again(tmp_path) -> None:
+    jd = JobDir.create("reach", explicit=tmp_path / "job")
+    spec = job(30.0)
+    transport = InprocTransport(secret=jd.secret())
+    listener = transport.listen("inproc://ctl")
+    ctx = AgentContext(jd, spec, transport, listener.address)
+    version = [3]
+    link = ControllerLink(
+        ctx,
+        Hello(role="rollout", name="rollout-0"),
+        figures=lambda: Heartbeat(name="rollout-0", state="running", version=version[0]),
+        reconnect=True,
+    )
+    first = listener.accept(timeout_s=5)
+    assert first.recv(timeout_s=5).header["version"] == 3
+    version[0] = 4
+    first.close()  # the link breaks
+    second = listener.accept(timeout_s=10)
+    hello = second.recv(timeout_s=5)
+    assert hello.kind == "hello" and hello.header["name"] == "rollout-0" and hello.header["version"] == 4
+    link.send(make("heartbeat", Heartbeat(name="rollout-0", state="running")))  # sends go on the new connection
+    assert link.reconnects == 1
+    link.close()
