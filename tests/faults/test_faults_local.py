@@ -326,8 +326,8 @@ def test_a_peer_that_accepts_and_never_answers(tmp_path: Path) -> None:
     """The trainer's weight node turns into a black hole for the rollout unit (its new connections go to a
     listener that accepts and never answers): each fetch attempt ends at its bound (the job's transport.timeout_s)
     with one log line naming the peer and what the unit waited for; the unit keeps the weights it has, tries
-    again after a pause, and catches up once the node answers again. A rollout agent whose controller is such a peer exits at
-    the same bound, saying so. Recovery: from the node answering again to the next version applied."""
+    again after a pause, and catches up once the node answers again. A rollout agent whose controller is such a
+    peer exits at the same bound, saying so. Recovery: from the node answering again to the next version applied."""
     skip_without_nft()
     bound_s = 4.0
     job_dir = tmp_path / "run"

@@ -78,6 +78,7 @@ VALID: dict[str, tuple[dict[str, Any], list[torch.Tensor]]] = {
     "weights_available": ({"version": 2, "holders": ["tcp://h:3"]}, []),
     "heartbeat": ({"name": "rollout-0", "state": "running", "version": 1}, []),
     "stop": ({}, []),
+    "ping": ({}, []),
     "bye": ({"name": "rollout-0", "state": "stopped"}, []),
     "status": ({}, []),
     "scale": ({"delta": 1, "site": "local"}, []),
@@ -291,7 +292,15 @@ def test_agent_link_reader_survives_malformed_messages(pair: Any) -> None:
     """An agent's reader of its controller link (the real method)."""
     controller, agent_end = pair
     inbox: queue.Queue[Message | None] = queue.Queue()
-    link = SimpleNamespace(_closed=threading.Event(), conn=agent_end, inbox=inbox)
+    link = SimpleNamespace(
+        _closed=threading.Event(),
+        conn=agent_end,
+        inbox=inbox,
+        name="rollout-0",
+        _poll_s=5.0,
+        silence_s=60.0,
+        _reconnect=False,
+    )
     reader = threading.Thread(target=ControllerLink._read, args=(link,))
     reader.start()
     for m in [
