@@ -198,9 +198,9 @@ class WeightNode:
                     },
                 )
             )
-            reply = conn.recv(self.cfg.chunk_timeout_s)
+            reply = self._recv(conn, f"the manifest of v{version}")
             while reply.kind == "waiting":  # the holder is still completing the version for us
-                reply = conn.recv(self.cfg.chunk_timeout_s)
+                reply = self._recv(conn, f"the manifest of v{version} (the holder said it is completing it)")
             if reply.kind != "manifest":
                 err = f"{addr}: {reply.header.get('error', reply.kind)}"
                 current = reply.header.get("current")
@@ -211,7 +211,8 @@ class WeightNode:
             hv.received_encoding = pl.encoding
             retries = [0] * len(pl.refs)
             while not pl.done:
-                msg = conn.recv(self.cfg.chunk_timeout_s, into=self._chunk_buffers(pl, hv.version, addr))
+                what = f"chunks of v{version} ({pl.num_have} of {len(pl.refs)} held)"
+                msg = self._recv(conn, what, into=self._chunk_buffers(pl, hv.version, addr))
                 if msg.kind != "chunk":
                     raise ProtocolError(f"{addr}: unexpected {msg.kind[:40]!r} during v{version}")
                 hv.received_bytes += sum(t.numel() * t.element_size() for t in msg.tensors)
@@ -230,6 +231,13 @@ class WeightNode:
                 conn.send(Message("resend", {"index": i}))
             conn.send(Message("complete", {"version": version}))
         return hv
+
+    def _recv(self, conn: Connection, what: str, *, into: Any = None) -> Message:
+        """The parent's next message within chunk_timeout_s; a PeerTimeout says what this node waited for."""
+        try:
+            return conn.recv(self.cfg.chunk_timeout_s, into=into)
+        except PeerTimeout as e:
+            raise PeerTimeout(f"{e}, waiting for {what}") from e
 
     def _adopt(self, header: dict[str, Any], *, peer: str = "") -> tuple[HeldVersion, Payload]:
         """The local HeldVersion/Payload that chunks described by the manifest `header` land in; the manifest
@@ -386,7 +394,16 @@ class WeightNode:
             if self.cfg.send_bytes_per_s:
                 time.sleep(max(0.0, t0 + paced_bytes / self.cfg.send_bytes_per_s - time.monotonic()))
         while True:  # everything sent: serve re-send requests until the child is complete
-            kind, j = events.get()
+            try:
+                kind, j = events.get(timeout=self.cfg.chunk_timeout_s)
+            except queue.Empty:  # a child that neither confirms nor leaves does not hold this thread forever
+                log.warning(
+                    "child %s did not confirm v%d within %.1f s of its last chunk; closing",
+                    record.child,
+                    hv.version,
+                    self.cfg.chunk_timeout_s,
+                )
+                return
             if kind != "resend":
                 return
             self._send_chunk(conn, hv, pl, j, record)
