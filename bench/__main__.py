@@ -26,6 +26,7 @@ BENCHES = {
     "pipeline": "bench.pipeline",
     "dispatch": "bench.dispatch",
     "batching": "bench.batching",
+    "demo": "bench.demo",
 }
 
 

@@ -16,6 +16,7 @@ import typer
 
 from rlctl.config import load_job
 from rlctl.errors import RlctlError, UsageError
+from rlctl.launch.evaluation import add_heldout, heldout_line
 from rlctl.launch.preflight import preflight
 from rlctl.launch.run import DRY_RUN_CONTROLLER
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
@@ -48,6 +49,7 @@ def _table(s: dict[str, Any]) -> str:
         ["mode (η)", f"{s['mode']} ({s['eta']})"],
         ["iterations", f"{s['iterations']}/{s['iterations_planned']}"],
         ["reward", f"{_fmt(s['reward_first'])} → {_fmt(s['reward_last'])} (mean of first/last {s['reward_window']})"],
+        *([["held-out", heldout_line(s["heldout"])]] if "heldout" in s else []),
         ["samples/s", _fmt(s["samples_per_s"], ".1f")],
         ["tokens/s", _fmt(s["tokens_per_s"], ".0f")],
         [
@@ -225,6 +227,7 @@ def register(app: typer.Typer) -> None:
             if run is not None:
                 run.stop()
             db.close()
+        summary = add_heldout(jd, spec, summary, say=progress.say)
         emit(summary, output, _table)
         if summary["state"] != "done":
             raise RlctlError(f"job {spec.name} did not finish: {summary['state']}", hint=f"see {jd.path}/logs")
@@ -256,6 +259,7 @@ def _resume(ref: str, output: OutputFormat) -> None:
         if run is not None:
             run.stop()
         db.close()
+    summary = add_heldout(jd, spec, summary, say=progress.say)
     emit(summary, output, _table)
     if summary["state"] != "done":
         raise RlctlError(f"job {spec.name} did not finish: {summary['state']}", hint=f"see {jd.path}/logs")

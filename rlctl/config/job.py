@@ -301,6 +301,14 @@ class Warmup(Strict):
     sft_steps: NonNegativeInt = 800  # 0 = start RL from the randomly initialised model
 
 
+class Evaluation(Strict):
+    """After the last iteration, `rlctl launch` decodes held-out prompts greedily with the starting policy
+    (model/init) and the final checkpoint and adds the figures to the summary as `heldout`
+    (rlctl.rl.evaluate): sampled reward alone also rises when the policy only sharpens. Digits task only."""
+
+    heldout_prompts: NonNegativeInt = 0  # 0 = no evaluation
+
+
 class Rebalance(Strict):
     """StreamRL §4.2 dynamic adjustment: add one rollout DP unit when δ = T_gen − T_train ≥ δ'.
 
@@ -344,6 +352,7 @@ class JobFile(Strict):
     planning: Planning = Planning()
     rebalance: Rebalance = Rebalance()
     warmup: Warmup = Warmup()
+    evaluation: Evaluation = Evaluation()
     tracking: Tracking = Tracking()
     job_dir: str | None = None
     seed: NonNegativeInt = 0

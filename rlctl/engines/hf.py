@@ -67,8 +67,8 @@ class TinyGPTConfig:
     hidden_size: int = 96
     intermediate_size: int = 256
     num_hidden_layers: int = 3
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 4
+    num_attention_heads: int = 3  # head size 32: vLLM's CPU attention runs 32, 64, 80, …, not 24
+    num_key_value_heads: int = 3
     max_position_embeddings: int = 320
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0

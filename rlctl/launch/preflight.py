@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from rlctl.config.job import DatasetTask, Job
 from rlctl.engines.factory import vllm_available
 from rlctl.errors import ConfigError
+from rlctl.launch.sitefs import is_remote
 from rlctl.rl.dataset import check_task
 from rlctl.tracking import check_tracking
 from rlctl.trainers.base import megatron_available
@@ -92,6 +93,8 @@ def problems(job: Job) -> list[Problem]:
         out.append(
             Problem("transport.kind", "'ucx' needs the ucxx package, which is not installed", "pip install rlctl[ucx]")
         )
+    if spec.evaluation.heldout_prompts:
+        out += _evaluation(job)
     task = spec.task
     if isinstance(task, DatasetTask):
         if spec.model.kind != "hf":
@@ -128,6 +131,29 @@ def _megatron(job: Job) -> list[Problem]:
     if spec.algorithm.kind == "ppo":
         out.append(
             Problem("trainer.backend", "'megatron' trains GRPO here (PPO's critic is built on TinyGPT); use 'torch'")
+        )
+    return out
+
+
+def _evaluation(job: Job) -> list[Problem]:
+    """The held-out evaluation decodes digits prompts and reads the final checkpoint where launch runs
+    (rlctl.launch.evaluation)."""
+    spec, out = job.spec, []
+    if spec.task.kind != "digits":
+        out.append(
+            Problem(
+                "evaluation.heldout_prompts",
+                f"held-out prompts exist for task kind 'digits' only, not {spec.task.kind!r}; use 0",
+            )
+        )
+    site = spec.placement.trainer.site
+    if site in job.inventory.sites and is_remote(job.inventory.sites[site]):
+        out.append(
+            Problem(
+                "evaluation.heldout_prompts",
+                f"launch evaluates the final checkpoint where it runs, and site {site!r} (the trainer's) is "
+                "reached over SSH; use 0, or a trainer site on this machine",
+            )
         )
     return out
 

@@ -2,7 +2,13 @@
 
     warmup(task, steps=… | seconds=…, seed=…) -> state_dict
         cache hit  : $RLCTL_CACHE_DIR/sft/<hash>/ (default ~/.cache/rlctl/sft/<hash>/), HF directory
-        cache miss : train (AdamW, linear warm-up then cosine decay), save, return
+        cache miss : train (AdamW, linear warm-up then cosine decay to `final_lr`), save, return
+
+The demo's warm-up is short and not annealed (`final_lr` = `lr`): it teaches the answer format and
+leaves the policy noisy, with room for RL to improve it (DESIGN §10: an SFT decayed to 1e-4 left RL
+only sharpening — sampled reward up, greedy accuracy down). The first RL iterations then run at a
+lower LR than SFT ended with, not a higher one; part of what RL gains here, continued SFT at RL's LR
+would gain too (see docs/demo.md).
 
 Batches are length-bucketed (draw 8 batches' worth of prompts, sort by length, cut) so the long
 tail does not make every batch pad to 250 tokens. The loss covers the answer and EOS only.
@@ -18,6 +24,8 @@ import logging
 import math
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,18 +39,33 @@ from rlctl.rl.tasks import EOS, PAD, DigitsTask, Prompt, encode
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "RLCTL_CACHE_DIR"
-DEMO_STEPS = 800  # ≈ 2–3 min on one (shared) core; sampled reward ≈ 0.6, see docs/engine.md
+DEMO_STEPS = 500  # 69–75 s on one thread (load 5 on 2 cores); held-out greedy exact 0.02–0.04: docs/demo.md
 
 
 @dataclass(frozen=True)
 class SftConfig:
     lr: float = 3e-3
-    final_lr: float = 1e-4
+    final_lr: float = 3e-3  # = lr: no decay (see the module docstring)
     warmup_steps: int = 50
     batch_size: int = 32
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     buckets: int = 8
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block on one intra-op thread (the previous count restored after).
+
+    The demo model's ops are too small to split: with two threads on this loaded 2-core machine each
+    op waits for the descheduled one (30 SFT steps: 3.5–4.2 s on one thread, 6–27 s on two; greedy
+    answers to 64 prompts: 1.0 s vs 3–42 s)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def cache_dir() -> Path:
@@ -94,7 +117,7 @@ def _key(task: DigitsTask, model_cfg: TinyGPTConfig, cfg: SftConfig, budget: dic
             "sft": asdict(cfg),
             "budget": budget,
             "seed": seed,
-            "v": 1,
+            "v": 2,  # 2: SFT prompts drawn below rlctl.rl.tasks.RL_OFFSET
         },
         sort_keys=True,
     )
@@ -167,7 +190,8 @@ def warmup(
         return load_state_dict(where)
     torch.manual_seed(seed)
     model = TinyGPT(model_cfg)
-    figures = train(model, task, steps=steps, seconds=seconds, seed=seed, cfg=cfg)
+    with one_thread():
+        figures = train(model, task, steps=steps, seconds=seconds, seed=seed, cfg=cfg)
     if use_cache:
         tmp = where.with_name(where.name + f".tmp{os.getpid()}")
         model.save_pretrained(tmp)

@@ -10,9 +10,16 @@ digits; L is then split into k digits 1–9. With the defaults: median 30, p95 �
 
 Reward (rule-based verifier): 1.0 for an exact answer, else the fraction of (letter, count) runs that
 are right, position by position, over max(#expected runs, #produced runs).
-Prompts are a pure function of (task seed, index), so every prompt id can be regenerated. RL prompts
-live at `rl_index(iteration, j)`; with `growth_per_iteration` g the median length of iteration i is
-median × (1 + g·i) (a run whose outputs lengthen, as with inference-time scaling: StreamRL Fig. 11).
+Prompts are a pure function of (task seed, index), so every prompt id can be regenerated. The index
+space is cut in three, so no index is drawn by two uses:
+
+    [0, RL_OFFSET)                 SFT warm-up (drawn at random)
+    [RL_OFFSET, HELDOUT_OFFSET)    RL: `rl_index(iteration, j)`
+    [HELDOUT_OFFSET, …)            held-out evaluation: `heldout_index(i)` (rlctl.rl.evaluate)
+
+With `growth_per_iteration` g the median length of RL iteration i is median × (1 + g·i) (a run whose
+outputs lengthen, as with inference-time scaling: StreamRL Fig. 11); SFT and held-out prompts keep the
+base median. Disjoint indices are not disjoint texts: short prompts (`5=`) recur in every stream.
 """
 
 from __future__ import annotations
@@ -27,13 +34,19 @@ from rlctl.config.job import DigitsTask as DigitsTaskConfig
 
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 MAX_DIGITS = len(LETTERS)  # one letter per digit position
-RL_OFFSET = 10**12  # RL prompt indices start here; SFT draws indices below 2**62 at random
+RL_OFFSET = 10**12  # RL prompt indices start here; SFT draws indices below it at random
 RL_STRIDE = 10**6  # indices per RL iteration: the iteration is recoverable from the index alone
+HELDOUT_OFFSET = 2**62  # held-out prompts: above every RL index of any feasible run (4.6·10¹² iterations)
 
 
 def rl_index(iteration: int, j: int) -> int:
     assert 0 <= j < RL_STRIDE, j
     return RL_OFFSET + iteration * RL_STRIDE + j
+
+
+def heldout_index(i: int) -> int:
+    assert i >= 0, i
+    return HELDOUT_OFFSET + i
 
 
 class CharTokenizer:
@@ -146,7 +159,7 @@ class DigitsTask:
     def median_at(self, index: int) -> float:
         """The median output length for prompt `index` (grows with the RL iteration, if configured)."""
         c = self.cfg
-        if c.growth_per_iteration == 0 or index < RL_OFFSET:
+        if c.growth_per_iteration == 0 or not RL_OFFSET <= index < HELDOUT_OFFSET:
             return c.median_output_tokens
         return c.median_output_tokens * (1 + c.growth_per_iteration * ((index - RL_OFFSET) // RL_STRIDE))
 
@@ -154,12 +167,17 @@ class DigitsTask:
         """The n prompts of RL iteration `iteration`."""
         return [self.prompt(rl_index(iteration, j)) for j in range(n)]
 
+    def heldout_prompts(self, n: int) -> list[Prompt]:
+        """The first n held-out prompts: indices no SFT step or RL iteration draws."""
+        return [self.prompt(heldout_index(i)) for i in range(n)]
+
     def prompts(self, start: int, n: int) -> list[Prompt]:
         return [self.prompt(i) for i in range(start, start + n)]
 
     def sample_prompts(self, n: int, rng: np.random.Generator) -> list[Prompt]:
-        """n prompts at random indices drawn from `rng` (ids stay regenerable via `prompt(index)`)."""
-        return [self.prompt(int(i)) for i in rng.integers(0, 2**62, size=n)]
+        """n prompts at random indices below RL_OFFSET drawn from `rng` (the SFT warm-up's; ids stay
+        regenerable via `prompt(index)`)."""
+        return [self.prompt(int(i)) for i in rng.integers(0, RL_OFFSET, size=n)]
 
     def reward(self, prompt: Prompt, output_tokens: list[int]) -> float:
         return score(prompt.answer, decode(output_tokens))

@@ -67,8 +67,8 @@ def test_param_count_matches_catalog_entry() -> None:
     assert (arch.layers, arch.hidden, arch.heads, arch.kv_heads, arch.vocab, arch.intermediate) == (
         3,
         96,
-        4,
-        4,
+        3,
+        3,
         m.config.vocab_size,
         m.config.intermediate_size,
     )
@@ -106,7 +106,11 @@ def test_from_pretrained_rejects_other_architectures(tmp_path) -> None:
     [
         SMALL,
         TinyGPTConfig(
-            architecture="Qwen2ForCausalLM", explicit_head_dim=32, num_key_value_heads=2, tie_word_embeddings=True
+            architecture="Qwen2ForCausalLM",
+            explicit_head_dim=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
         ),
         TinyGPTConfig(attention_bias=True, explicit_head_dim=16, eos_token_id=[2, 3]),
     ],

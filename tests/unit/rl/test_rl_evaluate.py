@@ -1,0 +1,142 @@
+"""Greedy held-out evaluation: disjoint prompt indices, exact-match counting, the engine's batched greedy
+answers against one-prompt-at-a-time decoding, the job summary's `heldout` figures and what check refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlctl.config.inventory import load_inventory
+from rlctl.config.job import DigitsTask as DigitsTaskConfig
+from rlctl.config.job import Job, LengthsTask, load_job
+from rlctl.engines.model import TinyGPT
+from rlctl.launch.backends import write_sites
+from rlctl.launch.evaluation import add_heldout, heldout_line
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.preflight import problems
+from rlctl.rl.evaluate import compare, evaluate, greedy_outputs, score_outputs
+from rlctl.rl.tasks import EOS, HELDOUT_OFFSET, RL_OFFSET, DigitsTask, encode, heldout_index, rl_index
+from tests.unit.tiny_models import small_config
+
+ROOT = Path(__file__).resolve().parents[3]
+SHORT = DigitsTaskConfig(kind="digits", median_output_tokens=5, max_output_tokens=16)
+TINY = small_config(hidden=16, positions=64)
+
+
+def _index(prompt_id: str) -> int:
+    return int(prompt_id[1:])
+
+
+def test_heldout_indices_are_disjoint_from_sft_and_rl() -> None:
+    task = DigitsTask(DigitsTaskConfig(kind="digits", growth_per_iteration=0.5))
+    sft = [_index(p.prompt_id) for p in task.sample_prompts(4096, np.random.default_rng(0))]
+    rl = [_index(p.prompt_id) for it in (0, 1, 10**6) for p in task.rl_prompts(it, 16)]
+    held = [_index(p.prompt_id) for p in task.heldout_prompts(512)]
+    assert max(sft) < RL_OFFSET <= min(rl) and max(rl) < HELDOUT_OFFSET <= min(held)
+    assert held == [heldout_index(i) for i in range(512)] and rl_index(10**9, 10**6 - 1) < HELDOUT_OFFSET
+    # held-out prompts keep the base length distribution, whatever RL's growth
+    assert task.median_at(held[-1]) == task.median_at(sft[0]) == 30.0 < task.median_at(rl[-1])
+    assert task.heldout_prompts(3) == task.heldout_prompts(3)
+
+
+def test_score_outputs_counts_exact_answers_with_eos() -> None:
+    task = DigitsTask(SHORT)
+    a, b, c = task.heldout_prompts(3)
+    outputs = {
+        a.prompt_id: [*encode(a.answer), EOS],  # exact
+        b.prompt_id: encode(b.answer),  # right letters, cut before EOS: reward 1, not exact
+        c.prompt_id: [*encode("z" + c.answer), EOS],  # one wrong run in front
+    }
+    figures = score_outputs(task, [a, b, c], outputs)
+    wrong = task.reward(c, outputs[c.prompt_id])
+    assert wrong < 1.0
+    assert figures.prompts == 3
+    assert figures.exact == pytest.approx(1 / 3)
+    assert figures.reward == pytest.approx((1.0 + 1.0 + wrong) / 3)
+    with pytest.raises(ValueError, match="no prompts"):
+        score_outputs(task, [], {})
+
+
+@torch.no_grad()
+def _one_by_one(model: TinyGPT, prompt_tokens: list[int], max_new: int) -> list[int]:
+    """Greedy decoding without a KV cache or batching: argmax of a full forward, token by token."""
+    tokens = list(prompt_tokens)
+    out: list[int] = []
+    while len(out) < max_new:
+        t = int(model(torch.tensor([tokens]))[0, -1].argmax())
+        out.append(t)
+        tokens.append(t)
+        if t == EOS:
+            break
+    return out
+
+
+def test_batched_greedy_equals_one_prompt_at_a_time() -> None:
+    torch.manual_seed(0)
+    model = TinyGPT(TINY).eval()
+    with torch.no_grad():  # sharper logits than at init: answers differ by prompt and end at different lengths
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(10)
+    task = DigitsTask(SHORT)
+    prompts = task.heldout_prompts(12)
+    got = greedy_outputs(model, task, prompts, max_batch_size=5)  # several admissions, rows of mixed lengths
+    assert len({len(v) for v in got.values()}) >= 4 and any(v[-1] == EOS for v in got.values())
+    assert got == {p.prompt_id: _one_by_one(model, p.tokens, task.max_new_tokens) for p in prompts}
+    assert evaluate(model, task, prompts) == score_outputs(task, prompts, got)
+
+
+def _job_dir(tmp_path: Path, *, iterations: int, final: bool) -> tuple[JobDir, Job]:
+    job = load_job(ROOT / "jobs" / "demo.yaml")
+    spec = job.spec.model_copy(update={"iterations": iterations, "task": SHORT})
+    spec = spec.model_copy(update={"evaluation": spec.evaluation.model_copy(update={"heldout_prompts": 8})})
+    jd = JobDir.create("demo", explicit=tmp_path / "job")
+    write_sites(jd.path, job.inventory.sites)
+    torch.manual_seed(0)
+    TinyGPT(TINY).save_pretrained(jd.init_model)
+    if final:
+        TinyGPT(TINY).save_pretrained(jd.checkpoint(iterations) / "model")
+    jd.write_json(jd.summary_json, {"state": "done", "iterations": iterations})
+    return jd, Job(spec, job.inventory, job.path)
+
+
+def test_summary_gains_heldout_figures_of_the_start_and_the_final_checkpoint(tmp_path: Path) -> None:
+    jd, job = _job_dir(tmp_path, iterations=3, final=True)
+    said: list[str] = []
+    out = add_heldout(jd, job.spec, {"state": "done", "wall_s": 1.0}, say=said.append)
+    h = out["heldout"]
+    assert jd.read_json(jd.summary_json)["heldout"] == h and out["wall_s"] == 1.0 and len(said) == 1
+    assert h["prompts"] == 8 and h["model_last"] == str(jd.checkpoint(3) / "model")
+    task = DigitsTask(SHORT)
+    first = evaluate(TinyGPT.from_pretrained(jd.init_model), task, task.heldout_prompts(8))
+    last = compare(jd.init_model, jd.checkpoint(3) / "model", task, num_prompts=8)
+    assert (h["greedy_exact_first"], h["greedy_reward_first"]) == (round(first.exact, 4), round(first.reward, 4))
+    assert (h["greedy_exact_last"], h["greedy_reward_last"]) == (last["greedy_exact_last"], last["greedy_reward_last"])
+    assert heldout_line(h).startswith("exact ")
+
+
+def test_heldout_needs_a_finished_job_with_its_final_checkpoint(tmp_path: Path) -> None:
+    jd, job = _job_dir(tmp_path, iterations=3, final=False)
+    assert add_heldout(jd, job.spec, {"state": "stopped"}, say=print) == {"state": "stopped"}
+    out = add_heldout(jd, job.spec, {"state": "done"}, say=lambda _: None)
+    assert "iter-3/model/config.json does not exist" in out["heldout"]["error"]
+    assert heldout_line(out["heldout"]).startswith("not evaluated: ")
+    off = job.spec.model_copy(update={"evaluation": job.spec.evaluation.model_copy(update={"heldout_prompts": 0})})
+    assert add_heldout(jd, off, {"state": "done"}, say=print) == {"state": "done"}
+
+
+def test_check_refuses_an_evaluation_it_cannot_run() -> None:
+    demo = load_job(ROOT / "jobs" / "demo.yaml")
+    assert demo.spec.evaluation.heldout_prompts > 0 and problems(demo) == []
+    inventory = load_inventory([ROOT / "clusters" / f for f in ("local.yaml", "h800-trainer.yaml", "h20-rollout.yaml")])
+    placement = demo.spec.placement.model_copy(
+        update={"trainer": demo.spec.placement.trainer.model_copy(update={"site": "h20"})}
+    )
+    remote = Job(demo.spec.model_copy(update={"placement": placement}), inventory, demo.path)
+    lengths = Job(demo.spec.model_copy(update={"task": LengthsTask(kind="lengths")}), inventory, demo.path)
+    for job, says in ((remote, "reached over SSH"), (lengths, "task kind 'digits' only")):
+        found = [p for p in problems(job) if p.field == "evaluation.heldout_prompts"]
+        assert len(found) == 1 and says in found[0].message
