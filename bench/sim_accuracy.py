@@ -1,185 +1,329 @@
-"""Simulator accuracy: predicted vs measured generation time of real batches on the embedded CPU engine.
+"""Simulator accuracy: the predicted vs the measured iteration time of real CPU jobs, per pipeline mode.
 
-1. Measure PTL(BS) of the embedded engine on this machine (`rlctl profile --source measured`'s code).
-2. For several batches (long-tailed lengths like the digits task, DESIGN §10), run the engine for real:
-   every request is forced to its drawn length (`ignore_eos`), admitted longest-first (LPT) or FIFO,
-   with continuous batching at a batch cap; time the whole batch.
-3. Predict the same batch with `planner.sim.run_instance` from the measured profile; report the
-   mean absolute percentage error (`mape`) over all cases. The machine is shared: a short PTL probe
-   before and after each case shows how much slower it ran than when profiled (`machine_drift`).
-One thread (one "GPU" slot of a local site = one core); times are the thread's CPU time, so other
-work on this shared machine does not count (the engine computes in the calling thread).
+    measured profile (the probe of `rlctl profile --source measured`, median of 3) ──┐
+    calibration jobs (sync and async, other prompts) ─▶ overheads (bench/jobsim.py) ─┤
+                                                                                     ▼
+    evaluated jobs: `rlctl launch JOB.yaml -o json` ─▶ ledger + metrics ─▶ simulator ─▶ predicted s/iter
+      demo job (tiny-demo, digits) × {sync, stream, async} × {1, 2, 3} rollout units   (--quick: 1 unit)
+      HF job (jobs/hf-demo: Qwen2-layout checkpoint, dataset, reward workers) × modes × {1, 3} units
+                                                                                     ▼
+    mape[mode] = mean over that mode's jobs of |predicted − measured| / measured
+
+Measured iteration time = mean time between training ends after the first `warmup` iterations
+(process start, first weights), on the dedicated-core clock (bench/cpuclock.py): the job's agents
+share this 2-core machine with each other and with other work, while the simulator gives every agent
+its own core (a local site's "GPU"); the clock removes the time the job's threads waited for a core,
+as the profile's thread CPU time does. Wall-clock figures are reported beside it (`mape_wall`).
+
+The simulator gets each iteration's real lengths, unit assignment and training granularity from the
+job's ledger (GRPO's learner trains whole groups, in micro-batches it also cuts by padded tokens;
+`mape_plan_micro_batches` streams single samples in micro-batches of `train_micro_batch_samples`,
+as `rlctl plan` does): this checks the time model (decode, batching, streaming, pipeline), not the
+length model. The overheads it does not price (the trainer's CPU beyond training,
+the units' CPU beyond decoding, the hops between agents) are calibrated per job on separate runs with
+other seeds and prompts (an async run for the agents' CPU, a sync run for the hops; --quick: the sync
+run for both), never on the evaluated runs; `mape_uncalibrated` leaves them out. `machine_drift` is a
+short engine probe around each run over the one right after profiling (CPU time per step moves with
+what else runs); `mape_drift_corrected` scales the prediction by it (a diagnostic: the probe is noisy).
+
+The HF job runs when jobs/hf-demo is built (`python jobs/hf-demo/build.py`, as `make demo` does).
+`engine_batches` (full run only) is the earlier check of one generation stage (bench/sim_batches.py).
+Set RLCTL_BENCH_KEEP=1 to keep the jobs' directories (their path is in `workdir`).
 """
 
 from __future__ import annotations
 
-import time
+import os
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rlctl.errors import RlctlError
-from rlctl.modelcatalog import BUILTIN_MODELS
-from rlctl.planner.costs import decode_cost
-from rlctl.planner.curves import live_context
-from rlctl.planner.dispatch import dispatch_skew, fixed_split, lpt_order
-from rlctl.planner.sim import run_with, split_by_simulation
-from rlctl.planner.workload import LengthModel
-from rlctl.profiler.measure import embedded_engine_factory, measure_generation
+from bench.jobrun import REPO, JobRun, launch
+from bench.jobsim import (
+    MeasuredProfile,
+    Overheads,
+    calibrate,
+    generation_s,
+    measure_profile,
+    predict_iteration_s,
+    replay,
+    scaled,
+    speed_probe,
+)
+from bench.sim_batches import run_batches, summary_batches
+from rlctl.config.job import JobFile
+from rlctl.planner.simjob import MODES, Mode
 
-PROMPT_TOKENS = 6
+HF_DIR = REPO / "jobs" / "hf-demo"
+SFT_STEPS = 200  # enough for the format (long-tailed answers); jobs/demo.yaml's 800 take minutes once
+PROMPTS, GROUP = 8, 8  # 64 samples per iteration: one unit admits them all (max_batch_size 64)
 
 
-def _engine_factory() -> Any:
-    try:
-        import torch
+@dataclass(frozen=True)
+class Plan:
+    iterations: int
+    warmup: int  # iterations left out of the mean (start-up, the pipeline filling)
+    cases: list[tuple[str, Mode, int]]  # (job kind, mode, rollout units)
+    kinds: list[str]
+    sft_steps: int  # the demo job's SFT warm-up (cached on disk; 0: start from the random model)
+    probes: int  # profile probes, median taken
+    calibration: list[tuple[Mode, int]]  # calibration runs (mode, units): sync, and async for the agents' CPU
 
-        torch.set_num_threads(1)
-        return embedded_engine_factory(BUILTIN_MODELS["tiny-demo"])
-    except (ImportError, RlctlError) as e:
-        raise RuntimeError(f"sim-accuracy needs the embedded engine (rlctl.engines.embedded) and torch: {e}") from e
+
+def plan_for(*, quick: bool, hf_built: bool) -> Plan:
+    kinds = ["demo"] + (["hf"] if hf_built and not quick else [])
+    if quick:
+        return Plan(4, 1, [("demo", m, 1) for m in MODES], kinds, sft_steps=0, probes=1, calibration=[("sync", 2)])
+    cases = [("demo", m, u) for m in MODES for u in (1, 2, 3)]
+    if hf_built:
+        cases += [("hf", m, u) for m in MODES for u in (1, 3)]
+    return Plan(12, 2, cases, kinds, sft_steps=SFT_STEPS, probes=3, calibration=[("sync", 2), ("async", 1)])
 
 
-def _run_batch(factory: Any, lengths: np.ndarray, *, cap: int, lpt: bool) -> float:
-    from rlctl.engines.base import GenRequest
+def job_dict(
+    kind: str, *, mode: Mode, units: int, iterations: int, sft_steps: int = 0, calibration: bool = False
+) -> dict[str, Any]:
+    """The demo or HF job at bench size; `calibration` draws other prompts (a separate workload)."""
+    common: dict[str, Any] = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Job",
+        "name": f"simacc-{kind}",
+        "inventory": [str(REPO / "clusters" / "local.yaml")],
+        "iterations": iterations,
+        "batch": {"prompts_per_iteration": PROMPTS, "samples_per_prompt": GROUP, "train_micro_batch_tokens": 1024},
+        "pipeline": {"mode": mode},
+        "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": units}]},
+        "rollout": {"engine": "embedded", "max_batch_size": 64, "dispatch": "skew_aware"},
+        "checkpoint": {"every_iterations": 0},
+    }
+    seed = 1 if calibration else 0  # calibration: other prompts, other samples (and its own SFT warm-up)
+    if kind == "demo":  # jobs/demo.yaml with a shorter SFT warm-up (cached on disk after its first run)
+        return {
+            **common,
+            "model": {"kind": "builtin", "name": "tiny-demo"},
+            "task": {"kind": "digits", "seed": seed},
+            "algorithm": {"kind": "grpo", "lr": 3.0e-4},
+            "warmup": {"sft_steps": sft_steps},
+            "seed": seed,
+        }
+    return {  # jobs/hf-demo.yaml
+        **common,
+        "model": {"kind": "hf", "path": str(HF_DIR / "model")},
+        "task": {
+            "kind": "dataset",
+            "path": str(HF_DIR / "data.jsonl"),
+            "reward": f"{HF_DIR / 'reward.py'}:compute_score",
+            "max_prompt_tokens": 32,
+            "max_output_tokens": 64,
+            "reward_workers": 2,
+            "reward_timeout_s": 5,
+            "shuffle_seed": seed,
+        },
+        "algorithm": {"kind": "grpo", "lr": 1.0e-4},
+        "warmup": {"sft_steps": 0},
+        "seed": seed,
+    }
 
-    engine = factory(cap)
-    prompt = [1] + [3] * (PROMPT_TOKENS - 1)
-    engine.add(
-        [
-            GenRequest(f"r{i}", prompt, int(n), priority=float(n) if lpt else 0.0, ignore_eos=True)
-            for i, n in enumerate(lengths)
-        ]
+
+@dataclass(frozen=True)
+class Probed:
+    """A finished job and how fast the machine ran the engine around it, relative to profiling time."""
+
+    run: JobRun
+    drift: float  # speed probe before and after the run / the probe right after profiling (1.0: as fast)
+
+
+def _launch(spec: dict[str, Any], *, workdir: Path, name: str, reference_s: float) -> Probed:
+    before = speed_probe()
+    run = launch(spec, workdir=workdir, name=name)
+    return Probed(run, (before + speed_probe()) / 2 / reference_s)
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    raw: Overheads  # from the calibration runs' own seconds
+    overheads: Overheads  # in the profile's seconds (each calibration run divided by its drift)
+
+
+NO_OVERHEADS = Calibrated(Overheads(), Overheads())
+
+
+def _predict(p: Probed, prof: MeasuredProfile, cal: Calibrated, *, warmup: int) -> dict[str, Any]:
+    run, drift = p.run, p.drift
+    job: JobFile = run.jobdir.read_job()
+    rep = replay(run, prof)
+    works = rep.with_overheads(cal.raw)
+    predicted, periods = predict_iteration_s(rep, job, cal.raw, warmup=warmup)
+    plan_mb, _ = predict_iteration_s(replay(run, prof, learner_micro_batches=False), job, cal.raw, warmup=warmup)
+    drifted = predict_iteration_s(rep, job, cal.overheads, warmup=warmup)[0] * drift
+    bare, _ = predict_iteration_s(rep, job, Overheads(), warmup=warmup)
+    measured = run.iteration_s(warmup=warmup)
+    wall = run.iteration_s(warmup=warmup, dedicated=False)
+    err = lambda x: round((x - measured) / measured, 4)  # noqa: E731
+    return {
+        "predicted_s": round(predicted, 4),
+        "measured_s": round(measured, 4),
+        "error": err(predicted),
+        "error_plan_micro_batches": err(plan_mb),
+        "error_uncalibrated": err(bare),
+        "machine_drift": round(drift, 3),
+        "error_drift_corrected": err(drifted),
+        "measured_wall_s": round(wall, 4),
+        "error_wall": round((predicted - wall) / wall, 4),
+        "cpu_share": round(run.cpu_share, 3),
+        "micro_batch_samples": [w.micro_batch_samples for w in works],
+        "periods_s": {
+            "predicted": [round(x, 3) for x in periods],
+            "measured": [round(x, 3) for x in run.periods_s()],
+        },
+        "t_gen_s": {
+            "predicted": [round(x, 3) for x in generation_s(works)],
+            "measured_wall": [r["t_gen_s"] for r in run.rows],
+        },
+        "t_train_s": {
+            "predicted": [round(w.train_s, 3) for w in works],
+            "measured_wall": [r["t_train_s"] for r in run.rows],
+        },
+        "agent_cpu_s": {a: [round(x, 3) for x in v] for a, v in run.agent_cpu_s.items()},
+        "samples_per_unit": [
+            dict(sorted(Counter(e["agent"] for e in run.ledger if e["iteration"] == i).items()))
+            for i in range(len(works))
+        ],
+    }
+
+
+def _calibrate(
+    kind: str, plan: Plan, prof: MeasuredProfile, *, workdir: Path, reference_s: float
+) -> tuple[Calibrated, dict[str, Any]]:
+    runs: dict[str, Probed] = {}
+    for mode, units in plan.calibration:
+        spec = job_dict(
+            kind, mode=mode, units=units, iterations=plan.iterations, sft_steps=plan.sft_steps, calibration=True
+        )
+        runs[mode] = _launch(spec, workdir=workdir, name=f"{kind}-calibration-{mode}", reference_s=reference_s)
+    sync, cpu = runs["sync"], runs.get("async", runs["sync"])
+    cal = Calibrated(
+        calibrate(sync.run, cpu.run, prof, warmup=plan.warmup),
+        calibrate(scaled(sync.run, 1 / sync.drift), scaled(cpu.run, 1 / cpu.drift), prof, warmup=plan.warmup),
     )
-    t0 = time.thread_time()
-    engine.run_until_done()
-    return time.thread_time() - t0
+    o = cal.raw
+    return cal, {
+        "runs": [f"{m}, {u} unit(s), other prompts" for m, u in plan.calibration],
+        "agent_cpu_from": cpu.run.name,
+        "trainer_s": round(o.trainer_s, 4),
+        "rollout_s_per_sample": round(o.rollout_s_per_sample, 6),
+        "weight_sync_s": round(o.weight_sync_s, 4),
+        "drift_corrected": {k: round(v, 6) for k, v in asdict(cal.overheads).items()},
+        "detail": {
+            m: _predict(p, prof, Calibrated(Overheads(), Overheads()), warmup=plan.warmup) for m, p in runs.items()
+        },
+    }
 
 
 def run(*, quick: bool) -> dict[str, Any]:
-    factory = _engine_factory()
-    entry = measure_generation(
-        factory,
-        contexts=[8, 48, 160],
-        batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128],
-        kv_capacity_tokens=10**9,
-        steps=6 if quick else 12,
-        warmup_steps=2,
-        clock=time.thread_time,
-        padded_attention=True,
-    )
-    reference = entry.ptl_s[1][entry.batch_sizes.index(16)]  # PTL(16) at context 48, as profiled
-    lm = LengthModel(median=30.0, sigma=0.8, cap=256, prompt_tokens=PROMPT_TOKENS)
-    rng = np.random.default_rng(0)
-    cases = []
-    sizes = [64, 256] if quick else [64, 128, 256, 512]
-    for n in sizes:
-        for cap in (16, 64):
-            for lpt in (True, False):
-                lengths = lm.sample(n // 8, 8, rng)
-                ctx = live_context(PROMPT_TOKENS, lengths, padded=True)
-                cost = decode_cost(entry, context=ctx, seq_tokens=ctx, engine_max_batch=cap)
-                order = lpt_order(lengths.tolist()) if lpt else list(range(n))
-                predicted = float(run_with(cost, lengths[order], batch_cap=cap, prompt_tokens=PROMPT_TOKENS).max())
-                before = _probe(factory)
-                measured = _run_batch(factory, lengths, cap=cap, lpt=lpt)
-                drift = (before + _probe(factory)) / 2 / reference
-                cases.append(
-                    {
-                        "samples": n,
-                        "batch_cap": cap,
-                        "order": "lpt" if lpt else "fifo",
-                        "tokens": int(lengths.sum()),
-                        "predicted_s": predicted,
-                        "measured_s": measured,
-                        "error": (predicted - measured) / measured,
-                        "machine_drift": drift,
-                    }
-                )
-    split_cases = _split_cases(factory, entry, lm, rng, reference)
-    mape = float(np.mean([abs(c["error"]) for c in cases + split_cases]))
-    ptl_ms = dict(zip(entry.batch_sizes, (1e3 * x for x in entry.ptl_s[1]), strict=True))
-    return {"mape": mape, "cases": cases, "dispatch_2_units": split_cases, "ptl_ms_at_ctx48": ptl_ms}
-
-
-def _probe(factory: Any) -> float:
-    """PTL(16) at context 48 right now: how fast this shared machine runs the engine at this moment."""
-    e = measure_generation(
-        factory,
-        contexts=[48],
-        batch_sizes=[16],
-        kv_capacity_tokens=10**9,
-        steps=8,
-        warmup_steps=1,
-        clock=time.thread_time,
-    )
-    return e.ptl_s[0][0]
-
-
-def _split_cases(
-    factory: Any, entry: Any, lm: LengthModel, rng: np.random.Generator, reference: float
-) -> list[dict[str, Any]]:
-    """DESIGN §10's check: 256 prompts on 2 units — no split vs the paper's split vs the simulator's choice.
-
-    Each unit runs on its own (one engine after the other, each timed); the batch time is the slower unit.
-    Predictions are the true lengths (oracle ranker), so only the cost model is under test.
-    """
-    lengths = lm.sample(32, 8, rng)
-    pred = lengths.astype(float)
-    ctx = live_context(PROMPT_TOKENS, lengths, padded=True)
-    cost = decode_cost(entry, context=ctx, seq_tokens=ctx, engine_max_batch=64)
-    chosen = split_by_simulation(pred, cost, 2, alpha=0.2, prompt_tokens=PROMPT_TOKENS, length_dist=lengths)
-    plans = {
-        "no split (LPT by tokens)": fixed_split(list(pred), num_units=2, num_long=0, long_batch=0, regular_batch=64),
-        "paper split (top 20 % at batch 8)": fixed_split(
-            list(pred), num_units=2, num_long=1, long_batch=8, regular_batch=64
-        ),
-        f"simulator's choice (N_l={chosen.num_long}, batch {chosen.long_batch})": chosen,
-    }
-    out = []
-    for name, split in plans.items():
-        groups = dispatch_skew(list(pred), split)
-        caps = [split.long_batch] * split.num_long + [64] * split.num_regular
-        before = _probe(factory)
-        measured = max(_run_batch(factory, lengths[g], cap=c, lpt=True) for g, c in zip(groups, caps, strict=True))
-        drift = (before + _probe(factory)) / 2 / reference
-        predicted = max(
-            float(run_with(cost, lengths[g], batch_cap=c, prompt_tokens=PROMPT_TOKENS).max())
-            for g, c in zip(groups, caps, strict=True)
+    hf_built = (HF_DIR / "model" / "config.json").exists() and (HF_DIR / "data.jsonl").exists()
+    plan = plan_for(quick=quick, hf_built=hf_built)
+    workdir = Path(tempfile.mkdtemp(prefix="rlctl-sim-accuracy-"))
+    profiles: dict[str, MeasuredProfile] = {}
+    reference: dict[str, float] = {}
+    calibration: dict[str, dict[str, Any]] = {}
+    calibrated: dict[str, Calibrated] = {}
+    for kind in plan.kinds:
+        probe_job = JobFile.model_validate(job_dict(kind, mode="sync", units=1, iterations=plan.iterations))
+        profiles[kind] = measure_profile(
+            probe_job, checkpoint=str(HF_DIR / "model") if kind == "hf" else None, repeats=plan.probes
         )
-        out.append(
+        reference[kind] = speed_probe()
+        calibrated[kind], calibration[kind] = _calibrate(
+            kind, plan, profiles[kind], workdir=workdir, reference_s=reference[kind]
+        )
+    cases = []
+    for kind, mode, units in plan.cases:
+        spec = job_dict(kind, mode=mode, units=units, iterations=plan.iterations, sft_steps=plan.sft_steps)
+        p = _launch(spec, workdir=workdir, name=f"{kind}-{mode}-{units}", reference_s=reference[kind])
+        cases.append(
             {
-                "policy": name,
-                "predicted_s": predicted,
-                "measured_s": measured,
-                "error": (predicted - measured) / measured,
-                "machine_drift": drift,
+                "job": kind,
+                "mode": mode,
+                "units": units,
+                **_predict(p, profiles[kind], calibrated[kind], warmup=plan.warmup),
             }
         )
+    out: dict[str, Any] = {
+        "mape": _mape(cases, "error"),
+        "mape_plan_micro_batches": _mape(cases, "error_plan_micro_batches"),
+        "mape_uncalibrated": _mape(cases, "error_uncalibrated"),
+        "mape_drift_corrected": _mape(cases, "error_drift_corrected"),
+        "mape_wall": _mape(cases, "error_wall"),
+        "goal": 0.05,
+        "iterations": plan.iterations,
+        "warmup_iterations": plan.warmup,
+        "calibration": calibration,
+        "profiles": {
+            k: {
+                **p.summary(),
+                "speed_probe_ms": round(1e3 * reference[k], 3),
+                "generation": p.generation.model_dump(mode="json"),
+                "train_s_per_token": p.train_s_per_token,
+            }
+            for k, p in profiles.items()
+        },
+        "cases": cases,
+        "hf_job": "measured" if "hf" in plan.kinds else ("not in --quick" if hf_built else "not built"),
+        "workdir": str(workdir),
+    }
+    if os.environ.get("RLCTL_BENCH_KEEP") != "1":
+        shutil.rmtree(workdir)
+        out["workdir"] = None
+    if not quick:
+        out["engine_batches"] = run_batches(quick=False)
     return out
+
+
+def _mape(cases: list[dict[str, Any]], key: str) -> dict[str, float]:
+    return {
+        m: round(float(np.mean([abs(c[key]) for c in cases if c["mode"] == m])), 4)
+        for m in MODES
+        if any(c["mode"] == m for c in cases)
+    }
 
 
 def summary(r: dict[str, Any]) -> str:
     lines = [
-        f"{'samples':>7} {'cap':>4} {'order':>5} {'tokens':>7} {'predicted s':>11} {'measured s':>10} "
-        f"{'error':>7} {'drift':>6}"
+        f"{'job':<5} {'mode':<6} {'units':>5} {'predicted s':>11} {'measured s':>10} {'error':>7} {'as plan':>7} "
+        f"{'uncal.':>7} {'drift':>6} {'corr.':>7} {'wall s':>7} {'cpu share':>9}"
     ]
     for c in r["cases"]:
         lines.append(
-            f"{c['samples']:>7} {c['batch_cap']:>4} {c['order']:>5} {c['tokens']:>7} "
-            f"{c['predicted_s']:>11.3f} {c['measured_s']:>10.3f} {c['error']:>+7.1%} "
-            f"{c['machine_drift']:>6.2f}"
+            f"{c['job']:<5} {c['mode']:<6} {c['units']:>5} {c['predicted_s']:>11.3f} {c['measured_s']:>10.3f} "
+            f"{c['error']:>+7.1%} {c['error_plan_micro_batches']:>+7.1%} {c['error_uncalibrated']:>+7.1%} "
+            f"{c['machine_drift']:>6.2f} {c['error_drift_corrected']:>+7.1%} {c['measured_wall_s']:>7.3f} "
+            f"{c['cpu_share']:>9.2f}"
         )
-    lines.append("256 prompts on 2 units (DESIGN §10: the paper's split lost 43 % on this CPU):")
-    for c in r["dispatch_2_units"]:
+    for kind, cal in r["calibration"].items():
         lines.append(
-            f"  {c['policy']:<45} predicted {c['predicted_s']:.3f} s, measured {c['measured_s']:.3f} s "
-            f"({c['error']:+.1%}; drift {c['machine_drift']:.2f})"
+            f"calibration ({kind}: {'; '.join(cal['runs'])}): trainer_s {cal['trainer_s']:.3f}, "
+            f"rollout_s_per_sample {cal['rollout_s_per_sample']:.5f}, weight_sync_s {cal['weight_sync_s']:.3f}"
         )
-    ptl = " ".join(f"{bs}:{ms:.2f}" for bs, ms in r["ptl_ms_at_ctx48"].items())
+    fmt = lambda d: ", ".join(f"{m} {v:.1%}" for m, v in d.items())  # noqa: E731
+    lines.append(f"MAPE per mode (goal ≤ {r['goal']:.0%}): {fmt(r['mape'])}")
     lines.append(
-        f"MAPE {r['mape']:.1%}; drift = PTL(16) probed around a case / as profiled (1.00 = the machine "
-        "ran as fast as when profiled; other work on this shared machine moves it)"
+        f"  training as rlctl plan models it (train_micro_batch_samples, no group barrier): "
+        f"{fmt(r['mape_plan_micro_batches'])}"
     )
-    lines.append(f"measured PTL ms (BS:ms, ctx 48): {ptl}")
+    lines.append(f"  uncalibrated: {fmt(r['mape_uncalibrated'])}; against wall-clock times: {fmt(r['mape_wall'])}")
+    lines.append(f"  drift-corrected (simulated × drift): {fmt(r['mape_drift_corrected'])}")
+    lines.append(
+        "measured = mean time between training ends after the first iterations, on the dedicated-core clock "
+        "(time the job's threads waited for a core removed; cpu share = ran / runnable); drift = the engine's "
+        "speed probe around the run / right after profiling"
+    )
+    if "engine_batches" in r:
+        lines.append("one generation stage (engine batches):")
+        lines.append(summary_batches(r["engine_batches"]))
     return "\n".join(lines)

@@ -1,0 +1,232 @@
+"""The simulator's prediction of a real job's iteration time, from a measured profile of this machine.
+
+    measured profile (rlctl profile --source measured's probe: PTL(BS) of the embedded engine on the
+    job's model, training seconds per token of the job's algorithm; thread CPU time)
+        │
+    the job's workload, per iteration, from its ledger: which unit generated which sample, how many
+    output tokens, on which prompt
+        │
+        ▼  per unit: planner.sim.run_with (continuous batching, PTL at the unit's live context)
+    IterationWork per iteration (+ calibrated overheads) ─▶ planner.simjob.simulate_job(mode, η) ─▶ s/iter
+
+The lengths are the job's own (a planner only knows their distribution): this checks the time model
+(decode, batching, streaming, the pipeline), not the length model. What the simulator does not price
+— the trainer's work beyond training, the units' work beyond decoding, the hops between agents — is
+calibrated on separate runs (`calibrate`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from bench.jobrun import JobRun
+from rlctl.config.job import JobFile
+from rlctl.modelcatalog import BUILTIN_MODELS
+from rlctl.planner.costs import decode_cost
+from rlctl.planner.curves import live_context
+from rlctl.planner.sim import run_with
+from rlctl.planner.simjob import IterationWork, simulate_job
+from rlctl.profiler.measure import embedded_engine_factory, measure_generation
+from rlctl.profiler.probe import ProbeSpec, measure_here
+from rlctl.profiler.profile import GenerationEntry
+from rlctl.rl.samples import Sample, micro_batches
+from rlctl.rl.source import task_source
+
+KV_CAPACITY_TOKENS = 10**9  # the embedded engine's cache grows with the batch: no KV bound on a CPU
+
+
+@dataclass(frozen=True)
+class MeasuredProfile:
+    generation: GenerationEntry
+    train_s_per_token: float
+
+    def summary(self) -> dict[str, Any]:
+        ptl = self.generation.ptl_s[min(1, len(self.generation.contexts) - 1)]
+        return {
+            "ptl_ms": {
+                "context": self.generation.contexts[min(1, len(self.generation.contexts) - 1)],
+                **{str(b): round(1e3 * x, 3) for b, x in zip(self.generation.batch_sizes, ptl, strict=True)},
+            },
+            "prefill_us_per_token": round(1e6 * self.generation.prefill_s_per_token, 2),
+            "train_us_per_token": round(1e6 * self.train_s_per_token, 2),
+        }
+
+
+def measure_profile(job: JobFile, *, checkpoint: str | None, repeats: int = 3) -> MeasuredProfile:
+    """What `rlctl profile --source measured --job JOB` measures on a local site (its probe, in-process),
+    `repeats` times: the median of each grid cell and of the training figure (one probe's PTL cells
+    moved by up to 20 % between runs on this shared machine)."""
+    spec = ProbeSpec(
+        model=None if checkpoint else job.model.arch.name,
+        checkpoint=checkpoint,
+        engines=("embedded",),
+        kv_capacity_tokens=KV_CAPACITY_TOKENS,
+        algorithm=job.algorithm,
+        batch=job.batch,
+    )
+    probes = [measure_here(spec) for _ in range(repeats)]
+    entries = [GenerationEntry.model_validate(p["generation"][0]) for p in probes]
+    median = entries[0].model_copy(
+        update={
+            "ptl_s": np.median([e.ptl_s for e in entries], axis=0).tolist(),
+            "prefill_s_per_token": float(np.median([e.prefill_s_per_token for e in entries])),
+            "prefill_fixed_s": float(np.median([e.prefill_fixed_s for e in entries])),
+        }
+    )
+    return MeasuredProfile(median, float(np.median([p["training"]["gpu_s_per_token"] for p in probes])))
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A run's iterations as the simulator prices them: work per iteration, and which unit ran each sample."""
+
+    works: list[IterationWork]
+    unit_of: list[np.ndarray]  # per iteration, per sample: index of its unit
+    unit_busy_s: list[float]  # per iteration: the units' simulated busy seconds, summed
+    group_of: list[np.ndarray] | None = None  # per iteration, per sample: its prompt (GRPO trains whole groups)
+
+    def with_overheads(self, overheads: Overheads) -> list[IterationWork]:
+        """The works with the calibrated overheads: `trainer_s` on the training, `rollout_s_per_sample`
+        on every sample its unit finished before it (and itself). With `group_of`, a sample reaches the
+        trainer when the last sample of its group is in (GRPO's advantages need the whole group); the
+        simulator streams samples in that order."""
+        out = []
+        for k, (w, units) in enumerate(zip(self.works, self.unit_of, strict=True)):
+            finish = w.finish_s.copy()
+            for u in np.unique(units):
+                idx = np.flatnonzero(units == u)
+                idx = idx[np.argsort(finish[idx], kind="stable")]
+                finish[idx] += overheads.rollout_s_per_sample * np.arange(1, len(idx) + 1)
+            if self.group_of is not None:
+                groups = self.group_of[k]
+                for g in np.unique(groups):
+                    finish[groups == g] = finish[groups == g].max()
+            out.append(replace(w, finish_s=finish, train_s=w.train_s + overheads.trainer_s))
+        return out
+
+
+def replay(run: JobRun, prof: MeasuredProfile, *, learner_micro_batches: bool = True) -> Replay:
+    """Each iteration's generation (per unit, from the ledger) and training cost, priced by the profile.
+    With `learner_micro_batches`, as the trainer's learner trains: whole groups (GRPO), in micro-batches
+    of the size it cuts.
+
+    Micro-batches: the simulator takes one size in samples. With `learner_micro_batches` it is what the
+    trainer's learner cut from this iteration's samples (`train_micro_batch_samples` rows and at most
+    `train_micro_batch_tokens` padded tokens: 13–21 rows on the demo job), on average; without, the
+    job's `train_micro_batch_samples` alone, as `rlctl plan` passes it.
+    """
+    job = run.jobdir.read_job()
+    source = task_source(job, run.jobdir.path, run.jobdir.init_model)
+    prompt_len: dict[str, int] = {}
+    works, unit_of, busy, group_of = [], [], [], []
+    for it in range(job.iterations):
+        entries = [e for e in run.ledger if e["iteration"] == it]
+        for e in entries:
+            if e["prompt_id"] not in prompt_len:
+                prompt_len[e["prompt_id"]] = len(source.prompt_tokens(e["prompt_id"]))
+        finish = np.zeros(len(entries))
+        units = np.zeros(len(entries), dtype=int)
+        tokens = np.array([prompt_len[e["prompt_id"]] + e["output_tokens"] for e in entries], dtype=float)
+        busy_s = 0.0
+        for u, unit in enumerate(sorted({e["agent"] for e in entries})):
+            idx = np.array([i for i, e in enumerate(entries) if e["agent"] == unit])
+            lengths = np.array([max(1, entries[i]["output_tokens"]) for i in idx], dtype=np.int64)
+            prompt = round(float(np.mean([prompt_len[entries[i]["prompt_id"]] for i in idx])))
+            order = np.argsort(-lengths, kind="stable")  # the controller admits longest (predicted) first
+            ctx = live_context(prompt, lengths, padded=prof.generation.padded_attention)
+            cost = decode_cost(
+                prof.generation, context=ctx, seq_tokens=ctx, engine_max_batch=job.rollout.max_batch_size
+            )
+            f = run_with(cost, lengths[order], batch_cap=job.rollout.max_batch_size, prompt_tokens=prompt)
+            finish[idx[order]] = f
+            units[idx] = u
+            busy_s += float(f.max())
+        micro = job.batch.train_micro_batch_samples
+        if learner_micro_batches:
+            n = [e["output_tokens"] for e in entries]
+            rows = [
+                Sample(e["prompt_id"], [0] * prompt_len[e["prompt_id"]], [0] * k, [0.0] * k, 0.0)
+                for e, k in zip(entries, n, strict=True)
+            ]
+            cuts = micro_batches(rows, micro, max_tokens=job.batch.train_micro_batch_tokens)
+            micro = max(1, round(len(rows) / len(cuts)))
+        works.append(IterationWork(finish, tokens, prof.train_s_per_token * float(tokens.sum()), micro))
+        unit_of.append(units)
+        busy.append(busy_s)
+        group_of.append(np.unique([e["prompt_id"] for e in entries], return_inverse=True)[1])
+    grpo = learner_micro_batches and job.algorithm.kind == "grpo"
+    return Replay(works, unit_of, busy, group_of if grpo else None)
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Per-iteration costs the simulator does not price, calibrated on a separate run (`calibrate`)."""
+
+    trainer_s: float = 0.0  # trainer CPU per iteration beyond the profile's training cost: scoring, publishing
+    rollout_s_per_sample: float = 0.0  # rollout CPU per sample beyond decoding: sending it, loading weights
+    weight_sync_s: float = 0.0  # training end → next generation: the controller's hops, dispatch
+
+
+def predict_iteration_s(rep: Replay, job: JobFile, overheads: Overheads, *, warmup: int) -> tuple[float, list[float]]:
+    """(mean iteration time after `warmup`, every iteration's time) as the simulator sees the job."""
+    works = rep.with_overheads(overheads)
+    tl = simulate_job(works, mode=job.pipeline.mode, weight_sync_s=overheads.weight_sync_s, eta=job.pipeline.eta)
+    ends = np.array(tl.train_end_s)
+    return tl.iteration_s(warmup), [float(x) for x in np.diff(ends)]
+
+
+def cpu_overheads(run: JobRun, prof: MeasuredProfile, *, warmup: int) -> Overheads:
+    """`trainer_s` and `rollout_s_per_sample`: the agents' CPU time per iteration beyond the profile's price
+    of their work (scoring, unpacking and publishing on the trainer; sending samples, fetching and loading
+    weights on the units). Measured on an async run, where each agent runs all of it on its own path."""
+    rep = replay(run, prof)
+    its = range(warmup + 1, len(rep.works))  # CPU interval k lies between the training ends of iterations k, k+1
+    trainer = run.agent_cpu_s["trainer-0"]
+    rollout = [sum(v[k] for a, v in run.agent_cpu_s.items() if a.startswith("rollout")) for k in range(len(trainer))]
+    trainer_s = float(np.mean([trainer[i - 1] - rep.works[i].train_s for i in its]))
+    per_sample = float(np.mean([(rollout[i - 1] - rep.unit_busy_s[i]) / len(rep.works[i].finish_s) for i in its]))
+    return Overheads(max(0.0, trainer_s), max(0.0, per_sample))
+
+
+def calibrate(sync_run: JobRun, cpu_run: JobRun, prof: MeasuredProfile, *, warmup: int) -> Overheads:
+    """The overheads from two calibration runs: the agents' own (`cpu_overheads` of `cpu_run`), then
+    `weight_sync_s` as what a sync iteration (weight sync + generation + training, in series) still
+    measures over the simulated one: the hops between the agents, which cost no agent CPU."""
+    job = sync_run.jobdir.read_job()
+    assert job.pipeline.mode == "sync", "weight_sync_s is fitted on a sync run: every part is in series"
+    own = cpu_overheads(cpu_run, prof, warmup=warmup)
+    simulated, _ = predict_iteration_s(replay(sync_run, prof), job, own, warmup=warmup)
+    return replace(own, weight_sync_s=max(0.0, sync_run.iteration_s(warmup=warmup) - simulated))
+
+
+def speed_probe() -> float:
+    """CPU seconds of a fixed decode workload on the embedded engine now (PTL(16) + PTL(64) at context 48,
+    median of 3): how fast this shared machine runs the engine at this moment. Its ratio to the value
+    right after profiling is a run's `machine_drift` (co-runners slow a thread's CPU time too: caches,
+    memory bandwidth)."""
+    factory = embedded_engine_factory(BUILTIN_MODELS["tiny-demo"])
+    runs = []
+    for _ in range(3):
+        e = measure_generation(
+            factory, contexts=[48], batch_sizes=[16, 64], kv_capacity_tokens=KV_CAPACITY_TOKENS, clock=time.thread_time
+        )
+        runs.append(sum(e.ptl_s[0]))
+    return statistics.median(runs)
+
+
+def scaled(run: JobRun, factor: float) -> JobRun:
+    """The run's measured times × `factor` (e.g. 1 / machine_drift: in the profile's seconds)."""
+    return replace(
+        run,
+        end_dedicated_s=run.end_dedicated_s * factor,
+        agent_cpu_s={a: [x * factor for x in v] for a, v in run.agent_cpu_s.items()},
+    )
+
+
+def generation_s(works: list[IterationWork]) -> list[float]:
+    return [float(w.finish_s.max()) for w in works]

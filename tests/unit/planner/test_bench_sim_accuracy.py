@@ -1,0 +1,161 @@
+"""The sim-accuracy benchmark's parts that do not need a running job: the dedicated-core clock, the replay of
+a job's ledger through the simulator, the overhead calibration, and the job files it launches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.cpuclock import DedicatedClock
+from bench.jobrun import JobRun
+from bench.jobsim import MeasuredProfile, Overheads, Replay, calibrate, predict_iteration_s, replay
+from bench.sim_accuracy import job_dict, plan_for
+from rlctl.config.job import JobFile
+from rlctl.launch.jobdir import JobDir
+from rlctl.planner.costs import decode_cost
+from rlctl.planner.sim import run_with
+from rlctl.planner.simjob import MODES, IterationWork, Mode, simulate_job
+from rlctl.profiler.profile import GenerationEntry
+from rlctl.rl.samples import Sample, micro_batches
+from rlctl.rl.source import task_source
+
+S = 1_000_000_000  # ns
+
+
+def test_the_clock_advances_at_the_rate_the_job_threads_ran():
+    clock = DedicatedClock(root_pid=0)  # never started: fed by hand
+    clock.record(100.0, {(7, 7): (0, 0), (7, 8): (0, 0)})
+    # both threads runnable the whole second, each ran a quarter of it: the job progressed 0.25 s
+    clock.record(101.0, {(7, 7): (S // 4, 3 * S // 4), (7, 8): (S // 4, 3 * S // 4)})
+    # nothing runnable (waiting on messages): wall time is the job's time
+    clock.record(102.0, {(7, 7): (S // 4, 3 * S // 4), (7, 8): (S // 4, 3 * S // 4)})
+    # a thread seen for the first time counts from its first reading, not from its birth
+    clock.record(103.0, {(7, 7): (S // 4, 3 * S // 4), (7, 8): (S // 4, 3 * S // 4), (9, 9): (50 * S, 50 * S)})
+    assert clock.virtual(np.array([100.0, 100.5, 101.0, 102.0, 103.0])).tolist() == pytest.approx(
+        [0.0, 0.125, 0.25, 1.25, 2.25]
+    )
+    assert clock.cpu_s(7, 100.0, 103.0) == pytest.approx(0.5)
+    assert clock.cpu_s(9, 100.0, 103.0) == 0.0
+    assert clock.cpu_share == pytest.approx(0.25)
+
+
+def test_overheads_go_on_the_training_and_on_each_sample_of_its_unit():
+    w = IterationWork(np.array([3.0, 1.0, 2.0]), np.array([10.0, 10.0, 10.0]), 1.0, 2)
+    rep = Replay([w], [np.array([0, 0, 1])], [5.0])
+    (out,) = rep.with_overheads(Overheads(trainer_s=0.5, rollout_s_per_sample=0.1))
+    # unit 0 sent sample 1 first (1 send by then), sample 0 second (2 sends); unit 1 sent sample 2 first
+    assert out.finish_s.tolist() == pytest.approx([3.2, 1.1, 2.1])
+    assert out.train_s == pytest.approx(1.5)
+    assert w.finish_s.tolist() == [3.0, 1.0, 2.0]  # the replay itself is unchanged
+    # GRPO trains whole groups: samples 0 and 2 share a prompt, so both reach the trainer with the later one
+    (grouped,) = Replay([w], [np.array([0, 0, 1])], [5.0], [np.array([0, 1, 0])]).with_overheads(Overheads())
+    assert grouped.finish_s.tolist() == [3.0, 1.0, 3.0]
+
+
+def _profile() -> MeasuredProfile:
+    entry = GenerationEntry(
+        tp=1,
+        contexts=[16, 64],
+        batch_sizes=[1, 16, 64],
+        ptl_s=[[1e-3, 1.5e-3, 3e-3], [1.2e-3, 2e-3, 4e-3]],
+        prefill_s_per_token=1e-5,
+        kv_capacity_tokens=10**9,
+        padded_attention=True,
+    )
+    return MeasuredProfile(entry, train_s_per_token=5e-5)
+
+
+def _fake_run(
+    tmp_path: Path, *, iterations: int, truth: Overheads, prof: MeasuredProfile, mode: Mode = "sync"
+) -> JobRun:
+    """A 'run' whose measured times are the simulator's own, and agents' CPU the profile's price, with `truth`."""
+    spec = job_dict("demo", mode=mode, units=2, iterations=iterations)
+    jd = JobDir.create("fake", explicit=tmp_path / f"job-{mode}")
+    jd.write_job(JobFile.model_validate(spec), source="test")
+    rng = np.random.default_rng(3)
+    ledger = [
+        {
+            "prompt_id": f"p{it * 100 + p}",
+            "iteration": it,
+            "agent": f"rollout-{(p * 8 + k) % 2 if it == 0 else it % 2}",
+            "output_tokens": int(rng.integers(1, 55)),
+        }
+        for it in range(iterations)
+        for p in range(8)
+        for k in range(8)
+    ]
+    run = JobRun("fake", spec, jd, [], ledger, [], np.zeros(0), np.zeros(0), 1.0, 0.0, {})
+    rep = replay(run, prof)
+    tl = simulate_job(rep.with_overheads(truth), mode=mode, weight_sync_s=truth.weight_sync_s)
+    run.end_dedicated_s = np.array(tl.train_end_s) + 1000.0  # any origin
+    run.agent_cpu_s = {
+        "trainer-0": [w.train_s + truth.trainer_s for w in rep.works[1:]],
+        "rollout-0": [b + 64 * truth.rollout_s_per_sample for b in rep.unit_busy_s[1:]],
+        "rollout-1": [0.0] * (iterations - 1),
+        "controller-0": [0.05] * (iterations - 1),
+    }
+    return run
+
+
+def test_replay_prices_each_unit_with_the_profile(tmp_path):
+    prof = _profile()
+    run = _fake_run(tmp_path, iterations=3, truth=Overheads(), prof=prof)
+    rep = replay(run, prof)
+    entries = [e for e in run.ledger if e["iteration"] == 1]  # one unit generated the whole iteration
+    assert len(rep.works) == 3 and rep.unit_of[1].tolist() == [0] * 64
+    assert set(rep.unit_of[0].tolist()) == {0, 1}
+    source = task_source(run.jobdir.read_job(), run.jobdir.path, run.jobdir.init_model)
+    prompts = np.array([len(source.prompt_tokens(e["prompt_id"])) for e in entries])
+    outputs = np.array([e["output_tokens"] for e in entries])
+    assert rep.works[1].sample_tokens.tolist() == (prompts + outputs).tolist()
+    assert rep.works[1].train_s == pytest.approx(5e-5 * (prompts + outputs).sum())
+    prompt = round(float(prompts.mean()))
+    ctx = prompt + outputs.max() / 2  # padded attention: every row attends over the longest row
+    cost = decode_cost(prof.generation, context=ctx, seq_tokens=ctx, engine_max_batch=64)
+    alone = run_with(cost, np.sort(outputs)[::-1], batch_cap=64, prompt_tokens=prompt)
+    assert rep.unit_busy_s[1] == pytest.approx(float(alone.max()))
+    assert rep.works[1].finish_s.max() == pytest.approx(float(alone.max()))
+    # micro-batches: the learner's cuts (≤ 32 rows, ≤ 1024 padded tokens) on average, or the job's 32 rows
+    triples = zip(entries, prompts, outputs, strict=True)
+    rows = [Sample(e["prompt_id"], [0] * p, [0] * o, [0.0] * o, 0.0) for e, p, o in triples]
+    cuts = micro_batches(rows, 32, max_tokens=1024)
+    assert rep.works[1].micro_batch_samples == round(64 / len(cuts)) < 32
+    plan_like = replay(run, prof, learner_micro_batches=False)
+    assert plan_like.works[1].micro_batch_samples == 32 and plan_like.group_of is None
+    assert rep.group_of is not None and len(np.unique(rep.group_of[1])) == 8  # 8 prompts × 8 samples
+
+
+def test_calibration_recovers_the_overheads_the_runs_had(tmp_path):
+    prof = _profile()
+    truth = Overheads(trainer_s=0.03, rollout_s_per_sample=4e-4, weight_sync_s=0.02)
+    run = _fake_run(tmp_path, iterations=6, truth=truth, prof=prof)
+    cpu_run = _fake_run(tmp_path, iterations=6, truth=truth, prof=prof, mode="async")
+    got = calibrate(run, cpu_run, prof, warmup=1)
+    assert (got.trainer_s, got.rollout_s_per_sample, got.weight_sync_s) == pytest.approx((0.03, 4e-4, 0.02), abs=1e-9)
+    predicted, _ = predict_iteration_s(replay(run, prof), run.jobdir.read_job(), got, warmup=1)
+    assert predicted == pytest.approx(run.iteration_s(warmup=1))
+    bare, _ = predict_iteration_s(replay(run, prof), run.jobdir.read_job(), Overheads(), warmup=1)
+    assert bare < predicted
+
+
+@pytest.mark.parametrize("kind", ["demo", "hf"])
+def test_the_benchmark_jobs_are_valid_job_files_and_calibration_draws_other_prompts(kind):
+    for mode in MODES:
+        spec = JobFile.model_validate(job_dict(kind, mode=mode, units=3, iterations=4))
+        assert spec.pipeline.mode == mode and spec.batch.samples_per_iteration <= spec.rollout.max_batch_size
+        calib = JobFile.model_validate(job_dict(kind, mode=mode, units=3, iterations=4, calibration=True))
+        key = "seed" if kind == "demo" else "shuffle_seed"  # another stream of prompts
+        assert getattr(calib.task, key) != getattr(spec.task, key) and calib.seed != spec.seed
+
+
+def test_quick_runs_the_demo_job_once_per_mode_and_full_adds_units_and_the_hf_job():
+    quick = plan_for(quick=True, hf_built=True)
+    assert quick.cases == [("demo", m, 1) for m in MODES] and quick.kinds == ["demo"]
+    assert quick.calibration == [("sync", 2)]
+    assert plan_for(quick=False, hf_built=True).calibration == [("sync", 2), ("async", 1)]
+    full = plan_for(quick=False, hf_built=True)
+    assert {(k, m) for k, m, _ in full.cases} == {(k, m) for k in ("demo", "hf") for m in MODES}
+    assert {u for _, _, u in full.cases} == {1, 2, 3} and full.warmup < full.iterations - 2
+    assert all(k == "demo" for k, _, _ in plan_for(quick=False, hf_built=False).cases)
