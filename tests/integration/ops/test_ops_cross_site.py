@@ -184,7 +184,7 @@ def test_cross_site_job_status_scale_stop(services, tmp_path, launcher):
     assert crossed["to_site"] > 2 * model_bytes and crossed["from_site"] > 10_000, crossed
 
     for agent in ("trainer/0", "rollout/0", "rollout/1"):  # SLURM: this job dir; SSH: read on the site
-        shown = rlctl("logs", str(job_dir), agent)
+        shown = rlctl("logs", str(job_dir), agent, "-n", "100000")  # the whole log: its first line included
         assert shown.returncode == 0 and "starting on" in shown.stdout, (agent, shown.stderr)
     assert on_site(services, f"grep -c 'job {site_dir}' {site_dir}/logs/rollout-1.log").stdout.strip() == "1"
 
