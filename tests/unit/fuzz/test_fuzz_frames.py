@@ -358,12 +358,21 @@ def test_raw_bytes_only_documented_errors(fd: int, fuzz_count: Callable[[str, in
 
 
 # -- the same over a real socket -------------------------------------------------------------------------------
+def send_then_close(sock: socket.socket, data: bytes) -> None:
+    """The peer's side: the receiver may close first (it refused the frame), which ends the send."""
+    try:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
 def test_mutated_frames_over_a_real_socketpair(fuzz_count: Callable[[str, int], None]) -> None:
     corpus, n = seeds(), 1500
     for data in mutated(4321, n, corpus):
         a, b = socket.socketpair()
         b.settimeout(5)
-        writer = threading.Thread(target=lambda a=a, data=data: (a.sendall(data), a.shutdown(socket.SHUT_WR)))
+        writer = threading.Thread(target=send_then_close, args=(a, data))
         writer.start()
         conn = TcpConnection(b, "fuzz-socket", CFG)
         try:
