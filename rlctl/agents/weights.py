@@ -8,7 +8,7 @@ rank 0 plans the tree (`rlctl.transport.plan.plan_broadcast`) over the live unit
 datacenters, and tells each unit whom to pull from: its planned parent first, then its fallbacks.
 
     trainer step v ─▶ WeightPublisher.publish(v, sd) ─queue─▶ publisher thread: node.publish(v, sd)
-       plan(v): roots = trainer ranks, receivers = rollout units (datacenter, host)
+       plan(v): roots = trainer ranks, receivers = rollout units (in the last plan's order, see below)
                           └── weights_available{v, holders=[parent, fallbacks…]} ──▶ rollout i
     rollout fetch thread: fetch_weights(node, msg) ◀── chunks ── parent's node (a relay forwards chunk k
                           while k+1 arrives) ─▶ inbox: weights(v) ─▶ swapped in between engine steps
@@ -18,6 +18,16 @@ datacenters, and tells each unit whom to pull from: its planned parent first, th
 
 A unit whose parent dies re-attaches to the next holder of its list; a version is applied only once
 every chunk and the rebuilt weights are verified (WeightNode.fetch).
+
+Relays are stable: each plan keeps the previous plan's order of units (`receiver_order`), and the first
+unit of a datacenter is its relay. A unit that joins (`rlctl scale`, the rebalance rule) goes below the
+units of its datacenter — right after its host's units, else at the end — so while a version is in
+flight it pulls from units that hold or fetch it, and no second copy crosses the inter-DC link; a lost
+relay is replaced by the next unit of its datacenter (its children re-attach along their fallbacks).
+
+    units b0 b1 on host h1, b2 on h2:   trainer ══▶ b0 ─▶ b1 ─▶ b2
+    + b3 on h1, b4 on h0 (sorts first): trainer ══▶ b0 ─▶ b1 ─▶ b3 ─▶ b2 ─▶ b4   (b0 stays the relay)
+    − b0 (lost):                        trainer ══▶ b1 ─▶ b3 ─▶ b2 ─▶ b4
 
 Every root holds the whole version, so any root can stand in for a lost parent. Disjoint tensor subsets
 per root would not fit: a version is one flat buffer under one xxh3, one manifest and one delta base,
@@ -37,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -58,6 +69,10 @@ from rlctl.transport.weights import WeightNode
 log = logging.getLogger(__name__)
 
 SPLIT_QUEUE = 2  # versions waiting for the split encoding before `publish` blocks
+# delta mode: complete versions a node keeps, so a unit one version behind (it skipped one) still gets
+# an on-demand delta against its base rather than a full copy. Each is a host-memory copy of the
+# weights; full mode never encodes deltas, so there the third copy would buy nothing and it keeps 2.
+DELTA_KEEP_VERSIONS = 3
 
 
 @dataclass(frozen=True)
@@ -76,6 +91,7 @@ def weight_node(transport: Transport, listen: str, sync: WeightSync, *, timeout_
         anchor_every=sync.anchor_every,
         connect_timeout_s=timeout_s,
         chunk_timeout_s=timeout_s,
+        keep_versions=DELTA_KEEP_VERSIONS if sync.mode == "delta" else 2,
     )
     return WeightNode(transport, listen, cfg)
 
@@ -88,17 +104,50 @@ def host_of(address: str) -> str:
     return urlsplit(address).hostname or address
 
 
-def plan_version(roots: list[str], datacenter: str, targets: dict[str, Target], *, fanout: int = 1) -> BroadcastPlan:
+def natural_key(text: str) -> tuple[int | str, ...]:
+    """Sort key under which runs of digits compare as numbers: "rollout-2" < "rollout-10"."""
+    # split on a captured group: text and digit runs alternate, so equal positions hold equal types
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(re.split(r"(\d+)", text)))
+
+
+def receiver_order(targets: dict[str, Target], previous: list[str]) -> list[str]:
+    """The units in plan order: those of `previous` (the last plan's order) keep it; each newcomer, in
+    (datacenter, host, name) order, goes right after the last unit on its host in its datacenter, else
+    after its datacenter's last unit, else at the end. With no previous plan this is (datacenter, host,
+    name) order, so that a chain visits each host's units together and one copy reaches each host."""
+
+    def key(name: str) -> tuple[tuple[int | str, ...], ...]:
+        t = targets[name]
+        return natural_key(t.datacenter), natural_key(host_of(t.weights)), natural_key(name)
+
+    order = [n for n in previous if n in targets]
+    for name in sorted((n for n in targets if n not in order), key=key):
+        dc, host = targets[name].datacenter, host_of(targets[name].weights)
+        same_dc = [i for i, n in enumerate(order) if targets[n].datacenter == dc]
+        same_host = [i for i in same_dc if host_of(targets[order[i]].weights) == host]
+        below = same_host or same_dc
+        order.insert(below[-1] + 1 if below else len(order), name)
+    return order
+
+
+def plan_version(
+    roots: list[str],
+    datacenter: str,
+    targets: dict[str, Target],
+    *,
+    previous: BroadcastPlan | None = None,
+    dc_links: set[frozenset[str]] | None = None,
+    fanout: int = 1,
+) -> BroadcastPlan:
     """The broadcast tree of one version: `roots` are the trainer ranks' weight nodes (in `datacenter`).
 
-    Receivers are ordered by (datacenter, host), so that a chain visits each host's units together and
-    one copy reaches each host; the first unit of a remote datacenter is its designated relay."""
-    receivers = sorted(
-        (Endpoint(name, t.datacenter, t.weights) for name, t in targets.items()),
-        key=lambda e: (e.datacenter, host_of(e.address), e.name),
-    )
+    Units are planned in `receiver_order` after `previous` (the plan of the version before), so the
+    first unit of a datacenter, its relay, stays the relay while it lives. `dc_links`: the inter-DC links
+    between datacenters (None = every pair linked)."""
+    names = receiver_order(targets, [e.name for e in previous.receivers] if previous is not None else [])
+    receivers = [Endpoint(n, targets[n].datacenter, targets[n].weights) for n in names]
     root_eps = [Endpoint(f"trainer-{i}", datacenter, a) for i, a in enumerate(roots)]
-    return plan_broadcast(root_eps, receivers, fanout=fanout)
+    return plan_broadcast(root_eps, receivers, dc_links=dc_links, fanout=fanout)
 
 
 def holders_for(plan: BroadcastPlan, name: str) -> list[str]:
@@ -161,6 +210,7 @@ class WeightPublisher:
         self.node = weight_node(transport, listen, sync, timeout_s=timeout_s)
         self._roots = [self.node.address]
         self._datacenter = ""
+        self._dc_links: set[frozenset[str]] | None = None
         self._conns: dict[str, tuple[str, Connection]] = {}
         self._targets: dict[str, Target] = {}
         self._latest: tuple[int, dict[str, torch.Tensor]] | None = None
@@ -183,11 +233,15 @@ class WeightPublisher:
         with self._lock:
             self._roots = list(addresses)
 
-    def set_targets(self, targets: dict[str, Target], *, datacenter: str = "") -> None:
-        """Rollout units changed (joined / lost); newcomers are told about the latest version."""
+    def set_targets(
+        self, targets: dict[str, Target], *, datacenter: str = "", dc_links: set[frozenset[str]] | None = None
+    ) -> None:
+        """Rollout units changed (joined / lost); newcomers are told about the latest version.
+        `datacenter`: the trainer's; `dc_links`: the inter-DC links (None = every pair of datacenters)."""
         with self._lock:
             self._targets = dict(targets)
             self._datacenter = datacenter
+            self._dc_links = dc_links
         self._queue.put(0)
 
     def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
@@ -208,7 +262,8 @@ class WeightPublisher:
     def _run(self) -> None:
         while self._queue.get() is not None:
             with self._lock:
-                latest, targets, roots, dc = self._latest, dict(self._targets), list(self._roots), self._datacenter
+                latest, targets, roots = self._latest, dict(self._targets), list(self._roots)
+                dc, links = self._datacenter, self._dc_links
             if latest is None:
                 continue
             while self._group is not None and not self._ordered.empty():
@@ -218,7 +273,8 @@ class WeightPublisher:
             todo = {n: t for n, t in targets.items() if self._told.get(n, -1) < version}
             if not todo:
                 continue
-            plan = plan_version(roots, dc, targets, fanout=self._fanout)
+            # after the last plan: relays stay, newcomers go below units that hold or fetch `version`
+            plan = plan_version(roots, dc, targets, previous=self.plan, dc_links=links, fanout=self._fanout)
             self.plan = plan
             for name in plan.order:  # parents before children: relays start first
                 if name not in todo:

@@ -94,7 +94,11 @@ def plan_broadcast(
     dc_links: set[frozenset[str]] | None = None,
     fanout: int = 1,
 ) -> BroadcastPlan:
-    """Plan one broadcast from `roots` (trainer DP ranks holding the version) to `receivers`."""
+    """Plan one broadcast from `roots` (trainer DP ranks holding the version) to `receivers`.
+
+    Receivers are planned in the order given: the first of each datacenter is its designated receiver
+    (relay) and chains follow that order, so a caller that keeps the order across versions keeps its
+    relays (rlctl.agents.weights.receiver_order)."""
     if not roots:
         raise PlanError("a broadcast needs at least one root (a trainer rank holding the weights)")
     if fanout < 1:

@@ -105,3 +105,12 @@ links:
     assert plan.inter_dc_edges() == [("t0", "r1")] and plan.endpoint("r2").address == "tcp://r-2:1"
     with pytest.raises(PlanError, match="unknown site 'h2O'"):
         plan_from_inventory(inv, [("t0", "h800", "")], [("x", "h2O", "")])
+
+
+def test_receivers_are_planned_in_the_given_order_the_first_of_a_datacenter_relays():
+    """Callers keep the order across versions to keep their relays (rlctl.agents.weights.receiver_order)."""
+    recv = [Endpoint(n, "B") for n in ["b9", "b1", "b5"]]
+    plan = plan_broadcast([Endpoint("r", "A")], recv)
+    assert plan.parent == {"b9": "r", "b1": "b9", "b5": "b1"}
+    assert [e.name for e in plan.receivers] == ["b9", "b1", "b5"]
+    _check_tree(plan)
