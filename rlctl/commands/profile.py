@@ -33,6 +33,11 @@ class Engine(StrEnum):
     vllm = "vllm"
 
 
+class TrainerBackend(StrEnum):  # rlctl.trainers.base.BACKENDS
+    torch = "torch"
+    megatron = "megatron"
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def profile(
@@ -52,8 +57,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--job",
                 "-j",
-                help="profile what this job runs: its model, algorithm, rollout engine, batch and sites "
-                "(instead of --cluster, --model, --algorithm)",
+                help="profile what this job runs: its model, algorithm, rollout engine, trainer backend, batch "
+                "and sites (instead of --cluster, --model, --algorithm)",
             ),
         ] = None,
         site: Annotated[
@@ -79,6 +84,15 @@ def register(app: typer.Typer) -> None:
                 "vllm needs an HF checkpoint and vLLM installed where it runs",
             ),
         ] = None,
+        trainer_backend: Annotated[
+            TrainerBackend | None,
+            typer.Option(
+                "--trainer-backend",
+                help="measured: trainer backend whose training step is timed, on one rank (tp 1, pp 1), and "
+                "recorded in the training entry (default: the job's trainer.backend, else torch); megatron "
+                "needs megatron-core where it runs and trains GRPO only",
+            ),
+        ] = None,
         output: Annotated[
             Path | None, typer.Option("--output", "-o", help="profile file to write (default: stdout)")
         ] = None,
@@ -93,16 +107,19 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a profile (PTL(BS) per GPU type and TP, prefill, KV capacity, training cost) for `rlctl plan`."""
         engines = [e.value for e in engine] if engine else None
+        backend = trainer_backend.value if trainer_backend else None
         if job is not None:
             given = [o for o, v in (("--cluster", cluster), ("--model", model), ("--algorithm", algorithm)) if v]
             if given:
                 raise UsageError(f"--job gives the model, algorithm and sites; drop {', '.join(given)}")
-            req = request_from_job(load_job(job), sites=site, engines=engines)
+            req = request_from_job(load_job(job), sites=site, engines=engines, trainer_backend=backend)
         else:
             if not cluster or model is None:
                 raise UsageError("give --cluster and --model, or --job")
             algo = (algorithm or Algo.grpo).value
-            req = request_from_options(cluster, model=model, algorithm=algo, sites=site, engines=engines)
+            req = request_from_options(
+                cluster, model=model, algorithm=algo, sites=site, engines=engines, trainer_backend=backend
+            )
         prof = build_profile(req, source="measured" if source is Source.measured else "analytical", workdir=workdir)
         if output is None:
             sys.stdout.write(

@@ -132,6 +132,20 @@ def _for_engine(site: SiteProfile, engine: str, *, name: str, profile_file: str)
     return site.model_copy(update={"generation": mine})
 
 
+def _for_backend(site: SiteProfile, backend: str, *, name: str, profile_file: str) -> SiteProfile:
+    """The site as the job trains: its training entries measured with another trainer backend are refused
+    (analytical entries, of no backend, serve any)."""
+    other = sorted({e.backend for e in site.training if e.backend and e.backend != backend})
+    if other:
+        raise ConfigError(
+            profile_file,
+            f"sites.{name}.training",
+            f"measured with trainer backend {', '.join(other)}; the job trains with {backend!r}",
+            hint=f"run rlctl profile --source measured --trainer-backend {backend} (or --job with this job)",
+        )
+    return site
+
+
 def train_cost(job: Job, prof: ProfileFile, trainer: TrainingPasses) -> dict[str, Any]:
     """The job's training passes against the profile's: scale of the profile's seconds per token, and
     the share that streams (the rest waits for the whole batch)."""
@@ -222,7 +236,10 @@ def make_plan(
                 hint="use a larger GPU or a smaller model",
             )
     tcurve = train_stage_curve(
-        prof.sites[t_site], tw, max_gpus=n_train, node_bytes_per_s=_node_bytes_per_s(inv.sites[t_site])
+        _for_backend(prof.sites[t_site], spec.trainer.backend, name=t_site, profile_file=profile_file),
+        tw,
+        max_gpus=n_train,
+        node_bytes_per_s=_node_bytes_per_s(inv.sites[t_site]),
     )
     if not np.isfinite(tcurve.seconds).any():
         raise PlanError(

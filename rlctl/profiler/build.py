@@ -1,14 +1,15 @@
 """Building a profile file for `rlctl profile`: what to profile (from options or a job), then per site
 the analytical roofline or the probe's measurements.
 
-    --cluster/--model/--algorithm/--engine ─┐
+    --cluster/--model/--algorithm/--engine ─┐   (--trainer-backend)
                                             ├─▶ ProfileRequest ─▶ build_profile ─▶ ProfileFile
     --job JOB (model, algorithm, engine,   ─┘        per site: analytical_site, or the probe
-               batch, the job's sites)                 (in-process on a local site, else remote.py)
+               trainer backend, batch, sites)          (in-process on a local site, else remote.py)
 
 A measured site profile holds one generation entry per engine (named, so `rlctl plan` takes the
-curve of the job's engine) and one training entry (tp = pp = 1: the torch trainer's data-parallel
-ranks) whose seconds per token come from a step of rlctl's learner; its memory is analytical.
+curve of the job's engine) and one training entry, named by its trainer backend (`torch` or
+`megatron`), at tp = pp = 1 (the trainer's data-parallel ranks: one process, a whole model), whose
+seconds per token come from a step of rlctl's learner on that backend; its memory is analytical.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rlctl.config.job import Batch, BuiltinModel, GrpoAlgorithm, HfModel, Job, P
 from rlctl.errors import ConfigError, UsageError
 from rlctl.modelcatalog import BUILTIN_MODELS, ModelArch
 from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entries
-from rlctl.profiler.probe import ProbeSpec, check_engines, measure_here
+from rlctl.profiler.probe import ProbeSpec, check_engines, check_trainer, measure_here
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile
 from rlctl.profiler.traincost import passes_for
 from rlctl.textutil import did_you_mean, one_of
@@ -45,6 +46,7 @@ class ProfileRequest:
     algorithm: GrpoAlgorithm | PpoAlgorithm
     batch: Batch
     engines: tuple[str, ...]
+    trainer_backend: str = "torch"  # measured: the backend whose training step is timed
 
 
 def load_sites(paths: list[Path]) -> dict[str, Site]:
@@ -71,9 +73,16 @@ def _pick_sites(known: dict[str, Site], names: list[str] | None) -> dict[str, Si
 
 
 def request_from_options(
-    cluster: list[Path], *, model: str, algorithm: str, sites: list[str] | None, engines: list[str] | None
+    cluster: list[Path],
+    *,
+    model: str,
+    algorithm: str,
+    sites: list[str] | None,
+    engines: list[str] | None,
+    trainer_backend: str | None = None,
 ) -> ProfileRequest:
-    """`--model` is a built-in name or an HF checkpoint directory; the algorithm has no KL term."""
+    """`--model` is a built-in name or an HF checkpoint directory; the algorithm has no KL term; the trainer
+    backend is `torch` unless given."""
     if model in BUILTIN_MODELS:
         arch, name, checkpoint = BUILTIN_MODELS[model], model, None
     elif Path(model).is_dir():
@@ -88,12 +97,22 @@ def request_from_options(
         )
     algo = PpoAlgorithm(kind="ppo") if algorithm == "ppo" else GrpoAlgorithm(kind="grpo")
     return ProfileRequest(
-        _pick_sites(load_sites(cluster), sites), arch, name, checkpoint, algo, Batch(), tuple(engines or ["embedded"])
+        _pick_sites(load_sites(cluster), sites),
+        arch,
+        name,
+        checkpoint,
+        algo,
+        Batch(),
+        tuple(engines or ["embedded"]),
+        trainer_backend or "torch",
     )
 
 
-def request_from_job(job: Job, *, sites: list[str] | None, engines: list[str] | None) -> ProfileRequest:
-    """The job's model, algorithm (its KL term included), rollout engine, batch shape and sites."""
+def request_from_job(
+    job: Job, *, sites: list[str] | None, engines: list[str] | None, trainer_backend: str | None = None
+) -> ProfileRequest:
+    """The job's model, algorithm (its KL term included), rollout engine, trainer backend (unless given),
+    batch shape and sites."""
     spec = job.spec
     placed = [spec.placement.trainer.site, *(r.site for r in spec.placement.rollout)]
     known = {s: job.inventory.sites[s] for s in dict.fromkeys(placed)}
@@ -108,6 +127,7 @@ def request_from_job(job: Job, *, sites: list[str] | None, engines: list[str] | 
         spec.algorithm,
         spec.batch,
         tuple(engines or [spec.rollout.engine]),
+        trainer_backend or spec.trainer.backend,
     )
 
 
@@ -117,8 +137,10 @@ def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None =
     if source == "measured":
         check_measurable(req)
     specs = {s: _probe_spec(req, site) for s, site in req.sites.items()} if source == "measured" else {}
-    for s, spec in specs.items():  # refuse before starting anything (vLLM is looked for here on local sites)
-        check_engines(spec, vllm_here=req.sites[s].scheduler.kind == "local")
+    for s, spec in specs.items():  # refuse before starting anything (vLLM, megatron: looked for here on local sites)
+        here = req.sites[s].scheduler.kind == "local"
+        check_engines(spec, vllm_here=here)
+        check_trainer(spec, megatron_here=here)
     out: dict[str, SiteProfile] = {}
     for s, site in req.sites.items():
         if source == "analytical":
@@ -139,7 +161,7 @@ def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None =
             where = workdir or Path("runs") / f"profile-{time.strftime('%Y%m%d-%H%M%S')}"
             sys.stderr.write(f"site {s}: measuring through its {site.scheduler.kind} backend (work dir {where})\n")
             result = measure_on_site(s, site, specs[s], workdir=where)
-        # memory of the torch trainer's one-GPU ranks: the analytical tp = pp = 1 entry's
+        # memory of the trainer's one-GPU ranks (what was measured): the analytical tp = pp = 1 entry's
         (mem,) = [
             e
             for e in training_entries(req.arch, site.spec, gpus_per_node=1, algorithm=kind, passes=passes)
@@ -151,7 +173,11 @@ def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None =
             hbm_bytes=site.spec.hbm_bytes,
             cost_per_gpu_hour=site.gpu_cost_per_hour,
             generation=[GenerationEntry.model_validate(g) for g in result["generation"]],
-            training=[mem.model_copy(update={"gpu_s_per_token": result["training"]["gpu_s_per_token"]})],
+            training=[
+                mem.model_copy(
+                    update={"gpu_s_per_token": result["training"]["gpu_s_per_token"], "backend": req.trainer_backend}
+                )
+            ],
         )
     return ProfileFile.model_validate(
         {
@@ -174,6 +200,7 @@ def _probe_spec(req: ProfileRequest, site: Site) -> ProbeSpec:
         kv_capacity_tokens(req.arch, site.spec, tp=1),
         req.algorithm,
         req.batch,
+        req.trainer_backend,
     )
 
 

@@ -1,27 +1,41 @@
 """Measured training cost: seconds per trained token of one iteration of the job's algorithm, run by
-rlctl's own learners (the trainer agent's `StreamingLearner` for GRPO, `PpoBatchLearner` for PPO).
+rlctl's own learners on a trainer backend (rlctl.trainers: `torch` or `megatron`), as the trainer agent runs it.
 
+    model: the HF checkpoint, or the built-in tiny-demo (random weights) written to a temporary one
+      ─▶ load_backend(backend, model, tp=1, pp=1): the policy, and a reference when the algorithm has a KL term
+      ─▶ the trainer agent's learner (`StreamingLearner` for GRPO, `PpoBatchLearner` for PPO: torch only)
     synthetic batch (P prompts × G samples, random tokens, behaviour log-probs, rewards)
       ─▶ learner.add(sample)… ─▶ learner.step()         `warmup_steps` untimed, then `steps` timed
       ─▶ median step time / tokens (prompt + output: what the planner's workload counts)
 
-The model is the job's (built-in tiny-demo or an HF checkpoint), on this host's CPU thread(s) or
-device; a reference model is loaded when the algorithm has a KL term, as the trainer does. Like
-the generation probe, `clock` may be `time.thread_time` so other work on the machine is not counted.
+One process is one trainer rank: the figure is for tp = pp = 1, the data-parallel rank both backends train
+with in a job here (a tp > 1 figure needs tp processes, and the trainer refuses such a plan). megatron-core
+forms its parallel state over a torch.distributed group: when this process is in none, a one-rank gloo
+group is formed for the measurement and taken down, with megatron's state, after it. Like the generation
+probe, `clock` may be `time.thread_time` so other work on the machine is not counted.
 """
 
 from __future__ import annotations
 
-import importlib
+import contextlib
 import random
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+from torch import nn
+
 from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
+from rlctl.engines.hf import TinyGPTConfig, read_config
+from rlctl.engines.model import TinyGPT
+from rlctl.rl.learner import PpoBatchLearner, StreamingLearner
+from rlctl.rl.samples import Sample
+from rlctl.trainers.base import TrainerBackend, load_backend
 
 PROMPT_TOKENS = 8
 OUTPUT_TOKENS = (16, 48)  # each sample's output length is drawn uniformly in this range
@@ -32,17 +46,18 @@ class TrainMeasurement:
     gpu_s_per_token: float  # median over the timed steps of step seconds / step tokens
     step_s: list[float]
     step_tokens: list[int]
+    backend: str = "torch"  # the trainer backend that trained
+    tp: int = 1  # its parallel configuration: one rank, a whole model
+    pp: int = 1
 
 
-def load_policy(checkpoint: str | Path | None) -> Any:
-    """The policy to train: the HF checkpoint, or the built-in tiny-demo model (random weights: speed only)."""
-    model_mod = importlib.import_module("rlctl.engines.model")
-    return model_mod.TinyGPT() if checkpoint is None else model_mod.TinyGPT.from_pretrained(checkpoint)
+def load_policy(checkpoint: str | Path | None) -> TinyGPT:
+    """The embedded engine's model: the HF checkpoint, or the built-in tiny-demo (random weights: speed only)."""
+    return TinyGPT() if checkpoint is None else TinyGPT.from_pretrained(checkpoint)
 
 
-def synthetic_samples(*, prompts: int, group_size: int, vocab: int, seed: int) -> list[Any]:
+def synthetic_samples(*, prompts: int, group_size: int, vocab: int, seed: int) -> list[Sample]:
     """A batch shaped like an RL iteration's: groups of samples per prompt, varied output lengths."""
-    sample_cls = importlib.import_module("rlctl.rl.samples").Sample
     rng = random.Random(seed)
     out = []
     for p in range(prompts):
@@ -50,27 +65,59 @@ def synthetic_samples(*, prompts: int, group_size: int, vocab: int, seed: int) -
         for _ in range(group_size):
             n = rng.randint(*OUTPUT_TOKENS)
             tokens = [rng.randrange(2, vocab) for _ in range(n)]
-            out.append(sample_cls(f"p{p}", prompt, tokens, [-2.0] * n, float(rng.random() < 0.5)))
+            out.append(Sample(f"p{p}", prompt, tokens, [-2.0] * n, float(rng.random() < 0.5)))
     return out
 
 
+@contextlib.contextmanager
+def trainer_rank(
+    backend: str, checkpoint: str | Path | None, *, reference: bool
+) -> Iterator[tuple[TrainerBackend, nn.Module | None, TinyGPTConfig]]:
+    """The `backend` policy on the checkpoint (tiny-demo when None) as one trainer rank, its reference model
+    when `reference`, and the model's config; megatron's process group and parallel state last as long as
+    the block."""
+    with contextlib.ExitStack() as stack:
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rlctl-measure-train-")))
+        model_dir = Path(checkpoint) if checkpoint is not None else TinyGPT().save_pretrained(scratch / "model")
+        if backend == "megatron":
+            stack.enter_context(_one_rank_group(scratch / "rendezvous"))
+        policy = load_backend(backend, model_dir)
+        ref = load_backend(backend, model_dir).model if reference else None
+        yield policy, ref, read_config(model_dir)
+
+
+@contextlib.contextmanager
+def _one_rank_group(rendezvous: Path) -> Iterator[None]:
+    """A gloo group of this process alone, unless it is in a group already; taken down after the block with
+    the megatron parallel state formed over it (a later group, e.g. the next site's measurement, starts clean)."""
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        from rlctl.trainers.megatron.model import import_megatron
+
+        import_megatron().parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
 def make_learner(
-    policy: Any, algorithm: GrpoAlgorithm | PpoAlgorithm, batch: Batch, *, checkpoint: str | Path | None
-) -> Any:
-    """The trainer agent's learner for `algorithm` (and a reference copy of the policy if it has a KL term)."""
-    learner_mod = importlib.import_module("rlctl.agents.learner")
-    ref = load_policy(checkpoint) if algorithm.kl_coef > 0 else None
-    if ref is not None and checkpoint is None:
-        ref.load_state_dict(policy.state_dict())
+    policy: nn.Module, algorithm: GrpoAlgorithm | PpoAlgorithm, batch: Batch, *, ref: nn.Module | None
+) -> StreamingLearner | PpoBatchLearner:
+    """The trainer agent's learner for `algorithm` on a backend's policy module (and reference model)."""
     if isinstance(algorithm, PpoAlgorithm):
-        return learner_mod.PpoBatchLearner(
+        # PPO's critic is built on TinyGPT: the torch backend only (preflight and the probe refuse megatron)
+        assert isinstance(policy, TinyGPT) and isinstance(ref, TinyGPT | None), type(policy)
+        return PpoBatchLearner(
             policy,
             algorithm,
             ref_model=ref,
             micro_batch_samples=batch.train_micro_batch_samples,
             micro_batch_tokens=batch.train_micro_batch_tokens,
         )
-    return learner_mod.StreamingLearner(
+    return StreamingLearner(
         policy,
         algorithm,
         group_size=batch.samples_per_prompt,
@@ -84,6 +131,7 @@ def measure_training(
     algorithm: GrpoAlgorithm | PpoAlgorithm,
     batch: Batch,
     *,
+    backend: str = "torch",
     checkpoint: str | Path | None = None,
     steps: int = 3,
     warmup_steps: int = 1,
@@ -91,19 +139,25 @@ def measure_training(
     learner_factory: Callable[[], Any] | None = None,
     vocab: int | None = None,
 ) -> TrainMeasurement:
-    """Seconds per trained token of one iteration (`batch.samples_per_iteration` samples) of `algorithm`.
+    """Seconds per trained token of one iteration (`batch.samples_per_iteration` samples) of `algorithm`,
+    trained by the `backend` trainer backend on one rank (tp = pp = 1).
 
     `learner_factory` replaces the real learner (tests); `vocab` is the model's (read from it by default).
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError("steps must be ≥ 1 and warmup_steps ≥ 0")
-    if learner_factory is None:
-        policy = load_policy(checkpoint)
-        vocab = policy.config.vocab_size
-        learner = make_learner(policy, algorithm, batch, checkpoint=checkpoint)
-    else:
-        learner = learner_factory()
-    assert vocab is not None, "vocab is needed with a learner_factory"
+    if learner_factory is not None:
+        assert vocab is not None, "vocab is needed with a learner_factory"
+        return _time_steps(learner_factory(), batch, vocab=vocab, steps=steps, warmup_steps=warmup_steps, clock=clock)
+    with trainer_rank(backend, checkpoint, reference=algorithm.kl_coef > 0) as (policy, ref, config):
+        learner = make_learner(policy.model, algorithm, batch, ref=ref)
+        m = _time_steps(learner, batch, vocab=config.vocab_size, steps=steps, warmup_steps=warmup_steps, clock=clock)
+    return TrainMeasurement(m.gpu_s_per_token, m.step_s, m.step_tokens, backend=backend)
+
+
+def _time_steps(
+    learner: Any, batch: Batch, *, vocab: int, steps: int, warmup_steps: int, clock: Callable[[], float]
+) -> TrainMeasurement:
     times: list[float] = []
     counts: list[int] = []
     for i in range(warmup_steps + steps):

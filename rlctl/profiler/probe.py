@@ -6,7 +6,8 @@
 A local site runs it in-process; a SLURM or SSH site through its launch backend, like an agent.
 Generation: PTL(BS) and prefill of each rollout engine asked for (the embedded engine on the
 built-in tiny-demo or an HF checkpoint; vLLM on an HF checkpoint). Training: seconds per token of
-one iteration of the algorithm with rlctl's learners (`measure_train`).
+one iteration of the algorithm with rlctl's learners on the trainer backend asked for (`torch` or
+`megatron`), one rank at tp = pp = 1 (`measure_train`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from rlctl.profiler.measure import (
     measure_vllm,
 )
 from rlctl.profiler.profile import GenerationEntry
+from rlctl.trainers.base import BACKENDS, megatron_available
 
 ENGINES = ("embedded", "vllm")
 CONTEXT_MARGIN = 16  # a profiled prompt plus the tokens decoded after it must fit the model's positions
@@ -39,7 +41,8 @@ CONTEXT_MARGIN = 16  # a profiled prompt plus the tokens decoded after it must f
 
 @dataclass(frozen=True)
 class ProbeSpec:
-    """What to measure: the model (built-in name or HF checkpoint), engines, algorithm and batch shape."""
+    """What to measure: the model (built-in name or HF checkpoint), engines, algorithm, batch shape and the
+    trainer backend that trains it."""
 
     model: str | None  # a built-in model name (tiny-demo), or None with `checkpoint`
     checkpoint: str | None  # an HF checkpoint directory on the host that runs the probe
@@ -47,6 +50,7 @@ class ProbeSpec:
     kv_capacity_tokens: int
     algorithm: GrpoAlgorithm | PpoAlgorithm
     batch: Batch
+    trainer_backend: str = "torch"  # a key of rlctl.trainers.base.BACKENDS
 
     def argv(self) -> list[str]:
         """The probe's command-line options for this spec (everything but --out)."""
@@ -59,6 +63,7 @@ class ProbeSpec:
         out += ["--samples-per-prompt", str(b.samples_per_prompt)]
         out += ["--micro-batch-samples", str(b.train_micro_batch_samples)]
         out += ["--micro-batch-tokens", str(b.train_micro_batch_tokens or 0)]
+        out += ["--trainer-backend", self.trainer_backend]
         return out
 
 
@@ -85,6 +90,23 @@ def check_engines(spec: ProbeSpec, *, vllm_here: bool = True) -> None:
             )
 
 
+def check_trainer(spec: ProbeSpec, *, megatron_here: bool = True) -> None:
+    """UsageError unless the trainer backend of `spec` trains its algorithm (before anything starts); with
+    `megatron_here`, megatron-core must be importable here (the probe runs on this host)."""
+    if spec.trainer_backend != "megatron":
+        return
+    if spec.algorithm.kind == "ppo":
+        raise UsageError(
+            "trainer backend 'megatron' trains GRPO here (PPO's critic is built on TinyGPT)",
+            hint="measure PPO's training with --trainer-backend torch",
+        )
+    if megatron_here and (install := megatron_available()) is not None:
+        raise UsageError(
+            f"--source measured --trainer-backend megatron: megatron-core is not installed: {install}",
+            hint="or measure the torch backend: --trainer-backend torch",
+        )
+
+
 def contexts_for(max_positions: int) -> list[int]:
     """The local grid's contexts that fit the model's positions (at least one: half of them)."""
     fit = [c for c in LOCAL_CONTEXTS if c + CONTEXT_MARGIN <= max_positions]
@@ -98,6 +120,7 @@ def measure_here(spec: ProbeSpec) -> dict[str, Any]:
     from rlctl.profiler.measure_train import load_policy, measure_training
 
     check_engines(spec)
+    check_trainer(spec)
     torch.set_num_threads(1)  # one engine thread / one trainer rank: one "GPU" slot
     net = load_policy(spec.checkpoint)
     contexts = contexts_for(net.config.max_position_embeddings)
@@ -123,11 +146,20 @@ def measure_here(spec: ProbeSpec) -> dict[str, Any]:
                 padded_attention=True,
             )
         entries.append(entry.model_copy(update={"engine": engine}))
-    train = measure_training(spec.algorithm, spec.batch, checkpoint=spec.checkpoint, clock=time.thread_time)
+    train = measure_training(
+        spec.algorithm, spec.batch, backend=spec.trainer_backend, checkpoint=spec.checkpoint, clock=time.thread_time
+    )
     return {
         "host": os.uname().nodename,
         "generation": [e.model_dump(mode="json") for e in entries],
-        "training": {"gpu_s_per_token": train.gpu_s_per_token, "step_s": train.step_s, "tokens": train.step_tokens},
+        "training": {
+            "backend": train.backend,
+            "tp": train.tp,
+            "pp": train.pp,
+            "gpu_s_per_token": train.gpu_s_per_token,
+            "step_s": train.step_s,
+            "tokens": train.step_tokens,
+        },
     }
 
 
@@ -144,6 +176,7 @@ def parse_spec(argv: list[str] | None = None) -> tuple[ProbeSpec, Path]:
     ap.add_argument("--samples-per-prompt", type=int, default=Batch().samples_per_prompt)
     ap.add_argument("--micro-batch-samples", type=int, default=Batch().train_micro_batch_samples)
     ap.add_argument("--micro-batch-tokens", type=int, default=Batch().train_micro_batch_tokens or 0)
+    ap.add_argument("--trainer-backend", choices=sorted(BACKENDS), default="torch")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     algo: GrpoAlgorithm | PpoAlgorithm = (PpoAlgorithm if a.algorithm == "ppo" else GrpoAlgorithm)(
@@ -156,7 +189,7 @@ def parse_spec(argv: list[str] | None = None) -> tuple[ProbeSpec, Path]:
         train_micro_batch_tokens=a.micro_batch_tokens or None,
     )
     engines = tuple(dict.fromkeys(a.engine or ["embedded"]))
-    return ProbeSpec(a.model, a.checkpoint, engines, a.kv_capacity_tokens, algo, batch), a.out
+    return ProbeSpec(a.model, a.checkpoint, engines, a.kv_capacity_tokens, algo, batch, a.trainer_backend), a.out
 
 
 def main(argv: list[str] | None = None) -> int:

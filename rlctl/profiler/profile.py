@@ -21,7 +21,8 @@
             prefill_fixed_s: 0.0            # fixed cost of a step that admits new sequences
             kv_capacity_tokens: 1200000     # tokens of KV cache that fit beside the weights
         training:                 # one entry per (tp, pp)
-          - {tp: 1, pp: 1, gpu_s_per_token: 3.1e-5, fixed_bytes_per_gpu: ..., sharded_bytes_per_gpu: ...}
+          - {tp: 1, pp: 1, gpu_s_per_token: 3.1e-5, fixed_bytes_per_gpu: ..., sharded_bytes_per_gpu: ...,
+             backend: megatron}       # the trainer backend measured; absent = any (analytical)
 
 Documented field by field in docs/profile-format.md.
 """
@@ -123,6 +124,9 @@ class TrainingEntry(Strict):
     )
     fixed_bytes_per_gpu: NonNegativeFloat = Field(description="memory per GPU not divided by DP (weights, grads)")
     sharded_bytes_per_gpu: NonNegativeFloat = Field(description="memory per GPU at DP=1 that DP shards (optimizer)")
+    backend: Literal["torch", "megatron"] | None = Field(
+        None, description="the trainer backend measured at this tp, pp; None = any (analytical roofline)"
+    )
 
 
 class SiteProfile(Strict):

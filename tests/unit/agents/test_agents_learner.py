@@ -5,10 +5,10 @@ import random
 import pytest
 import torch
 
-from rlctl.agents.learner import StreamingLearner
 from rlctl.config.job import GrpoAlgorithm
 from rlctl.engines.model import TinyGPT
 from rlctl.rl.grpo import GrpoLearner
+from rlctl.rl.learner import StreamingLearner
 from rlctl.rl.samples import Sample, score
 from tests.unit.tiny_models import small_config
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlctl.agents.learner import StreamingLearner
 from rlctl.config.job import GrpoAlgorithm
 from rlctl.engines.model import TinyGPT
+from rlctl.rl.learner import StreamingLearner
 from rlctl.rl.samples import Sample, score
 from tests.unit.fixed_policy import behaviour, fixed
 from tests.unit.tiny_models import small_config

@@ -77,8 +77,8 @@ def test_measure_here_measures_each_engine_and_a_training_step(monkeypatch: pyte
         events.append(("embedded", contexts, padded_attention))
         return entry(1e-3).model_copy(update={"padded_attention": padded_attention})
 
-    def fake_train(algorithm: Any, batch: Batch, *, checkpoint: str | None, clock: Any) -> Any:
-        events.append(("train", algorithm.kind, algorithm.kl_coef, checkpoint, clock is time.thread_time))
+    def fake_train(algorithm: Any, batch: Batch, *, backend: str, checkpoint: str | None, clock: Any) -> Any:
+        events.append(("train", backend, algorithm.kind, algorithm.kl_coef, checkpoint, clock is time.thread_time))
         return measure_train.TrainMeasurement(3e-5, [0.1], [1000])
 
     monkeypatch.setattr(probe, "vllm_available", lambda: None)
@@ -92,7 +92,7 @@ def test_measure_here_measures_each_engine_and_a_training_step(monkeypatch: pyte
         ("factory", True),
         ("embedded", [16, 64], True),  # 160 + margin does not fit 128 positions
         ("vllm", "/ckpt", [16, 64], 1000),
-        ("train", "ppo", 0.05, "/ckpt", True),
+        ("train", "torch", "ppo", 0.05, "/ckpt", True),
     ]
     gen = [GenerationEntry.model_validate(g) for g in out["generation"]]
     assert [(g.engine, g.padded_attention, g.ptl_s[0][0]) for g in gen] == [
@@ -174,6 +174,19 @@ def test_plan_takes_the_curve_of_the_jobs_engine(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="measured with engine embedded; the job rolls out with 'vllm'"):
         make_plan(job, only_embedded, opts, profile_file="p.yaml")
+    site = both.sites["local"]
+    megatron = both.model_copy(
+        update={
+            "sites": {
+                "local": site.model_copy(
+                    update={"training": [t.model_copy(update={"backend": "megatron"}) for t in site.training]}
+                )
+            }
+        }
+    )
+    assert job.spec.trainer.backend == "torch"
+    with pytest.raises(ConfigError, match="measured with trainer backend megatron; the job trains with 'torch'"):
+        make_plan(job, megatron, opts, profile_file="p.yaml")
 
 
 def test_measure_training_times_the_learner_per_token() -> None:

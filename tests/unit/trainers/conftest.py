@@ -1,5 +1,6 @@
 """The Megatron tests' process group: one gloo rank with megatron's parallel state (tp = pp = 1), per module;
-skipped, with the install command, when megatron-core is not installed (`make unit` installs it)."""
+skipped, with the install command, when megatron-core is not installed (`make unit` installs it), failed
+instead under RLCTL_REQUIRE_MEGATRON=1 (megatron_required.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlctl.trainers.base import megatron_available
+from tests.unit.trainers.megatron_required import require_megatron
 
 
 @pytest.fixture(autouse=True)
@@ -21,9 +22,7 @@ def _one_thread() -> None:
 @pytest.fixture(scope="module")
 def megatron_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """This process as the one rank of a gloo group, with megatron's tp/pp/dp groups formed over it."""
-    hint = megatron_available()
-    if hint is not None:
-        pytest.skip(f"megatron-core is not installed: {hint}")
+    require_megatron()
     from rlctl.trainers.megatron.model import import_megatron, init_parallel
 
     assert not dist.is_initialized()

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from rlctl.engines.hf import read_config
-from rlctl.trainers.base import megatron_available
 from rlctl.trainers.megatron.names import check_split
 from tests.unit.hf_checkpoints import write_checkpoint
+from tests.unit.trainers.megatron_required import require_megatron
 
 pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[3]
@@ -29,8 +29,7 @@ VARIANTS = ["llama-hd64-eos3", "llama-bias-tied"]
 
 @pytest.mark.timeout(300)
 def test_tp2_over_gloo_equals_the_torch_backend(tmp_path: Path) -> None:
-    if (hint := megatron_available()) is not None:
-        pytest.skip(f"megatron-core is not installed: {hint}")
+    require_megatron()
     checkpoints = [tmp_path / v for v in VARIANTS]
     for variant, path in zip(VARIANTS, checkpoints, strict=True):
         write_checkpoint(variant, path)

@@ -1,0 +1,146 @@
+"""`rlctl profile --source measured` times the training step on the trainer backend asked for (`torch` or
+`megatron`, default the job's): what is refused before anything runs, the backend carried from the command
+line to the probe and into the training entry, and a real tiny Megatron step measured through the profiler."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import yaml
+
+from rlctl.config import load_job
+from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
+from rlctl.errors import UsageError
+from rlctl.profiler import build, measure_train, probe
+from rlctl.profiler.profile import GenerationEntry, load_profile
+from tests.conftest import ROOT, CliResult
+from tests.unit.trainers.megatron_required import require_megatron
+
+Cli = Callable[..., CliResult]
+SMALL = Batch(prompts_per_iteration=2, samples_per_prompt=4, train_micro_batch_samples=4)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)  # the dev machines are shared; the probe measures one thread anyway
+
+
+def spec(algorithm: GrpoAlgorithm | PpoAlgorithm, backend: str) -> probe.ProbeSpec:
+    return probe.ProbeSpec("tiny-demo", None, ("embedded",), 1000, algorithm, SMALL, backend)
+
+
+def job_file(tmp_path: Path, **over: Any) -> Path:
+    """jobs/demo.yaml with a small batch, its inventory made absolute, and `over` on top."""
+    data = yaml.safe_load((ROOT / "jobs/demo.yaml").read_text())
+    data["inventory"] = [str(ROOT / "clusters/local.yaml")]
+    data["batch"] = {"prompts_per_iteration": 2, "samples_per_prompt": 4, "train_micro_batch_samples": 4}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**data, **over}))
+    return path
+
+
+def fake_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The embedded engine's decode grid is not what these tests measure: one tiny entry instead."""
+    entry = GenerationEntry(
+        tp=1, contexts=[16], batch_sizes=[1], ptl_s=[[1e-3]], prefill_s_per_token=1e-6, kv_capacity_tokens=99
+    )
+    monkeypatch.setattr(probe, "embedded_engines_on", lambda net: None)
+    monkeypatch.setattr(probe, "measure_generation", lambda factory, **kw: entry)
+
+
+def test_the_trainer_backend_round_trips_through_the_probes_command_line() -> None:
+    s = spec(GrpoAlgorithm(kind="grpo", kl_coef=0.1), "megatron")
+    assert "--trainer-backend" in s.argv()
+    assert probe.parse_spec([*s.argv(), "--out", "o"])[0] == s
+    with pytest.raises(SystemExit):  # argparse: not a key of rlctl.trainers.base.BACKENDS
+        probe.parse_spec([*spec(GrpoAlgorithm(kind="grpo"), "deepspeed").argv(), "--out", "o"])
+
+
+def test_megatron_is_refused_for_ppo_and_where_it_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    probe.check_trainer(spec(PpoAlgorithm(kind="ppo"), "torch"))
+    with pytest.raises(UsageError, match=r"'megatron' trains GRPO here") as e:
+        probe.check_trainer(spec(PpoAlgorithm(kind="ppo"), "megatron"))
+    assert e.value.exit_code == 2 and "--trainer-backend torch" in (e.value.hint or "")
+    monkeypatch.setattr(probe, "megatron_available", lambda: "pip install 'rlctl[megatron]'")
+    with pytest.raises(UsageError, match=r"megatron-core is not installed: pip install 'rlctl\[megatron\]'"):
+        probe.check_trainer(spec(GrpoAlgorithm(kind="grpo"), "megatron"))
+    probe.check_trainer(spec(GrpoAlgorithm(kind="grpo"), "megatron"), megatron_here=False)  # looked for there
+
+
+def test_the_jobs_backend_is_measured_unless_another_is_asked_for(tmp_path: Path) -> None:
+    job = load_job(job_file(tmp_path, trainer={"backend": "megatron"}))
+    assert build.request_from_job(job, sites=None, engines=None).trainer_backend == "megatron"
+    assert build.request_from_job(job, sites=None, engines=None, trainer_backend="torch").trainer_backend == "torch"
+    opts = build.request_from_options(
+        [ROOT / "clusters/local.yaml"], model="tiny-demo", algorithm="grpo", sites=None, engines=None
+    )
+    assert opts.trainer_backend == "torch"
+
+
+def test_the_training_entry_names_the_backend_measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    asked: list[tuple[str, str]] = []
+
+    def fake_probe(s: probe.ProbeSpec) -> dict[str, Any]:
+        asked.append((s.algorithm.kind, s.trainer_backend))
+        gen = GenerationEntry(
+            tp=1, contexts=[16], batch_sizes=[1], ptl_s=[[1e-3]], prefill_s_per_token=0, kv_capacity_tokens=9
+        )
+        return {"generation": [gen.model_dump(mode="json")], "training": {"gpu_s_per_token": 5e-5}}
+
+    monkeypatch.setattr(build, "measure_here", fake_probe)
+    monkeypatch.setattr(probe, "megatron_available", lambda: None)
+    job = load_job(job_file(tmp_path, trainer={"backend": "megatron"}))
+    req = build.request_from_job(job, sites=None, engines=None)
+    prof = build.build_profile(req, source="measured")
+    (t,) = prof.sites["local"].training
+    assert (t.backend, t.tp, t.pp, t.gpu_s_per_token) == ("megatron", 1, 1, 5e-5)
+    ppo = dataclasses.replace(req, algorithm=PpoAlgorithm(kind="ppo"))
+    with pytest.raises(UsageError, match="'megatron' trains GRPO here"):
+        build.build_profile(ppo, source="measured")
+    assert asked == [("grpo", "megatron")]  # PPO was refused before anything ran
+    analytical = build.build_profile(req, source="analytical")
+    assert {e.backend for e in analytical.sites["local"].training} == {None}  # a roofline: any backend
+
+
+def test_a_tiny_megatron_training_step_is_measured_by_rlctl_profile(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    require_megatron()
+    fake_generation(monkeypatch)
+    measured: list[measure_train.TrainMeasurement] = []
+    real = measure_train.measure_training
+
+    def spy(*args: Any, **kw: Any) -> measure_train.TrainMeasurement:
+        measured.append(real(*args, **kw))
+        return measured[-1]
+
+    monkeypatch.setattr(measure_train, "measure_training", spy)
+    job = job_file(tmp_path, trainer={"backend": "megatron"}, algorithm={"kind": "grpo", "kl_coef": 0.05})
+    r = cli("profile", "--job", str(job), "--source", "measured", "-o", str(tmp_path / "p.yaml"))
+    assert r.exit_code == 0, r.stderr
+    assert not dist.is_initialized()  # the one-rank group formed for megatron is gone with its parallel state
+    (m,) = measured
+    assert (m.backend, m.tp, m.pp, len(m.step_s)) == ("megatron", 1, 1, 3)
+    (t,) = load_profile(tmp_path / "p.yaml").sites["local"].training
+    assert (t.backend, t.tp, t.pp) == ("megatron", 1, 1)
+    assert t.gpu_s_per_token == m.gpu_s_per_token > 0
+
+
+def test_torch_and_megatron_time_the_same_batch() -> None:
+    require_megatron()
+    algo = GrpoAlgorithm(kind="grpo", kl_coef=0.05)
+    runs = {
+        b: measure_train.measure_training(algo, SMALL, backend=b, steps=2, warmup_steps=1, clock=time.thread_time)
+        for b in ("torch", "megatron")
+    }
+    assert runs["torch"].step_tokens == runs["megatron"].step_tokens  # the same synthetic iterations
+    assert [m.backend for m in runs.values()] == ["torch", "megatron"]
+    assert all(m.gpu_s_per_token > 0 for m in runs.values())
+    print({b: f"{m.gpu_s_per_token:.3g} s/token" for b, m in runs.items()})  # `pytest -s`: the two figures
