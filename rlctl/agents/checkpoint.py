@@ -14,7 +14,9 @@ that own the state, each on its own site (sites share no filesystem):
 
 Every file goes to a temporary name first and is renamed into place; the manifest is renamed into place
 only after every file it lists is. A part without a manifest, or whose files do not match it (size or
-SHA-256), is never used: `latest_complete` falls back to the newest older checkpoint that verifies.
+SHA-256), is never used: `latest_complete` falls back to the newest older checkpoint that verifies (the rule,
+and the check of a manifest, are `rlctl.launch.agentenv.choose_resume` / `verified_manifest`, which the
+launcher applies on each part's site to pick the version a resumed job loads).
 Files are read back with `torch.load(weights_only=True)` and JSON only: nothing is unpickled.
 """
 
@@ -29,18 +31,20 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from rlctl.errors import RlctlError
+from rlctl.launch.agentenv import CHECKPOINT_PARTS as PARTS
 from rlctl.launch.agentenv import LATEST_POINTER as LATEST
-from rlctl.launch.agentenv import parse_latest
+from rlctl.launch.agentenv import choose_resume, manifest_name, verified_manifest
+from rlctl.launch.sitefs import LocalFiles
 
 log = logging.getLogger(__name__)
 
-PARTS = ("trainer", "controller")
 PREFIX = "iter-"
 CHUNK = 1 << 22
 
 
 def manifest_path(ckpt: Path, part: str) -> Path:
-    return ckpt / f"MANIFEST.{part}.json"
+    return ckpt / manifest_name(part)
 
 
 def file_digest(path: Path) -> str:
@@ -94,24 +98,11 @@ def write_part(
 
 def read_manifest(ckpt: Path, part: str) -> dict[str, Any] | None:
     """The part's manifest when every file it lists is there with its size and SHA-256; else None (logged)."""
-    path = manifest_path(ckpt, part)
     try:
-        body = json.loads(path.read_text())
-        files = body["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        log.info("checkpoint %s: no valid %s manifest (%s)", ckpt.name, part, e)
+        return verified_manifest(LocalFiles(), str(ckpt), part)
+    except (OSError, ValueError) as e:
+        log.warning("checkpoint %s: the %s part is not usable: %s", ckpt.name, part, e)
         return None
-    for rel, want in files.items():
-        p = ckpt / rel
-        try:
-            ok = p.stat().st_size == want["bytes"] and file_digest(p) == want["sha256"]
-        except OSError:
-            ok = False
-        if not ok:
-            log.warning("checkpoint %s: %s does not match its %s manifest; not used", ckpt.name, rel, part)
-            return None
-    body["digest"] = file_digest(path)
-    return body
 
 
 def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
@@ -129,21 +120,29 @@ def set_latest(root: Path, version: int) -> None:
     write_json_atomic(root / LATEST, {"version": version})
 
 
-def read_latest(root: Path) -> int | None:
-    try:
-        return parse_latest((root / LATEST).read_text())
-    except OSError:
+def latest_complete(root: Path, parts: Iterable[str] = PARTS) -> int | None:
+    """The newest version whose every part in `parts` verifies here: the `latest` pointer's when it does, else
+    the newest older one (a pointer moved past a checkpoint that was later damaged is not trusted; a damaged
+    pointer is not read as "none"). None when no checkpoint verifies. Logs what it used and skipped."""
+    wanted = tuple(parts)
+
+    def problem(version: int) -> str | None:
+        for part in wanted:
+            try:
+                verified_manifest(LocalFiles(), str(root / f"{PREFIX}{version}"), part)
+            except (OSError, ValueError) as e:
+                return f"{part} part: {e}"
         return None
 
-
-def latest_complete(root: Path, parts: Iterable[str] = PARTS) -> int | None:
-    """The newest version whose every part in `parts` verifies: the `latest` pointer's when it does, else
-    the newest older one (a pointer moved past a checkpoint that was later damaged is not trusted)."""
-    wanted = tuple(parts)
-    pointer = read_latest(root)
-    for version, d in checkpoint_dirs(root):
-        if pointer is not None and version > pointer:
-            continue  # written after the pointer last moved: its other part may be missing on another site
-        if all(read_manifest(d, part) is not None for part in wanted):
-            return version
-    return None
+    pointer = root / LATEST
+    try:
+        point = choose_resume(
+            pointer.read_text() if pointer.is_file() else None, [v for v, _ in checkpoint_dirs(root)], problem
+        )
+    except RlctlError as e:
+        log.warning("%s: %s", root, e)
+        return None
+    for version, why in point.skipped:
+        log.warning("%s: checkpoint v%d not used: %s", root, version, why)
+    log.info("%s: latest complete checkpoint v%d (%s)", root, point.version, point.pointer)
+    return point.version or None

@@ -49,7 +49,7 @@ from rlctl.launch.agentenv import resume_version
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
 from rlctl.rl.ranker import LengthRanker, recall_at
-from rlctl.rl.source import DigitsSource, task_source
+from rlctl.rl.source import DatasetSource, DigitsSource, task_source
 from rlctl.tracking import FanOut, make_trackers, row_to_metrics
 from rlctl.transport import Connection, Listener, Message, Transport
 from rlctl.transport.base import bind_host
@@ -76,7 +76,9 @@ class Peer:
     unreachable_wall: float = 0.0  # …and time.time(), for status
 
 
-def core_config(job: JobFile, max_new_tokens: int, *, min_units: int = 1) -> CoreConfig:
+def core_config(
+    job: JobFile, max_new_tokens: int, *, min_units: int = 1, dc_links: list[list[str]] | None = None
+) -> CoreConfig:
     return CoreConfig(
         iterations=job.iterations,
         prompts_per_iteration=job.batch.prompts_per_iteration,
@@ -87,6 +89,7 @@ def core_config(job: JobFile, max_new_tokens: int, *, min_units: int = 1) -> Cor
         dispatch=job.rollout.dispatch,
         seed=job.seed,
         min_units=min_units,
+        dc_links=dc_links,
     )
 
 
@@ -103,7 +106,12 @@ class ControllerAgent:
         self.book = WeightBook()
         self.done_at: float | None = None  # when the last iteration was trained (the final weight sync starts)
         self.core = ControllerCore(
-            core_config(job, self.task.max_new_tokens, min_units=self.placement.planned_units),
+            core_config(
+                job,
+                self.task.max_new_tokens,
+                min_units=self.placement.planned_units,
+                dc_links=self.placement.dc_links,
+            ),
             prompts=self._prompts,
             predict=lambda specs: self.ranker.predict([s.tokens for s in specs]).tolist(),
         )
@@ -148,6 +156,7 @@ class ControllerAgent:
             if st.ranker_tokens:
                 self.ranker.fit(st.ranker_tokens, st.ranker_lengths)
             self.scaler.rule.window = list(st.rebalance_window)
+            self.scaler.restore(replaced=st.replaced)  # `status` counts replaced units across resumes
             self.expect_checkpoint = st.trainer_digest
         self.rows = cut_metrics(self.jobdir, version)
         self.resumes += 1
@@ -162,7 +171,14 @@ class ControllerAgent:
             "ranker": {"tokens": tokens, "lengths": lengths},
             "rebalance_window": self.scaler.rule.window,
         }
-        save_controller(self.jobdir, t.version, state=state, ledger=self.core.ledger, trainer_digest=t.checkpoint)
+        save_controller(
+            self.jobdir,
+            t.version,
+            state=state,
+            ledger=self.core.ledger,
+            trainer_digest=t.checkpoint,
+            replaced=self.scaler.replaced,
+        )
         self.jobdir.event("checkpoint", version=t.version)
 
     def _prompts(self, iteration: int) -> list[PromptSpec]:
@@ -544,7 +560,15 @@ class ControllerAgent:
             metrics_port=self.metrics_port,
             job_dir=str(self.jobdir.path),
             resilience={"resumes": self.resumes, **self.scaler.resilience(), "paused": self.paused},
+            data=self._data_view(),
         )
+
+    def _data_view(self) -> dict[str, Any]:
+        """A dataset task's prompts and the bad rows skipped when it was prepared (never silent)."""
+        if not isinstance(self.task, DatasetSource):
+            return {}
+        d = self.task.data
+        return {"prompts": len(d), "bad_rows_skipped": d.num_bad_rows, "checksum": d.checksum}
 
     def _shutdown(self) -> None:
         self._closing = True

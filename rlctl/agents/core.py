@@ -56,6 +56,7 @@ class CoreConfig:
     dispatch: DispatchPolicy = "skew_aware"
     seed: int = 0
     min_units: int = 1  # rollout units to wait for before the first dispatch (the planned count)
+    dc_links: list[list[str]] | None = None  # inter-DC links (datacenter pairs) for the weight plane; None = all
 
 
 @dataclass
@@ -344,4 +345,4 @@ class ControllerCore:
             if u.alive and u.reachable
         }
         dc = self.trainer.datacenter if self.trainer is not None else ""
-        return Out("trainer", "members", {"datacenter": dc, "rollouts": targets})
+        return Out("trainer", "members", {"datacenter": dc, "rollouts": targets, "dc_links": self.cfg.dc_links})

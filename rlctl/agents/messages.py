@@ -9,7 +9,7 @@ builtins) and raw tensor frames. Who sends what:
     sample           rollout → controller        SampleDone                     [output int32, logprobs f32]
     weights_applied  rollout → controller        WeightsApplied                 –
     samples          controller → trainer        Samples {samples: [Delivered…]} 2 per sample, as in `sample`
-    members          controller → trainer        Members {datacenter, rollouts: –
+    members          controller → trainer        Members {datacenter, dc_links, rollouts: –
                                                   {name: {address, weights, datacenter}}}
     trained          trainer → controller        Trained                        –
     weights_available trainer → rollout (direct) WeightsAvailable               – (the rollout pulls the
@@ -105,6 +105,7 @@ class Member(msgspec.Struct):
 class Members(msgspec.Struct):
     rollouts: dict[str, Member]
     datacenter: str = ""
+    dc_links: list[list[str]] | None = None  # datacenter pairs the inventory links; None = every pair
 
 
 class WeightsApplied(msgspec.Struct):

@@ -1,11 +1,13 @@
 """The controller's part of a checkpoint, and what a resumed controller restores from it.
 
 trained(i, v, checkpoint=D)  (the trainer wrote its part of iter-v; D = its manifest's SHA-256)
-    ─▶ save_controller(iter-v): ledger, iteration, ranker history, rebalance window, rows so far, D
+    ─▶ save_controller(iter-v): ledger, iteration, ranker history, rebalance window, rows so far,
+       rollout units replaced so far, D
     ─▶ set_latest(v)                        (only now is iter-v a checkpoint a resume may use)
 
-launch --resume ─▶ RLCTL_RESUME_VERSION=v ─▶ load_controller(iter-v) ─▶ core.restore, ranker.fit,
-    rule.window; metrics rows of iterations ≥ v move to metrics.discarded.jsonl (the curves continue
+launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifies, agentenv.choose_resume)
+    ─▶ load_controller(iter-v) ─▶ core.restore, ranker.fit, rule.window, scaler.restore (`replaced`
+    continues); metrics rows of iterations ≥ v move to metrics.discarded.jsonl (the curves continue
     from the checkpoint, as the model does); the trainer's hello must name the same version and D.
 """
 
@@ -32,19 +34,28 @@ class ControllerState:
     rebalance_window: list[tuple[float, float]]
     trainer_digest: str
     resumes: int
-    replaced: int
+    replaced: int  # rollout units replaced (joined) up to this checkpoint, over every run of the job
 
 
 def save_controller(
-    jobdir: JobDir, version: int, *, state: dict[str, Any], ledger: Ledger, trainer_digest: str
+    jobdir: JobDir,
+    version: int,
+    *,
+    state: dict[str, Any],
+    ledger: Ledger,
+    trainer_digest: str,
+    replaced: int = 0,
 ) -> None:
-    """Write the controller's part of checkpoint `version`, then move `latest` to it."""
+    """Write the controller's part of checkpoint `version`, then move `latest` to it. `replaced`: the Scaler's
+    count of replaced rollout units (status `resilience.replaced`), which a resumed run continues from.
+    (Units it gave up on are not kept: a resumed run starts every planned unit again.)"""
     ckpt = jobdir.checkpoint(version)
+    body = {**state, "version": version, "replaced": replaced}
 
     def fill(tmp: Path) -> None:
         tmp.mkdir(parents=True)
         (tmp / "ledger.json").write_text(json.dumps(ledger.to_json()))
-        (tmp / "state.json").write_text(json.dumps({**state, "version": version}))
+        (tmp / "state.json").write_text(json.dumps(body))
 
     write_part(ckpt, PART, {PART: fill}, meta={"version": version, "trainer_digest": trainer_digest})
     set_latest(ckpt.parent, version)

@@ -6,6 +6,7 @@
     "spawned" from the controller's inbox ──▶ spawned(): scale event "out" (or scale_failed)
     the new unit's first sample ──▶ sampled(): first_sample event; the rule measures afresh
     a unit lost ──▶ replace(): tick() starts one on its site (≤ REPLACE_ATTEMPTS, backoff) ──▶ unit_replaced
+    `replaced` goes into each controller checkpoint; a resumed run continues it (restore())
     scale −N ──▶ core.drain(the newest units) ──▶ scale event "in" (the controller sends the drain)
 
 The controller owns the inbox and the sockets; this module only posts to the one and returns the
@@ -75,6 +76,18 @@ class Placement:
     def rollout_sites(self) -> list[str]:
         return [g["site"] for g in self.plan.get("rollout", [])]
 
+    @property
+    def dc_links(self) -> list[list[str]] | None:
+        """The inter-datacenter links of the job's sites (pairs of datacenters), None when the plan names no
+        links (a job written before links were recorded, or one datacenter): every pair counts as linked."""
+        dcs = {n: s.datacenter for n, s in self.site_specs.items()}
+        pairs = {
+            frozenset((dcs[a], dcs[b]))
+            for a, b in self.plan.get("links", [])
+            if a in dcs and b in dcs and dcs[a] != dcs[b]
+        }
+        return sorted(sorted(p) for p in pairs) or None
+
     def datacenter(self, agent: str) -> str:
         site = self.site_specs.get(self.sites.get(agent, ""))
         return site.datacenter if site is not None else ""
@@ -119,7 +132,7 @@ class Scaler:
         self.scale_log: list[dict[str, Any]] = []
         self._next_replica: int | None = None
         self.replacing: dict[str, Replacement] = {}  # lost unit → its replacement's progress
-        self.replaced = 0  # replacements that joined
+        self.replaced = 0  # replacements that joined, over every run of the job (restore())
         self.gave_up: list[str] = []  # lost units not replaced after every attempt
 
     def pending_units(self) -> list[str]:
@@ -241,6 +254,11 @@ class Scaler:
             return
         r.unit, r.error, r.due = None, None, now + REPLACE_BACKOFF_S * 2 ** (r.attempts - 1)
         log.warning("controller: replacing %s failed (%s); next attempt in %.0f s", r.lost, why, r.due - now)
+
+    def restore(self, *, replaced: int) -> None:
+        """A resumed run: the count of replaced units its checkpoint holds (status `resilience.replaced`
+        continues from it). Units given up on are not restored: the resumed run starts every planned unit."""
+        self.replaced = replaced
 
     def resilience(self) -> dict[str, Any]:
         """For status: replacements done, under way, given up, and what that means for the job."""

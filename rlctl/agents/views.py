@@ -59,6 +59,7 @@ class Snapshot:
     metrics_port: int
     job_dir: str
     resilience: Mapping[str, Any] = field(default_factory=dict)  # resumes, replaced units, a note
+    data: Mapping[str, Any] = field(default_factory=dict)  # a dataset task's rows: prompts, bad rows skipped
 
 
 def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
@@ -159,6 +160,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
             "duplicated": counts.duplicated,
         },
         "resilience": dict(s.resilience),
+        "data": dict(s.data),
         "agents": agents,
     }
 
@@ -231,6 +233,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
             "trained_samples": counts.trained_samples,
         },
         "resilience": dict(s.resilience),
+        "data": dict(s.data),
         "agents": {n: {"role": r, "busy_s": round(b, 3)} for n, (r, b) in busy.items()},
         "job_dir": s.job_dir,
     }

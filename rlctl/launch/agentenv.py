@@ -7,8 +7,15 @@
                            "rank" | "replica"}          parallel layout (a SLURM rank from $SLURM_PROCID)
     CUDA_VISIBLE_DEVICES  its GPU slice (local/ssh) ─▶ the devices it may use (SLURM sets its own)
     OMP/MKL_NUM_THREADS   threads_for(job, role)  ─▶   torch.set_num_threads, from the job as well
-    RLCTL_RESUME_VERSION  `launch --resume`: the    ─▶  controller and trainer restore that checkpoint
-                          version checkpoints/latest.json names on the controller's site (0: start over)
+    RLCTL_RESUME_VERSION  `launch --resume`: the    ─▶  controller and trainer restore exactly that
+                          checkpoint it picked           checkpoint (0: none was ever complete: start over)
+                          (choose_resume, below)
+
+Which checkpoint a resume uses (the launcher decides once, reading each part on its own site):
+
+    latest.json ─▶ v ≤ that ─▶ newest first: both parts' manifests verify, trainer's digest = the one the
+    (damaged: no bound)        controller's part names?  yes ─▶ use it   no ─▶ log why, try the next older
+    none verifies ─▶ RlctlError (one line); no pointer and no checkpoint at all ─▶ 0 (nothing to lose)
 
 This module is the contract: both sides import it, neither imports the other.
 """
@@ -17,10 +24,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlctl.config.job import JobFile
+from rlctl.errors import RlctlError
+
+if TYPE_CHECKING:
+    from rlctl.launch.sitefs import HostFiles
 
 ENV_SITE = "RLCTL_SITE"
 ENV_LISTEN_HOST = "RLCTL_LISTEN_HOST"
@@ -30,13 +42,94 @@ ENV_RESUME = "RLCTL_RESUME_VERSION"
 LATEST_POINTER = "latest.json"  # in the job's checkpoints/: {"version": N}, moved by the controller
 
 
+CHECKPOINT_PARTS = ("trainer", "controller")  # who writes each part of `checkpoints/iter-N/`, on its own site
+
+
+def manifest_name(part: str) -> str:
+    return f"MANIFEST.{part}.json"
+
+
 def parse_latest(text: str) -> int:
-    """The version a `latest.json` pointer names; 0 for a pointer that does not parse (never half-written:
-    it is replaced atomically, so this is a damaged file, and starting over is the safe reading)."""
+    """The version a `latest.json` pointer names. ValueError for one that does not parse: it is replaced
+    atomically, so that is a damaged file — never read as "no checkpoint" (that would start the job over)."""
     try:
-        return int(json.loads(text)["version"])
-    except (ValueError, KeyError, TypeError):
-        return 0
+        version = json.loads(text)["version"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"not a checkpoint pointer: {text[:40]!r}") from e
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise ValueError(f"not a checkpoint version: {version!r}")
+    return version
+
+
+def checkpoint_versions(job: JobFile) -> list[int]:
+    """Every version the trainer checkpoints (each `checkpoint.every_iterations`, and the last), newest first."""
+    every = job.checkpoint.every_iterations
+    return sorted({job.iterations, *(range(every, job.iterations + 1, every) if every else ())}, reverse=True)
+
+
+def verified_manifest(files: HostFiles, ckpt: str, part: str) -> dict[str, Any]:
+    """The manifest of one part of checkpoint directory `ckpt` (as `files` sees it) when every file it lists is
+    there with its size and SHA-256, plus "digest": the manifest's own SHA-256. ValueError saying what is wrong."""
+    name = manifest_name(part)
+    text = files.read_text(f"{ckpt}/{name}")
+    if text is None:
+        raise ValueError(f"no {name}")
+    try:
+        body = json.loads(text)
+        want = {str(rel): (int(w["bytes"]), str(w["sha256"])) for rel, w in body["files"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{name} does not parse ({type(e).__name__}: {e})") from e
+    have = files.states(ckpt, [*want, name])
+    for rel, (size, sha) in sorted(want.items()):
+        got = have.get(rel)
+        if got is None:
+            raise ValueError(f"{rel} is missing")
+        if got.size != size:
+            raise ValueError(f"{rel} does not match {name}: {got.size} bytes, {size} listed")
+        if got.sha256 != sha:
+            raise ValueError(f"{rel} does not match {name}: SHA-256 {got.sha256[:12]}…, {sha[:12]}… listed")
+    body["digest"] = have[name].sha256
+    return dict(body)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    version: int  # 0: the job never completed a checkpoint (it starts over)
+    pointer: str  # what latest.json said, for the log
+    skipped: tuple[tuple[int, str], ...] = ()  # newer checkpoints not used, and why
+
+
+def choose_resume(pointer: str | None, versions: Iterable[int], problem: Callable[[int], str | None]) -> ResumePoint:
+    """The checkpoint a resume continues from: the newest of `versions` (checkpoints on disk) no newer than the
+    one `latest.json` names (its text; None: no pointer) for which `problem(v)` finds nothing wrong, trying
+    older ones in turn. A damaged pointer bounds nothing: every checkpoint is tried. RlctlError when there are
+    checkpoints, or a pointer, but none verifies: resuming must never silently start the job over."""
+    named: int | None = None
+    if pointer is None:
+        said = "no latest.json"
+    else:
+        try:
+            named = parse_latest(pointer)
+            said = f"latest.json names v{named}"
+        except ValueError as e:
+            said = f"latest.json is damaged ({e})"
+    skipped: list[tuple[int, str]] = []
+    for v in sorted({*versions, *([named] if named else [])}, reverse=True):
+        if named is not None and v > named:
+            skipped.append((v, f"newer than latest.json (v{named}): its other part may be missing"))
+            continue
+        why = problem(v)
+        if why is None:
+            return ResumePoint(v, said, tuple(skipped))
+        skipped.append((v, why))
+    if not skipped and (pointer is None or named == 0):
+        return ResumePoint(0, said)
+    tried = "; ".join(f"v{v}: {why}" for v, why in skipped[:3]) or "no checkpoint on disk"
+    more = f"; {len(skipped) - 3} more" if len(skipped) > 3 else ""
+    raise RlctlError(
+        f"no complete checkpoint to resume from ({said}; {tried}{more})",
+        hint="`rlctl launch JOB.yaml` starts the job over in a new directory",
+    )
 
 
 def resume_version() -> int | None:

@@ -7,8 +7,13 @@ agents through a launch backend, watch the controller's status, stop everything.
            ─▶ controller on its site ─(its site's controller.json, read through the site)─▶
               trainer ranks, rollout units: --job-dir <their site's copy> --controller ADDR
         ─▶ JobRun.wait: status RPC every poll_s ─▶ on_progress(status) … controller exits
+           (lost without a summary: LaunchError naming `rlctl launch --resume JOB`)
         ─▶ the controller's record (summary, metrics, events) fetched to the operator's job dir
         ─▶ summary.json (+ wall_s) ;  JobRun.stop(): every agent, SIGTERM → grace → SIGKILL
+
+`start(resume=True)` first picks the checkpoint to continue from: the newest whose controller part (on the
+controller's site) and trainer part (on the trainer's) both verify and belong together (`pick_checkpoint`),
+and passes its version to both as RLCTL_RESUME_VERSION.
 
 The operator's job dir keeps what launch started (agents.jsonl) and the job index; when the controller
 runs elsewhere its site job dir is the job's record, and the launcher mirrors its agent records there
@@ -21,6 +26,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -30,14 +36,23 @@ from typing import Any
 from rlctl.config.inventory import Site
 from rlctl.config.job import Job, JobFile, Pipeline
 from rlctl.errors import LaunchError, PlanError, TransportError, UsageError
-from rlctl.launch.agentenv import ENV_RESUME, LATEST_POINTER, parse_latest
+from rlctl.launch.agentenv import (
+    ENV_RESUME,
+    LATEST_POINTER,
+    ResumePoint,
+    checkpoint_versions,
+    choose_resume,
+    manifest_name,
+    verified_manifest,
+)
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, record_agent, stop_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.inputs import copy_inputs, resolve_inputs
 from rlctl.launch.jobdb import JobDB
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.jobref import resume_command
 from rlctl.launch.layout import PlannedAgent, layout
-from rlctl.launch.sitefs import HostFiles, access_hosts, host_files, is_remote, site_root
+from rlctl.launch.sitefs import HostFiles, LocalFiles, access_hosts, agent_view, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
 from rlctl.launch.stage import (
     STAGED_FILE,
@@ -130,8 +145,10 @@ def prepare(jobdir: JobDir, spec: JobFile, plan: dict[str, Any], *, source: str,
     reward file)."""
     spec = resolve_inputs(spec, job)
     jobdir.write_job(spec, source=source)
-    jobdir.write_json(jobdir.plan_json, plan)
     used = {plan["trainer"]["site"], plan["controller_site"], *(g["site"] for g in plan["rollout"])}
+    # the inventory's links between the job's sites: the weight plane routes each version's inter-DC copy on them
+    links = [sorted(link.between) for link in job.inventory.links if set(link.between) <= used]
+    jobdir.write_json(jobdir.plan_json, {**plan, "links": links})
     write_sites(jobdir.path, {n: s for n, s in job.inventory.sites.items() if n in used})
     jobdir.secret()
     copy_inputs(jobdir, spec, job)
@@ -167,6 +184,7 @@ class JobRun:
         self._record: tuple[Site, str, str] | None = None  # the controller's site, host view, site job dir
         self._status_conn: Connection | None = None
         self.resume_env: dict[str, str] = {}
+        self.resumed: ResumePoint | None = None  # the checkpoint `start(resume=True)` continues from
         self.t_start = time.monotonic()
 
     @property
@@ -247,8 +265,8 @@ class JobRun:
 
     def start(self, *, resume: bool = False) -> None:
         """Stage, then start the controller, then (once it listens) the trainer ranks and rollout units.
-        `resume`: the controller and trainer continue from the job's latest complete checkpoint (read on
-        the controller's site, which keeps the pointer; version 0 = none yet: the job starts over)."""
+        `resume`: the controller and trainer continue from the job's latest complete checkpoint
+        (`resume_point`; version 0: the job never completed one, it starts over)."""
         self.t_start = time.monotonic()
         self.jobdir.controller_json.unlink(missing_ok=True)
         self._register("launching", sites=sorted(self.sites))
@@ -270,9 +288,10 @@ class JobRun:
             finally:
                 fs.close()
         if resume:
-            version = self.resume_point()
-            self.resume_env = {ENV_RESUME: str(version)}
-            self.jobdir.event("resumed", version=version)
+            self.resumed = self.resume_point(trainer=next(a for a, _ in agents if a.role == "trainer"))
+            self.resume_env = {ENV_RESUME: str(self.resumed.version)}
+            skipped = [{"version": v, "why": why} for v, why in self.resumed.skipped]
+            self.jobdir.event("resumed", version=self.resumed.version, pointer=self.resumed.pointer, skipped=skipped)
         self.controller = self._start(c)
         address = self._controller_address(remote)
         if self.db is not None:
@@ -315,13 +334,26 @@ class JobRun:
             time.sleep(0.25 if remote else 0.05)
         return str(self.jobdir.read_json(self.jobdir.controller_json)["address"])
 
-    def resume_point(self) -> int:
-        """The version the controller's site's `checkpoints/latest.json` names (0 when there is none)."""
-        name = f"checkpoints/{LATEST_POINTER}"
-        text = self._read_record(name) if self._record is not None else None
-        if self._record is None and (self.jobdir.path / name).exists():
-            text = (self.jobdir.path / name).read_text()
-        return parse_latest(text) if text else 0
+    def resume_point(self, *, trainer: PlannedAgent) -> ResumePoint:
+        """The checkpoint a resumed controller and trainer (rank 0: it writes the trainer's part) load: the
+        newest whose parts verify on their sites, older ones in turn (`pick_checkpoint`); logged with what was
+        skipped and why. RlctlError (one line) when checkpoints exist but none is complete."""
+        site = self.sites[trainer.site]
+        t_fs = host_files(site, agent_view(site, trainer.gpu_slice.host if trainer.gpu_slice else None))
+        try:
+            c_fs, c_root = self._files() if self._record is not None else (LocalFiles(), str(self.jobdir.path))
+            try:
+                point = pick_checkpoint(
+                    (c_fs, JobDir(Path(c_root))), (t_fs, self.site_dir(trainer)), checkpoint_versions(self.spec)
+                )
+            finally:
+                c_fs.close()
+        finally:
+            t_fs.close()
+        for version, why in point.skipped:
+            log.warning("%s: checkpoint v%d not used: %s", self.id, version, why)
+        log.info("%s: resuming from checkpoint v%d (%s)", self.id, point.version, point.pointer)
+        return point
 
     def _read_record(self, name: str) -> str | None:
         fs, root = self._files()
@@ -382,9 +414,11 @@ class JobRun:
             fetch_record(self.jobdir.path, *self._record)
         if not self.jobdir.summary_json.exists():
             self._register("failed", controller_exit=code)
+            log.warning("the end of %s:\n%s", self.controller.spec.log_path, self.log_tail("controller", 0))
             raise LaunchError(
-                f"the controller exited with {code} without a summary; "
-                f"see {self.controller.spec.log_path}:\n{self.log_tail('controller', 0)}"
+                f"the controller exited with {exit_text(code)} without a summary (its log: "
+                f"{self.controller.spec.log_path})",
+                hint=f"continue the job from its latest complete checkpoint: `{self.resume_command()}`",
             )
         summary: dict[str, Any] = self.jobdir.read_json(self.jobdir.summary_json)
         summary["wall_s"] = round(time.monotonic() - self.t_start, 2)
@@ -392,6 +426,10 @@ class JobRun:
         state = "finished" if summary["state"] == "done" else "stopped" if summary["state"] == "stopped" else "failed"
         self._register(state, controller_exit=code)
         return summary
+
+    def resume_command(self) -> str:
+        """How the user continues this job: by its index id, or its directory when it is not in the index."""
+        return resume_command(self.id if self.db is not None else self.jobdir.path)
 
     def stop(self, *, grace_s: float = 10.0) -> None:
         """Stop every agent of the job on every site, including units the controller started."""
@@ -408,6 +446,47 @@ class JobRun:
         self.backends.close()
         if problems:
             raise LaunchError("; ".join(problems))
+
+
+def exit_text(code: int | None) -> str:
+    """An agent's exit code for a message: `-9 (SIGKILL)` for one a signal ended."""
+    if code is not None and code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return str(code)
+
+
+def pick_checkpoint(
+    controller: tuple[HostFiles, JobDir], trainer: tuple[HostFiles, JobDir], versions: list[int]
+) -> ResumePoint:
+    """The checkpoint a resume continues from (agentenv.choose_resume), each part read through its own site's
+    view of that site's job dir: the controller's part and `latest.json` on the controller's site, the
+    trainer's part on the trainer's; the trainer part must be the one the controller part names (its
+    manifest's SHA-256). `versions`: the job's checkpoint versions; those whose controller manifest exists
+    (the controller writes its part last) are tried, newest first."""
+    c_fs, c_dir = controller
+    t_fs, t_dir = trainer
+    name = manifest_name("controller")
+    present = c_fs.states(str(c_dir.path / "checkpoints"), [f"{c_dir.checkpoint(v).name}/{name}" for v in versions])
+    on_disk = [v for v in versions if f"{c_dir.checkpoint(v).name}/{name}" in present]
+
+    def problem(version: int) -> str | None:
+        try:
+            c = verified_manifest(c_fs, str(c_dir.checkpoint(version)), "controller")
+        except ValueError as e:
+            return f"controller part: {e}"
+        try:
+            t = verified_manifest(t_fs, str(t_dir.checkpoint(version)), "trainer")
+        except ValueError as e:
+            return f"trainer part: {e}"
+        if c.get("trainer_digest") != t["digest"]:
+            return "its trainer part is not the one its controller part was written with"
+        return None
+
+    pointer = c_fs.read_text(str(c_dir.path / "checkpoints" / LATEST_POINTER))
+    return choose_resume(pointer, on_disk, problem)
 
 
 def planned_agents(

@@ -60,6 +60,8 @@ ROWS: list[Row] = []
 
 
 def record(row: Row) -> None:
+    """Add a scenario's row to the table; every scenario (resumed runs included) must lose and duplicate nothing."""
+    assert (row.lost, row.duplicated) == (0, 0), row
     ROWS.append(row)
 
 

@@ -50,10 +50,12 @@ def test_hf_checkpoint_dataset_and_user_reward_run_end_to_end(tmp_path):
     )
     assert build.returncode == 0, build.stderr
     (tmp_path / "flaky.py").write_text(FLAKY_REWARD)
+    with (tmp_path / "data.jsonl").open("a") as f:  # two bad rows, skipped and counted (task.bad_rows: skip)
+        f.write(json.dumps({"data_source": "x"}) + "\n" + json.dumps({"prompt": 3, "data_source": "x"}) + "\n")
     job = yaml.safe_load((ROOT / "jobs/hf-demo.yaml").read_text())
     job["inventory"] = [str(ROOT / "clusters/local.yaml")]
     job["model"]["path"] = "model"
-    job["task"].update(path="data.jsonl", reward="flaky.py:compute_score", reward_timeout_s=1.0)
+    job["task"].update(path="data.jsonl", reward="flaky.py:compute_score", reward_timeout_s=1.0, bad_rows="skip")
     job.update(iterations=4, batch={"prompts_per_iteration": 8, "samples_per_prompt": 2})
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
 
@@ -76,7 +78,8 @@ def test_hf_checkpoint_dataset_and_user_reward_run_end_to_end(tmp_path):
     # the prompts came from the data prepared once at launch; failures (rows ≡ 0 mod 5, 7 or 11: raised,
     # timed out, wrong type) are each scored 0 and counted, twice per prompt (2 samples)
     manifest = json.loads((run / "data" / "manifest.json").read_text())
-    assert (manifest["num_rows"], manifest["num_bad_rows"]) == (64, 0)
+    assert (manifest["num_rows"], manifest["num_bad_rows"]) == (64, 2)
+    assert s["data"] == {"prompts": 64, "bad_rows_skipped": 2, "checksum": manifest["checksum"]}
     assert s["reward_failures"] > 0 and s["reward_failures"] % 2 == 0
     # the trainer saw the user's checkpoint: the final checkpoint is an HF directory with its tokenizer
     final = run / "checkpoints" / "iter-4" / "model"

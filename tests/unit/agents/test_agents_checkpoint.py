@@ -51,6 +51,33 @@ def test_latest_complete_follows_the_pointer_and_falls_back_past_a_damaged_check
     assert latest_complete(tmp_path) is None
 
 
+def test_latest_complete_never_reads_a_damaged_pointer_as_no_checkpoint(tmp_path: Path) -> None:
+    for v in (2, 4):
+        for part in ("trainer", "controller"):
+            text_part(tmp_path / f"iter-{v}", part, json.dumps({"v": v}))
+    (tmp_path / "latest.json").write_text('{"version": ')  # damaged: every checkpoint is tried instead
+    assert latest_complete(tmp_path) == 4
+    (tmp_path / "latest.json").write_text('{"version": "4"}')
+    assert latest_complete(tmp_path) == 4
+
+
+def test_latest_complete_skips_a_newest_checkpoint_whose_manifest_is_bad(tmp_path: Path, caplog) -> None:
+    for v in (2, 4):
+        for part in ("trainer", "controller"):
+            text_part(tmp_path / f"iter-{v}", part, json.dumps({"v": v}))
+    set_latest(tmp_path, 4)
+    body = json.loads(manifest_path(tmp_path / "iter-4", "trainer").read_text())
+    body["files"]["trainer/state.json"]["sha256"] = "0" * 64  # a manifest whose checksum does not match
+    manifest_path(tmp_path / "iter-4", "trainer").write_text(json.dumps(body))
+    with caplog.at_level("INFO", logger="rlctl.agents.checkpoint"):
+        assert latest_complete(tmp_path) == 2
+    said = [r.getMessage() for r in caplog.records]
+    assert any("checkpoint v4 not used: trainer part: trainer/state.json does not match" in m for m in said), said
+    assert said[-1] == f"{tmp_path}: latest complete checkpoint v2 (latest.json names v4)"
+    manifest_path(tmp_path / "iter-2", "controller").unlink()
+    assert latest_complete(tmp_path) is None  # none complete: None, never version 0
+
+
 def trained_model(steps: int) -> tuple[TinyGPT, torch.optim.AdamW]:
     torch.manual_seed(0)
     model = TinyGPT(small_config())

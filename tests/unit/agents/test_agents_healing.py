@@ -9,6 +9,7 @@ from typing import Any
 
 from rlctl.agents import scaling
 from rlctl.agents.core import ControllerCore, CoreConfig, PromptSpec
+from rlctl.agents.resume import load_controller, save_controller
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.config.inventory import Site
 from rlctl.config.job import Rebalance
@@ -95,3 +96,27 @@ def test_failed_attempts_back_off_then_the_job_goes_on_with_fewer_units(tmp_path
     r = scaler.resilience()
     assert r["gave_up"] == ["rollout-1"] and r["note"].startswith("running with fewer rollout units")
     assert [e["event"] for e in jd.read_lines(jd.events) if e["event"] == "replace_gave_up"] == ["replace_gave_up"]
+
+
+def test_the_count_of_replaced_units_continues_across_a_resume(tmp_path) -> None:
+    scaler, core, jd, posted, _ = setup(tmp_path, fail=0)
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=0.0)
+    scaler.tick(0.0)
+    deliver(scaler, posted)
+    core.join("rollout-2", role="rollout", version=0)
+    scaler.tick(1.0)
+    assert scaler.replaced == 1
+    state = {"iteration": 1, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": []}
+    save_controller(jd, 1, state=state, ledger=core.ledger, trainer_digest="d", replaced=scaler.replaced)
+
+    resumed, _, _, posted, _ = setup(tmp_path, fail=0)  # a resumed run's controller: a new scaler
+    resumed.restore(replaced=load_controller(jd, 1).replaced)
+    assert resumed.resilience()["replaced"] == 1
+    resumed.core.lost("rollout-0")
+    resumed.replace("rollout-0", now=0.0)
+    resumed.tick(0.0)
+    deliver(resumed, posted)
+    resumed.core.join("rollout-2", role="rollout", version=0)
+    resumed.tick(1.0)
+    assert resumed.resilience() == {"replaced": 2, "replacing": [], "gave_up": [], "note": None}

@@ -187,6 +187,34 @@ def test_free_slots_count_the_trainer_live_and_pending_units_per_tp():
     assert p.planned_units == 2 and p.rollout_sites == ["a", "b"] and p.datacenter("rollout-1") == "d"
 
 
+def test_the_inventory_links_reach_the_trainer_as_datacenter_pairs():
+    """plan.json carries the inventory's links between the job's sites; the controller turns them into
+    datacenter pairs and sends them with the members, so the weight plane routes on them."""
+
+    def site(dc: str) -> Site:
+        return Site.model_validate(
+            {"datacenter": dc, "gpu": "CPU", "scheduler": {"kind": "local"}, "nodes": [{"host": "h", "gpus": 1}]}
+        )
+
+    specs = {"a": site("dc-a"), "a2": site("dc-a"), "b": site("dc-b"), "c": site("dc-c")}
+    links = [["a", "b"], ["b", "c"], ["a", "a2"], ["a2", "b"], ["a", "gone"]]
+    p = Placement({"rollout": [], "links": links}, specs, {})
+    assert p.dc_links == [["dc-a", "dc-b"], ["dc-b", "dc-c"]]  # one pair per datacenters, none inside one
+    assert Placement({"rollout": []}, specs, {}).dc_links is None  # no links recorded: every pair counts
+
+    cfg = replace(_core(Clock()).cfg, dc_links=p.dc_links)
+    core = ControllerCore(
+        cfg, prompts=lambda it: [PromptSpec(f"p{it}-{j}", [1], 4) for j in range(2)], predict=None, clock=Clock()
+    )
+    core.join("trainer-0", role="trainer", version=0, datacenter="dc-a")
+    core.join("rollout-0", role="rollout", version=0, address="r0", weights="w0", datacenter="dc-c")
+    members = next(
+        o for o in core.join("rollout-1", role="rollout", version=0, datacenter="dc-b") if o.kind == "members"
+    )
+    assert members.header["dc_links"] == [["dc-a", "dc-b"], ["dc-b", "dc-c"]]
+    assert set(members.header["rollouts"]) == {"rollout-0", "rollout-1"}
+
+
 def _scaler(tmp_path, units: int) -> tuple[Scaler, ControllerCore, JobDir, list[Any]]:
     jd = JobDir.create("views", explicit=tmp_path / "job")
     core = _core(Clock())

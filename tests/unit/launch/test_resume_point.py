@@ -1,0 +1,200 @@
+"""Which checkpoint `launch --resume` continues from: the newest whose two parts verify, each read on its own
+site, older ones in turn; a damaged `latest.json` is never read as "start over"; no complete checkpoint is a
+one-line refusal. And a controller lost without a summary names the resume command."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rlctl.agents.checkpoint import manifest_path, set_latest, write_part
+from rlctl.config.inventory import Site
+from rlctl.config.job import JobFile
+from rlctl.errors import LaunchError, RlctlError
+from rlctl.launch.agentenv import ENV_RESUME, ParallelConfig, checkpoint_versions, parse_latest
+from rlctl.launch.base import Resources
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.layout import PlannedAgent
+from rlctl.launch.run import JobRun, pick_checkpoint
+from rlctl.launch.sitefs import LocalFiles
+
+
+def spec(iterations: int = 9, every: int = 3) -> JobFile:
+    return JobFile.model_validate(
+        {
+            "apiVersion": "rlctl/v1",
+            "kind": "Job",
+            "name": "resume",
+            "inventory": ["x.yaml"],
+            "model": {"kind": "builtin", "name": "tiny-demo"},
+            "task": {"kind": "digits"},
+            "iterations": iterations,
+            "placement": {"trainer": {"site": "t", "gpus": 1}, "rollout": [{"site": "c", "gpus": 1}]},
+            "checkpoint": {"every_iterations": every},
+        }
+    )
+
+
+def files_part(ckpt: Path, part: str, text: str, *, meta: dict[str, Any] | None = None) -> str:
+    def fill(tmp: Path) -> None:
+        tmp.mkdir()
+        (tmp / "state.json").write_text(text)
+
+    return write_part(ckpt, part, {part: fill}, meta=meta)
+
+
+class Sites:
+    """Two sites that share no filesystem: the controller's job dir and the trainer's."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.c = JobDir.create("resume", explicit=tmp_path / "controller-site" / "job")
+        self.t = JobDir.create("resume", explicit=tmp_path / "trainer-site" / "job")
+
+    def checkpoint(self, version: int, *, latest: bool = True) -> None:
+        """Both parts of checkpoint `version`, in the order the agents write them; then the pointer."""
+        digest = files_part(self.t.checkpoint(version), "trainer", json.dumps({"weights": version}))
+        files_part(
+            self.c.checkpoint(version),
+            "controller",
+            json.dumps({"iteration": version}),
+            meta={"trainer_digest": digest},
+        )
+        if latest:
+            set_latest(self.c.path / "checkpoints", version)
+
+    def pick(self, versions: list[int] | None = None) -> Any:
+        fs = LocalFiles()
+        return pick_checkpoint((fs, self.c), (fs, self.t), versions if versions is not None else [9, 6, 3])
+
+
+def test_the_newest_checkpoint_whose_parts_verify_on_their_own_sites_is_used(tmp_path: Path) -> None:
+    sites = Sites(tmp_path)
+    for v in (3, 6):
+        sites.checkpoint(v)
+    point = sites.pick()
+    assert (point.version, point.skipped, point.pointer) == (6, (), "latest.json names v6")
+    # the trainer's part is read on the trainer's site only: the controller's site has none
+    assert not (sites.c.checkpoint(6) / "MANIFEST.trainer.json").exists()
+
+
+def test_a_damaged_latest_pointer_is_not_read_as_start_over(tmp_path: Path) -> None:
+    sites = Sites(tmp_path)
+    for v in (3, 6):
+        sites.checkpoint(v)
+    (sites.c.path / "checkpoints" / "latest.json").write_text('{"vers')
+    with pytest.raises(ValueError):
+        parse_latest('{"vers')
+    point = sites.pick()
+    assert point.version == 6 and point.pointer.startswith("latest.json is damaged")
+
+
+def test_a_newest_checkpoint_that_does_not_verify_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+    sites = Sites(tmp_path)
+    for v in (3, 6, 9):
+        sites.checkpoint(v)
+    state = sites.t.checkpoint(9) / "trainer" / "state.json"
+    state.write_text(state.read_text().replace("9", "8"))  # same size, other bytes: the checksum fails
+    manifest_path(sites.c.checkpoint(6), "controller").write_text("{not json")  # a damaged manifest
+    point = sites.pick()
+    assert point.version == 3
+    assert [v for v, _ in point.skipped] == [9, 6]
+    assert point.skipped[0][1].startswith(
+        "trainer part: trainer/state.json does not match MANIFEST.trainer.json: SHA-256"
+    )
+    assert point.skipped[1][1].startswith("controller part: MANIFEST.controller.json does not parse")
+
+
+def test_a_trainer_part_other_than_the_one_the_controller_part_names_is_not_used(tmp_path: Path) -> None:
+    sites = Sites(tmp_path)
+    for v in (3, 6):
+        sites.checkpoint(v)
+    files_part(sites.t.checkpoint(6), "trainer", json.dumps({"weights": "rewritten"}))  # verifies on its own
+    point = sites.pick()
+    assert point.version == 3
+    assert point.skipped == ((6, "its trainer part is not the one its controller part was written with"),)
+
+
+def test_no_complete_checkpoint_is_refused_in_one_line_not_restarted(tmp_path: Path) -> None:
+    sites = Sites(tmp_path)
+    sites.checkpoint(3)
+    manifest_path(sites.t.checkpoint(3), "trainer").unlink()
+    with pytest.raises(RlctlError) as e:
+        sites.pick()
+    msg = str(e.value)
+    assert (
+        msg
+        == "no complete checkpoint to resume from (latest.json names v3; v3: trainer part: no MANIFEST.trainer.json)"
+    )
+    assert e.value.exit_code == 1 and e.value.hint is not None and "\n" not in msg + e.value.hint
+
+    damaged = Sites(tmp_path / "other")  # a damaged pointer and no checkpoint at all: refused too
+    (damaged.c.path / "checkpoints" / "latest.json").write_text("")
+    with pytest.raises(RlctlError, match=r"latest.json is damaged .*no checkpoint on disk"):
+        damaged.pick()
+
+
+def test_a_job_that_never_completed_a_checkpoint_starts_over(tmp_path: Path) -> None:
+    sites = Sites(tmp_path)
+    files_part(sites.t.checkpoint(3), "trainer", "{}")  # the trainer's part only: the controller died first
+    point = sites.pick()
+    assert (point.version, point.skipped, point.pointer) == (0, (), "no latest.json")
+
+
+def test_the_job_checkpoint_versions_are_the_trainers() -> None:
+    assert checkpoint_versions(spec(10, 3)) == [10, 9, 6, 3]
+    assert checkpoint_versions(spec(10, 0)) == [10]
+
+
+def local_site() -> Site:
+    return Site.model_validate(
+        {"datacenter": "d", "gpu": "CPU", "scheduler": {"kind": "local"}, "nodes": [{"host": "h", "gpus": 2}]}
+    )
+
+
+def job_run(tmp_path: Path, *, db: Any = None) -> tuple[JobRun, Sites]:
+    sites = Sites(tmp_path)
+    plan = {"trainer": {"site": "t", "ranks": 1}, "rollout": [{"site": "c", "units": 1}], "controller_site": "c"}
+    run = JobRun(sites.c, spec(), plan, db=db, sites={"c": local_site(), "t": local_site()})
+    run.staged = {"c": {"roots": {"localhost": str(sites.c.path)}}, "t": {"roots": {"localhost": str(sites.t.path)}}}
+    return run, sites
+
+
+def test_job_run_resume_point_logs_what_it_used_and_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    run, sites = job_run(tmp_path)
+    for v in (3, 6):
+        sites.checkpoint(v)
+    (sites.t.checkpoint(6) / "trainer" / "state.json").unlink()
+    trainer = PlannedAgent("trainer", 0, "t", Resources(1, 1, 1), ParallelConfig("trainer"))
+    with caplog.at_level(logging.INFO, logger="rlctl.launch.run"):
+        point = run.resume_point(trainer=trainer)
+    assert point.version == 3
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"{run.id}: checkpoint v6 not used: trainer part: trainer/state.json is missing",
+        f"{run.id}: resuming from checkpoint v3 (latest.json names v6)",
+    ]
+    assert ENV_RESUME == "RLCTL_RESUME_VERSION"  # what start(resume=True) passes the version as
+
+
+def test_a_controller_lost_without_a_summary_names_the_resume_command(tmp_path: Path) -> None:
+    run, _ = job_run(tmp_path)
+    run.controller = SimpleNamespace(spec=SimpleNamespace(site="c", log_path=tmp_path / "controller-0.log"))  # type: ignore[assignment]
+    run.poll = lambda h: -9  # type: ignore[method-assign]  # SIGKILLed
+    with pytest.raises(LaunchError) as e:
+        run.wait(poll_s=0)
+    line = f"{e.value} (hint: {e.value.hint})"
+    assert "\n" not in line
+    assert "the controller exited with -9 (SIGKILL) without a summary" in line
+    assert line.endswith(f"`rlctl launch --resume {run.jobdir.path}`)")  # not in the index: by its directory
+
+    class Index:
+        def update(self, *a: Any, **kw: Any) -> None:
+            pass
+
+    indexed, _ = job_run(tmp_path / "indexed", db=Index())
+    assert indexed.resume_command() == f"rlctl launch --resume {indexed.id}"
