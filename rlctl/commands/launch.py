@@ -17,7 +17,7 @@ import typer
 from rlctl.config import load_job
 from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.evaluation import add_heldout, heldout_line
-from rlctl.launch.preflight import preflight
+from rlctl.launch.preflight import Problem, preflight, problems
 from rlctl.launch.run import DRY_RUN_CONTROLLER
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
@@ -121,9 +121,20 @@ def staging_table(staging: list[dict[str, Any]]) -> str:
     return grid(rows, ["site", "hosts", "job dir on the site", "staged there", ""], "Staging")
 
 
-def dry_table(rows: list[dict[str, Any]], staging: list[dict[str, Any]] | None = None) -> str:
-    """Where each agent runs and what it gets (one table), the staging plan, then every exact sbatch
-    script / SSH command."""
+def refused_lines(found: list[Problem]) -> list[str]:
+    """What `rlctl check` (and a launch) refuses in the job, for `--dry-run`: a marked section, one line each."""
+    if not found:
+        return []
+    return [f"# would be refused by `rlctl check` ({len(found)}): a launch stops before starting anything"] + [
+        f"#   {p.field}: {p.message}" + (f" (hint: {p.hint})" if p.hint else "") for p in found
+    ]
+
+
+def dry_table(
+    rows: list[dict[str, Any]], staging: list[dict[str, Any]] | None = None, refused: list[Problem] | None = None
+) -> str:
+    """What `rlctl check` refuses (if anything), where each agent runs and what it gets (one table), the
+    staging plan, then every exact sbatch script / SSH command."""
     table = [
         [
             r["agent"],
@@ -137,7 +148,8 @@ def dry_table(rows: list[dict[str, Any]], staging: list[dict[str, Any]] | None =
         for r in rows
     ]
     head = ["agent", "site", "host", "backend", "CUDA_VISIBLE_DEVICES / SLURM request", "threads", "parallel"]
-    out = [
+    out = refused_lines(refused or [])
+    out += [
         f"# {len(rows)} agents; MASTER_PORT={DRY_RUN_MASTER_PORT} stands for the free port picked at launch, "
         f"{DRY_RUN_CONTROLLER} for the controller's address once it listens",
         grid(table, head),
@@ -191,7 +203,8 @@ def register(app: typer.Typer) -> None:
         job = load_job(job_file)
         spec = resolve_job(job, iterations=iterations, mode=mode.value if mode is not None else None)
         plan = plan_counts(job, spec)
-        if dry_run:
+        if dry_run:  # the scripts even of a job check refuses, under what it refuses: nothing pretends it starts
+            refused = problems(job, plan=plan)
             path = JobDir.choose_path(spec.name, explicit=job_dir if job_dir is not None else spec.job_dir)
             sites = {n: job.inventory.sites[n] for n in _sites_of(plan)}
             dry = JobRun(JobDir(path), spec, plan, sites=sites)
@@ -200,7 +213,9 @@ def register(app: typer.Typer) -> None:
             finally:
                 dry.backends.close()
             staging = dry.staging_plan()
-            emit(rows, output, lambda r: dry_table(r, staging))
+            if output is OutputFormat.json and refused:  # stdout stays the documented list of agents
+                sys.stderr.write("\n".join(refused_lines(refused)) + "\n")
+            emit(rows, output, lambda r: dry_table(r, staging, refused))
             return
         preflight(job)  # what `rlctl check` refuses, refused before anything is built or started
         jd = launch_dir(job, spec, job_dir)
@@ -252,7 +267,11 @@ def _resume(ref: str, output: OutputFormat) -> None:
         refuse_if_running(jd)
         run = JobRun(jd, spec, plan, db=db)
         run.start(resume=True)
-        progress.say(f"job {spec.name}: resumed from checkpoint v{run.resume_env.get('RLCTL_RESUME_VERSION')}")
+        point = run.resumed
+        assert point is not None
+        skipped = "".join(f"; v{v} not used: {why}" for v, why in point.skipped)
+        start = f"checkpoint v{point.version}" if point.version else "the start (no checkpoint was completed)"
+        progress.say(f"job {spec.name}: resumed from {start}{skipped}")
         summary = run.wait(on_progress=progress)
     finally:
         progress.close()
@@ -262,4 +281,7 @@ def _resume(ref: str, output: OutputFormat) -> None:
     summary = add_heldout(jd, spec, summary, say=progress.say)
     emit(summary, output, _table)
     if summary["state"] != "done":
-        raise RlctlError(f"job {spec.name} did not finish: {summary['state']}", hint=f"see {jd.path}/logs")
+        raise RlctlError(
+            f"job {spec.name} did not finish: {summary['state']}",
+            hint=f"see {jd.path}/logs; continue it with `{run.resume_command()}`",
+        )

@@ -248,7 +248,11 @@ class Rollout(Strict):
     max_batch_size: PositiveInt = 64
     tensor_parallel: PositiveInt | None = None
     dispatch: Literal["random", "skew_aware", "oracle"] = "skew_aware"
-    long_tail_fraction: Fraction = 0.2
+    long_tail_fraction: Fraction = Field(
+        0.2,
+        description="`rlctl plan` only: the share of units its simulated skew-aware dispatch gives the long tail; "
+        "launch dispatches over every unit alike, so `rlctl check` refuses another value",
+    )
     threads_per_unit: PositiveInt = 1
     group_barrier: Literal["auto", "always", "never"] = Field(
         "auto", description="embedded engine: may the next iteration fill rows freed by the previous one's tail"
@@ -328,7 +332,11 @@ class Planning(Strict):
 
     rule: Literal["paper", "fewest_gpus"] = "paper"
     epsilon: Annotated[float, Field(ge=0, lt=1)] = 0.05
-    dispatch_rule: Literal["sum", "max"] = "max"
+    dispatch_rule: Literal["sum", "max"] = Field(
+        "max",
+        description="`rlctl plan` only: the cost model of its simulated dispatch (not of the allocation); "
+        "launch dispatches without it, so `rlctl check` refuses another value",
+    )
 
 
 class JobFile(Strict):

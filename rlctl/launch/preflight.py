@@ -4,24 +4,41 @@ that passes means launch can start the job on the sites it names.
 
 What is refused here (and why) is what the runtime cannot honour on this installation: an engine or
 trainer backend whose package is missing or that the agents do not run, a model or task that only
-describes a workload for planning, a tracker whose package is missing.
+describes a workload for planning, a field only `rlctl plan` reads, a prompt plus its output longer than
+the model's context, a tracker whose package is missing; and, in the plan launch computes from the job
+(rlctl.launch.run.plan_counts: counts, the trainer's tp × pp × dp, each rollout unit's tp), a split the
+trainer or the engine would ignore and a site too small for the agents placed on it.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from rlctl.config.job import DatasetTask, Job
+from rlctl.config.job import DatasetTask, DigitsTask, Job, Planning, Rollout
 from rlctl.engines.factory import vllm_available
-from rlctl.errors import ConfigError
+from rlctl.engines.hf import CONFIG_FILE, TinyGPTConfig, read_config
+from rlctl.errors import ConfigError, LaunchError, PlanError
+from rlctl.launch.layout import layout
 from rlctl.launch.sitefs import is_remote
 from rlctl.rl.dataset import check_task
+from rlctl.rl.tasks import MAX_DIGITS
+from rlctl.rl.tasks import DigitsTask as Digits
 from rlctl.tracking import check_tracking
 from rlctl.trainers.base import megatron_available
 
 RUNNABLE_BUILTIN = "tiny-demo"  # the one built-in model with weights (rlctl.engines.model.TinyGPT)
+# why a trainer backend cannot run a plan that splits the model (tp or pp > 1): the learner hands every
+# rank its own samples and all-reduces whole gradients (rlctl.rl.learner), data parallel only
+NO_MODEL_SPLIT = {
+    "torch": "the 'torch' trainer has no model parallelism (each rank holds a whole replica)",
+    "megatron": "the 'megatron' trainer runs tp/pp > 1 in its own tests only, not in jobs (the learner "
+    "all-reduces whole gradients)",
+}
 
 
 @dataclass(frozen=True)
@@ -35,8 +52,9 @@ def _missing(module: str) -> bool:
     return importlib.util.find_spec(module) is None
 
 
-def problems(job: Job) -> list[Problem]:
-    """Every reason the runtime cannot run `job` as written, first the most fundamental."""
+def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
+    """Every reason the runtime cannot run `job` as written, first the most fundamental. `plan` is the one
+    launch runs (rlctl.launch.run.plan_counts); without it, it is computed here the same way."""
     spec = job.spec
     out: list[Problem] = []
     if spec.model.kind == "arch":
@@ -108,13 +126,149 @@ def problems(job: Job) -> list[Problem]:
         if spec.warmup.sft_steps:
             out.append(Problem("warmup.sft_steps", "the SFT warm-up is the built-in digits model's; use 0"))
         out += _raised("task", lambda: check_task(task, job_file=job.path))
+    out += _context(job)
+    out += _planning_only(job)
     out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path)))
+    out += _planned(job, plan)
     return out
 
 
+def _context(job: Job) -> list[Problem]:
+    """The longest prompt plus the most output tokens a request may ask for must fit the model's context:
+    the engines refuse a longer request (rlctl.engines.base.check_requests) and the trainer a longer
+    sequence, inside the agents, after launch."""
+    spec, task = job.spec, job.spec.task
+    if spec.model.kind == "hf":
+        limit, where = read_config(spec.model.path).max_position_embeddings, f"{spec.model.path}/{CONFIG_FILE}"
+    elif spec.model.kind == "builtin" and spec.model.name == RUNNABLE_BUILTIN:
+        limit, where = TinyGPTConfig().max_position_embeddings, f"built-in {RUNNABLE_BUILTIN!r}"
+    else:
+        return []  # no weights: refused above
+    if isinstance(task, DatasetTask):
+        prompt, output = task.max_prompt_tokens, task.max_output_tokens
+        valid = f"max_prompt_tokens + max_output_tokens ≤ {limit}"
+    elif isinstance(task, DigitsTask):
+        if task.num_digits_min > MAX_DIGITS:
+            return [
+                Problem("task.num_digits_min", f"{task.num_digits_min}: at most {MAX_DIGITS} (one letter per digit)")
+            ]
+        digits = Digits(task)
+        # BOS, the digits, '=': a prompt has at most num_digits_max digits, more only when its answer needs
+        # them (9 letters per digit), never more than MAX_DIGITS (rlctl.rl.tasks.DigitsTask.prompt)
+        answer_digits = math.ceil(digits.max_answer_chars / 9)
+        prompt = 2 + min(MAX_DIGITS, max(task.num_digits_max, answer_digits))
+        output = digits.max_new_tokens
+        valid = f"max_output_tokens ≤ {limit - prompt}"
+    else:
+        return []  # kind 'lengths': refused above
+    if prompt + output <= limit:
+        return []
+    return [
+        Problem(
+            "task.max_output_tokens",
+            f"{prompt} prompt + {output} output tokens exceed model max_position_embeddings {limit} ({where}); "
+            f"use {valid}",
+        )
+    ]
+
+
+def _planning_only(job: Job) -> list[Problem]:
+    """Fields only the planner reads: they shape `rlctl plan`'s simulated dispatch (its predicted times), not
+    the allocation launch runs, and the controller's dispatch (rlctl.agents.core: every queued sample to a
+    live unit, balanced by predicted tokens) reads neither; a value other than the default would be ignored."""
+    spec, out = job.spec, []
+    fraction = Rollout.model_fields["long_tail_fraction"].default
+    if spec.rollout.long_tail_fraction != fraction:
+        out.append(
+            Problem(
+                "rollout.long_tail_fraction",
+                f"{spec.rollout.long_tail_fraction}: only `rlctl plan` reads it (the long-tail units of its "
+                f"simulated dispatch); launch dispatches over every unit alike: remove it (default {fraction})",
+            )
+        )
+    rule = Planning.model_fields["dispatch_rule"].default
+    if spec.planning.dispatch_rule != rule:
+        out.append(
+            Problem(
+                "planning.dispatch_rule",
+                f"{spec.planning.dispatch_rule!r}: only `rlctl plan` reads it (the cost model of its simulated "
+                f"dispatch); launch dispatches without it: remove it (default {rule!r})",
+            )
+        )
+    return out
+
+
+def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
+    """What the plan (the one launch runs) asks for and the runtime cannot give: a trainer split over tp × pp
+    (the learner is data parallel only, whatever the backend), a planner-chosen rollout tp the embedded
+    engine would ignore, more GPUs on a site than its inventory has (rlctl.launch.layout)."""
+    spec, out = job.spec, []
+    if plan is None:
+        from rlctl.launch import run  # torch comes with it: only where a plan is computed
+
+        # the planner's advisory note (explicit counts, planner failed: tp 1 pp 1) is launch's to log;
+        # check prints its one line
+        log = logging.getLogger(run.__name__)
+        log.addFilter(_drop)
+        try:
+            plan = run.plan_counts(job, spec)
+        except PlanError as e:
+            return [Problem(_auto_field(job), f"'auto' needs the planner, which failed: {e.__cause__ or e}", e.hint)]
+        finally:
+            log.removeFilter(_drop)
+    t = plan["trainer"]
+    par = t.get("parallel") or {}
+    tp, pp = int(par.get("tp", 1)), int(par.get("pp", 1))
+    if (tp, pp) != (1, 1):
+        out.append(
+            Problem(
+                "placement.trainer.gpus",
+                f"the plan splits the model over the trainer's {t['ranks']} GPUs on site {t['site']!r} as tp {tp} "
+                f"pp {pp} dp {par.get('dp', 1)}, and {NO_MODEL_SPLIT[spec.trainer.backend]}: use a GPU count the "
+                "plan runs as tp 1 pp 1 (`rlctl plan JOB -o json` lists the split per count: stage_curves.training)",
+            )
+        )
+    if spec.algorithm.kind == "ppo" and spec.placement.trainer.gpus == "auto" and int(t["ranks"]) > 1:
+        out.append(
+            Problem(
+                "placement.trainer.gpus",
+                f"auto: the planner gives the trainer {t['ranks']} ranks, and the PPO learner trains on one; "
+                "use 1 or algorithm 'grpo'",
+            )
+        )
+    if spec.rollout.engine == "embedded" and spec.rollout.tensor_parallel is None:  # a set one: refused above
+        for g in plan["rollout"]:
+            if int(g.get("tp", 1)) > 1:
+                out.append(
+                    Problem(
+                        "rollout.tensor_parallel",
+                        f"unset, so the planner gives site {g['site']!r} units of tp {g['tp']}; the embedded "
+                        "engine runs one device per unit: set 1, or engine 'vllm' for tensor parallelism",
+                    )
+                )
+    try:
+        layout(plan, job.inventory.sites, spec)
+    except LaunchError as e:
+        out.append(Problem("placement", str(e), e.hint))
+    return out
+
+
+def _drop(record: logging.LogRecord) -> bool:
+    return False
+
+
+def _auto_field(job: Job) -> str:
+    """The first role whose GPU count the planner chooses."""
+    placement = job.spec.placement
+    if placement.trainer.gpus == "auto":
+        return "placement.trainer.gpus"
+    i = next(i for i, r in enumerate(placement.rollout) if r.gpus == "auto")
+    return f"placement.rollout[{i}].gpus"
+
+
 def _megatron(job: Job) -> list[Problem]:
-    """What the `megatron` trainer backend cannot do here: it runs on CPU, tp 1 pp 1 (rlctl.trainers.megatron);
-    a plan that splits the model over ranks is refused by the trainer when it starts."""
+    """What the `megatron` trainer backend cannot do here: it runs on CPU (rlctl.trainers.megatron), tp 1 pp 1
+    (a plan that splits the model over ranks: `_planned`)."""
     spec, out = job.spec, []
     if (hint := megatron_available()) is not None:
         out.append(Problem("trainer.backend", "'megatron' needs megatron-core, which is not installed", hint=hint))
@@ -167,9 +321,9 @@ def _raised(field: str, check: Callable[[], None]) -> list[Problem]:
     return []
 
 
-def preflight(job: Job) -> None:
+def preflight(job: Job, *, plan: dict[str, Any] | None = None) -> None:
     """Raise a ConfigError (exit 2) naming the first problem, and how many more there are."""
-    found = problems(job)
+    found = problems(job, plan=plan)
     if not found:
         return
     first = found[0]

@@ -17,6 +17,7 @@ from rlctl.config import load_job
 from rlctl.config.inventory import Site
 from rlctl.config.job import Job
 from rlctl.errors import LaunchError
+from rlctl.launch import preflight
 from rlctl.launch.agentenv import ENV_PARALLEL, ENV_VISIBLE, parallel_from_env, threads_for
 from rlctl.launch.backends import record_agent, recorded_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
@@ -273,8 +274,11 @@ def test_scale_out_reuses_the_slice_of_a_unit_that_exited(tmp_path: Path) -> Non
 
 
 # -- launch --dry-run (golden) ------------------------------------------------------------------------
-def test_dry_run_on_gpu_sites_matches_golden(tmp_path: Path) -> None:
-    """SLURM trainer on 8-GPU H800 nodes (GPUs per task) + SSH rollout on H20 hosts with tp=2 slices."""
+def test_dry_run_on_gpu_sites_matches_golden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLURM trainer on 8-GPU H800 nodes (GPUs per task) + SSH rollout on H20 hosts with tp=2 slices; what
+    `rlctl check` refuses in this planning-scale job comes first, marked."""
+    monkeypatch.setattr(preflight, "vllm_available", lambda: None)  # the golden is the same with or without
+    monkeypatch.setattr(preflight, "megatron_available", lambda: None)  # the optional extras installed
     job = {
         "apiVersion": "rlctl/v1",
         "kind": "Job",
@@ -294,6 +298,14 @@ def test_dry_run_on_gpu_sites_matches_golden(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.stderr
     text = res.stdout.replace(sys.executable, "python3")  # SLURM sites run this interpreter (shared FS)
     check_golden("dry_run_gpu.txt", text)
+    head = text.split("\n# 8 agents;", 1)[0].splitlines()
+    assert head[0].startswith("# would be refused by `rlctl check` (4)")
+    assert [line.split(":", 1)[0] for line in head[1:]] == [
+        "#   model",
+        "#   task",
+        "#   trainer.backend",
+        "#   placement.trainer.gpus",
+    ]
     assert "#SBATCH --gpus-per-task=1" in text and "export CUDA_VISIBLE_DEVICES=2,3" in text
     assert "gres" not in text and "--gpus-per-node" not in text
 

@@ -1,0 +1,287 @@
+"""`rlctl.launch.preflight.problems`: each refusal, one line naming the field, through `problems()` and through
+`rlctl check` / `rlctl launch` (one stderr line, exit 2, nothing started); `launch --dry-run` lists them."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rlctl.config import load_job
+from rlctl.config.job import Job
+from rlctl.engines.model import TinyGPT
+from rlctl.launch import run
+from rlctl.launch.preflight import Problem, problems
+from rlctl.rl.tasks import DigitsTask
+from tests.conftest import ROOT, run_cli
+from tests.unit.tiny_models import small_config
+
+LOCAL = str(ROOT / "clusters" / "local.yaml")
+GPU_CLUSTERS = [str(ROOT / "clusters" / "h800-trainer.yaml"), str(ROOT / "clusters" / "h20-rollout.yaml")]
+
+
+def job_dict(**over: Any) -> dict[str, Any]:
+    """The demo job, small, on this machine's local site (4 slots); `over` replaces whole sections."""
+    return {
+        "apiVersion": "rlctl/v1",
+        "kind": "Job",
+        "name": "pre",
+        "inventory": [LOCAL],
+        "model": {"kind": "builtin", "name": "tiny-demo"},
+        "task": {"kind": "digits"},
+        "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": 2}]},
+        "warmup": {"sft_steps": 0},
+        **over,
+    }
+
+
+def load(tmp_path: Path, **over: Any) -> Job:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job_dict(**over)))
+    return load_job(path)
+
+
+def refused(job: Job, field: str, *, plan: dict[str, Any] | None = None) -> list[Problem]:
+    return [p for p in problems(job, plan=plan) if p.field == field]
+
+
+def only_line(res: Any) -> str:
+    """The one stderr line of a refused command (exit 2, no traceback)."""
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlctl: error: "), res.stderr
+    return str(lines[0])
+
+
+def test_the_demo_jobs_pass() -> None:
+    assert problems(load_job(ROOT / "jobs" / "demo.yaml")) == []
+
+
+# -- 1. the plan's trainer split, the plan's rollout tp ---------------------------------------------
+def gpu_job(tmp_path: Path, *, trainer_gpus: int, backend: str) -> Job:
+    """A 7B job on the H800 trainer site: the planner splits the model at some GPU counts (tp 2 at 16)."""
+    return load(
+        tmp_path,
+        inventory=GPU_CLUSTERS,
+        model={"kind": "builtin", "name": "qwen2.5-7b"},
+        task={"kind": "lengths", "prompt_tokens": 512, "median_output_tokens": 2750, "max_output_tokens": 20000},
+        batch={"prompts_per_iteration": 128, "samples_per_prompt": 8},
+        placement={"trainer": {"site": "h800", "gpus": trainer_gpus}, "rollout": [{"site": "h20", "gpus": 12}]},
+        rollout={"engine": "vllm", "tensor_parallel": 2},
+        trainer={"backend": backend},
+    )
+
+
+@pytest.mark.parametrize(
+    "backend,why",
+    [
+        ("torch", "the 'torch' trainer has no model parallelism (each rank holds a whole replica)"),
+        ("megatron", "the 'megatron' trainer runs tp/pp > 1 in its own tests only, not in jobs"),
+    ],
+)
+def test_a_plan_that_splits_the_trainer_is_refused_for_either_backend(tmp_path: Path, backend: str, why: str) -> None:
+    job = gpu_job(tmp_path, trainer_gpus=16, backend=backend)
+    assert run.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 2, "pp": 1, "dp": 8}
+    (p,) = refused(job, "placement.trainer.gpus")
+    assert p.message.startswith("the plan splits the model over the trainer's 16 GPUs on site 'h800' as tp 2 pp 1 dp 8")
+    assert why in p.message and "use a GPU count the plan runs as tp 1 pp 1" in p.message
+    # 15 GPUs: the planner runs them data parallel (tp 1 pp 1 dp 15), which both backends honour
+    job = gpu_job(tmp_path, trainer_gpus=15, backend=backend)
+    assert run.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 15}
+    assert refused(job, "placement.trainer.gpus") == []
+
+
+def test_pipeline_split_of_a_given_plan_is_refused(tmp_path: Path) -> None:
+    """`problems(job, plan=…)` judges the plan launch computed (launch passes its own)."""
+    job = load(tmp_path, placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 2}]})
+    plan = run.plan_counts(job, job.spec)
+    assert refused(job, "placement.trainer.gpus", plan=plan) == []
+    plan["trainer"]["parallel"] = {"tp": 1, "pp": 2, "dp": 1}
+    (p,) = refused(job, "placement.trainer.gpus", plan=plan)
+    assert "as tp 1 pp 2 dp 1, and the 'torch' trainer has no model parallelism" in p.message
+
+
+def split_plan(job: Job, *, trainer: tuple[int, int, int] = (1, 1, 1), rollout_tp: int = 1) -> dict[str, Any]:
+    tp, pp, dp = trainer
+    plan = run.plan_counts(job, job.spec)
+    plan["trainer"]["parallel"] = {"tp": tp, "pp": pp, "dp": dp}
+    plan["rollout"] = [{**g, "tp": rollout_tp} for g in plan["rollout"]]
+    return plan
+
+
+def test_check_and_launch_refuse_the_planned_split_with_the_same_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Launch runs preflight (its plan computed as launch computes it) before it builds the job directory."""
+    job = load(tmp_path, placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 2}]})
+    real, plan = run.plan_counts, split_plan(job, trainer=(2, 1, 1))
+    monkeypatch.setattr(run, "plan_counts", lambda job, spec: copy.deepcopy(plan))
+    check = only_line(run_cli("check", str(job.path)))
+    assert f"{job.path}: placement.trainer.gpus: the plan splits the model over the trainer's 2 GPUs" in check
+
+    def past_preflight(*_: Any) -> None:
+        raise AssertionError("launch went past preflight")
+
+    monkeypatch.setattr(run, "launch_dir", past_preflight)  # so that a failing test starts nothing either
+    launch = only_line(run_cli("launch", str(job.path), "--job-dir", str(tmp_path / "run")))
+    assert launch == check and not (tmp_path / "run").exists()
+    monkeypatch.setattr(run, "plan_counts", real)
+    assert run_cli("check", str(job.path)).exit_code == 0
+
+
+def test_embedded_rollout_tp_is_refused_set_or_planned(tmp_path: Path) -> None:
+    job = load(tmp_path, rollout={"engine": "embedded", "tensor_parallel": 2})
+    (p,) = refused(job, "rollout.tensor_parallel")
+    assert (
+        p.message == "2: the embedded engine runs one device per unit; use 1, or engine 'vllm' for tensor parallelism"
+    )
+    line = only_line(run_cli("check", str(job.path)))
+    assert line.endswith("rollout.tensor_parallel: " + p.message)
+    # unset: the units get the planner's tp (`gpus: auto`), which the embedded engine would ignore
+    job = load(tmp_path)
+    (p,) = refused(job, "rollout.tensor_parallel", plan=split_plan(job, rollout_tp=2))
+    assert p.message.startswith("unset, so the planner gives site 'local' units of tp 2; the embedded engine runs")
+    assert refused(job, "rollout.tensor_parallel", plan=split_plan(job)) == []
+
+
+def test_a_site_too_small_for_the_plan_is_refused_by_check(tmp_path: Path) -> None:
+    """Each role fits the site alone (load_job), together they do not: launch's layout would refuse it."""
+    job = load(tmp_path, placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 3}]})
+    line = only_line(run_cli("check", str(job.path)))  # one line: the planner's advisory note is launch's to log
+    assert "placement: site local: trainer 2 rank(s) + 3 rollout unit(s) × tp 1 need 5 GPU(s)" in line
+
+
+def test_auto_counts_whose_planner_fails_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlctl.planner.plan
+
+    def fail(*_: Any, **__: Any) -> dict[str, Any]:
+        raise ValueError("no feasible allocation")
+
+    monkeypatch.setattr(rlctl.planner.plan, "make_plan", fail)
+    job = load(tmp_path, placement={"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local"}]})
+    (p,) = refused(job, "placement.rollout[0].gpus")
+    assert "'auto' needs the planner, which failed: no feasible allocation" in p.message
+
+
+# -- 2. fields only the planner reads -------------------------------------------------------------
+def test_planning_only_fields_are_refused_unless_default(tmp_path: Path) -> None:
+    job = load(tmp_path, rollout={"long_tail_fraction": 0.3}, planning={"dispatch_rule": "sum"})
+    (fraction,) = refused(job, "rollout.long_tail_fraction")
+    assert fraction.message.startswith("0.3: only `rlctl plan` reads it") and "(default 0.2)" in fraction.message
+    (rule,) = refused(job, "planning.dispatch_rule")
+    assert rule.message.startswith("'sum': only `rlctl plan` reads it") and "(default 'max')" in rule.message
+    written_out = load(tmp_path, rollout={"long_tail_fraction": 0.2}, planning={"dispatch_rule": "max"})
+    assert problems(written_out) == []
+
+
+# -- 3. prompt + output within the model's context ------------------------------------------------
+def test_digits_output_longer_than_the_tiny_models_context_is_refused(tmp_path: Path) -> None:
+    job = load(tmp_path, task={"kind": "digits", "max_output_tokens": 300})
+    (p,) = refused(job, "task.max_output_tokens")
+    assert p.message == (
+        "36 prompt + 300 output tokens exceed model max_position_embeddings 320 (built-in 'tiny-demo'); "
+        "use max_output_tokens ≤ 284"
+    )
+    assert problems(load(tmp_path, task={"kind": "digits", "max_output_tokens": 284})) == []
+
+
+def test_the_digits_prompt_bound_holds_for_the_longest_answers() -> None:
+    """The bound preflight adds to the output is the longest prompt the task draws (answers near the cap)."""
+    from rlctl.config.job import DigitsTask as DigitsConfig
+
+    cfg = DigitsConfig(kind="digits", median_output_tokens=250, sigma=1.5, max_output_tokens=284)
+    task = DigitsTask(cfg)
+    longest = max(len(task.prompt(i).tokens) for i in range(3000))
+    assert longest == 2 + -(-task.max_answer_chars // 9) == 34  # reached: 283 letters need 32 digits
+
+
+def test_num_digits_beyond_the_alphabet_is_refused(tmp_path: Path) -> None:
+    job = load(tmp_path, task={"kind": "digits", "num_digits_min": 53, "num_digits_max": 60})
+    (p,) = refused(job, "task.num_digits_min")
+    assert p.message == "53: at most 52 (one letter per digit)"
+
+
+def hf_dataset_job(tmp_path: Path, *, positions: int, task: dict[str, Any]) -> Job:
+    TinyGPT(small_config(positions=positions)).save_pretrained(tmp_path / "model")
+    (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "hi", "ground_truth": "x"}) + "\n")
+    return load(
+        tmp_path,
+        model={"kind": "hf", "path": "model"},
+        task={"kind": "dataset", "path": "data.jsonl", **task},
+    )
+
+
+def test_dataset_prompt_plus_output_longer_than_the_checkpoints_context_is_refused(tmp_path: Path) -> None:
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 24, "max_output_tokens": 48})
+    (p,) = refused(job, "task.max_output_tokens")
+    assert p.message == (
+        f"24 prompt + 48 output tokens exceed model max_position_embeddings 64 ({tmp_path / 'model'}/config.json); "
+        "use max_prompt_tokens + max_output_tokens ≤ 64"
+    )
+    line = only_line(run_cli("check", str(job.path)))
+    assert line.startswith(f"rlctl: error: {job.path}: task.max_output_tokens: 24 prompt + 48 output tokens")
+    fits = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 48})
+    assert problems(fits) == []
+
+
+# -- 4. refusals that had no test ------------------------------------------------------------------
+def test_more_than_one_transport_stream_is_refused(tmp_path: Path) -> None:
+    (p,) = refused(load(tmp_path, transport={"streams": 2}), "transport.streams")
+    assert p.message == "2: the tensor RPC uses one stream per peer; valid: 1"
+
+
+def test_ppo_on_more_than_one_trainer_rank_is_refused(tmp_path: Path) -> None:
+    two = {"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 2}]}
+    job = load(tmp_path, algorithm={"kind": "ppo"}, placement=two)
+    (p,) = refused(job, "placement.trainer.gpus")
+    assert p.message == "2: the PPO learner trains on one rank; use 1 or algorithm 'grpo'"
+    assert only_line(run_cli("check", str(job.path))).endswith("placement.trainer.gpus: " + p.message)
+    assert refused(load(tmp_path, algorithm={"kind": "ppo"}), "placement.trainer.gpus") == []
+    # `gpus: auto`: the count is the planner's
+    auto = {"trainer": {"site": "local"}, "rollout": [{"site": "local", "gpus": 2}]}
+    job = load(tmp_path, algorithm={"kind": "ppo"}, placement=auto)
+    plan = run.plan_counts(job, job.spec)
+    plan["trainer"].update(ranks=2, parallel={"tp": 1, "pp": 1, "dp": 2})
+    (p,) = refused(job, "placement.trainer.gpus", plan=plan)
+    assert (
+        p.message
+        == "auto: the planner gives the trainer 2 ranks, and the PPO learner trains on one; use 1 or algorithm 'grpo'"
+    )
+    plan["trainer"].update(ranks=1, parallel={"tp": 1, "pp": 1, "dp": 1})
+    assert refused(job, "placement.trainer.gpus", plan=plan) == []
+
+
+def test_oracle_dispatch_of_a_dataset_is_refused(tmp_path: Path) -> None:
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    assert problems(job) == []
+    path = tmp_path / "job.yaml"
+    data = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**data, "rollout": {"dispatch": "oracle"}}))
+    (p,) = problems(load_job(path))
+    assert (p.field, p.message) == (
+        "rollout.dispatch",
+        "'oracle' needs the true output lengths, which a dataset does not have",
+    )
+    assert refused(load(tmp_path, rollout={"dispatch": "oracle"}), "rollout.dispatch") == []  # digits know them
+
+
+# -- 5. launch --dry-run says what check refuses ----------------------------------------------------
+def test_dry_run_lists_the_refusals_and_still_renders(tmp_path: Path) -> None:
+    job = load(tmp_path, transport={"streams": 2})
+    res = run_cli("launch", str(job.path), "--dry-run", "--job-dir", str(tmp_path / "run"))
+    assert res.exit_code == 0, res.stderr
+    head = res.stdout.splitlines()[:3]
+    assert head[0] == "# would be refused by `rlctl check` (1): a launch stops before starting anything"
+    assert head[1] == "#   transport.streams: 2: the tensor RPC uses one stream per peer; valid: 1"
+    assert head[2].startswith("# 4 agents;") and "# ---- rollout-0 on site local" in res.stdout
+    # json: stdout stays the list of agents, the refusals go to stderr
+    res = run_cli("launch", str(job.path), "--dry-run", "--job-dir", str(tmp_path / "run"), "-o", "json")
+    assert [r["agent"] for r in json.loads(res.stdout)] == ["controller-0", "trainer-0", "rollout-0", "rollout-1"]
+    assert res.stderr.splitlines()[1] == head[1]
+    ok = load(tmp_path)
+    res = run_cli("launch", str(ok.path), "--dry-run", "--job-dir", str(tmp_path / "run"))
+    assert res.stdout.startswith("# 4 agents;") and not res.stderr and not (tmp_path / "run").exists()
