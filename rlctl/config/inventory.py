@@ -85,6 +85,11 @@ class SshScheduler(Strict):
     proxy_jump: str | None = None
     known_hosts: str | None = Field(None, description="known_hosts file trusted for these hosts (default ~/.ssh)")
     workdir: str = Field("~/.rlctl", description=WORKDIR_HELP)
+    shared_workdir: bool = Field(
+        False,
+        description="the site's hosts see one filesystem at workdir (e.g. NFS inside the datacenter): the job is "
+        "staged once, through the first host, instead of once per host",
+    )
     python: str = "python3"
 
 

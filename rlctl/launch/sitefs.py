@@ -253,10 +253,12 @@ def ssh_target(site: Site, host: str | None = None, *, connect_timeout_s: float 
 
 
 def access_hosts(site: Site) -> list[str]:
-    """The views of a site that need their own copy: an SSH site's hosts, else one ("localhost" or the submit host)."""
+    """The views of a site that need their own copy: an SSH site's hosts (its first host when they share the
+    work root), else one ("localhost" or the submit host)."""
     sched = site.scheduler
     if isinstance(sched, SshScheduler):
-        return [h for h, _ in site.hosts]
+        hosts = [h for h, _ in site.hosts]
+        return hosts[:1] if sched.shared_workdir else hosts
     if isinstance(sched, SlurmScheduler) and sched.submit_host:
         return [sched.submit_host]
     return ["localhost"]
@@ -264,7 +266,7 @@ def access_hosts(site: Site) -> list[str]:
 
 def agent_view(site: Site, agent_host: str | None) -> str:
     """The host view holding an agent's files: its own host on an SSH site, else the site's one view."""
-    if isinstance(site.scheduler, SshScheduler) and agent_host:
+    if isinstance(site.scheduler, SshScheduler) and agent_host and not site.scheduler.shared_workdir:
         return agent_host
     return access_hosts(site)[0]
 

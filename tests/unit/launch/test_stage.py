@@ -12,7 +12,7 @@ import pytest
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch import stage
-from rlctl.launch.sitefs import FileState, LocalFiles, site_root
+from rlctl.launch.sitefs import FileState, LocalFiles, agent_view, site_root
 from rlctl.launch.stage import ensure_staged, fetch_record, files_to_stage, stage_all, staging_plan
 
 
@@ -90,3 +90,17 @@ def test_plan_and_record_fetch(tmp_path: Path) -> None:
         "agent_started", "job_end",
     ]  # fmt: skip
     assert fetch_record(src, local_site(), "localhost", str(src)) == []  # the record is already here
+
+
+def test_an_ssh_site_is_staged_per_host_unless_its_hosts_share_the_work_root(tmp_path: Path) -> None:
+    def ssh_site(**sched: object) -> Site:
+        return Site.model_validate({"datacenter": "b", "gpu": "CPU", "nodes": [{"host": "h20-[01-03]", "gpus": 8}],
+                                    "scheduler": {"kind": "ssh", **sched}})  # fmt: skip
+
+    src = job_dir(tmp_path)
+    apart, shared = ssh_site(), ssh_site(shared_workdir=True)
+    [p] = staging_plan({"h20": apart}, job_id="job-1", here=src)
+    assert p["hosts"] == ["h20-01", "h20-02", "h20-03"]  # no shared filesystem: each host gets its copy
+    [p] = staging_plan({"h20": shared}, job_id="job-1", here=src)
+    assert p["hosts"] == ["h20-01"]  # one filesystem inside the site: one copy crosses the inter-DC link
+    assert agent_view(apart, "h20-02") == "h20-02" and agent_view(shared, "h20-02") == "h20-01"
