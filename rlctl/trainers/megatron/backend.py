@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from rlctl.engines import hf
-from rlctl.trainers.base import TrainerBackend
+from rlctl.trainers.base import DataParallel, TrainerBackend
 from rlctl.trainers.megatron import names
 from rlctl.trainers.megatron.model import MegatronPolicy, import_megatron, init_parallel
 
@@ -39,6 +39,10 @@ class MegatronBackend(TrainerBackend):
         self.model: MegatronPolicy = policy
         self.config = policy.config
         self.tp = policy.tp
+        # the last all-gathered weights and the parameters' in-place version counters they were taken at:
+        # rank 0 asks again for the checkpoint of a version it just published, when the other tp ranks are
+        # not in the collective (they publish only)
+        self._gathered: tuple[tuple[int, ...], dict[str, torch.Tensor]] | None = None
 
     @classmethod
     def load(cls, model_dir: Path, *, tp: int = 1, pp: int = 1) -> MegatronBackend:
@@ -59,11 +63,48 @@ class MegatronBackend(TrainerBackend):
         return self.model.export_hf()
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """Full HF tensors (a collective over the tp group when tp > 1: every tp rank calls it)."""
-        out = self.shard() if self.tp == 1 else names.gather_hf(self._all_gather(self.shard()))
+        """Full HF tensors. With tp > 1 a collective over the tp group (every tp rank calls it once per new
+        set of parameters); asked again before the parameters change, it answers from the last gather."""
+        if self.tp == 1:
+            out = self.shard()
+        else:
+            versions = tuple(p._version for p in self.model.parameters())
+            if self._gathered is None or self._gathered[0] != versions:
+                self._gathered = versions, names.gather_hf(self._all_gather(self.shard()))
+            out = dict(self._gathered[1])
         if self.config.tie_word_embeddings:
             out["lm_head.weight"] = out["model.embed_tokens.weight"]  # the embedded model lists both
         return out
+
+    def data_parallel(self) -> DataParallel:
+        """Megatron's data-parallel rank, size and group: the ranks of one tp group share a replica."""
+        ps = import_megatron().parallel_state
+        return DataParallel(
+            ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), ps.get_data_parallel_group()
+        )
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip by the norm of the whole model's gradient: the squares of every tp-split parameter summed
+        over the tp group, each replicated one (norms, row-parallel biases) counted once. At tp = 1 this is
+        torch's own clip."""
+        if self.tp == 1:
+            return super().clip_grad_norm_(max_norm)
+        ps = import_megatron().parallel_state
+        grads, square = [], torch.zeros((), dtype=torch.float32)
+        for p in self.model.parameters():
+            if p.grad is None:
+                continue
+            grads.append(p.grad)
+            if getattr(p, "tensor_model_parallel", False) or ps.get_tensor_model_parallel_rank() == 0:
+                square += p.grad.float().pow(2).sum()
+        dist.all_reduce(square, group=ps.get_tensor_model_parallel_group())
+        norm = float(square.sqrt())
+        scale = min(max_norm / (norm + 1e-6), 1.0)  # as torch.nn.utils.clip_grad_norm_
+        if scale < 1.0:
+            for g in grads:
+                g.mul_(scale)
+        return norm
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:

@@ -1,6 +1,6 @@
-"""`trainer.backend: megatron` in the job path: what preflight refuses and why, the trainer's refusal of a
-plan that splits the model, and a whole job (real controller, trainer and rollout agents in one process over
-the inproc transport) whose trainer is the Megatron backend."""
+"""`trainer.backend: megatron` in the job path: what preflight refuses and why, the trainer's refusals of
+what megatron does not run here (pp > 1, resuming a tp > 1 job), and a whole job (real controller, trainer
+and rollout agents in one process over the inproc transport) whose trainer is the Megatron backend."""
 
 from __future__ import annotations
 
@@ -78,12 +78,17 @@ def test_preflight_accepts_megatron_on_a_cpu_site_and_says_what_it_cannot_do(
 
 
 @pytest.mark.usefixtures("megatron_rank")
-def test_the_trainer_refuses_a_plan_that_splits_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_trainer_refuses_what_megatron_does_not_run_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     TinyGPT().save_pretrained(tmp_path / "model")
     job = JobFile.model_validate(job_dict())
-    monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 2, "pp": 1, "dp": 1, "rank": 0}')
-    with pytest.raises(ConfigError, match=r"trainer\.backend: 'megatron' with the plan's tp 2 pp 1"):
+    monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 1, "pp": 2, "dp": 1, "rank": 0}')
+    with pytest.raises(ConfigError, match=r"trainer\.pipeline_parallel: 2: megatron's pipeline schedules"):
         _backend(job, tmp_path / "model", where="job.json")
+    monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 2, "pp": 1, "dp": 1, "rank": 0}')
+    monkeypatch.setenv("RLCTL_RESUME_VERSION", "3")
+    with pytest.raises(ConfigError, match=r"trainer\.tensor_parallel: 2: a checkpoint holds tp rank 0's optimizer"):
+        _backend(job, tmp_path / "model", where="job.json")
+    monkeypatch.delenv("RLCTL_RESUME_VERSION")
     monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 1, "pp": 1, "dp": 1, "rank": 0}')
     assert isinstance(_backend(job, tmp_path / "model", where="job.json"), MegatronBackend)
 
