@@ -75,6 +75,7 @@ def problems(job: Job) -> list[Problem]:
         )
     if spec.trainer.backend == "megatron":
         out += _megatron(job)
+    out += _trainer_split(job)
     if spec.algorithm.kind == "ppo" and spec.placement.trainer.gpus not in ("auto", 1):
         out.append(
             Problem(
@@ -113,8 +114,8 @@ def problems(job: Job) -> list[Problem]:
 
 
 def _megatron(job: Job) -> list[Problem]:
-    """What the `megatron` trainer backend cannot do here: it runs on CPU, tp 1 pp 1 (rlctl.trainers.megatron);
-    a plan that splits the model over ranks is refused by the trainer when it starts."""
+    """What the `megatron` trainer backend cannot do here: it runs on CPU sites, GRPO, pp 1 (tp: `_trainer_split`,
+    rlctl.trainers.megatron)."""
     spec, out = job.spec, []
     if (hint := megatron_available()) is not None:
         out.append(Problem("trainer.backend", "'megatron' needs megatron-core, which is not installed", hint=hint))
@@ -131,6 +132,57 @@ def _megatron(job: Job) -> list[Problem]:
     if spec.algorithm.kind == "ppo":
         out.append(
             Problem("trainer.backend", "'megatron' trains GRPO here (PPO's critic is built on TinyGPT); use 'torch'")
+        )
+    return out
+
+
+# --- trainer.tensor_parallel / trainer.pipeline_parallel -------------------------------------------------
+# megatron runs tensor parallel (pp 1) on CPU sites: a tp group's ranks train shards of one replica
+# (rlctl.agents.learner, rlctl.trainers.megatron); the `torch` backend holds a whole replica per rank.
+
+
+def _trainer_split(job: Job) -> list[Problem]:
+    """The model split the job asks for that no trainer backend runs here, one line per field."""
+    spec, out = job.spec, list[Problem]()
+    if (split := spec.trainer.model_split) is None:
+        return out
+    tp, pp = split
+    backend = spec.trainer.backend
+    if pp > 1:
+        out.append(
+            Problem(
+                "trainer.pipeline_parallel",
+                f"{pp}: no trainer backend runs pipeline stages here (megatron's schedules are not wired in); use 1",
+            )
+        )
+    if tp > 1 and backend != "megatron":
+        out.append(
+            Problem(
+                "trainer.tensor_parallel",
+                f"{tp}: the {backend!r} trainer has no model parallelism (each rank holds a whole replica); "
+                "use 1, or trainer.backend 'megatron'",
+            )
+        )
+    if tp > 1 and backend == "megatron":
+        arch = spec.model.arch
+        for what, n in (
+            ("num_attention_heads", arch.heads),
+            ("num_key_value_heads", arch.kv_heads),
+            ("intermediate_size", arch.intermediate),
+            ("vocab_size", arch.vocab),
+        ):
+            if n % tp:
+                out.append(
+                    Problem("trainer.tensor_parallel", f"{tp} does not divide the model's {what} {n}; use a divisor")
+                )
+                break
+    gpus = spec.placement.trainer.gpus
+    if gpus != "auto" and gpus % (tp * pp):
+        out.append(
+            Problem(
+                "trainer.tensor_parallel",
+                f"tp {tp} × pp {pp} does not divide placement.trainer.gpus {gpus} (GPUs = tp × pp × dp)",
+            )
         )
     return out
 

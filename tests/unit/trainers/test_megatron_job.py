@@ -18,7 +18,7 @@ from rlctl.agents.messages import Hello, make
 from rlctl.agents.rollout import RolloutAgent
 from rlctl.agents.trainer import TrainerAgent, _backend
 from rlctl.config.job import Job, JobFile, load_job
-from rlctl.engines.model import TinyGPT
+from rlctl.engines.model import TinyGPT, TinyGPTConfig
 from rlctl.errors import ConfigError
 from rlctl.launch import preflight
 from rlctl.launch.jobdir import JobDir
@@ -75,6 +75,44 @@ def test_preflight_accepts_megatron_on_a_cpu_site_and_says_what_it_cannot_do(
     monkeypatch.setattr(preflight, "megatron_available", lambda: "pip install 'rlctl[megatron]'")
     (missing,) = [p for p in preflight.problems(load(tmp_path)) if p.field == "trainer.backend"]
     assert "needs megatron-core" in missing.message and missing.hint == "pip install 'rlctl[megatron]'"
+
+
+def test_preflight_accepts_megatron_tensor_parallel_and_refuses_the_splits_that_do_not_run(tmp_path: Path) -> None:
+    def split_problems(trainer: dict[str, Any], **over: Any) -> list[tuple[str, str]]:
+        job = load(tmp_path, trainer=trainer, **over)
+        return [(p.field, p.message) for p in preflight.problems(job) if p.field.startswith("trainer.")]
+
+    two = {"site": "local", "gpus": 2}
+    tiny = {"kind": "builtin", "name": "tiny-demo"}  # 3 heads: tp 2 does not divide them
+    hf = tmp_path / "hf"
+    TinyGPT(TinyGPTConfig(vocab_size=64, num_attention_heads=2, num_key_value_heads=2)).save_pretrained(hf)
+    placement = {"trainer": two, "rollout": [{"site": "local", "gpus": 1}]}
+    model = {"kind": "hf", "path": str(hf)}
+    assert split_problems({"backend": "megatron", "tensor_parallel": 2}, model=model, placement=placement) == []
+    assert split_problems({"backend": "megatron", "tensor_parallel": 2}, model=tiny, placement=placement) == [
+        ("trainer.tensor_parallel", "2 does not divide the model's num_attention_heads 3; use a divisor")
+    ]
+    assert split_problems({"backend": "torch", "tensor_parallel": 2}, model=model, placement=placement) == [
+        (
+            "trainer.tensor_parallel",
+            "2: the 'torch' trainer has no model parallelism (each rank holds a whole replica); use 1, or "
+            "trainer.backend 'megatron'",
+        )
+    ]
+    assert split_problems({"backend": "megatron", "pipeline_parallel": 2}, model=model, placement=placement) == [
+        (
+            "trainer.pipeline_parallel",
+            "2: no trainer backend runs pipeline stages here (megatron's schedules are not wired in); use 1",
+        )
+    ]
+    three = {"trainer": {"site": "local", "gpus": 3}, "rollout": [{"site": "local", "gpus": 1}]}
+    assert split_problems({"backend": "megatron", "tensor_parallel": 2}, model=model, placement=three) == [
+        ("trainer.tensor_parallel", "tp 2 × pp 1 does not divide placement.trainer.gpus 3 (GPUs = tp × pp × dp)")
+    ]
+    ppo = split_problems(
+        {"backend": "megatron", "tensor_parallel": 2}, model=model, placement=placement, algorithm={"kind": "ppo"}
+    )
+    assert ppo == [("trainer.backend", "'megatron' trains GRPO here (PPO's critic is built on TinyGPT); use 'torch'")]
 
 
 @pytest.mark.usefixtures("megatron_rank")
