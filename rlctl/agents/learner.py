@@ -172,7 +172,8 @@ class StreamingLearner:
 
     def follow(self, on_step: Callable[[], None] | None = None) -> None:
         """Ranks > 0: do what rank 0 broadcasts until it sends 'stop'; `on_step` after each optimizer step
-        (the rank then holds the same weights as rank 0, bit for bit: gradients are all-reduced)."""
+        (the rank then holds the same weights as the ranks of its tp position, bit for bit: gradients are
+        all-reduced over the data-parallel group)."""
         while True:
             box: list[object] = [None]
             dist.broadcast_object_list(box, src=0)

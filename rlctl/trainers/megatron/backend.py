@@ -7,16 +7,20 @@ What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the sh
   - tp = 1: GPTModel forward and backward, trained by the learner's own GRPO loss, AdamW, gradient clipping
     and gradient all-reduce over the trainer's ranks (data parallel: every rank a full replica, as the
     `torch` backend); the job path runs this (`trainer.backend: megatron`).
-  - tp = 2 across two processes over gloo (tests/unit/trainers/test_megatron_tp.py): megatron's own
-    parallel state, column/row-parallel layers, vocab-parallel embedding and logits gathered over the tp
-    group; logits equal the `torch` backend's, the gathered gradients equal its gradients, and each rank's
-    HF shard, all-gathered (`weights`), is the checkpoint bit for bit.
+  - tp > 1 in a job (`trainer.tensor_parallel`, the plan's tp × pp × dp reaching each rank as
+    RLCTL_PARALLEL; tp 2 over two gloo processes is tested: tests/unit/trainers/test_megatron_tp*.py and
+    tests/integration/agents/test_agents_megatron_tp_job.py): megatron's parallel state, column/row-parallel
+    layers, vocab-parallel embedding, logits gathered over the tp group. The learner gives the ranks of a
+    tp group the same samples (`data_parallel`: they share a data-parallel rank), sums gradients over the
+    data-parallel group only, clips by the norm over every shard (`clip_grad_norm_`), and AdamW steps each
+    rank's shard. `weights()` gathers the shards into full HF tensors, the same bytes on every tp rank, which
+    every rank publishes and rank 0 checkpoints (a second call before the next step answers from the
+    gather, so rank 0's checkpoint needs no collective the other ranks are not in).
 Not run here: megatron's DDP wrapper and distributed optimizer (CUDA buffers; gradients are summed by the
 learner over gloo instead), pipeline parallel (megatron's schedules; `load` refuses pp > 1), sequence
-parallel, Transformer Engine, and tp > 1 in a job: the learner hands each rank its own samples (tp ranks
-must see the same ones), clips by a norm over whole tensors and checkpoints from rank 0 alone, so the
-trainer refuses a plan with tp or pp > 1 (rlctl.agents.trainer), and preflight refuses a GPU trainer site
-(the runtime trains on CPU tensors) and PPO (its critic is built on TinyGPT).
+parallel, Transformer Engine, and resuming a tp > 1 job (the checkpoint holds tp rank 0's optimizer shard
+only: the trainer refuses it). Preflight refuses a GPU trainer site (the runtime trains on CPU tensors)
+and PPO (its critic is built on TinyGPT).
 """
 
 from __future__ import annotations
