@@ -10,6 +10,8 @@
 Ranks > 0 follow rank 0's broadcasts (`StreamingLearner.follow`) and publish every version into their own
 weight node: each rank is a root of the broadcast plan (`rlctl.agents.weights`), so several chains share
 the trainer datacenter's links. With one rank the group is still formed, so the code path is the same.
+With megatron tensor parallel, the ranks of a tp group train shards of one replica and each publishes the
+full weights gathered over the group (the same bytes on every rank); rank 0 checkpoints them.
 
 The policy is held by the job's trainer backend (`rlctl.trainers`: `torch` or `megatron`); the learner trains
 its module, and what is published and checkpointed is the backend's HF-layout weights.
@@ -88,6 +90,8 @@ class TrainerAgent:
                 micro_batch_samples=job.batch.train_micro_batch_samples,
                 micro_batch_tokens=job.batch.train_micro_batch_tokens,
                 ref_model=ref,
+                data_parallel=self.backend.data_parallel(),
+                clip_grad_norm_=self.backend.clip_grad_norm_,
             )
         self.bound = StalenessBound(job.pipeline.eta)
         self.samples_per_iteration = job.batch.samples_per_iteration
@@ -265,19 +269,28 @@ class TrainerAgent:
 
 def _backend(job: JobFile, model_dir: Path, *, where: str) -> TrainerBackend:
     """The job's trainer backend on `model_dir`, as this rank's place in the plan's tp × pp (from the launcher).
-    The learner hands every rank its own samples and all-reduces whole gradients (data parallel), so a
-    plan that splits the model over ranks is refused here (preflight cannot see the plan)."""
+    `torch` is data parallel whatever the plan says (one whole replica per rank); `megatron` forms the plan's
+    tp × pp groups and holds this rank's shard. What megatron cannot run here is a one-line ConfigError."""
     parallel = parallel_from_env()
     tp, pp = int(parallel.get("tp", 1)), int(parallel.get("pp", 1))
-    if job.trainer.backend == "megatron" and (tp, pp) != (1, 1):
+    log.info("trainer backend %s, tp %d pp %d, on %s", job.trainer.backend, tp, pp, model_dir)
+    if job.trainer.backend != "megatron":
+        return load_backend(job.trainer.backend, model_dir, tp=tp, pp=pp)
+    if pp != 1:
+        raise ConfigError(
+            where, "trainer.pipeline_parallel", f"{pp}: megatron's pipeline schedules are not wired in; use 1"
+        )
+    if tp > 1 and resume_version():
         raise ConfigError(
             where,
-            "trainer.backend",
-            f"'megatron' with the plan's tp {tp} pp {pp}: the learner trains data parallel only "
-            "(every rank a whole model); give the trainer a plan with tp 1 pp 1",
+            "trainer.tensor_parallel",
+            f"{tp}: a checkpoint holds tp rank 0's optimizer shard only, so a tp > 1 job cannot resume; "
+            "start over, or train with tensor_parallel 1",
         )
-    log.info("trainer backend %s, tp %d pp %d, on %s", job.trainer.backend, tp, pp, model_dir)
-    return load_backend(job.trainer.backend, model_dir, tp=tp, pp=pp)
+    try:
+        return load_backend("megatron", model_dir, tp=tp, pp=pp)
+    except ValueError as e:  # names.check_split: tp does not divide the heads, MLP width or vocabulary
+        raise ConfigError(where, "trainer.tensor_parallel", str(e)) from e
 
 
 def _gather(address: str) -> list[str]:

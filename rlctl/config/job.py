@@ -262,6 +262,21 @@ class Rollout(Strict):
 class Trainer(Strict):
     backend: Literal["torch", "megatron"] = "torch"
     threads_per_rank: PositiveInt = 1
+    tensor_parallel: PositiveInt | None = Field(
+        None,
+        description="ranks that hold shards of one replica ('megatron'); the trainer's GPUs are tp × pp × dp. "
+        "Unset: the plan's choice for the trainer's GPU count",
+    )
+    pipeline_parallel: PositiveInt | None = Field(
+        None, description="pipeline stages per replica; unset: the plan's choice (preflight refuses > 1)"
+    )
+
+    @property
+    def model_split(self) -> tuple[int, int] | None:
+        """(tp, pp) the job asks for, or None when it leaves both to the plan."""
+        if self.tensor_parallel is None and self.pipeline_parallel is None:
+            return None
+        return self.tensor_parallel or 1, self.pipeline_parallel or 1
 
 
 class Transport(Strict):

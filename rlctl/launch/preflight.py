@@ -36,8 +36,8 @@ RUNNABLE_BUILTIN = "tiny-demo"  # the one built-in model with weights (rlctl.eng
 # rank its own samples and all-reduces whole gradients (rlctl.rl.learner), data parallel only
 NO_MODEL_SPLIT = {
     "torch": "the 'torch' trainer has no model parallelism (each rank holds a whole replica)",
-    "megatron": "the 'megatron' trainer runs tp/pp > 1 in its own tests only, not in jobs (the learner "
-    "all-reduces whole gradients)",
+    "megatron": "the 'megatron' trainer splits the model only as trainer.tensor_parallel says (pp 1; set it to "
+    "run this split)",
 }
 
 
@@ -93,6 +93,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
         )
     if spec.trainer.backend == "megatron":
         out += _megatron(job)
+    out += _trainer_split(job)
     if spec.algorithm.kind == "ppo" and spec.placement.trainer.gpus not in ("auto", 1):
         out.append(
             Problem(
@@ -200,7 +201,8 @@ def _planning_only(job: Job) -> list[Problem]:
 
 def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     """What the plan (the one launch runs) asks for and the runtime cannot give: a trainer split over tp × pp
-    (the learner is data parallel only, whatever the backend), a planner-chosen rollout tp the embedded
+    the job did not ask for (torch is data parallel only; megatron splits as `trainer.tensor_parallel` says,
+    checked by `_trainer_split`), a planner-chosen rollout tp the embedded
     engine would ignore, more GPUs on a site than its inventory has (rlctl.launch.layout)."""
     spec, out = job.spec, []
     if plan is None:
@@ -214,12 +216,15 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
             plan = run.plan_counts(job, spec)
         except PlanError as e:
             return [Problem(_auto_field(job), f"'auto' needs the planner, which failed: {e.__cause__ or e}", e.hint)]
+        except ConfigError:
+            return []  # a trainer split that does not divide its GPUs: `_trainer_split` says so
         finally:
             log.removeFilter(_drop)
     t = plan["trainer"]
     par = t.get("parallel") or {}
     tp, pp = int(par.get("tp", 1)), int(par.get("pp", 1))
-    if (tp, pp) != (1, 1):
+    asked = spec.trainer.backend == "megatron" and spec.trainer.model_split == (tp, pp)  # `_trainer_split`
+    if (tp, pp) != (1, 1) and not asked:
         out.append(
             Problem(
                 "placement.trainer.gpus",
@@ -267,8 +272,8 @@ def _auto_field(job: Job) -> str:
 
 
 def _megatron(job: Job) -> list[Problem]:
-    """What the `megatron` trainer backend cannot do here: it runs on CPU (rlctl.trainers.megatron), tp 1 pp 1
-    (a plan that splits the model over ranks: `_planned`)."""
+    """What the `megatron` trainer backend cannot do here: it runs on CPU sites, GRPO, pp 1 (tp: `_trainer_split`
+    and `_planned`, rlctl.trainers.megatron)."""
     spec, out = job.spec, []
     if (hint := megatron_available()) is not None:
         out.append(Problem("trainer.backend", "'megatron' needs megatron-core, which is not installed", hint=hint))
@@ -285,6 +290,57 @@ def _megatron(job: Job) -> list[Problem]:
     if spec.algorithm.kind == "ppo":
         out.append(
             Problem("trainer.backend", "'megatron' trains GRPO here (PPO's critic is built on TinyGPT); use 'torch'")
+        )
+    return out
+
+
+# --- trainer.tensor_parallel / trainer.pipeline_parallel -------------------------------------------------
+# megatron runs tensor parallel (pp 1) on CPU sites: a tp group's ranks train shards of one replica
+# (rlctl.rl.learner, rlctl.trainers.megatron); the `torch` backend holds a whole replica per rank.
+
+
+def _trainer_split(job: Job) -> list[Problem]:
+    """The model split the job asks for that no trainer backend runs here, one line per field."""
+    spec, out = job.spec, list[Problem]()
+    if (split := spec.trainer.model_split) is None:
+        return out
+    tp, pp = split
+    backend = spec.trainer.backend
+    if pp > 1:
+        out.append(
+            Problem(
+                "trainer.pipeline_parallel",
+                f"{pp}: no trainer backend runs pipeline stages here (megatron's schedules are not wired in); use 1",
+            )
+        )
+    if tp > 1 and backend != "megatron":
+        out.append(
+            Problem(
+                "trainer.tensor_parallel",
+                f"{tp}: the {backend!r} trainer has no model parallelism (each rank holds a whole replica); "
+                "use 1, or trainer.backend 'megatron'",
+            )
+        )
+    if tp > 1 and backend == "megatron":
+        arch = spec.model.arch
+        for what, n in (
+            ("num_attention_heads", arch.heads),
+            ("num_key_value_heads", arch.kv_heads),
+            ("intermediate_size", arch.intermediate),
+            ("vocab_size", arch.vocab),
+        ):
+            if n % tp:
+                out.append(
+                    Problem("trainer.tensor_parallel", f"{tp} does not divide the model's {what} {n}; use a divisor")
+                )
+                break
+    gpus = spec.placement.trainer.gpus
+    if gpus != "auto" and gpus % (tp * pp):
+        out.append(
+            Problem(
+                "trainer.tensor_parallel",
+                f"tp {tp} × pp {pp} does not divide placement.trainer.gpus {gpus} (GPUs = tp × pp × dp)",
+            )
         )
     return out
 

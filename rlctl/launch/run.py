@@ -35,7 +35,7 @@ from typing import Any
 
 from rlctl.config.inventory import Site
 from rlctl.config.job import Job, JobFile, Pipeline
-from rlctl.errors import LaunchError, PlanError, TransportError, UsageError
+from rlctl.errors import ConfigError, LaunchError, PlanError, TransportError, UsageError
 from rlctl.launch.agentenv import (
     ENV_RESUME,
     LATEST_POINTER,
@@ -124,7 +124,16 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
         ]
         source = "job"
     parallel = {"tp": 1, "pp": 1, "dp": trainer}
-    if t_config and int(t_config["tp"]) * int(t_config["pp"]) * int(t_config["dp"]) == trainer:
+    if (split := spec.trainer.model_split) is not None:  # the job's trainer.tensor/pipeline_parallel
+        tp, pp = split
+        if trainer % (tp * pp):
+            raise ConfigError(
+                str(job.path),
+                "trainer.tensor_parallel",
+                f"tp {tp} × pp {pp} does not divide the trainer's {trainer} GPU(s); use a divisor of {trainer}",
+            )
+        parallel = {"tp": tp, "pp": pp, "dp": trainer // (tp * pp)}
+    elif t_config and int(t_config["tp"]) * int(t_config["pp"]) * int(t_config["dp"]) == trainer:
         parallel = {k: int(t_config[k]) for k in ("tp", "pp", "dp")}
     out: dict[str, Any] = {
         "source": source,

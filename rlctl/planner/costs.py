@@ -116,12 +116,20 @@ def train_time_s(
 
 
 def train_curve(
-    site: SiteProfile, w: TrainWorkload, max_gpus: int, *, node_bytes_per_s: float
+    site: SiteProfile,
+    w: TrainWorkload,
+    max_gpus: int,
+    *,
+    node_bytes_per_s: float,
+    split: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, list[TrainConfig | None]]:
-    """P_train(y) for y = 0..max_gpus: the best (tp, pp, dp) with tp·pp·dp ≤ y (leftover GPUs idle)."""
+    """P_train(y) for y = 0..max_gpus: the best (tp, pp, dp) with tp·pp·dp ≤ y (leftover GPUs idle); only
+    (tp, pp) = `split` when the job fixes it (trainer.tensor_parallel / pipeline_parallel)."""
     best = np.full(max_gpus + 1, math.inf)
     cfg: list[TrainConfig | None] = [None] * (max_gpus + 1)
     for e in site.training:
+        if split is not None and (e.tp, e.pp) != split:
+            continue
         unit = e.tp * e.pp
         for dp in range(1, max_gpus // unit + 1):
             t = train_time_s(e, dp, w, site=site, node_bytes_per_s=node_bytes_per_s)

@@ -89,6 +89,13 @@ def gen_curve(
     return GenCurve(seconds, configs, costs, ests)
 
 
-def train_stage_curve(site: SiteProfile, w: TrainWorkload, *, max_gpus: int, node_bytes_per_s: float) -> TrainCurve:
-    seconds, configs = train_curve(site, w, max_gpus, node_bytes_per_s=node_bytes_per_s)
+def train_stage_curve(
+    site: SiteProfile,
+    w: TrainWorkload,
+    *,
+    max_gpus: int,
+    node_bytes_per_s: float,
+    split: tuple[int, int] | None = None,
+) -> TrainCurve:
+    seconds, configs = train_curve(site, w, max_gpus, node_bytes_per_s=node_bytes_per_s, split=split)
     return TrainCurve(seconds, configs)

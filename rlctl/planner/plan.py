@@ -235,16 +235,19 @@ def make_plan(
                 f"≤ {prof.sites[s].gpus_per_node}",
                 hint="use a larger GPU or a smaller model",
             )
+    split = spec.trainer.model_split
     tcurve = train_stage_curve(
         _for_backend(prof.sites[t_site], spec.trainer.backend, name=t_site, profile_file=profile_file),
         tw,
         max_gpus=n_train,
         node_bytes_per_s=_node_bytes_per_s(inv.sites[t_site]),
+        split=split,
     )
     if not np.isfinite(tcurve.seconds).any():
+        asked = f" at tp {split[0]} pp {split[1]}" if split else ""
         raise PlanError(
-            f"site {t_site!r}: {arch.name} training state does not fit in {n_train} × {prof.sites[t_site].gpu}",
-            hint="add GPUs to the trainer site",
+            f"site {t_site!r}: {arch.name} training state does not fit in {n_train} × {prof.sites[t_site].gpu}{asked}",
+            hint="add GPUs to the trainer site" + (", or change trainer.tensor_parallel" if split else ""),
         )
     train_s = _mask_fixed(tcurve.seconds, t_fixed)
     try:

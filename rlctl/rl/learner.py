@@ -7,9 +7,17 @@ iteration's token count only at the step.
     train_ready(min) ─▶ micro-batch forward/backward (grad accumulates)        [as samples stream in]
     step() ─▶ all-reduce(sum) over ranks, ÷ tokens, clip, AdamW step ─▶ version + 1
 
-Ranks > 0 follow rank 0: each micro-batch is broadcast, every rank takes its slice. The step's figures
-(loss, clip fraction, k3 KL of the sampling policy from the trained one) are token sums all-reduced with
-the gradients, so rank 0 reports the whole iteration, not its own slice.
+Ranks > 0 follow rank 0: each micro-batch is broadcast, every data-parallel rank takes its slice. The
+step's figures (loss, clip fraction, k3 KL of the sampling policy from the trained one) are token sums
+all-reduced with the gradients, so rank 0 reports the whole iteration, not its own slice.
+
+Tensor parallel (the megatron backend, `rlctl.trainers.base.DataParallel`): the ranks of one tp group hold
+shards of one replica, so they share a data-parallel rank and take the same slice in the same order;
+gradients and figures are summed over the data-parallel group only, and the backend clips by the norm over
+every shard.
+
+    rank 0 ─broadcast micro-batch─▶ every rank: slice [dp_rank::dp_size] ─▶ forward/backward (tp collectives)
+    rank 0 ─broadcast ("step", tokens)─▶ every rank: all-reduce over dp ─▶ ÷ tokens ─▶ clip ─▶ AdamW
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from rlctl.config.job import GrpoAlgorithm, PpoAlgorithm
 from rlctl.engines.model import TinyGPT
 from rlctl.rl.grpo import group_advantages, policy_loss, policy_optimizer
 from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, micro_batches
+from rlctl.trainers.base import DataParallel
 
 _SUMMED = ("pg_loss_sum", "clip_sum", "kl_sum")  # token sums of `policy_loss` that the step reports
 
@@ -46,11 +55,16 @@ class StreamingLearner:
         micro_batch_tokens: int | None = None,
         ref_model: torch.nn.Module | None = None,
         grad_clip: float = 1.0,
+        data_parallel: DataParallel | None = None,  # default: every rank of the default group a replica
+        clip_grad_norm_: Callable[[float], float] | None = None,  # default: over `model`'s parameters
     ) -> None:
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
         self.group_size = group_size
         self.micro, self.micro_tokens = micro_batch_samples, micro_batch_tokens
         self.grad_clip = grad_clip
+        rank, world = _world()
+        self.dp = data_parallel or DataParallel(rank, world)
+        self._clip = clip_grad_norm_ or self._clip_whole
         self.opt = policy_optimizer(model, cfg.lr)
         self._reset()
 
@@ -88,16 +102,19 @@ class StreamingLearner:
             self._micro_step([self.ready[i] for i in idx])
         self.ready = [self.ready[i] for i in keep]
 
+    def _clip_whole(self, max_norm: float) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+
     def _micro_step(self, chunk: list[tuple[Sample, float]]) -> None:
-        rank, world = _world()
-        if world > 1:
+        if _world()[1] > 1:
             box: list[object] = [chunk]
             dist.broadcast_object_list(box, src=0)
-        self.backward_share(chunk, rank=rank, world=world)
+        self.backward_share(chunk)
 
-    def backward_share(self, chunk: list[tuple[Sample, float]], *, rank: int, world: int) -> None:
+    def backward_share(self, chunk: list[tuple[Sample, float]]) -> None:
+        """Forward/backward on this data-parallel rank's slice of `chunk` (the same slice on every tp rank)."""
         t0 = time.monotonic()
-        mine = chunk[rank::world]
+        mine = chunk[self.dp.rank :: self.dp.size]
         if mine:
             samples = [s for s, _ in mine]
             if self.cfg.kl_coef > 0:
@@ -115,31 +132,31 @@ class StreamingLearner:
     def step(self) -> dict[str, float]:
         """Train what is left, then one optimizer step over the whole iteration."""
         self.train_ready(flush=True)
-        _rank, world = _world()
-        if world > 1:
+        if _world()[1] > 1:
             box: list[object] = [("step", self.tokens)]
             dist.broadcast_object_list(box, src=0)
-        stats = self.apply_step(self.tokens, world=world)
+        stats = self.apply_step(self.tokens)
         stats["reward_mean"] = sum(self.rewards) / max(len(self.rewards), 1)
         stats["samples"] = float(self.count)
         self._reset()
         return stats
 
-    def apply_step(self, total_tokens: int, *, world: int) -> dict[str, float]:
+    def apply_step(self, total_tokens: int) -> dict[str, float]:
         t0 = time.monotonic()
         n = float(max(total_tokens, 1))
+        several = self.dp.size > 1
         for p in self.model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            if world > 1:
-                dist.all_reduce(p.grad)  # sum over ranks: each rank summed the loss of its share
+            if several:  # sum over data-parallel ranks: each summed the loss of its share
+                dist.all_reduce(p.grad, group=self.dp.group)
             p.grad /= n
         sums = {k: self.sums[k] for k in _SUMMED}
-        if world > 1:
+        if several:
             box = torch.tensor([sums[k] for k in _SUMMED], dtype=torch.float64)
-            dist.all_reduce(box)
+            dist.all_reduce(box, group=self.dp.group)
             sums = dict(zip(_SUMMED, box.tolist(), strict=True))
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+        grad_norm = self._clip(self.grad_clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.model.eval()
@@ -155,14 +172,14 @@ class StreamingLearner:
 
     def follow(self, on_step: Callable[[], None] | None = None) -> None:
         """Ranks > 0: do what rank 0 broadcasts until it sends 'stop'; `on_step` after each optimizer step
-        (the rank then holds the same weights as rank 0, bit for bit: gradients are all-reduced)."""
-        rank, world = _world()
+        (the rank then holds the same weights as the ranks of its tp position, bit for bit: gradients are
+        all-reduced over the data-parallel group)."""
         while True:
             box: list[object] = [None]
             dist.broadcast_object_list(box, src=0)
             item = box[0]
             if isinstance(item, tuple) and item[0] == "step":
-                self.apply_step(int(item[1]), world=world)
+                self.apply_step(int(item[1]))
                 self._reset()
                 if on_step is not None:
                     on_step()
@@ -170,7 +187,7 @@ class StreamingLearner:
                 return
             else:
                 assert isinstance(item, list)
-                self.backward_share(item, rank=rank, world=world)
+                self.backward_share(item)
 
     def stop_followers(self) -> None:
         if _world()[1] > 1:

@@ -7,6 +7,9 @@
                         model's names (TinyGPT.state_dict: lm_head.weight present even when tied)
         .load_state_dict(sd)   the inverse of weights(): a resumed checkpoint's policy
         .save_pretrained(dir, tokenizer_from=…)   an HF checkpoint directory (config, weights, tokenizer)
+        .data_parallel()  which share of each micro-batch this rank trains, and the group its gradients are
+                        summed over (every rank of the trainer, unless tensor parallel ranks share a replica)
+        .clip_grad_norm_(max_norm)   clip by the norm of the whole model's gradient (over every shard)
 
 `torch` (native.py) is TinyGPT itself; `megatron` (megatron/backend.py) is megatron-core's GPTModel behind
 rlctl's HF ⇄ Megatron table. Backends are chosen by one small dict, and the megatron one is imported only
@@ -18,8 +21,9 @@ from __future__ import annotations
 import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch only where a backend is built: preflight imports this module too
     import torch
@@ -28,10 +32,34 @@ if TYPE_CHECKING:  # torch only where a backend is built: preflight imports this
 MEGATRON_INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1; `make unit` installs it)"
 
 
+@dataclass(frozen=True)
+class DataParallel:
+    """This rank's place among the model replicas: it trains share `rank` of `size` of every micro-batch,
+    and its gradients are summed over `group` (None: torch.distributed's default group, every rank)."""
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None
+
+
 class TrainerBackend(ABC):
     """One trainer rank's policy: trained through `model`, published with `weights`, saved as HF."""
 
     model: nn.Module
+
+    def data_parallel(self) -> DataParallel:
+        """Every rank a whole replica: the torch.distributed group's rank and size (1 of 1 without one)."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return DataParallel(dist.get_rank(), dist.get_world_size())
+        return DataParallel()
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Scale the gradients so that their norm is at most `max_norm`; the norm before clipping."""
+        import torch
+
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
 
     @abstractmethod
     def weights(self) -> dict[str, torch.Tensor]:

@@ -3,7 +3,7 @@
 names.py  the name and layout table (pure torch: no megatron import)
 model.py  GPTModel from an HF config, the policy module, parallel state
 cpu.py    the narrow shim that lets megatron-core run without CUDA
-backend.py MegatronBackend (rlctl.trainers.base.TrainerBackend)
+backend.py MegatronBackend (rlctl.trainers.base.TrainerBackend): on CPU over gloo, tp 1 or tp > 1 (pp 1)
 
 Importing this package imports neither megatron-core nor its warnings; `model.import_megatron` does.
 """

@@ -7,16 +7,20 @@ What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the sh
   - tp = 1: GPTModel forward and backward, trained by the learner's own GRPO loss, AdamW, gradient clipping
     and gradient all-reduce over the trainer's ranks (data parallel: every rank a full replica, as the
     `torch` backend); the job path runs this (`trainer.backend: megatron`).
-  - tp = 2 across two processes over gloo (tests/unit/trainers/test_megatron_tp.py): megatron's own
-    parallel state, column/row-parallel layers, vocab-parallel embedding and logits gathered over the tp
-    group; logits equal the `torch` backend's, the gathered gradients equal its gradients, and each rank's
-    HF shard, all-gathered (`weights`), is the checkpoint bit for bit.
+  - tp > 1 in a job (`trainer.tensor_parallel`, the plan's tp × pp × dp reaching each rank as
+    RLCTL_PARALLEL; tp 2 over two gloo processes is tested: tests/unit/trainers/test_megatron_tp*.py and
+    tests/integration/agents/test_agents_megatron_tp_job.py): megatron's parallel state, column/row-parallel
+    layers, vocab-parallel embedding, logits gathered over the tp group. The learner gives the ranks of a
+    tp group the same samples (`data_parallel`: they share a data-parallel rank), sums gradients over the
+    data-parallel group only, clips by the norm over every shard (`clip_grad_norm_`), and AdamW steps each
+    rank's shard. `weights()` gathers the shards into full HF tensors, the same bytes on every tp rank, which
+    every rank publishes and rank 0 checkpoints (a second call before the next step answers from the
+    gather, so rank 0's checkpoint needs no collective the other ranks are not in).
 Not run here: megatron's DDP wrapper and distributed optimizer (CUDA buffers; gradients are summed by the
 learner over gloo instead), pipeline parallel (megatron's schedules; `load` refuses pp > 1), sequence
-parallel, Transformer Engine, and tp > 1 in a job: the learner hands each rank its own samples (tp ranks
-must see the same ones), clips by a norm over whole tensors and checkpoints from rank 0 alone, so the
-trainer refuses a plan with tp or pp > 1 (rlctl.agents.trainer), and preflight refuses a GPU trainer site
-(the runtime trains on CPU tensors) and PPO (its critic is built on TinyGPT).
+parallel, Transformer Engine, and resuming a tp > 1 job (the checkpoint holds tp rank 0's optimizer shard
+only: the trainer refuses it). Preflight refuses a GPU trainer site (the runtime trains on CPU tensors)
+and PPO (its critic is built on TinyGPT).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from rlctl.engines import hf
-from rlctl.trainers.base import TrainerBackend
+from rlctl.trainers.base import DataParallel, TrainerBackend
 from rlctl.trainers.megatron import names
 from rlctl.trainers.megatron.model import MegatronPolicy, import_megatron, init_parallel
 
@@ -39,6 +43,10 @@ class MegatronBackend(TrainerBackend):
         self.model: MegatronPolicy = policy
         self.config = policy.config
         self.tp = policy.tp
+        # the last all-gathered weights and the parameters' in-place version counters they were taken at:
+        # rank 0 asks again for the checkpoint of a version it just published, when the other tp ranks are
+        # not in the collective (they publish only)
+        self._gathered: tuple[tuple[int, ...], dict[str, torch.Tensor]] | None = None
 
     @classmethod
     def load(cls, model_dir: Path, *, tp: int = 1, pp: int = 1) -> MegatronBackend:
@@ -59,11 +67,48 @@ class MegatronBackend(TrainerBackend):
         return self.model.export_hf()
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """Full HF tensors (a collective over the tp group when tp > 1: every tp rank calls it)."""
-        out = self.shard() if self.tp == 1 else names.gather_hf(self._all_gather(self.shard()))
+        """Full HF tensors. With tp > 1 a collective over the tp group (every tp rank calls it once per new
+        set of parameters); asked again before the parameters change, it answers from the last gather."""
+        if self.tp == 1:
+            out = self.shard()
+        else:
+            versions = tuple(p._version for p in self.model.parameters())
+            if self._gathered is None or self._gathered[0] != versions:
+                self._gathered = versions, names.gather_hf(self._all_gather(self.shard()))
+            out = dict(self._gathered[1])
         if self.config.tie_word_embeddings:
             out["lm_head.weight"] = out["model.embed_tokens.weight"]  # the embedded model lists both
         return out
+
+    def data_parallel(self) -> DataParallel:
+        """Megatron's data-parallel rank, size and group: the ranks of one tp group share a replica."""
+        ps = import_megatron().parallel_state
+        return DataParallel(
+            ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), ps.get_data_parallel_group()
+        )
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip by the norm of the whole model's gradient: the squares of every tp-split parameter summed
+        over the tp group, each replicated one (norms, row-parallel biases) counted once. At tp = 1 this is
+        torch's own clip."""
+        if self.tp == 1:
+            return super().clip_grad_norm_(max_norm)
+        ps = import_megatron().parallel_state
+        grads, square = [], torch.zeros((), dtype=torch.float32)
+        for p in self.model.parameters():
+            if p.grad is None:
+                continue
+            grads.append(p.grad)
+            if getattr(p, "tensor_model_parallel", False) or ps.get_tensor_model_parallel_rank() == 0:
+                square += p.grad.float().pow(2).sum()
+        dist.all_reduce(square, group=ps.get_tensor_model_parallel_group())
+        norm = float(square.sqrt())
+        scale = min(max_norm / (norm + 1e-6), 1.0)  # as torch.nn.utils.clip_grad_norm_
+        if scale < 1.0:
+            for g in grads:
+                g.mul_(scale)
+        return norm
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:

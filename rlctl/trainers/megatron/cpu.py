@@ -15,6 +15,7 @@ place of megatron's CUDA RNG tracker: every dropout is 0 in rlctl's config, so n
 drawn inside a fork. The causal mask is passed explicitly by the caller (`model.MegatronPolicy`).
 Nothing else is patched; on a machine with CUDA neither function changes anything.
 
+Exercised on CPU with it: tp = 1 and tp = 2 over gloo, in the tests and in jobs (`trainer.tensor_parallel`).
 Not exercised without a GPU: megatron's DDP wrapper and distributed optimizer (they allocate CUDA
 buffers), Transformer Engine layers, fused kernels, CUDA graphs, and the pipeline-parallel schedules.
 """

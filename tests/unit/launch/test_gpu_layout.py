@@ -16,7 +16,7 @@ import yaml
 from rlctl.config import load_job
 from rlctl.config.inventory import Site
 from rlctl.config.job import Job
-from rlctl.errors import LaunchError
+from rlctl.errors import ConfigError, LaunchError
 from rlctl.launch import preflight
 from rlctl.launch.agentenv import ENV_PARALLEL, ENV_VISIBLE, parallel_from_env, threads_for
 from rlctl.launch.backends import record_agent, recorded_agents, write_sites
@@ -132,6 +132,20 @@ def test_shared_local_site_gives_trainer_and_units_disjoint_slices(tmp_path: Pat
                    ("rollout-0", "2", None), ("rollout-1", "3", None)]  # fmt: skip
     assert all(env.get("MASTER_ADDR") == "127.0.0.1" for a, env in agents if a.role == "trainer")
     assert_disjoint([a for a, _ in agents])
+
+
+def test_the_jobs_trainer_tensor_parallel_is_the_plans_and_reaches_every_rank(tmp_path: Path) -> None:
+    trainer = {"backend": "megatron", "tensor_parallel": 2}
+    job = write_job(tmp_path, {"local": local_site(6)}, at=(("local", 4), ("local", 2)), trainer=trainer)
+    spec = resolve_job(job)
+    plan = plan_counts(job, spec)
+    assert plan["trainer"]["parallel"] == {"tp": 2, "pp": 1, "dp": 2}  # 4 GPUs = tp 2 × dp 2
+    agents = planned_agents(plan, job.inventory.sites, spec, master_port=1)
+    ranks = [json.loads(a.parallel.to_json()) for a, _ in agents if a.role == "trainer"]
+    assert ranks == [{"role": "trainer", "tp": 2, "pp": 1, "dp": 2, "rank": r} for r in range(4)]
+    odd = write_job(tmp_path, {"local": local_site(6)}, at=(("local", 3), ("local", 2)), trainer=trainer)
+    with pytest.raises(ConfigError, match=r"trainer\.tensor_parallel: tp 2 × pp 1 does not divide the trainer's 3"):
+        plan_counts(odd, resolve_job(odd))
 
 
 def test_a_site_with_too_few_gpus_is_refused_before_anything_starts(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""`trainer.backend: megatron` in the job path: what preflight refuses and why, the trainer's refusal of a
-plan that splits the model, and a whole job (real controller, trainer and rollout agents in one process over
-the inproc transport) whose trainer is the Megatron backend."""
+"""`trainer.backend: megatron` in the job path: what preflight refuses and why, the trainer's refusals of
+what megatron does not run here (pp > 1, resuming a tp > 1 job), and a whole job (real controller, trainer
+and rollout agents in one process over the inproc transport) whose trainer is the Megatron backend."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from rlctl.agents.messages import Hello, make
 from rlctl.agents.rollout import RolloutAgent
 from rlctl.agents.trainer import TrainerAgent, _backend
 from rlctl.config.job import Job, JobFile, load_job
-from rlctl.engines.model import TinyGPT
+from rlctl.engines.model import TinyGPT, TinyGPTConfig
 from rlctl.errors import ConfigError
 from rlctl.launch import preflight
 from rlctl.launch.jobdir import JobDir
@@ -77,13 +77,56 @@ def test_preflight_accepts_megatron_on_a_cpu_site_and_says_what_it_cannot_do(
     assert "needs megatron-core" in missing.message and missing.hint == "pip install 'rlctl[megatron]'"
 
 
+def test_preflight_accepts_megatron_tensor_parallel_and_refuses_the_splits_that_do_not_run(tmp_path: Path) -> None:
+    def split_problems(trainer: dict[str, Any], **over: Any) -> list[tuple[str, str]]:
+        job = load(tmp_path, trainer=trainer, **over)
+        return [(p.field, p.message) for p in preflight.problems(job) if p.field.startswith("trainer.")]
+
+    two = {"site": "local", "gpus": 2}
+    tiny = {"kind": "builtin", "name": "tiny-demo"}  # 3 heads: tp 2 does not divide them
+    hf = tmp_path / "hf"
+    TinyGPT(TinyGPTConfig(vocab_size=64, num_attention_heads=2, num_key_value_heads=2)).save_pretrained(hf)
+    placement = {"trainer": two, "rollout": [{"site": "local", "gpus": 1}]}
+    model = {"kind": "hf", "path": str(hf)}
+    assert split_problems({"backend": "megatron", "tensor_parallel": 2}, model=model, placement=placement) == []
+    assert split_problems({"backend": "megatron", "tensor_parallel": 2}, model=tiny, placement=placement) == [
+        ("trainer.tensor_parallel", "2 does not divide the model's num_attention_heads 3; use a divisor")
+    ]
+    assert split_problems({"backend": "torch", "tensor_parallel": 2}, model=model, placement=placement) == [
+        (
+            "trainer.tensor_parallel",
+            "2: the 'torch' trainer has no model parallelism (each rank holds a whole replica); use 1, or "
+            "trainer.backend 'megatron'",
+        )
+    ]
+    assert split_problems({"backend": "megatron", "pipeline_parallel": 2}, model=model, placement=placement) == [
+        (
+            "trainer.pipeline_parallel",
+            "2: no trainer backend runs pipeline stages here (megatron's schedules are not wired in); use 1",
+        )
+    ]
+    three = {"trainer": {"site": "local", "gpus": 3}, "rollout": [{"site": "local", "gpus": 1}]}
+    assert split_problems({"backend": "megatron", "tensor_parallel": 2}, model=model, placement=three) == [
+        ("trainer.tensor_parallel", "tp 2 × pp 1 does not divide placement.trainer.gpus 3 (GPUs = tp × pp × dp)")
+    ]
+    ppo = split_problems(
+        {"backend": "megatron", "tensor_parallel": 2}, model=model, placement=placement, algorithm={"kind": "ppo"}
+    )
+    assert ppo == [("trainer.backend", "'megatron' trains GRPO here (PPO's critic is built on TinyGPT); use 'torch'")]
+
+
 @pytest.mark.usefixtures("megatron_rank")
-def test_the_trainer_refuses_a_plan_that_splits_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_trainer_refuses_what_megatron_does_not_run_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     TinyGPT().save_pretrained(tmp_path / "model")
     job = JobFile.model_validate(job_dict())
-    monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 2, "pp": 1, "dp": 1, "rank": 0}')
-    with pytest.raises(ConfigError, match=r"trainer\.backend: 'megatron' with the plan's tp 2 pp 1"):
+    monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 1, "pp": 2, "dp": 1, "rank": 0}')
+    with pytest.raises(ConfigError, match=r"trainer\.pipeline_parallel: 2: megatron's pipeline schedules"):
         _backend(job, tmp_path / "model", where="job.json")
+    monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 2, "pp": 1, "dp": 1, "rank": 0}')
+    monkeypatch.setenv("RLCTL_RESUME_VERSION", "3")
+    with pytest.raises(ConfigError, match=r"trainer\.tensor_parallel: 2: a checkpoint holds tp rank 0's optimizer"):
+        _backend(job, tmp_path / "model", where="job.json")
+    monkeypatch.delenv("RLCTL_RESUME_VERSION")
     monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 1, "pp": 1, "dp": 1, "rank": 0}')
     assert isinstance(_backend(job, tmp_path / "model", where="job.json"), MegatronBackend)
 

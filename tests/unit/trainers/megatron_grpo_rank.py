@@ -1,0 +1,62 @@
+"""One rank of the tp = 2 GRPO-step test (test_megatron_tp_grpo.py), as its own process:
+
+    python tests/unit/trainers/megatron_grpo_rank.py RANK WORLD TP RENDEZVOUS SAMPLES.pt OUT.pt CHECKPOINT…
+
+Forms a gloo group of WORLD ranks and megatron's parallel state with tensor parallel TP, then for each
+checkpoint does what the trainer agent does (`rlctl.agents.trainer`): the `megatron` backend, a
+`StreamingLearner` on it with the backend's data-parallel group and gradient clipping; rank 0 adds the
+samples and steps, the other ranks follow its broadcasts; every rank then gathers the full HF weights it
+would publish. OUT.pt: {checkpoint: {"weights", "stats", "dp"}} (stats on rank 0 only).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def main(rank: int, world: int, tp: int, rendezvous: Path, samples: Path, out: Path, checkpoints: list[Path]) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    batch = torch.load(samples, weights_only=False)
+    torch.save({str(c): one_step(c, batch[str(c)], rank=rank, tp=tp) for c in checkpoints}, out)
+    dist.destroy_process_group()
+
+
+def one_step(checkpoint: Path, samples: list[Any], *, rank: int, tp: int) -> dict[str, Any]:
+    from rlctl.config.job import GrpoAlgorithm
+    from rlctl.rl.learner import StreamingLearner
+    from rlctl.trainers.base import load_backend
+
+    backend = load_backend("megatron", checkpoint, tp=tp)
+    dp = backend.data_parallel()
+    learner = StreamingLearner(
+        backend.model,
+        GrpoAlgorithm(kind="grpo", lr=1e-3),
+        group_size=4,
+        micro_batch_samples=5,
+        data_parallel=dp,
+        clip_grad_norm_=backend.clip_grad_norm_,
+    )
+    stats: dict[str, float] = {}
+    published: list[dict[str, torch.Tensor]] = []
+    if rank == 0:
+        for s in samples:
+            learner.add(s)
+            learner.train_ready()
+        stats = learner.step()
+        published.append(backend.weights())
+        learner.stop_followers()
+    else:
+        learner.follow(on_step=lambda: published.append(backend.weights()))
+    (weights,) = published
+    return {"weights": {k: v.clone() for k, v in weights.items()}, "stats": stats, "dp": [dp.rank, dp.size]}
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    main(int(a[0]), int(a[1]), int(a[2]), Path(a[3]), Path(a[4]), Path(a[5]), [Path(c) for c in a[6:]])
