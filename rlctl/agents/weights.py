@@ -59,7 +59,7 @@ import torch.distributed as dist
 
 from rlctl.agents.messages import make
 from rlctl.config.job import WeightSync
-from rlctl.errors import TransportError
+from rlctl.errors import PlanError, TransportError
 from rlctl.transport import Connection, Message, Transport, chunks, delta
 from rlctl.transport.delta_parts import assemble, encode_part, part_range
 from rlctl.transport.plan import BroadcastPlan, Endpoint, plan_broadcast
@@ -274,7 +274,14 @@ class WeightPublisher:
             if not todo:
                 continue
             # after the last plan: relays stay, newcomers go below units that hold or fetch `version`
-            plan = plan_version(roots, dc, targets, previous=self.plan, dc_links=links, fanout=self._fanout)
+            try:
+                plan = plan_version(roots, dc, targets, previous=self.plan, dc_links=links, fanout=self._fanout)
+            except PlanError as e:  # the inventory's links leave a datacenter unreached: route as if all linked
+                if links is not None:
+                    log.warning("weights v%d: %s; planning as if every pair of datacenters were linked", version, e)
+                    with self._lock:
+                        self._dc_links = links = None
+                plan = plan_version(roots, dc, targets, previous=self.plan, dc_links=None, fanout=self._fanout)
             self.plan = plan
             for name in plan.order:  # parents before children: relays start first
                 if name not in todo:

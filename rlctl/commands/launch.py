@@ -217,7 +217,7 @@ def register(app: typer.Typer) -> None:
                 sys.stderr.write("\n".join(refused_lines(refused)) + "\n")
             emit(rows, output, lambda r: dry_table(r, staging, refused))
             return
-        preflight(job)  # what `rlctl check` refuses, refused before anything is built or started
+        preflight(job, plan=plan)  # what `rlctl check` refuses, refused before anything is built or started
         jd = launch_dir(job, spec, job_dir)
         progress = _Progress()
         run = None
@@ -260,6 +260,12 @@ def _resume(ref: str, output: OutputFormat) -> None:
     jd = ref_.jobdir
     spec = jd.read_job()
     plan = jd.read_json(jd.plan_json)
+    tp = int((plan.get("trainer", {}).get("parallel") or {}).get("tp", 1))
+    if tp > 1:  # a checkpoint holds rank 0's optimizer state only: the other shards' would be lost
+        raise UsageError(
+            f"{jd.path}: the trainer runs tensor parallel (tp {tp}), whose checkpoints cannot be resumed yet",
+            hint="start the job anew with `rlctl launch JOB.yaml` (a tp 1 trainer's checkpoints can be resumed)",
+        )
     progress = _Progress()
     run = None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

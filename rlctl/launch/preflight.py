@@ -32,12 +32,11 @@ from rlctl.tracking import check_tracking
 from rlctl.trainers.base import megatron_available
 
 RUNNABLE_BUILTIN = "tiny-demo"  # the one built-in model with weights (rlctl.engines.model.TinyGPT)
-# why a trainer backend cannot run a plan that splits the model (tp or pp > 1): the learner hands every
-# rank its own samples and all-reduces whole gradients (rlctl.rl.learner), data parallel only
+# why a trainer backend does not run a split the planner chose (tp or pp > 1) when the job did not ask for one:
+# torch is data parallel only; megatron splits only as trainer.tensor_parallel says, pp 1 (`_trainer_split`)
 NO_MODEL_SPLIT = {
     "torch": "the 'torch' trainer has no model parallelism (each rank holds a whole replica)",
-    "megatron": "the 'megatron' trainer splits the model only as trainer.tensor_parallel says (pp 1; set it to "
-    "run this split)",
+    "megatron": "the 'megatron' trainer splits the model only as trainer.tensor_parallel says (pp 1)",
 }
 
 
@@ -223,7 +222,7 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     t = plan["trainer"]
     par = t.get("parallel") or {}
     tp, pp = int(par.get("tp", 1)), int(par.get("pp", 1))
-    asked = spec.trainer.backend == "megatron" and spec.trainer.model_split == (tp, pp)  # `_trainer_split`
+    asked = spec.trainer.model_split is not None  # the job's own split: `_trainer_split` judges it
     if (tp, pp) != (1, 1) and not asked:
         out.append(
             Problem(

@@ -9,7 +9,7 @@ What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the sh
     `torch` backend); the job path runs this (`trainer.backend: megatron`).
   - tp > 1 in a job (`trainer.tensor_parallel`, the plan's tp × pp × dp reaching each rank as
     RLCTL_PARALLEL; tp 2 over two gloo processes is tested: tests/unit/trainers/test_megatron_tp*.py and
-    tests/integration/agents/test_agents_megatron_tp_job.py): megatron's parallel state, column/row-parallel
+    tests/integration/agents/test_agents_megatron_job.py): megatron's parallel state, column/row-parallel
     layers, vocab-parallel embedding, logits gathered over the tp group. The learner gives the ranks of a
     tp group the same samples (`data_parallel`: they share a data-parallel rank), sums gradients over the
     data-parallel group only, clips by the norm over every shard (`clip_grad_norm_`), and AdamW steps each
@@ -132,7 +132,9 @@ class MegatronBackend(TrainerBackend):
         return shards
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
-        """An fp32 HF checkpoint, as TinyGPT.save_pretrained writes it (collective when tp > 1)."""
+        """An fp32 HF checkpoint, as TinyGPT.save_pretrained writes it. At tp > 1 it reuses the weights the last
+        `weights()` gathered (a collective every rank joins when it publishes), so rank 0 must publish a version
+        before it checkpoints it, as the trainer does: rank 0 alone saving would not be a collective."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         sd = self.weights()

@@ -1,10 +1,14 @@
-"""`rlctl launch` of a job whose trainer is the Megatron-core backend: two trainer ranks (data parallel over
-gloo, each a megatron GPTModel with tp = pp = 1) on the HF demo's Qwen2-architecture checkpoint, one rollout
-unit with the embedded engine; the job finishes, every prompt is trained once, and the final checkpoint is an
-HF directory whose weights the training moved."""
+"""`rlctl launch` of a job whose trainer is the Megatron-core backend on two trainer ranks over gloo, the HF
+demo's Qwen2-architecture checkpoint and one rollout unit with the embedded engine, in both layouts a job can
+ask for: data parallel (tp 1, dp 2: each rank a whole megatron GPTModel) and one tensor-parallel group
+(`trainer.tensor_parallel: 2` → the plan's tp 2 pp 1 dp 1: each rank half of the model). The job finishes,
+every prompt is trained once, both ranks encode each delta (they are roots of the same version: had their
+gathered weights differed by a bit, the halves would not assemble into a delta that verifies), and the final
+checkpoint is the full HF model the training moved."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlctl.trainers.base import megatron_available
+from tests.unit.trainers.megatron_required import require_megatron
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -27,9 +31,30 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
-def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(tmp_path: Path) -> None:
-    if (hint := megatron_available()) is not None:
-        pytest.skip(f"megatron-core is not installed: {hint}")
+def tp2_model(directory: Path) -> None:
+    """The HF demo's checkpoint reshaped so that tp 2 splits it: 2 heads of 48 (the demo has 3 of 32) and
+    a vocabulary of 44 (43 words and one unused token, added to the tokenizer)."""
+    import torch
+
+    from rlctl.engines.hf import read_config
+    from rlctl.engines.model import TinyGPT
+
+    tok = json.loads((directory / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    vocab["<|unused|>"] = len(vocab)
+    (directory / "tokenizer.json").write_text(json.dumps(tok))
+    c = dataclasses.replace(read_config(directory), vocab_size=len(vocab), num_attention_heads=2, num_key_value_heads=2)
+    torch.manual_seed(0)
+    TinyGPT(c).save_pretrained(directory)
+
+
+@pytest.mark.parametrize(
+    "tp,parallel",
+    [(1, {"tp": 1, "pp": 1, "dp": 2}), (2, {"tp": 2, "pp": 1, "dp": 1})],
+    ids=["data-parallel", "tensor-parallel-2"],
+)
+def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(tmp_path: Path, tp: int, parallel: dict) -> None:
+    require_megatron()
     build = subprocess.run(
         [sys.executable, str(ROOT / "jobs/hf-demo/build.py"), "--out", str(tmp_path), "--sft-steps=0", "--rows=64"],
         capture_output=True,
@@ -37,6 +62,8 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(tmp_path: Path)
         timeout=120,
     )
     assert build.returncode == 0, build.stderr
+    if tp > 1:
+        tp2_model(tmp_path / "model")
     job = yaml.safe_load((ROOT / "jobs/hf-demo.yaml").read_text())
     job["inventory"] = [str(ROOT / "clusters/local.yaml")]
     job["model"]["path"] = "model"
@@ -44,7 +71,7 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(tmp_path: Path)
     job["task"].update(path="data.jsonl", reward="length.py:compute_score")
     job.update(iterations=3, batch={"prompts_per_iteration": 4, "samples_per_prompt": 4}, tracking=[])
     job["placement"] = {"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]}
-    job["trainer"] = {"backend": "megatron"}
+    job["trainer"] = {"backend": "megatron"} | ({"tensor_parallel": tp} if tp > 1 else {})
     job["weight_sync"] = {"mode": "delta"}  # the two ranks split each delta's encoding
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
 
@@ -62,15 +89,16 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(tmp_path: Path)
     assert s["state"] == "done" and s["iterations"] == 3
     assert s["ledger"]["prompts"] == s["ledger"]["trained"] == 12
     assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
-    # both ranks built the Megatron model, data parallel
+    assert json.loads((run / "plan.json").read_text())["trainer"]["parallel"] == parallel
+    # both ranks built their part of the Megatron model as the plan says, and both encoded each delta
     for rank in (0, 1):
         log = next(run.glob(f"**/trainer-{rank}*.log")).read_text()
-        assert '"dp": 2' in log and "trainer backend megatron, tp 1 pp 1" in log, log[:2000]
+        assert f'"tp": {tp}' in log and f"trainer backend megatron, tp {tp} pp 1" in log, log[:2000]
         assert "encoded by 2 ranks" in log, log[-2000:]
-    # and the unit rebuilt and verified versions 2 and 3 from those deltas
+    # the unit rebuilt and verified versions 2 and 3 from those deltas
     versions = json.loads((run / "summary.json").read_text())["weights"]["versions"]
     assert [v["encodings"] for v in versions] == [{"full": 1}, {"delta": 1}, {"delta": 1}]
-    # the final checkpoint: an HF directory (Qwen2, tied embeddings) the training moved away from the start
+    # the final checkpoint: the full HF directory (Qwen2, shards gathered) the training moved from the start
     import torch
 
     from rlctl.engines.hf import load_state_dict
@@ -80,4 +108,5 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(tmp_path: Path)
         "Qwen2ForCausalLM"
     ]
     assert sorted(final) == sorted(start)
+    assert all(final[k].shape == start[k].shape for k in start)
     assert not all(torch.equal(final[k], start[k]) for k in start)

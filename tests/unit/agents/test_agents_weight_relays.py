@@ -5,6 +5,8 @@ delta-mode node keeps the versions an on-demand delta for a unit one version beh
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from rlctl.agents.weights import Target, WeightPublisher, natural_key, plan_version, weight_node
@@ -152,3 +154,23 @@ def test_a_delta_job_node_serves_a_unit_that_skipped_a_version_a_delta():
     full = weight_node(transport, "inproc://", WeightSync(mode="full"), timeout_s=10)
     assert full.cfg.keep_versions == 2  # full mode never encodes deltas: no third copy of the weights
     full.close()
+
+
+def test_links_that_leave_a_datacenter_unreached_do_not_stop_the_publisher(caplog):
+    """The inventory links the trainer's datacenter to dc-b only, and a unit sits in dc-c: the plan over those
+    links fails, so the publisher says so and routes as if every pair were linked — every unit still hears."""
+    transport = InprocTransport(secret=b"k" * 16)
+    pub = WeightPublisher(transport, listen="inproc://", sync=WeightSync(mode="full", chunk_bytes=4096), timeout_s=10)
+    units = {n: _Unit(transport, n, dc, "h0") for n, dc in (("rollout-0", "dc-b"), ("rollout-1", "dc-c"))}
+    try:
+        pub.set_targets(
+            {n: u.target for n, u in units.items()}, datacenter="dc-a", dc_links={frozenset(("dc-a", "dc-b"))}
+        )
+        with caplog.at_level(logging.WARNING, logger="rlctl.agents.weights"):
+            pub.publish(1, {"w": torch.zeros(100)})
+            assert [u.told()[0] for u in units.values()] == [1, 1]
+        assert "no inter-DC link path from the trainer datacenter(s) to dc-c" in caplog.text
+    finally:
+        pub.close()
+        for u in units.values():
+            u.listener.close()

@@ -16,7 +16,7 @@ from rlctl.agents.checkpoint import manifest_path, set_latest, write_part
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError, RlctlError
-from rlctl.launch.agentenv import ENV_RESUME, ParallelConfig, checkpoint_versions, parse_latest
+from rlctl.launch.agentenv import ParallelConfig, checkpoint_versions, parse_latest
 from rlctl.launch.base import Resources
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent
@@ -178,7 +178,6 @@ def test_job_run_resume_point_logs_what_it_used_and_skipped(tmp_path: Path, capl
         f"{run.id}: checkpoint v6 not used: trainer part: trainer/state.json is missing",
         f"{run.id}: resuming from checkpoint v3 (latest.json names v6)",
     ]
-    assert ENV_RESUME == "RLCTL_RESUME_VERSION"  # what start(resume=True) passes the version as
 
 
 def test_a_controller_lost_without_a_summary_names_the_resume_command(tmp_path: Path) -> None:
@@ -198,3 +197,19 @@ def test_a_controller_lost_without_a_summary_names_the_resume_command(tmp_path: 
 
     indexed, _ = job_run(tmp_path / "indexed", db=Index())
     assert indexed.resume_command() == f"rlctl launch --resume {indexed.id}"
+
+
+def test_a_tensor_parallel_trainer_is_not_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tp > 1 trainer's checkpoint holds rank 0's optimizer shard only: `launch --resume` refuses it in one
+    line, exit 2, before anything starts."""
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("resume", explicit=tmp_path / "job")
+    jd.write_job(spec(), source="test")
+    plan = {"trainer": {"site": "t", "ranks": 2, "parallel": {"tp": 2, "pp": 1, "dp": 1}}, "rollout": []}
+    jd.write_json(jd.plan_json, plan)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "the trainer runs tensor parallel (tp 2), whose checkpoints" in r.stderr
+    assert not (jd.path / "agents.jsonl").exists()  # nothing started

@@ -1,6 +1,6 @@
 """Whether the Megatron tests run here: skipped, with the install command, when megatron-core is not
-installed; failed instead under RLCTL_REQUIRE_MEGATRON=1, which `make unit` sets once the install succeeded
-(or under CI=true), so CI cannot skip them silently."""
+installed; failed instead under RLCTL_REQUIRE_MEGATRON=1, which `make unit` and `make integration` set once
+the install succeeded, so a broken install cannot skip them silently."""
 
 from __future__ import annotations
 

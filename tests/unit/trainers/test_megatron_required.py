@@ -1,5 +1,5 @@
 """The Megatron tests skip where megatron-core is missing, unless RLCTL_REQUIRE_MEGATRON=1 (what `make unit`
-sets once the install succeeded, and in CI) makes that skip a failure."""
+and `make integration` set once the install succeeded) makes that skip a failure."""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from rlctl.engines.model import TinyGPT
-from rlctl.trainers.base import megatron_available
 from tests.unit.hf_checkpoints import write_checkpoint
+from tests.unit.trainers.megatron_required import require_megatron
 from tests.unit.trainers.test_megatron_backend import rollouts
 
 pytest.importorskip("transformers")
@@ -46,8 +46,7 @@ def run_ranks(
 
 @pytest.mark.timeout(400)
 def test_a_grpo_step_at_tp2_moves_the_weights_as_at_tp1(tmp_path: Path) -> None:
-    if (hint := megatron_available()) is not None:
-        pytest.skip(f"megatron-core is not installed: {hint}")
+    require_megatron()
     checkpoints = [tmp_path / v for v in VARIANTS]
     before: dict[str, dict[str, torch.Tensor]] = {}
     batch: dict[str, Any] = {}
