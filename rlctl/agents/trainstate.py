@@ -87,7 +87,10 @@ def save_trainer(
         tensors: dict[str, Any] = {f"optimizer.{k}": o.state_dict() for k, o in optimizers.items()}
         tensors |= {f"module.{k}": m.state_dict() for k, m in (modules or {}).items()}
         torch.save(tensors, tmp / "state.pt")
-        torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():  # a GPU trainer: every device's generator too
+            rng |= {f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())}
+        torch.save(rng, tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps({"counters": counters, "rng": rng_state()}, indent=1))
 
     meta = {"counters": counters, "optimizer_sha256": optimizer_digest(optimizers)}
@@ -116,6 +119,10 @@ def load_trainer(
     if restored != manifest["optimizer_sha256"]:
         raise CheckpointError(f"{ckpt}: the optimizer state restored differs from the one saved")
     body = json.loads((ckpt / STATE / "state.json").read_text())
-    set_rng_state(body["rng"], torch.load(ckpt / STATE / "rng.pt", weights_only=True)["torch"])
+    rng = torch.load(ckpt / STATE / "rng.pt", weights_only=True)
+    set_rng_state(body["rng"], rng["torch"])
+    cuda = [rng[f"cuda.{i}"] for i in range(torch.cuda.device_count()) if f"cuda.{i}" in rng]
+    if cuda and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
     log.info("restored %s: optimizer state sha256 %s, as saved", ckpt.name, restored)
     return body["counters"], str(manifest["digest"])

@@ -117,7 +117,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         for p in s.peers.values()
         if p.role != "client"
     ]
-    counts = core.ledger.counts()
+    counts = core.ledger.counts(completed_iterations=core.trainer_version)  # lost: of iterations already trained
     last_trained = core.stats.get(core.trainer_version - 1)
     r = s.reading
     state = "done" if core.done else "failed" if core.failed else "running"

@@ -129,6 +129,8 @@ def test_cross_site_job_status_scale_stop(services, tmp_path, launcher):
 
     # the site does not see the operator's filesystem (a hidden reliance on a shared path would fail below)
     assert on_site(services, f"test -e {tmp_path} || echo absent").stdout.strip() == "absent"
+    marker = f"/tmp/rlctl-audit-{uuid.uuid4().hex[:8]}"
+    assert on_site(services, f"touch {marker}").returncode == 0
     before = link_bytes(services)
     proc = launcher(str(job), "--job-dir", str(job_dir))
     wait_for("two trained iterations", lambda: len(metrics_rows(job_dir)) >= 2, 180, alive=proc)
@@ -208,6 +210,10 @@ def test_cross_site_job_status_scale_stop(services, tmp_path, launcher):
     code, after = rlctl_json("status", str(job_dir))  # the controller is gone: the schedulers answer
     assert code == 0 and after["source"] != "controller"
     assert {a["name"]: a["state"].split()[0] for a in after["agents"]} == dict.fromkeys(stopped["agents"], "exited")
+    # nothing the job ran on the site wrote outside the site's work root in its private /tmp and /root (caches,
+    # temporary files, a home-relative default would show here)
+    stray = on_site(services, f"find /tmp /root -newer {marker} -not -type d -not -path '{workdir}/*'; rm -f {marker}")
+    assert stray.returncode == 0 and stray.stdout == "", stray.stdout[:2000]
 
 
 @pytest.mark.parametrize("sync", ["full", "delta"])
