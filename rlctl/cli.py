@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 runtime error, 2 usage or config error, 3 partial failure (s
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Annotated
 
@@ -13,6 +14,7 @@ import typer
 
 from rlctl.commands import check, completion, launch, logs, plan, profile, report, scale, status, stop, version
 from rlctl.errors import RlctlError
+from rlctl.launch import hostkeys
 
 app = typer.Typer(
     name="rlctl",
@@ -30,8 +32,18 @@ _state = {"debug": False}
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks and debug logs")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="info logs on stderr")] = False,
+    insecure_host_keys: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-host-keys",
+            help="accept any SSH host key (throwaway test setups only; each connection logs a warning), the same as "
+            f"{hostkeys.ENV}=off; default: only keys of the site's known_hosts",
+        ),
+    ] = False,
 ) -> None:
     _state["debug"] = debug
+    if insecure_host_keys:  # the environment carries it to every process this command starts here
+        os.environ[hostkeys.ENV] = "off"
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -9,7 +9,8 @@ asks this module; `rendered_options` gives the same policy to the copy-pastable 
                       StrictHostKeyChecking=yes. An unknown host or a changed key is refused, with
                       the hint `ssh-keyscan -p PORT HOST >> FILE`.
     off               accept any key, logging a warning per connection. Only for throwaway test setups,
-                      and only when asked for explicitly: RLCTL_SSH_HOST_KEY_CHECKING=off.
+                      and only when asked for explicitly: `rlctl --insecure-host-keys …`, or
+                      RLCTL_SSH_HOST_KEY_CHECKING=off in the environment.
 """
 
 from __future__ import annotations

@@ -152,3 +152,14 @@ def test_reach_goes_through_the_same_policy(monkeypatch: pytest.MonkeyPatch) -> 
     res = probe_site("b", site, timeout_s=3)
     assert not res.ok and "cannot connect" in res.detail
     assert applied == ["/etc/site-kh"]
+
+
+def test_the_cli_flag_is_the_explicit_opt_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlctl --insecure-host-keys …` turns the policy off for that command (and what it starts), and only then."""
+    from tests.conftest import run_cli
+
+    monkeypatch.delenv(hostkeys.ENV, raising=False)
+    assert run_cli("version").exit_code == 0 and hostkeys.mode() == "strict"
+    monkeypatch.setenv(hostkeys.ENV, "strict")  # monkeypatch restores the environment after the test
+    assert run_cli("--insecure-host-keys", "version").exit_code == 0
+    assert hostkeys.mode() == "off"
