@@ -211,9 +211,13 @@ def test_cross_site_job_status_scale_stop(services, tmp_path, launcher):
     assert code == 0 and after["source"] != "controller"
     assert {a["name"]: a["state"].split()[0] for a in after["agents"]} == dict.fromkeys(stopped["agents"], "exited")
     # nothing the job ran on the site wrote outside the site's work root in its private /tmp and /root (caches,
-    # temporary files, a home-relative default would show here); the test site's own sshd log is not the job's
-    sshd = Path(services["RLCTL_TEST_NETSITE_KNOWN_HOSTS"]).parent
-    audit = f"find /tmp /root -newer {marker} -not -type d -not -path '{workdir}/*' -not -path '{sshd}/*'"
+    # temporary files, a home-relative default would show here). Not the job's: the test site's own sshd log,
+    # and the checkout the site runs rlctl from (visible there when it lives under /tmp: Python's bytecode cache)
+    sshd, checkout = Path(services["RLCTL_TEST_NETSITE_KNOWN_HOSTS"]).parent, Path(__file__).resolve().parents[3]
+    audit = (
+        f"find /tmp /root -newer {marker} -not -type d -not -path '{workdir}/*' -not -path '{sshd}/*' "
+        f"-not -path '{checkout}/*'"
+    )
     stray = on_site(services, f"{audit}; rm -f {marker}")
     assert stray.returncode == 0 and stray.stdout == "", stray.stdout[:2000]
 
