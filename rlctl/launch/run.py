@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlctl.config.inventory import Site
+from rlctl.config.inventory import Site, SshScheduler
 from rlctl.config.job import Job, JobFile, Pipeline
 from rlctl.errors import ConfigError, LaunchError, PlanError, TransportError, UsageError
 from rlctl.launch.agentenv import (
@@ -297,7 +297,9 @@ class JobRun:
             finally:
                 fs.close()
         if resume:
-            self.resumed = self.resume_point(trainer=next(a for a, _ in agents if a.role == "trainer"))
+            trainers = [a for a, _ in agents if a.role == "trainer"]
+            refuse_unresumable_trainer(trainers[0].site, self.sites[trainers[0].site], trainers)
+            self.resumed = self.resume_point(trainer=trainers[0])
             self.resume_env = {ENV_RESUME: str(self.resumed.version)}
             skipped = [{"version": v, "why": why} for v, why in self.resumed.skipped]
             self.jobdir.event("resumed", version=self.resumed.version, pointer=self.resumed.pointer, skipped=skipped)
@@ -496,6 +498,21 @@ def pick_checkpoint(
 
     pointer = c_fs.read_text(str(c_dir.path / "checkpoints" / LATEST_POINTER))
     return choose_resume(pointer, on_disk, problem)
+
+
+def refuse_unresumable_trainer(name: str, site: Site, trainers: list[PlannedAgent]) -> None:
+    """Only rank 0 writes the trainer's checkpoint part, on its own host's copy of the job: trainer ranks on
+    other hosts of an SSH site that share no work root would have nothing to restore. UsageError (one line,
+    before any agent starts) instead of ranks that fail after the controller resumed."""
+    if not isinstance(site.scheduler, SshScheduler) or site.scheduler.shared_workdir:
+        return
+    hosts = sorted({a.gpu_slice.host for a in trainers if a.gpu_slice is not None})
+    if len(hosts) > 1:
+        raise UsageError(
+            f"site {name!r}: the trainer's ranks run on hosts {', '.join(hosts)}, which share no work root, and "
+            "only rank 0's host holds the trainer's checkpoints: the other ranks could not be restored",
+            hint="set shared_workdir: true on the site if its hosts share a filesystem, or start the job anew",
+        )
 
 
 def planned_agents(

@@ -213,3 +213,24 @@ def test_a_tensor_parallel_trainer_is_not_resumed(tmp_path: Path, monkeypatch: p
     assert r.exit_code == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "the trainer runs tensor parallel (tp 2), whose checkpoints" in r.stderr
     assert not (jd.path / "agents.jsonl").exists()  # nothing started
+
+
+def test_a_trainer_split_over_ssh_hosts_without_a_shared_work_root_is_not_resumed() -> None:
+    """Rank 0 alone writes the trainer's part, on its host: ranks on other hosts of an SSH site would have no
+    checkpoint to restore, unless the hosts share the work root (or every rank is on one host)."""
+    from rlctl.launch.base import GpuSlice
+    from rlctl.launch.run import refuse_unresumable_trainer
+
+    def site(**sched: object) -> Site:
+        return Site.model_validate({"datacenter": "a", "gpu": "CPU", "nodes": [{"host": "h[1-2]", "gpus": 1}],
+                                    "scheduler": {"kind": "ssh", **sched}})  # fmt: skip
+
+    def rank(i: int, host: str) -> PlannedAgent:
+        return PlannedAgent("trainer", i, "t", Resources(1, 1, 1), ParallelConfig("trainer"), GpuSlice(host, (0,)))
+
+    apart = [rank(0, "h1"), rank(1, "h2")]
+    with pytest.raises(RlctlError, match=r"site 't': the trainer's ranks run on hosts h1, h2, which share no work"):
+        refuse_unresumable_trainer("t", site(), apart)
+    refuse_unresumable_trainer("t", site(shared_workdir=True), apart)  # one filesystem: rank 0's copy is theirs
+    refuse_unresumable_trainer("t", site(), [rank(0, "h1"), rank(1, "h1")])  # one host
+    refuse_unresumable_trainer("t", local_site(), apart)  # local: the operator's own job dir
