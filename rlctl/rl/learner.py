@@ -33,7 +33,7 @@ from rlctl.config.job import GrpoAlgorithm, PpoAlgorithm
 from rlctl.engines.model import TinyGPT
 from rlctl.rl.grpo import group_advantages, policy_loss, policy_optimizer
 from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, micro_batches
-from rlctl.trainers.base import DataParallel
+from rlctl.trainers.base import DataParallel, clip_whole, whole_replicas
 
 _SUMMED = ("pg_loss_sum", "clip_sum", "kl_sum")  # token sums of `policy_loss` that the step reports
 
@@ -62,9 +62,8 @@ class StreamingLearner:
         self.group_size = group_size
         self.micro, self.micro_tokens = micro_batch_samples, micro_batch_tokens
         self.grad_clip = grad_clip
-        rank, world = _world()
-        self.dp = data_parallel or DataParallel(rank, world)
-        self._clip = clip_grad_norm_ or self._clip_whole
+        self.dp = data_parallel or whole_replicas()
+        self._clip = clip_grad_norm_ or (lambda max_norm: clip_whole(model, max_norm))
         self.opt = policy_optimizer(model, cfg.lr)
         self._reset()
 
@@ -101,9 +100,6 @@ class StreamingLearner:
         for idx in cuts:
             self._micro_step([self.ready[i] for i in idx])
         self.ready = [self.ready[i] for i in keep]
-
-    def _clip_whole(self, max_norm: float) -> float:
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
 
     def _micro_step(self, chunk: list[tuple[Sample, float]]) -> None:
         if _world()[1] > 1:

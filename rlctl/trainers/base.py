@@ -42,24 +42,35 @@ class DataParallel:
     group: Any = None
 
 
+def whole_replicas() -> DataParallel:
+    """Every rank holds a whole replica: the torch.distributed default group's rank and size (1 of 1 without
+    a group)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return DataParallel(dist.get_rank(), dist.get_world_size())
+    return DataParallel()
+
+
+def clip_whole(model: nn.Module, max_norm: float) -> float:
+    """Clip the gradients of every parameter of `model` (one whole replica) to norm `max_norm`; the norm before."""
+    import torch
+
+    return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+
+
 class TrainerBackend(ABC):
     """One trainer rank's policy: trained through `model`, published with `weights`, saved as HF."""
 
     model: nn.Module
 
     def data_parallel(self) -> DataParallel:
-        """Every rank a whole replica: the torch.distributed group's rank and size (1 of 1 without one)."""
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return DataParallel(dist.get_rank(), dist.get_world_size())
-        return DataParallel()
+        """Every rank a whole replica (`whole_replicas`)."""
+        return whole_replicas()
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Scale the gradients so that their norm is at most `max_norm`; the norm before clipping."""
-        import torch
-
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        return clip_whole(self.model, max_norm)
 
     @abstractmethod
     def weights(self) -> dict[str, torch.Tensor]:
