@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlctl.config.job import DatasetTask, DigitsTask, Job, Planning, Rollout
+from rlctl.config.job import DatasetTask, DigitsTask, Job
 from rlctl.engines.factory import vllm_available
 from rlctl.engines.hf import CONFIG_FILE, TinyGPTConfig, read_config
 from rlctl.errors import ConfigError, LaunchError, PlanError
@@ -38,6 +38,16 @@ NO_MODEL_SPLIT = {
     "torch": "the 'torch' trainer has no model parallelism (each rank holds a whole replica)",
     "megatron": "the 'megatron' trainer splits the model only as trainer.tensor_parallel says (pp 1)",
 }
+# fields only `rlctl plan` reads: (job section, field, what `rlctl plan` uses it for, why launch ignores it)
+PLANNING_ONLY = (
+    (
+        "rollout",
+        "long_tail_fraction",
+        "the long-tail units of its simulated dispatch",
+        "launch dispatches over every unit alike",
+    ),
+    ("planning", "dispatch_rule", "the cost model of its simulated dispatch", "launch dispatches without it"),
+)
 
 
 @dataclass(frozen=True)
@@ -176,25 +186,17 @@ def _planning_only(job: Job) -> list[Problem]:
     """Fields only the planner reads: they shape `rlctl plan`'s simulated dispatch (its predicted times), not
     the allocation launch runs, and the controller's dispatch (rlctl.agents.core: every queued sample to a
     live unit, balanced by predicted tokens) reads neither; a value other than the default would be ignored."""
-    spec, out = job.spec, []
-    fraction = Rollout.model_fields["long_tail_fraction"].default
-    if spec.rollout.long_tail_fraction != fraction:
-        out.append(
-            Problem(
-                "rollout.long_tail_fraction",
-                f"{spec.rollout.long_tail_fraction}: only `rlctl plan` reads it (the long-tail units of its "
-                f"simulated dispatch); launch dispatches over every unit alike: remove it (default {fraction})",
+    out = []
+    for section, name, what, why in PLANNING_ONLY:
+        value = getattr(getattr(job.spec, section), name)
+        default = type(getattr(job.spec, section)).model_fields[name].default
+        if value != default:
+            out.append(
+                Problem(
+                    f"{section}.{name}",
+                    f"{value!r}: only `rlctl plan` reads it ({what}); {why}: remove it (default {default!r})",
+                )
             )
-        )
-    rule = Planning.model_fields["dispatch_rule"].default
-    if spec.planning.dispatch_rule != rule:
-        out.append(
-            Problem(
-                "planning.dispatch_rule",
-                f"{spec.planning.dispatch_rule!r}: only `rlctl plan` reads it (the cost model of its simulated "
-                f"dispatch); launch dispatches without it: remove it (default {rule!r})",
-            )
-        )
     return out
 
 
