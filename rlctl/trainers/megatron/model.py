@@ -9,7 +9,9 @@ the checkpoint's θ over the whole head (`kv_channels` = head_dim, explicit or h
 attention (`num_query_groups` = num_key_value_heads), q/k/v bias (`add_qkv_bias`: Qwen2, Llama
 `attention_bias`), no other linear bias except o_proj's under Llama `attention_bias` (megatron's
 `add_bias_linear` would also put one on the MLP: a bias-forcing RowParallelLinear is put in the spec's
-`linear_proj` instead), tied embeddings (`share_embeddings_and_output_weights`). Every dropout is 0 and
+`linear_proj` instead), tied embeddings (`share_embeddings_and_output_weights`). The core attention is
+torch's SDPA (`attention.py`: transformers' default kernel, so the logits match it bit for bit, and no
+O(s²) score matrix) in place of megatron's local DotProductAttention. Every dropout is 0 and
 every fusion off: the local spec in fp32, as the CPU runs it (`cpu.py` for what that needs). RoPE angles are
 fp32, as in transformers; the built-in demo model's fp64 angles (`rlctl_rope_fp64_angles`) are not
 reproduced (its logits move by ~2e-5 at position 100).
@@ -103,11 +105,14 @@ def transformer_config(c: TinyGPTConfig, *, tp: int = 1, pp: int = 1) -> Any:
 
 
 def layer_spec(c: TinyGPTConfig) -> Any:
-    """The local (non-Transformer-Engine) GPT layer spec with RMSNorm; o_proj gets its bias under Llama
-    `attention_bias`."""
+    """The local (non-Transformer-Engine) GPT layer spec with RMSNorm and SDPA core attention; o_proj gets its
+    bias under Llama `attention_bias`."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from rlctl.trainers.megatron.attention import sdpa_attention
+
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = sdpa_attention()
     if c.attention_bias:
         spec.submodules.self_attention.submodules.linear_proj = _biased_row_parallel_linear()
     return spec
