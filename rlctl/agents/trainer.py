@@ -10,8 +10,8 @@
 Ranks > 0 follow rank 0's broadcasts (`StreamingLearner.follow`) and publish every version into their own
 weight node: each rank is a root of the broadcast plan (`rlctl.agents.weights`), so several chains share
 the trainer datacenter's links. With one rank the group is still formed, so the code path is the same.
-With megatron tensor parallel, the ranks of a tp group train shards of one replica and each publishes the
-full weights gathered over the group (the same bytes on every rank); rank 0 checkpoints them.
+With megatron tensor or pipeline parallel, the ranks of a tp × pp group train shards of one replica and each
+publishes the full weights gathered over the group (the same bytes on every rank); rank 0 checkpoints them.
 
 The policy is held by the job's trainer backend (`rlctl.trainers`: `torch` or `megatron`); the learner trains
 its module, and what is published and checkpointed is the backend's HF-layout weights.

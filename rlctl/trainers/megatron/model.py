@@ -132,7 +132,9 @@ def _biased_row_parallel_linear() -> type:
 
 class MegatronPolicy(nn.Module):
     """A GPTModel that takes and returns what TinyGPT does: tokens [B, T] → fp32 logits [B, T, V] (causal;
-    right padding is harmless). Build it after `init_parallel`."""
+    right padding is harmless). Build it after `init_parallel`. At pp > 1 it holds this rank's pipeline stage
+    (`stage`) and its forward is a collective over the pipeline (`pipeline.forward`): every rank of it calls
+    the model, and `backward` on the result, in the same order."""
 
     def __init__(self, c: TinyGPTConfig, *, tp: int = 1, pp: int = 1) -> None:
         super().__init__()

@@ -37,10 +37,10 @@ def forward(
 
     b, t = tokens.shape
     if not stage.first:
-        x = torch.empty(t, b, hidden, dtype=torch.float32)
-        dist.recv(x, ps.get_pipeline_model_parallel_prev_rank())
+        prev = ps.get_pipeline_model_parallel_prev_rank()
+        x = torch.empty(t, b, hidden, dtype=torch.float32)  # megatron's hidden states are sequence-first
+        dist.recv(x, prev)
         if torch.is_grad_enabled():
-            prev = ps.get_pipeline_model_parallel_prev_rank()
             x.requires_grad_()
             x.register_hook(lambda grad: dist.send(grad.contiguous(), prev))  # ∂input to the previous stage
         gpt.set_input_tensor(x)
@@ -51,8 +51,9 @@ def forward(
         logits = out.float()
         dist.broadcast(logits.detach(), last, group=group)
         return logits
-    dist.send(out.detach().contiguous(), ps.get_pipeline_model_parallel_next_rank())
-    return _FromLastStage.apply(out, (b, t, gpt.vocab_size), last, group, ps.get_pipeline_model_parallel_next_rank())
+    following = ps.get_pipeline_model_parallel_next_rank()
+    dist.send(out.detach().contiguous(), following)
+    return _FromLastStage.apply(out, (b, t, gpt.vocab_size), last, group, following)
 
 
 class _FromLastStage(torch.autograd.Function):

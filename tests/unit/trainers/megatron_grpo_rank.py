@@ -1,4 +1,5 @@
-"""One rank of the tp = 2 GRPO-step test (test_megatron_tp_grpo.py), as its own process:
+"""One rank of the model-parallel GRPO-step tests (test_megatron_tp_grpo.py, test_megatron_pp.py), as its own
+process:
 
     python tests/unit/trainers/megatron_grpo_rank.py RANK WORLD TP PP RENDEZVOUS SAMPLES.pt OUT.pt CHECKPOINT…
 
