@@ -124,9 +124,13 @@ def test_a_grpo_step_over_pipeline_stages_moves_the_weights_as_in_one_process(
         got, s1 = split[0][c]["stats"], want["stats"]
         assert got["loss"] == pytest.approx(s1["loss"], abs=1e-6)
         assert got["tokens"] == s1["tokens"]
-        assert got["grad_norm"] == pytest.approx(s1["grad_norm"], rel=1e-5)  # over every stage, the copy once
+        # over every stage, the tied copy once; at tp 1 the stages compute what one process does, the tied
+        # embedding's two gradient parts summed in another order (bit-exact untied: 0 measured, 6e-8 tied)
+        assert got["grad_norm"] == pytest.approx(s1["grad_norm"], rel=1e-5 if tp > 1 else 1e-6)
         for k, w in want["weights"].items():
             step = (w - before[c][k]).norm()
             assert step > 0, k
-            tolerance = 5e-2 if k.endswith("k_proj.bias") else 2e-3  # as test_megatron_tp_grpo.py
+            if tp == 1:
+                assert torch.allclose(split[0][c]["weights"][k], w, rtol=0, atol=1e-6), (c, k)
+            tolerance = 5e-2 if k.endswith("k_proj.bias") else 2e-3  # tp's rounding, as test_megatron_tp_grpo.py
             assert (split[0][c]["weights"][k] - w).norm() <= tolerance * step, (c, k)
