@@ -1,8 +1,9 @@
-"""Pipeline parallel 2 (two gloo processes) and tp 2 × pp 2 (four) on CPU: each rank builds its stage of the
-GPTModel (4 layers: 2 per stage, megatron's local numbers 0-1 on stage 1 standing for HF layers 2-3), the
-stages are chained inside `model(tokens)` (rlctl.trainers.megatron.pipeline), and every rank returns the
-logits of the single-process megatron model; the gradients, gathered over tp and stages (a tied embedding's
-two copies summed), are the `torch` backend's; `weights()` gathers the checkpoint back bit for bit."""
+"""Pipeline parallel 2 (two gloo processes), tp 2 × pp 2 and pp 2 × dp 2 (four) on CPU: each rank builds its
+stage of the GPTModel (4 layers: 2 per stage, megatron's local numbers 0-1 on stage 1 standing for HF layers
+2-3), the stages are chained inside `model(tokens)` (rlctl.trainers.megatron.pipeline), and every rank
+returns the logits of the single-process megatron model; the gradients, gathered over tp and stages (a tied
+embedding's two copies summed), are the `torch` backend's; `weights()` gathers the checkpoint back bit for
+bit; one GRPO step through the learner moves the weights as in one process."""
 
 from __future__ import annotations
 
@@ -86,16 +87,21 @@ def test_a_pp_that_does_not_divide_the_layers_is_refused(tmp_path: Path) -> None
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(
-    "tp,pp,variants",
-    [(1, 2, ["qwen2-tied-hd32", "llama-hd64-eos3"]), (2, 2, ["llama-bias-tied", "llama-hd64-eos3"])],
-    ids=["pp2", "tp2-pp2"],
+    "tp,pp,dp,variants",
+    [
+        (1, 2, 1, ["qwen2-tied-hd32", "llama-hd64-eos3"]),
+        (2, 2, 1, ["llama-bias-tied", "llama-hd64-eos3"]),
+        (1, 2, 2, ["qwen2-tied-hd32"]),  # two pipelines: each stage's gradients summed over its dp group
+    ],
+    ids=["pp2", "tp2-pp2", "pp2-dp2"],
 )
 def test_a_grpo_step_over_pipeline_stages_moves_the_weights_as_in_one_process(
-    tmp_path: Path, tp: int, pp: int, variants: list[str]
+    tmp_path: Path, tp: int, pp: int, dp: int, variants: list[str]
 ) -> None:
-    """The learner (rank 0 adds and steps, the others follow) on the megatron backend at tp × pp against the
-    same step at tp 1 pp 1: every rank is data-parallel rank 0 of 1, publishes the same bytes, and the update
-    and gradient norm are the single process's (a tied embedding's two copies step alike: one HF tensor)."""
+    """The learner (rank 0 adds and steps, the others follow) on the megatron backend at tp × pp × dp against
+    the same step at tp 1 pp 1: every rank takes its data-parallel share, publishes the same bytes, and the
+    update and gradient norm are the single process's (a tied embedding's two copies step alike: one HF
+    tensor)."""
     require_megatron()
     checkpoints = [tmp_path / v for v in variants]
     before: dict[str, dict[str, torch.Tensor]] = {}
@@ -106,7 +112,7 @@ def test_a_grpo_step_over_pipeline_stages_moves_the_weights_as_in_one_process(
         before[str(path)] = {k: v.clone() for k, v in model.state_dict().items()}
         batch[str(path)] = copy.deepcopy(rollouts(model, prompts=3, group=4, seed=0))
     torch.save(batch, tmp_path / "samples.pt")
-    world = tp * pp
+    world = tp * pp * dp
     procs = grpo_ranks(tmp_path, "split", world=world, tp=tp, pp=pp, checkpoints=checkpoints)
     procs += grpo_ranks(tmp_path, "whole", world=1, tp=1, checkpoints=checkpoints)
     errors = [p.communicate(timeout=360)[1] for p in procs]
@@ -115,22 +121,25 @@ def test_a_grpo_step_over_pipeline_stages_moves_the_weights_as_in_one_process(
     whole = torch.load(tmp_path / "whole-0.pt", weights_only=False)
     for c in map(str, checkpoints):
         want = whole[c]
-        assert [s[c]["dp"] for s in split] == [[0, 1]] * world
-        if read_config(Path(c)).tie_word_embeddings:  # the last stage's copy (on each of its tp ranks)
-            assert [s[c]["tied_copy_equal"] for s in split if s[c]["tied_copy_equal"] is not None] == [True] * tp
+        # megatron's rank order tp-dp-pp: consecutive ranks are tp, then dp, then pipeline stages
+        assert [s[c]["dp"] for s in split] == [[r // tp % dp, dp] for r in range(world)]
+        if read_config(Path(c)).tie_word_embeddings:  # the last stage's copy (on each of its tp × dp ranks)
+            copies = [s[c]["tied_copy_equal"] for s in split if s[c]["tied_copy_equal"] is not None]
+            assert copies == [True] * tp * dp
         for s in split:  # every rank publishes the same full HF tensors
             assert list(s[c]["weights"]) == list(want["weights"])
             assert all(torch.equal(s[c]["weights"][k], split[0][c]["weights"][k]) for k in want["weights"]), c
         got, s1 = split[0][c]["stats"], want["stats"]
         assert got["loss"] == pytest.approx(s1["loss"], abs=1e-6)
         assert got["tokens"] == s1["tokens"]
-        # over every stage, the tied copy once; at tp 1 the stages compute what one process does, the tied
+        # over every stage, the tied copy once; at tp 1 dp 1 the stages compute what one process does, the tied
         # embedding's two gradient parts summed in another order (bit-exact untied: 0 measured, 6e-8 tied)
-        assert got["grad_norm"] == pytest.approx(s1["grad_norm"], rel=1e-5 if tp > 1 else 1e-6)
+        one_pipeline = tp == dp == 1
+        assert got["grad_norm"] == pytest.approx(s1["grad_norm"], rel=1e-6 if one_pipeline else 1e-5)
         for k, w in want["weights"].items():
             step = (w - before[c][k]).norm()
             assert step > 0, k
-            if tp == 1:
+            if one_pipeline:
                 assert torch.allclose(split[0][c]["weights"][k], w, rtol=0, atol=1e-6), (c, k)
-            tolerance = 5e-2 if k.endswith("k_proj.bias") else 2e-3  # tp's rounding, as test_megatron_tp_grpo.py
+            tolerance = 5e-2 if k.endswith("k_proj.bias") else 2e-3  # tp/dp's rounding, as test_megatron_tp_grpo.py
             assert (split[0][c]["weights"][k] - w).norm() <= tolerance * step, (c, k)
