@@ -10,8 +10,8 @@
 Ranks > 0 follow rank 0's broadcasts (`StreamingLearner.follow`) and publish every version into their own
 weight node: each rank is a root of the broadcast plan (`rlctl.agents.weights`), so several chains share
 the trainer datacenter's links. With one rank the group is still formed, so the code path is the same.
-With megatron tensor parallel, the ranks of a tp group train shards of one replica and each publishes the
-full weights gathered over the group (the same bytes on every rank); rank 0 checkpoints them.
+With megatron tensor or pipeline parallel, the ranks of a tp × pp group train shards of one replica and each
+publishes the full weights gathered over the group (the same bytes on every rank); rank 0 checkpoints them.
 
 The policy is held by the job's trainer backend (`rlctl.trainers`: `torch` or `megatron`); the learner trains
 its module, and what is published and checkpointed is the backend's HF-layout weights.
@@ -276,21 +276,19 @@ def _backend(job: JobFile, model_dir: Path, *, where: str) -> TrainerBackend:
     log.info("trainer backend %s, tp %d pp %d, on %s", job.trainer.backend, tp, pp, model_dir)
     if job.trainer.backend != "megatron":
         return load_backend(job.trainer.backend, model_dir, tp=tp, pp=pp)
-    if pp != 1:
-        raise ConfigError(
-            where, "trainer.pipeline_parallel", f"{pp}: megatron's pipeline schedules are not wired in; use 1"
-        )
-    if tp > 1 and resume_version():
-        raise ConfigError(
-            where,
-            "trainer.tensor_parallel",
-            f"{tp}: a checkpoint holds tp rank 0's optimizer shard only, so a tp > 1 job cannot resume; "
-            "start over, or train with tensor_parallel 1",
-        )
+    for field, n, what in (("tensor_parallel", tp, "tp rank 0's"), ("pipeline_parallel", pp, "pipeline stage 0's")):
+        if n > 1 and resume_version():
+            raise ConfigError(
+                where,
+                f"trainer.{field}",
+                f"{n}: a checkpoint holds {what} optimizer shard only, so a {field} > 1 job cannot resume; "
+                f"start over, or train with {field} 1",
+            )
     try:
         return load_backend("megatron", model_dir, tp=tp, pp=pp)
-    except ValueError as e:  # names.check_split: tp does not divide the heads, MLP width or vocabulary
-        raise ConfigError(where, "trainer.tensor_parallel", str(e)) from e
+    except ValueError as e:  # names.check_split: tp does not divide the heads, MLP width or vocabulary; pp the layers
+        field = "pipeline_parallel" if str(e).startswith("pipeline parallel") else "tensor_parallel"
+        raise ConfigError(where, f"trainer.{field}", str(e)) from e
 
 
 def _gather(address: str) -> list[str]:

@@ -260,11 +260,12 @@ def _resume(ref: str, output: OutputFormat) -> None:
     jd = ref_.jobdir
     spec = jd.read_job()
     plan = jd.read_json(jd.plan_json)
-    tp = int((plan.get("trainer", {}).get("parallel") or {}).get("tp", 1))
-    if tp > 1:  # a checkpoint holds rank 0's optimizer state only: the other shards' would be lost
+    parallel = plan.get("trainer", {}).get("parallel") or {}
+    tp, pp = int(parallel.get("tp", 1)), int(parallel.get("pp", 1))
+    if tp > 1 or pp > 1:  # a checkpoint holds rank 0's optimizer state only: the other shards' would be lost
         raise UsageError(
-            f"{jd.path}: the trainer runs tensor parallel (tp {tp}), whose checkpoints cannot be resumed yet",
-            hint="start the job anew with `rlctl launch JOB.yaml` (a tp 1 trainer's checkpoints can be resumed)",
+            f"{jd.path}: the trainer runs model parallel (tp {tp} pp {pp}), whose checkpoints cannot be resumed yet",
+            hint="start the job anew with `rlctl launch JOB.yaml` (a tp 1 pp 1 trainer's checkpoints can be resumed)",
         )
     progress = _Progress()
     run = None

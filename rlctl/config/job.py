@@ -268,7 +268,9 @@ class Trainer(Strict):
         "Unset: the plan's choice for the trainer's GPU count",
     )
     pipeline_parallel: PositiveInt | None = Field(
-        None, description="pipeline stages per replica; unset: the plan's choice (preflight refuses > 1)"
+        None,
+        description="pipeline stages per replica ('megatron': a stage-by-stage schedule, no micro-batch overlap); "
+        "must divide the model's layers. Unset: the plan's choice",
     )
 
     @property

@@ -33,10 +33,11 @@ from rlctl.trainers.base import megatron_available
 
 RUNNABLE_BUILTIN = "tiny-demo"  # the one built-in model with weights (rlctl.engines.model.TinyGPT)
 # why a trainer backend does not run a split the planner chose (tp or pp > 1) when the job did not ask for one:
-# torch is data parallel only; megatron splits only as trainer.tensor_parallel says, pp 1 (`_trainer_split`)
+# torch is data parallel only; megatron splits only as trainer.tensor_parallel / pipeline_parallel say
+# (`_trainer_split`)
 NO_MODEL_SPLIT = {
     "torch": "the 'torch' trainer has no model parallelism (each rank holds a whole replica)",
-    "megatron": "the 'megatron' trainer splits the model only as trainer.tensor_parallel says (pp 1)",
+    "megatron": "the 'megatron' trainer splits the model only as trainer.tensor_parallel / pipeline_parallel say",
 }
 # fields only `rlctl plan` reads: (job section, field, what `rlctl plan` uses it for, why launch ignores it)
 PLANNING_ONLY = (
@@ -202,8 +203,8 @@ def _planning_only(job: Job) -> list[Problem]:
 
 def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     """What the plan (the one launch runs) asks for and the runtime cannot give: a trainer split over tp × pp
-    the job did not ask for (torch is data parallel only; megatron splits as `trainer.tensor_parallel` says,
-    checked by `_trainer_split`), a planner-chosen rollout tp the embedded
+    the job did not ask for (torch is data parallel only; megatron splits as `trainer.tensor_parallel` /
+    `pipeline_parallel` say, checked by `_trainer_split`), a planner-chosen rollout tp the embedded
     engine would ignore, more GPUs on a site than its inventory has (rlctl.launch.layout)."""
     spec, out = job.spec, []
     if plan is None:
@@ -296,8 +297,9 @@ def _megatron(job: Job) -> list[Problem]:
 
 
 # --- trainer.tensor_parallel / trainer.pipeline_parallel -------------------------------------------------
-# megatron runs tensor parallel (pp 1) on CPU sites: a tp group's ranks train shards of one replica
-# (rlctl.rl.learner, rlctl.trainers.megatron); the `torch` backend holds a whole replica per rank.
+# megatron runs tensor and pipeline parallel on CPU sites: the ranks of a tp × pp group train shards of one
+# replica (rlctl.rl.learner, rlctl.trainers.megatron; pp as a stage-by-stage schedule, megatron/pipeline.py);
+# the `torch` backend holds a whole replica per rank.
 
 
 def _trainer_split(job: Job) -> list[Problem]:
@@ -307,19 +309,21 @@ def _trainer_split(job: Job) -> list[Problem]:
         return out
     tp, pp = split
     backend = spec.trainer.backend
-    if pp > 1:
+    for field, n in (("trainer.tensor_parallel", tp), ("trainer.pipeline_parallel", pp)):
+        if n > 1 and backend != "megatron":
+            out.append(
+                Problem(
+                    field,
+                    f"{n}: the {backend!r} trainer has no model parallelism (each rank holds a whole replica); "
+                    "use 1, or trainer.backend 'megatron'",
+                )
+            )
+    if pp > 1 and backend == "megatron" and (layers := spec.model.arch.layers) % pp:
         out.append(
             Problem(
                 "trainer.pipeline_parallel",
-                f"{pp}: no trainer backend runs pipeline stages here (megatron's schedules are not wired in); use 1",
-            )
-        )
-    if tp > 1 and backend != "megatron":
-        out.append(
-            Problem(
-                "trainer.tensor_parallel",
-                f"{tp}: the {backend!r} trainer has no model parallelism (each rank holds a whole replica); "
-                "use 1, or trainer.backend 'megatron'",
+                f"{pp} does not divide the model's num_hidden_layers {layers} (every stage holds as many); "
+                "use a divisor",
             )
         )
     if tp > 1 and backend == "megatron":

@@ -11,10 +11,10 @@ Ranks > 0 follow rank 0: each micro-batch is broadcast, every data-parallel rank
 step's figures (loss, clip fraction, k3 KL of the sampling policy from the trained one) are token sums
 all-reduced with the gradients, so rank 0 reports the whole iteration, not its own slice.
 
-Tensor parallel (the megatron backend, `rlctl.trainers.base.DataParallel`): the ranks of one tp group hold
-shards of one replica, so they share a data-parallel rank and take the same slice in the same order;
-gradients and figures are summed over the data-parallel group only, and the backend clips by the norm over
-every shard.
+Tensor and pipeline parallel (the megatron backend, `rlctl.trainers.base.DataParallel`): the ranks of one
+tp × pp group hold shards of one replica, so they share a data-parallel rank and take the same slice in the
+same order (the model's forward and backward are collectives over the group); gradients and figures are
+summed over the data-parallel group only, and the backend clips by the norm over every shard.
 
     rank 0 ─broadcast micro-batch─▶ every rank: slice [dp_rank::dp_size] ─▶ forward/backward (tp collectives)
     rank 0 ─broadcast ("step", tokens)─▶ every rank: all-reduce over dp ─▶ ÷ tokens ─▶ clip ─▶ AdamW

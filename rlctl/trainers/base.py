@@ -8,7 +8,7 @@
         .load_state_dict(sd)   the inverse of weights(): a resumed checkpoint's policy
         .save_pretrained(dir, tokenizer_from=…)   an HF checkpoint directory (config, weights, tokenizer)
         .data_parallel()  which share of each micro-batch this rank trains, and the group its gradients are
-                        summed over (every rank of the trainer, unless tensor parallel ranks share a replica)
+                        summed over (every rank of the trainer, unless tensor/pipeline parallel ranks share a replica)
         .clip_grad_norm_(max_norm)   clip by the norm of the whole model's gradient (over every shard)
 
 `torch` (native.py) is TinyGPT itself; `megatron` (megatron/backend.py) is megatron-core's GPTModel behind

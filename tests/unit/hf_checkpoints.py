@@ -56,11 +56,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def hf_model(variant: str, *, seed: int = 0) -> Any:
-    """A randomly initialised transformers model of `variant`, fp32, in eval mode."""
+def hf_model(variant: str, *, seed: int = 0, num_hidden_layers: int | None = None) -> Any:
+    """A randomly initialised transformers model of `variant` (with `num_hidden_layers` instead of the
+    common 2 when given), fp32, in eval mode."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     spec = {**COMMON, **VARIANTS[variant]}
+    if num_hidden_layers is not None:
+        spec["num_hidden_layers"] = num_hidden_layers
     kind = spec.pop("arch")
     config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if kind == "qwen2" else (LlamaConfig, LlamaForCausalLM)
     torch.manual_seed(seed)
@@ -82,11 +85,12 @@ def write_checkpoint(
     seed: int = 0,
     max_shard_size: str | None = None,
     dtype: torch.dtype | None = None,
+    num_hidden_layers: int | None = None,
 ) -> Any:
     """Save `hf_model(variant)` with transformers' own save_pretrained (sharded when
     `max_shard_size` is given, cast to `dtype`); returns the fp32 model that was saved."""
-    model = hf_model(variant, seed=seed)
-    out = model if dtype is None else hf_model(variant, seed=seed).to(dtype)
+    model = hf_model(variant, seed=seed, num_hidden_layers=num_hidden_layers)
+    out = model if dtype is None else hf_model(variant, seed=seed, num_hidden_layers=num_hidden_layers).to(dtype)
     kw = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     out.save_pretrained(directory, **kw)
     (directory / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordLevel"}}\n')

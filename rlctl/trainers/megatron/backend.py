@@ -1,7 +1,8 @@
 """The `megatron` trainer backend: megatron-core's GPTModel, loaded from and exported to HF layout.
 
-    HF checkpoint ──names.to_megatron(tp rank)──▶ GPTModel (this rank's shard) ──learner (rlctl.rl.grpo)
-    weights():  names.to_hf (this rank's HF shard) ──all-gather over the tp group──▶ full HF tensors
+    HF checkpoint ──names.to_megatron(tp rank, pp stage)──▶ GPTModel (this rank's shard) ──learner (rlctl.rl.grpo)
+    weights():  names.to_hf (this rank's HF shard of its stage) ──all-gather over the tp group──▶ the stage's
+                full HF tensors ──broadcast by each stage over the pp group──▶ full HF tensors on every rank
 
 What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the shim that allows it):
   - tp = 1: GPTModel forward and backward, trained by the learner's own GRPO loss, AdamW, gradient clipping
@@ -16,11 +17,18 @@ What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the sh
     rank's shard. `weights()` gathers the shards into full HF tensors, the same bytes on every tp rank, which
     every rank publishes and rank 0 checkpoints (a second call before the next step answers from the
     gather, so rank 0's checkpoint needs no collective the other ranks are not in).
+  - pp > 1 in a job (`trainer.pipeline_parallel`; pp 2 and tp 2 × pp 2 are tested:
+    tests/unit/trainers/test_megatron_pp.py and the job test): each rank builds its stage of the GPTModel and
+    `pipeline.py` chains the stages inside `model(tokens)` with a stage-by-stage schedule (no micro-batch
+    overlap: it splits the model's memory over the stages, not its time; megatron's 1F1B schedules are not
+    used), so every rank returns the full logits and the learner is the same as at tp. The ranks of a
+    pipeline share a data-parallel rank too; tied embeddings keep a copy on the last stage whose gradient is
+    summed with the first stage's over megatron's embedding group before clipping, so both copies step alike.
 Not run here: megatron's DDP wrapper and distributed optimizer (CUDA buffers; gradients are summed by the
-learner over gloo instead), pipeline parallel (megatron's schedules; `load` refuses pp > 1), sequence
-parallel, Transformer Engine, and resuming a tp > 1 job (the checkpoint holds tp rank 0's optimizer shard
-only: the trainer refuses it). Preflight refuses a GPU trainer site (the runtime trains on CPU tensors)
-and PPO (its critic is built on TinyGPT).
+learner over gloo instead), megatron's pipeline schedules, sequence parallel, Transformer Engine, and resuming
+a tp > 1 or pp > 1 job (the checkpoint holds rank 0's optimizer shard only: the trainer refuses it).
+Preflight refuses a GPU trainer site (the runtime trains on CPU tensors) and PPO (its critic is built on
+TinyGPT).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from rlctl.engines import hf
+from rlctl.engines.hf import expected_shapes
 from rlctl.trainers.base import DataParallel, TrainerBackend
 from rlctl.trainers.megatron import names
 from rlctl.trainers.megatron.model import MegatronPolicy, import_megatron, init_parallel
@@ -42,7 +51,7 @@ class MegatronBackend(TrainerBackend):
     def __init__(self, policy: MegatronPolicy) -> None:
         self.model: MegatronPolicy = policy
         self.config = policy.config
-        self.tp = policy.tp
+        self.tp, self.stage = policy.tp, policy.stage
         # the last all-gathered weights and the parameters' in-place version counters they were taken at:
         # rank 0 asks again for the checkpoint of a version it just published, when the other tp ranks are
         # not in the collective (they publish only)
@@ -51,30 +60,32 @@ class MegatronBackend(TrainerBackend):
     @classmethod
     def load(cls, model_dir: Path, *, tp: int = 1, pp: int = 1) -> MegatronBackend:
         """This rank's shard of the HF checkpoint `model_dir` in a GPTModel; forms megatron's parallel state
-        (tp × pp over the torch.distributed group, which must exist)."""
-        if pp != 1:
-            raise ValueError(f"pipeline parallel {pp}: megatron's pipeline schedules are not wired in; use pp 1")
+        (tp × pp over the torch.distributed group, which must exist). ValueError when tp or pp does not split
+        the model (`names.check_split`)."""
         config = hf.read_config(model_dir)
+        names.check_split(config, tp, pp)
         sd = hf.load_state_dict(model_dir)
         hf.match_weights({k: tuple(v.shape) for k, v in sd.items()}, config, where=str(model_dir))
         init_parallel(tp=tp, pp=pp)
-        policy = MegatronPolicy(config, tp=tp)
+        policy = MegatronPolicy(config, tp=tp, pp=pp)
         policy.load_hf(sd, rank=import_megatron().parallel_state.get_tensor_model_parallel_rank())
         return cls(policy)
 
     def shard(self) -> dict[str, torch.Tensor]:
-        """This tp rank's HF-layout shard (see names.py); the whole checkpoint when tp = 1."""
+        """This rank's HF-layout shard of its pipeline stage's tensors (see names.py); the whole checkpoint
+        when tp = pp = 1."""
         return self.model.export_hf()
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """Full HF tensors. With tp > 1 a collective over the tp group (every tp rank calls it once per new
-        set of parameters); asked again before the parameters change, it answers from the last gather."""
-        if self.tp == 1:
+        """Full HF tensors. With tp or pp > 1 a collective over the tp and pp groups (every rank calls it once
+        per new set of parameters); asked again before the parameters change, it answers from the last gather."""
+        if self.tp == 1 and self.stage.count == 1:
             out = self.shard()
         else:
             versions = tuple(p._version for p in self.model.parameters())
             if self._gathered is None or self._gathered[0] != versions:
-                self._gathered = versions, names.gather_hf(self._all_gather(self.shard()))
+                stage = self.shard() if self.tp == 1 else names.gather_hf(self._all_gather(self.shard()))
+                self._gathered = versions, self._from_stages(stage) if self.stage.count > 1 else stage
             out = dict(self._gathered[1])
         if self.config.tie_word_embeddings:
             out["lm_head.weight"] = out["model.embed_tokens.weight"]  # the embedded model lists both
@@ -90,19 +101,27 @@ class MegatronBackend(TrainerBackend):
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clip by the norm of the whole model's gradient: the squares of every tp-split parameter summed
-        over the tp group, each replicated one (norms, row-parallel biases) counted once. At tp = 1 this is
+        over the tp and pp groups, each replicated one (norms, row-parallel biases) counted once per stage.
+        At pp > 1 with tied embeddings the gradient is only whole once the two copies' (first stage: the
+        embedding, last stage: the output layer) are summed over megatron's embedding group, which this does
+        first, so that both copies step alike; the copy is counted once in the norm. At tp = pp = 1 this is
         torch's own clip."""
-        if self.tp == 1:
+        if self.tp == 1 and self.stage.count == 1:
             return super().clip_grad_norm_(max_norm)
         ps = import_megatron().parallel_state
+        if self.config.tie_word_embeddings and self.stage.count > 1 and (self.stage.first or self.stage.last):
+            shared = self.model.gpt.shared_embedding_or_output_weight()
+            assert shared.grad is not None  # the learner fills missing gradients with zeros before it clips
+            dist.all_reduce(shared.grad, group=ps.get_embedding_group())
         grads, square = [], torch.zeros((), dtype=torch.float32)
         for p in self.model.parameters():
             if p.grad is None:
                 continue
             grads.append(p.grad)
-            if getattr(p, "tensor_model_parallel", False) or ps.get_tensor_model_parallel_rank() == 0:
+            counted = getattr(p, "tensor_model_parallel", False) or ps.get_tensor_model_parallel_rank() == 0
+            if counted and not getattr(p, "shared", False):  # `shared`: the last stage's copy of the embedding
                 square += p.grad.float().pow(2).sum()
-        dist.all_reduce(square, group=ps.get_tensor_model_parallel_group())
+        dist.all_reduce(square, group=ps.get_model_parallel_group())
         norm = float(square.sqrt())
         scale = min(max_norm / (norm + 1e-6), 1.0)  # as torch.nn.utils.clip_grad_norm_
         if scale < 1.0:
@@ -118,6 +137,19 @@ class MegatronBackend(TrainerBackend):
             sd.pop("lm_head.weight", None)
         self.model.load_hf(sd, rank=import_megatron().parallel_state.get_tensor_model_parallel_rank())
 
+    def _from_stages(self, mine: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Full HF tensors (HF order) from each stage's: every tensor broadcast over the pp group by its stage."""
+        ps = import_megatron().parallel_state
+        group = ps.get_pipeline_model_parallel_group()
+        ranks = dist.get_process_group_ranks(group)  # global rank of each stage, in stage order
+        out = {}
+        for name, shape in expected_shapes(self.config).items():
+            owner = names.stage_of(name, self.config, self.stage.count)
+            t = mine[name] if owner == self.stage.index else torch.empty(shape, dtype=torch.float32)
+            dist.broadcast(t, ranks[owner], group=group)
+            out[name] = t
+        return out
+
     def _all_gather(self, shard: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         group = import_megatron().parallel_state.get_tensor_model_parallel_group()
         shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tp)]
@@ -132,7 +164,7 @@ class MegatronBackend(TrainerBackend):
         return shards
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
-        """An fp32 HF checkpoint, as TinyGPT.save_pretrained writes it. At tp > 1 it reuses the weights the last
+        """An fp32 HF checkpoint, as TinyGPT.save_pretrained writes it. At tp or pp > 1 it reuses the weights the last
         `weights()` gathered (a collective every rank joins when it publishes), so rank 0 must publish a version
         before it checkpoints it, as the trainer does: rank 0 alone saving would not be a collective."""
         d = Path(directory)

@@ -8,16 +8,20 @@ forward still asks CUDA for things it does not need there:
     tensor_parallel gather/all-gather  torch.empty(…, device=torch.cuda.current_device())  tp > 1, parallel_output=False
     CudaRNGStatesTracker.fork          torch.cuda.get_rng_state()/set_rng_state()    around attention dropout
     get_default_causal_mask            torch.ones(…, device="cuda")                 when no mask is given
+    LanguageModule.setup_embeddings…   weight.data.cuda() before the embedding group's all-reduce   pp > 1, tied
 
-`on_cpu()` answers `torch.cuda.current_device()` with "cpu" for the duration of a megatron call (and
-only when CUDA is unavailable), and `install_rng_tracker()` puts a tracker whose `fork` does nothing in
-place of megatron's CUDA RNG tracker: every dropout is 0 in rlctl's config, so no random number is
-drawn inside a fork. The causal mask is passed explicitly by the caller (`model.MegatronPolicy`).
-Nothing else is patched; on a machine with CUDA neither function changes anything.
+`on_cpu()` answers `torch.cuda.current_device()` with "cpu" and makes `Tensor.cuda()` return the tensor
+itself for the duration of a megatron call (and only when CUDA is unavailable), and `install_rng_tracker()`
+puts a tracker whose `fork` does nothing in place of megatron's CUDA RNG tracker: every dropout is 0 in
+rlctl's config, so no random number is drawn inside a fork. The causal mask is passed explicitly by the
+caller (`model.MegatronPolicy`). Nothing else is patched; on a machine with CUDA neither function changes anything.
 
-Exercised on CPU with it: tp = 1 and tp = 2 over gloo, in the tests and in jobs (`trainer.tensor_parallel`).
-Not exercised without a GPU: megatron's DDP wrapper and distributed optimizer (they allocate CUDA
-buffers), Transformer Engine layers, fused kernels, CUDA graphs, and the pipeline-parallel schedules.
+Exercised on CPU with it: tp = 1, tp = 2, pp = 2 and tp 2 × pp 2 over gloo, in the tests and in jobs
+(`trainer.tensor_parallel`, `trainer.pipeline_parallel`): GPTModel stages built with pre/post_process, the
+tied embedding's copy on the last stage. Not exercised without a GPU: megatron's DDP wrapper and distributed
+optimizer (they allocate CUDA buffers), Transformer Engine layers, fused kernels, CUDA graphs, and megatron's
+pipeline schedules and p2p communication (`forward_backward_pipelining_*`, `p2p_communication`: rlctl chains
+the stages itself, `pipeline.py`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch
 _lock = threading.Lock()
 _depth = 0  # nesting of on_cpu() blocks, over all threads
 _saved_current_device: Callable[[], Any] = torch.cuda.current_device
+_saved_tensor_cuda: Callable[..., Any] = torch.Tensor.cuda
 
 
 def needs_shim() -> bool:
@@ -40,16 +45,17 @@ def needs_shim() -> bool:
 
 @contextlib.contextmanager
 def on_cpu() -> Iterator[None]:
-    """Run a megatron-core call on CPU: `torch.cuda.current_device()` returns "cpu" inside (re-entrant;
-    restored when the outermost block exits). A no-op when CUDA is available."""
-    global _depth, _saved_current_device
+    """Run a megatron-core call on CPU: `torch.cuda.current_device()` returns "cpu" and `Tensor.cuda()` the
+    tensor itself inside (re-entrant; restored when the outermost block exits). A no-op when CUDA is available."""
+    global _depth, _saved_current_device, _saved_tensor_cuda
     if not needs_shim():
         yield
         return
     with _lock:
         if _depth == 0:
-            _saved_current_device = torch.cuda.current_device
+            _saved_current_device, _saved_tensor_cuda = torch.cuda.current_device, torch.Tensor.cuda
             torch.cuda.current_device = _cpu_device  # type: ignore[assignment]
+            torch.Tensor.cuda = _stay_on_cpu  # type: ignore[method-assign,assignment]
         _depth += 1
     try:
         yield
@@ -58,6 +64,12 @@ def on_cpu() -> Iterator[None]:
             _depth -= 1
             if _depth == 0:
                 torch.cuda.current_device = _saved_current_device
+                torch.Tensor.cuda = _saved_tensor_cuda  # type: ignore[method-assign]
+
+
+def _stay_on_cpu(self: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
+    del args, kw
+    return self
 
 
 def _cpu_device() -> str:

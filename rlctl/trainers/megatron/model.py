@@ -18,7 +18,10 @@ reproduced (its logits move by ~2e-5 at position 100).
 
 The GPTModel needs megatron's parallel state (`init_parallel`): tensor/pipeline-parallel groups over the
 already-initialised torch.distributed group. Logits are gathered over the tp ranks (`parallel_output=False`),
-so every rank computes the same token log-probs and the loss code is the torch backend's.
+so every rank computes the same token log-probs and the loss code is the torch backend's. At pp > 1 each rank
+builds its stage's part of the GPTModel (`pre_process` on the first stage, `post_process` on the last) and
+`pipeline.py` chains the stages inside `forward`, so that every rank of the pipeline still returns the full
+logits (a stage-by-stage schedule, not megatron's 1F1B: see there).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlctl.engines.hf import TinyGPTConfig
-from rlctl.trainers.megatron import cpu, names
+from rlctl.trainers.megatron import cpu, names, pipeline
 
 INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1)"
 
@@ -73,7 +76,7 @@ def transformer_config(c: TinyGPTConfig, *, tp: int = 1, pp: int = 1) -> Any:
     """megatron-core's TransformerConfig for an HF config (fp32, local modules, no dropout, no fusion)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    names.check_split(c, tp)
+    names.check_split(c, tp, pp)
     return TransformerConfig(
         num_layers=c.num_hidden_layers,
         hidden_size=c.hidden_size,
@@ -97,6 +100,7 @@ def transformer_config(c: TinyGPTConfig, *, tp: int = 1, pp: int = 1) -> Any:
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        pipeline_dtype=torch.float32,  # of the hidden states between stages (pipeline.py)
         use_cpu_initialization=True,
         params_dtype=torch.float32,
         init_method_std=c.initializer_range,
@@ -133,20 +137,25 @@ def _biased_row_parallel_linear() -> type:
 
 class MegatronPolicy(nn.Module):
     """A GPTModel that takes and returns what TinyGPT does: tokens [B, T] → fp32 logits [B, T, V] (causal;
-    right padding is harmless). Build it after `init_parallel`."""
+    right padding is harmless). Build it after `init_parallel`. At pp > 1 it holds this rank's pipeline stage
+    (`stage`) and its forward is a collective over the pipeline (`pipeline.forward`): every rank of it calls
+    the model, and `backward` on the result, in the same order."""
 
-    def __init__(self, c: TinyGPTConfig, *, tp: int = 1) -> None:
+    def __init__(self, c: TinyGPTConfig, *, tp: int = 1, pp: int = 1) -> None:
         super().__init__()
-        import_megatron()
+        ps = import_megatron().parallel_state
         from megatron.core.models.gpt import GPTModel
 
         self.config, self.tp = c, tp
+        self.stage = names.Stage(ps.get_pipeline_model_parallel_rank() if pp > 1 else 0, pp)
         with cpu.on_cpu():
             self.gpt = GPTModel(
-                config=transformer_config(c, tp=tp),
+                config=transformer_config(c, tp=tp, pp=pp),
                 transformer_layer_spec=layer_spec(c),
                 vocab_size=c.vocab_size,
                 max_sequence_length=c.max_position_embeddings,
+                pre_process=self.stage.first,
+                post_process=self.stage.last,
                 parallel_output=False,
                 share_embeddings_and_output_weights=c.tie_word_embeddings,
                 position_embedding_type="rope",
@@ -159,6 +168,8 @@ class MegatronPolicy(nn.Module):
             raise ValueError(f"sequence of {t} tokens > max_position_embeddings {self.config.max_position_embeddings}")
         positions = torch.arange(t, device=tokens.device).expand(b, t)
         masked = torch.ones(t, t, dtype=torch.bool, device=tokens.device).triu(1)[None, None]  # True = hidden
+        if self.stage.count > 1:
+            return pipeline.forward(self.gpt, self.stage, tokens, positions, masked, hidden=self.config.hidden_size)
         with cpu.on_cpu():
             logits: torch.Tensor = self.gpt(tokens, positions, masked)
         return logits.float()
@@ -169,8 +180,8 @@ class MegatronPolicy(nn.Module):
 
     @torch.no_grad()
     def load_hf(self, hf: dict[str, torch.Tensor], *, rank: int = 0) -> None:
-        """Copy full HF tensors (a checkpoint of this config) into this tp rank's parameters."""
-        mine = names.to_megatron(hf, self.config, tp=self.tp, rank=rank)
+        """Copy full HF tensors (a checkpoint of this config) into this tp rank's parameters of its stage."""
+        mine = names.to_megatron(hf, self.config, tp=self.tp, rank=rank, stage=self.stage)
         params = self.megatron_state()
         if set(mine) != set(params):
             raise AssertionError(f"name table and GPTModel disagree: {sorted(set(mine) ^ set(params))}")
@@ -178,5 +189,6 @@ class MegatronPolicy(nn.Module):
             params[k].copy_(v)
 
     def export_hf(self) -> dict[str, torch.Tensor]:
-        """This rank's HF-layout shard (the full checkpoint when tp = 1), HF names, no lm_head when tied."""
-        return names.to_hf(self.megatron_state(), self.config, tp=self.tp)
+        """This rank's HF-layout shard of its stage's tensors (the full checkpoint when tp = pp = 1), HF names,
+        no lm_head when tied."""
+        return names.to_hf(self.megatron_state(), self.config, tp=self.tp, stage=self.stage)

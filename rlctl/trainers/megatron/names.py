@@ -1,6 +1,6 @@
 """rlctl's own HF ⇄ Megatron-core name and layout table for Llama/Qwen2 decoders (the local layer spec).
 
-    HF checkpoint (layer n: model.layers.n.)   Megatron-core GPTModel (decoder.layers.n.)      split over tp
+    HF checkpoint (layer n: model.layers.n.)   Megatron-core GPTModel (decoder.layers.n−o.)    split over tp
     model.embed_tokens.weight      [V, h]   ⇄  embedding.word_embeddings.weight                rows
     input_layernorm.weight         [h]      ⇄  input_layernorm.weight                          replicated
     self_attn.{q,k,v}_proj.weight  [·, h]   ⇄  self_attention.linear_qkv.weight               query groups
@@ -12,6 +12,12 @@
     mlp.down_proj.weight           [h, i]   ⇄  mlp.linear_fc2.weight                           columns
     model.norm.weight                       ⇄  decoder.final_layernorm.weight                  replicated
     lm_head.weight                 [V, h]   ⇄  output_layer.weight (absent when tied)          rows
+
+Pipeline parallel (pp stages, `Stage`): stage s holds the HF layers [s·L/pp, (s+1)·L/pp) under megatron's
+local numbers (o = s·L/pp above: megatron numbers each stage's layers from 0), the embedding on the first
+stage, the final norm and lm_head on the last. With tied embeddings and pp > 1 the last stage holds a copy of
+the embedding as `output_layer.weight` (megatron's shared embedding): it is loaded from embed_tokens and not
+exported, the first stage's copy is. Each HF name has one owning stage (`stage_of`).
 
 Fused QKV, per query group g (G = num_key_value_heads groups of H/G query heads each, head_dim d):
 
@@ -29,6 +35,7 @@ own shard. Only slicing and concatenation happen here, so HF → Megatron → HF
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -38,8 +45,35 @@ _ROWS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "
 _COLUMNS = ("o_proj.weight", "down_proj.weight")
 
 
-def check_split(c: TinyGPTConfig, tp: int) -> None:
-    """ValueError unless `tp` divides what megatron-core splits: query groups, MLP width and vocabulary."""
+@dataclass(frozen=True)
+class Stage:
+    """Pipeline stage `index` of `count` (the whole model when count = 1)."""
+
+    index: int = 0
+    count: int = 1
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.count - 1
+
+    def layers(self, c: TinyGPTConfig) -> range:
+        """The HF (global) layer indices this stage holds, in megatron's local order."""
+        per = c.num_hidden_layers // self.count
+        return range(self.index * per, (self.index + 1) * per)
+
+
+def check_split(c: TinyGPTConfig, tp: int, pp: int = 1) -> None:
+    """ValueError unless `tp` divides what megatron-core splits (query groups, MLP width, vocabulary) and `pp`
+    the layers."""
+    if c.num_hidden_layers % pp:
+        raise ValueError(
+            f"pipeline parallel {pp} does not divide num_hidden_layers {c.num_hidden_layers}; "
+            "use a divisor (every stage holds as many layers)"
+        )
     for what, n in (
         ("num_key_value_heads", c.num_key_value_heads),
         ("intermediate_size", c.intermediate_size),
@@ -56,9 +90,25 @@ def shard_dim(name: str) -> int | None:
     return 0 if any(f"{part}." in name for part in _ROWS) else None
 
 
-def _layer_names(n: int) -> list[tuple[str, str]]:
-    """(HF, Megatron) names of one layer's tensors that map one to one."""
-    hf, mg = f"model.layers.{n}.", f"decoder.layers.{n}."
+def stage_of(name: str, c: TinyGPTConfig, pp: int) -> int:
+    """The pipeline stage that holds (and exports) HF tensor `name`."""
+    if name.startswith("model.layers."):
+        return int(name.split(".")[2]) // (c.num_hidden_layers // pp)
+    return 0 if name == "model.embed_tokens.weight" else pp - 1
+
+
+def _prefixes(c: TinyGPTConfig, stage: Stage) -> list[tuple[int, str, str]]:
+    """(HF layer index, HF prefix, Megatron prefix) of each layer of `stage`."""
+    return [(n, f"model.layers.{n}.", f"decoder.layers.{i}.") for i, n in enumerate(stage.layers(c))]
+
+
+def _stage_names(c: TinyGPTConfig, stage: Stage) -> dict[str, tuple[int, ...]]:
+    """The HF names (and shapes) `stage` exports, in HF order."""
+    return {k: v for k, v in expected_shapes(c).items() if stage_of(k, c, stage.count) == stage.index}
+
+
+def _layer_names(hf: str, mg: str) -> list[tuple[str, str]]:
+    """(HF, Megatron) names of one layer's tensors that map one to one, under the layer prefixes `hf`, `mg`."""
     return [
         (hf + "input_layernorm.weight", mg + "input_layernorm.weight"),
         (hf + "post_attention_layernorm.weight", mg + "pre_mlp_layernorm.weight"),
@@ -68,13 +118,14 @@ def _layer_names(n: int) -> list[tuple[str, str]]:
     ]
 
 
-def _one_to_one(c: TinyGPTConfig) -> list[tuple[str, str]]:
-    pairs = [("model.embed_tokens.weight", "embedding.word_embeddings.weight")]
-    for n in range(c.num_hidden_layers):
-        pairs += _layer_names(n)
-    pairs.append(("model.norm.weight", "decoder.final_layernorm.weight"))
-    if not c.tie_word_embeddings:
-        pairs.append(("lm_head.weight", "output_layer.weight"))
+def _one_to_one(c: TinyGPTConfig, stage: Stage) -> list[tuple[str, str]]:
+    pairs = [("model.embed_tokens.weight", "embedding.word_embeddings.weight")] if stage.first else []
+    for _, hf, mg in _prefixes(c, stage):
+        pairs += _layer_names(hf, mg)
+    if stage.last:
+        pairs.append(("model.norm.weight", "decoder.final_layernorm.weight"))
+        if not c.tie_word_embeddings:
+            pairs.append(("lm_head.weight", "output_layer.weight"))
     return pairs
 
 
@@ -83,15 +134,18 @@ def _split(t: torch.Tensor, dim: int | None, *, tp: int, rank: int) -> torch.Ten
 
 
 def to_megatron(
-    hf: Mapping[str, torch.Tensor], c: TinyGPTConfig, *, tp: int = 1, rank: int = 0
+    hf: Mapping[str, torch.Tensor], c: TinyGPTConfig, *, tp: int = 1, rank: int = 0, stage: Stage = Stage()
 ) -> dict[str, torch.Tensor]:
-    """Tensor parallel rank `rank`'s GPTModel state dict from full HF tensors (a checkpoint of `c`)."""
-    check_split(c, tp)
+    """The GPTModel state dict of tensor parallel rank `rank` in pipeline stage `stage` from full HF tensors (a
+    checkpoint of `c`)."""
+    check_split(c, tp, stage.count)
     want = expected_shapes(c)
-    out = {mg: _split(hf[name], shard_dim(name), tp=tp, rank=rank) for name, mg in _one_to_one(c) if name in want}
+    pairs = _one_to_one(c, stage)
+    out = {mg: _split(hf[name], shard_dim(name), tp=tp, rank=rank) for name, mg in pairs if name in want}
+    if c.tie_word_embeddings and stage.last and not stage.first:  # the shared embedding's copy
+        out["output_layer.weight"] = _split(hf["model.embed_tokens.weight"], 0, tp=tp, rank=rank)
     g, per, d = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim
-    for n in range(c.num_hidden_layers):
-        hp, mp = f"model.layers.{n}.", f"decoder.layers.{n}."
+    for _, hp, mp in _prefixes(c, stage):
         for kind in ("weight", "bias") if c.qkv_bias else ("weight",):
             q, k, v = (hf[f"{hp}self_attn.{p}_proj.{kind}"] for p in "qkv")
             rest = q.shape[1:]
@@ -102,14 +156,16 @@ def to_megatron(
     return out
 
 
-def to_hf(mg: Mapping[str, torch.Tensor], c: TinyGPTConfig, *, tp: int = 1) -> dict[str, torch.Tensor]:
-    """This rank's HF-layout shard (HF names, no lm_head when tied) from its GPTModel state dict `mg`;
-    with tp = 1 the full checkpoint. `gather_hf` joins the shards of all ranks."""
-    want = expected_shapes(c)
-    out = {name: mg[m] for name, m in _one_to_one(c) if name in want}
+def to_hf(
+    mg: Mapping[str, torch.Tensor], c: TinyGPTConfig, *, tp: int = 1, stage: Stage = Stage()
+) -> dict[str, torch.Tensor]:
+    """This rank's HF-layout shard (HF names, no lm_head when tied) from its GPTModel state dict `mg`: the
+    tensors of its pipeline `stage`, each its tp part; with tp = pp = 1 the full checkpoint. `gather_hf`
+    joins the tp shards of one stage."""
+    want = _stage_names(c, stage)
+    out = {name: mg[m] for name, m in _one_to_one(c, stage) if name in want}
     g, per, d = c.num_key_value_heads // tp, c.num_attention_heads // c.num_key_value_heads, c.head_dim
-    for n in range(c.num_hidden_layers):
-        hp, mp = f"model.layers.{n}.", f"decoder.layers.{n}."
+    for _, hp, mp in _prefixes(c, stage):
         for kind in ("weight", "bias") if c.qkv_bias else ("weight",):
             fused = mg[f"{mp}self_attention.linear_qkv.{kind}"]
             rest = fused.shape[1:]

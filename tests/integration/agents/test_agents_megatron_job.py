@@ -1,10 +1,11 @@
 """`rlctl launch` of a job whose trainer is the Megatron-core backend on two trainer ranks over gloo, the HF
-demo's Qwen2-architecture checkpoint and one rollout unit with the embedded engine, in both layouts a job can
-ask for: data parallel (tp 1, dp 2: each rank a whole megatron GPTModel) and one tensor-parallel group
-(`trainer.tensor_parallel: 2` → the plan's tp 2 pp 1 dp 1: each rank half of the model). The job finishes,
-every prompt is trained once, both ranks encode each delta (they are roots of the same version: had their
-gathered weights differed by a bit, the halves would not assemble into a delta that verifies), and the final
-checkpoint is the full HF model the training moved."""
+demo's Qwen2-architecture checkpoint and one rollout unit with the embedded engine, in the layouts a job can
+ask for: data parallel (tp 1, dp 2: each rank a whole megatron GPTModel), one tensor-parallel group
+(`trainer.tensor_parallel: 2` → the plan's tp 2 pp 1 dp 1: each rank half of every layer) and one pipeline
+(`trainer.pipeline_parallel: 2` → tp 1 pp 2 dp 1: each rank one stage, the tied embedding's copy on the
+last). The job finishes, every prompt is trained once, both ranks encode each delta (they are roots of the
+same version: had their gathered weights differed by a bit, the halves would not assemble into a delta that
+verifies), and the final checkpoint is the full HF model the training moved."""
 
 from __future__ import annotations
 
@@ -31,29 +32,40 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
-def tp2_model(directory: Path) -> None:
-    """The HF demo's checkpoint reshaped so that tp 2 splits it: 2 heads of 48 (the demo has 3 of 32) and
-    a vocabulary of 44 (43 words and one unused token, added to the tokenizer)."""
+def split_model(directory: Path, *, tp: int, pp: int) -> None:
+    """The HF demo's checkpoint reshaped so that tp and pp split it: at tp 2, 2 heads of 48 (the demo has 3 of
+    32) and a vocabulary of 44 (43 words and one unused token, added to the tokenizer); at pp 2, 2 layers (the
+    demo has 3): one per stage."""
     import torch
 
     from rlctl.engines.hf import read_config
     from rlctl.engines.model import TinyGPT
 
-    tok = json.loads((directory / "tokenizer.json").read_text())
-    vocab = tok["model"]["vocab"]
-    vocab["<|unused|>"] = len(vocab)
-    (directory / "tokenizer.json").write_text(json.dumps(tok))
-    c = dataclasses.replace(read_config(directory), vocab_size=len(vocab), num_attention_heads=2, num_key_value_heads=2)
+    c = read_config(directory)
+    if tp > 1:
+        tok = json.loads((directory / "tokenizer.json").read_text())
+        vocab = tok["model"]["vocab"]
+        vocab["<|unused|>"] = len(vocab)
+        (directory / "tokenizer.json").write_text(json.dumps(tok))
+        c = dataclasses.replace(c, vocab_size=len(vocab), num_attention_heads=2, num_key_value_heads=2)
+    if pp > 1:
+        c = dataclasses.replace(c, num_hidden_layers=2)
     torch.manual_seed(0)
     TinyGPT(c).save_pretrained(directory)
 
 
 @pytest.mark.parametrize(
-    "tp,parallel",
-    [(1, {"tp": 1, "pp": 1, "dp": 2}), (2, {"tp": 2, "pp": 1, "dp": 1})],
-    ids=["data-parallel", "tensor-parallel-2"],
+    "tp,pp,parallel",
+    [
+        (1, 1, {"tp": 1, "pp": 1, "dp": 2}),
+        (2, 1, {"tp": 2, "pp": 1, "dp": 1}),
+        (1, 2, {"tp": 1, "pp": 2, "dp": 1}),
+    ],
+    ids=["data-parallel", "tensor-parallel-2", "pipeline-parallel-2"],
 )
-def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(tmp_path: Path, tp: int, parallel: dict) -> None:
+def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(
+    tmp_path: Path, tp: int, pp: int, parallel: dict
+) -> None:
     require_megatron()
     build = subprocess.run(
         [sys.executable, str(ROOT / "jobs/hf-demo/build.py"), "--out", str(tmp_path), "--sft-steps=0", "--rows=64"],
@@ -62,8 +74,8 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(tmp_path: Path,
         timeout=120,
     )
     assert build.returncode == 0, build.stderr
-    if tp > 1:
-        tp2_model(tmp_path / "model")
+    if tp > 1 or pp > 1:
+        split_model(tmp_path / "model", tp=tp, pp=pp)
     job = yaml.safe_load((ROOT / "jobs/hf-demo.yaml").read_text())
     job["inventory"] = [str(ROOT / "clusters/local.yaml")]
     job["model"]["path"] = "model"
@@ -71,7 +83,11 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(tmp_path: Path,
     job["task"].update(path="data.jsonl", reward="length.py:compute_score")
     job.update(iterations=3, batch={"prompts_per_iteration": 4, "samples_per_prompt": 4}, tracking=[])
     job["placement"] = {"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]}
-    job["trainer"] = {"backend": "megatron"} | ({"tensor_parallel": tp} if tp > 1 else {})
+    job["trainer"] = (
+        {"backend": "megatron"}
+        | ({"tensor_parallel": tp} if tp > 1 else {})
+        | ({"pipeline_parallel": pp} if pp > 1 else {})
+    )
     job["weight_sync"] = {"mode": "delta"}  # the two ranks split each delta's encoding
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
 
@@ -93,7 +109,7 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(tmp_path: Path,
     # both ranks built their part of the Megatron model as the plan says, and both encoded each delta
     for rank in (0, 1):
         log = next(run.glob(f"**/trainer-{rank}*.log")).read_text()
-        assert f'"tp": {tp}' in log and f"trainer backend megatron, tp {tp} pp 1" in log, log[:2000]
+        assert f'"tp": {tp}' in log and f"trainer backend megatron, tp {tp} pp {pp}" in log, log[:2000]
         assert "encoded by 2 ranks" in log, log[-2000:]
     # the unit rebuilt and verified versions 2 and 3 from those deltas
     versions = json.loads((run / "summary.json").read_text())["weights"]["versions"]

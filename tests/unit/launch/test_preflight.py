@@ -80,7 +80,7 @@ def gpu_job(tmp_path: Path, *, trainer_gpus: int, backend: str) -> Job:
     "backend,why",
     [
         ("torch", "the 'torch' trainer has no model parallelism (each rank holds a whole replica)"),
-        ("megatron", "the 'megatron' trainer splits the model only as trainer.tensor_parallel says"),
+        ("megatron", "the 'megatron' trainer splits the model only as trainer.tensor_parallel / pipeline_parallel say"),
     ],
 )
 def test_a_plan_that_splits_the_trainer_is_refused_for_either_backend(tmp_path: Path, backend: str, why: str) -> None:

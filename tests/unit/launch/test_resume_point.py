@@ -199,19 +199,23 @@ def test_a_controller_lost_without_a_summary_names_the_resume_command(tmp_path: 
     assert indexed.resume_command() == f"rlctl launch --resume {indexed.id}"
 
 
-def test_a_tensor_parallel_trainer_is_not_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tp > 1 trainer's checkpoint holds rank 0's optimizer shard only: `launch --resume` refuses it in one
-    line, exit 2, before anything starts."""
+@pytest.mark.parametrize("split", [{"tp": 2, "pp": 1}, {"tp": 1, "pp": 2}], ids=["tp2", "pp2"])
+def test_a_model_parallel_trainer_is_not_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: dict[str, int]
+) -> None:
+    """A tp or pp > 1 trainer's checkpoint holds rank 0's optimizer shard only: `launch --resume` refuses it in
+    one line, exit 2, before anything starts."""
     from tests.conftest import run_cli
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir.create("resume", explicit=tmp_path / "job")
     jd.write_job(spec(), source="test")
-    plan = {"trainer": {"site": "t", "ranks": 2, "parallel": {"tp": 2, "pp": 1, "dp": 1}}, "rollout": []}
+    plan = {"trainer": {"site": "t", "ranks": 2, "parallel": {**split, "dp": 1}}, "rollout": []}
     jd.write_json(jd.plan_json, plan)
     r = run_cli("launch", "--resume", str(jd.path))
     assert r.exit_code == 2, r.stderr
-    assert r.stderr.count("\n") == 1 and "the trainer runs tensor parallel (tp 2), whose checkpoints" in r.stderr
+    want = f"the trainer runs model parallel (tp {split['tp']} pp {split['pp']}), whose checkpoints"
+    assert r.stderr.count("\n") == 1 and want in r.stderr
     assert not (jd.path / "agents.jsonl").exists()  # nothing started
 
 

@@ -1,10 +1,11 @@
-"""One rank of the tp = 2 test (test_megatron_tp.py), as its own process:
+"""One rank of the model-parallel tests (test_megatron_tp.py, test_megatron_pp.py), as its own process:
 
-    python tests/unit/trainers/megatron_tp_rank.py RANK WORLD RENDEZVOUS OUT.json CHECKPOINT…
+    python tests/unit/trainers/megatron_tp_rank.py RANK WORLD TP PP RENDEZVOUS OUT.json CHECKPOINT…
 
-Forms a gloo group and megatron's parallel state with tp = WORLD, loads its shard of each checkpoint, and
-writes what it measured against the `torch` backend (TinyGPT on the whole checkpoint) to OUT.json, one
-entry per checkpoint.
+Forms a gloo group of WORLD = TP × PP ranks and megatron's parallel state, loads its shard of each checkpoint
+(its tp part of its pipeline stage), and writes what it measured against the `torch` backend (TinyGPT on the
+whole checkpoint) to OUT.json, one entry per checkpoint, and the logits it returned to OUT.pt
+({checkpoint: logits}).
 """
 
 from __future__ import annotations
@@ -17,39 +18,50 @@ import torch
 import torch.distributed as dist
 
 
-def main(rank: int, world: int, rendezvous: Path, out: Path, checkpoints: list[Path]) -> None:
+def main(rank: int, world: int, tp: int, pp: int, rendezvous: Path, out: Path, checkpoints: list[Path]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
-    out.write_text(json.dumps({str(c): measure(c, world) for c in checkpoints}))
+    logits: dict[str, torch.Tensor] = {}
+    out.write_text(json.dumps({str(c): measure(c, tp=tp, pp=pp, logits=logits) for c in checkpoints}))
+    torch.save(logits, out.with_suffix(".pt"))
     dist.destroy_process_group()
 
 
-def measure(checkpoint: Path, world: int) -> dict[str, object]:
+def measure(checkpoint: Path, *, tp: int, pp: int, logits: dict[str, torch.Tensor]) -> dict[str, object]:
     from rlctl.engines.hf import load_state_dict
     from rlctl.engines.model import TinyGPT
     from rlctl.rl.samples import token_logprobs
     from rlctl.trainers.megatron import names
     from rlctl.trainers.megatron.backend import MegatronBackend
+    from rlctl.trainers.megatron.model import import_megatron
 
-    mg = MegatronBackend.load(checkpoint, tp=world)
+    mg = MegatronBackend.load(checkpoint, tp=tp, pp=pp)
+    weights = mg.weights()  # all-gathered over the tp and pp groups, before any step
     ref = TinyGPT.from_pretrained(checkpoint)
     x = torch.randint(0, ref.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        logits_diff = float((mg.model(x) - ref(x)).abs().max())
+        logits[str(checkpoint)] = mg.model(x)
+        logits_diff = float((logits[str(checkpoint)] - ref(x)).abs().max())
     token_logprobs(mg.model, x).sum().backward()
     token_logprobs(ref, x).sum().backward()
-    # gradients in HF layout: each rank's shard through the table, gathered like the weights
-    shard = names.to_hf(
-        {k: p.grad for k, p in mg.model.gpt.named_parameters() if p.grad is not None}, ref.config, tp=world
-    )
-    shards: list[object] = [None] * world
-    dist.all_gather_object(shards, shard)
-    grads = names.gather_hf(shards)  # type: ignore[arg-type]
+    # gradients in HF layout: each rank's shard of its stage through the table, gathered like the weights; the
+    # last stage's copy of a tied embedding adds its gradient to the first stage's
+    grad = {k: p.grad for k, p in mg.model.gpt.named_parameters() if p.grad is not None}
+    shard = names.to_hf(grad, ref.config, tp=tp, stage=mg.stage)
+    if ref.config.tie_word_embeddings and pp > 1 and mg.stage.last:
+        shard["model.embed_tokens.weight"] = grad["output_layer.weight"]
+    ps = import_megatron().parallel_state
+    everyone: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (mg.stage.index, ps.get_tensor_model_parallel_rank(), shard))
+    grads: dict[str, torch.Tensor] = {}
+    for s in range(pp):
+        by_tp = sorted((r, sh) for st, r, sh in everyone if st == s)  # type: ignore[misc]
+        for k, v in names.gather_hf([sh for _, sh in by_tp]).items():
+            grads[k] = grads[k] + v if k in grads else v
     grad_rel = max(float((grads[n] - p.grad).abs().max() / p.grad.abs().max()) for n, p in ref.named_parameters())
-    weights = mg.weights()  # all-gathered over the tp group
     checkpoint_sd = load_state_dict(checkpoint)
     return {
-        "shard_numel": sum(t.numel() for t in mg.shard().values()),
+        "shard_numel": sum(p.numel() for p in mg.model.parameters()),
         "full_numel": sum(t.numel() for t in checkpoint_sd.values()),
         "logits_max_abs_diff": logits_diff,
         "grad_max_rel_diff": grad_rel,
@@ -59,4 +71,5 @@ def measure(checkpoint: Path, world: int) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), [Path(a) for a in sys.argv[5:]])
+    a = sys.argv[1:]
+    main(int(a[0]), int(a[1]), int(a[2]), int(a[3]), Path(a[4]), Path(a[5]), [Path(c) for c in a[6:]])

@@ -1,6 +1,7 @@
 """`trainer.backend: megatron` in the job path: what preflight refuses and why, the trainer's refusals of
-what megatron does not run here (pp > 1, resuming a tp > 1 job), and a whole job (real controller, trainer
-and rollout agents in one process over the inproc transport) whose trainer is the Megatron backend."""
+what megatron does not run here (a pp that does not divide the layers, resuming a tp or pp > 1 job), and a
+whole job (real controller, trainer and rollout agents in one process over the inproc transport) whose
+trainer is the Megatron backend."""
 
 from __future__ import annotations
 
@@ -77,7 +78,9 @@ def test_preflight_accepts_megatron_on_a_cpu_site_and_says_what_it_cannot_do(
     assert "needs megatron-core" in missing.message and missing.hint == "pip install 'rlctl[megatron]'"
 
 
-def test_preflight_accepts_megatron_tensor_parallel_and_refuses_the_splits_that_do_not_run(tmp_path: Path) -> None:
+def test_preflight_accepts_megatron_tensor_and_pipeline_parallel_and_refuses_the_splits_that_do_not_run(
+    tmp_path: Path,
+) -> None:
     def split_problems(trainer: dict[str, Any], **over: Any) -> list[tuple[str, str]]:
         job = load(tmp_path, trainer=trainer, **over)
         found = preflight.problems(job)
@@ -88,7 +91,9 @@ def test_preflight_accepts_megatron_tensor_parallel_and_refuses_the_splits_that_
     two = {"site": "local", "gpus": 2}
     tiny = {"kind": "builtin", "name": "tiny-demo"}  # 3 heads: tp 2 does not divide them
     hf = tmp_path / "hf"
-    TinyGPT(TinyGPTConfig(vocab_size=64, num_attention_heads=2, num_key_value_heads=2)).save_pretrained(hf)
+    layers = 4  # pp 2 divides them, 3 does not
+    c = TinyGPTConfig(vocab_size=64, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=layers)
+    TinyGPT(c).save_pretrained(hf)
     placement = {"trainer": two, "rollout": [{"site": "local", "gpus": 1}]}
     model = {"kind": "hf", "path": str(hf)}
     assert split_problems({"backend": "megatron", "tensor_parallel": 2}, model=model, placement=placement) == []
@@ -102,10 +107,22 @@ def test_preflight_accepts_megatron_tensor_parallel_and_refuses_the_splits_that_
             "trainer.backend 'megatron'",
         )
     ]
-    assert split_problems({"backend": "megatron", "pipeline_parallel": 2}, model=model, placement=placement) == [
+    assert split_problems({"backend": "megatron", "pipeline_parallel": 2}, model=model, placement=placement) == []
+    four = {"trainer": {"site": "local", "gpus": 4}, "rollout": [{"site": "local", "gpus": 1}]}
+    both = {"backend": "megatron", "tensor_parallel": 2, "pipeline_parallel": 2}
+    assert split_problems(both, model=model, placement=four) == []
+    three_stages = {"trainer": {"site": "local", "gpus": 3}, "rollout": [{"site": "local", "gpus": 1}]}
+    assert split_problems({"backend": "megatron", "pipeline_parallel": 3}, model=model, placement=three_stages) == [
         (
             "trainer.pipeline_parallel",
-            "2: no trainer backend runs pipeline stages here (megatron's schedules are not wired in); use 1",
+            f"3 does not divide the model's num_hidden_layers {layers} (every stage holds as many); use a divisor",
+        )
+    ]
+    assert split_problems({"backend": "torch", "pipeline_parallel": 2}, model=model, placement=placement) == [
+        (
+            "trainer.pipeline_parallel",
+            "2: the 'torch' trainer has no model parallelism (each rank holds a whole replica); use 1, or "
+            "trainer.backend 'megatron'",
         )
     ]
     three = {"trainer": {"site": "local", "gpus": 3}, "rollout": [{"site": "local", "gpus": 1}]}
@@ -122,12 +139,18 @@ def test_preflight_accepts_megatron_tensor_parallel_and_refuses_the_splits_that_
 def test_the_trainer_refuses_what_megatron_does_not_run_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     TinyGPT().save_pretrained(tmp_path / "model")
     job = JobFile.model_validate(job_dict())
-    monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 1, "pp": 2, "dp": 1, "rank": 0}')
-    with pytest.raises(ConfigError, match=r"trainer\.pipeline_parallel: 2: megatron's pipeline schedules"):
+    layers = TinyGPT().config.num_hidden_layers
+    monkeypatch.setenv("RLCTL_PARALLEL", f'{{"role": "trainer", "tp": 1, "pp": {layers + 1}, "dp": 1, "rank": 0}}')
+    with pytest.raises(
+        ConfigError, match=rf"trainer\.pipeline_parallel: pipeline parallel {layers + 1} does not divide"
+    ):
         _backend(job, tmp_path / "model", where="job.json")
-    monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 2, "pp": 1, "dp": 1, "rank": 0}')
     monkeypatch.setenv("RLCTL_RESUME_VERSION", "3")
+    monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 2, "pp": 1, "dp": 1, "rank": 0}')
     with pytest.raises(ConfigError, match=r"trainer\.tensor_parallel: 2: a checkpoint holds tp rank 0's optimizer"):
+        _backend(job, tmp_path / "model", where="job.json")
+    monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 1, "pp": 2, "dp": 1, "rank": 0}')
+    with pytest.raises(ConfigError, match=r"trainer\.pipeline_parallel: 2: a checkpoint holds pipeline stage 0's"):
         _backend(job, tmp_path / "model", where="job.json")
     monkeypatch.delenv("RLCTL_RESUME_VERSION")
     monkeypatch.setenv("RLCTL_PARALLEL", '{"role": "trainer", "tp": 1, "pp": 1, "dp": 1, "rank": 0}')

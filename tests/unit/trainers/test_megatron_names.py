@@ -1,13 +1,16 @@
 """rlctl's HF ⇄ Megatron name and layout table, on tensors alone (no megatron-core needed): the fused QKV
-interleave per query group, fc1 = gate ‖ up per tp rank, and HF → Megatron → HF bit for bit."""
+interleave per query group, fc1 = gate ‖ up per tp rank, pipeline stages' local layer numbers, and
+HF → Megatron → HF bit for bit."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 from rlctl.engines.hf import TinyGPTConfig, expected_shapes
-from rlctl.trainers.megatron.names import check_split, gather_hf, shard_dim, to_hf, to_megatron
+from rlctl.trainers.megatron.names import Stage, check_split, gather_hf, shard_dim, stage_of, to_hf, to_megatron
 
 GQA = TinyGPTConfig(
     vocab_size=16,
@@ -98,3 +101,34 @@ def test_names_cover_megatron_and_tied_embeddings_have_no_output_layer() -> None
 def test_a_tp_that_does_not_split_the_query_groups_is_refused() -> None:
     with pytest.raises(ValueError, match="does not divide num_key_value_heads 2"):
         check_split(GQA, 4)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_pipeline_stages_hold_their_layers_under_local_numbers_and_export_each_tensor_once(tied: bool) -> None:
+    c = dataclasses.replace(GQA, num_hidden_layers=4, tie_word_embeddings=tied)
+    hf = checkpoint(c)
+    stages = [Stage(s, 2) for s in range(2)]
+    mg = [to_megatron(hf, c, tp=2, rank=1, stage=s) for s in stages]
+    # stage 1 numbers HF layers 2-3 as its 0-1; the embedding is first-stage, the final norm last-stage
+    assert torch.equal(
+        mg[1]["decoder.layers.1.mlp.linear_fc2.weight"], hf["model.layers.3.mlp.down_proj.weight"][:, 6:]
+    )
+    assert not any(k.startswith("decoder.layers.2.") for m in mg for k in m)
+    assert "embedding.word_embeddings.weight" in mg[0] and "embedding.word_embeddings.weight" not in mg[1]
+    assert "decoder.final_layernorm.weight" in mg[1] and "decoder.final_layernorm.weight" not in mg[0]
+    # the last stage's output layer: lm_head, or the tied embedding's copy
+    want = hf["model.embed_tokens.weight" if tied else "lm_head.weight"].chunk(2)[1]
+    assert torch.equal(mg[1]["output_layer.weight"], want) and "output_layer.weight" not in mg[0]
+    exported = [
+        gather_hf([to_hf(to_megatron(hf, c, tp=2, rank=r, stage=s), c, tp=2, stage=s) for r in range(2)])
+        for s in stages
+    ]
+    assert not set(exported[0]) & set(exported[1])  # each tensor once (the tied copy is not exported)
+    assert [stage_of(k, c, 2) for k in exported[0]] == [0] * len(exported[0])
+    full = exported[0] | exported[1]
+    assert sorted(full) == sorted(hf) and all(torch.equal(full[k], hf[k]) for k in hf)
+
+
+def test_a_pp_that_splits_the_layers_unevenly_is_refused() -> None:
+    with pytest.raises(ValueError, match="pipeline parallel 2 does not divide num_hidden_layers 1"):
+        check_split(LLAMA_BIAS, 1, 2)

@@ -36,7 +36,16 @@ def test_tp2_over_gloo_equals_the_torch_backend(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(RANK), str(r), "2", str(tmp_path / "rendezvous"), str(tmp_path / f"rank{r}.json")]
+            [
+                sys.executable,
+                str(RANK),
+                str(r),
+                "2",
+                "2",
+                "1",
+                str(tmp_path / "rendezvous"),
+                str(tmp_path / f"rank{r}.json"),
+            ]
             + [str(c) for c in checkpoints],
             env=env,
             stderr=subprocess.PIPE,

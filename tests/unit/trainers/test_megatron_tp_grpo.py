@@ -29,10 +29,10 @@ VARIANTS = ["llama-bias-tied", "llama-hd64-eos3"]
 
 
 def run_ranks(
-    tmp_path: Path, name: str, *, world: int, tp: int, checkpoints: list[Path]
+    tmp_path: Path, name: str, *, world: int, tp: int, checkpoints: list[Path], pp: int = 1
 ) -> list[subprocess.Popen[str]]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    args = [str(world), str(tp), str(tmp_path / f"{name}.rendezvous"), str(tmp_path / "samples.pt")]
+    args = [str(world), str(tp), str(pp), str(tmp_path / f"{name}.rendezvous"), str(tmp_path / "samples.pt")]
     return [
         subprocess.Popen(
             [sys.executable, str(RANK), str(r), *args, str(tmp_path / f"{name}-{r}.pt"), *map(str, checkpoints)],
