@@ -4,17 +4,17 @@ megatron-core 0.16.1 with the local layer spec and `use_cpu_initialization` buil
 forward still asks CUDA for things it does not need there:
 
     RotaryEmbedding.get_emb            inv_freq.to(torch.cuda.current_device())      every forward
-    GlobalMemoryBuffer.get_tensor      torch.empty(…, device=torch.cuda.current_device())  attention scores
     tensor_parallel gather/all-gather  torch.empty(…, device=torch.cuda.current_device())  tp > 1, parallel_output=False
     CudaRNGStatesTracker.fork          torch.cuda.get_rng_state()/set_rng_state()    around attention dropout
-    get_default_causal_mask            torch.ones(…, device="cuda")                 when no mask is given
     LanguageModule.setup_embeddings…   weight.data.cuda() before the embedding group's all-reduce   pp > 1, tied
 
 `on_cpu()` answers `torch.cuda.current_device()` with "cpu" and makes `Tensor.cuda()` return the tensor
 itself for the duration of a megatron call (and only when CUDA is unavailable), and `install_rng_tracker()`
 puts a tracker whose `fork` does nothing in place of megatron's CUDA RNG tracker: every dropout is 0 in
-rlctl's config, so no random number is drawn inside a fork. The causal mask is passed explicitly by the
-caller (`model.MegatronPolicy`). Nothing else is patched; on a machine with CUDA neither function changes anything.
+rlctl's config, so no random number is drawn inside a fork. Megatron's local DotProductAttention, which
+would also ask CUDA for its score buffer (`GlobalMemoryBuffer`) and for a default causal mask, is not in
+rlctl's layer spec (`attention.py` runs SDPA, causal without a mask). Nothing else is patched; on a machine
+with CUDA neither function changes anything.
 
 Exercised on CPU with it: tp = 1, tp = 2, pp = 2 and tp 2 × pp 2 over gloo, in the tests and in jobs
 (`trainer.tensor_parallel`, `trainer.pipeline_parallel`): GPTModel stages built with pre/post_process, the

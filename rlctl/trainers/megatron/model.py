@@ -167,11 +167,12 @@ class MegatronPolicy(nn.Module):
         if t > self.config.max_position_embeddings:
             raise ValueError(f"sequence of {t} tokens > max_position_embeddings {self.config.max_position_embeddings}")
         positions = torch.arange(t, device=tokens.device).expand(b, t)
-        masked = torch.ones(t, t, dtype=torch.bool, device=tokens.device).triu(1)[None, None]  # True = hidden
+        # no mask: the SDPA core attention is causal by its layer's mask type (attention.py), so the [T, T]
+        # mask megatron's local attention would read (400 MB of bools at 20K tokens) is not built
         if self.stage.count > 1:
-            return pipeline.forward(self.gpt, self.stage, tokens, positions, masked, hidden=self.config.hidden_size)
+            return pipeline.forward(self.gpt, self.stage, tokens, positions, hidden=self.config.hidden_size)
         with cpu.on_cpu():
-            logits: torch.Tensor = self.gpt(tokens, positions, masked)
+            logits: torch.Tensor = self.gpt(tokens, positions, None)
         return logits.float()
 
     def megatron_state(self) -> dict[str, torch.Tensor]:

@@ -29,9 +29,7 @@ from rlctl.trainers.megatron import cpu
 from rlctl.trainers.megatron.names import Stage
 
 
-def forward(
-    gpt: Any, stage: Stage, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, *, hidden: int
-) -> torch.Tensor:
+def forward(gpt: Any, stage: Stage, tokens: torch.Tensor, positions: torch.Tensor, *, hidden: int) -> torch.Tensor:
     """This stage's part of the forward of `tokens` [B, T]; the full fp32 logits [B, T, V] on every stage."""
     from megatron.core import parallel_state as ps
 
@@ -45,7 +43,7 @@ def forward(
             x.register_hook(lambda grad: dist.send(grad.contiguous(), prev))  # ∂input to the previous stage
         gpt.set_input_tensor(x)
     with cpu.on_cpu():
-        out: torch.Tensor = gpt(tokens, positions, mask)
+        out: torch.Tensor = gpt(tokens, positions, None)  # causal by the layers' mask type (attention.py)
     group, last = ps.get_pipeline_model_parallel_group(), ps.get_pipeline_model_parallel_last_rank()
     if stage.last:
         logits = out.float()

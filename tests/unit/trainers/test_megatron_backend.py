@@ -19,7 +19,7 @@ from rlctl.engines.model import TinyGPT
 from rlctl.rl.grpo import GrpoLearner
 from rlctl.rl.samples import Sample, score, token_logprobs
 from rlctl.trainers.base import load_backend
-from rlctl.trainers.megatron import names
+from rlctl.trainers.megatron import cpu, names
 from rlctl.trainers.native import TorchBackend
 from rlctl.transport import InprocTransport
 from tests.unit.hf_checkpoints import VARIANTS, write_checkpoint
@@ -88,8 +88,10 @@ def test_megatron_local_attention_rounds_apart_from_sdpa(variant: str, tmp_path:
             config=sdpa.config, layer_number=sdpa.layer_number, attn_mask_type=sdpa.attn_mask_type, attention_type="x"
         )
     x = tokens(3, 100)
-    with torch.no_grad():
-        got, want = model(x), ref(input_ids=x).logits
+    positions = torch.arange(100).expand(3, 100)
+    masked = torch.ones(100, 100, dtype=torch.bool).triu(1)[None, None]  # True = hidden: the kernel reads a mask
+    with torch.no_grad(), cpu.on_cpu():
+        got, want = model.gpt(x, positions, masked), ref(input_ids=x).logits
     assert (got - want).abs().max() > 0
     torch.testing.assert_close(got, want, atol=FP32_ATOL, rtol=0)
 
