@@ -104,7 +104,8 @@ def test_replay_prices_each_unit_with_the_profile(tmp_path):
     run = _fake_run(tmp_path, iterations=3, truth=Overheads(), prof=prof)
     rep = replay(run, prof)
     entries = [e for e in run.ledger if e["iteration"] == 1]  # one unit generated the whole iteration
-    assert len(rep.works) == 3 and rep.unit_of[1].tolist() == [0] * 64
+    # one index per unit across the run: iteration 1 ran on rollout-1, iteration 2 on rollout-0
+    assert len(rep.works) == 3 and rep.unit_of[1].tolist() == [1] * 64 and rep.unit_of[2].tolist() == [0] * 64
     assert set(rep.unit_of[0].tolist()) == {0, 1}
     source = task_source(run.jobdir.read_job(), run.jobdir.path, run.jobdir.init_model)
     prompts = np.array([len(source.prompt_tokens(e["prompt_id"])) for e in entries])
