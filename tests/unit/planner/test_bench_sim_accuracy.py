@@ -160,3 +160,12 @@ def test_quick_runs_the_demo_job_once_per_mode_and_full_adds_units_and_the_hf_jo
     assert {(k, m) for k, m, _ in full.cases} == {(k, m) for k in ("demo", "hf") for m in MODES}
     assert {u for _, _, u in full.cases} == {1, 2, 3} and full.warmup < full.iterations - 2
     assert all(k == "demo" for k, _, _ in plan_for(quick=False, hf_built=False).cases)
+
+
+def test_modes_and_units_keep_only_those_cases_and_the_jobs_they_need():
+    some = plan_for(quick=False, hf_built=True, modes=["async"], units=[2, 3])
+    assert some.cases == [("demo", "async", 2), ("demo", "async", 3), ("hf", "async", 3)]
+    assert some.kinds == ["demo", "hf"] and some.calibration == [("sync", 2), ("async", 1)]
+    assert plan_for(quick=False, hf_built=True, units=[2]).kinds == ["demo"]  # the HF job runs 1 and 3 units
+    with pytest.raises(ValueError, match="no case"):
+        plan_for(quick=True, hf_built=False, units=[3])
