@@ -86,7 +86,7 @@ class Replay:
     """A run's iterations as the simulator prices them: work per iteration, and which unit ran each sample."""
 
     works: list[IterationWork]
-    unit_of: list[np.ndarray]  # per iteration, per sample: index of its unit
+    unit_of: list[np.ndarray]  # per iteration, per sample: index of its unit (the same unit, the same index)
     unit_busy_s: list[float]  # per iteration: the units' simulated busy seconds, summed
     group_of: list[np.ndarray] | None = None  # per iteration, per sample: its prompt (GRPO trains whole groups)
 
@@ -94,7 +94,9 @@ class Replay:
         """The works with the calibrated overheads: `trainer_s` on the training, `rollout_s_per_sample`
         on every sample its unit finished before it (and itself). With `group_of`, a sample reaches the
         trainer when the last sample of its group is in (GRPO's advantages need the whole group); the
-        simulator streams samples in that order."""
+        simulator streams samples in that order. Each sample keeps its unit: a unit starts the next
+        iteration when it is done with its own share (the job's ledger puts a whole iteration on one
+        unit when that unit got the weights first)."""
         out = []
         for k, (w, units) in enumerate(zip(self.works, self.unit_of, strict=True)):
             finish = w.finish_s.copy()
@@ -106,7 +108,7 @@ class Replay:
                 groups = self.group_of[k]
                 for g in np.unique(groups):
                     finish[groups == g] = finish[groups == g].max()
-            out.append(replace(w, finish_s=finish, train_s=w.train_s + overheads.trainer_s))
+            out.append(replace(w, finish_s=finish, train_s=w.train_s + overheads.trainer_s, unit_of=units))
         return out
 
 
@@ -123,6 +125,7 @@ def replay(run: JobRun, prof: MeasuredProfile, *, learner_micro_batches: bool = 
     job = run.jobdir.read_job()
     source = task_source(job, run.jobdir.path, run.jobdir.init_model)
     prompt_len: dict[str, int] = {}
+    agents = sorted({e["agent"] for e in run.ledger})  # one index per unit across the run
     works, unit_of, busy, group_of = [], [], [], []
     for it in range(job.iterations):
         entries = [e for e in run.ledger if e["iteration"] == it]
@@ -133,7 +136,7 @@ def replay(run: JobRun, prof: MeasuredProfile, *, learner_micro_batches: bool = 
         units = np.zeros(len(entries), dtype=int)
         tokens = np.array([prompt_len[e["prompt_id"]] + e["output_tokens"] for e in entries], dtype=float)
         busy_s = 0.0
-        for u, unit in enumerate(sorted({e["agent"] for e in entries})):
+        for unit in sorted({e["agent"] for e in entries}):
             idx = np.array([i for i, e in enumerate(entries) if e["agent"] == unit])
             lengths = np.array([max(1, entries[i]["output_tokens"]) for i in idx], dtype=np.int64)
             prompt = round(float(np.mean([prompt_len[entries[i]["prompt_id"]] for i in idx])))
@@ -144,7 +147,7 @@ def replay(run: JobRun, prof: MeasuredProfile, *, learner_micro_batches: bool = 
             )
             f = run_with(cost, lengths[order], batch_cap=job.rollout.max_batch_size, prompt_tokens=prompt)
             finish[idx[order]] = f
-            units[idx] = u
+            units[idx] = agents.index(unit)
             busy_s += float(f.max())
         micro = job.batch.train_micro_batch_samples
         if learner_micro_batches:

@@ -28,7 +28,8 @@ what else runs); `mape_drift_corrected` scales the prediction by it (a diagnosti
 
 The HF job runs when jobs/hf-demo is built (`python jobs/hf-demo/build.py`, as `make demo` does).
 `engine_batches` (full run only) is the earlier check of one generation stage (bench/sim_batches.py).
-Set RLCTL_BENCH_KEEP=1 to keep the jobs' directories (their path is in `workdir`).
+Set RLCTL_BENCH_KEEP=1 to keep the jobs' directories (their path is in `workdir`). `--modes async
+--units 2,3` runs only those cases (after the same profile and calibration runs), to iterate on one.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +76,21 @@ class Plan:
     calibration: list[tuple[Mode, int]]  # calibration runs (mode, units): sync, and async for the agents' CPU
 
 
-def plan_for(*, quick: bool, hf_built: bool) -> Plan:
+def plan_for(*, quick: bool, hf_built: bool, modes: list[Mode] | None = None, units: list[int] | None = None) -> Plan:
+    """The runs; `modes` / `units` keep only those evaluated cases (and the jobs they need profiled)."""
     kinds = ["demo"] + (["hf"] if hf_built and not quick else [])
     if quick:
-        return Plan(4, 1, [("demo", m, 1) for m in MODES], kinds, sft_steps=0, probes=1, calibration=[("sync", 2)])
-    cases = [("demo", m, u) for m in MODES for u in (1, 2, 3)]
-    if hf_built:
-        cases += [("hf", m, u) for m in MODES for u in (1, 3)]
-    return Plan(12, 2, cases, kinds, sft_steps=SFT_STEPS, probes=3, calibration=[("sync", 2), ("async", 1)])
+        plan = Plan(4, 1, [("demo", m, 1) for m in MODES], kinds, sft_steps=0, probes=1, calibration=[("sync", 2)])
+    else:
+        cases = [("demo", m, u) for m in MODES for u in (1, 2, 3)]
+        if hf_built:
+            cases += [("hf", m, u) for m in MODES for u in (1, 3)]
+        plan = Plan(12, 2, cases, kinds, sft_steps=SFT_STEPS, probes=3, calibration=[("sync", 2), ("async", 1)])
+    chosen = [c for c in plan.cases if c[1] in (modes or MODES) and (units is None or c[2] in units)]
+    if not chosen:
+        have = ", ".join(f"{m} × {u}" for _, m, u in plan.cases)
+        raise ValueError(f"no case with modes {modes} and units {units}; this run has {have} (mode × units)")
+    return replace(plan, cases=chosen, kinds=[k for k in kinds if any(c[0] == k for c in chosen)])
 
 
 def job_dict(
@@ -225,9 +233,10 @@ def _calibrate(
     }
 
 
-def run(*, quick: bool) -> dict[str, Any]:
+def run(*, quick: bool, modes: list[Mode] | None = None, units: list[int] | None = None) -> dict[str, Any]:
+    """`modes` / `units`: only those evaluated cases (the profile and calibration runs are always made)."""
     hf_built = (HF_DIR / "model" / "config.json").exists() and (HF_DIR / "data.jsonl").exists()
-    plan = plan_for(quick=quick, hf_built=hf_built)
+    plan = plan_for(quick=quick, hf_built=hf_built, modes=modes, units=units)
     workdir = Path(tempfile.mkdtemp(prefix="rlctl-sim-accuracy-"))
     profiles: dict[str, MeasuredProfile] = {}
     reference: dict[str, float] = {}

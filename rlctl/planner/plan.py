@@ -499,6 +499,7 @@ def _simulate(
                 train_s,
                 spec.batch.train_micro_batch_samples,
                 at_step_s=at_step_s,
+                unit_of=g.unit_of,
             )
         )
     w_s = _weight_sync_s(job, per_site)

@@ -2,8 +2,8 @@
 
 For iteration i (0-based), with staleness bound η (version v = number of finished training steps):
 
-    gen_start[i]   = max(gen_end[i-1], weights_at_rollout[i-1-η])     (sync/stream: η = 0)
-    sample k of i  arrives at gen_start[i] + finish_k (streamed as soon as it is done)
+    start[i, u]    = max(end[i-1, u], weights_at_rollout[i-1-η])     (sync/stream: η = 0)
+    sample k of i  arrives at start[i, u(k)] + finish_k (streamed as soon as it is done)
     train[i]       micro-batches in arrival order; a micro-batch starts when its last sample has
                    arrived (stream/async) or when the whole batch has (sync), and after the previous one;
                    then the work that needs the whole batch (`at_step_s`: PPO's GAE-whitened update,
@@ -12,6 +12,13 @@ For iteration i (0-based), with staleness bound η (version v = number of finish
 
     sync:   gen ▮▮▮▮░░░░░░░▮▮▮▮      stream: gen ▮▮▮▮░░░░▮▮▮▮      async: gen ▮▮▮▮▮▮▮▮▮▮▮▮
             trn ░░░░▮▮▮░░░░░░░░              trn ░▮▮▮▮░░░░▮▮▮▮             trn ░░░░▮▮▮▮▮▮▮▮
+
+Each rollout unit u starts its share of iteration i once it is done with its own share of i−1 and
+holds weights recent enough (the controller's dispatch: a unit at version w takes iterations ≤ w + η);
+it does not wait for the other units. With η ≥ 1 two iterations generate at once on different units
+(measured on the demo job with 2–3 units: the controller hands iteration i+1 to the unit that got the
+new weights first while another still finishes i). Without a per-sample unit (`unit_of` None) the
+batch is one pool: it starts when all of i−1 is done.
 
 Iteration time is the steady-state mean gap between training ends.
 """
@@ -37,6 +44,7 @@ class IterationWork:
     train_s: float  # trainer time for the whole batch
     micro_batch_samples: int
     at_step_s: float = 0.0  # the part of train_s that waits for the whole batch (the rest streams)
+    unit_of: np.ndarray | None = None  # per sample, its rollout unit (None: one pool, as if one unit)
 
 
 @dataclass(frozen=True)
@@ -77,13 +85,22 @@ def simulate_job(
     gen_end: list[float] = []
     train_end: list[float] = []
     ready: list[float] = []
+    unit_end: dict[int, float] = {}  # rollout unit → when it finished its share of the last iteration it ran
     for i, w in enumerate(works):
-        start = gen_end[-1] if gen_end else 0.0
         j = i - 1 - eta
-        if j >= 0:
-            start = max(start, ready[j])
-        arrivals = start + np.sort(w.finish_s)
-        order = np.argsort(w.finish_s, kind="stable")
+        weights = ready[j] if j >= 0 else 0.0
+        units = np.zeros(len(w.finish_s), dtype=int) if w.unit_of is None else w.unit_of
+        arrival = np.empty(len(w.finish_s))
+        starts = []
+        for u in np.unique(units):
+            mine = units == u
+            s_u = max(unit_end.get(int(u), 0.0), weights)
+            arrival[mine] = s_u + w.finish_s[mine]
+            unit_end[int(u)] = float(arrival[mine].max())
+            starts.append(s_u)
+        start = min(starts, default=max(weights, gen_end[-1] if gen_end else 0.0))
+        order = np.argsort(arrival, kind="stable")
+        arrivals = arrival[order]
         tokens = w.sample_tokens[order]
         g_end = float(arrivals[-1]) if arrivals.size else start
         t = train_end[-1] if train_end else 0.0

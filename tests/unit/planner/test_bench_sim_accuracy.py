@@ -104,7 +104,8 @@ def test_replay_prices_each_unit_with_the_profile(tmp_path):
     run = _fake_run(tmp_path, iterations=3, truth=Overheads(), prof=prof)
     rep = replay(run, prof)
     entries = [e for e in run.ledger if e["iteration"] == 1]  # one unit generated the whole iteration
-    assert len(rep.works) == 3 and rep.unit_of[1].tolist() == [0] * 64
+    # one index per unit across the run: iteration 1 ran on rollout-1, iteration 2 on rollout-0
+    assert len(rep.works) == 3 and rep.unit_of[1].tolist() == [1] * 64 and rep.unit_of[2].tolist() == [0] * 64
     assert set(rep.unit_of[0].tolist()) == {0, 1}
     source = task_source(run.jobdir.read_job(), run.jobdir.path, run.jobdir.init_model)
     prompts = np.array([len(source.prompt_tokens(e["prompt_id"])) for e in entries])
@@ -159,3 +160,12 @@ def test_quick_runs_the_demo_job_once_per_mode_and_full_adds_units_and_the_hf_jo
     assert {(k, m) for k, m, _ in full.cases} == {(k, m) for k in ("demo", "hf") for m in MODES}
     assert {u for _, _, u in full.cases} == {1, 2, 3} and full.warmup < full.iterations - 2
     assert all(k == "demo" for k, _, _ in plan_for(quick=False, hf_built=False).cases)
+
+
+def test_modes_and_units_keep_only_those_cases_and_the_jobs_they_need():
+    some = plan_for(quick=False, hf_built=True, modes=["async"], units=[2, 3])
+    assert some.cases == [("demo", "async", 2), ("demo", "async", 3), ("hf", "async", 3)]
+    assert some.kinds == ["demo", "hf"] and some.calibration == [("sync", 2), ("async", 1)]
+    assert plan_for(quick=False, hf_built=True, units=[2]).kinds == ["demo"]  # the HF job runs 1 and 3 units
+    with pytest.raises(ValueError, match="no case"):
+        plan_for(quick=True, hf_built=False, units=[3])
