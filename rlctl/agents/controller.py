@@ -201,6 +201,8 @@ class ControllerAgent:
                 else:
                     self._handle(what, who, payload)
                 now = time.monotonic()
+                if self.core.reserving:  # a share waits for a unit catching up: hand it on when the wait ends
+                    self._send(self.core.pump())
                 self.scaler.tick(now)
                 agent_gauges(self.metrics, self.core, self.peers, self.sites, now=now)
                 self._watch(now)

@@ -27,6 +27,10 @@ from rlctl.planner.dispatch import assign_balanced
 
 Mode = Literal["sync", "stream", "async"]
 DispatchPolicy = Literal["random", "skew_aware", "oracle"]
+# An iteration's share is kept this long for a unit that is still applying the weights it needs (the first
+# unit to apply them must not take the whole iteration): long enough for a cross-datacenter weight transfer,
+# short next to a unit that hangs (a lost unit leaves dispatch at once).
+RESERVE_S = 30.0
 ITERATION_PRIORITY_STEP = 1e6  # > any predicted length: the iteration dominates the admission order
 
 
@@ -57,6 +61,7 @@ class CoreConfig:
     seed: int = 0
     min_units: int = 1  # rollout units to wait for before the first dispatch (the planned count)
     dc_links: list[list[str]] | None = None  # inter-DC links (datacenter pairs) for the weight plane; None = all
+    reserve_s: float = RESERVE_S  # how long an iteration's share waits for a unit catching up on the weights
 
 
 @dataclass
@@ -264,14 +269,22 @@ class ControllerCore:
         self.stats[iteration] = IterationStats(iteration)
 
     def _dispatch(self) -> list[Out]:
+        """Each iteration's queued samples over the units that may generate them, balanced with what each
+        unit already holds; the shares of units still catching up on the weights wait for them (`_pool`)."""
         out: list[Out] = []
+        now = self.clock()
         for it in range(self.trainer_version, self.created):
             queued = self.ledger.in_state(State.QUEUED, iteration=it)
             units = [u for u in self.live_units if self.bound.may_dispatch(iteration=it, unit_version=u.version)]
             if not queued or not units:
                 continue
-            for unit, entries in zip(units, self._assign(queued, len(units)), strict=True):
-                if not entries:
+            st = self.stats[it]
+            if st.first_dispatch is None:
+                st.first_dispatch = now
+            pool = self._pool(it, units, since=st.first_dispatch, now=now)
+            ready = {u.name for u in units}
+            for unit, entries in zip(pool, self._assign(queued, pool), strict=True):
+                if not entries or unit.name not in ready:
                     continue
                 reqs = []
                 for e in entries:
@@ -287,20 +300,54 @@ class ControllerCore:
                         }
                     )
                 out.append(Out(unit.name, "generate", {"requests": reqs}))
-            st = self.stats[it]
-            if st.first_dispatch is None:
-                st.first_dispatch = self.clock()
         return out
 
-    def _assign(self, entries: list[Any], num_units: int) -> list[list[Any]]:
-        """Skewness-aware: LPT across units by predicted tokens, longest first inside each unit."""
+    def _pool(self, iteration: int, ready: list[Unit], *, since: float, now: float) -> list[Unit]:
+        """The units `iteration` is shared over: those that may generate it now, and, for `reserve_s` after its
+        first dispatch, the live units that will once they apply the trainer's latest weights (on their way
+        through the weight plane). Without the wait, the first unit to apply a version would take the whole
+        iteration and the others would sit idle; past it, a unit that is slow to catch up no longer holds the
+        iteration back."""
+        if now - since >= self.cfg.reserve_s:
+            return ready
+        names = {u.name for u in ready}
+        behind = [
+            u
+            for u in self.live_units
+            if u.name not in names and self.bound.may_dispatch(iteration=iteration, unit_version=self.trainer_version)
+        ]
+        return ready + behind
+
+    @property
+    def reserving(self) -> bool:
+        """Does a queued share wait for a unit catching up? (The controller pumps on a timer meanwhile, so the
+        share goes to the others when the wait ends even if nothing else happens.)"""
+        now = self.clock()
+        for it in range(self.trainer_version, self.created):
+            since = self.stats[it].first_dispatch
+            waiting = since is not None and now - since < self.cfg.reserve_s
+            if waiting and self.ledger.in_state(State.QUEUED, iteration=it):
+                return True
+        return False
+
+    def _assign(self, entries: list[Any], units: list[Unit]) -> list[list[Any]]:
+        """Balanced with the work each unit holds: skewness-aware, LPT by predicted tokens (prompt + predicted
+        output), longest first inside each unit; `random`, a shuffle balanced by sample count."""
+        held: dict[str, float] = dict.fromkeys((u.name for u in units), 0.0)
+        for e in self.ledger.in_state(State.DISPATCHED):
+            if e.agent in held:
+                held[e.agent] += 1.0 if self.cfg.dispatch == "random" else self._tokens(e)
+        loads = [held[u.name] for u in units]
         if self.cfg.dispatch == "random":
             shuffled = list(entries)
             self._rng.shuffle(shuffled)
-            return [shuffled[u::num_units] for u in range(num_units)]
-        tokens = [self.pred_len[e.prompt_id] + len(self.prompts[e.prompt_id].tokens) for e in entries]
-        groups = assign_balanced(tokens, num_units)
+            groups = assign_balanced([1.0] * len(shuffled), len(units), loads=loads)
+            return [[shuffled[i] for i in sorted(g)] for g in groups]
+        groups = assign_balanced([self._tokens(e) for e in entries], len(units), loads=loads)
         return [[entries[i] for i in g] for g in groups]
+
+    def _tokens(self, e: Any) -> float:
+        return self.pred_len[e.prompt_id] + len(self.prompts[e.prompt_id].tokens)
 
     def _deliver(self) -> list[Out]:
         it = self.trainer_version

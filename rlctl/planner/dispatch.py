@@ -32,15 +32,21 @@ def lpt_order(pred_lengths: Sequence[float]) -> list[int]:
     return sorted(range(len(pred_lengths)), key=lambda i: (-pred_lengths[i], i))
 
 
-def assign_balanced(pred_tokens: Sequence[float], num_units: int) -> list[list[int]]:
-    """LPT across units: longest first, each to the least-loaded unit (lowest index on ties).
+def assign_balanced(
+    pred_tokens: Sequence[float], num_units: int, *, loads: Sequence[float] | None = None
+) -> list[list[int]]:
+    """LPT across units: longest first, each to the least-loaded unit (lowest index on ties); `loads`: the
+    work each unit already holds (default none).
 
     Each unit's list is in LPT order, so it is also the admission order inside the unit.
     """
     if num_units < 1:
         raise ValueError(f"num_units must be ≥ 1, got {num_units}")
+    if loads is not None and len(loads) != num_units:
+        raise ValueError(f"{len(loads)} loads for {num_units} units")
     units: list[list[int]] = [[] for _ in range(num_units)]
-    heap = [(0.0, u) for u in range(num_units)]
+    heap = [(0.0 if loads is None else float(loads[u]), u) for u in range(num_units)]
+    heapq.heapify(heap)
     for i in lpt_order(pred_tokens):
         load, u = heapq.heappop(heap)
         units[u].append(i)

@@ -145,3 +145,44 @@ def test_restored_core_regenerates_exactly_what_the_checkpoint_had_not_trained()
         pending += [s for s, _ in _generate(again.weights_applied("r0", unit_version)).get("r0", [])]
     assert again.done and sorted(trained) == sorted(again.ledger.entries)  # each prompt trained once
     assert again.ledger.counts().duplicated == 0
+
+
+def test_a_new_version_is_shared_by_every_unit_catching_up_not_taken_by_the_first_to_apply_it():
+    """Sync, three units: the first unit to apply v1 takes its share of iteration 1, not the whole of it; the
+    next takes its own; the share of a unit that has not caught up within `reserve_s` goes to the others."""
+    lengths = [50, 10, 30, 20, 5, 40]
+    now = [0.0]
+    cfg = CoreConfig(
+        iterations=2, prompts_per_iteration=6, samples_per_prompt=1, max_new_tokens=64, mode="sync", eta=0,
+        min_units=3, reserve_s=30.0,
+    )  # fmt: skip
+    core = ControllerCore(
+        cfg,
+        prompts=lambda it: [PromptSpec(f"p{it}-{j}", [1, 2], true_len=lengths[j]) for j in range(6)],
+        predict=lambda specs: [float(s.true_len) for s in specs],
+        clock=lambda: now[0],
+    )
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    core.join("r1", role="rollout", version=0)
+    first = _generate(core.join("r2", role="rollout", version=0))
+    assert sorted(len(v) for v in first.values()) == [2, 2, 2]
+    for unit, reqs in first.items():
+        for sid, _ in reqs:
+            _finish(core, unit, sid)
+    core.trained(iteration=0, version=1, sample_ids=[sid for v in first.values() for sid, _ in v], stats={})
+    now[0] = 1.0
+    # LPT over r0, r1, r2 (52, 42 | 32, 22 | 12, 7 → r0: 52 + 7, r1: 42 + 12, r2: 32 + 22): r0 sends its share
+    assert {u: [s for s, _ in v] for u, v in _generate(core.weights_applied("r0", 1)).items()} == {
+        "r0": ["p1-0/0", "p1-4/0"]
+    }
+    assert core.reserving
+    got = _generate(core.weights_applied("r1", 1))
+    assert list(got) == ["r1"] and len(got["r1"]) == 2
+    now[0] = 1.0 + 29.0
+    assert _generate(core.pump()) == {}  # r2's share still waits for it …
+    now[0] = 1.0 + 30.0
+    assert not core.reserving
+    late = _generate(core.pump())  # … until reserve_s has passed: the units that have v1 take it
+    assert sorted(late) == ["r0", "r1"] and sum(len(v) for v in late.values()) == 2
+    assert core.ledger.in_state(State.QUEUED) == []
