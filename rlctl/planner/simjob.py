@@ -15,10 +15,10 @@ For iteration i (0-based), with staleness bound η (version v = number of finish
 
 Each rollout unit u starts its share of iteration i once it is done with its own share of i−1 and
 holds weights recent enough (the controller's dispatch: a unit at version w takes iterations ≤ w + η);
-it does not wait for the other units. With η ≥ 1 two iterations generate at once on different units
-(measured on the demo job with 2–3 units: the controller hands iteration i+1 to the unit that got the
-new weights first while another still finishes i). Without a per-sample unit (`unit_of` None) the
-batch is one pool: it starts when all of i−1 is done.
+it does not wait for the other units. With η ≥ 1 a unit that is done with its share of i starts its
+share of i+1 while another still finishes i (the controller dispatches i+1 to every unit at a recent
+enough version, queued behind its share of i). Without a per-sample unit (`unit_of` None) the batch is
+one pool: it starts when all of i−1 is done.
 
 Iteration time is the steady-state mean gap between training ends.
 """
