@@ -236,6 +236,15 @@ def make_plan(
                 hint="use a larger GPU or a smaller model",
             )
     split = spec.trainer.model_split
+    have = sorted({(e.tp, e.pp) for e in prof.sites[t_site].training})
+    if split is not None and split not in have and prof.source == "measured":  # a roofline has every split it can
+        raise ConfigError(
+            profile_file,
+            f"sites.{t_site}.training",
+            f"no entry at the job's tp {split[0]} pp {split[1]} (it has tp, pp: "
+            f"{', '.join(f'{tp} {pp}' for tp, pp in have) or 'none'})",
+            hint="profile with the job (rlctl profile --job JOB), which covers its trainer split",
+        )
     tcurve = train_stage_curve(
         _for_backend(prof.sites[t_site], spec.trainer.backend, name=t_site, profile_file=profile_file),
         tw,

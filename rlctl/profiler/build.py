@@ -9,7 +9,9 @@ the analytical roofline or the probe's measurements.
 A measured site profile holds one generation entry per engine (named, so `rlctl plan` takes the
 curve of the job's engine) and one training entry, named by its trainer backend (`torch` or
 `megatron`), at tp = pp = 1 (the trainer's data-parallel ranks: one process, a whole model), whose
-seconds per token come from a step of rlctl's learner on that backend; its memory is analytical.
+seconds per token come from a step of rlctl's learner on that backend; its memory is analytical. A job
+that fixes a megatron split (`trainer.tensor_parallel` / `pipeline_parallel`) also gets an entry at that
+split, `scaled` from the measured one by the roofline's ratio (its ranks are not run by the probe).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from rlctl.errors import ConfigError, UsageError
 from rlctl.modelcatalog import BUILTIN_MODELS, ModelArch
 from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entries
 from rlctl.profiler.probe import ProbeSpec, check_engines, check_trainer, measure_here
-from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile
-from rlctl.profiler.traincost import passes_for
+from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
+from rlctl.profiler.traincost import TrainingPasses, passes_for
 from rlctl.textutil import did_you_mean, one_of
 
 Source = Literal["analytical", "measured"]
@@ -47,6 +49,7 @@ class ProfileRequest:
     batch: Batch
     engines: tuple[str, ...]
     trainer_backend: str = "torch"  # measured: the backend whose training step is timed
+    model_split: tuple[int, int] | None = None  # the job's trainer (tp, pp), when it fixes one
 
 
 def load_sites(paths: list[Path]) -> dict[str, Site]:
@@ -128,6 +131,7 @@ def request_from_job(
         spec.batch,
         tuple(engines or [spec.rollout.engine]),
         trainer_backend or spec.trainer.backend,
+        spec.trainer.model_split,
     )
 
 
@@ -161,23 +165,13 @@ def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None =
             where = workdir or Path("runs") / f"profile-{time.strftime('%Y%m%d-%H%M%S')}"
             sys.stderr.write(f"site {s}: measuring through its {site.scheduler.kind} backend (work dir {where})\n")
             result = measure_on_site(s, site, specs[s], workdir=where)
-        # memory of the trainer's one-GPU ranks (what was measured): the analytical tp = pp = 1 entry's
-        (mem,) = [
-            e
-            for e in training_entries(req.arch, site.spec, gpus_per_node=1, algorithm=kind, passes=passes)
-            if e.pp == 1
-        ]
         out[s] = SiteProfile(
             gpu=site.spec.name,
             gpus_per_node=site.gpus_per_node,
             hbm_bytes=site.spec.hbm_bytes,
             cost_per_gpu_hour=site.gpu_cost_per_hour,
             generation=[GenerationEntry.model_validate(g) for g in result["generation"]],
-            training=[
-                mem.model_copy(
-                    update={"gpu_s_per_token": result["training"]["gpu_s_per_token"], "backend": req.trainer_backend}
-                )
-            ],
+            training=_measured_training(req, site, float(result["training"]["gpu_s_per_token"]), passes=passes),
         )
     return ProfileFile.model_validate(
         {
@@ -190,6 +184,32 @@ def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None =
             "sites": out,
         }
     )
+
+
+def _measured_training(
+    req: ProfileRequest, site: Site, gpu_s_per_token: float, *, passes: TrainingPasses
+) -> list[TrainingEntry]:
+    """The measured tp = pp = 1 entry (memory analytical), and, when the job fixes a megatron split, an entry
+    at that split whose seconds per token are the measured figure × the roofline's ratio of the split to
+    tp = pp = 1 (`scaled`: one process measures one rank; the split's ranks are not run here)."""
+    entries = training_entries(
+        req.arch, site.spec, gpus_per_node=site.gpus_per_node, algorithm=req.algorithm.kind, passes=passes
+    )
+    (base,) = [e for e in entries if (e.tp, e.pp) == (1, 1)]
+    wanted = {(1, 1)}
+    if req.trainer_backend == "megatron" and req.model_split is not None:
+        wanted.add(req.model_split)
+    return [
+        e.model_copy(
+            update={
+                "gpu_s_per_token": gpu_s_per_token * e.gpu_s_per_token / base.gpu_s_per_token,
+                "backend": req.trainer_backend,
+                "scaled": (e.tp, e.pp) != (1, 1),
+            }
+        )
+        for e in entries
+        if (e.tp, e.pp) in wanted
+    ]
 
 
 def _probe_spec(req: ProfileRequest, site: Site) -> ProbeSpec:

@@ -127,6 +127,10 @@ class TrainingEntry(Strict):
     backend: Literal["torch", "megatron"] | None = Field(
         None, description="the trainer backend measured at this tp, pp; None = any (analytical roofline)"
     )
+    scaled: bool = Field(
+        False,
+        description="measured at tp 1 pp 1 and scaled to this tp, pp by the analytical ratio (not run at this split)",
+    )
 
 
 class SiteProfile(Strict):

@@ -17,7 +17,7 @@ import yaml
 
 from rlctl.config import load_job
 from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
-from rlctl.errors import UsageError
+from rlctl.errors import ConfigError, UsageError
 from rlctl.profiler import build, measure_train, probe
 from rlctl.profiler.profile import GenerationEntry, load_profile
 from tests.conftest import ROOT, CliResult
@@ -144,3 +144,45 @@ def test_torch_and_megatron_time_the_same_batch() -> None:
     assert [m.backend for m in runs.values()] == ["torch", "megatron"]
     assert all(m.gpu_s_per_token > 0 for m in runs.values())
     print({b: f"{m.gpu_s_per_token:.3g} s/token" for b, m in runs.items()})  # `pytest -s`: the two figures
+
+
+def test_a_jobs_megatron_split_gets_a_scaled_entry_and_plan_names_a_split_the_profile_lacks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A measured profile of a job that fixes a megatron split holds the measured tp 1 pp 1 entry and one at
+    the split, scaled by the roofline's ratio; planning a job whose split the measured profile lacks is refused
+    in one line naming the entry (before: "training state does not fit", as if memory were short)."""
+    from rlctl.modelcatalog import ModelArch
+    from rlctl.planner.plan import make_plan
+
+    def fake_probe(s: probe.ProbeSpec) -> dict[str, Any]:
+        gen = GenerationEntry(
+            tp=1, contexts=[16], batch_sizes=[1], ptl_s=[[1e-3]], prefill_s_per_token=0, kv_capacity_tokens=9
+        )
+        return {"generation": [gen.model_dump(mode="json")], "training": {"gpu_s_per_token": 5e-5}}
+
+    monkeypatch.setattr(build, "measure_here", fake_probe)
+    monkeypatch.setattr(probe, "megatron_available", lambda: None)
+    job = load_job(job_file(tmp_path, trainer={"backend": "megatron", "tensor_parallel": 3}))
+    req = build.request_from_job(job, sites=None, engines=None)
+    assert req.model_split == (3, 1)
+    # a model that tp 2 × pp 2 splits (tiny-demo's 3 heads and 3 layers do not)
+    arch = ModelArch("four", 4, 128, 4, 4, 64, 256, 1e6)
+    split = dataclasses.replace(req, arch=arch, model_split=(2, 2))
+    entries = {(e.tp, e.pp): e for e in build.build_profile(split, source="measured").sites["local"].training}
+    assert sorted(entries) == [(1, 1), (2, 2)]
+    assert (entries[1, 1].gpu_s_per_token, entries[1, 1].scaled) == (5e-5, False)
+    roofline = {(e.tp, e.pp): e for e in build.build_profile(split, source="analytical").sites["local"].training}
+    ratio = roofline[2, 2].gpu_s_per_token / roofline[1, 1].gpu_s_per_token
+    assert (entries[2, 2].backend, entries[2, 2].scaled) == ("megatron", True)
+    assert entries[2, 2].gpu_s_per_token == pytest.approx(5e-5 * ratio) and ratio != 1
+    torch_split = dataclasses.replace(split, trainer_backend="torch")  # torch has no model parallelism
+    assert [(e.tp, e.pp) for e in build.build_profile(torch_split, source="measured").sites["local"].training] == [
+        (1, 1)
+    ]
+    # tp 3 is no roofline degree: the measured profile has only tp 1 pp 1, and plan says so
+    prof = build.build_profile(req, source="measured")
+    with pytest.raises(
+        ConfigError, match=r"sites\.local\.training: no entry at the job's tp 3 pp 1 \(it has tp, pp: 1 1\)"
+    ):
+        make_plan(job, prof, profile_file="p.yaml")
