@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,28 +21,20 @@ from rlctl.engines.model import TinyGPT
 from rlctl.trainers.megatron.names import check_split
 from tests.unit.hf_checkpoints import write_checkpoint
 from tests.unit.trainers.megatron_required import require_megatron
+from tests.unit.trainers.ranks import spawn_ranks
 from tests.unit.trainers.test_megatron_backend import rollouts
 from tests.unit.trainers.test_megatron_tp_grpo import run_ranks as grpo_ranks
 
 pytest.importorskip("transformers")
-ROOT = Path(__file__).resolve().parents[3]
 RANK = Path(__file__).with_name("megatron_tp_rank.py")
 LAYERS = 4
 
 
 def run_ranks(tmp_path: Path, name: str, *, tp: int, pp: int, checkpoints: list[Path]) -> list[subprocess.Popen[str]]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    world = tp * pp
-    args = [str(world), str(tp), str(pp), str(tmp_path / f"{name}.rendezvous")]
-    return [
-        subprocess.Popen(
-            [sys.executable, str(RANK), str(r), *args, str(tmp_path / f"{name}-{r}.json"), *map(str, checkpoints)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(world)
-    ]
+    return spawn_ranks(
+        RANK, world=tp * pp, tp=tp, pp=pp, rendezvous=tmp_path / f"{name}.rendezvous",
+        out=lambda r: tmp_path / f"{name}-{r}.json", checkpoints=checkpoints,
+    )  # fmt: skip
 
 
 @pytest.mark.timeout(400)

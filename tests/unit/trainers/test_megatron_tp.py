@@ -5,9 +5,6 @@ gathered, equal its gradients; each rank exports its own HF shard and the all-ga
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +13,9 @@ from rlctl.engines.hf import read_config
 from rlctl.trainers.megatron.names import check_split
 from tests.unit.hf_checkpoints import write_checkpoint
 from tests.unit.trainers.megatron_required import require_megatron
+from tests.unit.trainers.ranks import spawn_ranks
 
 pytest.importorskip("transformers")
-ROOT = Path(__file__).resolve().parents[3]
 RANK = Path(__file__).with_name("megatron_tp_rank.py")
 
 
@@ -33,26 +30,10 @@ def test_tp2_over_gloo_equals_the_torch_backend(tmp_path: Path) -> None:
     checkpoints = [tmp_path / v for v in VARIANTS]
     for variant, path in zip(VARIANTS, checkpoints, strict=True):
         write_checkpoint(variant, path)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(RANK),
-                str(r),
-                "2",
-                "2",
-                "1",
-                str(tmp_path / "rendezvous"),
-                str(tmp_path / f"rank{r}.json"),
-            ]
-            + [str(c) for c in checkpoints],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in (0, 1)
-    ]
+    procs = spawn_ranks(
+        RANK, world=2, tp=2, pp=1, rendezvous=tmp_path / "rendezvous", out=lambda r: tmp_path / f"rank{r}.json",
+        checkpoints=checkpoints,
+    )  # fmt: skip
     errors = [p.communicate(timeout=240)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors[0][-3000:] + errors[1][-3000:]
     for r, c in ((r, c) for r in (0, 1) for c in checkpoints):

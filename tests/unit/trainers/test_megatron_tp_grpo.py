@@ -6,9 +6,7 @@ steps its own shard; the full HF weights both ranks publish are the same bytes a
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +16,10 @@ import torch
 from rlctl.engines.model import TinyGPT
 from tests.unit.hf_checkpoints import write_checkpoint
 from tests.unit.trainers.megatron_required import require_megatron
+from tests.unit.trainers.ranks import spawn_ranks
 from tests.unit.trainers.test_megatron_backend import rollouts
 
 pytest.importorskip("transformers")
-ROOT = Path(__file__).resolve().parents[3]
 RANK = Path(__file__).with_name("megatron_grpo_rank.py")
 # tied embeddings (vocab-parallel at both ends) with a replicated o_proj bias; grouped-query attention with
 # an untied, vocab-parallel lm_head
@@ -31,17 +29,10 @@ VARIANTS = ["llama-bias-tied", "llama-hd64-eos3"]
 def run_ranks(
     tmp_path: Path, name: str, *, world: int, tp: int, checkpoints: list[Path], pp: int = 1
 ) -> list[subprocess.Popen[str]]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    args = [str(world), str(tp), str(pp), str(tmp_path / f"{name}.rendezvous"), str(tmp_path / "samples.pt")]
-    return [
-        subprocess.Popen(
-            [sys.executable, str(RANK), str(r), *args, str(tmp_path / f"{name}-{r}.pt"), *map(str, checkpoints)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(world)
-    ]
+    return spawn_ranks(
+        RANK, world=world, tp=tp, pp=pp, rendezvous=tmp_path / f"{name}.rendezvous",
+        out=lambda r: tmp_path / f"{name}-{r}.pt", checkpoints=checkpoints, extra=(str(tmp_path / "samples.pt"),),
+    )  # fmt: skip
 
 
 @pytest.mark.timeout(400)
