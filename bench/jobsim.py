@@ -91,19 +91,20 @@ class Replay:
     group_of: list[np.ndarray] | None = None  # per iteration, per sample: its prompt (GRPO trains whole groups)
 
     def with_overheads(self, overheads: Overheads) -> list[IterationWork]:
-        """The works with the calibrated overheads: `trainer_s` on the training, `rollout_s_per_sample`
-        on every sample its unit finished before it (and itself). With `group_of`, a sample reaches the
-        trainer when the last sample of its group is in (GRPO's advantages need the whole group); the
-        simulator streams samples in that order. Each sample keeps its unit: a unit starts the next
-        iteration when it is done with its own share (the job's ledger puts a whole iteration on one
-        unit when that unit got the weights first)."""
+        """The works with the calibrated overheads: `trainer_s` on the training, `rollout_s_per_unit` before
+        each unit's share (it fetches and loads the new weights first), `rollout_s_per_sample` on every
+        sample its unit finished before it (and itself). With `group_of`, a sample reaches the trainer
+        when the last sample of its group is in (GRPO's advantages need the whole group); the simulator
+        streams samples in that order. Each sample keeps its unit: a unit starts its share of the next
+        iteration when it is done with its own share of this one."""
         out = []
         for k, (w, units) in enumerate(zip(self.works, self.unit_of, strict=True)):
             finish = w.finish_s.copy()
             for u in np.unique(units):
                 idx = np.flatnonzero(units == u)
                 idx = idx[np.argsort(finish[idx], kind="stable")]
-                finish[idx] += overheads.rollout_s_per_sample * np.arange(1, len(idx) + 1)
+                sends = np.arange(1, len(idx) + 1)
+                finish[idx] += overheads.rollout_s_per_unit + overheads.rollout_s_per_sample * sends
             if self.group_of is not None:
                 groups = self.group_of[k]
                 for g in np.unique(groups):
@@ -171,7 +172,8 @@ class Overheads:
     """Per-iteration costs the simulator does not price, calibrated on a separate run (`calibrate`)."""
 
     trainer_s: float = 0.0  # trainer CPU per iteration beyond the profile's training cost: scoring, publishing
-    rollout_s_per_sample: float = 0.0  # rollout CPU per sample beyond decoding: sending it, loading weights
+    rollout_s_per_sample: float = 0.0  # rollout CPU per sample beyond decoding: receiving and sending it
+    rollout_s_per_unit: float = 0.0  # rollout CPU per unit and iteration: fetching, hashing, loading the weights
     weight_sync_s: float = 0.0  # training end → next generation: the controller's hops, dispatch
 
 
@@ -183,26 +185,49 @@ def predict_iteration_s(rep: Replay, job: JobFile, overheads: Overheads, *, warm
     return tl.iteration_s(warmup), [float(x) for x in np.diff(ends)]
 
 
-def cpu_overheads(run: JobRun, prof: MeasuredProfile, *, warmup: int) -> Overheads:
-    """`trainer_s` and `rollout_s_per_sample`: the agents' CPU time per iteration beyond the profile's price
-    of their work (scoring, unpacking and publishing on the trainer; sending samples, fetching and loading
-    weights on the units). Measured on an async run, where each agent runs all of it on its own path."""
+def _rollout_extra_s(run: JobRun, prof: MeasuredProfile, *, warmup: int) -> tuple[float, float, float]:
+    """(units with a share, samples, the units' CPU seconds beyond the profile's price of their decoding),
+    per iteration on average."""
     rep = replay(run, prof)
     its = range(warmup + 1, len(rep.works))  # CPU interval k lies between the training ends of iterations k, k+1
+    units = [v for a, v in run.agent_cpu_s.items() if a.startswith("rollout")]
+    rollout = [sum(v[k] for v in units) for k in range(len(rep.works) - 1)]
+    return (
+        float(np.mean([len(np.unique(rep.unit_of[i])) for i in its])),
+        float(np.mean([len(rep.works[i].finish_s) for i in its])),
+        float(np.mean([rollout[i - 1] - rep.unit_busy_s[i] for i in its])),
+    )
+
+
+def cpu_overheads(run: JobRun, prof: MeasuredProfile, *, warmup: int, per_unit_run: JobRun | None = None) -> Overheads:
+    """`trainer_s` and the units' overheads: the agents' CPU time per iteration beyond the profile's price of
+    their work (scoring, unpacking and publishing on the trainer; receiving and sending samples, fetching and
+    loading weights on the units). Measured on an async run, where each agent runs all of it on its own path.
+    Every unit fetches and loads the whole weights each iteration: with `per_unit_run`, a run with another
+    number of units per iteration, the units' CPU is split into `rollout_s_per_unit` and
+    `rollout_s_per_sample` (two runs, two unknowns); without, it is all per sample."""
+    rep = replay(run, prof)
+    its = range(warmup + 1, len(rep.works))
     trainer = run.agent_cpu_s["trainer-0"]
-    rollout = [sum(v[k] for a, v in run.agent_cpu_s.items() if a.startswith("rollout")) for k in range(len(trainer))]
     trainer_s = float(np.mean([trainer[i - 1] - rep.works[i].train_s for i in its]))
-    per_sample = float(np.mean([(rollout[i - 1] - rep.unit_busy_s[i]) / len(rep.works[i].finish_s) for i in its]))
-    return Overheads(max(0.0, trainer_s), max(0.0, per_sample))
+    u1, n1, e1 = _rollout_extra_s(run, prof, warmup=warmup)
+    per_unit = 0.0
+    if per_unit_run is not None:
+        u2, n2, e2 = _rollout_extra_s(per_unit_run, prof, warmup=warmup)
+        det = u2 * n1 - u1 * n2
+        if abs(det) > 1e-9 * n1 * n2:  # as many units per iteration in both: one unknown only
+            per_unit = max(0.0, (e2 * n1 - e1 * n2) / det)
+    return Overheads(max(0.0, trainer_s), max(0.0, (e1 - per_unit * u1) / n1), rollout_s_per_unit=per_unit)
 
 
 def calibrate(sync_run: JobRun, cpu_run: JobRun, prof: MeasuredProfile, *, warmup: int) -> Overheads:
-    """The overheads from two calibration runs: the agents' own (`cpu_overheads` of `cpu_run`), then
-    `weight_sync_s` as what a sync iteration (weight sync + generation + training, in series) still
-    measures over the simulated one: the hops between the agents, which cost no agent CPU."""
+    """The overheads from two calibration runs: the agents' own (`cpu_overheads` of `cpu_run`, split per unit
+    with `sync_run` when it has another number of units per iteration), then `weight_sync_s` as what a sync
+    iteration (weight sync + generation + training, in series) still measures over the simulated one: the
+    hops between the agents, which cost no agent CPU."""
     job = sync_run.jobdir.read_job()
     assert job.pipeline.mode == "sync", "weight_sync_s is fitted on a sync run: every part is in series"
-    own = cpu_overheads(cpu_run, prof, warmup=warmup)
+    own = cpu_overheads(cpu_run, prof, warmup=warmup, per_unit_run=sync_run if sync_run is not cpu_run else None)
     simulated, _ = predict_iteration_s(replay(sync_run, prof), job, own, warmup=warmup)
     return replace(own, weight_sync_s=max(0.0, sync_run.iteration_s(warmup=warmup) - simulated))
 

@@ -21,8 +21,10 @@ job's ledger (GRPO's learner trains whole groups, in micro-batches it also cuts 
 as `rlctl plan` does): this checks the time model (decode, batching, streaming, pipeline), not the
 length model. The overheads it does not price (the trainer's CPU beyond training,
 the units' CPU beyond decoding, the hops between agents) are calibrated per job on separate runs with
-other seeds and prompts (an async run for the agents' CPU, a sync run for the hops; --quick: the sync
-run for both), never on the evaluated runs; `mape_uncalibrated` leaves them out. `machine_drift` is a
+other seeds and prompts (an async run with 1 unit for the agents' CPU, a sync run with 2 for the hops
+and, with the async one, to split the units' CPU into per unit — each fetches and loads the weights
+every iteration — and per sample; --quick: the sync run for both, all per sample), never on the
+evaluated runs; `mape_uncalibrated` leaves them out. `machine_drift` is a
 short engine probe around each run over the one right after profiling (CPU time per step moves with
 what else runs); `mape_drift_corrected` scales the prediction by it (a diagnostic: the probe is noisy).
 
@@ -225,6 +227,7 @@ def _calibrate(
         "agent_cpu_from": cpu.run.name,
         "trainer_s": round(o.trainer_s, 4),
         "rollout_s_per_sample": round(o.rollout_s_per_sample, 6),
+        "rollout_s_per_unit": round(o.rollout_s_per_unit, 4),
         "weight_sync_s": round(o.weight_sync_s, 4),
         "drift_corrected": {k: round(v, 6) for k, v in asdict(cal.overheads).items()},
         "detail": {
@@ -317,7 +320,8 @@ def summary(r: dict[str, Any]) -> str:
     for kind, cal in r["calibration"].items():
         lines.append(
             f"calibration ({kind}: {'; '.join(cal['runs'])}): trainer_s {cal['trainer_s']:.3f}, "
-            f"rollout_s_per_sample {cal['rollout_s_per_sample']:.5f}, weight_sync_s {cal['weight_sync_s']:.3f}"
+            f"rollout_s_per_sample {cal['rollout_s_per_sample']:.5f}, rollout_s_per_unit "
+            f"{cal['rollout_s_per_unit']:.4f}, weight_sync_s {cal['weight_sync_s']:.3f}"
         )
     fmt = lambda d: ", ".join(f"{m} {v:.1%}" for m, v in d.items())  # noqa: E731
     lines.append(f"MAPE per mode (goal ≤ {r['goal']:.0%}): {fmt(r['mape'])}")

@@ -68,18 +68,25 @@ def _profile() -> MeasuredProfile:
 
 
 def _fake_run(
-    tmp_path: Path, *, iterations: int, truth: Overheads, prof: MeasuredProfile, mode: Mode = "sync"
+    tmp_path: Path,
+    *,
+    iterations: int,
+    truth: Overheads,
+    prof: MeasuredProfile,
+    mode: Mode = "sync",
+    shared: bool = False,
 ) -> JobRun:
-    """A 'run' whose measured times are the simulator's own, and agents' CPU the profile's price, with `truth`."""
+    """A 'run' whose measured times are the simulator's own, and agents' CPU the profile's price, with `truth`;
+    every iteration on both units with `shared`, else each iteration after the first on one."""
     spec = job_dict("demo", mode=mode, units=2, iterations=iterations)
-    jd = JobDir.create("fake", explicit=tmp_path / f"job-{mode}")
+    jd = JobDir.create("fake", explicit=tmp_path / f"job-{mode}{'-shared' if shared else ''}")
     jd.write_job(JobFile.model_validate(spec), source="test")
     rng = np.random.default_rng(3)
     ledger = [
         {
             "prompt_id": f"p{it * 100 + p}",
             "iteration": it,
-            "agent": f"rollout-{(p * 8 + k) % 2 if it == 0 else it % 2}",
+            "agent": f"rollout-{(p * 8 + k) % 2 if it == 0 or shared else it % 2}",
             "output_tokens": int(rng.integers(1, 55)),
         }
         for it in range(iterations)
@@ -92,7 +99,10 @@ def _fake_run(
     run.end_dedicated_s = np.array(tl.train_end_s) + 1000.0  # any origin
     run.agent_cpu_s = {
         "trainer-0": [w.train_s + truth.trainer_s for w in rep.works[1:]],
-        "rollout-0": [b + 64 * truth.rollout_s_per_sample for b in rep.unit_busy_s[1:]],
+        "rollout-0": [
+            b + 64 * truth.rollout_s_per_sample + len(np.unique(u)) * truth.rollout_s_per_unit
+            for b, u in zip(rep.unit_busy_s[1:], rep.unit_of[1:], strict=True)
+        ],
         "rollout-1": [0.0] * (iterations - 1),
         "controller-0": [0.05] * (iterations - 1),
     }
@@ -139,6 +149,30 @@ def test_calibration_recovers_the_overheads_the_runs_had(tmp_path):
     assert predicted == pytest.approx(run.iteration_s(warmup=1))
     bare, _ = predict_iteration_s(replay(run, prof), run.jobdir.read_job(), Overheads(), warmup=1)
     assert bare < predicted
+
+
+def test_calibration_splits_the_units_cpu_per_unit_and_per_sample(tmp_path):
+    """Each unit fetches and loads the weights every iteration: with the iteration on 2 units in one calibration
+    run and on 1 in the other, that cost is told apart from the per-sample one (a 1-unit run alone spreads it
+    over the samples, and prices 2–3-unit iterations too cheaply)."""
+    prof = _profile()
+    truth = Overheads(trainer_s=0.03, rollout_s_per_sample=1e-4, rollout_s_per_unit=0.012, weight_sync_s=0.02)
+    sync = _fake_run(tmp_path, iterations=6, truth=truth, prof=prof, shared=True)
+    cpu_run = _fake_run(tmp_path, iterations=6, truth=truth, prof=prof, mode="async")
+    got = calibrate(sync, cpu_run, prof, warmup=1)
+    assert (got.rollout_s_per_sample, got.rollout_s_per_unit) == pytest.approx((1e-4, 0.012), abs=1e-9)
+    assert (got.trainer_s, got.weight_sync_s) == pytest.approx((0.03, 0.02), abs=1e-9)
+    predicted, _ = predict_iteration_s(replay(sync, prof), sync.jobdir.read_job(), got, warmup=1)
+    assert predicted == pytest.approx(sync.iteration_s(warmup=1))
+    # the per-unit cost delays each unit's share: the first sample of a unit arrives after it
+    (w,) = Replay([replay(sync, prof).works[2]], [replay(sync, prof).unit_of[2]], [0.0]).with_overheads(
+        Overheads(rollout_s_per_unit=0.012)
+    )
+    assert w.finish_s.min() == pytest.approx(replay(sync, prof).works[2].finish_s.min() + 0.012)
+    # one run alone (quick mode) or two with as many units per iteration: all of it per sample
+    alone = calibrate(sync, sync, prof, warmup=1)
+    assert alone.rollout_s_per_unit == 0.0
+    assert alone.rollout_s_per_sample == pytest.approx(1e-4 + 2 * 0.012 / 64)
 
 
 @pytest.mark.parametrize("kind", ["demo", "hf"])
