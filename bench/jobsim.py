@@ -34,7 +34,6 @@ from rlctl.planner.simjob import IterationWork, simulate_job
 from rlctl.profiler.measure import embedded_engine_factory, measure_generation
 from rlctl.profiler.probe import ProbeSpec, measure_here
 from rlctl.profiler.profile import GenerationEntry
-from rlctl.rl.samples import Sample, micro_batches
 from rlctl.rl.source import task_source
 
 KV_CAPACITY_TOKENS = 10**9  # the embedded engine's cache grows with the batch: no KV bound on a CPU
@@ -118,10 +117,10 @@ def replay(run: JobRun, prof: MeasuredProfile, *, learner_micro_batches: bool = 
     With `learner_micro_batches`, as the trainer's learner trains: whole groups (GRPO), in micro-batches
     of the size it cuts.
 
-    Micro-batches: the simulator takes one size in samples. With `learner_micro_batches` it is what the
-    trainer's learner cut from this iteration's samples (`train_micro_batch_samples` rows and at most
-    `train_micro_batch_tokens` padded tokens: 13–21 rows on the demo job), on average; without, the
-    job's `train_micro_batch_samples` alone, as `rlctl plan` passes it.
+    Micro-batches: with `learner_micro_batches` the simulator cuts as the trainer's learner does after each
+    arrival (`train_micro_batch_samples` rows and at most `train_micro_batch_tokens` padded tokens, in length
+    order; a partial last cut waits for more samples: `simjob.IterationWork.learner_cuts`); without, the
+    job's `train_micro_batch_samples` in arrival order, as `rlctl plan` passes it.
     """
     job = run.jobdir.read_job()
     source = task_source(job, run.jobdir.path, run.jobdir.init_model)
@@ -150,16 +149,16 @@ def replay(run: JobRun, prof: MeasuredProfile, *, learner_micro_batches: bool = 
             finish[idx[order]] = f
             units[idx] = agents.index(unit)
             busy_s += float(f.max())
-        micro = job.batch.train_micro_batch_samples
-        if learner_micro_batches:
-            n = [e["output_tokens"] for e in entries]
-            rows = [
-                Sample(e["prompt_id"], [0] * prompt_len[e["prompt_id"]], [0] * k, [0.0] * k, 0.0)
-                for e, k in zip(entries, n, strict=True)
-            ]
-            cuts = micro_batches(rows, micro, max_tokens=job.batch.train_micro_batch_tokens)
-            micro = max(1, round(len(rows) / len(cuts)))
-        works.append(IterationWork(finish, tokens, prof.train_s_per_token * float(tokens.sum()), micro))
+        works.append(
+            IterationWork(
+                finish,
+                tokens,
+                prof.train_s_per_token * float(tokens.sum()),
+                job.batch.train_micro_batch_samples,
+                learner_cuts=learner_micro_batches,
+                micro_batch_tokens=job.batch.train_micro_batch_tokens,
+            )
+        )
         unit_of.append(units)
         busy.append(busy_s)
         group_of.append(np.unique([e["prompt_id"] for e in entries], return_inverse=True)[1])

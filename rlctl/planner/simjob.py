@@ -31,6 +31,8 @@ from typing import Literal
 
 import numpy as np
 
+from rlctl.rl.cuts import cut_lengths
+
 Mode = Literal["sync", "stream", "async"]
 MODES: tuple[Mode, ...] = ("sync", "stream", "async")
 
@@ -45,6 +47,11 @@ class IterationWork:
     micro_batch_samples: int
     at_step_s: float = 0.0  # the part of train_s that waits for the whole batch (the rest streams)
     unit_of: np.ndarray | None = None  # per sample, its rollout unit (None: one pool, as if one unit)
+    # as the trainer's learner cuts (`learner_cuts`): after each arrival the ready rows are cut in length order
+    # into ≤ micro_batch_samples rows and ≤ micro_batch_tokens padded tokens, and every cut but a partial last
+    # one trains (it may still grow); the rest at the end. Off: micro_batch_samples in arrival order.
+    learner_cuts: bool = False
+    micro_batch_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -107,10 +114,15 @@ def simulate_job(
         total = float(tokens.sum()) or 1.0
         mb = max(1, w.micro_batch_samples)
         streamed_s = w.train_s - w.at_step_s
-        for k in range(0, len(arrivals), mb):
-            last = min(k + mb, len(arrivals)) - 1
-            avail = g_end if mode == "sync" else float(arrivals[last])
-            t = max(t, avail) + streamed_s * float(tokens[k : last + 1].sum()) / total
+        if w.learner_cuts:
+            t = _learner_train(
+                arrivals, tokens, mb, w.micro_batch_tokens, whole=mode == "sync", free=t, s=streamed_s / total
+            )
+        else:
+            for k in range(0, len(arrivals), mb):
+                last = min(k + mb, len(arrivals)) - 1
+                avail = g_end if mode == "sync" else float(arrivals[last])
+                t = max(t, avail) + streamed_s * float(tokens[k : last + 1].sum()) / total
         if w.at_step_s > 0:
             t = max(t, g_end) + w.at_step_s
         gen_start.append(start)
@@ -118,3 +130,27 @@ def simulate_job(
         train_end.append(t)
         ready.append(t + weight_sync_s)
     return JobTimeline(gen_start, gen_end, train_end, ready)
+
+
+def _learner_train(
+    arrivals: np.ndarray, tokens: np.ndarray, size: int, max_tokens: int | None, *, whole: bool, free: float, s: float
+) -> float:
+    """When the trainer, free at `free`, has trained one iteration (`s` seconds per token) as its learner cuts
+    it (`rlctl.rl.learner.train_ready`): whenever the trainer is free, it takes every sample that has arrived
+    (sorted `arrivals`; what came while it trained waits in its inbox), cuts those not yet trained
+    (`cut_lengths`) and trains all cuts but a partial last one, which may still grow; after the last arrival,
+    all of them. `whole` (sync): everything once the last sample is in."""
+    t, k, n = free, 0, len(arrivals)
+    ready: list[int] = []
+    while k < n:
+        now = max(t, float(arrivals[-1] if whole else arrivals[k]))
+        while k < n and arrivals[k] <= now:
+            ready.append(k)
+            k += 1
+        cuts = [[ready[i] for i in c] for c in cut_lengths([tokens[i] for i in ready], size, max_tokens=max_tokens)]
+        if k < n and len(cuts[-1]) < size:
+            cuts.pop()  # the longest rows wait: their cut may still fill
+        t = now + s * sum(float(tokens[c].sum()) for c in cuts)
+        trained = {i for c in cuts for i in c}
+        ready = [i for i in ready if i not in trained]
+    return t

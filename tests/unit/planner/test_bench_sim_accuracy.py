@@ -18,7 +18,6 @@ from rlctl.planner.costs import decode_cost
 from rlctl.planner.sim import run_with
 from rlctl.planner.simjob import MODES, IterationWork, Mode, simulate_job
 from rlctl.profiler.profile import GenerationEntry
-from rlctl.rl.samples import Sample, micro_batches
 from rlctl.rl.source import task_source
 
 S = 1_000_000_000  # ns
@@ -128,13 +127,12 @@ def test_replay_prices_each_unit_with_the_profile(tmp_path):
     alone = run_with(cost, np.sort(outputs)[::-1], batch_cap=64, prompt_tokens=prompt)
     assert rep.unit_busy_s[1] == pytest.approx(float(alone.max()))
     assert rep.works[1].finish_s.max() == pytest.approx(float(alone.max()))
-    # micro-batches: the learner's cuts (≤ 32 rows, ≤ 1024 padded tokens) on average, or the job's 32 rows
-    triples = zip(entries, prompts, outputs, strict=True)
-    rows = [Sample(e["prompt_id"], [0] * p, [0] * o, [0.0] * o, 0.0) for e, p, o in triples]
-    cuts = micro_batches(rows, 32, max_tokens=1024)
-    assert rep.works[1].micro_batch_samples == round(64 / len(cuts)) < 32
+    # micro-batches: cut as the learner cuts (≤ 32 rows, ≤ 1024 padded tokens), or the job's 32 rows in order
+    w = rep.works[1]
+    assert (w.learner_cuts, w.micro_batch_samples, w.micro_batch_tokens) == (True, 32, 1024)
     plan_like = replay(run, prof, learner_micro_batches=False)
     assert plan_like.works[1].micro_batch_samples == 32 and plan_like.group_of is None
+    assert not plan_like.works[1].learner_cuts
     assert rep.group_of is not None and len(np.unique(rep.group_of[1])) == 8  # 8 prompts × 8 samples
 
 

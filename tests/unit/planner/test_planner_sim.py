@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from rlctl.planner.costs import DecodeCost
 from rlctl.planner.sim import DispatchConfig, GenEstimator, Unit, run_instance, simulate_generation
-from rlctl.planner.simjob import IterationWork, simulate_job
+from rlctl.planner.simjob import IterationWork, _learner_train, simulate_job
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths, recall_at
 
 PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
@@ -152,3 +152,22 @@ def test_workload_matches_pat_tail_and_ranker_recall() -> None:
     s = noise_for_recall(0.87, sigma=0.885)
     pred = predict_lengths(lengths, noise_sigma=s, rng=np.random.default_rng(1))
     assert recall_at(pred, lengths.astype(float), 0.2) == pytest.approx(0.87, abs=0.02)
+
+
+def test_the_trainer_cuts_what_has_arrived_whenever_it_is_free_as_its_learner_does() -> None:
+    """Micro-batches as the learner cuts them (length order, ≤ size rows, ≤ max_tokens padded tokens) from
+    what has arrived when the trainer is free; a partial last cut waits for more samples, everything trains
+    after the last arrival. 1 s per token."""
+    arrivals, tokens = np.array([1.0, 1.0, 1.0, 5.0]), np.array([10.0, 10.0, 10.0, 100.0])
+    # size 2: [10, 10] trains at 1 (→ 21); the third waits; at 21 the long row is in too: 10 + 100 → 131
+    assert _learner_train(arrivals, tokens, 2, 40, whole=False, free=0.0, s=1.0) == 131.0
+    # size 4: the three short rows are one partial cut: nothing trains before 5; then 30 + 100 → 135
+    assert _learner_train(arrivals, tokens, 4, 40, whole=False, free=0.0, s=1.0) == 135.0
+    # busy until 3 (the previous iteration): all three short rows are in its inbox, cut together and held
+    assert _learner_train(arrivals, tokens, 4, 40, whole=False, free=3.0, s=1.0) == 135.0
+    # the batch's last arrival: its partial cut trains at once
+    one = np.array([1.0]), np.array([10.0])
+    assert _learner_train(*one, 2, None, whole=False, free=0.0, s=1.0) == 11.0
+    w = IterationWork(arrivals, tokens, train_s=130.0, micro_batch_samples=2, learner_cuts=True, micro_batch_tokens=40)
+    assert simulate_job([w], mode="stream", weight_sync_s=0).train_end_s == [131.0]
+    assert simulate_job([w], mode="sync", weight_sync_s=0).train_end_s == [135.0]
