@@ -281,8 +281,8 @@ class ControllerCore:
             st = self.stats[it]
             if st.first_dispatch is None:
                 st.first_dispatch = now
-            pool = self._pool(it, units, since=st.first_dispatch, now=now)
             ready = {u.name for u in units}
+            pool = self._pool(it, units, ready, waited=now - st.first_dispatch)
             for unit, entries in zip(pool, self._assign(queued, pool), strict=True):
                 if not entries or unit.name not in ready:
                     continue
@@ -302,21 +302,16 @@ class ControllerCore:
                 out.append(Out(unit.name, "generate", {"requests": reqs}))
         return out
 
-    def _pool(self, iteration: int, ready: list[Unit], *, since: float, now: float) -> list[Unit]:
+    def _pool(self, iteration: int, units: list[Unit], ready: set[str], *, waited: float) -> list[Unit]:
         """The units `iteration` is shared over: those that may generate it now, and, for `reserve_s` after its
         first dispatch, the live units that will once they apply the trainer's latest weights (on their way
         through the weight plane). Without the wait, the first unit to apply a version would take the whole
         iteration and the others would sit idle; past it, a unit that is slow to catch up no longer holds the
-        iteration back."""
-        if now - since >= self.cfg.reserve_s:
-            return ready
-        names = {u.name for u in ready}
-        behind = [
-            u
-            for u in self.live_units
-            if u.name not in names and self.bound.may_dispatch(iteration=iteration, unit_version=self.trainer_version)
-        ]
-        return ready + behind
+        iteration back. `units`: those that may generate it now, `ready` their names."""
+        latest_will_do = self.bound.may_dispatch(iteration=iteration, unit_version=self.trainer_version)
+        if waited >= self.cfg.reserve_s or not latest_will_do:
+            return units
+        return units + [u for u in self.live_units if u.name not in ready]
 
     @property
     def reserving(self) -> bool:
@@ -334,9 +329,10 @@ class ControllerCore:
         """Balanced with the work each unit holds: skewness-aware, LPT by predicted tokens (prompt + predicted
         output), longest first inside each unit; `random`, a shuffle balanced by sample count."""
         held: dict[str, float] = dict.fromkeys((u.name for u in units), 0.0)
-        for e in self.ledger.in_state(State.DISPATCHED):
-            if e.agent in held:
-                held[e.agent] += 1.0 if self.cfg.dispatch == "random" else self._tokens(e)
+        for it in range(self.trainer_version, self.created):  # in flight: only iterations not trained yet
+            for e in self.ledger.in_state(State.DISPATCHED, iteration=it):
+                if e.agent in held:
+                    held[e.agent] += 1.0 if self.cfg.dispatch == "random" else self._tokens(e)
         loads = [held[u.name] for u in units]
         if self.cfg.dispatch == "random":
             shuffled = list(entries)

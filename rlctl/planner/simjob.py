@@ -31,7 +31,7 @@ from typing import Literal
 
 import numpy as np
 
-from rlctl.rl.cuts import cut_lengths
+from rlctl.rl.cuts import trainable_cuts
 
 Mode = Literal["sync", "stream", "async"]
 MODES: tuple[Mode, ...] = ("sync", "stream", "async")
@@ -137,9 +137,9 @@ def _learner_train(
 ) -> float:
     """When the trainer, free at `free`, has trained one iteration (`s` seconds per token) as its learner cuts
     it (`rlctl.rl.learner.train_ready`): whenever the trainer is free, it takes every sample that has arrived
-    (sorted `arrivals`; what came while it trained waits in its inbox), cuts those not yet trained
-    (`cut_lengths`) and trains all cuts but a partial last one, which may still grow; after the last arrival,
-    all of them. `whole` (sync): everything once the last sample is in."""
+    (sorted `arrivals`; what came while it trained waits in its inbox), cuts those not yet trained and trains
+    all cuts but a partial last one, which may still grow; after the last arrival, all of them (the learner's
+    own rule, `trainable_cuts`). `whole` (sync): everything once the last sample is in."""
     t, k, n = free, 0, len(arrivals)
     ready: list[int] = []
     while k < n:
@@ -147,10 +147,7 @@ def _learner_train(
         while k < n and arrivals[k] <= now:
             ready.append(k)
             k += 1
-        cuts = [[ready[i] for i in c] for c in cut_lengths([tokens[i] for i in ready], size, max_tokens=max_tokens)]
-        if k < n and len(cuts[-1]) < size:
-            cuts.pop()  # the longest rows wait: their cut may still fill
-        t = now + s * sum(float(tokens[c].sum()) for c in cuts)
-        trained = {i for c in cuts for i in c}
-        ready = [i for i in ready if i not in trained]
+        cuts, held = trainable_cuts([tokens[i] for i in ready], size, max_tokens=max_tokens, flush=k == n)
+        t = now + s * sum(float(tokens[ready[i]]) for c in cuts for i in c)
+        ready = [ready[i] for i in held]
     return t

@@ -31,8 +31,9 @@ import torch.distributed as dist
 
 from rlctl.config.job import GrpoAlgorithm, PpoAlgorithm
 from rlctl.engines.model import TinyGPT
+from rlctl.rl.cuts import trainable_cuts
 from rlctl.rl.grpo import group_advantages, policy_loss, policy_optimizer
-from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, micro_batches
+from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, row_tokens
 from rlctl.trainers.base import DataParallel, clip_whole, whole_replicas
 
 _SUMMED = ("pg_loss_sum", "clip_sum", "kl_sum")  # token sums of `policy_loss` that the step reports
@@ -92,11 +93,11 @@ class StreamingLearner:
     def train_ready(self, *, flush: bool = False) -> None:
         """Forward/backward on every full micro-batch of ready samples (all of them when flushing).
 
-        Ready samples are cut in length order by `micro_batches` (rows and padded-token budget); the
-        last cut may still grow with the next arrivals, so it waits unless it is full or this flushes.
+        Ready samples are cut in length order (rows and padded-token budget, `rlctl.rl.cuts`); the last
+        cut may still grow with the next arrivals, so it waits unless it is full or this flushes.
         """
-        cuts = micro_batches([s for s, _ in self.ready], self.micro, max_tokens=self.micro_tokens)
-        keep = cuts.pop() if cuts and not flush and len(cuts[-1]) < self.micro else []
+        rows = [row_tokens(s) for s, _ in self.ready]
+        cuts, keep = trainable_cuts(rows, self.micro, max_tokens=self.micro_tokens, flush=flush)
         for idx in cuts:
             self._micro_step([self.ready[i] for i in idx])
         self.ready = [self.ready[i] for i in keep]
