@@ -202,7 +202,7 @@ def _measured_training(
     return [
         e.model_copy(
             update={
-                "gpu_s_per_token": gpu_s_per_token * e.gpu_s_per_token / base.gpu_s_per_token,
+                "gpu_s_per_token": gpu_s_per_token * (e.gpu_s_per_token / base.gpu_s_per_token),  # × 1.0 exactly at 1 1
                 "backend": req.trainer_backend,
                 "scaled": (e.tp, e.pp) != (1, 1),
             }
