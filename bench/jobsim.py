@@ -87,46 +87,33 @@ class Replay:
     works: list[IterationWork]
     unit_of: list[np.ndarray]  # per iteration, per sample: index of its unit (the same unit, the same index)
     unit_busy_s: list[float]  # per iteration: the units' simulated busy seconds, summed
-    group_of: list[np.ndarray] | None = None  # per iteration, per sample: its prompt (GRPO trains whole groups)
 
     def with_overheads(self, overheads: Overheads) -> list[IterationWork]:
         """The works with the calibrated overheads: `trainer_s` on the training, `rollout_s_per_unit` before
         each unit's share (it fetches and loads the new weights first), `rollout_s_per_sample` on every
-        sample its unit finished before it (and itself). With `group_of`, a sample reaches the trainer
-        when the last sample of its group is in (GRPO's advantages need the whole group); the simulator
-        streams samples in that order. Each sample keeps its unit: a unit starts its share of the next
-        iteration when it is done with its own share of this one."""
+        sample its unit finished before it (and itself). Each sample keeps its unit: a unit starts its share
+        of the next iteration when it is done with its own share of this one."""
         out = []
-        for k, (w, units) in enumerate(zip(self.works, self.unit_of, strict=True)):
+        for w, units in zip(self.works, self.unit_of, strict=True):
             finish = w.finish_s.copy()
             for u in np.unique(units):
                 idx = np.flatnonzero(units == u)
                 idx = idx[np.argsort(finish[idx], kind="stable")]
                 sends = np.arange(1, len(idx) + 1)
                 finish[idx] += overheads.rollout_s_per_unit + overheads.rollout_s_per_sample * sends
-            if self.group_of is not None:
-                groups = self.group_of[k]
-                for g in np.unique(groups):
-                    finish[groups == g] = finish[groups == g].max()
             out.append(replace(w, finish_s=finish, train_s=w.train_s + overheads.trainer_s, unit_of=units))
         return out
 
 
-def replay(run: JobRun, prof: MeasuredProfile, *, learner_micro_batches: bool = True) -> Replay:
-    """Each iteration's generation (per unit, from the ledger) and training cost, priced by the profile.
-    With `learner_micro_batches`, as the trainer's learner trains: whole groups (GRPO), in micro-batches
-    of the size it cuts.
-
-    Micro-batches: with `learner_micro_batches` the simulator cuts as the trainer's learner does after each
-    arrival (`train_micro_batch_samples` rows and at most `train_micro_batch_tokens` padded tokens, in length
-    order; a partial last cut waits for more samples: `simjob.IterationWork.learner_cuts`); without, the
-    job's `train_micro_batch_samples` in arrival order, as `rlctl plan` passes it.
-    """
+def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
+    """Each iteration's generation (per unit, from the ledger) and training cost, priced by the profile;
+    trained as the job's learner trains, as `rlctl plan` simulates it: whole groups (GRPO), in the
+    learner's cuts (`train_micro_batch_samples` rows, `train_micro_batch_tokens` padded tokens)."""
     job = run.jobdir.read_job()
     source = task_source(job, run.jobdir.path, run.jobdir.init_model)
     prompt_len: dict[str, int] = {}
     agents = sorted({e["agent"] for e in run.ledger})  # one index per unit across the run
-    works, unit_of, busy, group_of = [], [], [], []
+    works, unit_of, busy = [], [], []
     for it in range(job.iterations):
         entries = [e for e in run.ledger if e["iteration"] == it]
         for e in entries:
@@ -135,6 +122,7 @@ def replay(run: JobRun, prof: MeasuredProfile, *, learner_micro_batches: bool = 
         finish = np.zeros(len(entries))
         units = np.zeros(len(entries), dtype=int)
         tokens = np.array([prompt_len[e["prompt_id"]] + e["output_tokens"] for e in entries], dtype=float)
+        groups = np.unique([e["prompt_id"] for e in entries], return_inverse=True)[1]
         busy_s = 0.0
         for unit in sorted({e["agent"] for e in entries}):
             idx = np.array([i for i, e in enumerate(entries) if e["agent"] == unit])
@@ -155,15 +143,13 @@ def replay(run: JobRun, prof: MeasuredProfile, *, learner_micro_batches: bool = 
                 tokens,
                 prof.train_s_per_token * float(tokens.sum()),
                 job.batch.train_micro_batch_samples,
-                learner_cuts=learner_micro_batches,
                 micro_batch_tokens=job.batch.train_micro_batch_tokens,
+                group_of=groups if job.algorithm.kind == "grpo" else None,
             )
         )
         unit_of.append(units)
         busy.append(busy_s)
-        group_of.append(np.unique([e["prompt_id"] for e in entries], return_inverse=True)[1])
-    grpo = learner_micro_batches and job.algorithm.kind == "grpo"
-    return Replay(works, unit_of, busy, group_of if grpo else None)
+    return Replay(works, unit_of, busy)
 
 
 @dataclass(frozen=True)

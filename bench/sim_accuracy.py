@@ -16,10 +16,9 @@ its own core (a local site's "GPU"); the clock removes the time the job's thread
 as the profile's thread CPU time does. Wall-clock figures are reported beside it (`mape_wall`).
 
 The simulator gets each iteration's real lengths, unit assignment and training granularity from the
-job's ledger (GRPO's learner trains whole groups, in micro-batches it also cuts by padded tokens;
-`mape_plan_micro_batches` streams single samples in micro-batches of `train_micro_batch_samples`,
-as `rlctl plan` does): this checks the time model (decode, batching, streaming, pipeline), not the
-length model. The overheads it does not price (the trainer's CPU beyond training,
+job's ledger, and trains them as the learner does and `rlctl plan` simulates it (whole GRPO groups, in
+cuts of rows and padded tokens): this checks the time model (decode, batching, streaming, pipeline),
+not the length model. The overheads it does not price (the trainer's CPU beyond training,
 the units' CPU beyond decoding, the hops between agents) are calibrated per job on separate runs with
 other seeds and prompts (an async run with 1 unit for the agents' CPU, a sync run with 2 for the hops
 and, with the async one, to split the units' CPU into per unit — each fetches and loads the weights
@@ -169,7 +168,6 @@ def _predict(p: Probed, prof: MeasuredProfile, cal: Calibrated, *, warmup: int) 
     rep = replay(run, prof)
     works = rep.with_overheads(cal.raw)
     predicted, periods = predict_iteration_s(rep, job, cal.raw, warmup=warmup)
-    plan_mb, _ = predict_iteration_s(replay(run, prof, learner_micro_batches=False), job, cal.raw, warmup=warmup)
     drifted = predict_iteration_s(rep, job, cal.overheads, warmup=warmup)[0] * drift
     bare, _ = predict_iteration_s(rep, job, Overheads(), warmup=warmup)
     measured = run.iteration_s(warmup=warmup)
@@ -179,7 +177,6 @@ def _predict(p: Probed, prof: MeasuredProfile, cal: Calibrated, *, warmup: int) 
         "predicted_s": round(predicted, 4),
         "measured_s": round(measured, 4),
         "error": err(predicted),
-        "error_plan_micro_batches": err(plan_mb),
         "error_uncalibrated": err(bare),
         "machine_drift": round(drift, 3),
         "error_drift_corrected": err(drifted),
@@ -268,7 +265,6 @@ def run(*, quick: bool, modes: list[Mode] | None = None, units: list[int] | None
         )
     out: dict[str, Any] = {
         "mape": _mape(cases, "error"),
-        "mape_plan_micro_batches": _mape(cases, "error_plan_micro_batches"),
         "mape_uncalibrated": _mape(cases, "error_uncalibrated"),
         "mape_drift_corrected": _mape(cases, "error_drift_corrected"),
         "mape_wall": _mape(cases, "error_wall"),
@@ -307,13 +303,13 @@ def _mape(cases: list[dict[str, Any]], key: str) -> dict[str, float]:
 
 def summary(r: dict[str, Any]) -> str:
     lines = [
-        f"{'job':<5} {'mode':<6} {'units':>5} {'predicted s':>11} {'measured s':>10} {'error':>7} {'as plan':>7} "
+        f"{'job':<5} {'mode':<6} {'units':>5} {'predicted s':>11} {'measured s':>10} {'error':>7} "
         f"{'uncal.':>7} {'drift':>6} {'corr.':>7} {'wall s':>7} {'cpu share':>9}"
     ]
     for c in r["cases"]:
         lines.append(
             f"{c['job']:<5} {c['mode']:<6} {c['units']:>5} {c['predicted_s']:>11.3f} {c['measured_s']:>10.3f} "
-            f"{c['error']:>+7.1%} {c['error_plan_micro_batches']:>+7.1%} {c['error_uncalibrated']:>+7.1%} "
+            f"{c['error']:>+7.1%} {c['error_uncalibrated']:>+7.1%} "
             f"{c['machine_drift']:>6.2f} {c['error_drift_corrected']:>+7.1%} {c['measured_wall_s']:>7.3f} "
             f"{c['cpu_share']:>9.2f}"
         )
@@ -325,10 +321,6 @@ def summary(r: dict[str, Any]) -> str:
         )
     fmt = lambda d: ", ".join(f"{m} {v:.1%}" for m, v in d.items())  # noqa: E731
     lines.append(f"MAPE per mode (goal ≤ {r['goal']:.0%}): {fmt(r['mape'])}")
-    lines.append(
-        f"  training as rlctl plan models it (train_micro_batch_samples, no group barrier): "
-        f"{fmt(r['mape_plan_micro_batches'])}"
-    )
     lines.append(f"  uncalibrated: {fmt(r['mape_uncalibrated'])}; against wall-clock times: {fmt(r['mape_wall'])}")
     lines.append(f"  drift-corrected (simulated × drift): {fmt(r['mape_drift_corrected'])}")
     lines.append(

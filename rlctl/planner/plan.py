@@ -484,6 +484,7 @@ def _simulate(
     dcfg = DispatchConfig(spec.rollout.dispatch, spec.rollout.long_tail_fraction, spec.planning.dispatch_rule)
     works: list[IterationWork] = []
     gens: list[GenResult] = []
+    groups = np.arange(spec.batch.prompts_per_iteration).repeat(spec.batch.samples_per_prompt)  # prompt-major
     first_pred = first_len = None
     for _ in range(opts.sim_iterations):
         lengths = lm.sample(spec.batch.prompts_per_iteration, spec.batch.samples_per_prompt, rng)
@@ -509,6 +510,8 @@ def _simulate(
                 spec.batch.train_micro_batch_samples,
                 at_step_s=at_step_s,
                 unit_of=g.unit_of,
+                micro_batch_tokens=spec.batch.train_micro_batch_tokens,
+                group_of=groups if spec.algorithm.kind == "grpo" else None,  # GRPO trains whole groups
             )
         )
     w_s = _weight_sync_s(job, per_site)

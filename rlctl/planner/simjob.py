@@ -3,9 +3,11 @@
 For iteration i (0-based), with staleness bound η (version v = number of finished training steps):
 
     start[i, u]    = max(end[i-1, u], weights_at_rollout[i-1-η])     (sync/stream: η = 0)
-    sample k of i  arrives at start[i, u(k)] + finish_k (streamed as soon as it is done)
-    train[i]       micro-batches in arrival order; a micro-batch starts when its last sample has
-                   arrived (stream/async) or when the whole batch has (sync), and after the previous one;
+    sample k of i  arrives at start[i, u(k)] + finish_k (streamed as soon as it is done); with groups
+                   (GRPO: advantages need the whole group) it reaches the learner with its group's last
+    train[i]       as the trainer's learner cuts (`rlctl.rl.cuts`): whenever the trainer is free, what has
+                   reached it (everything, in sync) in length order, in cuts of ≤ micro_batch_samples rows
+                   and ≤ micro_batch_tokens padded tokens; a partial last cut waits for more samples;
                    then the work that needs the whole batch (`at_step_s`: PPO's GAE-whitened update,
                    later epochs), after the last sample
     weights[i]     = train_end[i] + weight transfer (the rollout swaps at the next batch start)
@@ -47,11 +49,8 @@ class IterationWork:
     micro_batch_samples: int
     at_step_s: float = 0.0  # the part of train_s that waits for the whole batch (the rest streams)
     unit_of: np.ndarray | None = None  # per sample, its rollout unit (None: one pool, as if one unit)
-    # as the trainer's learner cuts (`learner_cuts`): after each arrival the ready rows are cut in length order
-    # into ≤ micro_batch_samples rows and ≤ micro_batch_tokens padded tokens, and every cut but a partial last
-    # one trains (it may still grow); the rest at the end. Off: micro_batch_samples in arrival order.
-    learner_cuts: bool = False
-    micro_batch_tokens: int | None = None
+    micro_batch_tokens: int | None = None  # the learner's padded-token budget per cut (None: rows only)
+    group_of: np.ndarray | None = None  # per sample, its group: it reaches the learner with the group's last
 
 
 @dataclass(frozen=True)
@@ -106,23 +105,25 @@ def simulate_job(
             unit_end[int(u)] = float(arrival[mine].max())
             starts.append(s_u)
         start = min(starts, default=max(weights, gen_end[-1] if gen_end else 0.0))
+        if w.group_of is not None:
+            for g in np.unique(w.group_of):
+                arrival[w.group_of == g] = arrival[w.group_of == g].max()
         order = np.argsort(arrival, kind="stable")
         arrivals = arrival[order]
         tokens = w.sample_tokens[order]
         g_end = float(arrivals[-1]) if arrivals.size else start
         t = train_end[-1] if train_end else 0.0
         total = float(tokens.sum()) or 1.0
-        mb = max(1, w.micro_batch_samples)
         streamed_s = w.train_s - w.at_step_s
-        if w.learner_cuts:
-            t = _learner_train(
-                arrivals, tokens, mb, w.micro_batch_tokens, whole=mode == "sync", free=t, s=streamed_s / total
-            )
-        else:
-            for k in range(0, len(arrivals), mb):
-                last = min(k + mb, len(arrivals)) - 1
-                avail = g_end if mode == "sync" else float(arrivals[last])
-                t = max(t, avail) + streamed_s * float(tokens[k : last + 1].sum()) / total
+        t = _learner_train(
+            arrivals,
+            tokens,
+            max(1, w.micro_batch_samples),
+            w.micro_batch_tokens,
+            whole=mode == "sync",
+            free=t,
+            s=streamed_s / total,
+        )
         if w.at_step_s > 0:
             t = max(t, g_end) + w.at_step_s
         gen_start.append(start)

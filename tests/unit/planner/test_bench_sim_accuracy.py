@@ -48,9 +48,6 @@ def test_overheads_go_on_the_training_and_on_each_sample_of_its_unit():
     assert out.finish_s.tolist() == pytest.approx([3.2, 1.1, 2.1])
     assert out.train_s == pytest.approx(1.5)
     assert w.finish_s.tolist() == [3.0, 1.0, 2.0]  # the replay itself is unchanged
-    # GRPO trains whole groups: samples 0 and 2 share a prompt, so both reach the trainer with the later one
-    (grouped,) = Replay([w], [np.array([0, 0, 1])], [5.0], [np.array([0, 1, 0])]).with_overheads(Overheads())
-    assert grouped.finish_s.tolist() == [3.0, 1.0, 3.0]
 
 
 def _profile() -> MeasuredProfile:
@@ -127,13 +124,12 @@ def test_replay_prices_each_unit_with_the_profile(tmp_path):
     alone = run_with(cost, np.sort(outputs)[::-1], batch_cap=64, prompt_tokens=prompt)
     assert rep.unit_busy_s[1] == pytest.approx(float(alone.max()))
     assert rep.works[1].finish_s.max() == pytest.approx(float(alone.max()))
-    # micro-batches: cut as the learner cuts (≤ 32 rows, ≤ 1024 padded tokens), or the job's 32 rows in order
+    # trained as the learner cuts (≤ 32 rows, ≤ 1024 padded tokens), whole groups: 8 prompts × 8 samples
     w = rep.works[1]
-    assert (w.learner_cuts, w.micro_batch_samples, w.micro_batch_tokens) == (True, 32, 1024)
-    plan_like = replay(run, prof, learner_micro_batches=False)
-    assert plan_like.works[1].micro_batch_samples == 32 and plan_like.group_of is None
-    assert not plan_like.works[1].learner_cuts
-    assert rep.group_of is not None and len(np.unique(rep.group_of[1])) == 8  # 8 prompts × 8 samples
+    assert (w.micro_batch_samples, w.micro_batch_tokens) == (32, 1024)
+    assert w.group_of is not None and np.bincount(w.group_of).tolist() == [8] * 8
+    pairs = set(zip((e["prompt_id"] for e in entries), w.group_of.tolist(), strict=True))
+    assert len(pairs) == 8  # each prompt one group
 
 
 def test_calibration_recovers_the_overheads_the_runs_had(tmp_path):

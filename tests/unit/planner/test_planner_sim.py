@@ -168,6 +168,18 @@ def test_the_trainer_cuts_what_has_arrived_whenever_it_is_free_as_its_learner_do
     # the batch's last arrival: its partial cut trains at once
     one = np.array([1.0]), np.array([10.0])
     assert _learner_train(*one, 2, None, whole=False, free=0.0, s=1.0) == 11.0
-    w = IterationWork(arrivals, tokens, train_s=130.0, micro_batch_samples=2, learner_cuts=True, micro_batch_tokens=40)
+    w = IterationWork(arrivals, tokens, train_s=130.0, micro_batch_samples=2, micro_batch_tokens=40)
     assert simulate_job([w], mode="stream", weight_sync_s=0).train_end_s == [131.0]
     assert simulate_job([w], mode="sync", weight_sync_s=0).train_end_s == [135.0]
+
+
+def test_a_group_reaches_the_learner_with_its_last_sample_across_units():
+    """GRPO's advantages need the whole group. Async: unit 1 starts its share of iteration 1 when done with
+    iteration 0 (at 4), unit 0 at once; the trainer is free at 4. 1 s per token."""
+    first = IterationWork(np.array([4.0]), np.array([1.0]), 0.0, 1, unit_of=np.array([1]))
+    w = IterationWork(np.array([1.0, 1.0]), np.array([10.0, 10.0]), 20.0, 1, unit_of=np.array([0, 1]))
+    # alone: sample 0 (in at 1) trains 4 → 14, sample 1 (in at 5) 14 → 24
+    assert simulate_job([first, w], mode="async", weight_sync_s=0).train_end_s[1] == 24.0
+    # one group: sample 0 waits for sample 1; both train from 5 → 25
+    grouped = replace(w, group_of=np.array([0, 0]))
+    assert simulate_job([first, grouped], mode="async", weight_sync_s=0).train_end_s[1] == 25.0
