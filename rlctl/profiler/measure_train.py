@@ -104,26 +104,29 @@ def _one_rank_group(rendezvous: Path) -> Iterator[None]:
 
 
 def make_learner(
-    policy: nn.Module, algorithm: GrpoAlgorithm | PpoAlgorithm, batch: Batch, *, ref: nn.Module | None
+    policy: TrainerBackend, algorithm: GrpoAlgorithm | PpoAlgorithm, batch: Batch, *, ref: nn.Module | None
 ) -> StreamingLearner | PpoBatchLearner:
-    """The trainer agent's learner for `algorithm` on a backend's policy module (and reference model)."""
+    """The trainer agent's learner for `algorithm` on a backend's policy (and reference model), with the
+    backend's data-parallel place and gradient clipping, as `rlctl.agents.trainer` builds it."""
     if isinstance(algorithm, PpoAlgorithm):
         # PPO's critic is built on TinyGPT: the torch backend only (preflight and the probe refuse megatron)
-        assert isinstance(policy, TinyGPT) and isinstance(ref, TinyGPT | None), type(policy)
+        assert isinstance(policy.model, TinyGPT) and isinstance(ref, TinyGPT | None), type(policy.model)
         return PpoBatchLearner(
-            policy,
+            policy.model,
             algorithm,
             ref_model=ref,
             micro_batch_samples=batch.train_micro_batch_samples,
             micro_batch_tokens=batch.train_micro_batch_tokens,
         )
     return StreamingLearner(
-        policy,
+        policy.model,
         algorithm,
         group_size=batch.samples_per_prompt,
         micro_batch_samples=batch.train_micro_batch_samples,
         micro_batch_tokens=batch.train_micro_batch_tokens,
         ref_model=ref,
+        data_parallel=policy.data_parallel(),
+        clip_grad_norm_=policy.clip_grad_norm_,
     )
 
 
@@ -150,7 +153,7 @@ def measure_training(
         assert vocab is not None, "vocab is needed with a learner_factory"
         return _time_steps(learner_factory(), batch, vocab=vocab, steps=steps, warmup_steps=warmup_steps, clock=clock)
     with trainer_rank(backend, checkpoint, reference=algorithm.kl_coef > 0) as (policy, ref, config):
-        learner = make_learner(policy.model, algorithm, batch, ref=ref)
+        learner = make_learner(policy, algorithm, batch, ref=ref)
         m = _time_steps(learner, batch, vocab=config.vocab_size, steps=steps, warmup_steps=warmup_steps, clock=clock)
     return TrainMeasurement(m.gpu_s_per_token, m.step_s, m.step_tokens, backend=backend)
 
