@@ -61,6 +61,10 @@ def test_the_trainer_backend_round_trips_through_the_probes_command_line() -> No
     s = spec(GrpoAlgorithm(kind="grpo", kl_coef=0.1), "megatron")
     assert "--trainer-backend" in s.argv()
     assert probe.parse_spec([*s.argv(), "--out", "o"])[0] == s
+    split = dataclasses.replace(s, split=(2, 1))  # a job's megatron split: measured over its ranks there
+    assert "--split" not in s.argv() and probe.parse_spec([*split.argv(), "--out", "o"])[0] == split
+    with pytest.raises(UsageError, match=r"--split 2 1: trainer backend 'torch' trains whole replicas"):
+        probe.check_trainer(dataclasses.replace(split, trainer_backend="torch"))
     with pytest.raises(SystemExit):  # argparse: not a key of rlctl.trainers.base.BACKENDS
         probe.parse_spec([*spec(GrpoAlgorithm(kind="grpo"), "deepspeed").argv(), "--out", "o"])
 
