@@ -99,13 +99,15 @@ class TrainWorkload:
 def train_time_s(
     entry: TrainingEntry, dp: int, w: TrainWorkload, *, site: SiteProfile, node_bytes_per_s: float
 ) -> float:
-    """One iteration on tp·pp·dp GPUs: compute with the pipeline bubble of every mini-batch, plus a DP
-    gradient all-reduce and the optimizer's bookkeeping per optimizer step."""
+    """One iteration on tp·pp·dp GPUs: compute with the pipeline bubble of every mini-batch (none on an entry
+    whose figure includes the stages' waiting), plus a DP gradient all-reduce and the optimizer's bookkeeping
+    per optimizer step."""
     gpus = entry.tp * entry.pp * dp
     if entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu / dp > TRAIN_MEM_FRACTION * site.hbm_bytes:
         return math.inf
     micro = max(1, math.ceil(w.samples / (w.mini_batches * dp * w.micro_batch_samples)))
-    bubble = (entry.pp - 1) / micro
+    # a figure timed over the split's ranks holds the stages' waiting already (rlctl's stage-by-stage schedule)
+    bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / micro
     compute = w.tokens * entry.gpu_s_per_token * w.pass_scale / gpus * (1 + bubble)
     sync = 0.0
     if dp > 1:

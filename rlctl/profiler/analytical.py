@@ -92,35 +92,39 @@ def generation_entries(
 def training_entries(
     model: ModelArch, gpu: GpuSpec, *, gpus_per_node: int, algorithm: str, passes: TrainingPasses | None = None
 ) -> list[TrainingEntry]:
-    """One entry per (TP, PP): seconds per token of every pass of `algorithm` with `passes` (default:
-    rlctl's trainer, no KL), and the memory of the trained models (+ reference weights if it runs)."""
+    """One entry per (TP, PP) of the roofline's grid: TP within a node dividing the heads, PP up to the layers."""
+    return [
+        training_entry(model, gpu, tp=tp, pp=pp, algorithm=algorithm, passes=passes)
+        for tp in TP_DEGREES
+        if tp <= gpus_per_node and model.heads % tp == 0
+        for pp in PP_DEGREES
+        if pp <= model.layers
+    ]
+
+
+def training_entry(
+    model: ModelArch, gpu: GpuSpec, *, tp: int, pp: int, algorithm: str, passes: TrainingPasses | None = None
+) -> TrainingEntry:
+    """Seconds per token of every pass of `algorithm` with `passes` (default: rlctl's trainer, no KL) at
+    tensor degree `tp` and pipeline degree `pp`, and the memory of the trained models (+ reference weights if
+    it runs)."""
     passes = passes or TrainingPasses()
     flops = flops_per_token(algorithm, passes, model.params)
     trained = trained_models(algorithm)
     update_equivalents = flops / (6 * model.params)  # TP all-reduces scale with the FLOPs
-    out = []
-    for tp in (t for t in TP_DEGREES if t <= gpus_per_node and model.heads % t == 0):
-        for pp in (p for p in PP_DEGREES if p <= model.layers):
-            compute = flops / (tp * ETA_TRAIN * gpu.flops)  # seconds per token for the TP group
-            comm = 0.0
-            if tp > 1:  # 4 all-reduces per layer per token in an update (fwd + bwd)
-                ring = 2 * (tp - 1) / tp * model.hidden * 2
-                comm = 4 * update_equivalents * model.layers / pp * ring / (ETA_LINK * gpu.nvlink_gb_per_s * 1e9)
-            shard = model.params / (tp * pp)
-            # bf16 weights + grads of the trained models and bf16 reference weights stay whole per rank;
-            # fp32 master weights and Adam moments (12 B/param) are sharded over DP (distributed optimizer).
-            fixed = shard * (4 * trained + 2 * passes.reference) + 2e9
-            sharded = shard * 12 * trained
-            out.append(
-                TrainingEntry(
-                    tp=tp,
-                    pp=pp,
-                    gpu_s_per_token=tp * (compute + comm),
-                    fixed_bytes_per_gpu=fixed,
-                    sharded_bytes_per_gpu=sharded,
-                )
-            )
-    return out
+    compute = flops / (tp * ETA_TRAIN * gpu.flops)  # seconds per token for the TP group
+    comm = 0.0
+    if tp > 1:  # 4 all-reduces per layer per token in an update (fwd + bwd)
+        ring = 2 * (tp - 1) / tp * model.hidden * 2
+        comm = 4 * update_equivalents * model.layers / pp * ring / (ETA_LINK * gpu.nvlink_gb_per_s * 1e9)
+    shard = model.params / (tp * pp)
+    # bf16 weights + grads of the trained models and bf16 reference weights stay whole per rank;
+    # fp32 master weights and Adam moments (12 B/param) are sharded over DP (distributed optimizer).
+    fixed = shard * (4 * trained + 2 * passes.reference) + 2e9
+    sharded = shard * 12 * trained
+    return TrainingEntry(
+        tp=tp, pp=pp, gpu_s_per_token=tp * (compute + comm), fixed_bytes_per_gpu=fixed, sharded_bytes_per_gpu=sharded
+    )
 
 
 def analytical_site(

@@ -9,9 +9,11 @@ the analytical roofline or the probe's measurements.
 A measured site profile holds one generation entry per engine (named, so `rlctl plan` takes the
 curve of the job's engine) and one training entry, named by its trainer backend (`torch` or
 `megatron`), at tp = pp = 1 (the trainer's data-parallel ranks: one process, a whole model), whose
-seconds per token come from a step of rlctl's learner on that backend; its memory is analytical. A job
+seconds per token come from a step of rlctl's learner on that backend, on the probe's thread clock. A job
 that fixes a megatron split (`trainer.tensor_parallel` / `pipeline_parallel`) also gets an entry at that
-split, `scaled` from the measured one by the roofline's ratio (its ranks are not run by the probe).
+split, measured by running its tp·pp ranks: GPU-seconds per token on the wall clock, the stages' waiting
+included (`pipeline_wait_included`; measure_split.py says why the tp 1 pp 1 entry keeps the thread clock).
+Memory figures are analytical (the roofline's, at each entry's split).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from rlctl.config import Site
 from rlctl.config.base import check_header, read_yaml, validate
@@ -28,7 +30,7 @@ from rlctl.config.inventory import InventoryFile
 from rlctl.config.job import Batch, BuiltinModel, GrpoAlgorithm, HfModel, Job, PpoAlgorithm
 from rlctl.errors import ConfigError, UsageError
 from rlctl.modelcatalog import BUILTIN_MODELS, ModelArch
-from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entries
+from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entry
 from rlctl.profiler.probe import ProbeSpec, check_engines, check_trainer, measure_here
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
 from rlctl.profiler.traincost import TrainingPasses, passes_for
@@ -144,7 +146,7 @@ def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None =
     for s, spec in specs.items():  # refuse before starting anything (vLLM, megatron: looked for here on local sites)
         here = req.sites[s].scheduler.kind == "local"
         check_engines(spec, vllm_here=here)
-        check_trainer(spec, megatron_here=here)
+        check_trainer(spec, here=here)
     out: dict[str, SiteProfile] = {}
     for s, site in req.sites.items():
         if source == "analytical":
@@ -171,7 +173,7 @@ def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None =
             hbm_bytes=site.spec.hbm_bytes,
             cost_per_gpu_hour=site.gpu_cost_per_hour,
             generation=[GenerationEntry.model_validate(g) for g in result["generation"]],
-            training=_measured_training(req, site, float(result["training"]["gpu_s_per_token"]), passes=passes),
+            training=_measured_training(req, s, site, result, passes=passes),
         )
     return ProfileFile.model_validate(
         {
@@ -187,29 +189,35 @@ def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None =
 
 
 def _measured_training(
-    req: ProfileRequest, site: Site, gpu_s_per_token: float, *, passes: TrainingPasses
+    req: ProfileRequest, name: str, site: Site, result: dict[str, Any], *, passes: TrainingPasses
 ) -> list[TrainingEntry]:
-    """The measured tp = pp = 1 entry (memory analytical), and, when the job fixes a megatron split, an entry
-    at that split whose seconds per token are the measured figure × the roofline's ratio of the split to
-    tp = pp = 1 (`scaled`: one process measures one rank; the split's ranks are not run here)."""
-    entries = training_entries(
-        req.arch, site.spec, gpus_per_node=site.gpus_per_node, algorithm=req.algorithm.kind, passes=passes
-    )
-    (base,) = [e for e in entries if (e.tp, e.pp) == (1, 1)]
-    wanted = {(1, 1)}
-    if req.trainer_backend == "megatron" and req.model_split is not None:
-        wanted.add(req.model_split)
-    return [
-        e.model_copy(
-            update={
-                "gpu_s_per_token": gpu_s_per_token * (e.gpu_s_per_token / base.gpu_s_per_token),  # × 1.0 exactly at 1 1
-                "backend": req.trainer_backend,
-                "scaled": (e.tp, e.pp) != (1, 1),
-            }
+    """The measured tp = pp = 1 entry and, when the probe ran the job's megatron split, the split's measured
+    entry (memory analytical); the split's cost relative to one rank in the same harness goes to stderr."""
+
+    def entry(tp: int, pp: int, gpu_s_per_token: float) -> TrainingEntry:
+        memory = training_entry(req.arch, site.spec, tp=tp, pp=pp, algorithm=req.algorithm.kind, passes=passes)
+        measured = {"gpu_s_per_token": gpu_s_per_token, "backend": req.trainer_backend}
+        return memory.model_copy(update={**measured, "pipeline_wait_included": (tp, pp) != (1, 1)})
+
+    out = [entry(1, 1, float(result["training"]["gpu_s_per_token"]))]
+    if (split := _split(req)) is not None:
+        measured, single = result["training_split"]["split"], result["training_split"]["single"]
+        assert (measured["tp"], measured["pp"]) == split, (measured, split)
+        at_split, one = float(measured["gpu_s_per_token"]), float(single["gpu_s_per_token"])
+        out.append(entry(*split, at_split))
+        sys.stderr.write(
+            f"site {name}: training at tp {split[0]} pp {split[1]}, measured over its {split[0] * split[1]} ranks: "
+            f"{at_split:.3g} GPU-s/token (wall clock), {at_split / one:.2f}× tp 1 pp 1 in the same harness "
+            f"({one:.3g}); the tp 1 pp 1 entry: {out[0].gpu_s_per_token:.3g} (one rank's thread clock)\n"
         )
-        for e in entries
-        if (e.tp, e.pp) in wanted
-    ]
+    return out
+
+
+def _split(req: ProfileRequest) -> tuple[int, int] | None:
+    """The megatron split the probe measures over its ranks: the job's, unless it is tp 1 pp 1 or torch's."""
+    if req.trainer_backend != "megatron" or req.model_split in (None, (1, 1)):
+        return None
+    return req.model_split
 
 
 def _probe_spec(req: ProfileRequest, site: Site) -> ProbeSpec:
@@ -221,6 +229,7 @@ def _probe_spec(req: ProfileRequest, site: Site) -> ProbeSpec:
         req.algorithm,
         req.batch,
         req.trainer_backend,
+        _split(req),
     )
 
 

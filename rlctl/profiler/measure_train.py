@@ -9,7 +9,7 @@ rlctl's own learners on a trainer backend (rlctl.trainers: `torch` or `megatron`
       ─▶ median step time / tokens (prompt + output: what the planner's workload counts)
 
 One process is one trainer rank: the figure is for tp = pp = 1, the data-parallel rank both backends train
-with in a job here (a tp > 1 figure needs tp processes, and the trainer refuses such a plan). megatron-core
+with in a job (a megatron split's figure needs its tp·pp ranks as processes: measure_split.py). megatron-core
 forms its parallel state over a torch.distributed group: when this process is in none, a one-rank gloo
 group is formed for the measurement and taken down, with megatron's state, after it. Like the generation
 probe, `clock` may be `time.thread_time` so other work on the machine is not counted.
@@ -23,7 +23,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,14 @@ OUTPUT_TOKENS = (16, 48)  # each sample's output length is drawn uniformly in th
 
 @dataclass(frozen=True)
 class TrainMeasurement:
-    gpu_s_per_token: float  # median over the timed steps of step seconds / step tokens
+    gpu_s_per_token: float  # median over the timed steps of step seconds / step tokens (× tp·pp ranks)
     step_s: list[float]
     step_tokens: list[int]
     backend: str = "torch"  # the trainer backend that trained
-    tp: int = 1  # its parallel configuration: one rank, a whole model
+    tp: int = 1  # its parallel configuration: one rank, a whole model, unless measure_split ran tp·pp ranks
     pp: int = 1
+    rank_step_s: list[list[float]] = field(default_factory=list)  # measure_split: each rank's step seconds
+    rank_tokens: list[list[int]] = field(default_factory=list)  # and the tokens each rank trained per step
 
 
 def load_policy(checkpoint: str | Path | None) -> TinyGPT:
@@ -104,26 +106,29 @@ def _one_rank_group(rendezvous: Path) -> Iterator[None]:
 
 
 def make_learner(
-    policy: nn.Module, algorithm: GrpoAlgorithm | PpoAlgorithm, batch: Batch, *, ref: nn.Module | None
+    policy: TrainerBackend, algorithm: GrpoAlgorithm | PpoAlgorithm, batch: Batch, *, ref: nn.Module | None
 ) -> StreamingLearner | PpoBatchLearner:
-    """The trainer agent's learner for `algorithm` on a backend's policy module (and reference model)."""
+    """The trainer agent's learner for `algorithm` on a backend's policy (and reference model), with the
+    backend's data-parallel place and gradient clipping, as `rlctl.agents.trainer` builds it."""
     if isinstance(algorithm, PpoAlgorithm):
         # PPO's critic is built on TinyGPT: the torch backend only (preflight and the probe refuse megatron)
-        assert isinstance(policy, TinyGPT) and isinstance(ref, TinyGPT | None), type(policy)
+        assert isinstance(policy.model, TinyGPT) and isinstance(ref, TinyGPT | None), type(policy.model)
         return PpoBatchLearner(
-            policy,
+            policy.model,
             algorithm,
             ref_model=ref,
             micro_batch_samples=batch.train_micro_batch_samples,
             micro_batch_tokens=batch.train_micro_batch_tokens,
         )
     return StreamingLearner(
-        policy,
+        policy.model,
         algorithm,
         group_size=batch.samples_per_prompt,
         micro_batch_samples=batch.train_micro_batch_samples,
         micro_batch_tokens=batch.train_micro_batch_tokens,
         ref_model=ref,
+        data_parallel=policy.data_parallel(),
+        clip_grad_norm_=policy.clip_grad_norm_,
     )
 
 
@@ -150,7 +155,7 @@ def measure_training(
         assert vocab is not None, "vocab is needed with a learner_factory"
         return _time_steps(learner_factory(), batch, vocab=vocab, steps=steps, warmup_steps=warmup_steps, clock=clock)
     with trainer_rank(backend, checkpoint, reference=algorithm.kl_coef > 0) as (policy, ref, config):
-        learner = make_learner(policy.model, algorithm, batch, ref=ref)
+        learner = make_learner(policy, algorithm, batch, ref=ref)
         m = _time_steps(learner, batch, vocab=config.vocab_size, steps=steps, warmup_steps=warmup_steps, clock=clock)
     return TrainMeasurement(m.gpu_s_per_token, m.step_s, m.step_tokens, backend=backend)
 

@@ -1,13 +1,17 @@
 """The microbenchmarks of `rlctl profile --source measured`, run where the site's agents run.
 
     rlctl profile ──backend(site).start──▶ python -m rlctl.profiler.probe <ProbeSpec as options> --out F
-                  ◀── F (JSON: generation entries, one per engine, and the training figure) ──
+                  ◀── F (JSON: generation entries, one per engine, and the training figures) ──
 
 A local site runs it in-process; a SLURM or SSH site through its launch backend, like an agent.
 Generation: PTL(BS) and prefill of each rollout engine asked for (the embedded engine on the
 built-in tiny-demo or an HF checkpoint; vLLM on an HF checkpoint). Training: seconds per token of
 one iteration of the algorithm with rlctl's learners on the trainer backend asked for (`torch` or
-`megatron`), one rank at tp = pp = 1 (`measure_train`).
+`megatron`), one rank at tp = pp = 1 on this process's thread clock (`measure_train`); with a megatron
+split (`--split TP PP`, a job's trainer.tensor_parallel / pipeline_parallel) also GPU-seconds per token at
+that split, its tp·pp ranks run as this process's children and timed by wall clock, and tp = pp = 1 in the
+same harness (`measure_split`: "training_split" in F). The split's ranks need as many cores as this process
+may use (a core per rank, as the job's trainer ranks get), and the split must divide the model.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
 from rlctl.engines.factory import VLLM_INSTALL_HINT, vllm_available
@@ -34,6 +38,9 @@ from rlctl.profiler.measure import (
 )
 from rlctl.profiler.profile import GenerationEntry
 from rlctl.trainers.base import BACKENDS, megatron_available
+
+if TYPE_CHECKING:  # torch: imported where a measurement runs
+    from rlctl.profiler.measure_train import TrainMeasurement
 
 ENGINES = ("embedded", "vllm")
 CONTEXT_MARGIN = 16  # a profiled prompt plus the tokens decoded after it must fit the model's positions
@@ -51,6 +58,7 @@ class ProbeSpec:
     algorithm: GrpoAlgorithm | PpoAlgorithm
     batch: Batch
     trainer_backend: str = "torch"  # a key of rlctl.trainers.base.BACKENDS
+    split: tuple[int, int] | None = None  # megatron (tp, pp) measured over its ranks besides tp 1 pp 1
 
     def argv(self) -> list[str]:
         """The probe's command-line options for this spec (everything but --out)."""
@@ -64,7 +72,7 @@ class ProbeSpec:
         out += ["--micro-batch-samples", str(b.train_micro_batch_samples)]
         out += ["--micro-batch-tokens", str(b.train_micro_batch_tokens or 0)]
         out += ["--trainer-backend", self.trainer_backend]
-        return out
+        return out + (["--split", *map(str, self.split)] if self.split else [])
 
 
 def check_engines(spec: ProbeSpec, *, vllm_here: bool = True) -> None:
@@ -90,20 +98,46 @@ def check_engines(spec: ProbeSpec, *, vllm_here: bool = True) -> None:
             )
 
 
-def check_trainer(spec: ProbeSpec, *, megatron_here: bool = True) -> None:
-    """UsageError unless the trainer backend of `spec` trains its algorithm (before anything starts); with
-    `megatron_here`, megatron-core must be importable here (the probe runs on this host)."""
+def check_trainer(spec: ProbeSpec, *, here: bool = True) -> None:
+    """UsageError unless the trainer backend of `spec` trains its algorithm, and its split runs (before anything
+    starts); with `here` (the probe runs on this host), megatron-core must be importable here and the split's
+    ranks must fit the cores this process may use."""
     if spec.trainer_backend != "megatron":
+        if spec.split is not None:
+            raise UsageError(
+                f"--split {spec.split[0]} {spec.split[1]}: trainer backend {spec.trainer_backend!r} trains whole "
+                "replicas (data parallel); tensor/pipeline splits are megatron's",
+                hint="measure the split with --trainer-backend megatron",
+            )
         return
     if spec.algorithm.kind == "ppo":
         raise UsageError(
             "trainer backend 'megatron' trains GRPO here (PPO's critic is built on TinyGPT)",
             hint="measure PPO's training with --trainer-backend torch",
         )
-    if megatron_here and (install := megatron_available()) is not None:
+    if here and (install := megatron_available()) is not None:
         raise UsageError(
             f"--source measured --trainer-backend megatron: megatron-core is not installed: {install}",
             hint="or measure the torch backend: --trainer-backend torch",
+        )
+    if spec.split is None:
+        return
+    tp, pp = spec.split
+    from rlctl.engines.hf import TinyGPTConfig, read_config
+    from rlctl.trainers.megatron.names import check_split
+
+    try:
+        check_split(TinyGPTConfig() if spec.checkpoint is None else read_config(spec.checkpoint), tp, pp)
+    except ValueError as e:
+        raise UsageError(
+            f"megatron split tp {tp} pp {pp} of {spec.model or spec.checkpoint}: {e}",
+            hint="set the job's trainer.tensor_parallel / pipeline_parallel to divisors",
+        ) from e
+    if here and tp * pp > (cores := len(os.sched_getaffinity(0))):
+        raise UsageError(
+            f"--source measured: the megatron split tp {tp} pp {pp} is timed over its {tp * pp} ranks, a core each, "
+            f"and this host gives the probe {cores}; on shared cores the wall clock would count the sharing",
+            hint=f"profile on a site whose probe host has ≥ {tp * pp} cores, or use --source analytical",
         )
 
 
@@ -117,6 +151,7 @@ def measure_here(spec: ProbeSpec) -> dict[str, Any]:
     """Generation entries (one per engine) and the training seconds per token, measured on this host."""
     import torch
 
+    from rlctl.profiler.measure_split import measure_split
     from rlctl.profiler.measure_train import load_policy, measure_training
 
     check_engines(spec)
@@ -149,18 +184,27 @@ def measure_here(spec: ProbeSpec) -> dict[str, Any]:
     train = measure_training(
         spec.algorithm, spec.batch, backend=spec.trainer_backend, checkpoint=spec.checkpoint, clock=time.thread_time
     )
-    return {
+    out: dict[str, Any] = {
         "host": os.uname().nodename,
         "generation": [e.model_dump(mode="json") for e in entries],
-        "training": {
-            "backend": train.backend,
-            "tp": train.tp,
-            "pp": train.pp,
-            "gpu_s_per_token": train.gpu_s_per_token,
-            "step_s": train.step_s,
-            "tokens": train.step_tokens,
-        },
+        "training": {**_training(train), "clock": "thread"},
     }
+    if spec.split is not None:  # the split's ranks, and one rank in the same harness: like for like
+        tp, pp = spec.split
+        single, at_split = (
+            measure_split(
+                spec.algorithm, spec.batch, tp=t, pp=p, backend=spec.trainer_backend, checkpoint=spec.checkpoint
+            )
+            for t, p in ((1, 1), (tp, pp))
+        )
+        out["training_split"] = {"clock": "wall", "split": _training(at_split), "single": _training(single)}
+    return out
+
+
+def _training(m: TrainMeasurement) -> dict[str, Any]:
+    out = {"backend": m.backend, "tp": m.tp, "pp": m.pp, "gpu_s_per_token": m.gpu_s_per_token, "step_s": m.step_s}
+    out["tokens"] = m.step_tokens
+    return out | ({"rank_step_s": m.rank_step_s, "rank_tokens": m.rank_tokens} if m.rank_step_s else {})
 
 
 def parse_spec(argv: list[str] | None = None) -> tuple[ProbeSpec, Path]:
@@ -177,6 +221,7 @@ def parse_spec(argv: list[str] | None = None) -> tuple[ProbeSpec, Path]:
     ap.add_argument("--micro-batch-samples", type=int, default=Batch().train_micro_batch_samples)
     ap.add_argument("--micro-batch-tokens", type=int, default=Batch().train_micro_batch_tokens or 0)
     ap.add_argument("--trainer-backend", choices=sorted(BACKENDS), default="torch")
+    ap.add_argument("--split", type=int, nargs=2, metavar=("TP", "PP"), help="megatron: also measure this split")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     algo: GrpoAlgorithm | PpoAlgorithm = (PpoAlgorithm if a.algorithm == "ppo" else GrpoAlgorithm)(
@@ -189,7 +234,9 @@ def parse_spec(argv: list[str] | None = None) -> tuple[ProbeSpec, Path]:
         train_micro_batch_tokens=a.micro_batch_tokens or None,
     )
     engines = tuple(dict.fromkeys(a.engine or ["embedded"]))
-    return ProbeSpec(a.model, a.checkpoint, engines, a.kv_capacity_tokens, algo, batch, a.trainer_backend), a.out
+    split = (a.split[0], a.split[1]) if a.split else None
+    spec = ProbeSpec(a.model, a.checkpoint, engines, a.kv_capacity_tokens, algo, batch, a.trainer_backend, split)
+    return spec, a.out
 
 
 def main(argv: list[str] | None = None) -> int:

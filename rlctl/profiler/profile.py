@@ -30,7 +30,7 @@ Documented field by field in docs/profile-format.md.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
@@ -127,10 +127,25 @@ class TrainingEntry(Strict):
     backend: Literal["torch", "megatron"] | None = Field(
         None, description="the trainer backend measured at this tp, pp; None = any (analytical roofline)"
     )
-    scaled: bool = Field(
+    pipeline_wait_included: bool = Field(
         False,
-        description="measured at tp 1 pp 1 and scaled to this tp, pp by the analytical ratio (not run at this split)",
+        description="timed over this split's tp·pp ranks by wall clock: a stage's waiting for the others is in "
+        "gpu_s_per_token, so plan adds no pipeline bubble (a roofline entry or one rank's figure: False)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scaled_is_gone(cls, data: Any) -> Any:
+        """`scaled`, which earlier versions of `rlctl profile` wrote: false (measured or modelled as is) means
+        what no key means; true (the tp 1 pp 1 figure × the roofline's ratio) is refused: splits are measured."""
+        if isinstance(data, dict) and "scaled" in data:
+            if data["scaled"] is not False:
+                raise ValueError(
+                    "scaled: this entry was scaled from tp 1 pp 1 by the roofline (an older rlctl profile); "
+                    "measure the split: rlctl profile --job JOB --source measured"
+                )
+            data = {k: v for k, v in data.items() if k != "scaled"}
+        return data
 
 
 class SiteProfile(Strict):

@@ -5,7 +5,9 @@ in the site's work root, `<site workdir>/jobs/profile-<site>/` (the operator's w
 local site or a SLURM site submitted from here, see rlctl.launch.sitefs); both are read back through
 the site into the operator's work directory. An HF checkpoint is copied there first (`model/`) when the
 site's files are remote. Every start is recorded in <workdir>/agents.jsonl. A probe that exits 2 (a
-usage error on the site, e.g. vLLM not installed there) is a usage error here too.
+usage error on the site, e.g. vLLM not installed there, or fewer cores than a megatron split's ranks) is a
+usage error here too. The probe starts a split's ranks itself, as its children, so they run where it runs
+whatever the backend; on SLURM it asks for a CPU per rank.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from rlctl.config.inventory import Site
 from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.agentenv import BASE_ENV
 from rlctl.launch.backends import Backends, record_agent
-from rlctl.launch.base import AgentSpec
+from rlctl.launch.base import AgentSpec, Resources
 from rlctl.launch.sitefs import HostFiles, access_hosts, host_files, is_remote, site_root
 from rlctl.launch.spawn import python_for
 from rlctl.profiler.probe import ProbeSpec
@@ -55,7 +57,11 @@ def measure_on_site(
                 spec, checkpoint=stage_checkpoint(fs, where, root) if is_remote(site) else str(where)
             )
         argv = [python_for(site), "-m", "rlctl.profiler.probe", *spec.argv(), "--out", site_out]
-        agent = AgentSpec("profile", 0, name, argv, dict(BASE_ENV), Path(site_log))
+        # a megatron split's ranks are the probe's children, a core each: SLURM gives the probe that many
+        cores = spec.split[0] * spec.split[1] if spec.split else 1
+        agent = AgentSpec(
+            "profile", 0, name, argv, dict(BASE_ENV), Path(site_log), resources=Resources(cpus_per_task=cores)
+        )
         backend = backends.for_site(name)
         handle = backend.start(agent)
         record_agent(workdir, handle)

@@ -5,6 +5,7 @@ line to the probe and into the training entry, and a real tiny Megatron step mea
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,9 +18,10 @@ import yaml
 
 from rlctl.config import load_job
 from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
+from rlctl.engines.model import TinyGPT, TinyGPTConfig
 from rlctl.errors import ConfigError, UsageError
 from rlctl.profiler import build, measure_train, probe
-from rlctl.profiler.profile import GenerationEntry, load_profile
+from rlctl.profiler.profile import GenerationEntry, load_profile, save_profile
 from tests.conftest import ROOT, CliResult
 from tests.unit.trainers.megatron_required import require_megatron
 
@@ -59,6 +61,10 @@ def test_the_trainer_backend_round_trips_through_the_probes_command_line() -> No
     s = spec(GrpoAlgorithm(kind="grpo", kl_coef=0.1), "megatron")
     assert "--trainer-backend" in s.argv()
     assert probe.parse_spec([*s.argv(), "--out", "o"])[0] == s
+    split = dataclasses.replace(s, split=(2, 1))  # a job's megatron split: measured over its ranks there
+    assert "--split" not in s.argv() and probe.parse_spec([*split.argv(), "--out", "o"])[0] == split
+    with pytest.raises(UsageError, match=r"--split 2 1: trainer backend 'torch' trains whole replicas"):
+        probe.check_trainer(dataclasses.replace(split, trainer_backend="torch"))
     with pytest.raises(SystemExit):  # argparse: not a key of rlctl.trainers.base.BACKENDS
         probe.parse_spec([*spec(GrpoAlgorithm(kind="grpo"), "deepspeed").argv(), "--out", "o"])
 
@@ -71,7 +77,7 @@ def test_megatron_is_refused_for_ppo_and_where_it_is_not_installed(monkeypatch: 
     monkeypatch.setattr(probe, "megatron_available", lambda: "pip install 'rlctl[megatron]'")
     with pytest.raises(UsageError, match=r"megatron-core is not installed: pip install 'rlctl\[megatron\]'"):
         probe.check_trainer(spec(GrpoAlgorithm(kind="grpo"), "megatron"))
-    probe.check_trainer(spec(GrpoAlgorithm(kind="grpo"), "megatron"), megatron_here=False)  # looked for there
+    probe.check_trainer(spec(GrpoAlgorithm(kind="grpo"), "megatron"), here=False)  # looked for there
 
 
 def test_the_jobs_backend_is_measured_unless_another_is_asked_for(tmp_path: Path) -> None:
@@ -146,43 +152,82 @@ def test_torch_and_megatron_time_the_same_batch() -> None:
     print({b: f"{m.gpu_s_per_token:.3g} s/token" for b, m in runs.items()})  # `pytest -s`: the two figures
 
 
-def test_a_jobs_megatron_split_gets_a_scaled_entry_and_plan_names_a_split_the_profile_lacks(
+def test_a_jobs_megatron_split_gets_its_measured_entry_and_plan_names_a_split_the_profile_lacks(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """A measured profile of a job that fixes a megatron split holds the measured tp 1 pp 1 entry and one at
-    the split, scaled by the roofline's ratio; planning a job whose split the measured profile lacks is refused
-    in one line naming the entry (before: "training state does not fit", as if memory were short)."""
+    """A measured profile of a job that fixes a megatron split holds the measured tp 1 pp 1 entry and the
+    split's, as the probe measured it over its ranks (the stages' waiting included, so plan adds no bubble to
+    it); planning a job whose split the measured profile lacks is refused in one line naming the entry."""
     from rlctl.modelcatalog import ModelArch
     from rlctl.planner.plan import make_plan
 
+    asked: list[tuple[int, int] | None] = []
+
     def fake_probe(s: probe.ProbeSpec) -> dict[str, Any]:
+        asked.append(s.split)
         gen = GenerationEntry(
             tp=1, contexts=[16], batch_sizes=[1], ptl_s=[[1e-3]], prefill_s_per_token=0, kv_capacity_tokens=9
         )
-        return {"generation": [gen.model_dump(mode="json")], "training": {"gpu_s_per_token": 5e-5}}
+        out = {"generation": [gen.model_dump(mode="json")], "training": {"gpu_s_per_token": 5e-5}}
+        if s.split is not None:
+            tp, pp = s.split
+            split = {"tp": tp, "pp": pp, "gpu_s_per_token": 3e-4}
+            out["training_split"] = {"split": split, "single": {"tp": 1, "pp": 1, "gpu_s_per_token": 6e-5}}
+        return out
 
     monkeypatch.setattr(build, "measure_here", fake_probe)
     monkeypatch.setattr(probe, "megatron_available", lambda: None)
-    job = load_job(job_file(tmp_path, trainer={"backend": "megatron", "tensor_parallel": 3}))
-    req = build.request_from_job(job, sites=None, engines=None)
-    assert req.model_split == (3, 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # the split's 4 ranks fit
     # a model that tp 2 × pp 2 splits (tiny-demo's 3 heads and 3 layers do not)
-    arch = ModelArch("four", 4, 128, 4, 4, 64, 256, 1e6)
-    split = dataclasses.replace(req, arch=arch, model_split=(2, 2))
+    four = TinyGPT(TinyGPTConfig(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4))
+    job = load_job(job_file(tmp_path, trainer={"backend": "megatron", "tensor_parallel": 2, "pipeline_parallel": 2}))
+    req = build.request_from_job(job, sites=None, engines=None)
+    assert req.model_split == (2, 2)
+    split = dataclasses.replace(
+        req, arch=ModelArch("four", 4, 96, 4, 4, 66, 256, 1e6), model_name=None,
+        checkpoint=four.save_pretrained(tmp_path / "four"),
+    )  # fmt: skip
     entries = {(e.tp, e.pp): e for e in build.build_profile(split, source="measured").sites["local"].training}
+    assert asked == [(2, 2)]
     assert sorted(entries) == [(1, 1), (2, 2)]
-    assert (entries[1, 1].gpu_s_per_token, entries[1, 1].scaled) == (5e-5, False)
+    assert (entries[1, 1].gpu_s_per_token, entries[1, 1].pipeline_wait_included) == (5e-5, False)
+    assert (entries[2, 2].backend, entries[2, 2].gpu_s_per_token, entries[2, 2].pipeline_wait_included) == (
+        "megatron", 3e-4, True,
+    )  # fmt: skip
     roofline = {(e.tp, e.pp): e for e in build.build_profile(split, source="analytical").sites["local"].training}
-    ratio = roofline[2, 2].gpu_s_per_token / roofline[1, 1].gpu_s_per_token
-    assert (entries[2, 2].backend, entries[2, 2].scaled) == ("megatron", True)
-    assert entries[2, 2].gpu_s_per_token == pytest.approx(5e-5 * ratio) and ratio != 1
+    assert entries[2, 2].fixed_bytes_per_gpu == roofline[2, 2].fixed_bytes_per_gpu  # memory: the roofline's
     torch_split = dataclasses.replace(split, trainer_backend="torch")  # torch has no model parallelism
     assert [(e.tp, e.pp) for e in build.build_profile(torch_split, source="measured").sites["local"].training] == [
         (1, 1)
     ]
-    # tp 3 is no roofline degree: the measured profile has only tp 1 pp 1, and plan says so
-    prof = build.build_profile(req, source="measured")
+    assert asked == [(2, 2), None]
+    # a profile without the job's split (e.g. made from options, not the job): plan says so
+    prof = build.build_profile(dataclasses.replace(req, model_split=None), source="measured")
     with pytest.raises(
-        ConfigError, match=r"sites\.local\.training: no entry at the job's tp 3 pp 1 \(it has tp, pp: 1 1\)"
+        ConfigError, match=r"sites\.local\.training: no entry at the job's tp 2 pp 2 \(it has tp, pp: 1 1\)"
     ):
         make_plan(job, prof, profile_file="p.yaml")
+
+
+def test_a_profile_with_the_old_scaled_key_loads_unless_an_entry_was_scaled(tmp_path: Path) -> None:
+    """`scaled` was written by earlier versions: false on every entry means what no key means; a scaled entry
+    (tp 1 pp 1 × the roofline's ratio) is refused in one line saying how to measure the split."""
+    prof = build.build_profile(
+        build.request_from_options([ROOT / "clusters/local.yaml"], model="tiny-demo", algorithm="grpo", sites=None,
+                                   engines=None),
+        source="analytical",
+    )  # fmt: skip
+    save_profile(prof, tmp_path / "p.yaml")
+    data = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    for e in data["sites"]["local"]["training"]:
+        e["scaled"] = False
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(data))
+    assert load_profile(tmp_path / "old.yaml") == prof
+    data["sites"]["local"]["training"][1]["scaled"] = True
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as e:
+        load_profile(tmp_path / "old.yaml")
+    assert str(e.value) == (
+        f"{tmp_path / 'old.yaml'}: sites.local.training[1]: scaled: this entry was scaled from tp 1 pp 1 by the "
+        "roofline (an older rlctl profile); measure the split: rlctl profile --job JOB --source measured"
+    )
