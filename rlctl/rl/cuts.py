@@ -18,7 +18,9 @@ from collections.abc import Sequence
 # compute instead of m: a bubble of (pp − 1)/m (pp = 2: 1/4 at 2 per stage, against 1 stage by stage).
 # More chunks shrink the bubble but make every stage's GEMMs smaller (fewer rows each, less efficient on
 # a GPU) and add a message per chunk and stage each way; the activations of the whole cut are held until
-# its backward either way (GPipe), so memory does not change with it.
+# its backward either way (GPipe), so memory does not change with it. Measured on CPU (`python -m bench
+# pipeline-parallel`'s cut of 8 rows, 10M parameters, pp 2): m = 1, 2, 4, 8 chunks took 0.52, 0.40, 0.37,
+# 0.39 s (pp 1: 0.48 s).
 CHUNKS_PER_STAGE = 2
 
 
