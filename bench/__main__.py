@@ -29,6 +29,7 @@ BENCHES = {
     "broadcast": "bench.broadcast",
     "delta": "bench.delta",
     "pipeline": "bench.pipeline",
+    "pipeline-parallel": "bench.pipeline_parallel",
     "dispatch": "bench.dispatch",
     "batching": "bench.batching",
     "demo": "bench.demo",

@@ -269,8 +269,8 @@ class Trainer(Strict):
     )
     pipeline_parallel: PositiveInt | None = Field(
         None,
-        description="pipeline stages per replica ('megatron': a stage-by-stage schedule, no micro-batch overlap); "
-        "must divide the model's layers. Unset: the plan's choice",
+        description="pipeline stages per replica ('megatron': GPipe within each learner cut, the cut's rows in "
+        "chunks that overlap across the stages); must divide the model's layers. Unset: the plan's choice",
     )
 
     @property

@@ -298,7 +298,7 @@ def _megatron(job: Job) -> list[Problem]:
 
 # --- trainer.tensor_parallel / trainer.pipeline_parallel -------------------------------------------------
 # megatron runs tensor and pipeline parallel on CPU sites: the ranks of a tp × pp group train shards of one
-# replica (rlctl.rl.learner, rlctl.trainers.megatron; pp as a stage-by-stage schedule, megatron/pipeline.py);
+# replica (rlctl.rl.learner, rlctl.trainers.megatron; pp as GPipe within each cut, megatron/pipeline.py);
 # the `torch` backend holds a whole replica per rank.
 
 

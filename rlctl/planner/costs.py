@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlctl.profiler.profile import GenerationEntry, SiteProfile, TrainingEntry
+from rlctl.rl.cuts import pipeline_chunks
 
 TRAIN_STEP_OVERHEAD_S = 0.05  # optimizer step and bookkeeping per iteration
 TRAIN_MEM_FRACTION = 0.9
@@ -92,22 +93,29 @@ class TrainWorkload:
     grad_bytes: float  # bytes all-reduced across DP per optimizer step (bf16 grads of trained models)
     # the job's passes relative to those the profile's seconds per token include (traincost.forward_units)
     pass_scale: float = 1.0
-    mini_batches: int = 1  # optimizer steps per epoch: the pipeline drains after each
+    mini_batches: int = 1  # optimizer steps per epoch: a cut holds the samples of one mini-batch at most
     optimizer_steps: int = 1  # per iteration (epochs × mini-batches): one gradient all-reduce each
 
 
 def train_time_s(
     entry: TrainingEntry, dp: int, w: TrainWorkload, *, site: SiteProfile, node_bytes_per_s: float
 ) -> float:
-    """One iteration on tp·pp·dp GPUs: compute with the pipeline bubble of every mini-batch (none on an entry
-    whose figure includes the stages' waiting), plus a DP gradient all-reduce and the optimizer's bookkeeping
-    per optimizer step."""
+    """One iteration on tp·pp·dp GPUs: compute with the pipeline bubble of every learner cut, plus a DP
+    gradient all-reduce and the optimizer's bookkeeping per optimizer step.
+
+    The bubble is the schedule the megatron backend runs (rlctl.trainers.megatron.pipeline): GPipe within
+    each cut, whose rows on a data-parallel rank go through the pp stages in m = `pipeline_chunks` chunks,
+    and every cut drains the pipeline, so each stage idles pp − 1 of m + pp − 1 chunk-steps: compute ×
+    (1 + (pp − 1)/m), however many cuts a mini-batch holds (no 1F1B across them). None on an entry measured
+    over the split's ranks (`pipeline_wait_included`): its figure holds the stages' waiting already."""
     gpus = entry.tp * entry.pp * dp
     if entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu / dp > TRAIN_MEM_FRACTION * site.hbm_bytes:
         return math.inf
-    micro = max(1, math.ceil(w.samples / (w.mini_batches * dp * w.micro_batch_samples)))
-    # a figure timed over the split's ranks holds the stages' waiting already (rlctl's stage-by-stage schedule)
-    bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / micro
+    # a cut's rows: micro_batch_samples, fewer when a mini-batch holds fewer; each data-parallel rank takes
+    # every dp-th row of it (rlctl.rl.learner.backward_share), the first ones the most
+    cut_rows = min(w.micro_batch_samples, math.ceil(w.samples / w.mini_batches))
+    chunks = pipeline_chunks(math.ceil(cut_rows / dp), entry.pp)
+    bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / chunks
     compute = w.tokens * entry.gpu_s_per_token * w.pass_scale / gpus * (1 + bubble)
     sync = 0.0
     if dp > 1:

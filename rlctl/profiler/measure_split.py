@@ -14,10 +14,11 @@
     within `timeout_s`: the ranks are stopped, RlctlError (the gloo group's timeout is as long: no hang)
 
 Wall clock, not the thread clock of the one-rank probe (measure_train.py): a pipeline stage idles while the
-others compute (rlctl's stage-by-stage schedule, `rlctl.trainers.megatron.pipeline`) and tp ranks wait for each
-other in their all-reduces; that waiting is GPU time the split costs, which only the wall clock counts, so
-the figure is GPU-seconds: tp·pp ranks × the step's wall time. On a machine whose cores are shared it also
-counts the sharing: the probe refuses a split with more ranks than cores it may use (probe.check_trainer).
+others compute (each cut fills and drains rlctl's GPipe schedule, `rlctl.trainers.megatron.pipeline`) and tp
+ranks wait for each other in their all-reduces; that waiting is GPU time the split costs, which only the wall
+clock counts, so the figure is GPU-seconds: tp·pp ranks × the step's wall time. On a machine whose cores are
+shared it also counts the sharing: the probe refuses a split with more ranks than cores it may use
+(probe.check_trainer).
 
 Which figures a profile gets (probe.measure_here, build.py): the tp 1 pp 1 entry stays the one-rank thread-clock
 figure, with or without a split, because it is what a data-parallel rank costs (no waiting to count), it

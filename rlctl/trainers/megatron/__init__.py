@@ -2,7 +2,7 @@
 
 names.py  the name and layout table (pure torch: no megatron import)
 model.py  GPTModel from an HF config (one pipeline stage of it), the policy module, parallel state
-pipeline.py  the stages chained inside the policy's forward (a stage-by-stage schedule over gloo p2p)
+pipeline.py  the stages chained inside the policy's forward (GPipe within the call, gloo p2p)
 cpu.py    the narrow shim that lets megatron-core run without CUDA
 backend.py MegatronBackend (rlctl.trainers.base.TrainerBackend): on CPU over gloo, tp ≥ 1 × pp ≥ 1
 

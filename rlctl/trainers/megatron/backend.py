@@ -19,11 +19,12 @@ What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the sh
     gather, so rank 0's checkpoint needs no collective the other ranks are not in).
   - pp > 1 in a job (`trainer.pipeline_parallel`; pp 2 and tp 2 × pp 2 are tested:
     tests/unit/trainers/test_megatron_pp.py and the job test): each rank builds its stage of the GPTModel and
-    `pipeline.py` chains the stages inside `model(tokens)` with a stage-by-stage schedule (no micro-batch
-    overlap: it splits the model's memory over the stages, not its time; megatron's 1F1B schedules are not
-    used), so every rank returns the full logits and the learner is the same as at tp. The ranks of a
-    pipeline share a data-parallel rank too; tied embeddings keep a copy on the last stage whose gradient is
-    summed with the first stage's over megatron's embedding group before clipping, so both copies step alike.
+    `pipeline.py` chains the stages inside `model(tokens)`, the cut's rows in chunks that overlap across the
+    stages (GPipe within each learner cut: a stage idles (pp − 1)/m of the cut's time at m chunks; megatron's
+    1F1B schedules are not used), so every rank returns the full logits and the learner is the same as at
+    tp. The ranks of a pipeline share a data-parallel rank too; tied embeddings keep a copy on the last stage
+    whose gradient is summed with the first stage's over megatron's embedding group before clipping, so both
+    copies step alike.
 Not run here: megatron's DDP wrapper and distributed optimizer (CUDA buffers; gradients are summed by the
 learner over gloo instead), megatron's pipeline schedules, sequence parallel, Transformer Engine, and resuming
 a tp > 1 or pp > 1 job (the checkpoint holds rank 0's optimizer shard only: the trainer refuses it).

@@ -21,7 +21,8 @@ already-initialised torch.distributed group. Logits are gathered over the tp ran
 so every rank computes the same token log-probs and the loss code is the torch backend's. At pp > 1 each rank
 builds its stage's part of the GPTModel (`pre_process` on the first stage, `post_process` on the last) and
 `pipeline.py` chains the stages inside `forward`, so that every rank of the pipeline still returns the full
-logits (a stage-by-stage schedule, not megatron's 1F1B: see there).
+logits (the call's rows in chunks that overlap across the stages, GPipe within the call; not megatron's 1F1B:
+see there).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from rlctl.config.job import GrpoAlgorithm, Job, PpoAlgorithm
 from rlctl.errors import ConfigError
 from rlctl.hardware import CATALOG
 from rlctl.modelcatalog import BUILTIN_MODELS
-from rlctl.planner.costs import TrainWorkload, train_time_s
+from rlctl.planner.costs import TRAIN_STEP_OVERHEAD_S, TrainWorkload, train_time_s
 from rlctl.planner.plan import PlanOptions, make_plan, profile_for, train_cost
 from rlctl.planner.simjob import IterationWork, simulate_job
 from rlctl.profiler.analytical import ETA_TRAIN, analytical_profile, training_entries
@@ -25,6 +25,7 @@ from rlctl.profiler.traincost import (
     passes_for,
     streamed_units,
 )
+from rlctl.rl.cuts import pipeline_chunks
 
 P7 = 7.62e9  # qwen2.5-7b parameters
 RUNTIME = TrainingPasses()  # rlctl's trainer: 1 epoch, 1 optimizer step, no recompute, engine log-probs
@@ -93,6 +94,28 @@ def test_optimizer_steps_and_scale_enter_the_trainer_time() -> None:
     assert t_scaled - t1 == pytest.approx(compute)
     sync_and_step = t1 - compute
     assert t_steps - t1 == pytest.approx(3 * sync_and_step)  # pp = 1: no bubble to grow
+
+
+def test_the_pipeline_bubble_is_the_chunked_schedule_of_every_cut() -> None:
+    """pp > 1 as the megatron backend runs it: every learner cut drains the pipeline, its rows on a data-parallel
+    rank in m = pipeline_chunks chunks (2 per stage, at most one per row), so compute × (1 + (pp − 1)/m) however
+    many cuts there are; the runtime splits by the same function (rlctl.trainers.megatron.pipeline)."""
+    assert [pipeline_chunks(rows, 2) for rows in (1, 2, 3, 4, 5, 64)] == [1, 2, 3, 4, 4, 4]
+    assert (pipeline_chunks(64, 1), pipeline_chunks(64, 4)) == (1, 8)
+    prof = analytical_profile(BUILTIN_MODELS["qwen2.5-7b"], {"h": (CATALOG["H800"], 8, 2.85)})
+    site = prof.sites["h"]
+    e = next(x for x in site.training if (x.tp, x.pp) == (1, 2))
+
+    def factor(dp: int, w: TrainWorkload) -> float:  # no gradient bytes: no all-reduce, compute and overhead only
+        t = train_time_s(e, dp, w, site=site, node_bytes_per_s=25e9) - w.optimizer_steps * TRAIN_STEP_OVERHEAD_S
+        return t / (w.tokens * e.gpu_s_per_token / (2 * dp))
+
+    assert factor(4, TrainWorkload(1e6, 512, 32, 0.0)) == pytest.approx(1 + 1 / 4)  # 8 rows per rank: 4 chunks
+    assert factor(4, TrainWorkload(1e6, 64, 32, 0.0)) == pytest.approx(1 + 1 / 4)  # fewer cuts: the same bubble
+    assert factor(2, TrainWorkload(1e6, 512, 6, 0.0)) == pytest.approx(1 + 1 / 3)  # 3 rows per rank: 3 chunks
+    assert factor(32, TrainWorkload(1e6, 512, 32, 0.0)) == pytest.approx(2.0)  # 1 row: stage by stage
+    # 128 mini-batches of 4 samples: cuts of 4 rows, 2 per rank
+    assert factor(2, TrainWorkload(1e6, 512, 32, 0.0, mini_batches=128, optimizer_steps=128)) == pytest.approx(1.5)
 
 
 def _job(algorithm: dict[str, object]) -> Job:

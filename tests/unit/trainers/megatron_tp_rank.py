@@ -5,29 +5,53 @@
 Forms a gloo group of WORLD = TP × PP ranks and megatron's parallel state, loads its shard of each checkpoint
 (its tp part of its pipeline stage), and writes what it measured against the `torch` backend (TinyGPT on the
 whole checkpoint) to OUT.json, one entry per checkpoint, and the logits it returned to OUT.pt
-({checkpoint: logits}).
+({checkpoint: {"BxT": logits}}, for each batch shape of SHAPES). The gradients are taken on the last shape; the
+tags of the point-to-point sends its forward and backward made (the pipeline's chunk indices, in order) are recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# at pp 2 (2 chunks per stage): 2 rows in 2 chunks, 1 row in 1 (the stage-by-stage schedule), 5 rows in 4
+# chunks of 2, 1, 1, 1 rows
+SHAPES = [(2, 24), (1, 24), (5, 24)]
+
+
+@contextlib.contextmanager
+def sends_tagged(tags: list[int]) -> Iterator[None]:
+    """Record the tag of every `dist.isend` made inside (the pipeline's sends: one per chunk)."""
+    isend = dist.isend
+
+    def spy(tensor: torch.Tensor, dst: int, *args: Any, tag: int = 0, **kw: Any) -> Any:
+        tags.append(tag)
+        return isend(tensor, dst, *args, tag=tag, **kw)
+
+    dist.isend = spy
+    try:
+        yield
+    finally:
+        dist.isend = isend
 
 
 def main(rank: int, world: int, tp: int, pp: int, rendezvous: Path, out: Path, checkpoints: list[Path]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
-    logits: dict[str, torch.Tensor] = {}
+    logits: dict[str, dict[str, torch.Tensor]] = {}
     out.write_text(json.dumps({str(c): measure(c, tp=tp, pp=pp, logits=logits) for c in checkpoints}))
     torch.save(logits, out.with_suffix(".pt"))
     dist.destroy_process_group()
 
 
-def measure(checkpoint: Path, *, tp: int, pp: int, logits: dict[str, torch.Tensor]) -> dict[str, object]:
+def measure(checkpoint: Path, *, tp: int, pp: int, logits: dict[str, dict[str, torch.Tensor]]) -> dict[str, object]:
     from rlctl.engines.hf import load_state_dict
     from rlctl.engines.model import TinyGPT
     from rlctl.rl.samples import token_logprobs
@@ -38,11 +62,17 @@ def measure(checkpoint: Path, *, tp: int, pp: int, logits: dict[str, torch.Tenso
     mg = MegatronBackend.load(checkpoint, tp=tp, pp=pp)
     weights = mg.weights()  # all-gathered over the tp and pp groups, before any step
     ref = TinyGPT.from_pretrained(checkpoint)
-    x = torch.randint(0, ref.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        logits[str(checkpoint)] = mg.model(x)
-        logits_diff = float((logits[str(checkpoint)] - ref(x)).abs().max())
-    token_logprobs(mg.model, x).sum().backward()
+    mine, logits_diff = logits.setdefault(str(checkpoint), {}), 0.0
+    for shape in SHAPES:
+        x = torch.randint(0, ref.config.vocab_size, shape, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            mine["x".join(map(str, shape))] = mg.model(x)
+            logits_diff = max(logits_diff, float((mine["x".join(map(str, shape))] - ref(x)).abs().max()))
+    sent: dict[str, list[int]] = {"forward": [], "backward": []}
+    with sends_tagged(sent["forward"]):
+        logp = token_logprobs(mg.model, x)
+    with sends_tagged(sent["backward"]):
+        logp.sum().backward()
     token_logprobs(ref, x).sum().backward()
     # gradients in HF layout: each rank's shard of its stage through the table, gathered like the weights; the
     # last stage's copy of a tied embedding adds its gradient to the first stage's
@@ -66,6 +96,7 @@ def measure(checkpoint: Path, *, tp: int, pp: int, logits: dict[str, torch.Tenso
         "logits_max_abs_diff": logits_diff,
         "grad_max_rel_diff": grad_rel,
         "weights_names_are_the_engine_names": list(weights) == list(ref.state_dict()),
+        "send_tags": sent,
         "weights_bit_exact": all(torch.equal(weights[k], v) for k, v in checkpoint_sd.items()),
     }
 
