@@ -176,14 +176,14 @@ def test_plan_json_reports_the_training_cost() -> None:
 
 def test_a_figure_timed_over_the_splits_ranks_gets_no_pipeline_bubble() -> None:
     """A measured split's seconds per token hold its stages' waiting (rlctl profile --source measured: wall
-    clock over tp·pp ranks); a roofline entry's do not, so plan adds the bubble of (pp − 1)/micro-batches."""
+    clock over tp·pp ranks); a roofline entry's do not, so plan adds the bubble of (pp − 1)/chunks per cut."""
     prof = analytical_profile(BUILTIN_MODELS["qwen2.5-7b"], {"h": (CATALOG["H800"], 8, 2.85)})
     site = prof.sites["h"]
     e = next(x for x in site.training if (x.tp, x.pp) == (2, 4))
-    w = TrainWorkload(1e6, 512, 32, P7 * 2)  # 16 micro-batches on one replica: bubble 3/16
+    w = TrainWorkload(1e6, 512, 32, P7 * 2)  # cuts of 32 rows on one replica, 2 chunks per stage: bubble 3/8
     modelled = train_time_s(e, 1, w, site=site, node_bytes_per_s=25e9)
     measured = train_time_s(
         e.model_copy(update={"pipeline_wait_included": True}), 1, w, site=site, node_bytes_per_s=25e9
     )
     compute = 1e6 * e.gpu_s_per_token / 8
-    assert modelled - measured == pytest.approx(compute * 3 / 16)
+    assert modelled - measured == pytest.approx(compute * 3 / 8)
