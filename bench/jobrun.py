@@ -4,7 +4,8 @@
                                │  DedicatedClock samples the launch process's tree (bench/cpuclock.py)
                                ▼
     DIR/metrics.jsonl (one row per trained iteration: t, period_s, t_gen_s, t_train_s …)
-    DIR/checkpoints/<N>/ledger.json (every sample: iteration, unit, output tokens)
+    DIR/checkpoints/<N>/ledger.json (every sample: iteration, unit, output tokens, when it was dispatched,
+                                     finished, delivered and trained: the controller's wall clock)
     DIR/events.jsonl (trained, weights_applied …)
 
 Iteration times are taken between consecutive `trained` rows, on the wall clock and on the
@@ -46,11 +47,20 @@ class JobRun:
     cpu_share: float  # of the time the job's threads were runnable, the fraction they ran
     wall_s: float
     agent_cpu_s: dict[str, list[float]]  # per agent, CPU seconds between consecutive training ends
+    # per iteration, per unit: its share's generation (first dispatch → last finish, the ledger's times)
+    gen_wall_s: list[dict[str, float]]
+    gen_dedicated_s: list[dict[str, float]]  # the same on the dedicated-core clock
 
     def iteration_s(self, *, warmup: int, dedicated: bool = True) -> float:
         """Mean time per iteration after the first `warmup` ones (between training ends)."""
         ends = self.end_dedicated_s if dedicated else self.end_wall_s
         return float((ends[-1] - ends[warmup]) / (len(ends) - 1 - warmup))
+
+    def generation_s(self, *, dedicated: bool = True) -> list[float]:
+        """Per iteration, its slowest unit's share: dispatch to last finish (a unit busy with the previous
+        share when this one was dispatched counts that wait too)."""
+        per_unit = self.gen_dedicated_s if dedicated else self.gen_wall_s
+        return [max(u.values()) for u in per_unit]
 
     def periods_s(self, *, dedicated: bool = True) -> list[float]:
         ends = self.end_dedicated_s if dedicated else self.end_wall_s
@@ -85,6 +95,16 @@ def launch(job: dict[str, Any], *, workdir: Path, name: str) -> JobRun:
     events = jobdir.read_lines(jobdir.events)
     pids = {e["agent"]: e["ident"]["pid"] for e in events if e["event"] == "agent_started" and "pid" in e["ident"]}
     agent_cpu = {a: [clock.cpu_s(pid, t0, t1) for t0, t1 in itertools.pairwise(ends)] for a, pid in pids.items()}
+    spans: list[dict[str, tuple[float, float]]] = []
+    for it in range(job["iterations"]):
+        mine: dict[str, list[dict[str, Any]]] = {}
+        for e in ledger:
+            if e["iteration"] == it:
+                mine.setdefault(e["agent"], []).append(e)
+        spans.append(
+            {a: (min(e["dispatched_at"] for e in es), max(e["finished_at"] for e in es)) for a, es in mine.items()}
+        )
+    virtual = lambda t: float(clock.virtual(np.array([t]))[0])  # noqa: E731
     return JobRun(
         name=name,
         job=job,
@@ -97,4 +117,6 @@ def launch(job: dict[str, Any], *, workdir: Path, name: str) -> JobRun:
         cpu_share=clock.cpu_share,
         wall_s=float(summary.get("wall_s") or 0.0),
         agent_cpu_s=agent_cpu,
+        gen_wall_s=[{a: t1 - t0 for a, (t0, t1) in sp.items()} for sp in spans],
+        gen_dedicated_s=[{a: virtual(t1) - virtual(t0) for a, (t0, t1) in sp.items()} for sp in spans],
     )

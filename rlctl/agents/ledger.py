@@ -18,6 +18,7 @@ lost, a duplicate) is refused and counted, never delivered. A trainer ack for a 
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -47,6 +48,12 @@ class Entry:
     sample_version: int | None = None
     attempts: int = 0
     output_tokens: int = 0
+    # the controller's wall clock (time.time) at the last dispatch, the finish, the delivery to the trainer and
+    # its ack: when each sample was handed out, came back, went on and was trained (its latency, timelines)
+    dispatched_at: float | None = None
+    finished_at: float | None = None
+    delivered_at: float | None = None
+    trained_at: float | None = None
 
 
 @dataclass
@@ -97,6 +104,7 @@ class Ledger:
     def dispatch(self, sample_id: str, *, agent: str, version: int) -> None:
         e = self._move(sample_id, State.QUEUED, State.DISPATCHED)
         e.agent, e.dispatch_version, e.attempts = agent, version, e.attempts + 1
+        e.dispatched_at = time.time()
 
     def finish(self, sample_id: str, *, agent: str, version: int, output_tokens: int) -> bool:
         """Record a finished sample; False (and counted) if it is not dispatched to `agent`."""
@@ -109,10 +117,13 @@ class Ledger:
         assert e.dispatch_version is not None
         e.sample_version = min(version, e.dispatch_version) if version >= 0 else e.dispatch_version
         e.output_tokens = output_tokens
+        e.finished_at = time.time()
         return True
 
     def deliver(self, sample_id: str) -> Entry:
-        return self._move(sample_id, State.FINISHED, State.DELIVERED)
+        e = self._move(sample_id, State.FINISHED, State.DELIVERED)
+        e.delivered_at = time.time()
+        return e
 
     def mark_trained(self, sample_id: str) -> None:
         e = self.entries.get(sample_id)
@@ -120,6 +131,7 @@ class Ledger:
             self.duplicated += 1
             return
         e.state = State.TRAINED
+        e.trained_at = time.time()
 
     def requeue_agent(self, agent: str) -> list[str]:
         """An agent is gone: everything dispatched to it and not finished goes back to the queue."""
@@ -138,6 +150,7 @@ class Ledger:
     @staticmethod
     def _reset(e: Entry) -> None:
         e.state, e.agent, e.dispatch_version, e.sample_version, e.output_tokens = State.QUEUED, None, None, None, 0
+        e.dispatched_at = e.finished_at = e.delivered_at = e.trained_at = None
 
     # -- queries ------------------------------------------------------------------------------------
     def in_state(self, state: State, *, iteration: int | None = None) -> list[Entry]:

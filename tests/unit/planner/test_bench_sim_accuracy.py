@@ -89,7 +89,7 @@ def _fake_run(
         for p in range(8)
         for k in range(8)
     ]
-    run = JobRun("fake", spec, jd, [], ledger, [], np.zeros(0), np.zeros(0), 1.0, 0.0, {})
+    run = JobRun("fake", spec, jd, [], ledger, [], np.zeros(0), np.zeros(0), 1.0, 0.0, {}, [], [])
     rep = replay(run, prof)
     tl = simulate_job(rep.with_overheads(truth), mode=mode, weight_sync_s=truth.weight_sync_s)
     run.end_dedicated_s = np.array(tl.train_end_s) + 1000.0  # any origin
