@@ -1,9 +1,10 @@
-"""A Megatron trainer at tp 2 and at pp 2 (two gloo processes) checkpoints every rank's optimizer shard and
-resumes from it exactly: the ranks train two GRPO iterations, checkpoint (rank 0 the gathered HF policy and
-its shard, the other rank its shard, told through the learner's broadcasts), then a third → W_a; fresh ranks
-restore the checkpoint (the HF policy through the backend, each its own optimizer shard and RNG) and train
-that same third iteration → W_b. W_a and W_b are equal bit for bit, and so is every rank's AdamW state; a
-flipped bit in one rank's shard, or another split, is refused naming the checkpoint (and the rank)."""
+"""A Megatron trainer at tp 2, at pp 2 (two gloo processes) and at tp 2 × pp 2 (four) checkpoints every rank's
+optimizer shard and resumes from it exactly: the ranks train two GRPO iterations, checkpoint (rank 0 the
+gathered HF policy and its shard, the others theirs, told through the learner's broadcasts), then a third →
+W_a; fresh ranks restore the checkpoint (the HF policy through the backend, each its own optimizer shard and
+RNG) and train that same third iteration → W_b. W_a and W_b are equal bit for bit, and so is every rank's
+AdamW state; a flipped bit in one rank's shard, or another split, is refused naming the checkpoint (and the
+rank)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def equal_state(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)], ids=["tp2", "pp2", "tp2-pp2"])
 def test_a_resumed_model_parallel_trainer_trains_on_bit_for_bit(tmp_path: Path, tp: int, pp: int) -> None:
     require_megatron()
     write_checkpoint("llama-bias-tied", tmp_path / "model")  # tied and vocab-parallel at both ends; 2 layers
@@ -58,10 +59,10 @@ def test_a_resumed_model_parallel_trainer_trains_on_bit_for_bit(tmp_path: Path, 
     ran = run_phase(tmp_path, "run", tp=tp, pp=pp)
     ckpt = tmp_path / "job" / "iter-2"
     manifest = json.loads((ckpt / "MANIFEST.trainer.json").read_text())
-    assert manifest["split"] == {"tp": tp, "pp": pp, "dp": 1, "world": 2}
-    assert [r["file"] for r in manifest["ranks"]] == ["ranks/rank-0.pt", "ranks/rank-1.pt"]
-    assert {"ranks/rank-0.pt", "ranks/rank-1.pt"} <= set(manifest["files"])
-    assert manifest["ranks"][0]["optimizer_sha256"] != manifest["ranks"][1]["optimizer_sha256"]  # two shards
+    shards = [f"ranks/rank-{r}.pt" for r in range(tp * pp)]
+    assert manifest["split"] == {"tp": tp, "pp": pp, "dp": 1, "world": tp * pp}
+    assert [r["file"] for r in manifest["ranks"]] == shards and set(shards) <= set(manifest["files"])
+    assert len({r["optimizer_sha256"] for r in manifest["ranks"]}) == tp * pp  # a shard each
     damaged = tmp_path / "job" / "iter-2-damaged"
     shutil.copytree(ckpt, damaged)
     shard = damaged / "ranks" / "rank-1.pt"
@@ -72,9 +73,12 @@ def test_a_resumed_model_parallel_trainer_trains_on_bit_for_bit(tmp_path: Path, 
     resumed = run_phase(tmp_path, "resume", tp=tp, pp=pp)
     for rank, (a, b) in enumerate(zip(ran, resumed, strict=True)):
         assert b["counters"] == {"version": 2}
-        damaged_error, split_error = b["errors"]
-        # rank 0 verifies every rank's shard, rank 1 its own: both name the checkpoint and rank 1
-        assert damaged_error.startswith(f"{damaged}: rank 1's shard is not usable: ranks/rank-1.pt does not match")
+        *damaged_errors, split_error = b["errors"]
+        # rank 0 verifies every rank's shard, rank 1 its own: both name the checkpoint and rank 1 (ranks 2 and 3
+        # do not read it; their trainer would stop with rank 0's)
+        assert len(damaged_errors) == (rank in (0, 1)), b["errors"]
+        for e in damaged_errors:
+            assert e.startswith(f"{damaged}: rank 1's shard is not usable: ranks/rank-1.pt does not match")
         assert split_error.startswith(f"{ckpt}: written by a trainer at tp {tp} pp {pp} dp 1, which this trainer")
         assert list(a["weights"]) == list(b["weights"])
         different = [k for k in a["weights"] if not torch.equal(a["weights"][k], b["weights"][k])]
