@@ -4,9 +4,11 @@ A checkpoint of version N (the weights after N trained iterations) has two parts
 that own the state, each on its own site (sites share no filesystem):
 
     checkpoints/iter-N/
-        model/                    the policy, a Hugging Face directory (trainer)
-        trainer/                  optimizer.pt, rng.pt, state.json (version, step, the trainer's counters)
-        MANIFEST.trainer.json     written LAST by the trainer: every file's bytes and SHA-256
+        model/                    the policy, a Hugging Face directory (trainer rank 0, gathered)
+        ranks/rank-R.pt           each trainer rank's optimizer state, other modules and RNG (that rank)
+        MANIFEST.trainer.json     written LAST by trainer rank 0, once every rank's file is in: every file's
+                                  bytes and SHA-256, the counters (version), the split (tp, pp, dp) and each
+                                  rank's optimizer digest (`rlctl.agents.trainstate`)
         controller/               ledger.json, state.json (iteration, ranker, rebalance window, rows)
         MANIFEST.controller.json  written LAST by the controller; names the trainer manifest's SHA-256
     checkpoints/latest.json       {"version": N}: moved (os.replace) by the controller once it has the
@@ -72,12 +74,19 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def write_part(
-    ckpt: Path, part: str, entries: dict[str, Callable[[Path], None]], *, meta: dict[str, Any] | None = None
+    ckpt: Path,
+    part: str,
+    entries: dict[str, Callable[[Path], None]],
+    *,
+    meta: dict[str, Any] | None = None,
+    listed: dict[str, dict[str, Any]] | None = None,
 ) -> str:
     """Write one part of a checkpoint; returns the SHA-256 of its manifest.
 
     `entries` maps a top-level name in `ckpt` ("model", "trainer", …) to a function that fills the path it is
-    given (a file or a directory) — always a temporary one, renamed into place when the function returns."""
+    given (a file or a directory) — always a temporary one, renamed into place when the function returns.
+    `listed`: files already in place (written by other processes; path relative to `ckpt` → its "bytes" and
+    "sha256", checked by the caller), listed in the manifest with the others."""
     ckpt.mkdir(parents=True, exist_ok=True)
     manifest_path(ckpt, part).unlink(missing_ok=True)  # a rewrite of this part is incomplete until it is done
     for name, fill in entries.items():
@@ -86,7 +95,7 @@ def write_part(
             shutil.rmtree(tmp)
         fill(tmp)
         _replace(tmp, ckpt / name)
-    files = {}
+    files = dict(listed or {})
     for name in entries:
         top = ckpt / name
         for p in sorted([top] if top.is_file() else [q for q in top.rglob("*") if q.is_file()]):

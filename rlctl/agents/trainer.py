@@ -13,6 +13,10 @@ the trainer datacenter's links. With one rank the group is still formed, so the 
 With megatron tensor or pipeline parallel, the ranks of a tp × pp group train shards of one replica and each
 publishes the full weights gathered over the group (the same bytes on every rank); rank 0 checkpoints them.
 
+    checkpoint due (rank 0) ─broadcast ("checkpoint", v)─▶ every rank writes its shard (optimizer, RNG)
+                            ◀──────── gather: on disk ──── ─▶ rank 0 writes the HF policy, seals the manifest
+    `launch --resume`: every rank restores the HF policy (its shard) and its own shard, at the same split
+
 The policy is held by the job's trainer backend (`rlctl.trainers`: `torch` or `megatron`); the learner trains
 its module, and what is published and checkpointed is the backend's HF-layout weights.
 """
@@ -36,12 +40,12 @@ from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.listen import host_of, listen_host, store_listener
 from rlctl.agents.messages import Delivered, Heartbeat, Hello, Trained, make
 from rlctl.agents.staleness import StalenessBound
-from rlctl.agents.trainstate import load_trainer, save_trainer
+from rlctl.agents.trainstate import load_trainer, save_shard, save_trainer
 from rlctl.agents.weights import Target, WeightPublisher
 from rlctl.config.job import JobFile
 from rlctl.engines.model import TinyGPT
 from rlctl.errors import ConfigError
-from rlctl.launch.agentenv import parallel_from_env, resume_version
+from rlctl.launch.agentenv import ParallelConfig, parallel_from_env, resume_version
 from rlctl.launch.jobref import resume_command
 from rlctl.rl.learner import PpoBatchLearner, StreamingLearner
 from rlctl.rl.samples import Sample
@@ -97,13 +101,16 @@ class TrainerAgent:
         self.samples_per_iteration = job.batch.samples_per_iteration
         self.version = 0
         self.checkpoint_digest = ""  # of the checkpoint this trainer restored (the controller compares)
+        tp, pp = self.backend.model_parallel()
+        self.split = ParallelConfig("trainer", tp=tp, pp=pp, dp=self.backend.data_parallel().size)
         resumed = resume_version()
-        if resumed:  # `launch --resume`: policy, optimizers, RNG and version from the checkpoint's trainer part
+        if resumed:  # `launch --resume`: policy, this rank's optimizer shard and RNG, version from the checkpoint
             counters, self.checkpoint_digest = load_trainer(
                 ctx.jobdir.checkpoint(resumed),
                 model=self.backend,
                 optimizers=self.learner.optimizers(),
                 modules=self.learner.modules(),
+                split=self.split,
             )
             self.version = int(counters["version"])
             log.info("%s: restored checkpoint v%d", self.name, self.version)
@@ -142,8 +149,16 @@ class TrainerAgent:
                 version += 1
                 publisher.publish(version, self.backend.weights())
 
+            def write_shard(version: int) -> None:  # rank 0 writes the policy and seals the part after this
+                save_shard(
+                    self.ctx.jobdir.checkpoint(version),
+                    optimizers=self.learner.optimizers(),
+                    modules=self.learner.modules(),
+                    split=self.split,
+                )
+
             try:
-                self.learner.follow(on_step=stepped)
+                self.learner.follow(on_step=stepped, on_checkpoint=write_shard)
             finally:
                 publisher.close()
             return
@@ -252,18 +267,22 @@ class TrainerAgent:
 
     def _maybe_checkpoint(self) -> str:
         """Every `checkpoint.every_iterations` and at the end: the trainer's part of the checkpoint of this
-        version (policy, optimizers, RNG, counters); the SHA-256 of its manifest, or "" when none was due."""
+        version (policy, counters, and every rank's optimizers and RNG: the other ranks are told through the
+        learner's broadcasts); the SHA-256 of its manifest, or "" when none was due."""
         every = self.ctx.job.checkpoint.every_iterations
         last = self.version == self.ctx.job.iterations
         if not (last or (every and self.version % every == 0)):
             return ""
+        version = self.version
         return save_trainer(
-            self.ctx.jobdir.checkpoint(self.version),
+            self.ctx.jobdir.checkpoint(version),
             model=self.backend,
             optimizers=self.learner.optimizers(),
             modules=self.learner.modules(),
-            counters={"version": self.version},
+            counters={"version": version},
+            split=self.split,
             tokenizer_from=self.ctx.jobdir.init_model,
+            announce=lambda: self.learner.announce_checkpoint(version),
         )
 
 
@@ -276,14 +295,6 @@ def _backend(job: JobFile, model_dir: Path, *, where: str) -> TrainerBackend:
     log.info("trainer backend %s, tp %d pp %d, on %s", job.trainer.backend, tp, pp, model_dir)
     if job.trainer.backend != "megatron":
         return load_backend(job.trainer.backend, model_dir, tp=tp, pp=pp)
-    for field, n, what in (("tensor_parallel", tp, "tp rank 0's"), ("pipeline_parallel", pp, "pipeline stage 0's")):
-        if n > 1 and resume_version():
-            raise ConfigError(
-                where,
-                f"trainer.{field}",
-                f"{n}: a checkpoint holds {what} optimizer shard only, so a {field} > 1 job cannot resume; "
-                f"start over, or train with {field} 1",
-            )
     try:
         return load_backend("megatron", model_dir, tp=tp, pp=pp)
     except ValueError as e:  # names.check_split: tp does not divide the heads, MLP width or vocabulary; pp the layers

@@ -250,7 +250,8 @@ def register(app: typer.Typer) -> None:
 
 def _resume(ref: str, output: OutputFormat) -> None:
     """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest
-    complete checkpoint, every prompt it had not trained is generated again, the curves continue."""
+    complete checkpoint (every trainer rank its own shard: a checkpoint written at another tp × pp × dp is
+    refused), every prompt it had not trained is generated again, the curves continue."""
     from rlctl.launch.jobdb import JobDB
     from rlctl.launch.jobref import resolve
     from rlctl.launch.run import JobRun, refuse_if_running
@@ -260,13 +261,6 @@ def _resume(ref: str, output: OutputFormat) -> None:
     jd = ref_.jobdir
     spec = jd.read_job()
     plan = jd.read_json(jd.plan_json)
-    parallel = plan.get("trainer", {}).get("parallel") or {}
-    tp, pp = int(parallel.get("tp", 1)), int(parallel.get("pp", 1))
-    if tp > 1 or pp > 1:  # a checkpoint holds rank 0's optimizer state only: the other shards' would be lost
-        raise UsageError(
-            f"{jd.path}: the trainer runs model parallel (tp {tp} pp {pp}), whose checkpoints cannot be resumed yet",
-            hint="start the job anew with `rlctl launch JOB.yaml` (a tp 1 pp 1 trainer's checkpoints can be resumed)",
-        )
     progress = _Progress()
     run = None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

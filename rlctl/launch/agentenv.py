@@ -67,9 +67,12 @@ def checkpoint_versions(job: JobFile) -> list[int]:
     return sorted({job.iterations, *(range(every, job.iterations + 1, every) if every else ())}, reverse=True)
 
 
-def verified_manifest(files: HostFiles, ckpt: str, part: str) -> dict[str, Any]:
+def verified_manifest(
+    files: HostFiles, ckpt: str, part: str, *, only: Callable[[str], bool] | None = None
+) -> dict[str, Any]:
     """The manifest of one part of checkpoint directory `ckpt` (as `files` sees it) when every file it lists is
-    there with its size and SHA-256, plus "digest": the manifest's own SHA-256. ValueError saying what is wrong."""
+    there with its size and SHA-256 (`only`: the listed files it accepts, by path relative to `ckpt`), plus
+    "digest": the manifest's own SHA-256. ValueError saying what is wrong."""
     name = manifest_name(part)
     text = files.read_text(f"{ckpt}/{name}")
     if text is None:
@@ -79,6 +82,8 @@ def verified_manifest(files: HostFiles, ckpt: str, part: str) -> dict[str, Any]:
         want = {str(rel): (int(w["bytes"]), str(w["sha256"])) for rel, w in body["files"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{name} does not parse ({type(e).__name__}: {e})") from e
+    if only is not None:
+        want = {rel: w for rel, w in want.items() if only(rel)}
     have = files.states(ckpt, [*want, name])
     for rel, (size, sha) in sorted(want.items()):
         got = have.get(rel)
@@ -90,6 +95,21 @@ def verified_manifest(files: HostFiles, ckpt: str, part: str) -> dict[str, Any]:
             raise ValueError(f"{rel} does not match {name}: SHA-256 {got.sha256[:12]}…, {sha[:12]}… listed")
     body["digest"] = have[name].sha256
     return dict(body)
+
+
+def split_problem(manifest: dict[str, Any], trainer: ParallelConfig) -> str | None:
+    """Why a trainer split as `trainer` (tp × pp × dp) cannot load the trainer part whose manifest this is, or
+    None: each of its ranks restores the optimizer shard of the same rank at the split the part was written at."""
+    split = manifest.get("split")
+    if not isinstance(split, dict) or "ranks" not in manifest:
+        return "written before checkpoints kept every trainer rank's state (no split in MANIFEST.trainer.json)"
+    have = tuple(int(split.get(k, 0)) for k in ("tp", "pp", "dp"))
+    if have == (trainer.tp, trainer.pp, trainer.dp):
+        return None
+    return (
+        f"written by a trainer at tp {have[0]} pp {have[1]} dp {have[2]}, which this trainer "
+        f"(tp {trainer.tp} pp {trainer.pp} dp {trainer.dp}) cannot load: each rank restores its own shard"
+    )
 
 
 @dataclass(frozen=True)

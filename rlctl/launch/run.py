@@ -39,10 +39,12 @@ from rlctl.errors import ConfigError, LaunchError, PlanError, TransportError, Us
 from rlctl.launch.agentenv import (
     ENV_RESUME,
     LATEST_POINTER,
+    ParallelConfig,
     ResumePoint,
     checkpoint_versions,
     choose_resume,
     manifest_name,
+    split_problem,
     verified_manifest,
 )
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, record_agent, stop_agents, write_sites
@@ -51,7 +53,7 @@ from rlctl.launch.inputs import copy_inputs, resolve_inputs
 from rlctl.launch.jobdb import JobDB
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.jobref import resume_command
-from rlctl.launch.layout import PlannedAgent, layout
+from rlctl.launch.layout import PlannedAgent, layout, trainer_parallel
 from rlctl.launch.sitefs import HostFiles, LocalFiles, access_hosts, agent_view, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
 from rlctl.launch.stage import (
@@ -280,6 +282,8 @@ class JobRun:
         self.jobdir.controller_json.unlink(missing_ok=True)
         self._register("launching", sites=sorted(self.sites))
         agents = planned_agents(self.plan, self.sites, self.spec, master_port=_free_port())  # refuses a short site
+        trainers = [a for a, _ in agents if a.role == "trainer"]
+        refuse_unshared_trainer(trainers[0].site, self.sites[trainers[0].site], trainers)
         t0 = time.monotonic()
         self.staged = stage_all(self.jobdir.path, self.sites, job_id=self.id)
         copied = {s: sum(v["copied"].values()) for s, v in self.staged.items()}
@@ -297,8 +301,6 @@ class JobRun:
             finally:
                 fs.close()
         if resume:
-            trainers = [a for a, _ in agents if a.role == "trainer"]
-            refuse_unresumable_trainer(trainers[0].site, self.sites[trainers[0].site], trainers)
             self.resumed = self.resume_point(trainer=trainers[0])
             self.resume_env = {ENV_RESUME: str(self.resumed.version)}
             skipped = [{"version": v, "why": why} for v, why in self.resumed.skipped]
@@ -355,7 +357,10 @@ class JobRun:
             c_fs, c_root = self._files() if self._record is not None else (LocalFiles(), str(self.jobdir.path))
             try:
                 point = pick_checkpoint(
-                    (c_fs, JobDir(Path(c_root))), (t_fs, self.site_dir(trainer)), checkpoint_versions(self.spec)
+                    (c_fs, JobDir(Path(c_root))),
+                    (t_fs, self.site_dir(trainer)),
+                    checkpoint_versions(self.spec),
+                    split=trainer_parallel(self.plan),
                 )
             finally:
                 c_fs.close()
@@ -470,13 +475,18 @@ def exit_text(code: int | None) -> str:
 
 
 def pick_checkpoint(
-    controller: tuple[HostFiles, JobDir], trainer: tuple[HostFiles, JobDir], versions: list[int]
+    controller: tuple[HostFiles, JobDir],
+    trainer: tuple[HostFiles, JobDir],
+    versions: list[int],
+    *,
+    split: ParallelConfig | None = None,
 ) -> ResumePoint:
     """The checkpoint a resume continues from (agentenv.choose_resume), each part read through its own site's
     view of that site's job dir: the controller's part and `latest.json` on the controller's site, the
     trainer's part on the trainer's; the trainer part must be the one the controller part names (its
     manifest's SHA-256). `versions`: the job's checkpoint versions; those whose controller manifest exists
-    (the controller writes its part last) are tried, newest first."""
+    (the controller writes its part last) are tried, newest first. `split`: the trainer's tp × pp × dp, which
+    must be the one the checkpoint was written at (every rank restores its own shard), else UsageError."""
     c_fs, c_dir = controller
     t_fs, t_dir = trainer
     name = manifest_name("controller")
@@ -494,24 +504,32 @@ def pick_checkpoint(
             return f"trainer part: {e}"
         if c.get("trainer_digest") != t["digest"]:
             return "its trainer part is not the one its controller part was written with"
+        why = split_problem(t, split) if split is not None else None
+        if why is not None:  # not a damaged checkpoint: an older one would not fit either
+            raise UsageError(
+                f"{t_dir.checkpoint(version)}: {why}",
+                hint="resume the job with the plan it was trained with (its plan.json), or start it anew",
+            )
         return None
 
     pointer = c_fs.read_text(str(c_dir.path / "checkpoints" / LATEST_POINTER))
     return choose_resume(pointer, on_disk, problem)
 
 
-def refuse_unresumable_trainer(name: str, site: Site, trainers: list[PlannedAgent]) -> None:
-    """Only rank 0 writes the trainer's checkpoint part, on its own host's copy of the job: trainer ranks on
-    other hosts of an SSH site that share no work root would have nothing to restore. UsageError (one line,
-    before any agent starts) instead of ranks that fail after the controller resumed."""
+def refuse_unshared_trainer(name: str, site: Site, trainers: list[PlannedAgent]) -> None:
+    """Every trainer rank writes its shard of each checkpoint into the job dir it sees, and rank 0 seals the
+    part once it sees every shard there; a resumed rank reads the policy and its shard there. So the ranks
+    must see one job dir: trainer ranks on several hosts of an SSH site that share no work root are refused
+    (UsageError, one line, before any agent starts) instead of a trainer that fails at its first checkpoint."""
     if not isinstance(site.scheduler, SshScheduler) or site.scheduler.shared_workdir:
         return
     hosts = sorted({a.gpu_slice.host for a in trainers if a.gpu_slice is not None})
     if len(hosts) > 1:
         raise UsageError(
             f"site {name!r}: the trainer's ranks run on hosts {', '.join(hosts)}, which share no work root, and "
-            "only rank 0's host holds the trainer's checkpoints: the other ranks could not be restored",
-            hint="set shared_workdir: true on the site if its hosts share a filesystem, or start the job anew",
+            "every rank writes its shard of each checkpoint into the job dir rank 0 seals",
+            hint="set shared_workdir: true on the site if its hosts share a filesystem, or give the trainer the "
+            "GPUs of one host",
         )
 
 

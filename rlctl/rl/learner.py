@@ -18,6 +18,9 @@ summed over the data-parallel group only, and the backend clips by the norm over
 
     rank 0 ─broadcast micro-batch─▶ every rank: slice [dp_rank::dp_size] ─▶ forward/backward (tp collectives)
     rank 0 ─broadcast ("step", tokens)─▶ every rank: all-reduce over dp ─▶ ÷ tokens ─▶ clip ─▶ AdamW
+    rank 0 ─broadcast ("checkpoint", v)─▶ every rank: `on_checkpoint(v)` (its shard of checkpoint v,
+                                          `rlctl.agents.trainstate`)
+    rank 0 ─broadcast ("stop", 0)─▶ every rank returns from `follow`
 """
 
 from __future__ import annotations
@@ -167,10 +170,12 @@ class StreamingLearner:
             "train_s": self.compute_s,
         }
 
-    def follow(self, on_step: Callable[[], None] | None = None) -> None:
+    def follow(
+        self, on_step: Callable[[], None] | None = None, *, on_checkpoint: Callable[[int], None] | None = None
+    ) -> None:
         """Ranks > 0: do what rank 0 broadcasts until it sends 'stop'; `on_step` after each optimizer step
         (the rank then holds the same weights as the ranks of its tp position, bit for bit: gradients are
-        all-reduced over the data-parallel group)."""
+        all-reduced over the data-parallel group); `on_checkpoint(version)` when rank 0 `announce_checkpoint`s."""
         while True:
             box: list[object] = [None]
             dist.broadcast_object_list(box, src=0)
@@ -180,11 +185,20 @@ class StreamingLearner:
                 self._reset()
                 if on_step is not None:
                     on_step()
+            elif isinstance(item, tuple) and item[0] == "checkpoint":
+                assert on_checkpoint is not None, "rank 0 checkpoints: this rank must write its shard"
+                on_checkpoint(int(item[1]))
             elif isinstance(item, tuple) and item[0] == "stop":
                 return
             else:
                 assert isinstance(item, list)
                 self.backward_share(item)
+
+    def announce_checkpoint(self, version: int) -> None:
+        """Rank 0, between steps: every follower calls its `on_checkpoint(version)`."""
+        if _world()[1] > 1:
+            box: list[object] = [("checkpoint", version)]
+            dist.broadcast_object_list(box, src=0)
 
     def stop_followers(self) -> None:
         if _world()[1] > 1:
@@ -192,7 +206,7 @@ class StreamingLearner:
             dist.broadcast_object_list(box, src=0)
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """What a checkpoint saves besides the policy (`rlctl.agents.trainstate`)."""
+        """What each rank's shard of a checkpoint saves besides the policy (`rlctl.agents.trainstate`)."""
         return {"policy": self.opt}
 
     def modules(self) -> dict[str, torch.nn.Module]:
@@ -241,8 +255,13 @@ class PpoBatchLearner:
         self.samples = []
         return stats
 
-    def follow(self, on_step: Callable[[], None] | None = None) -> None:
+    def follow(
+        self, on_step: Callable[[], None] | None = None, *, on_checkpoint: Callable[[int], None] | None = None
+    ) -> None:
         raise AssertionError("PPO has no follower ranks")
+
+    def announce_checkpoint(self, version: int) -> None:
+        del version  # one rank: nobody to tell
 
     def stop_followers(self) -> None:
         pass

@@ -10,6 +10,7 @@
         .data_parallel()  which share of each micro-batch this rank trains, and the group its gradients are
                         summed over (every rank of the trainer, unless tensor/pipeline parallel ranks share a replica)
         .clip_grad_norm_(max_norm)   clip by the norm of the whole model's gradient (over every shard)
+        .model_parallel()  (tp, pp): how many ranks share one replica; a checkpoint records it with dp
 
 `torch` (native.py) is TinyGPT itself; `megatron` (megatron/backend.py) is megatron-core's GPTModel behind
 rlctl's HF ⇄ Megatron table. Backends are chosen by one small dict, and the megatron one is imported only
@@ -71,6 +72,10 @@ class TrainerBackend(ABC):
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Scale the gradients so that their norm is at most `max_norm`; the norm before clipping."""
         return clip_whole(self.model, max_norm)
+
+    def model_parallel(self) -> tuple[int, int]:
+        """(tensor parallel, pipeline parallel) of this rank's replica: (1, 1), every rank a whole one."""
+        return 1, 1
 
     @abstractmethod
     def weights(self) -> dict[str, torch.Tensor]:

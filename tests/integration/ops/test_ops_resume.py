@@ -1,7 +1,9 @@
 """Long runs survive: a trainer SIGKILLed mid-run ends the job with the resume command; `launch --resume`
 continues from the latest complete checkpoint (policy, optimizer, RNG, ledger, ranker) and every prompt of
-the run is trained exactly once in the lineage of the final model. A rollout unit SIGKILLed mid-generation
-is replaced on its site while its in-flight samples are generated again by the others."""
+the run is trained exactly once in the lineage of the final model — with the torch trainer, and with the
+Megatron trainer at tensor parallel 2 (each rank restores its own optimizer shard; a plan split otherwise
+than the checkpoint is refused). A rollout unit SIGKILLed mid-generation is replaced on its site while its
+in-flight samples are generated again by the others."""
 
 from __future__ import annotations
 
@@ -9,8 +11,14 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 
 import pytest
+import yaml
+
+from tests.integration.agents.test_agents_megatron_job import LENGTH_REWARD, split_model
+from tests.unit.trainers.megatron_required import require_megatron
 
 from .conftest import REPO, events, job_yaml, metrics_rows, rlctl, rlctl_json, wait_for
 
@@ -69,6 +77,78 @@ def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, 
     code, st = rlctl_json("status", str(job_dir))  # after the end: the totals, resumes and replaced units
     assert code == 0 and st["ledger"]["trained"] == 48 and st["resilience"]["resumes"] == 1, st
     print(f"\nresumed from v{latest}; {len(past)} iteration(s) trained past it were discarded and redone")
+
+
+def test_a_megatron_tp2_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, launcher):
+    """Two trainer ranks holding half of the model each (megatron tp 2 over gloo): both write their optimizer
+    shard into every checkpoint; trainer-0 is SIGKILLed after one; `launch --resume` restores each rank's own
+    shard (the digest the manifest records for it) and the job finishes with every prompt trained once."""
+    require_megatron()
+    build = subprocess.run(
+        [sys.executable, str(REPO / "jobs/hf-demo/build.py"), "--out", str(tmp_path), "--sft-steps=0", "--rows=64"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert build.returncode == 0, build.stderr
+    split_model(tmp_path / "model", tp=2, pp=1)  # 2 heads and an even vocabulary: tp 2 splits them
+    (tmp_path / "length.py").write_text(LENGTH_REWARD)  # rewards that differ within a group: the weights move
+    job = yaml.safe_load((REPO / "jobs/hf-demo.yaml").read_text())
+    job["model"]["path"] = "model"
+    job["task"].update(path="data.jsonl", reward="length.py:compute_score")
+    iterations, prompts = 6, 4
+    job.update(
+        inventory=[LOCAL],
+        iterations=iterations,
+        batch={"prompts_per_iteration": prompts, "samples_per_prompt": 4},
+        placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]},
+        trainer={"backend": "megatron", "tensor_parallel": 2},
+        checkpoint={"every_iterations": 2},
+        tracking=[],
+    )
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    job_dir = tmp_path / "run"
+    proc = launcher(str(tmp_path / "job.yaml"), "--job-dir", str(job_dir), "-o", "json")
+    pointer = job_dir / "checkpoints" / "latest.json"
+
+    def past_a_checkpoint() -> bool:
+        return pointer.exists() and len(metrics_rows(job_dir)) > json.loads(pointer.read_text())["version"]
+
+    wait_for("a checkpoint and one more iteration", past_a_checkpoint, 300, alive=proc)
+    os.kill(pid_of(job_dir, "trainer-0"), signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert f"rlctl launch --resume {job_dir.name}" in err, err[-2000:]
+    latest = json.loads(pointer.read_text())["version"]
+    manifest = json.loads((job_dir / "checkpoints" / f"iter-{latest}" / "MANIFEST.trainer.json").read_text())
+    assert manifest["split"] == {"tp": 2, "pp": 1, "dp": 1, "world": 2}
+    assert [r["file"] for r in manifest["ranks"]] == ["ranks/rank-0.pt", "ranks/rank-1.pt"]
+
+    plan_json = job_dir / "plan.json"  # a plan split otherwise than the checkpoint: refused, nothing starts
+    plan = plan_json.read_text()
+    other = json.loads(plan)
+    assert other["trainer"]["parallel"] == {"tp": 2, "pp": 1, "dp": 1}
+    other["trainer"]["parallel"] = {"tp": 1, "pp": 2, "dp": 1}
+    plan_json.write_text(json.dumps(other))
+    refused = rlctl("launch", "--resume", str(job_dir), timeout_s=120)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.count("\n") == 1 and "which this trainer (tp 1 pp 2 dp 1) cannot load" in refused.stderr
+    plan_json.write_text(plan)
+
+    code, s = rlctl_json("launch", "--resume", str(job_dir), timeout_s=400)
+    assert code == 0 and s["state"] == "done", s
+    assert [r["iteration"] for r in metrics_rows(job_dir)] == list(range(iterations))
+    ledger = json.loads((job_dir / "checkpoints" / f"iter-{iterations}" / "controller" / "ledger.json").read_text())
+    assert len({e["prompt_id"] for e in ledger["entries"]}) == iterations * prompts
+    assert all(e["state"] == "trained" for e in ledger["entries"])
+    assert s["ledger"]["prompts"] == s["ledger"]["trained"] == iterations * prompts
+    assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
+    assert s["resilience"]["resumes"] == 1
+    for rank in (0, 1):  # each rank restored its own shard, the optimizer state it saved
+        log = next(job_dir.glob(f"**/trainer-{rank}*.log")).read_text()
+        restored = re.findall(rf"restored iter-{latest}: optimizer state sha256 ([0-9a-f]+), as saved \(rank", log)
+        assert restored == [manifest["ranks"][rank]["optimizer_sha256"]], log[-2000:]
+    print(f"\nmegatron tp 2 resumed from v{latest}; both ranks restored their own optimizer shard")
 
 
 def test_a_rollout_unit_killed_mid_generation_is_replaced(tmp_path, launcher):

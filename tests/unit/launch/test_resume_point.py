@@ -15,7 +15,7 @@ import pytest
 from rlctl.agents.checkpoint import manifest_path, set_latest, write_part
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
-from rlctl.errors import LaunchError, RlctlError
+from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.agentenv import ParallelConfig, checkpoint_versions, parse_latest
 from rlctl.launch.base import Resources
 from rlctl.launch.jobdir import JobDir
@@ -48,6 +48,16 @@ def files_part(ckpt: Path, part: str, text: str, *, meta: dict[str, Any] | None 
     return write_part(ckpt, part, {part: fill}, meta=meta)
 
 
+def sharded_meta(split: dict[str, int]) -> dict[str, Any]:
+    """What a trainer part's manifest says besides its files: the split and every rank's shard."""
+    ranks = [{"rank": r, "file": f"ranks/rank-{r}.pt", "optimizer_sha256": f"{r}"} for r in range(split["world"])]
+    return {"split": split, "ranks": ranks}
+
+
+ONE_RANK = {"tp": 1, "pp": 1, "dp": 1, "world": 1}
+TP2 = {"tp": 2, "pp": 1, "dp": 1, "world": 2}
+
+
 class Sites:
     """Two sites that share no filesystem: the controller's job dir and the trainer's."""
 
@@ -57,7 +67,9 @@ class Sites:
 
     def checkpoint(self, version: int, *, latest: bool = True) -> None:
         """Both parts of checkpoint `version`, in the order the agents write them; then the pointer."""
-        digest = files_part(self.t.checkpoint(version), "trainer", json.dumps({"weights": version}))
+        digest = files_part(
+            self.t.checkpoint(version), "trainer", json.dumps({"weights": version}), meta=sharded_meta(ONE_RANK)
+        )
         files_part(
             self.c.checkpoint(version),
             "controller",
@@ -199,31 +211,65 @@ def test_a_controller_lost_without_a_summary_names_the_resume_command(tmp_path: 
     assert indexed.resume_command() == f"rlctl launch --resume {indexed.id}"
 
 
-@pytest.mark.parametrize("split", [{"tp": 2, "pp": 1}, {"tp": 1, "pp": 2}], ids=["tp2", "pp2"])
-def test_a_model_parallel_trainer_is_not_resumed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: dict[str, int]
+def sharded_part(ckpt: Path, split: dict[str, int]) -> str:
+    return files_part(ckpt, "trainer", "{}", meta=sharded_meta(split))
+
+
+def test_a_checkpoint_written_at_another_split_is_refused_not_skipped(tmp_path: Path) -> None:
+    """Every trainer rank restores its own shard: the trainer must be split as when the checkpoint was written
+    (the plan is re-used, so this guards a plan.json that changed). One line, exit 2; an older checkpoint is
+    not tried instead (it would not fit either)."""
+    sites = Sites(tmp_path)
+    for v in (3, 6):
+        digest = sharded_part(sites.t.checkpoint(v), TP2)
+        files_part(sites.c.checkpoint(v), "controller", "{}", meta={"trainer_digest": digest})
+    set_latest(sites.c.path / "checkpoints", 6)
+    fs = LocalFiles()
+    same = ParallelConfig("trainer", tp=2, pp=1, dp=1)
+    assert pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], split=same).version == 6
+    with pytest.raises(UsageError) as e:
+        pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], split=ParallelConfig("trainer", tp=1, pp=2, dp=1))
+    assert str(e.value) == (
+        f"{sites.t.checkpoint(6)}: written by a trainer at tp 2 pp 1 dp 1, which this trainer (tp 1 pp 2 dp 1) "
+        "cannot load: each rank restores its own shard"
+    )
+    assert e.value.exit_code == 2 and e.value.hint is not None and "\n" not in str(e.value) + e.value.hint
+    old = Sites(tmp_path / "old")  # written before every rank kept its state: no split in the manifest
+    digest = files_part(old.t.checkpoint(3), "trainer", "{}")
+    files_part(old.c.checkpoint(3), "controller", "{}", meta={"trainer_digest": digest})
+    with pytest.raises(UsageError, match=r"iter-3: written before checkpoints kept every trainer rank's state"):
+        pick_checkpoint((fs, old.c), (fs, old.t), [3], split=ParallelConfig("trainer"))
+
+
+def test_launch_resume_refuses_another_split_in_one_line_before_any_agent_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A tp or pp > 1 trainer's checkpoint holds rank 0's optimizer shard only: `launch --resume` refuses it in
-    one line, exit 2, before anything starts."""
+    from rlctl.launch.backends import write_sites
     from tests.conftest import run_cli
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir.create("resume", explicit=tmp_path / "job")
     jd.write_job(spec(), source="test")
-    plan = {"trainer": {"site": "t", "ranks": 2, "parallel": {**split, "dp": 1}}, "rollout": []}
+    split = {"tp": 1, "pp": 2, "dp": 1}  # the plan says pp 2; the checkpoint was written at tp 2
+    plan = {"trainer": {"site": "t", "ranks": 2, "parallel": split}, "rollout": [{"site": "c", "units": 1}],
+            "controller_site": "c"}  # fmt: skip
     jd.write_json(jd.plan_json, plan)
+    write_sites(jd.path, {"c": local_site(), "t": local_site()})
+    digest = sharded_part(jd.checkpoint(3), TP2)
+    files_part(jd.checkpoint(3), "controller", "{}", meta={"trainer_digest": digest})
+    set_latest(jd.path / "checkpoints", 3)
     r = run_cli("launch", "--resume", str(jd.path))
     assert r.exit_code == 2, r.stderr
-    want = f"the trainer runs model parallel (tp {split['tp']} pp {split['pp']}), whose checkpoints"
-    assert r.stderr.count("\n") == 1 and want in r.stderr
-    assert not (jd.path / "agents.jsonl").exists()  # nothing started
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert "written by a trainer at tp 2 pp 1 dp 1, which this trainer (tp 1 pp 2 dp 1) cannot load" in r.stderr
+    assert not (jd.path / "agents.jsonl").exists() or not (jd.path / "agents.jsonl").read_text()  # nothing started
 
 
-def test_a_trainer_split_over_ssh_hosts_without_a_shared_work_root_is_not_resumed() -> None:
-    """Rank 0 alone writes the trainer's part, on its host: ranks on other hosts of an SSH site would have no
-    checkpoint to restore, unless the hosts share the work root (or every rank is on one host)."""
+def test_a_trainer_split_over_ssh_hosts_without_a_shared_work_root_is_refused() -> None:
+    """Every rank writes its shard of a checkpoint into the job dir it sees and rank 0 seals the part: ranks on
+    several hosts of an SSH site must share the work root (or every rank is on one host)."""
     from rlctl.launch.base import GpuSlice
-    from rlctl.launch.run import refuse_unresumable_trainer
+    from rlctl.launch.run import refuse_unshared_trainer
 
     def site(**sched: object) -> Site:
         return Site.model_validate({"datacenter": "a", "gpu": "CPU", "nodes": [{"host": "h[1-2]", "gpus": 1}],
@@ -233,8 +279,11 @@ def test_a_trainer_split_over_ssh_hosts_without_a_shared_work_root_is_not_resume
         return PlannedAgent("trainer", i, "t", Resources(1, 1, 1), ParallelConfig("trainer"), GpuSlice(host, (0,)))
 
     apart = [rank(0, "h1"), rank(1, "h2")]
-    with pytest.raises(RlctlError, match=r"site 't': the trainer's ranks run on hosts h1, h2, which share no work"):
-        refuse_unresumable_trainer("t", site(), apart)
-    refuse_unresumable_trainer("t", site(shared_workdir=True), apart)  # one filesystem: rank 0's copy is theirs
-    refuse_unresumable_trainer("t", site(), [rank(0, "h1"), rank(1, "h1")])  # one host
-    refuse_unresumable_trainer("t", local_site(), apart)  # local: the operator's own job dir
+    with pytest.raises(
+        RlctlError,
+        match=r"site 't': the trainer's ranks run on hosts h1, h2, which share no work root, and every rank writes",
+    ):
+        refuse_unshared_trainer("t", site(), apart)
+    refuse_unshared_trainer("t", site(shared_workdir=True), apart)  # one filesystem: rank 0's copy is theirs
+    refuse_unshared_trainer("t", site(), [rank(0, "h1"), rank(1, "h1")])  # one host
+    refuse_unshared_trainer("t", local_site(), apart)  # local: the operator's own job dir

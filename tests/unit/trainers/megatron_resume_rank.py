@@ -1,0 +1,104 @@
+"""One rank of the sharded-checkpoint resume test (test_megatron_resume.py), as its own process:
+
+    python tests/unit/trainers/megatron_resume_rank.py RANK WORLD TP PP RENDEZVOUS PHASE SAMPLES.pt JOB OUT.pt MODEL
+
+Forms a gloo group and megatron's parallel state at TP × PP, builds the `megatron` backend on the HF checkpoint
+MODEL and a `StreamingLearner` on it as the trainer agent does (`rlctl.agents.trainer`): rank 0 adds the
+samples and steps, the other ranks follow its broadcasts and publish (gather) the weights after each step.
+SAMPLES.pt holds three iterations of samples.
+
+  PHASE "run":     iterations 1 and 2; checkpoint JOB/iter-2 (rank 0 `save_trainer`, announced through the
+                   learner; the followers `save_shard` from `follow`); iteration 3.
+  PHASE "resume":  fresh ranks: try JOB/iter-2-damaged and JOB/iter-2 at another split (each error is kept),
+                   then restore JOB/iter-2 (the HF policy, this rank's optimizer shard and RNG); iteration 3.
+
+OUT.pt: {"weights": full HF weights after iteration 3, "optimizer": this rank's AdamW state after it,
+"errors": the CheckpointErrors of the resume phase, "counters": the counters restored}.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def main(
+    rank: int,
+    world: int,
+    tp: int,
+    pp: int,
+    rendezvous: Path,
+    phase: str,
+    samples: Path,
+    job: Path,
+    out: Path,
+    model: Path,
+) -> None:
+    from rlctl.agents.trainstate import CheckpointError, load_trainer, save_shard, save_trainer
+    from rlctl.config.job import GrpoAlgorithm
+    from rlctl.launch.agentenv import ParallelConfig
+    from rlctl.rl.learner import StreamingLearner
+    from rlctl.trainers.base import load_backend
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    iterations = torch.load(samples, weights_only=False)
+    backend = load_backend("megatron", model, tp=tp, pp=pp)
+    dp = backend.data_parallel()
+    split = ParallelConfig("trainer", tp=tp, pp=pp, dp=dp.size)
+    learner = StreamingLearner(
+        backend.model,
+        GrpoAlgorithm(kind="grpo", lr=1e-3),
+        group_size=4,
+        micro_batch_samples=5,
+        data_parallel=dp,
+        clip_grad_norm_=backend.clip_grad_norm_,
+    )
+    opts, ckpt = learner.optimizers(), job / "iter-2"
+    result: dict[str, Any] = {"errors": [], "counters": None}
+    if phase == "resume":
+        other = ParallelConfig("trainer", tp=tp, pp=pp, dp=dp.size + 1)  # another split
+        for where, as_split in ((job / "iter-2-damaged", split), (ckpt, other)):
+            try:
+                load_trainer(where, model=backend, optimizers=opts, split=as_split)
+            except CheckpointError as e:
+                result["errors"].append(str(e))
+        result["counters"], _ = load_trainer(ckpt, model=backend, optimizers=opts, split=split)
+    todo = [0, 1, 2] if phase == "run" else [2]
+    published: list[dict[str, torch.Tensor]] = []
+    if rank == 0:
+        for i in todo:
+            for s in iterations[i]:
+                learner.add(s)
+                learner.train_ready()
+            learner.step()
+            published.append(backend.weights())  # every rank publishes each version (a collective at tp, pp > 1)
+            if i == 1:
+                save_trainer(
+                    ckpt,
+                    model=backend,
+                    optimizers=opts,
+                    counters={"version": 2},
+                    split=split,
+                    announce=lambda: learner.announce_checkpoint(2),
+                )
+        learner.stop_followers()
+    else:
+        learner.follow(
+            on_step=lambda: published.append(backend.weights()),
+            on_checkpoint=lambda version: save_shard(job / f"iter-{version}", optimizers=opts, split=split),
+        )
+    assert len(published) == len(todo)
+    result["weights"] = {k: v.clone() for k, v in published[-1].items()}
+    result["optimizer"] = opts["policy"].state_dict()
+    torch.save(result, out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    main(int(a[0]), int(a[1]), int(a[2]), int(a[3]), Path(a[4]), a[5], Path(a[6]), Path(a[7]), Path(a[8]), Path(a[9]))
