@@ -7,8 +7,8 @@ process shell (`controller.py`) owns sockets, clocks and files; tests drive this
     iteration i created when i ≤ trainer_version + η
          │
          ▼  dispatch: queued samples of i → units at version w with i ≤ w + η (LPT-balanced)
-    rollout units ──sample(version)──▶ ledger: finished ──deliver when trainer is at i──▶ trainer
-         ▲                                    (sync: only once all of i finished)          │
+    rollout units ──sample(version)──▶ ledger: finished ──deliver (i ≥ trainer's; sync: ──▶ trainer
+         ▲                                    once all of i finished)                      │
          └──── weights v+1 (trainer → units) ◀── trained(i, v+1) ◀─────────────────────────┘
 """
 
@@ -346,27 +346,31 @@ class ControllerCore:
         return self.pred_len[e.prompt_id] + len(self.prompts[e.prompt_id].tokens)
 
     def _deliver(self) -> list[Out]:
-        it = self.trainer_version
-        if it >= self.created or self.trainer is None or not self.trainer.alive:
+        """Finished samples of every iteration not trained yet go to the trainer, the one it trains first: it
+        holds a later iteration's until it gets there and meanwhile scores them (its rewards), so it starts that
+        iteration as soon as it commits this one (async, η ≥ 1). Iteration j is trained at version j: a sample
+        too stale for that is generated again. Sync: an iteration only once all of it has finished."""
+        if self.trainer is None or not self.trainer.alive:
             return []
-        entries = self.ledger.iteration_entries(it)
-        if self.cfg.mode == "sync" and any(e.state in (State.QUEUED, State.DISPATCHED) for e in entries):
-            return []  # sync: generate all, then train
         batch = []
-        for e in entries:
-            if e.state is not State.FINISHED:
-                continue
-            assert e.sample_version is not None
-            if not self.bound.may_train(trainer_version=it, sample_version=e.sample_version):
-                self.ledger.requeue_stale(e.sample_id)
-                self.payloads.pop(e.sample_id, None)
-                continue
-            self.ledger.deliver(e.sample_id)
-            st = self.stats[it]
-            st.samples += 1
-            st.output_tokens += e.output_tokens
-            st.staleness[it - e.sample_version] += 1
-            batch.append((e, self.payloads.pop(e.sample_id)))
+        for it in range(self.trainer_version, self.created):
+            entries = self.ledger.iteration_entries(it)
+            if self.cfg.mode == "sync" and any(e.state in (State.QUEUED, State.DISPATCHED) for e in entries):
+                break  # sync: generate all, then train (and nothing of a later iteration before this one)
+            for e in entries:
+                if e.state is not State.FINISHED:
+                    continue
+                assert e.sample_version is not None
+                if not self.bound.may_train(trainer_version=it, sample_version=e.sample_version):
+                    self.ledger.requeue_stale(e.sample_id)
+                    self.payloads.pop(e.sample_id, None)
+                    continue
+                self.ledger.deliver(e.sample_id)
+                st = self.stats[it]
+                st.samples += 1
+                st.output_tokens += e.output_tokens
+                st.staleness[it - e.sample_version] += 1
+                batch.append((e, self.payloads.pop(e.sample_id)))
         if not batch:
             return []
         samples = [

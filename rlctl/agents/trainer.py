@@ -1,8 +1,9 @@
 """The trainer agent: one torch.distributed (gloo) group; rank 0 talks to the controller.
 
-    controller ──samples──▶ inbox ─▶ score each sample at once (reward, staleness check)
-                                     ─▶ learner.add ─▶ micro-batches train as whole groups arrive
-           all samples of iteration i in? ─▶ optimizer step ─▶ version i+1
+    controller ──samples──▶ inbox ─▶ score each sample at once (reward, staleness check), by iteration
+             iteration i (= the version) ─▶ learner.add ─▶ micro-batches train as whole groups arrive
+             a later one (async)         ─▶ held, its rewards computing, until the trainer gets there
+           all samples of iteration i in? ─▶ optimizer step ─▶ version i+1 ─▶ iteration i+1's held samples
                                      ─▶ WeightPublisher (background): plan the broadcast, tell units
                                      ─▶ trained(i, i+1, sample ids, figures) ──▶ controller
     controller ──members──▶ publisher targets with their datacenters (a newcomer gets the latest version)
@@ -28,7 +29,7 @@ import logging
 import os
 import queue
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -179,8 +180,9 @@ class TrainerAgent:
         )
         self.state = "running"
         ids: list[str] = []
-        scoring: deque[tuple[Delivered, list[int], list[float], Future[float]]] = deque()
-        violations = 0
+        # by iteration: the one trained now (= self.version) and, in async, later ones the controller sent early
+        scoring: dict[int, deque[tuple[Delivered, list[int], list[float], Future[float]]]] = {}
+        violations: Counter[int] = Counter()  # by iteration: samples staler than the bound allows
         try:
             while True:
                 msg = self.inbox.get()
@@ -211,43 +213,55 @@ class TrainerAgent:
                 # the user's function in worker processes), then micro-batches as scored groups complete
                 t0 = time.monotonic()
                 for d, (out, lp) in zip(_delivered(msg), _pairs(msg.tensors), strict=True):
-                    if not self.bound.may_train(trainer_version=self.version, sample_version=d.version):
-                        violations += 1
+                    if d.iteration < self.version:
+                        log.warning("trainer: sample %s of iteration %d, already trained", d.sample_id, d.iteration)
+                        continue
+                    # iteration i is trained at version i: that is the staleness that counts
+                    if not self.bound.may_train(trainer_version=d.iteration, sample_version=d.version):
+                        violations[d.iteration] += 1
                     toks = out.tolist()
-                    scoring.append((d, toks, lp.tolist(), self.task.score(d.sample_id, d.prompt_id, toks)))
-                whole = self.learner.count + len(scoring) >= self.samples_per_iteration
-                ids += self._take_scored(scoring, wait=whole)
-                self.learner.train_ready()
+                    scored = (d, toks, lp.tolist(), self.task.score(d.sample_id, d.prompt_id, toks))
+                    scoring.setdefault(d.iteration, deque()).append(scored)
                 self.busy_s += time.monotonic() - t0
-                if self.learner.count < self.samples_per_iteration:
-                    continue
-                # the iteration is complete: one optimizer step, a new version, publish, report
-                t0 = time.monotonic()
-                stats = self.learner.step()
-                iteration, self.version = self.version, self.version + 1
-                publisher.publish(self.version, self.backend.weights())
-                checkpoint = self._maybe_checkpoint()
-                self.busy_s += time.monotonic() - t0
-                link.send(
-                    make(
-                        "trained",
-                        Trained(
-                            iteration=iteration,
-                            version=self.version,
-                            sample_ids=ids,
-                            reward_mean=stats["reward_mean"],
-                            train_s=stats["train_s"],
-                            tokens=int(stats["tokens"]),
-                            loss=stats["loss"],
-                            kl=stats["kl"],
-                            checkpoint=checkpoint,
-                            staleness_violations=violations,
-                            busy_s=self.busy_s,
-                            reward_failures=self.task.reward_stats().failures,
-                        ),
+                # train the current iteration as far as its samples go; commit it when whole, and go on with
+                # the next one's held samples (they may be whole already)
+                while True:
+                    t0 = time.monotonic()
+                    current = scoring.setdefault(self.version, deque())
+                    whole = self.learner.count + len(current) >= self.samples_per_iteration
+                    ids += self._take_scored(current, wait=whole)
+                    self.learner.train_ready()
+                    self.busy_s += time.monotonic() - t0
+                    if self.learner.count < self.samples_per_iteration:
+                        break
+                    # the iteration is complete: one optimizer step, a new version, publish, report
+                    t0 = time.monotonic()
+                    stats = self.learner.step()
+                    del scoring[self.version]
+                    iteration, self.version = self.version, self.version + 1
+                    publisher.publish(self.version, self.backend.weights())
+                    checkpoint = self._maybe_checkpoint()
+                    self.busy_s += time.monotonic() - t0
+                    link.send(
+                        make(
+                            "trained",
+                            Trained(
+                                iteration=iteration,
+                                version=self.version,
+                                sample_ids=ids,
+                                reward_mean=stats["reward_mean"],
+                                train_s=stats["train_s"],
+                                tokens=int(stats["tokens"]),
+                                loss=stats["loss"],
+                                kl=stats["kl"],
+                                checkpoint=checkpoint,
+                                staleness_violations=violations.pop(iteration, 0),
+                                busy_s=self.busy_s,
+                                reward_failures=self.task.reward_stats().failures,
+                            ),
+                        )
                     )
-                )
-                ids, violations = [], 0
+                    ids = []
         finally:
             self.learner.stop_followers()
             publisher.close()

@@ -94,6 +94,25 @@ def test_async_dispatches_one_iteration_ahead():
     assert p0 > p1  # the older iteration is admitted first, whatever the predicted lengths
 
 
+def test_async_delivers_the_next_iteration_before_the_trainer_commits_this_one():
+    """The trainer holds iteration 1's samples (scoring them) while it trains 0, and starts 1 at once; they
+    are checked for staleness against version 1, the one they are trained at."""
+    core = _core(mode="async", eta=1, prompts=1, iterations=3)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    late = [o for o in _finish(core, "r0", "p1-0/0") if o.kind == "samples"]  # iteration 1 finished first
+    assert [(s["sample_id"], s["iteration"]) for o in late for s in o.header["samples"]] == [("p1-0/0", 1)]
+    assert core.ledger.entries["p1-0/0"].state is State.DELIVERED and core.trainer_version == 0
+    assert core.stats[1].staleness == {1: 1}  # generated with v0, trained at v1
+    first = [o for o in _finish(core, "r0", "p0-0/0") if o.kind == "samples"]
+    assert [s["sample_id"] for o in first for s in o.header["samples"]] == ["p0-0/0"]
+    # stream (η 0) never has a later iteration in flight: nothing changes there
+    stream = _core(mode="stream", prompts=1, iterations=2)
+    stream.join("trainer-0", role="trainer", version=0)
+    stream.join("r0", role="rollout", version=0)
+    assert stream.created == 1
+
+
 def test_lost_agent_requeues_to_the_survivor_and_nothing_is_delivered_twice():
     core = _core(min_units=2)
     core.join("trainer-0", role="trainer", version=0)

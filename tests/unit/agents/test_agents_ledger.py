@@ -26,7 +26,14 @@ def test_happy_path_walks_every_state_in_order():
     led.mark_trained("p0/0")
     seen.append(led.entries["p0/0"].state)
     assert seen == [State.QUEUED, State.DISPATCHED, State.FINISHED, State.DELIVERED, State.TRAINED]
-    assert led.entries["p0/0"].output_tokens == 7
+    e = led.entries["p0/0"]
+    assert e.output_tokens == 7
+    # each move's time, in order; a requeue forgets them (the sample starts over)
+    assert e.dispatched_at is not None and e.finished_at is not None and e.delivered_at is not None
+    assert e.trained_at is not None and e.dispatched_at <= e.finished_at <= e.delivered_at <= e.trained_at
+    led.dispatch("p1/0", agent="r0", version=0)
+    led.requeue_agent("r0")
+    assert led.entries["p1/0"].dispatched_at is None
 
 
 def test_illegal_moves_raise():

@@ -26,7 +26,7 @@ class FakeUnit:
 @dataclass
 class FakeTrainer:
     version: int = 0
-    buffer: list[dict] = field(default_factory=list)
+    buffer: dict[int, list[dict]] = field(default_factory=dict)  # by iteration: later ones held (async)
     trained: list[str] = field(default_factory=list)
     violations: int = 0
     early_deliveries: int = 0  # sample batches that reached the trainer before their iteration was complete
@@ -76,12 +76,15 @@ def test_no_staleness_violation_and_exactly_once(
             if o.to == "trainer":
                 if o.kind == "samples":
                     for s in o.header["samples"]:
-                        assert s["iteration"] == trainer.version
-                        if not bound.may_train(trainer_version=trainer.version, sample_version=s["version"]):
+                        # the current iteration, or a later one within η (held until the trainer gets there)
+                        assert trainer.version <= s["iteration"] <= trainer.version + eta
+                        # iteration i is trained at version i
+                        if not bound.may_train(trainer_version=s["iteration"], sample_version=s["version"]):
                             trainer.violations += 1
-                        trainer.buffer.append(s)
-                    it = trainer.version
-                    if any(e.state in (State.QUEUED, State.DISPATCHED) for e in core.ledger.iteration_entries(it)):
+                        trainer.buffer.setdefault(s["iteration"], []).append(s)
+                    its = {s["iteration"] for s in o.header["samples"]}
+                    entries = [e for it in its for e in core.ledger.iteration_entries(it)]
+                    if any(e.state in (State.QUEUED, State.DISPATCHED) for e in entries):
                         trainer.early_deliveries += 1
                 elif o.kind == "members":
                     for name in o.header["rollouts"]:  # a newcomer gets the current weights, later
@@ -110,7 +113,7 @@ def test_no_staleness_violation_and_exactly_once(
         actions += [("weights", n) for n in alive if units[n].pending_weights]
         if dups_left:
             actions += [("dup", n) for n, u in units.items() if u.sent]
-        if len(trainer.buffer) == prompts * group:
+        if len(trainer.buffer.get(trainer.version, [])) == prompts * group:
             actions.append(("train", ""))
         if len(alive) > 1 and kills_left:
             actions += [("kill", n) for n in alive]
@@ -134,10 +137,9 @@ def test_no_staleness_violation_and_exactly_once(
             u.version = u.pending_weights.pop(0)
             handle(core.weights_applied(name, u.version))
         elif what == "train":
-            ids = [s["sample_id"] for s in trainer.buffer]
-            trainer.trained += ids
-            trainer.buffer.clear()
             it = trainer.version
+            ids = [s["sample_id"] for s in trainer.buffer.pop(it)]
+            trainer.trained += ids
             trainer.version += 1
             for u in units.values():
                 if u.alive:
@@ -161,3 +163,4 @@ def test_no_staleness_violation_and_exactly_once(
     assert counts.duplicated == 0 and counts.lost == 0
     if mode == "sync":
         assert trainer.early_deliveries == 0
+    assert not any(trainer.buffer.values())  # nothing held back at the end
