@@ -1,0 +1,136 @@
+"""The simulator's engine of several groups released over time: one group is `run_instance`; several match a
+step-by-step engine loop (admission by group, releases, group barrier, lazy compaction)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlctl.planner.engine import EPS_S, Barrier, Group, run_groups
+from rlctl.planner.sim import run_instance
+
+PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
+
+
+def reference_groups(
+    groups: list[tuple[float, list[int]]],
+    cap: int,
+    prefill_s: float,
+    fixed_s: float,
+    compact: float | None,
+    barrier: str,
+) -> list[list[float]]:
+    """The embedded engine's loop, one step at a time: admit released requests, oldest group first, into
+    free rows unless the earliest running group bars them; decode every row; finish; maybe compact."""
+    rows: list[tuple[int, int] | None] = []
+    remaining: dict[tuple[int, int], int] = {}
+    finish = [[0.0] * len(ls) for _, ls in groups]
+    nxt = [0] * len(groups)
+    live = [r for r, ls in groups if ls]
+    t = min(live, default=0.0)
+
+    def floor() -> int | None:
+        g = min((g for g, _ in remaining), default=None)
+        if g is None or barrier == "never" or (barrier == "auto" and len(groups[g][1]) <= cap):
+            return None
+        return g
+
+    def head() -> int | None:
+        return next((g for g, (r, ls) in enumerate(groups) if nxt[g] < len(ls) and r <= t + EPS_S), None)
+
+    def admissible() -> bool:
+        h, f = head(), floor()
+        return h is not None and (f is None or h <= f)
+
+    while any(nxt[g] < len(ls) for g, (_, ls) in enumerate(groups)) or remaining:
+        admitted = 0
+        if admissible():
+            f = floor()
+            for g, (r, ls) in enumerate(groups):
+                if (f is not None and g > f) or r > t + EPS_S:
+                    continue
+                while nxt[g] < len(ls) and len(remaining) < cap:
+                    key = (g, nxt[g])
+                    if None in rows:
+                        rows[rows.index(None)] = key
+                    else:
+                        rows.append(key)
+                    remaining[key] = ls[nxt[g]]
+                    nxt[g] += 1
+                    admitted += 1
+        if admitted:
+            t += fixed_s + admitted * prefill_s
+        if not remaining:
+            t = max(t, min(r for g, (r, ls) in enumerate(groups) if nxt[g] < len(ls)))
+            rows = []
+            continue
+        t += PTL[len(rows) if compact is not None else len(remaining)]
+        for key in list(remaining):
+            remaining[key] -= 1
+            if remaining[key] == 0:
+                finish[key[0]][key[1]] = t
+                del remaining[key]
+                rows[rows.index(key)] = None
+        free = rows.count(None)
+        if compact is None or free == len(rows) or (not admissible() and free >= compact * len(rows)):
+            rows = [r for r in rows if r is not None]
+    return finish
+
+
+@given(
+    st.lists(st.integers(1, 30), min_size=1, max_size=25),
+    st.integers(1, 8),
+    st.sampled_from([0.0, 0.002]),
+    st.sampled_from([0.0, 0.005]),
+    st.sampled_from([None, 0.25, 0.5]),
+)
+@settings(max_examples=200, deadline=None)
+def test_one_group_is_run_instance(
+    lengths: list[int], cap: int, prefill: float, fixed: float, compact: float | None
+) -> None:
+    kw = {"ptl_s": PTL, "batch_cap": cap, "prefill_s": prefill, "admit_fixed_s": fixed, "compact_fraction": compact}
+    (got,) = run_groups([Group(0.0, np.array(lengths))], **kw)  # type: ignore[arg-type]
+    assert got.tolist() == pytest.approx(run_instance(lengths, **kw).tolist())  # type: ignore[arg-type]
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 0.6), st.lists(st.integers(1, 25), min_size=0, max_size=12)), min_size=1, max_size=4
+    ),
+    st.integers(1, 8),
+    st.sampled_from([0.0, 0.002]),
+    st.sampled_from([None, 0.5]),
+    st.sampled_from(["auto", "always", "never"]),
+)
+@settings(max_examples=300, deadline=None)
+def test_groups_match_a_step_by_step_engine(
+    groups: list[tuple[float, list[int]]], cap: int, prefill: float, compact: float | None, barrier: Barrier
+) -> None:
+    groups = sorted(groups, key=lambda g: g[0])  # iterations are released in order
+    got = run_groups(
+        [Group(r, np.array(ls, dtype=np.int64)) for r, ls in groups],
+        ptl_s=PTL,
+        batch_cap=cap,
+        prefill_s=prefill,
+        admit_fixed_s=0.001,
+        compact_fraction=compact,
+        barrier=barrier,
+    )
+    want = reference_groups(groups, cap, prefill, 0.001, compact, barrier)
+    assert [g.tolist() for g in got] == [pytest.approx(w) for w in want]
+
+
+def test_the_next_group_fills_the_tail_and_slows_it_unless_barred() -> None:
+    """Group 0: 4 requests on a batch of 4 (one long); group 1 released while its tail runs."""
+    tail = [Group(0.0, np.array([2, 2, 2, 40])), Group(0.05, np.array([10, 10, 10]))]
+    kw = {"ptl_s": PTL, "batch_cap": 4}
+    alone = run_groups(tail[:1], **kw)[0]  # type: ignore[arg-type]
+    filled, later = run_groups(tail, barrier="never", **kw)  # type: ignore[arg-type]
+    barred_first, barred_later = run_groups(tail, barrier="always", **kw)  # type: ignore[arg-type]
+    assert filled[3] > alone[3]  # the tail shares its steps with group 1's rows: each step dearer
+    assert barred_first.tolist() == pytest.approx(alone.tolist())  # the barrier: group 1 waits for the last row
+    assert barred_later.min() > alone.max() and later.max() < barred_later.max()
+    # auto: a group that fits in one batch lets the next one in
+    assert [g.tolist() for g in run_groups(tail, barrier="auto", **kw)] == [filled.tolist(), later.tolist()]  # type: ignore[arg-type]
