@@ -486,7 +486,8 @@ def pick_checkpoint(
     trainer's part on the trainer's; the trainer part must be the one the controller part names (its
     manifest's SHA-256). `versions`: the job's checkpoint versions; those whose controller manifest exists
     (the controller writes its part last) are tried, newest first. `split`: the trainer's tp × pp × dp, which
-    must be the one the checkpoint was written at (every rank restores its own shard), else UsageError."""
+    must be the one the checkpoint was written at (every rank restores the shard of its (tp, pp) position),
+    else UsageError."""
     c_fs, c_dir = controller
     t_fs, t_dir = trainer
     name = manifest_name("controller")

@@ -216,9 +216,9 @@ def sharded_part(ckpt: Path, split: dict[str, int]) -> str:
 
 
 def test_a_checkpoint_written_at_another_split_is_refused_not_skipped(tmp_path: Path) -> None:
-    """Every trainer rank restores its own shard: the trainer must be split as when the checkpoint was written
-    (the plan is re-used, so this guards a plan.json that changed). One line, exit 2; an older checkpoint is
-    not tried instead (it would not fit either)."""
+    """Every trainer rank restores the shard of its (tp, pp) position: the trainer must be split as when the
+    checkpoint was written (the plan is re-used, so this guards a plan.json that changed). One line, exit 2;
+    an older checkpoint is not tried instead (it would not fit either)."""
     sites = Sites(tmp_path)
     for v in (3, 6):
         digest = sharded_part(sites.t.checkpoint(v), TP2)
@@ -231,7 +231,7 @@ def test_a_checkpoint_written_at_another_split_is_refused_not_skipped(tmp_path: 
         pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], split=ParallelConfig("trainer", tp=1, pp=2, dp=1))
     assert str(e.value) == (
         f"{sites.t.checkpoint(6)}: written by a trainer at tp 2 pp 1 dp 1, which this trainer (tp 1 pp 2 dp 1) "
-        "cannot load: each rank restores its own shard"
+        "cannot load: each rank restores the shard of its (tp, pp) position at that split"
     )
     assert e.value.exit_code == 2 and e.value.hint is not None and "\n" not in str(e.value) + e.value.hint
     old = Sites(tmp_path / "old")  # written before every rank kept its state: no split in the manifest
