@@ -25,10 +25,10 @@ its data-parallel group. The torch backend holds a whole replica per rank: rank 
 
 RNG: the states of replicas d > 0 are not saved; such a rank resumes with its replica-0 peer's. Nothing on the
 trainer's ranks draws from them once the model is built: every dropout is 0 (megatron's RNG tracker forks
-nothing: `rlctl.trainers.megatron.cpu`), GRPO's advantages, loss, clipping and AdamW draw nothing, and what is
-random on rank 0 (the task's prompts and rewards) uses generators of its own, seeded per prompt; a user's reward
-function runs in worker processes. The states are kept so that whatever draws from them later resumes where
-replica 0 was.
+nothing: `rlctl.trainers.megatron.cpu`), GRPO's advantages, loss, clipping and AdamW draw nothing, and the
+task's code on rank 0 (prompt tokens, rewards) draws only from generators of its own, seeded from the job; a
+user's reward function runs in worker processes. The states are kept so that whatever draws from them later
+resumes where replica 0 was.
 
 The checkpoint directory is the job dir's, which the writing ranks see (one host, or a filesystem the hosts
 share), and which every rank reads on resume: `rlctl.launch.layout.unshared_trainer`. Tensors go through
