@@ -14,9 +14,11 @@ the trainer datacenter's links. With one rank the group is still formed, so the 
 With megatron tensor or pipeline parallel, the ranks of a tp × pp group train shards of one replica and each
 publishes the full weights gathered over the group (the same bytes on every rank); rank 0 checkpoints them.
 
-    checkpoint due (rank 0) ─broadcast ("checkpoint", v)─▶ every rank writes its shard (optimizer, RNG)
+    checkpoint due (rank 0) ─broadcast ("checkpoint", v)─▶ data-parallel replica 0's ranks write their shard
+                                                           (optimizer, RNG); the other replicas hold the same
                             ◀──────── gather: on disk ──── ─▶ rank 0 writes the HF policy, seals the manifest
-    `launch --resume`: every rank restores the HF policy (its shard) and its own shard, at the same split
+    `launch --resume`: every rank restores the HF policy (its shard) and the shard of its (tp, pp) position,
+                       at the same split (`rlctl.agents.trainstate`)
 
 The policy is held by the job's trainer backend (`rlctl.trainers`: `torch` or `megatron`); the learner trains
 its module, and what is published and checkpointed is the backend's HF-layout weights.
@@ -103,15 +105,18 @@ class TrainerAgent:
         self.version = 0
         self.checkpoint_digest = ""  # of the checkpoint this trainer restored (the controller compares)
         tp, pp = self.backend.model_parallel()
-        self.split = ParallelConfig("trainer", tp=tp, pp=pp, dp=self.backend.data_parallel().size)
+        self.data_parallel = self.backend.data_parallel()
+        self.split = ParallelConfig("trainer", tp=tp, pp=pp, dp=self.data_parallel.size)
         resumed = resume_version()
-        if resumed:  # `launch --resume`: policy, this rank's optimizer shard and RNG, version from the checkpoint
+        if resumed:  # `launch --resume`: policy, the optimizer shard and RNG of this rank's (tp, pp) position,
+            # version from the checkpoint
             counters, self.checkpoint_digest = load_trainer(
                 ctx.jobdir.checkpoint(resumed),
                 model=self.backend,
                 optimizers=self.learner.optimizers(),
                 modules=self.learner.modules(),
                 split=self.split,
+                data_parallel=self.data_parallel,
             )
             self.version = int(counters["version"])
             log.info("%s: restored checkpoint v%d", self.name, self.version)
@@ -156,6 +161,7 @@ class TrainerAgent:
                     optimizers=self.learner.optimizers(),
                     modules=self.learner.modules(),
                     split=self.split,
+                    data_parallel=self.data_parallel,
                 )
 
             try:
@@ -281,8 +287,8 @@ class TrainerAgent:
 
     def _maybe_checkpoint(self) -> str:
         """Every `checkpoint.every_iterations` and at the end: the trainer's part of the checkpoint of this
-        version (policy, counters, and every rank's optimizers and RNG: the other ranks are told through the
-        learner's broadcasts); the SHA-256 of its manifest, or "" when none was due."""
+        version (policy, counters, and the optimizers and RNG of data-parallel replica 0's ranks: the other ranks
+        are told through the learner's broadcasts); the SHA-256 of its manifest, or "" when none was due."""
         every = self.ctx.job.checkpoint.every_iterations
         last = self.version == self.ctx.job.iterations
         if not (last or (every and self.version % every == 0)):
@@ -295,6 +301,7 @@ class TrainerAgent:
             modules=self.learner.modules(),
             counters={"version": version},
             split=self.split,
+            data_parallel=self.data_parallel,
             tokenizer_from=self.ctx.jobdir.init_model,
             announce=lambda: self.learner.announce_checkpoint(version),
         )

@@ -1,23 +1,38 @@
-"""The trainer's part of a checkpoint: the policy (an HF directory, gathered), every rank's shard of the rest
-(its optimizers' state, other trained modules such as a PPO critic, its RNG states), the trainer's counters and
-the split (tp × pp × dp) it was written at — saved and restored as one unit.
+"""The trainer's part of a checkpoint: the policy (an HF directory, gathered), the shards of data-parallel
+replica 0 (one per tp × pp rank of it: its optimizers' state, other trained modules such as a PPO critic, its
+RNG states), the trainer's counters and the split (tp × pp × dp) it was written at — saved and restored as one
+unit.
+
+Data-parallel replicas hold the same optimizer state bit for bit (gradients are summed over dp before the same
+AdamW step: `rlctl.rl.learner`), so only replica 0's ranks write a shard; a rank of replica d > 0 joins the
+barrier, and on resume restores the shard of the replica-0 rank at its own (tp, pp) position: the first rank of
+its data-parallel group. The torch backend holds a whole replica per rank: rank 0 alone writes.
 
     rank 0: save_trainer                               ranks > 0: save_shard (the learner's follow loop)
       MANIFEST.trainer.json goes (being rewritten)
       announce() ── broadcast ("checkpoint", v) ──▶    on_checkpoint(v)
-      ranks/rank-0.pt                                  ranks/rank-r.pt   (temporary name, fsync, rename)
-      gather ◀──── bytes, SHA-256, optimizer digest ── gather            (the barrier: every shard is on disk)
+      ranks/rank-0.pt                                  replica 0: ranks/rank-r.pt (temporary name, fsync, rename)
+                                                       replica d > 0: writes nothing
+      gather ◀── bytes, SHA-256, optimizer digest ──── gather            (the barrier: every shard is on disk)
       each shard here as its rank wrote it? then model/
-      MANIFEST.trainer.json, written last: every file's SHA-256, the counters, the split, each rank's
-      optimizer digest
+      MANIFEST.trainer.json, written last: every file's SHA-256, the counters, the split, per shard its
+      writer, its optimizer digest and the ranks that restore it
 
     load_trainer on every rank: the manifest verifies (rank 0: every file; the others: what they read), the
-    split is the checkpoint's, the policy through the backend (this rank's shard of the HF tensors), then its
-    shard: optimizers (the digest recorded for this rank), modules, RNG. Else CheckpointError (one line).
+    split is the checkpoint's, the policy through the backend (this rank's shard of the HF tensors), then the
+    shard of its (tp, pp) position: optimizers (the digest recorded for it), modules, RNG. Else CheckpointError
+    (one line).
 
-The checkpoint directory is the job dir's, which every rank of the trainer sees (one host, or a filesystem
-the hosts share: `rlctl.launch.run.refuse_unshared_trainer`). Tensors go through `torch.save` and come back
-through `torch.load(weights_only=True)`; nothing is unpickled.
+RNG: the states of replicas d > 0 are not saved; such a rank resumes with its replica-0 peer's. Nothing on the
+trainer's ranks draws from them once the model is built: every dropout is 0 (megatron's RNG tracker forks
+nothing: `rlctl.trainers.megatron.cpu`), GRPO's advantages, loss, clipping and AdamW draw nothing, and the
+task's code on rank 0 (prompt tokens, rewards) draws only from generators of its own, seeded from the job; a
+user's reward function runs in worker processes. The states are kept so that whatever draws from them later
+resumes where replica 0 was.
+
+The checkpoint directory is the job dir's, which the writing ranks see (one host, or a filesystem the hosts
+share), and which every rank reads on resume: `rlctl.launch.layout.unshared_trainer`. Tensors go through
+`torch.save` and come back through `torch.load(weights_only=True)`; nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -40,7 +55,7 @@ from rlctl.engines.model import TinyGPT
 from rlctl.errors import RlctlError
 from rlctl.launch.agentenv import ParallelConfig, split_problem, verified_manifest
 from rlctl.launch.sitefs import LocalFiles
-from rlctl.trainers.base import TrainerBackend
+from rlctl.trainers.base import DataParallel, TrainerBackend
 
 log = logging.getLogger(__name__)
 
@@ -104,16 +119,37 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+def replica_ranks(data_parallel: DataParallel) -> list[int]:
+    """The global ranks of this rank's data-parallel group in replica order: the ranks at its (tp, pp) position,
+    which hold the same optimizer state after every step. The first (replica 0's) writes the shard they all
+    restore."""
+    rank, world = _rank_world()
+    if data_parallel.size == 1:
+        out = [rank]
+    elif data_parallel.group is None:  # the default group's ranks, every one a whole replica (`whole_replicas`)
+        out = list(range(world))
+    else:
+        group = data_parallel.group
+        out = sorted(dist.get_process_group_ranks(group), key=lambda g: dist.get_group_rank(group, g))
+    assert len(out) == data_parallel.size and out[data_parallel.rank] == rank, (out, data_parallel, rank)
+    return out
+
+
 def _write_shard(
     ckpt: Path,
     *,
     optimizers: dict[str, torch.optim.Optimizer],
     modules: dict[str, torch.nn.Module],
     split: ParallelConfig,
+    data_parallel: DataParallel,
 ) -> dict[str, Any]:
-    """This rank's shard, on disk under its final name when this returns; what rank 0 records of it (or why
-    it could not be written: rank 0 then refuses the checkpoint, naming the rank)."""
+    """This rank's shard, on disk under its final name when this returns, if it is a rank of replica 0; what
+    rank 0 records of it (or why it could not be written: rank 0 then refuses the checkpoint, naming the rank).
+    A rank of another replica writes nothing: replica 0's rank at its position holds the same state."""
     rank, _ = _rank_world()
+    replicas = replica_ranks(data_parallel)
+    if data_parallel.rank > 0:
+        return {"rank": rank, "replicas": replicas, "split": split.short()}
     rel = shard_name(rank)
     body: dict[str, Any] = {"rank": rank, "rng": rng_state()}
     body |= {f"optimizer.{k}": o.state_dict() for k, o in optimizers.items()}
@@ -130,9 +166,10 @@ def _write_shard(
         written = {"bytes": path.stat().st_size, "sha256": file_digest(path)}
     except OSError as e:  # the disk is full, the directory is gone: rank 0 says which rank and why
         log.error("checkpoint %s: rank %d could not write %s: %s", ckpt.name, rank, rel, e)
-        return {"rank": rank, "file": rel, "error": f"{type(e).__name__}: {e}"}
+        return {"rank": rank, "replicas": replicas, "file": rel, "error": f"{type(e).__name__}: {e}"}
     return {
         "rank": rank,
+        "replicas": replicas,
         "file": rel,
         **written,
         "optimizer_sha256": optimizer_digest(optimizers),
@@ -146,10 +183,11 @@ def save_shard(
     optimizers: dict[str, torch.optim.Optimizer],
     modules: dict[str, torch.nn.Module] | None = None,
     split: ParallelConfig,
+    data_parallel: DataParallel,
 ) -> None:
-    """Ranks > 0, told by rank 0 that checkpoint `ckpt` is due: write this rank's shard, then join the gather
-    that tells rank 0 it is on disk (rank 0 seals the checkpoint after it)."""
-    record = _write_shard(ckpt, optimizers=optimizers, modules=modules or {}, split=split)
+    """Ranks > 0, told by rank 0 that checkpoint `ckpt` is due: write this rank's shard if it is one of replica
+    0's, then join the gather that tells rank 0 it is on disk (rank 0 seals the checkpoint after it)."""
+    record = _write_shard(ckpt, optimizers=optimizers, modules=modules or {}, split=split, data_parallel=data_parallel)
     dist.gather_object(record, None, dst=0)
 
 
@@ -161,10 +199,11 @@ def save_trainer(
     modules: dict[str, torch.nn.Module] | None = None,
     counters: dict[str, Any],
     split: ParallelConfig,
+    data_parallel: DataParallel,
     tokenizer_from: Path | None = None,
     announce: Callable[[], None] | None = None,
 ) -> str:
-    """Rank 0: write the trainer's part of checkpoint `ckpt`, every rank's shard in it; the SHA-256 of its
+    """Rank 0: write the trainer's part of checkpoint `ckpt`, replica 0's shards in it; the SHA-256 of its
     manifest (the controller records it). `announce` tells the other ranks to write theirs (`save_shard`):
     with several ranks it must make each of them call `save_shard` for `ckpt`."""
     rank, world = _rank_world()
@@ -173,16 +212,21 @@ def save_trainer(
     if world > 1:
         assert announce is not None, "the other ranks must be told to write their shards"
         announce()
-    mine = _write_shard(ckpt, optimizers=optimizers, modules=modules or {}, split=split)
+    mine = _write_shard(ckpt, optimizers=optimizers, modules=modules or {}, split=split, data_parallel=data_parallel)
     records: list[Any] = [mine]
     if world > 1:
         records = [None] * world
         dist.gather_object(mine, records, dst=0)
+    shards = [rec for rec in records if "file" in rec]
+    # replica 0 is where ParallelConfig says (the launcher places the writers by it), and restores every rank
+    assert [rec["rank"] for rec in shards] == split.first_replica_ranks(), (records, split)
+    assert {rec["replicas"][0] for rec in records} == {rec["rank"] for rec in shards}, records
     listed = {}
-    for r, rec in enumerate(records):  # every shard is on disk, and is here as its rank wrote it
+    for rec in shards:  # every shard is on disk, and is here as its rank wrote it
+        r = rec["rank"]
         if "error" in rec:
             raise CheckpointError(f"{ckpt}: rank {r} could not write its shard {rec['file']}: {rec['error']}")
-        assert rec["rank"] == r and rec["split"] == split.short(), (rec, split)
+        assert rec["split"] == split.short(), (rec, split)
         path = ckpt / rec["file"]
         seen = {"bytes": path.stat().st_size, "sha256": file_digest(path)} if path.is_file() else None
         if seen != {"bytes": rec["bytes"], "sha256": rec["sha256"]}:
@@ -198,15 +242,23 @@ def save_trainer(
     meta = {
         "counters": counters,
         "split": {"tp": split.tp, "pp": split.pp, "dp": split.dp, "world": world},
-        "optimizer_sha256": mine["optimizer_sha256"],  # rank 0's; every rank's below
-        "ranks": [{"rank": r["rank"], "file": r["file"], "optimizer_sha256": r["optimizer_sha256"]} for r in records],
+        "optimizer_sha256": mine["optimizer_sha256"],  # rank 0's; every shard's below
+        "ranks": [  # the ranks that wrote (replica 0's), and the ranks that restore each one's shard
+            {
+                "rank": r["rank"],
+                "file": r["file"],
+                "optimizer_sha256": r["optimizer_sha256"],
+                "restored_by": r["replicas"],
+            }
+            for r in shards
+        ],
     }
     return write_part(ckpt, "trainer", {MODEL: fill_model}, meta=meta, listed=listed)
 
 
-def _verified(ckpt: Path, rank: int) -> dict[str, Any]:
-    """The trainer part's manifest once the files this rank reads match it: the policy and its shard; on rank 0
-    every rank's shard (it answers for the whole part). CheckpointError naming what is wrong."""
+def _verified(ckpt: Path, *, rank: int, shard_of: int) -> dict[str, Any]:
+    """The trainer part's manifest once the files this rank reads match it: the policy and the shard of rank
+    `shard_of`; on rank 0 every shard (it answers for the whole part). CheckpointError naming what is wrong."""
 
     def common(rel: str) -> bool:
         return not rel.startswith(f"{RANKS}/")
@@ -215,7 +267,7 @@ def _verified(ckpt: Path, rank: int) -> dict[str, Any]:
         manifest = verified_manifest(LocalFiles(), str(ckpt), "trainer", only=common)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{ckpt}: the trainer's part is not usable: {e}") from e
-    shards = [s for s in manifest.get("ranks", []) if rank == 0 or s["rank"] == rank]
+    shards = [s for s in manifest.get("ranks", []) if rank == 0 or s["rank"] == shard_of]
     for s in shards:
         try:
             verified_manifest(LocalFiles(), str(ckpt), "trainer", only=str(s["file"]).__eq__)
@@ -231,27 +283,41 @@ def load_trainer(
     optimizers: dict[str, torch.optim.Optimizer],
     modules: dict[str, torch.nn.Module] | None = None,
     split: ParallelConfig,
+    data_parallel: DataParallel,
 ) -> tuple[dict[str, Any], str]:
-    """Restore into this rank's objects what `save_trainer` and `save_shard` wrote; (counters, manifest digest).
+    """Restore into this rank's objects what `save_trainer` and `save_shard` wrote: the policy, then the shard
+    of replica 0's rank at this rank's (tp, pp) position (its own on replica 0); (counters, manifest digest).
     No collective: every rank loads on its own. CheckpointError (naming the checkpoint, and the rank for a
     shard) when the files do not verify, or the checkpoint was written at another split than `split`."""
     rank, _ = _rank_world()
-    manifest = _verified(ckpt, rank)
+    replicas = replica_ranks(data_parallel)
+    shard_of = replicas[0]
+    manifest = _verified(ckpt, rank=rank, shard_of=shard_of)
     why = split_problem(manifest, split)
     if why is not None:
         raise CheckpointError(f"{ckpt}: {why}")
-    (entry,) = [s for s in manifest["ranks"] if s["rank"] == rank]
+    (entry,) = [s for s in manifest["ranks"] if s["rank"] == shard_of]
+    assert rank in entry.get("restored_by", replicas), (ckpt, entry, rank)  # (written when every rank wrote: none)
     loaded = TinyGPT.from_pretrained(ckpt / MODEL)
     model.load_state_dict(loaded.state_dict())
     shard = torch.load(ckpt / entry["file"], weights_only=True)
-    assert shard["rank"] == rank, (ckpt, entry)  # the manifest verified this file: it is the one rank 0 listed
+    assert shard["rank"] == shard_of, (ckpt, entry)  # the manifest verified this file: it is the one rank 0 listed
     for k, o in optimizers.items():
         o.load_state_dict(shard[f"optimizer.{k}"])
     for k, m in (modules or {}).items():
         m.load_state_dict(shard[f"module.{k}"])
     restored = optimizer_digest(optimizers)
     if restored != entry["optimizer_sha256"]:
-        raise CheckpointError(f"{ckpt}: rank {rank}'s optimizer state restored differs from the one saved")
-    set_rng_state(shard["rng"])
-    log.info("restored %s: optimizer state sha256 %s, as saved (rank %d, %s)", ckpt.name, restored, rank, split.short())
+        raise CheckpointError(
+            f"{ckpt}: rank {rank}'s optimizer state restored from rank {shard_of}'s shard differs from the one saved"
+        )
+    set_rng_state(shard["rng"])  # replica 0's at this position, on every replica (see the module's docstring)
+    log.info(
+        "restored %s: optimizer state sha256 %s, as saved (rank %d from rank %d's shard, %s)",
+        ckpt.name,
+        restored,
+        rank,
+        shard_of,
+        split.short(),
+    )
     return dict(manifest["counters"]), str(manifest["digest"])

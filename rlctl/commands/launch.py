@@ -250,8 +250,8 @@ def register(app: typer.Typer) -> None:
 
 def _resume(ref: str, output: OutputFormat) -> None:
     """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest
-    complete checkpoint (every trainer rank its own shard: a checkpoint written at another tp × pp × dp is
-    refused), every prompt it had not trained is generated again, the curves continue."""
+    complete checkpoint (every trainer rank the shard of its (tp, pp) position: a checkpoint written at
+    another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue."""
     from rlctl.launch.jobdb import JobDB
     from rlctl.launch.jobref import resolve
     from rlctl.launch.run import JobRun, refuse_if_running

@@ -99,7 +99,8 @@ def verified_manifest(
 
 def split_problem(manifest: dict[str, Any], trainer: ParallelConfig) -> str | None:
     """Why a trainer split as `trainer` (tp × pp × dp) cannot load the trainer part whose manifest this is, or
-    None: each of its ranks restores the optimizer shard of the same rank at the split the part was written at."""
+    None: each of its ranks restores the shard of its (tp, pp) position, which data-parallel replica 0 wrote at
+    the part's split (`ParallelConfig.first_replica_ranks`), so the split must be the same."""
     split = manifest.get("split")
     if not isinstance(split, dict) or "ranks" not in manifest:
         return "written before checkpoints kept every trainer rank's state (no split in MANIFEST.trainer.json)"
@@ -108,7 +109,8 @@ def split_problem(manifest: dict[str, Any], trainer: ParallelConfig) -> str | No
         return None
     return (
         f"written by a trainer at tp {have[0]} pp {have[1]} dp {have[2]}, which this trainer "
-        f"(tp {trainer.tp} pp {trainer.pp} dp {trainer.dp}) cannot load: each rank restores its own shard"
+        f"(tp {trainer.tp} pp {trainer.pp} dp {trainer.dp}) cannot load: each rank restores the shard of its (tp, pp) "
+        "position at that split"
     )
 
 
@@ -182,6 +184,13 @@ class ParallelConfig:
     def short(self) -> str:
         """`tp2 pp1 dp8` for tables and log lines."""
         return f"tp{self.tp} pp{self.pp} dp{self.dp}"
+
+    def first_replica_ranks(self) -> list[int]:
+        """A trainer's data-parallel replica 0: the global ranks of its tp × pp positions, which write the
+        shards of a trainer checkpoint (the other replicas hold the same state). Megatron numbers the ranks tp
+        fastest, then dp, then pp (its default order "tp-cp-ep-dp-pp"), so position (t, p) of replica 0 is
+        rank t + tp·dp·p: ranks 0 … tp−1 at pp 1, not a prefix of the ranks at pp > 1 and dp > 1."""
+        return [t + self.tp * self.dp * p for p in range(self.pp) for t in range(self.tp)]
 
 
 def threads_for(job: JobFile, role: str) -> int:

@@ -12,6 +12,10 @@ Per site kind:
 
 The controller uses no GPU. A unit added later by `scale` gets its slice from the same pool, with
 every recorded agent's slice claimed first (`rlctl.launch.spawn.Spawner`).
+
+Checkpoints: the trainer ranks of data-parallel replica 0 write their shards into the job dir they see and
+rank 0 seals what it sees there (`rlctl.agents.trainstate`); on resume every rank reads its shard there. On an
+SSH site whose hosts share no work root, those ranks must share rank 0's host (`unshared_trainer`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlctl.config.inventory import Site
+from rlctl.config.inventory import Site, SshScheduler
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
 from rlctl.launch.agentenv import ParallelConfig, threads_for
@@ -45,6 +49,50 @@ def trainer_parallel(plan: dict[str, Any]) -> ParallelConfig:
     t = plan["trainer"]
     p = t.get("parallel") or {"tp": 1, "pp": 1, "dp": int(t["ranks"])}
     return ParallelConfig("trainer", tp=int(p["tp"]), pp=int(p["pp"]), dp=int(p["dp"]))
+
+
+def checkpoint_writers(plan: dict[str, Any], job: JobFile) -> list[int]:
+    """The trainer ranks that write a checkpoint's shards: data-parallel replica 0's tp × pp ranks under
+    megatron (`ParallelConfig.first_replica_ranks`); rank 0 alone under torch, whose every rank is a whole
+    replica whatever the plan's split."""
+    if job.trainer.backend != "megatron":
+        return [0]
+    return trainer_parallel(plan).first_replica_ranks()
+
+
+def unshared_trainer(
+    name: str, site: Site, trainers: list[PlannedAgent], *, writers: list[int], resume: bool = False
+) -> tuple[str, str] | None:
+    """Why the trainer's ranks on SSH site `name` cannot checkpoint (or, `resume`, restore) through the job
+    dirs they see, and what to do; None when they can. Each host of an SSH site without `shared_workdir` has
+    its own copy of the job dir: the `writers` (`checkpoint_writers`) must run on one host, whose copy rank 0
+    seals; a resumed rank reads the policy and the shard of its (tp, pp) position from its own host's copy, so
+    on resume every rank must run there."""
+    if not isinstance(site.scheduler, SshScheduler) or site.scheduler.shared_workdir:
+        return None
+    field = f"sites.{name}.scheduler.shared_workdir"
+    if resume:
+        hosts = sorted({a.gpu_slice.host for a in trainers if a.gpu_slice is not None})
+        if len(hosts) < 2:
+            return None
+        first = next(a.gpu_slice.host for a in trainers if a.replica == 0 and a.gpu_slice is not None)
+        return (
+            f"the trainer's ranks run on hosts {', '.join(hosts)} of site {name!r}, which share no work root "
+            f"({field} is false): each rank restores the checkpoint from its own host's job dir, and only {first}'s "
+            "holds it",
+            f"set {field}: true if the hosts share a filesystem, or start the job anew",
+        )
+    hosts = sorted({a.gpu_slice.host for a in trainers if a.replica in writers and a.gpu_slice is not None})
+    if len(hosts) < 2:
+        return None
+    ranks = ", ".join(map(str, writers))
+    return (
+        f"the trainer ranks that write each checkpoint's shards (data-parallel replica 0: ranks {ranks}) run on "
+        f"hosts {', '.join(hosts)} of site {name!r}, which share no work root ({field} is false): rank 0 seals "
+        "only the shards in its own host's job dir",
+        f"set {field}: true if the hosts share a filesystem, or give the trainer the GPUs of one host (at pp 1, "
+        "replica 0 is ranks 0 … tp − 1: a tp that fits on rank 0's host will do)",
+    )
 
 
 def rollout_tp(plan: dict[str, Any], site: str) -> int:

@@ -7,7 +7,8 @@ trainer backend whose package is missing or that the agents do not run, a model 
 describes a workload for planning, a field only `rlctl plan` reads, a prompt plus its output longer than
 the model's context, a tracker whose package is missing; and, in the plan launch computes from the job
 (rlctl.launch.run.plan_counts: counts, the trainer's tp × pp × dp, each rollout unit's tp), a split the
-trainer or the engine would ignore and a site too small for the agents placed on it.
+trainer or the engine would ignore, a site too small for the agents placed on it, and trainer ranks that
+write checkpoint shards on several hosts of an SSH site that share no work root.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rlctl.config.job import DatasetTask, DigitsTask, Job
 from rlctl.engines.factory import vllm_available
 from rlctl.engines.hf import CONFIG_FILE, TinyGPTConfig, read_config
 from rlctl.errors import ConfigError, LaunchError, PlanError
-from rlctl.launch.layout import layout
+from rlctl.launch.layout import checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.sitefs import is_remote
 from rlctl.rl.dataset import check_task
 from rlctl.rl.tasks import MAX_DIGITS
@@ -205,7 +206,9 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     """What the plan (the one launch runs) asks for and the runtime cannot give: a trainer split over tp × pp
     the job did not ask for (torch is data parallel only; megatron splits as `trainer.tensor_parallel` /
     `pipeline_parallel` say, checked by `_trainer_split`), a planner-chosen rollout tp the embedded
-    engine would ignore, more GPUs on a site than its inventory has (rlctl.launch.layout)."""
+    engine would ignore, more GPUs on a site than its inventory has (rlctl.launch.layout), the ranks that write
+    the trainer's checkpoint shards (data-parallel replica 0's) on several hosts of an SSH site that share no
+    work root (`layout.unshared_trainer`: rank 0 could not seal them)."""
     spec, out = job.spec, []
     if plan is None:
         from rlctl.launch import run  # torch comes with it: only where a plan is computed
@@ -254,9 +257,15 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
                     )
                 )
     try:
-        layout(plan, job.inventory.sites, spec)
+        agents = layout(plan, job.inventory.sites, spec)
     except LaunchError as e:
         out.append(Problem("placement", str(e), e.hint))
+        return out
+    trainers = [a for a in agents if a.role == "trainer"]
+    site = trainers[0].site
+    writers = checkpoint_writers(plan, spec)
+    if (why := unshared_trainer(site, job.inventory.sites[site], trainers, writers=writers)) is not None:
+        out.append(Problem("placement.trainer", *why))
     return out
 
 

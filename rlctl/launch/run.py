@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlctl.config.inventory import Site, SshScheduler
+from rlctl.config.inventory import Site
 from rlctl.config.job import Job, JobFile, Pipeline
 from rlctl.errors import ConfigError, LaunchError, PlanError, TransportError, UsageError
 from rlctl.launch.agentenv import (
@@ -53,7 +53,7 @@ from rlctl.launch.inputs import copy_inputs, resolve_inputs
 from rlctl.launch.jobdb import JobDB
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.jobref import resume_command
-from rlctl.launch.layout import PlannedAgent, layout, trainer_parallel
+from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, trainer_parallel, unshared_trainer
 from rlctl.launch.sitefs import HostFiles, LocalFiles, access_hosts, agent_view, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
 from rlctl.launch.stage import (
@@ -283,7 +283,13 @@ class JobRun:
         self._register("launching", sites=sorted(self.sites))
         agents = planned_agents(self.plan, self.sites, self.spec, master_port=_free_port())  # refuses a short site
         trainers = [a for a, _ in agents if a.role == "trainer"]
-        refuse_unshared_trainer(trainers[0].site, self.sites[trainers[0].site], trainers)
+        refuse_unshared_trainer(
+            trainers[0].site,
+            self.sites[trainers[0].site],
+            trainers,
+            writers=checkpoint_writers(self.plan, self.spec),
+            resume=resume,
+        )
         t0 = time.monotonic()
         self.staged = stage_all(self.jobdir.path, self.sites, job_id=self.id)
         copied = {s: sum(v["copied"].values()) for s, v in self.staged.items()}
@@ -486,7 +492,8 @@ def pick_checkpoint(
     trainer's part on the trainer's; the trainer part must be the one the controller part names (its
     manifest's SHA-256). `versions`: the job's checkpoint versions; those whose controller manifest exists
     (the controller writes its part last) are tried, newest first. `split`: the trainer's tp × pp × dp, which
-    must be the one the checkpoint was written at (every rank restores its own shard), else UsageError."""
+    must be the one the checkpoint was written at (every rank restores the shard of its (tp, pp) position),
+    else UsageError."""
     c_fs, c_dir = controller
     t_fs, t_dir = trainer
     name = manifest_name("controller")
@@ -516,21 +523,17 @@ def pick_checkpoint(
     return choose_resume(pointer, on_disk, problem)
 
 
-def refuse_unshared_trainer(name: str, site: Site, trainers: list[PlannedAgent]) -> None:
-    """Every trainer rank writes its shard of each checkpoint into the job dir it sees, and rank 0 seals the
-    part once it sees every shard there; a resumed rank reads the policy and its shard there. So the ranks
-    must see one job dir: trainer ranks on several hosts of an SSH site that share no work root are refused
-    (UsageError, one line, before any agent starts) instead of a trainer that fails at its first checkpoint."""
-    if not isinstance(site.scheduler, SshScheduler) or site.scheduler.shared_workdir:
-        return
-    hosts = sorted({a.gpu_slice.host for a in trainers if a.gpu_slice is not None})
-    if len(hosts) > 1:
-        raise UsageError(
-            f"site {name!r}: the trainer's ranks run on hosts {', '.join(hosts)}, which share no work root, and "
-            "every rank writes its shard of each checkpoint into the job dir rank 0 seals",
-            hint="set shared_workdir: true on the site if its hosts share a filesystem, or give the trainer the "
-            "GPUs of one host",
-        )
+def refuse_unshared_trainer(
+    name: str, site: Site, trainers: list[PlannedAgent], *, writers: list[int], resume: bool = False
+) -> None:
+    """The trainer ranks that write checkpoint shards (`writers`: data-parallel replica 0's) write them into the
+    job dir they see, and rank 0 seals the part once it sees every shard there; a resumed rank reads the policy
+    and its shard there. So on an SSH site whose hosts share no work root the writers must share a host, and on
+    resume every rank must (`layout.unshared_trainer`): else UsageError, one line, before any agent starts.
+    `rlctl check` refuses the first case too (`rlctl.launch.preflight`)."""
+    why = unshared_trainer(name, site, trainers, writers=writers, resume=resume)
+    if why is not None:
+        raise UsageError(why[0], hint=why[1])
 
 
 def planned_agents(

@@ -14,12 +14,14 @@ all-reduced with the gradients, so rank 0 reports the whole iteration, not its o
 Tensor and pipeline parallel (the megatron backend, `rlctl.trainers.base.DataParallel`): the ranks of one
 tp × pp group hold shards of one replica, so they share a data-parallel rank and take the same slice in the
 same order (the model's forward and backward are collectives over the group); gradients and figures are
-summed over the data-parallel group only, and the backend clips by the norm over every shard.
+summed over the data-parallel group only, and the backend clips by the norm over every shard. Every replica
+then takes the same AdamW step from the same summed gradient, so the ranks at one (tp, pp) position hold the
+same parameters and optimizer state bit for bit: a checkpoint keeps replica 0's (`rlctl.agents.trainstate`).
 
     rank 0 ─broadcast micro-batch─▶ every rank: slice [dp_rank::dp_size] ─▶ forward/backward (tp collectives)
     rank 0 ─broadcast ("step", tokens)─▶ every rank: all-reduce over dp ─▶ ÷ tokens ─▶ clip ─▶ AdamW
-    rank 0 ─broadcast ("checkpoint", v)─▶ every rank: `on_checkpoint(v)` (its shard of checkpoint v,
-                                          `rlctl.agents.trainstate`)
+    rank 0 ─broadcast ("checkpoint", v)─▶ every rank: `on_checkpoint(v)` (replica 0's ranks write their shard
+                                          of checkpoint v, `rlctl.agents.trainstate`)
     rank 0 ─broadcast ("stop", 0)─▶ every rank returns from `follow`
 """
 
@@ -174,8 +176,9 @@ class StreamingLearner:
         self, on_step: Callable[[], None] | None = None, *, on_checkpoint: Callable[[int], None] | None = None
     ) -> None:
         """Ranks > 0: do what rank 0 broadcasts until it sends 'stop'; `on_step` after each optimizer step
-        (the rank then holds the same weights as the ranks of its tp position, bit for bit: gradients are
-        all-reduced over the data-parallel group); `on_checkpoint(version)` when rank 0 `announce_checkpoint`s."""
+        (the rank then holds the same weights and optimizer state as the other ranks of its (tp, pp) position,
+        bit for bit: gradients are all-reduced over the data-parallel group); `on_checkpoint(version)` when
+        rank 0 `announce_checkpoint`s."""
         while True:
             box: list[object] = [None]
             dist.broadcast_object_list(box, src=0)

@@ -16,9 +16,10 @@ What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the sh
     data-parallel group only, clips by the norm over every shard (`clip_grad_norm_`), and AdamW steps each
     rank's shard. `weights()` gathers the shards into full HF tensors, the same bytes on every tp rank, which
     every rank publishes and rank 0 checkpoints (a second call before the next step answers from the
-    gather, so rank 0's checkpoint needs no collective the other ranks are not in); each rank checkpoints
-    its own optimizer shard beside it, and a resumed rank loads the HF weights as at the start (its shard)
-    and then its optimizer shard (`rlctl.agents.trainstate`).
+    gather, so rank 0's checkpoint needs no collective the other ranks are not in); each rank of
+    data-parallel replica 0 checkpoints its own optimizer shard beside it (the other replicas hold the same),
+    and a resumed rank loads the HF weights as at the start (its shard) and then the optimizer shard of its
+    (tp, pp) position (`rlctl.agents.trainstate`).
   - pp > 1 in a job (`trainer.pipeline_parallel`; pp 2 and tp 2 × pp 2 are tested:
     tests/unit/trainers/test_megatron_pp.py and the job test): each rank builds its stage of the GPTModel and
     `pipeline.py` chains the stages inside `model(tokens)`, the cut's rows in chunks that overlap across the
@@ -29,8 +30,8 @@ What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the sh
     copies step alike.
 Not run here: megatron's DDP wrapper and distributed optimizer (CUDA buffers; gradients are summed by the
 learner over gloo instead), megatron's pipeline schedules, sequence parallel, Transformer Engine, and
-megatron's own (distributed) checkpoint format: a checkpoint is the HF directory plus every rank's optimizer
-shard, resumed at the split it was written at only.
+megatron's own (distributed) checkpoint format: a checkpoint is the HF directory plus the optimizer shard of
+each rank of data-parallel replica 0, resumed at the split it was written at only.
 Preflight refuses a GPU trainer site (the runtime trains on CPU tensors) and PPO (its critic is built on
 TinyGPT).
 """

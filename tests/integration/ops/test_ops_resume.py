@@ -1,8 +1,9 @@
 """Long runs survive: a trainer SIGKILLed mid-run ends the job with the resume command; `launch --resume`
 continues from the latest complete checkpoint (policy, optimizer, RNG, ledger, ranker) and every prompt of
-the run is trained exactly once in the lineage of the final model — with the torch trainer, and with the
-Megatron trainer at tensor parallel 2 (each rank restores its own optimizer shard; a plan split otherwise
-than the checkpoint is refused). A rollout unit SIGKILLed mid-generation is replaced on its site while its
+the run is trained exactly once in the lineage of the final model — with the torch trainer on one rank and
+on two (data parallel: rank 0 writes the one shard, both ranks restore it), and with the Megatron trainer at
+tensor parallel 2 (dp 1: each rank writes and restores its own optimizer shard; a plan split otherwise than
+the checkpoint is refused). A rollout unit SIGKILLed mid-generation is replaced on its site while its
 in-flight samples are generated again by the others."""
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def pid_of(job_dir, agent: str) -> int:
     return [e["pid"] for e in events(job_dir) if e["event"] == "agent_joined" and e["agent"] == agent][-1]
 
 
-def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, launcher):
+@pytest.mark.parametrize("trainer_gpus", [1, 2], ids=["dp1", "dp2"])
+def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, launcher, trainer_gpus):
     job = job_yaml(
         tmp_path / "resume.yaml",
         inventory=[LOCAL],
@@ -40,6 +42,7 @@ def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, 
         rollout_gpus=2,
         iterations=12,
         checkpoint={"every_iterations": 3},
+        placement={"trainer": {"site": "local", "gpus": trainer_gpus}, "rollout": [{"site": "local", "gpus": 2}]},
     )
     job_dir = tmp_path / "run"
     proc = launcher(str(job), "--job-dir", str(job_dir), "-o", "json")
@@ -66,11 +69,20 @@ def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, 
     assert s["ledger"]["prompts"] == s["ledger"]["trained"] == 48
     assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
     assert s["resilience"]["resumes"] == 1
-    # the optimizer state the trainer restored is the one it saved (its digest, checked by the trainer too)
-    log = (job_dir / "logs" / "trainer-0.log").read_text()
-    restored = re.findall(rf"restored iter-{latest}: optimizer state sha256 ([0-9a-f]+), as saved", log)
-    manifest = json.loads((job_dir / "checkpoints" / f"iter-{latest}" / "MANIFEST.trainer.json").read_text())
-    assert restored == [manifest["optimizer_sha256"]], log[-2000:]
+    # the optimizer state the trainer restored is the one it saved (its digest, checked by the trainer too); at
+    # dp 2 rank 0 wrote the one shard (the replicas' state is the same) and both ranks restored it
+    ckpt = job_dir / "checkpoints" / f"iter-{latest}"
+    manifest = json.loads((ckpt / "MANIFEST.trainer.json").read_text())
+    assert manifest["split"] == {"tp": 1, "pp": 1, "dp": trainer_gpus, "world": trainer_gpus}
+    ranks = list(range(trainer_gpus))
+    assert manifest["ranks"] == [
+        {"rank": 0, "file": "ranks/rank-0.pt", "optimizer_sha256": manifest["optimizer_sha256"], "restored_by": ranks}
+    ]
+    assert sorted(p.name for p in (ckpt / "ranks").iterdir()) == ["rank-0.pt"]
+    for rank in ranks:
+        log = (job_dir / "logs" / f"trainer-{rank}.log").read_text()
+        restored = re.findall(rf"restored iter-{latest}: optimizer state sha256 ([0-9a-f]+), as saved", log)
+        assert restored == [manifest["optimizer_sha256"]], log[-2000:]
     resumed = [e for e in events(job_dir) if e["event"] == "resumed_from"]
     assert [e["version"] for e in resumed] == [latest]
 

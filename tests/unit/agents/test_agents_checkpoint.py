@@ -15,9 +15,11 @@ from rlctl.agents.checkpoint import latest_complete, manifest_path, read_manifes
 from rlctl.agents.trainstate import CheckpointError, load_trainer, optimizer_digest, save_trainer
 from rlctl.engines.model import TinyGPT
 from rlctl.launch.agentenv import ParallelConfig
+from rlctl.trainers.base import DataParallel
 from tests.unit.tiny_models import small_config
 
 ONE = ParallelConfig("trainer")  # tp 1 pp 1 dp 1: one rank, no process group
+ALONE = DataParallel()  # replica 0 of 1
 
 
 def text_part(ckpt: Path, part: str, body: str) -> str:
@@ -102,12 +104,19 @@ def test_trainer_state_round_trips_exactly(tmp_path: Path) -> None:
     saved_params = {k: v.clone() for k, v in model.state_dict().items()}
     saved_opt = opt.state_dict()
     digest = save_trainer(
-        tmp_path / "iter-3", model=model, optimizers={"policy": opt}, counters={"version": 3}, split=ONE
+        tmp_path / "iter-3",
+        model=model,
+        optimizers={"policy": opt},
+        counters={"version": 3},
+        split=ONE,
+        data_parallel=ALONE,
     )
     after = (random.random(), float(np.random.rand()), float(torch.rand(1)))
 
     other, other_opt = trained_model(5)  # a different state, restored into
-    counters, got = load_trainer(tmp_path / "iter-3", model=other, optimizers={"policy": other_opt}, split=ONE)
+    counters, got = load_trainer(
+        tmp_path / "iter-3", model=other, optimizers={"policy": other_opt}, split=ONE, data_parallel=ALONE
+    )
     assert counters == {"version": 3} and got == digest
     assert all(torch.equal(other.state_dict()[k], v) for k, v in saved_params.items())
     restored = other_opt.state_dict()
@@ -119,7 +128,7 @@ def test_trainer_state_round_trips_exactly(tmp_path: Path) -> None:
     assert manifest is not None and manifest["optimizer_sha256"] == optimizer_digest({"policy": other_opt})
     assert manifest["split"] == {"tp": 1, "pp": 1, "dp": 1, "world": 1}
     assert manifest["ranks"] == [
-        {"rank": 0, "file": "ranks/rank-0.pt", "optimizer_sha256": manifest["optimizer_sha256"]}
+        {"rank": 0, "file": "ranks/rank-0.pt", "optimizer_sha256": manifest["optimizer_sha256"], "restored_by": [0]}
     ]
     assert "ranks/rank-0.pt" in manifest["files"]
     assert optimizer_digest({"policy": trained_model(4)[1]}) != manifest["optimizer_sha256"]
@@ -127,26 +136,35 @@ def test_trainer_state_round_trips_exactly(tmp_path: Path) -> None:
 
 def test_a_damaged_trainer_part_is_refused_with_the_checkpoint_named(tmp_path: Path) -> None:
     model, opt = trained_model(1)
-    save_trainer(tmp_path / "iter-1", model=model, optimizers={"policy": opt}, counters={"version": 1}, split=ONE)
+    save_trainer(
+        tmp_path / "iter-1",
+        model=model,
+        optimizers={"policy": opt},
+        counters={"version": 1},
+        split=ONE,
+        data_parallel=ALONE,
+    )
     shard = next((tmp_path / "iter-1" / "model").glob("*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
     with pytest.raises(CheckpointError, match=r"iter-1: the trainer's part is not usable: model/.* does not match"):
-        load_trainer(tmp_path / "iter-1", model=model, optimizers={"policy": opt}, split=ONE)
+        load_trainer(tmp_path / "iter-1", model=model, optimizers={"policy": opt}, split=ONE, data_parallel=ALONE)
 
 
 def test_a_damaged_or_missing_rank_shard_and_another_split_are_refused_naming_the_rank(tmp_path: Path) -> None:
     model, opt = trained_model(1)
     ckpt = tmp_path / "iter-1"
-    save_trainer(ckpt, model=model, optimizers={"policy": opt}, counters={"version": 1}, split=ONE)
+    save_trainer(ckpt, model=model, optimizers={"policy": opt}, counters={"version": 1}, split=ONE, data_parallel=ALONE)
     with pytest.raises(CheckpointError, match=r"iter-1: written by a trainer at tp 1 pp 1 dp 1, which this trainer "
                        r"\(tp 2 pp 1 dp 1\) cannot load"):  # fmt: skip
-        load_trainer(ckpt, model=model, optimizers={"policy": opt}, split=ParallelConfig("trainer", tp=2))
+        load_trainer(
+            ckpt, model=model, optimizers={"policy": opt}, split=ParallelConfig("trainer", tp=2), data_parallel=ALONE
+        )
     shard = ckpt / "ranks" / "rank-0.pt"
     body = shard.read_bytes()
     shard.write_bytes(body[:100] + bytes([body[100] ^ 1]) + body[101:])  # one flipped bit
     with pytest.raises(CheckpointError, match=r"iter-1: rank 0's shard is not usable: ranks/rank-0.pt does not match"):
-        load_trainer(ckpt, model=model, optimizers={"policy": opt}, split=ONE)
+        load_trainer(ckpt, model=model, optimizers={"policy": opt}, split=ONE, data_parallel=ALONE)
     shard.unlink()
     with pytest.raises(CheckpointError, match=r"iter-1: rank 0's shard is not usable: ranks/rank-0.pt is missing"):
-        load_trainer(ckpt, model=model, optimizers={"policy": opt}, split=ONE)
+        load_trainer(ckpt, model=model, optimizers={"policy": opt}, split=ONE, data_parallel=ALONE)
     assert read_manifest(ckpt, "trainer") is None  # nor does the launcher pick it (agentenv.verified_manifest)

@@ -285,3 +285,57 @@ def test_dry_run_lists_the_refusals_and_still_renders(tmp_path: Path) -> None:
     ok = load(tmp_path)
     res = run_cli("launch", str(ok.path), "--dry-run", "--job-dir", str(tmp_path / "run"))
     assert res.stdout.startswith("# 4 agents;") and not res.stderr and not (tmp_path / "run").exists()
+
+
+# -- 6. checkpoint writers on SSH hosts that share no work root ----------------------------------------
+def ssh_trainer_job(tmp_path: Path, *, gpus: int, trainer: dict[str, Any], shared: bool = False) -> Job:
+    """The trainer on SSH site 't' (two hosts × 2 CPU slots, rank 0 … 1 on h1, 2 … 3 on h2), the rest local;
+    the model has 2 layers and 2 heads, so megatron may split it at tp 2 or pp 2."""
+    TinyGPT(small_config(layers=2, heads=2, positions=320)).save_pretrained(tmp_path / "model")
+    site = {"datacenter": "here", "gpu": "CPU", "nodes": [{"host": "h[1-2]", "gpus": 2}],
+            "scheduler": {"kind": "ssh", "shared_workdir": shared}, "network": {"bandwidth_gbps": 10}}  # fmt: skip
+    inventory = tmp_path / "ssh.yaml"
+    inventory.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"t": site}}))
+    return load(
+        tmp_path,
+        inventory=[LOCAL, str(inventory)],
+        model={"kind": "hf", "path": "model"},
+        placement={"trainer": {"site": "t", "gpus": gpus}, "rollout": [{"site": "local", "gpus": 1}]},
+        trainer=trainer,
+    )
+
+
+def test_checkpoint_writers_on_unshared_ssh_hosts_are_refused_by_check(tmp_path: Path) -> None:
+    """Megatron pp 2 × dp 2 on h1, h2: replica 0 is ranks 0 (h1) and 2 (h2), whose shards rank 0 could not seal;
+    `rlctl check` says so in one line naming the site and its field (exit 2), `launch --dry-run` lists it."""
+    job = ssh_trainer_job(tmp_path, gpus=4, trainer={"backend": "megatron", "pipeline_parallel": 2})
+    assert [p.field for p in problems(job)] == ["placement.trainer"]
+    (p,) = refused(job, "placement.trainer")
+    assert p.message == (
+        "the trainer ranks that write each checkpoint's shards (data-parallel replica 0: ranks 0, 2) run on hosts "
+        "h1, h2 of site 't', which share no work root (sites.t.scheduler.shared_workdir is false): rank 0 seals "
+        "only the shards in its own host's job dir"
+    )
+    assert p.hint is not None and p.hint.startswith("set sites.t.scheduler.shared_workdir: true if the hosts share")
+    line = only_line(run_cli("check", str(job.path)))
+    assert line.startswith(f"rlctl: error: {job.path}: placement.trainer: the trainer ranks that write each")
+    dry = run_cli("launch", str(job.path), "--dry-run", "--job-dir", str(tmp_path / "run"))
+    assert dry.exit_code == 0, dry.stderr
+    assert f"#   placement.trainer: {p.message}" in dry.stdout.splitlines()[1]
+    # the same ranks on hosts that share the work root: rank 0 sees every shard
+    shared = ssh_trainer_job(tmp_path, gpus=4, trainer={"backend": "megatron", "pipeline_parallel": 2}, shared=True)
+    assert problems(shared) == []
+
+
+@pytest.mark.parametrize(
+    "trainer", [{"backend": "torch"}, {"backend": "megatron", "tensor_parallel": 2}], ids=["torch-dp4", "tp2-dp2"]
+)
+def test_a_trainer_whose_replica_0_shares_a_host_passes_check_on_unshared_ssh_hosts(
+    tmp_path: Path, trainer: dict[str, Any]
+) -> None:
+    """torch at dp 4: rank 0 alone writes (every rank a whole replica); megatron tp 2 × dp 2: replica 0 is ranks
+    0 and 1, both on h1. The other replicas on h2 write nothing: the job launches (resuming it is refused:
+    tests/unit/launch/test_resume_point.py)."""
+    job = ssh_trainer_job(tmp_path, gpus=4, trainer=trainer)
+    assert problems(job) == []
+    assert run_cli("check", str(job.path)).exit_code == 0

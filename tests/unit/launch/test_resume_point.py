@@ -216,9 +216,9 @@ def sharded_part(ckpt: Path, split: dict[str, int]) -> str:
 
 
 def test_a_checkpoint_written_at_another_split_is_refused_not_skipped(tmp_path: Path) -> None:
-    """Every trainer rank restores its own shard: the trainer must be split as when the checkpoint was written
-    (the plan is re-used, so this guards a plan.json that changed). One line, exit 2; an older checkpoint is
-    not tried instead (it would not fit either)."""
+    """Every trainer rank restores the shard of its (tp, pp) position: the trainer must be split as when the
+    checkpoint was written (the plan is re-used, so this guards a plan.json that changed). One line, exit 2;
+    an older checkpoint is not tried instead (it would not fit either)."""
     sites = Sites(tmp_path)
     for v in (3, 6):
         digest = sharded_part(sites.t.checkpoint(v), TP2)
@@ -231,7 +231,7 @@ def test_a_checkpoint_written_at_another_split_is_refused_not_skipped(tmp_path: 
         pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], split=ParallelConfig("trainer", tp=1, pp=2, dp=1))
     assert str(e.value) == (
         f"{sites.t.checkpoint(6)}: written by a trainer at tp 2 pp 1 dp 1, which this trainer (tp 1 pp 2 dp 1) "
-        "cannot load: each rank restores its own shard"
+        "cannot load: each rank restores the shard of its (tp, pp) position at that split"
     )
     assert e.value.exit_code == 2 and e.value.hint is not None and "\n" not in str(e.value) + e.value.hint
     old = Sites(tmp_path / "old")  # written before every rank kept its state: no split in the manifest
@@ -265,9 +265,10 @@ def test_launch_resume_refuses_another_split_in_one_line_before_any_agent_starts
     assert not (jd.path / "agents.jsonl").exists() or not (jd.path / "agents.jsonl").read_text()  # nothing started
 
 
-def test_a_trainer_split_over_ssh_hosts_without_a_shared_work_root_is_refused() -> None:
-    """Every rank writes its shard of a checkpoint into the job dir it sees and rank 0 seals the part: ranks on
-    several hosts of an SSH site must share the work root (or every rank is on one host)."""
+def test_checkpoint_writers_or_resumed_ranks_over_ssh_hosts_without_a_shared_work_root_are_refused() -> None:
+    """Replica 0's ranks write their shards into the job dir they see and rank 0 seals the part: on several hosts
+    of an SSH site they must share the work root. A torch trainer's rank 0 writes alone, so its ranks may run
+    apart; but a resumed rank reads the checkpoint from its own host's copy, so resuming them apart is refused."""
     from rlctl.launch.base import GpuSlice
     from rlctl.launch.run import refuse_unshared_trainer
 
@@ -281,9 +282,18 @@ def test_a_trainer_split_over_ssh_hosts_without_a_shared_work_root_is_refused() 
     apart = [rank(0, "h1"), rank(1, "h2")]
     with pytest.raises(
         RlctlError,
-        match=r"site 't': the trainer's ranks run on hosts h1, h2, which share no work root, and every rank writes",
+        match=r"the trainer ranks that write each checkpoint's shards \(data-parallel replica 0: ranks 0, 1\) run on "
+        r"hosts h1, h2 of site 't', which share no work root \(sites.t.scheduler.shared_workdir is false\)",
     ):
-        refuse_unshared_trainer("t", site(), apart)
-    refuse_unshared_trainer("t", site(shared_workdir=True), apart)  # one filesystem: rank 0's copy is theirs
-    refuse_unshared_trainer("t", site(), [rank(0, "h1"), rank(1, "h1")])  # one host
-    refuse_unshared_trainer("t", local_site(), apart)  # local: the operator's own job dir
+        refuse_unshared_trainer("t", site(), apart, writers=[0, 1])  # megatron tp 2: a tp group across hosts
+    refuse_unshared_trainer("t", site(), apart, writers=[0])  # torch dp 2: rank 1 writes nothing
+    with pytest.raises(
+        RlctlError,
+        match=r"the trainer's ranks run on hosts h1, h2 of site 't', which share no work root \(.*\): each rank "
+        r"restores the checkpoint from its own host's job dir, and only h1's holds it",
+    ):
+        refuse_unshared_trainer("t", site(), apart, writers=[0], resume=True)
+    for resume in (False, True):
+        refuse_unshared_trainer("t", site(shared_workdir=True), apart, writers=[0, 1], resume=resume)  # one filesystem
+        refuse_unshared_trainer("t", site(), [rank(0, "h1"), rank(1, "h1")], writers=[0, 1], resume=resume)  # one host
+        refuse_unshared_trainer("t", local_site(), apart, writers=[0, 1], resume=resume)  # the operator's job dir

@@ -1,19 +1,23 @@
 """One rank of the sharded-checkpoint resume test (test_megatron_resume.py), as its own process:
 
-    python tests/unit/trainers/megatron_resume_rank.py RANK WORLD TP PP RENDEZVOUS PHASE SAMPLES.pt JOB OUT.pt MODEL
+    python tests/unit/trainers/megatron_resume_rank.py RANK WORLD TP PP RENDEZVOUS BACKEND PHASE SAMPLES.pt JOB \
+        OUT.pt MODEL
 
-Forms a gloo group and megatron's parallel state at TP × PP, builds the `megatron` backend on the HF checkpoint
-MODEL and a `StreamingLearner` on it as the trainer agent does (`rlctl.agents.trainer`): rank 0 adds the
-samples and steps, the other ranks follow its broadcasts and publish (gather) the weights after each step.
-SAMPLES.pt holds three iterations of samples.
+Forms a gloo group of WORLD ranks (megatron: its parallel state at TP × PP, dp = WORLD ÷ (TP·PP); torch: every
+rank a replica), builds the BACKEND trainer backend on the HF checkpoint MODEL and a `StreamingLearner` on it
+as the trainer agent does (`rlctl.agents.trainer`): rank 0 adds the samples and steps, the other ranks follow
+its broadcasts and publish (gather) the weights after each step. SAMPLES.pt holds three iterations of samples.
 
   PHASE "run":     iterations 1 and 2; checkpoint JOB/iter-2 (rank 0 `save_trainer`, announced through the
-                   learner; the followers `save_shard` from `follow`); iteration 3.
+                   learner; the followers `save_shard` from `follow`: data-parallel replica 0's write a shard);
+                   iteration 3.
   PHASE "resume":  fresh ranks: try JOB/iter-2-damaged and JOB/iter-2 at another split (each error is kept),
-                   then restore JOB/iter-2 (the HF policy, this rank's optimizer shard and RNG); iteration 3.
+                   then restore JOB/iter-2 (the HF policy, the optimizer shard and RNG of this rank's (tp, pp)
+                   position); iteration 3.
 
 OUT.pt: {"weights": full HF weights after iteration 3, "optimizer": this rank's AdamW state after it,
-"errors": the CheckpointErrors of the resume phase, "counters": the counters restored}.
+"errors": the CheckpointErrors of the resume phase, "counters": the counters restored, "rng": this rank's RNG
+states right after the restore (resume phase)}.
 """
 
 from __future__ import annotations
@@ -32,13 +36,14 @@ def main(
     tp: int,
     pp: int,
     rendezvous: Path,
+    backend_name: str,
     phase: str,
     samples: Path,
     job: Path,
     out: Path,
     model: Path,
 ) -> None:
-    from rlctl.agents.trainstate import CheckpointError, load_trainer, save_shard, save_trainer
+    from rlctl.agents.trainstate import CheckpointError, load_trainer, rng_state, save_shard, save_trainer
     from rlctl.config.job import GrpoAlgorithm
     from rlctl.launch.agentenv import ParallelConfig
     from rlctl.rl.learner import StreamingLearner
@@ -47,9 +52,9 @@ def main(
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     iterations = torch.load(samples, weights_only=False)
-    backend = load_backend("megatron", model, tp=tp, pp=pp)
+    backend = load_backend(backend_name, model, tp=tp, pp=pp)
     dp = backend.data_parallel()
-    split = ParallelConfig("trainer", tp=tp, pp=pp, dp=dp.size)
+    split = ParallelConfig("trainer", *backend.model_parallel(), dp=dp.size)
     learner = StreamingLearner(
         backend.model,
         GrpoAlgorithm(kind="grpo", lr=1e-3),
@@ -61,13 +66,14 @@ def main(
     opts, ckpt = learner.optimizers(), job / "iter-2"
     result: dict[str, Any] = {"errors": [], "counters": None}
     if phase == "resume":
-        other = ParallelConfig("trainer", tp=tp, pp=pp, dp=dp.size + 1)  # another split
+        other = ParallelConfig("trainer", split.tp, split.pp, dp=dp.size + 1)  # another split
         for where, as_split in ((job / "iter-2-damaged", split), (ckpt, other)):
             try:
-                load_trainer(where, model=backend, optimizers=opts, split=as_split)
+                load_trainer(where, model=backend, optimizers=opts, split=as_split, data_parallel=dp)
             except CheckpointError as e:
                 result["errors"].append(str(e))
-        result["counters"], _ = load_trainer(ckpt, model=backend, optimizers=opts, split=split)
+        result["counters"], _ = load_trainer(ckpt, model=backend, optimizers=opts, split=split, data_parallel=dp)
+        result["rng"] = rng_state()
     todo = [0, 1, 2] if phase == "run" else [2]
     published: list[dict[str, torch.Tensor]] = []
     if rank == 0:
@@ -84,13 +90,16 @@ def main(
                     optimizers=opts,
                     counters={"version": 2},
                     split=split,
+                    data_parallel=dp,
                     announce=lambda: learner.announce_checkpoint(2),
                 )
         learner.stop_followers()
     else:
         learner.follow(
             on_step=lambda: published.append(backend.weights()),
-            on_checkpoint=lambda version: save_shard(job / f"iter-{version}", optimizers=opts, split=split),
+            on_checkpoint=lambda version: save_shard(
+                job / f"iter-{version}", optimizers=opts, split=split, data_parallel=dp
+            ),
         )
     assert len(published) == len(todo)
     result["weights"] = {k: v.clone() for k, v in published[-1].items()}
@@ -101,4 +110,7 @@ def main(
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    main(int(a[0]), int(a[1]), int(a[2]), int(a[3]), Path(a[4]), a[5], Path(a[6]), Path(a[7]), Path(a[8]), Path(a[9]))
+    main(
+        int(a[0]), int(a[1]), int(a[2]), int(a[3]), Path(a[4]), a[5], a[6], Path(a[7]), Path(a[8]), Path(a[9]),
+        Path(a[10]),
+    )  # fmt: skip

@@ -1,10 +1,12 @@
-"""A Megatron trainer at tp 2, at pp 2 (two gloo processes) and at tp 2 × pp 2 (four) checkpoints every rank's
-optimizer shard and resumes from it exactly: the ranks train two GRPO iterations, checkpoint (rank 0 the
-gathered HF policy and its shard, the others theirs, told through the learner's broadcasts), then a third →
-W_a; fresh ranks restore the checkpoint (the HF policy through the backend, each its own optimizer shard and
-RNG) and train that same third iteration → W_b. W_a and W_b are equal bit for bit, and so is every rank's
-AdamW state; a flipped bit in one rank's shard, or another split, is refused naming the checkpoint (and the
-rank)."""
+"""A trainer checkpoints the shards of its data-parallel replica 0 and resumes from them exactly: Megatron at
+tp 2, at pp 2 (two gloo processes), at tp 2 × pp 2 and at pp 2 × dp 2 (four), and the torch backend at dp 2.
+The ranks train two GRPO iterations, checkpoint (rank 0 the gathered HF policy and its shard, replica 0's other
+ranks theirs, told through the learner's broadcasts; the other replicas write nothing), then a third → W_a;
+fresh ranks restore the checkpoint (the HF policy through the backend, each the optimizer shard and RNG of its
+(tp, pp) position) and train that same third iteration → W_b. W_a and W_b are equal bit for bit, and so is
+every rank's AdamW state, which is the same on every replica of a position; a flipped bit in a shard, or
+another split, is refused naming the checkpoint (and the rank that wrote the shard) on rank 0 and on the ranks
+that read it."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 import torch
 
 from rlctl.engines.model import TinyGPT
+from rlctl.launch.agentenv import ParallelConfig
 from tests.unit.hf_checkpoints import write_checkpoint
 from tests.unit.trainers.megatron_required import require_megatron
 from tests.unit.trainers.ranks import spawn_ranks
@@ -26,12 +29,12 @@ pytest.importorskip("transformers")
 RANK = Path(__file__).with_name("megatron_resume_rank.py")
 
 
-def run_phase(tmp_path: Path, phase: str, *, tp: int, pp: int) -> list[dict]:
-    world = tp * pp
+def run_phase(tmp_path: Path, phase: str, *, backend: str, tp: int, pp: int, dp: int) -> list[dict]:
+    world = tp * pp * dp
     procs = spawn_ranks(
         RANK, world=world, tp=tp, pp=pp, rendezvous=tmp_path / f"{phase}.rendezvous",
         out=lambda r: tmp_path / f"{phase}-{r}.pt", checkpoints=[tmp_path / "model"],
-        extra=(phase, str(tmp_path / "samples.pt"), str(tmp_path / "job")),
+        extra=(backend, phase, str(tmp_path / "samples.pt"), str(tmp_path / "job")),
     )  # fmt: skip
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * world, "\n".join(e[-3000:] for e in errors)
@@ -48,38 +51,62 @@ def equal_state(a: dict, b: dict) -> bool:
     )
 
 
+def same_rng(a: dict, b: dict) -> bool:
+    return torch.equal(a["torch"], b["torch"]) and (a["python"], a["numpy"]) == (b["python"], b["numpy"])
+
+
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)], ids=["tp2", "pp2", "tp2-pp2"])
-def test_a_resumed_model_parallel_trainer_trains_on_bit_for_bit(tmp_path: Path, tp: int, pp: int) -> None:
-    require_megatron()
+@pytest.mark.parametrize(
+    "backend,tp,pp,dp",
+    [("megatron", 2, 1, 1), ("megatron", 1, 2, 1), ("megatron", 2, 2, 1), ("megatron", 1, 2, 2), ("torch", 1, 1, 2)],
+    ids=["tp2", "pp2", "tp2-pp2", "pp2-dp2", "torch-dp2"],
+)
+def test_a_resumed_sharded_trainer_trains_on_bit_for_bit(
+    tmp_path: Path, backend: str, tp: int, pp: int, dp: int
+) -> None:
+    if backend == "megatron":
+        require_megatron()
     write_checkpoint("llama-bias-tied", tmp_path / "model")  # tied and vocab-parallel at both ends; 2 layers
     model = TinyGPT.from_pretrained(tmp_path / "model")
     torch.save([copy.deepcopy(rollouts(model, prompts=3, group=4, seed=i)) for i in range(3)], tmp_path / "samples.pt")
 
-    ran = run_phase(tmp_path, "run", tp=tp, pp=pp)
+    ran = run_phase(tmp_path, "run", backend=backend, tp=tp, pp=pp, dp=dp)
     ckpt = tmp_path / "job" / "iter-2"
     manifest = json.loads((ckpt / "MANIFEST.trainer.json").read_text())
-    shards = [f"ranks/rank-{r}.pt" for r in range(tp * pp)]
-    assert manifest["split"] == {"tp": tp, "pp": pp, "dp": 1, "world": tp * pp}
+    # replica 0 writes: its ranks in megatron's order (tp fastest, then dp, then pp); pp 2 × dp 2: ranks 0 and 2
+    writers = ParallelConfig("trainer", tp=tp, pp=pp, dp=dp).first_replica_ranks()
+    assert writers == {(1, 2, 2): [0, 2], (1, 1, 2): [0]}.get((tp, pp, dp), list(range(tp * pp)))
+    shards = [f"ranks/rank-{r}.pt" for r in writers]
+    assert manifest["split"] == {"tp": tp, "pp": pp, "dp": dp, "world": tp * pp * dp}
     assert [r["file"] for r in manifest["ranks"]] == shards and set(shards) <= set(manifest["files"])
-    assert len({r["optimizer_sha256"] for r in manifest["ranks"]}) == tp * pp  # a shard each
+    assert sorted(f"ranks/{p.name}" for p in (ckpt / "ranks").iterdir()) == sorted(shards)  # nothing else written
+    # each shard is restored by the ranks of its position, one per replica (megatron's data-parallel group)
+    restored_by = {r["rank"]: r["restored_by"] for r in manifest["ranks"]}
+    assert restored_by == {w: [w + tp * d for d in range(dp)] for w in writers}
+    assert len({r["optimizer_sha256"] for r in manifest["ranks"]}) == tp * pp  # a shard per position
+    peer = {r: w for w, ranks in restored_by.items() for r in ranks}
+    for rank, a in enumerate(ran):  # the premise: every replica of a position holds the same AdamW state
+        assert equal_state(a["optimizer"], ran[peer[rank]]["optimizer"]), rank
     damaged = tmp_path / "job" / "iter-2-damaged"
     shutil.copytree(ckpt, damaged)
-    shard = damaged / "ranks" / "rank-1.pt"
+    bad = writers[-1]
+    shard = damaged / "ranks" / f"rank-{bad}.pt"
     body = bytearray(shard.read_bytes())
-    body[len(body) // 2] ^= 1  # one bit of rank 1's optimizer state
+    body[len(body) // 2] ^= 1  # one bit of that rank's optimizer state
     shard.write_bytes(bytes(body))
 
-    resumed = run_phase(tmp_path, "resume", tp=tp, pp=pp)
+    resumed = run_phase(tmp_path, "resume", backend=backend, tp=tp, pp=pp, dp=dp)
     for rank, (a, b) in enumerate(zip(ran, resumed, strict=True)):
         assert b["counters"] == {"version": 2}
         *damaged_errors, split_error = b["errors"]
-        # rank 0 verifies every rank's shard, rank 1 its own: both name the checkpoint and rank 1 (ranks 2 and 3
-        # do not read it; their trainer would stop with rank 0's)
-        assert len(damaged_errors) == (rank in (0, 1)), b["errors"]
+        # rank 0 verifies every shard, the ranks that restore the damaged one verify it: each names the checkpoint
+        # and the rank that wrote it (the others do not read it; their trainer would stop with rank 0's)
+        assert len(damaged_errors) == (rank in {0, *restored_by[bad]}), b["errors"]
         for e in damaged_errors:
-            assert e.startswith(f"{damaged}: rank 1's shard is not usable: ranks/rank-1.pt does not match")
-        assert split_error.startswith(f"{ckpt}: written by a trainer at tp {tp} pp {pp} dp 1, which this trainer")
+            assert e.startswith(f"{damaged}: rank {bad}'s shard is not usable: ranks/rank-{bad}.pt does not match")
+        want = f"{ckpt}: written by a trainer at tp {tp} pp {pp} dp {dp}, which this trainer"
+        assert split_error.startswith(want), split_error
+        assert same_rng(b["rng"], resumed[peer[rank]]["rng"]), rank  # replica 0's RNG at this position
         assert list(a["weights"]) == list(b["weights"])
         different = [k for k in a["weights"] if not torch.equal(a["weights"][k], b["weights"][k])]
         assert different == [], (rank, different)  # W_a == W_b, bit for bit
