@@ -6,7 +6,9 @@
     the job's workload, per iteration, from its ledger: which unit generated which sample, how many
     output tokens, on which prompt
         │
-        ▼  per unit: planner.sim.run_with (continuous batching, PTL at the unit's live context)
+        ▼  per unit: its share in admission order, its engine (PTL at the share's live context, batch cap,
+           group barrier): planner.simjob.UnitShare; each unit runs its shares in one engine across
+           iterations (planner.engine.run_groups: in async the next share fills the rows this one's tail frees)
     IterationWork per iteration (+ calibrated overheads) ─▶ planner.simjob.simulate_job(mode, η) ─▶ s/iter
 
 The lengths are the job's own (a planner only knows their distribution): this checks the time model
@@ -30,7 +32,7 @@ from rlctl.modelcatalog import BUILTIN_MODELS
 from rlctl.planner.costs import decode_cost
 from rlctl.planner.curves import live_context
 from rlctl.planner.sim import run_with
-from rlctl.planner.simjob import IterationWork, simulate_job
+from rlctl.planner.simjob import EngineSpec, IterationWork, JobTimeline, UnitShare, simulate_job
 from rlctl.profiler.measure import embedded_engine_factory, measure_generation
 from rlctl.profiler.probe import ProbeSpec, measure_here
 from rlctl.profiler.profile import GenerationEntry
@@ -101,7 +103,16 @@ class Replay:
                 idx = idx[np.argsort(finish[idx], kind="stable")]
                 sends = np.arange(1, len(idx) + 1)
                 finish[idx] += overheads.rollout_s_per_unit + overheads.rollout_s_per_sample * sends
-            out.append(replace(w, finish_s=finish, train_s=w.train_s + overheads.trainer_s, unit_of=units))
+            out.append(
+                replace(
+                    w,
+                    finish_s=finish,
+                    train_s=w.train_s + overheads.trainer_s,
+                    unit_of=units,
+                    unit_delay_s=overheads.rollout_s_per_unit,
+                    sample_send_s=overheads.rollout_s_per_sample,
+                )
+            )
         return out
 
 
@@ -124,6 +135,7 @@ def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
         tokens = np.array([prompt_len[e["prompt_id"]] + e["output_tokens"] for e in entries], dtype=float)
         groups = np.unique([e["prompt_id"] for e in entries], return_inverse=True)[1]
         busy_s = 0.0
+        shares: dict[int, UnitShare] = {}
         for unit in sorted({e["agent"] for e in entries}):
             idx = np.array([i for i, e in enumerate(entries) if e["agent"] == unit])
             lengths = np.array([max(1, entries[i]["output_tokens"]) for i in idx], dtype=np.int64)
@@ -137,6 +149,15 @@ def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
             finish[idx[order]] = f
             units[idx] = agents.index(unit)
             busy_s += float(f.max())
+            engine = EngineSpec(
+                cost.ptl_s,
+                job.rollout.max_batch_size,
+                prefill_s=prompt * cost.prefill_s_per_token,
+                admit_fixed_s=cost.admit_fixed_s,
+                compact_fraction=cost.compact_fraction,
+                barrier=job.rollout.group_barrier if job.rollout.engine == "embedded" else "never",
+            )
+            shares[agents.index(unit)] = UnitShare(idx[order], lengths[order], engine)
         works.append(
             IterationWork(
                 finish,
@@ -145,6 +166,7 @@ def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
                 job.batch.train_micro_batch_samples,
                 micro_batch_tokens=job.batch.train_micro_batch_tokens,
                 group_of=groups if job.algorithm.kind == "grpo" else None,
+                shares=shares,
             )
         )
         unit_of.append(units)
@@ -164,10 +186,14 @@ class Overheads:
 
 def predict_iteration_s(rep: Replay, job: JobFile, overheads: Overheads, *, warmup: int) -> tuple[float, list[float]]:
     """(mean iteration time after `warmup`, every iteration's time) as the simulator sees the job."""
-    works = rep.with_overheads(overheads)
-    tl = simulate_job(works, mode=job.pipeline.mode, weight_sync_s=overheads.weight_sync_s, eta=job.pipeline.eta)
+    tl = predict(rep, job, overheads)
     ends = np.array(tl.train_end_s)
     return tl.iteration_s(warmup), [float(x) for x in np.diff(ends)]
+
+
+def predict(rep: Replay, job: JobFile, overheads: Overheads) -> JobTimeline:
+    works = rep.with_overheads(overheads)
+    return simulate_job(works, mode=job.pipeline.mode, weight_sync_s=overheads.weight_sync_s, eta=job.pipeline.eta)
 
 
 def _rollout_extra_s(run: JobRun, prof: MeasuredProfile, *, warmup: int) -> tuple[float, float, float]:
@@ -239,7 +265,3 @@ def scaled(run: JobRun, factor: float) -> JobRun:
         end_dedicated_s=run.end_dedicated_s * factor,
         agent_cpu_s={a: [x * factor for x in v] for a, v in run.agent_cpu_s.items()},
     )
-
-
-def generation_s(works: list[IterationWork]) -> list[float]:
-    return [float(w.finish_s.max()) for w in works]

@@ -99,9 +99,15 @@ def run_groups(
             continue
         rows = len(heap) if compact_fraction is None else max(rows, len(heap))  # admissions reuse free rows
         if compact_fraction is not None and not admissible() and rows - len(heap) >= compact_fraction * rows:
-            t += ptl_s[rows]  # the queue just drained: the engine compacts after this step
+            t += ptl_s[rows]  # the queue just drained: the engine compacts after this step (its finished gone)
             step += 1
+            while heap and heap[0][0] == step:
+                _, g, k = heapq.heappop(heap)
+                finish[g][k] = t
+                running[g] -= 1
             rows = len(heap)
+            if not heap:
+                continue
         end = heap[0][0]
         # the next boundary where a waiting request could be admitted: a free row and a group the barrier lets
         # in, released by then (perhaps already, during this boundary's prefill); else the next completion

@@ -88,10 +88,15 @@ def run_instance(
         rows = len(heap) if compact_fraction is None else max(rows, len(heap))  # admissions reuse free rows
         end = heap[0][0]
         if compact_fraction is not None and nxt >= n and rows - len(heap) >= compact_fraction * rows:
-            # the queue just drained: the engine compacts after this first step, not at the next completion
+            # the queue just drained: the engine compacts after this first step (what finishes in it gone
+            # first), not at the next completion
             t += ptl_s[rows]
             step += 1
+            while heap and heap[0][0] == step:
+                finish[heapq.heappop(heap)[1]] = t
             rows = len(heap)
+            if not heap:
+                continue
         t += (end - step) * ptl_s[rows]
         step = end
         while heap and heap[0][0] == end:

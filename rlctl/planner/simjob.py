@@ -15,12 +15,13 @@ For iteration i (0-based), with staleness bound η (version v = number of finish
     sync:   gen ▮▮▮▮░░░░░░░▮▮▮▮      stream: gen ▮▮▮▮░░░░▮▮▮▮      async: gen ▮▮▮▮▮▮▮▮▮▮▮▮
             trn ░░░░▮▮▮░░░░░░░░              trn ░▮▮▮▮░░░░▮▮▮▮             trn ░░░░▮▮▮▮▮▮▮▮
 
-Each rollout unit u starts its share of iteration i once it is done with its own share of i−1 and
-holds weights recent enough (the controller's dispatch: a unit at version w takes iterations ≤ w + η);
-it does not wait for the other units. With η ≥ 1 a unit that is done with its share of i starts its
-share of i+1 while another still finishes i (the controller dispatches i+1 to every unit at a recent
-enough version, queued behind its share of i). Without a per-sample unit (`unit_of` None) the batch is
-one pool: it starts when all of i−1 is done.
+Each rollout unit u gets its share of iteration i once it holds weights recent enough (the controller's
+dispatch: a unit at version w takes iterations ≤ w + η); it does not wait for the other units. With
+`IterationWork.shares` the unit is one engine across iterations (`engine.run_groups`), as it runs: in
+async its share of i+1 arrives while its share of i still runs and fills the rows i's tail frees (older
+iteration first, unless the engine's group barrier holds it back), which makes i's tail dearer. Without,
+a unit starts its share of i when it is done with its own share of i−1 (`finish_s`: the share alone).
+Without a per-sample unit (`unit_of` None) the batch is one pool: it starts when all of i−1 is done.
 
 Iteration time is the steady-state mean gap between training ends.
 """
@@ -33,6 +34,7 @@ from typing import Literal
 
 import numpy as np
 
+from rlctl.planner.engine import Barrier, Group, run_groups
 from rlctl.rl.cuts import trainable_cuts
 
 Mode = Literal["sync", "stream", "async"]
@@ -40,8 +42,34 @@ MODES: tuple[Mode, ...] = ("sync", "stream", "async")
 
 
 @dataclass(frozen=True)
+class EngineSpec:
+    """A rollout unit's engine as `engine.run_groups` prices it."""
+
+    ptl_s: np.ndarray  # index = rows in the batch
+    batch_cap: int
+    prefill_s: float = 0.0  # per admitted request (its prompt)
+    admit_fixed_s: float = 0.0
+    compact_fraction: float | None = None
+    barrier: Barrier = "never"  # may a later iteration fill the rows this one's tail frees (`engine.Barrier`)
+
+
+@dataclass(frozen=True)
+class UnitShare:
+    """A unit's share of one iteration: which samples, in its engine's admission order, and their lengths."""
+
+    samples: np.ndarray  # indices into the iteration's samples
+    lengths: np.ndarray  # output tokens, the same order
+    engine: EngineSpec
+
+
+@dataclass(frozen=True)
 class IterationWork:
-    """One iteration's generation outcome and training cost."""
+    """One iteration's generation outcome and training cost.
+
+    With `shares` a unit's shares of successive iterations run in one engine (`engine.run_groups`): the
+    share of i+1 reaches it `unit_delay_s` after the weights it needs, and fills the rows i's tail frees
+    unless the barrier holds it back; `finish_s` is then not used. Without, each share runs alone, from
+    when the unit is done with its previous share and has the weights (`finish_s` after that start)."""
 
     finish_s: np.ndarray  # per sample, seconds after the batch started generating
     sample_tokens: np.ndarray  # per sample, tokens to train on
@@ -51,6 +79,9 @@ class IterationWork:
     unit_of: np.ndarray | None = None  # per sample, its rollout unit (None: one pool, as if one unit)
     micro_batch_tokens: int | None = None  # the learner's padded-token budget per cut (None: rows only)
     group_of: np.ndarray | None = None  # per sample, its group: it reaches the learner with the group's last
+    shares: dict[int, UnitShare] | None = None  # by unit (the indices of `unit_of`)
+    unit_delay_s: float = 0.0  # with shares: weights ready → the unit's share reaches its engine (fetch, load)
+    sample_send_s: float = 0.0  # with shares: each sample a unit finishes costs it this (its k-th: k × this)
 
 
 @dataclass(frozen=True)
@@ -59,6 +90,7 @@ class JobTimeline:
     gen_end_s: list[float]
     train_end_s: list[float]
     weights_ready_s: list[float]
+    unit_gen_s: list[dict[int, float]]  # per iteration, per unit: its share, from its start to its last sample
 
     def iteration_s(self, warmup: int = 1) -> float:
         ends = self.train_end_s
@@ -91,19 +123,50 @@ def simulate_job(
     gen_end: list[float] = []
     train_end: list[float] = []
     ready: list[float] = []
+    unit_gen: list[dict[int, float]] = []
     unit_end: dict[int, float] = {}  # rollout unit → when it finished its share of the last iteration it ran
+
+    def release(k: int) -> float:  # when iteration k's shares reach the units (its weights are known by then)
+        j = k - 1 - eta
+        return (ready[j] if j >= 0 else 0.0) + works[k].unit_delay_s
+
     for i, w in enumerate(works):
         j = i - 1 - eta
         weights = ready[j] if j >= 0 else 0.0
         units = np.zeros(len(w.finish_s), dtype=int) if w.unit_of is None else w.unit_of
         arrival = np.empty(len(w.finish_s))
         starts = []
-        for u in np.unique(units):
-            mine = units == u
-            s_u = max(unit_end.get(int(u), 0.0), weights)
-            arrival[mine] = s_u + w.finish_s[mine]
-            unit_end[int(u)] = float(arrival[mine].max())
-            starts.append(s_u)
+        gens: dict[int, float] = {}
+        if w.shares is not None:
+            # each unit's engine from the start, with every share released by now: up to i + η (whose release
+            # needs the weights of i − 1 at most); later ones cannot reach it before i's tail is done
+            for u, share in w.shares.items():
+                mine = [k for k in range(min(i + eta, len(works) - 1) + 1) if u in (works[k].shares or {})]
+                eng = share.engine
+                runs = run_groups(
+                    [Group(release(k), (works[k].shares or {})[u].lengths) for k in mine],
+                    ptl_s=eng.ptl_s,
+                    batch_cap=eng.batch_cap,
+                    prefill_s=eng.prefill_s,
+                    admit_fixed_s=eng.admit_fixed_s,
+                    compact_fraction=eng.compact_fraction,
+                    barrier=eng.barrier,
+                )
+                f = runs[mine.index(i)]
+                sends = np.empty(len(f))
+                sends[np.argsort(f, kind="stable")] = np.arange(1, len(f) + 1)
+                arrival[share.samples] = f + w.sample_send_s * sends
+                starts.append(release(i))
+                gens[u] = float(arrival[share.samples].max()) - release(i) if len(f) else 0.0
+        else:
+            for u in np.unique(units):
+                mine_ = units == u
+                s_u = max(unit_end.get(int(u), 0.0), weights)
+                arrival[mine_] = s_u + w.finish_s[mine_]
+                unit_end[int(u)] = float(arrival[mine_].max())
+                starts.append(s_u)
+                gens[int(u)] = float(w.finish_s[mine_].max())
+        unit_gen.append(gens)
         start = min(starts, default=max(weights, gen_end[-1] if gen_end else 0.0))
         if w.group_of is not None:
             for g in np.unique(w.group_of):
@@ -130,7 +193,7 @@ def simulate_job(
         gen_end.append(g_end)
         train_end.append(t)
         ready.append(t + weight_sync_s)
-    return JobTimeline(gen_start, gen_end, train_end, ready)
+    return JobTimeline(gen_start, gen_end, train_end, ready, unit_gen)
 
 
 def _learner_train(

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from rlctl.planner.costs import DecodeCost
 from rlctl.planner.sim import DispatchConfig, GenEstimator, Unit, run_instance, simulate_generation
-from rlctl.planner.simjob import IterationWork, _learner_train, simulate_job
+from rlctl.planner.simjob import EngineSpec, IterationWork, UnitShare, _learner_train, simulate_job
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths, recall_at
 
 PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
@@ -183,3 +183,38 @@ def test_a_group_reaches_the_learner_with_its_last_sample_across_units():
     # one group: sample 0 waits for sample 1; both train from 5 → 25
     grouped = replace(w, group_of=np.array([0, 0]))
     assert simulate_job([first, grouped], mode="async", weight_sync_s=0).train_end_s[1] == 25.0
+
+
+def _engine_works(barrier: str, *, n: int = 4) -> list[IterationWork]:
+    """n iterations of one unit's share (4 requests, one long) on a batch of 4; the share alone is `finish_s`."""
+    lengths = np.array([40, 2, 2, 2])  # admission order: longest first
+    eng = EngineSpec(PTL[:5], 4, admit_fixed_s=0.001, barrier=barrier)  # type: ignore[arg-type]
+    alone = run_instance(lengths, ptl_s=PTL[:5], batch_cap=4, admit_fixed_s=0.001)
+    share = UnitShare(np.arange(4), lengths, eng)
+    tokens = np.full(4, 10.0)
+    return [IterationWork(alone, tokens, 0.05, 4, unit_of=np.zeros(4, dtype=int), shares={0: share}) for _ in range(n)]
+
+
+@pytest.mark.parametrize("mode", ["sync", "stream", "async"])
+def test_a_unit_engine_with_the_barrier_is_the_share_alone_after_the_last(mode: str) -> None:
+    """With the group barrier a unit runs its shares one after another: the engine path is the `finish_s` one."""
+    works = _engine_works("always")
+    legacy = [replace(w, shares=None) for w in works]
+    got = simulate_job(works, mode=mode, weight_sync_s=0.002)  # type: ignore[arg-type]
+    want = simulate_job(legacy, mode=mode, weight_sync_s=0.002)  # type: ignore[arg-type]
+    assert got.train_end_s == pytest.approx(want.train_end_s)
+    if mode != "async":  # async: a share reaches the unit before its previous one is done, and waits (counted)
+        assert [g[0] for g in got.unit_gen_s] == pytest.approx([g[0] for g in want.unit_gen_s])
+
+
+def test_in_async_the_next_share_fills_the_tail_and_the_tail_takes_longer() -> None:
+    never = simulate_job(_engine_works("never"), mode="async", weight_sync_s=0.002)
+    always = simulate_job(_engine_works("always"), mode="async", weight_sync_s=0.002)
+    # iteration 1 reaches the unit while iteration 0's long row runs: its rows make each of those steps dearer
+    assert never.unit_gen_s[0][0] > always.unit_gen_s[0][0]
+    assert never.train_end_s[0] > always.train_end_s[0]
+    # sync and stream never overlap two iterations on a unit: the barrier changes nothing there
+    for mode in ("sync", "stream"):
+        a = simulate_job(_engine_works("never"), mode=mode, weight_sync_s=0.002)  # type: ignore[arg-type]
+        b = simulate_job(_engine_works("always"), mode=mode, weight_sync_s=0.002)  # type: ignore[arg-type]
+        assert a.train_end_s == pytest.approx(b.train_end_s)
