@@ -79,7 +79,8 @@ class DedicatedClock:
         self.total_cpu_s = 0.0  # CPU seconds of the tree's threads while sampled
         self.total_wait_s = 0.0  # seconds they waited for a core
         self._cpu_by_pid: dict[int, float] = {}  # CPU seconds so far, per process
-        self._cpu_snapshots: list[dict[int, float]] = []  # … at each sample
+        self._main_by_pid: dict[int, float] = {}  # … of its main thread (an agent's loop)
+        self._cpu_snapshots: list[tuple[dict[int, float], dict[int, float]]] = []  # (both) at each sample
         self._last: Counters = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dedicated-clock", daemon=True)
@@ -105,7 +106,7 @@ class DedicatedClock:
         if not self.t:
             self.t.append(t)
             self.v.append(0.0)
-            self._cpu_snapshots.append({})
+            self._cpu_snapshots.append(({}, {}))
             self._last = counters
             return
         d_cpu = d_wait = 0
@@ -114,6 +115,8 @@ class DedicatedClock:
             d_cpu += cpu - c0
             d_wait += wait - w0
             self._cpu_by_pid[key[0]] = self._cpu_by_pid.get(key[0], 0.0) + (cpu - c0) / 1e9
+            if key[0] == key[1]:
+                self._main_by_pid[key[0]] = self._main_by_pid.get(key[0], 0.0) + (cpu - c0) / 1e9
         self._last = counters
         busy = d_cpu + d_wait
         rate = d_cpu / busy if busy > 0 else 1.0
@@ -121,15 +124,16 @@ class DedicatedClock:
         self.total_wait_s += d_wait / 1e9
         self.v.append(self.v[-1] + rate * (t - self.t[-1]))
         self.t.append(t)
-        self._cpu_snapshots.append(dict(self._cpu_by_pid))
+        self._cpu_snapshots.append((dict(self._cpu_by_pid), dict(self._main_by_pid)))
 
     def virtual(self, t: np.ndarray) -> np.ndarray:
         """V at wall times `t` (time.time() stamps, e.g. metrics rows' `t`), interpolated."""
         return np.asarray(np.interp(t, self.t, self.v))
 
-    def cpu_s(self, pid: int, t0: float, t1: float) -> float:
-        """CPU seconds process `pid` used between wall times t0 and t1 (at sample resolution)."""
-        series = [snap.get(pid, 0.0) for snap in self._cpu_snapshots]
+    def cpu_s(self, pid: int, t0: float, t1: float, *, main_thread: bool = False) -> float:
+        """CPU seconds process `pid` (or only its main thread) used between wall times t0 and t1 (at sample
+        resolution)."""
+        series = [snap[main_thread].get(pid, 0.0) for snap in self._cpu_snapshots]
         return float(np.interp(t1, self.t, series) - np.interp(t0, self.t, series))
 
     @property

@@ -47,6 +47,7 @@ class JobRun:
     cpu_share: float  # of the time the job's threads were runnable, the fraction they ran
     wall_s: float
     agent_cpu_s: dict[str, list[float]]  # per agent, CPU seconds between consecutive training ends
+    agent_main_cpu_s: dict[str, list[float]]  # … of its main thread only (its loop: the serial part)
     # per iteration, per unit: its share's generation (first dispatch → last finish, the ledger's times)
     gen_wall_s: list[dict[str, float]]
     gen_dedicated_s: list[dict[str, float]]  # the same on the dedicated-core clock
@@ -95,6 +96,10 @@ def launch(job: dict[str, Any], *, workdir: Path, name: str) -> JobRun:
     events = jobdir.read_lines(jobdir.events)
     pids = {e["agent"]: e["ident"]["pid"] for e in events if e["event"] == "agent_started" and "pid" in e["ident"]}
     agent_cpu = {a: [clock.cpu_s(pid, t0, t1) for t0, t1 in itertools.pairwise(ends)] for a, pid in pids.items()}
+    main_cpu = {
+        a: [clock.cpu_s(pid, t0, t1, main_thread=True) for t0, t1 in itertools.pairwise(ends)]
+        for a, pid in pids.items()
+    }
     spans: list[dict[str, tuple[float, float]]] = []
     for it in range(job["iterations"]):
         mine: dict[str, list[dict[str, Any]]] = {}
@@ -117,6 +122,7 @@ def launch(job: dict[str, Any], *, workdir: Path, name: str) -> JobRun:
         cpu_share=clock.cpu_share,
         wall_s=float(summary.get("wall_s") or 0.0),
         agent_cpu_s=agent_cpu,
+        agent_main_cpu_s=main_cpu,
         gen_wall_s=[{a: t1 - t0 for a, (t0, t1) in sp.items()} for sp in spans],
         gen_dedicated_s=[{a: virtual(t1) - virtual(t0) for a, (t0, t1) in sp.items()} for sp in spans],
     )

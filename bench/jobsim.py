@@ -213,13 +213,15 @@ def _rollout_extra_s(run: JobRun, prof: MeasuredProfile, *, warmup: int) -> tupl
 def cpu_overheads(run: JobRun, prof: MeasuredProfile, *, warmup: int, per_unit_run: JobRun | None = None) -> Overheads:
     """`trainer_s` and the units' overheads: the agents' CPU time per iteration beyond the profile's price of
     their work (scoring, unpacking and publishing on the trainer; receiving and sending samples, fetching and
-    loading weights on the units). Measured on an async run, where each agent runs all of it on its own path.
+    loading weights on the units). The trainer's is its main thread's, the loop that trains: its other threads
+    (reading the controller's messages, serving the weights to every unit) run beside it. Measured on an async
+    run, where each agent runs all of it on its own path.
     Every unit fetches and loads the whole weights each iteration: with `per_unit_run`, a run with another
     number of units per iteration, the units' CPU is split into `rollout_s_per_unit` and
     `rollout_s_per_sample` (two runs, two unknowns); without, it is all per sample."""
     rep = replay(run, prof)
     its = range(warmup + 1, len(rep.works))
-    trainer = run.agent_cpu_s["trainer-0"]
+    trainer = run.agent_main_cpu_s["trainer-0"]
     trainer_s = float(np.mean([trainer[i - 1] - rep.works[i].train_s for i in its]))
     u1, n1, e1 = _rollout_extra_s(run, prof, warmup=warmup)
     per_unit = 0.0
@@ -264,4 +266,5 @@ def scaled(run: JobRun, factor: float) -> JobRun:
         run,
         end_dedicated_s=run.end_dedicated_s * factor,
         agent_cpu_s={a: [x * factor for x in v] for a, v in run.agent_cpu_s.items()},
+        agent_main_cpu_s={a: [x * factor for x in v] for a, v in run.agent_main_cpu_s.items()},
     )

@@ -204,6 +204,7 @@ def _predict(p: Probed, prof: MeasuredProfile, cal: Calibrated, *, warmup: int) 
             "measured_wall": [r["t_train_s"] for r in run.rows],
         },
         "agent_cpu_s": {a: [round(x, 3) for x in v] for a, v in run.agent_cpu_s.items()},
+        "agent_main_thread_cpu_s": {a: [round(x, 3) for x in v] for a, v in run.agent_main_cpu_s.items()},
         "samples_per_unit": [
             dict(sorted(Counter(e["agent"] for e in run.ledger if e["iteration"] == i).items()))
             for i in range(len(works))

@@ -89,7 +89,7 @@ def _fake_run(
         for p in range(8)
         for k in range(8)
     ]
-    run = JobRun("fake", spec, jd, [], ledger, [], np.zeros(0), np.zeros(0), 1.0, 0.0, {}, [], [])
+    run = JobRun("fake", spec, jd, [], ledger, [], np.zeros(0), np.zeros(0), 1.0, 0.0, {}, {}, [], [])
     rep = replay(run, prof)
     tl = simulate_job(rep.with_overheads(truth), mode=mode, weight_sync_s=truth.weight_sync_s)
     run.end_dedicated_s = np.array(tl.train_end_s) + 1000.0  # any origin
@@ -102,6 +102,9 @@ def _fake_run(
         "rollout-1": [0.0] * (iterations - 1),
         "controller-0": [0.05] * (iterations - 1),
     }
+    # the trainer's loop is its main thread; its other threads (reading messages, serving weights) run beside
+    run.agent_main_cpu_s = {**run.agent_cpu_s, "trainer-0": run.agent_cpu_s["trainer-0"]}
+    run.agent_cpu_s["trainer-0"] = [x + 0.02 for x in run.agent_cpu_s["trainer-0"]]
     return run
 
 
