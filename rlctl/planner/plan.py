@@ -27,7 +27,6 @@ from rlctl.planner import alloc
 from rlctl.planner.costs import TrainWorkload
 from rlctl.planner.curves import GenCurve, TrainCurve, gen_curve, train_stage_curve
 from rlctl.planner.dispatch import Rule, SkewSplit, fixed_split
-from rlctl.planner.engine import Barrier
 from rlctl.planner.sim import (
     DispatchConfig,
     Estimate,
@@ -37,7 +36,7 @@ from rlctl.planner.sim import (
     simulate_split,
     site_split,
 )
-from rlctl.planner.simjob import MODES, EngineSpec, IterationWork, UnitShare, simulate_job, weight_transfer_s
+from rlctl.planner.simjob import MODES, IterationWork, simulate_job, weight_transfer_s
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths
 from rlctl.profiler.analytical import analytical_profile
 from rlctl.profiler.profile import ProfileFile, SiteProfile
@@ -486,8 +485,6 @@ def _simulate(
     works: list[IterationWork] = []
     gens: list[GenResult] = []
     groups = np.arange(spec.batch.prompts_per_iteration).repeat(spec.batch.samples_per_prompt)  # prompt-major
-    # may a unit's next iteration fill the rows its current one's tail frees (vLLM: always)
-    barrier = spec.rollout.group_barrier if spec.rollout.engine == "embedded" else "never"
     first_pred = first_len = None
     for _ in range(opts.sim_iterations):
         lengths = lm.sample(spec.batch.prompts_per_iteration, spec.batch.samples_per_prompt, rng)
@@ -515,7 +512,6 @@ def _simulate(
                 unit_of=g.unit_of,
                 micro_batch_tokens=spec.batch.train_micro_batch_tokens,
                 group_of=groups if spec.algorithm.kind == "grpo" else None,  # GRPO trains whole groups
-                shares=_shares(g, lengths, units, prompt_tokens=lm.prompt_tokens, barrier=barrier),
             )
         )
     w_s = _weight_sync_s(job, per_site)
@@ -536,26 +532,6 @@ def _simulate(
         },
         "dispatch": _dispatch_report(lm, units, first_len, first_pred, dcfg, gens[0]),
     }
-
-
-def _shares(
-    g: GenResult, lengths: np.ndarray, units: list[Unit], *, prompt_tokens: int, barrier: Barrier
-) -> dict[int, UnitShare]:
-    """Each unit's share of a simulated batch, in its admission order, with its engine: the job simulator runs
-    a unit's shares of successive iterations in one engine (in async the next fills this one's tail)."""
-    out = {}
-    for u, (idx, cap) in g.queues.items():
-        cost = units[u].cost
-        engine = EngineSpec(
-            cost.ptl_s,
-            cap,
-            prefill_s=prompt_tokens * cost.prefill_s_per_token,
-            admit_fixed_s=cost.admit_fixed_s,
-            compact_fraction=cost.compact_fraction,
-            barrier=barrier,
-        )
-        out[u] = UnitShare(np.array(idx, dtype=int), lengths[idx], engine)
-    return out
 
 
 def _dispatch_report(
