@@ -1,5 +1,6 @@
-"""The simulator's engine of several groups released over time: one group is `run_instance`; several match a
-step-by-step engine loop (admission by group, releases, group barrier, lazy compaction)."""
+"""The simulator's engine of several groups released over time: several match a step-by-step engine loop
+(admission by group, releases, group barrier, lazy compaction); one group is `run_instance`
+(test_planner_sim.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlctl.planner.engine import EPS_S, Barrier, Group, run_groups
-from rlctl.planner.sim import run_instance
 
 PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
 
@@ -77,22 +77,6 @@ def reference_groups(
         if compact is None or free == len(rows) or (not admissible() and free >= compact * len(rows)):
             rows = [r for r in rows if r is not None]
     return finish
-
-
-@given(
-    st.lists(st.integers(1, 30), min_size=1, max_size=25),
-    st.integers(1, 8),
-    st.sampled_from([0.0, 0.002]),
-    st.sampled_from([0.0, 0.005]),
-    st.sampled_from([None, 0.25, 0.5]),
-)
-@settings(max_examples=200, deadline=None)
-def test_one_group_is_run_instance(
-    lengths: list[int], cap: int, prefill: float, fixed: float, compact: float | None
-) -> None:
-    kw = {"ptl_s": PTL, "batch_cap": cap, "prefill_s": prefill, "admit_fixed_s": fixed, "compact_fraction": compact}
-    (got,) = run_groups([Group(0.0, np.array(lengths))], **kw)  # type: ignore[arg-type]
-    assert got.tolist() == pytest.approx(run_instance(lengths, **kw).tolist())  # type: ignore[arg-type]
 
 
 @given(

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlctl.planner.costs import DecodeCost
+from rlctl.planner.engine import Group, run_groups
 from rlctl.planner.sim import DispatchConfig, GenEstimator, Unit, run_instance, simulate_generation
 from rlctl.planner.simjob import EngineSpec, IterationWork, UnitShare, _learner_train, simulate_job
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths, recall_at
@@ -65,6 +66,16 @@ def test_run_instance_matches_step_by_step_reference(
         lengths, ptl_s=PTL, batch_cap=cap, prefill_s=prefill, admit_fixed_s=fixed, compact_fraction=compact
     )
     assert got.tolist() == pytest.approx(reference_instance(lengths, cap, prefill, fixed, compact))
+    # the job simulator's engine across iterations, with one iteration released at 0, is this engine
+    (alone,) = run_groups(
+        [Group(0.0, np.array(lengths))],
+        ptl_s=PTL,
+        batch_cap=cap,
+        prefill_s=prefill,
+        admit_fixed_s=fixed,
+        compact_fraction=compact,
+    )
+    assert alone.tolist() == pytest.approx(got.tolist())
 
 
 def _units(n: int, cap: int = 16) -> list[Unit]:
