@@ -133,7 +133,7 @@ class DedicatedClock:
     def cpu_s(self, pid: int, t0: float, t1: float, *, main_thread: bool = False) -> float:
         """CPU seconds process `pid` (or only its main thread) used between wall times t0 and t1 (at sample
         resolution)."""
-        series = [snap[main_thread].get(pid, 0.0) for snap in self._cpu_snapshots]
+        series = [(main if main_thread else whole).get(pid, 0.0) for whole, main in self._cpu_snapshots]
         return float(np.interp(t1, self.t, series) - np.interp(t0, self.t, series))
 
     @property

@@ -31,8 +31,9 @@ from rlctl.config.job import JobFile
 from rlctl.modelcatalog import BUILTIN_MODELS
 from rlctl.planner.costs import decode_cost
 from rlctl.planner.curves import live_context
+from rlctl.planner.engine import EngineSpec
 from rlctl.planner.sim import run_with
-from rlctl.planner.simjob import EngineSpec, IterationWork, JobTimeline, UnitShare, simulate_job
+from rlctl.planner.simjob import IterationWork, JobTimeline, UnitShare, simulate_job
 from rlctl.profiler.measure import embedded_engine_factory, measure_generation
 from rlctl.profiler.probe import ProbeSpec, measure_here
 from rlctl.profiler.profile import GenerationEntry
@@ -91,29 +92,19 @@ class Replay:
     unit_busy_s: list[float]  # per iteration: the units' simulated busy seconds, summed
 
     def with_overheads(self, overheads: Overheads) -> list[IterationWork]:
-        """The works with the calibrated overheads: `trainer_s` on the training, `rollout_s_per_unit` before
-        each unit's share (it fetches and loads the new weights first), `rollout_s_per_sample` on every
-        sample its unit finished before it (and itself). Each sample keeps its unit: a unit starts its share
-        of the next iteration when it is done with its own share of this one."""
-        out = []
-        for w, units in zip(self.works, self.unit_of, strict=True):
-            finish = w.finish_s.copy()
-            for u in np.unique(units):
-                idx = np.flatnonzero(units == u)
-                idx = idx[np.argsort(finish[idx], kind="stable")]
-                sends = np.arange(1, len(idx) + 1)
-                finish[idx] += overheads.rollout_s_per_unit + overheads.rollout_s_per_sample * sends
-            out.append(
-                replace(
-                    w,
-                    finish_s=finish,
-                    train_s=w.train_s + overheads.trainer_s,
-                    unit_of=units,
-                    unit_delay_s=overheads.rollout_s_per_unit,
-                    sample_send_s=overheads.rollout_s_per_sample,
-                )
+        """The works with the calibrated overheads: `trainer_s` on the training; each unit's share reaches its
+        engine `rollout_s_per_unit` after the weights (it fetches and loads them first), and its k-th finished
+        sample costs it k × `rollout_s_per_sample` (sending each). Each sample keeps its unit."""
+        return [
+            replace(
+                w,
+                train_s=w.train_s + overheads.trainer_s,
+                unit_of=units,
+                unit_delay_s=overheads.rollout_s_per_unit,
+                sample_send_s=overheads.rollout_s_per_sample,
             )
-        return out
+            for w, units in zip(self.works, self.unit_of, strict=True)
+        ]
 
 
 def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
@@ -267,4 +258,5 @@ def scaled(run: JobRun, factor: float) -> JobRun:
         end_dedicated_s=run.end_dedicated_s * factor,
         agent_cpu_s={a: [x * factor for x in v] for a, v in run.agent_cpu_s.items()},
         agent_main_cpu_s={a: [x * factor for x in v] for a, v in run.agent_main_cpu_s.items()},
+        gen_dedicated_s=[{u: x * factor for u, x in it.items()} for it in run.gen_dedicated_s],
     )

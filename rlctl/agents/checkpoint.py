@@ -5,8 +5,10 @@ that own the state, each on its own site (sites share no filesystem):
 
     checkpoints/iter-N/
         model/                    the policy, a Hugging Face directory (trainer rank 0, gathered)
-        ranks/rank-R.pt           each trainer rank's optimizer state, other modules and RNG (that rank)
-        MANIFEST.trainer.json     written LAST by trainer rank 0, once every rank's file is in: every file's
+        ranks/rank-R.pt           the optimizer state, other modules and RNG of each rank of data-parallel
+                                  replica 0 (that rank; the other replicas hold the same state and restore
+                                  the file of their (tp, pp) position)
+        MANIFEST.trainer.json     written LAST by trainer rank 0, once every such file is in: every file's
                                   bytes and SHA-256, the counters (version), the split (tp, pp, dp) and each
                                   rank's optimizer digest (`rlctl.agents.trainstate`)
         controller/               ledger.json, state.json (iteration, ranker, rebalance window, rows)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -77,6 +78,7 @@ class Ledger:
     stale_requeued: int = 0
     duplicated: int = 0
     refused: int = 0
+    clock: Callable[[], float] = field(default=time.time, repr=False)  # wall clock of the entries' times
 
     # -- building -----------------------------------------------------------------------------------
     def add_prompt(self, *, iteration: int, prompt_id: str, num_samples: int) -> list[str]:
@@ -104,7 +106,7 @@ class Ledger:
     def dispatch(self, sample_id: str, *, agent: str, version: int) -> None:
         e = self._move(sample_id, State.QUEUED, State.DISPATCHED)
         e.agent, e.dispatch_version, e.attempts = agent, version, e.attempts + 1
-        e.dispatched_at = time.time()
+        e.dispatched_at = self.clock()
 
     def finish(self, sample_id: str, *, agent: str, version: int, output_tokens: int) -> bool:
         """Record a finished sample; False (and counted) if it is not dispatched to `agent`."""
@@ -117,12 +119,12 @@ class Ledger:
         assert e.dispatch_version is not None
         e.sample_version = min(version, e.dispatch_version) if version >= 0 else e.dispatch_version
         e.output_tokens = output_tokens
-        e.finished_at = time.time()
+        e.finished_at = self.clock()
         return True
 
     def deliver(self, sample_id: str) -> Entry:
         e = self._move(sample_id, State.FINISHED, State.DELIVERED)
-        e.delivered_at = time.time()
+        e.delivered_at = self.clock()
         return e
 
     def mark_trained(self, sample_id: str) -> None:
@@ -131,7 +133,7 @@ class Ledger:
             self.duplicated += 1
             return
         e.state = State.TRAINED
-        e.trained_at = time.time()
+        e.trained_at = self.clock()
 
     def requeue_agent(self, agent: str) -> list[str]:
         """An agent is gone: everything dispatched to it and not finished goes back to the queue."""

@@ -219,9 +219,8 @@ class TrainerAgent:
                 # the user's function in worker processes), then micro-batches as scored groups complete
                 t0 = time.monotonic()
                 for d, (out, lp) in zip(_delivered(msg), _pairs(msg.tensors), strict=True):
-                    if d.iteration < self.version:
-                        log.warning("trainer: sample %s of iteration %d, already trained", d.sample_id, d.iteration)
-                        continue
+                    # the controller delivers iterations not trained yet only (ControllerCore._deliver)
+                    assert d.iteration >= self.version, (d.sample_id, d.iteration, self.version)
                     # iteration i is trained at version i: that is the staleness that counts
                     if not self.bound.may_train(trainer_version=d.iteration, sample_version=d.version):
                         violations[d.iteration] += 1

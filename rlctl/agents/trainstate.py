@@ -164,7 +164,8 @@ def _write_shard(
             os.fsync(f.fileno())
         os.replace(tmp, path)
         written = {"bytes": path.stat().st_size, "sha256": file_digest(path)}
-    except OSError as e:  # the disk is full, the directory is gone: rank 0 says which rank and why
+    except (OSError, RuntimeError) as e:  # the disk is full (torch.save: RuntimeError), the directory is gone:
+        # every rank still reaches the gather, and rank 0 refuses the checkpoint naming this rank and why
         log.error("checkpoint %s: rank %d could not write %s: %s", ckpt.name, rank, rel, e)
         return {"rank": rank, "replicas": replicas, "file": rel, "error": f"{type(e).__name__}: {e}"}
     return {

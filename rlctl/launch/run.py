@@ -513,9 +513,12 @@ def pick_checkpoint(
             return "its trainer part is not the one its controller part was written with"
         why = split_problem(t, split) if split is not None else None
         if why is not None:  # not a damaged checkpoint: an older one would not fit either
+            old = "no split" in why  # written before the trainer's ranks kept their shards: nothing can load it
             raise UsageError(
                 f"{t_dir.checkpoint(version)}: {why}",
-                hint="resume the job with the plan it was trained with (its plan.json), or start it anew",
+                hint="start the job anew with `rlctl launch JOB.yaml`"
+                if old
+                else "resume the job with the plan it was trained with (its plan.json), or start it anew",
             )
         return None
 

@@ -33,22 +33,27 @@ EPS_S = 1e-9  # a release this close after a step boundary is in time for it (fl
 
 
 @dataclass(frozen=True)
+class EngineSpec:
+    """A rollout unit's engine as `run_groups` prices it."""
+
+    ptl_s: np.ndarray  # index = rows in the batch
+    batch_cap: int
+    prefill_s: float = 0.0  # per admitted request (its prompt)
+    admit_fixed_s: float = 0.0
+    compact_fraction: float | None = None
+    barrier: Barrier = "never"  # may a later group fill the rows an earlier one's tail frees
+
+
+@dataclass(frozen=True)
 class Group:
     release_s: float  # when its requests reach the engine
     lengths: np.ndarray  # output tokens of its requests, in admission order
 
 
-def run_groups(
-    groups: Sequence[Group],
-    *,
-    ptl_s: np.ndarray,
-    batch_cap: int,
-    prefill_s: float = 0.0,
-    admit_fixed_s: float = 0.0,
-    compact_fraction: float | None = None,
-    barrier: Barrier = "never",
-) -> list[np.ndarray]:
+def run_groups(groups: Sequence[Group], engine: EngineSpec) -> list[np.ndarray]:
     """Finish time (s) of each request of each group (absolute, on the releases' clock)."""
+    ptl_s, batch_cap, barrier = engine.ptl_s, engine.batch_cap, engine.barrier
+    prefill_s, admit_fixed_s, compact_fraction = engine.prefill_s, engine.admit_fixed_s, engine.compact_fraction
     cap = max(1, min(batch_cap, len(ptl_s) - 1))
     finish = [np.zeros(len(g.lengths)) for g in groups]
     nxt = [0] * len(groups)  # next request to admit, per group

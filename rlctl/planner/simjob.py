@@ -34,23 +34,11 @@ from typing import Literal
 
 import numpy as np
 
-from rlctl.planner.engine import Barrier, Group, run_groups
+from rlctl.planner.engine import EngineSpec, Group, run_groups
 from rlctl.rl.cuts import trainable_cuts
 
 Mode = Literal["sync", "stream", "async"]
 MODES: tuple[Mode, ...] = ("sync", "stream", "async")
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """A rollout unit's engine as `engine.run_groups` prices it."""
-
-    ptl_s: np.ndarray  # index = rows in the batch
-    batch_cap: int
-    prefill_s: float = 0.0  # per admitted request (its prompt)
-    admit_fixed_s: float = 0.0
-    compact_fraction: float | None = None
-    barrier: Barrier = "never"  # may a later iteration fill the rows this one's tail frees (`engine.Barrier`)
 
 
 @dataclass(frozen=True)
@@ -142,16 +130,8 @@ def simulate_job(
             # needs the weights of i − 1 at most); later ones cannot reach it before i's tail is done
             for u, share in w.shares.items():
                 mine = [k for k in range(min(i + eta, len(works) - 1) + 1) if u in (works[k].shares or {})]
-                eng = share.engine
-                runs = run_groups(
-                    [Group(release(k), (works[k].shares or {})[u].lengths) for k in mine],
-                    ptl_s=eng.ptl_s,
-                    batch_cap=eng.batch_cap,
-                    prefill_s=eng.prefill_s,
-                    admit_fixed_s=eng.admit_fixed_s,
-                    compact_fraction=eng.compact_fraction,
-                    barrier=eng.barrier,
-                )
+                # every share in the run is priced with this iteration's engine (PTL at its share's context)
+                runs = run_groups([Group(release(k), (works[k].shares or {})[u].lengths) for k in mine], share.engine)
                 f = runs[mine.index(i)]
                 sends = np.empty(len(f))
                 sends[np.argsort(f, kind="stable")] = np.arange(1, len(f) + 1)

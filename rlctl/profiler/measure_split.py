@@ -3,7 +3,7 @@
     measure_split(algorithm, batch, tp=…, pp=…)     in the probe: the ranks are its children, on its host, so
       │                                             a site's launch backend (local, SLURM, SSH) runs them alike
       │ scratch dir: model/ (tiny-demo written once: every rank loads the same weights), spec.json, rendezvous
-      ├─▶ tp·pp × `python -m rlctl.profiler.measure_split RANK SPEC`, OMP_NUM_THREADS=1 (a core each, as agents)
+      ├─▶ tp·pp × `python -m rlctl.profiler.measure_split SPEC RANK`, OMP_NUM_THREADS=1 (a core each, as agents)
       │     gloo group (file rendezvous) ─▶ load_backend(backend, model, tp, pp), a reference too with KL
       │     ─▶ the trainer agent's learner (measure_train.make_learner): rank 0 adds the synthetic batch and
       │        steps, the other ranks follow() its broadcasts (rlctl.agents.trainer)
@@ -138,9 +138,17 @@ def _run_ranks(scratch: Path, spec: RankSpec) -> None:
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:  # the first to fail is the cause: the others then fail in a collective with it
                 r = min(failed, key=lambda r: (scratch / f"rank-{r}.log").stat().st_mtime_ns)
-                raise RlctlError(f"{where}: rank {r} exited {codes[r]}: {_last_line(scratch / f'rank-{r}.log')}")
+                raise RlctlError(
+                    f"{where}: rank {r} exited {codes[r]}: {_last_line(scratch / f'rank-{r}.log')}",
+                    hint="the same split runs in the job's trainer: `rlctl check JOB.yaml`, then "
+                    "`rlctl profile --source analytical` to plan without measuring it",
+                )
             if time.monotonic() > deadline:
-                raise RlctlError(f"{where}: the {spec.world} rank(s) took over {spec.timeout_s:.0f} s; stopped them")
+                raise RlctlError(
+                    f"{where}: the {spec.world} rank(s) took over {spec.timeout_s:.0f} s; stopped them",
+                    hint="a host busy with other work slows them; run the probe on an idle one, or "
+                    "`rlctl profile --source analytical`",
+                )
             time.sleep(POLL_S)
     finally:
         for p in procs:

@@ -16,6 +16,7 @@ def _ledger() -> Ledger:
 
 def test_happy_path_walks_every_state_in_order():
     led = _ledger()
+    led.clock = iter([1.0, 2.0, 3.0, 4.0, 5.0]).__next__  # the controller's wall clock, one reading per move
     seen = [led.entries["p0/0"].state]
     led.dispatch("p0/0", agent="r0", version=0)
     seen.append(led.entries["p0/0"].state)
@@ -29,8 +30,7 @@ def test_happy_path_walks_every_state_in_order():
     e = led.entries["p0/0"]
     assert e.output_tokens == 7
     # each move's time, in order; a requeue forgets them (the sample starts over)
-    assert e.dispatched_at is not None and e.finished_at is not None and e.delivered_at is not None
-    assert e.trained_at is not None and e.dispatched_at <= e.finished_at <= e.delivered_at <= e.trained_at
+    assert (e.dispatched_at, e.finished_at, e.delivered_at, e.trained_at) == (1.0, 2.0, 3.0, 4.0)
     led.dispatch("p1/0", agent="r0", version=0)
     led.requeue_agent("r0")
     assert led.entries["p1/0"].dispatched_at is None

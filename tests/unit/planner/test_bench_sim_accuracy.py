@@ -43,11 +43,11 @@ def test_the_clock_advances_at_the_rate_the_job_threads_ran():
 def test_overheads_go_on_the_training_and_on_each_sample_of_its_unit():
     w = IterationWork(np.array([3.0, 1.0, 2.0]), np.array([10.0, 10.0, 10.0]), 1.0, 2)
     rep = Replay([w], [np.array([0, 0, 1])], [5.0])
-    (out,) = rep.with_overheads(Overheads(trainer_s=0.5, rollout_s_per_sample=0.1))
-    # unit 0 sent sample 1 first (1 send by then), sample 0 second (2 sends); unit 1 sent sample 2 first
-    assert out.finish_s.tolist() == pytest.approx([3.2, 1.1, 2.1])
-    assert out.train_s == pytest.approx(1.5)
-    assert w.finish_s.tolist() == [3.0, 1.0, 2.0]  # the replay itself is unchanged
+    (out,) = rep.with_overheads(Overheads(trainer_s=0.5, rollout_s_per_sample=0.1, rollout_s_per_unit=0.2))
+    # the simulator applies the units' part in each unit's engine (test_planner_sim.py)
+    assert (out.train_s, out.sample_send_s, out.unit_delay_s) == pytest.approx((1.5, 0.1, 0.2))
+    assert out.unit_of is not None and out.unit_of.tolist() == [0, 0, 1]
+    assert w.train_s == 1.0  # the replay itself is unchanged
 
 
 def _profile() -> MeasuredProfile:
@@ -161,11 +161,9 @@ def test_calibration_splits_the_units_cpu_per_unit_and_per_sample(tmp_path):
     assert (got.trainer_s, got.weight_sync_s) == pytest.approx((0.03, 0.02), abs=1e-9)
     predicted, _ = predict_iteration_s(replay(sync, prof), sync.jobdir.read_job(), got, warmup=1)
     assert predicted == pytest.approx(sync.iteration_s(warmup=1))
-    # the per-unit cost delays each unit's share: the first sample of a unit arrives after it
-    (w,) = Replay([replay(sync, prof).works[2]], [replay(sync, prof).unit_of[2]], [0.0]).with_overheads(
-        Overheads(rollout_s_per_unit=0.012)
-    )
-    assert w.finish_s.min() == pytest.approx(replay(sync, prof).works[2].finish_s.min() + 0.012)
+    # the per-unit cost delays each unit's share (the simulator releases it that much after the weights)
+    (w,) = Replay([replay(sync, prof).works[2]], [replay(sync, prof).unit_of[2]], [0.0]).with_overheads(got)
+    assert w.unit_delay_s == pytest.approx(0.012) and w.shares is not None and len(w.shares) == 2
     # one run alone (quick mode) or two with as many units per iteration: all of it per sample
     alone = calibrate(sync, sync, prof, warmup=1)
     assert alone.rollout_s_per_unit == 0.0

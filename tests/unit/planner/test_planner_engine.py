@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlctl.planner.engine import EPS_S, Barrier, Group, run_groups
+from rlctl.planner.engine import EPS_S, Barrier, EngineSpec, Group, run_groups
 
 PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
 
@@ -93,15 +93,8 @@ def test_groups_match_a_step_by_step_engine(
     groups: list[tuple[float, list[int]]], cap: int, prefill: float, compact: float | None, barrier: Barrier
 ) -> None:
     groups = sorted(groups, key=lambda g: g[0])  # iterations are released in order
-    got = run_groups(
-        [Group(r, np.array(ls, dtype=np.int64)) for r, ls in groups],
-        ptl_s=PTL,
-        batch_cap=cap,
-        prefill_s=prefill,
-        admit_fixed_s=0.001,
-        compact_fraction=compact,
-        barrier=barrier,
-    )
+    engine = EngineSpec(PTL, cap, prefill_s=prefill, admit_fixed_s=0.001, compact_fraction=compact, barrier=barrier)
+    got = run_groups([Group(r, np.array(ls, dtype=np.int64)) for r, ls in groups], engine)
     want = reference_groups(groups, cap, prefill, 0.001, compact, barrier)
     assert [g.tolist() for g in got] == [pytest.approx(w) for w in want]
 
@@ -109,12 +102,15 @@ def test_groups_match_a_step_by_step_engine(
 def test_the_next_group_fills_the_tail_and_slows_it_unless_barred() -> None:
     """Group 0: 4 requests on a batch of 4 (one long); group 1 released while its tail runs."""
     tail = [Group(0.0, np.array([2, 2, 2, 40])), Group(0.05, np.array([10, 10, 10]))]
-    kw = {"ptl_s": PTL, "batch_cap": 4}
-    alone = run_groups(tail[:1], **kw)[0]  # type: ignore[arg-type]
-    filled, later = run_groups(tail, barrier="never", **kw)  # type: ignore[arg-type]
-    barred_first, barred_later = run_groups(tail, barrier="always", **kw)  # type: ignore[arg-type]
+
+    def run(barrier: Barrier, groups: list[Group] = tail) -> list[np.ndarray]:
+        return run_groups(groups, EngineSpec(PTL, 4, barrier=barrier))
+
+    (alone,) = run("never", tail[:1])
+    filled, later = run("never")
+    barred_first, barred_later = run("always")
     assert filled[3] > alone[3]  # the tail shares its steps with group 1's rows: each step dearer
     assert barred_first.tolist() == pytest.approx(alone.tolist())  # the barrier: group 1 waits for the last row
     assert barred_later.min() > alone.max() and later.max() < barred_later.max()
     # auto: a group that fits in one batch lets the next one in
-    assert [g.tolist() for g in run_groups(tail, barrier="auto", **kw)] == [filled.tolist(), later.tolist()]  # type: ignore[arg-type]
+    assert [g.tolist() for g in run("auto")] == [filled.tolist(), later.tolist()]

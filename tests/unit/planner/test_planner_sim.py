@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlctl.planner.costs import DecodeCost
-from rlctl.planner.engine import Group, run_groups
+from rlctl.planner.engine import EngineSpec, Group, run_groups
 from rlctl.planner.sim import DispatchConfig, GenEstimator, Unit, run_instance, simulate_generation
-from rlctl.planner.simjob import EngineSpec, IterationWork, UnitShare, _learner_train, simulate_job
+from rlctl.planner.simjob import IterationWork, UnitShare, _learner_train, simulate_job
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths, recall_at
 
 PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
@@ -67,14 +67,8 @@ def test_run_instance_matches_step_by_step_reference(
     )
     assert got.tolist() == pytest.approx(reference_instance(lengths, cap, prefill, fixed, compact))
     # the job simulator's engine across iterations, with one iteration released at 0, is this engine
-    (alone,) = run_groups(
-        [Group(0.0, np.array(lengths))],
-        ptl_s=PTL,
-        batch_cap=cap,
-        prefill_s=prefill,
-        admit_fixed_s=fixed,
-        compact_fraction=compact,
-    )
+    engine = EngineSpec(PTL, cap, prefill_s=prefill, admit_fixed_s=fixed, compact_fraction=compact)
+    (alone,) = run_groups([Group(0.0, np.array(lengths))], engine)
     assert alone.tolist() == pytest.approx(got.tolist())
 
 
@@ -229,3 +223,24 @@ def test_in_async_the_next_share_fills_the_tail_and_the_tail_takes_longer() -> N
         a = simulate_job(_engine_works("never"), mode=mode, weight_sync_s=0.002)  # type: ignore[arg-type]
         b = simulate_job(_engine_works("always"), mode=mode, weight_sync_s=0.002)  # type: ignore[arg-type]
         assert a.train_end_s == pytest.approx(b.train_end_s)
+
+
+def test_a_units_share_reaches_its_engine_after_the_weights_and_each_sample_costs_its_send() -> None:
+    """One unit, 3 requests (lengths 1, 2, 3) on a batch of 3: released 0.5 s after the weights (fetch, load);
+    its k-th finished sample arrives k × 0.1 s later than the engine finishes it."""
+    share = UnitShare(np.arange(3), np.array([3, 2, 1]), EngineSpec(PTL[:4], 3))
+    w = IterationWork(
+        np.zeros(3),
+        np.ones(3),
+        0.0,
+        3,
+        unit_of=np.zeros(3, dtype=int),
+        shares={0: share},
+        unit_delay_s=0.5,
+        sample_send_s=0.1,
+    )
+    tl = simulate_job([w], mode="sync", weight_sync_s=0.0)
+    finish = run_instance([1, 2, 3], ptl_s=PTL[:4], batch_cap=3)  # the engine alone, from 0
+    assert tl.gen_start_s == [0.5]
+    assert tl.gen_end_s == [pytest.approx(0.5 + finish[-1] + 3 * 0.1)]
+    assert tl.unit_gen_s[0][0] == pytest.approx(finish[-1] + 3 * 0.1)
