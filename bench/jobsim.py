@@ -178,8 +178,7 @@ class Overheads:
 def predict_iteration_s(rep: Replay, job: JobFile, overheads: Overheads, *, warmup: int) -> tuple[float, list[float]]:
     """(mean iteration time after `warmup`, every iteration's time) as the simulator sees the job."""
     tl = predict(rep, job, overheads)
-    ends = np.array(tl.train_end_s)
-    return tl.iteration_s(warmup), [float(x) for x in np.diff(ends)]
+    return tl.iteration_s(warmup), tl.periods_s()
 
 
 def predict(rep: Replay, job: JobFile, overheads: Overheads) -> JobTimeline:

@@ -167,14 +167,15 @@ def _predict(p: Probed, prof: MeasuredProfile, cal: Calibrated, *, warmup: int) 
     job: JobFile = run.jobdir.read_job()
     rep = replay(run, prof)
     works = rep.with_overheads(cal.raw)
-    predicted, periods = predict_iteration_s(rep, job, cal.raw, warmup=warmup)
+    tl = predict(rep, job, cal.raw)
+    predicted, periods = tl.iteration_s(warmup), tl.periods_s()
     drifted = predict_iteration_s(rep, job, cal.overheads, warmup=warmup)[0] * drift
     bare, _ = predict_iteration_s(rep, job, Overheads(), warmup=warmup)
     measured = run.iteration_s(warmup=warmup)
     wall = run.iteration_s(warmup=warmup, dedicated=False)
     err = lambda x: round((x - measured) / measured, 4)  # noqa: E731
     # each iteration's slowest unit share as simulated (from its release, in the unit's engine) and as run
-    gen_pred = [max(u.values(), default=0.0) for u in predict(rep, job, cal.raw).unit_gen_s]
+    gen_pred = [max(u.values(), default=0.0) for u in tl.unit_gen_s]
     gen_meas = run.generation_s()
     return {
         "predicted_s": round(predicted, 4),

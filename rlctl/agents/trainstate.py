@@ -55,7 +55,7 @@ from rlctl.engines.model import TinyGPT
 from rlctl.errors import RlctlError
 from rlctl.launch.agentenv import ParallelConfig, split_problem, verified_manifest
 from rlctl.launch.sitefs import LocalFiles
-from rlctl.trainers.base import DataParallel, TrainerBackend
+from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +114,9 @@ def optimizer_digest(optimizers: dict[str, torch.optim.Optimizer]) -> str:
 
 
 def _rank_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    """This rank and the world's size in the default group (0 of 1 without one)."""
+    every = whole_replicas()
+    return every.rank, every.size
 
 
 def replica_ranks(data_parallel: DataParallel) -> list[int]:

@@ -28,6 +28,7 @@ Iteration time is the steady-state mean gap between training ends.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -79,6 +80,10 @@ class JobTimeline:
     train_end_s: list[float]
     weights_ready_s: list[float]
     unit_gen_s: list[dict[int, float]]  # per iteration, per unit: its share, from its start to its last sample
+
+    def periods_s(self) -> list[float]:
+        """The time between consecutive training ends."""
+        return [b - a for a, b in itertools.pairwise(self.train_end_s)]
 
     def iteration_s(self, warmup: int = 1) -> float:
         ends = self.train_end_s
