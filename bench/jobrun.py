@@ -100,15 +100,7 @@ def launch(job: dict[str, Any], *, workdir: Path, name: str) -> JobRun:
         a: [clock.cpu_s(pid, t0, t1, main_thread=True) for t0, t1 in itertools.pairwise(ends)]
         for a, pid in pids.items()
     }
-    spans: list[dict[str, tuple[float, float]]] = []
-    for it in range(job["iterations"]):
-        mine: dict[str, list[dict[str, Any]]] = {}
-        for e in ledger:
-            if e["iteration"] == it:
-                mine.setdefault(e["agent"], []).append(e)
-        spans.append(
-            {a: (min(e["dispatched_at"] for e in es), max(e["finished_at"] for e in es)) for a, es in mine.items()}
-        )
+    spans = share_spans(ledger, job["iterations"])
     virtual = lambda t: float(clock.virtual(np.array([t]))[0])  # noqa: E731
     return JobRun(
         name=name,
@@ -123,6 +115,16 @@ def launch(job: dict[str, Any], *, workdir: Path, name: str) -> JobRun:
         wall_s=float(summary.get("wall_s") or 0.0),
         agent_cpu_s=agent_cpu,
         agent_main_cpu_s=main_cpu,
-        gen_wall_s=[{a: t1 - t0 for a, (t0, t1) in sp.items()} for sp in spans],
-        gen_dedicated_s=[{a: virtual(t1) - virtual(t0) for a, (t0, t1) in sp.items()} for sp in spans],
+        gen_wall_s=[{a: t1 - t0 for a, (t0, t1, _) in sp.items()} for sp in spans],
+        gen_dedicated_s=[{a: virtual(t1) - virtual(t0) for a, (t0, t1, _) in sp.items()} for sp in spans],
     )
+
+
+def share_spans(ledger: list[dict[str, Any]], iterations: int) -> list[dict[str, tuple[float, float, int]]]:
+    """Per iteration, per unit: its share's (first dispatch, last finish, samples), the ledger's wall clock."""
+    spans: list[dict[str, tuple[float, float, int]]] = [{} for _ in range(iterations)]
+    for e in ledger:
+        mine = spans[e["iteration"]]
+        t0, t1, n = mine.get(e["agent"], (e["dispatched_at"], e["finished_at"], 0))
+        mine[e["agent"]] = (min(t0, e["dispatched_at"]), max(t1, e["finished_at"]), n + 1)
+    return spans

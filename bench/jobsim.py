@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.jobrun import JobRun
+from bench.jobrun import JobRun, share_spans
 from rlctl.config.job import JobFile
 from rlctl.modelcatalog import BUILTIN_MODELS
 from rlctl.planner.costs import decode_cost
@@ -89,7 +89,7 @@ class Replay:
 
     works: list[IterationWork]
     unit_of: list[np.ndarray]  # per iteration, per sample: index of its unit (the same unit, the same index)
-    unit_busy_s: list[float]  # per iteration: the units' simulated busy seconds, summed
+    unit_busy_s: list[dict[int, float]]  # per iteration, per unit index: its share's simulated busy seconds
 
     def with_overheads(self, overheads: Overheads) -> list[IterationWork]:
         """The works with the calibrated overheads: `trainer_s` on the training; each unit's share reaches its
@@ -125,7 +125,7 @@ def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
         units = np.zeros(len(entries), dtype=int)
         tokens = np.array([prompt_len[e["prompt_id"]] + e["output_tokens"] for e in entries], dtype=float)
         groups = np.unique([e["prompt_id"] for e in entries], return_inverse=True)[1]
-        busy_s = 0.0
+        busy_s: dict[int, float] = {}
         shares: dict[int, UnitShare] = {}
         for unit in sorted({e["agent"] for e in entries}):
             idx = np.array([i for i, e in enumerate(entries) if e["agent"] == unit])
@@ -139,7 +139,7 @@ def replay(run: JobRun, prof: MeasuredProfile) -> Replay:
             f = run_with(cost, lengths[order], batch_cap=job.rollout.max_batch_size, prompt_tokens=prompt)
             finish[idx[order]] = f
             units[idx] = agents.index(unit)
-            busy_s += float(f.max())
+            busy_s[agents.index(unit)] = float(f.max())
             engine = EngineSpec(
                 cost.ptl_s,
                 job.rollout.max_batch_size,
@@ -187,17 +187,24 @@ def predict(rep: Replay, job: JobFile, overheads: Overheads) -> JobTimeline:
 
 
 def _rollout_extra_s(run: JobRun, prof: MeasuredProfile, *, warmup: int) -> tuple[float, float, float]:
-    """(units with a share, samples, the units' CPU seconds beyond the profile's price of their decoding),
-    per iteration on average."""
+    """(units with a share, samples, the units' CPU seconds beyond the profile's price of their decoding), per
+    CPU interval on average, over the intervals after `warmup` (training end `warmup` → the last one). A share
+    counts by the fraction of its generation (the ledger's first dispatch → last finish) that lies in that
+    window: in async a unit generates iteration i + 1 while i trains, and idles in the last interval, so
+    interval k's CPU is not iteration k + 1's."""
     rep = replay(run, prof)
-    its = range(warmup + 1, len(rep.works))  # CPU interval k lies between the training ends of iterations k, k+1
-    units = [v for a, v in run.agent_cpu_s.items() if a.startswith("rollout")]
-    rollout = [sum(v[k] for v in units) for k in range(len(rep.works) - 1)]
-    return (
-        float(np.mean([len(np.unique(rep.unit_of[i])) for i in its])),
-        float(np.mean([len(rep.works[i].finish_s) for i in its])),
-        float(np.mean([rollout[i - 1] - rep.unit_busy_s[i] for i in its])),
-    )
+    lo, hi = float(run.end_wall_s[warmup]), float(run.end_wall_s[-1])
+    intervals = len(run.end_wall_s) - 1 - warmup
+    cpu = sum(sum(v[warmup:]) for a, v in run.agent_cpu_s.items() if a.startswith("rollout"))
+    agents = sorted({e["agent"] for e in run.ledger})  # as `replay` numbers the units
+    units = samples = busy = 0.0
+    for it, spans in enumerate(share_spans(run.ledger, len(rep.works))):
+        for agent, (t0, t1, n) in spans.items():
+            inside = max(0.0, min(t1, hi) - max(t0, lo)) / max(t1 - t0, 1e-9)
+            units += inside
+            samples += inside * n
+            busy += inside * rep.unit_busy_s[it][agents.index(agent)]
+    return units / intervals, samples / intervals, (cpu - busy) / intervals
 
 
 def cpu_overheads(run: JobRun, prof: MeasuredProfile, *, warmup: int, per_unit_run: JobRun | None = None) -> Overheads:

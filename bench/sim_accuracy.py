@@ -86,7 +86,7 @@ def plan_for(*, quick: bool, hf_built: bool, modes: list[Mode] | None = None, un
         cases = [("demo", m, u) for m in MODES for u in (1, 2, 3)]
         if hf_built:
             cases += [("hf", m, u) for m in MODES for u in (1, 3)]
-        plan = Plan(12, 2, cases, kinds, sft_steps=SFT_STEPS, probes=3, calibration=[("sync", 2), ("async", 1)])
+        plan = Plan(20, 2, cases, kinds, sft_steps=SFT_STEPS, probes=3, calibration=[("sync", 2), ("async", 1)])
     chosen = [c for c in plan.cases if c[1] in (modes or MODES) and (units is None or c[2] in units)]
     if not chosen:
         have = ", ".join(f"{m} × {u}" for _, m, u in plan.cases)

@@ -3,6 +3,7 @@ a job's ledger through the simulator, the overhead calibration, and the job file
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,7 @@ def test_the_clock_advances_at_the_rate_the_job_threads_ran():
 
 def test_overheads_go_on_the_training_and_on_each_sample_of_its_unit():
     w = IterationWork(np.array([3.0, 1.0, 2.0]), np.array([10.0, 10.0, 10.0]), 1.0, 2)
-    rep = Replay([w], [np.array([0, 0, 1])], [5.0])
+    rep = Replay([w], [np.array([0, 0, 1])], [{0: 3.0, 1: 2.0}])
     (out,) = rep.with_overheads(Overheads(trainer_s=0.5, rollout_s_per_sample=0.1, rollout_s_per_unit=0.2))
     # the simulator applies the units' part in each unit's engine (test_planner_sim.py)
     assert (out.train_s, out.sample_send_s, out.unit_delay_s) == pytest.approx((1.5, 0.1, 0.2))
@@ -92,13 +93,22 @@ def _fake_run(
     run = JobRun("fake", spec, jd, [], ledger, [], np.zeros(0), np.zeros(0), 1.0, 0.0, {}, {}, [], [])
     rep = replay(run, prof)
     tl = simulate_job(rep.with_overheads(truth), mode=mode, weight_sync_s=truth.weight_sync_s)
-    run.end_dedicated_s = np.array(tl.train_end_s) + 1000.0  # any origin
+    run.end_dedicated_s = run.end_wall_s = np.array(tl.train_end_s) + 1000.0  # any origin
+    for e in run.ledger:  # each iteration's generation, as simulated (in async i + 1 runs while i trains)
+        e["dispatched_at"], e["finished_at"] = (
+            tl.gen_start_s[e["iteration"]] + 1000.0,
+            tl.gen_end_s[e["iteration"]] + 1000.0,
+        )
+    # the units' CPU: each share's, spread over the training intervals its generation overlaps
+    rollout = np.zeros(iterations - 1)
+    for it, busy in enumerate(rep.unit_busy_s):
+        t0, t1 = tl.gen_start_s[it] + 1000.0, tl.gen_end_s[it] + 1000.0
+        cpu = sum(busy.values()) + 64 * truth.rollout_s_per_sample + len(busy) * truth.rollout_s_per_unit
+        for k, (a, b) in enumerate(itertools.pairwise(run.end_wall_s)):
+            rollout[k] += cpu * max(0.0, min(t1, b) - max(t0, a)) / (t1 - t0)
     run.agent_cpu_s = {
         "trainer-0": [w.train_s + truth.trainer_s for w in rep.works[1:]],
-        "rollout-0": [
-            b + 64 * truth.rollout_s_per_sample + len(np.unique(u)) * truth.rollout_s_per_unit
-            for b, u in zip(rep.unit_busy_s[1:], rep.unit_of[1:], strict=True)
-        ],
+        "rollout-0": rollout.tolist(),
         "rollout-1": [0.0] * (iterations - 1),
         "controller-0": [0.05] * (iterations - 1),
     }
@@ -125,7 +135,7 @@ def test_replay_prices_each_unit_with_the_profile(tmp_path):
     ctx = prompt + outputs.max() / 2  # padded attention: every row attends over the longest row
     cost = decode_cost(prof.generation, context=ctx, seq_tokens=ctx, engine_max_batch=64)
     alone = run_with(cost, np.sort(outputs)[::-1], batch_cap=64, prompt_tokens=prompt)
-    assert rep.unit_busy_s[1] == pytest.approx(float(alone.max()))
+    assert rep.unit_busy_s[1] == pytest.approx({1: float(alone.max())})
     assert rep.works[1].finish_s.max() == pytest.approx(float(alone.max()))
     # trained as the learner cuts (≤ 32 rows, ≤ 1024 padded tokens), whole groups: 8 prompts × 8 samples
     w = rep.works[1]
@@ -162,7 +172,7 @@ def test_calibration_splits_the_units_cpu_per_unit_and_per_sample(tmp_path):
     predicted, _ = predict_iteration_s(replay(sync, prof), sync.jobdir.read_job(), got, warmup=1)
     assert predicted == pytest.approx(sync.iteration_s(warmup=1))
     # the per-unit cost delays each unit's share (the simulator releases it that much after the weights)
-    (w,) = Replay([replay(sync, prof).works[2]], [replay(sync, prof).unit_of[2]], [0.0]).with_overheads(got)
+    (w,) = Replay([replay(sync, prof).works[2]], [replay(sync, prof).unit_of[2]], [{}]).with_overheads(got)
     assert w.unit_delay_s == pytest.approx(0.012) and w.shares is not None and len(w.shares) == 2
     # one run alone (quick mode) or two with as many units per iteration: all of it per sample
     alone = calibrate(sync, sync, prof, warmup=1)
