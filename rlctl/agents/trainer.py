@@ -8,11 +8,12 @@
                                      ─▶ trained(i, i+1, sample ids, figures) ──▶ controller
     controller ──members──▶ publisher targets with their datacenters (a newcomer gets the latest version)
 
-Ranks > 0 follow rank 0's broadcasts (`StreamingLearner.follow`) and publish every version into their own
-weight node: each rank is a root of the broadcast plan (`rlctl.agents.weights`), so several chains share
-the trainer datacenter's links. With one rank the group is still formed, so the code path is the same.
-With megatron tensor or pipeline parallel, the ranks of a tp × pp group train shards of one replica and each
-publishes the full weights gathered over the group (the same bytes on every rank); rank 0 checkpoints them.
+Ranks > 0 follow rank 0's broadcasts (`StreamingLearner.follow`; PPO's `PpoBatchLearner.follow`: the whole
+batch at the step) and publish every version into their own weight node: each rank is a root of the
+broadcast plan (`rlctl.agents.weights`), so several chains share the trainer datacenter's links. With one
+rank the group is still formed, so the code path is the same. With megatron tensor or pipeline parallel,
+the ranks of a tp × pp group train shards of one replica and each publishes the full weights gathered over
+the group (the same bytes on every rank); rank 0 checkpoints them.
 
     checkpoint due (rank 0) ─broadcast ("checkpoint", v)─▶ data-parallel replica 0's ranks write their shard
                                                            (optimizer, RNG); the other replicas hold the same

@@ -23,6 +23,10 @@ same parameters and optimizer state bit for bit: a checkpoint keeps replica 0's 
     rank 0 ─broadcast ("checkpoint", v)─▶ every rank: `on_checkpoint(v)` (replica 0's ranks write their shard
                                           of checkpoint v, `rlctl.agents.trainstate`)
     rank 0 ─broadcast ("stop", 0)─▶ every rank returns from `follow`
+
+PPO (`PpoBatchLearner`) follows the same protocol with the whole batch at the step (its GAE needs all of it);
+`make_learner` builds the learner of a job's algorithm on a trainer backend, for the trainer agent and the
+profiler alike.
 """
 
 from __future__ import annotations

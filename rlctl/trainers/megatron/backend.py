@@ -5,9 +5,15 @@
                 full HF tensors ──broadcast by each stage over the pp group──▶ full HF tensors on every rank
 
 What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the shim that allows it):
-  - tp = 1: GPTModel forward and backward, trained by the learner's own GRPO loss, AdamW, gradient clipping
-    and gradient all-reduce over the trainer's ranks (data parallel: every rank a full replica, as the
+  - tp = 1: GPTModel forward and backward, trained by the learner's own GRPO or PPO loss, AdamW, gradient
+    clipping and gradient all-reduce over the trainer's ranks (data parallel: every rank a full replica, as the
     `torch` backend); the job path runs this (`trainer.backend: megatron`).
+  - PPO's critic (`critic_trunk`): a second GPTModel of this rank's shard without the output layer
+    (`model.MegatronTrunk`: the final normed hidden states come out where the logits do, on every rank, through
+    the pipeline at pp > 1; tied embeddings are its input embedding only, so there is no copy on the last
+    stage to keep in step) under a value head whole on every rank; `clip_grad_norm_(…, model=critic)` counts
+    the head once. It trains, checkpoints (each rank's shard of it beside its optimizers) and resumes at every
+    split below, as the policy does (tests/unit/trainers/test_megatron_ppo*.py, test_megatron_resume.py).
   - tp > 1 in a job (`trainer.tensor_parallel`, the plan's tp × pp × dp reaching each rank as
     RLCTL_PARALLEL; tp 2 over two gloo processes is tested: tests/unit/trainers/test_megatron_tp*.py and
     tests/integration/agents/test_agents_megatron_job.py): megatron's parallel state, column/row-parallel
@@ -32,8 +38,7 @@ Not run here: megatron's DDP wrapper and distributed optimizer (CUDA buffers; gr
 learner over gloo instead), megatron's pipeline schedules, sequence parallel, Transformer Engine, and
 megatron's own (distributed) checkpoint format: a checkpoint is the HF directory plus the optimizer shard of
 each rank of data-parallel replica 0, resumed at the split it was written at only.
-Preflight refuses a GPU trainer site (the runtime trains on CPU tensors) and PPO (its critic is built on
-TinyGPT).
+Preflight refuses a GPU trainer site (the runtime trains on CPU tensors).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
     TinyGPTConfig (config.json) ─▶ transformer_config ─▶ GPTModel(local layer spec, use_cpu_initialization)
                                                               ▲ load_hf: names.to_megatron(this tp rank)
     MegatronPolicy(tokens [B, T]) ─▶ logits [B, T, V] fp32     │ export_hf: names.to_hf (this rank's shard)
+    MegatronTrunk.hidden(tokens)  ─▶ hidden [B, T, H] fp32     (PPO's critic body: the same GPTModel, no output layer)
 
 The config maps one to one: RMSNorm(eps), SwiGLU (`gated_linear_unit`, SiLU, fc1 = gate ‖ up), RoPE with
 the checkpoint's θ over the whole head (`kv_channels` = head_dim, explicit or hidden/heads), grouped-query
