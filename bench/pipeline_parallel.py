@@ -195,7 +195,13 @@ class _Schedule(torch.nn.Module):
         positions = torch.arange(t).expand(b, t)
         policy = self.policy
         return pipeline.forward(
-            policy.gpt, policy.stage, tokens, positions, hidden=policy.config.hidden_size, chunks=self.chunks
+            policy.gpt,
+            policy.stage,
+            tokens,
+            positions,
+            hidden=policy.config.hidden_size,
+            width=policy.config.vocab_size,
+            chunks=self.chunks,
         )
 
 

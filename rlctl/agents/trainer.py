@@ -8,11 +8,12 @@
                                      ─▶ trained(i, i+1, sample ids, figures) ──▶ controller
     controller ──members──▶ publisher targets with their datacenters (a newcomer gets the latest version)
 
-Ranks > 0 follow rank 0's broadcasts (`StreamingLearner.follow`) and publish every version into their own
-weight node: each rank is a root of the broadcast plan (`rlctl.agents.weights`), so several chains share
-the trainer datacenter's links. With one rank the group is still formed, so the code path is the same.
-With megatron tensor or pipeline parallel, the ranks of a tp × pp group train shards of one replica and each
-publishes the full weights gathered over the group (the same bytes on every rank); rank 0 checkpoints them.
+Ranks > 0 follow rank 0's broadcasts (`StreamingLearner.follow`; PPO's `PpoBatchLearner.follow`: the whole
+batch at the step) and publish every version into their own weight node: each rank is a root of the
+broadcast plan (`rlctl.agents.weights`), so several chains share the trainer datacenter's links. With one
+rank the group is still formed, so the code path is the same. With megatron tensor or pipeline parallel,
+the ranks of a tp × pp group train shards of one replica and each publishes the full weights gathered over
+the group (the same bytes on every rank); rank 0 checkpoints them.
 
     checkpoint due (rank 0) ─broadcast ("checkpoint", v)─▶ data-parallel replica 0's ranks write their shard
                                                            (optimizer, RNG); the other replicas hold the same
@@ -46,11 +47,10 @@ from rlctl.agents.staleness import StalenessBound
 from rlctl.agents.trainstate import load_trainer, save_shard, save_trainer
 from rlctl.agents.weights import Target, WeightPublisher
 from rlctl.config.job import JobFile
-from rlctl.engines.model import TinyGPT
 from rlctl.errors import ConfigError
 from rlctl.launch.agentenv import ParallelConfig, parallel_from_env, resume_version
 from rlctl.launch.jobref import resume_command
-from rlctl.rl.learner import PpoBatchLearner, StreamingLearner
+from rlctl.rl.learner import make_learner
 from rlctl.rl.samples import Sample
 from rlctl.rl.source import task_source
 from rlctl.trainers.base import TrainerBackend, load_backend
@@ -78,28 +78,7 @@ class TrainerAgent:
         where = str(ctx.jobdir.job_json)
         self.backend = _backend(job, ctx.jobdir.init_model, where=where)
         ref = _backend(job, ctx.jobdir.init_model, where=where).model if job.algorithm.kl_coef > 0 else None
-        self.learner: StreamingLearner | PpoBatchLearner
-        if job.algorithm.kind == "ppo":
-            policy = self.backend.model  # preflight: PPO's critic is built on the torch backend's TinyGPT
-            assert isinstance(policy, TinyGPT) and isinstance(ref, TinyGPT | None), job.trainer.backend
-            self.learner = PpoBatchLearner(
-                policy,
-                job.algorithm,
-                ref_model=ref,
-                micro_batch_samples=job.batch.train_micro_batch_samples,
-                micro_batch_tokens=job.batch.train_micro_batch_tokens,
-            )
-        else:
-            self.learner = StreamingLearner(
-                self.backend.model,
-                job.algorithm,
-                group_size=job.batch.samples_per_prompt,
-                micro_batch_samples=job.batch.train_micro_batch_samples,
-                micro_batch_tokens=job.batch.train_micro_batch_tokens,
-                ref_model=ref,
-                data_parallel=self.backend.data_parallel(),
-                clip_grad_norm_=self.backend.clip_grad_norm_,
-            )
+        self.learner = make_learner(self.backend, job.algorithm, job.batch, ref=ref)
         self.bound = StalenessBound(job.pipeline.eta)
         self.samples_per_iteration = job.batch.samples_per_iteration
         self.version = 0

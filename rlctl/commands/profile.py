@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
                 "--trainer-backend",
                 help="measured: trainer backend whose training step is timed, on one rank (tp 1, pp 1), and "
                 "recorded in the training entries (default: the job's trainer.backend, else torch); megatron "
-                "needs megatron-core where it runs and trains GRPO only. With --job, a megatron split "
+                "needs megatron-core where it runs. With --job, a megatron split "
                 "(trainer.tensor_parallel / pipeline_parallel) is also timed by running its tp·pp ranks (wall "
                 "clock), which needs a core per rank where the probe runs",
             ),

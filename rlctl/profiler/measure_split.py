@@ -169,8 +169,8 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
     import torch.distributed as dist
 
     from rlctl.engines.hf import read_config
-    from rlctl.profiler.measure_train import make_learner, synthetic_samples
-    from rlctl.rl.learner import StreamingLearner
+    from rlctl.profiler.measure_train import synthetic_samples
+    from rlctl.rl.learner import StreamingLearner, make_learner
     from rlctl.rl.samples import Sample
     from rlctl.trainers.base import load_backend
 
@@ -184,17 +184,29 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
         load_backend(spec.backend, spec.model_dir, tp=spec.tp, pp=spec.pp).model if spec.algorithm.kl_coef > 0 else None
     )
     learner = make_learner(policy, spec.algorithm, spec.batch, ref=ref)
-    assert isinstance(learner, StreamingLearner), "a split trains GRPO (the probe refuses PPO on megatron)"
     vocab = read_config(spec.model_dir).vocab_size
 
-    trained = [0]  # tokens of the micro-batches this rank trained since its last step
-    share = learner.backward_share
+    def rows(samples: list[Sample]) -> int:
+        return sum(len(s.prompt_tokens) + len(s.output_tokens) for s in samples)
 
-    def counted(chunk: list[tuple[Sample, float]]) -> None:
-        trained[0] += sum(len(s.prompt_tokens) + len(s.output_tokens) for s, _ in chunk)
-        share(chunk)
+    trained = [0]  # tokens of the micro-batches this rank trained since its last step (the learner's own code
+    # path, counted: GRPO's shares as they stream in, PPO's whole batch at the step; dp is 1 here)
+    if isinstance(learner, StreamingLearner):
+        share = learner.backward_share
 
-    learner.backward_share = counted  # type: ignore[method-assign]  # the learner's own code path, counted
+        def counted(chunk: list[tuple[Sample, float]]) -> None:
+            trained[0] += rows([s for s, _ in chunk])
+            share(chunk)
+
+        learner.backward_share = counted  # type: ignore[method-assign]
+    else:
+        whole = learner.train_batch
+
+        def counted_batch(samples: list[Sample]) -> dict[str, float]:
+            trained[0] += rows(samples)
+            return whole(samples)
+
+        learner.train_batch = counted_batch  # type: ignore[method-assign]
     step_s: list[float] = []
     tokens: list[int] = []
     t0 = 0.0

@@ -3,7 +3,8 @@ rlctl's own learners on a trainer backend (rlctl.trainers: `torch` or `megatron`
 
     model: the HF checkpoint, or the built-in tiny-demo (random weights) written to a temporary one
       ─▶ load_backend(backend, model, tp=1, pp=1): the policy, and a reference when the algorithm has a KL term
-      ─▶ the trainer agent's learner (`StreamingLearner` for GRPO, `PpoBatchLearner` for PPO: torch only)
+      ─▶ the trainer agent's learner (`rl.learner.make_learner`: `StreamingLearner` for GRPO, `PpoBatchLearner`
+         for PPO, its critic on the backend's `critic_trunk`)
     synthetic batch (P prompts × G samples, random tokens, behaviour log-probs, rewards)
       ─▶ learner.add(sample)… ─▶ learner.step()         `warmup_steps` untimed, then `steps` timed
       ─▶ median step time / tokens (prompt + output: what the planner's workload counts)
@@ -33,7 +34,7 @@ from torch import nn
 from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
 from rlctl.engines.hf import TinyGPTConfig, read_config
 from rlctl.engines.model import TinyGPT
-from rlctl.rl.learner import PpoBatchLearner, StreamingLearner
+from rlctl.rl.learner import make_learner
 from rlctl.rl.samples import Sample
 from rlctl.trainers.base import TrainerBackend, load_backend
 
@@ -103,33 +104,6 @@ def _one_rank_group(rendezvous: Path) -> Iterator[None]:
 
         import_megatron().parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
-
-
-def make_learner(
-    policy: TrainerBackend, algorithm: GrpoAlgorithm | PpoAlgorithm, batch: Batch, *, ref: nn.Module | None
-) -> StreamingLearner | PpoBatchLearner:
-    """The trainer agent's learner for `algorithm` on a backend's policy (and reference model), with the
-    backend's data-parallel place and gradient clipping, as `rlctl.agents.trainer` builds it."""
-    if isinstance(algorithm, PpoAlgorithm):
-        # PPO's critic is built on TinyGPT: the torch backend only (preflight and the probe refuse megatron)
-        assert isinstance(policy.model, TinyGPT) and isinstance(ref, TinyGPT | None), type(policy.model)
-        return PpoBatchLearner(
-            policy.model,
-            algorithm,
-            ref_model=ref,
-            micro_batch_samples=batch.train_micro_batch_samples,
-            micro_batch_tokens=batch.train_micro_batch_tokens,
-        )
-    return StreamingLearner(
-        policy.model,
-        algorithm,
-        group_size=batch.samples_per_prompt,
-        micro_batch_samples=batch.train_micro_batch_samples,
-        micro_batch_tokens=batch.train_micro_batch_tokens,
-        ref_model=ref,
-        data_parallel=policy.data_parallel(),
-        clip_grad_norm_=policy.clip_grad_norm_,
-    )
 
 
 def measure_training(

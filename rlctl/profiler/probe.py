@@ -99,9 +99,9 @@ def check_engines(spec: ProbeSpec, *, vllm_here: bool = True) -> None:
 
 
 def check_trainer(spec: ProbeSpec, *, here: bool = True) -> None:
-    """UsageError unless the trainer backend of `spec` trains its algorithm, and its split runs (before anything
-    starts); with `here` (the probe runs on this host), megatron-core must be importable here and the split's
-    ranks must fit the cores this process may use."""
+    """UsageError unless the trainer backend of `spec` runs its split (before anything starts); with `here` (the
+    probe runs on this host), megatron-core must be importable here and the split's ranks must fit the cores this
+    process may use."""
     if spec.trainer_backend != "megatron":
         if spec.split is not None:
             raise UsageError(
@@ -110,11 +110,6 @@ def check_trainer(spec: ProbeSpec, *, here: bool = True) -> None:
                 hint="measure the split with --trainer-backend megatron",
             )
         return
-    if spec.algorithm.kind == "ppo":
-        raise UsageError(
-            "trainer backend 'megatron' trains GRPO here (PPO's critic is built on TinyGPT)",
-            hint="measure PPO's training with --trainer-backend torch",
-        )
     if here and (install := megatron_available()) is not None:
         raise UsageError(
             f"--source measured --trainer-backend megatron: megatron-core is not installed: {install}",

@@ -23,6 +23,10 @@ same parameters and optimizer state bit for bit: a checkpoint keeps replica 0's 
     rank 0 ─broadcast ("checkpoint", v)─▶ every rank: `on_checkpoint(v)` (replica 0's ranks write their shard
                                           of checkpoint v, `rlctl.agents.trainstate`)
     rank 0 ─broadcast ("stop", 0)─▶ every rank returns from `follow`
+
+PPO (`PpoBatchLearner`) follows the same protocol with the whole batch at the step (its GAE needs all of it);
+`make_learner` builds the learner of a job's algorithm on a trainer backend, for the trainer agent and the
+profiler alike.
 """
 
 from __future__ import annotations
@@ -34,12 +38,12 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from rlctl.config.job import GrpoAlgorithm, PpoAlgorithm
-from rlctl.engines.model import TinyGPT
+from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
 from rlctl.rl.cuts import trainable_cuts
 from rlctl.rl.grpo import group_advantages, policy_loss, policy_optimizer
+from rlctl.rl.ppo import PpoLearner, ValueModel
 from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, row_tokens
-from rlctl.trainers.base import DataParallel, clip_whole, whole_replicas
+from rlctl.trainers.base import DataParallel, TrainerBackend, Trunk, clip_whole, whole_replicas
 
 _SUMMED = ("pg_loss_sum", "clip_sum", "kl_sum")  # token sums of `policy_loss` that the step reports
 
@@ -218,27 +222,36 @@ class StreamingLearner:
 
 class PpoBatchLearner:
     """PPO with a critic (`rlctl.rl.ppo`): rewards are still scored as samples arrive, but GAE and the
-    whitened advantages need the whole batch, so training happens at the step. One rank only."""
+    whitened advantages need the whole batch, so training happens at the step. Ranks > 0 follow rank 0 as
+    the streaming learner's do: the whole batch is broadcast at the step, and every rank trains its share
+    (`PpoLearner.step`).
+
+    rank 0 ─broadcast ("batch", samples)─▶ every rank: `train_batch(samples)` (GAE, forward/backward, all-reduce
+                                           over dp, clip, AdamW on policy and critic)
+    rank 0 ─broadcast ("checkpoint", v) / ("stop", 0)─▶ as StreamingLearner
+    """
 
     def __init__(
         self,
-        model: TinyGPT,
+        model: torch.nn.Module,  # a trainer backend's policy: tokens → logits (rlctl.trainers)
         cfg: PpoAlgorithm,
         *,
+        critic: Trunk,  # the value model's body: `TrainerBackend.critic_trunk()`
         micro_batch_samples: int,
         micro_batch_tokens: int | None = None,
-        ref_model: TinyGPT | None = None,
+        ref_model: torch.nn.Module | None = None,
+        data_parallel: DataParallel | None = None,  # default: every rank of the default group a replica
+        clip_grad_norm_: Callable[[torch.nn.Module, float], float] = clip_whole,  # (policy or critic, max norm)
     ) -> None:
-        from rlctl.rl.ppo import PpoLearner
-
-        if _world()[1] > 1:
-            raise ValueError("PPO runs on one trainer rank here; use GRPO for several ranks")
         self.inner = PpoLearner(
             model,
             cfg,
+            critic=ValueModel(critic),
             ref_model=ref_model,
             micro_batch_samples=micro_batch_samples,
             micro_batch_tokens=micro_batch_tokens,
+            data_parallel=data_parallel,
+            clip_grad_norm_=clip_grad_norm_,
         )
         self.samples: list[Sample] = []
 
@@ -253,24 +266,80 @@ class PpoBatchLearner:
         del flush  # nothing to do before the whole batch is in
 
     def step(self) -> dict[str, float]:
-        stats = self.inner.step(self.samples)
-        stats["train_s"] = stats["seconds"]
+        if _world()[1] > 1:
+            box: list[object] = [("batch", self.samples)]
+            dist.broadcast_object_list(box, src=0)
+        stats = self.train_batch(self.samples)
         self.samples = []
+        return stats
+
+    def train_batch(self, samples: list[Sample]) -> dict[str, float]:
+        """Every rank: one PPO step on the whole batch, this rank training its data-parallel share."""
+        stats = self.inner.step(samples)
+        stats["train_s"] = stats["seconds"]
         return stats
 
     def follow(
         self, on_step: Callable[[], None] | None = None, *, on_checkpoint: Callable[[int], None] | None = None
     ) -> None:
-        raise AssertionError("PPO has no follower ranks")
+        """Ranks > 0: as `StreamingLearner.follow`, a whole batch per step."""
+        while True:
+            box: list[object] = [None]
+            dist.broadcast_object_list(box, src=0)
+            item = box[0]
+            assert isinstance(item, tuple), type(item)
+            if item[0] == "batch":
+                self.train_batch(item[1])
+                if on_step is not None:
+                    on_step()
+            elif item[0] == "checkpoint":
+                assert on_checkpoint is not None, "rank 0 checkpoints: this rank must write its shard"
+                on_checkpoint(int(item[1]))
+            else:
+                assert item[0] == "stop", item
+                return
 
     def announce_checkpoint(self, version: int) -> None:
-        del version  # one rank: nobody to tell
+        """Rank 0, between steps: every follower calls its `on_checkpoint(version)`."""
+        if _world()[1] > 1:
+            box: list[object] = [("checkpoint", version)]
+            dist.broadcast_object_list(box, src=0)
 
     def stop_followers(self) -> None:
-        pass
+        if _world()[1] > 1:
+            box: list[object] = [("stop", 0)]
+            dist.broadcast_object_list(box, src=0)
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"policy": self.inner.opt, "critic": self.inner.critic_opt}
 
     def modules(self) -> dict[str, torch.nn.Module]:
         return {"critic": self.inner.critic}
+
+
+def make_learner(
+    backend: TrainerBackend, algorithm: GrpoAlgorithm | PpoAlgorithm, batch: Batch, *, ref: torch.nn.Module | None
+) -> StreamingLearner | PpoBatchLearner:
+    """The trainer's learner for `algorithm` on a backend's policy (and reference model), with the backend's
+    data-parallel place and gradient clipping (and, for PPO, a critic on the backend's `critic_trunk`)."""
+    if isinstance(algorithm, PpoAlgorithm):
+        return PpoBatchLearner(
+            backend.model,
+            algorithm,
+            critic=backend.critic_trunk(),
+            ref_model=ref,
+            micro_batch_samples=batch.train_micro_batch_samples,
+            micro_batch_tokens=batch.train_micro_batch_tokens,
+            data_parallel=backend.data_parallel(),
+            clip_grad_norm_=lambda module, max_norm: backend.clip_grad_norm_(max_norm, model=module),
+        )
+    return StreamingLearner(
+        backend.model,
+        algorithm,
+        group_size=batch.samples_per_prompt,
+        micro_batch_samples=batch.train_micro_batch_samples,
+        micro_batch_tokens=batch.train_micro_batch_tokens,
+        ref_model=ref,
+        data_parallel=backend.data_parallel(),
+        clip_grad_norm_=backend.clip_grad_norm_,
+    )

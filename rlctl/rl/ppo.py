@@ -1,4 +1,4 @@
-"""PPO with a critic: a value model on the TinyGPT trunk, GAE over output tokens, PPO-clip policy loss.
+"""PPO with a critic: a value model on a copy of the policy's trunk, GAE over output tokens, PPO-clip policy loss.
 
     token rewards  r_t = −β·(logp_behaviour − logp_ref)_t  (+ the task reward on the last token)
     GAE            δ_t = r_t + γ·V_{t+1} − V_t ;  A_t = δ_t + γλ·A_{t+1}   (V after the last token = 0)
@@ -7,6 +7,17 @@
 
 V_t is the critic's value of the state *before* output token t, i.e. the hidden state at the
 position whose logits predict token t (the same grid as the log-probs).
+
+The critic's trunk is the trainer backend's (`TrainerBackend.critic_trunk`: TinyGPT for `torch`, a second
+megatron GPTModel of the same shard for `megatron`); the value head is whole on every rank. Parallel as the
+streaming GRPO learner (`rlctl.rl.learner`): every rank gets the whole batch; the ranks of one tp × pp group
+share a data-parallel rank and compute the same share (each micro-batch's rows [dp_rank::dp_size]), GAE's
+inputs (reference log-probs, values) included; the shares' advantages are gathered over the data-parallel
+group before they are whitened, gradients are summed over it, and each model is clipped by the backend's
+norm over every shard.
+
+    every rank: ref log-probs, values, GAE of its share ─▶ all-gather (dp) ─▶ whiten over the whole batch
+                ─▶ policy + critic forward/backward on its share ─▶ all-reduce grads (dp) ─▶ clip ─▶ AdamW × 2
 """
 
 from __future__ import annotations
@@ -14,23 +25,29 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from rlctl.config.job import PpoAlgorithm
-from rlctl.engines.model import TinyGPT
-from rlctl.rl.grpo import allreduce_grads, policy_loss, policy_optimizer
+from rlctl.rl.grpo import policy_loss, policy_optimizer
 from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, micro_batches
+from rlctl.trainers.base import DataParallel, Trunk, clip_whole, whole_replicas
+
+_SUMMED = ("pg_loss_sum", "clip_sum", "approx_kl_sum", "kl_sum", "tokens", "value_loss")  # what step() reports
 
 
 class ValueModel(nn.Module):
-    """A TinyGPT trunk with a scalar head; initialised from the policy (common practice)."""
+    """A trunk with a scalar head (zero at the start, so every value starts at 0). The trunk is used as given:
+    pass a copy of the policy's (`TrainerBackend.critic_trunk`; common practice is to start from the policy)."""
 
-    def __init__(self, policy: TinyGPT) -> None:
+    def __init__(self, trunk: Trunk) -> None:
         super().__init__()
-        self.body = copy.deepcopy(policy)
-        self.head = nn.Linear(policy.config.hidden_size, 1)
+        assert isinstance(trunk, nn.Module), type(trunk)
+        self.body = trunk
+        self.head = nn.Linear(trunk.config.hidden_size, 1)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
@@ -59,33 +76,45 @@ def gae(
 class PpoLearner:
     def __init__(
         self,
-        model: TinyGPT,
+        model: nn.Module,  # a trainer backend's policy: tokens → logits (rlctl.trainers)
         cfg: PpoAlgorithm,
         *,
-        critic: ValueModel | None = None,
-        ref_model: TinyGPT | None = None,
+        critic: ValueModel | None = None,  # default: on a copy of `model` (a TinyGPT)
+        ref_model: nn.Module | None = None,
         micro_batch_samples: int = 32,
         micro_batch_tokens: int | None = None,
         grad_clip: float = 1.0,
         pad: int = 0,
+        data_parallel: DataParallel | None = None,  # default: every rank of the default group a replica
+        clip_grad_norm_: Callable[[nn.Module, float], float] = clip_whole,  # (policy or critic, max norm) → norm
     ) -> None:
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
-        self.critic = critic if critic is not None else ValueModel(model)
+        self.critic = critic if critic is not None else ValueModel(copy.deepcopy(model))  # type: ignore[arg-type]
         self.micro_batch_samples, self.micro_batch_tokens = micro_batch_samples, micro_batch_tokens
         self.grad_clip, self.pad = grad_clip, pad
+        self.dp = data_parallel or whole_replicas()
+        self._clip = clip_grad_norm_
         self.opt = policy_optimizer(model, cfg.lr)
         self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
         self.steps = 0
+
+    def _cuts(self, samples: list[Sample]) -> list[list[int]]:
+        """This data-parallel rank's rows of each micro-batch (similar lengths: little padding); empty cuts dropped."""
+        cuts = micro_batches(samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens)
+        return [mine for idx in cuts if (mine := idx[self.dp.rank :: self.dp.size])]
 
     @torch.no_grad()
     def advantages(self, samples: list[Sample]) -> tuple[list[list[float]], list[list[float]]]:
         """Per-token (advantages, returns) of each sample, advantages whitened over all tokens."""
         adv: list[torch.Tensor] = [torch.zeros(0)] * len(samples)
         ret: list[list[float]] = [[] for _ in samples]
-        # similar lengths: little padding
-        for idx in micro_batches(samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens):
+        cuts = self._cuts(samples)
+        if self.cfg.kl_coef > 0:  # this share's, in the batch's order
+            mine = [samples[i] for i in sorted(i for idx in cuts for i in idx)]
+            fill_ref_logprobs(self.ref_model, mine, temperature=self.cfg.temperature, pad=self.pad)
+        for idx in cuts:
             part = [samples[i] for i in idx]
             batch = make_batch(part, [0.0] * len(part), pad=self.pad)
             mask = batch.mask
@@ -98,14 +127,21 @@ class PpoLearner:
             for j, i in enumerate(idx):
                 adv[i] = a[j][mask[j]]
                 ret[i] = r[j][mask[j]].tolist()
+        if self.dp.size > 1:  # every share's, for the whitening over the whole batch
+            share = {i: (adv[i].tolist(), ret[i]) for idx in cuts for i in idx}
+            shares: list[dict[int, tuple[list[float], list[float]]] | None] = [None] * self.dp.size
+            dist.all_gather_object(shares, share, group=self.dp.group)
+            for theirs in shares:
+                assert theirs is not None
+                for i, (a_i, r_i) in theirs.items():
+                    adv[i], ret[i] = torch.tensor(a_i), r_i
         flat = torch.cat(adv)
         mean, std = flat.mean(), flat.std(unbiased=False) + 1e-6
         return [((a - mean) / std).tolist() for a in adv], ret
 
     def step(self, samples: list[Sample]) -> dict[str, float]:
+        """One PPO step on the whole batch `samples` (every rank passes the same), this rank training its share."""
         t0 = time.monotonic()
-        if self.cfg.kl_coef > 0:
-            fill_ref_logprobs(self.ref_model, samples, temperature=self.cfg.temperature, pad=self.pad)
         adv, ret = self.advantages(samples)
         total = sum(len(s.output_tokens) for s in samples)
         self.model.train()
@@ -113,7 +149,7 @@ class PpoLearner:
         self.opt.zero_grad(set_to_none=True)
         self.critic_opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
-        for idx in micro_batches(samples, self.micro_batch_samples, max_tokens=self.micro_batch_tokens):
+        for idx in self._cuts(samples):
             part = [samples[i] for i in idx]
             batch = make_batch(part, [adv[i] for i in idx], pad=self.pad)
             loss, m = policy_loss(
@@ -127,10 +163,17 @@ class PpoLearner:
             sums["value_loss"] += float(v_loss.detach()) * total
             for k, v in m.items():
                 sums[k] += v
-        allreduce_grads(self.model)
-        allreduce_grads(self.critic)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
-        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.grad_clip)
+        if self.dp.size > 1:  # each rank summed the loss of its share: sum the gradients and figures over dp
+            for module in (self.model, self.critic):
+                for p in module.parameters():
+                    if p.grad is None:  # a share without rows, or a parameter no row reaches: still in the sum
+                        p.grad = torch.zeros_like(p)
+                    dist.all_reduce(p.grad, group=self.dp.group)
+            box = torch.tensor([sums[k] for k in _SUMMED], dtype=torch.float64)
+            dist.all_reduce(box, group=self.dp.group)
+            sums = defaultdict(float, zip(_SUMMED, box.tolist(), strict=True))
+        grad_norm = self._clip(self.model, self.grad_clip)
+        self._clip(self.critic, self.grad_clip)
         self.opt.step()
         self.critic_opt.step()
         self.model.eval()

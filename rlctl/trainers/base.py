@@ -9,7 +9,10 @@
         .save_pretrained(dir, tokenizer_from=…)   an HF checkpoint directory (config, weights, tokenizer)
         .data_parallel()  which share of each micro-batch this rank trains, and the group its gradients are
                         summed over (every rank of the trainer, unless tensor/pipeline parallel ranks share a replica)
-        .clip_grad_norm_(max_norm)   clip by the norm of the whole model's gradient (over every shard)
+        .clip_grad_norm_(max_norm)   clip by the norm of the whole model's gradient (over every shard); with
+                        `model=` a module made of this rank's shards, such as a PPO critic on `critic_trunk()`
+        .critic_trunk()  a copy of the policy without its output layer: `.hidden(tokens)` → final normed hidden
+                        states [B, T, hidden], the body of PPO's value model (rlctl.rl.ppo.ValueModel)
         .model_parallel()  (tp, pp): how many ranks share one replica; a checkpoint records it with dp
 
 `torch` (native.py) is TinyGPT itself; `megatron` (megatron/backend.py) is megatron-core's GPTModel behind
@@ -24,11 +27,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # torch only where a backend is built: preflight imports this module too
     import torch
     from torch import nn
+
+    from rlctl.engines.hf import TinyGPTConfig
 
 MEGATRON_INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1; `make unit` installs it)"
 
@@ -60,6 +65,17 @@ def clip_whole(model: nn.Module, max_norm: float) -> float:
     return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
 
 
+class Trunk(Protocol):
+    """A PPO critic's body, an nn.Module (`TrainerBackend.critic_trunk`; TinyGPT is one): the final normed hidden
+    states of tokens, and the model's config (the value head's width is its hidden_size)."""
+
+    config: TinyGPTConfig
+
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Final normed hidden states [B, T, hidden] (fp32) of tokens [B, T]."""
+        ...
+
+
 class TrainerBackend(ABC):
     """One trainer rank's policy: trained through `model`, published with `weights`, saved as HF."""
 
@@ -69,9 +85,15 @@ class TrainerBackend(ABC):
         """Every rank a whole replica (`whole_replicas`)."""
         return whole_replicas()
 
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        """Scale the gradients so that their norm is at most `max_norm`; the norm before clipping."""
-        return clip_whole(self.model, max_norm)
+    def clip_grad_norm_(self, max_norm: float, *, model: nn.Module | None = None) -> float:
+        """Scale the gradients of `model` (default: the policy) so that their norm is at most `max_norm`; the
+        norm before clipping."""
+        return clip_whole(self.model if model is None else model, max_norm)
+
+    @abstractmethod
+    def critic_trunk(self) -> Trunk:
+        """PPO's critic body: a copy of this rank's part of the policy without its output layer, its weights the
+        policy's now. `clip_grad_norm_(…, model=)` clips a module built on it."""
 
     def model_parallel(self) -> tuple[int, int]:
         """(tensor parallel, pipeline parallel) of this rank's replica: (1, 1), every rank a whole one."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,6 +19,10 @@ class TorchBackend(TrainerBackend):
     @classmethod
     def load(cls, model_dir: Path) -> TorchBackend:
         return cls(TinyGPT.from_pretrained(model_dir))
+
+    def critic_trunk(self) -> TinyGPT:
+        """A copy of the policy (its `hidden` is the trunk; its lm_head is not used)."""
+        return copy.deepcopy(self.model)
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}

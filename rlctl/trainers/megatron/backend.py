@@ -5,9 +5,15 @@
                 full HF tensors ──broadcast by each stage over the pp group──▶ full HF tensors on every rank
 
 What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the shim that allows it):
-  - tp = 1: GPTModel forward and backward, trained by the learner's own GRPO loss, AdamW, gradient clipping
-    and gradient all-reduce over the trainer's ranks (data parallel: every rank a full replica, as the
+  - tp = 1: GPTModel forward and backward, trained by the learner's own GRPO or PPO loss, AdamW, gradient
+    clipping and gradient all-reduce over the trainer's ranks (data parallel: every rank a full replica, as the
     `torch` backend); the job path runs this (`trainer.backend: megatron`).
+  - PPO's critic (`critic_trunk`): a second GPTModel of this rank's shard without the output layer
+    (`model.MegatronTrunk`: the final normed hidden states come out where the logits do, on every rank, through
+    the pipeline at pp > 1; tied embeddings are its input embedding only, so there is no copy on the last
+    stage to keep in step) under a value head whole on every rank; `clip_grad_norm_(…, model=critic)` counts
+    the head once. It trains, checkpoints (each rank's shard of it beside its optimizers) and resumes at every
+    split below, as the policy does (tests/unit/trainers/test_megatron_ppo*.py, test_megatron_resume.py).
   - tp > 1 in a job (`trainer.tensor_parallel`, the plan's tp × pp × dp reaching each rank as
     RLCTL_PARALLEL; tp 2 over two gloo processes is tested: tests/unit/trainers/test_megatron_tp*.py and
     tests/integration/agents/test_agents_megatron_job.py): megatron's parallel state, column/row-parallel
@@ -32,8 +38,7 @@ Not run here: megatron's DDP wrapper and distributed optimizer (CUDA buffers; gr
 learner over gloo instead), megatron's pipeline schedules, sequence parallel, Transformer Engine, and
 megatron's own (distributed) checkpoint format: a checkpoint is the HF directory plus the optimizer shard of
 each rank of data-parallel replica 0, resumed at the split it was written at only.
-Preflight refuses a GPU trainer site (the runtime trains on CPU tensors) and PPO (its critic is built on
-TinyGPT).
+Preflight refuses a GPU trainer site (the runtime trains on CPU tensors).
 """
 
 from __future__ import annotations
@@ -44,12 +49,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from rlctl.engines import hf
 from rlctl.engines.hf import expected_shapes
-from rlctl.trainers.base import DataParallel, TrainerBackend
+from rlctl.trainers.base import DataParallel, TrainerBackend, clip_whole
 from rlctl.trainers.megatron import names
-from rlctl.trainers.megatron.model import MegatronPolicy, import_megatron, init_parallel
+from rlctl.trainers.megatron.model import MegatronPolicy, MegatronTrunk, StagedGPT, import_megatron, init_parallel
 
 
 class MegatronBackend(TrainerBackend):
@@ -106,31 +112,46 @@ class MegatronBackend(TrainerBackend):
             ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), ps.get_data_parallel_group()
         )
 
+    def critic_trunk(self) -> MegatronTrunk:
+        """A second GPTModel of this rank's shard, without the output layer, holding the policy's weights now."""
+        trunk = MegatronTrunk(self.config, tp=self.tp, pp=self.stage.count)
+        trunk.copy_from(self.model)
+        return trunk
+
     @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float) -> float:
+    def clip_grad_norm_(self, max_norm: float, *, model: nn.Module | None = None) -> float:
         """Clip by the norm of the whole model's gradient: the squares of every tp-split parameter summed
         over the tp and pp groups, each replicated one (norms, row-parallel biases) counted once per stage.
         At pp > 1 with tied embeddings the gradient is only whole once the two copies' (first stage: the
         embedding, last stage: the output layer) are summed over megatron's embedding group, which this does
-        first, so that both copies step alike; the copy is counted once in the norm. At tp = pp = 1 this is
-        torch's own clip."""
+        first, so that both copies step alike; the copy is counted once in the norm. A parameter of `model`
+        outside its GPTModels (a critic's value head) is held whole by every rank and counted once. At
+        tp = pp = 1 this is torch's own clip."""
+        model = self.model if model is None else model
         if self.tp == 1 and self.stage.count == 1:
-            return super().clip_grad_norm_(max_norm)
+            return clip_whole(model, max_norm)
         ps = import_megatron().parallel_state
-        if self.config.tie_word_embeddings and self.stage.count > 1 and (self.stage.first or self.stage.last):
-            shared = self.model.gpt.shared_embedding_or_output_weight()
-            assert shared.grad is not None  # the learner fills missing gradients with zeros before it clips
-            dist.all_reduce(shared.grad, group=ps.get_embedding_group())
-        grads, square = [], torch.zeros((), dtype=torch.float32)
-        for p in self.model.parameters():
+        staged = [m for m in model.modules() if isinstance(m, StagedGPT)]
+        ends = self.stage.count > 1 and (self.stage.first or self.stage.last)
+        for m in staged:
+            if ends and m.gpt.share_embeddings_and_output_weights:  # a critic's trunk holds no copy
+                shared = m.gpt.shared_embedding_or_output_weight()
+                assert shared.grad is not None  # the learner fills missing gradients with zeros before it clips
+                dist.all_reduce(shared.grad, group=ps.get_embedding_group())
+        sharded = {id(p) for m in staged for p in m.parameters()}
+        grads, square, whole = [], torch.zeros((), dtype=torch.float32), torch.zeros((), dtype=torch.float32)
+        for p in model.parameters():
             if p.grad is None:
                 continue
             grads.append(p.grad)
+            if id(p) not in sharded:
+                whole += p.grad.float().pow(2).sum()
+                continue
             counted = getattr(p, "tensor_model_parallel", False) or ps.get_tensor_model_parallel_rank() == 0
             if counted and not getattr(p, "shared", False):  # `shared`: the last stage's copy of the embedding
                 square += p.grad.float().pow(2).sum()
         dist.all_reduce(square, group=ps.get_model_parallel_group())
-        norm = float(square.sqrt())
+        norm = float((square + whole).sqrt())  # + 0 for a policy: its norm as before, bit for bit
         scale = min(max_norm / (norm + 1e-6), 1.0)  # as torch.nn.utils.clip_grad_norm_
         if scale < 1.0:
             for g in grads:

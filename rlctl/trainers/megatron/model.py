@@ -3,6 +3,7 @@
     TinyGPTConfig (config.json) ─▶ transformer_config ─▶ GPTModel(local layer spec, use_cpu_initialization)
                                                               ▲ load_hf: names.to_megatron(this tp rank)
     MegatronPolicy(tokens [B, T]) ─▶ logits [B, T, V] fp32     │ export_hf: names.to_hf (this rank's shard)
+    MegatronTrunk.hidden(tokens)  ─▶ hidden [B, T, H] fp32     (PPO's critic body: the same GPTModel, no output layer)
 
 The config maps one to one: RMSNorm(eps), SwiGLU (`gated_linear_unit`, SiLU, fc1 = gate ‖ up), RoPE with
 the checkpoint's θ over the whole head (`kv_channels` = head_dim, explicit or hidden/heads), grouped-query
@@ -136,13 +137,13 @@ def _biased_row_parallel_linear() -> type:
     return BiasedRowParallelLinear
 
 
-class MegatronPolicy(nn.Module):
-    """A GPTModel that takes and returns what TinyGPT does: tokens [B, T] → fp32 logits [B, T, V] (causal;
-    right padding is harmless). Build it after `init_parallel`. At pp > 1 it holds this rank's pipeline stage
-    (`stage`) and its forward is a collective over the pipeline (`pipeline.forward`): every rank of it calls
-    the model, and `backward` on the result, in the same order."""
+class StagedGPT(nn.Module):
+    """This rank's stage (and tp part) of a GPTModel built from an HF config, run on tokens [B, T]: what the
+    policy and the critic's trunk share. Build it after `init_parallel`. At pp > 1 a call is a collective over the
+    pipeline (`pipeline.forward`): every rank of it calls the model, and `backward` on the result, in the same
+    order."""
 
-    def __init__(self, c: TinyGPTConfig, *, tp: int = 1, pp: int = 1) -> None:
+    def __init__(self, c: TinyGPTConfig, *, tp: int, pp: int, logits: bool) -> None:
         super().__init__()
         ps = import_megatron().parallel_state
         from megatron.core.models.gpt import GPTModel
@@ -158,12 +159,16 @@ class MegatronPolicy(nn.Module):
                 pre_process=self.stage.first,
                 post_process=self.stage.last,
                 parallel_output=False,
-                share_embeddings_and_output_weights=c.tie_word_embeddings,
+                # the trunk has no output layer, so no copy of the embedding on the last stage to keep in step
+                share_embeddings_and_output_weights=c.tie_word_embeddings and logits,
                 position_embedding_type="rope",
                 rotary_base=c.rope_theta,  # annotated int; a float θ (1e6, 5e5) is used as is
             )
+        if not logits and self.stage.last:
+            self.gpt.output_layer = _HiddenOut()
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _run(self, tokens: torch.Tensor, *, width: int) -> torch.Tensor:
+        """The last stage's output [B, T, width] (fp32) on every rank of the pipeline."""
         b, t = tokens.shape
         if t > self.config.max_position_embeddings:
             raise ValueError(f"sequence of {t} tokens > max_position_embeddings {self.config.max_position_embeddings}")
@@ -171,14 +176,27 @@ class MegatronPolicy(nn.Module):
         # no mask: the SDPA core attention is causal by its layer's mask type (attention.py), so the [T, T]
         # mask megatron's local attention would read (400 MB of bools at 20K tokens) is not built
         if self.stage.count > 1:
-            return pipeline.forward(self.gpt, self.stage, tokens, positions, hidden=self.config.hidden_size)
+            return pipeline.forward(
+                self.gpt, self.stage, tokens, positions, hidden=self.config.hidden_size, width=width
+            )
         with cpu.on_cpu():
-            logits: torch.Tensor = self.gpt(tokens, positions, None)
-        return logits.float()
+            out: torch.Tensor = self.gpt(tokens, positions, None)
+        return out.float()
 
     def megatron_state(self) -> dict[str, torch.Tensor]:
         """This rank's GPTModel tensors (no `_extra_state` entries)."""
         return {k: v for k, v in self.gpt.state_dict().items() if not k.endswith("_extra_state")}
+
+
+class MegatronPolicy(StagedGPT):
+    """A GPTModel that takes and returns what TinyGPT does: tokens [B, T] → fp32 logits [B, T, V] (causal;
+    right padding is harmless)."""
+
+    def __init__(self, c: TinyGPTConfig, *, tp: int = 1, pp: int = 1) -> None:
+        super().__init__(c, tp=tp, pp=pp, logits=True)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._run(tokens, width=self.config.vocab_size)
 
     @torch.no_grad()
     def load_hf(self, hf: dict[str, torch.Tensor], *, rank: int = 0) -> None:
@@ -194,3 +212,36 @@ class MegatronPolicy(nn.Module):
         """This rank's HF-layout shard of its stage's tensors (the full checkpoint when tp = pp = 1), HF names,
         no lm_head when tied."""
         return names.to_hf(self.megatron_state(), self.config, tp=self.tp, stage=self.stage)
+
+
+class MegatronTrunk(StagedGPT):
+    """The policy's GPTModel without its output layer, as TinyGPT.hidden: tokens [B, T] → the final normed hidden
+    states [B, T, hidden] (fp32) on every rank; the body of a PPO critic (`rlctl.rl.ppo.ValueModel`). Tied
+    embeddings are the input embedding alone here (no copy on the last stage)."""
+
+    def __init__(self, c: TinyGPTConfig, *, tp: int = 1, pp: int = 1) -> None:
+        super().__init__(c, tp=tp, pp=pp, logits=False)
+
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._run(tokens, width=self.config.hidden_size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.hidden(tokens)
+
+    @torch.no_grad()
+    def copy_from(self, policy: MegatronPolicy) -> None:
+        """This rank's shard of `policy`'s trunk (every tensor but the output layer's), copied."""
+        mine, theirs = self.megatron_state(), policy.megatron_state()
+        for k, v in mine.items():
+            v.copy_(theirs[k])
+
+
+class _HiddenOut(nn.Module):
+    """A trunk's stand-in for GPTModel's output layer: the final normed hidden states pass through (GPTModel then
+    returns them batch-first, as it would the logits)."""
+
+    def forward(
+        self, hidden_states: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output: Any = None
+    ) -> tuple[torch.Tensor, None]:
+        del weight, runtime_gather_output
+        return hidden_states, None

@@ -1,5 +1,6 @@
 """Pipeline stages chained inside one forward, micro-batch chunks overlapping across them (GPipe within a cut):
-every rank of a pipeline returns the full logits.
+every rank of a pipeline returns the full logits (a PPO critic's trunk: the full final hidden states, which
+take the same path; "logits" below stands for either).
 
 Each rank holds one stage of the GPTModel (`names.Stage`); the learner calls `model(tokens)` and
 `loss.backward()` on every rank alike (the ranks of a pipeline share a data-parallel rank, so they train the
@@ -46,10 +47,18 @@ from rlctl.trainers.megatron.names import Stage
 
 
 def forward(
-    gpt: Any, stage: Stage, tokens: torch.Tensor, positions: torch.Tensor, *, hidden: int, chunks: int | None = None
+    gpt: Any,
+    stage: Stage,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    hidden: int,
+    width: int,
+    chunks: int | None = None,
 ) -> torch.Tensor:
-    """This stage's part of the forward of `tokens` [B, T]; the full fp32 logits [B, T, V] on every stage.
-    `chunks` overrides the number of pipeline chunks (the benchmark's stage-by-stage baseline: 1)."""
+    """This stage's part of the forward of `tokens` [B, T]; the last stage's full fp32 output [B, T, width] on
+    every stage (the logits, width V; a critic's trunk: its final hidden states, width `hidden`). `chunks`
+    overrides the number of pipeline chunks (the benchmark's stage-by-stage baseline: 1)."""
     from megatron.core import parallel_state as ps
 
     b, t = tokens.shape
@@ -87,7 +96,7 @@ def forward(
         logits = (torch.cat(outs) if m > 1 else outs[0]).float()
         dist.broadcast(logits.detach(), last, group=group)
         return logits
-    shape = (b, t, gpt.vocab_size)
+    shape = (b, t, width)
     if not grad:
         logits = torch.empty(shape, dtype=torch.float32)
         dist.broadcast(logits, last, group=group)

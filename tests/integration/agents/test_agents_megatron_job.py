@@ -55,16 +55,17 @@ def split_model(directory: Path, *, tp: int, pp: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "tp,pp,parallel",
+    "tp,pp,parallel,algorithm",
     [
-        (1, 1, {"tp": 1, "pp": 1, "dp": 2}),
-        (2, 1, {"tp": 2, "pp": 1, "dp": 1}),
-        (1, 2, {"tp": 1, "pp": 2, "dp": 1}),
+        (1, 1, {"tp": 1, "pp": 1, "dp": 2}, "grpo"),
+        (2, 1, {"tp": 2, "pp": 1, "dp": 1}, "grpo"),
+        (1, 2, {"tp": 1, "pp": 2, "dp": 1}, "grpo"),
+        (2, 1, {"tp": 2, "pp": 1, "dp": 1}, "ppo"),  # the critic a second GPTModel of each rank's shard
     ],
-    ids=["data-parallel", "tensor-parallel-2", "pipeline-parallel-2"],
+    ids=["data-parallel", "tensor-parallel-2", "pipeline-parallel-2", "ppo-tensor-parallel-2"],
 )
 def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(
-    tmp_path: Path, tp: int, pp: int, parallel: dict
+    tmp_path: Path, tp: int, pp: int, parallel: dict, algorithm: str
 ) -> None:
     require_megatron()
     build = subprocess.run(
@@ -82,6 +83,7 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(
     (tmp_path / "length.py").write_text(LENGTH_REWARD)
     job["task"].update(path="data.jsonl", reward="length.py:compute_score")
     job.update(iterations=3, batch={"prompts_per_iteration": 4, "samples_per_prompt": 4}, tracking=[])
+    job["algorithm"] = {**job["algorithm"], "kind": algorithm}
     job["placement"] = {"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]}
     job["trainer"] = (
         {"backend": "megatron"}
@@ -126,3 +128,8 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(
     assert sorted(final) == sorted(start)
     assert all(final[k].shape == start[k].shape for k in start)
     assert not all(torch.equal(final[k], start[k]) for k in start)
+    if algorithm == "ppo":  # each tp rank's shard holds its half of the critic and both optimizers' state
+        for rank in (0, 1):
+            shard = torch.load(run / "checkpoints" / "iter-3" / "ranks" / f"rank-{rank}.pt", weights_only=True)
+            assert {"optimizer.policy", "optimizer.critic", "module.critic"} <= set(shard)
+            assert shard["module.critic"]["head.weight"].abs().sum() > 0  # the value head trained from 0

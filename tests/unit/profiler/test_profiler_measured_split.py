@@ -40,11 +40,11 @@ def splittable(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return TinyGPT(config).save_pretrained(tmp_path_factory.mktemp("model") / "tiny-2x2")
 
 
-def job_file(tmp_path: Path, model: dict[str, str], **trainer: Any) -> Path:
+def job_file(tmp_path: Path, model: dict[str, str], algorithm: str = "grpo", **trainer: Any) -> Path:
     data = yaml.safe_load((ROOT / "jobs/demo.yaml").read_text())
     data["inventory"] = [str(ROOT / "clusters/local.yaml")]
     data.update(batch=BATCH, model=model, trainer={"backend": "megatron", **trainer})
-    data["algorithm"] = {"kind": "grpo", "kl_coef": 0.05}  # a reference model on every rank too
+    data["algorithm"] = {"kind": algorithm, "kl_coef": 0.05}  # a reference model on every rank too
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -77,9 +77,12 @@ def spy(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[measure
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("split", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+@pytest.mark.parametrize(
+    "split,algorithm", [((2, 1), "grpo"), ((1, 2), "grpo"), ((2, 1), "ppo"), ((1, 2), "ppo")],
+    ids=["tp2", "pp2", "tp2-ppo", "pp2-ppo"],
+)  # fmt: skip
 def test_the_jobs_split_is_measured_over_its_ranks(
-    cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, splittable: Path, split: tuple[int, int]
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, splittable: Path, split: tuple[int, int], algorithm: str
 ) -> None:
     require_megatron()
     if len(os.sched_getaffinity(0)) < 2:
@@ -88,7 +91,8 @@ def test_the_jobs_split_is_measured_over_its_ranks(
     thread = spy(monkeypatch, measure_train, "measure_training")
     wall = spy(monkeypatch, measure_split, "measure_split")
     tp, pp = split
-    job = job_file(tmp_path, {"kind": "hf", "path": str(splittable)}, tensor_parallel=tp, pipeline_parallel=pp)
+    model = {"kind": "hf", "path": str(splittable)}
+    job = job_file(tmp_path, model, algorithm, tensor_parallel=tp, pipeline_parallel=pp)
     r = cli("profile", "--job", str(job), "--source", "measured", "-o", str(tmp_path / "p.yaml"))
     assert r.exit_code == 0, r.stderr
     assert not dist.is_initialized()  # the probe's own one-rank group is gone; the ranks were other processes

@@ -69,14 +69,15 @@ def test_the_trainer_backend_round_trips_through_the_probes_command_line() -> No
         probe.parse_spec([*spec(GrpoAlgorithm(kind="grpo"), "deepspeed").argv(), "--out", "o"])
 
 
-def test_megatron_is_refused_for_ppo_and_where_it_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    probe.check_trainer(spec(PpoAlgorithm(kind="ppo"), "torch"))
-    with pytest.raises(UsageError, match=r"'megatron' trains GRPO here") as e:
+def test_megatron_is_refused_where_it_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe, "megatron_available", lambda: None)
+    for algorithm in (PpoAlgorithm(kind="ppo"), GrpoAlgorithm(kind="grpo")):  # megatron trains both
+        for backend in ("torch", "megatron"):
+            probe.check_trainer(spec(algorithm, backend))
+    monkeypatch.setattr(probe, "megatron_available", lambda: "pip install 'rlctl[megatron]'")
+    with pytest.raises(UsageError, match=r"megatron-core is not installed: pip install 'rlctl\[megatron\]'") as e:
         probe.check_trainer(spec(PpoAlgorithm(kind="ppo"), "megatron"))
     assert e.value.exit_code == 2 and "--trainer-backend torch" in (e.value.hint or "")
-    monkeypatch.setattr(probe, "megatron_available", lambda: "pip install 'rlctl[megatron]'")
-    with pytest.raises(UsageError, match=r"megatron-core is not installed: pip install 'rlctl\[megatron\]'"):
-        probe.check_trainer(spec(GrpoAlgorithm(kind="grpo"), "megatron"))
     probe.check_trainer(spec(GrpoAlgorithm(kind="grpo"), "megatron"), here=False)  # looked for there
 
 
@@ -108,15 +109,15 @@ def test_the_training_entry_names_the_backend_measured(monkeypatch: pytest.Monke
     (t,) = prof.sites["local"].training
     assert (t.backend, t.tp, t.pp, t.gpu_s_per_token) == ("megatron", 1, 1, 5e-5)
     ppo = dataclasses.replace(req, algorithm=PpoAlgorithm(kind="ppo"))
-    with pytest.raises(UsageError, match="'megatron' trains GRPO here"):
-        build.build_profile(ppo, source="measured")
-    assert asked == [("grpo", "megatron")]  # PPO was refused before anything ran
+    (t,) = build.build_profile(ppo, source="measured").sites["local"].training
+    assert asked == [("grpo", "megatron"), ("ppo", "megatron")] and t.backend == "megatron"
     analytical = build.build_profile(req, source="analytical")
     assert {e.backend for e in analytical.sites["local"].training} == {None}  # a roofline: any backend
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_a_tiny_megatron_training_step_is_measured_by_rlctl_profile(
-    cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, algorithm: str
 ) -> None:
     require_megatron()
     fake_generation(monkeypatch)
@@ -128,7 +129,7 @@ def test_a_tiny_megatron_training_step_is_measured_by_rlctl_profile(
         return measured[-1]
 
     monkeypatch.setattr(measure_train, "measure_training", spy)
-    job = job_file(tmp_path, trainer={"backend": "megatron"}, algorithm={"kind": "grpo", "kl_coef": 0.05})
+    job = job_file(tmp_path, trainer={"backend": "megatron"}, algorithm={"kind": algorithm, "kl_coef": 0.05})
     r = cli("profile", "--job", str(job), "--source", "measured", "-o", str(tmp_path / "p.yaml"))
     assert r.exit_code == 0, r.stderr
     assert not dist.is_initialized()  # the one-rank group formed for megatron is gone with its parallel state

@@ -1,12 +1,13 @@
 """One rank of the sharded-checkpoint resume test (test_megatron_resume.py), as its own process:
 
-    python tests/unit/trainers/megatron_resume_rank.py RANK WORLD TP PP RENDEZVOUS BACKEND PHASE SAMPLES.pt JOB \
-        OUT.pt MODEL
+    python tests/unit/trainers/megatron_resume_rank.py RANK WORLD TP PP RENDEZVOUS BACKEND ALGORITHM PHASE \
+        SAMPLES.pt JOB OUT.pt MODEL
 
 Forms a gloo group of WORLD ranks (megatron: its parallel state at TP × PP, dp = WORLD ÷ (TP·PP); torch: every
-rank a replica), builds the BACKEND trainer backend on the HF checkpoint MODEL and a `StreamingLearner` on it
-as the trainer agent does (`rlctl.agents.trainer`): rank 0 adds the samples and steps, the other ranks follow
-its broadcasts and publish (gather) the weights after each step. SAMPLES.pt holds three iterations of samples.
+rank a replica), builds the BACKEND trainer backend on the HF checkpoint MODEL and the ALGORITHM's learner on
+it as the trainer agent does (`rlctl.agents.trainer`: `StreamingLearner` for "grpo", `PpoBatchLearner` with its
+critic for "ppo"): rank 0 adds the samples and steps, the other ranks follow its broadcasts and publish (gather)
+the weights after each step. SAMPLES.pt holds three iterations of samples.
 
   PHASE "run":     iterations 1 and 2; checkpoint JOB/iter-2 (rank 0 `save_trainer`, announced through the
                    learner; the followers `save_shard` from `follow`: data-parallel replica 0's write a shard);
@@ -15,9 +16,10 @@ its broadcasts and publish (gather) the weights after each step. SAMPLES.pt hold
                    then restore JOB/iter-2 (the HF policy, the optimizer shard and RNG of this rank's (tp, pp)
                    position); iteration 3.
 
-OUT.pt: {"weights": full HF weights after iteration 3, "optimizer": this rank's AdamW state after it,
-"errors": the CheckpointErrors of the resume phase, "counters": the counters restored, "rng": this rank's RNG
-states right after the restore (resume phase)}.
+OUT.pt: {"weights": full HF weights after iteration 3, "optimizer": this rank's AdamW state after it (each
+optimizer's: "policy", PPO's "critic"), "modules": the state of the learner's other modules after it (PPO's
+critic: this rank's shard of its trunk, and its head), "errors": the CheckpointErrors of the resume phase,
+"counters": the counters restored, "rng": this rank's RNG states right after the restore (resume phase)}.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main(
     pp: int,
     rendezvous: Path,
     backend_name: str,
+    algorithm: str,
     phase: str,
     samples: Path,
     job: Path,
@@ -44,9 +47,9 @@ def main(
     model: Path,
 ) -> None:
     from rlctl.agents.trainstate import CheckpointError, load_trainer, rng_state, save_shard, save_trainer
-    from rlctl.config.job import GrpoAlgorithm
+    from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
     from rlctl.launch.agentenv import ParallelConfig
-    from rlctl.rl.learner import StreamingLearner
+    from rlctl.rl.learner import PpoBatchLearner, StreamingLearner, make_learner
     from rlctl.trainers.base import load_backend
 
     torch.set_num_threads(1)
@@ -55,24 +58,32 @@ def main(
     backend = load_backend(backend_name, model, tp=tp, pp=pp)
     dp = backend.data_parallel()
     split = ParallelConfig("trainer", *backend.model_parallel(), dp=dp.size)
-    learner = StreamingLearner(
-        backend.model,
-        GrpoAlgorithm(kind="grpo", lr=1e-3),
-        group_size=4,
-        micro_batch_samples=5,
-        data_parallel=dp,
-        clip_grad_norm_=backend.clip_grad_norm_,
-    )
-    opts, ckpt = learner.optimizers(), job / "iter-2"
+    learner: StreamingLearner | PpoBatchLearner
+    if algorithm == "grpo":
+        learner = StreamingLearner(
+            backend.model,
+            GrpoAlgorithm(kind="grpo", lr=1e-3),
+            group_size=4,
+            micro_batch_samples=5,
+            data_parallel=dp,
+            clip_grad_norm_=backend.clip_grad_norm_,
+        )
+    else:
+        ppo = PpoAlgorithm(kind="ppo", lr=1e-3, critic_lr=1e-2)
+        batch = Batch(prompts_per_iteration=3, samples_per_prompt=4, train_micro_batch_samples=5)
+        learner = make_learner(backend, ppo, batch, ref=None)
+    opts, modules, ckpt = learner.optimizers(), learner.modules(), job / "iter-2"
     result: dict[str, Any] = {"errors": [], "counters": None}
     if phase == "resume":
         other = ParallelConfig("trainer", split.tp, split.pp, dp=dp.size + 1)  # another split
         for where, as_split in ((job / "iter-2-damaged", split), (ckpt, other)):
             try:
-                load_trainer(where, model=backend, optimizers=opts, split=as_split, data_parallel=dp)
+                load_trainer(where, model=backend, optimizers=opts, modules=modules, split=as_split, data_parallel=dp)
             except CheckpointError as e:
                 result["errors"].append(str(e))
-        result["counters"], _ = load_trainer(ckpt, model=backend, optimizers=opts, split=split, data_parallel=dp)
+        result["counters"], _ = load_trainer(
+            ckpt, model=backend, optimizers=opts, modules=modules, split=split, data_parallel=dp
+        )
         result["rng"] = rng_state()
     todo = [0, 1, 2] if phase == "run" else [2]
     published: list[dict[str, torch.Tensor]] = []
@@ -88,6 +99,7 @@ def main(
                     ckpt,
                     model=backend,
                     optimizers=opts,
+                    modules=modules,
                     counters={"version": 2},
                     split=split,
                     data_parallel=dp,
@@ -98,12 +110,15 @@ def main(
         learner.follow(
             on_step=lambda: published.append(backend.weights()),
             on_checkpoint=lambda version: save_shard(
-                job / f"iter-{version}", optimizers=opts, split=split, data_parallel=dp
+                job / f"iter-{version}", optimizers=opts, modules=modules, split=split, data_parallel=dp
             ),
         )
     assert len(published) == len(todo)
     result["weights"] = {k: v.clone() for k, v in published[-1].items()}
-    result["optimizer"] = opts["policy"].state_dict()
+    result["optimizer"] = {k: o.state_dict() for k, o in opts.items()}
+    result["modules"] = {
+        k: {n: t.clone() for n, t in m.state_dict().items() if t is not None} for k, m in modules.items()
+    }
     torch.save(result, out)
     dist.destroy_process_group()
 
@@ -111,6 +126,6 @@ def main(
 if __name__ == "__main__":
     a = sys.argv[1:]
     main(
-        int(a[0]), int(a[1]), int(a[2]), int(a[3]), Path(a[4]), a[5], a[6], Path(a[7]), Path(a[8]), Path(a[9]),
-        Path(a[10]),
+        int(a[0]), int(a[1]), int(a[2]), int(a[3]), Path(a[4]), a[5], a[6], a[7], Path(a[8]), Path(a[9]),
+        Path(a[10]), Path(a[11]),
     )  # fmt: skip

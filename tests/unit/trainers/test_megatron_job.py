@@ -1,6 +1,7 @@
 """`trainer.backend: megatron` in the job path: what preflight refuses and why, the trainer's refusal of
 what megatron does not run here (a pp that does not divide the layers), and a whole job (real controller,
-trainer and rollout agents in one process over the inproc transport) whose trainer is the Megatron backend."""
+trainer and rollout agents in one process over the inproc transport) whose trainer is the Megatron backend,
+training GRPO and PPO."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from rlctl.errors import ConfigError
 from rlctl.launch import preflight
 from rlctl.launch.jobdir import JobDir
 from rlctl.trainers.megatron.backend import MegatronBackend
+from rlctl.trainers.megatron.model import MegatronTrunk
 from rlctl.transport import InprocTransport
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -63,9 +65,7 @@ def test_preflight_accepts_megatron_on_a_cpu_site_and_says_what_it_cannot_do(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert refusals(load(tmp_path)) == []
-    assert refusals(load(tmp_path, algorithm={"kind": "ppo"})) == [
-        "'megatron' trains GRPO here (PPO's critic is built on TinyGPT); use 'torch'"
-    ]
+    assert preflight.problems(load(tmp_path, algorithm={"kind": "ppo"})) == []  # PPO's critic: a megatron trunk
     gpu_site = load(
         tmp_path,
         inventory=[str(ROOT / "clusters" / "h800-trainer.yaml"), str(ROOT / "clusters" / "local.yaml")],
@@ -128,10 +128,23 @@ def test_preflight_accepts_megatron_tensor_and_pipeline_parallel_and_refuses_the
     assert split_problems({"backend": "megatron", "tensor_parallel": 2}, model=model, placement=three) == [
         ("trainer.tensor_parallel", "tp 2 × pp 1 does not divide placement.trainer.gpus 3 (GPUs = tp × pp × dp)")
     ]
-    ppo = split_problems(
-        {"backend": "megatron", "tensor_parallel": 2}, model=model, placement=placement, algorithm={"kind": "ppo"}
+    # PPO trains one replica: tp × pp ranks, not more (the learner's data parallel is not run in a job)
+    ppo = {"kind": "ppo"}
+    assert (
+        split_problems({"backend": "megatron", "tensor_parallel": 2}, model=model, placement=placement, algorithm=ppo)
+        == []
     )
-    assert ppo == [("trainer.backend", "'megatron' trains GRPO here (PPO's critic is built on TinyGPT); use 'torch'")]
+    assert split_problems(both, model=model, placement=four, algorithm=ppo) == []
+    job = load(
+        tmp_path, trainer={"backend": "megatron", "tensor_parallel": 2}, model=model, placement=four, algorithm=ppo
+    )
+    assert [(p.field, p.message) for p in preflight.problems(job) if p.field == "placement.trainer.gpus"] == [
+        (
+            "placement.trainer.gpus",
+            "4: the PPO learner trains one replica, 2 ranks at trainer.tensor_parallel × pipeline_parallel; use 2 or "
+            "algorithm 'grpo'",
+        )
+    ]
 
 
 @pytest.mark.usefixtures("megatron_rank")
@@ -150,9 +163,10 @@ def test_the_trainer_refuses_what_megatron_does_not_run_here(tmp_path: Path, mon
 
 @pytest.mark.timeout(180)
 @pytest.mark.usefixtures("megatron_rank")
-def test_an_inproc_job_trains_with_the_megatron_backend(tmp_path: Path) -> None:
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_an_inproc_job_trains_with_the_megatron_backend(tmp_path: Path, algorithm: str) -> None:
     torch.manual_seed(0)
-    job = JobFile.model_validate(job_dict())
+    job = JobFile.model_validate(job_dict(algorithm={"kind": algorithm}))
     jd = JobDir.create("megatron", explicit=tmp_path / "job")
     jd.write_job(job, source="test")
     jd.write_json(jd.plan_json, {"rollout": [{"site": "local", "units": 2}]})
@@ -180,8 +194,17 @@ def test_an_inproc_job_trains_with_the_megatron_backend(tmp_path: Path) -> None:
     published = trainer.backend.weights()
     assert all(torch.equal(saved[k], published[k]) for k in saved)
     # the learner's AdamW stepped the GPTModel's own parameters once per iteration (the untrained demo model
-    # scores 0 on every sample here, so the advantages, and the updates, are 0)
-    opt = trainer.learner.optimizers()["policy"]
+    # scores 0 on every sample here, so GRPO's advantages, and its updates, are 0); PPO's critic too, whose
+    # trunk is a second GPTModel, and the checkpoint holds it
+    opts = trainer.learner.optimizers()
+    opt = opts["policy"]
     assert [int(opt.state[p]["step"]) for p in trainer.backend.model.parameters()] == [2] * len(opt.state)
+    if algorithm == "ppo":
+        critic = trainer.learner.modules()["critic"]
+        assert isinstance(critic.body, MegatronTrunk)
+        assert [int(opts["critic"].state[p]["step"]) for p in critic.parameters()] == [2] * len(opts["critic"].state)
+        (shard,) = (jd.checkpoint(2) / "ranks").iterdir()
+        saved_critic = torch.load(shard, weights_only=True)["module.critic"]
+        assert all(torch.equal(saved_critic[k], v) for k, v in critic.state_dict().items() if v is not None)
     applied = [(e["agent"], e["version"]) for e in jd.read_lines(jd.events) if e["event"] == "weights_applied"]
     assert {u for u, v in applied if v == job.iterations} == {"rollout-0", "rollout-1"}
