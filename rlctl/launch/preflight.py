@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlctl.config.job import DatasetTask, DigitsTask, Job, JobFile
+from rlctl.config.job import DatasetTask, DigitsTask, Job
 from rlctl.engines.factory import vllm_available
 from rlctl.engines.hf import CONFIG_FILE, TinyGPTConfig, read_config
 from rlctl.errors import ConfigError, LaunchError, PlanError
@@ -105,15 +105,6 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     if spec.trainer.backend == "megatron":
         out += _megatron(job)
     out += _trainer_split(job)
-    replica = _ppo_ranks(spec)
-    if spec.algorithm.kind == "ppo" and spec.placement.trainer.gpus not in ("auto", replica):
-        why = (
-            "the PPO learner trains on one rank; use 1"
-            if replica == 1
-            else f"the PPO learner trains one replica, {replica} ranks at trainer.tensor_parallel × pipeline_parallel; "
-            f"use {replica}"
-        )
-        out.append(Problem("placement.trainer.gpus", f"{spec.placement.trainer.gpus}: {why} or algorithm 'grpo'"))
     if spec.transport.streams != 1:
         out.append(
             Problem(
@@ -240,13 +231,6 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
                 "plan runs as tp 1 pp 1 (`rlctl plan JOB -o json` lists the split per count: stage_curves.training)",
             )
         )
-    replica = _ppo_ranks(spec)
-    if spec.algorithm.kind == "ppo" and spec.placement.trainer.gpus == "auto" and int(t["ranks"]) > replica:
-        learner = (
-            "trains on one; use 1" if replica == 1 else f"trains one replica, {replica} ranks (tp × pp); use {replica}"
-        )
-        given = f"auto: the planner gives the trainer {t['ranks']} ranks"
-        out.append(Problem("placement.trainer.gpus", f"{given}, and the PPO learner {learner} or algorithm 'grpo'"))
     if spec.rollout.engine == "embedded" and spec.rollout.tensor_parallel is None:  # a set one: refused above
         for g in plan["rollout"]:
             if int(g.get("tp", 1)) > 1:
@@ -300,13 +284,6 @@ def _megatron(job: Job) -> list[Problem]:
             )
         )
     return out
-
-
-def _ppo_ranks(spec: JobFile) -> int:
-    """The trainer ranks PPO runs on: one replica (megatron: the job's tp × pp; torch: one rank). The learner
-    runs data parallel too (rlctl.rl.ppo), but a job's PPO trainer is one replica: that is what runs end to end."""
-    tp, pp = spec.trainer.model_split or (1, 1)
-    return tp * pp if spec.trainer.backend == "megatron" else 1
 
 
 # --- trainer.tensor_parallel / trainer.pipeline_parallel -------------------------------------------------

@@ -61,8 +61,9 @@ def split_model(directory: Path, *, tp: int, pp: int) -> None:
         (2, 1, {"tp": 2, "pp": 1, "dp": 1}, "grpo"),
         (1, 2, {"tp": 1, "pp": 2, "dp": 1}, "grpo"),
         (2, 1, {"tp": 2, "pp": 1, "dp": 1}, "ppo"),  # the critic a second GPTModel of each rank's shard
+        (1, 1, {"tp": 1, "pp": 1, "dp": 2}, "ppo"),  # each rank trains half of every micro-batch
     ],
-    ids=["data-parallel", "tensor-parallel-2", "pipeline-parallel-2", "ppo-tensor-parallel-2"],
+    ids=["data-parallel", "tensor-parallel-2", "pipeline-parallel-2", "ppo-tensor-parallel-2", "ppo-data-parallel"],
 )
 def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(
     tmp_path: Path, tp: int, pp: int, parallel: dict, algorithm: str

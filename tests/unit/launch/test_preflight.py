@@ -234,24 +234,15 @@ def test_more_than_one_transport_stream_is_refused(tmp_path: Path) -> None:
     assert p.message == "2: the tensor RPC uses one stream per peer; valid: 1"
 
 
-def test_ppo_on_more_than_one_trainer_rank_is_refused(tmp_path: Path) -> None:
+def test_ppo_trains_data_parallel_on_several_trainer_ranks(tmp_path: Path) -> None:
+    """The PPO learner splits each micro-batch over the data-parallel ranks (rlctl.rl.ppo): a count or the
+    planner's is accepted, as for GRPO (a job of 2 ranks runs end to end: test_agents_megatron_job.py)."""
     two = {"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 2}]}
-    job = load(tmp_path, algorithm={"kind": "ppo"}, placement=two)
-    (p,) = refused(job, "placement.trainer.gpus")
-    assert p.message == "2: the PPO learner trains on one rank; use 1 or algorithm 'grpo'"
-    assert only_line(run_cli("check", str(job.path))).endswith("placement.trainer.gpus: " + p.message)
-    assert refused(load(tmp_path, algorithm={"kind": "ppo"}), "placement.trainer.gpus") == []
-    # `gpus: auto`: the count is the planner's
+    assert refused(load(tmp_path, algorithm={"kind": "ppo"}, placement=two), "placement.trainer.gpus") == []
     auto = {"trainer": {"site": "local"}, "rollout": [{"site": "local", "gpus": 2}]}
     job = load(tmp_path, algorithm={"kind": "ppo"}, placement=auto)
     plan = run.plan_counts(job, job.spec)
     plan["trainer"].update(ranks=2, parallel={"tp": 1, "pp": 1, "dp": 2})
-    (p,) = refused(job, "placement.trainer.gpus", plan=plan)
-    assert (
-        p.message
-        == "auto: the planner gives the trainer 2 ranks, and the PPO learner trains on one; use 1 or algorithm 'grpo'"
-    )
-    plan["trainer"].update(ranks=1, parallel={"tp": 1, "pp": 1, "dp": 1})
     assert refused(job, "placement.trainer.gpus", plan=plan) == []
 
 

@@ -128,23 +128,13 @@ def test_preflight_accepts_megatron_tensor_and_pipeline_parallel_and_refuses_the
     assert split_problems({"backend": "megatron", "tensor_parallel": 2}, model=model, placement=three) == [
         ("trainer.tensor_parallel", "tp 2 × pp 1 does not divide placement.trainer.gpus 3 (GPUs = tp × pp × dp)")
     ]
-    # PPO trains one replica: tp × pp ranks, not more (the learner's data parallel is not run in a job)
+    # PPO at tp 2 on 4 GPUs: dp 2 (the learner splits each micro-batch over the data-parallel ranks)
     ppo = {"kind": "ppo"}
-    assert (
-        split_problems({"backend": "megatron", "tensor_parallel": 2}, model=model, placement=placement, algorithm=ppo)
-        == []
-    )
     assert split_problems(both, model=model, placement=four, algorithm=ppo) == []
     job = load(
         tmp_path, trainer={"backend": "megatron", "tensor_parallel": 2}, model=model, placement=four, algorithm=ppo
     )
-    assert [(p.field, p.message) for p in preflight.problems(job) if p.field == "placement.trainer.gpus"] == [
-        (
-            "placement.trainer.gpus",
-            "4: the PPO learner trains one replica, 2 ranks at trainer.tensor_parallel × pipeline_parallel; use 2 or "
-            "algorithm 'grpo'",
-        )
-    ]
+    assert [p for p in preflight.problems(job) if p.field == "placement.trainer.gpus"] == []
 
 
 @pytest.mark.usefixtures("megatron_rank")
