@@ -19,8 +19,6 @@ calibrated on separate runs (`calibrate`).
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,13 +26,11 @@ import numpy as np
 
 from bench.jobrun import JobRun, share_spans
 from rlctl.config.job import JobFile
-from rlctl.modelcatalog import BUILTIN_MODELS
 from rlctl.planner.costs import decode_cost
 from rlctl.planner.curves import live_context
 from rlctl.planner.engine import EngineSpec
 from rlctl.planner.sim import run_with
 from rlctl.planner.simjob import IterationWork, JobTimeline, UnitShare, simulate_job
-from rlctl.profiler.measure import embedded_engine_factory, measure_generation
 from rlctl.profiler.probe import ProbeSpec, measure_here
 from rlctl.profiler.profile import GenerationEntry
 from rlctl.rl.source import task_source
@@ -93,15 +89,14 @@ class Replay:
 
     def with_overheads(self, overheads: Overheads) -> list[IterationWork]:
         """The works with the calibrated overheads: `trainer_s` on the training; each unit's share reaches its
-        engine `rollout_s_per_unit` after the weights (it fetches and loads them first), and its k-th finished
-        sample costs it k × `rollout_s_per_sample` (sending each). Each sample keeps its unit."""
+        engine `rollout_s_per_unit` after the weights (it fetches and loads them first). Each sample keeps its
+        unit."""
         return [
             replace(
                 w,
                 train_s=w.train_s + overheads.trainer_s,
                 unit_of=units,
                 unit_delay_s=overheads.rollout_s_per_unit,
-                sample_send_s=overheads.rollout_s_per_sample,
             )
             for w, units in zip(self.works, self.unit_of, strict=True)
         ]
@@ -170,8 +165,7 @@ class Overheads:
     """Per-iteration costs the simulator does not price, calibrated on a separate run (`calibrate`)."""
 
     trainer_s: float = 0.0  # trainer CPU per iteration beyond the profile's training cost: scoring, publishing
-    rollout_s_per_sample: float = 0.0  # rollout CPU per sample beyond decoding: receiving and sending it
-    rollout_s_per_unit: float = 0.0  # rollout CPU per unit and iteration: fetching, hashing, loading the weights
+    rollout_s_per_unit: float = 0.0  # rollout CPU per unit and iteration beyond decoding: the weights, the samples
     weight_sync_s: float = 0.0  # training end → next generation: the controller's hops, dispatch
 
 
@@ -207,62 +201,41 @@ def _rollout_extra_s(run: JobRun, prof: MeasuredProfile, *, warmup: int) -> tupl
     return units / intervals, samples / intervals, (cpu - busy) / intervals
 
 
-def cpu_overheads(run: JobRun, prof: MeasuredProfile, *, warmup: int, per_unit_run: JobRun | None = None) -> Overheads:
-    """`trainer_s` and the units' overheads: the agents' CPU time per iteration beyond the profile's price of
-    their work (scoring, unpacking and publishing on the trainer; receiving and sending samples, fetching and
-    loading weights on the units). The trainer's is its main thread's, the loop that trains: its other threads
-    (reading the controller's messages, serving the weights to every unit) run beside it. Measured on an async
-    run, where each agent runs all of it on its own path.
-    Every unit fetches and loads the whole weights each iteration: with `per_unit_run`, a run with another
-    number of units per iteration, the units' CPU is split into `rollout_s_per_unit` and
-    `rollout_s_per_sample` (two runs, two unknowns); without, it is all per sample."""
-    rep = replay(run, prof)
+def cpu_overheads(
+    cpu_run: JobRun, cpu_prof: MeasuredProfile, units_run: JobRun, units_prof: MeasuredProfile, *, warmup: int
+) -> Overheads:
+    """The agents' CPU time per iteration beyond the profile's price of their work, each run priced by its own
+    profile. `trainer_s` (scoring, unpacking, publishing), on `cpu_run` (async: the trainer runs all of it on its
+    own path): its main thread's, the loop that trains (its other threads, reading the controller's messages
+    and serving the weights to every unit, run beside it). `rollout_s_per_unit` (fetching, hashing and loading
+    the whole weights every iteration, receiving and sending the samples), on `units_run` (sync: a unit does
+    nothing beside its share), all of it per unit and iteration. Split into per unit and per sample from two
+    runs with 1 and 2 units per iteration, it was the difference of two runs' residuals against the decode
+    model on different prompts: 0.07–0.16 s per unit for the demo job (the weight fetch takes 5–12 ms), which
+    priced every run with 2–3 units too slow."""
+    rep = replay(cpu_run, cpu_prof)
     its = range(warmup + 1, len(rep.works))
-    trainer = run.agent_main_cpu_s["trainer-0"]
+    trainer = cpu_run.agent_main_cpu_s["trainer-0"]
     trainer_s = float(np.mean([trainer[i - 1] - rep.works[i].train_s for i in its]))
-    u1, n1, e1 = _rollout_extra_s(run, prof, warmup=warmup)
-    per_unit = 0.0
-    if per_unit_run is not None:
-        u2, n2, e2 = _rollout_extra_s(per_unit_run, prof, warmup=warmup)
-        det = u2 * n1 - u1 * n2
-        if abs(det) > 1e-9 * n1 * n2:  # as many units per iteration in both: one unknown only
-            per_unit = max(0.0, (e2 * n1 - e1 * n2) / det)
-    return Overheads(max(0.0, trainer_s), max(0.0, (e1 - per_unit * u1) / n1), rollout_s_per_unit=per_unit)
+    units, _, extra = _rollout_extra_s(units_run, units_prof, warmup=warmup)
+    return Overheads(max(0.0, trainer_s), rollout_s_per_unit=max(0.0, extra / units))
 
 
-def calibrate(sync_run: JobRun, cpu_run: JobRun, prof: MeasuredProfile, *, warmup: int) -> Overheads:
-    """The overheads from two calibration runs: the agents' own (`cpu_overheads` of `cpu_run`, split per unit
-    with `sync_run` when it has another number of units per iteration), then `weight_sync_s` as what a sync
+def calibrate(
+    sync_run: JobRun,
+    cpu_run: JobRun,
+    prof: MeasuredProfile,
+    *,
+    warmup: int,
+    cpu_prof: MeasuredProfile | None = None,
+) -> Overheads:
+    """The overheads from two calibration runs: the agents' own (`cpu_overheads`: the trainer's on `cpu_run`, the
+    units' on `sync_run`), then `weight_sync_s` as what a sync
     iteration (weight sync + generation + training, in series) still measures over the simulated one: the
-    hops between the agents, which cost no agent CPU."""
+    hops between the agents, which cost no agent CPU. `prof` prices `sync_run`, `cpu_prof` (default `prof`)
+    `cpu_run`: each run by the profile measured right before it."""
     job = sync_run.jobdir.read_job()
     assert job.pipeline.mode == "sync", "weight_sync_s is fitted on a sync run: every part is in series"
-    own = cpu_overheads(cpu_run, prof, warmup=warmup, per_unit_run=sync_run if sync_run is not cpu_run else None)
+    own = cpu_overheads(cpu_run, cpu_prof or prof, sync_run, prof, warmup=warmup)
     simulated, _ = predict_iteration_s(replay(sync_run, prof), job, own, warmup=warmup)
     return replace(own, weight_sync_s=max(0.0, sync_run.iteration_s(warmup=warmup) - simulated))
-
-
-def speed_probe() -> float:
-    """CPU seconds of a fixed decode workload on the embedded engine now (PTL(16) + PTL(64) at context 48,
-    median of 3): how fast this shared machine runs the engine at this moment. Its ratio to the value
-    right after profiling is a run's `machine_drift` (co-runners slow a thread's CPU time too: caches,
-    memory bandwidth)."""
-    factory = embedded_engine_factory(BUILTIN_MODELS["tiny-demo"])
-    runs = []
-    for _ in range(3):
-        e = measure_generation(
-            factory, contexts=[48], batch_sizes=[16, 64], kv_capacity_tokens=KV_CAPACITY_TOKENS, clock=time.thread_time
-        )
-        runs.append(sum(e.ptl_s[0]))
-    return statistics.median(runs)
-
-
-def scaled(run: JobRun, factor: float) -> JobRun:
-    """The run's measured times × `factor` (e.g. 1 / machine_drift: in the profile's seconds)."""
-    return replace(
-        run,
-        end_dedicated_s=run.end_dedicated_s * factor,
-        agent_cpu_s={a: [x * factor for x in v] for a, v in run.agent_cpu_s.items()},
-        agent_main_cpu_s={a: [x * factor for x in v] for a, v in run.agent_main_cpu_s.items()},
-        gen_dedicated_s=[{u: x * factor for u, x in it.items()} for it in run.gen_dedicated_s],
-    )

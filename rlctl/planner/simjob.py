@@ -70,7 +70,6 @@ class IterationWork:
     group_of: np.ndarray | None = None  # per sample, its group: it reaches the learner with the group's last
     shares: dict[int, UnitShare] | None = None  # by unit (the indices of `unit_of`)
     unit_delay_s: float = 0.0  # with shares: weights ready → the unit's share reaches its engine (fetch, load)
-    sample_send_s: float = 0.0  # with shares: each sample a unit finishes costs it this (its k-th: k × this)
 
 
 @dataclass(frozen=True)
@@ -138,9 +137,7 @@ def simulate_job(
                 # every share in the run is priced with this iteration's engine (PTL at its share's context)
                 runs = run_groups([Group(release(k), (works[k].shares or {})[u].lengths) for k in mine], share.engine)
                 f = runs[mine.index(i)]
-                sends = np.empty(len(f))
-                sends[np.argsort(f, kind="stable")] = np.arange(1, len(f) + 1)
-                arrival[share.samples] = f + w.sample_send_s * sends
+                arrival[share.samples] = f
                 starts.append(release(i))
                 gens[u] = float(arrival[share.samples].max()) - release(i) if len(f) else 0.0
         else:

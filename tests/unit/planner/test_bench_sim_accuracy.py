@@ -4,6 +4,7 @@ a job's ledger through the simulator, the overhead calibration, and the job file
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +45,9 @@ def test_the_clock_advances_at_the_rate_the_job_threads_ran():
 def test_overheads_go_on_the_training_and_on_each_sample_of_its_unit():
     w = IterationWork(np.array([3.0, 1.0, 2.0]), np.array([10.0, 10.0, 10.0]), 1.0, 2)
     rep = Replay([w], [np.array([0, 0, 1])], [{0: 3.0, 1: 2.0}])
-    (out,) = rep.with_overheads(Overheads(trainer_s=0.5, rollout_s_per_sample=0.1, rollout_s_per_unit=0.2))
+    (out,) = rep.with_overheads(Overheads(trainer_s=0.5, rollout_s_per_unit=0.2))
     # the simulator applies the units' part in each unit's engine (test_planner_sim.py)
-    assert (out.train_s, out.sample_send_s, out.unit_delay_s) == pytest.approx((1.5, 0.1, 0.2))
+    assert (out.train_s, out.unit_delay_s) == pytest.approx((1.5, 0.2))
     assert out.unit_of is not None and out.unit_of.tolist() == [0, 0, 1]
     assert w.train_s == 1.0  # the replay itself is unchanged
 
@@ -103,7 +104,7 @@ def _fake_run(
     rollout = np.zeros(iterations - 1)
     for it, busy in enumerate(rep.unit_busy_s):
         t0, t1 = tl.gen_start_s[it] + 1000.0, tl.gen_end_s[it] + 1000.0
-        cpu = sum(busy.values()) + 64 * truth.rollout_s_per_sample + len(busy) * truth.rollout_s_per_unit
+        cpu = sum(busy.values()) + len(busy) * truth.rollout_s_per_unit
         for k, (a, b) in enumerate(itertools.pairwise(run.end_wall_s)):
             rollout[k] += cpu * max(0.0, min(t1, b) - max(t0, a)) / (t1 - t0)
     run.agent_cpu_s = {
@@ -146,38 +147,40 @@ def test_replay_prices_each_unit_with_the_profile(tmp_path):
 
 
 def test_calibration_recovers_the_overheads_the_runs_had(tmp_path):
+    """The trainer's from the async run, the units' (per unit: each fetches and loads the weights every
+    iteration) and the hops from the sync run, whose 2 units do nothing beside their shares."""
     prof = _profile()
-    truth = Overheads(trainer_s=0.03, rollout_s_per_sample=4e-4, weight_sync_s=0.02)
-    run = _fake_run(tmp_path, iterations=6, truth=truth, prof=prof)
-    cpu_run = _fake_run(tmp_path, iterations=6, truth=truth, prof=prof, mode="async")
-    got = calibrate(run, cpu_run, prof, warmup=1)
-    assert (got.trainer_s, got.rollout_s_per_sample, got.weight_sync_s) == pytest.approx((0.03, 4e-4, 0.02), abs=1e-9)
-    predicted, _ = predict_iteration_s(replay(run, prof), run.jobdir.read_job(), got, warmup=1)
-    assert predicted == pytest.approx(run.iteration_s(warmup=1))
-    bare, _ = predict_iteration_s(replay(run, prof), run.jobdir.read_job(), Overheads(), warmup=1)
-    assert bare < predicted
-
-
-def test_calibration_splits_the_units_cpu_per_unit_and_per_sample(tmp_path):
-    """Each unit fetches and loads the weights every iteration: with the iteration on 2 units in one calibration
-    run and on 1 in the other, that cost is told apart from the per-sample one (a 1-unit run alone spreads it
-    over the samples, and prices 2–3-unit iterations too cheaply)."""
-    prof = _profile()
-    truth = Overheads(trainer_s=0.03, rollout_s_per_sample=1e-4, rollout_s_per_unit=0.012, weight_sync_s=0.02)
+    truth = Overheads(trainer_s=0.03, rollout_s_per_unit=0.012, weight_sync_s=0.02)
     sync = _fake_run(tmp_path, iterations=6, truth=truth, prof=prof, shared=True)
-    cpu_run = _fake_run(tmp_path, iterations=6, truth=truth, prof=prof, mode="async")
+    # the async run's units are busier beside their shares: not what a unit's own overhead is read from
+    cpu_run = _fake_run(tmp_path, iterations=6, truth=replace(truth, rollout_s_per_unit=0.05), prof=prof, mode="async")
     got = calibrate(sync, cpu_run, prof, warmup=1)
-    assert (got.rollout_s_per_sample, got.rollout_s_per_unit) == pytest.approx((1e-4, 0.012), abs=1e-9)
-    assert (got.trainer_s, got.weight_sync_s) == pytest.approx((0.03, 0.02), abs=1e-9)
+    assert (got.trainer_s, got.rollout_s_per_unit, got.weight_sync_s) == pytest.approx((0.03, 0.012, 0.02), abs=1e-9)
     predicted, _ = predict_iteration_s(replay(sync, prof), sync.jobdir.read_job(), got, warmup=1)
     assert predicted == pytest.approx(sync.iteration_s(warmup=1))
+    bare, _ = predict_iteration_s(replay(sync, prof), sync.jobdir.read_job(), Overheads(), warmup=1)
+    assert bare < predicted
     # the per-unit cost delays each unit's share (the simulator releases it that much after the weights)
     (w,) = Replay([replay(sync, prof).works[2]], [replay(sync, prof).unit_of[2]], [{}]).with_overheads(got)
     assert w.unit_delay_s == pytest.approx(0.012) and w.shares is not None and len(w.shares) == 2
-    # one run alone (quick mode) or two with as many units per iteration: all of it per sample
-    alone = calibrate(sync, sync, prof, warmup=1)
-    assert alone.rollout_s_per_unit == 0.0
-    assert alone.rollout_s_per_sample == pytest.approx(1e-4 + 2 * 0.012 / 64)
+    # --quick: the sync run for all of it
+    assert calibrate(sync, sync, prof, warmup=1) == pytest.approx(got)
+
+
+def test_each_calibration_run_is_priced_by_its_own_profile(tmp_path):
+    """A run measured on a slower machine (its profile 1.5× the other's) gives the same overheads when each run
+    is priced by the profile measured right before it."""
+    prof = _profile()
+    slow = MeasuredProfile(
+        prof.generation.model_copy(update={"ptl_s": (np.array(prof.generation.ptl_s) * 1.5).tolist()}),
+        prof.train_s_per_token * 1.5,
+    )
+    truth = Overheads(trainer_s=0.03, rollout_s_per_unit=0.012, weight_sync_s=0.02)
+    sync = _fake_run(tmp_path, iterations=6, truth=truth, prof=prof, shared=True)
+    cpu_run = _fake_run(tmp_path, iterations=6, truth=truth, prof=slow, mode="async")
+    got = calibrate(sync, cpu_run, prof, cpu_prof=slow, warmup=1)
+    assert (got.trainer_s, got.rollout_s_per_unit, got.weight_sync_s) == pytest.approx((0.03, 0.012, 0.02), abs=1e-9)
+    assert calibrate(sync, cpu_run, prof, warmup=1).trainer_s > 0.06  # priced by the other run's profile: 0.087
 
 
 @pytest.mark.parametrize("kind", ["demo", "hf"])
