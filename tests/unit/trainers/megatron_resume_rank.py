@@ -49,7 +49,7 @@ def main(
     from rlctl.agents.trainstate import CheckpointError, load_trainer, rng_state, save_shard, save_trainer
     from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
     from rlctl.launch.agentenv import ParallelConfig
-    from rlctl.rl.learner import PpoBatchLearner, StreamingLearner, make_learner
+    from rlctl.rl.learner import make_learner
     from rlctl.trainers.base import load_backend
 
     torch.set_num_threads(1)
@@ -58,20 +58,13 @@ def main(
     backend = load_backend(backend_name, model, tp=tp, pp=pp)
     dp = backend.data_parallel()
     split = ParallelConfig("trainer", *backend.model_parallel(), dp=dp.size)
-    learner: StreamingLearner | PpoBatchLearner
-    if algorithm == "grpo":
-        learner = StreamingLearner(
-            backend.model,
-            GrpoAlgorithm(kind="grpo", lr=1e-3),
-            group_size=4,
-            micro_batch_samples=5,
-            data_parallel=dp,
-            clip_grad_norm_=backend.clip_grad_norm_,
-        )
-    else:
-        ppo = PpoAlgorithm(kind="ppo", lr=1e-3, critic_lr=1e-2)
-        batch = Batch(prompts_per_iteration=3, samples_per_prompt=4, train_micro_batch_samples=5)
-        learner = make_learner(backend, ppo, batch, ref=None)
+    algo = (
+        GrpoAlgorithm(kind="grpo", lr=1e-3)
+        if algorithm == "grpo"
+        else PpoAlgorithm(kind="ppo", lr=1e-3, critic_lr=1e-2)
+    )
+    batch = Batch(prompts_per_iteration=3, samples_per_prompt=4, train_micro_batch_samples=5)
+    learner = make_learner(backend, algo, batch, ref=None)  # the trainer agent's learner
     opts, modules, ckpt = learner.optimizers(), learner.modules(), job / "iter-2"
     result: dict[str, Any] = {"errors": [], "counters": None}
     if phase == "resume":
