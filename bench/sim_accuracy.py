@@ -280,15 +280,15 @@ def run(*, quick: bool, modes: list[Mode] | None = None, units: list[int] | None
         )
         calibration[kind] = _calibrate(kind, plan, first[kind], workdir=workdir)
     cases = []
-    for kind, mode, units in plan.cases:
-        spec = job_dict(kind, mode=mode, units=units, iterations=plan.iterations, sft_steps=plan.sft_steps)
-        p = _launch(spec, workdir=workdir, name=f"{kind}-{mode}-{units}", plan=plan)
+    for kind, mode, n in plan.cases:
+        spec = job_dict(kind, mode=mode, units=n, iterations=plan.iterations, sft_steps=plan.sft_steps)
+        p = _launch(spec, workdir=workdir, name=f"{kind}-{mode}-{n}", plan=plan)
         cal = calibration[kind]
         cases.append(
             {
                 "job": kind,
                 "mode": mode,
-                "units": units,
+                "units": n,
                 **_predict(p, cal.overheads, warmup=plan.warmup, first=first[kind], cal_first=cal.with_first),
             }
         )
