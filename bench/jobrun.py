@@ -115,16 +115,16 @@ def launch(job: dict[str, Any], *, workdir: Path, name: str) -> JobRun:
         wall_s=float(summary.get("wall_s") or 0.0),
         agent_cpu_s=agent_cpu,
         agent_main_cpu_s=main_cpu,
-        gen_wall_s=[{a: t1 - t0 for a, (t0, t1, _) in sp.items()} for sp in spans],
-        gen_dedicated_s=[{a: virtual(t1) - virtual(t0) for a, (t0, t1, _) in sp.items()} for sp in spans],
+        gen_wall_s=[{a: t1 - t0 for a, (t0, t1) in sp.items()} for sp in spans],
+        gen_dedicated_s=[{a: virtual(t1) - virtual(t0) for a, (t0, t1) in sp.items()} for sp in spans],
     )
 
 
-def share_spans(ledger: list[dict[str, Any]], iterations: int) -> list[dict[str, tuple[float, float, int]]]:
-    """Per iteration, per unit: its share's (first dispatch, last finish, samples), the ledger's wall clock."""
-    spans: list[dict[str, tuple[float, float, int]]] = [{} for _ in range(iterations)]
+def share_spans(ledger: list[dict[str, Any]], iterations: int) -> list[dict[str, tuple[float, float]]]:
+    """Per iteration, per unit: its share's (first dispatch, last finish), the ledger's wall clock."""
+    spans: list[dict[str, tuple[float, float]]] = [{} for _ in range(iterations)]
     for e in ledger:
         mine = spans[e["iteration"]]
-        t0, t1, n = mine.get(e["agent"], (e["dispatched_at"], e["finished_at"], 0))
-        mine[e["agent"]] = (min(t0, e["dispatched_at"]), max(t1, e["finished_at"]), n + 1)
+        t0, t1 = mine.get(e["agent"], (e["dispatched_at"], e["finished_at"]))
+        mine[e["agent"]] = (min(t0, e["dispatched_at"]), max(t1, e["finished_at"]))
     return spans

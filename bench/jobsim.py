@@ -180,8 +180,8 @@ def predict(rep: Replay, job: JobFile, overheads: Overheads) -> JobTimeline:
     return simulate_job(works, mode=job.pipeline.mode, weight_sync_s=overheads.weight_sync_s, eta=job.pipeline.eta)
 
 
-def _rollout_extra_s(run: JobRun, prof: MeasuredProfile, *, warmup: int) -> tuple[float, float, float]:
-    """(units with a share, samples, the units' CPU seconds beyond the profile's price of their decoding), per
+def _rollout_extra_s(run: JobRun, prof: MeasuredProfile, *, warmup: int) -> tuple[float, float]:
+    """(units with a share, the units' CPU seconds beyond the profile's price of their decoding), per
     CPU interval on average, over the intervals after `warmup` (training end `warmup` → the last one). A share
     counts by the fraction of its generation (the ledger's first dispatch → last finish) that lies in that
     window: in async a unit generates iteration i + 1 while i trains, and idles in the last interval, so
@@ -191,14 +191,13 @@ def _rollout_extra_s(run: JobRun, prof: MeasuredProfile, *, warmup: int) -> tupl
     intervals = len(run.end_wall_s) - 1 - warmup
     cpu = sum(sum(v[warmup:]) for a, v in run.agent_cpu_s.items() if a.startswith("rollout"))
     agents = sorted({e["agent"] for e in run.ledger})  # as `replay` numbers the units
-    units = samples = busy = 0.0
+    units = busy = 0.0
     for it, spans in enumerate(share_spans(run.ledger, len(rep.works))):
-        for agent, (t0, t1, n) in spans.items():
+        for agent, (t0, t1) in spans.items():
             inside = max(0.0, min(t1, hi) - max(t0, lo)) / max(t1 - t0, 1e-9)
             units += inside
-            samples += inside * n
             busy += inside * rep.unit_busy_s[it][agents.index(agent)]
-    return units / intervals, samples / intervals, (cpu - busy) / intervals
+    return units / intervals, (cpu - busy) / intervals
 
 
 def cpu_overheads(
@@ -217,7 +216,7 @@ def cpu_overheads(
     its = range(warmup + 1, len(rep.works))
     trainer = cpu_run.agent_main_cpu_s["trainer-0"]
     trainer_s = float(np.mean([trainer[i - 1] - rep.works[i].train_s for i in its]))
-    units, _, extra = _rollout_extra_s(units_run, units_prof, warmup=warmup)
+    units, extra = _rollout_extra_s(units_run, units_prof, warmup=warmup)
     return Overheads(max(0.0, trainer_s), rollout_s_per_unit=max(0.0, extra / units))
 
 
