@@ -129,8 +129,11 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(
     assert sorted(final) == sorted(start)
     assert all(final[k].shape == start[k].shape for k in start)
     assert not all(torch.equal(final[k], start[k]) for k in start)
-    if algorithm == "ppo":  # each tp rank's shard holds its half of the critic and both optimizers' state
-        for rank in (0, 1):
-            shard = torch.load(run / "checkpoints" / "iter-3" / "ranks" / f"rank-{rank}.pt", weights_only=True)
+    if algorithm == "ppo":  # each rank of data-parallel replica 0 writes its shard: its part of the critic and both
+        # optimizers' state (at tp 2 each of the two ranks half; at dp 2 rank 0 alone, the other replica holds the same)
+        ranks = run / "checkpoints" / "iter-3" / "ranks"
+        assert sorted(p.name for p in ranks.glob("rank-*.pt")) == [f"rank-{r}.pt" for r in range(tp * pp)]
+        for rank in range(tp * pp):
+            shard = torch.load(ranks / f"rank-{rank}.pt", weights_only=True)
             assert {"optimizer.policy", "optimizer.critic", "module.critic"} <= set(shard)
             assert shard["module.critic"]["head.weight"].abs().sum() > 0  # the value head trained from 0
