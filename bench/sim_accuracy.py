@@ -157,10 +157,13 @@ def _launch(spec: dict[str, Any], *, workdir: Path, name: str, plan: Plan) -> Pr
     """Profile the job (`plan.run_probes` probes), then run it: this shared machine's speed moves by 10–20 %
     over minutes, so a run is priced by a profile of its own minute, as a user profiles, then launches."""
     job = JobFile.model_validate(spec)
-    prof = measure_profile(
-        job, checkpoint=str(HF_DIR / "model") if job.model.kind == "hf" else None, repeats=plan.run_probes
-    )
+    prof = _profile(job, repeats=plan.run_probes)
     return Probed(launch(spec, workdir=workdir, name=name), prof)
+
+
+def _profile(job: JobFile, *, repeats: int) -> MeasuredProfile:
+    """The job's measured profile: the HF job's checkpoint, or the demo's built-in model (speed only)."""
+    return measure_profile(job, checkpoint=str(HF_DIR / "model") if job.model.kind == "hf" else None, repeats=repeats)
 
 
 def _drift(prof: MeasuredProfile, first: MeasuredProfile) -> dict[str, float]:
@@ -275,9 +278,7 @@ def run(*, quick: bool, modes: list[Mode] | None = None, units: list[int] | None
     calibration: dict[str, Calibration] = {}
     for kind in plan.kinds:
         probe_job = JobFile.model_validate(job_dict(kind, mode="sync", units=1, iterations=plan.iterations))
-        first[kind] = measure_profile(
-            probe_job, checkpoint=str(HF_DIR / "model") if kind == "hf" else None, repeats=plan.probes
-        )
+        first[kind] = _profile(probe_job, repeats=plan.probes)
         calibration[kind] = _calibrate(kind, plan, first[kind], workdir=workdir)
     cases = []
     for kind, mode, n in plan.cases:
