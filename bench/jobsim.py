@@ -180,13 +180,12 @@ def predict(rep: Replay, job: JobFile, overheads: Overheads) -> JobTimeline:
     return simulate_job(works, mode=job.pipeline.mode, weight_sync_s=overheads.weight_sync_s, eta=job.pipeline.eta)
 
 
-def _rollout_extra_s(run: JobRun, prof: MeasuredProfile, *, warmup: int) -> tuple[float, float]:
+def _rollout_extra_s(run: JobRun, rep: Replay, *, warmup: int) -> tuple[float, float]:
     """(units with a share, the units' CPU seconds beyond the profile's price of their decoding), per
     CPU interval on average, over the intervals after `warmup` (training end `warmup` → the last one). A share
     counts by the fraction of its generation (the ledger's first dispatch → last finish) that lies in that
     window: in async a unit generates iteration i + 1 while i trains, and idles in the last interval, so
-    interval k's CPU is not iteration k + 1's."""
-    rep = replay(run, prof)
+    interval k's CPU is not iteration k + 1's. `rep`: `run` priced by its profile."""
     lo, hi = float(run.end_wall_s[warmup]), float(run.end_wall_s[-1])
     intervals = len(run.end_wall_s) - 1 - warmup
     cpu = sum(sum(v[warmup:]) for a, v in run.agent_cpu_s.items() if a.startswith("rollout"))
@@ -200,23 +199,30 @@ def _rollout_extra_s(run: JobRun, prof: MeasuredProfile, *, warmup: int) -> tupl
     return units / intervals, (cpu - busy) / intervals
 
 
+def _trainer_extra_s(run: JobRun, rep: Replay, *, warmup: int) -> float:
+    """The trainer's main-thread CPU per iteration beyond the profile's price of its training (`rep`: `run` priced
+    by its profile), after `warmup`."""
+    trainer = run.agent_main_cpu_s["trainer-0"]
+    return float(np.mean([trainer[i - 1] - rep.works[i].train_s for i in range(warmup + 1, len(rep.works))]))
+
+
 def cpu_overheads(
     cpu_run: JobRun, cpu_prof: MeasuredProfile, units_run: JobRun, units_prof: MeasuredProfile, *, warmup: int
 ) -> Overheads:
     """The agents' CPU time per iteration beyond the profile's price of their work, each run priced by its own
-    profile. `trainer_s` (scoring, unpacking, publishing), on `cpu_run` (async: the trainer runs all of it on its
-    own path): its main thread's, the loop that trains (its other threads, reading the controller's messages
-    and serving the weights to every unit, run beside it). `rollout_s_per_unit` (fetching, hashing and loading
-    the whole weights every iteration, receiving and sending the samples), on `units_run` (sync: a unit does
-    nothing beside its share), all of it per unit and iteration. Split into per unit and per sample from two
-    runs with 1 and 2 units per iteration, it was the difference of two runs' residuals against the decode
-    model on different prompts: 0.07–0.16 s per unit for the demo job (the weight fetch takes 5–12 ms), which
-    priced every run with 2–3 units too slow."""
-    rep = replay(cpu_run, cpu_prof)
-    its = range(warmup + 1, len(rep.works))
-    trainer = cpu_run.agent_main_cpu_s["trainer-0"]
-    trainer_s = float(np.mean([trainer[i - 1] - rep.works[i].train_s for i in its]))
-    units, extra = _rollout_extra_s(units_run, units_prof, warmup=warmup)
+    profile. `trainer_s` (scoring, unpacking, publishing): its main thread's, the loop that trains (its other
+    threads, reading the controller's messages and serving the weights to every unit, run beside it), the mean
+    over both runs: the HF job's came out at 0.006 s on the sync run and 0.031 s on the async run of one
+    benchmark (18 % of the trainer's CPU), and the one figure prices every evaluated run of the job.
+    `rollout_s_per_unit` (fetching, hashing and loading the whole weights every iteration, receiving and
+    sending the samples), on `units_run` (sync: a unit does nothing beside its share), all of it per unit and
+    iteration. Split into per unit and per sample from two runs with 1 and 2 units per iteration, it was the
+    difference of two runs' residuals against the decode model on different prompts: 0.07–0.16 s per unit for
+    the demo job (the weight fetch takes 5–12 ms), which priced every run with 2–3 units too slow."""
+    units_rep = replay(units_run, units_prof)
+    runs = [(units_run, units_rep)] + ([(cpu_run, replay(cpu_run, cpu_prof))] if cpu_run is not units_run else [])
+    trainer_s = float(np.mean([_trainer_extra_s(r, rep, warmup=warmup) for r, rep in runs]))
+    units, extra = _rollout_extra_s(units_run, units_rep, warmup=warmup)
     return Overheads(max(0.0, trainer_s), rollout_s_per_unit=max(0.0, extra / units))
 
 
@@ -228,7 +234,7 @@ def calibrate(
     warmup: int,
     cpu_prof: MeasuredProfile | None = None,
 ) -> Overheads:
-    """The overheads from two calibration runs: the agents' own (`cpu_overheads`: the trainer's on `cpu_run`, the
+    """The overheads from two calibration runs: the agents' own (`cpu_overheads`: the trainer's on both, the
     units' on `sync_run`), then `weight_sync_s` as what a sync
     iteration (weight sync + generation + training, in series) still measures over the simulated one: the
     hops between the agents, which cost no agent CPU. `prof` prices `sync_run`, `cpu_prof` (default `prof`)

@@ -2,7 +2,7 @@
 
     calibration jobs (sync and async, other prompts) ─▶ overheads (bench/jobsim.py) ─┐
                                                                                      ▼
-    each job: measured profile (the probe of `rlctl profile --source measured`, median of 2), then
+    each job: measured profile (the probe of `rlctl profile --source measured`, median of 5), then
     `rlctl launch JOB.yaml -o json` ─▶ ledger + metrics ─▶ simulator (with that profile) ─▶ predicted s/iter
       demo job (tiny-demo, digits) × {sync, stream, async} × {1, 2, 3} rollout units   (--quick: 1 unit)
       HF job (jobs/hf-demo: Qwen2-layout checkpoint, dataset, reward workers) × modes × {1, 3} units
@@ -20,15 +20,18 @@ job's ledger, and trains them as the learner does and `rlctl plan` simulates it 
 cuts of rows and padded tokens): this checks the time model (decode, batching, streaming, pipeline),
 not the length model. The overheads it does not price (the trainer's CPU beyond training,
 the units' CPU beyond decoding, the hops between agents) are calibrated per job on separate runs with
-other seeds and prompts (an async run with 1 unit for the trainer's CPU, a sync run with 2 for the units'
-CPU, per unit and iteration — each fetches and loads the whole weights — and for the hops; --quick: the
-sync run for all of it), never on the evaluated runs; `mape_uncalibrated` leaves them out.
+other seeds and prompts (an async run with 1 unit and a sync run with 2: the trainer's CPU from both, the
+units' CPU per unit and iteration — each fetches and loads the whole weights — and the hops from the sync
+run; --quick: the sync run for all of it), never on the evaluated runs; `mape_uncalibrated` leaves them out.
 
 Each run (calibration or evaluated) is priced by a profile measured right before it, as a user runs
 `rlctl profile` and then `rlctl launch`: this shared machine's speed moves by 10–20 % over minutes
-(other tenants), enough to miss the goal with one profile for the whole benchmark. `machine_drift` is
+(other tenants), enough to miss the goal with one profile for the whole benchmark. A profile is the
+median of 5 probes (2.5 s each): one probe's cells are noisy (6 probes of the demo model back to back:
+the decode cells' coefficient of variation 0.24 in the median, training per token 0.10; one probe in
+six measured decode steps at batch 8–16 twice as long), and a median of 2 is their mean. `machine_drift` is
 how much slower each run's profile measured than the job kind's first one (median decode step, training
-per token); `mape_one_profile` prices every run with that first profile (median of 3) instead.
+per token); `mape_one_profile` prices every run with that first profile instead.
 
 The HF job runs when jobs/hf-demo is built (`python jobs/hf-demo/build.py`, as `make demo` does).
 `engine_batches` (full run only) is the earlier check of one generation stage (bench/sim_batches.py).
@@ -76,7 +79,7 @@ class Plan:
     sft_steps: int  # the demo job's SFT warm-up (cached on disk; 0: start from the random model)
     probes: int  # probes of the job kind's first profile, median taken
     run_probes: int  # probes of the profile measured right before each run
-    calibration: list[tuple[Mode, int]]  # calibration runs (mode, units): sync, and async for the trainer's CPU
+    calibration: list[tuple[Mode, int]]  # calibration runs (mode, units): sync, and async (the trainer's CPU)
 
 
 def plan_for(*, quick: bool, hf_built: bool, modes: list[Mode] | None = None, units: list[int] | None = None) -> Plan:
@@ -91,7 +94,7 @@ def plan_for(*, quick: bool, hf_built: bool, modes: list[Mode] | None = None, un
         if hf_built:
             cases += [("hf", m, u) for m in MODES for u in (1, 3)]
         plan = Plan(
-            40, 2, cases, kinds, sft_steps=SFT_STEPS, probes=3, run_probes=2, calibration=[("sync", 2), ("async", 1)]
+            40, 2, cases, kinds, sft_steps=SFT_STEPS, probes=5, run_probes=5, calibration=[("sync", 2), ("async", 1)]
         )
     chosen = [c for c in plan.cases if c[1] in (modes or MODES) and (units is None or c[2] in units)]
     if not chosen:
