@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.ops.conftest import job_yaml
+from tests.integration.ops.conftest import hf_job, job_yaml
 
 from .faultlib import (
     LOCAL,
@@ -136,16 +136,10 @@ def rlctl_stop(job_dir: Path) -> tuple[int, dict[str, object] | str]:
         return p.returncode, p.stderr
 
 
-def resumable_job(tmp_path: Path, name: str, iterations: int) -> Path:
-    return job_yaml(
-        tmp_path / f"{name}.yaml",
-        inventory=[LOCAL],
-        trainer="local",
-        rollout="local",
-        rollout_gpus=2,
-        iterations=iterations,
-        checkpoint={"every_iterations": 3},
-    )
+def resumable_job(tmp_path: Path, job_dir: Path, iterations: int) -> Path:
+    """The HF demo's job, held by its reward one iteration or two past its checkpoint at 3 (`hf_job`): the kill
+    lands there however fast this machine trains (remove `tmp_path`/hold to let it go on)."""
+    return hf_job(tmp_path, job_dir=job_dir, iterations=iterations, every=3)
 
 
 def check_resumed(job_dir: Path, s: dict, *, iterations: int, latest: int) -> None:
@@ -167,21 +161,24 @@ def first_trained_after_resume(job_dir: Path) -> float:
 
 
 def test_trainer_killed_mid_step_then_resumed(tmp_path: Path) -> None:
-    """SIGKILL the trainer while it trains (it trains as samples arrive: at any moment it is inside some
-    iteration's step); the job stops and names the resume command; `launch --resume` continues from the latest
-    complete checkpoint. Recovery: from the SIGKILL to the resumed run's first trained iteration."""
+    """SIGKILL the trainer inside an iteration's step (it trains as samples arrive; here its reward holds the
+    rest of the iteration's samples); the job stops and names the resume command; `launch --resume` continues
+    from the latest complete checkpoint. Recovery: from the SIGKILL to the resumed run's first trained
+    iteration."""
     iterations = 12
     job_dir = tmp_path / "run"
-    proc = launch(str(resumable_job(tmp_path, "trainer", iterations)), "--job-dir", str(job_dir), "-o", "json")
+    proc = launch(str(resumable_job(tmp_path, job_dir, iterations)), "--job-dir", str(job_dir), "-o", "json")
     try:
-        wait_for("a checkpoint and two more iterations", lambda: len(metrics_rows(job_dir)) >= 5, 300, alive=proc)
+        wait_for("the run held past its checkpoint", (tmp_path / "held").exists, 300, alive=proc)
         os.kill(joined(job_dir)["trainer-0"]["pid"], SIGKILL)
         t_kill = time.time()
+        (tmp_path / "hold").unlink()
         code, _, err = finish(proc, 120)
     finally:
         stop_launcher(proc)
     assert code != 0 and f"rlctl launch --resume {job_dir.name}" in err, err[-2000:]
     latest = json.loads((job_dir / "checkpoints" / "latest.json").read_text())["version"]
+    assert latest == 3  # where the reward held it
     p = rlctl("launch", "--resume", str(job_dir), "-o", "json", timeout_s=400)
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads(p.stdout)
@@ -205,15 +202,16 @@ def test_controller_killed_then_resumed_leaves_no_orphan(tmp_path: Path) -> None
     resumed run's first trained iteration (the orphans' exits included)."""
     iterations = 12
     job_dir = tmp_path / "run"
-    proc = launch(str(resumable_job(tmp_path, "controller", iterations)), "--job-dir", str(job_dir), "-o", "json")
+    proc = launch(str(resumable_job(tmp_path, job_dir, iterations)), "--job-dir", str(job_dir), "-o", "json")
     try:
-        wait_for("a checkpoint and two more iterations", lambda: len(metrics_rows(job_dir)) >= 5, 300, alive=proc)
+        wait_for("the run held past its checkpoint", (tmp_path / "held").exists, 300, alive=proc)
         agents = joined(job_dir)
         controller = json.loads((job_dir / "controller.json").read_text())["pid"]
         proc.kill()
         proc.communicate()
         os.kill(controller, SIGKILL)
         t_kill = time.time()
+        (tmp_path / "hold").unlink()  # the trainer waits for its reward: let it see that the controller is gone
         orphans = {name: a["pid"] for name, a in agents.items()}
         gone: dict[str, float] = {}
 
@@ -227,6 +225,7 @@ def test_controller_killed_then_resumed_leaves_no_orphan(tmp_path: Path) -> None
     finally:
         stop_launcher(proc)
     latest = json.loads((job_dir / "checkpoints" / "latest.json").read_text())["version"]
+    assert latest == 3  # where the reward held it
     p = rlctl("launch", "--resume", str(job_dir), "-o", "json", timeout_s=400)
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads(p.stdout)

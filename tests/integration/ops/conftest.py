@@ -72,6 +72,58 @@ def events(job_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
 
 
+HELD_REWARD = """
+import time
+from pathlib import Path
+
+METRICS, HOLD, HELD = Path({metrics!r}), Path({hold!r}), Path({held!r})
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if HOLD.exists() and METRICS.exists() and len(METRICS.read_text().splitlines()) >= {rows}:
+        HELD.touch()
+        while HOLD.exists():
+            time.sleep(0.05)
+    return len(solution_str.split()) % 3 / 2  # differs within a group: the weights move
+"""
+
+
+def hf_job(tmp_path: Path, *, job_dir: Path, iterations: int, every: int, **over: Any) -> Path:
+    """A job on the HF demo's checkpoint and data (built untrained in `tmp_path`), scored by a reward that holds
+    the run one iteration past its first checkpoint, so that a test can kill it there whatever this machine's
+    speed: once `job_dir` has `every` + 1 metrics rows, every reward call waits while `tmp_path`/hold exists (and
+    says so in `tmp_path`/held). Why that holds the run there: the controller creates (and so dispatches) iteration
+    i only once it has taken in iteration i − 2's `trained` (η = 1), whose metrics row it appends first; so the
+    calls of iterations ≥ `every` + 2 wait, nothing past iteration `every` + 1 trains and the checkpoint stays
+    at `every` (needs `every` ≥ 3). Remove the hold file before the job goes on."""
+    assert every >= 3 and iterations > every + 2
+    build = subprocess.run(
+        [sys.executable, str(REPO / "jobs/hf-demo/build.py"), "--out", str(tmp_path), "--sft-steps=0", "--rows=64"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert build.returncode == 0, build.stderr
+    (tmp_path / "hold").touch()
+    fields = {"metrics": str(job_dir / "metrics.jsonl"), "hold": str(tmp_path / "hold"), "held": str(tmp_path / "held")}
+    (tmp_path / "held_reward.py").write_text(HELD_REWARD.format(rows=every + 1, **fields))
+    job = yaml.safe_load((REPO / "jobs/hf-demo.yaml").read_text())
+    job["model"]["path"] = "model"
+    job["task"].update(path="data.jsonl", reward="held_reward.py:compute_score", reward_timeout_s=600)
+    job.update(
+        inventory=[str(REPO / "clusters" / "local.yaml")],
+        iterations=iterations,
+        batch={"prompts_per_iteration": 4, "samples_per_prompt": 4},
+        pipeline={"mode": "async", "staleness": 1},
+        checkpoint={"every_iterations": every},
+        tracking=[],
+        **over,
+    )
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
 def job_yaml(
     path: Path,
     *,

@@ -65,7 +65,14 @@ def prometheus_query(base: str, promql: str) -> list[dict]:
 
 
 def test_scale_in_drains_a_unit_while_training_goes_on(tmp_path, launcher, services):
-    job = job_yaml(tmp_path / "drain.yaml", inventory=[LOCAL], trainer="local", rollout="local", rollout_gpus=2)
+    job = job_yaml(
+        tmp_path / "drain.yaml",
+        inventory=[LOCAL],
+        trainer="local",
+        rollout="local",
+        rollout_gpus=2,
+        iterations=100_000,  # runs until the test stops it: how fast this machine trains does not matter
+    )
     job_dir = tmp_path / "run"
     proc = launcher(str(job), "--job-dir", str(job_dir))
     wait_for("two trained iterations", lambda: len(metrics_rows(job_dir)) >= 2, 120, alive=proc)
