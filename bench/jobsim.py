@@ -55,10 +55,9 @@ class MeasuredProfile:
         }
 
 
-def measure_profile(job: JobFile, *, checkpoint: str | None, repeats: int = 3) -> MeasuredProfile:
-    """What `rlctl profile --source measured --job JOB` measures on a local site (its probe, in-process),
-    `repeats` times: the median of each grid cell and of the training figure (one probe's PTL cells
-    moved by up to 20 % between runs on this shared machine)."""
+def measure_probes(job: JobFile, *, checkpoint: str | None, repeats: int) -> list[dict[str, Any]]:
+    """`repeats` probes of what `rlctl profile --source measured --job JOB` measures on a local site (its
+    probe, in-process)."""
     spec = ProbeSpec(
         model=None if checkpoint else job.model.arch.name,
         checkpoint=checkpoint,
@@ -67,7 +66,12 @@ def measure_profile(job: JobFile, *, checkpoint: str | None, repeats: int = 3) -
         algorithm=job.algorithm,
         batch=job.batch,
     )
-    probes = [measure_here(spec) for _ in range(repeats)]
+    return [measure_here(spec) for _ in range(repeats)]
+
+
+def profile_of(probes: list[dict[str, Any]]) -> MeasuredProfile:
+    """The median of each grid cell and of the training figure over `probes` (one probe's decode cells
+    vary by a quarter on this shared machine)."""
     entries = [GenerationEntry.model_validate(p["generation"][0]) for p in probes]
     median = entries[0].model_copy(
         update={

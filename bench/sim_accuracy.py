@@ -24,12 +24,13 @@ other seeds and prompts (an async run with 1 unit and a sync run with 2: the tra
 units' CPU per unit and iteration — each fetches and loads the whole weights — and the hops from the sync
 run; --quick: the sync run for all of it), never on the evaluated runs; `mape_uncalibrated` leaves them out.
 
-Each run (calibration or evaluated) is priced by a profile measured right before it, as a user runs
-`rlctl profile` and then `rlctl launch`: this shared machine's speed moves by 10–20 % over minutes
-(other tenants), enough to miss the goal with one profile for the whole benchmark. A profile is the
-median of 5 probes (2.5 s each): one probe's cells are noisy (6 probes of the demo model back to back:
-the decode cells' coefficient of variation 0.24 in the median, training per token 0.10; one probe in
-six measured decode steps at batch 8–16 twice as long), and a median of 2 is their mean. `machine_drift` is
+Each run (calibration or evaluated) is priced by a profile of its own minutes: the median of 5 probes
+right before it and 5 right after it (--quick: 1 before). This shared machine's speed moves by 10–20 %
+over minutes (other tenants), enough to miss the goal with one profile for the whole benchmark, and one
+probe's cells are noisy (6 probes of the demo model back to back: the decode cells' coefficient of
+variation 0.24 in the median, training per token 0.10; one probe in six measured decode steps at batch
+8–16 twice as long). `mape_before_only` prices each run (and calibrates) with its probes before it only,
+as a user runs `rlctl profile` and then `rlctl launch`. `machine_drift` is
 how much slower each run's profile measured than the job kind's first one (median decode step, training
 per token); `mape_one_profile` prices every run with that first profile instead.
 
@@ -56,9 +57,10 @@ from bench.jobsim import (
     MeasuredProfile,
     Overheads,
     calibrate,
-    measure_profile,
+    measure_probes,
     predict,
     predict_iteration_s,
+    profile_of,
     replay,
 )
 from bench.sim_batches import run_batches, summary_batches
@@ -79,6 +81,7 @@ class Plan:
     sft_steps: int  # the demo job's SFT warm-up (cached on disk; 0: start from the random model)
     probes: int  # probes of the job kind's first profile, median taken
     run_probes: int  # probes of the profile measured right before each run
+    bracket: bool  # … and as many right after it, the profile the median of both
     calibration: list[tuple[Mode, int]]  # calibration runs (mode, units): sync, and async (the trainer's CPU)
 
 
@@ -87,14 +90,30 @@ def plan_for(*, quick: bool, hf_built: bool, modes: list[Mode] | None = None, un
     kinds = ["demo"] + (["hf"] if hf_built and not quick else [])
     if quick:
         plan = Plan(
-            4, 1, [("demo", m, 1) for m in MODES], kinds, sft_steps=0, probes=1, run_probes=1, calibration=[("sync", 2)]
+            4,
+            1,
+            [("demo", m, 1) for m in MODES],
+            kinds,
+            sft_steps=0,
+            probes=1,
+            run_probes=1,
+            bracket=False,
+            calibration=[("sync", 2)],
         )
     else:
         cases = [("demo", m, u) for m in MODES for u in (1, 2, 3)]
         if hf_built:
             cases += [("hf", m, u) for m in MODES for u in (1, 3)]
         plan = Plan(
-            40, 2, cases, kinds, sft_steps=SFT_STEPS, probes=5, run_probes=5, calibration=[("sync", 2), ("async", 1)]
+            40,
+            2,
+            cases,
+            kinds,
+            sft_steps=SFT_STEPS,
+            probes=5,
+            run_probes=5,
+            bracket=True,
+            calibration=[("sync", 2), ("async", 1)],
         )
     chosen = [c for c in plan.cases if c[1] in (modes or MODES) and (units is None or c[2] in units)]
     if not chosen:
@@ -150,23 +169,27 @@ def job_dict(
 
 @dataclass(frozen=True)
 class Probed:
-    """A finished job and the profile measured right before it."""
+    """A finished job and its profiles: `prof` of the probes right before and (`Plan.bracket`) right after it,
+    `prof_before` of those before it only."""
 
     run: JobRun
     prof: MeasuredProfile
+    prof_before: MeasuredProfile
 
 
 def _launch(spec: dict[str, Any], *, workdir: Path, name: str, plan: Plan) -> Probed:
-    """Profile the job (`plan.run_probes` probes), then run it: this shared machine's speed moves by 10–20 %
-    over minutes, so a run is priced by a profile of its own minute, as a user profiles, then launches."""
+    """Profile the job (`plan.run_probes` probes), run it, and (`plan.bracket`) profile it again: this shared
+    machine's speed moves by 10–20 % over minutes, so a run is priced by a profile of its own minutes."""
     job = JobFile.model_validate(spec)
-    prof = _profile(job, repeats=plan.run_probes)
-    return Probed(launch(spec, workdir=workdir, name=name), prof)
+    before = _probes(job, repeats=plan.run_probes)
+    run = launch(spec, workdir=workdir, name=name)
+    after = _probes(job, repeats=plan.run_probes) if plan.bracket else []
+    return Probed(run, profile_of(before + after), profile_of(before))
 
 
-def _profile(job: JobFile, *, repeats: int) -> MeasuredProfile:
-    """The job's measured profile: the HF job's checkpoint, or the demo's built-in model (speed only)."""
-    return measure_profile(job, checkpoint=str(HF_DIR / "model") if job.model.kind == "hf" else None, repeats=repeats)
+def _probes(job: JobFile, *, repeats: int) -> list[dict[str, Any]]:
+    """Probes of the job's measured profile: the HF job's checkpoint, or the demo's built-in model (speed only)."""
+    return measure_probes(job, checkpoint=str(HF_DIR / "model") if job.model.kind == "hf" else None, repeats=repeats)
 
 
 def _drift(prof: MeasuredProfile, first: MeasuredProfile) -> dict[str, float]:
@@ -177,17 +200,19 @@ def _drift(prof: MeasuredProfile, first: MeasuredProfile) -> dict[str, float]:
     }
 
 
-def _predict(p: Probed, cal: Overheads, *, warmup: int, first: MeasuredProfile, cal_first: Overheads) -> dict[str, Any]:
-    """`p` predicted with its own profile and the overheads `cal`; diagnostics: without the overheads, and with
-    the job kind's first profile (measured once, minutes earlier) and `cal_first`, the overheads priced by it."""
+def _predict(p: Probed, cal: Calibration, *, warmup: int, first: MeasuredProfile) -> dict[str, Any]:
+    """`p` predicted with its own profile and the calibrated overheads; diagnostics: without the overheads, with
+    the probes before the run only (as a user profiles, then launches), and with the job kind's first profile
+    (measured once, minutes earlier), the overheads priced the same way."""
     run = p.run
     job: JobFile = run.jobdir.read_job()
     rep = replay(run, p.prof)
-    works = rep.with_overheads(cal)
-    tl = predict(rep, job, cal)
+    works = rep.with_overheads(cal.overheads)
+    tl = predict(rep, job, cal.overheads)
     predicted, periods = tl.iteration_s(warmup), tl.periods_s()
     bare, _ = predict_iteration_s(rep, job, Overheads(), warmup=warmup)
-    one, _ = predict_iteration_s(replay(run, first), job, cal_first, warmup=warmup)
+    before, _ = predict_iteration_s(replay(run, p.prof_before), job, cal.before_only, warmup=warmup)
+    one, _ = predict_iteration_s(replay(run, first), job, cal.with_first, warmup=warmup)
     measured = run.iteration_s(warmup=warmup)
     wall = run.iteration_s(warmup=warmup, dedicated=False)
     err = lambda x: round((x - measured) / measured, 4)  # noqa: E731
@@ -199,6 +224,7 @@ def _predict(p: Probed, cal: Overheads, *, warmup: int, first: MeasuredProfile, 
         "measured_s": round(measured, 4),
         "error": err(predicted),
         "error_uncalibrated": err(bare),
+        "error_before_only": err(before),
         "error_one_profile": err(one),
         "machine_drift": _drift(p.prof, first),
         "measured_wall_s": round(wall, 4),
@@ -242,8 +268,12 @@ def _profile_json(prof: MeasuredProfile) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Calibration:
     overheads: Overheads  # each calibration run priced by its own profile
+    before_only: Overheads  # … by its probes before it only (the `error_before_only` diagnostic)
     with_first: Overheads  # … by the job kind's first profile (the `error_one_profile` diagnostic)
     report: dict[str, Any]
+
+
+NO_OVERHEADS = Calibration(Overheads(), Overheads(), Overheads(), {})
 
 
 def _calibrate(kind: str, plan: Plan, first: MeasuredProfile, *, workdir: Path) -> Calibration:
@@ -255,10 +285,11 @@ def _calibrate(kind: str, plan: Plan, first: MeasuredProfile, *, workdir: Path) 
         runs[mode] = _launch(spec, workdir=workdir, name=f"{kind}-calibration-{mode}", plan=plan)
     sync, cpu = runs["sync"], runs.get("async", runs["sync"])
     o = calibrate(sync.run, cpu.run, sync.prof, cpu_prof=cpu.prof, warmup=plan.warmup)
+    o_before = calibrate(sync.run, cpu.run, sync.prof_before, cpu_prof=cpu.prof_before, warmup=plan.warmup)
     o_first = calibrate(sync.run, cpu.run, first, warmup=plan.warmup)
-    none = Overheads()
     return Calibration(
         o,
+        o_before,
         o_first,
         {
             "runs": [f"{m}, {u} unit(s), other prompts" for m, u in plan.calibration],
@@ -267,7 +298,7 @@ def _calibrate(kind: str, plan: Plan, first: MeasuredProfile, *, workdir: Path) 
             "rollout_s_per_unit": round(o.rollout_s_per_unit, 4),
             "weight_sync_s": round(o.weight_sync_s, 4),
             "with_first_profile": {k: round(v, 6) for k, v in asdict(o_first).items()},
-            "detail": {m: _predict(p, none, warmup=plan.warmup, first=first, cal_first=none) for m, p in runs.items()},
+            "detail": {m: _predict(p, NO_OVERHEADS, warmup=plan.warmup, first=first) for m, p in runs.items()},
         },
     )
 
@@ -281,24 +312,24 @@ def run(*, quick: bool, modes: list[Mode] | None = None, units: list[int] | None
     calibration: dict[str, Calibration] = {}
     for kind in plan.kinds:
         probe_job = JobFile.model_validate(job_dict(kind, mode="sync", units=1, iterations=plan.iterations))
-        first[kind] = _profile(probe_job, repeats=plan.probes)
+        first[kind] = profile_of(_probes(probe_job, repeats=plan.probes))
         calibration[kind] = _calibrate(kind, plan, first[kind], workdir=workdir)
     cases = []
     for kind, mode, n in plan.cases:
         spec = job_dict(kind, mode=mode, units=n, iterations=plan.iterations, sft_steps=plan.sft_steps)
         p = _launch(spec, workdir=workdir, name=f"{kind}-{mode}-{n}", plan=plan)
-        cal = calibration[kind]
         cases.append(
             {
                 "job": kind,
                 "mode": mode,
                 "units": n,
-                **_predict(p, cal.overheads, warmup=plan.warmup, first=first[kind], cal_first=cal.with_first),
+                **_predict(p, calibration[kind], warmup=plan.warmup, first=first[kind]),
             }
         )
     out: dict[str, Any] = {
         "mape": _mape(cases, "error"),
         "mape_uncalibrated": _mape(cases, "error_uncalibrated"),
+        "mape_before_only": _mape(cases, "error_before_only"),
         "mape_one_profile": _mape(cases, "error_one_profile"),
         "mape_wall": _mape(cases, "error_wall"),
         "mape_generation": _mape(cases, "error_generation"),
@@ -349,6 +380,7 @@ def summary(r: dict[str, Any]) -> str:
     fmt = lambda d: ", ".join(f"{m} {v:.1%}" for m, v in d.items())  # noqa: E731
     lines.append(f"MAPE per mode (goal ≤ {r['goal']:.0%}): {fmt(r['mape'])}")
     lines.append(f"  uncalibrated: {fmt(r['mape_uncalibrated'])}; against wall-clock times: {fmt(r['mape_wall'])}")
+    lines.append(f"  each run with its probes before it only (not after): {fmt(r['mape_before_only'])}")
     lines.append(
         f"  each run with the job's first profile (one profile, minutes earlier): {fmt(r['mape_one_profile'])}"
     )

@@ -12,7 +12,7 @@ import pytest
 
 from bench.cpuclock import DedicatedClock
 from bench.jobrun import JobRun
-from bench.jobsim import MeasuredProfile, Overheads, Replay, calibrate, predict_iteration_s, replay
+from bench.jobsim import MeasuredProfile, Overheads, Replay, calibrate, predict_iteration_s, profile_of, replay
 from bench.sim_accuracy import job_dict, plan_for
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
@@ -203,12 +203,31 @@ def test_the_benchmark_jobs_are_valid_job_files_and_calibration_draws_other_prom
         assert getattr(calib.task, key) != getattr(spec.task, key) and calib.seed != spec.seed
 
 
+def test_a_runs_profile_is_the_median_of_every_probe_before_and_after_it():
+    """Cell by cell, over the probes on both sides of the run (a slow minute before it, a fast one after)."""
+
+    def probe(scale: float) -> dict:
+        g = _profile().generation
+        ptl = (np.array(g.ptl_s) * scale).tolist()
+        return {
+            "generation": [g.model_copy(update={"ptl_s": ptl, "prefill_s_per_token": 1e-5 * scale}).model_dump()],
+            "training": {"gpu_s_per_token": 2e-4 * scale},
+        }
+
+    before, after = [probe(x) for x in (1.4, 1.5, 1.6)], [probe(x) for x in (1.0, 1.1)]
+    got = profile_of(before + after)
+    assert np.array(got.generation.ptl_s) == pytest.approx(np.array(_profile().generation.ptl_s) * 1.4)
+    assert (got.generation.prefill_s_per_token, got.train_s_per_token) == pytest.approx((1.4e-5, 2.8e-4))
+    assert profile_of(before).train_s_per_token == pytest.approx(3e-4)  # before only: the slow minute's
+
+
 def test_quick_runs_the_demo_job_once_per_mode_and_full_adds_units_and_the_hf_job():
     quick = plan_for(quick=True, hf_built=True)
     assert quick.cases == [("demo", m, 1) for m in MODES] and quick.kinds == ["demo"]
     assert quick.calibration == [("sync", 2)]
     assert plan_for(quick=False, hf_built=True).calibration == [("sync", 2), ("async", 1)]
     full = plan_for(quick=False, hf_built=True)
+    assert not quick.bracket and full.bracket and full.run_probes == 5  # probes after each run too
     assert {(k, m) for k, m, _ in full.cases} == {(k, m) for k in ("demo", "hf") for m in MODES}
     assert {u for _, _, u in full.cases} == {1, 2, 3} and full.warmup < full.iterations - 2
     assert all(k == "demo" for k, _, _ in plan_for(quick=False, hf_built=False).cases)
