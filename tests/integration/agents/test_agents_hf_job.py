@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration.hfdemo import build_hf_demo
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -33,22 +35,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def test_hf_checkpoint_dataset_and_user_reward_run_end_to_end(tmp_path):
-    build = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "jobs/hf-demo/build.py"),
-            "--out",
-            str(tmp_path),
-            "--sft-steps",
-            "0",
-            "--rows",
-            "64",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert build.returncode == 0, build.stderr
+    build_hf_demo(tmp_path)
     (tmp_path / "flaky.py").write_text(FLAKY_REWARD)
     with (tmp_path / "data.jsonl").open("a") as f:  # two bad rows, skipped and counted (task.bad_rows: skip)
         f.write(json.dumps({"data_source": "x"}) + "\n" + json.dumps({"prompt": 3, "data_source": "x"}) + "\n")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration.hfdemo import build_hf_demo
 from tests.unit.trainers.megatron_required import require_megatron
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -69,13 +70,7 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(
     tmp_path: Path, tp: int, pp: int, parallel: dict, algorithm: str
 ) -> None:
     require_megatron()
-    build = subprocess.run(
-        [sys.executable, str(ROOT / "jobs/hf-demo/build.py"), "--out", str(tmp_path), "--sft-steps=0", "--rows=64"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert build.returncode == 0, build.stderr
+    build_hf_demo(tmp_path)
     if tp > 1 or pp > 1:
         split_model(tmp_path / "model", tp=tp, pp=pp)
     job = yaml.safe_load((ROOT / "jobs/hf-demo.yaml").read_text())

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.integration.hfdemo import build_hf_demo
+
 REPO = Path(__file__).resolve().parents[3]
 RLCTL = [sys.executable, "-m", "rlctl"]
 
@@ -97,13 +99,7 @@ def hf_job(tmp_path: Path, *, job_dir: Path, iterations: int, every: int, **over
     calls of iterations ≥ `every` + 2 wait, nothing past iteration `every` + 1 trains and the checkpoint stays
     at `every` (needs `every` ≥ 3). Remove the hold file before the job goes on."""
     assert every >= 3 and iterations > every + 2
-    build = subprocess.run(
-        [sys.executable, str(REPO / "jobs/hf-demo/build.py"), "--out", str(tmp_path), "--sft-steps=0", "--rows=64"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert build.returncode == 0, build.stderr
+    build_hf_demo(tmp_path)
     (tmp_path / "hold").touch()
     fields = {"metrics": str(job_dir / "metrics.jsonl"), "hold": str(tmp_path / "hold"), "held": str(tmp_path / "held")}
     (tmp_path / "held_reward.py").write_text(HELD_REWARD.format(rows=every + 1, **fields))
