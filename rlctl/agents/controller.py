@@ -362,6 +362,7 @@ class ControllerAgent:
                 version=version,
                 source=holder,
                 encoding=msg.header.get("encoding"),
+                base=msg.header.get("base_version"),
                 bytes=msg.header.get("wire_bytes"),
                 fetch_s=msg.header.get("fetch_s"),
                 xxh3=msg.header.get("xxh3"),

@@ -112,6 +112,7 @@ class WeightsApplied(msgspec.Struct):
     version: NonNegInt
     holder: str | None = None
     encoding: str | None = None
+    base_version: NonNegInt | None = None  # a delta's base
     wire_bytes: NonNegInt | None = None
     fetch_s: float | None = None
 

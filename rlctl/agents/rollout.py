@@ -37,7 +37,8 @@ from rlctl.transport import Connection, Listener, Message
 log = logging.getLogger(__name__)
 
 FETCH_RETRY_S = 5.0  # a version no holder could deliver is fetched again after this pause
-TRANSFER_FIELDS = ("fetch_s", "wire_bytes", "encoding", "holder", "xxh3")  # reported with `weights_applied`
+# reported with `weights_applied`
+TRANSFER_FIELDS = ("fetch_s", "wire_bytes", "encoding", "base_version", "holder", "xxh3")
 
 
 class RolloutAgent:

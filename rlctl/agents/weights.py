@@ -176,6 +176,7 @@ def fetch_weights(node: WeightNode, msg: Message) -> Message:
         "fetch_s": round(fetch_s, 4),
         "wire_bytes": wire_bytes,
         "encoding": encoding,
+        "base_version": hv.received_base if encoding == "delta" else None,
         "holder": holder,
         "xxh3": f"{chunks.checksum(held.weights):016x}",
     }

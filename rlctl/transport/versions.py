@@ -6,7 +6,7 @@
     ├── payloads["delta"] data = encoded delta vs v6 (the root's delta vs its previous version, or the
     │                      delta this version travelled as)
     ├── deltas_by_base     on-demand deltas vs older held bases {5: ...}, encoded for a child that skipped v6
-    ├── received_encoding, received_bytes  (what the fetch of this version took off the wire)
+    ├── received_encoding, received_base, received_bytes  (what the fetch of this version took off the wire)
     └── complete                            (every chunk verified and the weights rebuilt + checked)
 
 One condition variable per node guards all of it: receivers set `have[i]` and notify; the
@@ -180,6 +180,7 @@ class HeldVersion:
     finishing: bool = False  # all chunks in, being decoded/verified
     anchor: bool = False  # published as a forced/periodic anchor: every child gets it in full
     received_encoding: str | None = None  # "full" | "delta" as fetched (None: published here)
+    received_base: int | None = None  # the version a fetched delta applied onto
     received_bytes: int = 0  # payload bytes this node took off the wire for this version (resends included)
 
     def delta_for(self, base_version: int | None) -> Payload | None:

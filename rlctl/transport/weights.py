@@ -27,7 +27,7 @@ verified, so a full copy is sent only to a receiver that needs one. A delta payl
 once complete; its result is checked against the version's xxh3 and on any mismatch the
 receiver fetches the full version instead. Only then does the version become current; until
 then the previous one stays in service. Every node counts what it serves (`served`) and what a
-fetch took off the wire (`HeldVersion.received_encoding`, `received_bytes`).
+fetch took off the wire (`HeldVersion.received_encoding`, `received_base`, `received_bytes`).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ class WeightNode:
                     raise Superseded(err, current)
                 raise ProtocolError(err)
             hv, pl = self._adopt(reply.header, peer=addr)
-            hv.received_encoding = pl.encoding
+            hv.received_encoding, hv.received_base = pl.encoding, pl.base_version
             retries = [0] * len(pl.refs)
             while not pl.done:
                 what = f"chunks of v{version} ({pl.num_have} of {len(pl.refs)} held)"

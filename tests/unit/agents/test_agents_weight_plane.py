@@ -90,6 +90,8 @@ def test_a_running_publisher_sends_one_copy_per_version_into_the_remote_datacent
         assert last.header["version"] == 3
         assert all(torch.equal(x, w[k]) for k, x in zip(last.header["names"], last.tensors, strict=True))
         for m in got[n]:
+            base = m.header["base_version"]  # a delta names the version it applied onto
+            assert (base is not None and base < int(m.header["version"])) == (m.header["encoding"] == "delta")
             book.applied(
                 n,
                 datacenter="dc-b",

@@ -53,6 +53,7 @@ def test_default_config_publishes_a_delta_every_version_and_never_an_anchor(make
         assert not hv.anchor
         got = a.fetch(v, [root.address])
         assert got.received_encoding == ("full" if v == 1 else "delta") and _exact(a, v)
+        assert got.received_base == (None if v == 1 else v - 1)
     assert [s.encoding for s in root.served] == ["full"] + ["delta"] * 19
 
 
@@ -74,6 +75,7 @@ def test_a_receiver_that_skipped_versions_gets_a_delta_against_its_held_base(mak
     assert encodes == [1, 2]  # publish: v2 vs v1, v3 vs v2
     got = a.fetch(3, [root.address])  # a skipped v2; the root still holds v1 (keep_versions=3)
     assert got.received_encoding == "delta" and got.payloads["delta"].base_version == 1 and _exact(a, 3)
+    assert got.received_base == 1  # what the unit reports with `weights_applied`
     assert got.received_bytes == got.payloads["delta"].data.numel() < SIZE // 10
     b.fetch(3, [root.address])  # same base: the cached on-demand delta, not a second encode
     assert encodes == [1, 2, 1] and _exact(b, 3)
@@ -92,6 +94,7 @@ def test_a_receiver_whose_base_is_no_longer_held_gets_the_full_version(make):
     assert sorted(root.store.versions) == [2, 3]
     got = a.fetch(3, [root.address])
     assert got.received_encoding == "full" and got.received_bytes == got.weights.numel() and _exact(a, 3)
+    assert got.received_base is None
     assert root.served[-1] == Served(3, "full", None, a.address, got.weights.numel())
 
 
@@ -104,7 +107,7 @@ def test_a_relay_serves_an_on_demand_delta_to_a_leaf_that_skipped_a_version(make
             leaf.fetch(1, [relay.address])
     assert relay.store.versions[3].received_encoding == "delta"  # the relay got v3 as a delta vs v2
     got = leaf.fetch(3, [relay.address])
-    assert got.received_encoding == "delta" and got.payloads["delta"].base_version == 1 and _exact(leaf, 3)
+    assert got.received_encoding == "delta" and got.received_base == 1 and _exact(leaf, 3)
     s = relay.served[-1]
     assert (s.version, s.encoding, s.base_version, s.child) == (3, "delta", 1, leaf.address)
     assert s.bytes == got.received_bytes == got.payloads["delta"].data.numel()
