@@ -21,36 +21,48 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 LOCAL = str(REPO / "clusters" / "local.yaml")
 
 
-def test_growing_lengths_trigger_one_scale_out_and_the_new_unit_takes_work(tmp_path):
+def test_growing_lengths_trigger_one_scale_out_and_the_new_unit_takes_work(tmp_path, launcher):
     job = job_yaml(
         tmp_path / "grow.yaml",
         inventory=[LOCAL],
         trainer="local",
         rollout="local",
-        iterations=48,
+        iterations=100_000,  # runs until the test stops it: how fast this machine trains does not matter
         task={"kind": "digits", "median_output_tokens": 8, "max_output_tokens": 200, "growth_per_iteration": 0.2},
         batch={"prompts_per_iteration": 8, "samples_per_prompt": 4, "train_micro_batch_samples": 8},
         warmup={"sft_steps": 400},
         rebalance={"auto": True, "max_rollout_units": 2},
         engine={"max_batch_size": 16},  # a unit's capacity: as lengths grow, generation falls behind training
     )
-    code, s = rlctl_json("launch", str(job), "--job-dir", str(tmp_path / "run"), timeout_s=400)
-    assert code == 0 and s["state"] == "done", s
-    rows = metrics_rows(tmp_path / "run")
-    outs = [e for e in events(tmp_path / "run") if e["event"] == "scale"]
+    job_dir = tmp_path / "run"
+    proc = launcher(str(job), "--job-dir", str(job_dir), "-o", "json")
+    scaled = lambda: [e for e in events(job_dir) if e["event"] == "scale"]  # noqa: E731
+    outs = wait_for("a scale-out", scaled, 300, alive=proc)
+    added = outs[0]["agent"]
+
+    def worked() -> bool:  # the unit joined, generated, and its work shows in a trained iteration
+        first = [e for e in events(job_dir) if e["event"] == "first_sample" and e["t"] > outs[0]["t"]]
+        rows = [r for r in metrics_rows(job_dir) if first and r["t"] > first[0]["t"]]
+        return any(r["agents"].get(added, {}).get("busy_s", 0) > 0 for r in rows)
+
+    wait_for(f"{added} to work in a trained iteration", worked, 180, alive=proc)
+    code, stopped = rlctl_json("stop", str(job_dir), timeout_s=120)
+    assert code == 0, stopped
+    proc.communicate(timeout=120)
+    s = json.loads((job_dir / "summary.json").read_text())
+    assert s["state"] == "stopped", s
+    rows = metrics_rows(job_dir)
+    outs = [e for e in events(job_dir) if e["event"] == "scale"]
     assert [(e["direction"], e["reason"]) for e in outs] == [("out", "rebalance")]  # capped at 2 units: once
     at = outs[0]["iteration"]
     assert outs[0]["delta_s"] >= outs[0]["delta_prime_s"]  # the rule's own reading when it acted
-    first = next(e for e in events(tmp_path / "run") if e["event"] == "first_sample")  # the unit joined, worked
+    first = next(e for e in events(job_dir) if e["event"] == "first_sample" and e["t"] > outs[0]["t"])
     after = [r for r in rows if r["t"] > first["t"]]
-    added = outs[0]["agent"]
     # mechanisms, not machine speed (whether δ then falls under δ' depends on how busy these two cores are;
     # `python -m bench pipeline` measures that): the rule acted on its own reading (above), counts the new
     # unit from its first sample on, and the unit takes work
     assert after and all(r["rollout_units"] == 2 for r in after), [(r["iteration"], r["rollout_units"]) for r in after]
-    assert sum(1 for r in after if r["agents"].get(added, {}).get("busy_s", 0) > 0) >= 1
-    assert {e["agent"] for e in events(tmp_path / "run") if e["event"] == "scale"} == {added}
-    assert s["ledger"]["trained"] == s["ledger"]["prompts"] and s["ledger"]["duplicated"] == 0
+    assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicated"] == 0, s["ledger"]
     trace = [(r["iteration"], r["delta_window_s"], r["delta_prime_s"], r["rollout_units"]) for r in rows]
     print(
         f"\nscale-out at iteration {at} (δ {outs[0]['delta_s']} ≥ δ' {outs[0]['delta_prime_s']}), first sample "
