@@ -171,6 +171,14 @@ class Overheads:
     trainer_s: float = 0.0  # trainer CPU per iteration beyond the profile's training cost: scoring, publishing
     rollout_s_per_unit: float = 0.0  # rollout CPU per unit and iteration beyond decoding: the weights, the samples
     weight_sync_s: float = 0.0  # training end → next generation: the controller's hops, dispatch
+    # `trainer_s` when samples arrive while the trainer trains (stream, async); None: `trainer_s`
+    trainer_s_overlapped: float | None = None
+
+    def for_mode(self, mode: str) -> Overheads:
+        """The overheads of a job in pipeline `mode`, `trainer_s` its own."""
+        if mode == "sync" or self.trainer_s_overlapped is None:
+            return self
+        return replace(self, trainer_s=self.trainer_s_overlapped)
 
 
 def predict_iteration_s(rep: Replay, job: JobFile, overheads: Overheads, *, warmup: int) -> tuple[float, list[float]]:
@@ -180,6 +188,7 @@ def predict_iteration_s(rep: Replay, job: JobFile, overheads: Overheads, *, warm
 
 
 def predict(rep: Replay, job: JobFile, overheads: Overheads) -> JobTimeline:
+    overheads = overheads.for_mode(job.pipeline.mode)
     works = rep.with_overheads(overheads)
     return simulate_job(works, mode=job.pipeline.mode, weight_sync_s=overheads.weight_sync_s, eta=job.pipeline.eta)
 
@@ -215,19 +224,26 @@ def cpu_overheads(
 ) -> Overheads:
     """The agents' CPU time per iteration beyond the profile's price of their work, each run priced by its own
     profile. `trainer_s` (scoring, unpacking, publishing): its main thread's, the loop that trains (its other
-    threads, reading the controller's messages and serving the weights to every unit, run beside it), the mean
-    over both runs: the HF job's came out at 0.006 s on the sync run and 0.031 s on the async run of one
-    benchmark (18 % of the trainer's CPU), and the one figure prices every evaluated run of the job.
-    `rollout_s_per_unit` (fetching, hashing and loading the whole weights every iteration, receiving and
-    sending the samples), on `units_run` (sync: a unit does nothing beside its share), all of it per unit and
-    iteration. Split into per unit and per sample from two runs with 1 and 2 units per iteration, it was the
-    difference of two runs' residuals against the decode model on different prompts: 0.07–0.16 s per unit for
-    the demo job (the weight fetch takes 5–12 ms), which priced every run with 2–3 units too slow."""
+    threads, reading the controller's messages and serving the weights to every unit, run beside it), on
+    `units_run` (sync: the samples are in before it trains); `trainer_s_overlapped` on `cpu_run` (async: they
+    arrive while it trains, and it takes them in between micro-batches). The two differ by 2–3× for the demo
+    job: 0.015 / 0.020 s on the sync calibration runs of two benchmarks against 0.042 / 0.043 s on the async
+    ones, and its evaluated runs measured 0.015–0.030 s in sync against 0.035–0.061 s in stream and async;
+    their mean priced every async case short. `rollout_s_per_unit` (fetching, hashing and loading the whole
+    weights every iteration, receiving and sending the samples), on `units_run` (sync: a unit does nothing
+    beside its share), all of it per unit and iteration. Split into per unit and per sample from two runs with 1
+    and 2 units per iteration, it was the difference of two runs' residuals against the decode model on
+    different prompts: 0.07–0.16 s per unit for the demo job (the weight fetch takes 5–12 ms), which priced
+    every run with 2–3 units too slow."""
     units_rep = replay(units_run, units_prof)
-    runs = [(units_run, units_rep)] + ([(cpu_run, replay(cpu_run, cpu_prof))] if cpu_run is not units_run else [])
-    trainer_s = float(np.mean([_trainer_extra_s(r, rep, warmup=warmup) for r, rep in runs]))
+    trainer_s = _trainer_extra_s(units_run, units_rep, warmup=warmup)
+    overlapped = (
+        trainer_s if cpu_run is units_run else _trainer_extra_s(cpu_run, replay(cpu_run, cpu_prof), warmup=warmup)
+    )
     units, extra = _rollout_extra_s(units_run, units_rep, warmup=warmup)
-    return Overheads(max(0.0, trainer_s), rollout_s_per_unit=max(0.0, extra / units))
+    return Overheads(
+        max(0.0, trainer_s), rollout_s_per_unit=max(0.0, extra / units), trainer_s_overlapped=max(0.0, overlapped)
+    )
 
 
 def calibrate(
@@ -238,8 +254,8 @@ def calibrate(
     warmup: int,
     cpu_prof: MeasuredProfile | None = None,
 ) -> Overheads:
-    """The overheads from two calibration runs: the agents' own (`cpu_overheads`: the trainer's on both, the
-    units' on `sync_run`), then `weight_sync_s` as what a sync
+    """The overheads from two calibration runs: the agents' own (`cpu_overheads`: the trainer's on each, by
+    pipeline kind, the units' on `sync_run`), then `weight_sync_s` as what a sync
     iteration (weight sync + generation + training, in series) still measures over the simulated one: the
     hops between the agents, which cost no agent CPU. `prof` prices `sync_run`, `cpu_prof` (default `prof`)
     `cpu_run`: each run by the profile measured right before it."""

@@ -20,9 +20,10 @@ job's ledger, and trains them as the learner does and `rlctl plan` simulates it 
 cuts of rows and padded tokens): this checks the time model (decode, batching, streaming, pipeline),
 not the length model. The overheads it does not price (the trainer's CPU beyond training,
 the units' CPU beyond decoding, the hops between agents) are calibrated per job on separate runs with
-other seeds and prompts (an async run with 1 unit and a sync run with 2: the trainer's CPU from both, the
-units' CPU per unit and iteration — each fetches and loads the whole weights — and the hops from the sync
-run; --quick: the sync run for all of it), never on the evaluated runs; `mape_uncalibrated` leaves them out.
+other seeds and prompts (a sync run with 2 units: the trainer's CPU for sync jobs, the units' CPU per unit
+and iteration — each fetches and loads the whole weights — and the hops; an async run with 1 unit: the
+trainer's CPU for stream and async jobs, where samples arrive while it trains and it takes 2–3× as much;
+--quick: the sync run for all of it), never on the evaluated runs; `mape_uncalibrated` leaves them out.
 
 Each run (calibration or evaluated) is priced by a profile of its own minutes: the median of 5 probes
 right before it and 5 right after it (--quick: 1 before). This shared machine's speed moves by 10–20 %
@@ -207,7 +208,7 @@ def _predict(p: Probed, cal: Calibration, *, warmup: int, first: MeasuredProfile
     run = p.run
     job: JobFile = run.jobdir.read_job()
     rep = replay(run, p.prof)
-    works = rep.with_overheads(cal.overheads)
+    works = rep.with_overheads(cal.overheads.for_mode(job.pipeline.mode))
     tl = predict(rep, job, cal.overheads)
     predicted, periods = tl.iteration_s(warmup), tl.periods_s()
     bare, _ = predict_iteration_s(rep, job, Overheads(), warmup=warmup)
@@ -295,6 +296,7 @@ def _calibrate(kind: str, plan: Plan, first: MeasuredProfile, *, workdir: Path) 
             "runs": [f"{m}, {u} unit(s), other prompts" for m, u in plan.calibration],
             "agent_cpu_from": cpu.run.name,
             "trainer_s": round(o.trainer_s, 4),
+            "trainer_s_overlapped": round(o.trainer_s if o.trainer_s_overlapped is None else o.trainer_s_overlapped, 4),
             "rollout_s_per_unit": round(o.rollout_s_per_unit, 4),
             "weight_sync_s": round(o.weight_sync_s, 4),
             "with_first_profile": {k: round(v, 6) for k, v in asdict(o_first).items()},
@@ -373,7 +375,8 @@ def summary(r: dict[str, Any]) -> str:
         )
     for kind, cal in r["calibration"].items():
         lines.append(
-            f"calibration ({kind}: {'; '.join(cal['runs'])}): trainer_s {cal['trainer_s']:.3f}, "
+            f"calibration ({kind}: {'; '.join(cal['runs'])}): trainer_s {cal['trainer_s']:.3f} "
+            f"(stream, async: {cal['trainer_s_overlapped']:.3f}), "
             f"rollout_s_per_unit "
             f"{cal['rollout_s_per_unit']:.4f}, weight_sync_s {cal['weight_sync_s']:.3f}"
         )

@@ -167,13 +167,24 @@ def test_calibration_recovers_the_overheads_the_runs_had(tmp_path):
     assert calibrate(sync, sync, prof, warmup=1) == pytest.approx(got)
 
 
-def test_the_trainers_overhead_is_the_mean_over_both_calibration_runs(tmp_path):
-    """One run's figure moves by a fifth of the trainer's CPU on this machine, and it prices every case."""
+def test_the_trainers_overhead_is_calibrated_per_pipeline_kind(tmp_path):
+    """Sync jobs take the sync run's figure; stream and async jobs, where samples arrive while the trainer trains
+    (2–3× the CPU for the demo job), the async run's."""
     prof = _profile()
     sync = _fake_run(tmp_path, iterations=6, truth=Overheads(trainer_s=0.02), prof=prof, shared=True)
     cpu_run = _fake_run(tmp_path, iterations=6, truth=Overheads(trainer_s=0.04), prof=prof, mode="async")
-    assert calibrate(sync, cpu_run, prof, warmup=1).trainer_s == pytest.approx(0.03)
-    assert calibrate(sync, sync, prof, warmup=1).trainer_s == pytest.approx(0.02)  # one run: its own
+    got = calibrate(sync, cpu_run, prof, warmup=1)
+    assert (got.trainer_s, got.trainer_s_overlapped) == pytest.approx((0.02, 0.04))
+    assert [got.for_mode(m).trainer_s for m in MODES] == pytest.approx([0.02, 0.04, 0.04])
+    one = calibrate(sync, sync, prof, warmup=1)  # one run: its figure for every mode
+    assert [one.for_mode(m).trainer_s for m in MODES] == pytest.approx([0.02, 0.02, 0.02])
+    rep = replay(cpu_run, prof)
+    for mode in MODES:  # the simulator prices each job with its mode's figure
+        job = JobFile.model_validate(job_dict("demo", mode=mode, units=1, iterations=6))
+        own = replace(got, trainer_s=0.02 if mode == "sync" else 0.04, trainer_s_overlapped=None)
+        other = replace(own, trainer_s=0.06 - own.trainer_s)
+        assert predict_iteration_s(rep, job, got, warmup=1) == predict_iteration_s(rep, job, own, warmup=1)
+        assert predict_iteration_s(rep, job, got, warmup=1)[0] != predict_iteration_s(rep, job, other, warmup=1)[0]
 
 
 def test_each_calibration_run_is_priced_by_its_own_profile(tmp_path):
@@ -189,8 +200,8 @@ def test_each_calibration_run_is_priced_by_its_own_profile(tmp_path):
     cpu_run = _fake_run(tmp_path, iterations=6, truth=truth, prof=slow, mode="async")
     got = calibrate(sync, cpu_run, prof, cpu_prof=slow, warmup=1)
     assert (got.trainer_s, got.rollout_s_per_unit, got.weight_sync_s) == pytest.approx((0.03, 0.012, 0.02), abs=1e-9)
-    # the async run priced by the sync run's profile: 0.087 s, and the mean over both runs 0.058
-    assert calibrate(sync, cpu_run, prof, warmup=1).trainer_s > 0.05
+    assert got.trainer_s_overlapped == pytest.approx(0.03, abs=1e-9)
+    assert calibrate(sync, cpu_run, prof, warmup=1).trainer_s_overlapped > 0.06  # by the other run's profile: 0.087
 
 
 @pytest.mark.parametrize("kind", ["demo", "hf"])
