@@ -171,13 +171,17 @@ class Overheads:
     trainer_s: float = 0.0  # trainer CPU per iteration beyond the profile's training cost: scoring, publishing
     rollout_s_per_unit: float = 0.0  # rollout CPU per unit and iteration beyond decoding: the weights, the samples
     weight_sync_s: float = 0.0  # training end → next generation: the controller's hops, dispatch
-    # `trainer_s` when samples arrive while the trainer trains (stream, async); None: `trainer_s`
+    # `trainer_s` when samples arrive all the while the trainer trains (async); None: `trainer_s`
     trainer_s_overlapped: float | None = None
 
     def for_mode(self, mode: str) -> Overheads:
-        """The overheads of a job in pipeline `mode`, `trainer_s` its own."""
+        """The overheads of a job in pipeline `mode`, `trainer_s` its own: sync's (the samples are in before it
+        trains), async's (the next iteration's arrive all the while), or for stream, whose samples arrive while
+        it trains the part of the iteration that overlaps generation, the mean of both."""
         if mode == "sync" or self.trainer_s_overlapped is None:
             return self
+        if mode == "stream":
+            return replace(self, trainer_s=(self.trainer_s + self.trainer_s_overlapped) / 2)
         return replace(self, trainer_s=self.trainer_s_overlapped)
 
 
@@ -226,15 +230,16 @@ def cpu_overheads(
     profile. `trainer_s` (scoring, unpacking, publishing): its main thread's, the loop that trains (its other
     threads, reading the controller's messages and serving the weights to every unit, run beside it), on
     `units_run` (sync: the samples are in before it trains); `trainer_s_overlapped` on `cpu_run` (async: they
-    arrive while it trains, and it takes them in between micro-batches). The two differ by 2–3× for the demo
-    job: 0.015 / 0.020 s on the sync calibration runs of two benchmarks against 0.042 / 0.043 s on the async
-    ones, and its evaluated runs measured 0.015–0.030 s in sync against 0.035–0.061 s in stream and async;
-    their mean priced every async case short. `rollout_s_per_unit` (fetching, hashing and loading the whole
-    weights every iteration, receiving and sending the samples), on `units_run` (sync: a unit does nothing
-    beside its share), all of it per unit and iteration. Split into per unit and per sample from two runs with 1
-    and 2 units per iteration, it was the difference of two runs' residuals against the decode model on
-    different prompts: 0.07–0.16 s per unit for the demo job (the weight fetch takes 5–12 ms), which priced
-    every run with 2–3 units too slow."""
+    arrive while it trains, and it takes them in between micro-batches); stream jobs take their mean
+    (`Overheads.for_mode`). The two differ by 2–3× for the demo job: 0.015 / 0.020 s on the sync
+    calibration runs of two benchmarks against 0.042 / 0.043 s on the async ones, and its evaluated runs
+    measured 0.015–0.030 s in sync against 0.035–0.061 s in async; the mean for every mode priced every
+    async case short, and its excess over the sync run's own figure came off the hops fitted on that run.
+    `rollout_s_per_unit` (fetching, hashing and loading the whole weights every iteration, receiving and
+    sending the samples), on `units_run` (sync: a unit does nothing beside its share), all of it per unit and
+    iteration. Split into per unit and per sample from two runs with 1 and 2 units per iteration, it was the
+    difference of two runs' residuals against the decode model on different prompts: 0.07–0.16 s per unit for
+    the demo job (the weight fetch takes 5–12 ms), which priced every run with 2–3 units too slow."""
     units_rep = replay(units_run, units_prof)
     trainer_s = _trainer_extra_s(units_run, units_rep, warmup=warmup)
     overlapped = (

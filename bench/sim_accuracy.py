@@ -22,8 +22,9 @@ not the length model. The overheads it does not price (the trainer's CPU beyond 
 the units' CPU beyond decoding, the hops between agents) are calibrated per job on separate runs with
 other seeds and prompts (a sync run with 2 units: the trainer's CPU for sync jobs, the units' CPU per unit
 and iteration — each fetches and loads the whole weights — and the hops; an async run with 1 unit: the
-trainer's CPU for stream and async jobs, where samples arrive while it trains and it takes 2–3× as much;
---quick: the sync run for all of it), never on the evaluated runs; `mape_uncalibrated` leaves them out.
+trainer's CPU for async jobs, where samples arrive while it trains and it takes 2–3× as much; stream jobs
+take the mean of both; --quick: the sync run for all of it), never on the evaluated runs;
+`mape_uncalibrated` leaves them out.
 
 Each run (calibration or evaluated) is priced by a profile of its own minutes: the median of 5 probes
 right before it and 5 right after it (--quick: 1 before). This shared machine's speed moves by 10–20 %
@@ -376,7 +377,7 @@ def summary(r: dict[str, Any]) -> str:
     for kind, cal in r["calibration"].items():
         lines.append(
             f"calibration ({kind}: {'; '.join(cal['runs'])}): trainer_s {cal['trainer_s']:.3f} "
-            f"(stream, async: {cal['trainer_s_overlapped']:.3f}), "
+            f"(async: {cal['trainer_s_overlapped']:.3f}), "
             f"rollout_s_per_unit "
             f"{cal['rollout_s_per_unit']:.4f}, weight_sync_s {cal['weight_sync_s']:.3f}"
         )
