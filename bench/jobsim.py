@@ -177,12 +177,12 @@ class Overheads:
     def for_mode(self, mode: str) -> Overheads:
         """The overheads of a job in pipeline `mode`, `trainer_s` its own: sync's (the samples are in before it
         trains), async's (the next iteration's arrive all the while), or for stream, whose samples arrive while
-        it trains the part of the iteration that overlaps generation, the mean of both."""
-        if mode == "sync" or self.trainer_s_overlapped is None:
+        it trains the part of the iteration that overlaps generation, the mean of both. Resolved: applying it
+        again changes nothing."""
+        if self.trainer_s_overlapped is None:
             return self
-        if mode == "stream":
-            return replace(self, trainer_s=(self.trainer_s + self.trainer_s_overlapped) / 2)
-        return replace(self, trainer_s=self.trainer_s_overlapped)
+        own = {"sync": self.trainer_s, "stream": (self.trainer_s + self.trainer_s_overlapped) / 2}
+        return replace(self, trainer_s=own.get(mode, self.trainer_s_overlapped), trainer_s_overlapped=None)
 
 
 def predict_iteration_s(rep: Replay, job: JobFile, overheads: Overheads, *, warmup: int) -> tuple[float, list[float]]:

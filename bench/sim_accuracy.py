@@ -297,7 +297,7 @@ def _calibrate(kind: str, plan: Plan, first: MeasuredProfile, *, workdir: Path) 
             "runs": [f"{m}, {u} unit(s), other prompts" for m, u in plan.calibration],
             "agent_cpu_from": cpu.run.name,
             "trainer_s": round(o.trainer_s, 4),
-            "trainer_s_overlapped": round(o.trainer_s if o.trainer_s_overlapped is None else o.trainer_s_overlapped, 4),
+            "trainer_s_overlapped": round(o.for_mode("async").trainer_s, 4),
             "rollout_s_per_unit": round(o.rollout_s_per_unit, 4),
             "weight_sync_s": round(o.weight_sync_s, 4),
             "with_first_profile": {k: round(v, 6) for k, v in asdict(o_first).items()},

@@ -147,7 +147,7 @@ def test_replay_prices_each_unit_with_the_profile(tmp_path):
 
 
 def test_calibration_recovers_the_overheads_the_runs_had(tmp_path):
-    """The trainer's from both runs, the units' (per unit: each fetches and loads the weights every
+    """The trainer's from each run (by pipeline mode), the units' (per unit: each fetches and loads the weights every
     iteration) and the hops from the sync run, whose 2 units do nothing beside their shares."""
     prof = _profile()
     truth = Overheads(trainer_s=0.03, rollout_s_per_unit=0.012, weight_sync_s=0.02)
@@ -176,6 +176,7 @@ def test_the_trainers_overhead_is_calibrated_per_pipeline_kind(tmp_path):
     got = calibrate(sync, cpu_run, prof, warmup=1)
     assert (got.trainer_s, got.trainer_s_overlapped) == pytest.approx((0.02, 0.04))
     assert [got.for_mode(m).trainer_s for m in MODES] == pytest.approx([0.02, 0.03, 0.04])
+    assert all(got.for_mode(m).for_mode(m) == got.for_mode(m) for m in MODES)  # resolved once for all
     one = calibrate(sync, sync, prof, warmup=1)  # one run: its figure for every mode
     assert [one.for_mode(m).trainer_s for m in MODES] == pytest.approx([0.02, 0.02, 0.02])
     rep = replay(cpu_run, prof)
