@@ -26,7 +26,7 @@ import torch
 from rlctl.config.job import GrpoAlgorithm
 from rlctl.engines.base import GenRequest
 from rlctl.engines.embedded import GROUP_BARRIERS, EmbeddedEngine, GroupBarrier
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.grpo import GrpoLearner
 from rlctl.rl.samples import Sample
 

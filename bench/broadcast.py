@@ -34,7 +34,7 @@ from bench.broadcast_job import run_job
 from bench.netem import LabSpec, NetLab
 from bench.netem.bcast_agent import SECRET_ENV, AgentProcess, agent_argv
 from bench.netem.probe import measure_goodput
-from rlctl.transport.plan import Endpoint, plan_broadcast
+from rlctl.weights.plan import Endpoint, plan_broadcast
 
 DCS = {"dc-a": ["root", "a1"], "dc-b": ["b1", "b2", "b3"]}
 HOST_MBIT, INTER_DC_MBIT = 2000.0, 500.0

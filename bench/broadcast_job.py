@@ -111,9 +111,9 @@ def _prepare(job_file: Path, job_dir: Path) -> tuple[Any, Any, dict[str, Any], i
     import torch
 
     from rlctl.config import load_job
-    from rlctl.engines.model import TinyGPT, TinyGPTConfig
     from rlctl.launch.jobdir import JobDir
     from rlctl.launch.run import plan_counts, prepare, resolve_job
+    from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 
     job = load_job(job_file)
     spec = resolve_job(job)

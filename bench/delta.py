@@ -1,6 +1,6 @@
 """Lossless delta sync on real training steps, anchors on demand: bytes per update / full bf16 bytes.
 
-Model: `rlctl.engines.model.TinyGPT` (Llama-style) scaled up to ~17M parameters (~5M with --quick)
+Model: `rlctl.models.tinygpt.TinyGPT` (Llama-style) scaled up to ~17M parameters (~5M with --quick)
 so the codec works on buffers of realistic shape. Training: fp32 master weights with AdamW on a
 synthetic next-token objective (sequences that count up mod the vocabulary); after a short
 warm-up at lr 1e-3 (so Adam's moments are realistic), `steps` further steps per learning rate
@@ -34,10 +34,11 @@ from typing import Any
 
 import torch
 
-from rlctl.engines.model import TinyGPT, TinyGPTConfig
-from rlctl.transport import InprocTransport, chunks, delta
-from rlctl.transport.versions import HeldVersion, WeightSyncConfig
-from rlctl.transport.weights import WeightNode
+from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
+from rlctl.transport import InprocTransport
+from rlctl.weights import chunks, delta
+from rlctl.weights.node import WeightNode
+from rlctl.weights.versions import HeldVersion, WeightSyncConfig
 
 PARAMS_72B = 72.7e9
 LINK_72B_BITS_PER_S = 80e9

@@ -194,7 +194,7 @@ def _run_row(r: dict[str, Any]) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     from rlctl.config.job import DigitsTask
-    from rlctl.engines.hf import TinyGPTConfig
+    from rlctl.models.hf import TinyGPTConfig
     from rlctl.rl.sft import SftConfig
 
     runs = result["runs"]

@@ -31,7 +31,7 @@ import torch
 
 from rlctl.engines.base import GenRequest, GenResult
 from rlctl.engines.embedded import EmbeddedEngine
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.planner.dispatch import assign_balanced
 from rlctl.profiler.measure import measure_generation
 from rlctl.rl.ranker import LengthRanker, recall_at

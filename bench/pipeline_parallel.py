@@ -84,7 +84,7 @@ def summary(result: dict[str, Any]) -> str:
 
 
 def _params(spec: dict[str, int]) -> int:
-    from rlctl.engines.model import TinyGPT, TinyGPTConfig
+    from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 
     return sum(p.numel() for p in TinyGPT(_config(spec, TinyGPTConfig)).parameters())
 
@@ -100,7 +100,7 @@ def _config(spec: dict[str, int], cls: Any) -> Any:
 
 
 def _checkpoint(path: Path, spec: dict[str, int]) -> Path:
-    from rlctl.engines.model import TinyGPT, TinyGPTConfig
+    from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 
     torch.manual_seed(0)
     return TinyGPT(_config(spec, TinyGPTConfig)).save_pretrained(path)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from rlctl.errors import RlctlError
-from rlctl.modelcatalog import BUILTIN_MODELS
+from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.planner.costs import decode_cost
 from rlctl.planner.curves import live_context
 from rlctl.planner.dispatch import dispatch_skew, fixed_split, lpt_order

@@ -36,8 +36,8 @@ import torch
 
 from rlctl.errors import RlctlError
 from rlctl.transport import make_transport
-from rlctl.transport.versions import WeightSyncConfig
-from rlctl.transport.weights import WeightNode
+from rlctl.weights.node import WeightNode
+from rlctl.weights.versions import WeightSyncConfig
 
 SECRET_ENV = "RLCTL_JOB_SECRET"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from rlctl.engines.model import TinyGPT, TinyGPTConfig
+from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>"]
 LETTERS = "abcdefghijklmnopqrstuvwxyz"

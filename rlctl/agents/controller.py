@@ -39,13 +39,13 @@ from rlctl.agents import common
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import TO_CONTROLLER, Heartbeat, Hello, SampleDone, Trained, make, parse, recv_checked
-from rlctl.agents.resume import cut_metrics, load_controller, save_controller
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
+from rlctl.checkpoint.choose import resume_version
+from rlctl.checkpoint.controller import cut_metrics, load_controller, save_controller
 from rlctl.config.job import JobFile
 from rlctl.errors import TransportError
-from rlctl.launch.agentenv import resume_version
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
 from rlctl.rl.ranker import LengthRanker, recall_at

@@ -19,7 +19,7 @@ the group (the same bytes on every rank); rank 0 checkpoints them.
                                                            (optimizer, RNG); the other replicas hold the same
                             ◀──────── gather: on disk ──── ─▶ rank 0 writes the HF policy, seals the manifest
     `launch --resume`: every rank restores the HF policy (its shard) and the shard of its (tp, pp) position,
-                       at the same split (`rlctl.agents.trainstate`)
+                       at the same split (`rlctl.checkpoint.trainer`)
 
 The policy is held by the job's trainer backend (`rlctl.trainers`: `torch` or `megatron`); the learner trains
 its module, and what is published and checkpointed is the backend's HF-layout weights.
@@ -44,11 +44,12 @@ from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.listen import host_of, listen_host, store_listener
 from rlctl.agents.messages import Delivered, Heartbeat, Hello, Trained, make
 from rlctl.agents.staleness import StalenessBound
-from rlctl.agents.trainstate import load_trainer, save_shard, save_trainer
 from rlctl.agents.weights import Target, WeightPublisher
+from rlctl.checkpoint.choose import resume_version
+from rlctl.checkpoint.trainer import load_trainer, save_shard, save_trainer
 from rlctl.config.job import JobFile
 from rlctl.errors import ConfigError
-from rlctl.launch.agentenv import ParallelConfig, parallel_from_env, resume_version
+from rlctl.launch.agentenv import ParallelConfig, parallel_from_env
 from rlctl.launch.jobref import resume_command
 from rlctl.rl.learner import make_learner
 from rlctl.rl.samples import Sample

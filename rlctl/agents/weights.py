@@ -1,10 +1,10 @@
 """The weight plane seam: how a trainer's new policy version reaches rollout agents, along the
 broadcast plan (StreamRL §6 "Weights transmission").
 
-Every trainer rank holds the versions it publishes in a `rlctl.transport.weights.WeightNode` (chunked,
+Every trainer rank holds the versions it publishes in a `rlctl.weights.node.WeightNode` (chunked,
 checksummed, full or delta payloads per the job's `weight_sync`) and is a root of the broadcast; every
 rollout unit holds one too and serves the versions it has to the units below it. For each version,
-rank 0 plans the tree (`rlctl.transport.plan.plan_broadcast`) over the live units and their
+rank 0 plans the tree (`rlctl.weights.plan.plan_broadcast`) over the live units and their
 datacenters, and tells each unit whom to pull from: its planned parent first, then its fallbacks.
 
     trainer step v ─▶ WeightPublisher.publish(v, sd) ─queue─▶ publisher thread: node.publish(v, sd)
@@ -33,7 +33,7 @@ Every root holds the whole version, so any root can stand in for a lost parent. 
 per root would not fit: a version is one flat buffer under one xxh3, one manifest and one delta base,
 and `weights_available` names holders of all of it; a unit would need one node (or part id) per root,
 a holder list per part, and the same version for every part (`newer_ok` could mix them). What the ranks
-split is the delta *encoding*, the costly part of publishing (rlctl.transport.delta_parts):
+split is the delta *encoding*, the costly part of publishing (rlctl.weights.delta_parts):
 
     rank r: encode_part(prev, new, r of P) ─all-gather over the trainer's weights group─▶ every frame
             assemble(frames) ─▶ the same delta payload on every root ─▶ node.publish(v, sd, encode=…)
@@ -60,11 +60,12 @@ import torch.distributed as dist
 from rlctl.agents.messages import make
 from rlctl.config.job import WeightSync
 from rlctl.errors import PlanError, TransportError
-from rlctl.transport import Connection, Message, Transport, chunks, delta
-from rlctl.transport.delta_parts import assemble, encode_part, part_range
-from rlctl.transport.plan import BroadcastPlan, Endpoint, plan_broadcast
-from rlctl.transport.versions import WeightSyncConfig
-from rlctl.transport.weights import WeightNode
+from rlctl.transport import Connection, Message, Transport
+from rlctl.weights import chunks, delta
+from rlctl.weights.delta_parts import assemble, encode_part, part_range
+from rlctl.weights.node import WeightNode
+from rlctl.weights.plan import BroadcastPlan, Endpoint, plan_broadcast
+from rlctl.weights.versions import WeightSyncConfig
 
 log = logging.getLogger(__name__)
 

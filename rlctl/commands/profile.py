@@ -12,7 +12,7 @@ import yaml
 
 from rlctl.config import load_job
 from rlctl.errors import UsageError
-from rlctl.modelcatalog import BUILTIN_MODELS
+from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.profiler.build import build_profile, request_from_job, request_from_options
 from rlctl.profiler.profile import save_profile
 from rlctl.textutil import one_of

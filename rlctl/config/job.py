@@ -24,7 +24,7 @@ from rlctl.config.base import NAME_RE, Strict, check_header, read_yaml, register
 from rlctl.config.inventory import Inventory, load_inventory
 from rlctl.config.tracking import Tracking
 from rlctl.errors import ConfigError
-from rlctl.modelcatalog import BUILTIN_MODELS, ModelArch
+from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
 from rlctl.textutil import did_you_mean, one_of
 
 Fraction = Annotated[float, Field(gt=0, lt=1)]
@@ -71,7 +71,7 @@ class ArchModel(Strict):
 class HfModel(Strict):
     """A local Hugging Face checkpoint directory (Qwen2 or Llama architecture): config.json, safetensors
     (single or sharded), tokenizer files. `path` is relative to the job file; `load_job` checks the
-    directory (rlctl.engines.hf.check_hf_dir) and the planner's figures come from its config.json."""
+    directory (rlctl.models.hf.check_hf_dir) and the planner's figures come from its config.json."""
 
     kind: Literal["hf"]
     path: str
@@ -79,7 +79,7 @@ class HfModel(Strict):
 
     @property
     def arch(self) -> ModelArch:
-        from rlctl.engines.hf import check_hf_dir
+        from rlctl.models.hf import check_hf_dir
 
         return check_hf_dir(self.path, name=self.name).arch
 
@@ -408,7 +408,7 @@ def load_job(path: Path) -> Job:
             )
     inventory = load_inventory(inv_paths)
     if isinstance(spec.model, HfModel):  # resolve against the job file, check it once, here
-        from rlctl.engines.hf import check_hf_dir
+        from rlctl.models.hf import check_hf_dir
 
         model_dir = Path(os.path.normpath(path.parent / os.path.expanduser(spec.model.path)))
         try:

@@ -44,7 +44,7 @@ from typing import Any, Literal
 import torch
 
 from rlctl.engines.base import GenerationEngine, GenRequest, GenResult, check_requests
-from rlctl.engines.model import KVCache, TinyGPT
+from rlctl.models.tinygpt import KVCache, TinyGPT
 
 _M32 = 0xFFFFFFFF
 GroupBarrier = Literal["auto", "always", "never"]

@@ -9,13 +9,7 @@
     OMP/MKL_NUM_THREADS   threads_for(job, role)  ─▶   torch.set_num_threads, from the job as well
     RLCTL_RESUME_VERSION  `launch --resume`: the    ─▶  controller and trainer restore exactly that
                           checkpoint it picked           checkpoint (0: none was ever complete: start over)
-                          (choose_resume, below)
-
-Which checkpoint a resume uses (the launcher decides once, reading each part on its own site):
-
-    latest.json ─▶ v ≤ that ─▶ newest first: both parts' manifests verify, trainer's digest = the one the
-    (damaged: no bound)        controller's part names?  yes ─▶ use it   no ─▶ log why, try the next older
-    none verifies ─▶ RlctlError (one line); no pointer and no checkpoint at all ─▶ 0 (nothing to lose)
+                          (rlctl.checkpoint.choose)
 
 This module is the contract: both sides import it, neither imports the other.
 """
@@ -24,142 +18,19 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlctl.config.job import JobFile
-from rlctl.errors import RlctlError
 
 if TYPE_CHECKING:
-    from rlctl.launch.sitefs import HostFiles
+    pass
 
 ENV_SITE = "RLCTL_SITE"
 ENV_LISTEN_HOST = "RLCTL_LISTEN_HOST"
 ENV_PARALLEL = "RLCTL_PARALLEL"
 ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
 ENV_RESUME = "RLCTL_RESUME_VERSION"
-LATEST_POINTER = "latest.json"  # in the job's checkpoints/: {"version": N}, moved by the controller
-
-
-CHECKPOINT_PARTS = ("trainer", "controller")  # who writes each part of `checkpoints/iter-N/`, on its own site
-
-
-def manifest_name(part: str) -> str:
-    return f"MANIFEST.{part}.json"
-
-
-def parse_latest(text: str) -> int:
-    """The version a `latest.json` pointer names. ValueError for one that does not parse: it is replaced
-    atomically, so that is a damaged file — never read as "no checkpoint" (that would start the job over)."""
-    try:
-        version = json.loads(text)["version"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"not a checkpoint pointer: {text[:40]!r}") from e
-    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-        raise ValueError(f"not a checkpoint version: {version!r}")
-    return version
-
-
-def checkpoint_versions(job: JobFile) -> list[int]:
-    """Every version the trainer checkpoints (each `checkpoint.every_iterations`, and the last), newest first."""
-    every = job.checkpoint.every_iterations
-    return sorted({job.iterations, *(range(every, job.iterations + 1, every) if every else ())}, reverse=True)
-
-
-def verified_manifest(
-    files: HostFiles, ckpt: str, part: str, *, only: Callable[[str], bool] | None = None
-) -> dict[str, Any]:
-    """The manifest of one part of checkpoint directory `ckpt` (as `files` sees it) when every file it lists is
-    there with its size and SHA-256 (`only`: the listed files it accepts, by path relative to `ckpt`), plus
-    "digest": the manifest's own SHA-256. ValueError saying what is wrong."""
-    name = manifest_name(part)
-    text = files.read_text(f"{ckpt}/{name}")
-    if text is None:
-        raise ValueError(f"no {name}")
-    try:
-        body = json.loads(text)
-        want = {str(rel): (int(w["bytes"]), str(w["sha256"])) for rel, w in body["files"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{name} does not parse ({type(e).__name__}: {e})") from e
-    if only is not None:
-        want = {rel: w for rel, w in want.items() if only(rel)}
-    have = files.states(ckpt, [*want, name])
-    for rel, (size, sha) in sorted(want.items()):
-        got = have.get(rel)
-        if got is None:
-            raise ValueError(f"{rel} is missing")
-        if got.size != size:
-            raise ValueError(f"{rel} does not match {name}: {got.size} bytes, {size} listed")
-        if got.sha256 != sha:
-            raise ValueError(f"{rel} does not match {name}: SHA-256 {got.sha256[:12]}…, {sha[:12]}… listed")
-    body["digest"] = have[name].sha256
-    return dict(body)
-
-
-def split_problem(manifest: dict[str, Any], trainer: ParallelConfig) -> str | None:
-    """Why a trainer split as `trainer` (tp × pp × dp) cannot load the trainer part whose manifest this is, or
-    None: each of its ranks restores the shard of its (tp, pp) position, which data-parallel replica 0 wrote at
-    the part's split (`ParallelConfig.first_replica_ranks`), so the split must be the same."""
-    split = manifest.get("split")
-    if not isinstance(split, dict) or "ranks" not in manifest:
-        return "written before checkpoints kept every trainer rank's state (no split in MANIFEST.trainer.json)"
-    have = tuple(int(split.get(k, 0)) for k in ("tp", "pp", "dp"))
-    if have == (trainer.tp, trainer.pp, trainer.dp):
-        return None
-    return (
-        f"written by a trainer at tp {have[0]} pp {have[1]} dp {have[2]}, which this trainer "
-        f"(tp {trainer.tp} pp {trainer.pp} dp {trainer.dp}) cannot load: each rank restores the shard of its (tp, pp) "
-        "position at that split"
-    )
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    version: int  # 0: the job never completed a checkpoint (it starts over)
-    pointer: str  # what latest.json said, for the log
-    skipped: tuple[tuple[int, str], ...] = ()  # newer checkpoints not used, and why
-
-
-def choose_resume(pointer: str | None, versions: Iterable[int], problem: Callable[[int], str | None]) -> ResumePoint:
-    """The checkpoint a resume continues from: the newest of `versions` (checkpoints on disk) no newer than the
-    one `latest.json` names (its text; None: no pointer) for which `problem(v)` finds nothing wrong, trying
-    older ones in turn. A damaged pointer bounds nothing: every checkpoint is tried. RlctlError when there are
-    checkpoints, or a pointer, but none verifies: resuming must never silently start the job over."""
-    named: int | None = None
-    if pointer is None:
-        said = "no latest.json"
-    else:
-        try:
-            named = parse_latest(pointer)
-            said = f"latest.json names v{named}"
-        except ValueError as e:
-            said = f"latest.json is damaged ({e})"
-    skipped: list[tuple[int, str]] = []
-    for v in sorted({*versions, *([named] if named else [])}, reverse=True):
-        if named is not None and v > named:
-            skipped.append((v, f"newer than latest.json (v{named}): its other part may be missing"))
-            continue
-        why = problem(v)
-        if why is None:
-            return ResumePoint(v, said, tuple(skipped))
-        skipped.append((v, why))
-    if not skipped and (pointer is None or named == 0):
-        return ResumePoint(0, said)
-    tried = "; ".join(f"v{v}: {why}" for v, why in skipped[:3]) or "no checkpoint on disk"
-    more = f"; {len(skipped) - 3} more" if len(skipped) > 3 else ""
-    raise RlctlError(
-        f"no complete checkpoint to resume from ({said}; {tried}{more})",
-        hint="`rlctl launch JOB.yaml` starts the job over in a new directory",
-    )
-
-
-def resume_version() -> int | None:
-    """The checkpoint version this agent continues from (`launch --resume`), or None for a fresh start."""
-    value = os.environ.get(ENV_RESUME)
-    return int(value) if value else None
-
-
 BASE_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 

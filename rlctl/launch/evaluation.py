@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.config.job import DigitsTask, JobFile
-from rlctl.engines.hf import CONFIG_FILE
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import read_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import site_root
+from rlctl.models.hf import CONFIG_FILE
 
 log = logging.getLogger(__name__)
 

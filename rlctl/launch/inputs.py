@@ -74,7 +74,7 @@ def _starting_policy(jobdir: JobDir, spec: JobFile) -> None:
             f"with task {spec.task.kind!r}",
             hint="use model kind 'hf' (a local Hugging Face checkpoint) for a dataset task",
         )
-    from rlctl.engines.model import TinyGPT
+    from rlctl.models.tinygpt import TinyGPT
     from rlctl.rl import sft
     from rlctl.rl.tasks import DigitsTask as Digits
 

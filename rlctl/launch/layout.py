@@ -14,7 +14,7 @@ The controller uses no GPU. A unit added later by `scale` gets its slice from th
 every recorded agent's slice claimed first (`rlctl.launch.spawn.Spawner`).
 
 Checkpoints: the trainer ranks of data-parallel replica 0 write their shards into the job dir they see and
-rank 0 seals what it sees there (`rlctl.agents.trainstate`); on resume every rank reads its shard there. On an
+rank 0 seals what it sees there (`rlctl.checkpoint.trainer`); on resume every rank reads its shard there. On an
 SSH site whose hosts share no work root, those ranks must share rank 0's host (`unshared_trainer`).
 """
 

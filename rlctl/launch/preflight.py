@@ -22,17 +22,17 @@ from typing import Any
 
 from rlctl.config.job import DatasetTask, DigitsTask, Job
 from rlctl.engines.factory import vllm_available
-from rlctl.engines.hf import CONFIG_FILE, TinyGPTConfig, read_config
 from rlctl.errors import ConfigError, LaunchError, PlanError
 from rlctl.launch.layout import checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.sitefs import is_remote
+from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig, read_config
 from rlctl.rl.dataset import check_task
 from rlctl.rl.tasks import MAX_DIGITS
 from rlctl.rl.tasks import DigitsTask as Digits
 from rlctl.tracking import check_tracking
 from rlctl.trainers.base import megatron_available
 
-RUNNABLE_BUILTIN = "tiny-demo"  # the one built-in model with weights (rlctl.engines.model.TinyGPT)
+RUNNABLE_BUILTIN = "tiny-demo"  # the one built-in model with weights (rlctl.models.tinygpt.TinyGPT)
 # why a trainer backend does not run a split the planner chose (tp or pp > 1) when the job did not ask for one:
 # torch is data parallel only; megatron splits only as trainer.tensor_parallel / pipeline_parallel say
 # (`_trainer_split`)

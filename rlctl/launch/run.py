@@ -33,13 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlctl.config.inventory import Site
-from rlctl.config.job import Job, JobFile, Pipeline
-from rlctl.errors import ConfigError, LaunchError, PlanError, TransportError, UsageError
-from rlctl.launch.agentenv import (
-    ENV_RESUME,
+from rlctl.checkpoint.choose import (
     LATEST_POINTER,
-    ParallelConfig,
     ResumePoint,
     checkpoint_versions,
     choose_resume,
@@ -47,6 +42,10 @@ from rlctl.launch.agentenv import (
     split_problem,
     verified_manifest,
 )
+from rlctl.config.inventory import Site
+from rlctl.config.job import Job, JobFile, Pipeline
+from rlctl.errors import ConfigError, LaunchError, PlanError, TransportError, UsageError
+from rlctl.launch.agentenv import ENV_RESUME, ParallelConfig
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, record_agent, stop_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.inputs import copy_inputs, resolve_inputs
@@ -487,7 +486,7 @@ def pick_checkpoint(
     *,
     split: ParallelConfig | None = None,
 ) -> ResumePoint:
-    """The checkpoint a resume continues from (agentenv.choose_resume), each part read through its own site's
+    """The checkpoint a resume continues from (choose_resume), each part read through its own site's
     view of that site's job dir: the controller's part and `latest.json` on the controller's site, the
     trainer's part on the trainer's; the trainer part must be the one the controller part names (its
     manifest's SHA-256). `versions`: the job's checkpoint versions; those whose controller manifest exists

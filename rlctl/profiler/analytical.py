@@ -15,7 +15,7 @@ out (≈5 % at 8K for 7B).
 from __future__ import annotations
 
 from rlctl.hardware import GpuSpec
-from rlctl.modelcatalog import ModelArch
+from rlctl.models.catalog import ModelArch
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
 from rlctl.profiler.traincost import TrainingPasses, flops_per_token, trained_models
 

@@ -29,7 +29,7 @@ from rlctl.config.base import check_header, read_yaml, validate
 from rlctl.config.inventory import InventoryFile
 from rlctl.config.job import Batch, BuiltinModel, GrpoAlgorithm, HfModel, Job, PpoAlgorithm
 from rlctl.errors import ConfigError, UsageError
-from rlctl.modelcatalog import BUILTIN_MODELS, ModelArch
+from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
 from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entry
 from rlctl.profiler.probe import ProbeSpec, check_engines, check_trainer, measure_here
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
@@ -91,7 +91,7 @@ def request_from_options(
     if model in BUILTIN_MODELS:
         arch, name, checkpoint = BUILTIN_MODELS[model], model, None
     elif Path(model).is_dir():
-        from rlctl.engines.hf import check_hf_dir
+        from rlctl.models.hf import check_hf_dir
 
         checkpoint = Path(model).resolve()
         arch, name = check_hf_dir(checkpoint).arch, None

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlctl.errors import RlctlError, UsageError
-from rlctl.modelcatalog import ModelArch
+from rlctl.models.catalog import ModelArch
 from rlctl.profiler.profile import GenerationEntry
 
 
@@ -126,7 +126,7 @@ def embedded_engine_factory(model: ModelArch) -> Callable[[int], Engine]:
     """Engines of the embedded CPU engine running the built-in tiny model (random weights: speed only)."""
     require_embedded_model(model)
     try:
-        net = importlib.import_module("rlctl.engines.model").TinyGPT()
+        net = importlib.import_module("rlctl.models.tinygpt").TinyGPT()
     except ImportError as e:
         raise RlctlError(
             f"--source measured on a local site needs the embedded engine (rlctl.engines.embedded): {e}",

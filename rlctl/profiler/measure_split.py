@@ -168,7 +168,7 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
     import torch
     import torch.distributed as dist
 
-    from rlctl.engines.hf import read_config
+    from rlctl.models.hf import read_config
     from rlctl.profiler.measure_train import synthetic_samples
     from rlctl.rl.learner import StreamingLearner, make_learner
     from rlctl.rl.samples import Sample

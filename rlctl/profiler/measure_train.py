@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch import nn
 
 from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
-from rlctl.engines.hf import TinyGPTConfig, read_config
-from rlctl.engines.model import TinyGPT
+from rlctl.models.hf import TinyGPTConfig, read_config
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.learner import make_learner
 from rlctl.rl.samples import Sample
 from rlctl.trainers.base import TrainerBackend, load_backend

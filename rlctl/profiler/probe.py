@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
 from rlctl.engines.factory import VLLM_INSTALL_HINT, vllm_available
 from rlctl.errors import RlctlError, UsageError
-from rlctl.modelcatalog import BUILTIN_MODELS
+from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.profiler.measure import (
     LOCAL_BATCHES,
     LOCAL_CONTEXTS,
@@ -118,7 +118,7 @@ def check_trainer(spec: ProbeSpec, *, here: bool = True) -> None:
     if spec.split is None:
         return
     tp, pp = spec.split
-    from rlctl.engines.hf import TinyGPTConfig, read_config
+    from rlctl.models.hf import TinyGPTConfig, read_config
     from rlctl.trainers.megatron.names import check_split
 
     try:

@@ -37,7 +37,7 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_
 
 from rlctl.config.base import API_VERSION, Strict, check_header, read_yaml, validate
 from rlctl.errors import ConfigError
-from rlctl.modelcatalog import ModelArch
+from rlctl.models.catalog import ModelArch
 from rlctl.profiler.traincost import TrainingPasses
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from rlctl.engines.base import GenRequest
 from rlctl.engines.embedded import EmbeddedEngine
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.sft import one_thread
 from rlctl.rl.tasks import DigitsTask, Prompt
 

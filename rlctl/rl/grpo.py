@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from rlctl.config.job import GrpoAlgorithm
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.samples import Sample, TokenBatch, fill_ref_logprobs, make_batch, micro_batches, token_logprobs
 
 

@@ -16,12 +16,12 @@ tp × pp group hold shards of one replica, so they share a data-parallel rank an
 same order (the model's forward and backward are collectives over the group); gradients and figures are
 summed over the data-parallel group only, and the backend clips by the norm over every shard. Every replica
 then takes the same AdamW step from the same summed gradient, so the ranks at one (tp, pp) position hold the
-same parameters and optimizer state bit for bit: a checkpoint keeps replica 0's (`rlctl.agents.trainstate`).
+same parameters and optimizer state bit for bit: a checkpoint keeps replica 0's (`rlctl.checkpoint.trainer`).
 
     rank 0 ─broadcast micro-batch─▶ every rank: slice [dp_rank::dp_size] ─▶ forward/backward (tp collectives)
     rank 0 ─broadcast ("step", tokens)─▶ every rank: all-reduce over dp ─▶ ÷ tokens ─▶ clip ─▶ AdamW
     rank 0 ─broadcast ("checkpoint", v)─▶ every rank: `on_checkpoint(v)` (replica 0's ranks write their shard
-                                          of checkpoint v, `rlctl.agents.trainstate`)
+                                          of checkpoint v, `rlctl.checkpoint.trainer`)
     rank 0 ─broadcast ("stop", 0)─▶ every rank returns from `follow`
 
 PPO (`PpoBatchLearner`) follows the same protocol with the whole batch at the step (its GAE needs all of it);
@@ -213,7 +213,7 @@ class StreamingLearner:
             dist.broadcast_object_list(box, src=0)
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """What each rank's shard of a checkpoint saves besides the policy (`rlctl.agents.trainstate`)."""
+        """What each rank's shard of a checkpoint saves besides the policy (`rlctl.checkpoint.trainer`)."""
         return {"policy": self.opt}
 
     def modules(self) -> dict[str, torch.nn.Module]:

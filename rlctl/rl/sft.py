@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rlctl.engines.model import TinyGPT, TinyGPTConfig, load_state_dict
+from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig, load_state_dict
 from rlctl.rl.tasks import EOS, PAD, DigitsTask, Prompt, encode
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # torch only where a backend is built: preflight imports this
     import torch
     from torch import nn
 
-    from rlctl.engines.hf import TinyGPTConfig
+    from rlctl.models.hf import TinyGPTConfig
 
 MEGATRON_INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1; `make unit` installs it)"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers.base import TrainerBackend
 
 

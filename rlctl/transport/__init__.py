@@ -1,4 +1,5 @@
-"""Tensor RPC (tcp, ucx, inproc), weight broadcast and delta sync for rlctl.
+"""Tensor RPC (tcp, ucx, inproc) for rlctl: messages of a typed header and raw tensors (the weight plane,
+rlctl.weights, runs over it).
 
     from rlctl.transport import Message, make_transport
     t = make_transport("tcp", secret=job_secret)

@@ -9,7 +9,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 
 P = [0.1, 0.2, 0.3, 0.4]  # the policy's probability of tokens 0..3, at every position
 

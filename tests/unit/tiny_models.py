@@ -1,6 +1,6 @@
 """Small TinyGPT configurations for unit tests: thousands of parameters, fast on one thread."""
 
-from rlctl.engines.model import TinyGPTConfig
+from rlctl.models.tinygpt import TinyGPTConfig
 
 
 def small_config(*, hidden: int = 32, layers: int = 1, heads: int = 2, positions: int = 32) -> TinyGPTConfig:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 def write_model(directory: Path, *, hidden: int, layers: int, vocab: int, positions: int) -> int:
     """A random TinyGPT checkpoint (head size 32); its parameter count."""
-    from rlctl.engines.model import TinyGPT, TinyGPTConfig, param_count
+    from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig, param_count
 
     config = TinyGPTConfig(
         vocab_size=vocab,
@@ -59,7 +59,7 @@ def report(args: argparse.Namespace, tmp: Path) -> None:
     import torch
 
     from rlctl.engines.embedded import EmbeddedEngine
-    from rlctl.engines.model import TinyGPT
+    from rlctl.models.tinygpt import TinyGPT
     from rlctl.profiler.measure import measure_generation, start_vllm_for_profile, vllm_engine_factory
 
     torch.set_num_threads(1)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from rlctl.engines.base import GenRequest, GenResult
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 from tests.unit.hf_checkpoints import write_checkpoint
 
 VARIANT = "qwen2-tied-hd32"

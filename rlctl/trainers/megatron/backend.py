@@ -25,7 +25,7 @@ What runs on CPU (megatron-core 0.16.1, torch 2.13 CPU, gloo; `cpu.py` is the sh
     gather, so rank 0's checkpoint needs no collective the other ranks are not in); each rank of
     data-parallel replica 0 checkpoints its own optimizer shard beside it (the other replicas hold the same),
     and a resumed rank loads the HF weights as at the start (its shard) and then the optimizer shard of its
-    (tp, pp) position (`rlctl.agents.trainstate`).
+    (tp, pp) position (`rlctl.checkpoint.trainer`).
   - pp > 1 in a job (`trainer.pipeline_parallel`; pp 2 and tp 2 × pp 2 are tested:
     tests/unit/trainers/test_megatron_pp.py and the job test): each rank builds its stage of the GPTModel and
     `pipeline.py` chains the stages inside `model(tokens)`, the cut's rows in chunks that overlap across the
@@ -51,8 +51,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rlctl.engines import hf
-from rlctl.engines.hf import expected_shapes
+from rlctl.models import hf
+from rlctl.models.hf import expected_shapes
 from rlctl.trainers.base import DataParallel, TrainerBackend, clip_whole
 from rlctl.trainers.megatron import names
 from rlctl.trainers.megatron.model import MegatronPolicy, MegatronTrunk, StagedGPT, import_megatron, init_parallel

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlctl.engines.hf import TinyGPTConfig
+from rlctl.models.hf import TinyGPTConfig
 from rlctl.trainers.megatron import cpu, names, pipeline
 
 INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1)"

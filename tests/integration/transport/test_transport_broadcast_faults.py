@@ -13,10 +13,11 @@ import torch
 
 from bench.netem.bcast_agent import SECRET_ENV, AgentProcess, agent_argv, synthetic_weights
 from bench.netem.lab import REPO_ROOT
-from rlctl.transport import Message, TcpTransport, chunks
-from rlctl.transport.plan import Endpoint, plan_broadcast
-from rlctl.transport.versions import HeldVersion, WeightSyncConfig, full_payload
-from rlctl.transport.weights import WeightNode
+from rlctl.transport import Message, TcpTransport
+from rlctl.weights import chunks
+from rlctl.weights.node import WeightNode
+from rlctl.weights.plan import Endpoint, plan_broadcast
+from rlctl.weights.versions import HeldVersion, WeightSyncConfig, full_payload
 
 SECRET = b"broadcast-test-secret"
 CFG = WeightSyncConfig(chunk_bytes=64 << 10, bucket_bytes=128 << 10, chunk_timeout_s=10, max_chunk_retries=2)

@@ -13,7 +13,7 @@ import pytest
 from bench.netem import LabSpec, NetLab
 from bench.netem.bcast_agent import SECRET_ENV, AgentProcess, agent_argv
 from bench.netem.lab import PREFIX, STATE_DIR, cleanup_stale
-from rlctl.transport.plan import Endpoint, plan_broadcast
+from rlctl.weights.plan import Endpoint, plan_broadcast
 
 pytestmark = [
     pytest.mark.integration,

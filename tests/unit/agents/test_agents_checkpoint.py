@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from rlctl.agents.checkpoint import latest_complete, manifest_path, read_manifest, set_latest, write_part
-from rlctl.agents.trainstate import CheckpointError, load_trainer, optimizer_digest, save_trainer
-from rlctl.engines.model import TinyGPT
+from rlctl.checkpoint.files import latest_complete, manifest_path, read_manifest, set_latest, write_part
+from rlctl.checkpoint.trainer import CheckpointError, load_trainer, optimizer_digest, save_trainer
 from rlctl.launch.agentenv import ParallelConfig
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers.base import DataParallel
 from tests.unit.tiny_models import small_config
 
@@ -75,7 +75,7 @@ def test_latest_complete_skips_a_newest_checkpoint_whose_manifest_is_bad(tmp_pat
     body = json.loads(manifest_path(tmp_path / "iter-4", "trainer").read_text())
     body["files"]["trainer/state.json"]["sha256"] = "0" * 64  # a manifest whose checksum does not match
     manifest_path(tmp_path / "iter-4", "trainer").write_text(json.dumps(body))
-    with caplog.at_level("INFO", logger="rlctl.agents.checkpoint"):
+    with caplog.at_level("INFO", logger="rlctl.checkpoint.files"):
         assert latest_complete(tmp_path) == 2
     said = [r.getMessage() for r in caplog.records]
     assert any("checkpoint v4 not used: trainer part: trainer/state.json does not match" in m for m in said), said
@@ -167,4 +167,4 @@ def test_a_damaged_or_missing_rank_shard_and_another_split_are_refused_naming_th
     shard.unlink()
     with pytest.raises(CheckpointError, match=r"iter-1: rank 0's shard is not usable: ranks/rank-0.pt is missing"):
         load_trainer(ckpt, model=model, optimizers={"policy": opt}, split=ONE, data_parallel=ALONE)
-    assert read_manifest(ckpt, "trainer") is None  # nor does the launcher pick it (agentenv.verified_manifest)
+    assert read_manifest(ckpt, "trainer") is None  # nor does the launcher pick it (verified_manifest)

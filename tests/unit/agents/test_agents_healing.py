@@ -9,8 +9,8 @@ from typing import Any
 
 from rlctl.agents import scaling
 from rlctl.agents.core import ControllerCore, CoreConfig, PromptSpec
-from rlctl.agents.resume import load_controller, save_controller
 from rlctl.agents.scaling import Placement, Scaler
+from rlctl.checkpoint.controller import load_controller, save_controller
 from rlctl.config.inventory import Site
 from rlctl.config.job import Rebalance
 from rlctl.errors import LaunchError

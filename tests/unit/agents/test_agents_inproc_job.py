@@ -9,15 +9,15 @@ import urllib.request
 import pytest
 import torch
 
-from rlctl.agents.checkpoint import latest_complete
 from rlctl.agents.common import AgentContext
 from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.messages import Hello, make
 from rlctl.agents.rollout import RolloutAgent
 from rlctl.agents.trainer import TrainerAgent
+from rlctl.checkpoint.files import latest_complete
 from rlctl.config.job import JobFile
-from rlctl.engines.model import TinyGPT
 from rlctl.launch.jobdir import JobDir
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.transport import InprocTransport
 
 

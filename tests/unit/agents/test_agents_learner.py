@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlctl.config.job import GrpoAlgorithm
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.grpo import GrpoLearner
 from rlctl.rl.learner import StreamingLearner
 from rlctl.rl.samples import Sample, score

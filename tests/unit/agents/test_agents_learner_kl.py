@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from rlctl.config.job import GrpoAlgorithm
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.learner import StreamingLearner
 from rlctl.rl.samples import Sample, score
 from tests.unit.fixed_policy import behaviour, fixed

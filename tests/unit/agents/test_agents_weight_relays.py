@@ -12,7 +12,7 @@ import torch
 from rlctl.agents.weights import Target, WeightPublisher, natural_key, plan_version, weight_node
 from rlctl.config.job import WeightSync
 from rlctl.transport import Connection, InprocTransport, Listener, Transport
-from rlctl.transport.plan import BroadcastPlan
+from rlctl.weights.plan import BroadcastPlan
 
 ROOTS = ["tcp://t0:1"]
 

@@ -1,4 +1,4 @@
-"""Trainer ranks split the delta encoding of each version (rlctl.agents.weights, rlctl.transport.delta_parts):
+"""Trainer ranks split the delta encoding of each version (rlctl.agents.weights, rlctl.weights.delta_parts):
 two ranks in two processes over gloo each compress half of the stream, hold the same delta payload, and a
 unit fetching from either rebuilds and verifies every version through that delta."""
 
@@ -38,6 +38,6 @@ def test_two_ranks_split_the_delta_encoding(tmp_path: Path) -> None:
             "2": {"encoding": "delta", "equal": True},
             "3": {"encoding": "delta", "equal": True},
         }
-    # each rank compressed its own half of both deltas' streams (rlctl.transport.delta_parts.part_range)
+    # each rank compressed its own half of both deltas' streams (rlctl.weights.delta_parts.part_range)
     assert [g["encoded_bytes"] for g in got] == [2 * (total // 2), 2 * (total - total // 2)]
     assert got[0]["delta_xxh3"] == got[1]["delta_xxh3"] and None not in got[0]["delta_xxh3"].values()

@@ -5,7 +5,7 @@ import torch
 
 from rlctl.engines import ENGINES, EmbeddedEngine, GenRequest, VllmEngine
 from rlctl.engines.embedded import GroupBarrier
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.samples import token_logprobs
 from tests.unit.tiny_models import small_config
 

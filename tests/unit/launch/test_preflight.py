@@ -13,9 +13,9 @@ import yaml
 
 from rlctl.config import load_job
 from rlctl.config.job import Job
-from rlctl.engines.model import TinyGPT
 from rlctl.launch import run
 from rlctl.launch.preflight import Problem, problems
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.tasks import DigitsTask
 from tests.conftest import ROOT, run_cli
 from tests.unit.tiny_models import small_config

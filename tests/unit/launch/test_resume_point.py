@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from rlctl.agents.checkpoint import manifest_path, set_latest, write_part
+from rlctl.checkpoint.choose import checkpoint_versions, parse_latest
+from rlctl.checkpoint.files import manifest_path, set_latest, write_part
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError, RlctlError, UsageError
-from rlctl.launch.agentenv import ParallelConfig, checkpoint_versions, parse_latest
+from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.base import Resources
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent

@@ -235,7 +235,7 @@ def test_stage_checkpoint_copies_every_file(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(vllm_available() is None, reason="vLLM is installed here: tests/vllm measure it for real")
 def test_measured_vllm_profile_without_vllm_is_one_line_exit_2(cli: Cli, tmp_path: Path) -> None:
-    from rlctl.engines.model import TinyGPT
+    from rlctl.models.tinygpt import TinyGPT
     from tests.unit.tiny_models import small_config
 
     TinyGPT(small_config(positions=64)).save_pretrained(tmp_path / "m")

@@ -8,7 +8,7 @@ import pytest
 
 from rlctl.engines.base import GenerationEngine, GenRequest, GenResult
 from rlctl.hardware import CATALOG
-from rlctl.modelcatalog import BUILTIN_MODELS
+from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.planner.costs import decode_cost
 from rlctl.profiler.analytical import analytical_profile, decode_step_s, kv_capacity_tokens
 from rlctl.profiler.measure import measure_generation

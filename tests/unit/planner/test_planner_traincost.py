@@ -13,7 +13,7 @@ from rlctl.config import load_job
 from rlctl.config.job import GrpoAlgorithm, Job, PpoAlgorithm
 from rlctl.errors import ConfigError
 from rlctl.hardware import CATALOG
-from rlctl.modelcatalog import BUILTIN_MODELS
+from rlctl.models.catalog import BUILTIN_MODELS
 from rlctl.planner.costs import TRAIN_STEP_OVERHEAD_S, TrainWorkload, train_time_s
 from rlctl.planner.plan import PlanOptions, make_plan, profile_for, train_cost
 from rlctl.planner.simjob import IterationWork, simulate_job

@@ -16,8 +16,8 @@ import torch.distributed as dist
 import yaml
 
 from rlctl.config.job import Batch, GrpoAlgorithm
-from rlctl.engines.model import TinyGPT, TinyGPTConfig
 from rlctl.errors import RlctlError
+from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.profiler import measure_split, measure_train, probe
 from rlctl.profiler.profile import load_profile
 from tests.conftest import ROOT, CliResult

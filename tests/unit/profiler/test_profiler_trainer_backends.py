@@ -18,8 +18,8 @@ import yaml
 
 from rlctl.config import load_job
 from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
-from rlctl.engines.model import TinyGPT, TinyGPTConfig
 from rlctl.errors import ConfigError, UsageError
+from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.profiler import build, measure_train, probe
 from rlctl.profiler.profile import GenerationEntry, load_profile, save_profile
 from tests.conftest import ROOT, CliResult
@@ -159,7 +159,7 @@ def test_a_jobs_megatron_split_gets_its_measured_entry_and_plan_names_a_split_th
     """A measured profile of a job that fixes a megatron split holds the measured tp 1 pp 1 entry and the
     split's, as the probe measured it over its ranks (the stages' waiting included, so plan adds no bubble to
     it); planning a job whose split the measured profile lacks is refused in one line naming the entry."""
-    from rlctl.modelcatalog import ModelArch
+    from rlctl.models.catalog import ModelArch
     from rlctl.planner.plan import make_plan
 
     asked: list[tuple[int, int] | None] = []

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from rlctl.config.job import PpoAlgorithm
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.grpo import group_advantages, policy_loss
 from rlctl.rl.ppo import PpoLearner, ValueModel, gae
 from rlctl.rl.samples import Sample, make_batch

@@ -3,7 +3,7 @@ import torch
 
 from rlctl.config.job import GrpoAlgorithm
 from rlctl.engines.base import GenResult
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.grpo import GrpoLearner, group_advantages, policy_loss
 from rlctl.rl.samples import Sample, make_batch, micro_batches, row_tokens, score, token_logprobs
 from tests.unit.tiny_models import small_config

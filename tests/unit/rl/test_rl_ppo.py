@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from rlctl.config.job import PpoAlgorithm
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.ppo import PpoLearner, ValueModel, gae
 from rlctl.rl.samples import Sample, score
 from tests.unit.tiny_models import small_config

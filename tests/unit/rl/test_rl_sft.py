@@ -33,7 +33,7 @@ def test_warmup_is_cached_by_config(tmp_path, monkeypatch) -> None:
 
 
 def test_training_lowers_the_loss() -> None:
-    from rlctl.engines.model import TinyGPT
+    from rlctl.models.tinygpt import TinyGPT
 
     torch.manual_seed(0)
     task = DigitsTask()

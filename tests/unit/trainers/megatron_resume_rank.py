@@ -46,7 +46,7 @@ def main(
     out: Path,
     model: Path,
 ) -> None:
-    from rlctl.agents.trainstate import CheckpointError, load_trainer, rng_state, save_shard, save_trainer
+    from rlctl.checkpoint.trainer import CheckpointError, load_trainer, rng_state, save_shard, save_trainer
     from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
     from rlctl.launch.agentenv import ParallelConfig
     from rlctl.rl.learner import make_learner

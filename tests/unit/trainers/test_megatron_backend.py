@@ -14,8 +14,8 @@ import torch
 from rlctl.agents.weights import Target, WeightPublisher, fetch_weights, state_dict_of, weight_node
 from rlctl.config.job import GrpoAlgorithm, WeightSync
 from rlctl.engines.embedded import EmbeddedEngine
-from rlctl.engines.hf import load_state_dict
-from rlctl.engines.model import TinyGPT
+from rlctl.models.hf import load_state_dict
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.grpo import GrpoLearner
 from rlctl.rl.samples import Sample, score, token_logprobs
 from rlctl.trainers.base import load_backend

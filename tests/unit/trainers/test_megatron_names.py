@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from rlctl.engines.hf import TinyGPTConfig, expected_shapes
+from rlctl.models.hf import TinyGPTConfig, expected_shapes
 from rlctl.trainers.megatron.names import Stage, check_split, gather_hf, shard_dim, stage_of, to_hf, to_megatron
 
 GQA = TinyGPTConfig(

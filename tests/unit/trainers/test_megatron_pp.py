@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from rlctl.engines.hf import read_config
-from rlctl.engines.model import TinyGPT
+from rlctl.models.hf import read_config
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers.megatron.names import check_split
 from tests.unit.hf_checkpoints import write_checkpoint
 from tests.unit.trainers.megatron_required import require_megatron

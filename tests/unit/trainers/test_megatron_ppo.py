@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlctl.config.job import Batch, PpoAlgorithm
-from rlctl.engines.model import TinyGPT
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.learner import PpoBatchLearner, make_learner
 from rlctl.rl.samples import Sample
 from rlctl.trainers.base import TrainerBackend, load_backend

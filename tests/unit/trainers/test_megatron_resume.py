@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlctl.engines.model import TinyGPT
 from rlctl.launch.agentenv import ParallelConfig
+from rlctl.models.tinygpt import TinyGPT
 from tests.unit.hf_checkpoints import write_checkpoint
 from tests.unit.trainers.megatron_required import require_megatron
 from tests.unit.trainers.ranks import spawn_ranks

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.engines.hf import read_config
+from rlctl.models.hf import read_config
 from rlctl.trainers.megatron.names import check_split
 from tests.unit.hf_checkpoints import write_checkpoint
 from tests.unit.trainers.megatron_required import require_megatron

@@ -22,7 +22,7 @@ from rlctl.errors import AuthError, PeerUnreachable
 from rlctl.transport import InprocTransport, Message, TcpTransport, framing, tcp
 from rlctl.transport.base import bind_host
 from rlctl.transport.framing import HELLO, MAC_BYTES, MAGIC, NONCE_BYTES
-from rlctl.transport.weights import WeightNode
+from rlctl.weights.node import WeightNode
 from tests.conftest import ROOT
 
 SECRET = b"the-job-secret"

@@ -12,8 +12,8 @@ import torch
 
 from rlctl.errors import TransportError
 from rlctl.transport import InprocTransport, Message
-from rlctl.transport.versions import WeightSyncConfig
-from rlctl.transport.weights import WeightNode
+from rlctl.weights.node import WeightNode
+from rlctl.weights.versions import WeightSyncConfig
 
 QUICK = WeightSyncConfig(
     chunk_bytes=1024, bucket_bytes=4096, connect_timeout_s=1.0, chunk_timeout_s=0.3, attach_passes=1

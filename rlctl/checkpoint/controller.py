@@ -5,7 +5,7 @@ trained(i, v, checkpoint=D)  (the trainer wrote its part of iter-v; D = its mani
        rollout units replaced so far, D
     ─▶ set_latest(v)                        (only now is iter-v a checkpoint a resume may use)
 
-launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifies, agentenv.choose_resume)
+launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifies, rlctl.checkpoint.choose.choose_resume)
     ─▶ load_controller(iter-v) ─▶ core.restore, ranker.fit, rule.window, scaler.restore (`replaced`
     continues); metrics rows of iterations ≥ v move to metrics.discarded.jsonl (the curves continue
     from the checkpoint, as the model does); the trainer's hello must name the same version and D.
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlctl.agents.checkpoint import read_manifest, set_latest, write_part
 from rlctl.agents.ledger import Ledger
+from rlctl.checkpoint.files import read_manifest, set_latest, write_part
 from rlctl.launch.jobdir import JobDir
 
 PART = "controller"

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlctl.engines import hf
-from rlctl.engines.hf import (
+from rlctl.models import hf
+from rlctl.models.hf import (
     CONFIG_FILE,
     INDEX_FILE,
     SAFETENSORS_FILE,

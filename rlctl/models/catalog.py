@@ -1,6 +1,6 @@
 """Model architectures the cost models need, with built-ins (StreamRL Table 2 + the demo model).
 
-An HF checkpoint directory's figures come from its config.json: `rlctl.engines.hf.check_hf_dir`.
+An HF checkpoint directory's figures come from its config.json: `rlctl.models.hf.check_hf_dir`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ BUILTIN_MODELS: dict[str, ModelArch] = {
         ModelArch("qwen2.5-7b", 28, 3584, 28, 4, 152064, 18944, 7.62e9),
         ModelArch("qwen2.5-32b", 64, 5120, 40, 8, 152064, 27648, 32.8e9),
         ModelArch("qwen2.5-72b", 80, 8192, 64, 8, 152064, 29568, 72.7e9),
-        # The embedded CPU engine's demo model (rlctl/engines/model.py): Llama architecture, fp32,
+        # The embedded CPU engine's demo model (rlctl/models/tinygpt.py): Llama architecture, fp32,
         # 3 heads of 32 (vLLM's CPU attention supports head sizes 32, 64, 80, …; not 24)
         ModelArch("tiny-demo", 3, 96, 3, 3, 66, 256, 3.4512e5, bytes_per_param=4),
     ]

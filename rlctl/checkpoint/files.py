@@ -10,7 +10,7 @@ that own the state, each on its own site (sites share no filesystem):
                                   the file of their (tp, pp) position)
         MANIFEST.trainer.json     written LAST by trainer rank 0, once every such file is in: every file's
                                   bytes and SHA-256, the counters (version), the split (tp, pp, dp) and each
-                                  rank's optimizer digest (`rlctl.agents.trainstate`)
+                                  rank's optimizer digest (`rlctl.checkpoint.trainer`)
         controller/               ledger.json, state.json (iteration, ranker, rebalance window, rows)
         MANIFEST.controller.json  written LAST by the controller; names the trainer manifest's SHA-256
     checkpoints/latest.json       {"version": N}: moved (os.replace) by the controller once it has the
@@ -19,7 +19,7 @@ that own the state, each on its own site (sites share no filesystem):
 Every file goes to a temporary name first and is renamed into place; the manifest is renamed into place
 only after every file it lists is. A part without a manifest, or whose files do not match it (size or
 SHA-256), is never used: `latest_complete` falls back to the newest older checkpoint that verifies (the rule,
-and the check of a manifest, are `rlctl.launch.agentenv.choose_resume` / `verified_manifest`, which the
+and the check of a manifest, are `rlctl.checkpoint.choose.choose_resume` / `verified_manifest`, which the
 launcher applies on each part's site to pick the version a resumed job loads).
 Files are read back with `torch.load(weights_only=True)` and JSON only: nothing is unpickled.
 """
@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from rlctl.checkpoint.choose import CHECKPOINT_PARTS as PARTS
+from rlctl.checkpoint.choose import LATEST_POINTER as LATEST
+from rlctl.checkpoint.choose import choose_resume, manifest_name, verified_manifest
 from rlctl.errors import RlctlError
-from rlctl.launch.agentenv import CHECKPOINT_PARTS as PARTS
-from rlctl.launch.agentenv import LATEST_POINTER as LATEST
-from rlctl.launch.agentenv import choose_resume, manifest_name, verified_manifest
 from rlctl.launch.sitefs import LocalFiles
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.errors import ConfigError
-from rlctl.modelcatalog import ModelArch
+from rlctl.models.catalog import ModelArch
 
 if TYPE_CHECKING:
     import torch

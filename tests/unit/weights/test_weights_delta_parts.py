@@ -10,8 +10,8 @@ import torch
 import zstandard
 
 from rlctl.errors import ProtocolError
-from rlctl.transport import delta
-from rlctl.transport.delta_parts import assemble, encode_part, part_range
+from rlctl.weights import delta
+from rlctl.weights.delta_parts import assemble, encode_part, part_range
 
 
 def buffers(nbytes: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

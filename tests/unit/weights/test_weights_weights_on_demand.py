@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from bench.netem.bcast_agent import synthetic_weights
-from rlctl.transport import InprocTransport, delta
-from rlctl.transport.versions import Served, WeightSyncConfig
-from rlctl.transport.weights import WeightNode
+from rlctl.transport import InprocTransport
+from rlctl.weights import delta
+from rlctl.weights.node import WeightNode
+from rlctl.weights.versions import Served, WeightSyncConfig
 
 SIZE = 1 << 20
 

@@ -4,10 +4,10 @@ import sys
 import pytest
 import torch
 
-from rlctl.engines.hf import INDEX_FILE, expected_shapes, save_state_dict
-from rlctl.engines.model import SAFETENSORS_FILE, TORCH_FILE, TinyGPT, TinyGPTConfig, load_state_dict, param_count
 from rlctl.errors import ConfigError
-from rlctl.modelcatalog import BUILTIN_MODELS
+from rlctl.models.catalog import BUILTIN_MODELS
+from rlctl.models.hf import INDEX_FILE, expected_shapes, save_state_dict
+from rlctl.models.tinygpt import SAFETENSORS_FILE, TORCH_FILE, TinyGPT, TinyGPTConfig, load_state_dict, param_count
 from tests.unit.tiny_models import small_config
 
 SMALL = small_config(layers=2, heads=4, positions=64)

@@ -11,8 +11,8 @@ import torch
 from bench.netem.bcast_agent import synthetic_weights
 from rlctl.errors import TransportError
 from rlctl.transport import InprocTransport
-from rlctl.transport.versions import WeightSyncConfig
-from rlctl.transport.weights import WeightNode
+from rlctl.weights.node import WeightNode
+from rlctl.weights.versions import WeightSyncConfig
 
 CFG = WeightSyncConfig(chunk_bytes=64 << 10, bucket_bytes=256 << 10, anchor_every=3, chunk_timeout_s=5)
 

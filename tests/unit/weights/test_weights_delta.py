@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlctl.errors import ProtocolError
-from rlctl.transport import delta
+from rlctl.weights import delta
 
 
 def _versions(n: int, frac: float, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:

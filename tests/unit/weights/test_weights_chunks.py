@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlctl.errors import ProtocolError
-from rlctl.transport import chunks
+from rlctl.weights import chunks
 
 
 def _state() -> dict[str, torch.Tensor]:

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from rlctl.engines import EmbeddedEngine, GenRequest
-from rlctl.engines.hf import INDEX_FILE, SAFETENSORS_FILE, check_hf_dir, expected_shapes
-from rlctl.engines.model import TinyGPT
 from rlctl.errors import ConfigError
+from rlctl.models.hf import INDEX_FILE, SAFETENSORS_FILE, check_hf_dir, expected_shapes
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.samples import token_logprobs
 from tests.unit.hf_checkpoints import VARIANTS, write_checkpoint
 

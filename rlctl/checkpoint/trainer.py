@@ -50,11 +50,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlctl.agents.checkpoint import file_digest, manifest_path, write_part
-from rlctl.engines.model import TinyGPT
+from rlctl.checkpoint.choose import split_problem, verified_manifest
+from rlctl.checkpoint.files import file_digest, manifest_path, write_part
 from rlctl.errors import RlctlError
-from rlctl.launch.agentenv import ParallelConfig, split_problem, verified_manifest
+from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.sitefs import LocalFiles
+from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas
 
 log = logging.getLogger(__name__)

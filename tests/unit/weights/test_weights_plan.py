@@ -9,7 +9,7 @@ import pytest
 
 from rlctl.config.inventory import load_inventory
 from rlctl.errors import PlanError
-from rlctl.transport.plan import Endpoint, plan_broadcast, plan_from_inventory
+from rlctl.weights.plan import Endpoint, plan_broadcast, plan_from_inventory
 
 
 def _descendants(plan, name):

@@ -43,10 +43,10 @@ from typing import Any
 import torch
 
 from rlctl.errors import PeerTimeout, ProtocolError, TransportError
-from rlctl.transport import chunks, delta
 from rlctl.transport.base import Connection, Message, TensorSpec, Transport
 from rlctl.transport.framing import to_struct
-from rlctl.transport.versions import (
+from rlctl.weights import chunks, delta
+from rlctl.weights.versions import (
     ChunkHead,
     HeldVersion,
     Manifest,

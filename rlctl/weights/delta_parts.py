@@ -17,7 +17,7 @@ import torch
 import xxhash
 import zstandard
 
-from rlctl.transport.delta import _PIECE_BYTES, HEADER, MAGIC, _np
+from rlctl.weights.delta import _PIECE_BYTES, HEADER, MAGIC, _np
 
 
 def element_bytes_for(nbytes: int, element_bytes: int = 2) -> int:

@@ -28,8 +28,8 @@ import msgspec
 import torch
 
 from rlctl.errors import ProtocolError
-from rlctl.transport import chunks
-from rlctl.transport.chunks import ChunkRef, Layout
+from rlctl.weights import chunks
+from rlctl.weights.chunks import ChunkRef, Layout
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 
