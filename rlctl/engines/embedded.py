@@ -1,16 +1,19 @@
-"""EmbeddedEngine: continuous batching of TinyGPT on the CPU (the default rollout engine).
+"""EmbeddedEngine: continuous batching of TinyGPT on the model's device (the default rollout engine).
 
-It runs the built-in demo model or any HF Llama/Qwen2 checkpoint directory (`from_pretrained`);
-a row finishes on any of the model's EOS ids.
+It runs the built-in demo model or any HF Llama/Qwen2 checkpoint directory (`from_pretrained`) on the CPU
+or a CUDA device, in the model's dtype (the checkpoint's on a GPU, fp32 on a CPU: `rlctl.devices`); a row
+finishes on any of the model's EOS ids. Every tensor the engine makes is made on the model's device.
 
 One `step()`:
 
     admit   waiting requests, oldest group then highest priority first, into free cache rows
             (≤ max_batch_size rows); prefill their prompts (all but the last token) into those rows.
             With `group_barrier` a later group waits while rows of a large earlier one run (below)
-    decode  one token for every cache row (rows of finished requests ride along until compaction)
-    sample  Gumbel-max with noise hashed from (request seed, output index, token): a request's
-            tokens do not depend on what else is in the batch, so schedules can be compared
+    decode  one token for every cache row (rows of finished requests ride along until compaction);
+            on a CUDA device the step is one CUDA graph per (rows, width) bucket (rlctl.engines.graphs)
+    sample  inverse-CDF with one uniform hashed from (request seed, output index) per row
+            (rlctl.engines.sampling): a request's tokens do not depend on what else is in the batch, so
+            schedules can be compared and a requeued sample regenerates identically
     finish  EOS or max_new_tokens → GenResult; the row is free for the next admission
     compact only when nothing can be admitted and ≥ compact_fraction of the rows are free: copying
             the cache at every EOS made generation 1.5–1.8× slower (DESIGN §10)
@@ -34,7 +37,6 @@ version that produced any token (`versions_seen` has all of them).
 from __future__ import annotations
 
 import heapq
-import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -44,37 +46,20 @@ from typing import Any, Literal
 import torch
 
 from rlctl.engines.base import GenerationEngine, GenRequest, GenResult, check_requests
+from rlctl.engines.graphs import MIN_WIDTH, StepGraphs, bucket
+from rlctl.engines.sampling import request_seed, sample
 from rlctl.models.tinygpt import KVCache, TinyGPT
 
-_M32 = 0xFFFFFFFF
 GroupBarrier = Literal["auto", "always", "never"]
 GROUP_BARRIERS: tuple[GroupBarrier, ...] = ("auto", "always", "never")
 
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash on int64 tensors (values stay < 2^63: no signed overflow)."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x68E31DA5) & _M32
-    return x ^ (x >> 16)
-
-
-def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Gumbel(0,1) noise [rows, vocab], a pure function of each row's (seed, step) and the token id."""
-    ids = steps[:, None] * vocab + torch.arange(vocab)
-    x = _mix32(seeds[:, None] ^ _mix32(ids & _M32))
-    u = (x.double() + 0.5) / 2.0**32
-    return -torch.log(-torch.log(u))
-
-
-def request_seed(engine_seed: int, request_id: str) -> int:
-    return zlib.crc32(f"{engine_seed}:{request_id}".encode())
+__all__ = ["GROUP_BARRIERS", "EmbeddedEngine", "GroupBarrier", "request_seed"]
 
 
 @dataclass
 class _Running:
     req: GenRequest
+    pos: int  # the position of the token fed at the next step
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: set[int] = field(default_factory=set)
@@ -93,7 +78,10 @@ class EmbeddedEngine(GenerationEngine):
         admission_key: Callable[[GenRequest], float] | None = None,
         group_barrier: GroupBarrier = "auto",
         eos_token_ids: Iterable[int] | None = None,
+        static_shapes: bool | None = None,
     ) -> None:
+        """`static_shapes`: run each step at bucketed (rows, width), as CUDA graphs on a CUDA device (None: there
+        only); on a CPU they run eagerly, the same step a graph captures (tests), else at the exact shapes."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be ≥ 1")
         if group_barrier not in GROUP_BARRIERS:
@@ -101,6 +89,7 @@ class EmbeddedEngine(GenerationEngine):
         if temperature < 0:
             raise ValueError("temperature must be ≥ 0 (0 = greedy)")
         self.model = model.eval()
+        self.device = model.lm_head.weight.device
         self.max_batch_size = max_batch_size
         self.temperature = temperature
         self.seed = seed
@@ -116,18 +105,32 @@ class EmbeddedEngine(GenerationEngine):
         self._seq = 0
         self._group_size: Counter[int] = Counter()  # requests added per group (while any is unfinished)
         self._group_left: Counter[int] = Counter()  # … and not finished yet
-        self._rows: list[_Running | None] = []  # cache row -> running request (None = free)
-        self._cache: KVCache | None = None
-        self._next = torch.zeros(0, dtype=torch.long)  # per row: token to feed next
-        self._seeds = torch.zeros(0, dtype=torch.long)
-        self._steps = torch.zeros(0, dtype=torch.long)  # per row: output tokens so far
+        self._rows: list[_Running | None] = []  # cache row -> running request (None = free): a prefix of the storage
+        self._cache: KVCache | None = None  # max_batch_size rows, allocated at the first admission
+        # per storage row, on the device (static storage: a captured step reads them in place)
+        z = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
+        self._next = z.clone()  # the token fed at the next step
+        self._seeds = z.clone()
+        self._steps = z.clone()  # output tokens so far
+        self._live = z.clone()  # 1 = a running request holds the row (free rows stay at position 0)
+        self._logprobs = torch.zeros(max_batch_size, dtype=torch.float32, device=self.device)
+        self._static = self.device.type == "cuda" if static_shapes is None else static_shapes
+        self._graphs = StepGraphs(self._decode) if self._static and self.device.type == "cuda" else None
         self.compactions = 0
         self.trace: list[int] | None = None  # set to [] to record the rows computed at every step
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, **kw: Any) -> EmbeddedEngine:
-        """An engine on an HF Llama/Qwen2 checkpoint directory (or a saved demo model)."""
-        return cls(TinyGPT.from_pretrained(directory), **kw)
+    def from_pretrained(
+        cls,
+        directory: str | Path,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = torch.float32,
+        **kw: Any,
+    ) -> EmbeddedEngine:
+        """An engine on an HF Llama/Qwen2 checkpoint directory (or a saved demo model), on `device` in `dtype`
+        (None: the checkpoint's)."""
+        return cls(TinyGPT.from_pretrained(directory, dtype=dtype, device=device), **kw)
 
     # ---- GenerationEngine ----
     @property
@@ -135,7 +138,7 @@ class EmbeddedEngine(GenerationEngine):
         return self._version
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        self.model.load_state_dict(state_dict)
+        self.model.load_weights(state_dict)  # in place: captured graphs read the new weights
         self._version = version
         for r in self._rows:
             if r is not None:
@@ -157,19 +160,39 @@ class EmbeddedEngine(GenerationEngine):
 
     def step(self) -> list[GenResult]:
         self._admit()
-        if self._cache is None:
+        if not self._rows:
             return []
+        assert self._cache is not None
+        n = len(self._rows)
+        width = max(r.pos for r in self._rows if r is not None) + 1
+        if self._static:  # shapes from buckets, so that a few graphs serve every step
+            rows = min(bucket(n), self.max_batch_size)
+            width = min(bucket(width, floor=MIN_WIDTH), self._cache.capacity)
+            if self._graphs is not None:
+                self._graphs.run(rows, width)
+            else:
+                self._decode(rows, width)
+        else:
+            rows = n
+            self._decode(rows, width)
         if self.trace is not None:
-            self.trace.append(self._cache.rows)
-        logits = self.model.decode(self._cache, self._next)
-        tokens, logprobs = self._sample(logits)
-        self._steps += 1
-        self._next = tokens
-        out = self._collect(tokens.tolist(), logprobs.tolist())
+            self.trace.append(rows)
+        out = self._collect(self._next[:n].tolist(), self._logprobs[:n].tolist())
         self._maybe_compact()
         return out
 
     # ---- internals ----
+    def _decode(self, rows: int, width: int) -> None:
+        """One decode and sampling step of the first `rows` storage rows, attending over `width` positions; every
+        result lands in place (what a CUDA graph captures)."""
+        assert self._cache is not None
+        logits = self.model.decode(self._cache, self._next[:rows], rows=rows, width=width)
+        tokens, logprobs = sample(logits, self._seeds[:rows], self._steps[:rows], self.temperature)
+        self._steps[:rows] += 1
+        self._next[:rows] = tokens
+        self._logprobs[:rows] = logprobs
+        self._cache.lengths[:rows] *= self._live[:rows]  # free rows stay at position 0
+
     def _admit(self) -> None:
         free = [i for i, r in enumerate(self._rows) if r is None]
         room = len(free) + self.max_batch_size - len(self._rows)
@@ -179,28 +202,32 @@ class EmbeddedEngine(GenerationEngine):
             new.append(heapq.heappop(self._waiting)[3])
         if not new:
             return
-        grow = len(new) - len(free)
         need = max(len(r.prompt_tokens) + r.max_new_tokens for r in new)
+        capacity = min(bucket(need, floor=MIN_WIDTH), self.model.config.max_position_embeddings)
         if self._cache is None:
-            self._cache = self.model.new_cache(0, need)
+            self._cache = self.model.new_cache(self.max_batch_size, capacity)
+        elif need > self._cache.capacity:
+            self._cache.grow(capacity)
+            if self._graphs is not None:
+                self._graphs.reset()  # the graphs read the old storage
+        grow = len(new) - len(free)
         if grow > 0:
-            self._cache.add_rows(grow)
             free += list(range(len(self._rows), len(self._rows) + grow))
             self._rows += [None] * grow
-            z = torch.zeros(grow, dtype=torch.long)
-            self._next, self._seeds, self._steps = (torch.cat([t, z]) for t in (self._next, self._seeds, self._steps))
-        self._cache.grow(need)
         rows = free[: len(new)]
         width = max(len(r.prompt_tokens) for r in new) - 1
         prompt = torch.full((len(new), width), self.pad_id, dtype=torch.long)
         for i, r in enumerate(new):
             prompt[i, : len(r.prompt_tokens) - 1] = torch.tensor(r.prompt_tokens[:-1], dtype=torch.long)
-            self._rows[rows[i]] = _Running(r, versions={self._version})
-        idx = torch.tensor(rows, dtype=torch.long)
-        self.model.prefill(self._cache, idx, prompt, torch.tensor([len(r.prompt_tokens) - 1 for r in new]))
-        self._next[idx] = torch.tensor([r.prompt_tokens[-1] for r in new])
-        self._seeds[idx] = torch.tensor([request_seed(self.seed, r.request_id) for r in new])
+            self._rows[rows[i]] = _Running(r, pos=len(r.prompt_tokens) - 1, versions={self._version})
+        dev = self.device
+        idx = torch.tensor(rows, dtype=torch.long, device=dev)
+        lengths = torch.tensor([len(r.prompt_tokens) - 1 for r in new], device=dev)
+        self.model.prefill(self._cache, idx, prompt.to(dev), lengths)
+        self._next[idx] = torch.tensor([r.prompt_tokens[-1] for r in new], device=dev)
+        self._seeds[idx] = torch.tensor([request_seed(self.seed, r.request_id) for r in new], device=dev)
         self._steps[idx] = 0
+        self._live[idx] = 1
 
     def _running_floor(self) -> int | None:
         """The earliest group with a running row, if it holds later groups back: it is larger than one
@@ -216,23 +243,16 @@ class EmbeddedEngine(GenerationEngine):
         """The next waiting request may start now: no row of an earlier group runs (group barrier)."""
         return bool(self._waiting) and (floor is None or self._waiting[0][0] <= floor)
 
-    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.temperature == 0:
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            tok = logp.argmax(-1)
-        else:
-            logp = torch.log_softmax(logits.float() / self.temperature, dim=-1)
-            tok = (logp.double() + gumbel_noise(self._seeds, self._steps, logits.shape[-1])).argmax(-1)
-        return tok, logp.gather(1, tok[:, None])[:, 0]
-
     def _collect(self, tokens: list[int], logprobs: list[float]) -> list[GenResult]:
         assert self._cache is not None
         done: list[GenResult] = []
+        ended: list[int] = []
         for i, r in enumerate(self._rows):
             if r is None:
                 continue
             r.tokens.append(tokens[i])
             r.logprobs.append(logprobs[i])
+            r.pos += 1
             eos = tokens[i] in self.eos_ids and not r.req.ignore_eos
             if eos or len(r.tokens) >= r.req.max_new_tokens:
                 seen = sorted(r.versions)
@@ -248,9 +268,12 @@ class EmbeddedEngine(GenerationEngine):
                     )
                 )
                 self._rows[i] = None
+                ended.append(i)
                 self._finished(r.req.group)
-        free = torch.tensor([r is None for r in self._rows])
-        self._cache.lengths[free] = 0  # free rows attend to position 0 only and never outgrow the cache
+        if ended:  # the row is free: position 0 from now on (it never outgrows the cache)
+            idx = torch.tensor(ended, dtype=torch.long, device=self.device)
+            self._live[idx] = 0
+            self._cache.lengths[idx] = 0
         return done
 
     def _finished(self, group: int) -> None:
@@ -262,11 +285,14 @@ class EmbeddedEngine(GenerationEngine):
         assert self._cache is not None
         n_free = sum(r is None for r in self._rows)
         if n_free == len(self._rows):
-            self._cache, self._rows = None, []
-            self._next, self._seeds, self._steps = (t[:0] for t in (self._next, self._seeds, self._steps))
+            self._rows = []  # the storage stays allocated (and any captured graph valid)
         elif not self._admissible(self._running_floor()) and n_free >= self.compact_fraction * len(self._rows):
-            keep = torch.tensor([i for i, r in enumerate(self._rows) if r is not None])
-            self._cache.select(keep)
-            self._next, self._seeds, self._steps = (t[keep] for t in (self._next, self._seeds, self._steps))
-            self._rows = [r for r in self._rows if r is not None]
+            keep = [i for i, r in enumerate(self._rows) if r is not None]
+            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+            self._cache.keep(idx)
+            for t in (self._next, self._seeds, self._steps, self._live):
+                t[: len(keep)] = t.index_select(0, idx)
+            self._live[len(keep) :] = 0
+            self._cache.lengths[len(keep) :] = 0
+            self._rows = [self._rows[i] for i in keep]
             self.compactions += 1

@@ -37,8 +37,8 @@ from typing import Any
 import torch
 
 from rlctl.engines.base import GenerationEngine, GenRequest, GenResult, check_requests
-from rlctl.engines.embedded import request_seed
 from rlctl.engines.factory import VLLM_INSTALL_HINT
+from rlctl.engines.sampling import request_seed
 from rlctl.errors import ConfigError
 
 # vLLM's priority is one integer (lowest first); ours is (oldest group, then highest priority).

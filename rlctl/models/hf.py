@@ -9,8 +9,8 @@ validated from config.json), the weight files, the tokenizer files, and `check_h
 
 Runs: LlamaForCausalLM (`attention_bias` puts a bias on q, k, v and o) and Qwen2ForCausalLM (bias on
 q, k, v; none on o), explicit `head_dim`, grouped-query attention, tied embeddings (no lm_head in
-the file), one or several EOS ids, default RoPE with any theta, fp32/bf16/fp16 weights (loaded into
-fp32: the CPU computes in fp32; the file's dtype is kept in `torch_dtype`). Refused with one line
+the file), one or several EOS ids, default RoPE with any theta, fp32/bf16/fp16 weights (the file's dtype is
+`torch_dtype`: what the weight plane sends and GPU engines compute in; a CPU computes in fp32). Refused with one line
 naming the file and key: other architectures, rope scaling, sliding-window attention, MLP bias,
 activations other than SiLU, quantized weights.
 
@@ -80,7 +80,7 @@ class TinyGPTConfig:
     architecture: str = LLAMA  # LLAMA or QWEN2 (HF `architectures[0]`)
     explicit_head_dim: int | None = None  # HF `head_dim` where it is not hidden_size / num_attention_heads
     attention_bias: bool = False  # Llama only: bias on q, k, v and o (Qwen2 always has q, k, v bias)
-    torch_dtype: str = "float32"  # dtype of the weights in the file (the model computes in fp32)
+    torch_dtype: str = "float32"  # dtype of the weights in the file: what they travel and are served in
     # RoPE angles position·θ^(-2i/d) in fp64 (the demo model: its outputs are pinned) or, as
     # transformers and vLLM compute them, in fp32 (HF checkpoints: ~2e-5 apart in logits at position 100)
     rope_fp64_angles: bool = True
@@ -152,6 +152,14 @@ class TinyGPTConfig:
             bytes_per_param=DTYPE_BYTES[self.torch_dtype],
             explicit_head_dim=self.explicit_head_dim,
         )
+
+
+def torch_dtype(c: TinyGPTConfig) -> torch.dtype:
+    """The checkpoint's weight dtype as a torch dtype."""
+    import torch
+
+    dtype: torch.dtype = getattr(torch, c.torch_dtype)
+    return dtype
 
 
 def expected_shapes(c: TinyGPTConfig) -> dict[str, tuple[int, ...]]:

@@ -10,17 +10,28 @@ Two ways to run it:
     forward(tokens[B,T]) -> logits[B,T,V]            training / scoring (right padding is harmless:
                                                      attention is causal)
     prefill(cache, rows, tokens, lengths)            write prompt K/V into cache rows
-    decode(cache, tokens[B]) -> logits[B,V]          one token per row at position cache.lengths[row]
+    decode(cache, tokens[b], rows=b, width=t)        one token for each of the cache's first b rows at position
+                                                     cache.lengths[row]; attends over the first t positions
+
+Device and dtype are the module's (`.to("cuda", torch.bfloat16)`): every tensor the model makes is made on
+its parameters' device. In low precision it computes as `transformers` does: RMSNorm in fp32 (then cast),
+RoPE tables in fp32 cast to the activations' dtype, softmax inside SDPA.
 
 The KV cache holds one row per batch slot, each with its own length, so rows at different positions
-decode together (continuous batching); `KVCache.select` drops finished rows (lazy compaction).
+decode together (continuous batching). Its storage is allocated once for the engine's largest batch and
+never moves while the capacity stays: `decode` works on a prefix of rows and a prefix of positions, writes
+K/V with `scatter_` and advances lengths in place, so a decode step at a fixed (rows, width) has static
+shapes and no host synchronisation — what a CUDA graph captures (rlctl.engines.graphs). Grouped-query
+attention attends per KV group (the query heads of a group against their one K/V head) instead of
+repeating K/V for every query head.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +61,8 @@ __all__ = [
 
 
 class KVCache:
-    """Per-layer K/V of shape [rows, kv_heads, capacity, head_dim] and each row's filled length."""
+    """Per-layer K/V storage [rows, kv_heads, capacity, head_dim] and each row's filled length (int64, on the
+    cache's device). `decode` uses a prefix of the rows; `keep` moves rows to the front in place."""
 
     def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], lengths: torch.Tensor) -> None:
         self.k, self.v, self.lengths = k, v, lengths
@@ -64,23 +76,18 @@ class KVCache:
         return int(self.k[0].shape[2])
 
     def grow(self, capacity: int) -> None:
-        """Make room for `capacity` positions (copies; rare: only when a longer request arrives)."""
+        """Make room for `capacity` positions (new storage, a copy: rare, when a longer request arrives)."""
         extra = capacity - self.capacity
         if extra > 0:
             self.k = [F.pad(t, (0, 0, 0, extra)) for t in self.k]
             self.v = [F.pad(t, (0, 0, 0, extra)) for t in self.v]
 
-    def add_rows(self, n: int) -> None:
-        pad = (0, 0, 0, 0, 0, 0, 0, n)
-        self.k = [F.pad(t, pad) for t in self.k]
-        self.v = [F.pad(t, pad) for t in self.v]
-        self.lengths = torch.cat([self.lengths, self.lengths.new_zeros(n)])
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only `rows` (in that order)."""
-        self.k = [t.index_select(0, rows) for t in self.k]
-        self.v = [t.index_select(0, rows) for t in self.v]
-        self.lengths = self.lengths.index_select(0, rows)
+    def keep(self, rows: torch.Tensor) -> None:
+        """Move `rows` (a device index, in that order) to the front; the storage stays where it is."""
+        n = int(rows.shape[0])
+        for t in (*self.k, *self.v):
+            t[:n] = t.index_select(0, rows)
+        self.lengths[:n] = self.lengths.index_select(0, rows)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -95,7 +102,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        """In fp32 whatever the input's dtype, cast back before the weight (as transformers computes it)."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -112,22 +122,21 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.h, self.d).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kvh, self.d).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kvh, self.d).transpose(1, 2)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # fp32 tables, applied in the activations' dtype
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         return q, k, v
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: Any) -> torch.Tensor:
-        if self.kvh != self.h:
-            k = k.repeat_interleave(self.h // self.kvh, dim=1)
-            v = v.repeat_interleave(self.h // self.kvh, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, **kw)
+    def _out(self, o: torch.Tensor) -> torch.Tensor:
+        """[b, h, t, d] attention output → [b, t, hidden] through o_proj."""
         b, _, t, _ = o.shape
         return self.o_proj(o.transpose(1, 2).reshape(b, t, self.h * self.d))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Full causal attention; also returns this layer's K and V (for prefill)."""
         q, k, v = self._qkv(x, cos, sin)
-        return self._attend(q, k, v, is_causal=True), k, v
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kvh != self.h)
+        return self._out(o), k, v
 
     def decode(
         self,
@@ -136,15 +145,22 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         kc: torch.Tensor,
         vc: torch.Tensor,
-        pos: torch.Tensor,
+        at: torch.Tensor,
         mask: torch.Tensor,
     ) -> torch.Tensor:
+        """One token per row: write its K/V at the row's position (`at`: [b, kv_heads, 1, head_dim] index), attend
+        over the first mask.shape[-1] positions. The g = heads / kv_heads query heads of a group attend to their
+        K/V head as g query rows of one attention ([b, kv_heads, g, d] against [b, kv_heads, t, d]), so the
+        cache is read once per group, not once per query head."""
         q, k, v = self._qkv(x, cos, sin)
-        rows = torch.arange(x.shape[0])
-        kc[rows, :, pos] = k[:, :, 0]
-        vc[rows, :, pos] = v[:, :, 0]
-        t = mask.shape[-1]
-        return self._attend(q, kc[:, :, :t], vc[:, :, :t], attn_mask=mask)
+        b, t = x.shape[0], mask.shape[-1]
+        kc.scatter_(2, at, k)
+        vc.scatter_(2, at, v)
+        g = self.h // self.kvh
+        o = F.scaled_dot_product_attention(
+            q.reshape(b, self.kvh, g, self.d), kc[:, :, :t], vc[:, :, :t], attn_mask=mask
+        )
+        return self._out(o.reshape(b, self.h, 1, self.d))
 
 
 class DecoderLayer(nn.Module):
@@ -186,13 +202,21 @@ class TinyGPT(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        angle_dtype = torch.float64 if c.rope_fp64_angles else torch.float32
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=angle_dtype) / c.head_dim))
-        ang = torch.outer(torch.arange(c.max_position_embeddings, dtype=angle_dtype), inv_freq)
-        ang = torch.cat([ang, ang], dim=-1)
-        self.register_buffer("rope_cos", ang.cos().float(), persistent=False)
-        self.register_buffer("rope_sin", ang.sin().float(), persistent=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self._rope_tables()
         self.apply(self._init)
+
+    def _rope_tables(self) -> None:
+        """cos and sin of position·θ^(-2i/d) for every position, in fp32 on the model's device (cast with it)."""
+        c = self.config
+        angle_dtype = torch.float64 if c.rope_fp64_angles else torch.float32
+        device = self.lm_head.weight.device
+        half = torch.arange(0, c.head_dim, 2, dtype=angle_dtype, device=device) / c.head_dim
+        inv_freq = 1.0 / (c.rope_theta**half)
+        ang = torch.outer(torch.arange(c.max_position_embeddings, dtype=angle_dtype, device=device), inv_freq)
+        ang = torch.cat([ang, ang], dim=-1)
+        self.rope_cos, self.rope_sin = ang.cos().float(), ang.sin().float()
 
     def _init(self, m: nn.Module) -> None:
         if isinstance(m, nn.Linear | nn.Embedding):
@@ -224,16 +248,18 @@ class TinyGPT(nn.Module):
 
     # ---- incremental decoding ----
     def new_cache(self, rows: int, capacity: int) -> KVCache:
+        """Empty K/V storage for `rows` rows of `capacity` positions, on the model's device and in its dtype."""
         c = self.config
         p = self.lm_head.weight
         shape = (rows, c.num_key_value_heads, capacity, c.head_dim)
         k = [p.new_zeros(shape) for _ in range(c.num_hidden_layers)]
         v = [p.new_zeros(shape) for _ in range(c.num_hidden_layers)]
-        return KVCache(k, v, torch.zeros(rows, dtype=torch.long))
+        return KVCache(k, v, torch.zeros(rows, dtype=torch.long, device=p.device))
 
     @torch.no_grad()
     def prefill(self, cache: KVCache, rows: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> None:
-        """Write K/V of `tokens` [n, P] (right-padded; row i has lengths[i] real tokens) into cache `rows`."""
+        """Write K/V of `tokens` [n, P] (right-padded; row i has lengths[i] real tokens) into cache `rows`
+        (every tensor on the cache's device)."""
         p = tokens.shape[1]
         cache.lengths[rows] = lengths
         if p == 0:
@@ -249,17 +275,26 @@ class TinyGPT(nn.Module):
                 x = x + layer.mlp(layer.post_attention_layernorm(x))
 
     @torch.no_grad()
-    def decode(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed one token per cache row at position cache.lengths[row]; return next-token logits [rows, V]."""
-        pos = cache.lengths
-        t = int(pos.max()) + 1
-        mask = (torch.arange(t) <= pos[:, None])[:, None, None, :]
+    def decode(
+        self, cache: KVCache, tokens: torch.Tensor, *, rows: int | None = None, width: int | None = None
+    ) -> torch.Tensor:
+        """Feed one token to each of the cache's first `rows` rows (default: all) at position cache.lengths[row],
+        advance those lengths by one (in place) and return next-token logits [rows, V]. Attention reads the first
+        `width` positions (≥ every such row's position + 1; default: exactly that, which asks the device for the
+        longest row). With both given nothing here waits for the device."""
+        b = cache.rows if rows is None else rows
+        pos = cache.lengths[:b]
+        t = int(pos.max()) + 1 if width is None else width
+        hd = self.config.head_dim
+        mask = (torch.arange(t, device=pos.device) <= pos[:, None])[:, None, None, :]
+        at = pos[:, None, None, None].expand(b, self.config.num_key_value_heads, 1, hd)
         cos, sin = self.rope_cos[pos][:, None, None, :], self.rope_sin[pos][:, None, None, :]
         x = self.model.embed_tokens(tokens[:, None])
         for li, layer in enumerate(self.blocks()):
-            x = x + layer.self_attn.decode(layer.input_layernorm(x), cos, sin, cache.k[li], cache.v[li], pos, mask)
+            kc, vc = cache.k[li][:b], cache.v[li][:b]
+            x = x + layer.self_attn.decode(layer.input_layernorm(x), cos, sin, kc, vc, at, mask)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        cache.lengths = pos + 1
+        pos += 1
         logits: torch.Tensor = self.lm_head(self.model.norm(x[:, 0]))
         return logits
 
@@ -287,16 +322,48 @@ class TinyGPT(nn.Module):
         return d
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> TinyGPT:
-        """Load an HF Llama/Qwen2 checkpoint directory into fp32; ConfigError for what is not supported."""
+    def from_pretrained(
+        cls, directory: str | Path, *, dtype: torch.dtype | None = torch.float32, device: str | torch.device = "cpu"
+    ) -> TinyGPT:
+        """Load an HF Llama/Qwen2 checkpoint directory in `dtype` (None: the checkpoint's own) on `device`;
+        ConfigError for what is not supported. The weights are never initialised first (the model is made on
+        the meta device and filled from the file)."""
         d = Path(directory)
         config = hf.read_config(d)
         sd = load_state_dict(d)
         names = hf.match_weights({k: tuple(v.shape) for k, v in sd.items()}, config, where=str(d))
-        model = cls(config)
-        missing, _ = model.load_state_dict({k: sd[k] for k in names}, strict=False)
-        assert set(missing) <= {"lm_head.weight"}, missing  # lm_head is the tied embedding
+        model = cls.empty(config, dtype=dtype or hf.torch_dtype(config), device=device)
+        model.load_weights({k: sd[k] for k in names})
         return model
+
+    @classmethod
+    def empty(cls, config: TinyGPTConfig, *, dtype: torch.dtype, device: str | torch.device) -> TinyGPT:
+        """A model of `config` whose weights are uninitialised memory in `dtype` on `device` (to be loaded)."""
+        with torch.device("meta"):
+            model = cls(config)
+        model.to_empty(device=device)
+        if config.tie_word_embeddings:  # one parameter under both names, as on construction
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model._rope_tables()
+        return model.to(dtype)
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy HF-layout tensors into the parameters in place (any device or dtype: each is converted); with
+        tied embeddings `lm_head.weight` may be left out. Storage does not move (a captured CUDA graph stays
+        valid)."""
+        missing, unexpected = self.load_state_dict(state_dict, strict=False)
+        if unexpected or set(missing) - ({"lm_head.weight"} if self.config.tie_word_embeddings else set()):
+            raise ValueError(f"weights do not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+
+    def hf_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The HF checkpoint's tensors (no `lm_head.weight` when tied: the embedding is the one copy), detached,
+        cast to `dtype` if given: what the weight plane sends and a rollout engine's `load_weights` takes."""
+        sd = self.state_dict()
+        if self.config.tie_word_embeddings:
+            sd.pop("lm_head.weight")
+        return {
+            k: v.detach() if dtype is None or not v.is_floating_point() else v.detach().to(dtype) for k, v in sd.items()
+        }
 
 
 def param_count(model: nn.Module) -> int:

@@ -188,3 +188,54 @@ def test_an_earlier_group_arriving_late_goes_before_the_later_one(model: TinyGPT
 def test_group_barrier_names_its_choices(model: TinyGPT) -> None:
     with pytest.raises(ValueError, match="auto, always, never"):
         EmbeddedEngine(model, group_barrier="sometimes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_static_shapes_give_the_tokens_of_exact_shapes(model: TinyGPT, temperature: float) -> None:
+    """The step a CUDA graph captures (rows and width rounded up to buckets, free rows riding along) yields the
+    tokens and log-probs of the exact-shape step; on the CPU it runs eagerly, so CI runs the captured code."""
+    reqs = requests(14)
+    exact = EmbeddedEngine(model, max_batch_size=10, temperature=temperature)
+    static = EmbeddedEngine(model, max_batch_size=10, temperature=temperature, static_shapes=True)
+    exact.trace, static.trace = [], []
+    a = {r.request_id: r for r in (exact.add(reqs) or exact.run_until_done())}
+    b = {r.request_id: r for r in (static.add(reqs) or static.run_until_done())}
+    assert {k: r.output_tokens for k, r in a.items()} == {k: r.output_tokens for k, r in b.items()}
+    for k, r in a.items():
+        torch.testing.assert_close(torch.tensor(r.logprobs), torch.tensor(b[k].logprobs), atol=1e-5, rtol=1e-5)
+    assert set(static.trace) <= {1, 2, 3, 4, 6, 8, 10}  # buckets, at most the storage's rows
+    assert len(exact.trace) == len(static.trace) and any(s > e for s, e in zip(static.trace, exact.trace, strict=True))
+
+
+def test_the_engine_runs_in_the_checkpoints_low_precision(model: TinyGPT) -> None:
+    """bf16 weights (as a GPU engine holds a bf16 checkpoint): the behaviour log-probs are the bf16 model's own,
+    and close to the fp32 model's."""
+    low = TinyGPT.empty(model.config, dtype=torch.bfloat16, device="cpu")
+    low.load_weights(model.hf_weights(torch.bfloat16))
+    engine = EmbeddedEngine(low, max_batch_size=4, temperature=1.0, seed=5)
+    assert engine.model.lm_head.weight.dtype == torch.bfloat16 and engine.model.rope_cos.dtype == torch.bfloat16
+    engine.add(requests(6))
+    for res in engine.run_until_done():
+        seq = torch.tensor([res.prompt_tokens + res.output_tokens])
+        start = len(res.prompt_tokens) - 1
+        own = token_logprobs(low, seq, temperature=1.0)[0, start:].float()
+        torch.testing.assert_close(torch.tensor(res.logprobs), own, atol=0.05, rtol=0.0)
+        full = token_logprobs(model, seq, temperature=1.0)[0, start:]
+        torch.testing.assert_close(torch.tensor(res.logprobs), full, atol=0.1, rtol=0.0)
+
+
+def test_weights_load_in_place_and_tied_embeddings_travel_once() -> None:
+    cfg = small_config(layers=1, heads=4, positions=32)
+    cfg.tie_word_embeddings = True
+    torch.manual_seed(0)
+    model = TinyGPT(cfg)
+    engine = EmbeddedEngine(model, max_batch_size=2)
+    where = {k: v.data_ptr() for k, v in engine.model.state_dict().items()}
+    torch.manual_seed(1)
+    sent = TinyGPT(cfg).hf_weights(torch.bfloat16)
+    assert "lm_head.weight" not in sent and all(v.dtype == torch.bfloat16 for v in sent.values())
+    engine.load_weights(sent, 1)
+    assert {k: v.data_ptr() for k, v in engine.model.state_dict().items()} == where  # a graph still reads them
+    assert torch.equal(engine.model.lm_head.weight, sent["model.embed_tokens.weight"].float())
+    with pytest.raises(ValueError, match="do not fit"):
+        engine.load_weights({"model.norm.weight": torch.ones(32), "nope": torch.ones(1)}, 2)

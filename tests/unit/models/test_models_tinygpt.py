@@ -31,14 +31,32 @@ def test_kv_cache_decode_matches_full_forward(model: TinyGPT) -> None:
         torch.testing.assert_close(logits, full[torch.arange(3), pos], atol=1e-5, rtol=1e-4)
 
 
-def test_cache_select_keeps_rows(model: TinyGPT) -> None:
+def test_cache_keep_moves_rows_to_the_front(model: TinyGPT) -> None:
     tokens = torch.randint(3, 66, (3, 10))
     full = model(tokens)
     cache = model.new_cache(3, 16)
-    model.prefill(cache, torch.arange(3), tokens[:, :4], torch.tensor([4, 4, 4]))
-    cache.select(torch.tensor([2, 0]))
-    logits = model.decode(cache, tokens[[2, 0], 4])
-    torch.testing.assert_close(logits, full[[2, 0], 4], atol=1e-5, rtol=1e-4)
+    storage = cache.k[0].data_ptr()
+    model.prefill(cache, torch.arange(3), tokens[:, :4], torch.tensor([4, 2, 3]))
+    cache.keep(torch.tensor([2, 0]))
+    assert cache.lengths[:2].tolist() == [3, 4] and cache.k[0].data_ptr() == storage  # in place
+    logits = model.decode(cache, tokens[[2, 0], [3, 4]], rows=2)  # a prefix of the rows
+    torch.testing.assert_close(logits, full[[2, 0], [3, 4]], atol=1e-5, rtol=1e-4)
+    assert cache.lengths.tolist()[:2] == [4, 5]
+
+
+def test_decode_at_a_fixed_width_equals_the_exact_width(model: TinyGPT) -> None:
+    """A step at a bucketed width (what a CUDA graph replays) gives the logits of the exact width: the positions
+    beyond a row's length are masked."""
+    tokens = torch.randint(3, 66, (3, 12))
+    exact, wide = model.new_cache(3, 32), model.new_cache(3, 32)
+    for cache in (exact, wide):
+        model.prefill(cache, torch.arange(3), tokens[:, :6], torch.tensor([6, 2, 4]))
+    for _ in range(5):
+        pos = exact.lengths.clone()
+        a = model.decode(exact, tokens[torch.arange(3), pos])
+        b = model.decode(wide, tokens[torch.arange(3), pos], rows=3, width=32)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert torch.equal(exact.lengths, wide.lengths)
 
 
 def test_hf_config_keys() -> None:
