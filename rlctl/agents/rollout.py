@@ -27,6 +27,7 @@ from rlctl.agents.listen import host_of
 from rlctl.agents.listen import listen_host as resolve_listen_host
 from rlctl.agents.messages import TO_WEIGHTS_LISTENER, Generate, Heartbeat, Hello, SampleDone, make, parse, recv_checked
 from rlctl.agents.weights import fetch_weights, state_dict_of, weight_node
+from rlctl.devices import Compute
 from rlctl.engines import make_engine
 from rlctl.engines.base import GenRequest, GenResult
 from rlctl.errors import TransportError
@@ -42,7 +43,9 @@ TRANSFER_FIELDS = ("fetch_s", "wire_bytes", "encoding", "base_version", "holder"
 
 
 class RolloutAgent:
-    def __init__(self, ctx: AgentContext, *, replica: int, listen_host: str | None = None) -> None:
+    def __init__(
+        self, ctx: AgentContext, *, replica: int, listen_host: str | None = None, compute: Compute | None = None
+    ) -> None:
         self.ctx = ctx
         self.name = f"rollout-{replica}"
         job = ctx.job
@@ -50,7 +53,10 @@ class RolloutAgent:
         algo = job.algorithm
         eos = stop_ids(job, ctx.jobdir.init_model) or None
         # the embedded engine's group barrier is its own knob; vLLM pages its KV cache (no barrier needed)
+        # on the unit's device, in the checkpoint's dtype on a GPU (rlctl.devices)
         kw: dict[str, Any] = {"group_barrier": job.rollout.group_barrier}
+        if compute is not None:
+            kw |= {"device": compute.device, "dtype": compute.engine_dtype}
         if job.rollout.engine == "vllm":  # tensor parallel over the unit's GPU slice (the plan's tp)
             kw = {"tensor_parallel": int(parallel_from_env().get("tp") or job.rollout.tensor_parallel or 1)}
         self.engine = make_engine(

@@ -48,37 +48,47 @@ from rlctl.agents.weights import Target, WeightPublisher
 from rlctl.checkpoint.choose import resume_version
 from rlctl.checkpoint.trainer import load_trainer, save_shard, save_trainer
 from rlctl.config.job import JobFile
+from rlctl.devices import Compute
 from rlctl.errors import ConfigError
 from rlctl.launch.agentenv import ParallelConfig, parallel_from_env
 from rlctl.launch.jobref import resume_command
+from rlctl.models import hf
 from rlctl.rl.learner import make_learner
 from rlctl.rl.samples import Sample
 from rlctl.rl.source import task_source
-from rlctl.trainers.base import TrainerBackend, load_backend
+from rlctl.trainers.base import TrainerBackend, load_backend, wire_weights
 from rlctl.transport import Message
 
 log = logging.getLogger(__name__)
 
 
-def init_group(*, rank: int, world_size: int, master_addr: str, master_port: int) -> None:
+def init_group(*, rank: int, world_size: int, master_addr: str, master_port: int, cuda: bool = False) -> None:
+    """The trainer ranks' process group: gloo, plus NCCL for CUDA tensors on a GPU site (gradients travel over
+    NCCL; the learner's small host-side messages over gloo)."""
     if dist.is_initialized():
         return
     timeout = datetime.timedelta(seconds=120)
     fd = store_listener(master_addr, master_port) if rank == 0 else None  # bound to MASTER_ADDR, not every interface
     store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout=timeout, master_listen_fd=fd)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 class TrainerAgent:
-    def __init__(self, ctx: AgentContext, *, rank: int = 0) -> None:
+    def __init__(self, ctx: AgentContext, *, rank: int = 0, compute: Compute | None = None) -> None:
         self.ctx = ctx
         job = ctx.job
         self.task = task_source(job, ctx.jobdir.path, ctx.jobdir.init_model, scoring=rank == 0)
         self.rank = rank
         self.name = f"trainer-{rank}"
         where = str(ctx.jobdir.job_json)
-        self.backend = _backend(job, ctx.jobdir.init_model, where=where)
-        ref = _backend(job, ctx.jobdir.init_model, where=where).model if job.algorithm.kl_coef > 0 else None
+        self.compute = compute
+        init = ctx.jobdir.init_model
+        self.backend = _backend(job, init, where=where, compute=compute)
+        ref = _backend(job, init, where=where, compute=compute).model if job.algorithm.kl_coef > 0 else None
+        # versions travel in the checkpoint's dtype, a tied embedding once (what the planner prices)
+        config = hf.read_config(init)
+        self._wire_dtype, self._tied = hf.torch_dtype(config), config.tie_word_embeddings
         self.learner = make_learner(self.backend, job.algorithm, job.batch, ref=ref)
         self.bound = StalenessBound(job.pipeline.eta)
         self.samples_per_iteration = job.batch.samples_per_iteration
@@ -104,6 +114,10 @@ class TrainerAgent:
         self.state = "starting"
         self.inbox: queue.Queue[Message | None] = queue.Queue()
 
+    def wire_weights(self) -> dict[str, torch.Tensor]:
+        """A snapshot of the policy as it is published: the checkpoint's dtype, in host memory."""
+        return wire_weights(self.backend.weights(), dtype=self._wire_dtype, tied=self._tied)
+
     def figures(self) -> Heartbeat:
         return Heartbeat(name=self.name, state=self.state, version=self.version, busy_s=self.busy_s)
 
@@ -126,14 +140,14 @@ class TrainerAgent:
         publisher = self._publisher()
         roots = _gather(publisher.node.address)
         if self.version:  # resumed: the checkpoint's weights, as a full copy to every unit (an anchor)
-            publisher.publish(self.version, self.backend.weights())
+            publisher.publish(self.version, self.wire_weights())
         if self.rank > 0:  # follow rank 0's steps; publish each version for the units planned below this rank
             version = self.version
 
             def stepped() -> None:
                 nonlocal version
                 version += 1
-                publisher.publish(version, self.backend.weights())
+                publisher.publish(version, self.wire_weights())
 
             def write_shard(version: int) -> None:  # rank 0 writes the policy and seals the part after this
                 save_shard(
@@ -224,7 +238,7 @@ class TrainerAgent:
                     stats = self.learner.step()
                     del scoring[self.version]
                     iteration, self.version = self.version, self.version + 1
-                    publisher.publish(self.version, self.backend.weights())
+                    publisher.publish(self.version, self.wire_weights())
                     checkpoint = self._maybe_checkpoint()
                     self.busy_s += time.monotonic() - t0
                     link.send(
@@ -286,7 +300,7 @@ class TrainerAgent:
         )
 
 
-def _backend(job: JobFile, model_dir: Path, *, where: str) -> TrainerBackend:
+def _backend(job: JobFile, model_dir: Path, *, where: str, compute: Compute | None = None) -> TrainerBackend:
     """The job's trainer backend on `model_dir`, as this rank's place in the plan's tp × pp (from the launcher).
     `torch` is data parallel whatever the plan says (one whole replica per rank); `megatron` forms the plan's
     tp × pp groups and holds this rank's shard. What megatron cannot run here is a one-line ConfigError."""
@@ -294,9 +308,9 @@ def _backend(job: JobFile, model_dir: Path, *, where: str) -> TrainerBackend:
     tp, pp = int(parallel.get("tp", 1)), int(parallel.get("pp", 1))
     log.info("trainer backend %s, tp %d pp %d, on %s", job.trainer.backend, tp, pp, model_dir)
     if job.trainer.backend != "megatron":
-        return load_backend(job.trainer.backend, model_dir, tp=tp, pp=pp)
+        return load_backend(job.trainer.backend, model_dir, tp=tp, pp=pp, compute=compute)
     try:
-        return load_backend("megatron", model_dir, tp=tp, pp=pp)
+        return load_backend("megatron", model_dir, tp=tp, pp=pp, compute=compute)
     except ValueError as e:  # names.check_split: tp does not divide the heads, MLP width or vocabulary; pp the layers
         field = "pipeline_parallel" if str(e).startswith("pipeline parallel") else "tensor_parallel"
         raise ConfigError(where, f"trainer.{field}", str(e)) from e

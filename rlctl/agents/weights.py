@@ -247,7 +247,9 @@ class WeightPublisher:
         self._queue.put(0)
 
     def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
-        latest = (version, {k: v.detach().clone() for k, v in state_dict.items()})
+        """Hold and announce `version`. The tensors are this publisher's from now on: pass a snapshot (the
+        trainer's `wire_weights`), not the parameters the next optimizer step changes."""
+        latest = (version, dict(state_dict))
         if self._group is not None:
             self._ordered.put(latest)  # every version, in order (blocks when the encoding lags)
         with self._lock:

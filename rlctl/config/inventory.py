@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from rlctl.config.base import NAME_RE, Strict, check_header, read_yaml, register_tags, validate
 from rlctl.errors import ConfigError
@@ -109,12 +109,28 @@ class CustomGpu(Strict):
 class Node(Strict):
     host: str = Field(min_length=1)
     gpus: PositiveInt
+    devices: list[NonNegativeInt] | None = Field(
+        None,
+        description="the CUDA device id behind each of the host's GPU slots (default: slot i is device i); an id "
+        "listed more than once is shared by the agents given those slots — rollout units and a trainer rank may "
+        "share a GPU (e.g. a test machine with one), the trainer's NCCL ranks may not",
+    )
 
     @field_validator("host")
     @classmethod
     def _host_pattern(cls, v: str) -> str:
         expand_hostlist(v)
         return v
+
+    @model_validator(mode="after")
+    def _one_device_per_slot(self) -> Node:
+        if self.devices is not None and len(self.devices) != self.gpus:
+            raise ValueError(f"devices lists {len(self.devices)} ids for {self.gpus} GPU slots: give one per slot")
+        return self
+
+    def device(self, slot: int) -> int:
+        """The CUDA device id of GPU slot `slot` of each of this entry's hosts."""
+        return slot if self.devices is None else self.devices[slot]
 
     @property
     def hosts(self) -> list[str]:
@@ -174,6 +190,11 @@ class Site(Strict):
     @property
     def total_gpus(self) -> int:
         return sum(g for _, g in self.hosts)
+
+    def devices_of(self, host: str, slots: tuple[int, ...]) -> tuple[int, ...]:
+        """The CUDA device ids behind GPU slots `slots` of `host` (its node's `devices`, or the slots themselves)."""
+        node = next((n for n in self.nodes if host in n.hosts), None)
+        return slots if node is None else tuple(node.device(s) for s in slots)
 
     @property
     def gpus_per_node(self) -> int:

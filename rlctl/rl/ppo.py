@@ -33,7 +33,7 @@ from torch import nn
 
 from rlctl.config.job import PpoAlgorithm
 from rlctl.rl.grpo import policy_loss, policy_optimizer
-from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, micro_batches
+from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, micro_batches
 from rlctl.trainers.base import DataParallel, Trunk, clip_whole, whole_replicas
 
 _SUMMED = ("pg_loss_sum", "clip_sum", "approx_kl_sum", "kl_sum", "tokens", "value_loss")  # what step() reports
@@ -47,7 +47,7 @@ class ValueModel(nn.Module):
         super().__init__()
         assert isinstance(trunk, nn.Module), type(trunk)
         self.body = trunk
-        self.head = nn.Linear(trunk.config.hidden_size, 1)
+        self.head = nn.Linear(trunk.config.hidden_size, 1, device=device_of(trunk))
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
@@ -64,9 +64,9 @@ def gae(
     m = mask.float()
     v = values * m
     adv = torch.zeros_like(v)
-    last = torch.zeros(v.shape[0])
+    last = v.new_zeros(v.shape[0])
     for t in range(v.shape[1] - 1, -1, -1):
-        nxt = v[:, t + 1] if t + 1 < v.shape[1] else torch.zeros(v.shape[0])
+        nxt = v[:, t + 1] if t + 1 < v.shape[1] else v.new_zeros(v.shape[0])
         delta = rewards[:, t] + gamma * nxt - v[:, t]
         last = (delta + gamma * lam * last) * m[:, t]
         adv[:, t] = last
@@ -114,18 +114,19 @@ class PpoLearner:
         if self.cfg.kl_coef > 0:  # this share's, in the batch's order
             mine = [samples[i] for i in sorted(i for idx in cuts for i in idx)]
             fill_ref_logprobs(self.ref_model, mine, temperature=self.cfg.temperature, pad=self.pad)
+        dev = device_of(self.critic)
         for idx in cuts:
             part = [samples[i] for i in idx]
-            batch = make_batch(part, [0.0] * len(part), pad=self.pad)
+            batch = make_batch(part, [0.0] * len(part), pad=self.pad).to(dev)
             mask = batch.mask
-            rewards = torch.zeros(mask.shape)
+            rewards = torch.zeros(mask.shape, device=dev)
             if self.cfg.kl_coef > 0 and batch.ref_logprobs is not None:
                 rewards -= self.cfg.kl_coef * (batch.old_logprobs - batch.ref_logprobs) * mask
             last = mask.float().cumsum(1).argmax(1)  # index of each row's last output token
-            rewards[torch.arange(len(part)), last] += torch.tensor([s.reward for s in part])
-            a, r = gae(rewards, self.critic(batch.tokens), mask, self.cfg.gamma, self.cfg.lam)
+            rewards[torch.arange(len(part), device=dev), last] += torch.tensor([s.reward for s in part], device=dev)
+            a, r = gae(rewards, self.critic(batch.tokens).float(), mask, self.cfg.gamma, self.cfg.lam)
             for j, i in enumerate(idx):
-                adv[i] = a[j][mask[j]]
+                adv[i] = a[j][mask[j]].cpu()
                 ret[i] = r[j][mask[j]].tolist()
         if self.dp.size > 1:  # every share's, for the whitening over the whole batch
             share = {i: (adv[i].tolist(), ret[i]) for idx in cuts for i in idx}
@@ -156,8 +157,9 @@ class PpoLearner:
                 self.model, batch, self.cfg.clip_eps, 0.0, temperature=self.cfg.temperature, num_tokens=total
             )
             loss.backward()
-            target = make_batch(part, [ret[i] for i in idx], pad=self.pad).advantages
-            v_err = (self.critic(batch.tokens) - target) * batch.mask
+            target = make_batch(part, [ret[i] for i in idx], pad=self.pad).advantages.to(device_of(self.critic))
+            tokens, mask = batch.tokens.to(target.device), batch.mask.to(target.device)
+            v_err = (self.critic(tokens).float() - target) * mask
             v_loss = 0.5 * v_err.pow(2).sum() / total
             v_loss.backward()
             sums["value_loss"] += float(v_loss.detach()) * total

@@ -59,6 +59,18 @@ class TokenBatch:
     def num_tokens(self) -> int:
         return int(self.mask.sum())
 
+    def to(self, device: torch.device) -> TokenBatch:
+        """The batch on `device` (the model's: batches are built on the host)."""
+        ref = None if self.ref_logprobs is None else self.ref_logprobs.to(device)
+        return TokenBatch(
+            self.tokens.to(device), self.mask.to(device), self.old_logprobs.to(device), self.advantages.to(device), ref
+        )
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """Where a model's parameters are (what its inputs must be on)."""
+    return next(model.parameters()).device
+
 
 def _grid(samples: list[Sample], pad: int) -> tuple[torch.Tensor, torch.Tensor, list[slice]]:
     rows = [s.prompt_tokens + s.output_tokens for s in samples]
@@ -102,7 +114,7 @@ def token_logprobs(model: nn.Module, tokens: torch.Tensor, temperature: float = 
 def score(model: nn.Module, samples: list[Sample], *, temperature: float = 1.0, pad: int = 0) -> list[list[float]]:
     """Per-output-token logprobs of `samples` under `model` (e.g. the reference policy for the KL term)."""
     tokens, _, spans = _grid(samples, pad)
-    lp = token_logprobs(model, tokens, temperature)
+    lp = token_logprobs(model, tokens.to(device_of(model)), temperature)
     return [lp[i, span].tolist() for i, span in enumerate(spans)]
 
 

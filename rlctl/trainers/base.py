@@ -29,13 +29,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rlctl.devices import DeviceError
+
 if TYPE_CHECKING:  # torch only where a backend is built: preflight imports this module too
     import torch
     from torch import nn
 
+    from rlctl.devices import Compute
     from rlctl.models.hf import TinyGPTConfig
 
 MEGATRON_INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1; `make unit` installs it)"
+MEGATRON_NO_GPU = (
+    "the megatron backend runs on CPU sites only: its GPU path (CUDA tensors, megatron's DDP and distributed "
+    "optimizer, tp/pp over NCCL) is not built"
+)
 
 
 @dataclass(frozen=True)
@@ -113,29 +120,49 @@ class TrainerBackend(ABC):
         """Write an HF checkpoint directory (config.json, weights, the tokenizer files of `tokenizer_from`)."""
 
 
-def _torch(model_dir: Path, *, tp: int, pp: int) -> TrainerBackend:
+def _torch(model_dir: Path, *, tp: int, pp: int, compute: Compute | None) -> TrainerBackend:
     from rlctl.trainers.native import TorchBackend
 
     del tp, pp  # data parallel over every rank, whatever the plan's split: one whole replica per rank
-    return TorchBackend.load(model_dir)
+    return TorchBackend.load(model_dir, compute=compute)
 
 
-def _megatron(model_dir: Path, *, tp: int, pp: int) -> TrainerBackend:
+def _megatron(model_dir: Path, *, tp: int, pp: int, compute: Compute | None) -> TrainerBackend:
     from rlctl.trainers.megatron.backend import MegatronBackend
 
+    if compute is not None and compute.is_cuda:  # `rlctl check` refuses such a job; an agent started anyway stops
+        raise DeviceError(MEGATRON_NO_GPU, hint="use trainer.backend 'torch' on GPU sites")
     return MegatronBackend.load(model_dir, tp=tp, pp=pp)
 
 
 BACKENDS: dict[str, Callable[..., TrainerBackend]] = {"torch": _torch, "megatron": _megatron}
 
 
-def load_backend(name: str, model_dir: str | Path, *, tp: int = 1, pp: int = 1) -> TrainerBackend:
-    """The `name` backend on the HF checkpoint `model_dir`, as tensor/pipeline-parallel rank of tp × pp."""
+def load_backend(
+    name: str, model_dir: str | Path, *, tp: int = 1, pp: int = 1, compute: Compute | None = None
+) -> TrainerBackend:
+    """The `name` backend on the HF checkpoint `model_dir`, as tensor/pipeline-parallel rank of tp × pp, computing
+    where `compute` says (None: the CPU, fp32)."""
     try:
         build = BACKENDS[name]
     except KeyError:
         raise ValueError(f"unknown trainer backend {name!r}; known: {', '.join(BACKENDS)}") from None
-    return build(Path(model_dir), tp=tp, pp=pp)
+    return build(Path(model_dir), tp=tp, pp=pp, compute=compute)
+
+
+def wire_weights(state_dict: Mapping[str, torch.Tensor], *, dtype: torch.dtype, tied: bool) -> dict[str, torch.Tensor]:
+    """What a version of these weights is on the wire: floating tensors in `dtype` (the checkpoint's), in host
+    memory, each a new tensor (a snapshot: the trainer's next step does not change it); with tied embeddings,
+    no `lm_head.weight` (the embedding is the one copy). One copy per tensor, straight from the device."""
+    import torch
+
+    out = {}
+    for name, t in state_dict.items():
+        if tied and name == "lm_head.weight":
+            continue
+        want = dtype if t.is_floating_point() else t.dtype
+        out[name] = torch.empty(t.shape, dtype=want).copy_(t.detach())
+    return out
 
 
 def megatron_available() -> str | None:

