@@ -1,20 +1,29 @@
-"""Lossless delta codec between two flat weight buffers of the same layout.
+"""Lossless delta codec between two flat weight buffers of the same layout: the changed elements only.
 
-    encoded = header | zstd( byte-planes of (new XOR prev) )
-    header  = "RLD1" | base_version (i64) | raw_len (u64) | target_xxh3 (u64) | element_bytes (u32)
+    encoded = header | segment table | per segment: zstd(gaps) ‖ zstd(values)
+    header  = "RLD2" | base_version (i64) | raw_len (u64) | target_xxh3 (u64) | element_bytes (u32) | segments (u32)
+    segment = first_element (u64) | count (u64) | gap_bytes (u32: 4 or 8) | gaps_zlen (u64) | values_zlen (u64)
 
-After an RL step with a small learning rate most bf16 weights are bit-identical, so the XOR is
-mostly zero; splitting it into byte planes (all first bytes of each element, then all second
-bytes, ...) puts the rarely-touched exponent/sign bytes next to each other, which zstd squeezes
-far better than the interleaved bytes. Decoding XORs back onto the base and checks the xxh3 of
-the result against the header: a mismatch (wrong base, corrupted payload) raises ProtocolError,
-and the caller falls back to a full transfer. Both directions stream through 4 MiB pieces (one
-zstd frame), so no full-size intermediate buffer is ever allocated.
+After an RL step with a small learning rate most bf16 weights are bit-identical, so (new XOR prev) is mostly
+zero. Only the elements that changed are kept: their positions as gaps from the previous changed element
+(the first from the segment's start; int32 unless a gap needs int64) and their XOR values (element_bytes
+each), each array compressed with zstd. Measured on an H100 (1 GiB of bf16, 2 % changed) the positions and
+values are found on the GPU (`torch.nonzero`) and copied to pinned host memory at 51 GB/s, and only those two
+small arrays meet zstd: 6.5 GB/s end to end, ratio 0.0197 — against 0.8–0.9 GB/s and ratio 0.0245 for
+zstd over the XOR's byte planes, whose cost is compressing a GiB of zeros.
+
+The encoder is torch code that runs where the buffers are (CPU or CUDA), piece by piece (`piece_elements`
+per segment), so no full-size temporary exists; segments also let P ranks each encode their own range
+(`encode(..., first=, last=)`) and `assemble` concatenate them: the decoder sees one segment list. Decoding
+(numpy, on the receiver's host) XORs each segment's values into a copy of the base and checks the xxh3 of
+the result against the header: a mismatch (wrong base, corrupted payload) raises ProtocolError, and the
+caller falls back to a full transfer.
 """
 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,90 +33,170 @@ import zstandard
 from rlctl.errors import ProtocolError
 from rlctl.transport.framing import tensor_bytes
 
-MAGIC = b"RLD1"
-HEADER = struct.Struct("!4sqQQI")
-_PIECE_BYTES = 4 << 20
+MAGIC = b"RLD2"
+HEADER = struct.Struct("!4sqQQII")
+SEGMENT = struct.Struct("!QQIQQ")
+PIECE_ELEMENTS = 64 << 20  # elements per segment: bounds the encoder's temporaries (a few × this many bytes)
+_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_NP = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
-def _np(flat: torch.Tensor) -> np.ndarray:
-    assert flat.dtype == torch.uint8 and flat.dim() == 1 and flat.is_contiguous()
-    return flat.numpy()
+def element_bytes_for(nbytes: int, element_bytes: int = 2) -> int:
+    """The element width a buffer of `nbytes` is compared in (1 when `element_bytes` does not divide it)."""
+    return element_bytes if nbytes % element_bytes == 0 else 1
 
 
-def encode(
-    prev: torch.Tensor, new: torch.Tensor, *, base_version: int, element_bytes: int = 2, level: int = 1
-) -> torch.Tensor:
-    """Encoded delta (uint8 tensor) that turns `prev` (version base_version) into `new`."""
-    if prev.numel() != new.numel():
-        raise ValueError(f"delta needs equal sizes, got {prev.numel()} and {new.numel()} bytes")
-    if new.numel() % element_bytes:
-        element_bytes = 1
-    a, b = _np(prev), _np(new)
-    # XOR plane by plane in small pieces fed to one zstd frame: no full-size intermediates
-    n = a.size // element_bytes
-    a2, b2 = a.reshape(-1, element_bytes), b.reshape(-1, element_bytes)
-    piece = np.empty(min(n, _PIECE_BYTES) or 1, dtype=np.uint8)
-    comp = zstandard.ZstdCompressor(level=level).compressobj(size=a.size)
-    parts = []
-    for plane in range(element_bytes):
-        for first in range(0, n, piece.size):
-            m = min(piece.size, n - first)
-            np.bitwise_xor(a2[first : first + m, plane], b2[first : first + m, plane], out=piece[:m])
-            parts.append(comp.compress(piece[:m].data))
-    parts.append(comp.flush())
-    body = b"".join(parts)
-    head = HEADER.pack(MAGIC, base_version, a.size, xxhash.xxh3_64_intdigest(b.data), element_bytes)
-    out = torch.empty(len(head) + len(body), dtype=torch.uint8)
-    o = out.numpy()
-    o[: len(head)] = np.frombuffer(head, dtype=np.uint8)
-    o[len(head) :] = np.frombuffer(body, dtype=np.uint8)
+@dataclass(frozen=True)
+class Segment:
+    first: int  # element index the segment's gaps count from
+    count: int  # changed elements in it
+    gap_bytes: int
+    gaps: bytes  # zstd
+    values: bytes  # zstd
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    """A device tensor's bytes on the host (through pinned memory from a GPU: a direct DMA)."""
+    if t.device.type == "cpu":
+        return t.numpy()
+    staging = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    staging.copy_(t)
+    return staging.numpy()
+
+
+def encode_segments(
+    prev: torch.Tensor,
+    new: torch.Tensor,
+    *,
+    element_bytes: int = 2,
+    level: int = 1,
+    first: int = 0,
+    last: int | None = None,
+    piece_elements: int = PIECE_ELEMENTS,
+) -> list[Segment]:
+    """The changed elements of elements [first, last) of two flat uint8 buffers (on one device), one segment per
+    piece of `piece_elements`."""
+    if prev.numel() != new.numel() or prev.device != new.device:
+        raise ValueError(f"delta needs equal sizes on one device, got {prev.numel()} and {new.numel()} bytes")
+    eb = element_bytes_for(new.numel(), element_bytes)
+    a, b = prev.view(_INT[eb]), new.view(_INT[eb])
+    last = a.numel() if last is None else last
+    comp = zstandard.ZstdCompressor(level=level)
+    out = []
+    for lo in range(first, last, piece_elements):
+        hi = min(lo + piece_elements, last)
+        x = torch.bitwise_xor(a[lo:hi], b[lo:hi])
+        idx = torch.nonzero(x).flatten()
+        values = x[idx]
+        gaps = torch.diff(idx, prepend=idx.new_zeros(1)) if idx.numel() else idx
+        wide = bool(idx.numel()) and int(gaps.max()) >= 2**31
+        gaps = gaps if wide else gaps.to(torch.int32)
+        g, v = _host(gaps), _host(values)
+        out.append(Segment(lo, int(idx.numel()), 8 if wide else 4, comp.compress(g.data), comp.compress(v.data)))
     return out
 
 
-def base_version_of(encoded: torch.Tensor) -> int:
-    return _header(encoded)[1]
+def to_frame(segments: list[Segment]) -> bytes:
+    """Segments as one self-delimiting byte string (what a rank sends the others in a split encoding)."""
+    return b"".join(
+        SEGMENT.pack(s.first, s.count, s.gap_bytes, len(s.gaps), len(s.values)) + s.gaps + s.values for s in segments
+    )
 
 
-def _header(encoded: torch.Tensor) -> tuple[bytes, int, int, int, int]:
+def from_frame(frame: bytes) -> list[Segment]:
+    """The segments of `to_frame`'s bytes; ProtocolError for a frame that does not parse."""
+    out, pos = [], 0
+    while pos < len(frame):
+        if pos + SEGMENT.size > len(frame):
+            raise ProtocolError(f"delta frame ends inside a segment header at byte {pos}")
+        first, count, gap_bytes, gz, vz = SEGMENT.unpack_from(frame, pos)
+        pos += SEGMENT.size
+        if pos + gz + vz > len(frame):
+            raise ProtocolError(f"delta frame ends inside segment data at byte {pos}")
+        out.append(Segment(first, count, gap_bytes, frame[pos : pos + gz], frame[pos + gz : pos + gz + vz]))
+        pos += gz + vz
+    return out
+
+
+def assemble(
+    segments: list[Segment], *, base_version: int, raw_len: int, target_xxh3: int, element_bytes: int
+) -> torch.Tensor:
+    """The payload (a host uint8 tensor) of `segments`, in element order, turning version `base_version` into the
+    buffer whose xxh3 is `target_xxh3`."""
+    head = HEADER.pack(MAGIC, base_version, raw_len, target_xxh3, element_bytes, len(segments))
+    table = b"".join(SEGMENT.pack(s.first, s.count, s.gap_bytes, len(s.gaps), len(s.values)) for s in segments)
+    body = b"".join(s.gaps + s.values for s in segments)
+    return torch.frombuffer(bytearray(head + table + body), dtype=torch.uint8)
+
+
+def encode(
+    prev: torch.Tensor,
+    new: torch.Tensor,
+    *,
+    base_version: int,
+    element_bytes: int = 2,
+    level: int = 1,
+    target_xxh3: int | None = None,
+) -> torch.Tensor:
+    """Encoded delta (a host uint8 tensor) that turns `prev` (version base_version) into `new`. Runs where the
+    buffers are; `target_xxh3` is the xxh3 of `new`'s bytes (computed here from a host buffer when not given)."""
+    if target_xxh3 is None:
+        target_xxh3 = xxhash.xxh3_64_intdigest(tensor_bytes(new))
+    eb = element_bytes_for(new.numel(), element_bytes)
+    segs = encode_segments(prev, new, element_bytes=eb, level=level)
+    return assemble(segs, base_version=base_version, raw_len=new.numel(), target_xxh3=target_xxh3, element_bytes=eb)
+
+
+def _header(encoded: torch.Tensor) -> tuple[int, int, int, int, int]:
     if encoded.numel() < HEADER.size:
         raise ProtocolError(f"delta payload of {encoded.numel()} bytes is shorter than its header")
-    fields = HEADER.unpack(bytes(tensor_bytes(encoded[: HEADER.size])))
-    if fields[0] != MAGIC:
-        raise ProtocolError(f"delta payload has bad magic {fields[0]!r}")
-    return fields
+    magic, base, raw_len, target, eb, segments = HEADER.unpack(bytes(tensor_bytes(encoded[: HEADER.size])))
+    if magic != MAGIC:
+        raise ProtocolError(f"delta payload has bad magic {magic!r}")
+    if eb not in _NP:
+        raise ProtocolError(f"delta payload has element width {eb}")
+    return base, raw_len, target, eb, segments
+
+
+def base_version_of(encoded: torch.Tensor) -> int:
+    return _header(encoded)[0]
 
 
 def decode(prev: torch.Tensor, encoded: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rebuild the new buffer from `prev` and the encoded delta; bit-exact or ProtocolError."""
-    _, _, raw_len, target, element_bytes = _header(encoded)
+    """Rebuild the new buffer from `prev` and the encoded delta (host buffers); bit-exact or ProtocolError."""
+    _, raw_len, target, eb, n_segments = _header(encoded)
     if raw_len != prev.numel():
         raise ProtocolError(f"delta is for a {raw_len}-byte buffer, base has {prev.numel()} bytes")
+    data = memoryview(tensor_bytes(encoded))
+    table_end = HEADER.size + n_segments * SEGMENT.size
+    if table_end > len(data):
+        raise ProtocolError(f"delta payload of {len(data)} bytes is shorter than its {n_segments}-segment table")
     result = torch.empty(raw_len, dtype=torch.uint8) if out is None else out
-    r = _np(result)
-    # stream the planes through a small buffer, XOR-ing each piece straight into its strided
-    # place: no full-size intermediate, so decoding touches the big buffers once
-    n = raw_len // element_bytes
-    base, dst = _np(prev).reshape(-1, element_bytes), r.reshape(-1, element_bytes)
-    piece = np.empty(min(raw_len, _PIECE_BYTES) or 1, dtype=np.uint8)
-    pos = 0
+    if result.data_ptr() != prev.data_ptr():
+        result.copy_(prev)
+    dst = result.numpy().view(_NP[eb])
+    n = dst.size
+    pos = table_end
+    dec = zstandard.ZstdDecompressor()
     try:
-        reader = zstandard.ZstdDecompressor().stream_reader(tensor_bytes(encoded[HEADER.size :]))
-        while pos < raw_len:
-            got = reader.readinto(piece)
-            if got == 0:
-                raise ProtocolError(f"delta decompressed to {pos} bytes, expected {raw_len}")
-            off = 0
-            while off < got:
-                plane, first = divmod(pos, n)
-                take = min(got - off, n - first)
-                np.bitwise_xor(
-                    base[first : first + take, plane], piece[off : off + take], out=dst[first : first + take, plane]
-                )
-                off, pos = off + take, pos + take
-        if reader.read(1):
-            raise ProtocolError(f"delta decompresses to more than {raw_len} bytes")
+        for k in range(n_segments):
+            first, count, gap_bytes, gz, vz = SEGMENT.unpack_from(data, HEADER.size + k * SEGMENT.size)
+            if gap_bytes not in (4, 8) or pos + gz + vz > len(data) or first > n or count > n - first:
+                raise ProtocolError(f"delta segment {k} does not fit the payload or the buffer")
+            gaps = np.frombuffer(
+                dec.decompress(data[pos : pos + gz], max_output_size=count * gap_bytes), _NP[gap_bytes]
+            )
+            values = np.frombuffer(dec.decompress(data[pos + gz : pos + gz + vz], max_output_size=count * eb), _NP[eb])
+            pos += gz + vz
+            if gaps.size != count or values.size != count:
+                raise ProtocolError(f"delta segment {k}: {gaps.size} positions and {values.size} values, not {count}")
+            if count:
+                idx = np.cumsum(gaps, dtype=np.int64) + first
+                if (gaps[1:] <= 0).any() or gaps[0] < 0 or idx[-1] >= n:
+                    raise ProtocolError(f"delta segment {k}: positions out of order or outside the buffer")
+                dst[idx] ^= values
     except zstandard.ZstdError as e:
         raise ProtocolError(f"delta payload does not decompress: {e}") from e
-    if xxhash.xxh3_64_intdigest(r.data) != target:
+    if xxhash.xxh3_64_intdigest(tensor_bytes(result)) != target:
         raise ProtocolError("delta reconstruction failed its checksum (wrong base version or corrupted payload)")
     return result

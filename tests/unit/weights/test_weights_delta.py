@@ -26,7 +26,7 @@ def test_round_trip_is_bit_exact(dtype):
     assert torch.equal(delta.decode(old, enc), new)
 
 
-def test_odd_sizes_fall_back_to_byte_planes():
+def test_odd_sizes_are_compared_byte_by_byte():
     old = torch.randint(0, 256, (1001,), dtype=torch.uint8)
     new = old.clone()
     new[::97] ^= 0x5A
@@ -61,3 +61,29 @@ def test_corrupted_or_truncated_payloads_are_refused():
         delta.decode(old, enc[:5])
     with pytest.raises(ProtocolError, match="-byte buffer"):
         delta.decode(old[:-64], enc)
+
+
+def test_only_changed_elements_travel_in_located_segments():
+    """Positions as gaps (int32) and XOR values per segment: each piece is one segment, found where it says."""
+    old, new = _versions(100_000, 0.01)
+    segs = delta.encode_segments(old, new, piece_elements=30_000)
+    assert [s.first for s in segs] == [0, 30_000, 60_000, 90_000] and {s.gap_bytes for s in segs} == {4}
+    changed = int((old.view(torch.int16) != new.view(torch.int16)).sum())
+    assert sum(s.count for s in segs) == changed
+    frame = delta.to_frame(segs[::-1])  # segments locate themselves: order does not matter
+    target = __import__("xxhash").xxh3_64_intdigest(new.numpy().data)
+    payload = delta.assemble(
+        delta.from_frame(frame), base_version=2, raw_len=new.numel(), target_xxh3=target, element_bytes=2
+    )
+    assert torch.equal(delta.decode(old, payload), new)
+    empty = delta.encode(old, old, base_version=0)
+    assert torch.equal(delta.decode(old, empty), old) and empty.numel() < 200
+
+
+def test_a_segment_outside_the_buffer_is_refused():
+    old, new = _versions(10_000, 0.05)
+    (seg,) = delta.encode_segments(old, new)
+    moved = delta.Segment(seg.first + 9_990, seg.count, seg.gap_bytes, seg.gaps, seg.values)
+    payload = delta.assemble([moved], base_version=1, raw_len=new.numel(), target_xxh3=0, element_bytes=2)
+    with pytest.raises(ProtocolError, match=r"outside the buffer|does not fit"):
+        delta.decode(old, payload)
