@@ -56,7 +56,7 @@ from rlctl.models import hf
 from rlctl.rl.learner import make_learner
 from rlctl.rl.samples import Sample
 from rlctl.rl.source import task_source
-from rlctl.trainers.base import TrainerBackend, load_backend, wire_weights
+from rlctl.trainers.base import TrainerBackend, load_backend
 from rlctl.transport import Message
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,10 @@ class TrainerAgent:
         self.checkpoint_digest = ""  # of the checkpoint this trainer restored (the controller compares)
         tp, pp = self.backend.model_parallel()
         self.data_parallel = self.backend.data_parallel()
-        self.split = ParallelConfig("trainer", tp=tp, pp=pp, dp=self.data_parallel.size)
+        self.split = ParallelConfig(
+            "trainer", tp=tp, pp=pp, dp=self.data_parallel.size, fsdp=self.data_parallel.sharded or None
+        )
+        self.modules = self.learner.modules() | self.backend.checkpoint_modules()  # in each rank's shard
         resumed = resume_version()
         if resumed:  # `launch --resume`: policy, the optimizer shard and RNG of this rank's (tp, pp) position,
             # version from the checkpoint
@@ -104,7 +107,7 @@ class TrainerAgent:
                 ctx.jobdir.checkpoint(resumed),
                 model=self.backend,
                 optimizers=self.learner.optimizers(),
-                modules=self.learner.modules(),
+                modules=self.modules,
                 split=self.split,
                 data_parallel=self.data_parallel,
             )
@@ -116,7 +119,7 @@ class TrainerAgent:
 
     def wire_weights(self) -> dict[str, torch.Tensor]:
         """A snapshot of the policy as it is published: the checkpoint's dtype, in host memory."""
-        return wire_weights(self.backend.weights(), dtype=self._wire_dtype, tied=self._tied)
+        return self.backend.wire_weights(dtype=self._wire_dtype, tied=self._tied)
 
     def figures(self) -> Heartbeat:
         return Heartbeat(name=self.name, state=self.state, version=self.version, busy_s=self.busy_s)
@@ -153,7 +156,7 @@ class TrainerAgent:
                 save_shard(
                     self.ctx.jobdir.checkpoint(version),
                     optimizers=self.learner.optimizers(),
-                    modules=self.learner.modules(),
+                    modules=self.modules,
                     split=self.split,
                     data_parallel=self.data_parallel,
                 )
@@ -291,7 +294,7 @@ class TrainerAgent:
             self.ctx.jobdir.checkpoint(version),
             model=self.backend,
             optimizers=self.learner.optimizers(),
-            modules=self.learner.modules(),
+            modules=self.modules,
             counters={"version": version},
             split=self.split,
             data_parallel=self.data_parallel,
@@ -305,10 +308,11 @@ def _backend(job: JobFile, model_dir: Path, *, where: str, compute: Compute | No
     `torch` is data parallel whatever the plan says (one whole replica per rank); `megatron` forms the plan's
     tp × pp groups and holds this rank's shard. What megatron cannot run here is a one-line ConfigError."""
     parallel = parallel_from_env()
-    tp, pp = int(parallel.get("tp", 1)), int(parallel.get("pp", 1))
-    log.info("trainer backend %s, tp %d pp %d, on %s", job.trainer.backend, tp, pp, model_dir)
+    tp, pp, shard = int(parallel.get("tp", 1)), int(parallel.get("pp", 1)), bool(parallel.get("fsdp"))
+    log.info("trainer backend %s, tp %d pp %d%s, on %s", job.trainer.backend, tp, pp, " fsdp" * shard, model_dir)
     if job.trainer.backend != "megatron":
-        return load_backend(job.trainer.backend, model_dir, tp=tp, pp=pp, compute=compute)
+        ckpt = job.trainer.activation_checkpointing
+        return load_backend("torch", model_dir, compute=compute, shard=shard, activation_checkpointing=ckpt)
     try:
         return load_backend("megatron", model_dir, tp=tp, pp=pp, compute=compute)
     except ValueError as e:  # names.check_split: tp does not divide the heads, MLP width or vocabulary; pp the layers

@@ -94,12 +94,15 @@ def split_problem(manifest: dict[str, Any], trainer: ParallelConfig) -> str | No
     if not isinstance(split, dict) or "ranks" not in manifest:
         return "written before checkpoints kept every trainer rank's state (no split in MANIFEST.trainer.json)"
     have = tuple(int(split.get(k, 0)) for k in ("tp", "pp", "dp"))
-    if have == (trainer.tp, trainer.pp, trainer.dp):
+    sharded = bool(split.get("fsdp"))
+    if have == (trainer.tp, trainer.pp, trainer.dp) and sharded == bool(trainer.fsdp):
         return None
+    fsdp = " fsdp" if sharded else ""
     return (
-        f"written by a trainer at tp {have[0]} pp {have[1]} dp {have[2]}, which this trainer "
-        f"(tp {trainer.tp} pp {trainer.pp} dp {trainer.dp}) cannot load: each rank restores the shard of its (tp, pp) "
-        "position at that split"
+        f"written by a trainer at tp {have[0]} pp {have[1]} dp {have[2]}{fsdp}, which this trainer "
+        f"(tp {trainer.tp} pp {trainer.pp} dp {trainer.dp}{' fsdp' if trainer.fsdp else ''}) cannot load: each rank "
+        "restores the shard of its (tp, pp) position at that split"
+        + (", its own part of the sharded state" if sharded or trainer.fsdp else "")
     )
 
 

@@ -57,6 +57,7 @@ from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas
+from rlctl.trainers.fsdp import load_local, local_state, redistribute_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ def optimizer_digest(optimizers: dict[str, torch.optim.Optimizer]) -> str:
     digests before the save and after the restore mean the optimizer state came back exactly."""
     h = hashlib.sha256()
     for name in sorted(optimizers):
-        sd = optimizers[name].state_dict()
+        sd = local_state(optimizers[name].state_dict())  # a sharded rank's own part (FSDP)
         h.update(name.encode() + json.dumps(sd["param_groups"], sort_keys=True, default=str).encode())
         for index in sorted(sd["state"]):
             for key in sorted(sd["state"][index]):
@@ -125,8 +126,8 @@ def replica_ranks(data_parallel: DataParallel) -> list[int]:
     which hold the same optimizer state after every step. The first (replica 0's) writes the shard they all
     restore."""
     rank, world = _rank_world()
-    if data_parallel.size == 1:
-        out = [rank]
+    if data_parallel.size == 1 or data_parallel.sharded:  # sharded: every rank's state is its own
+        return [rank]
     elif data_parallel.group is None:  # the default group's ranks, every one a whole replica (`whole_replicas`)
         out = list(range(world))
     else:
@@ -149,12 +150,12 @@ def _write_shard(
     A rank of another replica writes nothing: replica 0's rank at its position holds the same state."""
     rank, _ = _rank_world()
     replicas = replica_ranks(data_parallel)
-    if data_parallel.rank > 0:
+    if data_parallel.rank > 0 and not data_parallel.sharded:
         return {"rank": rank, "replicas": replicas, "split": split.short()}
     rel = shard_name(rank)
     body: dict[str, Any] = {"rank": rank, "rng": rng_state()}
-    body |= {f"optimizer.{k}": o.state_dict() for k, o in optimizers.items()}
-    body |= {f"module.{k}": m.state_dict() for k, m in modules.items()}
+    body |= {f"optimizer.{k}": local_state(o.state_dict()) for k, o in optimizers.items()}
+    body |= {f"module.{k}": local_state(m.state_dict()) for k, m in modules.items()}
     path = ckpt / rel
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -243,7 +244,8 @@ def save_trainer(
 
     meta = {
         "counters": counters,
-        "split": {"tp": split.tp, "pp": split.pp, "dp": split.dp, "world": world},
+        "split": {"tp": split.tp, "pp": split.pp, "dp": split.dp, "world": world}
+        | ({"fsdp": True} if split.fsdp else {}),
         "optimizer_sha256": mine["optimizer_sha256"],  # rank 0's; every shard's below
         "ranks": [  # the ranks that wrote (replica 0's), and the ranks that restore each one's shard
             {
@@ -304,10 +306,11 @@ def load_trainer(
     model.load_state_dict(loaded.state_dict())
     shard = torch.load(ckpt / entry["file"], weights_only=True)
     assert shard["rank"] == shard_of, (ckpt, entry)  # the manifest verified this file: it is the one rank 0 listed
+    for k, m in (modules or {}).items():
+        load_local(m, shard[f"module.{k}"])
     for k, o in optimizers.items():
         o.load_state_dict(shard[f"optimizer.{k}"])
-    for k, m in (modules or {}).items():
-        m.load_state_dict(shard[f"module.{k}"])
+        redistribute_optimizer(o, [p for g in o.param_groups for p in g["params"]])  # sharded: DTensors again
     restored = optimizer_digest(optimizers)
     if restored != entry["optimizer_sha256"]:
         raise CheckpointError(

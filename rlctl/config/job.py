@@ -273,6 +273,16 @@ class Trainer(Strict):
         "chunks that overlap across the stages); must divide the model's layers. Unset: the plan's choice",
     )
 
+    shard: Literal["auto", "fsdp", "none"] = Field(
+        "auto",
+        description="'torch': shard the parameters, gradients and AdamW state over the trainer's ranks with FSDP2. "
+        "auto: where a whole replica (16 bytes per parameter) does not fit one GPU of the trainer's site, as the "
+        "planner prices it",
+    )
+    activation_checkpointing: bool = Field(
+        False, description="'torch': recompute each layer's activations in backward (less memory, ~1/3 more compute)"
+    )
+
     @property
     def model_split(self) -> tuple[int, int] | None:
         """(tp, pp) the job asks for, or None when it leaves both to the plan."""

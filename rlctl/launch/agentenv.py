@@ -48,19 +48,23 @@ class ParallelConfig:
     dp: int = 1
     rank: int | None = None
     replica: int | None = None
+    fsdp: bool | None = None  # trainer: its dp ranks shard one replica (FSDP2) instead of each holding one
 
     def to_json(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, sort_keys=True)
 
     def short(self) -> str:
-        """`tp2 pp1 dp8` for tables and log lines."""
-        return f"tp{self.tp} pp{self.pp} dp{self.dp}"
+        """`tp2 pp1 dp8` for tables and log lines (`… fsdp` when sharded)."""
+        return f"tp{self.tp} pp{self.pp} dp{self.dp}" + (" fsdp" if self.fsdp else "")
 
     def first_replica_ranks(self) -> list[int]:
         """A trainer's data-parallel replica 0: the global ranks of its tp × pp positions, which write the
         shards of a trainer checkpoint (the other replicas hold the same state). Megatron numbers the ranks tp
         fastest, then dp, then pp (its default order "tp-cp-ep-dp-pp"), so position (t, p) of replica 0 is
-        rank t + tp·dp·p: ranks 0 … tp−1 at pp 1, not a prefix of the ranks at pp > 1 and dp > 1."""
+        rank t + tp·dp·p: ranks 0 … tp−1 at pp 1, not a prefix of the ranks at pp > 1 and dp > 1. Sharded by
+        FSDP, every rank holds its own part of the one replica: all of them write."""
+        if self.fsdp:
+            return list(range(self.tp * self.pp * self.dp))
         return [t + self.tp * self.dp * p for p in range(self.pp) for t in range(self.tp)]
 
 

@@ -48,16 +48,17 @@ class PlannedAgent:
 def trainer_parallel(plan: dict[str, Any]) -> ParallelConfig:
     t = plan["trainer"]
     p = t.get("parallel") or {"tp": 1, "pp": 1, "dp": int(t["ranks"])}
-    return ParallelConfig("trainer", tp=int(p["tp"]), pp=int(p["pp"]), dp=int(p["dp"]))
+    return ParallelConfig("trainer", tp=int(p["tp"]), pp=int(p["pp"]), dp=int(p["dp"]), fsdp=p.get("fsdp") or None)
 
 
 def checkpoint_writers(plan: dict[str, Any], job: JobFile) -> list[int]:
     """The trainer ranks that write a checkpoint's shards: data-parallel replica 0's tp × pp ranks under
-    megatron (`ParallelConfig.first_replica_ranks`); rank 0 alone under torch, whose every rank is a whole
-    replica whatever the plan's split."""
-    if job.trainer.backend != "megatron":
+    megatron (`ParallelConfig.first_replica_ranks`); every rank of a torch trainer sharded by FSDP (each holds
+    its own part); else rank 0 alone under torch, whose every rank is a whole replica whatever the plan's split."""
+    parallel = trainer_parallel(plan)
+    if job.trainer.backend != "megatron" and not parallel.fsdp:
         return [0]
-    return trainer_parallel(plan).first_replica_ranks()
+    return parallel.first_replica_ranks()
 
 
 def unshared_trainer(

@@ -241,6 +241,7 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
                         "engine runs one device per unit: set 1, or engine 'vllm' for tensor parallelism",
                     )
                 )
+    out += _sharding(job, plan)
     try:
         agents = layout(plan, job.inventory.sites, spec)
     except LaunchError as e:
@@ -251,6 +252,40 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     writers = checkpoint_writers(plan, spec)
     if (why := unshared_trainer(site, job.inventory.sites[site], trainers, writers=writers)) is not None:
         out.append(Problem("placement.trainer", *why))
+    return out
+
+
+def _sharding(job: Job, plan: dict[str, Any]) -> list[Problem]:
+    """FSDP2 (`trainer.shard`, or the plan's where a replica does not fit one GPU) where it cannot run: the megatron
+    backend (it splits by tp/pp), one trainer rank (nothing to shard over), a PPO critic (not sharded)."""
+    spec, out = job.spec, []
+    t = plan["trainer"]
+    sharded = bool((t.get("parallel") or {}).get("fsdp"))
+    if spec.trainer.shard == "fsdp" and spec.trainer.backend != "torch":
+        out.append(
+            Problem(
+                "trainer.shard",
+                "'fsdp' shards the 'torch' backend; megatron splits by tensor/pipeline "
+                "parallel: use trainer.tensor_parallel / pipeline_parallel",
+            )
+        )
+    elif spec.trainer.shard == "fsdp" and int(t["ranks"]) < 2:
+        out.append(
+            Problem(
+                "trainer.shard",
+                f"'fsdp' over the trainer's {t['ranks']} GPU: nothing to shard over; "
+                "give the trainer 2 or more GPUs, or set 'auto'",
+            )
+        )
+    if sharded and spec.algorithm.kind == "ppo":
+        why = "asked for" if spec.trainer.shard == "fsdp" else "needed: a whole replica does not fit one GPU"
+        out.append(
+            Problem(
+                "trainer.shard",
+                f"FSDP ({why}) shards the policy, but not PPO's critic: use GRPO, "
+                "or a trainer site whose GPUs hold the replica",
+            )
+        )
     return out
 
 

@@ -83,6 +83,24 @@ def resolve_job(job: Job, *, iterations: int | None = None, mode: str | None = N
     return spec.model_copy(update=update) if update else spec
 
 
+def shard_trainer(job: Job, parallel: dict[str, int]) -> bool:
+    """Whether the `torch` trainer shards its replica over its dp ranks with FSDP2: `trainer.shard: fsdp`, or
+    `auto` where a whole replica does not fit one GPU of its site (`rlctl.planner.costs.replica_fits`, on the
+    planner's figures for the model and the site's GPU). Never with one rank, nor with a model split (megatron)."""
+    spec = job.spec
+    split = parallel["tp"] * parallel["pp"] > 1  # a model split: `rlctl check` refuses it for torch
+    if spec.trainer.backend != "torch" or spec.trainer.shard == "none" or parallel["dp"] < 2 or split:
+        return False
+    if spec.trainer.shard == "fsdp":
+        return True
+    from rlctl.planner.costs import replica_fits
+    from rlctl.profiler.analytical import training_entry
+
+    gpu = job.inventory.sites[spec.placement.trainer.site].spec
+    entry = training_entry(spec.model.arch, gpu, tp=1, pp=1, algorithm=spec.algorithm.kind)
+    return not replica_fits(entry, hbm_bytes=gpu.hbm_gb * 1e9)
+
+
 def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
     """Trainer ranks and rollout units per site: the job's explicit counts, or the planner's for `auto`."""
     placement = spec.placement
@@ -136,6 +154,8 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
         parallel = {"tp": tp, "pp": pp, "dp": trainer // (tp * pp)}
     elif t_config and int(t_config["tp"]) * int(t_config["pp"]) * int(t_config["dp"]) == trainer:
         parallel = {k: int(t_config[k]) for k in ("tp", "pp", "dp")}
+    if shard_trainer(job, parallel):
+        parallel["fsdp"] = True
     out: dict[str, Any] = {
         "source": source,
         "trainer": {"site": placement.trainer.site, "ranks": trainer, "parallel": parallel},

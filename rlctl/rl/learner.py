@@ -118,9 +118,13 @@ class StreamingLearner:
         self.backward_share(chunk)
 
     def backward_share(self, chunk: list[tuple[Sample, float]]) -> None:
-        """Forward/backward on this data-parallel rank's slice of `chunk` (the same slice on every tp rank)."""
+        """Forward/backward on this data-parallel rank's slice of `chunk` (the same slice on every tp rank). With a
+        sharded policy (FSDP) every rank runs every forward and backward (they are collectives): a rank whose slice
+        is empty runs the chunk's first row with weight 0."""
         t0 = time.monotonic()
-        mine = chunk[self.dp.rank :: self.dp.size]
+        mine, weight = chunk[self.dp.rank :: self.dp.size], 1.0
+        if not mine and self.dp.sharded and chunk:
+            mine, weight = chunk[:1], 0.0
         if mine:
             samples = [s for s, _ in mine]
             if self.cfg.kl_coef > 0:
@@ -130,9 +134,9 @@ class StreamingLearner:
             loss, m = policy_loss(
                 self.model, batch, self.cfg.clip_eps, self.cfg.kl_coef, temperature=self.cfg.temperature, num_tokens=1
             )
-            loss.backward()
+            (loss * weight).backward()
             for k, v in m.items():
-                self.sums[k] += v
+                self.sums[k] += weight * v
         self.compute_s += time.monotonic() - t0
 
     def step(self) -> dict[str, float]:
@@ -154,8 +158,8 @@ class StreamingLearner:
         for p in self.model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            if several:  # sum over data-parallel ranks: each summed the loss of its share
-                dist.all_reduce(p.grad, group=self.dp.group)
+            if several and not self.dp.sharded:  # sum over data-parallel ranks: each summed the loss of its share
+                dist.all_reduce(p.grad, group=self.dp.group)  # (sharded: FSDP summed them in backward)
             p.grad /= n
         sums = {k: self.sums[k] for k in _SUMMED}
         if several:

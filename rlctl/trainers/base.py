@@ -48,11 +48,14 @@ MEGATRON_NO_GPU = (
 @dataclass(frozen=True)
 class DataParallel:
     """This rank's place among the model replicas: it trains share `rank` of `size` of every micro-batch,
-    and its gradients are summed over `group` (None: torch.distributed's default group, every rank)."""
+    and its gradients are summed over `group` (None: torch.distributed's default group, every rank).
+    `sharded`: parameters, gradients and optimizer state are sharded over those ranks (FSDP2): the backend
+    reduces the gradients, and every rank holds — and checkpoints — its own part of the state."""
 
     rank: int = 0
     size: int = 1
     group: Any = None
+    sharded: bool = False
 
 
 def whole_replicas() -> DataParallel:
@@ -66,10 +69,13 @@ def whole_replicas() -> DataParallel:
 
 
 def clip_whole(model: nn.Module, max_norm: float) -> float:
-    """Clip the gradients of every parameter of `model` (one whole replica) to norm `max_norm`; the norm before."""
+    """Clip the gradients of every parameter of `model` (one whole replica, or one sharded by FSDP: the norm is
+    over every shard) to norm `max_norm`; the norm before."""
     import torch
 
-    return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    full = getattr(norm, "full_tensor", None)  # a DTensor when the gradients are sharded
+    return float(full() if full is not None else norm)
 
 
 class Trunk(Protocol):
@@ -106,6 +112,15 @@ class TrainerBackend(ABC):
         """(tensor parallel, pipeline parallel) of this rank's replica: (1, 1), every rank a whole one."""
         return 1, 1
 
+    def wire_weights(self, *, dtype: torch.dtype, tied: bool) -> dict[str, torch.Tensor]:
+        """A version as it is published (`wire_weights` of `weights()`): every rank calls it after every step."""
+        return wire_weights(self.weights(), dtype=dtype, tied=tied)
+
+    def checkpoint_modules(self) -> dict[str, nn.Module]:
+        """Modules whose state each rank's checkpoint shard holds besides the optimizers' (none: the HF directory
+        holds the policy)."""
+        return {}
+
     @abstractmethod
     def weights(self) -> dict[str, torch.Tensor]:
         """Full HF-layout tensors under the embedded model's names (detached; may share storage with the
@@ -120,18 +135,19 @@ class TrainerBackend(ABC):
         """Write an HF checkpoint directory (config.json, weights, the tokenizer files of `tokenizer_from`)."""
 
 
-def _torch(model_dir: Path, *, tp: int, pp: int, compute: Compute | None) -> TrainerBackend:
+def _torch(model_dir: Path, *, tp: int, pp: int, compute: Compute | None, **kw: Any) -> TrainerBackend:
     from rlctl.trainers.native import TorchBackend
 
-    del tp, pp  # data parallel over every rank, whatever the plan's split: one whole replica per rank
-    return TorchBackend.load(model_dir, compute=compute)
+    del tp, pp  # data parallel over every rank, whatever the plan's split: a whole replica per rank, or FSDP
+    return TorchBackend.load(model_dir, compute=compute, **kw)
 
 
-def _megatron(model_dir: Path, *, tp: int, pp: int, compute: Compute | None) -> TrainerBackend:
+def _megatron(model_dir: Path, *, tp: int, pp: int, compute: Compute | None, **kw: Any) -> TrainerBackend:
     from rlctl.trainers.megatron.backend import MegatronBackend
 
     if compute is not None and compute.is_cuda:  # `rlctl check` refuses such a job; an agent started anyway stops
         raise DeviceError(MEGATRON_NO_GPU, hint="use trainer.backend 'torch' on GPU sites")
+    assert not kw.get("shard"), "megatron shards by tp/pp: rlctl check refuses trainer.shard fsdp with it"
     return MegatronBackend.load(model_dir, tp=tp, pp=pp)
 
 
@@ -139,15 +155,23 @@ BACKENDS: dict[str, Callable[..., TrainerBackend]] = {"torch": _torch, "megatron
 
 
 def load_backend(
-    name: str, model_dir: str | Path, *, tp: int = 1, pp: int = 1, compute: Compute | None = None
+    name: str,
+    model_dir: str | Path,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    compute: Compute | None = None,
+    shard: bool = False,
+    activation_checkpointing: bool = False,
 ) -> TrainerBackend:
     """The `name` backend on the HF checkpoint `model_dir`, as tensor/pipeline-parallel rank of tp × pp, computing
-    where `compute` says (None: the CPU, fp32)."""
+    where `compute` says (None: the CPU, fp32); `shard`: FSDP2 over every rank (`torch`)."""
     try:
         build = BACKENDS[name]
     except KeyError:
         raise ValueError(f"unknown trainer backend {name!r}; known: {', '.join(BACKENDS)}") from None
-    return build(Path(model_dir), tp=tp, pp=pp, compute=compute)
+    kw = {"shard": shard, "activation_checkpointing": activation_checkpointing} if name == "torch" else {"shard": shard}
+    return build(Path(model_dir), tp=tp, pp=pp, compute=compute, **kw)
 
 
 def wire_weights(state_dict: Mapping[str, torch.Tensor], *, dtype: torch.dtype, tied: bool) -> dict[str, torch.Tensor]:

@@ -1,44 +1,102 @@
-"""The `torch` trainer backend: TinyGPT (the embedded engine's own model), a whole replica on every rank.
+"""The `torch` trainer backend: TinyGPT (the embedded engine's own model), a whole replica on every rank — or,
+sharded with FSDP2 (`rlctl.trainers.fsdp`), one replica over every rank.
 
-On a CUDA device the parameters and AdamW state stay fp32 (master weights) and the passes compute in bf16 under
-autocast (`rlctl.devices`); on a CPU everything is fp32. Gradients are summed over the trainer's process group:
-NCCL for CUDA tensors, gloo on CPUs (`rlctl.agents.trainer.init_group`).
+On a CUDA device the parameters and AdamW state stay fp32 (master weights) and the passes compute in bf16 (under
+autocast, or FSDP2's mixed-precision policy); on a CPU everything is fp32. Gradients are summed over the trainer's
+process group: NCCL for CUDA tensors, gloo on CPUs (`rlctl.agents.trainer.init_group`).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from rlctl.devices import Compute
+from rlctl.models import hf
 from rlctl.models.tinygpt import TinyGPT
-from rlctl.trainers.base import TrainerBackend
+from rlctl.trainers import fsdp
+from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas, wire_weights
 
 
 class TorchBackend(TrainerBackend):
-    def __init__(self, model: TinyGPT) -> None:
+    def __init__(self, model: TinyGPT, *, sharded: bool = False) -> None:
         self.model: TinyGPT = model
+        self.sharded = sharded
+        self._gathered: tuple[tuple[int, ...], torch.dtype, dict[str, torch.Tensor]] | None = None
 
     @classmethod
-    def load(cls, model_dir: Path, *, compute: Compute | None = None) -> TorchBackend:
-        """The checkpoint in fp32 on `compute`'s device (default: the CPU), computing in its autocast dtype."""
+    def load(
+        cls,
+        model_dir: Path,
+        *,
+        compute: Compute | None = None,
+        shard: bool = False,
+        activation_checkpointing: bool = False,
+    ) -> TorchBackend:
+        """The checkpoint in fp32 on `compute`'s device (default: the CPU), computing in its autocast dtype;
+        `shard`: FSDP2 over every rank of the default process group."""
         device = torch.device("cpu") if compute is None else compute.device
         model = TinyGPT.from_pretrained(model_dir, dtype=torch.float32, device=device)
         model.autocast_dtype = None if compute is None else compute.autocast_dtype
-        return cls(model)
+        model.activation_checkpointing = activation_checkpointing
+        if shard:
+            fsdp.shard(model, cuda=device.type == "cuda")
+        return cls(model, sharded=shard)
+
+    def data_parallel(self) -> DataParallel:
+        """Every rank trains its share of each micro-batch; sharded, FSDP reduces the gradients and each rank holds
+        (and checkpoints) its own part of the parameters and optimizer state."""
+        every = whole_replicas()
+        return DataParallel(every.rank, every.size, sharded=self.sharded) if self.sharded else every
 
     def critic_trunk(self) -> TinyGPT:
         """A copy of the policy (its `hidden` is the trunk; its lm_head is not used)."""
+        assert not self.sharded, "PPO's critic on a sharded policy is refused by rlctl check"
         return copy.deepcopy(self.model)
 
     def weights(self) -> dict[str, torch.Tensor]:
+        assert not self.sharded, "a sharded policy is never whole on one device: use wire_weights"
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
+    def wire_weights(self, *, dtype: torch.dtype, tied: bool) -> dict[str, torch.Tensor]:
+        if not self.sharded:
+            return wire_weights(self.weights(), dtype=dtype, tied=tied)
+        out = fsdp.wire_weights(self.model, dtype=dtype, tied=tied)  # a collective: every rank, in order
+        self._gathered = (self._param_versions(), dtype, out)
+        return dict(out)
+
+    def checkpoint_modules(self) -> dict[str, nn.Module]:
+        """Sharded, each rank's checkpoint shard holds its part of the fp32 policy (the HF directory holds the
+        gathered weights in the checkpoint's dtype)."""
+        return {"policy": self.model} if self.sharded else {}
+
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self.model.load_weights(state_dict)
+        if self.sharded:
+            fsdp.load_full(self.model, state_dict)
+        else:
+            self.model.load_weights(state_dict)
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
-        return self.model.save_pretrained(directory, tokenizer_from=tokenizer_from)
+        if not self.sharded:
+            return self.model.save_pretrained(directory, tokenizer_from=tokenizer_from)
+        # rank 0 alone writes: the weights its last publication gathered (the trainer publishes every version
+        # before it checkpoints it), in the dtype they were published in
+        assert self._gathered is not None and self._gathered[0] == self._param_versions(), "publish before saving"
+        _, dtype, sd = self._gathered
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        hf.save_state_dict(sd, d)
+        config = {**self.model.config.to_hf(), "torch_dtype": str(dtype).removeprefix("torch.")}
+        (d / hf.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        if tokenizer_from is not None:
+            hf.copy_tokenizer_files(tokenizer_from, d)
+        return d
+
+    def _param_versions(self) -> tuple[int, ...]:
+        """Version counters of the parameters' local storage: they move with every in-place update."""
+        return tuple(fsdp.local_tensor(p)._version for p in self.model.parameters())

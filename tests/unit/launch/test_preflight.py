@@ -89,9 +89,11 @@ def test_a_plan_that_splits_the_trainer_is_refused_for_either_backend(tmp_path: 
     (p,) = refused(job, "placement.trainer.gpus")
     assert p.message.startswith("the plan splits the model over the trainer's 16 GPUs on site 'h800' as tp 2 pp 1 dp 8")
     assert why in p.message and "use a GPU count the plan runs as tp 1 pp 1" in p.message
-    # 15 GPUs: the planner runs them data parallel (tp 1 pp 1 dp 15), which both backends honour
+    # 15 GPUs: the planner runs them data parallel (tp 1 pp 1 dp 15), which both backends honour; torch shards
+    # the replica with FSDP (16 bytes per parameter of a 7B model do not fit one 80 GB GPU)
     job = gpu_job(tmp_path, trainer_gpus=15, backend=backend)
-    assert run.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 15}
+    fsdp = {"fsdp": True} if backend == "torch" else {}
+    assert run.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 15} | fsdp
     assert refused(job, "placement.trainer.gpus") == []
 
 
@@ -406,3 +408,37 @@ def test_inventory_devices_map_slots_and_must_cover_them(tmp_path: Path) -> None
     assert inv.sites["gpu"].devices_of("localhost", (1, 2)) == (0, 1)
     with pytest.raises(ConfigError, match="devices lists 2 ids for 3 GPU slots"):
         load_inventory([Path(gpu_local_inventory(tmp_path, gpus=3, devices=[0, 1]))])
+
+
+# -- FSDP: where the plan shards the torch trainer, and what it cannot shard --------------------------------
+def test_the_plan_shards_a_torch_replica_that_does_not_fit_one_gpu(tmp_path: Path) -> None:
+    """Qwen2.5-7B on H800s: 16 bytes per parameter (122 GB) do not fit 80 GB, so `auto` shards at dp ≥ 2; the
+    demo's tiny model fits a CPU slot, so it does not; `none` never shards and `fsdp` always does."""
+    from rlctl.launch.run import shard_trainer
+
+    def with_shard(job: Job, shard: str) -> Job:
+        trainer = job.spec.trainer.model_copy(update={"shard": shard})
+        return Job(job.spec.model_copy(update={"trainer": trainer}), job.inventory, job.path)
+
+    big = gpu_job(tmp_path, trainer_gpus=8, backend="torch")
+    assert shard_trainer(big, {"tp": 1, "pp": 1, "dp": 8}) and not shard_trainer(big, {"tp": 1, "pp": 1, "dp": 1})
+    assert not shard_trainer(with_shard(big, "none"), {"tp": 1, "pp": 1, "dp": 8})
+    two = {"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]}
+    small = load(tmp_path, placement=two)
+    assert not shard_trainer(small, {"tp": 1, "pp": 1, "dp": 2})
+    small = with_shard(small, "fsdp")
+    assert shard_trainer(small, {"tp": 1, "pp": 1, "dp": 2})
+    assert run.plan_counts(small, small.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}
+
+
+def test_fsdp_where_it_cannot_run_is_refused(tmp_path: Path) -> None:
+    one = load(tmp_path, trainer={"shard": "fsdp"})
+    (p,) = refused(one, "trainer.shard")
+    assert p.message.startswith("'fsdp' over the trainer's 1 GPU: nothing to shard over")
+    two = {"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 2}]}
+    ppo = load(tmp_path, trainer={"shard": "fsdp"}, placement=two, algorithm={"kind": "ppo"})
+    (p,) = refused(ppo, "trainer.shard")
+    assert p.message.startswith("FSDP (asked for) shards the policy, but not PPO's critic")
+    mg = load(tmp_path, trainer={"shard": "fsdp", "backend": "megatron"}, placement=two)
+    assert any(p.message.startswith("'fsdp' shards the 'torch' backend") for p in refused(mg, "trainer.shard"))
+    assert refused(load(tmp_path, trainer={"shard": "fsdp"}, placement=two), "trainer.shard") == []

@@ -1,0 +1,116 @@
+"""FSDP2 for the `torch` trainer: parameters, gradients and AdamW state sharded over the trainer's ranks.
+
+Used when a whole replica (fp32 weights, gradients and AdamW moments: 16 bytes per parameter) does not fit one
+GPU — the rule `rlctl.planner.costs.replica_fits`, applied by the plan (`trainer.parallel.fsdp`), so the planner
+and the runtime agree — or when the job asks for it (`trainer.shard: fsdp`). The same code runs over gloo on CPU
+ranks (CI) and over NCCL on GPUs:
+
+    shard(model)         fully_shard every decoder layer, then the root (embeddings, final norm, lm_head; a tied
+                         lm_head is the embedding's one parameter); on CUDA bf16 compute with fp32 gradient
+                         reduction (MixedPrecisionPolicy), on a CPU fp32. Gradients are summed over the ranks
+                         (divide factor 1: the learner divides by the iteration's token count, as unsharded)
+    wire_weights(...)    the full tensors, gathered one at a time, cast to the wire dtype and copied to the host:
+                         never a whole model on one device (the reason for sharding)
+    local_state(...)     this rank's shards as plain tensors (what its checkpoint shard holds: parameters and
+    load_local(...)      optimizer state, bit for bit) and back into the DTensors, at the same number of ranks
+
+Every rank must run every forward and backward (they are collectives): the learner gives a rank without a row
+in a micro-batch a zero-weight row (`rlctl.rl.learner`), and weights are gathered on every rank, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from rlctl.models.tinygpt import TinyGPT
+
+
+def shard(model: TinyGPT, *, cuda: bool) -> None:
+    """Shard `model` in place over the default process group (every trainer rank)."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda else MixedPrecisionPolicy()
+    )
+    for layer in model.blocks():
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    register_fsdp_forward_method(model, "hidden")  # a PPO critic calls it directly
+    for m in model.modules():  # each sharded module reduces its own gradients: sums (gloo has no pre-scaled sum)
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    model.autocast_dtype = None  # the policy casts parameters for compute
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (the tensor itself otherwise)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def wire_weights(model: nn.Module, *, dtype: torch.dtype, tied: bool) -> dict[str, torch.Tensor]:
+    """Full HF tensors in host memory in `dtype` (integers kept), gathered tensor by tensor; every rank calls it."""
+    out = {}
+    for name, t in model.state_dict().items():
+        if tied and name == "lm_head.weight":
+            continue
+        full = t.full_tensor() if isinstance(t, DTensor) else t
+        want = dtype if full.is_floating_point() else full.dtype
+        out[name] = torch.empty(full.shape, dtype=want).copy_(full.detach())
+    return out
+
+
+def load_full(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
+    """Full tensors (every rank passes the same) into this rank's shards; no communication."""
+    with torch.no_grad():
+        for name, p in model.state_dict().items():
+            src = state_dict.get(name)
+            if src is None:
+                continue
+            if isinstance(p, DTensor):
+                local = distribute_tensor(src.to(p.device, p.dtype), p.device_mesh, p.placements, src_data_rank=None)
+                p.to_local().copy_(local.to_local())
+            else:
+                p.copy_(src)
+
+
+def local_state(state: Any) -> Any:
+    """`state` (a state dict, an optimizer's state dict, nested) with every DTensor replaced by its local shard."""
+    if isinstance(state, DTensor):
+        return state.to_local().detach().clone()
+    if isinstance(state, Mapping):
+        return {k: local_state(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(local_state(v) for v in state)
+    return state
+
+
+def load_local(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """This rank's shards (`local_state(module.state_dict())` as saved) back into `module`'s DTensors, in place;
+    a module that is not sharded loads its state dict as it is."""
+    if not any(isinstance(p, DTensor) for p in module.parameters()):
+        module.load_state_dict(state)
+        return
+    with torch.no_grad():
+        for name, p in module.state_dict().items():
+            (p.to_local() if isinstance(p, DTensor) else p).copy_(state[name])
+
+
+def redistribute_optimizer(optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter]) -> None:
+    """After `optimizer.load_state_dict` of local shards: wrap each per-parameter state tensor of a sharded
+    parameter back into a DTensor laid out as the parameter (scalars such as `step` stay as they are)."""
+    for p in params:
+        if not isinstance(p, DTensor) or p not in optimizer.state:
+            continue
+        st = optimizer.state[p]
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor) and not isinstance(v, DTensor) and v.shape == p.to_local().shape:
+                local = v.to(p.device)
+                st[k] = DTensor.from_local(
+                    local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+                )
