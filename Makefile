@@ -15,7 +15,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_FAILED := $(VLLM_VENV)/.install-failed
 HF_DEMO := jobs/hf-demo/model/config.json
 
-.PHONY: demo test lint unit integration faults vllm-venv vllm-test services-up services-down bench clean
+.PHONY: demo test lint unit integration faults vllm-venv vllm-test services-up services-down bench clean gpu-wheels gpu-check
 
 # torch first, pinned: on these machines `torch==2.13.0` is a local CPU build; an open range would pull
 # a multi-GB CUDA build.
@@ -89,7 +89,7 @@ lint: $(STAMP)
 
 unit: $(STAMP) $(MEGATRON_STAMP)
 	if [ -f $(MEGATRON_STAMP) ]; then export RLCTL_REQUIRE_MEGATRON=1; fi; \
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/unit tests/gpu
 
 # Integration tests need root: they start SLURM, sshd and network namespaces, and always stop them.
 # Then the vLLM engine's tests, in its own virtualenv.
@@ -122,3 +122,30 @@ bench: $(STAMP) $(UCX_STAMP)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .mypy_cache .ruff_cache
+
+# The GPU check (docs/gpu.md). A lent GPU machine has Python 3.12 and a CUDA torch but no network: `make gpu-wheels`
+# here downloads cp312 wheels of rlctl's other runtime packages into .gpu-wheels/ (git-ignored; carried to the
+# device), and `make gpu-check` there installs the ones its Python lacks into .gpu-site/ and prints one JSON
+# object of figures (also written to gpu-check.json): `python -m bench gpu-check` (--quick: the CPU form CI runs).
+GPU_PY ?= python3
+GPU_WHEELS := .gpu-wheels
+GPU_SITE := .gpu-site
+# import name:distribution, for what `rlctl launch` imports beyond torch and numpy (and what they need)
+GPU_DEPS := pydantic:pydantic pydantic_core:pydantic-core annotated_types:annotated-types \
+	typing_inspection:typing-inspection typing_extensions:typing-extensions msgspec:msgspec zstandard:zstandard \
+	xxhash:xxhash typer:typer annotated_doc:annotated-doc shellingham:shellingham rich:rich \
+	markdown_it:markdown-it-py mdurl:mdurl pygments:pygments yaml:pyyaml tabulate:tabulate \
+	prometheus_client:prometheus-client safetensors:safetensors tokenizers:tokenizers jinja2:jinja2 \
+	markupsafe:markupsafe tqdm:tqdm
+
+gpu-wheels: $(STAMP)
+	$(BIN)/pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --abi cp312 --abi abi3 --abi none --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux_2_28_x86_64 --platform any -d $(GPU_WHEELS) \
+	  $(foreach d,$(GPU_DEPS),$(word 2,$(subst :, ,$(d))))
+
+gpu-check:
+	missing=$$(for d in $(GPU_DEPS); do $(GPU_PY) -c "import $${d%%:*}" 2>/dev/null || echo $${d##*:}; done); \
+	if [ -n "$$missing" ]; then echo "installing from $(GPU_WHEELS): $$missing"; \
+	  $(GPU_PY) -m pip install -q --no-index --no-deps --find-links $(GPU_WHEELS) --target $(GPU_SITE) $$missing; fi; \
+	PYTHONPATH=$(CURDIR)/$(GPU_SITE):$(CURDIR) $(GPU_PY) -m bench gpu-check --json | tee gpu-check.json

@@ -33,6 +33,7 @@ BENCHES = {
     "dispatch": "bench.dispatch",
     "batching": "bench.batching",
     "demo": "bench.demo",
+    "gpu-check": "bench.gpu_check",
 }
 
 

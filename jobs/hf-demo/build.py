@@ -2,7 +2,7 @@
 template, and the jsonl dataset — all made here (nothing can be downloaded), in the files a user's own
 job would point at:
 
-    python jobs/hf-demo/build.py [--out jobs/hf-demo] [--rows 4096] [--sft-steps 300]
+    python jobs/hf-demo/build.py [--out jobs/hf-demo] [--rows 4096] [--sft-steps 300] [--shape qwen2-0.5b]
 
     model/      config.json (Qwen2ForCausalLM: 3 heads of 32, q/k/v bias, tied embeddings),
                 model.safetensors, tokenizer.json, tokenizer_config.json (chat template),
@@ -12,6 +12,10 @@ job would point at:
 
 The task is the digits demo spelled as words: digit k asks for k copies of the k-th letter. A short
 SFT warm-up on other prompts than the dataset's teaches the format, so RL starts above zero reward.
+
+`--shape qwen2-0.5b` builds Qwen2-0.5B's architecture instead (hidden 896, 24 layers, 14 query and 2 key/value
+heads, vocabulary 151,936: the tokenizer's words padded with unused tokens), random and in bf16 as such
+checkpoints ship: the model a GPU check launches (`python -m bench gpu-check`), not one that learns the task.
 """
 
 from __future__ import annotations
@@ -49,10 +53,13 @@ def example(rng: random.Random) -> tuple[str, str]:
     return prompt, answer
 
 
-def write_tokenizer(model_dir: Path) -> dict[str, int]:
+def write_tokenizer(model_dir: Path, *, vocab_size: int | None = None) -> dict[str, int]:
+    """The word-level tokenizer files; `vocab_size` pads the vocabulary with unused tokens up to that many."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    vocab = {t: i for i, t in enumerate([*SPECIALS, *WORDS])}
+    words = [*SPECIALS, *WORDS]
+    words += [f"<unused_{i}>" for i in range((vocab_size or len(words)) - len(words))]
+    vocab = {t: i for i, t in enumerate(words)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(SPECIALS)
@@ -101,19 +108,39 @@ def sft(model: TinyGPT, vocab: dict[str, int], *, steps: int, seed: int) -> None
     model.eval()
 
 
-def build(out: Path, *, rows: int, sft_steps: int, seed: int = 0) -> None:
+# architecture keys by --shape: the demo's tiny model, or Qwen2-0.5B's (hidden 896, 24 layers, 14/2 heads)
+SHAPES = {
+    "tiny": {
+        "hidden_size": 96,
+        "intermediate_size": 256,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 3,
+        "num_key_value_heads": 3,
+        "max_position_embeddings": 256,
+    },
+    "qwen2-0.5b": {
+        "vocab_size": 151_936,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1_000_000.0,
+        "rms_norm_eps": 1e-6,
+        "rope_fp64_angles": False,
+    },
+}
+
+
+def build(out: Path, *, rows: int, sft_steps: int, seed: int = 0, shape: str = "tiny") -> None:
     t0 = time.monotonic()
     torch.manual_seed(seed)
-    vocab = write_tokenizer(out / "model")
+    keys = dict(SHAPES[shape])
+    vocab = write_tokenizer(out / "model", vocab_size=keys.pop("vocab_size", None))
     cfg = TinyGPTConfig(
         vocab_size=len(vocab),
-        hidden_size=96,
-        intermediate_size=256,
-        num_hidden_layers=3,
-        num_attention_heads=3,
-        num_key_value_heads=3,
-        max_position_embeddings=256,
-        rope_theta=10000.0,
+        **keys,
         tie_word_embeddings=True,
         bos_token_id=vocab["<s>"],
         eos_token_id=[vocab["<|end|>"], vocab["</s>"]],
@@ -123,7 +150,7 @@ def build(out: Path, *, rows: int, sft_steps: int, seed: int = 0) -> None:
     model = TinyGPT(cfg)
     if sft_steps:
         sft(model, vocab, steps=sft_steps, seed=seed)
-    model.save_pretrained(out / "model")
+    model.save_pretrained(out / "model", dtype=torch.float32 if shape == "tiny" else torch.bfloat16)
     rng = random.Random(seed)
     with (out / "data.jsonl").open("w") as f:
         for i in range(rows):
@@ -146,9 +173,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shape", choices=list(SHAPES), default="tiny")
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    build(args.out, rows=args.rows, sft_steps=args.sft_steps, seed=args.seed)
+    if args.shape == "tiny":
+        torch.set_num_threads(1)
+    build(args.out, rows=args.rows, sft_steps=args.sft_steps, seed=args.seed, shape=args.shape)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from rlctl.config import Site
 from rlctl.config.base import check_header, read_yaml, validate
 from rlctl.config.inventory import InventoryFile
 from rlctl.config.job import Batch, BuiltinModel, GrpoAlgorithm, HfModel, Job, PpoAlgorithm
+from rlctl.devices import kind_for
 from rlctl.errors import ConfigError, UsageError
 from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
 from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entry
@@ -230,6 +231,7 @@ def _probe_spec(req: ProfileRequest, site: Site) -> ProbeSpec:
         req.batch,
         req.trainer_backend,
         _split(req),
+        kind_for(site.spec.name),  # on the site's GPUs, as its agents compute
     )
 
 

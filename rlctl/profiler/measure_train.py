@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
 from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
+from rlctl.devices import Compute
 from rlctl.models.hf import TinyGPTConfig, read_config
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.learner import make_learner
@@ -54,9 +56,14 @@ class TrainMeasurement:
     rank_tokens: list[list[int]] = field(default_factory=list)  # and the tokens each rank trained per step
 
 
-def load_policy(checkpoint: str | Path | None) -> TinyGPT:
-    """The embedded engine's model: the HF checkpoint, or the built-in tiny-demo (random weights: speed only)."""
-    return TinyGPT() if checkpoint is None else TinyGPT.from_pretrained(checkpoint)
+def load_policy(checkpoint: str | Path | None, *, compute: Compute | None = None) -> TinyGPT:
+    """The embedded engine's model: the HF checkpoint, or the built-in tiny-demo (random weights: speed only), on
+    `compute`'s device in its engine dtype (default: the CPU, fp32)."""
+    if compute is None:
+        return TinyGPT() if checkpoint is None else TinyGPT.from_pretrained(checkpoint)
+    if checkpoint is None:
+        return TinyGPT().to(compute.device, compute.engine_dtype or torch.float32)
+    return TinyGPT.from_pretrained(checkpoint, dtype=compute.engine_dtype, device=compute.device)
 
 
 def synthetic_samples(*, prompts: int, group_size: int, vocab: int, seed: int) -> list[Sample]:
@@ -74,7 +81,7 @@ def synthetic_samples(*, prompts: int, group_size: int, vocab: int, seed: int) -
 
 @contextlib.contextmanager
 def trainer_rank(
-    backend: str, checkpoint: str | Path | None, *, reference: bool
+    backend: str, checkpoint: str | Path | None, *, reference: bool, compute: Compute | None = None
 ) -> Iterator[tuple[TrainerBackend, nn.Module | None, TinyGPTConfig]]:
     """The `backend` policy on the checkpoint (tiny-demo when None) as one trainer rank, its reference model
     when `reference`, and the model's config; megatron's process group and parallel state last as long as
@@ -84,8 +91,8 @@ def trainer_rank(
         model_dir = Path(checkpoint) if checkpoint is not None else TinyGPT().save_pretrained(scratch / "model")
         if backend == "megatron":
             stack.enter_context(_one_rank_group(scratch / "rendezvous"))
-        policy = load_backend(backend, model_dir)
-        ref = load_backend(backend, model_dir).model if reference else None
+        policy = load_backend(backend, model_dir, compute=compute)
+        ref = load_backend(backend, model_dir, compute=compute).model if reference else None
         yield policy, ref, read_config(model_dir)
 
 
@@ -117,6 +124,7 @@ def measure_training(
     clock: Callable[[], float] = time.perf_counter,
     learner_factory: Callable[[], Any] | None = None,
     vocab: int | None = None,
+    compute: Compute | None = None,
 ) -> TrainMeasurement:
     """Seconds per trained token of one iteration (`batch.samples_per_iteration` samples) of `algorithm`,
     trained by the `backend` trainer backend on one rank (tp = pp = 1).
@@ -128,7 +136,7 @@ def measure_training(
     if learner_factory is not None:
         assert vocab is not None, "vocab is needed with a learner_factory"
         return _time_steps(learner_factory(), batch, vocab=vocab, steps=steps, warmup_steps=warmup_steps, clock=clock)
-    with trainer_rank(backend, checkpoint, reference=algorithm.kl_coef > 0) as (policy, ref, config):
+    with trainer_rank(backend, checkpoint, reference=algorithm.kl_coef > 0, compute=compute) as (policy, ref, config):
         learner = make_learner(policy, algorithm, batch, ref=ref)
         m = _time_steps(learner, batch, vocab=config.vocab_size, steps=steps, warmup_steps=warmup_steps, clock=clock)
     return TrainMeasurement(m.gpu_s_per_token, m.step_s, m.step_tokens, backend=backend)

@@ -43,7 +43,18 @@ if TYPE_CHECKING:  # torch: imported where a measurement runs
     from rlctl.profiler.measure_train import TrainMeasurement
 
 ENGINES = ("embedded", "vllm")
-CONTEXT_MARGIN = 16  # a profiled prompt plus the tokens decoded after it must fit the model's positions
+CONTEXT_MARGIN = 16
+# a GPU's grid: batches up to the hundreds where decode turns compute-bound, contexts of real prompts + outputs
+GPU_BATCHES = [1, 8, 32, 64, 128, 256]
+GPU_CONTEXTS = [128, 512, 2048]
+
+
+def cuda_clock() -> float:
+    """The wall clock once the GPU has finished what was queued (its kernels run asynchronously)."""
+    import torch
+
+    torch.cuda.synchronize()
+    return time.perf_counter()  # a profiled prompt plus the tokens decoded after it must fit the model's positions
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,7 @@ class ProbeSpec:
     batch: Batch
     trainer_backend: str = "torch"  # a key of rlctl.trainers.base.BACKENDS
     split: tuple[int, int] | None = None  # megatron (tp, pp) measured over its ranks besides tp 1 pp 1
+    device: str = "cpu"  # "cuda" on a GPU site: measured on its GPU as its agents compute (rlctl.devices)
 
     def argv(self) -> list[str]:
         """The probe's command-line options for this spec (everything but --out)."""
@@ -71,7 +83,7 @@ class ProbeSpec:
         out += ["--samples-per-prompt", str(b.samples_per_prompt)]
         out += ["--micro-batch-samples", str(b.train_micro_batch_samples)]
         out += ["--micro-batch-tokens", str(b.train_micro_batch_tokens or 0)]
-        out += ["--trainer-backend", self.trainer_backend]
+        out += ["--trainer-backend", self.trainer_backend, "--device", self.device]
         return out + (["--split", *map(str, self.split)] if self.split else [])
 
 
@@ -143,46 +155,64 @@ def contexts_for(max_positions: int) -> list[int]:
 
 
 def measure_here(spec: ProbeSpec) -> dict[str, Any]:
-    """Generation entries (one per engine) and the training seconds per token, measured on this host."""
+    """Generation entries (one per engine) and the training seconds per token, measured on this host: on its
+    first GPU when `spec.device` is "cuda" (the checkpoint's dtype, CUDA graphs; timed on the wall clock after
+    the device finished), else on one CPU thread (timed on that thread's clock)."""
     import torch
 
+    from rlctl.devices import compute_for
     from rlctl.profiler.measure_split import measure_split
     from rlctl.profiler.measure_train import load_policy, measure_training
 
     check_engines(spec)
     check_trainer(spec)
-    torch.set_num_threads(1)  # one engine thread / one trainer rank: one "GPU" slot
-    net = load_policy(spec.checkpoint)
-    contexts = contexts_for(net.config.max_position_embeddings)
+    compute = compute_for(spec.device)  # a GPU site whose host cannot use CUDA stops here, in one line
+    torch.set_num_threads(1)  # one engine thread / one trainer rank: one "GPU" slot on a CPU site
+    net = load_policy(spec.checkpoint, compute=compute)
+    if compute.is_cuda:
+        contexts = [c for c in GPU_CONTEXTS if c + CONTEXT_MARGIN <= net.config.max_position_embeddings] or [16]
+        batches, clock, clock_name = GPU_BATCHES, cuda_clock, "wall"
+    else:  # CPU time of the (single) engine thread: other work on the machine does not inflate the profile
+        contexts, batches, clock, clock_name = (
+            contexts_for(net.config.max_position_embeddings),
+            LOCAL_BATCHES,
+            time.thread_time,
+            "thread",
+        )
     entries: list[GenerationEntry] = []
     for engine in spec.engines:
-        # CPU time of the (single) engine thread: other work on the machine does not inflate the profile
         if engine == "vllm":
             assert spec.checkpoint is not None
             entry = measure_vllm(
                 spec.checkpoint,
                 contexts=contexts,
-                batch_sizes=LOCAL_BATCHES,
+                batch_sizes=batches,
                 kv_capacity_tokens=spec.kv_capacity_tokens,
-                clock=time.thread_time,
+                clock=clock,
             )
         else:  # the embedded engine attends over the batch's max length (padded attention)
             entry = measure_generation(
                 embedded_engines_on(net),
                 contexts=contexts,
-                batch_sizes=LOCAL_BATCHES,
+                batch_sizes=batches,
                 kv_capacity_tokens=spec.kv_capacity_tokens,
-                clock=time.thread_time,
+                clock=clock,
                 padded_attention=True,
             )
         entries.append(entry.model_copy(update={"engine": engine}))
     train = measure_training(
-        spec.algorithm, spec.batch, backend=spec.trainer_backend, checkpoint=spec.checkpoint, clock=time.thread_time
+        spec.algorithm,
+        spec.batch,
+        backend=spec.trainer_backend,
+        checkpoint=spec.checkpoint,
+        clock=clock,
+        compute=compute,
     )
     out: dict[str, Any] = {
         "host": os.uname().nodename,
+        "device": str(compute.device),
         "generation": [e.model_dump(mode="json") for e in entries],
-        "training": {**_training(train), "clock": "thread"},
+        "training": {**_training(train), "clock": clock_name},
     }
     if spec.split is not None:  # the split's ranks, and one rank in the same harness: like for like
         tp, pp = spec.split
@@ -217,6 +247,7 @@ def parse_spec(argv: list[str] | None = None) -> tuple[ProbeSpec, Path]:
     ap.add_argument("--micro-batch-tokens", type=int, default=Batch().train_micro_batch_tokens or 0)
     ap.add_argument("--trainer-backend", choices=sorted(BACKENDS), default="torch")
     ap.add_argument("--split", type=int, nargs=2, metavar=("TP", "PP"), help="megatron: also measure this split")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: on this host's first GPU")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     algo: GrpoAlgorithm | PpoAlgorithm = (PpoAlgorithm if a.algorithm == "ppo" else GrpoAlgorithm)(
@@ -230,7 +261,9 @@ def parse_spec(argv: list[str] | None = None) -> tuple[ProbeSpec, Path]:
     )
     engines = tuple(dict.fromkeys(a.engine or ["embedded"]))
     split = (a.split[0], a.split[1]) if a.split else None
-    spec = ProbeSpec(a.model, a.checkpoint, engines, a.kv_capacity_tokens, algo, batch, a.trainer_backend, split)
+    spec = ProbeSpec(
+        a.model, a.checkpoint, engines, a.kv_capacity_tokens, algo, batch, a.trainer_backend, split, a.device
+    )
     return spec, a.out
 
 

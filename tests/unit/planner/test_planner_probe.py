@@ -77,7 +77,10 @@ def test_measure_here_measures_each_engine_and_a_training_step(monkeypatch: pyte
         events.append(("embedded", contexts, padded_attention))
         return entry(1e-3).model_copy(update={"padded_attention": padded_attention})
 
-    def fake_train(algorithm: Any, batch: Batch, *, backend: str, checkpoint: str | None, clock: Any) -> Any:
+    def fake_train(
+        algorithm: Any, batch: Batch, *, backend: str, checkpoint: str | None, clock: Any, compute: Any
+    ) -> Any:
+        assert compute.device.type == "cpu"  # a CPU site's probe: the CPU, fp32
         events.append(("train", backend, algorithm.kind, algorithm.kl_coef, checkpoint, clock is time.thread_time))
         return measure_train.TrainMeasurement(3e-5, [0.1], [1000])
 
@@ -85,7 +88,7 @@ def test_measure_here_measures_each_engine_and_a_training_step(monkeypatch: pyte
     monkeypatch.setattr(probe, "measure_vllm", fake_vllm)
     monkeypatch.setattr(probe, "measure_generation", fake_embedded)
     monkeypatch.setattr(probe, "embedded_engines_on", lambda n: events.append(("factory", n is net)))
-    monkeypatch.setattr(measure_train, "load_policy", lambda checkpoint: net)
+    monkeypatch.setattr(measure_train, "load_policy", lambda checkpoint, compute: net)
     monkeypatch.setattr(measure_train, "measure_training", fake_train)
     out = probe.measure_here(spec(engines=("embedded", "vllm")))
     assert events == [
@@ -282,3 +285,21 @@ def test_a_remote_site_is_measured_through_its_backend_and_looks_for_vllm_there(
     prof = build.build_profile(req, source="measured", workdir=tmp_path)
     assert started == [("h20", ("vllm",), tmp_path)]
     assert prof.sites["h20"].generation[0].engine == "vllm"
+
+
+def test_a_gpu_sites_probe_measures_on_its_gpu(tmp_path: Path) -> None:
+    """A GPU site's probe runs with --device cuda (its agents' device), one GPU asked of its scheduler; a host
+    that cannot use CUDA refuses in one line instead of measuring the CPU and calling it the GPU."""
+    import torch
+
+    from rlctl.devices import DeviceError
+
+    gpu = dataclasses.replace(spec(engines=("embedded",), checkpoint=None, model="tiny-demo"), device="cuda")
+    assert "--device" in gpu.argv() and probe.parse_spec([*gpu.argv(), "--out", "o"])[0] == gpu
+    clusters = [ROOT / "clusters" / "h800-trainer.yaml", ROOT / "clusters" / "local.yaml"]
+    req = build.request_from_options(clusters, model="tiny-demo", algorithm="grpo", sites=None, engines=None)
+    assert build._probe_spec(req, req.sites["h800"]).device == "cuda"
+    assert build._probe_spec(req, req.sites["local"]).device == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceError, match="declares GPUs"):
+            probe.measure_here(gpu)

@@ -1,0 +1,438 @@
+"""The GPU check: what a lent GPU machine measures in one run (`make gpu-check`), as one JSON object.
+
+    python -m bench gpu-check --json            on a CUDA machine: the figures below, ≈ 0.5B Qwen2 shape, bf16
+    python -m bench gpu-check --quick --json    anywhere (CI: the CPU): the same code paths on a tiny model
+
+    engine_vs_cpu        the embedded engine's logits on the device in the checkpoint's dtype vs the CPU in fp32
+    grpo_step_vs_cpu     one GRPO step of the torch trainer on the device (bf16 autocast) vs the CPU (fp32): the
+                         cosine of the two weight updates, worst tensor
+    engine_tok_s         decode tokens/s of the embedded engine by batch ({"64": …, "256": …}; CUDA graphs on a GPU)
+    hf_generate_tok_s    transformers' `generate` on the same checkpoint, device and batches (same run)
+    engine_over_hf       the ratio, by batch (goal ≥ 5 at batch 64 on an H100)
+    bandwidth_floor      per batch: the decode step's time if it only read the weights once at the GPU's memory
+                         bandwidth (catalog figure), and that floor ÷ the measured step
+    sampler_share        on the CPU, a decode step of the Qwen2-0.5B shape (vocabulary 151,936) at batch 64: the share
+                         of the step the sampler takes (goal ≤ 0.25; its hashing is per row, not per token)
+    train_tok_s, mfu     GRPO training tokens/s (forward, backward, AdamW) and 6·params·tokens/s ÷ peak bf16 FLOPS
+    delta_encode_gb_s    the delta codec on versions held in device memory (bf16, 2 % of elements changed), from
+                         the device buffers to the payload on the host, per rank (goal ≥ 5 GB/s); its ratio
+    host_bytes_per_model_byte  what a trainer rank's weight publisher holds in host memory ÷ the bf16 model
+    launch               `rlctl launch` of a job on the local site whose trainer and two rollout units share the
+                         device: its state and ledger (0 lost, 0 duplicated)
+    gpu_tests            `pytest tests/gpu` (skipped without CUDA): passed, failed, skipped
+
+With --quick (and on a CPU) the model is the tiny hf-demo shape, batches 4 and 8, and the launched job a short
+one on a CPU site: the same functions run, so the script cannot rot between GPU machines.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from rlctl.devices import torch_build
+from rlctl.hardware import CATALOG
+from rlctl.models.hf import check_hf_dir
+from rlctl.models.tinygpt import TinyGPT
+
+REPO = Path(__file__).resolve().parents[1]
+FULL = {"shape": "qwen2-0.5b", "batches": (64, 256), "prompt": 32, "new_tokens": 128, "train_samples": 64}
+QUICK = {"shape": "tiny", "batches": (4, 8), "prompt": 8, "new_tokens": 16, "train_samples": 16}
+
+
+def run(*, quick: bool) -> dict[str, Any]:
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    size = QUICK if quick or not cuda else FULL
+    if not cuda:  # the reduced form on a shared CPU machine: one thread, so that contention does not rule the figures
+        torch.set_num_threads(1)
+    out: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "date": datetime.date.today().isoformat(),
+        "torch": torch_build(),
+        "python": sys.version.split()[0],
+        "shape": size["shape"],
+    }
+    with tempfile.TemporaryDirectory(prefix="rlctl-gpu-check-") as tmp:
+        root = Path(tmp)
+        t0 = time.monotonic()
+        _build(root, shape=str(size["shape"]))
+        out["build_s"] = round(time.monotonic() - t0, 1)
+        model_dir = root / "model"
+        arch = check_hf_dir(model_dir).arch
+        out["params"] = int(arch.params)
+        out["engine_vs_cpu"] = _engine_vs_cpu(model_dir, device)
+        out["grpo_step_vs_cpu"] = _grpo_vs_cpu(model_dir, device, samples=int(size["train_samples"]) // 4)
+        engine = _engine_tok_s(model_dir, device, size)
+        out["engine_tok_s"] = {b: r["tok_s"] for b, r in engine.items()}
+        hf = _hf_generate_tok_s(model_dir, device, size)
+        out["hf_generate_tok_s"] = hf
+        out["engine_over_hf"] = {b: round(engine[b]["tok_s"] / hf[b], 2) for b in engine if hf.get(b)}
+        if cuda:
+            out["bandwidth_floor"] = _floor(arch.weight_bytes, engine)
+        out["sampler_share"] = _sampler_share()
+        out |= _train(model_dir, device, samples=int(size["train_samples"]), params=arch.params, cuda=cuda)
+        out |= _delta(device, nbytes=(1 << 30) if not quick and cuda else (16 << 20))
+        out["host_bytes_per_model_byte"] = _publisher_host_bytes(model_dir)
+        out["launch"] = _launch(root, device=device, quick=quick or not cuda)
+    out["gpu_tests"] = _gpu_tests()
+    return out
+
+
+def summary(r: dict[str, Any]) -> str:
+    lines = [f"device {r['device']} ({r['torch']}), commit {r['commit']}, {r['shape']} ({r['params'] / 1e6:.0f}M)"]
+    lines.append(f"engine tok/s {r['engine_tok_s']}  HF generate {r['hf_generate_tok_s']}  ratio {r['engine_over_hf']}")
+    lines.append(f"train {r['train_tok_s']:.0f} tok/s, MFU {r['mfu']}; delta encode {r['delta_encode_gb_s']} GB/s")
+    lines.append(f"publisher host bytes / model byte {r['host_bytes_per_model_byte']}")
+    lines.append(f"launch: {r['launch']}; tests/gpu: {r['gpu_tests']}")
+    return "\n".join(lines)
+
+
+# ---- the pieces -------------------------------------------------------------------------------------------
+def _git(*args: str) -> str:
+    proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+    return proc.stdout.strip() or "unknown"
+
+
+def _build(root: Path, *, shape: str) -> None:
+    """The hf-demo builder's checkpoint (model/) and dataset (data.jsonl), untrained, in `shape`."""
+    argv = [sys.executable, str(REPO / "jobs/hf-demo/build.py"), "--out", str(root), "--sft-steps=0", "--rows=256"]
+    subprocess.run([*argv, f"--shape={shape}"], check=True, capture_output=True, timeout=600)
+
+
+def _prompts(n: int, length: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(n)
+    return torch.randint(10, min(vocab, 40), (n, length), generator=g).tolist()
+
+
+def _engine_vs_cpu(model_dir: Path, device: str) -> dict[str, float]:
+    """Logits of 4 sequences of 48 tokens: on the device in the checkpoint's dtype vs the CPU in fp32."""
+    here = TinyGPT.from_pretrained(model_dir, dtype=None, device=device)
+    ref = TinyGPT.from_pretrained(model_dir)
+    x = torch.tensor(_prompts(4, 48, ref.config.vocab_size))
+    with torch.no_grad():
+        a, b = here(x.to(device)).float().cpu(), ref(x)
+    return {
+        "dtype": str(here.lm_head.weight.dtype).removeprefix("torch."),
+        "max_abs_diff": round(float((a - b).abs().max()), 5),
+        "max_abs_logit": round(float(b.abs().max()), 3),
+        "argmax_agreement": round(float((a.argmax(-1) == b.argmax(-1)).float().mean()), 4),
+    }
+
+
+def _samples(n_prompts: int, vocab: int) -> list[Any]:
+    from rlctl.rl.samples import Sample
+
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for i in range(n_prompts * 4):
+        prompt = torch.randint(10, min(vocab, 40), (16,), generator=g).tolist()
+        output = torch.randint(10, min(vocab, 40), (48 + 16 * (i % 4),), generator=g).tolist()
+        out.append(Sample(f"p{i // 4}", prompt, output, [-3.0] * len(output), float(i % 3), version=0))
+    return out
+
+
+def _learner(model_dir: Path, device: str) -> tuple[Any, Any]:
+    from rlctl.config.job import Batch, GrpoAlgorithm
+    from rlctl.devices import compute_for
+    from rlctl.rl.learner import make_learner
+    from rlctl.trainers.base import load_backend
+
+    backend = load_backend("torch", model_dir, compute=compute_for(device))
+    algo = GrpoAlgorithm(kind="grpo", lr=1e-5)
+    batch = Batch(samples_per_prompt=4, train_micro_batch_samples=16, train_micro_batch_tokens=None)
+    return backend, make_learner(backend, algo, batch, ref=None)
+
+
+def _grpo_vs_cpu(model_dir: Path, device: str, *, samples: int) -> dict[str, float]:
+    """One GRPO step from the same checkpoint and samples on the device and on the CPU: the worst cosine between
+    the two updates of a tensor (bf16 autocast against fp32)."""
+    start = TinyGPT.from_pretrained(model_dir).state_dict()
+    moved = {}
+    for where in dict.fromkeys([device, "cpu"]):
+        backend, learner = _learner(model_dir, where)
+        for s in _samples(samples, backend.model.config.vocab_size):
+            learner.add(s)
+        learner.step()
+        moved[where] = {k: v.float().cpu() for k, v in backend.weights().items()}
+    cos = [
+        float(
+            torch.nn.functional.cosine_similarity((moved[device][k] - w).flatten(), (moved["cpu"][k] - w).flatten(), 0)
+        )
+        for k, w in start.items()
+        if k in moved["cpu"] and not torch.equal(moved["cpu"][k], w)
+    ]
+    return {"min_update_cosine": round(min(cos), 4), "tensors": len(cos)}
+
+
+def _engine_tok_s(model_dir: Path, device: str, size: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Decode tokens/s at each batch: prompts of `prompt` tokens, `new_tokens` each, EOS ignored; a first run warms
+    up (and captures the CUDA graphs), the second is timed."""
+    from rlctl.engines.base import GenRequest
+    from rlctl.engines.embedded import EmbeddedEngine
+
+    model = TinyGPT.from_pretrained(model_dir, dtype=None if device == "cuda" else torch.float32, device=device)
+    out = {}
+    for b in size["batches"]:
+        prompts = _prompts(b, size["prompt"], model.config.vocab_size)
+        engine = EmbeddedEngine(model, max_batch_size=b, temperature=1.0)
+        seconds = 0.0
+        for attempt in range(2):
+            engine.add(
+                [GenRequest(f"{attempt}-{i}", p, size["new_tokens"], ignore_eos=True) for i, p in enumerate(prompts)]
+            )
+            _sync(device)
+            t0 = time.perf_counter()
+            engine.run_until_done()
+            _sync(device)
+            seconds = time.perf_counter() - t0
+        tokens = b * size["new_tokens"]
+        out[str(b)] = {"tok_s": round(tokens / seconds, 1), "step_ms": round(1e3 * seconds / size["new_tokens"], 3)}
+    return out
+
+
+def _hf_generate_tok_s(model_dir: Path, device: str, size: dict[str, Any]) -> dict[str, float | None]:
+    """transformers' `generate` (sampling, the checkpoint's dtype on a GPU) at the same batches; None per batch
+    where transformers is missing."""
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return {str(b): None for b in size["batches"]}
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    out: dict[str, float | None] = {}
+    n = size["new_tokens"]
+    for b in size["batches"]:
+        x = torch.tensor(_prompts(b, size["prompt"], model.config.vocab_size), device=device)
+        seconds = 0.0
+        for _ in range(2):
+            _sync(device)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                model.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=True, pad_token_id=0)
+            _sync(device)
+            seconds = time.perf_counter() - t0
+        out[str(b)] = round(b * n / seconds, 1)
+    return out
+
+
+def _floor(weight_bytes: float, engine: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """The step time of reading the weights once at the GPU's memory bandwidth (its catalog entry), against each
+    batch's measured step."""
+    name = torch.cuda.get_device_name(0)
+    spec = next((g for k, g in CATALOG.items() if re.search(rf"\b{k}\b", name)), CATALOG["H100"])
+    floor_ms = 1e3 * weight_bytes / (spec.hbm_tb_per_s * 1e12)
+    return {
+        b: {"floor_ms": round(floor_ms, 3), "fraction": round(floor_ms / r["step_ms"], 4)} for b, r in engine.items()
+    }
+
+
+def _sampler_share(batch: int = 64) -> dict[str, float]:
+    """The sampler's share of an embedded-engine decode step on the CPU (fp32, the process's threads) of
+    Qwen2-0.5B's shape: the best of 3 steps against the best of 3 samplings of such a step's logits (the step
+    includes its own sampling)."""
+    from rlctl.engines.base import GenRequest
+    from rlctl.engines.embedded import EmbeddedEngine
+    from rlctl.engines.sampling import sample
+    from rlctl.models.tinygpt import TinyGPTConfig
+
+    keys = dict(_builder().SHAPES["qwen2-0.5b"])
+    cfg = TinyGPTConfig(architecture="Qwen2ForCausalLM", tie_word_embeddings=True, **keys)
+    model = TinyGPT.empty(cfg, dtype=torch.float32, device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.uniform_(-0.05, 0.05)
+    engine = EmbeddedEngine(model, max_batch_size=batch, temperature=1.0)
+    engine.add([GenRequest(f"s{i}", p, 8, ignore_eos=True) for i, p in enumerate(_prompts(batch, 8, cfg.vocab_size))])
+    engine.step()  # admits and prefills
+    logits = torch.randn(batch, cfg.vocab_size)
+    seeds, steps = torch.arange(batch), torch.zeros(batch, dtype=torch.long)
+    step_s, sample_s = [], []
+    for _ in range(3):  # interleaved: a busy machine slows both alike
+        t0 = time.perf_counter()
+        engine.step()
+        t1 = time.perf_counter()
+        sample(logits, seeds, steps, 1.0)
+        step_s.append(t1 - t0)
+        sample_s.append(time.perf_counter() - t1)
+    step, samp = min(step_s), min(sample_s)
+    return {
+        "vocab": cfg.vocab_size,
+        "batch": batch,
+        "step_ms": round(1e3 * step, 1),
+        "sample_ms": round(1e3 * samp, 1),
+        "share": round(samp / step, 4),
+    }
+
+
+def _builder() -> Any:
+    """jobs/hf-demo/build.py as a module (its SHAPES: the architectures it builds)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hf_demo_build", REPO / "jobs/hf-demo/build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _train(model_dir: Path, device: str, *, samples: int, params: float, cuda: bool) -> dict[str, Any]:
+    """GRPO steps (forward, backward, AdamW) on the device: a warm-up step, then two timed."""
+    backend, learner = _learner(model_dir, device)
+    batch = _samples(samples // 4, backend.model.config.vocab_size)
+    seconds, tokens = 0.0, 0
+    for step in range(3):
+        for s in batch:
+            learner.add(s)
+        _sync(device)
+        t0 = time.perf_counter()
+        learner.step()
+        _sync(device)
+        if step:
+            seconds += time.perf_counter() - t0
+            tokens += sum(len(s.prompt_tokens) + len(s.output_tokens) for s in batch)
+    tok_s = tokens / seconds
+    peak = CATALOG["H100"].flops if cuda else None
+    return {"train_tok_s": round(tok_s, 1), "mfu": round(6 * params * tok_s / peak, 4) if peak else None}
+
+
+def _delta(device: str, *, nbytes: int) -> dict[str, float]:
+    """Two bf16 versions in device memory, 2 % of elements changed: the codec from those buffers to the host
+    payload (the version's xxh3 is the publisher's, of its host copy: not timed here)."""
+    import xxhash
+
+    from rlctl.weights import delta
+
+    g = torch.Generator(device=device).manual_seed(0)
+    prev = torch.randn(nbytes // 2, generator=g, device=device).to(torch.bfloat16)
+    new = prev.clone()
+    mask = torch.rand(prev.numel(), generator=g, device=device) < 0.02
+    new[mask] = (new[mask].float() * 1.01 + 1e-3).to(torch.bfloat16)
+    a, b = prev.view(torch.uint8), new.view(torch.uint8)
+    target = xxhash.xxh3_64_intdigest(b.cpu().numpy().data)
+    delta.encode(a, b, base_version=0, target_xxh3=target)  # warm-up
+    _sync(device)
+    t0 = time.perf_counter()
+    payload = delta.encode(a, b, base_version=0, target_xxh3=target)
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    assert torch.equal(delta.decode(a.cpu(), payload), b.cpu())
+    return {"delta_encode_gb_s": round(nbytes / seconds / 1e9, 3), "delta_ratio": round(payload.numel() / nbytes, 5)}
+
+
+def _publisher_host_bytes(model_dir: Path) -> float:
+    """A trainer rank's weight publisher after three versions in delta mode: the bytes its node holds in host memory
+    (full buffers, payloads, on-demand deltas), ÷ the model's bytes in its dtype (what the planner prices)."""
+    from rlctl.agents.weights import WeightPublisher
+    from rlctl.config.job import WeightSync
+    from rlctl.trainers.base import load_backend, wire_weights
+    from rlctl.transport import InprocTransport
+
+    backend = load_backend("torch", model_dir)
+    arch = check_hf_dir(model_dir).arch
+    dtype = getattr(torch, check_hf_dir(model_dir).config.torch_dtype)
+    pub = WeightPublisher(InprocTransport(secret=b"k"), listen="inproc://", sync=WeightSync(mode="delta"), timeout_s=30)
+    try:
+        for v in (1, 2, 3):
+            with torch.no_grad():
+                for p in backend.model.parameters():
+                    p.add_(1e-3 * torch.randn_like(p) * (torch.rand_like(p) < 0.02))
+            pub.publish(v, wire_weights(backend.weights(), dtype=dtype, tied=backend.model.config.tie_word_embeddings))
+        deadline = time.monotonic() + 120
+        while pub.node.store.current is None or pub.node.store.current.version < 3:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the publisher did not hold v3 within 120 s")
+            time.sleep(0.05)
+        held = pub.node.host_bytes()
+    finally:
+        pub.close()
+    return round(held / arch.weight_bytes, 3)
+
+
+def _launch(root: Path, *, device: str, quick: bool) -> dict[str, Any]:
+    """`rlctl launch` on the local site: one trainer rank and two rollout units, all on device 0 when it is a GPU."""
+    gpu = "H100" if device == "cuda" else "CPU"
+    node: dict[str, Any] = {"host": "localhost", "gpus": 3}
+    if device == "cuda":
+        node["devices"] = [0, 0, 0]  # processes may share the device; the one trainer rank has it for NCCL alone
+    inv = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Inventory",
+        "sites": {"here": {"datacenter": "dc", "scheduler": {"kind": "local"}, "gpu": gpu, "nodes": [node]}},
+    }
+    (root / "inventory.yaml").write_text(yaml.safe_dump(inv))
+    job = yaml.safe_load((REPO / "jobs/hf-demo.yaml").read_text())
+    job.update(
+        name="gpu-check",
+        inventory=["inventory.yaml"],
+        model={"kind": "hf", "path": "model"},
+        iterations=3 if quick else 4,
+        batch={"prompts_per_iteration": 4, "samples_per_prompt": 4},
+        placement={"trainer": {"site": "here", "gpus": 1}, "rollout": [{"site": "here", "gpus": 2}]},
+        weight_sync={"mode": "delta"},
+        tracking=[],
+    )
+    job["task"].update(path="data.jsonl", reward=str(REPO / "jobs/hf-demo/reward.py") + ":compute_score")
+    (root / "job.yaml").write_text(yaml.safe_dump(job))
+    t0 = time.monotonic()
+    argv = [
+        sys.executable,
+        "-m",
+        "rlctl",
+        "launch",
+        str(root / "job.yaml"),
+        "--job-dir",
+        str(root / "run"),
+        "-o",
+        "json",
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO)
+    out: dict[str, Any] = {"rc": proc.returncode, "wall_s": round(time.monotonic() - t0, 1)}
+    if proc.returncode != 0:
+        out["stderr_tail"] = proc.stderr[-2000:]
+        return out
+    s = json.loads(proc.stdout)
+    led = s["ledger"]
+    out |= {"state": s["state"], "iterations": s["iterations"], "lost": led["lost"], "duplicated": led["duplicated"]}
+    out["devices"] = _agent_devices(root / "run" / "logs")
+    return out
+
+
+def _agent_devices(logs: Path) -> dict[str, str]:
+    """What each agent's log says it computed on (its 'computing on …' line)."""
+    found = {}
+    for path in sorted(logs.glob("*.log")):
+        m = re.search(r"computing on (\S+)", path.read_text(errors="replace"))
+        if m:
+            found[path.stem] = m.group(1)
+    return found
+
+
+def _gpu_tests() -> dict[str, int]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", str(REPO / "tests/gpu")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        check=False,
+    )
+    tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", tail)}
+    return {k: counts.get(k, 0) for k in ("passed", "failed", "skipped", "error")} | {"rc": proc.returncode}
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()

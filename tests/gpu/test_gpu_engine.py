@@ -1,0 +1,90 @@
+"""The embedded engine on CUDA: the checkpoint's dtype, every tensor on the device, decode steps as CUDA graphs."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlctl.engines.base import GenRequest
+from rlctl.engines.embedded import EmbeddedEngine
+from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
+
+CFG = TinyGPTConfig(
+    architecture="Qwen2ForCausalLM",
+    vocab_size=512,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+    max_position_embeddings=512,
+    rope_fp64_angles=False,
+)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("ckpt")
+    torch.manual_seed(0)
+    TinyGPT(CFG).save_pretrained(d, dtype=torch.bfloat16)
+    return d
+
+
+def requests(n: int, new: int = 24) -> list[GenRequest]:
+    return [
+        GenRequest(f"r{i}", [1 + (i * 7 + j) % 500 for j in range(3 + i % 9)], new, ignore_eos=True) for i in range(n)
+    ]
+
+
+def test_logits_on_cuda_in_bf16_follow_the_cpu_in_fp32(checkpoint: Path) -> None:
+    gpu = TinyGPT.from_pretrained(checkpoint, dtype=None, device="cuda")
+    cpu = TinyGPT.from_pretrained(checkpoint)
+    assert gpu.lm_head.weight.dtype == torch.bfloat16 and gpu.rope_cos.device.type == "cuda"
+    x = torch.randint(0, 512, (4, 64))
+    with torch.no_grad():
+        a, b = gpu(x.cuda()).float().cpu(), cpu(x)
+    assert (a - b).abs().max() < 0.05 * b.abs().max()
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.95
+
+
+def test_graphs_replay_the_eager_steps(checkpoint: Path) -> None:
+    """Replayed graphs give the tokens of the same static-shape steps run eagerly (the code CI runs on the CPU)."""
+    reqs = requests(20)
+    model = TinyGPT.from_pretrained(checkpoint, dtype=None, device="cuda")
+    graphs = EmbeddedEngine(model, max_batch_size=8, temperature=1.0)
+    eager = EmbeddedEngine(model, max_batch_size=8, temperature=1.0, static_shapes=True)
+    eager._graphs = None  # the same bucketed steps, launched kernel by kernel
+    graphs.add(reqs)
+    a = {r.request_id: r.output_tokens for r in graphs.run_until_done()}
+    eager.add(reqs)
+    b = {r.request_id: r.output_tokens for r in eager.run_until_done()}
+    assert graphs._graphs is not None and graphs._graphs.captures > 0
+    assert a == b
+
+
+def test_batch_independent_sampling_on_cuda(checkpoint: Path) -> None:
+    model = TinyGPT.from_pretrained(checkpoint, dtype=torch.float32, device="cuda")
+    reqs = requests(6)
+    together = EmbeddedEngine(model, max_batch_size=6, temperature=1.0)
+    together.add(reqs)
+    got = {r.request_id: r.output_tokens for r in together.run_until_done()}
+    for r in reqs[:3]:
+        alone = EmbeddedEngine(model, max_batch_size=1, temperature=1.0)
+        alone.add([r])
+        assert alone.run_until_done()[0].output_tokens == got[r.request_id]
+
+
+def test_weights_load_in_place_under_graphs(checkpoint: Path) -> None:
+    torch.manual_seed(1)
+    new = TinyGPT(CFG).hf_weights(torch.bfloat16)
+    engine = EmbeddedEngine(TinyGPT.from_pretrained(checkpoint, dtype=None, device="cuda"), temperature=0.0)
+    engine.add(requests(4, new=8))
+    before = {r.request_id: r.output_tokens for r in engine.run_until_done()}
+    engine.load_weights(new, 1)  # host tensors, copied into the parameters the captured graphs read
+    engine.add(requests(4, new=8))
+    after = {r.request_id: r.output_tokens for r in engine.run_until_done()}
+    fresh = EmbeddedEngine(TinyGPT.from_pretrained(checkpoint, dtype=None, device="cuda"), temperature=0.0)
+    fresh.load_weights(new, 1)
+    fresh.add(requests(4, new=8))
+    assert after != before and after == {r.request_id: r.output_tokens for r in fresh.run_until_done()}

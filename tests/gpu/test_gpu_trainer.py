@@ -1,0 +1,77 @@
+"""The torch trainer on CUDA: fp32 master weights, bf16 autocast, one GRPO step close to the CPU's fp32 step;
+NCCL for CUDA tensors in the trainer's group; versions exported from GPU memory in the checkpoint's dtype."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlctl.config.job import Batch, GrpoAlgorithm
+from rlctl.devices import compute_for
+from rlctl.models.tinygpt import TinyGPT
+from rlctl.rl.learner import make_learner
+from rlctl.rl.samples import Sample
+from rlctl.trainers.base import load_backend, wire_weights
+from tests.gpu.test_gpu_engine import CFG
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("ckpt")
+    torch.manual_seed(0)
+    TinyGPT(CFG).save_pretrained(d, dtype=torch.bfloat16)
+    return d
+
+
+def samples(n: int = 16) -> list[Sample]:
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for i in range(n):
+        prompt = torch.randint(1, 500, (6,), generator=g).tolist()
+        output = torch.randint(1, 500, (10 + i % 7,), generator=g).tolist()
+        out.append(Sample(f"p{i // 4}", prompt, output, [-6.0] * len(output), float(i % 3), version=0))
+    return out
+
+
+def one_step(checkpoint: Path, kind: str) -> dict[str, torch.Tensor]:
+    compute = compute_for(kind)
+    backend = load_backend("torch", checkpoint, compute=compute)
+    learner = make_learner(backend, GrpoAlgorithm(kind="grpo", lr=1e-3), Batch(samples_per_prompt=4), ref=None)
+    for s in samples():
+        learner.add(s)
+    learner.step()
+    assert all(p.dtype == torch.float32 and p.device.type == kind for p in backend.model.parameters())
+    return {k: v.float().cpu() for k, v in backend.weights().items()}
+
+
+def test_a_grpo_step_on_cuda_moves_the_weights_as_on_the_cpu(checkpoint: Path) -> None:
+    start = TinyGPT.from_pretrained(checkpoint).state_dict()
+    gpu, cpu = one_step(checkpoint, "cuda"), one_step(checkpoint, "cpu")
+    for name, w in start.items():
+        d_gpu, d_cpu = (gpu[name] - w).flatten(), (cpu[name] - w).flatten()
+        cos = torch.nn.functional.cosine_similarity(d_gpu, d_cpu, dim=0)
+        assert cos > 0.95, (name, float(cos))  # bf16 autocast vs fp32: the same update direction
+
+
+def test_the_trainer_group_reduces_cuda_tensors_over_nccl(tmp_path: Path) -> None:
+    from rlctl.agents.trainer import init_group
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    init_group(rank=0, world_size=1, master_addr="127.0.0.1", master_port=29555, cuda=True)
+    try:
+        t = torch.ones(4, device="cuda")
+        dist.all_reduce(t)
+        box: list[object] = [("step", 3)]
+        dist.broadcast_object_list(box, src=0)  # objects go over gloo
+        assert t.sum().item() == 4 and box == [("step", 3)]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_versions_leave_gpu_memory_in_the_checkpoints_dtype(checkpoint: Path) -> None:
+    backend = load_backend("torch", checkpoint, compute=compute_for("cuda"))
+    sent = wire_weights(backend.weights(), dtype=torch.bfloat16, tied=True)
+    assert "lm_head.weight" not in sent
+    assert all(t.device.type == "cpu" and t.dtype == torch.bfloat16 for t in sent.values())

@@ -1,0 +1,39 @@
+"""`python -m bench gpu-check --quick --json`, the GPU check's reduced form on this CPU machine: every figure the
+GPU machine reports is computed by the same functions (so the script does not rot between GPU machines), the
+launched job trains every prompt once, and on Qwen2-0.5B's shape the sampler is a small share of a CPU step."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+
+def test_gpu_check_quick_runs_every_piece_on_the_cpu():
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "gpu-check", "--quick", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
+    assert r["device"] == "cpu" and r["commit"] != "unknown"
+    assert r["engine_vs_cpu"]["argmax_agreement"] == 1.0 and r["grpo_step_vs_cpu"]["min_update_cosine"] > 0.999
+    assert set(r["engine_tok_s"]) == set(r["hf_generate_tok_s"]) == {"4", "8"}
+    assert all(v > 0 for v in r["engine_tok_s"].values()) and r["train_tok_s"] > 0
+    assert r["delta_encode_gb_s"] > 0 and 0 < r["delta_ratio"] < 0.05
+    assert r["sampler_share"]["vocab"] == 151_936 and r["sampler_share"]["share"] <= 0.25
+    assert r["host_bytes_per_model_byte"] > 0
+    launch = r["launch"]
+    assert launch["rc"] == 0, launch.get("stderr_tail")
+    assert (launch["state"], launch["lost"], launch["duplicated"]) == ("done", 0, 0)
+    assert set(launch["devices"].values()) == {"cpu"} and len(launch["devices"]) == 3
+    assert r["gpu_tests"]["failed"] == r["gpu_tests"]["error"] == 0 and r["gpu_tests"]["skipped"] > 0
