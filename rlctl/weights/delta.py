@@ -23,6 +23,7 @@ caller falls back to a full transfer.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,9 +74,11 @@ def encode_segments(
     first: int = 0,
     last: int | None = None,
     piece_elements: int = PIECE_ELEMENTS,
+    offset: int = 0,
 ) -> list[Segment]:
     """The changed elements of elements [first, last) of two flat uint8 buffers (on one device), one segment per
-    piece of `piece_elements`."""
+    piece of `piece_elements`; `offset`: the buffers' first element's index in the version's buffer (a rank's
+    part of it), added to every segment's position."""
     if prev.numel() != new.numel() or prev.device != new.device:
         raise ValueError(f"delta needs equal sizes on one device, got {prev.numel()} and {new.numel()} bytes")
     eb = element_bytes_for(new.numel(), element_bytes)
@@ -92,7 +95,8 @@ def encode_segments(
         wide = bool(idx.numel()) and int(gaps.max()) >= 2**31
         gaps = gaps if wide else gaps.to(torch.int32)
         g, v = _host(gaps), _host(values)
-        out.append(Segment(lo, int(idx.numel()), 8 if wide else 4, comp.compress(g.data), comp.compress(v.data)))
+        count = int(idx.numel())
+        out.append(Segment(offset + lo, count, 8 if wide else 4, comp.compress(g.data), comp.compress(v.data)))
     return out
 
 
@@ -162,41 +166,84 @@ def base_version_of(encoded: torch.Tensor) -> int:
     return _header(encoded)[0]
 
 
-def decode(prev: torch.Tensor, encoded: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rebuild the new buffer from `prev` and the encoded delta (host buffers); bit-exact or ProtocolError."""
-    _, raw_len, target, eb, n_segments = _header(encoded)
-    if raw_len != prev.numel():
-        raise ProtocolError(f"delta is for a {raw_len}-byte buffer, base has {prev.numel()} bytes")
+def _changes(encoded: torch.Tensor, n: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Each segment's (element positions, XOR values) of a payload for a buffer of `n` elements, checked:
+    ProtocolError for a segment that does not fit the payload or the buffer, or does not decompress."""
+    _, _, _, eb, n_segments = _header(encoded)
     data = memoryview(tensor_bytes(encoded))
-    table_end = HEADER.size + n_segments * SEGMENT.size
-    if table_end > len(data):
+    pos = HEADER.size + n_segments * SEGMENT.size
+    if pos > len(data):
         raise ProtocolError(f"delta payload of {len(data)} bytes is shorter than its {n_segments}-segment table")
-    result = torch.empty(raw_len, dtype=torch.uint8) if out is None else out
-    if result.data_ptr() != prev.data_ptr():
-        result.copy_(prev)
-    dst = result.numpy().view(_NP[eb])
-    n = dst.size
-    pos = table_end
     dec = zstandard.ZstdDecompressor()
     try:
         for k in range(n_segments):
             first, count, gap_bytes, gz, vz = SEGMENT.unpack_from(data, HEADER.size + k * SEGMENT.size)
             if gap_bytes not in (4, 8) or pos + gz + vz > len(data) or first > n or count > n - first:
                 raise ProtocolError(f"delta segment {k} does not fit the payload or the buffer")
-            gaps = np.frombuffer(
-                dec.decompress(data[pos : pos + gz], max_output_size=count * gap_bytes), _NP[gap_bytes]
-            )
+            raw = dec.decompress(data[pos : pos + gz], max_output_size=count * gap_bytes)
+            gaps = np.frombuffer(raw, _NP[gap_bytes])
             values = np.frombuffer(dec.decompress(data[pos + gz : pos + gz + vz], max_output_size=count * eb), _NP[eb])
             pos += gz + vz
             if gaps.size != count or values.size != count:
                 raise ProtocolError(f"delta segment {k}: {gaps.size} positions and {values.size} values, not {count}")
-            if count:
-                idx = np.cumsum(gaps, dtype=np.int64) + first
-                if (gaps[1:] <= 0).any() or gaps[0] < 0 or idx[-1] >= n:
-                    raise ProtocolError(f"delta segment {k}: positions out of order or outside the buffer")
-                dst[idx] ^= values
+            idx = np.cumsum(gaps, dtype=np.int64) + first
+            if count and ((gaps[1:] <= 0).any() or gaps[0] < 0 or idx[-1] >= n):
+                raise ProtocolError(f"delta segment {k}: positions out of order or outside the buffer")
+            yield idx, values
     except zstandard.ZstdError as e:
         raise ProtocolError(f"delta payload does not decompress: {e}") from e
-    if xxhash.xxh3_64_intdigest(tensor_bytes(result)) != target:
+
+
+def decode(
+    prev: torch.Tensor, encoded: torch.Tensor, out: torch.Tensor | None = None, *, verify: bool = True
+) -> torch.Tensor:
+    """Rebuild the new buffer from `prev` and the encoded delta (host buffers; `out` may be `prev`: in place);
+    bit-exact or ProtocolError. `verify=False` skips the target checksum (a root applying a delta its trainer
+    encoded: the result is the reference, `set_target` records its checksum)."""
+    _, raw_len, target, eb, _ = _header(encoded)
+    if raw_len != prev.numel():
+        raise ProtocolError(f"delta is for a {raw_len}-byte buffer, base has {prev.numel()} bytes")
+    result = torch.empty(raw_len, dtype=torch.uint8) if out is None else out
+    dst = result.numpy().view(_NP[eb])
+    changed = list(_changes(encoded, dst.size))  # every segment checked before the buffer is touched
+    if result.data_ptr() != prev.data_ptr():
+        result.copy_(prev)
+    for idx, values in changed:
+        dst[idx] ^= values
+    if verify and xxhash.xxh3_64_intdigest(tensor_bytes(result)) != target:
         raise ProtocolError("delta reconstruction failed its checksum (wrong base version or corrupted payload)")
     return result
+
+
+def set_target(encoded: torch.Tensor, target_xxh3: int) -> None:
+    """Record in the payload's header the xxh3 of the buffer it rebuilds (in place)."""
+    magic, base, raw_len, _, eb, segments = HEADER.unpack(bytes(tensor_bytes(encoded[: HEADER.size])))
+    head = HEADER.pack(magic, base, raw_len, target_xxh3, eb, segments)
+    encoded[: HEADER.size] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+
+
+def compose(payloads: list[torch.Tensor], *, level: int = 1) -> torch.Tensor:
+    """One payload doing what `payloads` do in order (each one's base the version the previous one rebuilds):
+    their changes XOR-ed per position, an element changed back dropped. The base is the first one's, the target
+    checksum the last one's."""
+    heads = [_header(p) for p in payloads]
+    base, raw_len, target, eb = heads[0][0], heads[0][1], heads[-1][2], heads[0][3]
+    assert all(h[1] == raw_len and h[3] == eb for h in heads), "deltas of one buffer"
+    parts = [c for p in payloads for c in _changes(p, raw_len // eb)]
+    idx = np.concatenate([i for i, _ in parts] or [np.zeros(0, np.int64)])
+    vals = np.concatenate([v for _, v in parts] or [np.zeros(0, _NP[eb])])
+    order = np.argsort(idx, kind="stable")
+    idx, vals = idx[order], vals[order]
+    if idx.size:
+        starts = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
+        idx, vals = idx[starts], np.bitwise_xor.reduceat(vals, starts)
+        keep = vals != 0
+        idx, vals = idx[keep], vals[keep]
+    comp = zstandard.ZstdCompressor(level=level)
+    gaps = np.diff(idx, prepend=0)
+    wide = bool(gaps.size) and int(gaps.max()) >= 2**31
+    g = gaps if wide else gaps.astype(np.int32)
+    seg = Segment(
+        0, int(idx.size), 8 if wide else 4, comp.compress(g.data), comp.compress(np.ascontiguousarray(vals).data)
+    )
+    return assemble([seg], base_version=base, raw_len=raw_len, target_xxh3=target, element_bytes=eb)

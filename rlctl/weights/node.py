@@ -32,12 +32,13 @@ fetch took off the wire (`HeldVersion.received_encoding`, `received_base`, `rece
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -316,6 +317,20 @@ class WeightNode:
         self.store.flip(hv)
         return True
 
+    def host_bytes(self) -> int:
+        """Bytes this node holds in host memory: every held version's buffer and payloads (each storage once)."""
+        with self.store.cv:
+            tensors = [
+                t
+                for hv in self.store.versions.values()
+                for t in (hv.weights, *(p.data for p in (*hv.payloads.values(), *hv.deltas_by_base.values())))
+            ]
+        seen: dict[int, int] = {}
+        for t in tensors:
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        return sum(seen.values())
+
     def current(self) -> tuple[int, dict[str, torch.Tensor]] | None:
         """(version, state dict of views into the held buffer) of the current version, if any."""
         hv = self.store.current
@@ -360,11 +375,25 @@ class WeightNode:
             error = {"error": f"{self.address} does not hold v{version}", "current": cur and cur.version}
             conn.send(Message("error", error))
             return
-        record = Served(hv.version, pl.encoding, pl.base_version, req.from_ or conn.peer)
-        with self._served_lock:
-            self._served.append(record)
-        conn.send(Message("manifest", pl.manifest(hv, self.cfg)))
-        self._stream(conn, hv, pl, req, record)
+        with self._serving(hv, pl) as still_held:
+            if not still_held:  # gone while this child asked (a root's buffer moved on): say what is current
+                cur = self.store.current
+                conn.send(
+                    Message("error", {"error": f"{self.address} moved past v{version}", "current": cur and cur.version})
+                )
+                return
+            record = Served(hv.version, pl.encoding, pl.base_version, req.from_ or conn.peer)
+            with self._served_lock:
+                self._served.append(record)
+            conn.send(Message("manifest", pl.manifest(hv, self.cfg)))
+            self._stream(conn, hv, pl, req, record)
+
+    @contextlib.contextmanager
+    def _serving(self, hv: HeldVersion, pl: Payload) -> Iterator[bool]:
+        """Held while `pl` of `hv` streams to a child; yields whether it is still there to stream (a relay's
+        buffers never change under a stream: always)."""
+        del hv, pl
+        yield True
 
     @property
     def served(self) -> list[Served]:
