@@ -16,7 +16,9 @@
     train_tok_s, mfu     GRPO training tokens/s (forward, backward, AdamW) and 6·params·tokens/s ÷ peak bf16 FLOPS
     delta_encode_gb_s    the delta codec on versions held in device memory (bf16, 2 % of elements changed), from
                          the device buffers to the payload on the host, per rank (goal ≥ 5 GB/s); its ratio
-    host_bytes_per_model_byte  what a trainer rank's weight publisher holds in host memory ÷ the bf16 model
+    host_bytes_per_model_byte  the most a trainer rank's weight publisher holds in host memory while it publishes
+                         deltas encoded on the device, ÷ the model in its dtype (goal ≤ 1.25); at the first
+                         (full) version too; and the encoder's device memory
     launch               `rlctl launch` of a job on the local site whose trainer and two rollout units share the
                          device: its state and ledger (0 lost, 0 duplicated)
     gpu_tests            `pytest tests/gpu` (skipped without CUDA): passed, failed, skipped
@@ -84,7 +86,7 @@ def run(*, quick: bool) -> dict[str, Any]:
         out["sampler_share"] = _sampler_share()
         out |= _train(model_dir, device, samples=int(size["train_samples"]), params=arch.params, cuda=cuda)
         out |= _delta(device, nbytes=(1 << 30) if not quick and cuda else (16 << 20))
-        out["host_bytes_per_model_byte"] = _publisher_host_bytes(model_dir)
+        out |= _publisher_host_bytes(model_dir, device)
         out["launch"] = _launch(root, device=device, quick=quick or not cuda)
     out["gpu_tests"] = _gpu_tests()
     return out
@@ -331,33 +333,53 @@ def _delta(device: str, *, nbytes: int) -> dict[str, float]:
     return {"delta_encode_gb_s": round(nbytes / seconds / 1e9, 3), "delta_ratio": round(payload.numel() / nbytes, 5)}
 
 
-def _publisher_host_bytes(model_dir: Path) -> float:
-    """A trainer rank's weight publisher after three versions in delta mode: the bytes its node holds in host memory
-    (full buffers, payloads, on-demand deltas), ÷ the model's bytes in its dtype (what the planner prices)."""
+def _publisher_host_bytes(model_dir: Path, device: str) -> dict[str, float]:
+    """A trainer rank's weight publisher in delta mode, as the trainer agent drives it: version 1 in full (a host
+    snapshot), versions 2–4 as deltas encoded on the device from the trainer's tensors. The most its node held in
+    host memory at once over 2–4 (buffer, payloads, the deltas kept; a transient copy included), and at version 1,
+    ÷ the model's bytes in its dtype (what the planner prices); and the device memory of the encoder's part."""
     from rlctl.agents.weights import WeightPublisher
     from rlctl.config.job import WeightSync
-    from rlctl.trainers.base import load_backend, wire_weights
+    from rlctl.devices import compute_for
+    from rlctl.trainers.base import load_backend
     from rlctl.transport import InprocTransport
+    from rlctl.weights.root import RootNode
 
-    backend = load_backend("torch", model_dir)
-    arch = check_hf_dir(model_dir).arch
-    dtype = getattr(torch, check_hf_dir(model_dir).config.torch_dtype)
+    backend = load_backend("torch", model_dir, compute=compute_for(device))
+    info = check_hf_dir(model_dir)
+    dtype, tied = getattr(torch, info.config.torch_dtype), info.config.tie_word_embeddings
     pub = WeightPublisher(InprocTransport(secret=b"k"), listen="inproc://", sync=WeightSync(mode="delta"), timeout_s=30)
+    node = pub.node
+    assert isinstance(node, RootNode)
+    model_bytes = info.arch.weight_bytes
     try:
-        for v in (1, 2, 3):
+        pub.publish(1, backend.wire_weights(dtype=dtype, tied=tied), params=backend.tensors())
+        _wait_held(pub, 1)
+        first, node.peak_host_bytes = node.peak_host_bytes, 0
+        for v in (2, 3, 4):
             with torch.no_grad():
                 for p in backend.model.parameters():
                     p.add_(1e-3 * torch.randn_like(p) * (torch.rand_like(p) < 0.02))
-            pub.publish(v, wire_weights(backend.weights(), dtype=dtype, tied=backend.model.config.tie_word_embeddings))
-        deadline = time.monotonic() + 120
-        while pub.node.store.current is None or pub.node.store.current.version < 3:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the publisher did not hold v3 within 120 s")
-            time.sleep(0.05)
-        held = pub.node.host_bytes()
+            assert pub.publish_step(v, backend.tensors())
+        _wait_held(pub, 4)
+        steady = node.peak_host_bytes
+        assert pub._encoder is not None
+        encoder = 2 * pub._encoder.nbytes  # its previous part and the newest snapshot
     finally:
         pub.close()
-    return round(held / arch.weight_bytes, 3)
+    return {
+        "host_bytes_per_model_byte": round(steady / model_bytes, 3),
+        "host_bytes_per_model_byte_first_version": round(first / model_bytes, 3),
+        "encoder_device_bytes_per_model_byte": round(encoder / model_bytes, 3),
+    }
+
+
+def _wait_held(pub: Any, version: int) -> None:
+    deadline = time.monotonic() + 120
+    while pub.node.store.current is None or pub.node.store.current.version < version:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the publisher did not hold v{version} within 120 s")
+        time.sleep(0.02)
 
 
 def _launch(root: Path, *, device: str, quick: bool) -> dict[str, Any]:

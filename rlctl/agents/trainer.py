@@ -44,7 +44,7 @@ from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.listen import host_of, listen_host, store_listener
 from rlctl.agents.messages import Delivered, Heartbeat, Hello, Trained, make
 from rlctl.agents.staleness import StalenessBound
-from rlctl.agents.weights import Target, WeightPublisher
+from rlctl.agents.weights import PublishedModel, Target, WeightPublisher
 from rlctl.checkpoint.choose import resume_version
 from rlctl.checkpoint.trainer import load_trainer, save_shard, save_trainer
 from rlctl.config.job import JobFile
@@ -87,7 +87,7 @@ class TrainerAgent:
         self.backend = _backend(job, init, where=where, compute=compute)
         ref = _backend(job, init, where=where, compute=compute).model if job.algorithm.kl_coef > 0 else None
         # versions travel in the checkpoint's dtype, a tied embedding once (what the planner prices)
-        config = hf.read_config(init)
+        self.config = config = hf.read_config(init)
         self._wire_dtype, self._tied = hf.torch_dtype(config), config.tie_word_embeddings
         self.learner = make_learner(self.backend, job.algorithm, job.batch, ref=ref)
         self.bound = StalenessBound(job.pipeline.eta)
@@ -117,6 +117,13 @@ class TrainerAgent:
         self.state = "starting"
         self.inbox: queue.Queue[Message | None] = queue.Queue()
 
+    def _publish(self, publisher: WeightPublisher, version: int) -> None:
+        """A new version: in delta mode its delta, encoded where the trainer computes (every rank its part); a full
+        host snapshot where one is due (the first, an anchor; full mode). Every rank, every version, in order."""
+        params = self.backend.tensors()
+        if not publisher.publish_step(version, params):
+            publisher.publish(version, self.wire_weights(), params=params)
+
     def wire_weights(self) -> dict[str, torch.Tensor]:
         """A snapshot of the policy as it is published: the checkpoint's dtype, in host memory."""
         return self.backend.wire_weights(dtype=self._wire_dtype, tied=self._tied)
@@ -140,17 +147,17 @@ class TrainerAgent:
         )
 
     def run(self) -> None:
-        publisher = self._publisher()
+        self.publisher = publisher = self._publisher()
         roots = _gather(publisher.node.address)
         if self.version:  # resumed: the checkpoint's weights, as a full copy to every unit (an anchor)
-            publisher.publish(self.version, self.wire_weights())
+            publisher.publish(self.version, self.wire_weights(), params=self.backend.tensors())
         if self.rank > 0:  # follow rank 0's steps; publish each version for the units planned below this rank
             version = self.version
 
             def stepped() -> None:
                 nonlocal version
                 version += 1
-                publisher.publish(version, self.wire_weights())
+                self._publish(publisher, version)
 
             def write_shard(version: int) -> None:  # rank 0 writes the policy and seals the part after this
                 save_shard(
@@ -241,7 +248,7 @@ class TrainerAgent:
                     stats = self.learner.step()
                     del scoring[self.version]
                     iteration, self.version = self.version, self.version + 1
-                    publisher.publish(self.version, self.wire_weights())
+                    self._publish(publisher, self.version)
                     checkpoint = self._maybe_checkpoint()
                     self.busy_s += time.monotonic() - t0
                     link.send(
@@ -290,9 +297,15 @@ class TrainerAgent:
         if not (last or (every and self.version % every == 0)):
             return ""
         version = self.version
+        # a sharded policy's HF directory is the version this rank published (gathered once, as its deltas)
+        policy = (
+            PublishedModel(self.publisher.node, version, self.config, timeout_s=self.ctx.job.transport.timeout_s)
+            if self.data_parallel.sharded
+            else self.backend
+        )
         return save_trainer(
             self.ctx.jobdir.checkpoint(version),
-            model=self.backend,
+            model=policy,
             optimizers=self.learner.optimizers(),
             modules=self.modules,
             counters={"version": version},

@@ -29,47 +29,59 @@ relay is replaced by the next unit of its datacenter (its children re-attach alo
     + b3 on h1, b4 on h0 (sorts first): trainer ══▶ b0 ─▶ b1 ─▶ b3 ─▶ b2 ─▶ b4   (b0 stays the relay)
     − b0 (lost):                        trainer ══▶ b1 ─▶ b3 ─▶ b2 ─▶ b4
 
-Every root holds the whole version, so any root can stand in for a lost parent. Disjoint tensor subsets
-per root would not fit: a version is one flat buffer under one xxh3, one manifest and one delta base,
-and `weights_available` names holders of all of it; a unit would need one node (or part id) per root,
-a holder list per part, and the same version for every part (`newer_ok` could mix them). What the ranks
-split is the delta *encoding*, the costly part of publishing (rlctl.weights.delta_parts):
+Every root holds the whole version, so any root can stand in for a lost parent. In delta mode a root holds
+it in one host buffer updated in place (`rlctl.weights.root.RootNode`): the version's bytes are built and
+compared where the trainer computes, and only the changed elements reach the host:
 
-    rank r: encode_part(prev, new, r of P) ─all-gather over the trainer's weights group─▶ every frame
-            assemble(frames) ─▶ the same delta payload on every root ─▶ node.publish(v, sd, encode=…)
+    trainer step v+1 ─ publish_step(v+1, params) ─▶ DeviceEncoder.snapshot: this rank's part of the version,
+                                                    on its device, in the wire dtype (a copy, at once)
+       publisher thread ─▶ encode vs its previous part (on the device) ─▶ this rank's frame
+                         ─all-gather over the trainer's weights group─▶ every frame ─▶ one delta payload
+                         ─▶ RootNode.publish(v+1, delta_payload): applied in place to the host buffer
 
-For that every rank encodes every version, in order (`group`: no coalescing of versions, at most
-`SPLIT_QUEUE` waiting, then `publish` blocks the trainer); if the group fails, this rank encodes alone
-from then on (a root's delta need not be byte-equal to another's: units verify the rebuilt weights).
+A rank's part is a range of the buffer (whole replicas: part r of P), or the rows of every tensor its FSDP2
+shards hold: every rank encodes its own share, and no version is gathered on a device or copied whole to the
+host. A full copy (`publish`: the first version, a resume, an anchor) is a host snapshot; it also restarts
+the encoder's chain. Every rank processes every version in order (at most `SPLIT_QUEUE` waiting, then
+`publish_step` blocks the trainer). In full mode a node keeps two versions (children stream each one whole,
+so a buffer changing in place under them would stall the trainer).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import re
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from rlctl.agents.messages import make
 from rlctl.config.job import WeightSync
 from rlctl.errors import PlanError, TransportError
+from rlctl.models import hf
+from rlctl.models.hf import TinyGPTConfig
 from rlctl.transport import Connection, Message, Transport
-from rlctl.weights import chunks, delta
-from rlctl.weights.delta_parts import assemble, encode_part, part_range
+from rlctl.weights import chunks
+from rlctl.weights.delta_parts import assemble
+from rlctl.weights.encoder import DeviceEncoder
 from rlctl.weights.node import WeightNode
 from rlctl.weights.plan import BroadcastPlan, Endpoint, plan_broadcast
+from rlctl.weights.root import RootNode
 from rlctl.weights.versions import WeightSyncConfig
 
 log = logging.getLogger(__name__)
 
-SPLIT_QUEUE = 2  # versions waiting for the split encoding before `publish` blocks
+SPLIT_QUEUE = 2  # versions waiting for their encoding before `publish_step` blocks
 # delta mode: complete versions a node keeps, so a unit one version behind (it skipped one) still gets
 # an on-demand delta against its base rather than a full copy. Each is a host-memory copy of the
 # weights; full mode never encodes deltas, so there the third copy would buy nothing and it keeps 2.
@@ -86,7 +98,12 @@ class Target:
 
 
 def weight_node(transport: Transport, listen: str, sync: WeightSync, *, timeout_s: float) -> WeightNode:
-    cfg = WeightSyncConfig(
+    """A relay's (a rollout unit's) node, or a full-mode root's."""
+    return WeightNode(transport, listen, node_config(sync, timeout_s=timeout_s))
+
+
+def node_config(sync: WeightSync, *, timeout_s: float) -> WeightSyncConfig:
+    return WeightSyncConfig(
         chunk_bytes=sync.chunk_bytes,
         delta=sync.mode == "delta",
         anchor_every=sync.anchor_every,
@@ -94,7 +111,6 @@ def weight_node(transport: Transport, listen: str, sync: WeightSync, *, timeout_
         chunk_timeout_s=timeout_s,
         keep_versions=DELTA_KEEP_VERSIONS if sync.mode == "delta" else 2,
     )
-    return WeightNode(transport, listen, cfg)
 
 
 def announce(conn: Connection, version: int, holders: list[str]) -> None:
@@ -188,13 +204,37 @@ def state_dict_of(msg: Message) -> tuple[int, dict[str, torch.Tensor]]:
     return int(msg.header["version"]), dict(zip(msg.header["names"], msg.tensors, strict=True))
 
 
+class PublishedModel:
+    """Version `version` as a trainer rank's weight node holds it, written as an HF checkpoint directory in the
+    dtype it was published in: how a trainer whose policy is sharded (FSDP) checkpoints the policy without
+    gathering it again (each rank's checkpoint shard holds its fp32 part, rlctl.checkpoint.trainer)."""
+
+    def __init__(self, node: WeightNode, version: int, config: TinyGPTConfig, *, timeout_s: float) -> None:
+        self.node, self.version, self.config, self.timeout_s = node, version, config, timeout_s
+
+    def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
+        held = self.node.store.wait_for(self.version, self.timeout_s)  # the publisher thread may be applying it
+        if held is None or held.version != self.version:
+            raise TransportError(f"checkpoint v{self.version}: the weight node does not hold that version")
+        sd = chunks.unflatten(held.weights, held.layout)
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        hf.save_state_dict(sd, d)
+        dtype = next(t.dtype for t in sd.values() if t.is_floating_point())
+        config = {**self.config.to_hf(), "torch_dtype": str(dtype).removeprefix("torch.")}
+        (d / hf.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        if tokenizer_from is not None:
+            hf.copy_tokenizer_files(tokenizer_from, d)
+        return d
+
+
 class WeightPublisher:
     """Publishes each version into this trainer rank's weight node; on rank 0 it also plans the broadcast
     and tells every rollout unit whom to pull from — from one background thread, so training overlaps
     the transfer. Other ranks' nodes are extra roots (`set_roots`).
 
-    `group`: the trainer ranks' own process group (every rank passes one, made for this), over which
-    delta encoding is split (see the module docstring); None, or a group of one, encodes here alone."""
+    `group`: the trainer ranks' own process group (every rank passes one, made for this), over which the
+    ranks' delta frames are gathered (see the module docstring); None: this rank encodes every delta alone."""
 
     def __init__(
         self,
@@ -209,24 +249,29 @@ class WeightPublisher:
         self._transport = transport
         self._timeout_s = timeout_s
         self._fanout = fanout
-        self.node = weight_node(transport, listen, sync, timeout_s=timeout_s)
+        self._sync = sync
+        self.node: WeightNode = (
+            RootNode(transport, listen, node_config(sync, timeout_s=timeout_s))
+            if sync.mode == "delta"
+            else weight_node(transport, listen, sync, timeout_s=timeout_s)
+        )
         self._roots = [self.node.address]
         self._datacenter = ""
         self._dc_links: set[frozenset[str]] | None = None
         self._conns: dict[str, tuple[str, Connection]] = {}
         self._targets: dict[str, Target] = {}
-        self._latest: tuple[int, dict[str, torch.Tensor]] | None = None
-        self._held = -1
         self._told: dict[str, int] = {}
-        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
+        self._slots = threading.BoundedSemaphore(SPLIT_QUEUE)  # versions queued and not yet held
         self._lock = threading.Lock()
         self.publish_s = 0.0
-        self.encoded_bytes = 0  # bytes of XOR stream this rank compressed (its share, when split)
+        self.encoded_bytes = 0  # bytes of versions this rank compared for deltas (its part)
         self.plan: BroadcastPlan | None = None  # the newest version's plan (for logs and tests)
-        split = group is not None and sync.mode == "delta" and dist.get_world_size(group) > 1
-        self._group = group if split else None
-        self._level = self.node.cfg.delta_level
-        self._ordered: queue.Queue[tuple[int, dict[str, torch.Tensor]]] = queue.Queue(maxsize=SPLIT_QUEUE)
+        several = group is not None and dist.get_world_size(group) > 1
+        self._group = group if several else None
+        self._encoder: DeviceEncoder | None = None
+        self._last_full = -1
+        self._held = -1
         self._thread = threading.Thread(target=self._run, name="weights-publisher", daemon=True)
         self._thread.start()
 
@@ -244,17 +289,33 @@ class WeightPublisher:
             self._targets = dict(targets)
             self._datacenter = datacenter
             self._dc_links = dc_links
-        self._queue.put(0)
+        self._queue.put(("announce",))
 
-    def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
-        """Hold and announce `version`. The tensors are this publisher's from now on: pass a snapshot (the
-        trainer's `wire_weights`), not the parameters the next optimizer step changes."""
-        latest = (version, dict(state_dict))
-        if self._group is not None:
-            self._ordered.put(latest)  # every version, in order (blocks when the encoding lags)
-        with self._lock:
-            self._latest = latest
-        self._queue.put(version)
+    def publish(
+        self, version: int, state_dict: dict[str, torch.Tensor], *, params: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
+        """Hold and announce `version` as a full copy. The tensors are this publisher's from now on: pass a
+        snapshot (the trainer's `wire_weights`), not the parameters the next optimizer step changes. In delta
+        mode `params` (the trainer's tensors, on its device) start the chain `publish_step` continues."""
+        snapshot = None
+        if self._sync.mode == "delta" and params is not None:
+            if self._encoder is None:
+                self._encoder = self._make_encoder(chunks.layout_of(state_dict), params)
+            snapshot = self._encoder.snapshot(params)
+        self._slots.acquire()
+        self._queue.put(("full", version, dict(state_dict), snapshot))
+
+    def publish_step(self, version: int, params: Mapping[str, torch.Tensor]) -> bool:
+        """Delta mode: `version` as a delta from the previous one, this rank's part encoded on the trainer's device
+        from `params` (every rank calls it for every version, in order). False where a full copy is due instead
+        (no chain yet, full mode, an anchor): call `publish`."""
+        every = self._sync.anchor_every
+        if self._encoder is None or (every is not None and version - self._last_full >= every):
+            return False
+        snapshot = self._encoder.snapshot(params)
+        self._slots.acquire()  # blocks the trainer when the encoding lags SPLIT_QUEUE versions behind
+        self._queue.put(("delta", version, snapshot))
+        return True
 
     def close(self) -> None:
         self._queue.put(None)
@@ -263,80 +324,87 @@ class WeightPublisher:
             conn.close()
         self.node.close()
 
-    def _run(self) -> None:
-        while self._queue.get() is not None:
-            with self._lock:
-                latest, targets, roots = self._latest, dict(self._targets), list(self._roots)
-                dc, links = self._datacenter, self._dc_links
-            if latest is None:
-                continue
-            while self._group is not None and not self._ordered.empty():
-                self._hold(*self._ordered.get())
-            version, sd = latest
-            self._hold(version, sd)
-            todo = {n: t for n, t in targets.items() if self._told.get(n, -1) < version}
-            if not todo:
-                continue
-            # after the last plan: relays stay, newcomers go below units that hold or fetch `version`
-            try:
-                plan = plan_version(roots, dc, targets, previous=self.plan, dc_links=links, fanout=self._fanout)
-            except PlanError as e:  # the inventory's links leave a datacenter unreached: route as if all linked
-                if links is not None:
-                    log.warning("weights v%d: %s; planning as if every pair of datacenters were linked", version, e)
-                    with self._lock:
-                        self._dc_links = links = None
-                plan = plan_version(roots, dc, targets, previous=self.plan, dc_links=None, fanout=self._fanout)
-            self.plan = plan
-            for name in plan.order:  # parents before children: relays start first
-                if name not in todo:
-                    continue
-                try:
-                    announce(self._connection(name, todo[name].address), version, holders_for(plan, name))
-                except TransportError as e:  # that agent is gone; the controller notices it too
-                    log.warning("weights v%d: cannot tell %s: %s", version, name, e)
-                    self._conns.pop(name, None)
-                    continue
-                self._told[name] = version
+    def _make_encoder(self, layout: chunks.Layout, params: Mapping[str, torch.Tensor]) -> DeviceEncoder:
+        """This rank's part of every version: its FSDP2 shards' rows, else range `rank` of the ranks'."""
+        device = next(iter(params.values())).device
+        if any(isinstance(t, DTensor) for t in params.values()):
+            return DeviceEncoder.for_shards(layout, params, device=device)
+        rank, parts = (dist.get_rank(self._group), dist.get_world_size(self._group)) if self._group else (0, 1)
+        return DeviceEncoder.for_part(layout, part=rank, parts=parts, device=device)
 
-    def _hold(self, version: int, sd: dict[str, torch.Tensor]) -> None:
-        if version <= self._held:
-            return
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if item[0] != "announce":
+                try:
+                    self._hold(item)
+                finally:
+                    self._slots.release()
+            with self._lock:
+                targets, roots = dict(self._targets), list(self._roots)
+                dc, links = self._datacenter, self._dc_links
+            if self._held >= 0:
+                self._announce(self._held, targets, roots, dc, links)
+
+    def _hold(self, item: tuple[Any, ...]) -> None:
         t0 = time.monotonic()
-        hv = self.node.publish(version, sd, encode=self._split_encode if self._group is not None else self._encode)
+        kind, version = item[0], item[1]
+        if kind == "full":
+            _, _, sd, snapshot = item
+            hv = self.node.publish(version, sd)
+            if self._encoder is not None and snapshot is not None:
+                self._encoder.reset(snapshot)
+            self._last_full = version
+        else:
+            assert self._encoder is not None
+            frame = self._encoder.encode(item[2], level=self.node.cfg.delta_level)
+            self.encoded_bytes += self._encoder.nbytes
+            frames = [frame]
+            if self._group is not None:  # every rank's frame, in rank order: the same payload on every root
+                gathered: list[Any] = [None] * dist.get_world_size(self._group)
+                dist.all_gather_object(gathered, frame, group=self._group)
+                frames = [bytes(f) for f in gathered]
+            held = self.node.store.current
+            assert held is not None and isinstance(self.node, RootNode)
+            payload = assemble(frames, raw_len=held.layout.total_bytes, base_version=held.version)
+            hv = self.node.publish(version, delta_payload=payload)
         self._held = version
         self.publish_s += time.monotonic() - t0
-        log.info("weights v%d published: %d bytes, xxh3 %016x", version, hv.layout.total_bytes, hv.weights_xxh3)
-
-    def _encode(self, prev: torch.Tensor, new: torch.Tensor, base_version: int) -> torch.Tensor:
-        self.encoded_bytes += new.numel()
-        return delta.encode(prev, new, base_version=base_version, level=self._level)
-
-    def _split_encode(self, prev: torch.Tensor, new: torch.Tensor, base_version: int) -> torch.Tensor:
-        """This rank's frame of the delta, every rank's frames gathered, the whole delta assembled."""
-        rank, parts = dist.get_rank(self._group), dist.get_world_size(self._group)
-        try:
-            mine = encode_part(prev, new, part=rank, parts=parts, level=self._level)
-            frames: list[Any] = [None] * parts
-            dist.all_gather_object(frames, (base_version, mine), group=self._group)
-        except Exception as e:  # noqa: BLE001 - a broken group must not stop publication
-            log.warning("weights v%d: split delta encoding failed, encoding alone from now on: %s", base_version + 1, e)
-            self._group = None
-            return self._encode(prev, new, base_version)
-        lo, hi = part_range(new.numel(), part=rank, parts=parts)
-        self.encoded_bytes += hi - lo
-        if any(base != base_version for base, _ in frames):  # the ranks disagree on what they encode
-            log.warning("weights: ranks encoded deltas from different bases; encoding alone from now on")
-            self._group = None
-            return self._encode(prev, new, base_version)
-        payload = assemble([f for _, f in frames], new=new, base_version=base_version)
         log.info(
-            "weights: delta vs v%d encoded by %d ranks (this one: %d of %d bytes)",
-            base_version,
-            parts,
-            hi - lo,
-            new.numel(),
+            "weights v%d published (%s): %d bytes, xxh3 %016x", version, kind, hv.layout.total_bytes, hv.weights_xxh3
         )
-        return payload
+
+    def _announce(
+        self,
+        version: int,
+        targets: dict[str, Target],
+        roots: list[str],
+        dc: str,
+        links: set[frozenset[str]] | None,
+    ) -> None:
+        """Tell every unit not told yet about `version` whom to pull it from (the plan of this version)."""
+        todo = {n: t for n, t in targets.items() if self._told.get(n, -1) < version}
+        if not todo:
+            return
+        # after the last plan: relays stay, newcomers go below units that hold or fetch `version`
+        try:
+            plan = plan_version(roots, dc, targets, previous=self.plan, dc_links=links, fanout=self._fanout)
+        except PlanError as e:  # the inventory's links leave a datacenter unreached: route as if all linked
+            if links is not None:
+                log.warning("weights v%d: %s; planning as if every pair of datacenters were linked", version, e)
+                with self._lock:
+                    self._dc_links = None
+            plan = plan_version(roots, dc, targets, previous=self.plan, dc_links=None, fanout=self._fanout)
+        self.plan = plan
+        for name in plan.order:  # parents before children: relays start first
+            if name not in todo:
+                continue
+            try:
+                announce(self._connection(name, todo[name].address), version, holders_for(plan, name))
+            except TransportError as e:  # that agent is gone; the controller notices it too
+                log.warning("weights v%d: cannot tell %s: %s", version, name, e)
+                self._conns.pop(name, None)
+                continue
+            self._told[name] = version
 
     def _connection(self, name: str, address: str) -> Connection:
         held = self._conns.get(name)

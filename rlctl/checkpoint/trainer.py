@@ -44,7 +44,7 @@ import os
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -63,6 +63,12 @@ log = logging.getLogger(__name__)
 
 MODEL = "model"
 RANKS = "ranks"
+
+
+class SavesPretrained(Protocol):
+    """What writes the policy's HF directory into a checkpoint (a trainer backend, TinyGPT, a published version)."""
+
+    def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path: ...
 
 
 class CheckpointError(RlctlError):
@@ -197,7 +203,7 @@ def save_shard(
 def save_trainer(
     ckpt: Path,
     *,
-    model: TinyGPT | TrainerBackend,
+    model: SavesPretrained,
     optimizers: dict[str, torch.optim.Optimizer],
     modules: dict[str, torch.nn.Module] | None = None,
     counters: dict[str, Any],

@@ -116,6 +116,11 @@ class TrainerBackend(ABC):
         """A version as it is published (`wire_weights` of `weights()`): every rank calls it after every step."""
         return wire_weights(self.weights(), dtype=dtype, tied=tied)
 
+    def tensors(self) -> Mapping[str, torch.Tensor]:
+        """This rank's tensors under the HF names, where it computes: what a delta's encoder reads (its part of
+        them). Whole tensors (`weights()`) unless the backend shards them."""
+        return self.weights()
+
     def checkpoint_modules(self) -> dict[str, nn.Module]:
         """Modules whose state each rank's checkpoint shard holds besides the optimizers' (none: the HF directory
         holds the policy)."""

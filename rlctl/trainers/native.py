@@ -9,7 +9,6 @@ process group: NCCL for CUDA tensors, gloo on CPUs (`rlctl.agents.trainer.init_g
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,7 +16,6 @@ import torch
 from torch import nn
 
 from rlctl.devices import Compute
-from rlctl.models import hf
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers import fsdp
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas, wire_weights
@@ -27,7 +25,6 @@ class TorchBackend(TrainerBackend):
     def __init__(self, model: TinyGPT, *, sharded: bool = False) -> None:
         self.model: TinyGPT = model
         self.sharded = sharded
-        self._gathered: tuple[tuple[int, ...], torch.dtype, dict[str, torch.Tensor]] | None = None
 
     @classmethod
     def load(
@@ -66,9 +63,11 @@ class TorchBackend(TrainerBackend):
     def wire_weights(self, *, dtype: torch.dtype, tied: bool) -> dict[str, torch.Tensor]:
         if not self.sharded:
             return wire_weights(self.weights(), dtype=dtype, tied=tied)
-        out = fsdp.wire_weights(self.model, dtype=dtype, tied=tied)  # a collective: every rank, in order
-        self._gathered = (self._param_versions(), dtype, out)
-        return dict(out)
+        return fsdp.wire_weights(self.model, dtype=dtype, tied=tied)  # a collective: every rank, in order
+
+    def tensors(self) -> Mapping[str, torch.Tensor]:
+        """Sharded: the DTensors of this rank's shards (the delta encoder reads its rows of each, no gather)."""
+        return self.model.state_dict() if self.sharded else self.weights()
 
     def checkpoint_modules(self) -> dict[str, nn.Module]:
         """Sharded, each rank's checkpoint shard holds its part of the fp32 policy (the HF directory holds the
@@ -82,21 +81,7 @@ class TorchBackend(TrainerBackend):
             self.model.load_weights(state_dict)
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
-        if not self.sharded:
-            return self.model.save_pretrained(directory, tokenizer_from=tokenizer_from)
-        # rank 0 alone writes: the weights its last publication gathered (the trainer publishes every version
-        # before it checkpoints it), in the dtype they were published in
-        assert self._gathered is not None and self._gathered[0] == self._param_versions(), "publish before saving"
-        _, dtype, sd = self._gathered
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        hf.save_state_dict(sd, d)
-        config = {**self.model.config.to_hf(), "torch_dtype": str(dtype).removeprefix("torch.")}
-        (d / hf.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        if tokenizer_from is not None:
-            hf.copy_tokenizer_files(tokenizer_from, d)
-        return d
-
-    def _param_versions(self) -> tuple[int, ...]:
-        """Version counters of the parameters' local storage: they move with every in-place update."""
-        return tuple(fsdp.local_tensor(p)._version for p in self.model.parameters())
+        assert not self.sharded, (
+            "a sharded policy is saved from the version it published (agents.weights.PublishedModel)"
+        )
+        return self.model.save_pretrained(directory, tokenizer_from=tokenizer_from)

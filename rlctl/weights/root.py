@@ -72,7 +72,7 @@ class RootNode(WeightNode):
         if not (self.cfg.delta and cur is not None and cur.layout == layout and not due):
             return self._replace(version, state_dict, layout, anchor=due)
         new = chunks.flatten(state_dict, layout)  # the one transient copy of the CPU path
-        self._note_peak(extra=new.numel())
+        self._note_peak(extra=new.numel() + _nbytes(state_dict))
         data = (encode or self._encode)(cur.weights, new, cur.version)
         with self._exclusive():
             cur.weights.copy_(new)
@@ -98,6 +98,7 @@ class RootNode(WeightNode):
             weights = cur.weights
         else:
             weights = chunks.flatten(sd, layout)
+        self._note_peak(extra=_nbytes(sd) + (0 if weights is getattr(cur, "weights", None) else weights.numel()))
         self._last_anchor = version
         self._chain.clear()  # older bases cannot be composed across a full version
         return self._hold(version, weights, layout, None, base=None, anchor=anchor)
@@ -203,3 +204,8 @@ class RootNode(WeightNode):
 
     def _note_peak(self, *, extra: int = 0) -> None:
         self.peak_host_bytes = max(self.peak_host_bytes, self.host_bytes() + extra)
+
+
+def _nbytes(sd: dict[str, torch.Tensor]) -> int:
+    """Host bytes of a state dict (the snapshot a full version arrives as, held until it is flattened)."""
+    return sum(t.numel() * t.element_size() for t in sd.values() if t.device.type == "cpu")

@@ -3,8 +3,9 @@
     python tests/unit/agents/weights_split_rank.py RANK WORLD RENDEZVOUS OUT.json
 
 Forms a gloo group and the trainer's weights group, publishes three versions (v1 full, then v2 and v3 back
-to back as deltas whose encoding the ranks split), fetches each from its own node as a rollout unit would,
-and writes what it saw to OUT.json.
+to back as deltas: each rank encodes its part of each from the "trainer's" tensors, `publish_step`), fetches v1
+and then v3 from its own node as a rollout unit would (v3 as the deltas from v1 composed), and writes what it
+saw to OUT.json.
 """
 
 from __future__ import annotations
@@ -60,22 +61,18 @@ def main(rank: int, world: int, rendezvous: Path, out: Path) -> None:
             "equal": all(torch.equal(got[1][k], sds[v - 1][k]) for k in got[1]),
         }
 
-    pub.publish(1, sds[0])
+    pub.publish(1, {k: v.clone() for k, v in sds[0].items()}, params=sds[0])
     wait_held(pub, 1)
     fetch(1)
-    pub.publish(2, sds[1])  # back to back: both are encoded, in order, on every rank
-    pub.publish(3, sds[2])
+    assert pub.publish_step(2, sds[1]) and pub.publish_step(3, sds[2])  # back to back: in order, on every rank
     wait_held(pub, 3)
     held = pub.node.store.versions
-    payloads = {v: held[v].payloads.get("delta") for v in (2, 3)}
-    fetch(2)
+    payloads = dict(pub.node._chain)  # the root node's deltas, by version
     fetch(3)
     out.write_text(
         json.dumps(
             {
-                "delta_xxh3": {
-                    v: None if p is None else xxhash.xxh3_64_hexdigest(p.data.numpy().data) for v, p in payloads.items()
-                },
+                "delta_xxh3": {v: xxhash.xxh3_64_hexdigest(payloads[v].data.numpy().data) for v in (2, 3)},
                 "encoded_bytes": pub.encoded_bytes,
                 "weights_bytes": held[3].weights.numel(),
                 "fetched": fetched,

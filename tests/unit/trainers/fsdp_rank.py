@@ -4,19 +4,23 @@
 
 Forms a gloo group of WORLD CPU ranks, loads the `torch` backend on the HF checkpoint MODEL sharded over them
 (FSDP2, `rlctl.trainers.fsdp`; WORLD 1: unsharded) and the GRPO learner on it as the trainer agent does: rank 0
-adds the samples and steps, the other ranks follow its broadcasts; after each step every rank gathers the
-published weights (`wire_weights`, a collective). SAMPLES.pt holds three iterations of samples.
+adds the samples and steps, the other ranks follow its broadcasts. After each step every rank publishes the
+version through its weight publisher in delta mode (its rows of every tensor encoded from its own shards,
+`rlctl.weights.encoder`) and gathers the weights (`wire_weights`, a collective) to compare. The checkpoint's
+HF directory is the published version (`PublishedModel`). SAMPLES.pt holds three iterations of samples.
 
   PHASE "run":     iterations 1 and 2; checkpoint JOB/iter-2 (rank 0 `save_trainer`, the followers `save_shard`:
                    sharded, every rank writes its part of the policy and of AdamW's state); iteration 3.
   PHASE "resume":  fresh ranks restore JOB/iter-2 (the HF policy, then each its own shard); iteration 3.
 
-OUT.pt (rank 0): {"weights": [the fp32 weights after each iteration run], "grad_norms": [...]}.
+OUT.pt (rank 0): {"weights": [the fp32 weights after each iteration run], "grad_norms": [...], "published":
+[whether the root's buffer equals the gathered weights, after each iteration], "encodings": [...]}.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -24,11 +28,14 @@ import torch.distributed as dist
 
 
 def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, samples: Path, job: Path, out: Path) -> None:
+    from rlctl.agents.weights import PublishedModel, WeightPublisher
     from rlctl.checkpoint.trainer import load_trainer, save_shard, save_trainer
-    from rlctl.config.job import Batch, GrpoAlgorithm
+    from rlctl.config.job import Batch, GrpoAlgorithm, WeightSync
     from rlctl.launch.agentenv import ParallelConfig
     from rlctl.rl.learner import make_learner
     from rlctl.trainers.base import load_backend
+    from rlctl.transport import InprocTransport
+    from rlctl.weights import chunks
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
@@ -42,11 +49,32 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
     optimizers, modules = learner.optimizers(), backend.checkpoint_modules()
     ckpt = job / "iter-2"
 
+    tied = backend.model.config.tie_word_embeddings
+    group = dist.new_group(backend="gloo")
+    pub = WeightPublisher(
+        InprocTransport(secret=b"k"), listen="inproc://", sync=WeightSync(mode="delta"), timeout_s=30, group=group
+    )
+    state = {"version": 0 if phase == "run" else 2}
+    checks: dict[str, list[object]] = {"published": [], "encodings": []}
+
+    def gathered() -> dict[str, torch.Tensor]:
+        return backend.wire_weights(dtype=torch.float32, tied=tied)
+
     def published() -> dict[str, torch.Tensor]:
-        return backend.wire_weights(dtype=torch.float32, tied=backend.model.config.tie_word_embeddings)
+        """Publish the next version as the trainer agent does, wait for it, compare with the gathered weights."""
+        v = state["version"] = state["version"] + 1
+        if not pub.publish_step(v, backend.tensors()):
+            pub.publish(v, gathered(), params=backend.tensors())
+        while (cur := pub.node.store.current) is None or cur.version < v:
+            time.sleep(0.01)
+        full = gathered()
+        checks["published"].append(torch.equal(cur.weights, chunks.flatten(full, cur.layout)))
+        checks["encodings"].append(sorted(cur.payloads))
+        return full
 
     if phase == "resume":
         load_trainer(ckpt, model=backend, optimizers=optimizers, modules=modules, split=split, data_parallel=dp)
+    pub.publish(state["version"], gathered(), params=backend.tensors())  # the start: a full copy
     todo = [1, 2, 3] if phase == "run" else [3]
     if rank > 0:
         learner.follow(
@@ -56,6 +84,7 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
             ),
         )
         dist.barrier()
+        pub.close()
         return
     record: dict[str, list[object]] = {"weights": [], "grad_norms": []}
     for it in todo:
@@ -67,7 +96,7 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
         if phase == "run" and it == 2:
             save_trainer(
                 ckpt,
-                model=backend,
+                model=PublishedModel(pub.node, 2, backend.model.config, timeout_s=30) if world > 1 else backend,
                 optimizers=optimizers,
                 modules=modules,
                 counters={"version": 2},
@@ -76,8 +105,9 @@ def main(rank: int, world: int, rendezvous: Path, phase: str, model: Path, sampl
                 announce=lambda: learner.announce_checkpoint(2),
             )
     learner.stop_followers()
-    torch.save(record, out)
+    torch.save(record | checks, out)
     dist.barrier()
+    pub.close()
 
 
 if __name__ == "__main__":

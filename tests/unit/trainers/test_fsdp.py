@@ -80,6 +80,9 @@ def test_sharded_steps_equal_the_unsharded_steps(tmp_path: Path, inputs: tuple[P
             step = (w - start[name]).abs().max()
             torch.testing.assert_close(sharded["weights"][it][name], w, atol=1e-6 + 1e-3 * float(step), rtol=1e-4)
     assert sharded["grad_norms"] == pytest.approx(whole["grad_norms"], rel=1e-4)
+    # each version went out as a delta its ranks encoded from their own shards, and the root's buffer holds the
+    # weights a gather gives
+    assert sharded["published"] == [True] * 3 and sharded["encodings"] == [["delta", "full"]] * 3
     assert not any(torch.equal(start[k], v) for k, v in sharded["weights"][2].items() if k.endswith("proj.weight"))
 
 
@@ -93,3 +96,8 @@ def test_a_sharded_checkpoint_resumes_bit_for_bit(tmp_path: Path, inputs: tuple[
     for name, w in ran["weights"][2].items():
         assert torch.equal(resumed["weights"][0][name], w), name
     assert resumed["grad_norms"][0] == ran["grad_norms"][2]
+    # the checkpoint's HF directory is the version published at iteration 2: the gathered weights then
+    from rlctl.models.hf import load_state_dict
+
+    saved = load_state_dict(job / "iter-2" / "model")
+    assert all(torch.equal(saved[k], ran["weights"][1][k]) for k in saved)

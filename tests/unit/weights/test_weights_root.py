@@ -42,7 +42,9 @@ def test_one_buffer_holds_the_newest_version(pair) -> None:
         assert hv.weights.data_ptr() == storage and sorted(hv.payloads) == ["delta", "full"]
         assert list(root.store.versions) == [v]  # the older versions live on as deltas only
     model = chunks.layout_of(sd(4)).total_bytes
-    assert root.host_bytes() < 1.25 * model and root.peak_host_bytes < 2.1 * model  # one transient flat copy
+    # steady: the buffer and the deltas; at a publication from a state dict: the caller's snapshot and its flat
+    # copy besides (the trainer publishes deltas encoded on its device instead: test_weights_encoder.py)
+    assert root.host_bytes() < 1.25 * model and root.peak_host_bytes < 3.1 * model
     got = child.fetch(4, [root.address])  # a joiner: the buffer itself, in full
     assert got.received_encoding == "full" and torch.equal(got.weights, root.store.current.weights)
 
