@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import re
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def run(*, quick: bool) -> dict[str, Any]:
         torch.set_num_threads(1)
     out: dict[str, Any] = {
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-        "commit": _git("rev-parse", "--short", "HEAD"),
+        "commit": os.environ.get("RLCTL_COMMIT") or _git("rev-parse", "--short", "HEAD"),  # a copy may lack .git
         "date": datetime.date.today().isoformat(),
         "torch": torch_build(),
         "python": sys.version.split()[0],
@@ -103,7 +104,10 @@ def summary(r: dict[str, Any]) -> str:
 
 # ---- the pieces -------------------------------------------------------------------------------------------
 def _git(*args: str) -> str:
-    proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+    try:
+        proc = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+    except OSError:  # no git on the machine
+        return "unknown"
     return proc.stdout.strip() or "unknown"
 
 

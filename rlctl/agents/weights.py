@@ -359,18 +359,25 @@ class WeightPublisher:
             frame = self._encoder.encode(item[2], level=self.node.cfg.delta_level)
             self.encoded_bytes += self._encoder.nbytes
             frames = [frame]
+            held = self.node.store.current
+            assert held is not None and isinstance(self.node, RootNode)
             if self._group is not None:  # every rank's frame, in rank order: the same payload on every root
                 gathered: list[Any] = [None] * dist.get_world_size(self._group)
                 dist.all_gather_object(gathered, frame, group=self._group)
                 frames = [bytes(f) for f in gathered]
-            held = self.node.store.current
-            assert held is not None and isinstance(self.node, RootNode)
+                log.info(
+                    "weights: delta vs v%d encoded by %d ranks (this one: %d of %d bytes)",
+                    held.version,
+                    len(frames),
+                    self._encoder.nbytes,
+                    held.layout.total_bytes,
+                )
             payload = assemble(frames, raw_len=held.layout.total_bytes, base_version=held.version)
             hv = self.node.publish(version, delta_payload=payload)
         self._held = version
         self.publish_s += time.monotonic() - t0
         log.info(
-            "weights v%d published (%s): %d bytes, xxh3 %016x", version, kind, hv.layout.total_bytes, hv.weights_xxh3
+            "weights v%d published: %d bytes, xxh3 %016x (%s)", version, hv.layout.total_bytes, hv.weights_xxh3, kind
         )
 
     def _announce(

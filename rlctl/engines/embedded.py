@@ -91,7 +91,7 @@ class EmbeddedEngine(GenerationEngine):
         self.model = model.eval()
         self.device = model.lm_head.weight.device
         self.max_batch_size = max_batch_size
-        self.temperature = temperature
+        self._temperature = temperature
         self.seed = seed
         self.compact_fraction = compact_fraction
         # a row ends on any of these; default the model's config.json ids (a tokenizer may add
@@ -131,6 +131,17 @@ class EmbeddedEngine(GenerationEngine):
         """An engine on an HF Llama/Qwen2 checkpoint directory (or a saved demo model), on `device` in `dtype`
         (None: the checkpoint's)."""
         return cls(TinyGPT.from_pretrained(directory, dtype=dtype, device=device), **kw)
+
+    @property
+    def temperature(self) -> float:
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        """A captured step samples at the temperature it was captured with: a new one recaptures."""
+        self._temperature = value
+        if self._graphs is not None:
+            self._graphs.reset()
 
     # ---- GenerationEngine ----
     @property
@@ -187,7 +198,7 @@ class EmbeddedEngine(GenerationEngine):
         result lands in place (what a CUDA graph captures)."""
         assert self._cache is not None
         logits = self.model.decode(self._cache, self._next[:rows], rows=rows, width=width)
-        tokens, logprobs = sample(logits, self._seeds[:rows], self._steps[:rows], self.temperature)
+        tokens, logprobs = sample(logits, self._seeds[:rows], self._steps[:rows], self._temperature)
         self._steps[:rows] += 1
         self._next[:rows] = tokens
         self._logprobs[:rows] = logprobs

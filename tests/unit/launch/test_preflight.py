@@ -428,7 +428,12 @@ def test_the_plan_shards_a_torch_replica_that_does_not_fit_one_gpu(tmp_path: Pat
     assert not shard_trainer(small, {"tp": 1, "pp": 1, "dp": 2})
     small = with_shard(small, "fsdp")
     assert shard_trainer(small, {"tp": 1, "pp": 1, "dp": 2})
-    assert run.plan_counts(small, small.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}
+    plan = run.plan_counts(small, small.spec)
+    assert plan["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}
+    from rlctl.launch.layout import layout
+
+    ranks = [a for a in layout(plan, small.inventory.sites, small.spec) if a.role == "trainer"]
+    assert [json.loads(a.parallel.to_json())["fsdp"] for a in ranks] == [True, True]  # each rank's RLCTL_PARALLEL
 
 
 def test_fsdp_where_it_cannot_run_is_refused(tmp_path: Path) -> None:
