@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from rlctl.commands import check, completion, launch, logs, plan, profile, report, scale, status, stop, version
-from rlctl.errors import RlctlError
+from rlctl.errors import JobProblems, RlctlError
 from rlctl.launch import hostkeys
 
 app = typer.Typer(
@@ -65,10 +65,8 @@ def main() -> None:
     except RlctlError as e:
         if _state["debug"]:
             raise
-        line = f"rlctl: error: {e}"
-        if e.hint:
-            line += f" (hint: {e.hint})"
-        sys.stderr.write(one_line(line) + "\n")
+        lines = e.lines if isinstance(e, JobProblems) else [f"{e}" + (f" (hint: {e.hint})" if e.hint else "")]
+        sys.stderr.write("".join(one_line(f"rlctl: error: {line}") + "\n" for line in lines))
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("rlctl: interrupted\n")

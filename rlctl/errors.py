@@ -2,6 +2,7 @@
 
     RlctlError                      exit 1  runtime failure
     ├── ConfigError                 exit 2  bad inventory / job / profile file (names file + field)
+    │   └── JobProblems                     every reason a job cannot run (`check --reach`): one line each
     ├── UsageError                  exit 2  bad command-line usage
     ├── PartialFailure              exit 3  some sites / agents failed, the rest answered
     ├── PlanError                   exit 1  no feasible allocation for the job
@@ -42,6 +43,14 @@ class ConfigError(RlctlError):
         self.field = field
         where = f"{file}: {field}: " if field else f"{file}: "
         super().__init__(where + message, hint=hint)
+
+
+class JobProblems(ConfigError):
+    """Several things stop a job (what its file asks for, and what its sites' hosts lack): one line each."""
+
+    def __init__(self, file: str, lines: list[str]) -> None:
+        super().__init__(file, None, f"{len(lines)} problem(s)")
+        self.lines = lines
 
 
 class UsageError(RlctlError):

@@ -11,8 +11,9 @@ controller's address from --controller (the launcher passes it), else DIR/contro
 Trainer ranks find each other through MASTER_ADDR / MASTER_PORT /
 WORLD_SIZE (set by the backend). The launcher's other variables (`rlctl.launch.agentenv`):
 RLCTL_PARALLEL (role, tp/pp/dp, rank or replica) and CUDA_VISIBLE_DEVICES go into the first log
-line; torch uses the job's threads for the role (rollout.threads_per_unit, trainer.threads_per_rank,
-1 for the controller). SIGTERM ends the agent cleanly; exit 0 = the job finished.
+line; torch uses OMP_NUM_THREADS threads (the launcher's figure: the job's rollout.threads_per_unit /
+trainer.threads_per_rank, else the site's cores for the agent's GPU slots; 1 for the controller). SIGTERM ends
+the agent cleanly; exit 0 = the job finished.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     from rlctl.transport import make_transport
 
     try:
-        threads = threads_for(JobDir(args.job_dir).read_job(), args.role)
+        # the launcher's figure (its site's cores for the agent's GPU slots); else the job's, else 1
+        launched = os.environ.get("OMP_NUM_THREADS")
+        threads = int(launched) if launched else threads_for(JobDir(args.job_dir).read_job(), args.role)
         torch.set_num_threads(threads)
         torch.set_num_interop_threads(1)
         log.info("torch threads %d (intra-op), 1 (inter-op)", threads)

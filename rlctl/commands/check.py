@@ -10,9 +10,11 @@ import typer
 
 from rlctl.config import Inventory, load_inventory, load_job
 from rlctl.config.base import read_yaml
-from rlctl.errors import PartialFailure
-from rlctl.launch.preflight import preflight
+from rlctl.config.job import Job
+from rlctl.errors import JobProblems, PartialFailure
+from rlctl.launch.preflight import preflight, problems
 from rlctl.launch.reach import probe_site
+from rlctl.launch.siteprobe import HostReport, disk_problem, host_problems, probe_site_hosts
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
 
@@ -67,10 +69,46 @@ def _table(d: dict[str, Any]) -> str:
             for link in d["links"]
         ]
         out += "\n\n" + grid(lrows, ["link", "bandwidth", "latency"], "Links")
+    if "hosts" in d:
+        hrows = [
+            [
+                h["site"],
+                h["host"],
+                h.get("python", "?"),
+                h.get("rlctl", "-"),
+                h.get("torch", "-"),
+                h.get("cuda_devices", "-"),
+                f"{h.get('free_bytes', 0) / 1e9:.0f} GB",
+            ]
+            for h in d["hosts"]
+        ]
+        out += "\n\n" + grid(hrows, ["site", "host", "python", "rlctl", "torch", "CUDA devices", "free disk"], "Hosts")
     if "reach" in d:
         rrows = [[r["site"], "ok" if r["ok"] else "FAILED", f"{r['seconds']:.2f}s", r["detail"]] for r in d["reach"]]
         out += "\n\n" + grid(rrows, ["site", "reach", "time", "detail"], "Reachability")
     return head + out
+
+
+def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[HostReport]]:
+    """What stops `job`: its file's problems (`preflight.problems`), then each site's hosts' (`siteprobe`), asked
+    for the roles the job places there; one line each. And what each host answered."""
+    lines = [f"{job.path}: {p.field}: {p.message}" + (f" (hint: {p.hint})" if p.hint else "") for p in problems(job)]
+    spec = job.spec
+    roles: dict[str, set[str]] = {spec.placement.trainer.site: {"trainer"}}
+    for r in spec.placement.rollout:
+        roles.setdefault(r.site, set()).add("rollout")
+    roles.setdefault(spec.placement.controller_site or spec.placement.trainer.site, set()).add("controller")
+    need = 3 * spec.model.arch.weight_bytes + 1e9  # the staged model, a checkpoint's policy and its optimizer
+    answered: list[HostReport] = []
+    with ThreadPoolExecutor(max_workers=len(roles)) as pool:
+        reports = pool.map(lambda name: probe_site_hosts(name, job.inventory.sites[name], timeout_s=timeout_s), roles)
+        for name, found in zip(roles, reports, strict=True):
+            for report in found:
+                answered.append(report)
+                lines += host_problems(report, job.inventory.sites[name], roles=roles[name], job=spec)
+                if (disk := disk_problem(report, need_bytes=need)) is not None:
+                    lines.append(disk)
+    return lines, answered
 
 
 def register(app: typer.Typer) -> None:
@@ -78,23 +116,36 @@ def register(app: typer.Typer) -> None:
     def check(
         files: Annotated[list[Path], typer.Argument(help="inventory files (clusters/*.yaml) or one job file")],
         reach: Annotated[
-            bool, typer.Option("--reach", help="probe every site: local, SSH login, SLURM controller")
+            bool,
+            typer.Option(
+                "--reach",
+                help="probe every site: local, SSH login, SLURM controller; with a job, also ask each site's hosts, "
+                "in the site's python, for rlctl, torch and CUDA, the job's engine and backend, and free disk",
+            ),
         ] = False,
         timeout_s: Annotated[float, typer.Option("--timeout", help="per-site deadline, seconds")] = 10.0,
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Validate inventories (or a job and its inventories); print sites, GPUs and links.
 
-        With --reach, probe each site through its scheduler; exit 3 if some site is unreachable.
+        With --reach, probe each site through its scheduler; exit 3 if some site is unreachable. With a job and
+        --reach, every problem — of the job file, and of each site's hosts for the job — is one line; exit 2.
         """
         job = None
         if len(files) == 1 and read_yaml(files[0]).get("kind") == "Job":
             job = load_job(files[0])
-            preflight(job)  # check passing means launch can start it: every field is honoured or refused
+            if reach:  # every problem, the file's and the hosts', one line each
+                lines, hosts = job_problem_lines(job, timeout_s=max(timeout_s, 60.0))
+                if lines:
+                    raise JobProblems(str(files[0]), lines)
+            else:
+                preflight(job)  # check passing means launch can start it: every field is honoured or refused
             inv = job.inventory
         else:
             inv = load_inventory(files)
         data = inventory_summary(inv)
+        if job is not None and reach:
+            data["hosts"] = [{"site": h.site, "host": h.host, **h.facts} for h in hosts]
         if job is not None:
             data["job"] = {
                 "name": job.name,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
@@ -90,7 +90,13 @@ class SshScheduler(Strict):
         description="the site's hosts see one filesystem at workdir (e.g. NFS inside the datacenter): the job is "
         "staged once, through the first host, instead of once per host",
     )
-    python: str = "python3"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _python_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "python" in data:
+            raise ValueError("python is the site's, for every scheduler: move it up to sites.<site>.python")
+        return data
 
 
 Scheduler = Annotated[LocalScheduler | SlurmScheduler | SshScheduler, Field(discriminator="kind")]
@@ -109,6 +115,14 @@ class CustomGpu(Strict):
 class Node(Strict):
     host: str = Field(min_length=1)
     gpus: PositiveInt
+    cpus: PositiveInt | None = Field(
+        None, description="CPU cores per host: divided among its GPU slots (SLURM's --cpus-per-task, agents' threads)"
+    )
+    memory_gb: PositiveFloat | None = Field(
+        None,
+        description="host memory per host (GB): divided among its GPU slots (SLURM's --mem; on a `gpu: CPU` site, "
+        "the memory a trainer rank's replica must fit)",
+    )
     devices: list[NonNegativeInt] | None = Field(
         None,
         description="the CUDA device id behind each of the host's GPU slots (default: slot i is device i); an id "
@@ -127,6 +141,12 @@ class Node(Strict):
         if self.devices is not None and len(self.devices) != self.gpus:
             raise ValueError(f"devices lists {len(self.devices)} ids for {self.gpus} GPU slots: give one per slot")
         return self
+
+    def cpus_per_slot(self) -> int | None:
+        return None if self.cpus is None else max(1, self.cpus // self.gpus)
+
+    def memory_per_slot_gb(self) -> float | None:
+        return None if self.memory_gb is None else self.memory_gb / self.gpus
 
     def device(self, slot: int) -> int:
         """The CUDA device id of GPU slot `slot` of each of this entry's hosts."""
@@ -157,6 +177,17 @@ class Site(Strict):
     nodes: list[Node] = Field(min_length=1)
     network: Network = Network(bandwidth_gbps=10.0)
     cost_per_gpu_hour: PositiveFloat | None = None
+    python: str | None = Field(
+        None,
+        min_length=1,
+        description="the interpreter that runs rlctl on the site's hosts (e.g. a virtualenv's bin/python); default: "
+        "python3 on SSH sites, this interpreter on local and SLURM sites (a filesystem shared with the nodes)",
+    )
+    setup: list[str] = Field(
+        default_factory=list,
+        description="shell lines run before every agent on the site's hosts (e.g. `module load cuda/12.4`, "
+        "`source /opt/rl/venv/bin/activate`); SSH and SLURM sites",
+    )
 
     @field_validator("gpu")
     @classmethod
@@ -169,6 +200,8 @@ class Site(Strict):
     def _one_gpu_source(self) -> Site:
         if (self.gpu is None) == (self.gpu_spec is None):
             raise ValueError("give exactly one of 'gpu' (catalog name) or 'gpu_spec' (custom specs)")
+        if self.setup and self.scheduler.kind == "local":
+            raise ValueError("setup: a local site's agents run in this environment: activate it before rlctl")
         return self
 
     @property
@@ -190,6 +223,16 @@ class Site(Strict):
     @property
     def total_gpus(self) -> int:
         return sum(g for _, g in self.hosts)
+
+    def cpus_per_slot(self) -> int | None:
+        """The fewest CPU cores a GPU slot of the site gets (its nodes' `cpus` ÷ `gpus`), None when not given."""
+        given = [c for n in self.nodes if (c := n.cpus_per_slot()) is not None]
+        return min(given) if given else None
+
+    def memory_per_slot_gb(self) -> float | None:
+        """The least host memory a GPU slot of the site gets (its nodes' `memory_gb` ÷ `gpus`), None when not given."""
+        given = [m for n in self.nodes if (m := n.memory_per_slot_gb()) is not None]
+        return min(given) if given else None
 
     def devices_of(self, host: str, slots: tuple[int, ...]) -> tuple[int, ...]:
         """The CUDA device ids behind GPU slots `slots` of `host` (its node's `devices`, or the slots themselves)."""

@@ -253,7 +253,10 @@ class Rollout(Strict):
         description="`rlctl plan` only: the share of units its simulated skew-aware dispatch gives the long tail; "
         "launch dispatches over every unit alike, so `rlctl check` refuses another value",
     )
-    threads_per_unit: PositiveInt = 1
+    threads_per_unit: PositiveInt | None = Field(
+        None,
+        description="CPU threads of each unit; default: its site's cores per GPU slot (nodes' cpus) × its GPUs, else 1",
+    )
     group_barrier: Literal["auto", "always", "never"] = Field(
         "auto", description="embedded engine: may the next iteration fill rows freed by the previous one's tail"
     )
@@ -261,7 +264,9 @@ class Rollout(Strict):
 
 class Trainer(Strict):
     backend: Literal["torch", "megatron"] = "torch"
-    threads_per_rank: PositiveInt = 1
+    threads_per_rank: PositiveInt | None = Field(
+        None, description="CPU threads of each rank; default: its site's cores per GPU slot (nodes' cpus), else 1"
+    )
     tensor_parallel: PositiveInt | None = Field(
         None,
         description="ranks that hold shards of one replica ('megatron'); the trainer's GPUs are tp × pp × dp. "

@@ -6,7 +6,8 @@
     RLCTL_PARALLEL        {"role","tp","pp","dp", ─▶   parallel_from_env(): its place in the job's
                            "rank" | "replica"}          parallel layout (a SLURM rank from $SLURM_PROCID)
     CUDA_VISIBLE_DEVICES  its GPU slice (local/ssh) ─▶ the devices it may use (SLURM sets its own)
-    OMP/MKL_NUM_THREADS   threads_for(job, role)  ─▶   torch.set_num_threads, from the job as well
+    OMP/MKL_NUM_THREADS   threads_for(job, role,  ─▶   torch.set_num_threads (the same figure)
+                          its site's cores)
     RLCTL_RESUME_VERSION  `launch --resume`: the    ─▶  controller and trainer restore exactly that
                           checkpoint it picked           checkpoint (0: none was ever complete: start over)
                           (rlctl.checkpoint.choose)
@@ -68,13 +69,13 @@ class ParallelConfig:
         return [t + self.tp * self.dp * p for p in range(self.pp) for t in range(self.tp)]
 
 
-def threads_for(job: JobFile, role: str) -> int:
-    """CPU threads of one agent process: rollout.threads_per_unit, trainer.threads_per_rank, else 1."""
-    if role == "rollout":
-        return job.rollout.threads_per_unit
-    if role == "trainer":
-        return job.trainer.threads_per_rank
-    return 1
+def threads_for(job: JobFile, role: str, *, cpus_per_slot: int | None = None, slots: int = 1) -> int:
+    """CPU threads of one agent process: rollout.threads_per_unit, trainer.threads_per_rank; unset, the cores its
+    `slots` GPU slots get on its site (`cpus_per_slot`, from the inventory's nodes), else 1. The controller: 1."""
+    given = {"rollout": job.rollout.threads_per_unit, "trainer": job.trainer.threads_per_rank}.get(role, 1)
+    if given is not None:
+        return given
+    return cpus_per_slot * slots if cpus_per_slot else 1
 
 
 def thread_env(threads: int) -> dict[str, str]:

@@ -53,6 +53,8 @@ def make_backend(site_name: str, site: Site, *, job: str, job_dir: Path) -> Laun
             slots_per_node=site.gpus_per_node,
             gpu_request=gpu_request_for(site),
             known_hosts=sched.ssh_known_hosts,
+            python=site.python,
+            setup=site.setup,
         )
     if isinstance(sched, SshScheduler):
         from rlctl.launch.ssh import SshBackend

@@ -31,6 +31,7 @@ class Resources:
     tasks: int = 1
     gpus_per_task: int = 0
     cpus_per_task: int = 1
+    mem_mb_per_task: int | None = None  # host memory (the inventory's nodes' memory_gb for its GPU slots)
 
 
 @dataclass(frozen=True)
@@ -87,3 +88,8 @@ class LaunchBackend(ABC):
     @abstractmethod
     def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:
         """Stop every agent and everything it started; LaunchError if anything is left running."""
+
+
+def site_setup(lines: list[str]) -> list[str]:
+    """A site's `setup` lines for a bash script run with `set -u` (activation scripts read unset variables)."""
+    return ["set +u", *lines, "set -u"] if lines else []

@@ -110,33 +110,41 @@ def layout(plan: dict[str, Any], sites: dict[str, Site], job: JobFile) -> list[P
     t = plan["trainer"]
     ranks, t_site = int(t["ranks"]), str(t["site"])
     par = trainer_parallel(plan)
-    threads = threads_for(job, "trainer")
     if t_site in pools:
         slices = pools[t_site].take_ranks(ranks, who=f"the trainer ({ranks} ranks)")
-        res = Resources(1, 1, threads)
+        res = resources_for(job, "trainer", sites[t_site], tasks=1, gpus=1)
         out += [PlannedAgent("trainer", r, t_site, res, _with(par, rank=r), s) for r, s in enumerate(slices)]
     else:  # SLURM: one job, its tasks are the ranks
-        out.append(PlannedAgent("trainer", 0, t_site, Resources(ranks, 1, threads), par))
-    threads = threads_for(job, "rollout")
+        out.append(PlannedAgent("trainer", 0, t_site, resources_for(job, "trainer", sites[t_site], tasks=ranks), par))
     n = 0
     for group in plan["rollout"]:
         site, units = str(group["site"]), int(group["units"])
         tp = int(group.get("tp", 1))
         for _ in range(units):
-            gpu_slice = pools[site].take(tp, who=f"rollout-{n}") if site in pools else None
-            p = ParallelConfig("rollout", tp=tp, dp=units, replica=n)
-            out.append(PlannedAgent("rollout", n, site, Resources(1, tp, threads), p, gpu_slice))
+            out.append(
+                rollout_agent(site, sites[site], job, replica=n, tp=tp, units_on_site=units, pool=pools.get(site))
+            )
             n += 1
     return out
 
 
+def resources_for(job: JobFile, role: str, site: Site, *, tasks: int, gpus: int = 1) -> Resources:
+    """What an agent of `role` with `gpus` GPU slots per task asks its site for: the slots' cores (its threads,
+    `threads_for`) and host memory (the inventory's nodes' `cpus` and `memory_gb`, shared among their slots)."""
+    threads = threads_for(job, role, cpus_per_slot=site.cpus_per_slot(), slots=gpus)
+    mem = site.memory_per_slot_gb()
+    return Resources(tasks, gpus, threads, None if mem is None else int(mem * gpus * 1024))
+
+
 def rollout_agent(
-    site_name: str, site: Site, *, replica: int, tp: int, units_on_site: int, threads: int, pool: GpuPool | None
+    site_name: str, site: Site, job: JobFile, *, replica: int, tp: int, units_on_site: int, pool: GpuPool | None
 ) -> PlannedAgent:
-    """One more rollout unit (scale-out): its slice from `pool` (already holding every claimed slice)."""
+    """One rollout unit: its slice from `pool` (already holding every claimed slice), its cores and memory."""
     gpu_slice = pool.take(tp, who=f"rollout-{replica}") if pool is not None and uses_slices(site) else None
     p = ParallelConfig("rollout", tp=tp, dp=units_on_site, replica=replica)
-    return PlannedAgent("rollout", replica, site_name, Resources(1, tp, threads), p, gpu_slice)
+    return PlannedAgent(
+        "rollout", replica, site_name, resources_for(job, "rollout", site, tasks=1, gpus=tp), p, gpu_slice
+    )
 
 
 def _with(p: ParallelConfig, *, rank: int) -> ParallelConfig:

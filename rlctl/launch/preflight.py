@@ -14,13 +14,15 @@ write checkpoint shards on several hosts of an SSH site that share no work root.
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from rlctl.config.job import DatasetTask, DigitsTask, Job
+from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job
 from rlctl.devices import cuda_problem, kind_for
 from rlctl.engines.factory import vllm_problem
 from rlctl.errors import ConfigError, LaunchError, PlanError
@@ -94,6 +96,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
             )
         )
     out += _devices(job)
+    out += _listen_addresses(job)
     tp = spec.rollout.tensor_parallel or 1
     if spec.rollout.engine == "embedded" and tp > 1:
         out.append(
@@ -130,7 +133,8 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
             )
         if spec.warmup.sft_steps:
             out.append(Problem("warmup.sft_steps", "the SFT warm-up is the built-in digits model's; use 0"))
-        out += _raised("task", lambda: check_task(task, job_file=job.path))
+        model_dir = Path(spec.model.path) if isinstance(spec.model, HfModel) else None
+        out += _raised("task", lambda: check_task(task, job_file=job.path, model_dir=model_dir))
     out += _context(job)
     out += _planning_only(job)
     out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path)))
@@ -242,6 +246,7 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
                     )
                 )
     out += _sharding(job, plan)
+    out += _trainer_memory(job, plan)
     try:
         agents = layout(plan, job.inventory.sites, spec)
     except LaunchError as e:
@@ -253,6 +258,97 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     if (why := unshared_trainer(site, job.inventory.sites[site], trainers, writers=writers)) is not None:
         out.append(Problem("placement.trainer", *why))
     return out
+
+
+def _job_hosts(job: Job) -> set[str]:
+    """The hosts the job's agents may run on: this machine for a local site (and an SSH host that is a loopback
+    address), an SSH site's hosts, a SLURM site's nodes."""
+    names = {job.spec.placement.trainer.site, *(r.site for r in job.spec.placement.rollout)}
+    names.add(job.spec.placement.controller_site or job.spec.placement.trainer.site)
+    out: set[str] = set()
+    for name in names:
+        site = job.inventory.sites[name]
+        if site.scheduler.kind == "local":
+            out.add("this machine")
+        else:
+            out |= {"this machine" if _loopback(h) else h for h, _ in site.hosts}
+    return out
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _listen_addresses(job: Job) -> list[Problem]:
+    """A loopback listen address where the job's agents run on more than one host: they could not reach it. One
+    line per field that sets it: a site's `network.listen_host`, or the job's `transport.listen_host` (for every
+    site that does not set its own)."""
+    hosts = _job_hosts(job)
+    if len(hosts) < 2:
+        return []
+    by_field: dict[str, tuple[str, list[str]]] = {}
+    names = dict.fromkeys([job.spec.placement.trainer.site, *(r.site for r in job.spec.placement.rollout)])
+    for name in names:
+        own = job.inventory.sites[name].network.listen_host
+        address = own or job.spec.transport.listen_host
+        if _loopback(address):
+            field = f"sites.{name}.network.listen_host" if own else "transport.listen_host"
+            by_field.setdefault(field, (address, []))[1].append(name)
+    shown = ", ".join(sorted(hosts)[:4]) + (", …" if len(hosts) > 4 else "")
+    return [
+        Problem(
+            field,
+            f"{address} is a loopback address, and this job's agents run on {len(hosts)} hosts ({shown}): "
+            f"site{'s' if len(sites) > 1 else ''} {', '.join(map(repr, sorted(sites)))} would be unreachable from "
+            "the others",
+            hint=f"set sites.<site>.network.listen_host on {', '.join(sorted(sites))} to an address of its hosts, "
+            "or `auto` (the interface that routes toward the controller)",
+        )
+        for field, (address, sites) in by_field.items()
+    ]
+
+
+def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:
+    """A trainer placement whose ranks' memory (the planner's figure: weights, gradients and the optimizer state the
+    data-parallel ranks do not shard) exceeds what a GPU of its site holds — or, on a `gpu: CPU` site, the host
+    memory its nodes give a slot (`memory_gb`; not checked where the inventory does not say)."""
+    from rlctl.planner.costs import TRAIN_MEM_FRACTION
+    from rlctl.profiler.analytical import training_entry
+
+    spec, t = job.spec, plan["trainer"]
+    name = str(t["site"])
+    site = job.inventory.sites[name]
+    par = t.get("parallel") or {}
+    tp, pp, dp = int(par.get("tp", 1)), int(par.get("pp", 1)), int(par.get("dp", t["ranks"]))
+    gpu = site.spec
+    if kind_for(gpu.name) == "cuda":
+        have_gb, what = gpu.hbm_gb, f"a {gpu.name} holds {gpu.hbm_gb:g} GB"
+    elif (slot := site.memory_per_slot_gb()) is not None:
+        have_gb, what = slot, f"a slot of site {name!r} gets {slot:g} GB of its nodes' memory_gb"
+    else:
+        return []
+    entry = training_entry(spec.model.arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind)
+    fixed_gb, sharded_gb = entry.fixed_bytes_per_gpu / 1e9, entry.sharded_bytes_per_gpu / 1e9
+    # only torch's FSDP2 shards the optimizer state over dp here (megatron runs without its distributed optimizer):
+    # otherwise every rank holds its tp × pp shard's whole state
+    shards = dp if par.get("fsdp") else 1
+    need_gb = fixed_gb + sharded_gb / shards
+    if need_gb <= TRAIN_MEM_FRACTION * have_gb:
+        return []
+    return [
+        Problem(
+            "placement.trainer.gpus",
+            f"the trainer's {t['ranks']} rank(s) at tp {tp} pp {pp} dp {dp} need {need_gb:.1f} GB each (weights and "
+            f"gradients {fixed_gb:.1f} GB, optimizer state {sharded_gb:.1f} GB ÷ {shards}), and {what} "
+            f"({TRAIN_MEM_FRACTION:.0%} usable)",
+            hint="give the trainer more GPUs and let it shard (trainer.shard: auto or fsdp), or a bigger site",
+        )
+    ]
 
 
 def _sharding(job: Job, plan: dict[str, Any]) -> list[Problem]:

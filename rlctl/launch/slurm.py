@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from rlctl.config.inventory import Site, SlurmScheduler
 from rlctl.errors import LaunchError
-from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend, Resources
+from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend, Resources, site_setup
 from rlctl.launch.nodelist import expand
 from rlctl.launch.remote import CommandResult, LocalRunner, RemoteState, Runner, SshRunner, SshTarget
 
@@ -115,7 +115,8 @@ class SlurmResources:
         nodes = max(1, math.ceil(res.tasks / (slots_per_node // slots)))
         tasks_per_node = math.ceil(res.tasks / nodes)
         gpus = res.gpus_per_task if gpu_request != "none" else 0
-        return cls(nodes, tasks_per_node, res.cpus_per_task, gpus, gpu_request if gpus else "per_task")
+        mem = None if res.mem_mb_per_task is None else max(1, res.mem_mb_per_task // max(1, res.cpus_per_task))
+        return cls(nodes, tasks_per_node, res.cpus_per_task, gpus, gpu_request if gpus else "per_task", mem)
 
     @property
     def gpu_option(self) -> str | None:
@@ -158,6 +159,7 @@ class SlurmBackend(LaunchBackend):
         grace_s: int = 30,
         known_hosts: str | None = None,
         python: str | None = None,
+        setup: list[str] | None = None,
         command_timeout_s: float = 30.0,
     ) -> None:
         """`job_dir` must be on a filesystem the nodes share (submitit's pickles, every log).
@@ -172,7 +174,8 @@ class SlurmBackend(LaunchBackend):
         self.job_dir = job_dir
         self.resources = resources or {}
         self.grace_s = grace_s
-        self.python = python or shlex.quote(sys.executable)
+        self.python = shlex.quote(python or sys.executable)
+        self.setup = list(setup or [])
         self.command_timeout_s = command_timeout_s
         env = {"SLURM_CONF": sched.slurm_conf} if sched.slurm_conf else {}
         self.runner: Runner
@@ -249,6 +252,7 @@ class SlurmBackend(LaunchBackend):
         lines += [f"#SBATCH --chdir={shlex.quote(str(spec.cwd))}"] if spec.cwd else []
         lines += ["set -u"]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())]
+        lines += site_setup(self.setup)
         lines += [
             "# every rank: rank = $SLURM_PROCID, world size = $SLURM_NTASKS, hosts = $SLURM_JOB_NODELIST",
             f"srun --label --unbuffered --kill-on-bad-exit=1 {shlex.join(spec.argv)} &",
@@ -275,6 +279,7 @@ class SlurmBackend(LaunchBackend):
             ) from e
         setup = [f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())]
         setup += [f"cd {shlex.quote(str(spec.cwd))}"] if spec.cwd else []
+        setup += self.setup
         params: dict[str, Any] = {
             "job_name": self.job_name(spec),
             "partition": s.partition,

@@ -35,7 +35,6 @@ from rlctl.launch.agentenv import (
     ENV_SITE,
     ENV_VISIBLE,
     thread_env,
-    threads_for,
 )
 from rlctl.launch.backends import Backends, record_agent, recorded_agents
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice
@@ -48,8 +47,11 @@ log = logging.getLogger(__name__)
 
 
 def python_for(site: Site) -> str:
-    """The interpreter on the site's hosts: the SSH site's configured one; else this one (shared FS)."""
-    return site.scheduler.python if isinstance(site.scheduler, SshScheduler) else sys.executable
+    """The interpreter on the site's hosts: the site's `python`; else python3 on SSH sites, this one elsewhere
+    (local processes; SLURM nodes sharing this filesystem)."""
+    if site.python is not None:
+        return site.python
+    return "python3" if isinstance(site.scheduler, SshScheduler) else sys.executable
 
 
 def agent_spec(
@@ -136,10 +138,7 @@ class Spawner:
 
         def unit(pool: GpuPool | None, exited: set[str]) -> PlannedAgent:
             units = 1 + sum(1 for h in recorded if h.spec.role == "rollout" and h.spec.name not in exited)
-            threads = threads_for(job, "rollout")
-            return rollout_agent(
-                site, self.sites[site], replica=replica, tp=tp, units_on_site=units, threads=threads, pool=pool
-            )
+            return rollout_agent(site, self.sites[site], job, replica=replica, tp=tp, units_on_site=units, pool=pool)
 
         if not uses_slices(self.sites[site]):
             return unit(None, set())

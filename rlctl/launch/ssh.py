@@ -34,7 +34,7 @@ from pathlib import PurePosixPath
 from rlctl.config.inventory import Site, SshScheduler
 from rlctl.errors import LaunchError
 from rlctl.launch import hostkeys
-from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend
+from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend, site_setup
 from rlctl.launch.remote import RemoteState, SshRunner, SshTarget, sh_path
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class SshBackend(LaunchBackend):
         assert isinstance(site.scheduler, SshScheduler)
         self.site = site_name
         self.sched: SshScheduler = site.scheduler
+        self.setup = list(site.setup)
         self.job = job
         self.known_hosts = known_hosts
         self._hosts = [h for h, _ in site.hosts]
@@ -129,6 +130,7 @@ class SshBackend(LaunchBackend):
             f"cd {sh_path(p['cwd'])}",
             f"rm -f {sh_path(p['exitfile'])}",
             *(f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())),
+            *site_setup(self.setup),
             # no `&&` chain before the `&` (the channel would stay open); TERM is trapped by the
             # wrapper so it lives to record the exit code (a trap, unlike an ignore, is not inherited)
             'setsid nohup bash -c \'trap : TERM HUP; "$@"; echo $? > "$0"\' '

@@ -21,7 +21,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,20 +223,12 @@ def prepare_dataset(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokeniz
             return load_dataset(out_dir, cfg)
     tokens: list[list[int]] = []
     rows: list[dict[str, Any]] = []
-    bad: list[BadRow] = []
-    for label, raw in _read_rows(data_path):
-        parsed = (
-            raw if isinstance(raw, BadRow) else _parse_row(f"{data_path}:{label}", raw, cfg, tokenizer, data_path.stem)
-        )
-        if isinstance(parsed, BadRow):
-            bad.append(parsed)
-            continue
+
+    def keep(label: str, parsed: tuple[list[int], dict[str, Any]]) -> None:
         tokens.append(parsed[0])
         rows.append({"source_row": label, **parsed[1]})
-    total = len(rows) + len(bad)
-    _report_bad_rows(cfg, data_path, bad, total)
-    if not rows:
-        raise ConfigError(str(data_path), None, f"no usable rows ({total} read, {len(bad)} bad)")
+
+    bad = _scan(cfg, data_path, tokenizer, keep)
     out_dir.mkdir(parents=True, exist_ok=True)
     offsets = np.zeros(len(tokens) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(t) for t in tokens])
@@ -253,6 +245,38 @@ def prepare_dataset(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokeniz
     _write_atomic(manifest_path, json.dumps(manifest, indent=1).encode())
     log.info("dataset %s: %d prompts prepared in %s (%d bad rows skipped)", data_path, len(rows), out_dir, len(bad))
     return load_dataset(out_dir, cfg)
+
+
+def _scan(
+    cfg: DatasetTask,
+    data_path: Path,
+    tokenizer: TextTokenizer,
+    keep: Callable[[str, tuple[list[int], dict[str, Any]]], None] | None = None,
+) -> list[BadRow]:
+    """Read and tokenize every row of `data_path`, one at a time (`keep` gets each good one); the bad rows, after
+    `task.bad_rows` had its say (refuse: ConfigError), and a ConfigError when no row is usable."""
+    good = 0
+    bad: list[BadRow] = []
+    for label, raw in _read_rows(data_path):
+        parsed = (
+            raw if isinstance(raw, BadRow) else _parse_row(f"{data_path}:{label}", raw, cfg, tokenizer, data_path.stem)
+        )
+        if isinstance(parsed, BadRow):
+            bad.append(parsed)
+            continue
+        good += 1
+        if keep is not None:
+            keep(label, parsed)
+    _report_bad_rows(cfg, data_path, bad, good + len(bad))
+    if not good:
+        raise ConfigError(str(data_path), None, f"no usable rows ({len(bad)} read, {len(bad)} bad)")
+    return bad
+
+
+def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer) -> int:
+    """What `rlctl check` does with the rows: every one read and tokenized as the launch will (streaming, nothing
+    kept or written), refused as the launch would; the number of bad rows `bad_rows: skip` will drop."""
+    return len(_scan(cfg, data_path, tokenizer))
 
 
 def _report_bad_rows(cfg: DatasetTask, data_path: Path, bad: list[BadRow], total: int) -> None:
@@ -362,8 +386,9 @@ def submit_reward(
     return pool.submit(sample_id, prompt.data_source, text, prompt.ground_truth, prompt.extra_info)
 
 
-def check_task(cfg: DatasetTask, *, job_file: Path) -> None:
-    """What `rlctl check` verifies without tokenizing: the data file exists, the reward function loads."""
+def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = None) -> None:
+    """What `rlctl check` verifies: the data file exists, the reward function loads, and — given the model's
+    directory (its tokenizer) — every row reads and tokenizes as the launch will (`check_rows`)."""
     base = job_file.parent
     data = base / cfg.path
     if not data.is_file():
@@ -374,3 +399,12 @@ def check_task(cfg: DatasetTask, *, job_file: Path) -> None:
         load_reward(cfg.reward, base)
     except ValueError as e:
         raise ConfigError(str(job_file), "task.reward", str(e)) from e
+    if model_dir is None or not model_dir.is_dir():
+        return
+    from rlctl.rl.tokenizer import load_tokenizer
+
+    try:
+        check_rows(cfg, data_path=data, tokenizer=load_tokenizer(model_dir))
+    except ConfigError as e:
+        message = str(e).removeprefix(f"{e.file}: ")
+        raise ConfigError(str(job_file), "task.path", f"{e.file}: {message}", hint=e.hint) from e

@@ -55,8 +55,8 @@ def cross_site_inventory(services: dict[str, str], path: Path, workdir: Path) ->
                     "key_file": services["RLCTL_TEST_SSH_KEY"],
                     "known_hosts": services["RLCTL_TEST_NETSITE_KNOWN_HOSTS"],
                     "workdir": str(workdir),
-                    "python": sys.executable,
                 },
+                "python": sys.executable,
                 "nodes": [{"host": services["RLCTL_TEST_NETSITE_HOST"], "gpus": 3}],
                 "network": {"bandwidth_gbps": 10, "listen_host": "auto"},  # routes toward the controller
             },

@@ -18,6 +18,7 @@ from rlctl.launch.preflight import Problem, problems
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.tasks import DigitsTask
 from tests.conftest import ROOT, run_cli
+from tests.unit.hf_tokenizer import write_tokenizer
 from tests.unit.tiny_models import small_config
 
 LOCAL = str(ROOT / "clusters" / "local.yaml")
@@ -209,6 +210,7 @@ def test_num_digits_beyond_the_alphabet_is_refused(tmp_path: Path) -> None:
 
 def hf_dataset_job(tmp_path: Path, *, positions: int, task: dict[str, Any]) -> Job:
     TinyGPT(small_config(positions=positions)).save_pretrained(tmp_path / "model")
+    write_tokenizer(tmp_path / "model")
     (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "hi", "ground_truth": "x"}) + "\n")
     return load(
         tmp_path,
@@ -228,6 +230,32 @@ def test_dataset_prompt_plus_output_longer_than_the_checkpoints_context_is_refus
     assert line.startswith(f"rlctl: error: {job.path}: task.max_output_tokens: 24 prompt + 48 output tokens")
     fits = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 48})
     assert problems(fits) == []
+
+
+def test_bad_dataset_rows_are_refused_by_check_as_launch_would(tmp_path: Path) -> None:
+    """check reads every row with the checkpoint's tokenizer: a bad row is refused before launch makes anything;
+    `bad_rows: skip` passes."""
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    with (tmp_path / "data.jsonl").open("a") as f:
+        f.write(json.dumps({"ground_truth": "y"}) + "\n")
+    (p,) = refused(job, "task.path")
+    assert p.message == f"{tmp_path / 'data.jsonl'}: 1 of 2 rows are bad: line 2: prompt: missing"
+    line = only_line(run_cli("check", str(job.path)))
+    assert line.startswith(f"rlctl: error: {job.path}: task.path: {tmp_path / 'data.jsonl'}: 1 of 2 rows are bad")
+    only_line(run_cli("launch", str(job.path), "--job-dir", str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
+    skip = load(
+        tmp_path,
+        model={"kind": "hf", "path": "model"},
+        task={
+            "kind": "dataset",
+            "path": "data.jsonl",
+            "max_prompt_tokens": 16,
+            "max_output_tokens": 16,
+            "bad_rows": "skip",
+        },
+    )
+    assert problems(skip) == []
 
 
 # -- 4. refusals that had no test ------------------------------------------------------------------
@@ -447,3 +475,66 @@ def test_fsdp_where_it_cannot_run_is_refused(tmp_path: Path) -> None:
     mg = load(tmp_path, trainer={"shard": "fsdp", "backend": "megatron"}, placement=two)
     assert any(p.message.startswith("'fsdp' shards the 'torch' backend") for p in refused(mg, "trainer.shard"))
     assert refused(load(tmp_path, trainer={"shard": "fsdp"}, placement=two), "trainer.shard") == []
+
+
+# -- a job spanning hosts, a trainer that does not fit (issue: day one on a real cluster) ------------------------
+def two_site_inventory(
+    tmp_path: Path, *, listen: str | None = None, memory_gb: float | None = None, cpus: int | None = None
+) -> str:
+    node: dict[str, Any] = {"host": "n[1-2]", "gpus": 2} | ({"memory_gb": memory_gb} if memory_gb else {})
+    node |= {"cpus": cpus} if cpus else {}
+    inv = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Inventory",
+        "sites": {
+            "t": {"datacenter": "a", "scheduler": {"kind": "slurm", "partition": "p"}, "gpu": "CPU", "nodes": [node]}
+            | ({"network": {"bandwidth_gbps": 10, "listen_host": listen}} if listen else {}),
+            "r": {"datacenter": "b", "scheduler": {"kind": "ssh"}, "gpu": "CPU", "nodes": [{"host": "h1", "gpus": 2}]},
+        },
+        "links": [{"between": ["t", "r"], "bandwidth_gbps": 10}],
+    }
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    return str(path)
+
+
+def test_a_loopback_listen_address_for_a_job_on_several_hosts_is_refused(tmp_path: Path) -> None:
+    placement = {"trainer": {"site": "t", "gpus": 1}, "rollout": [{"site": "r", "gpus": 1}]}
+    job = load(tmp_path, inventory=[two_site_inventory(tmp_path)], placement=placement)
+    (p,) = refused(job, "transport.listen_host")  # one line for the field both sites take
+    assert p.message.startswith("127.0.0.1 is a loopback address, and this job's agents run on 3 hosts (h1, n1, n2")
+    assert "sites 'r', 't' would be unreachable" in p.message
+    assert "network.listen_host" in str(p.hint)
+    fixed = load(
+        tmp_path,
+        inventory=[two_site_inventory(tmp_path, listen="auto")],
+        placement=placement,
+        transport={"listen_host": "10.0.0.1"},
+    )
+    assert refused(fixed, "transport.listen_host") == [] and refused(fixed, "sites.t.network.listen_host") == []
+    assert refused(load(tmp_path), "transport.listen_host") == []  # one machine: loopback is right
+
+
+def test_a_trainer_that_does_not_fit_its_slots_memory_is_refused_with_the_figures(tmp_path: Path) -> None:
+    placement = {"trainer": {"site": "t", "gpus": 1}, "rollout": [{"site": "r", "gpus": 1}]}
+    small = load(tmp_path, inventory=[two_site_inventory(tmp_path, listen="auto", memory_gb=2)], placement=placement)
+    (p,) = refused(small, "placement.trainer.gpus")
+    assert "need 2.0 GB each" in p.message and "a slot of site 't' gets 1 GB of its nodes' memory_gb" in p.message
+    big = load(tmp_path, inventory=[two_site_inventory(tmp_path, listen="auto", memory_gb=64)], placement=placement)
+    assert refused(big, "placement.trainer.gpus") == []
+    seven_b = gpu_job(tmp_path, trainer_gpus=1, backend="torch")  # a 7.6B replica on one 80 GB H800
+    assert any("a H800 holds 80 GB" in p.message for p in refused(seven_b, "placement.trainer.gpus"))
+
+
+def test_slurm_agents_ask_for_their_slots_cores_and_memory(tmp_path: Path) -> None:
+    from rlctl.launch.layout import layout
+    from rlctl.launch.slurm import SlurmResources
+
+    inv = two_site_inventory(tmp_path, listen="auto", memory_gb=64, cpus=16)
+    placement = {"trainer": {"site": "t", "gpus": 2}, "rollout": [{"site": "r", "gpus": 1}]}
+    job = load(tmp_path, inventory=[inv], placement=placement)
+    plan = run.plan_counts(job, job.spec)
+    (trainer,) = [a for a in layout(plan, job.inventory.sites, job.spec) if a.role == "trainer"]
+    assert (trainer.resources.cpus_per_task, trainer.resources.mem_mb_per_task) == (8, 32 * 1024)
+    res = SlurmResources.for_spec(trainer.resources, slots_per_node=2, gpu_request="none")
+    assert (res.cpus_per_task, res.mem_per_cpu_mb) == (8, 4 * 1024)

@@ -250,3 +250,23 @@ def test_check_task_names_the_job_field(tmp_path: Path) -> None:
         check_task(task(path="nope.jsonl"), job_file=job)
     with pytest.raises(ConfigError, match=r"job\.yaml: task\.reward: r\.py: no such file"):
         check_task(task(reward="r.py:f"), job_file=job)
+
+
+def test_check_task_reads_every_row_as_the_launch_will(tmp_path: Path) -> None:
+    """Given the model's directory, check tokenizes every row (nothing written) and refuses bad ones as
+    `prepare_dataset` would, naming the job field and the data file; `bad_rows: skip` passes."""
+    job, model = tmp_path / "job.yaml", write_tokenizer(tmp_path / "model")
+    path = write_jsonl(tmp_path / "train.jsonl", BAD_ROWS)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ConfigError) as e:
+        check_task(task(max_prompt_tokens=16), job_file=job, model_dir=model)
+    assert str(e.value) == (
+        f"{job}: task.path: {path}: 8 of 10 rows are bad: line 2: prompt: missing; line 3: invalid JSON: Expecting "
+        "property name enclosed in double quotes (column 2); line 4: ground_truth: missing; … 5 more"
+    )
+    assert e.value.hint is not None and "bad_rows: skip" in e.value.hint
+    check_task(task(max_prompt_tokens=16, bad_rows="skip"), job_file=job, model_dir=model)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing prepared or written
+    write_jsonl(path, ["not json"])
+    with pytest.raises(ConfigError, match=r"task\.path: .*no usable rows \(1 read, 1 bad\)"):
+        check_task(task(bad_rows="skip"), job_file=job, model_dir=model)

@@ -1,0 +1,176 @@
+"""What a site's hosts have for a job: rlctl (the operator's version), torch and its CUDA devices, the engine and
+trainer packages, free disk — asked on each host through the site's own backend, in its own environment.
+
+    check --reach ─▶ every site: on each of its hosts (an SSH site: each host over SSH; a SLURM site: one
+                     `srun` on its partition, with a GPU where the site has GPUs; a local site: here), the site's
+                     `setup` lines, then `<site python> -c PROBE <workdir>` ─▶ one JSON line: HostReport
+                  ─▶ problems: one line each, naming the site and host, what is missing and what to do
+
+A host that cannot be asked (unreachable, the python missing) is one problem too; nothing here raises for a site.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlctl import __version__
+from rlctl.config.inventory import LocalScheduler, Site, SlurmScheduler, SshScheduler
+from rlctl.config.job import JobFile
+from rlctl.devices import kind_for
+from rlctl.engines.factory import VLLM_DISTRIBUTIONS, VLLM_EXTRAS
+from rlctl.errors import LaunchError
+from rlctl.launch.base import site_setup
+from rlctl.launch.remote import LocalRunner, Runner, SshRunner
+from rlctl.launch.sitefs import ssh_target
+from rlctl.launch.slurm import gpu_request_for
+from rlctl.launch.spawn import python_for
+
+MARK = "RLCTL_PROBE "
+# run by the site's python: every answer is a field, every failure to import a field too (never an exception)
+PROBE = r"""
+import importlib.metadata as md, importlib.util as iu, json, os, shutil, sys
+out = {"python": sys.version.split()[0], "executable": sys.executable}
+try:
+    import rlctl
+    out["rlctl"] = rlctl.__version__
+except Exception as e:
+    out["rlctl_error"] = f"{type(e).__name__}: {e}"[:200]
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["cuda"] = torch.version.cuda
+    out["cuda_devices"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
+except Exception as e:
+    out["torch_error"] = f"{type(e).__name__}: {e}"[:200]
+out["vllm"] = sorted(md.packages_distributions().get("vllm", []))
+out["megatron"] = iu.find_spec("megatron") is not None and iu.find_spec("megatron.core") is not None
+out["ucxx"] = iu.find_spec("ucxx") is not None
+root = os.path.expanduser(sys.argv[1])
+os.makedirs(root, exist_ok=True)
+out["workdir"] = root
+out["free_bytes"] = shutil.disk_usage(root).free
+print("RLCTL_PROBE " + json.dumps(out))
+"""
+
+
+@dataclass
+class HostReport:
+    """What one host of a site answered (or why it could not)."""
+
+    site: str
+    host: str
+    facts: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # the host could not be asked
+
+
+def probe_site_hosts(name: str, site: Site, *, timeout_s: float = 60.0) -> list[HostReport]:
+    """Ask every host of `site` (a SLURM site: one node of its partition) with the site's python and setup."""
+    sched = site.scheduler
+    python = python_for(site)
+    workdir = _workdir(site)
+    command = "\n".join(
+        [*site_setup(site.setup), f"{shlex.quote(python)} -c {shlex.quote(PROBE)} {shlex.quote(workdir)}"]
+    )
+    if isinstance(sched, SshScheduler):
+        return [_ask(name, host, SshRunner(ssh_target(site, host)), command, timeout_s) for host, _ in site.hosts]
+    if isinstance(sched, SlurmScheduler):
+        ask = gpu_request_for(site)
+        gpus = {"per_task": "--gpus-per-task=1 ", "gres": "--gres=gpu:1 "}.get(ask, "")
+        srun = f"srun --partition={shlex.quote(sched.partition)} --nodes=1 --ntasks=1 {gpus}--time=5 bash -c "
+        runner: Runner = (
+            SshRunner(ssh_target(site), {"SLURM_CONF": sched.slurm_conf} if sched.slurm_conf else None)
+            if sched.submit_host
+            else LocalRunner({"SLURM_CONF": sched.slurm_conf} if sched.slurm_conf else None)
+        )
+        return [_ask(name, f"a node of partition {sched.partition}", runner, srun + shlex.quote(command), timeout_s)]
+    assert isinstance(sched, LocalScheduler)
+    return [_ask(name, "localhost", LocalRunner(), command, timeout_s)]
+
+
+def _workdir(site: Site) -> str:
+    sched = site.scheduler
+    if isinstance(sched, SshScheduler):
+        return sched.workdir
+    return sched.workdir or ("~/.rlctl" if isinstance(sched, SlurmScheduler) and sched.submit_host else os.getcwd())
+
+
+def _ask(name: str, host: str, runner: Runner, command: str, timeout_s: float) -> HostReport:
+    try:
+        res = runner.run(command, timeout_s=timeout_s)
+    except LaunchError as e:
+        return HostReport(name, host, error=str(e))
+    finally:
+        runner.close()
+    line = next((x for x in res.stdout.splitlines() if x.startswith(MARK)), None)
+    if line is None:
+        return HostReport(name, host, error=f"the probe did not answer (exit {res.exit_code}): {res.tail()}")
+    return HostReport(name, host, json.loads(line.removeprefix(MARK)))
+
+
+def host_problems(
+    report: HostReport, site: Site, *, roles: set[str] | None = None, job: JobFile | None = None
+) -> list[str]:
+    """One line per thing `report`'s host lacks to run `roles` ("trainer", "rollout", "controller") of `job`
+    (None: what any rlctl agent needs there)."""
+    where = f"site {report.site} host {report.host}"
+    python = report.facts.get("executable") or python_for(site)
+    if report.error is not None:
+        return [f"{where}: cannot be asked: {report.error}"]
+    f, out = report.facts, []
+    if "rlctl" not in f:
+        out.append(
+            f"{where}: {python} cannot import rlctl ({f.get('rlctl_error')}): install rlctl=={__version__} there, "
+            f"or set sites.{report.site}.python (and setup) to the environment that has it"
+        )
+    elif f["rlctl"] != __version__:
+        out.append(f"{where}: rlctl {f['rlctl']} there, {__version__} here: install rlctl=={__version__} there")
+    computes = roles is None or bool(roles & {"trainer", "rollout"})
+    gpu = kind_for(site.spec.name) == "cuda"
+    if "torch" not in f:
+        out.append(
+            f"{where}: {python} cannot import torch ({f.get('torch_error')}): install torch there"
+            + (" (a CUDA build: the site declares GPUs)" if gpu else "")
+        )
+    elif gpu and computes and not f.get("cuda_devices"):
+        what = "is a CPU build" if not f.get("cuda") else "sees no CUDA device (driver, CUDA_VISIBLE_DEVICES)"
+        out.append(
+            f"{where}: torch {f['torch']} {what}, and the site declares {site.spec.name} GPUs: install a CUDA "
+            "build of torch there, or declare the site `gpu: CPU`"
+        )
+    elif gpu and computes and isinstance(site.scheduler, SshScheduler | LocalScheduler):
+        nodes = [n for n in site.nodes if report.host in n.hosts or report.host == "localhost"]
+        need = max((1 + n.device(slot) for n in nodes for slot in range(n.gpus)), default=0)
+        if f["cuda_devices"] < need:
+            out.append(
+                f"{where}: torch sees {f['cuda_devices']} CUDA device(s), the inventory declares {need}: "
+                f"give sites.{report.site}.nodes the host's real GPU count"
+            )
+    if job is not None and roles and "rollout" in roles and job.rollout.engine == "vllm":
+        kind = kind_for(site.spec.name)
+        if VLLM_DISTRIBUTIONS[kind] not in f.get("vllm", []):
+            have = ", ".join(f.get("vllm", [])) or "no vLLM"
+            out.append(
+                f"{where}: {have} there, its rollout units need {VLLM_DISTRIBUTIONS[kind]}: "
+                f"pip install '{VLLM_EXTRAS[kind]}' there"
+            )
+    if job is not None and roles and "trainer" in roles and job.trainer.backend == "megatron" and not f.get("megatron"):
+        out.append(f"{where}: the megatron trainer needs megatron-core there: pip install 'rlctl[megatron]' there")
+    if job is not None and job.transport.kind == "ucx" and not f.get("ucxx"):
+        out.append(f"{where}: transport ucx needs ucxx there: pip install 'rlctl[ucx]' there")
+    return out
+
+
+def disk_problem(report: HostReport, *, need_bytes: float) -> str | None:
+    """The host's work root has less free disk than `need_bytes` (the job's model and its checkpoints)."""
+    free = report.facts.get("free_bytes")
+    if free is None or free >= need_bytes:
+        return None
+    return (
+        f"site {report.site} host {report.host}: {free / 1e9:.1f} GB free in {report.facts.get('workdir')}, the job "
+        f"needs about {need_bytes / 1e9:.1f} GB there (the model, a staged copy and checkpoints): free space or set "
+        f"the site's scheduler.workdir"
+    )

@@ -1,0 +1,67 @@
+"""`rlctl check JOB --reach` on two real sites (the localhost SLURM cluster and the SSH site in its own network
+namespace behind the shaped link): what stops the job — its agents listening on loopback, the SSH site's
+python without torch, a trainer whose replica does not fit the memory a slot gets — each one line naming the
+site (and host) and what to set, exit 2; with the three fixed (the SSH site's python found through its
+`setup` lines), check passes and the job runs."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import job_yaml, metrics_rows, rlctl, wait_for
+from .test_ops_cross_site import cross_site_inventory, site_workdir
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def system_python_lacks_torch() -> bool:
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import torch"], capture_output=True, timeout=60)
+    return probe.returncode != 0
+
+
+def test_check_reach_names_each_problem_and_the_fixed_job_runs(services, tmp_path, launcher):
+    if not Path(SYSTEM_PYTHON).exists() or not system_python_lacks_torch():
+        pytest.skip(f"{SYSTEM_PYTHON} is missing or has torch: no python without torch to point the site at")
+    path = cross_site_inventory(services, tmp_path / "sites.yaml", Path(site_workdir()))
+    inv = yaml.safe_load(path.read_text())
+    good = {name: dict(site) for name, site in inv["sites"].items()}
+    train, gen = inv["sites"]["train"], inv["sites"]["gen"]
+    train["network"] = {**train["network"], "listen_host": "127.0.0.1"}  # unreachable from the other site
+    train["nodes"] = [{**train["nodes"][0], "memory_gb": 2}]  # 1 GB a slot: a trainer replica needs ~2 GB
+    gen["python"] = SYSTEM_PYTHON  # no torch (and no rlctl) there
+    path.write_text(yaml.safe_dump(inv))
+    job = job_yaml(tmp_path / "xsite.yaml", inventory=[str(path)], trainer="train", rollout="gen", iterations=3)
+
+    res = rlctl("check", str(job), "--reach", timeout_s=300)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert all(line.startswith("rlctl: error: ") for line in lines), lines
+    host = services["RLCTL_TEST_NETSITE_HOST"]
+    named = {
+        "loopback": [x for x in lines if "sites.train.network.listen_host" in x and "loopback" in x],
+        "torch": [x for x in lines if f"site gen host {host}" in x and "cannot import torch" in x],
+        "memory": [x for x in lines if "placement.trainer.gpus" in x and "1 GB of its nodes' memory_gb" in x],
+    }
+    assert all(len(v) == 1 for v in named.values()), (named, lines)
+    assert not any("site train" in x for x in lines), lines  # the SLURM node has what the trainer needs
+
+    inv["sites"]["train"]["network"] = good["train"]["network"]
+    inv["sites"]["train"]["nodes"] = [{**good["train"]["nodes"][0], "memory_gb": 64}]
+    # the site's setup puts this virtualenv first on PATH: `python3` there is then the one with rlctl and torch
+    inv["sites"]["gen"]["python"] = "python3"
+    inv["sites"]["gen"]["setup"] = [f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH"]
+    path.write_text(yaml.safe_dump(inv))
+    res = rlctl("check", str(job), "--reach", timeout_s=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Hosts" in res.stdout and host in res.stdout
+    job_dir = tmp_path / "run"
+    proc = launcher(str(job), "--job-dir", str(job_dir))
+    wait_for("two trained iterations", lambda: len(metrics_rows(job_dir)) >= 2, 240, alive=proc)

