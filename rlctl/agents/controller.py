@@ -43,7 +43,8 @@ from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
 from rlctl.checkpoint.choose import resume_version
-from rlctl.checkpoint.controller import cut_metrics, load_controller, save_controller
+from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, save_controller
+from rlctl.checkpoint.files import prune
 from rlctl.config.job import JobFile
 from rlctl.errors import TransportError
 from rlctl.launch.jobdir import JobDir
@@ -133,6 +134,7 @@ class ControllerAgent:
         )
         self.resumes = sum(1 for e in jobdir.read_lines(jobdir.events) if e.get("event") == "resumed_from")
         self.expect_checkpoint: str | None = None  # a resumed job: the trainer part's digest it must restore
+        self.complete: list[int] = []  # checkpoints `latest` moved to (the one resumed from too): `checkpoint.keep`
         version = resume_version()
         if version is not None:
             self._resume(version)
@@ -158,13 +160,15 @@ class ControllerAgent:
             self.scaler.rule.window = list(st.rebalance_window)
             self.scaler.restore(replaced=st.replaced)  # `status` counts replaced units across resumes
             self.expect_checkpoint = st.trainer_digest
+            self.complete.append(version)
         self.rows = cut_metrics(self.jobdir, version)
         self.resumes += 1
         self.jobdir.event("resumed_from", version=version, regenerate=requeued, rows_kept=len(self.rows))
         log.info("controller: resumed from checkpoint v%d; %d samples to generate again", version, requeued)
 
-    def _checkpoint(self, t: Trained) -> None:
-        """The trainer wrote its part of checkpoint `t.version`: write ours, then move `latest` to it."""
+    def _checkpoint(self, t: Trained) -> Out:
+        """The trainer wrote its part of checkpoint `t.version`: write ours, then move `latest` to it; remove our
+        part of the checkpoints `checkpoint.keep` lets go. The message that tells the trainer to remove its own."""
         tokens, lengths = self.ranker.history()
         state = {
             "iteration": self.core.trainer_version,
@@ -180,6 +184,9 @@ class ControllerAgent:
             replaced=self.scaler.replaced,
         )
         self.jobdir.event("checkpoint", version=t.version)
+        self.complete.append(t.version)
+        prune(self.jobdir.checkpoints, PART, complete=self.complete, keep=self.job.checkpoint.keep)
+        return Out("trainer", "checkpointed", {"version": t.version})
 
     def _prompts(self, iteration: int) -> list[PromptSpec]:
         n = self.job.batch.prompts_per_iteration
@@ -525,7 +532,7 @@ class ControllerAgent:
         self.jobdir.append(self.jobdir.metrics, row)
         self.tracker.log(t.iteration, row_to_metrics(row))
         if t.checkpoint:
-            self._checkpoint(t)
+            outs.append(self._checkpoint(t))
         self._send(outs)
         iteration_gauges(self.metrics, row, t, self.core.stats[t.iteration])
         self.book.published(t.version, time.monotonic())

@@ -12,6 +12,8 @@ builtins) and raw tensor frames. Who sends what:
     members          controller → trainer        Members {datacenter, dc_links, rollouts: –
                                                   {name: {address, weights, datacenter}}}
     trained          trainer → controller        Trained                        –
+    checkpointed     controller → trainer        Checkpointed {version}         – (iter-<version> is complete:
+                                                                                 the trainer prunes its older parts)
     weights_available trainer → rollout (direct) WeightsAvailable               – (the rollout pulls the
                                                  {version, holders}               version's chunks from a holder's
                                                                                 WeightNode, see weights.py)
@@ -122,6 +124,10 @@ class WeightsAvailable(msgspec.Struct):
     holders: Annotated[list[str], msgspec.Meta(min_length=1)]
 
 
+class Checkpointed(msgspec.Struct):
+    version: NonNegInt  # checkpoint iter-<version> is complete (both parts, `latest` moved to it)
+
+
 class Trained(msgspec.Struct):
     iteration: NonNegInt
     version: NonNegInt
@@ -166,6 +172,7 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
     "samples": Samples,
     "members": Members,
     "trained": Trained,
+    "checkpointed": Checkpointed,
     "weights_available": WeightsAvailable,
     "heartbeat": Heartbeat,
     "stop": Empty,
@@ -178,7 +185,8 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
 
 # What each reader accepts (a new kind goes into HEADERS and into its receiver's set).
 TO_CONTROLLER = ("sample", "weights_applied", "trained", "heartbeat", "bye", "status", "scale", "shutdown")
-FROM_CONTROLLER = ("generate", "samples", "members", "stop", "ping")  # what an agent's ControllerLink accepts
+# what an agent's ControllerLink accepts
+FROM_CONTROLLER = ("generate", "samples", "members", "checkpointed", "stop", "ping")
 TO_WEIGHTS_LISTENER = ("weights_available",)  # a rollout unit's announcement listener
 
 

@@ -46,6 +46,7 @@ from rlctl.agents.messages import Delivered, Heartbeat, Hello, Trained, make
 from rlctl.agents.staleness import StalenessBound
 from rlctl.agents.weights import PublishedModel, Target, WeightPublisher
 from rlctl.checkpoint.choose import resume_version
+from rlctl.checkpoint.files import prune
 from rlctl.checkpoint.trainer import load_trainer, save_shard, save_trainer
 from rlctl.config.job import JobFile
 from rlctl.devices import Compute
@@ -193,6 +194,7 @@ class TrainerAgent:
         # by iteration: the one trained now (= self.version) and, in async, later ones the controller sent early
         scoring: dict[int, deque[tuple[Delivered, list[int], list[float], Future[float]]]] = {}
         violations: Counter[int] = Counter()  # by iteration: samples staler than the bound allows
+        complete = [self.version] if self.version else []  # checkpoints the controller sealed (and the resumed one)
         try:
             while True:
                 msg = self.inbox.get()
@@ -206,6 +208,11 @@ class TrainerAgent:
                         )
                     link.close(final=self.figures() if msg is not None else None)
                     return
+                if msg.kind == "checkpointed":  # iter-v is complete: our parts `checkpoint.keep` lets go
+                    complete.append(int(msg.header["version"]))
+                    keep = self.ctx.job.checkpoint.keep
+                    prune(self.ctx.jobdir.checkpoints, "trainer", complete=complete, keep=keep)
+                    continue
                 if msg.kind == "members":
                     rollouts = msg.header["rollouts"]
                     targets = {n: Target(t["address"], t["weights"], t["datacenter"]) for n, t in rollouts.items()}

@@ -26,6 +26,7 @@ Files are read back with `torch.load(weights_only=True)` and JSON only: nothing 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -125,6 +126,48 @@ def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
         except ValueError:
             continue
     return sorted(out, reverse=True)
+
+
+PART_ENTRIES = {"trainer": ("model", "ranks"), "controller": ("controller",)}  # what each part writes in iter-N
+
+
+def prune(root: Path, part: str, *, complete: Iterable[int], keep: int) -> list[int]:
+    """Remove `part` of every checkpoint under `root` older than the `keep` newest of `complete` (the versions
+    whose every part is known written: a checkpoint `latest` moved to); 0 keeps everything, and nothing goes
+    before `keep` are complete, so the newest complete one is never removed. The versions pruned, oldest first."""
+    done = sorted(set(complete))
+    if keep <= 0 or len(done) < keep:
+        return []
+    floor = done[-keep]
+    pruned = []
+    for version, ckpt in sorted(checkpoint_dirs(root)):
+        if version < floor:
+            remove_part(ckpt, part)
+            pruned.append(version)
+    if pruned:
+        log.info("checkpoints %s: removed the %s part of v%s (keep %d)", root, part, pruned, keep)
+    return pruned
+
+
+def remove_part(ckpt: Path, part: str) -> None:
+    """One part of checkpoint `ckpt`: its manifest first (what is left is never read as that part), then the top
+    entries it lists and the part's usual ones (and a crashed write's temporaries); the directory too once no
+    part is left in it."""
+    manifest = manifest_path(ckpt, part)
+    try:
+        listed = {str(f).split("/")[0] for f in json.loads(manifest.read_text()).get("files", {})}
+    except (OSError, ValueError, AttributeError):
+        listed = set()
+    listed = {n for n in listed if n not in ("", ".", "..") and not n.startswith(("MANIFEST.", LATEST))}
+    manifest.unlink(missing_ok=True)
+    for name in sorted(listed | set(PART_ENTRIES.get(part, ()))):
+        for p in [ckpt / name, *ckpt.glob(f".{name}.tmp-*")]:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # the other part (same site), or something not ours, is still there
+        ckpt.rmdir()
 
 
 def set_latest(root: Path, version: int) -> None:

@@ -329,6 +329,11 @@ class Metrics(Strict):
 
 class Checkpoint(Strict):
     every_iterations: NonNegativeInt = 20  # 0 = only at the end
+    keep: NonNegativeInt = Field(
+        0,
+        description="complete checkpoints kept on each site: once a newer one is complete the older are removed "
+        "(each part by the agent that wrote it); the newest complete one never is. 0 = keep every checkpoint",
+    )
 
 
 class Warmup(Strict):

@@ -101,8 +101,12 @@ class JobDir:
     def log(self, role: str, replica: int) -> Path:
         return self.path / "logs" / f"{role}-{replica}.log"
 
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
     def checkpoint(self, iteration: int) -> Path:
-        return self.path / "checkpoints" / f"iter-{iteration}"
+        return self.checkpoints / f"iter-{iteration}"
 
     # -- contents -----------------------------------------------------------------------------------
     def write_job(self, spec: JobFile, *, source: str) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlctl.checkpoint.files import latest_complete, manifest_path, read_manifest, set_latest, write_part
+from rlctl.checkpoint.files import latest_complete, manifest_path, prune, read_manifest, set_latest, write_part
 from rlctl.checkpoint.trainer import CheckpointError, load_trainer, optimizer_digest, save_trainer
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.models.tinygpt import TinyGPT
@@ -168,3 +168,23 @@ def test_a_damaged_or_missing_rank_shard_and_another_split_are_refused_naming_th
     with pytest.raises(CheckpointError, match=r"iter-1: rank 0's shard is not usable: ranks/rank-0.pt is missing"):
         load_trainer(ckpt, model=model, optimizers={"policy": opt}, split=ONE, data_parallel=ALONE)
     assert read_manifest(ckpt, "trainer") is None  # nor does the launcher pick it (verified_manifest)
+
+
+def test_prune_keeps_the_newest_complete_checkpoints_and_any_newer_part(tmp_path: Path) -> None:
+    """Only checkpoints older than the `keep`-th newest complete one lose the part; a newer part not yet
+    complete (its other part not written) stays; the directory goes once both parts are gone; keep 0: none."""
+    for v in (1, 2, 3, 4):
+        for part in ("trainer", "controller"):
+            text_part(tmp_path / f"iter-{v}", part, json.dumps({"v": v}))
+    (tmp_path / "iter-1" / ".trainer.tmp-99").mkdir()  # a crashed write's leftover
+    text_part(tmp_path / "iter-5", "trainer", "{}")  # written, not yet complete
+    assert prune(tmp_path, "trainer", complete=[1, 2, 3, 4], keep=0) == []
+    assert prune(tmp_path, "trainer", complete=[1], keep=2) == []  # fewer complete than keep: nothing goes
+    assert prune(tmp_path, "trainer", complete=[1, 2, 3, 4], keep=2) == [1, 2]
+    assert read_manifest(tmp_path / "iter-2", "trainer") is None
+    assert read_manifest(tmp_path / "iter-2", "controller") is not None  # the other part is its writer's
+    assert read_manifest(tmp_path / "iter-5", "trainer") is not None
+    assert prune(tmp_path, "controller", complete=[1, 2, 3, 4], keep=2) == [1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter-3", "iter-4", "iter-5"]
+    set_latest(tmp_path, 4)
+    assert latest_complete(tmp_path) == 4

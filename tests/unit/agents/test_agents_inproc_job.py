@@ -14,14 +14,14 @@ from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.messages import Hello, make
 from rlctl.agents.rollout import RolloutAgent
 from rlctl.agents.trainer import TrainerAgent
-from rlctl.checkpoint.files import latest_complete
+from rlctl.checkpoint.files import latest_complete, read_manifest
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.transport import InprocTransport
 
 
-def _job(mode: str, iterations: int = 3, algorithm: str = "grpo") -> JobFile:
+def _job(mode: str, iterations: int = 3, algorithm: str = "grpo", checkpoint: dict | None = None) -> JobFile:
     return JobFile.model_validate(
         {
             "apiVersion": "rlctl/v1",
@@ -38,24 +38,19 @@ def _job(mode: str, iterations: int = 3, algorithm: str = "grpo") -> JobFile:
             "transport": {"kind": "inproc", "timeout_s": 10},
             "weight_sync": {"mode": "delta" if mode == "stream" else "full", "anchor_every": 2},
             "warmup": {"sft_steps": 0},
-            "checkpoint": {"every_iterations": 2},
+            "checkpoint": checkpoint or {"every_iterations": 2},
         }
     )
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    ("mode", "algorithm"), [("sync", "grpo"), ("stream", "grpo"), ("async", "grpo"), ("async", "ppo")]
-)
-def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
-    torch.manual_seed(0)
-    job = _job(mode, algorithm=algorithm)
+def run_inproc(job: JobFile, tmp_path, name: str) -> tuple[JobDir, ControllerAgent]:
+    """Run `job` to its end in this process: controller, trainer and two rollout units on threads."""
     jd = JobDir.create("inproc", explicit=tmp_path / "job")
     jd.write_job(job, source="test")
     jd.write_json(jd.plan_json, {"rollout": [{"site": "local", "units": 2}]})
     TinyGPT().save_pretrained(jd.init_model)
     transport = InprocTransport(secret=jd.secret())
-    ctl = ControllerAgent(jd, job, transport, listen=f"inproc://controller-{mode}-{algorithm}")
+    ctl = ControllerAgent(jd, job, transport, listen=f"inproc://controller-{name}")
     ctx = AgentContext(jd, job, transport, ctl.listener.address)
     agents = [TrainerAgent(ctx), RolloutAgent(ctx, replica=0), RolloutAgent(ctx, replica=1)]
     threads = [threading.Thread(target=a.run, daemon=True) for a in agents]
@@ -68,6 +63,17 @@ def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
         t.join(timeout=30)
     assert code == 0
     assert not any(t.is_alive() for t in threads)
+    return jd, ctl
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("mode", "algorithm"), [("sync", "grpo"), ("stream", "grpo"), ("async", "grpo"), ("async", "ppo")]
+)
+def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
+    torch.manual_seed(0)
+    job = _job(mode, algorithm=algorithm)
+    jd, ctl = run_inproc(job, tmp_path, f"{mode}-{algorithm}")
     s = jd.read_json(jd.summary_json)
     assert s["state"] == "done" and s["iterations"] == 3
     assert s["ledger"]["prompts"] == s["ledger"]["trained"] == 9
@@ -87,6 +93,20 @@ def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
     applied = [(e["agent"], e["version"]) for e in jd.read_lines(jd.events) if e["event"] == "weights_applied"]
     for unit in ("rollout-0", "rollout-1"):  # the job ends with every unit on the trainer's last version
         assert max(v for a, v in applied if a == unit) == job.iterations
+
+
+@pytest.mark.timeout(120)
+def test_checkpoint_keep_removes_the_older_parts_once_a_newer_checkpoint_is_complete(tmp_path):
+    """`checkpoint.keep: 2`, one checkpoint per iteration: each part's older checkpoints go (the trainer's by the
+    trainer, the controller's by the controller) once a newer one is complete; the job ends with the two newest,
+    both verified."""
+    job = _job("async", iterations=4, checkpoint={"every_iterations": 1, "keep": 2})
+    jd, _ = run_inproc(job, tmp_path, "keep")
+    assert jd.read_json(jd.summary_json)["state"] == "done"
+    assert sorted(p.name for p in jd.checkpoints.iterdir()) == ["iter-3", "iter-4", "latest.json"]
+    assert latest_complete(jd.checkpoints) == 4
+    assert read_manifest(jd.checkpoint(3), "trainer") is not None
+    assert read_manifest(jd.checkpoint(3), "controller") is not None
 
 
 def test_status_api_answers_with_stage_times_and_agents(tmp_path):
