@@ -85,4 +85,12 @@ class JobMetrics:
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Expose /metrics over HTTP; port 0 picks a free one. Returns the port."""
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        self._server = server
         return int(server.server_address[1])
+
+    def close(self) -> None:
+        """Stop serving /metrics (a controller that ends inside a longer-lived process)."""
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.shutdown()
+            server.server_close()

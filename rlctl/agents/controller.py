@@ -94,6 +94,19 @@ def core_config(
     )
 
 
+# who may send what to the controller (a kind not listed here is dropped from anyone)
+SENDERS: dict[str, frozenset[str]] = {
+    "sample": frozenset({"rollout"}),
+    "weights_applied": frozenset({"rollout"}),
+    "trained": frozenset({"trainer"}),
+    "heartbeat": frozenset({"rollout", "trainer"}),
+    "bye": frozenset({"rollout", "trainer"}),
+    "status": frozenset({"client", "rollout", "trainer"}),
+    "scale": frozenset({"client"}),
+    "shutdown": frozenset({"client"}),
+}
+
+
 class ControllerAgent:
     def __init__(self, jobdir: JobDir, job: JobFile, transport: Transport, *, listen: str) -> None:
         self.jobdir, self.job = jobdir, job
@@ -348,9 +361,13 @@ class ControllerAgent:
         peer.last_seen = time.monotonic()
         if peer.state == "unreachable":
             self._rejoin(peer, version=peer.figures.version, new_connection=False)
+        if (why := self._wrong(peer, msg)) is not None:
+            log.warning("controller: dropped %s from %s: %s", msg.kind, who, why)
+            return
         if msg.kind == "sample":
             s = parse(msg, SampleDone)
             self.scaler.sampled(who)
+            refused = self.core.ledger.refused
             self._send(
                 self.core.sample(
                     who,
@@ -360,6 +377,8 @@ class ControllerAgent:
                     payload=msg.tensors,
                 )
             )
+            if self.core.ledger.refused > refused:
+                log.warning("controller: dropped sample %r from %s: not dispatched to it", s.sample_id[:80], who)
         elif msg.kind == "weights_applied":
             version = int(msg.header["version"])
             holder = self.book.nodes.get(str(msg.header.get("holder", "")), ("", ""))[0]
@@ -394,6 +413,28 @@ class ControllerAgent:
             self._reply(peer, msg, {"ok": True})
         else:
             log.warning("controller: unexpected %r from %s", msg.kind, who)
+
+    def _wrong(self, peer: Peer, msg: Message) -> str | None:
+        """Why a well-formed message (its header passed `messages.check`) is not for the controller to act on:
+        not its sender's to send, or naming a version or iteration the job is not at. None when it is."""
+        if peer.role not in SENDERS.get(msg.kind, ()):
+            return f"a {peer.role} does not send it (only: {', '.join(sorted(SENDERS.get(msg.kind, ())))})"
+        if msg.kind == "weights_applied":
+            version = int(msg.header["version"])
+            if peer.name not in self.core.units:
+                return "not a rollout unit of this job"
+            # a unit may apply the version the trainer just published before the trainer's `trained` is here
+            if version > self.core.trainer_version + 1:
+                return f"version {version}: the trainer has published up to {self.core.trainer_version + 1}"
+        if msg.kind == "trained":
+            iteration, version = int(msg.header["iteration"]), int(msg.header["version"])
+            if iteration != self.core.trainer_version or version != iteration + 1:
+                return (
+                    f"iteration {iteration} → version {version}, and the trainer is at version "
+                    f"{self.core.trainer_version} (expected iteration {self.core.trainer_version} → "
+                    f"{self.core.trainer_version + 1})"
+                )
+        return None
 
     def _reply_status(self, peer: Peer, request: Message) -> None:
         self._reply(peer, request, status(self.snapshot(), now=time.monotonic()))

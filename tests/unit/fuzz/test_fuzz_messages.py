@@ -5,6 +5,7 @@ readers drop such messages (logging the peer) and keep reading.
 
 from __future__ import annotations
 
+import copy
 import logging
 import queue
 import random
@@ -75,6 +76,7 @@ VALID: dict[str, tuple[dict[str, Any], list[torch.Tensor]]] = {
         },
         [],
     ),
+    "checkpointed": ({"version": 4}, []),
     "weights_available": ({"version": 2, "holders": ["tcp://h:3"]}, []),
     "heartbeat": ({"name": "rollout-0", "state": "running", "version": 1}, []),
     "stop": ({}, []),
@@ -140,6 +142,11 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return out
 
 
+def _odd(r: random.Random) -> Any:
+    """One of ODD_VALUES, a copy: a later mutation must not change (or nest) the shared list's containers."""
+    return copy.deepcopy(r.choice(ODD_VALUES))
+
+
 def _mutate(r: random.Random, header: dict[str, Any]) -> dict[str, Any]:
     h: Any = msgspec.msgpack.decode(msgspec.msgpack.encode(header))  # a deep copy
     for _ in range(r.choice([1, 1, 2, 3])):
@@ -156,9 +163,9 @@ def _mutate(r: random.Random, header: dict[str, Any]) -> dict[str, Any]:
         elif what == 0 and isinstance(parent, list):
             parent.pop(last)
         elif what == 1:
-            parent[last] = r.choice(ODD_VALUES)
+            parent[last] = _odd(r)
         elif what == 2 and isinstance(parent, dict):
-            parent[r.choice(["extra", "version", "name", "", "\u00e9"])] = r.choice(ODD_VALUES)
+            parent[r.choice(["extra", "version", "name", "", "\u00e9"])] = _odd(r)
         else:
             parent[last] = [parent[last]] * r.randint(0, 3) if r.random() < 0.5 else str(parent[last])
     return h

@@ -1,0 +1,232 @@
+"""The controller survives well-formed but wrong messages from its job's peers: a message that passes the codec
+(`messages.check`) but is not the sender's to send, names a sample, version or iteration the job does not have,
+or comes out of turn is logged in one line naming the peer and dropped; the controller goes on and a good
+message after it is still handled.
+
+Hypothesis draws sequences of (sender, kind, header) over every kind the controller reads, with fields drawn
+from the job's own ids and versions (and a few beyond them), and feeds them to the controller's real handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlctl.agents.controller import ControllerAgent
+from rlctl.agents.messages import TO_CONTROLLER, Hello, check, make
+from rlctl.config.job import JobFile
+from rlctl.errors import ProtocolError
+from rlctl.launch.jobdir import JobDir
+from rlctl.transport import InprocTransport, Message
+
+PEERS = ("trainer-0", "rollout-0", "rollout-1", "client-0")
+IDS = st.sampled_from(["", "s", "x", "p0", "it0-p0-s0", "it0-p0-s1", "it1-p1-s0", "rollout-0", "trainer-0"])
+INTS = st.integers(0, 6) | st.sampled_from([2**31, 2**63 - 1])
+FLOATS = st.floats(allow_nan=True, allow_infinity=True)
+
+
+def _headers() -> dict[str, st.SearchStrategy[dict[str, Any]]]:
+    return {
+        "sample": st.fixed_dictionaries(
+            {"sample_id": IDS, "version": INTS, "finish_reason": st.sampled_from(["eos", "length", ""])},
+            optional={"num_output_tokens": INTS},
+        ),
+        "weights_applied": st.fixed_dictionaries(
+            {"version": INTS},
+            optional={
+                "holder": st.none() | IDS,
+                "encoding": st.none() | st.sampled_from(["full", "delta", "?"]),
+                "base_version": st.none() | INTS,
+                "wire_bytes": st.none() | INTS,
+                "fetch_s": st.none() | FLOATS,
+            },
+        ),
+        "trained": st.fixed_dictionaries(
+            {
+                "iteration": INTS,
+                "version": INTS,
+                "sample_ids": st.lists(IDS, max_size=4),
+                "reward_mean": FLOATS,
+                "train_s": FLOATS,
+                "tokens": st.integers(-5, 2**40),
+                "loss": FLOATS,
+                "staleness_violations": st.integers(-2, 5),
+                "busy_s": FLOATS,
+            },
+            optional={"kl": FLOATS, "checkpoint": st.sampled_from(["", "ab" * 32]), "reward_failures": INTS},
+        ),
+        "heartbeat": st.fixed_dictionaries(
+            {"name": IDS, "state": st.sampled_from(["running", "stopped", "?"])},
+            optional={"version": st.integers(-3, 2**40), "busy_s": FLOATS, "running": INTS, "waiting": INTS},
+        ),
+        "bye": st.fixed_dictionaries({"name": IDS, "state": st.sampled_from(["stopped", "running"])}),
+        "status": st.just({}),
+        "scale": st.fixed_dictionaries(
+            {"delta": st.integers(-3, 3) | st.sampled_from([2**31, -(2**31)])},
+            optional={"site": st.none() | st.sampled_from(["local", "nowhere", ""])},
+        ),
+    }
+
+
+HEADER_STRATEGIES = _headers()
+MESSAGES = st.lists(
+    st.tuples(st.sampled_from(PEERS), st.sampled_from(sorted(HEADER_STRATEGIES))).flatmap(
+        lambda pk: st.tuples(st.just(pk[0]), st.just(pk[1]), HEADER_STRATEGIES[pk[1]])
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+def _job() -> JobFile:
+    return JobFile.model_validate(
+        {
+            "apiVersion": "rlctl/v1",
+            "kind": "Job",
+            "name": "fuzz",
+            "inventory": ["x.yaml"],
+            "model": {"kind": "builtin", "name": "tiny-demo"},
+            "task": {"kind": "digits", "median_output_tokens": 6, "max_output_tokens": 16},
+            "iterations": 3,
+            "batch": {"prompts_per_iteration": 2, "samples_per_prompt": 2, "train_micro_batch_samples": 2},
+            "pipeline": {"mode": "async"},
+            "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": 2}]},
+            "transport": {"kind": "inproc", "timeout_s": 5},
+            "warmup": {"sft_steps": 0},
+        }
+    )
+
+
+class Running:
+    """A controller mid-job: the trainer, two rollout units and a client joined through the real handshake."""
+
+    def __init__(self, root: Path, n: int) -> None:
+        job = _job()
+        self.jd = JobDir.create("fuzz", explicit=root / f"job-{n}")
+        self.jd.write_job(job, source="test")
+        self.jd.write_json(self.jd.plan_json, {"rollout": [{"site": "local", "units": 2}]})
+        self.transport = InprocTransport(secret=self.jd.secret())
+        self.ctl = ControllerAgent(self.jd, job, self.transport, listen=f"inproc://controller-fuzz-{n}")
+        self.ends = []
+        for name in PEERS:
+            role = name.split("-")[0]
+            end = self.transport.connect(self.ctl.listener.address, timeout_s=5)
+            end.send(make("hello", Hello(role=role, name=name, address=f"inproc://{name}", weights=f"w-{name}")))
+            what, conn, hello = self.ctl.inbox.get(timeout=5)
+            self.ctl._handle(what, conn, hello)
+            self.ends.append(end)
+
+    def feed(self, who: str, msg: Message) -> None:
+        self.ctl._handle("msg", who, msg)
+
+    def drain(self) -> None:
+        """What the peers' readers queued (their messages were fed directly): discarded."""
+        while True:
+            try:
+                self.ctl.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def close(self) -> None:
+        for end in self.ends:
+            end.close()
+        self.ctl.listener.close()
+        # its /metrics server stops within its poll interval (0.5 s): not waited for, one per example
+        threading.Thread(target=self.ctl.metrics.close, daemon=True).start()
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[Callable[[], Running]]:
+    made: list[Running] = []
+
+    def make_one() -> Running:
+        made.append(Running(tmp_path, len(made)))
+        return made[-1]
+
+    yield make_one
+    for r in made:
+        r.close()
+
+
+def _tensors(kind: str, header: dict[str, Any]) -> list[torch.Tensor]:
+    if kind != "sample":
+        return []
+    n = header.get("num_output_tokens", 2)
+    n = n if isinstance(n, int) and 0 <= n <= 64 else 2
+    return [torch.arange(n, dtype=torch.int32), torch.zeros(n)]
+
+
+@settings(
+    settings.get_profile("rlctl-fuzz"), max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(messages=MESSAGES)
+def test_wrong_messages_from_job_peers_are_dropped_and_the_controller_goes_on(
+    running: Callable[[], Running], fuzz_count: Callable[[str, int], None], messages: list[tuple[str, str, Any]]
+) -> None:
+    r = running()
+    for who, kind, header in messages:
+        msg = Message(kind, header, _tensors(kind, header))
+        try:
+            check(msg, peer=who, kinds=TO_CONTROLLER)
+        except ProtocolError:
+            continue  # the reader drops these before the controller sees them (test_fuzz_messages.py)
+        try:
+            r.feed(who, msg)
+        except Exception as e:  # the test: any exception out of the handler fails it, with the input
+            raise AssertionError(f"{who} sent {kind} {header!r:.300}: {type(e).__name__}: {e}") from e
+    assert r.ctl.core.failed is None or "checkpoint" in r.ctl.core.failed
+    r.feed("client-0", make("status"))  # still answering
+    r.drain()
+    fuzz_count("controller: well-formed messages from job peers, hypothesis sequences", len(messages))
+
+
+def test_a_message_not_the_senders_is_dropped_naming_it(
+    running: Callable[[], Running], caplog: pytest.LogCaptureFixture
+) -> None:
+    r = running()
+    wrong = [
+        ("rollout-0", make("trained", {**_trained(0, 1), "sample_ids": []})),  # only the trainer trains
+        ("client-0", make("weights_applied", {"version": 1})),  # only a unit applies weights
+        ("trainer-0", make("trained", _trained(2, 3))),  # iteration 2 before 0
+        (
+            "rollout-1",
+            make(
+                "sample",
+                {"sample_id": "nope", "version": 0, "finish_reason": "eos", "num_output_tokens": 1},
+                [torch.zeros(1, dtype=torch.int32), torch.zeros(1)],
+            ),
+        ),
+        ("rollout-0", make("weights_applied", {"version": 7})),  # a version the trainer never published
+        ("trainer-0", make("scale", {"delta": 1})),  # a client's request
+    ]
+    with caplog.at_level(logging.WARNING, logger="rlctl.agents.controller"):
+        for who, msg in wrong:
+            r.feed(who, msg)
+    lines = [rec.getMessage() for rec in caplog.records if "dropped" in rec.getMessage()]
+    assert len(lines) == len(wrong), lines
+    for (who, msg), line in zip(wrong, lines, strict=True):
+        assert who in line and msg.kind in line, line
+    assert r.ctl.core.trainer_version == 0 and r.ctl.core.failed is None
+
+
+def _trained(iteration: int, version: int) -> dict[str, Any]:
+    return {
+        "iteration": iteration,
+        "version": version,
+        "sample_ids": ["s"],
+        "reward_mean": 0.0,
+        "train_s": 0.1,
+        "tokens": 1,
+        "loss": 0.0,
+        "staleness_violations": 0,
+        "busy_s": 0.1,
+    }
