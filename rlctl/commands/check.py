@@ -128,8 +128,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Validate inventories (or a job and its inventories); print sites, GPUs and links.
 
-        With --reach, probe each site through its scheduler; exit 3 if some site is unreachable. With a job and
-        --reach, every problem — of the job file, and of each site's hosts for the job — is one line; exit 2.
+        With --reach, probe each site through its scheduler; exit 3 if some site is unreachable.
+
+        With a job and --reach, every problem (the job file's, and what each site's hosts lack) is one line; exit 2.
         """
         job = None
         if len(files) == 1 and read_yaml(files[0]).get("kind") == "Job":

@@ -292,7 +292,9 @@ def _listen_addresses(job: Job) -> list[Problem]:
     if len(hosts) < 2:
         return []
     by_field: dict[str, tuple[str, list[str]]] = {}
-    names = dict.fromkeys([job.spec.placement.trainer.site, *(r.site for r in job.spec.placement.rollout)])
+    placement = job.spec.placement
+    controller = placement.controller_site or placement.trainer.site
+    names = dict.fromkeys([placement.trainer.site, *(r.site for r in placement.rollout), controller])
     for name in names:
         own = job.inventory.sites[name].network.listen_host
         address = own or job.spec.transport.listen_host
@@ -346,7 +348,11 @@ def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:
             f"the trainer's {t['ranks']} rank(s) at tp {tp} pp {pp} dp {dp} need {need_gb:.1f} GB each (weights and "
             f"gradients {fixed_gb:.1f} GB, optimizer state {sharded_gb:.1f} GB ÷ {shards}), and {what} "
             f"({TRAIN_MEM_FRACTION:.0%} usable)",
-            hint="give the trainer more GPUs and let it shard (trainer.shard: auto or fsdp), or a bigger site",
+            hint=(
+                "split each replica: trainer.tensor_parallel / pipeline_parallel (with more GPUs if needed)"
+                if spec.trainer.backend == "megatron"
+                else "give the trainer more GPUs and let it shard (trainer.shard: auto or fsdp), or a bigger site"
+            ),
         )
     ]
 

@@ -91,11 +91,18 @@ def test_a_plan_that_splits_the_trainer_is_refused_for_either_backend(tmp_path: 
     assert p.message.startswith("the plan splits the model over the trainer's 16 GPUs on site 'h800' as tp 2 pp 1 dp 8")
     assert why in p.message and "use a GPU count the plan runs as tp 1 pp 1" in p.message
     # 15 GPUs: the planner runs them data parallel (tp 1 pp 1 dp 15), which both backends honour; torch shards
-    # the replica with FSDP (16 bytes per parameter of a 7B model do not fit one 80 GB GPU)
+    # the replica with FSDP (16 bytes per parameter of a 7B model do not fit one 80 GB GPU); megatron, without a
+    # distributed optimizer, would hold all of it on every rank: refused with the memory figures
     job = gpu_job(tmp_path, trainer_gpus=15, backend=backend)
     fsdp = {"fsdp": True} if backend == "torch" else {}
     assert run.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 15} | fsdp
-    assert refused(job, "placement.trainer.gpus") == []
+    if backend == "torch":
+        assert refused(job, "placement.trainer.gpus") == []
+    else:
+        (p,) = refused(job, "placement.trainer.gpus")
+        assert p.message.startswith("the trainer's 15 rank(s) at tp 1 pp 1 dp 15 need 123.9 GB each (weights and")
+        assert p.message.endswith("÷ 1), and a H800 holds 80 GB (90% usable)"), p.message
+        assert p.hint is not None and "trainer.tensor_parallel" in p.hint
 
 
 def test_pipeline_split_of_a_given_plan_is_refused(tmp_path: Path) -> None:
@@ -323,6 +330,7 @@ def ssh_trainer_job(tmp_path: Path, *, gpus: int, trainer: dict[str, Any], share
         model={"kind": "hf", "path": "model"},
         placement={"trainer": {"site": "t", "gpus": gpus}, "rollout": [{"site": "local", "gpus": 1}]},
         trainer=trainer,
+        transport={"listen_host": "auto"},  # the job spans hosts: no loopback address
     )
 
 
