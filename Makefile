@@ -136,7 +136,7 @@ GPU_DEPS := pydantic:pydantic pydantic_core:pydantic-core annotated_types:annota
 	xxhash:xxhash typer:typer annotated_doc:annotated-doc shellingham:shellingham rich:rich \
 	markdown_it:markdown-it-py mdurl:mdurl pygments:pygments yaml:pyyaml tabulate:tabulate \
 	prometheus_client:prometheus-client safetensors:safetensors tokenizers:tokenizers jinja2:jinja2 \
-	markupsafe:markupsafe tqdm:tqdm
+	markupsafe:markupsafe tqdm:tqdm cryptography:cryptography cffi:cffi pycparser:pycparser
 
 gpu-wheels: $(STAMP)
 	$(BIN)/pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -10,6 +10,8 @@ this shared machine.
            tensor (`recv(into=...)`, how the weight plane receives) and, separately, into fresh
            tensors (the default; page faults of a new 256 MiB buffer included);
 - rlctl 2 streams: `TcpConfig(num_streams=2)`, the tensor striped over two sockets;
+- rlctl untagged: the same framing on a connection without keys (no handshake, no per-message tag):
+           `auth_overhead` = rlctl / untagged − 1, the cost of authenticating every message (`transport/auth.py`);
 - pickle:  `pickle.dumps(tensor)` sent with `multiprocessing.connection` `send_bytes`, `pickle.loads` on
            receipt (plain `send(tensor)` would pass a shared-memory handle, not bytes).
 
@@ -31,7 +33,7 @@ from typing import Any
 
 import torch
 
-from rlctl.transport import Message, TcpConfig, TcpTransport, TensorSpec, Transport, make_transport
+from rlctl.transport import Connection, Message, TcpConfig, TcpTransport, TensorSpec, make_transport, tcp
 
 SECRET = b"bench-rpc-secret"
 UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_TCP_CM_REUSEADDR": "y", "UCX_WARN_UNUSED_ENV_VARS": "n"}
@@ -54,11 +56,21 @@ def _raw_server(port_q: Any, nbytes: int, repeats: int) -> None:
     conn.close()
 
 
-def _rlctl_server(port_q: Any, nbytes: int, repeats: int, preallocated: bool, kind: str = "tcp") -> None:
+def _rlctl_server(
+    port_q: Any, nbytes: int, repeats: int, preallocated: bool, kind: str = "tcp", tagged: bool = True
+) -> None:
     torch.set_num_threads(1)
-    lst = make_transport(kind, secret=SECRET).listen(f"{kind}://127.0.0.1:0")
-    port_q.put(lst.address)
-    conn = lst.accept()
+    lst: Any
+    if tagged:
+        lst = make_transport(kind, secret=SECRET).listen(f"{kind}://127.0.0.1:0")
+        port_q.put(lst.address)
+        conn = lst.accept()
+    else:  # the framing alone: no handshake, no tags (the baseline of `auth_overhead`)
+        lst = socket.create_server(("127.0.0.1", 0))
+        port_q.put(f"tcp://127.0.0.1:{lst.getsockname()[1]}")
+        sock, _ = lst.accept()
+        tcp._tune(sock, TcpConfig())
+        conn = tcp.TcpConnection(sock, "bench-client", TcpConfig())
     buf = torch.empty(nbytes, dtype=torch.uint8)
 
     def into(kind: str, header: dict[str, Any], specs: list[TensorSpec]) -> list[torch.Tensor]:
@@ -137,13 +149,17 @@ class _Rlctl:
         round_trips: int,
         kind: str = "tcp",
         streams: int = 1,
+        tagged: bool = True,
     ) -> None:
-        self.proc, addr = _start(_rlctl_server, t.numel(), repeats, preallocated, kind)
-        if kind == "tcp":
-            transport: Transport = TcpTransport(secret=SECRET, config=TcpConfig(num_streams=streams))
+        self.proc, addr = _start(_rlctl_server, t.numel(), repeats, preallocated, kind, tagged)
+        if not tagged:
+            sock = socket.create_connection(("127.0.0.1", int(addr.rsplit(":", 1)[1])))
+            tcp._tune(sock, TcpConfig())
+            self.conn: Connection = tcp.TcpConnection(sock, addr, TcpConfig())
+        elif kind == "tcp":
+            self.conn = TcpTransport(secret=SECRET, config=TcpConfig(num_streams=streams)).connect(addr, timeout_s=30)
         else:
-            transport = make_transport(kind, secret=SECRET)
-        self.conn = transport.connect(addr, timeout_s=30)
+            self.conn = make_transport(kind, secret=SECRET).connect(addr, timeout_s=30)
         self.t, self.round_trips = t, round_trips
 
     def once(self) -> float:
@@ -204,14 +220,15 @@ def run(*, quick: bool) -> dict[str, Any]:
     methods: dict[str, Any] = {
         "raw": _Raw(t, repeats),
         "rlctl": _Rlctl(t, repeats, preallocated=True, round_trips=round_trips),
+        "rlctl_untagged": _Rlctl(t, repeats, preallocated=True, round_trips=round_trips, tagged=False),
         "rlctl_fresh": _Rlctl(t, repeats, preallocated=False, round_trips=10),
         "rlctl_2_streams": _Rlctl(t, repeats, preallocated=True, round_trips=10, streams=2),
         "pickle": _Pickle(t, repeats, round_trips),
     }
     best = _best_interleaved(methods, repeats)
     rps = {name: m.finish() for name, m in methods.items()}
-    raw_s, rl_s, rl_fresh_s, rl2_s, pk_s = (best[k] for k in methods)
-    rl_rps, pk_rps = rps["rlctl"], rps["pickle"]
+    raw_s, rl_s, untagged_s, rl_fresh_s, rl2_s, pk_s = (best[k] for k in methods)
+    rl_rps, untagged_rps, pk_rps = rps["rlctl"], rps["rlctl_untagged"], rps["pickle"]
     gb = nbytes / 1e9
     ucx: dict[str, Any] | str = "not measured: ucxx is not installed (pip install 'rlctl[ucx]')"
     if importlib.util.find_spec("ucxx") is not None:
@@ -237,7 +254,12 @@ def run(*, quick: bool) -> dict[str, Any]:
         "rlctl_tcp_2_streams_gb_per_s": gb / rl2_s,
         "ratio_vs_raw_2_streams": raw_s / rl2_s,
         "ratio_vs_pickle": pk_s / rl_s,
+        # what tagging every message costs (auth.py): the authenticated path over the same framing without tags
+        "rlctl_tcp_untagged_gb_per_s": gb / untagged_s,
+        "auth_overhead": rl_s / untagged_s - 1,
         "rlctl_round_trips_per_s": rl_rps,
+        "rlctl_untagged_round_trips_per_s": untagged_rps,
+        "auth_overhead_round_trips": untagged_rps / rl_rps - 1,
         "pickle_round_trips_per_s": pk_rps,
         "ucx": ucx,
     }
@@ -260,5 +282,7 @@ def summary(result: dict[str, Any]) -> str:
         f"2 streams {r['ratio_vs_raw_2_streams']:.3f}), "
         f"ratio_vs_pickle {r['ratio_vs_pickle']:.2f}\n"
         f"  small round trips/s: rlctl {r['rlctl_round_trips_per_s']:.0f}, pickle {r['pickle_round_trips_per_s']:.0f}\n"
-        + ucx_line
+        f"  auth_overhead {r['auth_overhead']:.3f} (untagged {r['rlctl_tcp_untagged_gb_per_s']:.2f} GB/s), "
+        f"{r['auth_overhead_round_trips']:.3f} on small round trips "
+        f"(untagged {r['rlctl_untagged_round_trips_per_s']:.0f}/s)\n" + ucx_line
     )

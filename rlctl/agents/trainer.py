@@ -58,6 +58,7 @@ from rlctl.rl.learner import make_learner
 from rlctl.rl.samples import Sample
 from rlctl.rl.source import task_source
 from rlctl.trainers.base import TrainerBackend, load_backend
+from rlctl.trainers.wire import all_gather_values
 from rlctl.transport import Message
 
 log = logging.getLogger(__name__)
@@ -344,9 +345,7 @@ def _gather(address: str) -> list[str]:
     """Every rank's weight-node address, rank 0 first (one collective over the trainer's group)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return [address]
-    out: list[object] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, address)
-    return [str(a) for a in out]
+    return all_gather_values(address, str)
 
 
 def _delivered(msg: Message) -> list[Delivered]:

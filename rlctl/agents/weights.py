@@ -70,6 +70,7 @@ from rlctl.config.job import WeightSync
 from rlctl.errors import PlanError, TransportError
 from rlctl.models import hf
 from rlctl.models.hf import TinyGPTConfig
+from rlctl.trainers.wire import all_gather_values
 from rlctl.transport import Connection, Message, Transport
 from rlctl.weights import chunks
 from rlctl.weights.delta_parts import assemble
@@ -362,9 +363,7 @@ class WeightPublisher:
             held = self.node.store.current
             assert held is not None and isinstance(self.node, RootNode)
             if self._group is not None:  # every rank's frame, in rank order: the same payload on every root
-                gathered: list[Any] = [None] * dist.get_world_size(self._group)
-                dist.all_gather_object(gathered, frame, group=self._group)
-                frames = [bytes(f) for f in gathered]
+                frames = all_gather_values(bytes(frame), bytes, group=self._group)
                 log.info(
                     "weights: delta vs v%d encoded by %d ranks (this one: %d of %d bytes)",
                     held.version,

@@ -58,6 +58,7 @@ from rlctl.launch.sitefs import LocalFiles
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas
 from rlctl.trainers.fsdp import load_local, local_state, redistribute_optimizer
+from rlctl.trainers.wire import all_gather_values
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,7 @@ def save_shard(
     """Ranks > 0, told by rank 0 that checkpoint `ckpt` is due: write this rank's shard if it is one of replica
     0's, then join the gather that tells rank 0 it is on disk (rank 0 seals the checkpoint after it)."""
     record = _write_shard(ckpt, optimizers=optimizers, modules=modules or {}, split=split, data_parallel=data_parallel)
-    dist.gather_object(record, None, dst=0)
+    all_gather_values(record, dict[str, Any])  # rank 0 seals the part once every rank answered
 
 
 def save_trainer(
@@ -222,10 +223,9 @@ def save_trainer(
         assert announce is not None, "the other ranks must be told to write their shards"
         announce()
     mine = _write_shard(ckpt, optimizers=optimizers, modules=modules or {}, split=split, data_parallel=data_parallel)
-    records: list[Any] = [mine]
+    records: list[dict[str, Any]] = [mine]
     if world > 1:
-        records = [None] * world
-        dist.gather_object(mine, records, dst=0)
+        records = all_gather_values(mine, dict[str, Any])
     shards = [rec for rec in records if "file" in rec]
     # replica 0 is where ParallelConfig says (the launcher places the writers by it), and restores every rank
     assert [rec["rank"] for rec in shards] == split.first_replica_ranks(), (records, split)

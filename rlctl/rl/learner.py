@@ -18,13 +18,14 @@ summed over the data-parallel group only, and the backend clips by the norm over
 then takes the same AdamW step from the same summed gradient, so the ranks at one (tp, pp) position hold the
 same parameters and optimizer state bit for bit: a checkpoint keeps replica 0's (`rlctl.checkpoint.trainer`).
 
-    rank 0 ─broadcast micro-batch─▶ every rank: slice [dp_rank::dp_size] ─▶ forward/backward (tp collectives)
-    rank 0 ─broadcast ("step", tokens)─▶ every rank: all-reduce over dp ─▶ ÷ tokens ─▶ clip ─▶ AdamW
-    rank 0 ─broadcast ("checkpoint", v)─▶ every rank: `on_checkpoint(v)` (replica 0's ranks write their shard
+    rank 0 ─broadcast Chunk(samples)─▶ every rank: slice [dp_rank::dp_size] ─▶ forward/backward (tp collectives)
+    rank 0 ─broadcast Step(tokens)─▶ every rank: all-reduce over dp ─▶ ÷ tokens ─▶ clip ─▶ AdamW
+    rank 0 ─broadcast CheckpointDue(v)─▶ every rank: `on_checkpoint(v)` (replica 0's ranks write their shard
                                           of checkpoint v, `rlctl.checkpoint.trainer`)
-    rank 0 ─broadcast ("stop", 0)─▶ every rank returns from `follow`
+    rank 0 ─broadcast Stop()─▶ every rank returns from `follow`
 
-PPO (`PpoBatchLearner`) follows the same protocol with the whole batch at the step (its GAE needs all of it);
+Each broadcast is one `Command` (a msgspec struct: msgpack in uint8 tensors, `rlctl.trainers.wire`), never a
+pickle. PPO (`PpoBatchLearner`) follows the same protocol with the whole batch at the step (its GAE needs all of it);
 `make_learner` builds the learner of a job's algorithm on a trainer backend, for the trainer agent and the
 profiler alike.
 """
@@ -35,6 +36,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
+import msgspec
 import torch
 import torch.distributed as dist
 
@@ -44,8 +46,39 @@ from rlctl.rl.grpo import group_advantages, policy_loss, policy_optimizer
 from rlctl.rl.ppo import PpoLearner, ValueModel
 from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, row_tokens
 from rlctl.trainers.base import DataParallel, TrainerBackend, Trunk, clip_whole, whole_replicas
+from rlctl.trainers.wire import broadcast_value
 
 _SUMMED = ("pg_loss_sum", "clip_sum", "kl_sum")  # token sums of `policy_loss` that the step reports
+
+
+# What rank 0 broadcasts to the others (`follow`), one command at a time.
+class Chunk(msgspec.Struct, tag="chunk"):
+    samples: list[Sample]
+    advantages: list[float]
+
+
+class Step(msgspec.Struct, tag="step"):
+    tokens: int
+
+
+class WholeBatch(msgspec.Struct, tag="batch"):
+    samples: list[Sample]
+
+
+class CheckpointDue(msgspec.Struct, tag="checkpoint"):
+    version: int
+
+
+class Stop(msgspec.Struct, tag="stop"):
+    pass
+
+
+Command = Chunk | Step | WholeBatch | CheckpointDue | Stop
+
+
+def _broadcast(command: Command | None) -> Command:
+    """Rank 0's `command` on every rank (the others pass None)."""
+    return broadcast_value(command, Command)  # type: ignore[arg-type]
 
 
 def _world() -> tuple[int, int]:
@@ -113,8 +146,7 @@ class StreamingLearner:
 
     def _micro_step(self, chunk: list[tuple[Sample, float]]) -> None:
         if _world()[1] > 1:
-            box: list[object] = [chunk]
-            dist.broadcast_object_list(box, src=0)
+            _broadcast(Chunk([s for s, _ in chunk], [a for _, a in chunk]))
         self.backward_share(chunk)
 
     def backward_share(self, chunk: list[tuple[Sample, float]]) -> None:
@@ -143,8 +175,7 @@ class StreamingLearner:
         """Train what is left, then one optimizer step over the whole iteration."""
         self.train_ready(flush=True)
         if _world()[1] > 1:
-            box: list[object] = [("step", self.tokens)]
-            dist.broadcast_object_list(box, src=0)
+            _broadcast(Step(self.tokens))
         stats = self.apply_step(self.tokens)
         stats["reward_mean"] = sum(self.rewards) / max(len(self.rewards), 1)
         stats["samples"] = float(self.count)
@@ -188,33 +219,29 @@ class StreamingLearner:
         bit for bit: gradients are all-reduced over the data-parallel group); `on_checkpoint(version)` when
         rank 0 `announce_checkpoint`s."""
         while True:
-            box: list[object] = [None]
-            dist.broadcast_object_list(box, src=0)
-            item = box[0]
-            if isinstance(item, tuple) and item[0] == "step":
-                self.apply_step(int(item[1]))
+            item = _broadcast(None)
+            if isinstance(item, Step):
+                self.apply_step(item.tokens)
                 self._reset()
                 if on_step is not None:
                     on_step()
-            elif isinstance(item, tuple) and item[0] == "checkpoint":
+            elif isinstance(item, CheckpointDue):
                 assert on_checkpoint is not None, "rank 0 checkpoints: this rank must write its shard"
-                on_checkpoint(int(item[1]))
-            elif isinstance(item, tuple) and item[0] == "stop":
+                on_checkpoint(item.version)
+            elif isinstance(item, Stop):
                 return
             else:
-                assert isinstance(item, list)
-                self.backward_share(item)
+                assert isinstance(item, Chunk), type(item)
+                self.backward_share(list(zip(item.samples, item.advantages, strict=True)))
 
     def announce_checkpoint(self, version: int) -> None:
         """Rank 0, between steps: every follower calls its `on_checkpoint(version)`."""
         if _world()[1] > 1:
-            box: list[object] = [("checkpoint", version)]
-            dist.broadcast_object_list(box, src=0)
+            _broadcast(CheckpointDue(version))
 
     def stop_followers(self) -> None:
         if _world()[1] > 1:
-            box: list[object] = [("stop", 0)]
-            dist.broadcast_object_list(box, src=0)
+            _broadcast(Stop())
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """What each rank's shard of a checkpoint saves besides the policy (`rlctl.checkpoint.trainer`)."""
@@ -230,9 +257,9 @@ class PpoBatchLearner:
     the streaming learner's do: the whole batch is broadcast at the step, and every rank trains its share
     (`PpoLearner.step`).
 
-    rank 0 ─broadcast ("batch", samples)─▶ every rank: `train_batch(samples)` (GAE, forward/backward, all-reduce
+    rank 0 ─broadcast WholeBatch(samples)─▶ every rank: `train_batch(samples)` (GAE, forward/backward, all-reduce
                                            over dp, clip, AdamW on policy and critic)
-    rank 0 ─broadcast ("checkpoint", v) / ("stop", 0)─▶ as StreamingLearner
+    rank 0 ─broadcast CheckpointDue(v) / Stop()─▶ as StreamingLearner
     """
 
     def __init__(
@@ -271,8 +298,7 @@ class PpoBatchLearner:
 
     def step(self) -> dict[str, float]:
         if _world()[1] > 1:
-            box: list[object] = [("batch", self.samples)]
-            dist.broadcast_object_list(box, src=0)
+            _broadcast(WholeBatch(self.samples))
         stats = self.train_batch(self.samples)
         self.samples = []
         return stats
@@ -288,31 +314,26 @@ class PpoBatchLearner:
     ) -> None:
         """Ranks > 0: as `StreamingLearner.follow`, a whole batch per step."""
         while True:
-            box: list[object] = [None]
-            dist.broadcast_object_list(box, src=0)
-            item = box[0]
-            assert isinstance(item, tuple), type(item)
-            if item[0] == "batch":
-                self.train_batch(item[1])
+            item = _broadcast(None)
+            if isinstance(item, WholeBatch):
+                self.train_batch(item.samples)
                 if on_step is not None:
                     on_step()
-            elif item[0] == "checkpoint":
+            elif isinstance(item, CheckpointDue):
                 assert on_checkpoint is not None, "rank 0 checkpoints: this rank must write its shard"
-                on_checkpoint(int(item[1]))
+                on_checkpoint(item.version)
             else:
-                assert item[0] == "stop", item
+                assert isinstance(item, Stop), type(item)
                 return
 
     def announce_checkpoint(self, version: int) -> None:
         """Rank 0, between steps: every follower calls its `on_checkpoint(version)`."""
         if _world()[1] > 1:
-            box: list[object] = [("checkpoint", version)]
-            dist.broadcast_object_list(box, src=0)
+            _broadcast(CheckpointDue(version))
 
     def stop_followers(self) -> None:
         if _world()[1] > 1:
-            box: list[object] = [("stop", 0)]
-            dist.broadcast_object_list(box, src=0)
+            _broadcast(Stop())
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"policy": self.inner.opt, "critic": self.inner.critic_opt}

@@ -35,6 +35,7 @@ from rlctl.config.job import PpoAlgorithm
 from rlctl.rl.grpo import policy_loss, policy_optimizer
 from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, micro_batches
 from rlctl.trainers.base import DataParallel, Trunk, clip_whole, whole_replicas
+from rlctl.trainers.wire import all_gather_values
 
 _SUMMED = ("pg_loss_sum", "clip_sum", "approx_kl_sum", "kl_sum", "tokens", "value_loss")  # what step() reports
 
@@ -130,10 +131,8 @@ class PpoLearner:
                 ret[i] = r[j][mask[j]].tolist()
         if self.dp.size > 1:  # every share's, for the whitening over the whole batch
             share = {i: (adv[i].tolist(), ret[i]) for idx in cuts for i in idx}
-            shares: list[dict[int, tuple[list[float], list[float]]] | None] = [None] * self.dp.size
-            dist.all_gather_object(shares, share, group=self.dp.group)
+            shares = all_gather_values(share, dict[int, tuple[list[float], list[float]]], group=self.dp.group)
             for theirs in shares:
-                assert theirs is not None
                 for i, (a_i, r_i) in theirs.items():
                     adv[i], ret[i] = torch.tensor(a_i), r_i
         flat = torch.cat(adv)

@@ -1,9 +1,12 @@
-"""Wire format of one message and of the connection handshake (shared by tcp and ucx).
+"""Wire format of one message (shared by tcp and ucx).
 
     message  = preamble | header | frame_0 | frame_1 | ...
     preamble = "RLM1" (4 bytes) | header_len (u32, big-endian)
     header   = msgpack WireHeader{kind, header, msg_id, reply_to, frames: [[dtype, shape, nbytes], ...]}
     frame_i  = nbytes raw bytes of tensor i (C-contiguous, native little-endian), nothing else
+
+With a connection's keys (every connection rlctl opens: `auth.py`), a 16-byte tag over all of the above
+follows the last frame.
 
 The receiver learns every frame's dtype/shape/size from the header, checks the bounds, allocates
 (or is handed) the destination tensors and reads the bytes into them: no pickle, no staging copy.
@@ -12,20 +15,13 @@ by `max_header_bytes` (the preamble's length is checked first), the tensors by `
 (the sum of every frame, each frame's shape checked against its size and `max_dims`). Anything
 malformed is a `ProtocolError` naming the peer; msgpack ext types decode as inert `msgspec.msgpack.Ext`.
 
-Handshake (HMAC-SHA256 with the per-job secret, both directions, fixed sizes, before any message):
-
-    server → client   "RLH1" | server_nonce (32)
-    client → server   client_nonce (32) | HMAC(secret, "c" | server_nonce | client_nonce)
-    server → client   "OK" | HMAC(secret, "s" | client_nonce | server_nonce)     or  "NO" and close
-
-TCP then names the stream's role (see tcp.py): "M" + (stripe streams k: u8, stripe threshold: u64)
-answered by a 16-byte connection token, or "J" + token for a stripe stream joining that connection.
+The handshake before any message, and the tags, are `auth.py`'s. TCP then names the stream's role (see
+tcp.py): "M" + (stripe streams k: u8, stripe threshold: u64) answered by a 16-byte connection token, or
+"J" + token for a stripe stream joining that connection.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import struct
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -38,10 +34,7 @@ from rlctl.transport.base import Message, TensorSpec
 
 MAGIC = b"RLM1"
 PREAMBLE = struct.Struct("!4sI")
-HELLO = b"RLH1"
 S = TypeVar("S", bound=msgspec.Struct)
-NONCE_BYTES = 32
-MAC_BYTES = 32
 
 # Every dtype that may travel; anything else is refused at send time with this list in the message.
 DTYPES: dict[str, torch.dtype] = {
@@ -165,11 +158,3 @@ def to_struct(data: Any, typ: type[S], *, what: str) -> S:
         return msgspec.convert(data, typ)
     except (msgspec.ValidationError, RecursionError) as e:
         raise ProtocolError(f"{what}: {e}") from e
-
-
-def client_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    return hmac.new(secret, b"c" + server_nonce + client_nonce, hashlib.sha256).digest()
-
-
-def server_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    return hmac.new(secret, b"s" + client_nonce + server_nonce, hashlib.sha256).digest()

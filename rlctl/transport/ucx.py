@@ -3,8 +3,8 @@
 Same message layout and handshake as TCP (`framing.py`), but every part travels as its own UCX
 tag message, so each tensor frame is received by UCX straight into the destination tensor:
 
-    preamble (8 B) | header (n B) | frame_0 | frame_1 | ...      (empty frames are not sent)
-    handshake: hello (36 B) → proof (64 B) → verdict (34 B: "OK"+server proof, or "NO"+zeros)
+    preamble (8 B) | header (n B) | frame_0 | frame_1 | ... | tag (16 B)   (empty frames are not sent)
+    handshake (`auth.py`): hello (36 B) → proof (64 B) → verdict (34 B: "OK"+server proof, or "NO"+zeros)
 
 ucxx is asyncio-based; one event-loop thread per process runs every UCX call and the blocking
 methods here wait on it. A receive that times out before the message starts stays posted and
@@ -17,8 +17,7 @@ it); the handshake still refuses any peer without the job's secret before readin
 from __future__ import annotations
 
 import asyncio
-import hmac
-import os
+import logging
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -27,11 +26,11 @@ from typing import Any, TypeVar
 import numpy as np
 
 from rlctl.errors import AuthError, PeerTimeout, PeerUnreachable, ProtocolError, TransportError
-from rlctl.transport import framing
+from rlctl.transport import auth, framing
 from rlctl.transport.base import BufferProvider, Connection, Listener, Message, Transport, check_buffers, split_address
 
 T = TypeVar("T")
-_VERDICT_BYTES = 2 + framing.MAC_BYTES
+log = logging.getLogger(__name__)
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
 
@@ -82,8 +81,9 @@ async def _send_bytes(ep: Any, data: bytes) -> None:
 
 
 class UcxConnection(Connection):
-    def __init__(self, ep: Any, peer: str, cfg: UcxConfig) -> None:
+    def __init__(self, ep: Any, peer: str, cfg: UcxConfig, keys: auth.SessionKeys) -> None:
         super().__init__(peer)
+        self._out, self._in = auth.Tagger(keys.send), auth.Tagger(keys.recv)
         self._ep = ep
         self._cfg = cfg
         self._pending: asyncio.Future[Any] | None = None  # a posted preamble receive
@@ -94,13 +94,18 @@ class UcxConnection(Connection):
         tensors = framing.wire_tensors(msg.tensors)
         head = framing.encode_header(msg, tensors)
         pre, body = head[: framing.PREAMBLE.size], head[framing.PREAMBLE.size :]
+        tag = self._out.next()  # tagged here, before the sends: UCX moves the bytes without this thread
+        tag.update(head)
+        views = [framing.tensor_bytes(t) for t in tensors if t.numel()]
+        for v in views:
+            tag.update(v)
 
         async def go() -> None:
             await _send_bytes(self._ep, pre)
             await _send_bytes(self._ep, body)
-            for t in tensors:
-                if t.numel():
-                    await self._ep.send(framing.tensor_bytes(t))
+            for v in views:
+                await self._ep.send(v)
+            await _send_bytes(self._ep, tag.tag())
 
         self._guard(go(), "send")
 
@@ -131,12 +136,19 @@ class UcxConnection(Connection):
         stall = self._cfg.stall_timeout_s
 
         async def rest() -> Message:
-            wh, specs = framing.decode_header(await _recv_bytes(self._ep, n, stall), self._cfg.limits, self.peer)
+            body = await _recv_bytes(self._ep, n, stall)
+            wh, specs = framing.decode_header(body, self._cfg.limits, self.peer)
+            tag = self._in.next()
+            tag.update(self._pre.tobytes())
+            tag.update(body)
             bufs = into(wh.kind, wh.header, specs)
             check_buffers(specs, bufs)
             for b in bufs:
                 if b.numel():
-                    await asyncio.wait_for(self._ep.recv(framing.tensor_bytes(b)), stall)
+                    view = framing.tensor_bytes(b)
+                    await asyncio.wait_for(self._ep.recv(view), stall)
+                    tag.update(view)
+            tag.verify(await _recv_bytes(self._ep, auth.TAG_BYTES, stall), peer=self.peer, kind=wh.kind)
             return Message(wh.kind, wh.header, bufs, msg_id=wh.msg_id, reply_to=wh.reply_to)
 
         return self._guard(rest(), "receive")
@@ -177,13 +189,27 @@ class UcxConnection(Connection):
 
 
 class UcxListener(Listener):
+    """Each endpoint's handshake runs as its own task on the loop, so a silent peer delays only itself; `accept()`
+    returns the endpoints that completed it. A failed handshake is logged and closes the endpoint."""
+
     def __init__(self, host: str, port: int, secret: bytes, cfg: UcxConfig) -> None:
         self._secret = secret
         self._cfg = cfg
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[Any, auth.SessionKeys]] = asyncio.Queue()
+        self.address = ""
 
         async def on_connect(ep: Any) -> None:
-            await self._queue.put(ep)
+            peer = f"ucx-peer->{self.address}"
+            try:
+                keys = await asyncio.wait_for(self._handshake(ep, peer), self._cfg.handshake_timeout_s)
+            except Exception as e:  # noqa: BLE001 - any failure refuses this peer only
+                log.warning("%s: refused %s: %s", self.address, peer, e or type(e).__name__)
+                try:
+                    await asyncio.wait_for(ep.close(), 5)
+                except Exception:  # noqa: BLE001 - its peer may be gone already
+                    ep.abort()
+                return
+            await self._queue.put((ep, keys))
 
         async def make() -> Any:
             return _ucxx().create_listener(on_connect, port or None)
@@ -192,36 +218,23 @@ class UcxListener(Listener):
         self.address = f"ucx://{host}:{self._listener.port}"
 
     def accept(self, timeout_s: float | None = None) -> Connection:
-        async def next_ep() -> Any:
+        async def next_ep() -> tuple[Any, auth.SessionKeys]:
             return await asyncio.wait_for(self._queue.get(), timeout_s)
 
         try:
-            ep = _run(next_ep())
+            ep, keys = _run(next_ep())
         except TimeoutError as e:
             raise PeerTimeout(f"{self.address}: no connection within {timeout_s}s") from e
-        peer = f"ucx-peer->{self.address}"
-        conn = UcxConnection(ep, peer, self._cfg)
-        try:
-            _run(self._handshake(ep, peer))
-        except TimeoutError as e:
-            conn.close()
-            raise PeerTimeout(f"{peer}: handshake timed out after {self._cfg.handshake_timeout_s}s") from e
-        except Exception as e:
-            conn.close()
-            if _is_ucx_error(e):
-                raise PeerUnreachable(f"{peer}: handshake failed ({e})") from e
-            raise
-        return conn
+        return UcxConnection(ep, f"ucx-peer->{self.address}", self._cfg, keys)
 
-    async def _handshake(self, ep: Any, peer: str) -> None:
-        nonce = os.urandom(framing.NONCE_BYTES)
-        await _send_bytes(ep, framing.HELLO + nonce)
-        answer = await _recv_bytes(ep, framing.NONCE_BYTES + framing.MAC_BYTES, self._cfg.handshake_timeout_s)
-        client_nonce, proof = answer[: framing.NONCE_BYTES], answer[framing.NONCE_BYTES :]
-        if not hmac.compare_digest(proof, framing.client_proof(self._secret, nonce, client_nonce)):
-            await _send_bytes(ep, b"NO" + bytes(framing.MAC_BYTES))
+    async def _handshake(self, ep: Any, peer: str) -> auth.SessionKeys:
+        hs = auth.ServerHandshake(self._secret)
+        await _send_bytes(ep, hs.hello())
+        verdict, keys = hs.verdict(await _recv_bytes(ep, hs.ANSWER_BYTES, None))
+        await _send_bytes(ep, verdict)
+        if keys is None:
             raise AuthError(f"{peer}: refused, it does not hold this job's secret")
-        await _send_bytes(ep, b"OK" + framing.server_proof(self._secret, nonce, client_nonce))
+        return keys
 
     def close(self) -> None:
         self._listener.close()
@@ -244,26 +257,18 @@ class UcxTransport(Transport):
     def connect(self, address: str, timeout_s: float) -> Connection:
         host, port = split_address(address, self.scheme)
 
-        async def go() -> Any:
+        async def go() -> tuple[Any, auth.SessionKeys]:
             ep = await _ucxx().create_endpoint(host, port, connect_timeout=timeout_s)
-            hello = await _recv_bytes(ep, len(framing.HELLO) + framing.NONCE_BYTES, timeout_s)
-            if hello[: len(framing.HELLO)] != framing.HELLO:
-                raise ProtocolError(f"{address}: not an rlctl endpoint (bad hello)")
-            nonce, mine = hello[len(framing.HELLO) :], os.urandom(framing.NONCE_BYTES)
-            await _send_bytes(ep, mine + framing.client_proof(self._secret, nonce, mine))
-            verdict = await _recv_bytes(ep, _VERDICT_BYTES, timeout_s)
-            if verdict[:2] != b"OK":
-                raise AuthError(f"{address}: refused our credentials; check that both sides use this job's secret")
-            if not hmac.compare_digest(verdict[2:], framing.server_proof(self._secret, nonce, mine)):
-                raise AuthError(f"{address}: server failed to prove it holds this job's secret")
-            return ep
+            hs = auth.ClientHandshake(self._secret, address)
+            await _send_bytes(ep, hs.answer(await _recv_bytes(ep, hs.HELLO_BYTES, timeout_s)))
+            return ep, hs.keys(await _recv_bytes(ep, auth.VERDICT_BYTES, timeout_s))
 
         try:
-            ep = _run(go())
+            ep, keys = _run(go())
         except TimeoutError as e:
             raise PeerTimeout(f"{address}: connect timed out after {timeout_s}s") from e
         except Exception as e:
             if _is_ucx_error(e):
                 raise PeerUnreachable(f"{address}: connect failed ({e})") from e
             raise
-        return UcxConnection(ep, address, self.config)
+        return UcxConnection(ep, address, self.config, keys)

@@ -32,7 +32,7 @@ import pytest
 
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.run import connect_client
-from rlctl.transport import Connection, Message, framing
+from rlctl.transport import Connection, Message, auth, framing
 
 REPO = Path(__file__).resolve().parents[2]
 RLCTL = [sys.executable, "-m", "rlctl"]
@@ -367,12 +367,14 @@ def skip_without_nft() -> None:
 
 
 class ChunkFlip:
-    """For a Proxy in front of a weight node: flips one bit in the middle of the first `chunk` frame of each of
-    the first `connections` connections (server → client), so the bytes still frame correctly and only the
-    chunk's checksum can tell. Records (connection, version, chunk index, time) of every flip."""
+    """For a Proxy in front of a weight node: flips one bit in the middle of the first `chunk` frame of every other
+    connection (server → client: connections 1, 3, 5, …), `connections` flips in all, so the bytes still frame
+    correctly and only the message's tag (and the chunk's checksum behind it) can tell; the connection after a
+    flipped one goes through untouched, so every flipped fetch can complete on its next attempt. Records
+    (connection, version, chunk index, time) of every flip."""
 
-    # server → client before the first message: "RLH1" + nonce, "OK" + proof, then the 16-byte connection token
-    HANDSHAKE_BYTES = len(framing.HELLO) + framing.NONCE_BYTES + 2 + framing.MAC_BYTES + 16
+    # server → client before the first message: "RLH1" + nonce, the verdict ("OK" + proof), the connection token
+    HANDSHAKE_BYTES = auth.ServerHandshake.HELLO_BYTES + auth.VERDICT_BYTES + 16
 
     def __init__(self, connections: int) -> None:
         self.connections = connections
@@ -383,7 +385,7 @@ class ChunkFlip:
         st = self._streams.setdefault(conn_no, _Stream(self.HANDSHAKE_BYTES))
         start = st.seen
         st.seen += len(piece)
-        if conn_no > self.connections or st.flipped:
+        if conn_no > 2 * self.connections - 1 or conn_no % 2 == 0 or st.flipped:
             return
         if st.target is None:
             st.buf += piece
@@ -417,4 +419,4 @@ class _Stream:
                 self.target = frames + specs[0].nbytes // 2
                 self.version, self.index = int(wh.header["version"]), int(wh.header["index"])
                 return
-            self.pos = frames + sum(s.nbytes for s in specs)
+            self.pos = frames + sum(s.nbytes for s in specs) + auth.TAG_BYTES

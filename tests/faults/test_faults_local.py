@@ -275,9 +275,10 @@ def one_unit_job(tmp_path: Path, name: str, **over: object) -> Path:
 
 def test_a_bit_flipped_on_the_wire_is_detected_resent_and_never_applied(tmp_path: Path) -> None:
     """A proxy between the rollout unit and the trainer's weight node (new connections to the node's port are
-    redirected to it) flips one bit in the middle of the first chunk of each of the next fetches. The unit's
-    chunk checksum fails, it asks for the chunk again and applies the version only once verified: every
-    version it applied has the xxh3 the trainer published. Recovery: from the flip to that version's apply."""
+    redirected to it) flips one bit in the middle of the first chunk of every other fetch connection. The
+    message's tag fails (the transport names the peer and closes the connection), the unit re-attaches and
+    resumes the version with the chunks it verified, and applies it only once every chunk is: every version it
+    applied has the xxh3 the trainer published. Recovery: from the flip to that version's apply."""
     skip_without_nft()
     flips = size(3, 6)
     job_dir = tmp_path / "run"
@@ -301,8 +302,10 @@ def test_a_bit_flipped_on_the_wire_is_detected_resent_and_never_applied(tmp_path
         stop_launcher(proc)
     assert s is not None, err[-2000:]
     log = (job_dir / "logs" / "rollout-0.log").read_text()
-    detected = re.findall(r"v(\d+) chunk (\d+) from (\S+) failed its checksum; asking again", log)
-    assert [(int(v), int(i)) for v, i, _ in detected] == [(v, i) for _, v, i, _ in flipper.flips], detected
+    detected = re.findall(
+        r"v(\d+) from \S+ failed, re-attaching to the next holder: \S+ message 'chunk' failed authentication", log
+    )
+    assert [int(v) for v in detected] == [v for _, v, _, _ in flipper.flips], detected
     ours, theirs = applied(job_dir, "rollout-0"), published(job_dir)
     assert ours and all(x == theirs[v] for v, (x, _) in ours.items()), (ours, theirs)  # never a corrupt version
     recovery = [ours[v][1] - t for _, v, _, t in flipper.flips if v in ours]
@@ -316,7 +319,8 @@ def test_a_bit_flipped_on_the_wire_is_detected_resent_and_never_applied(tmp_path
             led["lost"],
             led["duplicated"],
             recovery,
-            f"{len(detected)} checksum failures, each chunk re-sent; {len(ours)} versions applied = trainer's xxh3",
+            f"{len(detected)} messages failed their tag, each fetch resumed; {len(ours)} versions applied = trainer's "
+            "xxh3",
         )
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import torch
 
 from rlctl.errors import AuthError, PeerTimeout, PeerUnreachable
 from rlctl.transport import Message, TcpConfig, TcpTransport
-from rlctl.transport.framing import HELLO, NONCE_BYTES
+from rlctl.transport.auth import HELLO, NONCE_BYTES, VERDICT_BYTES
 
 SECRET = b"per-job-secret"
 
@@ -25,43 +26,33 @@ def listener():
     lst.close()
 
 
-def test_wrong_secret_is_refused_on_both_sides(listener):
-    result = {}
-
-    def accept():
-        try:
-            listener.accept(timeout_s=10)
-        except AuthError as e:
-            result["server"] = str(e)
-
-    th = threading.Thread(target=accept)
-    th.start()
-    with pytest.raises(AuthError, match=listener.address):
-        TcpTransport(secret=b"not-the-secret").connect(listener.address, timeout_s=5)
-    th.join()
-    assert "does not hold this job's secret" in result["server"]
+def _refusals(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "does not hold this job's secret" in r.getMessage()]
 
 
-def test_unauthenticated_bytes_are_never_read_as_a_message(listener):
+def test_wrong_secret_is_refused_on_both_sides(listener, caplog):
+    """The client is told; the listener logs the refusal naming the peer, and accept() never returns it."""
+    with caplog.at_level(logging.WARNING, logger="rlctl.transport.tcp"):
+        with pytest.raises(AuthError, match=listener.address):
+            TcpTransport(secret=b"not-the-secret").connect(listener.address, timeout_s=5)
+        with pytest.raises(PeerTimeout):
+            listener.accept(timeout_s=0.5)
+    (line,) = _refusals(caplog)
+    assert line.startswith(f"{listener.address}: tcp://127.0.0.1:")
+
+
+def test_unauthenticated_bytes_are_never_read_as_a_message(listener, caplog):
     """A peer that skips the handshake and sends a frame is refused after the fixed-size proof."""
-    result = {}
-
-    def accept():
-        try:
-            listener.accept(timeout_s=10)
-        except AuthError as e:
-            result["err"] = e
-
-    th = threading.Thread(target=accept)
-    th.start()
     host, port = listener.address.removeprefix("tcp://").rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as s:
-        hello = s.recv(len(HELLO) + NONCE_BYTES, socket.MSG_WAITALL)
-        assert hello.startswith(HELLO)
-        s.sendall(b"RLM1" + b"\x00" * 60 + b"payload" * 1000)  # a 'message' instead of a proof
-        verdict = s.recv(2, socket.MSG_WAITALL)
-    th.join()
-    assert verdict == b"NO" and isinstance(result["err"], AuthError)
+    with caplog.at_level(logging.WARNING, logger="rlctl.transport.tcp"):
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            hello = s.recv(len(HELLO) + NONCE_BYTES, socket.MSG_WAITALL)
+            assert hello.startswith(HELLO)
+            s.sendall(b"RLM1" + b"\x00" * 60 + b"payload" * 1000)  # a 'message' instead of a proof
+            verdict = s.recv(VERDICT_BYTES, socket.MSG_WAITALL)
+        with pytest.raises(PeerTimeout):
+            listener.accept(timeout_s=0.5)
+    assert verdict[:2] == b"NO" and len(_refusals(caplog)) == 1
 
 
 def test_connect_refused_and_handshake_timeout_name_the_peer():

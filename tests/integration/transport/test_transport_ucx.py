@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import threading
 
@@ -68,22 +69,25 @@ def test_round_trip_of_dtypes_shapes_and_request_reply(transport):
     lst.close()
 
 
-def test_wrong_secret_is_refused(transport):
+def test_wrong_secret_is_refused(transport, caplog):
+    """The listener refuses it in the handshake task and logs it; accept() never returns it, and a good client
+    after it is accepted."""
     from rlctl.transport.ucx import UcxTransport
 
     lst = transport.listen("ucx://127.0.0.1:0")
-    errors = []
-
-    def accept():
-        try:
-            lst.accept(timeout_s=20)
-        except AuthError as e:
-            errors.append(e)
-
-    th = threading.Thread(target=accept)
+    with caplog.at_level(logging.WARNING, logger="rlctl.transport.ucx"):
+        with pytest.raises(AuthError, match="refused our credentials"):
+            UcxTransport(secret=b"wrong").connect(lst.address, timeout_s=20)
+        with pytest.raises(PeerTimeout):
+            lst.accept(timeout_s=1)
+    assert any("does not hold this job's secret" in r.getMessage() for r in caplog.records)
+    accepted = []
+    th = threading.Thread(target=lambda: accepted.append(lst.accept(timeout_s=20)))
     th.start()
-    with pytest.raises(AuthError, match="refused our credentials"):
-        UcxTransport(secret=b"wrong").connect(lst.address, timeout_s=20)
+    client = transport.connect(lst.address, timeout_s=20)
     th.join()
-    assert len(errors) == 1
+    client.send(Message("tagged", {"n": 2}, [torch.ones(4)]))
+    assert accepted[0].recv(timeout_s=20).header == {"n": 2}
+    client.close()
+    accepted[0].close()
     lst.close()

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import logging
 import os
 import pickle
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +20,11 @@ import pytest
 import torch
 
 from rlctl.agents.listen import store_listener
-from rlctl.errors import AuthError, PeerUnreachable
-from rlctl.transport import InprocTransport, Message, TcpTransport, framing, tcp
+from rlctl.errors import AuthError, PeerTimeout, PeerUnreachable, ProtocolError
+from rlctl.transport import InprocTransport, Message, TcpTransport, auth, framing, tcp
+from rlctl.transport.auth import HELLO, MAC_BYTES, NONCE_BYTES, VERDICT_BYTES
 from rlctl.transport.base import bind_host
-from rlctl.transport.framing import HELLO, MAC_BYTES, MAGIC, NONCE_BYTES
+from rlctl.transport.framing import MAGIC
 from rlctl.weights.node import WeightNode
 from tests.conftest import ROOT
 
@@ -52,12 +55,12 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     return seen
 
 
-def _accept_in_thread(lst: Any) -> tuple[threading.Thread, dict[str, Any]]:
+def _accept_in_thread(lst: Any, *, timeout_s: float = 10) -> tuple[threading.Thread, dict[str, Any]]:
     out: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            out["conn"] = lst.accept(timeout_s=10)
+            out["conn"] = lst.accept(timeout_s=timeout_s)
         except Exception as e:  # noqa: BLE001 - the outcome under test
             out["err"] = e
 
@@ -71,34 +74,137 @@ def _addr(lst: Any) -> tuple[str, int]:
     return host, int(port)
 
 
-def test_a_raw_peer_sending_a_frame_is_refused_after_the_fixed_size_proof(listener, reads) -> None:
-    th, out = _accept_in_thread(listener)
+def _refused(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "does not hold this job's secret" in r.getMessage()]
+
+
+def test_a_raw_peer_sending_a_frame_is_refused_after_the_fixed_size_proof(
+    listener, reads, caplog: pytest.LogCaptureFixture
+) -> None:
+    th, out = _accept_in_thread(listener, timeout_s=2)
     frame = MAGIC + (2**20).to_bytes(4, "big") + msgspec.msgpack.encode(["kind", {}, 1, 0, []]) + b"payload" * 10_000
-    with socket.create_connection(_addr(listener), timeout=5) as s:
-        hello = s.recv(len(HELLO) + NONCE_BYTES, socket.MSG_WAITALL)
-        assert hello.startswith(HELLO)
-        with contextlib.suppress(ConnectionResetError):  # the listener may already have closed on us
-            s.sendall(frame)  # a message where the proof belongs
-        verdict = s.recv(2, socket.MSG_WAITALL)
-        try:
-            rest = s.recv(1)
-        except ConnectionResetError:  # closed with our unread bytes in its buffer: a reset
-            rest = b""
-    th.join()
-    assert verdict == b"NO" and rest == b""  # refused, then closed
-    assert isinstance(out["err"], AuthError) and "does not hold this job's secret" in str(out["err"])
+    with caplog.at_level(logging.WARNING, logger="rlctl.transport.tcp"):
+        with socket.create_connection(_addr(listener), timeout=5) as s:
+            hello = s.recv(len(HELLO) + NONCE_BYTES, socket.MSG_WAITALL)
+            assert hello.startswith(HELLO)
+            with contextlib.suppress(ConnectionResetError):  # the listener may already have closed on us
+                s.sendall(frame)  # a message where the proof belongs
+            verdict = s.recv(VERDICT_BYTES, socket.MSG_WAITALL)
+            try:
+                rest = s.recv(1)
+            except ConnectionResetError:  # closed with our unread bytes in its buffer: a reset
+                rest = b""
+        th.join()
+    assert verdict == b"NO" + bytes(MAC_BYTES) and rest == b""  # refused, then closed
+    assert isinstance(out["err"], PeerTimeout)  # accept() never sees it: the refusal is logged, naming the peer
+    (line,) = _refused(caplog)
+    assert line.startswith(f"{listener.address}: tcp://127.0.0.1:")
     assert [n for n, _ in reads["recv_exact"]] == [NONCE_BYTES + MAC_BYTES]  # not one byte beyond the proof
     assert reads["decoded"] == []  # no preamble or header was ever parsed
 
 
-def test_a_peer_with_the_wrong_secret_is_refused_and_sends_nothing_more(listener, reads) -> None:
-    th, out = _accept_in_thread(listener)
-    with pytest.raises(AuthError, match="refused our credentials"):
-        TcpTransport(secret=b"another-jobs-secret").connect(listener.address, timeout_s=5)
-    th.join()
-    assert isinstance(out["err"], AuthError)
+def test_a_peer_with_the_wrong_secret_is_refused_and_sends_nothing_more(
+    listener, reads, caplog: pytest.LogCaptureFixture
+) -> None:
+    th, out = _accept_in_thread(listener, timeout_s=2)
+    with caplog.at_level(logging.WARNING, logger="rlctl.transport.tcp"):
+        with pytest.raises(AuthError, match="refused our credentials"):
+            TcpTransport(secret=b"another-jobs-secret").connect(listener.address, timeout_s=5)
+        th.join()
+    assert isinstance(out["err"], PeerTimeout) and len(_refused(caplog)) == 1
     by_listener = [n for n, peer in reads["recv_exact"] if peer != listener.address]  # the client names the address
     assert by_listener == [NONCE_BYTES + MAC_BYTES] and reads["decoded"] == []
+
+
+def test_a_silent_peer_does_not_hold_up_the_next_connection(listener) -> None:
+    """A socket that connects and never answers the hello waits in its own handshake thread (up to the handshake
+    timeout, 10 s); a real client behind it is accepted at once."""
+    with socket.create_connection(_addr(listener), timeout=5) as silent:
+        silent.recv(len(HELLO) + NONCE_BYTES, socket.MSG_WAITALL)
+        t0 = time.monotonic()
+        client = TcpTransport(secret=SECRET).connect(listener.address, timeout_s=5)
+        server = listener.accept(timeout_s=5)
+        waited = time.monotonic() - t0
+        client.send(Message("hi", {"n": 1}))
+        assert server.recv(timeout_s=5).header == {"n": 1}
+        client.close()
+        server.close()
+    assert waited < 5  # not the silent peer's 10 s
+
+
+class _BitFlipProxy:
+    """Forwards one TCP connection to `target`, flipping one bit of the client → server stream at byte `at`."""
+
+    def __init__(self, target: tuple[str, int], at: int) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"tcp://127.0.0.1:{self.server.getsockname()[1]}"
+        self.target, self.at = target, at
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        down, _ = self.server.accept()
+        up = socket.create_connection(self.target)
+        threading.Thread(target=self._pipe, args=(up, down, None), daemon=True).start()
+        self._pipe(down, up, self.at)
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, flip_at: int | None) -> None:
+        seen = 0
+        with contextlib.suppress(OSError):
+            while data := bytearray(src.recv(1 << 16)):
+                if flip_at is not None and seen <= flip_at < seen + len(data):
+                    data[flip_at - seen] ^= 0x01
+                seen += len(data)
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+def test_a_frame_altered_after_the_handshake_is_refused(listener) -> None:
+    """Every message is tagged under the connection's keys: one bit flipped in a tensor frame on the way (the
+    framing still parses) fails the receiver's check, which names the peer and closes the connection."""
+    handshake = NONCE_BYTES + MAC_BYTES + 1 + tcp._STREAMS.size  # client → server before the first message
+    proxy = _BitFlipProxy(_addr(listener), at=handshake + 4096)
+    client = TcpTransport(secret=SECRET).connect(proxy.address, timeout_s=5)
+    server = listener.accept(timeout_s=5)
+    payload = torch.arange(1 << 16, dtype=torch.int32)
+    client.send(Message("weights", {"v": 1}, [payload]))
+    with pytest.raises(ProtocolError, match=r"message 'weights' failed authentication"):
+        server.recv(timeout_s=5)
+    with pytest.raises(PeerUnreachable):
+        server.recv(timeout_s=1)  # closed: nothing after it is trusted
+    client.close()
+
+
+def test_a_message_replayed_or_moved_to_another_connection_is_refused() -> None:
+    """The tag binds a message to its connection's keys and its place in the stream."""
+    keys = auth.SessionKeys.pair(SECRET)
+    a, b = socket.socketpair()
+    sender = tcp.TcpConnection(a, "b", tcp.TcpConfig(), keys=keys[0])
+    sender.send(Message("x", {"i": 0}, [torch.ones(8)]))
+    sender.close()
+    recorded = _drain(b)  # what went on the wire
+    a, b = socket.socketpair()
+    receiver = tcp.TcpConnection(b, "peer-a", tcp.TcpConfig(), keys=keys[1])
+    a.sendall(recorded + recorded)  # the same message twice: the second is a replay
+    assert receiver.recv(timeout_s=5).header == {"i": 0}
+    with pytest.raises(ProtocolError, match="failed authentication"):
+        receiver.recv(timeout_s=5)
+    a.close()
+    a, b = socket.socketpair()
+    other = tcp.TcpConnection(b, "peer-a", tcp.TcpConfig(), keys=auth.SessionKeys.pair(SECRET)[1])
+    a.sendall(recorded)  # recorded on another connection (other keys)
+    with pytest.raises(ProtocolError, match="failed authentication"):
+        other.recv(timeout_s=5)
+    a.close()
+
+
+def _drain(sock: socket.socket) -> bytes:
+    out = bytearray()
+    while chunk := sock.recv(1 << 16):
+        out += chunk
+    sock.close()
+    return bytes(out)
 
 
 def test_a_server_without_the_secret_gets_nothing_from_a_client() -> None:

@@ -1,0 +1,200 @@
+"""Authentication of a connection, sans I/O (shared by tcp and ucx): the handshake that proves both ends hold
+the job's secret, and the per-message tag that proves every message after it came from that peer, unaltered,
+in order.
+
+Handshake (HMAC-SHA256 with the per-job secret, both directions, fixed sizes, before any message):
+
+    server → client   "RLH1" | server_nonce (32)                                   ServerHandshake.hello
+    client → server   client_nonce (32) | HMAC(secret, "c" | server_nonce | client_nonce)   ClientHandshake.answer
+    server → client   "OK" | HMAC(secret, "s" | client_nonce | server_nonce)     ServerHandshake.verdict
+                  or  "NO" | 32 zero bytes, and close
+
+Both ends then derive one key per direction, HMAC(secret, "k" | direction | server_nonce | client_nonce):
+fresh for every connection, so a message recorded on one connection is worthless on any other.
+
+Every message then ends with a 16-byte tag: AES-256-GMAC (GCM over no plaintext) of every byte of the message
+(preamble, header, frames) under the direction's key, with the message's sequence number in the nonce:
+
+    sender   MessageTag(key, seq) ─ update(preamble, header, frame bytes as they are sent) ─▶ tag() ─▶ wire
+    receiver MessageTag(key, seq) ─ update(… as they arrive) ─▶ verify(the 16 bytes after the frames)
+
+A message that fails (altered, replayed, reordered, from another connection or another job) is a
+ProtocolError and closes the connection. The receiver has already written its frames into the buffers its
+BufferProvider gave (the bytes are authenticated after they land): those buffers hold unauthenticated bytes
+when `recv` raises. Messages up to `ONE_SHOT_BYTES` are tagged in one call (≈ 0.5 µs); longer ones are
+streamed through OpenSSL's GHASH (AES-NI + carry-less multiply: several GB/s per core), and from
+`LANE_MIN_BYTES` on a thread of the connection's own, beside the one that sends or receives the bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from rlctl.errors import AuthError, ProtocolError
+
+HELLO = b"RLH1"
+NONCE_BYTES = 32
+MAC_BYTES = 32  # a handshake proof (HMAC-SHA256)
+VERDICT_BYTES = 2 + MAC_BYTES
+TAG_BYTES = 16  # a message's tag (GMAC)
+ONE_SHOT_BYTES = 64 << 10  # messages up to this size are tagged in one call
+LANE_MIN_BYTES = 4 << 20  # messages from this size are tagged on a thread beside the one moving their bytes
+BATCH_BYTES = 1 << 20  # received bytes are handed to the tag in pieces of about this size
+
+
+def client_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return hmac.new(secret, b"c" + server_nonce + client_nonce, hashlib.sha256).digest()
+
+
+def server_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return hmac.new(secret, b"s" + client_nonce + server_nonce, hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class SessionKeys:
+    """One connection's keys: what this end tags its messages with, and what it checks the peer's with."""
+
+    send: bytes
+    recv: bytes
+
+    @staticmethod
+    def derive(secret: bytes, server_nonce: bytes, client_nonce: bytes, *, server: bool) -> SessionKeys:
+        c2s, s2c = (
+            hmac.new(secret, b"k" + d + server_nonce + client_nonce, hashlib.sha256).digest() for d in (b">", b"<")
+        )
+        return SessionKeys(send=s2c, recv=c2s) if server else SessionKeys(send=c2s, recv=s2c)
+
+    @staticmethod
+    def pair(secret: bytes = b"test") -> tuple[SessionKeys, SessionKeys]:
+        """Matching keys for two ends joined without a handshake (a socketpair): (client's, server's)."""
+        sn, cn = os.urandom(NONCE_BYTES), os.urandom(NONCE_BYTES)
+        return SessionKeys.derive(secret, sn, cn, server=False), SessionKeys.derive(secret, sn, cn, server=True)
+
+
+class ServerHandshake:
+    """The listening end: `hello()` to send, then `verdict(answer)` → (bytes to send, keys or None if refused)."""
+
+    HELLO_BYTES = len(HELLO) + NONCE_BYTES
+    ANSWER_BYTES = NONCE_BYTES + MAC_BYTES
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+        self._nonce = os.urandom(NONCE_BYTES)
+
+    def hello(self) -> bytes:
+        return HELLO + self._nonce
+
+    def verdict(self, answer: bytes) -> tuple[bytes, SessionKeys | None]:
+        client_nonce, proof = answer[:NONCE_BYTES], answer[NONCE_BYTES:]
+        if len(answer) != self.ANSWER_BYTES or not hmac.compare_digest(
+            proof, client_proof(self._secret, self._nonce, client_nonce)
+        ):
+            return b"NO" + bytes(MAC_BYTES), None
+        keys = SessionKeys.derive(self._secret, self._nonce, client_nonce, server=True)
+        return b"OK" + server_proof(self._secret, self._nonce, client_nonce), keys
+
+
+class ClientHandshake:
+    """The connecting end: `answer(hello)` to send, then `keys(verdict)` (AuthError when refused or unproven)."""
+
+    HELLO_BYTES = len(HELLO) + NONCE_BYTES
+
+    def __init__(self, secret: bytes, peer: str) -> None:
+        self._secret = secret
+        self._peer = peer
+        self._nonce = os.urandom(NONCE_BYTES)
+        self._server_nonce = b""
+
+    def answer(self, hello: bytes) -> bytes:
+        if hello[: len(HELLO)] != HELLO or len(hello) != self.HELLO_BYTES:
+            raise ProtocolError(f"{self._peer}: not an rlctl endpoint (bad hello)")
+        self._server_nonce = hello[len(HELLO) :]
+        return self._nonce + client_proof(self._secret, self._server_nonce, self._nonce)
+
+    def keys(self, verdict: bytes) -> SessionKeys:
+        if verdict[:2] != b"OK":
+            raise AuthError(f"{self._peer}: refused our credentials; check that both sides use this job's secret")
+        if not hmac.compare_digest(verdict[2:], server_proof(self._secret, self._server_nonce, self._nonce)):
+            raise AuthError(f"{self._peer}: server failed to prove it holds this job's secret")
+        return SessionKeys.derive(self._secret, self._server_nonce, self._nonce, server=False)
+
+
+class MessageTag:
+    """The tag of one message, fed its bytes in order (see the module docstring). With a `lane` (a one-thread
+    executor: OpenSSL releases the GIL) the bytes are tagged there, in order, while the caller sends or receives
+    the next ones; the views passed must stay unchanged until `tag()`."""
+
+    def __init__(self, aead: AESGCM, aes: algorithms.AES, seq: int, lane: ThreadPoolExecutor | None = None) -> None:
+        self._aead, self._aes = aead, aes
+        self._nonce = seq.to_bytes(12, "big")
+        self._parts: list[bytes] | None = []  # small messages: gathered, tagged in one call
+        self._size = 0
+        self._stream: Any = None
+        self._lane = lane
+        self._last: Future[None] | None = None
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        if self._lane is not None:
+            self._last = self._lane.submit(self._update, data)
+        else:
+            self._update(data)
+
+    def _update(self, data: bytes | bytearray | memoryview) -> None:
+        if self._parts is not None:
+            self._size += len(data) if not isinstance(data, memoryview) else data.nbytes
+            if self._size <= ONE_SHOT_BYTES:
+                self._parts.append(bytes(data))
+                return
+            self._stream = Cipher(self._aes, modes.GCM(self._nonce)).encryptor()
+            for p in self._parts:
+                self._stream.authenticate_additional_data(p)
+            self._parts = None
+        self._stream.authenticate_additional_data(data)
+
+    def tag(self) -> bytes:
+        if self._last is not None:
+            self._last.result()  # every update before it has run (one thread, in order)
+        if self._parts is not None:
+            return self._aead.encrypt(self._nonce, b"", b"".join(self._parts))
+        self._stream.finalize()
+        return bytes(self._stream.tag)
+
+    def verify(self, tag: bytes, *, peer: str, kind: str) -> None:
+        if not hmac.compare_digest(self.tag(), tag):
+            raise ProtocolError(
+                f"{peer}: message {kind[:40]!r} failed authentication (altered, replayed, or not from this "
+                "connection's peer)"
+            )
+
+
+class Tagger:
+    """One direction of a connection: the tag of its next message (sequence numbers 0, 1, 2, …); a message of
+    at least `LANE_MIN_BYTES` is tagged on this direction's lane thread (started on first use)."""
+
+    def __init__(self, key: bytes) -> None:
+        self._aead = AESGCM(key)
+        self._aes = algorithms.AES(key)
+        self._seq = 0
+        self._lane: ThreadPoolExecutor | None = None
+
+    def next(self, nbytes: int = 0) -> MessageTag:
+        lane = None
+        if nbytes >= LANE_MIN_BYTES:
+            if self._lane is None:
+                self._lane = ThreadPoolExecutor(1, thread_name_prefix="tag")
+            lane = self._lane
+        tag = MessageTag(self._aead, self._aes, self._seq, lane)
+        self._seq += 1
+        return tag
+
+    def close(self) -> None:
+        if self._lane is not None:
+            self._lane.shutdown(wait=False)
