@@ -54,7 +54,9 @@ def test_check_reach_names_each_problem_and_the_fixed_job_runs(services, tmp_pat
     assert not any("site train" in x for x in lines), lines  # the SLURM node has what the trainer needs
 
     inv["sites"]["train"]["network"] = good["train"]["network"]
-    inv["sites"]["train"]["nodes"] = [{**good["train"]["nodes"][0], "memory_gb": 64}]
+    # the test cluster's nodes as they are (tests/services/slurm.sh: RealMemory=4000): one slot of 3.9 GB each,
+    # which SLURM grants (--mem-per-cpu 3993M) and the trainer fits
+    inv["sites"]["train"]["nodes"] = [{**good["train"]["nodes"][0], "gpus": 1, "memory_gb": 3.9}]
     # the site's setup puts this virtualenv first on PATH: `python3` there is then the one with rlctl and torch
     inv["sites"]["gen"]["python"] = "python3"
     inv["sites"]["gen"]["setup"] = [f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH"]
