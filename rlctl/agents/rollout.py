@@ -211,6 +211,7 @@ class RolloutAgent:
             if msg.kind != "weights_available":
                 log.warning("%s: unexpected %r on the weights connection", self.name, msg.kind)
                 continue
+            self.node.expect(int(msg.header["version"]))  # units below this one wait for it here (a relay)
             with cv:
                 if not slot or int(msg.header["version"]) > int(slot[0].header.get("version", -1)):
                     slot[:] = [msg]

@@ -7,7 +7,9 @@ dies. Per child connection:
     child                                      parent
     subscribe{version, base, encoding, have, from} ─▶
                                              ◀─ waiting{version}   (while it completes the version,
-                                                                    to serve a delta or full rebuilt)
+                                                                    to serve a delta or full rebuilt; or,
+                                                                    a relay not holding it yet, while its
+                                                                    own fetches move: `_wait_for`)
                                              ◀─ manifest{encoding, sizes, per-chunk xxh3, layout}
                                              ◀─ chunk{version, bucket, index, offset, length, xxh3} + bytes
     resend{index}   (checksum mismatch)     ─▶   (chunk sent again; at most max_chunk_retries times)
@@ -150,6 +152,7 @@ class WeightNode:
         instead — what a rollout engine wants, since only the newest weights matter to it."""
         if not holders:
             raise ValueError("fetch needs at least one holder address")
+        self.expect(version)
         hv = self.store.versions.get(version)
         if hv is not None and hv.complete:
             self.store.flip(hv)
@@ -201,6 +204,7 @@ class WeightNode:
             )
             reply = self._recv(conn, f"the manifest of v{version}")
             while reply.kind == "waiting":  # the holder is still completing the version for us
+                self.store.moved()  # (progress, for the children waiting on this node in turn)
                 reply = self._recv(conn, f"the manifest of v{version} (the holder said it is completing it)")
             if reply.kind != "manifest":
                 err = f"{addr}: {reply.header.get('error', reply.kind)}"
@@ -223,6 +227,7 @@ class WeightNode:
                 if chunks.checksum(msg.tensors[0]) == pl.sums[i]:
                     with self.store.cv:
                         pl.have[i] = True
+                        self.store.progress += 1
                         self.store.cv.notify_all()
                     continue
                 retries[i] += 1
@@ -366,9 +371,7 @@ class WeightNode:
             raise ProtocolError(f"{conn.peer}: expected subscribe, got {msg.kind[:40]!r}")
         req = to_struct(msg.header, Subscribe, what=f"{conn.peer}: subscribe")
         version = req.version
-        # a relay may be asked before its own parent's manifest arrived: wait, but answer
-        # before the child's own chunk timeout so it hears "not here" rather than silence
-        hv = self.store.wait_for(version, 0.8 * self.cfg.chunk_timeout_s)
+        hv = self._wait_for(version, conn)
         pl = None if hv is None else self._payload_for(hv, req, conn)
         if hv is None or pl is None:
             cur = self.store.current
@@ -387,6 +390,27 @@ class WeightNode:
                 self._served.append(record)
             conn.send(Message("manifest", pl.manifest(hv, self.cfg)))
             self._stream(conn, hv, pl, req, record)
+
+    def _wait_for(self, version: int, conn: Connection) -> HeldVersion | None:
+        """`version` once this node holds it (its manifest in), or None. A relay is often asked before that: it
+        may still be moving the previous version. It answers within the child's chunk timeout either way —
+        `waiting` while it expects the version (`expect`) and its fetches move (a chunk in since the last
+        answer), so a version that takes minutes to cross still crosses once; "not here" (None) once they stall
+        or the version is not coming, so the child re-attaches to the next holder."""
+        slice_s = 0.8 * self.cfg.chunk_timeout_s
+        mark = self.store.progress
+        hv = self.store.wait_for(version, slice_s)
+        while hv is None and version <= self.store.expected and self.store.progress > mark:
+            conn.send(Message("waiting", {"version": version}))
+            mark = self.store.progress
+            hv = self.store.wait_for(version, slice_s)
+        return hv
+
+    def expect(self, version: int) -> None:
+        """This node will fetch `version` (announced to it): children asking for it wait while fetches move."""
+        with self.store.cv:
+            self.store.expected = max(self.store.expected, version)
+            self.store.cv.notify_all()
 
     @contextlib.contextmanager
     def _serving(self, hv: HeldVersion, pl: Payload) -> Iterator[bool]:

@@ -215,6 +215,13 @@ class VersionStore:
         self.versions: dict[int, HeldVersion] = {}
         self.current: HeldVersion | None = None
         self.keep_versions = keep_versions
+        self.expected = -1  # the newest version this node was told it will fetch (`WeightNode.expect`)
+        self.progress = 0  # counts every chunk this node took in (and every `waiting` its parent sent)
+
+    def moved(self) -> None:
+        """A fetch here made progress (a chunk in, or the parent's word that it is completing the version)."""
+        with self.cv:
+            self.progress += 1
 
     def add(self, hv: HeldVersion) -> None:
         with self.cv:

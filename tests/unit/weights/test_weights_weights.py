@@ -109,3 +109,36 @@ def test_a_version_the_holder_moved_past_is_refused_at_once_or_replaced_by_its_n
     hv = b.fetch(1, [root.address], newer_ok=True)
     assert hv.version == 3 and b.current()[0] == 3
     assert all(torch.equal(b.current()[1][k], v) for k, v in _sd(3).items())
+
+
+def test_a_relay_still_moving_the_previous_version_keeps_its_children_for_the_next():
+    """Relay `a` is still pulling v2 from the root (paced: ≈ 2 s, the chunk timeout is 1 s) when `b` asks it for
+    v3, which `a` was told it will fetch next: `a` answers `waiting` while its chunks move, then forwards v3 as
+    it arrives. v3 crosses from the root once (to `a`); `b` never walks to the root."""
+    t = InprocTransport(secret=b"job")
+    cfg = WeightSyncConfig(chunk_bytes=64 << 10, bucket_bytes=256 << 10, delta=False, chunk_timeout_s=1.0)
+    sd = {v: synthetic_weights(1 << 19, version=v, seed=3, change_frac=0.01) for v in (1, 2, 3)}
+    size = sum(x.numel() * x.element_size() for x in sd[1].values())
+    root = WeightNode(t, "inproc://", WeightSyncConfig(**{**cfg.__dict__, "send_bytes_per_s": size / 2.0}))
+    a, b = WeightNode(t, "inproc://", cfg), WeightNode(t, "inproc://", cfg)
+    try:
+        root.publish(1, sd[1])
+        a.fetch(1, [root.address])
+        b.fetch(1, [a.address, root.address])
+        root.publish(2, sd[2])
+        relay = threading.Thread(target=lambda: (a.fetch(2, [root.address]), a.fetch(3, [root.address])))
+        relay.start()
+        time.sleep(0.3)  # a is moving v2
+        root.publish(3, sd[3])
+        a.expect(3)  # the announcement of v3 reached a (its fetcher takes it once v2 is in)
+        t0 = time.monotonic()
+        b.fetch(3, [a.address, root.address])
+        waited = time.monotonic() - t0
+        relay.join(timeout=30)
+        assert b.current()[0] == 3 and all(torch.equal(b.current()[1][k], x) for k, x in sd[3].items())
+        assert [(v, addr, r) for v, addr, r in b.attempts if v == 3] == [(3, a.address, "ok")]
+        assert [s.child for s in root.served if s.version == 3] == [a.address]  # one copy from the root
+        assert waited > cfg.chunk_timeout_s  # longer than one chunk timeout: `waiting` kept b with its relay
+    finally:
+        for n in (root, a, b):
+            n.close()
