@@ -32,6 +32,10 @@ from rlctl.launch.remote import SshRunner, SshTarget, sh_path
 
 DEFAULT_WORKDIR = "~/.rlctl"
 COMMAND_TIMEOUT_S = 60.0
+# hashing files on a remote host: one command per batch of about HASH_BATCH_BYTES, each with a deadline that
+# follows its size (COMMAND_TIMEOUT_S plus the time to read it at HASH_FLOOR_BYTES_PER_S, a slow disk)
+HASH_BATCH_BYTES = 4 << 30
+HASH_FLOOR_BYTES_PER_S = 50e6
 
 
 def site_root(site: Site, job_id: str, *, here: Path) -> str:
@@ -167,8 +171,8 @@ class SshFiles(HostFiles):
         self.runner = SshRunner(target)
         self.where = target.label
 
-    def _run(self, script: str, *, stdin: str | None = None) -> str:
-        res = self.runner.run(script, timeout_s=COMMAND_TIMEOUT_S, stdin=stdin)
+    def _run(self, script: str, *, stdin: str | None = None, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
+        res = self.runner.run(script, timeout_s=timeout_s, stdin=stdin)
         if res.exit_code != 0:
             raise LaunchError(f"ssh {self.where}: '{script.splitlines()[0][:80]}' failed: {res.tail()}")
         return res.stdout
@@ -180,19 +184,28 @@ class SshFiles(HostFiles):
         return out
 
     def states(self, root: str, names: list[str]) -> dict[str, FileState]:
+        """Sizes and modes in one command; then the SHA-256s in batches of about HASH_BATCH_BYTES, each command's
+        deadline following the bytes it reads (a 76 GB checkpoint is not one command under a fixed deadline)."""
         if not names:
             return {}
+        cd = f"cd {sh_path(root)} 2>/dev/null || exit 0\n"
         files = " ".join(shlex.quote(n) for n in names)
         script = (
-            f"cd {sh_path(root)} 2>/dev/null || exit 0\n"
-            f'for f in {files}; do [ -f "$f" ] || continue; '
-            'printf "%s %s %s %s\\n" "$(stat -c %s "$f")" "$(stat -c %a "$f")" '
-            '"$(sha256sum < "$f" | cut -d" " -f1)" "$f"; done\n'
+            cd
+            + f'for f in {files}; do [ -f "$f" ] || continue; printf "%s %s %s\\n" $(stat -c "%s %a" "$f") "$f"; done\n'
         )
-        out = {}
+        sizes: dict[str, tuple[int, int]] = {}
         for line in self._run(script).splitlines():
-            size, mode, sha, name = line.split(" ", 3)
-            out[name] = FileState(int(size), sha, int(mode, 8))
+            size, mode, name = line.split(" ", 2)
+            sizes[name] = (int(size), int(mode, 8))
+        out: dict[str, FileState] = {}
+        for batch, nbytes in _batches([(n, sizes[n][0]) for n in names if n in sizes], HASH_BATCH_BYTES):
+            quoted = " ".join(shlex.quote(n) for n in batch)
+            script = cd + f'for f in {quoted}; do printf "%s %s\\n" "$(sha256sum < "$f" | cut -d" " -f1)" "$f"; done\n'
+            deadline = COMMAND_TIMEOUT_S + nbytes / HASH_FLOOR_BYTES_PER_S
+            for line in self._run(script, timeout_s=deadline).splitlines():
+                sha, name = line.split(" ", 1)
+                out[name] = FileState(sizes[name][0], sha, sizes[name][1])
         return out
 
     def put(self, local: Path, path: str) -> None:
@@ -226,6 +239,18 @@ class SshFiles(HostFiles):
 
     def close(self) -> None:
         self.runner.close()
+
+
+def _batches(sized: list[tuple[str, int]], limit: int) -> list[tuple[list[str], int]]:
+    """`sized` (name, bytes) in order, cut into runs of at most `limit` bytes (a larger file alone)."""
+    out: list[tuple[list[str], int]] = []
+    for name, size in sized:
+        if out and out[-1][1] + size <= limit:
+            out[-1][0].append(name)
+            out[-1] = (out[-1][0], out[-1][1] + size)
+        else:
+            out.append(([name], size))
+    return out
 
 
 def ssh_target(site: Site, host: str | None = None, *, connect_timeout_s: float = 10.0) -> SshTarget:

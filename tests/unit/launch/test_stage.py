@@ -11,7 +11,8 @@ import pytest
 
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
-from rlctl.launch import stage
+from rlctl.launch import sitefs, stage
+from rlctl.launch.remote import CommandResult
 from rlctl.launch.sitefs import FileState, LocalFiles, agent_view, site_root
 from rlctl.launch.stage import ensure_staged, fetch_record, files_to_stage, stage_all, staging_plan
 
@@ -104,3 +105,47 @@ def test_an_ssh_site_is_staged_per_host_unless_its_hosts_share_the_work_root(tmp
     [p] = staging_plan({"h20": shared}, job_id="job-1", here=src)
     assert p["hosts"] == ["h20-01"]  # one filesystem inside the site: one copy crosses the inter-DC link
     assert agent_view(apart, "h20-02") == "h20-02" and agent_view(shared, "h20-02") == "h20-01"
+
+
+class _ShellRunner:
+    """Runs an SshFiles command script with bash here (the same script the SSH host runs), recording each
+    command's deadline."""
+
+    def __init__(self) -> None:
+        self.deadlines: list[float] = []
+
+    def run(self, script: str, *, timeout_s: float, stdin: str | None = None) -> CommandResult:
+        import subprocess
+
+        self.deadlines.append(timeout_s)
+        res = subprocess.run(["bash", "-c", script], input=stdin, capture_output=True, text=True, timeout=timeout_s)
+        return CommandResult(res.returncode, res.stdout, res.stderr)
+
+    def close(self) -> None:
+        pass
+
+
+def test_remote_checksums_come_in_batches_whose_deadline_follows_their_size(tmp_path: Path, monkeypatch) -> None:
+    """The SSH view hashes in batches of about HASH_BATCH_BYTES, each command allowed the time to read its bytes
+    at a slow disk's rate, so a checkpoint of tens of GB is never one command under a fixed deadline; the states
+    equal the local view's (names with spaces included)."""
+    monkeypatch.setattr(sitefs, "HASH_BATCH_BYTES", 3 << 20)
+    files = {"model/a b.safetensors": 2 << 20, "model/c.safetensors": 2 << 20, "secret": 10, "model/d": 5 << 20}
+    for name, size in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(os.urandom(size))
+    fs = object.__new__(sitefs.SshFiles)
+    fs.runner, fs.where = _ShellRunner(), "test-host"  # type: ignore[assignment]
+    names = [*files, "missing"]
+    got = fs.states(str(tmp_path), names)
+    assert got == LocalFiles().states(str(tmp_path), names)  # sizes, modes, SHA-256; the missing file absent
+    runner = fs.runner
+    assert isinstance(runner, _ShellRunner)
+    floor = sitefs.HASH_FLOOR_BYTES_PER_S
+    # one stat command, then batches: [a b (2 MiB)], [c (2 MiB) + secret], [d (5 MiB): alone, over the limit]
+    assert runner.deadlines == [
+        sitefs.COMMAND_TIMEOUT_S,
+        sitefs.COMMAND_TIMEOUT_S + (2 << 20) / floor,
+        sitefs.COMMAND_TIMEOUT_S + ((2 << 20) + 10) / floor,
+        sitefs.COMMAND_TIMEOUT_S + (5 << 20) / floor,
+    ]
