@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from rlctl.commands import check, completion, launch, logs, plan, profile, report, scale, status, stop, version
+from rlctl.commands import check, completion, launch, logs, plan, profile, pull, report, scale, status, stop, version
 from rlctl.errors import JobProblems, RlctlError
 from rlctl.launch import hostkeys
 
@@ -48,7 +48,7 @@ def _root(
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-for module in (version, check, completion, profile, plan, launch, status, scale, stop, logs, report):
+for module in (version, check, completion, profile, plan, launch, status, scale, stop, logs, pull, report):
     module.register(app)
 
 

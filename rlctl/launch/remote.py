@@ -194,6 +194,17 @@ class SshRunner:
             self.close()
             raise LaunchError(f"ssh {self.where}: cannot copy {local} to {remote}: {e or type(e).__name__}") from e
 
+    def get(self, remote: str, local: Path, *, timeout_s: float = 300.0) -> None:
+        """Copy one file from the host over SFTP (`timeout_s`: the longest the transfer may stall)."""
+        if self._conn is None:
+            self._conn = connect(self.target)
+        try:
+            self._conn.sftp().get_channel().settimeout(timeout_s)
+            self._conn.get(remote, str(local))
+        except (OSError, EOFError) as e:
+            self.close()
+            raise LaunchError(f"ssh {self.where}: cannot copy {remote} to {local}: {e or type(e).__name__}") from e
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()

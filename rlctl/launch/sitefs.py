@@ -95,6 +95,14 @@ class HostFiles(ABC):
         """Copy a local file to `path` (its parent exists), keeping its mode."""
 
     @abstractmethod
+    def get(self, path: str, local: Path) -> None:
+        """Copy the host's file `path` to `local` (its parent exists)."""
+
+    @abstractmethod
+    def list_files(self, root: str) -> list[str]:
+        """Every file under `root`, as paths relative to it, sorted ([] when `root` does not exist)."""
+
+    @abstractmethod
     def read_text(self, path: str) -> str | None:
         """The file's text, None if it does not exist."""
 
@@ -142,6 +150,16 @@ class LocalFiles(HostFiles):
             os.chmod(dst, local.stat().st_mode & 0o777)
         except OSError as e:
             raise LaunchError(f"cannot copy {local} to {dst}: {e}") from e
+
+    def get(self, path: str, local: Path) -> None:
+        try:
+            shutil.copyfile(path, local)
+        except OSError as e:
+            raise LaunchError(f"cannot copy {path} to {local}: {e}") from e
+
+    def list_files(self, root: str) -> list[str]:
+        base = Path(root).expanduser()
+        return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
 
     def read_text(self, path: str) -> str | None:
         p = Path(path)
@@ -210,6 +228,13 @@ class SshFiles(HostFiles):
 
     def put(self, local: Path, path: str) -> None:
         self.runner.put(local, path)
+
+    def get(self, path: str, local: Path) -> None:
+        self.runner.get(path, local)
+
+    def list_files(self, root: str) -> list[str]:
+        out = self._run(f"cd {sh_path(root)} 2>/dev/null || exit 0\nfind . -type f -printf '%P\\n'")
+        return sorted(line for line in out.splitlines() if line)
 
     def read_text(self, path: str) -> str | None:
         res = self.runner.run(f"cat {sh_path(path)}", timeout_s=COMMAND_TIMEOUT_S)

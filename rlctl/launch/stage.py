@@ -32,6 +32,7 @@ STAGED_FILE = "staged.json"
 TOP_FILES = ("job.json", "plan.json", SITES_FILE, "secret")
 TREES = ("model", "data", "reward")  # what prepare() builds (rlctl.launch.inputs): policy, data set, reward file
 RECORD_FILES = ("controller.json", "summary.json", "metrics.jsonl", "events.jsonl")
+TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
 SECRET_MODE = 0o600
 
 Roots = dict[str, str]  # host view → absolute site job dir there
@@ -162,13 +163,20 @@ def controller_view(
 
 
 def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
-    """Copy the controller's record (summary, metrics, controller.json; events merged) into the operator's
-    job dir; nothing to do when the controller's site job dir is this one. Returns the names fetched."""
+    """Copy the controller's record (summary, metrics, controller.json; events merged) and the tracker files
+    (TRACKER_DIRS) into the operator's job dir; nothing to do when the controller's site job dir is this one.
+    Returns the names fetched."""
     if not is_remote(site) and Path(root) == job_dir:
         return []
     fs = host_files(site, host)
     fetched = []
     try:
+        for tree in TRACKER_DIRS:
+            for rel in fs.list_files(f"{root}/{tree}"):
+                dst = job_dir / tree / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                fs.get(f"{root}/{tree}/{rel}", dst)
+                fetched.append(f"{tree}/{rel}")
         for name in RECORD_FILES:
             text = fs.read_text(f"{root}/{name}")
             if text is None:

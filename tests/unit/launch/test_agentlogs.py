@@ -38,6 +38,12 @@ class FakeFiles(HostFiles):
     def put(self, local: Path, path: str) -> None:
         raise NotImplementedError
 
+    def get(self, path: str, local: Path) -> None:
+        raise NotImplementedError
+
+    def list_files(self, root: str) -> list[str]:
+        raise NotImplementedError
+
     def append(self, path: str, text: str) -> None:
         raise NotImplementedError
 

@@ -1,0 +1,49 @@
+"""`rlctl pull [JOB] [--checkpoint latest|N] [--to DIR]`: a checkpoint's policy and the tracker files, here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlctl.commands.status import JobArg
+from rlctl.render import OutputFormat, OutputOpt, emit
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def pull(
+        job: JobArg = None,
+        checkpoint: Annotated[
+            str, typer.Option("--checkpoint", "-c", help="'latest' (the newest complete one) or a version")
+        ] = "latest",
+        to: Annotated[
+            Path | None, typer.Option("--to", help="where the model goes (default: <job dir>/pulled/v<N>)")
+        ] = None,
+        output: OutputOpt = OutputFormat.table,
+    ) -> None:
+        """Copy a checkpoint's policy (a Hugging Face directory, every file checked against the checkpoint's
+        manifest) from the trainer's site, and the job's tracker files from the controller's, to this machine."""
+        from rlctl.launch.jobref import resolve
+        from rlctl.ops.pull import pull as pull_checkpoint
+
+        ref = resolve(job)
+        got = pull_checkpoint(ref.jobdir.path, checkpoint=checkpoint, to=to)
+        data = {
+            "version": got.version,
+            "to": str(got.to),
+            "files": got.files,
+            "bytes": got.bytes,
+            "source": got.source,
+            "trackers": got.trackers,
+        }
+        emit(
+            data,
+            output,
+            lambda d: (
+                f"checkpoint v{d['version']}: {d['files']} files, {d['bytes'] / 1e6:.1f} MB from {d['source']}\n"
+                f"  → {d['to']}  (transformers: AutoModelForCausalLM.from_pretrained({d['to']!r}))\n"
+                f"  tracker files: {len(d['trackers'])}"
+            ),
+        )

@@ -1,0 +1,151 @@
+"""`rlctl pull JOB`: a checkpoint's policy (a Hugging Face directory) and the job's tracker files, brought from the
+sites that wrote them to this machine.
+
+    job dir here ─ plan.json, staged.json, agents.jsonl ─▶ the trainer's site, the host of its rank 0, its job dir
+        ─▶ which checkpoint: N, or `latest` (the controller's latest.json, read on its site; if that one's trainer
+           part does not verify, the next older of the job's checkpoints)
+        ─▶ MANIFEST.trainer.json of iter-N ─▶ each model/ file: copied (SFTP or a local copy) to a temporary
+           name, its size and SHA-256 checked against the manifest, renamed into place
+    controller's site ─▶ tensorboard/, wandb/ ─▶ the job dir here (also when a job ends or stops:
+                          `rlctl.launch.stage.fetch_record`)
+
+The pulled directory loads with `transformers` (`AutoModelForCausalLM.from_pretrained(DIR)`): it is the policy
+the trainer wrote, with the starting model's tokenizer files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlctl.checkpoint.choose import LATEST_POINTER, checkpoint_versions, manifest_name, parse_latest
+from rlctl.errors import LaunchError, UsageError
+from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, read_sites
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
+from rlctl.launch.stage import TRACKER_DIRS, fetch_record, read_staged, record_view, root_for
+
+log = logging.getLogger(__name__)
+
+MODEL = "model"
+
+
+@dataclass(frozen=True)
+class Pulled:
+    version: int
+    to: Path
+    files: int
+    bytes: int
+    source: str  # site:host:dir it came from
+    trackers: list[str]
+
+
+def _trainer_view(job_dir: Path) -> tuple[str, HostFiles, str]:
+    """(site name, its files on the host of trainer rank 0, the site job dir there)."""
+    plan = json.loads((job_dir / "plan.json").read_text())
+    site_name = str(plan["trainer"]["site"])
+    site = read_sites(job_dir).get(site_name)
+    staged = read_staged(job_dir)
+    if site is None or site_name not in staged:
+        raise UsageError(f"{job_dir}: the job was never staged to its trainer site {site_name!r}: nothing to pull")
+    agents = job_dir / AGENTS_FILE
+    rows = agents_from_lines(agents.read_text()) if agents.exists() else []
+    host = next((h.ident.get("host") for h in rows if h.spec.name == "trainer-0"), None)
+    view = agent_view(site, host)
+    return site_name, host_files(site, view), root_for(staged[site_name]["roots"], view)
+
+
+def _latest(job_dir: Path) -> int | None:
+    """The version the controller's latest.json names (read on the controller's site), None without one."""
+    view = record_view(job_dir)
+    fs, root = (host_files(view[0], view[1]), view[2]) if view is not None else (LocalFiles(), str(job_dir))
+    try:
+        text = fs.read_text(f"{root}/checkpoints/{LATEST_POINTER}")
+    finally:
+        fs.close()
+    return None if text is None else parse_latest(text)
+
+
+def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -> Pulled:
+    """Copy checkpoint `checkpoint` ("latest" or a version)'s policy to `to` (default: <job dir>/pulled/v<N>)."""
+    spec = JobDir(job_dir).read_job()
+    versions = checkpoint_versions(spec)
+    if checkpoint == "latest":
+        newest = _latest(job_dir)
+        if newest is None:
+            raise UsageError(f"{job_dir}: no checkpoint is complete yet (no {LATEST_POINTER})")
+        candidates = [v for v in versions if v <= newest]
+    elif checkpoint.isdigit():
+        candidates = [int(checkpoint)]
+    else:
+        raise UsageError(f"--checkpoint {checkpoint!r}: 'latest' or a version number, e.g. {versions[-1]}")
+    site, fs, root = _trainer_view(job_dir)
+    try:
+        problems = []
+        for version in candidates:
+            ckpt = f"{root}/checkpoints/iter-{version}"
+            try:
+                got = _pull_one(fs, ckpt, version, to or job_dir / "pulled" / f"v{version}", f"{site}:{fs.where}")
+            except ValueError as e:
+                problems.append(f"v{version}: {e}")
+                log.warning("checkpoint v%d on site %s not pulled: %s", version, site, e)
+                continue
+            return Pulled(got.version, got.to, got.files, got.bytes, got.source, fetch_trackers(job_dir))
+        raise LaunchError(f"no checkpoint of {job_dir.name} could be pulled from site {site}: " + "; ".join(problems))
+    finally:
+        fs.close()
+
+
+def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> Pulled:
+    """The model/ files the trainer part's manifest lists, each verified here after the copy; ValueError naming
+    what is missing or does not match."""
+    text = fs.read_text(f"{ckpt}/{manifest_name('trainer')}")
+    if text is None:
+        raise ValueError(f"no {manifest_name('trainer')} (not written, or the part is incomplete)")
+    try:
+        listed = {str(k): (int(v["bytes"]), str(v["sha256"])) for k, v in json.loads(text)["files"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{manifest_name('trainer')} does not parse ({e})") from e
+    model = {rel: w for rel, w in listed.items() if rel.startswith(f"{MODEL}/")}
+    if not model:
+        raise ValueError(f"{manifest_name('trainer')} lists no {MODEL}/ files")
+    to.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for rel, (size, sha) in sorted(model.items()):
+        dst = to / rel.removeprefix(f"{MODEL}/")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.pull-{os.getpid()}")
+        try:
+            fs.get(f"{ckpt}/{rel}", tmp)
+        except LaunchError as e:
+            raise ValueError(f"{rel}: {e}") from e
+        got_size, got_sha = tmp.stat().st_size, _sha256(tmp)
+        if (got_size, got_sha) != (size, sha):
+            tmp.unlink()
+            raise ValueError(f"{rel}: {got_size} bytes, SHA-256 {got_sha[:12]}… here; the manifest lists {size}, "
+                             f"{sha[:12]}…")  # fmt: skip
+        tmp.replace(dst)
+        total += size
+    log.info("pulled checkpoint v%d (%d files, %d B) from %s to %s", version, len(model), total, source, to)
+    return Pulled(version, to, len(model), total, f"{source}:{ckpt}", [])
+
+
+def fetch_trackers(job_dir: Path) -> list[str]:
+    """The tracker files (and the job's record) from the controller's site into the job dir here: what was
+    copied (nothing when the controller's job dir is this one)."""
+    view = record_view(job_dir)
+    if view is None:
+        return []
+    return [name for name in fetch_record(job_dir, *view) if name.split("/")[0] in TRACKER_DIRS]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()

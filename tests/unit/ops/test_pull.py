@@ -1,0 +1,79 @@
+"""`rlctl pull` on a local site (the SSH site's SFTP path runs in tests/integration/ops/test_ops_pull.py): the
+newest complete checkpoint's policy, every file checked against its manifest; a damaged newest one falls back
+to the next older; a version that is not there, or no complete checkpoint, is one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlctl.checkpoint.files import set_latest
+from rlctl.checkpoint.trainer import save_trainer
+from rlctl.config.inventory import Site
+from rlctl.config.job import JobFile
+from rlctl.errors import LaunchError, UsageError
+from rlctl.launch.agentenv import ParallelConfig
+from rlctl.launch.backends import write_sites
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.stage import write_staged
+from rlctl.models.tinygpt import TinyGPT
+from rlctl.ops.pull import pull
+from rlctl.trainers.base import DataParallel
+from tests.unit.tiny_models import small_config
+
+SITE = {"datacenter": "a", "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 2}], "scheduler": {"kind": "local"}}
+
+
+def job_dir(tmp_path: Path) -> tuple[JobDir, dict[int, TinyGPT]]:
+    """A job dir as a local launch leaves it, with the trainer's part of checkpoints v1 and v2 (v2 `latest`)."""
+    jd = JobDir.create("pull", explicit=tmp_path / "job")
+    data = {"apiVersion": "rlctl/v1", "kind": "Job", "name": "pull", "inventory": ["x.yaml"],
+            "model": {"kind": "builtin", "name": "tiny-demo"}, "task": {"kind": "digits"}, "iterations": 2,
+            "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": 1}]},
+            "checkpoint": {"every_iterations": 1}}  # fmt: skip
+    spec = JobFile.model_validate(data)
+    jd.write_job(spec, source="test")
+    jd.write_json(jd.plan_json, {"trainer": {"site": "local", "ranks": 1}, "controller_site": "local", "rollout": []})
+    write_sites(jd.path, {"local": Site.model_validate(SITE)})
+    write_staged(jd.path, {"local": {"roots": {"localhost": str(jd.path)}, "files": []}})
+    models = {}
+    for v in (1, 2):
+        torch.manual_seed(v)
+        models[v] = TinyGPT(small_config())
+        opt = torch.optim.AdamW(models[v].parameters())
+        save_trainer(jd.checkpoint(v), model=models[v], optimizers={"policy": opt}, counters={"version": v},
+                     split=ParallelConfig("trainer"), data_parallel=DataParallel())  # fmt: skip
+    set_latest(jd.checkpoints, 2)
+    return jd, models
+
+
+def same(a: TinyGPT, b: TinyGPT) -> bool:
+    return all(torch.equal(x, b.state_dict()[k]) for k, x in a.state_dict().items())
+
+
+def test_pull_copies_the_newest_complete_checkpoint_and_checks_every_file(tmp_path: Path) -> None:
+    jd, models = job_dir(tmp_path)
+    got = pull(jd.path)
+    assert got.version == 2 and got.to == jd.path / "pulled" / "v2" and got.source.startswith("local:localhost:")
+    assert same(TinyGPT.from_pretrained(got.to), models[2])
+    # the newest one's weights damaged on the site: its manifest no longer matches, the next older is pulled
+    shard = next(jd.checkpoint(2).glob("model/*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    got = pull(jd.path, to=tmp_path / "out")
+    assert got.version == 1 and same(TinyGPT.from_pretrained(tmp_path / "out"), models[1])
+    assert not list((tmp_path / "out").glob(".*pull-*"))  # no partial file left behind
+    with pytest.raises(LaunchError, match=r"v2: model/.*safetensors: .* the manifest lists"):
+        pull(jd.path, checkpoint="2")
+    with pytest.raises(LaunchError, match=r"v5: no MANIFEST.trainer.json"):
+        pull(jd.path, checkpoint="5")
+    with pytest.raises(UsageError, match=r"--checkpoint 'newest': 'latest' or a version number"):
+        pull(jd.path, checkpoint="newest")
+    (jd.checkpoints / "latest.json").unlink()
+    with pytest.raises(UsageError, match=r"no checkpoint is complete yet"):
+        pull(jd.path)
+    assert json.loads((jd.path / "plan.json").read_text())["trainer"]["site"] == "local"
