@@ -46,6 +46,8 @@ class Pulled:
 
 def _trainer_view(job_dir: Path) -> tuple[str, HostFiles, str]:
     """(site name, its files on the host of trainer rank 0, the site job dir there)."""
+    if not (job_dir / "plan.json").is_file():
+        raise UsageError(f"{job_dir}: the job was never launched (no plan.json): nothing to pull")
     plan = json.loads((job_dir / "plan.json").read_text())
     site_name = str(plan["trainer"]["site"])
     site = read_sites(job_dir).get(site_name)
@@ -67,7 +69,12 @@ def _latest(job_dir: Path) -> int | None:
         text = fs.read_text(f"{root}/checkpoints/{LATEST_POINTER}")
     finally:
         fs.close()
-    return None if text is None else parse_latest(text)
+    if text is None:
+        return None
+    try:
+        return parse_latest(text)
+    except ValueError as e:
+        raise LaunchError(f"{root}/checkpoints/{LATEST_POINTER}: {e}; name a version with --checkpoint N") from e
 
 
 def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -> Pulled:
@@ -111,6 +118,8 @@ def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> 
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{manifest_name('trainer')} does not parse ({e})") from e
     model = {rel: w for rel, w in listed.items() if rel.startswith(f"{MODEL}/")}
+    if any(part in ("", ".", "..") for rel in model for part in rel.split("/")):
+        raise ValueError(f"{manifest_name('trainer')} lists a path outside the checkpoint")
     if not model:
         raise ValueError(f"{manifest_name('trainer')} lists no {MODEL}/ files")
     to.mkdir(parents=True, exist_ok=True)
