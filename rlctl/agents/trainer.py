@@ -31,6 +31,7 @@ import datetime
 import logging
 import os
 import queue
+import socket
 import time
 from collections import Counter, deque
 from concurrent.futures import Future
@@ -127,15 +128,20 @@ class TrainerAgent:
             publisher.publish(version, self.wire_weights(), params=params)
 
     def wire_weights(self) -> dict[str, torch.Tensor]:
-        """A snapshot of the policy as it is published: the checkpoint's dtype, in host memory."""
-        return self.backend.wire_weights(dtype=self._wire_dtype, tied=self._tied)
+        """A snapshot of the policy as it is published: the checkpoint's dtype, in host memory (on a rank that
+        holds no copy, its layout only)."""
+        publisher: WeightPublisher | None = getattr(self, "publisher", None)  # set once run() made it
+        holds = publisher is None or publisher.holds
+        return self.backend.wire_weights(dtype=self._wire_dtype, tied=self._tied, host=holds)
 
     def figures(self) -> Heartbeat:
         return Heartbeat(name=self.name, state=self.state, version=self.version, busy_s=self.busy_s)
 
     def _publisher(self) -> WeightPublisher:
-        """This rank's weight node: every rank publishes each version and is a root of the broadcast; the
-        ranks split each delta's encoding over a group of their own (made here, on every rank, in order)."""
+        """This rank's weight node. The lowest rank of each host holds every version in host memory and is a root
+        of the broadcast; the others take their part in encoding each delta and hold nothing (one copy per host,
+        not per rank). The ranks split the encoding over a group of their own (made here, on every rank, in
+        order)."""
         job = self.ctx.job
         scheme = job.transport.kind
         host = "" if scheme == "inproc" else listen_host(job, toward=host_of(self.ctx.controller))
@@ -146,11 +152,12 @@ class TrainerAgent:
             sync=job.weight_sync,
             timeout_s=job.transport.timeout_s,
             group=dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=120)) if several else None,
+            holds=_first_on_host(),
         )
 
     def run(self) -> None:
         self.publisher = publisher = self._publisher()
-        roots = _gather(publisher.node.address)
+        roots = _roots(publisher.node.address, holds=publisher.holds)
         if self.version:  # resumed: the checkpoint's weights, as a full copy to every unit (an anchor)
             publisher.publish(self.version, self.wire_weights(), params=self.backend.tensors())
         if self.rank > 0:  # follow rank 0's steps; publish each version for the units planned below this rank
@@ -341,11 +348,19 @@ def _backend(job: JobFile, model_dir: Path, *, where: str, compute: Compute | No
         raise ConfigError(where, f"trainer.{field}", str(e)) from e
 
 
-def _gather(address: str) -> list[str]:
-    """Every rank's weight-node address, rank 0 first (one collective over the trainer's group)."""
+def _first_on_host() -> bool:
+    """Whether this is the lowest trainer rank on its host (one collective over the trainer's group)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return True
+    hosts = all_gather_values(socket.gethostname(), str)
+    return hosts.index(hosts[dist.get_rank()]) == dist.get_rank()
+
+
+def _roots(address: str, *, holds: bool) -> list[str]:
+    """The weight-node addresses of the ranks that hold the versions, rank 0 first (one collective)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return [address]
-    return all_gather_values(address, str)
+    return [a for a, h in all_gather_values((address, holds), tuple[str, bool]) if h]
 
 
 def _delivered(msg: Message) -> list[Delivered]:

@@ -235,7 +235,9 @@ class WeightPublisher:
     the transfer. Other ranks' nodes are extra roots (`set_roots`).
 
     `group`: the trainer ranks' own process group (every rank passes one, made for this), over which the
-    ranks' delta frames are gathered (see the module docstring); None: this rank encodes every delta alone."""
+    ranks' delta frames are gathered (see the module docstring); None: this rank encodes every delta alone.
+    `holds`: this rank keeps the versions in host memory and serves them (one rank per host, the lowest: its
+    node's root); a rank that does not still takes its part in every delta's encoding, and drops the rest."""
 
     def __init__(
         self,
@@ -246,7 +248,9 @@ class WeightPublisher:
         timeout_s: float,
         fanout: int = 1,
         group: Any = None,
+        holds: bool = True,
     ) -> None:
+        self.holds = holds
         self._transport = transport
         self._timeout_s = timeout_s
         self._fanout = fanout
@@ -351,19 +355,26 @@ class WeightPublisher:
         kind, version = item[0], item[1]
         if kind == "full":
             _, _, sd, snapshot = item
-            hv = self.node.publish(version, sd)
             if self._encoder is not None and snapshot is not None:
                 self._encoder.reset(snapshot)
             self._last_full = version
+            if not self.holds:
+                self._held = version
+                return
+            hv = self.node.publish(version, sd)
         else:
             assert self._encoder is not None
             frame = self._encoder.encode(item[2], level=self.node.cfg.delta_level)
             self.encoded_bytes += self._encoder.nbytes
             frames = [frame]
-            held = self.node.store.current
-            assert held is not None and isinstance(self.node, RootNode)
             if self._group is not None:  # every rank's frame, in rank order: the same payload on every root
                 frames = all_gather_values(bytes(frame), bytes, group=self._group)
+            if not self.holds:  # its part is in the frames every root applies
+                self._held = version
+                return
+            held = self.node.store.current
+            assert held is not None and isinstance(self.node, RootNode)
+            if self._group is not None:
                 log.info(
                     "weights: delta vs v%d encoded by %d ranks (this one: %d of %d bytes)",
                     held.version,

@@ -53,15 +53,19 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def wire_weights(model: nn.Module, *, dtype: torch.dtype, tied: bool) -> dict[str, torch.Tensor]:
-    """Full HF tensors in host memory in `dtype` (integers kept), gathered tensor by tensor; every rank calls it."""
+def wire_weights(model: nn.Module, *, dtype: torch.dtype, tied: bool, host: bool = True) -> dict[str, torch.Tensor]:
+    """Full HF tensors in host memory in `dtype` (integers kept), gathered tensor by tensor; every rank calls it
+    (the gathers are collectives). `host=False`: gathered, but kept only as their layout (meta tensors)."""
     out = {}
     for name, t in model.state_dict().items():
         if tied and name == "lm_head.weight":
             continue
         full = t.full_tensor() if isinstance(t, DTensor) else t
         want = dtype if full.is_floating_point() else full.dtype
-        out[name] = torch.empty(full.shape, dtype=want).copy_(full.detach())
+        if host:
+            out[name] = torch.empty(full.shape, dtype=want).copy_(full.detach())
+        else:
+            out[name] = torch.empty(full.shape, dtype=want, device="meta")
     return out
 
 

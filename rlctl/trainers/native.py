@@ -60,10 +60,10 @@ class TorchBackend(TrainerBackend):
         assert not self.sharded, "a sharded policy is never whole on one device: use wire_weights"
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
-    def wire_weights(self, *, dtype: torch.dtype, tied: bool) -> dict[str, torch.Tensor]:
+    def wire_weights(self, *, dtype: torch.dtype, tied: bool, host: bool = True) -> dict[str, torch.Tensor]:
         if not self.sharded:
-            return wire_weights(self.weights(), dtype=dtype, tied=tied)
-        return fsdp.wire_weights(self.model, dtype=dtype, tied=tied)  # a collective: every rank, in order
+            return wire_weights(self.weights(), dtype=dtype, tied=tied, host=host)
+        return fsdp.wire_weights(self.model, dtype=dtype, tied=tied, host=host)  # a collective: every rank, in order
 
     def tensors(self) -> Mapping[str, torch.Tensor]:
         """Sharded: the DTensors of this rank's shards (the delta encoder reads its rows of each, no gather)."""
