@@ -28,6 +28,7 @@ BENCHES = {
     "rpc": "bench.rpc",
     "broadcast": "bench.broadcast",
     "delta": "bench.delta",
+    "checkpoint": "bench.checkpoint",
     "pipeline": "bench.pipeline",
     "pipeline-parallel": "bench.pipeline_parallel",
     "dispatch": "bench.dispatch",

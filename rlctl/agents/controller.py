@@ -8,6 +8,7 @@ the job directory. Scaling lives in `scaling.py` (`Scaler`), what it shows in `v
                   scale ──▶ Scaler: spawn thread starts / core drains units ──▶ "spawned" back into the inbox
                   shutdown ──▶ leave the loop (graceful stop requested by `rlctl stop`)
                 trained ──▶ metrics row ──▶ Scaler.rebalance: δ ≥ δ' and a free slot ──▶ spawn one more unit
+                  (a checkpoint due: the controller's state kept) ··· checkpoint_written ──▶ its part, latest
                   heartbeat ──▶ agent figures;  every PING_INTERVAL_S ──▶ ping every agent
                 done ──▶ stop everyone, wait for their last figures, write views.summary, exit
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import os
 import queue
@@ -38,7 +40,17 @@ import msgspec
 from rlctl.agents import common
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
 from rlctl.agents.ledger import State
-from rlctl.agents.messages import TO_CONTROLLER, Heartbeat, Hello, SampleDone, Trained, make, parse, recv_checked
+from rlctl.agents.messages import (
+    TO_CONTROLLER,
+    CheckpointWritten,
+    Heartbeat,
+    Hello,
+    SampleDone,
+    Trained,
+    make,
+    parse,
+    recv_checked,
+)
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
@@ -99,6 +111,7 @@ SENDERS: dict[str, frozenset[str]] = {
     "sample": frozenset({"rollout"}),
     "weights_applied": frozenset({"rollout"}),
     "trained": frozenset({"trainer"}),
+    "checkpoint_written": frozenset({"trainer"}),
     "heartbeat": frozenset({"rollout", "trainer"}),
     "bye": frozenset({"rollout", "trainer"}),
     "status": frozenset({"client", "rollout", "trainer"}),
@@ -147,6 +160,8 @@ class ControllerAgent:
         )
         self.resumes = sum(1 for e in jobdir.read_lines(jobdir.events) if e.get("event") == "resumed_from")
         self.expect_checkpoint: str | None = None  # a resumed job: the trainer part's digest it must restore
+        # checkpoints whose trainer part is being written: the controller's state when its `trained` came
+        self.writing: dict[int, tuple[dict[str, Any], str, int]] = {}
         self.complete: list[int] = []  # checkpoints `latest` moved to (the one resumed from too): `checkpoint.keep`
         version = resume_version()
         if version is not None:
@@ -179,27 +194,32 @@ class ControllerAgent:
         self.jobdir.event("resumed_from", version=version, regenerate=requeued, rows_kept=len(self.rows))
         log.info("controller: resumed from checkpoint v%d; %d samples to generate again", version, requeued)
 
-    def _checkpoint(self, t: Trained) -> Out:
-        """The trainer wrote its part of checkpoint `t.version`: write ours, then move `latest` to it; remove our
-        part of the checkpoints `checkpoint.keep` lets go. The message that tells the trainer to remove its own."""
+    def _checkpoint_due(self, version: int) -> None:
+        """The trainer is writing its part of checkpoint `version`: keep the controller's state as it is now (the
+        state that checkpoint resumes), to write once the trainer's part is on disk."""
         tokens, lengths = self.ranker.history()
         state = {
             "iteration": self.core.trainer_version,
-            "ranker": {"tokens": tokens, "lengths": lengths},
-            "rebalance_window": self.scaler.rule.window,
+            "ranker": {"tokens": list(tokens), "lengths": list(lengths)},
+            "rebalance_window": list(self.scaler.rule.window),
         }
+        self.writing[version] = (state, json.dumps(self.core.ledger.to_json()), self.scaler.replaced)
+
+    def _checkpoint(self, w: CheckpointWritten) -> list[Out]:
+        """The trainer wrote its part of checkpoint `w.version`: write ours (as it was at its `trained`), then move
+        `latest` to it; remove our part of the checkpoints `checkpoint.keep` lets go. The message that tells the
+        trainer to remove its own. A part the trainer could not write ends the job (one line naming why)."""
+        state, ledger, replaced = self.writing.pop(w.version)
+        if w.error:
+            self.core.failed = f"the trainer could not write its part of checkpoint iter-{w.version}: {w.error}"
+            return []
         save_controller(
-            self.jobdir,
-            t.version,
-            state=state,
-            ledger=self.core.ledger,
-            trainer_digest=t.checkpoint,
-            replaced=self.scaler.replaced,
+            self.jobdir, w.version, state=state, ledger=ledger, trainer_digest=w.checkpoint, replaced=replaced
         )
-        self.jobdir.event("checkpoint", version=t.version)
-        self.complete.append(t.version)
+        self.jobdir.event("checkpoint", version=w.version)
+        self.complete.append(w.version)
         prune(self.jobdir.checkpoints, PART, complete=self.complete, keep=self.job.checkpoint.keep)
-        return Out("trainer", "checkpointed", {"version": t.version})
+        return [Out("trainer", "checkpointed", {"version": w.version})]
 
     def _prompts(self, iteration: int) -> list[PromptSpec]:
         n = self.job.batch.prompts_per_iteration
@@ -320,7 +340,7 @@ class ControllerAgent:
     def _finished(self) -> bool:
         """Done once every iteration is trained and every live unit holds the last version (so a job ends
         with its rollout units on the trainer's final weights), or that final sync timed out."""
-        if not self.core.done:
+        if not self.core.done or self.writing:  # the last checkpoint's parts are written before the end
             return False
         now = time.monotonic()
         if self.done_at is None:
@@ -397,6 +417,8 @@ class ControllerAgent:
             self._send(self.core.weights_applied(who, version))
         elif msg.kind == "trained":
             self._trained(parse(msg, Trained))
+        elif msg.kind == "checkpoint_written":
+            self._send(self._checkpoint(parse(msg, CheckpointWritten)))
         elif msg.kind in ("heartbeat", "bye"):
             peer.figures = parse(msg, Heartbeat)
             if msg.kind == "bye":
@@ -434,6 +456,8 @@ class ControllerAgent:
                     f"{self.core.trainer_version} (expected iteration {self.core.trainer_version} → "
                     f"{self.core.trainer_version + 1})"
                 )
+        if msg.kind == "checkpoint_written" and int(msg.header["version"]) not in self.writing:
+            return f"no checkpoint of version {msg.header['version']} is being written"
         return None
 
     def _reply_status(self, peer: Peer, request: Message) -> None:
@@ -572,8 +596,8 @@ class ControllerAgent:
         self._refit_ranker(t.iteration)
         self.jobdir.append(self.jobdir.metrics, row)
         self.tracker.log(t.iteration, row_to_metrics(row))
-        if t.checkpoint:
-            outs.append(self._checkpoint(t))
+        if t.checkpointing:
+            self._checkpoint_due(t.version)
         self._send(outs)
         iteration_gauges(self.metrics, row, t, self.core.stats[t.iteration])
         self.book.published(t.version, time.monotonic())

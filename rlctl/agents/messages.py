@@ -12,6 +12,9 @@ builtins) and raw tensor frames. Who sends what:
     members          controller → trainer        Members {datacenter, dc_links, rollouts: –
                                                   {name: {address, weights, datacenter}}}
     trained          trainer → controller        Trained                        –
+    checkpoint_written trainer → controller      CheckpointWritten              – (its part of iter-<version>
+                                                 {version, checkpoint, error}     is on disk: the controller
+                                                                                 writes its own, moves latest)
     checkpointed     controller → trainer        Checkpointed {version}         – (iter-<version> is complete:
                                                                                  the trainer prunes its older parts)
     weights_available trainer → rollout (direct) WeightsAvailable               – (the rollout pulls the
@@ -142,7 +145,14 @@ class Trained(msgspec.Struct):
     # mean per-token k3 estimate of KL(sampling policy ‖ trainer policy before this step's update), over the
     # iteration's tokens: how off-policy the batch was (staleness, engine numerics); not the reference KL
     kl: float = 0.0
-    checkpoint: str = ""  # this version's trainer checkpoint part was written: its manifest's SHA-256
+    # this version's trainer checkpoint part is being written in the background: `checkpoint_written` follows
+    checkpointing: bool = False
+
+
+class CheckpointWritten(msgspec.Struct):
+    version: NonNegInt
+    checkpoint: str = ""  # the trainer part's manifest SHA-256, once it is written; "" with `error`
+    error: str = ""  # why the trainer's part could not be written
 
 
 class Heartbeat(msgspec.Struct):
@@ -173,6 +183,7 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
     "members": Members,
     "trained": Trained,
     "checkpointed": Checkpointed,
+    "checkpoint_written": CheckpointWritten,
     "weights_available": WeightsAvailable,
     "heartbeat": Heartbeat,
     "stop": Empty,
@@ -184,7 +195,17 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
 }
 
 # What each reader accepts (a new kind goes into HEADERS and into its receiver's set).
-TO_CONTROLLER = ("sample", "weights_applied", "trained", "heartbeat", "bye", "status", "scale", "shutdown")
+TO_CONTROLLER = (
+    "sample",
+    "weights_applied",
+    "trained",
+    "checkpoint_written",
+    "heartbeat",
+    "bye",
+    "status",
+    "scale",
+    "shutdown",
+)
 # what an agent's ControllerLink accepts
 FROM_CONTROLLER = ("generate", "samples", "members", "checkpointed", "stop", "ping")
 TO_WEIGHTS_LISTENER = ("weights_available",)  # a rollout unit's announcement listener

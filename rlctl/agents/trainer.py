@@ -9,15 +9,18 @@
     controller ──members──▶ publisher targets with their datacenters (a newcomer gets the latest version)
 
 Ranks > 0 follow rank 0's broadcasts (`StreamingLearner.follow`; PPO's `PpoBatchLearner.follow`: the whole
-batch at the step) and publish every version into their own weight node: each rank is a root of the
-broadcast plan (`rlctl.agents.weights`), so several chains share the trainer datacenter's links. With one
-rank the group is still formed, so the code path is the same. With megatron tensor or pipeline parallel,
-the ranks of a tp × pp group train shards of one replica and each publishes the full weights gathered over
-the group (the same bytes on every rank); rank 0 checkpoints them.
+batch at the step) and take their part in every version: the lowest rank of each host holds it in its weight
+node and is a root of the broadcast plan (`rlctl.agents.weights`), so several chains share the trainer
+datacenter's links. With one rank the group is still formed, so the code path is the same. With megatron
+tensor or pipeline parallel, the ranks of a tp × pp group train shards of one replica and each gathers the
+full weights over the group (the same bytes on every rank); rank 0 checkpoints them.
 
-    checkpoint due (rank 0) ─broadcast ("checkpoint", v)─▶ data-parallel replica 0's ranks write their shard
-                                                           (optimizer, RNG); the other replicas hold the same
-                            ◀──────── gather: on disk ──── ─▶ rank 0 writes the HF policy, seals the manifest
+    checkpoint due (rank 0) ─broadcast ("checkpoint", v)─▶ data-parallel replica 0's ranks copy their shard
+      host copies of the policy,                           (optimizer, RNG) into host memory; the other
+      its shard; training goes on                          replicas hold the same; training goes on
+      writer thread ◀──── gather over the checkpoint ──── writer thread: the shard on disk
+                          group: on disk
+      the HF policy, the manifest ──checkpoint_written(v, digest)──▶ controller: its part, `latest`
     `launch --resume`: every rank restores the HF policy (its shard) and the shard of its (tp, pp) position,
                        at the same split (`rlctl.checkpoint.trainer`)
 
@@ -43,12 +46,13 @@ import torch.distributed as dist
 
 from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.listen import host_of, listen_host, store_listener
-from rlctl.agents.messages import Delivered, Heartbeat, Hello, Trained, make
+from rlctl.agents.messages import CheckpointWritten, Delivered, Heartbeat, Hello, Trained, make
 from rlctl.agents.staleness import StalenessBound
 from rlctl.agents.weights import PublishedModel, Target, WeightPublisher
+from rlctl.checkpoint.background import BackgroundWriter
 from rlctl.checkpoint.choose import resume_version
 from rlctl.checkpoint.files import prune
-from rlctl.checkpoint.trainer import load_trainer, save_shard, save_trainer
+from rlctl.checkpoint.trainer import CheckpointError, HostPolicy, load_trainer, snapshot_shard, snapshot_trainer
 from rlctl.config.job import JobFile
 from rlctl.devices import Compute
 from rlctl.errors import ConfigError
@@ -117,6 +121,7 @@ class TrainerAgent:
             self.version = int(counters["version"])
             log.info("%s: restored checkpoint v%d", self.name, self.version)
         self.busy_s = 0.0
+        self.snapshot_s = 0.0  # the training thread's time taking checkpoints' host copies
         self.state = "starting"
         self.inbox: queue.Queue[Message | None] = queue.Queue()
 
@@ -157,6 +162,13 @@ class TrainerAgent:
 
     def run(self) -> None:
         self.publisher = publisher = self._publisher()
+        # checkpoints are written beside training: their gathers go over a group of their own (made here, on
+        # every rank, in order), so that a write never meets the training steps' collectives
+        several = dist.is_initialized() and dist.get_world_size() > 1
+        self.checkpoint_group = (
+            dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=600)) if several else None
+        )
+        self.writer = BackgroundWriter()
         roots = _roots(publisher.node.address, holds=publisher.holds)
         if self.version:  # resumed: the checkpoint's weights, as a full copy to every unit (an anchor)
             publisher.publish(self.version, self.wire_weights(), params=self.backend.tensors())
@@ -169,21 +181,24 @@ class TrainerAgent:
                 self._publish(publisher, version)
 
             def write_shard(version: int) -> None:  # rank 0 writes the policy and seals the part after this
-                save_shard(
+                write = snapshot_shard(
                     self.ctx.jobdir.checkpoint(version),
                     optimizers=self.learner.optimizers(),
                     modules=self.modules,
                     split=self.split,
                     data_parallel=self.data_parallel,
+                    group=self.checkpoint_group,
                 )
+                self.writer.submit(write)
 
             try:
                 self.learner.follow(on_step=stepped, on_checkpoint=write_shard)
+                self.writer.wait()
             finally:
                 publisher.close()
             return
         publisher.set_roots(roots)
-        link = ControllerLink(
+        self.link = link = ControllerLink(
             self.ctx,
             Hello(
                 role="trainer",
@@ -214,6 +229,8 @@ class TrainerAgent:
                             "latest complete checkpoint",
                             resume_command(self.ctx.jobdir.path.name),
                         )
+                    if msg is not None:  # the checkpoint being written is finished first
+                        self.writer.wait()
                     link.close(final=self.figures() if msg is not None else None)
                     return
                 if msg.kind == "checkpointed":  # iter-v is complete: our parts `checkpoint.keep` lets go
@@ -264,7 +281,7 @@ class TrainerAgent:
                     del scoring[self.version]
                     iteration, self.version = self.version, self.version + 1
                     self._publish(publisher, self.version)
-                    checkpoint = self._maybe_checkpoint()
+                    checkpointing = self._maybe_checkpoint()
                     self.busy_s += time.monotonic() - t0
                     link.send(
                         make(
@@ -278,7 +295,7 @@ class TrainerAgent:
                                 tokens=int(stats["tokens"]),
                                 loss=stats["loss"],
                                 kl=stats["kl"],
-                                checkpoint=checkpoint,
+                                checkpointing=checkpointing,
                                 staleness_violations=violations.pop(iteration, 0),
                                 busy_s=self.busy_s,
                                 reward_failures=self.task.reward_stats().failures,
@@ -303,22 +320,27 @@ class TrainerAgent:
             ids.append(d.sample_id)
         return ids
 
-    def _maybe_checkpoint(self) -> str:
+    def _maybe_checkpoint(self) -> bool:
         """Every `checkpoint.every_iterations` and at the end: the trainer's part of the checkpoint of this
         version (policy, counters, and the optimizers and RNG of data-parallel replica 0's ranks: the other ranks
-        are told through the learner's broadcasts); the SHA-256 of its manifest, or "" when none was due."""
+        are told through the learner's broadcasts), copied into host memory now and written in the background;
+        the controller is told when it is on disk (`checkpoint_written`). Whether one was due."""
         every = self.ctx.job.checkpoint.every_iterations
         last = self.version == self.ctx.job.iterations
         if not (last or (every and self.version % every == 0)):
-            return ""
+            return False
         version = self.version
+        self.writer.wait()  # one snapshot in host memory at a time: the one before is on disk first
+        t0 = time.monotonic()
         # a sharded policy's HF directory is the version this rank published (gathered once, as its deltas)
         policy = (
-            PublishedModel(self.publisher.node, version, self.config, timeout_s=self.ctx.job.transport.timeout_s)
+            PublishedModel(
+                self.publisher.node, version, self.config, timeout_s=self.ctx.job.transport.timeout_s
+            ).snapshot()
             if self.data_parallel.sharded
-            else self.backend
+            else HostPolicy(self.backend.weights(), self.config)
         )
-        return save_trainer(
+        write = snapshot_trainer(
             self.ctx.jobdir.checkpoint(version),
             model=policy,
             optimizers=self.learner.optimizers(),
@@ -328,7 +350,23 @@ class TrainerAgent:
             data_parallel=self.data_parallel,
             tokenizer_from=self.ctx.jobdir.init_model,
             announce=lambda: self.learner.announce_checkpoint(version),
+            group=self.checkpoint_group,
         )
+        self.snapshot_s += time.monotonic() - t0
+
+        def written() -> None:
+            t0 = time.monotonic()
+            try:
+                digest = write()
+            except (CheckpointError, OSError) as e:  # the controller ends the job, naming why
+                log.error("trainer: checkpoint iter-%d not written: %s", version, e)
+                self.link.send(make("checkpoint_written", CheckpointWritten(version=version, error=str(e))))
+                return
+            log.info("trainer: checkpoint iter-%d written in %.2f s beside training", version, time.monotonic() - t0)
+            self.link.send(make("checkpoint_written", CheckpointWritten(version=version, checkpoint=digest)))
+
+        self.writer.submit(written)
+        return True
 
 
 def _backend(job: JobFile, model_dir: Path, *, where: str, compute: Compute | None = None) -> TrainerBackend:

@@ -49,7 +49,6 @@ so a buffer changing in place under them would stall the trainer).
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import re
@@ -66,9 +65,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from rlctl.agents.messages import make
+from rlctl.checkpoint.trainer import HostPolicy
 from rlctl.config.job import WeightSync
 from rlctl.errors import PlanError, TransportError
-from rlctl.models import hf
 from rlctl.models.hf import TinyGPTConfig
 from rlctl.trainers.wire import all_gather_values
 from rlctl.transport import Connection, Message, Transport
@@ -213,20 +212,16 @@ class PublishedModel:
     def __init__(self, node: WeightNode, version: int, config: TinyGPTConfig, *, timeout_s: float) -> None:
         self.node, self.version, self.config, self.timeout_s = node, version, config, timeout_s
 
-    def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
+    def snapshot(self) -> HostPolicy:
+        """The version copied out of the node (whose buffer the next version overwrites), once the publisher's
+        thread holds it."""
         held = self.node.store.wait_for(self.version, self.timeout_s)  # the publisher thread may be applying it
         if held is None or held.version != self.version:
             raise TransportError(f"checkpoint v{self.version}: the weight node does not hold that version")
-        sd = chunks.unflatten(held.weights, held.layout)
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        hf.save_state_dict(sd, d)
-        dtype = next(t.dtype for t in sd.values() if t.is_floating_point())
-        config = {**self.config.to_hf(), "torch_dtype": str(dtype).removeprefix("torch.")}
-        (d / hf.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        if tokenizer_from is not None:
-            hf.copy_tokenizer_files(tokenizer_from, d)
-        return d
+        return HostPolicy(chunks.unflatten(held.weights, held.layout), self.config)
+
+    def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
+        return self.snapshot().save_pretrained(directory, tokenizer_from=tokenizer_from)
 
 
 class WeightPublisher:
@@ -369,19 +364,19 @@ class WeightPublisher:
             frames = [frame]
             if self._group is not None:  # every rank's frame, in rank order: the same payload on every root
                 frames = all_gather_values(bytes(frame), bytes, group=self._group)
+                log.info(
+                    "weights: v%d's delta encoded by %d ranks (this one: %d of %d bytes%s)",
+                    version,
+                    len(frames),
+                    self._encoder.nbytes,
+                    self._encoder.layout.total_bytes,
+                    "" if self.holds else "; this host's lowest rank holds the version",
+                )
             if not self.holds:  # its part is in the frames every root applies
                 self._held = version
                 return
             held = self.node.store.current
             assert held is not None and isinstance(self.node, RootNode)
-            if self._group is not None:
-                log.info(
-                    "weights: delta vs v%d encoded by %d ranks (this one: %d of %d bytes)",
-                    held.version,
-                    len(frames),
-                    self._encoder.nbytes,
-                    held.layout.total_bytes,
-                )
             payload = assemble(frames, raw_len=held.layout.total_bytes, base_version=held.version)
             hv = self.node.publish(version, delta_payload=payload)
         self._held = version

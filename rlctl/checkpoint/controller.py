@@ -1,8 +1,10 @@
 """The controller's part of a checkpoint, and what a resumed controller restores from it.
 
-trained(i, v, checkpoint=D)  (the trainer wrote its part of iter-v; D = its manifest's SHA-256)
-    ─▶ save_controller(iter-v): ledger, iteration, ranker history, rebalance window, rows so far,
-       rollout units replaced so far, D
+trained(i, v, checkpointing)  (the trainer took its snapshot of iter-v and writes it in the background)
+    ─▶ the controller keeps its state as it is now: ledger, iteration, ranker history, rebalance window,
+       rollout units replaced so far
+checkpoint_written(v, D)      (the trainer's part of iter-v is on disk; D = its manifest's SHA-256)
+    ─▶ save_controller(iter-v): that state, D
     ─▶ set_latest(v)                        (only now is iter-v a checkpoint a resume may use)
 
 launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifies, rlctl.checkpoint.choose.choose_resume)
@@ -42,19 +44,20 @@ def save_controller(
     version: int,
     *,
     state: dict[str, Any],
-    ledger: Ledger,
+    ledger: Ledger | str,
     trainer_digest: str,
     replaced: int = 0,
 ) -> None:
     """Write the controller's part of checkpoint `version`, then move `latest` to it. `replaced`: the Scaler's
     count of replaced rollout units (status `resilience.replaced`), which a resumed run continues from.
+    `ledger`: the ledger, or its JSON as it was when the checkpoint was due.
     (Units it gave up on are not kept: a resumed run starts every planned unit again.)"""
     ckpt = jobdir.checkpoint(version)
     body = {**state, "version": version, "replaced": replaced}
 
     def fill(tmp: Path) -> None:
         tmp.mkdir(parents=True)
-        (tmp / "ledger.json").write_text(json.dumps(ledger.to_json()))
+        (tmp / "ledger.json").write_text(ledger if isinstance(ledger, str) else json.dumps(ledger.to_json()))
         (tmp / "state.json").write_text(json.dumps(body))
 
     write_part(ckpt, PART, {PART: fill}, meta={"version": version, "trainer_digest": trainer_digest})

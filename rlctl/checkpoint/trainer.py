@@ -42,7 +42,7 @@ import json
 import logging
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,7 +55,8 @@ from rlctl.checkpoint.files import file_digest, manifest_path, write_part
 from rlctl.errors import RlctlError
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.sitefs import LocalFiles
-from rlctl.models.tinygpt import TinyGPT
+from rlctl.models import hf
+from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.trainers.base import DataParallel, TrainerBackend, whole_replicas
 from rlctl.trainers.fsdp import load_local, local_state, redistribute_optimizer
 from rlctl.trainers.wire import all_gather_values
@@ -109,9 +110,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def optimizer_digest(optimizers: dict[str, torch.optim.Optimizer]) -> str:
     """SHA-256 over every optimizer's hyper-parameters and state tensors (bytes), in a fixed order: equal
     digests before the save and after the restore mean the optimizer state came back exactly."""
+    return states_digest({name: local_state(o.state_dict()) for name, o in optimizers.items()})  # FSDP: its part
+
+
+def states_digest(states: dict[str, dict[str, Any]]) -> str:
+    """`optimizer_digest` of optimizers' (local) state dicts, e.g. a snapshot of them in host memory."""
     h = hashlib.sha256()
-    for name in sorted(optimizers):
-        sd = local_state(optimizers[name].state_dict())  # a sharded rank's own part (FSDP)
+    for name in sorted(states):
+        sd = states[name]
         h.update(name.encode() + json.dumps(sd["param_groups"], sort_keys=True, default=str).encode())
         for index in sorted(sd["state"]):
             for key in sorted(sd["state"][index]):
@@ -144,25 +150,67 @@ def replica_ranks(data_parallel: DataParallel) -> list[int]:
     return out
 
 
-def _write_shard(
-    ckpt: Path,
+def host_copy(value: Any) -> Any:
+    """`value` with every tensor in it copied into host memory (dicts, lists and tuples rebuilt; other values
+    as they are): a snapshot the next optimizer step does not change."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: host_copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(host_copy(v) for v in value)
+    return value
+
+
+class HostPolicy:
+    """A policy's HF tensors copied into host memory when its checkpoint was due: what a background write saves
+    while training goes on (`SavesPretrained`). Weights in the dtype they were taken in (the trainer's fp32
+    master weights, or a published version's dtype); a tied embedding once."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor], config: TinyGPTConfig) -> None:
+        tied = config.tie_word_embeddings
+        self.state = {k: host_copy(v) for k, v in state.items() if not (tied and k == "lm_head.weight")}
+        self.config = config
+
+    def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        hf.save_state_dict(self.state, d)
+        dtype = next((t.dtype for t in self.state.values() if t.is_floating_point()), torch.float32)
+        config = {**self.config.to_hf(), "torch_dtype": str(dtype).removeprefix("torch.")}
+        (d / hf.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        if tokenizer_from is not None:
+            hf.copy_tokenizer_files(tokenizer_from, d)
+        return d
+
+
+def _shard_snapshot(
     *,
     optimizers: dict[str, torch.optim.Optimizer],
     modules: dict[str, torch.nn.Module],
-    split: ParallelConfig,
     data_parallel: DataParallel,
-) -> dict[str, Any]:
-    """This rank's shard, on disk under its final name when this returns, if it is a rank of replica 0; what
-    rank 0 records of it (or why it could not be written: rank 0 then refuses the checkpoint, naming the rank).
-    A rank of another replica writes nothing: replica 0's rank at its position holds the same state."""
-    rank, _ = _rank_world()
-    replicas = replica_ranks(data_parallel)
+) -> dict[str, Any] | None:
+    """What this rank's shard holds, copied into host memory now; None on a rank of a replica other than 0
+    (replica 0's rank at its position holds the same state, and writes it)."""
     if data_parallel.rank > 0 and not data_parallel.sharded:
+        return None
+    rank, _ = _rank_world()
+    body: dict[str, Any] = {"rank": rank, "rng": rng_state()}
+    body |= {f"optimizer.{k}": host_copy(local_state(o.state_dict())) for k, o in optimizers.items()}
+    body |= {f"module.{k}": host_copy(local_state(m.state_dict())) for k, m in modules.items()}
+    return body
+
+
+def _write_shard(
+    ckpt: Path, body: dict[str, Any] | None, *, optimizers: list[str], split: ParallelConfig, replicas: list[int]
+) -> dict[str, Any]:
+    """Write this rank's shard (`_shard_snapshot`), on disk under its final name when this returns; what rank 0
+    records of it (or why it could not be written: rank 0 then refuses the checkpoint, naming the rank). A rank
+    of another replica (`body` None) writes nothing."""
+    rank, _ = _rank_world()
+    if body is None:
         return {"rank": rank, "replicas": replicas, "split": split.short()}
     rel = shard_name(rank)
-    body: dict[str, Any] = {"rank": rank, "rng": rng_state()}
-    body |= {f"optimizer.{k}": local_state(o.state_dict()) for k, o in optimizers.items()}
-    body |= {f"module.{k}": local_state(m.state_dict()) for k, m in modules.items()}
     path = ckpt / rel
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -182,9 +230,32 @@ def _write_shard(
         "replicas": replicas,
         "file": rel,
         **written,
-        "optimizer_sha256": optimizer_digest(optimizers),
+        "optimizer_sha256": states_digest({k: body[f"optimizer.{k}"] for k in optimizers}),
         "split": split.short(),
     }
+
+
+def snapshot_shard(
+    ckpt: Path,
+    *,
+    optimizers: dict[str, torch.optim.Optimizer],
+    modules: dict[str, torch.nn.Module] | None = None,
+    split: ParallelConfig,
+    data_parallel: DataParallel,
+    group: Any = None,
+) -> Callable[[], None]:
+    """Ranks > 0, told by rank 0 that checkpoint `ckpt` is due: this rank's shard copied into host memory now
+    (if it is one of replica 0's); the write, to call now or on a thread of its own: it writes the shard, then
+    joins the gather over `group` (default: every rank) that tells rank 0 it is on disk (rank 0 seals the
+    checkpoint after it)."""
+    body = _shard_snapshot(optimizers=optimizers, modules=modules or {}, data_parallel=data_parallel)
+    replicas = replica_ranks(data_parallel)
+
+    def write() -> None:
+        record = _write_shard(ckpt, body, optimizers=list(optimizers), split=split, replicas=replicas)
+        all_gather_values(record, dict[str, Any], group=group)  # rank 0 seals the part once every rank answered
+
+    return write
 
 
 def save_shard(
@@ -195,10 +266,47 @@ def save_shard(
     split: ParallelConfig,
     data_parallel: DataParallel,
 ) -> None:
-    """Ranks > 0, told by rank 0 that checkpoint `ckpt` is due: write this rank's shard if it is one of replica
-    0's, then join the gather that tells rank 0 it is on disk (rank 0 seals the checkpoint after it)."""
-    record = _write_shard(ckpt, optimizers=optimizers, modules=modules or {}, split=split, data_parallel=data_parallel)
-    all_gather_values(record, dict[str, Any])  # rank 0 seals the part once every rank answered
+    """`snapshot_shard`, written at once."""
+    snapshot_shard(ckpt, optimizers=optimizers, modules=modules, split=split, data_parallel=data_parallel)()
+
+
+def snapshot_trainer(
+    ckpt: Path,
+    *,
+    model: SavesPretrained,
+    optimizers: dict[str, torch.optim.Optimizer],
+    modules: dict[str, torch.nn.Module] | None = None,
+    counters: dict[str, Any],
+    split: ParallelConfig,
+    data_parallel: DataParallel,
+    tokenizer_from: Path | None = None,
+    announce: Callable[[], None] | None = None,
+    group: Any = None,
+) -> Callable[[], str]:
+    """Rank 0: the trainer's part of checkpoint `ckpt`, taken now: `announce` tells the other ranks to take
+    theirs (`snapshot_shard`: with several ranks it must make each of them call it for `ckpt`), then this rank's
+    shard is copied into host memory. `model` must not change after this (a `HostPolicy`, a backend no step
+    changes before the write). The write, to call now or on a thread of its own, returns the SHA-256 of the
+    part's manifest (the controller records it); it gathers the other ranks' records over `group` (default:
+    every rank)."""
+    rank, world = _rank_world()
+    assert rank == 0 and world == split.tp * split.pp * split.dp, (rank, world, split)
+    manifest_path(ckpt, "trainer").unlink(missing_ok=True)  # the part is incomplete until it is sealed again
+    if world > 1:
+        assert announce is not None, "the other ranks must be told to write their shards"
+        announce()
+    body = _shard_snapshot(optimizers=optimizers, modules=modules or {}, data_parallel=data_parallel)
+    replicas = replica_ranks(data_parallel)
+    names = list(optimizers)
+
+    def write() -> str:
+        mine = _write_shard(ckpt, body, optimizers=names, split=split, replicas=replicas)
+        records: list[dict[str, Any]] = [mine]
+        if world > 1:
+            records = all_gather_values(mine, dict[str, Any], group=group)
+        return _seal(ckpt, records, model=model, counters=counters, split=split, tokenizer_from=tokenizer_from)
+
+    return write
 
 
 def save_trainer(
@@ -213,19 +321,33 @@ def save_trainer(
     tokenizer_from: Path | None = None,
     announce: Callable[[], None] | None = None,
 ) -> str:
-    """Rank 0: write the trainer's part of checkpoint `ckpt`, replica 0's shards in it; the SHA-256 of its
-    manifest (the controller records it). `announce` tells the other ranks to write theirs (`save_shard`):
-    with several ranks it must make each of them call `save_shard` for `ckpt`."""
-    rank, world = _rank_world()
-    assert rank == 0 and world == split.tp * split.pp * split.dp, (rank, world, split)
-    manifest_path(ckpt, "trainer").unlink(missing_ok=True)  # the part is incomplete until it is sealed again
-    if world > 1:
-        assert announce is not None, "the other ranks must be told to write their shards"
-        announce()
-    mine = _write_shard(ckpt, optimizers=optimizers, modules=modules or {}, split=split, data_parallel=data_parallel)
-    records: list[dict[str, Any]] = [mine]
-    if world > 1:
-        records = all_gather_values(mine, dict[str, Any])
+    """`snapshot_trainer`, written at once: the SHA-256 of the part's manifest."""
+    return snapshot_trainer(
+        ckpt,
+        model=model,
+        optimizers=optimizers,
+        modules=modules,
+        counters=counters,
+        split=split,
+        data_parallel=data_parallel,
+        tokenizer_from=tokenizer_from,
+        announce=announce,
+    )()
+
+
+def _seal(
+    ckpt: Path,
+    records: list[dict[str, Any]],
+    *,
+    model: SavesPretrained,
+    counters: dict[str, Any],
+    split: ParallelConfig,
+    tokenizer_from: Path | None,
+) -> str:
+    """Rank 0, once every rank's record is in: check that each shard is here as its rank wrote it, write the
+    policy, then the manifest (last); its SHA-256."""
+    world = len(records)
+    mine = records[0]
     shards = [rec for rec in records if "file" in rec]
     # replica 0 is where ParallelConfig says (the launcher places the writers by it), and restores every rank
     assert [rec["rank"] for rec in shards] == split.first_replica_ranks(), (records, split)

@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from rlctl.checkpoint.background import BackgroundWriter
 from rlctl.checkpoint.files import latest_complete, manifest_path, prune, read_manifest, set_latest, write_part
-from rlctl.checkpoint.trainer import CheckpointError, load_trainer, optimizer_digest, save_trainer
+from rlctl.checkpoint.trainer import (
+    CheckpointError,
+    HostPolicy,
+    load_trainer,
+    optimizer_digest,
+    save_trainer,
+    snapshot_trainer,
+)
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.trainers.base import DataParallel
@@ -89,11 +98,15 @@ def trained_model(steps: int) -> tuple[TinyGPT, torch.optim.AdamW]:
     model = TinyGPT(small_config())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(steps):
-        loss = model(torch.randint(0, 60, (2, 8))).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        train_step(model, opt)
     return model, opt
+
+
+def train_step(model: TinyGPT, opt: torch.optim.Optimizer) -> None:
+    loss = model(torch.randint(0, 60, (2, 8))).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
 
 
 def test_trainer_state_round_trips_exactly(tmp_path: Path) -> None:
@@ -188,3 +201,54 @@ def test_prune_keeps_the_newest_complete_checkpoints_and_any_newer_part(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iter-3", "iter-4", "iter-5"]
     set_latest(tmp_path, 4)
     assert latest_complete(tmp_path) == 4
+
+
+def test_a_background_checkpoint_holds_the_state_of_its_snapshot_not_of_the_steps_after(tmp_path: Path) -> None:
+    model, opt = trained_model(3)
+    saved_params = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_digest = optimizer_digest({"policy": opt})
+    write = snapshot_trainer(
+        tmp_path / "iter-3",
+        model=HostPolicy(model.state_dict(), model.config),
+        optimizers={"policy": opt},
+        counters={"version": 3},
+        split=ONE,
+        data_parallel=ALONE,
+    )
+    assert read_manifest(tmp_path / "iter-3", "trainer") is None  # nothing written yet
+    for _ in range(2):  # training goes on before the write: steps change the parameters and moments in place
+        train_step(model, opt)
+    writer = BackgroundWriter()
+    writer.submit(write)
+    writer.wait()
+    other, other_opt = trained_model(4)
+    _, digest = load_trainer(
+        tmp_path / "iter-3", model=other, optimizers={"policy": other_opt}, split=ONE, data_parallel=ALONE
+    )
+    manifest = read_manifest(tmp_path / "iter-3", "trainer")
+    assert manifest is not None and digest == manifest["digest"]
+    assert optimizer_digest({"policy": other_opt}) == saved_digest != optimizer_digest({"policy": opt})
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in saved_params.items())
+
+
+def test_the_background_writer_writes_one_at_a_time_and_raises_a_writes_error_in_the_training_thread() -> None:
+    order: list[str] = []
+    gate = threading.Event()
+
+    def slow() -> None:
+        gate.wait(5)
+        order.append("first")
+
+    def failing() -> None:
+        order.append("second")
+        raise OSError("disk full")
+
+    writer = BackgroundWriter()
+    writer.submit(slow)
+    assert writer.busy()
+    threading.Timer(0.2, gate.set).start()
+    writer.submit(failing)  # waits for the first write
+    with pytest.raises(OSError, match="disk full"):
+        writer.wait()
+    assert order == ["first", "second"] and writer.writes == 2 and writer.blocked_s >= 0.1
+    writer.wait()  # the error was raised once

@@ -62,7 +62,11 @@ def _headers() -> dict[str, st.SearchStrategy[dict[str, Any]]]:
                 "staleness_violations": st.integers(-2, 5),
                 "busy_s": FLOATS,
             },
-            optional={"kl": FLOATS, "checkpoint": st.sampled_from(["", "ab" * 32]), "reward_failures": INTS},
+            optional={"kl": FLOATS, "checkpointing": st.booleans(), "reward_failures": INTS},
+        ),
+        "checkpoint_written": st.fixed_dictionaries(
+            {"version": INTS},
+            optional={"checkpoint": st.sampled_from(["", "ab" * 32]), "error": st.sampled_from(["", "disk full"])},
         ),
         "heartbeat": st.fixed_dictionaries(
             {"name": IDS, "state": st.sampled_from(["running", "stopped", "?"])},

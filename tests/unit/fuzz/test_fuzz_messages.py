@@ -77,6 +77,7 @@ VALID: dict[str, tuple[dict[str, Any], list[torch.Tensor]]] = {
         [],
     ),
     "checkpointed": ({"version": 4}, []),
+    "checkpoint_written": ({"version": 4, "checkpoint": "ab" * 32}, []),
     "weights_available": ({"version": 2, "holders": ["tcp://h:3"]}, []),
     "heartbeat": ({"name": "rollout-0", "state": "running", "version": 1}, []),
     "stop": ({}, []),
