@@ -37,6 +37,7 @@ import queue
 import socket
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -281,7 +282,7 @@ class TrainerAgent:
                     del scoring[self.version]
                     iteration, self.version = self.version, self.version + 1
                     self._publish(publisher, self.version)
-                    checkpointing = self._maybe_checkpoint()
+                    checkpoint = self._maybe_checkpoint()
                     self.busy_s += time.monotonic() - t0
                     link.send(
                         make(
@@ -295,13 +296,15 @@ class TrainerAgent:
                                 tokens=int(stats["tokens"]),
                                 loss=stats["loss"],
                                 kl=stats["kl"],
-                                checkpointing=checkpointing,
+                                checkpointing=checkpoint is not None,
                                 staleness_violations=violations.pop(iteration, 0),
                                 busy_s=self.busy_s,
                                 reward_failures=self.task.reward_stats().failures,
                             ),
                         )
                     )
+                    if checkpoint is not None:  # its checkpoint_written goes after this trained
+                        self.writer.submit(checkpoint)
                     ids = []
         finally:
             self.learner.stop_followers()
@@ -320,15 +323,16 @@ class TrainerAgent:
             ids.append(d.sample_id)
         return ids
 
-    def _maybe_checkpoint(self) -> bool:
+    def _maybe_checkpoint(self) -> Callable[[], None] | None:
         """Every `checkpoint.every_iterations` and at the end: the trainer's part of the checkpoint of this
         version (policy, counters, and the optimizers and RNG of data-parallel replica 0's ranks: the other ranks
-        are told through the learner's broadcasts), copied into host memory now and written in the background;
-        the controller is told when it is on disk (`checkpoint_written`). Whether one was due."""
+        are told through the learner's broadcasts), copied into host memory now; the write, for the background
+        writer once this version's `trained` is sent (it tells the controller when the part is on disk:
+        `checkpoint_written`). None when no checkpoint is due."""
         every = self.ctx.job.checkpoint.every_iterations
         last = self.version == self.ctx.job.iterations
         if not (last or (every and self.version % every == 0)):
-            return False
+            return None
         version = self.version
         self.writer.wait()  # one snapshot in host memory at a time: the one before is on disk first
         t0 = time.monotonic()
@@ -365,8 +369,7 @@ class TrainerAgent:
             log.info("trainer: checkpoint iter-%d written in %.2f s beside training", version, time.monotonic() - t0)
             self.link.send(make("checkpoint_written", CheckpointWritten(version=version, checkpoint=digest)))
 
-        self.writer.submit(written)
-        return True
+        return written
 
 
 def _backend(job: JobFile, model_dir: Path, *, where: str, compute: Compute | None = None) -> TrainerBackend:
