@@ -53,6 +53,14 @@ def site_root(site: Site, job_id: str, *, here: Path) -> str:
     return f"{workdir.rstrip('/')}/jobs/{job_id}"
 
 
+def model_cache(root: str, digest: str) -> str | None:
+    """Where a site keeps the starting model whose content digest is `digest`, beside the jobs of the work
+    root that holds the site job dir `root` (`W/jobs/<job id>` → `W/models/<digest>`): jobs with the same
+    model share one copy. None when `root` is not under a work root (the operator's job dir)."""
+    head, sep, _ = root.rpartition("/jobs/")
+    return f"{head}/models/{digest}" if sep else None
+
+
 def is_remote(site: Site) -> bool:
     """Whether the site's files are reached over SSH (not this machine's filesystem)."""
     sched = site.scheduler
@@ -107,8 +115,12 @@ class HostFiles(ABC):
         """The file's text, None if it does not exist."""
 
     @abstractmethod
-    @abstractmethod
     def append(self, path: str, text: str) -> None: ...
+
+    @abstractmethod
+    def link(self, target: str, path: str) -> bool:
+        """Make `path` a symbolic link to the directory `target` (a link already there is replaced); False, and
+        nothing changed, where `path` is a real file or directory."""
 
     def tail(self, path: str, lines: int) -> list[str] | None:
         """The last `lines` lines of a file, None if it does not exist."""
@@ -168,6 +180,19 @@ class LocalFiles(HostFiles):
     def append(self, path: str, text: str) -> None:
         with Path(path).open("a") as f:
             f.write(text)
+
+    def link(self, target: str, path: str) -> bool:
+        p = Path(path)
+        if p.exists() and not p.is_symlink():
+            return False
+        tmp = p.with_name(f".{p.name}.link-{os.getpid()}")
+        try:
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(target, target_is_directory=True)
+            os.replace(tmp, p)
+        except OSError as e:
+            raise LaunchError(f"cannot link {p} to {target}: {e}") from e
+        return True
 
     def read_from(self, path: str, offset: int, limit: int) -> tuple[bytes, int] | None:
         try:
@@ -242,6 +267,12 @@ class SshFiles(HostFiles):
 
     def append(self, path: str, text: str) -> None:
         self._run(f"cat >> {sh_path(path)}", stdin=text)
+
+    def link(self, target: str, path: str) -> bool:
+        p, tmp = sh_path(path), sh_path(f"{path}.link-tmp")
+        script = f"if [ -e {p} ] && [ ! -L {p} ]; then echo real; exit 0; fi\n"
+        script += f"ln -sfn {sh_path(target)} {tmp} && mv -T {tmp} {p}"
+        return self._run(script).strip() != "real"
 
     def tail(self, path: str, lines: int) -> list[str] | None:
         res = self.runner.run(f"tail -n {int(lines)} {sh_path(path)}", timeout_s=COMMAND_TIMEOUT_S)

@@ -1,7 +1,9 @@
 """Staging a job to its sites: copy what the agents read into each site's job dir, verify it, record it.
 
     operator's job dir (prepare) ─▶ files_to_stage: job.json plan.json sites.json secret model/** data/** reward/**
-        ─▶ per site, per host view (rlctl.launch.sitefs): mkdir the site job dir (0700), resolve it
+        ─▶ per site, per host view (rlctl.launch.sitefs): mkdir the site job dir (0700), resolve it;
+           model/init there is a link to W/models/<content digest> (`model_cache`), the work root's one copy
+           of that model, which every job starting from it shares
            ─▶ compare size + SHA-256 of what is there ─▶ copy what differs (SFTP / local copy)
            ─▶ verify size + SHA-256 (+ secret 0600) again ─▶ staged.json {site: {roots, files}}
 
@@ -13,6 +15,7 @@ is written by the controller on its site; `fetch_record` brings it to the operat
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -24,12 +27,13 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, read_sites
 from rlctl.launch.base import AgentHandle
-from rlctl.launch.sitefs import FileState, access_hosts, file_state, host_files, is_remote, site_root
+from rlctl.launch.sitefs import FileState, access_hosts, file_state, host_files, is_remote, model_cache, site_root
 
 log = logging.getLogger(__name__)
 
 STAGED_FILE = "staged.json"
 TOP_FILES = ("job.json", "plan.json", SITES_FILE, "secret")
+INIT_MODEL = "model/init"  # the starting policy: staged once per work root and model (`model_cache`)
 TREES = ("model", "data", "reward")  # what prepare() builds (rlctl.launch.inputs): policy, data set, reward file
 RECORD_FILES = ("controller.json", "summary.json", "metrics.jsonl", "events.jsonl")
 TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
@@ -60,7 +64,11 @@ def staging_plan(sites: dict[str, Site], *, job_id: str, here: Path) -> list[dic
                 "hosts": access_hosts(site),
                 "job_dir": root,
                 "files": what if copy else [],
-                "note": "staged: size + SHA-256 verified, secret 0600" if copy else "the operator's job dir: no copy",
+                "note": (
+                    "staged: size + SHA-256 verified, secret 0600; model/init shared per model"
+                    if copy
+                    else "the operator's job dir: no copy"
+                ),
             }
         )
     return out
@@ -72,11 +80,21 @@ def stage_site(name: str, site: Site, src: Path, *, job_id: str, names: list[str
     want = {n: file_state(src / n) for n in names}
     root = site_root(site, job_id, here=src)
 
+    model = [n for n in names if n.startswith(INIT_MODEL + "/")]
+    digest = model_digest({n[len(INIT_MODEL) + 1 :]: want[n] for n in model}) if model else ""
+    own = not is_remote(site) and Path(root).resolve() == src.resolve()  # the operator's own job dir: no copy
+    cache = model_cache(root, digest) if model and not own else None
+
     def one(host: str) -> tuple[str, str, int, int]:
-        if not is_remote(site) and Path(root).resolve() == src.resolve():
-            return host, str(src), 0, 0  # the operator's own job dir
+        if own:
+            return host, str(src), 0, 0
         fs = host_files(site, host)
         try:
+            if cache is not None:  # model/init → the work root's copy of this model, shared by its jobs
+                resolved, cached = fs.make_dirs([root, cache, f"{root}/model"])[:2]
+                if not fs.link(cached, f"{resolved}/{INIT_MODEL}"):
+                    log.info("site %s: %s:%s/%s is a directory of its own: staged into it", name, host, resolved,
+                             INIT_MODEL)  # fmt: skip
             parents = sorted({str(Path(n).parent) for n in names} - {"."})
             resolved = fs.make_dirs([root, *(f"{root}/{p}" for p in parents)])[0]
             have = fs.states(resolved, names)
@@ -94,11 +112,20 @@ def stage_site(name: str, site: Site, src: Path, *, job_id: str, names: list[str
         results = list(pool.map(one, hosts))
     for host, resolved, n, size in results:
         log.info("site %s: %s:%s holds the job's %d files (%d copied, %d B)", name, host, resolved, len(names), n, size)
-    return {
+    out = {
         "roots": {host: resolved for host, resolved, _, _ in results},
         "files": [{"path": n, "bytes": want[n].size, "sha256": want[n].sha256} for n in names],
         "copied": {host: n for host, _, n, _ in results},
     }
+    if cache is not None:
+        out["model_cache"] = {"digest": digest, "dir": cache}
+    return out
+
+
+def model_digest(files: dict[str, FileState]) -> str:
+    """A model directory's content address: SHA-256 over its files' names, sizes and SHA-256s (32 hex digits)."""
+    lines = "".join(f"{n}\t{f.size}\t{f.sha256}\n" for n, f in sorted(files.items()))
+    return hashlib.sha256(lines.encode()).hexdigest()[:32]
 
 
 def _verify(site: str, where: str, root: str, want: dict[str, FileState], have: dict[str, FileState]) -> None:

@@ -12,6 +12,7 @@ controller and the trainer agree without sending prompts around, and a resume ne
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from rlctl.rl.reward import RewardPool, RewardStats
 
 DATA_DIR = "data"  # in the job directory: the tokenized prompts (rlctl.rl.dataset)
 REWARD_DIR = "reward"  # in the job directory: the user's reward file, copied at launch
+PROMPT_CACHE = 4096  # demo prompts kept by a DigitsSource (a few iterations' worth)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ class DigitsSource(TaskSource):
 
         self.task = Digits(cfg)
         self.max_new_tokens = self.task.max_new_tokens
+        # a prompt is drawn from its own generator (≈ 0.1 ms); its samples ask for it again and again (every
+        # sample's reward and tokens on the trainer): the recent ones are kept
+        self._prompt = functools.lru_cache(maxsize=PROMPT_CACHE)(self.task.prompt)
 
     def rl_prompts(self, iteration: int, n: int) -> list[RlPrompt]:
         return [RlPrompt(p.prompt_id, p.tokens, p.target_tokens) for p in self.task.rl_prompts(iteration, n)]
@@ -82,10 +87,10 @@ class DigitsSource(TaskSource):
         return [p.tokens for p in prompts], [p.target_tokens for p in prompts]
 
     def prompt_tokens(self, prompt_id: str) -> list[int]:
-        return self.task.prompt(_position(prompt_id)).tokens
+        return list(self._prompt(_position(prompt_id)).tokens)
 
     def score(self, sample_id: str, prompt_id: str, output_tokens: list[int]) -> Future[float]:
-        return _done(self.task.reward(self.task.prompt(_position(prompt_id)), output_tokens))
+        return _done(self.task.reward(self._prompt(_position(prompt_id)), output_tokens))
 
 
 class DatasetSource(TaskSource):

@@ -47,6 +47,9 @@ class FakeFiles(HostFiles):
     def append(self, path: str, text: str) -> None:
         raise NotImplementedError
 
+    def link(self, target: str, path: str) -> bool:
+        raise NotImplementedError
+
     def close(self) -> None:
         self.closed = True
 

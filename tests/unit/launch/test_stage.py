@@ -149,3 +149,52 @@ def test_remote_checksums_come_in_batches_whose_deadline_follows_their_size(tmp_
         sitefs.COMMAND_TIMEOUT_S + ((2 << 20) + 10) / floor,
         sitefs.COMMAND_TIMEOUT_S + (5 << 20) / floor,
     ]
+
+
+def test_jobs_with_the_same_model_share_the_work_roots_copy_of_it(tmp_path: Path) -> None:
+    """model/init of a site job dir is a link to W/models/<content digest>: a second job with the same model
+    copies none of its files, one with another model gets a directory of its own."""
+    site = local_site(tmp_path / "w")
+    first = job_dir(tmp_path / "a")
+    one = stage_all(first, {"far": site}, job_id="job-1")
+    cache = Path(one["far"]["model_cache"]["dir"])
+    assert cache.parent == tmp_path / "w" / "models" and one["far"]["copied"] == {"localhost": 6}
+    init = tmp_path / "w" / "jobs" / "job-1" / "model" / "init"
+    assert init.is_symlink() and init.resolve() == cache.resolve()
+    assert sorted(p.name for p in cache.iterdir()) == ["config.json", "model.safetensors"]
+
+    second = job_dir(tmp_path / "b")
+    for f in ("model.safetensors", "config.json"):  # the same model, another job
+        (second / "model" / "init" / f).write_bytes((first / "model" / "init" / f).read_bytes())
+    two = stage_all(second, {"far": site}, job_id="job-2")
+    assert two["far"]["model_cache"] == one["far"]["model_cache"]
+    assert two["far"]["copied"] == {"localhost": 4}  # job.json, plan.json, sites.json, secret: not the model
+
+    third = job_dir(tmp_path / "c")  # another model (random weights): another directory
+    three = stage_all(third, {"far": site}, job_id="job-3")
+    assert three["far"]["model_cache"]["dir"] != str(cache) and three["far"]["copied"] == {"localhost": 6}
+    assert (cache / "model.safetensors").read_bytes() == (first / "model" / "init" / "model.safetensors").read_bytes()
+
+
+def test_a_site_job_dir_staged_before_the_cache_keeps_its_own_model_directory(tmp_path: Path) -> None:
+    site = local_site(tmp_path / "w")
+    src = job_dir(tmp_path)
+    own = tmp_path / "w" / "jobs" / "job-1" / "model" / "init"
+    own.mkdir(parents=True)
+    staged = stage_all(src, {"far": site}, job_id="job-1")
+    assert not own.is_symlink() and (own / "model.safetensors").is_file()
+    assert staged["far"]["copied"] == {"localhost": 6}
+
+
+def test_the_ssh_view_links_replaces_a_link_and_leaves_a_real_directory(tmp_path: Path) -> None:
+    fs = object.__new__(sitefs.SshFiles)
+    fs.runner, fs.where = _ShellRunner(), "test-host"  # type: ignore[assignment]
+    a, b, real = tmp_path / "a", tmp_path / "b", tmp_path / "real"
+    for d in (a, b, real):
+        d.mkdir()
+    link = tmp_path / "job" / "init"
+    link.parent.mkdir()
+    assert fs.link(str(a), str(link)) and link.resolve() == a
+    assert fs.link(str(b), str(link)) and link.resolve() == b  # replaced, not a link inside the old target
+    assert not (a / "b").exists() and not (a / "init").exists()
+    assert not fs.link(str(a), str(real)) and not real.is_symlink()
