@@ -234,7 +234,7 @@ def register(app: typer.Typer) -> None:
             if spec.warmup.sft_steps:
                 progress.say(f"SFT warm-up: {spec.warmup.sft_steps} steps (cached after the first run)")
             prepare(jd, spec, plan, source=str(job_file), job=job)
-            run = JobRun(jd, spec, plan, db=db)
+            run = JobRun(jd, spec, plan, db=db, say=progress.say)
             run.start()
             summary = run.wait(on_progress=progress)
         finally:
@@ -266,7 +266,7 @@ def _resume(ref: str, output: OutputFormat) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         refuse_if_running(jd)
-        run = JobRun(jd, spec, plan, db=db)
+        run = JobRun(jd, spec, plan, db=db, say=progress.say)
         run.start(resume=True)
         point = run.resumed
         assert point is not None

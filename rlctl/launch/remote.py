@@ -17,10 +17,11 @@ import logging
 import os
 import shlex
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlctl.errors import LaunchError
 from rlctl.launch import hostkeys
@@ -152,6 +153,18 @@ class LocalRunner:
         pass
 
 
+PART_SUFFIX = ".part"  # a file being copied to a host, renamed to its name once whole
+PUT_CHUNK = 1 << 20
+
+
+def _remote_size(sftp: Any, path: str) -> int:
+    """The size of `path` on the SFTP host, 0 when it does not exist."""
+    try:
+        return int(sftp.stat(path).st_size or 0)
+    except FileNotFoundError:
+        return 0
+
+
 class SshRunner:
     """Runs shell commands on one SSH host over one connection, opened on first use."""
 
@@ -183,16 +196,45 @@ class SshRunner:
             raise LaunchError(f"ssh {self.where}: connection lost running '{_short(command)}': {e}") from e
         return CommandResult(int(res.exited), str(res.stdout), str(res.stderr))
 
-    def put(self, local: Path, remote: str, *, timeout_s: float = 300.0) -> None:
-        """Copy one file to an absolute path on the host over SFTP, keeping its mode (a 0600 secret stays 0600)."""
+    def put(
+        self,
+        local: Path,
+        remote: str,
+        *,
+        timeout_s: float = 300.0,
+        progress: Callable[[int], None] | None = None,
+        resume: bool = False,
+    ) -> int:
+        """Copy one file to an absolute path on the host over SFTP, keeping its mode (a 0600 secret stays 0600):
+        into `<remote>.part`, renamed once whole, so a copy cut short (a lost link, a stopped launch) goes on from
+        the bytes that arrived (`resume`; the caller checks the result's SHA-256). `progress` is told each chunk's
+        bytes (the resumed ones at once); `timeout_s`: the longest the transfer may stall. Returns the bytes taken
+        as already there."""
         if self._conn is None:
             self._conn = connect(self.target)
+        part = remote + PART_SUFFIX
         try:
-            self._conn.sftp().get_channel().settimeout(timeout_s)
-            self._conn.put(str(local), remote, preserve_mode=True)
+            sftp = self._conn.sftp()
+            sftp.get_channel().settimeout(timeout_s)
+            st = local.stat()
+            have = _remote_size(sftp, part) if resume else 0
+            have = have if have <= st.st_size else 0
+            with local.open("rb") as src, sftp.open(part, "r+b" if have else "wb") as dst:
+                dst.set_pipelined(True)
+                src.seek(have)
+                dst.seek(have)
+                if progress is not None and have:
+                    progress(have)
+                while chunk := src.read(PUT_CHUNK):
+                    dst.write(chunk)
+                    if progress is not None:
+                        progress(len(chunk))
+            sftp.chmod(part, st.st_mode & 0o777)
+            sftp.posix_rename(part, remote)
         except (OSError, EOFError) as e:
             self.close()
             raise LaunchError(f"ssh {self.where}: cannot copy {local} to {remote}: {e or type(e).__name__}") from e
+        return have
 
     def get(self, remote: str, local: Path, *, timeout_s: float = 300.0) -> None:
         """Copy one file from the host over SFTP (`timeout_s`: the longest the transfer may stall)."""

@@ -23,6 +23,7 @@ import os
 import shlex
 import shutil
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,8 +100,12 @@ class HostFiles(ABC):
         """Size, checksum and mode of each of `names` (relative to root) that exists there."""
 
     @abstractmethod
-    def put(self, local: Path, path: str) -> None:
-        """Copy a local file to `path` (its parent exists), keeping its mode."""
+    def put(
+        self, local: Path, path: str, *, progress: Callable[[int], None] | None = None, resume: bool = False
+    ) -> int:
+        """Copy a local file to `path` (its parent exists), keeping its mode; `progress` is told the bytes as they
+        go. A copy cut short before goes on from its bytes where the view can (`resume`: the caller verifies the
+        result); the bytes taken as already there."""
 
     @abstractmethod
     def get(self, path: str, local: Path) -> None:
@@ -153,15 +158,20 @@ class LocalFiles(HostFiles):
     def states(self, root: str, names: list[str]) -> dict[str, FileState]:
         return {n: file_state(Path(root) / n) for n in names if (Path(root) / n).is_file()}
 
-    def put(self, local: Path, path: str) -> None:
+    def put(
+        self, local: Path, path: str, *, progress: Callable[[int], None] | None = None, resume: bool = False
+    ) -> int:
         dst = Path(path)
         if dst.exists() and os.path.samefile(local, dst):
-            return
+            return 0
         try:
             shutil.copyfile(local, dst)
             os.chmod(dst, local.stat().st_mode & 0o777)
         except OSError as e:
             raise LaunchError(f"cannot copy {local} to {dst}: {e}") from e
+        if progress is not None:
+            progress(dst.stat().st_size)
+        return 0
 
     def get(self, path: str, local: Path) -> None:
         try:
@@ -251,8 +261,10 @@ class SshFiles(HostFiles):
                 out[name] = FileState(sizes[name][0], sha, sizes[name][1])
         return out
 
-    def put(self, local: Path, path: str) -> None:
-        self.runner.put(local, path)
+    def put(
+        self, local: Path, path: str, *, progress: Callable[[int], None] | None = None, resume: bool = False
+    ) -> int:
+        return self.runner.put(local, path, progress=progress, resume=resume)
 
     def get(self, path: str, local: Path) -> None:
         self.runner.get(path, local)

@@ -19,6 +19,9 @@ import hashlib
 import json
 import logging
 import os
+import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ TREES = ("model", "data", "reward")  # what prepare() builds (rlctl.launch.input
 RECORD_FILES = ("controller.json", "summary.json", "metrics.jsonl", "events.jsonl")
 TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
 SECRET_MODE = 0o600
+PROGRESS_INTERVAL_S = 10.0  # a staging progress line at most this often
 
 Roots = dict[str, str]  # host view → absolute site job dir there
 
@@ -74,8 +78,18 @@ def staging_plan(sites: dict[str, Site], *, job_id: str, here: Path) -> list[dic
     return out
 
 
-def stage_site(name: str, site: Site, src: Path, *, job_id: str, names: list[str] | None = None) -> dict[str, Any]:
-    """Copy the job's files from `src` to every host view of `site`, verify them; the site's staged.json entry."""
+def stage_site(
+    name: str,
+    site: Site,
+    src: Path,
+    *,
+    job_id: str,
+    names: list[str] | None = None,
+    progress: StagingProgress | None = None,
+) -> dict[str, Any]:
+    """Copy the job's files from `src` to every host view of `site`, verify them; the site's staged.json entry.
+    A copy cut short by an earlier launch goes on from its bytes; one that then does not verify is copied again
+    from its start (once). `progress` counts the bytes as they go."""
     names = files_to_stage(src) if names is None else names
     want = {n: file_state(src / n) for n in names}
     root = site_root(site, job_id, here=src)
@@ -99,10 +113,20 @@ def stage_site(name: str, site: Site, src: Path, *, job_id: str, names: list[str
             resolved = fs.make_dirs([root, *(f"{root}/{p}" for p in parents)])[0]
             have = fs.states(resolved, names)
             todo = [n for n in names if have.get(n) != want[n]]
-            for n in todo:
-                fs.put(src / n, f"{resolved}/{n}")
+            if progress is not None:
+                progress.add(sum(want[n].size for n in todo))
+            tick = progress.advance if progress is not None else None
+            resumed = [n for n in todo if fs.put(src / n, f"{resolved}/{n}", progress=tick, resume=True)]
             if todo:
-                _verify(name, fs.where, resolved, want, fs.states(resolved, names))
+                after = fs.states(resolved, names)
+                again = [n for n in resumed if after.get(n) != want[n]]  # an earlier partial copy of other bytes
+                if again:
+                    log.warning("site %s: %s: %d resumed copies did not verify; copying them again", name, host,
+                                len(again))  # fmt: skip
+                    for n in again:
+                        fs.put(src / n, f"{resolved}/{n}", resume=False)
+                    after = fs.states(resolved, names)
+                _verify(name, fs.where, resolved, want, after)
             return host, resolved, len(todo), sum(want[n].size for n in todo)
         finally:
             fs.close()
@@ -153,14 +177,84 @@ def write_staged(job_dir: Path, staged: dict[str, Any]) -> None:
     tmp.replace(job_dir / STAGED_FILE)
 
 
-def stage_all(job_dir: Path, sites: dict[str, Site], *, job_id: str) -> dict[str, Any]:
-    """Stage to every site of the job (once each; a site already holding identical files gets no copy)."""
+def stage_all(
+    job_dir: Path, sites: dict[str, Site], *, job_id: str, say: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Stage to every site of the job (once each; a site already holding identical files gets no copy). `say`:
+    where the copy's progress goes (a line every PROGRESS_INTERVAL_S while it runs, one at its end)."""
     staged = read_staged(job_dir)
     names = files_to_stage(job_dir)
     for name, site in sorted(sites.items()):
-        staged[name] = stage_site(name, site, job_dir, job_id=job_id, names=names)
+        progress = StagingProgress(name, say) if say is not None else None
+        staged[name] = stage_site(name, site, job_dir, job_id=job_id, names=names, progress=progress)
+        if progress is not None:
+            progress.done()
     write_staged(job_dir, staged)
     return staged
+
+
+class StagingProgress:
+    """Bytes a site's copy has to move and has moved (every host's, from their threads), reported through `say`
+    at most every `interval_s`: done / total, the rate, the time left."""
+
+    def __init__(
+        self,
+        site: str,
+        say: Callable[[str], None],
+        *,
+        interval_s: float = PROGRESS_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.site, self.say, self.interval_s, self.clock = site, say, interval_s, clock
+        self.total = self.moved = 0
+        self._lock = threading.Lock()
+        self._t0 = self._last = clock()
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.total += nbytes
+
+    def advance(self, nbytes: int) -> None:
+        with self._lock:
+            self.moved += nbytes
+            now = self.clock()
+            if now - self._last < self.interval_s:
+                return
+            self._last = now
+            line = self.line(now)
+        self.say(line)
+
+    def line(self, now: float) -> str:
+        spent = max(now - self._t0, 1e-9)
+        rate = self.moved / spent
+        left = (self.total - self.moved) / rate if rate > 0 else float("inf")
+        pct = 100 * self.moved / self.total if self.total else 100.0
+        eta = f"≈ {_duration(left)} left" if left != float("inf") else "waiting for the first bytes"
+        return (
+            f"staging {self.site}: {_gb(self.moved)} of {_gb(self.total)} ({pct:.0f} %), {rate / 1e6:.0f} MB/s, {eta}"
+        )
+
+    def done(self) -> None:
+        """The closing line, when anything was copied."""
+        if self.total:
+            spent = self.clock() - self._t0
+            rate = self.moved / spent if spent > 0 else 0.0
+            self.say(f"staging {self.site}: {_gb(self.moved)} copied in {_duration(spent)} ({rate / 1e6:.0f} MB/s)")
+
+
+def _gb(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 10**8 else f"{nbytes / 1e6:.1f} MB"
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    return (
+        f"{s // 3600} h {s % 3600 // 60:02d} min"
+        if s >= 3600
+        else f"{s // 60} min {s % 60:02d} s"
+        if s >= 60
+        else f"{s} s"
+    )
 
 
 def ensure_staged(job_dir: Path, name: str, site: Site, *, job_id: str) -> Roots:

@@ -198,3 +198,32 @@ def test_the_ssh_view_links_replaces_a_link_and_leaves_a_real_directory(tmp_path
     assert fs.link(str(b), str(link)) and link.resolve() == b  # replaced, not a link inside the old target
     assert not (a / "b").exists() and not (a / "init").exists()
     assert not fs.link(str(a), str(real)) and not real.is_symlink()
+
+
+def test_staging_progress_says_bytes_rate_and_time_left_at_most_every_interval() -> None:
+    now = [0.0]
+    said: list[str] = []
+    p = stage.StagingProgress("gen", said.append, interval_s=10.0, clock=lambda: now[0])
+    p.add(3 * 10**9)
+    now[0] = 5.0
+    p.advance(5 * 10**8)  # within the interval: nothing said
+    now[0] = 10.0
+    p.advance(5 * 10**8)
+    assert said == ["staging gen: 1.00 GB of 3.00 GB (33 %), 100 MB/s, ≈ 20 s left"]
+    now[0] = 95.0
+    p.advance(2 * 10**9)
+    p.done()
+    assert said[1:] == [
+        "staging gen: 3.00 GB of 3.00 GB (100 %), 32 MB/s, ≈ 0 s left",
+        "staging gen: 3.00 GB copied in 1 min 35 s (32 MB/s)",
+    ]
+
+
+def test_stage_all_reports_the_copy_and_says_nothing_when_nothing_is_copied(tmp_path: Path) -> None:
+    src = job_dir(tmp_path)
+    said: list[str] = []
+    stage_all(src, {"far": local_site(tmp_path / "w")}, job_id="job-1", say=said.append)
+    assert len(said) == 1 and said[0].startswith("staging far: ") and " copied in " in said[0]
+    said.clear()
+    stage_all(src, {"far": local_site(tmp_path / "w")}, job_id="job-1", say=said.append)
+    assert said == []
