@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             master_addr=os.environ.get("MASTER_ADDR") or _first_node(),
             master_port=int(os.environ["MASTER_PORT"]),
             cuda=compute.is_cuda,
+            secret=ctx.jobdir.secret(),
         )
         TrainerAgent(ctx, rank=args.replica, compute=compute).run()
         return 0

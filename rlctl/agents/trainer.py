@@ -31,6 +31,8 @@ its module, and what is published and checkpointed is the backend's HF-layout we
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import logging
 import os
 import queue
@@ -70,16 +72,26 @@ from rlctl.transport import Message
 log = logging.getLogger(__name__)
 
 
-def init_group(*, rank: int, world_size: int, master_addr: str, master_port: int, cuda: bool = False) -> None:
+def init_group(
+    *, rank: int, world_size: int, master_addr: str, master_port: int, cuda: bool = False, secret: bytes = b""
+) -> None:
     """The trainer ranks' process group: gloo, plus NCCL for CUDA tensors on a GPU site (gradients travel over
-    NCCL; the learner's small host-side messages over gloo)."""
+    NCCL; the learner's small host-side messages over gloo). The rendezvous store listens on MASTER_ADDR only,
+    and every key the ranks use is under a prefix derived from the job's secret (`store_prefix`): a process
+    without the secret that reaches the store can neither read the ranks' addresses nor plant its own."""
     if dist.is_initialized():
         return
     timeout = datetime.timedelta(seconds=120)
     fd = store_listener(master_addr, master_port) if rank == 0 else None  # bound to MASTER_ADDR, not every interface
-    store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout=timeout, master_listen_fd=fd)
+    tcp = dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout=timeout, master_listen_fd=fd)
+    store = dist.PrefixStore(store_prefix(secret), tcp) if secret else tcp
     backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+
+def store_prefix(secret: bytes) -> str:
+    """The trainer store's key prefix: a keyed hash of the job's secret (the secret itself never leaves)."""
+    return hmac.new(secret, b"rlctl trainer store", hashlib.sha256).hexdigest()[:32]
 
 
 class TrainerAgent:
