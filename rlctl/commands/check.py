@@ -14,7 +14,13 @@ from rlctl.config.job import Job
 from rlctl.errors import JobProblems, PartialFailure
 from rlctl.launch.preflight import preflight, problems
 from rlctl.launch.reach import probe_site
-from rlctl.launch.siteprobe import HostReport, disk_problem, host_problems, probe_site_hosts
+from rlctl.launch.siteprobe import (
+    HostReport,
+    controller_reach_problems,
+    disk_problem,
+    host_problems,
+    probe_site_hosts,
+)
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
 
@@ -108,6 +114,11 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
                 lines += host_problems(report, job.inventory.sites[name], roles=roles[name], job=spec)
                 if (disk := disk_problem(report, need_bytes=need)) is not None:
                     lines.append(disk)
+    controller = spec.placement.controller_site or spec.placement.trainer.site
+    if all("rlctl" in r.facts for r in answered if r.site == controller):  # else: one line above says so
+        sites = job.inventory.sites
+        rollout = {r.site: sites[r.site] for r in spec.placement.rollout}
+        lines += controller_reach_problems(controller, sites[controller], rollout, timeout_s=timeout_s)
     return lines, answered
 
 

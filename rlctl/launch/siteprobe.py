@@ -67,16 +67,39 @@ class HostReport:
     error: str | None = None  # the host could not be asked
 
 
-def probe_site_hosts(name: str, site: Site, *, timeout_s: float = 60.0) -> list[HostReport]:
-    """Ask every host of `site` (a SLURM site: one node of its partition) with the site's python and setup."""
+# run on the controller's site by its python: can it reach each site where it would start rollout units
+# (`rlctl scale`, the rebalance rule)? The same probe as `check --reach` runs from here (rlctl.launch.reach).
+CONTROLLER_PROBE = r"""
+import json, sys
+from rlctl.config.inventory import Site
+from rlctl.launch.reach import probe_site
+out = {}
+for name, d in json.loads(sys.argv[1]).items():
+    r = probe_site(name, Site.model_validate(d), timeout_s=float(sys.argv[2]))
+    out[name] = {"ok": r.ok, "detail": r.detail}
+print("RLCTL_PROBE " + json.dumps(out))
+"""
+
+
+def probe_site_hosts(
+    name: str,
+    site: Site,
+    *,
+    timeout_s: float = 60.0,
+    script: str = PROBE,
+    args: list[str] | None = None,
+    first: bool = False,
+) -> list[HostReport]:
+    """Ask every host of `site` (a SLURM site: one node of its partition; `first`: an SSH site's first host only)
+    with the site's python and setup: `script` run with `args` (default: the probe of what the host has, on the
+    site's work root)."""
     sched = site.scheduler
     python = python_for(site)
-    workdir = _workdir(site)
-    command = "\n".join(
-        [*site_setup(site.setup), f"{shlex.quote(python)} -c {shlex.quote(PROBE)} {shlex.quote(workdir)}"]
-    )
+    argv = " ".join(shlex.quote(a) for a in (args if args is not None else [_workdir(site)]))
+    command = "\n".join([*site_setup(site.setup), f"{shlex.quote(python)} -c {shlex.quote(script)} {argv}"])
     if isinstance(sched, SshScheduler):
-        return [_ask(name, host, SshRunner(ssh_target(site, host)), command, timeout_s) for host, _ in site.hosts]
+        hosts = [h for h, _ in site.hosts][: 1 if first else None]
+        return [_ask(name, host, SshRunner(ssh_target(site, host)), command, timeout_s) for host in hosts]
     if isinstance(sched, SlurmScheduler):
         ask = gpu_request_for(site)
         gpus = {"per_task": "--gpus-per-task=1 ", "gres": "--gres=gpu:1 "}.get(ask, "")
@@ -174,3 +197,30 @@ def disk_problem(report: HostReport, *, need_bytes: float) -> str | None:
         f"needs about {need_bytes / 1e9:.1f} GB there (the model, a staged copy and checkpoints): free space or set "
         f"the site's scheduler.workdir"
     )
+
+
+def controller_reach_problems(
+    name: str, site: Site, targets: dict[str, Site], *, timeout_s: float = 60.0, reach_timeout_s: float = 10.0
+) -> list[str]:
+    """From the controller's site `name` (where `rlctl scale` and the rebalance rule start rollout units), the
+    sites in `targets` it cannot reach, one line each. Nothing to ask where the controller runs on this machine
+    (`check --reach` reached the sites from here). A controller host that cannot be asked (no rlctl there) is
+    left to `host_problems`."""
+    if isinstance(site.scheduler, LocalScheduler) or not targets:
+        return []
+    body = json.dumps({n: t.model_dump(mode="json") for n, t in sorted(targets.items())})
+    [report] = probe_site_hosts(
+        name, site, timeout_s=timeout_s, script=CONTROLLER_PROBE, args=[body, str(reach_timeout_s)], first=True
+    )
+    if report.error is not None:
+        return []
+    out = []
+    for target, answer in sorted(report.facts.items()):
+        if not answer.get("ok"):
+            out.append(
+                f"site {target}: cannot be reached from the controller's site {name} (host {report.host}): "
+                f"{answer.get('detail')}: `rlctl scale` and the rebalance rule start rollout units from there; give "
+                f"that host the site's SSH key and known_hosts, or set placement.controller_site to a site that "
+                f"reaches it"
+            )
+    return out

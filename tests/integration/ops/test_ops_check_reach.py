@@ -67,3 +67,27 @@ def test_check_reach_names_each_problem_and_the_fixed_job_runs(services, tmp_pat
     job_dir = tmp_path / "run"
     proc = launcher(str(job), "--job-dir", str(job_dir))
     wait_for("two trained iterations", lambda: len(metrics_rows(job_dir)) >= 2, 240, alive=proc)
+
+
+def test_check_reach_asks_the_controllers_site_whether_it_reaches_the_rollout_sites(services, tmp_path):
+    """The controller placed on the SSH site in its own network namespace starts rollout units (scale, the
+    rebalance rule) from there: the localhost SLURM cluster's controller, at 127.0.0.1 here, is not reachable
+    from inside that namespace, and check says so in one line naming both sites."""
+    path = cross_site_inventory(services, tmp_path / "sites.yaml", Path(site_workdir()))
+    inv = yaml.safe_load(path.read_text())
+    inv["sites"]["gen"]["python"] = "python3"
+    inv["sites"]["gen"]["setup"] = [f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH"]
+    path.write_text(yaml.safe_dump(inv))
+    placement = {
+        "trainer": {"site": "train", "gpus": 1},
+        "rollout": [{"site": "train", "gpus": 1}],
+        "controller_site": "gen",
+    }
+    job = job_yaml(tmp_path / "ctl.yaml", inventory=[str(path)], trainer="train", rollout="train", iterations=3,
+                   placement=placement)  # fmt: skip
+    res = rlctl("check", str(job), "--reach", timeout_s=300)
+    lines = res.stderr.strip().splitlines()
+    host = services["RLCTL_TEST_NETSITE_HOST"]
+    named = [x for x in lines if f"site train: cannot be reached from the controller's site gen (host {host})" in x]
+    assert res.returncode == 2 and len(named) == 1, lines
+    assert "`rlctl scale` and the rebalance rule start rollout units from there" in named[0], named[0]

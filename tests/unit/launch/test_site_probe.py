@@ -3,6 +3,7 @@ itself run here, on the local site; the inventory's per-site python and setup li
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -11,8 +12,9 @@ import pytest
 from rlctl import __version__
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
+from rlctl.launch import siteprobe
 from rlctl.launch.base import site_setup
-from rlctl.launch.siteprobe import HostReport, disk_problem, host_problems, probe_site_hosts
+from rlctl.launch.siteprobe import HostReport, controller_reach_problems, disk_problem, host_problems, probe_site_hosts
 from rlctl.launch.spawn import python_for
 
 
@@ -127,3 +129,38 @@ def test_python_and_setup_belong_to_the_site() -> None:
         )
     with pytest.raises(ValueError, match="a local site's agents run in this environment"):
         site(kind="local", setup=["true"])
+
+
+def test_the_controllers_site_is_asked_whether_it_reaches_the_rollout_sites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe script runs in the site's python and answers per target site; a site it cannot reach is one line
+    naming it, the controller's site and host, and what to do. A controller on this machine is not asked."""
+    local = Site.model_validate(
+        {
+            "datacenter": "dc",
+            "scheduler": {"kind": "local", "workdir": str(tmp_path)},
+            "gpu": "CPU",
+            "nodes": [{"host": "localhost", "gpus": 1}],
+        }
+    )
+    nowhere = Site.model_validate(
+        {
+            "datacenter": "far",
+            "scheduler": {"kind": "ssh", "port": 1, "known_hosts": str(tmp_path / "kh")},
+            "gpu": "CPU",
+            "nodes": [{"host": "127.0.0.1", "gpus": 1}],
+        }
+    )
+    body = json.dumps({"here": local.model_dump(mode="json"), "gen": nowhere.model_dump(mode="json")})
+    (report,) = siteprobe.probe_site_hosts("ctl", local, timeout_s=120, script=siteprobe.CONTROLLER_PROBE,
+                                           args=[body, "3"])  # fmt: skip
+    assert report.error is None, report.error
+    assert report.facts["here"]["ok"] is True and report.facts["gen"]["ok"] is False
+    assert controller_reach_problems("ctl", local, {"gen": nowhere}) == []  # this machine: check reached it already
+
+    ssh_controller = site()  # asked over SSH in a real run; here its answer is the one above
+    monkeypatch.setattr(siteprobe, "probe_site_hosts", lambda *a, **k: [HostReport("ctl", "h1", report.facts)])
+    [line] = controller_reach_problems("ctl", ssh_controller, {"here": local, "gen": nowhere})
+    assert line.startswith("site gen: cannot be reached from the controller's site ctl (host h1): ")
+    assert "`rlctl scale` and the rebalance rule start rollout units from there" in line
