@@ -41,7 +41,7 @@ def test_pull_brings_the_checkpoint_from_the_namespaced_site_and_transformers_lo
     code, got = rlctl_json("pull", str(job_dir), timeout_s=180)
     assert code == 0, got
     assert got["version"] == 3 and got["to"] == str(job_dir / "pulled" / "v3") and got["files"] >= 2, got
-    assert got["source"].startswith(f"gen:{services['RLCTL_TEST_NETSITE_HOST']}:")
+    assert got["source"].startswith("gen:") and f"@{services['RLCTL_TEST_NETSITE_HOST']}:" in got["source"], got
     model = transformers.AutoModelForCausalLM.from_pretrained(got["to"])
     assert sum(p.numel() for p in model.parameters()) > 0
     assert (Path(got["to"]) / "tokenizer.json").exists() or (Path(got["to"]) / "config.json").exists()
