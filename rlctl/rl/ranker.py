@@ -7,10 +7,7 @@ tokens or 150k BPE tokens), so the normal equations stay (num_buckets + 2)² how
 vocabulary is. Bootstrap it on (prompt, generated length) pairs from a first run, then `update()` with
 each iteration's finished samples; it refits on a sliding window of the most recent pairs, following
 the policy as it changes. The window's XᵀX and Xᵀy are kept up to date as pairs enter and leave it,
-so a refit is one (num_buckets + 2)-sized solve — ≈ 30 ms of a core at 1024 buckets, which the controller
-would otherwise take from the trainer and the rollout units every iteration: it solves again once
-`refit_pairs` pairs have entered since the last solve (512: every 4 iterations of the demo, while the window
-spans 32), and predicts with the last solution meanwhile.
+so a refit is one (num_buckets + 2)-sized solve.
 
     recall_at(pred, true, frac) = |top-frac by pred ∩ top-frac by true| / ⌈frac·n⌉
 (paper, 7B ranker: 0.87 / 0.82 / 0.76 at 20 / 10 / 5 %)
@@ -51,20 +48,10 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 class LengthRanker:
-    def __init__(
-        self,
-        num_buckets: int = 1024,
-        *,
-        l2: float = 1.0,
-        window: int = 4096,
-        bigrams: bool = True,
-        refit_pairs: int = 512,
-    ) -> None:
+    def __init__(self, num_buckets: int = 1024, *, l2: float = 1.0, window: int = 4096, bigrams: bool = True) -> None:
         if num_buckets < 1:
             raise ValueError("num_buckets must be ≥ 1")
         self.num_buckets = num_buckets
-        self.refit_pairs = refit_pairs
-        self._since_solve = 0  # pairs that entered the window after the last solve
         self.bigrams = bigrams
         self.l2 = l2
         self.window = window
@@ -109,12 +96,10 @@ class LengthRanker:
         self._xtx[:] = 0.0
         self._xty[:] = 0.0
         self._sum_y = 0.0
-        self._w = None
         return self.update(prompts, lengths)
 
     def update(self, prompts: Sequence[PromptLike], lengths: Sequence[float]) -> LengthRanker:
-        """Add (prompt, length) pairs to the sliding window; refit once `refit_pairs` pairs entered since the
-        last solve (or when it never solved: the first update)."""
+        """Add (prompt, length) pairs to the sliding window and refit (online refit)."""
         if len(prompts) != len(lengths):
             raise ValueError("one length per prompt")
         keep = prompts[-self.window :] if len(prompts) > self.window else prompts
@@ -128,10 +113,8 @@ class LengthRanker:
         if n_old > 0:  # the oldest pairs leave the window: take their share out of XᵀX and Xᵀy
             old = [self._history.popleft() for _ in range(n_old)]
             self._account(self.features([t for t, _ in old]), np.array([y for _, y in old]), -1.0)
-        self._since_solve += len(keep)
-        if not self._history or (self._w is not None and self._since_solve < self.refit_pairs):
+        if not self._history:
             return self
-        self._since_solve = 0
         reg = self.l2 * np.eye(len(self._xty))
         reg[-1, -1] = 0.0  # no penalty on the bias
         self._w = np.linalg.solve(self._xtx + reg, self._xty)

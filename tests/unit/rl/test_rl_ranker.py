@@ -31,7 +31,7 @@ def test_ranker_learns_prompt_dependent_lengths() -> None:
 def test_online_refit_follows_recent_lengths() -> None:
     task = DigitsTask()
     ps = task.prompts(0, 300)
-    ranker = LengthRanker(66, window=300, refit_pairs=1).fit(ps, [p.target_tokens for p in ps])
+    ranker = LengthRanker(66, window=300).fit(ps, [p.target_tokens for p in ps])
     assert ranker.fitted
     ranker.update(ps, [2.0 * p.target_tokens for p in ps])  # the window now holds only the new lengths
     pred = ranker.predict(ps[:50])
@@ -65,7 +65,7 @@ def test_sliding_window_equals_a_fresh_fit_on_its_pairs() -> None:
     task = DigitsTask()
     ps = task.prompts(0, 250)
     lengths = [float(p.target_tokens) * (1 + (i % 3)) for i, p in enumerate(ps)]
-    rolling = LengthRanker(128, window=100, refit_pairs=1)
+    rolling = LengthRanker(128, window=100)
     for i in range(0, 250, 30):  # batches of 30: the window keeps the last 100 pairs
         rolling.update(ps[i : i + 30], lengths[i : i + 30])
     fresh = LengthRanker(128, window=100).fit(ps[150:], lengths[150:])
@@ -76,23 +76,9 @@ def test_sliding_window_equals_a_fresh_fit_on_its_pairs() -> None:
 def test_a_ranker_rebuilt_from_its_history_predicts_the_same() -> None:
     task = DigitsTask()
     ps = task.prompts(0, 200)
-    ranker = LengthRanker(66, window=150, refit_pairs=1).fit(ps[:100], [p.target_tokens for p in ps[:100]])
+    ranker = LengthRanker(66, window=150).fit(ps[:100], [p.target_tokens for p in ps[:100]])
     ranker.update(ps[100:], [1.5 * p.target_tokens for p in ps[100:]])  # some pairs have left the window
     tokens, lengths = ranker.history()
     assert len(tokens) == 150 and tokens[0] == list(ps[50].tokens)
     again = LengthRanker(66, window=150).fit(tokens, lengths)
     np.testing.assert_allclose(again.predict(ps[:20]), ranker.predict(ps[:20]), rtol=1e-6)
-
-
-def test_the_ranker_solves_again_once_refit_pairs_entered_and_predicts_with_the_last_solve_meanwhile() -> None:
-    task = DigitsTask()
-    ps = task.prompts(0, 200)
-    lengths = [float(p.target_tokens) * (1 + (i % 3)) for i, p in enumerate(ps)]
-    ranker = LengthRanker(128, window=100, refit_pairs=60).fit(ps[:40], lengths[:40])  # the first fit solves
-    first = ranker.predict(ps[150:170])
-    ranker.update(ps[40:70], lengths[40:70])  # 30 pairs since the solve: the same solution
-    np.testing.assert_array_equal(ranker.predict(ps[150:170]), first)
-    ranker.update(ps[70:100], lengths[70:100])  # 60: solved again, on the window as it is now
-    fresh = LengthRanker(128, window=100).fit(ps[:100], lengths[:100])
-    np.testing.assert_allclose(ranker.predict(ps[150:170]), fresh.predict(ps[150:170]), rtol=1e-6)
-    assert not np.allclose(first, fresh.predict(ps[150:170]))
