@@ -132,6 +132,7 @@ class ControllerAgent:
         self.stop_requested = False
         self.book = WeightBook()
         self.done_at: float | None = None  # when the last iteration was trained (the final weight sync starts)
+        self.stop_at: float | None = None  # when a stop was asked for while a checkpoint was being written
         self.core = ControllerCore(
             core_config(
                 job,
@@ -233,7 +234,7 @@ class ControllerAgent:
         """Run the job to its end; 0 when every iteration was trained, 1 when it failed."""
         no_rollout_since: float | None = None
         try:
-            while not self.core.failed and not self.stop_requested and not self._finished():
+            while not self.core.failed and not self._stopping() and not self._finished():
                 try:
                     what, who, payload = self.inbox.get(timeout=0.5)
                 except queue.Empty:
@@ -336,6 +337,17 @@ class ControllerAgent:
         if was is None:
             self.jobdir.event("job_paused", sites=sites, agents=sorted(p.name for p in away))
             log.warning("controller: %s", self.paused)
+
+    def _stopping(self) -> bool:
+        """A stop was asked for (`rlctl stop`); a checkpoint being written is completed first, so that the job
+        resumes from it (at most transport.timeout_s after the request)."""
+        if not self.stop_requested:
+            return False
+        if not self.writing:
+            return True
+        now = time.monotonic()
+        self.stop_at = self.stop_at or now
+        return now - self.stop_at > self.job.transport.timeout_s
 
     def _finished(self) -> bool:
         """Done once every iteration is trained and every live unit holds the last version (so a job ends

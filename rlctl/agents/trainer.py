@@ -30,6 +30,7 @@ its module, and what is published and checkpointed is the backend's HF-layout we
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import hmac
@@ -58,7 +59,7 @@ from rlctl.checkpoint.files import prune
 from rlctl.checkpoint.trainer import CheckpointError, HostPolicy, load_trainer, snapshot_shard, snapshot_trainer
 from rlctl.config.job import JobFile
 from rlctl.devices import Compute
-from rlctl.errors import ConfigError
+from rlctl.errors import ConfigError, TransportError
 from rlctl.launch.agentenv import ParallelConfig, parallel_from_env
 from rlctl.launch.jobref import resume_command
 from rlctl.models import hf
@@ -376,10 +377,15 @@ class TrainerAgent:
                 digest = write()
             except (CheckpointError, OSError) as e:  # the controller ends the job, naming why
                 log.error("trainer: checkpoint iter-%d not written: %s", version, e)
-                self.link.send(make("checkpoint_written", CheckpointWritten(version=version, error=str(e))))
+                with contextlib.suppress(TransportError):
+                    self.link.send(make("checkpoint_written", CheckpointWritten(version=version, error=str(e))))
                 return
             log.info("trainer: checkpoint iter-%d written in %.2f s beside training", version, time.monotonic() - t0)
-            self.link.send(make("checkpoint_written", CheckpointWritten(version=version, checkpoint=digest)))
+            try:
+                self.link.send(make("checkpoint_written", CheckpointWritten(version=version, checkpoint=digest)))
+            except TransportError as e:  # the controller is gone: its part of iter-N is never written
+                log.warning("trainer: checkpoint iter-%d written, the controller not told (%s): a resume uses an "
+                            "earlier complete checkpoint", version, e)  # fmt: skip
 
         return written
 

@@ -9,6 +9,7 @@ from the job's own ids and versions (and a few beyond them), and feeds them to t
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -234,3 +235,20 @@ def _trained(iteration: int, version: int) -> dict[str, Any]:
         "staleness_violations": 0,
         "busy_s": 0.1,
     }
+
+
+def test_a_stop_waits_for_the_checkpoint_being_written_whose_part_the_controller_writes_when_told(
+    running: Callable[[], Running], caplog: pytest.LogCaptureFixture
+) -> None:
+    r = running()
+    r.feed("trainer-0", make("trained", {**_trained(0, 1), "sample_ids": [], "checkpointing": True}))
+    assert list(r.ctl.writing) == [1] and not (r.jd.checkpoints / "latest.json").exists()
+    r.ctl.stop_requested = True
+    assert not r.ctl._stopping() and not r.ctl._finished()  # the trainer's part is still being written
+    with caplog.at_level(logging.WARNING, logger="rlctl.agents.controller"):
+        r.feed("trainer-0", make("checkpoint_written", {"version": 2, "checkpoint": "ab" * 32}))  # not being written
+    assert any("dropped checkpoint_written from trainer-0" in rec.getMessage() for rec in caplog.records)
+    r.feed("trainer-0", make("checkpoint_written", {"version": 1, "checkpoint": "ab" * 32}))
+    assert r.ctl.writing == {} and r.ctl._stopping()
+    assert json.loads((r.jd.checkpoints / "latest.json").read_text())["version"] == 1
+    assert r.ctl.core.failed is None
