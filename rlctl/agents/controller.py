@@ -106,6 +106,10 @@ def core_config(
     )
 
 
+# `rlctl stop` while a checkpoint is being written: the longest the controller waits for it (a model and its
+# optimizer state, fsynced to shared storage, can take minutes)
+STOP_CHECKPOINT_WAIT_S = 600.0
+
 # who may send what to the controller (a kind not listed here is dropped from anyone)
 SENDERS: dict[str, frozenset[str]] = {
     "sample": frozenset({"rollout"}),
@@ -340,14 +344,14 @@ class ControllerAgent:
 
     def _stopping(self) -> bool:
         """A stop was asked for (`rlctl stop`); a checkpoint being written is completed first, so that the job
-        resumes from it (at most transport.timeout_s after the request)."""
+        resumes from it (at most STOP_CHECKPOINT_WAIT_S after the request)."""
         if not self.stop_requested:
             return False
         if not self.writing:
             return True
         now = time.monotonic()
         self.stop_at = self.stop_at or now
-        return now - self.stop_at > self.job.transport.timeout_s
+        return now - self.stop_at > STOP_CHECKPOINT_WAIT_S
 
     def _finished(self) -> bool:
         """Done once every iteration is trained and every live unit holds the last version (so a job ends

@@ -56,7 +56,7 @@ from rlctl.agents.weights import PublishedModel, Target, WeightPublisher
 from rlctl.checkpoint.background import BackgroundWriter
 from rlctl.checkpoint.choose import resume_version
 from rlctl.checkpoint.files import prune
-from rlctl.checkpoint.trainer import CheckpointError, HostPolicy, load_trainer, snapshot_shard, snapshot_trainer
+from rlctl.checkpoint.trainer import HostPolicy, load_trainer, snapshot_shard, snapshot_trainer
 from rlctl.config.job import JobFile
 from rlctl.devices import Compute
 from rlctl.errors import ConfigError, TransportError
@@ -243,9 +243,11 @@ class TrainerAgent:
                             "latest complete checkpoint",
                             resume_command(self.ctx.jobdir.path.name),
                         )
-                    if msg is not None:  # the checkpoint being written is finished first
-                        self.writer.wait()
-                    link.close(final=self.figures() if msg is not None else None)
+                    try:
+                        if msg is not None:  # the checkpoint being written is finished first
+                            self.writer.wait()
+                    finally:
+                        link.close(final=self.figures() if msg is not None else None)
                     return
                 if msg.kind == "checkpointed":  # iter-v is complete: our parts `checkpoint.keep` lets go
                     complete.append(int(msg.header["version"]))
@@ -318,6 +320,7 @@ class TrainerAgent:
                     )
                     if checkpoint is not None:  # its checkpoint_written goes after this trained
                         self.writer.submit(checkpoint)
+                        checkpoint = None  # the writer holds the snapshot now: one in host memory at a time
                     ids = []
         finally:
             self.learner.stop_followers()
@@ -375,8 +378,9 @@ class TrainerAgent:
             t0 = time.monotonic()
             try:
                 digest = write()
-            except (CheckpointError, OSError) as e:  # the controller ends the job, naming why
-                log.error("trainer: checkpoint iter-%d not written: %s", version, e)
+            except Exception as e:  # noqa: BLE001 - any failure of the write (a full disk in safetensors, a rank's
+                # gather timing out) is told to the controller, which ends the job naming it: never a silent hang
+                log.error("trainer: checkpoint iter-%d not written: %s: %s", version, type(e).__name__, e)
                 with contextlib.suppress(TransportError):
                     self.link.send(make("checkpoint_written", CheckpointWritten(version=version, error=str(e))))
                 return

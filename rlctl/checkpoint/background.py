@@ -15,9 +15,12 @@ the caller, what a checkpoint costs training); `written_s` the writes' own time.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 
 class BackgroundWriter:
@@ -40,6 +43,7 @@ class BackgroundWriter:
             try:
                 write()
             except Exception as e:  # noqa: BLE001 - kept for the training thread: `wait` raises it there
+                log.error("%s: the write failed: %s: %s (raised at the next wait)", self._name, type(e).__name__, e)
                 self._error = e
             finally:
                 self.written_s += time.monotonic() - t0

@@ -12,6 +12,7 @@ changed keys refused unless RLCTL_SSH_HOST_KEY_CHECKING=off.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -165,6 +166,18 @@ def _remote_size(sftp: Any, path: str) -> int:
         return 0
 
 
+def _rename(sftp: Any, src: str, dst: str) -> None:
+    """Rename over an existing file: OpenSSH's posix-rename, else remove then rename (other SFTP servers)."""
+    try:
+        sftp.posix_rename(src, dst)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            sftp.remove(dst)
+        sftp.rename(src, dst)
+
+
 class SshRunner:
     """Runs shell commands on one SSH host over one connection, opened on first use."""
 
@@ -229,8 +242,12 @@ class SshRunner:
                     dst.write(chunk)
                     if progress is not None:
                         progress(len(chunk))
-            sftp.chmod(part, st.st_mode & 0o777)
-            sftp.posix_rename(part, remote)
+            try:
+                sftp.chmod(part, st.st_mode & 0o777)
+                _rename(sftp, part, remote)
+            except FileNotFoundError:  # another launch copying the same file (a shared model) renamed it first
+                if _remote_size(sftp, remote) != st.st_size:
+                    raise
         except (OSError, EOFError) as e:
             self.close()
             raise LaunchError(f"ssh {self.where}: cannot copy {local} to {remote}: {e or type(e).__name__}") from e

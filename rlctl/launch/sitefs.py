@@ -22,6 +22,7 @@ import hashlib
 import os
 import shlex
 import shutil
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -164,10 +165,13 @@ class LocalFiles(HostFiles):
         dst = Path(path)
         if dst.exists() and os.path.samefile(local, dst):
             return 0
-        try:
-            shutil.copyfile(local, dst)
-            os.chmod(dst, local.stat().st_mode & 0o777)
+        tmp = dst.with_name(f".{dst.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+        try:  # under a name of its own, then renamed: a reader of the old file (a job) never sees a half copy
+            shutil.copyfile(local, tmp)
+            os.chmod(tmp, local.stat().st_mode & 0o777)
+            os.replace(tmp, dst)
         except OSError as e:
+            tmp.unlink(missing_ok=True)
             raise LaunchError(f"cannot copy {local} to {dst}: {e}") from e
         if progress is not None:
             progress(dst.stat().st_size)

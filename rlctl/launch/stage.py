@@ -292,12 +292,6 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
     fs = host_files(site, host)
     fetched = []
     try:
-        for tree in TRACKER_DIRS:
-            for rel in fs.list_files(f"{root}/{tree}"):
-                dst = job_dir / tree / rel
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                fs.get(f"{root}/{tree}/{rel}", dst)
-                fetched.append(f"{tree}/{rel}")
         for name in RECORD_FILES:
             text = fs.read_text(f"{root}/{name}")
             if text is None:
@@ -308,6 +302,16 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
             tmp.write_text(text)
             tmp.replace(job_dir / name)
             fetched.append(name)
+        for tree in TRACKER_DIRS:  # after the record: a tracker file that goes away meanwhile costs only itself
+            for rel in fs.list_files(f"{root}/{tree}"):
+                dst = job_dir / tree / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    fs.get(f"{root}/{tree}/{rel}", dst)
+                except LaunchError as e:  # a tracker's temporary file, removed since the listing
+                    log.info("tracker file %s/%s not fetched: %s", tree, rel, e)
+                    continue
+                fetched.append(f"{tree}/{rel}")
     finally:
         fs.close()
     return fetched

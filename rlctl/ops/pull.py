@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,23 +123,31 @@ def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> 
         raise ValueError(f"{manifest_name('trainer')} lists a path outside the checkpoint")
     if not model:
         raise ValueError(f"{manifest_name('trainer')} lists no {MODEL}/ files")
-    to.mkdir(parents=True, exist_ok=True)
+    to.parent.mkdir(parents=True, exist_ok=True)
+    # every file into a directory of its own first; into `to` only once all of them verified (a damaged
+    # checkpoint leaves nothing behind, and never mixes into what `to` holds)
+    staging = to.with_name(f".{to.name}.pull-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
     total = 0
-    for rel, (size, sha) in sorted(model.items()):
-        dst = to / rel.removeprefix(f"{MODEL}/")
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.pull-{os.getpid()}")
-        try:
-            fs.get(f"{ckpt}/{rel}", tmp)
-        except LaunchError as e:
-            raise ValueError(f"{rel}: {e}") from e
-        got_size, got_sha = tmp.stat().st_size, _sha256(tmp)
-        if (got_size, got_sha) != (size, sha):
-            tmp.unlink()
-            raise ValueError(f"{rel}: {got_size} bytes, SHA-256 {got_sha[:12]}… here; the manifest lists {size}, "
-                             f"{sha[:12]}…")  # fmt: skip
-        tmp.replace(dst)
-        total += size
+    try:
+        for rel, (size, sha) in sorted(model.items()):
+            tmp = staging / rel.removeprefix(f"{MODEL}/")
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fs.get(f"{ckpt}/{rel}", tmp)
+            except LaunchError as e:
+                raise ValueError(f"{rel}: {e}") from e
+            got_size, got_sha = tmp.stat().st_size, _sha256(tmp)
+            if (got_size, got_sha) != (size, sha):
+                raise ValueError(f"{rel}: {got_size} bytes, SHA-256 {got_sha[:12]}… here; the manifest lists "
+                                 f"{size}, {sha[:12]}…")  # fmt: skip
+            total += size
+        for rel in sorted(model):
+            dst = to / rel.removeprefix(f"{MODEL}/")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            (staging / rel.removeprefix(f"{MODEL}/")).replace(dst)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     log.info("pulled checkpoint v%d (%d files, %d B) from %s to %s", version, len(model), total, source, to)
     return Pulled(version, to, len(model), total, f"{source}:{ckpt}", [])
 

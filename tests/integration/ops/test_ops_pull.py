@@ -44,7 +44,7 @@ def test_pull_brings_the_checkpoint_from_the_namespaced_site_and_transformers_lo
     assert got["source"].startswith("gen:") and f"@{services['RLCTL_TEST_NETSITE_HOST']}:" in got["source"], got
     model = transformers.AutoModelForCausalLM.from_pretrained(got["to"])
     assert sum(p.numel() for p in model.parameters()) > 0
-    assert (Path(got["to"]) / "tokenizer.json").exists() or (Path(got["to"]) / "config.json").exists()
+    assert sorted(p.name for p in Path(got["to"]).iterdir()) == ["config.json", "model.safetensors"]
 
     older = tmp_path / "v2"
     code, got = rlctl_json("pull", str(job_dir), "--checkpoint", "2", "--to", str(older), timeout_s=180)

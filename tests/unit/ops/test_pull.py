@@ -66,9 +66,10 @@ def test_pull_copies_the_newest_complete_checkpoint_and_checks_every_file(tmp_pa
     shard.write_bytes(bytes(data))
     got = pull(jd.path, to=tmp_path / "out")
     assert got.version == 1 and same(TinyGPT.from_pretrained(tmp_path / "out"), models[1])
-    assert not list((tmp_path / "out").glob(".*pull-*"))  # no partial file left behind
+    assert not list(tmp_path.glob(".*pull-*")) and not list((tmp_path / "out").glob(".*"))  # no partial copy left
     with pytest.raises(LaunchError, match=r"v2: model/.*safetensors: .* the manifest lists"):
-        pull(jd.path, checkpoint="2")
+        pull(jd.path, checkpoint="2", to=tmp_path / "damaged")
+    assert not (tmp_path / "damaged").exists() and not list(tmp_path.glob(".damaged.pull-*"))  # nothing of it here
     with pytest.raises(LaunchError, match=r"v5: no MANIFEST.trainer.json"):
         pull(jd.path, checkpoint="5")
     with pytest.raises(UsageError, match=r"--checkpoint 'newest': 'latest' or a version number"):
