@@ -382,7 +382,9 @@ class TrainerAgent:
                 # gather timing out) is told to the controller, which ends the job naming it: never a silent hang
                 log.error("trainer: checkpoint iter-%d not written: %s: %s", version, type(e).__name__, e)
                 with contextlib.suppress(TransportError):
-                    self.link.send(make("checkpoint_written", CheckpointWritten(version=version, error=str(e))))
+                    self.link.send(
+                        make("checkpoint_written", CheckpointWritten(version=version, error=f"{type(e).__name__}: {e}"))
+                    )
                 return
             log.info("trainer: checkpoint iter-%d written in %.2f s beside training", version, time.monotonic() - t0)
             try:

@@ -15,6 +15,7 @@ from rlctl.agents.messages import Hello, make
 from rlctl.agents.rollout import RolloutAgent
 from rlctl.agents.trainer import TrainerAgent
 from rlctl.checkpoint.files import latest_complete, read_manifest
+from rlctl.checkpoint.trainer import HostPolicy
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
 from rlctl.models.tinygpt import TinyGPT
@@ -43,8 +44,9 @@ def _job(mode: str, iterations: int = 3, algorithm: str = "grpo", checkpoint: di
     )
 
 
-def run_inproc(job: JobFile, tmp_path, name: str) -> tuple[JobDir, ControllerAgent]:
-    """Run `job` to its end in this process: controller, trainer and two rollout units on threads."""
+def run_inproc(job: JobFile, tmp_path, name: str, *, code: int = 0) -> tuple[JobDir, ControllerAgent]:
+    """Run `job` to its end in this process: controller, trainer and two rollout units on threads; `code`: the
+    controller's exit code expected."""
     jd = JobDir.create("inproc", explicit=tmp_path / "job")
     jd.write_job(job, source="test")
     jd.write_json(jd.plan_json, {"rollout": [{"site": "local", "units": 2}]})
@@ -58,10 +60,10 @@ def run_inproc(job: JobFile, tmp_path, name: str) -> tuple[JobDir, ControllerAge
         t.start()
     client = transport.connect(ctl.listener.address, timeout_s=5)
     client.send(make("hello", Hello(role="client", name="test")))
-    code = ctl.run()
+    got = ctl.run()
     for t in threads:
         t.join(timeout=30)
-    assert code == 0
+    assert got == code
     assert not any(t.is_alive() for t in threads)
     return jd, ctl
 
@@ -142,3 +144,18 @@ def test_status_api_answers_with_stage_times_and_agents(tmp_path):
         assert key in st
     assert st["state"] == "running" and st["iteration"] == 0
     ctl.listener.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_write_that_fails_in_the_background_ends_the_job_naming_it(tmp_path, monkeypatch):
+    """Any failure of the write beside training (here the policy's files: what safetensors raises on a full
+    disk is not an OSError) reaches the controller, which ends the job in one line; never a silent hang."""
+
+    def full(self, directory, *, tokenizer_from=None):
+        raise RuntimeError("No space left on device")
+
+    monkeypatch.setattr(HostPolicy, "save_pretrained", full)
+    jd, ctl = run_inproc(_job("async", iterations=4), tmp_path, "full-disk", code=1)
+    assert ctl.core.failed is not None
+    assert "the trainer could not write its part of checkpoint iter-2: RuntimeError: No space left" in ctl.core.failed
+    assert latest_complete(jd.checkpoints) is None
