@@ -10,6 +10,9 @@ every host NIC shaped to 2 Gbit/s both ways, the inter-DC link to 500 Mbit/s. We
 - gloo:       torch.distributed.broadcast (gloo backend) over the same namespaces;
 - rlctl_delta: the next version (2 % of the bf16 weights changed) sent as a lossless delta;
 - intra_dc_chain: b1 → b2 → b3 alone, against the pipelined-chain bound (S + (h−1)·c)/B;
+- slow_unit:  b2 slowed to a third of the inter-DC rate; the other receivers' completion (the slowest of them)
+              against the same plan unslowed, with the relay feeding one chain (b1 → b2 → b3: b3 waits for b2)
+              and two (`weight_sync.chains_per_datacenter`, default 2: b1 → b2, b1 → b3);
 - job:        a running job's own agents (controller + trainer on root, one rollout unit on each of
               b1-b3; bench.broadcast_job): each version's ~50 MiB of fp32 weights along the job's
               broadcast plan, copies counted from the job's events and the same tc counters
@@ -38,6 +41,7 @@ from rlctl.weights.plan import Endpoint, plan_broadcast
 
 DCS = {"dc-a": ["root", "a1"], "dc-b": ["b1", "b2", "b3"]}
 HOST_MBIT, INTER_DC_MBIT = 2000.0, 500.0
+SLOW_MBIT = INTER_DC_MBIT / 3  # the slow unit's NIC (slow_unit)
 CHUNK_BYTES = 4 << 20
 PORT = 7100
 
@@ -69,8 +73,17 @@ def _run_agents(lab: NetLab, nbytes: int, secret: str) -> dict[str, Any]:
         ),
         (4, "intra_dc_chain", "b1", {"b2": ["b1"], "b3": ["b2", "b1"]}, True),
     ]
+    for k, chains in enumerate((1, 2)):  # each plan unslowed, then with b2 slowed
+        p = plan_broadcast([Endpoint("root", "dc-a")], _receivers(), dc_chains=chains)
+        planned = {r.name: [p.parent[r.name], *p.fallbacks[r.name]] for r in p.receivers}
+        rounds += [
+            (5 + 2 * k, f"chains_{chains}", "root", planned, True),
+            (6 + 2 * k, f"chains_{chains}_slow_b2", "root", planned, True),
+        ]
     try:
         for version, method, publisher, holders, anchor in rounds:
+            lab_rate = SLOW_MBIT if method.endswith("_slow_b2") else HOST_MBIT
+            lab.set_host_rate("b2", lab_rate)
             agents[publisher].command(
                 cmd="publish", version=version, bytes=nbytes, seed=7, change_frac=0.02, anchor=anchor
             )
@@ -89,6 +102,7 @@ def _run_agents(lab: NetLab, nbytes: int, secret: str) -> dict[str, Any]:
                     "delta" if "delta" in published["encoding"] else "full"
                 ),
                 "receiver_seconds": {k: round(d["seconds"], 3) for k, d in done.items()},
+                "parents": {k: hs[0] for k, hs in holders.items()},
             }
     finally:
         for a in agents.values():
@@ -188,7 +202,26 @@ def run(*, quick: bool) -> dict[str, Any]:
     c["chain_bound_s"] = (nbytes + (2 - 1) * CHUNK_BYTES) / host_goodput
     c["ratio_to_chain_bound"] = c["chain_bound_s"] / c["seconds"]
     result["job"], result["job_delta"] = jobs["full"], jobs["delta"]
+    result["slow_unit"] = _slow_unit(agents)
     return result
+
+
+def _slow_unit(agents: dict[str, Any]) -> dict[str, Any]:
+    """Per plan (1 or 2 chains in dc-b): the slowest receiver other than b2, slowed over unslowed."""
+    out: dict[str, Any] = {"slow_mbit": SLOW_MBIT}
+    for chains in (1, 2):
+        base, slow = agents[f"chains_{chains}"], agents[f"chains_{chains}_slow_b2"]
+        others = [n for n in base["receiver_seconds"] if n != "b2"]
+        t0 = max(base["receiver_seconds"][n] for n in others)
+        t1 = max(slow["receiver_seconds"][n] for n in others)
+        out[f"chains_{chains}"] = {
+            "others_s": round(t0, 3),
+            "others_s_b2_slow": round(t1, 3),
+            "others_ratio": round(t1 / t0, 3),
+            "b2_s_slow": slow["receiver_seconds"]["b2"],
+            "plan": base["parents"],
+        }
+    return out
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -216,6 +249,14 @@ def summary(result: dict[str, Any]) -> str:
             f"{j['seconds']:.1f} s: inter_dc_copies {j['inter_dc_copies']:.3f} (events: "
             f"{j['copies_per_version_from_events']:.2f}/version, {j['relayed_pulls']} relayed pulls), "
             f"fraction_of_inter_dc_link {j['fraction_of_inter_dc_link']:.3f} ({', '.join(j['transfer_time'])})"
+        )
+    su = result["slow_unit"]
+    for chains in (1, 2):
+        c = su[f"chains_{chains}"]
+        lines.append(
+            f"  slow unit (b2 at {su['slow_mbit']:.0f} Mbit/s), {chains} chain(s) in dc-b: the others done in "
+            f"{c['others_s_b2_slow']:.2f} s against {c['others_s']:.2f} s unslowed (×{c['others_ratio']:.2f}; "
+            f"goal ≤ 1.2), b2 in {c['b2_s_slow']:.2f} s"
         )
     return "\n".join(lines)
 

@@ -154,7 +154,7 @@ class NetLab:
         _run(["ip", "-n", name, "link", "set", "lo", "up"])
         return name
 
-    def _tbf(self, ns: str, dev: str, rate_mbit: float, burst_bytes: int) -> None:
+    def _tbf(self, ns: str, dev: str, rate_mbit: float, burst_bytes: int, *, op: str = "add") -> None:
         _run(
             [
                 "ip",
@@ -163,7 +163,7 @@ class NetLab:
                 ns,
                 "tc",
                 "qdisc",
-                "add",
+                op,
                 "dev",
                 dev,
                 "root",
@@ -215,6 +215,13 @@ class NetLab:
         proc = subprocess.Popen(["ip", "netns", "exec", self.hosts[host].netns, *argv], **popen)
         self._procs.append(proc)
         return proc
+
+    def set_host_rate(self, host: str, rate_mbit: float) -> None:
+        """Reshape one host's NIC, both directions, to `rate_mbit` (a slow unit; the spec's rate restores it)."""
+        h = self.hosts[host]
+        d, x = h.netns.removeprefix(f"{self.prefix}h").split("x")
+        for ns, dev in ((h.netns, "eth0"), (f"{self.prefix}d{d}", f"h{x}")):
+            self._tbf(ns, dev, rate_mbit, self.spec.host_burst_bytes, op="replace")
 
     def inter_dc_bytes(self) -> int:
         """Bytes sent so far from all datacenters into the WAN (sum over uplink egress queues)."""

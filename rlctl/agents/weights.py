@@ -155,6 +155,7 @@ def plan_version(
     previous: BroadcastPlan | None = None,
     dc_links: set[frozenset[str]] | None = None,
     fanout: int = 1,
+    dc_chains: int = 1,
 ) -> BroadcastPlan:
     """The broadcast tree of one version: `roots` are the trainer ranks' weight nodes (in `datacenter`).
 
@@ -164,7 +165,7 @@ def plan_version(
     names = receiver_order(targets, [e.name for e in previous.receivers] if previous is not None else [])
     receivers = [Endpoint(n, targets[n].datacenter, targets[n].weights) for n in names]
     root_eps = [Endpoint(f"trainer-{i}", datacenter, a) for i, a in enumerate(roots)]
-    return plan_broadcast(root_eps, receivers, dc_links=dc_links, fanout=fanout)
+    return plan_broadcast(root_eps, receivers, dc_links=dc_links, fanout=fanout, dc_chains=dc_chains)
 
 
 def holders_for(plan: BroadcastPlan, name: str) -> list[str]:
@@ -250,6 +251,7 @@ class WeightPublisher:
         self._timeout_s = timeout_s
         self._fanout = fanout
         self._sync = sync
+        self._chains = sync.chains_per_datacenter
         self.node: WeightNode = (
             RootNode(transport, listen, node_config(sync, timeout_s=timeout_s))
             if sync.mode == "delta"
@@ -399,13 +401,17 @@ class WeightPublisher:
             return
         # after the last plan: relays stay, newcomers go below units that hold or fetch `version`
         try:
-            plan = plan_version(roots, dc, targets, previous=self.plan, dc_links=links, fanout=self._fanout)
+            plan = plan_version(
+                roots, dc, targets, previous=self.plan, dc_links=links, fanout=self._fanout, dc_chains=self._chains
+            )
         except PlanError as e:  # the inventory's links leave a datacenter unreached: route as if all linked
             if links is not None:
                 log.warning("weights v%d: %s; planning as if every pair of datacenters were linked", version, e)
                 with self._lock:
                     self._dc_links = None
-            plan = plan_version(roots, dc, targets, previous=self.plan, dc_links=None, fanout=self._fanout)
+            plan = plan_version(
+                roots, dc, targets, previous=self.plan, dc_links=None, fanout=self._fanout, dc_chains=self._chains
+            )
         self.plan = plan
         for name in plan.order:  # parents before children: relays start first
             if name not in todo:

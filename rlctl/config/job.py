@@ -321,6 +321,11 @@ class WeightSync(Strict):
         "demand (a unit joins, a job resumes, a verification fails), every other version as a delta",
     )
     chunk_bytes: PositiveInt = 4 * 1024 * 1024
+    chains_per_datacenter: PositiveInt = Field(
+        2,
+        description="chains the relay of a datacenter feeds with each version (one copy crosses each inter-DC "
+        "link, then it splits): a slow rollout unit holds back only the units below it in its own chain",
+    )
 
 
 class Metrics(Strict):

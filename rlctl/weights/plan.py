@@ -1,14 +1,15 @@
 """Broadcast planning: who receives a weight version from whom (pure, no I/O).
 
-    DC-A (trainer)                          DC-B (rollout)
-    root0 ──▶ a1 ──▶ a3                      b1 (designated) ──▶ b2 ──▶ b3
-    root1 ──▶ a2                   ▲
+    DC-A (trainer)                          DC-B (rollout), dc_chains 2
+    root0 ──▶ a1 ──▶ a3                      b1 (designated) ──▶ b2 ──▶ b4
+    root1 ──▶ a2                   ▲              └──────────▶ b3 ──▶ b5
       └───────── one copy per inter-DC link ┘
 
 Rules (StreamRL §6 "Weights transmission"):
 - datacenters form a tree rooted at the trainer's datacenter(s) over the declared inter-DC
   links (breadth-first, so the fewest links are crossed); exactly one copy crosses each link used,
-  to a designated receiver, which re-broadcasts inside its datacenter;
+  to a designated receiver, which re-broadcasts inside its datacenter over `dc_chains` chains (a slow
+  unit holds back only its own chain);
 - inside the trainer's datacenter the local receivers are dealt round-robin onto pipelined chains
   (`fanout=1`) or trees, one per trainer root, so every root's uplink is busy and loads differ by ≤ 1;
   a datacenter's inbound copy is sent by the least-loaded holder of the parent datacenter;
@@ -93,16 +94,22 @@ def plan_broadcast(
     *,
     dc_links: set[frozenset[str]] | None = None,
     fanout: int = 1,
+    dc_chains: int = 1,
 ) -> BroadcastPlan:
     """Plan one broadcast from `roots` (trainer DP ranks holding the version) to `receivers`.
+
+    `dc_chains`: in a datacenter the copy enters through its relay, which feeds up to this many chains (or
+    trees) of the other receivers there, dealt round-robin: a slow unit throttles only the units below it in
+    its own chain, and the relay's uplink carries `dc_chains` copies (it has the host link's rate, the copy
+    arrives at the slower inter-DC rate).
 
     Receivers are planned in the order given: the first of each datacenter is its designated receiver
     (relay) and chains follow that order, so a caller that keeps the order across versions keeps its
     relays (rlctl.agents.weights.receiver_order)."""
     if not roots:
         raise PlanError("a broadcast needs at least one root (a trainer rank holding the weights)")
-    if fanout < 1:
-        raise ValueError(f"fanout must be ≥ 1, got {fanout}")
+    if fanout < 1 or dc_chains < 1:
+        raise ValueError(f"fanout and dc_chains must be ≥ 1, got {fanout} and {dc_chains}")
     names = [e.name for e in (*roots, *receivers)]
     if len(set(names)) != len(names):
         raise PlanError(f"endpoint names repeat: {sorted(n for n in set(names) if names.count(n) > 1)}")
@@ -127,7 +134,7 @@ def plan_broadcast(
         # the inbound copy comes from a root of the parent DC if it has any (least loaded first)
         holders = roots_by_dc.get(up) or by_dc[up]
         parent[members[0]] = min(holders, key=lambda n: (load[n], holders.index(n)))
-        _attach([members[0]], members[1:], fanout, parent)
+        _attach([members[0]] * min(dc_chains, max(1, len(members) - 1)), members[1:], fanout, parent)
 
     order: list[str] = [e.name for e in roots]
     kids: dict[str, list[str]] = {}
@@ -162,6 +169,7 @@ def plan_from_inventory(
     receivers: list[tuple[str, str, str]],
     *,
     fanout: int = 1,
+    dc_chains: int = 1,
 ) -> BroadcastPlan:
     """Plan from (name, site, address) triples; datacenters and inter-DC links come from the inventory."""
 
@@ -178,4 +186,4 @@ def plan_from_inventory(
         a, b = (inventory.site(s).datacenter for s in link.between)
         if a != b:
             links.add(frozenset((a, b)))
-    return plan_broadcast(endpoints(roots), endpoints(receivers), dc_links=links, fanout=fanout)
+    return plan_broadcast(endpoints(roots), endpoints(receivers), dc_links=links, fanout=fanout, dc_chains=dc_chains)

@@ -94,7 +94,8 @@ class _Unit:
 
 def test_a_publisher_keeps_one_copy_into_the_datacenter_as_units_join_mid_version_and_the_relay_is_lost():
     transport = InprocTransport(secret=b"k" * 16)
-    pub = WeightPublisher(transport, listen="inproc://", sync=WeightSync(mode="delta", chunk_bytes=4096), timeout_s=10)
+    sync = WeightSync(mode="delta", chunk_bytes=4096, chains_per_datacenter=1)  # one chain: who is below whom
+    pub = WeightPublisher(transport, listen="inproc://", sync=sync, timeout_s=10)
     trainer = pub.node.address
     units = {n: _Unit(transport, n, dc, h) for n, (dc, h) in (DC_B | JOINERS).items()}
     by_weights = {u.target.weights: n for n, u in units.items()} | {trainer: "trainer"}

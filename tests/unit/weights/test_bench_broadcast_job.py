@@ -34,3 +34,21 @@ def test_fetch_s_in_the_event_wins_over_the_event_stamps():
     ]
     (row,) = per_version(events)
     assert (row["transfer_s"], row["transfer_time"]) == (0.75, "fetch_s")
+
+
+def test_the_slow_unit_case_compares_the_others_slowest_receiver_slowed_and_not():
+    from bench.broadcast import _slow_unit
+
+    def rnd(b2: float, b3: float, parent_b3: str) -> dict:
+        return {"receiver_seconds": {"a1": 0.5, "b1": 1.0, "b2": b2, "b3": b3}, "parents": {"b3": parent_b3}}
+
+    agents = {
+        "chains_1": rnd(1.1, 1.2, "b2"),
+        "chains_1_slow_b2": rnd(3.3, 3.6, "b2"),  # b3 waits for b2
+        "chains_2": rnd(1.1, 1.2, "b1"),
+        "chains_2_slow_b2": rnd(3.3, 1.25, "b1"),
+    }
+    got = _slow_unit(agents)
+    assert (got["chains_1"]["others_s"], got["chains_1"]["others_s_b2_slow"]) == (1.2, 3.6)
+    assert got["chains_1"]["others_ratio"] == 3.0 and got["chains_2"]["others_ratio"] == round(1.25 / 1.2, 3)
+    assert got["chains_2"]["b2_s_slow"] == 3.3 and got["chains_2"]["plan"] == {"b3": "b1"}

@@ -114,3 +114,18 @@ def test_receivers_are_planned_in_the_given_order_the_first_of_a_datacenter_rela
     assert plan.parent == {"b9": "r", "b1": "b9", "b5": "b1"}
     assert [e.name for e in plan.receivers] == ["b9", "b1", "b5"]
     _check_tree(plan)
+
+
+@pytest.mark.parametrize("chains", [2, 3])
+def test_a_relay_feeds_several_chains_so_a_slow_unit_holds_back_only_its_own(chains):
+    receivers = [Endpoint(f"b{i}", "B") for i in range(1, 8)]
+    plan = plan_broadcast([Endpoint("root", "A")], receivers, dc_chains=chains)
+    assert plan.inter_dc_edges() == [("root", "b1")]  # still one copy across
+    assert sorted(plan.children("b1")) == [f"b{i}" for i in range(2, 2 + chains)]
+    below_b2 = _descendants(plan, "b2")  # a slow b2 delays these only
+    assert len(below_b2) == len(range(2 + chains, 8, chains)) and len(below_b2) < len(receivers) - 2
+    depths = Counter(plan.depth(r.name) for r in receivers if r.name != "b1")
+    assert max(depths) - 1 == -(-6 // chains)  # chain length: the 6 others dealt over `chains` chains
+    _check_tree(plan)
+    one = plan_broadcast([Endpoint("root", "A")], receivers, dc_chains=1)
+    assert _descendants(one, "b2") == {f"b{i}" for i in range(3, 8)}  # one chain: everyone after b2
