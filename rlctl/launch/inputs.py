@@ -1,7 +1,8 @@
 """What a job starts from, built once at launch in the job directory (then staged to every site):
 
-model/init/   the starting policy: the built-in demo model after its SFT warm-up (cached), or a copy of
-              the user's Hugging Face checkpoint directory (config, weights, tokenizer files)
+model/init/   the starting policy: the built-in demo model after its SFT warm-up (cached), or the user's
+              Hugging Face checkpoint directory's files (config, weights, tokenizer files), hard-linked where
+              the job dir is on the same filesystem, else copied
 data/         a dataset task's prompts, tokenized once with the model's tokenizer (rlctl.rl.dataset), so
               every site sees the same token ids
 reward/       a dataset task's reward file (`path/to/file.py:name`), copied; the resolved job names it
@@ -10,6 +11,7 @@ reward/       a dataset task's reward file (`path/to/file.py:name`), copied; the
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -66,7 +68,7 @@ def _starting_policy(jobdir: JobDir, spec: JobFile) -> None:
         jobdir.init_model.mkdir(parents=True, exist_ok=True)
         for f in sorted(src.iterdir()):
             if f.is_file():
-                shutil.copy2(f, jobdir.init_model / f.name)
+                reference(f, jobdir.init_model / f.name)
         return
     if not isinstance(spec.task, DigitsTask) or spec.model.kind != "builtin":
         raise UsageError(
@@ -84,3 +86,16 @@ def _starting_policy(jobdir: JobDir, spec: JobFile) -> None:
         model.load_state_dict(sft.warmup(Digits(spec.task), steps=spec.warmup.sft_steps, seed=spec.seed))
         jobdir.event("sft_warmup", steps=spec.warmup.sft_steps, seconds=round(time.monotonic() - t0, 2))
     model.save_pretrained(jobdir.init_model)
+
+
+def reference(src: Path, dst: Path) -> str:
+    """`dst` holds `src`'s bytes: a hard link where both are on one filesystem (no copy of a 15 GB checkpoint,
+    no second copy on disk; it outlives `src`'s removal), else a copy. Staging records the starting model's
+    checksums at the first launch and refuses a later launch of the job when they changed (`stage.INIT_RECORD`).
+    Returns "linked" or "copied"."""
+    try:
+        os.link(src, dst)
+        return "linked"
+    except OSError:  # another filesystem, or links not allowed there
+        shutil.copy2(src, dst)
+        return "copied"

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 STAGED_FILE = "staged.json"
 TOP_FILES = ("job.json", "plan.json", SITES_FILE, "secret")
 INIT_MODEL = "model/init"  # the starting policy: staged once per work root and model (`model_cache`)
+INIT_RECORD = "init-model.json"  # the operator's record of the starting model's files (`check_init_record`)
 TREES = ("model", "data", "reward")  # what prepare() builds (rlctl.launch.inputs): policy, data set, reward file
 RECORD_FILES = ("controller.json", "summary.json", "metrics.jsonl", "events.jsonl")
 TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
@@ -86,12 +87,13 @@ def stage_site(
     job_id: str,
     names: list[str] | None = None,
     progress: StagingProgress | None = None,
+    want: dict[str, FileState] | None = None,
 ) -> dict[str, Any]:
     """Copy the job's files from `src` to every host view of `site`, verify them; the site's staged.json entry.
     A copy cut short by an earlier launch goes on from its bytes; one that then does not verify is copied again
     from its start (once). `progress` counts the bytes as they go."""
     names = files_to_stage(src) if names is None else names
-    want = {n: file_state(src / n) for n in names}
+    want = {n: file_state(src / n) for n in names} if want is None else want
     root = site_root(site, job_id, here=src)
 
     model = [n for n in names if n.startswith(INIT_MODEL + "/")]
@@ -146,6 +148,28 @@ def stage_site(
     return out
 
 
+def check_init_record(job_dir: Path, want: dict[str, FileState]) -> None:
+    """Record the starting model's files (size, SHA-256) at the job's first launch; at a later one (a resume),
+    LaunchError naming the first file that changed since (a hard link shares its bytes with the checkpoint the
+    job was launched from: rewriting that checkpoint in place would change the job's reference policy)."""
+    files = {n: f for n, f in want.items() if n.startswith(INIT_MODEL + "/")}
+    record = job_dir / INIT_RECORD
+    if not record.exists():
+        tmp = record.with_name(record.name + ".tmp")
+        tmp.write_text(json.dumps({n: [f.size, f.sha256] for n, f in sorted(files.items())}, indent=1) + "\n")
+        tmp.replace(record)
+        return
+    then = {n: tuple(v) for n, v in json.loads(record.read_text()).items()}
+    for n in sorted(set(then) | set(files)):
+        now = (files[n].size, files[n].sha256) if n in files else None
+        if now != then.get(n):
+            raise LaunchError(
+                f"{job_dir / n}: the job's starting model changed since its first launch ("
+                + ("missing now" if now is None else "new" if n not in then else "other bytes")
+                + "): restore the checkpoint it was launched from, or launch a new job"
+            )
+
+
 def model_digest(files: dict[str, FileState]) -> str:
     """A model directory's content address: SHA-256 over its files' names, sizes and SHA-256s (32 hex digits)."""
     lines = "".join(f"{n}\t{f.size}\t{f.sha256}\n" for n, f in sorted(files.items()))
@@ -181,12 +205,16 @@ def stage_all(
     job_dir: Path, sites: dict[str, Site], *, job_id: str, say: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """Stage to every site of the job (once each; a site already holding identical files gets no copy). `say`:
-    where the copy's progress goes (a line every PROGRESS_INTERVAL_S while it runs, one at its end)."""
+    where the copy's progress goes (a line every PROGRESS_INTERVAL_S while it runs, one at its end). The job's
+    files are hashed once; the starting model's checksums are recorded at the first launch (INIT_RECORD) and a
+    later launch whose starting model changed is refused (its files may be hard links to the user's)."""
     staged = read_staged(job_dir)
     names = files_to_stage(job_dir)
+    want = {n: file_state(job_dir / n) for n in names}
+    check_init_record(job_dir, want)
     for name, site in sorted(sites.items()):
         progress = StagingProgress(name, say) if say is not None else None
-        staged[name] = stage_site(name, site, job_dir, job_id=job_id, names=names, progress=progress)
+        staged[name] = stage_site(name, site, job_dir, job_id=job_id, names=names, progress=progress, want=want)
         if progress is not None:
             progress.done()
     write_staged(job_dir, staged)

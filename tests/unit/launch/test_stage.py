@@ -227,3 +227,34 @@ def test_stage_all_reports_the_copy_and_says_nothing_when_nothing_is_copied(tmp_
     said.clear()
     stage_all(src, {"far": local_site(tmp_path / "w")}, job_id="job-1", say=said.append)
     assert said == []
+
+
+def test_the_starting_model_is_recorded_at_the_first_launch_and_a_changed_one_refused_later(tmp_path: Path) -> None:
+    src = job_dir(tmp_path)
+    site = {"far": local_site(tmp_path / "w")}
+    stage_all(src, site, job_id="job-1")
+    record = json.loads((src / stage.INIT_RECORD).read_text())
+    assert sorted(record) == ["model/init/config.json", "model/init/model.safetensors"]
+    stage_all(src, site, job_id="job-1")  # a resume with the same model: fine
+    (src / "model" / "init" / "config.json").write_text('{"hidden_size": 8}')  # rewritten in place
+    with pytest.raises(LaunchError, match=r"model/init/config.json: the job's starting model changed since its "
+                       r"first launch \(other bytes\): restore the checkpoint"):  # fmt: skip
+        stage_all(src, site, job_id="job-1")
+
+
+def test_the_users_checkpoint_is_hard_linked_where_it_can_be_and_copied_where_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlctl.launch.inputs import reference
+
+    src = tmp_path / "ckpt" / "model.safetensors"
+    src.parent.mkdir()
+    src.write_bytes(os.urandom(1024))
+    assert reference(src, tmp_path / "a") == "linked" and (tmp_path / "a").stat().st_ino == src.stat().st_ino
+
+    def cross_device(a: object, b: object) -> None:
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", cross_device)
+    assert reference(src, tmp_path / "b") == "copied"
+    assert (tmp_path / "b").stat().st_ino != src.stat().st_ino and (tmp_path / "b").read_bytes() == src.read_bytes()
