@@ -46,6 +46,9 @@ def _root(
         os.environ[hostkeys.ENV] = "off"
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # paramiko's transport thread logs what rlctl reports itself in one line (a host that never sends its
+    # banner, a connection given up at a deadline), and at a time of its own: shown with -v / --debug only
+    logging.getLogger("paramiko").setLevel(level if level < logging.WARNING else logging.CRITICAL)
 
 
 for module in (version, check, completion, profile, plan, launch, status, scale, stop, logs, pull, report):
