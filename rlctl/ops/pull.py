@@ -15,7 +15,6 @@ the trainer wrote, with the starting model's tokenizer files.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlctl.checkpoint.choose import LATEST_POINTER, checkpoint_versions, manifest_name, parse_latest
+from rlctl.checkpoint.files import file_digest
 from rlctl.errors import LaunchError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, read_sites
 from rlctl.launch.jobdir import JobDir
@@ -137,7 +137,7 @@ def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> 
                 fs.get(f"{ckpt}/{rel}", tmp)
             except LaunchError as e:
                 raise ValueError(f"{rel}: {e}") from e
-            got_size, got_sha = tmp.stat().st_size, _sha256(tmp)
+            got_size, got_sha = tmp.stat().st_size, file_digest(tmp)
             if (got_size, got_sha) != (size, sha):
                 raise ValueError(f"{rel}: {got_size} bytes, SHA-256 {got_sha[:12]}… here; the manifest lists "
                                  f"{size}, {sha[:12]}…")  # fmt: skip
@@ -159,11 +159,3 @@ def fetch_trackers(job_dir: Path) -> list[str]:
     if view is None:
         return []
     return [name for name in fetch_record(job_dir, *view) if name.split("/")[0] in TRACKER_DIRS]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
