@@ -173,15 +173,7 @@ class HostPolicy:
         self.config = config
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        hf.save_state_dict(self.state, d)
-        dtype = next((t.dtype for t in self.state.values() if t.is_floating_point()), torch.float32)
-        config = {**self.config.to_hf(), "torch_dtype": str(dtype).removeprefix("torch.")}
-        (d / hf.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        if tokenizer_from is not None:
-            hf.copy_tokenizer_files(tokenizer_from, d)
-        return d
+        return hf.write_pretrained(directory, self.state, self.config, tokenizer_from=tokenizer_from)
 
 
 def _shard_snapshot(

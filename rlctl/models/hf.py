@@ -419,6 +419,26 @@ def save_state_dict(
     return [d / n for n in names]
 
 
+def write_pretrained(
+    directory: str | Path,
+    sd: Mapping[str, torch.Tensor],
+    config: TinyGPTConfig,
+    *,
+    tokenizer_from: str | Path | None = None,
+    max_shard_bytes: int | None = None,
+) -> Path:
+    """An HF checkpoint directory: the weights `sd` (`save_state_dict`), config.json naming their dtype, and
+    the tokenizer files of checkpoint `tokenizer_from` when given. What every `save_pretrained` writes."""
+    d = Path(directory)
+    save_state_dict(sd, d, max_shard_bytes=max_shard_bytes)
+    dtype = next((t.dtype for t in sd.values() if t.is_floating_point()), None)
+    name = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+    (d / CONFIG_FILE).write_text(json.dumps({**config.to_hf(), "torch_dtype": name}, indent=2) + "\n")
+    if tokenizer_from is not None:
+        copy_tokenizer_files(tokenizer_from, d)
+    return d
+
+
 def _pack(tensors: Mapping[str, torch.Tensor], max_shard_bytes: int | None) -> list[list[str]]:
     """Tensor names in order, cut into shards of ≤ max_shard_bytes (a larger tensor gets its own)."""
     shards: list[list[str]] = [[]]

@@ -28,7 +28,6 @@ repeating K/V for every query head.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
@@ -327,17 +326,12 @@ class TinyGPT(nn.Module):
     ) -> Path:
         """Write config.json and the weights (sharded above `max_shard_bytes`, cast to `dtype`), and
         copy the tokenizer files of checkpoint `tokenizer_from` when given."""
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
         sd = {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in self.state_dict().items()}
         if self.config.tie_word_embeddings:
             sd.pop("lm_head.weight")
-        hf.save_state_dict(sd, d, max_shard_bytes=max_shard_bytes)
-        config = {**self.config.to_hf(), "torch_dtype": str(dtype).removeprefix("torch.")}
-        (d / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        if tokenizer_from is not None:
-            hf.copy_tokenizer_files(tokenizer_from, d)
-        return d
+        return hf.write_pretrained(
+            directory, sd, self.config, tokenizer_from=tokenizer_from, max_shard_bytes=max_shard_bytes
+        )
 
     @classmethod
     def from_pretrained(

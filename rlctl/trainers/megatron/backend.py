@@ -43,7 +43,6 @@ Preflight refuses a GPU trainer site (the runtime trains on CPU tensors).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -196,13 +195,7 @@ class MegatronBackend(TrainerBackend):
         """An fp32 HF checkpoint, as TinyGPT.save_pretrained writes it. At tp or pp > 1 it reuses the weights the last
         `weights()` gathered (a collective every rank joins when it publishes), so rank 0 must publish a version
         before it checkpoints it, as the trainer does: rank 0 alone saving would not be a collective."""
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
         sd = self.weights()
         if self.config.tie_word_embeddings:
             del sd["lm_head.weight"]
-        hf.save_state_dict(sd, d)
-        (d / hf.CONFIG_FILE).write_text(json.dumps({**self.config.to_hf(), "torch_dtype": "float32"}, indent=2) + "\n")
-        if tokenizer_from is not None:
-            hf.copy_tokenizer_files(tokenizer_from, d)
-        return d
+        return hf.write_pretrained(directory, sd, self.config, tokenizer_from=tokenizer_from)
