@@ -6,14 +6,11 @@ publishers together hold ≤ 1.25 × the model's bytes."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.unit.trainers.ranks import run_rank_script
 
 RANK = Path(__file__).with_name("roots_rank.py")
 
@@ -21,19 +18,7 @@ RANK = Path(__file__).with_name("roots_rank.py")
 @pytest.mark.timeout(180)
 def test_the_lowest_rank_of_a_host_is_its_one_root(tmp_path: Path) -> None:
     world = 2
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(RANK), str(r), str(world), str(tmp_path / "rdzv"), str(tmp_path / f"out{r}.json")],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=150)
-        assert p.returncode == 0, err[-3000:]
+    run_rank_script(RANK, world, lambda r: [str(tmp_path / "rdzv"), str(tmp_path / f"out{r}.json")])
     r0, r1 = (json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(world))
     assert (r0["holds"], r1["holds"]) == (True, False)
     assert len(r0["roots"]) == 1 and r0["roots"] == r1["roots"]  # rank 0's node only

@@ -34,3 +34,18 @@ def spawn_ranks(
         )
         for r in range(world)
     ]
+
+
+def run_rank_script(script: Path, world: int, args: Callable[[int], list[str]], *, timeout_s: float = 150) -> None:
+    """Run `script RANK WORLD *args(RANK)` for every rank of a gloo group and wait: each must exit 0 (the tail of
+    its stderr in the failure)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), str(world), *args(r)], env=env, stderr=subprocess.PIPE, text=True
+        )
+        for r in range(world)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=timeout_s)
+        assert p.returncode == 0, err[-3000:]

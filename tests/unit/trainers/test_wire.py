@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.unit.trainers.ranks import ROOT, run_rank_script
 
 RANK = Path(__file__).with_name("wire_rank.py")
 
@@ -22,19 +19,7 @@ RANK = Path(__file__).with_name("wire_rank.py")
 @pytest.mark.timeout(180)
 def test_values_cross_the_group_as_typed_msgpack(tmp_path: Path) -> None:
     world = 3
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(RANK), str(r), str(world), str(tmp_path / "rdzv"), str(tmp_path / f"out{r}.json")],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=150)
-        assert p.returncode == 0, err[-3000:]
+    run_rank_script(RANK, world, lambda r: [str(tmp_path / "rdzv"), str(tmp_path / f"out{r}.json")])
     outs = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(world)]
     sample = {"prompt_id": "p0", "prompt_tokens": [1, 2], "output_tokens": [3, 4, 5],
               "logprobs": [-0.5, -1.25, -2.0], "reward": 0.75, "version": 3, "ref_logprobs": None}  # fmt: skip
