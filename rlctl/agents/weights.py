@@ -251,7 +251,6 @@ class WeightPublisher:
         self._timeout_s = timeout_s
         self._fanout = fanout
         self._sync = sync
-        self._chains = sync.chains_per_datacenter
         self.node: WeightNode = (
             RootNode(transport, listen, node_config(sync, timeout_s=timeout_s))
             if sync.mode == "delta"
@@ -399,19 +398,27 @@ class WeightPublisher:
         todo = {n: t for n, t in targets.items() if self._told.get(n, -1) < version}
         if not todo:
             return
+
         # after the last plan: relays stay, newcomers go below units that hold or fetch `version`
-        try:
-            plan = plan_version(
-                roots, dc, targets, previous=self.plan, dc_links=links, fanout=self._fanout, dc_chains=self._chains
+        def planned(dc_links: set[frozenset[str]] | None) -> BroadcastPlan:
+            return plan_version(
+                roots,
+                dc,
+                targets,
+                previous=self.plan,
+                dc_links=dc_links,
+                fanout=self._fanout,
+                dc_chains=self._sync.chains_per_datacenter,
             )
+
+        try:
+            plan = planned(links)
         except PlanError as e:  # the inventory's links leave a datacenter unreached: route as if all linked
             if links is not None:
                 log.warning("weights v%d: %s; planning as if every pair of datacenters were linked", version, e)
                 with self._lock:
                     self._dc_links = None
-            plan = plan_version(
-                roots, dc, targets, previous=self.plan, dc_links=None, fanout=self._fanout, dc_chains=self._chains
-            )
+            plan = planned(None)
         self.plan = plan
         for name in plan.order:  # parents before children: relays start first
             if name not in todo:
