@@ -112,8 +112,8 @@ def _prepare(job_file: Path, job_dir: Path) -> tuple[Any, Any, dict[str, Any], i
 
     from rlctl.config import load_job
     from rlctl.launch.jobdir import JobDir
-    from rlctl.launch.run import plan_counts, prepare, resolve_job
     from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
+    from rlctl.ops.run import plan_counts, prepare, resolve_job
 
     job = load_job(job_file)
     spec = resolve_job(job)
@@ -130,8 +130,8 @@ def _start_agents(lab: NetLab, jd: Any, spec: Any, plan: dict[str, Any], logs: l
     """Every agent of the job inside its host's namespace, controller first (the others read its address)."""
     from rlctl.launch.agentenv import ENV_LISTEN_HOST
     from rlctl.launch.backends import read_sites
-    from rlctl.launch.run import planned_agents
     from rlctl.launch.spawn import agent_spec
+    from rlctl.ops.run import planned_agents
 
     sites = read_sites(jd.path)
     procs: dict[str, subprocess.Popen[bytes]] = {}

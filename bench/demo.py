@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.config import load_job
-from rlctl.launch.evaluation import add_heldout
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.run import JobRun, plan_counts, prepare, resolve_job
+from rlctl.ops.evaluation import add_heldout
+from rlctl.ops.run import JobRun, plan_counts, prepare, resolve_job
 from rlctl.rl.sft import CACHE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent

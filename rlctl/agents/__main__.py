@@ -142,9 +142,9 @@ def _first_node() -> str:
     nodelist = os.environ.get("SLURM_JOB_NODELIST")
     if not nodelist:
         return "127.0.0.1"
-    from rlctl.launch.nodelist import expand
+    from rlctl.config.inventory import expand_hostlist
 
-    return expand(nodelist)[0]
+    return expand_hostlist(nodelist)[0]
 
 
 if __name__ == "__main__":

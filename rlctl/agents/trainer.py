@@ -61,7 +61,7 @@ from rlctl.config.job import JobFile
 from rlctl.devices import Compute
 from rlctl.errors import ConfigError, TransportError
 from rlctl.launch.agentenv import ParallelConfig, parallel_from_env
-from rlctl.launch.jobref import resume_command
+from rlctl.launch.jobdir import resume_command
 from rlctl.models import hf
 from rlctl.rl.learner import make_learner
 from rlctl.rl.samples import Sample

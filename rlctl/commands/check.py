@@ -12,7 +12,6 @@ from rlctl.config import Inventory, load_inventory, load_job
 from rlctl.config.base import read_yaml
 from rlctl.config.job import Job
 from rlctl.errors import JobProblems, PartialFailure
-from rlctl.launch.preflight import preflight, problems
 from rlctl.launch.reach import probe_site
 from rlctl.launch.siteprobe import (
     HostReport,
@@ -21,6 +20,7 @@ from rlctl.launch.siteprobe import (
     host_problems,
     probe_site_hosts,
 )
+from rlctl.ops.preflight import preflight, problems
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
 

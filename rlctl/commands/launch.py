@@ -16,9 +16,9 @@ import typer
 
 from rlctl.config import load_job
 from rlctl.errors import RlctlError, UsageError
-from rlctl.launch.evaluation import add_heldout, heldout_line
-from rlctl.launch.preflight import Problem, preflight, problems
-from rlctl.launch.run import DRY_RUN_CONTROLLER
+from rlctl.ops.evaluation import add_heldout, heldout_line
+from rlctl.ops.preflight import Problem, preflight, problems
+from rlctl.ops.run import DRY_RUN_CONTROLLER
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
 
@@ -189,9 +189,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a job: SFT warm-up (cached), then controller, trainer and rollout agents on their sites
         (local processes, SLURM jobs, SSH hosts). `--resume JOB` continues a stopped or failed one."""
-        from rlctl.launch.jobdb import JobDB
         from rlctl.launch.jobdir import JobDir
-        from rlctl.launch.run import JobRun, launch_dir, plan_counts, prepare, resolve_job
+        from rlctl.ops.jobdb import JobDB
+        from rlctl.ops.run import JobRun, launch_dir, plan_counts, prepare, resolve_job
 
         if resume is not None:
             if job_file is not None or dry_run or iterations is not None or mode is not None or job_dir is not None:
@@ -252,9 +252,9 @@ def _resume(ref: str, output: OutputFormat) -> None:
     """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest
     complete checkpoint (every trainer rank the shard of its (tp, pp) position: a checkpoint written at
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue."""
-    from rlctl.launch.jobdb import JobDB
-    from rlctl.launch.jobref import resolve
-    from rlctl.launch.run import JobRun, refuse_if_running
+    from rlctl.ops.jobdb import JobDB
+    from rlctl.ops.jobref import resolve
+    from rlctl.ops.run import JobRun, refuse_if_running
 
     db = JobDB()
     ref_ = resolve(ref, db=db)

@@ -35,9 +35,9 @@ def register(app: typer.Typer) -> None:
         lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="lines from the end")] = 40,
     ) -> None:
         """Print an agent's log: from the job directory, or over SSH from the host the agent runs on."""
-        from rlctl.launch import agentlogs
-        from rlctl.launch.jobref import resolve
         from rlctl.launch.stage import all_recorded_agents
+        from rlctl.ops import agentlogs
+        from rlctl.ops.jobref import resolve
 
         ref = resolve(job)
         log_dir = ref.jobdir.path / "logs"

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Copy a checkpoint's policy (a Hugging Face directory, every file checked against the checkpoint's
         manifest) from the trainer's site, and the job's tracker files from the controller's, to this machine."""
-        from rlctl.launch.jobref import resolve
+        from rlctl.ops.jobref import resolve
         from rlctl.ops.pull import pull as pull_checkpoint
 
         ref = resolve(job)

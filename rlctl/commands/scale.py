@@ -43,9 +43,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Add rollout DP units to a running job without pausing training (they get the current weights
         first), or drain units (no new work; stopped once their in-flight samples are in)."""
-        from rlctl.launch.jobref import resolve
-        from rlctl.launch.operate import first_samples
-        from rlctl.launch.operate import scale as do_scale
+        from rlctl.ops.jobref import resolve
+        from rlctl.ops.operate import first_samples
+        from rlctl.ops.operate import scale as do_scale
 
         delta = _delta(rollout)
         ref = resolve(job)

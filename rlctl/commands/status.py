@@ -111,9 +111,9 @@ def register(app: typer.Typer) -> None:
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Show a job's live state: stage times, δ and δ', throughput, weights, staleness, each agent's health."""
-        from rlctl.launch.jobdb import JobDB
-        from rlctl.launch.jobref import resolve
-        from rlctl.launch.operate import job_status
+        from rlctl.ops.jobdb import JobDB
+        from rlctl.ops.jobref import resolve
+        from rlctl.ops.operate import job_status
 
         if all_jobs:
             db = JobDB()

@@ -28,8 +28,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Stop a job: the controller stops its agents and writes the summary; then every agent the job
         started, on every site, is terminated (TERM, grace, KILL) and checked gone."""
-        from rlctl.launch.jobref import resolve
-        from rlctl.launch.operate import stop as do_stop
+        from rlctl.ops.jobref import resolve
+        from rlctl.ops.operate import stop as do_stop
 
         ref = resolve(job)
         result = do_stop(ref, grace_s=grace_s)

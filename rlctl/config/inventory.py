@@ -17,10 +17,10 @@ Several files are merged (sites must not repeat); links are checked against the 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import hostlist
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from rlctl.config.base import NAME_RE, Strict, check_header, read_yaml, register_tags, validate
@@ -28,21 +28,17 @@ from rlctl.errors import ConfigError
 from rlctl.hardware import CATALOG, GpuSpec
 from rlctl.textutil import did_you_mean, one_of
 
-_RANGE = re.compile(r"^(?P<pre>[^\[\]]*)\[(?P<lo>\d+)-(?P<hi>\d+)\](?P<post>[^\[\]]*)$")
-
 
 def expand_hostlist(pattern: str) -> list[str]:
-    """`h20-[01-04]` → h20-01 … h20-04 (one bracket range, zero padding kept); plain names as is."""
-    m = _RANGE.match(pattern)
-    if not m:
-        if "[" in pattern or "]" in pattern:
-            raise ValueError(f"bad host pattern {pattern!r}; use one range like 'node-[01-16]'")
-        return [pattern]
-    lo, hi = m["lo"], m["hi"]
-    if int(hi) < int(lo):
-        raise ValueError(f"bad host range in {pattern!r}: {hi} < {lo}")
-    width = len(lo) if lo.startswith("0") else 0
-    return [f"{m['pre']}{i:0{width}d}{m['post']}" for i in range(int(lo), int(hi) + 1)]
+    """A SLURM hostlist (`h20-[01-04]`, `sitea-[1-2],siteb-[01,03-04]`, `r[1-2]n[1-2]`) as host names, in order,
+    zero padding kept (python-hostlist, the syntax `scontrol show hostnames` reads). ValueError naming the list
+    and what is wrong with it."""
+    if not pattern or any(c.isspace() for c in pattern):
+        raise ValueError(f"bad hostlist {pattern!r}: {'empty' if not pattern else 'contains whitespace'}")
+    try:
+        return [str(h) for h in hostlist.expand_hostlist(pattern)]
+    except hostlist.BadHostlist as e:
+        raise ValueError(f"bad hostlist {pattern!r}: {e}; e.g. 'node-[01-16]' or 'a-[1-2],b-7'") from e
 
 
 WORKDIR_HELP = (

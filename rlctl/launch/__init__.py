@@ -1,2 +1,3 @@
-"""The operator side of a job: launch backends (local, slurm, ssh), where each agent runs and which GPUs
-it gets (layout, GPU slices), starting / operating / stopping a job, and site reachability probes."""
+"""Starting an agent process on a site and what it is given: the backends (local, slurm, ssh) behind one
+interface, where each agent runs and which GPUs it gets (layout, GPU slices), the job dir on each site and its
+staging, site probes, and the controller's spawner. The operator flow of a job is in `rlctl.ops`."""

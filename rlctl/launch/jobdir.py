@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -148,3 +149,9 @@ class JobDir:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def resume_command(job: str | Path) -> str:
+    """The command that continues `job`: its index id (a job directory's name) or, for a job not in the
+    index, its directory."""
+    return f"rlctl launch --resume {shlex.quote(str(job))}"

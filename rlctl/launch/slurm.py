@@ -38,10 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlctl.config.inventory import Site, SlurmScheduler
+from rlctl.config.inventory import Site, SlurmScheduler, expand_hostlist
 from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend, Resources, site_setup
-from rlctl.launch.nodelist import expand
 from rlctl.launch.remote import CommandResult, LocalRunner, RemoteState, Runner, SshRunner, SshTarget
 
 log = logging.getLogger(__name__)
@@ -426,7 +425,7 @@ def _hosts(nodelist: str) -> list[str]:
     if not nodelist or nodelist in ("(null)", "None"):
         return []
     try:
-        return expand(nodelist)
+        return expand_hostlist(nodelist)
     except ValueError:
         return [nodelist]
 

@@ -1,4 +1,3 @@
-"""The operator side of one job, what the verbs call (../shared/DESIGN.md §2: above planner/ and launch/).
-
-The job's run, operate, preflight and inputs still live in `rlctl.launch` and move here as they are touched.
-"""
+"""The operator side of one job, what the verbs call (../shared/DESIGN.md §2): run (start, wait, stop,
+resume), operate (status, scale, stop of a running job), preflight (`check`), inputs, evaluation, the job index
+(jobdb, jobref), agent logs and pull. It sits above `rlctl.planner` and `rlctl.launch`; neither imports it."""

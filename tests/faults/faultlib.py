@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.run import connect_client
+from rlctl.ops.run import connect_client
 from rlctl.transport import Connection, Message, auth, framing
 
 REPO = Path(__file__).resolve().parents[2]

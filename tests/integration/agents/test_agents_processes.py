@@ -11,7 +11,7 @@ import pytest
 
 from rlctl.config import load_job
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.run import JobRun, launch_dir, plan_counts, prepare, resolve_job
+from rlctl.ops.run import JobRun, launch_dir, plan_counts, prepare, resolve_job
 
 from .conftest import alive_agent_pids
 

@@ -17,15 +17,15 @@ from rlctl.config import load_job
 from rlctl.config.inventory import Site
 from rlctl.config.job import Job
 from rlctl.errors import ConfigError, LaunchError
-from rlctl.launch import preflight
 from rlctl.launch.agentenv import ENV_PARALLEL, ENV_VISIBLE, parallel_from_env, threads_for
 from rlctl.launch.backends import record_agent, recorded_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
 from rlctl.launch.gpus import GpuPool
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent, layout
-from rlctl.launch.run import client_hello, plan_counts, planned_agents, resolve_job
 from rlctl.launch.spawn import Spawner, agent_spec
+from rlctl.ops import preflight
+from rlctl.ops.run import client_hello, plan_counts, planned_agents, resolve_job
 from tests.conftest import ROOT, run_cli
 
 GOLDEN = ROOT / "tests" / "golden" / "launch"

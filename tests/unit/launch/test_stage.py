@@ -245,7 +245,7 @@ def test_the_starting_model_is_recorded_at_the_first_launch_and_a_changed_one_re
 def test_the_users_checkpoint_is_hard_linked_where_it_can_be_and_copied_where_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rlctl.launch.inputs import reference
+    from rlctl.ops.inputs import reference
 
     src = tmp_path / "ckpt" / "model.safetensors"
     src.parent.mkdir()

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from rlctl.commands.report import register
 from rlctl.errors import UsageError
-from rlctl.launch.jobdb import JobDB
+from rlctl.ops.jobdb import JobDB
 from tests.unit.report.fake_jobdir import make_job_dir
 
 

@@ -13,10 +13,10 @@ from rlctl.config.inventory import load_inventory
 from rlctl.config.job import DigitsTask as DigitsTaskConfig
 from rlctl.config.job import Job, LengthsTask, load_job
 from rlctl.launch.backends import write_sites
-from rlctl.launch.evaluation import add_heldout, heldout_line
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.preflight import problems
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.ops.evaluation import add_heldout, heldout_line
+from rlctl.ops.preflight import problems
 from rlctl.rl.evaluate import compare, evaluate, greedy_outputs, score_outputs
 from rlctl.rl.tasks import EOS, HELDOUT_OFFSET, RL_OFFSET, DigitsTask, encode, heldout_index, rl_index
 from tests.unit.tiny_models import small_config

@@ -20,9 +20,9 @@ from rlctl.agents.rollout import RolloutAgent
 from rlctl.agents.trainer import TrainerAgent, _backend
 from rlctl.config.job import Job, JobFile, load_job
 from rlctl.errors import ConfigError
-from rlctl.launch import preflight
 from rlctl.launch.jobdir import JobDir
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
+from rlctl.ops import preflight
 from rlctl.trainers.megatron.backend import MegatronBackend
 from rlctl.trainers.megatron.model import MegatronTrunk
 from rlctl.transport import InprocTransport

@@ -8,7 +8,7 @@ the job is done, and merged into summary.json as `heldout`:
     summary.json  "heldout": {prompts, greedy_exact_first/last, greedy_reward_first/last, seconds, …}
 
 The final checkpoint is read where launch runs, so the trainer's site must be on this machine's
-filesystem (`rlctl check` refuses the field for a site reached over SSH: rlctl.launch.preflight).
+filesystem (`rlctl check` refuses the field for a site reached over SSH: rlctl.ops.preflight).
 """
 
 from __future__ import annotations

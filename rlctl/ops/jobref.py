@@ -5,19 +5,17 @@ JOB = a directory    ─▶ that job directory (must hold job.json)
 JOB = an index id    ─▶ that row (ids are job-directory names, e.g. demo-20261122-131045)
 JOB = a job name     ─▶ the newest row whose job has that name
 
-`resume_command` names a job the way `rlctl launch --resume JOB` resolves it back (what a job that stopped
-early tells its user).
+`rlctl.launch.jobdir.resume_command` names a job the way `rlctl launch --resume JOB` resolves it back here.
 """
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlctl.errors import UsageError
-from rlctl.launch.jobdb import JobDB, JobRow
 from rlctl.launch.jobdir import JobDir
+from rlctl.ops.jobdb import JobDB, JobRow
 from rlctl.textutil import did_you_mean
 
 
@@ -26,12 +24,6 @@ class JobRef:
     id: str
     jobdir: JobDir
     row: JobRow | None  # None when the job was named by its directory and is not in the index
-
-
-def resume_command(job: str | Path) -> str:
-    """The command that continues `job`: its index id (a job directory's name) or, for a job not in the
-    index, its directory."""
-    return f"rlctl launch --resume {shlex.quote(str(job))}"
 
 
 def resolve(ref: str | None, *, db: JobDB | None = None) -> JobRef:

@@ -21,8 +21,8 @@ from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.base import Resources
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent
-from rlctl.launch.run import JobRun, pick_checkpoint
 from rlctl.launch.sitefs import LocalFiles
+from rlctl.ops.run import JobRun, pick_checkpoint
 
 
 def spec(iterations: int = 9, every: int = 3) -> JobFile:
@@ -183,7 +183,7 @@ def test_job_run_resume_point_logs_what_it_used_and_skipped(tmp_path: Path, capl
         sites.checkpoint(v)
     (sites.t.checkpoint(6) / "trainer" / "state.json").unlink()
     trainer = PlannedAgent("trainer", 0, "t", Resources(1, 1, 1), ParallelConfig("trainer"))
-    with caplog.at_level(logging.INFO, logger="rlctl.launch.run"):
+    with caplog.at_level(logging.INFO, logger="rlctl.ops.run"):
         point = run.resume_point(trainer=trainer)
     assert point.version == 3
     said = [r.getMessage() for r in caplog.records]
@@ -271,7 +271,7 @@ def test_checkpoint_writers_or_resumed_ranks_over_ssh_hosts_without_a_shared_wor
     of an SSH site they must share the work root. A torch trainer's rank 0 writes alone, so its ranks may run
     apart; but a resumed rank reads the checkpoint from its own host's copy, so resuming them apart is refused."""
     from rlctl.launch.base import GpuSlice
-    from rlctl.launch.run import refuse_unshared_trainer
+    from rlctl.ops.run import refuse_unshared_trainer
 
     def site(**sched: object) -> Site:
         return Site.model_validate({"datacenter": "a", "gpu": "CPU", "nodes": [{"host": "h[1-2]", "gpus": 1}],

@@ -1,4 +1,4 @@
-"""`rlctl.launch.preflight.problems`: each refusal, one line naming the field, through `problems()` and through
+"""`rlctl.ops.preflight.problems`: each refusal, one line naming the field, through `problems()` and through
 `rlctl check` / `rlctl launch` (one stderr line, exit 2, nothing started); `launch --dry-run` lists them."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import yaml
 
 from rlctl.config import load_job
 from rlctl.config.job import Job
-from rlctl.launch import run
-from rlctl.launch.preflight import Problem, problems
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.ops import run
+from rlctl.ops.preflight import Problem, problems
 from rlctl.rl.tasks import DigitsTask
 from tests.conftest import ROOT, run_cli
 from tests.unit.hf_tokenizer import write_tokenizer
@@ -385,7 +385,7 @@ def gpu_local_inventory(tmp_path: Path, *, gpus: int = 4, devices: list[int] | N
 
 
 def test_a_local_gpu_site_without_cuda_here_is_refused_for_each_role(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("rlctl.launch.preflight.cuda_problem", lambda: "torch 2.13.0+cpu (no CUDA) is a CPU build")
+    monkeypatch.setattr("rlctl.ops.preflight.cuda_problem", lambda: "torch 2.13.0+cpu (no CUDA) is a CPU build")
     job = load(
         tmp_path,
         inventory=[gpu_local_inventory(tmp_path)],
@@ -405,7 +405,7 @@ def test_a_local_gpu_site_without_cuda_here_is_refused_for_each_role(tmp_path: P
 def test_a_local_gpu_site_needs_the_devices_its_slots_name(tmp_path: Path, monkeypatch) -> None:
     import torch
 
-    monkeypatch.setattr("rlctl.launch.preflight.cuda_problem", lambda: None)
+    monkeypatch.setattr("rlctl.ops.preflight.cuda_problem", lambda: None)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     many = load(
         tmp_path,
@@ -450,7 +450,7 @@ def test_inventory_devices_map_slots_and_must_cover_them(tmp_path: Path) -> None
 def test_the_plan_shards_a_torch_replica_that_does_not_fit_one_gpu(tmp_path: Path) -> None:
     """Qwen2.5-7B on H800s: 16 bytes per parameter (122 GB) do not fit 80 GB, so `auto` shards at dp ≥ 2; the
     demo's tiny model fits a CPU slot, so it does not; `none` never shards and `fsdp` always does."""
-    from rlctl.launch.run import shard_trainer
+    from rlctl.ops.run import shard_trainer
 
     def with_shard(job: Job, shard: str) -> Job:
         trainer = job.spec.trainer.model_copy(update={"shard": shard})

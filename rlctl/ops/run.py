@@ -48,10 +48,7 @@ from rlctl.errors import ConfigError, LaunchError, PlanError, TransportError, Us
 from rlctl.launch.agentenv import ENV_RESUME, ParallelConfig
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, record_agent, stop_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
-from rlctl.launch.inputs import copy_inputs, resolve_inputs
-from rlctl.launch.jobdb import JobDB
-from rlctl.launch.jobdir import JobDir
-from rlctl.launch.jobref import resume_command
+from rlctl.launch.jobdir import JobDir, resume_command
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, trainer_parallel, unshared_trainer
 from rlctl.launch.sitefs import HostFiles, LocalFiles, access_hosts, agent_view, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
@@ -64,6 +61,8 @@ from rlctl.launch.stage import (
     stage_all,
     staging_plan,
 )
+from rlctl.ops.inputs import copy_inputs, resolve_inputs
+from rlctl.ops.jobdb import JobDB
 from rlctl.transport import Connection, Message, make_transport
 
 log = logging.getLogger(__name__)
@@ -170,7 +169,7 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
 
 
 def prepare(jobdir: JobDir, spec: JobFile, plan: dict[str, Any], *, source: str, job: Job) -> None:
-    """Write what the agents read, and what the job starts from (rlctl.launch.inputs: the starting policy —
+    """Write what the agents read, and what the job starts from (rlctl.ops.inputs: the starting policy —
     the SFT warm-up, cached across runs, or the user's checkpoint — a dataset's tokenized prompts, its
     reward file)."""
     spec = resolve_inputs(spec, job)
@@ -554,7 +553,7 @@ def refuse_unshared_trainer(
     job dir they see, and rank 0 seals the part once it sees every shard there; a resumed rank reads the policy
     and its shard there. So on an SSH site whose hosts share no work root the writers must share a host, and on
     resume every rank must (`layout.unshared_trainer`): else UsageError, one line, before any agent starts.
-    `rlctl check` refuses the first case too (`rlctl.launch.preflight`)."""
+    `rlctl check` refuses the first case too (`rlctl.ops.preflight`)."""
     why = unshared_trainer(name, site, trainers, writers=writers, resume=resume)
     if why is not None:
         raise UsageError(why[0], hint=why[1])

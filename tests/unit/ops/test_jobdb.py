@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlctl.errors import RlctlError
-from rlctl.launch.jobdb import SCHEMA_VERSION, JobDB
+from rlctl.ops.jobdb import SCHEMA_VERSION, JobDB
 
 
 def test_put_update_list(tmp_path: Path) -> None:

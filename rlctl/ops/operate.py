@@ -22,10 +22,10 @@ from typing import Any
 from rlctl.errors import RlctlError, TransportError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import AgentHandle
-from rlctl.launch.jobdb import JobDB
-from rlctl.launch.jobref import JobRef
-from rlctl.launch.run import connect_client
 from rlctl.launch.stage import all_recorded_agents, fetch_record, record_view
+from rlctl.ops.jobdb import JobDB
+from rlctl.ops.jobref import JobRef
+from rlctl.ops.run import connect_client
 from rlctl.transport import Message
 
 log = logging.getLogger(__name__)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlctl.launch.agentlogs import ENDED_CHECK_S, AgentLog, follow, locate, tail
 from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.sitefs import FileState, HostFiles
+from rlctl.ops.agentlogs import ENDED_CHECK_S, AgentLog, follow, locate, tail
 
 
 class FakeFiles(HostFiles):
