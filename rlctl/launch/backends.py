@@ -1,6 +1,6 @@
 """Which backend runs a site's agents, and the job's record of every agent it started.
 
-    site.scheduler.kind ─▶ local: LocalBackend · slurm: SlurmBackend · ssh: SshBackend
+    site.scheduler.kind ─▶ kind_of ─▶ local: LocalBackend · slurm: SlurmBackend · ssh: SshBackend
     every start ─▶ <job_dir>/agents.jsonl  (one line per agent: name, role, replica, site, backend, ident,
                                             host + gpus of its GPU slice on local / SSH sites)
 
@@ -16,7 +16,7 @@ import json
 import threading
 from pathlib import Path
 
-from rlctl.config.inventory import Site, SlurmScheduler, SshScheduler
+from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
 from rlctl.launch.local import LocalBackend
@@ -38,29 +38,19 @@ def read_sites(job_dir: Path) -> dict[str, Site]:
     return {str(d["name"]): Site.model_validate(d["site"]) for d in json.loads(p.read_text())}
 
 
+def kind_of(site: Site) -> type[LaunchBackend]:
+    """The backend class of the site's scheduler kind: the one place the kind is looked at (every difference
+    between kinds is a hook of this class, `rlctl.launch.base.LaunchBackend`)."""
+    from rlctl.launch.slurm import SlurmBackend
+    from rlctl.launch.ssh import SshBackend
+
+    classes: dict[str, type[LaunchBackend]] = {"local": LocalBackend, "slurm": SlurmBackend, "ssh": SshBackend}
+    return classes[site.scheduler.kind]
+
+
 def make_backend(site_name: str, site: Site, *, job: str, job_dir: Path) -> LaunchBackend:
     """The backend of one site (one instance per site per process: it holds SSH connections)."""
-    sched = site.scheduler
-    if isinstance(sched, SlurmScheduler):
-        from rlctl.launch.slurm import SlurmBackend, gpu_request_for
-
-        # each spec's own resources say what to ask for (the trainer: one job, its tasks the ranks)
-        return SlurmBackend(
-            site_name,
-            sched,
-            job=job,
-            job_dir=job_dir,
-            slots_per_node=site.gpus_per_node,
-            gpu_request=gpu_request_for(site),
-            known_hosts=sched.ssh_known_hosts,
-            python=site.python,
-            setup=site.setup,
-        )
-    if isinstance(sched, SshScheduler):
-        from rlctl.launch.ssh import SshBackend
-
-        return SshBackend(site_name, site, job=job, known_hosts=sched.known_hosts)
-    return LocalBackend()
+    return kind_of(site).for_site(site_name, site, job=job, job_dir=job_dir)
 
 
 class Backends:

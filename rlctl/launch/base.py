@@ -6,8 +6,14 @@
     backend.stop([handles], grace_s) # SIGTERM to each process group, grace, SIGKILL, verify none left
 
 Backends: `local` (subprocesses in their own process groups, `local.py`); SLURM and SSH backends
-implement the same three methods. `rlctl.launch.backends.make_backend(site)` picks one by the
-site's scheduler kind.
+implement the same three methods. `rlctl.launch.backends.kind_of(site)` is the one place that maps a
+site's scheduler kind to its backend class; everything else that differs between kinds is a hook of that
+class, so no caller switches on the kind:
+
+    per agent (instance)   render(spec) · request_summary(spec) · host_for(spec) · close()
+    per site (class)       for_site (construct) · work_root · remote · ssh_target · access_hosts · agent_view ·
+                           shared_work_root · site_runner · probe_commands · reach, and the flags slices_gpus,
+                           ranks_are_tasks, on_this_machine, default_python
 
 What an agent needs travels with its spec: `resources` (tasks, GPUs and CPU threads per task, which
 SLURM requests) and, on `local` / `ssh` sites, `gpu_slice` (the host it runs on and the GPU ids it
@@ -16,10 +22,20 @@ owns there, exported as CUDA_VISIBLE_DEVICES; `rlctl.launch.gpus` hands them out
 
 from __future__ import annotations
 
+import shlex
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rlctl.errors import LaunchError
+
+if TYPE_CHECKING:
+    from rlctl.config.inventory import Site
+    from rlctl.launch.remote import Runner, SshTarget
+
+DEFAULT_WORKDIR = "~/.rlctl"  # the work root on a site reached over SSH that names none
 
 
 @dataclass(frozen=True)
@@ -75,8 +91,16 @@ class AgentHandle:
 
 
 class LaunchBackend(ABC):
-    kind: str
+    """Starts, polls and stops agents on one site; its class methods answer what a site of its kind is
+    (where its files live, how commands reach it) without a connection."""
 
+    kind: ClassVar[str]
+    slices_gpus: ClassVar[bool] = True  # rlctl hands out CUDA_VISIBLE_DEVICES slices per host (SLURM binds its own)
+    ranks_are_tasks: ClassVar[bool] = False  # a trainer's ranks are the tasks of one scheduler job ($SLURM_PROCID)
+    on_this_machine: ClassVar[bool] = False  # agents run as processes of the operator's machine
+    default_python: ClassVar[str] = sys.executable  # the interpreter when the site names none
+
+    # ── per agent ──
     @abstractmethod
     def start(self, spec: AgentSpec) -> AgentHandle:
         """Start the agent; LaunchError if it could not be started."""
@@ -88,6 +112,78 @@ class LaunchBackend(ABC):
     @abstractmethod
     def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:
         """Stop every agent and everything it started; LaunchError if anything is left running."""
+
+    def render(self, spec: AgentSpec) -> str:
+        """The exact command or script that starts `spec` (`launch --dry-run`)."""
+        return shlex.join(spec.argv)
+
+    def request_summary(self, spec: AgentSpec) -> str | None:
+        """What the scheduler is asked for (SLURM: nodes, tasks, GPUs, CPUs, memory); None where nothing is."""
+        return None
+
+    def host_for(self, spec: AgentSpec) -> str | None:
+        """The host `spec` runs on; None where the scheduler places it."""
+        return spec.gpu_slice.host if spec.gpu_slice is not None else None
+
+    def close(self) -> None:
+        """End the backend's connections (it is not used afterwards)."""
+        return None
+
+    # ── per site ──
+    @classmethod
+    @abstractmethod
+    def for_site(cls, site_name: str, site: Site, *, job: str, job_dir: Path) -> LaunchBackend:
+        """The backend of one site of job `job` (one instance per site per process: it holds connections)."""
+
+    @classmethod
+    def work_root(cls, site: Site) -> str | None:
+        """The site's work root as configured (a leading `~`: the site user's home), None when the job's files
+        there are the operator's job dir itself (this machine's filesystem, no root named)."""
+        workdir = site.scheduler.workdir
+        return None if workdir is None else str(Path(workdir).expanduser())
+
+    @classmethod
+    def remote(cls, site: Site) -> bool:
+        """Whether the site's files are reached over SSH (not this machine's filesystem)."""
+        return False
+
+    @classmethod
+    def ssh_target(cls, site: Site, host: str | None = None, *, connect_timeout_s: float = 10.0) -> SshTarget:
+        """Where `host` of the site (default: its entry point) is reached over SSH."""
+        raise LaunchError(f"a {cls.kind} site is not reached over SSH")
+
+    @classmethod
+    def access_hosts(cls, site: Site) -> list[str]:
+        """The views of the site that need their own copy of the job's files."""
+        return ["localhost"]
+
+    @classmethod
+    def agent_view(cls, site: Site, agent_host: str | None) -> str:
+        """The view (one of `access_hosts`) that holds the files of an agent running on `agent_host`."""
+        return cls.access_hosts(site)[0]
+
+    @classmethod
+    def shared_work_root(cls, site: Site) -> bool:
+        """Whether every host the site runs agents on sees one work root."""
+        return True
+
+    @classmethod
+    def site_runner(cls, site: Site, host: str | None = None) -> Runner:
+        """How a command reaches the site (`host`: one of its SSH hosts; default its entry point)."""
+        from rlctl.launch.remote import LocalRunner
+
+        return LocalRunner()
+
+    @classmethod
+    def probe_commands(cls, site: Site, command: str, *, first: bool = False) -> list[tuple[str, str | None, str]]:
+        """Where to run a probe `command` so that it runs where agents do, as (what to call that place, host for
+        `site_runner`, the command as run there); `first`: the first such place only."""
+        return [("localhost", None, command)]
+
+    @classmethod
+    def reach(cls, site: Site, *, timeout_s: float) -> str:
+        """Ask the site's scheduler or hosts whether they answer: one line of what was seen; raises if not."""
+        return "local processes"
 
 
 def site_setup(lines: list[str]) -> list[str]:

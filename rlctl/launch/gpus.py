@@ -14,14 +14,15 @@ A `gpu: CPU` site is sliced the same way; the ids are only labels there (no CUDA
 
 from __future__ import annotations
 
-from rlctl.config.inventory import LocalScheduler, Site, SshScheduler
+from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
+from rlctl.launch.backends import kind_of
 from rlctl.launch.base import GpuSlice
 
 
 def uses_slices(site: Site) -> bool:
     """Agents of this site get CUDA_VISIBLE_DEVICES slices from us (SLURM binds its own)."""
-    return isinstance(site.scheduler, LocalScheduler | SshScheduler)
+    return kind_of(site).slices_gpus
 
 
 class GpuPool:

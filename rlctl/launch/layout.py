@@ -24,10 +24,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from rlctl.config.inventory import Site, SshScheduler
+from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
 from rlctl.launch.agentenv import ParallelConfig, threads_for
+from rlctl.launch.backends import kind_of
 from rlctl.launch.base import GpuSlice, Resources
 from rlctl.launch.gpus import GpuPool, uses_slices
 
@@ -70,7 +71,7 @@ def unshared_trainer(
     its own copy of the job dir: the `writers` (`checkpoint_writers`) must run on one host, whose copy rank 0
     seals; a resumed rank reads the policy and the shard of its (tp, pp) position from its own host's copy, so
     on resume every rank must run there."""
-    if not isinstance(site.scheduler, SshScheduler) or site.scheduler.shared_workdir:
+    if kind_of(site).shared_work_root(site):
         return None
     field = f"sites.{name}.scheduler.shared_workdir"
     if resume:

@@ -13,9 +13,14 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend
+
+if TYPE_CHECKING:
+    from rlctl.config.inventory import Site
 
 
 def _group_alive(pgid: int, *, ours: bool) -> bool:
@@ -48,6 +53,11 @@ def _proc_states() -> list[tuple[str, int]]:
 
 class LocalBackend(LaunchBackend):
     kind = "local"
+    on_this_machine = True
+
+    @classmethod
+    def for_site(cls, site_name: str, site: Site, *, job: str, job_dir: Path) -> LocalBackend:
+        return cls()
 
     def __init__(self) -> None:
         self._procs: dict[int, subprocess.Popen[bytes]] = {}

@@ -28,11 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlctl.config.inventory import Site, SlurmScheduler, SshScheduler
+from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
+from rlctl.launch.backends import kind_of
 from rlctl.launch.remote import SshRunner, SshTarget, sh_path
 
-DEFAULT_WORKDIR = "~/.rlctl"
 COMMAND_TIMEOUT_S = 60.0
 # hashing files on a remote host: one command per batch of about HASH_BATCH_BYTES, each with a deadline that
 # follows its size (COMMAND_TIMEOUT_S plus the time to read it at HASH_FLOOR_BYTES_PER_S, a slow disk)
@@ -41,18 +41,10 @@ HASH_FLOOR_BYTES_PER_S = 50e6
 
 
 def site_root(site: Site, job_id: str, *, here: Path) -> str:
-    """The site job dir as configured (a leading `~` is the site user's home; `resolve` makes it absolute)."""
-    sched = site.scheduler
-    if isinstance(sched, SshScheduler):
-        workdir: str | None = sched.workdir
-    elif isinstance(sched, SlurmScheduler) and sched.submit_host:
-        workdir = sched.workdir or DEFAULT_WORKDIR
-    elif sched.workdir is None:  # this machine's filesystem: the operator's job dir unless the site names a root
-        return str(here)
-    else:
-        workdir = str(Path(sched.workdir).expanduser())
-    assert workdir is not None
-    return f"{workdir.rstrip('/')}/jobs/{job_id}"
+    """The site job dir as configured (a leading `~` is the site user's home; `resolve` makes it absolute): the
+    operator's job dir `here` on this machine's filesystem unless the site names a work root."""
+    workdir = kind_of(site).work_root(site)
+    return str(here) if workdir is None else f"{workdir.rstrip('/')}/jobs/{job_id}"
 
 
 def model_cache(root: str, digest: str) -> str | None:
@@ -65,8 +57,7 @@ def model_cache(root: str, digest: str) -> str | None:
 
 def is_remote(site: Site) -> bool:
     """Whether the site's files are reached over SSH (not this machine's filesystem)."""
-    sched = site.scheduler
-    return isinstance(sched, SshScheduler) or (isinstance(sched, SlurmScheduler) and bool(sched.submit_host))
+    return kind_of(site).remote(site)
 
 
 @dataclass(frozen=True)
@@ -327,45 +318,18 @@ def _batches(sized: list[tuple[str, int]], limit: int) -> list[tuple[list[str], 
 
 def ssh_target(site: Site, host: str | None = None, *, connect_timeout_s: float = 10.0) -> SshTarget:
     """Where an SSH site's host (default: its first) or a SLURM site's submit host is reached."""
-    sched = site.scheduler
-    if isinstance(sched, SshScheduler):
-        return SshTarget(
-            host or site.hosts[0][0],
-            user=sched.user,
-            port=sched.port,
-            key_file=sched.key_file,
-            known_hosts=sched.known_hosts,
-            proxy_jump=sched.proxy_jump,
-            connect_timeout_s=connect_timeout_s,
-        )
-    assert isinstance(sched, SlurmScheduler) and sched.submit_host
-    return SshTarget(
-        sched.submit_host,
-        user=sched.ssh_user,
-        port=sched.ssh_port,
-        key_file=sched.ssh_key_file,
-        known_hosts=sched.ssh_known_hosts,
-        connect_timeout_s=connect_timeout_s,
-    )
+    return kind_of(site).ssh_target(site, host, connect_timeout_s=connect_timeout_s)
 
 
 def access_hosts(site: Site) -> list[str]:
     """The views of a site that need their own copy: an SSH site's hosts (its first host when they share the
     work root), else one ("localhost" or the submit host)."""
-    sched = site.scheduler
-    if isinstance(sched, SshScheduler):
-        hosts = [h for h, _ in site.hosts]
-        return hosts[:1] if sched.shared_workdir else hosts
-    if isinstance(sched, SlurmScheduler) and sched.submit_host:
-        return [sched.submit_host]
-    return ["localhost"]
+    return kind_of(site).access_hosts(site)
 
 
 def agent_view(site: Site, agent_host: str | None) -> str:
     """The host view holding an agent's files: its own host on an SSH site, else the site's one view."""
-    if isinstance(site.scheduler, SshScheduler) and agent_host and not site.scheduler.shared_workdir:
-        return agent_host
-    return access_hosts(site)[0]
+    return kind_of(site).agent_view(site, agent_host)
 
 
 def host_files(site: Site, host: str) -> HostFiles:

@@ -18,15 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlctl import __version__
-from rlctl.config.inventory import LocalScheduler, Site, SlurmScheduler, SshScheduler
+from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.devices import kind_for
 from rlctl.engines.factory import VLLM_DISTRIBUTIONS, VLLM_EXTRAS
 from rlctl.errors import LaunchError
+from rlctl.launch.backends import kind_of
 from rlctl.launch.base import site_setup
-from rlctl.launch.remote import LocalRunner, Runner, SshRunner
-from rlctl.launch.sitefs import ssh_target
-from rlctl.launch.slurm import gpu_request_for
+from rlctl.launch.remote import Runner
 from rlctl.launch.spawn import python_for
 
 MARK = "RLCTL_PROBE "
@@ -93,32 +92,14 @@ def probe_site_hosts(
     """Ask every host of `site` (a SLURM site: one node of its partition; `first`: an SSH site's first host only)
     with the site's python and setup: `script` run with `args` (default: the probe of what the host has, on the
     site's work root)."""
-    sched = site.scheduler
+    kind = kind_of(site)
     python = python_for(site)
-    argv = " ".join(shlex.quote(a) for a in (args if args is not None else [_workdir(site)]))
+    argv = " ".join(shlex.quote(a) for a in (args if args is not None else [kind.work_root(site) or os.getcwd()]))
     command = "\n".join([*site_setup(site.setup), f"{shlex.quote(python)} -c {shlex.quote(script)} {argv}"])
-    if isinstance(sched, SshScheduler):
-        hosts = [h for h, _ in site.hosts][: 1 if first else None]
-        return [_ask(name, host, SshRunner(ssh_target(site, host)), command, timeout_s) for host in hosts]
-    if isinstance(sched, SlurmScheduler):
-        ask = gpu_request_for(site)
-        gpus = {"per_task": "--gpus-per-task=1 ", "gres": "--gres=gpu:1 "}.get(ask, "")
-        srun = f"srun --partition={shlex.quote(sched.partition)} --nodes=1 --ntasks=1 {gpus}--time=5 bash -c "
-        runner: Runner = (
-            SshRunner(ssh_target(site), {"SLURM_CONF": sched.slurm_conf} if sched.slurm_conf else None)
-            if sched.submit_host
-            else LocalRunner({"SLURM_CONF": sched.slurm_conf} if sched.slurm_conf else None)
-        )
-        return [_ask(name, f"a node of partition {sched.partition}", runner, srun + shlex.quote(command), timeout_s)]
-    assert isinstance(sched, LocalScheduler)
-    return [_ask(name, "localhost", LocalRunner(), command, timeout_s)]
-
-
-def _workdir(site: Site) -> str:
-    sched = site.scheduler
-    if isinstance(sched, SshScheduler):
-        return sched.workdir
-    return sched.workdir or ("~/.rlctl" if isinstance(sched, SlurmScheduler) and sched.submit_host else os.getcwd())
+    return [
+        _ask(name, label, kind.site_runner(site, host), wrapped, timeout_s)
+        for label, host, wrapped in kind.probe_commands(site, command, first=first)
+    ]
 
 
 def _ask(name: str, host: str, runner: Runner, command: str, timeout_s: float) -> HostReport:
@@ -164,7 +145,7 @@ def host_problems(
             f"{where}: torch {f['torch']} {what}, and the site declares {site.spec.name} GPUs: install a CUDA "
             "build of torch there, or declare the site `gpu: CPU`"
         )
-    elif gpu and computes and isinstance(site.scheduler, SshScheduler | LocalScheduler):
+    elif gpu and computes and kind_of(site).slices_gpus:  # where SLURM binds GPUs, it counts them
         nodes = [n for n in site.nodes if report.host in n.hosts or report.host == "localhost"]
         need = max((1 + n.device(slot) for n in nodes for slot in range(n.gpus)), default=0)
         if f["cuda_devices"] < need:
@@ -206,7 +187,7 @@ def controller_reach_problems(
     sites in `targets` it cannot reach, one line each. Nothing to ask where the controller runs on this machine
     (`check --reach` reached the sites from here). A controller host that cannot be asked (no rlctl there) is
     left to `host_problems`."""
-    if isinstance(site.scheduler, LocalScheduler) or not targets:
+    if kind_of(site).on_this_machine or not targets:
         return []
     body = json.dumps({n: t.model_dump(mode="json") for n, t in sorted(targets.items())})
     [report] = probe_site_hosts(

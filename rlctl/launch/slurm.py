@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from rlctl.config.inventory import Site, SlurmScheduler, expand_hostlist
 from rlctl.errors import LaunchError
-from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend, Resources, site_setup
+from rlctl.launch.base import DEFAULT_WORKDIR, AgentHandle, AgentSpec, LaunchBackend, Resources, site_setup
 from rlctl.launch.remote import CommandResult, LocalRunner, RemoteState, Runner, SshRunner, SshTarget
 
 log = logging.getLogger(__name__)
@@ -82,11 +82,15 @@ def map_state(slurm_state: str) -> RemoteState:
 GpuRequest = Literal["per_task", "gres", "none"]
 
 
+def _sched(site: Site) -> SlurmScheduler:
+    assert isinstance(site.scheduler, SlurmScheduler), site.scheduler.kind
+    return site.scheduler
+
+
 def gpu_request_for(site: Site) -> GpuRequest:
     """How the site's jobs ask for GPUs: its scheduler's `gpu_request`; `auto` = --gpus-per-task on a
     real GPU type, nothing on `gpu: CPU` (a cluster without GRES would leave such a job pending forever)."""
-    sched = site.scheduler
-    assert isinstance(sched, SlurmScheduler)
+    sched = _sched(site)
     if sched.gpu_request != "auto":
         return sched.gpu_request
     return "none" if site.spec.name == "CPU" else "per_task"
@@ -144,6 +148,84 @@ class SlurmStatus:
 
 class SlurmBackend(LaunchBackend):
     kind = "slurm"
+    slices_gpus = False  # SLURM binds each task's GPUs itself
+    ranks_are_tasks = True  # the trainer is one SLURM job whose tasks are its ranks ($SLURM_PROCID)
+
+    @classmethod
+    def for_site(cls, site_name: str, site: Site, *, job: str, job_dir: Path) -> SlurmBackend:
+        # each spec's own resources say what to ask for (the trainer: one job, its tasks the ranks)
+        sched = _sched(site)
+        return cls(
+            site_name,
+            sched,
+            job=job,
+            job_dir=job_dir,
+            slots_per_node=site.gpus_per_node,
+            gpu_request=gpu_request_for(site),
+            known_hosts=sched.ssh_known_hosts,
+            python=site.python,
+            setup=site.setup,
+        )
+
+    @classmethod
+    def work_root(cls, site: Site) -> str | None:
+        sched = _sched(site)
+        if sched.submit_host:  # the submit host's filesystem, which the nodes share
+            return sched.workdir or DEFAULT_WORKDIR
+        return super().work_root(site)
+
+    @classmethod
+    def remote(cls, site: Site) -> bool:
+        return bool(_sched(site).submit_host)
+
+    @classmethod
+    def ssh_target(cls, site: Site, host: str | None = None, *, connect_timeout_s: float = 10.0) -> SshTarget:
+        sched = _sched(site)
+        if not sched.submit_host:
+            raise LaunchError("a SLURM site without a submit_host is not reached over SSH")
+        return SshTarget(
+            sched.submit_host,
+            user=sched.ssh_user,
+            port=sched.ssh_port,
+            key_file=sched.ssh_key_file,
+            known_hosts=sched.ssh_known_hosts,
+            connect_timeout_s=connect_timeout_s,
+        )
+
+    @classmethod
+    def access_hosts(cls, site: Site) -> list[str]:
+        submit = _sched(site).submit_host
+        return [submit] if submit else ["localhost"]
+
+    @classmethod
+    def site_runner(cls, site: Site, host: str | None = None) -> Runner:
+        sched = _sched(site)
+        env = {"SLURM_CONF": sched.slurm_conf} if sched.slurm_conf else None
+        return SshRunner(cls.ssh_target(site), env) if sched.submit_host else LocalRunner(env)
+
+    @classmethod
+    def probe_commands(cls, site: Site, command: str, *, first: bool = False) -> list[tuple[str, str | None, str]]:
+        """One step on one node of the partition, with the GPU a unit would get."""
+        sched = _sched(site)
+        gpus = {"per_task": "--gpus-per-task=1 ", "gres": "--gres=gpu:1 "}.get(gpu_request_for(site), "")
+        srun = f"srun --partition={shlex.quote(sched.partition)} --nodes=1 --ntasks=1 {gpus}--time=5 bash -c "
+        return [(f"a node of partition {sched.partition}", None, srun + shlex.quote(command))]
+
+    @classmethod
+    def reach(cls, site: Site, *, timeout_s: float) -> str:
+        """The partition's node states, from sinfo where jobs are submitted."""
+        sched = _sched(site)
+        runner = cls.site_runner(site)
+        try:
+            res = runner.run(f"sinfo -h -p {shlex.quote(sched.partition)} -o '%D %t'", timeout_s=timeout_s)
+        finally:
+            runner.close()
+        if res.exit_code != 0:
+            raise LaunchError(f"sinfo exited {res.exit_code}: {res.tail()[:200]}")
+        if not res.stdout.strip():
+            raise LaunchError(f"partition {sched.partition!r} not found by sinfo")
+        states = ", ".join(" ".join(line.split()) for line in res.stdout.strip().splitlines())
+        return f"slurm partition {sched.partition}: {states} (nodes state)"
 
     def __init__(
         self,

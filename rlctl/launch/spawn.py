@@ -19,12 +19,11 @@ GPU slice never overlaps one an agent of the job still holds.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from rlctl.config.inventory import Site, SshScheduler
+from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.devices import ENV_DEVICE, kind_for
 from rlctl.errors import LaunchError
@@ -36,7 +35,7 @@ from rlctl.launch.agentenv import (
     ENV_VISIBLE,
     thread_env,
 )
-from rlctl.launch.backends import Backends, record_agent, recorded_agents
+from rlctl.launch.backends import Backends, kind_of, record_agent, recorded_agents
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice
 from rlctl.launch.gpus import GpuPool, uses_slices
 from rlctl.launch.jobdir import JobDir
@@ -51,7 +50,7 @@ def python_for(site: Site) -> str:
     (local processes; SLURM nodes sharing this filesystem)."""
     if site.python is not None:
         return site.python
-    return "python3" if isinstance(site.scheduler, SshScheduler) else sys.executable
+    return kind_of(site).default_python
 
 
 def agent_spec(
@@ -61,7 +60,7 @@ def agent_spec(
     (its staged copy), `controller` the controller's address (trainer and rollout agents); `env` adds
     to (and wins over) what the layout says."""
     argv = [python_for(site), "-m", "rlctl.agents", a.role, "--job-dir", str(jobdir.path)]
-    if not (a.role == "trainer" and site.scheduler.kind == "slurm"):  # SLURM tasks take $SLURM_PROCID
+    if not (a.role == "trainer" and kind_of(site).ranks_are_tasks):  # SLURM tasks take $SLURM_PROCID
         argv += ["--replica", str(a.replica)]
     if controller is not None and a.role != "controller":
         argv += ["--controller", controller]

@@ -29,7 +29,7 @@ import shlex
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from rlctl.config.inventory import Site, SshScheduler
 from rlctl.errors import LaunchError
@@ -48,6 +48,13 @@ _LIVE_FN = (
     "s=$(sed -E 's/^.*\\) //' /proc/$p/stat 2>/dev/null | cut -c1); "
     '[ -n "$s" ] && [ "$s" != Z ] && echo "$p"; done; return 0; }'
 )
+
+
+def _sched(site: Site) -> SshScheduler:
+    assert isinstance(site.scheduler, SshScheduler), site.scheduler.kind
+    return site.scheduler
+
+
 LOST = 255  # exit code reported when an agent vanished without writing one (SIGKILL, reboot)
 
 
@@ -65,6 +72,71 @@ def round_robin(hosts: list[str]) -> Callable[[AgentSpec], str]:
 
 class SshBackend(LaunchBackend):
     kind = "ssh"
+    default_python = "python3"  # the hosts' own, not this machine's interpreter path
+
+    @classmethod
+    def for_site(cls, site_name: str, site: Site, *, job: str, job_dir: Path) -> SshBackend:
+        return cls(site_name, site, job=job, known_hosts=_sched(site).known_hosts)
+
+    @classmethod
+    def work_root(cls, site: Site) -> str | None:
+        return _sched(site).workdir
+
+    @classmethod
+    def remote(cls, site: Site) -> bool:
+        return True
+
+    @classmethod
+    def ssh_target(cls, site: Site, host: str | None = None, *, connect_timeout_s: float = 10.0) -> SshTarget:
+        sched = _sched(site)
+        return SshTarget(
+            host or site.hosts[0][0],
+            user=sched.user,
+            port=sched.port,
+            key_file=sched.key_file,
+            known_hosts=sched.known_hosts,
+            proxy_jump=sched.proxy_jump,
+            connect_timeout_s=connect_timeout_s,
+        )
+
+    @classmethod
+    def access_hosts(cls, site: Site) -> list[str]:
+        """Every host has its own work root, unless they share one (`shared_workdir`): then the first."""
+        hosts = [h for h, _ in site.hosts]
+        return hosts[:1] if _sched(site).shared_workdir else hosts
+
+    @classmethod
+    def agent_view(cls, site: Site, agent_host: str | None) -> str:
+        if agent_host and not _sched(site).shared_workdir:
+            return agent_host
+        return cls.access_hosts(site)[0]
+
+    @classmethod
+    def shared_work_root(cls, site: Site) -> bool:
+        return _sched(site).shared_workdir
+
+    @classmethod
+    def site_runner(cls, site: Site, host: str | None = None) -> SshRunner:
+        return SshRunner(cls.ssh_target(site, host))
+
+    @classmethod
+    def probe_commands(cls, site: Site, command: str, *, first: bool = False) -> list[tuple[str, str | None, str]]:
+        hosts = [h for h, _ in site.hosts][: 1 if first else None]
+        return [(host, host, command) for host in hosts]
+
+    @classmethod
+    def reach(cls, site: Site, *, timeout_s: float) -> str:
+        """An SSH login (with the site's host-key policy) on every host."""
+        hosts = [h for h, _ in site.hosts]
+        for host in hosts:
+            runner = SshRunner(cls.ssh_target(site, host, connect_timeout_s=timeout_s))
+            try:
+                res = runner.run("true", timeout_s=timeout_s)
+            finally:
+                runner.close()
+            if res.exit_code != 0:
+                raise LaunchError(f"{host}: 'true' exited {res.exit_code}: {res.tail()[:200]}")
+        return f"ssh login ok on {len(hosts)} host(s)"
 
     def __init__(
         self,
@@ -77,9 +149,8 @@ class SshBackend(LaunchBackend):
         connect_timeout_s: float = 10.0,
         command_timeout_s: float = 30.0,
     ) -> None:
-        assert isinstance(site.scheduler, SshScheduler)
         self.site = site_name
-        self.sched: SshScheduler = site.scheduler
+        self.sched = _sched(site)
         self.setup = list(site.setup)
         self.job = job
         self.known_hosts = known_hosts

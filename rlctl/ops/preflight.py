@@ -26,6 +26,7 @@ from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job
 from rlctl.devices import cuda_problem, kind_for
 from rlctl.engines.factory import vllm_problem
 from rlctl.errors import ConfigError, LaunchError, PlanError
+from rlctl.launch.backends import kind_of
 from rlctl.launch.layout import checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.sitefs import is_remote
 from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig, read_config
@@ -268,7 +269,7 @@ def _job_hosts(job: Job) -> set[str]:
     out: set[str] = set()
     for name in names:
         site = job.inventory.sites[name]
-        if site.scheduler.kind == "local":
+        if kind_of(site).on_this_machine:
             out.add("this machine")
         else:
             out |= {"this machine" if _loopback(h) else h for h, _ in site.hosts}
@@ -417,10 +418,10 @@ def _devices(job: Job) -> list[Problem]:
     for field, name, role in roles:
         site = job.inventory.sites[name]
         kind = kind_for(site.spec.name)
-        local_vllm = role == "rollout" and spec.rollout.engine == "vllm" and site.scheduler.kind == "local"
+        local_vllm = role == "rollout" and spec.rollout.engine == "vllm" and kind_of(site).on_this_machine
         if local_vllm and (why := vllm_problem(kind)) is not None:
             out.append(Problem("rollout.engine", f"'vllm' on site {name!r} ({site.spec.name}): {why[0]}", why[1]))
-        if kind != "cuda" or site.scheduler.kind != "local":
+        if kind != "cuda" or not kind_of(site).on_this_machine:
             continue
         if (problem := cuda_problem()) is not None:
             out.append(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import signal
 import socket
 import time
@@ -46,7 +45,7 @@ from rlctl.config.inventory import Site
 from rlctl.config.job import Job, JobFile, Pipeline
 from rlctl.errors import ConfigError, LaunchError, PlanError, TransportError, UsageError
 from rlctl.launch.agentenv import ENV_RESUME, ParallelConfig
-from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, record_agent, stop_agents, write_sites
+from rlctl.launch.backends import AGENTS_FILE, Backends, kind_of, read_sites, record_agent, stop_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir, resume_command
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, trainer_parallel, unshared_trainer
@@ -229,8 +228,6 @@ class JobRun:
             site_dir = JobDir(Path(site_root(self.sites[a.site], self.id, here=self.jobdir.path)))
             spec = agent_spec(site_dir, a, self.sites[a.site], env=env, controller=DRY_RUN_CONTROLLER)
             backend = self.backends.for_site(a.site)
-            render = getattr(backend, "render", None)
-            request = getattr(backend, "request_summary", None)
             gpus = spec.gpu_slice.visible_devices if spec.gpu_slice else None
             out.append(
                 {
@@ -239,11 +236,11 @@ class JobRun:
                     "backend": backend.kind,
                     "host": spec.gpu_slice.host if spec.gpu_slice else None,  # SLURM sites: SLURM places it
                     "cuda_visible_devices": gpus,
-                    "gpu_request": request(spec) if request is not None else None,
+                    "gpu_request": backend.request_summary(spec),
                     "threads": spec.resources.cpus_per_task,
                     "parallel": a.parallel.short(),
                     "job_dir": str(site_dir.path),
-                    "script": render(spec) if render is not None else shlex.join(spec.argv),
+                    "script": backend.render(spec),
                 }
             )
         return out
@@ -345,11 +342,7 @@ class JobRun:
 
     def _controller_host(self, c: PlannedAgent) -> str | None:
         """The host view the controller runs in: an SSH site places it like any spec without a slice."""
-        backend = self.backends.for_site(c.site)
-        host_for = getattr(backend, "host_for", None)
-        if host_for is None:
-            return None
-        return str(host_for(agent_spec(self.jobdir, c, self.sites[c.site])))
+        return self.backends.for_site(c.site).host_for(agent_spec(self.jobdir, c, self.sites[c.site]))
 
     def _controller_address(self, remote: bool) -> str:
         """Wait until the controller listens: its controller.json on its site (read there; copied here)."""
@@ -577,7 +570,7 @@ def planned_agents(
     for a in agents:
         if a.role != "trainer":
             out.append((a, {}))
-        elif sites[a.site].scheduler.kind == "slurm":  # one SLURM job whose tasks are the ranks ($SLURM_PROCID)
+        elif kind_of(sites[a.site]).ranks_are_tasks:  # one SLURM job whose tasks are the ranks ($SLURM_PROCID)
             out.append((a, env if ranks > 1 else {**env, "MASTER_ADDR": "127.0.0.1"}))
         else:
             out.append((a, {**env, "MASTER_ADDR": master, "RANK": str(a.replica)}))

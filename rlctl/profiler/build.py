@@ -30,6 +30,7 @@ from rlctl.config.inventory import InventoryFile
 from rlctl.config.job import Batch, BuiltinModel, GrpoAlgorithm, HfModel, Job, PpoAlgorithm
 from rlctl.devices import kind_for
 from rlctl.errors import ConfigError, UsageError
+from rlctl.launch.backends import kind_of
 from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
 from rlctl.profiler.analytical import analytical_site, kv_capacity_tokens, training_entry
 from rlctl.profiler.probe import ProbeSpec, check_engines, check_trainer, measure_here
@@ -145,7 +146,7 @@ def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None =
         check_measurable(req)
     specs = {s: _probe_spec(req, site) for s, site in req.sites.items()} if source == "measured" else {}
     for s, spec in specs.items():  # refuse before starting anything (vLLM, megatron: looked for here on local sites)
-        here = req.sites[s].scheduler.kind == "local"
+        here = kind_of(req.sites[s]).on_this_machine
         check_engines(spec, vllm_here=here)
         check_trainer(spec, here=here)
     out: dict[str, SiteProfile] = {}
@@ -160,7 +161,7 @@ def build_profile(req: ProfileRequest, *, source: Source, workdir: Path | None =
                 passes=passes,
             )
             continue
-        if site.scheduler.kind == "local":
+        if kind_of(site).on_this_machine:
             result = measure_here(specs[s])
         else:
             from rlctl.profiler.remote import measure_on_site  # launch backends: only when needed

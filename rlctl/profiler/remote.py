@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlctl.config.inventory import Site, SlurmScheduler
+from rlctl.config.inventory import Site
 from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.agentenv import BASE_ENV, ENV_VISIBLE
-from rlctl.launch.backends import Backends, record_agent
+from rlctl.launch.backends import Backends, kind_of, record_agent
 from rlctl.launch.base import AgentSpec, Resources
 from rlctl.launch.sitefs import HostFiles, access_hosts, host_files, is_remote, site_root
 from rlctl.launch.spawn import python_for
@@ -60,7 +60,7 @@ def measure_on_site(
         # a megatron split's ranks are the probe's children, a core each: SLURM gives the probe that many
         cores = spec.split[0] * spec.split[1] if spec.split else 1
         gpus = 1 if spec.device == "cuda" else 0  # the site's first GPU (SLURM binds one; an SSH host's device 0)
-        env = dict(BASE_ENV) | ({ENV_VISIBLE: "0"} if gpus and not isinstance(site.scheduler, SlurmScheduler) else {})
+        env = dict(BASE_ENV) | ({ENV_VISIBLE: "0"} if gpus and kind_of(site).slices_gpus else {})
         resources = Resources(cpus_per_task=cores, gpus_per_task=gpus)
         agent = AgentSpec("profile", 0, name, argv, env, Path(site_log), resources=resources)
         backend = backends.for_site(name)

@@ -245,6 +245,10 @@ class FakeBackend(LaunchBackend):
     def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:
         pass
 
+    @classmethod
+    def for_site(cls, site_name: str, site: Site, *, job: str, job_dir: Path) -> FakeBackend:
+        return cls(set())
+
 
 def scale_setup(tmp_path: Path, *, start: list[str]) -> tuple[JobDir, Spawner, FakeBackend]:
     """A prepared job (trainer 1 + 2 units on 4 local GPUs), of which the agents in `start` were launched."""
