@@ -29,6 +29,7 @@ BENCHES = {
     "broadcast": "bench.broadcast",
     "delta": "bench.delta",
     "checkpoint": "bench.checkpoint",
+    "reward": "bench.reward",
     "pipeline": "bench.pipeline",
     "pipeline-parallel": "bench.pipeline_parallel",
     "dispatch": "bench.dispatch",

@@ -127,7 +127,9 @@ SENDERS: dict[str, frozenset[str]] = {
 class ControllerAgent:
     def __init__(self, jobdir: JobDir, job: JobFile, transport: Transport, *, listen: str) -> None:
         self.jobdir, self.job = jobdir, job
-        self.task = task_source(job, jobdir.path, jobdir.init_model)
+        # rewards are scored here, as samples arrive, in worker processes beside the controller: a slow or hung
+        # reward holds only its own group (which the staleness buffers let later groups overtake)
+        self.task = task_source(job, jobdir.path, jobdir.init_model, scoring=True)
         self.ranker = LengthRanker()  # hashed token features: any vocabulary; refit online on real lengths
         if isinstance(self.task, DigitsSource):  # the demo's verifier knows lengths: bootstrap on them
             self.ranker.fit(*self.task.bootstrap(RANKER_BOOTSTRAP))
@@ -381,6 +383,10 @@ class ControllerAgent:
         if what == "spawned":
             self.scaler.spawned(who, payload)
             return
+        if what == "scored":
+            attempt, reward = payload
+            self._send(self.core.scored(who, attempt=attempt, reward=reward))
+            return
         peer = self.peers.get(who)
         if peer is None:
             return
@@ -411,10 +417,13 @@ class ControllerAgent:
                     version=s.version,
                     output_tokens=s.num_output_tokens,
                     payload=msg.tensors,
+                    reward=None,
                 )
             )
             if self.core.ledger.refused > refused:
                 log.warning("controller: dropped sample %r from %s: not dispatched to it", s.sample_id[:80], who)
+            else:
+                self._score(s.sample_id, msg.tensors)
         elif msg.kind == "weights_applied":
             version = int(msg.header["version"])
             holder = self.book.nodes.get(str(msg.header.get("holder", "")), ("", ""))[0]
@@ -452,6 +461,19 @@ class ControllerAgent:
         else:
             log.warning("controller: unexpected %r from %s", msg.kind, who)
 
+    def _score(self, sample_id: str, tensors: list[Any]) -> None:
+        """Score a finished sample (its output tokens are its payload's first tensor): at once when the task's
+        verifier is in-line, else when the reward pool answers (an event on the inbox, for this attempt only)."""
+        attempt = self.core.awaiting_reward(sample_id)
+        if attempt is None:
+            return
+        entry = self.core.ledger.entries[sample_id]
+        future = self.task.score(sample_id, entry.prompt_id, tensors[0].tolist())
+        if future.done():
+            self._send(self.core.scored(sample_id, attempt=attempt, reward=future.result()))
+        else:
+            future.add_done_callback(lambda f: self.inbox.put(("scored", sample_id, (attempt, f.result()))))
+
     def _wrong(self, peer: Peer, msg: Message) -> str | None:
         """Why a well-formed message (its header passed `messages.check`) is not for the controller to act on:
         not its sender's to send, or naming a version or iteration the job is not at. None when it is."""
@@ -471,6 +493,12 @@ class ControllerAgent:
                     f"iteration {iteration} → version {version}, and the trainer is at version "
                     f"{self.core.trainer_version} (expected iteration {self.core.trainer_version} → "
                     f"{self.core.trainer_version + 1})"
+                )
+            buffers = self.core.buffers
+            if not buffers.ready(iteration):
+                return (
+                    f"iteration {iteration} is not complete: {buffers.capacity - buffers.free(iteration)} of its "
+                    f"{buffers.capacity} groups were delivered"
                 )
         if msg.kind == "checkpoint_written" and int(msg.header["version"]) not in self.writing:
             return f"no checkpoint of version {msg.header['version']} is being written"
@@ -623,7 +651,8 @@ class ControllerAgent:
         """Online refit on what the policy actually generated; records the ranker's recall on it."""
         by_prompt: dict[str, list[int]] = {}
         for e in self.core.ledger.iteration_entries(iteration):
-            by_prompt.setdefault(e.prompt_id, []).append(e.output_tokens)
+            if e.state is State.TRAINED:  # the groups this iteration trained (a slow one of its round moved on)
+                by_prompt.setdefault(e.prompt_id, []).append(e.output_tokens)
         pids = list(by_prompt)
         lengths = [sum(v) / len(v) for v in by_prompt.values()]
         preds = [self.core.pred_len[p] for p in pids]
@@ -652,6 +681,7 @@ class ControllerAgent:
             job_dir=str(self.jobdir.path),
             resilience={"resumes": self.resumes, **self.scaler.resilience(), "paused": self.paused},
             data=self._data_view(),
+            reward_failures=self.task.reward_stats().failures,
         )
 
     def _data_view(self) -> dict[str, Any]:
@@ -696,6 +726,7 @@ class ControllerAgent:
             p.conn.close()
         self.listener.close()
         self.scaler.close()
+        self.task.close()
 
     # -- threads ------------------------------------------------------------------------------------
     def _accept(self) -> None:

@@ -1,15 +1,22 @@
 """The controller's brain, without I/O: prompt queue, dispatch, ledger, versions, staleness, stats.
 
-Every event from the outside (an agent joined / was lost, a sample finished, weights were applied,
-the trainer committed an iteration) is one method call that returns the messages to send. The
-process shell (`controller.py`) owns sockets, clocks and files; tests drive this class directly.
+Every event from the outside (an agent joined / was lost, a sample finished or was scored, weights were
+applied, the trainer committed an iteration) is one method call that returns the messages to send. The
+process shell (`controller.py`) owns sockets, clocks, files and the reward pool; tests drive this class.
 
-    iteration i created when i ≤ trainer_version + η
+    round r of prompts created when r ≤ trainer_version + η
          │
-         ▼  dispatch: queued samples of i → units at version w with i ≤ w + η (LPT-balanced)
-    rollout units ──sample(version)──▶ ledger: finished ──deliver (i ≥ trainer's; sync: ──▶ trainer
-         ▲                                    once all of i finished)                      │
-         └──── weights v+1 (trainer → units) ◀── trained(i, v+1) ◀─────────────────────────┘
+         ▼  dispatch: queued samples of r → units at version w with r ≤ w + η (LPT-balanced), each group
+         │            reserved in the staleness buffers with deadline w + η (buffers.py; refused: it waits)
+    rollout units ──sample(version)──▶ ledger: finished ──scored(reward)──▶ group complete?
+         ▲                                                                      │ occupy: the earliest
+         │                                                                      ▼ buffer b it may be in
+         │                        sync: buffer b once full; stream/async: at once ──▶ trainer (iteration b)
+         └──── weights v+1 (trainer → units) ◀── trained(b, v+1) ◀─────────────────────────────┘
+
+A round says when a group is created and dispatched; the buffer it occupies says which iteration trains it
+(the earliest with room that keeps every reservation within the bound): with η ≥ 1 a slow group — a long
+generation, a reward that hangs — lets the groups that finished first fill the trainer's iteration.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from rlctl.agents.ledger import Ledger, State
+from rlctl.agents.buffers import StalenessBuffers
+from rlctl.agents.ledger import Entry, Ledger, State
 from rlctl.agents.staleness import StalenessBound
 from rlctl.planner.dispatch import assign_balanced
 
@@ -110,6 +118,9 @@ class ControllerCore:
         self.clock = clock
         self.bound = StalenessBound(cfg.eta)
         self.ledger = Ledger()
+        self.buffers = StalenessBuffers(capacity=cfg.prompts_per_iteration, eta=cfg.eta, last=cfg.iterations - 1)
+        self.undelivered: list[str] = []  # occupied groups not sent to the trainer yet, in occupy order
+        self.floor = 0  # the oldest round that may still have samples to dispatch
         self._make_prompts = prompts
         self._predict = predict
         self._rng = random.Random(cfg.seed)
@@ -144,7 +155,7 @@ class ControllerCore:
         if unit is None or not unit.alive:
             return []
         unit.alive = False
-        self.ledger.requeue_agent(name)
+        self._release_idle(self.ledger.requeue_agent(name))
         return [self._members(), *self.pump()]
 
     def unreachable(self, name: str) -> list[Out]:
@@ -154,7 +165,7 @@ class ControllerCore:
         if unit is None or not unit.alive or not unit.reachable:
             return []
         unit.reachable = False
-        self.ledger.requeue_agent(name)
+        self._release_idle(self.ledger.requeue_agent(name))
         return [self._members(), *self.pump()]
 
     def rejoin(self, name: str, *, version: int, requeue: bool) -> list[Out]:
@@ -167,7 +178,7 @@ class ControllerCore:
         unit.reachable = True
         unit.version = max(unit.version, version)
         if requeue:
-            self.ledger.requeue_agent(name)
+            self._release_idle(self.ledger.requeue_agent(name))
         return [self._members(), *self.pump()]
 
     def drain(self, name: str) -> list[Out]:
@@ -194,18 +205,66 @@ class ControllerCore:
         unit.version = max(unit.version, version)
         return self.pump()
 
-    def sample(self, name: str, *, sample_id: str, version: int, output_tokens: int, payload: Any) -> list[Out]:
+    def sample(
+        self,
+        name: str,
+        *,
+        sample_id: str,
+        version: int,
+        output_tokens: int,
+        payload: Any,
+        reward: float | None,
+    ) -> list[Out]:
+        """A unit finished a sample; `reward` when it is scored already (else `scored` brings it later)."""
         if not self.ledger.finish(sample_id, agent=name, version=version, output_tokens=output_tokens):
             return []
         self.payloads[sample_id] = payload
         st = self.stats[self.ledger.entries[sample_id].iteration]
         st.last_finish = self.clock()
+        if reward is not None:
+            self.ledger.score(sample_id, attempt=self.ledger.entries[sample_id].attempts, reward=reward)
+            self._complete(self.ledger.entries[sample_id].prompt_id)
         return self.pump() + self._retire_drained()
+
+    def awaiting_reward(self, sample_id: str) -> int | None:
+        """The attempt whose reward `sample_id` waits for (pass it back to `scored`), or None."""
+        e = self.ledger.entries.get(sample_id)
+        return e.attempts if e is not None and e.state is State.FINISHED and e.reward is None else None
+
+    def scored(self, sample_id: str, *, attempt: int, reward: float) -> list[Out]:
+        """The reward of attempt `attempt` of a finished sample (one of an attempt since requeued is dropped)."""
+        if not self.ledger.score(sample_id, attempt=attempt, reward=reward):
+            return []
+        self._complete(self.ledger.entries[sample_id].prompt_id)
+        return self.pump()
+
+    def _complete(self, group: str) -> None:
+        """When every sample of `group` is finished and scored: it occupies the earliest buffer it may (then
+        it goes to the trainer), or, with no room within its bound, it is generated again."""
+        entries = self.ledger.group(group)
+        if not all(e.state is State.FINISHED and e.reward is not None for e in entries):
+            return
+        oldest = min(e.sample_version for e in entries if e.sample_version is not None)
+        b = self.buffers.occupy(group, oldest)
+        if b is None:
+            for e in entries:
+                self.ledger.requeue_stale(e.sample_id)
+                self.payloads.pop(e.sample_id, None)
+            return
+        self.ledger.assign(group, iteration=b)
+        self.undelivered.append(group)
+
+    def _release_idle(self, requeued: list[str]) -> None:
+        """Groups with nothing in flight or done any more (their unit went) give their reservation back."""
+        for group in {self.ledger.entries[sid].prompt_id for sid in requeued}:
+            if all(e.state is State.QUEUED for e in self.ledger.group(group)):
+                self.buffers.release(group)
 
     def trained(self, *, iteration: int, version: int, sample_ids: list[str], stats: dict[str, Any]) -> list[Out]:
         assert iteration == self.trainer_version, (iteration, self.trainer_version)
         for sid in sample_ids:
             self.ledger.mark_trained(sid)
+        self.buffers.consume()
         self.trainer_version = version
         st = self.stats[iteration]
         st.trained_at, st.trainer = self.clock(), stats
@@ -238,8 +297,13 @@ class ControllerCore:
         """Continue from the checkpoint of `version`: the iterations before it are trained; every other entry
         of `ledger` is queued again (`Ledger.from_json`), to be generated on the checkpoint's weights."""
         assert not self.started and self.created == 0, "restore before the first agent joins"
-        assert all(e.state is State.TRAINED for e in ledger.entries.values() if e.iteration < version)
+        # a group of an earlier round not trained yet (a slow one, pushed to a later buffer) is generated again
+        # in the first round from here
+        for group in {e.prompt_id for e in ledger.entries.values() if e.state is not State.TRAINED}:
+            if ledger.group(group)[0].iteration < version:
+                ledger.assign(group, iteration=version)
         self.ledger, self.trainer_version = ledger, version
+        self.buffers.consumed = self.floor = version
         self.created = max([e.iteration + 1 for e in ledger.entries.values()], default=version)
         for iteration in range(version, self.created):
             self._specs(iteration)
@@ -269,11 +333,17 @@ class ControllerCore:
         self.stats[iteration] = IterationStats(iteration)
 
     def _dispatch(self) -> list[Out]:
-        """Each iteration's queued samples over the units that may generate them, balanced with what each
-        unit already holds; the shares of units still catching up on the weights wait for them (`_pool`)."""
+        """Each round's queued samples over the units that may generate them, balanced with what each unit
+        already holds; the shares of units still catching up on the weights wait for them (`_pool`). A sample
+        goes out only if its group's reservation in the staleness buffers stays feasible at that unit's version
+        (else it waits for a unit with newer weights)."""
         out: list[Out] = []
         now = self.clock()
-        for it in range(self.trainer_version, self.created):
+        while self.floor < self.trainer_version and all(
+            e.state is State.TRAINED for e in self.ledger.iteration_entries(self.floor)
+        ):
+            self.floor += 1
+        for it in range(self.floor, self.created):
             queued = self.ledger.in_state(State.QUEUED, iteration=it)
             units = [u for u in self.live_units if self.bound.may_dispatch(iteration=it, unit_version=u.version)]
             if not queued or not units:
@@ -288,6 +358,9 @@ class ControllerCore:
                     continue
                 reqs = []
                 for e in entries:
+                    if not self.buffers.may_reserve(e.prompt_id, unit.version):
+                        continue
+                    self.buffers.reserve(e.prompt_id, unit.version)
                     self.ledger.dispatch(e.sample_id, agent=unit.name, version=unit.version)
                     spec = self.prompts[e.prompt_id]
                     reqs.append(
@@ -299,7 +372,8 @@ class ControllerCore:
                             "iteration": it,
                         }
                     )
-                out.append(Out(unit.name, "generate", {"requests": reqs}))
+                if reqs:
+                    out.append(Out(unit.name, "generate", {"requests": reqs}))
         return out
 
     def _pool(self, iteration: int, units: list[Unit], ready: set[str], *, waited: float) -> list[Unit]:
@@ -318,7 +392,7 @@ class ControllerCore:
         """Does a queued share wait for a unit catching up? (The controller pumps on a timer meanwhile, so the
         share goes to the others when the wait ends even if nothing else happens.)"""
         now = self.clock()
-        for it in range(self.trainer_version, self.created):
+        for it in range(self.floor, self.created):
             since = self.stats[it].first_dispatch
             waiting = since is not None and now - since < self.cfg.reserve_s
             if waiting and self.ledger.in_state(State.QUEUED, iteration=it):
@@ -329,7 +403,7 @@ class ControllerCore:
         """Balanced with the work each unit holds: skewness-aware, LPT by predicted tokens (prompt + predicted
         output), longest first inside each unit; `random`, a shuffle balanced by sample count."""
         held: dict[str, float] = dict.fromkeys((u.name for u in units), 0.0)
-        for it in range(self.trainer_version, self.created):  # in flight: only iterations not trained yet
+        for it in range(self.floor, self.created):  # in flight: only rounds not trained yet
             for e in self.ledger.in_state(State.DISPATCHED, iteration=it):
                 if e.agent in held:
                     held[e.agent] += 1.0 if self.cfg.dispatch == "random" else self._tokens(e)
@@ -346,27 +420,27 @@ class ControllerCore:
         return self.pred_len[e.prompt_id] + len(self.prompts[e.prompt_id].tokens)
 
     def _deliver(self) -> list[Out]:
-        """Finished samples of every iteration not trained yet go to the trainer, the one it trains first: it
-        holds a later iteration's until it gets there and meanwhile scores them (its rewards), so it starts that
-        iteration as soon as it commits this one (async, η ≥ 1). Iteration j is trained at version j: a sample
-        too stale for that is generated again. Sync: an iteration only once all of it has finished."""
-        if self.trainer is None or not self.trainer.alive:
+        """Occupied groups go to the trainer, labelled with the iteration (buffer) that trains them: at once
+        (stream, async: it holds a later iteration's until it gets there, so it starts that one as soon as it
+        commits this one), or, sync, the current iteration's once it is full. Every sample of a group occupies
+        a buffer within η of the oldest version it was generated with (`buffers.occupy`)."""
+        if self.trainer is None or not self.trainer.alive or not self.undelivered:
             return []
-        batch = []
-        for it in range(self.trainer_version, self.created):
-            entries = self.ledger.iteration_entries(it)
-            if self.cfg.mode == "sync" and any(e.state in (State.QUEUED, State.DISPATCHED) for e in entries):
-                break  # sync: generate all, then train (and nothing of a later iteration before this one)
-            for e in entries:
-                if e.state is not State.FINISHED:
-                    continue
-                assert e.sample_version is not None
-                if not self.bound.may_train(trainer_version=it, sample_version=e.sample_version):
-                    self.ledger.requeue_stale(e.sample_id)
-                    self.payloads.pop(e.sample_id, None)
-                    continue
+        if self.cfg.mode == "sync":
+            b = self.buffers.consumed
+            if not self.buffers.ready(b):
+                return []
+            groups = [g for g in self.undelivered if self.buffers.where.get(g) == b]
+        else:
+            groups = list(self.undelivered)
+        self.undelivered = [g for g in self.undelivered if g not in set(groups)]
+        batch: list[tuple[Entry, Any]] = []
+        for g in groups:
+            it = self.buffers.where[g]
+            st = self.stats[it]
+            for e in self.ledger.group(g):
+                assert e.sample_version is not None and e.reward is not None
                 self.ledger.deliver(e.sample_id)
-                st = self.stats[it]
                 st.samples += 1
                 st.output_tokens += e.output_tokens
                 st.staleness[it - e.sample_version] += 1
@@ -380,6 +454,7 @@ class ControllerCore:
                 "iteration": e.iteration,
                 "version": e.sample_version,
                 "output_tokens": e.output_tokens,
+                "reward": e.reward,
             }
             for e, _ in batch
         ]

@@ -1,14 +1,18 @@
 """The sample ledger: every sample of every prompt, its state, and exactly-once delivery to the trainer.
 
-One entry per sample (`<prompt_id>/<k>`, k < samples_per_prompt); a prompt is trained when all its
-samples are. States and the only legal moves:
+One entry per sample (`<prompt_id>/<k>`, k < samples_per_prompt); a prompt (a group) is trained when all
+its samples are. States and the only legal moves:
 
-    queued ──dispatch(agent, version)──▶ dispatched ──finish(agent, version)──▶ finished
-      ▲                                      │                                    │
-      └──────── requeue (agent lost) ────────┘                                  deliver
-      └──────── requeue (too stale to deliver) ◀───────────────────────────────── │
+    queued ──dispatch(agent, version)──▶ dispatched ──finish(agent, version)──▶ finished ──score(reward)
+      ▲                                      │                                    │    (its attempt only)
+      └──────── requeue (agent lost) ────────┘                                  deliver (the group: all
+      └──────── requeue (its group has no room within the bound) ◀──────────────── │  finished and scored)
                                                                                   ▼
                                               trained ◀──trained(ack from trainer)── delivered
+
+`iteration` is the round a sample was created in until its group occupies a staleness buffer
+(`rlctl.agents.buffers`), then the iteration that trains it (`assign`). Tokens generated and then thrown
+away (a group requeued from `finished`) are counted in `discarded_tokens`.
 
 A `finish` from an agent the sample is not dispatched to (a late message from an agent declared
 lost, a duplicate) is refused and counted, never delivered. A trainer ack for a sample that is not
@@ -49,6 +53,7 @@ class Entry:
     sample_version: int | None = None
     attempts: int = 0
     output_tokens: int = 0
+    reward: float | None = None  # scored (this attempt's), or not yet
     # the controller's wall clock (time.time) at the last dispatch, the finish, the delivery to the trainer and
     # its ack: when each sample was handed out, came back, went on and was trained (its latency, timelines)
     dispatched_at: float | None = None
@@ -68,16 +73,19 @@ class LedgerCounts:
     duplicated: int  # samples trained more than once (must be 0)
     refused: int  # sample messages refused (not dispatched to that agent)
     stale_requeued: int
+    discarded_tokens: int  # generated, then thrown away (their group could not be trained within the bound)
 
 
 @dataclass
 class Ledger:
     entries: dict[str, Entry] = field(default_factory=dict)
     by_iteration: dict[int, list[Entry]] = field(default_factory=dict)
+    by_prompt: dict[str, list[Entry]] = field(default_factory=dict)
     requeued: int = 0
     stale_requeued: int = 0
     duplicated: int = 0
     refused: int = 0
+    discarded_tokens: int = 0
     clock: Callable[[], float] = field(default=time.time, repr=False)  # wall clock of the entries' times
 
     # -- building -----------------------------------------------------------------------------------
@@ -92,6 +100,15 @@ class Ledger:
     def _insert(self, e: Entry) -> None:
         self.entries[e.sample_id] = e
         self.by_iteration.setdefault(e.iteration, []).append(e)
+        self.by_prompt.setdefault(e.prompt_id, []).append(e)
+
+    def assign(self, prompt_id: str, *, iteration: int) -> None:
+        """Every sample of the prompt now belongs to `iteration` (the buffer its group occupies)."""
+        for e in self.by_prompt[prompt_id]:
+            if e.iteration != iteration:
+                self.by_iteration[e.iteration].remove(e)
+                e.iteration = iteration
+                self.by_iteration.setdefault(iteration, []).append(e)
 
     # -- transitions --------------------------------------------------------------------------------
     def _move(self, sample_id: str, frm: State, to: State) -> Entry:
@@ -122,6 +139,15 @@ class Ledger:
         e.finished_at = self.clock()
         return True
 
+    def score(self, sample_id: str, *, attempt: int, reward: float) -> bool:
+        """The reward of a finished sample's attempt `attempt`; False (ignored) when the sample was requeued since
+        (a later attempt, or queued again) or is scored already."""
+        e = self.entries.get(sample_id)
+        if e is None or e.state is not State.FINISHED or e.attempts != attempt or e.reward is not None:
+            return False
+        e.reward = float(reward)
+        return True
+
     def deliver(self, sample_id: str) -> Entry:
         e = self._move(sample_id, State.FINISHED, State.DELIVERED)
         e.delivered_at = self.clock()
@@ -145,6 +171,7 @@ class Ledger:
 
     def requeue_stale(self, sample_id: str) -> None:
         e = self._move(sample_id, State.FINISHED, State.FINISHED)
+        self.discarded_tokens += e.output_tokens
         self._reset(e)
         self.requeued += 1
         self.stale_requeued += 1
@@ -152,6 +179,7 @@ class Ledger:
     @staticmethod
     def _reset(e: Entry) -> None:
         e.state, e.agent, e.dispatch_version, e.sample_version, e.output_tokens = State.QUEUED, None, None, None, 0
+        e.reward = None
         e.dispatched_at = e.finished_at = e.delivered_at = e.trained_at = None
 
     # -- queries ------------------------------------------------------------------------------------
@@ -162,20 +190,24 @@ class Ledger:
     def iteration_entries(self, iteration: int) -> list[Entry]:
         return list(self.by_iteration.get(iteration, []))
 
+    def group(self, prompt_id: str) -> list[Entry]:
+        return list(self.by_prompt.get(prompt_id, []))
+
     def inflight(self, agent: str) -> int:
         return sum(1 for e in self.entries.values() if e.state is State.DISPATCHED and e.agent == agent)
 
     def counts(self, *, completed_iterations: int | None = None) -> LedgerCounts:
-        by_prompt: dict[str, list[Entry]] = {}
-        for e in self.entries.values():
-            by_prompt.setdefault(e.prompt_id, []).append(e)
+        by_prompt = self.by_prompt
         trained = sum(1 for es in by_prompt.values() if all(e.state is State.TRAINED for e in es))
         lost = 0
-        if completed_iterations is not None:
+        if completed_iterations is not None:  # delivered for an iteration that was committed without them
+            done = (State.DELIVERED, State.TRAINED)
             lost = sum(
                 1
                 for es in by_prompt.values()
-                if es[0].iteration < completed_iterations and not all(e.state is State.TRAINED for e in es)
+                if es[0].iteration < completed_iterations
+                and all(e.state in done for e in es)
+                and not all(e.state is State.TRAINED for e in es)
             )
         return LedgerCounts(
             prompts=len(by_prompt),
@@ -187,6 +219,7 @@ class Ledger:
             duplicated=self.duplicated,
             refused=self.refused,
             stale_requeued=self.stale_requeued,
+            discarded_tokens=self.discarded_tokens,
         )
 
     def state_histogram(self) -> dict[str, int]:
@@ -200,6 +233,7 @@ class Ledger:
                 "stale_requeued": self.stale_requeued,
                 "duplicated": self.duplicated,
                 "refused": self.refused,
+                "discarded_tokens": self.discarded_tokens,
             },
             "entries": [{**asdict(e), "state": e.state.value} for e in self.entries.values()],
         }

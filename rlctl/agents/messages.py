@@ -95,6 +95,7 @@ class Delivered(msgspec.Struct):
     iteration: NonNegInt
     version: NonNegInt
     output_tokens: NonNegInt
+    reward: float  # scored beside the controller (rlctl.rl.reward)
 
 
 class Samples(msgspec.Struct):
@@ -141,7 +142,6 @@ class Trained(msgspec.Struct):
     loss: float
     staleness_violations: int  # samples the trainer found older than η (must stay 0)
     busy_s: float
-    reward_failures: int = 0  # reward calls that raised, timed out or returned a wrong type, so far
     # mean per-token k3 estimate of KL(sampling policy ‖ trainer policy before this step's update), over the
     # iteration's tokens: how off-policy the batch was (staleness, engine numerics); not the reference KL
     kl: float = 0.0

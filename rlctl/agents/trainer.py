@@ -1,8 +1,8 @@
 """The trainer agent: one torch.distributed (gloo) group; rank 0 talks to the controller.
 
-    controller ──samples──▶ inbox ─▶ score each sample at once (reward, staleness check), by iteration
+    controller ──samples (whole groups, scored beside the controller)──▶ inbox ─▶ staleness check, by iteration
              iteration i (= the version) ─▶ learner.add ─▶ micro-batches train as whole groups arrive
-             a later one (async)         ─▶ held, its rewards computing, until the trainer gets there
+             a later one (async)         ─▶ held until the trainer gets there
            all samples of iteration i in? ─▶ optimizer step ─▶ version i+1 ─▶ iteration i+1's held samples
                                      ─▶ WeightPublisher (background): plan the broadcast, tell units
                                      ─▶ trained(i, i+1, sample ids, figures) ──▶ controller
@@ -41,7 +41,6 @@ import socket
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 
 import msgspec
@@ -99,7 +98,7 @@ class TrainerAgent:
     def __init__(self, ctx: AgentContext, *, rank: int = 0, compute: Compute | None = None) -> None:
         self.ctx = ctx
         job = ctx.job
-        self.task = task_source(job, ctx.jobdir.path, ctx.jobdir.init_model, scoring=rank == 0)
+        self.task = task_source(job, ctx.jobdir.path, ctx.jobdir.init_model)  # prompts only: rewards come scored
         self.rank = rank
         self.name = f"trainer-{rank}"
         where = str(ctx.jobdir.job_json)
@@ -229,7 +228,7 @@ class TrainerAgent:
         self.state = "running"
         ids: list[str] = []
         # by iteration: the one trained now (= self.version) and, in async, later ones the controller sent early
-        scoring: dict[int, deque[tuple[Delivered, list[int], list[float], Future[float]]]] = {}
+        held: dict[int, deque[tuple[Delivered, list[int], list[float]]]] = {}
         violations: Counter[int] = Counter()  # by iteration: samples staler than the bound allows
         complete = [self.version] if self.version else []  # checkpoints the controller sealed (and the resumed one)
         try:
@@ -267,8 +266,8 @@ class TrainerAgent:
                 if msg.kind != "samples":
                     log.warning("trainer: unexpected message %r", msg.kind)
                     continue
-                # sample-level work as each sample arrives: staleness check, reward (the task's verifier, or
-                # the user's function in worker processes), then micro-batches as scored groups complete
+                # sample-level work as each group arrives (scored beside the controller): staleness check, then
+                # micro-batches as groups complete
                 t0 = time.monotonic()
                 for d, (out, lp) in zip(_delivered(msg), _pairs(msg.tensors), strict=True):
                     # the controller delivers iterations not trained yet only (ControllerCore._deliver)
@@ -276,17 +275,13 @@ class TrainerAgent:
                     # iteration i is trained at version i: that is the staleness that counts
                     if not self.bound.may_train(trainer_version=d.iteration, sample_version=d.version):
                         violations[d.iteration] += 1
-                    toks = out.tolist()
-                    scored = (d, toks, lp.tolist(), self.task.score(d.sample_id, d.prompt_id, toks))
-                    scoring.setdefault(d.iteration, deque()).append(scored)
+                    held.setdefault(d.iteration, deque()).append((d, out.tolist(), lp.tolist()))
                 self.busy_s += time.monotonic() - t0
                 # train the current iteration as far as its samples go; commit it when whole, and go on with
                 # the next one's held samples (they may be whole already)
                 while True:
                     t0 = time.monotonic()
-                    current = scoring.setdefault(self.version, deque())
-                    whole = self.learner.count + len(current) >= self.samples_per_iteration
-                    ids += self._take_scored(current, wait=whole)
+                    ids += self._take(held.setdefault(self.version, deque()))
                     self.learner.train_ready()
                     self.busy_s += time.monotonic() - t0
                     if self.learner.count < self.samples_per_iteration:
@@ -294,7 +289,7 @@ class TrainerAgent:
                     # the iteration is complete: one optimizer step, a new version, publish, report
                     t0 = time.monotonic()
                     stats = self.learner.step()
-                    del scoring[self.version]
+                    del held[self.version]
                     iteration, self.version = self.version, self.version + 1
                     self._publish(publisher, self.version)
                     checkpoint = self._maybe_checkpoint()
@@ -314,7 +309,6 @@ class TrainerAgent:
                                 checkpointing=checkpoint is not None,
                                 staleness_violations=violations.pop(iteration, 0),
                                 busy_s=self.busy_s,
-                                reward_failures=self.task.reward_stats().failures,
                             ),
                         )
                     )
@@ -327,15 +321,13 @@ class TrainerAgent:
             publisher.close()
             self.task.close()
 
-    def _take_scored(
-        self, scoring: deque[tuple[Delivered, list[int], list[float], Future[float]]], *, wait: bool
-    ) -> list[str]:
-        """Hand the learner every sample whose reward is in, in arrival order (all of them when `wait`)."""
+    def _take(self, held: deque[tuple[Delivered, list[int], list[float]]]) -> list[str]:
+        """Hand the learner every sample of the current iteration that arrived, in arrival order."""
         ids = []
-        while scoring and (wait or scoring[0][3].done()):
-            d, toks, lps, reward = scoring.popleft()
+        while held:
+            d, toks, lps = held.popleft()
             prompt = self.task.prompt_tokens(d.prompt_id)
-            self.learner.add(Sample(d.prompt_id, prompt, toks, lps, reward.result(), version=d.version))
+            self.learner.add(Sample(d.prompt_id, prompt, toks, lps, d.reward, version=d.version))
             ids.append(d.sample_id)
         return ids
 

@@ -60,6 +60,7 @@ class Snapshot:
     job_dir: str
     resilience: Mapping[str, Any] = field(default_factory=dict)  # resumes, replaced units, a note
     data: Mapping[str, Any] = field(default_factory=dict)  # a dataset task's rows: prompts, bad rows skipped
+    reward_failures: int = 0  # reward calls that raised, timed out or returned a wrong type, so far
 
 
 def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
@@ -81,7 +82,7 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
         "staleness": {str(k): v for k, v in sorted(st.staleness.items())},
         "loss": round(t.loss, 5),
         "kl": round(t.kl, 6),
-        "reward_failures": t.reward_failures,
+        "reward_failures": s.reward_failures,
         "period_s": round(period, 4),
         "wall_s": round((st.trained_at or 0.0) - s.t_start, 3),
         "t": round(wall_time, 3),
@@ -231,6 +232,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
             "refused": counts.refused,
             "samples": counts.samples,
             "trained_samples": counts.trained_samples,
+            "discarded_tokens": counts.discarded_tokens,
         },
         "resilience": dict(s.resilience),
         "data": dict(s.data),

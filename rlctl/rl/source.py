@@ -1,7 +1,8 @@
 """The task as the agents see it: where a job's prompts come from and how its samples are scored.
 
     controller: rl_prompts(iteration, n) ─▶ dispatch (prompt ids p<position>, token ids, known lengths)
-    trainer:    prompt_tokens(prompt_id), score(sample_id, prompt_id, output) ─▶ Future[score]
+    controller: score(sample_id, prompt_id, output) ─▶ Future[score] (as samples arrive, beside it)
+    trainer:    prompt_tokens(prompt_id)
 
 Two implementations behind one interface: the built-in digits task (prompts from a seeded stream,
 the rule-based verifier scoring in-line) and a user dataset (`task: {kind: dataset}`: prompts tokenized
@@ -154,7 +155,7 @@ def stop_ids(job: JobFile, model_dir: Path) -> tuple[int, ...]:
 
 
 def task_source(job: JobFile, job_dir: Path, model_dir: Path, *, scoring: bool = False) -> TaskSource:
-    """The job's task as a source of prompts (and scores, on the trainer)."""
+    """The job's task as a source of prompts (and scores, `scoring`: beside the controller)."""
     task = job.task
     if isinstance(task, DigitsTask):
         return DigitsSource(task)

@@ -59,7 +59,7 @@ def test_random_dispatch_ignores_lengths():
 
 
 def _finish(core: ControllerCore, agent: str, sid: str, version: int = 0) -> list[Out]:
-    return core.sample(agent, sample_id=sid, version=version, output_tokens=3, payload=sid)
+    return core.sample(agent, sample_id=sid, version=version, output_tokens=3, payload=sid, reward=1.0)
 
 
 def test_sync_delivers_only_a_complete_iteration_stream_delivers_at_once():
@@ -94,18 +94,42 @@ def test_async_dispatches_one_iteration_ahead():
     assert p0 > p1  # the older iteration is admitted first, whatever the predicted lengths
 
 
-def test_async_delivers_the_next_iteration_before_the_trainer_commits_this_one():
-    """The trainer holds iteration 1's samples (scoring them) while it trains 0, and starts 1 at once; they
-    are checked for staleness against version 1, the one they are trained at."""
+def test_async_the_group_that_finishes_first_fills_the_trainers_iteration_and_the_slow_one_moves_on():
+    """η 1, one prompt per iteration: round 1's group finishes before round 0's. It fills iteration 0 (the earliest
+    buffer that keeps round 0's reservation, due by iteration 1, feasible), and goes to the trainer at once; round
+    0's group then takes iteration 1 — within its bound, so the trainer never waits for the slow one."""
     core = _core(mode="async", eta=1, prompts=1, iterations=3)
     core.join("trainer-0", role="trainer", version=0)
     core.join("r0", role="rollout", version=0)
-    late = [o for o in _finish(core, "r0", "p1-0/0") if o.kind == "samples"]  # iteration 1 finished first
-    assert [(s["sample_id"], s["iteration"]) for o in late for s in o.header["samples"]] == [("p1-0/0", 1)]
+    early = [o for o in _finish(core, "r0", "p1-0/0") if o.kind == "samples"]
+    assert [(s["sample_id"], s["iteration"]) for o in early for s in o.header["samples"]] == [("p1-0/0", 0)]
     assert core.ledger.entries["p1-0/0"].state is State.DELIVERED and core.trainer_version == 0
-    assert core.stats[1].staleness == {1: 1}  # generated with v0, trained at v1
-    first = [o for o in _finish(core, "r0", "p0-0/0") if o.kind == "samples"]
-    assert [s["sample_id"] for o in first for s in o.header["samples"]] == ["p0-0/0"]
+    assert core.stats[0].staleness == {0: 1}  # generated with v0, trained at v0
+    late = [o for o in _finish(core, "r0", "p0-0/0") if o.kind == "samples"]
+    assert [(s["sample_id"], s["iteration"], s["reward"]) for o in late for s in o.header["samples"]] == [
+        ("p0-0/0", 1, 1.0)
+    ]
+    assert core.stats[1].staleness == {1: 1}  # generated with v0, trained at v1: η allows it
+    assert core.ledger.entries["p0-0/0"].iteration == 1 and core.ledger.entries["p1-0/0"].iteration == 0
+
+
+def test_a_group_goes_to_the_trainer_only_once_every_sample_is_in_and_scored():
+    """Rewards are scored beside the controller: a sample waits for its reward, its group for all of them; a
+    reward for an attempt that was requeued since is dropped."""
+    core = _core(mode="stream", prompts=1, group=2, iterations=1)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    assert core.sample("r0", sample_id="p0-0/0", version=0, output_tokens=3, payload="a", reward=None) == []
+    attempt = core.awaiting_reward("p0-0/0")
+    assert attempt == 1
+    assert [o.kind for o in core.scored("p0-0/0", attempt=attempt, reward=0.25)] == []  # its sibling is not in
+    assert [o.kind for o in core.scored("p0-0/0", attempt=attempt, reward=0.9)] == []  # scored once only
+    outs = core.sample("r0", sample_id="p0-0/1", version=0, output_tokens=2, payload="b", reward=None)
+    assert not [o for o in outs if o.kind == "samples"]
+    [out] = [o for o in core.scored("p0-0/1", attempt=1, reward=0.75) if o.kind == "samples"]
+    assert [(s["sample_id"], s["reward"]) for s in out.header["samples"]] == [("p0-0/0", 0.25), ("p0-0/1", 0.75)]
+    assert core.scored("p0-0/1", attempt=0, reward=0.0) == []  # not the attempt that is waiting
+
     # stream (η 0) never has a later iteration in flight: nothing changes there
     stream = _core(mode="stream", prompts=1, iterations=2)
     stream.join("trainer-0", role="trainer", version=0)
@@ -124,7 +148,7 @@ def test_lost_agent_requeues_to_the_survivor_and_nothing_is_delivered_twice():
     regen = _generate(outs)
     assert list(regen) == ["r0"] and [s for s, _ in regen["r0"]] == [gen["r1"][1][0]]
     assert core.ledger.requeued == 1
-    assert core.sample("r1", sample_id=gen["r1"][1][0], version=0, output_tokens=1, payload=None) == []
+    assert core.sample("r1", sample_id=gen["r1"][1][0], version=0, output_tokens=1, payload=None, reward=0.0) == []
     assert core.ledger.entries[done_r1].state is State.DELIVERED
 
 

@@ -98,7 +98,27 @@ def test_counts_trained_prompts_and_lost_ones():
         led.deliver(sid)
         led.mark_trained(sid)
     c = led.counts(completed_iterations=2)
-    assert (c.prompts, c.trained, c.trained_samples, c.lost) == (2, 1, 2, 1)  # p1 never trained
+    assert (c.prompts, c.trained, c.trained_samples, c.lost) == (2, 1, 2, 0)  # p1 is still to come (in flight)
+    for sid in ("p1/0", "p1/1"):  # p1 delivered for iteration 1, which was committed without it: lost
+        led.dispatch(sid, agent="r0", version=0)
+        led.finish(sid, agent="r0", version=0, output_tokens=1)
+        led.deliver(sid)
+    assert led.counts(completed_iterations=2).lost == 1
+    assert led.counts(completed_iterations=1).lost == 0
+
+
+def test_score_takes_the_reward_of_the_waiting_attempt_once_and_a_requeue_discards_the_tokens():
+    led = _ledger()
+    led.dispatch("p0/0", agent="r0", version=0)
+    assert not led.score("p0/0", attempt=1, reward=1.0)  # not finished
+    led.finish("p0/0", agent="r0", version=0, output_tokens=7)
+    assert not led.score("p0/0", attempt=0, reward=1.0)
+    assert led.score("p0/0", attempt=1, reward=0.5) and led.entries["p0/0"].reward == 0.5
+    assert not led.score("p0/0", attempt=1, reward=0.9)
+    led.requeue_stale("p0/0")
+    assert led.entries["p0/0"].reward is None and led.counts().discarded_tokens == 7
+    led.assign("p0", iteration=3)
+    assert [e.sample_id for e in led.iteration_entries(3)] == ["p0/0", "p0/1"] and led.iteration_entries(0) == []
 
 
 def test_checkpoint_round_trip_requeues_untrained():

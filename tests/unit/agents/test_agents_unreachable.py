@@ -64,16 +64,19 @@ def test_with_no_unit_left_dispatch_pauses_and_resumes_when_it_rejoins() -> None
     assert dispatched(core, "rollout-0") == [] and core.pump() == []  # paused: nothing to dispatch to
     assert sorted(e.sample_id for e in core.ledger.in_state(State.QUEUED)) == held
     # a late result of requeued work is refused, never delivered
-    assert core.sample("rollout-0", sample_id=held[0], version=0, output_tokens=2, payload=None) == []
+    assert core.sample("rollout-0", sample_id=held[0], version=0, output_tokens=2, payload=None, reward=0.5) == []
     assert core.ledger.refused == 1
     outs = core.rejoin("rollout-0", version=0, requeue=False)
     assert outs[0].kind == "members" and {o.kind for o in outs[1:]} == {"generate"}  # one per iteration (η = 1)
     assert dispatched(core, "rollout-0") == held
     # the same sample handed back to it: its result counts once, whichever generation finishes first
-    core.sample("rollout-0", sample_id=held[0], version=0, output_tokens=2, payload=None)
-    assert core.ledger.entries[held[0]].state is State.DELIVERED and core.ledger.refused == 1  # async: on to training
-    core.sample("rollout-0", sample_id=held[0], version=0, output_tokens=2, payload=None)
+    core.sample("rollout-0", sample_id=held[0], version=0, output_tokens=2, payload=None, reward=0.5)
+    assert core.ledger.entries[held[0]].state is State.FINISHED and core.ledger.refused == 1  # its group: not yet
+    core.sample("rollout-0", sample_id=held[0], version=0, output_tokens=2, payload=None, reward=0.5)
     assert core.ledger.refused == 2
+    assert held[1].startswith(held[0].split("/")[0])  # its sibling: once in, the group goes on to training
+    core.sample("rollout-0", sample_id=held[1], version=0, output_tokens=2, payload=None, reward=0.5)
+    assert {core.ledger.entries[s].state for s in held[:2]} == {State.DELIVERED}
 
 
 def test_rejoining_on_a_new_connection_requeues_what_it_was_sent_on_the_old_one() -> None:

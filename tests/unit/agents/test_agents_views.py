@@ -72,7 +72,7 @@ def _one_iteration() -> tuple[ControllerCore, Trained, Clock]:
     assert len(sids) == 2
     for at, sid in zip((102.0, 104.0), sids, strict=True):
         clock.now = at
-        core.sample("r0", sample_id=sid, version=0, output_tokens=3, payload=None)
+        core.sample("r0", sample_id=sid, version=0, output_tokens=3, payload=None, reward=1.0)
     clock.now = 106.0
     core.trained(iteration=0, version=1, sample_ids=sids, stats={})
     t = Trained(

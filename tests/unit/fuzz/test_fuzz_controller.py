@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlctl.agents.controller import ControllerAgent
+from rlctl.agents.ledger import State
 from rlctl.agents.messages import TO_CONTROLLER, Hello, check, make
 from rlctl.config.job import JobFile
 from rlctl.errors import ProtocolError
@@ -63,7 +64,7 @@ def _headers() -> dict[str, st.SearchStrategy[dict[str, Any]]]:
                 "staleness_violations": st.integers(-2, 5),
                 "busy_s": FLOATS,
             },
-            optional={"kl": FLOATS, "checkpointing": st.booleans(), "reward_failures": INTS},
+            optional={"kl": FLOATS, "checkpointing": st.booleans()},
         ),
         "checkpoint_written": st.fixed_dictionaries(
             {"version": INTS},
@@ -202,6 +203,7 @@ def test_a_message_not_the_senders_is_dropped_naming_it(
         ("rollout-0", make("trained", {**_trained(0, 1), "sample_ids": []})),  # only the trainer trains
         ("client-0", make("weights_applied", {"version": 1})),  # only a unit applies weights
         ("trainer-0", make("trained", _trained(2, 3))),  # iteration 2 before 0
+        ("trainer-0", make("trained", _trained(0, 1))),  # iteration 0 before its samples were delivered
         (
             "rollout-1",
             make(
@@ -223,6 +225,17 @@ def test_a_message_not_the_senders_is_dropped_naming_it(
     assert r.ctl.core.trainer_version == 0 and r.ctl.core.failed is None
 
 
+def _finish_all(r: Running) -> list[str]:
+    """Every sample the units were sent comes back (scored at once: the digits verifier): the iterations they
+    fill go to the trainer. Their ids, in delivery order."""
+    for e in r.ctl.core.ledger.in_state(State.DISPATCHED):
+        tensors = [torch.zeros(2, dtype=torch.int32), torch.zeros(2)]
+        header = {"sample_id": e.sample_id, "version": 0, "finish_reason": "eos", "num_output_tokens": 2}
+        r.feed(str(e.agent), make("sample", header, tensors))
+    delivered = [e for e in r.ctl.core.ledger.entries.values() if e.state is State.DELIVERED]
+    return [e.sample_id for e in sorted(delivered, key=lambda e: (e.iteration, e.sample_id))]
+
+
 def _trained(iteration: int, version: int) -> dict[str, Any]:
     return {
         "iteration": iteration,
@@ -241,7 +254,8 @@ def test_a_stop_waits_for_the_checkpoint_being_written_whose_part_the_controller
     running: Callable[[], Running], caplog: pytest.LogCaptureFixture
 ) -> None:
     r = running()
-    r.feed("trainer-0", make("trained", {**_trained(0, 1), "sample_ids": [], "checkpointing": True}))
+    ids = _finish_all(r)
+    r.feed("trainer-0", make("trained", {**_trained(0, 1), "sample_ids": ids[:4], "checkpointing": True}))
     assert list(r.ctl.writing) == [1] and not (r.jd.checkpoints / "latest.json").exists()
     r.ctl.stop_requested = True
     assert not r.ctl._stopping() and not r.ctl._finished()  # the trainer's part is still being written

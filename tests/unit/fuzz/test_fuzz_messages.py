@@ -58,7 +58,11 @@ VALID: dict[str, tuple[dict[str, Any], list[torch.Tensor]]] = {
         [],
     ),
     "samples": (
-        {"samples": [{"sample_id": "s", "prompt_id": "p", "iteration": 0, "version": 0, "output_tokens": 2}]},
+        {
+            "samples": [
+                {"sample_id": "s", "prompt_id": "p", "iteration": 0, "version": 0, "output_tokens": 2, "reward": 0.5}
+            ]
+        },
         [torch.arange(2, dtype=torch.int32), torch.zeros(2)],
     ),
     "members": ({"datacenter": "a", "rollouts": {"r0": {"address": "x", "weights": "y", "datacenter": "b"}}}, []),
