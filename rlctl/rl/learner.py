@@ -48,7 +48,8 @@ from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, row_tokens
 from rlctl.trainers.base import DataParallel, TrainerBackend, Trunk, clip_whole, whole_replicas
 from rlctl.trainers.wire import broadcast_value
 
-_SUMMED = ("pg_loss_sum", "clip_sum", "kl_sum")  # token sums of `policy_loss` that the step reports
+# token sums of `policy_loss` that the step reports
+_SUMMED = ("pg_loss_sum", "clip_sum", "kl_sum", "is_weight_sum", "is_capped_sum")
 
 
 # What rank 0 broadcasts to the others (`follow`), one command at a time.
@@ -164,7 +165,14 @@ class StreamingLearner:
             batch = make_batch(samples, [a for _, a in mine])
             self.model.train()
             loss, m = policy_loss(
-                self.model, batch, self.cfg.clip_eps, self.cfg.kl_coef, temperature=self.cfg.temperature, num_tokens=1
+                self.model,
+                batch,
+                self.cfg.clip_eps,
+                self.cfg.kl_coef,
+                temperature=self.cfg.temperature,
+                num_tokens=1,
+                off_policy=self.cfg.off_policy,
+                is_cap=self.cfg.behaviour_cap,
             )
             (loss * weight).backward()
             for k, v in m.items():
@@ -206,6 +214,8 @@ class StreamingLearner:
             "loss": sums["pg_loss_sum"] / n,
             "clip_frac": sums["clip_sum"] / n,
             "kl": sums["kl_sum"] / n,
+            "is_weight_mean": sums["is_weight_sum"] / n,  # π_prox / μ over the iteration's tokens (clip: 1)
+            "is_capped_frac": sums["is_capped_sum"] / n,
             "grad_norm": grad_norm,
             "tokens": float(total_tokens),
             "train_s": self.compute_s,

@@ -153,7 +153,14 @@ class PpoLearner:
             part = [samples[i] for i in idx]
             batch = make_batch(part, [adv[i] for i in idx], pad=self.pad)
             loss, m = policy_loss(
-                self.model, batch, self.cfg.clip_eps, 0.0, temperature=self.cfg.temperature, num_tokens=total
+                self.model,
+                batch,
+                self.cfg.clip_eps,
+                0.0,
+                temperature=self.cfg.temperature,
+                num_tokens=total,
+                off_policy=self.cfg.off_policy,
+                is_cap=self.cfg.behaviour_cap,
             )
             loss.backward()
             target = make_batch(part, [ret[i] for i in idx], pad=self.pad).advantages.to(device_of(self.critic))

@@ -12,17 +12,18 @@ The policy is `tests.unit.fixed_policy`: fixed logits over 4 tokens with probabi
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Literal, cast
 
 import pytest
 import torch
+from pydantic import ValidationError
 from torch import nn
 
-from rlctl.config.job import PpoAlgorithm
+from rlctl.config.job import TIS_CAP, GrpoAlgorithm, PpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.grpo import group_advantages, policy_loss
 from rlctl.rl.ppo import PpoLearner, ValueModel, gae
-from rlctl.rl.samples import Sample, make_batch
+from rlctl.rl.samples import Sample, make_batch, token_logprobs
 from tests.unit.fixed_policy import FixedPolicy, behaviour, fixed
 from tests.unit.tiny_models import small_config
 
@@ -105,6 +106,66 @@ def test_clipped_tokens_carry_no_gradient_and_the_others_carry_minus_r_a() -> No
         assert row == pytest.approx(exp, abs=1e-6)
     assert float(grad[0, 0].abs().max()) == 0 and float(grad[1, 2].abs().max()) == 0  # clipped: all logits
     assert float(grad[1, 0].abs().max()) == 0 and float(grad[2, 1:].abs().max()) == 0  # prompt and padding
+
+
+# Off-policy corrections (rlctl.rl.grpo.policy_loss, `off_policy`). One optimizer step per iteration: π_prox
+# = π_θ in value, so the ratio to π_prox is 1 and only the behaviour weight w = π_prox / μ (the ratios r of
+# SAMPLES) scales each token: pg = −w·A.
+#   decoupled (AReaL), no cap: −(1.5 + 0.5 + 1.1)·2 + (1.5 + 0.5)·1 − 0.95·0.5 = −6.2 + 2.0 − 0.475 = −4.675;
+#     / 6 tokens = −0.7791667 (the clip's −0.6291667 differs: it zeroes the clipped tokens instead)
+#   tis, cap 1.2: w = 1.2, 0.5, 1.1 | 1.2, 0.5 | 0.95: −5.6 + 1.7 − 0.475 = −4.375; / 6 = −0.7291667; 2 capped
+#   gradient at an output token y: −(w·A / 6)·(1 − p_y); sample 1's first token (3, p 0.4), decoupled:
+#     −(1.5·2/6)(0.6) = −0.3; tis: −(1.2·2/6)(0.6) = −0.24
+
+
+@pytest.mark.parametrize(
+    ("off_policy", "cap", "value", "capped", "first_grad"),
+    [("decoupled", None, -0.7791667, 0, -0.3), ("tis", 1.2, -0.7291667, 2, -0.24)],
+)
+def test_off_policy_corrections_weight_each_token_by_pi_prox_over_mu(
+    off_policy: Literal["decoupled", "tis"], cap: float | None, value: float, capped: int, first_grad: float
+) -> None:
+    samples, adv = grpo_batch()
+    policy = fixed((3, 4))
+    loss, m = policy_loss(policy, make_batch(samples, adv), clip_eps=0.2, off_policy=off_policy, is_cap=cap)
+    assert float(loss.detach()) == pytest.approx(value, abs=1e-6)
+    assert m["is_capped_sum"] == capped and m["clip_sum"] == 0  # the ratio to π_prox is 1: never clipped
+    assert m["kl_sum"] == pytest.approx(0.5813473, abs=1e-6)  # still measured against the behaviour policy
+    loss.backward()
+    grad = cast(FixedPolicy, policy).logits.grad
+    assert grad is not None and float(grad[0, 0, 3]) == pytest.approx(first_grad, abs=1e-6)
+    # the reference: Σ −stopgrad(w)·A·(π_θ / stopgrad(π_θ)) over valid tokens / n (value −w·A, gradient
+    # −w·A·∇log π_θ), through autograd
+    ref_policy = fixed((3, 4))
+    batch = make_batch(samples, adv)
+    logp = token_logprobs(ref_policy, batch.tokens, 1.0)
+    w = torch.exp(logp.detach() - batch.old_logprobs)
+    w = w if cap is None else w.clamp(max=cap)
+    one = torch.exp(logp - logp.detach())
+    ref = (-(w * batch.advantages * one) * batch.mask.float()).sum() / batch.num_tokens
+    assert float(ref.detach()) == pytest.approx(value, abs=1e-6)
+    ref.backward()
+    ref_grad = cast(FixedPolicy, ref_policy).logits.grad
+    assert ref_grad is not None and torch.allclose(grad, ref_grad, atol=1e-7)
+
+
+def test_on_policy_every_correction_is_the_same_loss() -> None:
+    on = [Sample("g", p, out, behaviour(out, [1.0] * len(out)), 0.0) for p, out, _, _ in SAMPLES]
+    _, adv = grpo_batch()
+    losses = [
+        float(policy_loss(fixed(), make_batch(on, adv), clip_eps=0.2, off_policy=k)[0].detach())
+        for k in ("clip", "decoupled", "tis")
+    ]
+    assert losses == pytest.approx([losses[0]] * 3, abs=1e-6)
+
+
+def test_the_job_file_chooses_the_correction_and_refuses_a_cap_without_a_weight() -> None:
+    assert GrpoAlgorithm(kind="grpo").behaviour_cap is None
+    assert GrpoAlgorithm(kind="grpo", off_policy="tis").behaviour_cap == TIS_CAP
+    assert GrpoAlgorithm(kind="grpo", off_policy="tis", is_cap=3.0).behaviour_cap == 3.0
+    assert GrpoAlgorithm(kind="grpo", off_policy="decoupled").behaviour_cap is None
+    with pytest.raises(ValidationError, match="is_cap caps the behaviour weight"):
+        GrpoAlgorithm(kind="grpo", is_cap=2.0)
 
 
 def test_padding_and_prompt_positions_are_masked_out() -> None:
