@@ -96,6 +96,23 @@ class StalenessBuffers:
             self.occupied[b].pop()
         return None
 
+    def move(self, group: str, to: int) -> None:
+        """An occupied group moves to an earlier buffer `to` (to fill the entry of a group aborted there); every
+        reservation stays feasible (the aborted group was due there: releasing it freed what this takes)."""
+        frm = self.where[group]
+        assert self.consumed <= to < frm and self.free(to) > 0, (group, frm, to)
+        self.occupied[frm].remove(group)
+        self.occupied.setdefault(to, []).append(group)
+        self.where[group] = to
+        assert self._feasible(list(self.deadline.values())), f"moving {group} to {to} broke a reservation"
+
+    def later_occupied(self, b: int) -> str | None:
+        """The first group occupying a buffer after `b` (the earliest such buffer), if any."""
+        for k in sorted(x for x in self.occupied if x > b):
+            if self.occupied[k]:
+                return self.occupied[k][0]
+        return None
+
     def ready(self, b: int) -> bool:
         return self.free(b) == 0
 

@@ -57,7 +57,7 @@ from rlctl.agents.weightbook import WeightBook
 from rlctl.checkpoint.choose import resume_version
 from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, save_controller
 from rlctl.checkpoint.files import prune
-from rlctl.config.job import JobFile
+from rlctl.config.job import DatasetTask, JobFile
 from rlctl.errors import TransportError
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
@@ -92,6 +92,7 @@ class Peer:
 def core_config(
     job: JobFile, max_new_tokens: int, *, min_units: int = 1, dc_links: list[list[str]] | None = None
 ) -> CoreConfig:
+    stall = job.task.reward_stall_s if isinstance(job.task, DatasetTask) else "auto"
     return CoreConfig(
         iterations=job.iterations,
         prompts_per_iteration=job.batch.prompts_per_iteration,
@@ -103,6 +104,8 @@ def core_config(
         seed=job.seed,
         min_units=min_units,
         dc_links=dc_links,
+        reward_stall_s=stall if isinstance(stall, float) else None,
+        abort_stalled=stall != "never",
     )
 
 
@@ -241,12 +244,13 @@ class ControllerAgent:
         no_rollout_since: float | None = None
         try:
             while not self.core.failed and not self._stopping() and not self._finished():
-                try:
-                    what, who, payload = self.inbox.get(timeout=0.5)
+                try:  # while rewards compute, often enough to notice one holding the trainer (core.unstick)
+                    what, who, payload = self.inbox.get(timeout=0.05 if self.core.scoring_since else 0.5)
                 except queue.Empty:
                     pass
                 else:
                     self._handle(what, who, payload)
+                self._send(self.core.unstick())
                 now = time.monotonic()
                 if self.core.reserving:  # a share waits for a unit catching up: hand it on when the wait ends
                     self._send(self.core.pump())

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -40,6 +40,13 @@ DispatchPolicy = Literal["random", "skew_aware", "oracle"]
 # short next to a unit that hangs (a lost unit leaves dispatch at once).
 RESERVE_S = 30.0
 ITERATION_PRIORITY_STEP = 1e6  # > any predicted length: the iteration dominates the admission order
+# A group whose samples are all in but whose reward is still computing holds the trainer's iteration when it may
+# only be trained there. Past this long (the job's `task.reward_stall_s`, else STALL_FACTOR × the p90 of the last
+# rewards' latencies, at least STALL_FLOOR_S) it is generated again and a finished group of a later iteration
+# takes its place (`unstick`).
+STALL_FACTOR = 10.0
+STALL_FLOOR_S = 0.05
+STALL_MIN_SAMPLES = 32  # reward latencies seen before the automatic limit applies (worker start-up is slow)
 
 
 class PromptSpec(NamedTuple):
@@ -70,6 +77,8 @@ class CoreConfig:
     min_units: int = 1  # rollout units to wait for before the first dispatch (the planned count)
     dc_links: list[list[str]] | None = None  # inter-DC links (datacenter pairs) for the weight plane; None = all
     reserve_s: float = RESERVE_S  # how long an iteration's share waits for a unit catching up on the weights
+    reward_stall_s: float | None = None  # see STALL_FACTOR; None: automatic
+    abort_stalled: bool = True  # False: a group always waits for its rewards (up to the reward timeout)
 
 
 @dataclass
@@ -120,6 +129,8 @@ class ControllerCore:
         self.ledger = Ledger()
         self.buffers = StalenessBuffers(capacity=cfg.prompts_per_iteration, eta=cfg.eta, last=cfg.iterations - 1)
         self.undelivered: list[str] = []  # occupied groups not sent to the trainer yet, in occupy order
+        self.scoring_since: dict[str, float] = {}  # sample → when its reward started computing
+        self.reward_latency: deque[float] = deque(maxlen=256)  # the last rewards' latencies (s)
         self.floor = 0  # the oldest round that may still have samples to dispatch
         self._make_prompts = prompts
         self._predict = predict
@@ -224,6 +235,8 @@ class ControllerCore:
         if reward is not None:
             self.ledger.score(sample_id, attempt=self.ledger.entries[sample_id].attempts, reward=reward)
             self._complete(self.ledger.entries[sample_id].prompt_id)
+        else:
+            self.scoring_since[sample_id] = self.clock()
         return self.pump() + self._retire_drained()
 
     def awaiting_reward(self, sample_id: str) -> int | None:
@@ -235,8 +248,68 @@ class ControllerCore:
         """The reward of attempt `attempt` of a finished sample (one of an attempt since requeued is dropped)."""
         if not self.ledger.score(sample_id, attempt=attempt, reward=reward):
             return []
+        since = self.scoring_since.pop(sample_id, None)
+        if since is not None:
+            self.reward_latency.append(self.clock() - since)
         self._complete(self.ledger.entries[sample_id].prompt_id)
         return self.pump()
+
+    def stall_s(self) -> float | None:
+        """How long a reward may hold the trainer's iteration before its group is generated again (None: not yet
+        known, or the job waits for rewards)."""
+        if not self.cfg.abort_stalled:
+            return None
+        if self.cfg.reward_stall_s is not None:
+            return self.cfg.reward_stall_s
+        if len(self.reward_latency) < STALL_MIN_SAMPLES:
+            return None
+        p90 = sorted(self.reward_latency)[int(0.9 * (len(self.reward_latency) - 1))]
+        return max(STALL_FLOOR_S, STALL_FACTOR * p90)
+
+    def unstick(self) -> list[Out]:
+        """The trainer's iteration b waits for a group that may only be trained there, whose samples are all in and
+        whose reward has been computing longer than `stall_s`: that group is generated again (its tokens counted
+        as discarded) and the first finished group of a later iteration moves into its entry (the trainer is told:
+        `regroup`). Nothing moves when no finished group could take its place: the reward is waited for."""
+        limit = self.stall_s()
+        b = self.buffers.consumed
+        if limit is None or self.done or self.failed or self.buffers.ready(b) or not self.scoring_since:
+            return []
+        now = self.clock()
+        out: list[Out] = []
+        for group, due in list(self.buffers.deadline.items()):
+            entries = self.ledger.group(group)
+            if due != b or not all(e.state is State.FINISHED for e in entries):
+                continue
+            waited = [now - self.scoring_since.get(e.sample_id, now) for e in entries if e.reward is None]
+            moved = self.buffers.later_occupied(b)
+            if not waited or max(waited) < limit or moved is None:
+                continue
+            self.buffers.release(group)
+            for e in entries:
+                self.scoring_since.pop(e.sample_id, None)
+                self.payloads.pop(e.sample_id, None)
+            self.ledger.abort_group(group)
+            self._regroup(moved, b)
+            out.append(Out("trainer", "regroup", {"groups": [moved], "iteration": b}))
+        return out + self.pump() if out else []
+
+    def _regroup(self, group: str, to: int) -> None:
+        frm = self.buffers.where[group]
+        self.buffers.move(group, to)
+        self.ledger.assign(group, iteration=to)
+        if group in self.undelivered:
+            return  # sync: not sent yet; it goes with its new iteration
+        old, new = self.stats[frm], self.stats[to]
+        for e in self.ledger.group(group):
+            assert e.sample_version is not None
+            old.samples, new.samples = old.samples - 1, new.samples + 1
+            old.output_tokens, new.output_tokens = (
+                old.output_tokens - e.output_tokens,
+                new.output_tokens + e.output_tokens,
+            )
+            old.staleness[frm - e.sample_version] -= 1
+            new.staleness[to - e.sample_version] += 1
 
     def _complete(self, group: str) -> None:
         """When every sample of `group` is finished and scored: it occupies the earliest buffer it may (then

@@ -74,6 +74,7 @@ class LedgerCounts:
     refused: int  # sample messages refused (not dispatched to that agent)
     stale_requeued: int
     discarded_tokens: int  # generated, then thrown away (their group could not be trained within the bound)
+    aborted: int  # groups generated again because their reward held the trainer (ControllerCore.unstick)
 
 
 @dataclass
@@ -86,6 +87,7 @@ class Ledger:
     duplicated: int = 0
     refused: int = 0
     discarded_tokens: int = 0
+    aborted: int = 0
     clock: Callable[[], float] = field(default=time.time, repr=False)  # wall clock of the entries' times
 
     # -- building -----------------------------------------------------------------------------------
@@ -176,6 +178,15 @@ class Ledger:
         self.requeued += 1
         self.stale_requeued += 1
 
+    def abort_group(self, prompt_id: str) -> None:
+        """Every finished sample of the group is generated again (its tokens are discarded); counted once."""
+        for e in self.by_prompt[prompt_id]:
+            if e.state is State.FINISHED:
+                self.discarded_tokens += e.output_tokens
+                self._reset(e)
+                self.requeued += 1
+        self.aborted += 1
+
     @staticmethod
     def _reset(e: Entry) -> None:
         e.state, e.agent, e.dispatch_version, e.sample_version, e.output_tokens = State.QUEUED, None, None, None, 0
@@ -220,6 +231,7 @@ class Ledger:
             refused=self.refused,
             stale_requeued=self.stale_requeued,
             discarded_tokens=self.discarded_tokens,
+            aborted=self.aborted,
         )
 
     def state_histogram(self) -> dict[str, int]:
@@ -234,6 +246,7 @@ class Ledger:
                 "duplicated": self.duplicated,
                 "refused": self.refused,
                 "discarded_tokens": self.discarded_tokens,
+                "aborted": self.aborted,
             },
             "entries": [{**asdict(e), "state": e.state.value} for e in self.entries.values()],
         }

@@ -102,6 +102,13 @@ class Samples(msgspec.Struct):
     samples: list[Delivered]
 
 
+class Regroup(msgspec.Struct):
+    """Groups the trainer holds for a later iteration now belong to `iteration` (a group there was aborted)."""
+
+    groups: list[str]
+    iteration: NonNegInt
+
+
 class Member(msgspec.Struct):
     address: str
     weights: str
@@ -180,6 +187,7 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
     "sample": SampleDone,
     "weights_applied": WeightsApplied,
     "samples": Samples,
+    "regroup": Regroup,
     "members": Members,
     "trained": Trained,
     "checkpointed": Checkpointed,
@@ -207,7 +215,7 @@ TO_CONTROLLER = (
     "shutdown",
 )
 # what an agent's ControllerLink accepts
-FROM_CONTROLLER = ("generate", "samples", "members", "checkpointed", "stop", "ping")
+FROM_CONTROLLER = ("generate", "samples", "regroup", "members", "checkpointed", "stop", "ping")
 TO_WEIGHTS_LISTENER = ("weights_available",)  # a rollout unit's announcement listener
 
 

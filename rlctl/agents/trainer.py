@@ -49,7 +49,7 @@ import torch.distributed as dist
 
 from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.listen import host_of, listen_host, store_listener
-from rlctl.agents.messages import CheckpointWritten, Delivered, Heartbeat, Hello, Trained, make
+from rlctl.agents.messages import CheckpointWritten, Delivered, Heartbeat, Hello, Regroup, Trained, make, parse
 from rlctl.agents.staleness import StalenessBound
 from rlctl.agents.weights import PublishedModel, Target, WeightPublisher
 from rlctl.checkpoint.background import BackgroundWriter
@@ -70,6 +70,8 @@ from rlctl.trainers.wire import all_gather_values
 from rlctl.transport import Message
 
 log = logging.getLogger(__name__)
+
+Held = tuple[Delivered, list[int], list[float]]  # a delivered sample: its header, output tokens, logprobs
 
 
 def init_group(
@@ -228,7 +230,7 @@ class TrainerAgent:
         self.state = "running"
         ids: list[str] = []
         # by iteration: the one trained now (= self.version) and, in async, later ones the controller sent early
-        held: dict[int, deque[tuple[Delivered, list[int], list[float]]]] = {}
+        held: dict[int, deque[Held]] = {}
         violations: Counter[int] = Counter()  # by iteration: samples staler than the bound allows
         complete = [self.version] if self.version else []  # checkpoints the controller sealed (and the resumed one)
         try:
@@ -263,20 +265,13 @@ class TrainerAgent:
                         dc_links={frozenset(p) for p in links} if links else None,
                     )
                     continue
-                if msg.kind != "samples":
+                if msg.kind == "regroup":  # groups held for a later iteration move into the current one
+                    _regroup(held, parse(msg, Regroup))
+                elif msg.kind == "samples":
+                    self._hold(msg, held, violations)
+                else:
                     log.warning("trainer: unexpected message %r", msg.kind)
                     continue
-                # sample-level work as each group arrives (scored beside the controller): staleness check, then
-                # micro-batches as groups complete
-                t0 = time.monotonic()
-                for d, (out, lp) in zip(_delivered(msg), _pairs(msg.tensors), strict=True):
-                    # the controller delivers iterations not trained yet only (ControllerCore._deliver)
-                    assert d.iteration >= self.version, (d.sample_id, d.iteration, self.version)
-                    # iteration i is trained at version i: that is the staleness that counts
-                    if not self.bound.may_train(trainer_version=d.iteration, sample_version=d.version):
-                        violations[d.iteration] += 1
-                    held.setdefault(d.iteration, deque()).append((d, out.tolist(), lp.tolist()))
-                self.busy_s += time.monotonic() - t0
                 # train the current iteration as far as its samples go; commit it when whole, and go on with
                 # the next one's held samples (they may be whole already)
                 while True:
@@ -321,7 +316,20 @@ class TrainerAgent:
             publisher.close()
             self.task.close()
 
-    def _take(self, held: deque[tuple[Delivered, list[int], list[float]]]) -> list[str]:
+    def _hold(self, msg: Message, held: dict[int, deque[Held]], violations: Counter[int]) -> None:
+        """Sample-level work as each group arrives (scored beside the controller): the staleness check, then it
+        waits by iteration for the learner."""
+        t0 = time.monotonic()
+        for d, (out, lp) in zip(_delivered(msg), _pairs(msg.tensors), strict=True):
+            # the controller delivers iterations not trained yet only (ControllerCore._deliver)
+            assert d.iteration >= self.version, (d.sample_id, d.iteration, self.version)
+            # iteration i is trained at version i: that is the staleness that counts
+            if not self.bound.may_train(trainer_version=d.iteration, sample_version=d.version):
+                violations[d.iteration] += 1
+            held.setdefault(d.iteration, deque()).append((d, out.tolist(), lp.tolist()))
+        self.busy_s += time.monotonic() - t0
+
+    def _take(self, held: deque[Held]) -> list[str]:
         """Hand the learner every sample of the current iteration that arrived, in arrival order."""
         ids = []
         while held:
@@ -418,6 +426,23 @@ def _roots(address: str, *, holds: bool) -> list[str]:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return [address]
     return [a for a, h in all_gather_values((address, holds), tuple[str, bool]) if h]
+
+
+def _regroup(held: dict[int, deque[Held]], r: Regroup) -> None:
+    """Move the samples of `r.groups` from the later iterations they were held for into `r.iteration`."""
+    moving = set(r.groups)
+    into = held.setdefault(r.iteration, deque())
+    for it, items in held.items():
+        if it == r.iteration:
+            continue
+        keep: deque[Held] = deque()
+        for item in items:
+            if item[0].prompt_id in moving:
+                item[0].iteration = r.iteration
+                into.append(item)
+            else:
+                keep.append(item)
+        held[it] = keep
 
 
 def _delivered(msg: Message) -> list[Delivered]:

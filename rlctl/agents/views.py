@@ -233,6 +233,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
             "samples": counts.samples,
             "trained_samples": counts.trained_samples,
             "discarded_tokens": counts.discarded_tokens,
+            "aborted": counts.aborted,
         },
         "resilience": dict(s.resilience),
         "data": dict(s.data),

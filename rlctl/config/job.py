@@ -153,6 +153,13 @@ class DatasetTask(Strict):
     reward_workers: NonNegativeInt = Field(2, description="worker processes; 0: in the caller's thread, no timeout")
     reward_timeout_s: PositiveFloat = 10.0
     reward_on_error: float = 0.0
+    reward_stall_s: PositiveFloat | Literal["auto", "never"] = Field(
+        "auto",
+        description="a group whose samples are in but whose reward is still computing, and which holds the "
+        "trainer's iteration, is generated again after this long while a finished group of a later iteration "
+        "can take its place (auto: 10 × the p90 of recent reward latencies, at least 0.05 s; never: wait for the "
+        "reward, up to reward_timeout_s)",
+    )
 
     @field_validator("path")
     @classmethod

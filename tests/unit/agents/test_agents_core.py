@@ -1,9 +1,14 @@
-"""ControllerCore wiring: skewness-aware dispatch, the start gate, sync vs stream delivery, requeue."""
+"""ControllerCore wiring: skewness-aware dispatch, the start gate, sync vs stream delivery, requeue, the staleness
+buffers' order of groups, rewards that hold the trainer."""
 
 from __future__ import annotations
 
+from collections import deque
+
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
 from rlctl.agents.ledger import State
+from rlctl.agents.messages import Delivered, Regroup
+from rlctl.agents.trainer import _regroup
 
 
 def _core(mode="stream", dispatch="skew_aware", eta=0, prompts=4, group=1, iterations=2, min_units=1):
@@ -229,3 +234,77 @@ def test_a_new_version_is_shared_by_every_unit_catching_up_not_taken_by_the_firs
     late = _generate(core.pump())  # … until reserve_s has passed: the units that have v1 take it
     assert sorted(late) == ["r0", "r1"] and sum(len(v) for v in late.values()) == 2
     assert core.ledger.in_state(State.QUEUED) == []
+
+
+def test_a_reward_that_holds_the_trainers_iteration_past_the_stall_limit_is_aborted_and_a_later_group_moves_in():
+    """η 1, one prompt per iteration, the trainer at version 1: round 1's group (dispatched with v0: due by 1) is
+    generated but its reward hangs; round 2's group (v1: due by 2) is done and went to iteration 2. Past the stall
+    limit the hung group is generated again (its tokens discarded) and round 2's group moves into iteration 1: the
+    trainer is told (`regroup`) and trains it at once; the late reward is ignored."""
+    now = [0.0]
+    cfg = CoreConfig(
+        iterations=4,
+        prompts_per_iteration=1,
+        samples_per_prompt=1,
+        max_new_tokens=8,
+        mode="async",
+        eta=1,
+        reward_stall_s=0.5,
+    )
+    core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1, 2], 3)], clock=lambda: now[0])
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    _finish(core, "r0", "p0/0")
+    core.trained(iteration=0, version=1, sample_ids=["p0/0"], stats={})
+    core.weights_applied("r0", 1)
+    assert core.buffers.deadline == {"p1": 1, "p2": 2}
+    core.sample("r0", sample_id="p1/0", version=0, output_tokens=5, payload="p1", reward=None)  # reward hangs
+    attempt = core.awaiting_reward("p1/0")
+    [samples] = [o for o in _finish(core, "r0", "p2/0", version=1) if o.kind == "samples"]
+    assert [s["iteration"] for s in samples.header["samples"]] == [2]  # buffer 1 is p1's: it can go nowhere else
+    now[0] = 0.4
+    assert core.unstick() == []  # not past the limit yet
+    now[0] = 0.6
+    outs = core.unstick()
+    [regroup] = [o for o in outs if o.kind == "regroup"]
+    assert regroup.to == "trainer" and regroup.header == {"groups": ["p2"], "iteration": 1}
+    assert core.buffers.ready(1) and core.ledger.entries["p2/0"].iteration == 1
+    assert core.ledger.entries["p1/0"].state is State.DISPATCHED  # generated again, at once, with v1: due by 2
+    assert core.buffers.deadline == {"p1": 2}
+    c = core.ledger.counts()
+    assert (c.aborted, c.discarded_tokens) == (1, 5)
+    assert core.scored("p1/0", attempt=attempt, reward=1.0) == []  # the hung call's late answer: dropped
+    core.trained(iteration=1, version=2, sample_ids=["p2/0"], stats={})
+    assert core.stats[1].samples == 1 and core.stats[2].samples == 0 and core.stats[1].staleness == {0: 1}
+
+
+def test_nothing_is_aborted_without_a_group_to_take_its_place_or_when_the_job_waits_for_rewards():
+    now = [0.0]
+    for stall in (0.5, None):
+        cfg = CoreConfig(
+            iterations=2,
+            prompts_per_iteration=1,
+            samples_per_prompt=1,
+            max_new_tokens=8,
+            mode="stream",
+            eta=0,
+            reward_stall_s=stall,
+            abort_stalled=stall is not None,
+        )
+        core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1, 2], 3)], clock=lambda: now[0])
+        core.join("trainer-0", role="trainer", version=0)
+        core.join("r0", role="rollout", version=0)
+        core.sample("r0", sample_id="p0/0", version=0, output_tokens=5, payload="p0", reward=None)
+        now[0] += 100.0
+        assert core.unstick() == [] and core.ledger.counts().aborted == 0
+
+
+def test_the_trainer_moves_regrouped_samples_into_the_iteration_they_now_belong_to():
+    def held(sid: str, pid: str, it: int) -> tuple[Delivered, list[int], list[float]]:
+        return (Delivered(sid, pid, it, 0, 1, 0.5), [3], [-0.1])
+
+    h = {1: deque([held("p0/0", "p0", 1)]), 2: deque([held("p2/0", "p2", 2), held("p3/0", "p3", 2)])}
+    h[2].append(held("p2/1", "p2", 2))
+    _regroup(h, Regroup(groups=["p2"], iteration=1))
+    assert [(d.sample_id, d.iteration) for d, _, _ in h[1]] == [("p0/0", 1), ("p2/0", 1), ("p2/1", 1)]
+    assert [d.sample_id for d, _, _ in h[2]] == ["p3/0"]

@@ -65,6 +65,7 @@ VALID: dict[str, tuple[dict[str, Any], list[torch.Tensor]]] = {
         },
         [torch.arange(2, dtype=torch.int32), torch.zeros(2)],
     ),
+    "regroup": ({"groups": ["p2"], "iteration": 1}, []),
     "members": ({"datacenter": "a", "rollouts": {"r0": {"address": "x", "weights": "y", "datacenter": "b"}}}, []),
     "trained": (
         {
