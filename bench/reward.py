@@ -3,15 +3,17 @@ trainer rank and two rollout units on this machine) run to its end through `rlct
 and once with the same reward sleeping past `reward_timeout_s` on 2 % of calls, back to back in this run, at
 η = 1 and η = 2.
 
-Rewards are scored beside the controller as samples arrive, and a group occupies the earliest staleness buffer
-that keeps every reservation within the bound (`rlctl.agents.buffers`): a hung call holds only its own group,
-which later groups overtake as far as η allows. Per η:
+Rewards are scored beside the controller as samples arrive (8 reward workers: a hung call holds its worker
+until the timeout kills it), and a group occupies the earliest staleness buffer that keeps every reservation
+within the bound (`rlctl.agents.buffers`); a group whose reward holds the trainer's iteration past the stall
+limit is generated again and a finished later group takes its place (`ControllerCore.unstick`). Per η:
 
 - `period_s_clean`, `period_s_hung`: mean time per iteration after the first (between `trained` rows);
 - `hung_loss` = 1 − period_clean / period_hung: the share of the job's time lost to the hung calls (the
   issue's goal: ≤ 0.10 with 2 % of calls hung);
 - `wall_s_*`: `rlctl launch` end to end; `timeouts`: the calls that hit the timeout (the summary's
-  reward_failures); `discarded_tokens`: generated, then thrown away (a group with no room within the bound).
+  reward_failures); `aborted`: groups generated again because their reward held the trainer, and
+  `discarded_tokens` the tokens that threw away.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 HANG_RATE = 0.02
 TIMEOUT_S = 2.0
+WORKERS = 8
 
 REWARD = """
 import importlib.util, random, time
@@ -77,7 +80,9 @@ def _job(root: Path, name: str, *, rate: float, eta: int, iterations: int) -> Pa
         placement={"trainer": {"site": "here", "gpus": 1}, "rollout": [{"site": "here", "gpus": 2}]},
         tracking=[],
     )
-    job["task"].update(path="data.jsonl", reward=f"{name}.py:compute_score", reward_timeout_s=TIMEOUT_S)
+    job["task"].update(
+        path="data.jsonl", reward=f"{name}.py:compute_score", reward_timeout_s=TIMEOUT_S, reward_workers=WORKERS
+    )
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -100,6 +105,7 @@ def _launch(root: Path, name: str, **kw: Any) -> dict[str, Any]:
         "period_s": (ends[-1] - ends[0]) / (len(ends) - 1),
         "timeouts": int(s["reward_failures"]),
         "discarded_tokens": int(s["ledger"].get("discarded_tokens", 0)),
+        "aborted": int(s["ledger"].get("aborted", 0)),
         "lost": s["ledger"]["lost"],
         "duplicated": s["ledger"]["duplicated"],
     }
@@ -123,6 +129,7 @@ def run(*, quick: bool) -> dict[str, Any]:
                 "wall_s_hung": hung["wall_s"],
                 "timeouts": hung["timeouts"],
                 "discarded_tokens": hung["discarded_tokens"],
+                "aborted": hung["aborted"],
                 "lost": clean["lost"] + hung["lost"],
                 "duplicated": clean["duplicated"] + hung["duplicated"],
             }
@@ -137,6 +144,7 @@ def summary(r: dict[str, Any]) -> str:
         lines.append(
             f"  η={key[3:]}: {e['period_s_clean']:.3f} s/iteration clean, {e['period_s_hung']:.3f} s hung "
             f"({e['timeouts']} timeouts): {e['hung_loss']:.1%} of the time lost; "
-            f"{e['discarded_tokens']} tokens discarded; wall {e['wall_s_clean']:.0f} s vs {e['wall_s_hung']:.0f} s"
+            f"{e['aborted']} groups aborted, {e['discarded_tokens']} tokens discarded; "
+            f"wall {e['wall_s_clean']:.0f} s vs {e['wall_s_hung']:.0f} s"
         )
     return "\n".join(lines)

@@ -299,17 +299,18 @@ class ControllerCore:
         self.buffers.move(group, to)
         self.ledger.assign(group, iteration=to)
         if group in self.undelivered:
-            return  # sync: not sent yet; it goes with its new iteration
+            return  # not sent yet (no trainer to send it to): it goes with its new iteration, counted then
         old, new = self.stats[frm], self.stats[to]
-        for e in self.ledger.group(group):
+        for e in self.ledger.group(group):  # the delivery figures follow the samples
             assert e.sample_version is not None
             old.samples, new.samples = old.samples - 1, new.samples + 1
             old.output_tokens, new.output_tokens = (
                 old.output_tokens - e.output_tokens,
                 new.output_tokens + e.output_tokens,
             )
-            old.staleness[frm - e.sample_version] -= 1
+            old.staleness.subtract({frm - e.sample_version: 1})
             new.staleness[to - e.sample_version] += 1
+        old.staleness = +old.staleness  # drop the ages no sample has any more
 
     def _complete(self, group: str) -> None:
         """When every sample of `group` is finished and scored: it occupies the earliest buffer it may (then
