@@ -236,24 +236,32 @@ def test_a_new_version_is_shared_by_every_unit_catching_up_not_taken_by_the_firs
     assert core.ledger.in_state(State.QUEUED) == []
 
 
+def _one_prompt_core(now: list[float], *, mode: str, eta: int, iterations: int, stall: float | None) -> ControllerCore:
+    """One prompt of one sample per iteration, a trainer and unit r0 joined; the clock reads now[0]; `stall`: the
+    reward stall limit (None: the job waits for its rewards)."""
+    cfg = CoreConfig(
+        iterations=iterations,
+        prompts_per_iteration=1,
+        samples_per_prompt=1,
+        max_new_tokens=8,
+        mode=mode,  # type: ignore[arg-type]
+        eta=eta,
+        reward_stall_s=stall,
+        abort_stalled=stall is not None,
+    )
+    core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1, 2], 3)], clock=lambda: now[0])
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    return core
+
+
 def test_a_reward_that_holds_the_trainers_iteration_past_the_stall_limit_is_aborted_and_a_later_group_moves_in():
     """η 1, one prompt per iteration, the trainer at version 1: round 1's group (dispatched with v0: due by 1) is
     generated but its reward hangs; round 2's group (v1: due by 2) is done and went to iteration 2. Past the stall
     limit the hung group is generated again (its tokens discarded) and round 2's group moves into iteration 1: the
     trainer is told (`regroup`) and trains it at once; the late reward is ignored."""
     now = [0.0]
-    cfg = CoreConfig(
-        iterations=4,
-        prompts_per_iteration=1,
-        samples_per_prompt=1,
-        max_new_tokens=8,
-        mode="async",
-        eta=1,
-        reward_stall_s=0.5,
-    )
-    core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1, 2], 3)], clock=lambda: now[0])
-    core.join("trainer-0", role="trainer", version=0)
-    core.join("r0", role="rollout", version=0)
+    core = _one_prompt_core(now, mode="async", eta=1, iterations=4, stall=0.5)
     _finish(core, "r0", "p0/0")
     core.trained(iteration=0, version=1, sample_ids=["p0/0"], stats={})
     core.weights_applied("r0", 1)
@@ -281,19 +289,7 @@ def test_a_reward_that_holds_the_trainers_iteration_past_the_stall_limit_is_abor
 def test_nothing_is_aborted_without_a_group_to_take_its_place_or_when_the_job_waits_for_rewards():
     now = [0.0]
     for stall in (0.5, None):
-        cfg = CoreConfig(
-            iterations=2,
-            prompts_per_iteration=1,
-            samples_per_prompt=1,
-            max_new_tokens=8,
-            mode="stream",
-            eta=0,
-            reward_stall_s=stall,
-            abort_stalled=stall is not None,
-        )
-        core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1, 2], 3)], clock=lambda: now[0])
-        core.join("trainer-0", role="trainer", version=0)
-        core.join("r0", role="rollout", version=0)
+        core = _one_prompt_core(now, mode="stream", eta=0, iterations=2, stall=stall)
         core.sample("r0", sample_id="p0/0", version=0, output_tokens=5, payload="p0", reward=None)
         now[0] += 100.0
         assert core.unstick() == [] and core.ledger.counts().aborted == 0
