@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.core import ControllerCore, CoreConfig, Mode, Out, PromptSpec
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Delivered, Regroup
 from rlctl.agents.trainer import _regroup
@@ -236,7 +236,7 @@ def test_a_new_version_is_shared_by_every_unit_catching_up_not_taken_by_the_firs
     assert core.ledger.in_state(State.QUEUED) == []
 
 
-def _one_prompt_core(now: list[float], *, mode: str, eta: int, iterations: int, stall: float | None) -> ControllerCore:
+def _one_prompt_core(now: list[float], *, mode: Mode, eta: int, iterations: int, stall: float | None) -> ControllerCore:
     """One prompt of one sample per iteration, a trainer and unit r0 joined; the clock reads now[0]; `stall`: the
     reward stall limit (None: the job waits for its rewards)."""
     cfg = CoreConfig(
@@ -244,7 +244,7 @@ def _one_prompt_core(now: list[float], *, mode: str, eta: int, iterations: int, 
         prompts_per_iteration=1,
         samples_per_prompt=1,
         max_new_tokens=8,
-        mode=mode,  # type: ignore[arg-type]
+        mode=mode,
         eta=eta,
         reward_stall_s=stall,
         abort_stalled=stall is not None,
