@@ -32,6 +32,7 @@ import os
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -475,8 +476,13 @@ class ControllerAgent:
         future = self.task.score(sample_id, entry.prompt_id, tensors[0].tolist())
         if future.done():
             self._send(self.core.scored(sample_id, attempt=attempt, reward=future.result()))
-        else:
-            future.add_done_callback(lambda f: self.inbox.put(("scored", sample_id, (attempt, f.result()))))
+        else:  # a call still pending when the pool closes (the job's end) is cancelled: nothing to post
+
+            def post(f: Future[float]) -> None:
+                if not f.cancelled():
+                    self.inbox.put(("scored", sample_id, (attempt, f.result())))
+
+            future.add_done_callback(post)
 
     def _wrong(self, peer: Peer, msg: Message) -> str | None:
         """Why a well-formed message (its header passed `messages.check`) is not for the controller to act on:
