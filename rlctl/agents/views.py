@@ -208,6 +208,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
         "scale_events": s.scale_log,
         "weights": weights_view(s),
         "reward_failures": rows[-1]["reward_failures"] if rows else 0,
+        "rewards": reward_view(core),
         "iterations": len(rows),
         "iterations_planned": s.job.iterations,
         "reward_first": round(sum(r["reward_mean"] for r in rows[:k]) / k, 4) if rows else None,
@@ -252,6 +253,21 @@ def _staleness(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 
 # -- Prometheus gauges (declared in rlctl/metrics.py) ------------------------------------------------
+def reward_view(core: ControllerCore) -> dict[str, Any]:
+    """The last rewards' latencies (sample in → scored, beside the controller) and the stall limit they give."""
+    lat = sorted(core.reward_latency)
+
+    def q(f: float) -> float | None:
+        return round(lat[int(f * (len(lat) - 1))], 4) if lat else None
+
+    stall = core.stall_s()
+    return {
+        "latency_p50_s": q(0.5),
+        "latency_p90_s": q(0.9),
+        "stall_limit_s": None if stall is None else round(stall, 4),
+    }
+
+
 def agent_gauges(
     m: JobMetrics, core: ControllerCore, peers: Mapping[str, AgentRecord], sites: Mapping[str, str], *, now: float
 ) -> None:
