@@ -252,6 +252,17 @@ class ControllerAgent:
                 else:
                     self._handle(what, who, payload)
                 self._send(self.core.unstick())
+                for a in self.core.aborts:  # a reward held the trainer: its group is generated again
+                    self.jobdir.event("reward_stall", **a)
+                    log.info(
+                        "controller: group %s held iteration %d on its reward for %.2f s: generated again, "
+                        "%s takes its place",
+                        a["group"],
+                        a["iteration"],
+                        a["waited_s"],
+                        a["moved"],
+                    )
+                self.core.aborts.clear()
                 now = time.monotonic()
                 if self.core.reserving:  # a share waits for a unit catching up: hand it on when the wait ends
                     self._send(self.core.pump())

@@ -131,6 +131,7 @@ class ControllerCore:
         self.undelivered: list[str] = []  # occupied groups not sent to the trainer yet, in occupy order
         self.scoring_since: dict[str, float] = {}  # sample → when its reward started computing
         self.reward_latency: deque[float] = deque(maxlen=256)  # the last rewards' latencies (s)
+        self.aborts: list[dict[str, Any]] = []  # what `unstick` did, for the controller's events (it empties it)
         self.floor = 0  # the oldest round that may still have samples to dispatch
         self._make_prompts = prompts
         self._predict = predict
@@ -290,6 +291,7 @@ class ControllerCore:
                 self.scoring_since.pop(e.sample_id, None)
                 self.payloads.pop(e.sample_id, None)
             self.ledger.abort_group(group)
+            self.aborts.append({"group": group, "iteration": b, "waited_s": round(max(waited), 3), "moved": moved})
             self._regroup(moved, b)
             out.append(Out("trainer", "regroup", {"groups": [moved], "iteration": b}))
         return out + self.pump() if out else []
