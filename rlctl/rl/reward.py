@@ -14,6 +14,10 @@ A call that raises, runs past `timeout_s`, returns a wrong type (or a NaN) or ki
 fails the job: it scores `on_error`, is counted (calls, errors, timeouts, bad_type) and logged with
 its sample id. `workers=0` calls the function in the submitting thread (no timeout): the in-process
 mode for debugging and tests.
+
+A call that hangs holds its worker until its deadline; the pool does not let it hold the others' calls: while
+calls wait and a worker's call has run longer than `stuck_s`, one more worker starts for each such worker (up
+to `workers × EXTRA_FACTOR`), and a worker beyond `workers` stops as soon as it is idle with nothing waiting.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ log = logging.getLogger(__name__)
 RewardFn = Callable[..., Any]
 Outcome = Literal["ok", "error", "timeout", "bad_type"]
 ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+EXTRA_FACTOR = 4  # at most this many times `workers` processes while calls wait behind stuck ones
+STUCK_FRACTION = 0.1  # a call running longer than this part of the timeout (at least STUCK_MIN_S) is stuck
+STUCK_MIN_S = 0.2
 
 
 def exact_match(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
@@ -234,6 +241,7 @@ class _Worker:
     state: Literal["starting", "ready", "broken"] = "starting"
     call: _Call | None = None
     deadline: float = math.inf
+    stuck_at: float = math.inf  # when its call counts as stuck (another worker may start for the calls waiting)
 
 
 @dataclass
@@ -243,6 +251,7 @@ class RewardStats:
     timeouts: int = 0
     bad_type: int = 0
     restarts: int = 0  # workers replaced (killed on a timeout, or died)
+    extra_started: int = 0  # workers started beside stuck ones for the calls waiting behind them
 
     @property
     def failures(self) -> int:
@@ -261,6 +270,8 @@ class RewardPool:
         self.on_error = float(on_error)
         self.stats = RewardStats()
         self._fn = load_reward(spec, base_dir)  # a bad spec fails here, in the caller
+        self.base_workers = workers
+        self.stuck_s = max(STUCK_MIN_S, STUCK_FRACTION * timeout_s)
         self._inline = workers == 0
         self._lock = threading.Lock()
         self._pending: deque[_Call] = deque()
@@ -377,12 +388,45 @@ class RewardPool:
                     self._pending.appendleft(call)
                 self._replace(i)
                 continue
-            w.call, w.deadline = call, time.monotonic() + self.timeout_s
+            now = time.monotonic()
+            w.call, w.deadline, w.stuck_at = call, now + self.timeout_s, now + self.stuck_s
+        self._grow()
         if all(w.state == "broken" for w in self._workers):
             with self._lock:
                 pending, self._pending = list(self._pending), deque()
             for call in pending:
                 self._finish(call, RewardResult(self.on_error, "error", "no reward worker could load the function"))
+
+    def _grow(self) -> None:
+        """Calls wait and no worker is free: one more worker for each stuck call beyond those already started
+        beside them, up to workers × EXTRA_FACTOR."""
+        with self._lock:
+            waiting = len(self._pending)
+        if not waiting or any(w.state == "starting" or (w.state == "ready" and w.call is None) for w in self._workers):
+            return
+        now = time.monotonic()
+        stuck = sum(1 for w in self._workers if w.call is not None and now >= w.stuck_at)
+        extra = len(self._workers) - self.base_workers
+        room = self.base_workers * EXTRA_FACTOR - len(self._workers)
+        for _ in range(min(stuck - extra, waiting, room)):
+            self._workers.append(self._start_worker())
+            self.stats.extra_started += 1
+
+    def _shrink(self, i: int) -> bool:
+        """Worker `i` is idle: stop it if it is beyond the pool's size and nothing waits (True when stopped)."""
+        with self._lock:
+            waiting = bool(self._pending)
+        if waiting or len(self._workers) <= self.base_workers:
+            return False
+        w = self._workers.pop(i)
+        with contextlib.suppress(OSError):
+            w.conn.send(None)
+        w.proc.join(timeout=1.0)
+        if w.proc.is_alive():
+            w.proc.kill()
+            w.proc.join()
+        w.conn.close()
+        return True
 
     def _receive(self, i: int) -> None:
         w = self._workers[i]
@@ -406,9 +450,10 @@ class RewardPool:
                 log.error("reward worker %d cannot load %s: %s", i, self.spec, msg)
                 w.state = "broken"
             return
-        call, w.call, w.deadline = w.call, None, math.inf
+        call, w.call, w.deadline, w.stuck_at = w.call, None, math.inf, math.inf
         assert call is not None and isinstance(msg, RewardResult), msg
         self._finish(call, msg)
+        self._shrink(i)
 
     def _dispatch(self) -> None:
         try:
@@ -416,11 +461,20 @@ class RewardPool:
                 self._assign()
                 waiting = [w for w in self._workers if w.state == "starting" or w.call is not None]
                 next_deadline = min((w.deadline for w in waiting), default=math.inf)
+                with self._lock:
+                    queued = bool(self._pending)
+                if queued:  # wake when a running call becomes stuck: a worker may start for the waiting calls
+                    next_deadline = min(
+                        [next_deadline, *(w.stuck_at for w in waiting if w.stuck_at > time.monotonic())]
+                    )
                 timeout = None if math.isinf(next_deadline) else max(0.0, next_deadline - time.monotonic())
                 ready = wait([self._wake_r, *(w.conn for w in waiting)], timeout)
                 if self._wake_r in ready:
                     self._wake_r.recv(4096)
-                for i, w in enumerate(list(self._workers)):
+                for w in list(self._workers):
+                    if w not in self._workers:  # stopped by _shrink meanwhile
+                        continue
+                    i = self._workers.index(w)
                     if w.conn in ready:
                         self._receive(i)
                     elif w.call is not None and time.monotonic() >= w.deadline:

@@ -2,6 +2,7 @@ import logging
 import math
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,22 @@ def test_broken_spec_fails_in_the_caller(tmp_path: Path) -> None:
     (tmp_path / "r.py").write_text("raise ImportError('needs sympy')\n")
     with pytest.raises(ValueError, match=r"r\.py: cannot import: ImportError: needs sympy"):
         RewardPool("r.py:f", base_dir=tmp_path, workers=1)
+
+
+def test_a_hung_call_holds_only_its_own_worker(rewards_dir: Path) -> None:
+    """One worker, a call that hangs, then three ordinary calls: past the stuck limit (0.5 s here) a second
+    worker starts and answers them long before the hung call's deadline; once nothing waits, it stops again."""
+    with RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=1, timeout_s=5.0) as pool:
+        assert pool.stuck_s == 0.5
+        assert pool.score("warm", "d", "a", "a").ok  # the first worker is up
+        hung = pool.submit("hung", "d", "hang", "a")
+        t0 = time.monotonic()
+        rest = [pool.submit(f"s{i}", "d", "a", "a") for i in range(3)]
+        assert [f.result(timeout=4.0).score for f in rest] == [1.0, 1.0, 1.0]
+        assert time.monotonic() - t0 < 4.0 and not hung.done()  # answered while the hung call still runs
+        assert pool.stats.extra_started == 1
+        deadline = time.monotonic() + 5.0
+        while len(pool._workers) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(pool._workers) == 1  # the extra worker stopped: the pool is back to its size
+        assert hung.result(timeout=10.0).outcome == "timeout"
