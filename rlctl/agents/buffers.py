@@ -96,22 +96,26 @@ class StalenessBuffers:
             self.occupied[b].pop()
         return None
 
-    def move(self, group: str, to: int) -> None:
-        """An occupied group moves to an earlier buffer `to` (to fill the entry of a group aborted there); every
-        reservation stays feasible (the aborted group was due there: releasing it freed what this takes)."""
-        frm = self.where[group]
-        assert self.consumed <= to < frm and self.free(to) > 0, (group, frm, to)
-        self.occupied[frm].remove(group)
-        self.occupied.setdefault(to, []).append(group)
-        self.where[group] = to
-        assert self._feasible(list(self.deadline.values())), f"moving {group} to {to} broke a reservation"
-
-    def later_occupied(self, b: int) -> str | None:
-        """The first group occupying a buffer after `b` (the earliest such buffer), if any."""
-        for k in sorted(x for x in self.occupied if x > b):
-            if self.occupied[k]:
-                return self.occupied[k][0]
-        return None
+    def fill_forward(self) -> list[tuple[str, int]]:
+        """The current buffer has entries no reservation needs (a reservation due there was released or aborted):
+        occupied groups of the earliest later buffers move in, as long as every reservation stays feasible
+        (StaleFlow: "occupied entries from later buffers can be moved forward to fill the empty slot"). The moved
+        groups and the buffers they left."""
+        b, moved = self.consumed, []
+        while not self.ready(b):
+            later = sorted(k for k, gs in self.occupied.items() if k > b and gs)
+            if not later:
+                break
+            frm = later[0]
+            group = self.occupied[frm].pop(0)
+            self.occupied.setdefault(b, []).append(group)
+            if not self._feasible(list(self.deadline.values())):
+                self.occupied[b].pop()
+                self.occupied[frm].insert(0, group)
+                break
+            self.where[group] = b
+            moved.append((group, frm))
+        return moved
 
     def ready(self, b: int) -> bool:
         return self.free(b) == 0

@@ -270,49 +270,50 @@ class ControllerCore:
     def unstick(self) -> list[Out]:
         """The trainer's iteration b waits for a group that may only be trained there, whose samples are all in and
         whose reward has been computing longer than `stall_s`: that group is generated again (its tokens counted
-        as discarded) and the first finished group of a later iteration moves into its entry (the trainer is told:
-        `regroup`). Nothing moves when no finished group could take its place: the reward is waited for."""
+        as discarded), and its entry goes to the first finished group of a later iteration (`pump` moves it:
+        `_fill_forward`) or, with none yet, to the next group to finish."""
         limit = self.stall_s()
         b = self.buffers.consumed
         if limit is None or self.done or self.failed or self.buffers.ready(b) or not self.scoring_since:
             return []
         now = self.clock()
-        out: list[Out] = []
+        aborted = False
         for group, due in list(self.buffers.deadline.items()):
             entries = self.ledger.group(group)
             if due != b or not all(e.state is State.FINISHED for e in entries):
                 continue
             waited = [now - self.scoring_since.get(e.sample_id, now) for e in entries if e.reward is None]
-            moved = self.buffers.later_occupied(b)
-            if not waited or max(waited) < limit or moved is None:
+            if not waited or max(waited) < limit:
                 continue
             self.buffers.release(group)
             for e in entries:
                 self.scoring_since.pop(e.sample_id, None)
                 self.payloads.pop(e.sample_id, None)
             self.ledger.abort_group(group)
-            self.aborts.append({"group": group, "iteration": b, "waited_s": round(max(waited), 3), "moved": moved})
-            self._regroup(moved, b)
-            out.append(Out("trainer", "regroup", {"groups": [moved], "iteration": b}))
-        return out + self.pump() if out else []
+            self.aborts.append({"group": group, "iteration": b, "waited_s": round(max(waited), 3)})
+            aborted = True
+        return self.pump() if aborted else []
 
-    def _regroup(self, group: str, to: int) -> None:
-        frm = self.buffers.where[group]
-        self.buffers.move(group, to)
-        self.ledger.assign(group, iteration=to)
-        if group in self.undelivered:
-            return  # not sent yet (no trainer to send it to): it goes with its new iteration, counted then
-        old, new = self.stats[frm], self.stats[to]
-        for e in self.ledger.group(group):  # the delivery figures follow the samples
-            assert e.sample_version is not None
-            old.samples, new.samples = old.samples - 1, new.samples + 1
-            old.output_tokens, new.output_tokens = (
-                old.output_tokens - e.output_tokens,
-                new.output_tokens + e.output_tokens,
-            )
-            old.staleness.subtract({frm - e.sample_version: 1})
-            new.staleness[to - e.sample_version] += 1
-        old.staleness = +old.staleness  # drop the ages no sample has any more
+    def _fill_forward(self) -> list[Out]:
+        """Entries of the trainer's iteration that no reservation needs take finished groups of later iterations
+        (`StalenessBuffers.fill_forward`); the trainer, which holds them already, is told (`regroup`)."""
+        out = []
+        for group, frm in self.buffers.fill_forward():
+            to = self.buffers.consumed
+            self.ledger.assign(group, iteration=to)
+            if group in self.undelivered:
+                continue  # not sent yet (no trainer to send it to): it goes with its new iteration, counted then
+            old, new = self.stats[frm], self.stats[to]
+            for e in self.ledger.group(group):  # the delivery figures follow the samples
+                assert e.sample_version is not None
+                old.samples, new.samples = old.samples - 1, new.samples + 1
+                old.output_tokens -= e.output_tokens
+                new.output_tokens += e.output_tokens
+                old.staleness.subtract({frm - e.sample_version: 1})
+                new.staleness[to - e.sample_version] += 1
+            old.staleness = +old.staleness  # drop the ages no sample has any more
+            out.append(Out("trainer", "regroup", {"groups": [group], "iteration": to}))
+        return out
 
     def _complete(self, group: str) -> None:
         """When every sample of `group` is finished and scored: it occupies the earliest buffer it may (then
@@ -367,7 +368,7 @@ class ControllerCore:
         while self.created < self.cfg.iterations and self.created <= self.trainer_version + self.cfg.eta:
             self._create(self.created)
             self.created += 1
-        return self._dispatch() + self._deliver()
+        return self._dispatch() + self._deliver() + self._fill_forward()
 
     def restore(self, *, version: int, ledger: Ledger) -> None:
         """Continue from the checkpoint of `version`: the iterations before it are trained; every other entry

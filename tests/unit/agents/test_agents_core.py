@@ -286,13 +286,20 @@ def test_a_reward_that_holds_the_trainers_iteration_past_the_stall_limit_is_abor
     assert core.stats[1].samples == 1 and core.stats[2].samples == 0 and core.stats[1].staleness == {0: 1}
 
 
-def test_nothing_is_aborted_without_a_group_to_take_its_place_or_when_the_job_waits_for_rewards():
+def test_with_no_finished_group_to_move_in_the_hung_group_is_generated_again_unless_the_job_waits():
+    """Stream (η 0): nothing later can take the hung group's entry; aborted, it is generated again at once (the
+    trainer waits for that instead of the reward's timeout). With `reward_stall_s: never` it waits."""
     now = [0.0]
     for stall in (0.5, None):
         core = _one_prompt_core(now, mode="stream", eta=0, iterations=2, stall=stall)
         core.sample("r0", sample_id="p0/0", version=0, output_tokens=5, payload="p0", reward=None)
         now[0] += 100.0
-        assert core.unstick() == [] and core.ledger.counts().aborted == 0
+        outs = core.unstick()
+        if stall is None:
+            assert outs == [] and core.ledger.counts().aborted == 0
+        else:
+            assert [o.kind for o in outs] == ["generate"] and core.ledger.counts().aborted == 1
+            assert core.ledger.entries["p0/0"].state is State.DISPATCHED
 
 
 def test_the_trainer_moves_regrouped_samples_into_the_iteration_they_now_belong_to():
