@@ -255,12 +255,10 @@ class ControllerAgent:
                 for a in self.core.aborts:  # a reward held the trainer: its group is generated again
                     self.jobdir.event("reward_stall", **a)
                     log.info(
-                        "controller: group %s held iteration %d on its reward for %.2f s: generated again, "
-                        "%s takes its place",
+                        "controller: group %s held iteration %d on its reward for %.2f s: generated again",
                         a["group"],
                         a["iteration"],
                         a["waited_s"],
-                        a["moved"],
                     )
                 self.core.aborts.clear()
                 now = time.monotonic()

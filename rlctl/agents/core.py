@@ -132,6 +132,7 @@ class ControllerCore:
         self.scoring_since: dict[str, float] = {}  # sample → when its reward started computing
         self.reward_latency: deque[float] = deque(maxlen=256)  # the last rewards' latencies (s)
         self.aborts: list[dict[str, Any]] = []  # what `unstick` did, for the controller's events (it empties it)
+        self.aborted: set[str] = set()  # groups aborted once: their next rewards are waited for
         self.floor = 0  # the oldest round that may still have samples to dispatch
         self._make_prompts = prompts
         self._predict = predict
@@ -271,7 +272,9 @@ class ControllerCore:
         """The trainer's iteration b waits for a group that may only be trained there, whose samples are all in and
         whose reward has been computing longer than `stall_s`: that group is generated again (its tokens counted
         as discarded), and its entry goes to the first finished group of a later iteration (`pump` moves it:
-        `_fill_forward`) or, with none yet, to the next group to finish."""
+        `_fill_forward`) or, with none yet, to the next group to finish. Once only per group: a reward that hangs
+        on the same output every time is then waited for (up to its timeout, scored `reward_on_error`), so a
+        group cannot be put off for ever."""
         limit = self.stall_s()
         b = self.buffers.consumed
         if limit is None or self.done or self.failed or self.buffers.ready(b) or not self.scoring_since:
@@ -280,7 +283,7 @@ class ControllerCore:
         aborted = False
         for group, due in list(self.buffers.deadline.items()):
             entries = self.ledger.group(group)
-            if due != b or not all(e.state is State.FINISHED for e in entries):
+            if due != b or group in self.aborted or not all(e.state is State.FINISHED for e in entries):
                 continue
             waited = [now - self.scoring_since.get(e.sample_id, now) for e in entries if e.reward is None]
             if not waited or max(waited) < limit:
@@ -290,6 +293,7 @@ class ControllerCore:
                 self.scoring_since.pop(e.sample_id, None)
                 self.payloads.pop(e.sample_id, None)
             self.ledger.abort_group(group)
+            self.aborted.add(group)
             self.aborts.append({"group": group, "iteration": b, "waited_s": round(max(waited), 3)})
             aborted = True
         return self.pump() if aborted else []

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rlctl.config.job import DatasetTask, DigitsTask, JobFile
 from rlctl.errors import ConfigError
-from rlctl.rl.reward import RewardPool, RewardStats
+from rlctl.rl.reward import RewardPool, RewardResult, RewardStats
 
 DATA_DIR = "data"  # in the job directory: the tokenized prompts (rlctl.rl.dataset)
 REWARD_DIR = "reward"  # in the job directory: the user's reward file, copied at launch
@@ -133,7 +133,15 @@ class DatasetSource(TaskSource):
             self.pool, self.tokenizer, sample_id=sample_id, prompt=prompt, output_tokens=output_tokens
         )
         out: Future[float] = Future()
-        result.add_done_callback(lambda f: out.set_result(f.result().score))
+
+        def done(f: Future[RewardResult]) -> None:  # a call the pool cancelled (it closed) is cancelled here too
+            if f.cancelled():
+                out.cancel()
+                out.set_running_or_notify_cancel()
+            else:
+                out.set_result(f.result().score)
+
+        result.add_done_callback(done)
         return out
 
     def reward_stats(self) -> RewardStats:

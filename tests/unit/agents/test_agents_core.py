@@ -311,3 +311,19 @@ def test_the_trainer_moves_regrouped_samples_into_the_iteration_they_now_belong_
     _regroup(h, Regroup(groups=["p2"], iteration=1))
     assert [(d.sample_id, d.iteration) for d, _, _ in h[1]] == [("p0/0", 1), ("p2/0", 1), ("p2/1", 1)]
     assert [d.sample_id for d, _, _ in h[2]] == ["p3/0"]
+
+
+def test_a_group_is_aborted_once_then_its_reward_is_waited_for():
+    """A reward that hangs on the same output every time: the group is generated again once; the second time its
+    reward is waited for (scored at the pool's timeout), so it is trained and the job cannot be held for ever."""
+    now = [0.0]
+    core = _one_prompt_core(now, mode="stream", eta=0, iterations=1, stall=0.5)
+    core.sample("r0", sample_id="p0/0", version=0, output_tokens=5, payload="p0", reward=None)
+    now[0] += 1.0
+    core.unstick()
+    core.sample("r0", sample_id="p0/0", version=0, output_tokens=5, payload="p0", reward=None)
+    attempt = core.awaiting_reward("p0/0")
+    now[0] += 100.0
+    assert core.unstick() == [] and core.ledger.counts().aborted == 1
+    [out] = [o for o in core.scored("p0/0", attempt=attempt, reward=0.0) if o.kind == "samples"]
+    assert out.header["samples"][0]["iteration"] == 0
