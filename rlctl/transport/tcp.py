@@ -89,6 +89,14 @@ def _send_sliced(sock: socket.socket, view: memoryview, tag: auth.MessageTag | N
         sock.sendall(piece)
 
 
+def _transport_error(e: OSError, peer: str, when: str) -> TransportError:
+    """A socket error while connecting as the transport's own, naming the peer (callers catch TransportError: a
+    reset here once killed a rollout unit's weight-fetch thread)."""
+    if isinstance(e, TimeoutError):
+        return PeerTimeout(f"{peer}: timed out {when}")
+    return PeerUnreachable(f"{peer}: connection failed {when}: {e}")
+
+
 def _recv_exact(sock: socket.socket, n: int, peer: str) -> bytes:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
@@ -446,9 +454,11 @@ class TcpTransport(Transport):
             token = _recv_exact(main, _TOKEN_BYTES, address)
             for _ in range(n - 1):
                 extra.append(self._open(address, timeout_s, b"J" + token)[0])
-        except BaseException:
+        except BaseException as e:
             for s in (main, *extra):
                 s.close()
+            if isinstance(e, OSError):  # a reset or a timeout of the socket itself (TransportError is not one)
+                raise _transport_error(e, address, "opening its streams") from e
             raise
         for s in (main, *extra):
             _tune(s, self.config)
@@ -465,8 +475,10 @@ class TcpTransport(Transport):
         try:
             keys = self._client_handshake(sock, address, timeout_s)
             sock.sendall(role)
-        except BaseException:
+        except BaseException as e:
             sock.close()
+            if isinstance(e, OSError):
+                raise _transport_error(e, address, "after the handshake") from e
             raise
         return sock, keys
 

@@ -10,6 +10,7 @@ import logging
 import os
 import pickle
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -377,3 +378,29 @@ def _listening_sockets() -> set[tuple[str, int]]:
         ip = socket.inet_ntoa(int(hexip, 16).to_bytes(4, "little"))
         out.add((ip, int(hexport, 16)))
     return out
+
+
+def test_a_connection_reset_after_the_handshake_is_a_transport_error_naming_the_peer() -> None:
+    """A server that proves the secret, reads the client's stream request and then resets the connection (a
+    proxy or a redirect going away mid-connect): the client raises PeerUnreachable naming it, which callers such as
+    a rollout unit's weight fetcher handle, not a bare ConnectionResetError (that killed the fetch thread once)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def server() -> None:
+        conn, _ = srv.accept()
+        hs = auth.ServerHandshake(SECRET)
+        conn.sendall(hs.hello())
+        verdict, keys = hs.verdict(conn.recv(hs.ANSWER_BYTES, socket.MSG_WAITALL))
+        assert keys is not None
+        conn.sendall(verdict)
+        conn.recv(1 + tcp._STREAMS.size, socket.MSG_WAITALL)  # "M" + the stripe request
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()  # RST, not FIN: the client's token read fails with ECONNRESET
+
+    th = threading.Thread(target=server)
+    th.start()
+    address = f"tcp://127.0.0.1:{srv.getsockname()[1]}"
+    with pytest.raises(PeerUnreachable, match=rf"{address}: connection failed opening its streams"):
+        TcpTransport(secret=SECRET).connect(address, timeout_s=5)
+    th.join()
+    srv.close()
