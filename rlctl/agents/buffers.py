@@ -6,7 +6,9 @@ Buffer b holds the groups trained at iteration b (the trainer trains iteration b
     reserved   from its first dispatch until all its samples are generated and scored: it has a deadline, the
                last buffer it may be trained in (the oldest version its samples were dispatched at, + η; never
                past the job's last iteration)
-    occupied   once every sample is in: it sits in one buffer for good, and goes to the trainer
+    occupied   once every sample is in: it sits in one buffer, and goes to the trainer; it moves only forward,
+               into the current buffer, to fill an entry no reservation needs any more (`fill_forward`: a
+               reservation due there was released or aborted)
     consumed   with its buffer, when the trainer commits that iteration
 
     dispatch ─reserve(deadline)─▶ reserved ──complete(oldest version)──▶ occupied in the earliest buffer that
@@ -20,7 +22,8 @@ reserved group can still be trained within the bound, and a group that completes
 keeps that true. So the groups that finish first fill the trainer's current buffer, and a slow group — a long
 generation, a reward that hangs — moves to a later buffer as far as its bound allows instead of holding the
 trainer. A buffer whose entries are all occupied is ready; one whose last entries are reserved by groups due
-there is stuck until they complete (with η = 0, every iteration is exactly its own groups, as before).
+there is stuck until they complete or are aborted (`ControllerCore.unstick`; with η = 0 every iteration is
+exactly its own groups, as before).
 """
 
 from __future__ import annotations
