@@ -123,9 +123,6 @@ class StalenessBuffers:
     def ready(self, b: int) -> bool:
         return self.free(b) == 0
 
-    def groups(self, b: int) -> list[str]:
-        return list(self.occupied.get(b, ()))
-
     def consume(self) -> list[str]:
         """The trainer committed the current buffer (it was ready): its groups, and the next buffer is current."""
         b = self.consumed

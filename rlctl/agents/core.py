@@ -265,8 +265,12 @@ class ControllerCore:
             return self.cfg.reward_stall_s
         if len(self.reward_latency) < STALL_MIN_SAMPLES:
             return None
-        p90 = sorted(self.reward_latency)[int(0.9 * (len(self.reward_latency) - 1))]
-        return max(STALL_FLOOR_S, STALL_FACTOR * p90)
+        return max(STALL_FLOOR_S, STALL_FACTOR * self.reward_quantile(0.9))
+
+    def reward_quantile(self, q: float) -> float:
+        """The q-quantile of the last rewards' latencies (0.0 before any)."""
+        lat = sorted(self.reward_latency)
+        return lat[int(q * (len(lat) - 1))] if lat else 0.0
 
     def unstick(self) -> list[Out]:
         """The trainer's iteration b waits for a group that may only be trained there, whose samples are all in and
@@ -307,17 +311,21 @@ class ControllerCore:
             self.ledger.assign(group, iteration=to)
             if group in self.undelivered:
                 continue  # not sent yet (no trainer to send it to): it goes with its new iteration, counted then
-            old, new = self.stats[frm], self.stats[to]
-            for e in self.ledger.group(group):  # the delivery figures follow the samples
-                assert e.sample_version is not None
-                old.samples, new.samples = old.samples - 1, new.samples + 1
-                old.output_tokens -= e.output_tokens
-                new.output_tokens += e.output_tokens
-                old.staleness.subtract({frm - e.sample_version: 1})
-                new.staleness[to - e.sample_version] += 1
-            old.staleness = +old.staleness  # drop the ages no sample has any more
+            entries = self.ledger.group(group)  # the delivery figures follow the samples
+            self._tally(frm, entries, -1)
+            self._tally(to, entries, +1)
             out.append(Out("trainer", "regroup", {"groups": [group], "iteration": to}))
         return out
+
+    def _tally(self, it: int, entries: list[Entry], sign: int) -> None:
+        """Count delivered samples into (sign +1) or out of (-1) iteration `it`'s figures."""
+        st = self.stats[it]
+        for e in entries:
+            assert e.sample_version is not None
+            st.samples += sign
+            st.output_tokens += sign * e.output_tokens
+            st.staleness[it - e.sample_version] += sign
+        st.staleness = +st.staleness  # drop the ages no sample has any more
 
     def _complete(self, group: str) -> None:
         """When every sample of `group` is finished and scored: it occupies the earliest buffer it may (then
@@ -514,18 +522,16 @@ class ControllerCore:
             groups = [g for g in self.undelivered if self.buffers.where.get(g) == b]
         else:
             groups = list(self.undelivered)
-        self.undelivered = [g for g in self.undelivered if g not in set(groups)]
+        sent = set(groups)
+        self.undelivered = [g for g in self.undelivered if g not in sent]
         batch: list[tuple[Entry, Any]] = []
         for g in groups:
-            it = self.buffers.where[g]
-            st = self.stats[it]
-            for e in self.ledger.group(g):
-                assert e.sample_version is not None and e.reward is not None
+            entries = self.ledger.group(g)
+            for e in entries:
+                assert e.reward is not None
                 self.ledger.deliver(e.sample_id)
-                st.samples += 1
-                st.output_tokens += e.output_tokens
-                st.staleness[it - e.sample_version] += 1
                 batch.append((e, self.payloads.pop(e.sample_id)))
+            self._tally(self.buffers.where[g], entries, +1)
         if not batch:
             return []
         samples = [

@@ -172,20 +172,21 @@ class Ledger:
         return [e.sample_id for e in back]
 
     def requeue_stale(self, sample_id: str) -> None:
-        e = self._move(sample_id, State.FINISHED, State.FINISHED)
-        self.discarded_tokens += e.output_tokens
-        self._reset(e)
-        self.requeued += 1
+        self._discard(self._move(sample_id, State.FINISHED, State.FINISHED))
         self.stale_requeued += 1
 
     def abort_group(self, prompt_id: str) -> None:
         """Every finished sample of the group is generated again (its tokens are discarded); counted once."""
         for e in self.by_prompt[prompt_id]:
             if e.state is State.FINISHED:
-                self.discarded_tokens += e.output_tokens
-                self._reset(e)
-                self.requeued += 1
+                self._discard(e)
         self.aborted += 1
+
+    def _discard(self, e: Entry) -> None:
+        """A finished sample goes back to the queue: its tokens are thrown away."""
+        self.discarded_tokens += e.output_tokens
+        self._reset(e)
+        self.requeued += 1
 
     @staticmethod
     def _reset(e: Entry) -> None:

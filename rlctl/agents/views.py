@@ -255,15 +255,11 @@ def _staleness(rows: list[dict[str, Any]]) -> dict[str, int]:
 # -- Prometheus gauges (declared in rlctl/metrics.py) ------------------------------------------------
 def reward_view(core: ControllerCore) -> dict[str, Any]:
     """The last rewards' latencies (sample in → scored, beside the controller) and the stall limit they give."""
-    lat = sorted(core.reward_latency)
-
-    def q(f: float) -> float | None:
-        return round(lat[int(f * (len(lat) - 1))], 4) if lat else None
-
+    seen = bool(core.reward_latency)
     stall = core.stall_s()
     return {
-        "latency_p50_s": q(0.5),
-        "latency_p90_s": q(0.9),
+        "latency_p50_s": round(core.reward_quantile(0.5), 4) if seen else None,
+        "latency_p90_s": round(core.reward_quantile(0.9), 4) if seen else None,
         "stall_limit_s": None if stall is None else round(stall, 4),
     }
 

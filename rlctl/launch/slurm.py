@@ -87,6 +87,26 @@ def _sched(site: Site) -> SlurmScheduler:
     return site.scheduler
 
 
+def _submit_target(sched: SlurmScheduler, *, known_hosts: str | None, connect_timeout_s: float) -> SshTarget:
+    assert sched.submit_host
+    return SshTarget(
+        sched.submit_host,
+        user=sched.ssh_user,
+        port=sched.ssh_port,
+        key_file=sched.ssh_key_file,
+        known_hosts=known_hosts,
+        connect_timeout_s=connect_timeout_s,
+    )
+
+
+def _runner(sched: SlurmScheduler, *, known_hosts: str | None, connect_timeout_s: float) -> Runner:
+    """Where the site's SLURM client tools run: its submit host over SSH, else here; with its SLURM_CONF."""
+    env = {"SLURM_CONF": sched.slurm_conf} if sched.slurm_conf else None
+    if sched.submit_host:
+        return SshRunner(_submit_target(sched, known_hosts=known_hosts, connect_timeout_s=connect_timeout_s), env)
+    return LocalRunner(env)
+
+
 def gpu_request_for(site: Site) -> GpuRequest:
     """How the site's jobs ask for GPUs: its scheduler's `gpu_request`; `auto` = --gpus-per-task on a
     real GPU type, nothing on `gpu: CPU` (a cluster without GRES would leave such a job pending forever)."""
@@ -183,14 +203,7 @@ class SlurmBackend(LaunchBackend):
         sched = _sched(site)
         if not sched.submit_host:
             raise LaunchError("a SLURM site without a submit_host is not reached over SSH")
-        return SshTarget(
-            sched.submit_host,
-            user=sched.ssh_user,
-            port=sched.ssh_port,
-            key_file=sched.ssh_key_file,
-            known_hosts=sched.ssh_known_hosts,
-            connect_timeout_s=connect_timeout_s,
-        )
+        return _submit_target(sched, known_hosts=sched.ssh_known_hosts, connect_timeout_s=connect_timeout_s)
 
     @classmethod
     def access_hosts(cls, site: Site) -> list[str]:
@@ -200,8 +213,7 @@ class SlurmBackend(LaunchBackend):
     @classmethod
     def site_runner(cls, site: Site, host: str | None = None) -> Runner:
         sched = _sched(site)
-        env = {"SLURM_CONF": sched.slurm_conf} if sched.slurm_conf else None
-        return SshRunner(cls.ssh_target(site), env) if sched.submit_host else LocalRunner(env)
+        return _runner(sched, known_hosts=sched.ssh_known_hosts, connect_timeout_s=10.0)
 
     @classmethod
     def probe_commands(cls, site: Site, command: str, *, first: bool = False) -> list[tuple[str, str | None, str]]:
@@ -258,20 +270,7 @@ class SlurmBackend(LaunchBackend):
         self.python = shlex.quote(python or sys.executable)
         self.setup = list(setup or [])
         self.command_timeout_s = command_timeout_s
-        env = {"SLURM_CONF": sched.slurm_conf} if sched.slurm_conf else {}
-        self.runner: Runner
-        if sched.submit_host:
-            target = SshTarget(
-                sched.submit_host,
-                user=sched.ssh_user,
-                port=sched.ssh_port,
-                key_file=sched.ssh_key_file,
-                known_hosts=known_hosts,
-                connect_timeout_s=min(command_timeout_s, 15.0),
-            )
-            self.runner = SshRunner(target, env)
-        else:
-            self.runner = LocalRunner(env)
+        self.runner = _runner(sched, known_hosts=known_hosts, connect_timeout_s=min(command_timeout_s, 15.0))
 
     @property
     def submitter(self) -> str:

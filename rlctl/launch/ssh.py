@@ -23,6 +23,7 @@ LaunchError naming the host.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shlex
@@ -150,6 +151,7 @@ class SshBackend(LaunchBackend):
         command_timeout_s: float = 30.0,
     ) -> None:
         self.site = site_name
+        self._site = site
         self.sched = _sched(site)
         self.setup = list(site.setup)
         self.job = job
@@ -175,16 +177,9 @@ class SshBackend(LaunchBackend):
         }
 
     def target(self, host: str) -> SshTarget:
-        s = self.sched
-        return SshTarget(
-            host,
-            user=s.user,
-            port=s.port,
-            key_file=s.key_file,
-            known_hosts=self.known_hosts,
-            proxy_jump=s.proxy_jump,
-            connect_timeout_s=self.connect_timeout_s,
-        )
+        """The site's target for `host`, with this backend's host-key file and connect deadline."""
+        t = self.ssh_target(self._site, host, connect_timeout_s=self.connect_timeout_s)
+        return dataclasses.replace(t, known_hosts=self.known_hosts)
 
     def _runner(self, host: str) -> SshRunner:
         if host not in self._runners:

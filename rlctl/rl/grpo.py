@@ -18,12 +18,11 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
 import torch.distributed as dist
 
-from rlctl.config.job import GrpoAlgorithm
+from rlctl.config.job import GrpoAlgorithm, OffPolicy
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.samples import (
     Sample,
@@ -61,9 +60,6 @@ def group_advantages(rewards: Sequence[float], group_ids: Sequence[str], *, eps:
         for i, v in zip(idx, a.tolist(), strict=True):
             out[i] = v
     return out
-
-
-OffPolicy = Literal["clip", "decoupled", "tis"]
 
 
 def policy_loss(
@@ -125,7 +121,7 @@ def policy_loss(
         kl_sum = float((kl * mask).sum().detach())
     loss = (per_token * mask).sum() / n
     with torch.no_grad():
-        to_behaviour = (logp - behaviour) * mask
+        to_behaviour = log_ratio if weight is None else (logp - behaviour) * mask  # clip: the same ratio
         clipped = ((ratio - 1).abs() > clip_eps).float() * mask
         metrics = {
             "pg_loss_sum": float((pg * mask).sum()),

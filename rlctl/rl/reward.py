@@ -412,17 +412,16 @@ class RewardPool:
             self._workers.append(self._start_worker())
             self.stats.extra_started += 1
 
-    def _shrink(self, i: int) -> bool:
-        """Worker `i` is idle: stop it if it is beyond the pool's size and nothing waits (True when stopped)."""
+    def _shrink(self, i: int) -> None:
+        """Worker `i` is idle: stop it if it is beyond the pool's size and nothing waits."""
         with self._lock:
             waiting = bool(self._pending)
         if waiting or len(self._workers) <= self.base_workers:
-            return False
+            return
         w = self._workers.pop(i)
         w.proc.kill()  # idle: nothing to lose, and the dispatcher must not wait for a clean exit
         w.proc.join()
         w.conn.close()
-        return True
 
     def _receive(self, i: int) -> None:
         w = self._workers[i]
