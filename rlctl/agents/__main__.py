@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         ENV_VISIBLE,
         os.environ.get(ENV_VISIBLE, "(unset)"),
     )
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind `finally` blocks: stop peers, write files
+    signal.signal(signal.SIGTERM, _on_sigterm)  # unwind `finally` blocks: stop peers, write files
 
     import torch  # after argument parsing: `--help` stays fast
 
@@ -121,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         _log_cpu()
+
+
+def _on_sigterm(*_: object) -> None:
+    logging.getLogger("rlctl.agents").warning("SIGTERM: stopping")  # says why a run ended "stopped"
+    sys.exit(143)
 
 
 def _log_cpu() -> None:

@@ -274,6 +274,9 @@ class ControllerAgent:
                 no_rollout_since = None if alive else (no_rollout_since or now)
                 if no_rollout_since is not None and now - no_rollout_since > NO_ROLLOUT_TIMEOUT_S:
                     self.core.failed = f"no rollout agent for {NO_ROLLOUT_TIMEOUT_S:.0f} s"
+        except Exception as e:  # an error no handler took: the summary names it (the job did not "stop")
+            self.core.failed = self.core.failed or f"controller error: {type(e).__name__}: {e}"
+            raise
         finally:
             self._shutdown()
         return 0 if self.core.done else 1

@@ -74,6 +74,16 @@ def events(job_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
 
 
+def why_not_done(job_dir: Path, summary: dict[str, Any]) -> str:
+    """For an assertion message: the run's state and exit, its last events and the end of the controller's log."""
+    log = job_dir / "logs" / "controller-0.log"
+    tail = log.read_text(errors="replace").splitlines()[-30:] if log.exists() else ["(no controller log)"]
+    last = [json.dumps(e) for e in events(job_dir)[-12:]]
+    return "\n".join(
+        [f"state {summary.get('state')!r}, controller exit {summary.get('controller_exit')}", *last, *tail]
+    )
+
+
 HELD_REWARD = """
 import time
 from pathlib import Path

@@ -19,7 +19,7 @@ import pytest
 from tests.integration.agents.test_agents_megatron_job import split_model
 from tests.unit.trainers.megatron_required import require_megatron
 
-from .conftest import REPO, events, hf_job, job_yaml, metrics_rows, rlctl, rlctl_json, wait_for
+from .conftest import REPO, events, hf_job, job_yaml, metrics_rows, rlctl, rlctl_json, wait_for, why_not_done
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -61,7 +61,7 @@ def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, 
     before = [r["iteration"] for r in metrics_rows(job_dir)]
 
     code, s = rlctl_json("launch", "--resume", str(job_dir), timeout_s=300)
-    assert code == 0 and s["state"] == "done", s
+    assert code == 0 and s["state"] == "done", why_not_done(job_dir, s)
     rows = metrics_rows(job_dir)
     assert [r["iteration"] for r in rows] == list(range(iterations))  # the curve continues from the checkpoint
     discarded = job_dir / "metrics.discarded.jsonl"
@@ -128,7 +128,7 @@ def test_a_megatron_tp2_trainer_killed_then_resumed_trains_every_prompt_exactly_
     plan_json.write_text(plan)
 
     code, s = rlctl_json("launch", "--resume", str(job_dir), timeout_s=400)
-    assert code == 0 and s["state"] == "done", s
+    assert code == 0 and s["state"] == "done", why_not_done(job_dir, s)
     assert [r["iteration"] for r in metrics_rows(job_dir)] == list(range(iterations))
     ledger = json.loads((job_dir / "checkpoints" / f"iter-{iterations}" / "controller" / "ledger.json").read_text())
     assert len({e["prompt_id"] for e in ledger["entries"]}) == iterations * prompts

@@ -137,8 +137,18 @@ def test_peer_stalling_mid_message_times_out(listener):
         proc.wait()
 
 
-def test_striped_connection_round_trips_and_interleaves_with_plain_clients(listener):
+@pytest.fixture
+def patient_listener():
+    """The default stall bound: hashing and sending 12 MB frames on a loaded 2-core machine can stall a stripe
+    stream past the 1 s bound the stall tests use."""
+    lst = TcpTransport(secret=SECRET).listen("tcp://127.0.0.1:0")
+    yield lst
+    lst.close()
+
+
+def test_striped_connection_round_trips_and_interleaves_with_plain_clients(patient_listener):
     """num_streams=3: large frames are split over three sockets; small ones and headers use the main one."""
+    listener = patient_listener
     striped = TcpTransport(secret=SECRET, config=TcpConfig(num_streams=3, stripe_min_bytes=1 << 20))
     plain = TcpTransport(secret=SECRET)
     accepted = []
