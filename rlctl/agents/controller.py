@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import torch
 
 from rlctl.agents import common
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
@@ -46,6 +47,7 @@ from rlctl.agents.messages import (
     CheckpointWritten,
     Heartbeat,
     Hello,
+    Partial,
     SampleDone,
     Trained,
     make,
@@ -107,6 +109,7 @@ def core_config(
         dc_links=dc_links,
         reward_stall_s=stall if isinstance(stall, float) else None,
         abort_stalled=stall != "never",
+        partial_store_bytes=job.rollout.partial_store_mb << 20,
     )
 
 
@@ -117,6 +120,7 @@ STOP_CHECKPOINT_WAIT_S = 600.0
 # who may send what to the controller (a kind not listed here is dropped from anyone)
 SENDERS: dict[str, frozenset[str]] = {
     "sample": frozenset({"rollout"}),
+    "partial": frozenset({"rollout"}),
     "weights_applied": frozenset({"rollout"}),
     "trained": frozenset({"trainer"}),
     "checkpoint_written": frozenset({"trainer"}),
@@ -441,6 +445,20 @@ class ControllerAgent:
                 log.warning("controller: dropped sample %r from %s: not dispatched to it", s.sample_id[:80], who)
             else:
                 self._score(s.sample_id, msg.tensors)
+        elif msg.kind == "partial":
+            tokens, logprobs, versions = (t.tolist() for t in msg.tensors)
+            at = 0
+            for part in parse(msg, Partial).parts:
+                end = at + part.count
+                self.core.partial(
+                    who,
+                    sample_id=part.sample_id,
+                    start=part.start,
+                    tokens=tokens[at:end],
+                    logprobs=logprobs[at:end],
+                    versions=versions[at:end],
+                )
+                at = end
         elif msg.kind == "weights_applied":
             version = int(msg.header["version"])
             holder = self.book.nodes.get(str(msg.header.get("holder", "")), ("", ""))[0]
@@ -522,6 +540,12 @@ class ControllerAgent:
                     f"iteration {iteration} is not complete: {buffers.capacity - buffers.free(iteration)} of its "
                     f"{buffers.capacity} groups were delivered"
                 )
+        if msg.kind == "partial":
+            n = sum(int(p[2]) for p in msg.header["parts"])
+            want = (torch.int32, torch.float32, torch.int32)
+            got = [(t.dtype, t.numel()) for t in msg.tensors]
+            if got != [(d, n) for d in want]:
+                return f"its tensors are {got}, not int32 tokens, float32 log-probs and int32 versions, {n} each"
         if msg.kind == "checkpoint_written" and int(msg.header["version"]) not in self.writing:
             return f"no checkpoint of version {msg.header['version']} is being written"
         return None

@@ -79,6 +79,7 @@ class CoreConfig:
     reserve_s: float = RESERVE_S  # how long an iteration's share waits for a unit catching up on the weights
     reward_stall_s: float | None = None  # see STALL_FACTOR; None: automatic
     abort_stalled: bool = True  # False: a group always waits for its rewards (up to the reward timeout)
+    partial_store_bytes: int = 256 << 20  # the trajectory store's bound (`rollout.partial_store_mb`)
 
 
 @dataclass
@@ -127,6 +128,7 @@ class ControllerCore:
         self.clock = clock
         self.bound = StalenessBound(cfg.eta)
         self.ledger = Ledger()
+        self.ledger.partials.budget_bytes = cfg.partial_store_bytes
         self.buffers = StalenessBuffers(capacity=cfg.prompts_per_iteration, eta=cfg.eta, last=cfg.iterations - 1)
         self.undelivered: list[str] = []  # occupied groups not sent to the trainer yet, in occupy order
         self.scoring_since: dict[str, float] = {}  # sample → when its reward started computing
@@ -231,6 +233,7 @@ class ControllerCore:
         """A unit finished a sample; `reward` when it is scored already (else `scored` brings it later)."""
         if not self.ledger.finish(sample_id, agent=name, version=version, output_tokens=output_tokens):
             return []
+        self.ledger.partials.drop(sample_id)
         self.payloads[sample_id] = payload
         st = self.stats[self.ledger.entries[sample_id].iteration]
         st.last_finish = self.clock()
@@ -240,6 +243,16 @@ class ControllerCore:
         else:
             self.scoring_since[sample_id] = self.clock()
         return self.pump() + self._retire_drained()
+
+    def partial(
+        self, name: str, *, sample_id: str, start: int, tokens: list[int], logprobs: list[float], versions: list[int]
+    ) -> bool:
+        """A unit's report of a running sample's output from index `start` on; kept (True) only while the sample
+        is dispatched to that unit (a late report of a lost unit is ignored)."""
+        e = self.ledger.entries.get(sample_id)
+        if e is None or e.state is not State.DISPATCHED or e.agent != name:
+            return False
+        return self.ledger.partials.extend(sample_id, start, tokens, logprobs, versions)
 
     def awaiting_reward(self, sample_id: str) -> int | None:
         """The attempt whose reward `sample_id` waits for (pass it back to `scored`), or None."""
@@ -392,6 +405,8 @@ class ControllerCore:
             if ledger.group(group)[0].iteration < version:
                 ledger.assign(group, iteration=version)
         self.ledger, self.trainer_version = ledger, version
+        ledger.partials.budget_bytes = self.cfg.partial_store_bytes
+        ledger.partials.keep_upto(version)  # output of weights past the checkpoint is not in this run's lineage
         self.buffers.consumed = self.floor = version
         self.created = max([e.iteration + 1 for e in ledger.entries.values()], default=version)
         for iteration in range(version, self.created):
@@ -447,23 +462,43 @@ class ControllerCore:
                     continue
                 reqs = []
                 for e in entries:
-                    if not self.buffers.may_reserve(e.prompt_id, unit.version):
+                    oldest = self._reservable(e, unit.version)
+                    if oldest is None:
                         continue
-                    self.buffers.reserve(e.prompt_id, unit.version)
+                    self.buffers.reserve(e.prompt_id, oldest)
                     self.ledger.dispatch(e.sample_id, agent=unit.name, version=unit.version)
                     spec = self.prompts[e.prompt_id]
-                    reqs.append(
-                        {
-                            "sample_id": e.sample_id,
-                            "prompt_tokens": spec.tokens,
-                            "max_new_tokens": self.cfg.max_new_tokens,
-                            "priority": admission_priority(it, self.pred_len[e.prompt_id]),
-                            "iteration": it,
+                    req = {
+                        "sample_id": e.sample_id,
+                        "prompt_tokens": spec.tokens,
+                        "max_new_tokens": self.cfg.max_new_tokens,
+                        "priority": admission_priority(it, self.pred_len[e.prompt_id]),
+                        "iteration": it,
+                    }
+                    prefix = self.ledger.partials.resume(e.sample_id)
+                    if prefix is not None:  # an interrupted generation resumes from its output so far
+                        req |= {
+                            "prefix_tokens": prefix.tokens,
+                            "prefix_logprobs": prefix.logprobs,
+                            "prefix_versions": prefix.versions,
                         }
-                    )
+                    reqs.append(req)
                 if reqs:
                     out.append(Out(unit.name, "generate", {"requests": reqs}))
         return out
+
+    def _reservable(self, e: Entry, version: int) -> int | None:
+        """The oldest version a dispatch of `e` to a unit at `version` makes its group answer for (the unit's, or
+        that of the oldest token of the output it resumes), or None when its group has no room for it. A kept
+        output too old for any buffer with room is dropped (its tokens discarded) and the sample starts over."""
+        kept = self.ledger.partials.oldest(e.sample_id)
+        oldest = version if kept is None else min(version, kept)
+        if self.buffers.may_reserve(e.prompt_id, oldest):
+            return oldest
+        if kept is not None and self.buffers.may_reserve(e.prompt_id, version):
+            self.ledger.discarded_tokens += self.ledger.partials.drop(e.sample_id)
+            return version
+        return None
 
     def _pool(self, iteration: int, units: list[Unit], ready: set[str], *, waited: float) -> list[Unit]:
         """The units `iteration` is shared over: those that may generate it now, and, for `reserve_s` after its

@@ -10,6 +10,9 @@ its samples are. States and the only legal moves:
                                                                                   ▼
                                               trained ◀──trained(ack from trainer)── delivered
 
+What a dispatched sample has generated so far (its unit's reports) is in `partials` (`rlctl.agents.
+trajectories`): a sample queued again after its unit was lost resumes from there.
+
 `iteration` is the round a sample was created in until its group occupies a staleness buffer
 (`rlctl.agents.buffers`), then the iteration that trains it (`assign`). Tokens generated and then thrown
 away (a group requeued from `finished`) are counted in `discarded_tokens`.
@@ -28,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from rlctl.agents.trajectories import TrajectoryStore
 
 
 class State(StrEnum):
@@ -88,6 +93,7 @@ class Ledger:
     refused: int = 0
     discarded_tokens: int = 0
     aborted: int = 0
+    partials: TrajectoryStore = field(default_factory=TrajectoryStore)  # dispatched samples' output so far
     clock: Callable[[], float] = field(default=time.time, repr=False)  # wall clock of the entries' times
 
     # -- building -----------------------------------------------------------------------------------
@@ -250,11 +256,12 @@ class Ledger:
                 "aborted": self.aborted,
             },
             "entries": [{**asdict(e), "state": e.state.value} for e in self.entries.values()],
+            "partials": self.partials.to_json(),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Ledger:
-        led = cls(**data["counters"])
+        led = cls(**data["counters"], partials=TrajectoryStore.from_json(data.get("partials")))
         for row in data["entries"]:
             e = Entry(**{**row, "state": State(row["state"])})
             if e.state is not State.TRAINED:

@@ -73,13 +73,41 @@ class Hello(msgspec.Struct):
 class Request(msgspec.Struct):
     sample_id: str
     prompt_tokens: Annotated[list[int], msgspec.Meta(min_length=1)]
-    max_new_tokens: PositiveInt
+    max_new_tokens: PositiveInt  # output tokens in all, the prefix's included
     priority: float
     iteration: NonNegInt
+    # an interrupted generation to resume (partial rollouts): its tokens, their log-probs and versions
+    prefix_tokens: list[int] = []
+    prefix_logprobs: list[float] = []
+    prefix_versions: list[NonNegInt] = []
+
+    def __post_init__(self) -> None:
+        n = len(self.prefix_tokens)
+        if not n == len(self.prefix_logprobs) == len(self.prefix_versions) or n >= self.max_new_tokens:
+            raise ValueError(
+                f"sample {self.sample_id}: a prefix of {n} tokens, {len(self.prefix_logprobs)} log-probs and "
+                f"{len(self.prefix_versions)} versions (one each, fewer than max_new_tokens {self.max_new_tokens})"
+            )
 
 
 class Generate(msgspec.Struct):
     requests: list[Request]
+
+
+class PartialPart(msgspec.Struct, array_like=True):
+    """`count` tokens of one running sample, from output index `start` (its tokens, log-probs and versions are the
+    next `count` of the message's three tensors)."""
+
+    sample_id: str
+    start: NonNegInt
+    count: NonNegInt
+
+
+class Partial(msgspec.Struct):
+    """A unit's running generations' new output since its last report: tensors int32 tokens, float32 log-probs,
+    int32 versions, the parts' in order."""
+
+    parts: list[PartialPart]
 
 
 class SampleDone(msgspec.Struct):
@@ -185,6 +213,7 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
     "hello": Hello,
     "generate": Generate,
     "sample": SampleDone,
+    "partial": Partial,
     "weights_applied": WeightsApplied,
     "samples": Samples,
     "regroup": Regroup,
@@ -205,6 +234,7 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
 # What each reader accepts (a new kind goes into HEADERS and into its receiver's set).
 TO_CONTROLLER = (
     "sample",
+    "partial",
     "weights_applied",
     "trained",
     "checkpoint_written",

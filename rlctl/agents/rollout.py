@@ -8,6 +8,10 @@
 The main loop never blocks while the engine has work: it drains the inbox, swaps weights if a new
 version arrived (only between steps), runs one decode step, and sends every finished sample
 immediately (stream generation). With nothing to do it waits on the inbox.
+
+Partial rollouts: every `rollout.partial_report_s` the unit sends the controller what each running
+generation produced since the last report (`partial`: tokens, log-probs, versions). A generation this
+unit does not finish (it is lost) resumes from there on another unit (a request with a prefix).
 """
 
 from __future__ import annotations
@@ -25,11 +29,22 @@ import torch
 from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.listen import host_of
 from rlctl.agents.listen import listen_host as resolve_listen_host
-from rlctl.agents.messages import TO_WEIGHTS_LISTENER, Generate, Heartbeat, Hello, SampleDone, make, parse, recv_checked
+from rlctl.agents.messages import (
+    TO_WEIGHTS_LISTENER,
+    Generate,
+    Heartbeat,
+    Hello,
+    Partial,
+    PartialPart,
+    SampleDone,
+    make,
+    parse,
+    recv_checked,
+)
 from rlctl.agents.weights import fetch_weights, state_dict_of, weight_node
 from rlctl.devices import Compute
 from rlctl.engines import make_engine
-from rlctl.engines.base import GenRequest, GenResult
+from rlctl.engines.base import GenRequest, GenResult, Prefix
 from rlctl.errors import TransportError
 from rlctl.launch.agentenv import parallel_from_env
 from rlctl.rl.source import stop_ids
@@ -74,6 +89,9 @@ class RolloutAgent:
         self.busy_s = 0.0
         self.samples_sent = 0
         self.holding: set[str] = set()  # sample ids queued or running in the engine
+        self.reported: dict[str, int] = {}  # running sample → output tokens the controller has (partial reports)
+        self.report_every = job.rollout.partial_report_s
+        self.last_report = time.monotonic()
         self.state = "starting"
         scheme = job.transport.kind
         # weights arrive on their own connection(s); `inproc://` lets the transport pick a name
@@ -151,6 +169,8 @@ class RolloutAgent:
                 self.busy_s += time.monotonic() - t0
                 for res in done:
                     self._send_sample(res)
+            if self.report_every and time.monotonic() - self.last_report >= self.report_every:
+                self._report()
 
     def _admit(self, gen: Generate) -> None:
         """Queue the requests, except samples the engine already holds: the controller requeues a unit's work
@@ -158,12 +178,41 @@ class RolloutAgent:
         once, from whichever generation finishes first)."""
         fresh = [r for r in gen.requests if r.sample_id not in self.holding]
         self.holding.update(r.sample_id for r in fresh)
+        self.reported.update((r.sample_id, len(r.prefix_tokens)) for r in fresh)
         self.engine.add(
             [
-                GenRequest(r.sample_id, list(r.prompt_tokens), r.max_new_tokens, priority=r.priority, group=r.iteration)
+                GenRequest(
+                    r.sample_id,
+                    list(r.prompt_tokens),
+                    r.max_new_tokens,
+                    priority=r.priority,
+                    group=r.iteration,
+                    prefix=Prefix(r.prefix_tokens, r.prefix_logprobs, r.prefix_versions) if r.prefix_tokens else None,
+                )
                 for r in fresh
             ]
         )
+
+    def _report(self) -> None:
+        """Tell the controller what each running generation produced since the last report."""
+        self.last_report = time.monotonic()
+        parts, tokens, logprobs, versions = [], [], [], []
+        for res in self.engine.partials():
+            start = self.reported.get(res.request_id, 0)
+            if len(res.output_tokens) <= start:
+                continue
+            parts.append(PartialPart(res.request_id, start, len(res.output_tokens) - start))
+            tokens += res.output_tokens[start:]
+            logprobs += res.logprobs[start:]
+            versions += res.token_versions[start:]
+            self.reported[res.request_id] = len(res.output_tokens)
+        if parts:
+            tensors = [
+                torch.tensor(tokens, dtype=torch.int32),
+                torch.tensor(logprobs, dtype=torch.float32),
+                torch.tensor(versions, dtype=torch.int32),
+            ]
+            self.link.send(make("partial", Partial(parts), tensors))
 
     def _send_sample(self, res: GenResult) -> None:
         head = SampleDone(
@@ -174,6 +223,7 @@ class RolloutAgent:
         )
         tensors = [torch.tensor(res.output_tokens, dtype=torch.int32), torch.tensor(res.logprobs, dtype=torch.float32)]
         self.holding.discard(res.request_id)
+        self.reported.pop(res.request_id, None)
         self.link.send(make("sample", head, tensors))
         self.samples_sent += 1
 

@@ -166,6 +166,19 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
     }
 
 
+def partials_view(core: ControllerCore) -> dict[str, Any]:
+    """Partial rollouts: generations resumed from the output their lost unit had reported, the tokens that kept
+    from being generated again, what the store holds now and the reports its bound turned away."""
+    p = core.ledger.partials
+    return {
+        "resumed": p.resumed,
+        "resumed_tokens": p.resumed_tokens,
+        "held": len(p.parts),
+        "held_bytes": p.nbytes,
+        "over_budget": p.over_budget,
+    }
+
+
 def weights_view(s: Snapshot) -> dict[str, Any]:
     """The newest version, how many live units have it, and per recent version: transfers, bytes,
     encodings, bytes and copies per inter-DC link, seconds until the last unit had it."""
@@ -235,6 +248,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
             "trained_samples": counts.trained_samples,
             "discarded_tokens": counts.discarded_tokens,
             "aborted": counts.aborted,
+            "partials": partials_view(core),
         },
         "resilience": dict(s.resilience),
         "data": dict(s.data),

@@ -297,6 +297,16 @@ class Rollout(Strict):
     group_barrier: Literal["auto", "always", "never"] = Field(
         "auto", description="embedded engine: may the next iteration fill rows freed by the previous one's tail"
     )
+    partial_report_s: float = Field(
+        1.0,
+        ge=0,
+        description="partial rollouts: seconds between a unit's reports of what its running generations have "
+        "produced; a generation whose unit is lost resumes from its last report on another unit instead of "
+        "starting over. 0: no reports",
+    )
+    partial_store_mb: PositiveInt = Field(
+        256, description="the controller's memory for partial generations; past it, more are not kept (they restart)"
+    )
 
 
 class Trainer(Strict):

@@ -8,7 +8,12 @@
 
 A request admitted under version v keeps generating after `load_weights(…, v+1)`;
 `GenResult.version` is the *oldest* version that produced any of its tokens (the staleness bound
-is enforced on that) and `versions_seen` lists them all.
+is enforced on that), `versions_seen` lists them all and `token_versions` names each token's.
+
+Partial rollouts (StaleFlow's trajectory server, seed 004 §5): `partials()` shows what running requests
+have generated so far, `interrupt(ids)` takes requests out and returns what they had, and a request with
+a `prefix` (an interrupted generation's tokens, log-probs and versions) resumes it — the engine prefills
+prompt + prefix and samples from there, on any unit; `max_new_tokens` counts the prefix.
 
 `EmbeddedEngine` is the CPU implementation and test double; `VllmEngine` the optional GPU one.
 """
@@ -22,13 +27,40 @@ import torch
 
 
 @dataclass
+class Prefix:
+    """Output a request generated before it was interrupted: its tokens, each token's behaviour log-prob and the
+    weight version that sampled it."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    versions: list[int]
+
+    def __post_init__(self) -> None:
+        if not len(self.tokens) == len(self.logprobs) == len(self.versions):
+            raise ValueError(
+                f"prefix: {len(self.tokens)} tokens, {len(self.logprobs)} log-probs, {len(self.versions)} versions"
+            )
+
+
+@dataclass
 class GenRequest:
     request_id: str
     prompt_tokens: list[int]
-    max_new_tokens: int
+    max_new_tokens: int  # output tokens in all, a prefix's included
     priority: float = 0.0  # higher = admitted first (LPT: the predicted output length)
     group: int = 0  # admission group (the iteration); engines may keep a later group waiting while an earlier runs
     ignore_eos: bool = False  # keep decoding past EOS (benchmarks that need a fixed length)
+    prefix: Prefix | None = None  # resume an interrupted generation
+
+    @property
+    def context(self) -> list[int]:
+        """What the engine prefills: the prompt, then the prefix's tokens."""
+        return self.prompt_tokens + self.prefix.tokens if self.prefix else self.prompt_tokens
+
+    def start(self) -> tuple[list[int], list[float], list[int]]:
+        """Fresh copies of the output so far (tokens, log-probs, versions): the prefix's, else empty."""
+        p = self.prefix
+        return (list(p.tokens), list(p.logprobs), list(p.versions)) if p else ([], [], [])
 
 
 @dataclass
@@ -38,8 +70,18 @@ class GenResult:
     output_tokens: list[int]  # ends with EOS when finish_reason == "eos"
     logprobs: list[float]  # behaviour-policy log-prob of each output token (at the sampling temperature)
     version: int  # oldest weight version that generated any of the output tokens
-    finish_reason: str  # "eos" | "length"
+    finish_reason: str  # "eos" | "length" | "interrupted" (`interrupt`) | "running" (`partials`)
     versions_seen: list[int] = field(default_factory=list)  # every version that contributed, ascending
+    token_versions: list[int] = field(default_factory=list)  # the version that sampled each output token
+
+
+def result(req: GenRequest, tokens: list[int], logprobs: list[float], versions: list[int], reason: str) -> GenResult:
+    """A request's result (or its state so far) from its output tokens, log-probs and per-token versions; a
+    request with no output yet (waiting) is as old as `versions` says, empty: version -1."""
+    seen = sorted(set(versions))
+    return GenResult(
+        req.request_id, req.prompt_tokens, tokens, logprobs, seen[0] if seen else -1, reason, seen, versions
+    )
 
 
 def check_requests(requests: list[GenRequest], *, limit: int, limit_name: str) -> None:
@@ -48,6 +90,11 @@ def check_requests(requests: list[GenRequest], *, limit: int, limit_name: str) -
     for r in requests:
         if not r.prompt_tokens or r.max_new_tokens < 1:
             raise ValueError(f"request {r.request_id}: empty prompt or max_new_tokens < 1")
+        if r.prefix is not None and len(r.prefix.tokens) >= r.max_new_tokens:
+            raise ValueError(
+                f"request {r.request_id}: a prefix of {len(r.prefix.tokens)} tokens leaves nothing to generate "
+                f"(max_new_tokens {r.max_new_tokens})"
+            )
         if len(r.prompt_tokens) + r.max_new_tokens > limit:
             raise ValueError(
                 f"request {r.request_id}: {len(r.prompt_tokens)} prompt + {r.max_new_tokens} "
@@ -71,6 +118,16 @@ class GenerationEngine(ABC):
     @abstractmethod
     def step(self) -> list[GenResult]:
         """Admit what fits, run one decode step, return the samples that finished in it."""
+
+    @abstractmethod
+    def partials(self) -> list[GenResult]:
+        """Every running request's output so far (finish_reason "running"; read-only, valid until the next
+        call that changes the engine)."""
+
+    @abstractmethod
+    def interrupt(self, request_ids: list[str]) -> list[GenResult]:
+        """Take these requests out (waiting or running; unknown ids are ignored): what each had generated,
+        finish_reason "interrupted". Resume one elsewhere with its output as a `prefix`."""
 
     @abstractmethod
     def num_running(self) -> int: ...

@@ -31,7 +31,11 @@ per iteration, 0.92 at 64, 1.17 at 96, 1.25 at 128, 1.20 at 192 (`python -m benc
 
 Weights change only between steps (`load_weights`); rows already running keep their K/V (computed
 with the older weights) and continue with the new ones, and the result's `version` is the oldest
-version that produced any token (`versions_seen` has all of them).
+version that produced any token (`versions_seen` has all of them, `token_versions` each token's).
+
+A request with a prefix (an interrupted generation, `interrupt`) prefills prompt + prefix and samples
+its next token with the uniform of the prefix's length: on the same weights it continues as if it had
+never stopped.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from typing import Any, Literal
 
 import torch
 
-from rlctl.engines.base import GenerationEngine, GenRequest, GenResult, check_requests
+from rlctl.engines.base import GenerationEngine, GenRequest, GenResult, check_requests, result
 from rlctl.engines.graphs import MIN_WIDTH, StepGraphs, bucket
 from rlctl.engines.sampling import request_seed, sample
 from rlctl.models.tinygpt import KVCache, TinyGPT
@@ -62,7 +66,10 @@ class _Running:
     pos: int  # the position of the token fed at the next step
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    versions: set[int] = field(default_factory=set)
+    versions: list[int] = field(default_factory=list)  # the version that sampled each token
+
+    def result(self, reason: str) -> GenResult:
+        return result(self.req, self.tokens, self.logprobs, self.versions, reason)
 
 
 class EmbeddedEngine(GenerationEngine):
@@ -151,9 +158,6 @@ class EmbeddedEngine(GenerationEngine):
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self.model.load_weights(state_dict)  # in place: captured graphs read the new weights
         self._version = version
-        for r in self._rows:
-            if r is not None:
-                r.versions.add(version)
 
     def add(self, requests: list[GenRequest]) -> None:
         check_requests(requests, limit=self.model.config.max_position_embeddings, limit_name="max_position_embeddings")
@@ -162,6 +166,30 @@ class EmbeddedEngine(GenerationEngine):
             self._seq += 1
             self._group_size[r.group] += 1
             self._group_left[r.group] += 1
+
+    def partials(self) -> list[GenResult]:
+        return [r.result("running") for r in self._rows if r is not None]
+
+    def interrupt(self, request_ids: list[str]) -> list[GenResult]:
+        ids = set(request_ids)
+        taken = [w[3] for w in self._waiting if w[3].request_id in ids]
+        out = [result(r, *r.start(), "interrupted") for r in taken]
+        if taken:
+            self._waiting = [w for w in self._waiting if w[3].request_id not in ids]
+            heapq.heapify(self._waiting)
+            for req in taken:
+                self._finished(req.group)
+        ended = [i for i, row in enumerate(self._rows) if row is not None and row.req.request_id in ids]
+        for i in ended:
+            row = self._rows[i]
+            assert row is not None
+            out.append(row.result("interrupted"))
+            self._rows[i] = None
+            self._finished(row.req.group)
+        self._free(ended)
+        if all(r is None for r in self._rows):
+            self._rows = []  # as after a step that ended every row (the storage stays allocated)
+        return out
 
     def num_running(self) -> int:
         return sum(r is not None for r in self._rows)
@@ -226,18 +254,21 @@ class EmbeddedEngine(GenerationEngine):
             free += list(range(len(self._rows), len(self._rows) + grow))
             self._rows += [None] * grow
         rows = free[: len(new)]
-        width = max(len(r.prompt_tokens) for r in new) - 1
+        contexts = [r.context for r in new]  # the prompt, and a resumed request's prefix
+        width = max(len(c) for c in contexts) - 1
         prompt = torch.full((len(new), width), self.pad_id, dtype=torch.long)
-        for i, r in enumerate(new):
-            prompt[i, : len(r.prompt_tokens) - 1] = torch.tensor(r.prompt_tokens[:-1], dtype=torch.long)
-            self._rows[rows[i]] = _Running(r, pos=len(r.prompt_tokens) - 1, versions={self._version})
+        for i, (r, c) in enumerate(zip(new, contexts, strict=True)):
+            prompt[i, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+            tokens, logprobs, versions = r.start()
+            self._rows[rows[i]] = _Running(r, len(c) - 1, tokens, logprobs, versions)
         dev = self.device
         idx = torch.tensor(rows, dtype=torch.long, device=dev)
-        lengths = torch.tensor([len(r.prompt_tokens) - 1 for r in new], device=dev)
+        lengths = torch.tensor([len(c) - 1 for c in contexts], device=dev)
         self.model.prefill(self._cache, idx, prompt.to(dev), lengths)
-        self._next[idx] = torch.tensor([r.prompt_tokens[-1] for r in new], device=dev)
+        self._next[idx] = torch.tensor([c[-1] for c in contexts], device=dev)
         self._seeds[idx] = torch.tensor([request_seed(self.seed, r.request_id) for r in new], device=dev)
-        self._steps[idx] = 0
+        # a resumed request draws the uniforms of the output indices it has not generated yet
+        self._steps[idx] = torch.tensor([len(r.prefix.tokens) if r.prefix else 0 for r in new], device=dev)
         self._live[idx] = 1
 
     def _running_floor(self) -> int | None:
@@ -263,29 +294,24 @@ class EmbeddedEngine(GenerationEngine):
                 continue
             r.tokens.append(tokens[i])
             r.logprobs.append(logprobs[i])
+            r.versions.append(self._version)
             r.pos += 1
             eos = tokens[i] in self.eos_ids and not r.req.ignore_eos
             if eos or len(r.tokens) >= r.req.max_new_tokens:
-                seen = sorted(r.versions)
-                done.append(
-                    GenResult(
-                        r.req.request_id,
-                        r.req.prompt_tokens,
-                        r.tokens,
-                        r.logprobs,
-                        seen[0],
-                        "eos" if eos else "length",
-                        seen,
-                    )
-                )
+                done.append(r.result("eos" if eos else "length"))
                 self._rows[i] = None
                 ended.append(i)
                 self._finished(r.req.group)
-        if ended:  # the row is free: position 0 from now on (it never outgrows the cache)
-            idx = torch.tensor(ended, dtype=torch.long, device=self.device)
+        self._free(ended)
+        return done
+
+    def _free(self, rows: list[int]) -> None:
+        """These rows hold no request any more: position 0 from now on (a free row never outgrows the cache)."""
+        if rows:
+            assert self._cache is not None
+            idx = torch.tensor(rows, dtype=torch.long, device=self.device)
             self._live[idx] = 0
             self._cache.lengths[idx] = 0
-        return done
 
     def _finished(self, group: int) -> None:
         self._group_left[group] -= 1

@@ -22,6 +22,10 @@ So unlike the embedded engine (whose running rows keep their old K/V), every tok
 push is conditioned on K/V of the new weights only; `GenResult.version` is still the oldest version
 that sampled any output token and `versions_seen` lists them all.
 
+A request with a prefix (an interrupted generation) is added with prompt + prefix as its prompt and the
+tokens it has left as `max_tokens`; its seed is the request's and the prefix's length, so a resumed
+request draws noise of its own (vLLM's per-request generator cannot be moved to an output index).
+
 Log-probs are those of the sampled tokens at the sampling temperature (`logprobs_mode=
 "processed_logprobs"`): what the learner's importance ratio needs. vLLM's own EOS handling needs a
 tokenizer (`skip_tokenizer_init=True`: we pass token ids), so a request stops on the checkpoint's
@@ -41,7 +45,7 @@ from typing import Any
 
 import torch
 
-from rlctl.engines.base import GenerationEngine, GenRequest, GenResult, check_requests
+from rlctl.engines.base import GenerationEngine, GenRequest, GenResult, check_requests, result
 from rlctl.engines.factory import VLLM_INSTALL_HINT
 from rlctl.engines.sampling import request_seed
 from rlctl.errors import ConfigError
@@ -107,7 +111,8 @@ class _Unfinished:
     req: GenRequest
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    versions: set[int] = field(default_factory=set)  # versions in force when its tokens were sampled
+    versions: list[int] = field(default_factory=list)  # the version in force when each token was sampled
+    started: bool = False  # sampled a token here (vLLM runs it)
 
 
 class VllmEngine(GenerationEngine):
@@ -203,17 +208,19 @@ class VllmEngine(GenerationEngine):
             if r.request_id in self._unfinished:
                 raise ValueError(f"request {r.request_id}: already queued")
         for r in requests:
+            done = len(r.prefix.tokens) if r.prefix else 0
             params = self._vllm.SamplingParams(
                 temperature=self.temperature,
-                max_tokens=r.max_new_tokens,
+                max_tokens=r.max_new_tokens - done,
                 logprobs=0,  # the sampled token's own log-prob
-                seed=request_seed(self.seed, r.request_id),  # a requeued sample regenerates identically
+                # a requeued sample regenerates identically; a resumed one (a prefix) draws its own noise
+                seed=request_seed(self.seed, r.request_id if not done else f"{r.request_id}@{done}"),
                 ignore_eos=r.ignore_eos,
                 stop_token_ids=[] if r.ignore_eos else list(self.eos_ids),
                 detokenize=False,
                 output_kind=self._delta,
             )
-            (prompt,) = self._engine.renderer.render_cmpl([{"prompt_token_ids": list(r.prompt_tokens)}])
+            (prompt,) = self._engine.renderer.render_cmpl([{"prompt_token_ids": list(r.context)}])
             # strictly increasing arrival times: FIFO among equal priorities, as the embedded engine
             self._last_arrival = max(time.time(), self._last_arrival + 1e-6)
             self._engine.add_request(
@@ -223,7 +230,7 @@ class VllmEngine(GenerationEngine):
                 arrival_time=self._last_arrival,
                 priority=vllm_priority(r.group, r.priority),
             )
-            self._unfinished[r.request_id] = _Unfinished(r)
+            self._unfinished[r.request_id] = _Unfinished(r, *r.start())
 
     def step(self) -> list[GenResult]:
         done: list[GenResult] = []
@@ -234,7 +241,8 @@ class VllmEngine(GenerationEngine):
             new = list(comp.token_ids)
             if new:
                 sampled += 1
-                u.versions.add(self._version)
+                u.started = True
+                u.versions += [self._version] * len(new)
                 u.tokens += new
                 u.logprobs += [float(lp[t].logprob) for t, lp in zip(new, comp.logprobs or [], strict=True)]
             if out.finished:
@@ -243,6 +251,17 @@ class VllmEngine(GenerationEngine):
         if self.trace is not None:
             self.trace.append(sampled)
         return done
+
+    def partials(self) -> list[GenResult]:
+        return [
+            result(u.req, u.tokens, u.logprobs, u.versions, "running") for u in self._unfinished.values() if u.started
+        ]
+
+    def interrupt(self, request_ids: list[str]) -> list[GenResult]:
+        taken = [self._unfinished.pop(i) for i in request_ids if i in self._unfinished]
+        if taken:
+            self._engine.abort_request([u.req.request_id for u in taken])
+        return [result(u.req, u.tokens, u.logprobs, u.versions, "interrupted") for u in taken]
 
     def num_running(self) -> int:
         return self._counts()[0]
@@ -262,11 +281,12 @@ class VllmEngine(GenerationEngine):
 
     # ---- internals ----
     def _result(self, u: _Unfinished, finish_reason: str | None) -> GenResult:
-        seen = sorted(u.versions) or [self._version]
         eos = finish_reason == "stop" and bool(u.tokens) and u.tokens[-1] in self.eos_ids
-        return GenResult(
-            u.req.request_id, u.req.prompt_tokens, u.tokens, u.logprobs, seen[0], "eos" if eos else "length", seen
-        )
+        versions = u.versions or [self._version] * len(u.tokens)
+        res = result(u.req, u.tokens, u.logprobs, versions, "eos" if eos else "length")
+        if res.version < 0:  # finished with no token (max_tokens reached at once): as old as the weights now
+            res.version, res.versions_seen = self._version, [self._version]
+        return res
 
     def _counts(self) -> tuple[int, int]:
         """(running, waiting) from vLLM's scheduler (in-process engine core); an estimate otherwise."""

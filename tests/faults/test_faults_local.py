@@ -64,6 +64,7 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
         rollout_gpus=3,
         iterations=100000,
         task={"kind": "digits", "median_output_tokens": 24, "max_output_tokens": 64},
+        engine={"partial_report_s": 0.05},  # partial rollouts: a killed unit's generations resume elsewhere
     )
     job_dir = tmp_path / "run"
     proc = launch(str(job), "--job-dir", str(job_dir), "-o", "json")
@@ -116,6 +117,8 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
     assert led["trained"] == s["iterations"] * 4  # every prompt of every trained iteration, once
     assert led["lost"] == 0 and led["duplicated"] == 0, led
     requeued = sum(lost[u]["requeued"] for u in killed)
+    partials = led["partials"]
+    assert partials["resumed"] > 0 and partials["resumed_tokens"] >= partials["resumed"], partials
     record(
         Row(
             "rollout units SIGKILLed mid-generation (local, 3 units)",
@@ -123,7 +126,9 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
             led["lost"],
             led["duplicated"],
             recovery,
-            f"{requeued} samples requeued, {len(replaced)} replaced, {s['iterations']} iterations trained",
+            f"{requeued} samples requeued ({partials['resumed']} resumed from their last report, "
+            f"{partials['resumed_tokens']} tokens not generated again), {len(replaced)} replaced, "
+            f"{s['iterations']} iterations trained",
         )
     )
 

@@ -327,3 +327,83 @@ def test_a_group_is_aborted_once_then_its_reward_is_waited_for():
     assert core.unstick() == [] and core.ledger.counts().aborted == 1
     [out] = [o for o in core.scored("p0/0", attempt=attempt, reward=0.0) if o.kind == "samples"]
     assert out.header["samples"][0]["iteration"] == 0
+
+
+def _requests(outs: list[Out]) -> dict[str, dict]:
+    return {r["sample_id"]: r for o in outs if o.kind == "generate" for r in o.header["requests"]}
+
+
+def test_a_lost_units_reported_output_resumes_on_the_survivor_and_is_dropped_once_finished():
+    """Partial rollouts: r1 reported 5 then 3 more tokens of a sample, then was lost; the survivor gets the sample
+    with those 8 tokens (log-probs, versions) as its prefix; a late report of r1 is ignored; the finished sample
+    leaves the store."""
+    core = _core(min_units=2)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    gen = _generate(core.join("r1", role="rollout", version=0))
+    sid = gen["r1"][0][0]
+    assert core.partial("r1", sample_id=sid, start=0, tokens=[4, 5, 6, 7, 8], logprobs=[-0.5] * 5, versions=[0] * 5)
+    assert core.partial("r1", sample_id=sid, start=5, tokens=[9, 9, 9], logprobs=[-0.25] * 3, versions=[0] * 3)
+    assert not core.partial("r0", sample_id=sid, start=8, tokens=[1], logprobs=[0.0], versions=[0])  # not r0's
+    assert not core.partial("r1", sample_id=sid, start=12, tokens=[1], logprobs=[0.0], versions=[0])  # a gap
+    req = _requests(core.lost("r1"))[sid]
+    assert req["prefix_tokens"] == [4, 5, 6, 7, 8, 9, 9, 9]
+    assert req["prefix_logprobs"] == [-0.5] * 5 + [-0.25] * 3 and req["prefix_versions"] == [0] * 8
+    assert (core.ledger.partials.resumed, core.ledger.partials.resumed_tokens) == (1, 8)
+    assert not core.partial("r1", sample_id=sid, start=8, tokens=[3], logprobs=[0.0], versions=[0])  # r1 is gone
+    assert core.partial("r0", sample_id=sid, start=8, tokens=[3], logprobs=[-1.0], versions=[0])  # r0's now
+    _finish(core, "r0", sid)
+    assert core.ledger.partials.parts == {} and core.ledger.partials.nbytes == 0
+
+
+def test_a_resumed_output_answers_for_its_oldest_token_and_is_dropped_when_too_old_for_any_buffer():
+    """η = 1: a sample whose kept output was sampled with v0 reserves its group as of v0 when it resumes on a unit
+    at v1; once the trainer is past v0 + η, the output is dropped (its tokens discarded) and it starts over."""
+    core = _core(mode="async", eta=1, prompts=1, iterations=4, min_units=2)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    gen = _generate(core.join("r1", role="rollout", version=0))
+    sid = next(s for s, _ in gen.get("r1", []) if s.startswith("p1-"))  # iteration 1, on v0
+    core.partial("r1", sample_id=sid, start=0, tokens=[7, 7], logprobs=[-0.1, -0.2], versions=[0, 0])
+    for s, _ in gen.get("r0", []):
+        _finish(core, "r0", s)
+    core.trained(iteration=0, version=1, sample_ids=["p0-0/0"], stats={})
+    core.weights_applied("r0", 1)
+    req = _requests(core.lost("r1"))[sid]
+    assert req["prefix_versions"] == [0, 0] and core.buffers.deadline["p1-0"] == 1  # v0 + η, not v1 + η
+
+    # the same sample, after a unit at v1 filled buffer 1 (the last its v0 tokens may be trained in)
+    core.ledger.requeue_agent("r0")  # nothing in flight any more: no reservation
+    for group in list(core.buffers.deadline):
+        core.buffers.release(group)
+    core.buffers.occupy("p2-x", 1)
+    e = core.ledger.entries[sid]
+    assert core._reservable(e, 1) == 1  # starts over at v1: due by buffer 2
+    assert core.ledger.partials.parts == {} and core.ledger.discarded_tokens == 2
+
+
+def test_partial_outputs_survive_a_checkpoint_unless_newer_than_it():
+    from rlctl.agents.ledger import Ledger
+
+    core = _core(min_units=1, group=2)
+    core.join("trainer-0", role="trainer", version=0)
+    gen = _generate(core.join("r0", role="rollout", version=0))["r0"]
+    (a, _), (b, _) = gen[:2]
+    core.partial("r0", sample_id=a, start=0, tokens=[1, 2], logprobs=[-0.5, -0.5], versions=[0, 0])
+    core.partial("r0", sample_id=b, start=0, tokens=[3], logprobs=[-0.5], versions=[2])
+    back = Ledger.from_json(__import__("json").loads(__import__("json").dumps(core.ledger.to_json())))
+    assert back.partials.prefix(a).tokens == [1, 2] and back.partials.nbytes == 3 * 12
+    again = _core(min_units=1, group=2)
+    again.restore(version=1, ledger=back)
+    assert set(again.ledger.partials.parts) == {a}  # b's token came from v2, past the checkpoint's v1
+
+
+def test_the_store_keeps_nothing_past_its_bound():
+    from rlctl.agents.trajectories import TOKEN_BYTES, TrajectoryStore
+
+    store = TrajectoryStore(budget_bytes=10 * TOKEN_BYTES)
+    assert store.extend("a", 0, [1] * 6, [0.0] * 6, [0] * 6)
+    assert not store.extend("b", 0, [1] * 5, [0.0] * 5, [0] * 5) and store.over_budget == 1
+    assert store.extend("a", 6, [2] * 4, [0.0] * 4, [0] * 4) and store.nbytes == 10 * TOKEN_BYTES
+    assert store.extend("a", 3, [5], [0.0], [1]) and len(store.parts["a"]) == 4  # a resumed attempt rewrites
+    assert store.drop("a") == 4 and store.nbytes == 0

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rlctl.engines import ENGINES, EmbeddedEngine, GenRequest, VllmEngine
+from rlctl.engines.base import Prefix
 from rlctl.engines.embedded import GroupBarrier
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.samples import token_logprobs
@@ -239,3 +240,75 @@ def test_weights_load_in_place_and_tied_embeddings_travel_once() -> None:
     assert torch.equal(engine.model.lm_head.weight, sent["model.embed_tokens.weight"].float())
     with pytest.raises(ValueError, match="do not fit"):
         engine.load_weights({"model.norm.weight": torch.ones(32), "nope": torch.ones(1)}, 2)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_an_interrupted_request_resumed_elsewhere_continues_as_if_never_stopped(
+    model: TinyGPT, temperature: float
+) -> None:
+    """Partial rollouts: interrupt after a few steps (running and waiting requests), resume each on another
+    engine with its output as the prefix: tokens, log-probs and versions equal an uninterrupted run's."""
+    reqs = [GenRequest(f"r{i}", [1, 3 + i, 9], 12, ignore_eos=True) for i in range(5)]
+    one = EmbeddedEngine(model, max_batch_size=2, temperature=temperature, seed=5)
+    one.add(reqs)
+    whole = {r.request_id: r for r in one.run_until_done()}
+
+    first = EmbeddedEngine(model, max_batch_size=2, temperature=temperature, seed=5, version=2)
+    first.add(reqs)
+    for _ in range(4):
+        assert first.step() == []
+    running = {r.request_id: len(r.output_tokens) for r in first.partials()}
+    assert running == {"r0": 4, "r1": 4} and first.num_waiting() == 3
+    cut = first.interrupt(["r1", "r3", "nobody"])
+    assert {r.request_id: (len(r.output_tokens), r.finish_reason, r.version) for r in cut} == {
+        "r3": (0, "interrupted", -1),
+        "r1": (4, "interrupted", 2),
+    }
+    assert (first.num_running(), first.num_waiting()) == (1, 2)
+    rest = {r.request_id: r for r in first.run_until_done()}
+
+    second = EmbeddedEngine(model, max_batch_size=2, temperature=temperature, seed=5, version=2)
+    second.add(
+        [
+            GenRequest(
+                c.request_id,
+                c.prompt_tokens,
+                12,
+                ignore_eos=True,
+                prefix=Prefix(c.output_tokens, c.logprobs, c.token_versions) if c.output_tokens else None,
+            )
+            for c in cut
+        ]
+    )
+    rest |= {r.request_id: r for r in second.run_until_done()}
+    assert sorted(rest) == sorted(whole)
+    for k, w in whole.items():
+        assert rest[k].output_tokens == w.output_tokens, k
+        torch.testing.assert_close(torch.tensor(rest[k].logprobs), torch.tensor(w.logprobs), atol=1e-5, rtol=1e-5)
+        assert rest[k].token_versions == [2] * 12 and rest[k].versions_seen == [2]
+
+
+def test_a_resumed_prefix_keeps_its_versions_and_counts_toward_the_length(model: TinyGPT) -> None:
+    engine = EmbeddedEngine(model, max_batch_size=2, temperature=0.0, version=7)
+    prefix = Prefix([5, 6, 7], [-0.1, -0.2, -0.3], [4, 4, 5])
+    engine.add([GenRequest("a", [1, 2], 5, ignore_eos=True, prefix=prefix)])
+    (res,) = engine.run_until_done()
+    assert res.output_tokens[:3] == [5, 6, 7] and len(res.output_tokens) == 5
+    assert res.logprobs[:3] == [-0.1, -0.2, -0.3]
+    assert (res.token_versions, res.version, res.versions_seen) == ([4, 4, 5, 7, 7], 4, [4, 5, 7])
+    seq = torch.tensor([[1, 2, 5, 6, 7, *res.output_tokens[3:]]])
+    assert res.output_tokens[3:] == model(seq)[0, 4:-1].argmax(-1).tolist()  # conditioned on the prefix
+    with pytest.raises(ValueError, match="leaves nothing to generate"):
+        engine.add([GenRequest("b", [1, 2], 3, prefix=prefix)])
+    with pytest.raises(ValueError, match="3 tokens, 2 log-probs"):
+        Prefix([1, 2, 3], [0.0, 0.0], [1, 1, 1])
+
+
+def test_interrupting_every_row_leaves_an_engine_that_still_runs(model: TinyGPT) -> None:
+    engine = EmbeddedEngine(model, max_batch_size=2, temperature=0.0)
+    engine.add([GenRequest(f"r{i}", [1, 4], 6, ignore_eos=True) for i in range(2)])
+    engine.step()
+    assert len(engine.interrupt(["r0", "r1"])) == 2 and not engine.has_work()
+    assert engine.step() == []
+    engine.add([GenRequest("c", [1, 4], 3, ignore_eos=True)])
+    assert [len(r.output_tokens) for r in engine.run_until_done()] == [3]

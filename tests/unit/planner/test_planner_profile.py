@@ -53,6 +53,12 @@ class FakeEngine(GenerationEngine):
         self.events.append("step")
         return []
 
+    def partials(self) -> list[GenResult]:
+        return []
+
+    def interrupt(self, request_ids: list[str]) -> list[GenResult]:
+        return []
+
     def num_running(self) -> int:
         return len(self.running)
 
