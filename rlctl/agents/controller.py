@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import torch
 
 from rlctl.agents import common
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
@@ -540,12 +539,6 @@ class ControllerAgent:
                     f"iteration {iteration} is not complete: {buffers.capacity - buffers.free(iteration)} of its "
                     f"{buffers.capacity} groups were delivered"
                 )
-        if msg.kind == "partial":
-            n = sum(int(p[2]) for p in msg.header["parts"])
-            want = (torch.int32, torch.float32, torch.int32)
-            got = [(t.dtype, t.numel()) for t in msg.tensors]
-            if got != [(d, n) for d in want]:
-                return f"its tensors are {got}, not int32 tokens, float32 log-probs and int32 versions, {n} each"
         if msg.kind == "checkpoint_written" and int(msg.header["version"]) not in self.writing:
             return f"no checkpoint of version {msg.header['version']} is being written"
         return None

@@ -307,8 +307,20 @@ def _many_samples(h: Any, ts: list[torch.Tensor]) -> str:
     return ""
 
 
+def _partial(h: Any, ts: list[torch.Tensor]) -> str:
+    """'' if `ts` is int32 tokens, float32 log-probs and int32 versions, 1-D, as many as the parts count."""
+    n = sum(p.count for p in h.parts)
+    want = [(torch.int32, (n,)), (torch.float32, (n,)), (torch.int32, (n,))]
+    got = [(t.dtype, tuple(t.shape)) for t in ts]
+    return "" if got == want else f"tensors {got} do not match [int32, float32, int32] of {n} tokens"
+
+
 # Kinds that carry tensors, and the check of those tensors against the (converted) header.
-_TENSORS: dict[str, Callable[[Any, list[torch.Tensor]], str]] = {"sample": _one_sample, "samples": _many_samples}
+_TENSORS: dict[str, Callable[[Any, list[torch.Tensor]], str]] = {
+    "sample": _one_sample,
+    "samples": _many_samples,
+    "partial": _partial,
+}
 
 
 def _short(kind: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from rlctl.engines.base import GenRequest, GenResult
+from rlctl.engines.base import GenRequest, GenResult, Prefix
 from rlctl.models.tinygpt import TinyGPT
 from tests.unit.hf_checkpoints import write_checkpoint
 
@@ -193,6 +193,30 @@ def test_request_spanning_a_push_reports_both_versions(setup: Setup) -> None:
     assert span.output_tokens[:k] == hf_greedy(setup.a.hf, prompt, k, stop=())
     assert span.output_tokens[k:] == hf_greedy(setup.b.hf, prompt + span.output_tokens[:k], 20 - k, stop=())
     assert (got["queued"].version, got["queued"].versions_seen) == (v + 1, [v + 1])
+
+
+def test_an_interrupted_request_resumes_from_its_prefix(setup: Setup) -> None:
+    """Partial rollouts: interrupt a request after 5 tokens (another waits, untouched by vLLM), resume it with
+    its output as the prefix: the whole output is A's greedy continuation, the prefix's log-probs and versions
+    kept, the length counted from the start; a waiting request interrupted comes back empty."""
+    v = use(setup, setup.a)
+    engine = setup.engine
+    engine.add([GenRequest("cut", PROMPTS[0], 12, ignore_eos=True, priority=1.0)])
+    for _ in range(5):
+        assert engine.step() == []
+    (part,) = engine.partials()
+    assert (part.request_id, len(part.output_tokens), part.finish_reason) == ("cut", 5, "running")
+    engine.add([GenRequest("idle", PROMPTS[1], 4, ignore_eos=True, priority=0.0)])
+    got = {r.request_id: r for r in engine.interrupt(["cut", "idle", "nobody"])}
+    assert not engine.has_work() and engine.num_running() + engine.num_waiting() == 0
+    cut = got["cut"]
+    assert (len(cut.output_tokens), cut.token_versions, cut.finish_reason) == (5, [v] * 5, "interrupted")
+    assert got["idle"].output_tokens == [] and got["idle"].version == -1
+    prefix = Prefix(cut.output_tokens, cut.logprobs, [v - 1] * 5)  # as if an older version had sampled them
+    (res,) = run(engine, [GenRequest("cut", PROMPTS[0], 12, ignore_eos=True, prefix=prefix)]).values()
+    assert res.output_tokens == hf_greedy(setup.a.hf, PROMPTS[0], 12, stop=())
+    assert res.logprobs[:5] == cut.logprobs and len(res.logprobs) == 12
+    assert (res.version, res.versions_seen, res.token_versions) == (v - 1, [v - 1, v], [v - 1] * 5 + [v] * 7)
 
 
 def test_priority_order_and_batch_bound(setup: Setup) -> None:

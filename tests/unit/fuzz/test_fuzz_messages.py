@@ -44,7 +44,17 @@ VALID: dict[str, tuple[dict[str, Any], list[torch.Tensor]]] = {
     "generate": (
         {
             "requests": [
-                {"sample_id": "s", "prompt_tokens": [1, 2], "max_new_tokens": 4, "priority": 0.5, "iteration": 0}
+                {"sample_id": "s", "prompt_tokens": [1, 2], "max_new_tokens": 4, "priority": 0.5, "iteration": 0},
+                {
+                    "sample_id": "t",
+                    "prompt_tokens": [1],
+                    "max_new_tokens": 4,
+                    "priority": 0.5,
+                    "iteration": 0,
+                    "prefix_tokens": [5, 6],
+                    "prefix_logprobs": [-0.5, -0.25],
+                    "prefix_versions": [0, 1],
+                },
             ]
         },
         [],
@@ -52,6 +62,10 @@ VALID: dict[str, tuple[dict[str, Any], list[torch.Tensor]]] = {
     "sample": (
         {"sample_id": "s", "version": 1, "finish_reason": "eos", "num_output_tokens": 3},
         [torch.arange(3, dtype=torch.int32), torch.zeros(3)],
+    ),
+    "partial": (
+        {"parts": [["s", 0, 2], ["t", 4, 1]]},
+        [torch.arange(3, dtype=torch.int32), torch.zeros(3), torch.ones(3, dtype=torch.int32)],
     ),
     "weights_applied": (
         {"version": 3, "holder": "tcp://h:2", "encoding": "delta", "wire_bytes": 10, "fetch_s": 0.1},
