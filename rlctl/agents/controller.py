@@ -91,6 +91,17 @@ class Peer:
     unreachable_wall: float = 0.0  # …and time.time(), for status
 
 
+def _parts(msg: Message) -> list[tuple[str, int, list[int], list[float], list[int]]]:
+    """A partial report's parts (a `partial` or `withdrawn` message): sample id, start, tokens, log-probs, versions."""
+    tokens, logprobs, versions = (t.tolist() for t in msg.tensors)
+    out, at = [], 0
+    for p in parse(msg, Partial).parts:
+        end = at + p.count
+        out.append((p.sample_id, p.start, tokens[at:end], logprobs[at:end], versions[at:end]))
+        at = end
+    return out
+
+
 def core_config(
     job: JobFile, max_new_tokens: int, *, min_units: int = 1, dc_links: list[list[str]] | None = None
 ) -> CoreConfig:
@@ -109,6 +120,8 @@ def core_config(
         reward_stall_s=stall if isinstance(stall, float) else None,
         abort_stalled=stall != "never",
         partial_store_bytes=job.rollout.partial_store_mb << 20,
+        unit_batch=job.rollout.max_batch_size,
+        migrate=job.rollout.migrate,
     )
 
 
@@ -120,6 +133,7 @@ STOP_CHECKPOINT_WAIT_S = 600.0
 SENDERS: dict[str, frozenset[str]] = {
     "sample": frozenset({"rollout"}),
     "partial": frozenset({"rollout"}),
+    "withdrawn": frozenset({"rollout"}),
     "weights_applied": frozenset({"rollout"}),
     "trained": frozenset({"trainer"}),
     "checkpoint_written": frozenset({"trainer"}),
@@ -254,7 +268,7 @@ class ControllerAgent:
                     pass
                 else:
                     self._handle(what, who, payload)
-                self._send(self.core.unstick())
+                self._send(self.core.unstick() + self.core.migrate())
                 for a in self.core.aborts:  # a reward held the trainer: its group is generated again
                     self.jobdir.event("reward_stall", **a)
                     log.info(
@@ -445,19 +459,16 @@ class ControllerAgent:
             else:
                 self._score(s.sample_id, msg.tensors)
         elif msg.kind == "partial":
-            tokens, logprobs, versions = (t.tolist() for t in msg.tensors)
-            at = 0
-            for part in parse(msg, Partial).parts:
-                end = at + part.count
+            for sample_id, start, tokens, logprobs, versions in _parts(msg):
                 self.core.partial(
-                    who,
-                    sample_id=part.sample_id,
-                    start=part.start,
-                    tokens=tokens[at:end],
-                    logprobs=logprobs[at:end],
-                    versions=versions[at:end],
+                    who, sample_id=sample_id, start=start, tokens=tokens, logprobs=logprobs, versions=versions
                 )
-                at = end
+        elif msg.kind == "withdrawn":
+            self._send(self.core.withdrawn(who, [(sid, t, lp, v) for sid, _, t, lp, v in _parts(msg)]))
+            for m in self.core.migrations:
+                self.jobdir.event("migrated", **m)
+                log.info("controller: %(samples)d samples (%(tokens)d tokens so far) moved from %(from)s to %(to)s", m)
+            self.core.migrations.clear()
         elif msg.kind == "weights_applied":
             version = int(msg.header["version"])
             holder = self.book.nodes.get(str(msg.header.get("holder", "")), ("", ""))[0]

@@ -47,6 +47,7 @@ ITERATION_PRIORITY_STEP = 1e6  # > any predicted length: the iteration dominates
 STALL_FACTOR = 10.0
 STALL_FLOOR_S = 0.05
 STALL_MIN_SAMPLES = 32  # reward latencies seen before the automatic limit applies (worker start-up is slow)
+MIGRATE_EVERY_S = 0.2  # how often the units' loads are compared (`migrate`): each look scans the rounds in flight
 
 
 class PromptSpec(NamedTuple):
@@ -80,6 +81,8 @@ class CoreConfig:
     reward_stall_s: float | None = None  # see STALL_FACTOR; None: automatic
     abort_stalled: bool = True  # False: a group always waits for its rewards (up to the reward timeout)
     partial_store_bytes: int = 256 << 20  # the trajectory store's bound (`rollout.partial_store_mb`)
+    unit_batch: int = 64  # requests a unit runs at once (`rollout.max_batch_size`): more wait in its engine
+    migrate: bool = True  # move waiting and running work to units with free rows (`rollout.migrate`)
 
 
 @dataclass
@@ -149,6 +152,9 @@ class ControllerCore:
         self.stats: dict[int, IterationStats] = {}
         self.failed: str | None = None
         self.started = False  # waiting for agents → running: the trainer and min_units rollout units joined
+        self.withdrawing: dict[str, tuple[str, int]] = {}  # donor unit → (the unit its work goes to, how many)
+        self.migrations: list[dict[str, Any]] = []  # what `migrate` moved, for the controller's events (it empties it)
+        self._looked = -MIGRATE_EVERY_S  # when `migrate` last compared the units' loads
 
     # -- events -------------------------------------------------------------------------------------
     def join(
@@ -159,7 +165,7 @@ class ControllerCore:
             self.trainer = unit
         else:
             self.units[name] = unit
-        return [self._members(), *self.pump()]
+        return [self._members(), *self.pump(), *self.migrate(now=True)]
 
     def lost(self, name: str) -> list[Out]:
         if self.trainer is not None and name == self.trainer.name:
@@ -170,6 +176,7 @@ class ControllerCore:
         if unit is None or not unit.alive:
             return []
         unit.alive = False
+        self.withdrawing.pop(name, None)
         self._release_idle(self.ledger.requeue_agent(name))
         return [self._members(), *self.pump()]
 
@@ -180,6 +187,7 @@ class ControllerCore:
         if unit is None or not unit.alive or not unit.reachable:
             return []
         unit.reachable = False
+        self.withdrawing.pop(name, None)  # its answer may never come
         self._release_idle(self.ledger.requeue_agent(name))
         return [self._members(), *self.pump()]
 
@@ -218,7 +226,7 @@ class ControllerCore:
     def weights_applied(self, name: str, version: int) -> list[Out]:
         unit = self.units[name]
         unit.version = max(unit.version, version)
-        return self.pump()
+        return self.pump() + self.migrate(now=True)
 
     def sample(
         self,
@@ -393,7 +401,86 @@ class ControllerCore:
         while self.created < self.cfg.iterations and self.created <= self.trainer_version + self.cfg.eta:
             self._create(self.created)
             self.created += 1
-        return self._dispatch() + self._deliver() + self._fill_forward()
+        return self._dispatch() + self.migrate() + self._deliver() + self._fill_forward()
+
+    # -- migration ----------------------------------------------------------------------------------
+    def migrate(self, *, now: bool = False) -> list[Out]:
+        """`_migrate`, at most every MIGRATE_EVERY_S unless `now` (a unit joined or caught up)."""
+        t = self.clock()
+        if not now and t - self._looked < MIGRATE_EVERY_S:
+            return []
+        self._looked = t
+        return self._migrate()
+
+    def _held(self) -> dict[str, int]:
+        """Samples dispatched and not finished, per unit (the rounds in flight only)."""
+        held: Counter[str] = Counter()
+        for it in range(self.floor, self.created):
+            held.update(e.agent for e in self.ledger.in_state(State.DISPATCHED, iteration=it) if e.agent)
+        return held
+
+    def _migrate(self) -> list[Out]:
+        """Work moves to units with free rows (StaleFlow's migration, seed 004 §5.3): a unit that holds more than
+        its batch gives its waiting requests to one with room; an idle unit takes half of a busy unit's work
+        (the long tail: its running requests resume there from their output so far, prompt + output prefilled).
+        The donor is asked to `withdraw` n requests and answers with what it took out (`withdrawn`); a unit
+        takes work only from units whose weights are no newer than its own."""
+        if not self.cfg.migrate or not self.started:
+            return []
+        live = self.live_units
+        counts = self._held()
+        held = {u.name: counts[u.name] for u in live}
+        for donor, (to, n) in self.withdrawing.items():
+            if donor in held and to in held:
+                held[donor], held[to] = held[donor] - n, held[to] + n
+        batch, out = self.cfg.unit_batch, []
+        for r in sorted(live, key=lambda u: held[u.name]):
+            room = batch - held[r.name]
+            donors = [d for d in live if d.name != r.name and d.name not in self.withdrawing and d.version <= r.version]
+            d = max(donors, key=lambda u: held[u.name], default=None)
+            if room <= 0 or d is None:
+                continue
+            if held[d.name] > batch:  # requests wait in its engine while r has free rows
+                n = min(held[d.name] - batch, room)
+            elif held[r.name] == 0 and held[d.name] >= 2:  # r is idle beside a busy unit
+                n = held[d.name] // 2
+            else:
+                continue
+            self.withdrawing[d.name] = (r.name, n)
+            held[d.name], held[r.name] = held[d.name] - n, held[r.name] + n
+            out.append(Out(d.name, "withdraw", {"count": n}))
+        return out
+
+    def withdrawn(self, name: str, parts: list[tuple[str, list[int], list[float], list[int]]]) -> list[Out]:
+        """Unit `name` took these requests out of its engine (sample id, output so far: tokens, log-probs,
+        versions): each resumes on the unit `migrate` chose (else wherever dispatch puts it)."""
+        to, _ = self.withdrawing.pop(name, ("", 0))
+        moved: list[Entry] = []
+        for sample_id, tokens, logprobs, versions in parts:
+            e = self.ledger.entries.get(sample_id)
+            if e is None or e.state is not State.DISPATCHED or e.agent != name:
+                continue
+            self.ledger.partials.drop(sample_id)
+            if tokens:
+                self.ledger.partials.extend(sample_id, 0, tokens, logprobs, versions)
+            self.ledger.migrate(sample_id)
+            moved.append(e)
+        out: list[Out] = []
+        target = self.units.get(to)
+        if moved and target is not None and target in self.live_units:
+            for it in sorted({e.iteration for e in moved}):
+                if self.bound.may_dispatch(iteration=it, unit_version=target.version):
+                    out += self._give(target, [e for e in moved if e.iteration == it], it)
+        self.migrations.append(
+            {
+                "from": name,
+                "to": to,
+                "samples": len(moved),
+                "tokens": sum(len(p[1]) for p in parts),
+                "sent": sum(len(o.header["requests"]) for o in out),
+            }
+        )
+        return out + self.pump()
 
     def restore(self, *, version: int, ledger: Ledger) -> None:
         """Continue from the checkpoint of `version`: the iterations before it are trained; every other entry
@@ -458,34 +545,37 @@ class ControllerCore:
             ready = {u.name for u in units}
             pool = self._pool(it, units, ready, waited=now - st.first_dispatch)
             for unit, entries in zip(pool, self._assign(queued, pool), strict=True):
-                if not entries or unit.name not in ready:
-                    continue
-                reqs = []
-                for e in entries:
-                    oldest = self._reservable(e, unit.version)
-                    if oldest is None:
-                        continue
-                    self.buffers.reserve(e.prompt_id, oldest)
-                    self.ledger.dispatch(e.sample_id, agent=unit.name, version=unit.version)
-                    spec = self.prompts[e.prompt_id]
-                    req = {
-                        "sample_id": e.sample_id,
-                        "prompt_tokens": spec.tokens,
-                        "max_new_tokens": self.cfg.max_new_tokens,
-                        "priority": admission_priority(it, self.pred_len[e.prompt_id]),
-                        "iteration": it,
-                    }
-                    prefix = self.ledger.partials.resume(e.sample_id)
-                    if prefix is not None:  # an interrupted generation resumes from its output so far
-                        req |= {
-                            "prefix_tokens": prefix.tokens,
-                            "prefix_logprobs": prefix.logprobs,
-                            "prefix_versions": prefix.versions,
-                        }
-                    reqs.append(req)
-                if reqs:
-                    out.append(Out(unit.name, "generate", {"requests": reqs}))
+                if entries and unit.name in ready:
+                    out += self._give(unit, entries, it)
         return out
+
+    def _give(self, unit: Unit, entries: list[Entry], it: int) -> list[Out]:
+        """Dispatch queued samples of round `it` to `unit`: those whose group may reserve at its version; a sample
+        with kept output resumes from it."""
+        reqs = []
+        for e in entries:
+            oldest = self._reservable(e, unit.version)
+            if oldest is None:
+                continue
+            self.buffers.reserve(e.prompt_id, oldest)
+            self.ledger.dispatch(e.sample_id, agent=unit.name, version=unit.version)
+            spec = self.prompts[e.prompt_id]
+            req = {
+                "sample_id": e.sample_id,
+                "prompt_tokens": spec.tokens,
+                "max_new_tokens": self.cfg.max_new_tokens,
+                "priority": admission_priority(it, self.pred_len[e.prompt_id]),
+                "iteration": it,
+            }
+            prefix = self.ledger.partials.resume(e.sample_id)
+            if prefix is not None:  # an interrupted generation resumes from its output so far
+                req |= {
+                    "prefix_tokens": prefix.tokens,
+                    "prefix_logprobs": prefix.logprobs,
+                    "prefix_versions": prefix.versions,
+                }
+            reqs.append(req)
+        return [Out(unit.name, "generate", {"requests": reqs})] if reqs else []
 
     def _reservable(self, e: Entry, version: int) -> int | None:
         """The oldest version a dispatch of `e` to a unit at `version` makes its group answer for (the unit's, or

@@ -5,8 +5,9 @@ its samples are. States and the only legal moves:
 
     queued ──dispatch(agent, version)──▶ dispatched ──finish(agent, version)──▶ finished ──score(reward)
       ▲                                      │                                    │    (its attempt only)
-      └──────── requeue (agent lost) ────────┘                                  deliver (the group: all
-      └──────── requeue (its group has no room within the bound) ◀──────────────── │  finished and scored)
+      ├──────── requeue (agent lost) ────────┤                                  deliver (the group: all
+      ├──────── migrate (withdrawn) ─────────┘                                  │  finished and scored)
+      └──────── requeue (its group has no room within the bound) ◀──────────────┤
                                                                                   ▼
                                               trained ◀──trained(ack from trainer)── delivered
 
@@ -80,6 +81,7 @@ class LedgerCounts:
     stale_requeued: int
     discarded_tokens: int  # generated, then thrown away (their group could not be trained within the bound)
     aborted: int  # groups generated again because their reward held the trainer (ControllerCore.unstick)
+    migrated: int  # samples a unit gave back to go to another (ControllerCore.migrate)
 
 
 @dataclass
@@ -93,6 +95,7 @@ class Ledger:
     refused: int = 0
     discarded_tokens: int = 0
     aborted: int = 0
+    migrated: int = 0
     partials: TrajectoryStore = field(default_factory=TrajectoryStore)  # dispatched samples' output so far
     clock: Callable[[], float] = field(default=time.time, repr=False)  # wall clock of the entries' times
 
@@ -177,6 +180,11 @@ class Ledger:
         self.requeued += len(back)
         return [e.sample_id for e in back]
 
+    def migrate(self, sample_id: str) -> None:
+        """A dispatched sample its unit gave back (its output so far is in `partials`) is queued for another."""
+        self._reset(self._move(sample_id, State.DISPATCHED, State.DISPATCHED))
+        self.migrated += 1
+
     def requeue_stale(self, sample_id: str) -> None:
         self._discard(self._move(sample_id, State.FINISHED, State.FINISHED))
         self.stale_requeued += 1
@@ -239,6 +247,7 @@ class Ledger:
             stale_requeued=self.stale_requeued,
             discarded_tokens=self.discarded_tokens,
             aborted=self.aborted,
+            migrated=self.migrated,
         )
 
     def state_histogram(self) -> dict[str, int]:
@@ -254,6 +263,7 @@ class Ledger:
                 "refused": self.refused,
                 "discarded_tokens": self.discarded_tokens,
                 "aborted": self.aborted,
+                "migrated": self.migrated,
             },
             "entries": [{**asdict(e), "state": e.state.value} for e in self.entries.values()],
             "partials": self.partials.to_json(),

@@ -110,6 +110,13 @@ class Partial(msgspec.Struct):
     parts: list[PartialPart]
 
 
+class Withdraw(msgspec.Struct):
+    """Controller → unit: take `count` requests out of the engine (waiting ones first, then the running ones with
+    the least output) and send them back (`withdrawn`: a Partial of their whole output so far)."""
+
+    count: PositiveInt
+
+
 class SampleDone(msgspec.Struct):
     sample_id: str
     version: NonNegInt
@@ -214,6 +221,8 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
     "generate": Generate,
     "sample": SampleDone,
     "partial": Partial,
+    "withdrawn": Partial,
+    "withdraw": Withdraw,
     "weights_applied": WeightsApplied,
     "samples": Samples,
     "regroup": Regroup,
@@ -235,6 +244,7 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
 TO_CONTROLLER = (
     "sample",
     "partial",
+    "withdrawn",
     "weights_applied",
     "trained",
     "checkpoint_written",
@@ -245,7 +255,7 @@ TO_CONTROLLER = (
     "shutdown",
 )
 # what an agent's ControllerLink accepts
-FROM_CONTROLLER = ("generate", "samples", "regroup", "members", "checkpointed", "stop", "ping")
+FROM_CONTROLLER = ("generate", "withdraw", "samples", "regroup", "members", "checkpointed", "stop", "ping")
 TO_WEIGHTS_LISTENER = ("weights_available",)  # a rollout unit's announcement listener
 
 
@@ -320,6 +330,7 @@ _TENSORS: dict[str, Callable[[Any, list[torch.Tensor]], str]] = {
     "sample": _one_sample,
     "samples": _many_samples,
     "partial": _partial,
+    "withdrawn": _partial,
 }
 
 

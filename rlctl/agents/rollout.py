@@ -12,6 +12,9 @@ immediately (stream generation). With nothing to do it waits on the inbox.
 Partial rollouts: every `rollout.partial_report_s` the unit sends the controller what each running
 generation produced since the last report (`partial`: tokens, log-probs, versions). A generation this
 unit does not finish (it is lost) resumes from there on another unit (a request with a prefix).
+`withdraw n` (the controller moving work to a unit with free rows) takes n requests out of the engine —
+those it would admit last, then the running ones with the least output — and sends them back whole
+(`withdrawn`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from rlctl.agents.messages import (
     Partial,
     PartialPart,
     SampleDone,
+    Withdraw,
     make,
     parse,
     recv_checked,
@@ -90,6 +94,7 @@ class RolloutAgent:
         self.samples_sent = 0
         self.holding: set[str] = set()  # sample ids queued or running in the engine
         self.reported: dict[str, int] = {}  # running sample → output tokens the controller has (partial reports)
+        self.order: dict[str, tuple[int, float]] = {}  # held sample → (iteration, priority): its admission order
         self.report_every = job.rollout.partial_report_s
         self.last_report = time.monotonic()
         self.state = "starting"
@@ -151,6 +156,8 @@ class RolloutAgent:
                     return
                 if msg.kind == "generate":
                     self._admit(parse(msg, Generate))
+                elif msg.kind == "withdraw":
+                    self._withdraw(parse(msg, Withdraw).count)
                 elif msg.kind == "weights":
                     got = state_dict_of(msg)
                     if pending is None or got[0] > pending[0][0]:  # newest wins; older versions are dropped
@@ -179,6 +186,7 @@ class RolloutAgent:
         fresh = [r for r in gen.requests if r.sample_id not in self.holding]
         self.holding.update(r.sample_id for r in fresh)
         self.reported.update((r.sample_id, len(r.prefix_tokens)) for r in fresh)
+        self.order.update((r.sample_id, (r.iteration, r.priority)) for r in fresh)
         self.engine.add(
             [
                 GenRequest(
@@ -193,26 +201,48 @@ class RolloutAgent:
             ]
         )
 
-    def _report(self) -> None:
-        """Tell the controller what each running generation produced since the last report."""
-        self.last_report = time.monotonic()
+    def _withdraw(self, count: int) -> None:
+        """Give `count` requests back: those the engine would admit last, then the running ones with the least
+        output (the cheapest to prefill again elsewhere); each with its whole output so far."""
+        running = {r.request_id: len(r.output_tokens) for r in self.engine.partials()}
+        waiting = sorted(self.holding - set(running), key=lambda i: (-self.order[i][0], self.order[i][1]))
+        pick = (waiting + sorted(running, key=running.__getitem__))[:count]
+        out = self.engine.interrupt(pick)
+        for r in out:
+            self._forget(r.request_id)
+        self._send_outputs("withdrawn", [(r, 0) for r in out])
+
+    def _forget(self, sample_id: str) -> None:
+        self.holding.discard(sample_id)
+        self.reported.pop(sample_id, None)
+        self.order.pop(sample_id, None)
+
+    def _send_outputs(self, kind: str, outputs: list[tuple[GenResult, int]]) -> None:
+        """A `partial` or `withdrawn` message: each (result, start)'s output from `start` on."""
         parts, tokens, logprobs, versions = [], [], [], []
-        for res in self.engine.partials():
-            start = self.reported.get(res.request_id, 0)
-            if len(res.output_tokens) <= start:
-                continue
+        for res, start in outputs:
             parts.append(PartialPart(res.request_id, start, len(res.output_tokens) - start))
             tokens += res.output_tokens[start:]
             logprobs += res.logprobs[start:]
             versions += res.token_versions[start:]
-            self.reported[res.request_id] = len(res.output_tokens)
-        if parts:
-            tensors = [
-                torch.tensor(tokens, dtype=torch.int32),
-                torch.tensor(logprobs, dtype=torch.float32),
-                torch.tensor(versions, dtype=torch.int32),
-            ]
-            self.link.send(make("partial", Partial(parts), tensors))
+        tensors = [
+            torch.tensor(tokens, dtype=torch.int32),
+            torch.tensor(logprobs, dtype=torch.float32),
+            torch.tensor(versions, dtype=torch.int32),
+        ]
+        self.link.send(make(kind, Partial(parts), tensors))
+
+    def _report(self) -> None:
+        """Tell the controller what each running generation produced since the last report."""
+        self.last_report = time.monotonic()
+        new = []
+        for res in self.engine.partials():
+            start = self.reported.get(res.request_id, 0)
+            if len(res.output_tokens) > start:
+                new.append((res, start))
+                self.reported[res.request_id] = len(res.output_tokens)
+        if new:
+            self._send_outputs("partial", new)
 
     def _send_sample(self, res: GenResult) -> None:
         head = SampleDone(
@@ -222,8 +252,7 @@ class RolloutAgent:
             num_output_tokens=len(res.output_tokens),
         )
         tensors = [torch.tensor(res.output_tokens, dtype=torch.int32), torch.tensor(res.logprobs, dtype=torch.float32)]
-        self.holding.discard(res.request_id)
-        self.reported.pop(res.request_id, None)
+        self._forget(res.request_id)
         self.link.send(make("sample", head, tensors))
         self.samples_sent += 1
 

@@ -307,6 +307,11 @@ class Rollout(Strict):
     partial_store_mb: PositiveInt = Field(
         256, description="the controller's memory for partial generations; past it, more are not kept (they restart)"
     )
+    migrate: bool = Field(
+        True,
+        description="move work between units: a unit holding more than max_batch_size gives its waiting requests "
+        "to one with free rows; an idle unit takes half of a busy one's (running ones resume from their output)",
+    )
 
 
 class Trainer(Strict):

@@ -407,3 +407,66 @@ def test_the_store_keeps_nothing_past_its_bound():
     assert store.extend("a", 6, [2] * 4, [0.0] * 4, [0] * 4) and store.nbytes == 10 * TOKEN_BYTES
     assert store.extend("a", 3, [5], [0.0], [1]) and len(store.parts["a"]) == 4  # a resumed attempt rewrites
     assert store.drop("a") == 4 and store.nbytes == 0
+
+
+def _withdraws(outs: list[Out]) -> dict[str, int]:
+    return {o.to: o.header["count"] for o in outs if o.kind == "withdraw"}
+
+
+def _batch_core(batch: int, **kw) -> ControllerCore:
+    core = _core(**kw)
+    core.cfg.unit_batch = batch
+    return core
+
+
+def test_a_unit_that_joins_takes_the_waiting_work_of_a_unit_holding_more_than_its_batch():
+    """Migration: r0 holds 8 samples with rows for 3 (5 wait in its engine); r1 joins: r0 is asked for 3 (r1's free
+    rows); what r0 gives back (2 waiting, 1 running with 4 tokens) goes to r1 at once, the running one with its
+    output as the prefix; r0 is not asked again while its answer is pending."""
+    core = _batch_core(3, group=2, prompts=4, min_units=1)
+    core.join("trainer-0", role="trainer", version=0)
+    gen = _generate(core.join("r0", role="rollout", version=0))
+    held = [s for s, _ in gen["r0"]]
+    assert len(held) == 8
+    outs = core.join("r1", role="rollout", version=0)
+    assert _withdraws(outs) == {"r0": 3}
+    assert _withdraws(core.migrate(now=True)) == {}  # pending: not asked twice
+    back = [(held[-1], [], [], []), (held[-2], [], [], []), (held[0], [5, 6, 7, 8], [-0.5] * 4, [0] * 4)]
+    reqs = _requests(core.withdrawn("r0", back))
+    assert sorted(reqs) == sorted([held[-1], held[-2], held[0]])
+    assert reqs[held[0]]["prefix_tokens"] == [5, 6, 7, 8] and "prefix_tokens" not in reqs[held[-1]]
+    assert {core.ledger.entries[s].agent for s in reqs} == {"r1"}
+    assert core.ledger.migrated == 3 and core.ledger.requeued == 0
+    assert core.migrations == [{"from": "r0", "to": "r1", "samples": 3, "tokens": 4, "sent": 3}]
+    assert _withdraws(core.migrate(now=True)) == {}  # r0 holds 5 (3 rows + 2 waiting), r1 3 of 3: no room left
+
+
+def test_an_idle_unit_takes_half_of_a_busy_units_work_and_a_late_answer_is_ignored():
+    core = _batch_core(8, group=2, prompts=2, min_units=2)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    gen = _generate(core.join("r1", role="rollout", version=0))
+    for sid, _ in gen["r1"]:  # r1 is done with its share; r0 still runs 2 (the long tail)
+        _finish(core, "r1", sid)
+    outs = core.migrate(now=True)
+    r0 = [s for s, _ in gen["r0"]]
+    assert len(r0) == 2 and _withdraws(outs) == {"r0": 1}
+    reqs = _requests(core.withdrawn("r0", [(r0[1], [9] * 3, [-1.0] * 3, [0] * 3)]))
+    assert list(reqs) == [r0[1]] and core.ledger.entries[r0[1]].agent == "r1"
+    assert core.withdrawn("r0", [(r0[1], [9], [-1.0], [0])]) == [] and core.ledger.migrated == 1  # r1's now
+    assert _withdraws(core.migrate(now=True)) == {}  # one each: nothing to move
+
+
+def test_no_work_moves_to_a_unit_on_older_weights_or_when_migration_is_off():
+    core = _batch_core(8, group=2, prompts=2, min_units=2)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=1)
+    gen = _generate(core.join("r1", role="rollout", version=0))
+    for sid, _ in gen.get("r1", []):
+        _finish(core, "r1", sid)
+    assert _withdraws(core.migrate(now=True)) == {}  # r1 (v0) may not take r0's (v1) work
+    off = _batch_core(1, group=4, prompts=2, min_units=1)
+    off.cfg.migrate = False
+    off.join("trainer-0", role="trainer", version=0)
+    off.join("r0", role="rollout", version=0)
+    assert _withdraws(off.join("r1", role="rollout", version=0)) == {}

@@ -67,6 +67,11 @@ VALID: dict[str, tuple[dict[str, Any], list[torch.Tensor]]] = {
         {"parts": [["s", 0, 2], ["t", 4, 1]]},
         [torch.arange(3, dtype=torch.int32), torch.zeros(3), torch.ones(3, dtype=torch.int32)],
     ),
+    "withdrawn": (
+        {"parts": [["s", 0, 0], ["t", 0, 2]]},
+        [torch.arange(2, dtype=torch.int32), torch.zeros(2), torch.ones(2, dtype=torch.int32)],
+    ),
+    "withdraw": ({"count": 3}, []),
     "weights_applied": (
         {"version": 3, "holder": "tcp://h:2", "encoding": "delta", "wire_bytes": 10, "fetch_s": 0.1},
         [],
