@@ -35,6 +35,7 @@ BENCHES = {
     "dispatch": "bench.dispatch",
     "batching": "bench.batching",
     "demo": "bench.demo",
+    "staleness": "bench.staleness",
     "gpu-check": "bench.gpu_check",
 }
 

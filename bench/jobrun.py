@@ -51,6 +51,7 @@ class JobRun:
     # per iteration, per unit: its share's generation (first dispatch → last finish, the ledger's times)
     gen_wall_s: list[dict[str, float]]
     gen_dedicated_s: list[dict[str, float]]  # the same on the dedicated-core clock
+    summary: dict[str, Any]  # what `rlctl launch -o json` printed
 
     def iteration_s(self, *, warmup: int, dedicated: bool = True) -> float:
         """Mean time per iteration after the first `warmup` ones (between training ends)."""
@@ -117,6 +118,7 @@ def launch(job: dict[str, Any], *, workdir: Path, name: str) -> JobRun:
         agent_main_cpu_s=main_cpu,
         gen_wall_s=[{a: t1 - t0 for a, (t0, t1) in sp.items()} for sp in spans],
         gen_dedicated_s=[{a: virtual(t1) - virtual(t0) for a, (t0, t1) in sp.items()} for sp in spans],
+        summary=summary,
     )
 
 

@@ -365,9 +365,12 @@ class ControllerCore:
         self.undelivered.append(group)
 
     def _release_idle(self, requeued: list[str]) -> None:
-        """Groups with nothing in flight or done any more (their unit went) give their reservation back."""
+        """Groups with nothing in flight, done or kept any more (their unit went) give their reservation back. A
+        group with kept output keeps it (StaleFlow: an interrupted trajectory keeps its buffer entry), so that the
+        output can always resume within its bound."""
+        kept = self.ledger.partials.parts
         for group in {self.ledger.entries[sid].prompt_id for sid in requeued}:
-            if all(e.state is State.QUEUED for e in self.ledger.group(group)):
+            if all(e.state is State.QUEUED and not kept.get(e.sample_id) for e in self.ledger.group(group)):
                 self.buffers.release(group)
 
     def trained(self, *, iteration: int, version: int, sample_ids: list[str], stats: dict[str, Any]) -> list[Out]:
@@ -558,7 +561,8 @@ class ControllerCore:
             if oldest is None:
                 continue
             self.buffers.reserve(e.prompt_id, oldest)
-            self.ledger.dispatch(e.sample_id, agent=unit.name, version=unit.version)
+            # the version the sample answers for: the unit's, or its kept output's oldest token's
+            self.ledger.dispatch(e.sample_id, agent=unit.name, version=oldest)
             spec = self.prompts[e.prompt_id]
             req = {
                 "sample_id": e.sample_id,
@@ -586,7 +590,10 @@ class ControllerCore:
         if self.buffers.may_reserve(e.prompt_id, oldest):
             return oldest
         if kept is not None and self.buffers.may_reserve(e.prompt_id, version):
-            self.ledger.discarded_tokens += self.ledger.partials.drop(e.sample_id)
+            dropped = self.ledger.partials.drop(e.sample_id)
+            self.ledger.discarded_tokens += dropped
+            self.ledger.partials.too_old += 1
+            self.ledger.partials.too_old_tokens += dropped
             return version
         return None
 

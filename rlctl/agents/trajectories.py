@@ -50,6 +50,8 @@ class TrajectoryStore:
     over_budget: int = 0  # reports not kept: the store was full
     resumed: int = 0  # samples dispatched with a prefix
     resumed_tokens: int = 0  # … and the tokens those prefixes held (not generated again)
+    too_old: int = 0  # kept outputs dropped at dispatch: too old for any buffer with room (the sample restarted)
+    too_old_tokens: int = 0  # … and their tokens (also in the ledger's discarded_tokens)
 
     def extend(self, sample_id: str, start: int, tokens: list[int], logprobs: list[float], versions: list[int]) -> bool:
         """Output index `start` on of a running sample (the caller checked that it runs where the report came
@@ -117,6 +119,8 @@ class TrajectoryStore:
                 "over_budget": self.over_budget,
                 "resumed": self.resumed,
                 "resumed_tokens": self.resumed_tokens,
+                "too_old": self.too_old,
+                "too_old_tokens": self.too_old_tokens,
             },
             "parts": {s: [enc(p.tokens), enc(p.logprobs), enc(p.versions)] for s, p in self.parts.items()},
         }

@@ -168,7 +168,8 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
 
 def partials_view(core: ControllerCore) -> dict[str, Any]:
     """Partial rollouts: generations resumed from the output their lost unit had reported, the tokens that kept
-    from being generated again, what the store holds now and the reports its bound turned away."""
+    from being generated again, what the store holds now, the reports its bound turned away and the outputs
+    dropped as too old to resume within the staleness bound."""
     p = core.ledger.partials
     return {
         "resumed": p.resumed,
@@ -176,6 +177,7 @@ def partials_view(core: ControllerCore) -> dict[str, Any]:
         "held": len(p.parts),
         "held_bytes": p.nbytes,
         "over_budget": p.over_budget,
+        "too_old": p.too_old,
     }
 
 

@@ -1,7 +1,8 @@
 """Property: whatever the timing, the trainer never trains on a sample older than η, and every prompt
 is trained exactly once — proven by driving the real ControllerCore through random event orders
 (samples finishing, rewards arriving late or for an attempt since requeued, weights arriving late, units
-dying and joining with old weights, duplicates). No group is ever generated only to be thrown away: the
+dying and joining with old weights, duplicates, units reporting partial output, migration asking units to give
+work back and resumed samples as old as their prefix). No group is ever generated only to be thrown away: the
 staleness buffers' reservations keep a place within the bound for every group dispatched, except a group
 aborted because its reward held the trainer (its entry goes to a later finished group, moved forward)."""
 
@@ -21,9 +22,12 @@ from rlctl.agents.staleness import StalenessBound
 class FakeUnit:
     version: int = 0
     alive: bool = True
-    inflight: list[tuple[str, int]] = field(default_factory=list)  # (sample id, version at admission)
+    inflight: list[tuple[str, int]] = field(default_factory=list)  # (sample id, oldest version of its output)
     pending_weights: list[int] = field(default_factory=list)
     sent: list[tuple[str, int]] = field(default_factory=list)
+    out: dict[str, list[int]] = field(default_factory=dict)  # in flight: the version of each output token so far
+    reported: dict[str, int] = field(default_factory=dict)  # … and how many of them the controller has
+    withdraws: list[int] = field(default_factory=list)  # the controller's `withdraw` counts not answered yet
 
 
 @dataclass
@@ -51,10 +55,11 @@ def prompts_for(p: int):
     group=st.integers(1, 3),
     num_units=st.integers(1, 3),
     dispatch=st.sampled_from(["random", "skew_aware", "oracle"]),
+    unit_batch=st.integers(1, 4),
     data=st.data(),
 )
 def test_no_staleness_violation_and_exactly_once(
-    mode, extra_eta, iterations, prompts, group, num_units, dispatch, data
+    mode, extra_eta, iterations, prompts, group, num_units, dispatch, unit_batch, data
 ):
     eta = extra_eta if mode == "async" else 0
     cfg = CoreConfig(
@@ -67,9 +72,14 @@ def test_no_staleness_violation_and_exactly_once(
         dispatch=dispatch,
         seed=1,
         reward_stall_s=0.0,  # `unstick` aborts any group due now with a reward pending
+        unit_batch=unit_batch,  # small: migration moves work between units
     )
+    now = [0.0]
     core = ControllerCore(
-        cfg, prompts=prompts_for(prompts), predict=lambda specs: [float(len(s.tokens)) for s in specs]
+        cfg,
+        prompts=prompts_for(prompts),
+        predict=lambda specs: [float(len(s.tokens)) for s in specs],
+        clock=lambda: now[0],
     )
     bound = StalenessBound(eta)
     units: dict[str, FakeUnit] = {}
@@ -108,7 +118,12 @@ def test_no_staleness_violation_and_exactly_once(
             elif o.kind == "generate":
                 u = units[o.to]
                 assert u.alive
-                u.inflight += [(r["sample_id"], u.version) for r in o.header["requests"]]
+                for r in o.header["requests"]:  # a resumed sample is as old as its prefix's oldest token
+                    prefix = list(r.get("prefix_versions", []))
+                    u.inflight.append((r["sample_id"], min([u.version, *prefix])))
+                    u.out[r["sample_id"]], u.reported[r["sample_id"]] = prefix, len(prefix)
+            elif o.kind == "withdraw":
+                units[o.to].withdraws.append(o.header["count"])
 
     def join(name: str, version: int) -> None:
         units[name] = FakeUnit(version=version)
@@ -124,8 +139,11 @@ def test_no_staleness_violation_and_exactly_once(
     for _ in range(2000):
         if core.done:
             break
+        now[0] += 0.1
         alive = [n for n, u in units.items() if u.alive]
         actions = [("finish", n) for n in alive if units[n].inflight]
+        actions += [("report", n) for n in alive if units[n].inflight]  # partial output so far
+        actions += [("answer", n) for n in alive if units[n].withdraws]  # give back what migration asked for
         actions += [("score", ""), ("unstick", "")] if unscored else []
         actions += [("weights", n) for n in alive if units[n].pending_weights]
         if dups_left:
@@ -138,9 +156,27 @@ def test_no_staleness_violation_and_exactly_once(
             actions.append(("join", ""))
         assert actions, f"deadlock: {core.ledger.state_histogram()} trainer v{trainer.version}"
         what, name = data.draw(st.sampled_from(actions))
-        if what == "finish":
+        if what == "report":
+            u = units[name]
+            sid, _ = data.draw(st.sampled_from(u.inflight))
+            u.out[sid] += [u.version] * data.draw(st.integers(1, 2))
+            new = u.out[sid][u.reported[sid] :]
+            start, u.reported[sid] = u.reported[sid], len(u.out[sid])
+            core.partial(
+                name, sample_id=sid, start=start, tokens=[7] * len(new), logprobs=[-1.0] * len(new), versions=new
+            )
+        elif what == "answer":
+            u = units[name]
+            count = u.withdraws.pop(0)  # what it still holds of it (some may have finished meanwhile)
+            take = data.draw(st.lists(st.sampled_from(u.inflight), unique=True, max_size=count)) if u.inflight else []
+            for item in take:
+                u.inflight.remove(item)
+            parts = [(sid, [7] * len(u.out[sid]), [-1.0] * len(u.out[sid]), u.out.pop(sid)) for sid, _ in take]
+            handle(core.withdrawn(name, parts))
+        elif what == "finish":
             u = units[name]
             sid, v_admit = u.inflight.pop(data.draw(st.integers(0, len(u.inflight) - 1)))
+            u.out.pop(sid, None)
             # the engine reports the oldest version; report the newest sometimes: the ledger must cope
             v = v_admit if data.draw(st.booleans()) else u.version
             u.sent.append((sid, v))
@@ -187,7 +223,10 @@ def test_no_staleness_violation_and_exactly_once(
     counts = core.ledger.counts(completed_iterations=iterations)
     assert trainer.violations == 0
     assert counts.stale_requeued == 0  # reservations kept a place for each group
-    assert counts.discarded_tokens == 3 * group * counts.aborted  # only the groups a stalled reward aborted
+    # only the groups a stalled reward aborted, and kept output of theirs too old to resume after that
+    partials = core.ledger.partials
+    assert counts.discarded_tokens == 3 * group * counts.aborted + partials.too_old_tokens
+    assert partials.too_old == 0 or counts.aborted > 0
     assert sorted(trainer.trained) == sorted(set(trainer.trained))
     assert len(trainer.trained) == iterations * prompts * group
     assert counts.trained == counts.prompts == iterations * prompts

@@ -172,7 +172,8 @@ def wait_event(jd: JobDir, kind: str, timeout_s: float = 10) -> dict[str, Any]:
 @pytest.fixture
 def running(tmp_path, monkeypatch):
     """A real controller (inproc) with a fake trainer and a fake rollout unit on site `far`."""
-    monkeypatch.setattr(controller_mod, "HEARTBEAT_TIMEOUT_S", 0.5)
+    # the fakes beat every 0.1 s: 1.5 s of silence is a unit that stopped, not a thread a loaded machine delayed
+    monkeypatch.setattr(controller_mod, "HEARTBEAT_TIMEOUT_S", 1.5)
     monkeypatch.setattr(controller_mod, "BYE_WAIT_S", 0.2)  # the fakes say no bye
     made: list[tuple[ControllerAgent, threading.Thread, Connection]] = []
 
