@@ -161,9 +161,10 @@ def summary(result: dict[str, Any]) -> str:
             f"all idle {c['all_idle']:.3f}  tail {c['tail_share']:.3f}  migrated {c['migrated']:5.0f}  "
             f"reward {c['reward_last']:.3f}  held-out {c['heldout_exact']}"
         )
+    tail = result["tail_share_migration"]
     lines.append(
         f"  η4/η1 {result['eta4_over_eta1']:.2f} (goal ≥ 1.3)  η2/η1 {result['eta2_over_eta1']:.2f}  η1/sync "
-        f"{result['eta1_over_sync']:.2f}  tail share with/without migration {result['tail_share_migration']['with']:.3f}"
-        f" / {result['tail_share_migration']['without']:.3f}  staleness violations {result['staleness_violations']}"
+        f"{result['eta1_over_sync']:.2f}  tail share with/without migration {tail['with']:.3f} / "
+        f"{tail['without']:.3f}  staleness violations {result['staleness_violations']}"
     )
     return "\n".join(lines)
