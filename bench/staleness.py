@@ -99,7 +99,7 @@ def figures(run: JobRun) -> dict[str, Any]:
         "discarded_tokens": led["discarded_tokens"],
         "all_idle": all_idle(run.ledger),
         "tail_share": tail_share(run.ledger),
-        "migrated": led.get("migrated", 0),
+        "migrated": led["migrated"],
         "resumed": led["partials"]["resumed"],
         "resumed_tokens": led["partials"]["resumed_tokens"],
         "reward_last": s["reward_last"],

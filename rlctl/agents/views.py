@@ -250,6 +250,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
             "trained_samples": counts.trained_samples,
             "discarded_tokens": counts.discarded_tokens,
             "aborted": counts.aborted,
+            "migrated": counts.migrated,
             "partials": partials_view(core),
         },
         "resilience": dict(s.resilience),
