@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from rlctl.agents import migration
 from rlctl.agents.buffers import StalenessBuffers
 from rlctl.agents.ledger import Entry, Ledger, State
 from rlctl.agents.staleness import StalenessBound
@@ -423,35 +424,16 @@ class ControllerCore:
         return held
 
     def _migrate(self) -> list[Out]:
-        """Work moves to units with free rows (StaleFlow's migration, seed 004 §5.3): a unit that holds more than
-        its batch gives its waiting requests to one with room; an idle unit takes half of a busy unit's work
-        (the long tail: its running requests resume there from their output so far, prompt + output prefilled).
-        The donor is asked to `withdraw` n requests and answers with what it took out (`withdrawn`); a unit
-        takes work only from units whose weights are no newer than its own."""
+        """Work moves to units with free rows (`rlctl.agents.migration`): each donor is asked to `withdraw` n
+        requests and answers with what it took out (`withdrawn`)."""
         if not self.cfg.migrate or not self.started:
             return []
-        live = self.live_units
-        counts = self._held()
-        held = {u.name: counts[u.name] for u in live}
-        for donor, (to, n) in self.withdrawing.items():
-            if donor in held and to in held:
-                held[donor], held[to] = held[donor] - n, held[to] + n
-        batch, out = self.cfg.unit_batch, []
-        for r in sorted(live, key=lambda u: held[u.name]):
-            room = batch - held[r.name]
-            donors = [d for d in live if d.name != r.name and d.name not in self.withdrawing and d.version <= r.version]
-            d = max(donors, key=lambda u: held[u.name], default=None)
-            if room <= 0 or d is None:
-                continue
-            if held[d.name] > batch:  # requests wait in its engine while r has free rows
-                n = min(held[d.name] - batch, room)
-            elif held[r.name] == 0 and held[d.name] >= 2:  # r is idle beside a busy unit
-                n = held[d.name] // 2
-            else:
-                continue
-            self.withdrawing[d.name] = (r.name, n)
-            held[d.name], held[r.name] = held[d.name] - n, held[r.name] + n
-            out.append(Out(d.name, "withdraw", {"count": n}))
+        held = self._held()
+        loads = [migration.Load(u.name, u.version, held[u.name]) for u in self.live_units]
+        out = []
+        for donor, to, n in migration.plan(loads, self.withdrawing, batch=self.cfg.unit_batch):
+            self.withdrawing[donor] = (to, n)
+            out.append(Out(donor, "withdraw", {"count": n}))
         return out
 
     def withdrawn(self, name: str, parts: list[tuple[str, list[int], list[float], list[int]]]) -> list[Out]:
@@ -459,6 +441,7 @@ class ControllerCore:
         versions): each resumes on the unit `migrate` chose (else wherever dispatch puts it)."""
         to, _ = self.withdrawing.pop(name, ("", 0))
         moved: list[Entry] = []
+        tokens_moved = 0
         for sample_id, tokens, logprobs, versions in parts:
             e = self.ledger.entries.get(sample_id)
             if e is None or e.state is not State.DISPATCHED or e.agent != name:
@@ -468,6 +451,7 @@ class ControllerCore:
                 self.ledger.partials.extend(sample_id, 0, tokens, logprobs, versions)
             self.ledger.migrate(sample_id)
             moved.append(e)
+            tokens_moved += len(tokens)
         out: list[Out] = []
         target = self.units.get(to)
         if moved and target is not None and target in self.live_units:
@@ -479,7 +463,7 @@ class ControllerCore:
                 "from": name,
                 "to": to,
                 "samples": len(moved),
-                "tokens": sum(len(p[1]) for p in parts),
+                "tokens": tokens_moved,
                 "sent": sum(len(o.header["requests"]) for o in out),
             }
         )
@@ -590,10 +574,7 @@ class ControllerCore:
         if self.buffers.may_reserve(e.prompt_id, oldest):
             return oldest
         if kept is not None and self.buffers.may_reserve(e.prompt_id, version):
-            dropped = self.ledger.partials.drop(e.sample_id)
-            self.ledger.discarded_tokens += dropped
-            self.ledger.partials.too_old += 1
-            self.ledger.partials.too_old_tokens += dropped
+            self.ledger.discarded_tokens += self.ledger.partials.expire(e.sample_id)
             return version
         return None
 

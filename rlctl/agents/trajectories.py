@@ -101,6 +101,13 @@ class TrajectoryStore:
         self.nbytes -= len(p) * TOKEN_BYTES
         return len(p)
 
+    def expire(self, sample_id: str) -> int:
+        """Drop the sample's output as too old to resume within the staleness bound (counted); the tokens dropped."""
+        n = self.drop(sample_id)
+        self.too_old += 1
+        self.too_old_tokens += n
+        return n
+
     def keep_upto(self, version: int) -> int:
         """Drop every partial with a token sampled after `version` (a resumed run's weights do not descend from
         it); the samples dropped."""
