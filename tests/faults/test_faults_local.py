@@ -64,7 +64,8 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
         rollout_gpus=3,
         iterations=100000,
         task={"kind": "digits", "median_output_tokens": 24, "max_output_tokens": 64},
-        engine={"partial_report_s": 0.05},  # partial rollouts: a killed unit's generations resume elsewhere
+        # partial rollouts: a killed unit's generations resume elsewhere (migration off: only the kills resume)
+        engine={"partial_report_s": 0.05, "migrate": False},
     )
     job_dir = tmp_path / "run"
     proc = launch(str(job), "--job-dir", str(job_dir), "-o", "json")
