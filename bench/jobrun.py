@@ -18,7 +18,7 @@ import itertools
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ class JobRun:
     # per iteration, per unit: its share's generation (first dispatch → last finish, the ledger's times)
     gen_wall_s: list[dict[str, float]]
     gen_dedicated_s: list[dict[str, float]]  # the same on the dedicated-core clock
-    summary: dict[str, Any]  # what `rlctl launch -o json` printed
+    summary: dict[str, Any] = field(default_factory=dict)  # what `rlctl launch -o json` printed
 
     def iteration_s(self, *, warmup: int, dedicated: bool = True) -> float:
         """Mean time per iteration after the first `warmup` ones (between training ends)."""
