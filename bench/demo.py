@@ -123,8 +123,9 @@ def _smooth(xs: list[float], k: int) -> list[float]:
     return out
 
 
-def svg(runs: list[dict[str, Any]], *, width: int = 720, height: int = 420) -> str:
-    """Reward per iteration (moving average of SMOOTH) of every run: colour = mode, dash = seed."""
+def svg(runs: list[dict[str, Any]], *, width: int = 720, height: int = 420, colors: dict[str, str] = COLORS) -> str:
+    """Reward per iteration (moving average of SMOOTH) of every run: colour = its `mode` (in `colors`), dash =
+    seed."""
     left, right, top, bottom = 60, 170, 20, 50
     n = max(len(r["reward_curve"]) for r in runs)
     lo = min(min(_smooth(r["reward_curve"], SMOOTH)) for r in runs)
@@ -162,7 +163,7 @@ def svg(runs: list[dict[str, Any]], *, width: int = 720, height: int = 420) -> s
     for k, r in enumerate(runs):
         dash = "" if r["seed"] == runs[0]["seed"] else ' stroke-dasharray="6 4"'
         pts = " ".join(f"{x(i):.1f},{y(v):.4f}" for i, v in enumerate(_smooth(r["reward_curve"], SMOOTH)))
-        colour = COLORS[r["mode"]]
+        colour = colors[r["mode"]]
         out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.8"{dash} points="{pts}"/>')
         ly = top + 14 + 20 * k
         lx = left + pw + 14

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from bench import demo
 from bench.jobrun import JobRun, launch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +43,10 @@ CONFIGS: dict[str, tuple[str, int, bool]] = {
     "eta1_no_migration": ("async", 1, False),
 }
 TAIL_QUANTILE = 0.9
+SVG = ROOT / "docs" / "staleness-curves.svg"  # the full run's reward curves (`--quick` writes nothing)
+# the plot's label and colour of each configuration
+LABELS = {"sync": "sync", "eta1": "η 1", "eta2": "η 2", "eta4": "η 4", "eta1_no_migration": "η 1 no migr."}
+COLORS = {"sync": "#1f77b4", "η 1": "#d62728", "η 2": "#ff7f0e", "η 4": "#2ca02c", "η 1 no migr.": "#9467bd"}
 
 
 def _job(mode: str, eta: int, migrate: bool, *, seed: int, iterations: int, quick: bool) -> dict[str, Any]:
@@ -150,7 +155,19 @@ def run(*, quick: bool) -> dict[str, Any]:
         "with": res["configs"]["eta1"]["tail_share"],
         "without": res["configs"]["eta1_no_migration"]["tail_share"],
     }
+    if not quick:
+        SVG.write_text(curves(res))
     return res
+
+
+def curves(result: dict[str, Any]) -> str:
+    """The sampled reward curves of every configuration and seed (docs/staleness-curves.svg)."""
+    runs = [
+        {"mode": LABELS[name], "seed": seed, "reward_curve": curve}
+        for name, c in result["configs"].items()
+        for seed, curve in zip(result["seeds"], c["reward_curves"], strict=True)
+    ]
+    return demo.svg(runs, colors=COLORS)
 
 
 def summary(result: dict[str, Any]) -> str:
