@@ -202,6 +202,7 @@ class ControllerCore:
         unit.reachable = True
         unit.version = max(unit.version, version)
         if requeue:
+            self.withdrawing.pop(name, None)  # asked on the old connection: the answer may never come
             self._release_idle(self.ledger.requeue_agent(name))
         return [self._members(), *self.pump()]
 

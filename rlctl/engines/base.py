@@ -75,12 +75,20 @@ class GenResult:
     token_versions: list[int] = field(default_factory=list)  # the version that sampled each output token
 
 
-def result(req: GenRequest, tokens: list[int], logprobs: list[float], versions: list[int], reason: str) -> GenResult:
-    """A request's result (or its state so far) from its output tokens, log-probs and per-token versions; a
-    request with no output yet (waiting) is as old as `versions` says, empty: version -1."""
-    seen = sorted(set(versions))
+def result(
+    req: GenRequest,
+    tokens: list[int],
+    logprobs: list[float],
+    versions: list[int],
+    reason: str,
+    *,
+    seen: set[int] | None = None,
+) -> GenResult:
+    """A request's result (or its state so far) from its output tokens, log-probs and per-token versions (`seen`:
+    their distinct values, when the engine keeps them); with no output yet (waiting), version -1."""
+    seen_ = sorted(set(versions) if seen is None else seen)
     return GenResult(
-        req.request_id, req.prompt_tokens, tokens, logprobs, seen[0] if seen else -1, reason, seen, versions
+        req.request_id, req.prompt_tokens, tokens, logprobs, seen_[0] if seen_ else -1, reason, seen_, versions
     )
 
 

@@ -67,9 +67,13 @@ class _Running:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # the version that sampled each token
+    seen: set[int] = field(default_factory=set)  # … their distinct values (a report reads them every second)
+
+    def __post_init__(self) -> None:
+        self.seen.update(self.versions)
 
     def result(self, reason: str) -> GenResult:
-        return result(self.req, self.tokens, self.logprobs, self.versions, reason)
+        return result(self.req, self.tokens, self.logprobs, self.versions, reason, seen=self.seen)
 
 
 class EmbeddedEngine(GenerationEngine):
@@ -295,6 +299,7 @@ class EmbeddedEngine(GenerationEngine):
             r.tokens.append(tokens[i])
             r.logprobs.append(logprobs[i])
             r.versions.append(self._version)
+            r.seen.add(self._version)
             r.pos += 1
             eos = tokens[i] in self.eos_ids and not r.req.ignore_eos
             if eos or len(r.tokens) >= r.req.max_new_tokens:

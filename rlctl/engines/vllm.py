@@ -113,6 +113,13 @@ class _Unfinished:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # the version in force when each token was sampled
     started: bool = False  # sampled a token here (vLLM runs it)
+    seen: set[int] = field(default_factory=set)  # the versions' distinct values
+
+    def __post_init__(self) -> None:
+        self.seen.update(self.versions)
+
+    def result(self, reason: str) -> GenResult:
+        return result(self.req, self.tokens, self.logprobs, self.versions, reason, seen=self.seen)
 
 
 class VllmEngine(GenerationEngine):
@@ -243,6 +250,7 @@ class VllmEngine(GenerationEngine):
                 sampled += 1
                 u.started = True
                 u.versions += [self._version] * len(new)
+                u.seen.add(self._version)
                 u.tokens += new
                 u.logprobs += [float(lp[t].logprob) for t, lp in zip(new, comp.logprobs or [], strict=True)]
             if out.finished:
@@ -253,15 +261,13 @@ class VllmEngine(GenerationEngine):
         return done
 
     def partials(self) -> list[GenResult]:
-        return [
-            result(u.req, u.tokens, u.logprobs, u.versions, "running") for u in self._unfinished.values() if u.started
-        ]
+        return [u.result("running") for u in self._unfinished.values() if u.started]
 
     def interrupt(self, request_ids: list[str]) -> list[GenResult]:
         taken = [self._unfinished.pop(i) for i in request_ids if i in self._unfinished]
         if taken:
             self._engine.abort_request([u.req.request_id for u in taken])
-        return [result(u.req, u.tokens, u.logprobs, u.versions, "interrupted") for u in taken]
+        return [u.result("interrupted") for u in taken]
 
     def num_running(self) -> int:
         return self._counts()[0]
@@ -282,8 +288,7 @@ class VllmEngine(GenerationEngine):
     # ---- internals ----
     def _result(self, u: _Unfinished, finish_reason: str | None) -> GenResult:
         eos = finish_reason == "stop" and bool(u.tokens) and u.tokens[-1] in self.eos_ids
-        versions = u.versions or [self._version] * len(u.tokens)
-        res = result(u.req, u.tokens, u.logprobs, versions, "eos" if eos else "length")
+        res = u.result("eos" if eos else "length")
         if res.version < 0:  # finished with no token (max_tokens reached at once): as old as the weights now
             res.version, res.versions_seen = self._version, [self._version]
         return res
