@@ -159,6 +159,8 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
             "requeued": counts.requeued,
             "lost": counts.lost,
             "duplicated": counts.duplicated,
+            "migrated": counts.migrated,
+            "resumed": core.ledger.partials.resumed,
         },
         "resilience": dict(s.resilience),
         "data": dict(s.data),

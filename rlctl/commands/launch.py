@@ -69,6 +69,11 @@ def _table(s: dict[str, Any]) -> str:
             f"prompts {led['prompts']} trained {led['trained']} requeued {led['requeued']} "
             f"lost {led['lost']} duplicated {led['duplicated']}",
         ],
+        [
+            "partial rollouts",
+            f"migrated {led['migrated']} resumed {led['partials']['resumed']} "
+            f"({led['partials']['resumed_tokens']} tokens not generated again)",
+        ],
         ["wall", f"{s['wall_s']:.1f} s"],
         ["job dir", s["job_dir"]],
     ]

@@ -145,7 +145,15 @@ def test_status_reports_the_last_row_the_rule_and_live_agents_without_clients():
     r0 = st["agents"][1]
     assert (r0["heartbeat_age_s"], r0["site"], r0["inflight"], r0["draining"]) == (6.0, "b", 0, False)
     assert st["weights"]["version"] == 1 and st["weights"]["units_at_version"] == 0  # r0 has not applied v1
-    assert st["ledger"] == {"prompts": 4, "trained": 2, "requeued": 0, "lost": 0, "duplicated": 0}
+    assert st["ledger"] == {
+        "prompts": 4,
+        "trained": 2,
+        "requeued": 0,
+        "lost": 0,
+        "duplicated": 0,
+        "migrated": 0,
+        "resumed": 0,
+    }
 
 
 def test_status_before_any_iteration_has_no_figures():
