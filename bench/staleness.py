@@ -65,7 +65,11 @@ def _job(mode: str, eta: int, migrate: bool, *, seed: int, iterations: int, quic
 
 def all_idle(ledger: list[dict[str, Any]]) -> float:
     """The share of [first dispatch, last finish] when no unit held a sample in flight."""
-    spans = sorted((e["dispatched_at"], e["finished_at"]) for e in ledger if e["dispatched_at"] and e["finished_at"])
+    spans = sorted(
+        (e["dispatched_at"], e["finished_at"])
+        for e in ledger
+        if e["dispatched_at"] is not None and e["finished_at"] is not None
+    )
     if not spans:
         return 0.0
     start, end = spans[0][0], max(t1 for _, t1 in spans)
