@@ -5,6 +5,7 @@ instance. Here the store lives in the controller, beside the ledger, and is fill
 
     unit ──partial(sample, start, tokens, log-probs, versions)──▶ extend (the sample's current attempt only)
     sample finished ──▶ drop            unit lost ──▶ kept: the sample is queued again with its output so far
+    migration (`withdrawn`) ──▶ replaced by the whole output the unit gave back, sent on to another unit
     dispatch ──▶ prefix(sample) ─▶ the request resumes from it (prefill prompt + prefix), on any unit
 
 A report covers what the unit generated since its last one (`rollout.partial_report_s`), so a lost unit

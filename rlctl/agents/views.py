@@ -169,9 +169,9 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
 
 
 def partials_view(core: ControllerCore) -> dict[str, Any]:
-    """Partial rollouts: generations resumed from the output their lost unit had reported, the tokens that kept
-    from being generated again, what the store holds now, the reports its bound turned away and the outputs
-    dropped as too old to resume within the staleness bound."""
+    """Partial rollouts: generations resumed from kept output (their unit was lost, or their work migrated), the
+    tokens that kept from being generated again, what the store holds now, the reports its bound turned away
+    and the outputs dropped as too old to resume within the staleness bound."""
     p = core.ledger.partials
     return {
         "resumed": p.resumed,
