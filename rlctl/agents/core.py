@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -259,8 +259,7 @@ class ControllerCore:
     ) -> bool:
         """A unit's report of a running sample's output from index `start` on; kept (True) only while the sample
         is dispatched to that unit (a late report of a lost unit is ignored)."""
-        e = self.ledger.entries.get(sample_id)
-        if e is None or e.state is not State.DISPATCHED or e.agent != name:
+        if self.ledger.dispatched_to(sample_id, name) is None:
             return False
         return self.ledger.partials.extend(sample_id, start, tokens, logprobs, versions)
 
@@ -417,19 +416,17 @@ class ControllerCore:
         self._looked = t
         return self._migrate()
 
-    def _held(self) -> dict[str, int]:
-        """Samples dispatched and not finished, per unit (the rounds in flight only)."""
-        held: Counter[str] = Counter()
+    def _in_flight(self) -> Iterator[Entry]:
+        """Samples dispatched and not finished (only rounds not trained yet can have any)."""
         for it in range(self.floor, self.created):
-            held.update(e.agent for e in self.ledger.in_state(State.DISPATCHED, iteration=it) if e.agent)
-        return held
+            yield from self.ledger.in_state(State.DISPATCHED, iteration=it)
 
     def _migrate(self) -> list[Out]:
         """Work moves to units with free rows (`rlctl.agents.migration`): each donor is asked to `withdraw` n
         requests and answers with what it took out (`withdrawn`)."""
         if not self.cfg.migrate or not self.started:
             return []
-        held = self._held()
+        held = Counter(e.agent for e in self._in_flight())
         loads = [migration.Load(u.name, u.version, held[u.name]) for u in self.live_units]
         out = []
         for donor, to, n in migration.plan(loads, self.withdrawing, batch=self.cfg.unit_batch):
@@ -444,8 +441,8 @@ class ControllerCore:
         moved: list[Entry] = []
         tokens_moved = 0
         for sample_id, tokens, logprobs, versions in parts:
-            e = self.ledger.entries.get(sample_id)
-            if e is None or e.state is not State.DISPATCHED or e.agent != name:
+            e = self.ledger.dispatched_to(sample_id, name)
+            if e is None:
                 continue
             self.ledger.partials.drop(sample_id)
             if tokens:
@@ -606,10 +603,9 @@ class ControllerCore:
         """Balanced with the work each unit holds: skewness-aware, LPT by predicted tokens (prompt + predicted
         output), longest first inside each unit; `random`, a shuffle balanced by sample count."""
         held: dict[str, float] = dict.fromkeys((u.name for u in units), 0.0)
-        for it in range(self.floor, self.created):  # in flight: only rounds not trained yet
-            for e in self.ledger.in_state(State.DISPATCHED, iteration=it):
-                if e.agent in held:
-                    held[e.agent] += 1.0 if self.cfg.dispatch == "random" else self._tokens(e)
+        for e in self._in_flight():
+            if e.agent in held:
+                held[e.agent] += 1.0 if self.cfg.dispatch == "random" else self._tokens(e)
         loads = [held[u.name] for u in units]
         if self.cfg.dispatch == "random":
             shuffled = list(entries)

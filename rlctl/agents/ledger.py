@@ -136,10 +136,15 @@ class Ledger:
         e.agent, e.dispatch_version, e.attempts = agent, version, e.attempts + 1
         e.dispatched_at = self.clock()
 
+    def dispatched_to(self, sample_id: str, agent: str) -> Entry | None:
+        """The sample's entry while it is dispatched to `agent` (what that agent says of it counts), else None."""
+        e = self.entries.get(sample_id)
+        return e if e is not None and e.state is State.DISPATCHED and e.agent == agent else None
+
     def finish(self, sample_id: str, *, agent: str, version: int, output_tokens: int) -> bool:
         """Record a finished sample; False (and counted) if it is not dispatched to `agent`."""
-        e = self.entries.get(sample_id)
-        if e is None or e.state is not State.DISPATCHED or e.agent != agent:
+        e = self.dispatched_to(sample_id, agent)
+        if e is None:
             self.refused += 1
             return False
         e.state = State.FINISHED
