@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any, Self
 
 import torch
 
@@ -57,11 +58,6 @@ class GenRequest:
         """What the engine prefills: the prompt, then the prefix's tokens."""
         return self.prompt_tokens + self.prefix.tokens if self.prefix else self.prompt_tokens
 
-    def start(self) -> tuple[list[int], list[float], list[int]]:
-        """Fresh copies of the output so far (tokens, log-probs, versions): the prefix's, else empty."""
-        p = self.prefix
-        return (list(p.tokens), list(p.logprobs), list(p.versions)) if p else ([], [], [])
-
 
 @dataclass
 class GenResult:
@@ -75,21 +71,42 @@ class GenResult:
     token_versions: list[int] = field(default_factory=list)  # the version that sampled each output token
 
 
-def result(
-    req: GenRequest,
-    tokens: list[int],
-    logprobs: list[float],
-    versions: list[int],
-    reason: str,
-    *,
-    seen: set[int] | None = None,
-) -> GenResult:
-    """A request's result (or its state so far) from its output tokens, log-probs and per-token versions (`seen`:
-    their distinct values, when the engine keeps them); with no output yet (waiting), version -1."""
-    seen_ = sorted(set(versions) if seen is None else seen)
-    return GenResult(
-        req.request_id, req.prompt_tokens, tokens, logprobs, seen_[0] if seen_ else -1, reason, seen_, versions
-    )
+@dataclass
+class Generation:
+    """A request's output so far inside an engine: its tokens, their log-probs and versions, and the versions'
+    distinct values (kept as tokens come: a unit's report reads every running request's each second)."""
+
+    req: GenRequest
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the version that sampled each token
+    seen: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.seen.update(self.versions)
+
+    @classmethod
+    def of(cls, req: GenRequest, **kw: Any) -> Self:
+        """A request's output as it enters the engine: its prefix's (fresh copies), else none."""
+        p = req.prefix
+        if p is None:
+            return cls(req, **kw)
+        return cls(req, list(p.tokens), list(p.logprobs), list(p.versions), **kw)
+
+    def result(self, reason: str) -> GenResult:
+        """The result, or the state so far; with no output yet (a waiting request), version -1."""
+        seen = sorted(self.seen)
+        r = self.req
+        return GenResult(
+            r.request_id,
+            r.prompt_tokens,
+            self.tokens,
+            self.logprobs,
+            seen[0] if seen else -1,
+            reason,
+            seen,
+            self.versions,
+        )
 
 
 def check_requests(requests: list[GenRequest], *, limit: int, limit_name: str) -> None:

@@ -43,13 +43,13 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from rlctl.engines.base import GenerationEngine, GenRequest, GenResult, check_requests, result
+from rlctl.engines.base import Generation, GenerationEngine, GenRequest, GenResult, check_requests
 from rlctl.engines.graphs import MIN_WIDTH, StepGraphs, bucket
 from rlctl.engines.sampling import request_seed, sample
 from rlctl.models.tinygpt import KVCache, TinyGPT
@@ -61,19 +61,8 @@ __all__ = ["GROUP_BARRIERS", "EmbeddedEngine", "GroupBarrier", "request_seed"]
 
 
 @dataclass
-class _Running:
-    req: GenRequest
-    pos: int  # the position of the token fed at the next step
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # the version that sampled each token
-    seen: set[int] = field(default_factory=set)  # … their distinct values (a report reads them every second)
-
-    def __post_init__(self) -> None:
-        self.seen.update(self.versions)
-
-    def result(self, reason: str) -> GenResult:
-        return result(self.req, self.tokens, self.logprobs, self.versions, reason, seen=self.seen)
+class _Running(Generation):
+    pos: int = 0  # the position of the token fed at the next step
 
 
 class EmbeddedEngine(GenerationEngine):
@@ -177,7 +166,7 @@ class EmbeddedEngine(GenerationEngine):
     def interrupt(self, request_ids: list[str]) -> list[GenResult]:
         ids = set(request_ids)
         taken = [w[3] for w in self._waiting if w[3].request_id in ids]
-        out = [result(r, *r.start(), "interrupted") for r in taken]
+        out = [Generation.of(r).result("interrupted") for r in taken]
         if taken:
             self._waiting = [w for w in self._waiting if w[3].request_id not in ids]
             heapq.heapify(self._waiting)
@@ -263,8 +252,7 @@ class EmbeddedEngine(GenerationEngine):
         prompt = torch.full((len(new), width), self.pad_id, dtype=torch.long)
         for i, (r, c) in enumerate(zip(new, contexts, strict=True)):
             prompt[i, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
-            tokens, logprobs, versions = r.start()
-            self._rows[rows[i]] = _Running(r, len(c) - 1, tokens, logprobs, versions)
+            self._rows[rows[i]] = _Running.of(r, pos=len(c) - 1)
         dev = self.device
         idx = torch.tensor(rows, dtype=torch.long, device=dev)
         lengths = torch.tensor([len(c) - 1 for c in contexts], device=dev)

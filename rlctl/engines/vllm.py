@@ -39,13 +39,13 @@ import math
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlctl.engines.base import GenerationEngine, GenRequest, GenResult, check_requests, result
+from rlctl.engines.base import Generation, GenerationEngine, GenRequest, GenResult, check_requests
 from rlctl.engines.factory import VLLM_INSTALL_HINT
 from rlctl.engines.sampling import request_seed
 from rlctl.errors import ConfigError
@@ -107,19 +107,8 @@ def checkpoint_eos_ids(model_dir: str | Path) -> tuple[int, ...]:
 
 
 @dataclass
-class _Unfinished:
-    req: GenRequest
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # the version in force when each token was sampled
+class _Unfinished(Generation):
     started: bool = False  # sampled a token here (vLLM runs it)
-    seen: set[int] = field(default_factory=set)  # the versions' distinct values
-
-    def __post_init__(self) -> None:
-        self.seen.update(self.versions)
-
-    def result(self, reason: str) -> GenResult:
-        return result(self.req, self.tokens, self.logprobs, self.versions, reason, seen=self.seen)
 
 
 class VllmEngine(GenerationEngine):
@@ -237,7 +226,7 @@ class VllmEngine(GenerationEngine):
                 arrival_time=self._last_arrival,
                 priority=vllm_priority(r.group, r.priority),
             )
-            self._unfinished[r.request_id] = _Unfinished(r, *r.start())
+            self._unfinished[r.request_id] = _Unfinished.of(r)
 
     def step(self) -> list[GenResult]:
         done: list[GenResult] = []
