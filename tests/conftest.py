@@ -3,17 +3,34 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES_ENV = Path(os.environ.get("RLCTL_TEST_SERVICES_ENV", "/tmp/rlctl-test-services.env"))
+
+
+def bench_json(name: str, *, timeout_s: float) -> Any:
+    """`python -m bench NAME --quick --json` run from the repository root: the JSON it printed (the test fails with
+    the end of its stderr when it exits non-zero)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", name, "--quick", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
 
 
 @dataclass

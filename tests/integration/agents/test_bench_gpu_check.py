@@ -4,27 +4,15 @@ launched job trains every prompt once, and on Qwen2-0.5B's shape the sampler is 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from .conftest import REPO
+from tests.conftest import bench_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 
 def test_gpu_check_quick_runs_every_piece_on_the_cpu():
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "gpu-check", "--quick", "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=840,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout)
+    r = bench_json("gpu-check", timeout_s=840)
     assert r["device"] == "cpu" and r["commit"] != "unknown"
     assert r["engine_vs_cpu"]["argmax_agreement"] == 1.0 and r["grpo_step_vs_cpu"]["min_update_cosine"] > 0.999
     assert set(r["engine_tok_s"]) == set(r["hf_generate_tok_s"]) == {"4", "8"}

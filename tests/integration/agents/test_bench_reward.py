@@ -4,27 +4,15 @@ speed is asserted here: the benchmark reports it."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import bench_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 def test_the_reward_benchmark_runs_both_jobs_to_the_end() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench", "reward", "--quick", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=540,
-        check=True,
-    )
-    r = json.loads(out.stdout)
+    r = bench_json("reward", timeout_s=540)
     (eta,) = [k for k in r if k.startswith("eta")]
     e = r[eta]
     assert (e["lost"], e["duplicated"]) == (0, 0)

@@ -4,29 +4,16 @@ is shared and noisy): every evaluated run was measured, replayed and predicted, 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 from rlctl.planner.simjob import MODES
-
-from .conftest import REPO
+from tests.conftest import bench_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 
 def test_sim_accuracy_quick_predicts_every_mode():
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "sim-accuracy", "--quick", "--json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=840,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout)
+    r = bench_json("sim-accuracy", timeout_s=840)
     assert set(r["mape"]) == set(MODES) and all(v >= 0 for v in r["mape"].values())
     assert [c["mode"] for c in r["cases"]] == list(MODES)
     for c in r["cases"]:

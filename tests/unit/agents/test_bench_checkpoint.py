@@ -4,23 +4,11 @@ speed is asserted here: the benchmark reports it."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
-from tests.conftest import ROOT
+from tests.conftest import bench_json
 
 
 def test_the_checkpoint_benchmark_restores_what_it_wrote_in_the_background() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench", "checkpoint", "--quick", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    r = json.loads(out.stdout)
+    r = bench_json("checkpoint", timeout_s=300)
     (case,) = r["cases"].values()
     assert case["restored_exact"] is True
     assert len(case["sync_s_all"]) == len(case["blocked_s_all"]) == r["repeats"]

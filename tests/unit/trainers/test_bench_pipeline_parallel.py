@@ -4,26 +4,14 @@ per schedule. Nothing about speed is asserted here: the benchmark reports it."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 from rlctl.rl.cuts import pipeline_chunks
+from tests.conftest import bench_json
 from tests.unit.trainers.megatron_required import require_megatron
-from tests.unit.trainers.ranks import ROOT
 
 
 def test_the_pipeline_benchmark_times_every_schedule_on_the_same_loss() -> None:
     require_megatron()
-    out = subprocess.run(
-        [sys.executable, "-m", "bench", "pipeline-parallel", "--quick", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    r = json.loads(out.stdout)
+    r = bench_json("pipeline-parallel", timeout_s=300)
     assert r["chunks"] == pipeline_chunks(r["rows"], 2) == 4
     assert set(r["step_s"]) == {"pp1", "pp2_stage_by_stage", "pp2_chunked"}
     assert all(len(v) == r["repeats"] and min(v) > 0 for v in r["step_s_all"].values())
