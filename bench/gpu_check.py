@@ -67,38 +67,102 @@ def run(*, quick: bool) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "shape": size["shape"],
     }
+    piece = Pieces(out, path=os.environ.get(ENV_OUT), budget_s=float(os.environ.get(ENV_BUDGET, "0")) or None)
     with tempfile.TemporaryDirectory(prefix="rlctl-gpu-check-") as tmp:
         root = Path(tmp)
-        t0 = time.monotonic()
-        _build(root, shape=str(size["shape"]))
-        out["build_s"] = round(time.monotonic() - t0, 1)
         model_dir = root / "model"
+        if piece("build_s", lambda: _build(root, shape=str(size["shape"])), timed=True) is None:
+            piece("gpu_tests", lambda: _gpu_tests(piece.artifacts))
+            return piece.done()
         arch = check_hf_dir(model_dir).arch
         out["params"] = int(arch.params)
-        out["engine_vs_cpu"] = _engine_vs_cpu(model_dir, device)
-        out["grpo_step_vs_cpu"] = _grpo_vs_cpu(model_dir, device, samples=int(size["train_samples"]) // 4)
-        engine = _engine_tok_s(model_dir, device, size)
+        piece("engine_vs_cpu", lambda: _engine_vs_cpu(model_dir, device))
+        engine = piece("engine", lambda: _engine_tok_s(model_dir, device, size), keep=False) or {}
         out["engine_tok_s"] = {b: r["tok_s"] for b, r in engine.items()}
-        hf = _hf_generate_tok_s(model_dir, device, size)
-        out["hf_generate_tok_s"] = hf
+        hf = piece("hf_generate_tok_s", lambda: _hf_generate_tok_s(model_dir, device, size)) or {}
         out["engine_over_hf"] = {b: round(engine[b]["tok_s"] / hf[b], 2) for b in engine if hf.get(b)}
-        if cuda:
+        if cuda and engine:
             out["bandwidth_floor"] = _floor(arch.weight_bytes, engine)
-        out["sampler_share"] = _sampler_share()
-        out |= _train(model_dir, device, samples=int(size["train_samples"]), params=arch.params, cuda=cuda)
-        out |= _delta(device, nbytes=(1 << 30) if not quick and cuda else (16 << 20))
-        out |= _publisher_host_bytes(model_dir, device)
-        out["launch"] = _launch(root, device=device, quick=quick or not cuda)
-    out["gpu_tests"] = _gpu_tests()
-    return out
+        piece(
+            "train",
+            lambda: _train(model_dir, device, samples=int(size["train_samples"]), params=arch.params, cuda=cuda),
+            merge=True,
+        )
+        piece("delta", lambda: _delta(device, nbytes=(1 << 30) if not quick and cuda else (16 << 20)), merge=True)
+        piece("publisher", lambda: _publisher_host_bytes(model_dir, device), merge=True)
+        piece("launch", lambda: _launch(root, device=device, quick=quick or not cuda, artifacts=piece.artifacts))
+        piece("grpo_step_vs_cpu", lambda: _grpo_vs_cpu(model_dir, device, prompts=2 if cuda else 4))
+        piece("sampler_share", _sampler_share)
+    piece("gpu_tests", lambda: _gpu_tests(piece.artifacts))
+    return piece.done()
+
+
+ENV_OUT = "RLCTL_GPU_CHECK_OUT"  # a path: the JSON so far is written there after every piece (and logs beside it)
+ENV_BUDGET = "RLCTL_GPU_CHECK_BUDGET_S"  # seconds: pieces not started by then are skipped (unset: no limit)
+
+
+class Pieces:
+    """The check's pieces, each on its own: an exception is recorded under `errors[key]` (one line and the
+    innermost frames) and the check goes on, so one run on a lent machine reports every piece; each piece's
+    seconds land in `piece_s`; the JSON so far is rewritten to `path` after each piece (a run cut short still
+    leaves it); a piece that would start after `budget_s` is skipped and named in `skipped`."""
+
+    def __init__(self, out: dict[str, Any], *, path: str | None, budget_s: float | None) -> None:
+        self.out, self.path, self.budget_s = out, Path(path) if path else None, budget_s
+        self.artifacts = self.path.parent if self.path else None
+        self.t0 = time.monotonic()
+
+    def __call__(self, key: str, fn: Any, *, merge: bool = False, keep: bool = True, timed: bool = False) -> Any:
+        """`fn()`'s value under `key` (`merge`: its keys into the output; `keep=False`: returned only; `timed`:
+        the seconds it took instead), or None when it failed or was skipped."""
+        elapsed = time.monotonic() - self.t0
+        if self.budget_s is not None and elapsed > self.budget_s:
+            self.out.setdefault("skipped", []).append(key)
+            self._write()
+            return None
+        print(f"[gpu-check {elapsed:6.1f} s] {key}", file=sys.stderr, flush=True)
+        t = time.monotonic()
+        try:
+            value = fn()
+        except Exception as exc:  # noqa: BLE001 - the check reports every piece; the error is its result
+            import traceback
+
+            frames = traceback.extract_tb(exc.__traceback__)[-4:]
+            where = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames]
+            self.out.setdefault("errors", {})[key] = {"error": f"{type(exc).__name__}: {exc}"[:600], "at": where}
+            traceback.print_exc()
+            value = None
+        seconds = round(time.monotonic() - t, 1)
+        self.out.setdefault("piece_s", {})[key] = seconds
+        if key in self.out.get("errors", {}):
+            pass
+        elif timed:
+            self.out[key], value = seconds, seconds
+        elif merge:
+            self.out |= value
+        elif keep:
+            self.out[key] = value
+        self._write()
+        return value
+
+    def done(self) -> dict[str, Any]:
+        self._write()
+        return self.out
+
+    def _write(self) -> None:
+        if self.path is not None:
+            self.path.write_text(json.dumps(self.out, indent=2) + "\n")
 
 
 def summary(r: dict[str, Any]) -> str:
-    lines = [f"device {r['device']} ({r['torch']}), commit {r['commit']}, {r['shape']} ({r['params'] / 1e6:.0f}M)"]
-    lines.append(f"engine tok/s {r['engine_tok_s']}  HF generate {r['hf_generate_tok_s']}  ratio {r['engine_over_hf']}")
-    lines.append(f"train {r['train_tok_s']:.0f} tok/s, MFU {r['mfu']}; delta encode {r['delta_encode_gb_s']} GB/s")
-    lines.append(f"publisher host bytes / model byte {r['host_bytes_per_model_byte']}")
-    lines.append(f"launch: {r['launch']}; tests/gpu: {r['gpu_tests']}")
+    g = r.get
+    lines = [f"device {g('device')} ({g('torch')}), commit {g('commit')}, {g('shape')} ({g('params', 0) / 1e6:.0f}M)"]
+    lines.append(f"engine tok/s {g('engine_tok_s')}  HF generate {g('hf_generate_tok_s')}  ratio {g('engine_over_hf')}")
+    lines.append(f"train {g('train_tok_s')} tok/s, MFU {g('mfu')}; delta encode {g('delta_encode_gb_s')} GB/s")
+    lines.append(f"publisher host bytes / model byte {g('host_bytes_per_model_byte')}")
+    lines.append(f"launch: {g('launch')}; tests/gpu: {g('gpu_tests')}")
+    if g("errors"):
+        lines.append(f"errors: {g('errors')}")
     return "\n".join(lines)
 
 
@@ -114,7 +178,9 @@ def _git(*args: str) -> str:
 def _build(root: Path, *, shape: str) -> None:
     """The hf-demo builder's checkpoint (model/) and dataset (data.jsonl), untrained, in `shape`."""
     argv = [sys.executable, str(REPO / "jobs/hf-demo/build.py"), "--out", str(root), "--sft-steps=0", "--rows=256"]
-    subprocess.run([*argv, f"--shape={shape}"], check=True, capture_output=True, timeout=600)
+    proc = subprocess.run([*argv, f"--shape={shape}"], capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"build.py exited {proc.returncode}: {proc.stderr[-400:]}")
 
 
 def _prompts(n: int, length: int, vocab: int) -> list[list[int]]:
@@ -161,14 +227,14 @@ def _learner(model_dir: Path, device: str) -> tuple[Any, Any]:
     return backend, make_learner(backend, algo, batch, ref=None)
 
 
-def _grpo_vs_cpu(model_dir: Path, device: str, *, samples: int) -> dict[str, float]:
+def _grpo_vs_cpu(model_dir: Path, device: str, *, prompts: int) -> dict[str, float]:
     """One GRPO step from the same checkpoint and samples on the device and on the CPU: the worst cosine between
     the two updates of a tensor (bf16 autocast against fp32)."""
     start = TinyGPT.from_pretrained(model_dir).state_dict()
     moved = {}
     for where in dict.fromkeys([device, "cpu"]):
         backend, learner = _learner(model_dir, where)
-        for s in _samples(samples, backend.model.config.vocab_size):
+        for s in _samples(prompts, backend.model.config.vocab_size):
             learner.add(s)
         learner.step()
         moved[where] = {k: v.float().cpu() for k, v in backend.weights().items()}
@@ -386,8 +452,9 @@ def _wait_held(pub: Any, version: int) -> None:
         time.sleep(0.02)
 
 
-def _launch(root: Path, *, device: str, quick: bool) -> dict[str, Any]:
-    """`rlctl launch` on the local site: one trainer rank and two rollout units, all on device 0 when it is a GPU."""
+def _launch(root: Path, *, device: str, quick: bool, artifacts: Path | None = None) -> dict[str, Any]:
+    """`rlctl launch` on the local site: one trainer rank and two rollout units, all on device 0 when it is a GPU.
+    The agents' logs go to `artifacts`/launch-logs.txt when given."""
     gpu = "H100" if device == "cuda" else "CPU"
     node: dict[str, Any] = {"host": "localhost", "gpus": 3}
     if device == "cuda":
@@ -423,16 +490,27 @@ def _launch(root: Path, *, device: str, quick: bool) -> dict[str, Any]:
         "-o",
         "json",
     ]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600 if quick else 300, cwd=REPO)
+    finally:
+        logs = _logs(root / "run" / "logs")
+        if artifacts is not None:
+            (artifacts / "launch-logs.txt").write_text(logs)
     out: dict[str, Any] = {"rc": proc.returncode, "wall_s": round(time.monotonic() - t0, 1)}
     if proc.returncode != 0:
         out["stderr_tail"] = proc.stderr[-2000:]
+        out["logs_tail"] = logs[-3000:]
         return out
     s = json.loads(proc.stdout)
     led = s["ledger"]
     out |= {"state": s["state"], "iterations": s["iterations"], "lost": led["lost"], "duplicated": led["duplicated"]}
     out["devices"] = _agent_devices(root / "run" / "logs")
     return out
+
+
+def _logs(logs: Path) -> str:
+    """Every agent's log, each under its name (the end of each: 20,000 characters)."""
+    return "".join(f"==== {p.name}\n{p.read_text(errors='replace')[-20000:]}\n" for p in sorted(logs.glob("*.log")))
 
 
 def _agent_devices(logs: Path) -> dict[str, str]:
@@ -445,18 +523,28 @@ def _agent_devices(logs: Path) -> dict[str, str]:
     return found
 
 
-def _gpu_tests() -> dict[str, int]:
+def _gpu_tests(artifacts: Path | None = None) -> dict[str, Any]:
+    """`pytest tests/gpu`: the counts, and the failing tests' one-line reasons (the whole output to
+    `artifacts`/gpu-tests.txt when given)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", str(REPO / "tests/gpu")],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", "-rfE", str(REPO / "tests/gpu")],
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=600,
+        timeout=300,
         check=False,
     )
-    tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
+    if artifacts is not None:
+        (artifacts / "gpu-tests.txt").write_text(proc.stdout + proc.stderr)
+    lines = proc.stdout.strip().splitlines()
+    tail = lines[-1] if lines else proc.stderr[-300:]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", tail)}
-    return {k: counts.get(k, 0) for k in ("passed", "failed", "skipped", "error")} | {"rc": proc.returncode}
+    out: dict[str, Any] = {k: counts.get(k, 0) for k in ("passed", "failed", "skipped", "error")}
+    out["rc"] = proc.returncode
+    failing = [line[:300] for line in lines if line.startswith(("FAILED", "ERROR"))]
+    if failing:
+        out["failing"] = failing
+    return out
 
 
 def _sync(device: str) -> None:

@@ -66,7 +66,8 @@ class StepGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: the agent's other threads (weights fetch, reports) may call CUDA while this one captures
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self._step(rows, width)
         self._graphs[key] = graph
         self.captures += 1
