@@ -423,7 +423,7 @@ def _publisher_host_bytes(model_dir: Path, device: str) -> dict[str, float]:
     assert isinstance(node, RootNode)
     model_bytes = info.arch.weight_bytes
     try:
-        pub.publish(1, backend.wire_weights(dtype=dtype, tied=tied), params=backend.tensors())
+        pub.publish(1, backend.wire_weights(dtype=dtype, tied=tied, on_device=True), params=backend.tensors())
         _wait_held(pub, 1)
         first, node.peak_host_bytes = node.peak_host_bytes, 0
         for v in (2, 3, 4):

@@ -148,11 +148,11 @@ class TrainerAgent:
             publisher.publish(version, self.wire_weights(), params=params)
 
     def wire_weights(self) -> dict[str, torch.Tensor]:
-        """A snapshot of the policy as it is published: the checkpoint's dtype, in host memory (on a rank that
-        holds no copy, its layout only)."""
+        """A snapshot of the policy as it is published: the checkpoint's dtype, where the trainer computes (the
+        publisher moves it into its host buffer tensor by tensor; on a rank that holds no copy, its layout only)."""
         publisher: WeightPublisher | None = getattr(self, "publisher", None)  # set once run() made it
         holds = publisher is None or publisher.holds
-        return self.backend.wire_weights(dtype=self._wire_dtype, tied=self._tied, host=holds)
+        return self.backend.wire_weights(dtype=self._wire_dtype, tied=self._tied, host=holds, on_device=True)
 
     def figures(self) -> Heartbeat:
         return Heartbeat(name=self.name, state=self.state, version=self.version, busy_s=self.busy_s)

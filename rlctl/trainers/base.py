@@ -112,10 +112,13 @@ class TrainerBackend(ABC):
         """(tensor parallel, pipeline parallel) of this rank's replica: (1, 1), every rank a whole one."""
         return 1, 1
 
-    def wire_weights(self, *, dtype: torch.dtype, tied: bool, host: bool = True) -> dict[str, torch.Tensor]:
+    def wire_weights(
+        self, *, dtype: torch.dtype, tied: bool, host: bool = True, on_device: bool = False
+    ) -> dict[str, torch.Tensor]:
         """A version as it is published (`wire_weights` of `weights()`): every rank calls it after every step.
-        `host=False`: only its layout (meta tensors), for a rank that holds no copy (collectives still run)."""
-        return wire_weights(self.weights(), dtype=dtype, tied=tied, host=host)
+        `host=False`: only its layout (meta tensors), for a rank that holds no copy (collectives still run);
+        `on_device`: the snapshot stays where the weights are (see `wire_weights`)."""
+        return wire_weights(self.weights(), dtype=dtype, tied=tied, host=host, on_device=on_device)
 
     def tensors(self) -> Mapping[str, torch.Tensor]:
         """This rank's tensors under the HF names, where it computes: what a delta's encoder reads (its part of
@@ -181,12 +184,19 @@ def load_backend(
 
 
 def wire_weights(
-    state_dict: Mapping[str, torch.Tensor], *, dtype: torch.dtype, tied: bool, host: bool = True
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    dtype: torch.dtype,
+    tied: bool,
+    host: bool = True,
+    on_device: bool = False,
 ) -> dict[str, torch.Tensor]:
     """What a version of these weights is on the wire: floating tensors in `dtype` (the checkpoint's), in host
     memory, each a new tensor (a snapshot: the trainer's next step does not change it); with tied embeddings,
     no `lm_head.weight` (the embedding is the one copy). One copy per tensor, straight from the device.
-    `host=False`: the same names, dtypes and shapes on the meta device (the layout, no copy)."""
+    `host=False`: the same names, dtypes and shapes on the meta device (the layout, no copy). `on_device`: each
+    copy is made where the tensor is (a GPU trainer's snapshot in device memory): the publisher then moves each
+    tensor into its host buffer in place, so the node never holds a second host copy of the version."""
     import torch
 
     out = {}
@@ -194,11 +204,12 @@ def wire_weights(
         if tied and name == "lm_head.weight":
             continue
         want = dtype if t.is_floating_point() else t.dtype
-        out[name] = (
-            torch.empty(t.shape, dtype=want).copy_(t.detach())
-            if host
-            else torch.empty(t.shape, dtype=want, device="meta")
-        )
+        if not host:
+            out[name] = torch.empty(t.shape, dtype=want, device="meta")
+        elif on_device:
+            out[name] = t.detach().to(want, copy=True)
+        else:
+            out[name] = torch.empty(t.shape, dtype=want).copy_(t.detach())
     return out
 
 

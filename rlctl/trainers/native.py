@@ -60,9 +60,13 @@ class TorchBackend(TrainerBackend):
         assert not self.sharded, "a sharded policy is never whole on one device: use wire_weights"
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
-    def wire_weights(self, *, dtype: torch.dtype, tied: bool, host: bool = True) -> dict[str, torch.Tensor]:
+    def wire_weights(
+        self, *, dtype: torch.dtype, tied: bool, host: bool = True, on_device: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """Sharded, each full tensor is gathered into host memory whatever `on_device` (a whole model is never on
+        one device: the reason it is sharded)."""
         if not self.sharded:
-            return wire_weights(self.weights(), dtype=dtype, tied=tied, host=host)
+            return wire_weights(self.weights(), dtype=dtype, tied=tied, host=host, on_device=on_device)
         return fsdp.wire_weights(self.model, dtype=dtype, tied=tied, host=host)  # a collective: every rank, in order
 
     def tensors(self) -> Mapping[str, torch.Tensor]:

@@ -74,10 +74,11 @@ def layout_of(state_dict: dict[str, torch.Tensor]) -> Layout:
 
 
 def flatten(state_dict: dict[str, torch.Tensor], layout: Layout, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Copy the tensors into one flat uint8 buffer (padding zeroed, so checksums are stable)."""
+    """Copy the tensors into one flat uint8 host buffer (padding zeroed, so checksums are stable); a device
+    tensor is copied straight into its slice (no host copy of it on the way)."""
     flat = torch.zeros(layout.total_bytes, dtype=torch.uint8) if out is None else out
     for slot in layout.slots:
-        t = state_dict[slot.name].detach().to("cpu").contiguous()
+        t = state_dict[slot.name].detach().contiguous()
         if slot.nbytes:
             flat[slot.offset : slot.offset + slot.nbytes].copy_(t.reshape(-1).view(torch.uint8))
     return flat

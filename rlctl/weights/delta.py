@@ -22,8 +22,10 @@ caller falls back to a full transfer.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +36,7 @@ import zstandard
 from rlctl.errors import ProtocolError
 from rlctl.transport.framing import tensor_bytes
 
-MAGIC = b"RLD2"
+MAGIC = b"RLD3"
 HEADER = struct.Struct("!4sqQQII")
 SEGMENT = struct.Struct("!QQIQQ")
 PIECE_ELEMENTS = 64 << 20  # elements per segment: bounds the encoder's temporaries (a few × this many bytes)
@@ -56,13 +58,75 @@ class Segment:
     values: bytes  # zstd
 
 
-def _host(t: torch.Tensor) -> np.ndarray:
-    """A device tensor's bytes on the host (through pinned memory from a GPU: a direct DMA)."""
-    if t.device.type == "cpu":
-        return t.numpy()
-    staging = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    staging.copy_(t)
-    return staging.numpy()
+def _planes(t: torch.Tensor) -> torch.Tensor:
+    """A flat integer tensor's bytes as planes (every element's byte 0, then byte 1, …), where it is."""
+    width = t.element_size()
+    if t.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8, device=t.device)
+    return t.contiguous().view(torch.uint8).view(-1, width).t().reshape(-1)
+
+
+def _from_planes(raw: bytes, width: int, count: int) -> np.ndarray:
+    """`count` elements of `width` bytes back from their planes (ProtocolError when the sizes disagree)."""
+    if len(raw) != width * count:
+        raise ProtocolError(f"delta segment holds {len(raw)} bytes for {count} elements of {width}")
+    return np.ascontiguousarray(np.frombuffer(raw, np.uint8).reshape(width, count).T).view(_NP[width]).reshape(-1)
+
+
+def _on_host(parts: list[torch.Tensor]) -> list[np.ndarray]:
+    """Device tensors' bytes on the host: one pinned buffer, every copy queued, one wait (CPU tensors as they are)."""
+    if not parts or parts[0].device.type == "cpu":
+        return [t.numpy() for t in parts]
+    host = torch.empty(sum(t.numel() for t in parts), dtype=torch.uint8, pin_memory=True)
+    views, at = [], 0
+    for t in parts:
+        views.append(host[at : at + t.numel()])
+        views[-1].copy_(t, non_blocking=True)
+        at += t.numel()
+    torch.cuda.current_stream(parts[0].device).synchronize()
+    return [v.numpy() for v in views]
+
+
+def encode_ranges(
+    prev: torch.Tensor,
+    new: torch.Tensor,
+    ranges: list[tuple[int, int, int]],
+    *,
+    element_bytes: int = 2,
+    level: int = 1,
+    piece_elements: int = PIECE_ELEMENTS,
+    threads: int | None = None,
+) -> list[Segment]:
+    """The changed elements of element ranges (first, last, offset) of two flat uint8 buffers on one device, one
+    segment per piece of ≤ `piece_elements`, located at `offset` + the piece's first element (the buffers may be
+    a rank's part of the version's buffer). The positions and values are found where the buffers are and laid out
+    as byte planes there; their bytes reach the host in one copy, and `threads` (default: up to 8 of this
+    machine's cores) compress the segments' planes in parallel."""
+    if prev.numel() != new.numel() or prev.device != new.device:
+        raise ValueError(f"delta needs equal sizes on one device, got {prev.numel()} and {new.numel()} bytes")
+    if not 0 < piece_elements <= 2**31:
+        raise ValueError("piece_elements must be in (0, 2^31]: a gap within a piece fits int32")
+    eb = element_bytes_for(new.numel(), element_bytes)
+    a, b = prev.view(_INT[eb]), new.view(_INT[eb])
+    located, parts = [], []
+    for first, last, offset in ranges:
+        for lo in range(first, last, piece_elements):
+            hi = min(lo + piece_elements, last)
+            x = torch.bitwise_xor(a[lo:hi], b[lo:hi])
+            idx = torch.nonzero(x).flatten()
+            gaps = torch.diff(idx, prepend=idx.new_zeros(1)).to(torch.int32)
+            located.append((offset + lo, int(idx.numel())))
+            parts += [_planes(gaps), _planes(x[idx])]
+    host = _on_host(parts)
+
+    def squeeze(k: int) -> tuple[bytes, bytes]:
+        comp = zstandard.ZstdCompressor(level=level)  # one per call: a compressor is not shared between threads
+        return comp.compress(host[2 * k].data), comp.compress(host[2 * k + 1].data)
+
+    workers = min(threads or min(8, os.cpu_count() or 1), len(located)) or 1
+    with ThreadPoolExecutor(max_workers=workers) as pool:  # zstd releases the GIL
+        squeezed = list(pool.map(squeeze, range(len(located))))
+    return [Segment(at, count, 4, g, v) for (at, count), (g, v) in zip(located, squeezed, strict=True)]
 
 
 def encode_segments(
@@ -76,28 +140,12 @@ def encode_segments(
     piece_elements: int = PIECE_ELEMENTS,
     offset: int = 0,
 ) -> list[Segment]:
-    """The changed elements of elements [first, last) of two flat uint8 buffers (on one device), one segment per
-    piece of `piece_elements`; `offset`: the buffers' first element's index in the version's buffer (a rank's
-    part of it), added to every segment's position."""
-    if prev.numel() != new.numel() or prev.device != new.device:
-        raise ValueError(f"delta needs equal sizes on one device, got {prev.numel()} and {new.numel()} bytes")
+    """`encode_ranges` of elements [first, last) (default: all), located at `offset` + their index."""
     eb = element_bytes_for(new.numel(), element_bytes)
-    a, b = prev.view(_INT[eb]), new.view(_INT[eb])
-    last = a.numel() if last is None else last
-    comp = zstandard.ZstdCompressor(level=level)
-    out = []
-    for lo in range(first, last, piece_elements):
-        hi = min(lo + piece_elements, last)
-        x = torch.bitwise_xor(a[lo:hi], b[lo:hi])
-        idx = torch.nonzero(x).flatten()
-        values = x[idx]
-        gaps = torch.diff(idx, prepend=idx.new_zeros(1)) if idx.numel() else idx
-        wide = bool(idx.numel()) and int(gaps.max()) >= 2**31
-        gaps = gaps if wide else gaps.to(torch.int32)
-        g, v = _host(gaps), _host(values)
-        count = int(idx.numel())
-        out.append(Segment(offset + lo, count, 8 if wide else 4, comp.compress(g.data), comp.compress(v.data)))
-    return out
+    last = new.numel() // eb if last is None else last
+    return encode_ranges(
+        prev, new, [(first, last, offset)], element_bytes=eb, level=level, piece_elements=piece_elements
+    )
 
 
 def to_frame(segments: list[Segment]) -> bytes:
@@ -180,12 +228,11 @@ def _changes(encoded: torch.Tensor, n: int) -> Iterator[tuple[np.ndarray, np.nda
             first, count, gap_bytes, gz, vz = SEGMENT.unpack_from(data, HEADER.size + k * SEGMENT.size)
             if gap_bytes not in (4, 8) or pos + gz + vz > len(data) or first > n or count > n - first:
                 raise ProtocolError(f"delta segment {k} does not fit the payload or the buffer")
-            raw = dec.decompress(data[pos : pos + gz], max_output_size=count * gap_bytes)
-            gaps = np.frombuffer(raw, _NP[gap_bytes])
-            values = np.frombuffer(dec.decompress(data[pos + gz : pos + gz + vz], max_output_size=count * eb), _NP[eb])
+            gaps = _from_planes(
+                dec.decompress(data[pos : pos + gz], max_output_size=count * gap_bytes), gap_bytes, count
+            )
+            values = _from_planes(dec.decompress(data[pos + gz : pos + gz + vz], max_output_size=count * eb), eb, count)
             pos += gz + vz
-            if gaps.size != count or values.size != count:
-                raise ProtocolError(f"delta segment {k}: {gaps.size} positions and {values.size} values, not {count}")
             idx = np.cumsum(gaps, dtype=np.int64) + first
             if count and ((gaps[1:] <= 0).any() or gaps[0] < 0 or idx[-1] >= n):
                 raise ProtocolError(f"delta segment {k}: positions out of order or outside the buffer")
@@ -242,8 +289,13 @@ def compose(payloads: list[torch.Tensor], *, level: int = 1) -> torch.Tensor:
     comp = zstandard.ZstdCompressor(level=level)
     gaps = np.diff(idx, prepend=0)
     wide = bool(gaps.size) and int(gaps.max()) >= 2**31
-    g = gaps if wide else gaps.astype(np.int32)
+    g = torch.from_numpy(gaps if wide else gaps.astype(np.int32))
+    v = torch.from_numpy(np.ascontiguousarray(vals))
     seg = Segment(
-        0, int(idx.size), 8 if wide else 4, comp.compress(g.data), comp.compress(np.ascontiguousarray(vals).data)
+        0,
+        int(idx.size),
+        8 if wide else 4,
+        comp.compress(_planes(g).numpy().data),
+        comp.compress(_planes(v).numpy().data),
     )
     return assemble([seg], base_version=base, raw_len=raw_len, target_xxh3=target, element_bytes=eb)

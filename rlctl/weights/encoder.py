@@ -2,7 +2,7 @@
 
     version v+1 ─ snapshot(params) ──▶ this rank's part of the flat buffer, in the wire dtype, on the device
                                         (a copy made at once: the next optimizer step may run meanwhile)
-                ─ encode(snapshot) ───▶ delta.encode_segments(previous part, snapshot) on the device: the changed
+                ─ encode(snapshot) ───▶ delta.encode_ranges(previous part, snapshot) on the device: the changed
                                         elements' positions and values, the only bytes that reach the host
                                         (one frame; the ranks' frames make the version's delta, delta_parts)
 
@@ -50,6 +50,7 @@ class DeviceEncoder:
         self.layout, self.pieces, self.device, self.local = layout, pieces, device, local
         self._dtype = {s.name: DTYPES[s.dtype] for s in layout.slots}
         self.nbytes = sum(p.nbytes for p in pieces)
+        self.ranges = _element_ranges(pieces)
         self.prev: torch.Tensor | None = None  # the last published version's part (None before the first)
 
     @classmethod
@@ -95,16 +96,25 @@ class DeviceEncoder:
         """The frame of this rank's segments of the delta from the previous snapshot to `snapshot`, which becomes
         the previous one."""
         assert self.prev is not None, "reset() with the first version before encoding deltas"
-        segments, at = [], 0
-        for p in self.pieces:
-            a, b = self.prev[at : at + p.nbytes], snapshot[at : at + p.nbytes]
-            segments += delta.encode_segments(
-                a, b, element_bytes=ELEMENT_BYTES, level=level, offset=p.start // ELEMENT_BYTES
-            )
-            at += p.nbytes
+        segments = delta.encode_ranges(self.prev, snapshot, self.ranges, element_bytes=ELEMENT_BYTES, level=level)
         self.prev = snapshot
         return delta.to_frame(segments)
 
     def reset(self, snapshot: torch.Tensor) -> None:
         """A full version was published: deltas from now on are against it."""
         self.prev = snapshot
+
+
+def _element_ranges(pieces: list[Piece]) -> list[tuple[int, int, int]]:
+    """The pieces as `delta.encode_ranges` element ranges of the part's buffer (first, last, offset into the
+    version's elements), pieces that follow each other in both merged: a whole-replica part is one range."""
+    out: list[tuple[int, int, int]] = []
+    at = 0
+    for p in pieces:
+        first, last, offset = at // ELEMENT_BYTES, (at + p.nbytes) // ELEMENT_BYTES, (p.start - at) // ELEMENT_BYTES
+        if out and out[-1][1] == first and out[-1][2] == offset:
+            out[-1] = (out[-1][0], last, offset)
+        else:
+            out.append((first, last, offset))
+        at += p.nbytes
+    return out

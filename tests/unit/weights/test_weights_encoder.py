@@ -64,3 +64,12 @@ def test_a_delta_needs_its_base() -> None:
     e = DeviceEncoder.for_part(chunks.layout_of(wire(0, torch.bfloat16)), part=0, parts=1, device=torch.device("cpu"))
     with pytest.raises(AssertionError, match="reset"):
         e.encode(e.snapshot(params(1)))
+
+
+def test_pieces_that_follow_each_other_are_encoded_as_one_range() -> None:
+    """A whole-replica part is one range for the codec (one pass, not one per tensor); a padded slot or a
+    shard's next tensor starts a new one."""
+    from rlctl.weights.encoder import Piece, _element_ranges
+
+    pieces = [Piece("a", 100, 40, 60), Piece("b", 160, 0, 20), Piece("c", 256, 0, 8), Piece("d", 264, 0, 4)]
+    assert _element_ranges(pieces) == [(0, 40, 50), (40, 46, 88)]
