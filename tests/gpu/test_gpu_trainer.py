@@ -40,19 +40,50 @@ def one_step(checkpoint: Path, kind: str) -> dict[str, torch.Tensor]:
 def test_a_grpo_step_on_cuda_moves_the_weights_as_on_the_cpu(checkpoint: Path) -> None:
     """bf16 autocast vs fp32: the same update direction, over the whole model and tensor by tensor. AdamW's first
     step moves every element by about lr·sign(gradient), so a tensor whose gradient is at bf16's noise moves in a
-    noisy direction: the key projections' biases (shifting every key of a query by nearly the same amount, they
-    barely change attention; 0.77 seen on an H100). So at most 5 % of the tensors may point elsewhere."""
+    noisy direction: the key projections' biases, which shift every key of a query by nearly the same amount and
+    barely change attention (cosine 0.77 on an H100, 2026-11-27), are left out of the per-tensor check."""
     start = TinyGPT.from_pretrained(checkpoint).state_dict()
     gpu, cpu = one_step(checkpoint, "cuda"), one_step(checkpoint, "cpu")
-    cos = torch.nn.functional.cosine_similarity
-    whole = cos(
-        torch.cat([(gpu[k] - w).flatten() for k, w in start.items()]),
-        torch.cat([(cpu[k] - w).flatten() for k, w in start.items()]),
-        dim=0,
-    )
-    each = {k: float(cos((gpu[k] - w).flatten(), (cpu[k] - w).flatten(), dim=0)) for k, w in start.items()}
-    off = {k: c for k, c in each.items() if c <= 0.95}
-    assert whole > 0.98 and len(off) <= 0.05 * len(each), (float(whole), off)
+    assert update_cosine(start, gpu, cpu) > 0.98
+    for name, w in start.items():
+        if not name.endswith("k_proj.bias"):
+            c = torch.nn.functional.cosine_similarity((gpu[name] - w).flatten(), (cpu[name] - w).flatten(), dim=0)
+            assert c > 0.95, (name, float(c))
+
+
+def update_cosine(start: dict[str, torch.Tensor], a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The cosine between two whole-model updates from `start`."""
+    da = torch.cat([(a[k] - w).flatten() for k, w in start.items()])
+    db = torch.cat([(b[k] - w).flatten() for k, w in start.items()])
+    return float(torch.nn.functional.cosine_similarity(da, db, dim=0))
+
+
+def test_fsdp2_on_one_cuda_rank_steps_as_the_whole_replica(checkpoint: Path) -> None:
+    """FSDP2 with bf16 parameters and fp32 gradient reduction over NCCL (one rank: a GPU cannot hold two NCCL
+    ranks) makes the whole replica's update, and its delta encoder reads its shards' rows on the device."""
+    from rlctl.agents.trainer import init_group
+    from rlctl.weights.encoder import DeviceEncoder
+
+    start = TinyGPT.from_pretrained(checkpoint).state_dict()
+    whole = one_step(checkpoint, "cuda")
+    init_group(rank=0, world_size=1, master_addr="127.0.0.1", master_port=29556, cuda=True)
+    try:
+        backend = load_backend("torch", checkpoint, compute=compute_for("cuda"), shard=True)
+        learner = make_learner(backend, GrpoAlgorithm(kind="grpo", lr=1e-3), Batch(samples_per_prompt=4), ref=None)
+        for s in samples():
+            learner.add(s)
+        learner.step()
+        sharded = {k: v.float() for k, v in backend.wire_weights(dtype=torch.float32, tied=False).items()}
+        assert update_cosine(start, sharded, whole) > 0.98
+        wire = backend.wire_weights(dtype=torch.bfloat16, tied=True)
+        enc = DeviceEncoder.for_shards(chunks.layout_of(wire), backend.tensors(), device=torch.device("cuda"))
+        snap = enc.snapshot(backend.tensors())
+        assert snap.device.type == "cuda"
+        assert torch.equal(
+            snap.cpu(), torch.cat([wire[s.name].reshape(-1).view(torch.uint8) for s in enc.layout.slots])
+        )
+    finally:
+        dist.destroy_process_group()
 
 
 def test_the_trainer_group_reduces_cuda_tensors_over_nccl(tmp_path: Path) -> None:
