@@ -13,6 +13,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 def test_gpu_check_quick_runs_every_piece_on_the_cpu():
     r = bench_json("gpu-check", timeout_s=840)
+    assert "errors" not in r and "skipped" not in r, (r.get("errors"), r.get("skipped"))
     assert r["device"] == "cpu" and r["commit"] != "unknown"
     assert r["engine_vs_cpu"]["argmax_agreement"] == 1.0 and r["grpo_step_vs_cpu"]["min_update_cosine"] > 0.999
     assert set(r["engine_tok_s"]) == set(r["hf_generate_tok_s"]) == {"4", "8"}
