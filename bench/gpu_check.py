@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -125,19 +126,16 @@ class Pieces:
         try:
             value = fn()
         except Exception as exc:  # noqa: BLE001 - the check reports every piece; the error is its result
-            import traceback
-
             frames = traceback.extract_tb(exc.__traceback__)[-4:]
             where = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames]
             self.out.setdefault("errors", {})[key] = {"error": f"{type(exc).__name__}: {exc}"[:600], "at": where}
             traceback.print_exc()
-            value = None
-        seconds = round(time.monotonic() - t, 1)
-        self.out.setdefault("piece_s", {})[key] = seconds
-        if key in self.out.get("errors", {}):
-            pass
-        elif timed:
-            self.out[key], value = seconds, seconds
+            self.out.setdefault("piece_s", {})[key] = round(time.monotonic() - t, 1)
+            self._write()
+            return None
+        seconds = self.out.setdefault("piece_s", {})[key] = round(time.monotonic() - t, 1)
+        if timed:
+            self.out[key] = value = seconds
         elif merge:
             self.out |= value
         elif keep:
