@@ -4,16 +4,18 @@ and once with the same reward sleeping past `reward_timeout_s` on 2 % of calls, 
 η = 1 and η = 2.
 
 Rewards are scored beside the controller as samples arrive (8 reward workers: a hung call holds its worker
-until the timeout kills it), and a group occupies the earliest staleness buffer that keeps every reservation
-within the bound (`rlctl.agents.buffers`); a group whose reward holds the trainer's iteration past the stall
-limit is generated again and a finished later group takes its place (`ControllerCore.unstick`). Per η:
+until the timeout kills it, or until its sample is filtered out and the call cancelled), and a group occupies
+the earliest staleness buffer that keeps every reservation within the bound (`rlctl.agents.buffers`); a sample
+whose reward holds the trainer's iteration past the stall limit is filtered out and its group trains without it
+(a group that would keep fewer than 2 samples is generated again and a finished later group takes its place:
+`ControllerCore.unstick`). Per η:
 
 - `period_s_clean`, `period_s_hung`: mean time per iteration after the first (between `trained` rows);
 - `hung_loss` = 1 − period_clean / period_hung: the share of the job's time lost to the hung calls (the
   issue's goal: ≤ 0.10 with 2 % of calls hung);
 - `wall_s_*`: `rlctl launch` end to end; `timeouts`: the calls that hit the timeout (the summary's
-  reward_failures); `aborted`: groups generated again because their reward held the trainer, and
-  `discarded_tokens` the tokens that threw away.
+  reward_failures); `filtered`: samples left out of their group because their reward held the trainer,
+  `aborted`: groups generated again for it, and `discarded_tokens` the tokens that threw away.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ def _launch(root: Path, name: str, **kw: Any) -> dict[str, Any]:
         "timeouts": int(s["reward_failures"]),
         "discarded_tokens": int(s["ledger"].get("discarded_tokens", 0)),
         "aborted": int(s["ledger"].get("aborted", 0)),
+        "filtered": int(s["ledger"].get("filtered", 0)),
         "lost": s["ledger"]["lost"],
         "duplicated": s["ledger"]["duplicated"],
     }
@@ -130,6 +133,7 @@ def run(*, quick: bool) -> dict[str, Any]:
                 "timeouts": hung["timeouts"],
                 "discarded_tokens": hung["discarded_tokens"],
                 "aborted": hung["aborted"],
+                "filtered": hung["filtered"],
                 "lost": clean["lost"] + hung["lost"],
                 "duplicated": clean["duplicated"] + hung["duplicated"],
             }
@@ -144,7 +148,8 @@ def summary(r: dict[str, Any]) -> str:
         lines.append(
             f"  η={key[3:]}: {e['period_s_clean']:.3f} s/iteration clean, {e['period_s_hung']:.3f} s hung "
             f"({e['timeouts']} timeouts): {e['hung_loss']:.1%} of the time lost; "
-            f"{e['aborted']} groups aborted, {e['discarded_tokens']} tokens discarded; "
+            f"{e['filtered']} samples filtered, {e['aborted']} groups aborted, "
+            f"{e['discarded_tokens']} tokens discarded; "
             f"wall {e['wall_s_clean']:.0f} s vs {e['wall_s_hung']:.0f} s"
         )
     return "\n".join(lines)

@@ -209,7 +209,7 @@ class ControllerAgent:
         requeued = 0
         if version > 0:
             st = load_controller(self.jobdir, version)
-            requeued = sum(1 for e in st.ledger.entries.values() if e.state is not State.TRAINED)
+            requeued = sum(1 for e in st.ledger.entries.values() if e.state is State.QUEUED)
             self.core.restore(version=version, ledger=st.ledger)
             if st.ranker_tokens:
                 self.ranker.fit(st.ranker_tokens, st.ranker_lengths)
@@ -269,15 +269,19 @@ class ControllerAgent:
                 else:
                     self._handle(what, who, payload)
                 self._send(self.core.unstick() + self.core.migrate())
-                for a in self.core.aborts:  # a reward held the trainer: its group is generated again
+                for a in self.core.aborts:  # a reward held the trainer: filtered out, or the group generated again
                     self.jobdir.event("reward_stall", **a)
                     log.info(
-                        "controller: group %s held iteration %d on its reward for %.2f s: generated again",
+                        "controller: group %s held iteration %d on its reward for %.2f s: %s",
                         a["group"],
                         a["iteration"],
                         a["waited_s"],
+                        f"{a['filtered']} sample(s) filtered out" if a["filtered"] else "generated again",
                     )
                 self.core.aborts.clear()
+                for sample_id in self.core.unwanted:  # its worker is freed now, not at the reward's timeout
+                    self.task.cancel_score(sample_id)
+                self.core.unwanted.clear()
                 now = time.monotonic()
                 if self.core.reserving:  # a share waits for a unit catching up: hand it on when the wait ends
                     self._send(self.core.pump())

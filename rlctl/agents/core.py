@@ -42,12 +42,15 @@ DispatchPolicy = Literal["random", "skew_aware", "oracle"]
 RESERVE_S = 30.0
 ITERATION_PRIORITY_STEP = 1e6  # > any predicted length: the iteration dominates the admission order
 # A group whose samples are all in but whose reward is still computing holds the trainer's iteration when it may
-# only be trained there. Past this long (the job's `task.reward_stall_s`, else STALL_FACTOR × the p90 of the last
-# rewards' latencies, at least STALL_FLOOR_S) it is generated again and a finished group of a later iteration
-# takes its place (`unstick`).
+# only be trained there. Past this long (the job's `task.reward_stall_s`, else STALL_FACTOR × the median of the last
+# rewards' latencies, at least STALL_FLOOR_S) the samples whose reward is late are filtered out and the group trains
+# without them; one that would keep fewer than MIN_GROUP is generated again and a finished group of a later
+# iteration takes its place (`unstick`). The median, not a p90: a pool with hung calls queues the others, and in
+# `bench reward` a p90 of 0.16 s (median 0.016 s) set a limit of 1.6 s, near the 2 s timeout.
 STALL_FACTOR = 10.0
 STALL_FLOOR_S = 0.05
 STALL_MIN_SAMPLES = 32  # reward latencies seen before the automatic limit applies (worker start-up is slow)
+MIN_GROUP = 2  # samples a filtered group keeps at least (a group advantage compares two or more)
 MIGRATE_EVERY_S = 0.2  # how often the units' loads are compared (`migrate`): each look scans the rounds in flight
 
 
@@ -138,6 +141,7 @@ class ControllerCore:
         self.scoring_since: dict[str, float] = {}  # sample → when its reward started computing
         self.reward_latency: deque[float] = deque(maxlen=256)  # the last rewards' latencies (s)
         self.aborts: list[dict[str, Any]] = []  # what `unstick` did, for the controller's events (it empties it)
+        self.unwanted: list[str] = []  # reward calls `unstick` gave up on: the controller cancels them, empties it
         self.aborted: set[str] = set()  # groups aborted once: their next rewards are waited for
         self.floor = 0  # the oldest round that may still have samples to dispatch
         self._make_prompts = prompts
@@ -287,7 +291,7 @@ class ControllerCore:
             return self.cfg.reward_stall_s
         if len(self.reward_latency) < STALL_MIN_SAMPLES:
             return None
-        return max(STALL_FLOOR_S, STALL_FACTOR * self.reward_quantile(0.9))
+        return max(STALL_FLOOR_S, STALL_FACTOR * self.reward_quantile(0.5))
 
     def reward_quantile(self, q: float) -> float:
         """The q-quantile of the last rewards' latencies (0.0 before any)."""
@@ -296,33 +300,50 @@ class ControllerCore:
 
     def unstick(self) -> list[Out]:
         """The trainer's iteration b waits for a group that may only be trained there, whose samples are all in and
-        whose reward has been computing longer than `stall_s`: that group is generated again (its tokens counted
-        as discarded), and its entry goes to the first finished group of a later iteration (`pump` moves it:
-        `_fill_forward`) or, with none yet, to the next group to finish. Once only per group: a reward that hangs
+        some of whose rewards have been computing longer than `stall_s`: those samples are filtered out (their
+        tokens discarded, a late reward ignored) and the group is trained without them at once — StaleFlow's filter.
+        A group that would keep fewer than MIN_GROUP samples is generated again instead (its tokens counted as
+        discarded), and its entry goes to the first finished group of a later iteration (`pump` moves it:
+        `_fill_forward`) or, with none yet, to the next group to finish; once only per group: a reward that hangs
         on the same output every time is then waited for (up to its timeout, scored `reward_on_error`), so a
-        group cannot be put off for ever."""
+        group cannot be put off for ever. `aborts` records each (its `filtered` says which)."""
         limit = self.stall_s()
         b = self.buffers.consumed
         if limit is None or self.done or self.failed or self.buffers.ready(b) or not self.scoring_since:
             return []
         now = self.clock()
-        aborted = False
+        changed = False
         for group, due in list(self.buffers.deadline.items()):
-            entries = self.ledger.group(group)
-            if due != b or group in self.aborted or not all(e.state is State.FINISHED for e in entries):
+            entries = self._kept(group)
+            if due != b or not all(e.state is State.FINISHED for e in entries):
                 continue
-            waited = [now - self.scoring_since.get(e.sample_id, now) for e in entries if e.reward is None]
-            if not waited or max(waited) < limit:
+            late = [e for e in entries if e.reward is None and now - self.scoring_since.get(e.sample_id, now) >= limit]
+            if not late:
                 continue
-            self.buffers.release(group)
-            for e in entries:
-                self.scoring_since.pop(e.sample_id, None)
-                self.payloads.pop(e.sample_id, None)
-            self.ledger.abort_group(group)
-            self.aborted.add(group)
-            self.aborts.append({"group": group, "iteration": b, "waited_s": round(max(waited), 3)})
-            aborted = True
-        return self.pump() if aborted else []
+            waited = round(max(now - self.scoring_since.get(e.sample_id, now) for e in late), 3)
+            if len(entries) - len(late) >= MIN_GROUP:  # filtered out: the group trains without them
+                self._forget(late)
+                for e in late:
+                    self.ledger.filter(e.sample_id)
+                self._complete(group)
+                self.aborts.append({"group": group, "iteration": b, "waited_s": waited, "filtered": len(late)})
+            elif group not in self.aborted:  # too few would be left: generated again, once per group
+                self._forget(entries)
+                self.buffers.release(group)
+                self.ledger.abort_group(group)
+                self.aborted.add(group)
+                self.aborts.append({"group": group, "iteration": b, "waited_s": waited, "filtered": 0})
+            else:
+                continue
+            changed = True
+        return self.pump() if changed else []
+
+    def _forget(self, entries: list[Entry]) -> None:
+        """Their rewards and outputs are not waited for any more (the reward calls still running: `unwanted`)."""
+        for e in entries:
+            if self.scoring_since.pop(e.sample_id, None) is not None:
+                self.unwanted.append(e.sample_id)
+            self.payloads.pop(e.sample_id, None)
 
     def _fill_forward(self) -> list[Out]:
         """Entries of the trainer's iteration that no reservation needs take finished groups of later iterations
@@ -333,7 +354,7 @@ class ControllerCore:
             self.ledger.assign(group, iteration=to)
             if group in self.undelivered:
                 continue  # not sent yet (no trainer to send it to): it goes with its new iteration, counted then
-            entries = self.ledger.group(group)  # the delivery figures follow the samples
+            entries = self._kept(group)  # the delivery figures follow the samples
             self._tally(frm, entries, -1)
             self._tally(to, entries, +1)
             out.append(Out("trainer", "regroup", {"groups": [group], "iteration": to}))
@@ -350,9 +371,9 @@ class ControllerCore:
         st.staleness = +st.staleness  # drop the ages no sample has any more
 
     def _complete(self, group: str) -> None:
-        """When every sample of `group` is finished and scored: it occupies the earliest buffer it may (then
-        it goes to the trainer), or, with no room within its bound, it is generated again."""
-        entries = self.ledger.group(group)
+        """When every sample of `group` (but those filtered out) is finished and scored: it occupies the earliest
+        buffer it may (then it goes to the trainer), or, with no room within its bound, it is generated again."""
+        entries = self._kept(group)
         if not all(e.state is State.FINISHED and e.reward is not None for e in entries):
             return
         oldest = min(e.sample_version for e in entries if e.sample_version is not None)
@@ -473,7 +494,7 @@ class ControllerCore:
         assert not self.started and self.created == 0, "restore before the first agent joins"
         # a group of an earlier round not trained yet (a slow one, pushed to a later buffer) is generated again
         # in the first round from here
-        for group in {e.prompt_id for e in ledger.entries.values() if e.state is not State.TRAINED}:
+        for group in {e.prompt_id for e in ledger.entries.values() if e.state is State.QUEUED}:
             if ledger.group(group)[0].iteration < version:
                 ledger.assign(group, iteration=version)
         self.ledger, self.trainer_version = ledger, version
@@ -635,8 +656,10 @@ class ControllerCore:
         sent = set(groups)
         self.undelivered = [g for g in self.undelivered if g not in sent]
         batch: list[tuple[Entry, Any]] = []
+        size: dict[str, int] = {}
         for g in groups:
-            entries = self.ledger.group(g)
+            entries = self._kept(g)
+            size[g] = len(entries)
             for e in entries:
                 assert e.reward is not None
                 self.ledger.deliver(e.sample_id)
@@ -652,10 +675,15 @@ class ControllerCore:
                 "version": e.sample_version,
                 "output_tokens": e.output_tokens,
                 "reward": e.reward,
+                "group_size": size[e.prompt_id],
             }
             for e, _ in batch
         ]
         return [Out("trainer", "samples", {"samples": samples}, [p for _, p in batch])]
+
+    def _kept(self, group: str) -> list[Entry]:
+        """The group's samples that train (not filtered out)."""
+        return [e for e in self.ledger.group(group) if e.state is not State.FILTERED]
 
     def _members(self) -> Out:
         targets = {

@@ -10,18 +10,21 @@ its samples are. States and the only legal moves:
       └──────── requeue (its group has no room within the bound) ◀──────────────┤
                                                                                   ▼
                                               trained ◀──trained(ack from trainer)── delivered
+    finished (its reward held the trainer) ──filter──▶ filtered: left out of its group, which trains without it
 
 What a dispatched sample has generated so far (its unit's reports) is in `partials` (`rlctl.agents.
 trajectories`): a sample queued again after its unit was lost resumes from there.
 
 `iteration` is the round a sample was created in until its group occupies a staleness buffer
 (`rlctl.agents.buffers`), then the iteration that trains it (`assign`). Tokens generated and then thrown
-away (a group requeued from `finished`) are counted in `discarded_tokens`.
+away (a group requeued from `finished`, a filtered sample) are counted in `discarded_tokens`. A group is
+trained when each of its samples is trained or filtered.
 
 A `finish` from an agent the sample is not dispatched to (a late message from an agent declared
 lost, a duplicate) is refused and counted, never delivered. A trainer ack for a sample that is not
 `delivered` counts as a duplicate. Restoring a checkpoint turns every untrained entry back into
-`queued`: the model checkpoint predates them, so they must be generated again.
+`queued`: the model checkpoint predates them, so they must be generated again (a filtered sample of a trained
+group stays filtered).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class State(StrEnum):
     FINISHED = "finished"
     DELIVERED = "delivered"
     TRAINED = "trained"
+    FILTERED = "filtered"
 
 
 class LedgerError(ValueError):
@@ -72,7 +76,7 @@ class Entry:
 class LedgerCounts:
     prompts: int
     samples: int
-    trained: int  # prompts whose every sample was trained
+    trained: int  # prompts whose every sample was trained (or filtered: its reward held the trainer)
     trained_samples: int
     requeued: int  # samples put back in the queue (agent lost or too stale)
     lost: int  # prompts of finished iterations that were not trained
@@ -82,6 +86,7 @@ class LedgerCounts:
     discarded_tokens: int  # generated, then thrown away (their group could not be trained within the bound)
     aborted: int  # groups generated again because their reward held the trainer (ControllerCore.unstick)
     migrated: int  # samples a unit gave back to go to another (ControllerCore.migrate)
+    filtered: int  # samples left out of their group's training: their reward held the trainer (unstick)
 
 
 @dataclass
@@ -96,6 +101,7 @@ class Ledger:
     discarded_tokens: int = 0
     aborted: int = 0
     migrated: int = 0
+    filtered: int = 0
     partials: TrajectoryStore = field(default_factory=TrajectoryStore)  # dispatched samples' output so far
     clock: Callable[[], float] = field(default=time.time, repr=False)  # wall clock of the entries' times
 
@@ -195,11 +201,21 @@ class Ledger:
         self.stale_requeued += 1
 
     def abort_group(self, prompt_id: str) -> None:
-        """Every finished sample of the group is generated again (its tokens are discarded); counted once."""
+        """Every finished (or filtered) sample of the group is generated again (its tokens are discarded); counted
+        once."""
         for e in self.by_prompt[prompt_id]:
             if e.state is State.FINISHED:
                 self._discard(e)
+            elif e.state is State.FILTERED:  # its tokens were counted when it was filtered
+                self._reset(e)
+                self.requeued += 1
         self.aborted += 1
+
+    def filter(self, sample_id: str) -> None:
+        """A finished sample whose reward has not come is left out of its group (its tokens are discarded)."""
+        e = self._move(sample_id, State.FINISHED, State.FILTERED)
+        self.discarded_tokens += e.output_tokens
+        self.filtered += 1
 
     def _discard(self, e: Entry) -> None:
         """A finished sample goes back to the queue: its tokens are thrown away."""
@@ -229,16 +245,14 @@ class Ledger:
 
     def counts(self, *, completed_iterations: int | None = None) -> LedgerCounts:
         by_prompt = self.by_prompt
-        trained = sum(1 for es in by_prompt.values() if all(e.state is State.TRAINED for e in es))
+        trained = sum(1 for es in by_prompt.values() if _trained(es))
         lost = 0
         if completed_iterations is not None:  # delivered for an iteration that was committed without them
-            done = (State.DELIVERED, State.TRAINED)
+            done = (State.DELIVERED, State.TRAINED, State.FILTERED)
             lost = sum(
                 1
                 for es in by_prompt.values()
-                if es[0].iteration < completed_iterations
-                and all(e.state in done for e in es)
-                and not all(e.state is State.TRAINED for e in es)
+                if es[0].iteration < completed_iterations and all(e.state in done for e in es) and not _trained(es)
             )
         return LedgerCounts(
             prompts=len(by_prompt),
@@ -253,6 +267,7 @@ class Ledger:
             discarded_tokens=self.discarded_tokens,
             aborted=self.aborted,
             migrated=self.migrated,
+            filtered=self.filtered,
         )
 
     def state_histogram(self) -> dict[str, int]:
@@ -269,6 +284,7 @@ class Ledger:
                 "discarded_tokens": self.discarded_tokens,
                 "aborted": self.aborted,
                 "migrated": self.migrated,
+                "filtered": self.filtered,
             },
             "entries": [{**asdict(e), "state": e.state.value} for e in self.entries.values()],
             "partials": self.partials.to_json(),
@@ -277,9 +293,17 @@ class Ledger:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Ledger:
         led = cls(**data["counters"], partials=TrajectoryStore.from_json(data.get("partials")))
-        for row in data["entries"]:
-            e = Entry(**{**row, "state": State(row["state"])})
-            if e.state is not State.TRAINED:
+        entries = [Entry(**{**row, "state": State(row["state"])}) for row in data["entries"]]
+        trained = {e.prompt_id for e in entries if e.state is State.TRAINED}
+        for e in entries:
+            if not (e.state is State.TRAINED or (e.state is State.FILTERED and e.prompt_id in trained)):
                 cls._reset(e)
             led._insert(e)
         return led
+
+
+def _trained(entries: list[Entry]) -> bool:
+    """A group is trained: every sample trained or filtered, one at least trained."""
+    return all(e.state in (State.TRAINED, State.FILTERED) for e in entries) and any(
+        e.state is State.TRAINED for e in entries
+    )

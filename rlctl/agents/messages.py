@@ -131,6 +131,7 @@ class Delivered(msgspec.Struct):
     version: NonNegInt
     output_tokens: NonNegInt
     reward: float  # scored beside the controller (rlctl.rl.reward)
+    group_size: NonNegInt = 0  # the group's samples that train (fewer when some were filtered); 0: all of them
 
 
 class Samples(msgspec.Struct):

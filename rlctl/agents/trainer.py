@@ -113,7 +113,9 @@ class TrainerAgent:
         self._wire_dtype, self._tied = hf.torch_dtype(config), config.tie_word_embeddings
         self.learner = make_learner(self.backend, job.algorithm, job.batch, ref=ref)
         self.bound = StalenessBound(job.pipeline.eta)
-        self.samples_per_iteration = job.batch.samples_per_iteration
+        self.samples_per_prompt = job.batch.samples_per_prompt
+        self.prompts_per_iteration = job.batch.prompts_per_iteration
+        self._sizes: dict[str, int] = {}  # the current iteration's groups taken so far: how many samples each trains
         self.version = 0
         self.checkpoint_digest = ""  # of the checkpoint this trainer restored (the controller compares)
         tp, pp = self.backend.model_parallel()
@@ -281,11 +283,12 @@ class TrainerAgent:
                     ids += self._take(held.setdefault(self.version, deque()))
                     self.learner.train_ready()
                     self.busy_s += time.monotonic() - t0
-                    if self.learner.count < self.samples_per_iteration:
+                    if not self._whole():
                         break
                     # the iteration is complete: one optimizer step, a new version, publish, report
                     t0 = time.monotonic()
                     stats = self.learner.step()
+                    self._sizes.clear()
                     del held[self.version]
                     iteration, self.version = self.version, self.version + 1
                     self._publish(publisher, self.version)
@@ -349,9 +352,16 @@ class TrainerAgent:
         while held:
             d, toks, lps = held.popleft()
             prompt = self.task.prompt_tokens(d.prompt_id)
-            self.learner.add(Sample(d.prompt_id, prompt, toks, lps, d.reward, version=d.version))
+            size = d.group_size or self.samples_per_prompt
+            self.learner.add(Sample(d.prompt_id, prompt, toks, lps, d.reward, version=d.version), group_size=size)
+            self._sizes[d.prompt_id] = size
             ids.append(d.sample_id)
         return ids
+
+    def _whole(self) -> bool:
+        """The current iteration has all its groups, each with the samples the controller said it trains (a group
+        may have fewer than the job's: samples filtered out because their reward held the trainer)."""
+        return len(self._sizes) == self.prompts_per_iteration and self.learner.count == sum(self._sizes.values())
 
     def _maybe_checkpoint(self) -> Callable[[], None] | None:
         """Every `checkpoint.every_iterations` and at the end: the trainer's part of the checkpoint of this

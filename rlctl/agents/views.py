@@ -252,6 +252,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
             "trained_samples": counts.trained_samples,
             "discarded_tokens": counts.discarded_tokens,
             "aborted": counts.aborted,
+            "filtered": counts.filtered,
             "migrated": counts.migrated,
             "partials": partials_view(core),
         },

@@ -155,10 +155,10 @@ class DatasetTask(Strict):
     reward_on_error: float = 0.0
     reward_stall_s: PositiveFloat | Literal["auto", "never"] = Field(
         "auto",
-        description="a group whose samples are in but whose reward is still computing, and which holds the "
-        "trainer's iteration, is generated again after this long while a finished group of a later iteration "
-        "can take its place (auto: 10 × the p90 of recent reward latencies, at least 0.05 s; never: wait for the "
-        "reward, up to reward_timeout_s)",
+        description="a sample whose reward is still computing while its group holds the trainer's iteration is "
+        "filtered out after this long, and its group trains without it (a group that would keep fewer than 2 "
+        "samples is generated again; auto: 10 × the median of recent reward latencies, at least 0.05 s; never: "
+        "wait for the reward, up to reward_timeout_s)",
     )
 
     @field_validator("path")

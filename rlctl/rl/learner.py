@@ -121,14 +121,15 @@ class StreamingLearner:
         self.sums: dict[str, float] = defaultdict(float)
         self.opt.zero_grad(set_to_none=True)
 
-    def add(self, sample: Sample) -> None:
-        """A scored sample arrived; when its group is complete, its advantages are known."""
+    def add(self, sample: Sample, *, group_size: int | None = None) -> None:
+        """A scored sample arrived; when its group is complete (`group_size` samples: fewer than the job's when
+        some were filtered out), its advantages are known."""
         self.count += 1
         self.rewards.append(sample.reward)
         self.tokens += len(sample.output_tokens)
         group = self.groups[sample.prompt_id]
         group.append(sample)
-        if len(group) == self.group_size:
+        if len(group) == (group_size or self.group_size):
             adv = group_advantages([s.reward for s in group], [s.prompt_id for s in group])
             self.ready += list(zip(group, adv, strict=True))
             del self.groups[sample.prompt_id]
@@ -300,7 +301,8 @@ class PpoBatchLearner:
     def count(self) -> int:
         return len(self.samples)
 
-    def add(self, sample: Sample) -> None:
+    def add(self, sample: Sample, *, group_size: int | None = None) -> None:
+        del group_size  # PPO's advantages are per sample (GAE): groups do not matter
         self.samples.append(sample)
 
     def train_ready(self, *, flush: bool = False) -> None:

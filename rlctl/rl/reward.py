@@ -18,6 +18,8 @@ mode for debugging and tests.
 A call that hangs holds its worker until its deadline; the pool does not let it hold the others' calls: while
 calls wait and a worker's call has run longer than `stuck_s`, one more worker starts for each such worker (up
 to `workers × EXTRA_FACTOR`), and a worker beyond `workers` stops as soon as it is idle with nothing waiting.
+`cancel(sample_id)` drops a call nobody waits for any more (the controller filtered its sample out): a queued one
+leaves the queue, a running one's worker is replaced at once instead of at the deadline; its future is cancelled.
 """
 
 from __future__ import annotations
@@ -250,7 +252,8 @@ class RewardStats:
     errors: int = 0
     timeouts: int = 0
     bad_type: int = 0
-    restarts: int = 0  # workers replaced (killed on a timeout, or died)
+    restarts: int = 0  # workers replaced (killed on a timeout or a cancel, or died)
+    cancelled: int = 0  # calls dropped by `cancel` before they finished
     extra_started: int = 0  # workers started beside stuck ones for the calls waiting behind them
 
     @property
@@ -275,6 +278,7 @@ class RewardPool:
         self._inline = workers == 0
         self._lock = threading.Lock()
         self._pending: deque[_Call] = deque()
+        self._cancels: set[str] = set()  # sample ids whose calls are to be dropped (the dispatcher does it)
         self._closed = False
         self._workers: list[_Worker] = []
         if self._inline:
@@ -316,6 +320,16 @@ class RewardPool:
             self._pending.append(call)
         self._wake_w.send(b"x")
         return call.future
+
+    def cancel(self, sample_id: str) -> None:
+        """Drop `sample_id`'s call, queued or running (its future is cancelled); nothing if it has finished."""
+        if self._inline:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            self._cancels.add(sample_id)
+        self._wake_w.send(b"x")
 
     def score(
         self, sample_id: str, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
@@ -450,9 +464,25 @@ class RewardPool:
         self._finish(call, msg)
         self._shrink(i)
 
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            drop, self._cancels = self._cancels, set()
+            if not drop:
+                return
+            gone = [c for c in self._pending if c.sample_id in drop]
+            self._pending = deque(c for c in self._pending if c.sample_id not in drop)
+        for i, w in enumerate(self._workers):
+            if w.call is not None and w.call.sample_id in drop:
+                gone.append(w.call)
+                self._replace(i)  # a running call cannot be interrupted: its process goes
+        for call in gone:
+            self.stats.cancelled += 1
+            call.future.cancel()
+
     def _dispatch(self) -> None:
         try:
             while not self._closed:
+                self._drop_cancelled()
                 self._assign()
                 waiting = [w for w in self._workers if w.state == "starting" or w.call is not None]
                 next_deadline = min((w.deadline for w in waiting), default=math.inf)

@@ -50,6 +50,10 @@ class TaskSource(ABC):
     @abstractmethod
     def score(self, sample_id: str, prompt_id: str, output_tokens: list[int]) -> Future[float]: ...
 
+    def cancel_score(self, sample_id: str) -> None:
+        """The score of `sample_id` is not wanted any more (its future may be cancelled)."""
+        return None
+
     def reward_stats(self) -> RewardStats:
         return RewardStats()
 
@@ -143,6 +147,10 @@ class DatasetSource(TaskSource):
 
         result.add_done_callback(done)
         return out
+
+    def cancel_score(self, sample_id: str) -> None:
+        if self.pool is not None:
+            self.pool.cancel(sample_id)
 
     def reward_stats(self) -> RewardStats:
         return self.pool.stats if self.pool is not None else RewardStats()

@@ -378,8 +378,10 @@ def test_a_peer_that_accepts_and_never_answers(tmp_path: Path) -> None:
     finally:
         stop_launcher(proc)
     assert s is not None, err[-2000:]
-    assert accepted >= 3 and len(waits) >= 3, (accepted, waits)
-    assert all(f"handshake timed out after {bound_s}s" in w for w in waits), waits  # the peer and what for
+    # each attempt into the hole ends at its bound, one line naming the peer and what for; one attempt that was in
+    # flight as the redirect went in may end otherwise (seen once in CI: the first of three reset by the peer)
+    timed_out = [w for w in waits if w.startswith(address) and f"handshake timed out after {bound_s}s" in w]
+    assert accepted >= 3 and len(timed_out) >= max(2, len(waits) - 1), (accepted, waits)
     assert agent.returncode == 1 and f"127.0.0.1:{hole.port}" in agent.stderr, agent.stderr[-2000:]
     assert "handshake timed out" in agent.stderr
     led = s["ledger"]
@@ -391,7 +393,8 @@ def test_a_peer_that_accepts_and_never_answers(tmp_path: Path) -> None:
             led["lost"],
             led["duplicated"],
             [recovered],
-            f"{len(waits)} fetch waits each ended at its {bound_s:g} s bound, one line naming the peer; "
+            f"{len(timed_out)} of {len(waits)} fetch waits ended at their {bound_s:g} s bound, one line naming "
+            "the peer; "
             f"an agent whose controller is silent exited {agent_s:.1f} s after its start",
         )
     )

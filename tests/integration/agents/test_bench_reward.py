@@ -17,5 +17,5 @@ def test_the_reward_benchmark_runs_both_jobs_to_the_end() -> None:
     e = r[eta]
     assert (e["lost"], e["duplicated"]) == (0, 0)
     assert e["period_s_clean"] > 0 and e["period_s_hung"] > 0
-    assert all(isinstance(e[k], int) for k in ("timeouts", "aborted", "discarded_tokens"))
+    assert all(isinstance(e[k], int) for k in ("timeouts", "aborted", "filtered", "discarded_tokens"))
     assert r["hung_loss"] == e["hung_loss"] < 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 
 from rlctl.agents.core import ControllerCore, CoreConfig, Mode, Out, PromptSpec
-from rlctl.agents.ledger import State
+from rlctl.agents.ledger import Ledger, State
 from rlctl.agents.messages import Delivered, Regroup
 from rlctl.agents.trainer import _regroup
 
@@ -284,6 +284,42 @@ def test_a_reward_that_holds_the_trainers_iteration_past_the_stall_limit_is_abor
     assert core.scored("p1/0", attempt=attempt, reward=1.0) == []  # the hung call's late answer: dropped
     core.trained(iteration=1, version=2, sample_ids=["p2/0"], stats={})
     assert core.stats[1].samples == 1 and core.stats[2].samples == 0 and core.stats[1].staleness == {0: 1}
+
+
+def test_a_sample_whose_reward_holds_the_trainer_is_filtered_out_and_its_group_trains_without_it():
+    """Stream, one prompt of 4 samples: 3 scored, the 4th's reward hangs. Past the stall limit that sample is
+    filtered out (its tokens discarded) and the group goes to the trainer at once with the 3 it keeps, saying so
+    (`group_size`); the hung call's late answer is dropped; the prompt counts as trained."""
+    now = [0.0]
+    cfg = CoreConfig(
+        iterations=1,
+        prompts_per_iteration=1,
+        samples_per_prompt=4,
+        max_new_tokens=8,
+        mode="stream",
+        eta=0,
+        reward_stall_s=0.5,
+    )
+    core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1, 2], 3)], clock=lambda: now[0])
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    for k in range(3):
+        assert [o.kind for o in _finish(core, "r0", f"p0/{k}")] == []  # the group is not whole yet
+    core.sample("r0", sample_id="p0/3", version=0, output_tokens=5, payload="p0/3", reward=None)
+    attempt = core.awaiting_reward("p0/3")
+    now[0] = 0.4
+    assert core.unstick() == []
+    now[0] = 0.6
+    [out] = [o for o in core.unstick() if o.kind == "samples"]
+    assert [(s["sample_id"], s["group_size"]) for s in out.header["samples"]] == [(f"p0/{k}", 3) for k in range(3)]
+    assert core.ledger.entries["p0/3"].state is State.FILTERED
+    assert core.aborts == [{"group": "p0", "iteration": 0, "waited_s": 0.6, "filtered": 1}]
+    assert core.scored("p0/3", attempt=attempt, reward=1.0) == []
+    core.trained(iteration=0, version=1, sample_ids=["p0/0", "p0/1", "p0/2"], stats={})
+    c = core.ledger.counts(completed_iterations=1)
+    assert (c.filtered, c.aborted, c.discarded_tokens, c.trained, c.lost, c.trained_samples) == (1, 0, 5, 1, 0, 3)
+    back = Ledger.from_json(core.ledger.to_json())  # a checkpoint keeps the trained group as it was trained
+    assert back.entries["p0/3"].state is State.FILTERED and back.counts().trained == 1
 
 
 def test_with_no_finished_group_to_move_in_the_hung_group_is_generated_again_unless_the_job_waits():

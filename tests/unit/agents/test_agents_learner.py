@@ -52,3 +52,26 @@ def test_streaming_step_equals_the_batch_step(rows: int, tokens: int | None) -> 
         for a, b in zip(base.state_dict().values(), streamed.state_dict().values(), strict=True)
     )
     assert moved > 1e-4  # the step did something to compare
+
+
+def test_a_group_with_samples_filtered_out_trains_as_the_batch_of_what_it_kept() -> None:
+    """Groups of 4 of which some arrive with 3 (a sample filtered out: its reward held the trainer): the learner
+    completes each at the size it is told and steps as the batch learner does on the same samples."""
+    torch.manual_seed(0)
+    base = TinyGPT(SMALL)
+    full = batch(base, random.Random(1), prompts=4, group=4)
+    kept = [s for i, s in enumerate(full) if not (i % 4 == 3 and s.prompt_id in ("p0", "p2"))]
+    cfg = GrpoAlgorithm(kind="grpo", lr=1e-2)
+    at_end = TinyGPT(SMALL)
+    at_end.load_state_dict(base.state_dict())
+    GrpoLearner(at_end, cfg, micro_batch_samples=4).step(kept)
+    streamed = TinyGPT(SMALL)
+    streamed.load_state_dict(base.state_dict())
+    learner = StreamingLearner(streamed, cfg, group_size=4, micro_batch_samples=4)
+    for s in kept:
+        learner.add(s, group_size=3 if s.prompt_id in ("p0", "p2") else 4)
+        learner.train_ready()
+    assert not learner.groups  # every group complete at its own size
+    learner.step()
+    for (name, a), b in zip(at_end.state_dict().items(), streamed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)

@@ -3,12 +3,15 @@ is trained exactly once — proven by driving the real ControllerCore through ra
 (samples finishing, rewards arriving late or for an attempt since requeued, weights arriving late, units
 dying and joining with old weights, duplicates, units reporting partial output, migration asking units to give
 work back and resumed samples as old as their prefix). No group is ever generated only to be thrown away: the
-staleness buffers' reservations keep a place within the bound for every group dispatched, except a group
-aborted because its reward held the trainer (its entry goes to a later finished group, moved forward)."""
+staleness buffers' reservations keep a place within the bound for every group dispatched, except a sample
+filtered out because its reward held the trainer (its group trains without it), or a group generated again when
+too few of its samples would be left (its entry goes to a later finished group, moved forward)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -44,6 +47,13 @@ def prompts_for(p: int):
         return [PromptSpec(f"p{it}-{j}", [1, 2 + j], true_len=(j * 7) % 11 + 1) for j in range(p)]
 
     return make
+
+
+def whole(samples: list[dict[str, Any]], prompts: int) -> bool:
+    """An iteration's delivered samples make it whole: every group, each with the samples it trains."""
+    have = Counter(s["prompt_id"] for s in samples)
+    size = {s["prompt_id"]: s["group_size"] for s in samples}
+    return len(have) == prompts and all(have[g] == size[g] for g in have)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -135,6 +145,7 @@ def test_no_staleness_violation_and_exactly_once(
     next_unit = num_units
     dups_left, kills_left = 3, 2
     unscored: list[tuple[str, int]] = []  # (sample id, attempt) whose reward is still computing
+    unstick_discarded = 0  # tokens that `unstick` threw away (filtered samples, regenerated groups)
 
     for _ in range(2000):
         if core.done:
@@ -148,7 +159,7 @@ def test_no_staleness_violation_and_exactly_once(
         actions += [("weights", n) for n in alive if units[n].pending_weights]
         if dups_left:
             actions += [("dup", n) for n, u in units.items() if u.sent]
-        if len(trainer.buffer.get(trainer.version, [])) == prompts * group:
+        if whole(trainer.buffer.get(trainer.version, []), prompts):
             actions.append(("train", ""))
         if len(alive) > 1 and kills_left:
             actions += [("kill", n) for n in alive]
@@ -189,8 +200,10 @@ def test_no_staleness_violation_and_exactly_once(
             attempt = core.awaiting_reward(sid)
             if attempt is not None:
                 unscored.append((sid, attempt))
-        elif what == "unstick":  # a reward held the trainer: its group is generated again, a later one may move in
+        elif what == "unstick":  # a reward held the trainer: late samples filtered out, or the group generated again
+            before = core.ledger.discarded_tokens
             handle(core.unstick())
+            unstick_discarded += core.ledger.discarded_tokens - before
         elif what == "score":
             sid, attempt = unscored.pop(data.draw(st.integers(0, len(unscored) - 1)))
             handle(core.scored(sid, attempt=attempt, reward=0.5))
@@ -223,12 +236,16 @@ def test_no_staleness_violation_and_exactly_once(
     counts = core.ledger.counts(completed_iterations=iterations)
     assert trainer.violations == 0
     assert counts.stale_requeued == 0  # reservations kept a place for each group
-    # only the groups a stalled reward aborted, and kept output of theirs too old to resume after that
+    # only what a stalled reward filtered out or had generated again, and kept output of regenerated groups too
+    # old to resume after that
     partials = core.ledger.partials
-    assert counts.discarded_tokens == 3 * group * counts.aborted + partials.too_old_tokens
+    assert counts.discarded_tokens == unstick_discarded + partials.too_old_tokens
+    assert unstick_discarded <= 3 * (group * counts.aborted + counts.filtered)
     assert partials.too_old == 0 or counts.aborted > 0
     assert sorted(trainer.trained) == sorted(set(trainer.trained))
-    assert len(trainer.trained) == iterations * prompts * group
+    left_out = [e for e in core.ledger.entries.values() if e.state is State.FILTERED]
+    assert len(trainer.trained) == counts.trained_samples == iterations * prompts * group - len(left_out)
+    assert all(sum(e.state is State.TRAINED for e in core.ledger.group(e.prompt_id)) >= 2 for e in left_out)
     assert counts.trained == counts.prompts == iterations * prompts
     assert counts.duplicated == 0 and counts.lost == 0
     if mode == "sync":

@@ -183,3 +183,21 @@ def test_a_hung_call_holds_only_its_own_worker(rewards_dir: Path) -> None:
             time.sleep(0.05)
         assert len(pool._workers) == 1  # the extra worker stopped: the pool is back to its size
         assert hung.result(timeout=10.0).outcome == "timeout"
+
+
+def test_a_cancelled_call_frees_its_worker_at_once(rewards_dir: Path) -> None:
+    """One worker running a call that hangs and one call queued behind it: cancelling both drops the queued one
+    and replaces the worker now (not at the 30 s deadline), so the next call is answered at once."""
+    with RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=1, timeout_s=30.0) as pool:
+        assert pool.score("warm", "d", "a", "a").ok
+        hung = pool.submit("hung", "d", "hang", "a")
+        queued = pool.submit("queued", "d", "a", "a")
+        time.sleep(0.2)  # the hung call is running
+        t0 = time.monotonic()
+        pool.cancel("queued")
+        pool.cancel("hung")
+        assert pool.score("next", "d", "a", "a").score == 1.0
+        assert time.monotonic() - t0 < 10.0 and hung.cancelled() and queued.cancelled()
+        assert pool.stats.cancelled == 2 and pool.stats.timeouts == 0
+        pool.cancel("next")  # finished already: nothing happens
+        assert pool.stats.cancelled == 2
