@@ -236,13 +236,15 @@ def test_a_new_version_is_shared_by_every_unit_catching_up_not_taken_by_the_firs
     assert core.ledger.in_state(State.QUEUED) == []
 
 
-def _one_prompt_core(now: list[float], *, mode: Mode, eta: int, iterations: int, stall: float | None) -> ControllerCore:
-    """One prompt of one sample per iteration, a trainer and unit r0 joined; the clock reads now[0]; `stall`: the
-    reward stall limit (None: the job waits for its rewards)."""
+def _one_prompt_core(
+    now: list[float], *, mode: Mode, eta: int, iterations: int, stall: float | None, group: int = 1
+) -> ControllerCore:
+    """One prompt of `group` samples per iteration, a trainer and unit r0 joined; the clock reads now[0]; `stall`:
+    the reward stall limit (None: the job waits for its rewards)."""
     cfg = CoreConfig(
         iterations=iterations,
         prompts_per_iteration=1,
-        samples_per_prompt=1,
+        samples_per_prompt=group,
         max_new_tokens=8,
         mode=mode,
         eta=eta,
@@ -291,18 +293,7 @@ def test_a_sample_whose_reward_holds_the_trainer_is_filtered_out_and_its_group_t
     filtered out (its tokens discarded) and the group goes to the trainer at once with the 3 it keeps, saying so
     (`group_size`); the hung call's late answer is dropped; the prompt counts as trained."""
     now = [0.0]
-    cfg = CoreConfig(
-        iterations=1,
-        prompts_per_iteration=1,
-        samples_per_prompt=4,
-        max_new_tokens=8,
-        mode="stream",
-        eta=0,
-        reward_stall_s=0.5,
-    )
-    core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1, 2], 3)], clock=lambda: now[0])
-    core.join("trainer-0", role="trainer", version=0)
-    core.join("r0", role="rollout", version=0)
+    core = _one_prompt_core(now, mode="stream", eta=0, iterations=1, stall=0.5, group=4)
     for k in range(3):
         assert [o.kind for o in _finish(core, "r0", f"p0/{k}")] == []  # the group is not whole yet
     core.sample("r0", sample_id="p0/3", version=0, output_tokens=5, payload="p0/3", reward=None)
