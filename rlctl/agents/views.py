@@ -61,6 +61,7 @@ class Snapshot:
     resilience: Mapping[str, Any] = field(default_factory=dict)  # resumes, replaced units, a note
     data: Mapping[str, Any] = field(default_factory=dict)  # a dataset task's rows: prompts, bad rows skipped
     reward_failures: int = 0  # reward calls that raised, timed out or returned a wrong type, so far
+    reward_calls: Mapping[str, int] = field(default_factory=dict)  # the reward pool's counts (rl.reward.RewardStats)
 
 
 def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
@@ -225,7 +226,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
         "scale_events": s.scale_log,
         "weights": weights_view(s),
         "reward_failures": rows[-1]["reward_failures"] if rows else 0,
-        "rewards": reward_view(core),
+        "rewards": {**reward_view(core), **s.reward_calls},
         "iterations": len(rows),
         "iterations_planned": s.job.iterations,
         "reward_first": round(sum(r["reward_mean"] for r in rows[:k]) / k, 4) if rows else None,
