@@ -33,7 +33,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -735,8 +735,7 @@ class ControllerAgent:
             job_dir=str(self.jobdir.path),
             resilience={"resumes": self.resumes, **self.scaler.resilience(), "paused": self.paused},
             data=self._data_view(),
-            reward_failures=self.task.reward_stats().failures,
-            reward_calls=asdict(self.task.reward_stats()),
+            reward_stats=self.task.reward_stats(),
         )
 
     def _data_view(self) -> dict[str, Any]:

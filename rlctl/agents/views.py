@@ -12,7 +12,7 @@ books (a `Snapshot`, or the few parts a gauge reads), so they are tested without
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from rlctl.agents.core import ControllerCore, IterationStats
@@ -22,6 +22,7 @@ from rlctl.agents.rebalance import Reading
 from rlctl.agents.weightbook import WeightBook
 from rlctl.config.job import JobFile
 from rlctl.metrics import JobMetrics
+from rlctl.rl.reward import RewardStats
 
 
 class AgentRecord(Protocol):
@@ -60,8 +61,7 @@ class Snapshot:
     job_dir: str
     resilience: Mapping[str, Any] = field(default_factory=dict)  # resumes, replaced units, a note
     data: Mapping[str, Any] = field(default_factory=dict)  # a dataset task's rows: prompts, bad rows skipped
-    reward_failures: int = 0  # reward calls that raised, timed out or returned a wrong type, so far
-    reward_calls: Mapping[str, int] = field(default_factory=dict)  # the reward pool's counts (rl.reward.RewardStats)
+    reward_stats: RewardStats = field(default_factory=RewardStats)  # the reward pool's counts so far
 
 
 def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
         "staleness": {str(k): v for k, v in sorted(st.staleness.items())},
         "loss": round(t.loss, 5),
         "kl": round(t.kl, 6),
-        "reward_failures": s.reward_failures,
+        "reward_failures": s.reward_stats.failures,  # calls that raised, timed out or returned a wrong type
         "period_s": round(period, 4),
         "wall_s": round((st.trained_at or 0.0) - s.t_start, 3),
         "t": round(wall_time, 3),
@@ -226,7 +226,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
         "scale_events": s.scale_log,
         "weights": weights_view(s),
         "reward_failures": rows[-1]["reward_failures"] if rows else 0,
-        "rewards": {**reward_view(core), **s.reward_calls},
+        "rewards": {**reward_view(core), **asdict(s.reward_stats)},
         "iterations": len(rows),
         "iterations_planned": s.job.iterations,
         "reward_first": round(sum(r["reward_mean"] for r in rows[:k]) / k, 4) if rows else None,
