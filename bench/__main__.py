@@ -36,6 +36,7 @@ BENCHES = {
     "batching": "bench.batching",
     "demo": "bench.demo",
     "staleness": "bench.staleness",
+    "staging": "bench.staging",
     "gpu-check": "bench.gpu_check",
 }
 

@@ -18,6 +18,7 @@ import logging
 import os
 import shlex
 import subprocess
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -187,19 +188,35 @@ class SshRunner:
         self.env = env or {}
         self._conn: Connection | None = None
 
-    def run(self, command: str, *, timeout_s: float, stdin: str | None = None) -> CommandResult:
+    def run(
+        self,
+        command: str,
+        *,
+        timeout_s: float | None,
+        stdin: str | None = None,
+        on_line: Callable[[str], None] | None = None,
+        hold_stdin: threading.Event | None = None,
+    ) -> CommandResult:
+        """Run `command` there. `on_line`: told each line of its stdout as it comes; `hold_stdin`: its stdin stays
+        open (and empty) until the event is set, then ends (a server told to stop). `timeout_s` None: no deadline."""
         from invoke.exceptions import CommandTimedOut
 
         if self._conn is None:
             self._conn = connect(self.target)
         prefix = "".join(f"export {k}={shlex.quote(v)}; " for k, v in self.env.items())
+        in_stream: Any = False
+        if hold_stdin is not None:
+            in_stream = _HeldInput(hold_stdin)
+        elif stdin is not None:
+            in_stream = _ChunkedInput(stdin)
         try:
             res = self._conn.run(
                 prefix + command,
                 hide=True,
                 warn=True,
                 timeout=timeout_s,
-                in_stream=_ChunkedInput(stdin) if stdin is not None else False,
+                in_stream=in_stream,
+                out_stream=_Lines(on_line) if on_line is not None else None,
             )
         except CommandTimedOut as e:
             self.close()
@@ -275,6 +292,31 @@ class _ChunkedInput(io.StringIO):
 
     def read(self, size: int | None = -1) -> str:
         return super().read(65536 if size is not None and size >= 0 else size)
+
+
+class _HeldInput(io.StringIO):
+    """stdin for invoke that stays open until `until` is set: invoke polls it (None: nothing yet), then '' ends it."""
+
+    def __init__(self, until: threading.Event) -> None:
+        super().__init__()
+        self.until = until
+
+    def read(self, size: int | None = -1) -> str | None:  # type: ignore[override]
+        return "" if self.until.is_set() else None
+
+
+class _Lines(io.StringIO):
+    """stdout for invoke: each whole line to `on_line` as it arrives (invoke also keeps the whole output)."""
+
+    def __init__(self, on_line: Callable[[str], None]) -> None:
+        super().__init__()
+        self.on_line, self._rest = on_line, ""
+
+    def write(self, s: str) -> int:
+        *lines, self._rest = (self._rest + s).split("\n")
+        for line in lines:
+            self.on_line(line)
+        return len(s)
 
 
 def _short(command: str) -> str:

@@ -7,7 +7,9 @@
            ─▶ compare size + SHA-256 of what is there ─▶ copy what differs (SFTP / local copy)
            ─▶ verify size + SHA-256 (+ secret 0600) again ─▶ staged.json {site: {roots, files}}
 
-A site whose job dir is the operator's (local, SLURM submitted from here) needs no copy. staged.json
+A site of several SSH hosts gets its large files over its link once, to its first host, which serves them to
+the others as they land (`_fan_out`, rlctl.launch.fanout). A site whose job dir is the operator's (local, SLURM
+submitted from here) needs no copy. staged.json
 says where each site's copy is; the controller's Spawner reads it (its own copy) so a unit it adds goes
 to a site already staged, or stages it first. The job's record (events, metrics, summary, controller.json)
 is written by the controller on its site; `fetch_record` brings it to the operator's job dir.
@@ -19,18 +21,31 @@ import hashlib
 import json
 import logging
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
-from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, read_sites
-from rlctl.launch.base import AgentHandle
-from rlctl.launch.sitefs import FileState, access_hosts, file_state, host_files, is_remote, model_cache, site_root
+from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, kind_of, read_sites
+from rlctl.launch.base import AgentHandle, site_setup
+from rlctl.launch.remote import CommandResult, SshRunner, sh_path
+from rlctl.launch.sitefs import (
+    FileState,
+    HostFiles,
+    access_hosts,
+    file_state,
+    host_files,
+    is_remote,
+    model_cache,
+    site_root,
+    ssh_target,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +58,9 @@ RECORD_FILES = ("controller.json", "summary.json", "metrics.jsonl", "events.json
 TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
 SECRET_MODE = 0o600
 PROGRESS_INTERVAL_S = 10.0  # a staging progress line at most this often
+FANOUT_MIN_BYTES = 8 << 20  # a multi-host SSH site's files this large cross its link once, then fan out there
+FANOUT_FLOOR_S = 60.0  # the fan-out server's start; a fetch's deadline: this plus its bytes at the floor rate
+FANOUT_FLOOR_BYTES_PER_S = 1e6
 
 Roots = dict[str, str]  # host view → absolute site job dir there
 
@@ -101,9 +119,7 @@ def stage_site(
     own = not is_remote(site) and Path(root).resolve() == src.resolve()  # the operator's own job dir: no copy
     cache = model_cache(root, digest) if model and not own else None
 
-    def one(host: str) -> tuple[str, str, int, int]:
-        if own:
-            return host, str(src), 0, 0
+    def prepare(host: str) -> _View:
         fs = host_files(site, host)
         try:
             if cache is not None:  # model/init → the work root's copy of this model, shared by its jobs
@@ -114,28 +130,36 @@ def stage_site(
             parents = sorted({str(Path(n).parent) for n in names} - {"."})
             resolved = fs.make_dirs([root, *(f"{root}/{p}" for p in parents)])[0]
             have = fs.states(resolved, names)
-            todo = [n for n in names if have.get(n) != want[n]]
-            if progress is not None:
-                progress.add(sum(want[n].size for n in todo))
-            tick = progress.advance if progress is not None else None
-            resumed = [n for n in todo if fs.put(src / n, f"{resolved}/{n}", progress=tick, resume=True)]
-            if todo:
-                after = fs.states(resolved, names)
-                again = [n for n in resumed if after.get(n) != want[n]]  # an earlier partial copy of other bytes
-                if again:
-                    log.warning("site %s: %s: %d resumed copies did not verify; copying them again", name, host,
-                                len(again))  # fmt: skip
-                    for n in again:
-                        fs.put(src / n, f"{resolved}/{n}", resume=False)
-                    after = fs.states(resolved, names)
-                _verify(name, fs.where, resolved, want, after)
-            return host, resolved, len(todo), sum(want[n].size for n in todo)
-        finally:
+        except BaseException:
             fs.close()
+            raise
+        return _View(host, fs, resolved, have, [n for n in names if have.get(n) != want[n]])
 
     hosts = access_hosts(site)
-    with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
-        results = list(pool.map(one, hosts))
+    fanout: dict[str, Any] | None = None
+    if own:
+        results = [(host, str(src), 0, 0) for host in hosts]
+    else:
+        views: list[_View] = []
+        try:
+            with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
+                futures = [pool.submit(prepare, h) for h in hosts]
+            views = [f.result() for f in futures if f.exception() is None]
+            for f in futures:
+                if (e := f.exception()) is not None:
+                    raise e
+            if progress is not None:
+                progress.add(sum(want[n].size for v in views for n in v.todo))
+            fan = _fanned(views, want) if len(views) > 1 else {}
+            if fan:
+                fanout = _fan_out(name, site, src, views, fan, want, progress)
+            else:
+                with ThreadPoolExecutor(max_workers=min(8, len(views))) as pool:
+                    list(pool.map(lambda v: _copy(name, src, v, v.todo, want, progress), views))
+        finally:
+            for v in views:
+                v.fs.close()
+        results = [(v.host, v.resolved, len(v.todo), sum(want[n].size for n in v.todo)) for v in views]
     for host, resolved, n, size in results:
         log.info("site %s: %s:%s holds the job's %d files (%d copied, %d B)", name, host, resolved, len(names), n, size)
     out = {
@@ -145,7 +169,201 @@ def stage_site(
     }
     if cache is not None:
         out["model_cache"] = {"digest": digest, "dir": cache}
+    if fanout is not None:
+        out["fanout"] = fanout
     return out
+
+
+@dataclass
+class _View:
+    """One host view of a site while it is staged: its files (`fs`), its site job dir, what it held before and
+    what it lacks (`todo`)."""
+
+    host: str
+    fs: HostFiles
+    resolved: str
+    have: dict[str, FileState]
+    todo: list[str]
+
+
+def _copy(
+    site: str, src: Path, v: _View, names: list[str], want: dict[str, FileState], progress: StagingProgress | None
+) -> None:
+    """Copy `names` from the operator's job dir straight to the view (SFTP / a local copy) and verify them."""
+    if not names:
+        return
+    tick = progress.advance if progress is not None else None
+    resumed = [n for n in names if v.fs.put(src / n, f"{v.resolved}/{n}", progress=tick, resume=True)]
+    after = v.fs.states(v.resolved, names)
+    again = [n for n in resumed if after.get(n) != want[n]]  # an earlier partial copy of other bytes
+    if again:
+        log.warning("site %s: %s: %d resumed copies did not verify; copying them again", site, v.host, len(again))
+        for n in again:
+            v.fs.put(src / n, f"{v.resolved}/{n}", resume=False)
+        after.update(v.fs.states(v.resolved, again))
+    _verify(site, v.fs.where, v.resolved, {n: want[n] for n in names}, after)
+
+
+def _fanned(views: list[_View], want: dict[str, FileState]) -> dict[str, list[str]]:
+    """What the site's hosts other than the first (the seed) fetch from it instead of from the operator: their
+    missing files of at least FANOUT_MIN_BYTES (the secret always goes straight: the fetch authenticates with it)."""
+    out = {v.host: [n for n in v.todo if want[n].size >= FANOUT_MIN_BYTES and n != "secret"] for v in views[1:]}
+    return {h: ns for h, ns in out.items() if ns}
+
+
+def _fan_out(
+    site_name: str,
+    site: Site,
+    src: Path,
+    views: list[_View],
+    fan: dict[str, list[str]],
+    want: dict[str, FileState],
+    progress: StagingProgress | None,
+) -> dict[str, Any]:
+    """Stage a multi-host site with one copy over its link: the small files straight to every host, the large ones
+    to the seed (the first host), which serves them as they land to the other hosts' fetches (rlctl.launch.fanout).
+    A fetch that fails is tried again from the seed's verified copy, then copied straight from here (a warning).
+    Returns staged.json's `fanout` entry: the seed, the bytes it served, the files copied from here instead."""
+    seed, others = views[0], views[1:]
+    big = {n for ns in fan.values() for n in ns} | {n for n in seed.todo if want[n].size >= FANOUT_MIN_BYTES}
+    big.discard("secret")
+    with ThreadPoolExecutor(max_workers=min(8, len(views))) as pool:  # the secret first: the fan-out needs it
+        list(pool.map(lambda v: _copy(site_name, src, v, [n for n in v.todo if n not in big], want, progress), views))
+    tick = progress.advance if progress is not None else None
+    seed_files = [n for n in seed.todo if n in big]
+    server = _Seed(site, seed)
+    try:
+        server.start()
+    except LaunchError as e:  # e.g. no rlctl in the site's python: every host's copy crosses the link
+        log.warning("site %s: %s; copying to each host from here", site_name, e)
+        with ThreadPoolExecutor(max_workers=min(8, len(views))) as pool:
+            direct = [(seed, seed_files), *((v, fan.get(v.host, [])) for v in others)]
+            list(pool.map(lambda vn: _copy(site_name, src, vn[0], vn[1], want, progress), direct))
+        return {"seed": seed.host, "served_bytes": 0, "direct": {h: len(ns) for h, ns in fan.items()}}
+    try:
+        with ThreadPoolExecutor(max_workers=min(8, len(views))) as pool:
+            copy = pool.submit(_copy, site_name, src, seed, seed_files, want, progress)
+            fetches = {v.host: pool.submit(_fetch, site, v, fan[v.host], want, server.address, tick) for v in others
+                       if v.host in fan}  # fmt: skip
+            copy.result()
+            failed = {h: f.result() for h, f in fetches.items()}
+        for v in others:
+            if failed.get(v.host):
+                log.warning("site %s: %s: %d files did not arrive from %s; fetching them again", site_name, v.host,
+                            len(failed[v.host]), seed.host)  # fmt: skip
+                if progress is not None:
+                    progress.add(sum(want[n].size for n in failed[v.host]))
+                failed[v.host] = _fetch(site, v, failed[v.host], want, server.address, tick)
+    finally:
+        server.stop()
+    for v in others:
+        if failed.get(v.host):
+            log.warning("site %s: %s: %d files did not arrive from %s twice; copying them from here", site_name,
+                        v.host, len(failed[v.host]), seed.host)  # fmt: skip
+            if progress is not None:
+                progress.add(sum(want[n].size for n in failed[v.host]))
+            _copy(site_name, src, v, failed[v.host], want, progress)
+    return {"seed": seed.host, "served_bytes": server.served, "direct": {h: len(ns) for h, ns in failed.items() if ns}}
+
+
+def _fetch(
+    site: Site,
+    v: _View,
+    names: list[str],
+    want: dict[str, FileState],
+    source: str,
+    tick: Callable[[int], None] | None,
+) -> list[str]:
+    """Run `fanout fetch` on the view's host for `names` from `source`; the names that did not arrive whole (each
+    file's SHA-256 is computed there as it is written and compared with the operator's)."""
+    if not names:
+        return []
+    ok: set[str] = set()
+    errors: list[str] = []
+
+    def line(text: str) -> None:
+        try:
+            row = json.loads(text)
+        except ValueError:
+            return
+        if tick is not None and row.get("progress"):
+            tick(int(row["progress"]))
+        if "path" in row and row.get("ok"):
+            ok.add(str(row["path"]))
+        if "error" in row:
+            errors.append(str(row["error"]))
+
+    files = [[n, want[n].size, want[n].sha256, want[n].mode] for n in names]
+    command = _site_python(site, f"fetch {sh_path(v.resolved)} --source {shlex.quote(source)}")
+    runner = SshRunner(ssh_target(site, v.host))
+    try:
+        deadline = FANOUT_FLOOR_S + sum(want[n].size for n in names) / FANOUT_FLOOR_BYTES_PER_S
+        res = runner.run(command, timeout_s=deadline, stdin=json.dumps(files), on_line=line)
+        if res.exit_code != 0:
+            log.warning("site fan-out: %s: fetch from %s failed: %s", v.host, source,
+                        "; ".join(errors) or res.tail())  # fmt: skip
+    except LaunchError as e:
+        log.warning("site fan-out: %s: %s", v.host, e)
+    finally:
+        runner.close()
+    return [n for n in names if n not in ok]
+
+
+def _site_python(site: Site, args: str) -> str:
+    """A `python -m rlctl.launch.fanout ARGS` command line for one of the site's hosts (its setup lines first)."""
+    python = shlex.quote(site.python or kind_of(site).default_python)
+    return "\n".join([*site_setup(site.setup), f"exec {python} -m rlctl.launch.fanout {args}"])
+
+
+class _Seed:
+    """`fanout serve` on the seed host from `start` to `stop` (its stdin is held open until then)."""
+
+    def __init__(self, site: Site, seed: _View) -> None:
+        self.runner = SshRunner(ssh_target(site, seed.host))
+        self.command = _site_python(site, f"serve {sh_path(seed.resolved)} --listen tcp://{seed.host}:0")
+        self.where = seed.host
+        self._stop = threading.Event()
+        self._listening = threading.Event()
+        self._result: list[CommandResult | LaunchError] = []
+        self.address = ""
+        self.served = 0
+
+    def _line(self, text: str) -> None:
+        try:
+            row = json.loads(text)
+        except ValueError:
+            return
+        if "listening" in row:
+            self.address = str(row["listening"])
+            self._listening.set()
+        self.served = int(row.get("served", self.served))
+
+    def _run(self) -> None:
+        try:
+            res = self.runner.run(self.command, timeout_s=None, on_line=self._line, hold_stdin=self._stop)
+            self._result.append(res)
+        except LaunchError as e:
+            self._result.append(e)
+        finally:
+            self._listening.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="fanout-seed", daemon=True)
+        self._thread.start()
+        self._listening.wait(FANOUT_FLOOR_S)
+        if not self.address:
+            self.stop()
+            why = self._result[0] if self._result else "no answer"
+            if isinstance(why, CommandResult):
+                why = f"exit {why.exit_code}: {why.tail()}"
+            raise LaunchError(f"ssh {self.where}: the fan-out server did not start ({why})")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=FANOUT_FLOOR_S)
+        self.runner.close()
+        if self.address:
+            log.info("site fan-out: %s served %d B to the site's other hosts", self.where, self.served)
 
 
 def check_init_record(job_dir: Path, want: dict[str, FileState]) -> None:

@@ -4,7 +4,11 @@
 # in both directions, with its own sshd on <site ip>:22.
 #
 #   root ns: $DEV 10.250.0.1/24 ══tbf $RATE══ eth0 10.250.0.2/24 in netns $NS (sshd :22)
+#                                                  + 10.250.0.3, 10.250.0.4 (EXTRA_IPS): more hosts of the site
 #
+# Each extra address has its own sshd in its own mount namespace (private /tmp, /root): a host of the same
+# site with storage of its own, behind the same shaped link (traffic between the site's hosts stays inside
+# the namespace, unshaped, as inside a datacenter). Their host keys are in the same known_hosts file.
 # Every byte between an agent on the site and the controller/trainer crosses the shaped link.
 # The sshd (sshd.sh with NETNS set) accepts the loopback test sshd's client key (that one must be up first).
 # It also runs in its own mount namespace with private, empty /tmp and /root (sshd.sh PRIVATE_DIRS): the
@@ -18,6 +22,7 @@ NS=${NS:-rlctl-site-b}
 DEV=${DEV:-rlsiteb0}
 GW_IP=${GW_IP:-10.250.0.1}
 SITE_IP=${SITE_IP:-10.250.0.2}
+EXTRA_IPS=${EXTRA_IPS:-10.250.0.3 10.250.0.4}
 RATE=${RATE:-100mbit}
 BURST=${BURST:-256k}
 BASE=${BASE:-/tmp/rlctl-test-netsite}
@@ -28,6 +33,8 @@ die() { log "ERROR: $*"; exit 1; }
 [ "$(id -u)" = 0 ] || die "run as root"
 
 down() {
+  local ip
+  for ip in $EXTRA_IPS; do BASE=$BASE-$ip "$HERE/sshd.sh" down; done
   BASE=$BASE "$HERE/sshd.sh" down
   if [ -e "/run/netns/$NS" ]; then
     # processes still inside keep the namespace alive; they are ours (sshd, agents of a failed test)
@@ -72,7 +79,14 @@ up() {
   case "$repo" in /tmp/* | /root/*) keep="$keep $repo" ;; esac
   BASE=$BASE ADDR=$SITE_IP PORT=22 NETNS=$NS CLIENT_KEY=$SSHD_BASE/id_ed25519 PRIVATE_DIRS="/tmp /root" \
     PRIVATE_KEEP="$keep" "$HERE/sshd.sh" up
-  log "site $NS: $SITE_IP (sshd :22), link to $GW_IP shaped to $RATE both ways"
+  local ip
+  for ip in $EXTRA_IPS; do
+    ip -n "$NS" addr add "$ip/24" dev eth0
+    BASE=$BASE-$ip ADDR=$ip PORT=22 NETNS=$NS CLIENT_KEY=$SSHD_BASE/id_ed25519 PRIVATE_DIRS="/tmp /root" \
+      PRIVATE_KEEP="$keep" "$HERE/sshd.sh" up
+    cat "$BASE-$ip/known_hosts" >>"$BASE/known_hosts"
+  done
+  log "site $NS: $SITE_IP $EXTRA_IPS (sshd :22 each), link to $GW_IP shaped to $RATE both ways"
 }
 
 case "${1:-up}" in

@@ -1,0 +1,136 @@
+"""Staging a site of three hosts behind one shaped link (tests/services/netsite.sh: three sshds in the site's
+network namespace, each with its own private /tmp): the large files cross the link once, to the first host,
+and the other two fetch them from it as they land; without rlctl in the site's python the copies go straight
+from here (three crossings) and the job is still staged."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rlctl.config.inventory import Site
+from rlctl.launch import stage
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+MODEL_BYTES = 24 << 20
+DATA_BYTES = 10 << 20
+
+
+def site(services: dict[str, str], *, python: str = sys.executable) -> Site:
+    return Site.model_validate(
+        {
+            "datacenter": "dc-b",
+            "gpu": "CPU",
+            "python": python,
+            "nodes": [{"host": h, "gpus": 1} for h in services["RLCTL_TEST_NETSITE_HOSTS"].split(",")],
+            "scheduler": {
+                "kind": "ssh",
+                "user": "root",
+                "port": 22,
+                "key_file": services["RLCTL_TEST_SSH_KEY"],
+                "known_hosts": services["RLCTL_TEST_NETSITE_KNOWN_HOSTS"],
+                "workdir": f"/tmp/rlctl-site-b/{uuid.uuid4().hex[:12]}",  # in each host's private /tmp
+            },
+        }
+    )
+
+
+def job_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "job-1"
+    (d / "model" / "init").mkdir(parents=True)
+    (d / "data").mkdir()
+    (d / "job.json").write_text(json.dumps({"name": "job"}))
+    fd = os.open(d / "secret", os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, secrets.token_hex(32).encode())
+    os.close(fd)
+    (d / "model" / "init" / "config.json").write_text("{}")
+    (d / "model" / "init" / "model.safetensors").write_bytes(os.urandom(MODEL_BYTES))
+    (d / "data" / "train.jsonl").write_bytes(os.urandom(DATA_BYTES))
+    return d
+
+
+def to_site_bytes(services: dict[str, str]) -> int:
+    out = subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", services["RLCTL_TEST_NETSITE_DEV"]],
+                         capture_output=True, text=True, timeout=10, check=True)  # fmt: skip
+    return sum(int(q.get("bytes", 0)) for q in json.loads(out.stdout) if q.get("kind") == "tbf")
+
+
+def sums_on(services: dict[str, str], host: str, root: str) -> dict[str, str]:
+    """SHA-256 of every file under the host's site job dir, computed there (symlinks followed)."""
+    argv = ["ssh", "-i", services["RLCTL_TEST_SSH_KEY"], "-o",
+            f"UserKnownHostsFile={services['RLCTL_TEST_NETSITE_KNOWN_HOSTS']}", "-o", "BatchMode=yes",
+            f"root@{host}", f"cd {root} && find -L . -type f -printf '%P\\0' | xargs -0 sha256sum"]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    return {line.split(None, 1)[1].strip(): line.split()[0] for line in out.splitlines()}
+
+
+def local_sums(d: Path) -> dict[str, str]:
+    return {n: stage.file_state(d / n).sha256 for n in stage.files_to_stage(d)}
+
+
+def test_large_files_cross_the_link_once_and_fan_out_inside_the_site(services, tmp_path):
+    s = site(services)
+    src = job_dir(tmp_path)
+    lines: list[str] = []
+    before = to_site_bytes(services)
+    progress = stage.StagingProgress("gen", lines.append, interval_s=0.0)
+    entry = stage.stage_site("gen", s, src, job_id="job-1", progress=progress)
+    on_link = to_site_bytes(services) - before
+    progress.done()
+
+    hosts = services["RLCTL_TEST_NETSITE_HOSTS"].split(",")
+    assert entry["fanout"]["seed"] == hosts[0]
+    assert entry["fanout"]["served_bytes"] == 2 * (MODEL_BYTES + DATA_BYTES)  # to each other host, once
+    assert entry["fanout"]["direct"] == {}
+    assert entry["copied"] == {h: 5 for h in hosts}
+    for h in hosts:  # every host holds the job's bytes, checked there
+        assert sums_on(services, h, entry["roots"][h]) == local_sums(src)
+    # one copy across the link (the SSH/TCP headers on top), not three
+    assert on_link < 1.08 * (MODEL_BYTES + DATA_BYTES)
+    assert lines[-1].startswith("staging gen: ") and " copied in " in lines[-1]
+
+    again = stage.stage_site("gen", s, src, job_id="job-1")  # nothing new: nothing copied, no fan-out
+    assert again["copied"] == {h: 0 for h in hosts} and "fanout" not in again
+
+
+def test_a_host_with_a_cut_short_fetch_goes_on_from_its_bytes(services, tmp_path):
+    s = site(services)
+    src = job_dir(tmp_path)
+    first = stage.stage_site("gen", s, src, job_id="job-1")
+    hosts = services["RLCTL_TEST_NETSITE_HOSTS"].split(",")
+    data = f"{first['roots'][hosts[2]]}/data/train.jsonl"
+    cut = f"head -c {DATA_BYTES // 2} {data} > {data}.part && rm {data}"  # a fetch stopped halfway
+    assert subprocess.run(["ssh", "-i", services["RLCTL_TEST_SSH_KEY"], "-o",
+                           f"UserKnownHostsFile={services['RLCTL_TEST_NETSITE_KNOWN_HOSTS']}", f"root@{hosts[2]}", cut],
+                          timeout=30).returncode == 0  # fmt: skip
+    entry = stage.stage_site("gen", s, src, job_id="job-1")
+    assert entry["copied"] == {hosts[0]: 0, hosts[1]: 0, hosts[2]: 1}
+    assert entry["fanout"]["served_bytes"] == DATA_BYTES - DATA_BYTES // 2
+    assert sums_on(services, hosts[2], entry["roots"][hosts[2]]) == local_sums(src)
+
+
+def test_without_rlctl_on_the_site_every_host_is_copied_from_here(services, tmp_path, caplog):
+    bare = "/usr/bin/python3"  # the system's python: no rlctl, so no fan-out server
+    if subprocess.run([bare, "-c", "import rlctl"], capture_output=True, cwd="/").returncode == 0:
+        pytest.skip(f"{bare} has rlctl")
+    s = site(services, python=bare)
+    src = job_dir(tmp_path)
+    before = to_site_bytes(services)
+    with caplog.at_level(logging.WARNING, logger="rlctl.launch.stage"):
+        entry = stage.stage_site("gen", s, src, job_id="job-1")
+    on_link = to_site_bytes(services) - before
+    hosts = services["RLCTL_TEST_NETSITE_HOSTS"].split(",")
+    assert entry["fanout"]["served_bytes"] == 0 and entry["fanout"]["direct"] == {h: 2 for h in hosts[1:]}
+    assert any("the fan-out server did not start" in r.message and "copying to each host from here" in r.message
+               for r in caplog.records)  # fmt: skip
+    for h in hosts:
+        assert sums_on(services, h, entry["roots"][h]) == local_sums(src)
+    assert on_link > 2.9 * (MODEL_BYTES + DATA_BYTES)
