@@ -463,9 +463,16 @@ class ControllerAgent:
             else:
                 self._score(s.sample_id, msg.tensors)
         elif msg.kind == "partial":
+            made_s = parse(msg, Partial).made_s
             for sample_id, start, tokens, logprobs, versions in _parts(msg):
                 self.core.partial(
-                    who, sample_id=sample_id, start=start, tokens=tokens, logprobs=logprobs, versions=versions
+                    who,
+                    sample_id=sample_id,
+                    start=start,
+                    tokens=tokens,
+                    logprobs=logprobs,
+                    versions=versions,
+                    made_s=made_s,
                 )
         elif msg.kind == "withdrawn":
             self._send(self.core.withdrawn(who, [(sid, t, lp, v) for sid, _, t, lp, v in _parts(msg)]))
@@ -595,6 +602,8 @@ class ControllerAgent:
             )
             return
         dc = self.placement.datacenter(name)
+        if h.role != "trainer" and (cost := self.placement.decode_cost(name)) is not None:
+            self.core.unit_costs[name] = cost  # migration splits a unit's running work only where it pays
         for i, address in enumerate(h.weight_roots or [h.weights]):  # a trainer's ranks, or the unit itself
             self.book.node(address, agent=name if h.role != "trainer" else f"trainer-{i}", datacenter=dc)
         self.jobdir.event(

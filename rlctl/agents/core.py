@@ -21,6 +21,8 @@ generation, a reward that hangs — lets the groups that finished first fill the
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import random
 import time
 from collections import Counter, deque
@@ -51,6 +53,8 @@ STALL_FACTOR = 10.0
 STALL_FLOOR_S = 0.05
 STALL_MIN_SAMPLES = 32  # reward latencies seen before the automatic limit applies (worker start-up is slow)
 MIN_GROUP = 2  # samples a filtered group keeps at least (a group advantage compares two or more)
+RATE_REPORTS = 64  # a unit's last reports whose per-sample token rates bound what its loss cost
+FINISHED_LENGTHS = 256  # output lengths of the last finished samples: the remaining-steps estimate of migration
 MIGRATE_EVERY_S = 0.2  # how often the units' loads are compared (`migrate`): each look scans the rounds in flight
 
 
@@ -160,6 +164,15 @@ class ControllerCore:
         self.withdrawing: dict[str, tuple[str, int]] = {}  # donor unit → (the unit its work goes to, how many)
         self.migrations: list[dict[str, Any]] = []  # what `migrate` moved, for the controller's events (it empties it)
         self._looked = -MIGRATE_EVERY_S  # when `migrate` last compared the units' loads
+        self.unit_costs: dict[str, migration.Cost] = {}  # unit → its site's decode cost (the controller sets it)
+        self.finished_lengths: deque[int] = deque(maxlen=FINISHED_LENGTHS)  # the last samples' output lengths
+        # what bounds the tokens a lost unit took with it (`_interrupted`): when each dispatched sample was handed
+        # out and last reported, when each unit last reported, and its samples' token rates between two reports
+        self._dispatched_at: dict[str, float] = {}
+        self._reported_at: dict[str, float] = {}
+        self._made_at: dict[str, float] = {}  # … and when the unit took that report, by its clock (rates)
+        self._unit_reported_at: dict[str, float] = {}
+        self._rates: dict[str, deque[float]] = {}
 
     # -- events -------------------------------------------------------------------------------------
     def join(
@@ -182,6 +195,7 @@ class ControllerCore:
             return []
         unit.alive = False
         self.withdrawing.pop(name, None)
+        self._interrupted(name)
         self._release_idle(self.ledger.requeue_agent(name))
         return [self._members(), *self.pump()]
 
@@ -193,8 +207,30 @@ class ControllerCore:
             return []
         unit.reachable = False
         self.withdrawing.pop(name, None)  # its answer may never come
+        self._interrupted(name)
         self._release_idle(self.ledger.requeue_agent(name))
         return [self._members(), *self.pump()]
+
+    def _interrupted(self, name: str) -> None:
+        """Count the generations the unit held (`TrajectoryStore.interrupt`): each kept its reported output, and lost
+        at most what it generated after it was last accounted for — a unit's report carries every running
+        generation's new tokens, so that is after the later of the unit's last report, the sample's own last report
+        and its dispatch — at the fastest per-sample rate the unit's reports showed (capped by the tokens it had
+        left)."""
+        now = self.clock()
+        rate = max(self._rates.pop(name, ()), default=0.0)
+        unit_t = self._unit_reported_at.pop(name, float("-inf"))
+        for e in self.ledger.in_state(State.DISPATCHED):
+            if e.agent != name:
+                continue
+            sid = e.sample_id
+            own_t = self._reported_at.pop(sid, None)
+            since = now - max(unit_t, own_t if own_t is not None else self._dispatched_at.get(sid, now))
+            kept = len(self.ledger.partials.parts.get(sid, ()))
+            most = min(round(rate * max(since, 0.0)), max(self.cfg.max_new_tokens - kept, 0))
+            self.ledger.partials.interrupt(sid, lost_at_most=most)
+            self._dispatched_at.pop(sid, None)
+            self._made_at.pop(sid, None)
 
     def rejoin(self, name: str, *, version: int, requeue: bool) -> list[Out]:
         """An unreachable (or reconnecting) rollout unit is back at weight `version`. `requeue`: it came back on
@@ -248,7 +284,10 @@ class ControllerCore:
         if not self.ledger.finish(sample_id, agent=name, version=version, output_tokens=output_tokens):
             return []
         self.ledger.partials.drop(sample_id)
+        for times in (self._dispatched_at, self._reported_at, self._made_at):
+            times.pop(sample_id, None)
         self.payloads[sample_id] = payload
+        self.finished_lengths.append(output_tokens)
         st = self.stats[self.ledger.entries[sample_id].iteration]
         st.last_finish = self.clock()
         if reward is not None:
@@ -259,12 +298,28 @@ class ControllerCore:
         return self.pump() + self._retire_drained()
 
     def partial(
-        self, name: str, *, sample_id: str, start: int, tokens: list[int], logprobs: list[float], versions: list[int]
+        self,
+        name: str,
+        *,
+        sample_id: str,
+        start: int,
+        tokens: list[int],
+        logprobs: list[float],
+        versions: list[int],
+        made_s: float = 0.0,
     ) -> bool:
         """A unit's report of a running sample's output from index `start` on; kept (True) only while the sample
-        is dispatched to that unit (a late report of a lost unit is ignored)."""
+        is dispatched to that unit (a late report of a lost unit is ignored). `made_s`: the unit's clock when it
+        took the report (0: this clock's arrival time stands in for it)."""
         if self.ledger.dispatched_to(sample_id, name) is None:
             return False
+        now = self.clock()
+        made = made_s or now
+        last = self._made_at.get(sample_id)
+        if last is not None and made > last and tokens:  # between two reports: a rate of generating, not waiting
+            self._rates.setdefault(name, deque(maxlen=RATE_REPORTS)).append(len(tokens) / (made - last))
+        self._made_at[sample_id] = made
+        self._reported_at[sample_id] = self._unit_reported_at[name] = now
         return self.ledger.partials.extend(sample_id, start, tokens, logprobs, versions)
 
     def awaiting_reward(self, sample_id: str) -> int | None:
@@ -447,13 +502,38 @@ class ControllerCore:
         requests and answers with what it took out (`withdrawn`)."""
         if not self.cfg.migrate or not self.started:
             return []
-        held = Counter(e.agent for e in self._in_flight())
-        loads = [migration.Load(u.name, u.version, held[u.name]) for u in self.live_units]
+        running: dict[str, list[Entry]] = {}
+        for e in self._in_flight():
+            running.setdefault(str(e.agent), []).append(e)
+        residual = self._residual()
+        loads = []
+        for u in self.live_units:
+            mine = running.get(u.name, [])
+            done = [len(self.ledger.partials.parts.get(e.sample_id, ())) for e in mine]
+            steps = sum(residual(n) for n in done) / len(mine) if mine and residual is not None else None
+            prefill = sum(len(self.prompts[e.prompt_id].tokens) + n for e, n in zip(mine, done, strict=True))
+            cost = self.unit_costs.get(u.name)
+            loads.append(migration.Load(u.name, u.version, len(mine), cost, steps, prefill / max(len(mine), 1)))
         out = []
         for donor, to, n in migration.plan(loads, self.withdrawing, batch=self.cfg.unit_batch):
             self.withdrawing[donor] = (to, n)
             out.append(Out(donor, "withdraw", {"count": n}))
         return out
+
+    def _residual(self) -> Callable[[int], float] | None:
+        """Expected decode steps left for a sample with n output tokens so far: the mean of L − n over the last
+        finished lengths L > n (max_new_tokens − n when none is that long); None before any sample finished."""
+        if not self.finished_lengths:
+            return None
+        lengths = sorted(self.finished_lengths)
+        tail = list(itertools.accumulate(reversed(lengths)))[::-1]  # tail[i] = sum(lengths[i:])
+        cap = self.cfg.max_new_tokens
+
+        def left(n: int) -> float:
+            i = bisect.bisect_right(lengths, n)
+            return tail[i] / (len(lengths) - i) - n if i < len(lengths) else max(cap - n, 1)
+
+        return left
 
     def withdrawn(self, name: str, parts: list[tuple[str, list[int], list[float], list[int]]]) -> list[Out]:
         """Unit `name` took these requests out of its engine (sample id, output so far: tokens, log-probs,
@@ -566,6 +646,9 @@ class ControllerCore:
             self.buffers.reserve(e.prompt_id, oldest)
             # the version the sample answers for: the unit's, or its kept output's oldest token's
             self.ledger.dispatch(e.sample_id, agent=unit.name, version=oldest)
+            self._dispatched_at[e.sample_id] = self.clock()
+            self._reported_at.pop(e.sample_id, None)
+            self._made_at.pop(e.sample_id, None)
             spec = self.prompts[e.prompt_id]
             req = {
                 "sample_id": e.sample_id,

@@ -108,6 +108,7 @@ class Partial(msgspec.Struct):
     int32 versions, the parts' in order."""
 
     parts: list[PartialPart]
+    made_s: float = 0.0  # the unit's monotonic clock when it took the report (0: not given): rates of generating
 
 
 class Withdraw(msgspec.Struct):

@@ -1,8 +1,18 @@
-"""Which unit gives how much work to which (StaleFlow's migration strategy, seed 004 §5.3, by request counts).
+"""Which unit gives how much work to which (StaleFlow's migration strategy, seed 004 §5.3).
 
     a unit holding more than its batch ──its waiting requests──▶ a unit with free rows (as many as fit)
     a busy unit (≥ 2 in flight)       ──half of its requests───▶ an idle unit (the long tail: running
-                                                                   ones resume there from their output)
+                                                                   ones resume there from their output),
+                                                                   when the planner's cost model says it pays
+
+Waiting requests always move (they would only wait). Running ones move only when the decode steps saved beat
+the prefill the receiver redoes: with `Cost` (the planner's decode cost of each unit's site, from plan.json)
+and the donor's expected remaining steps S (`Load.remaining_steps`, from the lengths of finished samples),
+moving n of h running requests pays when S · (ptl_d(h) − max(ptl_d(h − n), ptl_r(n))) exceeds
+prefill_r · (the tokens the n requests hold: prompt + output so far). A decode step whose time hardly depends
+on the batch (memory-bound: a GPU well below its compute bound) makes splitting a tail worthless, and nothing
+moves; where the step time grows with the batch, the tail is split. Without a cost (a unit the plan does not
+price) or an estimate of S (no finished sample yet), the count rule alone decides, as StaleFlow's does.
 
 A receiver takes work only from units whose weights are no newer than its own (whatever it is given, it may
 generate), and a unit with a move pending (either way) is left alone. Counts already promised by pending moves are
@@ -12,6 +22,24 @@ taken as done. Pure: `ControllerCore.migrate` asks the donors (`withdraw`) and s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A unit's decode cost as the planner priced its site (plan.json's `decode`, rlctl.planner.costs.DecodeCost)."""
+
+    ptl_s: tuple[float, ...]  # seconds per decode step at batch 1, 2, …, max_batch
+    prefill_s_per_token: float
+
+    def ptl(self, bs: int) -> float:
+        return self.ptl_s[min(max(bs, 1), len(self.ptl_s)) - 1]
+
+    @staticmethod
+    def from_plan(decode: dict[str, Any] | None) -> Cost | None:
+        if not decode or not decode.get("ptl_s"):
+            return None
+        return Cost(tuple(float(x) for x in decode["ptl_s"]), float(decode.get("prefill_s_per_token", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -19,6 +47,18 @@ class Load:
     name: str
     version: int  # the weights it holds
     held: int  # samples dispatched to it and not finished
+    cost: Cost | None = None  # its site's decode cost (None: not priced)
+    remaining_steps: float | None = None  # decode steps its running samples have left, expected (None: unknown)
+    tokens_per_request: float = 0.0  # prompt + output so far of its running samples, on average (the prefill)
+
+
+def split_pays(donor: Load, receiver: Load, held: int, n: int) -> bool:
+    """Whether moving `n` of the donor's `held` running requests to the idle receiver saves more decode time than
+    the receiver spends prefilling them (the module docstring); True when either cost or S is unknown."""
+    if donor.cost is None or receiver.cost is None or donor.remaining_steps is None:
+        return True
+    saved = donor.cost.ptl(held) - max(donor.cost.ptl(held - n), receiver.cost.ptl(n))
+    return donor.remaining_steps * saved > receiver.cost.prefill_s_per_token * n * donor.tokens_per_request
 
 
 def plan(loads: list[Load], pending: dict[str, tuple[str, int]], *, batch: int) -> list[tuple[str, str, int]]:
@@ -40,6 +80,8 @@ def plan(loads: list[Load], pending: dict[str, tuple[str, int]], *, batch: int) 
             n = min(held[d.name] - batch, room)
         elif held[r.name] == 0 and held[d.name] >= 2:  # r is idle beside a busy unit
             n = held[d.name] // 2
+            if not split_pays(d, r, held[d.name], n):
+                continue
         else:
             continue
         busy.add(d.name)

@@ -217,8 +217,8 @@ class RolloutAgent:
         self.reported.pop(sample_id, None)
         self.order.pop(sample_id, None)
 
-    def _send_outputs(self, kind: str, outputs: list[tuple[GenResult, int]]) -> None:
-        """A `partial` or `withdrawn` message: each (result, start)'s output from `start` on."""
+    def _send_outputs(self, kind: str, outputs: list[tuple[GenResult, int]], made_s: float = 0.0) -> None:
+        """A `partial` or `withdrawn` message: each (result, start)'s output from `start` on (`made_s`: when)."""
         parts, tokens, logprobs, versions = [], [], [], []
         for res, start in outputs:
             parts.append(PartialPart(res.request_id, start, len(res.output_tokens) - start))
@@ -230,7 +230,7 @@ class RolloutAgent:
             torch.tensor(logprobs, dtype=torch.float32),
             torch.tensor(versions, dtype=torch.int32),
         ]
-        self.link.send(make(kind, Partial(parts), tensors))
+        self.link.send(make(kind, Partial(parts, made_s), tensors))
 
     def _report(self) -> None:
         """Tell the controller what each running generation produced since the last report."""
@@ -242,7 +242,7 @@ class RolloutAgent:
                 new.append((res, start))
                 self.reported[res.request_id] = len(res.output_tokens)
         if new:
-            self._send_outputs("partial", new)
+            self._send_outputs("partial", new, self.last_report)
 
     def _send_sample(self, res: GenResult) -> None:
         head = SampleDone(

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlctl.agents import migration
 from rlctl.agents.core import ControllerCore, Out
 from rlctl.agents.rebalance import Reading, RebalanceRule
 from rlctl.config.inventory import Site
@@ -87,6 +88,14 @@ class Placement:
             if a in dcs and b in dcs and dcs[a] != dcs[b]
         }
         return sorted(sorted(p) for p in pairs) or None
+
+    def decode_cost(self, agent: str) -> migration.Cost | None:
+        """The planner's decode cost of the agent's site (plan.json's `planner.allocation`), None when the plan
+        does not price it (a site the planner gave no rollout, a plan without a planner)."""
+        site = self.sites.get(agent, "")
+        rows = self.plan.get("planner", {}).get("allocation", [])
+        row = next((a for a in rows if a.get("role") == "rollout" and a.get("site") == site), None)
+        return migration.Cost.from_plan(row.get("decode")) if row is not None else None
 
     def datacenter(self, agent: str) -> str:
         site = self.site_specs.get(self.sites.get(agent, ""))

@@ -53,6 +53,17 @@ class TrajectoryStore:
     resumed_tokens: int = 0  # … and the tokens those prefixes held (not generated again)
     too_old: int = 0  # kept outputs dropped at dispatch: too old for any buffer with room (the sample restarted)
     too_old_tokens: int = 0  # … and their tokens (also in the ledger's discarded_tokens)
+    # generations cut by the loss of their unit (or its silence): what the store kept of them, and at most how many
+    # tokens their unit generated past its last report (lost with it, generated again) — `interrupted`
+    interrupted: int = 0
+    interrupted_kept_tokens: int = 0
+    interrupted_lost_tokens_max: int = 0
+
+    def interrupt(self, sample_id: str, *, lost_at_most: int) -> None:
+        """The sample's unit is gone: count what is kept of its output and the bound on what is not."""
+        self.interrupted += 1
+        self.interrupted_kept_tokens += len(self.parts.get(sample_id, ()))
+        self.interrupted_lost_tokens_max += lost_at_most
 
     def extend(self, sample_id: str, start: int, tokens: list[int], logprobs: list[float], versions: list[int]) -> bool:
         """Output index `start` on of a running sample (the caller checked that it runs where the report came
@@ -129,6 +140,9 @@ class TrajectoryStore:
                 "resumed_tokens": self.resumed_tokens,
                 "too_old": self.too_old,
                 "too_old_tokens": self.too_old_tokens,
+                "interrupted": self.interrupted,
+                "interrupted_kept_tokens": self.interrupted_kept_tokens,
+                "interrupted_lost_tokens_max": self.interrupted_lost_tokens_max,
             },
             "parts": {s: [enc(p.tokens), enc(p.logprobs), enc(p.versions)] for s, p in self.parts.items()},
         }

@@ -171,8 +171,10 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
 
 def partials_view(core: ControllerCore) -> dict[str, Any]:
     """Partial rollouts: generations resumed from kept output (their unit was lost, or their work migrated), the
-    tokens that kept from being generated again, what the store holds now, the reports its bound turned away
-    and the outputs dropped as too old to resume within the staleness bound."""
+    tokens that kept from being generated again, what the store holds now, the reports its bound turned away,
+    the outputs dropped as too old to resume within the staleness bound, and for generations cut by a lost unit
+    what was kept and at most how much was lost: `regenerated_fraction_max` = lost ÷ (kept + lost), the share of
+    a restart's regeneration that is still paid (an upper bound)."""
     p = core.ledger.partials
     return {
         "resumed": p.resumed,
@@ -181,6 +183,15 @@ def partials_view(core: ControllerCore) -> dict[str, Any]:
         "held_bytes": p.nbytes,
         "over_budget": p.over_budget,
         "too_old": p.too_old,
+        # generations whose unit was lost: kept tokens, and the most their units generated unreported (again now)
+        "interrupted": p.interrupted,
+        "interrupted_kept_tokens": p.interrupted_kept_tokens,
+        "interrupted_lost_tokens_max": p.interrupted_lost_tokens_max,
+        "regenerated_fraction_max": (
+            round(p.interrupted_lost_tokens_max / (p.interrupted_kept_tokens + p.interrupted_lost_tokens_max), 4)
+            if p.interrupted_kept_tokens + p.interrupted_lost_tokens_max
+            else None
+        ),
     }
 
 

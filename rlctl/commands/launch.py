@@ -72,7 +72,13 @@ def _table(s: dict[str, Any]) -> str:
         [
             "partial rollouts",
             f"migrated {led['migrated']} resumed {led['partials']['resumed']} "
-            f"({led['partials']['resumed_tokens']} tokens not generated again)",
+            f"({led['partials']['resumed_tokens']} tokens not generated again)"
+            + (
+                f"; {p['interrupted']} cut by a lost unit: {p['interrupted_kept_tokens']} tokens kept, "
+                f"≤ {p['interrupted_lost_tokens_max']} generated again"
+                if (p := led["partials"]).get("interrupted")
+                else ""
+            ),
         ],
         ["wall", f"{s['wall_s']:.1f} s"],
         ["job dir", s["job_dir"]],

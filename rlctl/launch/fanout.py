@@ -12,7 +12,7 @@ writes and renames the file once whole; its report (one JSON line per file) is w
 Deadlines follow progress: the server answers a range once its bytes are there, and gives up on a file whose
 `.part` has not grown for `stall_s`.
 
-    python -m rlctl.launch.fanout serve ROOT --listen tcp://HOST:0     (stdout: {"listening": ADDR}; until stdin ends)
+    python -m rlctl.launch.fanout serve ROOT --advertise HOST          (stdout: {"listening": ADDR}; until stdin ends)
     python -m rlctl.launch.fanout fetch ROOT --source ADDR             (stdin: [[path, size, sha256, mode], ...])
 
 Both read the job's secret from ROOT/secret (staged first, straight to every host). See docs/launch.md.
@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="serve ROOT's files to the site's other hosts until stdin ends")
     s.add_argument("root", type=Path)
-    s.add_argument("--listen", required=True, help="tcp://HOST:0, HOST an address the other hosts reach")
+    s.add_argument("--listen", default="tcp://0.0.0.0:0", help="where to listen (default: every interface)")
+    s.add_argument("--advertise", help="the host name the other hosts reach this one at (default: --listen's)")
     s.add_argument("--stall-s", type=float, default=STALL_S)
     f = sub.add_parser("fetch", help="fetch the files named on stdin into ROOT from the seed")
     f.add_argument("root", type=Path)
@@ -258,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "serve":
             server = Server(args.root, secret, args.listen, stall_s=args.stall_s)
             threading.Thread(target=server.serve, name="fanout-accept", daemon=True).start()
-            _emit({"listening": server.address})
+            port = server.address.rsplit(":", 1)[1]
+            _emit({"listening": f"tcp://{args.advertise}:{port}" if args.advertise else server.address})
             sys.stdin.read()  # the operator's end of the channel: closed when staging is done (or the operator gone)
             server.stop()
             _emit({"served": server.served})

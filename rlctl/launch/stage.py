@@ -320,7 +320,7 @@ class _Seed:
 
     def __init__(self, site: Site, seed: _View) -> None:
         self.runner = SshRunner(ssh_target(site, seed.host))
-        self.command = _site_python(site, f"serve {sh_path(seed.resolved)} --listen tcp://{seed.host}:0")
+        self.command = _site_python(site, f"serve {sh_path(seed.resolved)} --advertise {shlex.quote(seed.host)}")
         self.where = seed.host
         self._stop = threading.Event()
         self._listening = threading.Event()

@@ -24,7 +24,7 @@ from rlctl.config.inventory import Site
 from rlctl.config.job import DatasetTask, Job, LengthsTask
 from rlctl.errors import ConfigError, PlanError
 from rlctl.planner import alloc
-from rlctl.planner.costs import TrainWorkload
+from rlctl.planner.costs import DecodeCost, TrainWorkload
 from rlctl.planner.curves import GenCurve, TrainCurve, gen_curve, train_stage_curve
 from rlctl.planner.dispatch import Rule, SkewSplit, fixed_split
 from rlctl.planner.sim import (
@@ -408,6 +408,7 @@ def _assemble(
                 "instances": cfg.instances if cfg else 0,
                 "predicted_s": float(gcurves[s].seconds[x]) if x else None,
                 "max_batch": gcurves[s].costs[cfg.tp].max_batch if cfg else None,
+                "decode": _decode_json(gcurves[s].costs[cfg.tp]) if cfg else None,
             }
         )
     if not units:
@@ -693,3 +694,12 @@ def _rebalance(
     if not has_free:
         out["reason"] = "no rollout site has free GPUs for another unit (δ' is what one would gain)"
     return out
+
+
+def _decode_json(cost: DecodeCost) -> dict[str, Any]:
+    """A unit's decode cost as plan.json keeps it for the controller's migration (`rlctl.agents.migration.Cost`):
+    seconds per decode step at batch 1 … max_batch, and per prefilled token."""
+    return {
+        "ptl_s": [round(float(x), 7) for x in cost.ptl_s[1 : cost.max_batch + 1]],
+        "prefill_s_per_token": round(cost.prefill_s_per_token, 9),
+    }

@@ -120,6 +120,7 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
     requeued = sum(lost[u]["requeued"] for u in killed)
     partials = led["partials"]
     assert partials["resumed"] > 0 and partials["resumed_tokens"] >= partials["resumed"], partials
+    assert partials["interrupted"] > 0 and partials["interrupted_kept_tokens"] > 0, partials
     record(
         Row(
             "rollout units SIGKILLed mid-generation (local, 3 units)",
@@ -128,7 +129,9 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
             led["duplicated"],
             recovery,
             f"{requeued} samples requeued ({partials['resumed']} resumed from their last report, "
-            f"{partials['resumed_tokens']} tokens not generated again), {len(replaced)} replaced, "
+            f"{partials['resumed_tokens']} tokens not generated again; of the {partials['interrupted']} cut, "
+            f"{partials['interrupted_kept_tokens']} tokens kept and ≤ {partials['interrupted_lost_tokens_max']} "
+            f"generated again: ≤ {partials['regenerated_fraction_max']} of a restart's), {len(replaced)} replaced, "
             f"{s['iterations']} iterations trained",
         )
     )

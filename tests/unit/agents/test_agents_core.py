@@ -63,8 +63,8 @@ def test_random_dispatch_ignores_lengths():
     assert {p for v in gen.values() for _, p in v} == {0.0}
 
 
-def _finish(core: ControllerCore, agent: str, sid: str, version: int = 0) -> list[Out]:
-    return core.sample(agent, sample_id=sid, version=version, output_tokens=3, payload=sid, reward=1.0)
+def _finish(core: ControllerCore, agent: str, sid: str, version: int = 0, tokens: int = 3) -> list[Out]:
+    return core.sample(agent, sample_id=sid, version=version, output_tokens=tokens, payload=sid, reward=1.0)
 
 
 def test_sync_delivers_only_a_complete_iteration_stream_delivers_at_once():
@@ -425,6 +425,30 @@ def test_partial_outputs_survive_a_checkpoint_unless_newer_than_it():
     assert set(again.ledger.partials.parts) == {a}  # b's token came from v2, past the checkpoint's v1
 
 
+def test_a_lost_unit_s_generations_count_what_was_kept_and_at_most_what_was_lost():
+    """r0 reports 10 tokens of each sample a second (one report each at t 1, 2); lost at t 2.5, it generated at
+    most 10 × 0.5 = 5 more of each that nobody saw: kept 20, lost ≤ 5, a restart would have regenerated 25."""
+    from rlctl.agents.views import partials_view
+
+    now = [0.0]
+    core = _core(min_units=1, prompts=2)
+    core.clock = lambda: now[0]
+    core.join("trainer-0", role="trainer", version=0)
+    held = [s for s, _ in _generate(core.join("r0", role="rollout", version=0))["r0"]]
+    for t in (1.0, 2.0):
+        now[0] = t
+        for sid in held:
+            start = len(core.ledger.partials.parts.get(sid, ()))
+            core.partial("r0", sample_id=sid, start=start, tokens=[7] * 10, logprobs=[-0.1] * 10, versions=[0] * 10)
+    now[0] = 2.5
+    core.lost("r0")
+    v = partials_view(core)
+    assert (v["interrupted"], v["interrupted_kept_tokens"], v["interrupted_lost_tokens_max"]) == (2, 40, 10)
+    assert v["regenerated_fraction_max"] == 0.2
+    back = Ledger.from_json(__import__("json").loads(__import__("json").dumps(core.ledger.to_json())))
+    assert back.partials.interrupted_lost_tokens_max == 10  # kept across a checkpoint
+
+
 def test_the_store_keeps_nothing_past_its_bound():
     from rlctl.agents.trajectories import TOKEN_BYTES, TrajectoryStore
 
@@ -482,6 +506,27 @@ def test_an_idle_unit_takes_half_of_a_busy_units_work_and_a_late_answer_is_ignor
     assert list(reqs) == [r0[1]] and core.ledger.entries[r0[1]].agent == "r1"
     assert core.withdrawn("r0", [(r0[1], [9], [-1.0], [0])]) == [] and core.ledger.migrated == 1  # r1's now
     assert _withdraws(core.migrate(now=True)) == {}  # one each: nothing to move
+
+
+def test_the_tail_stays_where_the_planners_cost_model_says_splitting_does_not_pay():
+    """As above, with each unit priced by its site's decode cost: a flat PTL (a memory-bound step) keeps r0's two
+    running samples where they are; a steep one (each row adds a step's worth) splits them. The steps left come
+    from the finished samples' lengths: r1's finished at 40 tokens, r0's have 3 each so far."""
+    from rlctl.agents.migration import Cost
+
+    for per_row, asked in ((1e-7, {}), (0.01, {"r0": 1})):
+        core = _batch_core(8, group=2, prompts=2, min_units=2)
+        core.join("trainer-0", role="trainer", version=0)
+        ptl = Cost(tuple(0.01 + per_row * (b - 1) for b in range(1, 9)), prefill_s_per_token=1e-4)
+        core.unit_costs = {"r0": ptl, "r1": ptl}
+        core.join("r0", role="rollout", version=0)
+        gen = _generate(core.join("r1", role="rollout", version=0))
+        for sid, _ in gen["r0"]:
+            core.partial("r0", sample_id=sid, start=0, tokens=[1, 2, 3], logprobs=[-0.1] * 3, versions=[0] * 3)
+        for sid, _ in gen["r1"]:
+            _finish(core, "r1", sid, tokens=40)
+        assert list(core.finished_lengths) == [40, 40]
+        assert _withdraws(core.migrate(now=True)) == asked, per_row
 
 
 def test_no_work_moves_to_a_unit_on_older_weights_or_when_migration_is_off():

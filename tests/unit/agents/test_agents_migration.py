@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from rlctl.agents.migration import Load, plan
+from pathlib import Path
+
+from rlctl.agents.migration import Cost, Load, plan, split_pays
+from rlctl.config import load_job
+from rlctl.planner.plan import make_plan
 
 
 def test_waiting_requests_go_to_free_rows_and_an_idle_unit_takes_half_of_a_busy_one():
@@ -23,3 +27,45 @@ def test_pending_moves_count_as_done_and_leave_both_units_alone():
 def test_no_work_goes_to_a_unit_on_older_weights():
     assert plan([Load("a", 3, 10), Load("b", 2, 0)], {}, batch=4) == []
     assert plan([Load("a", 2, 10), Load("b", 3, 0)], {}, batch=4) == [("a", "b", 4)]
+
+
+def cost(step_at_1: float, per_row: float, *, prefill: float = 1e-4, max_batch: int = 64) -> Cost:
+    """A decode step of `step_at_1` s at batch 1, growing by `per_row` s per row (the planner's PTL(BS) shape)."""
+    return Cost(tuple(step_at_1 + per_row * (b - 1) for b in range(1, max_batch + 1)), prefill)
+
+
+def test_a_tail_is_split_only_where_the_cost_model_says_it_pays():
+    flat = cost(0.020, 0.00001)  # memory-bound: 8 rows cost hardly more than 4
+    steep = cost(0.002, 0.002)  # compute-bound: each row adds a step's worth
+    # 8 running requests, 100 steps left each, 300 tokens each to prefill again
+    for c, moves in ((flat, []), (steep, [("a", "b", 4)])):
+        loads = [Load("a", 3, 8, c, 100.0, 300.0), Load("b", 3, 0, c, None, 0.0)]
+        assert plan(loads, {}, batch=16) == moves, c
+    # a few steps left: the prefill is not paid back even where a step grows with the batch
+    assert plan([Load("a", 3, 8, steep, 1.0, 300.0), Load("b", 3, 0, steep)], {}, batch=16) == []
+    # no estimate of the steps left (nothing finished yet) or no cost (a site the plan does not price): counts
+    assert plan([Load("a", 3, 8, flat, None, 300.0), Load("b", 3, 0, flat)], {}, batch=16) == [("a", "b", 4)]
+    assert plan([Load("a", 3, 8, None, 100.0, 300.0), Load("b", 3, 0, flat)], {}, batch=16) == [("a", "b", 4)]
+
+
+def test_waiting_requests_move_whatever_the_cost():
+    flat = cost(0.020, 0.00001)
+    loads = [Load("a", 3, 20, flat, 100.0, 300.0), Load("b", 3, 0, flat, None, 0.0)]
+    assert plan(loads, {}, batch=16) == [("a", "b", 4)]  # the 4 beyond a's batch wait: they go
+
+
+def test_split_pays_weighs_steps_saved_against_the_prefill():
+    c = cost(0.002, 0.002, prefill=1e-3)
+    d, r = Load("a", 3, 8, c, 10.0, 100.0), Load("b", 3, 0, c)
+    # saved per step: ptl(8) − max(ptl(4), ptl(4)) = 0.016 − 0.008 = 0.008 s; × 10 steps = 0.08 s
+    # prefill: 4 requests × 100 tokens × 1e-3 s = 0.4 s: does not pay; at 100 steps (0.8 s) it does
+    assert not split_pays(d, r, 8, 4)
+    assert split_pays(Load("a", 3, 8, c, 100.0, 100.0), r, 8, 4)
+
+
+def test_the_plan_carries_each_rollout_sites_decode_cost() -> None:
+    plan = make_plan(load_job(Path(__file__).resolve().parents[3] / "jobs" / "demo.yaml"))
+    rows = [a for a in plan["allocation"] if a["role"] == "rollout"]
+    c = Cost.from_plan(rows[0]["decode"])
+    assert c is not None and len(c.ptl_s) == rows[0]["max_batch"] and c.prefill_s_per_token > 0
+    assert all(a <= b for a, b in zip(c.ptl_s, c.ptl_s[1:], strict=False))  # a larger batch never steps faster

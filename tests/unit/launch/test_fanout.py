@@ -144,3 +144,14 @@ def test_the_command_line_fetch_reports_json_lines(seed: Server, tmp_path: Path,
     assert main(["fetch", str(host), "--source", seed.address]) == 0
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert rows == [{"progress": 1000, "path": "w", "size": 1000, "sha256": sha(data), "ok": True}]
+
+
+def test_the_command_line_seed_advertises_the_name_the_other_hosts_reach(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import io
+    import json
+
+    (tmp_path / "secret").write_text(SECRET.hex())
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # the operator's end closed at once: serve, then stop
+    assert main(["serve", str(tmp_path), "--advertise", "h20-01"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert rows[0]["listening"].startswith("tcp://h20-01:") and rows[1] == {"served": 0}
