@@ -150,7 +150,10 @@ class Server:
         while True:  # the range's first byte there, or the file stalled
             n = available(path, size)
             if n > offset:
-                return read_range(path, offset, min(length, n - offset), size)
+                try:
+                    return read_range(path, offset, min(length, n - offset), size)
+                except FanoutError:  # its .part renamed (or restarted) between the two looks: look again
+                    pass
             if n != seen:
                 seen, since = n, time.monotonic()
             elif time.monotonic() - since > self.stall_s:
@@ -207,7 +210,7 @@ def fetch(
                 )
                 if got.kind == "error":
                     raise FanoutError(f"{rel}: {got.header.get('error')}")
-                n = int(got.header["n"])
+                n = got.tensors[0].numel()
                 data = memoryview(buf)[:n]
                 f.write(data)
                 digest.update(data)

@@ -245,7 +245,11 @@ def _fan_out(
             copy = pool.submit(_copy, site_name, src, seed, seed_files, want, progress)
             fetches = {v.host: pool.submit(_fetch, site, v, fan[v.host], want, server.address, tick) for v in others
                        if v.host in fan}  # fmt: skip
-            copy.result()
+            try:
+                copy.result()
+            except BaseException:
+                server.stop()  # the fetches waiting on the seed's files end now, not at the seed's stall limit
+                raise
             failed = {h: f.result() for h, f in fetches.items()}
         for v in others:
             if failed.get(v.host):
@@ -359,6 +363,8 @@ class _Seed:
             raise LaunchError(f"ssh {self.where}: the fan-out server did not start ({why})")
 
     def stop(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._thread.join(timeout=FANOUT_FLOOR_S)
         self.runner.close()
