@@ -81,14 +81,16 @@ def staging_plan(sites: dict[str, Site], *, job_id: str, here: Path) -> list[dic
     for name, site in sorted(sites.items()):
         root = site_root(site, job_id, here=here)
         copy = is_remote(site) or Path(root) != here
+        hosts = access_hosts(site)
         out.append(
             {
                 "site": name,
-                "hosts": access_hosts(site),
+                "hosts": hosts,
                 "job_dir": root,
                 "files": what if copy else [],
                 "note": (
                     "staged: size + SHA-256 verified, secret 0600; model/init shared per model"
+                    + ("; files ≥ 8 MiB cross once, then fan out from the first host" if len(hosts) > 1 else "")
                     if copy
                     else "the operator's job dir: no copy"
                 ),
