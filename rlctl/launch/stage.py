@@ -58,6 +58,7 @@ RECORD_FILES = ("controller.json", "summary.json", "metrics.jsonl", "events.json
 TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
 SECRET_MODE = 0o600
 PROGRESS_INTERVAL_S = 10.0  # a staging progress line at most this often
+BAR_INTERVAL_S = 0.25  # … and the terminal's live bar
 FANOUT_MIN_BYTES = 8 << 20  # a multi-host SSH site's files this large cross its link once, then fan out there
 FANOUT_FLOOR_S = 60.0  # the fan-out server's start; a fetch's deadline: this plus its bytes at the floor rate
 FANOUT_FLOOR_BYTES_PER_S = 1e6
@@ -428,10 +429,16 @@ def write_staged(job_dir: Path, staged: dict[str, Any]) -> None:
 
 
 def stage_all(
-    job_dir: Path, sites: dict[str, Site], *, job_id: str, say: Callable[[str], None] | None = None
+    job_dir: Path,
+    sites: dict[str, Site],
+    *,
+    job_id: str,
+    say: Callable[[str], None] | None = None,
+    show: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Stage to every site of the job (once each; a site already holding identical files gets no copy). `say`:
-    where the copy's progress goes (a line every PROGRESS_INTERVAL_S while it runs, one at its end). The job's
+    where the copy's progress goes (a line every PROGRESS_INTERVAL_S while it runs, one at its end); `show`: a
+    terminal's live line (a bar while a site's copy runs, cleared after). The job's
     files are hashed once; the starting model's checksums are recorded at the first launch (INIT_RECORD) and a
     later launch whose starting model changed is refused (its files may be hard links to the user's)."""
     staged = read_staged(job_dir)
@@ -439,30 +446,34 @@ def stage_all(
     want = {n: file_state(job_dir / n) for n in names}
     check_init_record(job_dir, want)
     for name, site in sorted(sites.items()):
-        progress = StagingProgress(name, say) if say is not None else None
+        progress = StagingProgress(name, say, show=show) if say is not None else None
         staged[name] = stage_site(name, site, job_dir, job_id=job_id, names=names, progress=progress, want=want)
         if progress is not None:
             progress.done()
+        if show is not None:
+            show("")
     write_staged(job_dir, staged)
     return staged
 
 
 class StagingProgress:
     """Bytes a site's copy has to move and has moved (every host's, from their threads), reported through `say`
-    at most every `interval_s`: done / total, the rate, the time left."""
+    at most every `interval_s`: done / total, the rate, the time left; and through `show` (a terminal's live line,
+    when there is one) as a bar at most every BAR_INTERVAL_S."""
 
     def __init__(
         self,
         site: str,
         say: Callable[[str], None],
         *,
+        show: Callable[[str], None] | None = None,
         interval_s: float = PROGRESS_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.site, self.say, self.interval_s, self.clock = site, say, interval_s, clock
+        self.site, self.say, self.show, self.interval_s, self.clock = site, say, show, interval_s, clock
         self.total = self.moved = 0
         self._lock = threading.Lock()
-        self._t0 = self._last = clock()
+        self._t0 = self._last = self._shown = clock()
 
     def add(self, nbytes: int) -> None:
         with self._lock:
@@ -472,11 +483,28 @@ class StagingProgress:
         with self._lock:
             self.moved += nbytes
             now = self.clock()
-            if now - self._last < self.interval_s:
-                return
-            self._last = now
-            line = self.line(now)
-        self.say(line)
+            bar = self.bar(now) if self.show is not None and now - self._shown >= BAR_INTERVAL_S else None
+            if bar is not None:
+                self._shown = now
+            line = None
+            if now - self._last >= self.interval_s:
+                self._last = now
+                line = self.line(now)
+        if bar is not None and self.show is not None:
+            self.show(bar)
+        if line is not None:
+            self.say(line)
+
+    def bar(self, now: float, width: int = 30) -> str:
+        """`staging gen [██████········] 1.00 GB / 3.00 GB  100 MB/s  ≈ 20 s left`"""
+        frac = min(self.moved / self.total, 1.0) if self.total else 1.0
+        full = round(frac * width)
+        rate = self.moved / max(now - self._t0, 1e-9)
+        left = f"≈ {_duration((self.total - self.moved) / rate)} left" if rate > 0 else ""
+        return (
+            f"staging {self.site} [{'█' * full}{'·' * (width - full)}] {_gb(self.moved)} / {_gb(self.total)}  "
+            f"{rate / 1e6:.0f} MB/s  {left}"
+        ).rstrip()
 
     def line(self, now: float) -> str:
         spent = max(now - self._t0, 1e-9)

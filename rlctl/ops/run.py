@@ -200,9 +200,11 @@ class JobRun:
         db: JobDB | None = None,
         sites: dict[str, Site] | None = None,
         say: Callable[[str], None] | None = None,
+        show: Callable[[str], None] | None = None,
     ) -> None:
         self.jobdir, self.spec, self.plan = jobdir, spec, plan
         self.say = say  # where the operator reads progress lines (staging); None: the log only
+        self.show = show  # the operator's terminal's live line (the staging bar), when it has one
         self.sites = sites if sites is not None else read_sites(jobdir.path)
         if not self.sites:
             raise LaunchError(f"{jobdir.path}: no sites.json; prepare(…, job=job) writes it")
@@ -308,7 +310,7 @@ class JobRun:
             resume=resume,
         )
         t0 = time.monotonic()
-        self.staged = stage_all(self.jobdir.path, self.sites, job_id=self.id, say=self.say)
+        self.staged = stage_all(self.jobdir.path, self.sites, job_id=self.id, say=self.say, show=self.show)
         copied = {s: sum(v["copied"].values()) for s, v in self.staged.items()}
         self.jobdir.event("staged", seconds=round(time.monotonic() - t0, 2), copied=copied)
         c = agents[0][0]

@@ -219,11 +219,27 @@ def test_staging_progress_says_bytes_rate_and_time_left_at_most_every_interval()
     ]
 
 
+def test_staging_progress_draws_a_bar_on_the_terminal_at_most_four_times_a_second() -> None:
+    now = [0.0]
+    shown: list[str] = []
+    p = stage.StagingProgress("gen", lambda _: None, show=shown.append, clock=lambda: now[0])
+    p.add(3 * 10**9)
+    now[0] = 0.1
+    p.advance(10**8)  # too soon after the start
+    now[0] = 10.0
+    p.advance(9 * 10**8)
+    now[0] = 10.2
+    p.advance(10**8)  # too soon after the last
+    assert shown == ["staging gen [██████████····················] 1.00 GB / 3.00 GB  100 MB/s  ≈ 20 s left"]
+
+
 def test_stage_all_reports_the_copy_and_says_nothing_when_nothing_is_copied(tmp_path: Path) -> None:
     src = job_dir(tmp_path)
     said: list[str] = []
-    stage_all(src, {"far": local_site(tmp_path / "w")}, job_id="job-1", say=said.append)
+    shown: list[str] = []
+    stage_all(src, {"far": local_site(tmp_path / "w")}, job_id="job-1", say=said.append, show=shown.append)
     assert len(said) == 1 and said[0].startswith("staging far: ") and " copied in " in said[0]
+    assert shown[-1] == ""  # the live line cleared once the site is staged
     said.clear()
     stage_all(src, {"far": local_site(tmp_path / "w")}, job_id="job-1", say=said.append)
     assert said == []
