@@ -60,6 +60,7 @@ SECRET_MODE = 0o600
 PROGRESS_INTERVAL_S = 10.0  # a staging progress line at most this often
 BAR_INTERVAL_S = 0.25  # … and the terminal's live bar
 FANOUT_MIN_BYTES = 8 << 20  # a multi-host SSH site's files this large cross its link once, then fan out there
+FANOUT_CHILDREN = 2  # hosts each host of the site's fan-out tree serves
 FANOUT_FLOOR_S = 60.0  # the fan-out server's start; a fetch's deadline: this plus its bytes at the floor rate
 FANOUT_FLOOR_BYTES_PER_S = 1e6
 
@@ -91,7 +92,7 @@ def staging_plan(sites: dict[str, Site], *, job_id: str, here: Path) -> list[dic
                 "files": what if copy else [],
                 "note": (
                     "staged: size + SHA-256 verified, secret 0600; model/init shared per model"
-                    + ("; files ≥ 8 MiB cross once, then fan out from the first host" if len(hosts) > 1 else "")
+                    + ("; files ≥ 8 MiB cross once, then fan out host to host" if len(hosts) > 1 else "")
                     if copy
                     else "the operator's job dir: no copy"
                 ),
@@ -224,9 +225,12 @@ def _fan_out(
     progress: StagingProgress | None,
 ) -> dict[str, Any]:
     """Stage a multi-host site with one copy over its link: the small files straight to every host, the large ones
-    to the seed (the first host), which serves them as they land to the other hosts' fetches (rlctl.launch.fanout).
-    A fetch that fails is tried again from the seed's verified copy, then copied straight from here (a warning).
-    Returns staged.json's `fanout` entry: the seed, the bytes it served, the files copied from here instead."""
+    to the seed (the first host); the hosts form a tree of FANOUT_CHILDREN children per host (in inventory order,
+    the seed at its root), and every host with children serves what lands in it to their fetches
+    (rlctl.launch.fanout), so no host sends more than FANOUT_CHILDREN copies. A fetch that fails is tried again
+    from the seed's verified copy, then copied straight from here (a warning); a relay whose server does not start
+    leaves its children to the seed. Returns staged.json's `fanout` entry: the seed, the bytes the servers sent (in
+    all and by host), the relays, the files copied from here instead."""
     seed, others = views[0], views[1:]
     big = {n for ns in fan.values() for n in ns} | {n for n in seed.todo if want[n].size >= FANOUT_MIN_BYTES}
     big.discard("secret")
@@ -234,43 +238,75 @@ def _fan_out(
         list(pool.map(lambda v: _copy(site_name, src, v, [n for n in v.todo if n not in big], want, progress), views))
     tick = progress.advance if progress is not None else None
     seed_files = [n for n in seed.todo if n in big]
-    server = _Seed(site, seed)
+    parent = {views[i].host: views[(i - 1) // FANOUT_CHILDREN] for i in range(1, len(views))}
+    servers = {seed.host: _Seed(site, seed)}
     try:
-        server.start()
+        servers[seed.host].start()
     except LaunchError as e:  # e.g. no rlctl in the site's python: every host's copy crosses the link
         log.warning("site %s: %s; copying to each host from here", site_name, e)
         with ThreadPoolExecutor(max_workers=min(8, len(views))) as pool:
             direct = [(seed, seed_files), *((v, fan.get(v.host, [])) for v in others)]
             list(pool.map(lambda vn: _copy(site_name, src, vn[0], vn[1], want, progress), direct))
-        return {"seed": seed.host, "served_bytes": 0, "direct": {h: len(ns) for h, ns in fan.items()}}
+        direct_n = {h: len(ns) for h, ns in fan.items()}
+        return {"seed": seed.host, "served_bytes": 0, "served_by": {}, "relays": [], "direct": direct_n}
     try:
+        relays = {parent[h].host: parent[h] for h in fan if parent[h] is not seed}
         with ThreadPoolExecutor(max_workers=min(8, len(views))) as pool:
+            for host, started in zip(relays, pool.map(lambda v: _start(site, v), relays.values()), strict=True):
+                if started is None:
+                    log.warning("site %s: %s does not relay; its hosts fetch from %s", site_name, host, seed.host)
+                else:
+                    servers[host] = started
+
+        def source(v: _View) -> str:
+            return servers.get(parent[v.host].host, servers[seed.host]).address
+
+        with ThreadPoolExecutor(max_workers=min(16, 2 * len(views))) as pool:
             copy = pool.submit(_copy, site_name, src, seed, seed_files, want, progress)
-            fetches = {v.host: pool.submit(_fetch, site, v, fan[v.host], want, server.address, tick) for v in others
+            fetches = {v.host: pool.submit(_fetch, site, v, fan[v.host], want, source(v), tick) for v in others
                        if v.host in fan}  # fmt: skip
             try:
                 copy.result()
             except BaseException:
-                server.stop()  # the fetches waiting on the seed's files end now, not at the seed's stall limit
+                for server in servers.values():  # the fetches waiting on the seed's files end now
+                    server.stop()
                 raise
             failed = {h: f.result() for h, f in fetches.items()}
         for v in others:
             if failed.get(v.host):
-                log.warning("site %s: %s: %d files did not arrive from %s; fetching them again", site_name, v.host,
-                            len(failed[v.host]), seed.host)  # fmt: skip
+                log.warning("site %s: %s: %d files did not arrive from %s; fetching them again from %s", site_name,
+                            v.host, len(failed[v.host]), parent[v.host].host, seed.host)  # fmt: skip
                 if progress is not None:
                     progress.add(sum(want[n].size for n in failed[v.host]))
-                failed[v.host] = _fetch(site, v, failed[v.host], want, server.address, tick)
+                failed[v.host] = _fetch(site, v, failed[v.host], want, servers[seed.host].address, tick)
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
     for v in others:
         if failed.get(v.host):
-            log.warning("site %s: %s: %d files did not arrive from %s twice; copying them from here", site_name,
-                        v.host, len(failed[v.host]), seed.host)  # fmt: skip
+            log.warning("site %s: %s: %d files did not arrive twice; copying them from here", site_name, v.host,
+                        len(failed[v.host]))  # fmt: skip
             if progress is not None:
                 progress.add(sum(want[n].size for n in failed[v.host]))
             _copy(site_name, src, v, failed[v.host], want, progress)
-    return {"seed": seed.host, "served_bytes": server.served, "direct": {h: len(ns) for h, ns in failed.items() if ns}}
+    return {
+        "seed": seed.host,
+        "served_bytes": sum(server.served for server in servers.values()),
+        "served_by": {h: server.served for h, server in servers.items()},
+        "relays": sorted(h for h in servers if h != seed.host),
+        "direct": {h: len(ns) for h, ns in failed.items() if ns},
+    }
+
+
+def _start(site: Site, v: _View) -> _Seed | None:
+    """A fan-out server on the view's host, started (None, with the reason logged, when it does not start)."""
+    server = _Seed(site, v)
+    try:
+        server.start()
+    except LaunchError as e:
+        log.warning("site fan-out: %s", e)
+        return None
+    return server
 
 
 def _fetch(

@@ -89,7 +89,7 @@ def test_large_files_cross_the_link_once_and_fan_out_inside_the_site(services, t
     hosts = services["RLCTL_TEST_NETSITE_HOSTS"].split(",")
     assert entry["fanout"]["seed"] == hosts[0]
     assert entry["fanout"]["served_bytes"] == 2 * (MODEL_BYTES + DATA_BYTES)  # to each other host, once
-    assert entry["fanout"]["direct"] == {}
+    assert entry["fanout"]["direct"] == {} and entry["fanout"]["relays"] == []  # two hosts: both from the seed
     assert entry["copied"] == {h: 5 for h in hosts}
     for h in hosts:  # every host holds the job's bytes, checked there
         assert sums_on(services, h, entry["roots"][h]) == local_sums(src)
@@ -99,6 +99,22 @@ def test_large_files_cross_the_link_once_and_fan_out_inside_the_site(services, t
 
     again = stage.stage_site("gen", s, src, job_id="job-1")  # nothing new: nothing copied, no fan-out
     assert again["copied"] == {h: 0 for h in hosts} and "fanout" not in again
+
+
+def test_in_a_chain_each_host_relays_to_the_next_as_bytes_land(services, tmp_path, monkeypatch):
+    monkeypatch.setattr(stage, "FANOUT_CHILDREN", 1)  # seed → host 2 → host 3
+    s = site(services)
+    src = job_dir(tmp_path)
+    before = to_site_bytes(services)
+    entry = stage.stage_site("gen", s, src, job_id="job-1")
+    on_link = to_site_bytes(services) - before
+    hosts = services["RLCTL_TEST_NETSITE_HOSTS"].split(",")
+    assert entry["fanout"]["relays"] == [hosts[1]] and entry["fanout"]["direct"] == {}
+    once = MODEL_BYTES + DATA_BYTES
+    assert entry["fanout"]["served_by"] == {hosts[0]: once, hosts[1]: once}  # the seed to host 2, host 2 to host 3
+    for h in hosts:
+        assert sums_on(services, h, entry["roots"][h]) == local_sums(src)
+    assert on_link < 1.08 * (MODEL_BYTES + DATA_BYTES)
 
 
 def test_a_host_with_a_cut_short_fetch_goes_on_from_its_bytes(services, tmp_path):
