@@ -12,6 +12,8 @@ this shared machine.
 - rlctl 2 streams: `TcpConfig(num_streams=2)`, the tensor striped over two sockets;
 - rlctl untagged: the same framing on a connection without keys (no handshake, no per-message tag):
            `auth_overhead` = rlctl / untagged − 1, the cost of authenticating every message (`transport/auth.py`);
+- rlctl encrypted: `transport.encrypt` (`TcpConfig(encrypt=True)`: frames AES-256-GCM): `encrypt_overhead` =
+           encrypted / rlctl − 1;
 - pickle:  `pickle.dumps(tensor)` sent with `multiprocessing.connection` `send_bytes`, `pickle.loads` on
            receipt (plain `send(tensor)` would pass a shared-memory handle, not bytes).
 
@@ -57,12 +59,18 @@ def _raw_server(port_q: Any, nbytes: int, repeats: int) -> None:
 
 
 def _rlctl_server(
-    port_q: Any, nbytes: int, repeats: int, preallocated: bool, kind: str = "tcp", tagged: bool = True
+    port_q: Any,
+    nbytes: int,
+    repeats: int,
+    preallocated: bool,
+    kind: str = "tcp",
+    tagged: bool = True,
+    encrypt: bool = False,
 ) -> None:
     torch.set_num_threads(1)
     lst: Any
     if tagged:
-        lst = make_transport(kind, secret=SECRET).listen(f"{kind}://127.0.0.1:0")
+        lst = make_transport(kind, secret=SECRET, encrypt=encrypt).listen(f"{kind}://127.0.0.1:0")
         port_q.put(lst.address)
         conn = lst.accept()
     else:  # the framing alone: no handshake, no tags (the baseline of `auth_overhead`)
@@ -150,14 +158,16 @@ class _Rlctl:
         kind: str = "tcp",
         streams: int = 1,
         tagged: bool = True,
+        encrypt: bool = False,
     ) -> None:
-        self.proc, addr = _start(_rlctl_server, t.numel(), repeats, preallocated, kind, tagged)
+        self.proc, addr = _start(_rlctl_server, t.numel(), repeats, preallocated, kind, tagged, encrypt)
         if not tagged:
             sock = socket.create_connection(("127.0.0.1", int(addr.rsplit(":", 1)[1])))
             tcp._tune(sock, TcpConfig())
             self.conn: Connection = tcp.TcpConnection(sock, addr, TcpConfig())
         elif kind == "tcp":
-            self.conn = TcpTransport(secret=SECRET, config=TcpConfig(num_streams=streams)).connect(addr, timeout_s=30)
+            cfg = TcpConfig(num_streams=streams, encrypt=encrypt)
+            self.conn = TcpTransport(secret=SECRET, config=cfg).connect(addr, timeout_s=30)
         else:
             self.conn = make_transport(kind, secret=SECRET).connect(addr, timeout_s=30)
         self.t, self.round_trips = t, round_trips
@@ -224,10 +234,11 @@ def run(*, quick: bool) -> dict[str, Any]:
         "rlctl_fresh": _Rlctl(t, repeats, preallocated=False, round_trips=10),
         "rlctl_2_streams": _Rlctl(t, repeats, preallocated=True, round_trips=10, streams=2),
         "pickle": _Pickle(t, repeats, round_trips),
+        "rlctl_encrypted": _Rlctl(t, repeats, preallocated=True, round_trips=round_trips, encrypt=True),
     }
     best = _best_interleaved(methods, repeats)
     rps = {name: m.finish() for name, m in methods.items()}
-    raw_s, rl_s, untagged_s, rl_fresh_s, rl2_s, pk_s = (best[k] for k in methods)
+    raw_s, rl_s, untagged_s, rl_fresh_s, rl2_s, pk_s, enc_s = (best[k] for k in methods)
     rl_rps, untagged_rps, pk_rps = rps["rlctl"], rps["rlctl_untagged"], rps["pickle"]
     gb = nbytes / 1e9
     ucx: dict[str, Any] | str = "not measured: ucxx is not installed (pip install 'rlctl[ucx]')"
@@ -260,6 +271,11 @@ def run(*, quick: bool) -> dict[str, Any]:
         "rlctl_round_trips_per_s": rl_rps,
         "rlctl_untagged_round_trips_per_s": untagged_rps,
         "auth_overhead_round_trips": untagged_rps / rl_rps - 1,
+        # `transport.encrypt` (frames AES-256-GCM): against the authenticated path and the framing alone
+        "rlctl_tcp_encrypted_gb_per_s": gb / enc_s,
+        "encrypt_overhead": enc_s / rl_s - 1,
+        "encrypt_overhead_vs_untagged": enc_s / untagged_s - 1,
+        "rlctl_encrypted_round_trips_per_s": rps["rlctl_encrypted"],
         "pickle_round_trips_per_s": pk_rps,
         "ucx": ucx,
     }
@@ -284,5 +300,8 @@ def summary(result: dict[str, Any]) -> str:
         f"  small round trips/s: rlctl {r['rlctl_round_trips_per_s']:.0f}, pickle {r['pickle_round_trips_per_s']:.0f}\n"
         f"  auth_overhead {r['auth_overhead']:.3f} (untagged {r['rlctl_tcp_untagged_gb_per_s']:.2f} GB/s), "
         f"{r['auth_overhead_round_trips']:.3f} on small round trips "
-        f"(untagged {r['rlctl_untagged_round_trips_per_s']:.0f}/s)\n" + ucx_line
+        f"(untagged {r['rlctl_untagged_round_trips_per_s']:.0f}/s)\n"
+        f"  encrypted {r['rlctl_tcp_encrypted_gb_per_s']:.2f} GB/s: encrypt_overhead {r['encrypt_overhead']:.3f} over "
+        f"the authenticated path ({r['encrypt_overhead_vs_untagged']:.3f} over the framing alone), "
+        f"{r['rlctl_encrypted_round_trips_per_s']:.0f} round trips/s\n" + ucx_line
     )

@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                 toward = controller_peer(read_sites(args.job_dir), os.environ.get(ENV_SITE))
                 args.listen = f"{job.transport.kind}://{listen_host(job, toward=toward)}:0"
             listen = args.listen
-            agent = ControllerAgent(jd, job, make_transport(job.transport.kind, secret=jd.secret()), listen=listen)
+            transport = make_transport(job.transport.kind, secret=jd.secret(), encrypt=job.transport.encrypt)
+            agent = ControllerAgent(jd, job, transport, listen=listen)
             return agent.run()
         from rlctl.devices import agent_compute
 

@@ -54,7 +54,8 @@ class AgentContext:
         job = jd.read_job()
         if controller is None:
             controller = str(jd.read_json(jd.controller_json)["address"])
-        return cls(jd, job, transport or make_transport(job.transport.kind, secret=jd.secret()), controller)
+        transport = transport or make_transport(job.transport.kind, secret=jd.secret(), encrypt=job.transport.encrypt)
+        return cls(jd, job, transport, controller)
 
 
 class ControllerLink:

@@ -356,6 +356,11 @@ class Transport(Strict):
         "otherwise; `auto` = the interface that routes toward the controller",
     )
     streams: PositiveInt = 1
+    encrypt: bool = Field(
+        False,
+        description="encrypt every connection's frames (AES-256-GCM under per-connection keys from the handshake; "
+        "headers stay in clear, authenticated): for links you do not trust, e.g. between datacenters; tcp only",
+    )
     timeout_s: PositiveFloat = 30.0
     unreachable_timeout_s: PositiveFloat = Field(
         300.0,

@@ -116,6 +116,10 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
                 f"{spec.transport.streams}: the tensor RPC uses one stream per peer; valid: 1",
             )
         )
+    if spec.transport.encrypt and spec.transport.kind != "tcp":
+        out.append(
+            Problem("transport.encrypt", f"true with kind {spec.transport.kind!r}: only tcp encrypts; valid: kind tcp")
+        )
     if spec.transport.kind == "ucx" and _missing("ucxx"):
         out.append(
             Problem("transport.kind", "'ucx' needs the ucxx package, which is not installed", "pip install rlctl[ucx]")

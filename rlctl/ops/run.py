@@ -605,7 +605,7 @@ def connect_client(jobdir: JobDir, *, timeout_s: float, name: str) -> Connection
     """A client connection to the job's controller (status, scale, stop requests)."""
     job = jobdir.read_job()
     address = jobdir.read_json(jobdir.controller_json)["address"]
-    transport = make_transport(job.transport.kind, secret=jobdir.secret())
+    transport = make_transport(job.transport.kind, secret=jobdir.secret(), encrypt=job.transport.encrypt)
     conn = transport.connect(address, timeout_s=timeout_s)
     conn.send(Message("hello", client_hello(name)))
     return conn

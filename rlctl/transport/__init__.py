@@ -22,12 +22,17 @@ TRANSPORTS: dict[str, type[TcpTransport] | type[InprocTransport] | type[UcxTrans
 }
 
 
-def make_transport(kind: str, *, secret: bytes) -> Transport:
-    """The transport named `kind` ("tcp" | "ucx" | "inproc") holding the per-job `secret`."""
+def make_transport(kind: str, *, secret: bytes, encrypt: bool = False) -> Transport:
+    """The transport named `kind` ("tcp" | "ucx" | "inproc") holding the per-job `secret`; `encrypt`: every
+    connection's frames encrypted (tcp only: `rlctl check` refuses it with another kind)."""
     try:
         cls = TRANSPORTS[kind]
     except KeyError:
         raise ValueError(f"unknown transport {kind!r}; valid: {', '.join(TRANSPORTS)}") from None
+    if encrypt:
+        if kind != "tcp":
+            raise ValueError(f"transport {kind!r} does not encrypt; valid with encrypt: tcp")
+        return TcpTransport(secret=secret, config=TcpConfig(encrypt=True))
     return cls(secret=secret)
 
 

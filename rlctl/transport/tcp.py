@@ -32,6 +32,7 @@ import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlctl.errors import AuthError, PeerTimeout, PeerUnreachable, ProtocolError, TransportError
 from rlctl.transport import auth, framing
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 
 _SEND_SLICE_BYTES = 4 << 20  # sendall() deadlines apply per slice, so the stall timeout is per slice
 _SMALL_MESSAGE_BYTES = 64 << 10  # below this, header and frames go out in one syscall
+_SEAL_CHUNK = 1 << 20  # an encrypted connection encrypts / decrypts frames in pieces of this size
 _TOKEN_BYTES = 16  # names a connection, so its stripe streams can join it
 _STREAMS = struct.Struct("!BQ")  # after "M": number of stripe streams that follow, stripe threshold in bytes
 MAX_STREAMS = 16  # TCP streams per connection, the main one included
@@ -64,6 +66,7 @@ class TcpConfig:
     socket_buffer_bytes: int | None = None  # None = let the kernel autotune
     num_streams: int = 1  # TCP streams per connection (client side); >1 stripes large frames across them
     stripe_min_bytes: int = 16 << 20  # frames at least this large are striped when num_streams > 1
+    encrypt: bool = False  # frames encrypted (AES-256-GCM, `auth.Sealer`): both ends must say so; one stream only
 
 
 def _tune(sock: socket.socket, cfg: TcpConfig) -> None:
@@ -124,8 +127,18 @@ class TcpConnection(Connection):
         keys: auth.SessionKeys | None = None,
     ) -> None:
         super().__init__(peer)
-        self._out = auth.Tagger(keys.send) if keys is not None else None
-        self._in = auth.Tagger(keys.recv) if keys is not None else None
+        sealed = keys is not None and cfg.encrypt
+        self._out = auth.Tagger(keys.send) if keys is not None and not sealed else None
+        self._in = auth.Tagger(keys.recv) if keys is not None and not sealed else None
+        self._seal_out = auth.Sealer(keys.send) if keys is not None and sealed else None
+        self._seal_in = auth.Sealer(keys.recv) if keys is not None and sealed else None
+        if sealed and extra_socks:
+            raise ValueError("an encrypted connection has one stream")
+        self._out_bounce = bytearray(_SEAL_CHUNK + 16) if sealed else bytearray()
+        self._out_bounce2 = bytearray(_SEAL_CHUNK + 16) if sealed else bytearray()
+        self._in_bounce = bytearray(_SEAL_CHUNK + 16) if sealed else bytearray()
+        self._lane: ThreadPoolExecutor | None = None  # encrypts the next piece while one is sent
+        self._rlane: ThreadPoolExecutor | None = None  # decrypts a piece while the next one arrives
         self._sock = sock
         self._extra = extra_socks
         self._stripe_min = cfg.stripe_min_bytes if stripe_min_bytes is None else stripe_min_bytes
@@ -149,6 +162,9 @@ class TcpConnection(Connection):
         total = len(head) + sum(v.nbytes for v in views)
         tag = self._out.next(total) if self._out is not None else None
         try:
+            if self._seal_out is not None:
+                self._send_sealed(head, views, total)
+                return
             if total <= _SMALL_MESSAGE_BYTES:
                 data = b"".join([head, *views])
                 if tag is not None:
@@ -180,6 +196,70 @@ class TcpConnection(Connection):
         except OSError as e:
             self.close()
             raise PeerUnreachable(f"{self.peer}: send failed: {e}") from e
+
+    def _send_sealed(self, head: bytes, views: list[memoryview], total: int) -> None:
+        """The header in clear (authenticated), the frames encrypted piece by piece — the next piece on the
+        connection's seal lane while this one is sent — and the GCM tag last."""
+        assert self._seal_out is not None
+        enc = self._seal_out.encryptor()
+        enc.authenticate_additional_data(head)
+        if total <= _SMALL_MESSAGE_BYTES:
+            data = bytearray(head)
+            for v in views:
+                data += enc.update(v)
+            enc.finalize()
+            self._sock.sendall(data + enc.tag)
+            return
+        self._sock.sendall(head)
+        pieces = [v[at : at + _SEAL_CHUNK] for v in views for at in range(0, v.nbytes, _SEAL_CHUNK)]
+        bounces = (self._out_bounce, self._out_bounce2)
+
+        def seal(i: int) -> int:
+            return int(enc.update_into(pieces[i], bounces[i % 2]))
+
+        lane = self._seal_lane()
+        pending = lane.submit(seal, 0) if pieces else None
+        for i in range(len(pieces)):
+            assert pending is not None
+            n = pending.result()
+            pending = lane.submit(seal, i + 1) if i + 1 < len(pieces) else None  # into the other bounce buffer
+            self._sock.sendall(memoryview(bounces[i % 2])[:n])
+        enc.finalize()
+        self._sock.sendall(enc.tag)
+
+    def _seal_lane(self) -> ThreadPoolExecutor:
+        if self._lane is None:
+            self._lane = ThreadPoolExecutor(1, thread_name_prefix="seal")
+        return self._lane
+
+    def _read_sealed(self, dest: memoryview, dec: Any) -> None:
+        """A frame's ciphertext into `dest`, piece by piece, each piece decrypted in place on the receive lane while
+        the next one arrives."""
+        bounce = memoryview(self._in_bounce)
+
+        def unseal(piece: memoryview) -> None:
+            n = dec.update_into(piece, self._in_bounce)
+            piece[:n] = bounce[:n]
+
+        if dest.nbytes <= _SEAL_CHUNK:  # one piece: nothing to overlap
+            self._read_into(dest)
+            unseal(dest)
+            return
+        lane = self._open_lane()
+        pending = None
+        for at in range(0, dest.nbytes, _SEAL_CHUNK):
+            piece = dest[at : at + _SEAL_CHUNK]
+            self._read_into(piece)
+            if pending is not None:
+                pending.result()
+            pending = lane.submit(unseal, piece)
+        if pending is not None:
+            pending.result()
+
+    def _open_lane(self) -> ThreadPoolExecutor:
+        if self._rlane is None:
+            self._rlane = ThreadPoolExecutor(1, thread_name_prefix="unseal")
+        return self._rlane
 
     # -- receiving ----------------------------------------------------------------------
     def _fill(self) -> None:
@@ -260,6 +340,9 @@ class TcpConnection(Connection):
             if tag is not None:
                 tag.update(pre)
                 tag.update(body)
+            dec = self._seal_in.decryptor() if self._seal_in is not None else None
+            if dec is not None:
+                dec.authenticate_additional_data(pre + body)
             bufs = into(wh.kind, wh.header, specs)
             check_buffers(specs, bufs)
             for b in bufs:
@@ -275,10 +358,14 @@ class TcpConnection(Connection):
                         f.result()
                     if tag is not None:
                         tag.update(view)
+                elif dec is not None:
+                    self._read_sealed(view, dec)
                 elif view.nbytes:
                     self._read_into(view, tag)
             if tag is not None:
                 tag.verify(self._read_exact(auth.TAG_BYTES), peer=self.peer, kind=wh.kind)
+            if dec is not None:
+                auth.open_tag(dec, self._read_exact(auth.TAG_BYTES), peer=self.peer, kind=wh.kind)
         except TimeoutError as e:
             self.close()
             raise PeerTimeout(f"{self.peer}: message stalled for {self._cfg.stall_timeout_s:.0f}s") from e
@@ -311,7 +398,7 @@ class TcpConnection(Connection):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)  # wakes a receiver blocked in poll()/recv()
             sock.close()
-        for pool in (self._send_pool, self._recv_pool):
+        for pool in (self._send_pool, self._recv_pool, self._lane, self._rlane):
             if pool is not None:
                 pool.shutdown(wait=False)
         for tagger in (self._out, self._in):
@@ -365,7 +452,12 @@ class TcpListener(Listener):
         try:
             keys = self._server_handshake(sock, peer)
             role = _recv_exact(sock, 1, peer)
-            if role == b"M":  # a main stream announcing its stripe streams and threshold
+            if role in (b"M", b"E") and (role == b"E") != self._cfg.encrypt:
+                raise ProtocolError(
+                    f"{peer}: it {'encrypts' if role == b'E' else 'does not encrypt'} its traffic and this end "
+                    f"{'does not' if role == b'E' else 'does'}: both ends take the job's transport.encrypt"
+                )
+            if role in (b"M", b"E"):  # a main stream announcing its stripe streams and threshold
                 extra, stripe_min = _STREAMS.unpack(_recv_exact(sock, _STREAMS.size, peer))
                 if extra >= MAX_STREAMS:
                     raise ProtocolError(f"{peer}: asks for {extra} stripe streams; at most {MAX_STREAMS - 1}")
@@ -448,7 +540,10 @@ class TcpTransport(Transport):
         n = self.config.num_streams
         if not 1 <= n <= MAX_STREAMS:
             raise ValueError(f"num_streams must be 1..{MAX_STREAMS}, got {n}")
-        main, keys = self._open(address, timeout_s, b"M" + _STREAMS.pack(n - 1, self.config.stripe_min_bytes))
+        if self.config.encrypt and n > 1:
+            raise ValueError("an encrypted connection has one stream (num_streams 1)")
+        role = b"E" if self.config.encrypt else b"M"
+        main, keys = self._open(address, timeout_s, role + _STREAMS.pack(n - 1, self.config.stripe_min_bytes))
         extra: list[socket.socket] = []
         try:
             token = _recv_exact(main, _TOKEN_BYTES, address)

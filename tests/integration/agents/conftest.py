@@ -39,6 +39,7 @@ def tiny_job(tmp_path):
         units: int = 2,
         trainer_ranks: int = 1,
         name: str = "tiny",
+        transport: dict | None = None,
     ) -> Path:
         data = {
             "apiVersion": "rlctl/v1",
@@ -57,6 +58,8 @@ def tiny_job(tmp_path):
             "warmup": {"sft_steps": 0},
             "checkpoint": {"every_iterations": 0},
         }
+        if transport is not None:
+            data["transport"] = transport
         path = tmp_path / f"{name}-{mode}.yaml"
         path.write_text(yaml.safe_dump(data))
         return path

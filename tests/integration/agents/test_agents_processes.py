@@ -47,6 +47,21 @@ def test_mode_trains_every_prompt_exactly_once(tiny_job, tmp_path, mode):
     assert alive_agent_pids(jd.read_lines(jd.events)) == []
 
 
+def test_an_encrypted_job_trains_every_prompt_exactly_once(tiny_job, tmp_path):
+    """`transport.encrypt`: every connection of the job (controller, trainer, units, the weight plane, `status`)
+    encrypts its frames; the job runs as it does in clear."""
+    run = _run(tiny_job("async", name="sealed", transport={"encrypt": True}), tmp_path / "run")
+    try:
+        run.start()
+        s = run.wait(poll_s=0.3)
+    finally:
+        run.stop()
+    assert s["state"] == "done" and s["controller_exit"] == 0
+    led = s["ledger"]
+    assert led["prompts"] == led["trained"] == 3 * 4 and (led["duplicated"], led["lost"]) == (0, 0)
+    assert s["weights"]["versions"], s["weights"]  # versions crossed the encrypted weight plane
+
+
 def test_two_trainer_ranks_form_one_gloo_group(tiny_job, tmp_path):
     run = _run(tiny_job("stream", iterations=2, trainer_ranks=2), tmp_path / "run")
     try:

@@ -271,6 +271,12 @@ def test_more_than_one_transport_stream_is_refused(tmp_path: Path) -> None:
     assert p.message == "2: the tensor RPC uses one stream per peer; valid: 1"
 
 
+def test_encryption_is_refused_with_a_transport_that_does_not_encrypt(tmp_path: Path) -> None:
+    (p,) = refused(load(tmp_path, transport={"kind": "inproc", "encrypt": True}), "transport.encrypt")
+    assert p.message == "true with kind 'inproc': only tcp encrypts; valid: kind tcp"
+    assert refused(load(tmp_path, transport={"encrypt": True}), "transport.encrypt") == []
+
+
 def test_ppo_trains_data_parallel_on_several_trainer_ranks(tmp_path: Path) -> None:
     """The PPO learner splits each micro-batch over the data-parallel ranks (rlctl.rl.ppo): a count or the
     planner's is accepted, as for GRPO (a job of 2 ranks runs end to end: test_agents_megatron_job.py)."""

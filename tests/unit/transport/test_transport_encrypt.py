@@ -1,0 +1,89 @@
+"""`transport.encrypt`: a TCP connection whose frames travel encrypted (AES-256-GCM under its own keys): the bytes
+on the wire hold none of the payload, a flipped bit is refused, both ends must agree, and the other kinds refuse."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+import pytest
+import torch
+
+from rlctl.errors import ProtocolError, TransportError
+from rlctl.transport import Message, TcpConfig, TcpTransport, make_transport
+from tests.unit.transport.test_transport_security import SECRET, _BitFlipProxy
+
+SEALED = TcpConfig(encrypt=True)
+
+
+class _Tap:
+    """Forwards one TCP connection, keeping a copy of the client → server bytes."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"tcp://127.0.0.1:{self.server.getsockname()[1]}"
+        self.target, self.seen = target, bytearray()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        down, _ = self.server.accept()
+        up = socket.create_connection(self.target)
+        threading.Thread(target=self._pipe, args=(up, down, None), daemon=True).start()
+        self._pipe(down, up, self.seen)
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, keep: bytearray | None) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                if keep is not None:
+                    keep += data
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+@pytest.mark.parametrize("size", [64, 3 << 20])  # one syscall; header then frames piece by piece
+def test_the_payload_never_crosses_in_clear_and_arrives_whole(size: int) -> None:
+    lst = TcpTransport(secret=SECRET, config=SEALED).listen("tcp://127.0.0.1:0")
+    host, port = lst.address.removeprefix("tcp://").rsplit(":", 1)
+    tap = _Tap((host, int(port)))
+    client = TcpTransport(secret=SECRET, config=SEALED).connect(tap.address, timeout_s=5)
+    server = lst.accept(timeout_s=5)
+    marker = b"RLCTL-PLAINTEXT-MARKER-"
+    payload = torch.frombuffer(bytearray(marker * (size // len(marker) + 1))[:size], dtype=torch.uint8)
+    for _ in range(2):  # two messages: the nonces advance in step on both ends
+        client.send(Message("weights", {"v": 1}, [payload]))
+        got = server.recv(timeout_s=10)
+        assert got.kind == "weights" and torch.equal(got.tensors[0], payload)
+    client.close()
+    server.close()
+    lst.close()
+    assert len(tap.seen) > 2 * size and marker not in bytes(tap.seen)
+
+
+def test_a_flipped_bit_in_an_encrypted_frame_is_refused() -> None:
+    lst = TcpTransport(secret=SECRET, config=SEALED).listen("tcp://127.0.0.1:0")
+    host, port = lst.address.removeprefix("tcp://").rsplit(":", 1)
+    proxy = _BitFlipProxy((host, int(port)), at=200 + 4096)
+    client = TcpTransport(secret=SECRET, config=SEALED).connect(proxy.address, timeout_s=5)
+    server = lst.accept(timeout_s=5)
+    client.send(Message("weights", {"v": 1}, [torch.arange(1 << 16, dtype=torch.int32)]))
+    with pytest.raises(ProtocolError, match=r"message 'weights' failed authentication"):
+        server.recv(timeout_s=5)
+    client.close()
+    lst.close()
+
+
+def test_both_ends_must_encrypt(caplog: pytest.LogCaptureFixture) -> None:
+    lst = TcpTransport(secret=SECRET, config=SEALED).listen("tcp://127.0.0.1:0")
+    with pytest.raises(TransportError):  # the listener closes the stream: reset or closed
+        TcpTransport(secret=SECRET).connect(lst.address, timeout_s=5).recv(timeout_s=2)
+    lst.close()
+    assert any("both ends take the job's transport.encrypt" in r.getMessage() for r in caplog.records)
+
+
+def test_only_tcp_encrypts() -> None:
+    assert isinstance(make_transport("tcp", secret=SECRET, encrypt=True), TcpTransport)
+    with pytest.raises(ValueError, match="does not encrypt; valid with encrypt: tcp"):
+        make_transport("inproc", secret=SECRET, encrypt=True)
