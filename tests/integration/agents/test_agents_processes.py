@@ -27,9 +27,12 @@ def _run(path, job_dir, **over):
     return JobRun(jd, spec, plan)
 
 
-@pytest.mark.parametrize("mode", ["sync", "stream", "async"])
-def test_mode_trains_every_prompt_exactly_once(tiny_job, tmp_path, mode):
-    run = _run(tiny_job(mode), tmp_path / "run")
+@pytest.mark.parametrize(
+    ("mode", "encrypt"), [("sync", False), ("stream", False), ("async", False), ("async", True)]
+)  # encrypt: `transport.encrypt`, every connection of the job (controller, trainer, units, weight plane) sealed
+def test_mode_trains_every_prompt_exactly_once(tiny_job, tmp_path, mode, encrypt):
+    job = tiny_job(mode, name="sealed" if encrypt else "tiny", transport={"encrypt": True} if encrypt else None)
+    run = _run(job, tmp_path / "run")
     try:
         run.start()
         s = run.wait(poll_s=0.3)
@@ -42,24 +45,10 @@ def test_mode_trains_every_prompt_exactly_once(tiny_job, tmp_path, mode):
     eta = 1 if mode == "async" else 0
     assert max(int(k) for k in s["staleness"]) <= eta
     assert {a for a in s["agents"]} == {"trainer-0", "rollout-0", "rollout-1"}
+    assert s["weights"]["versions"], s["weights"]  # versions crossed the weight plane
     jd = JobDir(tmp_path / "run")
     assert len(jd.read_lines(jd.metrics)) == 3
     assert alive_agent_pids(jd.read_lines(jd.events)) == []
-
-
-def test_an_encrypted_job_trains_every_prompt_exactly_once(tiny_job, tmp_path):
-    """`transport.encrypt`: every connection of the job (controller, trainer, units, the weight plane, `status`)
-    encrypts its frames; the job runs as it does in clear."""
-    run = _run(tiny_job("async", name="sealed", transport={"encrypt": True}), tmp_path / "run")
-    try:
-        run.start()
-        s = run.wait(poll_s=0.3)
-    finally:
-        run.stop()
-    assert s["state"] == "done" and s["controller_exit"] == 0
-    led = s["ledger"]
-    assert led["prompts"] == led["trained"] == 3 * 4 and (led["duplicated"], led["lost"]) == (0, 0)
-    assert s["weights"]["versions"], s["weights"]  # versions crossed the encrypted weight plane
 
 
 def test_two_trainer_ranks_form_one_gloo_group(tiny_job, tmp_path):

@@ -3,10 +3,6 @@ on the wire hold none of the payload, a flipped bit is refused, both ends must a
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
-
 import pytest
 import torch
 
@@ -17,37 +13,11 @@ from tests.unit.transport.test_transport_security import SECRET, _BitFlipProxy
 SEALED = TcpConfig(encrypt=True)
 
 
-class _Tap:
-    """Forwards one TCP connection, keeping a copy of the client → server bytes."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.address = f"tcp://127.0.0.1:{self.server.getsockname()[1]}"
-        self.target, self.seen = target, bytearray()
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        down, _ = self.server.accept()
-        up = socket.create_connection(self.target)
-        threading.Thread(target=self._pipe, args=(up, down, None), daemon=True).start()
-        self._pipe(down, up, self.seen)
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket, keep: bytearray | None) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(1 << 16):
-                if keep is not None:
-                    keep += data
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-
 @pytest.mark.parametrize("size", [64, 3 << 20])  # one syscall; header then frames piece by piece
 def test_the_payload_never_crosses_in_clear_and_arrives_whole(size: int) -> None:
     lst = TcpTransport(secret=SECRET, config=SEALED).listen("tcp://127.0.0.1:0")
     host, port = lst.address.removeprefix("tcp://").rsplit(":", 1)
-    tap = _Tap((host, int(port)))
+    tap = _BitFlipProxy((host, int(port)), at=None)
     client = TcpTransport(secret=SECRET, config=SEALED).connect(tap.address, timeout_s=5)
     server = lst.accept(timeout_s=5)
     marker = b"RLCTL-PLAINTEXT-MARKER-"

@@ -134,28 +134,31 @@ def test_a_silent_peer_does_not_hold_up_the_next_connection(listener) -> None:
 
 
 class _BitFlipProxy:
-    """Forwards one TCP connection to `target`, flipping one bit of the client → server stream at byte `at`."""
+    """Forwards one TCP connection to `target`, flipping one bit of the client → server stream at byte `at` (None:
+    none), and keeping a copy of that stream (`seen`)."""
 
-    def __init__(self, target: tuple[str, int], at: int) -> None:
+    def __init__(self, target: tuple[str, int], at: int | None) -> None:
         self.server = socket.create_server(("127.0.0.1", 0))
         self.address = f"tcp://127.0.0.1:{self.server.getsockname()[1]}"
-        self.target, self.at = target, at
+        self.target, self.at, self.seen = target, at, bytearray()
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
         down, _ = self.server.accept()
         up = socket.create_connection(self.target)
         threading.Thread(target=self._pipe, args=(up, down, None), daemon=True).start()
-        self._pipe(down, up, self.at)
+        self._pipe(down, up, self.at, self.seen)
 
     @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket, flip_at: int | None) -> None:
+    def _pipe(src: socket.socket, dst: socket.socket, flip_at: int | None, keep: bytearray | None = None) -> None:
         seen = 0
         with contextlib.suppress(OSError):
             while data := bytearray(src.recv(1 << 16)):
                 if flip_at is not None and seen <= flip_at < seen + len(data):
                     data[flip_at - seen] ^= 0x01
                 seen += len(data)
+                if keep is not None:
+                    keep += data
                 dst.sendall(data)
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
