@@ -459,8 +459,9 @@ class TcpListener(Listener):
                 )
             if role in (b"M", b"E"):  # a main stream announcing its stripe streams and threshold
                 extra, stripe_min = _STREAMS.unpack(_recv_exact(sock, _STREAMS.size, peer))
-                if extra >= MAX_STREAMS:
-                    raise ProtocolError(f"{peer}: asks for {extra} stripe streams; at most {MAX_STREAMS - 1}")
+                if extra >= MAX_STREAMS or (role == b"E" and extra):
+                    most = 0 if role == b"E" else MAX_STREAMS - 1  # an encrypted connection has one stream
+                    raise ProtocolError(f"{peer}: asks for {extra} stripe streams; at most {most}")
                 token = os.urandom(_TOKEN_BYTES)
                 sock.sendall(token)
                 _tune(sock, self._cfg)
