@@ -166,11 +166,11 @@ class ControllerCore:
         self._looked = -MIGRATE_EVERY_S  # when `migrate` last compared the units' loads
         self.unit_costs: dict[str, migration.Cost] = {}  # unit → its site's decode cost (the controller sets it)
         self.finished_lengths: deque[int] = deque(maxlen=FINISHED_LENGTHS)  # the last samples' output lengths
-        # what bounds the tokens a lost unit took with it (`_interrupted`): when each dispatched sample was handed
-        # out and last reported, when each unit last reported, and its samples' token rates between two reports
-        self._dispatched_at: dict[str, float] = {}
-        self._reported_at: dict[str, float] = {}
-        self._made_at: dict[str, float] = {}  # … and when the unit took that report, by its clock (rates)
+        # what bounds the tokens a lost unit took with it (`_interrupted`): when each dispatched sample was last
+        # heard of (its dispatch, then each report), when each unit last reported, and its samples' token rates
+        # between two reports
+        self._heard_at: dict[str, float] = {}
+        self._made_at: dict[str, float] = {}  # … when the unit took a sample's last report, by its clock (rates)
         self._unit_reported_at: dict[str, float] = {}
         self._rates: dict[str, deque[float]] = {}
 
@@ -195,8 +195,9 @@ class ControllerCore:
             return []
         unit.alive = False
         self.withdrawing.pop(name, None)
-        self._interrupted(name)
-        self._release_idle(self.ledger.requeue_agent(name))
+        requeued = self.ledger.requeue_agent(name)
+        self._interrupted(name, requeued)
+        self._release_idle(requeued)
         return [self._members(), *self.pump()]
 
     def unreachable(self, name: str) -> list[Out]:
@@ -207,29 +208,25 @@ class ControllerCore:
             return []
         unit.reachable = False
         self.withdrawing.pop(name, None)  # its answer may never come
-        self._interrupted(name)
-        self._release_idle(self.ledger.requeue_agent(name))
+        requeued = self.ledger.requeue_agent(name)
+        self._interrupted(name, requeued)
+        self._release_idle(requeued)
         return [self._members(), *self.pump()]
 
-    def _interrupted(self, name: str) -> None:
-        """Count the generations the unit held (`TrajectoryStore.interrupt`): each kept its reported output, and lost
-        at most what it generated after it was last accounted for — a unit's report carries every running
-        generation's new tokens, so that is after the later of the unit's last report, the sample's own last report
-        and its dispatch — at the fastest per-sample rate the unit's reports showed (capped by the tokens it had
-        left)."""
+    def _interrupted(self, name: str, sample_ids: list[str]) -> None:
+        """Count the generations the unit held, `sample_ids` (`TrajectoryStore.interrupt`): each kept its reported
+        output, and lost at most what it generated after it was last accounted for — a unit's report carries every
+        running generation's new tokens, so that is after the later of the unit's last report and the sample's own
+        last report or dispatch — at the fastest per-sample rate the unit's reports showed (capped by the tokens it
+        had left)."""
         now = self.clock()
         rate = max(self._rates.pop(name, ()), default=0.0)
         unit_t = self._unit_reported_at.pop(name, float("-inf"))
-        for e in self.ledger.in_state(State.DISPATCHED):
-            if e.agent != name:
-                continue
-            sid = e.sample_id
-            own_t = self._reported_at.pop(sid, None)
-            since = now - max(unit_t, own_t if own_t is not None else self._dispatched_at.get(sid, now))
+        for sid in sample_ids:
+            since = now - max(unit_t, self._heard_at.pop(sid, now))
             kept = len(self.ledger.partials.parts.get(sid, ()))
             most = min(round(rate * max(since, 0.0)), max(self.cfg.max_new_tokens - kept, 0))
             self.ledger.partials.interrupt(sid, lost_at_most=most)
-            self._dispatched_at.pop(sid, None)
             self._made_at.pop(sid, None)
 
     def rejoin(self, name: str, *, version: int, requeue: bool) -> list[Out]:
@@ -284,7 +281,7 @@ class ControllerCore:
         if not self.ledger.finish(sample_id, agent=name, version=version, output_tokens=output_tokens):
             return []
         self.ledger.partials.drop(sample_id)
-        for times in (self._dispatched_at, self._reported_at, self._made_at):
+        for times in (self._heard_at, self._made_at):
             times.pop(sample_id, None)
         self.payloads[sample_id] = payload
         self.finished_lengths.append(output_tokens)
@@ -319,7 +316,7 @@ class ControllerCore:
         if last is not None and made > last and tokens:  # between two reports: a rate of generating, not waiting
             self._rates.setdefault(name, deque(maxlen=RATE_REPORTS)).append(len(tokens) / (made - last))
         self._made_at[sample_id] = made
-        self._reported_at[sample_id] = self._unit_reported_at[name] = now
+        self._heard_at[sample_id] = self._unit_reported_at[name] = now
         return self.ledger.partials.extend(sample_id, start, tokens, logprobs, versions)
 
     def awaiting_reward(self, sample_id: str) -> int | None:
@@ -646,8 +643,7 @@ class ControllerCore:
             self.buffers.reserve(e.prompt_id, oldest)
             # the version the sample answers for: the unit's, or its kept output's oldest token's
             self.ledger.dispatch(e.sample_id, agent=unit.name, version=oldest)
-            self._dispatched_at[e.sample_id] = self.clock()
-            self._reported_at.pop(e.sample_id, None)
+            self._heard_at[e.sample_id] = self.clock()
             self._made_at.pop(e.sample_id, None)
             spec = self.prompts[e.prompt_id]
             req = {
