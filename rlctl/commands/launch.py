@@ -108,7 +108,7 @@ class _Progress:
             sys.stderr.flush()
 
     def show(self, text: str) -> None:
-        """The live line (a TTY only): e.g. the staging bar."""
+        """The live line, e.g. the staging bar (a TTY only: nothing otherwise)."""
         if self.live is not None:
             self.live.update(text)
 
@@ -250,7 +250,7 @@ def register(app: typer.Typer) -> None:
             if spec.warmup.sft_steps:
                 progress.say(f"SFT warm-up: {spec.warmup.sft_steps} steps (cached after the first run)")
             prepare(jd, spec, plan, source=str(job_file), job=job)
-            run = JobRun(jd, spec, plan, db=db, say=progress.say, show=progress.show if progress.tty else None)
+            run = JobRun(jd, spec, plan, db=db, say=progress.say, show=progress.show)
             run.start()
             summary = run.wait(on_progress=progress)
         finally:
@@ -282,7 +282,7 @@ def _resume(ref: str, output: OutputFormat) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         refuse_if_running(jd)
-        run = JobRun(jd, spec, plan, db=db, say=progress.say, show=progress.show if progress.tty else None)
+        run = JobRun(jd, spec, plan, db=db, say=progress.say, show=progress.show)
         run.start(resume=True)
         point = run.resumed
         assert point is not None

@@ -38,6 +38,14 @@ def read_sites(job_dir: Path) -> dict[str, Site]:
     return {str(d["name"]): Site.model_validate(d["site"]) for d in json.loads(p.read_text())}
 
 
+def python_for(site: Site) -> str:
+    """The interpreter on the site's hosts: the site's `python`; else python3 on SSH sites, this one elsewhere
+    (local processes; SLURM nodes sharing this filesystem)."""
+    if site.python is not None:
+        return site.python
+    return kind_of(site).default_python
+
+
 def kind_of(site: Site) -> type[LaunchBackend]:
     """The backend class of the site's scheduler kind: the one place the kind is looked at (every difference
     between kinds is a hook of this class, `rlctl.launch.base.LaunchBackend`)."""

@@ -23,10 +23,9 @@ from rlctl.config.job import JobFile
 from rlctl.devices import kind_for
 from rlctl.engines.factory import VLLM_DISTRIBUTIONS, VLLM_EXTRAS
 from rlctl.errors import LaunchError
-from rlctl.launch.backends import kind_of
+from rlctl.launch.backends import kind_of, python_for
 from rlctl.launch.base import site_setup
 from rlctl.launch.remote import Runner
-from rlctl.launch.spawn import python_for
 
 MARK = "RLCTL_PROBE "
 # run by the site's python: every answer is a field, every failure to import a field too (never an exception)

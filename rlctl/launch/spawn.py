@@ -35,7 +35,7 @@ from rlctl.launch.agentenv import (
     ENV_VISIBLE,
     thread_env,
 )
-from rlctl.launch.backends import Backends, kind_of, record_agent, recorded_agents
+from rlctl.launch.backends import Backends, kind_of, python_for, record_agent, recorded_agents
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice
 from rlctl.launch.gpus import GpuPool, uses_slices
 from rlctl.launch.jobdir import JobDir
@@ -43,14 +43,6 @@ from rlctl.launch.layout import PlannedAgent, layout, rollout_agent, rollout_tp
 from rlctl.launch.stage import ensure_staged, root_for
 
 log = logging.getLogger(__name__)
-
-
-def python_for(site: Site) -> str:
-    """The interpreter on the site's hosts: the site's `python`; else python3 on SSH sites, this one elsewhere
-    (local processes; SLURM nodes sharing this filesystem)."""
-    if site.python is not None:
-        return site.python
-    return kind_of(site).default_python
 
 
 def agent_spec(

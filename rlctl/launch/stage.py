@@ -32,7 +32,7 @@ from typing import Any
 
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
-from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, kind_of, read_sites
+from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, python_for, read_sites
 from rlctl.launch.base import AgentHandle, site_setup
 from rlctl.launch.remote import CommandResult, SshRunner, sh_path
 from rlctl.launch.sitefs import (
@@ -239,7 +239,7 @@ def _fan_out(
     tick = progress.advance if progress is not None else None
     seed_files = [n for n in seed.todo if n in big]
     parent = {views[i].host: views[(i - 1) // FANOUT_CHILDREN] for i in range(1, len(views))}
-    servers = {seed.host: _Seed(site, seed)}
+    servers = {seed.host: _Server(site, seed)}
     try:
         servers[seed.host].start()
     except LaunchError as e:  # e.g. no rlctl in the site's python: every host's copy crosses the link
@@ -298,9 +298,9 @@ def _fan_out(
     }
 
 
-def _start(site: Site, v: _View) -> _Seed | None:
+def _start(site: Site, v: _View) -> _Server | None:
     """A fan-out server on the view's host, started (None, with the reason logged, when it does not start)."""
-    server = _Seed(site, v)
+    server = _Server(site, v)
     try:
         server.start()
     except LaunchError as e:
@@ -354,12 +354,12 @@ def _fetch(
 
 def _site_python(site: Site, args: str) -> str:
     """A `python -m rlctl.launch.fanout ARGS` command line for one of the site's hosts (its setup lines first)."""
-    python = shlex.quote(site.python or kind_of(site).default_python)
-    return "\n".join([*site_setup(site.setup), f"exec {python} -m rlctl.launch.fanout {args}"])
+    return "\n".join([*site_setup(site.setup), f"exec {shlex.quote(python_for(site))} -m rlctl.launch.fanout {args}"])
 
 
-class _Seed:
-    """`fanout serve` on the seed host from `start` to `stop` (its stdin is held open until then)."""
+class _Server:
+    """`fanout serve` on a host of the site (the seed, or a relay) from `start` to `stop` (its stdin is held open
+    until then)."""
 
     def __init__(self, site: Site, seed: _View) -> None:
         self.runner = SshRunner(ssh_target(site, seed.host))

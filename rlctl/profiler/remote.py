@@ -21,10 +21,9 @@ from typing import Any
 from rlctl.config.inventory import Site
 from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.agentenv import BASE_ENV, ENV_VISIBLE
-from rlctl.launch.backends import Backends, kind_of, record_agent
+from rlctl.launch.backends import Backends, kind_of, python_for, record_agent
 from rlctl.launch.base import AgentSpec, Resources
 from rlctl.launch.sitefs import HostFiles, access_hosts, host_files, is_remote, site_root
-from rlctl.launch.spawn import python_for
 from rlctl.profiler.probe import ProbeSpec
 
 POLL_S = 0.5

@@ -173,10 +173,7 @@ class MessageTag:
 
     def verify(self, tag: bytes, *, peer: str, kind: str) -> None:
         if not hmac.compare_digest(self.tag(), tag):
-            raise ProtocolError(
-                f"{peer}: message {kind[:40]!r} failed authentication (altered, replayed, or not from this "
-                "connection's peer)"
-            )
+            raise _refused(peer, kind)
 
 
 class Tagger:
@@ -234,7 +231,11 @@ def open_tag(decryptor: Any, tag: bytes, *, peer: str, kind: str) -> None:
     try:
         decryptor.finalize_with_tag(tag)
     except InvalidTag:
-        raise ProtocolError(
-            f"{peer}: message {kind[:40]!r} failed authentication (altered, replayed, or not from this "
-            "connection's peer)"
-        ) from None
+        raise _refused(peer, kind) from None
+
+
+def _refused(peer: str, kind: str) -> ProtocolError:
+    """A message whose tag did not check out (tagged or sealed)."""
+    return ProtocolError(
+        f"{peer}: message {kind[:40]!r} failed authentication (altered, replayed, or not from this connection's peer)"
+    )

@@ -13,9 +13,9 @@ from rlctl import __version__
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.launch import siteprobe
+from rlctl.launch.backends import python_for
 from rlctl.launch.base import site_setup
 from rlctl.launch.siteprobe import HostReport, controller_reach_problems, disk_problem, host_problems, probe_site_hosts
-from rlctl.launch.spawn import python_for
 
 
 def site(gpu: str = "H100", kind: str = "ssh", **extra: object) -> Site:
