@@ -11,13 +11,13 @@ import os
 import secrets
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
 from rlctl.config.inventory import Site
 from rlctl.launch import stage
+from tests.integration.netsite import link_bytes, on_site, site_workdir, ssh_scheduler
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 MODEL_BYTES = 24 << 20
@@ -31,14 +31,7 @@ def site(services: dict[str, str], *, python: str = sys.executable) -> Site:
             "gpu": "CPU",
             "python": python,
             "nodes": [{"host": h, "gpus": 1} for h in services["RLCTL_TEST_NETSITE_HOSTS"].split(",")],
-            "scheduler": {
-                "kind": "ssh",
-                "user": "root",
-                "port": 22,
-                "key_file": services["RLCTL_TEST_SSH_KEY"],
-                "known_hosts": services["RLCTL_TEST_NETSITE_KNOWN_HOSTS"],
-                "workdir": f"/tmp/rlctl-site-b/{uuid.uuid4().hex[:12]}",  # in each host's private /tmp
-            },
+            "scheduler": ssh_scheduler(services, site_workdir()),  # a work root in each host's private /tmp
         }
     )
 
@@ -58,18 +51,15 @@ def job_dir(tmp_path: Path) -> Path:
 
 
 def to_site_bytes(services: dict[str, str]) -> int:
-    out = subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", services["RLCTL_TEST_NETSITE_DEV"]],
-                         capture_output=True, text=True, timeout=10, check=True)  # fmt: skip
-    return sum(int(q.get("bytes", 0)) for q in json.loads(out.stdout) if q.get("kind") == "tbf")
+    return link_bytes(services)["to_site"]
 
 
 def sums_on(services: dict[str, str], host: str, root: str) -> dict[str, str]:
     """SHA-256 of every file under the host's site job dir, computed there (symlinks followed)."""
-    argv = ["ssh", "-i", services["RLCTL_TEST_SSH_KEY"], "-o",
-            f"UserKnownHostsFile={services['RLCTL_TEST_NETSITE_KNOWN_HOSTS']}", "-o", "BatchMode=yes",
-            f"root@{host}", f"cd {root} && find -L . -type f -printf '%P\\0' | xargs -0 sha256sum"]  # fmt: skip
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
-    return {line.split(None, 1)[1].strip(): line.split()[0] for line in out.splitlines()}
+    res = on_site(services, f"cd {root} && find -L . -type f -printf '%P\\0' | xargs -0 sha256sum", host=host,
+                  timeout_s=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return {line.split(None, 1)[1].strip(): line.split()[0] for line in res.stdout.splitlines()}
 
 
 def local_sums(d: Path) -> dict[str, str]:
@@ -124,9 +114,7 @@ def test_a_host_with_a_cut_short_fetch_goes_on_from_its_bytes(services, tmp_path
     hosts = services["RLCTL_TEST_NETSITE_HOSTS"].split(",")
     data = f"{first['roots'][hosts[2]]}/data/train.jsonl"
     cut = f"head -c {DATA_BYTES // 2} {data} > {data}.part && rm {data}"  # a fetch stopped halfway
-    assert subprocess.run(["ssh", "-i", services["RLCTL_TEST_SSH_KEY"], "-o",
-                           f"UserKnownHostsFile={services['RLCTL_TEST_NETSITE_KNOWN_HOSTS']}", f"root@{hosts[2]}", cut],
-                          timeout=30).returncode == 0  # fmt: skip
+    assert on_site(services, cut, host=hosts[2]).returncode == 0
     entry = stage.stage_site("gen", s, src, job_id="job-1")
     assert entry["copied"] == {hosts[0]: 0, hosts[1]: 0, hosts[2]: 1}
     assert entry["fanout"]["served_bytes"] == DATA_BYTES - DATA_BYTES // 2

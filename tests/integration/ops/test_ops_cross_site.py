@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration.netsite import link_bytes, on_site, site_workdir, ssh_scheduler
+
 from .conftest import events, job_yaml, metrics_rows, processes_mentioning, rlctl, rlctl_json, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -48,14 +50,7 @@ def cross_site_inventory(services: dict[str, str], path: Path, workdir: Path) ->
             "gen": {
                 "datacenter": "dc-b",
                 "gpu": "CPU",
-                "scheduler": {
-                    "kind": "ssh",
-                    "user": "root",
-                    "port": 22,
-                    "key_file": services["RLCTL_TEST_SSH_KEY"],
-                    "known_hosts": services["RLCTL_TEST_NETSITE_KNOWN_HOSTS"],
-                    "workdir": str(workdir),
-                },
+                "scheduler": ssh_scheduler(services, str(workdir)),
                 "python": sys.executable,
                 "nodes": [{"host": services["RLCTL_TEST_NETSITE_HOST"], "gpus": 3}],
                 "network": {"bandwidth_gbps": 10, "listen_host": "auto"},  # routes toward the controller
@@ -73,41 +68,10 @@ def cross_site_inventory(services: dict[str, str], path: Path, workdir: Path) ->
     return path
 
 
-def site_workdir() -> str:
-    """A work root for the SSH site that exists only in its private /tmp (unique: job ids repeat across tests)."""
-    return f"/tmp/rlctl-site-b/{uuid.uuid4().hex[:12]}"
-
-
-def on_site(services: dict[str, str], script: str) -> subprocess.CompletedProcess[str]:
-    """Run a shell script on the SSH site through its sshd (so in the site's own view of the filesystem)."""
-    argv = [
-        "ssh",
-        "-i",
-        services["RLCTL_TEST_SSH_KEY"],
-        "-o",
-        f"UserKnownHostsFile={services['RLCTL_TEST_NETSITE_KNOWN_HOSTS']}",
-    ]
-    argv += ["-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{services['RLCTL_TEST_NETSITE_HOST']}"]
-    return subprocess.run([*argv, script], capture_output=True, text=True, timeout=30)
-
-
 def squeue_names(services: dict[str, str]) -> list[str]:
     env = {**os.environ, "SLURM_CONF": services["RLCTL_TEST_SLURM_CONF"]}
     out = subprocess.run(["squeue", "-h", "-o", "%j"], env=env, capture_output=True, text=True, timeout=30)
     return out.stdout.split()
-
-
-def link_bytes(services: dict[str, str]) -> dict[str, int]:
-    """Bytes through the shaped link's two tbf queues so far: toward the site and back from it."""
-    ns, dev = services["RLCTL_TEST_NETSITE_NETNS"], services["RLCTL_TEST_NETSITE_DEV"]
-
-    def queue(prefix: list[str], device: str) -> int:
-        out = subprocess.run(
-            [*prefix, "tc", "-s", "-j", "qdisc", "show", "dev", device], capture_output=True, text=True, timeout=10
-        )
-        return sum(int(q.get("bytes", 0)) for q in json.loads(out.stdout or "[]") if q.get("kind") == "tbf")
-
-    return {"to_site": queue([], dev), "from_site": queue(["ip", "netns", "exec", ns], "eth0")}
 
 
 def weights_versions(applied: list[dict]) -> set[int]:

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.netsite import on_site, site_workdir
+
 from .conftest import RLCTL, events, job_yaml, metrics_rows, rlctl, rlctl_json, wait_for
-from .test_ops_cross_site import cross_site_inventory, on_site, site_workdir
+from .test_ops_cross_site import cross_site_inventory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
