@@ -335,8 +335,8 @@ class ControllerCore:
         return self.pump()
 
     def stall_s(self) -> float | None:
-        """How long a reward may hold the trainer's iteration before its group is generated again (None: not yet
-        known, or the job waits for rewards)."""
+        """How long a reward may hold the trainer's iteration before `unstick` filters its sample out (or generates
+        its group again) — None: not known yet, or the job waits for rewards."""
         if not self.cfg.abort_stalled:
             return None
         if self.cfg.reward_stall_s is not None:

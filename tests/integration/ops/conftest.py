@@ -107,7 +107,9 @@ def hf_job(tmp_path: Path, *, job_dir: Path, iterations: int, every: int, **over
     says so in `tmp_path`/held). Why that holds the run there: the controller creates (and so dispatches) iteration
     i only once it has taken in iteration i − 2's `trained` (η = 1), whose metrics row it appends first; so the
     calls of iterations ≥ `every` + 2 wait, nothing past iteration `every` + 1 trains and the checkpoint stays
-    at `every` (needs `every` ≥ 3). Remove the hold file before the job goes on."""
+    at `every` (needs `every` ≥ 3). Remove the hold file before the job goes on. The job waits for its rewards
+    (`reward_stall_s: never`): with the default, a held sample whose group mates scored before the hold began would
+    be filtered out after the stall limit and its group trained without it, and the run would go on past the hold."""
     assert every >= 3 and iterations > every + 2
     build_hf_demo(tmp_path)
     (tmp_path / "hold").touch()
@@ -115,7 +117,9 @@ def hf_job(tmp_path: Path, *, job_dir: Path, iterations: int, every: int, **over
     (tmp_path / "held_reward.py").write_text(HELD_REWARD.format(rows=every + 1, **fields))
     job = yaml.safe_load((REPO / "jobs/hf-demo.yaml").read_text())
     job["model"]["path"] = "model"
-    job["task"].update(path="data.jsonl", reward="held_reward.py:compute_score", reward_timeout_s=600)
+    job["task"].update(
+        path="data.jsonl", reward="held_reward.py:compute_score", reward_timeout_s=600, reward_stall_s="never"
+    )
     job.update(
         inventory=[str(REPO / "clusters" / "local.yaml")],
         iterations=iterations,
