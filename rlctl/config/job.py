@@ -358,8 +358,8 @@ class Transport(Strict):
     streams: PositiveInt = 1
     encrypt: bool = Field(
         False,
-        description="encrypt every connection's frames (AES-256-GCM under per-connection keys from the handshake; "
-        "headers stay in clear, authenticated): for links you do not trust, e.g. between datacenters; tcp only",
+        description="encrypt every connection's messages, headers and frames (AES-256-GCM under per-connection "
+        "keys from the handshake): for links you do not trust, e.g. between datacenters; tcp only",
     )
     timeout_s: PositiveFloat = 30.0
     unreachable_timeout_s: PositiveFloat = Field(

@@ -20,6 +20,9 @@ sequence number as its nonce:
     sender   MessageTag(key, seq) ─ update(preamble, header, frame bytes as they are sent) ─▶ tag() ─▶ wire
     receiver MessageTag(key, seq) ─ update(… as they arrive) ─▶ verify(the 16 bytes after the frames)
 
+With `transport.encrypt` a message is sealed instead (AES-256-GCM, `Sealer`): its header and its frames
+encrypted, each part with its own tag; only the preamble (magic, header length) crosses in clear.
+
 A message that fails (altered, replayed, reordered, from another connection or another job) is a
 ProtocolError and closes the connection. The receiver has already written its frames into the buffers its
 BufferProvider gave (the bytes are authenticated after they land): those buffers hold unauthenticated bytes
@@ -203,29 +206,71 @@ class Tagger:
 
 
 class Sealer:
-    """One direction of an encrypted connection (`transport.encrypt`): each message is AES-256-GCM under the
-    direction's own subkey with its sequence number as the nonce — the preamble and header as additional data (in
-    clear, authenticated: the receiver sizes its buffers from them), the frames encrypted, one 16-byte tag after
-    them. It replaces the message's GMAC/BLAKE2b tag (`Tagger`) on such a connection."""
+    """One direction of an encrypted connection (`transport.encrypt`): message n is sealed under the direction's
+    own subkey (AES-256-GCM) in two parts, each with its own nonce (n and a part byte): its header — encrypted,
+    the preamble (magic and header length) as additional data, its tag right after it, so the receiver parses
+    only a header it has authenticated — then, when the message has frame bytes, its frames, encrypted with the
+    header's tag as additional data (bound to that header), their tag last. It replaces the message's
+    GMAC/BLAKE2b tag (`Tagger`) on such a connection: of a message, only the preamble crosses in clear."""
+
+    HEADER, FRAMES = b"h", b"f"
 
     def __init__(self, key: bytes) -> None:
         self._aes = algorithms.AES(hmac.digest(key, b"aes-gcm-seal", "sha256"))
         self._seq = 0
 
-    def _nonce(self) -> bytes:
-        nonce = self._seq.to_bytes(12, "big")
+    def next(self) -> Seal:
+        seal = Seal(self._aes, self._seq)
         self._seq += 1
-        return nonce
+        return seal
 
-    def encryptor(self) -> Any:
-        return Cipher(self._aes, modes.GCM(self._nonce())).encryptor()
 
-    def decryptor(self) -> Any:
-        return Cipher(self._aes, modes.GCM(self._nonce())).decryptor()
+class Seal:
+    """The two GCM parts of one sealed message (see `Sealer`)."""
+
+    def __init__(self, aes: algorithms.AES, seq: int) -> None:
+        self._aes = aes
+        self._seq = seq.to_bytes(11, "big")
+        self.header_tag = b""
+
+    def _cipher(self, part: bytes) -> Cipher[modes.GCM]:
+        return Cipher(self._aes, modes.GCM(self._seq + part))
+
+    def seal_header(self, preamble: bytes, body: bytes) -> bytes:
+        """The header's ciphertext followed by its tag."""
+        enc = self._cipher(Sealer.HEADER).encryptor()
+        enc.authenticate_additional_data(preamble)
+        out = enc.update(body) + enc.finalize()
+        self.header_tag = enc.tag
+        return out + enc.tag
+
+    def open_header(self, preamble: bytes, sealed: bytes, *, peer: str) -> bytes:
+        """The header of `sealed` (ciphertext then tag), authenticated; ProtocolError when it fails."""
+        from cryptography.exceptions import InvalidTag
+
+        dec = self._cipher(Sealer.HEADER).decryptor()
+        dec.authenticate_additional_data(preamble)
+        body = dec.update(sealed[:-TAG_BYTES])
+        try:
+            dec.finalize_with_tag(sealed[-TAG_BYTES:])
+        except InvalidTag:
+            raise _refused(peer, None) from None
+        self.header_tag = sealed[-TAG_BYTES:]
+        return body
+
+    def frames_encryptor(self) -> Any:
+        enc = self._cipher(Sealer.FRAMES).encryptor()
+        enc.authenticate_additional_data(self.header_tag)
+        return enc
+
+    def frames_decryptor(self) -> Any:
+        dec = self._cipher(Sealer.FRAMES).decryptor()
+        dec.authenticate_additional_data(self.header_tag)
+        return dec
 
 
 def open_tag(decryptor: Any, tag: bytes, *, peer: str, kind: str) -> None:
-    """Check a sealed message's tag once its frames are decrypted (ProtocolError when it fails)."""
+    """Check a sealed message's frames' tag once they are decrypted (ProtocolError when it fails)."""
     from cryptography.exceptions import InvalidTag
 
     try:
@@ -234,8 +279,9 @@ def open_tag(decryptor: Any, tag: bytes, *, peer: str, kind: str) -> None:
         raise _refused(peer, kind) from None
 
 
-def _refused(peer: str, kind: str) -> ProtocolError:
-    """A message whose tag did not check out (tagged or sealed)."""
+def _refused(peer: str, kind: str | None) -> ProtocolError:
+    """A message whose tag did not check out (tagged or sealed; `kind` None: a sealed header)."""
+    what = f"message {kind[:40]!r}" if kind is not None else "a message's header"
     return ProtocolError(
-        f"{peer}: message {kind[:40]!r} failed authentication (altered, replayed, or not from this connection's peer)"
+        f"{peer}: {what} failed authentication (altered, replayed, or not from this connection's peer)"
     )

@@ -66,7 +66,7 @@ class TcpConfig:
     socket_buffer_bytes: int | None = None  # None = let the kernel autotune
     num_streams: int = 1  # TCP streams per connection (client side); >1 stripes large frames across them
     stripe_min_bytes: int = 16 << 20  # frames at least this large are striped when num_streams > 1
-    encrypt: bool = False  # frames encrypted (AES-256-GCM, `auth.Sealer`): both ends must say so; one stream only
+    encrypt: bool = False  # headers and frames encrypted (AES-256-GCM, `auth.Sealer`): both ends say so; one stream
 
 
 def _tune(sock: socket.socket, cfg: TcpConfig) -> None:
@@ -198,31 +198,36 @@ class TcpConnection(Connection):
             raise PeerUnreachable(f"{self.peer}: send failed: {e}") from e
 
     def _send_sealed(self, head: bytes, views: list[memoryview], total: int) -> None:
-        """The header in clear (authenticated), the frames encrypted piece by piece — the next piece on the
-        connection's seal lane while this one is sent — and the GCM tag last."""
+        """The preamble in clear, the header sealed (its tag after it), then the frames encrypted piece by piece —
+        the next piece on the connection's seal lane while this one is sent — and their tag last."""
         assert self._seal_out is not None
-        enc = self._seal_out.encryptor()
-        enc.authenticate_additional_data(head)
+        seal = self._seal_out.next()
+        cut = framing.PREAMBLE.size
+        sealed_head = head[:cut] + seal.seal_header(head[:cut], head[cut:])
+        if total == len(head):  # no frame bytes: the header's tag is the message's
+            self._sock.sendall(sealed_head)
+            return
+        enc = seal.frames_encryptor()
         if total <= _SMALL_MESSAGE_BYTES:
-            data = bytearray(head)
+            data = bytearray(sealed_head)
             for v in views:
                 data += enc.update(v)
             enc.finalize()
             self._sock.sendall(data + enc.tag)
             return
-        self._sock.sendall(head)
+        self._sock.sendall(sealed_head)
         pieces = [v[at : at + _SEAL_CHUNK] for v in views for at in range(0, v.nbytes, _SEAL_CHUNK)]
         bounces = (self._out_bounce, self._out_bounce2)
 
-        def seal(i: int) -> int:
+        def seal_piece(i: int) -> int:
             return int(enc.update_into(pieces[i], bounces[i % 2]))
 
         lane = self._seal_lane()
-        pending = lane.submit(seal, 0) if pieces else None
+        pending = lane.submit(seal_piece, 0) if pieces else None
         for i in range(len(pieces)):
             assert pending is not None
             n = pending.result()
-            pending = lane.submit(seal, i + 1) if i + 1 < len(pieces) else None  # into the other bounce buffer
+            pending = lane.submit(seal_piece, i + 1) if i + 1 < len(pieces) else None  # into the other bounce buffer
             self._sock.sendall(memoryview(bounces[i % 2])[:n])
         enc.finalize()
         self._sock.sendall(enc.tag)
@@ -334,15 +339,18 @@ class TcpConnection(Connection):
         try:
             pre = self._read_exact(framing.PREAMBLE.size)
             n = framing.parse_preamble(pre, self._cfg.limits, self.peer)
-            body = self._read_exact(n)
+            seal = self._seal_in.next() if self._seal_in is not None else None
+            if seal is not None:  # a sealed header is authenticated before it is parsed
+                body = seal.open_header(pre, self._read_exact(n + auth.TAG_BYTES), peer=self.peer)
+            else:
+                body = self._read_exact(n)
             wh, specs = framing.decode_header(body, self._cfg.limits, self.peer)
-            tag = self._in.next(sum(s.nbytes for s in specs)) if self._in is not None else None
+            frame_bytes = sum(s.nbytes for s in specs)
+            tag = self._in.next(frame_bytes) if self._in is not None else None
             if tag is not None:
                 tag.update(pre)
                 tag.update(body)
-            dec = self._seal_in.decryptor() if self._seal_in is not None else None
-            if dec is not None:
-                dec.authenticate_additional_data(pre + body)
+            dec = seal.frames_decryptor() if seal is not None and frame_bytes else None
             bufs = into(wh.kind, wh.header, specs)
             check_buffers(specs, bufs)
             for b in bufs:

@@ -1,5 +1,6 @@
-"""`transport.encrypt`: a TCP connection whose frames travel encrypted (AES-256-GCM under its own keys): the bytes
-on the wire hold none of the payload, a flipped bit is refused, both ends must agree, and the other kinds refuse."""
+"""`transport.encrypt`: a TCP connection whose messages travel encrypted (AES-256-GCM under its own keys): the
+bytes on the wire hold none of a message's header or payload, a flipped bit in either is refused (a header before
+it is parsed), both ends must agree, and the other kinds refuse."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from rlctl.errors import ProtocolError, TransportError
-from rlctl.transport import Message, TcpConfig, TcpTransport, make_transport
+from rlctl.transport import Message, TcpConfig, TcpTransport, framing, make_transport, tcp
+from rlctl.transport.auth import MAC_BYTES, NONCE_BYTES
 from tests.unit.transport.test_transport_security import SECRET, _BitFlipProxy
 
 SEALED = TcpConfig(encrypt=True)
@@ -22,14 +24,34 @@ def test_the_payload_never_crosses_in_clear_and_arrives_whole(size: int) -> None
     server = lst.accept(timeout_s=5)
     marker = b"RLCTL-PLAINTEXT-MARKER-"
     payload = torch.frombuffer(bytearray(marker * (size // len(marker) + 1))[:size], dtype=torch.uint8)
-    for _ in range(2):  # two messages: the nonces advance in step on both ends
-        client.send(Message("weights", {"v": 1}, [payload]))
+    for _ in range(2):  # two messages of each shape: the nonces advance in step on both ends
+        client.send(Message("weights-KIND-MARKER", {"sample_id": "HEADER-MARKER"}, [payload]))
         got = server.recv(timeout_s=10)
-        assert got.kind == "weights" and torch.equal(got.tensors[0], payload)
+        assert got.kind == "weights-KIND-MARKER" and got.header == {"sample_id": "HEADER-MARKER"}
+        assert torch.equal(got.tensors[0], payload)
+        client.send(Message("stop-KIND-MARKER", {"why": "HEADER-MARKER"}))  # no frames: the header's tag only
+        got = server.recv(timeout_s=10)
+        assert (got.kind, got.header, got.tensors) == ("stop-KIND-MARKER", {"why": "HEADER-MARKER"}, [])
     client.close()
     server.close()
     lst.close()
-    assert len(tap.seen) > 2 * size and marker not in bytes(tap.seen)
+    seen = bytes(tap.seen)
+    assert len(seen) > 2 * size and marker not in seen
+    assert b"KIND-MARKER" not in seen and b"HEADER-MARKER" not in seen
+
+
+def test_a_flipped_bit_in_an_encrypted_header_is_refused_before_it_is_parsed() -> None:
+    lst = TcpTransport(secret=SECRET, config=SEALED).listen("tcp://127.0.0.1:0")
+    host, port = lst.address.removeprefix("tcp://").rsplit(":", 1)
+    handshake = NONCE_BYTES + MAC_BYTES + 1 + tcp._STREAMS.size  # client → server before the first message
+    proxy = _BitFlipProxy((host, int(port)), at=handshake + framing.PREAMBLE.size + 3)  # inside the header
+    client = TcpTransport(secret=SECRET, config=SEALED).connect(proxy.address, timeout_s=5)
+    server = lst.accept(timeout_s=5)
+    client.send(Message("weights", {"v": 1}, [torch.arange(16, dtype=torch.int32)]))
+    with pytest.raises(ProtocolError, match=r"a message's header failed authentication"):
+        server.recv(timeout_s=5)
+    client.close()
+    lst.close()
 
 
 def test_a_flipped_bit_in_an_encrypted_frame_is_refused() -> None:
