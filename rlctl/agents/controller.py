@@ -122,6 +122,7 @@ def core_config(
         partial_store_bytes=job.rollout.partial_store_mb << 20,
         unit_batch=job.rollout.max_batch_size,
         migrate=job.rollout.migrate,
+        report_steps=job.rollout.partial_report_steps,
     )
 
 

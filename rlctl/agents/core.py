@@ -91,6 +91,7 @@ class CoreConfig:
     partial_store_bytes: int = 256 << 20  # the trajectory store's bound (`rollout.partial_store_mb`)
     unit_batch: int = 64  # requests a unit runs at once (`rollout.max_batch_size`): more wait in its engine
     migrate: bool = True  # move waiting and running work to units with free rows (`rollout.migrate`)
+    report_steps: int = 0  # units report their running generations after every this many steps (0: by time alone)
 
 
 @dataclass
@@ -217,15 +218,20 @@ class ControllerCore:
         """Count the generations the unit held, `sample_ids` (`TrajectoryStore.interrupt`): each kept its reported
         output, and lost at most what it generated after it was last accounted for — a unit's report carries every
         running generation's new tokens, so that is after the later of the unit's last report and the sample's own
-        last report or dispatch — at the fastest per-sample rate the unit's reports showed (capped by the tokens it
-        had left)."""
+        last report or dispatch — at the fastest per-sample rate the unit's reports showed (all it had left when
+        no rate is known); and when units report every `report_steps` decode steps, at most that many tokens (a
+        step adds at most one token to a generation, and the steps after the last report were fewer)."""
         now = self.clock()
         rate = max(self._rates.pop(name, ()), default=0.0)
         unit_t = self._unit_reported_at.pop(name, float("-inf"))
         for sid in sample_ids:
             since = now - max(unit_t, self._heard_at.pop(sid, now))
             kept = len(self.ledger.partials.parts.get(sid, ()))
-            most = min(round(rate * max(since, 0.0)), max(self.cfg.max_new_tokens - kept, 0))
+            most = max(self.cfg.max_new_tokens - kept, 0)
+            if rate:
+                most = min(most, round(rate * max(since, 0.0)))
+            if self.cfg.report_steps:
+                most = min(most, self.cfg.report_steps)
             self.ledger.partials.interrupt(sid, lost_at_most=most)
             self._made_at.pop(sid, None)
 

@@ -9,8 +9,9 @@ The main loop never blocks while the engine has work: it drains the inbox, swaps
 version arrived (only between steps), runs one decode step, and sends every finished sample
 immediately (stream generation). With nothing to do it waits on the inbox.
 
-Partial rollouts: every `rollout.partial_report_s` the unit sends the controller what each running
-generation produced since the last report (`partial`: tokens, log-probs, versions). A generation this
+Partial rollouts: every `rollout.partial_report_s` seconds, and after every `rollout.partial_report_steps`
+decode steps, the unit sends the controller what each running generation produced since the last report
+(`partial`: tokens, log-probs, versions). A generation this
 unit does not finish (it is lost) resumes from there on another unit (a request with a prefix).
 `withdraw n` (the controller moving work to a unit with free rows) takes n requests out of the engine —
 those it would admit last, then the running ones with the least output — and sends them back whole
@@ -96,7 +97,9 @@ class RolloutAgent:
         self.reported: dict[str, int] = {}  # running sample → output tokens the controller has (partial reports)
         self.order: dict[str, tuple[int, float]] = {}  # held sample → (iteration, priority): its admission order
         self.report_every = job.rollout.partial_report_s
+        self.report_steps = job.rollout.partial_report_steps
         self.last_report = time.monotonic()
+        self.steps_unreported = 0  # decode steps since the last report
         self.state = "starting"
         scheme = job.transport.kind
         # weights arrive on their own connection(s); `inproc://` lets the transport pick a name
@@ -176,7 +179,10 @@ class RolloutAgent:
                 self.busy_s += time.monotonic() - t0
                 for res in done:
                     self._send_sample(res)
-            if self.report_every and time.monotonic() - self.last_report >= self.report_every:
+                self.steps_unreported += 1
+            if (self.report_every and time.monotonic() - self.last_report >= self.report_every) or (
+                self.report_steps and self.steps_unreported >= self.report_steps
+            ):
                 self._report()
 
     def _admit(self, gen: Generate) -> None:
@@ -235,6 +241,7 @@ class RolloutAgent:
     def _report(self) -> None:
         """Tell the controller what each running generation produced since the last report."""
         self.last_report = time.monotonic()
+        self.steps_unreported = 0
         new = []
         for res in self.engine.partials():
             start = self.reported.get(res.request_id, 0)

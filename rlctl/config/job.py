@@ -302,7 +302,13 @@ class Rollout(Strict):
         ge=0,
         description="partial rollouts: seconds between a unit's reports of what its running generations have "
         "produced; a generation whose unit is lost resumes from its last report on another unit instead of "
-        "starting over. 0: no reports",
+        "starting over. 0: none by time (see partial_report_steps)",
+    )
+    partial_report_steps: NonNegativeInt = Field(
+        0,
+        description="partial rollouts: also report after every this many decode steps, which bounds what a lost "
+        "unit's generations lose to as many tokens each (a step adds at most one token to a generation); costs "
+        "one message per that many steps of each unit. 0: by partial_report_s alone",
     )
     partial_store_mb: PositiveInt = Field(
         256, description="the controller's memory for partial generations; past it, more are not kept (they restart)"

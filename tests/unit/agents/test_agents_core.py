@@ -449,6 +449,38 @@ def test_a_lost_unit_s_generations_count_what_was_kept_and_at_most_what_was_lost
     assert back.partials.interrupted_lost_tokens_max == 10  # kept across a checkpoint
 
 
+def test_a_lost_unit_reporting_every_few_steps_lost_at_most_that_many_tokens_of_each():
+    """The same reports, but units report after every 3 decode steps (`rollout.partial_report_steps`): lost at
+    t 2.5 after a report at t 2, each generation lost at most 3 tokens (one per step), not 10 × 0.5; a unit lost
+    before any rate was known lost at most all it had left (64 - kept), not 0."""
+    from dataclasses import replace
+
+    from rlctl.agents.views import partials_view
+
+    for steps, lost in ((3, 6), (0, 10)):
+        now = [0.0]
+        core = _core(min_units=1, prompts=2)
+        core.cfg = replace(core.cfg, report_steps=steps)
+        core.clock = lambda now=now: now[0]
+        core.join("trainer-0", role="trainer", version=0)
+        held = [s for s, _ in _generate(core.join("r0", role="rollout", version=0))["r0"]]
+        for t in (1.0, 2.0):
+            now[0] = t
+            for sid in held:
+                start = len(core.ledger.partials.parts.get(sid, ()))
+                core.partial("r0", sample_id=sid, start=start, tokens=[7] * 10, logprobs=[-0.1] * 10, versions=[0] * 10)
+        now[0] = 2.5
+        core.lost("r0")
+        assert partials_view(core)["interrupted_lost_tokens_max"] == lost, steps
+    core = _core(min_units=1, prompts=2)
+    core.join("trainer-0", role="trainer", version=0)
+    held = [s for s, _ in _generate(core.join("r0", role="rollout", version=0))["r0"]]
+    core.partial("r0", sample_id=held[0], start=0, tokens=[7] * 4, logprobs=[-0.1] * 4, versions=[0] * 4)
+    core.lost("r0")  # one report: no rate yet
+    v = partials_view(core)
+    assert (v["interrupted_kept_tokens"], v["interrupted_lost_tokens_max"]) == (4, (64 - 4) + 64)
+
+
 def test_the_store_keeps_nothing_past_its_bound():
     from rlctl.agents.trajectories import TOKEN_BYTES, TrajectoryStore
 
