@@ -21,6 +21,8 @@
                          (full) version too; and the encoder's device memory
     launch               `rlctl launch` of a job on the local site whose trainer and two rollout units share the
                          device: its state and ledger (0 lost, 0 duplicated)
+    transport            `bench rpc`'s authentication and encryption costs on this machine's cores (`auth_overhead`:
+                         goal ≤ 0.10 at 256 MiB, which 2 shared cores cannot show), CPU count beside them
     gpu_tests            `pytest tests/gpu` (skipped without CUDA): passed, failed, skipped
 
 With --quick (and on a CPU) the model is the tiny hf-demo shape, batches 4 and 8, and the launched job a short
@@ -94,6 +96,7 @@ def run(*, quick: bool) -> dict[str, Any]:
         piece("launch", lambda: _launch(root, device=device, quick=quick or not cuda, artifacts=piece.artifacts))
         piece("grpo_step_vs_cpu", lambda: _grpo_vs_cpu(model_dir, device, prompts=2 if cuda else 4))
         piece("sampler_share", _sampler_share)
+        piece("transport", lambda: _transport(quick=quick or not cuda))
     piece("gpu_tests", lambda: _gpu_tests(piece.artifacts))
     return piece.done()
 
@@ -553,6 +556,14 @@ def _gpu_tests(artifacts: Path | None = None) -> dict[str, Any]:
     if failing:
         out["failing"] = failing
     return out
+
+
+def _transport(*, quick: bool) -> dict[str, Any]:
+    """`bench rpc`'s cost of authentication and encryption on this machine's cores (256 MiB over loopback; 16 MiB
+    quick): on the 2 shared cores of CI's machines the tags compete with the copies themselves."""
+    from bench.rpc import auth_costs
+
+    return auth_costs(nbytes=16 << 20, repeats=2, round_trips=200) if quick else auth_costs()
 
 
 def _sync(device: str) -> None:

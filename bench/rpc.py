@@ -281,6 +281,33 @@ def run(*, quick: bool) -> dict[str, Any]:
     }
 
 
+def auth_costs(*, nbytes: int = 256 << 20, repeats: int = 7, round_trips: int = 5000) -> dict[str, Any]:
+    """What authenticating and encrypting cost, alone (the GPU check runs it where there are cores to spare):
+    the framing without keys, authenticated and encrypted, taking turns; `auth_overhead` and `encrypt_overhead`
+    as in `run`, and the machine's CPU count beside them."""
+    torch.set_num_threads(1)
+    t = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    methods: dict[str, Any] = {
+        "untagged": _Rlctl(t, repeats, preallocated=True, round_trips=round_trips, tagged=False),
+        "tagged": _Rlctl(t, repeats, preallocated=True, round_trips=round_trips),
+        "encrypted": _Rlctl(t, repeats, preallocated=True, round_trips=round_trips, encrypt=True),
+    }
+    best = _best_interleaved(methods, repeats)
+    rps = {name: m.finish() for name, m in methods.items()}
+    gb = nbytes / 1e9
+    return {
+        "cpus": os.cpu_count(),
+        "bytes": nbytes,
+        "untagged_gb_per_s": round(gb / best["untagged"], 3),
+        "tagged_gb_per_s": round(gb / best["tagged"], 3),
+        "encrypted_gb_per_s": round(gb / best["encrypted"], 3),
+        "auth_overhead": round(best["tagged"] / best["untagged"] - 1, 4),
+        "encrypt_overhead": round(best["encrypted"] / best["tagged"] - 1, 4),
+        "auth_overhead_round_trips": round(rps["untagged"] / rps["tagged"] - 1, 4),
+        "round_trips_per_s": {k: round(v) for k, v in rps.items()},
+    }
+
+
 def summary(result: dict[str, Any]) -> str:
     r = result
     u = r["ucx"]

@@ -21,6 +21,8 @@ def test_gpu_check_quick_runs_every_piece_on_the_cpu():
     assert r["delta_encode_gb_s"] > 0 and 0 < r["delta_ratio"] < 0.05
     assert r["sampler_share"]["vocab"] == 151_936 and r["sampler_share"]["share"] <= 0.25
     assert r["host_bytes_per_model_byte"] > 0
+    tr = r["transport"]
+    assert tr["cpus"] >= 1 and min(tr["untagged_gb_per_s"], tr["tagged_gb_per_s"], tr["encrypted_gb_per_s"]) > 0
     launch = r["launch"]
     assert launch["rc"] == 0, launch.get("stderr_tail")
     assert (launch["state"], launch["lost"], launch["duplicated"]) == ("done", 0, 0)
