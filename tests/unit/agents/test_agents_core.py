@@ -425,13 +425,13 @@ def test_partial_outputs_survive_a_checkpoint_unless_newer_than_it():
     assert set(again.ledger.partials.parts) == {a}  # b's token came from v2, past the checkpoint's v1
 
 
-def test_a_lost_unit_s_generations_count_what_was_kept_and_at_most_what_was_lost():
-    """r0 reports 10 tokens of each sample a second (one report each at t 1, 2); lost at t 2.5, it generated at
-    most 10 × 0.5 = 5 more of each that nobody saw: kept 20, lost ≤ 5, a restart would have regenerated 25."""
-    from rlctl.agents.views import partials_view
+def _lost_after_two_reports(report_steps: int = 0) -> ControllerCore:
+    """r0 reports 10 tokens of each of its 2 samples a second (one report each at t 1, 2) and is lost at t 2.5."""
+    from dataclasses import replace
 
     now = [0.0]
     core = _core(min_units=1, prompts=2)
+    core.cfg = replace(core.cfg, report_steps=report_steps)
     core.clock = lambda: now[0]
     core.join("trainer-0", role="trainer", version=0)
     held = [s for s, _ in _generate(core.join("r0", role="rollout", version=0))["r0"]]
@@ -442,6 +442,15 @@ def test_a_lost_unit_s_generations_count_what_was_kept_and_at_most_what_was_lost
             core.partial("r0", sample_id=sid, start=start, tokens=[7] * 10, logprobs=[-0.1] * 10, versions=[0] * 10)
     now[0] = 2.5
     core.lost("r0")
+    return core
+
+
+def test_a_lost_unit_s_generations_count_what_was_kept_and_at_most_what_was_lost():
+    """Lost at t 2.5, r0 generated at most 10 × 0.5 = 5 more of each sample that nobody saw: kept 20, lost ≤ 5,
+    a restart would have regenerated 25."""
+    from rlctl.agents.views import partials_view
+
+    core = _lost_after_two_reports()
     v = partials_view(core)
     assert (v["interrupted"], v["interrupted_kept_tokens"], v["interrupted_lost_tokens_max"]) == (2, 40, 10)
     assert v["regenerated_fraction_max"] == 0.2
@@ -450,28 +459,12 @@ def test_a_lost_unit_s_generations_count_what_was_kept_and_at_most_what_was_lost
 
 
 def test_a_lost_unit_reporting_every_few_steps_lost_at_most_that_many_tokens_of_each():
-    """The same reports, but units report after every 3 decode steps (`rollout.partial_report_steps`): lost at
-    t 2.5 after a report at t 2, each generation lost at most 3 tokens (one per step), not 10 × 0.5; a unit lost
-    before any rate was known lost at most all it had left (64 - kept), not 0."""
-    from dataclasses import replace
-
+    """The same reports, but units report after every 3 decode steps (`rollout.partial_report_steps`): each
+    generation lost at most 3 tokens (one per step), not 10 × 0.5; a unit lost before any rate was known lost at
+    most all it had left (64 - kept), not 0."""
     from rlctl.agents.views import partials_view
 
-    for steps, lost in ((3, 6), (0, 10)):
-        now = [0.0]
-        core = _core(min_units=1, prompts=2)
-        core.cfg = replace(core.cfg, report_steps=steps)
-        core.clock = lambda now=now: now[0]
-        core.join("trainer-0", role="trainer", version=0)
-        held = [s for s, _ in _generate(core.join("r0", role="rollout", version=0))["r0"]]
-        for t in (1.0, 2.0):
-            now[0] = t
-            for sid in held:
-                start = len(core.ledger.partials.parts.get(sid, ()))
-                core.partial("r0", sample_id=sid, start=start, tokens=[7] * 10, logprobs=[-0.1] * 10, versions=[0] * 10)
-        now[0] = 2.5
-        core.lost("r0")
-        assert partials_view(core)["interrupted_lost_tokens_max"] == lost, steps
+    assert partials_view(_lost_after_two_reports(report_steps=3))["interrupted_lost_tokens_max"] == 6
     core = _core(min_units=1, prompts=2)
     core.join("trainer-0", role="trainer", version=0)
     held = [s for s, _ in _generate(core.join("r0", role="rollout", version=0))["r0"]]
