@@ -79,6 +79,11 @@ class PeerUnreachable(TransportError):
     pass
 
 
+class PeerClosed(PeerUnreachable):
+    """The peer's end of the stream closed in order: every byte written to it before then has arrived (not a
+    reset, a timeout or a broken send)."""
+
+
 class PeerTimeout(TransportError):
     pass
 

@@ -88,14 +88,17 @@ class ControllerLink:
         conn.send(make("hello", hello))
         return conn
 
-    def send(self, msg: Message) -> None:
-        """Send to the controller. A unit that reconnects drops what it cannot send meanwhile (see above)."""
+    def send(self, msg: Message) -> bool:
+        """Send to the controller (True). A unit that reconnects drops what it cannot send meanwhile (False; see
+        above)."""
         try:
             self.conn.send(msg)
         except TransportError as e:
             if not self._reconnect or self._closed.is_set():
                 raise
             log.info("%s: dropped %s while the controller link is down: %s", self.name, msg.kind, e)
+            return False
+        return True
 
     def close(self, *, final: Heartbeat | None = None) -> None:
         if final is not None:

@@ -34,7 +34,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -60,7 +60,7 @@ from rlctl.checkpoint.choose import resume_version
 from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, save_controller
 from rlctl.checkpoint.files import prune
 from rlctl.config.job import DatasetTask, JobFile
-from rlctl.errors import TransportError
+from rlctl.errors import PeerClosed, TransportError
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
 from rlctl.rl.ranker import LengthRanker, recall_at
@@ -430,15 +430,15 @@ class ControllerAgent:
         if peer is None:
             return
         if what == "closed":
-            conn, err = payload
+            conn, err, heard = payload
             if conn is not peer.conn:  # the end of a connection this agent already replaced
                 return
             if peer.state == "running" and peer.role != "client":
-                self._lose(who, str(err))
+                self._lose(who, str(err), at=heard, closed=isinstance(err, PeerClosed))
             if peer.role == "client":
                 del self.peers[who]
             return
-        msg: Message = payload
+        msg, heard = cast("tuple[Message, float]", payload)
         peer.last_seen = time.monotonic()
         if peer.state == "unreachable":
             self._rejoin(peer, version=peer.figures.version, new_connection=False)
@@ -474,6 +474,7 @@ class ControllerAgent:
                     logprobs=logprobs,
                     versions=versions,
                     made_s=made_s,
+                    heard_s=heard,
                 )
         elif msg.kind == "withdrawn":
             self._send(self.core.withdrawn(who, [(sid, t, lp, v) for sid, _, t, lp, v in _parts(msg)]))
@@ -656,15 +657,16 @@ class ControllerAgent:
             self.metrics.weight_transfer_seconds.observe(seconds)
             self.metrics.weight_last_unit_seconds.set(seconds)
 
-    def _lose(self, name: str, why: str) -> None:
-        """An agent stopped heartbeating or its connection broke. A rollout unit's in-flight samples are
-        requeued at once and a replacement is started on its site; a lost trainer ends the job (a clean stop
-        whose message names the resume command)."""
+    def _lose(self, name: str, why: str, *, at: float | None = None, closed: bool = False) -> None:
+        """An agent stopped heartbeating or its connection broke (`at`: when its reader heard the end; `closed`:
+        the stream ended in order, `core.lost`). A
+        rollout unit's in-flight samples are requeued at once and a replacement is started on its site; a lost
+        trainer ends the job (a clean stop whose message names the resume command)."""
         peer = self.peers[name]
         peer.state = "lost"
         peer.conn.close()
         before = self.core.ledger.requeued
-        self._send(self.core.lost(name))
+        self._send(self.core.lost(name, at=at, closed=closed))
         self.jobdir.event("agent_lost", agent=name, reason=why, requeued=self.core.ledger.requeued - before)
         log.warning("controller: %s lost (%s); %d samples re-queued", name, why, self.core.ledger.requeued - before)
         unit = self.core.units.get(name)
@@ -776,12 +778,14 @@ class ControllerAgent:
                 continue
             if what == "closed":
                 peer.state = "stopped" if peer.state == "running" else peer.state
-            elif payload.kind in ("heartbeat", "bye"):
-                peer.figures = parse(payload, Heartbeat)
-                if payload.kind == "bye":
+                continue
+            msg = payload[0]
+            if msg.kind in ("heartbeat", "bye"):
+                peer.figures = parse(msg, Heartbeat)
+                if msg.kind == "bye":
                     peer.state = "stopped"
-            elif payload.kind == "status":
-                self._reply_status(peer, payload)
+            elif msg.kind == "status":
+                self._reply_status(peer, msg)
         end = summary(self.snapshot())
         self.jobdir.write_json(self.jobdir.summary_json, end)
         self.jobdir.event("job_end", state=end["state"], iterations=end["iterations"])
@@ -815,9 +819,11 @@ class ControllerAgent:
         self.inbox.put(("hello", conn, hello))
 
     def _read(self, name: str, conn: Connection) -> None:
+        """Each message, and the connection's end, with when it was heard (`core.partial`, `core.lost`)."""
         while True:
             try:
-                self.inbox.put(("msg", name, recv_checked(conn, peer=name, kinds=TO_CONTROLLER)))
+                msg = recv_checked(conn, peer=name, kinds=TO_CONTROLLER)
             except TransportError as e:
-                self.inbox.put(("closed", name, (conn, e)))
+                self.inbox.put(("closed", name, (conn, e, time.monotonic())))
                 return
+            self.inbox.put(("msg", name, (msg, time.monotonic())))

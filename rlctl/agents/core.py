@@ -91,7 +91,7 @@ class CoreConfig:
     partial_store_bytes: int = 256 << 20  # the trajectory store's bound (`rollout.partial_store_mb`)
     unit_batch: int = 64  # requests a unit runs at once (`rollout.max_batch_size`): more wait in its engine
     migrate: bool = True  # move waiting and running work to units with free rows (`rollout.migrate`)
-    report_steps: int = 0  # units report their running generations after every this many steps (0: by time alone)
+    report_steps: int = 0  # units report after every this many decode steps too (`rollout.partial_report_steps`)
 
 
 @dataclass
@@ -174,6 +174,7 @@ class ControllerCore:
         self._made_at: dict[str, float] = {}  # … when the unit took a sample's last report, by its clock (rates)
         self._unit_reported_at: dict[str, float] = {}
         self._rates: dict[str, deque[float]] = {}
+        self._gapped: set[str] = set()  # samples with a report the store refused: only their own last one counts
 
     # -- events -------------------------------------------------------------------------------------
     def join(
@@ -186,7 +187,9 @@ class ControllerCore:
             self.units[name] = unit
         return [self._members(), *self.pump(), *self.migrate(now=True)]
 
-    def lost(self, name: str) -> list[Out]:
+    def lost(self, name: str, *, at: float | None = None, closed: bool = False) -> list[Out]:
+        """An agent is gone; `at`: when that was heard (this clock; default now); `closed`: its connection ended in
+        order (everything it wrote before arrived: the process ended), not by a reset, a timeout or silence."""
         if self.trainer is not None and name == self.trainer.name:
             self.trainer.alive = False
             self.failed = f"trainer {name} was lost"
@@ -197,7 +200,7 @@ class ControllerCore:
         unit.alive = False
         self.withdrawing.pop(name, None)
         requeued = self.ledger.requeue_agent(name)
-        self._interrupted(name, requeued)
+        self._interrupted(name, requeued, at=at, closed=closed)
         self._release_idle(requeued)
         return [self._members(), *self.pump()]
 
@@ -214,23 +217,32 @@ class ControllerCore:
         self._release_idle(requeued)
         return [self._members(), *self.pump()]
 
-    def _interrupted(self, name: str, sample_ids: list[str]) -> None:
+    def _interrupted(self, name: str, sample_ids: list[str], *, at: float | None = None, closed: bool = False) -> None:
         """Count the generations the unit held, `sample_ids` (`TrajectoryStore.interrupt`): each kept its reported
         output, and lost at most what it generated after it was last accounted for — a unit's report carries every
         running generation's new tokens, so that is after the later of the unit's last report and the sample's own
-        last report or dispatch — at the fastest per-sample rate the unit's reports showed (all it had left when
-        no rate is known); and when units report every `report_steps` decode steps, at most that many tokens (a
-        step adds at most one token to a generation, and the steps after the last report were fewer)."""
-        now = self.clock()
+        last kept report or dispatch (its own only, once the store refused one of its reports) until `at` (when the
+        loss was heard: default now) — at the fastest per-sample rate the unit's reports showed (all it had left
+        when no rate is known). Times are arrivals on this clock, so the bound holds but for the jitter of the
+        network's delay between the last report and the loss.
+
+        Units that report after every `report_steps` decode steps, whose connection ended in order (`closed`: every
+        report they wrote arrived), lost at most that many tokens of each generation whose reports were all kept:
+        a step adds one token to a generation (rlctl's engines decode one token per step), and fewer steps than
+        that ran after the last report."""
+        now = self.clock() if at is None else at
         rate = max(self._rates.pop(name, ()), default=0.0)
         unit_t = self._unit_reported_at.pop(name, float("-inf"))
         for sid in sample_ids:
-            since = now - max(unit_t, self._heard_at.pop(sid, now))
+            own = self._heard_at.pop(sid, now)
+            gapped = sid in self._gapped
+            self._gapped.discard(sid)
+            since = now - (own if gapped else max(unit_t, own))
             kept = len(self.ledger.partials.parts.get(sid, ()))
             most = max(self.cfg.max_new_tokens - kept, 0)
             if rate:
                 most = min(most, round(rate * max(since, 0.0)))
-            if self.cfg.report_steps:
+            if closed and self.cfg.report_steps and not gapped:
                 most = min(most, self.cfg.report_steps)
             self.ledger.partials.interrupt(sid, lost_at_most=most)
             self._made_at.pop(sid, None)
@@ -246,7 +258,9 @@ class ControllerCore:
         unit.version = max(unit.version, version)
         if requeue:
             self.withdrawing.pop(name, None)  # asked on the old connection: the answer may never come
-            self._release_idle(self.ledger.requeue_agent(name))
+            requeued = self.ledger.requeue_agent(name)
+            self._interrupted(name, requeued)
+            self._release_idle(requeued)
         return [self._members(), *self.pump()]
 
     def drain(self, name: str) -> list[Out]:
@@ -289,6 +303,7 @@ class ControllerCore:
         self.ledger.partials.drop(sample_id)
         for times in (self._heard_at, self._made_at):
             times.pop(sample_id, None)
+        self._gapped.discard(sample_id)
         self.payloads[sample_id] = payload
         self.finished_lengths.append(output_tokens)
         st = self.stats[self.ledger.entries[sample_id].iteration]
@@ -310,20 +325,26 @@ class ControllerCore:
         logprobs: list[float],
         versions: list[int],
         made_s: float = 0.0,
+        heard_s: float | None = None,
     ) -> bool:
         """A unit's report of a running sample's output from index `start` on; kept (True) only while the sample
-        is dispatched to that unit (a late report of a lost unit is ignored). `made_s`: the unit's clock when it
-        took the report (0: this clock's arrival time stands in for it)."""
+        is dispatched to that unit (a late report of a lost unit is ignored) and the store takes it. `made_s`: the
+        unit's clock when it took the report (0: the arrival stands in for it); `heard_s`: when it arrived (this
+        clock; default now)."""
         if self.ledger.dispatched_to(sample_id, name) is None:
             return False
-        now = self.clock()
+        now = self.clock() if heard_s is None else heard_s
         made = made_s or now
         last = self._made_at.get(sample_id)
         if last is not None and made > last and tokens:  # between two reports: a rate of generating, not waiting
             self._rates.setdefault(name, deque(maxlen=RATE_REPORTS)).append(len(tokens) / (made - last))
         self._made_at[sample_id] = made
-        self._heard_at[sample_id] = self._unit_reported_at[name] = now
-        return self.ledger.partials.extend(sample_id, start, tokens, logprobs, versions)
+        self._unit_reported_at[name] = now
+        if not self.ledger.partials.extend(sample_id, start, tokens, logprobs, versions):
+            self._gapped.add(sample_id)  # its output since its last kept report is not here
+            return False
+        self._heard_at[sample_id] = now
+        return True
 
     def awaiting_reward(self, sample_id: str) -> int | None:
         """The attempt whose reward `sample_id` waits for (pass it back to `scored`), or None."""
@@ -651,6 +672,7 @@ class ControllerCore:
             self.ledger.dispatch(e.sample_id, agent=unit.name, version=oldest)
             self._heard_at[e.sample_id] = self.clock()
             self._made_at.pop(e.sample_id, None)
+            self._gapped.discard(e.sample_id)
             spec = self.prompts[e.prompt_id]
             req = {
                 "sample_id": e.sample_id,

@@ -223,8 +223,9 @@ class RolloutAgent:
         self.reported.pop(sample_id, None)
         self.order.pop(sample_id, None)
 
-    def _send_outputs(self, kind: str, outputs: list[tuple[GenResult, int]], made_s: float = 0.0) -> None:
-        """A `partial` or `withdrawn` message: each (result, start)'s output from `start` on (`made_s`: when)."""
+    def _send_outputs(self, kind: str, outputs: list[tuple[GenResult, int]], made_s: float = 0.0) -> bool:
+        """A `partial` or `withdrawn` message: each (result, start)'s output from `start` on (`made_s`: when);
+        False when the controller link dropped it."""
         parts, tokens, logprobs, versions = [], [], [], []
         for res, start in outputs:
             parts.append(PartialPart(res.request_id, start, len(res.output_tokens) - start))
@@ -236,10 +237,11 @@ class RolloutAgent:
             torch.tensor(logprobs, dtype=torch.float32),
             torch.tensor(versions, dtype=torch.int32),
         ]
-        self.link.send(make(kind, Partial(parts, made_s), tensors))
+        return self.link.send(make(kind, Partial(parts, made_s), tensors))
 
     def _report(self) -> None:
-        """Tell the controller what each running generation produced since the last report."""
+        """Tell the controller what each running generation produced since the last report (a report the link
+        dropped while it was down goes out again with the next one)."""
         self.last_report = time.monotonic()
         self.steps_unreported = 0
         new = []
@@ -247,9 +249,9 @@ class RolloutAgent:
             start = self.reported.get(res.request_id, 0)
             if len(res.output_tokens) > start:
                 new.append((res, start))
+        if new and self._send_outputs("partial", new, self.last_report):
+            for res, _ in new:
                 self.reported[res.request_id] = len(res.output_tokens)
-        if new:
-            self._send_outputs("partial", new, self.last_report)
 
     def _send_sample(self, res: GenResult) -> None:
         head = SampleDone(

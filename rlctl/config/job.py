@@ -306,9 +306,9 @@ class Rollout(Strict):
     )
     partial_report_steps: NonNegativeInt = Field(
         0,
-        description="partial rollouts: also report after every this many decode steps, which bounds what a lost "
-        "unit's generations lose to as many tokens each (a step adds at most one token to a generation); costs "
-        "one message per that many steps of each unit. 0: by partial_report_s alone",
+        description="partial rollouts: also report after every this many decode steps (a step adds one token to "
+        "each running generation), so a lost unit's generations lose about as many tokens each, however fast it "
+        "decodes; costs one message per that many steps of each unit. 0: by partial_report_s alone",
     )
     partial_store_mb: PositiveInt = Field(
         256, description="the controller's memory for partial generations; past it, more are not kept (they restart)"

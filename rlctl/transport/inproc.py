@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlctl.errors import AuthError, PeerTimeout, PeerUnreachable
+from rlctl.errors import AuthError, PeerClosed, PeerTimeout, PeerUnreachable
 from rlctl.transport import framing
 from rlctl.transport.base import (
     BufferProvider,
@@ -68,7 +68,7 @@ class InprocConnection(Connection):
             raise PeerTimeout(f"{self.peer}: no message within {timeout_s}s") from e
         if pkt is _CLOSED:
             self._peer_closed = True
-            raise PeerUnreachable(f"{self.peer}: connection closed by peer")
+            raise PeerClosed(f"{self.peer}: connection closed by peer")
         wh, specs = framing.decode_header(pkt.head, self.limits, self.peer)
         if into is empty_buffers:
             bufs = pkt.tensors

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlctl.errors import AuthError, PeerTimeout, PeerUnreachable, ProtocolError, TransportError
+from rlctl.errors import AuthError, PeerClosed, PeerTimeout, PeerUnreachable, ProtocolError, TransportError
 from rlctl.transport import auth, framing
 from rlctl.transport.base import (
     BufferProvider,
@@ -276,7 +276,7 @@ class TcpConnection(Connection):
             self._start, self._end = 0, n
         k = self._sock.recv_into(self._view[self._end :])
         if k == 0:
-            raise PeerUnreachable(f"{self.peer}: connection closed by peer")
+            raise PeerClosed(f"{self.peer}: connection closed by peer")
         self._end += k
 
     def _fill_when_idle(self) -> None:
@@ -315,7 +315,7 @@ class TcpConnection(Connection):
         while got < n:
             k = self._sock.recv_into(dest[got:])
             if k == 0:
-                raise PeerUnreachable(f"{self.peer}: connection closed mid-message ({got}/{n} frame bytes)")
+                raise PeerClosed(f"{self.peer}: connection closed mid-message ({got}/{n} frame bytes)")
             got += k
             if tag is not None and (got - tagged >= auth.BATCH_BYTES or got == n):  # while they are in cache
                 tag.update(dest[tagged:got])

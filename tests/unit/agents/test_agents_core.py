@@ -4,6 +4,7 @@ buffers' order of groups, rewards that hold the trainer."""
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from rlctl.agents.core import ControllerCore, CoreConfig, Mode, Out, PromptSpec
 from rlctl.agents.ledger import Ledger, State
@@ -425,23 +426,38 @@ def test_partial_outputs_survive_a_checkpoint_unless_newer_than_it():
     assert set(again.ledger.partials.parts) == {a}  # b's token came from v2, past the checkpoint's v1
 
 
-def _lost_after_two_reports(report_steps: int = 0) -> ControllerCore:
-    """r0 reports 10 tokens of each of its 2 samples a second (one report each at t 1, 2) and is lost at t 2.5."""
+def _lost_after_two_reports(
+    *, store_bytes: int = 256 << 20, heard_late: bool = False, report_steps: int = 0, closed: bool = False
+) -> ControllerCore:
+    """r0 reports 10 tokens of each of its 2 samples a second (one report each at t 1, 2) and is lost at t 2.5
+    (`heard_late`: each report is handled 0.4 s after it arrived, the loss as it arrives; `closed`: its connection
+    ended in order)."""
     from dataclasses import replace
 
     now = [0.0]
     core = _core(min_units=1, prompts=2)
-    core.cfg = replace(core.cfg, report_steps=report_steps)
+    core.cfg = replace(core.cfg, partial_store_bytes=store_bytes, report_steps=report_steps)
+    core.ledger.partials.budget_bytes = store_bytes
     core.clock = lambda: now[0]
     core.join("trainer-0", role="trainer", version=0)
     held = [s for s, _ in _generate(core.join("r0", role="rollout", version=0))["r0"]]
     for t in (1.0, 2.0):
-        now[0] = t
+        now[0] = t + (0.4 if heard_late else 0.0)
         for sid in held:
             start = len(core.ledger.partials.parts.get(sid, ()))
-            core.partial("r0", sample_id=sid, start=start, tokens=[7] * 10, logprobs=[-0.1] * 10, versions=[0] * 10)
-    now[0] = 2.5
-    core.lost("r0")
+            start = 10 if t == 2.0 else start  # what the unit sent, whatever the store kept
+            core.partial(
+                "r0",
+                sample_id=sid,
+                start=start,
+                tokens=[7] * 10,
+                logprobs=[-0.1] * 10,
+                versions=[0] * 10,
+                made_s=100 + t,
+                heard_s=t,
+            )
+    now[0] = 2.9 if heard_late else 2.5
+    core.lost("r0", at=2.5, closed=closed)
     return core
 
 
@@ -458,13 +474,31 @@ def test_a_lost_unit_s_generations_count_what_was_kept_and_at_most_what_was_lost
     assert back.partials.interrupted_lost_tokens_max == 10  # kept across a checkpoint
 
 
-def test_a_lost_unit_reporting_every_few_steps_lost_at_most_that_many_tokens_of_each():
-    """The same reports, but units report after every 3 decode steps (`rollout.partial_report_steps`): each
-    generation lost at most 3 tokens (one per step), not 10 × 0.5; a unit lost before any rate was known lost at
-    most all it had left (64 - kept), not 0."""
+def test_a_lost_unit_s_bound_counts_from_arrivals_and_from_a_sample_s_own_last_kept_report():
+    """The bound is timed by when reports and the loss arrived, not by when the controller got to them (0.4 s later
+    here: the same 10); a sample whose second report the store refused (full) lost at most what it made since its
+    first (10 × 1.5 = 15 each, 20 kept in all), though later reports of its unit came in; a unit lost before any
+    rate was known lost at most all its generations had left (64 - kept), not 0."""
+    from rlctl.agents.trajectories import TOKEN_BYTES
     from rlctl.agents.views import partials_view
 
-    assert partials_view(_lost_after_two_reports(report_steps=3))["interrupted_lost_tokens_max"] == 6
+    assert partials_view(_lost_after_two_reports(heard_late=True))["interrupted_lost_tokens_max"] == 10
+    v = partials_view(_lost_after_two_reports(store_bytes=25 * TOKEN_BYTES))
+    assert (v["interrupted_kept_tokens"], v["interrupted_lost_tokens_max"]) == (20, 30)
+
+
+def test_units_reporting_every_few_steps_lost_at_most_that_many_tokens_when_their_connection_ended_in_order():
+    """Reports after every 3 decode steps (`rollout.partial_report_steps`) and a connection that ended in order
+    (every report written arrived): at most 3 tokens of each generation, not 10 × 0.5. Not when the end was a
+    reset or silence (reports may be missing: the time bound), nor for a sample the store refused a report of."""
+    from rlctl.agents.trajectories import TOKEN_BYTES
+    from rlctl.agents.views import partials_view
+
+    def lost(**kw: Any) -> int:
+        return int(partials_view(_lost_after_two_reports(report_steps=3, **kw))["interrupted_lost_tokens_max"])
+
+    assert (lost(closed=True), lost(closed=False)) == (6, 10)
+    assert lost(closed=True, store_bytes=25 * TOKEN_BYTES) == 30
     core = _core(min_units=1, prompts=2)
     core.join("trainer-0", role="trainer", version=0)
     held = [s for s, _ in _generate(core.join("r0", role="rollout", version=0))["r0"]]
@@ -472,6 +506,18 @@ def test_a_lost_unit_reporting_every_few_steps_lost_at_most_that_many_tokens_of_
     core.lost("r0")  # one report: no rate yet
     v = partials_view(core)
     assert (v["interrupted_kept_tokens"], v["interrupted_lost_tokens_max"]) == (4, (64 - 4) + 64)
+
+
+def test_a_unit_back_on_a_new_connection_counts_its_requeued_generations_as_interrupted():
+    from rlctl.agents.views import partials_view
+
+    core = _core(min_units=1, prompts=2)
+    core.join("trainer-0", role="trainer", version=0)
+    held = [s for s, _ in _generate(core.join("r0", role="rollout", version=0))["r0"]]
+    core.partial("r0", sample_id=held[0], start=0, tokens=[7] * 4, logprobs=[-0.1] * 4, versions=[0] * 4)
+    core.rejoin("r0", version=0, requeue=True)  # what it held went out again: its unreported output is lost
+    v = partials_view(core)
+    assert (v["interrupted"], v["interrupted_kept_tokens"]) == (2, 4)
 
 
 def test_the_store_keeps_nothing_past_its_bound():

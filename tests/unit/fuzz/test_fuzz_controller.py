@@ -13,6 +13,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,7 @@ class Running:
             self.ends.append(end)
 
     def feed(self, who: str, msg: Message) -> None:
-        self.ctl._handle("msg", who, msg)
+        self.ctl._handle("msg", who, (msg, time.monotonic()))
 
     def drain(self) -> None:
         """What the peers' readers queued (their messages were fed directly): discarded."""

@@ -305,10 +305,11 @@ def test_controller_reader_survives_malformed_messages(pair: Any) -> None:
     client.close()
     reader.join(timeout=10)
     events = [inbox.get_nowait() for _ in range(inbox.qsize())]
-    assert [(what, who, getattr(p, "kind", None)) for what, who, p in events] == [
+    assert [(what, who, getattr(p[0], "kind", None)) for what, who, p in events] == [
         ("msg", "rollout-3", "sample"),
         ("closed", "rollout-3", None),
     ]
+    assert all(isinstance(p[-1], float) for _, _, p in events)  # when each was heard
 
 
 def test_controller_refuses_a_malformed_hello_without_crashing(pair: Any) -> None:
