@@ -15,7 +15,8 @@ Deadlines follow progress: the server answers a range once its bytes are there, 
     python -m rlctl.launch.fanout serve ROOT --advertise HOST          (stdout: {"listening": ADDR}; until stdin ends)
     python -m rlctl.launch.fanout fetch ROOT --source ADDR             (stdin: [[path, size, sha256, mode], ...])
 
-Both read the job's secret from ROOT/secret (staged first, straight to every host). See docs/launch.md.
+Both read the job's secret from ROOT/secret (staged first, straight to every host), and encrypt their traffic
+when ROOT/job.json says `transport.encrypt` (also staged first). See docs/launch.md.
 """
 
 from __future__ import annotations
@@ -74,28 +75,34 @@ def available(path: Path, size: int) -> int:
 
 
 def read_range(path: Path, offset: int, length: int, size: int) -> bytes:
-    """Bytes [offset, offset + length) of the file (or its `.part`, whichever holds them now)."""
-    for p in (path, path.parent / (path.name + PART_SUFFIX)):
+    """Bytes [offset, offset + length) of the file once whole (its size is `size`), else of its `.part`."""
+    for p, whole in ((path, True), (path.parent / (path.name + PART_SUFFIX), False)):
         try:
             with p.open("rb") as f:
-                if os.fstat(f.fileno()).st_size < min(offset + length, size):
+                n = os.fstat(f.fileno()).st_size
+                if (n != size) if whole else (n < min(offset + length, size)):
                     continue
                 f.seek(offset)
-                return f.read(length)
+                data = f.read(length)
         except FileNotFoundError:
             continue
+        if data:
+            return data
     raise FanoutError(f"{path}: bytes {offset}+{length} went away (the copy restarted)")
 
 
 class Server:
     """Serves byte ranges of the files under `root` to authenticated peers, one thread per connection."""
 
-    def __init__(self, root: Path, secret: bytes, listen: str, *, stall_s: float = STALL_S) -> None:
+    def __init__(
+        self, root: Path, secret: bytes, listen: str, *, stall_s: float = STALL_S, encrypt: bool = False
+    ) -> None:
         self.root, self.stall_s = root, stall_s
-        self._listener = make_transport("tcp", secret=secret).listen(listen)
+        self._listener = make_transport("tcp", secret=secret, encrypt=encrypt).listen(listen)
         self.address = self._listener.address
         self._stop = threading.Event()
         self.served = 0
+        self.failed = ""  # why the listener ended, when it did before `stop()`
         self._lock = threading.Lock()
 
     def serve(self) -> None:
@@ -105,6 +112,11 @@ class Server:
                 conn = self._listener.accept(timeout_s=0.2)
             except PeerTimeout:
                 continue
+            except PeerUnreachable as e:  # the listener itself is gone: nothing more can connect
+                if not self._stop.is_set():
+                    log.error("fanout: the listener failed: %s", e)
+                    self.failed = str(e)
+                return
             except RlctlError as e:  # a peer without the secret: one line, go on
                 if self._stop.is_set():
                     return
@@ -147,6 +159,7 @@ class Server:
         if not 0 <= offset < size or length <= 0:
             raise FanoutError(f"{h['path']}: bad range {offset}+{length} of {size}")
         seen, since = -1, time.monotonic()
+        part = path.parent / (path.name + PART_SUFFIX)
         while True:  # the range's first byte there, or the file stalled
             n = available(path, size)
             if n > offset:
@@ -154,7 +167,7 @@ class Server:
                     return read_range(path, offset, min(length, n - offset), size)
                 except FanoutError:  # its .part renamed (or restarted) between the two looks: look again
                     pass
-            if n != seen:
+            if n != seen or not (n or part.exists()):  # the clock runs once the copy of this file has begun
                 seen, since = n, time.monotonic()
             elif time.monotonic() - since > self.stall_s:
                 raise FanoutError(f"{h['path']}: no new bytes on the seed for {self.stall_s:g} s (at {n} of {size})")
@@ -187,11 +200,14 @@ def fetch(
             raise FanoutError(f"the seed sent {specs} for a range of at most {chunk_bytes} bytes")
         return [view[: specs[0].nbytes]]
 
-    def one(rel: str, size: int, mode: int, resume: bool) -> tuple[str, bool]:
+    def one(rel: str, size: int, sha: str, mode: int, resume: bool) -> tuple[str, bool]:
+        """Fetch one file into its `.part`: renamed once it verifies, else removed (the digest and whether an
+        earlier fetch's bytes were continued)."""
         nonlocal unreported
         path = safe_path(root, rel)
         part = path.parent / (path.name + PART_SUFFIX)
         path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # another version: never served (this host may relay) nor left in its place
         digest = hashlib.sha256()
         have = part.stat().st_size if resume and part.exists() else 0
         have = have if have <= size else 0
@@ -219,15 +235,19 @@ def fetch(
                 if unreported >= PROGRESS_EVERY_BYTES:
                     say({"progress": unreported})
                     unreported = 0
+        hexdigest = digest.hexdigest()
+        if hexdigest != sha:
+            part.unlink(missing_ok=True)
+            return hexdigest, have > 0
         os.chmod(part, mode)
         os.replace(part, path)
-        return digest.hexdigest(), have > 0
+        return hexdigest, have > 0
 
     ok = True
     for rel, size, sha, mode in files:
-        got, resumed = one(rel, size, mode, True)
+        got, resumed = one(rel, size, sha, mode, True)
         if got != sha and resumed:
-            got, _ = one(rel, size, mode, False)
+            got, _ = one(rel, size, sha, mode, False)
         say({"progress": unreported, "path": rel, "size": size, "sha256": got, "ok": got == sha})
         unreported = 0
         ok = ok and got == sha
@@ -236,6 +256,16 @@ def fetch(
 
 def _secret(root: Path) -> bytes:
     return bytes.fromhex((root / "secret").read_text().strip())
+
+
+def _encrypt(root: Path) -> bool:
+    """The job's `transport.encrypt` (its job.json; False without one: both ends read the same file)."""
+    try:
+        job = json.loads((root / "job.json").read_text())
+    except FileNotFoundError:
+        return False
+    transport = job.get("transport") if isinstance(job, dict) else None
+    return bool(transport.get("encrypt", False)) if isinstance(transport, dict) else False
 
 
 def _emit(row: dict[str, Any]) -> None:
@@ -258,18 +288,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fanout %(levelname)s %(message)s", stream=sys.stderr)
     try:
-        secret = _secret(args.root)
+        secret, encrypt = _secret(args.root), _encrypt(args.root)
         if args.cmd == "serve":
-            server = Server(args.root, secret, args.listen, stall_s=args.stall_s)
+            server = Server(args.root, secret, args.listen, stall_s=args.stall_s, encrypt=encrypt)
             threading.Thread(target=server.serve, name="fanout-accept", daemon=True).start()
             port = server.address.rsplit(":", 1)[1]
             _emit({"listening": f"tcp://{args.advertise}:{port}" if args.advertise else server.address})
             sys.stdin.read()  # the operator's end of the channel: closed when staging is done (or the operator gone)
             server.stop()
-            _emit({"served": server.served})
-            return 0
+            _emit({"served": server.served, **({"error": server.failed} if server.failed else {})})
+            return 1 if server.failed else 0
         files = [(str(p), int(n), str(h), int(m)) for p, n, h, m in json.loads(sys.stdin.read())]
-        with make_transport("tcp", secret=secret).connect(args.source, timeout_s=30.0) as conn:
+        with make_transport("tcp", secret=secret, encrypt=encrypt).connect(args.source, timeout_s=30.0) as conn:
             ok = fetch(args.root, conn, files, say=_emit, chunk_bytes=args.chunk_bytes)
         return 0 if ok else 1
     except (RlctlError, OSError, ValueError) as e:

@@ -199,7 +199,7 @@ class SshRunner:
     ) -> CommandResult:
         """Run `command` there. `on_line`: told each line of its stdout as it comes; `hold_stdin`: its stdin stays
         open (and empty) until the event is set, then ends (a server told to stop). `timeout_s` None: no deadline."""
-        from invoke.exceptions import CommandTimedOut
+        from invoke.exceptions import CommandTimedOut, ThreadException
 
         if self._conn is None:
             self._conn = connect(self.target)
@@ -224,6 +224,9 @@ class SshRunner:
         except (OSError, EOFError) as e:  # socket timeouts are OSError
             self.close()
             raise LaunchError(f"ssh {self.where}: connection lost running '{_short(command)}': {e}") from e
+        except ThreadException as e:  # a stream thread failed (e.g. `on_line` raised)
+            self.close()
+            raise LaunchError(f"ssh {self.where}: '{_short(command)}': {e}") from e
         return CommandResult(int(res.exited), str(res.stdout), str(res.stderr))
 
     def put(

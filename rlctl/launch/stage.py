@@ -239,6 +239,9 @@ def _fan_out(
     tick = progress.advance if progress is not None else None
     seed_files = [n for n in seed.todo if n in big]
     parent = {views[i].host: views[(i - 1) // FANOUT_CHILDREN] for i in range(1, len(views))}
+    relaying = [seed, *{parent[h].host: parent[h] for h in fan if parent[h] is not seed}.values()]
+    with ThreadPoolExecutor(max_workers=min(8, len(relaying))) as pool:  # before any server can serve them
+        list(pool.map(lambda v: _clear_stale(site, v, seed_files if v is seed else fan[v.host]), relaying))
     servers = {seed.host: _Server(site, seed)}
     try:
         servers[seed.host].start()
@@ -250,7 +253,7 @@ def _fan_out(
         direct_n = {h: len(ns) for h, ns in fan.items()}
         return {"seed": seed.host, "served_bytes": 0, "served_by": {}, "relays": [], "direct": direct_n}
     try:
-        relays = {parent[h].host: parent[h] for h in fan if parent[h] is not seed}
+        relays = {v.host: v for v in relaying[1:]}
         with ThreadPoolExecutor(max_workers=min(8, len(views))) as pool:
             for host, started in zip(relays, pool.map(lambda v: _start(site, v), relays.values()), strict=True):
                 if started is None:
@@ -261,9 +264,10 @@ def _fan_out(
         def source(v: _View) -> str:
             return servers.get(parent[v.host].host, servers[seed.host]).address
 
-        with ThreadPoolExecutor(max_workers=min(16, 2 * len(views))) as pool:
+        ahead = sum(want[n].size for n in seed_files)  # a fetch may wait for the seed's copy of all of them
+        with ThreadPoolExecutor(max_workers=1 + len(views)) as pool:
             copy = pool.submit(_copy, site_name, src, seed, seed_files, want, progress)
-            fetches = {v.host: pool.submit(_fetch, site, v, fan[v.host], want, source(v), tick) for v in others
+            fetches = {v.host: pool.submit(_fetch, site, v, fan[v.host], want, source(v), tick, ahead) for v in others
                        if v.host in fan}  # fmt: skip
             try:
                 copy.result()
@@ -272,13 +276,15 @@ def _fan_out(
                     server.stop()
                 raise
             failed = {h: f.result() for h, f in fetches.items()}
-        for v in others:
-            if failed.get(v.host):
-                log.warning("site %s: %s: %d files did not arrive from %s; fetching them again from %s", site_name,
-                            v.host, len(failed[v.host]), parent[v.host].host, seed.host)  # fmt: skip
-                if progress is not None:
-                    progress.add(sum(want[n].size for n in failed[v.host]))
-                failed[v.host] = _fetch(site, v, failed[v.host], want, servers[seed.host].address, tick)
+        again = [v for v in others if failed.get(v.host)]
+        for v in again:
+            log.warning("site %s: %s: %d files did not arrive from %s; fetching them again from %s", site_name,
+                        v.host, len(failed[v.host]), parent[v.host].host, seed.host)  # fmt: skip
+            if progress is not None:
+                progress.add(sum(want[n].size for n in failed[v.host]))
+        with ThreadPoolExecutor(max_workers=max(1, len(again))) as pool:  # the seed's copy is whole and verified
+            retried = pool.map(lambda v: _fetch(site, v, failed[v.host], want, servers[seed.host].address, tick), again)
+            failed.update(zip((v.host for v in again), retried, strict=True))
     finally:
         for server in servers.values():
             server.stop()
@@ -316,18 +322,19 @@ def _fetch(
     want: dict[str, FileState],
     source: str,
     tick: Callable[[int], None] | None,
+    ahead: int = 0,
 ) -> list[str]:
     """Run `fanout fetch` on the view's host for `names` from `source`; the names that did not arrive whole (each
-    file's SHA-256 is computed there as it is written and compared with the operator's)."""
+    file's SHA-256 is computed there as it is written and compared with the operator's). `ahead`: bytes the
+    source may copy before it has these (its deadline allows for them at the floor rate too)."""
     if not names:
         return []
     ok: set[str] = set()
     errors: list[str] = []
 
     def line(text: str) -> None:
-        try:
-            row = json.loads(text)
-        except ValueError:
+        row = _row(text)
+        if row is None:
             return
         if tick is not None and row.get("progress"):
             tick(int(row["progress"]))
@@ -340,7 +347,7 @@ def _fetch(
     command = _site_python(site, f"fetch {sh_path(v.resolved)} --source {shlex.quote(source)}")
     runner = SshRunner(ssh_target(site, v.host))
     try:
-        deadline = FANOUT_FLOOR_S + sum(want[n].size for n in names) / FANOUT_FLOOR_BYTES_PER_S
+        deadline = FANOUT_FLOOR_S + (ahead + sum(want[n].size for n in names)) / FANOUT_FLOOR_BYTES_PER_S
         res = runner.run(command, timeout_s=deadline, stdin=json.dumps(files), on_line=line)
         if res.exit_code != 0:
             log.warning("site fan-out: %s: fetch from %s failed: %s", v.host, source,
@@ -350,6 +357,31 @@ def _fetch(
     finally:
         runner.close()
     return [n for n in names if n not in ok]
+
+
+def _row(text: str) -> dict[str, Any] | None:
+    """A JSON object line of a fan-out command's stdout (None for any other line: a site's setup may print)."""
+    try:
+        row = json.loads(text)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
+def _clear_stale(site: Site, v: _View, names: list[str]) -> None:
+    """Remove the view's other versions of `names` (on its host, not the bytes wanted) before its server starts:
+    a whole file of the right size would otherwise be served before the new copy replaces it."""
+    stale = [n for n in names if n in v.have]
+    if not stale:
+        return
+    runner = SshRunner(ssh_target(site, v.host))
+    try:
+        paths = " ".join(sh_path(f"{v.resolved}/{n}") for n in stale)
+        res = runner.run(f"rm -f -- {paths}", timeout_s=FANOUT_FLOOR_S)
+        if res.exit_code != 0:
+            raise LaunchError(f"ssh {v.host}: could not remove the old versions of {len(stale)} files: {res.tail()}")
+    finally:
+        runner.close()
 
 
 def _site_python(site: Site, args: str) -> str:
@@ -372,9 +404,8 @@ class _Server:
         self.served = 0
 
     def _line(self, text: str) -> None:
-        try:
-            row = json.loads(text)
-        except ValueError:
+        row = _row(text)
+        if row is None:
             return
         if "listening" in row:
             self.address = str(row["listening"])

@@ -11,6 +11,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,31 @@ def test_in_a_chain_each_host_relays_to_the_next_as_bytes_land(services, tmp_pat
     for h in hosts:
         assert sums_on(services, h, entry["roots"][h]) == local_sums(src)
     assert on_link < 1.08 * (MODEL_BYTES + DATA_BYTES)
+
+
+def test_a_changed_file_is_served_in_its_new_version_only(services, tmp_path, monkeypatch):
+    """The data changed between two launches (same size): the seed and the relay hold the old version, which is
+    removed before their servers start — no host fetches old bytes (no fetch fails, nothing copied from here)."""
+    monkeypatch.setattr(stage, "FANOUT_CHILDREN", 1)  # seed → host 2 → host 3: host 2 relays
+    s = site(services)
+    src = job_dir(tmp_path)
+    stage.stage_site("gen", s, src, job_id="job-1")
+    (src / "data" / "train.jsonl").write_bytes(os.urandom(DATA_BYTES))
+    hosts = services["RLCTL_TEST_NETSITE_HOSTS"].split(",")
+    copy = stage._copy
+
+    def late_seed_copy(site_name, src, v, names, want, progress):  # type: ignore[no-untyped-def]
+        if v.host == hosts[0] and "data/train.jsonl" in names:
+            time.sleep(3)  # the fetches ask before the new version starts to land on the seed
+        copy(site_name, src, v, names, want, progress)
+
+    monkeypatch.setattr(stage, "_copy", late_seed_copy)
+    entry = stage.stage_site("gen", s, src, job_id="job-1")
+    assert entry["copied"] == {h: 1 for h in hosts}
+    assert entry["fanout"]["direct"] == {} and entry["fanout"]["served_by"] == {hosts[0]: DATA_BYTES,
+                                                                                hosts[1]: DATA_BYTES}  # fmt: skip
+    for h in hosts:
+        assert sums_on(services, h, entry["roots"][h]) == local_sums(src)
 
 
 def test_a_host_with_a_cut_short_fetch_goes_on_from_its_bytes(services, tmp_path):

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from rlctl.errors import RlctlError
-from rlctl.launch.fanout import FanoutError, Server, available, fetch, main, safe_path
+from rlctl.launch.fanout import FanoutError, Server, available, fetch, main, read_range, safe_path
 from rlctl.transport import make_transport
 
 SECRET = secrets.token_bytes(32)
@@ -97,10 +97,40 @@ def test_a_file_that_never_arrives_fails_after_the_stall_limit(seed: Server, tmp
     assert time.monotonic() - t0 < 10
 
 
-def test_bytes_that_do_not_verify_are_reported(seed: Server, tmp_path: Path) -> None:
+def test_bytes_that_do_not_verify_are_reported_and_never_put_in_place(seed: Server, tmp_path: Path) -> None:
+    """A host that relays serves what it holds: a file that did not verify is not left under its name."""
     (seed.root / "w").write_bytes(b"y" * 100)
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "w").write_bytes(b"old")  # another version: gone, not kept beside a failed fetch
     ok, rows = run_fetch(seed, tmp_path / "h", [("w", 100, "0" * 64, 0o644)])
     assert not ok and rows[-1]["ok"] is False and rows[-1]["sha256"] == sha(b"y" * 100)
+    assert not (tmp_path / "h" / "w").exists() and not (tmp_path / "h" / "w.part").exists()
+
+
+def test_a_file_whose_copy_has_not_begun_is_waited_for_past_the_stall_limit(seed: Server, tmp_path: Path) -> None:
+    """The seed copies its files one after another: a fetch of a later one waits (the stall clock starts with
+    its copy), here 1.5 × the 1 s stall limit."""
+    data = os.urandom(1000)
+    timer = threading.Timer(1.5, lambda: (seed.root / "late").write_bytes(data))
+    timer.start()
+    ok, _ = run_fetch(seed, tmp_path / "h", [("late", len(data), sha(data), 0o644)])
+    timer.join()
+    assert ok and (tmp_path / "h" / "late").read_bytes() == data
+
+
+def test_a_whole_file_of_another_size_is_not_served_over_its_part(tmp_path: Path) -> None:
+    (tmp_path / "w").write_bytes(b"o" * 20)  # an older version, longer than the part so far
+    (tmp_path / "w.part").write_bytes(b"n" * 8)
+    assert read_range(tmp_path / "w", 0, 8, 10) == b"n" * 8
+
+
+def test_a_seed_whose_listener_fails_stops_serving(tmp_path: Path) -> None:
+    server = Server(tmp_path, SECRET, "tcp://127.0.0.1:0")
+    t = threading.Thread(target=server.serve, daemon=True)
+    t.start()
+    server._listener.close()  # e.g. out of file descriptors: accept() fails from now on
+    t.join(timeout=5)
+    assert not t.is_alive() and server.failed
 
 
 @pytest.mark.parametrize("rel", ["../secret", "/etc/passwd", "a/../../b", ""])
@@ -155,3 +185,24 @@ def test_the_command_line_seed_advertises_the_name_the_other_hosts_reach(tmp_pat
     assert main(["serve", str(tmp_path), "--advertise", "h20-01"]) == 0
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert rows[0]["listening"].startswith("tcp://h20-01:") and rows[1] == {"served": 0}
+
+
+def test_an_encrypting_job_fans_out_encrypted(tmp_path: Path) -> None:
+    """The job's `transport.encrypt` (its staged job.json) holds for the fan-out too: both ends read it."""
+    from rlctl.launch.fanout import _encrypt
+
+    (tmp_path / "job.json").write_text('{"transport": {"kind": "tcp", "encrypt": true}}')
+    assert _encrypt(tmp_path) and not _encrypt(tmp_path / "nowhere")
+    data = os.urandom(4096)
+    (tmp_path / "w").write_bytes(data)
+    server = Server(tmp_path, SECRET, "tcp://127.0.0.1:0", encrypt=True)
+    t = threading.Thread(target=server.serve, daemon=True)
+    t.start()
+    try:
+        with make_transport("tcp", secret=SECRET, encrypt=True).connect(server.address, timeout_s=5) as conn:
+            assert fetch(tmp_path / "h", conn, [("w", len(data), sha(data), 0o644)], say=lambda _: None)
+        with pytest.raises(RlctlError):  # a fetch that does not encrypt is refused
+            make_transport("tcp", secret=SECRET).connect(server.address, timeout_s=5).recv(timeout_s=2)
+    finally:
+        server.stop()
+        t.join(timeout=5)
