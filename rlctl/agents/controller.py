@@ -659,9 +659,9 @@ class ControllerAgent:
 
     def _lose(self, name: str, why: str, *, at: float | None = None, closed: bool = False) -> None:
         """An agent stopped heartbeating or its connection broke (`at`: when its reader heard the end; `closed`:
-        the stream ended in order, `core.lost`). A
-        rollout unit's in-flight samples are requeued at once and a replacement is started on its site; a lost
-        trainer ends the job (a clean stop whose message names the resume command)."""
+        the stream ended in order, `core.lost`). A rollout unit's in-flight samples are requeued at once and a
+        replacement is started on its site; a lost trainer ends the job (a clean stop whose message names the
+        resume command)."""
         peer = self.peers[name]
         peer.state = "lost"
         peer.conn.close()
