@@ -21,9 +21,9 @@
                          (full) version too; and the encoder's device memory
     launch               `rlctl launch` of a job on the local site whose trainer and two rollout units share the
                          device: its state and ledger (0 lost, 0 duplicated)
-    transport            `bench rpc`'s authentication and encryption costs on this machine's cores (`auth_overhead`:
-                         goal ≤ 0.10 at 256 MiB, which 2 shared cores cannot show), CPU count beside them
     gpu_tests            `pytest tests/gpu` (skipped without CUDA): passed, failed, skipped
+    transport            `bench rpc`'s authentication and encryption costs on this machine's cores (`auth_overhead`:
+                         goal ≤ 0.10 at 256 MiB, which 2 shared cores cannot show), CPU count beside them; last
 
 With --quick (and on a CPU) the model is the tiny hf-demo shape, batches 4 and 8, and the launched job a short
 one on a CPU site: the same functions run, so the script cannot rot between GPU machines.
@@ -96,8 +96,8 @@ def run(*, quick: bool) -> dict[str, Any]:
         piece("launch", lambda: _launch(root, device=device, quick=quick or not cuda, artifacts=piece.artifacts))
         piece("grpo_step_vs_cpu", lambda: _grpo_vs_cpu(model_dir, device, prompts=2 if cuda else 4))
         piece("sampler_share", _sampler_share)
-        piece("transport", lambda: _transport(quick=quick or not cuda))
     piece("gpu_tests", lambda: _gpu_tests(piece.artifacts))
+    piece("transport", lambda: _transport(quick=quick or not cuda))  # CPU only: last, never in the GPU's way
     return piece.done()
 
 
