@@ -30,8 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.config.inventory import Site
+from rlctl.config.job import load_job
 from rlctl.errors import RlctlError
 from rlctl.launch import stage
+from rlctl.launch.jobdir import JobDir
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SERVICES_ENV = Path(os.environ.get("RLCTL_TEST_SERVICES_ENV", "/tmp/rlctl-test-services.env"))
 SHARDS = 2
@@ -59,7 +63,7 @@ def _site(env: dict[str, str], workdir: str, python: str) -> Site:
 
 def _job(d: Path, model_bytes: int) -> None:
     (d / "model" / "init").mkdir(parents=True)
-    (d / "job.json").write_text(json.dumps({"name": "bench-staging"}))
+    JobDir(d).write_job(load_job(ROOT / "jobs" / "demo.yaml").spec, source="jobs/demo.yaml")  # as launch stages it
     fd = os.open(d / "secret", os.O_WRONLY | os.O_CREAT, 0o600)
     os.write(fd, secrets.token_hex(32).encode())
     os.close(fd)

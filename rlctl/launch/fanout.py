@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from rlctl.errors import PeerTimeout, PeerUnreachable, RlctlError
+from rlctl.launch.jobdir import JobDir
 from rlctl.transport import Connection, Message, TensorSpec, make_transport
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,11 @@ def safe_path(root: Path, rel: str) -> Path:
     return root / p
 
 
+def part_of(path: Path) -> Path:
+    """Where the bytes of `path` land until it is whole."""
+    return path.parent / (path.name + PART_SUFFIX)
+
+
 def available(path: Path, size: int) -> int:
     """How many of the file's `size` bytes can be read now: all once the whole file is there, else what its
     `.part` holds (0 when neither is there, or the `.part` is longer than the file: an older copy's)."""
@@ -68,7 +74,7 @@ def available(path: Path, size: int) -> int:
     except FileNotFoundError:
         pass
     try:
-        n = (path.parent / (path.name + PART_SUFFIX)).stat().st_size
+        n = part_of(path).stat().st_size
     except FileNotFoundError:
         return 0
     return n if n <= size else 0
@@ -76,7 +82,7 @@ def available(path: Path, size: int) -> int:
 
 def read_range(path: Path, offset: int, length: int, size: int) -> bytes:
     """Bytes [offset, offset + length) of the file once whole (its size is `size`), else of its `.part`."""
-    for p, whole in ((path, True), (path.parent / (path.name + PART_SUFFIX), False)):
+    for p, whole in ((path, True), (part_of(path), False)):
         try:
             with p.open("rb") as f:
                 n = os.fstat(f.fileno()).st_size
@@ -159,7 +165,7 @@ class Server:
         if not 0 <= offset < size or length <= 0:
             raise FanoutError(f"{h['path']}: bad range {offset}+{length} of {size}")
         seen, since = -1, time.monotonic()
-        part = path.parent / (path.name + PART_SUFFIX)
+        part = part_of(path)
         while True:  # the range's first byte there, or the file stalled
             n = available(path, size)
             if n > offset:
@@ -205,7 +211,7 @@ def fetch(
         earlier fetch's bytes were continued)."""
         nonlocal unreported
         path = safe_path(root, rel)
-        part = path.parent / (path.name + PART_SUFFIX)
+        part = part_of(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)  # another version: never served (this host may relay) nor left in its place
         digest = hashlib.sha256()
@@ -259,13 +265,10 @@ def _secret(root: Path) -> bytes:
 
 
 def _encrypt(root: Path) -> bool:
-    """The job's `transport.encrypt` (its job.json; False without one: both ends read the same file)."""
-    try:
-        job = json.loads((root / "job.json").read_text())
-    except FileNotFoundError:
-        return False
-    transport = job.get("transport") if isinstance(job, dict) else None
-    return bool(transport.get("encrypt", False)) if isinstance(transport, dict) else False
+    """The job's `transport.encrypt`, from the resolved job staged in ROOT (both ends read the same file; False
+    without one)."""
+    jd = JobDir(root)
+    return jd.job_json.exists() and jd.read_job().transport.encrypt
 
 
 def _emit(row: dict[str, Any]) -> None:

@@ -5,7 +5,6 @@ from here (three crossings) and the job is still staged."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -17,8 +16,12 @@ from pathlib import Path
 import pytest
 
 from rlctl.config.inventory import Site
+from rlctl.config.job import load_job
 from rlctl.launch import stage
+from rlctl.launch.jobdir import JobDir
 from tests.integration.netsite import link_bytes, on_site, site_workdir, ssh_scheduler
+
+ROOT = Path(__file__).resolve().parents[3]
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 MODEL_BYTES = 24 << 20
@@ -41,7 +44,7 @@ def job_dir(tmp_path: Path) -> Path:
     d = tmp_path / "job-1"
     (d / "model" / "init").mkdir(parents=True)
     (d / "data").mkdir()
-    (d / "job.json").write_text(json.dumps({"name": "job"}))
+    JobDir(d).write_job(load_job(ROOT / "jobs" / "demo.yaml").spec, source="jobs/demo.yaml")  # as launch stages it
     fd = os.open(d / "secret", os.O_WRONLY | os.O_CREAT, 0o600)
     os.write(fd, secrets.token_hex(32).encode())
     os.close(fd)

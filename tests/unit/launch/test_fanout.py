@@ -15,11 +15,14 @@ from typing import Any
 
 import pytest
 
+from rlctl.config.job import load_job
 from rlctl.errors import RlctlError
 from rlctl.launch.fanout import FanoutError, Server, available, fetch, main, read_range, safe_path
+from rlctl.launch.jobdir import JobDir
 from rlctl.transport import make_transport
 
 SECRET = secrets.token_bytes(32)
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -191,8 +194,12 @@ def test_an_encrypting_job_fans_out_encrypted(tmp_path: Path) -> None:
     """The job's `transport.encrypt` (its staged job.json) holds for the fan-out too: both ends read it."""
     from rlctl.launch.fanout import _encrypt
 
-    (tmp_path / "job.json").write_text('{"transport": {"kind": "tcp", "encrypt": true}}')
-    assert _encrypt(tmp_path) and not _encrypt(tmp_path / "nowhere")
+    spec = load_job(ROOT / "jobs" / "demo.yaml").spec
+    JobDir(tmp_path).write_job(spec, source="jobs/demo.yaml")  # as launch stages it
+    assert not _encrypt(tmp_path) and not _encrypt(tmp_path / "nowhere")
+    sealed = spec.model_copy(update={"transport": spec.transport.model_copy(update={"encrypt": True})})
+    JobDir(tmp_path).write_job(sealed, source="jobs/demo.yaml")
+    assert _encrypt(tmp_path)
     data = os.urandom(4096)
     (tmp_path / "w").write_bytes(data)
     server = Server(tmp_path, SECRET, "tcp://127.0.0.1:0", encrypt=True)
