@@ -78,7 +78,10 @@ class RolloutAgent:
         if compute is not None:
             kw |= {"device": compute.device, "dtype": compute.engine_dtype}
         if job.rollout.engine == "vllm":  # tensor parallel over the unit's GPU slice (the plan's tp)
-            kw = {"tensor_parallel": int(parallel_from_env().get("tp") or job.rollout.tensor_parallel or 1)}
+            kw = {
+                "tensor_parallel": int(parallel_from_env().get("tp") or job.rollout.tensor_parallel or 1),
+                "on_new_weights": "keep" if job.rollout.on_new_weights == "keep" else "recompute",
+            }
         self.engine = make_engine(
             job.rollout.engine,
             ctx.jobdir.init_model,
@@ -90,6 +93,9 @@ class RolloutAgent:
             eos_token_ids=eos,
             **kw,
         )
+        describe = getattr(self.engine, "describe", None)
+        if describe is not None:
+            log.info("%s: %s", self.name, describe())
         self.inbox: queue.Queue[Message | None] = queue.Queue()
         self.busy_s = 0.0
         self.samples_sent = 0

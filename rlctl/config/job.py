@@ -313,6 +313,13 @@ class Rollout(Strict):
     partial_store_mb: PositiveInt = Field(
         256, description="the controller's memory for partial generations; past it, more are not kept (they restart)"
     )
+    on_new_weights: Literal["auto", "recompute", "keep"] = Field(
+        "auto",
+        description="what a unit's running generations do when a new version arrives: 'recompute' the K/V of "
+        "their prompt and output with it before their next token (vllm), or 'keep' the K/V they have (vLLM's "
+        "pause_generation(mode='keep'); new requests still never reuse an older version's cached K/V). auto: "
+        "recompute on vllm; the embedded engine keeps (it cannot recompute)",
+    )
     migrate: bool = Field(
         True,
         description="move work between units: a unit holding more than max_batch_size gives its waiting requests "

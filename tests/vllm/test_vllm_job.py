@@ -1,6 +1,7 @@
 """`rollout.engine: vllm` in a real job: `rlctl launch` (this virtualenv's python, so the agents run here too)
 of the HF demo's Qwen2-architecture checkpoint and dataset, with the rollout unit on vLLM — weights pushed from
-the job's weight plane every iteration without restarting the engine; every prompt trained once."""
+the job's weight plane every iteration through vLLM's weight-transfer API without restarting the engine, running
+requests keeping their K/V (`rollout.on_new_weights: keep`); every prompt trained once."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def test_a_job_with_the_vllm_engine_runs_end_to_end(tmp_path: Path) -> None:
     job["model"]["path"] = "model"
     job["task"].update(path="data.jsonl", reward=str(ROOT / "jobs/hf-demo/reward.py") + ":compute_score")
     job["placement"]["rollout"] = [{"site": "local", "gpus": 1}]
-    job["rollout"]["engine"] = "vllm"
+    job["rollout"].update(engine="vllm", on_new_weights="keep")
     job.pop("tracking")
     job.update(iterations=3, batch={"prompts_per_iteration": 8, "samples_per_prompt": 4})
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
@@ -43,4 +44,5 @@ def test_a_job_with_the_vllm_engine_runs_end_to_end(tmp_path: Path) -> None:
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     applied = sorted(e["version"] for e in events if e["event"] == "weights_applied")
     assert applied[-1] == 3  # the last version reached the vLLM unit, pushed in place
-    assert "vllm" in (run / "logs" / "rollout-0.log").read_text().lower()
+    log = (run / "logs" / "rollout-0.log").read_text()
+    assert "versions through vLLM's weight-transfer API via this process; on new weights: keep" in log

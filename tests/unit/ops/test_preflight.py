@@ -271,6 +271,25 @@ def test_more_than_one_transport_stream_is_refused(tmp_path: Path) -> None:
     assert p.message == "2: the tensor RPC uses one stream per peer; valid: 1"
 
 
+def test_recomputing_on_new_weights_is_refused_for_the_embedded_engine(tmp_path: Path) -> None:
+    (p,) = refused(
+        load(tmp_path, rollout={"engine": "embedded", "on_new_weights": "recompute"}), "rollout.on_new_weights"
+    )
+    assert "embedded engine keeps" in p.message and "'vllm'" in p.message
+    for engine, how in (("embedded", "keep"), ("embedded", "auto"), ("vllm", "recompute"), ("vllm", "keep")):
+        assert (
+            refused(load(tmp_path, rollout={"engine": engine, "on_new_weights": how}), "rollout.on_new_weights") == []
+        )
+
+
+def test_the_embedded_engines_group_barrier_is_refused_for_vllm(tmp_path: Path) -> None:
+    (p,) = refused(load(tmp_path, rollout={"engine": "vllm", "group_barrier": "always"}), "rollout.group_barrier")
+    assert p.message == "'always' is the embedded engine's; vLLM pages its KV cache and has no barrier: leave it auto"
+    assert (
+        refused(load(tmp_path, rollout={"engine": "embedded", "group_barrier": "never"}), "rollout.group_barrier") == []
+    )
+
+
 def test_encryption_is_refused_with_a_transport_that_does_not_encrypt(tmp_path: Path) -> None:
     (p,) = refused(load(tmp_path, transport={"kind": "inproc", "encrypt": True}), "transport.encrypt")
     assert p.message == "true with kind 'inproc': only tcp encrypts; valid: kind tcp"

