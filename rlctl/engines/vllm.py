@@ -87,15 +87,16 @@ def _shm_dir() -> Path:
     return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 
 
-def weight_transfer_usable(tensor_parallel: int) -> bool:
+def weight_transfer_usable(tensor_parallel: int, *, in_process: bool = True) -> bool:
     """Can versions go through vLLM's weight-transfer API with rlctl's backend? The installed vLLM must have
-    the API, and at tensor parallel > 1 (workers in processes of their own, which register the backend
-    through rlctl's `vllm.general_plugins` entry point) rlctl must be installed, not only on `sys.path`."""
+    the API, and where workers run in processes of their own (tensor parallel > 1, or an engine core out of
+    this process: `in_process` False), which register the backend through rlctl's `vllm.general_plugins`
+    entry point, rlctl must be installed, not only on `sys.path`."""
     from rlctl.engines.vllm_plugin import register
 
     if not register():
         return False
-    if tensor_parallel == 1:
+    if tensor_parallel == 1 and in_process:
         return True
     import importlib.metadata
 
@@ -200,7 +201,8 @@ class VllmEngine(GenerationEngine):
         self._version = version
         in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
         self._via_file = (tensor_parallel > 1 or not in_process) if weights_via_file is None else weights_via_file
-        self.weight_transfer = weight_transfer_usable(tensor_parallel) if weight_transfer is None else weight_transfer
+        usable = weight_transfer is None and weight_transfer_usable(tensor_parallel, in_process=in_process)
+        self.weight_transfer = usable if weight_transfer is None else weight_transfer
         self.weight_chunk_bytes = weight_chunk_bytes
         self.eos_ids = tuple(checkpoint_eos_ids(model_dir) if eos_token_ids is None else eos_token_ids)
         cpu = vllm.platforms.current_platform.is_cpu()
