@@ -74,7 +74,7 @@ class RolloutAgent:
         eos = stop_ids(job, ctx.jobdir.init_model) or None
         # the embedded engine's group barrier is its own knob; vLLM pages its KV cache (no barrier needed)
         # on the unit's device, in the checkpoint's dtype on a GPU (rlctl.devices)
-        kw: dict[str, Any] = {"group_barrier": job.rollout.group_barrier}
+        kw: dict[str, Any] = {"group_barrier": job.rollout.group_barrier, "compile_step": job.rollout.compile}
         if compute is not None:
             kw |= {"device": compute.device, "dtype": compute.engine_dtype}
         if job.rollout.engine == "vllm":  # tensor parallel over the unit's GPU slice (the plan's tp)

@@ -313,6 +313,11 @@ class Rollout(Strict):
     partial_store_mb: PositiveInt = Field(
         256, description="the controller's memory for partial generations; past it, more are not kept (they restart)"
     )
+    compile: bool = Field(
+        False,
+        description="embedded engine: compile its decode step with torch.compile (fuses the step's small kernels; "
+        "each unit's first steps compile, tens of seconds)",
+    )
     on_new_weights: Literal["auto", "recompute", "keep"] = Field(
         "auto",
         description="what a unit's running generations do when a new version arrives: 'recompute' the K/V of "

@@ -29,6 +29,12 @@ way. Measured (long-tailed requests, batch 64, CPU per token, never ÷ always): 
 per iteration, 0.92 at 64, 1.17 at 96, 1.25 at 128, 1.20 at 192 (`python -m bench batching` runs
 64 and 128). A paged-attention engine (vLLM) reads only each row's own length and has no barrier.
 
+`compile_step`: the decode step (model and sampler) goes through `torch.compile` (inductor, symbolic shapes, no
+graph break), which fuses its elementwise work (norms, rotary, activations, the sampler's passes over the
+vocabulary) into fewer kernels; on a CUDA device the compiled step is what each bucket's graph captures. The
+first step compiles (tens of seconds), a later one at a new kind of shape may compile again. Outputs equal the
+eager step's (tests/unit/engines); whether it is faster is measured by `make gpu-check` (`engine_compiled`).
+
 Weights change only between steps (`load_weights`); rows already running keep their K/V (computed
 with the older weights) and continue with the new ones, and the result's `version` is the oldest
 version that produced any token (`versions_seen` has all of them, `token_versions` each token's).
@@ -79,9 +85,11 @@ class EmbeddedEngine(GenerationEngine):
         group_barrier: GroupBarrier = "auto",
         eos_token_ids: Iterable[int] | None = None,
         static_shapes: bool | None = None,
+        compile_step: bool = False,
     ) -> None:
         """`static_shapes`: run each step at bucketed (rows, width), as CUDA graphs on a CUDA device (None: there
-        only); on a CPU they run eagerly, the same step a graph captures (tests), else at the exact shapes."""
+        only); on a CPU they run eagerly, the same step a graph captures (tests), else at the exact shapes.
+        `compile_step`: the decode step through `torch.compile` (module docstring)."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be ≥ 1")
         if group_barrier not in GROUP_BARRIERS:
@@ -115,7 +123,12 @@ class EmbeddedEngine(GenerationEngine):
         self._live = z.clone()  # 1 = a running request holds the row (free rows stay at position 0)
         self._logprobs = torch.zeros(max_batch_size, dtype=torch.float32, device=self.device)
         self._static = self.device.type == "cuda" if static_shapes is None else static_shapes
-        self._graphs = StepGraphs(self._decode) if self._static and self.device.type == "cuda" else None
+        self.compile_step = compile_step
+        step = self._decode
+        if compile_step:  # shapes symbolic: one compile serves every (rows, width) bucket
+            step = torch.compile(self._decode, dynamic=True, fullgraph=True)
+        self._step_fn = step
+        self._graphs = StepGraphs(step) if self._static and self.device.type == "cuda" else None
         self.compactions = 0
         self.trace: list[int] | None = None  # set to [] to record the rows computed at every step
 
@@ -144,6 +157,13 @@ class EmbeddedEngine(GenerationEngine):
             self._graphs.reset()
 
     # ---- GenerationEngine ----
+    def describe(self) -> str:
+        """One line for the unit's log: the device, the dtype, CUDA graphs and a compiled step when used."""
+        how = [str(self.device), str(self.model.lm_head.weight.dtype).removeprefix("torch.")]
+        how += ["CUDA graphs"] if self._graphs is not None else []
+        how += ["compiled step"] if self.compile_step else []
+        return "embedded engine on " + ", ".join(how)
+
     @property
     def version(self) -> int:
         return self._version
@@ -203,10 +223,10 @@ class EmbeddedEngine(GenerationEngine):
             if self._graphs is not None:
                 self._graphs.run(rows, width)
             else:
-                self._decode(rows, width)
+                self._step_fn(rows, width)
         else:
             rows = n
-            self._decode(rows, width)
+            self._step_fn(rows, width)
         if self.trace is not None:
             self.trace.append(rows)
         out = self._collect(self._next[:n].tolist(), self._logprobs[:n].tolist())

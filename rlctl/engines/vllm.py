@@ -88,18 +88,23 @@ def _shm_dir() -> Path:
 
 
 def weight_transfer_usable(tensor_parallel: int, *, in_process: bool = True) -> bool:
-    """Can versions go through vLLM's weight-transfer API with rlctl's backend? The installed vLLM must have
-    the API, and where workers run in processes of their own (tensor parallel > 1, or an engine core out of
-    this process: `in_process` False), which register the backend through rlctl's `vllm.general_plugins`
-    entry point, rlctl must be installed, not only on `sys.path`."""
-    from rlctl.engines.vllm_plugin import register
+    """Can versions go through vLLM's weight-transfer API with rlctl's backend? The installed vLLM must have the
+    API; the engine core must run in this process (`in_process`: then nothing steps between a push's calls — an
+    engine core of its own steps between them, on layers the reload has emptied); and where workers are
+    processes of their own (tensor parallel > 1), which register the backend through rlctl's
+    `vllm.general_plugins` entry point, rlctl must be installed (not only on `sys.path`) and `VLLM_PLUGINS`, if
+    set, must name it."""
+    from rlctl.engines.vllm_plugin import BACKEND, register
 
-    if not register():
+    if not in_process or not register():
         return False
-    if tensor_parallel == 1 and in_process:
+    if tensor_parallel == 1:
         return True
     import importlib.metadata
 
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and BACKEND not in allowed.split(","):
+        return False
     plugins = importlib.metadata.entry_points(group="vllm.general_plugins")
     return any(ep.value.startswith("rlctl.engines.vllm_plugin") for ep in plugins)
 
@@ -201,8 +206,15 @@ class VllmEngine(GenerationEngine):
         self._version = version
         in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
         self._via_file = (tensor_parallel > 1 or not in_process) if weights_via_file is None else weights_via_file
+        if weight_transfer and not in_process:
+            raise ValueError("weight_transfer needs the engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+        if weight_transfer:
+            from rlctl.engines.vllm_plugin import register
+
+            register()
         usable = weight_transfer is None and weight_transfer_usable(tensor_parallel, in_process=in_process)
         self.weight_transfer = usable if weight_transfer is None else weight_transfer
+        self._broken: str | None = None  # why the model is half-loaded (a push failed midway), or None
         self.weight_chunk_bytes = weight_chunk_bytes
         self.eos_ids = tuple(checkpoint_eos_ids(model_dir) if eos_token_ids is None else eos_token_ids)
         cpu = vllm.platforms.current_platform.is_cpu()
@@ -219,6 +231,10 @@ class VllmEngine(GenerationEngine):
             "generation_config": "vllm",  # the checkpoint's sampling defaults must not override ours
             **llm_kwargs,
         }
+        if on_new_weights == "keep" and not cpu:
+            # asynchronous scheduling returns a step while the next batch runs: tokens sampled with the old weights
+            # would be credited to the new version (recompute drops them when it preempts)
+            kwargs["async_scheduling"] = False
         if self.weight_transfer:
             from vllm.config import WeightTransferConfig
 
@@ -257,7 +273,12 @@ class VllmEngine(GenerationEngine):
     def version(self) -> int:
         return self._version
 
+    def _usable(self) -> None:
+        if self._broken is not None:
+            raise RuntimeError(f"vLLM engine: {self._broken}")
+
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self._usable()
         t0 = time.perf_counter()
         if self.weight_transfer:
             self._transfer(state_dict, version)
@@ -282,7 +303,15 @@ class VllmEngine(GenerationEngine):
         self.push_s.append(time.perf_counter() - t0)
 
     def _transfer(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Version `version` through vLLM's weight-transfer protocol, chunk by chunk (module docstring)."""
+        """Version `version` through vLLM's weight-transfer protocol, chunk by chunk (module docstring). A push
+        that fails midway leaves the model half-loaded: the engine refuses to go on (the unit restarts)."""
+        try:
+            self._transfer_chunks(state_dict, version)
+        except Exception as e:
+            self._broken = f"a weight push (version {version}) failed midway, the model is half-loaded: {e}"
+            raise RuntimeError(f"vLLM engine: {self._broken}") from e
+
+    def _transfer_chunks(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         from rlctl.engines import vllm_transfer
 
         rpc = self.llm.collective_rpc
@@ -346,6 +375,7 @@ class VllmEngine(GenerationEngine):
                 self._submit(u.req, u.params, u.arrival)
 
     def step(self) -> list[GenResult]:
+        self._usable()
         done: list[GenResult] = []
         sampled = 0
         for out in self._engine.step():

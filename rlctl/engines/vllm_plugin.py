@@ -22,6 +22,9 @@ def register() -> bool:
         return False
     if not hasattr(WeightTransferEngine, "start_weight_update"):  # the two-phase API of older releases
         return False
-    if BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(BACKEND, "rlctl.engines.vllm_transfer", "RlctlWeightTransfer")
+    try:  # never in the way of a vLLM process that does not use it
+        if BACKEND not in WeightTransferEngineFactory._registry:
+            WeightTransferEngineFactory.register_engine(BACKEND, "rlctl.engines.vllm_transfer", "RlctlWeightTransfer")
+    except Exception:  # noqa: BLE001 - a vLLM whose registry differs: rlctl reloads weights instead
+        return False
     return True

@@ -106,6 +106,13 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
                 f"{tp}: the embedded engine runs one device per unit; use 1, or engine 'vllm' for tensor parallelism",
             )
         )
+    if spec.rollout.engine == "vllm" and spec.rollout.compile:
+        out.append(
+            Problem(
+                "rollout.compile",
+                "true is the embedded engine's; vLLM compiles its own model (its compilation_config): leave it false",
+            )
+        )
     if spec.rollout.engine == "vllm" and spec.rollout.group_barrier != "auto":
         out.append(
             Problem(

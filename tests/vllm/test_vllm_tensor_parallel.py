@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from rlctl.engines.base import GenRequest
@@ -72,6 +73,17 @@ def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(tmp_path: Pa
             assert got[f"r{i}"].output_tokens == _hf_greedy(directory, sd, p), i
             assert got[f"r{i}"].versions_seen == [1]
         assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == cpu_binding(os.sched_getaffinity(0), 2)
+        # a push that fails midway (a tensor of the wrong shape) leaves the model half-loaded: the engine says so
+        # and refuses to go on, instead of generating from a broken model
+        bad = dict(sd)
+        name = next(k for k in bad if k.endswith("mlp.down_proj.weight"))
+        bad[name] = bad[name][:, :-1].contiguous()
+        with pytest.raises(RuntimeError, match="failed midway, the model is half-loaded"):
+            engine.load_weights(bad, 2)
+        engine.add([GenRequest("after", PROMPTS[0], 2)])
+        with pytest.raises(RuntimeError, match="half-loaded"):
+            engine.step()
+        assert not glob.glob("/dev/shm/rlctl-v*")
     finally:
         engine.llm.llm_engine.engine_core.shutdown()
 
@@ -82,3 +94,16 @@ def test_cpu_binding_gives_each_worker_its_own_cpus() -> None:
     assert cpu_binding({0, 1}, 2) == "0|1"
     assert cpu_binding({3, 2, 5, 4, 7}, 2) == "2,3|4,5"  # an odd one is left out
     assert cpu_binding({0}, 2) == "nobind"
+
+
+def test_where_the_weight_transfer_api_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In process at tp 1; at tp 2 only where the workers load rlctl's plugin; never with an engine core of its own
+    (it would step between a push's calls)."""
+    from rlctl.engines.vllm import weight_transfer_usable
+
+    assert weight_transfer_usable(1) and weight_transfer_usable(2)
+    assert not weight_transfer_usable(1, in_process=False)
+    monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
+    assert weight_transfer_usable(1) and not weight_transfer_usable(2)
+    monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver,rlctl")
+    assert weight_transfer_usable(2)

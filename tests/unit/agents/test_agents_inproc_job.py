@@ -159,3 +159,18 @@ def test_a_checkpoint_write_that_fails_in_the_background_ends_the_job_naming_it(
     assert ctl.core.failed is not None
     assert "the trainer could not write its part of checkpoint iter-2: RuntimeError: No space left" in ctl.core.failed
     assert latest_complete(jd.checkpoints) is None
+
+
+def test_the_jobs_engine_settings_reach_the_units_engine(tmp_path):
+    """`rollout.compile` and `rollout.group_barrier` are what the unit's embedded engine runs with."""
+    job = _job("async")
+    job = job.model_copy(update={"rollout": job.rollout.model_copy(update={"compile": True, "group_barrier": "never"})})
+    jd = JobDir.create("inproc", explicit=tmp_path / "job")
+    jd.write_job(job, source="test")
+    TinyGPT().save_pretrained(jd.init_model)
+    transport = InprocTransport(secret=jd.secret())
+    listener = transport.listen("inproc://engine-settings")
+    engine = RolloutAgent(AgentContext(jd, job, transport, listener.address), replica=0).engine
+    assert (engine.compile_step, engine.group_barrier) == (True, "never")
+    assert engine.describe() == "embedded engine on cpu, float32, compiled step"
+    listener.close()

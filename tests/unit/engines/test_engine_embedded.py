@@ -312,3 +312,27 @@ def test_interrupting_every_row_leaves_an_engine_that_still_runs(model: TinyGPT)
     assert engine.step() == []
     engine.add([GenRequest("c", [1, 4], 3, ignore_eos=True)])
     assert [len(r.output_tokens) for r in engine.run_until_done()] == [3]
+
+
+def test_a_compiled_step_gives_the_eager_steps_outputs() -> None:
+    """`compile_step`: the decode step through torch.compile (symbolic shapes) at bucketed shapes (what a CUDA
+    graph captures): the same tokens and log-probs as the eager step, over rows of different lengths, waves of
+    admission and a width past the first bucket (128 positions)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyGPT(small_config(layers=2, heads=4, positions=256)).eval()
+    prompts = [[1] + [3 + (5 * i + j) % 60 for j in range(2 + i % 5)] for i in range(10)]
+    reqs = [GenRequest(f"c{i}", p, 40 + 50 * (i % 3), ignore_eos=True) for i, p in enumerate(prompts)]
+    got = {}
+    for compiled in (False, True):
+        engine = EmbeddedEngine(
+            model, max_batch_size=6, temperature=1.0, seed=3, static_shapes=True, compile_step=compiled
+        )
+        engine.add(list(reqs))
+        got[compiled] = {r.request_id: r for r in engine.run_until_done()}
+    assert got[True].keys() == got[False].keys() == {r.request_id for r in reqs}
+    for rid, eager in got[False].items():
+        assert got[True][rid].output_tokens == eager.output_tokens, rid
+        assert got[True][rid].logprobs == pytest.approx(eager.logprobs, abs=1e-4), rid

@@ -282,6 +282,12 @@ def test_recomputing_on_new_weights_is_refused_for_the_embedded_engine(tmp_path:
         )
 
 
+def test_the_embedded_engines_compile_is_refused_for_vllm(tmp_path: Path) -> None:
+    (p,) = refused(load(tmp_path, rollout={"engine": "vllm", "compile": True}), "rollout.compile")
+    assert p.message.startswith("true is the embedded engine's; vLLM compiles its own model")
+    assert refused(load(tmp_path, rollout={"engine": "embedded", "compile": True}), "rollout.compile") == []
+
+
 def test_the_embedded_engines_group_barrier_is_refused_for_vllm(tmp_path: Path) -> None:
     (p,) = refused(load(tmp_path, rollout={"engine": "vllm", "group_barrier": "always"}), "rollout.group_barrier")
     assert p.message == "'always' is the embedded engine's; vLLM pages its KV cache and has no barrier: leave it auto"
