@@ -99,10 +99,7 @@ def run(*, quick: bool) -> dict[str, Any]:
         piece("gpu_tests", lambda: _gpu_tests(piece.artifacts))
         # the compiled step after the tests (its compile takes a while): tok/s at the first batch, against the
         # engine's graphs of the eager step in this run
-        compiled = piece("engine_compiled", lambda: _engine_tok_s(model_dir, device, size, compiled=True)) or {}
-        if compiled and engine:
-            first = next(iter(compiled["tok_s"]))
-            compiled["over_eager_step"] = round(compiled["tok_s"][first] / engine[first]["tok_s"], 3)
+        piece("engine_compiled", lambda: _engine_compiled(model_dir, device, size, engine))
     piece("transport", lambda: _transport(quick=quick or not cuda))  # CPU only: last, never in the GPU's way
     return piece.done()
 
@@ -255,20 +252,21 @@ def _grpo_vs_cpu(model_dir: Path, device: str, *, prompts: int) -> dict[str, flo
     return {"min_update_cosine": round(min(cos), 4), "tensors": len(cos)}
 
 
-def _engine_tok_s(model_dir: Path, device: str, size: dict[str, Any], *, compiled: bool = False) -> Any:
-    """Decode tokens/s at each batch: prompts of `prompt` tokens, `new_tokens` each, EOS ignored; a first run warms
-    up (and captures the CUDA graphs), the second is timed. `compiled`: the decode step through torch.compile, at
-    the first batch only: {"tok_s": {batch: …}, "step_ms": …, "first_run_s": the warm-up run, compiling}."""
+def _engine_tok_s(
+    model_dir: Path, device: str, size: dict[str, Any], *, batches: tuple[int, ...] = (), compile_step: bool = False
+) -> dict[str, dict[str, float]]:
+    """Decode tokens/s at each batch (default: the size's): prompts of `prompt` tokens, `new_tokens` each, EOS
+    ignored; a first run warms up (captures the CUDA graphs, compiles a `compile_step`: its seconds are
+    `first_run_s`), the second is timed."""
     from rlctl.engines.base import GenRequest
     from rlctl.engines.embedded import EmbeddedEngine
 
     model = TinyGPT.from_pretrained(model_dir, dtype=None if device == "cuda" else torch.float32, device=device)
     out = {}
-    first_run_s = 0.0
-    for b in size["batches"][:1] if compiled else size["batches"]:
+    for b in batches or size["batches"]:
         prompts = _prompts(b, size["prompt"], model.config.vocab_size)
-        engine = EmbeddedEngine(model, max_batch_size=b, temperature=1.0, compile_step=compiled)
-        seconds = 0.0
+        engine = EmbeddedEngine(model, max_batch_size=b, temperature=1.0, compile_step=compile_step)
+        seconds = first_run_s = 0.0
         for attempt in range(2):
             engine.add(
                 [GenRequest(f"{attempt}-{i}", p, size["new_tokens"], ignore_eos=True) for i, p in enumerate(prompts)]
@@ -280,13 +278,24 @@ def _engine_tok_s(model_dir: Path, device: str, size: dict[str, Any], *, compile
             seconds = time.perf_counter() - t0
             first_run_s = first_run_s or seconds
         tokens = b * size["new_tokens"]
-        out[str(b)] = {"tok_s": round(tokens / seconds, 1), "step_ms": round(1e3 * seconds / size["new_tokens"], 3)}
-    if compiled:
-        return {
-            "tok_s": {b: r["tok_s"] for b, r in out.items()},
-            "step_ms": {b: r["step_ms"] for b, r in out.items()},
+        out[str(b)] = {
+            "tok_s": round(tokens / seconds, 1),
+            "step_ms": round(1e3 * seconds / size["new_tokens"], 3),
             "first_run_s": round(first_run_s, 1),
         }
+    return out
+
+
+def _engine_compiled(
+    model_dir: Path, device: str, size: dict[str, Any], eager: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """The engine with its decode step through torch.compile at the first batch: tok/s, step ms, the compiling
+    first run's seconds, and `over_eager_step` against `eager` (`engine` of this run)."""
+    b = str(size["batches"][0])
+    r = _engine_tok_s(model_dir, device, size, batches=(int(b),), compile_step=True)[b]
+    out: dict[str, Any] = {"tok_s": {b: r["tok_s"]}, "step_ms": {b: r["step_ms"]}, "first_run_s": r["first_run_s"]}
+    if b in eager:
+        out["over_eager_step"] = round(r["tok_s"] / eager[b]["tok_s"], 3)
     return out
 
 

@@ -49,6 +49,8 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,8 +86,16 @@ ON_NEW_WEIGHTS = ("recompute", "keep")
 WEIGHT_CHUNK_BYTES = 256 << 20
 
 
-def _shm_dir() -> Path:
-    return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+@contextmanager
+def _shm_file(tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> Iterator[str]:
+    """`tensors` in a safetensors file in shared memory (the temp dir without one), for the workers to map; the
+    path, removed on exit."""
+    from safetensors.torch import save_file
+
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    with tempfile.NamedTemporaryFile(dir=shm, prefix=f"rlctl-v{version}-", suffix=".safetensors") as f:
+        save_file({k: v.contiguous() for k, v in tensors}, f.name)
+        yield f.name
 
 
 def weight_transfer_usable(tensor_parallel: int, *, in_process: bool = True) -> bool:
@@ -284,11 +294,8 @@ class VllmEngine(GenerationEngine):
         if self.weight_transfer:
             self._transfer(state_dict, version)
         elif self._via_file:
-            from safetensors.torch import save_file
-
-            with tempfile.NamedTemporaryFile(dir=_shm_dir(), prefix=f"rlctl-v{version}-", suffix=".safetensors") as f:
-                save_file({k: v.contiguous() for k, v in state_dict.items()}, f.name)
-                self.llm.collective_rpc(reload_from_file, args=(f.name,))
+            with _shm_file(state_dict.items(), version) as path:
+                self.llm.collective_rpc(reload_from_file, args=(path,))
         else:
             items = list(state_dict.items())
 
@@ -320,13 +327,8 @@ class VllmEngine(GenerationEngine):
         rpc("start_weight_update")
         for chunk in vllm_transfer.chunks(state_dict, self.weight_chunk_bytes):
             if self._via_file:
-                from safetensors.torch import save_file
-
-                with tempfile.NamedTemporaryFile(
-                    dir=_shm_dir(), prefix=f"rlctl-v{version}-", suffix=".safetensors"
-                ) as f:
-                    save_file({k: v.contiguous() for k, v in chunk}, f.name)
-                    rpc("update_weights", kwargs={"update_info": {"path": f.name}})
+                with _shm_file(chunk, version) as path:
+                    rpc("update_weights", kwargs={"update_info": {"path": path}})
             else:
                 key = vllm_transfer.hand_over(chunk)
                 try:

@@ -19,9 +19,9 @@ import torch
 from rlctl.engines.base import GenRequest, GenResult, Prefix
 from rlctl.models.tinygpt import TinyGPT
 from tests.unit.hf_checkpoints import write_checkpoint
+from tests.vllm.reference import EOS, hf_greedy, hf_with
 
 VARIANT = "qwen2-tied-hd32"
-EOS = (2, 3)
 BATCH = 4
 MAX_NEW = 16
 LOGPROB_TEMPERATURE = 0.7
@@ -43,15 +43,6 @@ class Setup:
     versions: Iterator[int]
 
 
-def _hf_with(directory: Path, sd: dict[str, torch.Tensor] | None) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    if sd is not None:
-        model.load_state_dict(sd, strict=True)
-    return model
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     from rlctl.engines.vllm import VllmEngine
@@ -71,7 +62,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     )
     print(f"\nvLLM engine start: {engine.start_s:.1f} s")
     yield Setup(
-        engine, Weights(sd_a, _hf_with(directory, None)), Weights(sd_b, _hf_with(directory, sd_b)), itertools.count(1)
+        engine, Weights(sd_a, hf_with(directory, None)), Weights(sd_b, hf_with(directory, sd_b)), itertools.count(1)
     )
     if engine.push_s:
         print(
@@ -91,16 +82,6 @@ def use(s: Setup, w: Weights, *, temperature: float = 0.0) -> int:
 def run(engine: Any, reqs: list[GenRequest]) -> dict[str, GenResult]:
     engine.add(reqs)
     return {r.request_id: r for r in engine.run_until_done()}
-
-
-@torch.no_grad()
-def hf_greedy(model: Any, prompt: list[int], n: int, *, stop: tuple[int, ...] = EOS) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-        if ids[-1] in stop:
-            break
-    return ids[len(prompt) :]
 
 
 def test_greedy_equals_transformers_on_weights_a(setup: Setup) -> None:

@@ -16,24 +16,11 @@ import torch
 from rlctl.engines.base import GenRequest
 from rlctl.models.tinygpt import TinyGPT
 from tests.unit.hf_checkpoints import write_checkpoint
+from tests.vllm.reference import EOS, hf_greedy, hf_with
 
 PROMPTS = [[1, 5, 6, 7, 8, 9], [1, 40, 41, 42, 43, 44, 45, 46, 47]]
 MAX_NEW = 12
 CHUNK = 16 << 10
-
-
-@torch.no_grad()
-def _hf_greedy(directory: Path, sd: dict[str, torch.Tensor], prompt: list[int]) -> list[int]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    model.load_state_dict(sd, strict=True)
-    ids = list(prompt)
-    for _ in range(MAX_NEW):
-        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-        if ids[-1] in (2, 3):
-            break
-    return ids[len(prompt) :]
 
 
 def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(tmp_path: Path) -> None:
@@ -51,7 +38,7 @@ def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(tmp_path: Pa
     assert weight_transfer_usable(2)  # the entry point is installed (`pip install -e .`)
     engine = VllmEngine(
         directory, max_batch_size=2, temperature=0.0, tensor_parallel=2, dtype="float32", block_size=32,
-        weight_chunk_bytes=CHUNK, eos_token_ids=(2, 3),
+        weight_chunk_bytes=CHUNK, eos_token_ids=EOS,
     )  # fmt: skip
     try:
         assert engine.weight_transfer and engine._via_file
@@ -69,8 +56,9 @@ def test_a_version_reaches_both_workers_of_a_tensor_parallel_engine(tmp_path: Pa
         assert not glob.glob("/dev/shm/rlctl-v*")
         engine.add([GenRequest(f"r{i}", p, MAX_NEW) for i, p in enumerate(PROMPTS)])
         got = {r.request_id: r for r in engine.run_until_done()}
+        hf = hf_with(directory, sd)
         for i, p in enumerate(PROMPTS):
-            assert got[f"r{i}"].output_tokens == _hf_greedy(directory, sd, p), i
+            assert got[f"r{i}"].output_tokens == hf_greedy(hf, p, MAX_NEW), i
             assert got[f"r{i}"].versions_seen == [1]
         assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == cpu_binding(os.sched_getaffinity(0), 2)
         # a push that fails midway (a tensor of the wrong shape) leaves the model half-loaded: the engine says so
