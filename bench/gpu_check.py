@@ -9,6 +9,10 @@
     engine_tok_s         decode tokens/s of the embedded engine by batch ({"64": …, "256": …}; CUDA graphs on a GPU)
     hf_generate_tok_s    transformers' `generate` on the same checkpoint, device and batches (same run)
     engine_over_hf       the ratio, by batch (goal ≥ 5 at batch 64 on an H100)
+    engine_step_ops      the operators (≈ kernels) one eager decode step dispatches at the first batch: with q/k/v and
+                         gate/up fused (what the engine runs) and separate, in all and per layer, and the commonest
+    engine_compiled      the decode step through torch.compile, in the same graphs, at the first batch: tok/s,
+                         step ms, the compiling first run's seconds, and ÷ `engine_tok_s` of this run (after gpu_tests)
     bandwidth_floor      per batch: the decode step's time if it only read the weights once at the GPU's memory
                          bandwidth (catalog figure), and that floor ÷ the measured step
     sampler_share        on the CPU, a decode step of the Qwen2-0.5B shape (vocabulary 151,936) at batch 64: the share
@@ -84,6 +88,7 @@ def run(*, quick: bool) -> dict[str, Any]:
         out["engine_tok_s"] = {b: r["tok_s"] for b, r in engine.items()}
         hf = piece("hf_generate_tok_s", lambda: _hf_generate_tok_s(model_dir, device, size)) or {}
         out["engine_over_hf"] = {b: round(engine[b]["tok_s"] / hf[b], 2) for b in engine if hf.get(b)}
+        piece("engine_step_ops", lambda: _step_ops(model_dir, device, batch=int(size["batches"][0])))
         if cuda and engine:
             out["bandwidth_floor"] = _floor(arch.weight_bytes, engine)
         piece(
@@ -283,6 +288,29 @@ def _engine_tok_s(
             "step_ms": round(1e3 * seconds / size["new_tokens"], 3),
             "first_run_s": round(first_run_s, 1),
         }
+    return out
+
+
+def _step_ops(model_dir: Path, device: str, *, batch: int) -> dict[str, Any]:
+    """The operators one eager decode step of the model dispatches (`bench.opcount`: views left out), with its
+    projections fused (the engine's model) and separate: on a GPU each is a kernel, and a small model's step is
+    bound by their count (docs/gpu.md)."""
+    from bench.opcount import ops_of
+
+    model = TinyGPT.from_pretrained(model_dir, dtype=None if device == "cuda" else torch.float32, device=device)
+    layers = model.config.num_hidden_layers
+    prompts = torch.tensor(_prompts(batch, 8, model.config.vocab_size), device=device)
+    out: dict[str, Any] = {}
+    for how in ("separate", "fused"):
+        if how == "fused":
+            model.fuse_projections()
+        cache = model.new_cache(batch, 128)
+        rows = torch.arange(batch, device=device)
+        model.prefill(cache, rows, prompts[:, :-1], torch.full((batch,), 7, device=device))
+        ops = ops_of(lambda: model.decode(cache, prompts[:, -1], rows=batch, width=128))  # noqa: B023 - called here
+        out[how] = {"ops": sum(ops.values()), "per_layer": round(sum(ops.values()) / layers, 1)}
+        if how == "fused":
+            out["commonest"] = dict(ops.most_common(8))
     return out
 
 

@@ -97,6 +97,7 @@ class EmbeddedEngine(GenerationEngine):
         if temperature < 0:
             raise ValueError("temperature must be ≥ 0 (0 = greedy)")
         self.model = model.eval()
+        model.fuse_projections()  # q/k/v and gate/up as one matmul each: fewer kernels in every step
         self.device = model.lm_head.weight.device
         self.max_batch_size = max_batch_size
         self._temperature = temperature

@@ -39,8 +39,8 @@ def request_seed(engine_seed: int, request_id: str) -> int:
 
 def uniform(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """U(0, 1) in float64, 53 random bits, a pure function of each row's (seed, step)."""
-    hi = mix32(seeds ^ mix32((2 * steps) & _M32))
-    lo = mix32(seeds ^ mix32((2 * steps + 1) & _M32))
+    two = torch.stack((2 * steps, 2 * steps + 1), dim=-1) & _M32  # both halves' counters in one pass
+    hi, lo = mix32(seeds[:, None] ^ mix32(two)).unbind(-1)
     return (((hi << 21) + (lo >> 11)).double() + 0.5) / 2.0**53
 
 

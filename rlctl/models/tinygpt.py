@@ -24,13 +24,17 @@ K/V with `scatter_` and advances lengths in place, so a decode step at a fixed (
 shapes and no host synchronisation — what a CUDA graph captures (rlctl.engines.graphs). Grouped-query
 attention attends per KV group (the query heads of a group against their one K/V head) instead of
 repeating K/V for every query head.
+
+The rollout engine's model is fused (`fuse_projections`): q/k/v and gate/up each one matmul, their parameters
+views into the fused tensors, so a decode step launches fewer kernels and everything that acts on parameters
+(loading in place, state_dict, saving, `.to`) works as on an unfused model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -90,9 +94,34 @@ class KVCache:
         self.lengths[:n] = self.lengths.index_select(0, rows)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding x·cos + rotate_half(x)·sin, with rotate_half(x) = (−x₂, x₁) written as roll(x) = (x₂, x₁)
+    times the signed table (−sin₁, sin₂): the same values (a sign moves between two factors), one kernel fewer."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
+
+
+def _fuse(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for linears that read the same input, their outputs concatenated in order. Each
+    linear's parameters become views into it (through `.data`: the Parameter objects stay, so an optimizer or a
+    state_dict holding them is unaffected), so weights copied into the parameters in place are the fused ones."""
+    with torch.no_grad():
+        weight = torch.cat([m.weight for m in linears])
+        biases = [m.bias for m in linears]
+        bias = torch.cat([b for b in biases if b is not None]) if all(b is not None for b in biases) else None
+    at = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight.data = weight[at : at + n]
+        if bias is not None:
+            m.bias.data = bias[at : at + n]
+        at += n
+    return weight, bias
+
+
+def _training(weight: torch.Tensor) -> bool:
+    """Gradients are wanted for `weight`: the fused tensors are not parameters, so that pass takes the separate
+    projections (a fused model can still be trained)."""
+    return torch.is_grad_enabled() and weight.requires_grad
 
 
 class RMSNorm(nn.Module):
@@ -102,10 +131,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """In fp32 whatever the input's dtype, cast back before the weight (as transformers computes it)."""
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        """In fp32 whatever the input's dtype, cast back before the weight (as transformers computes it).
+        `F.rms_norm` is the same arithmetic as transformers' five operations (bit for bit on a CPU) and one fused
+        kernel on a GPU."""
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -116,16 +145,26 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, self.kvh * self.d, bias=c.qkv_bias)
         self.v_proj = nn.Linear(c.hidden_size, self.kvh * self.d, bias=c.qkv_bias)
         self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=c.attention_bias)
+        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # q, k, v as one projection (`fuse`)
+
+    def fuse(self) -> None:
+        """q, k and v as one matmul (and their rotary embedding as one), their parameters views into it."""
+        self.qkv = _fuse(self.q_proj, self.k_proj, self.v_proj)
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k, v [b, heads, t, d] with rotary embedding (`sin`: the signed table, `_rope`); the fp32 tables are
+        applied in the activations' dtype (a no-op cast when the caller cast them)."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.h, self.d).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kvh, self.d).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kvh, self.d).transpose(1, 2)
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # fp32 tables, applied in the activations' dtype
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        return q, k, v
+        if self.qkv is None or _training(self.q_proj.weight):
+            q = self.q_proj(x).view(b, t, self.h, self.d).transpose(1, 2)
+            k = self.k_proj(x).view(b, t, self.kvh, self.d).transpose(1, 2)
+            v = self.v_proj(x).view(b, t, self.kvh, self.d).transpose(1, 2)
+            cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+            return _rope(q, cos, sin), _rope(k, cos, sin), v
+        y = F.linear(x, *self.qkv).view(b, t, self.h + 2 * self.kvh, self.d).transpose(1, 2)
+        qk = _rope(y[:, : self.h + self.kvh], cos.to(y.dtype), sin.to(y.dtype))
+        q, k = qk.split((self.h, self.kvh), dim=1)
+        return q, k, y[:, self.h + self.kvh :]
 
     def _out(self, o: torch.Tensor) -> torch.Tensor:
         """[b, h, t, d] attention output → [b, t, hidden] through o_proj."""
@@ -184,9 +223,17 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.gate_up: torch.Tensor | None = None  # gate and up as one projection (`fuse`)
+
+    def fuse(self) -> None:
+        """gate and up as one matmul, their weights views into it."""
+        self.gate_up, _ = _fuse(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is None or _training(self.gate_proj.weight):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class _Trunk(nn.Module):  # named `model` in TinyGPT, as in HF
@@ -199,7 +246,7 @@ class _Trunk(nn.Module):  # named `model` in TinyGPT, as in HF
 
 class TinyGPT(nn.Module):
     rope_cos: torch.Tensor
-    rope_sin: torch.Tensor
+    rope_sin_signed: torch.Tensor  # (−sin, sin) over the two halves of a head (`_rope`)
     # training on a GPU (rlctl.trainers.native): the full-sequence passes compute in this dtype under autocast,
     # the parameters (master weights) staying as they are; and each layer's activations recomputed in backward
     autocast_dtype: torch.dtype | None = None
@@ -213,7 +260,7 @@ class TinyGPT(nn.Module):
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin_signed", torch.empty(0), persistent=False)
         self._rope_tables()
         self.apply(self._init)
 
@@ -225,8 +272,8 @@ class TinyGPT(nn.Module):
         half = torch.arange(0, c.head_dim, 2, dtype=angle_dtype, device=device) / c.head_dim
         inv_freq = 1.0 / (c.rope_theta**half)
         ang = torch.outer(torch.arange(c.max_position_embeddings, dtype=angle_dtype, device=device), inv_freq)
-        ang = torch.cat([ang, ang], dim=-1)
-        self.rope_cos, self.rope_sin = ang.cos().float(), ang.sin().float()
+        self.rope_cos = torch.cat([ang, ang], dim=-1).cos().float()
+        self.rope_sin_signed = torch.cat([-ang.sin(), ang.sin()], dim=-1).float()
 
     def _init(self, m: nn.Module) -> None:
         if isinstance(m, nn.Linear | nn.Embedding):
@@ -237,13 +284,42 @@ class TinyGPT(nn.Module):
     def blocks(self) -> list[DecoderLayer]:
         return cast(list[DecoderLayer], list(self.model.layers))
 
+    # ---- fused projections (inference) ----
+    @property
+    def fused(self) -> bool:
+        return any(layer.self_attn.qkv is not None for layer in self.blocks())
+
+    def fuse_projections(self) -> None:
+        """Compute each layer's q, k, v as one matmul and gate, up as one (the rollout engine's model): in a decode
+        step, where every kernel is small, that is 3 kernels fewer per layer, and the rotary embedding of q and k
+        one op instead of two. The separate parameters stay (as views into the fused tensors): names, state_dict
+        and loading weights in place are unchanged. Idempotent; moving or casting the model (`.to`) fuses again."""
+        for layer in self.blocks():
+            if layer.self_attn.qkv is None:
+                layer.self_attn.fuse()
+                layer.mlp.fuse()
+
+    def unfuse_projections(self) -> None:
+        """Back to one matmul per projection (the parameters keep their storage: the same values)."""
+        for layer in self.blocks():
+            layer.self_attn.qkv = layer.mlp.gate_up = None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> TinyGPT:
+        """`.to`, `.cuda`, `.half`, … give every parameter new storage: the fused tensors are made again from it."""
+        fused = self.fused
+        self.unfuse_projections()
+        super()._apply(fn, recurse)
+        if fused:
+            self.fuse_projections()
+        return self
+
     # ---- full-sequence (training, scoring) ----
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """Final normed hidden states [B, T, hidden] (the critic's value head reads these)."""
         t = tokens.shape[1]
         if t > self.config.max_position_embeddings:
             raise ValueError(f"sequence of {t} tokens > max_position_embeddings {self.config.max_position_embeddings}")
-        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        cos, sin = self.rope_cos[:t], self.rope_sin_signed[:t]
         with self._autocast(tokens.device):
             x = self.model.embed_tokens(tokens)
             for layer in self.blocks():
@@ -281,7 +357,8 @@ class TinyGPT(nn.Module):
         cache.lengths[rows] = lengths
         if p == 0:
             return
-        cos, sin = self.rope_cos[:p], self.rope_sin[:p]
+        dtype = self.lm_head.weight.dtype
+        cos, sin = self.rope_cos[:p].to(dtype), self.rope_sin_signed[:p].to(dtype)  # once, not in every layer
         x = self.model.embed_tokens(tokens)
         for li, layer in enumerate(self.blocks()):
             a, k, v = layer.self_attn(layer.input_layernorm(x), cos, sin)
@@ -303,9 +380,13 @@ class TinyGPT(nn.Module):
         pos = cache.lengths[:b]
         t = int(pos.max()) + 1 if width is None else width
         hd = self.config.head_dim
-        mask = (torch.arange(t, device=pos.device) <= pos[:, None])[:, None, None, :]
+        dtype = self.lm_head.weight.dtype
+        # what SDPA would make of a boolean mask in every layer, made once: 0 where a row may attend, −inf after
+        visible = (torch.arange(t, device=pos.device) <= pos[:, None])[:, None, None, :]
+        mask = torch.zeros(visible.shape, dtype=dtype, device=pos.device).masked_fill_(~visible, float("-inf"))
         at = pos[:, None, None, None].expand(b, self.config.num_key_value_heads, 1, hd)
-        cos, sin = self.rope_cos[pos][:, None, None, :], self.rope_sin[pos][:, None, None, :]
+        cos = self.rope_cos[pos][:, None, None, :].to(dtype)
+        sin = self.rope_sin_signed[pos][:, None, None, :].to(dtype)
         x = self.model.embed_tokens(tokens[:, None])
         for li, layer in enumerate(self.blocks()):
             kc, vc = cache.k[li][:b], cache.v[li][:b]
@@ -327,6 +408,8 @@ class TinyGPT(nn.Module):
         """Write config.json and the weights (sharded above `max_shard_bytes`, cast to `dtype`), and
         copy the tokenizer files of checkpoint `tokenizer_from` when given."""
         sd = {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in self.state_dict().items()}
+        if self.fused:  # views into the fused tensors: a file holds each tensor on its own
+            sd = {k: v.clone() for k, v in sd.items()}
         if self.config.tie_word_embeddings:
             sd.pop("lm_head.weight")
         return hf.write_pretrained(

@@ -21,6 +21,8 @@ def test_gpu_check_quick_runs_every_piece_on_the_cpu():
     assert r["delta_encode_gb_s"] > 0 and 0 < r["delta_ratio"] < 0.05
     assert r["sampler_share"]["vocab"] == 151_936 and r["sampler_share"]["share"] <= 0.25
     assert r["host_bytes_per_model_byte"] > 0
+    ops = r["engine_step_ops"]
+    assert 0 < ops["fused"]["ops"] < ops["separate"]["ops"] and ops["commonest"]
     ec = r["engine_compiled"]
     assert set(ec["tok_s"]) == {"4"} and ec["tok_s"]["4"] > 0 and ec["over_eager_step"] > 0 and ec["first_run_s"] > 0
     tr = r["transport"]

@@ -1,12 +1,17 @@
+import copy
+import dataclasses
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from bench.opcount import ops_of
+from rlctl.engines.embedded import EmbeddedEngine
 from rlctl.errors import ConfigError
 from rlctl.models.catalog import BUILTIN_MODELS
-from rlctl.models.hf import INDEX_FILE, expected_shapes, save_state_dict
+from rlctl.models.hf import INDEX_FILE, QWEN2, expected_shapes, save_state_dict
 from rlctl.models.tinygpt import SAFETENSORS_FILE, TORCH_FILE, TinyGPT, TinyGPTConfig, load_state_dict, param_count
 from tests.unit.tiny_models import small_config
 
@@ -57,6 +62,74 @@ def test_decode_at_a_fixed_width_equals_the_exact_width(model: TinyGPT) -> None:
         b = model.decode(wide, tokens[torch.arange(3), pos], rows=3, width=32)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert torch.equal(exact.lengths, wide.lengths)
+
+
+def _decode_logits(m: TinyGPT, tokens: torch.Tensor) -> torch.Tensor:
+    """Prefill 3 rows at different lengths, then 6 decode steps: every step's logits."""
+    cache = m.new_cache(3, 32)
+    m.prefill(cache, torch.arange(3), tokens[:, :8], torch.tensor([8, 3, 5]))
+    out = []
+    for _ in range(6):
+        pos = cache.lengths.clone()
+        out.append(m.decode(cache, tokens[torch.arange(3), pos]))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_fused_projections_give_the_separate_ones_logits(arch: str, tmp_path: Path) -> None:
+    """The engine's model computes q/k/v and gate/up as one matmul each: the same logits. Its parameters stay
+    the same objects (views into the fused tensors), and loading a version in place, training, casting and saving
+    act on them as before."""
+    config = SMALL if arch == "llama" else dataclasses.replace(SMALL, architecture=QWEN2)  # Qwen2: q/k/v bias
+    torch.manual_seed(0)
+    separate = TinyGPT(config).eval()
+    fused = copy.deepcopy(separate)
+    params = dict(fused.named_parameters())
+    fused.fuse_projections()
+    fused.fuse_projections()  # idempotent
+    assert fused.fused and not separate.fused
+    assert all(p is params[name] for name, p in fused.named_parameters())
+    tokens = torch.randint(3, 66, (3, 16))
+    torch.testing.assert_close(_decode_logits(fused, tokens), _decode_logits(separate, tokens), atol=1e-6, rtol=1e-5)
+
+    new = {k: v + 0.05 * torch.randn_like(v) for k, v in separate.hf_weights().items()}  # a version, in place
+    for m in (separate, fused):
+        m.load_weights(new)
+    torch.testing.assert_close(_decode_logits(fused, tokens), _decode_logits(separate, tokens), atol=1e-6, rtol=1e-5)
+
+    for m in (separate, fused):  # trained, a fused model takes the separate projections: every weight gets its grad
+        m(tokens).pow(2).mean().backward()
+    for (name, a), b in zip(separate.named_parameters(), fused.parameters(), strict=True):
+        assert b.grad is not None, name
+        torch.testing.assert_close(b.grad, a.grad)
+
+    for m in (separate, fused):  # new storage for every parameter: fused again from it
+        m.to(torch.float64)
+    assert fused.fused
+    torch.testing.assert_close(_decode_logits(fused, tokens), _decode_logits(separate, tokens))
+
+    loaded = TinyGPT.from_pretrained(fused.save_pretrained(tmp_path / "m"))  # a tensor per name, as ever
+    torch.testing.assert_close(loaded(tokens), separate.float()(tokens))
+
+
+def test_a_fused_decode_step_has_four_matmuls_per_layer(model: TinyGPT) -> None:
+    """What fusing saves, counted (the kernels of a decode step are what bounds it on a GPU, docs/gpu.md): 7 → 4
+    matmuls per layer, and with the rotary embedding of q and k as one, ≥ 5 operators fewer per layer."""
+    layers = model.config.num_hidden_layers
+    tokens = torch.randint(3, 66, (3, 16))
+
+    def step_ops(m: TinyGPT) -> dict[str, int]:
+        cache = m.new_cache(3, 32)
+        m.prefill(cache, torch.arange(3), tokens[:, :8], torch.tensor([8, 3, 5]))
+        return ops_of(lambda: m.decode(cache, tokens[:, 8], rows=3, width=32))
+
+    separate = step_ops(model)
+    engine = EmbeddedEngine(model)  # the engine fuses its model
+    assert engine.model is model and model.fused
+    fused = step_ops(model)
+    assert separate["mm"] + separate["addmm"] == 7 * layers + 1  # + the LM head
+    assert fused["mm"] + fused["addmm"] == 4 * layers + 1
+    assert sum(fused.values()) <= sum(separate.values()) - 5 * layers
 
 
 def test_hf_config_keys() -> None:
