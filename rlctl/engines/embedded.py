@@ -97,7 +97,7 @@ class EmbeddedEngine(GenerationEngine):
         if temperature < 0:
             raise ValueError("temperature must be ≥ 0 (0 = greedy)")
         self.model = model.eval()
-        model.fuse_projections()  # q/k/v and gate/up as one matmul each: fewer kernels in every step
+        model.fuse_projections()  # q/k/v and gate/up as one matmul each, in the caller's model: fewer kernels a step
         self.device = model.lm_head.weight.device
         self.max_batch_size = max_batch_size
         self._temperature = temperature
@@ -171,6 +171,8 @@ class EmbeddedEngine(GenerationEngine):
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self.model.load_weights(state_dict)  # in place: captured graphs read the new weights
+        if self.model.fuse_projections() and self._graphs is not None:  # a parameter moved since: fused anew
+            self._graphs.reset()
         self._version = version
 
     def add(self, requests: list[GenRequest]) -> None:

@@ -104,10 +104,12 @@ def _fuse(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One weight (and bias) for linears that read the same input, their outputs concatenated in order. Each
     linear's parameters become views into it (through `.data`: the Parameter objects stay, so an optimizer or a
     state_dict holding them is unaffected), so weights copied into the parameters in place are the fused ones."""
+    biases = [m.bias for m in linears]
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        raise ValueError("fused projections have a bias each or none")
     with torch.no_grad():
         weight = torch.cat([m.weight for m in linears])
-        biases = [m.bias for m in linears]
-        bias = torch.cat([b for b in biases if b is not None]) if all(b is not None for b in biases) else None
+        bias = torch.cat([b for b in biases if b is not None]) if biases[0] is not None else None
     at = 0
     for m in linears:
         n = m.weight.shape[0]
@@ -116,6 +118,19 @@ def _fuse(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
             m.bias.data = bias[at : at + n]
         at += n
     return weight, bias
+
+
+def _in_place(fused: tuple[torch.Tensor, torch.Tensor | None], *linears: nn.Linear) -> bool:
+    """Every parameter of `linears` is still its slice of `fused` (nothing gave one storage of its own since)."""
+    weight, bias = fused
+    at = 0
+    for m in linears:
+        if m.weight.data_ptr() != weight[at].data_ptr() or (
+            bias is not None and m.bias.data_ptr() != bias[at].data_ptr()
+        ):
+            return False
+        at += m.weight.shape[0]
+    return True
 
 
 def _training(weight: torch.Tensor) -> bool:
@@ -147,9 +162,14 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.h * self.d, c.hidden_size, bias=c.attention_bias)
         self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # q, k, v as one projection (`fuse`)
 
-    def fuse(self) -> None:
-        """q, k and v as one matmul (and their rotary embedding as one), their parameters views into it."""
-        self.qkv = _fuse(self.q_proj, self.k_proj, self.v_proj)
+    def fuse(self) -> bool:
+        """q, k and v as one matmul (and their rotary embedding as one), their parameters views into it; True when
+        it (re)made the fused tensors, False when they were in place already."""
+        linears = (self.q_proj, self.k_proj, self.v_proj)
+        if self.qkv is not None and _in_place(self.qkv, *linears):
+            return False
+        self.qkv = _fuse(*linears)
+        return True
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q, k, v [b, heads, t, d] with rotary embedding (`sin`: the signed table, `_rope`); the fp32 tables are
@@ -161,10 +181,15 @@ class Attention(nn.Module):
             v = self.v_proj(x).view(b, t, self.kvh, self.d).transpose(1, 2)
             cos, sin = cos.to(q.dtype), sin.to(q.dtype)
             return _rope(q, cos, sin), _rope(k, cos, sin), v
-        y = F.linear(x, *self.qkv).view(b, t, self.h + 2 * self.kvh, self.d).transpose(1, 2)
-        qk = _rope(y[:, : self.h + self.kvh], cos.to(y.dtype), sin.to(y.dtype))
-        q, k = qk.split((self.h, self.kvh), dim=1)
-        return q, k, y[:, self.h + self.kvh :]
+        # rotary in the projection's own layout [b, t, heads, d], where the output is contiguous: a roll of a strided
+        # slice would copy it first (on CUDA); v's heads roll along, unused
+        m = self.h + self.kvh
+        y = F.linear(x, *self.qkv).view(b, t, m + self.kvh, self.d)
+        if cos.dim() == 2:  # [t, d] tables (prefill) against [b, t, heads, d]; decode's are [b, 1, 1, d]
+            cos, sin = cos[:, None], sin[:, None]
+        qk = y[:, :, :m] * cos.to(y.dtype) + y.roll(self.d // 2, -1)[:, :, :m] * sin.to(y.dtype)
+        q, k = qk.transpose(1, 2).split((self.h, self.kvh), dim=1)
+        return q, k, y[:, :, m:].transpose(1, 2)
 
     def _out(self, o: torch.Tensor) -> torch.Tensor:
         """[b, h, t, d] attention output → [b, t, hidden] through o_proj."""
@@ -225,9 +250,13 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
         self.gate_up: torch.Tensor | None = None  # gate and up as one projection (`fuse`)
 
-    def fuse(self) -> None:
-        """gate and up as one matmul, their weights views into it."""
-        self.gate_up, _ = _fuse(self.gate_proj, self.up_proj)
+    def fuse(self) -> bool:
+        """gate and up as one matmul, their weights views into it; True when it (re)made the fused tensor."""
+        linears = (self.gate_proj, self.up_proj)
+        if self.gate_up is not None and _in_place((self.gate_up, None), *linears):
+            return False
+        self.gate_up, _ = _fuse(*linears)
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is None or _training(self.gate_proj.weight):
@@ -289,15 +318,21 @@ class TinyGPT(nn.Module):
     def fused(self) -> bool:
         return any(layer.self_attn.qkv is not None for layer in self.blocks())
 
-    def fuse_projections(self) -> None:
+    def fuse_projections(self) -> bool:
         """Compute each layer's q, k, v as one matmul and gate, up as one (the rollout engine's model): in a decode
         step, where every kernel is small, that is 3 kernels fewer per layer, and the rotary embedding of q and k
         one op instead of two. The separate parameters stay (as views into the fused tensors): names, state_dict
-        and loading weights in place are unchanged. Idempotent; moving or casting the model (`.to`) fuses again."""
+        and loading weights in place are unchanged, and a pass that wants gradients takes the separate projections.
+
+        Idempotent: fused tensors still in place are kept, so their storage does not move (a captured CUDA graph
+        stays valid). Where a parameter got storage of its own since (`.to` to another device or dtype, a
+        deepcopy, `load_state_dict(assign=True)`, `.to` on one layer), the stale fused tensors would compute with
+        the old weights: this makes them again, and says so (True: the storage moved)."""
+        moved = False
         for layer in self.blocks():
-            if layer.self_attn.qkv is None:
-                layer.self_attn.fuse()
-                layer.mlp.fuse()
+            moved |= layer.self_attn.fuse()
+            moved |= layer.mlp.fuse()
+        return moved
 
     def unfuse_projections(self) -> None:
         """Back to one matmul per projection (the parameters keep their storage: the same values)."""
@@ -305,13 +340,18 @@ class TinyGPT(nn.Module):
             layer.self_attn.qkv = layer.mlp.gate_up = None
 
     def _apply(self, fn: Any, recurse: bool = True) -> TinyGPT:
-        """`.to`, `.cuda`, `.half`, … give every parameter new storage: the fused tensors are made again from it."""
-        fused = self.fused
-        self.unfuse_projections()
+        """`.to`, `.cuda`, `.half`, … that give parameters new storage: the fused tensors are made again from it
+        (a `.to` that changes nothing keeps them)."""
         super()._apply(fn, recurse)
-        if fused:
+        if self.fused:
             self.fuse_projections()
         return self
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy (deepcopy, pickle) gives each parameter storage of its own: fused again from them."""
+        super().__setstate__(state)
+        if self.fused:
+            self.fuse_projections()
 
     # ---- full-sequence (training, scoring) ----
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -381,9 +421,11 @@ class TinyGPT(nn.Module):
         t = int(pos.max()) + 1 if width is None else width
         hd = self.config.head_dim
         dtype = self.lm_head.weight.dtype
-        # what SDPA would make of a boolean mask in every layer, made once: 0 where a row may attend, −inf after
+        # additive, made once (SDPA would turn a boolean mask into one in every layer): 0 where a row may attend, the
+        # dtype's lowest after (as transformers masks: finite for every attention backend; a row always sees itself)
         visible = (torch.arange(t, device=pos.device) <= pos[:, None])[:, None, None, :]
-        mask = torch.zeros(visible.shape, dtype=dtype, device=pos.device).masked_fill_(~visible, float("-inf"))
+        mask = torch.zeros(visible.shape, dtype=dtype, device=pos.device)
+        mask.masked_fill_(~visible, torch.finfo(dtype).min)
         at = pos[:, None, None, None].expand(b, self.config.num_key_value_heads, 1, hd)
         cos = self.rope_cos[pos][:, None, None, :].to(dtype)
         sin = self.rope_sin_signed[pos][:, None, None, :].to(dtype)
@@ -408,8 +450,8 @@ class TinyGPT(nn.Module):
         """Write config.json and the weights (sharded above `max_shard_bytes`, cast to `dtype`), and
         copy the tokenizer files of checkpoint `tokenizer_from` when given."""
         sd = {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in self.state_dict().items()}
-        if self.fused:  # views into the fused tensors: a file holds each tensor on its own
-            sd = {k: v.clone() for k, v in sd.items()}
+        if self.fused:  # the views into the fused tensors: a file holds each tensor on its own
+            sd = {k: v.clone() if v.untyped_storage().nbytes() > v.nbytes else v for k, v in sd.items()}
         if self.config.tie_word_embeddings:
             sd.pop("lm_head.weight")
         return hf.write_pretrained(

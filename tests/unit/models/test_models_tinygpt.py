@@ -103,12 +103,31 @@ def test_fused_projections_give_the_separate_ones_logits(arch: str, tmp_path: Pa
         assert b.grad is not None, name
         torch.testing.assert_close(b.grad, a.grad)
 
+    storage = fused.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    fused.to(torch.float32)  # changes nothing: the fused tensors stay where they are (a captured graph reads them)
+    assert fused.model.layers[0].self_attn.q_proj.weight.data_ptr() == storage and not fused.fuse_projections()
+
     for m in (separate, fused):  # new storage for every parameter: fused again from it
         m.to(torch.float64)
     assert fused.fused
     torch.testing.assert_close(_decode_logits(fused, tokens), _decode_logits(separate, tokens))
 
-    loaded = TinyGPT.from_pretrained(fused.save_pretrained(tmp_path / "m"))  # a tensor per name, as ever
+    # what gives parameters storage of their own, then a version loaded in place: the fused tensors follow
+    copied = copy.deepcopy(fused)
+    assigned = copy.deepcopy(separate)
+    assigned.fuse_projections()
+    assigned.load_state_dict({k: v.clone() for k, v in assigned.state_dict().items()}, assign=True)
+    one_layer = copy.deepcopy(separate)
+    one_layer.fuse_projections()
+    one_layer.model.layers[0].to(torch.float32).to(torch.float64)  # past TinyGPT's own `.to`
+    assert assigned.fuse_projections() and one_layer.fuse_projections()  # stale, fused again: the storage moved
+    new = {k: v + 0.05 * torch.randn_like(v) for k, v in separate.hf_weights().items()}
+    for m in (separate, copied, assigned, one_layer):
+        m.load_weights(new)
+    for m in (copied, assigned, one_layer):
+        torch.testing.assert_close(_decode_logits(m, tokens), _decode_logits(separate, tokens))
+
+    loaded = TinyGPT.from_pretrained(copied.save_pretrained(tmp_path / "m"))  # a tensor per name, as ever
     torch.testing.assert_close(loaded(tokens), separate.float()(tokens))
 
 
