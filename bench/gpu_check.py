@@ -10,7 +10,8 @@
     hf_generate_tok_s    transformers' `generate` on the same checkpoint, device and batches (same run)
     engine_over_hf       the ratio, by batch (goal ≥ 5 at batch 64 on an H100)
     engine_step_ops      the operators (≈ kernels) one eager decode step dispatches at the first batch: with q/k/v and
-                         gate/up fused (what the engine runs) and separate, in all and per layer, and the commonest
+                         gate/up fused (what the engine runs) and separate, in all and per layer, and the commonest;
+                         the engine's tok/s with them separate, and fused ÷ separate
     engine_compiled      the decode step through torch.compile, in the same graphs, at the first batch: tok/s,
                          step ms, the compiling first run's seconds, and ÷ `engine_tok_s` of this run (after gpu_tests)
     bandwidth_floor      per batch: the decode step's time if it only read the weights once at the GPU's memory
@@ -88,7 +89,7 @@ def run(*, quick: bool) -> dict[str, Any]:
         out["engine_tok_s"] = {b: r["tok_s"] for b, r in engine.items()}
         hf = piece("hf_generate_tok_s", lambda: _hf_generate_tok_s(model_dir, device, size)) or {}
         out["engine_over_hf"] = {b: round(engine[b]["tok_s"] / hf[b], 2) for b in engine if hf.get(b)}
-        piece("engine_step_ops", lambda: _step_ops(model_dir, device, batch=int(size["batches"][0])))
+        piece("engine_step_ops", lambda: _step_ops(model_dir, device, size, engine))
         if cuda and engine:
             out["bandwidth_floor"] = _floor(arch.weight_bytes, engine)
         piece(
@@ -258,11 +259,17 @@ def _grpo_vs_cpu(model_dir: Path, device: str, *, prompts: int) -> dict[str, flo
 
 
 def _engine_tok_s(
-    model_dir: Path, device: str, size: dict[str, Any], *, batches: tuple[int, ...] = (), compile_step: bool = False
+    model_dir: Path,
+    device: str,
+    size: dict[str, Any],
+    *,
+    batches: tuple[int, ...] = (),
+    compile_step: bool = False,
+    separate: bool = False,
 ) -> dict[str, dict[str, float]]:
     """Decode tokens/s at each batch (default: the size's): prompts of `prompt` tokens, `new_tokens` each, EOS
     ignored; a first run warms up (captures the CUDA graphs, compiles a `compile_step`: its seconds are
-    `first_run_s`), the second is timed."""
+    `first_run_s`), the second is timed. `separate`: with the model's projections unfused (what fusing gains)."""
     from rlctl.engines.base import GenRequest
     from rlctl.engines.embedded import EmbeddedEngine
 
@@ -271,6 +278,8 @@ def _engine_tok_s(
     for b in batches or size["batches"]:
         prompts = _prompts(b, size["prompt"], model.config.vocab_size)
         engine = EmbeddedEngine(model, max_batch_size=b, temperature=1.0, compile_step=compile_step)
+        if separate:
+            model.unfuse_projections()
         seconds = first_run_s = 0.0
         for attempt in range(2):
             engine.add(
@@ -291,12 +300,17 @@ def _engine_tok_s(
     return out
 
 
-def _step_ops(model_dir: Path, device: str, *, batch: int) -> dict[str, Any]:
-    """The operators one eager decode step of the model dispatches (`bench.opcount`: views left out), with its
-    projections fused (the engine's model) and separate: on a GPU each is a kernel, and a small model's step is
-    bound by their count (docs/gpu.md)."""
+def _step_ops(
+    model_dir: Path, device: str, size: dict[str, Any], engine: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """The operators one eager decode step of the model dispatches at the first batch (`bench.opcount`: views left
+    out), with its projections fused (the engine's model) and separate: on a GPU each is a kernel, and a small
+    model's step is bound by their count (docs/gpu.md); and the engine's tok/s with them separate, against
+    `engine` (this run's, fused)."""
     from bench.opcount import ops_of
 
+    batch = int(size["batches"][0])
+    separate_tok_s = _engine_tok_s(model_dir, device, size, batches=(batch,), separate=True)[str(batch)]["tok_s"]
     model = TinyGPT.from_pretrained(model_dir, dtype=None if device == "cuda" else torch.float32, device=device)
     layers = model.config.num_hidden_layers
     prompts = torch.tensor(_prompts(batch, 8, model.config.vocab_size), device=device)
@@ -311,6 +325,9 @@ def _step_ops(model_dir: Path, device: str, *, batch: int) -> dict[str, Any]:
         out[how] = {"ops": sum(ops.values()), "per_layer": round(sum(ops.values()) / layers, 1)}
         if how == "fused":
             out["commonest"] = dict(ops.most_common(8))
+    out["separate"]["tok_s"] = separate_tok_s
+    if str(batch) in engine:
+        out["fused_over_separate_tok_s"] = round(engine[str(batch)]["tok_s"] / separate_tok_s, 3)
     return out
 
 
