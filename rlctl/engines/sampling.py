@@ -52,7 +52,8 @@ def sample(
     if temperature == 0:
         tok = x.argmax(-1, keepdim=True)
         return tok[:, 0], (x.gather(1, tok) - torch.logsumexp(x, -1, keepdim=True))[:, 0]
-    x = x / temperature
+    if temperature != 1.0:  # the common 1.0 skips a pass over batch × vocabulary (x / 1.0 is x)
+        x = x / temperature
     top = x.amax(-1, keepdim=True)
     cdf = torch.cumsum((x - top).exp_(), -1, dtype=torch.float64)
     total = cdf[:, -1:]
