@@ -12,6 +12,8 @@
     engine_step_ops      the operators (≈ kernels) one eager decode step dispatches at the first batch: with q/k/v and
                          gate/up fused (what the engine runs) and separate, in all and per layer, and the commonest;
                          the engine's tok/s with them separate, and fused ÷ separate
+    engine_mixed         continuous batching with long-tailed output lengths (4 × the first batch of requests, that
+                         many rows): tok/s, steps, and the share of the run spent in (eager) prefills
     engine_compiled      the decode step through torch.compile, in the same graphs, at the first batch: tok/s,
                          step ms, the compiling first run's seconds, and ÷ `engine_tok_s` of this run (after gpu_tests)
     bandwidth_floor      per batch: the decode step's time if it only read the weights once at the GPU's memory
@@ -93,6 +95,7 @@ def run(*, quick: bool) -> dict[str, Any]:
         hf = piece("hf_generate_tok_s", lambda: _hf_generate_tok_s(model_dir, device, size)) or {}
         out["engine_over_hf"] = {b: round(engine[b]["tok_s"] / hf[b], 2) for b in engine if hf.get(b)}
         piece("engine_step_ops", lambda: _step_ops(model_dir, device, size, engine))
+        piece("engine_mixed", lambda: _engine_mixed(model_dir, device, size))
         if cuda and engine:
             out["bandwidth_floor"] = _floor(arch.weight_bytes, engine)
         piece(
@@ -333,6 +336,61 @@ def _step_ops(
     if str(batch) in engine:
         out["fused_over_separate_tok_s"] = round(engine[str(batch)]["tok_s"] / separate_tok_s, 3)
     return out
+
+
+def _engine_mixed(model_dir: Path, device: str, size: dict[str, Any]) -> dict[str, Any]:
+    """Continuous batching as a rollout runs it: 4 × the first batch of requests through an engine of that many
+    rows, output lengths log-uniform from 1/8 to 2 × the size's `new_tokens` (most short, a long tail), so rows end
+    at different steps and waiting requests are admitted (prefilled, eagerly) between decode steps. Reported:
+    tok/s, steps, prefill calls and their share of the run (each timed with a device sync around it), from the
+    second of two runs (the first captures the graphs)."""
+    from rlctl.engines.base import GenRequest
+    from rlctl.engines.embedded import EmbeddedEngine
+
+    b = int(size["batches"][0])
+    model = TinyGPT.from_pretrained(model_dir, dtype=None if device == "cuda" else torch.float32, device=device)
+    engine = EmbeddedEngine(model, max_batch_size=b, temperature=1.0)
+    prompts = _prompts(4 * b, size["prompt"], model.config.vocab_size)
+    most = model.config.max_position_embeddings - int(size["prompt"])
+    u = torch.rand(len(prompts), generator=torch.Generator().manual_seed(0))
+    lengths = [min(most, max(1, round(size["new_tokens"] * 2.0 ** (4 * x - 3)))) for x in u.tolist()]
+    prefill, spent = model.prefill, {"s": 0.0, "calls": 0}
+
+    def timed_prefill(*args: Any, **kw: Any) -> None:
+        _sync(device)
+        t = time.perf_counter()
+        prefill(*args, **kw)
+        _sync(device)
+        spent["s"] += time.perf_counter() - t
+        spent["calls"] += 1
+
+    model.prefill = timed_prefill  # type: ignore[method-assign]
+    seconds = 0.0
+    for attempt in range(2):
+        spent.update(s=0.0, calls=0)
+        engine.add(
+            [
+                GenRequest(f"{attempt}-{i}", p, n, ignore_eos=True)
+                for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
+            ]
+        )
+        steps = 0
+        _sync(device)
+        t0 = time.perf_counter()
+        while engine.has_work():
+            engine.step()
+            steps += 1
+        _sync(device)
+        seconds = time.perf_counter() - t0
+    tokens = sum(lengths)
+    return {
+        "requests": len(prompts),
+        "rows": b,
+        "tok_s": round(tokens / seconds, 1),
+        "steps": steps,
+        "prefills": spent["calls"],
+        "prefill_share": round(spent["s"] / seconds, 3),
+    }
 
 
 def _engine_compiled(

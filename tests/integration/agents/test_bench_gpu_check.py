@@ -24,6 +24,8 @@ def test_gpu_check_quick_runs_every_piece_on_the_cpu():
     ops = r["engine_step_ops"]
     assert 0 < ops["fused"]["ops"] < ops["separate"]["ops"] and ops["commonest"]
     assert ops["separate"]["tok_s"] > 0 and ops["fused_over_separate_tok_s"] > 0
+    mixed = r["engine_mixed"]
+    assert mixed["tok_s"] > 0 and mixed["prefills"] > 1 and 0 < mixed["prefill_share"] < 1
     ec = r["engine_compiled"]
     assert set(ec["tok_s"]) == {"4"} and ec["tok_s"]["4"] > 0 and ec["over_eager_step"] > 0 and ec["first_run_s"] > 0
     tr = r["transport"]
