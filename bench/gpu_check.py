@@ -53,7 +53,7 @@ from typing import Any
 import torch
 import yaml
 
-from rlctl.devices import torch_build
+from rlctl.devices import compute_for, torch_build
 from rlctl.hardware import CATALOG
 from rlctl.models.hf import check_hf_dir
 from rlctl.models.tinygpt import TinyGPT
@@ -264,6 +264,13 @@ def _grpo_vs_cpu(model_dir: Path, device: str, *, prompts: int) -> dict[str, flo
     return {"min_update_cosine": round(min(cos), 4), "tensors": len(cos)}
 
 
+def _engine_model(model_dir: Path, device: str) -> TinyGPT:
+    """The checkpoint as a rollout agent's embedded engine loads it on `device` ("cuda" or "cpu"): the device policy's
+    dtype (rlctl.devices: the checkpoint's own on a GPU, fp32 on a CPU)."""
+    compute = compute_for(device)
+    return TinyGPT.from_pretrained(model_dir, dtype=compute.engine_dtype, device=compute.device)
+
+
 def _engine_tok_s(
     model_dir: Path,
     device: str,
@@ -280,7 +287,7 @@ def _engine_tok_s(
     from rlctl.engines.base import GenRequest
     from rlctl.engines.embedded import EmbeddedEngine
 
-    model = TinyGPT.from_pretrained(model_dir, dtype=None if device == "cuda" else torch.float32, device=device)
+    model = _engine_model(model_dir, device)
     out = {}
     for b in batches or size["batches"]:
         prompts = _prompts(b, size["prompt"], model.config.vocab_size)
@@ -318,7 +325,7 @@ def _step_ops(
 
     batch = int(size["batches"][0])
     separate_tok_s = _engine_tok_s(model_dir, device, size, batches=(batch,), separate=True)[str(batch)]["tok_s"]
-    model = TinyGPT.from_pretrained(model_dir, dtype=None if device == "cuda" else torch.float32, device=device)
+    model = _engine_model(model_dir, device)
     layers = model.config.num_hidden_layers
     prompts = torch.tensor(_prompts(batch, 8, model.config.vocab_size), device=device)
     out: dict[str, Any] = {}
@@ -348,7 +355,7 @@ def _engine_mixed(model_dir: Path, device: str, size: dict[str, Any]) -> dict[st
     from rlctl.engines.embedded import EmbeddedEngine
 
     b = int(size["batches"][0])
-    model = TinyGPT.from_pretrained(model_dir, dtype=None if device == "cuda" else torch.float32, device=device)
+    model = _engine_model(model_dir, device)
     engine = EmbeddedEngine(model, max_batch_size=b, temperature=1.0)
     prompts = _prompts(4 * b, size["prompt"], model.config.vocab_size)
     most = model.config.max_position_embeddings - int(size["prompt"])
