@@ -20,6 +20,8 @@ calls wait and a worker's call has run longer than `stuck_s`, one more worker st
 to `workers × EXTRA_FACTOR`), and a worker beyond `workers` stops as soon as it is idle with nothing waiting.
 `cancel(sample_id)` drops a call nobody waits for any more (the controller filtered its sample out): a queued one
 leaves the queue, a running one's worker is replaced at once instead of at the deadline; its future is cancelled.
+It drops the calls submitted before it only: the same sample generated again and submitted while the dispatcher
+had not got to the cancel yet is scored.
 """
 
 from __future__ import annotations
@@ -234,6 +236,7 @@ class _Call:
     sample_id: str
     kwargs: dict[str, Any]
     future: Future[RewardResult]
+    seq: int = 0  # its place in the order of submits (a cancel drops only the calls before it)
 
 
 @dataclass
@@ -278,7 +281,8 @@ class RewardPool:
         self._inline = workers == 0
         self._lock = threading.Lock()
         self._pending: deque[_Call] = deque()
-        self._cancels: set[str] = set()  # sample ids whose calls are to be dropped (the dispatcher does it)
+        self._seq = 0  # calls submitted so far
+        self._cancels: dict[str, int] = {}  # sample id → its calls up to this seq are dropped (the dispatcher does it)
         self._closed = False
         self._workers: list[_Worker] = []
         if self._inline:
@@ -317,18 +321,21 @@ class RewardPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("reward pool is closed")
+            self._seq += 1
+            call.seq = self._seq
             self._pending.append(call)
         self._wake_w.send(b"x")
         return call.future
 
     def cancel(self, sample_id: str) -> None:
-        """Drop `sample_id`'s call, queued or running (its future is cancelled); nothing if it has finished."""
+        """Drop `sample_id`'s calls submitted so far, queued or running (their futures are cancelled); nothing for
+        one that has finished, or one submitted after this."""
         if self._inline:
             return
         with self._lock:
             if self._closed:
                 return
-            self._cancels.add(sample_id)
+            self._cancels[sample_id] = self._seq
         self._wake_w.send(b"x")
 
     def score(
@@ -466,13 +473,16 @@ class RewardPool:
 
     def _drop_cancelled(self) -> None:
         with self._lock:
-            drop, self._cancels = self._cancels, set()
+            drop, self._cancels = self._cancels, {}
             if not drop:
                 return
-            gone = [c for c in self._pending if c.sample_id in drop]
-            self._pending = deque(c for c in self._pending if c.sample_id not in drop)
+            keep: deque[_Call] = deque()
+            gone: list[_Call] = []
+            for c in self._pending:
+                (gone if c.seq <= drop.get(c.sample_id, 0) else keep).append(c)
+            self._pending = keep
         for i, w in enumerate(self._workers):
-            if w.call is not None and w.call.sample_id in drop:
+            if w.call is not None and w.call.seq <= drop.get(w.call.sample_id, 0):
                 gone.append(w.call)
                 self._replace(i)  # a running call cannot be interrupted: its process goes
         for call in gone:

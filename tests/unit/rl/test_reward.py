@@ -201,3 +201,29 @@ def test_a_cancelled_call_frees_its_worker_at_once(rewards_dir: Path) -> None:
         assert pool.stats.cancelled == 2 and pool.stats.timeouts == 0
         pool.cancel("next")  # finished already: nothing happens
         assert pool.stats.cancelled == 2
+
+
+def test_a_cancel_spares_the_same_sample_submitted_after_it(rewards_dir: Path) -> None:
+    """The controller cancels a sample's hung call and its group is generated again: the new call for the same
+    sample id, submitted before the dispatcher got to the cancel, is answered (it once was dropped with the old
+    one, and the job waited for its reward for ever). The dispatcher is held at the cancel's door meanwhile."""
+    with RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=1, timeout_s=30.0) as pool:
+        assert pool.score("warm", "d", "a", "a").ok
+        old = pool.submit("p7/0", "d", "hang", "a")
+        time.sleep(0.2)  # the old call is running
+        entered, go = threading.Event(), threading.Event()
+        drop = pool._drop_cancelled
+
+        def held() -> None:
+            if pool._cancels and not go.is_set():
+                entered.set()
+                go.wait(10.0)
+            drop()
+
+        pool._drop_cancelled = held  # type: ignore[method-assign]
+        pool.cancel("p7/0")
+        assert entered.wait(10.0)
+        new = pool.submit("p7/0", "d", "a", "a")  # generated again, in before the cancel is carried out
+        go.set()
+        assert new.result(timeout=10.0).score == 1.0
+        assert old.cancelled() and pool.stats.cancelled == 1 and pool.stats.timeouts == 0
