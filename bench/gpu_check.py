@@ -80,7 +80,10 @@ def run(*, quick: bool) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "shape": size["shape"],
     }
-    piece = Pieces(out, path=os.environ.get(ENV_OUT), budget_s=float(os.environ.get(ENV_BUDGET, "0")) or None)
+    only = {k for k in os.environ.get(ENV_ONLY, "").split(",") if k}
+    piece = Pieces(
+        out, path=os.environ.get(ENV_OUT), budget_s=float(os.environ.get(ENV_BUDGET, "0")) or None, only=only
+    )
     with tempfile.TemporaryDirectory(prefix="rlctl-gpu-check-") as tmp:
         root = Path(tmp)
         model_dir = root / "model"
@@ -118,16 +121,21 @@ def run(*, quick: bool) -> dict[str, Any]:
 
 ENV_OUT = "RLCTL_GPU_CHECK_OUT"  # a path: the JSON so far is written there after every piece (and logs beside it)
 ENV_BUDGET = "RLCTL_GPU_CHECK_BUDGET_S"  # seconds: pieces not started by then are skipped (unset: no limit)
+ENV_ONLY = "RLCTL_GPU_CHECK_ONLY"  # comma-separated piece keys: only these run (and the checkpoint's build)
 
 
 class Pieces:
     """The check's pieces, each on its own: an exception is recorded under `errors[key]` (one line and the
     innermost frames) and the check goes on, so one run on a lent machine reports every piece; each piece's
     seconds land in `piece_s`; the JSON so far is rewritten to `path` after each piece (a run cut short still
-    leaves it); a piece that would start after `budget_s` is skipped and named in `skipped`."""
+    leaves it); a piece that would start after `budget_s`, or one not in a non-empty `only`, is skipped and named
+    in `skipped`."""
 
-    def __init__(self, out: dict[str, Any], *, path: str | None, budget_s: float | None) -> None:
+    def __init__(
+        self, out: dict[str, Any], *, path: str | None, budget_s: float | None, only: set[str] | None = None
+    ) -> None:
         self.out, self.path, self.budget_s = out, Path(path) if path else None, budget_s
+        self.only = only or set()
         self.artifacts = self.path.parent if self.path else None
         self.t0 = time.monotonic()
 
@@ -135,7 +143,9 @@ class Pieces:
         """`fn()`'s value under `key` (`merge`: its keys into the output; `keep=False`: returned only; `timed`:
         the seconds it took instead), or None when it failed or was skipped."""
         elapsed = time.monotonic() - self.t0
-        if self.budget_s is not None and elapsed > self.budget_s:
+        if (self.budget_s is not None and elapsed > self.budget_s) or (
+            self.only and key not in self.only | {"build_s"}
+        ):
             self.out.setdefault("skipped", []).append(key)
             self._write()
             return None
@@ -348,9 +358,9 @@ def _step_ops(
 def _engine_mixed(model_dir: Path, device: str, size: dict[str, Any]) -> dict[str, Any]:
     """Continuous batching as a rollout runs it: 4 × the first batch of requests through an engine of that many
     rows, output lengths log-uniform from 1/8 to 2 × the size's `new_tokens` (most short, a long tail), so rows end
-    at different steps and waiting requests are admitted (prefilled, eagerly) between decode steps. Reported:
-    tok/s, steps, prefill calls and their share of the run (each timed with a device sync around it), from the
-    second of two runs (the first captures the graphs)."""
+    at different steps and waiting requests are admitted (prefilled: on CUDA graphs of bucketed shapes) between
+    decode steps. Reported: tok/s, steps, prefill calls and their share of the run (each timed with a device sync
+    around it), from the second of two runs (the first captures the graphs)."""
     from rlctl.engines.base import GenRequest
     from rlctl.engines.embedded import EmbeddedEngine
 
@@ -361,9 +371,9 @@ def _engine_mixed(model_dir: Path, device: str, size: dict[str, Any]) -> dict[st
     most = model.config.max_position_embeddings - int(size["prompt"])
     u = torch.rand(len(prompts), generator=torch.Generator().manual_seed(0))
     lengths = [min(most, max(1, round(size["new_tokens"] * 2.0 ** (4 * x - 3)))) for x in u.tolist()]
-    prefill, spent = model.prefill, {"s": 0.0, "calls": 0}
+    prefill, spent = engine._prefill, {"s": 0.0, "calls": 0}
 
-    def timed_prefill(*args: Any, **kw: Any) -> None:
+    def timed_prefill(*args: Any, **kw: Any) -> None:  # the engine's call: the model's may run inside a capture
         _sync(device)
         t = time.perf_counter()
         prefill(*args, **kw)
@@ -371,7 +381,7 @@ def _engine_mixed(model_dir: Path, device: str, size: dict[str, Any]) -> dict[st
         spent["s"] += time.perf_counter() - t
         spent["calls"] += 1
 
-    model.prefill = timed_prefill  # type: ignore[method-assign]
+    engine._prefill = timed_prefill  # type: ignore[method-assign]
     seconds = 0.0
     for attempt in range(2):
         spent.update(s=0.0, calls=0)

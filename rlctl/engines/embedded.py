@@ -8,7 +8,11 @@ One `step()`:
 
     admit   waiting requests, oldest group then highest priority first, into free cache rows
             (≤ max_batch_size rows); prefill their prompts (all but the last token) into those rows.
-            With `group_barrier` a later group waits while rows of a large earlier one run (below)
+            With `group_barrier` a later group waits while rows of a large earlier one run (below).
+            With static shapes (on CUDA) a prefill of at most PREFILL_GRAPH_TOKENS tokens runs at bucketed
+            (rows, width) too, as a CUDA graph: the rows past the admitted ones repeat the first admitted
+            request (the same row, the same tokens: the same K/V written twice); a larger one is bound by
+            its compute, not its launches, and runs eagerly at its own shape
     decode  one token for every cache row (rows of finished requests ride along until compaction);
             on a CUDA device the step is one CUDA graph per (rows, width) bucket (rlctl.engines.graphs)
     sample  inverse-CDF with one uniform hashed from (request seed, output index) per row
@@ -29,11 +33,13 @@ way. Measured (long-tailed requests, batch 64, CPU per token, never ÷ always): 
 per iteration, 0.92 at 64, 1.17 at 96, 1.25 at 128, 1.20 at 192 (`python -m bench batching` runs
 64 and 128). A paged-attention engine (vLLM) reads only each row's own length and has no barrier.
 
-`compile_step`: the decode step (model and sampler) goes through `torch.compile` (inductor, symbolic shapes, no
-graph break), which fuses its elementwise work (norms, rotary, activations, the sampler's passes over the
-vocabulary) into fewer kernels; on a CUDA device the compiled step is what each bucket's graph captures. The
-first step compiles (tens of seconds), a later one at a new kind of shape may compile again. Outputs equal the
-eager step's (tests/unit/engines); whether it is faster is measured by `make gpu-check` (`engine_compiled`).
+`compile_step`: the decode step's model pass goes through `torch.compile` (inductor, symbolic shapes, no graph
+break), which fuses its elementwise work (norms, rotary, activations) into fewer kernels; on a CUDA device the
+compiled pass and the sampler are what each bucket's graph captures. The sampler stays eager: inductor's CUDA
+code for its fp64 cumulative sum over a 151,936-token vocabulary (a split scan at a symbolic batch) failed to
+generate (torch 2.11, `make gpu-check`, 2026-11-28). The first step compiles (tens of seconds), a later one at
+a new kind of shape may compile again. Outputs equal the eager step's (tests/unit/engines); whether it is
+faster is measured by `make gpu-check` (`engine_compiled`).
 
 Weights change only between steps (`load_weights`); rows already running keep their K/V (computed
 with the older weights) and continue with the new ones, and the result's `version` is the oldest
@@ -63,7 +69,11 @@ from rlctl.models.tinygpt import KVCache, TinyGPT
 GroupBarrier = Literal["auto", "always", "never"]
 GROUP_BARRIERS: tuple[GroupBarrier, ...] = ("auto", "always", "never")
 
-__all__ = ["GROUP_BARRIERS", "EmbeddedEngine", "GroupBarrier", "request_seed"]
+__all__ = ["GROUP_BARRIERS", "PREFILL_GRAPH_TOKENS", "EmbeddedEngine", "GroupBarrier", "request_seed"]
+
+PREFILL_MIN_WIDTH = 16  # prefill widths round up to 16, 24, 32, 48, 64, … positions (static shapes)
+# a prefill of more (bucketed) tokens than this runs at its own shape: its compute, not its launches, bounds it
+PREFILL_GRAPH_TOKENS = 8192
 
 
 @dataclass
@@ -125,11 +135,20 @@ class EmbeddedEngine(GenerationEngine):
         self._logprobs = torch.zeros(max_batch_size, dtype=torch.float32, device=self.device)
         self._static = self.device.type == "cuda" if static_shapes is None else static_shapes
         self.compile_step = compile_step
-        step = self._decode
+        forward = self._forward
         if compile_step:  # shapes symbolic: one compile serves every (rows, width) bucket
-            step = torch.compile(self._decode, dynamic=True, fullgraph=True)
-        self._step_fn = step
-        self._graphs = StepGraphs(step) if self._static and self.device.type == "cuda" else None
+            forward = torch.compile(self._forward, dynamic=True, fullgraph=True)
+        self._forward_fn = forward
+        # static prefill inputs (`_prefill`): tokens [storage rows, cache capacity], rows, lengths
+        self._pf_tokens = torch.zeros(0, dtype=torch.long, device=self.device)
+        self._pf_rows, self._pf_lengths = z.clone(), z.clone()
+        self._graphs: StepGraphs | None = None
+        self._prefill_graphs: StepGraphs | None = None
+        if self._static and self.device.type == "cuda":
+            pool = torch.cuda.graph_pool_handle()  # the decode and prefill graphs share one memory pool
+            self._graphs = StepGraphs(self._decode, pool=pool)
+            self._prefill_graphs = StepGraphs(self._prefill_step, pool=pool)
+        self.prefills = 0  # prefill calls (admissions that prefilled)
         self.compactions = 0
         self.trace: list[int] | None = None  # set to [] to record the rows computed at every step
 
@@ -154,8 +173,7 @@ class EmbeddedEngine(GenerationEngine):
     def temperature(self, value: float) -> None:
         """A captured step samples at the temperature it was captured with: a new one recaptures."""
         self._temperature = value
-        if self._graphs is not None:
-            self._graphs.reset()
+        self._reset_graphs()
 
     # ---- GenerationEngine ----
     def describe(self) -> str:
@@ -171,8 +189,8 @@ class EmbeddedEngine(GenerationEngine):
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         self.model.load_weights(state_dict)  # in place: captured graphs read the new weights
-        if self.model.fuse_projections() and self._graphs is not None:  # a parameter moved since: fused anew
-            self._graphs.reset()
+        if self.model.fuse_projections():  # a parameter moved since: fused anew
+            self._reset_graphs()
         self._version = version
 
     def add(self, requests: list[GenRequest]) -> None:
@@ -226,10 +244,10 @@ class EmbeddedEngine(GenerationEngine):
             if self._graphs is not None:
                 self._graphs.run(rows, width)
             else:
-                self._step_fn(rows, width)
+                self._decode(rows, width)
         else:
             rows = n
-            self._step_fn(rows, width)
+            self._decode(rows, width)
         if self.trace is not None:
             self.trace.append(rows)
         out = self._collect(self._next[:n].tolist(), self._logprobs[:n].tolist())
@@ -237,11 +255,22 @@ class EmbeddedEngine(GenerationEngine):
         return out
 
     # ---- internals ----
+    def _reset_graphs(self) -> None:
+        """Forget the captured graphs: what they read moved, or what they compute changed."""
+        for graphs in (self._graphs, self._prefill_graphs):
+            if graphs is not None:
+                graphs.reset()
+
+    def _forward(self, rows: int, width: int) -> torch.Tensor:
+        """The model's pass of a decode step (what `compile_step` compiles): next-token logits of the first `rows`."""
+        assert self._cache is not None
+        return self.model.decode(self._cache, self._next[:rows], rows=rows, width=width)
+
     def _decode(self, rows: int, width: int) -> None:
         """One decode and sampling step of the first `rows` storage rows, attending over `width` positions; every
         result lands in place (what a CUDA graph captures)."""
         assert self._cache is not None
-        logits = self.model.decode(self._cache, self._next[:rows], rows=rows, width=width)
+        logits = self._forward_fn(rows, width)
         tokens, logprobs = sample(logits, self._seeds[:rows], self._steps[:rows], self._temperature)
         self._steps[:rows] += 1
         self._next[:rows] = tokens
@@ -263,28 +292,63 @@ class EmbeddedEngine(GenerationEngine):
             self._cache = self.model.new_cache(self.max_batch_size, capacity)
         elif need > self._cache.capacity:
             self._cache.grow(capacity)
-            if self._graphs is not None:
-                self._graphs.reset()  # the graphs read the old storage
+            self._reset_graphs()  # the graphs read the old storage
+        if self._static and self._pf_tokens.shape[-1] != self._cache.capacity:
+            self._pf_tokens = torch.zeros(
+                self.max_batch_size, self._cache.capacity, dtype=torch.long, device=self.device
+            )
+            self._reset_graphs()
         grow = len(new) - len(free)
         if grow > 0:
             free += list(range(len(self._rows), len(self._rows) + grow))
             self._rows += [None] * grow
         rows = free[: len(new)]
         contexts = [r.context for r in new]  # the prompt, and a resumed request's prefix
-        width = max(len(c) for c in contexts) - 1
-        prompt = torch.full((len(new), width), self.pad_id, dtype=torch.long)
         for i, (r, c) in enumerate(zip(new, contexts, strict=True)):
-            prompt[i, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
             self._rows[rows[i]] = _Running.of(r, pos=len(c) - 1)
+        self._prefill(rows, contexts)
         dev = self.device
         idx = torch.tensor(rows, dtype=torch.long, device=dev)
-        lengths = torch.tensor([len(c) - 1 for c in contexts], device=dev)
-        self.model.prefill(self._cache, idx, prompt.to(dev), lengths)
         self._next[idx] = torch.tensor([c[-1] for c in contexts], device=dev)
         self._seeds[idx] = torch.tensor([request_seed(self.seed, r.request_id) for r in new], device=dev)
         # a resumed request draws the uniforms of the output indices it has not generated yet
         self._steps[idx] = torch.tensor([len(r.prefix.tokens) if r.prefix else 0 for r in new], device=dev)
         self._live[idx] = 1
+
+    def _prefill(self, rows: list[int], contexts: list[list[int]]) -> None:
+        """Prefill each context but its last token into its cache row: at bucketed shapes with static shapes
+        (a CUDA graph on CUDA; the module docstring), else at its own."""
+        assert self._cache is not None
+        self.prefills += 1
+        n, width = len(rows), max(len(c) for c in contexts) - 1
+        nb = min(bucket(n), self.max_batch_size)
+        wb = min(bucket(width, floor=PREFILL_MIN_WIDTH), self._cache.capacity)
+        static = self._static and width > 0 and nb * wb <= PREFILL_GRAPH_TOKENS
+        if not static:
+            nb, wb = n, width
+        # rows past the admitted ones repeat the first: the same row and tokens, so the same K/V written twice
+        pad = [0] * (nb - n)
+        tokens = torch.full((nb, wb), self.pad_id, dtype=torch.long)
+        for i, c in enumerate(contexts + [contexts[0] for _ in pad]):
+            tokens[i, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+        at = torch.tensor(rows + [rows[0] for _ in pad], dtype=torch.long)
+        lengths = torch.tensor([len(c) - 1 for c in contexts] + [len(contexts[0]) - 1 for _ in pad])
+        if not static:
+            dev = self.device
+            self.model.prefill(self._cache, at.to(dev), tokens.to(dev), lengths.to(dev))
+            return
+        self._pf_tokens[:nb, :wb].copy_(tokens)
+        self._pf_rows[:nb].copy_(at)
+        self._pf_lengths[:nb].copy_(lengths)
+        if self._prefill_graphs is not None:
+            self._prefill_graphs.run(nb, wb)
+        else:
+            self._prefill_step(nb, wb)
+
+    def _prefill_step(self, rows: int, width: int) -> None:
+        """The prefill of the static inputs' first `rows` rows and `width` positions (what a CUDA graph captures)."""
+        assert self._cache is not None
+        self.model.prefill(self._cache, self._pf_rows[:rows], self._pf_tokens[:rows, :width], self._pf_lengths[:rows])
 
     def _running_floor(self) -> int | None:
         """The earliest group with a running row, if it holds later groups back: it is larger than one

@@ -1,4 +1,4 @@
-"""Replaying the embedded engine's decode step as CUDA graphs, one per (rows, width) bucket.
+"""Replaying the embedded engine's decode step and its prefills as CUDA graphs, one per (rows, width) bucket.
 
 A decode step of a small model on a GPU is bound by kernel launches, not by the GPU: a few hundred kernels
 of microseconds each, launched one by one from Python (measured on an H100, 254M parameters, batch 64: 17.7
@@ -11,6 +11,10 @@ on the host (rlctl.models.tinygpt.TinyGPT.decode, rlctl.engines.sampling). So:
                        second time: capture the step into a graph from one shared memory pool, replay it
                        then on: replay
     reset()            the storage the graphs read moved (the cache grew): drop them, capture again
+
+The engine's prefills (admissions between decode steps) are graphs of the same kind (`run(rows, width)` of a
+prefill into static input buffers); they share the decode graphs' memory pool: every graph writes its results
+into storage of its own, so what one leaves in the pool is dead when the next runs.
 
 Buckets keep the number of graphs small: rows round up to 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, … and
 widths to 128, 192, 256, 384, 512, … positions (at most 1.5× what is needed); the rows beyond the live ones
@@ -42,11 +46,13 @@ def bucket(n: int, *, floor: int = 1) -> int:
 class StepGraphs:
     """CUDA graphs of `step(rows, width)`, captured on the second call for a shape and replayed after."""
 
-    def __init__(self, step: Callable[[int, int], None]) -> None:
+    def __init__(self, step: Callable[[int, int], None], *, pool: Any = None) -> None:
+        """`pool`: a memory pool to share (`torch.cuda.graph_pool_handle()`); None: one of its own, made at the
+        first capture."""
         self._step = step
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._warm: set[tuple[int, int]] = set()
-        self._pool: Any = None  # one memory pool for every graph of this engine
+        self._pool: Any = pool  # one memory pool for every graph of this engine
         self.captures = 0
 
     def run(self, rows: int, width: int) -> None:

@@ -28,17 +28,21 @@ def test_logits_on_cuda_in_bf16_follow_the_cpu_in_fp32(checkpoint: Path) -> None
 
 
 def test_graphs_replay_the_eager_steps(checkpoint: Path) -> None:
-    """Replayed graphs give the tokens of the same static-shape steps run eagerly (the code CI runs on the CPU)."""
-    reqs = requests(20)
+    """Replayed graphs of decode steps and prefills give the tokens of the same static-shape steps and prefills run
+    eagerly (the code CI runs on the CPU); rows that end at different steps make admissions of a few rows."""
+    reqs = [
+        GenRequest(r.request_id, r.prompt_tokens, 8 + (5 * i) % 23, ignore_eos=True) for i, r in enumerate(requests(40))
+    ]
     model = TinyGPT.from_pretrained(checkpoint, dtype=None, device="cuda")
     graphs = EmbeddedEngine(model, max_batch_size=8, temperature=1.0)
     eager = EmbeddedEngine(model, max_batch_size=8, temperature=1.0, static_shapes=True)
-    eager._graphs = None  # the same bucketed steps, launched kernel by kernel
+    eager._graphs = eager._prefill_graphs = None  # the same bucketed steps and prefills, launched kernel by kernel
     graphs.add(reqs)
     a = {r.request_id: r.output_tokens for r in graphs.run_until_done()}
     eager.add(reqs)
     b = {r.request_id: r.output_tokens for r in eager.run_until_done()}
     assert graphs._graphs is not None and graphs._graphs.captures > 0
+    assert graphs._prefill_graphs is not None and graphs._prefill_graphs.captures > 0
     assert a == b
 
 
@@ -51,7 +55,7 @@ def test_a_compiled_step_replays_in_graphs(checkpoint: Path) -> None:
     for name, kw in (("graphs", {}), ("eager", {"static_shapes": True}), ("plain", {"static_shapes": True})):
         engine = EmbeddedEngine(model, max_batch_size=8, temperature=1.0, compile_step=name != "plain", **kw)
         if name != "graphs":
-            engine._graphs = None
+            engine._graphs = engine._prefill_graphs = None
         engine.add(reqs)
         out[name] = {r.request_id: r for r in engine.run_until_done()}
         if name == "graphs":

@@ -208,6 +208,46 @@ def test_static_shapes_give_the_tokens_of_exact_shapes(model: TinyGPT, temperatu
     assert len(exact.trace) == len(static.trace) and any(s > e for s, e in zip(static.trace, exact.trace, strict=True))
 
 
+def test_static_prefills_run_at_buckets_padded_with_the_first_request(
+    model: TinyGPT, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With static shapes a prefill runs at bucketed (rows, width) — what a CUDA graph captures — its extra rows
+    repeating the first admitted request (same cache row, same tokens), and the cache holds what a prefill at the
+    exact shape writes; one past PREFILL_GRAPH_TOKENS runs at its own shape."""
+    import rlctl.engines.embedded as embedded
+
+    reqs = [GenRequest(f"p{i}", [1] + [3 + (11 * i + j) % 60 for j in range(2 + 2 * i)], 4) for i in range(5)]
+    caches, shapes = {}, []
+    prefill = model.prefill
+
+    def spy(cache, rows, tokens, lengths):  # type: ignore[no-untyped-def]
+        shapes.append((tuple(tokens.shape), rows.tolist(), lengths.tolist()))
+        prefill(cache, rows, tokens, lengths)
+
+    monkeypatch.setattr(model, "prefill", spy)
+    for static in (False, True):
+        engine = EmbeddedEngine(model, max_batch_size=8, temperature=1.0, static_shapes=static)
+        engine.add(reqs)
+        engine._admit()
+        assert engine._cache is not None and engine.prefills == 1
+        caches[static] = engine._cache
+    (exact, rows, lengths), (padded, prow, plen) = shapes
+    assert exact == (5, 10) and padded == (6, 16)  # 5 rows → 6, 10 positions → 16
+    assert prow == rows + rows[:1] and plen == lengths + lengths[:1]
+    for li in range(SMALL.num_hidden_layers):
+        for r, n in zip(rows, lengths, strict=True):
+            for a, b in ((caches[False].k[li], caches[True].k[li]), (caches[False].v[li], caches[True].v[li])):
+                torch.testing.assert_close(a[r, :, :n], b[r, :, :n], atol=1e-6, rtol=1e-6)
+    assert torch.equal(caches[False].lengths, caches[True].lengths)
+
+    shapes.clear()
+    monkeypatch.setattr(embedded, "PREFILL_GRAPH_TOKENS", 64)  # 6 × 16 = 96 bucketed tokens: past it
+    engine = EmbeddedEngine(model, max_batch_size=8, temperature=1.0, static_shapes=True)
+    engine.add(reqs)
+    engine._admit()
+    assert shapes[0][0] == (5, 10)
+
+
 def test_the_engine_runs_in_the_checkpoints_low_precision(model: TinyGPT) -> None:
     """bf16 weights (as a GPU engine holds a bf16 checkpoint): the behaviour log-probs are the bf16 model's own,
     and close to the fp32 model's."""
