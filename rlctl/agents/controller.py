@@ -426,6 +426,9 @@ class ControllerAgent:
             attempt, reward = payload
             self._send(self.core.scored(who, attempt=attempt, reward=reward))
             return
+        if what == "unscored":  # a sample still waiting for this call would wait for ever: the job fails, saying so
+            self.core.failed = self.core.failed or self.core.reward_lost(who, attempt=payload)
+            return
         peer = self.peers.get(who)
         if peer is None:
             return
@@ -529,10 +532,12 @@ class ControllerAgent:
         future = self.task.score(sample_id, entry.prompt_id, tensors[0].tolist())
         if future.done():
             self._send(self.core.scored(sample_id, attempt=attempt, reward=future.result()))
-        else:  # a call still pending when the pool closes (the job's end) is cancelled: nothing to post
+        else:  # a call cancelled: given up on (`unwanted`), or the pool closed (at the job's end, or it failed)
 
             def post(f: Future[float]) -> None:
-                if not f.cancelled():
+                if f.cancelled():
+                    self.inbox.put(("unscored", sample_id, attempt))
+                else:
                     self.inbox.put(("scored", sample_id, (attempt, f.result())))
 
             future.add_done_callback(post)

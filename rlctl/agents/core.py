@@ -351,6 +351,17 @@ class ControllerCore:
         e = self.ledger.entries.get(sample_id)
         return e.attempts if e is not None and e.state is State.FINISHED and e.reward is None else None
 
+    def reward_lost(self, sample_id: str, *, attempt: int) -> str | None:
+        """A reward call ended without a result (cancelled): why the job cannot go on when `sample_id` still waits
+        for that attempt's reward (nothing would ever score it, and its iteration would wait for ever); None when
+        it does not (a call given up on purpose: its sample was filtered out or generated again)."""
+        if self.awaiting_reward(sample_id) != attempt:
+            return None
+        return (
+            f"the reward call of sample {sample_id} ended without a result while its iteration waited for it "
+            "(the reward pool stopped: see the controller's log)"
+        )
+
     def scored(self, sample_id: str, *, attempt: int, reward: float) -> list[Out]:
         """The reward of attempt `attempt` of a finished sample (one of an attempt since requeued is dropped)."""
         if not self.ledger.score(sample_id, attempt=attempt, reward=reward):

@@ -289,6 +289,26 @@ def test_a_reward_that_holds_the_trainers_iteration_past_the_stall_limit_is_abor
     assert core.stats[1].samples == 1 and core.stats[2].samples == 0 and core.stats[1].staleness == {0: 1}
 
 
+def test_a_reward_call_that_ends_without_a_result_fails_the_job_only_while_its_sample_waits_for_it():
+    """A cancelled reward call: while its sample waits for that attempt's reward the job cannot go on (the reward
+    pool stopped) and the core says why; once the sample was generated again (the call given up on purpose), or
+    for another attempt, it is nothing."""
+    now = [0.0]
+    core = _one_prompt_core(now, mode="async", eta=1, iterations=4, stall=0.5)
+    _finish(core, "r0", "p0/0")
+    core.trained(iteration=0, version=1, sample_ids=["p0/0"], stats={})
+    core.sample("r0", sample_id="p1/0", version=0, output_tokens=5, payload="p1", reward=None)
+    attempt = core.awaiting_reward("p1/0")
+    assert attempt is not None
+    why = core.reward_lost("p1/0", attempt=attempt)
+    assert why is not None and "p1/0" in why and "reward pool stopped" in why
+    assert core.reward_lost("p1/0", attempt=attempt + 1) is None
+    now[0] = 0.6
+    core.unstick()  # its reward held the trainer past the limit: generated again
+    assert core.ledger.entries["p1/0"].state is State.DISPATCHED
+    assert core.reward_lost("p1/0", attempt=attempt) is None
+
+
 def test_a_sample_whose_reward_holds_the_trainer_is_filtered_out_and_its_group_trains_without_it():
     """Stream, one prompt of 4 samples: 3 scored, the 4th's reward hangs. Past the stall limit that sample is
     filtered out (its tokens discarded) and the group goes to the trainer at once with the 3 it keeps, saying so
