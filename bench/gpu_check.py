@@ -116,6 +116,10 @@ def run(*, quick: bool) -> dict[str, Any]:
         # engine's graphs of the eager step in this run
         piece("engine_compiled", lambda: _engine_compiled(model_dir, device, size, engine))
     piece("transport", lambda: _transport(quick=quick or not cuda))  # CPU only: last, never in the GPU's way
+    if cuda and not quick:  # the pipeline's stages on cores of their own, as on a cluster (on 2 shared cores they
+        # contend; issues 24 and 25 measure overlap): CPU benches, after every GPU piece (a budget skips them first)
+        piece("pipeline", lambda: _cpu_bench("pipeline", quick=False))
+        piece("staleness", lambda: _cpu_bench("staleness", quick=True))
     return piece.done()
 
 
@@ -712,6 +716,36 @@ def _transport(*, quick: bool) -> dict[str, Any]:
     from bench.rpc import auth_costs
 
     return auth_costs(nbytes=16 << 20, repeats=2, round_trips=200) if quick else auth_costs()
+
+
+# what gpu-check keeps of each CPU bench's result (`python -m bench NAME --json` has all of it)
+CPU_BENCH_KEYS = {
+    "pipeline": (
+        "async_over_sync",
+        "stream_over_sync",
+        "ideal_async_over_sync",
+        "samples_per_s",
+        "bubble_fraction",
+        "staleness_violations",
+        "iterations",
+        "segments",
+        "cpu_count",
+    ),
+    "staleness": ("eta4_over_eta1", "eta2_over_eta1", "eta1_over_sync", "staleness_violations", "lost", "iterations"),
+}
+
+
+def _cpu_bench(name: str, *, quick: bool) -> dict[str, Any]:
+    """`python -m bench NAME`'s headline figures on this machine's cores (`bench.pipeline`, `bench.staleness`: jobs
+    of real agent processes on the CPU); for staleness also each configuration's samples/s and all-units-idle
+    fraction."""
+    import importlib
+
+    result = importlib.import_module(f"bench.{name}").run(quick=quick)
+    out = {k: result[k] for k in CPU_BENCH_KEYS[name] if k in result}
+    if name == "staleness":
+        out["configs"] = {c: {k: r[k] for k in ("samples_per_s", "all_idle")} for c, r in result["configs"].items()}
+    return out
 
 
 def _sync(device: str) -> None:

@@ -32,3 +32,37 @@ def test_pieces_past_the_budget_are_skipped() -> None:
     ran = []
     assert piece("late", lambda: ran.append(1)) is None
     assert ran == [] and out["skipped"] == ["late"] and piece.done() is out
+
+
+def test_only_the_pieces_named_run_and_the_build() -> None:
+    """`RLCTL_GPU_CHECK_ONLY`: a short second run on a lease runs the pieces it names (and the checkpoint's build)."""
+    out: dict[str, object] = {}
+    piece = Pieces(out, path=None, budget_s=None, only={"engine_mixed"})
+    assert piece("build_s", lambda: None, timed=True) is not None
+    assert piece("engine", lambda: {"64": 1.0}) is None
+    assert piece("engine_mixed", lambda: {"tok_s": 1.0}) == {"tok_s": 1.0}
+    assert out["skipped"] == ["engine"] and out["engine_mixed"] == {"tok_s": 1.0} and "build_s" in out
+
+
+def test_a_cpu_bench_keeps_its_headline_figures(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """gpu-check's CPU benches keep the figures the issues name (and each staleness configuration's samples/s and
+    all-units-idle fraction), not the curves; `bench.NAME.run` is what runs (a stand-in here: the benches run in
+    their own tests)."""
+    import sys
+    import types
+
+    import bench.gpu_check as gc
+
+    full = {"eta4_over_eta1": 1.3, "eta2_over_eta1": 1.1, "eta1_over_sync": 1.0, "staleness_violations": 0}
+    full |= {"lost": 0, "iterations": 12, "seeds": [0], "wall_s": 9.0}
+    full["configs"] = {"eta1": {"samples_per_s": 2.0, "all_idle": 0.1, "reward_curves": [[0.1]]}}
+    calls = []
+
+    def run(*, quick: bool) -> dict[str, object]:
+        calls.append(quick)
+        return full
+
+    monkeypatch.setitem(sys.modules, "bench.staleness", types.SimpleNamespace(run=run))
+    got = gc._cpu_bench("staleness", quick=True)
+    assert calls == [True] and "seeds" not in got and "wall_s" not in got
+    assert got["eta4_over_eta1"] == 1.3 and got["configs"] == {"eta1": {"samples_per_s": 2.0, "all_idle": 0.1}}
