@@ -2,7 +2,11 @@
 
 `DecodeCost` is one instance type (a GPU type at a TP degree) at the workload's context length:
 `ptl_s[bs]` seconds per decode step for bs = 1..max_batch (index 0 unused), interpolated from the
-profile grid (linear in context and in batch size, extrapolated linearly past the last batch size).
+profile grid (linear in context and in batch size, extrapolated linearly past the last context and batch size;
+below the first context, the first context's). A step costs no less at a longer context or a larger batch, so the
+grid is taken non-decreasing along both before that: a measured grid on a shared machine is noisy, and a longer
+context measured faster than a shorter one extrapolated to non-positive step times, which made every split of a
+plan infeasible (CI, tests/vllm/test_vllm_profile.py).
 """
 
 from __future__ import annotations
@@ -39,17 +43,17 @@ class DecodeCost:
 
 def _interp_context(entry: GenerationEntry, context: float) -> np.ndarray:
     ctx = np.asarray(entry.contexts, dtype=float)
-    grid = np.asarray(entry.ptl_s, dtype=float)
-    if len(ctx) == 1:
+    grid = np.maximum.accumulate(np.asarray(entry.ptl_s, dtype=float), axis=0)  # non-decreasing in context
+    if len(ctx) == 1 or context <= ctx[0]:
         return grid[0]
     i = int(np.clip(np.searchsorted(ctx, context) - 1, 0, len(ctx) - 2))
     w = (context - ctx[i]) / (ctx[i + 1] - ctx[i])
-    return grid[i] + w * (grid[i + 1] - grid[i])  # extrapolates linearly outside the grid
+    return grid[i] + w * (grid[i + 1] - grid[i])  # extrapolates linearly past the last context
 
 
 def decode_cost(entry: GenerationEntry, *, context: float, seq_tokens: float, engine_max_batch: int) -> DecodeCost:
     """PTL at `context` (mean live context per step), batch bounded by the engine and by KV at `seq_tokens`."""
-    row = _interp_context(entry, context)
+    row = np.maximum.accumulate(_interp_context(entry, context))  # non-decreasing in batch size
     bs = np.asarray(entry.batch_sizes, dtype=float)
     kv_bound = max(1, int(entry.kv_capacity_tokens // max(seq_tokens, 1.0)))
     cap = max(1, min(engine_max_batch, kv_bound))

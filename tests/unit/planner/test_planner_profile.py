@@ -115,3 +115,27 @@ def test_profile_round_trip_and_interpolation(tmp_path: Path) -> None:
     m, g = BUILTIN_MODELS["qwen2.5-7b"], CATALOG["H20"]
     assert dc.ptl(32) == pytest.approx(decode_step_s(m, g, tp=entry.tp, batch=32, context=4096))
     assert dc.max_batch == 64
+
+
+def test_a_noisy_measured_grid_never_extrapolates_below_what_was_measured() -> None:
+    """A grid measured on a shared machine (CI: a longer context measured at half the shorter one's step time, a
+    larger batch faster than a smaller one) is taken non-decreasing in context and batch size, so extrapolating it
+    past the last context or batch never gives a step faster than measured (it went non-positive, and the plan of
+    tests/vllm/test_vllm_profile.py found every split infeasible)."""
+    from rlctl.profiler.profile import GenerationEntry
+
+    short = [1.5e-3, 1.4e-3, 1.7e-3, 2.1e-3, 2.0e-3]
+    entry = GenerationEntry(
+        tp=1,
+        contexts=[16, 64],
+        batch_sizes=[1, 2, 4, 8, 16],
+        ptl_s=[short, [t / 2 for t in short]],
+        prefill_s_per_token=1e-6,
+        kv_capacity_tokens=1 << 20,
+        engine="vllm",
+    )
+    for context in (8, 40, 200, 4096):
+        dc = decode_cost(entry, context=context, seq_tokens=context, engine_max_batch=64)
+        ptl = dc.ptl_s[1:]
+        assert (ptl >= min(short)).all() and (ptl[1:] >= ptl[:-1]).all(), (context, ptl)
+    assert decode_cost(entry, context=8, seq_tokens=8, engine_max_batch=16).ptl(1) == short[0]
