@@ -13,7 +13,7 @@
                          gate/up fused (what the engine runs) and separate, in all and per layer, and the commonest;
                          the engine's tok/s with them separate, and fused ÷ separate
     engine_mixed         continuous batching with long-tailed output lengths (4 × the first batch of requests, that
-                         many rows): tok/s, steps, and the share of the run spent in (eager) prefills
+                         many rows): tok/s, steps, prefill calls and the share of the run spent in them
     engine_compiled      the decode step through torch.compile, in the same graphs, at the first batch: tok/s,
                          step ms, the compiling first run's seconds, and ÷ `engine_tok_s` of this run (after gpu_tests)
     bandwidth_floor      per batch: the decode step's time if it only read the weights once at the GPU's memory
@@ -375,7 +375,7 @@ def _engine_mixed(model_dir: Path, device: str, size: dict[str, Any]) -> dict[st
     most = model.config.max_position_embeddings - int(size["prompt"])
     u = torch.rand(len(prompts), generator=torch.Generator().manual_seed(0))
     lengths = [min(most, max(1, round(size["new_tokens"] * 2.0 ** (4 * x - 3)))) for x in u.tolist()]
-    prefill, spent = engine._prefill, {"s": 0.0, "calls": 0}
+    prefill, spent = engine._prefill, {"s": 0.0}
 
     def timed_prefill(*args: Any, **kw: Any) -> None:  # the engine's call: the model's may run inside a capture
         _sync(device)
@@ -383,12 +383,11 @@ def _engine_mixed(model_dir: Path, device: str, size: dict[str, Any]) -> dict[st
         prefill(*args, **kw)
         _sync(device)
         spent["s"] += time.perf_counter() - t
-        spent["calls"] += 1
 
     engine._prefill = timed_prefill  # type: ignore[method-assign]
-    seconds = 0.0
+    seconds, prefills = 0.0, 0
     for attempt in range(2):
-        spent.update(s=0.0, calls=0)
+        spent["s"], before = 0.0, engine.prefills
         engine.add(
             [
                 GenRequest(f"{attempt}-{i}", p, n, ignore_eos=True)
@@ -402,14 +401,14 @@ def _engine_mixed(model_dir: Path, device: str, size: dict[str, Any]) -> dict[st
             engine.step()
             steps += 1
         _sync(device)
-        seconds = time.perf_counter() - t0
+        seconds, prefills = time.perf_counter() - t0, engine.prefills - before
     tokens = sum(lengths)
     return {
         "requests": len(prompts),
         "rows": b,
         "tok_s": round(tokens / seconds, 1),
         "steps": steps,
-        "prefills": spent["calls"],
+        "prefills": prefills,
         "prefill_share": round(spent["s"] / seconds, 3),
     }
 

@@ -327,12 +327,13 @@ class EmbeddedEngine(GenerationEngine):
         if not static:
             nb, wb = n, width
         # rows past the admitted ones repeat the first: the same row and tokens, so the same K/V written twice
-        pad = [0] * (nb - n)
+        extra = nb - n
+        padded = contexts + [contexts[0]] * extra
         tokens = torch.full((nb, wb), self.pad_id, dtype=torch.long)
-        for i, c in enumerate(contexts + [contexts[0] for _ in pad]):
+        for i, c in enumerate(padded):
             tokens[i, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
-        at = torch.tensor(rows + [rows[0] for _ in pad], dtype=torch.long)
-        lengths = torch.tensor([len(c) - 1 for c in contexts] + [len(contexts[0]) - 1 for _ in pad])
+        at = torch.tensor(rows + [rows[0]] * extra, dtype=torch.long)
+        lengths = torch.tensor([len(c) - 1 for c in padded])
         if not static:
             dev = self.device
             self.model.prefill(self._cache, at.to(dev), tokens.to(dev), lengths.to(dev))
