@@ -60,7 +60,8 @@ class AgentContext:
 
 class ControllerLink:
     """One agent's connection to the controller: a reader thread feeding `inbox`, and heartbeats.
-    `reconnect`: a broken link is re-established with a new hello (rollout units)."""
+    `reconnect`: a broken link is re-established with a new hello (rollout units), and the link ends in order
+    even when the unit is killed (`Connection.end_in_order_on_exit`)."""
 
     def __init__(
         self,
@@ -84,6 +85,10 @@ class ControllerLink:
 
     def _connect(self) -> Connection:
         conn = self._ctx.transport.connect(self._ctx.controller, timeout_s=self._ctx.job.transport.timeout_s)
+        if self._reconnect:
+            # a unit killed mid-generation: its stream still ends in order, so every progress report it wrote
+            # arrives and the controller knows it lost at most the steps since (`keeper.py`)
+            conn.end_in_order_on_exit()
         hello = msgspec.structs.replace(self._hello, version=self._figures().version)
         conn.send(make("hello", hello))
         return conn
@@ -147,6 +152,7 @@ class ControllerLink:
                     "%s: controller %s unreachable for %.0f s: leaving", self.name, self._ctx.controller, self.silence_s
                 )
                 return False
+            self.conn.close()  # the broken one (and its keeper)
             try:
                 self.conn = self._connect()
             except TransportError as e:

@@ -467,7 +467,8 @@ class ControllerAgent:
             else:
                 self._score(s.sample_id, msg.tensors)
         elif msg.kind == "partial":
-            made_s = parse(msg, Partial).made_s
+            report = parse(msg, Partial)
+            made_s = report.made_s
             for sample_id, start, tokens, logprobs, versions in _parts(msg):
                 self.core.partial(
                     who,
@@ -479,6 +480,7 @@ class ControllerAgent:
                     made_s=made_s,
                     heard_s=heard,
                 )
+            self.core.reported(who, free_rows=report.free_rows if report.free_rows >= 0 else None)
         elif msg.kind == "withdrawn":
             self._send(self.core.withdrawn(who, [(sid, t, lp, v) for sid, _, t, lp, v in _parts(msg)]))
             for m in self.core.migrations:
@@ -672,7 +674,9 @@ class ControllerAgent:
         peer.conn.close()
         before = self.core.ledger.requeued
         self._send(self.core.lost(name, at=at, closed=closed))
-        self.jobdir.event("agent_lost", agent=name, reason=why, requeued=self.core.ledger.requeued - before)
+        self.jobdir.event(
+            "agent_lost", agent=name, reason=why, in_order=closed, requeued=self.core.ledger.requeued - before
+        )
         log.warning("controller: %s lost (%s); %d samples re-queued", name, why, self.core.ledger.requeued - before)
         unit = self.core.units.get(name)
         if peer.role == "rollout" and unit is not None and not unit.draining and not self.stop_requested:

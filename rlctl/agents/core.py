@@ -175,6 +175,10 @@ class ControllerCore:
         self._unit_reported_at: dict[str, float] = {}
         self._rates: dict[str, deque[float]] = {}
         self._gapped: set[str] = set()  # samples with a report the store refused: only their own last one counts
+        self._reported_by: dict[str, str] = {}  # sample → the unit whose report of it was kept last
+        # unit → how many generations it may have started since its last report: its engine's free rows then, and
+        # one more per row freed since (a sample it finished, a request it gave back); absent: not known
+        self._admit_cap: dict[str, int] = {}
 
     # -- events -------------------------------------------------------------------------------------
     def join(
@@ -229,10 +233,14 @@ class ControllerCore:
         Units that report after every `report_steps` decode steps, whose connection ended in order (`closed`: every
         report they wrote arrived), lost at most that many tokens of each generation whose reports were all kept:
         a step adds one token to a generation (rlctl's engines decode one token per step), and fewer steps than
-        that ran after the last report."""
+        that ran after the last report. Of the generations no report of this unit showed, at most its admission
+        cap (`reported`: the rows free at its last report, plus each freed since) started after that report;
+        the others were still waiting in its queue and lost nothing. Which ones started is not known, so the
+        cap is charged to the first of them."""
         now = self.clock() if at is None else at
         rate = max(self._rates.pop(name, ()), default=0.0)
         unit_t = self._unit_reported_at.pop(name, float("-inf"))
+        cap = self._admit_cap.pop(name, None)
         for sid in sample_ids:
             own = self._heard_at.pop(sid, now)
             gapped = sid in self._gapped
@@ -244,8 +252,11 @@ class ControllerCore:
                 most = min(most, round(rate * max(since, 0.0)))
             if closed and self.cfg.report_steps and not gapped:
                 most = min(most, self.cfg.report_steps)
+                if cap is not None and self._reported_by.get(sid) != name:  # not started here, or one of `cap`
+                    most, cap = (most, cap - 1) if cap > 0 else (0, 0)
             self.ledger.partials.interrupt(sid, lost_at_most=most)
             self._made_at.pop(sid, None)
+            self._reported_by.pop(sid, None)
 
     def rejoin(self, name: str, *, version: int, requeue: bool) -> list[Out]:
         """An unreachable (or reconnecting) rollout unit is back at weight `version`. `requeue`: it came back on
@@ -298,12 +309,15 @@ class ControllerCore:
         reward: float | None,
     ) -> list[Out]:
         """A unit finished a sample; `reward` when it is scored already (else `scored` brings it later)."""
+        if name in self._admit_cap:
+            self._admit_cap[name] += 1  # its row is free again, whether the ledger takes the sample or not
         if not self.ledger.finish(sample_id, agent=name, version=version, output_tokens=output_tokens):
             return []
         self.ledger.partials.drop(sample_id)
         for times in (self._heard_at, self._made_at):
             times.pop(sample_id, None)
         self._gapped.discard(sample_id)
+        self._reported_by.pop(sample_id, None)
         self.payloads[sample_id] = payload
         self.finished_lengths.append(output_tokens)
         st = self.stats[self.ledger.entries[sample_id].iteration]
@@ -344,7 +358,16 @@ class ControllerCore:
             self._gapped.add(sample_id)  # its output since its last kept report is not here
             return False
         self._heard_at[sample_id] = now
+        self._reported_by[sample_id] = name
         return True
+
+    def reported(self, name: str, *, free_rows: int | None) -> None:
+        """Unit `name`'s report (its parts went to `partial`) said its engine had `free_rows` rows free (None:
+        not known): at most that many of the generations it holds may have started after it (`_interrupted`)."""
+        if free_rows is None:
+            self._admit_cap.pop(name, None)
+        else:
+            self._admit_cap[name] = free_rows
 
     def awaiting_reward(self, sample_id: str) -> int | None:
         """The attempt whose reward `sample_id` waits for (pass it back to `scored`), or None."""
@@ -574,6 +597,8 @@ class ControllerCore:
         """Unit `name` took these requests out of its engine (sample id, output so far: tokens, log-probs,
         versions): each resumes on the unit `migrate` chose (else wherever dispatch puts it)."""
         to, _ = self.withdrawing.pop(name, ("", 0))
+        if name in self._admit_cap:
+            self._admit_cap[name] += len(parts)  # rows it may have freed
         moved: list[Entry] = []
         tokens_moved = 0
         for sample_id, tokens, logprobs, versions in parts:
@@ -581,6 +606,7 @@ class ControllerCore:
             if e is None:
                 continue
             self.ledger.partials.drop(sample_id)
+            self._reported_by.pop(sample_id, None)
             if tokens:
                 self.ledger.partials.extend(sample_id, 0, tokens, logprobs, versions)
             self.ledger.migrate(sample_id)

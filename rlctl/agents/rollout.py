@@ -229,9 +229,11 @@ class RolloutAgent:
         self.reported.pop(sample_id, None)
         self.order.pop(sample_id, None)
 
-    def _send_outputs(self, kind: str, outputs: list[tuple[GenResult, int]], made_s: float = 0.0) -> bool:
-        """A `partial` or `withdrawn` message: each (result, start)'s output from `start` on (`made_s`: when);
-        False when the controller link dropped it."""
+    def _send_outputs(
+        self, kind: str, outputs: list[tuple[GenResult, int]], made_s: float = 0.0, free_rows: int | None = None
+    ) -> bool:
+        """A `partial` or `withdrawn` message: each (result, start)'s output from `start` on (`made_s`: when;
+        `free_rows`: the engine's then); False when the controller link dropped it."""
         parts, tokens, logprobs, versions = [], [], [], []
         for res, start in outputs:
             parts.append(PartialPart(res.request_id, start, len(res.output_tokens) - start))
@@ -243,7 +245,8 @@ class RolloutAgent:
             torch.tensor(logprobs, dtype=torch.float32),
             torch.tensor(versions, dtype=torch.int32),
         ]
-        return self.link.send(make(kind, Partial(parts, made_s), tensors))
+        free = -1 if free_rows is None else free_rows
+        return self.link.send(make(kind, Partial(parts, made_s, free), tensors))
 
     def _report(self) -> None:
         """Tell the controller what each running generation produced since the last report (a report the link
@@ -255,7 +258,7 @@ class RolloutAgent:
             start = self.reported.get(res.request_id, 0)
             if len(res.output_tokens) > start:
                 new.append((res, start))
-        if new and self._send_outputs("partial", new, self.last_report):
+        if new and self._send_outputs("partial", new, self.last_report, self.engine.rows_free()):
             for res, _ in new:
                 self.reported[res.request_id] = len(res.output_tokens)
 

@@ -157,6 +157,11 @@ class GenerationEngine(ABC):
     @abstractmethod
     def num_running(self) -> int: ...
 
+    def rows_free(self) -> int | None:
+        """Rows a queued request can be admitted into before a running one finishes or is taken out; None where
+        the engine may also free rows on its own (vLLM preempts running requests when its cache is short)."""
+        return None
+
     @abstractmethod
     def num_waiting(self) -> int: ...
 

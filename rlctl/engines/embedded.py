@@ -231,6 +231,9 @@ class EmbeddedEngine(GenerationEngine):
     def num_waiting(self) -> int:
         return len(self._waiting)
 
+    def rows_free(self) -> int | None:
+        return self.max_batch_size - self.num_running()  # a row is freed only by a finish or `interrupt`
+
     def step(self) -> list[GenResult]:
         self._admit()
         if not self._rows:

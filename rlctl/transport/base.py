@@ -95,6 +95,12 @@ class Connection(ABC):
     def close(self) -> None:
         """Close the stream; the peer's next recv raises PeerUnreachable."""
 
+    def end_in_order_on_exit(self) -> bool:
+        """Make the stream end in order even if this process dies without closing it (killed): every message
+        sent is delivered, then the peer's recv raises PeerClosed. False where the transport cannot (the
+        default: an in-process stream ends with its process anyway)."""
+        return False
+
     # -- public API -------------------------------------------------------------------------
     def send(self, msg: Message) -> None:
         """Send one-way (or as a reply when msg.reply_to is set). Blocks until handed to the OS."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlctl.errors import AuthError, PeerClosed, PeerTimeout, PeerUnreachable, ProtocolError, TransportError
-from rlctl.transport import auth, framing
+from rlctl.transport import auth, framing, keeper
 from rlctl.transport.base import (
     BufferProvider,
     Connection,
@@ -151,6 +151,7 @@ class TcpConnection(Connection):
         self._start = self._end = 0  # unread read-ahead bytes are _buf[_start:_end]
         self._closed = False
         self._close_lock = threading.Lock()
+        self._keeper: int | None = None  # the pipe that holds a keeper (`end_in_order_on_exit`)
         self._poller = select.poll()
         self._poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
 
@@ -397,6 +398,14 @@ class TcpConnection(Connection):
                 raise PeerUnreachable(f"{self.peer}: stripe stream closed mid-message")
             got += k
 
+    def end_in_order_on_exit(self) -> bool:
+        """A keeper process holds a duplicate of the streams and ends them in order if this process dies
+        (`keeper.py`): a kill's close would otherwise reset them when a message had just come in."""
+        with self._close_lock:
+            if self._keeper is None and not self._closed:
+                self._keeper = keeper.keep([self._sock, *self._extra])
+        return True
+
     def close(self) -> None:
         with self._close_lock:
             if self._closed:
@@ -404,8 +413,10 @@ class TcpConnection(Connection):
             self._closed = True
         for sock in (self._sock, *self._extra):
             with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)  # wakes a receiver blocked in poll()/recv()
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a receiver blocked in poll()/recv(); ends a kept stream
             sock.close()
+        if self._keeper is not None:
+            os.close(self._keeper)  # the keeper's duplicate is shut down above: it exits
         for pool in (self._send_pool, self._recv_pool, self._lane, self._rlane):
             if pool is not None:
                 pool.shutdown(wait=False)

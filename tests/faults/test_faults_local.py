@@ -122,6 +122,10 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
     partials = led["partials"]
     assert partials["resumed"] > 0 and partials["resumed_tokens"] >= partials["resumed"], partials
     assert partials["interrupted"] > 0 and partials["interrupted_kept_tokens"] > 0, partials
+    # each killed unit's stream ended in order (its keeper), so every report it wrote arrived: a generation it cut
+    # lost at most the one decode step since its last report (a reset would leave only the bound by time)
+    assert all(lost[u]["in_order"] for u in killed), {u: lost[u]["reason"] for u in killed}
+    assert partials["interrupted_lost_tokens_max"] <= partials["interrupted"], partials
     record(
         Row(
             "rollout units SIGKILLed mid-generation (local, 3 units)",

@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 
-from rlctl.errors import AuthError, PeerTimeout, PeerUnreachable
+from rlctl.errors import AuthError, PeerClosed, PeerTimeout, PeerUnreachable
 from rlctl.transport import Message, TcpConfig, TcpTransport
 from rlctl.transport.auth import HELLO, NONCE_BYTES, VERDICT_BYTES
 
@@ -135,6 +135,62 @@ def test_peer_stalling_mid_message_times_out(listener):
     finally:
         proc.kill()
         proc.wait()
+
+
+# A peer that sends 64 KiB messages from a thread until it is killed, with a message from the listener unread (a
+# close would reset the stream): it prints how many sends had returned, then kills itself.
+_KILLED_SENDER = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time, torch
+    from rlctl.transport import Message, TcpTransport
+    conn = TcpTransport(secret=bytes.fromhex(sys.argv[2])).connect(sys.argv[1], timeout_s=10)
+    if sys.argv[3] == "keep":
+        conn.end_in_order_on_exit()
+    sent = [0]
+    def pump():
+        for i in range(10_000):
+            conn.send(Message("part", {"i": i}, [torch.full((16384,), float(i))]))
+            sent[0] = i + 1
+    threading.Thread(target=pump, daemon=True).start()
+    time.sleep(1.0)
+    print(sent[0], flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "not-kept"])
+def test_a_killed_peer_with_a_keeper_ends_in_order_after_every_message_it_sent(listener, keep):
+    """Killed while the listener does not read (its window full, the rest in the sender's queue) and with bytes it
+    has not read: with a keeper (`Connection.end_in_order_on_exit`) every message whose send returned arrives, in
+    order, then PeerClosed; without one the kill's close resets the stream and its queued messages are lost."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_SENDER, listener.address, SECRET.hex(), "keep" if keep else "no"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    server = listener.accept(timeout_s=30)
+    try:
+        server.send(Message("ping"))  # never read by the sender: its close with it unread is a reset
+        assert proc.stdout is not None
+        sent = int(proc.stdout.readline())
+        proc.wait(timeout=30)
+        got, end = [], None
+        while end is None:
+            try:
+                got.append(server.recv(timeout_s=30))
+            except PeerUnreachable as e:
+                end = e
+        assert [m.header["i"] for m in got] == list(range(len(got)))
+        assert all(float(m.tensors[0][0]) == m.header["i"] for m in got)
+        if keep:
+            assert len(got) >= sent and isinstance(end, PeerClosed), (len(got), sent, end)
+        else:  # what the keeper is for (if this fails, the kernel no longer resets such a close)
+            assert len(got) < sent and not isinstance(end, PeerClosed), (len(got), sent, end)
+    finally:
+        proc.kill()
+        proc.wait()
+        server.close()
 
 
 @pytest.fixture

@@ -528,6 +528,37 @@ def test_units_reporting_every_few_steps_lost_at_most_that_many_tokens_when_thei
     assert (v["interrupted_kept_tokens"], v["interrupted_lost_tokens_max"]) == (4, (64 - 4) + 64)
 
 
+def test_generations_no_report_showed_count_only_up_to_the_rows_the_unit_had_free():
+    """r0 holds 6 generations, reports after every step, and ended in order. Its last report showed 2 of them and
+    1 free row: of the 4 it never reported, at most 1 started after that report (1 token), the other 3 waited in
+    its queue (0). A sample it finished after the report freed a row: 2 may have started. Without the engine's
+    free rows (vLLM may preempt), or before any report, each generation counts its step."""
+    from dataclasses import replace
+
+    from rlctl.agents.views import partials_view
+
+    def lost(*, free_rows: int | None = 1, finished: bool = False, reports: bool = True) -> int:
+        core = _core(min_units=1, prompts=6)
+        core.cfg = replace(core.cfg, report_steps=1)
+        core.join("trainer-0", role="trainer", version=0)
+        held = [s for s, _ in _generate(core.join("r0", role="rollout", version=0))["r0"]]
+        assert len(held) == 6
+        if reports:
+            for sid in held[: 3 if finished else 2]:
+                core.partial("r0", sample_id=sid, start=0, tokens=[7] * 4, logprobs=[-0.1] * 4, versions=[0] * 4)
+            core.reported("r0", free_rows=free_rows)
+        if finished:
+            core.sample("r0", sample_id=held[2], version=0, output_tokens=5, payload=None, reward=None)
+        core.lost("r0", closed=True)
+        return int(partials_view(core)["interrupted_lost_tokens_max"])
+
+    assert lost() == 2 * 1 + 1
+    assert lost(finished=True) == 2 * 1 + 2
+    assert lost(free_rows=0) == 2
+    assert lost(free_rows=None) == 6
+    assert lost(reports=False) == 6
+
+
 def test_a_unit_back_on_a_new_connection_counts_its_requeued_generations_as_interrupted():
     from rlctl.agents.views import partials_view
 
