@@ -136,14 +136,18 @@ GPU_DEPS := pydantic:pydantic pydantic_core:pydantic-core annotated_types:annota
 	xxhash:xxhash typer:typer annotated_doc:annotated-doc shellingham:shellingham rich:rich \
 	markdown_it:markdown-it-py mdurl:mdurl pygments:pygments yaml:pyyaml tabulate:tabulate \
 	prometheus_client:prometheus-client safetensors:safetensors tokenizers:tokenizers jinja2:jinja2 \
-	markupsafe:markupsafe tqdm:tqdm cryptography:cryptography cffi:cffi pycparser:pycparser hostlist:python-hostlist
+	markupsafe:markupsafe tqdm:tqdm cryptography:cryptography cffi:cffi pycparser:pycparser hostlist:python-hostlist \
+	packaging:packaging megatron.core:megatron-core==0.16.1
 
 gpu-wheels: $(STAMP)
 	$(BIN)/pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --abi cp312 --abi abi3 --abi none --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
 	  --platform manylinux_2_28_x86_64 --platform any -d $(GPU_WHEELS) \
-	  $(foreach d,$(filter-out hostlist:%,$(GPU_DEPS)),$(word 2,$(subst :, ,$(d))))
+	  $(foreach d,$(filter-out hostlist:% megatron.core:%,$(GPU_DEPS)),$(word 2,$(subst :, ,$(d))))
 	$(BIN)/pip wheel -q --no-deps -w $(GPU_WHEELS) python-hostlist  # pure Python, published as an sdist only
+	# without its dependencies: they are torch (the device's own) and numpy and packaging (above)
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+	  --platform manylinux_2_28_x86_64 -d $(GPU_WHEELS) megatron-core==0.16.1
 
 gpu-check:
 	missing=$$(for d in $(GPU_DEPS); do $(GPU_PY) -c "import $${d%%:*}" 2>/dev/null || echo $${d##*:}; done); \

@@ -28,6 +28,8 @@
                          (full) version too; and the encoder's device memory
     launch               `rlctl launch` of a job on the local site whose trainer and two rollout units share the
                          device: its state and ledger (0 lost, 0 duplicated)
+    megatron             the `megatron` trainer backend (tp 1 × pp 1) against the `torch` one on the same device:
+                         the worst update cosine of one GRPO step, train tok/s of each (`bench/gpu_megatron.py`)
     gpu_tests            `pytest tests/gpu` (skipped without CUDA): passed, failed, skipped
     transport            `bench rpc`'s authentication and encryption costs on this machine's cores (`auth_overhead`:
                          goal ≤ 0.10 at 256 MiB, which 2 shared cores cannot show), CPU count beside them; last
@@ -110,6 +112,7 @@ def run(*, quick: bool) -> dict[str, Any]:
         piece("publisher", lambda: _publisher_host_bytes(model_dir, device), merge=True)
         piece("launch", lambda: _launch(root, device=device, quick=quick or not cuda, artifacts=piece.artifacts))
         piece("grpo_step_vs_cpu", lambda: _grpo_vs_cpu(model_dir, device, prompts=2 if cuda else 4))
+        piece("megatron", lambda: _megatron(model_dir, device))
         piece("sampler_share", _sampler_share)
         piece("gpu_tests", lambda: _gpu_tests(piece.artifacts))
         # the compiled step after the tests (its compile takes a while): tok/s at the first batch, against the
@@ -707,6 +710,23 @@ def _gpu_tests(artifacts: Path | None = None) -> dict[str, Any]:
     if failing:
         out["failing"] = failing
     return out
+
+
+def _megatron(model_dir: Path, device: str) -> dict[str, Any]:
+    """The `megatron` trainer backend against the `torch` one on the device (`bench/gpu_megatron.py`, a process of
+    its own: it forms a torch.distributed group)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_megatron", str(model_dir), device],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench.gpu_megatron exited {proc.returncode}: {proc.stderr.strip()[-400:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
 
 
 def _transport(*, quick: bool) -> dict[str, Any]:

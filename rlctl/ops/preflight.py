@@ -485,8 +485,9 @@ def _megatron(job: Job) -> list[Problem]:
         out.append(
             Problem(
                 "trainer.backend",
-                f"'megatron' runs on CPU here; site {site!r} has {gpu} GPUs, and the GPU path (CUDA tensors, "
-                "megatron's DDP, tp/pp ranks) is not built: use 'torch', or a site whose gpu is CPU",
+                f"'megatron' runs on CPU here; site {site!r} has {gpu} GPUs: its GPU path at tp 1 × pp 1 has not "
+                "run on a GPU yet, and tp/pp over NCCL and megatron's DDP are not built: use 'torch', or a site "
+                "whose gpu is CPU",
             )
         )
     return out

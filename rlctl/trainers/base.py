@@ -39,9 +39,9 @@ if TYPE_CHECKING:  # torch only where a backend is built: preflight imports this
     from rlctl.models.hf import TinyGPTConfig
 
 MEGATRON_INSTALL_HINT = "pip install 'rlctl[megatron]' (megatron-core==0.16.1; `make unit` installs it)"
-MEGATRON_NO_GPU = (
-    "the megatron backend runs on CPU sites only: its GPU path (CUDA tensors, megatron's DDP and distributed "
-    "optimizer, tp/pp over NCCL) is not built"
+MEGATRON_GPU_SPLIT = (
+    "the megatron backend on a GPU runs tensor_parallel 1 × pipeline_parallel 1 (data parallel over NCCL): "
+    "tp/pp over NCCL and megatron's DDP and distributed optimizer are not built"
 )
 
 
@@ -154,10 +154,13 @@ def _torch(model_dir: Path, *, tp: int, pp: int, compute: Compute | None, **kw: 
 def _megatron(model_dir: Path, *, tp: int, pp: int, compute: Compute | None, **kw: Any) -> TrainerBackend:
     from rlctl.trainers.megatron.backend import MegatronBackend
 
-    if compute is not None and compute.is_cuda:  # `rlctl check` refuses such a job; an agent started anyway stops
-        raise DeviceError(MEGATRON_NO_GPU, hint="use trainer.backend 'torch' on GPU sites")
+    if compute is not None and compute.is_cuda and (tp, pp) != (1, 1):  # refused by `rlctl check`
+        raise DeviceError(
+            f"{MEGATRON_GPU_SPLIT}; this rank is one of tp {tp} × pp {pp}",
+            hint="set trainer.tensor_parallel and pipeline_parallel to 1 on GPU sites, or use trainer.backend 'torch'",
+        )
     assert not kw.get("shard"), "megatron shards by tp/pp: rlctl check refuses trainer.shard fsdp with it"
-    return MegatronBackend.load(model_dir, tp=tp, pp=pp)
+    return MegatronBackend.load(model_dir, tp=tp, pp=pp, compute=compute)
 
 
 BACKENDS: dict[str, Callable[..., TrainerBackend]] = {"torch": _torch, "megatron": _megatron}

@@ -38,7 +38,11 @@ Not run here: megatron's DDP wrapper and distributed optimizer (CUDA buffers; gr
 learner over gloo instead), megatron's pipeline schedules, sequence parallel, Transformer Engine, and
 megatron's own (distributed) checkpoint format: a checkpoint is the HF directory plus the optimizer shard of
 each rank of data-parallel replica 0, resumed at the split it was written at only.
-Preflight refuses a GPU trainer site (the runtime trains on CPU tensors).
+On a GPU (tp = pp = 1): the GPTModel's fp32 parameters and AdamW state on the rank's device, the passes under
+bf16 autocast (the agent's `Compute`, as the torch backend), gradients summed by the learner over the trainer's
+group (NCCL); a rank of a tp or pp split stops at start (`MEGATRON_GPU_SPLIT`). gpu-check's `megatron` piece
+compares it with the torch backend on the device; preflight refuses a GPU trainer site until that has run on
+a GPU (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlctl.devices import Compute
 from rlctl.models import hf
 from rlctl.models.hf import expected_shapes
 from rlctl.trainers.base import DataParallel, TrainerBackend, clip_whole
@@ -68,16 +73,23 @@ class MegatronBackend(TrainerBackend):
         self._gathered: tuple[tuple[int, ...], dict[str, torch.Tensor]] | None = None
 
     @classmethod
-    def load(cls, model_dir: Path, *, tp: int = 1, pp: int = 1) -> MegatronBackend:
-        """This rank's shard of the HF checkpoint `model_dir` in a GPTModel; forms megatron's parallel state
-        (tp × pp over the torch.distributed group, which must exist). ValueError when tp or pp does not split
-        the model (`names.check_split`)."""
+    def load(cls, model_dir: Path, *, tp: int = 1, pp: int = 1, compute: Compute | None = None) -> MegatronBackend:
+        """This rank's shard of the HF checkpoint `model_dir` in a GPTModel, fp32 on `compute`'s device (default:
+        the CPU) and computing in its autocast dtype (bf16 on a GPU); forms megatron's parallel state (tp × pp
+        over the torch.distributed group, which must exist: NCCL for CUDA tensors). ValueError when tp or pp
+        does not split the model (`names.check_split`)."""
         config = hf.read_config(model_dir)
         names.check_split(config, tp, pp)
         sd = hf.load_state_dict(model_dir)
         hf.match_weights({k: tuple(v.shape) for k, v in sd.items()}, config, where=str(model_dir))
         init_parallel(tp=tp, pp=pp)
-        policy = MegatronPolicy(config, tp=tp, pp=pp)
+        policy = MegatronPolicy(
+            config,
+            tp=tp,
+            pp=pp,
+            device=None if compute is None else compute.device,
+            autocast_dtype=None if compute is None else compute.autocast_dtype,
+        )
         policy.load_hf(sd, rank=import_megatron().parallel_state.get_tensor_model_parallel_rank())
         return cls(policy)
 
@@ -113,7 +125,13 @@ class MegatronBackend(TrainerBackend):
 
     def critic_trunk(self) -> MegatronTrunk:
         """A second GPTModel of this rank's shard, without the output layer, holding the policy's weights now."""
-        trunk = MegatronTrunk(self.config, tp=self.tp, pp=self.stage.count)
+        trunk = MegatronTrunk(
+            self.config,
+            tp=self.tp,
+            pp=self.stage.count,
+            device=self.model.device,
+            autocast_dtype=self.model.autocast_dtype,
+        )
         trunk.copy_from(self.model)
         return trunk
 
@@ -195,7 +213,7 @@ class MegatronBackend(TrainerBackend):
         """An fp32 HF checkpoint, as TinyGPT.save_pretrained writes it. At tp or pp > 1 it reuses the weights the last
         `weights()` gathered (a collective every rank joins when it publishes), so rank 0 must publish a version
         before it checkpoints it, as the trainer does: rank 0 alone saving would not be a collective."""
-        sd = self.weights()
+        sd = {k: v.detach().cpu() for k, v in self.weights().items()}  # from a GPU's memory: one copy each
         if self.config.tie_word_embeddings:
             del sd["lm_head.weight"]
         return hf.write_pretrained(directory, sd, self.config, tokenizer_from=tokenizer_from)

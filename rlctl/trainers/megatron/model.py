@@ -143,12 +143,25 @@ class StagedGPT(nn.Module):
     pipeline (`pipeline.forward`): every rank of it calls the model, and `backward` on the result, in the same
     order."""
 
-    def __init__(self, c: TinyGPTConfig, *, tp: int, pp: int, logits: bool) -> None:
+    def __init__(
+        self,
+        c: TinyGPTConfig,
+        *,
+        tp: int,
+        pp: int,
+        logits: bool,
+        device: torch.device | None = None,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         ps = import_megatron().parallel_state
         from megatron.core.models.gpt import GPTModel
 
         self.config, self.tp = c, tp
+        # fp32 parameters (the optimizer's master weights) on `device`; the passes compute in `autocast_dtype`
+        # there (bf16 on a GPU, as the torch backend: None, fp32, on a CPU)
+        self.device = torch.device("cpu") if device is None else device
+        self.autocast_dtype = autocast_dtype
         self.stage = names.Stage(ps.get_pipeline_model_parallel_rank() if pp > 1 else 0, pp)
         with cpu.on_cpu():
             self.gpt = GPTModel(
@@ -166,6 +179,7 @@ class StagedGPT(nn.Module):
             )
         if not logits and self.stage.last:
             self.gpt.output_layer = _HiddenOut()
+        self.gpt.to(self.device)  # built in host memory (`use_cpu_initialization`), then moved once
 
     def _run(self, tokens: torch.Tensor, *, width: int) -> torch.Tensor:
         """The last stage's output [B, T, width] (fp32) on every rank of the pipeline."""
@@ -179,7 +193,8 @@ class StagedGPT(nn.Module):
             return pipeline.forward(
                 self.gpt, self.stage, tokens, positions, hidden=self.config.hidden_size, width=width
             )
-        with cpu.on_cpu():
+        on = self.autocast_dtype is not None
+        with cpu.on_cpu(), torch.autocast(tokens.device.type, dtype=self.autocast_dtype, enabled=on):
             out: torch.Tensor = self.gpt(tokens, positions, None)
         return out.float()
 
@@ -192,8 +207,16 @@ class MegatronPolicy(StagedGPT):
     """A GPTModel that takes and returns what TinyGPT does: tokens [B, T] → fp32 logits [B, T, V] (causal;
     right padding is harmless)."""
 
-    def __init__(self, c: TinyGPTConfig, *, tp: int = 1, pp: int = 1) -> None:
-        super().__init__(c, tp=tp, pp=pp, logits=True)
+    def __init__(
+        self,
+        c: TinyGPTConfig,
+        *,
+        tp: int = 1,
+        pp: int = 1,
+        device: torch.device | None = None,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(c, tp=tp, pp=pp, logits=True, device=device, autocast_dtype=autocast_dtype)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._run(tokens, width=self.config.vocab_size)
@@ -219,8 +242,16 @@ class MegatronTrunk(StagedGPT):
     states [B, T, hidden] (fp32) on every rank; the body of a PPO critic (`rlctl.rl.ppo.ValueModel`). Tied
     embeddings are the input embedding alone here (no copy on the last stage)."""
 
-    def __init__(self, c: TinyGPTConfig, *, tp: int = 1, pp: int = 1) -> None:
-        super().__init__(c, tp=tp, pp=pp, logits=False)
+    def __init__(
+        self,
+        c: TinyGPTConfig,
+        *,
+        tp: int = 1,
+        pp: int = 1,
+        device: torch.device | None = None,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(c, tp=tp, pp=pp, logits=False, device=device, autocast_dtype=autocast_dtype)
 
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._run(tokens, width=self.config.hidden_size)

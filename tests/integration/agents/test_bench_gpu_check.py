@@ -28,6 +28,8 @@ def test_gpu_check_quick_runs_every_piece_on_the_cpu():
     assert mixed["tok_s"] > 0 and mixed["prefills"] > 1 and 0 < mixed["prefill_share"] < 1
     ec = r["engine_compiled"]
     assert set(ec["tok_s"]) == {"4"} and ec["tok_s"]["4"] > 0 and ec["over_eager_step"] > 0 and ec["first_run_s"] > 0
+    mg = r["megatron"]
+    assert mg["min_update_cosine"] > 0.9 and mg["tensors"] > 0 and min(mg["train_tok_s"].values()) > 0
     tr = r["transport"]
     assert tr["cpus"] >= 1 and min(tr["untagged_gb_per_s"], tr["tagged_gb_per_s"], tr["encrypted_gb_per_s"]) > 0
     launch = r["launch"]

@@ -176,3 +176,27 @@ def test_published_weights_reach_the_embedded_engine(tmp_path: Path) -> None:
     with torch.no_grad():
         torch.testing.assert_close(engine.model(x), mg.model.eval()(x), atol=FP32_ATOL, rtol=0)
         assert not torch.allclose(engine.model(x), TinyGPT.from_pretrained(tmp_path)(x), atol=1e-3)  # it moved
+
+
+def test_on_a_gpu_megatron_refuses_a_tp_or_pp_split_before_it_loads_anything() -> None:
+    """tp/pp over NCCL is not built: a rank of such a split on a GPU stops at start in one line (check refuses the
+    job first), before it reads the checkpoint or touches CUDA."""
+    from rlctl.devices import Compute, DeviceError
+
+    cuda = Compute(torch.device("cuda", 0), None, torch.bfloat16)
+    for tp, pp in ((2, 1), (1, 2)):
+        with pytest.raises(DeviceError, match=f"tp {tp} × pp {pp}"):
+            load_backend("megatron", "/nonexistent", tp=tp, pp=pp, compute=cuda)
+
+
+def test_the_compute_s_device_and_autocast_reach_the_gpt_model(tmp_path: Path) -> None:
+    """What the trainer agent passes (`compute_for`): the CPU's (fp32, no autocast) here; a GPU's puts the
+    parameters on cuda:0 and the passes under bf16 autocast (gpu-check's `megatron` piece runs that)."""
+    from rlctl.devices import compute_for
+
+    write_checkpoint("qwen2-tied-hd32", tmp_path)
+    mg = load_backend("megatron", tmp_path, compute=compute_for("cpu"))
+    assert mg.model.device == torch.device("cpu") and mg.model.autocast_dtype is None
+    assert {p.device.type for p in mg.model.parameters()} == {"cpu"}
+    trunk = mg.critic_trunk()
+    assert trunk.device == mg.model.device and trunk.autocast_dtype is None
