@@ -521,19 +521,7 @@ def _train(model_dir: Path, device: str, *, samples: int, params: float, cuda: b
     by_micro = {}
     for micro in (16, samples) if cuda else (16,):
         backend, learner = _learner(model_dir, device, micro=micro)
-        batch = _samples(samples // 4, backend.model.config.vocab_size)
-        seconds, tokens = 0.0, 0
-        for step in range(3):
-            for s in batch:
-                learner.add(s)
-            _sync(device)
-            t0 = time.perf_counter()
-            learner.step()
-            _sync(device)
-            if step:
-                seconds += time.perf_counter() - t0
-                tokens += sum(len(s.prompt_tokens) + len(s.output_tokens) for s in batch)
-        by_micro[str(micro)] = round(tokens / seconds, 1)
+        by_micro[str(micro)] = train_steps(learner, _samples(samples // 4, backend.model.config.vocab_size), device)
         del backend, learner
     best = max(by_micro.values())
     peak = CATALOG["H100"].flops if cuda else None
@@ -542,6 +530,25 @@ def _train(model_dir: Path, device: str, *, samples: int, params: float, cuda: b
         "train_tok_s_by_micro_batch": by_micro,
         "mfu": round(6 * params * best / peak, 4) if peak else None,
     }
+
+
+def train_steps(learner: Any, batch: list[Any], device: str, *, after_warmup: Any = None) -> float:
+    """Three GRPO steps on `batch`: tokens/s of the last two (the first warms up; `after_warmup()` runs after it,
+    outside the timing)."""
+    seconds, tokens = 0.0, 0
+    for step in range(3):
+        for s in batch:
+            learner.add(s)
+        _sync(device)
+        t0 = time.perf_counter()
+        learner.step()
+        _sync(device)
+        if step:
+            seconds += time.perf_counter() - t0
+            tokens += sum(len(s.prompt_tokens) + len(s.output_tokens) for s in batch)
+        elif after_warmup is not None:
+            after_warmup()
+    return round(tokens / seconds, 1)
 
 
 def _delta(device: str, *, nbytes: int) -> dict[str, float]:

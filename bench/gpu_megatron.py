@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from bench.gpu_check import _samples, _sync
+from bench.gpu_check import _samples, train_steps
 from rlctl.models.tinygpt import TinyGPT
 
 
@@ -42,20 +41,11 @@ def compare(model_dir: Path, device: str, *, prompts: int = 4, micro: int = 16) 
         batch = Batch(samples_per_prompt=4, train_micro_batch_samples=micro, train_micro_batch_tokens=None)
         learner = make_learner(backend, GrpoAlgorithm(kind="grpo", lr=1e-5), batch, ref=None)
         samples = _samples(prompts, backend.model.config.vocab_size)
-        seconds, tokens = 0.0, 0
-        for step in range(3):
-            for s in samples:
-                learner.add(s)
-            _sync(device)
-            t0 = time.perf_counter()
-            learner.step()
-            _sync(device)
-            if step == 0:
-                moved[name] = {k: v.float().cpu() for k, v in backend.weights().items()}
-            else:
-                seconds += time.perf_counter() - t0
-                tokens += sum(len(s.prompt_tokens) + len(s.output_tokens) for s in samples)
-        tok_s[name] = round(tokens / seconds, 1)
+
+        def keep(name: str = name, backend: Any = backend) -> None:  # the weights after one step
+            moved[name] = {k: v.float().cpu() for k, v in backend.weights().items()}
+
+        tok_s[name] = train_steps(learner, samples, device, after_warmup=keep)
         del backend, learner
     cos = [
         float(

@@ -143,13 +143,14 @@ class StagedGPT(nn.Module):
     pipeline (`pipeline.forward`): every rank of it calls the model, and `backward` on the result, in the same
     order."""
 
+    logits = True  # the output layer (the policy) or the final normed hidden states (a critic's trunk)
+
     def __init__(
         self,
         c: TinyGPTConfig,
         *,
-        tp: int,
-        pp: int,
-        logits: bool,
+        tp: int = 1,
+        pp: int = 1,
         device: torch.device | None = None,
         autocast_dtype: torch.dtype | None = None,
     ) -> None:
@@ -173,11 +174,11 @@ class StagedGPT(nn.Module):
                 post_process=self.stage.last,
                 parallel_output=False,
                 # the trunk has no output layer, so no copy of the embedding on the last stage to keep in step
-                share_embeddings_and_output_weights=c.tie_word_embeddings and logits,
+                share_embeddings_and_output_weights=c.tie_word_embeddings and self.logits,
                 position_embedding_type="rope",
                 rotary_base=c.rope_theta,  # annotated int; a float θ (1e6, 5e5) is used as is
             )
-        if not logits and self.stage.last:
+        if not self.logits and self.stage.last:
             self.gpt.output_layer = _HiddenOut()
         self.gpt.to(self.device)  # built in host memory (`use_cpu_initialization`), then moved once
 
@@ -207,17 +208,6 @@ class MegatronPolicy(StagedGPT):
     """A GPTModel that takes and returns what TinyGPT does: tokens [B, T] → fp32 logits [B, T, V] (causal;
     right padding is harmless)."""
 
-    def __init__(
-        self,
-        c: TinyGPTConfig,
-        *,
-        tp: int = 1,
-        pp: int = 1,
-        device: torch.device | None = None,
-        autocast_dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(c, tp=tp, pp=pp, logits=True, device=device, autocast_dtype=autocast_dtype)
-
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._run(tokens, width=self.config.vocab_size)
 
@@ -242,16 +232,7 @@ class MegatronTrunk(StagedGPT):
     states [B, T, hidden] (fp32) on every rank; the body of a PPO critic (`rlctl.rl.ppo.ValueModel`). Tied
     embeddings are the input embedding alone here (no copy on the last stage)."""
 
-    def __init__(
-        self,
-        c: TinyGPTConfig,
-        *,
-        tp: int = 1,
-        pp: int = 1,
-        device: torch.device | None = None,
-        autocast_dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(c, tp=tp, pp=pp, logits=False, device=device, autocast_dtype=autocast_dtype)
+    logits = False
 
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._run(tokens, width=self.config.hidden_size)
