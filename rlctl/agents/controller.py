@@ -91,11 +91,12 @@ class Peer:
     unreachable_wall: float = 0.0  # …and time.time(), for status
 
 
-def _parts(msg: Message) -> list[tuple[str, int, list[int], list[float], list[int]]]:
-    """A partial report's parts (a `partial` or `withdrawn` message): sample id, start, tokens, log-probs, versions."""
+def _parts(msg: Message, report: Partial) -> list[tuple[str, int, list[int], list[float], list[int]]]:
+    """The parts of a partial report (`report`, the header of a `partial` or `withdrawn` message `msg`): sample id,
+    start, tokens, log-probs, versions."""
     tokens, logprobs, versions = (t.tolist() for t in msg.tensors)
     out, at = [], 0
-    for p in parse(msg, Partial).parts:
+    for p in report.parts:
         end = at + p.count
         out.append((p.sample_id, p.start, tokens[at:end], logprobs[at:end], versions[at:end]))
         at = end
@@ -468,8 +469,7 @@ class ControllerAgent:
                 self._score(s.sample_id, msg.tensors)
         elif msg.kind == "partial":
             report = parse(msg, Partial)
-            made_s = report.made_s
-            for sample_id, start, tokens, logprobs, versions in _parts(msg):
+            for sample_id, start, tokens, logprobs, versions in _parts(msg, report):
                 self.core.partial(
                     who,
                     sample_id=sample_id,
@@ -477,12 +477,14 @@ class ControllerAgent:
                     tokens=tokens,
                     logprobs=logprobs,
                     versions=versions,
-                    made_s=made_s,
+                    made_s=report.made_s,
                     heard_s=heard,
                 )
-            self.core.reported(who, free_rows=report.free_rows if report.free_rows >= 0 else None)
+            self.core.reported(who, free_rows=report.free_rows)
         elif msg.kind == "withdrawn":
-            self._send(self.core.withdrawn(who, [(sid, t, lp, v) for sid, _, t, lp, v in _parts(msg)]))
+            self._send(
+                self.core.withdrawn(who, [(sid, t, lp, v) for sid, _, t, lp, v in _parts(msg, parse(msg, Partial))])
+            )
             for m in self.core.migrations:
                 self.jobdir.event("migrated", **m)
                 log.info("controller: %(samples)d samples (%(tokens)d tokens so far) moved from %(from)s to %(to)s", m)

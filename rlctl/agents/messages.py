@@ -109,9 +109,9 @@ class Partial(msgspec.Struct):
 
     parts: list[PartialPart]
     made_s: float = 0.0  # the unit's monotonic clock when it took the report (0: not given): rates of generating
-    # rows a new request could take when it took the report, until another is freed (-1: not known, the engine
+    # rows a new request could take when it took the report, until another is freed (None: not known, the engine
     # may free rows by preempting): how many generations it may have started since (`ControllerCore._interrupted`)
-    free_rows: int = -1
+    free_rows: NonNegInt | None = None
 
 
 class Withdraw(msgspec.Struct):

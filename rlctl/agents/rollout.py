@@ -245,8 +245,7 @@ class RolloutAgent:
             torch.tensor(logprobs, dtype=torch.float32),
             torch.tensor(versions, dtype=torch.int32),
         ]
-        free = -1 if free_rows is None else free_rows
-        return self.link.send(make(kind, Partial(parts, made_s, free), tensors))
+        return self.link.send(make(kind, Partial(parts, made_s, free_rows), tensors))
 
     def _report(self) -> None:
         """Tell the controller what each running generation produced since the last report (a report the link
