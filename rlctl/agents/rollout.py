@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from rlctl.agents.common import AgentContext, ControllerLink
+from rlctl.agents.flight import FlightRecord
 from rlctl.agents.listen import host_of
 from rlctl.agents.listen import listen_host as resolve_listen_host
 from rlctl.agents.messages import (
@@ -106,6 +107,7 @@ class RolloutAgent:
         self.report_steps = job.rollout.partial_report_steps
         self.last_report = time.monotonic()
         self.steps_unreported = 0  # decode steps since the last report
+        self.flight = FlightRecord(ctx.jobdir.flight(self.name))  # what a kill would cost (agents.flight)
         self.state = "starting"
         scheme = job.transport.kind
         # weights arrive on their own connection(s); `inproc://` lets the transport pick a name
@@ -182,6 +184,8 @@ class RolloutAgent:
             if self.engine.has_work():
                 t0 = time.monotonic()
                 done = self.engine.step()
+                # a step adds one token to each row it ran: those still running and those it finished
+                self.flight.stepped(self.engine.num_running() + len(done))
                 self.busy_s += time.monotonic() - t0
                 for res in done:
                     self._send_sample(res)
@@ -220,9 +224,11 @@ class RolloutAgent:
         waiting = sorted(self.holding - set(running), key=lambda i: (-self.order[i][0], self.order[i][1]))
         pick = (waiting + sorted(running, key=running.__getitem__))[:count]
         out = self.engine.interrupt(pick)
+        fresh = sum(len(r.output_tokens) - self.reported.get(r.request_id, 0) for r in out)
         for r in out:
             self._forget(r.request_id)
-        self._send_outputs("withdrawn", [(r, 0) for r in out])
+        if self._send_outputs("withdrawn", [(r, 0) for r in out]):
+            self.flight.wrote(fresh)
 
     def _forget(self, sample_id: str) -> None:
         self.holding.discard(sample_id)
@@ -260,6 +266,7 @@ class RolloutAgent:
         if new and self._send_outputs("partial", new, self.last_report, self.engine.rows_free()):
             for res, _ in new:
                 self.reported[res.request_id] = len(res.output_tokens)
+            self.flight.wrote(sum(len(res.output_tokens) - start for res, start in new))
 
     def _send_sample(self, res: GenResult) -> None:
         head = SampleDone(
@@ -269,8 +276,10 @@ class RolloutAgent:
             num_output_tokens=len(res.output_tokens),
         )
         tensors = [torch.tensor(res.output_tokens, dtype=torch.int32), torch.tensor(res.logprobs, dtype=torch.float32)]
+        fresh = len(res.output_tokens) - self.reported.get(res.request_id, 0)
         self._forget(res.request_id)
-        self.link.send(make("sample", head, tensors))
+        if self.link.send(make("sample", head, tensors)):
+            self.flight.wrote(fresh)
         self.samples_sent += 1
 
     def _finish(self, *, stopped: bool) -> None:
@@ -279,6 +288,7 @@ class RolloutAgent:
         self.link.close(final=self.figures() if stopped else None)
         self.listener.close()
         self.node.close()
+        self.flight.close()
 
     # -- weights plane ------------------------------------------------------------------------------
     def _accept_weights(self) -> None:

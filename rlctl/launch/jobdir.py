@@ -15,6 +15,7 @@ runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_di
   staged.json       per site: its job dir (per host view) and the files staged there (size, SHA-256)
   agents.jsonl      every agent started, by whom ever: site, backend, handle (pid/pgid, SLURM job, host)
   logs/<role>-<n>.log
+  flight/rollout-<n>  a rollout unit's flight record: tokens it generated and had not yet sent (agents.flight)
   events.jsonl      one JSON object per event (agent joined / lost, iteration done, stop)
   metrics.jsonl     one line per iteration (reward, stage times, δ, throughput, staleness)
   summary.json      the final summary (what `rlctl launch -o json` prints)
@@ -101,6 +102,9 @@ class JobDir:
 
     def log(self, role: str, replica: int) -> Path:
         return self.path / "logs" / f"{role}-{replica}.log"
+
+    def flight(self, agent: str) -> Path:
+        return self.path / "flight" / agent
 
     @property
     def checkpoints(self) -> Path:

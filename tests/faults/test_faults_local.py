@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from rlctl.agents.flight import read_flight
+from rlctl.launch.jobdir import JobDir
 from tests.integration.ops.conftest import hf_job, job_yaml
 
 from .faultlib import (
@@ -73,6 +75,7 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
     status = StatusClient(job_dir)
     rng = random.Random(0)
     killed: dict[str, float] = {}  # unit → when it was killed
+    killed_pid: dict[str, int] = {}
     try:
         wait_for("a trained iteration", lambda: len(metrics_rows(job_dir)) >= 1, 300, alive=proc)
         while len(killed) < kills:
@@ -93,6 +96,7 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
             victim = rng.choice(busy)
             os.kill(pids[victim]["pid"], SIGKILL)
             killed[victim] = time.time()
+            killed_pid[victim] = pids[victim]["pid"]
             time.sleep(1.0 if len(up) == 3 else 2.0)
         wait_for(
             "every killed unit replaced",
@@ -126,6 +130,13 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
     # lost at most the one decode step since its last report (a reset would leave only the bound by time)
     assert all(lost[u]["in_order"] for u in killed), {u: lost[u]["reason"] for u in killed}
     assert partials["interrupted_lost_tokens_max"] <= partials["interrupted"], partials
+    # what the kills really cost: the tokens each killed unit had generated and not yet sent, from the flight
+    # record it left behind; the controller's bound must cover them
+    flights = {u: read_flight(JobDir(job_dir).flight(u)) for u in killed}
+    assert all(f is not None and f.pid == killed_pid[u] for u, f in flights.items()), flights
+    unsent = sum(f.unsent for f in flights.values() if f is not None)
+    assert unsent <= partials["interrupted_lost_tokens_max"], (unsent, partials)
+    regenerated = unsent / (partials["interrupted_kept_tokens"] + unsent)
     record(
         Row(
             "rollout units SIGKILLed mid-generation (local, 3 units)",
@@ -136,7 +147,8 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
             f"{requeued} samples requeued ({partials['resumed']} resumed from their last report, "
             f"{partials['resumed_tokens']} tokens not generated again; of the {partials['interrupted']} cut, "
             f"{partials['interrupted_kept_tokens']} tokens kept and ≤ {partials['interrupted_lost_tokens_max']} "
-            f"generated again: ≤ {partials['regenerated_fraction_max']} of a restart's), {len(replaced)} replaced, "
+            f"generated again: ≤ {partials['regenerated_fraction_max']} of a restart's; measured by the units' flight "
+            f"records: {unsent} tokens, {regenerated:.3f}), {len(replaced)} replaced, "
             f"{s['iterations']} iterations trained",
         )
     )

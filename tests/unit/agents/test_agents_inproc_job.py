@@ -11,6 +11,7 @@ import torch
 
 from rlctl.agents.common import AgentContext
 from rlctl.agents.controller import ControllerAgent
+from rlctl.agents.flight import read_flight
 from rlctl.agents.messages import Hello, make
 from rlctl.agents.rollout import RolloutAgent
 from rlctl.agents.trainer import TrainerAgent
@@ -95,6 +96,10 @@ def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
     applied = [(e["agent"], e["version"]) for e in jd.read_lines(jd.events) if e["event"] == "weights_applied"]
     for unit in ("rollout-0", "rollout-1"):  # the job ends with every unit on the trainer's last version
         assert max(v for a, v in applied if a == unit) == job.iterations
+    flights = [read_flight(jd.flight(unit)) for unit in ("rollout-0", "rollout-1")]
+    assert all(f is not None and f.steps > 0 and f.sent > 0 for f in flights), flights
+    if mode == "sync":  # every generation ran to its end and went out: nothing generated is left unsent
+        assert all(f is not None and f.unsent == 0 for f in flights), flights
 
 
 @pytest.mark.timeout(120)
