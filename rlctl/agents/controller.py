@@ -76,6 +76,7 @@ PING_INTERVAL_S = common.PING_INTERVAL_S
 NO_ROLLOUT_TIMEOUT_S = 60.0
 START_WAIT_S = 90.0  # how long to wait for every planned rollout unit before starting with fewer
 BYE_WAIT_S = 5.0
+BROKEN_GRACE_S = 5.0  # a peer a send failed on is lost after this, unless its reader heard the end first
 RANKER_BOOTSTRAP = 512
 
 
@@ -89,6 +90,7 @@ class Peer:
     state: str = "running"  # running | unreachable | stopped | lost
     unreachable_since: float | None = None  # time.monotonic() when it went silent
     unreachable_wall: float = 0.0  # …and time.time(), for status
+    broken: tuple[str, float] | None = None  # a send to it failed: why, and when (`ControllerAgent._broken`)
 
 
 def _parts(msg: Message, report: Partial) -> list[tuple[str, int, list[int], list[float], list[int]]]:
@@ -318,11 +320,14 @@ class ControllerAgent:
                     p.name,
                     f"unreachable for {now - p.unreachable_since:.0f} s (no message for {now - p.last_seen:.0f} s)",
                 )
+            elif p.state == "running" and p.broken is not None:
+                if now - p.broken[1] > BROKEN_GRACE_S:
+                    self._lose(p.name, p.broken[0])
             elif p.state == "running" and ping:
                 try:
                     p.conn.send(make("ping"))
                 except TransportError as e:
-                    self._lose(p.name, f"ping failed: {e}")
+                    self._broken(p, f"ping failed: {e}")
         if ping:
             self._pinged = now
         self._pause_state(now)
@@ -635,7 +640,7 @@ class ControllerAgent:
             conn.close()
             return
         p.conn.close()  # its reader reports the close of a connection that is no longer the peer's: ignored
-        p.conn = conn
+        p.conn, p.broken = conn, None
         p.figures = Heartbeat(name=p.name, state="running", version=h.version)
         threading.Thread(target=self._read, args=(p.name, conn), name=f"read-{p.name}", daemon=True).start()
         if p.state != "unreachable":
@@ -666,6 +671,15 @@ class ControllerAgent:
             self.metrics.weight_transfer_seconds.observe(seconds)
             self.metrics.weight_last_unit_seconds.set(seconds)
 
+    def _broken(self, peer: Peer, why: str) -> None:
+        """A send to `peer` failed. Its reader hears the connection's end too and posts it, and that loses the
+        peer with the end as it was (`closed`: in order, every message it sent read, `core.lost`) — the reader
+        may have closed the connection on that end just before this send. Only a peer whose reader says nothing
+        within BROKEN_GRACE_S (a send that timed out on a peer that no longer reads) is lost for the send
+        (`_watch`)."""
+        if peer.broken is None:
+            peer.broken = (why, time.monotonic())
+
     def _lose(self, name: str, why: str, *, at: float | None = None, closed: bool = False) -> None:
         """An agent stopped heartbeating or its connection broke (`at`: when its reader heard the end; `closed`:
         the stream ended in order, `core.lost`). A rollout unit's in-flight samples are requeued at once and a
@@ -692,13 +706,13 @@ class ControllerAgent:
         for o in outs:
             name = self.core.trainer.name if o.to == "trainer" and self.core.trainer else o.to
             peer = self.peers.get(name)
-            if peer is None or peer.state != "running":
+            if peer is None or peer.state != "running" or peer.broken is not None:  # (a broken one: `_broken`)
                 continue
             tensors = [t for pair in o.payload for t in pair] if o.kind == "samples" else []
             try:
                 peer.conn.send(make(o.kind, o.header, tensors))
             except TransportError as e:
-                self._lose(name, f"send failed: {e}")
+                self._broken(peer, f"send failed: {e}")
 
     def _trained(self, t: Trained) -> None:
         outs = self.core.trained(
@@ -773,6 +787,8 @@ class ControllerAgent:
         for p in self.peers.values():
             if p.state == "running" and p.role != "client":
                 try:
+                    if p.broken is not None:
+                        raise TransportError(p.broken[0])
                     p.conn.send(make("stop"))
                 except TransportError:
                     p.state = "lost"
