@@ -40,6 +40,7 @@ import msgspec
 
 from rlctl.agents import common
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.flight import read_flight
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import (
     TO_CONTROLLER,
@@ -91,6 +92,7 @@ class Peer:
     unreachable_since: float | None = None  # time.monotonic() when it went silent
     unreachable_wall: float = 0.0  # …and time.time(), for status
     broken: tuple[str, float] | None = None  # a send to it failed: why, and when (`ControllerAgent._broken`)
+    pid: int = 0  # its process (its hello; 0: not said), to know its flight record (agents.flight)
 
 
 def _parts(msg: Message, report: Partial) -> list[tuple[str, int, list[int], list[float], list[int]]]:
@@ -601,7 +603,7 @@ class ControllerAgent:
             log.warning("controller: %s joined twice; dropping the old connection", name)
             self._lose(name, "replaced")
         self.peers[name] = Peer(
-            name, h.role, conn, time.monotonic(), Heartbeat(name=name, state="running", version=h.version)
+            name, h.role, conn, time.monotonic(), Heartbeat(name=name, state="running", version=h.version), pid=h.pid
         )
         threading.Thread(target=self._read, args=(name, conn), name=f"read-{name}", daemon=True).start()
         if h.role == "client":
@@ -689,9 +691,15 @@ class ControllerAgent:
         peer.state = "lost"
         peer.conn.close()
         before = self.core.ledger.requeued
-        self._send(self.core.lost(name, at=at, closed=closed))
+        unsent = self._unsent(peer)
+        self._send(self.core.lost(name, at=at, closed=closed, unsent=unsent))
         self.jobdir.event(
-            "agent_lost", agent=name, reason=why, in_order=closed, requeued=self.core.ledger.requeued - before
+            "agent_lost",
+            agent=name,
+            reason=why,
+            in_order=closed,
+            requeued=self.core.ledger.requeued - before,
+            unsent_tokens=unsent,
         )
         log.warning("controller: %s lost (%s); %d samples re-queued", name, why, self.core.ledger.requeued - before)
         unit = self.core.units.get(name)
@@ -699,6 +707,14 @@ class ControllerAgent:
             self.scaler.replace(name, now=time.monotonic())
         if peer.role == "trainer" and self.core.failed:
             self.core.failed += f" ({why}); continue the job with `rlctl launch --resume {self.jobdir.path.name}`"
+
+    def _unsent(self, peer: Peer) -> int | None:
+        """A rollout unit's tokens generated and not sent, from its flight record when this host holds it (the
+        unit ran here, or the job dir is shared): what its loss really cost its generations."""
+        if peer.role != "rollout" or not peer.pid:
+            return None
+        flight = read_flight(self.jobdir.flight(peer.name))
+        return flight.unsent if flight is not None and flight.pid == peer.pid else None
 
     def _send(self, outs: list[Out]) -> None:
         if self.t_first is None and any(o.kind == "generate" for o in outs):

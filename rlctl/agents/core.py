@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import random
 import time
 from collections import Counter, deque
@@ -191,9 +192,10 @@ class ControllerCore:
             self.units[name] = unit
         return [self._members(), *self.pump(), *self.migrate(now=True)]
 
-    def lost(self, name: str, *, at: float | None = None, closed: bool = False) -> list[Out]:
+    def lost(self, name: str, *, at: float | None = None, closed: bool = False, unsent: int | None = None) -> list[Out]:
         """An agent is gone; `at`: when that was heard (this clock; default now); `closed`: its connection ended in
-        order (everything it wrote before arrived: the process ended), not by a reset, a timeout or silence."""
+        order (everything it wrote before arrived: the process ended), not by a reset, a timeout or silence;
+        `unsent`: a rollout unit's tokens generated and not sent, from its flight record where it could be read."""
         if self.trainer is not None and name == self.trainer.name:
             self.trainer.alive = False
             self.failed = f"trainer {name} was lost"
@@ -205,6 +207,8 @@ class ControllerCore:
         self.withdrawing.pop(name, None)
         requeued = self.ledger.requeue_agent(name)
         self._interrupted(name, requeued, at=at, closed=closed)
+        if unsent is not None:
+            self.ledger.partials.measured(unsent)
         self._release_idle(requeued)
         return [self._members(), *self.pump()]
 
@@ -249,7 +253,7 @@ class ControllerCore:
             kept = len(self.ledger.partials.parts.get(sid, ()))
             most = max(self.cfg.max_new_tokens - kept, 0)
             if rate:
-                most = min(most, round(rate * max(since, 0.0)))
+                most = min(most, math.ceil(rate * max(since, 0.0) - 1e-9))  # a bound: whole tokens, up
             if closed and self.cfg.report_steps and not gapped:
                 most = min(most, self.cfg.report_steps)
                 if cap is not None and self._reported_by.get(sid) != name:  # not started here, or one of `cap`

@@ -58,12 +58,20 @@ class TrajectoryStore:
     interrupted: int = 0
     interrupted_kept_tokens: int = 0
     interrupted_lost_tokens_max: int = 0
+    # … and what the lost units whose flight records the controller could read had really not sent (agents.flight)
+    lost_units_measured: int = 0
+    interrupted_lost_tokens_measured: int = 0
 
     def interrupt(self, sample_id: str, *, lost_at_most: int) -> None:
         """The sample's unit is gone: count what is kept of its output and the bound on what is not."""
         self.interrupted += 1
         self.interrupted_kept_tokens += len(self.parts.get(sample_id, ()))
         self.interrupted_lost_tokens_max += lost_at_most
+
+    def measured(self, unsent: int) -> None:
+        """A lost unit's flight record: the tokens it had generated and not sent (its generations' real loss)."""
+        self.lost_units_measured += 1
+        self.interrupted_lost_tokens_measured += unsent
 
     def extend(self, sample_id: str, start: int, tokens: list[int], logprobs: list[float], versions: list[int]) -> bool:
         """Output index `start` on of a running sample (the caller checked that it runs where the report came
@@ -143,6 +151,8 @@ class TrajectoryStore:
                 "interrupted": self.interrupted,
                 "interrupted_kept_tokens": self.interrupted_kept_tokens,
                 "interrupted_lost_tokens_max": self.interrupted_lost_tokens_max,
+                "lost_units_measured": self.lost_units_measured,
+                "interrupted_lost_tokens_measured": self.interrupted_lost_tokens_measured,
             },
             "parts": {s: [enc(p.tokens), enc(p.logprobs), enc(p.versions)] for s, p in self.parts.items()},
         }

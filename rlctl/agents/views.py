@@ -192,6 +192,9 @@ def partials_view(core: ControllerCore) -> dict[str, Any]:
             if p.interrupted_kept_tokens + p.interrupted_lost_tokens_max
             else None
         ),
+        # what the lost units whose flight records the controller's host holds had really not sent
+        "lost_units_measured": p.lost_units_measured,
+        "interrupted_lost_tokens_measured": p.interrupted_lost_tokens_measured,
     }
 
 

@@ -76,6 +76,12 @@ def _table(s: dict[str, Any]) -> str:
             + (
                 f"; {p['interrupted']} cut by a lost unit: {p['interrupted_kept_tokens']} tokens kept, "
                 f"≤ {p['interrupted_lost_tokens_max']} generated again"
+                + (
+                    f" ({p['interrupted_lost_tokens_measured']} by the flight records of {p['lost_units_measured']} "
+                    "lost units)"
+                    if p.get("lost_units_measured")
+                    else ""
+                )
                 if (p := led["partials"]).get("interrupted")
                 else ""
             ),

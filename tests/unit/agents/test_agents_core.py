@@ -494,6 +494,26 @@ def test_a_lost_unit_s_generations_count_what_was_kept_and_at_most_what_was_lost
     assert back.partials.interrupted_lost_tokens_max == 10  # kept across a checkpoint
 
 
+def test_a_lost_unit_s_flight_record_counts_what_its_generations_really_lost():
+    """The controller read r0's flight record (3 tokens generated and not sent): the view has the measured loss
+    beside the bound, kept across a checkpoint; a unit lost twice counts once."""
+    import json
+
+    from rlctl.agents.views import partials_view
+
+    v = partials_view(_lost_after_two_reports())  # no record read
+    assert (v["lost_units_measured"], v["interrupted_lost_tokens_measured"]) == (0, 0)
+    core = _core(min_units=1, prompts=2)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    core.lost("r0", closed=True, unsent=3)
+    core.lost("r0", closed=True, unsent=3)
+    v = partials_view(core)
+    assert (v["lost_units_measured"], v["interrupted_lost_tokens_measured"]) == (1, 3)
+    back = Ledger.from_json(json.loads(json.dumps(core.ledger.to_json())))
+    assert back.partials.interrupted_lost_tokens_measured == 3
+
+
 def test_a_lost_unit_s_bound_counts_from_arrivals_and_from_a_sample_s_own_last_kept_report():
     """The bound is timed by when reports and the loss arrived, not by when the controller got to them (0.4 s later
     here: the same 10); a sample whose second report the store refused (full) lost at most what it made since its
