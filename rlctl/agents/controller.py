@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 from concurrent.futures import Future
@@ -91,7 +92,8 @@ class Peer:
     state: str = "running"  # running | unreachable | stopped | lost
     unreachable_since: float | None = None  # time.monotonic() when it went silent
     unreachable_wall: float = 0.0  # …and time.time(), for status
-    broken: tuple[str, float] | None = None  # a send to it failed: why, and when (`ControllerAgent._broken`)
+    broken: str | None = None  # why a send to it failed (`ControllerAgent._broken`)…
+    broken_since: float = 0.0  # …and when (time.monotonic())
     pid: int = 0  # its process (its hello; 0: not said), to know its flight record (agents.flight)
 
 
@@ -315,21 +317,21 @@ class ControllerAgent:
         for p in list(self.peers.values()):
             if p.role == "client":
                 continue
-            if p.state == "running" and now - p.last_seen > HEARTBEAT_TIMEOUT_S:
+            if p.state == "running" and p.broken is not None:
+                if now - p.broken_since > BROKEN_GRACE_S:
+                    self._lose(p.name, p.broken)
+            elif p.state == "running" and now - p.last_seen > HEARTBEAT_TIMEOUT_S:
                 self._unreachable(p, now)
             elif p.state == "unreachable" and p.unreachable_since is not None and now - p.unreachable_since > bound:
                 self._lose(
                     p.name,
                     f"unreachable for {now - p.unreachable_since:.0f} s (no message for {now - p.last_seen:.0f} s)",
                 )
-            elif p.state == "running" and p.broken is not None:
-                if now - p.broken[1] > BROKEN_GRACE_S:
-                    self._lose(p.name, p.broken[0])
             elif p.state == "running" and ping:
                 try:
                     p.conn.send(make("ping"))
                 except TransportError as e:
-                    self._broken(p, f"ping failed: {e}")
+                    self._broken(p, f"ping failed: {e}", now)
         if ping:
             self._pinged = now
         self._pause_state(now)
@@ -445,7 +447,8 @@ class ControllerAgent:
             if conn is not peer.conn:  # the end of a connection this agent already replaced
                 return
             if peer.state == "running" and peer.role != "client":
-                self._lose(who, str(err), at=heard, closed=isinstance(err, PeerClosed))
+                closed = isinstance(err, PeerClosed)  # in order; else a failed send's reason says more
+                self._lose(who, str(err) if closed or peer.broken is None else peer.broken, at=heard, closed=closed)
             if peer.role == "client":
                 del self.peers[who]
             return
@@ -673,14 +676,14 @@ class ControllerAgent:
             self.metrics.weight_transfer_seconds.observe(seconds)
             self.metrics.weight_last_unit_seconds.set(seconds)
 
-    def _broken(self, peer: Peer, why: str) -> None:
-        """A send to `peer` failed. Its reader hears the connection's end too and posts it, and that loses the
-        peer with the end as it was (`closed`: in order, every message it sent read, `core.lost`) — the reader
-        may have closed the connection on that end just before this send. Only a peer whose reader says nothing
-        within BROKEN_GRACE_S (a send that timed out on a peer that no longer reads) is lost for the send
-        (`_watch`)."""
+    def _broken(self, peer: Peer, why: str, now: float) -> None:
+        """A send to `peer` failed. Its loss is left to its reader, which hears the connection's end too and says
+        how the stream ended (`closed`: in order, `core.lost`): the reader may have closed the connection on the
+        peer's in-order end just before this send; a failed TCP send closes the connection, which ends the read
+        as closed on this side (not in order, and the loss gives this send's reason). A peer whose reader says
+        nothing within BROKEN_GRACE_S is lost for the send (`_watch`)."""
         if peer.broken is None:
-            peer.broken = (why, time.monotonic())
+            peer.broken, peer.broken_since = why, now
 
     def _lose(self, name: str, why: str, *, at: float | None = None, closed: bool = False) -> None:
         """An agent stopped heartbeating or its connection broke (`at`: when its reader heard the end; `closed`:
@@ -691,7 +694,7 @@ class ControllerAgent:
         peer.state = "lost"
         peer.conn.close()
         before = self.core.ledger.requeued
-        unsent = self._unsent(peer)
+        unsent = self._unsent(peer) if closed else None
         self._send(self.core.lost(name, at=at, closed=closed, unsent=unsent))
         self.jobdir.event(
             "agent_lost",
@@ -709,12 +712,15 @@ class ControllerAgent:
             self.core.failed += f" ({why}); continue the job with `rlctl launch --resume {self.jobdir.path.name}`"
 
     def _unsent(self, peer: Peer) -> int | None:
-        """A rollout unit's tokens generated and not sent, from its flight record when this host holds it (the
-        unit ran here, or the job dir is shared): what its loss really cost its generations."""
+        """A rollout unit whose process ended (its stream ended in order): its tokens generated and not sent, from
+        its flight record when it ran on this host (the record's pid and host are its) — what its loss really
+        cost its generations. None otherwise: a record on another host (a shared job dir's copy may be stale)."""
         if peer.role != "rollout" or not peer.pid:
             return None
         flight = read_flight(self.jobdir.flight(peer.name))
-        return flight.unsent if flight is not None and flight.pid == peer.pid else None
+        if flight is None or flight.pid != peer.pid or flight.host != socket.gethostname()[:64]:
+            return None
+        return max(flight.unsent_tokens, 0)
 
     def _send(self, outs: list[Out]) -> None:
         if self.t_first is None and any(o.kind == "generate" for o in outs):
@@ -728,7 +734,7 @@ class ControllerAgent:
             try:
                 peer.conn.send(make(o.kind, o.header, tensors))
             except TransportError as e:
-                self._broken(peer, f"send failed: {e}")
+                self._broken(peer, f"send failed: {e}", time.monotonic())
 
     def _trained(self, t: Trained) -> None:
         outs = self.core.trained(
@@ -802,9 +808,10 @@ class ControllerAgent:
         self._closing = True
         for p in self.peers.values():
             if p.state == "running" and p.role != "client":
+                if p.broken is not None:
+                    p.state = "lost"
+                    continue
                 try:
-                    if p.broken is not None:
-                        raise TransportError(p.broken[0])
                     p.conn.send(make("stop"))
                 except TransportError:
                     p.state = "lost"

@@ -184,8 +184,7 @@ class RolloutAgent:
             if self.engine.has_work():
                 t0 = time.monotonic()
                 done = self.engine.step()
-                # a step adds one token to each row it ran: those still running and those it finished
-                self.flight.stepped(self.engine.num_running() + len(done))
+                self.flight.stepped(self.engine.step_tokens)
                 self.busy_s += time.monotonic() - t0
                 for res in done:
                     self._send_sample(res)
@@ -229,6 +228,8 @@ class RolloutAgent:
             self._forget(r.request_id)
         if self._send_outputs("withdrawn", [(r, 0) for r in out]):
             self.flight.wrote(fresh)
+        else:
+            self.flight.dropped_by_link(fresh)
 
     def _forget(self, sample_id: str) -> None:
         self.holding.discard(sample_id)
@@ -280,6 +281,8 @@ class RolloutAgent:
         self._forget(res.request_id)
         if self.link.send(make("sample", head, tensors)):
             self.flight.wrote(fresh)
+        else:
+            self.flight.dropped_by_link(fresh)
         self.samples_sent += 1
 
     def _finish(self, *, stopped: bool) -> None:

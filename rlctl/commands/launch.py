@@ -69,27 +69,26 @@ def _table(s: dict[str, Any]) -> str:
             f"prompts {led['prompts']} trained {led['trained']} requeued {led['requeued']} "
             f"lost {led['lost']} duplicated {led['duplicated']}",
         ],
-        [
-            "partial rollouts",
-            f"migrated {led['migrated']} resumed {led['partials']['resumed']} "
-            f"({led['partials']['resumed_tokens']} tokens not generated again)"
-            + (
-                f"; {p['interrupted']} cut by a lost unit: {p['interrupted_kept_tokens']} tokens kept, "
-                f"≤ {p['interrupted_lost_tokens_max']} generated again"
-                + (
-                    f" ({p['interrupted_lost_tokens_measured']} by the flight records of {p['lost_units_measured']} "
-                    "lost units)"
-                    if p.get("lost_units_measured")
-                    else ""
-                )
-                if (p := led["partials"]).get("interrupted")
-                else ""
-            ),
-        ],
+        ["partial rollouts", partials_line(led)],
         ["wall", f"{s['wall_s']:.1f} s"],
         ["job dir", s["job_dir"]],
     ]
     return grid(rows, ["", ""], f"Job {s['job']}")
+
+
+def partials_line(led: dict[str, Any]) -> str:
+    """The summary ledger's partial rollouts: moved and resumed work, and what lost units' generations kept and
+    lost (at most; and as measured by the flight records the controller's host held)."""
+    p = led["partials"]
+    line = f"migrated {led['migrated']} resumed {p['resumed']} ({p['resumed_tokens']} tokens not generated again)"
+    if p.get("interrupted"):
+        line += (
+            f"; {p['interrupted']} cut by a lost unit: {p['interrupted_kept_tokens']} tokens kept, "
+            f"≤ {p['interrupted_lost_tokens_max']} generated again"
+        )
+        if n := p.get("lost_units_measured"):
+            line += f" ({p['interrupted_lost_tokens_measured']} by the flight records of {n} lost unit{'s' * (n > 1)})"
+    return line
 
 
 class _Progress:

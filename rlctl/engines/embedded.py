@@ -235,6 +235,7 @@ class EmbeddedEngine(GenerationEngine):
         return self.max_batch_size - self.num_running()  # a row is freed only by a finish or `interrupt`
 
     def step(self) -> list[GenResult]:
+        self.step_tokens = 0
         self._admit()
         if not self._rows:
             return []
@@ -253,6 +254,7 @@ class EmbeddedEngine(GenerationEngine):
             self._decode(rows, width)
         if self.trace is not None:
             self.trace.append(rows)
+        self.step_tokens = sum(r is not None for r in self._rows)  # one each (the prefilled ones: their first)
         out = self._collect(self._next[:n].tolist(), self._logprobs[:n].tolist())
         self._maybe_compact()
         return out

@@ -381,13 +381,14 @@ class VllmEngine(GenerationEngine):
     def step(self) -> list[GenResult]:
         self._usable()
         done: list[GenResult] = []
-        sampled = 0
+        sampled = self.step_tokens = 0
         for out in self._engine.step():
             u = self._unfinished[out.request_id]
             comp = out.outputs[0]
             new = list(comp.token_ids)
             if new:
                 sampled += 1
+                self.step_tokens += len(new)
                 u.started = True
                 u.versions += [self._version] * len(new)
                 u.seen.add(self._version)

@@ -277,8 +277,15 @@ class TcpConnection(Connection):
             self._start, self._end = 0, n
         k = self._sock.recv_into(self._view[self._end :])
         if k == 0:
-            raise PeerClosed(f"{self.peer}: connection closed by peer")
+            raise self._ended("connection closed by peer")
         self._end += k
+
+    def _ended(self, what: str) -> PeerUnreachable:
+        """The error for a read that found the stream's end: the peer's in-order close (PeerClosed), unless this
+        side closed the connection (`close` from another thread wakes a blocked reader the same way)."""
+        if self._closed:
+            return PeerUnreachable(f"{self.peer}: connection closed on this side")
+        return PeerClosed(f"{self.peer}: {what}")
 
     def _fill_when_idle(self) -> None:
         """Block until the next message's first bytes arrive; the stall timeout does not apply yet."""
@@ -316,7 +323,7 @@ class TcpConnection(Connection):
         while got < n:
             k = self._sock.recv_into(dest[got:])
             if k == 0:
-                raise PeerClosed(f"{self.peer}: connection closed mid-message ({got}/{n} frame bytes)")
+                raise self._ended(f"connection closed mid-message ({got}/{n} frame bytes)")
             got += k
             if tag is not None and (got - tagged >= auth.BATCH_BYTES or got == n):  # while they are in cache
                 tag.update(dest[tagged:got])

@@ -134,10 +134,10 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
     # record it left behind; the controller's bound must cover them
     flights = {u: read_flight(JobDir(job_dir).flight(u)) for u in killed}
     assert all(f is not None and f.pid == killed_pid[u] for u, f in flights.items()), flights
-    unsent = sum(f.unsent for f in flights.values() if f is not None)
+    unsent = sum(f.unsent_tokens for f in flights.values() if f is not None)
     assert unsent <= partials["interrupted_lost_tokens_max"], (unsent, partials)
     # the controller, on the same host, read them too: its summary and events say the same
-    assert all(lost[u]["unsent_tokens"] == f.unsent for u, f in flights.items() if f is not None), lost
+    assert all(lost[u]["unsent_tokens"] == f.unsent_tokens for u, f in flights.items() if f is not None), lost
     assert partials["lost_units_measured"] == len(lost), partials
     assert partials["interrupted_lost_tokens_measured"] == sum(e["unsent_tokens"] for e in lost.values()), partials
     regenerated = unsent / (partials["interrupted_kept_tokens"] + unsent)

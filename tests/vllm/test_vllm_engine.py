@@ -324,12 +324,15 @@ def test_samples_stream_as_they_finish(setup: Setup) -> None:
     engine = setup.engine
     engine.add([GenRequest(f"s{n}", PROMPTS[n % 4], n, ignore_eos=True) for n in (2, 5, 9)])
     finished_at: dict[str, int] = {}
+    added = 0
     for step in itertools.count(1):
         for r in engine.step():
             finished_at[r.request_id] = step
+        added += engine.step_tokens  # what a unit's flight record counts
         if not engine.has_work():
             break
     assert finished_at == {"s2": 2, "s5": 5, "s9": 9}
+    assert added == 2 + 5 + 9
 
 
 def test_add_rejects_bad_requests(setup: Setup) -> None:

@@ -447,11 +447,16 @@ def test_partial_outputs_survive_a_checkpoint_unless_newer_than_it():
 
 
 def _lost_after_two_reports(
-    *, store_bytes: int = 256 << 20, heard_late: bool = False, report_steps: int = 0, closed: bool = False
+    *,
+    store_bytes: int = 256 << 20,
+    heard_late: bool = False,
+    report_steps: int = 0,
+    closed: bool = False,
+    lost_at: float = 2.5,
 ) -> ControllerCore:
     """r0 reports 10 tokens of each of its 2 samples a second (one report each at t 1, 2) and is lost at t 2.5
     (`heard_late`: each report is handled 0.4 s after it arrived, the loss as it arrives; `closed`: its connection
-    ended in order)."""
+    ended in order; `lost_at`: another time)."""
     from dataclasses import replace
 
     now = [0.0]
@@ -476,8 +481,8 @@ def _lost_after_two_reports(
                 made_s=100 + t,
                 heard_s=t,
             )
-    now[0] = 2.9 if heard_late else 2.5
-    core.lost("r0", at=2.5, closed=closed)
+    now[0] = lost_at + 0.4 if heard_late else lost_at
+    core.lost("r0", at=lost_at, closed=closed)
     return core
 
 
@@ -492,6 +497,13 @@ def test_a_lost_unit_s_generations_count_what_was_kept_and_at_most_what_was_lost
     assert v["regenerated_fraction_max"] == 0.2
     back = Ledger.from_json(__import__("json").loads(__import__("json").dumps(core.ledger.to_json())))
     assert back.partials.interrupted_lost_tokens_max == 10  # kept across a checkpoint
+
+
+def test_the_bound_by_time_counts_a_started_token_whole():
+    """Lost 0.24 s after its last report at 10 tokens a second, a sample may have made 2.4 tokens: 3 count."""
+    from rlctl.agents.views import partials_view
+
+    assert partials_view(_lost_after_two_reports(lost_at=2.24))["interrupted_lost_tokens_max"] == 2 * 3
 
 
 def test_a_lost_unit_s_flight_record_counts_what_its_generations_really_lost():

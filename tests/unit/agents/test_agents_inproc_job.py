@@ -97,9 +97,9 @@ def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
     for unit in ("rollout-0", "rollout-1"):  # the job ends with every unit on the trainer's last version
         assert max(v for a, v in applied if a == unit) == job.iterations
     flights = [read_flight(jd.flight(unit)) for unit in ("rollout-0", "rollout-1")]
-    assert all(f is not None and f.steps > 0 and f.sent > 0 for f in flights), flights
-    if mode == "sync":  # every generation ran to its end and went out: nothing generated is left unsent
-        assert all(f is not None and f.unsent == 0 for f in flights), flights
+    assert all(f is not None and f.num_steps > 0 and f.sent_tokens > 0 for f in flights), flights
+    if mode == "sync":  # every generation ran to its end and went out: each token generated was sent, once
+        assert all(f is not None and f.generated_tokens == f.sent_tokens and f.dropped_tokens == 0 for f in flights)
 
 
 @pytest.mark.timeout(120)

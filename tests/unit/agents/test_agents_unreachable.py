@@ -351,3 +351,47 @@ def test_a_unit_a_send_failed_on_whose_reader_says_nothing_is_lost_for_the_send(
     lost = wait_event(jd, "agent_lost")
     assert lost["in_order"] is False and lost["reason"] == "ping failed: tcp://x: message stalled for 30s", lost
     ctl._shutdown()
+
+
+def test_a_send_that_fails_over_tcp_loses_the_unit_not_in_order_and_says_why(tmp_path) -> None:
+    """A reset on the controller's send closes the TCP connection; its reader, woken by that close, says the
+    stream ended on this side (not in order), and the loss names the failed send."""
+    from rlctl.transport import TcpTransport
+
+    jd = JobDir.create("reach", explicit=tmp_path / "job")
+    spec = job(60.0)
+    jd.write_job(spec, source="test")
+    jd.write_json(jd.plan_json, {"rollout": [{"site": "far", "units": 1}], "trainer": {"site": "local"}})
+    transport = TcpTransport(secret=jd.secret())
+    ctl = ControllerAgent(jd, spec, transport, listen="tcp://127.0.0.1:0")
+    unit = transport.connect(ctl.listener.address, timeout_s=5)
+    unit.send(make("hello", Hello(role="rollout", name="rollout-0", address="x", weights="y")))
+    what, who, payload = ctl.inbox.get(timeout=10)
+    ctl._handle(what, who, payload)
+    peer = ctl.peers["rollout-0"]
+    peer.conn._sock = _Resets(peer.conn._sock)  # type: ignore[attr-defined]
+    ctl._pinged = float("-inf")
+    ctl._watch(time.monotonic())
+    ended = ctl.inbox.get(timeout=10)
+    while ended[0] != "closed":
+        ctl._handle(*ended)
+        ended = ctl.inbox.get(timeout=10)
+    ctl._handle(*ended)
+    lost = wait_event(jd, "agent_lost")
+    assert lost["in_order"] is False and lost["reason"].startswith("ping failed: "), lost
+    assert "reset" in lost["reason"], lost
+    unit.close()
+    ctl._shutdown()
+
+
+class _Resets:
+    """A socket whose sends fail as after the peer's reset."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+
+    def sendall(self, *_: object) -> None:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)

@@ -126,6 +126,24 @@ def test_engine_table_and_vllm_install_hint(monkeypatch) -> None:
         VllmEngine("/nonexistent")
 
 
+def test_each_step_says_how_many_tokens_it_added(model: TinyGPT) -> None:
+    """`step_tokens`, what a unit's flight record counts: over a run with requests arriving mid-run, a resumed
+    one (its prefix was generated elsewhere) and one taken out, the steps' sum is every token generated here."""
+    reqs = requests(10)
+    resumed = GenRequest("p", [1, 5, 6], 12, prefix=Prefix([7, 8, 9], [-0.5] * 3, [0] * 3))
+    engine = EmbeddedEngine(model, max_batch_size=4, temperature=1.0)
+    engine.add([*reqs[:6], resumed])
+    added, made = 0, 0
+    for i in range(200):
+        if i == 3:
+            engine.add(reqs[6:])
+            made += sum(len(r.output_tokens) for r in engine.interrupt(["r0"]))
+        made += sum(len(r.output_tokens) - (3 if r.request_id == "p" else 0) for r in engine.step())
+        added += engine.step_tokens
+    assert not engine.has_work() and engine.step_tokens == 0
+    assert added == made > 0
+
+
 def test_requests_arriving_mid_run_match_one_by_one(model: TinyGPT) -> None:
     reqs = requests(12)
     engine = EmbeddedEngine(model, max_batch_size=4, temperature=1.0)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
+import time
 
 import pytest
 import torch
@@ -51,3 +53,63 @@ def test_inproc_ends_in_order() -> None:
     client.close()
     with pytest.raises(PeerClosed):
         server.recv(timeout_s=5)
+
+
+@pytest.mark.parametrize("mid_message", [False, True])
+def test_closing_on_this_side_is_not_the_peer_s_orderly_end(mid_message: bool) -> None:
+    """A reader blocked in recv, woken by this side's `close` from another thread (the controller's failed send),
+    finds the stream's end as after a peer's close — but it is not the peer's."""
+    lst, client, server = _pair()
+    if mid_message:  # the reader waits inside a message: its header is in, its frame bytes are not
+        big = torch.zeros(1 << 20, dtype=torch.uint8)
+        sock: socket.socket = client._sock  # type: ignore[attr-defined]
+        client._sock = _Partial(sock, 4096)  # type: ignore[attr-defined]
+        client.send(Message("weights", {}, [big]))
+    # the descriptor closes a moment after the shutdown that wakes the reader, so the reader reads the end (not
+    # a closed descriptor) — the order the controller met
+    server._sock = _SlowClose(server._sock)  # type: ignore[attr-defined]
+    got: list[BaseException] = []
+    reader = threading.Thread(target=lambda: _recv_into(server, got), daemon=True)
+    reader.start()
+    reader.join(timeout=0.5)
+    assert reader.is_alive()  # blocked
+    server.close()
+    reader.join(timeout=5)
+    assert got and isinstance(got[0], PeerUnreachable) and not isinstance(got[0], PeerClosed), got
+    lst.close()
+
+
+class _Partial:
+    """A socket that sends the first `n` bytes it is given and drops the rest (the peer waits for them)."""
+
+    def __init__(self, sock: socket.socket, n: int) -> None:
+        self.sock, self.n = sock, n
+
+    def sendall(self, data: bytes | memoryview) -> None:
+        take = memoryview(data).cast("B")[: self.n]
+        self.sock.sendall(take)
+        self.n -= len(take)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+class _SlowClose:
+    """A socket whose `close` waits a moment first."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def close(self) -> None:
+        time.sleep(0.3)
+        self.sock.close()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+def _recv_into(conn: Connection, got: list[BaseException]) -> None:
+    try:
+        conn.recv()
+    except BaseException as e:  # noqa: BLE001 - the test looks at what ended the read
+        got.append(e)
