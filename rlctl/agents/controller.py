@@ -331,7 +331,7 @@ class ControllerAgent:
                 try:
                     p.conn.send(make("ping"))
                 except TransportError as e:
-                    self._broken(p, f"ping failed: {e}", now)
+                    self._broken(p, f"ping failed: {e}", since=now)
         if ping:
             self._pinged = now
         self._pause_state(now)
@@ -447,8 +447,11 @@ class ControllerAgent:
             if conn is not peer.conn:  # the end of a connection this agent already replaced
                 return
             if peer.state == "running" and peer.role != "client":
-                closed = isinstance(err, PeerClosed)  # in order; else a failed send's reason says more
-                self._lose(who, str(err) if closed or peer.broken is None else peer.broken, at=heard, closed=closed)
+                closed = isinstance(err, PeerClosed)  # in order
+                # a send that failed before the reader heard the end (and closed the connection, ending the
+                # read) says why; a reset or a bad message the reader heard first says it itself
+                send = peer.broken if peer.broken is not None and peer.broken_since <= heard else None
+                self._lose(who, send if send is not None and not closed else str(err), at=heard, closed=closed)
             if peer.role == "client":
                 del self.peers[who]
             return
@@ -676,14 +679,14 @@ class ControllerAgent:
             self.metrics.weight_transfer_seconds.observe(seconds)
             self.metrics.weight_last_unit_seconds.set(seconds)
 
-    def _broken(self, peer: Peer, why: str, now: float) -> None:
+    def _broken(self, peer: Peer, why: str, *, since: float) -> None:
         """A send to `peer` failed. Its loss is left to its reader, which hears the connection's end too and says
         how the stream ended (`closed`: in order, `core.lost`): the reader may have closed the connection on the
         peer's in-order end just before this send; a failed TCP send closes the connection, which ends the read
         as closed on this side (not in order, and the loss gives this send's reason). A peer whose reader says
         nothing within BROKEN_GRACE_S is lost for the send (`_watch`)."""
-        if peer.broken is None:
-            peer.broken, peer.broken_since = why, now
+        if peer.broken is None:  # `since`: when the send began (before its failure could end the read)
+            peer.broken, peer.broken_since = why, since
 
     def _lose(self, name: str, why: str, *, at: float | None = None, closed: bool = False) -> None:
         """An agent stopped heartbeating or its connection broke (`at`: when its reader heard the end; `closed`:
@@ -712,15 +715,16 @@ class ControllerAgent:
             self.core.failed += f" ({why}); continue the job with `rlctl launch --resume {self.jobdir.path.name}`"
 
     def _unsent(self, peer: Peer) -> int | None:
-        """A rollout unit whose process ended (its stream ended in order): its tokens generated and not sent, from
-        its flight record when it ran on this host (the record's pid and host are its) — what its loss really
-        cost its generations. None otherwise: a record on another host (a shared job dir's copy may be stale)."""
+        """A rollout unit whose stream ended in order (every report it wrote arrived; its process ended, or it
+        closed its link): its tokens generated and not sent, from its flight record when it ran on this host (the
+        record's pid and host are its) — what its loss cost its generations. None otherwise: a record on another
+        host (a shared job dir's copy may be stale)."""
         if peer.role != "rollout" or not peer.pid:
             return None
         flight = read_flight(self.jobdir.flight(peer.name))
         if flight is None or flight.pid != peer.pid or flight.host != socket.gethostname()[:64]:
             return None
-        return max(flight.unsent_tokens, 0)
+        return flight.unsent_tokens
 
     def _send(self, outs: list[Out]) -> None:
         if self.t_first is None and any(o.kind == "generate" for o in outs):
@@ -731,10 +735,11 @@ class ControllerAgent:
             if peer is None or peer.state != "running" or peer.broken is not None:  # (a broken one: `_broken`)
                 continue
             tensors = [t for pair in o.payload for t in pair] if o.kind == "samples" else []
+            began = time.monotonic()
             try:
                 peer.conn.send(make(o.kind, o.header, tensors))
             except TransportError as e:
-                self._broken(peer, f"send failed: {e}", time.monotonic())
+                self._broken(peer, f"send failed: {e}", since=began)
 
     def _trained(self, t: Trained) -> None:
         outs = self.core.trained(

@@ -56,13 +56,16 @@ class FlightRecord:
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.ftruncate(fd, mmap.PAGESIZE)
+            # the page written out, not a hole: a full disk fails here, not as SIGBUS at a later store
+            header = LAYOUT.pack(MAGIC, os.getpid(), 0, 0, 0, 0, socket.gethostname().encode()[:64])
+            os.write(fd, header.ljust(mmap.PAGESIZE, b"\0"))
             self._map = mmap.mmap(fd, mmap.PAGESIZE, mmap.MAP_SHARED)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)
-        host = socket.gethostname().encode()[:64]
-        LAYOUT.pack_into(self._map, 0, MAGIC, os.getpid(), 0, 0, 0, 0, host)
-        os.replace(tmp, path)
         self.num_steps = self.generated = self.sent = self.dropped = 0
 
     def stepped(self, tokens: int) -> None:

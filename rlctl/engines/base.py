@@ -131,7 +131,7 @@ class GenerationEngine(ABC):
     """A continuous-batching generator. Not thread-safe: one caller drives add/step/load_weights."""
 
     max_batch_size: int
-    step_tokens: int = 0  # tokens the last `step` added, over all requests (a unit's flight record counts them)
+    step_tokens: int  # tokens the last `step` added, over all requests (a unit's flight record counts them)
 
     @abstractmethod
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:

@@ -110,6 +110,7 @@ class EmbeddedEngine(GenerationEngine):
         model.fuse_projections()  # q/k/v and gate/up as one matmul each, in the caller's model: fewer kernels a step
         self.device = model.lm_head.weight.device
         self.max_batch_size = max_batch_size
+        self.step_tokens = 0
         self._temperature = temperature
         self.seed = seed
         self.compact_fraction = compact_fraction

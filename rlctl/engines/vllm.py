@@ -212,6 +212,7 @@ class VllmEngine(GenerationEngine):
         self._vllm = vllm
         self._delta = RequestOutputKind.DELTA
         self.max_batch_size = max_batch_size
+        self.step_tokens = 0
         self.temperature = temperature
         self.seed = seed
         self._version = version

@@ -4,7 +4,9 @@ on a silent controller the same way, and a rollout unit whose link breaks says h
 
 from __future__ import annotations
 
+import os
 import queue
+import socket
 import threading
 import time
 from typing import Any
@@ -16,6 +18,7 @@ from rlctl.agents import controller as controller_mod
 from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.core import ControllerCore, CoreConfig, PromptSpec
+from rlctl.agents.flight import FlightRecord
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Hello, SampleDone, make
 from rlctl.config.job import JobFile
@@ -299,8 +302,9 @@ def test_a_rollout_unit_whose_link_breaks_says_hello_again(tmp_path) -> None:
 # -- a failed send and the reader's end of the same connection ------------------------------------------------
 
 
-def controller_with_a_unit(tmp_path, name: str) -> tuple[ControllerAgent, JobDir, Connection]:
-    """A controller (its loop not running: the test hands it each event) that has greeted rollout-0."""
+def controller_with_a_unit(tmp_path, name: str, *, pid: int = 0) -> tuple[ControllerAgent, JobDir, Connection]:
+    """A controller (its loop not running: the test hands it each event) that has greeted rollout-0 (`pid`: the
+    process its hello names)."""
     jd = JobDir.create("reach", explicit=tmp_path / "job")
     spec = job(60.0)
     jd.write_job(spec, source="test")
@@ -308,7 +312,7 @@ def controller_with_a_unit(tmp_path, name: str) -> tuple[ControllerAgent, JobDir
     transport = InprocTransport(secret=jd.secret())
     ctl = ControllerAgent(jd, spec, transport, listen=f"inproc://{name}")
     unit = transport.connect(ctl.listener.address, timeout_s=5)
-    unit.send(make("hello", Hello(role="rollout", name="rollout-0", address="x", weights="y")))
+    unit.send(make("hello", Hello(role="rollout", name="rollout-0", address="x", weights="y", pid=pid)))
     what, who, payload = ctl.inbox.get(timeout=10)
     assert what == "hello"
     ctl._handle(what, who, payload)
@@ -350,6 +354,46 @@ def test_a_unit_a_send_failed_on_whose_reader_says_nothing_is_lost_for_the_send(
     ctl._watch(now + controller_mod.BROKEN_GRACE_S + 1)
     lost = wait_event(jd, "agent_lost")
     assert lost["in_order"] is False and lost["reason"] == "ping failed: tcp://x: message stalled for 30s", lost
+    assert lost["unsent_tokens"] is None  # not in order: what its record says may still have arrived
+    ctl._shutdown()
+
+
+def test_a_broken_unit_is_lost_for_the_send_though_it_also_went_silent(tmp_path, monkeypatch) -> None:
+    ctl, jd, _unit = controller_with_a_unit(tmp_path, "broken-and-silent")
+    peer = ctl.peers["rollout-0"]
+    ctl._broken(peer, "send failed: tcp://x: message stalled for 30s", since=time.monotonic())
+    ctl._watch(time.monotonic() + controller_mod.HEARTBEAT_TIMEOUT_S + 1)
+    assert wait_event(jd, "agent_lost")["reason"] == "send failed: tcp://x: message stalled for 30s"
+    assert not [e for e in jd.read_lines(jd.events) if e["event"] == "agent_unreachable"]
+    ctl._shutdown()
+
+
+@pytest.mark.parametrize("host", ["here", "elsewhere"])
+def test_a_unit_that_ended_in_order_here_is_charged_what_its_flight_record_says(tmp_path, monkeypatch, host) -> None:
+    """Its record (this process's pid, written on this host) says 3 tokens were generated and not sent: the loss
+    event and the summary's partials carry them. A record written on another host is not read."""
+    ctl, jd, unit = controller_with_a_unit(tmp_path, f"flight-{host}", pid=os.getpid())
+    if host == "elsewhere":
+        monkeypatch.setattr(socket, "gethostname", lambda: "another-host")
+    rec = FlightRecord(jd.flight("rollout-0"))
+    monkeypatch.undo()
+    rec.stepped(5)
+    rec.wrote(2)
+    unit.close()
+    ended = ctl.inbox.get(timeout=10)
+    while ended[0] != "closed":
+        ctl._handle(*ended)
+        ended = ctl.inbox.get(timeout=10)
+    ctl._handle(*ended)
+    lost = wait_event(jd, "agent_lost")
+    assert lost["in_order"] is True
+    partials = ctl.core.ledger.partials
+    if host == "here":
+        assert lost["unsent_tokens"] == 3
+        assert (partials.lost_units_measured, partials.interrupted_lost_tokens_measured) == (1, 3)
+    else:
+        assert lost["unsent_tokens"] is None and partials.lost_units_measured == 0
+    rec.close()
     ctl._shutdown()
 
 
@@ -385,13 +429,18 @@ def test_a_send_that_fails_over_tcp_loses_the_unit_not_in_order_and_says_why(tmp
 
 
 class _Resets:
-    """A socket whose sends fail as after the peer's reset."""
+    """A socket whose sends fail as after the peer's reset, and whose descriptor closes a moment after the
+    shutdown that wakes the reader (so the reader reads the end, as it may on a loaded machine)."""
 
     def __init__(self, sock: Any) -> None:
         self.sock = sock
 
     def sendall(self, *_: object) -> None:
         raise ConnectionResetError(104, "Connection reset by peer")
+
+    def close(self) -> None:
+        time.sleep(0.3)
+        self.sock.close()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sock, name)
