@@ -180,19 +180,22 @@ class RolloutAgent:
                 if version > self.engine.version:
                     self.engine.load_weights(sd, version)
                     self.link.send(make("weights_applied", {"version": version, **transfer}))
-            # 3. one decode step; every finished sample goes out at once
+            # 3. one decode step; the running generations' report when one is due, then every finished sample at
+            # once (a kill between a step and the writes that carry its tokens costs a token of each generation
+            # they carry: the report, which carries most of them, goes first)
+            done: list[GenResult] = []
             if self.engine.has_work():
                 t0 = time.monotonic()
                 done = self.engine.step()
                 self.flight.stepped(self.engine.step_tokens)
                 self.busy_s += time.monotonic() - t0
-                for res in done:
-                    self._send_sample(res)
                 self.steps_unreported += 1
             if (self.report_every and time.monotonic() - self.last_report >= self.report_every) or (
                 self.report_steps and self.steps_unreported >= self.report_steps
             ):
                 self._report()
+            for res in done:
+                self._send_sample(res)
 
     def _admit(self, gen: Generate) -> None:
         """Queue the requests, except samples the engine already holds: the controller requeues a unit's work
