@@ -319,6 +319,15 @@ def controller_with_a_unit(tmp_path, name: str, *, pid: int = 0) -> tuple[Contro
     return ctl, jd, unit
 
 
+def handle_until_closed(ctl: ControllerAgent) -> None:
+    """Hand the controller each event until (and with) a connection's end."""
+    while True:
+        ev = ctl.inbox.get(timeout=10)
+        ctl._handle(*ev)
+        if ev[0] == "closed":
+            return
+
+
 def test_a_unit_whose_stream_ended_in_order_is_lost_in_order_though_a_ping_failed_before_the_loop_heard_it(
     tmp_path,
 ) -> None:
@@ -380,11 +389,7 @@ def test_a_unit_that_ended_in_order_here_is_charged_what_its_flight_record_says(
     rec.stepped(5)
     rec.wrote(2)
     unit.close()
-    ended = ctl.inbox.get(timeout=10)
-    while ended[0] != "closed":
-        ctl._handle(*ended)
-        ended = ctl.inbox.get(timeout=10)
-    ctl._handle(*ended)
+    handle_until_closed(ctl)
     lost = wait_event(jd, "agent_lost")
     assert lost["in_order"] is True
     partials = ctl.core.ledger.partials
@@ -416,11 +421,7 @@ def test_a_send_that_fails_over_tcp_loses_the_unit_not_in_order_and_says_why(tmp
     peer.conn._sock = _Resets(peer.conn._sock)  # type: ignore[attr-defined]
     ctl._pinged = float("-inf")
     ctl._watch(time.monotonic())
-    ended = ctl.inbox.get(timeout=10)
-    while ended[0] != "closed":
-        ctl._handle(*ended)
-        ended = ctl.inbox.get(timeout=10)
-    ctl._handle(*ended)
+    handle_until_closed(ctl)
     lost = wait_event(jd, "agent_lost")
     assert lost["in_order"] is False and lost["reason"].startswith("ping failed: "), lost
     assert "reset" in lost["reason"], lost
