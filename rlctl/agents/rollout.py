@@ -103,6 +103,7 @@ class RolloutAgent:
         self.holding: set[str] = set()  # sample ids queued or running in the engine
         self.reported: dict[str, int] = {}  # running sample → output tokens the controller has (partial reports)
         self.order: dict[str, tuple[int, float]] = {}  # held sample → (iteration, priority): its admission order
+        self.attempt: dict[str, int] = {}  # held sample → the dispatch it was admitted from (`Request.attempt`)
         self.report_every = job.rollout.partial_report_s
         self.report_steps = job.rollout.partial_report_steps
         self.last_report = time.monotonic()
@@ -193,7 +194,7 @@ class RolloutAgent:
             if (self.report_every and time.monotonic() - self.last_report >= self.report_every) or (
                 self.report_steps and self.steps_unreported >= self.report_steps
             ):
-                self._report()
+                self._report(finished_unsent=len(done))
             for res in done:
                 self._send_sample(res)
 
@@ -205,6 +206,7 @@ class RolloutAgent:
         self.holding.update(r.sample_id for r in fresh)
         self.reported.update((r.sample_id, len(r.prefix_tokens)) for r in fresh)
         self.order.update((r.sample_id, (r.iteration, r.priority)) for r in fresh)
+        self.attempt.update((r.sample_id, r.attempt) for r in fresh)  # a sample held already keeps its own
         self.engine.add(
             [
                 GenRequest(
@@ -238,6 +240,7 @@ class RolloutAgent:
         self.holding.discard(sample_id)
         self.reported.pop(sample_id, None)
         self.order.pop(sample_id, None)
+        self.attempt.pop(sample_id, None)
 
     def _send_outputs(
         self, kind: str, outputs: list[tuple[GenResult, int]], made_s: float = 0.0, free_rows: int | None = None
@@ -257,9 +260,11 @@ class RolloutAgent:
         ]
         return self.link.send(make(kind, Partial(parts, made_s, free_rows), tensors))
 
-    def _report(self) -> None:
+    def _report(self, *, finished_unsent: int = 0) -> None:
         """Tell the controller what each running generation produced since the last report (a report the link
-        dropped while it was down goes out again with the next one)."""
+        dropped while it was down goes out again with the next one). Its free rows leave out the rows of the
+        `finished_unsent` samples still to be sent: the controller counts a row for each sample that arrives
+        after a report (`ControllerCore.reported`)."""
         self.last_report = time.monotonic()
         self.steps_unreported = 0
         new = []
@@ -267,7 +272,9 @@ class RolloutAgent:
             start = self.reported.get(res.request_id, 0)
             if len(res.output_tokens) > start:
                 new.append((res, start))
-        if new and self._send_outputs("partial", new, self.last_report, self.engine.rows_free()):
+        free = self.engine.rows_free()
+        free = None if free is None else free - finished_unsent
+        if new and self._send_outputs("partial", new, self.last_report, free):
             for res, _ in new:
                 self.reported[res.request_id] = len(res.output_tokens)
             self.flight.wrote(sum(len(res.output_tokens) - start for res, start in new))
@@ -278,6 +285,7 @@ class RolloutAgent:
             version=res.version,
             finish_reason=res.finish_reason,
             num_output_tokens=len(res.output_tokens),
+            attempt=self.attempt.get(res.request_id, 0),
         )
         tensors = [torch.tensor(res.output_tokens, dtype=torch.int32), torch.tensor(res.logprobs, dtype=torch.float32)]
         fresh = len(res.output_tokens) - self.reported.get(res.request_id, 0)

@@ -1,0 +1,81 @@
+"""A rollout unit's progress reports, read by a stand-in controller over a real in-process link: each report's
+free rows leave out the rows of the samples the same step finished and the unit sends right after it (the
+controller counts a row for each sample that arrives after a report), and its flight record ends with every
+token it generated written."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from rlctl.agents.common import AgentContext
+from rlctl.agents.flight import read_flight
+from rlctl.agents.messages import Generate, Partial, Request, make, parse
+from rlctl.agents.rollout import RolloutAgent
+from rlctl.config.job import JobFile
+from rlctl.launch.jobdir import JobDir
+from rlctl.models.tinygpt import TinyGPT
+from rlctl.transport import InprocTransport
+
+ROWS = 4
+
+
+def test_a_report_s_free_rows_leave_out_the_samples_sent_after_it(tmp_path) -> None:
+    job = JobFile.model_validate(
+        {
+            "apiVersion": "rlctl/v1",
+            "kind": "Job",
+            "name": "reports",
+            "inventory": ["x.yaml"],
+            "model": {"kind": "builtin", "name": "tiny-demo"},
+            "task": {"kind": "digits", "median_output_tokens": 6, "max_output_tokens": 16},
+            "batch": {"prompts_per_iteration": 2, "samples_per_prompt": 2, "train_micro_batch_samples": 2},
+            "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": 1}]},
+            "rollout": {"max_batch_size": ROWS, "partial_report_s": 0, "partial_report_steps": 1},
+            "transport": {"kind": "inproc", "timeout_s": 10},
+            "warmup": {"sft_steps": 0},
+        }
+    )
+    jd = JobDir.create("reports", explicit=tmp_path / "job")
+    jd.write_job(job, source="test")
+    torch.manual_seed(0)
+    TinyGPT().save_pretrained(jd.init_model)
+    transport = InprocTransport(secret=jd.secret())
+    controller = transport.listen("inproc://reports-controller")
+    unit = RolloutAgent(AgentContext(jd, job, transport, controller.address), replica=0)
+    thread = threading.Thread(target=unit.run, daemon=True)
+    thread.start()
+    conn = controller.accept(timeout_s=10)
+    assert conn.recv(timeout_s=10).kind == "hello"
+    lengths = [3, 5, 6, 8, 9, 12]  # more than its rows: the later ones wait for rows to free
+    requests = [Request(f"s{i}", [1, 3 + i], n, priority=0.0, iteration=0) for i, n in enumerate(lengths)]
+    conn.send(make("generate", Generate(requests)))
+    events: list[tuple[str, object]] = []
+    while sum(kind == "sample" for kind, _ in events) < len(requests):
+        msg = conn.recv(timeout_s=30)
+        if msg.kind == "partial":
+            events.append(("partial", parse(msg, Partial)))
+        elif msg.kind == "sample":
+            events.append(("sample", msg.header["sample_id"]))
+    conn.send(make("stop", {}))
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    reports = [i for i, (kind, _) in enumerate(events) if kind == "partial"]
+    assert len(reports) >= 3
+    before: set[str] = set()  # the generations the previous report named (one report a step while any runs)
+    with_finished = 0  # reports whose step finished samples (what the test is about)
+    for at, nxt in zip(reports, [*reports[1:], len(events)], strict=True):
+        report = events[at][1]
+        assert isinstance(report, Partial)
+        named = {p.sample_id for p in report.parts}
+        # the samples this step finished: named last step, not now, and sent right after this report
+        finished = (before - named) & {sid for kind, sid in events[at + 1 : nxt] if kind == "sample"}
+        # every running generation made a token this step, so the report names each; the other rows are free,
+        # but for those of the samples still to be sent
+        assert report.free_rows == ROWS - len(named) - len(finished), (at, events)
+        before, with_finished = named, with_finished + bool(finished)
+    assert with_finished >= 2
+    flight = read_flight(jd.flight("rollout-0"))
+    assert flight is not None and flight.generated_tokens == flight.sent_tokens > 0
+    assert flight.dropped_tokens == 0
