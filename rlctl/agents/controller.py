@@ -474,6 +474,7 @@ class ControllerAgent:
                     output_tokens=s.num_output_tokens,
                     payload=msg.tensors,
                     reward=None,
+                    attempt=s.attempt or None,
                 )
             )
             if self.core.ledger.refused > refused:

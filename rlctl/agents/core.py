@@ -311,11 +311,13 @@ class ControllerCore:
         output_tokens: int,
         payload: Any,
         reward: float | None,
+        attempt: int | None = None,
     ) -> list[Out]:
-        """A unit finished a sample; `reward` when it is scored already (else `scored` brings it later)."""
+        """A unit finished a sample; `reward` when it is scored already (else `scored` brings it later); `attempt`:
+        the dispatch its generation answers (`Ledger.finish`)."""
         if name in self._admit_cap:
             self._admit_cap[name] += 1  # its row is free again, whether the ledger takes the sample or not
-        if not self.ledger.finish(sample_id, agent=name, version=version, output_tokens=output_tokens):
+        if not self.ledger.finish(sample_id, agent=name, version=version, output_tokens=output_tokens, attempt=attempt):
             return []
         self.ledger.partials.drop(sample_id)
         for times in (self._heard_at, self._made_at):
@@ -721,6 +723,7 @@ class ControllerCore:
                 "max_new_tokens": self.cfg.max_new_tokens,
                 "priority": admission_priority(it, self.pred_len[e.prompt_id]),
                 "iteration": it,
+                "attempt": self.ledger.entries[e.sample_id].attempts,
             }
             prefix = self.ledger.partials.resume(e.sample_id)
             if prefix is not None:  # an interrupted generation resumes from its output so far

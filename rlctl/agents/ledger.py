@@ -62,6 +62,7 @@ class Entry:
     dispatch_version: int | None = None
     sample_version: int | None = None
     attempts: int = 0
+    answered: int = 0  # the latest attempt whose result was taken (a result of it or an earlier one is not again)
     output_tokens: int = 0
     reward: float | None = None  # scored (this attempt's), or not yet
     # the controller's wall clock (time.time) at the last dispatch, the finish, the delivery to the trainer and
@@ -147,12 +148,19 @@ class Ledger:
         e = self.entries.get(sample_id)
         return e if e is not None and e.state is State.DISPATCHED and e.agent == agent else None
 
-    def finish(self, sample_id: str, *, agent: str, version: int, output_tokens: int) -> bool:
-        """Record a finished sample; False (and counted) if it is not dispatched to `agent`."""
+    def finish(
+        self, sample_id: str, *, agent: str, version: int, output_tokens: int, attempt: int | None = None
+    ) -> bool:
+        """Record a finished sample; False (and counted) if it is not dispatched to `agent`, or if it answers an
+        attempt (`attempt`: the dispatch its generation came from) no later than one whose result was taken: a
+        second copy of a result, come after the sample went back to the same unit. An earlier attempt's first
+        result counts (a unit handed a sample it still held goes on with its own generation)."""
         e = self.dispatched_to(sample_id, agent)
-        if e is None:
+        if e is None or (attempt is not None and attempt <= e.answered):
             self.refused += 1
             return False
+        if attempt is not None:
+            e.answered = attempt
         e.state = State.FINISHED
         # A sample whose generation straddled a weight swap is as old as its oldest token.
         assert e.dispatch_version is not None

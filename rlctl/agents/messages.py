@@ -76,6 +76,7 @@ class Request(msgspec.Struct):
     max_new_tokens: PositiveInt  # output tokens in all, the prefix's included
     priority: float
     iteration: NonNegInt
+    attempt: NonNegInt = 0  # the ledger's dispatch count of the sample: its result says which one it answers
     # an interrupted generation to resume (partial rollouts): its tokens, their log-probs and versions
     prefix_tokens: list[int] = []
     prefix_logprobs: list[float] = []
@@ -126,6 +127,7 @@ class SampleDone(msgspec.Struct):
     version: NonNegInt
     finish_reason: str
     num_output_tokens: NonNegInt
+    attempt: NonNegInt = 0  # the dispatch (`Request.attempt`, from 1) whose generation this is; 0: not said
 
 
 class Delivered(msgspec.Struct):

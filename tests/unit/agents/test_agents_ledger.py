@@ -58,6 +58,25 @@ def test_finish_from_another_agent_or_twice_is_refused_not_delivered():
     assert led.entries["p0/0"].state is State.FINISHED
 
 
+def test_a_second_copy_of_a_result_is_refused_after_the_sample_went_back_to_the_same_unit():
+    """p0/0's result (attempt 1) was taken; its group was generated again and the sample went back to r0
+    (attempt 2): a copy of the first result is refused, the new one counts. A unit handed back a sample it still
+    held answers with its own, earlier attempt: that first result counts."""
+    led = _ledger()
+    led.dispatch("p0/0", agent="r0", version=0)
+    assert led.finish("p0/0", agent="r0", version=0, output_tokens=1, attempt=1)
+    led.abort_group("p0")
+    led.dispatch("p0/0", agent="r0", version=1)
+    assert not led.finish("p0/0", agent="r0", version=0, output_tokens=1, attempt=1)
+    assert led.refused == 1
+    assert led.finish("p0/0", agent="r0", version=1, output_tokens=1, attempt=2)
+    led.dispatch("p1/0", agent="r0", version=1)
+    assert led.requeue_agent("r0") == ["p1/0"]  # it went silent; back, it gets the same sample again
+    led.dispatch("p1/0", agent="r0", version=1)
+    assert led.finish("p1/0", agent="r0", version=1, output_tokens=1, attempt=1)
+    assert led.entries["p1/0"].state is State.FINISHED
+
+
 def test_sample_version_is_the_oldest_of_dispatch_and_reported():
     led = _ledger()
     led.dispatch("p0/0", agent="r0", version=3)

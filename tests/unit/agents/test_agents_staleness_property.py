@@ -27,7 +27,8 @@ class FakeUnit:
     alive: bool = True
     inflight: list[tuple[str, int]] = field(default_factory=list)  # (sample id, oldest version of its output)
     pending_weights: list[int] = field(default_factory=list)
-    sent: list[tuple[str, int]] = field(default_factory=list)
+    sent: list[tuple[str, int, int]] = field(default_factory=list)  # (sample id, version, attempt) of each result
+    attempt: dict[str, int] = field(default_factory=dict)  # in flight: the dispatch it was admitted from
     out: dict[str, list[int]] = field(default_factory=dict)  # in flight: the version of each output token so far
     reported: dict[str, int] = field(default_factory=dict)  # … and how many of them the controller has
     withdraws: list[int] = field(default_factory=list)  # the controller's `withdraw` counts not answered yet
@@ -129,9 +130,12 @@ def test_no_staleness_violation_and_exactly_once(
                 u = units[o.to]
                 assert u.alive
                 for r in o.header["requests"]:  # a resumed sample is as old as its prefix's oldest token
+                    if r["sample_id"] in u.attempt:  # held already: it goes on with its own generation
+                        continue
                     prefix = list(r.get("prefix_versions", []))
                     u.inflight.append((r["sample_id"], min([u.version, *prefix])))
                     u.out[r["sample_id"]], u.reported[r["sample_id"]] = prefix, len(prefix)
+                    u.attempt[r["sample_id"]] = r["attempt"]
             elif o.kind == "withdraw":
                 units[o.to].withdraws.append(o.header["count"])
 
@@ -182,19 +186,27 @@ def test_no_staleness_violation_and_exactly_once(
             take = data.draw(st.lists(st.sampled_from(u.inflight), unique=True, max_size=count)) if u.inflight else []
             for item in take:
                 u.inflight.remove(item)
+                u.attempt.pop(item[0])
             parts = [(sid, [7] * len(u.out[sid]), [-1.0] * len(u.out[sid]), u.out.pop(sid)) for sid, _ in take]
             handle(core.withdrawn(name, parts))
         elif what == "finish":
             u = units[name]
             sid, v_admit = u.inflight.pop(data.draw(st.integers(0, len(u.inflight) - 1)))
             u.out.pop(sid, None)
+            attempt = u.attempt.pop(sid)
             # the engine reports the oldest version; report the newest sometimes: the ledger must cope
             v = v_admit if data.draw(st.booleans()) else u.version
-            u.sent.append((sid, v))
+            u.sent.append((sid, v, attempt))
             scored_now = data.draw(st.booleans())
             handle(
                 core.sample(
-                    name, sample_id=sid, version=v, output_tokens=3, payload=sid, reward=1.0 if scored_now else None
+                    name,
+                    sample_id=sid,
+                    version=v,
+                    output_tokens=3,
+                    payload=sid,
+                    reward=1.0 if scored_now else None,
+                    attempt=attempt,
                 )
             )
             attempt = core.awaiting_reward(sid)
@@ -209,8 +221,10 @@ def test_no_staleness_violation_and_exactly_once(
             handle(core.scored(sid, attempt=attempt, reward=0.5))
         elif what == "dup":
             dups_left -= 1
-            sid, v = data.draw(st.sampled_from(units[name].sent))
-            handle(core.sample(name, sample_id=sid, version=v, output_tokens=3, payload=sid, reward=1.0))
+            sid, v, attempt = data.draw(st.sampled_from(units[name].sent))
+            handle(
+                core.sample(name, sample_id=sid, version=v, output_tokens=3, payload=sid, reward=1.0, attempt=attempt)
+            )
         elif what == "weights":
             u = units[name]
             u.version = u.pending_weights.pop(0)
