@@ -450,8 +450,10 @@ class ControllerAgent:
                 closed = isinstance(err, PeerClosed)  # in order
                 # a send that failed before the reader heard the end (and closed the connection, ending the
                 # read) says why; a reset or a bad message the reader heard first says it itself
-                send = peer.broken if peer.broken is not None and peer.broken_since <= heard else None
-                self._lose(who, send if send is not None and not closed else str(err), at=heard, closed=closed)
+                reason = str(err)
+                if not closed and peer.broken is not None and peer.broken_since <= heard:
+                    reason = peer.broken
+                self._lose(who, reason, at=heard, closed=closed)
             if peer.role == "client":
                 del self.peers[who]
             return

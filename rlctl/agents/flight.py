@@ -30,7 +30,8 @@ from pathlib import Path
 
 MAGIC = b"rlflight"
 LAYOUT = struct.Struct("<8sqqqqq64s")  # magic, pid, num_steps, generated, sent, dropped, host
-_COUNTS = struct.Struct("<qqqq")  # num_steps … dropped, at offset 16
+_COUNTS = struct.Struct("<qqqq")  # num_steps … dropped, after magic and pid
+_COUNTS_AT = struct.calcsize("<8sq")
 
 
 @dataclass(frozen=True)
@@ -74,18 +75,17 @@ class FlightRecord:
         self.generated += tokens
         self._store()
 
-    def wrote(self, tokens: int) -> None:
-        """`tokens` not written before went into the link."""
-        self.sent += tokens
-        self._store()
-
-    def dropped_by_link(self, tokens: int) -> None:
-        """`tokens` not written before went out with a sample or withdrawal the link dropped."""
-        self.dropped += tokens
+    def wrote(self, tokens: int, *, dropped: bool = False) -> None:
+        """`tokens` not written before went into the link (`dropped`: out with a sample or withdrawal the link
+        dropped while it was down)."""
+        if dropped:
+            self.dropped += tokens
+        else:
+            self.sent += tokens
         self._store()
 
     def _store(self) -> None:
-        _COUNTS.pack_into(self._map, 16, self.num_steps, self.generated, self.sent, self.dropped)
+        _COUNTS.pack_into(self._map, _COUNTS_AT, self.num_steps, self.generated, self.sent, self.dropped)
 
     def close(self) -> None:
         self._map.close()

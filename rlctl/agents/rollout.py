@@ -231,10 +231,8 @@ class RolloutAgent:
         fresh = sum(len(r.output_tokens) - self.reported.get(r.request_id, 0) for r in out)
         for r in out:
             self._forget(r.request_id)
-        if self._send_outputs("withdrawn", [(r, 0) for r in out]):
-            self.flight.wrote(fresh)
-        else:
-            self.flight.dropped_by_link(fresh)
+        sent = self._send_outputs("withdrawn", [(r, 0) for r in out])
+        self.flight.wrote(fresh, dropped=not sent)
 
     def _forget(self, sample_id: str) -> None:
         self.holding.discard(sample_id)
@@ -290,10 +288,8 @@ class RolloutAgent:
         tensors = [torch.tensor(res.output_tokens, dtype=torch.int32), torch.tensor(res.logprobs, dtype=torch.float32)]
         fresh = len(res.output_tokens) - self.reported.get(res.request_id, 0)
         self._forget(res.request_id)
-        if self.link.send(make("sample", head, tensors)):
-            self.flight.wrote(fresh)
-        else:
-            self.flight.dropped_by_link(fresh)
+        sent = self.link.send(make("sample", head, tensors))
+        self.flight.wrote(fresh, dropped=not sent)
         self.samples_sent += 1
 
     def _finish(self, *, stopped: bool) -> None:

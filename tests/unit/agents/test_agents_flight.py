@@ -19,7 +19,7 @@ rec = FlightRecord(Path(sys.argv[1]))
 rec.stepped(5)
 rec.wrote(3)
 rec.stepped(2)
-rec.dropped_by_link(1)
+rec.wrote(1, dropped=True)
 print(os.getpid(), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
