@@ -44,6 +44,13 @@ class JobMetrics:
             registry=r,
         )
         self.reward_mean = Gauge("rlctl_reward_mean", "Mean reward of the last iteration's samples", registry=r)
+        self.grad_norm = Gauge(
+            "rlctl_train_grad_norm", "The policy's gradient norm before clipping, last step", registry=r
+        )
+        self.learning_rate = Gauge("rlctl_train_learning_rate", "The policy's learning rate, last step", registry=r)
+        self.clip_fraction = Gauge(
+            "rlctl_train_clip_fraction", "Share of the last iteration's tokens whose ratio was clipped", registry=r
+        )
         self.weight_version = Gauge(
             "rlctl_weights_version", "Newest weight version published by the trainer", registry=r
         )

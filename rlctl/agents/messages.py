@@ -194,6 +194,9 @@ class Trained(msgspec.Struct):
     # mean per-token k3 estimate of KL(sampling policy ‖ trainer policy before this step's update), over the
     # iteration's tokens: how off-policy the batch was (staleness, engine numerics); not the reference KL
     kl: float = 0.0
+    grad_norm: float = 0.0  # the policy's gradient norm before clipping (algorithm.grad_clip)
+    lr: float = 0.0  # the learning rate of this step (algorithm.lr and its schedule)
+    clip_frac: float = 0.0  # share of the iteration's tokens whose ratio was outside the clip range
     # this version's trainer checkpoint part is being written in the background: `checkpoint_written` follows
     checkpointing: bool = False
 

@@ -111,7 +111,7 @@ class TrainerAgent:
         # versions travel in the checkpoint's dtype, a tied embedding once (what the planner prices)
         self.config = config = hf.read_config(init)
         self._wire_dtype, self._tied = hf.torch_dtype(config), config.tie_word_embeddings
-        self.learner = make_learner(self.backend, job.algorithm, job.batch, ref=ref)
+        self.learner = make_learner(self.backend, job.algorithm, job.batch, ref=ref, iterations=job.iterations)
         self.bound = StalenessBound(job.pipeline.eta)
         self.samples_per_prompt = job.batch.samples_per_prompt
         self.prompts_per_iteration = job.batch.prompts_per_iteration
@@ -136,6 +136,7 @@ class TrainerAgent:
                 data_parallel=self.data_parallel,
             )
             self.version = int(counters["version"])
+            self.learner.resume_at(self.version)
             log.info("%s: restored checkpoint v%d", self.name, self.version)
         self.busy_s = 0.0
         self.snapshot_s = 0.0  # the training thread's time taking checkpoints' host copies
@@ -306,6 +307,9 @@ class TrainerAgent:
                                 tokens=int(stats["tokens"]),
                                 loss=stats["loss"],
                                 kl=stats["kl"],
+                                grad_norm=stats["grad_norm"],
+                                lr=stats["lr"],
+                                clip_frac=stats["clip_frac"],
                                 checkpointing=checkpoint is not None,
                                 staleness_violations=violations.pop(iteration, 0),
                                 busy_s=self.busy_s,

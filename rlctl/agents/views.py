@@ -83,6 +83,9 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
         "staleness": {str(k): v for k, v in sorted(st.staleness.items())},
         "loss": round(t.loss, 5),
         "kl": round(t.kl, 6),
+        "grad_norm": round(t.grad_norm, 5),
+        "lr": t.lr,
+        "clip_frac": round(t.clip_frac, 5),
         "reward_failures": s.reward_stats.failures,  # calls that raised, timed out or returned a wrong type
         "period_s": round(period, 4),
         "wall_s": round((st.trained_at or 0.0) - s.t_start, 3),
@@ -328,6 +331,9 @@ def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: Iter
     m.samples_per_second.set(row["samples_per_s"])
     m.tokens_per_second.set(row["tokens_per_s"])
     m.reward_mean.set(t.reward_mean)
+    m.grad_norm.set(t.grad_norm)
+    m.learning_rate.set(t.lr)
+    m.clip_fraction.set(t.clip_frac)
     m.weight_version.set(t.version)
     m.samples_total.labels("trained").inc(len(t.sample_ids))
     for gap, n in stats.staleness.items():

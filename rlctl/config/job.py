@@ -213,19 +213,56 @@ class OffPolicyCorrection(Strict):
         return self.is_cap if self.is_cap is not None or self.off_policy != "tis" else TIS_CAP
 
 
-class GrpoAlgorithm(OffPolicyCorrection):
-    kind: Literal["grpo"]
+LrDecay = Literal["constant", "linear", "cosine"]
+
+
+class PolicyUpdate(OffPolicyCorrection):
+    """The optimizer step and the clip every learner shares (rlctl.rl.learner, rlctl.rl.schedule)."""
+
     lr: PositiveFloat = 3e-4
     clip_eps: PositiveFloat = 0.2
+    clip_eps_high: PositiveFloat | None = Field(
+        None, description="upper clip of the ratio, 1 + clip_eps_high (DAPO's clip-higher); default clip_eps"
+    )
+    grad_clip: PositiveFloat = Field(1.0, description="the whole model's gradient norm is clipped to this")
+    weight_decay: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="AdamW's decoupled weight decay, on matrices and embeddings (not on biases or norms)"
+    )
+    lr_warmup_iterations: NonNegativeInt = Field(
+        0, description="the learning rate rises linearly to lr over the first this many iterations"
+    )
+    lr_decay: LrDecay = Field(
+        "constant",
+        description="after the warm-up: constant, or linear / cosine down to min_lr_ratio × lr at the job's end",
+    )
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None, description="where linear or cosine decay ends, as a fraction of lr (default 0)"
+    )
+
+    @model_validator(mode="after")
+    def _floor_needs_a_decay(self) -> PolicyUpdate:
+        if self.min_lr_ratio is not None and self.lr_decay == "constant":
+            raise ValueError("min_lr_ratio is where lr_decay 'linear' or 'cosine' ends; lr_decay is 'constant'")
+        return self
+
+    @property
+    def clip_high(self) -> float:
+        """The ratio's upper clip is 1 + this."""
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
+
+class GrpoAlgorithm(PolicyUpdate):
+    kind: Literal["grpo"]
     kl_coef: Annotated[float, Field(ge=0)] = 0.0
     temperature: PositiveFloat = 1.0
+    advantage_std: bool = Field(
+        True, description="divide each group's advantages by its reward std; false: r − group mean (Dr. GRPO)"
+    )
 
 
-class PpoAlgorithm(OffPolicyCorrection):
+class PpoAlgorithm(PolicyUpdate):
     kind: Literal["ppo"]
-    lr: PositiveFloat = 3e-4
     critic_lr: PositiveFloat = 1e-3
-    clip_eps: PositiveFloat = 0.2
     kl_coef: Annotated[float, Field(ge=0)] = 0.0
     gamma: Annotated[float, Field(gt=0, le=1)] = 1.0
     lam: Annotated[float, Field(gt=0, le=1)] = 0.95

@@ -183,7 +183,7 @@ def run_rank(spec: RankSpec, rank: int) -> dict[str, list[float] | list[int]]:
     ref = (
         load_backend(spec.backend, spec.model_dir, tp=spec.tp, pp=spec.pp).model if spec.algorithm.kl_coef > 0 else None
     )
-    learner = make_learner(policy, spec.algorithm, spec.batch, ref=ref)
+    learner = make_learner(policy, spec.algorithm, spec.batch, ref=ref, iterations=spec.warmup_steps + spec.steps)
     vocab = read_config(spec.model_dir).vocab_size
 
     def rows(samples: list[Sample]) -> int:

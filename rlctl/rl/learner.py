@@ -5,7 +5,7 @@ iteration's token count only at the step.
 
     add(sample) ─▶ group buffer ──group complete──▶ advantages ─▶ ready
     train_ready(min) ─▶ micro-batch forward/backward (grad accumulates)        [as samples stream in]
-    step() ─▶ all-reduce(sum) over ranks, ÷ tokens, clip, AdamW step ─▶ version + 1
+    step() ─▶ all-reduce(sum) over ranks, ÷ tokens, clip, AdamW step at the schedule's rate ─▶ version + 1
 
 Ranks > 0 follow rank 0: each micro-batch is broadcast, every data-parallel rank takes its slice. The
 step's figures (loss, clip fraction, k3 KL of the sampling policy from the trained one) are token sums
@@ -42,9 +42,10 @@ import torch.distributed as dist
 
 from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
 from rlctl.rl.cuts import trainable_cuts
-from rlctl.rl.grpo import group_advantages, policy_loss, policy_optimizer
+from rlctl.rl.grpo import group_advantages, policy_loss
 from rlctl.rl.ppo import PpoLearner, ValueModel
 from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, row_tokens
+from rlctl.rl.schedule import StepLr, policy_optimizer, set_lr
 from rlctl.trainers.base import DataParallel, TrainerBackend, Trunk, clip_whole, whole_replicas
 from rlctl.trainers.wire import broadcast_value
 
@@ -98,18 +99,24 @@ class StreamingLearner:
         micro_batch_samples: int,
         micro_batch_tokens: int | None = None,
         ref_model: torch.nn.Module | None = None,
-        grad_clip: float = 1.0,
         data_parallel: DataParallel | None = None,  # default: every rank of the default group a replica
         clip_grad_norm_: Callable[[float], float] | None = None,  # default: over `model`'s parameters
+        iterations: int | None = None,  # the job's: where `lr_decay` ends
     ) -> None:
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
         self.group_size = group_size
         self.micro, self.micro_tokens = micro_batch_samples, micro_batch_tokens
-        self.grad_clip = grad_clip
         self.dp = data_parallel or whole_replicas()
         self._clip = clip_grad_norm_ or (lambda max_norm: clip_whole(model, max_norm))
-        self.opt = policy_optimizer(model, cfg.lr)
+        self.opt = policy_optimizer(model, cfg.lr, weight_decay=cfg.weight_decay)
+        self.schedule = StepLr.of(cfg, iterations=iterations)
+        self.steps = 0  # optimizer steps taken: the version this rank's weights are at
+        self._scale = cfg.advantage_std if isinstance(cfg, GrpoAlgorithm) else True
         self._reset()
+
+    def resume_at(self, version: int) -> None:
+        """The weights and optimizer state of `version` were restored: the next step is that version's."""
+        self.steps = version
 
     def _reset(self) -> None:
         self.groups: dict[str, list[Sample]] = defaultdict(list)
@@ -130,7 +137,7 @@ class StreamingLearner:
         group = self.groups[sample.prompt_id]
         group.append(sample)
         if len(group) == (group_size or self.group_size):
-            adv = group_advantages([s.reward for s in group], [s.prompt_id for s in group])
+            adv = group_advantages([s.reward for s in group], [s.prompt_id for s in group], scale=self._scale)
             self.ready += list(zip(group, adv, strict=True))
             del self.groups[sample.prompt_id]
 
@@ -174,6 +181,7 @@ class StreamingLearner:
                 num_tokens=1,
                 off_policy=self.cfg.off_policy,
                 is_cap=self.cfg.behaviour_cap,
+                clip_eps_high=self.cfg.clip_high,
             )
             (loss * weight).backward()
             for k, v in m.items():
@@ -206,9 +214,12 @@ class StreamingLearner:
             box = torch.tensor([sums[k] for k in _SUMMED], dtype=torch.float64)
             dist.all_reduce(box, group=self.dp.group)
             sums = dict(zip(_SUMMED, box.tolist(), strict=True))
-        grad_norm = self._clip(self.grad_clip)
+        grad_norm = self._clip(self.cfg.grad_clip)
+        lr = self.cfg.lr * self.schedule.at(self.steps)
+        set_lr(self.opt, lr)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        self.steps += 1
         self.model.eval()
         self.compute_s += time.monotonic() - t0
         return {
@@ -218,6 +229,7 @@ class StreamingLearner:
             "is_weight_mean": sums["is_weight_sum"] / n,  # π_prox / μ over the iteration's tokens (clip: 1)
             "is_capped_frac": sums["is_capped_sum"] / n,
             "grad_norm": grad_norm,
+            "lr": lr,
             "tokens": float(total_tokens),
             "train_s": self.compute_s,
         }
@@ -284,6 +296,7 @@ class PpoBatchLearner:
         ref_model: torch.nn.Module | None = None,
         data_parallel: DataParallel | None = None,  # default: every rank of the default group a replica
         clip_grad_norm_: Callable[[torch.nn.Module, float], float] = clip_whole,  # (policy or critic, max norm)
+        iterations: int | None = None,  # the job's: where `lr_decay` ends
     ) -> None:
         self.inner = PpoLearner(
             model,
@@ -294,8 +307,13 @@ class PpoBatchLearner:
             micro_batch_tokens=micro_batch_tokens,
             data_parallel=data_parallel,
             clip_grad_norm_=clip_grad_norm_,
+            iterations=iterations,
         )
         self.samples: list[Sample] = []
+
+    def resume_at(self, version: int) -> None:
+        """As `StreamingLearner.resume_at`."""
+        self.inner.steps = version
 
     @property
     def count(self) -> int:
@@ -355,10 +373,16 @@ class PpoBatchLearner:
 
 
 def make_learner(
-    backend: TrainerBackend, algorithm: GrpoAlgorithm | PpoAlgorithm, batch: Batch, *, ref: torch.nn.Module | None
+    backend: TrainerBackend,
+    algorithm: GrpoAlgorithm | PpoAlgorithm,
+    batch: Batch,
+    *,
+    ref: torch.nn.Module | None,
+    iterations: int | None = None,
 ) -> StreamingLearner | PpoBatchLearner:
     """The trainer's learner for `algorithm` on a backend's policy (and reference model), with the backend's
-    data-parallel place and gradient clipping (and, for PPO, a critic on the backend's `critic_trunk`)."""
+    data-parallel place and gradient clipping (and, for PPO, a critic on the backend's `critic_trunk`);
+    `iterations`, the job's, is where a decaying learning rate ends (needed with `lr_decay` linear or cosine)."""
     if isinstance(algorithm, PpoAlgorithm):
         return PpoBatchLearner(
             backend.model,
@@ -369,6 +393,7 @@ def make_learner(
             micro_batch_tokens=batch.train_micro_batch_tokens,
             data_parallel=backend.data_parallel(),
             clip_grad_norm_=lambda module, max_norm: backend.clip_grad_norm_(max_norm, model=module),
+            iterations=iterations,
         )
     return StreamingLearner(
         backend.model,
@@ -379,4 +404,5 @@ def make_learner(
         ref_model=ref,
         data_parallel=backend.data_parallel(),
         clip_grad_norm_=backend.clip_grad_norm_,
+        iterations=iterations,
     )

@@ -32,8 +32,9 @@ import torch.distributed as dist
 from torch import nn
 
 from rlctl.config.job import PpoAlgorithm
-from rlctl.rl.grpo import policy_loss, policy_optimizer
+from rlctl.rl.grpo import policy_loss
 from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, micro_batches
+from rlctl.rl.schedule import StepLr, policy_optimizer, set_lr
 from rlctl.trainers.base import DataParallel, Trunk, clip_whole, whole_replicas
 from rlctl.trainers.wire import all_gather_values
 
@@ -84,22 +85,23 @@ class PpoLearner:
         ref_model: nn.Module | None = None,
         micro_batch_samples: int = 32,
         micro_batch_tokens: int | None = None,
-        grad_clip: float = 1.0,
         pad: int = 0,
         data_parallel: DataParallel | None = None,  # default: every rank of the default group a replica
         clip_grad_norm_: Callable[[nn.Module, float], float] = clip_whole,  # (policy or critic, max norm) → norm
+        iterations: int | None = None,  # the job's: where `lr_decay` ends
     ) -> None:
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.cfg, self.ref_model = model, cfg, ref_model
         self.critic = critic if critic is not None else ValueModel(copy.deepcopy(model))  # type: ignore[arg-type]
         self.micro_batch_samples, self.micro_batch_tokens = micro_batch_samples, micro_batch_tokens
-        self.grad_clip, self.pad = grad_clip, pad
+        self.pad = pad
         self.dp = data_parallel or whole_replicas()
         self._clip = clip_grad_norm_
-        self.opt = policy_optimizer(model, cfg.lr)
+        self.opt = policy_optimizer(model, cfg.lr, weight_decay=cfg.weight_decay)
         self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
-        self.steps = 0
+        self.schedule = StepLr.of(cfg, iterations=iterations)
+        self.steps = 0  # optimizer steps taken: the version the weights are at
 
     def _cuts(self, samples: list[Sample]) -> list[list[int]]:
         """This data-parallel rank's rows of each micro-batch (similar lengths: little padding); empty cuts dropped."""
@@ -161,6 +163,7 @@ class PpoLearner:
                 num_tokens=total,
                 off_policy=self.cfg.off_policy,
                 is_cap=self.cfg.behaviour_cap,
+                clip_eps_high=self.cfg.clip_high,
             )
             loss.backward()
             target = make_batch(part, [ret[i] for i in idx], pad=self.pad).advantages.to(device_of(self.critic))
@@ -180,8 +183,11 @@ class PpoLearner:
             box = torch.tensor([sums[k] for k in _SUMMED], dtype=torch.float64)
             dist.all_reduce(box, group=self.dp.group)
             sums = defaultdict(float, zip(_SUMMED, box.tolist(), strict=True))
-        grad_norm = self._clip(self.model, self.grad_clip)
-        self._clip(self.critic, self.grad_clip)
+        grad_norm = self._clip(self.model, self.cfg.grad_clip)
+        self._clip(self.critic, self.cfg.grad_clip)
+        factor = self.schedule.at(self.steps)
+        set_lr(self.opt, self.cfg.lr * factor)
+        set_lr(self.critic_opt, self.cfg.critic_lr * factor)
         self.opt.step()
         self.critic_opt.step()
         self.model.eval()
@@ -195,6 +201,7 @@ class PpoLearner:
             "approx_kl": sums["approx_kl_sum"] / n,
             "kl": sums["kl_sum"] / n,
             "grad_norm": grad_norm,
+            "lr": self.cfg.lr * factor,
             "reward_mean": sum(s.reward for s in samples) / len(samples),
             "samples": float(len(samples)),
             "tokens": sums["tokens"],

@@ -16,6 +16,7 @@ import signal
 
 import pytest
 
+from rlctl.rl.schedule import StepLr
 from tests.integration.agents.test_agents_megatron_job import split_model
 from tests.unit.trainers.megatron_required import require_megatron
 
@@ -50,12 +51,16 @@ def held_then_killed(tmp_path, launcher, job, job_dir, every: int) -> int:
 @pytest.mark.parametrize("trainer_gpus", [1, 2], ids=["dp1", "dp2"])
 def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, launcher, trainer_gpus):
     iterations, prompts, job_dir = 12, 4, tmp_path / "run"
+    # a learning rate that warms up over 5 iterations and then decays: the resumed trainer steps on from the
+    # checkpoint's version (a restart from step 0 would warm up again)
+    schedule = {"lr_warmup_iterations": 5, "lr_decay": "cosine", "min_lr_ratio": 0.1}
     job = hf_job(
         tmp_path,
         job_dir=job_dir,
         iterations=iterations,
         every=3,
         placement={"trainer": {"site": "local", "gpus": trainer_gpus}, "rollout": [{"site": "local", "gpus": 2}]},
+        algorithm={"kind": "grpo", "lr": 1.0e-4, **schedule},
     )
     latest = held_then_killed(tmp_path, launcher, job, job_dir, every=3)
     before = [r["iteration"] for r in metrics_rows(job_dir)]
@@ -64,6 +69,8 @@ def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, 
     assert code == 0 and s["state"] == "done", why_not_done(job_dir, s)
     rows = metrics_rows(job_dir)
     assert [r["iteration"] for r in rows] == list(range(iterations))  # the curve continues from the checkpoint
+    rate = StepLr(warmup=5, decay="cosine", total=iterations, floor=0.1)
+    assert [r["lr"] for r in rows] == pytest.approx([1.0e-4 * rate.at(i) for i in range(iterations)], rel=1e-9)
     discarded = job_dir / "metrics.discarded.jsonl"
     past = [json.loads(x)["iteration"] for x in discarded.read_text().splitlines()]
     assert past and sorted(past) == [i for i in before if i >= latest]  # what the killed run trained past it

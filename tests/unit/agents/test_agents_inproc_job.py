@@ -17,7 +17,7 @@ from rlctl.agents.rollout import RolloutAgent
 from rlctl.agents.trainer import TrainerAgent
 from rlctl.checkpoint.files import latest_complete, read_manifest
 from rlctl.checkpoint.trainer import HostPolicy
-from rlctl.config.job import JobFile
+from rlctl.config.job import GrpoAlgorithm, JobFile
 from rlctl.launch.jobdir import JobDir
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.transport import InprocTransport
@@ -100,6 +100,24 @@ def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
     assert all(f is not None and f.num_steps > 0 and f.sent_tokens > 0 for f in flights), flights
     if mode == "sync":  # every generation ran to its end and went out: each token generated was sent, once
         assert all(f is not None and f.generated_tokens == f.sent_tokens and f.dropped_tokens == 0 for f in flights)
+
+
+@pytest.mark.timeout(120)
+def test_the_trainer_steps_at_the_job_s_learning_rate_schedule_and_reports_each_step(tmp_path):
+    """`algorithm`'s schedule, read by the trainer agent: warm-up over 2 of 4 iterations, then linear to half:
+    lr × 0.5, 1, 1, 0.75; every row carries the step's rate, gradient norm and clip fraction (the untrained model's
+    rewards are mostly equal within a group: the norm may be 0)."""
+    job = _job("async", iterations=4)
+    schedule = {"lr": 1e-3, "lr_warmup_iterations": 2, "lr_decay": "linear", "min_lr_ratio": 0.5}
+    job = job.model_copy(update={"algorithm": GrpoAlgorithm(kind="grpo", **schedule)})
+    jd, ctl = run_inproc(job, tmp_path, "schedule")
+    rows = jd.read_lines(jd.metrics)
+    assert [r["lr"] for r in rows] == pytest.approx([5e-4, 1e-3, 1e-3, 7.5e-4], rel=1e-12)
+    assert all(r["grad_norm"] >= 0 and 0 <= r["clip_frac"] <= 1 for r in rows), rows  # (0: no group's rewards differ)
+    with urllib.request.urlopen(f"http://127.0.0.1:{ctl.metrics_port}/metrics", timeout=5) as resp:
+        scraped = resp.read().decode()
+    assert "rlctl_train_learning_rate 0.00075" in scraped
+    assert "rlctl_train_grad_norm " in scraped and "rlctl_train_clip_fraction " in scraped
 
 
 @pytest.mark.timeout(120)

@@ -26,12 +26,25 @@ def batch(model: TinyGPT, rng: random.Random, *, prompts: int, group: int) -> li
     return out
 
 
-@pytest.mark.parametrize(("rows", "tokens"), [(4, None), (32, 96), (3, 40)])
-def test_streaming_step_equals_the_batch_step(rows: int, tokens: int | None) -> None:
+# the job file's other update settings: Dr. GRPO's advantages, an upper clip that binds (the behaviour log-probs
+# are 0.05 below: ratios ≈ 1.05), decay, a tight gradient clip, warm-up
+KNOBS = {
+    "advantage_std": False,
+    "clip_eps_high": 0.02,
+    "weight_decay": 0.05,
+    "grad_clip": 0.1,
+    "lr_warmup_iterations": 3,
+}
+
+
+@pytest.mark.parametrize(
+    ("rows", "tokens", "knobs"), [(4, None, {}), (32, 96, {}), (3, 40, {}), (5, None, KNOBS)], ids=str
+)
+def test_streaming_step_equals_the_batch_step(rows: int, tokens: int | None, knobs: dict) -> None:
     torch.manual_seed(0)
     base = TinyGPT(SMALL)
     samples = batch(base, random.Random(1), prompts=5, group=4)
-    cfg = GrpoAlgorithm(kind="grpo", lr=1e-2)
+    cfg = GrpoAlgorithm(kind="grpo", lr=1e-2, **knobs)
     at_end = TinyGPT(SMALL)
     at_end.load_state_dict(base.state_dict())
     GrpoLearner(at_end, cfg, micro_batch_samples=rows, micro_batch_tokens=tokens).step(samples)

@@ -65,7 +65,13 @@ def _headers() -> dict[str, st.SearchStrategy[dict[str, Any]]]:
                 "staleness_violations": st.integers(-2, 5),
                 "busy_s": FLOATS,
             },
-            optional={"kl": FLOATS, "checkpointing": st.booleans()},
+            optional={
+                "kl": FLOATS,
+                "grad_norm": FLOATS,
+                "lr": FLOATS,
+                "clip_frac": FLOATS,
+                "checkpointing": st.booleans(),
+            },
         ),
         "checkpoint_written": st.fixed_dictionaries(
             {"version": INTS},

@@ -57,7 +57,7 @@ def test_dashboard_shape() -> None:
     ids = [p["id"] for p in every]
     assert len(ids) == len(set(ids))
     rows = [p["title"] for p in every if p["type"] == "row"]
-    assert rows == ["Progress", "Stages", "Throughput", "Staleness & ledger", "Weights", "Agents"]
+    assert rows == ["Progress", "Stages", "Throughput", "Staleness & ledger", "Weights", "Agents", "Training"]
     for p in every:
         if p["type"] == "row":
             continue

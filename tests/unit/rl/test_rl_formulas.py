@@ -49,6 +49,13 @@ def test_group_advantages_interleaved_groups_keep_their_positions() -> None:
     assert adv == pytest.approx([-1.0, 1.0, 1.0, -1.0], abs=3e-6)
 
 
+def test_without_the_std_the_advantage_is_the_reward_minus_the_group_mean() -> None:
+    # Dr. GRPO (`advantage_std: false`): a = [1, 2, 3, 6] − 3 = [−2, −1, 0, 3]; b = [0, 1e-6] − 5e-7 = ∓5e-7 (the
+    # std would have scaled these up to ∓1/3); c: equal → 0
+    adv = group_advantages([1.0, 2.0, 3.0, 6.0, 0.0, 1e-6, 0.1, 0.1], list("aaaabbcc"), scale=False)
+    assert adv == pytest.approx([-2.0, -1.0, 0.0, 3.0, -5e-7, 5e-7, 0.0, 0.0], abs=1e-12)
+
+
 # ---------------------------------------------------------------- GRPO clipped surrogate
 
 # ε = 0.2, clip range [0.8, 1.2]; surrogate s = min(r·A, clip(r)·A), loss term −s
@@ -106,6 +113,26 @@ def test_clipped_tokens_carry_no_gradient_and_the_others_carry_minus_r_a() -> No
         assert row == pytest.approx(exp, abs=1e-6)
     assert float(grad[0, 0].abs().max()) == 0 and float(grad[1, 2].abs().max()) == 0  # clipped: all logits
     assert float(grad[1, 0].abs().max()) == 0 and float(grad[2, 1:].abs().max()) == 0  # prompt and padding
+
+
+# Clip-higher (DAPO, `clip_eps_high`): ε_low 0.2, ε_high 0.6, clip range [0.8, 1.6]; the SAMPLES above:
+#   sample 1, A = +2: r = 1.5 → min(3.0, 3.0) = 3.0 now inside; r = 0.5 → 1.0; r = 1.1 → 2.2
+#   sample 2, A = −1: r = 1.5 → −1.5; r = 0.5 → min(−0.5, −0.8) = −0.8 still clipped (the low side)
+#   sample 3: 0.475.  Σ −s = −6.2 + 2.3 − 0.475 = −4.375; / 6 = −0.7291667; outside the range: 0.5, 0.5 → 2
+#   sample 1's first token (3, p 0.4) now carries −(1.5·2/6)(0.6) = −0.3 (0 under the symmetric clip)
+
+
+def test_clip_higher_lets_a_likelier_token_with_a_positive_advantage_grow_further() -> None:
+    samples, adv = grpo_batch()
+    policy = fixed((3, 4))
+    loss, m = policy_loss(policy, make_batch(samples, adv), clip_eps=0.2, clip_eps_high=0.6)
+    assert float(loss.detach()) == pytest.approx(-0.7291667, abs=1e-6)
+    assert m["clip_sum"] == 2
+    loss.backward()
+    grad = cast(FixedPolicy, policy).logits.grad
+    assert grad is not None
+    assert float(grad[0, 0, 3]) == pytest.approx(-0.3, abs=1e-6)
+    assert float(grad[1, 2].abs().max()) == 0  # sample 2's r = 0.5 with A < 0: clipped below, as before
 
 
 # Off-policy corrections (rlctl.rl.grpo.policy_loss, `off_policy`). One optimizer step per iteration: π_prox
