@@ -48,6 +48,9 @@ class JobMetrics:
             "rlctl_train_grad_norm", "The policy's gradient norm before clipping, last step", registry=r
         )
         self.learning_rate = Gauge("rlctl_train_learning_rate", "The policy's learning rate, last step", registry=r)
+        self.entropy = Gauge(
+            "rlctl_train_entropy", "The policy's mean next-token entropy (nats) over the last iteration", registry=r
+        )
         self.clip_fraction = Gauge(
             "rlctl_train_clip_fraction", "Share of the last iteration's tokens whose ratio was clipped", registry=r
         )

@@ -279,6 +279,7 @@ SERIES: dict[str, str] = {
     "grad_norm": "train/grad_norm",
     "lr": "train/lr",
     "clip_frac": "train/clip_frac",
+    "entropy": "train/entropy",
     "weight_version": "weights/version",
     "rollout_units": "rollout/units",
     "ranker_recall_20": "ranker/recall_at_20",

@@ -197,6 +197,7 @@ class Trained(msgspec.Struct):
     grad_norm: float = 0.0  # the policy's gradient norm before clipping (algorithm.grad_clip)
     lr: float = 0.0  # the learning rate of this step (algorithm.lr and its schedule)
     clip_frac: float = 0.0  # share of the iteration's tokens whose ratio was outside the clip range
+    entropy: float = 0.0  # the policy's mean next-token entropy over the iteration's tokens (nats)
     # this version's trainer checkpoint part is being written in the background: `checkpoint_written` follows
     checkpointing: bool = False
 

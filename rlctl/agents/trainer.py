@@ -310,6 +310,7 @@ class TrainerAgent:
                                 grad_norm=stats["grad_norm"],
                                 lr=stats["lr"],
                                 clip_frac=stats["clip_frac"],
+                                entropy=stats["entropy"],
                                 checkpointing=checkpoint is not None,
                                 staleness_violations=violations.pop(iteration, 0),
                                 busy_s=self.busy_s,

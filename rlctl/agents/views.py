@@ -86,6 +86,7 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
         "grad_norm": round(t.grad_norm, 5),
         "lr": t.lr,
         "clip_frac": round(t.clip_frac, 5),
+        "entropy": round(t.entropy, 5),
         "reward_failures": s.reward_stats.failures,  # calls that raised, timed out or returned a wrong type
         "period_s": round(period, 4),
         "wall_s": round((st.trained_at or 0.0) - s.t_start, 3),
@@ -334,6 +335,7 @@ def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: Iter
     m.grad_norm.set(t.grad_norm)
     m.learning_rate.set(t.lr)
     m.clip_fraction.set(t.clip_frac)
+    m.entropy.set(t.entropy)
     m.weight_version.set(t.version)
     m.samples_total.labels("trained").inc(len(t.sample_ids))
     for gap, n in stats.staleness.items():

@@ -30,9 +30,9 @@ from rlctl.rl.samples import (
     TokenBatch,
     device_of,
     fill_ref_logprobs,
+    logprobs_and_entropy,
     make_batch,
     micro_batches,
-    token_logprobs,
 )
 from rlctl.rl.schedule import StepLr, policy_optimizer, set_lr
 
@@ -93,12 +93,14 @@ def policy_loss(
     `decoupled` and `tis` weight each token's policy gradient by π_prox / μ, uncapped or truncated.
 
     The metrics are sums over the batch's valid tokens; `kl_sum` is the k3 KL(behaviour ‖ θ) (no gradient);
-    `is_weight_sum` the behaviour weights' sum and `is_capped_sum` how many the cap truncated.
+    `is_weight_sum` the behaviour weights' sum and `is_capped_sum` how many the cap truncated; `entropy_sum` the
+    policy's next-token entropy at the sampling temperature (a policy collapsing onto few answers shows it first).
     """
     batch = batch.to(device_of(model))
     mask = batch.mask.float()
     n = float(num_tokens if num_tokens is not None else max(batch.num_tokens, 1))
-    logp = token_logprobs(model, batch.tokens, temperature)
+    logp, entropy = logprobs_and_entropy(model, batch.tokens, temperature)
+    assert entropy is not None
     behaviour = batch.old_logprobs
     weight: torch.Tensor | None = None
     capped = 0.0
@@ -139,6 +141,7 @@ def policy_loss(
             "tokens": float(mask.sum()),
             "is_weight_sum": float((weight * mask).sum()) if weight is not None else float(mask.sum()),
             "is_capped_sum": capped,
+            "entropy_sum": float((entropy * mask).sum()),
         }
     return loss, metrics
 
@@ -222,6 +225,7 @@ class GrpoLearner:
             "clip_frac": sums["clip_sum"] / n,
             "approx_kl": sums["approx_kl_sum"] / n,
             "kl": sums["kl_sum"] / n,
+            "entropy": sums["entropy_sum"] / n,
             "grad_norm": grad_norm,
             "lr": lr,
             "reward_mean": sum(rewards) / len(rewards),

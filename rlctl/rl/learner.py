@@ -50,7 +50,7 @@ from rlctl.trainers.base import DataParallel, TrainerBackend, Trunk, clip_whole,
 from rlctl.trainers.wire import broadcast_value
 
 # token sums of `policy_loss` that the step reports
-_SUMMED = ("pg_loss_sum", "clip_sum", "kl_sum", "is_weight_sum", "is_capped_sum")
+_SUMMED = ("pg_loss_sum", "clip_sum", "kl_sum", "is_weight_sum", "is_capped_sum", "entropy_sum")
 
 
 # What rank 0 broadcasts to the others (`follow`), one command at a time.
@@ -228,6 +228,7 @@ class StreamingLearner:
             "kl": sums["kl_sum"] / n,
             "is_weight_mean": sums["is_weight_sum"] / n,  # π_prox / μ over the iteration's tokens (clip: 1)
             "is_capped_frac": sums["is_capped_sum"] / n,
+            "entropy": sums["entropy_sum"] / n,
             "grad_norm": grad_norm,
             "lr": lr,
             "tokens": float(total_tokens),

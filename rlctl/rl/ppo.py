@@ -38,7 +38,15 @@ from rlctl.rl.schedule import StepLr, policy_optimizer, set_lr
 from rlctl.trainers.base import DataParallel, Trunk, clip_whole, whole_replicas
 from rlctl.trainers.wire import all_gather_values
 
-_SUMMED = ("pg_loss_sum", "clip_sum", "approx_kl_sum", "kl_sum", "tokens", "value_loss")  # what step() reports
+_SUMMED = (
+    "pg_loss_sum",
+    "clip_sum",
+    "approx_kl_sum",
+    "kl_sum",
+    "tokens",
+    "value_loss",
+    "entropy_sum",
+)  # what step() reports
 
 
 class ValueModel(nn.Module):
@@ -200,6 +208,7 @@ class PpoLearner:
             "clip_frac": sums["clip_sum"] / n,
             "approx_kl": sums["approx_kl_sum"] / n,
             "kl": sums["kl_sum"] / n,
+            "entropy": sums["entropy_sum"] / n,
             "grad_norm": grad_norm,
             "lr": self.cfg.lr * factor,
             "reward_mean": sum(s.reward for s in samples) / len(samples),

@@ -104,10 +104,24 @@ def make_batch(samples: list[Sample], advantages: list[float] | list[list[float]
 
 def token_logprobs(model: nn.Module, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(tokens[:, t+1] | tokens[:, :t+1]) at the sampling temperature, shape [N, T-1]."""
+    return logprobs_and_entropy(model, tokens, temperature, entropy=False)[0]
+
+
+def logprobs_and_entropy(
+    model: nn.Module, tokens: torch.Tensor, temperature: float = 1.0, *, entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logprobs`, and with `entropy` the entropy of each position's next-token distribution at the sampling
+    temperature (shape [N, T-1], no gradient; computed a row at a time, so it holds one row's probabilities more)."""
     logits = model(tokens)[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
+    log_p = torch.log_softmax(logits, dim=-1)
+    picked = log_p.gather(-1, tokens[:, 1:, None])[..., 0]
+    if not entropy:
+        return picked, None
+    with torch.no_grad():
+        h = torch.stack([-(row.exp() * row).sum(-1) for row in log_p.detach()])
+    return picked, h
 
 
 @torch.no_grad()

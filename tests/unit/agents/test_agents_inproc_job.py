@@ -3,6 +3,7 @@ job runs to the end, every prompt is trained exactly once, the status API answer
 
 from __future__ import annotations
 
+import math
 import threading
 import urllib.request
 
@@ -114,10 +115,12 @@ def test_the_trainer_steps_at_the_job_s_learning_rate_schedule_and_reports_each_
     rows = jd.read_lines(jd.metrics)
     assert [r["lr"] for r in rows] == pytest.approx([5e-4, 1e-3, 1e-3, 7.5e-4], rel=1e-12)
     assert all(r["grad_norm"] >= 0 and 0 <= r["clip_frac"] <= 1 for r in rows), rows  # (0: no group's rewards differ)
+    assert all(0 < r["entropy"] <= math.log(TinyGPT().config.vocab_size) for r in rows), rows
     with urllib.request.urlopen(f"http://127.0.0.1:{ctl.metrics_port}/metrics", timeout=5) as resp:
         scraped = resp.read().decode()
     assert "rlctl_train_learning_rate 0.00075" in scraped
-    assert "rlctl_train_grad_norm " in scraped and "rlctl_train_clip_fraction " in scraped
+    for gauge in ("grad_norm", "clip_fraction", "entropy"):
+        assert f"rlctl_train_{gauge} " in scraped
 
 
 @pytest.mark.timeout(120)

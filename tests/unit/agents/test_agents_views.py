@@ -89,6 +89,7 @@ def _one_iteration() -> tuple[ControllerCore, Trained, Clock]:
         grad_norm=0.7654321,
         lr=2.5e-4,
         clip_frac=0.0312345,
+        entropy=1.2345678,
     )
     return core, t, clock
 
@@ -125,7 +126,7 @@ def test_metrics_row_times_rates_and_agents_from_the_core_and_the_trained_messag
     assert (row["t_gen_s"], row["t_train_s"], row["delta_s"]) == (3.0, 1.5, 1.5)  # gen: 101 → 104
     assert (row["period_s"], row["samples_per_s"], row["tokens_per_s"]) == (5.0, 0.4, 1.2)  # 101 → 106
     assert (row["wall_s"], row["t"], row["kl"], row["weight_version"]) == (6.0, 1234.568, 0.012346, 1)
-    assert (row["grad_norm"], row["lr"], row["clip_frac"]) == (0.76543, 2.5e-4, 0.03123)  # the step's figures
+    assert (row["grad_norm"], row["lr"], row["clip_frac"], row["entropy"]) == (0.76543, 2.5e-4, 0.03123, 1.23457)
     assert row["staleness"] == {"0": 2}
     assert row["agents"] == {
         "trainer-0": {"role": "trainer", "site": "a", "busy_s": 1.5, "state": "running"},

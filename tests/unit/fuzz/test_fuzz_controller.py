@@ -70,6 +70,7 @@ def _headers() -> dict[str, st.SearchStrategy[dict[str, Any]]]:
                 "grad_norm": FLOATS,
                 "lr": FLOATS,
                 "clip_frac": FLOATS,
+                "entropy": FLOATS,
                 "checkpointing": st.booleans(),
             },
         ),

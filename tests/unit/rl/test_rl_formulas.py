@@ -135,6 +135,21 @@ def test_clip_higher_lets_a_likelier_token_with_a_positive_advantage_grow_furthe
     assert float(grad[1, 2].abs().max()) == 0  # sample 2's r = 0.5 with A < 0: clipped below, as before
 
 
+# The policy's entropy: P = [0.1, 0.2, 0.3, 0.4] at every position, H = −Σ p ln p = 0.2302585 + 0.3218876 +
+# 0.3611919 + 0.3665163 = 1.2798543 nats, over the 6 output tokens (prompt and padding positions left out):
+# 7.6791253. At temperature 2 the logits halve, p ∝ √P = [0.1627005, 0.2300932, 0.2818055, 0.3254009]:
+# H = 1.3557521, × 6 = 8.1345124.
+
+
+@pytest.mark.parametrize(("temperature", "summed"), [(1.0, 7.6791253), (2.0, 8.1345124)])
+def test_the_entropy_of_the_policy_at_the_sampling_temperature_over_output_tokens(
+    temperature: float, summed: float
+) -> None:
+    samples, adv = grpo_batch()
+    _, m = policy_loss(fixed(), make_batch(samples, adv), clip_eps=0.2, temperature=temperature)
+    assert m["entropy_sum"] == pytest.approx(summed, abs=1e-5)
+
+
 # Off-policy corrections (rlctl.rl.grpo.policy_loss, `off_policy`). One optimizer step per iteration: π_prox
 # = π_θ in value, so the ratio to π_prox is 1 and only the behaviour weight w = π_prox / μ (the ratios r of
 # SAMPLES) scales each token: pg = −w·A.
