@@ -51,6 +51,11 @@ class JobMetrics:
         self.entropy = Gauge(
             "rlctl_train_entropy", "The policy's mean next-token entropy (nats) over the last iteration", registry=r
         )
+        self.no_signal_fraction = Gauge(
+            "rlctl_train_no_signal_fraction",
+            "Share of the last iteration's samples in groups whose rewards were all equal (no gradient)",
+            registry=r,
+        )
         self.clip_fraction = Gauge(
             "rlctl_train_clip_fraction", "Share of the last iteration's tokens whose ratio was clipped", registry=r
         )

@@ -192,12 +192,14 @@ class Trained(msgspec.Struct):
     staleness_violations: int  # samples the trainer found older than η (must stay 0)
     busy_s: float
     # mean per-token k3 estimate of KL(sampling policy ‖ trainer policy before this step's update), over the
-    # iteration's tokens: how off-policy the batch was (staleness, engine numerics); not the reference KL
+    # tokens trained: how off-policy the batch was (staleness, engine numerics); not the reference KL
     kl: float = 0.0
     grad_norm: float = 0.0  # the policy's gradient norm before clipping (algorithm.grad_clip)
     lr: float = 0.0  # the learning rate of this step (algorithm.lr and its schedule)
-    clip_frac: float = 0.0  # share of the iteration's tokens whose ratio was outside the clip range
-    entropy: float = 0.0  # the policy's mean next-token entropy over the iteration's tokens (nats)
+    # per token trained (groups without signal are not: `no_signal_frac`); NaN when the iteration trained none
+    clip_frac: float = 0.0  # share of the tokens whose ratio was outside the clip range
+    entropy: float = 0.0  # the policy's mean next-token entropy (nats)
+    no_signal_frac: float = 0.0  # share of the iteration's samples in groups whose rewards were all equal
     # this version's trainer checkpoint part is being written in the background: `checkpoint_written` follows
     checkpointing: bool = False
 

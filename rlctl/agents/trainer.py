@@ -311,6 +311,7 @@ class TrainerAgent:
                                 lr=stats["lr"],
                                 clip_frac=stats["clip_frac"],
                                 entropy=stats["entropy"],
+                                no_signal_frac=stats.get("no_signal_frac", 0.0),
                                 checkpointing=checkpoint is not None,
                                 staleness_violations=violations.pop(iteration, 0),
                                 busy_s=self.busy_s,

@@ -11,6 +11,7 @@ books (a `Snapshot`, or the few parts a gauge reads), so they are tested without
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -64,6 +65,12 @@ class Snapshot:
     reward_stats: RewardStats = field(default_factory=RewardStats)  # the reward pool's counts so far
 
 
+def _per_token(**figures: float) -> dict[str, float]:
+    """The figures averaged over the tokens an iteration trained; none when it trained none (every group's rewards
+    were equal: the trainer reports NaN)."""
+    return {k: v for k, v in figures.items() if not math.isnan(v)}
+
+
 def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
     """The metrics.jsonl row of trained iteration `t` (`wall_time`: time.time() now)."""
     st = s.core.stats[t.iteration]
@@ -82,11 +89,10 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
         "weight_version": t.version,
         "staleness": {str(k): v for k, v in sorted(st.staleness.items())},
         "loss": round(t.loss, 5),
-        "kl": round(t.kl, 6),
+        **_per_token(kl=round(t.kl, 6), clip_frac=round(t.clip_frac, 5), entropy=round(t.entropy, 5)),
         "grad_norm": round(t.grad_norm, 5),
         "lr": t.lr,
-        "clip_frac": round(t.clip_frac, 5),
-        "entropy": round(t.entropy, 5),
+        "no_signal_frac": round(t.no_signal_frac, 4),
         "reward_failures": s.reward_stats.failures,  # calls that raised, timed out or returned a wrong type
         "period_s": round(period, 4),
         "wall_s": round((st.trained_at or 0.0) - s.t_start, 3),
@@ -334,8 +340,10 @@ def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: Iter
     m.reward_mean.set(t.reward_mean)
     m.grad_norm.set(t.grad_norm)
     m.learning_rate.set(t.lr)
-    m.clip_fraction.set(t.clip_frac)
-    m.entropy.set(t.entropy)
+    for gauge, value in ((m.clip_fraction, t.clip_frac), (m.entropy, t.entropy)):
+        if not math.isnan(value):  # NaN: the iteration trained no token (as `metrics_row`)
+            gauge.set(value)
+    m.no_signal_fraction.set(t.no_signal_frac)
     m.weight_version.set(t.version)
     m.samples_total.labels("trained").inc(len(t.sample_ids))
     for gap, n in stats.staleness.items():

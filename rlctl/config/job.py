@@ -233,7 +233,8 @@ class PolicyUpdate(OffPolicyCorrection):
     )
     lr_decay: LrDecay = Field(
         "constant",
-        description="after the warm-up: constant, or linear / cosine down to min_lr_ratio × lr at the job's end",
+        description="after the warm-up: constant, or linear / cosine towards min_lr_ratio × lr at the job's end "
+        "(rlctl.rl.schedule)",
     )
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] | None = Field(
         None, description="where linear or cosine decay ends, as a fraction of lr (default 0)"

@@ -67,15 +67,17 @@ def load_policy(checkpoint: str | Path | None, *, compute: Compute | None = None
 
 
 def synthetic_samples(*, prompts: int, group_size: int, vocab: int, seed: int) -> list[Sample]:
-    """A batch shaped like an RL iteration's: groups of samples per prompt, varied output lengths."""
+    """A batch shaped like an RL iteration's: groups of samples per prompt, varied output lengths; rewards 0 and 1
+    alternate within each group, so every group has signal and trains (the learner skips a group whose rewards are
+    all equal: the cost measured is that of a trained token)."""
     rng = random.Random(seed)
     out = []
     for p in range(prompts):
         prompt = [1] + [rng.randrange(2, vocab) for _ in range(PROMPT_TOKENS - 1)]
-        for _ in range(group_size):
+        for i in range(group_size):
             n = rng.randint(*OUTPUT_TOKENS)
             tokens = [rng.randrange(2, vocab) for _ in range(n)]
-            out.append(Sample(f"p{p}", prompt, tokens, [-2.0] * n, float(rng.random() < 0.5)))
+            out.append(Sample(f"p{p}", prompt, tokens, [-2.0] * n, float(i % 2)))
     return out
 
 

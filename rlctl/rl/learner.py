@@ -32,6 +32,7 @@ profiler alike.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -50,7 +51,7 @@ from rlctl.trainers.base import DataParallel, TrainerBackend, Trunk, clip_whole,
 from rlctl.trainers.wire import broadcast_value
 
 # token sums of `policy_loss` that the step reports
-_SUMMED = ("pg_loss_sum", "clip_sum", "kl_sum", "is_weight_sum", "is_capped_sum", "entropy_sum")
+_SUMMED = ("pg_loss_sum", "clip_sum", "kl_sum", "is_weight_sum", "is_capped_sum", "entropy_sum", "tokens")
 
 
 # What rank 0 broadcasts to the others (`follow`), one command at a time.
@@ -124,13 +125,20 @@ class StreamingLearner:
         self.count = 0
         self.rewards: list[float] = []
         self.tokens = 0
+        self.no_signal = 0  # samples of groups whose advantages are all 0 (not run without a KL term: `add`)
         self.compute_s = 0.0
         self.sums: dict[str, float] = defaultdict(float)
         self.opt.zero_grad(set_to_none=True)
 
     def add(self, sample: Sample, *, group_size: int | None = None) -> None:
         """A scored sample arrived; when its group is complete (`group_size` samples: fewer than the job's when
-        some were filtered out), its advantages are known."""
+        some were filtered out), its advantages are known.
+
+        A group whose advantages are all 0 (its rewards are equal) is not trained when the loss has no KL term: its
+        loss is 0 on every token whatever the weights, so its forward and backward would add exact zeros to the
+        gradient. The step's gradient is unchanged (its tokens still count in the normaliser); the figures averaged
+        over tokens (clip fraction, KL, entropy) are over the tokens trained, so read them beside `no_signal_frac`
+        (a policy collapsing onto one answer per prompt shows first as a rising share of groups without signal)."""
         self.count += 1
         self.rewards.append(sample.reward)
         self.tokens += len(sample.output_tokens)
@@ -138,8 +146,11 @@ class StreamingLearner:
         group.append(sample)
         if len(group) == (group_size or self.group_size):
             adv = group_advantages([s.reward for s in group], [s.prompt_id for s in group], scale=self._scale)
-            self.ready += list(zip(group, adv, strict=True))
             del self.groups[sample.prompt_id]
+            if not any(adv):
+                self.no_signal += len(group)
+            if any(adv) or self.cfg.kl_coef > 0:
+                self.ready += list(zip(group, adv, strict=True))
 
     def train_ready(self, *, flush: bool = False) -> None:
         """Forward/backward on every full micro-batch of ready samples (all of them when flushing).
@@ -196,6 +207,7 @@ class StreamingLearner:
         stats = self.apply_step(self.tokens)
         stats["reward_mean"] = sum(self.rewards) / max(len(self.rewards), 1)
         stats["samples"] = float(self.count)
+        stats["no_signal_frac"] = self.no_signal / max(self.count, 1)
         self._reset()
         return stats
 
@@ -222,13 +234,15 @@ class StreamingLearner:
         self.steps += 1
         self.model.eval()
         self.compute_s += time.monotonic() - t0
+        # the tokens the loss ran on (not those of groups without signal); none: the per-token figures are NaN
+        trained = sums["tokens"] or math.nan
         return {
             "loss": sums["pg_loss_sum"] / n,
-            "clip_frac": sums["clip_sum"] / n,
-            "kl": sums["kl_sum"] / n,
-            "is_weight_mean": sums["is_weight_sum"] / n,  # π_prox / μ over the iteration's tokens (clip: 1)
-            "is_capped_frac": sums["is_capped_sum"] / n,
-            "entropy": sums["entropy_sum"] / n,
+            "clip_frac": sums["clip_sum"] / trained,
+            "kl": sums["kl_sum"] / trained,
+            "is_weight_mean": sums["is_weight_sum"] / trained,  # π_prox / μ over the tokens trained (clip: 1)
+            "is_capped_frac": sums["is_capped_sum"] / trained,
+            "entropy": sums["entropy_sum"] / trained,
             "grad_norm": grad_norm,
             "lr": lr,
             "tokens": float(total_tokens),

@@ -102,6 +102,9 @@ def make_batch(samples: list[Sample], advantages: list[float] | list[list[float]
     return TokenBatch(tokens, mask, old, adv, ref)
 
 
+ENTROPY_CHUNK = 1 << 24  # elements (64 MiB in fp32) per piece of the entropy's no-grad pass
+
+
 def token_logprobs(model: nn.Module, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(tokens[:, t+1] | tokens[:, :t+1]) at the sampling temperature, shape [N, T-1]."""
     return logprobs_and_entropy(model, tokens, temperature, entropy=False)[0]
@@ -111,7 +114,8 @@ def logprobs_and_entropy(
     model: nn.Module, tokens: torch.Tensor, temperature: float = 1.0, *, entropy: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_logprobs`, and with `entropy` the entropy of each position's next-token distribution at the sampling
-    temperature (shape [N, T-1], no gradient; computed a row at a time, so it holds one row's probabilities more)."""
+    temperature (shape [N, T-1], no gradient; computed over ≤ `ENTROPY_CHUNK` elements at a time, so it holds two
+    such temporaries beside the log-softmax, whatever the vocabulary)."""
     logits = model(tokens)[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -120,7 +124,9 @@ def logprobs_and_entropy(
     if not entropy:
         return picked, None
     with torch.no_grad():
-        h = torch.stack([-(row.exp() * row).sum(-1) for row in log_p.detach()])
+        flat = log_p.detach().reshape(-1, log_p.shape[-1])
+        parts = flat.split(max(1, ENTROPY_CHUNK // flat.shape[-1]))
+        h = torch.cat([-(part.exp() * part).sum(-1) for part in parts]).view(log_p.shape[:-1])
     return picked, h
 
 

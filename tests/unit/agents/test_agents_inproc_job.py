@@ -106,20 +106,25 @@ def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
 @pytest.mark.timeout(120)
 def test_the_trainer_steps_at_the_job_s_learning_rate_schedule_and_reports_each_step(tmp_path):
     """`algorithm`'s schedule, read by the trainer agent: warm-up over 2 of 4 iterations, then linear to half:
-    lr × 0.5, 1, 1, 0.75; every row carries the step's rate, gradient norm and clip fraction (the untrained model's
-    rewards are mostly equal within a group: the norm may be 0)."""
+    lr × 0.5, 1, 1, 0.75; every row carries the step's rate, gradient norm and share of samples without signal, and
+    the figures per trained token (the untrained model's rewards are mostly equal within a group: the norm may be 0
+    and an iteration may train no token)."""
     job = _job("async", iterations=4)
     schedule = {"lr": 1e-3, "lr_warmup_iterations": 2, "lr_decay": "linear", "min_lr_ratio": 0.5}
     job = job.model_copy(update={"algorithm": GrpoAlgorithm(kind="grpo", **schedule)})
     jd, ctl = run_inproc(job, tmp_path, "schedule")
     rows = jd.read_lines(jd.metrics)
     assert [r["lr"] for r in rows] == pytest.approx([5e-4, 1e-3, 1e-3, 7.5e-4], rel=1e-12)
-    assert all(r["grad_norm"] >= 0 and 0 <= r["clip_frac"] <= 1 for r in rows), rows  # (0: no group's rewards differ)
-    assert all(0 < r["entropy"] <= math.log(TinyGPT().config.vocab_size) for r in rows), rows
+    assert all(r["grad_norm"] >= 0 and 0 <= r["no_signal_frac"] <= 1 for r in rows), rows
+    for r in rows:  # an iteration whose groups all scored alike trains nothing: no per-token figures
+        if r["no_signal_frac"] == 1:
+            assert "entropy" not in r and "kl" not in r, r
+        else:
+            assert 0 < r["entropy"] <= math.log(TinyGPT().config.vocab_size), r
     with urllib.request.urlopen(f"http://127.0.0.1:{ctl.metrics_port}/metrics", timeout=5) as resp:
         scraped = resp.read().decode()
     assert "rlctl_train_learning_rate 0.00075" in scraped
-    for gauge in ("grad_norm", "clip_fraction", "entropy"):
+    for gauge in ("grad_norm", "clip_fraction", "entropy", "no_signal_fraction"):
         assert f"rlctl_train_{gauge} " in scraped
 
 

@@ -88,3 +88,41 @@ def test_a_group_with_samples_filtered_out_trains_as_the_batch_of_what_it_kept()
     learner.step()
     for (name, a), b in zip(at_end.state_dict().items(), streamed.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_groups_without_signal_are_not_run_and_the_step_is_the_batch_step() -> None:
+    """Two of five groups score every sample alike: their advantages are 0, so the streaming learner runs no
+    forward or backward for them, and its step still equals the batch learner's, which trains every sample (their
+    tokens count in the normaliser). With a KL term the loss has a gradient there: every group trains, and those
+    without signal are still counted."""
+    torch.manual_seed(0)
+    base = TinyGPT(SMALL)
+    samples = batch(base, random.Random(1), prompts=5, group=4)
+    for s in samples:
+        if s.prompt_id in ("p1", "p3"):
+            s.reward = 1.0
+    cfg = GrpoAlgorithm(kind="grpo", lr=1e-2)
+    at_end = TinyGPT(SMALL)
+    at_end.load_state_dict(base.state_dict())
+    GrpoLearner(at_end, cfg, micro_batch_samples=4).step(samples)
+    streamed = TinyGPT(SMALL)
+    streamed.load_state_dict(base.state_dict())
+    learner = StreamingLearner(streamed, cfg, group_size=4, micro_batch_samples=4)
+    trained: list[str] = []
+    run = learner.backward_share
+    learner.backward_share = lambda chunk: (trained.extend(s.prompt_id for s, _ in chunk), run(chunk))  # type: ignore[method-assign]
+    for s in samples:
+        learner.add(s)
+        learner.train_ready()
+    stats = learner.step()
+    assert sorted(set(trained)) == ["p0", "p2", "p4"] and len(trained) == 12
+    assert stats["no_signal_frac"] == 8 / 20 and stats["samples"] == 20
+    for (name, a), b in zip(at_end.state_dict().items(), streamed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+
+    with_kl = StreamingLearner(
+        TinyGPT(SMALL), GrpoAlgorithm(kind="grpo", kl_coef=0.1), group_size=4, micro_batch_samples=4, ref_model=base
+    )
+    for s in samples:
+        with_kl.add(s)
+    assert with_kl.no_signal == 8 and len(with_kl.ready) == 20  # counted, and trained: the KL term has a gradient

@@ -89,6 +89,8 @@ def test_two_ranks_report_the_whole_iteration(tmp_path: Path) -> None:
     samples = on_policy(model, prompts=3, group=4, seed=2)
     for s in samples:
         s.logprobs = [x - 0.3 for x in s.logprobs]  # off-policy: ratio e^0.3, clipped, k3 = e^0.3 − 1.3
+        if s.prompt_id == "p1":
+            s.reward = 0.5  # a group without signal: rank 0 runs none of it, and the figures leave its tokens out
     alone = run_iteration(
         StreamingLearner(model, GrpoAlgorithm(kind="grpo", lr=1e-2), group_size=4, micro_batch_samples=4),
         [Sample(s.prompt_id, s.prompt_tokens, s.output_tokens, s.logprobs, s.reward) for s in samples],
@@ -103,7 +105,8 @@ def test_two_ranks_report_the_whole_iteration(tmp_path: Path) -> None:
     for p in procs:
         p.join(timeout=30)
     assert [p.exitcode for p in procs] == [0, 0]
-    for key in ("loss", "clip_frac", "kl"):
+    for key in ("loss", "clip_frac", "kl", "entropy", "no_signal_frac"):
         assert stats[key] == pytest.approx(alone[key], rel=1e-5, abs=1e-7), key
+    assert alone["no_signal_frac"] == 4 / 12 and alone["entropy"] > 0
     assert alone["kl"] == pytest.approx(0.0498588, abs=1e-5)  # e^0.3 − 1 − 0.3 on every token
     assert alone["clip_frac"] == 1.0

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
+
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
 from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.rebalance import Reading
@@ -90,6 +92,7 @@ def _one_iteration() -> tuple[ControllerCore, Trained, Clock]:
         lr=2.5e-4,
         clip_frac=0.0312345,
         entropy=1.2345678,
+        no_signal_frac=0.3333333,
     )
     return core, t, clock
 
@@ -120,6 +123,16 @@ def _snapshot(core: ControllerCore, rows: list[dict[str, Any]], **over: Any) -> 
     return replace(s, **over)
 
 
+def test_an_iteration_that_trained_no_token_has_no_per_token_figures():
+    """Every group scored alike: the trainer ran no token and says NaN; the row leaves those figures out (a tracker
+    plots a gap, not a 0 entropy) and keeps the rest."""
+    core, t, _ = _one_iteration()
+    nan = float("nan")
+    nothing = msgspec.structs.replace(t, kl=nan, clip_frac=nan, entropy=nan, no_signal_frac=1.0)
+    row = metrics_row(_snapshot(core, []), nothing, wall_time=0)
+    assert not {"kl", "clip_frac", "entropy"} & set(row) and row["no_signal_frac"] == 1.0 and row["loss"] == 0.1
+
+
 def test_metrics_row_times_rates_and_agents_from_the_core_and_the_trained_message():
     core, t, _ = _one_iteration()
     row = metrics_row(_snapshot(core, []), t, wall_time=1234.56789)
@@ -127,6 +140,7 @@ def test_metrics_row_times_rates_and_agents_from_the_core_and_the_trained_messag
     assert (row["period_s"], row["samples_per_s"], row["tokens_per_s"]) == (5.0, 0.4, 1.2)  # 101 → 106
     assert (row["wall_s"], row["t"], row["kl"], row["weight_version"]) == (6.0, 1234.568, 0.012346, 1)
     assert (row["grad_norm"], row["lr"], row["clip_frac"], row["entropy"]) == (0.76543, 2.5e-4, 0.03123, 1.23457)
+    assert row["no_signal_frac"] == 0.3333
     assert row["staleness"] == {"0": 2}
     assert row["agents"] == {
         "trainer-0": {"role": "trainer", "site": "a", "busy_s": 1.5, "state": "running"},

@@ -71,6 +71,7 @@ def _headers() -> dict[str, st.SearchStrategy[dict[str, Any]]]:
                 "lr": FLOATS,
                 "clip_frac": FLOATS,
                 "entropy": FLOATS,
+                "no_signal_frac": FLOATS,
                 "checkpointing": st.booleans(),
             },
         ),

@@ -21,6 +21,7 @@ from torch import nn
 
 from rlctl.config.job import TIS_CAP, GrpoAlgorithm, PpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.rl import samples as samples_module
 from rlctl.rl.grpo import group_advantages, policy_loss
 from rlctl.rl.ppo import PpoLearner, ValueModel, gae
 from rlctl.rl.samples import Sample, make_batch, token_logprobs
@@ -142,9 +143,11 @@ def test_clip_higher_lets_a_likelier_token_with_a_positive_advantage_grow_furthe
 
 
 @pytest.mark.parametrize(("temperature", "summed"), [(1.0, 7.6791253), (2.0, 8.1345124)])
+@pytest.mark.parametrize("chunk", [1 << 24, 5], ids=["whole", "a-position-at-a-time"])
 def test_the_entropy_of_the_policy_at_the_sampling_temperature_over_output_tokens(
-    temperature: float, summed: float
+    temperature: float, summed: float, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(samples_module, "ENTROPY_CHUNK", chunk)  # 5 elements: one position (4 tokens) a piece
     samples, adv = grpo_batch()
     _, m = policy_loss(fixed(), make_batch(samples, adv), clip_eps=0.2, temperature=temperature)
     assert m["entropy_sum"] == pytest.approx(summed, abs=1e-5)

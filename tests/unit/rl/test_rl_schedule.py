@@ -31,7 +31,7 @@ def test_the_rate_at_each_step_by_hand() -> None:
     cosine = StepLr(warmup=2, decay="cosine", total=6, floor=0.1)
     assert [cosine.at(k) for k in range(6)] == pytest.approx([0.5, 1.0, 1.0, 0.8681981, 0.55, 0.2318019], abs=1e-7)
     assert [StepLr(warmup=4).at(k) for k in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    assert StepLr(decay="cosine", total=3).at(10) == 0.0  # past the job's end (a job extended on resume): the floor
+    assert StepLr(decay="cosine", total=3).at(10) == 0.0  # past the job's end: the floor
     with pytest.raises(ValueError, match="iteration count"):
         StepLr(decay="linear", total=None)
 
