@@ -37,6 +37,12 @@ KNOBS = {
 }
 
 
+def twin(model: TinyGPT) -> TinyGPT:
+    out = TinyGPT(SMALL)
+    out.load_state_dict(model.state_dict())
+    return out
+
+
 @pytest.mark.parametrize(
     ("rows", "tokens", "knobs"), [(4, None, {}), (32, 96, {}), (3, 40, {}), (5, None, KNOBS)], ids=str
 )
@@ -102,11 +108,8 @@ def test_groups_without_signal_are_not_run_and_the_step_is_the_batch_step() -> N
         if s.prompt_id in ("p1", "p3"):
             s.reward = 1.0
     cfg = GrpoAlgorithm(kind="grpo", lr=1e-2)
-    at_end = TinyGPT(SMALL)
-    at_end.load_state_dict(base.state_dict())
+    at_end, streamed = twin(base), twin(base)
     GrpoLearner(at_end, cfg, micro_batch_samples=4).step(samples)
-    streamed = TinyGPT(SMALL)
-    streamed.load_state_dict(base.state_dict())
     learner = StreamingLearner(streamed, cfg, group_size=4, micro_batch_samples=4)
     trained: list[str] = []
     run = learner.backward_share

@@ -5,7 +5,6 @@ decay on matrices only, and the clip norm reaching the backend's clip."""
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
@@ -15,8 +14,10 @@ from rlctl.config.job import GrpoAlgorithm, PpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.learner import StreamingLearner
 from rlctl.rl.ppo import PpoLearner
-from rlctl.rl.samples import Sample, score
+from rlctl.rl.samples import Sample
 from rlctl.rl.schedule import StepLr, policy_optimizer
+from tests.unit.agents.test_agents_learner_kl import on_policy as sampled
+from tests.unit.agents.test_agents_learner_kl import run_iteration
 from tests.unit.tiny_models import small_config
 
 SMALL = small_config(positions=48)
@@ -46,22 +47,10 @@ def test_the_job_file_refuses_a_floor_that_nothing_reads_and_defaults_the_upper_
 
 
 def on_policy(model: TinyGPT, *, seed: int, equal_rewards: bool = False) -> list[Sample]:
-    rng = random.Random(seed)
-    out = []
-    for p in range(3):
-        for _ in range(4):
-            output = [rng.randrange(5, 60) for _ in range(rng.choice([1, 3, 8]))]
-            (lp,) = score(model, [Sample(f"p{p}", [1, 3 + p, 4], output, [0.0] * len(output), 0.0)])
-            reward = 1.0 if equal_rewards else rng.random()
-            out.append(Sample(f"p{p}", [1, 3 + p, 4], output, lp, reward))
-    return out
-
-
-def iteration(learner: StreamingLearner, samples: list[Sample]) -> dict[str, float]:
-    for s in samples:
-        learner.add(s)
-        learner.train_ready()
-    return learner.step()
+    samples = sampled(model, prompts=3, group=4, seed=seed)
+    for s in samples if equal_rewards else []:
+        s.reward = 1.0
+    return samples
 
 
 def test_the_learner_steps_at_the_schedule_s_rate_and_resumes_at_its_version() -> None:
@@ -78,23 +67,23 @@ def test_the_learner_steps_at_the_schedule_s_rate_and_resumes_at_its_version() -
         return StreamingLearner(model, cfg, group_size=4, micro_batch_samples=6, iterations=4)
 
     whole = learner_from(base.state_dict())
-    rates = [iteration(whole, b)["lr"] for b in batches]
+    rates = [run_iteration(whole, b)["lr"] for b in batches]
     want = [1e-2 * StepLr(2, "cosine", 4, 0.1).at(k) for k in range(4)]
     assert rates == pytest.approx(want, rel=1e-12) and rates == pytest.approx([5e-3, 1e-2, 1e-2, 5.5e-3])
     assert whole.opt.param_groups[0]["lr"] == pytest.approx(5.5e-3)  # what AdamW used
 
     first = learner_from(base.state_dict())
     for b in batches[:2]:
-        iteration(first, b)
+        run_iteration(first, b)
     resumed = learner_from(first.model.state_dict())
     resumed.opt.load_state_dict(first.opt.state_dict())
     forgot = learner_from(first.model.state_dict())
     forgot.opt.load_state_dict(first.opt.state_dict())
     resumed.resume_at(2)
-    assert [iteration(resumed, b)["lr"] for b in batches[2:]] == pytest.approx(want[2:], rel=1e-12)
+    assert [run_iteration(resumed, b)["lr"] for b in batches[2:]] == pytest.approx(want[2:], rel=1e-12)
     for name, a in whole.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[name], a, atol=0, rtol=0, msg=name)
-    assert [iteration(forgot, b)["lr"] for b in batches[2:]] == pytest.approx([5e-3, 1e-2])  # warmed up again
+    assert [run_iteration(forgot, b)["lr"] for b in batches[2:]] == pytest.approx([5e-3, 1e-2])  # warmed up again
 
 
 def test_weight_decay_shrinks_matrices_and_embeddings_only() -> None:
@@ -105,7 +94,7 @@ def test_weight_decay_shrinks_matrices_and_embeddings_only() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = GrpoAlgorithm(kind="grpo", lr=1e-2, weight_decay=0.1)
     learner = StreamingLearner(model, cfg, group_size=4, micro_batch_samples=6)
-    assert iteration(learner, on_policy(model, seed=3, equal_rewards=True))["grad_norm"] == 0.0
+    assert run_iteration(learner, on_policy(model, seed=3, equal_rewards=True))["grad_norm"] == 0.0
     decayed = kept = 0
     for name, p in model.named_parameters():
         if p.ndim >= 2:
@@ -130,7 +119,7 @@ def test_the_clip_norm_of_the_job_reaches_the_backend_s_clip() -> None:
 
     cfg = GrpoAlgorithm(kind="grpo", lr=1e-2, grad_clip=0.25)
     learner = StreamingLearner(model, cfg, group_size=4, micro_batch_samples=6, clip_grad_norm_=clip)
-    stats = iteration(learner, on_policy(model, seed=1))
+    stats = run_iteration(learner, on_policy(model, seed=1))
     assert seen == [0.25] and stats["grad_norm"] > 0.25  # the norm before clipping is what the step reports
 
 
