@@ -340,9 +340,8 @@ def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: Iter
     m.reward_mean.set(t.reward_mean)
     m.grad_norm.set(t.grad_norm)
     m.learning_rate.set(t.lr)
-    for gauge, value in ((m.clip_fraction, t.clip_frac), (m.entropy, t.entropy)):
-        if not math.isnan(value):  # NaN: the iteration trained no token (as `metrics_row`)
-            gauge.set(value)
+    m.clip_fraction.set(t.clip_frac)  # NaN when the iteration trained no token: a gap, not the last value
+    m.entropy.set(t.entropy)
     m.no_signal_fraction.set(t.no_signal_frac)
     m.weight_version.set(t.version)
     m.samples_total.labels("trained").inc(len(t.sample_ids))

@@ -243,7 +243,9 @@ class PolicyUpdate(OffPolicyCorrection):
     @model_validator(mode="after")
     def _floor_needs_a_decay(self) -> PolicyUpdate:
         if self.min_lr_ratio is not None and self.lr_decay == "constant":
-            raise ValueError("min_lr_ratio is where lr_decay 'linear' or 'cosine' ends; lr_decay is 'constant'")
+            raise ValueError(
+                "min_lr_ratio is the floor lr_decay 'linear' or 'cosine' decays towards; lr_decay is 'constant'"
+            )
         return self
 
     @property
@@ -571,6 +573,13 @@ def load_job(path: Path) -> Job:
                 f"{field}.gpus",
                 f"{role.gpus} GPUs asked but site {role.site!r} has {inventory.sites[role.site].total_gpus}",
             )
+    if isinstance(spec.algorithm, GrpoAlgorithm) and spec.batch.samples_per_prompt < 2:
+        raise ConfigError(
+            str(path),
+            "batch.samples_per_prompt",
+            "GRPO's advantage compares a prompt's samples with each other: a group of 1 has advantage 0 and trains "
+            "nothing; use 2 or more (or algorithm.kind 'ppo')",
+        )
     sites = [r.site for r in spec.placement.rollout]
     if len(set(sites)) != len(sites):
         raise ConfigError(str(path), "placement.rollout", "each rollout site may appear once")

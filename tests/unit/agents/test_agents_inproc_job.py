@@ -123,9 +123,15 @@ def test_the_trainer_steps_at_the_job_s_learning_rate_schedule_and_reports_each_
             assert 0 < r["entropy"] <= math.log(TinyGPT().config.vocab_size), r
     with urllib.request.urlopen(f"http://127.0.0.1:{ctl.metrics_port}/metrics", timeout=5) as resp:
         scraped = resp.read().decode()
-    assert "rlctl_train_learning_rate 0.00075" in scraped
-    for gauge in ("grad_norm", "clip_fraction", "entropy", "no_signal_fraction"):
-        assert f"rlctl_train_{gauge} " in scraped
+    gauges = {
+        k: float(v) for k, v in (line.split(" ") for line in scraped.splitlines() if line.startswith("rlctl_train"))
+    }
+    last = rows[-1]  # the gauges hold the last iteration's figures (NaN for one that trained no token)
+    for gauge, key in [("learning_rate", "lr"), ("grad_norm", "grad_norm"), ("no_signal_fraction", "no_signal_frac")]:
+        assert gauges[f"rlctl_train_{gauge}"] == pytest.approx(last[key], abs=1e-4), gauge
+    for gauge, key in [("clip_fraction", "clip_frac"), ("entropy", "entropy")]:
+        value = gauges[f"rlctl_train_{gauge}"]
+        assert value == pytest.approx(last[key], abs=1e-4) if key in last else math.isnan(value), gauge
 
 
 @pytest.mark.timeout(120)

@@ -167,6 +167,20 @@ CASES = [
     ),
     Case("job: zero iterations", JOB + "iterations: 0\n", "iterations", kind="job", extra=GOOD_INV),
     Case(
+        "job: GRPO with one sample per prompt",
+        JOB + "batch: {samples_per_prompt: 1}\n",
+        "batch.samples_per_prompt: GRPO's advantage compares",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: a learning-rate floor without a decay",
+        JOB + "algorithm: {kind: grpo, min_lr_ratio: 0.1}\n",
+        "algorithm: min_lr_ratio is the floor",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
         "job: bad inventory inside", JOB, "inv.yaml: sites.h20.gpu", kind="job", extra=site_with("gpu: H20", "gpu: X")
     ),
 ]
