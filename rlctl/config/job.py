@@ -88,7 +88,32 @@ Model = Annotated[BuiltinModel | ArchModel | HfModel, Field(discriminator="kind"
 register_tags("model", Model)
 
 
-class DigitsTask(Strict):
+class OverlongShaping(Strict):
+    """DAPO's soft overlong punishment, added to every sample's reward (rlctl.rl.source.TaskSource.length_penalty):
+    0 up to max_output_tokens − overlong_buffer_tokens, then falling linearly to −overlong_penalty at
+    max_output_tokens."""
+
+    overlong_buffer_tokens: NonNegativeInt = Field(
+        0, description="the last this many output tokens are penalised; 0: off"
+    )
+    overlong_penalty: PositiveFloat | None = Field(None, description="the penalty at max_output_tokens (default 1)")
+
+    @model_validator(mode="after")
+    def _overlong(self) -> OverlongShaping:
+        limit = getattr(self, "max_output_tokens", 0)
+        if self.overlong_buffer_tokens > limit:
+            raise ValueError(f"overlong_buffer_tokens {self.overlong_buffer_tokens} exceeds max_output_tokens {limit}")
+        if self.overlong_penalty is not None and not self.overlong_buffer_tokens:
+            raise ValueError("overlong_penalty needs overlong_buffer_tokens > 0 (the tokens it applies to)")
+        return self
+
+    @property
+    def shaping(self) -> tuple[int, float]:
+        """(buffer tokens, penalty at the limit)."""
+        return self.overlong_buffer_tokens, 1.0 if self.overlong_penalty is None else self.overlong_penalty
+
+
+class DigitsTask(OverlongShaping):
     """The demo task (DESIGN §10): `3172=` → `aaabcccccccdd`; length = digit sum, long-tailed."""
 
     kind: Literal["digits"]
@@ -123,7 +148,7 @@ class LengthsTask(Strict):
     seed: NonNegativeInt = 0
 
 
-class DatasetTask(Strict):
+class DatasetTask(OverlongShaping):
     """Prompts from the user's jsonl or parquet file, scored by a reward function (rlctl/rl/dataset.py, reward.py).
 
     Rows carry the fields RL users already have (verl's layout): `prompt` (a string or chat messages

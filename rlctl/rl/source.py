@@ -40,6 +40,7 @@ class TaskSource(ABC):
 
     max_new_tokens: int
     eos_ids: tuple[int, ...] = ()  # () = the model's own
+    shaping: tuple[int, float] = (0, 0.0)  # the task's (overlong_buffer_tokens, overlong_penalty)
 
     @abstractmethod
     def rl_prompts(self, iteration: int, n: int) -> list[RlPrompt]: ...
@@ -53,6 +54,16 @@ class TaskSource(ABC):
     def cancel_score(self, sample_id: str) -> None:
         """The score of `sample_id` is not wanted any more (its future may be cancelled)."""
         return None
+
+    def length_penalty(self, output_tokens: int) -> float:
+        """DAPO's soft overlong punishment, part of every score: 0 up to `max_new_tokens` − buffer, then linear
+        down to −penalty at `max_new_tokens` (and below it, for an output the engine let run longer)."""
+        buffer, penalty = self.shaping
+        buffer = min(buffer, self.max_new_tokens)  # (the digits task may cap its outputs below max_output_tokens)
+        start = self.max_new_tokens - buffer
+        if not buffer or output_tokens <= start:
+            return 0.0
+        return -penalty * min(output_tokens - start, buffer) / buffer
 
     def reward_stats(self) -> RewardStats:
         return RewardStats()
@@ -79,6 +90,7 @@ class DigitsSource(TaskSource):
 
         self.task = Digits(cfg)
         self.max_new_tokens = self.task.max_new_tokens
+        self.shaping = cfg.shaping
         # a prompt is drawn from its own generator (≈ 0.1 ms); its samples ask for it again and again (every
         # sample's reward and tokens on the trainer): the recent ones are kept
         self._prompt = functools.lru_cache(maxsize=PROMPT_CACHE)(self.task.prompt)
@@ -95,7 +107,8 @@ class DigitsSource(TaskSource):
         return list(self._prompt(_position(prompt_id)).tokens)
 
     def score(self, sample_id: str, prompt_id: str, output_tokens: list[int]) -> Future[float]:
-        return _done(self.task.reward(self._prompt(_position(prompt_id)), output_tokens))
+        reward = self.task.reward(self._prompt(_position(prompt_id)), output_tokens)
+        return _done(reward + self.length_penalty(len(output_tokens)))
 
 
 class DatasetSource(TaskSource):
@@ -110,6 +123,7 @@ class DatasetSource(TaskSource):
         self.tokenizer = load_tokenizer(model_dir)
         self.eos_ids = self.tokenizer.eos_ids
         self.max_new_tokens = self.data.max_new_tokens
+        self.shaping = cfg.shaping
         self.pool = (
             RewardPool(
                 cfg.reward,
@@ -137,13 +151,14 @@ class DatasetSource(TaskSource):
             self.pool, self.tokenizer, sample_id=sample_id, prompt=prompt, output_tokens=output_tokens
         )
         out: Future[float] = Future()
+        penalty = self.length_penalty(len(output_tokens))
 
         def done(f: Future[RewardResult]) -> None:  # a call the pool cancelled (it closed) is cancelled here too
             if f.cancelled():
                 out.cancel()
                 out.set_running_or_notify_cancel()
             else:
-                out.set_result(f.result().score)
+                out.set_result(f.result().score + penalty)
 
         result.add_done_callback(done)
         return out
