@@ -490,9 +490,21 @@ class Warmup(Strict):
 class Evaluation(Strict):
     """After the last iteration, `rlctl launch` decodes held-out prompts greedily with the starting policy
     (model/init) and the final checkpoint and adds the figures to the summary as `heldout`
-    (rlctl.rl.evaluate): sampled reward alone also rises when the policy only sharpens. Digits task only."""
+    (rlctl.rl.evaluate): sampled reward alone also rises when the policy only sharpens. The digits task draws
+    prompts no iteration draws; a dataset task reads the first `heldout_prompts` rows of `path` (its own file,
+    with the task's keys, scored by the task's reward)."""
 
     heldout_prompts: NonNegativeInt = 0  # 0 = no evaluation
+    path: str | None = Field(
+        None, description="dataset tasks: the held-out jsonl or parquet file, relative to the job file"
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _format(cls, v: str | None) -> str | None:
+        if v is not None and not v.endswith((".jsonl", ".parquet")):
+            raise ValueError(f"unsupported file {v!r}; use a .jsonl or .parquet file")
+        return v
 
 
 class Rebalance(Strict):

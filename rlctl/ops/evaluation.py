@@ -4,8 +4,10 @@ the job is done, and merged into summary.json as `heldout`:
     model/init/                       the operator's job dir (built there by launch)
     checkpoints/iter-N/model/         the trainer's site job dir; N = the job's iterations
         │ rlctl.rl.evaluate.compare: greedy, held-out prompts of the digits task
+        │ rlctl.rl.evaluate.compare_dataset: greedy, the first rows of a dataset task's `evaluation.path`
+        │   (prepared at launch into data-heldout/), scored by the task's reward
         ▼
-    summary.json  "heldout": {prompts, greedy_exact_first/last, greedy_reward_first/last, seconds, …}
+    summary.json  "heldout": {prompts, greedy_exact_first/last (digits), greedy_reward_first/last, seconds, …}
 
 The final checkpoint is read where launch runs, so the trainer's site must be on this machine's
 filesystem (`rlctl check` refuses the field for a site reached over SSH: rlctl.ops.preflight).
@@ -18,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlctl.config.job import DigitsTask, JobFile
-from rlctl.errors import LaunchError
+from rlctl.config.job import DatasetTask, DigitsTask, JobFile
+from rlctl.errors import ConfigError, LaunchError
 from rlctl.launch.backends import read_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import site_root
@@ -39,13 +41,24 @@ def final_model(jobdir: JobDir, spec: JobFile) -> Path:
 
 
 def heldout(jobdir: JobDir, spec: JobFile) -> dict[str, Any]:
-    """Greedy held-out figures of the starting policy and the final checkpoint (rlctl.rl.evaluate.compare)."""
-    from rlctl.rl.evaluate import compare
+    """Greedy held-out figures of the starting policy and the final checkpoint (rlctl.rl.evaluate)."""
+    from rlctl.rl.evaluate import compare, compare_dataset
+    from rlctl.rl.source import HELDOUT_DIR, heldout_task
     from rlctl.rl.tasks import DigitsTask as Digits
 
-    assert isinstance(spec.task, DigitsTask), "preflight refuses `evaluation` for other tasks"
     last = final_model(jobdir, spec)
-    figures = compare(jobdir.init_model, last, Digits(spec.task), num_prompts=spec.evaluation.heldout_prompts)
+    n = spec.evaluation.heldout_prompts
+    if isinstance(spec.task, DatasetTask):
+        assert spec.evaluation.path is not None, "preflight refuses a dataset evaluation without a file"
+        resolved = jobdir.read_job().task  # its reward file as copied into the job directory (ops.inputs)
+        assert isinstance(resolved, DatasetTask)
+        task = heldout_task(resolved, spec.evaluation.path)
+        figures = compare_dataset(
+            jobdir.init_model, last, task, data_dir=jobdir.path / HELDOUT_DIR, reward_dir=jobdir.path, num_prompts=n
+        )
+    else:
+        assert isinstance(spec.task, DigitsTask), "preflight refuses `evaluation` for other tasks"
+        figures = compare(jobdir.init_model, last, Digits(spec.task), num_prompts=n)
     return {**figures, "model_first": str(jobdir.init_model), "model_last": str(last)}
 
 
@@ -64,6 +77,10 @@ def add_heldout(
     except LaunchError as e:
         log.warning("held-out evaluation skipped: %s", e)
         figures = {"error": str(e)}
+    except (ConfigError, ValueError, OSError) as e:  # the job is done: an evaluation that fails (a reward file
+        # that no longer loads, a missing prepared file) is noted, not raised
+        log.warning("held-out evaluation failed: %s: %s", type(e).__name__, e)
+        figures = {"error": f"{type(e).__name__}: {e}"}
     record = jobdir.read_json(jobdir.summary_json)
     record["heldout"] = figures
     jobdir.write_json(jobdir.summary_json, record)
@@ -74,6 +91,8 @@ def heldout_line(h: dict[str, Any]) -> str:
     """The summary table's row: greedy exact match and reward, starting → final policy."""
     if "error" in h:
         return f"not evaluated: {h['error']}"
+    if "greedy_exact_first" not in h:  # a dataset task: its reward function's figures
+        return f"reward {h['greedy_reward_first']:.3f} → {h['greedy_reward_last']:.3f} (greedy, {h['prompts']} prompts)"
     return (
         f"exact {h['greedy_exact_first']:.3f} → {h['greedy_exact_last']:.3f}, reward "
         f"{h['greedy_reward_first']:.3f} → {h['greedy_reward_last']:.3f} (greedy, {h['prompts']} prompts)"

@@ -19,7 +19,7 @@ from pathlib import Path
 from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, JobFile
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.jobdir import JobDir
-from rlctl.rl.source import DATA_DIR, REWARD_DIR
+from rlctl.rl.source import DATA_DIR, HELDOUT_DIR, REWARD_DIR, heldout_task
 
 
 def resolve_inputs(spec: JobFile, job: Job) -> JobFile:
@@ -54,12 +54,15 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job) -> None:
                 raise ConfigError(str(job.path), "task.reward", f"no such file {str(src)!r} (relative to the job file)")
             (jobdir.path / REWARD_DIR).mkdir(exist_ok=True)
             shutil.copy2(src, jobdir.path / REWARD_DIR / src.name)
-        prepare_dataset(
-            task,
-            data_path=base / task.path,
-            tokenizer=load_tokenizer(jobdir.init_model),
-            out_dir=jobdir.path / DATA_DIR,
-        )
+        tokenizer = load_tokenizer(jobdir.init_model)
+        prepare_dataset(task, data_path=base / task.path, tokenizer=tokenizer, out_dir=jobdir.path / DATA_DIR)
+        if spec.evaluation.heldout_prompts and spec.evaluation.path:  # its rows in file order
+            prepare_dataset(
+                heldout_task(task, spec.evaluation.path),
+                data_path=base / spec.evaluation.path,
+                tokenizer=tokenizer,
+                out_dir=jobdir.path / HELDOUT_DIR,
+            )
 
 
 def _starting_policy(jobdir: JobDir, spec: JobFile) -> None:

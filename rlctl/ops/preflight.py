@@ -31,6 +31,7 @@ from rlctl.launch.layout import checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.sitefs import is_remote
 from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig, read_config
 from rlctl.rl.dataset import check_task
+from rlctl.rl.source import heldout_task
 from rlctl.rl.tasks import MAX_DIGITS
 from rlctl.rl.tasks import DigitsTask as Digits
 from rlctl.tracking import check_tracking
@@ -548,16 +549,38 @@ def _trainer_split(job: Job) -> list[Problem]:
 
 
 def _evaluation(job: Job) -> list[Problem]:
-    """The held-out evaluation decodes digits prompts and reads the final checkpoint where launch runs
-    (rlctl.ops.evaluation)."""
-    spec, out = job.spec, []
-    if spec.task.kind != "digits":
+    """The held-out evaluation decodes digits prompts, or a dataset task's held-out file (read as the launch will
+    read it), and reads the final checkpoint where launch runs (rlctl.ops.evaluation)."""
+    spec, out, task = job.spec, [], job.spec.task
+    if isinstance(task, DatasetTask):
+        path = spec.evaluation.path
+        if path is None:
+            out.append(Problem("evaluation.path", "a dataset task's held-out prompts come from a file: name it"))
+        elif not (job.path.parent / path).is_file():
+            out.append(
+                Problem("evaluation.path", f"no such file {str(job.path.parent / path)!r} (relative to the job file)")
+            )
+        else:
+            model_dir = Path(spec.model.path) if isinstance(spec.model, HfModel) else None
+            held = heldout_task(task, path)
+
+            def rows() -> None:  # every row reads and tokenizes as the launch will (named as this field)
+                try:
+                    check_task(held, job_file=job.path, model_dir=model_dir)
+                except ConfigError as e:
+                    said = str(e).removeprefix(f"{e.file}: ").removeprefix(f"{e.field}: ")
+                    raise ConfigError(str(job.path), "evaluation.path", said, hint=e.hint) from e
+
+            out += _raised("evaluation.path", rows)
+    elif spec.task.kind != "digits":
         out.append(
             Problem(
                 "evaluation.heldout_prompts",
-                f"held-out prompts exist for task kind 'digits' only, not {spec.task.kind!r}; use 0",
+                f"held-out prompts exist for task kinds 'digits' and 'dataset', not {spec.task.kind!r}; use 0",
             )
         )
+    elif spec.evaluation.path is not None:
+        out.append(Problem("evaluation.path", "the digits task draws its own held-out prompts; leave path out"))
     site = spec.placement.trainer.site
     if site in job.inventory.sites and is_remote(job.inventory.sites[site]):
         out.append(

@@ -1,14 +1,16 @@
-"""Greedy evaluation of a policy on held-out prompts of the digits task, batched on the embedded engine.
+"""Greedy evaluation of a policy on held-out prompts, batched on the embedded engine.
 
-    task.heldout_prompts(n)        indices no SFT step or RL iteration draws (rlctl.rl.tasks)
-        │ greedy decoding (temperature 0), continuous batching, longest answers admitted first
+    digits:  task.heldout_prompts(n)    indices no SFT step or RL iteration draws (rlctl.rl.tasks)
+    dataset: the first n rows of `evaluation.path`, prepared like the training file (rlctl.rl.dataset)
+        │ greedy decoding (temperature 0), continuous batching
         ▼
-    Figures(exact, reward, prompts)   exact: the answer then EOS; reward: the task's verifier, mean
+    Figures(exact, reward, prompts)   digits: exact = the answer then EOS, reward = its verifier;
+                                      dataset: reward = the task's reward function (no `exact`)
 
 Why greedy and held out: the sampled reward of the training batches rises when the policy only sharpens
 (lower entropy, same argmax), so RL can look like learning without being it (DESIGN §10). Greedy
 accuracy on prompts it never trained on moves only when the most likely answer changes.
-`compare(before_dir, after_dir, …)` gives the summary's `heldout` figures of a job.
+`compare(before_dir, after_dir, …)` and `compare_dataset(…)` give the summary's `heldout` figures of a job.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from rlctl.config.job import DatasetTask
 from rlctl.engines.base import GenRequest
 from rlctl.engines.embedded import EmbeddedEngine
 from rlctl.models.tinygpt import TinyGPT
@@ -77,5 +82,58 @@ def compare(before: Path, after: Path, task: DigitsTask, *, num_prompts: int) ->
         "greedy_exact_last": round(last.exact, 4),
         "greedy_reward_first": round(first.reward, 4),
         "greedy_reward_last": round(last.reward, 4),
+        "seconds": round(time.monotonic() - t0, 2),
+    }
+
+
+def compare_dataset(
+    before: Path, after: Path, task: DatasetTask, *, data_dir: Path, reward_dir: Path, num_prompts: int
+) -> dict[str, Any]:
+    """Held-out greedy figures of the starting and the final policy on the first `num_prompts` rows prepared in
+    `data_dir` (`evaluation.path`), each output scored by the task's reward (its file under `reward_dir`, the
+    job directory), as the job summary shows them. On this machine's first GPU in the checkpoint's dtype when
+    it has one (the engine is the same code), else on the CPU in fp32."""
+    from rlctl.rl.dataset import load_dataset, submit_reward
+    from rlctl.rl.reward import RewardPool
+    from rlctl.rl.tokenizer import load_tokenizer
+
+    t0 = time.monotonic()
+    data = load_dataset(data_dir, task)
+    n = min(num_prompts, len(data))
+    if not n:
+        raise ValueError(f"{data_dir}: no held-out prompts")
+    prompts = [data.prompt(i) for i in range(n)]
+    tokenizer = load_tokenizer(before)
+    cuda = torch.cuda.is_available()
+    rewards: list[float] = []
+    with RewardPool(
+        task.reward,
+        base_dir=reward_dir,
+        workers=task.reward_workers,
+        timeout_s=task.reward_timeout_s,
+        on_error=task.reward_on_error,
+    ) as pool:
+        for model_dir in (before, after):
+            with one_thread():
+                model = TinyGPT.from_pretrained(
+                    model_dir, dtype=None if cuda else torch.float32, device="cuda" if cuda else "cpu"
+                )
+                engine = EmbeddedEngine(
+                    model,
+                    max_batch_size=BATCH_ROWS,
+                    temperature=0.0,
+                    eos_token_ids=tokenizer.eos_ids,
+                )
+                engine.add([GenRequest(f"h{i}", p.tokens, data.max_new_tokens) for i, p in enumerate(prompts)])
+                outputs = {r.request_id: r.output_tokens for r in engine.run_until_done()}
+            calls = [
+                submit_reward(pool, tokenizer, sample_id=f"{model_dir}#{i}", prompt=p, output_tokens=outputs[f"h{i}"])
+                for i, p in enumerate(prompts)
+            ]
+            rewards.append(sum(c.result().score for c in calls) / n)
+    return {
+        "prompts": n,
+        "greedy_reward_first": round(rewards[0], 4),
+        "greedy_reward_last": round(rewards[1], 4),
         "seconds": round(time.monotonic() - t0, 2),
     }

@@ -24,6 +24,7 @@ from rlctl.errors import ConfigError
 from rlctl.rl.reward import RewardPool, RewardResult, RewardStats
 
 DATA_DIR = "data"  # in the job directory: the tokenized prompts (rlctl.rl.dataset)
+HELDOUT_DIR = "data-heldout"  # in the job directory: the tokenized held-out prompts of a dataset task (evaluation)
 REWARD_DIR = "reward"  # in the job directory: the user's reward file, copied at launch
 PROMPT_CACHE = 4096  # demo prompts kept by a DigitsSource (a few iterations' worth)
 
@@ -173,6 +174,11 @@ class DatasetSource(TaskSource):
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+
+
+def heldout_task(task: DatasetTask, path: str) -> DatasetTask:
+    """The task's settings for its held-out file (`evaluation.path`): the same keys and limits, rows in file order."""
+    return task.model_copy(update={"path": path, "shuffle": False})
 
 
 def stop_ids(job: JobFile, model_dir: Path) -> tuple[int, ...]:

@@ -1,7 +1,8 @@
 """Bring your own model, data and reward: `rlctl launch` of a job on a local Qwen2-architecture checkpoint
 (built by the shipped hf-demo builder), a jsonl dataset with chat-message prompts, and a user reward file
 that raises, hangs or returns the wrong type for some samples — the job finishes, every failure is scored
-0 and counted, and the TensorBoard event files hold every iteration's metrics."""
+0 and counted, the TensorBoard event files hold every iteration's metrics, and the held-out file's prompts are
+evaluated greedily at the end."""
 
 from __future__ import annotations
 
@@ -48,6 +49,11 @@ def test_hf_checkpoint_dataset_and_user_reward_run_end_to_end(tmp_path):
     job["model"]["path"] = "model"
     job["task"].update(path="data.jsonl", reward="flaky.py:compute_score", reward_timeout_s=1.0, bad_rows="skip")
     job.update(iterations=4, batch={"prompts_per_iteration": 8, "samples_per_prompt": 2})
+    # held-out prompts: rows of the demo's data the flaky reward scores (indices not ≡ 0 mod 5, 7 or 11)
+    rows = [json.loads(line) for line in (tmp_path / "data.jsonl").read_text().splitlines()[:16]]
+    held = [r for r in rows if "prompt" in r and all(r["extra_info"]["index"] % k for k in (5, 7, 11))][:8]
+    (tmp_path / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held))
+    job["evaluation"] = {"heldout_prompts": 8, "path": "held.jsonl"}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
 
     check = subprocess.run([sys.executable, "-m", "rlctl", "check", str(tmp_path / "job.yaml")], capture_output=True)
@@ -92,6 +98,18 @@ def test_hf_checkpoint_dataset_and_user_reward_run_end_to_end(tmp_path):
     acc = EventAccumulator(str(run / "tensorboard"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("reward/mean")] == [0, 1, 2, 3]
-    assert {"time/gen_s", "time/train_s", "delta/delta_s", "throughput/samples_per_s", "train/loss"} <= set(
-        acc.Tags()["scalars"]
-    )
+    assert {
+        "time/gen_s",
+        "time/train_s",
+        "delta/delta_s",
+        "throughput/samples_per_s",
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/no_signal_frac",
+    } <= set(acc.Tags()["scalars"])
+    # the held-out file's prompts, decoded greedily by the starting and the final policy and scored by the reward
+    h = s["heldout"]
+    assert h["prompts"] == 8 and 0 <= h["greedy_reward_first"] <= 1 and 0 <= h["greedy_reward_last"] <= 1, h
+    assert json.loads((run / "summary.json").read_text())["heldout"] == h
+    assert (run / "data-heldout" / "manifest.json").exists()

@@ -265,6 +265,31 @@ def test_bad_dataset_rows_are_refused_by_check_as_launch_would(tmp_path: Path) -
     assert problems(skip) == []
 
 
+def test_a_dataset_evaluation_needs_its_file_and_reads_it_as_launch_will(tmp_path: Path) -> None:
+    """`evaluation` of a dataset task: no file named, a file that is not there, a bad row in it (named as
+    evaluation.path) are each refused; a good one passes; the digits task refuses a file it would not read."""
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    spec = job.spec
+
+    def with_evaluation(**evaluation: Any) -> Job:
+        update = spec.evaluation.model_copy(update=evaluation)
+        return Job(spec.model_copy(update={"evaluation": update}), job.inventory, job.path)
+
+    (p,) = refused(with_evaluation(heldout_prompts=4), "evaluation.path")
+    assert "name it" in p.message
+    (p,) = refused(with_evaluation(heldout_prompts=4, path="held.jsonl"), "evaluation.path")
+    assert p.message.startswith("no such file")
+    rows = [{"prompt": "hi", "ground_truth": "x"}, {"ground_truth": "y"}]
+    (tmp_path / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (p,) = refused(with_evaluation(heldout_prompts=4, path="held.jsonl"), "evaluation.path")
+    assert p.message == f"{tmp_path / 'held.jsonl'}: 1 of 2 rows are bad: line 2: prompt: missing"
+    (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": "hi", "ground_truth": "x"}) + "\n")
+    assert problems(with_evaluation(heldout_prompts=4, path="held.jsonl")) == []
+    digits = load(tmp_path, evaluation={"heldout_prompts": 4, "path": "held.jsonl"})
+    (p,) = refused(digits, "evaluation.path")
+    assert "draws its own held-out prompts" in p.message
+
+
 # -- 4. refusals that had no test ------------------------------------------------------------------
 def test_more_than_one_transport_stream_is_refused(tmp_path: Path) -> None:
     (p,) = refused(load(tmp_path, transport={"streams": 2}), "transport.streams")

@@ -128,6 +128,22 @@ def test_heldout_needs_a_finished_job_with_its_final_checkpoint(tmp_path: Path) 
     assert add_heldout(jd, off, {"state": "done"}, say=print) == {"state": "done"}
 
 
+def test_an_evaluation_that_fails_after_the_job_is_noted_not_raised(tmp_path: Path, monkeypatch) -> None:
+    """The job is done and kept: a reward file that no longer loads (ValueError) is the summary's error, and the
+    line says so; a dataset task's figures (no exact match) have their own line."""
+    jd, job = _job_dir(tmp_path, iterations=3, final=True)
+
+    def broken(*_: object) -> dict:
+        raise ValueError("reward/mine.py: no such file")
+
+    monkeypatch.setattr("rlctl.ops.evaluation.heldout", broken)
+    out = add_heldout(jd, job.spec, {"state": "done"}, say=lambda _: None)
+    assert out["heldout"] == {"error": "ValueError: reward/mine.py: no such file"}
+    assert jd.read_json(jd.summary_json)["heldout"] == out["heldout"]
+    dataset = {"prompts": 4, "greedy_reward_first": 0.25, "greedy_reward_last": 0.5}
+    assert heldout_line(dataset) == "reward 0.250 → 0.500 (greedy, 4 prompts)"
+
+
 def test_check_refuses_an_evaluation_it_cannot_run() -> None:
     demo = load_job(ROOT / "jobs" / "demo.yaml")
     assert demo.spec.evaluation.heldout_prompts > 0 and problems(demo) == []
@@ -137,6 +153,6 @@ def test_check_refuses_an_evaluation_it_cannot_run() -> None:
     )
     remote = Job(demo.spec.model_copy(update={"placement": placement}), inventory, demo.path)
     lengths = Job(demo.spec.model_copy(update={"task": LengthsTask(kind="lengths")}), inventory, demo.path)
-    for job, says in ((remote, "reached over SSH"), (lengths, "task kind 'digits' only")):
+    for job, says in ((remote, "reached over SSH"), (lengths, "task kinds 'digits' and 'dataset'")):
         found = [p for p in problems(job) if p.field == "evaluation.heldout_prompts"]
         assert len(found) == 1 and says in found[0].message

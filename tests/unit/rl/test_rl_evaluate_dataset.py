@@ -1,0 +1,54 @@
+"""Held-out evaluation of a dataset task (`evaluation: {heldout_prompts, path}`): the summary's figures are the
+task's reward of each policy's greedy answers, as `transformers`' own greedy decoding gives them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from rlctl.config.job import DatasetTask
+from rlctl.rl.dataset import prepare_dataset
+from rlctl.rl.evaluate import compare_dataset
+from rlctl.rl.source import heldout_task
+from rlctl.rl.tokenizer import decode_output, load_tokenizer
+from tests.unit.hf_checkpoints import write_checkpoint
+from tests.unit.hf_tokenizer import write_tokenizer
+
+QUESTIONS = ["what is 1 + 2 ?", "hello world", "the answer is", "a b c", "what is 4 + 5 ?"]
+REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n" + (
+    "    return float(len(solution_str.split()))\n"
+)
+
+
+def test_dataset_heldout_figures_are_the_reward_of_transformers_greedy_answers(tmp_path: Path) -> None:
+    dirs = [tmp_path / "before", tmp_path / "after"]
+    models = [write_checkpoint("qwen2-tied-hd32", d, seed=seed) for seed, d in enumerate(dirs)]
+    for d in dirs:
+        write_tokenizer(d)
+    (tmp_path / "held.jsonl").write_text(
+        "".join(json.dumps({"prompt": q, "ground_truth": str(i)}) + "\n" for i, q in enumerate(QUESTIONS))
+    )
+    (tmp_path / "rewards.py").write_text(REWARD)
+    cfg = DatasetTask.model_validate(
+        {"kind": "dataset", "path": "train.jsonl", "reward": "rewards.py:compute_score", "max_output_tokens": 12}
+    )
+    task = heldout_task(cfg.model_copy(update={"reward_workers": 0}), "held.jsonl")
+    tok = load_tokenizer(dirs[0])
+    data = prepare_dataset(task, data_path=tmp_path / "held.jsonl", tokenizer=tok, out_dir=tmp_path / "held")
+    assert [data.prompt(i).ground_truth for i in range(5)] == ["0", "1", "2", "3", "4"]  # the file's order
+
+    figures = compare_dataset(dirs[0], dirs[1], task, data_dir=tmp_path / "held", reward_dir=tmp_path, num_prompts=4)
+    assert figures["prompts"] == 4
+    for key, model in (("greedy_reward_first", models[0]), ("greedy_reward_last", models[1])):
+        words = []
+        for i in range(4):  # the file's first rows
+            prompt = torch.tensor([data.prompt(i).tokens])
+            with torch.no_grad():
+                out = model.generate(
+                    prompt, do_sample=False, max_new_tokens=12, eos_token_id=list(tok.eos_ids), pad_token_id=0
+                )
+            words.append(len(decode_output(tok, out[0, prompt.shape[1] :].tolist()).split()))
+        assert figures[key] == round(sum(words) / 4, 4), (key, words)
+    assert figures["greedy_reward_first"] != figures["greedy_reward_last"]  # the two policies are told apart
