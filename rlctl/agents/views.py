@@ -65,6 +65,10 @@ class Snapshot:
     reward_stats: RewardStats = field(default_factory=RewardStats)  # the reward pool's counts so far
 
 
+# the last step's figures that `status` shows (metrics row keys)
+TRAINING = ("lr", "grad_norm", "entropy", "clip_frac", "no_signal_frac")
+
+
 def _per_token(**figures: float) -> dict[str, float]:
     """The figures averaged over the tokens an iteration trained; none when it trained none (every group's rewards
     were equal: the trainer reports NaN)."""
@@ -147,6 +151,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "t_gen_s": last.get("t_gen_s"),
         "t_train_s": last.get("t_train_s"),
         "delta_s": last.get("delta_s"),
+        "training": {k: last.get(k) for k in TRAINING},
         "delta_window_s": None if r is None else round(r.delta_s, 4),
         "delta_prime_s": None if r is None else round(r.delta_prime_s, 4),
         "rebalance": {"auto": s.job.rebalance.auto, "why": None if r is None else r.why},

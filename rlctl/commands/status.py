@@ -29,6 +29,15 @@ def _weights_line(w: dict[str, Any]) -> str:
     return line
 
 
+def training_line(t: dict[str, Any]) -> str:
+    """The last optimizer step: its rate, gradient norm, the policy's entropy, clipped tokens, samples without
+    signal (`-` for a figure the iteration did not have)."""
+    return (
+        f"lr {_f(t.get('lr'), '.2e')}  grad norm {_f(t.get('grad_norm'), '.3f')}  entropy {_f(t.get('entropy'), '.3f')}"
+        f"  clipped {_f(t.get('clip_frac'), '.3f')}  no signal {_f(t.get('no_signal_frac'), '.2f')}"
+    )
+
+
 def _live_table(s: dict[str, Any]) -> str:
     v = s["live"]
     w = v.get("weights", {})
@@ -38,6 +47,7 @@ def _live_table(s: dict[str, Any]) -> str:
         ["iteration", f"{v['iteration']}/{v['iterations']}  (figures {_f(s.get('figures_age_s'), '.1f')} s old)"],
         ["reward", _f(v.get("reward"), ".3f")],
         ["T_gen / T_train", f"{_f(v.get('t_gen_s'))} / {_f(v.get('t_train_s'))} s"],
+        ["last step", training_line(v.get("training", {}))],
         ["δ (window) / δ'", f"{_f(v.get('delta_window_s'), '+.2f')} / {_f(v.get('delta_prime_s'))} s"],
         ["rebalance", f"{'auto' if v['rebalance']['auto'] else 'manual'}: {v['rebalance']['why'] or '-'}"],
         ["rollout units", f"{v['rollout_units']}  free slots {v['free_slots']}"],

@@ -14,6 +14,7 @@ from rlctl.agents.rebalance import Reading
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
+from rlctl.commands.status import training_line
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
@@ -157,6 +158,16 @@ def test_status_reports_the_last_row_the_rule_and_live_agents_without_clients():
     assert st["state"] == "stopping" and st["iteration"] == st["weight_version"] == 1
     assert (st["t_gen_s"], st["reward"], st["figures_age_s"], st["elapsed_s"]) == (3.0, 0.5, 4.0, 10.0)
     assert (st["delta_window_s"], st["delta_prime_s"]) == (1.2346, 0.5)
+    assert st["training"] == {
+        "lr": 2.5e-4,
+        "grad_norm": 0.76543,
+        "entropy": 1.23457,
+        "clip_frac": 0.03123,
+        "no_signal_frac": 0.3333,
+    }
+    assert training_line(st["training"]) == (
+        "lr 2.50e-04  grad norm 0.765  entropy 1.235  clipped 0.031  no signal 0.33"
+    )
     assert st["rebalance"] == {"auto": False, "why": "δ ≥ δ' but no free GPU slot"}
     assert st["scale_events"] == events[-10:] and st["free_slots"] == {"b": 1}
     assert st["staleness"] == {"0": 4}  # summed over the rows
@@ -180,6 +191,7 @@ def test_status_before_any_iteration_has_no_figures():
     st = status(_snapshot(_core(clock), []), now=100.0)
     assert st["state"] == "running" and st["iteration"] == 0
     assert st["t_gen_s"] is st["figures_age_s"] is st["delta_window_s"] is None
+    assert training_line(st["training"]) == "lr -  grad norm -  entropy -  clipped -  no signal -"
 
 
 def test_summary_reward_throughput_and_bubbles_then_the_end_state():
