@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.config.job import DatasetTask, DigitsTask, JobFile
-from rlctl.errors import ConfigError, LaunchError
+from rlctl.errors import LaunchError
 from rlctl.launch.backends import read_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import site_root
@@ -77,8 +77,8 @@ def add_heldout(
     except LaunchError as e:
         log.warning("held-out evaluation skipped: %s", e)
         figures = {"error": str(e)}
-    except (ConfigError, ValueError, OSError) as e:  # the job is done: an evaluation that fails (a reward file
-        # that no longer loads, a missing prepared file) is noted, not raised
+    except Exception as e:  # noqa: BLE001 — the job is done and kept: an evaluation that fails for any reason (a
+        # reward file that no longer loads, a checkpoint that does not fit the GPU) is noted, not raised
         log.warning("held-out evaluation failed: %s: %s", type(e).__name__, e)
         figures = {"error": f"{type(e).__name__}: {e}"}
     record = jobdir.read_json(jobdir.summary_json)

@@ -7,6 +7,8 @@ data/         a dataset task's prompts, tokenized once with the model's tokenize
               every site sees the same token ids
 reward/       a dataset task's reward file (`path/to/file.py:name`), copied; the resolved job names it
               relative to the job directory, where the trainer loads it
+data-heldout/ a dataset task's held-out file (`evaluation.path`), tokenized the same way, rows in file order;
+              read where launch evaluates at the end (rlctl.ops.evaluation), not staged
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def resolve_inputs(spec: JobFile, job: Job) -> JobFile:
 
 
 def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job) -> None:
-    """Build model/init, data/ and reward/ (each only if missing: a relaunch into the same dir reuses them)."""
+    """Build model/init (if missing), reward/, data/ and data-heldout/ (each dataset rebuilt only when its file,
+    tokenizer or settings changed: a relaunch into the same dir reuses them)."""
     if not (jobdir.init_model / "config.json").exists():
         _starting_policy(jobdir, spec)
     task = spec.task

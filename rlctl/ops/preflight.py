@@ -150,6 +150,10 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
         )
     if spec.evaluation.heldout_prompts:
         out += _evaluation(job)
+    elif spec.evaluation.path is not None:
+        out.append(
+            Problem("evaluation.path", "read only when evaluation.heldout_prompts > 0; set it, or leave path out")
+        )
     task = spec.task
     if isinstance(task, DatasetTask):
         if spec.model.kind != "hf":
@@ -165,10 +169,28 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
         model_dir = Path(spec.model.path) if isinstance(spec.model, HfModel) else None
         out += _raised("task", lambda: check_task(task, job_file=job.path, model_dir=model_dir))
     out += _context(job)
+    out += _overlong(job)
     out += _planning_only(job)
     out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path)))
     out += _planned(job, plan)
     return out
+
+
+def _overlong(job: Job) -> list[Problem]:
+    """The digits task's outputs stop at fewer tokens than max_output_tokens when its answers are shorter
+    (rlctl.rl.tasks): an overlong buffer longer than that would penalise every output."""
+    task = job.spec.task
+    if not isinstance(task, DigitsTask) or not task.overlong_buffer_tokens or task.num_digits_min > MAX_DIGITS:
+        return []
+    limit = Digits(task).max_new_tokens
+    if task.overlong_buffer_tokens < limit:
+        return []
+    return [
+        Problem(
+            "task.overlong_buffer_tokens",
+            f"{task.overlong_buffer_tokens}: the digits task's outputs stop at {limit} tokens; use < {limit}",
+        )
+    ]
 
 
 def _context(job: Job) -> list[Problem]:
@@ -560,18 +582,8 @@ def _evaluation(job: Job) -> list[Problem]:
             out.append(
                 Problem("evaluation.path", f"no such file {str(job.path.parent / path)!r} (relative to the job file)")
             )
-        else:
-            model_dir = Path(spec.model.path) if isinstance(spec.model, HfModel) else None
-            held = heldout_task(task, path)
-
-            def rows() -> None:  # every row reads and tokenizes as the launch will (named as this field)
-                try:
-                    check_task(held, job_file=job.path, model_dir=model_dir)
-                except ConfigError as e:
-                    said = str(e).removeprefix(f"{e.file}: ").removeprefix(f"{e.field}: ")
-                    raise ConfigError(str(job.path), "evaluation.path", said, hint=e.hint) from e
-
-            out += _raised("evaluation.path", rows)
+        elif isinstance(spec.model, HfModel) and Path(spec.model.path).is_dir():
+            out += _heldout_rows(job, heldout_task(task, path), Path(spec.model.path))
     elif spec.task.kind != "digits":
         out.append(
             Problem(
@@ -591,6 +603,26 @@ def _evaluation(job: Job) -> list[Problem]:
             )
         )
     return out
+
+
+def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]:
+    """Every row of the held-out file reads and tokenizes as the launch will, and there are at least as many usable
+    rows as `heldout_prompts` asks for."""
+    from rlctl.rl.dataset import count_rows
+    from rlctl.rl.tokenizer import load_tokenizer
+
+    data = job.path.parent / held.path
+    try:
+        good = count_rows(held, data_path=data, tokenizer=load_tokenizer(model_dir))
+    except ConfigError as e:
+        said = str(e).removeprefix(f"{e.file}: ")
+        return [Problem("evaluation.path", f"{data}: {said}", "fix the rows, or set `task.bad_rows: skip`")]
+    asked = job.spec.evaluation.heldout_prompts
+    if good < asked:
+        return [
+            Problem("evaluation.heldout_prompts", f"{asked} asked, but {data} has {good} usable rows; use ≤ {good}")
+        ]
+    return []
 
 
 def _raised(field: str, check: Callable[[], None]) -> list[Problem]:

@@ -279,6 +279,18 @@ def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer) -
     return len(_scan(cfg, data_path, tokenizer))
 
 
+def count_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer) -> int:
+    """`check_rows`, but the number of usable rows (what the launch will prepare)."""
+    good = 0
+
+    def count(*_: object) -> None:
+        nonlocal good
+        good += 1
+
+    _scan(cfg, data_path, tokenizer, keep=count)
+    return good
+
+
 def _report_bad_rows(cfg: DatasetTask, data_path: Path, bad: list[BadRow], total: int) -> None:
     if not bad:
         return

@@ -113,27 +113,26 @@ def compare_dataset(
         timeout_s=task.reward_timeout_s,
         on_error=task.reward_on_error,
     ) as pool:
-        for model_dir in (before, after):
-            with one_thread():
-                model = TinyGPT.from_pretrained(
-                    model_dir, dtype=None if cuda else torch.float32, device="cuda" if cuda else "cpu"
-                )
-                engine = EmbeddedEngine(
-                    model,
-                    max_batch_size=BATCH_ROWS,
-                    temperature=0.0,
-                    eos_token_ids=tokenizer.eos_ids,
-                )
-                engine.add([GenRequest(f"h{i}", p.tokens, data.max_new_tokens) for i, p in enumerate(prompts)])
-                outputs = {r.request_id: r.output_tokens for r in engine.run_until_done()}
+        for model_dir in (before, after):  # one policy in memory at a time, on every core (the job is done)
+            model = TinyGPT.from_pretrained(
+                model_dir, dtype=None if cuda else torch.float32, device="cuda" if cuda else "cpu"
+            )
+            engine = EmbeddedEngine(model, max_batch_size=BATCH_ROWS, temperature=0.0, eos_token_ids=tokenizer.eos_ids)
+            engine.add([GenRequest(f"h{i}", p.tokens, data.max_new_tokens) for i, p in enumerate(prompts)])
+            outputs = {r.request_id: r.output_tokens for r in engine.run_until_done()}
+            del engine, model
+            if cuda:
+                torch.cuda.empty_cache()
             calls = [
                 submit_reward(pool, tokenizer, sample_id=f"{model_dir}#{i}", prompt=p, output_tokens=outputs[f"h{i}"])
                 for i, p in enumerate(prompts)
             ]
             rewards.append(sum(c.result().score for c in calls) / n)
+        failures = pool.stats.failures
     return {
         "prompts": n,
         "greedy_reward_first": round(rewards[0], 4),
         "greedy_reward_last": round(rewards[1], 4),
+        "reward_failures": failures,  # calls scored `reward_on_error` (raised, timed out, wrong type)
         "seconds": round(time.monotonic() - t0, 2),
     }

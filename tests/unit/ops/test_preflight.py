@@ -275,19 +275,34 @@ def test_a_dataset_evaluation_needs_its_file_and_reads_it_as_launch_will(tmp_pat
         update = spec.evaluation.model_copy(update=evaluation)
         return Job(spec.model_copy(update={"evaluation": update}), job.inventory, job.path)
 
-    (p,) = refused(with_evaluation(heldout_prompts=4), "evaluation.path")
+    (p,) = refused(with_evaluation(heldout_prompts=1), "evaluation.path")
     assert "name it" in p.message
-    (p,) = refused(with_evaluation(heldout_prompts=4, path="held.jsonl"), "evaluation.path")
+    (p,) = refused(with_evaluation(heldout_prompts=1, path="held.jsonl"), "evaluation.path")
     assert p.message.startswith("no such file")
     rows = [{"prompt": "hi", "ground_truth": "x"}, {"ground_truth": "y"}]
     (tmp_path / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (p,) = refused(with_evaluation(heldout_prompts=4, path="held.jsonl"), "evaluation.path")
+    (p,) = refused(with_evaluation(heldout_prompts=1, path="held.jsonl"), "evaluation.path")
     assert p.message == f"{tmp_path / 'held.jsonl'}: 1 of 2 rows are bad: line 2: prompt: missing"
     (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": "hi", "ground_truth": "x"}) + "\n")
-    assert problems(with_evaluation(heldout_prompts=4, path="held.jsonl")) == []
+    assert problems(with_evaluation(heldout_prompts=1, path="held.jsonl")) == []
+    (p,) = refused(with_evaluation(heldout_prompts=2, path="held.jsonl"), "evaluation.heldout_prompts")
+    assert p.message == f"2 asked, but {tmp_path / 'held.jsonl'} has 1 usable rows; use ≤ 1"
+    (p,) = refused(with_evaluation(heldout_prompts=0, path="held.jsonl"), "evaluation.path")
+    assert p.message.startswith("read only when evaluation.heldout_prompts > 0")
     digits = load(tmp_path, evaluation={"heldout_prompts": 4, "path": "held.jsonl"})
     (p,) = refused(digits, "evaluation.path")
     assert "draws its own held-out prompts" in p.message
+
+
+def test_an_overlong_buffer_past_where_digits_outputs_stop_is_refused(tmp_path: Path) -> None:
+    """The digits task's outputs stop at min(max_output_tokens − 1, its longest answer) + 1 tokens: a buffer that
+    long would penalise every output."""
+    limit = DigitsTask(load(tmp_path).spec.task).max_new_tokens  # type: ignore[arg-type]
+    (p,) = refused(
+        load(tmp_path, task={"kind": "digits", "overlong_buffer_tokens": limit}), "task.overlong_buffer_tokens"
+    )
+    assert p.message == f"{limit}: the digits task's outputs stop at {limit} tokens; use < {limit}"
+    assert problems(load(tmp_path, task={"kind": "digits", "overlong_buffer_tokens": limit - 1})) == []
 
 
 # -- 4. refusals that had no test ------------------------------------------------------------------

@@ -40,7 +40,7 @@ def test_dataset_heldout_figures_are_the_reward_of_transformers_greedy_answers(t
     assert [data.prompt(i).ground_truth for i in range(5)] == ["0", "1", "2", "3", "4"]  # the file's order
 
     figures = compare_dataset(dirs[0], dirs[1], task, data_dir=tmp_path / "held", reward_dir=tmp_path, num_prompts=4)
-    assert figures["prompts"] == 4
+    assert figures["prompts"] == 4 and figures["reward_failures"] == 0
     for key, model in (("greedy_reward_first", models[0]), ("greedy_reward_last", models[1])):
         words = []
         for i in range(4):  # the file's first rows

@@ -19,7 +19,7 @@ from tests.unit.rl.test_dataset import write_jsonl
 
 
 def test_the_penalty_by_hand() -> None:
-    # limit 40 (digits: min(max_output_tokens − 1, 54) + 1), buffer 20, penalty 0.5: from 20 tokens on,
+    # limit 40 (digits: min(max_output_tokens − 1, 9 × MAX_DIGITS) + 1), buffer 20, penalty 0.5: from 20 tokens on,
     # −0.5 · (L − 20) / 20: 20 → 0, 30 → −0.25, 39 → −0.475, 40 → −0.5
     source = DigitsSource(
         DigitsTask(kind="digits", max_output_tokens=40, overlong_buffer_tokens=20, overlong_penalty=0.5)
