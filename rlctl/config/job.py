@@ -262,7 +262,7 @@ class PolicyUpdate(OffPolicyCorrection):
         "(rlctl.rl.schedule)",
     )
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] | None = Field(
-        None, description="where linear or cosine decay ends, as a fraction of lr (default 0)"
+        None, description="the floor linear or cosine decay goes towards, as a fraction of lr (default 0)"
     )
 
     @model_validator(mode="after")
