@@ -105,6 +105,12 @@ def make_batch(samples: list[Sample], advantages: list[float] | list[list[float]
 ENTROPY_CHUNK = 1 << 24  # elements (64 MiB in fp32) per piece of the entropy's no-grad pass
 
 
+def _plogp(log_p: torch.Tensor) -> torch.Tensor:
+    """p · log p from log p, 0 where p is 0 (a −inf log-prob: the product would be NaN)."""
+    p = log_p.exp()
+    return torch.where(p > 0, p * log_p, 0.0)
+
+
 def token_logprobs(model: nn.Module, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(tokens[:, t+1] | tokens[:, :t+1]) at the sampling temperature, shape [N, T-1]."""
     return logprobs_and_entropy(model, tokens, temperature, entropy=False)[0]
@@ -126,7 +132,7 @@ def logprobs_and_entropy(
     with torch.no_grad():
         flat = log_p.detach().reshape(-1, log_p.shape[-1])
         parts = flat.split(max(1, ENTROPY_CHUNK // flat.shape[-1]))
-        h = torch.cat([-(part.exp() * part).sum(-1) for part in parts]).view(log_p.shape[:-1])
+        h = torch.cat([-_plogp(part).sum(-1) for part in parts]).view(log_p.shape[:-1])
     return picked, h
 
 

@@ -24,8 +24,8 @@ from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl import samples as samples_module
 from rlctl.rl.grpo import group_advantages, policy_loss
 from rlctl.rl.ppo import PpoLearner, ValueModel, gae
-from rlctl.rl.samples import Sample, make_batch, token_logprobs
-from tests.unit.fixed_policy import FixedPolicy, behaviour, fixed
+from rlctl.rl.samples import Sample, logprobs_and_entropy, make_batch, token_logprobs
+from tests.unit.fixed_policy import FixedPolicy, P, behaviour, fixed
 from tests.unit.tiny_models import small_config
 
 # ---------------------------------------------------------------- GRPO advantages
@@ -151,6 +151,16 @@ def test_the_entropy_of_the_policy_at_the_sampling_temperature_over_output_token
     samples, adv = grpo_batch()
     _, m = policy_loss(fixed(), make_batch(samples, adv), clip_eps=0.2, temperature=temperature)
     assert m["entropy_sum"] == pytest.approx(summed, abs=1e-5)
+
+
+def test_a_token_the_policy_rules_out_adds_nothing_to_the_entropy() -> None:
+    # logits log P with token 0 at −inf: p = [0, 0.2, 0.3, 0.4] / 0.9; H = −Σ p ln p over the three others
+    logits = torch.log(torch.tensor(P)).clone()
+    logits[0] = -math.inf
+    q = [x / 0.9 for x in P[1:]]
+    want = -sum(x * math.log(x) for x in q)
+    _, h = logprobs_and_entropy(FixedPolicy(logits), torch.zeros(1, 3, dtype=torch.long))
+    assert h is not None and h[0].tolist() == pytest.approx([want, want], abs=1e-6)
 
 
 # Off-policy corrections (rlctl.rl.grpo.policy_loss, `off_policy`). One optimizer step per iteration: π_prox
