@@ -91,9 +91,7 @@ def heldout_line(h: dict[str, Any]) -> str:
     """The summary table's row: greedy exact match and reward, starting → final policy."""
     if "error" in h:
         return f"not evaluated: {h['error']}"
-    if "greedy_exact_first" not in h:  # a dataset task: its reward function's figures
-        return f"reward {h['greedy_reward_first']:.3f} → {h['greedy_reward_last']:.3f} (greedy, {h['prompts']} prompts)"
-    return (
-        f"exact {h['greedy_exact_first']:.3f} → {h['greedy_exact_last']:.3f}, reward "
-        f"{h['greedy_reward_first']:.3f} → {h['greedy_reward_last']:.3f} (greedy, {h['prompts']} prompts)"
-    )
+    line = f"reward {h['greedy_reward_first']:.3f} → {h['greedy_reward_last']:.3f} (greedy, {h['prompts']} prompts)"
+    if "greedy_exact_first" not in h:  # a dataset task: its reward function's figures only
+        return line
+    return f"exact {h['greedy_exact_first']:.3f} → {h['greedy_exact_last']:.3f}, {line}"

@@ -608,12 +608,12 @@ def _evaluation(job: Job) -> list[Problem]:
 def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]:
     """Every row of the held-out file reads and tokenizes as the launch will, and there are at least as many usable
     rows as `heldout_prompts` asks for."""
-    from rlctl.rl.dataset import count_rows
+    from rlctl.rl.dataset import check_rows
     from rlctl.rl.tokenizer import load_tokenizer
 
     data = job.path.parent / held.path
     try:
-        good = count_rows(held, data_path=data, tokenizer=load_tokenizer(model_dir))
+        good = check_rows(held, data_path=data, tokenizer=load_tokenizer(model_dir))
     except ConfigError as e:
         said = str(e).removeprefix(f"{e.file}: ")
         return [Problem("evaluation.path", f"{data}: {said}", "fix the rows, or set `task.bad_rows: skip`")]

@@ -228,7 +228,7 @@ def prepare_dataset(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokeniz
         tokens.append(parsed[0])
         rows.append({"source_row": label, **parsed[1]})
 
-    bad = _scan(cfg, data_path, tokenizer, keep)
+    _, bad = _scan(cfg, data_path, tokenizer, keep)
     out_dir.mkdir(parents=True, exist_ok=True)
     offsets = np.zeros(len(tokens) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(t) for t in tokens])
@@ -252,9 +252,10 @@ def _scan(
     data_path: Path,
     tokenizer: TextTokenizer,
     keep: Callable[[str, tuple[list[int], dict[str, Any]]], None] | None = None,
-) -> list[BadRow]:
-    """Read and tokenize every row of `data_path`, one at a time (`keep` gets each good one); the bad rows, after
-    `task.bad_rows` had its say (refuse: ConfigError), and a ConfigError when no row is usable."""
+) -> tuple[int, list[BadRow]]:
+    """Read and tokenize every row of `data_path`, one at a time (`keep` gets each good one); the number of good
+    rows and the bad rows, after `task.bad_rows` had its say (refuse: ConfigError), and a ConfigError when no row
+    is usable."""
     good = 0
     bad: list[BadRow] = []
     for label, raw in _read_rows(data_path):
@@ -270,24 +271,13 @@ def _scan(
     _report_bad_rows(cfg, data_path, bad, good + len(bad))
     if not good:
         raise ConfigError(str(data_path), None, f"no usable rows ({len(bad)} read, {len(bad)} bad)")
-    return bad
+    return good, bad
 
 
 def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer) -> int:
     """What `rlctl check` does with the rows: every one read and tokenized as the launch will (streaming, nothing
-    kept or written), refused as the launch would; the number of bad rows `bad_rows: skip` will drop."""
-    return len(_scan(cfg, data_path, tokenizer))
-
-
-def count_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer) -> int:
-    """`check_rows`, but the number of usable rows (what the launch will prepare)."""
-    good = 0
-
-    def count(*_: object) -> None:
-        nonlocal good
-        good += 1
-
-    _scan(cfg, data_path, tokenizer, keep=count)
+    kept or written), refused as the launch would; the number of usable rows (what the launch will prepare)."""
+    good, _ = _scan(cfg, data_path, tokenizer)
     return good
 
 

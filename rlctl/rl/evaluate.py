@@ -39,16 +39,28 @@ class Figures:
     prompts: int
 
 
+def greedy(
+    model: TinyGPT,
+    requests: list[GenRequest],
+    *,
+    eos_token_ids: tuple[int, ...] | None = None,
+    max_batch_size: int = BATCH_ROWS,
+) -> dict[str, list[int]]:
+    """Each request's greedy output tokens (ending with EOS unless cut at its length limit), by id."""
+    engine = EmbeddedEngine(model, max_batch_size=max_batch_size, temperature=0.0, eos_token_ids=eos_token_ids)
+    engine.add(requests)
+    return {r.request_id: r.output_tokens for r in engine.run_until_done()}
+
+
 def greedy_outputs(
     model: TinyGPT, task: DigitsTask, prompts: list[Prompt], *, max_batch_size: int = BATCH_ROWS
 ) -> dict[str, list[int]]:
-    """Each prompt's greedy output tokens (ending with EOS unless cut at the task's length limit), by id."""
-    engine = EmbeddedEngine(model, max_batch_size=max_batch_size, temperature=0.0)
+    """Each digits prompt's greedy output tokens, by id."""
     # longest first keeps the long tail from running alone at the end; greedy outputs do not depend on it
-    engine.add(
-        [GenRequest(p.prompt_id, p.tokens, task.max_new_tokens, priority=float(p.target_tokens)) for p in prompts]
-    )
-    return {r.request_id: r.output_tokens for r in engine.run_until_done()}
+    requests = [
+        GenRequest(p.prompt_id, p.tokens, task.max_new_tokens, priority=float(p.target_tokens)) for p in prompts
+    ]
+    return greedy(model, requests, max_batch_size=max_batch_size)
 
 
 def score_outputs(task: DigitsTask, prompts: list[Prompt], outputs: dict[str, list[int]]) -> Figures:
@@ -117,10 +129,9 @@ def compare_dataset(
             model = TinyGPT.from_pretrained(
                 model_dir, dtype=None if cuda else torch.float32, device="cuda" if cuda else "cpu"
             )
-            engine = EmbeddedEngine(model, max_batch_size=BATCH_ROWS, temperature=0.0, eos_token_ids=tokenizer.eos_ids)
-            engine.add([GenRequest(f"h{i}", p.tokens, data.max_new_tokens) for i, p in enumerate(prompts)])
-            outputs = {r.request_id: r.output_tokens for r in engine.run_until_done()}
-            del engine, model
+            requests = [GenRequest(f"h{i}", p.tokens, data.max_new_tokens) for i, p in enumerate(prompts)]
+            outputs = greedy(model, requests, eos_token_ids=tokenizer.eos_ids)
+            del model
             if cuda:
                 torch.cuda.empty_cache()
             calls = [

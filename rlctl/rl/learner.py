@@ -147,9 +147,10 @@ class StreamingLearner:
         if len(group) == (group_size or self.group_size):
             adv = group_advantages([s.reward for s in group], [s.prompt_id for s in group], scale=self._scale)
             del self.groups[sample.prompt_id]
-            if not any(adv):
+            signal = any(adv)
+            if not signal:
                 self.no_signal += len(group)
-            if any(adv) or self.cfg.kl_coef > 0:
+            if signal or self.cfg.kl_coef > 0:
                 self.ready += list(zip(group, adv, strict=True))
 
     def train_ready(self, *, flush: bool = False) -> None:
