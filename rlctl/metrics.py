@@ -59,6 +59,13 @@ class JobMetrics:
         self.clip_fraction = Gauge(
             "rlctl_train_clip_fraction", "Share of the last iteration's tokens whose ratio was clipped", registry=r
         )
+        self.eval_greedy_reward = Gauge(
+            "rlctl_eval_greedy_reward", "Mean reward of greedy held-out outputs, last evaluation", registry=r
+        )
+        self.eval_greedy_exact = Gauge(
+            "rlctl_eval_greedy_exact", "Held-out prompts answered exactly (digits), last evaluation", registry=r
+        )
+        self.eval_version = Gauge("rlctl_eval_version", "Weight version of the last held-out evaluation", registry=r)
         self.weight_version = Gauge(
             "rlctl_weights_version", "Newest weight version published by the trainer", registry=r
         )

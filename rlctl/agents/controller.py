@@ -41,6 +41,7 @@ import msgspec
 
 from rlctl.agents import common
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.evaluation import EvalSchedule, Evaluator, cut_evaluations
 from rlctl.agents.flight import read_flight
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import (
@@ -140,6 +141,7 @@ STOP_CHECKPOINT_WAIT_S = 600.0
 # who may send what to the controller (a kind not listed here is dropped from anyone)
 SENDERS: dict[str, frozenset[str]] = {
     "sample": frozenset({"rollout"}),
+    "evaluated": frozenset({"rollout"}),
     "partial": frozenset({"rollout"}),
     "withdrawn": frozenset({"rollout"}),
     "weights_applied": frozenset({"rollout"}),
@@ -204,6 +206,7 @@ class ControllerAgent:
             self._resume(version)
         job_config = job.model_dump(mode="json", by_alias=True)
         self.tracker = FanOut(make_trackers(job.tracking, jobdir.path, job.name, job_config))
+        self.evaluator = self._evaluator(version or 0)
         jobdir.write_json(
             jobdir.controller_json,
             {"address": self.listener.address, "pid": os.getpid(), "metrics_port": self.metrics_port},
@@ -229,6 +232,29 @@ class ControllerAgent:
         self.resumes += 1
         self.jobdir.event("resumed_from", version=version, regenerate=requeued, rows_kept=len(self.rows))
         log.info("controller: resumed from checkpoint v%d; %d samples to generate again", version, requeued)
+
+    def _evaluator(self, resumed: int) -> Evaluator | None:
+        """Held-out evaluation during the run (`evaluation.every_iterations`), from the version the run starts at."""
+        e = self.job.evaluation
+        if not (e.every_iterations and e.heldout_prompts):
+            return None
+        schedule = EvalSchedule(
+            e.every_iterations,
+            self.job.iterations,
+            self.task.heldout(e.heldout_prompts),
+            self.task.max_new_tokens,
+            floor=resumed,
+        )
+        return Evaluator(
+            schedule,
+            task=self.task,
+            jobdir=self.jobdir,
+            tracker=self.tracker,
+            metrics=self.metrics,
+            post=lambda *m: self.inbox.put(m),
+            step=lambda: int(self.rows[-1]["iteration"]) if self.rows else 0,
+            rows=cut_evaluations(self.jobdir, resumed),
+        )
 
     def _checkpoint_due(self, version: int) -> None:
         """The trainer is writing its part of checkpoint `version`: keep the controller's state as it is now (the
@@ -405,8 +431,9 @@ class ControllerAgent:
         return now - self.stop_at > STOP_CHECKPOINT_WAIT_S
 
     def _finished(self) -> bool:
-        """Done once every iteration is trained and every live unit holds the last version (so a job ends
-        with its rollout units on the trainer's final weights), or that final sync timed out."""
+        """Done once every iteration is trained, every live unit holds the last version (so a job ends with its
+        rollout units on the trainer's final weights) and that version's held-out evaluation is in (with
+        `evaluation.every_iterations`), or that wait timed out."""
         if not self.core.done or self.writing:  # the last checkpoint's parts are written before the end
             return False
         now = time.monotonic()
@@ -417,11 +444,16 @@ class ControllerAgent:
             for u in self.core.units.values()
             if u.alive and u.reachable and u.version < self.core.trainer_version
         ]
-        if not behind:
+        evaluating = self.evaluator is not None and self.evaluator.pending
+        if not behind and not evaluating:
             return True
         if now - self.done_at > self.job.transport.timeout_s:
-            log.warning("controller: %s did not get v%d in time", ", ".join(behind), self.core.trainer_version)
-            self.jobdir.event("final_weights_timeout", agents=behind, version=self.core.trainer_version)
+            if behind:
+                log.warning("controller: %s did not get v%d in time", ", ".join(behind), self.core.trainer_version)
+                self.jobdir.event("final_weights_timeout", agents=behind, version=self.core.trainer_version)
+            if evaluating:
+                log.warning("controller: the last held-out evaluation did not end in time")
+                self.jobdir.event("evaluation_timeout", version=self.core.trainer_version)
             return True
         return False
 
@@ -438,6 +470,9 @@ class ControllerAgent:
             return
         if what == "unscored":  # a sample still waiting for this call would wait for ever: the job fails, saying so
             self.core.failed = self.core.failed or self.core.reward_lost(who, attempt=payload)
+            return
+        if what == "eval_scored" and self.evaluator is not None:
+            self.evaluator.scored(who, payload)
             return
         peer = self.peers.get(who)
         if peer is None:
@@ -521,6 +556,10 @@ class ControllerAgent:
             )
             self._transfer(who, version, msg.header)
             self._send(self.core.weights_applied(who, version))
+            self._evaluate(who, version)
+        elif msg.kind == "evaluated":
+            if self.evaluator is not None:
+                self.evaluator.answered(who, msg)
         elif msg.kind == "trained":
             self._trained(parse(msg, Trained))
         elif msg.kind == "checkpoint_written":
@@ -639,6 +678,14 @@ class ControllerAgent:
         self._send(
             self.core.join(name, role=h.role, version=h.version, address=h.address, weights=h.weights, datacenter=dc)
         )
+        if h.role == "rollout":
+            self._evaluate(name, h.version)
+
+    def _evaluate(self, unit: str, version: int) -> None:
+        """`unit` holds `version`: it evaluates it when a version is due (and it takes work)."""
+        u = self.core.units.get(unit)
+        if self.evaluator is not None and u is not None and u.alive and u.reachable and not u.draining:
+            self._send(self.evaluator.unit_at(unit, version))
 
     def _hello_again(self, p: Peer, conn: Connection, h: Hello) -> None:
         """A rollout unit that reconnected: back on its new connection, unless it was counted lost meanwhile
@@ -711,6 +758,8 @@ class ControllerAgent:
             unsent_tokens=unsent,
         )
         log.warning("controller: %s lost (%s); %d samples re-queued", name, why, self.core.ledger.requeued - before)
+        if self.evaluator is not None:
+            self.evaluator.lost(name)
         unit = self.core.units.get(name)
         if peer.role == "rollout" and unit is not None and not unit.draining and not self.stop_requested:
             self.scaler.replace(name, now=time.monotonic())
@@ -803,6 +852,7 @@ class ControllerAgent:
             resilience={"resumes": self.resumes, **self.scaler.resilience(), "paused": self.paused},
             data=self._data_view(),
             reward_stats=self.task.reward_stats(),
+            evaluations=self.evaluator.rows if self.evaluator is not None else [],
         )
 
     def _data_view(self) -> dict[str, Any]:

@@ -8,6 +8,8 @@ builtins) and raw tensor frames. Who sends what:
     generate         controller → rollout        Generate (requests)            –
     sample           rollout → controller        SampleDone                     [output int32, logprobs f32]
     weights_applied  rollout → controller        WeightsApplied                 –
+    evaluate         controller → rollout        Evaluate (held-out prompts)    –
+    evaluated        rollout → controller        Evaluated                      [outputs int32, concatenated]
     samples          controller → trainer        Samples {samples: [Delivered…]} 2 per sample, as in `sample`
     members          controller → trainer        Members {datacenter, dc_links, rollouts: –
                                                   {name: {address, weights, datacenter}}}
@@ -93,6 +95,32 @@ class Request(msgspec.Struct):
 
 class Generate(msgspec.Struct):
     requests: list[Request]
+
+
+class EvalRequest(msgspec.Struct, array_like=True):
+    request_id: str
+    prompt_tokens: Annotated[list[int], msgspec.Meta(min_length=1)]
+    max_new_tokens: PositiveInt
+
+
+class Evaluate(msgspec.Struct):
+    """Controller → unit: decode these held-out prompts greedily, ahead of its rollout work (`evaluation.
+    every_iterations`); `version`: the version the controller asks it for (the unit's own, when it asked)."""
+
+    version: NonNegInt
+    requests: Annotated[list[EvalRequest], msgspec.Meta(min_length=1)]
+
+
+class Evaluated(msgspec.Struct):
+    """Unit → controller: an evaluation's greedy outputs (one int32 tensor, `lengths[i]` tokens for `ids[i]`, in
+    order) and the oldest and newest weight versions that generated any of them."""
+
+    version: NonNegInt
+    ids: list[str]
+    lengths: list[NonNegInt]
+    version_min: NonNegInt
+    version_max: NonNegInt
+    error: str = ""  # the unit could not run it (nothing else is set then)
 
 
 class PartialPart(msgspec.Struct, array_like=True):
@@ -237,6 +265,8 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
     "withdrawn": Partial,
     "withdraw": Withdraw,
     "weights_applied": WeightsApplied,
+    "evaluate": Evaluate,
+    "evaluated": Evaluated,
     "samples": Samples,
     "regroup": Regroup,
     "members": Members,
@@ -256,6 +286,7 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
 # What each reader accepts (a new kind goes into HEADERS and into its receiver's set).
 TO_CONTROLLER = (
     "sample",
+    "evaluated",
     "partial",
     "withdrawn",
     "weights_applied",
@@ -268,7 +299,7 @@ TO_CONTROLLER = (
     "shutdown",
 )
 # what an agent's ControllerLink accepts
-FROM_CONTROLLER = ("generate", "withdraw", "samples", "regroup", "members", "checkpointed", "stop", "ping")
+FROM_CONTROLLER = ("generate", "withdraw", "evaluate", "samples", "regroup", "members", "checkpointed", "stop", "ping")
 TO_WEIGHTS_LISTENER = ("weights_available",)  # a rollout unit's announcement listener
 
 
@@ -338,12 +369,21 @@ def _partial(h: Any, ts: list[torch.Tensor]) -> str:
     return "" if got == want else f"tensors {got} do not match [int32, float32, int32] of {n} tokens"
 
 
+def _evaluated(h: Any, ts: list[torch.Tensor]) -> str:
+    if len(h.ids) != len(h.lengths):
+        return f"{len(h.ids)} ids and {len(h.lengths)} lengths"
+    got = [(t.dtype, tuple(t.shape)) for t in ts]
+    n = sum(h.lengths)
+    return "" if got == [(torch.int32, (n,))] else f"tensors {got} do not match [int32] of {n} tokens"
+
+
 # Kinds that carry tensors, and the check of those tensors against the (converted) header.
 _TENSORS: dict[str, Callable[[Any, list[torch.Tensor]], str]] = {
     "sample": _one_sample,
     "samples": _many_samples,
     "partial": _partial,
     "withdrawn": _partial,
+    "evaluated": _evaluated,
 }
 
 

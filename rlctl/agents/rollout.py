@@ -16,6 +16,10 @@ unit does not finish (it is lost) resumes from there on another unit (a request 
 `withdraw n` (the controller moving work to a unit with free rows) takes n requests out of the engine —
 those it would admit last, then the running ones with the least output — and sends them back whole
 (`withdrawn`).
+
+Held-out evaluation (`evaluate`, rlctl.agents.evaluation): greedy requests admitted before every iteration's
+(group EVAL_GROUP) in the same batches; their outputs go back together in one `evaluated` once the last finishes.
+They are never reported, withdrawn or sent as samples; the flight record counts their tokens as written then.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from rlctl.agents.listen import host_of
 from rlctl.agents.listen import listen_host as resolve_listen_host
 from rlctl.agents.messages import (
     TO_WEIGHTS_LISTENER,
+    Evaluate,
+    Evaluated,
     Generate,
     Heartbeat,
     Hello,
@@ -58,6 +64,7 @@ from rlctl.transport import Connection, Listener, Message
 
 log = logging.getLogger(__name__)
 
+EVAL_GROUP = -1  # the admission group of held-out evaluation requests: before any iteration's
 FETCH_RETRY_S = 5.0  # a version no holder could deliver is fetched again after this pause
 # reported with `weights_applied`
 TRANSFER_FIELDS = ("fetch_s", "wire_bytes", "encoding", "base_version", "holder", "xxh3")
@@ -104,6 +111,8 @@ class RolloutAgent:
         self.reported: dict[str, int] = {}  # running sample → output tokens the controller has (partial reports)
         self.order: dict[str, tuple[int, float]] = {}  # held sample → (iteration, priority): its admission order
         self.attempt: dict[str, int] = {}  # held sample → the dispatch it was admitted from (`Request.attempt`)
+        self.evaluating: dict[str, tuple[int, int]] = {}  # held-out request → (its evaluation's version, index)
+        self.evaluations: dict[int, list[GenResult | None]] = {}  # version → its requests' results, in order
         self.report_every = job.rollout.partial_report_s
         self.report_steps = job.rollout.partial_report_steps
         self.last_report = time.monotonic()
@@ -170,6 +179,8 @@ class RolloutAgent:
                     self._admit(parse(msg, Generate))
                 elif msg.kind == "withdraw":
                     self._withdraw(parse(msg, Withdraw).count)
+                elif msg.kind == "evaluate":
+                    self._evaluate(parse(msg, Evaluate))
                 elif msg.kind == "weights":
                     got = state_dict_of(msg)
                     if pending is None or got[0] > pending[0][0]:  # newest wins; older versions are dropped
@@ -196,7 +207,10 @@ class RolloutAgent:
             ):
                 self._report(finished_unsent=len(done))
             for res in done:
-                self._send_sample(res)
+                if res.request_id in self.evaluating:
+                    self._evaluated(res)
+                else:
+                    self._send_sample(res)
 
     def _admit(self, gen: Generate) -> None:
         """Queue the requests, except samples the engine already holds: the controller requeues a unit's work
@@ -221,10 +235,50 @@ class RolloutAgent:
             ]
         )
 
+    def _evaluate(self, ev: Evaluate) -> None:
+        """Queue a held-out evaluation's greedy requests ahead of the rollout work (one that cannot run is
+        answered at once with why)."""
+        if ev.version in self.evaluations:
+            return
+        requests = [
+            GenRequest(r.request_id, list(r.prompt_tokens), r.max_new_tokens, group=EVAL_GROUP, greedy=True)
+            for r in ev.requests
+        ]
+        try:
+            self.engine.add(requests)
+        except ValueError as e:
+            self.link.send(make("evaluated", Evaluated(ev.version, [], [], 0, 0, error=str(e))))
+            return
+        self.evaluations[ev.version] = [None] * len(requests)
+        self.evaluating.update((r.request_id, (ev.version, i)) for i, r in enumerate(requests))
+
+    def _evaluated(self, res: GenResult) -> None:
+        """One held-out output is in; the evaluation's answer goes once its last is."""
+        version, i = self.evaluating.pop(res.request_id)
+        results = self.evaluations[version]
+        results[i] = res
+        if any(r is None for r in results):
+            return
+        del self.evaluations[version]
+        done = [r for r in results if r is not None]
+        versions = [v for r in done for v in r.versions_seen]
+        head = Evaluated(
+            version,
+            [r.request_id for r in done],
+            [len(r.output_tokens) for r in done],
+            min(versions, default=self.engine.version),
+            max(versions, default=self.engine.version),
+        )
+        tokens = torch.tensor([t for r in done for t in r.output_tokens], dtype=torch.int32)
+        sent = self.link.send(make("evaluated", head, [tokens]))
+        self.flight.wrote(int(tokens.numel()), dropped=not sent)
+
     def _withdraw(self, count: int) -> None:
         """Give `count` requests back: those the engine would admit last, then the running ones with the least
         output (the cheapest to prefill again elsewhere); each with its whole output so far."""
-        running = {r.request_id: len(r.output_tokens) for r in self.engine.partials()}
+        running = {
+            r.request_id: len(r.output_tokens) for r in self.engine.partials() if r.request_id not in self.evaluating
+        }
         waiting = sorted(self.holding - set(running), key=lambda i: (-self.order[i][0], self.order[i][1]))
         pick = (waiting + sorted(running, key=running.__getitem__))[:count]
         out = self.engine.interrupt(pick)
@@ -267,6 +321,8 @@ class RolloutAgent:
         self.steps_unreported = 0
         new = []
         for res in self.engine.partials():
+            if res.request_id in self.evaluating:
+                continue
             start = self.reported.get(res.request_id, 0)
             if len(res.output_tokens) > start:
                 new.append((res, start))

@@ -63,6 +63,7 @@ class Snapshot:
     resilience: Mapping[str, Any] = field(default_factory=dict)  # resumes, replaced units, a note
     data: Mapping[str, Any] = field(default_factory=dict)  # a dataset task's rows: prompts, bad rows skipped
     reward_stats: RewardStats = field(default_factory=RewardStats)  # the reward pool's counts so far
+    evaluations: list[dict[str, Any]] = field(default_factory=list)  # evaluations.jsonl so far (agents.evaluation)
 
 
 # the last step's figures that `status` shows (metrics row keys)
@@ -152,6 +153,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "t_train_s": last.get("t_train_s"),
         "delta_s": last.get("delta_s"),
         "training": {k: last.get(k) for k in TRAINING},
+        "heldout": heldout_view(s.evaluations),
         "delta_window_s": None if r is None else round(r.delta_s, 4),
         "delta_prime_s": None if r is None else round(r.delta_prime_s, 4),
         "rebalance": {"auto": s.job.rebalance.auto, "why": None if r is None else r.why},
@@ -182,6 +184,12 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "data": dict(s.data),
         "agents": agents,
     }
+
+
+def heldout_view(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first and the last held-out evaluation of the run (None before the first)."""
+    keys = ("version", "greedy_reward", "greedy_exact", "prompts")
+    return {"first": {k: rows[0].get(k) for k in keys}, "last": {k: rows[-1].get(k) for k in keys}} if rows else None
 
 
 def partials_view(core: ControllerCore) -> dict[str, Any]:

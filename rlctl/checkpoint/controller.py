@@ -16,6 +16,7 @@ launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,12 +88,18 @@ def load_controller(jobdir: JobDir, version: int) -> ControllerState:
 def cut_metrics(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
     """Keep the metrics rows of iterations before `version` (returned); move the others, which the failed
     run trained past its last checkpoint, to metrics.discarded.jsonl."""
-    rows = jobdir.read_lines(jobdir.metrics) if jobdir.metrics.exists() else []
-    kept = [r for r in rows if int(r["iteration"]) < version]
-    dropped = [r for r in rows if int(r["iteration"]) >= version]
-    for r in dropped:
-        jobdir.append(jobdir.path / "metrics.discarded.jsonl", r)
-    tmp = jobdir.metrics.with_name(".metrics.jsonl.tmp")
+    return cut_rows(jobdir, jobdir.metrics, lambda r: int(r["iteration"]) < version)
+
+
+def cut_rows(jobdir: JobDir, path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """Keep the rows of the jsonl file `path` that `keep` accepts (returned); move the others to
+    <name>.discarded.jsonl beside it."""
+    rows = jobdir.read_lines(path) if path.exists() else []
+    kept = [r for r in rows if keep(r)]
+    for r in rows:
+        if not keep(r):
+            jobdir.append(path.with_name(f"{path.stem}.discarded.jsonl"), r)
+    tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    tmp.replace(jobdir.metrics)
+    tmp.replace(path)
     return kept

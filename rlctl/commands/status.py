@@ -38,6 +38,20 @@ def training_line(t: dict[str, Any]) -> str:
     )
 
 
+def heldout_line(h: dict[str, Any] | None) -> str:
+    """The run's last held-out evaluation beside its first: greedy reward (and exact answers, digits)."""
+    if not h:
+        return "-"
+
+    def one(r: dict[str, Any]) -> str:
+        exact = f", exact {_f(r.get('greedy_exact'), '.3f')}" if r.get("greedy_exact") is not None else ""
+        return f"v{r['version']}: greedy reward {_f(r.get('greedy_reward'), '.3f')}{exact}"
+
+    first, last = h["first"], h["last"]
+    tail = f"  (first {one(first)})" if first["version"] != last["version"] else ""
+    return f"{one(last)}{tail}  over {last.get('prompts')} prompts"
+
+
 def _live_table(s: dict[str, Any]) -> str:
     v = s["live"]
     w = v.get("weights", {})
@@ -48,6 +62,7 @@ def _live_table(s: dict[str, Any]) -> str:
         ["reward", _f(v.get("reward"), ".3f")],
         ["T_gen / T_train", f"{_f(v.get('t_gen_s'))} / {_f(v.get('t_train_s'))} s"],
         ["last step", training_line(v.get("training", {}))],
+        ["held-out", heldout_line(v.get("heldout"))],
         ["δ (window) / δ'", f"{_f(v.get('delta_window_s'), '+.2f')} / {_f(v.get('delta_prime_s'))} s"],
         ["rebalance", f"{'auto' if v['rebalance']['auto'] else 'manual'}: {v['rebalance']['why'] or '-'}"],
         ["rollout units", f"{v['rollout_units']}  free slots {v['free_slots']}"],
@@ -86,6 +101,8 @@ def _fallback_table(s: dict[str, Any]) -> str:
                 f"T_train {_f(li['t_train_s'])} s ({_f(s.get('figures_age_s'), '.0f')} s ago)",
             ]
         )
+    if s.get("heldout"):
+        rows.append(["held-out", heldout_line(s["heldout"])])
     if "summary" in s:
         rows.append(["ended", f"{s['summary']['state']} after {s['summary']['iterations']} iterations"])
     if s["sites_down"]:

@@ -492,9 +492,15 @@ class Evaluation(Strict):
     (model/init) and the final checkpoint and adds the figures to the summary as `heldout`
     (rlctl.rl.evaluate): sampled reward alone also rises when the policy only sharpens. The digits task draws
     prompts no iteration draws; a dataset task reads the first `heldout_prompts` rows of `path` (its own file,
-    with the task's keys, scored by the task's reward)."""
+    with the task's keys, scored by the task's reward). With `every_iterations` the same prompts are decoded
+    during the run too, on a rollout unit beside its work (rlctl.agents.evaluation): a curve to watch."""
 
     heldout_prompts: NonNegativeInt = 0  # 0 = no evaluation
+    every_iterations: NonNegativeInt = Field(
+        0,
+        description="also evaluate during the run: versions 0, K, 2K, … and the last, greedily on a rollout unit "
+        "(evaluations.jsonl, trackers eval/*, rlctl status); 0 = only after the job",
+    )
     path: str | None = Field(
         None, description="dataset tasks: the held-out jsonl or parquet file, relative to the job file"
     )

@@ -52,6 +52,7 @@ class GenRequest:
     group: int = 0  # admission group (the iteration); engines may keep a later group waiting while an earlier runs
     ignore_eos: bool = False  # keep decoding past EOS (benchmarks that need a fixed length)
     prefix: Prefix | None = None  # resume an interrupted generation
+    greedy: bool = False  # decode this request greedily whatever the engine's temperature (held-out evaluation)
 
     @property
     def context(self) -> list[int]:

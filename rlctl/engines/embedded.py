@@ -17,7 +17,8 @@ One `step()`:
             on a CUDA device the step is one CUDA graph per (rows, width) bucket (rlctl.engines.graphs)
     sample  inverse-CDF with one uniform hashed from (request seed, output index) per row
             (rlctl.engines.sampling): a request's tokens do not depend on what else is in the batch, so
-            schedules can be compared and a requeued sample regenerates identically
+            schedules can be compared and a requeued sample regenerates identically;
+            a greedy request (`GenRequest.greedy`: a held-out evaluation) takes the argmax in the same batch
     finish  EOS or max_new_tokens → GenResult; the row is free for the next admission
     compact only when nothing can be admitted and ≥ compact_fraction of the rows are free: copying
             the cache at every EOS made generation 1.5–1.8× slower (DESIGN §10)
@@ -134,6 +135,8 @@ class EmbeddedEngine(GenerationEngine):
         self._steps = z.clone()  # output tokens so far
         self._live = z.clone()  # 1 = a running request holds the row (free rows stay at position 0)
         self._logprobs = torch.zeros(max_batch_size, dtype=torch.float32, device=self.device)
+        self._greedy = torch.zeros(max_batch_size, dtype=torch.bool, device=self.device)  # a greedy request's row
+        self._mixed = False  # a running request is greedy and the engine samples: this step runs eagerly
         self._static = self.device.type == "cuda" if static_shapes is None else static_shapes
         self.compile_step = compile_step
         forward = self._forward
@@ -243,10 +246,13 @@ class EmbeddedEngine(GenerationEngine):
         assert self._cache is not None
         n = len(self._rows)
         width = max(r.pos for r in self._rows if r is not None) + 1
+        # a greedy request (held-out evaluation, a few steps now and then) runs beside sampled ones eagerly: the
+        # graphs capture the sampled step only
+        self._mixed = self._temperature != 0 and any(r is not None and r.req.greedy for r in self._rows)
         if self._static:  # shapes from buckets, so that a few graphs serve every step
             rows = min(bucket(n), self.max_batch_size)
             width = min(bucket(width, floor=MIN_WIDTH), self._cache.capacity)
-            if self._graphs is not None:
+            if self._graphs is not None and not self._mixed:
                 self._graphs.run(rows, width)
             else:
                 self._decode(rows, width)
@@ -277,7 +283,8 @@ class EmbeddedEngine(GenerationEngine):
         result lands in place (what a CUDA graph captures)."""
         assert self._cache is not None
         logits = self._forward_fn(rows, width)
-        tokens, logprobs = sample(logits, self._seeds[:rows], self._steps[:rows], self._temperature)
+        greedy = self._greedy[:rows] if self._mixed else None
+        tokens, logprobs = sample(logits, self._seeds[:rows], self._steps[:rows], self._temperature, greedy)
         self._steps[:rows] += 1
         self._next[:rows] = tokens
         self._logprobs[:rows] = logprobs
@@ -320,6 +327,7 @@ class EmbeddedEngine(GenerationEngine):
         # a resumed request draws the uniforms of the output indices it has not generated yet
         self._steps[idx] = torch.tensor([len(r.prefix.tokens) if r.prefix else 0 for r in new], device=dev)
         self._live[idx] = 1
+        self._greedy[idx] = torch.tensor([r.greedy for r in new], device=dev)
 
     def _prefill(self, rows: list[int], contexts: list[list[int]]) -> None:
         """Prefill each context but its last token into its cache row: at bucketed shapes with static shapes
@@ -414,7 +422,7 @@ class EmbeddedEngine(GenerationEngine):
             keep = [i for i, r in enumerate(self._rows) if r is not None]
             idx = torch.tensor(keep, dtype=torch.long, device=self.device)
             self._cache.keep(idx)
-            for t in (self._next, self._seeds, self._steps, self._live):
+            for t in (self._next, self._seeds, self._steps, self._live, self._greedy):
                 t[: len(keep)] = t.index_select(0, idx)
             self._live[len(keep) :] = 0
             self._cache.lengths[len(keep) :] = 0

@@ -11,7 +11,8 @@ log-probs need anyway; the cumulative sum is fp64 so that tokens of probability 
 are drawn at their own probability. Every operation keeps the shapes of its inputs and never asks the host
 for a value, so a CUDA graph captures it with the decode step (rlctl.engines.graphs).
 
-Temperature 0 is greedy: the argmax, with its log-prob at temperature 1.
+Temperature 0 is greedy: the argmax, with its log-prob at temperature 1; so is a row that `greedy` marks
+(a held-out evaluation's request in a batch of sampled ones), whatever the temperature.
 """
 
 from __future__ import annotations
@@ -45,13 +46,20 @@ def uniform(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
 
 
 def sample(
-    logits: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, temperature: float
+    logits: torch.Tensor,
+    seeds: torch.Tensor,
+    steps: torch.Tensor,
+    temperature: float,
+    greedy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token [b] int64, its log-prob [b] fp32) for each row of `logits` [b, V] (any float dtype)."""
+    """(token [b] int64, its log-prob [b] fp32) for each row of `logits` [b, V] (any float dtype); the rows that
+    `greedy` [b] (bool) marks take the argmax (None: none does)."""
     x = logits.float()
-    if temperature == 0:
-        tok = x.argmax(-1, keepdim=True)
-        return tok[:, 0], (x.gather(1, tok) - torch.logsumexp(x, -1, keepdim=True))[:, 0]
+    if temperature == 0 or greedy is not None:
+        best = x.argmax(-1, keepdim=True)
+        best_logp = (x.gather(1, best) - torch.logsumexp(x, -1, keepdim=True))[:, 0]
+        if temperature == 0:
+            return best[:, 0], best_logp
     if temperature != 1.0:  # the common 1.0 skips a pass over batch × vocabulary (x / 1.0 is x)
         x = x / temperature
     top = x.amax(-1, keepdim=True)
@@ -60,4 +68,6 @@ def sample(
     target = uniform(seeds, steps)[:, None] * total
     tok = torch.searchsorted(cdf, target).clamp_(max=x.shape[-1] - 1)
     logp = x.gather(1, tok) - top - total.log().float()
+    if greedy is not None:
+        return torch.where(greedy, best[:, 0], tok[:, 0]), torch.where(greedy, best_logp, logp[:, 0])
     return tok[:, 0], logp[:, 0]

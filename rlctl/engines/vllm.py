@@ -346,7 +346,7 @@ class VllmEngine(GenerationEngine):
         for r in requests:
             done = len(r.prefix.tokens) if r.prefix else 0
             params = self._vllm.SamplingParams(
-                temperature=self.temperature,
+                temperature=0.0 if r.greedy else self.temperature,
                 max_tokens=r.max_new_tokens - done,
                 logprobs=0,  # the sampled token's own log-prob
                 # a requeued sample regenerates identically; a resumed one (a prefix) draws its own noise

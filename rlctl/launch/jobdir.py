@@ -18,6 +18,7 @@ runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_di
   flight/rollout-<n>  a rollout unit's flight record: tokens it generated and had not yet sent (agents.flight)
   events.jsonl      one JSON object per event (agent joined / lost, iteration done, stop)
   metrics.jsonl     one line per iteration (reward, stage times, δ, throughput, staleness)
+  evaluations.jsonl one line per held-out evaluation during the run (evaluation.every_iterations)
   summary.json      the final summary (what `rlctl launch -o json` prints)
   model/init/       the starting policy (SFT warm-up), HF-style directory
   checkpoints/iter-N/{model/, ledger.json}
@@ -95,6 +96,10 @@ class JobDir:
     @property
     def metrics(self) -> Path:
         return self.path / "metrics.jsonl"
+
+    @property
+    def evaluations(self) -> Path:
+        return self.path / "evaluations.jsonl"
 
     @property
     def init_model(self) -> Path:

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from rlctl.agents.views import heldout_view
 from rlctl.errors import RlctlError, TransportError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import AgentHandle
@@ -138,6 +139,8 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
             k: last.get(k) for k in ("iteration", "reward_mean", "t_gen_s", "t_train_s", "delta_s")
         }
         out["figures_age_s"] = round(time.time() - float(last.get("t", time.time())), 1) if "t" in last else None
+    if jd.evaluations.exists():  # held-out evaluations during the run (rlctl.agents.evaluation)
+        out["heldout"] = heldout_view(jd.read_lines(jd.evaluations))
     if jd.summary_json.exists():
         out["summary"] = {k: v for k, v in jd.read_json(jd.summary_json).items() if k not in ("reward_curve",)}
         # the same totals as a live status: the ledger, resumes and replaced units

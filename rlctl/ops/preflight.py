@@ -150,10 +150,12 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
         )
     if spec.evaluation.heldout_prompts:
         out += _evaluation(job)
-    elif spec.evaluation.path is not None:
-        out.append(
-            Problem("evaluation.path", "read only when evaluation.heldout_prompts > 0; set it, or leave path out")
-        )
+    else:
+        out += [
+            Problem(f"evaluation.{name}", "read only when evaluation.heldout_prompts > 0; set it, or leave it out")
+            for name, value in (("path", spec.evaluation.path), ("every_iterations", spec.evaluation.every_iterations))
+            if value
+        ]
     task = spec.task
     if isinstance(task, DatasetTask):
         if spec.model.kind != "hf":

@@ -2,6 +2,7 @@
 
     controller: rl_prompts(iteration, n) ─▶ dispatch (prompt ids p<position>, token ids, known lengths)
     controller: score(sample_id, prompt_id, output) ─▶ Future[score] (as samples arrive, beside it)
+    controller: heldout(n), score_heldout(key, outputs) ─▶ Future[HeldoutScores] (evaluation during the run)
     trainer:    prompt_tokens(prompt_id)
 
 Two implementations behind one interface: the built-in digits task (prompts from a seeded stream,
@@ -14,19 +15,35 @@ controller and the trainer agree without sending prompts around, and a resume ne
 from __future__ import annotations
 
 import functools
+import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlctl.config.job import DatasetTask, DigitsTask, JobFile
 from rlctl.errors import ConfigError
 from rlctl.rl.reward import RewardPool, RewardResult, RewardStats
 
+if TYPE_CHECKING:
+    from rlctl.rl.dataset import DataPrompt
+    from rlctl.rl.tasks import Prompt
+
 DATA_DIR = "data"  # in the job directory: the tokenized prompts (rlctl.rl.dataset)
 HELDOUT_DIR = "data-heldout"  # in the job directory: the tokenized held-out prompts of a dataset task (evaluation)
 REWARD_DIR = "reward"  # in the job directory: the user's reward file, copied at launch
 PROMPT_CACHE = 4096  # demo prompts kept by a DigitsSource (a few iterations' worth)
+
+
+@dataclass(frozen=True)
+class HeldoutScores:
+    """Greedy outputs of held-out prompts, scored as the end-of-job evaluation scores them (no shaping)."""
+
+    reward: float  # mean reward
+    exact: float | None  # digits: fraction answered exactly (then EOS); None for a dataset task
+    prompts: int
+    failures: int = 0  # reward calls scored `reward_on_error`
 
 
 @dataclass(frozen=True)
@@ -55,6 +72,14 @@ class TaskSource(ABC):
     def cancel_score(self, sample_id: str) -> None:
         """The score of `sample_id` is not wanted any more (its future may be cancelled)."""
         return None
+
+    def heldout(self, n: int) -> list[RlPrompt]:
+        """The first n held-out prompts (`evaluation`): those the end-of-job evaluation decodes."""
+        raise ConfigError("job.json", "evaluation.heldout_prompts", "this task has no held-out prompts")
+
+    def score_heldout(self, key: str, outputs: list[list[int]]) -> Future[HeldoutScores]:
+        """The figures of `outputs[i]`, the output for `heldout(n)[i]` (`key` names the calls: one evaluation)."""
+        raise ConfigError("job.json", "evaluation.heldout_prompts", "this task has no held-out prompts")
 
     def length_penalty(self, output_tokens: int) -> float:
         """DAPO's soft overlong punishment, part of every score: 0 up to `max_new_tokens` − buffer, then linear
@@ -95,6 +120,7 @@ class DigitsSource(TaskSource):
         # a prompt is drawn from its own generator (≈ 0.1 ms); its samples ask for it again and again (every
         # sample's reward and tokens on the trainer): the recent ones are kept
         self._prompt = functools.lru_cache(maxsize=PROMPT_CACHE)(self.task.prompt)
+        self._held: list[Prompt] = []  # the held-out prompts `heldout` gave
 
     def rl_prompts(self, iteration: int, n: int) -> list[RlPrompt]:
         return [RlPrompt(p.prompt_id, p.tokens, p.target_tokens) for p in self.task.rl_prompts(iteration, n)]
@@ -111,15 +137,32 @@ class DigitsSource(TaskSource):
         reward = self.task.reward(self._prompt(_position(prompt_id)), output_tokens)
         return _done(reward + self.length_penalty(len(output_tokens)))
 
+    def heldout(self, n: int) -> list[RlPrompt]:
+        self._held = self.task.heldout_prompts(n)
+        return [RlPrompt(p.prompt_id, p.tokens, p.target_tokens) for p in self._held]
+
+    def score_heldout(self, key: str, outputs: list[list[int]]) -> Future[HeldoutScores]:
+        from rlctl.rl.evaluate import score_outputs
+
+        held = self._held[: len(outputs)]
+        f = score_outputs(self.task, held, {p.prompt_id: o for p, o in zip(held, outputs, strict=True)})
+        done: Future[HeldoutScores] = Future()
+        done.set_result(HeldoutScores(f.reward, f.exact, f.prompts))
+        return done
+
 
 class DatasetSource(TaskSource):
     """A user dataset prepared in `job_dir/data`; rewards from the user's function (when `scoring`)."""
 
-    def __init__(self, cfg: DatasetTask, job_dir: Path, model_dir: Path, *, scoring: bool) -> None:
+    def __init__(
+        self, cfg: DatasetTask, job_dir: Path, model_dir: Path, *, scoring: bool, heldout_path: str | None = None
+    ) -> None:
         from rlctl.rl.dataset import load_dataset
         from rlctl.rl.tokenizer import load_tokenizer
 
         self.cfg = cfg
+        self.job_dir, self.heldout_path = job_dir, heldout_path
+        self._held: list[DataPrompt] = []
         self.data = load_dataset(job_dir / DATA_DIR, cfg)
         self.tokenizer = load_tokenizer(model_dir)
         self.eos_ids = self.tokenizer.eos_ids
@@ -168,6 +211,50 @@ class DatasetSource(TaskSource):
         if self.pool is not None:
             self.pool.cancel(sample_id)
 
+    def heldout(self, n: int) -> list[RlPrompt]:
+        """The first n rows of `evaluation.path`, as launch prepared them into data-heldout/."""
+        from rlctl.rl.dataset import load_dataset
+
+        if self.heldout_path is None:
+            super().heldout(n)
+        data = load_dataset(self.job_dir / HELDOUT_DIR, heldout_task(self.cfg, str(self.heldout_path)))
+        self._held = [data.prompt(i) for i in range(min(n, len(data)))]
+        return [RlPrompt(f"h{i}", p.tokens, None) for i, p in enumerate(self._held)]
+
+    def score_heldout(self, key: str, outputs: list[list[int]]) -> Future[HeldoutScores]:
+        from rlctl.rl.dataset import submit_reward
+
+        assert self.pool is not None, "this source was built without scoring"
+        calls = [
+            submit_reward(self.pool, self.tokenizer, sample_id=f"{key}#{i}", prompt=p, output_tokens=o)
+            for i, (p, o) in enumerate(zip(self._held, outputs, strict=False))
+        ]
+        out: Future[HeldoutScores] = Future()
+        left = [len(calls)]
+        lock = threading.Lock()
+
+        def one(_: Future[RewardResult]) -> None:  # the last call to end sets the figures (a cancelled one: 0)
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            results = [c.result() for c in calls if not c.cancelled()]
+            if len(results) < len(calls):  # the pool closed: the job is ending
+                out.cancel()
+                out.set_running_or_notify_cancel()
+                return
+            out.set_result(
+                HeldoutScores(
+                    sum(r.score for r in results) / len(results), None, len(results), sum(not r.ok for r in results)
+                )
+            )
+
+        if not calls:
+            out.set_result(HeldoutScores(0.0, None, 0))
+        for c in calls:
+            c.add_done_callback(one)
+        return out
+
     def reward_stats(self) -> RewardStats:
         return self.pool.stats if self.pool is not None else RewardStats()
 
@@ -197,5 +284,5 @@ def task_source(job: JobFile, job_dir: Path, model_dir: Path, *, scoring: bool =
     if isinstance(task, DigitsTask):
         return DigitsSource(task)
     if isinstance(task, DatasetTask):
-        return DatasetSource(task, job_dir, model_dir, scoring=scoring)
+        return DatasetSource(task, job_dir, model_dir, scoring=scoring, heldout_path=job.evaluation.path)
     raise ConfigError("job.json", "task", f"kind {task.kind!r} describes a workload for planning; it has no prompts")

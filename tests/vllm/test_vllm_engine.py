@@ -200,6 +200,21 @@ def test_logprobs_match_transformers_at_temperature(setup: Setup) -> None:
     assert again["t1"].output_tokens == got["t1"].output_tokens
 
 
+def test_greedy_requests_beside_sampled_ones_decode_as_transformers_greedy(setup: Setup) -> None:
+    """A held-out evaluation's requests (`greedy`) in a sampling engine's batch: the argmax, each; the sampled ones
+    beside them still sample."""
+    use(setup, setup.a, temperature=LOGPROB_TEMPERATURE)
+    reqs = [GenRequest(f"g{i}", p, MAX_NEW, greedy=True) for i, p in enumerate(PROMPTS)]
+    reqs += [GenRequest(f"s{i}", p, MAX_NEW, ignore_eos=True) for i, p in enumerate(PROMPTS)]
+    got = run(setup.engine, reqs)
+    for i, p in enumerate(PROMPTS):
+        assert got[f"g{i}"].output_tokens == hf_greedy(setup.a.hf, p, MAX_NEW), i
+    assert any(
+        got[f"s{i}"].output_tokens[:MAX_NEW] != hf_greedy(setup.a.hf, p, MAX_NEW, stop=())
+        for i, p in enumerate(PROMPTS)
+    )
+
+
 def test_request_spanning_a_push_reports_both_versions(setup: Setup) -> None:
     """Tokens sampled before the push come from A; after it the request recomputes its prefix with B
     and continues as B's greedy continuation. A request still waiting at the push saw B only."""

@@ -2,7 +2,7 @@
 (built by the shipped hf-demo builder), a jsonl dataset with chat-message prompts, and a user reward file
 that raises, hangs or returns the wrong type for some samples — the job finishes, every failure is scored
 0 and counted, the TensorBoard event files hold every iteration's metrics, and the held-out file's prompts are
-evaluated greedily at the end."""
+evaluated greedily during the run (on a rollout unit) and at the end (where launch runs)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         time.sleep(30)  # past the job's per-call timeout
     if i % 11 == 0:
         return "not a number"
-    return {"score": float(solution_str.split() == ground_truth.split()), "length": len(solution_str.split())}
+    got, want = solution_str.split(), ground_truth.split()  # partial credit: the words in place
+    return {"score": sum(g == w for g, w in zip(got, want)) / max(len(got), len(want), 1), "length": len(got)}
 """
 
 
@@ -53,7 +54,7 @@ def test_hf_checkpoint_dataset_and_user_reward_run_end_to_end(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "data.jsonl").read_text().splitlines()[:16]]
     held = [r for r in rows if "prompt" in r and all(r["extra_info"]["index"] % k for k in (5, 7, 11))][:8]
     (tmp_path / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held))
-    job["evaluation"] = {"heldout_prompts": 8, "path": "held.jsonl"}
+    job["evaluation"] = {"heldout_prompts": 8, "path": "held.jsonl", "every_iterations": 4}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
 
     check = subprocess.run([sys.executable, "-m", "rlctl", "check", str(tmp_path / "job.yaml")], capture_output=True)
@@ -113,3 +114,12 @@ def test_hf_checkpoint_dataset_and_user_reward_run_end_to_end(tmp_path):
     assert h["prompts"] == 8 and 0 <= h["greedy_reward_first"] <= 1 and 0 <= h["greedy_reward_last"] <= 1, h
     assert json.loads((run / "summary.json").read_text())["heldout"] == h
     assert (run / "data-heldout" / "manifest.json").exists()
+    # … and during the run, by a rollout unit: versions 0 and 4 (the last), scored by the same reward; a version
+    # decoded by its weights alone gives the figure the end-of-job evaluation gives it
+    rows = [json.loads(line) for line in (run / "evaluations.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in rows] == [0, 4] and {r["prompts"] for r in rows} == {8}, rows
+    for r, end in zip(rows, (h["greedy_reward_first"], h["greedy_reward_last"]), strict=True):
+        if r["versions"] == [r["version"], r["version"]]:
+            assert r["greedy_reward"] == end, (r, h)
+    assert rows[-1]["versions"] == [4, 4]  # nothing newer exists
+    assert [e.step for e in acc.Scalars("eval/version")] == [0, 4] and "eval/greedy_reward" in acc.Tags()["scalars"]

@@ -211,3 +211,60 @@ def test_the_jobs_engine_settings_reach_the_units_engine(tmp_path):
     assert (engine.compile_step, engine.group_barrier) == (True, "never")
     assert engine.describe() == "embedded engine on cpu, float32, compiled step"
     listener.close()
+
+
+@pytest.mark.timeout(180)
+def test_held_out_evaluations_during_the_run_decode_each_versions_checkpoint_greedily(tmp_path, monkeypatch):
+    """`evaluation.every_iterations: 2` over 5 iterations: versions 0, 2, 4 and the last (5) are decoded greedily
+    on a rollout unit beside its work; each evaluation's outputs are those of the end-of-job evaluation's code on
+    that version's checkpoint (sync: no version is applied while a unit decodes them), and its row's figures their
+    scores; the gauges and the status reply carry the last; the job waits for the last one before it ends. PPO: its
+    critic's baseline moves the policy although the untrained model's rewards are all 0 (GRPO's would not)."""
+    from rlctl.config.job import Evaluation
+    from rlctl.rl.evaluate import greedy_outputs, score_outputs
+    from rlctl.rl.source import DigitsSource
+    from rlctl.rl.tasks import DigitsTask
+
+    seen: dict[str, list[list[int]]] = {}
+    score_heldout = DigitsSource.score_heldout
+
+    def keep(self, key, outputs):
+        seen[key] = outputs
+        return score_heldout(self, key, outputs)
+
+    monkeypatch.setattr(DigitsSource, "score_heldout", keep)
+    job = _job("sync", iterations=5, algorithm="ppo", checkpoint={"every_iterations": 1, "keep": 0})
+    job = job.model_copy(
+        update={
+            "evaluation": Evaluation(heldout_prompts=6, every_iterations=2),
+            "algorithm": job.algorithm.model_copy(update={"lr": 0.05}),  # large steps: the versions decode apart
+        }
+    )
+    jd, ctl = run_inproc(job, tmp_path, "evaluation")
+    rows = jd.read_lines(jd.evaluations)
+    assert [r["version"] for r in rows] == [0, 2, 4, 5]
+    assert sorted(seen) == [f"eval-v{v}" for v in (0, 2, 4, 5)]
+    task = DigitsTask(job.task)  # type: ignore[arg-type]
+    prompts = task.heldout_prompts(6)
+    for r in rows:
+        assert r["versions"] == [r["version"], r["version"]] and r["prompts"] == 6, r
+        model = jd.init_model if r["version"] == 0 else jd.checkpoint(r["version"]) / "model"
+        want = greedy_outputs(TinyGPT.from_pretrained(model), task, prompts)
+        assert seen[f"eval-v{r['version']}"] == [want[p.prompt_id] for p in prompts], r
+        figures = score_outputs(task, prompts, want)
+        assert (r["greedy_reward"], r["greedy_exact"]) == (round(figures.reward, 4), round(figures.exact, 4)), r
+    assert len({str(o) for o in seen.values()}) > 1  # the versions decode differently: a wrong one would show
+    with urllib.request.urlopen(f"http://127.0.0.1:{ctl.metrics_port}/metrics", timeout=5) as resp:
+        scraped = resp.read().decode()
+    lines = [line.split(" ") for line in scraped.splitlines() if line.startswith("rlctl_eval")]
+    gauges = {k: float(v) for k, v in lines}
+    assert gauges == {
+        "rlctl_eval_greedy_reward": pytest.approx(rows[-1]["greedy_reward"], abs=1e-9),
+        "rlctl_eval_greedy_exact": pytest.approx(rows[-1]["greedy_exact"], abs=1e-9),
+        "rlctl_eval_version": 5.0,
+    }
+    from rlctl.agents.views import status
+
+    h = status(ctl.snapshot(), now=0.0)["heldout"]
+    assert (h["first"]["version"], h["last"]["version"]) == (0, 5)
+    assert h["last"]["greedy_reward"] == rows[-1]["greedy_reward"]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rlctl.engines import ENGINES, EmbeddedEngine, GenRequest, VllmEngine
-from rlctl.engines.base import Prefix
+from rlctl.engines.base import GenResult, Prefix
 from rlctl.engines.embedded import GroupBarrier
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.samples import token_logprobs
@@ -49,6 +49,37 @@ def test_greedy_output_is_argmax_of_full_forward(model: TinyGPT) -> None:
     expect = model(seq)[0, 2:-1].argmax(-1).tolist()
     assert res.output_tokens == expect
     assert res.finish_reason == "length"
+
+
+def results(engine: EmbeddedEngine, reqs: list[GenRequest]) -> dict[str, GenResult]:
+    engine.add(reqs)
+    return {r.request_id: r for r in engine.run_until_done()}
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_greedy_requests_beside_sampled_ones_decode_as_each_would_alone(model: TinyGPT, static: bool) -> None:
+    """A held-out evaluation's greedy requests share a sampling engine's batch: each greedy one gives what a
+    greedy engine gives it, each sampled one what the sampling engine gives it without them (batch independence),
+    compactions and static shapes included."""
+    reqs = requests(14)
+    greedy = [GenRequest(f"g{i}", r.prompt_tokens, r.max_new_tokens, greedy=True) for i, r in enumerate(reqs[:6])]
+    mixed = EmbeddedEngine(model, max_batch_size=5, temperature=1.0, seed=3, static_shapes=static)
+    got = results(mixed, reqs[6:] + greedy)
+    sampled = results(EmbeddedEngine(model, max_batch_size=5, temperature=1.0, seed=3), reqs[6:])
+    argmax = results(EmbeddedEngine(model, max_batch_size=5, temperature=0.0), reqs[:6])
+    # the greedy requests' ids sampled: what they would give if the engine ignored `greedy`
+    ignored = results(
+        EmbeddedEngine(model, max_batch_size=5, temperature=1.0, seed=3),
+        [GenRequest(g.request_id, g.prompt_tokens, g.max_new_tokens) for g in greedy],
+    )
+    assert mixed.compactions > 0
+    for r in reqs[6:]:
+        assert got[r.request_id].output_tokens == sampled[r.request_id].output_tokens
+        torch.testing.assert_close(got[r.request_id].logprobs, sampled[r.request_id].logprobs, atol=1e-5, rtol=0)
+    for g, r in zip(greedy, reqs[:6], strict=True):
+        assert got[g.request_id].output_tokens == argmax[r.request_id].output_tokens
+        torch.testing.assert_close(got[g.request_id].logprobs, argmax[r.request_id].logprobs, atol=1e-5, rtol=0)
+    assert any(got[g.request_id].output_tokens != ignored[g.request_id].output_tokens for g in greedy)
 
 
 def test_logprobs_are_behaviour_logprobs(model: TinyGPT) -> None:

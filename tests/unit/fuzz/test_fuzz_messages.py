@@ -72,6 +72,11 @@ VALID: dict[str, tuple[dict[str, Any], list[torch.Tensor]]] = {
         [torch.arange(2, dtype=torch.int32), torch.zeros(2), torch.ones(2, dtype=torch.int32)],
     ),
     "withdraw": ({"count": 3}, []),
+    "evaluate": ({"version": 4, "requests": [["eval-v4-0", [1, 2], 8], ["eval-v4-1", [3], 8]]}, []),
+    "evaluated": (
+        {"version": 4, "ids": ["eval-v4-0", "eval-v4-1"], "lengths": [2, 1], "version_min": 4, "version_max": 5},
+        [torch.arange(3, dtype=torch.int32)],
+    ),
     "weights_applied": (
         {"version": 3, "holder": "tcp://h:2", "encoding": "delta", "wire_bytes": 10, "fetch_s": 0.1},
         [],

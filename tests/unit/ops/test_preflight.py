@@ -289,6 +289,9 @@ def test_a_dataset_evaluation_needs_its_file_and_reads_it_as_launch_will(tmp_pat
     assert p.message == f"2 asked, but {tmp_path / 'held.jsonl'} has 1 usable rows; use ≤ 1"
     (p,) = refused(with_evaluation(heldout_prompts=0, path="held.jsonl"), "evaluation.path")
     assert p.message.startswith("read only when evaluation.heldout_prompts > 0")
+    (p,) = refused(with_evaluation(heldout_prompts=0, every_iterations=5), "evaluation.every_iterations")
+    assert p.message.startswith("read only when evaluation.heldout_prompts > 0")
+    assert problems(with_evaluation(heldout_prompts=1, path="held.jsonl", every_iterations=5)) == []
     digits = load(tmp_path, evaluation={"heldout_prompts": 4, "path": "held.jsonl"})
     (p,) = refused(digits, "evaluation.path")
     assert "draws its own held-out prompts" in p.message

@@ -1,0 +1,242 @@
+"""Held-out evaluation during the run (`evaluation.every_iterations: K`), without I/O: which version to evaluate,
+on which unit, and what became of each.
+
+    a unit holds version v (it joined at v, or applied it) and some due version d ≤ v is not asked yet
+         │   due: 0, K, 2K, … and the job's last version, from the version the run started at
+         ▼
+    evaluate(v) ──▶ that unit: the held-out prompts, greedy, admitted before its rollout work
+         │                                     (rlctl.agents.rollout; a unit that skipped d answers for v)
+         ▼
+    evaluated(v, outputs, versions min..max) ──▶ scored by the task's reward ──▶ one row (`row`):
+         evaluations.jsonl, trackers eval/*, gauges rlctl_eval_*, `rlctl status`
+
+The figures are those of greedy decoding, as the end-of-job evaluation's (rlctl.rl.evaluate), on the same
+prompts. A version applied while the unit decodes shows as versions [v, v′] in the row: the unit swaps weights
+between decode steps, and an evaluation never holds its rollout work back. An evaluation whose unit is lost
+before it answers is lost (`lost`); later versions are evaluated as they come. The controller waits for the
+last version's evaluation before it ends the job, as it waits for the units' final weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from rlctl.agents.core import Out
+from rlctl.agents.messages import EvalRequest, Evaluate, Evaluated, parse
+from rlctl.checkpoint.controller import cut_rows
+from rlctl.launch.jobdir import JobDir
+from rlctl.metrics import JobMetrics
+from rlctl.rl.source import HeldoutScores, RlPrompt, TaskSource
+from rlctl.tracking import Tracker
+from rlctl.transport import Message
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Asked:
+    unit: str
+    at: float  # the controller's clock when it asked
+
+
+@dataclass
+class EvalSchedule:
+    every: int  # K
+    last: int  # the job's last version (its iteration count)
+    prompts: list[RlPrompt]
+    max_new_tokens: int
+    done: set[int] = field(default_factory=set)  # versions evaluated (or lost, or refused): never asked again
+    asked: dict[int, Asked] = field(default_factory=dict)  # version → the unit decoding it
+    floor: int = 0  # due versions below this are not evaluated (a resumed run: evaluated before it failed)
+
+    def due(self, version: int) -> bool:
+        """Some due version ≤ `version` has not been asked for (or done) yet."""
+        return any(
+            d not in self.done and d not in self.asked for d in self._due_versions(upto=version) if d >= self.floor
+        )
+
+    def _due_versions(self, *, upto: int) -> list[int]:
+        out = list(range(0, min(upto, self.last) + 1, self.every))
+        if upto >= self.last and self.last not in out:
+            out.append(self.last)
+        return out
+
+    def ask(self, unit: str, version: int, *, now: float) -> Evaluate | None:
+        """The message that asks `unit`, which holds `version`, to evaluate it; None when no version ≤ it is due.
+        Every due version ≤ `version` is then taken: one evaluation answers for the versions the unit skipped."""
+        if not self.due(version):
+            return None
+        for d in self._due_versions(upto=version):
+            if d >= self.floor and d not in self.asked:
+                self.done.add(d)
+        self.done.discard(version)
+        self.asked[version] = Asked(unit, now)
+        pairs = zip(self.request_ids(version), self.prompts, strict=True)
+        return Evaluate(version, [EvalRequest(i, p.tokens, self.max_new_tokens) for i, p in pairs])
+
+    def request_ids(self, version: int) -> list[str]:
+        """The ids of the requests that evaluate `version`, in the held-out prompts' order."""
+        return [f"eval-v{version}-{i}" for i in range(len(self.prompts))]
+
+    def answered(self, version: int) -> Asked | None:
+        """The unit answered `version` (its outputs, or why it could not): what was asked, None if nothing was."""
+        asked = self.asked.pop(version, None)
+        if asked is not None:
+            self.done.add(version)
+        return asked
+
+    def lost(self, unit: str) -> list[int]:
+        """`unit` is gone: the versions it was evaluating, lost."""
+        gone = [v for v, a in self.asked.items() if a.unit == unit]
+        for v in gone:
+            del self.asked[v]
+            self.done.add(v)
+        return gone
+
+    @property
+    def pending(self) -> bool:
+        """An evaluation is being decoded (or is due at the job's last version and not asked yet)."""
+        return bool(self.asked) or (self.last >= self.floor and self.last not in self.done)
+
+
+def row(
+    version: int,
+    scores: HeldoutScores,
+    *,
+    unit: str,
+    versions: tuple[int, int],
+    seconds: float,
+    wall_time: float,
+) -> dict[str, Any]:
+    """The evaluations.jsonl row of one evaluation."""
+    out: dict[str, Any] = {
+        "version": version,
+        "greedy_reward": round(scores.reward, 4),
+        "prompts": scores.prompts,
+        "unit": unit,
+        "versions": list(versions),
+        "seconds": round(seconds, 3),
+        "wall_time": round(wall_time, 3),
+    }
+    if scores.exact is not None:
+        out["greedy_exact"] = round(scores.exact, 4)
+    if scores.failures:
+        out["reward_failures"] = scores.failures
+    return out
+
+
+class Evaluator:
+    """The controller's side of it: asks units (`unit_at`), scores their answers in the task's reward workers,
+    writes the rows. `post(kind, key, payload)` hands a finished score back to the controller's loop; `step()` is
+    the trackers' current step (a row is logged there, with `eval/version`: W&B takes no step below its last)."""
+
+    def __init__(
+        self,
+        schedule: EvalSchedule,
+        *,
+        task: TaskSource,
+        jobdir: JobDir,
+        tracker: Tracker,
+        metrics: JobMetrics,
+        post: Callable[[str, Any, Any], None],
+        step: Callable[[], int],
+        rows: list[dict[str, Any]],
+    ) -> None:
+        self.schedule, self.task, self.jobdir, self.tracker, self.metrics = schedule, task, jobdir, tracker, metrics
+        self.post, self.step = post, step
+        self.rows = rows  # evaluations.jsonl's rows (a resumed run's kept ones first)
+        self.scoring: set[int] = set()  # versions whose outputs the reward workers are scoring
+        for r in rows:
+            schedule.done.add(int(r["version"]))
+        if rows:
+            self._gauges(rows[-1])
+
+    def unit_at(self, unit: str, version: int) -> list[Out]:
+        """`unit` holds `version` (it joined, or applied it): ask it to evaluate when a version is due."""
+        ev = self.schedule.ask(unit, version, now=time.monotonic())
+        if ev is None:
+            return []
+        self.jobdir.event("evaluation_asked", agent=unit, version=version, prompts=len(ev.requests))
+        return [Out(unit, "evaluate", msgspec.to_builtins(ev))]
+
+    def answered(self, unit: str, msg: Message) -> None:
+        """A unit's `evaluated`: its outputs go to the reward workers; the figures come back through `post`."""
+        ev = parse(msg, Evaluated)
+        asked = self.schedule.asked.get(ev.version)
+        if asked is None or asked.unit != unit:
+            log.warning("controller: dropped evaluated v%d from %s: not asked of it", ev.version, unit)
+            return
+        self.schedule.answered(ev.version)
+        asked_ids = self.schedule.request_ids(ev.version)
+        error = ev.error or (
+            "" if ev.ids == asked_ids else f"answered {len(ev.ids)} requests, not the {len(asked_ids)} asked"
+        )
+        if error:
+            log.warning("controller: %s could not evaluate v%d: %s", unit, ev.version, error)
+            self.jobdir.event("evaluation_failed", agent=unit, version=ev.version, error=error)
+            return
+        flat = msg.tensors[0].tolist()
+        outputs, at = [], 0
+        for n in ev.lengths:
+            outputs.append(flat[at : at + n])
+            at += n
+        self.scoring.add(ev.version)
+        done = self.task.score_heldout(f"eval-v{ev.version}", outputs)
+        versions = (ev.version_min, ev.version_max)
+
+        def scored(f: Future[HeldoutScores]) -> None:
+            self.post("eval_scored", ev.version, None if f.cancelled() else (f.result(), unit, versions, asked.at))
+
+        done.add_done_callback(scored)
+
+    @property
+    def pending(self) -> bool:
+        """An evaluation is being decoded or scored, or the job's last version's is still to come."""
+        return self.schedule.pending or bool(self.scoring)
+
+    def scored(self, version: int, payload: tuple[HeldoutScores, str, tuple[int, int], float] | None) -> None:
+        """An evaluation's figures (None: its reward calls were cancelled, the job is ending): its row."""
+        self.scoring.discard(version)
+        if payload is None:
+            return
+        scores, unit, versions, at = payload
+        r = row(version, scores, unit=unit, versions=versions, seconds=time.monotonic() - at, wall_time=time.time())
+        self.rows.append(r)
+        self.jobdir.append(self.jobdir.evaluations, r)
+        figures = {"eval/greedy_reward": r["greedy_reward"], "eval/version": float(version)}
+        if "greedy_exact" in r:
+            figures["eval/greedy_exact"] = r["greedy_exact"]
+        self.tracker.log(max(version, self.step()), figures)
+        self._gauges(r)
+        log.info(
+            "controller: held-out v%d on %s: greedy reward %.4f%s over %d prompts",
+            version,
+            unit,
+            r["greedy_reward"],
+            f", exact {r['greedy_exact']:.4f}" if "greedy_exact" in r else "",
+            r["prompts"],
+        )
+
+    def lost(self, unit: str) -> None:
+        for v in self.schedule.lost(unit):
+            log.warning("controller: the evaluation of v%d was lost with %s", v, unit)
+            self.jobdir.event("evaluation_lost", agent=unit, version=v)
+
+    def _gauges(self, r: dict[str, Any]) -> None:
+        self.metrics.eval_greedy_reward.set(r["greedy_reward"])
+        self.metrics.eval_version.set(r["version"])
+        if "greedy_exact" in r:
+            self.metrics.eval_greedy_exact.set(r["greedy_exact"])
+
+
+def cut_evaluations(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
+    """A resumed run's rows: those of versions ≤ `version` (the checkpoint's: its weights are the same); the others
+    move to evaluations.discarded.jsonl."""
+    return cut_rows(jobdir, jobdir.evaluations, lambda r: int(r["version"]) <= version)
