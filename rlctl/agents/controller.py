@@ -79,6 +79,7 @@ PING_INTERVAL_S = common.PING_INTERVAL_S
 NO_ROLLOUT_TIMEOUT_S = 60.0
 START_WAIT_S = 90.0  # how long to wait for every planned rollout unit before starting with fewer
 BYE_WAIT_S = 5.0
+FINAL_EVALUATION_WAIT_S = 600.0  # how long a job that is done waits for its last held-out evaluation's row
 BROKEN_GRACE_S = 5.0  # a peer a send failed on is lost after this, unless its reader heard the end first
 RANKER_BOOTSTRAP = 512
 
@@ -444,10 +445,15 @@ class ControllerAgent:
             for u in self.core.units.values()
             if u.alive and u.reachable and u.version < self.core.trainer_version
         ]
+        if not behind and self.evaluator is not None:  # the last version's evaluation, if no unit was asked yet
+            for u in self.core.live_units:
+                self._evaluate(u.name, u.version)
         evaluating = self.evaluator is not None and self.evaluator.pending
         if not behind and not evaluating:
             return True
-        if now - self.done_at > self.job.transport.timeout_s:
+        # the last evaluation decodes the held-out set and scores it: longer than a weight transfer may take
+        wait = self.job.transport.timeout_s if behind else max(self.job.transport.timeout_s, FINAL_EVALUATION_WAIT_S)
+        if now - self.done_at > wait:
             if behind:
                 log.warning("controller: %s did not get v%d in time", ", ".join(behind), self.core.trainer_version)
                 self.jobdir.event("final_weights_timeout", agents=behind, version=self.core.trainer_version)
@@ -568,6 +574,8 @@ class ControllerAgent:
             peer.figures = parse(msg, Heartbeat)
             if msg.kind == "bye":
                 peer.state = "stopped"
+                if self.evaluator is not None:  # a unit retired after a drain: what it was evaluating is lost
+                    self.evaluator.lost(who)
         elif msg.kind == "status":
             self._reply_status(peer, msg)
         elif msg.kind == "scale":
@@ -699,6 +707,8 @@ class ControllerAgent:
             return
         p.conn.close()  # its reader reports the close of a connection that is no longer the peer's: ignored
         p.conn, p.broken = conn, None
+        if self.evaluator is not None:  # an `evaluate` or its answer may have been lost with the old connection
+            self.evaluator.lost(p.name)
         p.figures = Heartbeat(name=p.name, state="running", version=h.version)
         threading.Thread(target=self._read, args=(p.name, conn), name=f"read-{p.name}", daemon=True).start()
         if p.state != "unreachable":

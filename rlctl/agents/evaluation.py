@@ -1,5 +1,5 @@
-"""Held-out evaluation during the run (`evaluation.every_iterations: K`), without I/O: which version to evaluate,
-on which unit, and what became of each.
+"""Held-out evaluation during the run (`evaluation.every_iterations: K`): which version to evaluate, on which unit,
+and what became of each (`EvalSchedule`, without I/O), and the controller's side of it (`Evaluator`).
 
     a unit holds version v (it joined at v, or applied it) and some due version d ≤ v is not asked yet
          │   due: 0, K, 2K, … and the job's last version, from the version the run started at
@@ -7,14 +7,15 @@ on which unit, and what became of each.
     evaluate(v) ──▶ that unit: the held-out prompts, greedy, admitted before its rollout work
          │                                     (rlctl.agents.rollout; a unit that skipped d answers for v)
          ▼
-    evaluated(v, outputs, versions min..max) ──▶ scored by the task's reward ──▶ one row (`row`):
+    evaluated(v, outputs, versions min..max) ──▶ scored by the task's reward (its own worker) ──▶ one row (`row`):
          evaluations.jsonl, trackers eval/*, gauges rlctl_eval_*, `rlctl status`
 
 The figures are those of greedy decoding, as the end-of-job evaluation's (rlctl.rl.evaluate), on the same
 prompts. A version applied while the unit decodes shows as versions [v, v′] in the row: the unit swaps weights
-between decode steps, and an evaluation never holds its rollout work back. An evaluation whose unit is lost
-before it answers is lost (`lost`); later versions are evaluated as they come. The controller waits for the
-last version's evaluation before it ends the job, as it waits for the units' final weights.
+between decode steps, as it does for its rollout work. An evaluation whose unit is lost, retired or reconnected
+before it answers is lost (`lost`: its `evaluate` or answer may have gone with the old connection); later
+versions are evaluated as they come. A job that is done waits for its last version's row (FINAL_EVALUATION_WAIT_S
+at most), as it waits for the units' final weights.
 """
 
 from __future__ import annotations
@@ -100,11 +101,6 @@ class EvalSchedule:
             self.done.add(v)
         return gone
 
-    @property
-    def pending(self) -> bool:
-        """An evaluation is being decoded (or is due at the job's last version and not asked yet)."""
-        return bool(self.asked) or (self.last >= self.floor and self.last not in self.done)
-
 
 def row(
     version: int,
@@ -135,7 +131,8 @@ def row(
 class Evaluator:
     """The controller's side of it: asks units (`unit_at`), scores their answers in the task's reward workers,
     writes the rows. `post(kind, key, payload)` hands a finished score back to the controller's loop; `step()` is
-    the trackers' current step (a row is logged there, with `eval/version`: W&B takes no step below its last)."""
+    the trackers' current step (a row is logged at the iteration that made its version, or later: W&B takes no
+    step below its last; `eval/version` says which)."""
 
     def __init__(
         self,
@@ -187,8 +184,13 @@ class Evaluator:
         for n in ev.lengths:
             outputs.append(flat[at : at + n])
             at += n
+        try:
+            done = self.task.score_heldout(f"eval-v{ev.version}", outputs)
+        except (IndexError, KeyError, ValueError) as e:  # a token id the task cannot decode: the unit's fault
+            log.warning("controller: the evaluation of v%d from %s cannot be scored: %s", ev.version, unit, e)
+            self.jobdir.event("evaluation_failed", agent=unit, version=ev.version, error=f"{type(e).__name__}: {e}")
+            return
         self.scoring.add(ev.version)
-        done = self.task.score_heldout(f"eval-v{ev.version}", outputs)
         versions = (ev.version_min, ev.version_max)
 
         def scored(f: Future[HeldoutScores]) -> None:
@@ -198,8 +200,8 @@ class Evaluator:
 
     @property
     def pending(self) -> bool:
-        """An evaluation is being decoded or scored, or the job's last version's is still to come."""
-        return self.schedule.pending or bool(self.scoring)
+        """A unit is decoding the job's last version's evaluation, or an evaluation is being scored."""
+        return self.schedule.last in self.schedule.asked or bool(self.scoring)
 
     def scored(self, version: int, payload: tuple[HeldoutScores, str, tuple[int, int], float] | None) -> None:
         """An evaluation's figures (None: its reward calls were cancelled, the job is ending): its row."""
@@ -213,7 +215,7 @@ class Evaluator:
         figures = {"eval/greedy_reward": r["greedy_reward"], "eval/version": float(version)}
         if "greedy_exact" in r:
             figures["eval/greedy_exact"] = r["greedy_exact"]
-        self.tracker.log(max(version, self.step()), figures)
+        self.tracker.log(max(version - 1, self.step()), figures)  # version v: what iteration v − 1 trained
         self._gauges(r)
         log.info(
             "controller: held-out v%d on %s: greedy reward %.4f%s over %d prompts",

@@ -17,14 +17,17 @@ unit does not finish (it is lost) resumes from there on another unit (a request 
 those it would admit last, then the running ones with the least output — and sends them back whole
 (`withdrawn`).
 
-Held-out evaluation (`evaluate`, rlctl.agents.evaluation): greedy requests admitted before every iteration's
-(group EVAL_GROUP) in the same batches; their outputs go back together in one `evaluated` once the last finishes.
-They are never reported, withdrawn or sent as samples; the flight record counts their tokens as written then.
+Held-out evaluation (`evaluate`, rlctl.agents.evaluation): greedy requests in the same batches as the rollout
+work, admitted before any iteration's as rows free (group EVAL_GROUP: they finish soonest, so that as few weight
+versions as may decode them) and holding no iteration's back once admitted; their outputs go back together in one
+`evaluated` once the last finishes. They are never reported, withdrawn or sent as samples, and the flight record
+leaves their tokens out.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -113,6 +116,7 @@ class RolloutAgent:
         self.attempt: dict[str, int] = {}  # held sample → the dispatch it was admitted from (`Request.attempt`)
         self.evaluating: dict[str, tuple[int, int]] = {}  # held-out request → (its evaluation's version, index)
         self.evaluations: dict[int, list[GenResult | None]] = {}  # version → its requests' results, in order
+        self.eval_tokens: dict[str, int] = {}  # held-out request in the engine → its output tokens so far
         self.report_every = job.rollout.partial_report_s
         self.report_steps = job.rollout.partial_report_steps
         self.last_report = time.monotonic()
@@ -199,7 +203,7 @@ class RolloutAgent:
             if self.engine.has_work():
                 t0 = time.monotonic()
                 done = self.engine.step()
-                self.flight.stepped(self.engine.step_tokens)
+                self.flight.stepped(self.engine.step_tokens - self._eval_step_tokens(done))
                 self.busy_s += time.monotonic() - t0
                 self.steps_unreported += 1
             if (self.report_every and time.monotonic() - self.last_report >= self.report_every) or (
@@ -247,14 +251,29 @@ class RolloutAgent:
         try:
             self.engine.add(requests)
         except ValueError as e:
-            self.link.send(make("evaluated", Evaluated(ev.version, [], [], 0, 0, error=str(e))))
+            empty = torch.zeros(0, dtype=torch.int32)
+            self.link.send(make("evaluated", Evaluated(ev.version, [], [], 0, 0, error=str(e)), [empty]))
             return
         self.evaluations[ev.version] = [None] * len(requests)
         self.evaluating.update((r.request_id, (ev.version, i)) for i, r in enumerate(requests))
+        self.eval_tokens.update((r.request_id, 0) for r in requests)
+
+    def _eval_step_tokens(self, done: list[GenResult]) -> int:
+        """The tokens the last step added to held-out requests (the flight record counts the rollout work's)."""
+        if not self.eval_tokens:
+            return 0
+        added = 0
+        for res in itertools.chain(self.engine.partials(), done):
+            before = self.eval_tokens.get(res.request_id)
+            if before is not None:
+                added += len(res.output_tokens) - before
+                self.eval_tokens[res.request_id] = len(res.output_tokens)
+        return added
 
     def _evaluated(self, res: GenResult) -> None:
         """One held-out output is in; the evaluation's answer goes once its last is."""
         version, i = self.evaluating.pop(res.request_id)
+        self.eval_tokens.pop(res.request_id, None)
         results = self.evaluations[version]
         results[i] = res
         if any(r is None for r in results):
@@ -270,8 +289,7 @@ class RolloutAgent:
             max(versions, default=self.engine.version),
         )
         tokens = torch.tensor([t for r in done for t in r.output_tokens], dtype=torch.int32)
-        sent = self.link.send(make("evaluated", head, [tokens]))
-        self.flight.wrote(int(tokens.numel()), dropped=not sent)
+        self.link.send(make("evaluated", head, [tokens]))
 
     def _withdraw(self, count: int) -> None:
         """Give `count` requests back: those the engine would admit last, then the running ones with the least

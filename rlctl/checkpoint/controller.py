@@ -94,7 +94,9 @@ def cut_metrics(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
 def cut_rows(jobdir: JobDir, path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
     """Keep the rows of the jsonl file `path` that `keep` accepts (returned); move the others to
     <name>.discarded.jsonl beside it."""
-    rows = jobdir.read_lines(path) if path.exists() else []
+    if not path.exists():
+        return []
+    rows = jobdir.read_lines(path)
     kept = [r for r in rows if keep(r)]
     for r in rows:
         if not keep(r):

@@ -50,6 +50,7 @@ class GenRequest:
     max_new_tokens: int  # output tokens in all, a prefix's included
     priority: float = 0.0  # higher = admitted first (LPT: the predicted output length)
     group: int = 0  # admission group (the iteration); engines may keep a later group waiting while an earlier runs
+    # (a negative group — held-out evaluation — goes first and keeps nothing waiting)
     ignore_eos: bool = False  # keep decoding past EOS (benchmarks that need a fixed length)
     prefix: Prefix | None = None  # resume an interrupted generation
     greedy: bool = False  # decode this request greedily whatever the engine's temperature (held-out evaluation)

@@ -136,7 +136,6 @@ class EmbeddedEngine(GenerationEngine):
         self._live = z.clone()  # 1 = a running request holds the row (free rows stay at position 0)
         self._logprobs = torch.zeros(max_batch_size, dtype=torch.float32, device=self.device)
         self._greedy = torch.zeros(max_batch_size, dtype=torch.bool, device=self.device)  # a greedy request's row
-        self._mixed = False  # a running request is greedy and the engine samples: this step runs eagerly
         self._static = self.device.type == "cuda" if static_shapes is None else static_shapes
         self.compile_step = compile_step
         forward = self._forward
@@ -147,10 +146,12 @@ class EmbeddedEngine(GenerationEngine):
         self._pf_tokens = torch.zeros(0, dtype=torch.long, device=self.device)
         self._pf_rows, self._pf_lengths = z.clone(), z.clone()
         self._graphs: StepGraphs | None = None
+        self._mixed_graphs: StepGraphs | None = None  # the decode step with greedy rows among sampled ones
         self._prefill_graphs: StepGraphs | None = None
         if self._static and self.device.type == "cuda":
             pool = torch.cuda.graph_pool_handle()  # the decode and prefill graphs share one memory pool
             self._graphs = StepGraphs(self._decode, pool=pool)
+            self._mixed_graphs = StepGraphs(self._decode_mixed, pool=pool)
             self._prefill_graphs = StepGraphs(self._prefill_step, pool=pool)
         self.prefills = 0  # prefill calls (admissions that prefilled)
         self.compactions = 0
@@ -246,19 +247,19 @@ class EmbeddedEngine(GenerationEngine):
         assert self._cache is not None
         n = len(self._rows)
         width = max(r.pos for r in self._rows if r is not None) + 1
-        # a greedy request (held-out evaluation, a few steps now and then) runs beside sampled ones eagerly: the
-        # graphs capture the sampled step only
-        self._mixed = self._temperature != 0 and any(r is not None and r.req.greedy for r in self._rows)
+        # a greedy request (a held-out evaluation) beside sampled ones: the step that picks per row, graphs of its own
+        mixed = self._temperature != 0 and any(r is not None and r.req.greedy for r in self._rows)
+        step, graphs = (self._decode_mixed, self._mixed_graphs) if mixed else (self._decode, self._graphs)
         if self._static:  # shapes from buckets, so that a few graphs serve every step
             rows = min(bucket(n), self.max_batch_size)
             width = min(bucket(width, floor=MIN_WIDTH), self._cache.capacity)
-            if self._graphs is not None and not self._mixed:
-                self._graphs.run(rows, width)
+            if graphs is not None:
+                graphs.run(rows, width)
             else:
-                self._decode(rows, width)
+                step(rows, width)
         else:
             rows = n
-            self._decode(rows, width)
+            step(rows, width)
         if self.trace is not None:
             self.trace.append(rows)
         self.step_tokens = sum(r is not None for r in self._rows)  # one each (the prefilled ones: their first)
@@ -269,7 +270,7 @@ class EmbeddedEngine(GenerationEngine):
     # ---- internals ----
     def _reset_graphs(self) -> None:
         """Forget the captured graphs: what they read moved, or what they compute changed."""
-        for graphs in (self._graphs, self._prefill_graphs):
+        for graphs in (self._graphs, self._mixed_graphs, self._prefill_graphs):
             if graphs is not None:
                 graphs.reset()
 
@@ -278,17 +279,20 @@ class EmbeddedEngine(GenerationEngine):
         assert self._cache is not None
         return self.model.decode(self._cache, self._next[:rows], rows=rows, width=width)
 
-    def _decode(self, rows: int, width: int) -> None:
+    def _decode(self, rows: int, width: int, *, mixed: bool = False) -> None:
         """One decode and sampling step of the first `rows` storage rows, attending over `width` positions; every
-        result lands in place (what a CUDA graph captures)."""
+        result lands in place (what a CUDA graph captures). `mixed`: the rows `_greedy` marks take the argmax."""
         assert self._cache is not None
         logits = self._forward_fn(rows, width)
-        greedy = self._greedy[:rows] if self._mixed else None
+        greedy = self._greedy[:rows] if mixed else None
         tokens, logprobs = sample(logits, self._seeds[:rows], self._steps[:rows], self._temperature, greedy)
         self._steps[:rows] += 1
         self._next[:rows] = tokens
         self._logprobs[:rows] = logprobs
         self._cache.lengths[:rows] *= self._live[:rows]  # free rows stay at position 0
+
+    def _decode_mixed(self, rows: int, width: int) -> None:
+        self._decode(rows, width, mixed=True)
 
     def _admit(self) -> None:
         free = [i for i, r in enumerate(self._rows) if r is None]
@@ -367,10 +371,11 @@ class EmbeddedEngine(GenerationEngine):
 
     def _running_floor(self) -> int | None:
         """The earliest group with a running row, if it holds later groups back: it is larger than one
-        batch (None: nothing runs, no group barrier, or the earliest group fits in one batch)."""
+        batch (None: nothing runs, no group barrier, or the earliest group fits in one batch). A negative group
+        (a held-out evaluation's) is admitted first and holds nothing back."""
         if self.group_barrier == "never":
             return None
-        floor = min((r.req.group for r in self._rows if r is not None), default=None)
+        floor = min((r.req.group for r in self._rows if r is not None and r.req.group >= 0), default=None)
         if floor is None or (self.group_barrier == "auto" and self._group_size[floor] <= self.max_batch_size):
             return None
         return floor

@@ -168,16 +168,15 @@ class DatasetSource(TaskSource):
         self.eos_ids = self.tokenizer.eos_ids
         self.max_new_tokens = self.data.max_new_tokens
         self.shaping = cfg.shaping
-        self.pool = (
-            RewardPool(
-                cfg.reward,
-                base_dir=job_dir,
-                workers=cfg.reward_workers,
-                timeout_s=cfg.reward_timeout_s,
-                on_error=cfg.reward_on_error,
-            )
-            if scoring
-            else None
+        self.pool = self._pool(cfg.reward_workers) if scoring else None
+        # the held-out evaluations' calls: a worker of their own, so that they never queue ahead of the training
+        # samples' (whose late rewards would hold the trainer) and stay out of the training figures
+        self.heldout_pool: RewardPool | None = None
+
+    def _pool(self, workers: int) -> RewardPool:
+        c = self.cfg
+        return RewardPool(
+            c.reward, base_dir=self.job_dir, workers=workers, timeout_s=c.reward_timeout_s, on_error=c.reward_on_error
         )
 
     def rl_prompts(self, iteration: int, n: int) -> list[RlPrompt]:
@@ -225,8 +224,10 @@ class DatasetSource(TaskSource):
         from rlctl.rl.dataset import submit_reward
 
         assert self.pool is not None, "this source was built without scoring"
+        if self.heldout_pool is None:
+            self.heldout_pool = self._pool(1)
         calls = [
-            submit_reward(self.pool, self.tokenizer, sample_id=f"{key}#{i}", prompt=p, output_tokens=o)
+            submit_reward(self.heldout_pool, self.tokenizer, sample_id=f"{key}#{i}", prompt=p, output_tokens=o)
             for i, (p, o) in enumerate(zip(self._held, outputs, strict=False))
         ]
         out: Future[HeldoutScores] = Future()
@@ -259,8 +260,9 @@ class DatasetSource(TaskSource):
         return self.pool.stats if self.pool is not None else RewardStats()
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
+        for pool in (self.pool, self.heldout_pool):
+            if pool is not None:
+                pool.close()
 
 
 def heldout_task(task: DatasetTask, path: str) -> DatasetTask:

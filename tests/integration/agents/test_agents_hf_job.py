@@ -118,8 +118,7 @@ def test_hf_checkpoint_dataset_and_user_reward_run_end_to_end(tmp_path):
     # decoded by its weights alone gives the figure the end-of-job evaluation gives it
     rows = [json.loads(line) for line in (run / "evaluations.jsonl").read_text().splitlines()]
     assert [r["version"] for r in rows] == [0, 4] and {r["prompts"] for r in rows} == {8}, rows
-    for r, end in zip(rows, (h["greedy_reward_first"], h["greedy_reward_last"]), strict=True):
-        if r["versions"] == [r["version"], r["version"]]:
-            assert r["greedy_reward"] == end, (r, h)
-    assert rows[-1]["versions"] == [4, 4]  # nothing newer exists
-    assert [e.step for e in acc.Scalars("eval/version")] == [0, 4] and "eval/greedy_reward" in acc.Tags()["scalars"]
+    assert rows[-1]["versions"] == [4, 4] and rows[-1]["greedy_reward"] == h["greedy_reward_last"], (rows, h)
+    if rows[0]["versions"] == [0, 0]:  # (version 1 may have arrived while it decoded)
+        assert rows[0]["greedy_reward"] == h["greedy_reward_first"], (rows, h)
+    assert [e.step for e in acc.Scalars("eval/version")] == [0, 3] and "eval/greedy_reward" in acc.Tags()["scalars"]

@@ -3,9 +3,19 @@ that (rlctl.agents.evaluation)."""
 
 from __future__ import annotations
 
-from rlctl.agents.evaluation import EvalSchedule, cut_evaluations
+from typing import Any
+
+import torch
+
+from rlctl.agents.evaluation import EvalSchedule, Evaluator, cut_evaluations
+from rlctl.agents.messages import Evaluated, make
+from rlctl.config.job import DigitsTask as DigitsConfig
 from rlctl.launch.jobdir import JobDir
-from rlctl.rl.source import RlPrompt
+from rlctl.metrics import JobMetrics
+from rlctl.rl.source import DigitsSource, RlPrompt
+from rlctl.rl.tasks import EOS, encode
+from rlctl.tracking import MemoryTracker
+from rlctl.transport import Message
 
 PROMPTS = [RlPrompt(f"h{i}", [1, 2 + i], None) for i in range(3)]
 
@@ -27,7 +37,6 @@ def test_versions_0_k_2k_and_the_last_are_asked_once_each_of_the_first_unit_that
                 assert {r.max_new_tokens for r in ev.requests} == {5}
                 s.answered(ev.version)
     assert asked == [("u0", 0), ("u0", 4), ("u0", 8), ("u0", 10)]
-    assert not s.pending
 
 
 def test_a_unit_that_skipped_a_due_version_evaluates_the_one_it_holds() -> None:
@@ -40,88 +49,113 @@ def test_a_unit_that_skipped_a_due_version_evaluates_the_one_it_holds() -> None:
     assert s.ask("u1", 8, now=0.0) is not None
 
 
-def test_an_evaluation_lost_with_its_unit_is_not_asked_again_and_the_job_waits_for_the_last_only_while_due() -> None:
-    s = schedule(every=5, last=10)
-    s.ask("u0", 0, now=0.0)
-    s.ask("u1", 5, now=0.0)
-    assert s.lost("u1") == [5] and s.lost("u1") == []
-    assert s.ask("u0", 5, now=0.0) is None  # lost: the curve has a gap there, noted by the controller
-    s.answered(0)
-    assert s.pending  # the last version's is still to come
-    assert s.ask("u0", 10, now=0.0) is not None and s.pending
-    assert s.lost("u0") == [10] and not s.pending  # lost: nothing to wait for
+class Harness:
+    """An Evaluator of the digits task's first 4 held-out prompts (every 5 versions of 10) with its job dir, trackers,
+    gauges and what it posts to the controller's loop."""
 
+    def __init__(self, tmp_path, *, step: int = 7, resumed: int = 0) -> None:
+        self.task = DigitsSource(DigitsConfig(kind="digits"))
+        self.jd = JobDir.create("j", explicit=tmp_path / "job")
+        self.posted: list[tuple[str, Any, Any]] = []
+        self.tracker, self.metrics = MemoryTracker(), JobMetrics()
+        self.ev = Evaluator(
+            EvalSchedule(5, 10, self.task.heldout(4), self.task.max_new_tokens, floor=resumed),
+            task=self.task,
+            jobdir=self.jd,
+            tracker=self.tracker,
+            metrics=self.metrics,
+            post=lambda *m: self.posted.append(m),
+            step=lambda: step,
+            rows=cut_evaluations(self.jd, resumed),
+        )
+        held = self.task.task.heldout_prompts(4)
+        self.outputs = [[*encode(held[0].answer), EOS], [5], [6, 7], [*encode(held[3].answer), EOS]]  # 2 right
 
-def test_a_resumed_run_starts_at_its_checkpoint_and_keeps_the_rows_of_versions_up_to_it(tmp_path) -> None:
-    jd = JobDir.create("j", explicit=tmp_path / "job")
-    for v in (0, 4, 8):
-        jd.append(jd.path / "evaluations.jsonl", {"version": v, "greedy_reward": v / 10})
-    kept = cut_evaluations(jd, 4)  # checkpoint 4 holds version 4's weights: its row stands
-    assert [r["version"] for r in kept] == [0, 4]
-    assert [r["version"] for r in jd.read_lines(jd.path / "evaluations.jsonl")] == [0, 4]
-    assert [r["version"] for r in jd.read_lines(jd.path / "evaluations.discarded.jsonl")] == [8]
-    s = schedule(floor=4)
-    s.done.update(r["version"] for r in kept)
-    assert s.ask("u0", 4, now=0.0) is None  # evaluated before the failure
-    assert s.ask("u0", 5, now=0.0) is None
-    assert s.ask("u0", 8, now=0.0) is not None
+    def answer(self, version: int, ids: list[str] | None = None, error: str = "") -> Message:
+        outputs = [] if error else self.outputs
+        flat = torch.tensor([t for o in outputs for t in o], dtype=torch.int32)
+        ids = self.ev.schedule.request_ids(version) if ids is None else ids
+        head = Evaluated(version, [] if error else ids, [len(o) for o in outputs], version, version, error=error)
+        return make("evaluated", head, [flat])
+
+    def score(self) -> None:
+        """Hand what the reward side posted to the evaluator, as the controller's loop does."""
+        while self.posted:
+            kind, version, payload = self.posted.pop(0)
+            assert kind == "eval_scored"
+            self.ev.scored(version, payload)
 
 
 def test_the_controller_side_scores_what_it_asked_for_and_drops_what_it_did_not(tmp_path) -> None:
-    """An answer from a unit not asked is dropped; one with other requests than asked is a failed evaluation (an
-    event); a right one is scored by the task's verifier into a row, the trackers (at the later of its version and
-    their step: W&B takes no earlier step) and the gauges."""
-    import torch
-
-    from rlctl.agents.evaluation import Evaluator
-    from rlctl.agents.messages import Evaluated, make
-    from rlctl.config.job import DigitsTask as DigitsConfig
-    from rlctl.metrics import JobMetrics
-    from rlctl.rl.source import DigitsSource
-    from rlctl.rl.tasks import EOS, encode
-    from rlctl.tracking import MemoryTracker
-
-    task = DigitsSource(DigitsConfig(kind="digits"))
-    prompts = task.heldout(4)
-    jd = JobDir.create("j", explicit=tmp_path / "job")
-    posted: list[tuple[str, object, object]] = []
-    tracker, metrics = MemoryTracker(), JobMetrics()
-    ev = Evaluator(
-        EvalSchedule(5, 10, prompts, task.max_new_tokens),
-        task=task,
-        jobdir=jd,
-        tracker=tracker,
-        metrics=metrics,
-        post=lambda *m: posted.append(m),
-        step=lambda: 7,
-        rows=[],
-    )
-    (out,) = ev.unit_at("u0", 5)
+    """An answer from a unit not asked is dropped; one with other requests than asked, or the unit's error, is a
+    failed evaluation (an event); a right one is scored by the task's verifier into a row, the trackers (at the
+    later of the iteration that made its version and their step: W&B takes no earlier step) and the gauges."""
+    h = Harness(tmp_path)
+    (out,) = h.ev.unit_at("u0", 5)
     assert (out.to, out.kind, out.header["version"]) == ("u0", "evaluate", 5)
-    held = task.task.heldout_prompts(4)
-    right = [[*encode(held[0].answer), EOS], [5], [6, 7], [*encode(held[3].answer), EOS]]  # two right, two wrong
-
-    def answer(version: int, ids: list[str]) -> object:
-        flat = torch.tensor([t for o in right for t in o], dtype=torch.int32)
-        return make("evaluated", Evaluated(version, ids, [len(o) for o in right], version, version), [flat])
-
-    ev.answered("u1", answer(5, ev.schedule.request_ids(5)))  # not asked of u1
-    assert posted == [] and ev.pending
-    ev.answered("u0", answer(5, ev.schedule.request_ids(5)))
-    (kind, version, payload) = posted.pop()
-    assert (kind, version) == ("eval_scored", 5)
-    ev.scored(5, payload)  # type: ignore[arg-type]
-    (row,) = jd.read_lines(jd.evaluations)
+    h.ev.answered("u1", h.answer(5))  # not asked of u1
+    assert h.posted == []
+    h.ev.answered("u0", h.answer(5))
+    assert h.ev.pending  # being scored
+    h.score()
+    assert not h.ev.pending
+    (row,) = h.jd.read_lines(h.jd.evaluations)
     assert (row["version"], row["greedy_exact"], row["prompts"], row["versions"]) == (5, 0.5, 4, [5, 5])
-    scores = [task.task.reward(p, o) for p, o in zip(held, right, strict=True)]
+    held = h.task.task.heldout_prompts(4)
+    scores = [h.task.task.reward(p, o) for p, o in zip(held, h.outputs, strict=True)]
     assert row["greedy_reward"] == round(sum(scores) / 4, 4)
-    assert tracker.steps == [
-        (7, {"eval/greedy_reward": row["greedy_reward"], "eval/version": 5.0, "eval/greedy_exact": 0.5})
-    ]
-    gauge = metrics.registry.get_sample_value
+    want = {"eval/greedy_reward": row["greedy_reward"], "eval/version": 5.0, "eval/greedy_exact": 0.5}
+    assert h.tracker.steps == [(7, want)]  # the trackers are at 7 already
+    gauge = h.metrics.registry.get_sample_value
     assert (gauge("rlctl_eval_version"), gauge("rlctl_eval_greedy_exact")) == (5, 0.5)
-    (out,) = ev.unit_at("u0", 10)
-    ev.answered("u0", answer(10, ev.schedule.request_ids(5)))  # the requests of another evaluation
-    assert posted == [] and not ev.pending
-    (failed,) = [e for e in jd.read_lines(jd.events) if e["event"] == "evaluation_failed"]
+    h.ev.unit_at("u0", 10)
+    assert h.ev.pending  # the last version's, being decoded
+    h.ev.answered("u0", h.answer(10, ids=h.ev.schedule.request_ids(5)))  # the requests of another evaluation
+    assert h.posted == [] and not h.ev.pending
+    (failed,) = [e for e in h.jd.read_lines(h.jd.events) if e["event"] == "evaluation_failed"]
     assert failed["version"] == 10 and "not the 4 asked" in failed["error"]
+
+
+def test_a_units_error_a_lost_unit_and_an_undecodable_answer_end_an_evaluation_without_a_row(tmp_path) -> None:
+    h = Harness(tmp_path, step=0)
+    h.ev.unit_at("u0", 0)
+    msg = h.answer(0, error="request eval-v0-0: 9 prompt + 5 new tokens > max_position_embeddings 12")
+    from rlctl.agents.messages import TO_CONTROLLER, check
+
+    check(msg, peer="u0", kinds=TO_CONTROLLER)  # the unit's error reply is well-formed
+    h.ev.answered("u0", msg)
+    h.ev.unit_at("u1", 5)
+    h.ev.lost("u1")
+    assert h.ev.unit_at("u0", 5) == []  # lost: a gap in the curve, not asked again
+    h.ev.unit_at("u0", 10)
+    bad = h.answer(10)
+    bad.tensors[0][0] = 10_000  # no such token
+    h.ev.answered("u0", bad)
+    assert not h.ev.pending and h.posted == [] and not h.jd.evaluations.exists()
+    events = [(e["event"], e["version"]) for e in h.jd.read_lines(h.jd.events) if e["event"] != "evaluation_asked"]
+    assert events == [("evaluation_failed", 0), ("evaluation_lost", 5), ("evaluation_failed", 10)]
+
+
+def test_rows_are_logged_at_the_iteration_that_made_their_version(tmp_path) -> None:
+    h = Harness(tmp_path, step=2)
+    h.ev.unit_at("u0", 5)
+    h.ev.answered("u0", h.answer(5))
+    h.score()
+    assert [s for s, _ in h.tracker.steps] == [4]  # v5 = iteration 4's update; the trackers were at 2
+
+
+def test_a_resumed_run_starts_at_its_checkpoint_and_keeps_the_rows_of_versions_up_to_it(tmp_path) -> None:
+    first = Harness(tmp_path)
+    for v in (0, 5, 10):
+        first.ev.unit_at("u0", v)
+        first.ev.answered("u0", first.answer(v))
+        first.score()
+    assert [r["version"] for r in first.jd.read_lines(first.jd.evaluations)] == [0, 5, 10]
+    again = Harness(tmp_path, resumed=5)  # checkpoint 5 holds version 5's weights: its row stands
+    assert [r["version"] for r in again.ev.rows] == [0, 5]
+    assert [r["version"] for r in again.jd.read_lines(again.jd.evaluations)] == [0, 5]
+    assert [r["version"] for r in again.jd.read_lines(again.jd.path / "evaluations.discarded.jsonl")] == [10]
+    gauge = again.metrics.registry.get_sample_value
+    assert gauge("rlctl_eval_version") == 5  # the gauges start from the last row kept
+    assert again.ev.unit_at("u0", 5) == [] and again.ev.unit_at("u0", 9) == []
+    assert again.ev.unit_at("u0", 10) != []

@@ -254,6 +254,9 @@ def test_held_out_evaluations_during_the_run_decode_each_versions_checkpoint_gre
         figures = score_outputs(task, prompts, want)
         assert (r["greedy_reward"], r["greedy_exact"]) == (round(figures.reward, 4), round(figures.exact, 4)), r
     assert len({str(o) for o in seen.values()}) > 1  # the versions decode differently: a wrong one would show
+    flights = [read_flight(jd.flight(unit)) for unit in ("rollout-0", "rollout-1")]
+    # sync: every rollout token generated was sent; the held-out tokens are not the flight record's
+    assert all(f is not None and f.generated_tokens == f.sent_tokens > 0 for f in flights), flights
     with urllib.request.urlopen(f"http://127.0.0.1:{ctl.metrics_port}/metrics", timeout=5) as resp:
         scraped = resp.read().decode()
     lines = [line.split(" ") for line in scraped.splitlines() if line.startswith("rlctl_eval")]

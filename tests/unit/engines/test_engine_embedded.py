@@ -62,7 +62,9 @@ def test_greedy_requests_beside_sampled_ones_decode_as_each_would_alone(model: T
     greedy engine gives it, each sampled one what the sampling engine gives it without them (batch independence),
     compactions and static shapes included."""
     reqs = requests(14)
-    greedy = [GenRequest(f"g{i}", r.prompt_tokens, r.max_new_tokens, greedy=True) for i, r in enumerate(reqs[:6])]
+    greedy = [
+        GenRequest(f"g{i}", r.prompt_tokens, r.max_new_tokens, group=-1, greedy=True) for i, r in enumerate(reqs[:6])
+    ]
     mixed = EmbeddedEngine(model, max_batch_size=5, temperature=1.0, seed=3, static_shapes=static)
     got = results(mixed, reqs[6:] + greedy)
     sampled = results(EmbeddedEngine(model, max_batch_size=5, temperature=1.0, seed=3), reqs[6:])
@@ -233,6 +235,25 @@ def test_an_earlier_group_arriving_late_goes_before_the_later_one(model: TinyGPT
     engine.add([GenRequest("g2", [1, 4], 1, group=2, priority=9.0), GenRequest("g1", [1, 4], 1, group=1)])
     engine.add([GenRequest("g0", [1, 4], 1, group=0, priority=-9.0)])
     assert [r.request_id for r in engine.run_until_done()] == ["g0", "g1", "g2"]
+
+
+@pytest.mark.parametrize(("barrier", "evals", "done_at"), [("always", 2, 4), ("auto", 3, 6)])
+def test_a_negative_group_goes_first_and_holds_no_later_group_back(
+    model: TinyGPT, barrier: GroupBarrier, evals: int, done_at: int
+) -> None:
+    """Held-out evaluation requests (group −1; with "auto", more than a batch) are admitted before an iteration's,
+    and a long one running holds no iteration's request back: a freed row goes to the iteration's request once no
+    evaluation request waits (a barrier on group −1 would keep it waiting for the 20-token request)."""
+    engine = EmbeddedEngine(model, max_batch_size=2, temperature=0.0, group_barrier=barrier)
+    engine.add([GenRequest(f"eval{i}", [1, 5], 20 if i == 0 else 2, group=-1, ignore_eos=True) for i in range(evals)])
+    engine.step()
+    engine.add([GenRequest("it-a", [1, 4], 2, group=0, ignore_eos=True)])
+    finished: dict[str, int] = {}
+    step = 1
+    while engine.has_work():
+        step += 1
+        finished.update({r.request_id: step for r in engine.step()})
+    assert finished["eval0"] == 20 and finished["it-a"] == done_at, finished
 
 
 def test_group_barrier_names_its_choices(model: TinyGPT) -> None:
