@@ -14,7 +14,7 @@ import io
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ class JobRecord:
     rows: list[dict[str, Any]]
     events: list[dict[str, Any]]
     summary: dict[str, Any] | None
+    evaluations: list[dict[str, Any]] = field(default_factory=list)  # held-out evaluations during the run
 
     @property
     def scales(self) -> list[dict[str, Any]]:
@@ -84,6 +85,7 @@ def load(job_dir: Path) -> JobRecord:
         rows=_read_lines(job_dir / "metrics.jsonl"),
         events=_read_lines(job_dir / "events.jsonl"),
         summary=_read_json(summary_json) if summary_json.is_file() else None,
+        evaluations=_read_lines(job_dir / "evaluations.jsonl"),
     )
 
 
@@ -201,13 +203,13 @@ def _figure(rec: JobRecord) -> bytes:
     )
     state = rec.summary["state"] if rec.summary else "no summary yet"
     fig.suptitle(f"{rec.name} ({rec.mode}): {len(rows)} iterations, {state}", fontsize=11)
-    ax_r.set_title("(a) mean reward", fontsize=9, loc="left")
+    ax_r.set_title("(a) mean reward" + (", held-out greedy" if rec.evaluations else ""), fontsize=9, loc="left")
     ax_t.set_title("(b) stage times per iteration, scale events", fontsize=9, loc="left")
     ax_b.set_title("(c) agent busy fraction per iteration (blank: absent)", fontsize=9, loc="left")
     ax_b.set_xlabel("iteration")
     if rows:
         its = [int(r["iteration"]) for r in rows]
-        _reward(ax_r, rows, its)
+        _reward(ax_r, rows, its, rec.evaluations)
         _stages(ax_t, rows, its)
         _scale_marks(rec, ax_t, ax_b)
         _busy(fig, ax_b, rows, its)
@@ -228,9 +230,17 @@ def _marker(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"marker": "o", "markersize": 3} if len(rows) <= 60 else {}
 
 
-def _reward(ax: Any, rows: list[dict[str, Any]], its: list[int]) -> None:
+def _reward(ax: Any, rows: list[dict[str, Any]], its: list[int], evaluations: list[dict[str, Any]]) -> None:
+    """Sampled reward per iteration; held-out greedy reward (and exact share) at the version evaluated, which
+    iteration v's samples were drawn from."""
     ax.set_ylabel("reward")
-    ax.plot(its, _col(rows, "reward_mean"), color="tab:green", **_marker(rows))
+    ax.plot(its, _col(rows, "reward_mean"), color="tab:green", label="sampled (training batch)", **_marker(rows))
+    if evaluations:
+        versions = [int(e["version"]) for e in evaluations]
+        ax.plot(versions, _col(evaluations, "greedy_reward"), "s-", color="tab:purple", label="held-out greedy")
+        if all("greedy_exact" in e for e in evaluations):
+            ax.plot(versions, _col(evaluations, "greedy_exact"), "^--", color="tab:gray", label="held-out exact")
+        ax.legend(loc="best", fontsize=8)
 
 
 def _stages(ax: Any, rows: list[dict[str, Any]], its: list[int]) -> None:
@@ -364,6 +374,21 @@ def _iteration_rows(rec: JobRecord) -> list[list[str]]:
     ]
 
 
+def _evaluation_rows(rec: JobRecord) -> list[list[str]]:
+    return [
+        [
+            str(e["version"]),
+            _f(e.get("greedy_reward"), ".4f"),
+            _f(e.get("greedy_exact"), ".4f"),
+            "–".join(str(v) for v in e.get("versions", [])),
+            _f(e.get("prompts"), "d"),
+            str(e.get("unit", "-")),
+            _f(e.get("seconds"), ".2f"),
+        ]
+        for e in rec.evaluations
+    ]
+
+
 def _html(rec: JobRecord, png: bytes) -> str:
     title = html.escape(f"rlctl report: {rec.name}")
     none = f'<p class="none">{NO_DATA}</p>'
@@ -380,6 +405,18 @@ def _html(rec: JobRecord, png: bytes) -> str:
         _table(["time", "iteration", "direction", "agent", "site", "reason", "δ s", "δ' s"], scales, id_="scale")
         if scales
         else '<p class="none">no scale events</p>',
+        *(
+            [
+                "<h2>Held-out evaluations</h2>",
+                _table(
+                    ["version", "greedy reward", "exact", "decoded by versions", "prompts", "unit", "seconds"],
+                    _evaluation_rows(rec),
+                    id_="evaluations",
+                ),
+            ]
+            if rec.evaluations
+            else []
+        ),
         "<h2>Iterations</h2>",
         _table(["iteration", "reward", "T_gen s", "T_train s", "δ s", "δ' s", "units"], iterations, id_="iterations")
         if iterations

@@ -815,6 +815,8 @@ class ControllerAgent:
         if trainer is not None:
             trainer.figures.busy_s, trainer.figures.version = t.busy_s, t.version
         row = metrics_row(self.snapshot(), t, wall_time=time.time())
+        if self.evaluator is not None and self.evaluator.overlapped():
+            row["evaluating"] = True  # a held-out evaluation decoded beside this iteration's generation
         self.scaler.rebalance(row)
         self.rows.append(row)
         self._refit_ranker(t.iteration)

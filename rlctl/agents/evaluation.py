@@ -150,6 +150,7 @@ class Evaluator:
         self.post, self.step = post, step
         self.rows = rows  # evaluations.jsonl's rows (a resumed run's kept ones first)
         self.scoring: set[int] = set()  # versions whose outputs the reward workers are scoring
+        self.decoded_since_row = False  # a unit decoded an evaluation since the last iteration's row (`overlapped`)
         for r in rows:
             schedule.done.add(int(r["version"]))
         if rows:
@@ -161,6 +162,7 @@ class Evaluator:
         if ev is None:
             return []
         self.jobdir.event("evaluation_asked", agent=unit, version=version, prompts=len(ev.requests))
+        self.decoded_since_row = True
         return [Out(unit, "evaluate", msgspec.to_builtins(ev))]
 
     def answered(self, unit: str, msg: Message) -> None:
@@ -197,6 +199,13 @@ class Evaluator:
             self.post("eval_scored", ev.version, None if f.cancelled() else (f.result(), unit, versions, asked.at))
 
         done.add_done_callback(scored)
+
+    def overlapped(self) -> bool:
+        """A unit decoded an evaluation since the last call (an iteration's row): that iteration's generation
+        shared the units with it (the rebalance rule leaves it out)."""
+        was = self.decoded_since_row or bool(self.schedule.asked)
+        self.decoded_since_row = bool(self.schedule.asked)
+        return was
 
     @property
     def pending(self) -> bool:

@@ -7,6 +7,9 @@
 
     iteration rows ──▶ window since the last change ──(≥ window and ≥ cooldown rows)──▶ δ ≥ δ'? ──▶ add
 
+An iteration whose generation shared the units with a held-out evaluation (`evaluation.every_iterations`) is not
+measured: the evaluation's decoding is not the workload's, and one more unit would not be needed for it.
+
 Only scale-out is automatic; removal is the operator's (`rlctl scale -N`). After a change the window
 restarts, so the next decision sees only iterations run with the new unit count: the rule cannot
 add twice on the same evidence, and with no automatic removal it cannot oscillate.
@@ -39,8 +42,16 @@ class RebalanceRule:
     cfg: Rebalance
     window: list[tuple[float, float]] = field(default_factory=list)  # (t_gen, t_train) since the last change
 
-    def observe(self, iteration: int, *, t_gen_s: float, t_train_s: float, units: int, can_add: bool) -> Reading:
-        """One trained iteration; says whether to add a unit now (the caller then calls `changed`)."""
+    def observe(
+        self, iteration: int, *, t_gen_s: float, t_train_s: float, units: int, can_add: bool, evaluating: bool = False
+    ) -> Reading:
+        """One trained iteration; says whether to add a unit now (the caller then calls `changed`). `evaluating`:
+        a held-out evaluation decoded beside its generation (left out of the window)."""
+        if evaluating:
+            prior = self.window[-self.cfg.window_iterations :] or [(t_gen_s, t_train_s)]
+            gen, delta = sum(g for g, _ in prior) / len(prior), sum(g - t for g, t in prior) / len(prior)
+            why = "a held-out evaluation decoded beside this iteration: not measured"
+            return Reading(iteration, delta, delta_prime(gen, units), units, False, why)
         self.window.append((t_gen_s, t_train_s))
         del self.window[: -max(self.cfg.window_iterations, self.cfg.cooldown_iterations)]  # all any check reads
         recent = self.window[-self.cfg.window_iterations :]

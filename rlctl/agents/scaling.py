@@ -208,7 +208,12 @@ class Scaler:
         cap = self.cfg.max_rollout_units
         can_add = any(n > 0 for n in free.values()) and (cap is None or units < cap)
         r = self.rule.observe(
-            row["iteration"], t_gen_s=row["t_gen_s"], t_train_s=row["t_train_s"], units=units, can_add=can_add
+            row["iteration"],
+            t_gen_s=row["t_gen_s"],
+            t_train_s=row["t_train_s"],
+            units=units,
+            can_add=can_add,
+            evaluating=bool(row.get("evaluating")),
         )
         self.reading = r
         row["delta_window_s"] = round(r.delta_s, 4)

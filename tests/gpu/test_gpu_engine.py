@@ -46,6 +46,26 @@ def test_graphs_replay_the_eager_steps(checkpoint: Path) -> None:
     assert a == b
 
 
+def test_graphs_of_greedy_rows_beside_sampled_ones_replay_the_eager_steps(checkpoint: Path) -> None:
+    """A held-out evaluation's greedy requests (group −1) among sampled ones: the mixed step's own graphs give the
+    tokens of the same steps run eagerly (that a greedy row gives the argmax is tested on the CPU, in fp32)."""
+    reqs = requests(24)
+    batch = [
+        GenRequest(f"g{i}", r.prompt_tokens, r.max_new_tokens, group=-1, greedy=True) for i, r in enumerate(reqs[:8])
+    ]
+    batch += reqs[8:]
+    model = TinyGPT.from_pretrained(checkpoint, dtype=None, device="cuda")
+    graphs = EmbeddedEngine(model, max_batch_size=8, temperature=1.0)
+    eager = EmbeddedEngine(model, max_batch_size=8, temperature=1.0, static_shapes=True)
+    eager._graphs = eager._mixed_graphs = eager._prefill_graphs = None
+    out = []
+    for engine in (graphs, eager):
+        engine.add(batch)
+        out.append({r.request_id: r.output_tokens for r in engine.run_until_done()})
+    assert graphs._mixed_graphs is not None and graphs._mixed_graphs.captures > 0
+    assert out[0] == out[1]
+
+
 def test_a_compiled_step_replays_in_graphs(checkpoint: Path) -> None:
     """`compile_step` on CUDA: the compiled step captured in graphs gives the tokens of the same compiled step run
     eagerly, and its first tokens' log-probs follow the uncompiled step's (bf16: fused kernels round otherwise)."""

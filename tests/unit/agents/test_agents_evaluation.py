@@ -159,3 +159,13 @@ def test_a_resumed_run_starts_at_its_checkpoint_and_keeps_the_rows_of_versions_u
     assert gauge("rlctl_eval_version") == 5  # the gauges start from the last row kept
     assert again.ev.unit_at("u0", 5) == [] and again.ev.unit_at("u0", 9) == []
     assert again.ev.unit_at("u0", 10) != []
+
+
+def test_an_iteration_is_marked_when_an_evaluation_decoded_beside_its_generation(tmp_path) -> None:
+    h = Harness(tmp_path)
+    assert not h.ev.overlapped()
+    h.ev.unit_at("u0", 5)
+    assert h.ev.overlapped() and h.ev.overlapped()  # still decoding at the next row
+    h.ev.answered("u0", h.answer(5))
+    assert h.ev.overlapped()  # it ended since the last row: that iteration shared the units too
+    assert not h.ev.overlapped()

@@ -254,6 +254,7 @@ def test_held_out_evaluations_during_the_run_decode_each_versions_checkpoint_gre
         figures = score_outputs(task, prompts, want)
         assert (r["greedy_reward"], r["greedy_exact"]) == (round(figures.reward, 4), round(figures.exact, 4)), r
     assert len({str(o) for o in seen.values()}) > 1  # the versions decode differently: a wrong one would show
+    assert any(r.get("evaluating") for r in jd.read_lines(jd.metrics))  # left out of the rebalance rule's window
     flights = [read_flight(jd.flight(unit)) for unit in ("rollout-0", "rollout-1")]
     # sync: every rollout token generated was sent; the held-out tokens are not the flight record's
     assert all(f is not None and f.generated_tokens == f.sent_tokens > 0 for f in flights), flights

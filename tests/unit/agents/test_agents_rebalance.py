@@ -37,6 +37,19 @@ def test_after_a_change_it_measures_afresh():
     assert feed(rule, [(3.0, 1.0)] * 4, units=2) == [False, False, False, True]  # δ 2 ≥ δ' 1: again after 4
 
 
+def test_iterations_beside_a_held_out_evaluation_are_not_measured():
+    """A balanced job whose generation doubles while a unit decodes held-out prompts: those iterations neither add a
+    unit nor count toward the window."""
+    rule = RebalanceRule(Rebalance(auto=True, window_iterations=2, cooldown_iterations=2))
+    assert feed(rule, [(2.0, 1.5)] * 2) == [False, False]
+    spikes = [rule.observe(2 + i, t_gen_s=5.0, t_train_s=1.5, units=1, can_add=True, evaluating=True) for i in range(3)]
+    assert not any(r.add for r in spikes) and "held-out evaluation" in spikes[0].why
+    assert spikes[0].delta_s == pytest.approx(0.5)  # the window's, untouched
+    assert rule.window == [(2.0, 1.5)] * 2
+    rule2 = RebalanceRule(Rebalance(auto=True, window_iterations=2, cooldown_iterations=2))
+    assert feed(rule2, [(2.0, 1.5)] * 2 + [(5.0, 1.5)] * 3)[-1]  # measured, the same spikes would add one
+
+
 def test_no_free_slot_or_auto_off_never_adds():
     full = RebalanceRule(Rebalance(auto=True))
     assert not any(feed(full, [(5.0, 1.0)] * 6, can_add=False))

@@ -65,6 +65,23 @@ def test_report_of_a_run_with_a_scale_out(tmp_path: Path) -> None:
     assert "no summary.json yet" in page
 
 
+def test_held_out_evaluations_during_the_run_get_a_table_and_a_curve(tmp_path: Path) -> None:
+    d = make_job_dir(tmp_path)
+    plain = build_report(d).png.read_bytes()
+    rows = [
+        {"version": v, "greedy_reward": 0.3 + v / 40, "greedy_exact": v / 100, "prompts": 64, "versions": [v, v + 1]}
+        for v in (0, 6, 12)
+    ]
+    (d / "evaluations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    files = build_report(d)
+    page = files.html.read_text()
+    assert parse(page).rows["evaluations"] == 3
+    assert "<td>6</td><td>0.4500</td><td>0.0600</td><td>6–7</td><td>64</td>" in page
+    assert files.png.read_bytes() != plain  # the curve is drawn
+    (d / "evaluations.jsonl").unlink()
+    assert "Held-out evaluations" not in build_report(d).html.read_text()
+
+
 def test_summary_and_escaping(tmp_path: Path) -> None:
     d = make_job_dir(tmp_path)
     summary = {
