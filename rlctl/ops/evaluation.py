@@ -10,7 +10,9 @@ the job is done, and merged into summary.json as `heldout`:
     summary.json  "heldout": {prompts, greedy_exact_first/last (digits), greedy_reward_first/last, seconds, …}
 
 The final checkpoint is read where launch runs, so the trainer's site must be on this machine's
-filesystem (`rlctl check` refuses the field for a site reached over SSH: rlctl.ops.preflight).
+filesystem (`rlctl check` refuses the field for a site reached over SSH: rlctl.ops.preflight), unless the job
+evaluates during the run (`evaluation.every_iterations`): then the figures are its first and last rows
+(evaluations.jsonl, fetched with the job's record; `from_run`), decoded by the rollout units.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from rlctl.config.job import DatasetTask, DigitsTask, JobFile
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import read_sites
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.sitefs import site_root
+from rlctl.launch.sitefs import is_remote, site_root
 from rlctl.models.hf import CONFIG_FILE
 
 log = logging.getLogger(__name__)
@@ -40,12 +42,29 @@ def final_model(jobdir: JobDir, spec: JobFile) -> Path:
     return model
 
 
+def from_run(jobdir: JobDir, spec: JobFile) -> dict[str, Any]:
+    """The held-out figures of the run's first and last evaluations (its last version's must be there), with the
+    versions that decoded each."""
+    rows = jobdir.read_lines(jobdir.evaluations)
+    if not rows or rows[-1]["version"] != spec.iterations:
+        raise LaunchError(f"the run did not evaluate its last version v{spec.iterations} (see {jobdir.events})")
+    first, last = rows[0], rows[-1]
+    out = {"prompts": last["prompts"], "source": "during the run", "evaluations": len(rows)}
+    for name in ("greedy_exact", "greedy_reward"):
+        if name in last:
+            out |= {f"{name}_first": first[name], f"{name}_last": last[name]}
+    return out | {"versions_first": first["versions"], "versions_last": last["versions"]}
+
+
 def heldout(jobdir: JobDir, spec: JobFile) -> dict[str, Any]:
-    """Greedy held-out figures of the starting policy and the final checkpoint (rlctl.rl.evaluate)."""
+    """Greedy held-out figures of the starting policy and the final checkpoint (rlctl.rl.evaluate); of the run's
+    own evaluations when the trainer's site is reached over SSH (`from_run`)."""
     from rlctl.rl.evaluate import compare, compare_dataset
     from rlctl.rl.source import HELDOUT_DIR, heldout_task
     from rlctl.rl.tasks import DigitsTask as Digits
 
+    if spec.evaluation.every_iterations and is_remote(read_sites(jobdir.path)[spec.placement.trainer.site]):
+        return from_run(jobdir, spec)
     last = final_model(jobdir, spec)
     n = spec.evaluation.heldout_prompts
     if isinstance(spec.task, DatasetTask):
@@ -71,7 +90,7 @@ def add_heldout(
     n = spec.evaluation.heldout_prompts
     if not n or summary["state"] != "done":
         return summary
-    say(f"held-out evaluation: greedy decoding of {n} prompts by the starting and the final policy")
+    say(f"held-out evaluation: {n} prompts decoded greedily by the starting and the final policy")
     try:
         figures = heldout(jobdir, spec)
     except LaunchError as e:
@@ -91,7 +110,14 @@ def heldout_line(h: dict[str, Any]) -> str:
     """The summary table's row: greedy exact match and reward, starting → final policy."""
     if "error" in h:
         return f"not evaluated: {h['error']}"
-    line = f"reward {h['greedy_reward_first']:.3f} → {h['greedy_reward_last']:.3f} (greedy, {h['prompts']} prompts)"
+    line = f"reward {h['greedy_reward_first']:.3f} → {h['greedy_reward_last']:.3f} (greedy, {h['prompts']} prompts"
+    if h.get("source") == "during the run":  # the rollout units' evaluations: the versions that decoded them
+        line += f", during the run: v{_span(h['versions_first'])} → v{_span(h['versions_last'])}"
+    line += ")"
     if "greedy_exact_first" not in h:  # a dataset task: its reward function's figures only
         return line
     return f"exact {h['greedy_exact_first']:.3f} → {h['greedy_exact_last']:.3f}, {line}"
+
+
+def _span(versions: list[int]) -> str:
+    return str(versions[0]) if versions[0] == versions[-1] else f"{versions[0]}–{versions[-1]}"

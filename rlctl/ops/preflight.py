@@ -596,12 +596,13 @@ def _evaluation(job: Job) -> list[Problem]:
     elif spec.evaluation.path is not None:
         out.append(Problem("evaluation.path", "the digits task draws its own held-out prompts; leave path out"))
     site = spec.placement.trainer.site
-    if site in job.inventory.sites and is_remote(job.inventory.sites[site]):
+    if site in job.inventory.sites and is_remote(job.inventory.sites[site]) and not spec.evaluation.every_iterations:
         out.append(
             Problem(
                 "evaluation.heldout_prompts",
                 f"launch evaluates the final checkpoint where it runs, and site {site!r} (the trainer's) is "
-                "reached over SSH; use 0, or a trainer site on this machine",
+                "reached over SSH; set evaluation.every_iterations (the rollout units evaluate during the run), "
+                "use 0, or a trainer site on this machine",
             )
         )
     return out

@@ -144,6 +144,46 @@ def test_an_evaluation_that_fails_after_the_job_is_noted_not_raised(tmp_path: Pa
     assert heldout_line(dataset) == "reward 0.250 → 0.500 (greedy, 4 prompts)"
 
 
+def test_a_trainer_site_over_ssh_takes_the_runs_own_first_and_last_evaluations(tmp_path: Path) -> None:
+    """The final checkpoint is not on this machine: with `every_iterations` the summary's figures are the run's
+    first and last rows (the rollout units decoded them); without its last version's row, an error, not a raise."""
+    jd, job = _job_dir(tmp_path, iterations=3, final=False)
+    inventory = load_inventory([ROOT / "clusters" / f for f in ("local.yaml", "h800-trainer.yaml", "h20-rollout.yaml")])
+    write_sites(jd.path, inventory.sites)
+    placement = job.spec.placement.model_copy(
+        update={"trainer": job.spec.placement.trainer.model_copy(update={"site": "h20"})}
+    )
+    evaluation = job.spec.evaluation.model_copy(update={"every_iterations": 2})
+    spec = job.spec.model_copy(update={"placement": placement, "evaluation": evaluation})
+    assert not [p for p in problems(Job(spec, inventory, job.path)) if p.field.startswith("evaluation")]
+    rows = [(0, 0.25, 0.0, [0, 1]), (2, 0.5, 0.125, [2, 2]), (3, 0.625, 0.25, [3, 3])]
+    for v, reward, exact, versions in rows[:2]:
+        jd.append(
+            jd.evaluations,
+            {"version": v, "greedy_reward": reward, "greedy_exact": exact, "prompts": 8, "versions": versions},
+        )
+    out = add_heldout(jd, spec, {"state": "done"}, say=lambda _: None)
+    assert out["heldout"] == {"error": f"the run did not evaluate its last version v3 (see {jd.events})"}
+    v, reward, exact, versions = rows[2]
+    jd.append(
+        jd.evaluations,
+        {"version": v, "greedy_reward": reward, "greedy_exact": exact, "prompts": 8, "versions": versions},
+    )
+    h = add_heldout(jd, spec, {"state": "done"}, say=lambda _: None)["heldout"]
+    assert h == {
+        "prompts": 8,
+        "source": "during the run",
+        "evaluations": 3,
+        "greedy_exact_first": 0.0,
+        "greedy_exact_last": 0.25,
+        "greedy_reward_first": 0.25,
+        "greedy_reward_last": 0.625,
+        "versions_first": [0, 1],
+        "versions_last": [3, 3],
+    }
+    assert heldout_line(h) == "exact 0.000 → 0.250, reward 0.250 → 0.625 (greedy, 8 prompts, during the run: v0–1 → v3)"
+
+
 def test_check_refuses_an_evaluation_it_cannot_run() -> None:
     demo = load_job(ROOT / "jobs" / "demo.yaml")
     assert demo.spec.evaluation.heldout_prompts > 0 and problems(demo) == []
