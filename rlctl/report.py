@@ -85,7 +85,7 @@ def load(job_dir: Path) -> JobRecord:
         rows=_read_lines(job_dir / "metrics.jsonl"),
         events=_read_lines(job_dir / "events.jsonl"),
         summary=_read_json(summary_json) if summary_json.is_file() else None,
-        evaluations=_read_lines(job_dir / "evaluations.jsonl"),
+        evaluations=sorted(_read_lines(job_dir / "evaluations.jsonl"), key=lambda r: int(r["version"])),
     )
 
 

@@ -709,6 +709,7 @@ class ControllerAgent:
         p.conn, p.broken = conn, None
         if self.evaluator is not None:  # an `evaluate` or its answer may have been lost with the old connection
             self.evaluator.lost(p.name)
+            self._evaluate(p.name, h.version)  # (it ignores an evaluation it is decoding already, and answers it)
         p.figures = Heartbeat(name=p.name, state="running", version=h.version)
         threading.Thread(target=self._read, args=(p.name, conn), name=f"read-{p.name}", daemon=True).start()
         if p.state != "unreachable":

@@ -13,9 +13,11 @@ and what became of each (`EvalSchedule`, without I/O), and the controller's side
 The figures are those of greedy decoding, as the end-of-job evaluation's (rlctl.rl.evaluate), on the same
 prompts. A version applied while the unit decodes shows as versions [v, v′] in the row: the unit swaps weights
 between decode steps, as it does for its rollout work. An evaluation whose unit is lost, retired or reconnected
-before it answers is lost (`lost`: its `evaluate` or answer may have gone with the old connection); later
-versions are evaluated as they come. A job that is done waits for its last version's row (FINAL_EVALUATION_WAIT_S
-at most), as it waits for the units' final weights.
+before it answers is asked again (`lost`: its `evaluate` or answer may have gone with the old connection) of the
+next unit to hold that version or a later one (the same unit, reconnected, answers from the decoding it had).
+Rows are written as their scores come back: readers order them by version. A job that is done waits for its last
+version's row while a unit decodes it or it is scored (FINAL_EVALUATION_WAIT_S at most), as it waits for the
+units' final weights; an earlier version's still decoding then is left unanswered.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 class Asked:
     unit: str
     at: float  # the controller's clock when it asked
+    covers: list[int]  # the due versions it answers for (a unit that skipped some answers for them too)
 
 
 @dataclass
@@ -74,11 +77,10 @@ class EvalSchedule:
         Every due version ≤ `version` is then taken: one evaluation answers for the versions the unit skipped."""
         if not self.due(version):
             return None
-        for d in self._due_versions(upto=version):
-            if d >= self.floor and d not in self.asked:
-                self.done.add(d)
-        self.done.discard(version)
-        self.asked[version] = Asked(unit, now)
+        taken = self.done | set(self.asked)
+        covers = [d for d in self._due_versions(upto=version) if d >= self.floor and d not in taken]
+        self.done.update(d for d in covers if d != version)
+        self.asked[version] = Asked(unit, now, covers)
         pairs = zip(self.request_ids(version), self.prompts, strict=True)
         return Evaluate(version, [EvalRequest(i, p.tokens, self.max_new_tokens) for i, p in pairs])
 
@@ -94,11 +96,11 @@ class EvalSchedule:
         return asked
 
     def lost(self, unit: str) -> list[int]:
-        """`unit` is gone: the versions it was evaluating, lost."""
+        """`unit` is gone (or its connection, with what it was asked or answered): the versions it was evaluating.
+        The due versions they answered for are due again: the next unit to hold one (or a later version) is asked."""
         gone = [v for v, a in self.asked.items() if a.unit == unit]
         for v in gone:
-            del self.asked[v]
-            self.done.add(v)
+            self.done.difference_update(self.asked.pop(v).covers)
         return gone
 
 
@@ -151,10 +153,10 @@ class Evaluator:
         self.rows = rows  # evaluations.jsonl's rows (a resumed run's kept ones first)
         self.scoring: set[int] = set()  # versions whose outputs the reward workers are scoring
         self.decoded_since_row = False  # a unit decoded an evaluation since the last iteration's row (`overlapped`)
+        self.shown = -1  # the version the gauges show (evaluations of two units may end out of order)
         for r in rows:
             schedule.done.add(int(r["version"]))
-        if rows:
-            self._gauges(rows[-1])
+            self._gauges(r)
 
     def unit_at(self, unit: str, version: int) -> list[Out]:
         """`unit` holds `version` (it joined, or applied it): ask it to evaluate when a version is due."""
@@ -237,10 +239,13 @@ class Evaluator:
 
     def lost(self, unit: str) -> None:
         for v in self.schedule.lost(unit):
-            log.warning("controller: the evaluation of v%d was lost with %s", v, unit)
+            log.warning("controller: the evaluation of v%d was lost with %s; it is asked again", v, unit)
             self.jobdir.event("evaluation_lost", agent=unit, version=v)
 
     def _gauges(self, r: dict[str, Any]) -> None:
+        if r["version"] < self.shown:
+            return
+        self.shown = r["version"]
         self.metrics.eval_greedy_reward.set(r["greedy_reward"])
         self.metrics.eval_version.set(r["version"])
         if "greedy_exact" in r:
@@ -248,6 +253,6 @@ class Evaluator:
 
 
 def cut_evaluations(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
-    """A resumed run's rows: those of versions ≤ `version` (the checkpoint's: its weights are the same); the others
-    move to evaluations.discarded.jsonl."""
-    return cut_rows(jobdir, jobdir.evaluations, lambda r: int(r["version"]) <= version)
+    """A resumed run's rows: those decoded by versions ≤ `version` only (the checkpoint's: its weights are the same);
+    the others move to evaluations.discarded.jsonl."""
+    return cut_rows(jobdir, jobdir.evaluations, lambda r: max(int(r["version"]), *r.get("versions", [])) <= version)

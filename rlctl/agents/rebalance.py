@@ -8,7 +8,9 @@
     iteration rows ──▶ window since the last change ──(≥ window and ≥ cooldown rows)──▶ δ ≥ δ'? ──▶ add
 
 An iteration whose generation shared the units with a held-out evaluation (`evaluation.every_iterations`) is not
-measured: the evaluation's decoding is not the workload's, and one more unit would not be needed for it.
+measured: the evaluation's decoding is not the workload's, and one more unit would not be needed for it. Past
+`window_iterations` such iterations in a row the evaluations are the workload (they overlap every iteration), and
+the rule measures again.
 
 Only scale-out is automatic; removal is the operator's (`rlctl scale -N`). After a change the window
 restarts, so the next decision sees only iterations run with the new unit count: the rule cannot
@@ -41,13 +43,15 @@ def delta_prime(t_gen_s: float, units: int) -> float:
 class RebalanceRule:
     cfg: Rebalance
     window: list[tuple[float, float]] = field(default_factory=list)  # (t_gen, t_train) since the last change
+    skipped: int = 0  # iterations beside an evaluation in a row (not measured, up to window_iterations)
 
     def observe(
         self, iteration: int, *, t_gen_s: float, t_train_s: float, units: int, can_add: bool, evaluating: bool = False
     ) -> Reading:
         """One trained iteration; says whether to add a unit now (the caller then calls `changed`). `evaluating`:
         a held-out evaluation decoded beside its generation (left out of the window)."""
-        if evaluating:
+        self.skipped = self.skipped + 1 if evaluating else 0
+        if 0 < self.skipped <= self.cfg.window_iterations:
             prior = self.window[-self.cfg.window_iterations :] or [(t_gen_s, t_train_s)]
             gen, delta = sum(g for g, _ in prior) / len(prior), sum(g - t for g, t in prior) / len(prior)
             why = "a held-out evaluation decoded beside this iteration: not measured"

@@ -209,7 +209,7 @@ class RolloutAgent:
             if (self.report_every and time.monotonic() - self.last_report >= self.report_every) or (
                 self.report_steps and self.steps_unreported >= self.report_steps
             ):
-                self._report(finished_unsent=len(done))
+                self._report(finished_unsent=sum(r.request_id not in self.evaluating for r in done))
             for res in done:
                 if res.request_id in self.evaluating:
                     self._evaluated(res)
@@ -334,18 +334,21 @@ class RolloutAgent:
         """Tell the controller what each running generation produced since the last report (a report the link
         dropped while it was down goes out again with the next one). Its free rows leave out the rows of the
         `finished_unsent` samples still to be sent: the controller counts a row for each sample that arrives
-        after a report (`ControllerCore.reported`)."""
+        after a report (`ControllerCore.reported`); and count the held-out requests' rows, which free without a
+        sample to say so (an upper bound, as the controller's use of it needs)."""
         self.last_report = time.monotonic()
         self.steps_unreported = 0
         new = []
+        running_evals = 0
         for res in self.engine.partials():
             if res.request_id in self.evaluating:
+                running_evals += 1
                 continue
             start = self.reported.get(res.request_id, 0)
             if len(res.output_tokens) > start:
                 new.append((res, start))
         free = self.engine.rows_free()
-        free = None if free is None else free - finished_unsent
+        free = None if free is None else free - finished_unsent + running_evals
         if new and self._send_outputs("partial", new, self.last_report, free):
             for res, _ in new:
                 self.reported[res.request_id] = len(res.output_tokens)

@@ -189,6 +189,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
 def heldout_view(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first and the last held-out evaluation of the run (None before the first)."""
     keys = ("version", "greedy_reward", "greedy_exact", "prompts")
+    rows = sorted(rows, key=lambda r: int(r["version"]))  # written as their scores came back
     return {"first": {k: rows[0].get(k) for k in keys}, "last": {k: rows[-1].get(k) for k in keys}} if rows else None
 
 

@@ -45,7 +45,7 @@ def final_model(jobdir: JobDir, spec: JobFile) -> Path:
 def from_run(jobdir: JobDir, spec: JobFile) -> dict[str, Any]:
     """The held-out figures of the run's first and last evaluations (its last version's must be there), with the
     versions that decoded each."""
-    rows = jobdir.read_lines(jobdir.evaluations)
+    rows = sorted(jobdir.read_lines(jobdir.evaluations), key=lambda r: int(r["version"]))
     if not rows or rows[-1]["version"] != spec.iterations:
         raise LaunchError(f"the run did not evaluate its last version v{spec.iterations} (see {jobdir.events})")
     first, last = rows[0], rows[-1]

@@ -116,7 +116,7 @@ def test_the_controller_side_scores_what_it_asked_for_and_drops_what_it_did_not(
     assert failed["version"] == 10 and "not the 4 asked" in failed["error"]
 
 
-def test_a_units_error_a_lost_unit_and_an_undecodable_answer_end_an_evaluation_without_a_row(tmp_path) -> None:
+def test_a_units_error_and_an_undecodable_answer_end_an_evaluation_and_a_lost_ones_is_asked_again(tmp_path) -> None:
     h = Harness(tmp_path, step=0)
     h.ev.unit_at("u0", 0)
     msg = h.answer(0, error="request eval-v0-0: 9 prompt + 5 new tokens > max_position_embeddings 12")
@@ -125,15 +125,31 @@ def test_a_units_error_a_lost_unit_and_an_undecodable_answer_end_an_evaluation_w
     check(msg, peer="u0", kinds=TO_CONTROLLER)  # the unit's error reply is well-formed
     h.ev.answered("u0", msg)
     h.ev.unit_at("u1", 5)
-    h.ev.lost("u1")
-    assert h.ev.unit_at("u0", 5) == []  # lost: a gap in the curve, not asked again
+    h.ev.lost("u1")  # lost, retired or reconnected before it answered
+    (again,) = h.ev.unit_at("u0", 6)  # the next unit to hold version 5 or later
+    assert again.header["version"] == 6
+    h.ev.answered("u0", h.answer(6))
+    h.score()
     h.ev.unit_at("u0", 10)
     bad = h.answer(10)
     bad.tensors[0][0] = 10_000  # no such token
     h.ev.answered("u0", bad)
-    assert not h.ev.pending and h.posted == [] and not h.jd.evaluations.exists()
+    assert not h.ev.pending and h.posted == []
+    assert [r["version"] for r in h.jd.read_lines(h.jd.evaluations)] == [6]
     events = [(e["event"], e["version"]) for e in h.jd.read_lines(h.jd.events) if e["event"] != "evaluation_asked"]
     assert events == [("evaluation_failed", 0), ("evaluation_lost", 5), ("evaluation_failed", 10)]
+
+
+def test_a_unit_that_skipped_versions_and_was_lost_leaves_them_all_due_again(tmp_path) -> None:
+    s = schedule(every=2, last=10)
+    s.ask("u0", 0, now=0.0)
+    s.answered(0)
+    assert s.ask("u1", 5, now=0.0) is not None  # answers for 2 and 4 too
+    assert s.ask("u0", 5, now=0.0) is None
+    s.lost("u1")
+    ev = s.ask("u0", 5, now=0.0)
+    assert ev is not None and s.asked[5].covers == [2, 4]
+    assert s.ask("u0", 6, now=0.0) is not None and s.asked[6].covers == [6]
 
 
 def test_rows_are_logged_at_the_iteration_that_made_their_version(tmp_path) -> None:
@@ -169,3 +185,26 @@ def test_an_iteration_is_marked_when_an_evaluation_decoded_beside_its_generation
     h.ev.answered("u0", h.answer(5))
     assert h.ev.overlapped()  # it ended since the last row: that iteration shared the units too
     assert not h.ev.overlapped()
+
+
+def test_a_row_partly_decoded_by_weights_a_resume_discards_is_discarded(tmp_path) -> None:
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    for v, versions in ((0, [0, 1]), (4, [4, 4]), (5, [5, 6])):
+        jd.append(jd.evaluations, {"version": v, "versions": versions})
+    assert [r["version"] for r in cut_evaluations(jd, 5)] == [0, 4]  # v6 decoded part of v5's row: trained again
+
+
+def test_evaluations_that_end_out_of_order_keep_the_gauges_and_views_on_the_newest(tmp_path) -> None:
+    from rlctl.agents.views import heldout_view
+
+    h = Harness(tmp_path)
+    h.ev.unit_at("u0", 5)
+    h.ev.unit_at("u1", 10)
+    h.ev.answered("u1", h.answer(10))
+    h.score()
+    h.ev.answered("u0", h.answer(5))
+    h.score()
+    assert [r["version"] for r in h.jd.read_lines(h.jd.evaluations)] == [10, 5]  # as their scores came back
+    assert h.metrics.registry.get_sample_value("rlctl_eval_version") == 10
+    view = heldout_view(h.ev.rows)
+    assert view is not None and (view["first"]["version"], view["last"]["version"]) == (5, 10)

@@ -42,12 +42,24 @@ def test_iterations_beside_a_held_out_evaluation_are_not_measured():
     unit nor count toward the window."""
     rule = RebalanceRule(Rebalance(auto=True, window_iterations=2, cooldown_iterations=2))
     assert feed(rule, [(2.0, 1.5)] * 2) == [False, False]
-    spikes = [rule.observe(2 + i, t_gen_s=5.0, t_train_s=1.5, units=1, can_add=True, evaluating=True) for i in range(3)]
+    spikes = [rule.observe(2 + i, t_gen_s=5.0, t_train_s=1.5, units=1, can_add=True, evaluating=True) for i in range(2)]
     assert not any(r.add for r in spikes) and "held-out evaluation" in spikes[0].why
     assert spikes[0].delta_s == pytest.approx(0.5)  # the window's, untouched
     assert rule.window == [(2.0, 1.5)] * 2
     rule2 = RebalanceRule(Rebalance(auto=True, window_iterations=2, cooldown_iterations=2))
-    assert feed(rule2, [(2.0, 1.5)] * 2 + [(5.0, 1.5)] * 3)[-1]  # measured, the same spikes would add one
+    assert feed(rule2, [(2.0, 1.5)] * 2 + [(5.0, 1.5)] * 2)[-1]  # measured, the same spikes would add one
+
+
+def test_evaluations_beside_every_iteration_are_the_workload_after_a_window():
+    """Evaluations that overlap every iteration (K small next to their length): after window_iterations unmeasured
+    iterations in a row the rule measures them; an iteration without one starts the count again."""
+    rule = RebalanceRule(Rebalance(auto=True, window_iterations=2, cooldown_iterations=2))
+    got = [rule.observe(i, t_gen_s=5.0, t_train_s=1.5, units=1, can_add=True, evaluating=True).add for i in range(4)]
+    assert got == [False, False, False, True]  # 2 skipped, then 2 measured: δ 3.5 ≥ δ' 2.5
+    rule.changed()
+    rule.observe(4, t_gen_s=2.0, t_train_s=1.5, units=2, can_add=True)
+    r = rule.observe(5, t_gen_s=5.0, t_train_s=1.5, units=2, can_add=True, evaluating=True)
+    assert "held-out evaluation" in r.why and len(rule.window) == 1
 
 
 def test_no_free_slot_or_auto_off_never_adds():
