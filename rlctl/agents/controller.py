@@ -709,12 +709,12 @@ class ControllerAgent:
         p.conn, p.broken = conn, None
         if self.evaluator is not None:  # an `evaluate` or its answer may have been lost with the old connection
             self.evaluator.lost(p.name)
-            self._evaluate(p.name, h.version)  # (it ignores an evaluation it is decoding already, and answers it)
         p.figures = Heartbeat(name=p.name, state="running", version=h.version)
         threading.Thread(target=self._read, args=(p.name, conn), name=f"read-{p.name}", daemon=True).start()
         if p.state != "unreachable":
             p.unreachable_since = time.monotonic()  # it never went silent for long: away since now
         self._rejoin(p, version=h.version, new_connection=True)
+        self._evaluate(p.name, h.version)  # asked again (it ignores an evaluation it decodes already, and answers it)
 
     def _transfer(self, who: str, version: int, header: dict[str, Any]) -> None:
         """One unit applied `version`: book its transfer (bytes, the link it crossed) and whether every

@@ -59,16 +59,24 @@ class EvalSchedule:
     done: set[int] = field(default_factory=set)  # versions evaluated (or lost, or refused): never asked again
     asked: dict[int, Asked] = field(default_factory=dict)  # version → the unit decoding it
     floor: int = 0  # due versions below this are not evaluated (a resumed run: evaluated before it failed)
+    low: int = -1  # every due version below this is done (or below the floor): where `_due_versions` starts
 
     def due(self, version: int) -> bool:
         """Some due version ≤ `version` has not been asked for (or done) yet."""
-        return any(
-            d not in self.done and d not in self.asked for d in self._due_versions(upto=version) if d >= self.floor
-        )
+        return any(d not in self.done and d not in self.asked for d in self._due_versions(upto=version))
+
+    def _next_due(self, d: int) -> int:
+        """The first due version after `d` (past the last: last + 1)."""
+        return self.last + 1 if d >= self.last else min((d // self.every + 1) * self.every, self.last)
 
     def _due_versions(self, *, upto: int) -> list[int]:
-        out = list(range(0, min(upto, self.last) + 1, self.every))
-        if upto >= self.last and self.last not in out:
+        """The due versions ≥ the floor and ≤ `upto` that may not be done, from the lowest not done on."""
+        if self.low < 0:
+            self.low = min(-(-self.floor // self.every) * self.every, self.last)
+        while self.low <= self.last and self.low in self.done:
+            self.low = self._next_due(self.low)
+        out = list(range(self.low, min(upto, self.last) + 1, self.every)) if self.low < self.last else []
+        if upto >= self.last >= self.low and self.last not in out:
             out.append(self.last)
         return out
 
@@ -77,8 +85,7 @@ class EvalSchedule:
         Every due version ≤ `version` is then taken: one evaluation answers for the versions the unit skipped."""
         if not self.due(version):
             return None
-        taken = self.done | set(self.asked)
-        covers = [d for d in self._due_versions(upto=version) if d >= self.floor and d not in taken]
+        covers = [d for d in self._due_versions(upto=version) if d not in self.done and d not in self.asked]
         self.done.update(d for d in covers if d != version)
         self.asked[version] = Asked(unit, now, covers)
         pairs = zip(self.request_ids(version), self.prompts, strict=True)
@@ -100,7 +107,9 @@ class EvalSchedule:
         The due versions they answered for are due again: the next unit to hold one (or a later version) is asked."""
         gone = [v for v, a in self.asked.items() if a.unit == unit]
         for v in gone:
-            self.done.difference_update(self.asked.pop(v).covers)
+            covers = self.asked.pop(v).covers
+            self.done.difference_update(covers)
+            self.low = min([self.low, *covers])
         return gone
 
 

@@ -208,3 +208,28 @@ def test_evaluations_that_end_out_of_order_keep_the_gauges_and_views_on_the_newe
     assert h.metrics.registry.get_sample_value("rlctl_eval_version") == 10
     view = heldout_view(h.ev.rows)
     assert view is not None and (view["first"]["version"], view["last"]["version"]) == (5, 10)
+
+
+def test_the_schedule_answers_as_its_definition_under_random_asks_losses_and_answers() -> None:
+    """`due` keeps a pointer past the versions done (a long job with a small K must not rescan them all): it says
+    what the definition says — some version 0, K, 2K, … or the last, ≥ the floor and ≤ v, neither done nor asked."""
+    import random
+
+    r = random.Random(7)
+    for trial in range(200):
+        every, last = r.randint(1, 5), r.randint(1, 30)
+        s = EvalSchedule(every, last, PROMPTS, 5, floor=r.choice([0, 0, r.randint(0, last)]))
+        due = {v for v in range(s.floor, last + 1) if v % every == 0 or v == last}
+        version = s.floor
+        for _ in range(40):
+            version = min(last, version + r.randint(0, 3))
+            unit = r.choice(["u0", "u1"])
+            want = any(d <= version and d not in s.done and d not in s.asked for d in due)
+            assert s.due(version) == want, (trial, every, last, s.floor, version)
+            what = r.random()
+            if what < 0.5:
+                s.ask(unit, version, now=0.0)
+            elif what < 0.7 and s.asked:
+                s.answered(r.choice(list(s.asked)))
+            elif what < 0.8:
+                s.lost(unit)
