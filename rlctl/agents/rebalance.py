@@ -51,17 +51,17 @@ class RebalanceRule:
         """One trained iteration; says whether to add a unit now (the caller then calls `changed`). `evaluating`:
         a held-out evaluation decoded beside its generation (left out of the window)."""
         self.skipped = self.skipped + 1 if evaluating else 0
-        if 0 < self.skipped <= self.cfg.window_iterations:
-            prior = self.window[-self.cfg.window_iterations :] or [(t_gen_s, t_train_s)]
-            gen, delta = sum(g for g, _ in prior) / len(prior), sum(g - t for g, t in prior) / len(prior)
-            why = "a held-out evaluation decoded beside this iteration: not measured"
-            return Reading(iteration, delta, delta_prime(gen, units), units, False, why)
-        self.window.append((t_gen_s, t_train_s))
-        del self.window[: -max(self.cfg.window_iterations, self.cfg.cooldown_iterations)]  # all any check reads
-        recent = self.window[-self.cfg.window_iterations :]
+        measured = not 0 < self.skipped <= self.cfg.window_iterations
+        if measured:
+            self.window.append((t_gen_s, t_train_s))
+            del self.window[: -max(self.cfg.window_iterations, self.cfg.cooldown_iterations)]  # all any check reads
+        recent = self.window[-self.cfg.window_iterations :] or [(t_gen_s, t_train_s)]  # (none measured yet)
         gen = sum(g for g, _ in recent) / len(recent)
         delta = sum(g - t for g, t in recent) / len(recent)
         dprime = delta_prime(gen, units)
+        if not measured:
+            why = "a held-out evaluation decoded beside this iteration: not measured"
+            return Reading(iteration, delta, dprime, units, False, why)
         if not self.cfg.auto:
             return Reading(iteration, delta, dprime, units, False, "automatic rebalancing is off")
         if len(self.window) < max(self.cfg.window_iterations, self.cfg.cooldown_iterations):

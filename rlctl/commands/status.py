@@ -38,7 +38,7 @@ def training_line(t: dict[str, Any]) -> str:
     )
 
 
-def heldout_line(h: dict[str, Any] | None) -> str:
+def evaluations_line(h: dict[str, Any] | None) -> str:
     """The run's last held-out evaluation beside its first: greedy reward (and exact answers, digits)."""
     if not h:
         return "-"
@@ -62,7 +62,7 @@ def _live_table(s: dict[str, Any]) -> str:
         ["reward", _f(v.get("reward"), ".3f")],
         ["T_gen / T_train", f"{_f(v.get('t_gen_s'))} / {_f(v.get('t_train_s'))} s"],
         ["last step", training_line(v.get("training", {}))],
-        ["held-out", heldout_line(v.get("heldout"))],
+        ["held-out", evaluations_line(v.get("heldout"))],
         ["δ (window) / δ'", f"{_f(v.get('delta_window_s'), '+.2f')} / {_f(v.get('delta_prime_s'))} s"],
         ["rebalance", f"{'auto' if v['rebalance']['auto'] else 'manual'}: {v['rebalance']['why'] or '-'}"],
         ["rollout units", f"{v['rollout_units']}  free slots {v['free_slots']}"],
@@ -102,7 +102,7 @@ def _fallback_table(s: dict[str, Any]) -> str:
             ]
         )
     if s.get("heldout"):
-        rows.append(["held-out", heldout_line(s["heldout"])])
+        rows.append(["held-out", evaluations_line(s["heldout"])])
     if "summary" in s:
         rows.append(["ended", f"{s['summary']['state']} after {s['summary']['iterations']} iterations"])
     if s["sites_down"]:

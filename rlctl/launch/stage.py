@@ -46,6 +46,7 @@ from rlctl.launch.sitefs import (
     site_root,
     ssh_target,
 )
+from rlctl.rl.source import HELDOUT_DIR
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,6 @@ TOP_FILES = ("job.json", "plan.json", SITES_FILE, "secret")
 INIT_MODEL = "model/init"  # the starting policy: staged once per work root and model (`model_cache`)
 INIT_RECORD = "init-model.json"  # the operator's record of the starting model's files (`check_init_record`)
 TREES = ("model", "data", "reward")  # what prepare() builds (rlctl.ops.inputs): policy, data set, reward file
-HELDOUT_TREE = "data-heldout"  # … and a dataset task's held-out set, when the job has one (evaluation.path)
 RECORD_FILES = ("controller.json", "summary.json", "metrics.jsonl", "events.jsonl", "evaluations.jsonl")
 TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
 SECRET_MODE = 0o600
@@ -71,7 +71,7 @@ Roots = dict[str, str]  # host view → absolute site job dir there
 def files_to_stage(job_dir: Path) -> list[str]:
     """Names (relative to the job dir) of everything the agents read, symlinked trees followed."""
     names = [n for n in TOP_FILES if (job_dir / n).is_file()]
-    for tree in (*TREES, HELDOUT_TREE):
+    for tree in (*TREES, HELDOUT_DIR):  # … and a dataset task's held-out set, when the job has one
         for dirpath, _, files in sorted(os.walk(job_dir / tree, followlinks=True)):
             names += sorted(str(Path(dirpath, f).relative_to(job_dir)) for f in files)
     return names
