@@ -10,7 +10,8 @@ the same two emulated datacenters as the other methods (bench.broadcast).
          (run.planned_agents + spawn.agent_spec), RLCTL_LISTEN_HOST = its own host's lab IP,
          started inside that host's namespace (NetLab.spawn) instead of by a launch backend
       ─▶ the controller exits when the last iteration is trained and every unit holds it
-      ─▶ events.jsonl `weights_applied` (agent, version, source = the agent that served, bytes[, fetch_s])
+      ─▶ events.jsonl `weights_applied` / `weights_skipped` (agent, version, source = the agent that served,
+         bytes[, fetch_s])
          + the tc byte counters of the datacenter uplinks (the yardstick the other methods use)
 
 Per version exactly one unit should pull from the trainer (the relay of dc-b) and the others from relays
@@ -159,10 +160,11 @@ def _events(job_dir: Path) -> list[dict[str, Any]]:
 
 
 def per_version(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per version the units applied: the pulls from a trainer rank (what crossed), pulls from relays,
-    and the trainer pull's transfer time (`fetch_s` if the event has it, else trained → applied)."""
+    """Per version the units fetched (applied, or skipped for a newer one): the pulls from a trainer rank (what
+    crossed), pulls from relays, and the trainer pull's transfer time (`fetch_s` if the event has it, else
+    trained → applied)."""
     trained = {int(e["version"]): float(e["t"]) for e in events if e["event"] == "trained"}
-    applied = [e for e in events if e["event"] == "weights_applied"]
+    applied = [e for e in events if e["event"] in ("weights_applied", "weights_skipped")]
     out = []
     for v in sorted({int(e["version"]) for e in applied}):
         pulls = [e for e in applied if int(e["version"]) == v]

@@ -146,6 +146,7 @@ SENDERS: dict[str, frozenset[str]] = {
     "partial": frozenset({"rollout"}),
     "withdrawn": frozenset({"rollout"}),
     "weights_applied": frozenset({"rollout"}),
+    "weights_skipped": frozenset({"rollout"}),
     "trained": frozenset({"trainer"}),
     "checkpoint_written": frozenset({"trainer"}),
     "heartbeat": frozenset({"rollout", "trainer"}),
@@ -546,11 +547,11 @@ class ControllerAgent:
                 self.jobdir.event("migrated", **m)
                 log.info("controller: %(samples)d samples (%(tokens)d tokens so far) moved from %(from)s to %(to)s", m)
             self.core.migrations.clear()
-        elif msg.kind == "weights_applied":
+        elif msg.kind in ("weights_applied", "weights_skipped"):
             version = int(msg.header["version"])
             holder = self.book.nodes.get(str(msg.header.get("holder", "")), ("", ""))[0]
             self.jobdir.event(
-                "weights_applied",
+                msg.kind,
                 agent=who,
                 version=version,
                 source=holder,
@@ -560,9 +561,10 @@ class ControllerAgent:
                 fetch_s=msg.header.get("fetch_s"),
                 xxh3=msg.header.get("xxh3"),
             )
-            self._transfer(who, version, msg.header)
-            self._send(self.core.weights_applied(who, version))
-            self._evaluate(who, version)
+            self._transfer(who, version, msg.header, applied=msg.kind == "weights_applied")
+            if msg.kind == "weights_applied":
+                self._send(self.core.weights_applied(who, version))
+                self._evaluate(who, version)
         elif msg.kind == "evaluated":
             if self.evaluator is not None:
                 self.evaluator.answered(who, msg)
@@ -614,7 +616,7 @@ class ControllerAgent:
         not its sender's to send, or naming a version or iteration the job is not at. None when it is."""
         if peer.role not in SENDERS.get(msg.kind, ()):
             return f"a {peer.role} does not send it (only: {', '.join(sorted(SENDERS.get(msg.kind, ())))})"
-        if msg.kind == "weights_applied":
+        if msg.kind in ("weights_applied", "weights_skipped"):
             version = int(msg.header["version"])
             if peer.name not in self.core.units:
                 return "not a rollout unit of this job"
@@ -716,9 +718,9 @@ class ControllerAgent:
         self._rejoin(p, version=h.version, new_connection=True)
         self._evaluate(p.name, h.version)  # asked again (it ignores an evaluation it decodes already, and answers it)
 
-    def _transfer(self, who: str, version: int, header: dict[str, Any]) -> None:
-        """One unit applied `version`: book its transfer (bytes, the link it crossed) and whether every
-        live unit now has that version (and the ones it skipped)."""
+    def _transfer(self, who: str, version: int, header: dict[str, Any], *, applied: bool) -> None:
+        """One unit fetched `version`: book its transfer (bytes, the link it crossed) and, when its engine applied
+        it, whether every live unit now has that version (and the ones it skipped)."""
         wire = header.get("wire_bytes")
         wire_bytes = wire if isinstance(wire, int) else 0
         fetch = header.get("fetch_s")
@@ -735,6 +737,8 @@ class ControllerAgent:
         if link is not None:
             self.metrics.weight_inter_dc_bytes.labels(link).inc(wire_bytes)
             self.metrics.weight_inter_dc_copies.labels(link).inc()
+        if not applied:
+            return
         live = {u.name for u in self.core.units.values() if u.alive}
         for seconds in self.book.reached(who, version, live, time.monotonic()):
             self.metrics.weight_transfer_seconds.observe(seconds)

@@ -8,6 +8,8 @@ builtins) and raw tensor frames. Who sends what:
     generate         controller → rollout        Generate (requests)            –
     sample           rollout → controller        SampleDone                     [output int32, logprobs f32]
     weights_applied  rollout → controller        WeightsApplied                 –
+    weights_skipped  rollout → controller        WeightsApplied                 – (fetched, relayed, overtaken by
+                                                                                 a newer version before applied)
     evaluate         controller → rollout        Evaluate (held-out prompts)    –
     evaluated        rollout → controller        Evaluated                      [outputs int32, concatenated]
     samples          controller → trainer        Samples {samples: [Delivered…]} 2 per sample, as in `sample`
@@ -265,6 +267,7 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
     "withdrawn": Partial,
     "withdraw": Withdraw,
     "weights_applied": WeightsApplied,
+    "weights_skipped": WeightsApplied,
     "evaluate": Evaluate,
     "evaluated": Evaluated,
     "samples": Samples,
@@ -290,6 +293,7 @@ TO_CONTROLLER = (
     "partial",
     "withdrawn",
     "weights_applied",
+    "weights_skipped",
     "trained",
     "checkpoint_written",
     "heartbeat",

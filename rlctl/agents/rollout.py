@@ -3,6 +3,7 @@
     controller ──generate──▶ inbox ─┐                         ┌─▶ sample (at once, with its version)
     trainer ──weights──▶ inbox ─────┼─▶ main loop ─ engine.step()
                                     │     safe point between steps: load_weights → weights_applied
+                                    │       (a version a newer one overtook before it: weights_skipped)
     heartbeat thread ───────────────┘
 
 The main loop never blocks while the engine has work: it drains the inbox, swaps weights if a new
@@ -69,7 +70,7 @@ log = logging.getLogger(__name__)
 
 EVAL_GROUP = -1  # the admission group of held-out evaluation requests: before any iteration's
 FETCH_RETRY_S = 5.0  # a version no holder could deliver is fetched again after this pause
-# reported with `weights_applied`
+# reported with `weights_applied` (or `weights_skipped`: fetched, never applied)
 TRANSFER_FIELDS = ("fetch_s", "wire_bytes", "encoding", "base_version", "holder", "xxh3")
 
 
@@ -186,9 +187,13 @@ class RolloutAgent:
                 elif msg.kind == "evaluate":
                     self._evaluate(parse(msg, Evaluate))
                 elif msg.kind == "weights":
-                    got = state_dict_of(msg)
-                    if pending is None or got[0] > pending[0][0]:  # newest wins; older versions are dropped
-                        pending = (got, {k: msg.header.get(k) for k in TRANSFER_FIELDS})
+                    got, transfer = state_dict_of(msg), {k: msg.header.get(k) for k in TRANSFER_FIELDS}
+                    if pending is not None and got[0] <= pending[0][0]:
+                        self._skipped(got[0], transfer)
+                    else:  # newest wins; an older version fetched while the engine stepped is dropped
+                        if pending is not None:
+                            self._skipped(pending[0][0], pending[1])
+                        pending = (got, transfer)
             # 2. safe point: swap weights between engine steps
             if pending is not None:
                 (version, sd), transfer = pending
@@ -196,6 +201,8 @@ class RolloutAgent:
                 if version > self.engine.version:
                     self.engine.load_weights(sd, version)
                     self.link.send(make("weights_applied", {"version": version, **transfer}))
+                else:
+                    self._skipped(version, transfer)
             # 3. one decode step; the running generations' report when one is due, then every finished sample at
             # once (a kill between a step and the writes that carry its tokens costs a token of each generation
             # they carry: the report, which carries most of them, goes first)
@@ -368,6 +375,11 @@ class RolloutAgent:
         sent = self.link.send(make("sample", head, tensors))
         self.flight.wrote(fresh, dropped=not sent)
         self.samples_sent += 1
+
+    def _skipped(self, version: int, transfer: dict[str, Any]) -> None:
+        """A version this unit's weight node fetched (and serves to the units below it) that its engine will not
+        apply: its transfer is still the controller's to book (one that crossed a link is a copy across it)."""
+        self.link.send(make("weights_skipped", {"version": version, **transfer}))
 
     def _finish(self, *, stopped: bool) -> None:
         self.state = "stopped" if stopped else "orphaned"

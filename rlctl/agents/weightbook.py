@@ -2,8 +2,9 @@
 each inter-datacenter link (for `rlctl status`, metrics and the tests that count copies).
 
     trained(v) ──▶ published(v, t)
-    weights_applied(unit, v, holder, encoding, bytes) ──▶ applied(…): a unit at v also "has" every
-        older open version it skipped; a version is delivered when every live unit has it
+    weights_applied / weights_skipped(unit, v, holder, encoding, bytes) ──▶ applied(…): the transfer
+    weights_applied(unit, v) ──▶ reached(…): a unit at v also "has" every older open version it skipped;
+        a version is delivered when every live unit has it
                                                    └─▶ seconds_to_last_unit(v)
 
 A transfer crosses a link when the holder it came from (a trainer rank's root or a relay unit) is in

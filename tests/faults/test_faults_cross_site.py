@@ -84,8 +84,9 @@ def kill_the_relay(job_dir: Path, proc: subprocess.Popen[str], gone: list[str]) 
         return {e["agent"] for e in applied(job_dir)} - set(gone)
 
     wait_for("three units in the chain", lambda: len(chain()) >= 3, 300, alive=proc)
-    newest = max(e["version"] for e in applied(job_dir))  # the relay pulled it straight from the trainer
-    relay = next(e["agent"] for e in applied(job_dir) if e["version"] == newest and e["source"].startswith("trainer"))
+    # the relay: the unit that pulled the newest version straight from the trainer (applied, or skipped for a newer)
+    fetched = applied(job_dir) + events(job_dir, "weights_skipped")
+    relay = max((e for e in fetched if e["source"].startswith("trainer")), key=lambda e: e["version"])["agent"]
     others = chain() - {relay}
     seen = max(published(job_dir), default=0)
     v = int(

@@ -1,7 +1,7 @@
-"""A rollout unit's progress reports, read by a stand-in controller over a real in-process link: each report's
+"""A rollout unit's messages, read by a stand-in controller over a real in-process link: each progress report's
 free rows leave out the rows of the samples the same step finished and the unit sends right after it (the
-controller counts a row for each sample that arrives after a report), and its flight record ends with every
-token it generated written."""
+controller counts a row for each sample that arrives after a report), its flight record ends with every
+token it generated written, and every version its weight node fetched is reported, applied or skipped."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ from rlctl.agents.rollout import RolloutAgent
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
 from rlctl.models.tinygpt import TinyGPT
-from rlctl.transport import InprocTransport
+from rlctl.transport import Connection, InprocTransport, Message
 
 ROWS = 4
 
 
-def test_a_report_s_free_rows_leave_out_the_samples_sent_after_it(tmp_path) -> None:
+def _unit(tmp_path, *, before: list[Message] = ()) -> tuple[JobDir, RolloutAgent, Connection, threading.Thread]:
+    """A rollout unit on its thread, joined to a stand-in controller (its hello read); `before` are in its inbox
+    when its loop starts."""
     job = JobFile.model_validate(
         {
             "apiVersion": "rlctl/v1",
@@ -42,12 +44,19 @@ def test_a_report_s_free_rows_leave_out_the_samples_sent_after_it(tmp_path) -> N
     torch.manual_seed(0)
     TinyGPT().save_pretrained(jd.init_model)
     transport = InprocTransport(secret=jd.secret())
-    controller = transport.listen("inproc://reports-controller")
+    controller = transport.listen(f"inproc://reports-{tmp_path.name}")
     unit = RolloutAgent(AgentContext(jd, job, transport, controller.address), replica=0)
+    for msg in before:
+        unit.inbox.put(msg)
     thread = threading.Thread(target=unit.run, daemon=True)
     thread.start()
     conn = controller.accept(timeout_s=10)
     assert conn.recv(timeout_s=10).kind == "hello"
+    return jd, unit, conn, thread
+
+
+def test_a_report_s_free_rows_leave_out_the_samples_sent_after_it(tmp_path) -> None:
+    jd, _, conn, thread = _unit(tmp_path)
     lengths = [3, 5, 6, 8, 9, 12]  # more than its rows: the later ones wait for rows to free
     requests = [Request(f"s{i}", [1, 3 + i], n, priority=0.0, iteration=0) for i, n in enumerate(lengths)]
     conn.send(make("generate", Generate(requests)))
@@ -79,3 +88,26 @@ def test_a_report_s_free_rows_leave_out_the_samples_sent_after_it(tmp_path) -> N
     flight = read_flight(jd.flight("rollout-0"))
     assert flight is not None and flight.generated_tokens == flight.sent_tokens > 0
     assert flight.dropped_tokens == 0
+
+
+def test_a_version_overtaken_before_the_safe_point_is_reported_skipped_with_its_transfer(tmp_path) -> None:
+    """Versions the unit's weight node fetched while the engine stepped: the newest is applied, each one it
+    overtook (older, or arrived after a newer one) goes back as `weights_skipped` with what crossed the wire for
+    it, so that the controller books every copy a link carried (the relay served it to the units below it)."""
+    sd = TinyGPT().state_dict()
+
+    def weights(version: int, wire_bytes: int) -> Message:
+        header = {"version": version, "names": list(sd), "wire_bytes": wire_bytes, "encoding": "full"}
+        return make("weights", {**header, "holder": "tcp://trainer:1"}, list(sd.values()))
+
+    _, unit, conn, thread = _unit(tmp_path, before=[weights(2, 20), weights(1, 10), weights(3, 30)])
+    got = [conn.recv(timeout_s=30) for _ in range(3)]
+    conn.send(make("stop", {}))
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert [(m.kind, m.header["version"], m.header["wire_bytes"]) for m in got] == [
+        ("weights_skipped", 1, 10),  # older than the one waiting
+        ("weights_skipped", 2, 20),  # overtaken by v3
+        ("weights_applied", 3, 30),
+    ]
+    assert all(m.header["holder"] == "tcp://trainer:1" for m in got) and unit.engine.version == 3

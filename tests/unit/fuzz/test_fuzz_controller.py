@@ -38,21 +38,23 @@ FLOATS = st.floats(allow_nan=True, allow_infinity=True)
 
 
 def _headers() -> dict[str, st.SearchStrategy[dict[str, Any]]]:
+    transfer = st.fixed_dictionaries(
+        {"version": INTS},
+        optional={
+            "holder": st.none() | IDS,
+            "encoding": st.none() | st.sampled_from(["full", "delta", "?"]),
+            "base_version": st.none() | INTS,
+            "wire_bytes": st.none() | INTS,
+            "fetch_s": st.none() | FLOATS,
+        },
+    )
     return {
         "sample": st.fixed_dictionaries(
             {"sample_id": IDS, "version": INTS, "finish_reason": st.sampled_from(["eos", "length", ""])},
             optional={"num_output_tokens": INTS},
         ),
-        "weights_applied": st.fixed_dictionaries(
-            {"version": INTS},
-            optional={
-                "holder": st.none() | IDS,
-                "encoding": st.none() | st.sampled_from(["full", "delta", "?"]),
-                "base_version": st.none() | INTS,
-                "wire_bytes": st.none() | INTS,
-                "fetch_s": st.none() | FLOATS,
-            },
-        ),
+        "weights_applied": transfer,
+        "weights_skipped": transfer,
         "trained": st.fixed_dictionaries(
             {
                 "iteration": INTS,
@@ -222,6 +224,7 @@ def test_a_message_not_the_senders_is_dropped_naming_it(
             ),
         ),
         ("rollout-0", make("weights_applied", {"version": 7})),  # a version the trainer never published
+        ("rollout-1", make("weights_skipped", {"version": 9})),  # nor fetched
         ("trainer-0", make("scale", {"delta": 1})),  # a client's request
     ]
     with caplog.at_level(logging.WARNING, logger="rlctl.agents.controller"):
@@ -275,3 +278,15 @@ def test_a_stop_waits_for_the_checkpoint_being_written_whose_part_the_controller
     assert r.ctl.writing == {} and r.ctl._stopping()
     assert json.loads((r.jd.checkpoints / "latest.json").read_text())["version"] == 1
     assert r.ctl.core.failed is None
+
+
+def test_a_skipped_version_is_booked_as_a_transfer_not_as_the_unit_s_version(running: Callable[[], Running]) -> None:
+    """`weights_skipped`: the unit's weight node fetched the version (its bytes crossed whatever link lay between
+    it and its holder) and its engine went on to a newer one: booked and written, never taken as applied."""
+    r = running()
+    r.feed("rollout-0", make("weights_skipped", {"version": 1, "holder": "w-trainer-0", "wire_bytes": 100}))
+    (rec,) = r.ctl.book.view()
+    assert (rec["version"], rec["units"], rec["bytes"]) == (1, 1, 100)
+    (e,) = [e for e in r.jd.read_lines(r.jd.events) if e["event"] == "weights_skipped"]
+    assert (e["agent"], e["version"], e["bytes"]) == ("rollout-0", 1, 100)
+    assert r.ctl.core.units["rollout-0"].version == 0

@@ -81,6 +81,7 @@ VALID: dict[str, tuple[dict[str, Any], list[torch.Tensor]]] = {
         {"version": 3, "holder": "tcp://h:2", "encoding": "delta", "wire_bytes": 10, "fetch_s": 0.1},
         [],
     ),
+    "weights_skipped": ({"version": 2, "holder": "tcp://h:2", "encoding": "full", "wire_bytes": 10}, []),
     "samples": (
         {
             "samples": [

@@ -27,6 +27,15 @@ def test_one_pull_from_the_trainer_per_version_and_its_transfer_time():
     assert "transfer_s" not in rows[1]  # two copies crossed: no single inter-DC transfer to time
 
 
+def test_a_version_the_relay_skipped_for_a_newer_one_still_counts_as_its_pull():
+    events = [
+        applied("rollout-1", 1, "rollout-0", 11.7, encoding="full", bytes=100),
+        {**applied("rollout-0", 1, "trainer-0", 11.8, bytes=100), "event": "weights_skipped"},
+    ]
+    (row,) = per_version(events)
+    assert (row["from_trainer"], row["from_relays"], row["bytes_from_trainer"]) == (["rollout-0"], ["rollout-1"], 100)
+
+
 def test_fetch_s_in_the_event_wins_over_the_event_stamps():
     events = [
         {"t": 10.0, "event": "trained", "iteration": 1, "version": 1},
