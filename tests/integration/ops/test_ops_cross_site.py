@@ -245,7 +245,12 @@ def test_one_copy_of_each_version_crosses_the_shaped_link(services, tmp_path, sy
         f"weights (one copy per version): {crossed / one_copy:.3f}x; {relayed} pulls from relays in dc-b"
     )
     assert relayed > 0
-    assert crossed <= 1.10 * one_copy, (crossed, one_copy)
+    # the job's other traffic toward the site (requests, members, announcements, pings) is ≈ 210 KB for these 8
+    # iterations whatever the weights: a run whose policy learned nothing sends deltas of 90 B (one full version,
+    # 1.38 MB, in all), where 1.10 × the weights alone would not cover it; a second copy of a full version would
+    # still be over
+    allowance = 40_000 * iterations
+    assert crossed <= 1.10 * one_copy + allowance, (crossed, one_copy, allowance)
     weights = json.loads((job_dir / "summary.json").read_text())["weights"]
     assert weights["inter_dc_total"]["dc-a->dc-b"] == {"bytes": one_copy, "copies": len(weights_versions(fetched))}
 
