@@ -56,6 +56,12 @@ class JobMetrics:
             "Share of the last iteration's samples in groups whose rewards were all equal (no gradient)",
             registry=r,
         )
+        self.dropped_groups = Counter(
+            "rlctl_dropped_groups",
+            "Groups dropped once scored because their rewards were all equal, a new prompt's group drawn in their "
+            "place (algorithm.dynamic_sampling)",
+            registry=r,
+        )
         self.clip_fraction = Gauge(
             "rlctl_train_clip_fraction", "Share of the last iteration's tokens whose ratio was clipped", registry=r
         )

@@ -281,6 +281,7 @@ SERIES: dict[str, str] = {
     "clip_frac": "train/clip_frac",
     "entropy": "train/entropy",
     "no_signal_frac": "train/no_signal_frac",
+    "dropped_groups": "train/dropped_groups",
     "weight_version": "weights/version",
     "rollout_units": "rollout/units",
     "ranker_recall_20": "ranker/recall_at_20",

@@ -62,7 +62,7 @@ from rlctl.agents.weightbook import WeightBook
 from rlctl.checkpoint.choose import resume_version
 from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, save_controller
 from rlctl.checkpoint.files import prune
-from rlctl.config.job import DatasetTask, JobFile
+from rlctl.config.job import DatasetTask, JobFile, refills
 from rlctl.errors import PeerClosed, TransportError
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
@@ -132,6 +132,7 @@ def core_config(
         unit_batch=job.rollout.max_batch_size,
         migrate=job.rollout.migrate,
         report_steps=job.rollout.partial_report_steps,
+        max_refills=refills(job),
     )
 
 
@@ -181,6 +182,7 @@ class ControllerAgent:
             ),
             prompts=self._prompts,
             predict=lambda specs: self.ranker.predict([s.tokens for s in specs]).tolist(),
+            refill=self._refill,
         )
         self.inbox: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.peers: dict[str, Peer] = {}
@@ -291,6 +293,10 @@ class ControllerAgent:
             PromptSpec(p.prompt_id, p.tokens, p.target_tokens or self.task.max_new_tokens)
             for p in self.task.rl_prompts(iteration, n)
         ]
+
+    def _refill(self, iteration: int, j: int) -> PromptSpec:
+        p = self.task.refill_prompt(iteration, self.job.batch.prompts_per_iteration, j)
+        return PromptSpec(p.prompt_id, p.tokens, p.target_tokens or self.task.max_new_tokens)
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:

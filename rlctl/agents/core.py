@@ -93,6 +93,7 @@ class CoreConfig:
     unit_batch: int = 64  # requests a unit runs at once (`rollout.max_batch_size`): more wait in its engine
     migrate: bool = True  # move waiting and running work to units with free rows (`rollout.migrate`)
     report_steps: int = 0  # units report after every this many decode steps too (`rollout.partial_report_steps`)
+    max_refills: int = 0  # dynamic sampling: groups drawn for a round beyond its prompts, at most (0: off)
 
 
 @dataclass
@@ -117,6 +118,7 @@ class IterationStats:
     trained_at: float | None = None
     samples: int = 0
     output_tokens: int = 0
+    dropped: int = 0  # groups dropped for equal rewards while the trainer was at this iteration (dynamic sampling)
     staleness: Counter[int] = field(default_factory=Counter)
     trainer: dict[str, Any] = field(default_factory=dict)
 
@@ -135,8 +137,11 @@ class ControllerCore:
         *,
         prompts: Callable[[int], list[PromptSpec]],
         predict: Callable[[list[PromptSpec]], Sequence[float]] | None = None,
+        refill: Callable[[int, int], PromptSpec] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`prompts(r)`: round r's prompts; `refill(r, j)`: the j-th prompt drawn for round r beyond them (dynamic
+        sampling, `cfg.max_refills`)."""
         self.cfg = cfg
         self.clock = clock
         self.bound = StalenessBound(cfg.eta)
@@ -151,6 +156,8 @@ class ControllerCore:
         self.aborted: set[str] = set()  # groups aborted once: their next rewards are waited for
         self.floor = 0  # the oldest round that may still have samples to dispatch
         self._make_prompts = prompts
+        self._refill = refill
+        assert refill is not None or not cfg.max_refills, "dynamic sampling draws its prompts from `refill`"
         self._predict = predict
         self._rng = random.Random(cfg.seed)
         self.units: dict[str, Unit] = {}
@@ -495,6 +502,8 @@ class ControllerCore:
         entries = self._kept(group)
         if not all(e.state is State.FINISHED and e.reward is not None for e in entries):
             return
+        if self._dropped(group, entries):
+            return
         oldest = min(e.sample_version for e in entries if e.sample_version is not None)
         b = self.buffers.occupy(group, oldest)
         if b is None:
@@ -504,6 +513,27 @@ class ControllerCore:
             return
         self.ledger.assign(group, iteration=b)
         self.undelivered.append(group)
+
+    def _dropped(self, group: str, entries: list[Entry]) -> bool:
+        """DAPO's dynamic sampling: a complete group whose rewards are all equal has no advantage and trains
+        nothing (`group_advantages`), so it is dropped and a new prompt's group of the same round takes its place
+        in the staleness buffers: the trainer's iterations are full of groups with signal. At most `max_refills`
+        per round; past that, such a group trains as it is (the trainer's `no_signal_frac` shows them)."""
+        if self.done or not self.cfg.max_refills or len(entries) < MIN_GROUP or len({e.reward for e in entries}) != 1:
+            return False
+        r = entries[0].iteration  # the group's round: a group is assigned an iteration when it occupies a buffer
+        drawn = self.ledger.refills.get(r, 0)
+        if drawn >= self.cfg.max_refills:
+            return False
+        self._forget(entries)
+        self.buffers.release(group)
+        self.ledger.drop_group(group)
+        assert self._refill is not None
+        spec = self._register([self._refill(r, drawn)])[0]
+        self.ledger.refills[r] = drawn + 1
+        self.ledger.add_prompt(iteration=r, prompt_id=spec.prompt_id, num_samples=self.cfg.samples_per_prompt)
+        self.stats[self.trainer_version].dropped += 1
+        return True
 
     def _release_idle(self, requeued: list[str]) -> None:
         """Groups with nothing in flight, done or kept any more (their unit went) give their reservation back. A
@@ -652,12 +682,22 @@ class ControllerCore:
         for iteration in range(version, self.created):
             self._specs(iteration)
             self.stats[iteration] = IterationStats(iteration)
+        if self._refill is not None:  # the groups drawn in place of dropped ones that are still to be trained
+            queued = {e.prompt_id for e in ledger.entries.values() if e.state is State.QUEUED}
+            drawn = [self._refill(r, j) for r, n in sorted(ledger.refills.items()) for j in range(n)]
+            self._register([spec for spec in drawn if spec.prompt_id in queued])
 
     def _specs(self, iteration: int) -> list[PromptSpec]:
         """The iteration's prompts (a function of the iteration) with their predicted output lengths."""
         specs = self._make_prompts(iteration)
         assert len(specs) == self.cfg.prompts_per_iteration
+        return self._register(specs)
+
+    def _register(self, specs: list[PromptSpec]) -> list[PromptSpec]:
+        """Prompts about to be generated, with their predicted output lengths."""
         preds: Sequence[float]
+        if not specs:
+            return specs
         if self.cfg.dispatch == "oracle":
             preds = [float(p.true_len) for p in specs]
         elif self.cfg.dispatch == "skew_aware" and self._predict is not None:
@@ -684,7 +724,7 @@ class ControllerCore:
         out: list[Out] = []
         now = self.clock()
         while self.floor < self.trainer_version and all(
-            e.state is State.TRAINED for e in self.ledger.iteration_entries(self.floor)
+            e.state in (State.TRAINED, State.FILTERED, State.DROPPED) for e in self.ledger.iteration_entries(self.floor)
         ):
             self.floor += 1
         for it in range(self.floor, self.created):

@@ -11,6 +11,8 @@ its samples are. States and the only legal moves:
                                                                                   ▼
                                               trained ◀──trained(ack from trainer)── delivered
     finished (its reward held the trainer) ──filter──▶ filtered: left out of its group, which trains without it
+    finished (its group's rewards all equal) ──drop──▶ dropped: the group trains nothing; a new prompt's group
+                                                       takes its place (DAPO's dynamic sampling, `refills`)
 
 What a dispatched sample has generated so far (its unit's reports) is in `partials` (`rlctl.agents.
 trajectories`): a sample queued again after its unit was lost resumes from there.
@@ -24,7 +26,7 @@ A `finish` from an agent the sample is not dispatched to (a late message from an
 lost, a duplicate) is refused and counted, never delivered. A trainer ack for a sample that is not
 `delivered` counts as a duplicate. Restoring a checkpoint turns every untrained entry back into
 `queued`: the model checkpoint predates them, so they must be generated again (a filtered sample of a trained
-group stays filtered).
+group stays filtered, a dropped group stays dropped: the group that took its place is in the ledger).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class State(StrEnum):
     DELIVERED = "delivered"
     TRAINED = "trained"
     FILTERED = "filtered"
+    DROPPED = "dropped"
 
 
 class LedgerError(ValueError):
@@ -88,6 +91,7 @@ class LedgerCounts:
     aborted: int  # groups generated again because their reward held the trainer (ControllerCore.unstick)
     migrated: int  # samples a unit gave back to go to another (ControllerCore.migrate)
     filtered: int  # samples left out of their group's training: their reward held the trainer (unstick)
+    dropped: int  # groups whose rewards were all equal, replaced by a new prompt's (dynamic sampling)
 
 
 @dataclass
@@ -103,6 +107,9 @@ class Ledger:
     aborted: int = 0
     migrated: int = 0
     filtered: int = 0
+    dropped: int = 0
+    # round → the groups drawn for it beyond its prompts (dynamic sampling): the next one's prompt is number this
+    refills: dict[int, int] = field(default_factory=dict)
     partials: TrajectoryStore = field(default_factory=TrajectoryStore)  # dispatched samples' output so far
     clock: Callable[[], float] = field(default=time.time, repr=False)  # wall clock of the entries' times
 
@@ -225,6 +232,15 @@ class Ledger:
         self.discarded_tokens += e.output_tokens
         self.filtered += 1
 
+    def drop_group(self, prompt_id: str) -> None:
+        """A group whose every kept sample is finished and scored alike trains nothing: its finished samples are
+        dropped (their tokens discarded); counted once."""
+        for e in self.by_prompt[prompt_id]:
+            if e.state is State.FINISHED:
+                self.discarded_tokens += e.output_tokens
+                e.state = State.DROPPED
+        self.dropped += 1
+
     def _discard(self, e: Entry) -> None:
         """A finished sample goes back to the queue: its tokens are thrown away."""
         self.discarded_tokens += e.output_tokens
@@ -276,6 +292,7 @@ class Ledger:
             aborted=self.aborted,
             migrated=self.migrated,
             filtered=self.filtered,
+            dropped=self.dropped,
         )
 
     def state_histogram(self) -> dict[str, int]:
@@ -293,7 +310,9 @@ class Ledger:
                 "aborted": self.aborted,
                 "migrated": self.migrated,
                 "filtered": self.filtered,
+                "dropped": self.dropped,
             },
+            "refills": {str(k): v for k, v in self.refills.items()},
             "entries": [{**asdict(e), "state": e.state.value} for e in self.entries.values()],
             "partials": self.partials.to_json(),
         }
@@ -301,10 +320,13 @@ class Ledger:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Ledger:
         led = cls(**data["counters"], partials=TrajectoryStore.from_json(data.get("partials")))
+        led.refills = {int(k): int(v) for k, v in data.get("refills", {}).items()}
         entries = [Entry(**{**row, "state": State(row["state"])}) for row in data["entries"]]
         trained = {e.prompt_id for e in entries if e.state is State.TRAINED}
+        dropped = {e.prompt_id for e in entries if e.state is State.DROPPED}
         for e in entries:
-            if not (e.state is State.TRAINED or (e.state is State.FILTERED and e.prompt_id in trained)):
+            kept = e.prompt_id in trained and e.state is State.FILTERED
+            if not (e.state is State.TRAINED or kept or e.prompt_id in dropped):
                 cls._reset(e)
             led._insert(e)
         return led

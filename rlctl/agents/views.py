@@ -98,6 +98,8 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
         "grad_norm": round(t.grad_norm, 5),
         "lr": t.lr,
         "no_signal_frac": round(t.no_signal_frac, 4),
+        # dynamic sampling: the groups dropped for equal rewards while the trainer was at this iteration
+        **({"dropped_groups": st.dropped} if s.core.cfg.max_refills else {}),
         "reward_failures": s.reward_stats.failures,  # calls that raised, timed out or returned a wrong type
         "period_s": round(period, 4),
         "wall_s": round((st.trained_at or 0.0) - s.t_start, 3),
@@ -152,7 +154,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "t_gen_s": last.get("t_gen_s"),
         "t_train_s": last.get("t_train_s"),
         "delta_s": last.get("delta_s"),
-        "training": {k: last.get(k) for k in TRAINING},
+        "training": {k: last.get(k) for k in TRAINING} | {k: last[k] for k in ("dropped_groups",) if k in last},
         "heldout": heldout_view(s.evaluations),
         "delta_window_s": None if r is None else round(r.delta_s, 4),
         "delta_prime_s": None if r is None else round(r.delta_prime_s, 4),
@@ -179,6 +181,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
             "duplicated": counts.duplicated,
             "migrated": counts.migrated,
             "resumed": core.ledger.partials.resumed,
+            **({"dropped": counts.dropped} if counts.dropped else {}),  # dynamic sampling
         },
         "resilience": dict(s.resilience),
         "data": dict(s.data),
@@ -292,6 +295,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
             "discarded_tokens": counts.discarded_tokens,
             "aborted": counts.aborted,
             "filtered": counts.filtered,
+            "dropped": counts.dropped,
             "migrated": counts.migrated,
             "partials": partials_view(core),
         },
@@ -357,6 +361,7 @@ def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: Iter
     m.clip_fraction.set(t.clip_frac)  # NaN when the iteration trained no token: a gap, not the last value
     m.entropy.set(t.entropy)
     m.no_signal_fraction.set(t.no_signal_frac)
+    m.dropped_groups.inc(stats.dropped)
     m.weight_version.set(t.version)
     m.samples_total.labels("trained").inc(len(t.sample_ids))
     for gap, n in stats.staleness.items():

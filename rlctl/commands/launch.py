@@ -67,7 +67,8 @@ def _table(s: dict[str, Any]) -> str:
         [
             "ledger",
             f"prompts {led['prompts']} trained {led['trained']} requeued {led['requeued']} "
-            f"lost {led['lost']} duplicated {led['duplicated']}",
+            f"lost {led['lost']} duplicated {led['duplicated']}"
+            + (f" dropped {led['dropped']} (no signal)" if led.get("dropped") else ""),
         ],
         ["partial rollouts", partials_line(led)],
         ["wall", f"{s['wall_s']:.1f} s"],

@@ -31,10 +31,11 @@ def _weights_line(w: dict[str, Any]) -> str:
 
 def training_line(t: dict[str, Any]) -> str:
     """The last optimizer step: its rate, gradient norm, the policy's entropy, clipped tokens, samples without
-    signal (`-` for a figure the iteration did not have)."""
+    signal (`-` for a figure the iteration did not have), and the groups dynamic sampling dropped meanwhile."""
+    dropped = f"  dropped {t['dropped_groups']} groups" if t.get("dropped_groups") else ""
     return (
         f"lr {_f(t.get('lr'), '.2e')}  grad norm {_f(t.get('grad_norm'), '.3f')}  entropy {_f(t.get('entropy'), '.3f')}"
-        f"  clipped {_f(t.get('clip_frac'), '.3f')}  no signal {_f(t.get('no_signal_frac'), '.2f')}"
+        f"  clipped {_f(t.get('clip_frac'), '.3f')}  no signal {_f(t.get('no_signal_frac'), '.2f')}{dropped}"
     )
 
 

@@ -286,6 +286,23 @@ class GrpoAlgorithm(PolicyUpdate):
     advantage_std: bool = Field(
         True, description="divide each group's advantages by its reward std; false: r − group mean (Dr. GRPO)"
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling: a group whose rewards are all equal (no advantage: it trains nothing) "
+        "is dropped once scored and a new prompt's group takes its place, so that every iteration trains "
+        "prompts_per_iteration groups with signal; the generation they took is the cost",
+    )
+    max_refills: Annotated[int, Field(ge=1, le=10**6)] | None = Field(
+        None,
+        description="dynamic_sampling: groups drawn per iteration in place of dropped ones, at most (default "
+        "prompts_per_iteration); past it, groups without signal train as they are (no_signal_frac)",
+    )
+
+    @model_validator(mode="after")
+    def _refills_need_dynamic_sampling(self) -> GrpoAlgorithm:
+        if self.max_refills is not None and not self.dynamic_sampling:
+            raise ValueError("max_refills bounds dynamic_sampling's new groups; set dynamic_sampling: true")
+        return self
 
 
 class PpoAlgorithm(PolicyUpdate):
@@ -564,6 +581,14 @@ class JobFile(Strict):
     tracking: Tracking = Tracking()
     job_dir: str | None = None
     seed: NonNegativeInt = 0
+
+
+def refills(spec: JobFile) -> int:
+    """Groups the controller may draw per iteration in place of dropped ones (dynamic sampling; 0: off)."""
+    algo = spec.algorithm
+    if not isinstance(algo, GrpoAlgorithm) or not algo.dynamic_sampling:
+        return 0
+    return algo.max_refills if algo.max_refills is not None else spec.batch.prompts_per_iteration
 
 
 class Job:

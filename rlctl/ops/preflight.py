@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job
+from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, refills
 from rlctl.devices import cuda_problem, kind_for
 from rlctl.engines.factory import vllm_problem
 from rlctl.errors import ConfigError, LaunchError, PlanError
@@ -32,7 +32,7 @@ from rlctl.launch.sitefs import is_remote
 from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig, read_config
 from rlctl.rl.dataset import check_task
 from rlctl.rl.source import heldout_task
-from rlctl.rl.tasks import MAX_DIGITS
+from rlctl.rl.tasks import MAX_DIGITS, RL_STRIDE
 from rlctl.rl.tasks import DigitsTask as Digits
 from rlctl.tracking import check_tracking
 from rlctl.trainers.base import megatron_available
@@ -172,6 +172,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
         out += _raised("task", lambda: check_task(task, job_file=job.path, model_dir=model_dir))
     out += _context(job)
     out += _overlong(job)
+    out += _dynamic_sampling(job)
     out += _planning_only(job)
     out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path)))
     out += _planned(job, plan)
@@ -191,6 +192,22 @@ def _overlong(job: Job) -> list[Problem]:
         Problem(
             "task.overlong_buffer_tokens",
             f"{task.overlong_buffer_tokens}: the digits task's outputs stop at {limit} tokens; use < {limit}",
+        )
+    ]
+
+
+def _dynamic_sampling(job: Job) -> list[Problem]:
+    """The digits task numbers the prompts of an iteration, its own and those drawn in place of dropped groups,
+    within RL_STRIDE (the iteration is recoverable from a prompt's number)."""
+    spec = job.spec
+    drawn = spec.batch.prompts_per_iteration + refills(spec)
+    if not refills(spec) or not isinstance(spec.task, DigitsTask) or drawn <= RL_STRIDE:
+        return []
+    return [
+        Problem(
+            "algorithm.max_refills",
+            f"{drawn} prompts an iteration with batch.prompts_per_iteration; the digits task numbers at most "
+            f"{RL_STRIDE} an iteration",
         )
     ]
 

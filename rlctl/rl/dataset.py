@@ -41,6 +41,10 @@ ROWS_FILE = "rows.jsonl"
 MANIFEST_FILE = "manifest.json"
 VERL_ANSWER_KEY = "reward_model.ground_truth"
 SHOWN_BAD_ROWS = 3  # in the refusal's one line
+# the prompts drawn in place of dropped groups (dynamic sampling): a region of positions of their own, past any
+# iteration's (a job of 2⁵⁰ prompts), REFILL_STRIDE per iteration
+REFILL_OFFSET = 2**50
+REFILL_STRIDE = 2**20
 LOGGED_BAD_ROWS = 20
 _MISSING = object()
 
@@ -375,6 +379,13 @@ class PromptDataset:
     def rl_prompts(self, iteration: int, n: int) -> list[DataPrompt]:
         """The n prompts of RL iteration `iteration`: positions iteration·n … iteration·n + n − 1."""
         return [self.prompt(k) for k in range(iteration * n, (iteration + 1) * n)]
+
+    def refill_prompt(self, iteration: int, j: int) -> DataPrompt:
+        """The j-th prompt drawn for RL iteration `iteration` in place of a dropped group (dynamic sampling):
+        position REFILL_OFFSET + iteration·REFILL_STRIDE + j, past any iteration's own (the rows of other epochs'
+        orders: a prompt the iterations draw too, as more of the data stream would be)."""
+        assert 0 <= j < REFILL_STRIDE, j
+        return self.prompt(REFILL_OFFSET + iteration * REFILL_STRIDE + j)
 
 
 # ── glue for the trainer and `rlctl check` ────────────────────────────────────────────────────────

@@ -1,6 +1,7 @@
 """The task as the agents see it: where a job's prompts come from and how its samples are scored.
 
     controller: rl_prompts(iteration, n) ─▶ dispatch (prompt ids p<position>, token ids, known lengths)
+    controller: refill_prompt(iteration, n, j) ─▶ a group in place of a dropped one (dynamic sampling)
     controller: score(sample_id, prompt_id, output) ─▶ Future[score] (as samples arrive, beside it)
     controller: heldout(n), score_heldout(key, outputs) ─▶ Future[HeldoutScores] (evaluation during the run)
     trainer:    prompt_tokens(prompt_id)
@@ -64,6 +65,11 @@ class TaskSource(ABC):
     def rl_prompts(self, iteration: int, n: int) -> list[RlPrompt]: ...
 
     @abstractmethod
+    def refill_prompt(self, iteration: int, n: int, j: int) -> RlPrompt:
+        """The j-th prompt drawn for RL iteration `iteration` beyond its n (dynamic sampling): none of any
+        iteration's own, the same for the same arguments."""
+
+    @abstractmethod
     def prompt_tokens(self, prompt_id: str) -> list[int]: ...
 
     @abstractmethod
@@ -125,6 +131,12 @@ class DigitsSource(TaskSource):
     def rl_prompts(self, iteration: int, n: int) -> list[RlPrompt]:
         return [RlPrompt(p.prompt_id, p.tokens, p.target_tokens) for p in self.task.rl_prompts(iteration, n)]
 
+    def refill_prompt(self, iteration: int, n: int, j: int) -> RlPrompt:
+        from rlctl.rl.tasks import rl_index
+
+        p = self._prompt(rl_index(iteration, n + j))  # the iteration's own numbers, past its n prompts
+        return RlPrompt(p.prompt_id, p.tokens, p.target_tokens)
+
     def bootstrap(self, n: int) -> tuple[list[list[int]], list[int]]:
         """(prompt tokens, true output lengths) of n prompts outside the RL stream, to pre-fit the ranker."""
         prompts = self.task.prompts(0, n)
@@ -181,6 +193,10 @@ class DatasetSource(TaskSource):
 
     def rl_prompts(self, iteration: int, n: int) -> list[RlPrompt]:
         return [RlPrompt(p.prompt_id, p.tokens, None) for p in self.data.rl_prompts(iteration, n)]
+
+    def refill_prompt(self, iteration: int, n: int, j: int) -> RlPrompt:
+        p = self.data.refill_prompt(iteration, j)
+        return RlPrompt(p.prompt_id, p.tokens, None)
 
     def prompt_tokens(self, prompt_id: str) -> list[int]:
         return self.data.prompt(_position(prompt_id)).tokens

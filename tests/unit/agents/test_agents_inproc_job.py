@@ -272,3 +272,34 @@ def test_held_out_evaluations_during_the_run_decode_each_versions_checkpoint_gre
     h = status(ctl.snapshot(), now=0.0)["heldout"]
     assert (h["first"]["version"], h["last"]["version"]) == (0, 5)
     assert h["last"]["greedy_reward"] == rows[-1]["greedy_reward"]
+
+
+@pytest.mark.timeout(120)
+def test_dynamic_sampling_trains_a_group_without_signal_only_once_its_round_ran_out_of_refills(tmp_path):
+    """`algorithm.dynamic_sampling`: the untrained model's rewards are mostly equal within a group; each such group
+    is dropped once scored and a new prompt's group of its round takes its place, up to max_refills a round. Every
+    iteration trains its 3 groups, and a trained group whose rewards are all equal comes from a round that drew
+    all its refills."""
+    from rlctl.rl.tasks import RL_OFFSET, RL_STRIDE
+
+    torch.manual_seed(0)
+    job = _job("async", iterations=4)
+    job = job.model_copy(update={"algorithm": GrpoAlgorithm(kind="grpo", dynamic_sampling=True, max_refills=4)})
+    jd, ctl = run_inproc(job, tmp_path, "dynamic")
+    s = jd.read_json(jd.summary_json)
+    ledger = s["ledger"]
+    assert s["state"] == "done" and ledger["trained"] == 12 and ledger["prompts"] == 12 + ledger["dropped"]
+    assert ledger["dropped"] > 0 and (ledger["duplicated"], ledger["lost"], s["staleness_violations"]) == (0, 0, 0)
+    assert sum(r["dropped_groups"] for r in jd.read_lines(jd.metrics)) == ledger["dropped"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{ctl.metrics_port}/metrics", timeout=5) as resp:
+        assert f"rlctl_dropped_groups_total {float(ledger['dropped'])}" in resp.read().decode()
+    refills = ctl.core.ledger.refills
+    assert sum(refills.values()) == ledger["dropped"] and max(refills.values()) <= 4, refills
+    trained: dict[str, set[float | None]] = {}
+    for e in ctl.core.ledger.entries.values():
+        if e.state.value == "trained":
+            trained.setdefault(e.prompt_id, set()).add(e.reward)
+    assert len(trained) == 12
+    for group, rewards in trained.items():  # the digits task numbers a prompt within its round
+        if len(rewards) == 1:
+            assert refills.get((int(group[1:]) - RL_OFFSET) // RL_STRIDE) == 4, (group, refills)

@@ -5,7 +5,8 @@ dying and joining with old weights, duplicates, units reporting partial output, 
 work back and resumed samples as old as their prefix). No group is ever generated only to be thrown away: the
 staleness buffers' reservations keep a place within the bound for every group dispatched, except a sample
 filtered out because its reward held the trainer (its group trains without it), or a group generated again when
-too few of its samples would be left (its entry goes to a later finished group, moved forward)."""
+too few of its samples would be left (its entry goes to a later finished group, moved forward), or a group dropped
+because its rewards were all equal (dynamic sampling: a new prompt's group takes its place)."""
 
 from __future__ import annotations
 
@@ -67,10 +68,11 @@ def whole(samples: list[dict[str, Any]], prompts: int) -> bool:
     num_units=st.integers(1, 3),
     dispatch=st.sampled_from(["random", "skew_aware", "oracle"]),
     unit_batch=st.integers(1, 4),
+    refills=st.integers(0, 2),
     data=st.data(),
 )
 def test_no_staleness_violation_and_exactly_once(
-    mode, extra_eta, iterations, prompts, group, num_units, dispatch, unit_batch, data
+    mode, extra_eta, iterations, prompts, group, num_units, dispatch, unit_batch, refills, data
 ):
     eta = extra_eta if mode == "async" else 0
     cfg = CoreConfig(
@@ -84,12 +86,14 @@ def test_no_staleness_violation_and_exactly_once(
         seed=1,
         reward_stall_s=0.0,  # `unstick` aborts any group due now with a reward pending
         unit_batch=unit_batch,  # small: migration moves work between units
+        max_refills=refills,  # dynamic sampling: groups whose rewards are equal are dropped and drawn again
     )
     now = [0.0]
     core = ControllerCore(
         cfg,
         prompts=prompts_for(prompts),
         predict=lambda specs: [float(len(s.tokens)) for s in specs],
+        refill=lambda it, j: PromptSpec(f"q{it}-{j}", [3, j], true_len=j % 5 + 1),
         clock=lambda: now[0],
     )
     bound = StalenessBound(eta)
@@ -151,6 +155,9 @@ def test_no_staleness_violation_and_exactly_once(
     unscored: list[tuple[str, int]] = []  # (sample id, attempt) whose reward is still computing
     unstick_discarded = 0  # tokens that `unstick` threw away (filtered samples, regenerated groups)
 
+    def dropped_tokens() -> int:  # the outputs of groups dropped for equal rewards (dynamic sampling)
+        return sum(e.output_tokens for e in core.ledger.entries.values() if e.state is State.DROPPED)
+
     for _ in range(2000):
         if core.done:
             break
@@ -205,7 +212,7 @@ def test_no_staleness_violation_and_exactly_once(
                     version=v,
                     output_tokens=3,
                     payload=sid,
-                    reward=1.0 if scored_now else None,
+                    reward=data.draw(st.sampled_from([0.0, 1.0])) if scored_now else None,
                     attempt=attempt,
                 )
             )
@@ -213,9 +220,9 @@ def test_no_staleness_violation_and_exactly_once(
             if attempt is not None:
                 unscored.append((sid, attempt))
         elif what == "unstick":  # a reward held the trainer: late samples filtered out, or the group generated again
-            before = core.ledger.discarded_tokens
+            before, dropped = core.ledger.discarded_tokens, dropped_tokens()
             handle(core.unstick())
-            unstick_discarded += core.ledger.discarded_tokens - before
+            unstick_discarded += core.ledger.discarded_tokens - before - (dropped_tokens() - dropped)
         elif what == "score":
             sid, attempt = unscored.pop(data.draw(st.integers(0, len(unscored) - 1)))
             handle(core.scored(sid, attempt=attempt, reward=0.5))
@@ -253,14 +260,18 @@ def test_no_staleness_violation_and_exactly_once(
     # only what a stalled reward filtered out or had generated again, and kept output of regenerated groups too
     # old to resume after that
     partials = core.ledger.partials
-    assert counts.discarded_tokens == unstick_discarded + partials.too_old_tokens
+    assert counts.discarded_tokens == unstick_discarded + partials.too_old_tokens + dropped_tokens()
     assert unstick_discarded <= 3 * (group * counts.aborted + counts.filtered)
     assert partials.too_old == 0 or counts.aborted > 0
     assert sorted(trainer.trained) == sorted(set(trainer.trained))
-    left_out = [e for e in core.ledger.entries.values() if e.state is State.FILTERED]
+    trained_groups = {e.prompt_id for e in core.ledger.entries.values() if e.state is State.TRAINED}
+    left_out = [e for e in core.ledger.entries.values() if e.state is State.FILTERED and e.prompt_id in trained_groups]
     assert len(trainer.trained) == counts.trained_samples == iterations * prompts * group - len(left_out)
     assert all(sum(e.state is State.TRAINED for e in core.ledger.group(e.prompt_id)) >= 2 for e in left_out)
-    assert counts.trained == counts.prompts == iterations * prompts
+    # every group drawn is trained or, dropped for equal rewards, replaced: at most `refills` a round
+    assert counts.trained == iterations * prompts and counts.prompts == counts.trained + counts.dropped
+    assert counts.dropped == sum(core.ledger.refills.values()) <= refills * iterations
+    assert group >= 2 or counts.dropped == 0
     assert counts.duplicated == 0 and counts.lost == 0
     if mode == "sync":
         assert trainer.early_deliveries == 0

@@ -168,6 +168,9 @@ def test_status_reports_the_last_row_the_rule_and_live_agents_without_clients():
     assert training_line(st["training"]) == (
         "lr 2.50e-04  grad norm 0.765  entropy 1.235  clipped 0.031  no signal 0.33"
     )
+    assert "dropped_groups" not in row  # a job without dynamic sampling drops nothing: no column of zeros
+    dynamic = {**st["training"], "dropped_groups": 3}  # … one with it says how many groups it dropped meanwhile
+    assert training_line(dynamic).endswith("no signal 0.33  dropped 3 groups")
     assert st["rebalance"] == {"auto": False, "why": "δ ≥ δ' but no free GPU slot"}
     assert st["scale_events"] == events[-10:] and st["free_slots"] == {"b": 1}
     assert st["staleness"] == {"0": 4}  # summed over the rows

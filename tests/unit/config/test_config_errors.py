@@ -181,6 +181,20 @@ CASES = [
         extra=GOOD_INV,
     ),
     Case(
+        "job: refills without dynamic sampling",
+        JOB + "algorithm: {kind: grpo, max_refills: 4}\n",
+        "algorithm: max_refills bounds dynamic_sampling's new groups",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: dynamic sampling under PPO",
+        JOB + "algorithm: {kind: ppo, dynamic_sampling: true}\n",
+        "algorithm.dynamic_sampling",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
         "job: bad inventory inside", JOB, "inv.yaml: sites.h20.gpu", kind="job", extra=site_with("gpu: H20", "gpu: X")
     ),
 ]

@@ -308,6 +308,17 @@ def test_an_overlong_buffer_past_where_digits_outputs_stop_is_refused(tmp_path: 
     assert problems(load(tmp_path, task={"kind": "digits", "overlong_buffer_tokens": limit - 1})) == []
 
 
+def test_dynamic_sampling_past_the_digits_task_s_numbering_is_refused(tmp_path: Path) -> None:
+    """The digits task numbers an iteration's prompts, its own and those drawn in place of dropped groups, within
+    10⁶ (a prompt's number says its iteration)."""
+    algo = {"kind": "grpo", "dynamic_sampling": True, "max_refills": 10**6}
+    (p,) = refused(load(tmp_path, algorithm=algo), "algorithm.max_refills")
+    n = load(tmp_path).spec.batch.prompts_per_iteration
+    assert p.message.startswith(f"{n + 10**6} prompts an iteration with batch.prompts_per_iteration; the digits")
+    assert p.message.endswith("task numbers at most 1000000 an iteration")
+    assert problems(load(tmp_path, algorithm={**algo, "max_refills": 10**6 - n})) == []
+
+
 # -- 4. refusals that had no test ------------------------------------------------------------------
 def test_more_than_one_transport_stream_is_refused(tmp_path: Path) -> None:
     (p,) = refused(load(tmp_path, transport={"streams": 2}), "transport.streams")
