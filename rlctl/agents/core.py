@@ -669,22 +669,31 @@ class ControllerCore:
         """Continue from the checkpoint of `version`: the iterations before it are trained; every other entry
         of `ledger` is queued again (`Ledger.from_json`), to be generated on the checkpoint's weights."""
         assert not self.started and self.created == 0, "restore before the first agent joins"
+        queued = {e.prompt_id for e in ledger.entries.values() if e.state is State.QUEUED}
+        # the rounds whose groups are generated again: a group keeps the round it was created in (a checkpoint from
+        # before rounds were kept: within η of the buffer it had)
+        rounds: set[int] = set()
+        eta = self.cfg.eta
+        for e in ledger.entries.values():
+            if e.state is State.QUEUED:
+                rounds |= {e.round} if e.round is not None else set(range(e.iteration - eta, e.iteration + eta + 1))
         # a group of an earlier round not trained yet (a slow one, pushed to a later buffer) is generated again
         # in the first round from here
-        for group in {e.prompt_id for e in ledger.entries.values() if e.state is State.QUEUED}:
+        for group in queued:
             if ledger.group(group)[0].iteration < version:
                 ledger.assign(group, iteration=version)
         self.ledger, self.trainer_version = ledger, version
         ledger.partials.budget_bytes = self.cfg.partial_store_bytes
         ledger.partials.keep_upto(version)  # output of weights past the checkpoint is not in this run's lineage
         self.buffers.consumed = self.floor = version
-        self.created = max([e.iteration + 1 for e in ledger.entries.values()], default=version)
+        # the rounds created (an iteration a group occupied may be before its round: not a measure of them)
+        self.created = max(ledger.rounds or max((e.iteration + 1 for e in ledger.entries.values()), default=0), version)
         for iteration in range(version, self.created):
-            self._specs(iteration)
             self.stats[iteration] = IterationStats(iteration)
-        if self._refill is not None:  # the groups drawn in place of dropped ones that are still to be trained
-            queued = {e.prompt_id for e in ledger.entries.values() if e.state is State.QUEUED}
-            drawn = [self._refill(r, j) for r, n in sorted(ledger.refills.items()) for j in range(n)]
+        for r in sorted(x for x in rounds if 0 <= x < self.created):  # the prompts to be generated again
+            drawn = self._make_prompts(r)
+            if self._refill is not None:  # and those drawn in place of dropped groups
+                drawn += [self._refill(r, j) for j in range(ledger.refills.get(r, 0))]
             self._register([spec for spec in drawn if spec.prompt_id in queued])
 
     def _specs(self, iteration: int) -> list[PromptSpec]:

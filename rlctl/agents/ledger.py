@@ -60,6 +60,8 @@ class Entry:
     sample_id: str
     prompt_id: str
     iteration: int
+    round: int | None = None  # the round it was created in (`iteration` moves to the buffer it occupies); None: a
+    # checkpoint from before rounds were kept
     state: State = State.QUEUED
     agent: str | None = None
     dispatch_version: int | None = None
@@ -108,6 +110,7 @@ class Ledger:
     migrated: int = 0
     filtered: int = 0
     dropped: int = 0
+    rounds: int = 0  # rounds whose prompts are in the ledger (0..rounds − 1)
     # round → the groups drawn for it beyond its prompts (dynamic sampling): the next one's prompt is number this
     refills: dict[int, int] = field(default_factory=dict)
     partials: TrajectoryStore = field(default_factory=TrajectoryStore)  # dispatched samples' output so far
@@ -119,7 +122,8 @@ class Ledger:
         for sid in ids:
             if sid in self.entries:
                 raise LedgerError(f"sample {sid} already in the ledger")
-            self._insert(Entry(sample_id=sid, prompt_id=prompt_id, iteration=iteration))
+            self._insert(Entry(sample_id=sid, prompt_id=prompt_id, iteration=iteration, round=iteration))
+        self.rounds = max(self.rounds, iteration + 1)
         return ids
 
     def _insert(self, e: Entry) -> None:
@@ -312,6 +316,7 @@ class Ledger:
                 "filtered": self.filtered,
                 "dropped": self.dropped,
             },
+            "rounds": self.rounds,
             "refills": {str(k): v for k, v in self.refills.items()},
             "entries": [{**asdict(e), "state": e.state.value} for e in self.entries.values()],
             "partials": self.partials.to_json(),
@@ -321,6 +326,7 @@ class Ledger:
     def from_json(cls, data: dict[str, Any]) -> Ledger:
         led = cls(**data["counters"], partials=TrajectoryStore.from_json(data.get("partials")))
         led.refills = {int(k): int(v) for k, v in data.get("refills", {}).items()}
+        led.rounds = int(data.get("rounds", 0))
         entries = [Entry(**{**row, "state": State(row["state"])}) for row in data["entries"]]
         trained = {e.prompt_id for e in entries if e.state is State.TRAINED}
         dropped = {e.prompt_id for e in entries if e.state is State.DROPPED}

@@ -45,6 +45,7 @@ SHOWN_BAD_ROWS = 3  # in the refusal's one line
 # iteration's (a job of 2⁵⁰ prompts), REFILL_STRIDE per iteration
 REFILL_OFFSET = 2**50
 REFILL_STRIDE = 2**20
+ORDERS_KEPT = 8  # epochs' row orders a dataset keeps (8 × 8 bytes a row)
 LOGGED_BAD_ROWS = 20
 _MISSING = object()
 
@@ -352,14 +353,18 @@ class PromptDataset:
         return list(self._tokens[self._offsets[row] : self._offsets[row + 1]].tolist())
 
     def order(self, epoch: int) -> np.ndarray:
-        """The row order of `epoch`: a permutation seeded by (shuffle_seed, epoch), or file order."""
-        if epoch not in self._orders:
-            if len(self._orders) > 4:
-                self._orders.clear()
+        """The row order of `epoch`: a permutation seeded by (shuffle_seed, epoch), or file order. The last
+        ORDERS_KEPT used are kept: the rounds in flight read their own epoch and, with dynamic sampling, each its
+        refills' (REFILL_STRIDE positions a round: another epoch but for datasets of 2²⁰ rows or more)."""
+        got = self._orders.pop(epoch, None)
+        if got is None:
+            if len(self._orders) >= ORDERS_KEPT:
+                del self._orders[next(iter(self._orders))]  # the least recently used
             n = len(self._rows)
             rng = np.random.default_rng([self.cfg.shuffle_seed, epoch])
-            self._orders[epoch] = rng.permutation(n) if self.cfg.shuffle else np.arange(n)
-        return self._orders[epoch]
+            got = rng.permutation(n) if self.cfg.shuffle else np.arange(n)
+        self._orders[epoch] = got  # most recently used last
+        return got
 
     def row_at(self, position: int) -> int:
         epoch, i = divmod(position, len(self._rows))

@@ -696,3 +696,40 @@ def test_no_work_moves_to_a_unit_on_older_weights_or_when_migration_is_off():
     off.join("trainer-0", role="trainer", version=0)
     off.join("r0", role="rollout", version=0)
     assert _withdraws(off.join("r1", role="rollout", version=0)) == {}
+
+
+def _resumed(core: ControllerCore, version: int, **kw: Any) -> tuple[ControllerCore, list[str]]:
+    """`core`'s ledger restored at `version` into a fresh core (`kw`: `_core`'s); what a unit at `version` is sent."""
+    again = _core(**kw)
+    again.restore(version=version, ledger=Ledger.from_json(core.ledger.to_json()))
+    again.join("trainer-0", role="trainer", version=version)
+    return again, sorted(s for s, _ in _generate(again.join("r0", role="rollout", version=version)).get("r0", []))
+
+
+def test_a_resume_generates_again_the_groups_of_earlier_rounds_that_had_filled_later_buffers() -> None:
+    """η 1: round 1's groups finish first and fill iteration 0; round 0's are still out when v1 is checkpointed.
+    Resumed, they are generated again (their prompts known: a group keeps its round), then round 2's."""
+    kw: dict[str, Any] = {"mode": "async", "eta": 1, "prompts": 2, "iterations": 3}
+    core = _core(**kw)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    for sid in ("p1-0/0", "p1-1/0"):
+        _finish(core, "r0", sid)
+    core.trained(iteration=0, version=1, sample_ids=["p1-0/0", "p1-1/0"], stats={})
+    again, sent = _resumed(core, 1, **kw)
+    assert sent == ["p0-0/0", "p0-1/0", "p2-0/0", "p2-1/0"]
+    assert again.created == 3 and again.ledger.entries["p0-0/0"].round == 0
+
+
+def test_a_resume_does_not_create_again_a_round_whose_group_trained_in_an_earlier_iteration() -> None:
+    """η 2, one prompt a round: round 2's group fills iteration 0, round 0's iteration 1; at the checkpoint of v1,
+    rounds 0–2 exist (round 1's group still out) though no group sits in iteration 2: the resumed core creates
+    round 3 next, not round 2 again."""
+    kw: dict[str, Any] = {"mode": "async", "eta": 2, "prompts": 1, "iterations": 4}
+    core = _core(**kw)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    _finish(core, "r0", "p2-0/0")
+    core.trained(iteration=0, version=1, sample_ids=["p2-0/0"], stats={})
+    again, sent = _resumed(core, 1, **kw)
+    assert again.created == 4 and sent == ["p0-0/0", "p1-0/0", "p3-0/0"]

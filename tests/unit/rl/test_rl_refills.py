@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlctl.config.job import DatasetTask, DigitsTask
-from rlctl.rl.dataset import prepare_dataset
+from rlctl.rl.dataset import ORDERS_KEPT, prepare_dataset
 from rlctl.rl.source import DatasetSource, DigitsSource
 from rlctl.rl.tokenizer import load_tokenizer
 from tests.unit.hf_tokenizer import write_tokenizer
@@ -40,6 +40,7 @@ def test_dataset_refills_come_from_a_region_of_the_stream_no_iteration_reads(tmp
         assert len({p.prompt_id for p in refills}) == 300 and not own & {p.prompt_id for p in refills}
         assert source.refill_prompt(7, 4, 2) == refills[23]
         assert all(source.prompt_tokens(p.prompt_id) == p.tokens for p in refills)
+        assert len(source.data._orders) == ORDERS_KEPT  # 100 rounds' refills read 100 epochs: the last 8 kept
         answer = tok.encode(source.data.prompt(int(refills[5].prompt_id[1:])).ground_truth, add_special_tokens=False)
         assert source.score("s", refills[5].prompt_id, answer).result() == 1.0  # scored against its own row
     finally:
