@@ -750,6 +750,7 @@ CPU_BENCH_KEYS = {
         "async_over_sync",
         "stream_over_sync",
         "ideal_async_over_sync",
+        "ideal_async_over_sync_at_horizon",
         "samples_per_s",
         "bubble_fraction",
         "staleness_violations",

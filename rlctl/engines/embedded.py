@@ -426,7 +426,8 @@ class EmbeddedEngine(GenerationEngine):
         elif not self._admissible(self._running_floor()) and n_free >= self.compact_fraction * len(self._rows):
             keep = [i for i, r in enumerate(self._rows) if r is not None]
             idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-            self._cache.keep(idx)
+            # a row's K/V fill the positions before its `pos`: only those move (not the cache's whole capacity)
+            self._cache.keep(idx, width=max(r.pos for r in self._rows if r is not None))
             for t in (self._next, self._seeds, self._steps, self._live, self._greedy):
                 t[: len(keep)] = t.index_select(0, idx)
             self._live[len(keep) :] = 0

@@ -86,11 +86,13 @@ class KVCache:
             self.k = [F.pad(t, (0, 0, 0, extra)) for t in self.k]
             self.v = [F.pad(t, (0, 0, 0, extra)) for t in self.v]
 
-    def keep(self, rows: torch.Tensor) -> None:
-        """Move `rows` (a device index, in that order) to the front; the storage stays where it is."""
+    def keep(self, rows: torch.Tensor, width: int | None = None) -> None:
+        """Move `rows` (a device index, in that order) to the front; the storage stays where it is. `width`: the
+        positions to move (≥ every such row's length; default all): what lies past a row's length is never read."""
         n = int(rows.shape[0])
+        w = self.capacity if width is None else min(width, self.capacity)
         for t in (*self.k, *self.v):
-            t[:n] = t.index_select(0, rows)
+            t[:n, :, :w] = t[:, :, :w].index_select(0, rows)
         self.lengths[:n] = self.lengths.index_select(0, rows)
 
 

@@ -82,3 +82,19 @@ def test_a_ranker_rebuilt_from_its_history_predicts_the_same() -> None:
     assert len(tokens) == 150 and tokens[0] == list(ps[50].tokens)
     again = LengthRanker(66, window=150).fit(tokens, lengths)
     np.testing.assert_allclose(again.predict(ps[:20]), ranker.predict(ps[:20]), rtol=1e-6)
+
+
+def test_the_inverse_kept_by_rank_k_changes_matches_a_fresh_solve_after_many_windows() -> None:
+    """200 batches through a 96-pair window (each batch in and, later, out: Woodbury changes past several exact
+    recomputations of the inverse) predict what a fresh fit on the window's pairs does."""
+    task = DigitsTask()
+    ps = task.prompts(0, 16 * 200)
+    rng = np.random.default_rng(0)
+    lengths = [float(p.target_tokens) * rng.lognormal(0.0, 0.3) for p in ps]
+    rolling = LengthRanker(256, window=96)
+    for i in range(0, len(ps), 16):
+        rolling.update(ps[i : i + 16], lengths[i : i + 16])
+    tokens, ys = rolling.history()
+    fresh = LengthRanker(256, window=96).fit(tokens, ys)
+    probe = task.prompts(10**6, 64)
+    np.testing.assert_allclose(rolling.predict(probe), fresh.predict(probe), rtol=1e-6)
