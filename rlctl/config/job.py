@@ -547,7 +547,12 @@ class Rebalance(Strict):
 class Planning(Strict):
     """How `plan` chooses among candidate allocations (StreamRL Alg. 1 and 2)."""
 
-    rule: Literal["paper", "fewest_gpus"] = "paper"
+    rule: Literal["simulated", "paper", "fewest_gpus"] = Field(
+        "simulated",
+        description="simulated: an async job whose trainer shares its site with rollout (GPU counts auto) gets the "
+        "split the job simulator finds fastest, its iterations overlapping in each unit's engine; other jobs as "
+        "paper. paper: StreamRL's Algorithm 1 on the stage curves. fewest_gpus: fewest GPUs within epsilon",
+    )
     epsilon: Annotated[float, Field(ge=0, lt=1)] = 0.05
     dispatch_rule: Literal["sum", "max"] = Field(
         "max",

@@ -30,7 +30,7 @@ class Choice:
         return max(self.t_gen_s, self.t_train_s)
 
 
-def _prefix_min(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def prefix_min(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Running minimum over c[1..g] and the first index reaching it."""
     vals = np.minimum.accumulate(np.where(np.arange(len(c)) == 0, np.inf, c))
     idx = np.zeros(len(c), dtype=int)
@@ -43,7 +43,7 @@ def single_dc(gen: np.ndarray, train: np.ndarray, n: int) -> Choice:
     """Exact Algorithm 1 for one shared budget in O(n log n) (prefix minima + binary search)."""
     if n < 2:
         raise ValueError(f"a shared site needs at least 2 GPUs (one per stage), has {n}")
-    tmin, targ = _prefix_min(np.asarray(train[:n], dtype=float))
+    tmin, targ = prefix_min(np.asarray(train[:n], dtype=float))
     neg = -tmin[1:]  # non-decreasing: for searchsorted
     best: tuple[float, int, int] | None = None
     choice = (0, 0)

@@ -1,7 +1,8 @@
 """`make_plan(job, profile)`: allocation (Alg. 1), configs, dispatch (Alg. 2), simulated times, cost, δ'.
 
     profile ─▶ stage curves per site ─▶ Algorithm 1 (paper rule and fewest-GPUs-within-ε)
-                                              │ chosen allocation
+                                              │ chosen allocation (`simulated`, an async job on one shared site:
+                                              │ the split the simulator below finds fastest, `search_min`)
                                               ▼
     workload sample ─▶ simulator: generation per dispatch policy, pipeline per mode ─▶ predicted times
                                               ▼
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -27,6 +29,7 @@ from rlctl.planner import alloc
 from rlctl.planner.costs import DecodeCost, TrainWorkload
 from rlctl.planner.curves import GenCurve, TrainCurve, gen_curve, train_stage_curve
 from rlctl.planner.dispatch import Rule, SkewSplit, fixed_split
+from rlctl.planner.engine import Barrier
 from rlctl.planner.sim import (
     DispatchConfig,
     Estimate,
@@ -36,7 +39,7 @@ from rlctl.planner.sim import (
     simulate_split,
     site_split,
 )
-from rlctl.planner.simjob import MODES, IterationWork, simulate_job, weight_transfer_s
+from rlctl.planner.simjob import MODES, EngineSpec, IterationWork, Mode, UnitShare, simulate_job, weight_transfer_s
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths
 from rlctl.profiler.analytical import analytical_profile
 from rlctl.profiler.profile import ProfileFile, SiteProfile
@@ -265,7 +268,24 @@ def make_plan(
         )
     except ValueError as e:
         raise PlanError(f"{spec.name}: {e}", hint="check the GPU counts in placement") from e
-    chosen = choice if spec.planning.rule == "paper" else alt
+    rule = spec.planning.rule
+    search: dict[str, Any] | None = None
+    if rule == "simulated" and spec.pipeline.mode == "async" and shared and t_fixed is None and r_fixed[t_site] is None:
+        chosen, search = _simulated_split(
+            job,
+            lm,
+            gcurves,
+            tcurve,
+            tw,
+            budgets,
+            order,
+            opts,
+            t_site=t_site,
+            streamed_fraction=tcost["streamed_fraction"],
+            seeds=(choice.x, base.x),
+        )
+    else:
+        chosen = alt if rule == "fewest_gpus" else choice
     per_site = alloc.split_combined(chosen.x, [budgets[s] for s in r_sites], order)
     out = _assemble(
         job,
@@ -282,6 +302,9 @@ def make_plan(
         streamed_fraction=tcost["streamed_fraction"],
     )
     out["training"] = tcost
+    out["rule_applied"] = "simulated" if search is not None else ("paper" if rule == "simulated" else rule)
+    if search is not None:
+        out["search"] = search
     out["baseline"] = {
         "kind": "even_split" if shared else "full_allocation",
         "rollout_gpus": base.x,
@@ -354,6 +377,104 @@ def _allocate(
     return paper, fewest, order, alloc.Choice(m, n_train, float(raw[m]), float(train_raw[n_train]))
 
 
+def _units(gcurves: dict[str, GenCurve], per_site: dict[str, int]) -> list[Unit]:
+    """The rollout units of `per_site` GPUs per site: its curve's configuration at that count."""
+    units: list[Unit] = []
+    for s, x in per_site.items():
+        cfg = gcurves[s].configs[x] if x > 0 else None
+        if cfg is not None:
+            units += [Unit(s, gcurves[s].costs[cfg.tp])] * cfg.instances
+    return units
+
+
+SEARCH_GRID = 9  # splits of the shared site simulated before the search narrows around the best
+
+
+def _simulated_split(
+    job: Job,
+    lm: LengthModel,
+    gcurves: dict[str, GenCurve],
+    tcurve: TrainCurve,
+    tw: TrainWorkload,
+    budgets: dict[str, int],
+    order: list[int],
+    opts: PlanOptions,
+    *,
+    t_site: str,
+    streamed_fraction: float,
+    seeds: tuple[int, ...],
+) -> tuple[alloc.Choice, dict[str, Any]]:
+    """The split of the site both stages share that the job simulator finds fastest in async mode: there a unit's
+    next iteration fills the rows its current one's long tail frees (`_shares`), so generation costs less than one
+    iteration's makespan and Algorithm 1, which balances that makespan against training, gives rollout too many
+    GPUs (docs/planning.md). Rollout gets x of the site's n GPUs (after every other rollout site's whole budget), the
+    trainer the fastest configuration within n − x. Minimised over x by `search_min` on a grid of SEARCH_GRID
+    splits and `seeds` (rollout GPU counts: Algorithm 1's, the even split)."""
+    r_sites = list(gcurves)
+    n = budgets[t_site]
+    others = sum(budgets.values()) - n
+    sizes = [budgets[s] for s in r_sites]
+    gen = alloc.combine_rollout([gcurves[s].seconds for s in r_sites], sizes, order)
+    train = np.asarray(tcurve.seconds, dtype=float)
+    fastest, fastest_at = alloc.prefix_min(train[:n])  # the fastest trainer within n − x GPUs, and where
+    feasible = [x for x in range(1, n) if math.isfinite(gen[others + x]) and math.isfinite(fastest[n - x])]
+    if not feasible:
+        raise PlanError(f"site {t_site!r}: no split of its {n} GPUs runs both stages")
+    runs: dict[int, tuple[int, float]] = {}  # x → (trainer GPUs, simulated async iteration s)
+
+    def iteration(x: int) -> float:
+        y = int(fastest_at[n - x])
+        per_site = dict(zip(r_sites, alloc.split_combined(others + x, sizes, order), strict=True))
+        train_s = float(train[y])
+        at_step = train_s * (1 - streamed_fraction)
+        sim = _simulate(
+            job, lm, _units(gcurves, per_site), tw, (train_s, at_step), per_site, opts, modes=("async",), report=False
+        )
+        runs[x] = (y, float(sim["predicted"]["iteration_s"]["async"]))
+        return runs[x][1]
+
+    def nearest(x: int) -> int:  # the feasible split nearest a seed (a combined rollout count)
+        return min(feasible, key=lambda v: (abs(v - (x - others)), v))
+
+    starts = {nearest(x) for x in seeds}
+    best = search_min(iteration, feasible, grid=SEARCH_GRID, seeds=sorted(starts))
+    y = runs[best][0]
+    chosen = alloc.Choice(others + best, y, float(gen[others + best]), float(train[y]))
+    evaluated = [
+        {"rollout_gpus": others + x, "trainer_gpus": yx, "iteration_s": s} for x, (yx, s) in sorted(runs.items())
+    ]
+    return chosen, {"mode": "async", "site": t_site, "chosen": chosen.x, "evaluated": evaluated}
+
+
+def search_min(f: Callable[[int], float], xs: list[int], *, grid: int, seeds: Sequence[int] = ()) -> int:
+    """An x of `xs` (ascending) minimising f, evaluating f at most once per x: f at `grid` evenly spaced xs and
+    the seeds, then at the midpoint (in `xs`) between the best so far and each evaluated neighbour, until the best
+    one's neighbours are adjacent in `xs`. Exact for a strictly unimodal f; for another, a local minimum near the best
+    grid point. Ties go to the smaller x. Seeds not in `xs` are left out."""
+    seen: dict[int, float] = {}
+    pos = {x: i for i, x in enumerate(xs)}
+    seeds = [x for x in seeds if x in pos]
+
+    def at(x: int) -> None:
+        if x not in seen:
+            seen[x] = f(x)
+
+    k = len(xs)
+    grid = max(grid, 2)
+    first = xs if k <= grid else [xs[round(i * (k - 1) / (grid - 1))] for i in range(grid)]
+    for x in [*first, *seeds]:
+        at(x)
+    while True:
+        done = sorted(seen)
+        best = min(done, key=lambda x: (seen[x], x))
+        i = done.index(best)
+        mids = [xs[(pos[best] + pos[nb]) // 2] for nb in done[max(i - 1, 0) : i + 2] if abs(pos[nb] - pos[best]) > 1]
+        if not mids:
+            return best
+        for x in mids:
+            at(x)
+
+
 @lru_cache(maxsize=16)
 def _noise(recall: float, sigma: float) -> float:
     return noise_for_recall(recall, sigma=sigma)
@@ -380,7 +501,6 @@ def _assemble(
     tcfg = tcurve.configs[chosen.y]
     if tcfg is None:
         raise PlanError("no feasible trainer configuration")
-    units: list[Unit] = []
     allocation: list[dict[str, Any]] = [
         {
             "site": t_site,
@@ -395,8 +515,6 @@ def _assemble(
     ]
     for s, x in per_site.items():
         cfg = gcurves[s].configs[x] if x > 0 else None
-        if cfg is not None:
-            units += [Unit(s, gcurves[s].costs[cfg.tp])] * cfg.instances
         allocation.append(
             {
                 "site": s,
@@ -411,6 +529,7 @@ def _assemble(
                 "decode": _decode_json(gcurves[s].costs[cfg.tp]) if cfg else None,
             }
         )
+    units = _units(gcurves, per_site)
     if not units:
         raise PlanError("the allocation has no rollout instance")
     train_s = float(tcurve.seconds[chosen.y])
@@ -476,8 +595,12 @@ def _simulate(
     train: tuple[float, float],
     per_site: dict[str, int],
     opts: PlanOptions,
+    *,
+    modes: tuple[Mode, ...] = MODES,
+    report: bool = True,
 ) -> dict[str, Any]:
-    """`train` = (trainer seconds per iteration, the part of them that waits for the whole batch)."""
+    """`train` = (trainer seconds per iteration, the part of them that waits for the whole batch); the iteration
+    time of each of `modes`, and with `report` the dispatch report."""
     spec = job.spec
     train_s, at_step_s = train
     rng = np.random.default_rng(spec.seed)
@@ -486,6 +609,8 @@ def _simulate(
     works: list[IterationWork] = []
     gens: list[GenResult] = []
     groups = np.arange(spec.batch.prompts_per_iteration).repeat(spec.batch.samples_per_prompt)  # prompt-major
+    # may a unit's next iteration fill the rows its current one's tail frees (vLLM: always)
+    barrier = spec.rollout.group_barrier if spec.rollout.engine == "embedded" else "never"
     first_pred = first_len = None
     for _ in range(opts.sim_iterations):
         lengths = lm.sample(spec.batch.prompts_per_iteration, spec.batch.samples_per_prompt, rng)
@@ -513,17 +638,18 @@ def _simulate(
                 unit_of=g.unit_of,
                 micro_batch_tokens=spec.batch.train_micro_batch_tokens,
                 group_of=groups if spec.algorithm.kind == "grpo" else None,  # GRPO trains whole groups
+                shares=_shares(g, lengths, units, prompt_tokens=lm.prompt_tokens, barrier=barrier),
             )
         )
     w_s = _weight_sync_s(job, per_site)
     works = [works[i % len(works)] for i in range(max(len(works), 4))]  # the pipeline needs a steady state
     iteration = {
         m: simulate_job(works, mode=m, weight_sync_s=w_s, eta=spec.pipeline.eta if m == "async" else 0).iteration_s()
-        for m in MODES
+        for m in modes
     }
     t_gen = float(np.mean([g.makespan_s for g in gens]))
     assert first_pred is not None and first_len is not None
-    return {
+    out: dict[str, Any] = {
         "predicted": {
             "t_gen_s": t_gen,
             "t_train_s": train_s,
@@ -531,8 +657,30 @@ def _simulate(
             "iteration_s": iteration,
             "samples_per_s": {m: tw.samples / t for m, t in iteration.items()},
         },
-        "dispatch": _dispatch_report(lm, units, first_len, first_pred, dcfg, gens[0]),
     }
+    if report:
+        out["dispatch"] = _dispatch_report(lm, units, first_len, first_pred, dcfg, gens[0])
+    return out
+
+
+def _shares(
+    g: GenResult, lengths: np.ndarray, units: list[Unit], *, prompt_tokens: int, barrier: Barrier
+) -> dict[int, UnitShare]:
+    """Each unit's share of a simulated batch, in its admission order, with its engine: the job simulator runs
+    a unit's shares of successive iterations in one engine (in async the next fills this one's tail)."""
+    out = {}
+    for u, (idx, cap) in g.queues.items():
+        cost = units[u].cost
+        engine = EngineSpec(
+            cost.ptl_s,
+            cap,
+            prefill_s=prompt_tokens * cost.prefill_s_per_token,
+            admit_fixed_s=cost.admit_fixed_s,
+            compact_fraction=cost.compact_fraction,
+            barrier=barrier,
+        )
+        out[u] = UnitShare(np.array(idx, dtype=int), lengths[idx], engine)
+    return out
 
 
 def _dispatch_report(

@@ -121,6 +121,7 @@ class GenResult:
     unit_busy_s: np.ndarray  # per unit, time of its last completion
     num_long_units: int
     splits: dict[str, tuple[int, int]] = field(default_factory=dict)  # site → (N_l, long-tail batch) used
+    queues: dict[int, tuple[list[int], int]] = field(default_factory=dict)  # unit → (samples in admission order, cap)
 
     @property
     def makespan_s(self) -> float:
@@ -190,6 +191,7 @@ def simulate_generation(
     busy = np.zeros(len(units))
     num_long = 0
     used: dict[str, tuple[int, int]] = {}
+    queues: dict[int, tuple[list[int], int]] = {}
     # group units by site: one decode cost per site; split samples across sites by throughput
     sites: dict[str, list[int]] = {}
     for u, unit in enumerate(units):
@@ -248,9 +250,10 @@ def simulate_generation(
                 idx = [idx[j] for j in lpt_order(list(pred[idx]))]
             f = run_with(cost, lengths[idx], batch_cap=cap, prompt_tokens=prompt_tokens)
             finish[idx] = f
+            queues[u] = (idx, cap)
             unit_of[idx] = u
             busy[u] = f.max() if len(f) else 0.0
-    return GenResult(finish, unit_of, busy, num_long, used)
+    return GenResult(finish, unit_of, busy, num_long, used, queues)
 
 
 def _kv_bound(cost: DecodeCost, prompt_tokens: int) -> Callable[[float], int]:

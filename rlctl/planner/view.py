@@ -29,7 +29,8 @@ def plan_table(p: dict[str, Any]) -> str:
         grid(
             rows,
             ["site", "role", "gpu", "gpus used/avail", "config", "instances", "stage s"],
-            f"Allocation of {p['job']} ({p['model']}, rule {p['rule']}, profile {p['profile_source']})",
+            f"Allocation of {p['job']} ({p['model']}, rule {p.get('rule_applied', p['rule'])}, "
+            f"profile {p['profile_source']})",
         )
     ]
     alt = [
@@ -43,6 +44,24 @@ def plan_table(p: dict[str, Any]) -> str:
             "Candidates (stage curves)",
         )
     )
+    if "search" in p:
+        sr = p["search"]
+        rows = [
+            [
+                e["rollout_gpus"],
+                e["trainer_gpus"],
+                _s(e["iteration_s"]),
+                "*" if e["rollout_gpus"] == sr["chosen"] else "",
+            ]
+            for e in sr["evaluated"]
+        ]
+        out.append(
+            grid(
+                rows,
+                ["rollout gpus", "trainer gpus", "iteration s", "chosen"],
+                f"Splits of {sr['site']} simulated ({sr['mode']}: a unit's next iteration fills its tail's rows)",
+            )
+        )
     pr = p["predicted"]
     modes = [
         [m, _s(t), f"{pr['samples_per_s'][m]:.2f}", "*" if m == p["mode"] else ""] for m, t in pr["iteration_s"].items()

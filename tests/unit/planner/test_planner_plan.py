@@ -22,6 +22,7 @@ def write_job(
     links: list[dict[str, Any]],
     rule: str = "paper",
     trainer_gpus: int | str = "auto",
+    mode: str = "async",
 ) -> Path:
     sites = {
         "trn": {
@@ -55,6 +56,7 @@ def write_job(
         "task": {"kind": "lengths", "median_output_tokens": 700, "max_output_tokens": 5000},
         "batch": {"prompts_per_iteration": 32, "samples_per_prompt": 8},
         "planning": {"rule": rule, "epsilon": 0.05},
+        "pipeline": {"mode": mode},
         "placement": {"trainer": {"site": "trn", "gpus": trainer_gpus}, "rollout": rollout},
     }
     path = tmp / "job.yaml"
@@ -113,3 +115,34 @@ def test_one_simulated_iteration_still_gives_steady_state_pipeline_times() -> No
     assert it["async"] < it["stream"] < it["sync"]
     assert it["async"] == pytest.approx(max(pr["t_gen_s"], pr["t_train_s"]), rel=0.05)
     assert it["sync"] == pytest.approx(pr["t_gen_s"] + pr["t_train_s"] + pr["weight_sync_s"], rel=0.05)
+
+
+def _async_s(tmp: Path, rollout: dict[str, Any], rule: str, trainer_gpus: int | str = "auto") -> dict[str, Any]:
+    job = load_job(write_job(tmp, rollout=[rollout], links=[], rule=rule, trainer_gpus=trainer_gpus))
+    return make_plan(job, options=OPTS)
+
+
+def test_the_simulated_rule_splits_a_shared_site_no_slower_than_algorithm_1_or_an_even_split(tmp_path: Path) -> None:
+    """An async job on one site: the split the job simulator finds (a unit's next iteration filling its tail) beats
+    or ties Algorithm 1's split and the even one, each simulated the same way (their counts fixed)."""
+    plan = _async_s(tmp_path, {"site": "trn"}, "simulated")
+    assert plan["rule_applied"] == "simulated"
+    search = plan["search"]
+    best = plan["predicted"]["iteration_s"]["async"]
+    assert best == pytest.approx(min(e["iteration_s"] for e in search["evaluated"]))
+    chosen = next(e for e in search["evaluated"] if e["rollout_gpus"] == search["chosen"])
+    assert _used(plan, "trainer") == chosen["trainer_gpus"] and _used(plan, "rollout") <= chosen["rollout_gpus"]
+    paper = plan["alternatives"]["paper"]
+    for x, y in ((paper["rollout_gpus"], paper["trainer_gpus"]), (16, 16)):
+        fixed = _async_s(tmp_path, {"site": "trn", "gpus": x}, "simulated", trainer_gpus=y)
+        assert fixed["rule_applied"] == "paper" and "search" not in fixed  # counts given: nothing to search
+        assert best <= fixed["predicted"]["iteration_s"]["async"] * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("mode", ["sync", "stream"])
+def test_the_simulated_rule_is_algorithm_1_outside_async(tmp_path: Path, mode: str) -> None:
+    job = load_job(write_job(tmp_path, rollout=[{"site": "trn"}], links=[], rule="simulated", mode=mode))
+    plan = make_plan(job, options=OPTS)
+    assert plan["rule_applied"] == "paper" and "search" not in plan
+    paper = plan["alternatives"]["paper"]
+    assert (_used(plan, "rollout"), _used(plan, "trainer")) == (paper["rollout_gpus"], paper["trainer_gpus"])

@@ -1,0 +1,43 @@
+"""`search_min`: the split search of the `simulated` allocation rule, on functions with known minima."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rlctl.planner.plan import search_min
+
+
+def _counted(f):  # type: ignore[no-untyped-def]
+    calls: Counter[int] = Counter()
+
+    def g(x: int) -> float:
+        calls[x] += 1
+        return float(f(x))
+
+    return g, calls
+
+
+def test_a_unimodal_function_s_minimum_is_found_with_few_evaluations_each_once() -> None:
+    xs = list(range(1, 128))
+    for m in (1, 2, 37, 64, 100, 127):
+        f, calls = _counted(lambda x, m=m: (x - m) ** 2)
+        assert search_min(f, xs, grid=9) == m
+        assert max(calls.values()) == 1 and len(calls) <= 9 + 2 * 7  # grid, then two halvings a round
+
+
+def test_ties_go_to_the_fewer_rollout_gpus() -> None:
+    assert search_min(lambda x: 5.0, [3, 4, 5, 6], grid=9) == 3
+    assert search_min(lambda x: min(abs(x - 10), 4), list(range(1, 40)), grid=5) == 10
+
+
+def test_a_seed_off_the_grid_is_evaluated_and_its_neighbourhood_searched() -> None:
+    xs = list(range(1, 101))
+    dip = {41: 2.0, 42: 1.0, 43: 2.0}  # a narrow dip the 5-point grid (1, 26, 50, 75, 100) misses
+    assert search_min(lambda x: dip.get(x, 10.0 + x), xs, grid=5) == 1
+    assert search_min(lambda x: dip.get(x, 10.0 + x), xs, grid=5, seeds=[41]) == 42
+
+
+def test_uneven_candidates_and_a_short_list() -> None:
+    xs = [8, 16, 24, 40, 64, 72, 120]  # feasible counts need not be contiguous
+    assert search_min(lambda x: abs(x - 40), xs, grid=9) == 40
+    assert search_min(lambda x: abs(x - 70), xs, grid=3) == 72
