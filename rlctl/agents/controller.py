@@ -67,7 +67,7 @@ from rlctl.errors import PeerClosed, TransportError
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
 from rlctl.rl.ranker import LengthRanker, recall_at
-from rlctl.rl.source import DatasetSource, DigitsSource, task_source
+from rlctl.rl.source import DatasetSource, DigitsSource, RlPrompt, task_source
 from rlctl.tracking import FanOut, make_trackers, row_to_metrics
 from rlctl.transport import Connection, Listener, Message, Transport
 from rlctl.transport.base import bind_host
@@ -288,14 +288,12 @@ class ControllerAgent:
         return [Out("trainer", "checkpointed", {"version": w.version})]
 
     def _prompts(self, iteration: int) -> list[PromptSpec]:
-        n = self.job.batch.prompts_per_iteration
-        return [
-            PromptSpec(p.prompt_id, p.tokens, p.target_tokens or self.task.max_new_tokens)
-            for p in self.task.rl_prompts(iteration, n)
-        ]
+        return [self._spec(p) for p in self.task.rl_prompts(iteration, self.job.batch.prompts_per_iteration)]
 
     def _refill(self, iteration: int, j: int) -> PromptSpec:
-        p = self.task.refill_prompt(iteration, self.job.batch.prompts_per_iteration, j)
+        return self._spec(self.task.refill_prompt(iteration, self.job.batch.prompts_per_iteration, j))
+
+    def _spec(self, p: RlPrompt) -> PromptSpec:
         return PromptSpec(p.prompt_id, p.tokens, p.target_tokens or self.task.max_new_tokens)
 
     # -- the loop -----------------------------------------------------------------------------------

@@ -163,7 +163,6 @@ class ControllerCore:
         self.units: dict[str, Unit] = {}
         self.trainer: Unit | None = None
         self.trainer_version = 0  # = iterations committed; the trainer is working on this iteration
-        self.created = 0  # iterations whose prompts are in the ledger
         self.prompts: dict[str, PromptSpec] = {}
         self.pred_len: dict[str, float] = {}
         self.payloads: dict[str, Any] = {}
@@ -573,8 +572,7 @@ class ControllerCore:
             if not self.started:
                 return []
         while self.created < self.cfg.iterations and self.created <= self.trainer_version + self.cfg.eta:
-            self._create(self.created)
-            self.created += 1
+            self._create(self.created)  # the round's prompts enter the ledger: `created` counts it
         return self._dispatch() + self.migrate() + self._deliver() + self._fill_forward()
 
     # -- migration ----------------------------------------------------------------------------------
@@ -687,7 +685,8 @@ class ControllerCore:
         ledger.partials.keep_upto(version)  # output of weights past the checkpoint is not in this run's lineage
         self.buffers.consumed = self.floor = version
         # the rounds created (an iteration a group occupied may be before its round: not a measure of them)
-        self.created = max(ledger.rounds or max((e.iteration + 1 for e in ledger.entries.values()), default=0), version)
+        legacy = max((e.iteration + 1 for e in ledger.entries.values()), default=0)  # a checkpoint without rounds
+        ledger.rounds = max(ledger.rounds or legacy, version)
         for iteration in range(version, self.created):
             self.stats[iteration] = IterationStats(iteration)
         for r in sorted(x for x in rounds if 0 <= x < self.created):  # the prompts to be generated again
@@ -695,6 +694,11 @@ class ControllerCore:
             if self._refill is not None:  # and those drawn in place of dropped groups
                 drawn += [self._refill(r, j) for j in range(ledger.refills.get(r, 0))]
             self._register([spec for spec in drawn if spec.prompt_id in queued])
+
+    @property
+    def created(self) -> int:
+        """Rounds whose prompts are in the ledger (0 … created − 1)."""
+        return self.ledger.rounds
 
     def _specs(self, iteration: int) -> list[PromptSpec]:
         """The iteration's prompts (a function of the iteration) with their predicted output lengths."""

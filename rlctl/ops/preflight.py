@@ -200,8 +200,9 @@ def _dynamic_sampling(job: Job) -> list[Problem]:
     """The digits task numbers the prompts of an iteration, its own and those drawn in place of dropped groups,
     within RL_STRIDE (the iteration is recoverable from a prompt's number)."""
     spec = job.spec
-    drawn = spec.batch.prompts_per_iteration + refills(spec)
-    if not refills(spec) or not isinstance(spec.task, DigitsTask) or drawn <= RL_STRIDE:
+    extra = refills(spec)
+    drawn = spec.batch.prompts_per_iteration + extra
+    if not extra or not isinstance(spec.task, DigitsTask) or drawn <= RL_STRIDE:
         return []
     return [
         Problem(
