@@ -45,7 +45,12 @@ def test_growing_lengths_trigger_one_scale_out_and_the_new_unit_takes_work(tmp_p
         rows = [r for r in metrics_rows(job_dir) if first and r["t"] > first[0]["t"]]
         return any(r["agents"].get(added, {}).get("busy_s", 0) > 0 for r in rows)
 
-    wait_for(f"{added} to work in a trained iteration", worked, 180, alive=proc)
+    def moved() -> bool:  # work moved between the two units (when depends on where each stood as the unit joined)
+        return any(e["event"] == "migrated" for e in events(job_dir))
+
+    wait_for(
+        f"{added} to work in a trained iteration, and work to migrate", lambda: worked() and moved(), 180, alive=proc
+    )
     code, stopped = rlctl_json("stop", str(job_dir), timeout_s=120)
     assert code == 0, stopped
     proc.communicate(timeout=120)
