@@ -549,9 +549,11 @@ class Planning(Strict):
 
     rule: Literal["simulated", "paper", "fewest_gpus"] = Field(
         "simulated",
-        description="simulated: an async job whose trainer shares its site with rollout (GPU counts auto) gets the "
-        "split the job simulator finds fastest, its iterations overlapping in each unit's engine; other jobs as "
-        "paper. paper: StreamRL's Algorithm 1 on the stage curves. fewest_gpus: fewest GPUs within epsilon",
+        description="simulated: for an async job the job simulator decides (its iterations overlapping in each "
+        "unit's engine): a trainer sharing its site with rollout (GPU counts auto) gets the fastest split; across "
+        "datacenters each stage whose count is auto keeps the fewest GPUs within 1% of the full allocation's "
+        "iteration; other jobs as paper. paper: StreamRL's Algorithm 1 on the stage curves. fewest_gpus: fewest "
+        "GPUs within epsilon",
     )
     epsilon: Annotated[float, Field(ge=0, lt=1)] = 0.05
     dispatch_rule: Literal["sum", "max"] = Field(

@@ -1,8 +1,10 @@
 """`make_plan(job, profile)`: allocation (Alg. 1), configs, dispatch (Alg. 2), simulated times, cost, δ'.
 
     profile ─▶ stage curves per site ─▶ Algorithm 1 (paper rule and fewest-GPUs-within-ε)
-                                              │ chosen allocation (`simulated`, an async job on one shared site:
-                                              │ the split the simulator below finds fastest, `search_min`)
+                                              │ chosen allocation (`simulated`, an async job: on one shared site
+                                              │ the split the simulator below finds fastest, `search_min`; across
+                                              │ datacenters each site's fewest GPUs within SAME_WITHIN of all of
+                                              │ them, `search_first`)
                                               ▼
     workload sample ─▶ simulator: generation per dispatch policy, pipeline per mode ─▶ predicted times
                                               ▼
@@ -270,6 +272,7 @@ def make_plan(
         raise PlanError(f"{spec.name}: {e}", hint="check the GPU counts in placement") from e
     rule = spec.planning.rule
     search: dict[str, Any] | None = None
+    search_rollout = all(f is None for f in r_fixed.values())
     if rule == "simulated" and spec.pipeline.mode == "async" and shared and t_fixed is None and r_fixed[t_site] is None:
         chosen, search = _simulated_split(
             job,
@@ -283,6 +286,21 @@ def make_plan(
             t_site=t_site,
             streamed_fraction=tcost["streamed_fraction"],
             seeds=(choice.x, base.x),
+        )
+    elif rule == "simulated" and spec.pipeline.mode == "async" and not shared and (search_rollout or t_fixed is None):
+        chosen, search = _simulated_cross(
+            job,
+            lm,
+            gcurves,
+            tcurve,
+            tw,
+            budgets,
+            order,
+            opts,
+            n_train=n_train,
+            search_rollout=search_rollout,
+            search_trainer=t_fixed is None,
+            streamed_fraction=tcost["streamed_fraction"],
         )
     else:
         chosen = alt if rule == "fewest_gpus" else choice
@@ -421,16 +439,13 @@ def _simulated_split(
     if not feasible:
         raise PlanError(f"site {t_site!r}: no split of its {n} GPUs runs both stages")
     runs: dict[int, tuple[int, float]] = {}  # x → (trainer GPUs, simulated async iteration s)
+    simulated = _async_iteration(
+        job, lm, gcurves, tw, sizes, order, opts, train=train, streamed_fraction=streamed_fraction
+    )
 
     def iteration(x: int) -> float:
         y = int(fastest_at[n - x])
-        per_site = dict(zip(r_sites, alloc.split_combined(others + x, sizes, order), strict=True))
-        train_s = float(train[y])
-        at_step = train_s * (1 - streamed_fraction)
-        sim = _simulate(
-            job, lm, _units(gcurves, per_site), tw, (train_s, at_step), per_site, opts, modes=("async",), report=False
-        )
-        runs[x] = (y, float(sim["predicted"]["iteration_s"]["async"]))
+        runs[x] = (y, simulated(others + x, y))
         return runs[x][1]
 
     def nearest(x: int) -> int:  # the feasible split nearest a seed (a combined rollout count)
@@ -443,7 +458,133 @@ def _simulated_split(
     evaluated = [
         {"rollout_gpus": others + x, "trainer_gpus": yx, "iteration_s": s} for x, (yx, s) in sorted(runs.items())
     ]
-    return chosen, {"mode": "async", "site": t_site, "chosen": chosen.x, "evaluated": evaluated}
+    return chosen, {"mode": "async", "kind": "shared_site", "site": t_site, "chosen": chosen.x, "evaluated": evaluated}
+
+
+# simulated async iterations this close count as the same: across datacenters a stage gives up GPUs while the
+# iteration stays within it of the full allocation's, and the plan advises no unit that saves less
+SAME_WITHIN = 0.01
+
+
+def _simulated_cross(
+    job: Job,
+    lm: LengthModel,
+    gcurves: dict[str, GenCurve],
+    tcurve: TrainCurve,
+    tw: TrainWorkload,
+    budgets: dict[str, int],
+    order: list[int],
+    opts: PlanOptions,
+    *,
+    n_train: int,
+    search_rollout: bool,
+    search_trainer: bool,
+    streamed_fraction: float,
+) -> tuple[alloc.Choice, dict[str, Any]]:
+    """Across datacenters every site's GPUs are there to use; what a plan decides is how few of them it needs.
+    Algorithm 1 shrinks the stage that is faster by its makespan to the other's time; in async mode a unit's next
+    iteration fills its current one's tail, so that makespan overstates what generation costs and Algorithm 1
+    keeps rollout GPUs the job does not need. Here the job simulator decides: from the full allocation (its
+    simulated async iteration T), a stage whose GPU count is `auto` gives up GPUs while the iteration stays within
+    SAME_WITHIN of T (the fewest found by `search_first`, on the simulated times), one stage then the other; of the
+    two orders, the one that costs less per iteration (the sites' `gpu_cost_per_hour`) is chosen."""
+    r_sites = list(gcurves)
+    inv = job.inventory.sites
+    t_site = job.spec.placement.trainer.site
+    sizes = [budgets[s] for s in r_sites]
+    m = sum(sizes)
+    gen = alloc.combine_rollout([gcurves[s].seconds for s in r_sites], sizes, order)
+    train = np.asarray(tcurve.seconds, dtype=float)
+    fastest, fastest_at = alloc.prefix_min(train[: n_train + 1])  # the fastest trainer within y GPUs, and where
+    xs = [x for x in range(1, m + 1) if math.isfinite(gen[x])] if search_rollout else [m]
+    ys = sorted({int(fastest_at[y]) for y in range(1, n_train + 1) if math.isfinite(fastest[y])})
+    ys = ys if search_trainer else [n_train]
+    if not xs or not ys or xs[-1] != m or not math.isfinite(train[ys[-1]]):
+        raise PlanError(f"{job.spec.name}: the full allocation ({m} rollout, {n_train} trainer GPUs) cannot run")
+    runs: dict[tuple[int, int], float] = {}
+    simulated = _async_iteration(
+        job, lm, gcurves, tw, sizes, order, opts, train=train, streamed_fraction=streamed_fraction
+    )
+
+    def iteration(x: int, y: int) -> float:
+        if (x, y) not in runs:
+            runs[x, y] = simulated(x, y)
+        return runs[x, y]
+
+    bound = iteration(m, ys[-1]) * (1 + SAME_WITHIN)
+
+    def cost(x: int, y: int) -> float:
+        per_site = alloc.split_combined(x, sizes, order)
+        per_hour = sum(inv[s].gpu_cost_per_hour * g for s, g in zip(r_sites, per_site, strict=True))
+        return (per_hour + inv[t_site].gpu_cost_per_hour * y) * iteration(x, y)
+
+    def fewest_rollout(y: int) -> int:
+        return search_first(lambda x: iteration(x, y) <= bound, xs)
+
+    def fewest_trainer(x: int) -> int:
+        return search_first(lambda y: iteration(x, y) <= bound, ys)
+
+    ends = []
+    x = fewest_rollout(ys[-1])  # rollout first, then the trainer
+    y = fewest_trainer(x)
+    ends.append((cost(x, y), iteration(x, y), x + y, x, y))
+    y = fewest_trainer(m)  # the trainer first, then rollout
+    x = fewest_rollout(y)
+    ends.append((cost(x, y), iteration(x, y), x + y, x, y))
+    _, _, _, x, y = min(ends)
+    chosen = alloc.Choice(x, y, float(gen[x]), float(train[y]))
+    evaluated = [{"rollout_gpus": xe, "trainer_gpus": ye, "iteration_s": t} for (xe, ye), t in sorted(runs.items())]
+    search = {
+        "mode": "async",
+        "kind": "across_datacenters",
+        "sites": [*r_sites, t_site],
+        "within": SAME_WITHIN,
+        "chosen": x,
+        "chosen_trainer": y,
+        "evaluated": evaluated,
+    }
+    return chosen, search
+
+
+def _async_iteration(
+    job: Job,
+    lm: LengthModel,
+    gcurves: dict[str, GenCurve],
+    tw: TrainWorkload,
+    sizes: list[int],
+    order: list[int],
+    opts: PlanOptions,
+    *,
+    train: np.ndarray,
+    streamed_fraction: float,
+) -> Callable[[int, int], float]:
+    """The simulated async iteration (s) with x rollout GPUs (the sites' budgets `sizes` filled in `order`) and the
+    trainer configuration at index y of `train` (the trainer curve's seconds)."""
+    r_sites = list(gcurves)
+
+    def run(x: int, y: int) -> float:
+        per_site = dict(zip(r_sites, alloc.split_combined(x, sizes, order), strict=True))
+        train_s = float(train[y])
+        at_step = train_s * (1 - streamed_fraction)
+        sim = _simulate(
+            job, lm, _units(gcurves, per_site), tw, (train_s, at_step), per_site, opts, modes=("async",), report=False
+        )
+        return float(sim["predicted"]["iteration_s"]["async"])
+
+    return run
+
+
+def search_first(ok: Callable[[int], bool], xs: list[int]) -> int:
+    """The first x of `xs` (ascending) for which `ok` holds, by bisection (exact when `ok` is monotone: false, then
+    true); `ok(xs[-1])` is taken to hold."""
+    lo, hi = 0, len(xs) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(xs[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return xs[lo]
 
 
 def search_min(f: Callable[[int], float], xs: list[int], *, grid: int, seeds: Sequence[int] = ()) -> int:
@@ -534,6 +675,14 @@ def _assemble(
         raise PlanError("the allocation has no rollout instance")
     train_s = float(tcurve.seconds[chosen.y])
     sim = _simulate(job, lm, units, tw, (train_s, train_s * (1 - streamed_fraction)), per_site, opts)
+
+    def one_more(site: str, tp: int) -> float:  # the async iteration with one more unit of `tp` GPUs on `site`
+        more = per_site | {site: per_site[site] + tp}
+        plus = [*units, Unit(site, gcurves[site].costs[tp])]
+        at_step = train_s * (1 - streamed_fraction)
+        out = _simulate(job, lm, plus, tw, (train_s, at_step), more, opts, modes=("async",), report=False)
+        return float(out["predicted"]["iteration_s"]["async"])
+
     iteration_s = sim["predicted"]["iteration_s"][spec.pipeline.mode]
     used = [(a["gpus_used"], inv.sites[a["site"]].gpu_cost_per_hour) for a in allocation]
     gpu_h = sum(g for g, _ in used) * iteration_s / 3600
@@ -558,7 +707,13 @@ def _assemble(
             for name, c in (("paper", paper), ("fewest_gpus", fewest))
         },
         **sim,
-        "rebalance": _rebalance(gcurves, per_site, _free_gpus(allocation, inv), sim["predicted"]),
+        "rebalance": _rebalance(
+            gcurves,
+            per_site,
+            _free_gpus(allocation, inv),
+            sim["predicted"],
+            one_more=one_more if spec.pipeline.mode == "async" else None,
+        ),
         "cost": {
             "gpu_hours_per_iteration": gpu_h,
             "cost_units_per_iteration": cost_u,
@@ -814,12 +969,23 @@ def _free_gpus(allocation: list[dict[str, Any]], inv: Any) -> dict[str, int]:
 
 
 def _rebalance(
-    gcurves: dict[str, GenCurve], per_site: dict[str, int], free: dict[str, int], predicted: dict[str, Any]
+    gcurves: dict[str, GenCurve],
+    per_site: dict[str, int],
+    free: dict[str, int],
+    predicted: dict[str, Any],
+    *,
+    one_more: Callable[[str, int], float] | None = None,
 ) -> dict[str, Any]:
     """δ' = reduction of generation time from one more DP unit on the best site with free GPUs.
 
     P_gen comes from the stage curve of the planning workload; as lengths grow the controller
     re-estimates it from recent lengths (the rule itself: add a unit when δ = T_gen − T_train ≥ δ').
+
+    In async mode (`one_more(site, tp)`: the simulated async iteration with one more unit there) a unit's next
+    iteration fills its current one's tail, so the stage makespans overstate what generation holds back: δ is
+    the simulated iteration minus T_train (the trainer's wait) and δ' what the unit saves of that iteration; a
+    unit that saves less than SAME_WITHIN of it (generation bound by its longest samples, not by units) is not
+    added. The controller's rule reads measured stage makespans (`rlctl.agents.rebalance`).
     """
     delta = predicted["t_gen_s"] - predicted["t_train_s"]
     options = []  # (has free GPUs, gain, site, tp): one more instance of the site's current TP
@@ -831,16 +997,27 @@ def _rebalance(
         gain = est.time_s(n) - est.time_s(n + 1) if n else math.inf
         options.append((tp <= free[s], gain, s, tp))
     has_free, gain, site, tp = max(options)
+    pays = True
+    if one_more is not None:
+        t = float(predicted["iteration_s"]["async"])
+        delta, gain = t - predicted["t_train_s"], t - one_more(site, tp)
+        pays = gain >= SAME_WITHIN * t
     out = {
+        "basis": "simulated_async" if one_more is not None else "stage_times",
         "delta_s": delta,
         "delta_prime_s": gain,
         "site": site,
         "unit_gpus": tp,
         "free_gpus": free[site],
-        "add_unit": bool(has_free and delta >= gain),
+        "add_unit": bool(has_free and pays and delta >= gain * (1 - 1e-9)),  # 1e-9: a unit closing the gap exactly
     }
     if not has_free:
         out["reason"] = "no rollout site has free GPUs for another unit (δ' is what one would gain)"
+    elif not pays:
+        out["reason"] = (
+            f"not needed: one more unit saves < {SAME_WITHIN:.0%} of the simulated iteration (generation is bound "
+            "by its longest samples, not by units)"
+        )
     return out
 
 

@@ -46,22 +46,24 @@ def plan_table(p: dict[str, Any]) -> str:
     )
     if "search" in p:
         sr = p["search"]
+        across = sr.get("kind") == "across_datacenters"
+        chosen = (sr["chosen"], sr.get("chosen_trainer"))
         rows = [
             [
                 e["rollout_gpus"],
                 e["trainer_gpus"],
                 _s(e["iteration_s"]),
-                "*" if e["rollout_gpus"] == sr["chosen"] else "",
+                "*" if (e["rollout_gpus"], e["trainer_gpus"] if across else None) == chosen else "",
             ]
             for e in sr["evaluated"]
         ]
-        out.append(
-            grid(
-                rows,
-                ["rollout gpus", "trainer gpus", "iteration s", "chosen"],
-                f"Splits of {sr['site']} simulated ({sr['mode']}: a unit's next iteration fills its tail's rows)",
-            )
+        title = (
+            f"Allocations across {', '.join(sr['sites'])} simulated ({sr['mode']}: the fewest GPUs within "
+            f"{sr['within']:.0%} of the full allocation's iteration)"
+            if across
+            else f"Splits of {sr['site']} simulated ({sr['mode']}: a unit's next iteration fills its tail's rows)"
         )
+        out.append(grid(rows, ["rollout gpus", "trainer gpus", "iteration s", "chosen"], title))
     pr = p["predicted"]
     modes = [
         [m, _s(t), f"{pr['samples_per_s'][m]:.2f}", "*" if m == p["mode"] else ""] for m, t in pr["iteration_s"].items()
@@ -107,9 +109,10 @@ def plan_table(p: dict[str, Any]) -> str:
     rb = p["rebalance"]
     c = p["cost"]
     verdict = rb.get("reason") or ("add one now (δ ≥ δ')" if rb["add_unit"] else "not needed (δ < δ')")
+    basis = " (async, simulated: the trainer's wait, and what one more unit saves)"
     out.append(
-        f"Rebalance: δ = {_s(rb['delta_s'])} s, δ' = {_s(rb['delta_prime_s'])} s for one more "
-        f"{rb['unit_gpus']}-GPU unit on {rb['site']}: {verdict}"
+        f"Rebalance{basis if rb.get('basis') == 'simulated_async' else ''}: δ = {_s(rb['delta_s'])} s, "
+        f"δ' = {_s(rb['delta_prime_s'])} s for one more {rb['unit_gpus']}-GPU unit on {rb['site']}: {verdict}"
     )
     out.append(
         f"Cost: {c['gpu_hours_per_iteration']:.4g} GPU-h and {c['cost_units_per_iteration']:.4g} cost units "

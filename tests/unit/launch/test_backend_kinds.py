@@ -104,7 +104,10 @@ def test_probe_commands_run_where_agents_run() -> None:
     assert "--gpus-per-task" not in command and "--gres" not in command
 
 
-def test_agent_hooks_have_defaults_and_slurm_and_ssh_say_more(tmp_path: Path) -> None:
+def test_agent_hooks_have_defaults_and_slurm_and_ssh_say_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import submitit
+
+    monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # srun not needed to render
     spec = AgentSpec("rollout", 0, "s", ["python3", "-m", "rlctl.agents", "rollout"], gpu_slice=GpuSlice("n1", (0,)))
     local = LocalBackend()
     assert local.render(spec) == "python3 -m rlctl.agents rollout"

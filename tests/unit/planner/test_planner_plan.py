@@ -110,7 +110,9 @@ def test_missing_link_is_a_plan_error(tmp_path: Path) -> None:
 def test_one_simulated_iteration_still_gives_steady_state_pipeline_times() -> None:
     from tests.conftest import ROOT
 
-    plan = make_plan(load_job(ROOT / "jobs/cross-dc-7b.yaml"), options=PlanOptions(sim_iterations=1))
+    job = load_job(ROOT / "jobs/cross-dc-7b.yaml")
+    job.spec = job.spec.model_copy(update={"planning": job.spec.planning.model_copy(update={"rule": "paper"})})
+    plan = make_plan(job, options=PlanOptions(sim_iterations=1))  # Algorithm 1's split: trainer-bound
     it, pr = plan["predicted"]["iteration_s"], plan["predicted"]
     assert it["async"] < it["stream"] < it["sync"]
     assert it["async"] == pytest.approx(max(pr["t_gen_s"], pr["t_train_s"]), rel=0.05)
@@ -146,3 +148,73 @@ def test_the_simulated_rule_is_algorithm_1_outside_async(tmp_path: Path, mode: s
     assert plan["rule_applied"] == "paper" and "search" not in plan
     paper = plan["alternatives"]["paper"]
     assert (_used(plan, "rollout"), _used(plan, "trainer")) == (paper["rollout_gpus"], paper["trainer_gpus"])
+
+
+def _across(plan: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], float]:
+    """(the chosen allocation's entry, the full allocation's, the bound) of a search across datacenters."""
+    search = plan["search"]
+    assert plan["rule_applied"] == "simulated" and search["kind"] == "across_datacenters"
+    ev = search["evaluated"]
+    full = max(ev, key=lambda e: (e["rollout_gpus"], e["trainer_gpus"]))
+    chosen = next(
+        e for e in ev if (e["rollout_gpus"], e["trainer_gpus"]) == (search["chosen"], search["chosen_trainer"])
+    )
+    return chosen, full, full["iteration_s"] * (1 + search["within"])
+
+
+def test_the_simulated_rule_across_datacenters_gives_up_gpus_the_full_allocation_s_iteration_does_not_need(
+    tmp_path: Path,
+) -> None:
+    """Trainer and rollout in two datacenters: from all of both sites, each stage keeps the fewest GPUs with which
+    the simulated async iteration stays within `within` of the full allocation's, and the plan runs that."""
+    plan = make_plan(
+        load_job(write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, rule="simulated")), options=OPTS
+    )
+    chosen, full, bound = _across(plan)
+    assert (full["rollout_gpus"], full["trainer_gpus"]) == (16, 32)  # every GPU of both sites, first
+    assert chosen["iteration_s"] <= bound
+    assert chosen["rollout_gpus"] + chosen["trainer_gpus"] < 16 + 32
+    assert plan["predicted"]["iteration_s"]["async"] == pytest.approx(chosen["iteration_s"])
+    assert (_used(plan, "rollout"), _used(plan, "trainer")) == (chosen["rollout_gpus"], chosen["trainer_gpus"])
+    # a stage that gave up GPUs stopped where one fewer (of those simulated beside the other stage's count) was over
+    for e in plan["search"]["evaluated"]:
+        fewer = (e["rollout_gpus"] < chosen["rollout_gpus"] and e["trainer_gpus"] == chosen["trainer_gpus"]) or (
+            e["trainer_gpus"] < chosen["trainer_gpus"] and e["rollout_gpus"] == chosen["rollout_gpus"]
+        )
+        assert not fewer or e["iteration_s"] > bound, e
+
+
+def test_across_datacenters_a_fixed_count_is_kept_and_the_other_stage_searched(tmp_path: Path) -> None:
+    job = write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, rule="simulated", trainer_gpus=8)
+    plan = make_plan(load_job(job), options=OPTS)
+    chosen, full, bound = _across(plan)
+    assert {e["trainer_gpus"] for e in plan["search"]["evaluated"]} == {8} and _used(plan, "trainer") == 8
+    assert full["rollout_gpus"] == 16 and chosen["iteration_s"] <= bound
+    fixed = write_job(tmp_path, rollout=[{"site": "r20", "gpus": 8}], links=LINKS, rule="simulated", trainer_gpus=8)
+    plan = make_plan(load_job(fixed), options=OPTS)
+    assert plan["rule_applied"] == "paper" and "search" not in plan  # both given: nothing to search
+
+
+@pytest.mark.parametrize("mode", ["sync", "stream"])
+def test_across_datacenters_the_simulated_rule_is_algorithm_1_outside_async(tmp_path: Path, mode: str) -> None:
+    job = write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, rule="simulated", mode=mode)
+    plan = make_plan(load_job(job), options=OPTS)
+    assert plan["rule_applied"] == "paper" and "search" not in plan
+
+
+def test_in_async_the_rebalance_advice_prices_one_more_unit_on_the_simulated_iteration(tmp_path: Path) -> None:
+    """The stage makespans overstate generation when iterations overlap: the plan's δ is the trainer's wait in the
+    simulated iteration and δ' what one more unit saves of it; a unit that saves nothing is not advised."""
+    few = make_plan(load_job(write_job(tmp_path, rollout=[{"site": "r20", "gpus": 2}], links=LINKS)), options=OPTS)
+    rb, pr = few["rebalance"], few["predicted"]
+    assert rb["basis"] == "simulated_async" and rb["free_gpus"] == 14
+    assert rb["delta_s"] == pytest.approx(pr["iteration_s"]["async"] - pr["t_train_s"])
+    assert 0 < rb["delta_prime_s"] <= rb["delta_s"] and rb["add_unit"]  # 2 H20s cannot keep up with the trainer
+    full = make_plan(
+        load_job(write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, rule="simulated")), options=OPTS
+    )
+    rb = full["rebalance"]
+    assert rb["free_gpus"] > 0 and rb["delta_prime_s"] < 0.01 * full["predicted"]["iteration_s"]["async"]
+    assert not rb["add_unit"] and "not needed" in rb["reason"]  # the search left those GPUs out: they save nothing
+    sync = make_plan(load_job(write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, mode="sync")), options=OPTS)
+    assert sync["rebalance"]["basis"] == "stage_times"

@@ -1,10 +1,11 @@
-"""`search_min`: the split search of the `simulated` allocation rule, on functions with known minima."""
+"""`search_min` and `search_first`: the searches of the `simulated` allocation rule, on functions with known
+answers."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from rlctl.planner.plan import search_min
+from rlctl.planner.plan import search_first, search_min
 
 
 def _counted(f):  # type: ignore[no-untyped-def]
@@ -41,3 +42,13 @@ def test_uneven_candidates_and_a_short_list() -> None:
     xs = [8, 16, 24, 40, 64, 72, 120]  # feasible counts need not be contiguous
     assert search_min(lambda x: abs(x - 40), xs, grid=9) == 40
     assert search_min(lambda x: abs(x - 70), xs, grid=3) == 72
+
+
+def test_the_first_count_that_holds_is_found_by_bisection() -> None:
+    xs = [1, 2, 4, 8, 16, 24, 32]
+    for k in xs:
+        ok, calls = _counted(lambda x, k=k: x >= k)
+        assert search_first(ok, xs) == k
+        assert sum(calls.values()) <= 3  # ⌈log2 7⌉
+    assert search_first(lambda x: False, xs) == 32  # the last is taken to hold (the full allocation)
+    assert search_first(lambda x: True, [5]) == 5
