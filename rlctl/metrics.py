@@ -25,6 +25,11 @@ class JobMetrics:
         self.training_seconds = Gauge(
             "rlctl_stage_training_seconds", "T_train of the last iteration (training stage time)", registry=r
         )
+        self.trainer_wait_seconds = Gauge(
+            "rlctl_trainer_wait_seconds",
+            "Time the trainer waited for samples in the last iteration's period (async: the rebalance rule's delta)",
+            registry=r,
+        )
         self.imbalance_seconds = Gauge(
             "rlctl_stage_imbalance_seconds", "delta = T_gen - T_train of the last iteration", registry=r
         )

@@ -268,6 +268,7 @@ SERIES: dict[str, str] = {
     "t_gen_s": "time/gen_s",
     "t_train_s": "time/train_s",
     "period_s": "time/period_s",
+    "trainer_wait_s": "time/trainer_wait_s",
     "wall_s": "time/wall_s",
     "delta_s": "delta/delta_s",
     "delta_window_s": "delta/window_s",

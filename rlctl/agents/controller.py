@@ -817,7 +817,7 @@ class ControllerAgent:
             iteration=t.iteration,
             version=t.version,
             sample_ids=t.sample_ids,
-            stats={"reward_mean": t.reward_mean, "train_s": t.train_s, "loss": t.loss},
+            stats={"reward_mean": t.reward_mean, "train_s": t.train_s, "loss": t.loss, "busy_s": t.busy_s},
         )
         self.violations += t.staleness_violations
         trainer = self.peers.get(self.core.trainer.name if self.core.trainer else "")

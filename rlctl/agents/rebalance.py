@@ -1,11 +1,21 @@
 """The dynamic-adjustment rule (StreamRL §4.2): add one rollout DP unit when δ ≥ δ'.
 
-    δ  = T_gen − T_train, averaged over the last `window_iterations` iterations
+    δ  = T_gen − T_train, the median over the last `window_iterations` iterations
     δ' = the generation time one more unit saves.  With N balanced DP units T_gen(N) ≈ W/N, so
          T_gen(N) − T_gen(N+1) = T_gen(N) / (N + 1)   — from the *measured* T_gen of the current
          workload (its lengths may have grown since planning), not from the plan's profile.
 
     iteration rows ──▶ window since the last change ──(≥ window and ≥ cooldown rows)──▶ δ ≥ δ'? ──▶ add
+
+What T_gen and T_train are depends on whether iterations overlap (`Scaler.rebalance` passes them). In sync and
+stream mode they are the stage times: the iteration's generation makespan and the trainer's step. In async mode a
+round's samples are dispatched up to η iterations ahead and wait in the engines behind the current one, so the
+makespan counts that wait and exceeds the generation's time per iteration even when the units keep up (measured:
+with 2 units on this 2-core machine the makespan rule asked for a third in 27 of 28 windows while the trainer waited
+≈ 0 s in most iterations). There T_gen is the iteration's period (trained to trained) and T_train the trainer's busy
+time in it, so δ is the time the trainer waited for samples, and δ' = period / (N + 1) is what one more unit saves
+when generation sets the pace. The median, not the mean: one slow iteration (a long sample's decode, which more
+units would not shorten) does not add a unit.
 
 An iteration whose generation shared the units with a held-out evaluation (`evaluation.every_iterations`) is not
 measured: the evaluation's decoding is not the workload's, and one more unit would not be needed for it. Past
@@ -19,6 +29,7 @@ add twice on the same evidence, and with no automatic removal it cannot oscillat
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from rlctl.config.job import Rebalance
@@ -56,8 +67,8 @@ class RebalanceRule:
             self.window.append((t_gen_s, t_train_s))
             del self.window[: -max(self.cfg.window_iterations, self.cfg.cooldown_iterations)]  # all any check reads
         recent = self.window[-self.cfg.window_iterations :] or [(t_gen_s, t_train_s)]  # (none measured yet)
-        gen = sum(g for g, _ in recent) / len(recent)
-        delta = sum(g - t for g, t in recent) / len(recent)
+        gen = statistics.median(g for g, _ in recent)
+        delta = statistics.median(g - t for g, t in recent)
         dprime = delta_prime(gen, units)
         if not measured:
             why = "a held-out evaluation decoded beside this iteration: not measured"

@@ -202,15 +202,20 @@ class Scaler:
 
     def rebalance(self, row: dict[str, Any]) -> None:
         """StreamRL §4.2 after each trained iteration: δ ≥ δ' and a free slot → one more rollout unit
-        (see rebalance.py). Adds the rule's reading to the iteration's metrics `row`."""
+        (see rebalance.py: in async mode it reads the period and the trainer's wait, else the stage times). Adds
+        the rule's reading to the iteration's metrics `row`."""
         units = len(self.core.live_units) + len(self.pending_units())
         free = self.free_slots() if self.spawner is not None else {}
         cap = self.cfg.max_rollout_units
         can_add = any(n > 0 for n in free.values()) and (cap is None or units < cap)
+        if self.core.cfg.eta > 0:  # async: iterations overlap, δ is the trainer's wait (rebalance.py)
+            t_gen, t_train = row["period_s"], row["period_s"] - row["trainer_wait_s"]
+        else:
+            t_gen, t_train = row["t_gen_s"], row["t_train_s"]
         r = self.rule.observe(
             row["iteration"],
-            t_gen_s=row["t_gen_s"],
-            t_train_s=row["t_train_s"],
+            t_gen_s=t_gen,
+            t_train_s=t_train,
             units=units,
             can_add=can_add,
             evaluating=bool(row.get("evaluating")),

@@ -83,6 +83,11 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
     start = prev.trained_at if prev is not None and prev.trained_at else (s.t_first or s.t_start)
     period = max((st.trained_at or 0.0) - start, 1e-9)
     t_gen = (st.last_finish or 0.0) - (st.first_dispatch or 0.0)
+    # the trainer's wait for samples in the period: the period less its busy time (a count that restarted with a
+    # restarted trainer is its busy time since then)
+    before = float(prev.trainer.get("busy_s", 0.0)) if prev is not None else 0.0
+    worked = t.busy_s - before if t.busy_s >= before else t.busy_s
+    wait = min(max(period - worked, 0.0), period)
     return {
         "iteration": t.iteration,
         "reward_mean": round(t.reward_mean, 4),
@@ -102,6 +107,7 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
         **({"dropped_groups": st.dropped} if s.core.cfg.max_refills else {}),
         "reward_failures": s.reward_stats.failures,  # calls that raised, timed out or returned a wrong type
         "period_s": round(period, 4),
+        "trainer_wait_s": round(wait, 4),
         "wall_s": round((st.trained_at or 0.0) - s.t_start, 3),
         "t": round(wall_time, 3),
         "agents": {
@@ -352,6 +358,7 @@ def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: Iter
     m.iteration.set(t.iteration)
     m.generation_seconds.set(row["t_gen_s"])
     m.training_seconds.set(row["t_train_s"])
+    m.trainer_wait_seconds.set(row["trainer_wait_s"])
     m.imbalance_seconds.set(row["delta_s"])
     m.samples_per_second.set(row["samples_per_s"])
     m.tokens_per_second.set(row["tokens_per_s"])

@@ -985,8 +985,8 @@ def _rebalance(
     iteration fills its current one's tail, so the stage makespans overstate what generation holds back: δ is
     the simulated iteration minus T_train (the trainer's wait) and δ' what the unit saves of that iteration; a
     unit that saves less than SAME_WITHIN of it (generation bound by its longest samples, not by units) is not
-    added. The controller's rule reads measured stage makespans (`rlctl.agents.rebalance`).
-    """
+    added. The controller's rule measures the same δ in async mode, with δ' = period / (N + 1)
+    (`rlctl.agents.rebalance`)."""
     delta = predicted["t_gen_s"] - predicted["t_train_s"]
     options = []  # (has free GPUs, gain, site, tp): one more instance of the site's current TP
     for s, x in per_site.items():

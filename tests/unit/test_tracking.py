@@ -39,6 +39,7 @@ def controller_row(i: int) -> dict[str, Any]:
         "staleness": {"0": 48, "1": 16},
         "loss": 0.0125,
         "period_s": 2.0,
+        "trainer_wait_s": 0.5,
         "wall_s": 2.0 * i,
         "t": 1767225600.0 + i,
         "agents": {
@@ -60,6 +61,7 @@ def test_row_to_metrics_names_every_numeric_field_of_a_controller_row() -> None:
         "time/gen_s": 3.0,
         "time/train_s": 1.5,
         "time/period_s": 2.0,
+        "time/trainer_wait_s": 0.5,
         "time/wall_s": 4.0,
         "delta/delta_s": 1.5,
         "delta/window_s": 1.25,

@@ -1,4 +1,5 @@
-"""The dynamic-adjustment rule on known sequences: δ over a window, δ' = T_gen/(N+1), cooldown, caps."""
+"""The dynamic-adjustment rule on known sequences: δ over a window (its median), δ' = T_gen/(N+1), cooldown,
+caps."""
 
 from __future__ import annotations
 
@@ -73,3 +74,12 @@ def test_the_window_keeps_only_what_the_checks_read():
     rule = RebalanceRule(Rebalance(auto=True, window_iterations=3, cooldown_iterations=5))
     feed(rule, [(1.0, 1.0)] * 50)
     assert len(rule.window) == 5
+
+
+def test_one_slow_iteration_in_the_window_does_not_add_a_unit():
+    """The median over the window: a long sample's decode that slows one iteration (more units would not shorten
+    it) is not the workload; the same window's mean would have added a unit."""
+    rule = RebalanceRule(Rebalance(auto=True, window_iterations=3, cooldown_iterations=3))
+    r = [rule.observe(i, t_gen_s=g, t_train_s=1.0, units=1, can_add=True) for i, g in enumerate([1.2, 6.0, 1.2])]
+    assert not r[-1].add and r[-1].delta_s == pytest.approx(0.2) and r[-1].delta_prime_s == pytest.approx(0.6)
+    assert feed(rule, [(6.0, 1.0)]) == [True]  # two slow ones of three: the workload

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.core import ControllerCore, CoreConfig, IterationStats, Out, PromptSpec
 from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.rebalance import Reading
 from rlctl.agents.scaling import Placement, Scaler
@@ -139,6 +139,7 @@ def test_metrics_row_times_rates_and_agents_from_the_core_and_the_trained_messag
     row = metrics_row(_snapshot(core, []), t, wall_time=1234.56789)
     assert (row["t_gen_s"], row["t_train_s"], row["delta_s"]) == (3.0, 1.5, 1.5)  # gen: 101 → 104
     assert (row["period_s"], row["samples_per_s"], row["tokens_per_s"]) == (5.0, 0.4, 1.2)  # 101 → 106
+    assert row["trainer_wait_s"] == 3.5  # 5 s, of which the trainer was busy 1.5
     assert (row["wall_s"], row["t"], row["kl"], row["weight_version"]) == (6.0, 1234.568, 0.012346, 1)
     assert (row["grad_norm"], row["lr"], row["clip_frac"], row["entropy"]) == (0.76543, 2.5e-4, 0.03123, 1.23457)
     assert row["no_signal_frac"] == 0.3333
@@ -306,3 +307,29 @@ def test_first_sample_of_a_requested_unit_is_recorded_once(tmp_path):
     scaler.sampled("rollout-0")
     assert [e["agent"] for e in jd.read_lines(jd.events) if e["event"] == "first_sample"] == ["rollout-5"]
     assert scaler.pending_units() == []
+
+
+def test_the_trainer_s_wait_is_its_period_less_its_busy_time_since_the_last_iteration():
+    core, t, _ = _one_iteration()
+    core.stats[-1] = IterationStats(-1, trained_at=103.0, trainer={"busy_s": 1.0})  # the iteration before, at 103
+    assert metrics_row(_snapshot(core, []), t, wall_time=0)["trainer_wait_s"] == 2.5  # 3 s, busy 1.5 − 1.0
+    core.stats[-1].trainer["busy_s"] = 9.0  # a restarted trainer counts its busy time from 0 again
+    assert metrics_row(_snapshot(core, []), t, wall_time=0)["trainer_wait_s"] == 1.5
+
+
+def _row(period: float, wait: float, t_gen: float, t_train: float) -> dict[str, Any]:
+    return {"iteration": 0, "period_s": period, "trainer_wait_s": wait, "t_gen_s": t_gen, "t_train_s": t_train}
+
+
+def test_in_async_the_rebalance_rule_reads_the_trainer_s_wait_elsewhere_the_stage_times(tmp_path):
+    """Async: a round waits in the engines behind the one before, so its makespan (here 3 s against a 1 s step)
+    says nothing of whether the units keep up; the trainer that never waits does. Stream: the stage times."""
+    scaler, core, _, _ = _scaler(tmp_path, units=1)
+    core.cfg.eta = 1
+    scaler.rebalance(row := _row(1.1, 0.0, 3.0, 1.0))
+    assert (row["delta_window_s"], row["delta_prime_s"]) == (0.0, 0.55)  # δ: the wait; δ': period / (N + 1)
+    scaler.rebalance(row := _row(2.0, 1.0, 3.0, 1.0))
+    assert (row["delta_window_s"], row["delta_prime_s"]) == (0.5, 0.775)  # medians of two
+    scaler, core, _, _ = _scaler(tmp_path / "stream", units=1)
+    scaler.rebalance(row := _row(1.1, 0.0, 3.0, 1.0))
+    assert (row["delta_window_s"], row["delta_prime_s"]) == (2.0, 1.5)  # T_gen − T_train, T_gen / (N + 1)
