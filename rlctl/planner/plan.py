@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -273,30 +273,14 @@ def make_plan(
     rule = spec.planning.rule
     search: dict[str, Any] | None = None
     search_rollout = all(f is None for f in r_fixed.values())
+    stages = Stages(job, lm, gcurves, tcurve, tw, budgets, order, opts)
     if rule == "simulated" and spec.pipeline.mode == "async" and shared and t_fixed is None and r_fixed[t_site] is None:
         chosen, search = _simulated_split(
-            job,
-            lm,
-            gcurves,
-            tcurve,
-            tw,
-            budgets,
-            order,
-            opts,
-            t_site=t_site,
-            streamed_fraction=tcost["streamed_fraction"],
-            seeds=(choice.x, base.x),
+            stages, t_site=t_site, streamed_fraction=tcost["streamed_fraction"], seeds=(choice.x, base.x)
         )
     elif rule == "simulated" and spec.pipeline.mode == "async" and not shared and (search_rollout or t_fixed is None):
         chosen, search = _simulated_cross(
-            job,
-            lm,
-            gcurves,
-            tcurve,
-            tw,
-            budgets,
-            order,
-            opts,
+            stages,
             n_train=n_train,
             search_rollout=search_rollout,
             search_trainer=t_fixed is None,
@@ -408,15 +392,22 @@ def _units(gcurves: dict[str, GenCurve], per_site: dict[str, int]) -> list[Unit]
 SEARCH_GRID = 9  # splits of the shared site simulated before the search narrows around the best
 
 
+class Stages(NamedTuple):
+    """What a search of the allocation simulates: the job, its workload and stage curves, the sites' GPU budgets
+    and the order rollout sites are filled in."""
+
+    job: Job
+    lm: LengthModel
+    gcurves: dict[str, GenCurve]
+    tcurve: TrainCurve
+    tw: TrainWorkload
+    budgets: dict[str, int]
+    order: list[int]
+    opts: PlanOptions
+
+
 def _simulated_split(
-    job: Job,
-    lm: LengthModel,
-    gcurves: dict[str, GenCurve],
-    tcurve: TrainCurve,
-    tw: TrainWorkload,
-    budgets: dict[str, int],
-    order: list[int],
-    opts: PlanOptions,
+    stages: Stages,
     *,
     t_site: str,
     streamed_fraction: float,
@@ -428,6 +419,7 @@ def _simulated_split(
     GPUs (docs/planning.md). Rollout gets x of the site's n GPUs (after every other rollout site's whole budget), the
     trainer the fastest configuration within n − x. Minimised over x by `search_min` on a grid of SEARCH_GRID
     splits and `seeds` (rollout GPU counts: Algorithm 1's, the even split)."""
+    job, lm, gcurves, tcurve, tw, budgets, order, opts = stages
     r_sites = list(gcurves)
     n = budgets[t_site]
     others = sum(budgets.values()) - n
@@ -467,14 +459,7 @@ SAME_WITHIN = 0.01
 
 
 def _simulated_cross(
-    job: Job,
-    lm: LengthModel,
-    gcurves: dict[str, GenCurve],
-    tcurve: TrainCurve,
-    tw: TrainWorkload,
-    budgets: dict[str, int],
-    order: list[int],
-    opts: PlanOptions,
+    stages: Stages,
     *,
     n_train: int,
     search_rollout: bool,
@@ -488,6 +473,7 @@ def _simulated_cross(
     simulated async iteration T), a stage whose GPU count is `auto` gives up GPUs while the iteration stays within
     SAME_WITHIN of T (the fewest found by `search_first`, on the simulated times), one stage then the other; of the
     two orders, the one that costs less per iteration (the sites' `gpu_cost_per_hour`) is chosen."""
+    job, lm, gcurves, tcurve, tw, budgets, order, opts = stages
     r_sites = list(gcurves)
     inv = job.inventory.sites
     t_site = job.spec.placement.trainer.site
