@@ -87,7 +87,7 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
     # restarted trainer is its busy time since then)
     before = float(prev.trainer.get("busy_s", 0.0)) if prev is not None else 0.0
     worked = t.busy_s - before if t.busy_s >= before else t.busy_s
-    wait = min(max(period - worked, 0.0), period)
+    wait = max(period - worked, 0.0)
     return {
         "iteration": t.iteration,
         "reward_mean": round(t.reward_mean, 4),

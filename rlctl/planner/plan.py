@@ -419,21 +419,19 @@ def _simulated_split(
     GPUs (docs/planning.md). Rollout gets x of the site's n GPUs (after every other rollout site's whole budget), the
     trainer the fastest configuration within n − x. Minimised over x by `search_min` on a grid of SEARCH_GRID
     splits and `seeds` (rollout GPU counts: Algorithm 1's, the even split)."""
-    job, lm, gcurves, tcurve, tw, budgets, order, opts = stages
+    gcurves, budgets, order = stages.gcurves, stages.budgets, stages.order
     r_sites = list(gcurves)
     n = budgets[t_site]
     others = sum(budgets.values()) - n
     sizes = [budgets[s] for s in r_sites]
     gen = alloc.combine_rollout([gcurves[s].seconds for s in r_sites], sizes, order)
-    train = np.asarray(tcurve.seconds, dtype=float)
+    train = np.asarray(stages.tcurve.seconds, dtype=float)
     fastest, fastest_at = alloc.prefix_min(train[:n])  # the fastest trainer within n − x GPUs, and where
     feasible = [x for x in range(1, n) if math.isfinite(gen[others + x]) and math.isfinite(fastest[n - x])]
     if not feasible:
         raise PlanError(f"site {t_site!r}: no split of its {n} GPUs runs both stages")
     runs: dict[int, tuple[int, float]] = {}  # x → (trainer GPUs, simulated async iteration s)
-    simulated = _async_iteration(
-        job, lm, gcurves, tw, sizes, order, opts, train=train, streamed_fraction=streamed_fraction
-    )
+    simulated = _async_iteration(stages, train=train, streamed_fraction=streamed_fraction)
 
     def iteration(x: int) -> float:
         y = int(fastest_at[n - x])
@@ -473,14 +471,14 @@ def _simulated_cross(
     simulated async iteration T), a stage whose GPU count is `auto` gives up GPUs while the iteration stays within
     SAME_WITHIN of T (the fewest found by `search_first`, on the simulated times), one stage then the other; of the
     two orders, the one that costs less per iteration (the sites' `gpu_cost_per_hour`) is chosen."""
-    job, lm, gcurves, tcurve, tw, budgets, order, opts = stages
+    job, gcurves, budgets, order = stages.job, stages.gcurves, stages.budgets, stages.order
     r_sites = list(gcurves)
     inv = job.inventory.sites
     t_site = job.spec.placement.trainer.site
     sizes = [budgets[s] for s in r_sites]
     m = sum(sizes)
     gen = alloc.combine_rollout([gcurves[s].seconds for s in r_sites], sizes, order)
-    train = np.asarray(tcurve.seconds, dtype=float)
+    train = np.asarray(stages.tcurve.seconds, dtype=float)
     fastest, fastest_at = alloc.prefix_min(train[: n_train + 1])  # the fastest trainer within y GPUs, and where
     xs = [x for x in range(1, m + 1) if math.isfinite(gen[x])] if search_rollout else [m]
     ys = sorted({int(fastest_at[y]) for y in range(1, n_train + 1) if math.isfinite(fastest[y])})
@@ -488,9 +486,7 @@ def _simulated_cross(
     if not xs or not ys or xs[-1] != m or not math.isfinite(train[ys[-1]]):
         raise PlanError(f"{job.spec.name}: the full allocation ({m} rollout, {n_train} trainer GPUs) cannot run")
     runs: dict[tuple[int, int], float] = {}
-    simulated = _async_iteration(
-        job, lm, gcurves, tw, sizes, order, opts, train=train, streamed_fraction=streamed_fraction
-    )
+    simulated = _async_iteration(stages, train=train, streamed_fraction=streamed_fraction)
 
     def iteration(x: int, y: int) -> float:
         if (x, y) not in runs:
@@ -532,32 +528,36 @@ def _simulated_cross(
     return chosen, search
 
 
-def _async_iteration(
-    job: Job,
-    lm: LengthModel,
-    gcurves: dict[str, GenCurve],
-    tw: TrainWorkload,
-    sizes: list[int],
-    order: list[int],
-    opts: PlanOptions,
-    *,
-    train: np.ndarray,
-    streamed_fraction: float,
-) -> Callable[[int, int], float]:
-    """The simulated async iteration (s) with x rollout GPUs (the sites' budgets `sizes` filled in `order`) and the
-    trainer configuration at index y of `train` (the trainer curve's seconds)."""
+def _async_iteration(stages: Stages, *, train: np.ndarray, streamed_fraction: float) -> Callable[[int, int], float]:
+    """The simulated async iteration (s) with x rollout GPUs (the sites' budgets filled in the stages' order) and
+    the trainer configuration at index y of `train` (the trainer curve's seconds)."""
+    job, lm, gcurves, _, tw, budgets, order, opts = stages
     r_sites = list(gcurves)
+    sizes = [budgets[s] for s in r_sites]
 
     def run(x: int, y: int) -> float:
         per_site = dict(zip(r_sites, alloc.split_combined(x, sizes, order), strict=True))
-        train_s = float(train[y])
-        at_step = train_s * (1 - streamed_fraction)
-        sim = _simulate(
-            job, lm, _units(gcurves, per_site), tw, (train_s, at_step), per_site, opts, modes=("async",), report=False
-        )
-        return float(sim["predicted"]["iteration_s"]["async"])
+        units = _units(gcurves, per_site)
+        return _async_s(job, lm, units, tw, float(train[y]), per_site, opts, streamed_fraction=streamed_fraction)
 
     return run
+
+
+def _async_s(
+    job: Job,
+    lm: LengthModel,
+    units: list[Unit],
+    tw: TrainWorkload,
+    train_s: float,
+    per_site: dict[str, int],
+    opts: PlanOptions,
+    *,
+    streamed_fraction: float,
+) -> float:
+    """The simulated async iteration (s) of `units` (GPUs `per_site`) beside a trainer step of `train_s`."""
+    at_step = train_s * (1 - streamed_fraction)
+    sim = _simulate(job, lm, units, tw, (train_s, at_step), per_site, opts, modes=("async",), report=False)
+    return float(sim["predicted"]["iteration_s"]["async"])
 
 
 def search_first(ok: Callable[[int], bool], xs: list[int]) -> int:
@@ -665,9 +665,7 @@ def _assemble(
     def one_more(site: str, tp: int) -> float:  # the async iteration with one more unit of `tp` GPUs on `site`
         more = per_site | {site: per_site[site] + tp}
         plus = [*units, Unit(site, gcurves[site].costs[tp])]
-        at_step = train_s * (1 - streamed_fraction)
-        out = _simulate(job, lm, plus, tw, (train_s, at_step), more, opts, modes=("async",), report=False)
-        return float(out["predicted"]["iteration_s"]["async"])
+        return _async_s(job, lm, plus, tw, train_s, more, opts, streamed_fraction=streamed_fraction)
 
     iteration_s = sim["predicted"]["iteration_s"][spec.pipeline.mode]
     used = [(a["gpus_used"], inv.sites[a["site"]].gpu_cost_per_hour) for a in allocation]
