@@ -29,7 +29,8 @@ LengthEstimate = Literal["quantile", "mean"]
 
 def lpt_order(pred_lengths: Sequence[float]) -> list[int]:
     """Indices in descending predicted length; ties keep the original (ascending index) order."""
-    return sorted(range(len(pred_lengths)), key=lambda i: (-pred_lengths[i], i))
+    values = [float(x) for x in pred_lengths]  # plain floats: comparing numpy scalars dominates the sort
+    return sorted(range(len(values)), key=values.__getitem__, reverse=True)  # stable: ties keep index order
 
 
 def assign_balanced(

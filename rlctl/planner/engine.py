@@ -51,60 +51,74 @@ class Group:
 
 
 def run_groups(groups: Sequence[Group], engine: EngineSpec) -> list[np.ndarray]:
-    """Finish time (s) of each request of each group (absolute, on the releases' clock)."""
-    ptl_s, batch_cap, barrier = engine.ptl_s, engine.batch_cap, engine.barrier
-    prefill_s, admit_fixed_s, compact_fraction = engine.prefill_s, engine.admit_fixed_s, engine.compact_fraction
-    cap = max(1, min(batch_cap, len(ptl_s) - 1))
-    finish = [np.zeros(len(g.lengths)) for g in groups]
+    """Finish time (s) of each request of each group (absolute, on the releases' clock).
+
+    Event to event in plain Python numbers (the planner runs it hundreds of times a plan: numpy scalars and
+    per-event scans of every group cost more than the events); the same sums in the same order as the engine
+    loop it mirrors (`tests/unit/planner/test_planner_engine.py`)."""
+    ptl = [float(x) for x in engine.ptl_s]
+    barrier, prefill_s, admit_fixed_s = engine.barrier, engine.prefill_s, engine.admit_fixed_s
+    compact_fraction = engine.compact_fraction
+    lazy = compact_fraction is not None
+    cap = max(1, min(engine.batch_cap, len(ptl) - 1))
+    release = [float(g.release_s) for g in groups]
+    lengths = [np.asarray(g.lengths).astype(np.int64).tolist() for g in groups]
+    size = [len(ls) for ls in lengths]
+    finish = [[0.0] * n for n in size]
     nxt = [0] * len(groups)  # next request to admit, per group
     running = [0] * len(groups)  # running requests, per group
+    # a running group holds later groups back (the barrier) when it is larger than one batch, or always
+    bars = [barrier == "always" or (barrier == "auto" and n > cap) for n in size]
+    barred = any(bars)
+    waiting = [g for g, n in enumerate(size) if n]  # groups not all admitted, oldest first
     heap: list[tuple[int, int, int]] = []  # (step it ends at, group, request)
-    pending = [g for g, grp in enumerate(groups) if len(grp.lengths)]
-    t = min((groups[g].release_s for g in pending), default=0.0)
+    t = min((release[g] for g in waiting), default=0.0)
     step = rows = 0
 
     def floor() -> int | None:
         """The earliest group with a running request, if it holds later groups back."""
-        g = next((g for g, n in enumerate(running) if n), None)
-        if g is None or barrier == "never" or (barrier == "auto" and len(groups[g].lengths) <= cap):
-            return None
-        return g
-
-    def head() -> int | None:
-        """The group whose request is first in the engine's waiting queue (released, not all admitted)."""
-        return next(
-            (g for g in range(len(groups)) if nxt[g] < len(groups[g].lengths) and groups[g].release_s <= t + EPS_S),
-            None,
-        )
+        if barred:
+            for g, n in enumerate(running):
+                if n:
+                    return g if bars[g] else None
+        return None
 
     def admissible() -> bool:
-        h, f = head(), floor()
-        return h is not None and (f is None or h <= f)
+        """The engine's waiting queue has a released request at its head that the barrier lets in."""
+        for h in waiting:
+            if release[h] <= t + EPS_S:
+                f = floor()
+                return f is None or h <= f
+        return False
 
     while True:
         admitted = 0
         if admissible():
             f = floor()
-            for g in range(len(groups) if f is None else f + 1):
-                grp = groups[g]
-                if grp.release_s > t + EPS_S:
+            for g in list(waiting):
+                if (f is not None and g > f) or len(heap) >= cap:
+                    break
+                if release[g] > t + EPS_S:
                     continue
-                while nxt[g] < len(grp.lengths) and len(heap) < cap:
-                    heapq.heappush(heap, (step + int(grp.lengths[nxt[g]]), g, nxt[g]))
-                    running[g] += 1
-                    nxt[g] += 1
-                    admitted += 1
+                ls, k = lengths[g], nxt[g]
+                take = min(size[g] - k, cap - len(heap))
+                for i in range(k, k + take):
+                    heapq.heappush(heap, (step + ls[i], g, i))
+                running[g] += take
+                nxt[g] = k + take
+                admitted += take
+                if nxt[g] == size[g]:
+                    waiting.remove(g)
         if admitted:
             t += admit_fixed_s + admitted * prefill_s
-        later = [groups[g].release_s for g in range(len(groups)) if nxt[g] < len(groups[g].lengths)]
         if not heap:
-            if not later:
-                return finish
-            t, rows = max(t, min(later)), 0  # idle until the next release
+            if not waiting:
+                return [np.array(f, dtype=float) for f in finish]
+            t, rows = max(t, min(release[g] for g in waiting)), 0  # idle until the next release
             continue
-        rows = len(heap) if compact_fraction is None else max(rows, len(heap))  # admissions reuse free rows
-        if compact_fraction is not None and not admissible() and rows - len(heap) >= compact_fraction * rows:
-            t += ptl_s[rows]  # the queue just drained: the engine compacts after this step (its finished gone)
+        rows = max(rows, len(heap)) if lazy else len(heap)  # admissions reuse free rows
+        if lazy and rows - len(heap) >= (compact_fraction or 0.0) * rows and not admissible():
+            t += ptl[rows]  # the queue just drained: the engine compacts after this step (its finished gone)
             step += 1
             while heap and heap[0][0] == step:
                 _, g, k = heapq.heappop(heap)
@@ -116,23 +130,21 @@ def run_groups(groups: Sequence[Group], engine: EngineSpec) -> list[np.ndarray]:
         end = heap[0][0]
         # the next boundary where a waiting request could be admitted: a free row and a group the barrier lets
         # in, released by then (perhaps already, during this boundary's prefill); else the next completion
-        f = floor()
-        open_ = [
-            groups[g].release_s for g in range(len(groups) if f is None else f + 1) if nxt[g] < len(groups[g].lengths)
-        ]
-        if end > step and open_ and len(heap) < cap:
-            until = max(1, math.ceil((min(open_) - EPS_S - t) / ptl_s[rows]))  # the first boundary at or after it
-            if until < end - step:
-                t += until * ptl_s[rows]
-                step += until
-                continue
-        t += (end - step) * ptl_s[rows]
+        if end > step and waiting and len(heap) < cap:
+            f = floor()
+            first = min((release[g] for g in waiting if f is None or g <= f), default=None)
+            if first is not None:
+                until = max(1, math.ceil((first - EPS_S - t) / ptl[rows]))  # the first boundary at or after it
+                if until < end - step:
+                    t += until * ptl[rows]
+                    step += until
+                    continue
+        t += (end - step) * ptl[rows]
         step = end
         while heap and heap[0][0] == end:
             _, g, k = heapq.heappop(heap)
             finish[g][k] = t
             running[g] -= 1
         # after the step, like the engine: drop all rows if all are free; compact if nothing can be admitted
-        lazy = compact_fraction is not None
-        if not heap or (lazy and not admissible() and rows - len(heap) >= (compact_fraction or 0.0) * rows):
+        if not heap or (lazy and rows - len(heap) >= (compact_fraction or 0.0) * rows and not admissible()):
             rows = len(heap)

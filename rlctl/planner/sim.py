@@ -73,34 +73,38 @@ def run_instance(
         active = n - np.arange(n)  # sequences alive during each segment
         finish[order] = admit_fixed_s + n * prefill_s + np.cumsum(steps * ptl_s[active])
         return finish
+    # event to event in plain Python numbers (numpy scalars cost more than the events); the same sums in order
+    ptl = [float(x) for x in ptl_s]
+    lens = np.asarray(lengths).astype(np.int64).tolist()
+    out = [0.0] * n
     heap: list[tuple[int, int]] = []
     t, step, nxt, rows = 0.0, 0, 0, 0
     while True:
         admitted = 0
         while nxt < n and len(heap) < cap:
-            heapq.heappush(heap, (step + int(lengths[nxt]), nxt))
+            heapq.heappush(heap, (step + lens[nxt], nxt))
             nxt += 1
             admitted += 1
         if admitted:
             t += admit_fixed_s + admitted * prefill_s
         if not heap:
-            return finish
+            return np.array(out, dtype=float)
         rows = len(heap) if compact_fraction is None else max(rows, len(heap))  # admissions reuse free rows
         end = heap[0][0]
         if compact_fraction is not None and nxt >= n and rows - len(heap) >= compact_fraction * rows:
             # the queue just drained: the engine compacts after this first step (what finishes in it gone
             # first), not at the next completion
-            t += ptl_s[rows]
+            t += ptl[rows]
             step += 1
             while heap and heap[0][0] == step:
-                finish[heapq.heappop(heap)[1]] = t
+                out[heapq.heappop(heap)[1]] = t
             rows = len(heap)
             if not heap:
                 continue
-        t += (end - step) * ptl_s[rows]
+        t += (end - step) * ptl[rows]
         step = end
         while heap and heap[0][0] == end:
-            finish[heapq.heappop(heap)[1]] = t
+            out[heapq.heappop(heap)[1]] = t
         # after the step, like the engine: drop all rows if all are free; compact if nothing waits
         if not heap or (compact_fraction is not None and nxt >= n and rows - len(heap) >= compact_fraction * rows):
             rows = len(heap)
@@ -206,12 +210,17 @@ def simulate_generation(
     counts = _proportional_counts(speed, n)
     # deal samples round-robin by weight so every site gets a share of long and short ones
     site_ids: list[list[int]] = [[] for _ in sites]
-    credit = np.zeros(len(sites))
-    for i in order:
-        credit += counts / max(n, 1)
-        s = int(np.argmax(credit))
-        site_ids[s].append(i)
-        credit[s] -= 1.0
+    if len(sites) == 1:
+        site_ids[0] = [int(i) for i in order]
+    else:  # plain floats: a numpy add and argmax per sample cost more than the dealing
+        share = [float(c) / max(n, 1) for c in counts]
+        credit = [0.0] * len(sites)
+        for i in order:
+            for k, add in enumerate(share):
+                credit[k] += add
+            s = max(range(len(credit)), key=credit.__getitem__)  # the first of equals, as argmax
+            site_ids[s].append(int(i))
+            credit[s] -= 1.0
     for (site, us), ids in zip(sites.items(), site_ids, strict=True):
         cost = units[us[0]].cost
         if not ids:
