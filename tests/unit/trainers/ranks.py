@@ -1,5 +1,8 @@
 """Start the ranks of a gloo group as processes of a rank script (one thread each, the repository importable):
-`script RANK WORLD TP PP RENDEZVOUS [extra …] OUT [checkpoint …]`, OUT being `out(rank)`."""
+`script RANK WORLD TP PP RENDEZVOUS [extra …] OUT [checkpoint …]`, OUT being `out(rank)`.
+
+Each rank is forked from the session's zygote, which imported torch and megatron-core once (`zygote.py`), or is
+a process of its own where the zygote cannot fork; either way `python script ARGS` with its own environment."""
 
 from __future__ import annotations
 
@@ -9,7 +12,21 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.unit.trainers.zygote import ForkedRank, ForkedRanks
+
 ROOT = Path(__file__).resolve().parents[3]
+ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+FORKED = ForkedRanks(env={**os.environ, **ENV})
+
+Rank = subprocess.Popen[str] | ForkedRank
+
+
+def start_rank(script: Path, argv: list[str], env: dict[str, str]) -> Rank:
+    """`python script ARGV` with `env`: a fork of the zygote, else a process (stderr readable by `communicate`)."""
+    forked = FORKED.start(script, argv, env)
+    if forked is not None:
+        return forked
+    return subprocess.Popen([sys.executable, str(script), *argv], env=env, stderr=subprocess.PIPE, text=True)
 
 
 def spawn_ranks(
@@ -22,30 +39,17 @@ def spawn_ranks(
     out: Callable[[int], Path],
     checkpoints: list[Path],
     extra: tuple[str, ...] = (),
-) -> list[subprocess.Popen[str]]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+) -> list[Rank]:
+    env = {**os.environ, **ENV}
     head = [str(world), str(tp), str(pp), str(rendezvous), *extra]
-    return [
-        subprocess.Popen(
-            [sys.executable, str(script), str(r), *head, str(out(r)), *map(str, checkpoints)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(world)
-    ]
+    return [start_rank(script, [str(r), *head, str(out(r)), *map(str, checkpoints)], env) for r in range(world)]
 
 
 def run_rank_script(script: Path, world: int, args: Callable[[int], list[str]], *, timeout_s: float = 150) -> None:
     """Run `script RANK WORLD *args(RANK)` for every rank of a gloo group and wait: each must exit 0 (the tail of
     its stderr in the failure)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(r), str(world), *args(r)], env=env, stderr=subprocess.PIPE, text=True
-        )
-        for r in range(world)
-    ]
+    env = {**os.environ, **ENV}
+    procs = [start_rank(script, [str(r), str(world), *args(r)], env) for r in range(world)]
     for p in procs:
         _, err = p.communicate(timeout=timeout_s)
         assert p.returncode == 0, err[-3000:]

@@ -3,7 +3,6 @@ steps equal the unsharded steps, and a sharded checkpoint resumes bit for bit (e
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,8 +10,7 @@ import torch
 
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.rl.samples import Sample
-
-from .ranks import ROOT
+from tests.unit.trainers.ranks import ENV, start_rank
 
 SCRIPT = Path(__file__).with_name("fsdp_rank.py")
 CFG = TinyGPTConfig(  # 7-row vocabulary shards unevenly over 2 ranks; tied embeddings are one sharded parameter
@@ -44,17 +42,9 @@ def iterations() -> list[list[Sample]]:
 def run(tmp_path: Path, *, world: int, phase: str, job: Path, model: Path, samples: Path) -> dict[str, list]:
     rendezvous = tmp_path / f"rdv-{world}-{phase}"
     out = tmp_path / f"out-{world}-{phase}.pt"
-    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    env = {**ENV, "PATH": "/usr/bin:/bin"}
     argv = [str(rendezvous), phase, str(model), str(samples), str(job), str(out)]
-    procs = [
-        subprocess.Popen(
-            ["python3" if False else __import__("sys").executable, str(SCRIPT), str(r), str(world), *argv],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(world)
-    ]
+    procs = [start_rank(SCRIPT, [str(r), str(world), *argv], env) for r in range(world)]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
