@@ -114,7 +114,8 @@ def _prepare(job_file: Path, job_dir: Path) -> tuple[Any, Any, dict[str, Any], i
     from rlctl.config import load_job
     from rlctl.launch.jobdir import JobDir
     from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
-    from rlctl.ops.run import plan_counts, prepare, resolve_job
+    from rlctl.ops.counts import plan_counts, resolve_job
+    from rlctl.ops.run import prepare
 
     job = load_job(job_file)
     spec = resolve_job(job)

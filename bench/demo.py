@@ -23,8 +23,9 @@ from typing import Any
 
 from rlctl.config import load_job
 from rlctl.launch.jobdir import JobDir
+from rlctl.ops.counts import plan_counts, resolve_job
 from rlctl.ops.evaluation import add_heldout
-from rlctl.ops.run import JobRun, plan_counts, prepare, resolve_job
+from rlctl.ops.run import JobRun, prepare
 from rlctl.rl.sft import CACHE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent

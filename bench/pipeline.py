@@ -19,7 +19,8 @@ from typing import Any
 
 from rlctl.config import load_job
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops.run import JobRun, prepare, resolve_job
+from rlctl.ops.counts import resolve_job
+from rlctl.ops.run import JobRun, prepare
 
 JOB = Path(__file__).resolve().parent.parent / "jobs" / "demo.yaml"
 MODES = ("sync", "stream", "async")

@@ -24,6 +24,7 @@ from rlctl.agents.weightbook import WeightBook
 from rlctl.config.job import JobFile
 from rlctl.metrics import JobMetrics
 from rlctl.rl.reward import RewardStats
+from rlctl.rl.source import heldout_view
 
 
 class AgentRecord(Protocol):
@@ -193,13 +194,6 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "data": dict(s.data),
         "agents": agents,
     }
-
-
-def heldout_view(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The first and the last held-out evaluation of the run (None before the first)."""
-    keys = ("version", "greedy_reward", "greedy_exact", "prompts")
-    rows = sorted(rows, key=lambda r: int(r["version"]))  # written as their scores came back
-    return {"first": {k: rows[0].get(k) for k in keys}, "last": {k: rows[-1].get(k) for k in keys}} if rows else None
 
 
 def partials_view(core: ControllerCore) -> dict[str, Any]:

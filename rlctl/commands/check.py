@@ -4,24 +4,17 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rlctl.config import Inventory, load_inventory, load_job
-from rlctl.config.base import read_yaml
-from rlctl.config.job import Job
 from rlctl.errors import JobProblems, PartialFailure
-from rlctl.launch.reach import probe_site
-from rlctl.launch.siteprobe import (
-    HostReport,
-    controller_reach_problems,
-    disk_problem,
-    host_problems,
-    probe_site_hosts,
-)
-from rlctl.ops.preflight import preflight, problems
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
+
+if TYPE_CHECKING:  # the config and the probes load when the command runs (`rlctl --help` stays quick)
+    from rlctl.config import Inventory
+    from rlctl.config.job import Job
+    from rlctl.launch.siteprobe import HostReport
 
 
 def inventory_summary(inv: Inventory) -> dict[str, Any]:
@@ -98,6 +91,9 @@ def _table(d: dict[str, Any]) -> str:
 def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[HostReport]]:
     """What stops `job`: its file's problems (`preflight.problems`), then each site's hosts' (`siteprobe`), asked
     for the roles the job places there; one line each. And what each host answered."""
+    from rlctl.launch.siteprobe import controller_reach_problems, disk_problem, host_problems, probe_site_hosts
+    from rlctl.ops.preflight import problems
+
     lines = [f"{job.path}: {p.field}: {p.message}" + (f" (hint: {p.hint})" if p.hint else "") for p in problems(job)]
     spec = job.spec
     roles: dict[str, set[str]] = {spec.placement.trainer.site: {"trainer"}}
@@ -143,6 +139,11 @@ def register(app: typer.Typer) -> None:
 
         With a job and --reach, every problem (the job file's, and what each site's hosts lack) is one line; exit 2.
         """
+        from rlctl.config import load_inventory, load_job
+        from rlctl.config.base import read_yaml
+        from rlctl.launch.reach import probe_site
+        from rlctl.ops.preflight import preflight
+
         job = None
         if len(files) == 1 and read_yaml(files[0]).get("kind") == "Job":
             job = load_job(files[0])

@@ -10,16 +10,15 @@ import signal
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rlctl.config import load_job
 from rlctl.errors import RlctlError, UsageError
-from rlctl.ops.evaluation import add_heldout, heldout_line
-from rlctl.ops.preflight import Problem, preflight, problems
-from rlctl.ops.run import DRY_RUN_CONTROLLER
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
+
+if TYPE_CHECKING:  # the runtime's modules load when a command runs (`rlctl --help` starts in a fraction of a second)
+    from rlctl.ops.preflight import Problem
 
 
 class Mode(StrEnum):
@@ -43,6 +42,8 @@ def progress_line(st: dict[str, Any]) -> str:
 
 
 def _table(s: dict[str, Any]) -> str:
+    from rlctl.ops.evaluation import heldout_line
+
     led = s["ledger"]
     rows = [
         ["state", s["state"]],
@@ -157,6 +158,8 @@ def dry_table(
 ) -> str:
     """What `rlctl check` refuses (if anything), where each agent runs and what it gets (one table), the
     staging plan, then every exact sbatch script / SSH command."""
+    from rlctl.ops.run import DRY_RUN_CONTROLLER
+
     table = [
         [
             r["agent"],
@@ -211,9 +214,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a job: SFT warm-up (cached), then controller, trainer and rollout agents on their sites
         (local processes, SLURM jobs, SSH hosts). `--resume JOB` continues a stopped or failed one."""
+        from rlctl.config import load_job
         from rlctl.launch.jobdir import JobDir
+        from rlctl.ops.counts import plan_counts, resolve_job
+        from rlctl.ops.evaluation import add_heldout
         from rlctl.ops.jobdb import JobDB
-        from rlctl.ops.run import JobRun, launch_dir, plan_counts, prepare, resolve_job
+        from rlctl.ops.preflight import preflight, problems
+        from rlctl.ops.run import JobRun, launch_dir, prepare
 
         if resume is not None:
             if job_file is not None or dry_run or iterations is not None or mode is not None or job_dir is not None:
@@ -274,6 +281,7 @@ def _resume(ref: str, output: OutputFormat) -> None:
     """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest
     complete checkpoint (every trainer rank the shard of its (tp, pp) position: a checkpoint written at
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue."""
+    from rlctl.ops.evaluation import add_heldout
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import resolve
     from rlctl.ops.run import JobRun, refuse_if_running

@@ -8,10 +8,6 @@ from typing import Annotated
 
 import typer
 
-from rlctl.config import load_job
-from rlctl.planner.plan import make_plan
-from rlctl.planner.view import plan_plot, plan_table
-from rlctl.profiler.profile import load_profile
 from rlctl.render import OutputFormat, OutputOpt, emit
 
 
@@ -31,6 +27,11 @@ def register(app: typer.Typer) -> None:
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Plan a job: Algorithm 1 allocation, TP/PP/DP, Algorithm 2 dispatch, simulated iteration time per mode."""
+        from rlctl.config import load_job
+        from rlctl.planner.plan import make_plan
+        from rlctl.planner.view import plan_plot, plan_table
+        from rlctl.profiler.profile import load_profile
+
         j = load_job(job)
         prof = load_profile(profile) if profile is not None else None
         result = make_plan(j, prof, profile_file=str(profile))

@@ -8,13 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 
-from rlctl.config import load_job
 from rlctl.errors import UsageError
 from rlctl.models.catalog import BUILTIN_MODELS
-from rlctl.profiler.build import build_profile, request_from_job, request_from_options
-from rlctl.profiler.profile import save_profile
 from rlctl.textutil import one_of
 
 
@@ -108,6 +104,12 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Write a profile (PTL(BS) per GPU type and TP, prefill, KV capacity, training cost) for `rlctl plan`."""
+        import yaml
+
+        from rlctl.config import load_job
+        from rlctl.profiler.build import build_profile, request_from_job, request_from_options
+        from rlctl.profiler.profile import save_profile
+
         engines = [e.value for e in engine] if engine else None
         backend = trainer_backend.value if trainer_backend else None
         if job is not None:

@@ -7,9 +7,7 @@ from typing import Annotated
 
 import typer
 
-from rlctl.ops.jobref import resolve
 from rlctl.render import OutputFormat, OutputOpt, emit
-from rlctl.report import build_report
 
 
 def _table(paths: dict[str, str]) -> str:
@@ -33,7 +31,9 @@ def register(app: typer.Typer) -> None:
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Write a PNG and an HTML report of a job: reward, T_gen/T_train/δ with scale events, agent busy/idle timeline."""  # noqa: E501 (one line: typer keeps newlines in the command list)
+        from rlctl.ops.jobref import resolve
         from rlctl.ops.operate import fetch_job_record
+        from rlctl.report import build_report
 
         ref = resolve(job)
         fetch_job_record(ref)  # the record lives with the controller; a copy here when it ran on another site

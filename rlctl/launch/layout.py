@@ -1,6 +1,6 @@
 """Where every agent of a job runs and what it gets: host and GPU slice, SLURM request, threads, tp/pp/dp.
 
-    plan (run.plan_counts)  ─┐
+    plan (counts.py)        ─┐
     sites (inventory)        ├─▶ layout() ─▶ [PlannedAgent: role, replica, site, resources, gpu_slice, parallel]
     job (threads per role)  ─┘     controller first, then trainer ranks, then rollout units (start order)
 

@@ -19,7 +19,6 @@ import threading
 import time
 from typing import Any
 
-from rlctl.agents.views import heldout_view
 from rlctl.errors import RlctlError, TransportError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import AgentHandle
@@ -27,6 +26,7 @@ from rlctl.launch.stage import all_recorded_agents, fetch_record, record_view
 from rlctl.ops.jobdb import JobDB
 from rlctl.ops.jobref import JobRef
 from rlctl.ops.run import connect_client
+from rlctl.rl.source import heldout_view
 from rlctl.transport import Message
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ What is refused here (and why) is what the runtime cannot honour on this install
 trainer backend whose package is missing or that the agents do not run, a model or task that only
 describes a workload for planning, a field only `rlctl plan` reads, a prompt plus its output longer than
 the model's context, a tracker whose package is missing; and, in the plan launch computes from the job
-(rlctl.ops.run.plan_counts: counts, the trainer's tp × pp × dp, each rollout unit's tp), a split the
+(rlctl.ops.counts.plan_counts: counts, the trainer's tp × pp × dp, each rollout unit's tp), a split the
 trainer or the engine would ignore, a site too small for the agents placed on it, and trainer ranks that
 write checkpoint shards on several hosts of an SSH site that share no work root.
 """
@@ -70,7 +70,7 @@ def _missing(module: str) -> bool:
 
 def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     """Every reason the runtime cannot run `job` as written, first the most fundamental. `plan` is the one
-    launch runs (rlctl.ops.run.plan_counts); without it, it is computed here the same way."""
+    launch runs (rlctl.ops.counts.plan_counts); without it, it is computed here the same way."""
     spec = job.spec
     out: list[Problem] = []
     if spec.model.kind == "arch":
@@ -279,14 +279,14 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     work root (`layout.unshared_trainer`: rank 0 could not seal them)."""
     spec, out = job.spec, []
     if plan is None:
-        from rlctl.ops import run  # torch comes with it: only where a plan is computed
+        from rlctl.ops import counts
 
         # the planner's advisory note (explicit counts, planner failed: tp 1 pp 1) is launch's to log;
         # check prints its one line
-        log = logging.getLogger(run.__name__)
+        log = logging.getLogger(counts.__name__)
         log.addFilter(_drop)
         try:
-            plan = run.plan_counts(job, spec)
+            plan = counts.plan_counts(job, spec)
         except PlanError as e:
             return [Problem(_auto_field(job), f"'auto' needs the planner, which failed: {e.__cause__ or e}", e.hint)]
         except ConfigError:

@@ -104,7 +104,7 @@ class TrainWorkload:
 def replica_fits(entry: TrainingEntry, *, hbm_bytes: float) -> bool:
     """A whole replica at this entry's (tp, pp) fits one GPU unsharded (dp = 1): its weights, gradients and the
     optimizer state the data-parallel ranks would otherwise shard. The torch trainer shards with FSDP2 where it
-    does not (`rlctl.ops.run.plan_counts`); `train_time_s` prices sharded state at the plan's dp."""
+    does not (`rlctl.ops.counts.plan_counts`); `train_time_s` prices sharded state at the plan's dp."""
     return entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu <= TRAIN_MEM_FRACTION * hbm_bytes
 
 

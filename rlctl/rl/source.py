@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlctl.config.job import DatasetTask, DigitsTask, JobFile
 from rlctl.errors import ConfigError
@@ -45,6 +45,14 @@ class HeldoutScores:
     exact: float | None  # digits: fraction answered exactly (then EOS); None for a dataset task
     prompts: int
     failures: int = 0  # reward calls scored `reward_on_error`
+
+
+def heldout_view(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first and the last held-out evaluation of a run's rows (`evaluations.jsonl`; None before the first):
+    the controller's summary and `rlctl status` read it."""
+    keys = ("version", "greedy_reward", "greedy_exact", "prompts")
+    rows = sorted(rows, key=lambda r: int(r["version"]))  # written as their scores came back
+    return {"first": {k: rows[0].get(k) for k in keys}, "last": {k: rows[-1].get(k) for k in keys}} if rows else None
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,12 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from rlctl.errors import ProtocolError
+
+if TYPE_CHECKING:  # torch loads with the first tensor (`rlctl status` and `stop` never need it)
+    import torch
 
 
 @dataclass
@@ -53,11 +54,13 @@ class TensorSpec:
 
 # Called by a receiver once the header of a message is known: returns one tensor per spec to
 # receive into (contiguous, matching dtype and shape), e.g. a slice of a weight buffer.
-BufferProvider = Callable[[str, dict[str, Any], list[TensorSpec]], list[torch.Tensor]]
+BufferProvider: TypeAlias = "Callable[[str, dict[str, Any], list[TensorSpec]], list[torch.Tensor]]"
 
 
 def empty_buffers(kind: str, header: dict[str, Any], specs: list[TensorSpec]) -> list[torch.Tensor]:
     """The default BufferProvider: fresh `torch.empty` tensors."""
+    import torch
+
     del kind, header
     return [torch.empty(s.shape, dtype=s.dtype) for s in specs]
 

@@ -22,44 +22,57 @@ tcp.py): "M" + (stripe streams k: u8, stripe threshold: u64) answered by a 16-by
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
-import torch
 
 from rlctl.errors import ProtocolError
 from rlctl.transport.base import Message, TensorSpec
+
+if TYPE_CHECKING:
+    import torch
 
 MAGIC = b"RLM1"
 PREAMBLE = struct.Struct("!4sI")
 S = TypeVar("S", bound=msgspec.Struct)
 
-# Every dtype that may travel; anything else is refused at send time with this list in the message.
-DTYPES: dict[str, torch.dtype] = {
-    str(d).removeprefix("torch."): d
-    for d in (
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.uint16,
-        torch.uint32,
-        torch.uint64,
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.complex64,
-        torch.complex128,
-        torch.float8_e4m3fn,
-        torch.float8_e5m2,
-    )
-}
-_DTYPE_NAMES = {d: n for n, d in DTYPES.items()}
+# Every dtype that may travel (torch's names); anything else is refused at send time with this list in the message.
+DTYPE_NAMES = (
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "float8_e4m3fn",
+    "float8_e5m2",
+)
+
+
+@functools.cache
+def dtypes() -> dict[str, torch.dtype]:
+    """The dtypes that may travel, by name. torch loads with the first tensor frame: a message without tensors
+    (`rlctl status`, `stop`) never imports it."""
+    import torch
+
+    return {name: getattr(torch, name) for name in DTYPE_NAMES}
+
+
+@functools.cache
+def _dtype_names() -> dict[torch.dtype, str]:
+    return {d: n for n, d in dtypes().items()}
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,8 @@ _decoder = msgspec.msgpack.Decoder(WireHeader)
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """Raw bytes of a contiguous CPU tensor, without copying."""
     assert t.is_contiguous() and t.device.type == "cpu", "call wire_tensors() first"
+    import torch
+
     if t.numel() == 0:
         return memoryview(b"")
     arr: Any = t.reshape(-1).view(torch.uint8).numpy()
@@ -95,17 +110,18 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
 
 def wire_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Tensors as they go on the wire: CPU and contiguous (copies only what is not already)."""
-    out = []
+    out, names = [], _dtype_names()
     for t in tensors:
-        if t.dtype not in _DTYPE_NAMES:
-            raise ValueError(f"dtype {t.dtype} cannot travel; supported: {', '.join(DTYPES)}")
+        if t.dtype not in names:
+            raise ValueError(f"dtype {t.dtype} cannot travel; supported: {', '.join(DTYPE_NAMES)}")
         out.append(t.detach().to("cpu").contiguous())
     return out
 
 
 def encode_header(msg: Message, tensors: list[torch.Tensor]) -> bytes:
     """Preamble + msgpack header for `msg` whose (wire-ready) tensors are `tensors`."""
-    frames = [(_DTYPE_NAMES[t.dtype], list(t.shape), t.numel() * t.element_size()) for t in tensors]
+    names = _dtype_names() if tensors else {}
+    frames = [(names[t.dtype], list(t.shape), t.numel() * t.element_size()) for t in tensors]
     try:
         body = _encoder.encode(WireHeader(msg.kind, msg.header, msg.msg_id, msg.reply_to, frames))
     except (TypeError, msgspec.EncodeError) as e:
@@ -132,7 +148,7 @@ def decode_header(data: bytes, limits: Limits, peer: str) -> tuple[WireHeader, l
         raise ProtocolError(f"{peer}: {len(wh.frames)} frames exceed the bound of {limits.max_frames}")
     specs, total = [], 0
     for name, shape, nbytes in wh.frames:
-        dtype = DTYPES.get(name)
+        dtype = dtypes().get(name)
         if dtype is None or len(shape) > limits.max_dims or any(d < 0 for d in shape):
             raise ProtocolError(f"{peer}: bad frame {name[:32]!r} {shape[: limits.max_dims]}")
         numel, span = 1, dtype.itemsize  # span: the bytes torch would stride over, empty dimensions as 1

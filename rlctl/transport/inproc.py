@@ -14,8 +14,7 @@ import itertools
 import queue
 import threading
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from rlctl.errors import AuthError, PeerClosed, PeerTimeout, PeerUnreachable
 from rlctl.transport import framing
@@ -28,6 +27,9 @@ from rlctl.transport.base import (
     check_buffers,
     empty_buffers,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 _registry: dict[str, InprocListener] = {}
 _registry_lock = threading.Lock()

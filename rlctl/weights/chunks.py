@@ -17,7 +17,7 @@ import torch
 import xxhash
 
 from rlctl.errors import ProtocolError
-from rlctl.transport.framing import DTYPES, Limits, tensor_bytes
+from rlctl.transport.framing import Limits, dtypes, tensor_bytes
 
 ALIGN_BYTES = 64
 MAX_DIMS = Limits.max_dims
@@ -50,13 +50,13 @@ class Layout:
             for d in shape[: MAX_DIMS + 1]:  # no huge products: a longer shape is refused below anyway
                 numel *= d
             if (
-                dtype not in DTYPES
+                dtype not in dtypes()
                 or offset < 0
                 or nbytes < 0
                 or offset + nbytes > total_bytes
                 or len(shape) > MAX_DIMS
                 or any(d < 0 for d in shape)
-                or numel * DTYPES[dtype].itemsize != nbytes
+                or numel * dtypes()[dtype].itemsize != nbytes
             ):
                 entry = f"{str(name)[:80]!r}: {dtype!s:.20}{list(shape)[:MAX_DIMS]} at {offset}+{nbytes}"
                 raise ProtocolError(f"bad layout entry {entry}")
@@ -88,7 +88,7 @@ def unflatten(flat: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
     """Views of the tensors inside `flat` (no copy)."""
     out = {}
     for s in layout.slots:
-        dtype = DTYPES[s.dtype]
+        dtype = dtypes()[s.dtype]
         if s.nbytes == 0:
             out[s.name] = torch.empty(s.shape, dtype=dtype)
             continue

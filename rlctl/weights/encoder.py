@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
-from rlctl.transport.framing import DTYPES
+from rlctl.transport.framing import dtypes
 from rlctl.weights import delta
 from rlctl.weights.chunks import Layout
 from rlctl.weights.delta_parts import part_range
@@ -48,7 +48,7 @@ class DeviceEncoder:
     def __init__(self, layout: Layout, pieces: list[Piece], *, device: torch.device, local: bool = False) -> None:
         assert all(p.start % ELEMENT_BYTES == 0 and p.nbytes % ELEMENT_BYTES == 0 for p in pieces), pieces[:3]
         self.layout, self.pieces, self.device, self.local = layout, pieces, device, local
-        self._dtype = {s.name: DTYPES[s.dtype] for s in layout.slots}
+        self._dtype = {s.name: dtypes()[s.dtype] for s in layout.slots}
         self.nbytes = sum(p.nbytes for p in pieces)
         self.ranges = _element_ranges(pieces)
         self.prev: torch.Tensor | None = None  # the last published version's part (None before the first)

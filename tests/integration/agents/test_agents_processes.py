@@ -11,7 +11,8 @@ import pytest
 
 from rlctl.config import load_job
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops.run import JobRun, launch_dir, plan_counts, prepare, resolve_job
+from rlctl.ops.counts import plan_counts, resolve_job
+from rlctl.ops.run import JobRun, launch_dir, prepare
 
 from .conftest import alive_agent_pids
 

@@ -195,7 +195,7 @@ def test_a_row_partly_decoded_by_weights_a_resume_discards_is_discarded(tmp_path
 
 
 def test_evaluations_that_end_out_of_order_keep_the_gauges_and_views_on_the_newest(tmp_path) -> None:
-    from rlctl.agents.views import heldout_view
+    from rlctl.rl.source import heldout_view
 
     h = Harness(tmp_path)
     h.ev.unit_at("u0", 5)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rlctl.config import load_job
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops.run import resolve_job
+from rlctl.ops.counts import resolve_job
 
 REPO = Path(__file__).resolve().parents[3]
 

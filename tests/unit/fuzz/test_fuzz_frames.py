@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from rlctl.errors import PeerUnreachable, ProtocolError
 from rlctl.transport import Message
 from rlctl.transport.base import TensorSpec
-from rlctl.transport.framing import DTYPES, MAGIC, PREAMBLE, Limits, encode_header, tensor_bytes, wire_tensors
+from rlctl.transport.framing import MAGIC, PREAMBLE, Limits, dtypes, encode_header, tensor_bytes, wire_tensors
 from rlctl.transport.inproc import InprocConnection, _Packet
 from rlctl.transport.tcp import TcpConfig, TcpConnection
 
@@ -87,7 +87,7 @@ def seeds() -> list[bytes]:
     """Valid streams: every dtype, empty and scalar frames, nested headers, several messages in a row."""
     g = torch.Generator().manual_seed(0)
     out = []
-    for i, (name, dtype) in enumerate(DTYPES.items()):
+    for i, (name, dtype) in enumerate(dtypes().items()):
         shape = [(), (0,), (3,), (2, 5), (1, 0, 4)][i % 5]
         raw = torch.randint(0, 256, (max(1, _numel(shape)) * dtype.itemsize,), dtype=torch.uint8, generator=g)
         t = raw[: _numel(shape) * dtype.itemsize].view(dtype).reshape(shape)
@@ -238,7 +238,7 @@ def receive_all(data: bytes, fd: int, *, piece: int = 1 << 20, limits: Limits = 
     try:
         while True:
             msg = conn.recv(into=alloc)
-            assert all(t.is_contiguous() and t.dtype in DTYPES.values() for t in msg.tensors)
+            assert all(t.is_contiguous() and t.dtype in dtypes().values() for t in msg.tensors)
     except ProtocolError as e:
         assert "fuzz-peer" in str(e)
         return alloc.messages, "protocol"
@@ -302,7 +302,7 @@ def test_mutated_headers_through_inproc(fuzz_count: Callable[[str, int], None]) 
         inbox.put(_Packet(data[PREAMBLE.size :], r.choice(heads)[1]))
         try:
             got = conn.recv(timeout_s=1)
-            assert all(t.dtype in DTYPES.values() for t in got.tensors)
+            assert all(t.dtype in dtypes().values() for t in got.tensors)
             outcomes["ok"] += 1
         except ProtocolError:
             outcomes["protocol"] += 1
@@ -323,7 +323,7 @@ msgpack_values = st.recursive(
 )
 frame_entries = st.lists(
     st.tuples(
-        st.sampled_from([*DTYPES, "object", ""]) | st.text(max_size=12),
+        st.sampled_from([*dtypes(), "object", ""]) | st.text(max_size=12),
         st.lists(st.integers(min_value=-2, max_value=2**64 - 1) | st.sampled_from([0, 1, 2, 3]), max_size=5),
         st.integers(min_value=-1, max_value=2**64 - 1) | st.sampled_from([0, 1, 4, 8, 24]),
     ).map(list)

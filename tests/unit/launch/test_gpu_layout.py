@@ -25,7 +25,8 @@ from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent, layout
 from rlctl.launch.spawn import Spawner, agent_spec
 from rlctl.ops import preflight
-from rlctl.ops.run import client_hello, plan_counts, planned_agents, resolve_job
+from rlctl.ops.counts import plan_counts, resolve_job
+from rlctl.ops.run import client_hello, planned_agents
 from tests.conftest import ROOT, run_cli
 
 GOLDEN = ROOT / "tests" / "golden" / "launch"

@@ -14,7 +14,7 @@ import yaml
 from rlctl.config import load_job
 from rlctl.config.job import Job
 from rlctl.models.tinygpt import TinyGPT
-from rlctl.ops import run
+from rlctl.ops import counts, run
 from rlctl.ops.preflight import Problem, problems
 from rlctl.rl.tasks import DigitsTask
 from tests.conftest import ROOT, run_cli
@@ -86,7 +86,7 @@ def gpu_job(tmp_path: Path, *, trainer_gpus: int, backend: str) -> Job:
 )
 def test_a_plan_that_splits_the_trainer_is_refused_for_either_backend(tmp_path: Path, backend: str, why: str) -> None:
     job = gpu_job(tmp_path, trainer_gpus=16, backend=backend)
-    assert run.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 2, "pp": 1, "dp": 8}
+    assert counts.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 2, "pp": 1, "dp": 8}
     (p,) = refused(job, "placement.trainer.gpus")
     assert p.message.startswith("the plan splits the model over the trainer's 16 GPUs on site 'h800' as tp 2 pp 1 dp 8")
     assert why in p.message and "use a GPU count the plan runs as tp 1 pp 1" in p.message
@@ -95,7 +95,7 @@ def test_a_plan_that_splits_the_trainer_is_refused_for_either_backend(tmp_path: 
     # distributed optimizer, would hold all of it on every rank: refused with the memory figures
     job = gpu_job(tmp_path, trainer_gpus=15, backend=backend)
     fsdp = {"fsdp": True} if backend == "torch" else {}
-    assert run.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 15} | fsdp
+    assert counts.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 15} | fsdp
     if backend == "torch":
         assert refused(job, "placement.trainer.gpus") == []
     else:
@@ -108,7 +108,7 @@ def test_a_plan_that_splits_the_trainer_is_refused_for_either_backend(tmp_path: 
 def test_pipeline_split_of_a_given_plan_is_refused(tmp_path: Path) -> None:
     """`problems(job, plan=…)` judges the plan launch computed (launch passes its own)."""
     job = load(tmp_path, placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 2}]})
-    plan = run.plan_counts(job, job.spec)
+    plan = counts.plan_counts(job, job.spec)
     assert refused(job, "placement.trainer.gpus", plan=plan) == []
     plan["trainer"]["parallel"] = {"tp": 1, "pp": 2, "dp": 1}
     (p,) = refused(job, "placement.trainer.gpus", plan=plan)
@@ -117,7 +117,7 @@ def test_pipeline_split_of_a_given_plan_is_refused(tmp_path: Path) -> None:
 
 def split_plan(job: Job, *, trainer: tuple[int, int, int] = (1, 1, 1), rollout_tp: int = 1) -> dict[str, Any]:
     tp, pp, dp = trainer
-    plan = run.plan_counts(job, job.spec)
+    plan = counts.plan_counts(job, job.spec)
     plan["trainer"]["parallel"] = {"tp": tp, "pp": pp, "dp": dp}
     plan["rollout"] = [{**g, "tp": rollout_tp} for g in plan["rollout"]]
     return plan
@@ -128,8 +128,8 @@ def test_check_and_launch_refuse_the_planned_split_with_the_same_line(
 ) -> None:
     """Launch runs preflight (its plan computed as launch computes it) before it builds the job directory."""
     job = load(tmp_path, placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 2}]})
-    real, plan = run.plan_counts, split_plan(job, trainer=(2, 1, 1))
-    monkeypatch.setattr(run, "plan_counts", lambda job, spec: copy.deepcopy(plan))
+    real, plan = counts.plan_counts, split_plan(job, trainer=(2, 1, 1))
+    monkeypatch.setattr(counts, "plan_counts", lambda job, spec: copy.deepcopy(plan))
     check = only_line(run_cli("check", str(job.path)))
     assert f"{job.path}: placement.trainer.gpus: the plan splits the model over the trainer's 2 GPUs" in check
 
@@ -139,7 +139,7 @@ def test_check_and_launch_refuse_the_planned_split_with_the_same_line(
     monkeypatch.setattr(run, "launch_dir", past_preflight)  # so that a failing test starts nothing either
     launch = only_line(run_cli("launch", str(job.path), "--job-dir", str(tmp_path / "run")))
     assert launch == check and not (tmp_path / "run").exists()
-    monkeypatch.setattr(run, "plan_counts", real)
+    monkeypatch.setattr(counts, "plan_counts", real)
     assert run_cli("check", str(job.path)).exit_code == 0
 
 
@@ -363,7 +363,7 @@ def test_ppo_trains_data_parallel_on_several_trainer_ranks(tmp_path: Path) -> No
     assert refused(load(tmp_path, algorithm={"kind": "ppo"}, placement=two), "placement.trainer.gpus") == []
     auto = {"trainer": {"site": "local"}, "rollout": [{"site": "local", "gpus": 2}]}
     job = load(tmp_path, algorithm={"kind": "ppo"}, placement=auto)
-    plan = run.plan_counts(job, job.spec)
+    plan = counts.plan_counts(job, job.spec)
     plan["trainer"].update(ranks=2, parallel={"tp": 1, "pp": 1, "dp": 2})
     assert refused(job, "placement.trainer.gpus", plan=plan) == []
 
@@ -535,7 +535,7 @@ def test_inventory_devices_map_slots_and_must_cover_them(tmp_path: Path) -> None
 def test_the_plan_shards_a_torch_replica_that_does_not_fit_one_gpu(tmp_path: Path) -> None:
     """Qwen2.5-7B on H800s: 16 bytes per parameter (122 GB) do not fit 80 GB, so `auto` shards at dp ≥ 2; the
     demo's tiny model fits a CPU slot, so it does not; `none` never shards and `fsdp` always does."""
-    from rlctl.ops.run import shard_trainer
+    from rlctl.ops.counts import shard_trainer
 
     def with_shard(job: Job, shard: str) -> Job:
         trainer = job.spec.trainer.model_copy(update={"shard": shard})
@@ -549,7 +549,7 @@ def test_the_plan_shards_a_torch_replica_that_does_not_fit_one_gpu(tmp_path: Pat
     assert not shard_trainer(small, {"tp": 1, "pp": 1, "dp": 2})
     small = with_shard(small, "fsdp")
     assert shard_trainer(small, {"tp": 1, "pp": 1, "dp": 2})
-    plan = run.plan_counts(small, small.spec)
+    plan = counts.plan_counts(small, small.spec)
     assert plan["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}
     from rlctl.launch.layout import layout
 
@@ -626,7 +626,7 @@ def test_slurm_agents_ask_for_their_slots_cores_and_memory(tmp_path: Path) -> No
     inv = two_site_inventory(tmp_path, listen="auto", memory_gb=64, cpus=16)
     placement = {"trainer": {"site": "t", "gpus": 2}, "rollout": [{"site": "r", "gpus": 1}]}
     job = load(tmp_path, inventory=[inv], placement=placement)
-    plan = run.plan_counts(job, job.spec)
+    plan = counts.plan_counts(job, job.spec)
     (trainer,) = [a for a in layout(plan, job.inventory.sites, job.spec) if a.role == "trainer"]
     assert (trainer.resources.cpus_per_task, trainer.resources.mem_mb_per_task) == (8, 32 * 1024)
     res = SlurmResources.for_spec(trainer.resources, slots_per_node=2, gpu_request="none")

@@ -10,7 +10,7 @@ import torch
 
 from rlctl.errors import PeerTimeout, PeerUnreachable, ProtocolError
 from rlctl.transport import Message
-from rlctl.transport.framing import DTYPES, PREAMBLE, Limits, decode_header, encode_header, wire_tensors
+from rlctl.transport.framing import PREAMBLE, Limits, decode_header, dtypes, encode_header, wire_tensors
 from rlctl.transport.tcp import TcpConfig, TcpConnection
 
 SHAPES = [(), (0,), (3, 0, 2), (1,), (5, 7), (2, 3, 4)]
@@ -45,7 +45,7 @@ def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
     return torch.equal(xb, y.contiguous().reshape(-1).view(torch.uint8))
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("dtype", list(dtypes().values()), ids=list(dtypes()))
 def test_every_dtype_and_shape_round_trips_bit_exactly(pair, dtype):
     a, b = pair
     tensors = [_sample(dtype, s) for s in SHAPES]

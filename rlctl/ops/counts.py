@@ -1,0 +1,113 @@
+"""The counts a launch runs, from the job file and (for `gpus: auto`) the planner: trainer ranks and their
+tp × pp × dp (FSDP2 or not), rollout units per site and their tp. Shared by `rlctl launch` (`ops.run`) and
+`rlctl check` (`ops.preflight`), which stays free of the runtime's modules (torch among them) this way.
+
+    resolve_job (command-line overrides) ─▶ plan_counts ─▶ plan.json's counts (`ops.run.prepare`)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rlctl.config.job import Job, JobFile, Pipeline
+from rlctl.errors import ConfigError, PlanError
+
+log = logging.getLogger(__name__)
+
+
+def resolve_job(job: Job, *, iterations: int | None = None, mode: str | None = None) -> JobFile:
+    """The job with command-line overrides applied (a new mode takes that mode's default η)."""
+    spec = job.spec
+    update: dict[str, Any] = {}
+    if iterations is not None:
+        update["iterations"] = iterations
+    if mode is not None and mode != spec.pipeline.mode:
+        update["pipeline"] = Pipeline(mode=mode)
+    return spec.model_copy(update=update) if update else spec
+
+
+def shard_trainer(job: Job, parallel: dict[str, int]) -> bool:
+    """Whether the `torch` trainer shards its replica over its dp ranks with FSDP2: `trainer.shard: fsdp`, or
+    `auto` where a whole replica does not fit one GPU of its site (`rlctl.planner.costs.replica_fits`, on the
+    planner's figures for the model and the site's GPU). Never with one rank, nor with a model split (megatron)."""
+    spec = job.spec
+    split = parallel["tp"] * parallel["pp"] > 1  # a model split: `rlctl check` refuses it for torch
+    if spec.trainer.backend != "torch" or spec.trainer.shard == "none" or parallel["dp"] < 2 or split:
+        return False
+    if spec.trainer.shard == "fsdp":
+        return True
+    from rlctl.planner.costs import replica_fits
+    from rlctl.profiler.analytical import training_entry
+
+    gpu = job.inventory.sites[spec.placement.trainer.site].spec
+    entry = training_entry(spec.model.arch, gpu, tp=1, pp=1, algorithm=spec.algorithm.kind)
+    return not replica_fits(entry, hbm_bytes=gpu.hbm_gb * 1e9)
+
+
+def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
+    """Trainer ranks and rollout units per site: the job's explicit counts, or the planner's for `auto`."""
+    placement = spec.placement
+    auto = placement.trainer.gpus == "auto" or any(r.gpus == "auto" for r in placement.rollout)
+    planned: dict[str, Any] | None = None
+    note = ""
+    try:
+        from rlctl.planner.plan import PlanOptions, make_plan
+
+        planned = make_plan(job, options=PlanOptions(sim_iterations=1, curves_in_output=False))
+    except Exception as e:  # the planner is advisory when the job gives explicit counts
+        note = f"planner unavailable for this job: {type(e).__name__}: {e}"
+        log.warning("%s", note)
+        if auto:
+            raise PlanError(
+                f"{job.path}: 'gpus: auto' needs the planner, which failed: {e}",
+                hint="give explicit GPU counts in placement",
+            ) from e
+    alloc = planned["allocation"] if planned is not None else []
+    planned_tp = {a["site"]: int(a["config"]["tp"]) for a in alloc if a["role"] == "rollout" and a.get("config")}
+    t_config = next((a.get("config") for a in alloc if a["role"] == "trainer"), None)
+
+    def tp_of(site: str) -> int:
+        """GPUs per rollout unit: the job's tensor_parallel; else, when the planner chose the counts, its TP."""
+        return spec.rollout.tensor_parallel or (planned_tp.get(site, 1) if auto else 1)
+
+    if auto:
+        trainer = int(next(a["gpus_used"] for a in alloc if a["role"] == "trainer"))
+        rollout = [
+            {"site": a["site"], "units": int(a["instances"]), "tp": tp_of(a["site"])}
+            for a in alloc
+            if a["role"] == "rollout"
+        ]
+        source = "planner"
+    else:
+        trainer = int(placement.trainer.gpus)
+        rollout = [
+            {"site": r.site, "units": max(1, int(r.gpus) // tp_of(r.site)), "tp": tp_of(r.site)}
+            for r in placement.rollout
+        ]
+        source = "job"
+    parallel = {"tp": 1, "pp": 1, "dp": trainer}
+    if (split := spec.trainer.model_split) is not None:  # the job's trainer.tensor/pipeline_parallel
+        tp, pp = split
+        if trainer % (tp * pp):
+            raise ConfigError(
+                str(job.path),
+                "trainer.tensor_parallel",
+                f"tp {tp} × pp {pp} does not divide the trainer's {trainer} GPU(s); use a divisor of {trainer}",
+            )
+        parallel = {"tp": tp, "pp": pp, "dp": trainer // (tp * pp)}
+    elif t_config and int(t_config["tp"]) * int(t_config["pp"]) * int(t_config["dp"]) == trainer:
+        parallel = {k: int(t_config[k]) for k in ("tp", "pp", "dp")}
+    if shard_trainer(job, parallel):
+        parallel["fsdp"] = True
+    out: dict[str, Any] = {
+        "source": source,
+        "trainer": {"site": placement.trainer.site, "ranks": trainer, "parallel": parallel},
+        "rollout": rollout,
+        "controller_site": placement.controller_site or placement.trainer.site,
+    }
+    if planned is not None:
+        out["planner"] = {k: planned.get(k) for k in ("allocation", "predicted", "rebalance") if k in planned}
+    if note:
+        out["note"] = note
+    return out

@@ -1,0 +1,51 @@
+"""The operator's commands start without the runtime: `--help`, `version`, `check`, `plan`, `status`, `stop`,
+`logs` and `pull` never import torch (seconds on a login node, every call), only `launch`, whose controller
+runs in the command's process, and the agents do. Each command runs in a fresh interpreter through the real
+entry point; a job that is not in the index still goes as far as asking for it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+PROBE = """
+import sys
+from rlctl.cli import main
+sys.argv = ["rlctl", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as e:
+    code = e.code
+print("TORCH", "torch" in sys.modules, "EXIT", code, file=sys.stderr)
+"""
+
+COMMANDS = [
+    ["--help"],
+    ["version"],
+    ["check", "jobs/demo.yaml"],
+    ["check", "clusters/local.yaml", "--reach"],
+    ["plan", "jobs/demo.yaml", "-o", "json"],
+    ["status", "--all"],
+    ["status", "no-such-job"],
+    ["stop", "no-such-job"],
+    ["logs", "no-such-job"],
+    ["pull", "no-such-job"],
+]
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=[" ".join(a) for a in COMMANDS])
+def test_the_operator_s_commands_do_not_import_torch(args: list[str], tmp_path: Path) -> None:
+    env = {**os.environ, "RLCTL_HOME": str(tmp_path / "home")}  # an empty job index
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    last = proc.stderr.strip().splitlines()[-1]
+    torch_loaded, code = last.split()[1], last.split()[3]
+    assert code in ("0", "2", "None"), proc.stderr[-2000:]  # a job not in the index: one line, exit 2
+    assert torch_loaded == "False", f"rlctl {' '.join(args)} imported torch"
