@@ -1,7 +1,7 @@
-"""The operator's commands start without the runtime: `--help`, `version`, `check`, `plan`, `status`, `stop`,
-`logs` and `pull` never import torch (seconds on a login node, every call), only `launch`, whose controller
-runs in the command's process, and the agents do. Each command runs in a fresh interpreter through the real
-entry point; a job that is not in the index still goes as far as asking for it."""
+"""The operator's commands start without the runtime: `--help`, `version`, `check`, `plan`, `launch --dry-run`,
+`status`, `stop`, `scale`, `logs`, `pull` and `report` never import torch (seconds on a login node, every call);
+only a `launch` that starts a job (its SFT warm-up) and the agents do. Each command runs in a fresh interpreter
+through the real entry point; a job that is not in the index still goes as far as asking for it."""
 
 from __future__ import annotations
 
@@ -31,9 +31,12 @@ COMMANDS = [
     ["check", "jobs/demo.yaml"],
     ["check", "clusters/local.yaml", "--reach"],
     ["plan", "jobs/demo.yaml", "-o", "json"],
+    ["launch", "jobs/demo.yaml", "--dry-run"],
     ["status", "--all"],
     ["status", "no-such-job"],
     ["stop", "no-such-job"],
+    ["scale", "no-such-job", "--rollout", "+1"],
+    ["report", "no-such-job"],
     ["logs", "no-such-job"],
     ["pull", "no-such-job"],
 ]
