@@ -18,6 +18,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES_ENV = Path(os.environ.get("RLCTL_TEST_SERVICES_ENV", "/tmp/rlctl-test-services.env"))
 
+# `python -m rlctl` as a terminal starts it: SIGINT (Ctrl-C) raises KeyboardInterrupt even where the tests run with
+# SIGINT ignored, as a background job of a shell without job control does (its children inherit the ignore, and
+# Python then installs no handler: the command would go on as its user asked when starting it that way)
+RLCTL_AT_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('rlctl', run_name='__main__', alter_sys=True)",
+]
+
 
 def bench_json(name: str, *, timeout_s: float) -> Any:
     """`python -m bench NAME --quick --json` run from the repository root: the JSON it printed (the test fails with

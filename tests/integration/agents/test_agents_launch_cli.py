@@ -14,6 +14,7 @@ import pytest
 from rlctl.launch.base import AgentSpec
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.local import LocalBackend
+from tests.conftest import RLCTL_AT_A_TERMINAL
 
 from .conftest import alive_agent_pids
 
@@ -69,7 +70,7 @@ def test_bad_job_file_is_one_line_exit_2(tmp_path):
 def test_ctrl_c_stops_every_agent(tiny_job, tmp_path):
     job_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [*RLCTL, "launch", str(tiny_job("async", iterations=500)), "--job-dir", str(job_dir)],
+        [*RLCTL_AT_A_TERMINAL, "launch", str(tiny_job("async", iterations=500)), "--job-dir", str(job_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import RLCTL_AT_A_TERMINAL
 from tests.integration.netsite import on_site, site_workdir
 
-from .conftest import RLCTL, events, job_yaml, metrics_rows, rlctl, rlctl_json, wait_for
+from .conftest import events, job_yaml, metrics_rows, rlctl, rlctl_json, wait_for
 from .test_ops_cross_site import cross_site_inventory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -27,7 +28,7 @@ class Follower:
 
     def __init__(self, job_dir: Path, agent: str) -> None:
         self.proc = subprocess.Popen(
-            [*RLCTL, "logs", str(job_dir), agent, "-f", "-n", "5"],
+            [*RLCTL_AT_A_TERMINAL, "logs", str(job_dir), agent, "-f", "-n", "5"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
