@@ -58,10 +58,12 @@ BufferProvider: TypeAlias = "Callable[[str, dict[str, Any], list[TensorSpec]], l
 
 
 def empty_buffers(kind: str, header: dict[str, Any], specs: list[TensorSpec]) -> list[torch.Tensor]:
-    """The default BufferProvider: fresh `torch.empty` tensors."""
+    """The default BufferProvider: fresh `torch.empty` tensors (a message without frames does not import torch)."""
+    del kind, header
+    if not specs:
+        return []
     import torch
 
-    del kind, header
     return [torch.empty(s.shape, dtype=s.dtype) for s in specs]
 
 

@@ -110,9 +110,9 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
 
 def wire_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Tensors as they go on the wire: CPU and contiguous (copies only what is not already)."""
-    out, names = [], _dtype_names()
-    for t in tensors:
-        if t.dtype not in names:
+    out = []
+    for t in tensors:  # the names by dtype load with the first tensor: a message without any never imports torch
+        if t.dtype not in _dtype_names():
             raise ValueError(f"dtype {t.dtype} cannot travel; supported: {', '.join(DTYPE_NAMES)}")
         out.append(t.detach().to("cpu").contiguous())
     return out
@@ -120,8 +120,7 @@ def wire_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def encode_header(msg: Message, tensors: list[torch.Tensor]) -> bytes:
     """Preamble + msgpack header for `msg` whose (wire-ready) tensors are `tensors`."""
-    names = _dtype_names() if tensors else {}
-    frames = [(names[t.dtype], list(t.shape), t.numel() * t.element_size()) for t in tensors]
+    frames = [(_dtype_names()[t.dtype], list(t.shape), t.numel() * t.element_size()) for t in tensors]
     try:
         body = _encoder.encode(WireHeader(msg.kind, msg.header, msg.msg_id, msg.reply_to, frames))
     except (TypeError, msgspec.EncodeError) as e:

@@ -52,3 +52,28 @@ def test_the_operator_s_commands_do_not_import_torch(args: list[str], tmp_path: 
     torch_loaded, code = last.split()[1], last.split()[3]
     assert code in ("0", "2", "None"), proc.stderr[-2000:]  # a job not in the index: one line, exit 2
     assert torch_loaded == "False", f"rlctl {' '.join(args)} imported torch"
+
+
+TENSORLESS_RPC = """
+import sys, threading
+from rlctl.transport import Message, make_transport
+
+t = make_transport("tcp", secret=b"s" * 32)
+with t.listen("tcp://127.0.0.1:0") as lst:
+    def serve():
+        conn = lst.accept(timeout_s=30)
+        req = conn.recv(timeout_s=30)
+        conn.reply(req, Message("status", {"state": "running"}))
+    server = threading.Thread(target=serve)
+    server.start()
+    reply = t.connect(lst.address, timeout_s=30).request(Message("status", {}), timeout_s=30)
+    server.join()
+print("REPLY", reply.header["state"], "TORCH", "torch" in sys.modules)
+"""
+
+
+def test_a_request_and_reply_without_tensors_do_not_import_torch() -> None:
+    """What `rlctl status`, `stop` and `scale` send a live job's controller: torch loads with the first tensor."""
+    proc = subprocess.run([sys.executable, "-c", TENSORLESS_RPC], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["REPLY", "running", "TORCH", "False"], proc.stdout
