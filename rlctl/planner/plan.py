@@ -272,7 +272,7 @@ def make_plan(
         raise PlanError(f"{spec.name}: {e}", hint="check the GPU counts in placement") from e
     rule = spec.planning.rule
     search: dict[str, Any] | None = None
-    search_rollout = all(f is None for f in r_fixed.values())
+    search_rollout = any(f is None for f in r_fixed.values())  # the fixed sites hold their counts throughout
     stages = Stages(job, lm, gcurves, tcurve, tw, budgets, order, opts)
     if rule == "simulated" and spec.pipeline.mode == "async" and shared and t_fixed is None and r_fixed[t_site] is None:
         chosen, search = _simulated_split(
@@ -284,6 +284,7 @@ def make_plan(
             n_train=n_train,
             search_rollout=search_rollout,
             search_trainer=t_fixed is None,
+            min_rollout=fixed_total(r_fixed, None),
             streamed_fraction=tcost["streamed_fraction"],
         )
     else:
@@ -351,14 +352,10 @@ def _allocate(
     """
     train_s, train_raw = train
     r_sites = list(gcurves)
-    inv = job.inventory.sites
     curves = [_mask_fixed(gcurves[s].seconds, r_fixed[s]) for s in r_sites]
-    # fill the rollout site with the lowest cost per unit of work at full allocation first
-    work_cost = [inv[s].gpu_cost_per_hour * budgets[s] * float(gcurves[s].seconds[budgets[s]]) for s in r_sites]
-    order = sorted(range(len(r_sites)), key=lambda i: (work_cost[i], i))
-    if shared:  # the shared site must come last so that x counts only its GPUs beyond the other sites
-        order = [i for i in order if r_sites[i] != t_site] + [r_sites.index(t_site)]
+    order = fill_order(job, gcurves, budgets, r_fixed, t_site if shared else None)
     combined = alloc.combine_rollout(curves, [budgets[s] for s in r_sites], order)
+    combined[: fixed_total(r_fixed, t_site if shared else None)] = math.inf  # every fixed site holds its count
     raw = alloc.combine_rollout([gcurves[s].seconds for s in r_sites], [budgets[s] for s in r_sites], order)
     m = sum(budgets.values())
     eps = job.spec.planning.epsilon
@@ -377,6 +374,28 @@ def _allocate(
     full = max(float(combined[m]), float(train_s[n_train]))
     fewest = alloc.fewest_gpus(combined, train_s, m=m, n=n_train, reference_s=full, epsilon=eps)
     return paper, fewest, order, alloc.Choice(m, n_train, float(raw[m]), float(train_raw[n_train]))
+
+
+def fill_order(
+    job: Job, gcurves: dict[str, GenCurve], budgets: dict[str, int], r_fixed: dict[str, int | None], shared: str | None
+) -> list[int]:
+    """The order rollout sites are filled in (indices into `gcurves`), so that k rollout GPUs are the first k of
+    it: the sites whose count the job fixes first (each always holds all of its count), then the others, each
+    group by the lowest cost per unit of work at full allocation; a site the trainer shares (`shared`) last, so
+    that the count beyond the other sites is its share."""
+    inv = job.inventory.sites
+    r_sites = list(gcurves)
+    work_cost = [inv[s].gpu_cost_per_hour * budgets[s] * float(gcurves[s].seconds[budgets[s]]) for s in r_sites]
+    order = sorted(range(len(r_sites)), key=lambda i: (r_fixed[r_sites[i]] is None, work_cost[i], i))
+    if shared is not None:
+        order = [i for i in order if r_sites[i] != shared] + [r_sites.index(shared)]
+    return order
+
+
+def fixed_total(r_fixed: dict[str, int | None], shared: str | None) -> int:
+    """The rollout GPUs of the sites whose count the job fixes, but for a shared site (filled last): the fewest
+    rollout GPUs of a feasible allocation filled in `fill_order`."""
+    return sum(f for s, f in r_fixed.items() if f is not None and s != shared)
 
 
 def _units(gcurves: dict[str, GenCurve], per_site: dict[str, int]) -> list[Unit]:
@@ -462,6 +481,7 @@ def _simulated_cross(
     n_train: int,
     search_rollout: bool,
     search_trainer: bool,
+    min_rollout: int,
     streamed_fraction: float,
 ) -> tuple[alloc.Choice, dict[str, Any]]:
     """Across datacenters every site's GPUs are there to use; what a plan decides is how few of them it needs.
@@ -470,7 +490,9 @@ def _simulated_cross(
     keeps rollout GPUs the job does not need. Here the job simulator decides: from the full allocation (its
     simulated async iteration T), a stage whose GPU count is `auto` gives up GPUs while the iteration stays within
     SAME_WITHIN of T (the fewest found by `search_first`, on the simulated times), one stage then the other; of the
-    two orders, the one that costs less per iteration (the sites' `gpu_cost_per_hour`) is chosen."""
+    two orders, the one that costs less per iteration (the sites' `gpu_cost_per_hour`) is chosen. Rollout sites
+    whose count the job fixes come first in the fill order and hold it: rollout counts below `min_rollout`
+    (their sum) are not tried."""
     job, gcurves, budgets, order = stages.job, stages.gcurves, stages.budgets, stages.order
     r_sites = list(gcurves)
     inv = job.inventory.sites
@@ -480,7 +502,7 @@ def _simulated_cross(
     gen = alloc.combine_rollout([gcurves[s].seconds for s in r_sites], sizes, order)
     train = np.asarray(stages.tcurve.seconds, dtype=float)
     fastest, fastest_at = alloc.prefix_min(train[: n_train + 1])  # the fastest trainer within y GPUs, and where
-    xs = [x for x in range(1, m + 1) if math.isfinite(gen[x])] if search_rollout else [m]
+    xs = [x for x in range(max(1, min_rollout), m + 1) if math.isfinite(gen[x])] if search_rollout else [m]
     ys = sorted({int(fastest_at[y]) for y in range(1, n_train + 1) if math.isfinite(fastest[y])})
     ys = ys if search_trainer else [n_train]
     if not xs or not ys or xs[-1] != m or not math.isfinite(train[ys[-1]]):

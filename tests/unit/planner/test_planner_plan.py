@@ -195,6 +195,33 @@ def test_across_datacenters_a_fixed_count_is_kept_and_the_other_stage_searched(t
     assert plan["rule_applied"] == "paper" and "search" not in plan  # both given: nothing to search
 
 
+@pytest.mark.parametrize(("trainer_gpus", "fixed", "auto"), [("auto", "r20", "r100"), (16, "r100", "r20")])
+def test_across_datacenters_a_fixed_rollout_site_holds_its_count_and_the_others_are_searched(
+    tmp_path: Path, trainer_gpus: int | str, fixed: str, auto: str
+) -> None:
+    """One rollout site's count fixed, another's `auto`: the fixed site comes first in the fill order and holds its
+    count in every allocation tried; the auto site gives up the GPUs the iteration does not need (before, it was
+    given all of them, unsearched)."""
+    rollout = [{"site": fixed, "gpus": 4}, {"site": auto}]
+    job = write_job(tmp_path, rollout=rollout, links=LINKS, rule="simulated", trainer_gpus=trainer_gpus)
+    plan = make_plan(load_job(job), options=OPTS)
+    chosen, full, bound = _across(plan)
+    sites = {a["site"]: a["gpus_used"] for a in plan["allocation"] if a["role"] == "rollout"}
+    assert sites[fixed] == 4 and full["rollout_gpus"] == 4 + 16 and chosen["iteration_s"] <= bound
+    tried = {e["rollout_gpus"] for e in plan["search"]["evaluated"]}
+    assert min(tried) >= 4 and len(tried) > 1, tried  # never below the fixed count; the auto site searched
+    assert sites[auto] == plan["search"]["chosen"] - 4 < 16  # these sites: the full allocation is more than needed
+    if trainer_gpus != "auto":
+        assert {e["trainer_gpus"] for e in plan["search"]["evaluated"]} == {16} and _used(plan, "trainer") == 16
+
+
+@pytest.mark.parametrize("rule", ["paper", "fewest_gpus"])
+def test_algorithm_1_never_leaves_a_fixed_rollout_site_short(tmp_path: Path, rule: str) -> None:
+    rollout = [{"site": "r20"}, {"site": "r100", "gpus": 4}]
+    plan = make_plan(load_job(write_job(tmp_path, rollout=rollout, links=LINKS, rule=rule)), options=OPTS)
+    assert {a["site"]: a["gpus_used"] for a in plan["allocation"] if a["role"] == "rollout"}["r100"] == 4
+
+
 @pytest.mark.parametrize("mode", ["sync", "stream"])
 def test_across_datacenters_the_simulated_rule_is_algorithm_1_outside_async(tmp_path: Path, mode: str) -> None:
     job = write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, rule="simulated", mode=mode)
