@@ -396,6 +396,7 @@ class ControllerAgent:
         p.state, p.unreachable_since, p.last_seen = "running", None, now
         if p.role == "rollout":
             self._send(self.core.rejoin(p.name, version=version, requeue=new_connection))
+            self._holds(p.name, version)
         how = "a new connection" if new_connection else "its connection"
         self.jobdir.event(
             "agent_rejoined", agent=p.name, site=self.sites.get(p.name, ""), away_s=round(away, 1), how=how
@@ -693,6 +694,7 @@ class ControllerAgent:
             self.core.join(name, role=h.role, version=h.version, address=h.address, weights=h.weights, datacenter=dc)
         )
         if h.role == "rollout":
+            self._holds(name, h.version)
             self._evaluate(name, h.version)
 
     def _evaluate(self, unit: str, version: int) -> None:
@@ -741,10 +743,15 @@ class ControllerAgent:
         if link is not None:
             self.metrics.weight_inter_dc_bytes.labels(link).inc(wire_bytes)
             self.metrics.weight_inter_dc_copies.labels(link).inc()
-        if not applied:
-            return
+        if applied:
+            self._holds(who, version)
+
+    def _holds(self, unit: str | None, version: int = -1) -> None:
+        """`unit` holds `version` (applied, or (re)joined with it), or a unit was lost (None): the versions every
+        live unit now has are delivered (the book times them)."""
         live = {u.name for u in self.core.units.values() if u.alive}
-        for seconds in self.book.reached(who, version, live, time.monotonic()):
+        now = time.monotonic()
+        for seconds in self.book.settle(live, now) if unit is None else self.book.reached(unit, version, live, now):
             self.metrics.weight_transfer_seconds.observe(seconds)
             self.metrics.weight_last_unit_seconds.set(seconds)
 
@@ -779,6 +786,8 @@ class ControllerAgent:
         log.warning("controller: %s lost (%s); %d samples re-queued", name, why, self.core.ledger.requeued - before)
         if self.evaluator is not None:
             self.evaluator.lost(name)
+        if peer.role == "rollout":
+            self._holds(None)
         unit = self.core.units.get(name)
         if peer.role == "rollout" and unit is not None and not unit.draining and not self.stop_requested:
             self.scaler.replace(name, now=time.monotonic())

@@ -4,7 +4,8 @@ each inter-datacenter link (for `rlctl status`, metrics and the tests that count
     trained(v) ──▶ published(v, t)
     weights_applied / weights_skipped(unit, v, holder, encoding, bytes) ──▶ applied(…): the transfer
     weights_applied(unit, v) ──▶ reached(…): a unit at v also "has" every older open version it skipped;
-        a version is delivered when every live unit has it
+    a unit (re)joining at v        ──▶ reached(…)   a version is delivered when every live unit has it
+    a unit lost                    ──▶ settle(…)    (the live units left may all have it)
                                                    └─▶ seconds_to_last_unit(v)
 
 A transfer crosses a link when the holder it came from (a trainer rank's root or a relay unit) is in
@@ -93,12 +94,18 @@ class WeightBook:
     def reached(self, unit: str, version: int, live: set[str], t: float) -> list[float]:
         """`unit` now holds `version` (and so every older version); returns the publication-to-last-unit
         seconds of the versions this completes."""
-        done = []
         for v, rec in self.versions.items():
-            if v > version or rec.last_unit_s is not None:
-                continue
-            rec.had_it.add(unit)
-            if rec.published_at is not None and live <= rec.had_it:
+            if v <= version and rec.last_unit_s is None:
+                rec.had_it.add(unit)
+        return self.settle(live, t)
+
+    def settle(self, live: set[str], t: float) -> list[float]:
+        """The versions not yet delivered that some unit had and every unit of `live` has now (one reached them,
+        or the units they waited on were lost): their publication-to-last-unit seconds, in version order."""
+        done = []
+        for v in sorted(self.versions):
+            rec = self.versions[v]
+            if rec.last_unit_s is None and rec.published_at is not None and rec.had_it and live <= rec.had_it:
                 rec.last_unit_s = t - rec.published_at
                 done.append(rec.last_unit_s)
         return done

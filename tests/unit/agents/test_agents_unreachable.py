@@ -243,13 +243,14 @@ def test_a_unit_saying_hello_again_rejoins_on_its_new_connection(running) -> Non
     ctl, jd, transport, unit, _ = running(60.0)
     unit.beating.set()
     work = unit.requests()
+    ctl.book.published(1, time.monotonic())  # v1 went out while it was away; it comes back holding it
     # its link broke while down: the new hello reaches the controller before the old connection's end does
-    again = Fake(
-        transport, ctl.listener.address, Hello(role="rollout", name="rollout-0", address="x", weights="y"), beat=True
-    )
+    hello = Hello(role="rollout", name="rollout-0", address="x", weights="y", version=1)
+    again = Fake(transport, ctl.listener.address, hello, beat=True)
     back = wait_event(jd, "agent_rejoined")
     unit.conn.close()
     assert back["how"] == "a new connection"
+    assert ctl.book.versions[1].last_unit_s is not None  # its only unit has v1: delivered
     assert again.requests() == work
     assert not [e for e in jd.read_lines(jd.events) if e["event"] == "agent_lost"]
 

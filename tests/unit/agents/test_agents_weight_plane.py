@@ -122,3 +122,18 @@ def test_the_book_times_a_version_until_the_last_live_unit_has_it_even_when_unit
     assert book.reached("u1", 2, live, 11.5) == [1.5]  # u1 skipped v1: holding v2 it has v1 too
     assert book.reached("u0", 2, live, 12.0) == [1.0]
     assert book.versions[1].last_unit_s == 1.5 and book.versions[2].last_unit_s == 1.0
+
+
+def test_the_book_delivers_a_version_when_the_unit_it_waited_on_is_lost_or_rejoins_holding_it():
+    book = WeightBook()
+    book.published(1, 10.0)
+    book.published(2, 11.0)
+    assert book.reached("u0", 2, {"u0", "u1", "u2"}, 11.5) == []
+    assert book.settle({"u0", "u2"}, 12.0) == []  # u1 lost: u2 has neither yet
+    assert book.reached("u2", 1, {"u0", "u2"}, 12.5) == [2.5]  # v1: every live unit
+    assert book.settle({"u0"}, 13.0) == [2.0]  # u2 lost too: v2 waited on it alone
+    assert book.versions[2].last_unit_s == 2.0 and book.settle(set(), 14.0) == []
+    book.published(3, 20.0)
+    assert book.settle({"u0"}, 20.5) == []  # nobody has v3 yet: not delivered to an empty set of units
+    assert book.reached("u0", 3, {"u0", "u3"}, 21.0) == []
+    assert book.reached("u3", 3, {"u0", "u3"}, 22.0) == [2.0]  # u3 (re)joined holding v3
