@@ -136,6 +136,12 @@ class RolloutAgent:
             job.weight_sync,
             timeout_s=job.transport.timeout_s,
         )
+        # the newest announcement not fetched yet, from any weights connection; one fetcher pulls it (two fetches at
+        # once, one per connection after the trainer reconnected, would pull a version twice)
+        self.announced: list[Message] = []
+        self.announced_cv = threading.Condition()
+        self.fetching = True  # until the agent ends
+        threading.Thread(target=self._fetch_newest, name="weights-fetch", daemon=True).start()
         threading.Thread(target=self._accept_weights, name="weights-accept", daemon=True).start()
         self.link = ControllerLink(
             ctx,
@@ -385,6 +391,9 @@ class RolloutAgent:
         self.state = "stopped" if stopped else "orphaned"
         log.info("%s: %s after %d samples, busy %.1f s", self.name, self.state, self.samples_sent, self.busy_s)
         self.link.close(final=self.figures() if stopped else None)
+        with self.announced_cv:
+            self.fetching = False
+            self.announced_cv.notify_all()
         self.listener.close()
         self.node.close()
         self.flight.close()
@@ -399,36 +408,32 @@ class RolloutAgent:
             threading.Thread(target=self._read_weights, args=(conn,), name="weights-reader", daemon=True).start()
 
     def _read_weights(self, conn: Connection) -> None:
-        """Announcements go into one slot (newest wins); a fetcher thread pulls whatever is newest, so
-        a unit that falls behind a fast trainer skips versions instead of fetching each in turn."""
-        slot: list[Message] = []
-        cv = threading.Condition()
-        threading.Thread(target=self._fetch_newest, args=(slot, cv), name="weights-fetch", daemon=True).start()
+        """Announcements go into one slot (newest wins); the fetcher thread pulls whatever is newest, so a unit
+        that falls behind a fast trainer skips versions instead of fetching each in turn."""
+        slot, cv = self.announced, self.announced_cv
         while True:
             try:
                 msg = recv_checked(conn, peer=conn.peer, kinds=TO_WEIGHTS_LISTENER)
             except TransportError:
                 conn.close()
-                with cv:
-                    slot[:] = [Message("closed", {})]
-                    cv.notify()
                 return
             if msg.kind != "weights_available":
                 log.warning("%s: unexpected %r on the weights connection", self.name, msg.kind)
                 continue
             self.node.expect(int(msg.header["version"]))  # units below this one wait for it here (a relay)
             with cv:
-                if not slot or int(msg.header["version"]) > int(slot[0].header.get("version", -1)):
+                if not slot or int(msg.header["version"]) > int(slot[0].header["version"]):
                     slot[:] = [msg]
                 cv.notify()
 
-    def _fetch_newest(self, slot: list[Message], cv: threading.Condition) -> None:
+    def _fetch_newest(self) -> None:
+        slot, cv = self.announced, self.announced_cv
         while True:
             with cv:
-                cv.wait_for(lambda: bool(slot))
+                cv.wait_for(lambda: bool(slot) or not self.fetching)
+                if not self.fetching:
+                    return
                 msg = slot.pop()
-            if msg.kind == "closed":
-                return
             if int(msg.header["version"]) <= self.node_version():
                 continue  # already fetched (a newer one arrived while the older was announced)
             try:
@@ -444,7 +449,7 @@ class RolloutAgent:
                     FETCH_RETRY_S,
                 )
                 with cv:
-                    if not cv.wait_for(lambda: bool(slot), timeout=FETCH_RETRY_S):
+                    if not cv.wait_for(lambda: bool(slot) or not self.fetching, timeout=FETCH_RETRY_S):
                         slot.append(msg)
 
     def node_version(self) -> int:

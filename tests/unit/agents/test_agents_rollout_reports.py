@@ -6,6 +6,7 @@ token it generated written, and every version its weight node fetched is reporte
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -13,10 +14,13 @@ from rlctl.agents.common import AgentContext
 from rlctl.agents.flight import read_flight
 from rlctl.agents.messages import Generate, Partial, Request, make, parse
 from rlctl.agents.rollout import RolloutAgent
+from rlctl.agents.weights import announce
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.transport import Connection, InprocTransport, Message
+from rlctl.weights.node import WeightNode
+from rlctl.weights.versions import WeightSyncConfig
 
 ROWS = 4
 
@@ -111,3 +115,25 @@ def test_a_version_overtaken_before_the_safe_point_is_reported_skipped_with_its_
         ("weights_applied", 3, 30),
     ]
     assert all(m.header["holder"] == "tcp://trainer:1" for m in got) and unit.engine.version == 3
+
+
+def test_announcements_on_two_weights_connections_are_fetched_by_one_fetcher(tmp_path) -> None:
+    """The trainer reconnects to a unit (its last announcement failed) while the unit still reads the old
+    connection: the same version announced on both is pulled once, by the unit's one fetcher (one per connection
+    pulled it twice: the root served it twice, its bytes crossing the link twice)."""
+    _, unit, conn, thread = _unit(tmp_path)
+    root = WeightNode(unit.node.transport, "inproc://", WeightSyncConfig(delta=False))
+    root.publish(1, TinyGPT().state_dict())
+    first, second = (unit.node.transport.connect(unit.listener.address, timeout_s=10) for _ in range(2))
+    announce(first, 1, [root.address])
+    announce(second, 1, [root.address])
+    applied = conn.recv(timeout_s=30)
+    assert (applied.kind, applied.header["version"]) == ("weights_applied", 1)
+    time.sleep(0.5)  # (a second fetch would have started by now)
+    assert [s.version for s in root.served] == [1], root.served
+    conn.send(make("stop", {}))
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    first.close()
+    second.close()
+    root.close()
