@@ -188,6 +188,7 @@ class ControllerAgent:
         self.peers: dict[str, Peer] = {}
         self.listener: Listener = transport.listen(listen)
         self.t_start = time.monotonic()
+        self.start_waited = False  # START_WAIT_S passed without every planned unit (`start_with_fewer_units`)
         self.t_first: float | None = None
         self.violations = 0
         self.rows: list[dict[str, Any]] = []
@@ -329,7 +330,9 @@ class ControllerAgent:
                 agent_gauges(self.metrics, self.core, self.peers, self.sites, now=now)
                 self._watch(now)
                 if not self.core.started and now - self.t_start > START_WAIT_S:
-                    self.jobdir.event("start_with_fewer_units", planned=self.core.cfg.min_units)
+                    if not self.start_waited:  # (the trainer may still be on its way: this is said once)
+                        self.start_waited = True
+                        self.jobdir.event("start_with_fewer_units", planned=self.core.cfg.min_units)
                     self._send(self.core.start_now())
                 alive = any(u.alive for u in self.core.units.values())
                 no_rollout_since = None if alive else (no_rollout_since or now)

@@ -7,7 +7,8 @@ agents through a launch backend, watch the controller's status, stop everything.
            ─▶ controller on its site ─(its site's controller.json, read through the site)─▶
               trainer ranks, rollout units: --job-dir <their site's copy> --controller ADDR
         ─▶ JobRun.wait: status RPC every poll_s ─▶ on_progress(status) … controller exits
-           (lost without a summary: LaunchError naming `rlctl launch --resume JOB`)
+           (lost without a summary: LaunchError naming `rlctl launch --resume JOB`; a trainer rank that ended
+           before the trainer joined: LaunchError naming the rank and its log's error line)
         ─▶ the controller's record (summary, metrics, events) fetched to the operator's job dir
         ─▶ summary.json (+ wall_s) ;  JobRun.stop(): every agent, SIGTERM → grace → SIGKILL
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import time
@@ -67,6 +69,9 @@ from rlctl.transport import Connection, Message, make_transport
 log = logging.getLogger(__name__)
 
 CONTROLLER_START_S = 120.0
+TRAINER_POLL_S = 5.0  # how often `wait` asks the trainer ranks' sites whether a rank ended before the job had one
+PORT_FLOOR = 20000  # MASTER_PORT is picked in [PORT_FLOOR, the ephemeral range's start)
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 DRY_RUN_CONTROLLER = "CONTROLLER_ADDR"  # what `--dry-run` shows for the address the controller gets at launch
 
 
@@ -86,9 +91,29 @@ def prepare(jobdir: JobDir, spec: JobFile, plan: dict[str, Any], *, source: str,
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
+    """The trainer group's MASTER_PORT: free here now, and below the kernel's ephemeral range, from which every
+    outgoing connection of the trainer's host takes its local port (a port picked inside it was taken before rank 0
+    bound it: "Address already in use", seen in CI). The rank's host may be another machine: there, a port below
+    that range is taken only by a service listening on it."""
+    low = _ephemeral_low()
+    for port in random.sample(range(PORT_FLOOR, low), k=min(64, max(0, low - PORT_FLOOR))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no free port below the range (or no range to stay below): any free one
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default 32768 where it cannot be read)."""
+    try:
+        return int(Path(EPHEMERAL_RANGE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 class JobRun:
@@ -340,12 +365,23 @@ class JobRun:
     def wait(
         self, *, on_progress: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 1.0
     ) -> dict[str, Any]:
-        """Until the controller exits; returns the job summary (summary.json + wall_s)."""
+        """Until the controller exits; returns the job summary (summary.json + wall_s). A trainer rank that ends
+        before the job's trainer joined the controller (it could not form its group, load the model, see its GPUs)
+        ends the wait with a LaunchError naming it and its log's last lines: the controller would wait for it."""
         assert self.controller is not None
+        trainers = [h for h in self.handles if h.spec.role == "trainer"]
+        next_check = time.monotonic() + TRAINER_POLL_S
         while self.poll(self.controller) is None:
-            st = self.status() if on_progress is not None else None
+            watching = bool(trainers) and time.monotonic() >= next_check
+            st = self.status() if on_progress is not None or watching else None
             if st is not None and on_progress is not None:
                 on_progress(st)
+            if watching and st is not None:
+                next_check = time.monotonic() + TRAINER_POLL_S
+                if any(a.get("name") == "trainer-0" for a in st.get("agents", [])):
+                    trainers = []  # the trainer joined: its end is the controller's to handle (a lost trainer)
+                else:
+                    self._ended_before_joining(trainers)
             time.sleep(poll_s)
         code = self.poll(self.controller)
         if self._status_conn is not None:
@@ -366,6 +402,21 @@ class JobRun:
         state = "finished" if summary["state"] == "done" else "stopped" if summary["state"] == "stopped" else "failed"
         self._register(state, controller_exit=code)
         return summary
+
+    def _ended_before_joining(self, trainers: list[AgentHandle]) -> None:
+        for h in trainers:
+            code = self.poll(h)
+            if code is None:
+                continue
+            self._register("failed", trainer_exit=code)
+            tail = self.log_tail(h.spec.role, h.spec.replica)
+            log.warning("the end of %s:\n%s", h.spec.log_path, tail)
+            last = next((line for line in reversed(tail.splitlines()) if " ERROR " in line), "")
+            raise LaunchError(
+                f"{h.spec.name} exited with {exit_text(code)} before the job's trainer joined (its log: "
+                f"{h.spec.log_path})" + (f": {last.split(': ', 1)[-1]}" if last else ""),
+                hint="fix what its log says, then launch the job again",
+            )
 
     def resume_command(self) -> str:
         """How the user continues this job: by its index id, or its directory when it is not in the index."""

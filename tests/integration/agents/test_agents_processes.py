@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 import pytest
 
 from rlctl.config import load_job
+from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir
+from rlctl.ops import run as run_mod
 from rlctl.ops.counts import plan_counts, resolve_job
 from rlctl.ops.run import JobRun, launch_dir, prepare
 
@@ -64,6 +67,30 @@ def test_two_trainer_ranks_form_one_gloo_group(tiny_job, tmp_path):
         run.stop()
     assert s["state"] == "done" and s["ledger"]["trained"] == s["ledger"]["prompts"] == 8
     assert run.agent_codes()["trainer-1"] == 0  # the follower rank left the group cleanly
+
+
+def test_a_trainer_that_ends_before_joining_ends_the_wait_naming_it(tiny_job, tmp_path, monkeypatch):
+    """The trainer group's port is taken by the time rank 0 binds it (as an outgoing connection took it in CI):
+    the rank exits at start, and `wait` says so in one line with the rank's error instead of waiting on a
+    controller that waits for a trainer."""
+    monkeypatch.setattr(run_mod, "TRAINER_POLL_S", 0.5)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr(run_mod, "_free_port", lambda: taken.getsockname()[1])
+        run = _run(tiny_job("stream", iterations=2), tmp_path / "run")
+        try:
+            run.start()
+            with pytest.raises(LaunchError) as e:
+                run.wait(poll_s=0.3)
+        finally:
+            run.stop()
+    msg = str(e.value)
+    assert msg.startswith("trainer-0 exited with 1 before the job's trainer joined (its log: "), msg
+    assert "trainer group: cannot listen on 127.0.0.1:" in msg and "Address already in use" in msg, msg
+    assert "\n" not in msg
+    jd = JobDir(tmp_path / "run")
+    assert alive_agent_pids(jd.read_lines(jd.events)) == []
 
 
 def test_killed_rollout_agent_prompts_are_requeued(tiny_job, tmp_path):
