@@ -11,7 +11,8 @@ Hypothesis runs derandomized (the same examples every run, so CI is reproducible
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -24,11 +25,20 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
-_COUNTS: dict[str, int] = {}  # target → inputs run
+_PENDING: dict[str, int] = {}  # target → inputs run by the running test (its report carries them: under
+# pytest-xdist the tests run in workers and only their reports reach the process that prints the summary)
 
 
 def record(target: str, n: int) -> None:
-    _COUNTS[target] = _COUNTS.get(target, 0) + n
+    _PENDING[target] = _PENDING.get(target, 0) + n
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    outcome = yield
+    if _PENDING:
+        outcome.get_result().user_properties.append(("fuzz_counts", dict(_PENDING)))
+        _PENDING.clear()
 
 
 @pytest.fixture(scope="session")  # session scope: hypothesis tests may use it too
@@ -37,12 +47,19 @@ def fuzz_count() -> Callable[[str, int], None]:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not _COUNTS:
+    counts: dict[str, int] = {}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            for key, value in getattr(rep, "user_properties", ()):
+                if key == "fuzz_counts":
+                    for target, n in value.items():
+                        counts[target] = counts.get(target, 0) + n
+    if not counts:
         return
     terminalreporter.write_sep("-", "fuzz counts")
-    for target, n in _COUNTS.items():
+    for target, n in counts.items():
         terminalreporter.write_line(f"fuzz {target}: {n} inputs")
-    codec = sum(n for t, n in _COUNTS.items() if t.startswith(("frames", "codec")))
+    codec = sum(n for t, n in counts.items() if t.startswith(("frames", "codec")))
     terminalreporter.write_line(f"fuzz total over the frame decoder and message codec: {codec} inputs")
     total_s = 0.0
     for outcome in ("passed", "failed"):
