@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlctl.errors import RlctlError
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.tensor import DTensor
 
 ENV_DEVICE = "RLCTL_DEVICE"
 ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -99,3 +101,11 @@ def compute_for(kind: str) -> Compute:
 def agent_compute() -> Compute:
     """This agent's Compute, from the launcher's RLCTL_DEVICE (unset: the CPU)."""
     return compute_for(os.environ.get(ENV_DEVICE, "cpu"))
+
+
+def as_dtensor(t: Any) -> DTensor | None:
+    """`t` when it is a DTensor (FSDP2's sharded parameters and optimizer state), else None — without importing
+    torch.distributed.tensor (≈ 1 s of every agent's start on 2 cores; a rollout unit and an unsharded trainer
+    never hold one): nothing is an instance of it before that module is loaded."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    return t if mod is not None and isinstance(t, mod.DTensor) else None

@@ -62,11 +62,11 @@ from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from rlctl.agents.messages import make
 from rlctl.checkpoint.trainer import HostPolicy
 from rlctl.config.job import WeightSync
+from rlctl.devices import as_dtensor
 from rlctl.errors import PlanError, TransportError
 from rlctl.models.hf import TinyGPTConfig
 from rlctl.trainers.wire import all_gather_values
@@ -328,7 +328,7 @@ class WeightPublisher:
     def _make_encoder(self, layout: chunks.Layout, params: Mapping[str, torch.Tensor]) -> DeviceEncoder:
         """This rank's part of every version: its FSDP2 shards' rows, else range `rank` of the ranks'."""
         device = next(iter(params.values())).device
-        if any(isinstance(t, DTensor) for t in params.values()):
+        if any(as_dtensor(t) is not None for t in params.values()):
             return DeviceEncoder.for_shards(layout, params, device=device)
         rank, parts = (dist.get_rank(self._group), dist.get_world_size(self._group)) if self._group else (0, 1)
         return DeviceEncoder.for_part(layout, part=rank, parts=parts, device=device)

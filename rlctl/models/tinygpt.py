@@ -32,7 +32,9 @@ views into the fused tensors, so a decode step launches fewer kernels and everyt
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -267,6 +269,31 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
+_INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_")  # what nn.Linear, nn.Embedding use
+_init_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _uninitialised() -> Iterator[None]:
+    """Modules built inside it skip their parameters' initialisation (`TinyGPT.empty`: weights to be loaded). On the
+    meta device an initialiser is a Python decomposition whose first call imports torch._dynamo — about 3 s of every
+    rollout unit's and trainer's start on 2 cores, for values nobody reads (transformers' `no_init_weights` does
+    the same)."""
+    with _init_lock:
+        saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS}
+        for name in _INIT_FUNCTIONS:
+            setattr(nn.init, name, _unchanged)
+        try:
+            yield
+        finally:
+            for name, f in saved.items():
+                setattr(nn.init, name, f)
+
+
+def _unchanged(tensor: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
+    return tensor
+
+
 class _Trunk(nn.Module):  # named `model` in TinyGPT, as in HF
     def __init__(self, c: TinyGPTConfig) -> None:
         super().__init__()
@@ -292,6 +319,8 @@ class TinyGPT(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin_signed", torch.empty(0), persistent=False)
+        if self.lm_head.weight.device.type == "meta":  # `empty`: nothing to compute (see `_uninitialised`)
+            return
         self._rope_tables()
         self.apply(self._init)
 
@@ -478,9 +507,10 @@ class TinyGPT(nn.Module):
     @classmethod
     def empty(cls, config: TinyGPTConfig, *, dtype: torch.dtype, device: str | torch.device) -> TinyGPT:
         """A model of `config` whose weights are uninitialised memory in `dtype` on `device` (to be loaded)."""
-        with torch.device("meta"):
+        with _uninitialised(), torch.device("meta"):
             model = cls(config)
-        model.to_empty(device=device)
+        model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))  # `to_empty`, whose empty_like
+        # of a meta tensor is a decomposition that imports sympy (≈ 0.7 s of an agent's start)
         if config.tie_word_embeddings:  # one parameter under both names, as on construction
             model.lm_head.weight = model.model.embed_tokens.weight
         model._rope_tables()

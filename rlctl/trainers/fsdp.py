@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 
+from rlctl.devices import as_dtensor
 from rlctl.models.tinygpt import TinyGPT
 
 
@@ -50,7 +50,7 @@ def shard(model: TinyGPT, *, cuda: bool) -> None:
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (the tensor itself otherwise)."""
-    return t.to_local() if isinstance(t, DTensor) else t
+    return d.to_local() if (d := as_dtensor(t)) is not None else t
 
 
 def wire_weights(model: nn.Module, *, dtype: torch.dtype, tied: bool, host: bool = True) -> dict[str, torch.Tensor]:
@@ -60,7 +60,7 @@ def wire_weights(model: nn.Module, *, dtype: torch.dtype, tied: bool, host: bool
     for name, t in model.state_dict().items():
         if tied and name == "lm_head.weight":
             continue
-        full = t.full_tensor() if isinstance(t, DTensor) else t
+        full = d.full_tensor() if (d := as_dtensor(t)) is not None else t
         want = dtype if full.is_floating_point() else full.dtype
         if host:
             out[name] = torch.empty(full.shape, dtype=want).copy_(full.detach())
@@ -76,17 +76,19 @@ def load_full(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
             src = state_dict.get(name)
             if src is None:
                 continue
-            if isinstance(p, DTensor):
-                local = distribute_tensor(src.to(p.device, p.dtype), p.device_mesh, p.placements, src_data_rank=None)
-                p.to_local().copy_(local.to_local())
+            if (d := as_dtensor(p)) is not None:
+                from torch.distributed.tensor import distribute_tensor
+
+                local = distribute_tensor(src.to(d.device, d.dtype), d.device_mesh, d.placements, src_data_rank=None)
+                d.to_local().copy_(local.to_local())
             else:
                 p.copy_(src)
 
 
 def local_state(state: Any) -> Any:
     """`state` (a state dict, an optimizer's state dict, nested) with every DTensor replaced by its local shard."""
-    if isinstance(state, DTensor):
-        return state.to_local().detach().clone()
+    if (d := as_dtensor(state)) is not None:
+        return d.to_local().detach().clone()
     if isinstance(state, Mapping):
         return {k: local_state(v) for k, v in state.items()}
     if isinstance(state, list | tuple):
@@ -97,24 +99,27 @@ def local_state(state: Any) -> Any:
 def load_local(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """This rank's shards (`local_state(module.state_dict())` as saved) back into `module`'s DTensors, in place;
     a module that is not sharded loads its state dict as it is."""
-    if not any(isinstance(p, DTensor) for p in module.parameters()):
+    if not any(as_dtensor(p) is not None for p in module.parameters()):
         module.load_state_dict(state)
         return
     with torch.no_grad():
         for name, p in module.state_dict().items():
-            (p.to_local() if isinstance(p, DTensor) else p).copy_(state[name])
+            local_tensor(p).copy_(state[name])
 
 
 def redistribute_optimizer(optimizer: torch.optim.Optimizer, params: Iterable[nn.Parameter]) -> None:
     """After `optimizer.load_state_dict` of local shards: wrap each per-parameter state tensor of a sharded
     parameter back into a DTensor laid out as the parameter (scalars such as `step` stay as they are)."""
     for p in params:
-        if not isinstance(p, DTensor) or p not in optimizer.state:
+        d = as_dtensor(p)
+        if d is None or p not in optimizer.state:
             continue
+        from torch.distributed.tensor import DTensor
+
         st = optimizer.state[p]
         for k, v in st.items():
-            if isinstance(v, torch.Tensor) and not isinstance(v, DTensor) and v.shape == p.to_local().shape:
-                local = v.to(p.device)
+            if isinstance(v, torch.Tensor) and as_dtensor(v) is None and v.shape == d.to_local().shape:
+                local = v.to(d.device)
                 st[k] = DTensor.from_local(
-                    local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+                    local, d.device_mesh, d.placements, run_check=False, shape=d.shape, stride=d.stride()
                 )

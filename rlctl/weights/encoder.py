@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import DTensor
 
+from rlctl.devices import as_dtensor
 from rlctl.transport.framing import dtypes
 from rlctl.weights import delta
 from rlctl.weights.chunks import Layout
@@ -69,8 +69,8 @@ class DeviceEncoder:
         """The rows of every tensor this rank's FSDP2 shards hold (dim-0 shards, `torch.chunk`'s split)."""
         pieces = []
         for s in layout.slots:
-            t = params[s.name]
-            if not isinstance(t, DTensor):
+            t = as_dtensor(params[s.name])
+            if t is None:
                 raise TypeError(f"{s.name} is not sharded: use DeviceEncoder.for_part")
             rows, local = t.shape[0], t.to_local().shape[0]
             row_bytes = s.nbytes // rows if rows else 0
@@ -86,7 +86,8 @@ class DeviceEncoder:
         at = 0
         for p in self.pieces:
             t = params[p.name]
-            t = t.to_local() if self.local and isinstance(t, DTensor) else t
+            if self.local and (shard := as_dtensor(t)) is not None:
+                t = shard.to_local()
             raw = t.detach().to(self.device, self._dtype[p.name]).reshape(-1).view(torch.uint8)
             out[at : at + p.nbytes].copy_(raw[p.at : p.at + p.nbytes])
             at += p.nbytes
