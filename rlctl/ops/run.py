@@ -96,7 +96,8 @@ def _free_port() -> int:
     bound it: "Address already in use", seen in CI). The rank's host may be another machine: there, a port below
     that range is taken only by a service listening on it."""
     low = _ephemeral_low()
-    for port in random.sample(range(PORT_FLOOR, low), k=min(64, max(0, low - PORT_FLOOR))):
+    pick = random.SystemRandom()  # not the launcher's seeded generator: two launches here pick apart
+    for port in pick.sample(range(PORT_FLOOR, low), k=min(64, max(0, low - PORT_FLOOR))):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
