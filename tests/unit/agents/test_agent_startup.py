@@ -38,5 +38,5 @@ def test_a_model_built_empty_initialises_its_parameters_when_built_normally_agai
     a = TinyGPT(TinyGPTConfig())
     torch.manual_seed(0)
     b = TinyGPT(TinyGPTConfig())
-    w = a.model.embed_tokens.weight
-    assert torch.equal(w, b.model.embed_tokens.weight) and 0.5 * a.config.initializer_range < float(w.detach().std()) < 2 * a.config.initializer_range
+    w, std = a.model.embed_tokens.weight, a.config.initializer_range
+    assert torch.equal(w, b.model.embed_tokens.weight) and 0.5 * std < float(w.detach().std()) < 2 * std
