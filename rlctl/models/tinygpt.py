@@ -269,7 +269,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
-_INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_")  # what nn.Linear, nn.Embedding use
+_INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_")  # what nn.Linear and nn.Embedding call
 _init_lock = threading.Lock()
 
 
