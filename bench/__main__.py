@@ -37,6 +37,7 @@ BENCHES = {
     "demo": "bench.demo",
     "staleness": "bench.staleness",
     "staging": "bench.staging",
+    "controller-age": "bench.controller_age",
     "gpu-check": "bench.gpu_check",
 }
 

@@ -4,8 +4,8 @@
                                │  DedicatedClock samples the launch process's tree (bench/cpuclock.py)
                                ▼
     DIR/metrics.jsonl (one row per trained iteration: t, period_s, t_gen_s, t_train_s …)
-    DIR/checkpoints/<N>/ledger.json (every sample: iteration, unit, output tokens, when it was dispatched,
-                                     finished, delivered and trained: the controller's wall clock)
+    DIR/samples.jsonl + checkpoints/<N>/ledger.json (every sample: iteration, unit, output tokens, when it was
+                                     dispatched, finished, delivered and trained: the controller's wall clock)
     DIR/events.jsonl (trained, weights_applied …)
 
 Iteration times are taken between consecutive `trained` rows, on the wall clock and on the
@@ -26,6 +26,7 @@ import numpy as np
 import yaml
 
 from bench.cpuclock import DedicatedClock
+from rlctl.checkpoint.controller import sample_rows
 from rlctl.launch.jobdir import JobDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,9 +92,8 @@ def launch(job: dict[str, Any], *, workdir: Path, name: str) -> JobRun:
     summary = json.loads(out)
     rows = sorted(jobdir.read_lines(jobdir.metrics), key=lambda r: r["iteration"])
     ends = np.array([r["t"] for r in rows], dtype=float)
-    # the final checkpoint's ledger (its place inside the checkpoint is the controller's business)
-    ledger_file = next(jobdir.checkpoint(job["iterations"]).rglob("ledger.json"))
-    ledger = jobdir.read_json(ledger_file)["entries"]
+    # every sample, as the ledger held it: the sample log and the final checkpoint's ledger
+    ledger = sample_rows(jobdir, job["iterations"])
     events = jobdir.read_lines(jobdir.events)
     pids = {e["agent"]: e["ident"]["pid"] for e in events if e["event"] == "agent_started" and "pid" in e["ident"]}
     agent_cpu = {a: [clock.cpu_s(pid, t0, t1) for t0, t1 in itertools.pairwise(ends)] for a, pid in pids.items()}

@@ -56,6 +56,7 @@ from rlctl.agents.messages import (
     parse,
     recv_checked,
 )
+from rlctl.agents.samplelog import SampleLog
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
@@ -184,6 +185,8 @@ class ControllerAgent:
             predict=lambda specs: self.ranker.predict([s.tokens for s in specs]).tolist(),
             refill=self._refill,
         )
+        self.samples = SampleLog(jobdir.samples)  # the rounds the ledger retires
+        self.core.on_retire = self.samples.write
         self.inbox: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.peers: dict[str, Peer] = {}
         self.listener: Listener = transport.listen(listen)
@@ -221,10 +224,13 @@ class ControllerAgent:
 
     def _resume(self, version: int) -> None:
         """`launch --resume`: the controller's part of checkpoint `version` (0: none, start over); the metrics
-        rows the failed run wrote past it move aside so the curves continue from the checkpoint."""
+        rows and the sample log's lines the failed run wrote past it move aside, so that the curves and the log
+        continue from the checkpoint."""
+        st = load_controller(self.jobdir, version) if version > 0 else None
+        # before `restore` retires what the checkpoint's ledger holds trained; from no checkpoint, nothing is kept
+        discarded = self.samples.cut((st.samples_log_bytes or 0) if st is not None else 0)
         requeued = 0
-        if version > 0:
-            st = load_controller(self.jobdir, version)
+        if st is not None:
             requeued = sum(1 for e in st.ledger.entries.values() if e.state is State.QUEUED)
             self.core.restore(version=version, ledger=st.ledger)
             if st.ranker_tokens:
@@ -235,7 +241,9 @@ class ControllerAgent:
             self.complete.append(version)
         self.rows = cut_metrics(self.jobdir, version)
         self.resumes += 1
-        self.jobdir.event("resumed_from", version=version, regenerate=requeued, rows_kept=len(self.rows))
+        self.jobdir.event(
+            "resumed_from", version=version, regenerate=requeued, rows_kept=len(self.rows), samples_discarded=discarded
+        )
         log.info("controller: resumed from checkpoint v%d; %d samples to generate again", version, requeued)
 
     def _evaluator(self, resumed: int) -> Evaluator | None:
@@ -269,6 +277,7 @@ class ControllerAgent:
             "iteration": self.core.trainer_version,
             "ranker": {"tokens": list(tokens), "lengths": list(lengths)},
             "rebalance_window": list(self.scaler.rule.window),
+            "samples_log_bytes": self.samples.size(),  # the rounds retired so far: this ledger holds the rest
         }
         self.writing[version] = (state, json.dumps(self.core.ledger.to_json()), self.scaler.replaced)
 
@@ -825,6 +834,7 @@ class ControllerAgent:
                 self._broken(peer, f"send failed: {e}", since=began)
 
     def _trained(self, t: Trained) -> None:
+        generated = self._generated(t)  # before the core retires the round it completes
         outs = self.core.trained(
             iteration=t.iteration,
             version=t.version,
@@ -840,7 +850,7 @@ class ControllerAgent:
             row["evaluating"] = True  # a held-out evaluation decoded beside this iteration's generation
         self.scaler.rebalance(row)
         self.rows.append(row)
-        self._refit_ranker(t.iteration)
+        self._refit_ranker(*generated)
         self.jobdir.append(self.jobdir.metrics, row)
         self.tracker.log(t.iteration, row_to_metrics(row))
         if t.checkpointing:
@@ -850,18 +860,23 @@ class ControllerAgent:
         self.book.published(t.version, time.monotonic())
         self.jobdir.event("trained", iteration=t.iteration, version=t.version)
 
-    def _refit_ranker(self, iteration: int) -> None:
-        """Online refit on what the policy actually generated; records the ranker's recall on it."""
+    def _generated(self, t: Trained) -> tuple[list[list[int]], list[float], list[float]]:
+        """What the groups iteration `t` trained generated (a slow one of its round moved on): each prompt's tokens,
+        mean output length and predicted length, read before `core.trained` retires them."""
         by_prompt: dict[str, list[int]] = {}
-        for e in self.core.ledger.iteration_entries(iteration):
-            if e.state is State.TRAINED:  # the groups this iteration trained (a slow one of its round moved on)
+        for sid in t.sample_ids:
+            e = self.core.ledger.entries.get(sid)
+            if e is not None and e.state is State.DELIVERED and e.iteration == t.iteration:
                 by_prompt.setdefault(e.prompt_id, []).append(e.output_tokens)
-        pids = list(by_prompt)
+        tokens = [self.core.prompts[p].tokens for p in by_prompt]
         lengths = [sum(v) / len(v) for v in by_prompt.values()]
-        preds = [self.core.pred_len[p] for p in pids]
-        if len(pids) >= 5:
+        return tokens, lengths, [self.core.pred_len[p] for p in by_prompt]
+
+    def _refit_ranker(self, tokens: list[list[int]], lengths: list[float], preds: list[float]) -> None:
+        """Online refit on what the policy actually generated; records the ranker's recall on it."""
+        if len(tokens) >= 5:
             self.rows[-1]["ranker_recall_20"] = round(recall_at(preds, lengths, 0.2), 3)
-        self.ranker.update([self.core.prompts[p].tokens for p in pids], lengths)
+        self.ranker.update(tokens, lengths)
 
     # -- views and the end ----------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
@@ -931,6 +946,7 @@ class ControllerAgent:
         self.jobdir.write_json(self.jobdir.summary_json, end)
         self.jobdir.event("job_end", state=end["state"], iterations=end["iterations"])
         self.tracker.close()
+        self.samples.close()
         for p in self.peers.values():
             p.conn.close()
         self.listener.close()

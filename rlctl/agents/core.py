@@ -33,7 +33,7 @@ from typing import Any, Literal, NamedTuple
 
 from rlctl.agents import migration
 from rlctl.agents.buffers import StalenessBuffers
-from rlctl.agents.ledger import Entry, Ledger, State
+from rlctl.agents.ledger import COMPLETE, Entry, Ledger, State
 from rlctl.agents.staleness import StalenessBound
 from rlctl.planner.dispatch import assign_balanced
 
@@ -154,7 +154,8 @@ class ControllerCore:
         self.aborts: list[dict[str, Any]] = []  # what `unstick` did, for the controller's events (it empties it)
         self.unwanted: list[str] = []  # reward calls `unstick` gave up on: the controller cancels them, empties it
         self.aborted: set[str] = set()  # groups aborted once: their next rewards are waited for
-        self.floor = 0  # the oldest round that may still have samples to dispatch
+        self.floor = 0  # the oldest round that may still have samples to dispatch; those before it are retired
+        self.on_retire: Callable[[list[Entry]], None] | None = None  # gets each retired round's entries
         self._make_prompts = prompts
         self._refill = refill
         assert refill is not None or not cfg.max_refills, "dynamic sampling draws its prompts from `refill`"
@@ -551,6 +552,7 @@ class ControllerCore:
         self.trainer_version = version
         st = self.stats[iteration]
         st.trained_at, st.trainer = self.clock(), stats
+        self._advance_floor()  # (the last one too: `pump` does nothing once the job is done)
         return self.pump()  # when done, the controller stops everyone once the last version reached the units
 
     @property
@@ -687,6 +689,8 @@ class ControllerCore:
         # the rounds created (an iteration a group occupied may be before its round: not a measure of them)
         legacy = max((e.iteration + 1 for e in ledger.entries.values()), default=0)  # a checkpoint without rounds
         ledger.rounds = max(ledger.rounds or legacy, version)
+        for it in sorted(i for i in ledger.by_iteration if i < version):  # trained, not retired when it was written
+            self._retire(it)
         for iteration in range(version, self.created):
             self.stats[iteration] = IterationStats(iteration)
         for r in sorted(x for x in rounds if 0 <= x < self.created):  # the prompts to be generated again
@@ -736,10 +740,7 @@ class ControllerCore:
         (else it waits for a unit with newer weights)."""
         out: list[Out] = []
         now = self.clock()
-        while self.floor < self.trainer_version and all(
-            e.state in (State.TRAINED, State.FILTERED, State.DROPPED) for e in self.ledger.iteration_entries(self.floor)
-        ):
-            self.floor += 1
+        self._advance_floor()
         for it in range(self.floor, self.created):
             queued = self.ledger.in_state(State.QUEUED, iteration=it)
             units = [u for u in self.live_units if self.bound.may_dispatch(iteration=it, unit_version=u.version)]
@@ -754,6 +755,26 @@ class ControllerCore:
                 if entries and unit.name in ready:
                     out += self._give(unit, entries, it)
         return out
+
+    def _advance_floor(self) -> None:
+        """Past the trained rounds every sample of which is complete, retiring each."""
+        while self.floor < self.trainer_version and all(
+            e.state in COMPLETE for e in self.ledger.iteration_entries(self.floor)
+        ):
+            self._retire(self.floor)
+            self.floor += 1
+
+    def _retire(self, iteration: int) -> None:
+        """A round every group of which is complete leaves the ledger (`Ledger.retire`) and the prompts' specs go:
+        the controller holds what may still change, not the job's history, which goes to `on_retire` (the sample
+        log)."""
+        entries = self.ledger.retire(iteration)
+        for prompt_id in {e.prompt_id for e in entries}:
+            self.prompts.pop(prompt_id, None)
+            self.pred_len.pop(prompt_id, None)
+            self.aborted.discard(prompt_id)
+        if entries and self.on_retire is not None:
+            self.on_retire(entries)
 
     def _give(self, unit: Unit, entries: list[Entry], it: int) -> list[Out]:
         """Dispatch queued samples of round `it` to `unit`: those whose group may reserve at its version; a sample

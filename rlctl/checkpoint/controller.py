@@ -1,16 +1,17 @@
 """The controller's part of a checkpoint, and what a resumed controller restores from it.
 
 trained(i, v, checkpointing)  (the trainer took its snapshot of iter-v and writes it in the background)
-    ─▶ the controller keeps its state as it is now: ledger, iteration, ranker history, rebalance window,
-       rollout units replaced so far
+    ─▶ the controller keeps its state as it is now: ledger (the rounds in flight), iteration, ranker history,
+       rebalance window, rollout units replaced so far, the sample log's length (the rounds retired)
 checkpoint_written(v, D)      (the trainer's part of iter-v is on disk; D = its manifest's SHA-256)
     ─▶ save_controller(iter-v): that state, D
     ─▶ set_latest(v)                        (only now is iter-v a checkpoint a resume may use)
 
 launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifies, rlctl.checkpoint.choose.choose_resume)
-    ─▶ load_controller(iter-v) ─▶ core.restore, ranker.fit, rule.window, scaler.restore (`replaced`
-    continues); metrics rows of iterations ≥ v move to metrics.discarded.jsonl (the curves continue
-    from the checkpoint, as the model does); the trainer's hello must name the same version and D.
+    ─▶ load_controller(iter-v) ─▶ the sample log cut to its length, core.restore, ranker.fit, rule.window,
+    scaler.restore (`replaced` continues); metrics rows of iterations ≥ v move to metrics.discarded.jsonl (the
+    curves continue from the checkpoint, as the model does), the sample log's lines past it to
+    samples.discarded.jsonl; the trainer's hello must name the same version and D.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlctl.agents import samplelog
 from rlctl.agents.ledger import Ledger
 from rlctl.checkpoint.files import read_manifest, set_latest, write_part
 from rlctl.launch.jobdir import JobDir
@@ -38,6 +40,7 @@ class ControllerState:
     trainer_digest: str
     resumes: int
     replaced: int  # rollout units replaced (joined) up to this checkpoint, over every run of the job
+    samples_log_bytes: int | None  # the sample log's length when the ledger was taken (None: written before it)
 
 
 def save_controller(
@@ -82,7 +85,17 @@ def load_controller(jobdir: JobDir, version: int) -> ControllerState:
         trainer_digest=str(manifest["trainer_digest"]),
         resumes=int(state.get("resumes", 0)),
         replaced=int(state.get("replaced", 0)),
+        samples_log_bytes=state.get("samples_log_bytes"),
     )
+
+
+def sample_rows(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
+    """Every sample of checkpoint `version`'s lineage once, as the ledger held it (`rlctl.agents.samplelog.rows`):
+    the rounds retired before it from the sample log, the rest from its ledger.json."""
+    part = jobdir.checkpoint(version) / PART
+    state = json.loads((part / "state.json").read_text())
+    ledger = json.loads((part / "ledger.json").read_text())
+    return samplelog.rows(jobdir.samples, ledger, state.get("samples_log_bytes"))
 
 
 def cut_metrics(jobdir: JobDir, version: int) -> list[dict[str, Any]]:

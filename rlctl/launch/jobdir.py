@@ -19,6 +19,8 @@ runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_di
   events.jsonl      one JSON object per event (agent joined / lost, iteration done, stop)
   metrics.jsonl     one line per iteration (reward, stage times, δ, throughput, staleness)
   evaluations.jsonl one line per held-out evaluation during the run (evaluation.every_iterations)
+  samples.jsonl     one line per sample of every round the ledger retired (rlctl.agents.samplelog; it grows with
+                    the job, so it stays on the controller's site: not in the record fetched back)
   summary.json      the final summary (what `rlctl launch -o json` prints)
   model/init/       the starting policy (SFT warm-up), HF-style directory
   checkpoints/iter-N/{model/, ledger.json}
@@ -100,6 +102,10 @@ class JobDir:
     @property
     def evaluations(self) -> Path:
         return self.path / "evaluations.jsonl"
+
+    @property
+    def samples(self) -> Path:
+        return self.path / "samples.jsonl"
 
     @property
     def init_model(self) -> Path:

@@ -64,6 +64,7 @@ from rlctl.weights.versions import (
 )
 
 log = logging.getLogger(__name__)
+ATTEMPTS_KEPT = 64  # the last fetches a node remembers (`WeightNode.attempts`)
 
 
 class Superseded(ProtocolError):
@@ -86,7 +87,8 @@ class WeightNode:
         self._closing = threading.Event()
         self._last_anchor: int | None = None
         self._conns: set[Connection] = set()
-        self.attempts: list[tuple[int, str, str]] = []  # (version, holder address, "ok" | error), for status
+        # (version, holder address, "ok" | error) of the last fetches (one a version: a job runs for weeks)
+        self.attempts: deque[tuple[int, str, str]] = deque(maxlen=ATTEMPTS_KEPT)
         self._served: deque[Served] = deque(maxlen=self.cfg.served_log)  # one record per child connection
         self._served_lock = threading.Lock()
         self._encode_lock = threading.Lock()  # one on-demand delta encode at a time (CPU-bound anyway)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from rlctl.agents.flight import read_flight
+from rlctl.checkpoint.controller import sample_rows
 from rlctl.launch.jobdir import JobDir
 from tests.integration.ops.conftest import hf_job, job_yaml
 
@@ -178,9 +179,9 @@ def check_resumed(job_dir: Path, s: dict, *, iterations: int, latest: int) -> No
     assert s["state"] == "done", s
     assert [r["iteration"] for r in metrics_rows(job_dir)] == list(range(iterations))
     assert every_iteration_whole(job_dir, 16) == []
-    ledger = json.loads((job_dir / "checkpoints" / f"iter-{iterations}" / "controller" / "ledger.json").read_text())
-    assert len({e["prompt_id"] for e in ledger["entries"]}) == iterations * 4
-    assert all(e["state"] == "trained" for e in ledger["entries"])
+    samples = sample_rows(JobDir(job_dir), iterations)  # the sample log up to the last checkpoint, and its ledger
+    assert len({e["prompt_id"] for e in samples}) == iterations * 4
+    assert len({e["sample_id"] for e in samples}) == len(samples) and all(e["state"] == "trained" for e in samples)
     assert s["ledger"]["prompts"] == s["ledger"]["trained"] == iterations * 4, s["ledger"]
     assert [e["version"] for e in events(job_dir, "resumed_from")] == [latest]
 

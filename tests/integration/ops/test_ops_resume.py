@@ -16,6 +16,8 @@ import signal
 
 import pytest
 
+from rlctl.checkpoint.controller import sample_rows
+from rlctl.launch.jobdir import JobDir
 from rlctl.rl.schedule import StepLr
 from tests.integration.agents.test_agents_megatron_job import split_model
 from tests.unit.trainers.megatron_required import require_megatron
@@ -74,10 +76,12 @@ def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, 
     discarded = job_dir / "metrics.discarded.jsonl"
     past = [json.loads(x)["iteration"] for x in discarded.read_text().splitlines()]
     assert past and sorted(past) == [i for i in before if i >= latest]  # what the killed run trained past it
+    gone = [json.loads(x) for x in (job_dir / "samples.discarded.jsonl").read_text().splitlines()]
+    assert gone and {e["iteration"] for e in gone} <= set(past)  # … and the rounds of it the ledger had retired
     # every prompt trained exactly once in the final model's lineage: the last checkpoint's ledger
-    ledger = json.loads((job_dir / "checkpoints" / f"iter-{iterations}" / "controller" / "ledger.json").read_text())
-    assert len({e["prompt_id"] for e in ledger["entries"]}) == iterations * prompts
-    assert all(e["state"] == "trained" for e in ledger["entries"])
+    samples = sample_rows(JobDir(job_dir), iterations)  # the sample log up to the last checkpoint, and its ledger
+    assert len({e["prompt_id"] for e in samples}) == iterations * prompts
+    assert len({e["sample_id"] for e in samples}) == len(samples) and all(e["state"] == "trained" for e in samples)
     assert s["ledger"]["prompts"] == s["ledger"]["trained"] == iterations * prompts
     assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
     assert s["resilience"]["resumes"] == 1
@@ -137,9 +141,9 @@ def test_a_megatron_tp2_trainer_killed_then_resumed_trains_every_prompt_exactly_
     code, s = rlctl_json("launch", "--resume", str(job_dir), timeout_s=400)
     assert code == 0 and s["state"] == "done", why_not_done(job_dir, s)
     assert [r["iteration"] for r in metrics_rows(job_dir)] == list(range(iterations))
-    ledger = json.loads((job_dir / "checkpoints" / f"iter-{iterations}" / "controller" / "ledger.json").read_text())
-    assert len({e["prompt_id"] for e in ledger["entries"]}) == iterations * prompts
-    assert all(e["state"] == "trained" for e in ledger["entries"])
+    samples = sample_rows(JobDir(job_dir), iterations)  # the sample log up to the last checkpoint, and its ledger
+    assert len({e["prompt_id"] for e in samples}) == iterations * prompts
+    assert len({e["sample_id"] for e in samples}) == len(samples) and all(e["state"] == "trained" for e in samples)
     assert s["ledger"]["prompts"] == s["ledger"]["trained"] == iterations * prompts
     assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
     assert s["resilience"]["resumes"] == 1

@@ -10,12 +10,15 @@ import urllib.request
 import pytest
 import torch
 
+from rlctl.agents import samplelog
 from rlctl.agents.common import AgentContext
 from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.flight import read_flight
+from rlctl.agents.ledger import entry_row
 from rlctl.agents.messages import Hello, make
 from rlctl.agents.rollout import RolloutAgent
 from rlctl.agents.trainer import TrainerAgent
+from rlctl.checkpoint.controller import sample_rows
 from rlctl.checkpoint.files import latest_complete, read_manifest
 from rlctl.checkpoint.trainer import HostPolicy
 from rlctl.config.job import GrpoAlgorithm, JobFile
@@ -87,7 +90,14 @@ def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
     assert [r["iteration"] for r in jd.read_lines(jd.metrics)] == [0, 1, 2]
     assert (jd.checkpoint(2) / "model" / "config.json").exists()
     assert latest_complete(jd.path / "checkpoints") == 3  # both parts, verified; the pointer moved last
-    assert (jd.checkpoint(3) / "controller" / "ledger.json").exists()
+    samples = sample_rows(jd, 3)  # the sample log up to checkpoint 3 and its ledger: each sample once, trained
+    assert len(samples) == len({r["sample_id"] for r in samples}) == 18 and samplelog.read(jd.samples)
+    assert all(r["state"] == "trained" for r in samples)
+    groups: dict[str, list[int]] = {}  # the ranker refit on each trained group's mean output length, in order
+    for r in sorted(samples, key=lambda r: r["trained_at"]):
+        groups.setdefault(r["prompt_id"], []).append(r["output_tokens"])
+    lengths = ctl.ranker.history()[1][-9:]
+    assert sorted(lengths) == sorted(sum(v) / len(v) for v in groups.values())
     assert set(s["agents"]) == {"trainer-0", "rollout-0", "rollout-1"}
     with urllib.request.urlopen(f"http://127.0.0.1:{ctl.metrics_port}/metrics", timeout=5) as resp:
         scraped = resp.read().decode()
@@ -296,9 +306,9 @@ def test_dynamic_sampling_trains_a_group_without_signal_only_once_its_round_ran_
     refills = ctl.core.ledger.refills
     assert sum(refills.values()) == ledger["dropped"] and max(refills.values()) <= 4, refills
     trained: dict[str, set[float | None]] = {}
-    for e in ctl.core.ledger.entries.values():
-        if e.state.value == "trained":
-            trained.setdefault(e.prompt_id, set()).add(e.reward)
+    for e in samplelog.read(jd.samples) + [entry_row(e) for e in ctl.core.ledger.entries.values()]:
+        if e["state"] == "trained":
+            trained.setdefault(e["prompt_id"], set()).add(e["reward"])
     assert len(trained) == 12
     for group, rewards in trained.items():  # the digits task numbers a prompt within its round
         if len(rewards) == 1:

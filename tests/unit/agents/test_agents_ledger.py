@@ -151,3 +151,49 @@ def test_checkpoint_round_trip_requeues_untrained():
     assert back.entries["p0/0"].state is State.TRAINED
     assert back.entries["p0/1"].state is State.QUEUED
     assert [e.sample_id for e in back.in_state(State.QUEUED, iteration=1)] == ["p1/0", "p1/1"]
+
+
+def _trained(led: Ledger, sid: str, *, tokens: int = 5) -> None:
+    led.dispatch(sid, agent="r0", version=0)
+    assert led.finish(sid, agent="r0", version=0, output_tokens=tokens)
+    led.deliver(sid)
+    led.mark_trained(sid)
+
+
+def test_retiring_a_complete_round_keeps_every_count_and_forgets_its_entries():
+    led = _ledger()
+    led.add_prompt(iteration=0, prompt_id="p2", num_samples=2)  # round 0: p0 trained, p2 dropped
+    for sid in ("p0/0", "p0/1"):
+        _trained(led, sid)
+    for sid in ("p2/0", "p2/1"):
+        led.dispatch(sid, agent="r0", version=0)
+        led.finish(sid, agent="r0", version=0, output_tokens=3)
+    led.drop_group("p2")
+    _trained(led, "p1/0")  # round 1: one sample trained, one in flight
+    led.dispatch("p1/1", agent="r1", version=0)
+    with pytest.raises(LedgerError, match="iteration 1 still has samples to train"):
+        led.retire(1)
+    before = (led.counts(completed_iterations=1), led.state_histogram())
+    gone = led.retire(0)
+    assert sorted(e.sample_id for e in gone) == ["p0/0", "p0/1", "p2/0", "p2/1"]
+    assert sorted(led.entries) == ["p1/0", "p1/1"] and list(led.by_prompt) == ["p1"] and list(led.by_iteration) == [1]
+    assert (led.counts(completed_iterations=1), led.state_histogram()) == before
+    assert led.inflight("r1") == 1 and led.requeue_agent("r0") == []  # scans see only the rounds in flight
+    led.mark_trained("p0/0")  # a second ack of a retired sample: a duplicate, as before
+    assert not led.finish("p0/1", agent="r0", version=0, output_tokens=1)  # … and a late result is refused
+    assert (led.duplicated, led.refused) == (1, 1)
+    back = Ledger.from_json(led.to_json())  # a checkpoint carries the retired rounds' counts
+    c = back.counts(completed_iterations=1)
+    assert (c.prompts, c.samples, c.trained, c.trained_samples, c.dropped, c.duplicated) == (3, 6, 1, 3, 1, 1)
+    assert back.state_histogram() == {"trained": 3, "dropped": 2, "queued": 1}  # p1/1 queued again
+
+
+def test_a_retired_round_of_filtered_samples_alone_counts_as_lost():
+    led = _ledger()
+    for sid in ("p0/0", "p0/1"):
+        led.dispatch(sid, agent="r0", version=0)
+        led.finish(sid, agent="r0", version=0, output_tokens=2)
+        led.filter(sid)
+    lost = led.counts(completed_iterations=1).lost
+    led.retire(0)
+    assert lost == led.counts(completed_iterations=1).lost == 1

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
-from rlctl.agents.ledger import State
+from rlctl.agents.ledger import Entry, State
 from rlctl.agents.staleness import StalenessBound
 
 
@@ -155,8 +155,14 @@ def test_no_staleness_violation_and_exactly_once(
     unscored: list[tuple[str, int]] = []  # (sample id, attempt) whose reward is still computing
     unstick_discarded = 0  # tokens that `unstick` threw away (filtered samples, regenerated groups)
 
+    retired: list[Entry] = []  # the rounds the ledger took out once complete (the controller's sample log)
+    core.on_retire = retired.extend
+
+    def every() -> list[Entry]:
+        return [*retired, *core.ledger.entries.values()]
+
     def dropped_tokens() -> int:  # the outputs of groups dropped for equal rewards (dynamic sampling)
-        return sum(e.output_tokens for e in core.ledger.entries.values() if e.state is State.DROPPED)
+        return sum(e.output_tokens for e in every() if e.state is State.DROPPED)
 
     for _ in range(2000):
         if core.done:
@@ -264,10 +270,16 @@ def test_no_staleness_violation_and_exactly_once(
     assert unstick_discarded <= 3 * (group * counts.aborted + counts.filtered)
     assert partials.too_old == 0 or counts.aborted > 0
     assert sorted(trainer.trained) == sorted(set(trainer.trained))
-    trained_groups = {e.prompt_id for e in core.ledger.entries.values() if e.state is State.TRAINED}
-    left_out = [e for e in core.ledger.entries.values() if e.state is State.FILTERED and e.prompt_id in trained_groups]
+    # the ledger holds no round the floor passed; at the end it has retired every one, each sample once
+    assert not core.ledger.entries and core.floor == iterations
+    assert len({e.sample_id for e in retired}) == len(retired) == counts.samples
+    groups: dict[str, list[Entry]] = {}
+    for e in retired:
+        groups.setdefault(e.prompt_id, []).append(e)
+    trained_groups = {e.prompt_id for e in retired if e.state is State.TRAINED}
+    left_out = [e for e in retired if e.state is State.FILTERED and e.prompt_id in trained_groups]
     assert len(trainer.trained) == counts.trained_samples == iterations * prompts * group - len(left_out)
-    assert all(sum(e.state is State.TRAINED for e in core.ledger.group(e.prompt_id)) >= 2 for e in left_out)
+    assert all(sum(e.state is State.TRAINED for e in groups[e.prompt_id]) >= 2 for e in left_out)
     # every group drawn is trained or, dropped for equal rewards, replaced: at most `refills` a round
     assert counts.trained == iterations * prompts and counts.prompts == counts.trained + counts.dropped
     assert counts.dropped == sum(core.ledger.refills.values()) <= refills * iterations

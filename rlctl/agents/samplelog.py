@@ -1,0 +1,81 @@
+"""The job's sample log: samples.jsonl in the controller's job dir, one line per sample of every round the ledger
+retired (`Ledger.retire`), as the ledger held it last — its state, unit, versions, output tokens, reward and when
+it was dispatched, finished, delivered and trained (`entry_row`, the rows of a checkpoint's ledger.json).
+
+    round complete ─▶ Ledger.retire ─▶ ControllerCore.on_retire ─▶ SampleLog.write (appended, flushed)
+    checkpoint due ─▶ ledger.json (the rounds in flight) + state.json `samples_log_bytes` = SampleLog.size()
+    launch --resume v ─▶ SampleLog.cut(v's samples_log_bytes): the lines past it (rounds retired after the
+                         checkpoint, whose samples this run trains again) move to samples.discarded.jsonl
+
+The ledger keeps only the rounds in flight, since a job runs for weeks (≈ 330 bytes a sample here, on disk
+instead of ≈ 800 in the controller's memory); between them, a checkpoint's ledger.json and the log up to that
+checkpoint's `samples_log_bytes` hold each sample of its lineage once (`rows`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from rlctl.agents.ledger import Entry, entry_row
+
+log = logging.getLogger(__name__)
+
+
+class SampleLog:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: IO[str] | None = None
+
+    def write(self, entries: Iterable[Entry]) -> None:
+        """Append one line per entry, flushed: `size` then covers them (a checkpoint taken next includes them)."""
+        if self._file is None:
+            self._file = self.path.open("a", encoding="utf-8")
+        self._file.write("".join(json.dumps(entry_row(e)) + "\n" for e in entries))
+        self._file.flush()
+
+    def size(self) -> int:
+        """Bytes written so far (every line whole)."""
+        return self.path.stat().st_size if self.path.exists() else 0
+
+    def cut(self, size: int) -> int:
+        """Keep the first `size` bytes (whole lines: a size this log reported); the lines after them move to
+        samples.discarded.jsonl beside it. Returns how many lines moved. A log shorter than `size` (lost or cut
+        by hand) is left as it is, with a warning: the rounds it lacks are not in it."""
+        self.close()
+        have = self.size()
+        if size > have:
+            log.warning("%s: %d bytes, shorter than the checkpoint's %d: left as it is", self.path, have, size)
+        if size >= have:
+            return 0
+        with self.path.open("rb+") as f:
+            f.seek(size)
+            rest = f.read()
+            f.truncate(size)
+        if rest:
+            with self.path.with_name(self.path.stem + ".discarded.jsonl").open("ab") as out:
+                out.write(rest)
+        return rest.count(b"\n")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read(path: Path, size: int | None = None) -> list[dict[str, Any]]:
+    """The log's rows, the first `size` bytes only when given (a checkpoint's `samples_log_bytes`)."""
+    if not path.exists():
+        return []
+    with path.open("rb") as f:
+        data = f.read() if size is None else f.read(size)
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def rows(log: Path, ledger: dict[str, Any], size: int | None) -> list[dict[str, Any]]:
+    """Every sample of a checkpoint's lineage once: the log's rows up to the checkpoint's `samples_log_bytes`
+    (`size`; None: a checkpoint written before the log, whose ledger holds them all) and its ledger's entries."""
+    return (read(log, size) if size is not None else []) + list(ledger["entries"])

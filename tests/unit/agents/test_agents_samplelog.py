@@ -1,0 +1,57 @@
+"""The sample log: what the ledger retired, cut back to a checkpoint on resume, read together with its ledger."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlctl.agents import samplelog
+from rlctl.agents.ledger import Ledger
+from rlctl.agents.samplelog import SampleLog
+
+
+def _round(led: Ledger, it: int) -> list:
+    """Round `it` (one group of two) generated, trained and retired."""
+    if f"p{it}/0" not in led.entries:
+        led.add_prompt(iteration=it, prompt_id=f"p{it}", num_samples=2)
+    for k in range(2):
+        sid = f"p{it}/{k}"
+        led.dispatch(sid, agent="r0", version=it)
+        led.finish(sid, agent="r0", version=it, output_tokens=10 * it + k)
+        led.deliver(sid)
+        led.mark_trained(sid)
+    return led.retire(it)
+
+
+def test_the_log_cut_to_a_checkpoint_and_that_checkpoints_ledger_hold_each_sample_once(tmp_path: Path) -> None:
+    led, log = Ledger(), SampleLog(tmp_path / "samples.jsonl")
+    log.write(_round(led, 0))
+    led.add_prompt(iteration=1, prompt_id="p1", num_samples=2)  # in flight when the checkpoint is taken
+    ckpt, size = led.to_json(), log.size()
+    led2 = Ledger.from_json(ckpt)
+    log.write(_round(led, 1))  # the run goes on past the checkpoint, retires round 1, then dies
+    assert [r["sample_id"] for r in samplelog.read(log.path)] == ["p0/0", "p0/1", "p1/0", "p1/1"]
+
+    resumed = SampleLog(log.path)
+    assert resumed.cut(size) == 2  # round 1's lines go aside: this run trains it again
+    assert [r["sample_id"] for r in samplelog.read(log.path)] == ["p0/0", "p0/1"]
+    gone = samplelog.read(tmp_path / "samples.discarded.jsonl")
+    assert [(r["sample_id"], r["output_tokens"]) for r in gone] == [("p1/0", 10), ("p1/1", 11)]
+    rows = samplelog.rows(log.path, led2.to_json(), size)
+    assert sorted((r["sample_id"], r["state"]) for r in rows) == [
+        ("p0/0", "trained"),
+        ("p0/1", "trained"),
+        ("p1/0", "queued"),
+        ("p1/1", "queued"),
+    ]
+    assert samplelog.rows(log.path, led2.to_json(), None) == led2.to_json()["entries"]  # a checkpoint from before
+    resumed.write(_round(led2, 1))  # appended after the cut
+    assert [r["sample_id"] for r in samplelog.read(log.path)] == ["p0/0", "p0/1", "p1/0", "p1/1"]
+    resumed.close()
+
+
+def test_a_log_shorter_than_the_checkpoint_says_is_left_as_it_is(tmp_path: Path) -> None:
+    log = SampleLog(tmp_path / "samples.jsonl")
+    assert log.cut(100) == 0 and not log.path.exists()  # none yet
+    log.write(_round(Ledger(), 0))
+    size = log.size()
+    assert log.cut(size + 100) == 0 and log.size() == size  # never padded
