@@ -56,6 +56,26 @@ def checkpoint_versions(job: JobFile) -> list[int]:
     return sorted({job.iterations, *(range(every, job.iterations + 1, every) if every else ())}, reverse=True)
 
 
+# a checkpoint's bytes per parameter of each trained model: its fp32 weights (the policy's HF directory, a PPO
+# critic's shard) and AdamW's two fp32 moments
+CHECKPOINT_BYTES_PER_PARAM = 12
+
+
+def checkpoint_bytes(job: JobFile) -> float:
+    """About what one checkpoint of `job` takes on the trainer's site (RNG states and manifests aside)."""
+    from rlctl.profiler.traincost import trained_models
+
+    return CHECKPOINT_BYTES_PER_PARAM * job.model.arch.params * trained_models(job.algorithm.kind)
+
+
+def checkpoints_held(job: JobFile) -> int:
+    """The most checkpoints of `job` on disk at once: all it writes with `checkpoint.keep` 0; else `keep`, and one
+    more while the newest is written (the older go once it is complete)."""
+    written = len(checkpoint_versions(job))
+    keep = job.checkpoint.keep
+    return written if keep == 0 else min(written, keep + 1)
+
+
 def verified_manifest(
     files: HostFiles, ckpt: str, part: str, *, only: Callable[[str], bool] | None = None
 ) -> dict[str, Any]:

@@ -91,6 +91,7 @@ def _table(d: dict[str, Any]) -> str:
 def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[HostReport]]:
     """What stops `job`: its file's problems (`preflight.problems`), then each site's hosts' (`siteprobe`), asked
     for the roles the job places there; one line each. And what each host answered."""
+    from rlctl.checkpoint.choose import checkpoint_bytes, checkpoints_held
     from rlctl.launch.siteprobe import controller_reach_problems, disk_problem, host_problems, probe_site_hosts
     from rlctl.ops.preflight import problems
 
@@ -100,7 +101,13 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     for r in spec.placement.rollout:
         roles.setdefault(r.site, set()).add("rollout")
     roles.setdefault(spec.placement.controller_site or spec.placement.trainer.site, set()).add("controller")
-    need = 3 * spec.model.arch.weight_bytes + 1e9  # the staged model, a checkpoint's policy and its optimizer
+    model = spec.model.arch.weight_bytes + 1e9  # the staged model (+ the job's files and logs)
+    held, each = checkpoints_held(spec), checkpoint_bytes(spec)
+    trainer_site = spec.placement.trainer.site
+    checkpoints = (
+        f"the staged model {model / 1e9:.1f} GB and {held} checkpoint(s) of {each / 1e9:.1f} GB "
+        f"(fp32 weights and AdamW state); checkpoint.keep sets how many are kept"
+    )
     answered: list[HostReport] = []
     with ThreadPoolExecutor(max_workers=len(roles)) as pool:
         reports = pool.map(lambda name: probe_site_hosts(name, job.inventory.sites[name], timeout_s=timeout_s), roles)
@@ -108,7 +115,8 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
             for report in found:
                 answered.append(report)
                 lines += host_problems(report, job.inventory.sites[name], roles=roles[name], job=spec)
-                if (disk := disk_problem(report, need_bytes=need)) is not None:
+                need, what = (model + held * each, checkpoints) if name == trainer_site else (model, "the staged model")
+                if (disk := disk_problem(report, need_bytes=need, what=what)) is not None:
                     lines.append(disk)
     controller = spec.placement.controller_site or spec.placement.trainer.site
     if all("rlctl" in r.facts for r in answered if r.site == controller):  # else: one line above says so

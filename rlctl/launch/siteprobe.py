@@ -167,15 +167,14 @@ def host_problems(
     return out
 
 
-def disk_problem(report: HostReport, *, need_bytes: float) -> str | None:
-    """The host's work root has less free disk than `need_bytes` (the job's model and its checkpoints)."""
+def disk_problem(report: HostReport, *, need_bytes: float, what: str = "the staged model") -> str | None:
+    """The host's work root has less free disk than `need_bytes` (`what`: of what, and how to need less)."""
     free = report.facts.get("free_bytes")
     if free is None or free >= need_bytes:
         return None
     return (
         f"site {report.site} host {report.host}: {free / 1e9:.1f} GB free in {report.facts.get('workdir')}, the job "
-        f"needs about {need_bytes / 1e9:.1f} GB there (the model, a staged copy and checkpoints): free space or set "
-        f"the site's scheduler.workdir"
+        f"needs about {need_bytes / 1e9:.1f} GB there ({what}): free space or set the site's scheduler.workdir"
     )
 
 

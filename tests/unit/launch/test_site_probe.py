@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from rlctl import __version__
+from rlctl.checkpoint.choose import checkpoint_bytes
 from rlctl.config.inventory import Site
-from rlctl.config.job import JobFile
+from rlctl.config.job import Checkpoint, JobFile
 from rlctl.launch import siteprobe
 from rlctl.launch.backends import python_for
 from rlctl.launch.base import site_setup
@@ -25,6 +26,7 @@ def site(gpu: str = "H100", kind: str = "ssh", **extra: object) -> Site:
     )
 
 
+REPO = Path(__file__).resolve().parents[3]
 GOOD = {
     "executable": "/v/bin/python",
     "rlctl": __version__,
@@ -164,3 +166,21 @@ def test_the_controllers_site_is_asked_whether_it_reaches_the_rollout_sites(
     [line] = controller_reach_problems("ctl", ssh_controller, {"here": local, "gen": nowhere})
     assert line.startswith("site gen: cannot be reached from the controller's site ctl (host h1): ")
     assert "`rlctl scale` and the rebalance rule start rollout units from there" in line
+
+
+def test_check_sizes_the_trainer_sites_need_by_the_checkpoints_it_keeps(monkeypatch) -> None:
+    """`check --reach`: every site needs room for the staged model; the trainer's site also for the checkpoints
+    it will hold at once (all of them with checkpoint.keep 0), and the line says so."""
+    from rlctl.commands import check
+    from rlctl.config.job import Job, load_job
+
+    job = load_job(REPO / "jobs" / "demo.yaml")  # 300 iterations, a checkpoint every 20: 15 held at keep 0
+    each = checkpoint_bytes(job.spec)
+    free = job.spec.model.arch.weight_bytes + 1e9 + 3 * each  # room for the model and 3 checkpoints
+    monkeypatch.setattr(
+        siteprobe, "probe_site_hosts", lambda name, site, **kw: [HostReport(name, "h1", GOOD | {"free_bytes": free})]
+    )
+    (line,) = check.job_problem_lines(job, timeout_s=1.0)[0]
+    assert line.startswith("site local host h1:") and "15 checkpoint(s) of" in line and "checkpoint.keep" in line
+    kept = job.spec.model_copy(update={"checkpoint": Checkpoint(every_iterations=20, keep=2)})
+    assert check.job_problem_lines(Job(kept, job.inventory, job.path), timeout_s=1.0)[0] == []  # 3 held

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from rlctl.checkpoint.choose import checkpoint_versions, parse_latest
+from rlctl.checkpoint.choose import checkpoint_bytes, checkpoint_versions, checkpoints_held, parse_latest
 from rlctl.checkpoint.files import manifest_path, set_latest, write_part
 from rlctl.config.inventory import Site
-from rlctl.config.job import JobFile
+from rlctl.config.job import Checkpoint, JobFile, PpoAlgorithm
 from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.base import Resources
@@ -298,3 +298,15 @@ def test_checkpoint_writers_or_resumed_ranks_over_ssh_hosts_without_a_shared_wor
         refuse_unshared_trainer("t", site(shared_workdir=True), apart, writers=[0, 1], resume=resume)  # one filesystem
         refuse_unshared_trainer("t", site(), [rank(0, "h1"), rank(1, "h1")], writers=[0, 1], resume=resume)  # one host
         refuse_unshared_trainer("t", local_site(), apart, writers=[0, 1], resume=resume)  # the operator's job dir
+
+
+def test_the_checkpoints_a_job_holds_at_once_and_their_size() -> None:
+    assert checkpoints_held(spec(9, 3)) == 3  # keep 0: every one it writes (3, 6, 9)
+    assert checkpoints_held(spec(10, 3)) == 4  # … and the last (10)
+    assert checkpoints_held(spec(9, 0)) == 1  # only at the end
+    kept = spec(30, 3).model_copy(update={"checkpoint": Checkpoint(every_iterations=3, keep=2)})
+    assert checkpoints_held(kept) == 3  # two kept, and the newest while it is written
+    grpo = spec()
+    ppo = grpo.model_copy(update={"algorithm": PpoAlgorithm(kind="ppo")})
+    params = grpo.model.arch.params
+    assert checkpoint_bytes(grpo) == 12 * params and checkpoint_bytes(ppo) == 24 * params  # + the critic's
