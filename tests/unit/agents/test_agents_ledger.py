@@ -14,6 +14,17 @@ def _ledger() -> Ledger:
     return led
 
 
+def _finished(led: Ledger, sid: str, *, tokens: int = 5) -> None:
+    led.dispatch(sid, agent="r0", version=0)
+    assert led.finish(sid, agent="r0", version=0, output_tokens=tokens)
+
+
+def _trained(led: Ledger, sid: str, *, tokens: int = 5) -> None:
+    _finished(led, sid, tokens=tokens)
+    led.deliver(sid)
+    led.mark_trained(sid)
+
+
 def test_happy_path_walks_every_state_in_order():
     led = _ledger()
     led.clock = iter([1.0, 2.0, 3.0, 4.0, 5.0]).__next__  # the controller's wall clock, one reading per move
@@ -112,15 +123,11 @@ def test_training_twice_counts_a_duplicate():
 def test_counts_trained_prompts_and_lost_ones():
     led = _ledger()
     for sid in ("p0/0", "p0/1"):
-        led.dispatch(sid, agent="r0", version=0)
-        led.finish(sid, agent="r0", version=0, output_tokens=1)
-        led.deliver(sid)
-        led.mark_trained(sid)
+        _trained(led, sid, tokens=1)
     c = led.counts(completed_iterations=2)
     assert (c.prompts, c.trained, c.trained_samples, c.lost) == (2, 1, 2, 0)  # p1 is still to come (in flight)
     for sid in ("p1/0", "p1/1"):  # p1 delivered for iteration 1, which was committed without it: lost
-        led.dispatch(sid, agent="r0", version=0)
-        led.finish(sid, agent="r0", version=0, output_tokens=1)
+        _finished(led, sid, tokens=1)
         led.deliver(sid)
     assert led.counts(completed_iterations=2).lost == 1
     assert led.counts(completed_iterations=1).lost == 0
@@ -153,21 +160,13 @@ def test_checkpoint_round_trip_requeues_untrained():
     assert [e.sample_id for e in back.in_state(State.QUEUED, iteration=1)] == ["p1/0", "p1/1"]
 
 
-def _trained(led: Ledger, sid: str, *, tokens: int = 5) -> None:
-    led.dispatch(sid, agent="r0", version=0)
-    assert led.finish(sid, agent="r0", version=0, output_tokens=tokens)
-    led.deliver(sid)
-    led.mark_trained(sid)
-
-
 def test_retiring_a_complete_round_keeps_every_count_and_forgets_its_entries():
     led = _ledger()
     led.add_prompt(iteration=0, prompt_id="p2", num_samples=2)  # round 0: p0 trained, p2 dropped
     for sid in ("p0/0", "p0/1"):
         _trained(led, sid)
     for sid in ("p2/0", "p2/1"):
-        led.dispatch(sid, agent="r0", version=0)
-        led.finish(sid, agent="r0", version=0, output_tokens=3)
+        _finished(led, sid, tokens=3)
     led.drop_group("p2")
     _trained(led, "p1/0")  # round 1: one sample trained, one in flight
     led.dispatch("p1/1", agent="r1", version=0)
@@ -191,8 +190,7 @@ def test_retiring_a_complete_round_keeps_every_count_and_forgets_its_entries():
 def test_a_retired_round_of_filtered_samples_alone_counts_as_lost():
     led = _ledger()
     for sid in ("p0/0", "p0/1"):
-        led.dispatch(sid, agent="r0", version=0)
-        led.finish(sid, agent="r0", version=0, output_tokens=2)
+        _finished(led, sid, tokens=2)
         led.filter(sid)
     lost = led.counts(completed_iterations=1).lost
     led.retire(0)
