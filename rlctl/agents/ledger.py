@@ -109,7 +109,7 @@ class Retired:
 
     prompts: int = 0
     trained: int = 0  # of those prompts, groups trained (`_trained`)
-    lost: int = 0  # … and groups every sample of which was delivered or filtered, none trained
+    lost: int = 0  # … and groups none of whose samples trained (all filtered out): `counts`' lost
     states: Counter[str] = field(default_factory=Counter)  # samples by their last state
 
     def to_json(self) -> dict[str, Any]:
@@ -341,7 +341,7 @@ class Ledger:
         entries = self.by_iteration.get(iteration, [])
         if any(e.state not in COMPLETE for e in entries):
             raise LedgerError(f"iteration {iteration} still has samples to train: it cannot be retired")
-        del self.by_iteration[iteration]
+        self.by_iteration.pop(iteration, None)
         for e in entries:
             del self.entries[e.sample_id]
             self.partials.drop(e.sample_id)

@@ -7,9 +7,10 @@ it was dispatched, finished, delivered and trained (`entry_row`, the rows of a c
     launch --resume v ─▶ SampleLog.cut(v's samples_log_bytes): the lines past it (rounds retired after the
                          checkpoint, whose samples this run trains again) move to samples.discarded.jsonl
 
-The ledger keeps only the rounds in flight, since a job runs for weeks (≈ 330 bytes a sample here, on disk
-instead of ≈ 800 in the controller's memory); between them, a checkpoint's ledger.json and the log up to that
-checkpoint's `samples_log_bytes` hold each sample of its lineage once (`rows`).
+The ledger keeps only the rounds in flight, since a job runs for weeks (a sample takes ≈ 370–400 bytes here on disk,
+instead of ≈ 1.5 kB of the controller's memory with its prompt's share: `python -m bench controller-age`); between
+them, a checkpoint's ledger.json and the log up to that checkpoint's `samples_log_bytes` hold each sample of its
+lineage once (`rows`).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def read(path: Path, size: int | None = None) -> list[dict[str, Any]]:
     return [json.loads(line) for line in data.splitlines() if line.strip()]
 
 
-def rows(log: Path, ledger: dict[str, Any], size: int | None) -> list[dict[str, Any]]:
+def rows(path: Path, ledger: dict[str, Any], size: int | None) -> list[dict[str, Any]]:
     """Every sample of a checkpoint's lineage once: the log's rows up to the checkpoint's `samples_log_bytes`
     (`size`; None: a checkpoint written before the log, whose ledger holds them all) and its ledger's entries."""
-    return (read(log, size) if size is not None else []) + list(ledger["entries"])
+    return (read(path, size) if size is not None else []) + list(ledger["entries"])
