@@ -12,7 +12,8 @@ Read at every `every`-th iteration, and compared between the first reading and t
   results, delivery, acks, retiring);
 - `rss_mb`: the process's resident memory.
 
-`*_growth` = last ÷ first (1.0: flat). A job of weeks runs 10⁴–10⁵ iterations; this runs 10³ (`--quick`: 10²).
+`*_growth` = last ÷ first (1.0: flat); `rss_mb_added` = last − first. A job of weeks runs 10⁴–10⁵ iterations;
+this runs 10³ (`--quick`: 10²).
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def measure(iterations: int, every: int) -> dict[str, Any]:
     core = ControllerCore(cfg, prompts=_prompts(rng), predict=lambda specs: [64.0] * len(specs))
     with tempfile.TemporaryDirectory() as tmp:
         log = SampleLog(Path(tmp) / "samples.jsonl")
-        core.on_retire = log.write  # as the controller does (absent before the ledger retired rounds)
+        core.on_retire = log.write  # as the controller does
         job = _Job(core)
         job.todo += core.join("trainer-0", role="trainer", version=0)
         for unit in job.version:
@@ -154,7 +155,7 @@ def _result(readings: list[dict[str, Any]], *, iterations: int, log_bytes: int) 
         "samples": iterations * PROMPTS * SAMPLES,
         "samples_log_bytes": log_bytes,
         **growth,
-        "rss_mb_growth": round(last["rss_mb"] - first["rss_mb"], 1),
+        "rss_mb_added": round(last["rss_mb"] - first["rss_mb"], 1),
         "readings": readings,
     }
 
