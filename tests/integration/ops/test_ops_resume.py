@@ -76,8 +76,12 @@ def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, 
     discarded = job_dir / "metrics.discarded.jsonl"
     past = [json.loads(x)["iteration"] for x in discarded.read_text().splitlines()]
     assert past and sorted(past) == [i for i in before if i >= latest]  # what the killed run trained past it
-    gone = [json.loads(x) for x in (job_dir / "samples.discarded.jsonl").read_text().splitlines()]
-    assert gone and {e["iteration"] for e in gone} <= set(past)  # … and the rounds of it the ledger had retired
+    # … and the rounds of it the ledger had retired (none when a slow group of the checkpoint's round was still out
+    # when the hold began: the floor waits for it; which happens depends on this machine's speed)
+    gone_file = job_dir / "samples.discarded.jsonl"
+    gone = [json.loads(x) for x in gone_file.read_text().splitlines()] if gone_file.exists() else []
+    assert {e["iteration"] for e in gone} <= set(past)
+    assert [e["samples_discarded"] for e in events(job_dir) if e["event"] == "resumed_from"] == [len(gone)]
     # every prompt trained exactly once in the final model's lineage: the last checkpoint's ledger
     samples = sample_rows(JobDir(job_dir), iterations)  # the sample log up to the last checkpoint, and its ledger
     assert len({e["prompt_id"] for e in samples}) == iterations * prompts
