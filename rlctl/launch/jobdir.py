@@ -3,7 +3,8 @@
 There is one per site (sites share no filesystem, see rlctl.launch.sitefs): the operator's (below), and
 on each site a staged copy of what agents read (job.json, plan.json, sites.json, secret, model/, data/)
 where that site's agents write their logs and checkpoints; the controller's site's copy holds the
-job's record (controller.json, events, metrics, summary), fetched back here (rlctl.launch.stage).
+job's record (controller.json, events, metrics, evaluations, samples, summary), fetched back here
+(rlctl.launch.stage: the logs by the bytes they grew since the last fetch).
 A JobDir is path arithmetic: the same class serves every site's copy.
 
 runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_dir` / --job-dir)
@@ -19,8 +20,9 @@ runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_di
   events.jsonl      one JSON object per event (agent joined / lost, iteration done, stop)
   metrics.jsonl     one line per iteration (reward, stage times, δ, throughput, staleness)
   evaluations.jsonl one line per held-out evaluation during the run (evaluation.every_iterations)
-  samples.jsonl     one line per sample of every round the ledger retired (rlctl.agents.samplelog; it grows with
-                    the job, so it stays on the controller's site: not in the record fetched back)
+  samples.jsonl     one line per sample of every round the ledger retired (rlctl.agents.samplelog)
+  .site-events.jsonl  the controller's site's events.jsonl as fetched, when it runs on another site (merged into
+                    events.jsonl here)
   summary.json      the final summary (what `rlctl launch -o json` prints)
   model/init/       the starting policy (SFT warm-up), HF-style directory
   checkpoints/iter-N/{model/, ledger.json}

@@ -284,6 +284,25 @@ class SshRunner:
             self.close()
             raise LaunchError(f"ssh {self.where}: cannot copy {remote} to {local}: {e or type(e).__name__}") from e
 
+    def get_range(self, remote: str, local: Path, start: int, end: int, *, timeout_s: float = 300.0) -> None:
+        """Copy bytes [start, end) of a file on the host over SFTP, reads pipelined (`timeout_s`: the longest the
+        transfer may stall); fewer when the file is shorter."""
+        if self._conn is None:
+            self._conn = connect(self.target)
+        try:
+            sftp = self._conn.sftp()
+            sftp.get_channel().settimeout(timeout_s)
+            with sftp.open(remote, "rb") as src, local.open("wb") as dst:
+                src.seek(start)
+                src.prefetch(end)  # every read of [start, end) requested at once, as `get` does for a whole file
+                left = end - start
+                while left > 0 and (chunk := src.read(min(left, PUT_CHUNK))):
+                    dst.write(chunk)
+                    left -= len(chunk)
+        except (OSError, EOFError) as e:
+            self.close()
+            raise LaunchError(f"ssh {self.where}: cannot copy {remote} to {local}: {e or type(e).__name__}") from e
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()

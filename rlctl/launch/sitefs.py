@@ -104,6 +104,11 @@ class HostFiles(ABC):
         """Copy the host's file `path` to `local` (its parent exists)."""
 
     @abstractmethod
+    def get_range(self, path: str, local: Path, start: int, end: int) -> None:
+        """Copy bytes [start, end) of the host's file `path` to `local` (created or replaced): the part of a log
+        that grew since it was last copied."""
+
+    @abstractmethod
     def list_files(self, root: str) -> list[str]:
         """Every file under `root`, as paths relative to it, sorted ([] when `root` does not exist)."""
 
@@ -171,6 +176,17 @@ class LocalFiles(HostFiles):
     def get(self, path: str, local: Path) -> None:
         try:
             shutil.copyfile(path, local)
+        except OSError as e:
+            raise LaunchError(f"cannot copy {path} to {local}: {e}") from e
+
+    def get_range(self, path: str, local: Path, start: int, end: int) -> None:
+        try:
+            with Path(path).open("rb") as src, local.open("wb") as dst:
+                src.seek(start)
+                left = end - start
+                while left > 0 and (chunk := src.read(min(left, 1 << 20))):
+                    dst.write(chunk)
+                    left -= len(chunk)
         except OSError as e:
             raise LaunchError(f"cannot copy {path} to {local}: {e}") from e
 
@@ -263,6 +279,9 @@ class SshFiles(HostFiles):
 
     def get(self, path: str, local: Path) -> None:
         self.runner.get(path, local)
+
+    def get_range(self, path: str, local: Path, start: int, end: int) -> None:
+        self.runner.get_range(path, local, start, end)
 
     def list_files(self, root: str) -> list[str]:
         out = self._run(f"cd {sh_path(root)} 2>/dev/null || exit 0\nfind . -type f -printf '%P\\n'")

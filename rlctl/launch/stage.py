@@ -11,8 +11,9 @@ A site of several SSH hosts gets its large files over its link once, to its firs
 the others as they land (`_fan_out`, rlctl.launch.fanout). A site whose job dir is the operator's (local, SLURM
 submitted from here) needs no copy. staged.json
 says where each site's copy is; the controller's Spawner reads it (its own copy) so a unit it adds goes
-to a site already staged, or stages it first. The job's record (events, metrics, summary, controller.json)
-is written by the controller on its site; `fetch_record` brings it to the operator's job dir.
+to a site already staged, or stages it first. The job's record (events, metrics, summary, controller.json, the
+sample log) is written by the controller on its site; `fetch_record` brings it to the operator's job dir (the
+sample log by the bytes it grew: `fetch_appended`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -55,8 +57,15 @@ TOP_FILES = ("job.json", "plan.json", SITES_FILE, "secret")
 INIT_MODEL = "model/init"  # the starting policy: staged once per work root and model (`model_cache`)
 INIT_RECORD = "init-model.json"  # the operator's record of the starting model's files (`check_init_record`)
 TREES = ("model", "data", "reward")  # what prepare() builds (rlctl.ops.inputs): policy, data set, reward file
-RECORD_FILES = ("controller.json", "summary.json", "metrics.jsonl", "events.jsonl", "evaluations.jsonl")
+RECORD_FILES = ("controller.json", "summary.json")
+EVENTS = "events.jsonl"  # the controller's site's and the operator's, merged here
+SITE_EVENTS = ".site-events.jsonl"  # the controller's site's events.jsonl as fetched (by what it grew)
 TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
+# logs the controller appends to (cut back only by a resume), fetched by the bytes they grew since the last fetch
+APPENDED_LOGS = tuple(
+    f"{name}{cut}.jsonl" for name in ("metrics", "evaluations", "samples") for cut in ("", ".discarded")
+)
+TAIL_MATCH_BYTES = 64 << 10  # a local copy whose last bytes match the host's at the same offset is a prefix of it
 SECRET_MODE = 0o600
 PROGRESS_INTERVAL_S = 10.0  # a staging progress line at most this often
 BAR_INTERVAL_S = 0.25  # … and the terminal's live bar
@@ -634,7 +643,8 @@ def controller_view(
 
 
 def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
-    """Copy the controller's record (summary, metrics, controller.json; events merged) and the tracker files
+    """Copy the controller's record (summary, controller.json; its events, by what they grew, merged into the
+    operator's), its logs (APPENDED_LOGS: metrics, evaluations, samples, by what they grew) and the tracker files
     (TRACKER_DIRS) into the operator's job dir; nothing to do when the controller's site job dir is this one.
     Returns the names fetched."""
     if not is_remote(site) and Path(root) == job_dir:
@@ -646,12 +656,13 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
             text = fs.read_text(f"{root}/{name}")
             if text is None:
                 continue
-            if name == "events.jsonl":
-                text = _merge_lines(job_dir / name, text)
-            tmp = job_dir / (name + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(job_dir / name)
+            _replace(job_dir / name, text)
             fetched.append(name)
+        mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
+        if fetch_appended(fs, f"{root}/{EVENTS}", mirror):
+            _replace(job_dir / EVENTS, _merge_lines(job_dir / EVENTS, mirror.read_text()))
+            fetched.append(EVENTS)
+        fetched += [name for name in APPENDED_LOGS if fetch_appended(fs, f"{root}/{name}", job_dir / name)]
         for tree in TRACKER_DIRS:  # after the record: a tracker file that goes away meanwhile costs only itself
             for rel in fs.list_files(f"{root}/{tree}"):
                 dst = job_dir / tree / rel
@@ -665,6 +676,64 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
     finally:
         fs.close()
     return fetched
+
+
+def fetch_appended(fs: HostFiles, path: str, local: Path) -> bool:
+    """Bring the local copy of a log the host only appends to up to date, whole lines only: the bytes past the
+    copy where it is a prefix of the host's file (its last TAIL_MATCH_BYTES equal the host's at the same offset),
+    else the whole file (a resume cut the log back). True when lines arrived."""
+    have = local.stat().st_size if local.exists() else 0
+    probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
+    if probe is None:
+        return False
+    data, size = probe
+    if have and (size < have or data != _tail(local, len(data))):
+        have = 0
+    if size <= have:
+        return False
+    part = local.with_name(local.name + ".part")
+    try:
+        fs.get_range(path, part, have, size)
+        whole = _whole_lines(part)  # the controller may be writing its last line
+        if not whole:
+            return False
+        os.truncate(part, whole)
+        if have:
+            with part.open("rb") as src, local.open("ab") as dst:
+                shutil.copyfileobj(src, dst)
+        else:
+            os.replace(part, local)
+    finally:
+        part.unlink(missing_ok=True)
+    return True
+
+
+def _tail(path: Path, n: int) -> bytes:
+    """The file's last `n` bytes."""
+    with path.open("rb") as f:
+        f.seek(f.seek(0, os.SEEK_END) - n)
+        return f.read(n)
+
+
+def _whole_lines(path: Path) -> int:
+    """The length of the file's whole lines (up to and with its last newline)."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        end = size
+        while end > 0:
+            start = max(0, end - (1 << 20))
+            f.seek(start)
+            i = f.read(end - start).rfind(b"\n")
+            if i >= 0:
+                return start + i + 1
+            end = start
+    return 0
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def _merge_lines(local: Path, remote: str) -> str:

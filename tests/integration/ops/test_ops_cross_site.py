@@ -299,6 +299,11 @@ def test_controller_on_the_ssh_site_keeps_the_record_there_and_launch_fetches_it
     assert there.returncode == 0, there.stderr
     assert json.loads(there.stdout)["ledger"] == json.loads((job_dir / "summary.json").read_text())["ledger"]
     assert len(metrics_rows(job_dir)) == 4
+    # the sample log too (by the bytes it grew, over SFTP): the same lines, each sample once
+    log_there = on_site(services, f"cat {site_dir}/samples.jsonl")
+    assert log_there.returncode == 0 and log_there.stdout == (job_dir / "samples.jsonl").read_text()
+    ids = [json.loads(line)["sample_id"] for line in log_there.stdout.splitlines()]
+    assert 0 < len(ids) == len(set(ids)) <= out["ledger"]["samples"], (len(ids), out["ledger"])
     joined = {e["agent"] for e in events(job_dir) if e["event"] == "agent_joined"}
     assert joined == {"trainer-0", "rollout-0"}, joined
     # it listened on the site's end of the shaped link (`auto` routed toward the other site's listen_host)

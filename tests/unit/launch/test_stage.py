@@ -85,12 +85,51 @@ def test_plan_and_record_fetch(tmp_path: Path) -> None:
     (root / "summary.json").write_text('{"state": "done"}')
     (root / "events.jsonl").write_text('{"t": 2, "event": "job_end"}\n')
     (src / "events.jsonl").write_text('{"t": 1, "event": "agent_started"}\n')
-    assert fetch_record(src, site, "localhost", str(root)) == ["summary.json", "events.jsonl"]
-    fetch_record(src, site, "localhost", str(root))  # twice: each event once
+    (root / "samples.jsonl").write_text('{"sample_id": "p0-0"}\n')
+    assert fetch_record(src, site, "localhost", str(root)) == ["summary.json", "events.jsonl", "samples.jsonl"]
+    fetch_record(src, site, "localhost", str(root))  # twice: each event once, each sample once
     assert [json.loads(line)["event"] for line in (src / "events.jsonl").read_text().splitlines()] == [
         "agent_started", "job_end",
     ]  # fmt: skip
+    assert (src / "samples.jsonl").read_text() == '{"sample_id": "p0-0"}\n'
     assert fetch_record(src, local_site(), "localhost", str(src)) == []  # the record is already here
+
+
+class RangeFiles(LocalFiles):
+    """The local view, recording the byte ranges copied."""
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[int, int]] = []
+
+    def get_range(self, path: str, local: Path, start: int, end: int) -> None:
+        self.ranges.append((start, end))
+        super().get_range(path, local, start, end)
+
+
+def test_the_sample_log_is_fetched_by_what_it_grew_whole_lines_only_and_again_whole_after_a_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stage, "TAIL_MATCH_BYTES", 16)  # a small window, so the prefix check compares a line's end
+    there, here = tmp_path / "site.jsonl", tmp_path / "here.jsonl"
+    fs = RangeFiles()
+    lines = [json.dumps({"sample_id": f"s{i}", "reward": i / 10}) + "\n" for i in range(8)]
+    assert not stage.fetch_appended(fs, str(there), here) and not here.exists()  # nothing there yet
+    there.write_text("".join(lines[:3]) + lines[3][:7])  # the controller is writing its fourth line
+    assert stage.fetch_appended(fs, str(there), here)
+    assert here.read_text() == "".join(lines[:3])  # whole lines only
+    with there.open("a") as f:
+        f.write(lines[3][7:] + lines[4])
+    assert stage.fetch_appended(fs, str(there), here) and here.read_text() == "".join(lines[:5])
+    n3 = len("".join(lines[:3]))
+    assert fs.ranges == [(0, n3 + 7), (n3, there.stat().st_size)]  # the second fetch copied what it lacked
+    assert not stage.fetch_appended(fs, str(there), here) and len(fs.ranges) == 2  # nothing new: nothing copied
+    # a resume cut the log back to two lines and the run wrote others past them: the copy here is no prefix
+    there.write_text("".join(lines[:2]) + lines[6] + lines[7] + lines[5])
+    assert stage.fetch_appended(fs, str(there), here) and here.read_text() == there.read_text()
+    assert fs.ranges[-1] == (0, there.stat().st_size)
+    there.write_text(lines[0])  # cut shorter than the copy here
+    assert stage.fetch_appended(fs, str(there), here) and here.read_text() == lines[0]
+    assert not list(tmp_path.glob("*.part"))
 
 
 def test_an_ssh_site_is_staged_per_host_unless_its_hosts_share_the_work_root(tmp_path: Path) -> None:

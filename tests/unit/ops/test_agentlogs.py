@@ -41,6 +41,9 @@ class FakeFiles(HostFiles):
     def get(self, path: str, local: Path) -> None:
         raise NotImplementedError
 
+    def get_range(self, path: str, local: Path, start: int, end: int) -> None:
+        raise NotImplementedError
+
     def list_files(self, root: str) -> list[str]:
         raise NotImplementedError
 
