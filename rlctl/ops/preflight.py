@@ -140,6 +140,14 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
                 f"{spec.transport.streams}: the tensor RPC uses one stream per peer; valid: 1",
             )
         )
+    if spec.transport.kind == "inproc":
+        out.append(
+            Problem(
+                "transport.kind",
+                "'inproc' links agents inside one process (the in-process tests); launch starts each agent as a "
+                "process of its own: valid: tcp, ucx",
+            )
+        )
     if spec.transport.encrypt and spec.transport.kind != "tcp":
         out.append(
             Problem("transport.encrypt", f"true with kind {spec.transport.kind!r}: only tcp encrypts; valid: kind tcp")
@@ -166,16 +174,46 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
             out.append(
                 Problem("rollout.dispatch", "'oracle' needs the true output lengths, which a dataset does not have")
             )
-        if spec.warmup.sft_steps:
-            out.append(Problem("warmup.sft_steps", "the SFT warm-up is the built-in digits model's; use 0"))
         model_dir = Path(spec.model.path) if isinstance(spec.model, HfModel) else None
         out += _raised("task", lambda: check_task(task, job_file=job.path, model_dir=model_dir))
+    if spec.warmup.sft_steps and (isinstance(task, DatasetTask) or spec.model.kind == "hf"):
+        out.append(
+            Problem("warmup.sft_steps", f"{spec.warmup.sft_steps}: the SFT warm-up is the built-in model's; use 0")
+        )
+    out += _unread(job)
     out += _context(job)
     out += _overlong(job)
     out += _dynamic_sampling(job)
     out += _planning_only(job)
     out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path)))
     out += _planned(job, plan)
+    return out
+
+
+def _unread(job: Job) -> list[Problem]:
+    """Fields the job's other choices leave unread: a value other than the default would be ignored."""
+    spec, task = job.spec, job.spec.task
+    wandb = "wandb" in spec.tracking.backends
+    cases: list[tuple[str, Any, str, bool, str]] = [
+        ("weight_sync", spec.weight_sync, "anchor_every", spec.weight_sync.mode == "full", "read in mode 'delta' only"),
+        ("tracking", spec.tracking, "project", not wandb, "read with the wandb backend only"),
+        ("tracking", spec.tracking, "mode", not wandb, "read with the wandb backend only"),
+        (
+            "trainer",
+            spec.trainer,
+            "activation_checkpointing",
+            spec.trainer.backend == "megatron",
+            "the 'torch' backend's (the megatron backend does not recompute activations)",
+        ),
+    ]
+    if isinstance(task, DatasetTask):
+        why = "read when task.reward_workers > 0 only (0 scores in the caller's thread, with no timeout)"
+        cases.append(("task", task, "reward_timeout_s", task.reward_workers == 0, why))
+    out = []
+    for section, config, name, unread, why in cases:
+        value, default = getattr(config, name), type(config).model_fields[name].default
+        if unread and value != default:
+            out.append(Problem(f"{section}.{name}", f"{value!r}: {why}; remove it (default {default!r})"))
     return out
 
 

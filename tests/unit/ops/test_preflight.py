@@ -356,6 +356,47 @@ def test_encryption_is_refused_with_a_transport_that_does_not_encrypt(tmp_path: 
     assert refused(load(tmp_path, transport={"encrypt": True}), "transport.encrypt") == []
 
 
+def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) -> None:
+    """A field read only under another choice (delta mode, the wandb backend, the torch backend, reward worker
+    processes, the built-in model's warm-up) is refused when set under the other, in one line naming it; so is
+    the in-process transport, which links agents of one process only."""
+    cases: list[tuple[dict[str, Any], str, str]] = [
+        ({"weight_sync": {"anchor_every": 4}}, "weight_sync.anchor_every",
+         "4: read in mode 'delta' only; remove it (default None)"),
+        ({"tracking": {"backends": ["tensorboard"], "project": "p"}}, "tracking.project",
+         "'p': read with the wandb backend only; remove it (default None)"),
+        ({"tracking": {"mode": "online"}}, "tracking.mode",
+         "'online': read with the wandb backend only; remove it (default 'offline')"),
+        ({"trainer": {"backend": "megatron", "activation_checkpointing": True}}, "trainer.activation_checkpointing",
+         "True: the 'torch' backend's (the megatron backend does not recompute activations); remove it "
+         "(default False)"),
+        ({"transport": {"kind": "inproc"}}, "transport.kind",
+         "'inproc' links agents inside one process (the in-process tests); launch starts each agent as a process "
+         "of its own: valid: tcp, ucx"),
+    ]  # fmt: skip
+    for over, field, message in cases:
+        (p,) = refused(load(tmp_path, **over), field)
+        assert p.message == message
+    # where their choice reads them, nothing
+    assert refused(load(tmp_path, weight_sync={"mode": "delta", "anchor_every": 4}), "weight_sync.anchor_every") == []
+    assert refused(load(tmp_path, tracking={"backends": ["wandb"], "project": "p"}), "tracking.project") == []
+    assert refused(load(tmp_path, trainer={"activation_checkpointing": True}), "trainer.activation_checkpointing") == []
+    # a dataset task scored in the caller's thread has no timeout
+    task = {"max_prompt_tokens": 16, "max_output_tokens": 16, "reward_timeout_s": 5.0}
+    job = hf_dataset_job(tmp_path, positions=64, task={**task, "reward_workers": 0})
+    (p,) = refused(job, "task.reward_timeout_s")
+    assert p.message == (
+        "5.0: read when task.reward_workers > 0 only (0 scores in the caller's thread, with no timeout); "
+        "remove it (default 10.0)"
+    )
+    assert refused(hf_dataset_job(tmp_path, positions=64, task=task), "task.reward_timeout_s") == []
+    # the SFT warm-up is the built-in model's, whatever the task (launch skipped it for a Hugging Face model)
+    hf_digits = load(tmp_path, model={"kind": "hf", "path": "model"}, warmup={"sft_steps": 100})
+    (p,) = refused(hf_digits, "warmup.sft_steps")
+    assert p.message == "100: the SFT warm-up is the built-in model's; use 0"
+    assert refused(load(tmp_path, warmup={"sft_steps": 100}), "warmup.sft_steps") == []
+
+
 def test_ppo_trains_data_parallel_on_several_trainer_ranks(tmp_path: Path) -> None:
     """The PPO learner splits each micro-batch over the data-parallel ranks (rlctl.rl.ppo): a count or the
     planner's is accepted, as for GRPO (a job of 2 ranks runs end to end: test_agents_megatron_job.py)."""
