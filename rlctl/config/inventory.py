@@ -53,6 +53,9 @@ class LocalScheduler(Strict):
     workdir: str | None = Field(None, description=WORKDIR_HELP)
 
 
+SUBMIT_SSH = ("ssh_user", "ssh_port", "ssh_key_file", "ssh_known_hosts")  # how a SLURM site's submit_host is reached
+
+
 class SlurmScheduler(Strict):
     kind: Literal["slurm"]
     partition: str
@@ -71,6 +74,16 @@ class SlurmScheduler(Strict):
         description="how jobs ask for GPUs: per_task = --gpus-per-task=N, gres = --gres=gpu:N per node "
         "(clusters without select/cons_tres), none = no GPU request; auto = per_task unless the site's gpu is CPU",
     )
+
+    @model_validator(mode="after")
+    def _ssh_needs_submit_host(self) -> SlurmScheduler:
+        given = [name for name in SUBMIT_SSH if getattr(self, name) != type(self).model_fields[name].default]
+        if given and self.submit_host is None:
+            raise ValueError(
+                f"{', '.join(given)}: read only to reach submit_host (sbatch over SSH), which is not set: set "
+                "submit_host, or remove them (sbatch runs here)"
+            )
+        return self
 
 
 class SshScheduler(Strict):
@@ -198,6 +211,11 @@ class Site(Strict):
             raise ValueError("give exactly one of 'gpu' (catalog name) or 'gpu_spec' (custom specs)")
         if self.setup and self.scheduler.kind == "local":
             raise ValueError("setup: a local site's agents run in this environment: activate it before rlctl")
+        if self.scheduler.kind == "slurm" and any(n.devices is not None for n in self.nodes):
+            raise ValueError(
+                "nodes[].devices: SLURM binds each task's GPUs itself (CUDA_VISIBLE_DEVICES); devices maps the "
+                "GPU slots of local and SSH sites: remove it"
+            )
         return self
 
     @property

@@ -159,6 +159,16 @@ CASES = [
         extra=GOOD_INV,
     ),
     Case(
+        "SLURM ssh settings without a submit host",
+        OTHER_INV.replace("partition: p}", "partition: p, ssh_user: rl, ssh_port: 2222}"),
+        "sites.h800.scheduler: ssh_user, ssh_port: read only to reach submit_host",
+    ),
+    Case(
+        "SLURM site mapping devices",
+        OTHER_INV.replace("gpus: 8}", "gpus: 8, devices: [0, 1, 2, 3, 4, 5, 6, 7]}"),
+        "sites.h800: nodes[].devices: SLURM binds each task's GPUs itself",
+    ),
+    Case(
         "job: unknown task kind",
         JOB.replace("kind: lengths", "kind: math"),
         "task: unknown kind 'math'",
