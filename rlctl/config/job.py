@@ -144,8 +144,7 @@ class LengthsTask(Strict):
     median_output_tokens: PositiveFloat = 2750.0
     sigma: PositiveFloat = 0.885
     max_output_tokens: PositiveInt = 20000
-    growth_per_iteration: Annotated[float, Field(ge=0)] = 0.0
-    seed: NonNegativeInt = 0
+    growth_per_iteration: Annotated[float, Field(ge=0)] = 0.0  # the plan draws the lengths from the job's `seed`
 
 
 class DatasetTask(OverlongShaping):
