@@ -65,7 +65,8 @@ def test_preflight_accepts_megatron_on_a_cpu_site_and_says_what_it_cannot_do(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert refusals(load(tmp_path)) == []
-    assert preflight.problems(load(tmp_path, algorithm={"kind": "ppo"})) == []  # PPO's critic: a megatron trunk
+    ppo = load(tmp_path, algorithm={"kind": "ppo"}, transport={"kind": "tcp"})  # a launched job's transport
+    assert preflight.problems(ppo) == []  # PPO's critic: a megatron trunk
     gpu_site = load(
         tmp_path,
         inventory=[str(ROOT / "clusters" / "h800-trainer.yaml"), str(ROOT / "clusters" / "local.yaml")],
