@@ -62,9 +62,22 @@ def one_line(text: str) -> str:
 
 
 def main() -> None:
-    """Console entry point: run the app; an RlctlError becomes one stderr line and its exit code."""
+    """Console entry point: run the app; an RlctlError, or a usage error the parser found (a bad option value,
+    a missing argument, an unknown command), becomes one stderr line and its exit code."""
     try:
-        app(prog_name="rlctl")  # standalone: typer handles --help, usage errors (exit 2) and sys.exit itself
+        # not standalone: the parser's errors come here (typer would print each as a box of 5-6 lines)
+        code = app(prog_name="rlctl", standalone_mode=False)
+    except typer.TyperException as e:  # click's ClickException, UsageError, BadParameter (typer vendors click)
+        if type(e).__name__ == "NoArgsIsHelpError":  # `rlctl` alone: its help, printed already
+            sys.exit(e.exit_code)
+        ctx = getattr(e, "ctx", None)
+        hint = f" (hint: `{ctx.command_path} --help`)" if ctx is not None else ""
+        message = e.format_message().replace("Value error, ", "")  # pydantic's prefix, as typer passes it on
+        sys.stderr.write(one_line(f"rlctl: error: {message}{hint}") + "\n")
+        sys.exit(e.exit_code)
+    except typer.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort)
+        sys.stderr.write("rlctl: interrupted\n")
+        sys.exit(130)
     except RlctlError as e:
         if _state["debug"]:
             raise
@@ -74,3 +87,4 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("rlctl: interrupted\n")
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)  # as standalone: typer.Exit(n) and Ctrl-C (130) give their n

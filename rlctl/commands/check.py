@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from rlctl.commands import seconds_at_least
 from rlctl.errors import JobProblems, PartialFailure
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
@@ -138,7 +139,9 @@ def register(app: typer.Typer) -> None:
                 "in the site's python, for rlctl, torch and CUDA, the job's engine and backend, and free disk",
             ),
         ] = False,
-        timeout_s: Annotated[float, typer.Option("--timeout", help="per-site deadline, seconds")] = 10.0,
+        timeout_s: Annotated[
+            float, typer.Option("--timeout", help="per-site deadline, seconds", callback=seconds_at_least(0.1))
+        ] = 10.0,
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Validate inventories (or a job and its inventories); print sites, GPUs and links.

@@ -220,7 +220,7 @@ def register(app: typer.Typer) -> None:
         from rlctl.ops.evaluation import add_heldout
         from rlctl.ops.jobdb import JobDB
         from rlctl.ops.preflight import preflight, problems
-        from rlctl.ops.run import JobRun, launch_dir, prepare
+        from rlctl.ops.run import JobRun, fresh_dir, launch_dir, prepare
 
         if resume is not None:
             if job_file is not None or dry_run or iterations is not None or mode is not None or job_dir is not None:
@@ -234,7 +234,11 @@ def register(app: typer.Typer) -> None:
         plan = plan_counts(job, spec)
         if dry_run:  # the scripts even of a job check refuses, under what it refuses: nothing pretends it starts
             refused = problems(job, plan=plan)
-            path = JobDir.choose_path(spec.name, explicit=job_dir if job_dir is not None else spec.job_dir)
+            try:
+                path = fresh_dir(job, spec, job_dir)
+            except UsageError as e:  # shown all the same: what it would run is the question here
+                sys.stderr.write(f"rlctl: note: a launch would be refused: {e} (hint: {e.hint})\n")
+                path = JobDir.choose_path(spec.name, explicit=job_dir if job_dir is not None else spec.job_dir)
             sites = {n: job.inventory.sites[n] for n in _sites_of(plan)}
             dry = JobRun(JobDir(path), spec, plan, sites=sites)
             try:
@@ -246,8 +250,9 @@ def register(app: typer.Typer) -> None:
                 sys.stderr.write("\n".join(refused_lines(refused)) + "\n")
             emit(rows, output, lambda r: dry_table(r, staging, refused))
             return
+        path = fresh_dir(job, spec, job_dir)  # a directory holding a job already: refused, its record kept
         preflight(job, plan=plan)  # what `rlctl check` refuses, refused before anything is built or started
-        jd = launch_dir(job, spec, job_dir)
+        jd = launch_dir(job, spec, path)
         progress = _Progress()
         run = None
         db = JobDB()

@@ -46,6 +46,11 @@ def register(app: typer.Typer) -> None:
             if follow:
                 raise UsageError("--follow needs one agent, e.g. `rlctl logs JOB rollout/0 -f`")
             names = sorted({*handles, *(p.stem for p in log_dir.glob("*.log"))})
+            if not names:
+                raise UsageError(
+                    f"job {ref.id}: no logs yet: none of its agents has started (no {log_dir}/*.log)",
+                    hint=f"`rlctl status {ref.id if ref.row is not None else ref.jobdir.path}` says where it stands",
+                )
             for name in names:
                 sys.stdout.write(f"==> {name} <==\n")
                 shown = agentlogs.tail_or_why(ref.jobdir.path, handles, name, 10)

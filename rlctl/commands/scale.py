@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from rlctl.commands import seconds_at_least
 from rlctl.commands.status import JobArg
 from rlctl.errors import RlctlError, UsageError
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
@@ -38,7 +39,10 @@ def register(app: typer.Typer) -> None:
         wait: Annotated[
             bool, typer.Option("--wait/--no-wait", help="wait until each new unit produced its first sample")
         ] = True,
-        timeout_s: Annotated[float, typer.Option("--timeout", min=1.0, help="how long --wait waits, seconds")] = 300.0,
+        timeout_s: Annotated[
+            float,
+            typer.Option("--timeout", min=1.0, help="how long --wait waits, seconds", callback=seconds_at_least(1.0)),
+        ] = 300.0,
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Add rollout DP units to a running job without pausing training (they get the current weights

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from rlctl.commands import seconds_at_least
 from rlctl.errors import PartialFailure
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
@@ -131,9 +132,17 @@ def register(app: typer.Typer) -> None:
         watch: Annotated[
             bool, typer.Option("--watch", "-w", help="refresh until the job ends (Ctrl-C to leave)")
         ] = False,
-        interval_s: Annotated[float, typer.Option("--interval", min=0.2, help="seconds between refreshes")] = 2.0,
+        interval_s: Annotated[
+            float, typer.Option("--interval", min=0.2, help="seconds between refreshes", callback=seconds_at_least(0.2))
+        ] = 2.0,
         timeout_s: Annotated[
-            float, typer.Option("--timeout", min=0.1, help="deadline per site and for the controller, seconds")
+            float,
+            typer.Option(
+                "--timeout",
+                min=0.1,
+                help="deadline per site and for the controller, seconds",
+                callback=seconds_at_least(0.1),
+            ),
         ] = 5.0,
         all_jobs: Annotated[bool, typer.Option("--all", help="list every job in the index instead")] = False,
         output: OutputOpt = OutputFormat.table,

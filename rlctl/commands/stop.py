@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
+from rlctl.commands import seconds_at_least
 from rlctl.commands.status import JobArg
 from rlctl.errors import PartialFailure
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
@@ -22,7 +23,13 @@ def register(app: typer.Typer) -> None:
     def stop(
         job: JobArg = None,
         grace_s: Annotated[
-            float, typer.Option("--grace", min=0.0, help="seconds for a graceful exit before SIGKILL / scancel")
+            float,
+            typer.Option(
+                "--grace",
+                min=0.0,
+                help="seconds for a graceful exit before SIGKILL / scancel",
+                callback=seconds_at_least(0.0),
+            ),
         ] = 15.0,
         output: OutputOpt = OutputFormat.table,
     ) -> None:

@@ -16,9 +16,13 @@ import json
 import threading
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from rlctl.config.base import first_error
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
+from rlctl.launch.jobdir import json_lines
 from rlctl.launch.local import LocalBackend
 
 SITES_FILE = "sites.json"
@@ -32,10 +36,26 @@ def write_sites(job_dir: Path, sites: dict[str, Site]) -> None:
 
 
 def read_sites(job_dir: Path) -> dict[str, Site]:
+    """What `write_sites` wrote ({} before it did); LaunchError naming the file and entry when it is not that."""
     p = job_dir / SITES_FILE
     if not p.exists():
         return {}
-    return {str(d["name"]): Site.model_validate(d["site"]) for d in json.loads(p.read_text())}
+    try:
+        data = json.loads(p.read_text())
+    except ValueError as e:
+        raise LaunchError(f"{p}: not valid JSON ({e})", hint="was it edited or cut short?") from e
+    if not isinstance(data, list):
+        raise LaunchError(f'{p}: not a list of {{"name", "site"}} entries')
+    out = {}
+    for i, d in enumerate(data):
+        if not isinstance(d, dict) or not isinstance(d.get("name"), str) or "site" not in d:
+            raise LaunchError(f'{p}: [{i}]: not a {{"name", "site"}} entry')
+        try:
+            out[d["name"]] = Site.model_validate(d["site"])
+        except ValidationError as e:
+            field, msg = first_error(e)
+            raise LaunchError(f"{p}: [{i}].site.{field}: {msg}") from e
+    return out
 
 
 def python_for(site: Site) -> str:
@@ -106,20 +126,22 @@ def record_agent(job_dir: Path, handle: AgentHandle) -> None:
 def recorded_agents(job_dir: Path) -> list[AgentHandle]:
     """Every agent ever started for the job (the last record wins for a name started twice)."""
     p = job_dir / AGENTS_FILE
-    return agents_from_lines(p.read_text()) if p.exists() else []
+    return agents_from_lines(p.read_text(), source=p) if p.exists() else []
 
 
-def agents_from_lines(text: str) -> list[AgentHandle]:
-    """The handles of an agents.jsonl text (the last record wins for a name started twice)."""
+def agents_from_lines(text: str, *, source: Path | str = AGENTS_FILE) -> list[AgentHandle]:
+    """The handles of an agents.jsonl text (the last record wins for a name started twice); `source`: the file
+    named when a line is not a record (LaunchError); a last line cut short (a writer in it) is skipped."""
     out: dict[str, AgentHandle] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        d = json.loads(line)
-        gpu_slice = GpuSlice(str(d["host"]), tuple(int(g) for g in d["gpus"])) if d.get("gpus") is not None else None
-        log = Path(d["log"]) if d.get("log") else None
-        spec = AgentSpec(d["role"], int(d["replica"]), d["site"], [], log_path=log, gpu_slice=gpu_slice)
-        out[d["name"]] = AgentHandle(spec, dict(d["ident"]), d["backend"])
+    for n, d in enumerate(json_lines(source, text), 1):
+        try:
+            gpus = d.get("gpus")
+            gpu_slice = GpuSlice(str(d["host"]), tuple(int(g) for g in gpus)) if gpus is not None else None
+            log = Path(d["log"]) if d.get("log") else None
+            spec = AgentSpec(d["role"], int(d["replica"]), d["site"], [], log_path=log, gpu_slice=gpu_slice)
+            out[d["name"]] = AgentHandle(spec, dict(d["ident"]), d["backend"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise LaunchError(f"{source}: record {n} is not an agent record ({type(e).__name__}: {e})") from e
     return list(out.values())
 
 

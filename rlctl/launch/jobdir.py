@@ -31,6 +31,7 @@ runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_di
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import shlex
@@ -39,9 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.config.job import JobFile
-from rlctl.errors import LaunchError
+from rlctl.errors import LaunchError, UsageError
+
+log = logging.getLogger(__name__)
 
 HOME_ENV = "RLCTL_HOME"
+# what a job dir holds once a launch prepared it: a fresh launch there would overwrite the job's record
+JOB_RECORD = ("job.json", "plan.json", "agents.jsonl", "summary.json")
 
 
 def default_base() -> Path:
@@ -144,7 +149,11 @@ class JobDir:
         tmp.replace(path)
 
     def read_json(self, path: Path) -> Any:
-        return json.loads(path.read_text())
+        """A JSON file of the job's record; LaunchError naming the file when it is not JSON (OSError passes)."""
+        try:
+            return json.loads(path.read_text())
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise LaunchError(f"{path}: not valid JSON ({e})", hint="was it edited or cut short?") from e
 
     def secret(self) -> bytes:
         """The per-job secret, created (0600) on first use."""
@@ -163,9 +172,48 @@ class JobDir:
         self.append(self.events, {"t": round(time.time(), 3), "event": kind, **fields})
 
     def read_lines(self, path: Path) -> list[dict[str, Any]]:
+        """The JSON objects of a .jsonl file, one a line. A last line that does not parse is skipped (its writer
+        may be in the middle of it); any other: LaunchError naming the file and the line."""
         if not path.exists():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return json_lines(path, path.read_text())
+
+
+def json_lines(path: Path | str, text: str) -> list[dict[str, Any]]:
+    """The JSON objects of `text`, the content of the .jsonl file `path` (see JobDir.read_lines)."""
+    lines = text.splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            if i == last:
+                log.debug("%s: line %d skipped, not (yet) a whole JSON object: %s", path, i + 1, e)
+                continue
+            raise LaunchError(f"{path}: line {i + 1} is not valid JSON ({e})", hint="was it edited?") from e
+        if not isinstance(row, dict):
+            raise LaunchError(f"{path}: line {i + 1} is {type(row).__name__}, not a JSON object")
+        out.append(row)
+    return out
+
+
+def refuse_taken(path: Path, *, named_by: str = "--job-dir") -> None:
+    """Before a fresh launch into `path` (`named_by`: the --job-dir flag, or the job file's `job_dir` field): refused
+    when it is a file or already holds a job (UsageError, one line: the launch would overwrite that job's record,
+    which `launch --resume` continues)."""
+    other = f"another {named_by.rpartition(': ')[2]}"
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{named_by}: {path} is a file, not a directory", hint=f"choose {other}")
+    held = [name for name in JOB_RECORD if (path / name).exists()]
+    if held:
+        how = f"continue that job with `{resume_command(path)}`, or " if "job.json" in held else ""
+        raise UsageError(
+            f"{named_by}: {path} already holds a job ({', '.join(held)}); a new launch there would overwrite it",
+            hint=f"{how}choose {other}",
+        )
 
 
 def resume_command(job: str | Path) -> str:

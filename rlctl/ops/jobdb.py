@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlctl.errors import RlctlError
+from rlctl.errors import RlctlError, UsageError
 
 SCHEMA_VERSION = 1
 STATES = ("launching", "running", "finished", "failed", "stopped")
@@ -38,8 +38,12 @@ CREATE TABLE IF NOT EXISTS jobs (
 """
 
 
+HOME_ENV = "RLCTL_HOME"
+
+
 def default_home() -> Path:
-    return Path(os.environ.get("RLCTL_HOME", Path.home() / ".rlctl"))
+    """$RLCTL_HOME (set and not empty), else ~/.rlctl."""
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".rlctl")
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,16 @@ class JobRow:
 class JobDB:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path if path is not None else default_home() / "jobs.db"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        where = f"{HOME_ENV}={self.path.parent}" if path is None and os.environ.get(HOME_ENV) else str(self.path.parent)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as e:
+            raise UsageError(
+                f"{where}: not a directory ({e.strerror}: {e.filename}); the job index lives in one",
+                hint=f"point {HOME_ENV} at a directory (or unset it: ~/.rlctl)",
+            ) from e
+        except OSError as e:
+            raise RlctlError(f"{where}: cannot create the job index's directory: {e.strerror}") from e
         try:
             self._conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
             self._conn.execute("PRAGMA journal_mode=WAL")

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from rlctl.errors import RlctlError, TransportError
+from rlctl.errors import LaunchError, RlctlError, TransportError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import AgentHandle
 from rlctl.launch.stage import all_recorded_agents, fetch_record, record_view
@@ -35,7 +35,8 @@ STATUS_DEADLINE_S = 5.0
 
 
 def ask_controller(ref: JobRef, kind: str, body: dict[str, Any] | None = None, *, timeout_s: float) -> dict[str, Any]:
-    """One request to the job's controller; TransportError (or OSError/KeyError: no controller.json)."""
+    """One request to the job's controller; TransportError (OSError: no controller.json; LaunchError: one that
+    names no address)."""
     jd = ref.jobdir
     if not jd.controller_json.exists():
         raise TransportError(f"{jd.path}: the controller has not written controller.json (not started?)")
@@ -142,7 +143,10 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     if jd.evaluations.exists():  # held-out evaluations during the run (rlctl.agents.evaluation)
         out["heldout"] = heldout_view(jd.read_lines(jd.evaluations))
     if jd.summary_json.exists():
-        out["summary"] = {k: v for k, v in jd.read_json(jd.summary_json).items() if k not in ("reward_curve",)}
+        summary = jd.read_json(jd.summary_json)
+        if not isinstance(summary, dict):
+            raise LaunchError(f"{jd.summary_json}: not a JSON object but {type(summary).__name__}")
+        out["summary"] = {k: v for k, v in summary.items() if k not in ("reward_curve",)}
         # the same totals as a live status: the ledger, resumes and replaced units
         out.update(ledger=out["summary"].get("ledger"), resilience=out["summary"].get("resilience"))
     agents, down = site_view(ref, timeout_s=timeout_s)
@@ -191,7 +195,7 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
     try:
         ask_controller(ref, "shutdown", timeout_s=min(grace_s, 10.0))
         out["graceful"] = "requested"
-    except (TransportError, OSError, ValueError, KeyError) as e:
+    except (RlctlError, OSError, ValueError, KeyError) as e:  # an unreadable controller.json included
         out["graceful"] = f"controller did not answer ({e}); forcing"
     handles = all_recorded_agents(jd.path)
     sites = read_sites(jd.path)

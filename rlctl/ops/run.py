@@ -45,11 +45,11 @@ from rlctl.checkpoint.choose import (
 )
 from rlctl.config.inventory import Site
 from rlctl.config.job import Job, JobFile
-from rlctl.errors import LaunchError, TransportError, UsageError
+from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.agentenv import ENV_RESUME, ParallelConfig
 from rlctl.launch.backends import AGENTS_FILE, Backends, kind_of, read_sites, record_agent, stop_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
-from rlctl.launch.jobdir import JobDir, resume_command
+from rlctl.launch.jobdir import JobDir, refuse_taken, resume_command
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, trainer_parallel, unshared_trainer
 from rlctl.launch.sitefs import HostFiles, LocalFiles, access_hosts, agent_view, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
@@ -295,7 +295,7 @@ class JobRun:
             if time.monotonic() > deadline:
                 raise LaunchError(f"the controller did not listen within {CONTROLLER_START_S:.0f} s")
             time.sleep(0.25 if remote else 0.05)
-        return str(self.jobdir.read_json(self.jobdir.controller_json)["address"])
+        return controller_address(self.jobdir)
 
     def resume_point(self, *, trainer: PlannedAgent) -> ResumePoint:
         """The checkpoint a resumed controller and trainer (rank 0: it writes the trainer's part) load: the
@@ -354,7 +354,7 @@ class JobRun:
                 self._status_conn = connect_client(self.jobdir, timeout_s=timeout_s, name="launch")
             reply = self._status_conn.request(Message("status", {}), timeout_s=timeout_s)
             return dict(reply.header)
-        except (TransportError, OSError, ValueError, KeyError):
+        except (RlctlError, OSError, ValueError, KeyError):
             if self._status_conn is not None:
                 self._status_conn.close()
             self._status_conn = None
@@ -539,7 +539,7 @@ def refuse_if_running(jobdir: JobDir) -> None:
     (an orphaned unit, a trainer rank whose peer died), so two runs of one job never overlap."""
     try:
         conn = connect_client(jobdir, timeout_s=3.0, name="resume")
-    except (TransportError, OSError, ValueError, KeyError):
+    except (RlctlError, OSError, ValueError, KeyError):  # none answers (an unreadable controller.json: none can)
         pass
     else:
         conn.close()
@@ -557,13 +557,30 @@ def refuse_if_running(jobdir: JobDir) -> None:
 
 
 def connect_client(jobdir: JobDir, *, timeout_s: float, name: str) -> Connection:
-    """A client connection to the job's controller (status, scale, stop requests)."""
+    """A client connection to the job's controller (status, scale, stop requests); LaunchError naming
+    controller.json when it holds no address to connect to."""
     job = jobdir.read_job()
-    address = jobdir.read_json(jobdir.controller_json)["address"]
+    address = controller_address(jobdir)
     transport = make_transport(job.transport.kind, secret=jobdir.secret(), encrypt=job.transport.encrypt)
-    conn = transport.connect(address, timeout_s=timeout_s)
+    try:
+        conn = transport.connect(address, timeout_s=timeout_s)
+    except ValueError as e:  # not an address of the job's transport
+        raise LaunchError(f"{jobdir.controller_json}: address: {e}") from e
     conn.send(Message("hello", client_hello(name)))
     return conn
+
+
+def controller_address(jobdir: JobDir) -> str:
+    """The address in the job's controller.json (OSError when there is none; LaunchError naming the file when it
+    is not {"address": "SCHEME://HOST:PORT", …})."""
+    data = jobdir.read_json(jobdir.controller_json)
+    address = data.get("address") if isinstance(data, dict) else None
+    if not isinstance(address, str):
+        raise LaunchError(
+            f'{jobdir.controller_json}: no controller address (want {{"address": "tcp://HOST:PORT", …}}, '
+            f"got {json.dumps(data)[:80]})"
+        )
+    return address
 
 
 def client_hello(name: str) -> dict[str, Any]:
@@ -572,4 +589,16 @@ def client_hello(name: str) -> dict[str, Any]:
 
 
 def launch_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> JobDir:
-    return JobDir.create(spec.name, explicit=job_dir if job_dir is not None else spec.job_dir)
+    """A fresh launch's job directory, created; one that already holds a job (or is a file) is refused
+    (`fresh_dir`), nothing written."""
+    return JobDir.create(spec.name, explicit=fresh_dir(job, spec, job_dir))
+
+
+def fresh_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> Path:
+    """Where a fresh launch of `job` writes (--job-dir `job_dir`, else the job file's `job_dir`, else a new
+    timestamped directory); UsageError, one line, when that is a file or holds a job already (`refuse_taken`)."""
+    explicit = job_dir if job_dir is not None else spec.job_dir
+    path = JobDir.choose_path(spec.name, explicit=explicit)
+    if explicit is not None:
+        refuse_taken(path, named_by="--job-dir" if job_dir is not None else f"{job.path}: job_dir")
+    return path

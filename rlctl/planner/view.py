@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlctl.errors import RlctlError, UsageError
 from rlctl.render import grid
 
 
@@ -122,8 +123,30 @@ def plan_table(p: dict[str, Any]) -> str:
     return "\n\n".join(out)
 
 
+def plot_path(path: Path) -> Path:
+    """Where `plan_plot` writes for `--plot PATH`: PATH, or PATH.png when it has no suffix (the PNG the option
+    promises). UsageError, one line, for a directory, a directory that does not exist or a format matplotlib does
+    not write: checked before the plan is computed."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if path.is_dir():
+        raise UsageError(f"--plot {path}: is a directory", hint=f"give a file name, e.g. {path / 'plan.png'}")
+    if not path.parent.is_dir():
+        raise UsageError(f"--plot {path}: no such directory {path.parent}", hint="create it, or write elsewhere")
+    if not path.suffix:
+        return path.with_name(path.name + ".png")
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    if path.suffix[1:].lower() not in formats:
+        raise UsageError(
+            f"--plot {path}: cannot write a {path.suffix!r} image; valid suffixes: {', '.join(formats)}",
+            hint=f"e.g. {path.with_suffix('.png')}",
+        )
+    return path
+
+
 def plan_plot(p: dict[str, Any], path: Path) -> None:
-    """Stage seconds per site for the baseline and the plan, GPU counts on the bars (StreamRL Fig. 10)."""
+    """Stage seconds per site for the baseline and the plan, GPU counts on the bars (StreamRL Fig. 10), written
+    to `path` (its suffix names the format: see `plot_path`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,5 +201,9 @@ def plan_plot(p: dict[str, Any], path: Path) -> None:
         fontsize=8,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise RlctlError(f"--plot {path}: cannot write: {e.strerror or e}") from e
+    finally:
+        plt.close(fig)

@@ -29,6 +29,7 @@ Documented field by field in docs/profile-format.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -173,6 +174,21 @@ def load_profile(path: Path) -> ProfileFile:
     data = read_yaml(path)
     check_header(path, data, "Profile")
     return validate(path, data, ProfileFile)
+
+
+def refuse_empty_generation(profile: ProfileFile, sites: Iterable[str], *, path: str) -> None:
+    """ConfigError naming the profile file and field when a site the job generates on (`sites`) has an empty
+    generation curve there: the planner would find no TP degree to run it at and blame the model's size."""
+    for name in sites:
+        site = profile.sites.get(name)
+        if site is not None and not site.generation:
+            raise ConfigError(
+                path,
+                f"sites.{name}.generation",
+                "empty: the job generates on this site and the profile has no generation entry for it "
+                "(one per TP degree at which the model fits on its GPU)",
+                hint="profile it again (`rlctl profile --job JOB`), or place the job's rollout on another site",
+            )
 
 
 def save_profile(profile: ProfileFile, path: Path) -> None:

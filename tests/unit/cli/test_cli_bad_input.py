@@ -1,0 +1,212 @@
+"""Bad input gets one `rlctl: error:` line naming the file / field / option and what is valid, exit 2 for usage
+and config mistakes, no traceback, and loses nothing: a launch into a job's directory, job-dir files cut short or
+garbled, RLCTL_HOME that is not a directory, `plan --plot` paths, timeouts, parser errors, a job without logs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlctl.config import load_job
+from rlctl.errors import LaunchError
+from rlctl.launch.backends import agents_from_lines, write_sites
+from rlctl.launch.jobdir import JobDir
+from rlctl.ops.jobdb import default_home
+from tests.conftest import ROOT, CliResult, run_cli
+
+DEMO = ROOT / "jobs" / "demo.yaml"
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def one_error(r: CliResult, code: int = 2) -> str:
+    """The result's only stderr line (an `rlctl: error:`), checked; its text."""
+    assert r.exit_code == code, (r.exit_code, r.stderr)
+    assert r.stderr.startswith("rlctl: error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    return r.stderr.strip()
+
+
+def prepared(path: Path) -> JobDir:
+    """A job directory as `launch` prepares it (no agent started): job.json, plan.json, sites.json."""
+    job = load_job(DEMO)
+    jd = JobDir.create("demo", explicit=path)
+    jd.write_job(job.spec, source=str(DEMO))
+    jd.write_json(jd.plan_json, {"trainer": {"site": "local", "ranks": 1}, "controller_site": "local", "rollout": []})
+    write_sites(jd.path, dict(job.inventory.sites))
+    return jd
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+# -- 1. a fresh launch never overwrites a job -----------------------------------------------------------------
+def test_a_launch_into_a_directory_holding_a_job_is_refused_and_writes_nothing(tmp_path: Path, home: Path) -> None:
+    jd = prepared(tmp_path / "run")
+    before = snapshot(jd.path)
+    line = one_error(run_cli("launch", str(DEMO), "--job-dir", str(jd.path)))
+    assert f"--job-dir: {jd.path} already holds a job (job.json, plan.json)" in line
+    assert f"`rlctl launch --resume {jd.path}`" in line and "choose another --job-dir" in line
+    assert snapshot(jd.path) == before and not home.exists()  # nothing written, not even the job index
+
+    job_file = tmp_path / "job.yaml"  # the job file's `job_dir` names it
+    data = yaml.safe_load(DEMO.read_text())
+    job_file.write_text(
+        yaml.safe_dump({**data, "inventory": [str(ROOT / "clusters/local.yaml")], "job_dir": str(jd.path)})
+    )
+    line = one_error(run_cli("launch", str(job_file)))
+    assert f"{job_file}: job_dir: {jd.path} already holds a job" in line and "choose another job_dir" in line
+    assert snapshot(jd.path) == before
+
+    dry = run_cli("launch", str(DEMO), "--dry-run", "--job-dir", str(jd.path))  # shows the scripts, notes it
+    assert dry.exit_code == 0 and "a launch would be refused" in dry.stderr and "rollout-0" in dry.stdout
+    assert snapshot(jd.path) == before
+
+
+def test_a_launch_into_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine\n")
+    line = one_error(run_cli("launch", str(DEMO), "--job-dir", str(tmp_path / "notes.txt")))
+    assert f"{tmp_path / 'notes.txt'} is a file, not a directory" in line
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
+# -- 2. job-dir files cut short or garbled ------------------------------------------------------------------
+def test_a_jsonl_skips_a_last_line_cut_short_and_names_any_other_bad_line(tmp_path: Path) -> None:
+    jd = prepared(tmp_path / "run")
+    jd.metrics.write_text('{"iteration": 0}\n{"iteration": 1}\n{"iterat')  # a writer in the middle of its line
+    assert [r["iteration"] for r in jd.read_lines(jd.metrics)] == [0, 1]
+    jd.metrics.write_text('{"iteration": 0}\n{"iterat\n{"iteration": 2}\n')
+    with pytest.raises(LaunchError, match=rf"^{jd.metrics}: line 2 is not valid JSON"):
+        jd.read_lines(jd.metrics)
+    jd.metrics.write_text('{"iteration": 0}\n[1, 2]\n{"iteration": 2}\n')
+    with pytest.raises(LaunchError, match=rf"^{jd.metrics}: line 2 is list, not a JSON object"):
+        jd.read_lines(jd.metrics)
+    with pytest.raises(LaunchError, match=r"agents.jsonl: record 1 is not an agent record \(KeyError"):
+        agents_from_lines('{"name": "rollout-0"}\n')
+    assert agents_from_lines('{"name": "rollout-0", "ro') == []
+
+
+def test_status_reads_past_a_metrics_line_being_written(tmp_path: Path) -> None:
+    jd = prepared(tmp_path / "run")
+    jd.metrics.write_text('{"iteration": 4, "reward_mean": 0.5, "t": 1}\n{"iterat')
+    r = run_cli("status", str(jd.path), "-o", "json")
+    assert r.exit_code == 3 and "Traceback" not in r.stderr, r.stderr  # no controller: partial, as before
+    assert json.loads(r.stdout)["last_iteration"]["iteration"] == 4
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "says"),
+    [
+        ("metrics.jsonl", '{"iteration": 0}\n{"iterat\n{"iteration": 1}\n', "metrics.jsonl: line 2 is not valid JSON"),
+        ("sites.json", "garbage", "sites.json: not valid JSON"),
+        ("sites.json", '[{"name": "local", "site": {"gpu": "CPU"}}]', "sites.json: [0].site.datacenter: "),
+        ("summary.json", '{"state": "do', "summary.json: not valid JSON"),
+        ("summary.json", "[]", "summary.json: not a JSON object but list"),
+    ],
+)
+def test_status_on_a_garbled_job_file_is_one_line_naming_it(tmp_path: Path, name: str, text: str, says: str) -> None:
+    jd = prepared(tmp_path / "run")
+    (jd.path / name).write_text(text)
+    assert f"{jd.path}/{says}" in one_error(run_cli("status", str(jd.path)), code=1)
+    if name == "sites.json":
+        assert f"{jd.path}/{says}" in one_error(run_cli("stop", str(jd.path)), code=1)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("garbage", "not valid JSON"),
+        ('{"address": 5}', 'no controller address (want {"address": "tcp://HOST:PORT", …}, got {"address": 5})'),
+        ('{"address": "127.0.0.1:1"}', "address: address '127.0.0.1:1' is not a tcp address; expected tcp://"),
+    ],
+)
+def test_a_garbled_controller_json_is_named_by_status_scale_and_stop(tmp_path: Path, text: str, says: str) -> None:
+    jd = prepared(tmp_path / "run")
+    jd.controller_json.write_text(text)
+    status = run_cli("status", str(jd.path))
+    assert f"partial status: controller error: {jd.controller_json}: {says}" in one_error(status, code=3)
+    assert f"{jd.controller_json}: {says}" in one_error(run_cli("scale", str(jd.path), "--no-wait"), code=1)
+    stop = run_cli("stop", str(jd.path), "-o", "json")  # forced all the same: every recorded agent is stopped
+    assert stop.exit_code == 0, stop.stderr
+    assert json.loads(stop.stdout)["graceful"].startswith(f"controller did not answer ({jd.controller_json}: ")
+
+
+# -- 3. RLCTL_HOME -------------------------------------------------------------------------------------------
+def test_rlctl_home_that_is_a_file_is_one_line_and_an_empty_one_is_unset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "home-file").write_text("")
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home-file"))
+    line = one_error(run_cli("status", "--all"))
+    assert f"RLCTL_HOME={tmp_path / 'home-file'}: not a directory" in line
+    monkeypatch.setenv("RLCTL_HOME", "")
+    assert default_home() == Path.home() / ".rlctl"
+
+
+# -- 4. plan --plot ------------------------------------------------------------------------------------------
+def test_plan_plot_paths_are_checked_before_planning_and_the_written_one_is_named(tmp_path: Path) -> None:
+    line = one_error(run_cli("plan", str(DEMO), "--plot", str(tmp_path / "no" / "x.png")))
+    assert f"--plot {tmp_path / 'no' / 'x.png'}: no such directory {tmp_path / 'no'}" in line
+    line = one_error(run_cli("plan", str(DEMO), "--plot", str(tmp_path / "out.txt")))
+    assert "cannot write a '.txt' image; valid suffixes: " in line and "png" in line and "svg" in line
+    assert f"--plot {tmp_path}: is a directory" in one_error(run_cli("plan", str(DEMO), "--plot", str(tmp_path)))
+    r = run_cli("plan", str(DEMO), "--plot", str(tmp_path / "breakdown"))
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr == f"wrote {tmp_path / 'breakdown.png'}\n"
+    assert (tmp_path / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# -- 5. timeouts ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
+def test_check_reach_timeout_must_be_a_positive_number_of_seconds(value: str) -> None:
+    line = one_error(run_cli("check", str(ROOT / "clusters/local.yaml"), "--reach", "--timeout", value))
+    assert "Invalid value for '--timeout'" in line and "is not a number of seconds ≥ 0.1" in line
+
+
+# -- 6. a profile's empty generation curve -------------------------------------------------------------------
+def test_a_profile_without_generation_entries_for_a_rollout_site_names_the_file_and_field(tmp_path: Path) -> None:
+    prof = tmp_path / "prof.yaml"
+    made = run_cli("profile", "--job", str(DEMO), "-o", str(prof))
+    assert made.exit_code == 0, made.stderr
+    data = yaml.safe_load(prof.read_text())
+    data["sites"]["local"]["generation"] = []
+    prof.write_text(yaml.safe_dump(data))
+    line = one_error(run_cli("plan", str(DEMO), "--profile", str(prof)))
+    assert line.startswith(f"rlctl: error: {prof}: sites.local.generation: empty: the job generates on this site")
+
+
+# -- 7. the parser's errors ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["launch", "x.yaml", "--iterations", "abc"], "Invalid value for '--iterations': "),
+        (["version", "-o", "xml"], "Invalid value for '--output' / '-o': 'xml' is not one of 'table', 'json'."),
+        (["plan"], "Missing argument 'job'. (hint: `rlctl plan --help`)"),
+        (["no-such-command"], "No such command 'no-such-command'."),
+    ],
+)
+def test_a_usage_error_is_one_line(args: list[str], says: str) -> None:
+    assert says in one_error(run_cli(*args))
+
+
+def test_help_and_no_arguments_still_print_the_help() -> None:
+    r = run_cli("launch", "--help")
+    assert r.exit_code == 0 and "Usage: rlctl launch" in r.stdout and r.stderr == ""
+    r = run_cli()
+    assert r.exit_code == 2 and "Usage: rlctl" in r.stdout and "launch" in r.stdout and r.stderr == ""
+
+
+# -- 8. a job without logs -----------------------------------------------------------------------------------
+def test_logs_of_a_job_without_any_says_so(tmp_path: Path) -> None:
+    jd = prepared(tmp_path / "run")
+    assert f"job run: no logs yet: none of its agents has started (no {jd.path}/logs/*.log)" in one_error(
+        run_cli("logs", str(jd.path))
+    )
