@@ -134,7 +134,8 @@ def load_reward(spec: str, base_dir: Path) -> RewardFn:
     fn = getattr(module, name, None)
     if fn is None:
         defined = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
-        raise ValueError(f"{where}: no function {name!r}{did_you_mean(name, defined)}; defined: {one_of(defined)}")
+        has = f"defined: {one_of(defined)}" if defined else "it defines no functions"
+        raise ValueError(f"{where}: no function {name!r}{did_you_mean(name, defined)}; {has}")
     if not callable(fn):
         raise ValueError(f"{where}: {name!r} is a {type(fn).__name__}, not a function")
     _check_signature(fn, f"{target}:{name}")

@@ -92,10 +92,12 @@ def test_load_user_file_and_module(rewards_dir: Path, monkeypatch: pytest.Monkey
         ("rewards/mine.py:too_few", "rewards/mine.py:too_few(solution_str): cannot be called as compute_score("),
         ("no_such_pkg_xyz.mod:f", "no module named 'no_such_pkg_xyz'"),
         ("rewards/syntax.py:f", "rewards/syntax.py: cannot import: SyntaxError"),
+        ("rewards/empty.py:compute_score", "rewards/empty.py: no function 'compute_score'; it defines no functions"),
     ],
 )
 def test_load_errors_are_one_line(rewards_dir: Path, monkeypatch: pytest.MonkeyPatch, spec: str, message: str) -> None:
     (rewards_dir / "rewards" / "syntax.py").write_text("def f(:\n")
+    (rewards_dir / "rewards" / "empty.py").write_text("SCALE = 2\n")
     monkeypatch.setattr(sys, "path", list(sys.path))
     with pytest.raises(ValueError) as e:
         load_reward(spec, rewards_dir)
