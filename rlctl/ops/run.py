@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import signal
@@ -70,6 +71,8 @@ log = logging.getLogger(__name__)
 
 CONTROLLER_START_S = 120.0
 TRAINER_POLL_S = 5.0  # how often `wait` asks the trainer ranks' sites whether a rank ended before the job had one
+UNREACHABLE_POLL_S = 5.0  # how often `wait` tries a site it cannot reach (its agents run on without the launcher)
+UNREACHABLE_SAY_S = 300.0  # … and how often it says so again
 PORT_FLOOR = 20000  # MASTER_PORT is picked in [PORT_FLOOR, the ephemeral range's start)
 EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 DRY_RUN_CONTROLLER = "CONTROLLER_ADDR"  # what `--dry-run` shows for the address the controller gets at launch
@@ -144,6 +147,7 @@ class JobRun:
         self.staged: dict[str, Any] = {}
         self._record: tuple[Site, str, str] | None = None  # the controller's site, host view, site job dir
         self._status_conn: Connection | None = None
+        self._unreachable: dict[str, tuple[float, float]] = {}  # site → (since, last said), while `wait` cannot poll it
         self.resume_env: dict[str, str] = {}
         self.resumed: ResumePoint | None = None  # the checkpoint `start(resume=True)` continues from
         self.t_start = time.monotonic()
@@ -331,6 +335,35 @@ class JobRun:
     def poll(self, h: AgentHandle) -> int | None:
         return self.backends.for_site(h.spec.site).poll(h)
 
+    def _watch(self, h: AgentHandle) -> int | None:
+        """`poll` for `wait`: a site this machine cannot reach (its SSH reset, its login node down) is not the end
+        of the agent, whose job runs on there without the launcher: None, said once (and every UNREACHABLE_SAY_S
+        while it lasts), and when the site answers again."""
+        site = h.spec.site
+        try:
+            code = self.poll(h)
+        except LaunchError as e:
+            now = time.monotonic()
+            since, said = self._unreachable.get(site, (now, -math.inf))
+            if now - said >= UNREACHABLE_SAY_S:
+                self._say(
+                    f"cannot reach site {site} to watch {h.spec.name} ({e}); the job runs on there: trying again "
+                    f"every {UNREACHABLE_POLL_S:g} s (`rlctl stop {self.jobdir.path}` to end it)"
+                    + (f"; unreachable for {now - since:.0f} s" if now > since else "")
+                )
+                said = now
+            self._unreachable[site] = (since, said)
+            return None
+        if site in self._unreachable:
+            since, _ = self._unreachable.pop(site)
+            self._say(f"site {site} answers again after {time.monotonic() - since:.0f} s")
+        return code
+
+    def _say(self, text: str) -> None:
+        log.warning("%s", text)
+        if self.say is not None:
+            self.say(text)
+
     def log_tail(self, role: str, replica: int, lines: int = 15) -> str:
         """The end of an agent's log, read on its site."""
         h = next((h for h in self.handles if h.spec.name == f"{role}-{replica}"), None)
@@ -368,11 +401,12 @@ class JobRun:
     ) -> dict[str, Any]:
         """Until the controller exits; returns the job summary (summary.json + wall_s). A trainer rank that ends
         before the job's trainer joined the controller (it could not form its group, load the model, see its GPUs)
-        ends the wait with a LaunchError naming it and its log's last lines: the controller would wait for it."""
+        ends the wait with a LaunchError naming it and its log's last lines: the controller would wait for it. A
+        site this machine cannot reach for a while does not end it: the job runs on there (`_watch`)."""
         assert self.controller is not None
         trainers = [h for h in self.handles if h.spec.role == "trainer"]
         next_check = time.monotonic() + TRAINER_POLL_S
-        while self.poll(self.controller) is None:
+        while (code := self._watch(self.controller)) is None:
             watching = bool(trainers) and time.monotonic() >= next_check
             st = self.status() if on_progress is not None or watching else None
             if st is not None and on_progress is not None:
@@ -383,12 +417,19 @@ class JobRun:
                     trainers = []  # the trainer joined: its end is the controller's to handle (a lost trainer)
                 else:
                     self._ended_before_joining(trainers)
-            time.sleep(poll_s)
-        code = self.poll(self.controller)
+            time.sleep(UNREACHABLE_POLL_S if self._unreachable else poll_s)
         if self._status_conn is not None:
             self._status_conn.close()
         if self._record is not None:
-            fetch_record(self.jobdir.path, *self._record)
+            try:
+                fetch_record(self.jobdir.path, *self._record)
+            except LaunchError as e:
+                site = self.plan["controller_site"]
+                raise LaunchError(
+                    f"the job ended (controller exit {exit_text(code)}); its record on site {site} could not be "
+                    f"fetched: {e}",
+                    hint=f"`rlctl status {self.jobdir.path}` fetches it once the site answers",
+                ) from e
         if not self.jobdir.summary_json.exists():
             self._register("failed", controller_exit=code)
             log.warning("the end of %s:\n%s", self.controller.spec.log_path, self.log_tail("controller", 0))
@@ -406,7 +447,7 @@ class JobRun:
 
     def _ended_before_joining(self, trainers: list[AgentHandle]) -> None:
         for h in trainers:
-            code = self.poll(h)
+            code = self._watch(h)
             if code is None:
                 continue
             self._register("failed", trainer_exit=code)
@@ -431,7 +472,7 @@ class JobRun:
             try:
                 fetch_record(self.jobdir.path, *self._record)
             except LaunchError as e:  # the job's record stays on the controller's site
-                problems.append(f"cannot fetch the job's record from site {self._record[0]}: {e}")
+                problems.append(f"cannot fetch the job's record from site {self.plan['controller_site']}: {e}")
         self.jobdir.event("agents_stopped", agents=[h.spec.name for h in handles], problems=problems)
         if self.db is not None and self.db.get(self.id).state in ("launching", "running"):
             self._register("stopped")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -315,3 +316,74 @@ def test_controller_on_the_ssh_site_keeps_the_record_there_and_launch_fetches_it
     shown = rlctl("logs", str(job_dir), "controller/0")  # the controller's log is read on its site
     assert shown.returncode == 0 and shown.stdout.strip(), shown.stderr
     assert not Path(workdir).exists()
+
+
+class SshDown:
+    """The site's sshd unreachable: every connection to its port 22 reset, the open ones at their next packet and
+    each new one at once (a login host whose sshd restarts, a firewall that resets sessions); the job's own traffic
+    (its RPC ports) still flows."""
+
+    TABLE = "rlctl_sshdown"
+
+    def __init__(self, services: dict[str, str]) -> None:
+        self.netns = services["RLCTL_TEST_NETSITE_NETNS"]
+
+    def _nft(self, script: str) -> subprocess.CompletedProcess[str]:
+        argv = ["nsenter", f"--net=/run/netns/{self.netns}", "nft", "-f", "-"]
+        return subprocess.run(argv, input=script, text=True, capture_output=True, timeout=30)
+
+    def down(self) -> None:
+        rules = "  type filter hook input priority -300; policy accept;\n"
+        rules += '  iifname "eth0" tcp dport 22 reject with tcp reset\n'
+        res = self._nft(f"table inet {self.TABLE} {{\n chain input {{\n{rules} }}\n}}\n")
+        assert res.returncode == 0, res.stderr
+
+    def up(self) -> None:
+        self._nft(f"delete table inet {self.TABLE}\n")
+
+
+def test_the_launcher_rides_out_an_ssh_outage_to_the_controllers_site(services, tmp_path):
+    """The controller's site refuses the operator's SSH for 30 s while the job runs: `launch` cannot poll the
+    controller meanwhile; it says so once, keeps watching, and the job, whose own traffic still flows, ends with the
+    launcher attached and its record fetched. Before, the first failed poll ended the launcher's wait, and its
+    `finally` stopped every agent it could reach."""
+    if shutil.which("nft") is None or subprocess.run(["nft", "list", "tables"], capture_output=True).returncode != 0:
+        pytest.skip("nft is not available here")
+    workdir = site_workdir()
+    inv = cross_site_inventory(services, tmp_path / "sites.yaml", Path(workdir))
+    placement = {
+        "trainer": {"site": "train", "gpus": 1},
+        "rollout": [{"site": "gen", "gpus": 1}],
+        "controller_site": "gen",
+    }
+    job = job_yaml(tmp_path / "sshcut.yaml", inventory=[str(inv)], trainer="train", rollout="gen", iterations=30,
+                   placement=placement)  # fmt: skip
+    job_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "rlctl", "launch", str(job), "--job-dir", str(job_dir), "-o", "json"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cut = SshDown(services)
+    try:
+
+        def trained() -> int:
+            if not (job_dir / "controller.json").exists():
+                return 0
+            p = rlctl("status", str(job_dir), "-o", "json")
+            return int(json.loads(p.stdout).get("live", {}).get("iteration") or 0) if p.returncode == 0 else 0
+
+        wait_for("two trained iterations", lambda: trained() >= 2, 240, alive=proc)
+        cut.down()
+        time.sleep(30)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]  # still watching
+        cut.up()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        cut.up()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["state"] == "done" and summary["iterations"] == 30, summary
+    assert summary["ledger"]["lost"] == 0 and summary["ledger"]["duplicated"] == 0, summary["ledger"]
+    assert "cannot reach site gen to watch controller-0" in err, err[-3000:]
+    assert json.loads((job_dir / "summary.json").read_text())["ledger"] == summary["ledger"]  # fetched after it
