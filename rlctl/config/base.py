@@ -1,16 +1,20 @@
 """Loading YAML files into typed models, and turning every failure into one ConfigError line.
 
 Every config model derives from `Strict`: unknown keys are refused with the closest valid key,
-so `gpuss: 8` fails as `sites.h20.gpuss: unknown key (did you mean 'gpus'?)`.
+so `gpuss: 8` fails as `sites.h20.gpuss: unknown key (did you mean 'gpus'?)`, and so are infinite and NaN
+numbers (YAML's `.inf`, `.nan`): no field means "unbounded" by infinity. A key written twice in one mapping
+is refused too, rather than the last one silently winning.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
-from typing import Any, TypeVar, get_args
+from typing import Annotated, Any, TypeVar, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from rlctl.errors import ConfigError
@@ -33,10 +37,34 @@ def register_tags(field: str, union: Any) -> None:
     _TAGGED_FIELDS[field] = sorted(kinds | set(_TAGGED_FIELDS.get(field, [])))
 
 
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _listen_host(v: str) -> str:
+    """`auto`, an IP address or an RFC 1123 host name: what an agent can bind and its peers can dial."""
+    if v == "auto":
+        return v
+    try:
+        ipaddress.ip_address(v)
+        return v
+    except ValueError:
+        pass
+    labels = v.split(".")
+    if len(v) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels) and not labels[-1].isdigit():
+        return v
+    raise ValueError(
+        f"invalid listen address {v!r}; valid: an IPv4 or IPv6 address, a host name (labels of letters, digits "
+        "and '-' joined by '.'), or 'auto'"
+    )
+
+
+ListenHost = Annotated[str, AfterValidator(_listen_host)]
+
+
 class Strict(BaseModel):
     """Base of every config model: frozen, no unknown keys, suggestions for typos."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -62,8 +90,8 @@ def format_loc(loc: tuple[int | str, ...]) -> str:
             continue
         if i > 0 and parts[i - 1] in _TAGGED_FIELDS:
             continue
-        if part.startswith("function-") or part.startswith("tagged-union") or part == "[key]":
-            continue
+        if part.startswith(("function-", "tagged-union", "constrained-", "literal[")) or part == "[key]":
+            continue  # pydantic's labels of a validator or a union's member (`gpus: 8 | auto`), not keys of the file
         out += ("." if out else "") + part
     return out
 
@@ -92,19 +120,52 @@ def first_error(exc: ValidationError) -> tuple[str, str]:
     return format_loc(loc) or "(top level)", msg
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        super().__init__(key, line, first_line)
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key written twice in one mapping (YAML says keys are unique; PyYAML
+    keeps the last). Keys merged in with `<<: *anchor` may be overridden, as YAML allows."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                again = key in first_line
+            except TypeError:
+                continue  # an unhashable key: the base constructor refuses it
+            if again:
+                raise _DuplicateKey(key, line, first_line[key])
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Read one YAML mapping; every failure becomes a ConfigError naming the file."""
+    """Read one YAML mapping; every failure (no such file, no permission, bad YAML, a key twice) becomes a
+    ConfigError naming the file."""
     name = str(path)
-    if not path.exists():
-        raise ConfigError(name, None, "no such file")
-    if path.is_dir():
-        raise ConfigError(name, None, "is a directory, expected a YAML file")
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+    except FileNotFoundError as e:
+        raise ConfigError(name, None, "no such file") from e
+    except IsADirectoryError as e:
+        raise ConfigError(name, None, "is a directory, expected a YAML file") from e
+    except OSError as e:
+        raise ConfigError(name, None, f"cannot read: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
         raise ConfigError(name, None, f"cannot read: {e}") from e
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: plain data only
+    except _DuplicateKey as e:
+        raise ConfigError(
+            name, None, f"duplicate key {e.key!r} at line {e.line} (first at line {e.first_line}); write each key once"
+        ) from e
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 import hostlist
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from rlctl.config.base import NAME_RE, Strict, check_header, read_yaml, register_tags, validate
+from rlctl.config.base import NAME_RE, ListenHost, Strict, check_header, read_yaml, register_tags, validate
 from rlctl.errors import ConfigError
 from rlctl.hardware import CATALOG, GpuSpec
 from rlctl.textutil import did_you_mean, one_of
@@ -121,9 +121,15 @@ class CustomGpu(Strict):
     cost_per_hour: PositiveFloat = 1.0
 
 
+MAX_GPUS_PER_NODE = 1024  # beyond any host's GPU slots (a `gpu: CPU` site's slots are cores)
+MAX_GPUS_PER_SITE = 2**20  # beyond any cluster; launch keeps a record per slot, so a typo must not reach it
+
+
 class Node(Strict):
     host: str = Field(min_length=1)
-    gpus: PositiveInt
+    gpus: Annotated[int, Field(gt=0, le=MAX_GPUS_PER_NODE)] = Field(
+        description=f"GPU slots of each host; at most {MAX_GPUS_PER_NODE}"
+    )
     cpus: PositiveInt | None = Field(
         None, description="CPU cores per host: divided among its GPU slots (SLURM's --cpus-per-task, agents' threads)"
     )
@@ -169,9 +175,8 @@ class Node(Strict):
 class Network(Strict):
     bandwidth_gbps: PositiveFloat
     rdma: bool = False
-    listen_host: str | None = Field(
+    listen_host: ListenHost | None = Field(
         None,
-        min_length=1,
         description="address this site's agents bind and advertise to peers on other sites: an IP or "
         "hostname of its hosts, or `auto` (the interface that routes toward the controller); "
         "default: the job's transport.listen_host",
@@ -183,7 +188,7 @@ class Site(Strict):
     scheduler: Scheduler
     gpu: str | None = None
     gpu_spec: CustomGpu | None = None
-    nodes: list[Node] = Field(min_length=1)
+    nodes: list[Node] = Field(min_length=1, description=f"at most {MAX_GPUS_PER_SITE} GPU slots in all")
     network: Network = Network(bandwidth_gbps=10.0)
     cost_per_gpu_hour: PositiveFloat | None = None
     python: str | None = Field(
@@ -211,6 +216,9 @@ class Site(Strict):
             raise ValueError("give exactly one of 'gpu' (catalog name) or 'gpu_spec' (custom specs)")
         if self.setup and self.scheduler.kind == "local":
             raise ValueError("setup: a local site's agents run in this environment: activate it before rlctl")
+        slots = sum(len(n.hosts) * n.gpus for n in self.nodes)
+        if slots > MAX_GPUS_PER_SITE:
+            raise ValueError(f"nodes: {slots} GPU slots in all (hosts × gpus); at most {MAX_GPUS_PER_SITE} on one site")
         if self.scheduler.kind == "slurm" and any(n.devices is not None for n in self.nodes):
             raise ValueError(
                 "nodes[].devices: SLURM binds each task's GPUs itself (CUDA_VISIBLE_DEVICES); devices maps the "

@@ -20,7 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from rlctl.config.base import NAME_RE, Strict, check_header, read_yaml, register_tags, validate
+from rlctl.config.base import NAME_RE, ListenHost, Strict, check_header, read_yaml, register_tags, validate
 from rlctl.config.inventory import Inventory, load_inventory
 from rlctl.config.tracking import Tracking
 from rlctl.errors import ConfigError
@@ -28,6 +28,21 @@ from rlctl.models.catalog import BUILTIN_MODELS, ModelArch
 from rlctl.textutil import did_you_mean, one_of
 
 Fraction = Annotated[float, Field(gt=0, lt=1)]
+# Bounds no real job reaches, so that a typo (a few extra zeros) is refused instead of hanging `plan`/`check`
+# or overflowing a float: published length distributions have σ ≈ 0.5–1.5 and medians of thousands of tokens.
+MAX_SIGMA = 4.0
+MAX_TOKENS = 2**24  # tokens of one prompt or one output (16.8M: beyond any model's context)
+Sigma = Annotated[
+    float, Field(gt=0, le=MAX_SIGMA, description=f"σ of ln(output length); at most {MAX_SIGMA:g} (published: 0.5–1.5)")
+]
+Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, description=f"at most {MAX_TOKENS} (2^24)")]
+MedianTokens = Annotated[float, Field(gt=0, le=MAX_TOKENS, description=f"at most {MAX_TOKENS} (2^24)")]
+Growth = Annotated[
+    float,
+    Field(
+        ge=0, le=1, description="RL iteration i: median × (1 + growth × i); at most 1 (a median doubled by iteration 1)"
+    ),
+]
 
 
 class BuiltinModel(Strict):
@@ -119,10 +134,10 @@ class DigitsTask(OverlongShaping):
     kind: Literal["digits"]
     num_digits_min: PositiveInt = 1
     num_digits_max: PositiveInt = 6
-    median_output_tokens: PositiveFloat = 30.0
-    sigma: PositiveFloat = 0.8
-    max_output_tokens: PositiveInt = 256
-    growth_per_iteration: Annotated[float, Field(ge=0)] = 0.0  # RL iteration i: median × (1 + growth × i)
+    median_output_tokens: MedianTokens = 30.0
+    sigma: Sigma = 0.8
+    max_output_tokens: Tokens = 256
+    growth_per_iteration: Growth = 0.0
     seed: NonNegativeInt = 0
 
     @model_validator(mode="after")
@@ -140,11 +155,11 @@ class LengthsTask(Strict):
     """
 
     kind: Literal["lengths"]
-    prompt_tokens: PositiveInt = 512
-    median_output_tokens: PositiveFloat = 2750.0
-    sigma: PositiveFloat = 0.885
-    max_output_tokens: PositiveInt = 20000
-    growth_per_iteration: Annotated[float, Field(ge=0)] = 0.0  # the plan draws the lengths from the job's `seed`
+    prompt_tokens: Tokens = 512
+    median_output_tokens: MedianTokens = 2750.0
+    sigma: Sigma = 0.885
+    max_output_tokens: Tokens = 20000
+    growth_per_iteration: Growth = 0.0  # the plan draws the lengths from the job's `seed`
 
 
 class DatasetTask(OverlongShaping):
@@ -168,8 +183,8 @@ class DatasetTask(OverlongShaping):
     template_strings: bool = Field(
         False, description="render string prompts through the chat template, as one user message"
     )
-    max_prompt_tokens: PositiveInt = 1024
-    max_output_tokens: PositiveInt = 1024
+    max_prompt_tokens: Tokens = 1024
+    max_output_tokens: Tokens = 1024
     bad_rows: Literal["refuse", "skip"] = "refuse"
     shuffle: bool = True
     shuffle_seed: NonNegativeInt = 0
@@ -317,13 +332,33 @@ Algorithm = Annotated[GrpoAlgorithm | PpoAlgorithm, Field(discriminator="kind")]
 register_tags("algorithm", Algorithm)
 
 
+MAX_PROMPTS_PER_ITERATION = 65536
+MAX_SAMPLES_PER_PROMPT = 1024
+# samples of one iteration: `rlctl plan` simulates each (≈ 30 s at this bound on one core); published runs
+# take up to a few tens of thousands
+MAX_SAMPLES_PER_ITERATION = 2**17
+
+
 class Batch(Strict):
-    prompts_per_iteration: PositiveInt = 16
-    samples_per_prompt: PositiveInt = 8
+    prompts_per_iteration: Annotated[int, Field(gt=0, le=MAX_PROMPTS_PER_ITERATION)] = Field(
+        16, description=f"at most {MAX_PROMPTS_PER_ITERATION} (published runs: up to a few thousand)"
+    )
+    samples_per_prompt: Annotated[int, Field(gt=0, le=MAX_SAMPLES_PER_PROMPT)] = Field(
+        8, description=f"the group size; at most {MAX_SAMPLES_PER_PROMPT} (published runs: 4–64)"
+    )
     train_micro_batch_samples: PositiveInt = 32
     train_micro_batch_tokens: PositiveInt | None = Field(
         8192, description="padded tokens per micro-batch (rows × longest row); null: rows only"
     )
+
+    @model_validator(mode="after")
+    def _samples_bound(self) -> Batch:
+        if self.samples_per_iteration > MAX_SAMPLES_PER_ITERATION:
+            raise ValueError(
+                f"prompts_per_iteration × samples_per_prompt = {self.samples_per_iteration} samples an iteration; "
+                f"at most {MAX_SAMPLES_PER_ITERATION} (published runs: up to a few tens of thousands)"
+            )
+        return self
 
     @property
     def samples_per_iteration(self) -> int:
@@ -449,10 +484,10 @@ class Trainer(Strict):
 
 class Transport(Strict):
     kind: Literal["tcp", "ucx", "inproc"] = "tcp"
-    listen_host: str = Field(
+    listen_host: ListenHost = Field(
         "127.0.0.1",
         description="address agents bind and advertise unless their site's network.listen_host says "
-        "otherwise; `auto` = the interface that routes toward the controller",
+        "otherwise: an IP address, a host name, or `auto` = the interface that routes toward the controller",
     )
     streams: PositiveInt = 1
     encrypt: bool = Field(
@@ -617,10 +652,14 @@ def load_job(path: Path) -> Job:
     spec = validate(path, data, JobFile)
     inv_paths = [Path(os.path.normpath(path.parent / p)) for p in spec.inventory]
     for i, p in enumerate(inv_paths):
-        if not p.exists():
+        try:
+            p.stat()
+        except (FileNotFoundError, NotADirectoryError) as e:
             raise ConfigError(
                 str(path), f"inventory[{i}]", f"no such file {str(p)!r} (paths are relative to the job file)"
-            )
+            ) from e
+        except OSError as e:  # e.g. a directory on the way this user may not enter
+            raise ConfigError(str(path), f"inventory[{i}]", f"cannot read {str(p)!r}: {e.strerror or e}") from e
     inventory = load_inventory(inv_paths)
     if isinstance(spec.model, HfModel):  # resolve against the job file, check it once, here
         from rlctl.models.hf import check_hf_dir
@@ -630,6 +669,8 @@ def load_job(path: Path) -> Job:
             check_hf_dir(model_dir, name=spec.model.name)
         except ConfigError as e:
             raise ConfigError(str(path), "model.path", str(e)) from e
+        except OSError as e:  # e.g. a directory this user may not read
+            raise ConfigError(str(path), "model.path", f"cannot read {str(model_dir)!r}: {e.strerror or e}") from e
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(model_dir)})})
     roles = [("placement.trainer", spec.placement.trainer)] + [
         (f"placement.rollout[{i}]", r) for i, r in enumerate(spec.placement.rollout)

@@ -266,10 +266,13 @@ def _context(job: Job) -> list[Problem]:
         prompt, output = task.max_prompt_tokens, task.max_output_tokens
         valid = f"max_prompt_tokens + max_output_tokens ≤ {limit}"
     elif isinstance(task, DigitsTask):
-        if task.num_digits_min > MAX_DIGITS:
-            return [
-                Problem("task.num_digits_min", f"{task.num_digits_min}: at most {MAX_DIGITS} (one letter per digit)")
-            ]
+        too_many = [
+            Problem(f"task.{name}", f"{value}: at most {MAX_DIGITS} (one letter per digit)")
+            for name, value in (("num_digits_min", task.num_digits_min), ("num_digits_max", task.num_digits_max))
+            if value > MAX_DIGITS
+        ]
+        if too_many:
+            return too_many
         digits = Digits(task)
         # BOS, the digits, '=': a prompt has at most num_digits_max digits, more only when its answer needs
         # them (9 letters per digit), never more than MAX_DIGITS (rlctl.rl.tasks.DigitsTask.prompt)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from rlctl.config.base import read_yaml
+from rlctl.config.inventory import Network
+from rlctl.config.job import Transport
 from tests.conftest import ROOT, run_cli
 
 SITE = """\
@@ -207,6 +213,136 @@ CASES = [
     Case(
         "job: bad inventory inside", JOB, "inv.yaml: sites.h20.gpu", kind="job", extra=site_with("gpu: H20", "gpu: X")
     ),
+    # infinite / NaN numbers: no field means "unbounded" by them (they crashed `check` / `plan` further on)
+    Case(
+        "infinite node memory",
+        site_with("gpus: 8}", "gpus: 8, memory_gb: .inf}"),
+        "sites.h20.nodes[0].memory_gb: Input should be a finite number (got inf)",
+    ),
+    Case(
+        "infinite GPU cost",
+        site_with("    gpu: H20\n", "    gpu: H20\n    cost_per_gpu_hour: .inf\n"),
+        "sites.h20.cost_per_gpu_hour: Input should be a finite number",
+    ),
+    Case(
+        "infinite bandwidth",
+        site_with("    gpu: H20\n", "    gpu: H20\n    network: {bandwidth_gbps: .inf}\n"),
+        "sites.h20.network.bandwidth_gbps: Input should be a finite number",
+    ),
+    Case(
+        "job: NaN learning rate",
+        JOB + "algorithm: {kind: grpo, lr: .nan}\n",
+        "algorithm.lr: Input should be a finite number (got nan)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: infinite transport timeout",
+        JOB + "transport: {timeout_s: .inf}\n",
+        "transport.timeout_s: Input should be a finite number",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: infinite number or 'auto'",  # the error names the field, not pydantic's label of the union member
+        JOB.replace("kind: lengths", "kind: dataset, path: d.jsonl, reward_stall_s: .inf"),
+        "task.reward_stall_s: Input should be a finite number",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: negative GPU count or 'auto'",
+        JOB.replace("gpus: 8}", "gpus: -8}"),
+        "placement.trainer.gpus: Input should be greater than 0",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    # sizes no real job reaches: a typo (extra zeros) hung or crashed `plan` / `check`
+    Case(
+        "job: huge sigma",
+        JOB.replace("kind: lengths", "kind: lengths, sigma: 1e300"),
+        "task.sigma: Input should be less than or equal to 4",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: huge digits sigma",
+        JOB.replace("kind: lengths", "kind: digits, sigma: 1e300"),
+        "task.sigma: Input should be less than or equal to 4",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: huge median output",
+        JOB.replace("kind: lengths", "kind: lengths, median_output_tokens: 1e300"),
+        "task.median_output_tokens: Input should be less than or equal to 16777216",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: huge samples per prompt",
+        JOB + "batch: {samples_per_prompt: 100000000}\n",
+        "batch.samples_per_prompt: Input should be less than or equal to 1024",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: huge prompts per iteration",
+        JOB + "batch: {prompts_per_iteration: 100000}\n",
+        "batch.prompts_per_iteration: Input should be less than or equal to 65536",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: huge samples per iteration",
+        JOB + "batch: {prompts_per_iteration: 65536, samples_per_prompt: 8}\n",
+        "batch: prompts_per_iteration × samples_per_prompt = 524288 samples an iteration; at most 131072",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "huge GPUs per node",
+        site_with("gpus: 8", "gpus: 100000000000"),
+        "sites.h20.nodes[0].gpus: Input should be less",
+    ),
+    Case(
+        "huge site",
+        site_with('host: "h20-[01-04]", gpus: 8', 'host: "h[1-100000]", gpus: 1024'),
+        "sites.h20: nodes: 102400000 GPU slots in all (hosts × gpus); at most 1048576 on one site",
+    ),
+    # listen addresses
+    Case(
+        "job: empty listen address",
+        JOB + 'transport: {listen_host: ""}\n',
+        "transport.listen_host: invalid listen address ''; valid: an IPv4 or IPv6 address, a host name",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: listen address with a space",
+        JOB + 'transport: {listen_host: "bad host!"}\n',
+        "transport.listen_host: invalid listen address 'bad host!'",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "site listen address with a space",
+        site_with("    gpu: H20\n", '    gpu: H20\n    network: {bandwidth_gbps: 10, listen_host: "bad host!"}\n'),
+        "sites.h20.network.listen_host: invalid listen address 'bad host!'",
+    ),
+    # a key twice: YAML keys are unique, PyYAML alone would keep the last silently
+    Case(
+        "job: a section twice",
+        JOB + "placement:\n  trainer: {site: h20, gpus: 4}\n  rollout: [{site: h20, gpus: 4}]\n",
+        "job.yaml: duplicate key 'placement' at line 10 (first at line 7)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "a key twice in a flow mapping",
+        site_with("user: rl}", "user: rl, user: root}"),
+        "duplicate key 'user' at line 6 (first at line 6)",
+    ),
 ]
 
 
@@ -273,3 +409,87 @@ def test_real_process_exit_code_and_single_line(tmp_path: Path) -> None:
     assert proc.stderr.count("\n") == 1
     assert f"{bad}: sites.h20.gpu: unknown GPU 'H2O'" in proc.stderr
     assert "did you mean 'H20'?" in proc.stderr
+
+
+def lock(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
+    """Make `root` a directory this user may not enter (mode 000, for anyone but root): `stat` and `open` of
+    anything under it raise PermissionError, as they do for a user without the directory's x bit."""
+    real_stat, real_open = Path.stat, Path.open
+
+    def denied(path: Path) -> None:
+        if path != root and path.is_relative_to(root):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    def stat(self: Path, **kw: Any) -> Any:
+        denied(self)
+        return real_stat(self, **kw)
+
+    def open_(self: Path, *args: Any, **kw: Any) -> Any:
+        denied(self)
+        return real_open(self, *args, **kw)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    monkeypatch.setattr(Path, "open", open_)
+
+
+@pytest.mark.parametrize(
+    ("checked", "inventory", "line"),
+    [
+        ("locked/inv.yaml", None, "locked/inv.yaml: cannot read: Permission denied"),
+        ("locked/job.yaml", "inv.yaml", "locked/job.yaml: cannot read: Permission denied"),
+        (
+            "job.yaml",
+            "locked/inv.yaml",
+            "job.yaml: inventory[0]: cannot read '{tmp}/locked/inv.yaml': Permission denied",
+        ),
+    ],
+)
+def test_a_file_in_a_directory_this_user_may_not_enter_is_one_line(
+    checked: str, inventory: str | None, line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "locked").mkdir()
+    for name in ("inv.yaml", "locked/inv.yaml"):
+        (tmp_path / name).write_text(GOOD_INV)
+    for name in ("job.yaml", "locked/job.yaml"):
+        (tmp_path / name).write_text(JOB.replace("[inv.yaml]", f"[{inventory}]"))
+    lock(monkeypatch, tmp_path / "locked")
+    res = run_cli("check", str(tmp_path / checked))
+    assert res.exit_code == 2 and "Traceback" not in res.stderr, res
+    assert res.stderr == f"rlctl: error: {tmp_path}/{line.format(tmp=tmp_path)}\n"
+
+
+def test_a_model_directory_this_user_may_not_enter_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "locked" / "model").mkdir(parents=True)
+    (tmp_path / "inv.yaml").write_text(GOOD_INV)
+    (tmp_path / "job.yaml").write_text(
+        JOB.replace("{kind: builtin, name: qwen2.5-7b}", "{kind: hf, path: locked/model}")
+    )
+    lock(monkeypatch, tmp_path / "locked")
+    res = run_cli("check", str(tmp_path / "job.yaml"))
+    assert res.stderr == (
+        f"rlctl: error: {tmp_path}/job.yaml: model.path: cannot read '{tmp_path}/locked/model': Permission denied\n"
+    )
+
+
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path: Path) -> None:
+    """Only a key written twice is refused: one merged in with `<<: *anchor` may be overridden, as YAML allows."""
+    path = tmp_path / "a.yaml"
+    path.write_text("base: &b {gpus: 8, cpus: 4}\nnode: {<<: *b, gpus: 2}\n")
+    assert read_yaml(path) == {"base": {"gpus": 8, "cpus": 4}, "node": {"gpus": 2, "cpus": 4}}
+
+
+@pytest.mark.parametrize(
+    "host", ["auto", "127.0.0.1", "10.0.0.1", "::1", "fe80::1%eth0", "localhost", "node-01", "h20-01.dc-b.example.com"]
+)
+def test_listen_hosts_an_agent_can_bind(host: str) -> None:
+    assert Transport(listen_host=host).listen_host == host
+
+
+@pytest.mark.parametrize(
+    "host", ["", " ", "bad host!", "-a", "a-", "a..b", "a_b", "300.1.1.1", "10.0.0", "x" * 64, "auto\n", "[::1]"]
+)
+def test_listen_hosts_no_agent_can_bind_are_refused(host: str) -> None:
+    with pytest.raises(ValidationError, match="valid: an IPv4 or IPv6 address, a host name"):
+        Transport(listen_host=host)
+    with pytest.raises(ValidationError, match="valid: an IPv4 or IPv6 address, a host name"):
+        Network(bandwidth_gbps=1, listen_host=host)

@@ -213,6 +213,10 @@ def test_num_digits_beyond_the_alphabet_is_refused(tmp_path: Path) -> None:
     job = load(tmp_path, task={"kind": "digits", "num_digits_min": 53, "num_digits_max": 60})
     (p,) = refused(job, "task.num_digits_min")
     assert p.message == "53: at most 52 (one letter per digit)"
+    # a maximum beyond it is refused the same way, not silently capped at 52
+    (p,) = problems(load(tmp_path, task={"kind": "digits", "num_digits_max": 100000}))
+    assert (p.field, p.message) == ("task.num_digits_max", "100000: at most 52 (one letter per digit)")
+    assert problems(load(tmp_path, task={"kind": "digits", "num_digits_max": 52})) == []
 
 
 def hf_dataset_job(tmp_path: Path, *, positions: int, task: dict[str, Any]) -> Job:
