@@ -483,8 +483,15 @@ def check_hf_dir(directory: str | Path, *, name: str | None = None) -> HfModelIn
     the safetensors headers). Raises ConfigError (one line: file, key, what is supported).
     `name` names the ModelArch (default: the directory's name)."""
     d = Path(directory)
-    if not d.is_dir():
-        raise ConfigError(str(d), None, "not a directory (a Hugging Face checkpoint directory is expected)")
+    try:
+        if not d.is_dir():
+            raise ConfigError(str(d), None, "not a directory (a Hugging Face checkpoint directory is expected)")
+        return _check_hf_dir(d, name)
+    except OSError as e:  # a directory this user may not read, a file that went away
+        raise ConfigError(str(d), None, f"cannot read: {e.strerror or e}") from e
+
+
+def _check_hf_dir(d: Path, name: str | None) -> HfModelInfo:
     config = read_config(d)
     files = weight_files(d)
     if files[0].name != TORCH_FILE:  # a .bin fallback checkpoint is checked when it is loaded

@@ -92,7 +92,7 @@ def request_from_options(
     backend is `torch` unless given."""
     if model in BUILTIN_MODELS:
         arch, name, checkpoint = BUILTIN_MODELS[model], model, None
-    elif Path(model).is_dir():
+    elif _is_dir(Path(model)):
         from rlctl.models.hf import check_hf_dir
 
         checkpoint = Path(model).resolve()
@@ -243,3 +243,11 @@ def check_measurable(req: ProfileRequest) -> None:
             f"model {req.arch.name!r} is described by its architecture only: nothing to run",
             hint="use --source analytical",
         )
+
+
+def _is_dir(path: Path) -> bool:
+    """`is_dir`, but a path this user may not look at is one line naming it."""
+    try:
+        return path.is_dir()
+    except OSError as e:
+        raise UsageError(f"--model {path}: cannot read: {e.strerror or e}") from e

@@ -213,3 +213,23 @@ def test_weights_that_do_not_match_the_config_are_refused(tmp_path: Path) -> Non
     (tmp_path / SAFETENSORS_FILE).unlink()
     with pytest.raises(ConfigError, match="no weights"):
         check_hf_dir(tmp_path)
+
+
+def test_a_directory_that_cannot_be_read_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`check_hf_dir` (check, plan, launch) and `rlctl profile --model DIR` on a path this user may not read (faked:
+    the tests run as root)."""
+    from rlctl.errors import UsageError
+    from rlctl.profiler.build import request_from_options
+
+    real = Path.is_dir
+
+    def denied(self: Path) -> bool:
+        if self == tmp_path / "locked":
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(Path, "is_dir", denied)
+    with pytest.raises(ConfigError, match=r"locked: cannot read: Permission denied$"):
+        check_hf_dir(tmp_path / "locked")
+    with pytest.raises(UsageError, match=r"--model .*locked: cannot read: Permission denied$"):
+        request_from_options([], model=str(tmp_path / "locked"), algorithm="grpo", sites=None, engines=None)
