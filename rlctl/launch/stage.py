@@ -12,8 +12,8 @@ the others as they land (`_fan_out`, rlctl.launch.fanout). A site whose job dir 
 submitted from here) needs no copy. staged.json
 says where each site's copy is; the controller's Spawner reads it (its own copy) so a unit it adds goes
 to a site already staged, or stages it first. The job's record (events, metrics, summary, controller.json, the
-sample log) is written by the controller on its site; `fetch_record` brings it to the operator's job dir (the
-sample log by the bytes it grew: `fetch_appended`).
+sample log) is written by the controller on its site; `fetch_record` brings it to the operator's job dir (the logs
+by the bytes they grew since the last fetch: `fetch_appended`).
 """
 
 from __future__ import annotations
