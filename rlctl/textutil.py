@@ -1,4 +1,4 @@
-"""Small text helpers shared by error messages: closest-name suggestions and lists of valid names."""
+"""Small text helpers: closest-name suggestions and lists of valid names (error messages), durations."""
 
 from __future__ import annotations
 
@@ -20,3 +20,13 @@ def did_you_mean(word: str, valid: Iterable[str]) -> str:
 
 def one_of(valid: Iterable[str]) -> str:
     return ", ".join(sorted(valid))
+
+
+def duration(seconds: float) -> str:
+    """A span as people read it: '45 s', '3 min 05 s', '2 h 07 min', '3 d 04 h' (weeks-long runs)."""
+    s = round(seconds)
+    if s >= 86400:
+        return f"{s // 86400} d {s % 86400 // 3600:02d} h"
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"

@@ -209,6 +209,8 @@ class ControllerAgent:
         # checkpoints whose trainer part is being written: the controller's state when its `trained` came
         self.writing: dict[int, tuple[dict[str, Any], str, int]] = {}
         self.complete: list[int] = []  # checkpoints `latest` moved to (the one resumed from too): `checkpoint.keep`
+        self.checkpointed: tuple[int, float | None] | None = None  # the latest complete: version, when (status)
+        self.rows_kept = 0  # metrics rows a resume kept from the runs before this one
         version = resume_version()
         if version is not None:
             self._resume(version)
@@ -239,7 +241,9 @@ class ControllerAgent:
             self.scaler.restore(replaced=st.replaced)  # `status` counts replaced units across resumes
             self.expect_checkpoint = st.trainer_digest
             self.complete.append(version)
+            self.checkpointed = (version, None)  # complete before this run: its age is not known here
         self.rows = cut_metrics(self.jobdir, version)
+        self.rows_kept = len(self.rows)
         self.resumes += 1
         self.jobdir.event(
             "resumed_from", version=version, regenerate=requeued, rows_kept=len(self.rows), samples_discarded=discarded
@@ -294,6 +298,7 @@ class ControllerAgent:
         )
         self.jobdir.event("checkpoint", version=w.version)
         self.complete.append(w.version)
+        self.checkpointed = (w.version, time.monotonic())
         prune(self.jobdir.checkpoints, PART, complete=self.complete, keep=self.job.checkpoint.keep)
         return [Out("trainer", "checkpointed", {"version": w.version})]
 
@@ -901,6 +906,8 @@ class ControllerAgent:
             data=self._data_view(),
             reward_stats=self.task.reward_stats(),
             evaluations=self.evaluator.rows if self.evaluator is not None else [],
+            rows_kept=self.rows_kept,
+            checkpoint=self.checkpointed,
         )
 
     def _data_view(self) -> dict[str, Any]:

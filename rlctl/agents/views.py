@@ -65,6 +65,8 @@ class Snapshot:
     data: Mapping[str, Any] = field(default_factory=dict)  # a dataset task's rows: prompts, bad rows skipped
     reward_stats: RewardStats = field(default_factory=RewardStats)  # the reward pool's counts so far
     evaluations: list[dict[str, Any]] = field(default_factory=list)  # evaluations.jsonl so far (agents.evaluation)
+    rows_kept: int = 0  # the first rows are a resumed run's earlier ones (their times are not this run's pace)
+    checkpoint: tuple[int, float | None] | None = None  # the latest complete one: version, time.monotonic() then
 
 
 # the last step's figures that `status` shows (metrics row keys)
@@ -179,6 +181,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "queue_depth": len(core.ledger.in_state(State.QUEUED, iteration=core.trainer_version)),
         "staleness_violations": s.violations,
         "elapsed_s": round(now - s.t_start, 2),
+        **progress_view(s, now=now),
         "metrics_port": s.metrics_port,
         "ledger": {
             "prompts": counts.prompts,
@@ -193,6 +196,28 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "resilience": dict(s.resilience),
         "data": dict(s.data),
         "agents": agents,
+    }
+
+
+PACE_ROWS = 20  # `status` estimates the time left from the pace of this many last iterations
+
+
+def progress_view(s: Snapshot, *, now: float) -> dict[str, Any]:
+    """How far a long run is: seconds an iteration over this run's last PACE_ROWS iterations (their metrics rows'
+    wall times), the time left at that pace, and the latest complete checkpoint (version, age, how often)."""
+    times = [r["t"] for r in s.rows[max(s.rows_kept, len(s.rows) - PACE_ROWS - 1) :]]
+    pace = (times[-1] - times[0]) / (len(times) - 1) if len(times) >= 2 else None
+    left = max(0, s.job.iterations - s.core.trainer_version)
+    version, at = s.checkpoint if s.checkpoint is not None else (None, None)
+    return {
+        "pace_s": None if pace is None else round(pace, 3),
+        "pace_iterations": max(0, len(times) - 1),
+        "eta_s": 0.0 if left == 0 else None if pace is None else round(left * pace, 1),
+        "checkpoint": {
+            "version": version,
+            "age_s": None if at is None else round(now - at, 1),
+            "every_iterations": s.job.checkpoint.every_iterations,
+        },
     }
 
 

@@ -16,6 +16,7 @@ import typer
 
 from rlctl.errors import RlctlError, UsageError
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
+from rlctl.textutil import duration
 
 if TYPE_CHECKING:  # the runtime's modules load when a command runs (`rlctl --help` starts in a fraction of a second)
     from rlctl.ops.preflight import Problem
@@ -32,8 +33,9 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
 
 
 def progress_line(st: dict[str, Any]) -> str:
+    left = f" (≈ {duration(st['eta_s'])} left)" if st.get("eta_s") else ""
     return (
-        f"iter {st['iteration']}/{st['iterations']}  reward {_fmt(st.get('reward'))}  "
+        f"iter {st['iteration']}/{st['iterations']}{left}  reward {_fmt(st.get('reward'))}  "
         f"samples/s {_fmt(st.get('samples_per_s'), '.1f')}  T_gen {_fmt(st.get('t_gen_s'), '.2f')}s  "
         f"T_train {_fmt(st.get('t_train_s'), '.2f')}s  δ {_fmt(st.get('delta_s'), '+.2f')}s  "
         f"weights v{st.get('weight_version')}  agents "

@@ -11,6 +11,7 @@ import typer
 from rlctl.commands import seconds_at_least
 from rlctl.errors import PartialFailure
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
+from rlctl.textutil import duration
 
 JobArg = Annotated[str | None, typer.Argument(help="job name, id or job directory (default: the latest job)")]
 
@@ -54,6 +55,28 @@ def evaluations_line(h: dict[str, Any] | None) -> str:
     return f"{one(last)}{tail}  over {last.get('prompts')} prompts"
 
 
+def time_line(v: dict[str, Any]) -> str:
+    """'running 3 d 04 h; ≈ 1 d 02 h left at 41.2 s an iteration (last 20)' from a live status."""
+    out = f"running {duration(v['elapsed_s'])}" if v.get("elapsed_s") is not None else "running"
+    if v["iteration"] >= v["iterations"]:
+        return out + "; no iteration left"
+    if v.get("pace_s") is None or v.get("eta_s") is None:
+        return out + "; time left: known after 2 iterations of this run"
+    return out + f"; ≈ {duration(v['eta_s'])} left at {v['pace_s']:.1f} s an iteration (last {v['pace_iterations']})"
+
+
+def checkpoint_line(c: dict[str, Any] | None) -> str:
+    """'v120, 4 min 10 s ago (every 20 iterations)' / 'none complete yet (…)' / '… (only at the end)'."""
+    if c is None:
+        return "-"
+    every = c.get("every_iterations")
+    how = f"every {every} iterations" if every else "only at the end"
+    if c.get("version") is None:
+        return f"none complete yet ({how})"
+    age = f", {duration(c['age_s'])} ago" if c.get("age_s") is not None else " (resumed from)"
+    return f"v{c['version']}{age} ({how})"
+
+
 def _live_table(s: dict[str, Any]) -> str:
     v = s["live"]
     w = v.get("weights", {})
@@ -61,6 +84,8 @@ def _live_table(s: dict[str, Any]) -> str:
     rows = [
         ["state", f"{v['state']}  ({v['mode']}, η={v['eta']})"],
         ["iteration", f"{v['iteration']}/{v['iterations']}  (figures {_f(s.get('figures_age_s'), '.1f')} s old)"],
+        ["time", time_line(v)],
+        ["checkpoint", checkpoint_line(v.get("checkpoint"))],
         ["reward", _f(v.get("reward"), ".3f")],
         ["T_gen / T_train", f"{_f(v.get('t_gen_s'))} / {_f(v.get('t_train_s'))} s"],
         ["last step", training_line(v.get("training", {}))],

@@ -49,6 +49,7 @@ from rlctl.launch.sitefs import (
     ssh_target,
 )
 from rlctl.rl.source import HELDOUT_DIR
+from rlctl.textutil import duration
 
 log = logging.getLogger(__name__)
 
@@ -577,7 +578,7 @@ class StagingProgress:
         frac = min(self.moved / self.total, 1.0) if self.total else 1.0
         full = round(frac * width)
         rate = self.moved / max(now - self._t0, 1e-9)
-        left = f"≈ {_duration((self.total - self.moved) / rate)} left" if rate > 0 else ""
+        left = f"≈ {duration((self.total - self.moved) / rate)} left" if rate > 0 else ""
         return (
             f"staging {self.site} [{'█' * full}{'·' * (width - full)}] {_gb(self.moved)} / {_gb(self.total)}  "
             f"{rate / 1e6:.0f} MB/s  {left}"
@@ -588,7 +589,7 @@ class StagingProgress:
         rate = self.moved / spent
         left = (self.total - self.moved) / rate if rate > 0 else float("inf")
         pct = 100 * self.moved / self.total if self.total else 100.0
-        eta = f"≈ {_duration(left)} left" if left != float("inf") else "waiting for the first bytes"
+        eta = f"≈ {duration(left)} left" if left != float("inf") else "waiting for the first bytes"
         return (
             f"staging {self.site}: {_gb(self.moved)} of {_gb(self.total)} ({pct:.0f} %), {rate / 1e6:.0f} MB/s, {eta}"
         )
@@ -598,22 +599,11 @@ class StagingProgress:
         if self.total:
             spent = self.clock() - self._t0
             rate = self.moved / spent if spent > 0 else 0.0
-            self.say(f"staging {self.site}: {_gb(self.moved)} copied in {_duration(spent)} ({rate / 1e6:.0f} MB/s)")
+            self.say(f"staging {self.site}: {_gb(self.moved)} copied in {duration(spent)} ({rate / 1e6:.0f} MB/s)")
 
 
 def _gb(nbytes: int) -> str:
     return f"{nbytes / 1e9:.2f} GB" if nbytes >= 10**8 else f"{nbytes / 1e6:.1f} MB"
-
-
-def _duration(seconds: float) -> str:
-    s = round(seconds)
-    return (
-        f"{s // 3600} h {s % 3600 // 60:02d} min"
-        if s >= 3600
-        else f"{s // 60} min {s % 60:02d} s"
-        if s >= 60
-        else f"{s} s"
-    )
 
 
 def ensure_staged(job_dir: Path, name: str, site: Site, *, job_id: str) -> Roots:

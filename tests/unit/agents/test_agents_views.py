@@ -12,9 +12,10 @@ from rlctl.agents.core import ControllerCore, CoreConfig, IterationStats, Out, P
 from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.rebalance import Reading
 from rlctl.agents.scaling import Placement, Scaler
-from rlctl.agents.views import Snapshot, metrics_row, status, summary
+from rlctl.agents.views import PACE_ROWS, Snapshot, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
-from rlctl.commands.status import training_line
+from rlctl.commands.launch import progress_line
+from rlctl.commands.status import checkpoint_line, time_line, training_line
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
@@ -188,6 +189,40 @@ def test_status_reports_the_last_row_the_rule_and_live_agents_without_clients():
         "migrated": 0,
         "resumed": 0,
     }
+
+
+def test_status_says_the_time_left_at_this_runs_pace_and_the_latest_checkpoint():
+    """A long run's operator reads how long it has run, how long it has left at the pace of its last iterations
+    (this run's: rows a resume kept are of an earlier run, with the downtime between), and its latest checkpoint."""
+    core, t, _ = _one_iteration()
+    row = metrics_row(_snapshot(core, []), t, wall_time=0.0)
+    rows = [{**row, "t": 5.0}] + [{**row, "t": 1000.0 + 12.5 * i} for i in range(3)]  # the first: before a resume
+    st = status(_snapshot(core, rows, job=_job(iterations=5), rows_kept=1, checkpoint=(1, 104.0)), now=110.0)
+    assert (st["pace_s"], st["pace_iterations"], st["eta_s"]) == (12.5, 2, 50.0)  # 4 iterations left × 12.5 s
+    assert st["checkpoint"] == {"version": 1, "age_s": 6.0, "every_iterations": 20}
+    assert time_line(st) == "running 10 s; ≈ 50 s left at 12.5 s an iteration (last 2)"
+    assert progress_line(st).startswith("iter 1/5 (≈ 50 s left)  reward 0.500")  # `launch`'s line per iteration
+    assert checkpoint_line(st["checkpoint"]) == "v1, 6 s ago (every 20 iterations)"
+    many = [{**row, "t": 10.0 * i} for i in range(3 * PACE_ROWS)]  # the pace of the last PACE_ROWS only
+    many[-1] = {**row, "t": many[-2]["t"] + 10.0 + PACE_ROWS * 5.0}
+    assert status(_snapshot(core, many, job=_job(iterations=5)), now=110.0)["pace_s"] == 15.0
+    resumed = status(_snapshot(core, rows[:2], rows_kept=1, checkpoint=(1, None)), now=110.0)
+    assert resumed["pace_s"] is resumed["eta_s"] is None  # one row of this run: no pace yet
+    assert time_line(resumed) == "running 10 s; time left: known after 2 iterations of this run"
+    assert time_line({**resumed, "iteration": 2}) == "running 10 s; no iteration left"  # the job's 2 trained
+    assert checkpoint_line(resumed["checkpoint"]) == "v1 (resumed from) (every 20 iterations)"
+    assert (
+        checkpoint_line({"version": None, "age_s": None, "every_iterations": 0})
+        == "none complete yet (only at the end)"
+    )
+
+
+def test_durations_read_as_people_read_them():
+    from rlctl.textutil import duration
+
+    assert [duration(x) for x in (45, 185, 7620, 3 * 86400 + 4 * 3600 + 59)] == [
+        "45 s", "3 min 05 s", "2 h 07 min", "3 d 04 h",
+    ]  # fmt: skip
 
 
 def test_status_before_any_iteration_has_no_figures():
