@@ -467,7 +467,7 @@ def test_a_model_directory_this_user_may_not_enter_is_one_line(tmp_path: Path, m
     lock(monkeypatch, tmp_path / "locked")
     res = run_cli("check", str(tmp_path / "job.yaml"))
     assert res.stderr == (
-        f"rlctl: error: {tmp_path}/job.yaml: model.path: cannot read '{tmp_path}/locked/model': Permission denied\n"
+        f"rlctl: error: {tmp_path}/job.yaml: model.path: {tmp_path}/locked/model: cannot read: Permission denied\n"
     )
 
 
