@@ -22,7 +22,7 @@ from rlctl.config.base import first_error
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
-from rlctl.launch.jobdir import json_lines
+from rlctl.launch.jobdir import json_file, json_lines
 from rlctl.launch.local import LocalBackend
 
 SITES_FILE = "sites.json"
@@ -40,10 +40,7 @@ def read_sites(job_dir: Path) -> dict[str, Site]:
     p = job_dir / SITES_FILE
     if not p.exists():
         return {}
-    try:
-        data = json.loads(p.read_text())
-    except ValueError as e:
-        raise LaunchError(f"{p}: not valid JSON ({e})", hint="was it edited or cut short?") from e
+    data = json_file(p)
     if not isinstance(data, list):
         raise LaunchError(f'{p}: not a list of {{"name", "site"}} entries')
     out = {}

@@ -144,16 +144,10 @@ class JobDir:
         return JobFile.model_validate(data["job"])
 
     def write_json(self, path: Path, data: Any) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-        tmp.replace(path)
+        replace_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
     def read_json(self, path: Path) -> Any:
-        """A JSON file of the job's record; LaunchError naming the file when it is not JSON (OSError passes)."""
-        try:
-            return json.loads(path.read_text())
-        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-            raise LaunchError(f"{path}: not valid JSON ({e})", hint="was it edited or cut short?") from e
+        return json_file(path)
 
     def secret(self) -> bytes:
         """The per-job secret, created (0600) on first use."""
@@ -177,6 +171,21 @@ class JobDir:
         if not path.exists():
             return []
         return json_lines(path, path.read_text())
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write `path` under a temporary name, then rename it: a reader sees the old file or the new, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def json_file(path: Path) -> Any:
+    """A JSON file of the job's record; LaunchError naming the file when it is not JSON (OSError passes)."""
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise LaunchError(f"{path}: not valid JSON ({e})", hint="was it edited or cut short?") from e
 
 
 def json_lines(path: Path | str, text: str) -> list[dict[str, Any]]:

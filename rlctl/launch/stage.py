@@ -36,6 +36,7 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, python_for, read_sites
 from rlctl.launch.base import AgentHandle, site_setup
+from rlctl.launch.jobdir import replace_text
 from rlctl.launch.remote import CommandResult, SshRunner, sh_path
 from rlctl.launch.sitefs import (
     FileState,
@@ -646,11 +647,11 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
             text = fs.read_text(f"{root}/{name}")
             if text is None:
                 continue
-            _replace(job_dir / name, text)
+            replace_text(job_dir / name, text)
             fetched.append(name)
         mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
         if fetch_appended(fs, f"{root}/{EVENTS}", mirror):
-            _replace(job_dir / EVENTS, _merge_lines(job_dir / EVENTS, mirror.read_text()))
+            replace_text(job_dir / EVENTS, _merge_lines(job_dir / EVENTS, mirror.read_text()))
             fetched.append(EVENTS)
         fetched += [name for name in APPENDED_LOGS if fetch_appended(fs, f"{root}/{name}", job_dir / name)]
         for tree in TRACKER_DIRS:  # after the record: a tracker file that goes away meanwhile costs only itself
@@ -718,12 +719,6 @@ def _whole_lines(path: Path) -> int:
                 return start + i + 1
             end = start
     return 0
-
-
-def _replace(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _merge_lines(local: Path, remote: str) -> str:

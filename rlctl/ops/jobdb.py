@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError, UsageError
+from rlctl.launch.jobdir import HOME_ENV
 
 SCHEMA_VERSION = 1
 STATES = ("launching", "running", "finished", "failed", "stopped")
@@ -36,9 +37,6 @@ CREATE TABLE IF NOT EXISTS jobs (
     updated_s   REAL NOT NULL
 );
 """
-
-
-HOME_ENV = "RLCTL_HOME"
 
 
 def default_home() -> Path:
@@ -86,7 +84,7 @@ class JobDB:
         elif int(row[0]) > SCHEMA_VERSION:
             raise RlctlError(
                 f"{self.path}: job index has schema {row[0]}, this rlctl knows {SCHEMA_VERSION}",
-                hint="upgrade rlctl or set RLCTL_HOME to another directory",
+                hint=f"upgrade rlctl or set {HOME_ENV} to another directory",
             )
 
     def close(self) -> None:
