@@ -1,11 +1,15 @@
 """`rlctl launch JOB.yaml`: plan, start controller + trainer + rollout agents, watch, summarise.
 
 Progress goes to stderr (a live line on a TTY, plain log lines otherwise); the summary goes to stdout
-(`-o json`: one JSON object). Ctrl-C stops every agent before exiting.
+(`-o json`: one JSON object). Ctrl-C stops every agent before exiting. `--detach` returns once the job runs and
+leaves a launcher in the background to watch it to its end; an attached launcher whose terminal goes away (SIGHUP)
+becomes one (`rlctl.ops.detach`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import signal
 import sys
 from enum import StrEnum
@@ -15,11 +19,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rlctl.errors import RlctlError, UsageError
+from rlctl.ops import detach
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 from rlctl.textutil import duration
 
 if TYPE_CHECKING:  # the runtime's modules load when a command runs (`rlctl --help` starts in a fraction of a second)
     from rlctl.ops.preflight import Problem
+    from rlctl.ops.run import JobRun
 
 
 class Mode(StrEnum):
@@ -106,31 +112,46 @@ class _Progress:
             from rich.console import Console
             from rich.live import Live
 
-            self.live = Live(console=Console(stderr=True), refresh_per_second=4, transient=False)
+            # redrawn by this thread's updates only: no refresh thread writing to a terminal that may go away
+            self.live = Live(console=Console(stderr=True), auto_refresh=False, transient=False)
             self.live.start()
 
+    def _live(self) -> Any:
+        """The live display, until a SIGHUP moved this process's output to the job's log (plain lines from then)."""
+        if self.live is not None and detach.hung_up():
+            live, self.live = self.live, None
+            live.console.quiet = True  # its last frame is for a terminal: not for the log
+            with contextlib.suppress(OSError):
+                live.stop()
+        return self.live
+
     def say(self, text: str) -> None:
-        if self.live is not None:
-            self.live.console.print(text)
-        else:
-            sys.stderr.write(text + "\n")
-            sys.stderr.flush()
+        try:  # a terminal that went away, or a closed pipe, must not end the launcher
+            if (live := self._live()) is not None:
+                live.console.print(text)
+            else:
+                sys.stderr.write(text + "\n")
+                sys.stderr.flush()
+        except OSError:
+            pass
 
     def show(self, text: str) -> None:
         """The live line, e.g. the staging bar (a TTY only: nothing otherwise)."""
-        if self.live is not None:
-            self.live.update(text)
+        if (live := self._live()) is not None:
+            with contextlib.suppress(OSError):
+                live.update(text, refresh=True)
 
     def __call__(self, st: dict[str, Any]) -> None:
-        if self.live is not None:
-            self.live.update(progress_line(st))
+        if self._live() is not None:
+            self.show(progress_line(st))
         elif st["iteration"] != self.last:
             self.last = st["iteration"]
             self.say(progress_line(st))
 
     def close(self) -> None:
-        if self.live is not None:
-            self.live.stop()
+        if (live := self._live()) is not None:
+            with contextlib.suppress(OSError):
+                live.stop()
 
 
 DRY_RUN_MASTER_PORT = 29500  # a real launch picks a free port on the trainer's first host
@@ -212,6 +233,15 @@ def register(app: typer.Typer) -> None:
                 help="continue a job (name, id or directory) from its latest complete checkpoint",
             ),
         ] = None,
+        detach_: Annotated[
+            bool,
+            typer.Option(
+                "--detach",
+                "-d",
+                help="return once the job runs: a launcher in the background watches it to its end "
+                "(JOB_DIR/logs/launcher.log; `rlctl status -w JOB` follows it)",
+            ),
+        ] = False,
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Run a job: SFT warm-up (cached), then controller, trainer and rollout agents on their sites
@@ -227,10 +257,12 @@ def register(app: typer.Typer) -> None:
         if resume is not None:
             if job_file is not None or dry_run or iterations is not None or mode is not None or job_dir is not None:
                 raise UsageError("--resume JOB takes no job file, --dry-run, --iterations, --mode or --job-dir")
-            _resume(resume, output)
+            _resume(resume, output, detached=detach_)
             return
         if job_file is None:
             raise UsageError("missing JOB.yaml", hint="`rlctl launch jobs/demo.yaml`, or `--resume JOB`")
+        if dry_run and detach_:
+            raise UsageError("--dry-run starts nothing: it takes no --detach")
         job = load_job(job_file)
         spec = resolve_job(job, iterations=iterations, mode=mode.value if mode is not None else None)
         plan = plan_counts(job, spec)
@@ -254,7 +286,13 @@ def register(app: typer.Typer) -> None:
             return
         path = fresh_dir(job, spec, job_dir)  # a directory holding a job already: refused, its record kept
         preflight(job, plan=plan)  # what `rlctl check` refuses, refused before anything is built or started
+        if detach_:  # the same launch in the background, into the directory chosen here
+            over = ["--iterations", str(iterations)] if iterations is not None else []
+            over += ["--mode", mode.value] if mode is not None else []
+            _detached(["launch", str(job_file.absolute()), "--job-dir", str(path), *over], path, output)
+            return
         jd = launch_dir(job, spec, path)
+        detach.survive_hangup(detach.log_path(jd.path))
         progress = _Progress()
         run = None
         db = JobDB()
@@ -272,6 +310,7 @@ def register(app: typer.Typer) -> None:
             prepare(jd, spec, plan, source=str(job_file), job=job)
             run = JobRun(jd, spec, plan, db=db, say=progress.say, show=progress.show)
             run.start()
+            detach.say_started(started(run))
             summary = run.wait(on_progress=progress)
         finally:
             progress.close()
@@ -284,7 +323,57 @@ def register(app: typer.Typer) -> None:
             raise RlctlError(f"job {spec.name} did not finish: {summary['state']}", hint=f"see {jd.path}/logs")
 
 
-def _resume(ref: str, output: OutputFormat) -> None:
+def started(run: JobRun) -> dict[str, Any]:
+    """What `launch --detach` reports once the job runs (`run`: its JobRun, started)."""
+    import os
+
+    return {
+        "id": run.id,
+        "state": "running",
+        "job_dir": str(run.jobdir.path),
+        "launcher_pid": os.getpid(),
+        "launcher_log": str(detach.log_path(run.jobdir.path)),
+    }
+
+
+def _started_table(r: dict[str, Any]) -> str:
+    ref = r["id"]
+    rows = [
+        ["job dir", r["job_dir"]],
+        ["launcher", f"pid {r['launcher_pid']}, watching the job to its end; its log: {r['launcher_log']}"],
+        ["follow", f"rlctl status -w {ref}  ·  rlctl logs {ref} launcher -f"],
+        ["stop", f"rlctl stop {ref}"],
+    ]
+    return grid(rows, ["", ""], f"Job {ref}: running (detached)")
+
+
+def _flags() -> list[str]:
+    """This process's --debug / -v, for a launcher it starts."""
+    level = logging.getLogger().getEffectiveLevel()
+    return ["--debug"] if level <= logging.DEBUG else ["-v"] if level <= logging.INFO else []
+
+
+def _detached(args: list[str], job_dir: Path, output: OutputFormat) -> None:
+    """`rlctl ARGS` as a launcher in the background (`detach.spawn`); its lines shown here until the job runs."""
+    child = detach.spawn([*_flags(), *args], detach.log_path(job_dir))
+
+    def write(data: bytes) -> None:
+        sys.stderr.buffer.write(data)
+        sys.stderr.flush()
+
+    try:
+        info = child.follow(write)
+    except KeyboardInterrupt:
+        sys.stderr.write("rlctl: interrupted: stopping the launch in the background\n")
+        child.cancel()
+        raise
+    if info is None:  # it ended before the job ran: its error was among its lines
+        code = child.proc.returncode
+        raise typer.Exit(code if code else 1)
+    emit(info, output, _started_table)
+
+
+def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
     """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest
     complete checkpoint (every trainer rank the shard of its (tp, pp) position: a checkpoint written at
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue."""
@@ -296,6 +385,11 @@ def _resume(ref: str, output: OutputFormat) -> None:
     db = JobDB()
     ref_ = resolve(ref, db=db)
     jd = ref_.jobdir
+    if detached:
+        db.close()
+        _detached(["launch", "--resume", str(jd.path)], jd.path, output)
+        return
+    detach.survive_hangup(detach.log_path(jd.path))
     spec = jd.read_job()
     plan = jd.read_json(jd.plan_json)
     progress = _Progress()
@@ -310,6 +404,7 @@ def _resume(ref: str, output: OutputFormat) -> None:
         skipped = "".join(f"; v{v} not used: {why}" for v, why in point.skipped)
         start = f"checkpoint v{point.version}" if point.version else "the start (no checkpoint was completed)"
         progress.say(f"job {spec.name}: resumed from {start}{skipped}")
+        detach.say_started(started(run))
         summary = run.wait(on_progress=progress)
     finally:
         progress.close()

@@ -1,9 +1,12 @@
-"""`rlctl logs JOB [ROLE/N] [-f]`: an agent's log (or the tail of every agent's), wherever it runs."""
+"""`rlctl logs JOB [ROLE/N] [-f]`: an agent's log (or the tail of every agent's), wherever it runs; `launcher`:
+the log of a launcher that watches the job without a terminal (`launch --detach`, or after a SIGHUP)."""
 
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
 
 import typer
 
@@ -12,13 +15,17 @@ from rlctl.errors import UsageError
 from rlctl.textutil import did_you_mean
 
 ROLES = ("controller", "trainer", "rollout")
+LAUNCHER = "launcher"  # logs/launcher.log (rlctl.ops.detach.LOG_NAME)
 
 
 def agent_name(text: str) -> str:
-    """'rollout/1', 'rollout-1' → 'rollout-1'; a bare role means replica 0."""
+    """'rollout/1', 'rollout-1' → 'rollout-1'; a bare role means replica 0; 'launcher' is the launcher's log."""
+    if text == LAUNCHER:
+        return LAUNCHER
     role, _, n = text.replace("/", "-").partition("-")
     if role not in ROLES:
-        raise UsageError(f"agent {text!r}: role must be one of {', '.join(ROLES)}{did_you_mean(role, ROLES)}")
+        known = (*ROLES, LAUNCHER)
+        raise UsageError(f"agent {text!r}: role must be one of {', '.join(known)}{did_you_mean(role, known)}")
     if n and not n.isdigit():
         raise UsageError(f"agent {text!r}: replica must be a number, e.g. {role}/1")
     return f"{role}-{n or 0}"
@@ -29,7 +36,8 @@ def register(app: typer.Typer) -> None:
     def logs(
         job: JobArg = None,
         agent: Annotated[
-            str | None, typer.Argument(help="controller, trainer/N or rollout/N (default: the tail of every agent)")
+            str | None,
+            typer.Argument(help="controller, trainer/N, rollout/N or launcher (default: the tail of every agent)"),
         ] = None,
         follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines (one agent)")] = False,
         lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="lines from the end")] = 40,
@@ -68,12 +76,24 @@ def register(app: typer.Typer) -> None:
                     raise no_log
                 sys.stdout.writelines(line + "\n" for line in tail)
                 return
-            # until the agent exits (its site's backend says so) or Ctrl-C
-            with agentlogs.agent_ended(ref.jobdir.path, found.handle) as ended:
+            # until the agent exits (its site's backend says so; the launcher: its process) or Ctrl-C
+            if name == LAUNCHER:
+                ending = launcher_ended(ref.row.info.get("launcher") if ref.row is not None else None)
+            else:
+                ending = agentlogs.agent_ended(ref.jobdir.path, found.handle)
+            with ending as ended:
                 if not agentlogs.follow(found, lines, ended=ended, write=_write):
                     raise no_log
         finally:
             found.close()
+
+
+@contextmanager
+def launcher_ended(info: Any) -> Iterator[Callable[[], bool]]:
+    """Whether the launcher the job index records has exited (one on another machine: never, Ctrl-C stops)."""
+    from rlctl.ops.detach import launcher_running
+
+    yield lambda: launcher_running(info) is False
 
 
 def _write(text: str) -> None:

@@ -98,6 +98,7 @@ def _live_table(s: dict[str, Any]) -> str:
         ["staleness", " ".join(f"{k}:{n}" for k, n in v["staleness"].items()) or "-"],
         ["ledger", " ".join(f"{k} {n}" for k, n in led.items())],
         ["job dir", s["job_dir"]],
+        *([["launcher", s["launcher"]]] if s.get("launcher") else []),
     ]
     agents = [
         [
@@ -134,6 +135,8 @@ def _fallback_table(s: dict[str, Any]) -> str:
         rows.append(["ended", f"{s['summary']['state']} after {s['summary']['iterations']} iterations"])
     if s["sites_down"]:
         rows.append(["sites not answering", ", ".join(s["sites_down"])])
+    if s.get("launcher"):
+        rows.append(["launcher", s["launcher"]])
     agents = [[a["name"], a["role"], a["site"], a["state"], a["source"], _f(a["age_s"])] for a in s["agents"]]
     return (
         grid(rows, ["", ""], f"Job {s['id']}")

@@ -63,6 +63,7 @@ from rlctl.launch.stage import (
     stage_all,
     staging_plan,
 )
+from rlctl.ops.detach import this_launcher
 from rlctl.ops.inputs import copy_inputs, resolve_inputs
 from rlctl.ops.jobdb import JobDB
 from rlctl.transport import Connection, Message, make_transport
@@ -232,7 +233,7 @@ class JobRun:
         (`resume_point`; version 0: the job never completed one, it starts over)."""
         self.t_start = time.monotonic()
         self.jobdir.controller_json.unlink(missing_ok=True)
-        self._register("launching", sites=sorted(self.sites))
+        self._register("launching", sites=sorted(self.sites), launcher=this_launcher())
         agents = planned_agents(self.plan, self.sites, self.spec, master_port=_free_port())  # refuses a short site
         trainers = [a for a, _ in agents if a.role == "trainer"]
         refuse_unshared_trainer(

@@ -1,0 +1,195 @@
+"""A launcher that outlives its terminal: `rlctl launch --detach`, and an attached launcher's SIGHUP.
+
+The launcher watches its job to the end: it fetches the controller's record, runs the held-out evaluation and
+records the outcome in the job index. Jobs run for days, terminals do not. `--detach` starts the same launcher
+as a child in its own session (no controlling terminal: no SIGHUP), its output in the job dir's
+`logs/launcher.log`; this process shows that log as it grows until the child says the job started (one JSON line
+on an inherited pipe), then returns.
+
+    rlctl launch --detach ──spawn──▶ rlctl launch (own session) ──▶ stage, start agents ──{"started"}──▶ pipe
+        │ copies launcher.log to stderr                                  │ watches the job until it ends:
+        ├─ the line ──▶ prints the job, the launcher's pid; exit 0       └─ record, held-out, index state
+        ├─ EOF (the child ended first) ──▶ the child's exit code (its error is in the lines shown)
+        └─ Ctrl-C ──▶ SIGTERM to the child: its `finally` stops what it started
+
+An attached launcher whose terminal goes away (SIGHUP: the operator's SSH session dropped) goes on the same way:
+its output moves to `logs/launcher.log` and it keeps watching. Without that, SIGHUP ended it and left the job
+running unwatched (its index entry "running" after the job ended, no held-out figures).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+LOG_NAME = "launcher.log"
+READY_FD_ENV = "RLCTL_LAUNCH_READY_FD"  # the write end of the pipe the child says "started" on
+POLL_S = 0.2
+
+_hung_up = threading.Event()
+
+
+def log_path(job_dir: Path) -> Path:
+    return job_dir / "logs" / LOG_NAME
+
+
+@dataclass
+class Detached:
+    """A launcher started in its own session, and the read end of the pipe it says "started" on."""
+
+    proc: subprocess.Popen[bytes]
+    ready_fd: int
+    log: Path
+    offset: int  # where its lines begin in the log (earlier launchers of the job wrote what is before)
+
+    def follow(self, write: Callable[[bytes], None]) -> dict[str, Any] | None:
+        """Copy the launcher's log to `write` as it grows until it says the job started (its JSON object) or ends
+        first (None: `proc.returncode` says how; its last lines were copied)."""
+        offset = self.offset
+        got = b""
+        try:
+            while True:
+                readable, _, _ = select.select([self.ready_fd], [], [], POLL_S)
+                offset = self._copy(offset, write)
+                if not readable:
+                    continue
+                chunk = os.read(self.ready_fd, 4096)
+                if chunk:
+                    got += chunk
+                    if not got.endswith(b"\n"):
+                        continue
+                    return dict(json.loads(got))
+                self.proc.wait()  # EOF before the line: the launcher ended (or closed the pipe as it ended)
+                self._copy(offset, write)
+                return None
+        finally:
+            os.close(self.ready_fd)
+
+    def _copy(self, offset: int, write: Callable[[bytes], None]) -> int:
+        try:
+            with self.log.open("rb") as f:
+                f.seek(offset)
+                new = f.read()
+        except FileNotFoundError:
+            return offset
+        if new:
+            write(new)
+        return offset + len(new)
+
+    def cancel(self, grace_s: float = 60.0) -> int:
+        """Ctrl-C while it starts: SIGTERM (it stops what it started, as on Ctrl-C in an attached launch)."""
+        self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def spawn(args: list[str], log: Path) -> Detached:
+    """`rlctl ARGS` in a new session: stdin /dev/null, stdout and stderr appended to `log`, the write end of a
+    pipe inherited (its number in READY_FD_ENV)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    r, w = os.pipe()
+    try:
+        with log.open("ab") as out:
+            offset = out.tell()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "rlctl", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(w,),
+                env={**os.environ, READY_FD_ENV: str(w)},
+            )
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    return Detached(proc, r, log, offset)
+
+
+def say_started(info: dict[str, Any]) -> None:
+    """In a launcher started by `spawn`: the job started; the process waiting in `Detached.follow` returns.
+    Nothing when this launcher was not spawned so."""
+    fd = os.environ.pop(READY_FD_ENV, None)
+    if fd is None:
+        return
+    try:
+        os.write(int(fd), (json.dumps(info) + "\n").encode())
+        os.close(int(fd))
+    except (OSError, ValueError):  # the waiting process is gone (Ctrl-C'd): nothing is listening
+        pass
+
+
+def survive_hangup(log: Path) -> None:
+    """From now on, a SIGHUP (the terminal went away) moves this process's stdout and stderr to `log` and is
+    otherwise ignored, so that the launcher goes on watching its job."""
+
+    def moved(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        for target, source in ((0, null), (1, fd), (2, fd)):
+            os.dup2(source, target)
+        os.close(fd)
+        os.close(null)
+        _hung_up.set()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.write(2, f"{stamp} the terminal went away (SIGHUP); this launcher keeps watching the job\n".encode())
+
+    signal.signal(signal.SIGHUP, moved)
+
+
+def hung_up() -> bool:
+    """Whether a SIGHUP moved this process's output to its job's log (`survive_hangup`)."""
+    return _hung_up.is_set()
+
+
+def this_launcher() -> dict[str, Any]:
+    """What the job index records of the launcher watching a job (`launcher_state` reads it back)."""
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def launcher_running(info: Any) -> bool | None:
+    """Whether the launcher `this_launcher` recorded still runs; None when this machine cannot tell (another
+    host, or no record)."""
+    if not isinstance(info, dict) or info.get("host") != socket.gethostname() or not isinstance(info.get("pid"), int):
+        return None
+    try:
+        cmdline = Path(f"/proc/{info['pid']}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    return b"rlctl" in cmdline  # the pid may be another process's by now
+
+
+def launcher_state(info: Any, *, ended: bool) -> str | None:
+    """One line for `status`: which launcher watches the job (`ended`: the index says the job ended), and whether
+    it still runs."""
+    if not isinstance(info, dict):
+        return None
+    where = f"pid {info.get('pid')} on {info.get('host')}"
+    running = launcher_running(info)
+    if running is None:
+        return f"{where} (another machine: not checked)"
+    if running:
+        return f"{where}, watching" if not ended else f"{where}, finishing"
+    if ended:
+        return f"{where}, ended"
+    return f"{where}, gone: nothing watches the job (`rlctl status` reads its end from the job dir)"

@@ -1,0 +1,99 @@
+"""A launcher that outlives its terminal: `rlctl launch --detach` returns once the job runs and a launcher in the
+background ends it (record, index state, summary in its log); an attached launcher whose terminal goes away (a real
+pseudo-terminal closed: the kernel's SIGHUP) keeps watching its job to the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlctl.ops.detach import LOG_NAME
+
+from .conftest import REPO, job_yaml, metrics_rows, processes_mentioning, rlctl, rlctl_json, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+LOCAL = str(REPO / "clusters" / "local.yaml")
+
+
+def index_state(job_id: str) -> str:
+    code, rows = rlctl_json("status", "--all")
+    assert code == 0, rows
+    return next(r["state"] for r in rows if r["id"] == job_id)
+
+
+def test_a_detached_launch_returns_while_its_job_runs_and_its_background_launcher_ends_it(tmp_path):
+    job = job_yaml(tmp_path / "detached.yaml", inventory=[LOCAL], trainer="local", rollout="local", iterations=30)
+    job_dir = tmp_path / "run"
+    code, started = rlctl_json("launch", str(job), "--job-dir", str(job_dir), "--detach", timeout_s=180)
+    assert code == 0, started
+    job_id, pid = started["id"], started["launcher_pid"]
+    assert started["job_dir"] == str(job_dir) and started["launcher_log"] == str(job_dir / "logs" / LOG_NAME)
+    assert processes_mentioning(str(job_dir))  # the job runs: this command has returned
+
+    # a second launcher of the same job is refused, and shows only its own lines (not the first one's log)
+    again = rlctl("launch", "--resume", job_id, "--detach", timeout_s=120)
+    assert again.returncode == 2, again.stderr
+    assert again.stderr.strip().splitlines() == [
+        f"rlctl: error: job {job_id} is running (its controller answers) (hint: stop it first: `rlctl stop {job_id}`)"
+    ]
+
+    code, st = rlctl_json("status", job_id)
+    if st.get("source") == "controller":  # unless the job ended already on a fast machine
+        assert st["launcher"].endswith(", watching"), st["launcher"]
+        assert index_state(job_id) == "running"
+
+    # `logs JOB launcher -f` follows the background launcher's log until that launcher exits
+    follow = rlctl("logs", job_id, "launcher", "-f", "-n", "1000", timeout_s=300)
+    assert follow.returncode == 0, follow.stderr
+    assert "ledger" in follow.stdout and "lost 0 duplicated 0" in follow.stdout, follow.stdout[-2000:]
+    assert not Path(f"/proc/{pid}").exists()
+    summary = json.loads((job_dir / "summary.json").read_text())
+    assert summary["state"] == "done" and len(metrics_rows(job_dir)) == 30
+    assert index_state(job_id) == "finished"  # the background launcher recorded the end
+    code, st = rlctl_json("status", job_id)
+    assert st["launcher"].endswith(f"pid {pid} on {os.uname().nodename}, ended"), st["launcher"]
+    assert processes_mentioning(str(job_dir)) == []
+
+
+def test_a_launcher_whose_terminal_goes_away_keeps_watching_its_job(tmp_path):
+    job = job_yaml(tmp_path / "hangup.yaml", inventory=[LOCAL], trainer="local", rollout="local", iterations=30)
+    job_dir = tmp_path / "run"
+    pid, terminal = pty.fork()
+    if pid == 0:  # the launcher, attached to a pseudo-terminal as in an operator's SSH session
+        os.execv(sys.executable, [sys.executable, "-m", "rlctl", "launch", str(job), "--job-dir", str(job_dir)])
+    shown = b""
+    try:
+        deadline = time.monotonic() + 240
+        while len(metrics_rows(job_dir)) < 3:  # the live line on the terminal; two iterations trained
+            try:
+                shown += os.read(terminal, 65536)
+            except OSError:
+                break
+            assert time.monotonic() < deadline, shown[-2000:]
+    finally:
+        os.close(terminal)  # the terminal goes away: the kernel sends SIGHUP to the launcher
+    assert b"iter " in shown  # it was drawing its live line there
+    ended: list[int] = []
+
+    def launcher_ended() -> bool:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got == pid:
+            ended.append(status)
+        return bool(ended)
+
+    wait_for("the launcher to end", launcher_ended, 300)
+    assert os.WIFEXITED(ended[0]) and os.WEXITSTATUS(ended[0]) == 0, ended  # not killed by the SIGHUP
+    log = (job_dir / "logs" / LOG_NAME).read_text()
+    assert "the terminal went away (SIGHUP); this launcher keeps watching the job" in log.splitlines()[0]
+    assert "\x1b[" not in log  # plain lines from then on, not the terminal's live frames
+    assert "lost 0 duplicated 0" in log, log[-2000:]
+    summary = json.loads((job_dir / "summary.json").read_text())
+    assert summary["state"] == "done" and len(metrics_rows(job_dir)) == 30
+    assert index_state(job_dir.name) == "finished"
+    assert processes_mentioning(str(job_dir)) == []

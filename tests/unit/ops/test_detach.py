@@ -1,0 +1,157 @@
+"""The pieces of a launcher that outlives its terminal (rlctl.ops.detach), with real processes, pipes and signals:
+the log shown until the child says it started (only this launcher's lines), a child that ends first, Ctrl-C,
+a SIGHUP that moves the output to the log, and whether a recorded launcher still runs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rlctl.commands.logs import agent_name
+from rlctl.errors import UsageError
+from rlctl.ops import detach
+
+CHILD = """
+import json, os, sys, time
+fd = int(os.environ["{env}"])
+print("staging", flush=True)
+print("started agents", flush=True)
+{what}
+"""
+
+
+def child(tmp_path: Path, what: str, *, before: str = "") -> detach.Detached:
+    """A stand-in launcher (a Python script, not `rlctl`): spawned as `spawn` spawns, logging to `log`."""
+    log = tmp_path / "logs" / detach.LOG_NAME
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(before)
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(env=detach.READY_FD_ENV, what=textwrap.dedent(what)))
+    r, w = os.pipe()
+    with log.open("ab") as out:
+        offset = out.tell()
+        proc = subprocess.Popen(
+            [sys.executable, str(script)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(w,),
+            env={**os.environ, detach.READY_FD_ENV: str(w)},
+        )
+    os.close(w)
+    return detach.Detached(proc, r, log, offset)
+
+
+def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_the_log_is_shown_until_the_launcher_says_the_job_started_and_its_own_lines_only(tmp_path):
+    c = child(
+        tmp_path,
+        """
+        os.write(fd, json.dumps({"id": "j1", "launcher_pid": os.getpid()}).encode() + b"\\n")
+        time.sleep(30)
+        """,
+        before="an earlier launcher's line\n",
+    )
+    shown: list[bytes] = []
+    try:
+        info = c.follow(shown.append)
+        assert info is not None and info["id"] == "j1" and info["launcher_pid"] == c.proc.pid
+        assert b"".join(shown) == b"staging\nstarted agents\n"
+        assert c.proc.poll() is None  # it goes on watching: returning ended nothing
+    finally:
+        c.proc.kill()
+        c.proc.wait()
+
+
+def test_a_launcher_that_ends_before_the_job_runs_gives_its_last_lines_and_exit_code(tmp_path):
+    c = child(tmp_path, 'print("rlctl: error: job j1 is running", flush=True); sys.exit(2)')
+    shown: list[bytes] = []
+    assert c.follow(shown.append) is None
+    assert c.proc.returncode == 2
+    assert b"".join(shown).endswith(b"rlctl: error: job j1 is running\n")
+
+
+def test_ctrl_c_while_it_starts_terminates_the_launcher(tmp_path):
+    c = child(
+        tmp_path,
+        """
+        import signal
+        signal.signal(signal.SIGTERM, lambda *_: (print("stopping what I started", flush=True), sys.exit(143)))
+        print("starting", flush=True)
+        time.sleep(60)
+        """,
+    )
+    wait_until(lambda: c.log.read_text().endswith("starting\n"))
+    assert c.cancel(grace_s=30) == 143
+    assert c.log.read_text().endswith("stopping what I started\n")
+
+
+def test_say_started_is_nothing_without_a_waiting_process(monkeypatch):
+    monkeypatch.delenv(detach.READY_FD_ENV, raising=False)
+    detach.say_started({"id": "j1"})  # an attached launcher: no pipe, nothing written, no error
+
+
+def test_a_sighup_moves_the_output_to_the_log_and_the_process_goes_on(tmp_path):
+    log = tmp_path / "launcher.log"
+    code = f"""
+        import os, signal, sys, time
+        from pathlib import Path
+        from rlctl.ops import detach
+        detach.survive_hangup(Path({str(log)!r}))
+        print("before", flush=True)
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.2)
+        print("after: hung up", detach.hung_up(), flush=True)
+        os.kill(os.getpid(), signal.SIGHUP)  # a second one: ignored
+        sys.stderr.write("still here\\n")
+        """
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "before\n"
+    lines = log.read_text().splitlines()
+    assert lines[0].endswith("the terminal went away (SIGHUP); this launcher keeps watching the job")
+    assert lines[1:] == ["after: hung up True", "still here"]
+
+
+def test_whether_a_recorded_launcher_still_runs(tmp_path):
+    here = socket.gethostname()
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "rlctl-launch"])
+    try:
+        info = {"pid": p.pid, "host": here}
+        wait_until(lambda: b"rlctl-launch" in Path(f"/proc/{p.pid}/cmdline").read_bytes())  # exec'd
+        assert detach.launcher_running(info) is True
+        assert detach.launcher_state(info, ended=False) == f"pid {p.pid} on {here}, watching"
+    finally:
+        p.kill()
+        p.wait()
+    assert detach.launcher_running(info) is False
+    assert detach.launcher_state(info, ended=True) == f"pid {p.pid} on {here}, ended"
+    assert "gone: nothing watches the job" in str(detach.launcher_state(info, ended=False))
+    other = {"pid": 1, "host": here + "-elsewhere"}
+    assert detach.launcher_running(other) is None
+    assert "not checked" in str(detach.launcher_state(other, ended=False))
+    assert detach.launcher_state(None, ended=False) is None
+
+
+@pytest.mark.parametrize("text, name", [("launcher", "launcher"), ("rollout/1", "rollout-1"), ("trainer", "trainer-0")])
+def test_logs_names_the_launchers_log(text, name):
+    assert agent_name(text) == name
+
+
+def test_a_near_miss_of_launcher_is_named():
+    with pytest.raises(UsageError, match=r"one of controller, trainer, rollout, launcher .*did you mean 'launcher'"):
+        agent_name("launch")
