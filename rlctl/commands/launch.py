@@ -248,6 +248,7 @@ def register(app: typer.Typer) -> None:
         (local processes, SLURM jobs, SSH hosts). `--resume JOB` continues a stopped or failed one."""
         from rlctl.config import load_job
         from rlctl.launch.jobdir import JobDir
+        from rlctl.ops.autoresume import Runs
         from rlctl.ops.counts import plan_counts, resolve_job
         from rlctl.ops.evaluation import add_heldout
         from rlctl.ops.jobdb import JobDB
@@ -294,8 +295,8 @@ def register(app: typer.Typer) -> None:
         jd = launch_dir(job, spec, path)
         detach.survive_hangup(detach.log_path(jd.path))
         progress = _Progress()
-        run = None
         db = JobDB()
+        runs = Runs(jd, spec, plan, db=db, say=progress.say, show=progress.show)
         # SIGTERM (and SIGINT, as KeyboardInterrupt) unwind through `finally`: every agent is stopped
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
@@ -308,14 +309,11 @@ def register(app: typer.Typer) -> None:
             if spec.warmup.sft_steps:
                 progress.say(f"SFT warm-up: {spec.warmup.sft_steps} steps (cached after the first run)")
             prepare(jd, spec, plan, source=str(job_file), job=job)
-            run = JobRun(jd, spec, plan, db=db, say=progress.say, show=progress.show)
-            run.start()
-            detach.say_started(started(run))
-            summary = run.wait(on_progress=progress)
+            detach.say_started(started(runs.start()))
+            summary = runs.wait(on_progress=progress)
         finally:
             progress.close()
-            if run is not None:
-                run.stop()
+            runs.stop()
             db.close()
         summary = add_heldout(jd, spec, summary, say=progress.say)
         emit(summary, output, _table)
@@ -377,10 +375,11 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
     """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest
     complete checkpoint (every trainer rank the shard of its (tp, pp) position: a checkpoint written at
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue."""
+    from rlctl.ops.autoresume import Runs
     from rlctl.ops.evaluation import add_heldout
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import resolve
-    from rlctl.ops.run import JobRun, refuse_if_running
+    from rlctl.ops.run import refuse_if_running
 
     db = JobDB()
     ref_ = resolve(ref, db=db)
@@ -393,28 +392,21 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
     spec = jd.read_job()
     plan = jd.read_json(jd.plan_json)
     progress = _Progress()
-    run = None
+    runs = Runs(jd, spec, plan, db=db, say=progress.say, show=progress.show)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         refuse_if_running(jd)
-        run = JobRun(jd, spec, plan, db=db, say=progress.say, show=progress.show)
-        run.start(resume=True)
-        point = run.resumed
-        assert point is not None
-        skipped = "".join(f"; v{v} not used: {why}" for v, why in point.skipped)
-        start = f"checkpoint v{point.version}" if point.version else "the start (no checkpoint was completed)"
-        progress.say(f"job {spec.name}: resumed from {start}{skipped}")
-        detach.say_started(started(run))
-        summary = run.wait(on_progress=progress)
+        detach.say_started(started(runs.start(resume=True)))
+        summary = runs.wait(on_progress=progress)
     finally:
         progress.close()
-        if run is not None:
-            run.stop()
+        runs.stop()
         db.close()
     summary = add_heldout(jd, spec, summary, say=progress.say)
     emit(summary, output, _table)
     if summary["state"] != "done":
+        assert runs.run is not None  # it started: a summary came from it
         raise RlctlError(
             f"job {spec.name} did not finish: {summary['state']}",
-            hint=f"see {jd.path}/logs; continue it with `{run.resume_command()}`",
+            hint=f"see {jd.path}/logs; continue it with `{runs.run.resume_command()}`",
         )

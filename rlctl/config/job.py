@@ -530,6 +530,13 @@ class Checkpoint(Strict):
         description="complete checkpoints kept on each site: once a newer one is complete the older are removed "
         "(each part by the agent that wrote it); the newest complete one never is. 0 = keep every checkpoint",
     )
+    auto_resume: NonNegativeInt = Field(
+        0,
+        le=1000,
+        description="a run that fails (its trainer lost, its controller gone) after completing a checkpoint newer "
+        "than the one it started from is resumed from it by its launcher, at most this many times; a stop, and a run "
+        "that completed no newer checkpoint (it would fail the same way again), are not. 0 = never",
+    )
 
 
 class Warmup(Strict):

@@ -205,6 +205,14 @@ def _unread(job: Job) -> list[Problem]:
             spec.trainer.backend == "megatron",
             "the 'torch' backend's (the megatron backend does not recompute activations)",
         ),
+        (
+            "checkpoint",
+            spec.checkpoint,
+            "auto_resume",
+            spec.checkpoint.every_iterations == 0,
+            "read when checkpoint.every_iterations > 0 only (a failed run is resumed past a checkpoint it completed; "
+            "0 writes one only at the end)",
+        ),
     ]
     if isinstance(task, DatasetTask):
         why = "read when task.reward_workers > 0 only (0 scores in the caller's thread, with no timeout)"

@@ -15,6 +15,7 @@ import re
 import signal
 
 import pytest
+import yaml
 
 from rlctl.checkpoint.controller import sample_rows
 from rlctl.launch.jobdir import JobDir
@@ -110,6 +111,37 @@ def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, 
     assert code == 0 and st["ledger"]["trained"] == iterations * prompts and st["resilience"]["resumes"] == 1, st
     assert st["controller"].startswith("exited: the job ended (done); was "), st["controller"]  # not an error
     print(f"\nresumed from v{latest}; {len(past)} iteration(s) trained past it were discarded and redone")
+
+
+def test_a_failed_run_resumes_by_itself_with_auto_resume(tmp_path, launcher):
+    """`checkpoint.auto_resume: 1`: the trainer SIGKILLed past checkpoint v3 fails the run; the same launcher resumes
+    it from v3 without the operator, and the job ends done with every prompt trained once in its lineage."""
+    iterations, prompts, job_dir = 10, 4, tmp_path / "run"
+    job = hf_job(tmp_path, job_dir=job_dir, iterations=iterations, every=3)
+    spec = yaml.safe_load(job.read_text())
+    spec["checkpoint"]["auto_resume"] = 1
+    job.write_text(yaml.safe_dump(spec))
+    proc = launcher(str(job), "--job-dir", str(job_dir), "-o", "json")
+    wait_for("the run held past its first checkpoint", (tmp_path / "held").exists, 300, alive=proc)
+    os.kill(pid_of(job_dir, "trainer-0"), signal.SIGKILL)
+    (tmp_path / "hold").unlink()
+    out, err = proc.communicate(timeout=300)
+    s = json.loads(out) if out.strip() else {}
+    assert proc.returncode == 0 and s.get("state") == "done", (proc.returncode, err[-3000:])
+    said = [line for line in err.splitlines() if "resuming it from" in line]
+    assert len(said) == 1 and said[0].startswith("job hf-demo failed: trainer trainer-0 was lost ("), err[-3000:]
+    assert said[0].endswith("; resuming it from checkpoint v3 (checkpoint.auto_resume: 0 more left)"), said
+    assert "resumed from checkpoint v3" in err, err[-3000:]
+    auto = [e for e in events(job_dir) if e["event"] == "auto_resume"]
+    assert [(e["version"], e["left"]) for e in auto] == [(3, 0)] and "trainer-0" in auto[0]["after"], auto
+    assert [r["iteration"] for r in metrics_rows(job_dir)] == list(range(iterations))
+    samples = sample_rows(JobDir(job_dir), iterations)  # every prompt trained exactly once in the final lineage
+    assert len({e["prompt_id"] for e in samples}) == iterations * prompts
+    assert len({e["sample_id"] for e in samples}) == len(samples) and all(e["state"] == "trained" for e in samples)
+    assert s["ledger"]["prompts"] == s["ledger"]["trained"] == iterations * prompts
+    assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0) and s["resilience"]["resumes"] == 1
+    code, rows = rlctl_json("status", "--all")
+    assert code == 0 and next(r["state"] for r in rows if r["id"] == job_dir.name) == "finished", rows
 
 
 def test_a_megatron_tp2_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, launcher):

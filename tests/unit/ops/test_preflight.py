@@ -374,6 +374,9 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
         ({"trainer": {"backend": "megatron", "activation_checkpointing": True}}, "trainer.activation_checkpointing",
          "True: the 'torch' backend's (the megatron backend does not recompute activations); remove it "
          "(default False)"),
+        ({"checkpoint": {"every_iterations": 0, "auto_resume": 2}}, "checkpoint.auto_resume",
+         "2: read when checkpoint.every_iterations > 0 only (a failed run is resumed past a checkpoint it completed; "
+         "0 writes one only at the end); remove it (default 0)"),
         ({"transport": {"kind": "inproc"}}, "transport.kind",
          "'inproc' links agents inside one process (the in-process tests); launch starts each agent as a process "
          "of its own: valid: tcp, ucx"),
@@ -385,6 +388,7 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
     assert refused(load(tmp_path, weight_sync={"mode": "delta", "anchor_every": 4}), "weight_sync.anchor_every") == []
     assert refused(load(tmp_path, tracking={"backends": ["wandb"], "project": "p"}), "tracking.project") == []
     assert refused(load(tmp_path, trainer={"activation_checkpointing": True}), "trainer.activation_checkpointing") == []
+    assert refused(load(tmp_path, checkpoint={"every_iterations": 5, "auto_resume": 2}), "checkpoint.auto_resume") == []
     # a dataset task scored in the caller's thread has no timeout
     task = {"max_prompt_tokens": 16, "max_output_tokens": 16, "reward_timeout_s": 5.0}
     job = hf_dataset_job(tmp_path, positions=64, task={**task, "reward_workers": 0})

@@ -1,0 +1,118 @@
+"""The runs of one job by one launcher: the first, then — `checkpoint.auto_resume: N` — up to N resumes of a run
+that failed after it completed a newer checkpoint.
+
+A job that runs for weeks loses a trainer node now and then; the controller then ends the run as failed and names
+`rlctl launch --resume JOB`. With `auto_resume` its launcher runs that itself, so a failure at night costs the
+iterations since the last checkpoint, not the night:
+
+    start ─▶ wait ─▶ done / stopped ─────────────────────────────────────────▶ the summary
+               └─▶ failed (the controller's summary says so, or it exited without one)
+                     ├─ no resumes left, or no checkpoint completed since this run started ─▶ that failure
+                     └─ else: stop what is left of the run, `start(resume=True)` ─▶ wait …
+
+A run that completed no newer checkpoint is not resumed: it would start where it started and, most likely, fail the
+same way (a reward that raises, a trainer that cannot load): a crash loop that spends the cluster. A user's stop
+(`rlctl stop`: state stopped) and the launcher's own end (Ctrl-C, SIGTERM) are never resumed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rlctl.config.job import JobFile
+from rlctl.errors import LaunchError
+from rlctl.launch.jobdir import JobDir
+from rlctl.ops.jobdb import JobDB
+from rlctl.ops.run import JobRun
+
+RESUME_HINT = "; continue the job with "  # how the controller's reason for a failure ends (`ControllerAgent._lose`)
+
+
+def newest_checkpoint(jobdir: JobDir, *, since: float) -> int | None:
+    """The newest checkpoint the controller completed at or after `since` (time.time()), from the job's events
+    (a `checkpoint` event is written once both parts of it are complete); None when it completed none."""
+    events = jobdir.read_lines(jobdir.events)
+    done = [int(e["version"]) for e in events if e.get("event") == "checkpoint" and float(e.get("t", 0)) >= since]
+    return max(done) if done else None
+
+
+class Runs:
+    """The launcher's current `JobRun` of the job, and what is left of its automatic resumes."""
+
+    def __init__(
+        self,
+        jobdir: JobDir,
+        spec: JobFile,
+        plan: dict[str, Any],
+        *,
+        db: JobDB | None,
+        say: Callable[[str], None],
+        show: Callable[[str], None] | None = None,
+    ) -> None:
+        self.jobdir, self.spec, self.plan = jobdir, spec, plan
+        self.db, self.say, self.show = db, say, show
+        self.left = spec.checkpoint.auto_resume
+        self.run: JobRun | None = None
+        self._since = 0.0  # when the current run started (time.time())
+        self._from = 0  # the checkpoint it started from (0: the job's start)
+
+    def start(self, *, resume: bool = False) -> JobRun:
+        """Start a run (`resume`: from the job's latest complete checkpoint, and say which)."""
+        self._since = time.time() - 0.001  # events' times are rounded to the millisecond
+        run = self.run = JobRun(self.jobdir, self.spec, self.plan, db=self.db, say=self.say, show=self.show)
+        run.start(resume=resume)
+        point = run.resumed
+        self._from = point.version if point is not None else 0
+        if point is not None:
+            skipped = "".join(f"; v{v} not used: {why}" for v, why in point.skipped)
+            start = f"checkpoint v{point.version}" if point.version else "the start (no checkpoint was completed)"
+            self.say(f"job {self.spec.name}: resumed from {start}{skipped}")
+        return run
+
+    def wait(self, *, on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Until the job ends for good: done, stopped, or failed with no resume due; the last run's summary (or
+        its LaunchError, when its controller exited without one)."""
+        while True:
+            assert self.run is not None
+            try:
+                summary, error = self.run.wait(on_progress=on_progress), None
+            except LaunchError as e:
+                summary, error = None, e
+            if summary is not None and not str(summary.get("state", "")).startswith("failed"):
+                return summary
+            why = str(summary["state"]) if summary is not None else str(error)
+            if not self._resume_after(why):
+                if error is not None:
+                    raise error
+                assert summary is not None
+                return summary
+
+    def _resume_after(self, why: str) -> bool:
+        """Resume the run that failed (`why`) when that is due (see the module's text); whether it was."""
+        if self.left <= 0:
+            return False
+        newest = newest_checkpoint(self.jobdir, since=self._since)
+        if newest is None or newest <= self._from:
+            self.say(
+                f"job {self.spec.name} failed and completed no checkpoint past v{self._from} in this run: "
+                "not resumed automatically (it would most likely fail the same way)"
+            )
+            return False
+        self.left -= 1
+        failure = why.splitlines()[0].partition(RESUME_HINT)[0]  # the controller's hint to resume: done here
+        self.say(
+            f"job {self.spec.name} {failure}; resuming it from checkpoint v{newest} "
+            f"(checkpoint.auto_resume: {self.left} more left)"
+        )
+        self.jobdir.event("auto_resume", after=why, version=newest, left=self.left)
+        assert self.run is not None
+        self.run.stop()  # what is left of the failed run (a LaunchError when some of it may still run: no resume)
+        self.start(resume=True)
+        return True
+
+    def stop(self) -> None:
+        """Stop every agent of the current run (the launcher's `finally`)."""
+        if self.run is not None:
+            self.run.stop()

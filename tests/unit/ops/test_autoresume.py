@@ -1,0 +1,127 @@
+"""When a launcher resumes its failed job by itself (`checkpoint.auto_resume`), with scripted runs in place of
+`JobRun`: a failed run that completed a newer checkpoint is resumed from it while resumes are left; one that
+completed none (a crash loop), a stopped or finished run, and a job without resumes are not. The end to end
+case (a trainer SIGKILLed, resumed, every prompt once) is
+`tests/integration/ops/test_ops_resume.py::test_a_failed_run_resumes_by_itself_with_auto_resume`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from rlctl.checkpoint.choose import ResumePoint
+from rlctl.config import load_job
+from rlctl.errors import LaunchError
+from rlctl.launch.jobdir import JobDir
+from rlctl.ops import autoresume
+from tests.conftest import ROOT
+
+
+class ScriptedRun:
+    """Stands in for JobRun: each run takes the next outcome of `script` — a summary state, or an exception — and
+    writes the `checkpoint` events the script gives it (as the controller does)."""
+
+    script: ClassVar[list[tuple[Any, list[int]]]] = []
+    started: ClassVar[list[bool]] = []  # each start's `resume`
+    stopped: ClassVar[int] = 0
+
+    def __init__(self, jobdir: JobDir, spec: Any, plan: Any, **_: Any) -> None:
+        self.jobdir = jobdir
+        self.resumed: ResumePoint | None = None
+
+    def start(self, *, resume: bool = False) -> None:
+        ScriptedRun.started.append(resume)
+        if resume:
+            done = [e["version"] for e in self.jobdir.read_lines(self.jobdir.events) if e["event"] == "checkpoint"]
+            self.resumed = ResumePoint(version=max(done, default=0), pointer="")
+
+    def wait(self, **_: Any) -> dict[str, Any]:
+        outcome, checkpoints = ScriptedRun.script.pop(0)
+        for v in checkpoints:
+            self.jobdir.event("checkpoint", version=v)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return {"state": outcome}
+
+    def stop(self) -> None:
+        ScriptedRun.stopped += 1
+
+
+@pytest.fixture
+def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(autoresume, "JobRun", ScriptedRun)
+    ScriptedRun.started, ScriptedRun.stopped = [], 0
+    said: list[str] = []
+
+    def make(script: list[tuple[Any, list[int]]], auto_resume: int) -> tuple[autoresume.Runs, list[str]]:
+        ScriptedRun.script = script
+        spec = load_job(ROOT / "jobs" / "demo.yaml").spec
+        spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"auto_resume": auto_resume})})
+        r = autoresume.Runs(JobDir.create("j", explicit=tmp_path / "job"), spec, {}, db=None, say=said.append)
+        r.start()
+        return r, said
+
+    return make
+
+
+FAILED = "failed: trainer-0 lost (connection reset)"
+
+
+def test_a_failed_run_past_a_new_checkpoint_is_resumed_from_it(runs):
+    r, said = runs([(FAILED, [10, 20]), ("done", [30])], auto_resume=2)
+    assert r.wait()["state"] == "done"
+    assert ScriptedRun.started == [False, True] and ScriptedRun.stopped == 1  # the failed run's leftovers stopped
+    assert said[0] == f"job demo {FAILED}; resuming it from checkpoint v20 (checkpoint.auto_resume: 1 more left)"
+    assert said[1] == "job demo: resumed from checkpoint v20"
+    auto = [e for e in r.jobdir.read_lines(r.jobdir.events) if e["event"] == "auto_resume"]
+    assert [(e["version"], e["left"], e["after"]) for e in auto] == [(20, 1, FAILED)]
+
+
+def test_a_run_that_completed_no_newer_checkpoint_is_not_resumed_again(runs):
+    r, said = runs([(FAILED, [10]), (FAILED, []), ("done", [])], auto_resume=5)
+    assert r.wait()["state"] == FAILED  # the second failure is the job's: resuming would loop
+    assert ScriptedRun.started == [False, True]
+    assert said[-1] == (
+        "job demo failed and completed no checkpoint past v10 in this run: not resumed automatically "
+        "(it would most likely fail the same way)"
+    )
+
+
+def test_resumes_stop_when_none_are_left(runs):
+    r, _ = runs([(FAILED, [5]), (FAILED, [10]), (FAILED, [15])], auto_resume=2)
+    assert r.wait()["state"] == FAILED
+    assert ScriptedRun.started == [False, True, True] and r.left == 0
+
+
+@pytest.mark.parametrize("state", ["stopped", "done"])
+def test_a_stopped_or_finished_job_is_not_resumed(runs, state):
+    r, said = runs([(state, [10])], auto_resume=3)
+    assert r.wait()["state"] == state and ScriptedRun.started == [False] and said == []
+
+
+def test_without_auto_resume_a_failure_is_the_jobs(runs):
+    r, said = runs([(FAILED, [10])], auto_resume=0)
+    assert r.wait()["state"] == FAILED and ScriptedRun.started == [False] and said == []
+
+
+def test_a_controller_gone_without_a_summary_is_resumed_and_otherwise_raised(runs):
+    gone = LaunchError("the controller exited with SIGKILL without a summary")
+    r, said = runs([(gone, [10]), ("done", [])], auto_resume=1)
+    assert r.wait()["state"] == "done" and ScriptedRun.started == [False, True]
+    assert said[0].startswith("job demo the controller exited with SIGKILL without a summary; resuming it from")
+    r, _ = runs([(gone, [])], auto_resume=1)
+    with pytest.raises(LaunchError, match="without a summary"):
+        r.wait()
+
+
+def test_checkpoints_of_earlier_runs_do_not_count(tmp_path):
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    jd.append(jd.events, {"t": time.time() - 100, "event": "checkpoint", "version": 40})
+    since = time.time() - 1
+    assert autoresume.newest_checkpoint(jd, since=since) is None
+    jd.event("checkpoint", version=30)
+    jd.event("resumed", version=30)
+    assert autoresume.newest_checkpoint(jd, since=since) == 30
