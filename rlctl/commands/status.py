@@ -150,7 +150,10 @@ def _table(s: dict[str, Any]) -> str:
 
 
 def _jobs_table(rows: list[dict[str, Any]]) -> str:
-    return grid([[r["id"], r["name"], r["state"], r["job_dir"]] for r in rows], ["id", "job", "state", "job dir"])
+    return grid(
+        [[r["id"], r["name"], r["state"], r["job_dir"], r["launcher"] or "-"] for r in rows],
+        ["id", "job", "state", "job dir", "launcher"],
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -176,7 +179,8 @@ def register(app: typer.Typer) -> None:
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Show a job's live state: stage times, δ and δ', throughput, weights, staleness, each agent's health."""
-        from rlctl.ops.jobdb import JobDB
+        from rlctl.ops.detach import launcher_state
+        from rlctl.ops.jobdb import LIVE, JobDB
         from rlctl.ops.jobref import resolve
         from rlctl.ops.operate import job_status
 
@@ -184,7 +188,13 @@ def register(app: typer.Typer) -> None:
             db = JobDB()
             try:
                 rows = [
-                    {"id": r.name, "name": r.spec.get("name"), "state": r.state, "job_dir": r.job_dir}
+                    {
+                        "id": r.name,
+                        "name": r.spec.get("name"),
+                        "state": r.state,
+                        "job_dir": r.job_dir,
+                        "launcher": launcher_state(r.info.get("launcher"), ended=r.state not in LIVE),
+                    }
                     for r in db.list()
                 ]
             finally:

@@ -24,6 +24,7 @@ from rlctl.launch.jobdir import HOME_ENV
 
 SCHEMA_VERSION = 1
 STATES = ("launching", "running", "finished", "failed", "stopped")
+LIVE = ("launching", "running")  # the states of a job whose end its launcher has not recorded
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (

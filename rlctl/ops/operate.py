@@ -24,7 +24,7 @@ from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import AgentHandle
 from rlctl.launch.stage import all_recorded_agents, fetch_record, record_view
 from rlctl.ops.detach import launcher_state
-from rlctl.ops.jobdb import JobDB
+from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.jobref import JobRef
 from rlctl.ops.run import connect_client
 from rlctl.rl.source import heldout_view
@@ -123,8 +123,7 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     out: dict[str, Any] = {"id": ref.id, "job_dir": str(jd.path)}
     if ref.row is not None:
         out["index_state"] = ref.row.state
-        ended = ref.row.state not in ("launching", "running")
-        out["launcher"] = launcher_state(ref.row.info.get("launcher"), ended=ended)
+        out["launcher"] = launcher_state(ref.row.info.get("launcher"), ended=ref.row.state not in LIVE)
     t0 = time.monotonic()
     live = _with_deadline({"controller": lambda: ask_controller(ref, "status", timeout_s=timeout_s)}, timeout_s + 1)
     how, value = live["controller"]

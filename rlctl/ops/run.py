@@ -65,7 +65,7 @@ from rlctl.launch.stage import (
 )
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.inputs import copy_inputs, resolve_inputs
-from rlctl.ops.jobdb import JobDB
+from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.transport import Connection, Message, make_transport
 
 log = logging.getLogger(__name__)
@@ -475,7 +475,7 @@ class JobRun:
             except LaunchError as e:  # the job's record stays on the controller's site
                 problems.append(f"cannot fetch the job's record from site {self.plan['controller_site']}: {e}")
         self.jobdir.event("agents_stopped", agents=[h.spec.name for h in handles], problems=problems)
-        if self.db is not None and self.db.get(self.id).state in ("launching", "running"):
+        if self.db is not None and self.db.get(self.id).state in LIVE:
             self._register("stopped")
         self.backends.close()
         if problems:

@@ -21,10 +21,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 LOCAL = str(REPO / "clusters" / "local.yaml")
 
 
-def index_state(job_id: str) -> str:
+def index_row(job_id: str) -> dict[str, str]:
     code, rows = rlctl_json("status", "--all")
     assert code == 0, rows
-    return next(r["state"] for r in rows if r["id"] == job_id)
+    return dict(next(r for r in rows if r["id"] == job_id))
+
+
+def index_state(job_id: str) -> str:
+    return index_row(job_id)["state"]
 
 
 def test_a_detached_launch_returns_while_its_job_runs_and_its_background_launcher_ends_it(tmp_path):
@@ -55,7 +59,9 @@ def test_a_detached_launch_returns_while_its_job_runs_and_its_background_launche
     assert not Path(f"/proc/{pid}").exists()
     summary = json.loads((job_dir / "summary.json").read_text())
     assert summary["state"] == "done" and len(metrics_rows(job_dir)) == 30
-    assert index_state(job_id) == "finished"  # the background launcher recorded the end
+    row = index_row(job_id)
+    assert row["state"] == "finished"  # the background launcher recorded the end
+    assert row["launcher"] == f"pid {pid} on {os.uname().nodename}, ended"
     code, st = rlctl_json("status", job_id)
     assert st["launcher"].endswith(f"pid {pid} on {os.uname().nodename}, ended"), st["launcher"]
     assert processes_mentioning(str(job_dir)) == []
