@@ -12,7 +12,21 @@ from typing import Annotated
 
 import typer
 
-from rlctl.commands import check, completion, launch, logs, plan, profile, pull, report, scale, status, stop, version
+from rlctl.commands import (
+    attach,
+    check,
+    completion,
+    launch,
+    logs,
+    plan,
+    profile,
+    pull,
+    report,
+    scale,
+    status,
+    stop,
+    version,
+)
 from rlctl.errors import JobProblems, RlctlError
 from rlctl.launch import hostkeys
 
@@ -51,7 +65,7 @@ def _root(
     logging.getLogger("paramiko").setLevel(level if level < logging.WARNING else logging.CRITICAL)
 
 
-for module in (version, check, completion, profile, plan, launch, status, scale, stop, logs, pull, report):
+for module in (version, check, completion, profile, plan, launch, attach, status, scale, stop, logs, pull, report):
     module.register(app)
 
 

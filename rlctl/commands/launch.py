@@ -49,7 +49,7 @@ def progress_line(st: dict[str, Any]) -> str:
     )
 
 
-def _table(s: dict[str, Any]) -> str:
+def summary_table(s: dict[str, Any]) -> str:
     from rlctl.ops.evaluation import heldout_line
 
     led = s["ledger"]
@@ -101,7 +101,7 @@ def partials_line(led: dict[str, Any]) -> str:
     return line
 
 
-class _Progress:
+class Progress:
     """A live line on a TTY, one plain line per new iteration otherwise (stderr either way)."""
 
     def __init__(self) -> None:
@@ -290,11 +290,11 @@ def register(app: typer.Typer) -> None:
         if detach_:  # the same launch in the background, into the directory chosen here
             over = ["--iterations", str(iterations)] if iterations is not None else []
             over += ["--mode", mode.value] if mode is not None else []
-            _detached(["launch", str(job_file.absolute()), "--job-dir", str(path), *over], path, output)
+            run_detached(["launch", str(job_file.absolute()), "--job-dir", str(path), *over], path, output)
             return
         jd = launch_dir(job, spec, path)
         detach.survive_hangup(detach.log_path(jd.path))
-        progress = _Progress()
+        progress = Progress()
         db = JobDB()
         runs = Runs(jd, spec, plan, db=db, say=progress.say, show=progress.show)
         # SIGTERM (and SIGINT, as KeyboardInterrupt) unwind through `finally`: every agent is stopped
@@ -316,7 +316,7 @@ def register(app: typer.Typer) -> None:
             runs.stop()
             db.close()
         summary = add_heldout(jd, spec, summary, say=progress.say)
-        emit(summary, output, _table)
+        emit(summary, output, summary_table)
         if summary["state"] != "done":
             raise RlctlError(f"job {spec.name} did not finish: {summary['state']}", hint=f"see {jd.path}/logs")
 
@@ -351,7 +351,7 @@ def _flags() -> list[str]:
     return ["--debug"] if level <= logging.DEBUG else ["-v"] if level <= logging.INFO else []
 
 
-def _detached(args: list[str], job_dir: Path, output: OutputFormat) -> None:
+def run_detached(args: list[str], job_dir: Path, output: OutputFormat) -> None:
     """`rlctl ARGS` as a launcher in the background (`detach.spawn`); its lines shown here until the job runs."""
     child = detach.spawn([*_flags(), *args], detach.log_path(job_dir))
 
@@ -386,12 +386,12 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
     jd = ref_.jobdir
     if detached:
         db.close()
-        _detached(["launch", "--resume", str(jd.path)], jd.path, output)
+        run_detached(["launch", "--resume", str(jd.path)], jd.path, output)
         return
     detach.survive_hangup(detach.log_path(jd.path))
     spec = jd.read_job()
     plan = jd.read_json(jd.plan_json)
-    progress = _Progress()
+    progress = Progress()
     runs = Runs(jd, spec, plan, db=db, say=progress.say, show=progress.show)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
@@ -403,7 +403,7 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
         runs.stop()
         db.close()
     summary = add_heldout(jd, spec, summary, say=progress.say)
-    emit(summary, output, _table)
+    emit(summary, output, summary_table)
     if summary["state"] != "done":
         assert runs.run is not None  # it started: a summary came from it
         raise RlctlError(

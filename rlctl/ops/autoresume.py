@@ -71,6 +71,17 @@ class Runs:
             self.say(f"job {self.spec.name}: resumed from {start}{skipped}")
         return run
 
+    def attach(self) -> JobRun:
+        """Watch the job's current run, started by a launcher that is gone (`JobRun.attach`); its start and the
+        checkpoint it started from are read from the job's events."""
+        run = self.run = JobRun(self.jobdir, self.spec, self.plan, db=self.db, say=self.say, show=self.show)
+        run.attach()
+        events = self.jobdir.read_lines(self.jobdir.events)
+        resumed = [e for e in events if e.get("event") == "resumed"]
+        self._since = float(resumed[-1]["t"]) if resumed else float(events[0]["t"]) if events else 0.0
+        self._from = int(resumed[-1]["version"]) if resumed else 0
+        return run
+
     def wait(self, *, on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Until the job ends for good: done, stopped, or failed with no resume due; the last run's summary (or
         its LaunchError, when its controller exited without one)."""

@@ -59,6 +59,7 @@ from rlctl.launch.stage import (
     all_recorded_agents,
     controller_view,
     fetch_record,
+    record_view,
     root_for,
     stage_all,
     staging_plan,
@@ -144,6 +145,7 @@ class JobRun:
         self.backends = Backends(self.sites, job=jobdir.path.name, job_dir=jobdir.path)
         self.db = db
         self.handles: list[AgentHandle] = []
+        self._starting = True  # `wait` watches the trainer ranks until the trainer joins (not after `attach`)
         self.controller: AgentHandle | None = None
         self.staged: dict[str, Any] = {}
         self._record: tuple[Site, str, str] | None = None  # the controller's site, host view, site job dir
@@ -270,6 +272,28 @@ class JobRun:
             self.db.update(self.id, state="running", controller=address)
         for a, env in agents[1:]:
             self._start(a, env, controller=address)
+
+    def attach(self) -> None:
+        """Watch a job whose launcher is gone (`rlctl attach`): its controller and agents as the job dir records
+        them, its record where the controller keeps it; then `wait` as if this process had started them."""
+        handles = all_recorded_agents(self.jobdir.path)
+        if not any(h.spec.role == "controller" for h in handles):
+            raise LaunchError(f"{self.jobdir.path}: no controller recorded in {AGENTS_FILE}: the job never started")
+        last = max(i for i, h in enumerate(handles) if h.spec.role == "controller")  # the latest run's start
+        self.controller, self.handles = handles[last], handles[last:]
+        self._starting = False  # its trainer's start-up was the gone launcher's to watch
+        started = [
+            float(e["t"])
+            for e in self.jobdir.read_lines(self.jobdir.events)
+            if e.get("event") == "agent_started" and e.get("agent") == self.controller.spec.name
+        ]
+        if started:  # the run's wall time counts from its start, not from this attach
+            self.t_start = time.monotonic() - max(0.0, time.time() - started[-1])
+        view = record_view(self.jobdir.path)
+        if view is not None and (is_remote(view[0]) or Path(view[2]) != self.jobdir.path):
+            self._record = view
+        if self.db is not None:
+            self.db.update(self.id, info={"launcher": this_launcher()})
 
     def _empty(self) -> Path:
         p = self.jobdir.path / ".empty"
@@ -405,7 +429,7 @@ class JobRun:
         ends the wait with a LaunchError naming it and its log's last lines: the controller would wait for it. A
         site this machine cannot reach for a while does not end it: the job runs on there (`_watch`)."""
         assert self.controller is not None
-        trainers = [h for h in self.handles if h.spec.role == "trainer"]
+        trainers = [h for h in self.handles if h.spec.role == "trainer" and self._starting]
         next_check = time.monotonic() + TRAINER_POLL_S
         while (code := self._watch(self.controller)) is None:
             watching = bool(trainers) and time.monotonic() >= next_check

@@ -12,12 +12,15 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rlctl.commands.attach import refuse_attach
 from rlctl.commands.logs import agent_name
 from rlctl.errors import UsageError
 from rlctl.ops import detach
+from rlctl.ops.jobdb import JobRow
 
 CHILD = """
 import json, os, sys, time
@@ -155,3 +158,31 @@ def test_logs_names_the_launchers_log(text, name):
 def test_a_near_miss_of_launcher_is_named():
     with pytest.raises(UsageError, match=r"one of controller, trainer, rollout, launcher .*did you mean 'launcher'"):
         agent_name("launch")
+
+
+def row(state: str, launcher: Any) -> JobRow:
+    return JobRow("j1", "/x", state, None, {}, {"launcher": launcher} if launcher is not None else {}, 0.0, 0.0)
+
+
+def test_attach_is_refused_while_a_launcher_watches_and_for_an_ended_job():
+    here = socket.gethostname()
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "rlctl-launch"])
+    try:
+        wait_until(lambda: b"rlctl-launch" in Path(f"/proc/{p.pid}/cmdline").read_bytes())
+        with pytest.raises(UsageError, match=rf"job j1 has a launcher \(pid {p.pid} on {here}\)") as e:
+            refuse_attach("j1", row("running", {"pid": p.pid, "host": here}), force=True)
+        assert e.value.hint == "`rlctl logs j1 launcher -f` follows it"
+    finally:
+        p.kill()
+        p.wait()
+    refuse_attach("j1", row("running", {"pid": p.pid, "host": here}), force=False)  # gone: attach
+    refuse_attach("j1", row("launching", None), force=False)  # an index row of an older rlctl: no launcher recorded
+    elsewhere = row("running", {"pid": 1, "host": here + "-elsewhere"})
+    with pytest.raises(UsageError, match="on a machine this one cannot check") as e:
+        refuse_attach("j1", elsewhere, force=False)
+    assert e.value.hint == "if it is gone, `rlctl attach j1 --force`"
+    refuse_attach("j1", elsewhere, force=True)
+    with pytest.raises(UsageError, match=r"job j1 ended \(failed\): nothing to watch"):
+        refuse_attach("j1", row("failed", None), force=True)
+    with pytest.raises(UsageError, match="not in this machine's job index"):
+        refuse_attach("/runs/j1", None, force=True)

@@ -1,0 +1,105 @@
+"""`rlctl attach JOB [-d]`: become the launcher of a running job whose launcher is gone.
+
+A launcher that dies (its machine rebooted, the process killed) leaves its job running with nobody to record its
+end, run the held-out evaluation or resume it (`checkpoint.auto_resume`). `attach` takes over from the job dir's
+record: it watches the latest run's controller to its end and does what the launch would have done, with the same
+progress lines and summary; Ctrl-C stops the job, as in `launch`. Refused while the recorded launcher runs (two
+launchers would both resume a failed run), and for a job that ended.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Annotated
+
+import typer
+
+from rlctl.commands.launch import Progress, run_detached, started, summary_table
+from rlctl.commands.status import JobArg
+from rlctl.errors import RlctlError, UsageError
+from rlctl.ops import detach
+from rlctl.ops.jobdb import LIVE, JobRow
+from rlctl.render import OutputFormat, OutputOpt, emit
+
+
+def refuse_attach(job_id: str, row: JobRow | None, *, force: bool) -> None:
+    """UsageError, one line, unless the job runs (in this machine's index) with no launcher left to watch it."""
+    if row is None:
+        raise UsageError(f"{job_id}: not in this machine's job index (attach takes over jobs launched from it)")
+    if row.state not in LIVE:
+        raise UsageError(
+            f"job {job_id} ended ({row.state}): nothing to watch",
+            hint=f"`rlctl status {job_id}`; continue a failed or stopped one with `rlctl launch --resume {job_id}`",
+        )
+    info = row.info.get("launcher")
+    running = detach.launcher_running(info)
+    if running is False or info is None or (running is None and force):
+        return
+    where = f"pid {info.get('pid')} on {info.get('host')}" if isinstance(info, dict) else repr(info)
+    if running:
+        raise UsageError(f"job {job_id} has a launcher ({where})", hint=f"`rlctl logs {job_id} launcher -f` follows it")
+    raise UsageError(
+        f"job {job_id} has a launcher ({where}) on a machine this one cannot check",
+        hint=f"if it is gone, `rlctl attach {job_id} --force`",
+    )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def attach(
+        job: JobArg = None,
+        detach_: Annotated[
+            bool,
+            typer.Option(
+                "--detach",
+                "-d",
+                help="in the background: return once attached (JOB_DIR/logs/launcher.log; `rlctl status -w JOB`)",
+            ),
+        ] = False,
+        force: Annotated[
+            bool,
+            typer.Option(
+                "--force", help="attach although the recorded launcher runs on another machine (it must be gone)"
+            ),
+        ] = False,
+        output: OutputOpt = OutputFormat.table,
+    ) -> None:
+        """Watch a running job whose launcher is gone, to its end: record it, evaluate it, resume it if it fails
+        (`checkpoint.auto_resume`), as its launcher would have."""
+        from rlctl.ops.autoresume import Runs
+        from rlctl.ops.evaluation import add_heldout
+        from rlctl.ops.jobdb import JobDB
+        from rlctl.ops.jobref import resolve
+
+        db = JobDB()
+        try:
+            ref = resolve(job, db=db)
+            refuse_attach(ref.id, ref.row, force=force)
+        except BaseException:
+            db.close()
+            raise
+        jd = ref.jobdir
+        if detach_:
+            db.close()
+            run_detached(["attach", str(jd.path), *(["--force"] if force else [])], jd.path, output)
+            return
+        detach.survive_hangup(detach.log_path(jd.path))
+        spec = jd.read_job()
+        plan = jd.read_json(jd.plan_json)
+        progress = Progress()
+        runs = Runs(jd, spec, plan, db=db, say=progress.say, show=progress.show)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            run = runs.attach()
+            progress.say(f"job {spec.name}: attached to {run.controller.spec.name if run.controller else '?'}")
+            detach.say_started(started(run))
+            summary = runs.wait(on_progress=progress)
+        finally:
+            progress.close()
+            runs.stop()
+            db.close()
+        summary = add_heldout(jd, spec, summary, say=progress.say)
+        emit(summary, output, summary_table)
+        if summary["state"] != "done":
+            raise RlctlError(f"job {spec.name} did not finish: {summary['state']}", hint=f"see {jd.path}/logs")
