@@ -12,7 +12,8 @@ iterations since the last checkpoint, not the night:
 
 A run that completed no newer checkpoint is not resumed: it would start where it started and, most likely, fail the
 same way (a reward that raises, a trainer that cannot load): a crash loop that spends the cluster. A user's stop
-(`rlctl stop`: state stopped) and the launcher's own end (Ctrl-C, SIGTERM) are never resumed.
+(`rlctl stop`: state stopped; or its controller killed after the grace, without a summary: `rlctl stop` writes a
+`stop_requested` event first) and the launcher's own end (Ctrl-C, SIGTERM) are never resumed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.jobdb import JobDB
+from rlctl.ops.operate import STOP_REQUESTED
 from rlctl.ops.run import JobRun
 
 RESUME_HINT = "; continue the job with "  # how the controller's reason for a failure ends (`ControllerAgent._lose`)
@@ -33,9 +35,18 @@ RESUME_HINT = "; continue the job with "  # how the controller's reason for a fa
 def newest_checkpoint(jobdir: JobDir, *, since: float) -> int | None:
     """The newest checkpoint the controller completed at or after `since` (time.time()), from the job's events
     (a `checkpoint` event is written once both parts of it are complete); None when it completed none."""
-    events = jobdir.read_lines(jobdir.events)
-    done = [int(e["version"]) for e in events if e.get("event") == "checkpoint" and float(e.get("t", 0)) >= since]
+    done = [int(e["version"]) for e in _events(jobdir, since) if e.get("event") == "checkpoint"]
     return max(done) if done else None
+
+
+def stop_requested(jobdir: JobDir, *, since: float) -> bool:
+    """Whether `rlctl stop` was asked for the job since `since`: its controller may end without a summary then
+    (killed after the grace), which is no failure to resume."""
+    return any(e.get("event") == STOP_REQUESTED for e in _events(jobdir, since))
+
+
+def _events(jobdir: JobDir, since: float) -> list[dict[str, Any]]:
+    return [e for e in jobdir.read_lines(jobdir.events) if float(e.get("t", 0)) >= since]
 
 
 class Runs:
@@ -103,6 +114,8 @@ class Runs:
     def _resume_after(self, why: str) -> bool:
         """Resume the run that failed (`why`) when that is due (see the module's text); whether it was."""
         if self.left <= 0:
+            return False
+        if stop_requested(self.jobdir, since=self._since):
             return False
         newest = newest_checkpoint(self.jobdir, since=self._since)
         if newest is None or newest <= self._from:

@@ -31,6 +31,7 @@ from rlctl.rl.source import heldout_view
 from rlctl.transport import Message
 
 log = logging.getLogger(__name__)
+STOP_REQUESTED = "stop_requested"  # the event `rlctl stop` writes first
 
 STATUS_DEADLINE_S = 5.0
 
@@ -194,6 +195,7 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
     """Graceful (controller), then forced (every recorded agent on its site); verifies none is left."""
     jd = ref.jobdir
     out: dict[str, Any] = {"id": ref.id}
+    jd.event(STOP_REQUESTED)  # before the controller can end: its launcher must not resume it (`autoresume`)
     try:
         ask_controller(ref, "shutdown", timeout_s=min(grace_s, 10.0))
         out["graceful"] = "requested"

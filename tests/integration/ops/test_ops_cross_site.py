@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -387,3 +388,34 @@ def test_the_launcher_rides_out_an_ssh_outage_to_the_controllers_site(services, 
     assert summary["ledger"]["lost"] == 0 and summary["ledger"]["duplicated"] == 0, summary["ledger"]
     assert "cannot reach site gen to watch controller-0" in err, err[-3000:]
     assert json.loads((job_dir / "summary.json").read_text())["ledger"] == summary["ledger"]  # fetched after it
+
+
+def test_a_job_whose_controller_runs_on_the_ssh_site_is_attached_after_its_launcher_died(services, tmp_path):
+    """`rlctl attach` takes over a job whose launcher was SIGKILLed: with the controller on the SSH site it polls
+    the controller there and fetches the job's record from there at the end, as the launch would have."""
+    workdir = site_workdir()
+    inv = cross_site_inventory(services, tmp_path / "sites.yaml", Path(workdir))
+    placement = {
+        "trainer": {"site": "train", "gpus": 1},
+        "rollout": [{"site": "gen", "gpus": 1}],
+        "controller_site": "gen",
+    }
+    job = job_yaml(tmp_path / "orphan.yaml", inventory=[str(inv)], trainer="train", rollout="gen", iterations=20,
+                   placement=placement)  # fmt: skip
+    job_dir = tmp_path / "run"
+    code, started = rlctl_json("launch", str(job), "--job-dir", str(job_dir), "--detach", timeout_s=300)
+    assert code == 0, started
+    os.kill(started["launcher_pid"], signal.SIGKILL)
+    proc = rlctl("attach", str(job_dir), "-o", "json", timeout_s=360)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["state"] == "done" and summary["iterations"] == 20, summary
+    assert summary["ledger"]["lost"] == 0 and summary["ledger"]["duplicated"] == 0, summary["ledger"]
+    assert "job orphan: attached to controller-0" in proc.stderr, proc.stderr[-3000:]
+    site_dir = f"{workdir}/jobs/run"
+    there = on_site(services, f"cat {site_dir}/summary.json")  # written on the site, fetched by the attached launcher
+    assert there.returncode == 0 and json.loads(there.stdout)["ledger"] == summary["ledger"], there.stderr
+    log_there = on_site(services, f"cat {site_dir}/samples.jsonl")
+    assert log_there.returncode == 0 and log_there.stdout == (job_dir / "samples.jsonl").read_text()
+    code, rows = rlctl_json("status", "--all")
+    assert next(r["state"] for r in rows if r["id"] == job_dir.name) == "finished", rows

@@ -17,6 +17,7 @@ from rlctl.config import load_job
 from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import autoresume
+from rlctl.ops.operate import STOP_REQUESTED
 from tests.conftest import ROOT
 
 
@@ -115,6 +116,16 @@ def test_a_controller_gone_without_a_summary_is_resumed_and_otherwise_raised(run
     r, _ = runs([(gone, [])], auto_resume=1)
     with pytest.raises(LaunchError, match="without a summary"):
         r.wait()
+
+
+def test_a_controller_killed_by_rlctl_stop_is_not_resumed(runs):
+    """`rlctl stop` kills a controller that did not end within its grace: no summary, and no failure to resume."""
+    gone = LaunchError("the controller exited with SIGKILL without a summary")
+    r, said = runs([(gone, [10])], auto_resume=1)
+    r.jobdir.event(STOP_REQUESTED)
+    with pytest.raises(LaunchError, match="without a summary"):
+        r.wait()
+    assert ScriptedRun.started == [False] and said == []
 
 
 def test_checkpoints_of_earlier_runs_do_not_count(tmp_path):
