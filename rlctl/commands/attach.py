@@ -9,18 +9,21 @@ launchers would both resume a failed run), and for a job that ended.
 
 from __future__ import annotations
 
-import signal
-import sys
-from typing import Annotated
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlctl.commands.launch import Progress, run_detached, started, summary_table
+from rlctl.commands.launch import be_launcher, run_detached
 from rlctl.commands.status import JobArg
-from rlctl.errors import RlctlError, UsageError
+from rlctl.errors import UsageError
 from rlctl.ops import detach
 from rlctl.ops.jobdb import LIVE, JobRow
-from rlctl.render import OutputFormat, OutputOpt, emit
+from rlctl.render import OutputFormat, OutputOpt
+
+if TYPE_CHECKING:
+    from rlctl.ops.autoresume import Runs
+    from rlctl.ops.run import JobRun
 
 
 def refuse_attach(job_id: str, row: JobRow | None, *, force: bool) -> None:
@@ -67,8 +70,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Watch a running job whose launcher is gone, to its end: record it, evaluate it, resume it if it fails
         (`checkpoint.auto_resume`), as its launcher would have."""
-        from rlctl.ops.autoresume import Runs
-        from rlctl.ops.evaluation import add_heldout
         from rlctl.ops.jobdb import JobDB
         from rlctl.ops.jobref import resolve
 
@@ -84,22 +85,11 @@ def register(app: typer.Typer) -> None:
             db.close()
             run_detached(["attach", str(jd.path), *(["--force"] if force else [])], jd.path, output)
             return
-        detach.survive_hangup(detach.log_path(jd.path))
         spec = jd.read_job()
-        plan = jd.read_json(jd.plan_json)
-        progress = Progress()
-        runs = Runs(jd, spec, plan, db=db, say=progress.say, show=progress.show)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        try:
+
+        def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
             run = runs.attach()
-            progress.say(f"job {spec.name}: attached to {run.controller.spec.name if run.controller else '?'}")
-            detach.say_started(started(run))
-            summary = runs.wait(on_progress=progress)
-        finally:
-            progress.close()
-            runs.stop()
-            db.close()
-        summary = add_heldout(jd, spec, summary, say=progress.say)
-        emit(summary, output, summary_table)
-        if summary["state"] != "done":
-            raise RlctlError(f"job {spec.name} did not finish: {summary['state']}", hint=f"see {jd.path}/logs")
+            say(f"job {spec.name}: attached to {run.controller.spec.name if run.controller else '?'}")
+            return run
+
+        be_launcher(jd, spec, jd.read_json(jd.plan_json), db, begin, output)

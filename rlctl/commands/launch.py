@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -24,6 +25,10 @@ from rlctl.render import OutputFormat, OutputOpt, emit, grid
 from rlctl.textutil import duration
 
 if TYPE_CHECKING:  # the runtime's modules load when a command runs (`rlctl --help` starts in a fraction of a second)
+    from rlctl.config.job import JobFile
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.ops.autoresume import Runs
+    from rlctl.ops.jobdb import JobDB
     from rlctl.ops.preflight import Problem
     from rlctl.ops.run import JobRun
 
@@ -248,9 +253,7 @@ def register(app: typer.Typer) -> None:
         (local processes, SLURM jobs, SSH hosts). `--resume JOB` continues a stopped or failed one."""
         from rlctl.config import load_job
         from rlctl.launch.jobdir import JobDir
-        from rlctl.ops.autoresume import Runs
         from rlctl.ops.counts import plan_counts, resolve_job
-        from rlctl.ops.evaluation import add_heldout
         from rlctl.ops.jobdb import JobDB
         from rlctl.ops.preflight import preflight, problems
         from rlctl.ops.run import JobRun, fresh_dir, launch_dir, prepare
@@ -293,32 +296,57 @@ def register(app: typer.Typer) -> None:
             run_detached(["launch", str(job_file.absolute()), "--job-dir", str(path), *over], path, output)
             return
         jd = launch_dir(job, spec, path)
-        detach.survive_hangup(detach.log_path(jd.path))
-        progress = Progress()
-        db = JobDB()
-        runs = Runs(jd, spec, plan, db=db, say=progress.say, show=progress.show)
-        # SIGTERM (and SIGINT, as KeyboardInterrupt) unwind through `finally`: every agent is stopped
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        try:
+
+        def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
             units = sum(g["units"] for g in plan["rollout"])
-            progress.say(
+            say(
                 f"job {spec.name}: {spec.pipeline.mode} (η={spec.pipeline.eta}), {spec.iterations} iterations, "
                 f"{plan['trainer']['ranks']} trainer rank(s), {units} rollout unit(s) ({plan['source']}); "
                 f"dir {jd.path}"
             )
             if spec.warmup.sft_steps:
-                progress.say(f"SFT warm-up: {spec.warmup.sft_steps} steps (cached after the first run)")
+                say(f"SFT warm-up: {spec.warmup.sft_steps} steps (cached after the first run)")
             prepare(jd, spec, plan, source=str(job_file), job=job)
-            detach.say_started(started(runs.start()))
-            summary = runs.wait(on_progress=progress)
-        finally:
-            progress.close()
-            runs.stop()
-            db.close()
-        summary = add_heldout(jd, spec, summary, say=progress.say)
-        emit(summary, output, summary_table)
-        if summary["state"] != "done":
-            raise RlctlError(f"job {spec.name} did not finish: {summary['state']}", hint=f"see {jd.path}/logs")
+            return runs.start()
+
+        be_launcher(jd, spec, plan, JobDB(), begin, output)
+
+
+def be_launcher(
+    jd: JobDir,
+    spec: JobFile,
+    plan: dict[str, Any],
+    db: JobDB,
+    begin: Callable[[Runs, Callable[[str], None]], JobRun],
+    output: OutputFormat,
+) -> None:
+    """This process as the job's launcher (launch, `--resume`, attach): `begin` starts (or takes over) a run; it
+    watches the job to its end (resuming it as `checkpoint.auto_resume` says), evaluates it and prints the summary.
+    SIGTERM and Ctrl-C stop every agent; a SIGHUP moves its output to the job's log (`rlctl.ops.detach`); a
+    launcher started by `--detach` is told the run started."""
+    from rlctl.ops.autoresume import Runs
+    from rlctl.ops.evaluation import add_heldout
+
+    detach.survive_hangup(detach.log_path(jd.path))
+    progress = Progress()
+    runs = Runs(jd, spec, plan, db=db, say=progress.say, show=progress.show)
+    # SIGTERM (and SIGINT, as KeyboardInterrupt) unwind through `finally`: every agent is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        detach.say_started(started(begin(runs, progress.say)))
+        summary = runs.wait(on_progress=progress)
+    finally:
+        progress.close()
+        runs.stop()
+        db.close()
+    summary = add_heldout(jd, spec, summary, say=progress.say)
+    emit(summary, output, summary_table)
+    if summary["state"] != "done":
+        assert runs.run is not None  # it ran: the summary came from it
+        raise RlctlError(
+            f"job {spec.name} did not finish: {summary['state']}",
+            hint=f"see {jd.path}/logs; continue it with `{runs.run.resume_command()}`",
+        )
 
 
 def started(run: JobRun) -> dict[str, Any]:
@@ -375,8 +403,6 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
     """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest
     complete checkpoint (every trainer rank the shard of its (tp, pp) position: a checkpoint written at
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue."""
-    from rlctl.ops.autoresume import Runs
-    from rlctl.ops.evaluation import add_heldout
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import resolve
     from rlctl.ops.run import refuse_if_running
@@ -388,25 +414,10 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
         db.close()
         run_detached(["launch", "--resume", str(jd.path)], jd.path, output)
         return
-    detach.survive_hangup(detach.log_path(jd.path))
     spec = jd.read_job()
-    plan = jd.read_json(jd.plan_json)
-    progress = Progress()
-    runs = Runs(jd, spec, plan, db=db, say=progress.say, show=progress.show)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
+
+    def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
         refuse_if_running(jd)
-        detach.say_started(started(runs.start(resume=True)))
-        summary = runs.wait(on_progress=progress)
-    finally:
-        progress.close()
-        runs.stop()
-        db.close()
-    summary = add_heldout(jd, spec, summary, say=progress.say)
-    emit(summary, output, summary_table)
-    if summary["state"] != "done":
-        assert runs.run is not None  # it started: a summary came from it
-        raise RlctlError(
-            f"job {spec.name} did not finish: {summary['state']}",
-            hint=f"see {jd.path}/logs; continue it with `{runs.run.resume_command()}`",
-        )
+        return runs.start(resume=True)
+
+    be_launcher(jd, spec, jd.read_json(jd.plan_json), db, begin, output)
