@@ -22,6 +22,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 LOCAL = str(REPO / "clusters" / "local.yaml")
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs: a detached launcher's parent has exited, so when it ends it may stay a zombie
+    until this machine's init reaps it (in a container whose init does not: for good)."""
+    try:
+        return (Path(f"/proc/{pid}") / "stat").read_text().rsplit(") ", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def index_row(job_id: str) -> dict[str, str]:
     code, rows = rlctl_json("status", "--all")
     assert code == 0, rows
@@ -33,7 +42,7 @@ def index_state(job_id: str) -> str:
 
 
 def test_a_detached_launch_returns_while_its_job_runs_and_its_background_launcher_ends_it(tmp_path):
-    job = job_yaml(tmp_path / "detached.yaml", inventory=[LOCAL], trainer="local", rollout="local", iterations=30)
+    job = job_yaml(tmp_path / "detached.yaml", inventory=[LOCAL], trainer="local", rollout="local", iterations=20)
     job_dir = tmp_path / "run"
     code, started = rlctl_json("launch", str(job), "--job-dir", str(job_dir), "--detach", timeout_s=180)
     assert code == 0, started
@@ -57,9 +66,9 @@ def test_a_detached_launch_returns_while_its_job_runs_and_its_background_launche
     follow = rlctl("logs", job_id, "launcher", "-f", "-n", "1000", timeout_s=300)
     assert follow.returncode == 0, follow.stderr
     assert "ledger" in follow.stdout and "lost 0 duplicated 0" in follow.stdout, follow.stdout[-2000:]
-    assert not Path(f"/proc/{pid}").exists()
+    assert not alive(pid)
     summary = json.loads((job_dir / "summary.json").read_text())
-    assert summary["state"] == "done" and len(metrics_rows(job_dir)) == 30
+    assert summary["state"] == "done" and len(metrics_rows(job_dir)) == 20
     row = index_row(job_id)
     assert row["state"] == "finished"  # the background launcher recorded the end
     assert row["launcher"] == f"pid {pid} on {os.uname().nodename}, ended"
@@ -69,7 +78,7 @@ def test_a_detached_launch_returns_while_its_job_runs_and_its_background_launche
 
 
 def test_a_launcher_whose_terminal_goes_away_keeps_watching_its_job(tmp_path):
-    job = job_yaml(tmp_path / "hangup.yaml", inventory=[LOCAL], trainer="local", rollout="local", iterations=30)
+    job = job_yaml(tmp_path / "hangup.yaml", inventory=[LOCAL], trainer="local", rollout="local", iterations=20)
     job_dir = tmp_path / "run"
     pid, terminal = pty.fork()
     if pid == 0:  # the launcher, attached to a pseudo-terminal as in an operator's SSH session
@@ -101,19 +110,19 @@ def test_a_launcher_whose_terminal_goes_away_keeps_watching_its_job(tmp_path):
     assert "\x1b[" not in log  # plain lines from then on, not the terminal's live frames
     assert "lost 0 duplicated 0" in log, log[-2000:]
     summary = json.loads((job_dir / "summary.json").read_text())
-    assert summary["state"] == "done" and len(metrics_rows(job_dir)) == 30
+    assert summary["state"] == "done" and len(metrics_rows(job_dir)) == 20
     assert index_state(job_dir.name) == "finished"
     assert processes_mentioning(str(job_dir)) == []
 
 
 def test_a_job_whose_launcher_died_is_attached_and_watched_to_its_end(tmp_path):
-    job = job_yaml(tmp_path / "orphan.yaml", inventory=[LOCAL], trainer="local", rollout="local", iterations=40)
+    job = job_yaml(tmp_path / "orphan.yaml", inventory=[LOCAL], trainer="local", rollout="local", iterations=30)
     job_dir = tmp_path / "run"
     code, started = rlctl_json("launch", str(job), "--job-dir", str(job_dir), "--detach", timeout_s=180)
     assert code == 0, started
     job_id, first = started["id"], started["launcher_pid"]
     os.kill(first, signal.SIGKILL)  # its machine rebooted, say: the job runs on, nobody watches it
-    wait_for("the launcher to be gone", lambda: not Path(f"/proc/{first}").exists(), 30)
+    wait_for("the launcher to be gone", lambda: not alive(first), 30)
     code, st = rlctl_json("status", job_id)
     if st.get("source") == "controller":  # unless the job ended already on a fast machine
         assert st["launcher"].endswith(
@@ -132,7 +141,7 @@ def test_a_job_whose_launcher_died_is_attached_and_watched_to_its_end(tmp_path):
     assert "job orphan: attached to controller-0" in follow.stdout, follow.stdout[-2000:]  # both launchers' lines
     assert "lost 0 duplicated 0" in follow.stdout, follow.stdout[-2000:]
     summary = json.loads((job_dir / "summary.json").read_text())
-    assert summary["state"] == "done" and len(metrics_rows(job_dir)) == 40
+    assert summary["state"] == "done" and len(metrics_rows(job_dir)) == 30
     row = index_row(job_id)
     assert row["state"] == "finished" and row["launcher"] == f"pid {second} on {os.uname().nodename}, ended"
     ended = rlctl("attach", job_id)
