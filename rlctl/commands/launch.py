@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -351,8 +352,6 @@ def be_launcher(
 
 def started(run: JobRun) -> dict[str, Any]:
     """What `launch --detach` reports once the job runs (`run`: its JobRun, started)."""
-    import os
-
     return {
         "id": run.id,
         "state": "running",

@@ -15,6 +15,9 @@ on an inherited pipe), then returns.
 An attached launcher whose terminal goes away (SIGHUP: the operator's SSH session dropped) goes on the same way:
 its output moves to `logs/launcher.log` and it keeps watching. Without that, SIGHUP ended it and left the job
 running unwatched (its index entry "running" after the job ended, no held-out figures).
+
+The job index records each job's launcher (`this_launcher`: pid, host); `launcher_running` says whether it still
+runs, for `rlctl status`, `rlctl logs JOB launcher -f` and `rlctl attach` (which takes over from one that is gone).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class Detached:
                     got += chunk
                     if not got.endswith(b"\n"):
                         continue
+                    self._copy(offset, write)  # what it wrote just before
                     return dict(json.loads(got))
                 self.proc.wait()  # EOF before the line: the launcher ended (or closed the pipe as it ended)
                 self._copy(offset, write)
