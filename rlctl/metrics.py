@@ -110,6 +110,13 @@ class JobMetrics:
             ["role", "name", "site"],
             registry=r,
         )
+        self.agent_phase_seconds = Gauge(
+            "rlctl_agent_phase_seconds",
+            "How long the agent's current busy phase (train, optimizer step, publish, engine step, weight load) had "
+            "run at its last heartbeat; 0 while it waits for work. Past the job's hang_timeout_s the agent ends itself",
+            ["role", "name", "site"],
+            registry=r,
+        )
         self.rollout_units = Gauge("rlctl_rollout_units", "Rollout DP units in dispatch", ["site"], registry=r)
         self.scale_events = Counter(
             "rlctl_scale_events", "Rollout units added or removed", ["direction", "reason"], registry=r

@@ -59,6 +59,7 @@ from rlctl.agents.messages import (
 from rlctl.agents.samplelog import SampleLog
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
+from rlctl.agents.watchdog import HUNG
 from rlctl.agents.weightbook import WeightBook
 from rlctl.checkpoint.choose import resume_version
 from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, save_controller
@@ -787,6 +788,8 @@ class ControllerAgent:
         replacement is started on its site; a lost trainer ends the job (a clean stop whose message names the
         resume command)."""
         peer = self.peers[name]
+        if peer.figures.state.startswith(HUNG):  # its watchdog's last word (rlctl.agents.watchdog)
+            why = f"{why}; it ended itself, {peer.figures.state} (its log has every thread's stack)"
         peer.state = "lost"
         peer.conn.close()
         before = self.core.ledger.requeued

@@ -247,6 +247,8 @@ class Heartbeat(msgspec.Struct):
     busy_s: float = 0.0
     running: int = 0
     waiting: int = 0
+    phase: str = ""  # the busy phase its loop is in ("" waiting for work; rlctl.agents.watchdog)
+    phase_s: float = 0.0  # how long that phase had run at this heartbeat
 
 
 class Scale(msgspec.Struct):

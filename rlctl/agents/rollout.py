@@ -57,6 +57,7 @@ from rlctl.agents.messages import (
     parse,
     recv_checked,
 )
+from rlctl.agents.watchdog import Watchdog
 from rlctl.agents.weights import fetch_weights, state_dict_of, weight_node
 from rlctl.devices import Compute
 from rlctl.engines import make_engine
@@ -157,8 +158,12 @@ class RolloutAgent:
             inbox=self.inbox,
             reconnect=True,
         )
+        # an engine step or a weight load that never returns ends this unit (its work goes to the others)
+        self.watchdog = Watchdog(self.name, job.rollout.hang_timeout_s, on_hang=self._hung)
 
     def figures(self) -> Heartbeat:
+        watchdog: Watchdog | None = getattr(self, "watchdog", None)  # made once the link is up
+        phase, phase_s = watchdog.current() if watchdog is not None else ("", 0.0)
         return Heartbeat(
             name=self.name,
             state=self.state,
@@ -166,6 +171,8 @@ class RolloutAgent:
             busy_s=self.busy_s,
             running=self.engine.num_running(),
             waiting=self.engine.num_waiting(),
+            phase=phase,
+            phase_s=phase_s,
         )
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -205,7 +212,8 @@ class RolloutAgent:
                 (version, sd), transfer = pending
                 pending = None
                 if version > self.engine.version:
-                    self.engine.load_weights(sd, version)
+                    with self.watchdog.busy("weight load"):
+                        self.engine.load_weights(sd, version)
                     self.link.send(make("weights_applied", {"version": version, **transfer}))
                 else:
                     self._skipped(version, transfer)
@@ -215,7 +223,8 @@ class RolloutAgent:
             done: list[GenResult] = []
             if self.engine.has_work():
                 t0 = time.monotonic()
-                done = self.engine.step()
+                with self.watchdog.busy("engine step"):
+                    done = self.engine.step()
                 self.flight.stepped(self.engine.step_tokens - self._eval_step_tokens(done))
                 self.busy_s += time.monotonic() - t0
                 self.steps_unreported += 1
@@ -387,7 +396,13 @@ class RolloutAgent:
         apply: its transfer is still the controller's to book (one that crossed a link is a copy across it)."""
         self.link.send(make("weights_skipped", {"version": version, **transfer}))
 
+    def _hung(self, text: str) -> None:
+        """The watchdog's last word before this unit exits: the controller names the hang when it counts it lost."""
+        self.state = text
+        self.link.send(make("heartbeat", self.figures()))
+
     def _finish(self, *, stopped: bool) -> None:
+        self.watchdog.close()
         self.state = "stopped" if stopped else "orphaned"
         log.info("%s: %s after %d samples, busy %.1f s", self.name, self.state, self.samples_sent, self.busy_s)
         self.link.close(final=self.figures() if stopped else None)

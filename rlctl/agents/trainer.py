@@ -51,6 +51,7 @@ from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.listen import host_of, listen_host, store_listener
 from rlctl.agents.messages import CheckpointWritten, Delivered, Heartbeat, Hello, Regroup, Trained, make, parse
 from rlctl.agents.staleness import StalenessBound
+from rlctl.agents.watchdog import Watchdog
 from rlctl.agents.weights import PublishedModel, Target, WeightPublisher
 from rlctl.checkpoint.background import BackgroundWriter
 from rlctl.checkpoint.choose import resume_version
@@ -158,7 +159,11 @@ class TrainerAgent:
         return self.backend.wire_weights(dtype=self._wire_dtype, tied=self._tied, host=holds, on_device=True)
 
     def figures(self) -> Heartbeat:
-        return Heartbeat(name=self.name, state=self.state, version=self.version, busy_s=self.busy_s)
+        watchdog: Watchdog | None = getattr(self, "watchdog", None)  # rank 0's, made once its link is up
+        phase, phase_s = watchdog.current() if watchdog is not None else ("", 0.0)
+        return Heartbeat(
+            name=self.name, state=self.state, version=self.version, busy_s=self.busy_s, phase=phase, phase_s=phase_s
+        )
 
     def _publisher(self) -> WeightPublisher:
         """This rank's weight node. The lowest rank of each host holds every version in host memory and is a root
@@ -231,6 +236,8 @@ class TrainerAgent:
             inbox=self.inbox,
         )
         self.state = "running"
+        # a training phase that never returns ends this rank: the run fails, and auto_resume resumes it
+        self.watchdog = watchdog = Watchdog(self.name, self.ctx.job.trainer.hang_timeout_s, on_hang=self._hung)
         ids: list[str] = []
         # by iteration: the one trained now (= self.version) and, in async, later ones the controller sent early
         held: dict[int, deque[Held]] = {}
@@ -281,18 +288,21 @@ class TrainerAgent:
                 # the next one's held samples (they may be whole already)
                 while True:
                     t0 = time.monotonic()
-                    ids += self._take(held.setdefault(self.version, deque()))
-                    self.learner.train_ready()
+                    with watchdog.busy("train"):
+                        ids += self._take(held.setdefault(self.version, deque()))
+                        self.learner.train_ready()
                     self.busy_s += time.monotonic() - t0
                     if not self._whole():
                         break
                     # the iteration is complete: one optimizer step, a new version, publish, report
                     t0 = time.monotonic()
-                    stats = self.learner.step()
+                    with watchdog.busy("optimizer step"):
+                        stats = self.learner.step()
                     self._sizes.clear()
                     del held[self.version]
                     iteration, self.version = self.version, self.version + 1
-                    self._publish(publisher, self.version)
+                    with watchdog.busy("publish"):
+                        self._publish(publisher, self.version)
                     checkpoint = self._maybe_checkpoint()
                     self.busy_s += time.monotonic() - t0
                     link.send(
@@ -323,9 +333,15 @@ class TrainerAgent:
                         checkpoint = None  # the writer holds the snapshot now: one in host memory at a time
                     ids = []
         finally:
+            watchdog.close()
             self.learner.stop_followers()
             publisher.close()
             self.task.close()
+
+    def _hung(self, text: str) -> None:
+        """The watchdog's last word before this rank exits: the controller names the hang in the run's failure."""
+        self.state = text
+        self.link.send(make("heartbeat", self.figures()))
 
     def _next_messages(self) -> list[Message | None]:
         """The next message (waiting for one), then every other one already queued: the learner cuts its
@@ -380,28 +396,11 @@ class TrainerAgent:
         if not (last or (every and self.version % every == 0)):
             return None
         version = self.version
-        self.writer.wait()  # one snapshot in host memory at a time: the one before is on disk first
+        # one snapshot in host memory at a time: the one before is on disk first (a wait on the disk, unwatched)
+        self.writer.wait()
         t0 = time.monotonic()
-        # a sharded policy's HF directory is the version this rank published (gathered once, as its deltas)
-        policy = (
-            PublishedModel(
-                self.publisher.node, version, self.config, timeout_s=self.ctx.job.transport.timeout_s
-            ).snapshot()
-            if self.data_parallel.sharded
-            else HostPolicy(self.backend.weights(), self.config)
-        )
-        write = snapshot_trainer(
-            self.ctx.jobdir.checkpoint(version),
-            model=policy,
-            optimizers=self.learner.optimizers(),
-            modules=self.modules,
-            counters={"version": version},
-            split=self.split,
-            data_parallel=self.data_parallel,
-            tokenizer_from=self.ctx.jobdir.init_model,
-            announce=lambda: self.learner.announce_checkpoint(version),
-            group=self.checkpoint_group,
-        )
+        with self.watchdog.busy("checkpoint snapshot"):
+            write = self._snapshot(version)
         self.snapshot_s += time.monotonic() - t0
 
         def written() -> None:
@@ -424,6 +423,29 @@ class TrainerAgent:
                             "earlier complete checkpoint", version, e)  # fmt: skip
 
         return written
+
+    def _snapshot(self, version: int) -> Callable[[], str]:
+        """The host copies of this rank's part of checkpoint `version`; returns its write (for the writer)."""
+        # a sharded policy's HF directory is the version this rank published (gathered once, as its deltas)
+        policy = (
+            PublishedModel(
+                self.publisher.node, version, self.config, timeout_s=self.ctx.job.transport.timeout_s
+            ).snapshot()
+            if self.data_parallel.sharded
+            else HostPolicy(self.backend.weights(), self.config)
+        )
+        return snapshot_trainer(
+            self.ctx.jobdir.checkpoint(version),
+            model=policy,
+            optimizers=self.learner.optimizers(),
+            modules=self.modules,
+            counters={"version": version},
+            split=self.split,
+            data_parallel=self.data_parallel,
+            tokenizer_from=self.ctx.jobdir.init_model,
+            announce=lambda: self.learner.announce_checkpoint(version),
+            group=self.checkpoint_group,
+        )
 
 
 def _backend(job: JobFile, model_dir: Path, *, where: str, compute: Compute | None = None) -> TrainerBackend:

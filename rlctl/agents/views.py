@@ -139,6 +139,9 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
             "site": s.sites.get(p.name, ""),
             "heartbeat_age_s": round(now - p.last_seen, 2),
             "busy_s": round(p.figures.busy_s, 2),
+            # the busy phase it was in at its last heartbeat ("" waiting for work): a hang shows here first
+            "phase": p.figures.phase,
+            "phase_s": round(p.figures.phase_s, 1),
             "inflight": core.ledger.inflight(p.name) if p.role == "rollout" else 0,
             "draining": bool(p.role == "rollout" and p.name in core.units and core.units[p.name].draining),
         }
@@ -355,7 +358,7 @@ def reward_view(core: ControllerCore) -> dict[str, Any]:
 def agent_gauges(
     m: JobMetrics, core: ControllerCore, peers: Mapping[str, AgentRecord], sites: Mapping[str, str], *, now: float
 ) -> None:
-    """Queue depth, each agent's liveness and heartbeat age, live rollout units per site."""
+    """Queue depth, each agent's liveness, heartbeat age and busy phase's age, live rollout units per site."""
     m.queue_depth.set(len(core.ledger.in_state(State.QUEUED, iteration=core.trainer_version)))
     for p in peers.values():
         if p.role == "client":
@@ -363,6 +366,7 @@ def agent_gauges(
         labels = (p.role, p.name, sites.get(p.name, ""))
         m.agent_up.labels(*labels).set(1 if p.state == "running" else 0)
         m.agent_heartbeat_age_seconds.labels(*labels).set(now - p.last_seen)
+        m.agent_phase_seconds.labels(*labels).set(p.figures.phase_s)
     units: dict[str, int] = {}
     for u in core.units.values():
         if u.alive:

@@ -109,12 +109,15 @@ def _live_table(s: dict[str, Any]) -> str:
             f"v{a['version']}",
             _f(a["heartbeat_age_s"], ".1f"),
             _f(a["busy_s"], ".1f"),
+            f"{a['phase']} {a['phase_s']:.1f} s" if a.get("phase") else "-",
             a["inflight"],
         ]
         for a in v["agents"]
     ]
     head = grid(rows, ["", ""], f"Job {s['id']} (live from the controller, {s['controller_latency_s']:.2f} s)")
-    body = grid(agents, ["agent", "role", "site", "state", "weights", "heartbeat age s", "busy s", "in flight"])
+    body = grid(
+        agents, ["agent", "role", "site", "state", "weights", "heartbeat age s", "busy s", "busy in", "in flight"]
+    )
     return head + "\n\n" + body
 
 

@@ -43,6 +43,16 @@ Growth = Annotated[
         ge=0, le=1, description="RL iteration i: median × (1 + growth × i); at most 1 (a median doubled by iteration 1)"
     ),
 ]
+HangTimeout = Annotated[
+    Literal["auto", "never"] | PositiveFloat,
+    Field(
+        description="how long one busy phase of the agent's loop (a train step, a publish, an engine step, a weight "
+        "load; never a wait for work) may run before the agent counts itself hung: it logs every thread's stack "
+        "and exits, and the job goes on as for a crash (a unit is replaced; a trainer fails the run, which "
+        "checkpoint.auto_resume resumes). auto: 1800 s the first time, then 10 × the phase's longest run so far, "
+        "at least 300 s; a number: that many seconds for every phase; never: no watch"
+    ),
+]
 
 
 class BuiltinModel(Strict):
@@ -434,6 +444,7 @@ class Rollout(Strict):
         description="embedded engine: compile its decode step with torch.compile (fuses the step's small kernels; "
         "each unit's first steps compile, tens of seconds)",
     )
+    hang_timeout_s: HangTimeout = "auto"
     on_new_weights: Literal["auto", "recompute", "keep"] = Field(
         "auto",
         description="what a unit's running generations do when a new version arrives: 'recompute' the K/V of "
@@ -473,6 +484,7 @@ class Trainer(Strict):
     activation_checkpointing: bool = Field(
         False, description="'torch': recompute each layer's activations in backward (less memory, ~1/3 more compute)"
     )
+    hang_timeout_s: HangTimeout = "auto"
 
     @property
     def model_split(self) -> tuple[int, int] | None:
