@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ _loop_lock = threading.Lock()
 
 
 def _ucxx() -> Any:
+    # ucxx sets UCX_MEMTYPE_CACHE at import, which recent UCX no longer reads: its warning about an unused variable
+    # would go to stdout, where `rlctl launch -o json` prints the summary (set the variable to see such warnings)
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
     try:
         import ucxx  # optional extra, imported on first use
     except ImportError as e:
