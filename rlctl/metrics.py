@@ -49,6 +49,11 @@ class JobMetrics:
             registry=r,
         )
         self.reward_mean = Gauge("rlctl_reward_mean", "Mean reward of the last iteration's samples", registry=r)
+        self.skipped_steps = Counter(
+            "rlctl_train_skipped_steps",
+            "Optimizer steps skipped because the gradient norm was NaN or infinite (trainer.skip_nonfinite)",
+            registry=r,
+        )
         self.grad_norm = Gauge(
             "rlctl_train_grad_norm", "The policy's gradient norm before clipping, last step", registry=r
         )

@@ -133,6 +133,7 @@ def core_config(
         partial_store_bytes=job.rollout.partial_store_mb << 20,
         unit_batch=job.rollout.max_batch_size,
         migrate=job.rollout.migrate,
+        skip_nonfinite=job.trainer.skip_nonfinite,
         report_steps=job.rollout.partial_report_steps,
         max_refills=refills(job),
     )
@@ -848,7 +849,15 @@ class ControllerAgent:
             version=t.version,
             sample_ids=t.sample_ids,
             stats={"reward_mean": t.reward_mean, "train_s": t.train_s, "loss": t.loss, "busy_s": t.busy_s},
+            skipped=t.skipped,
         )
+        if t.skipped:
+            self.jobdir.event(
+                "step_skipped",
+                iteration=t.iteration,
+                grad_norm=repr(t.grad_norm),
+                in_a_row=len(self.core.skipped_in_a_row),
+            )
         self.violations += t.staleness_violations
         trainer = self.peers.get(self.core.trainer.name if self.core.trainer else "")
         if trainer is not None:

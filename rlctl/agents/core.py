@@ -94,6 +94,7 @@ class CoreConfig:
     migrate: bool = True  # move waiting and running work to units with free rows (`rollout.migrate`)
     report_steps: int = 0  # units report after every this many decode steps too (`rollout.partial_report_steps`)
     max_refills: int = 0  # dynamic sampling: groups drawn for a round beyond its prompts, at most (0: off)
+    skip_nonfinite: int = 3  # optimizer steps skipped for a NaN/Inf gradient in a row the job takes (more: failed)
 
 
 @dataclass
@@ -169,6 +170,7 @@ class ControllerCore:
         self.payloads: dict[str, Any] = {}
         self.stats: dict[int, IterationStats] = {}
         self.failed: str | None = None
+        self.skipped_in_a_row: list[int] = []  # the latest iterations whose optimizer step was skipped (`trained`)
         self.started = False  # waiting for agents → running: the trainer and min_units rollout units joined
         self.withdrawing: dict[str, tuple[str, int]] = {}  # donor unit → (the unit its work goes to, how many)
         self.migrations: list[dict[str, Any]] = []  # what `migrate` moved, for the controller's events (it empties it)
@@ -544,8 +546,21 @@ class ControllerCore:
             if all(e.state is State.QUEUED and not kept.get(e.sample_id) for e in self.ledger.group(group)):
                 self.buffers.release(group)
 
-    def trained(self, *, iteration: int, version: int, sample_ids: list[str], stats: dict[str, Any]) -> list[Out]:
+    def trained(
+        self, *, iteration: int, version: int, sample_ids: list[str], stats: dict[str, Any], skipped: bool = False
+    ) -> list[Out]:
+        """Iteration `iteration` is trained (`skipped`: its gradient was not finite, so the trainer took no optimizer
+        step). More than `skip_nonfinite` skipped in a row fail the job: something keeps producing NaN or infinite
+        gradients (the data, the learning rate, the weights), and going on would only train nothing."""
         assert iteration == self.trainer_version, (iteration, self.trainer_version)
+        self.skipped_in_a_row = [*self.skipped_in_a_row, iteration] if skipped else []
+        if len(self.skipped_in_a_row) > self.cfg.skip_nonfinite:
+            first, last = self.skipped_in_a_row[0], self.skipped_in_a_row[-1]
+            self.failed = (
+                f"the trainer's gradient norm was NaN or infinite at {len(self.skipped_in_a_row)} steps in a row "
+                f"(iterations {first}–{last}), more than trainer.skip_nonfinite ({self.cfg.skip_nonfinite}) allows; "
+                f"those steps were skipped, so the weights are still those of v{first}"
+            )
         for sid in sample_ids:
             self.ledger.mark_trained(sid)
         self.buffers.consume()

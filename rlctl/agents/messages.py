@@ -232,6 +232,8 @@ class Trained(msgspec.Struct):
     no_signal_frac: float = 0.0  # share of the iteration's samples in groups whose rewards were all equal
     # this version's trainer checkpoint part is being written in the background: `checkpoint_written` follows
     checkpointing: bool = False
+    # the gradient norm was NaN or infinite: no optimizer step (the version holds the weights before it)
+    skipped: bool = False
 
 
 class CheckpointWritten(msgspec.Struct):

@@ -323,6 +323,7 @@ class TrainerAgent:
                                 entropy=stats["entropy"],
                                 no_signal_frac=stats.get("no_signal_frac", 0.0),
                                 checkpointing=checkpoint is not None,
+                                skipped=bool(stats.get("skipped")),
                                 staleness_violations=violations.pop(iteration, 0),
                                 busy_s=self.busy_s,
                             ),

@@ -101,9 +101,10 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
         "tokens_per_s": round(st.output_tokens / period, 1),
         "weight_version": t.version,
         "staleness": {str(k): v for k, v in sorted(st.staleness.items())},
-        "loss": round(t.loss, 5),
+        "loss": _finite(t.loss, 5),
         **_per_token(kl=round(t.kl, 6), clip_frac=round(t.clip_frac, 5), entropy=round(t.entropy, 5)),
-        "grad_norm": round(t.grad_norm, 5),
+        "grad_norm": _finite(t.grad_norm, 5),  # None: NaN or infinite, and the step was skipped
+        **({"step_skipped": True} if t.skipped else {}),
         "lr": t.lr,
         "no_signal_frac": round(t.no_signal_frac, 4),
         # dynamic sampling: the groups dropped for equal rewards while the trainer was at this iteration
@@ -124,6 +125,11 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
             if p.role != "client"
         },
     }
+
+
+def _finite(x: float, digits: int) -> float | None:
+    """A figure for a row (strict JSON): None where it is NaN or infinite."""
+    return round(x, digits) if math.isfinite(x) else None
 
 
 def status(s: Snapshot, *, now: float) -> dict[str, Any]:
@@ -166,7 +172,9 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "t_gen_s": last.get("t_gen_s"),
         "t_train_s": last.get("t_train_s"),
         "delta_s": last.get("delta_s"),
-        "training": {k: last.get(k) for k in TRAINING} | {k: last[k] for k in ("dropped_groups",) if k in last},
+        "training": {k: last.get(k) for k in TRAINING}
+        | {k: last[k] for k in ("dropped_groups",) if k in last}
+        | ({"skipped_in_a_row": len(core.skipped_in_a_row)} if core.skipped_in_a_row else {}),
         "heldout": heldout_view(s.evaluations),
         "delta_window_s": None if r is None else round(r.delta_s, 4),
         "delta_prime_s": None if r is None else round(r.delta_prime_s, 4),
@@ -387,6 +395,8 @@ def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: Iter
     m.tokens_per_second.set(row["tokens_per_s"])
     m.reward_mean.set(t.reward_mean)
     m.grad_norm.set(t.grad_norm)
+    if t.skipped:
+        m.skipped_steps.inc()
     m.learning_rate.set(t.lr)
     m.clip_fraction.set(t.clip_frac)  # NaN when the iteration trained no token: a gap, not the last value
     m.entropy.set(t.entropy)

@@ -33,8 +33,11 @@ def _weights_line(w: dict[str, Any]) -> str:
 
 def training_line(t: dict[str, Any]) -> str:
     """The last optimizer step: its rate, gradient norm, the policy's entropy, clipped tokens, samples without
-    signal (`-` for a figure the iteration did not have), and the groups dynamic sampling dropped meanwhile."""
+    signal (`-` for a figure the iteration did not have), the groups dynamic sampling dropped meanwhile, and whether
+    the latest steps were skipped for a gradient that was not finite."""
     dropped = f"  dropped {t['dropped_groups']} groups" if t.get("dropped_groups") else ""
+    if t.get("skipped_in_a_row"):  # NaN or infinite gradients: no update
+        dropped += f"  SKIPPED (gradient not finite; {t['skipped_in_a_row']} in a row)"
     return (
         f"lr {_f(t.get('lr'), '.2e')}  grad norm {_f(t.get('grad_norm'), '.3f')}  entropy {_f(t.get('entropy'), '.3f')}"
         f"  clipped {_f(t.get('clip_frac'), '.3f')}  no signal {_f(t.get('no_signal_frac'), '.2f')}{dropped}"

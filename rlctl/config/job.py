@@ -485,6 +485,12 @@ class Trainer(Strict):
         False, description="'torch': recompute each layer's activations in backward (less memory, ~1/3 more compute)"
     )
     hang_timeout_s: HangTimeout = "auto"
+    skip_nonfinite: NonNegativeInt = Field(
+        3,
+        description="an optimizer step whose gradient norm is NaN or infinite is skipped (the weights and the "
+        "optimizer state stay; the iteration's samples count as trained and its version holds the same weights); "
+        "more than this many in a row fail the run, naming them. 0: the first fails it",
+    )
 
     @property
     def model_split(self) -> tuple[int, int] | None:

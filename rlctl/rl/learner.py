@@ -6,6 +6,7 @@ iteration's token count only at the step.
     add(sample) ─▶ group buffer ──group complete──▶ advantages ─▶ ready
     train_ready(min) ─▶ micro-batch forward/backward (grad accumulates)        [as samples stream in]
     step() ─▶ all-reduce(sum) over ranks, ÷ tokens, clip, AdamW step at the schedule's rate ─▶ version + 1
+              (a gradient norm that is NaN or infinite: no AdamW step, the weights stay; `skipped` says so)
 
 Ranks > 0 follow rank 0: each micro-batch is broadcast, every data-parallel rank takes its slice. The
 step's figures (loss, clip fraction, k3 KL of the sampling policy from the trained one) are token sums
@@ -46,7 +47,7 @@ from rlctl.rl.cuts import trainable_cuts
 from rlctl.rl.grpo import group_advantages, policy_loss
 from rlctl.rl.ppo import PpoLearner, ValueModel
 from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, row_tokens
-from rlctl.rl.schedule import StepLr, policy_optimizer, set_lr
+from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 from rlctl.trainers.base import DataParallel, TrainerBackend, Trunk, clip_whole, whole_replicas
 from rlctl.trainers.wire import broadcast_value
 
@@ -229,8 +230,10 @@ class StreamingLearner:
             sums = dict(zip(_SUMMED, box.tolist(), strict=True))
         grad_norm = self._clip(self.cfg.grad_clip)
         lr = self.cfg.lr * self.schedule.at(self.steps)
-        set_lr(self.opt, lr)
-        self.opt.step()
+        skipped = not finite_step(grad_norm, step=self.steps)  # the same norm on every rank: all skip, or none
+        if not skipped:
+            set_lr(self.opt, lr)
+            self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.steps += 1
         self.model.eval()
@@ -248,6 +251,7 @@ class StreamingLearner:
             "lr": lr,
             "tokens": float(total_tokens),
             "train_s": self.compute_s,
+            "skipped": float(skipped),
         }
 
     def follow(

@@ -34,7 +34,7 @@ from torch import nn
 from rlctl.config.job import PpoAlgorithm
 from rlctl.rl.grpo import policy_loss
 from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, micro_batches
-from rlctl.rl.schedule import StepLr, policy_optimizer, set_lr
+from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 from rlctl.trainers.base import DataParallel, Trunk, clip_whole, whole_replicas
 from rlctl.trainers.wire import all_gather_values
 
@@ -192,12 +192,14 @@ class PpoLearner:
             dist.all_reduce(box, group=self.dp.group)
             sums = defaultdict(float, zip(_SUMMED, box.tolist(), strict=True))
         grad_norm = self._clip(self.model, self.cfg.grad_clip)
-        self._clip(self.critic, self.cfg.grad_clip)
+        critic_norm = self._clip(self.critic, self.cfg.grad_clip)
         factor = self.schedule.at(self.steps)
-        set_lr(self.opt, self.cfg.lr * factor)
-        set_lr(self.critic_opt, self.cfg.critic_lr * factor)
-        self.opt.step()
-        self.critic_opt.step()
+        skipped = not finite_step(grad_norm, critic_norm, step=self.steps)  # neither steps: they stay a pair
+        if not skipped:
+            set_lr(self.opt, self.cfg.lr * factor)
+            set_lr(self.critic_opt, self.cfg.critic_lr * factor)
+            self.opt.step()
+            self.critic_opt.step()
         self.model.eval()
         self.critic.eval()
         self.steps += 1
@@ -215,6 +217,7 @@ class PpoLearner:
             "samples": float(len(samples)),
             "tokens": sums["tokens"],
             "seconds": time.monotonic() - t0,
+            "skipped": float(skipped),
         }
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""The policy's learning rate at each optimizer step, and the optimizer it drives.
+"""The policy's learning rate at each optimizer step, the optimizer it drives, and whether a step may update.
 
     step k (0-based; it makes version k + 1)   warm-up  k < W:  lr · (k + 1) / W
                                                then     constant: lr
@@ -14,12 +14,15 @@ would have (`StepLr.at`). PPO's critic follows the same factor of its own `criti
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 import torch
 
 from rlctl.config.job import LrDecay, PolicyUpdate
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,3 +70,19 @@ def policy_optimizer(model: torch.nn.Module, lr: float, *, weight_decay: float =
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
     for group in opt.param_groups:
         group["lr"] = lr
+
+
+def finite_step(*grad_norms: float, step: int) -> bool:
+    """Whether optimizer step `step` may update the weights: every gradient norm it clipped is finite. One step from
+    a NaN or infinite gradient (an overflow, a sample the loss cannot take) would leave NaN in the weights and in
+    AdamW's moments for good, and every later version, sample and checkpoint would carry it; skipped, the
+    iteration's samples count as trained and the version is the same weights (`trainer.skip_nonfinite` bounds how
+    many in a row the job takes: `ControllerCore.trained`)."""
+    if all(math.isfinite(n) for n in grad_norms):
+        return True
+    log.warning(
+        "optimizer step %d skipped: gradient norm %s is not finite; the weights and optimizer state stay as they were",
+        step,
+        ", ".join(f"{n:g}" for n in grad_norms),
+    )
+    return False

@@ -12,7 +12,7 @@ from rlctl.agents.messages import Delivered, Regroup
 from rlctl.agents.trainer import _regroup
 
 
-def _core(mode="stream", dispatch="skew_aware", eta=0, prompts=4, group=1, iterations=2, min_units=1):
+def _core(mode="stream", dispatch="skew_aware", eta=0, prompts=4, group=1, iterations=2, min_units=1, **cfg: Any):
     lengths = [50, 10, 30, 20, 5, 40][:prompts]
 
     def make(it: int) -> list[PromptSpec]:
@@ -27,6 +27,7 @@ def _core(mode="stream", dispatch="skew_aware", eta=0, prompts=4, group=1, itera
         eta=eta,
         dispatch=dispatch,
         min_units=min_units,
+        **cfg,
     )
     # a perfect predictor, so the expected split is known
     return ControllerCore(cfg, prompts=make, predict=lambda specs: [float(s.true_len) for s in specs])
@@ -163,6 +164,26 @@ def test_lost_trainer_fails_the_job():
     core.join("trainer-0", role="trainer", version=0)
     core.lost("trainer-0")
     assert core.failed and core.pump() == []
+
+
+def test_more_skipped_steps_in_a_row_than_the_job_takes_fail_it():
+    """`trainer.skip_nonfinite: 1`: one step skipped for a NaN/Inf gradient is taken, a trained one resets the count,
+    two in a row fail the job naming them and the version whose weights it still has."""
+    core = _core(prompts=1, iterations=6, skip_nonfinite=1)
+    core.join("trainer-0", role="trainer", version=0)
+    outs = core.join("r0", role="rollout", version=0)
+    for it, skipped in enumerate([True, False, True, True]):
+        ((sid, _),) = _generate(outs)["r0"]
+        _finish(core, "r0", sid, version=it)
+        core.trained(iteration=it, version=it + 1, sample_ids=[sid], stats={}, skipped=skipped)
+        if it < 3:
+            assert core.failed is None, it
+            outs = core.weights_applied("r0", it + 1)
+    assert core.skipped_in_a_row == [2, 3] and core.pump() == []
+    assert core.failed == (
+        "the trainer's gradient norm was NaN or infinite at 2 steps in a row (iterations 2–3), more than "
+        "trainer.skip_nonfinite (1) allows; those steps were skipped, so the weights are still those of v2"
+    )
 
 
 def test_restored_core_regenerates_exactly_what_the_checkpoint_had_not_trained():

@@ -129,3 +129,34 @@ def test_groups_without_signal_are_not_run_and_the_step_is_the_batch_step() -> N
     for s in samples:
         with_kl.add(s)
     assert with_kl.no_signal == 8 and len(with_kl.ready) == 20  # counted, and trained: the KL term has a gradient
+
+
+def test_a_step_whose_gradient_is_not_finite_is_skipped_and_the_next_one_trains() -> None:
+    """A NaN in one parameter's gradient (an overflow, say): the step leaves the weights and AdamW's moments as they
+    were and says `skipped`; the next iteration, with finite gradients, steps as a learner that never saw it."""
+    torch.manual_seed(0)
+    base = TinyGPT(SMALL)
+    rng = random.Random(1)
+    first, second = batch(base, rng, prompts=2, group=4), batch(base, rng, prompts=2, group=4)
+    cfg = GrpoAlgorithm(kind="grpo", lr=1e-2)
+    model, clean = twin(base), twin(base)
+    learner = StreamingLearner(model, cfg, group_size=4, micro_batch_samples=4)
+    poison = model.lm_head.weight.register_hook(lambda g: torch.full_like(g, float("nan")))
+    for s in first:
+        learner.add(s)
+    stats = learner.step()
+    poison.remove()
+    assert stats["skipped"] == 1.0 and stats["grad_norm"] != stats["grad_norm"]  # NaN
+    for (name, a), b in zip(base.state_dict().items(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name  # not one weight moved
+    assert learner.opt.state == {} and learner.steps == 1  # no AdamW moment was touched; the version advanced
+
+    reference = StreamingLearner(clean, cfg, group_size=4, micro_batch_samples=4)
+    reference.resume_at(1)  # the same step number: the same learning rate
+    for lrn in (learner, reference):
+        for s in second:
+            lrn.add(s)
+    assert learner.step()["skipped"] == 0.0 and reference.step()["skipped"] == 0.0
+    for (name, a), b in zip(clean.state_dict().items(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert all(torch.isfinite(p).all() for p in model.parameters())
