@@ -19,6 +19,11 @@ class JobMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry if registry is not None else CollectorRegistry()
         self.iteration = Gauge("rlctl_job_iteration", "Last completed training iteration", registry=r)
+        self.last_trained = Gauge(
+            "rlctl_job_last_trained_timestamp_seconds",
+            "Unix time the controller took in the last trained iteration (a stalled job: time() minus it grows)",
+            registry=r,
+        )
         self.generation_seconds = Gauge(
             "rlctl_stage_generation_seconds", "T_gen of the last iteration (generation stage time)", registry=r
         )

@@ -202,6 +202,8 @@ class ControllerAgent:
         self._pinged = 0.0
         self.paused: str | None = None  # why the job waits (status), None when it runs
         self.metrics = JobMetrics()
+        self.metrics.last_trained.set(time.time())  # the start counts as progress: a job stuck before its first
+        # iteration is a stalled job too (docs/prometheus/rlctl-alerts.yml)
         self.metrics_port = self.metrics.serve(job.metrics.port, addr=bind_host(self.listener.address))
         self.scaler = Scaler(
             jobdir, job.rebalance, core=self.core, placement=self.placement, metrics=self.metrics, post=self.inbox.put

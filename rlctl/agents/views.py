@@ -387,6 +387,7 @@ def agent_gauges(
 def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: IterationStats) -> None:
     """The figures of trained iteration `t` (its metrics `row`, its `stats` in the core)."""
     m.iteration.set(t.iteration)
+    m.last_trained.set(row["t"])
     m.generation_seconds.set(row["t_gen_s"])
     m.training_seconds.set(row["t_train_s"])
     m.trainer_wait_seconds.set(row["trainer_wait_s"])

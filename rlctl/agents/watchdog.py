@@ -9,8 +9,9 @@ job waits for it forever. The main loop marks its busy phases (never its waits f
 
     watcher thread, every TICK_S:  a phase past its limit ──▶ one ERROR line (phase, how long, the limit), every
         thread's stack into the agent's log, `on_hang` (a last heartbeat whose state says "hung: …"), exit HUNG_EXIT
-    faulthandler (C), armed by the watcher while a phase runs: the same stacks and exit GRACE_S past the longest
-        limit, without Python — for a hang that holds the GIL (the watcher cannot run then)
+    faulthandler (C), armed by the first phase after a wait and kept armed by the watcher while phases run: the
+        same stacks and exit GRACE_S past the longest limit, without Python — for a hang that holds the GIL (the
+        watcher cannot run then). It is the process's one timer: one watched agent per process
 
 The controller then counts the agent lost as for any crash, naming the hang: a rollout unit's work is requeued and
 a unit replaces it; a lost trainer fails the run, which `checkpoint.auto_resume` resumes.

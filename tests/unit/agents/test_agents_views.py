@@ -12,7 +12,7 @@ from rlctl.agents.core import ControllerCore, CoreConfig, IterationStats, Out, P
 from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.rebalance import Reading
 from rlctl.agents.scaling import Placement, Scaler
-from rlctl.agents.views import PACE_ROWS, Snapshot, metrics_row, status, summary
+from rlctl.agents.views import PACE_ROWS, Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
 from rlctl.commands.launch import progress_line
 from rlctl.commands.status import checkpoint_line, time_line, training_line
@@ -189,6 +189,27 @@ def test_status_reports_the_last_row_the_rule_and_live_agents_without_clients():
         "migrated": 0,
         "resumed": 0,
     }
+
+
+def test_a_skipped_step_and_a_busy_phase_in_the_row_and_the_status():
+    """A step skipped for a NaN gradient: the row says so with no NaN in it (strict JSON), and status while the skips
+    last; an agent in a busy phase: status says which and for how long (its last heartbeat's figures)."""
+    core, t, _ = _one_iteration()
+    nan = float("nan")
+    skipped = msgspec.structs.replace(t, grad_norm=nan, loss=nan, skipped=True)
+    row = metrics_row(_snapshot(core, []), skipped, wall_time=0.0)
+    assert (row["step_skipped"], row["grad_norm"], row["loss"]) == (True, None, None)
+    assert "step_skipped" not in metrics_row(_snapshot(core, []), t, wall_time=0.0)
+    core.skipped_in_a_row = [0]
+    snap = _snapshot(core, [row])
+    snap.peers["trainer-0"].figures = Heartbeat(
+        name="trainer-0", state="running", phase="optimizer step", phase_s=42.04
+    )
+    st = status(snap, now=110.0)
+    assert st["training"]["skipped_in_a_row"] == 1
+    assert training_line(st["training"]).endswith("SKIPPED (gradient not finite; 1 in a row)")
+    phases = {a["name"]: (a["phase"], a["phase_s"]) for a in st["agents"]}
+    assert phases == {"trainer-0": ("optimizer step", 42.0), "r0": ("", 0.0)}
 
 
 def test_status_says_the_time_left_at_this_runs_pace_and_the_latest_checkpoint():
@@ -368,3 +389,19 @@ def test_in_async_the_rebalance_rule_reads_the_trainer_s_wait_elsewhere_the_stag
     scaler, core, _, _ = _scaler(tmp_path / "stream", units=1)
     scaler.rebalance(row := _row(1.1, 0.0, 3.0, 1.0))
     assert (row["delta_window_s"], row["delta_prime_s"]) == (2.0, 1.5)  # T_gen − T_train, T_gen / (N + 1)
+
+
+def test_the_gauges_of_a_trained_iteration_and_of_the_agents():
+    """What the alerting rules read: the time of the last trained iteration, skipped steps, each agent's phase age."""
+    core, t, _ = _one_iteration()
+    m = JobMetrics()
+    row = metrics_row(_snapshot(core, []), msgspec.structs.replace(t, skipped=True), wall_time=1234.5)
+    iteration_gauges(m, row, msgspec.structs.replace(t, skipped=True), core.stats[0])
+    snap = _snapshot(core, [row])
+    snap.peers["r0"].figures = Heartbeat(name="r0", state="running", phase="weight load", phase_s=7.5)
+    agent_gauges(m, core, snap.peers, snap.sites, now=110.0)
+    value = m.registry.get_sample_value
+    assert value("rlctl_job_last_trained_timestamp_seconds") == 1234.5
+    assert value("rlctl_train_skipped_steps_total") == 1.0
+    assert value("rlctl_agent_phase_seconds", {"role": "rollout", "name": "r0", "site": "b"}) == 7.5
+    assert value("rlctl_agent_phase_seconds", {"role": "trainer", "name": "trainer-0", "site": "a"}) == 0.0
