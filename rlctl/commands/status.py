@@ -36,11 +36,11 @@ def training_line(t: dict[str, Any]) -> str:
     signal (`-` for a figure the iteration did not have), the groups dynamic sampling dropped meanwhile, and whether
     the latest steps were skipped for a gradient that was not finite."""
     dropped = f"  dropped {t['dropped_groups']} groups" if t.get("dropped_groups") else ""
-    if t.get("skipped_in_a_row"):  # NaN or infinite gradients: no update
-        dropped += f"  SKIPPED (gradient not finite; {t['skipped_in_a_row']} in a row)"
+    # NaN or infinite gradients: the latest steps made no update
+    skipped = f"  SKIPPED (gradient not finite; {t['skipped_in_a_row']} in a row)" if t.get("skipped_in_a_row") else ""
     return (
         f"lr {_f(t.get('lr'), '.2e')}  grad norm {_f(t.get('grad_norm'), '.3f')}  entropy {_f(t.get('entropy'), '.3f')}"
-        f"  clipped {_f(t.get('clip_frac'), '.3f')}  no signal {_f(t.get('no_signal_frac'), '.2f')}{dropped}"
+        f"  clipped {_f(t.get('clip_frac'), '.3f')}  no signal {_f(t.get('no_signal_frac'), '.2f')}{dropped}{skipped}"
     )
 
 
