@@ -77,6 +77,12 @@ class JobMetrics:
             "place (algorithm.dynamic_sampling)",
             registry=r,
         )
+        self.quarantined_prompts = Counter(
+            "rlctl_quarantined_prompts",
+            "Prompts set aside because the rollout units that ran them were lost (rollout.quarantine_after), a new "
+            "prompt drawn in the place of each",
+            registry=r,
+        )
         self.clip_fraction = Gauge(
             "rlctl_train_clip_fraction", "Share of the last iteration's tokens whose ratio was clipped", registry=r
         )

@@ -134,6 +134,7 @@ def core_config(
         unit_batch=job.rollout.max_batch_size,
         migrate=job.rollout.migrate,
         skip_nonfinite=job.trainer.skip_nonfinite,
+        quarantine_after=job.rollout.quarantine_after,
         report_steps=job.rollout.partial_report_steps,
         max_refills=refills(job),
     )
@@ -798,6 +799,7 @@ class ControllerAgent:
         before = self.core.ledger.requeued
         unsent = self._unsent(peer) if closed else None
         self._send(self.core.lost(name, at=at, closed=closed, unsent=unsent))
+        self._quarantines()
         self.jobdir.event(
             "agent_lost",
             agent=name,
@@ -816,6 +818,33 @@ class ControllerAgent:
             self.scaler.replace(name, now=time.monotonic())
         if peer.role == "trainer" and self.core.failed:
             self.core.failed += f" ({why}); continue the job with `rlctl launch --resume {self.jobdir.path.name}`"
+
+    def _quarantines(self) -> None:
+        """What the loss of a unit made of the prompts it held (`ControllerCore._blame`): an event, a log line and
+        the counter of each suspect (it now runs alone on a unit) and each quarantined prompt."""
+        for q in self.core.quarantines:
+            source = self.task.origin(q["prompt"])
+            fields = {k: v for k, v in q.items() if k != "action"} | ({"source": source} if source else {})
+            self.jobdir.event(f"prompt_{q['action']}", **fields)
+            if q["action"] == "quarantined":
+                self.metrics.quarantined_prompts.inc()
+                log.error(
+                    "controller: prompt %s%s quarantined: it was in flight at %d rollout-unit losses, the last (%s) "
+                    "running it alone; a new prompt takes its place",
+                    q["prompt"],
+                    f" ({source})" if source else "",
+                    q["losses"],
+                    q["unit"],
+                )
+            else:
+                log.warning(
+                    "controller: prompt %s was in flight at %d rollout-unit losses (the last: %s): it runs alone on a "
+                    "unit from now on, and is quarantined if that unit is lost too",
+                    q["prompt"],
+                    q["losses"],
+                    q["unit"],
+                )
+        self.core.quarantines.clear()
 
     def _unsent(self, peer: Peer) -> int | None:
         """A rollout unit whose stream ended in order (every report it wrote arrived; its process ended, or it

@@ -95,6 +95,7 @@ class CoreConfig:
     report_steps: int = 0  # units report after every this many decode steps too (`rollout.partial_report_steps`)
     max_refills: int = 0  # dynamic sampling: groups drawn for a round beyond its prompts, at most (0: off)
     skip_nonfinite: int = 3  # optimizer steps skipped for a NaN/Inf gradient in a row the job takes (more: failed)
+    quarantine_after: int = 2  # unit losses a prompt was in flight at before it runs alone (`_blame`; 0: never)
 
 
 @dataclass
@@ -175,6 +176,8 @@ class ControllerCore:
         self.withdrawing: dict[str, tuple[str, int]] = {}  # donor unit → (the unit its work goes to, how many)
         self.migrations: list[dict[str, Any]] = []  # what `migrate` moved, for the controller's events (it empties it)
         self._looked = -MIGRATE_EVERY_S  # when `migrate` last compared the units' loads
+        self.quarantines: list[dict[str, Any]] = []  # suspects and quarantined prompts, for the controller's events
+        self.clearing: set[str] = set()  # units given no new work until empty, to run a suspect alone (`_isolate`)
         self.unit_costs: dict[str, migration.Cost] = {}  # unit → its site's decode cost (the controller sets it)
         self.finished_lengths: deque[int] = deque(maxlen=FINISHED_LENGTHS)  # the last samples' output lengths
         # what bounds the tokens a lost unit took with it (`_interrupted`): when each dispatched sample was last
@@ -214,12 +217,61 @@ class ControllerCore:
             return []
         unit.alive = False
         self.withdrawing.pop(name, None)
+        self.clearing.discard(name)
         requeued = self.ledger.requeue_agent(name)
         self._interrupted(name, requeued, at=at, closed=closed)
         if unsent is not None:
             self.ledger.partials.measured(unsent)
+        self._blame(name, requeued)
         self._release_idle(requeued)
         return [self._members(), *self.pump()]
+
+    def _blame(self, name: str, sample_ids: list[str]) -> None:
+        """Unit `name` was lost holding `sample_ids`: every prompt among them counts one more loss. A prompt that
+        crashes or hangs the engine (an input that trips a kernel, a tokenizer edge case, a generation that never
+        ends) would otherwise take down each unit it is sent to, for ever; an innocent one shares some losses with it
+        by chance. So a prompt at `quarantine_after` losses is a suspect: it runs alone on a unit (`_isolate`), and a
+        suspect whose unit is lost while holding nothing else is quarantined — its group is set aside and a new
+        prompt's takes its place. A suspect that completes is cleared (`_complete`). A unit that was only silent
+        (`unreachable`: its link, its node) blames nothing: its samples went back to the queue before it was lost."""
+        after = self.cfg.quarantine_after
+        groups = sorted({self.ledger.entries[sid].prompt_id for sid in sample_ids})
+        if not after or not groups:
+            return
+        crashes = self.ledger.crashes
+        for group in groups:
+            crashes[group] = n = crashes.get(group, 0) + 1
+            if n < after:
+                continue
+            record = {"prompt": group, "losses": n, "unit": name, "with": len(groups) - 1}
+            if len(groups) == 1:
+                self._quarantine(group)
+                self.quarantines.append({**record, "action": "quarantined"})
+            elif n == after:
+                self.quarantines.append({**record, "action": "suspect"})
+
+    def _quarantine(self, group: str) -> None:
+        """Set `group` aside (`Ledger.quarantine`) and draw a new prompt for its round in its place, as dynamic
+        sampling does for a dropped group (sharing its count of drawn prompts: `ledger.refills`)."""
+        entries = self.ledger.group(group)
+        self._forget(entries)
+        for e in entries:
+            self._heard_at.pop(e.sample_id, None)
+        self.buffers.release(group)
+        r = entries[0].iteration  # its round: a group gets an iteration of its own only once it occupies a buffer
+        self.ledger.quarantine(group)
+        if self._refill is None:
+            self.failed = f"prompt {group} crashed the rollout units that ran it, and no prompt can take its place"
+            return
+        drawn = self.ledger.refills.get(r, 0)
+        spec = self._register([self._refill(r, drawn)])[0]
+        self.ledger.refills[r] = drawn + 1
+        self.ledger.add_prompt(iteration=r, prompt_id=spec.prompt_id, num_samples=self.cfg.samples_per_prompt)
+
+    def suspects(self) -> set[str]:
+        """Prompts that run alone on a unit (`_blame`)."""
+        after = self.cfg.quarantine_after
+        return {g for g, n in self.ledger.crashes.items() if n >= after} if after else set()
 
     def unreachable(self, name: str) -> list[Out]:
         """A rollout unit went silent (not lost yet: it may come back): its in-flight samples are requeued for
@@ -504,6 +556,7 @@ class ControllerCore:
         entries = self._kept(group)
         if not all(e.state is State.FINISHED and e.reward is not None for e in entries):
             return
+        self.ledger.crashes.pop(group, None)  # it ran to the end: whatever crashed with it was not its doing
         if self._dropped(group, entries):
             return
         oldest = min(e.sample_version for e in entries if e.sample_version is not None)
@@ -616,7 +669,10 @@ class ControllerCore:
             running.setdefault(str(e.agent), []).append(e)
         residual = self._residual()
         loads = []
+        barred = self._barred(self.suspects())
         for u in self.live_units:
+            if u.name in barred:
+                continue  # it runs a suspect alone, or empties for one
             mine = running.get(u.name, [])
             done = [len(self.ledger.partials.parts.get(e.sample_id, ())) for e in mine]
             steps = sum(residual(n) for n in done) / len(mine) if mine and residual is not None else None
@@ -665,7 +721,12 @@ class ControllerCore:
             tokens_moved += len(tokens)
         out: list[Out] = []
         target = self.units.get(to)
-        if moved and target is not None and target in self.live_units:
+        if (
+            moved
+            and target is not None
+            and target in self.live_units
+            and target.name not in self._barred(self.suspects())
+        ):
             for it in sorted({e.iteration for e in moved}):
                 if self.bound.may_dispatch(iteration=it, unit_version=target.version):
                     out += self._give(target, [e for e in moved if e.iteration == it], it)
@@ -756,19 +817,75 @@ class ControllerCore:
         out: list[Out] = []
         now = self.clock()
         self._advance_floor()
+        suspects = self.suspects()
+        barred = self._barred(suspects)
         for it in range(self.floor, self.created):
-            queued = self.ledger.in_state(State.QUEUED, iteration=it)
-            units = [u for u in self.live_units if self.bound.may_dispatch(iteration=it, unit_version=u.version)]
+            queued = [e for e in self.ledger.in_state(State.QUEUED, iteration=it) if e.prompt_id not in suspects]
+            units = [
+                u
+                for u in self.live_units
+                if u.name not in barred and self.bound.may_dispatch(iteration=it, unit_version=u.version)
+            ]
             if not queued or not units:
                 continue
             st = self.stats[it]
             if st.first_dispatch is None:
                 st.first_dispatch = now
             ready = {u.name for u in units}
-            pool = self._pool(it, units, ready, waited=now - st.first_dispatch)
+            pool = self._pool(it, units, ready | barred, waited=now - st.first_dispatch)
             for unit, entries in zip(pool, self._assign(queued, pool), strict=True):
                 if entries and unit.name in ready:
                     out += self._give(unit, entries, it)
+        return out + self._isolate(suspects)
+
+    def _barred(self, suspects: set[str]) -> set[str]:
+        """Units that take no work but a suspect's (`_blame`): those holding one, and those emptying for one."""
+        if not suspects:
+            self.clearing.clear()
+            return set()
+        holding = {str(e.agent) for e in self._in_flight() if e.prompt_id in suspects}
+        self.clearing -= holding
+        return holding | self.clearing
+
+    def _isolate(self, suspects: set[str]) -> list[Out]:
+        """Each suspect with samples queued goes, all of them, to a live unit that holds nothing else. With none
+        empty, the least loaded unit takes no new work until it is (`clearing`); at most half the live units (one
+        at least) hold or wait for suspects, so the rest of the job goes on meanwhile."""
+        if not suspects:
+            return []
+        waiting: dict[str, list[Entry]] = {}
+        for it in range(self.floor, self.created):
+            for e in self.ledger.in_state(State.QUEUED, iteration=it):
+                if e.prompt_id in suspects:
+                    waiting.setdefault(e.prompt_id, []).append(e)
+        if not waiting:
+            self.clearing.clear()
+            return []
+        running = list(self._in_flight())
+        held = Counter(str(e.agent) for e in running)
+        started = {e.prompt_id for e in running}
+        busy = {str(e.agent) for e in running if e.prompt_id in suspects}
+        live = self.live_units
+        out: list[Out] = []
+        for group, entries in sorted(waiting.items()):
+            if group in started:
+                continue  # part of it runs already (alone, or where it was before it became a suspect): the rest waits
+            it = entries[0].iteration
+            fit = [
+                u for u in live if u.name not in busy and self.bound.may_dispatch(iteration=it, unit_version=u.version)
+            ]
+            empty = [u for u in fit if held[u.name] == 0]
+            if empty:
+                unit = min(empty, key=lambda u: (u.name not in self.clearing, u.name))
+                sent = self._give(unit, entries, it)
+                if sent:
+                    self.clearing.discard(unit.name)
+                    busy.add(unit.name)
+                    out += sent
+            elif len(busy | self.clearing) < max(1, len(live) // 2):
+                free = [u for u in fit if u.name not in self.clearing]
+                if free:
+                    self.clearing.add(min(free, key=lambda u: (held[u.name], u.name)).name)
         return out
 
     def _advance_floor(self) -> None:

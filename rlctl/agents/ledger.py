@@ -13,6 +13,8 @@ its samples are. States and the only legal moves:
     finished (its reward held the trainer) ──filter──▶ filtered: left out of its group, which trains without it
     finished (its group's rewards all equal) ──drop──▶ dropped: the group trains nothing; a new prompt's group
                                                        takes its place (DAPO's dynamic sampling, `refills`)
+    any state before delivered ──quarantine──▶ quarantined: the prompt crashed or hung the rollout units it ran on
+                                               (`ControllerCore`'s blame); a new prompt's group takes its place
 
 What a dispatched sample has generated so far (its unit's reports) is in `partials` (`rlctl.agents.
 trajectories`): a sample queued again after its unit was lost resumes from there.
@@ -56,6 +58,7 @@ class State(StrEnum):
     TRAINED = "trained"
     FILTERED = "filtered"
     DROPPED = "dropped"
+    QUARANTINED = "quarantined"
 
 
 class LedgerError(ValueError):
@@ -101,6 +104,7 @@ class LedgerCounts:
     migrated: int  # samples a unit gave back to go to another (ControllerCore.migrate)
     filtered: int  # samples left out of their group's training: their reward held the trainer (unstick)
     dropped: int  # groups whose rewards were all equal, replaced by a new prompt's (dynamic sampling)
+    quarantined: int  # prompts set aside for crashing the units that ran them, each replaced by a new prompt's
 
 
 @dataclass
@@ -122,7 +126,8 @@ class Retired:
         return cls(int(data.get("prompts", 0)), int(data.get("trained", 0)), int(data.get("lost", 0)), states)
 
 
-COMPLETE = (State.TRAINED, State.FILTERED, State.DROPPED)
+COMPLETE = (State.TRAINED, State.FILTERED, State.DROPPED, State.QUARANTINED)
+SET_ASIDE = (State.DROPPED, State.QUARANTINED)  # a group that trains nothing, by design: not lost
 
 
 @dataclass
@@ -139,10 +144,13 @@ class Ledger:
     migrated: int = 0
     filtered: int = 0
     dropped: int = 0
+    quarantined: int = 0
     rounds: int = 0  # rounds whose prompts are in the ledger (0..rounds − 1)
     # round → the groups drawn for it beyond its prompts (dynamic sampling): the next one's prompt is number this
     refills: dict[int, int] = field(default_factory=dict)
     partials: TrajectoryStore = field(default_factory=TrajectoryStore)  # dispatched samples' output so far
+    # prompt → losses of rollout units that held a sample of it (`ControllerCore._blame`; gone once it completes)
+    crashes: dict[str, int] = field(default_factory=dict)
     retired: Retired = field(default_factory=Retired)  # the complete rounds taken out (`retire`)
     clock: Callable[[], float] = field(default=time.time, repr=False)  # wall clock of the entries' times
 
@@ -197,6 +205,8 @@ class Ledger:
         second copy of a result, come after the sample went back to the same unit. An earlier attempt's first
         result counts (a unit handed a sample it still held goes on with its own generation)."""
         e = self.dispatched_to(sample_id, agent)
+        if e is None and sample_id in self.entries and self.entries[sample_id].state is State.QUARANTINED:
+            return False  # a unit still ran it when its prompt was set aside: expected, not refused
         if e is None or (attempt is not None and attempt <= e.answered):
             self.refused += 1
             return False
@@ -275,6 +285,16 @@ class Ledger:
                 e.state = State.DROPPED
         self.dropped += 1
 
+    def quarantine(self, prompt_id: str) -> None:
+        """Set the group aside: the prompt crashed or hung the units that ran it. Its samples' tokens are discarded
+        (a finished one's count, a running one's kept output); a late result of one is dropped, not refused."""
+        for e in self.by_prompt[prompt_id]:
+            assert e.state not in (State.DELIVERED, State.TRAINED), f"{e.sample_id} is with the trainer already"
+            self.discarded_tokens += e.output_tokens + self.partials.drop(e.sample_id)
+            e.state = State.QUARANTINED
+        self.crashes.pop(prompt_id, None)
+        self.quarantined += 1
+
     def _discard(self, e: Entry) -> None:
         """A finished sample goes back to the queue: its tokens are thrown away."""
         self.discarded_tokens += e.output_tokens
@@ -329,6 +349,7 @@ class Ledger:
             migrated=self.migrated,
             filtered=self.filtered,
             dropped=self.dropped,
+            quarantined=self.quarantined,
         )
 
     def state_histogram(self) -> dict[str, int]:
@@ -352,7 +373,8 @@ class Ledger:
             trained = _trained(group)
             self.retired.prompts += 1
             self.retired.trained += trained
-            self.retired.lost += not trained and all(e.state is not State.DROPPED for e in group)
+            self.retired.lost += not trained and all(e.state not in SET_ASIDE for e in group)
+            self.crashes.pop(prompt_id, None)
         return list(entries)
 
     # -- checkpoint ---------------------------------------------------------------------------------
@@ -368,12 +390,14 @@ class Ledger:
                 "migrated": self.migrated,
                 "filtered": self.filtered,
                 "dropped": self.dropped,
+                "quarantined": self.quarantined,
             },
             "rounds": self.rounds,
             "refills": {str(k): v for k, v in self.refills.items()},
             "entries": [entry_row(e) for e in self.entries.values()],
             "partials": self.partials.to_json(),
             "retired": self.retired.to_json(),
+            "crashes": dict(self.crashes),
         }
 
     @classmethod
@@ -385,9 +409,10 @@ class Ledger:
         )
         led.refills = {int(k): int(v) for k, v in data.get("refills", {}).items()}
         led.rounds = int(data.get("rounds", 0))
+        led.crashes = {str(k): int(v) for k, v in data.get("crashes", {}).items()}
         entries = [Entry(**{**row, "state": State(row["state"])}) for row in data["entries"]]
         trained = {e.prompt_id for e in entries if e.state is State.TRAINED}
-        dropped = {e.prompt_id for e in entries if e.state is State.DROPPED}
+        dropped = {e.prompt_id for e in entries if e.state in SET_ASIDE}
         for e in entries:
             kept = e.prompt_id in trained and e.state is State.FILTERED
             if not (e.state is State.TRAINED or kept or e.prompt_id in dropped):

@@ -203,6 +203,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
             "migrated": counts.migrated,
             "resumed": core.ledger.partials.resumed,
             **({"dropped": counts.dropped} if counts.dropped else {}),  # dynamic sampling
+            **({"quarantined": counts.quarantined} if counts.quarantined else {}),  # prompts that crashed units
         },
         "resilience": dict(s.resilience),
         "data": dict(s.data),
@@ -332,6 +333,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
             "aborted": counts.aborted,
             "filtered": counts.filtered,
             "dropped": counts.dropped,
+            "quarantined": counts.quarantined,
             "migrated": counts.migrated,
             "partials": partials_view(core),
         },

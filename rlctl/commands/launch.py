@@ -83,7 +83,8 @@ def summary_table(s: dict[str, Any]) -> str:
             "ledger",
             f"prompts {led['prompts']} trained {led['trained']} requeued {led['requeued']} "
             f"lost {led['lost']} duplicated {led['duplicated']}"
-            + (f" dropped {led['dropped']} (no signal)" if led.get("dropped") else ""),
+            + (f" dropped {led['dropped']} (no signal)" if led.get("dropped") else "")
+            + (f" quarantined {led['quarantined']} (crashed units)" if led.get("quarantined") else ""),
         ],
         ["partial rollouts", partials_line(led)],
         ["wall", f"{s['wall_s']:.1f} s"],

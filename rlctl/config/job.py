@@ -445,6 +445,12 @@ class Rollout(Strict):
         "each unit's first steps compile, tens of seconds)",
     )
     hang_timeout_s: HangTimeout = "auto"
+    quarantine_after: NonNegativeInt = Field(
+        2,
+        description="a prompt in flight on this many rollout units that were lost (crashed, or ended by "
+        "hang_timeout_s) runs alone on a unit from then on; if that unit is lost too, the prompt is quarantined: "
+        "set aside, a new prompt drawn in its place (the prompt_quarantined event names it). 0: never",
+    )
     on_new_weights: Literal["auto", "recompute", "keep"] = Field(
         "auto",
         description="what a unit's running generations do when a new version arrives: 'recompute' the K/V of "

@@ -105,6 +105,10 @@ class TaskSource(ABC):
             return 0.0
         return -penalty * min(output_tokens - start, buffer) / buffer
 
+    def origin(self, prompt_id: str) -> str | None:
+        """Where the prompt is in the user's data ("data.jsonl line 3"), for an operator; None: a generated one."""
+        return None
+
     def reward_stats(self) -> RewardStats:
         return RewardStats()
 
@@ -208,6 +212,9 @@ class DatasetSource(TaskSource):
 
     def prompt_tokens(self, prompt_id: str) -> list[int]:
         return self.data.prompt(_position(prompt_id)).tokens
+
+    def origin(self, prompt_id: str) -> str | None:
+        return f"{self.cfg.path} {self.data.prompt(_position(prompt_id)).source_row}"
 
     def score(self, sample_id: str, prompt_id: str, output_tokens: list[int]) -> Future[float]:
         from rlctl.rl.dataset import submit_reward

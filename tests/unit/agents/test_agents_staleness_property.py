@@ -154,6 +154,7 @@ def test_no_staleness_violation_and_exactly_once(
     dups_left, kills_left = 3, 2
     unscored: list[tuple[str, int]] = []  # (sample id, attempt) whose reward is still computing
     unstick_discarded = 0  # tokens that `unstick` threw away (filtered samples, regenerated groups)
+    quarantine_discarded = 0  # … and a quarantined group's (a kill can set aside a group it killed twice)
 
     retired: list[Entry] = []  # the rounds the ledger took out once complete (the controller's sample log)
     core.on_retire = retired.extend
@@ -254,7 +255,10 @@ def test_no_staleness_violation_and_exactly_once(
         elif what == "kill":
             kills_left -= 1
             units[name].alive = False
+            before, too_old = core.ledger.discarded_tokens, core.ledger.partials.too_old_tokens
             handle(core.lost(name))
+            grown = core.ledger.discarded_tokens - before - (core.ledger.partials.too_old_tokens - too_old)
+            quarantine_discarded += grown
         elif what == "join":
             join(f"r{next_unit}", 0)  # a newcomer starts from the initial weights
             next_unit += 1
@@ -266,7 +270,10 @@ def test_no_staleness_violation_and_exactly_once(
     # only what a stalled reward filtered out or had generated again, and kept output of regenerated groups too
     # old to resume after that
     partials = core.ledger.partials
-    assert counts.discarded_tokens == unstick_discarded + partials.too_old_tokens + dropped_tokens()
+    assert (
+        counts.discarded_tokens == unstick_discarded + partials.too_old_tokens + dropped_tokens() + quarantine_discarded
+    )
+    assert quarantine_discarded == 0 or counts.quarantined
     assert unstick_discarded <= 3 * (group * counts.aborted + counts.filtered)
     assert partials.too_old == 0 or counts.aborted > 0
     assert sorted(trainer.trained) == sorted(set(trainer.trained))
@@ -280,9 +287,12 @@ def test_no_staleness_violation_and_exactly_once(
     left_out = [e for e in retired if e.state is State.FILTERED and e.prompt_id in trained_groups]
     assert len(trainer.trained) == counts.trained_samples == iterations * prompts * group - len(left_out)
     assert all(sum(e.state is State.TRAINED for e in groups[e.prompt_id]) >= 2 for e in left_out)
-    # every group drawn is trained or, dropped for equal rewards, replaced: at most `refills` a round
-    assert counts.trained == iterations * prompts and counts.prompts == counts.trained + counts.dropped
-    assert counts.dropped == sum(core.ledger.refills.values()) <= refills * iterations
+    # every group drawn is trained or, dropped for equal rewards (at most `refills` a round) or quarantined (in flight
+    # at both kills, alone at the second), replaced
+    assert counts.trained == iterations * prompts
+    assert counts.prompts == counts.trained + counts.dropped + counts.quarantined
+    assert counts.dropped + counts.quarantined == sum(core.ledger.refills.values())
+    assert counts.dropped <= refills * iterations and counts.quarantined <= 1
     assert group >= 2 or counts.dropped == 0
     assert counts.duplicated == 0 and counts.lost == 0
     if mode == "sync":

@@ -14,7 +14,7 @@ from rlctl.agents.rebalance import Reading
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import PACE_ROWS, Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
-from rlctl.commands.launch import progress_line
+from rlctl.commands.launch import progress_line, summary_table
 from rlctl.commands.status import checkpoint_line, time_line, training_line
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
@@ -189,6 +189,8 @@ def test_status_reports_the_last_row_the_rule_and_live_agents_without_clients():
         "migrated": 0,
         "resumed": 0,
     }
+    core.ledger.quarantined = 1  # a prompt set aside for crashing units: counted only once there is one
+    assert status(_snapshot(core, [row]), now=110.0)["ledger"]["quarantined"] == 1
 
 
 def test_a_skipped_step_and_a_busy_phase_in_the_row_and_the_status():
@@ -264,6 +266,11 @@ def test_summary_reward_throughput_and_bubbles_then_the_end_state():
     assert s["bubble_fraction"] == {"rollout": 0.2, "trainer": 0.7}  # 1 − busy / 5 s
     assert s["agents"] == {"trainer-0": {"role": "trainer", "busy_s": 1.5}, "r0": {"role": "rollout", "busy_s": 4.0}}
     assert s["job_dir"] == "/jobs/views" and s["ledger"]["trained_samples"] == 2
+    ledger_line = next(line for line in summary_table(s | {"wall_s": 5.0}).splitlines() if "prompts 4 trained" in line)
+    assert "dropped" not in ledger_line and "quarantined" not in ledger_line
+    core.ledger.quarantined = 1  # the launch summary names what was set aside, once something was
+    table = summary_table(summary(_snapshot(core, [row])) | {"wall_s": 5.0})  # (the launcher adds its wall time)
+    assert "lost 0 duplicated 0 quarantined 1 (crashed units)" in table
     core.failed = "trainer trainer-0 was lost"
     assert summary(_snapshot(core, [row]))["state"] == "failed: trainer trainer-0 was lost"
     empty = summary(_snapshot(_core(Clock()), []))

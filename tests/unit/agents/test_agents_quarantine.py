@@ -1,0 +1,211 @@
+"""Prompts that crash the rollout units they run on (ControllerCore._blame): a prompt in flight at
+`quarantine_after` unit losses runs alone on a unit; lost there too, it is quarantined and a new prompt's group
+takes its place. Driven through whole runs by a small simulation of the units and the trainer."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from typing import Any
+
+from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.ledger import Ledger, State
+
+
+def _core(*, iterations: int = 4, prompts: int = 4, group: int = 2, after: int = 2, **kw: Any) -> ControllerCore:
+    cfg = CoreConfig(
+        iterations=iterations,
+        prompts_per_iteration=prompts,
+        samples_per_prompt=group,
+        max_new_tokens=16,
+        mode="async",
+        eta=1,
+        min_units=kw.pop("min_units", 3),
+        quarantine_after=after,
+        **kw,
+    )
+    return ControllerCore(
+        cfg,
+        prompts=lambda it: [PromptSpec(f"p{it}-{j}", [1, 2 + j], true_len=4 + j) for j in range(prompts)],
+        refill=lambda it, j: PromptSpec(f"q{it}-{j}", [3, 4 + j], true_len=4),
+    )
+
+
+class Sim:
+    """Units that finish one sample each per step and die holding a poison prompt's sample; a trainer that trains an
+    iteration once it holds all its groups; every live unit applies each new version at once; a lost unit is
+    replaced at once."""
+
+    def __init__(self, core: ControllerCore, *, units: int = 3, poison: frozenset[str] = frozenset()) -> None:
+        self.core, self.poison = core, poison
+        self.held: dict[str, list[str]] = {}
+        self.got: dict[int, dict[str, list[str]]] = {}  # iteration → group → samples the trainer holds
+        self.names = (f"r{i}" for i in itertools.count())
+        self.lost: list[str] = []
+        self.alone_violations: list[tuple[str, list[str]]] = []
+        self.refused: list[str] = []
+        self.absorb(core.join("trainer-0", role="trainer", version=0))
+        for _ in range(units):
+            self.join()
+
+    def join(self) -> None:
+        name = next(self.names)
+        self.held[name] = []
+        self.absorb(self.core.join(name, role="rollout", version=self.core.trainer_version))
+
+    def absorb(self, outs: list[Out]) -> None:
+        core = self.core
+        for o in outs:
+            if o.kind == "generate":
+                sids = [r["sample_id"] for r in o.header["requests"]]
+                groups = {s.split("/")[0] for s in sids}
+                if groups & core.suspects() and (len(groups) > 1 or self.held[o.to]):
+                    self.alone_violations.append((o.to, sids))
+                self.held[o.to].extend(sids)
+            elif o.kind == "samples":
+                for s in o.header["samples"]:
+                    self.got.setdefault(s["iteration"], {}).setdefault(s["prompt_id"], []).append(s["sample_id"])
+            elif o.kind == "regroup":
+                to = o.header["iteration"]
+                for g in o.header["groups"]:
+                    frm = next(it for it, gs in self.got.items() if g in gs)
+                    self.got.setdefault(to, {})[g] = self.got[frm].pop(g)
+            elif o.kind == "withdraw":
+                take = self.held[o.to][-o.header["count"] :]
+                del self.held[o.to][-len(take) :]
+                self.absorb(core.withdrawn(o.to, [(sid, [], [], []) for sid in take]))
+
+    def step(self) -> None:
+        core = self.core
+        for name, sids in list(self.held.items()):
+            if any(s.split("/")[0] in self.poison for s in sids):
+                del self.held[name]
+                self.lost.append(name)
+                self.absorb(core.lost(name, closed=True))
+                self.join()
+                return
+        for name, sids in list(self.held.items()):
+            if sids:
+                sid = sids.pop(0)
+                if core.ledger.entries.get(sid) is not None and core.ledger.entries[sid].state is State.QUARANTINED:
+                    self.refused.append(sid)
+                reward = float(sid.endswith("/0"))
+                self.absorb(
+                    core.sample(
+                        name, sample_id=sid, version=core.trainer_version, output_tokens=4, payload=sid, reward=reward
+                    )
+                )
+        b = core.trainer_version
+        ready = self.got.get(b, {})
+        if len(ready) == core.cfg.prompts_per_iteration and all(
+            len(v) == core.cfg.samples_per_prompt for v in ready.values()
+        ):
+            sids = [s for v in self.got.pop(b).values() for s in v]
+            self.absorb(core.trained(iteration=b, version=b + 1, sample_ids=sids, stats={}))
+            for name in list(self.held):
+                if name in core.units and core.units[name].alive:
+                    self.absorb(core.weights_applied(name, b + 1))
+
+    def run(self, steps: int = 500) -> None:
+        for _ in range(steps):
+            if self.core.done or self.core.failed:
+                return
+            self.step()
+        raise AssertionError(f"not done after {steps} steps: {self.core.ledger.state_histogram()}")
+
+
+def test_a_prompt_that_crashes_every_unit_it_runs_on_is_quarantined_after_three_losses_and_the_job_ends() -> None:
+    core = _core()
+    sim = Sim(core, poison=frozenset({"p0-1"}))
+    quarantines: list[dict[str, Any]] = []
+    while not (core.done or core.failed):
+        sim.step()
+        quarantines += core.quarantines
+        core.quarantines.clear()
+        assert len(sim.lost) <= 3, quarantines
+    assert core.done and not core.failed
+    # two losses shared with whatever else those units held, the third with it alone on its unit
+    assert len(sim.lost) == 3
+    assert [q for q in quarantines if q["action"] == "quarantined"] == [
+        {"prompt": "p0-1", "losses": 3, "unit": sim.lost[-1], "with": 0, "action": "quarantined"}
+    ]
+    assert {e.state for e in core.ledger.group("p0-1")} <= {State.QUARANTINED}  # (retired with its round)
+    counts = core.ledger.counts(completed_iterations=core.trainer_version)
+    assert (counts.quarantined, counts.lost, counts.duplicated, counts.refused) == (1, 0, 0, 0)
+    assert counts.trained == 4 * 4  # every iteration full: a new prompt's group took the quarantined one's place
+    assert core.ledger.state_histogram()[State.QUARANTINED.value] == 2
+    assert sim.alone_violations == []  # a suspect went to a unit holding nothing else, with nothing else
+    assert core.ledger.crashes == {}  # the innocent suspects ran to the end alone: cleared
+
+
+def test_one_loss_isolates_nothing_and_a_prompt_that_completes_is_cleared() -> None:
+    core = _core(iterations=2)
+    sim = Sim(core)
+    sim.step()
+    victim = next(n for n, sids in sim.held.items() if sids)
+    held = {s.split("/")[0] for s in sim.held.pop(victim)}
+    sim.absorb(core.lost(victim, closed=True))
+    sim.join()
+    assert set(core.ledger.crashes) == held and set(core.ledger.crashes.values()) == {1}
+    assert core.suspects() == set() and core.quarantines == []
+    sim.run()
+    counts = core.ledger.counts(completed_iterations=core.trainer_version)
+    assert core.done and core.ledger.crashes == {} and (counts.quarantined, counts.lost) == (0, 0)
+
+
+def test_a_suspect_runs_alone_and_the_other_units_carry_the_rest() -> None:
+    """Four units, two suspects: at most half the units hold or empty for a suspect at a time."""
+    core = _core(iterations=3, prompts=6, min_units=4)
+    sim = Sim(core, units=4)
+    core.ledger.crashes.update({"p0-0": 2, "p1-2": 2})  # as if each had been in flight at two losses
+    most = 0
+    while not core.done:
+        sim.step()
+        suspects = core.suspects()
+        barred = core._barred(suspects)
+        most = max(most, len(barred))
+        if suspects:  # the other units go on with the rest of the job meanwhile
+            assert any(sids and not ({s.split("/")[0] for s in sids} & suspects) for sids in sim.held.values())
+    assert sim.alone_violations == [] and most == 2 and core.ledger.crashes == {}
+
+
+def test_off_a_prompt_that_crashes_units_is_never_set_aside() -> None:
+    core = _core(after=0)
+    sim = Sim(core, poison=frozenset({"p0-1"}))
+    for _ in range(20):
+        sim.step()
+    assert len(sim.lost) >= 5 and core.ledger.crashes == {} and not core.suspects()
+
+
+def test_a_unit_that_went_silent_blames_nothing() -> None:
+    core = _core(after=1)
+    sim = Sim(core)
+    name = next(n for n, sids in sim.held.items() if sids)
+    sim.absorb(core.unreachable(name))  # its link: its samples go back to the queue
+    sim.absorb(core.lost(name))  # lost later, holding nothing
+    assert core.ledger.crashes == {} and core.quarantines == []
+
+
+def test_a_checkpoint_keeps_the_quarantined_group_set_aside_and_the_suspects_counts() -> None:
+    core = _core(iterations=3, after=2)
+    sim = Sim(core, poison=frozenset({"p1-0"}))
+    while not core.ledger.quarantined:
+        sim.step()
+    saved = core.ledger.to_json()
+    crashes = dict(core.ledger.crashes)
+    again = _core(iterations=3, after=2)
+    again.restore(version=core.trainer_version, ledger=Ledger.from_json(saved))
+    assert {e.state for e in again.ledger.group("p1-0")} == {State.QUARANTINED}
+    assert again.ledger.crashes == crashes and again.ledger.quarantined == 1
+    assert "q1-0" in again.prompts  # the group drawn in its place is generated again
+    Sim(again).run()
+    counts = again.ledger.counts(completed_iterations=again.trainer_version)
+    assert again.done and (counts.quarantined, counts.lost, counts.duplicated) == (1, 0, 0)
+
+
+def test_a_prompt_alone_on_its_unit_at_its_first_loss_is_only_counted() -> None:
+    core = _core(iterations=1, prompts=1, min_units=1)
+    sim = Sim(core, units=1)
+    sim.absorb(core.lost("r0", closed=True))
+    assert core.ledger.crashes == {"p0-0": 1} and not core.ledger.quarantined
+    assert Counter(q["action"] for q in core.quarantines) == Counter()
