@@ -818,6 +818,7 @@ class ControllerCore:
         now = self.clock()
         self._advance_floor()
         suspects = self.suspects()
+        out += self._isolate(suspects)  # first: a unit it does not keep emptying for takes other work below
         barred = self._barred(suspects)
         for it in range(self.floor, self.created):
             queued = [e for e in self.ledger.in_state(State.QUEUED, iteration=it) if e.prompt_id not in suspects]
@@ -836,7 +837,7 @@ class ControllerCore:
             for unit, entries in zip(pool, self._assign(queued, pool), strict=True):
                 if entries and unit.name in ready:
                     out += self._give(unit, entries, it)
-        return out + self._isolate(suspects)
+        return out
 
     def _barred(self, suspects: set[str]) -> set[str]:
         """Units that take no work but a suspect's (`_blame`): those holding one, and those emptying for one."""
@@ -866,26 +867,34 @@ class ControllerCore:
         started = {e.prompt_id for e in running}
         busy = {str(e.agent) for e in running if e.prompt_id in suspects}
         live = self.live_units
+        cap = max(1, len(live) // 2)
+        keep: set[str] = set()  # units emptying for a suspect that may go to them now
         out: list[Out] = []
         for group, entries in sorted(waiting.items()):
             if group in started:
                 continue  # part of it runs already (alone, or where it was before it became a suspect): the rest waits
             it = entries[0].iteration
             fit = [
-                u for u in live if u.name not in busy and self.bound.may_dispatch(iteration=it, unit_version=u.version)
-            ]
+                u
+                for u in live
+                if u.name not in busy
+                and self.bound.may_dispatch(iteration=it, unit_version=u.version)
+                and self.buffers.may_reserve(group, u.version)
+            ]  # none: it waits, holding no unit (a unit emptied for it would idle, and could hold the trainer)
             empty = [u for u in fit if held[u.name] == 0]
             if empty:
                 unit = min(empty, key=lambda u: (u.name not in self.clearing, u.name))
                 sent = self._give(unit, entries, it)
                 if sent:
-                    self.clearing.discard(unit.name)
                     busy.add(unit.name)
                     out += sent
-            elif len(busy | self.clearing) < max(1, len(live) // 2):
-                free = [u for u in fit if u.name not in self.clearing]
-                if free:
-                    self.clearing.add(min(free, key=lambda u: (held[u.name], u.name)).name)
+                continue
+            mine = [u.name for u in fit if u.name in self.clearing and u.name not in keep]
+            if mine:
+                keep.add(mine[0])
+            elif len(busy | keep) < cap and (free := [u for u in fit if u.name not in keep]):
+                keep.add(min(free, key=lambda u: (held[u.name], u.name)).name)
+        self.clearing = keep - busy
         return out
 
     def _advance_floor(self) -> None:

@@ -19,7 +19,7 @@ def _core(*, iterations: int = 4, prompts: int = 4, group: int = 2, after: int =
         samples_per_prompt=group,
         max_new_tokens=16,
         mode="async",
-        eta=1,
+        eta=kw.pop("eta", 1),
         min_units=kw.pop("min_units", 3),
         quarantine_after=after,
         **kw,
@@ -167,6 +167,35 @@ def test_a_suspect_runs_alone_and_the_other_units_carry_the_rest() -> None:
         if suspects:  # the other units go on with the rest of the job meanwhile
             assert any(sids and not ({s.split("/")[0] for s in sids} & suspects) for sids in sim.held.values())
     assert sim.alone_violations == [] and most == 2 and core.ledger.crashes == {}
+
+
+def test_with_one_unit_suspects_of_every_round_run_alone_in_turn_and_the_job_ends() -> None:
+    """The one unit empties for a suspect only when the suspect may go to it: one whose group has no room within
+    the bound yet leaves it to the work the trainer waits for (else the job would wait for ever)."""
+    for eta in (1, 2):
+        core = _core(iterations=4, prompts=3, min_units=1, eta=eta)
+        core.ledger.crashes.update({f"p{r}-{j}": 2 for r in range(4) for j in (0, 2)})
+        sim = Sim(core, units=1)
+        sim.run()
+        counts = core.ledger.counts(completed_iterations=core.trainer_version)
+        assert sim.alone_violations == [] and core.ledger.crashes == {} and (counts.trained, counts.lost) == (12, 0)
+
+
+def test_a_suspect_with_no_room_within_the_bound_holds_no_unit() -> None:
+    """A unit emptied for a suspect that may not go to it would sit idle, and could hold the trainer's iteration."""
+    core = _core(iterations=2, prompts=2, min_units=1)
+    core.ledger.crashes["p0-1"] = 2
+    may_reserve = core.buffers.may_reserve
+    core.buffers.may_reserve = lambda group, version: group != "p0-1" and may_reserve(group, version)  # type: ignore[method-assign]
+    sim = Sim(core, units=1)
+    assert sorted(sim.held["r0"]) == ["p0-0/0", "p0-0/1", "p1-0/0", "p1-0/1", "p1-1/0", "p1-1/1"]
+    sim.absorb(core.pump())
+    assert core.clearing == set()  # not emptied for a suspect that could not go to it
+    core.buffers.may_reserve = may_reserve  # type: ignore[method-assign]
+    sim.absorb(core.pump())
+    assert core.clearing == {"r0"}  # room now: it empties for the suspect, which then runs alone
+    sim.run()
+    assert core.done and sim.alone_violations == [] and core.ledger.crashes == {}
 
 
 def test_off_a_prompt_that_crashes_units_is_never_set_aside() -> None:
