@@ -222,6 +222,8 @@ class ControllerAgent:
         job_config = job.model_dump(mode="json", by_alias=True)
         self.tracker = FanOut(make_trackers(job.tracking, jobdir.path, job.name, job_config))
         self.evaluator = self._evaluator(version or 0)
+        if self.evaluator is not None:
+            self.core.evaluating = self.evaluator.schedule.holds
         jobdir.write_json(
             jobdir.controller_json,
             {"address": self.listener.address, "pid": os.getpid(), "metrics_port": self.metrics_port},
@@ -266,6 +268,7 @@ class ControllerAgent:
             self.task.heldout(e.heldout_prompts),
             self.task.max_new_tokens,
             floor=resumed,
+            max_lost=self.job.rollout.quarantine_after,
         )
         return Evaluator(
             schedule,
@@ -722,8 +725,11 @@ class ControllerAgent:
     def _evaluate(self, unit: str, version: int) -> None:
         """`unit` holds `version`: it evaluates it when a version is due (and it takes work)."""
         u = self.core.units.get(unit)
-        if self.evaluator is not None and u is not None and u.alive and u.reachable and not u.draining:
-            self._send(self.evaluator.unit_at(unit, version))
+        if self.evaluator is None or u is None or not u.alive or not u.reachable or u.draining:
+            return
+        if unit in self.core.isolating():
+            return  # it runs a suspect prompt alone (or empties for one): the next unit to hold a version is asked
+        self._send(self.evaluator.unit_at(unit, version))
 
     def _hello_again(self, p: Peer, conn: Connection, h: Hello) -> None:
         """A rollout unit that reconnected: back on its new connection, unless it was counted lost meanwhile
@@ -798,7 +804,8 @@ class ControllerAgent:
         peer.conn.close()
         before = self.core.ledger.requeued
         unsent = self._unsent(peer) if closed else None
-        self._send(self.core.lost(name, at=at, closed=closed, unsent=unsent))
+        evaluating = self.evaluator is not None and self.evaluator.schedule.holds(name)
+        self._send(self.core.lost(name, at=at, closed=closed, unsent=unsent, evaluating=evaluating))
         self._quarantines()
         self.jobdir.event(
             "agent_lost",

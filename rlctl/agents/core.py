@@ -158,6 +158,7 @@ class ControllerCore:
         self.aborted: set[str] = set()  # groups aborted once: their next rewards are waited for
         self.floor = 0  # the oldest round that may still have samples to dispatch; those before it are retired
         self.on_retire: Callable[[list[Entry]], None] | None = None  # gets each retired round's entries
+        self.evaluating: Callable[[str], bool] = lambda unit: False  # is it decoding held-out prompts? (`_isolate`)
         self._make_prompts = prompts
         self._refill = refill
         assert refill is not None or not cfg.max_refills, "dynamic sampling draws its prompts from `refill`"
@@ -204,10 +205,19 @@ class ControllerCore:
             self.units[name] = unit
         return [self._members(), *self.pump(), *self.migrate(now=True)]
 
-    def lost(self, name: str, *, at: float | None = None, closed: bool = False, unsent: int | None = None) -> list[Out]:
+    def lost(
+        self,
+        name: str,
+        *,
+        at: float | None = None,
+        closed: bool = False,
+        unsent: int | None = None,
+        evaluating: bool = False,
+    ) -> list[Out]:
         """An agent is gone; `at`: when that was heard (this clock; default now); `closed`: its connection ended in
         order (everything it wrote before arrived: the process ended), not by a reset, a timeout or silence;
-        `unsent`: a rollout unit's tokens generated and not sent, from its flight record where it could be read."""
+        `unsent`: a rollout unit's tokens generated and not sent, from its flight record where it could be read;
+        `evaluating`: it was decoding a held-out evaluation too (`_blame`: its samples were not alone on it)."""
         if self.trainer is not None and name == self.trainer.name:
             self.trainer.alive = False
             self.failed = f"trainer {name} was lost"
@@ -222,18 +232,20 @@ class ControllerCore:
         self._interrupted(name, requeued, at=at, closed=closed)
         if unsent is not None:
             self.ledger.partials.measured(unsent)
-        self._blame(name, requeued)
+        self._blame(name, requeued, evaluating=evaluating)
         self._release_idle(requeued)
         return [self._members(), *self.pump()]
 
-    def _blame(self, name: str, sample_ids: list[str]) -> None:
+    def _blame(self, name: str, sample_ids: list[str], *, evaluating: bool = False) -> None:
         """Unit `name` was lost holding `sample_ids`: every prompt among them counts one more loss. A prompt that
         crashes or hangs the engine (an input that trips a kernel, a tokenizer edge case, a generation that never
         ends) would otherwise take down each unit it is sent to, for ever; an innocent one shares some losses with it
         by chance. So a prompt at `quarantine_after` losses is a suspect: it runs alone on a unit (`_isolate`), and a
         suspect whose unit is lost while holding nothing else is quarantined — its group is set aside and a new
         prompt's takes its place. A suspect that completes is cleared (`_complete`). A unit that was only silent
-        (`unreachable`: its link, its node) blames nothing: its samples went back to the queue before it was lost."""
+        (`unreachable`: its link, its node) blames nothing: its samples went back to the queue before it was lost.
+        A unit that was `evaluating` held the held-out prompts too: nothing on it was alone (the controller asks no
+        unit that runs a suspect to evaluate, and stops the evaluation when it keeps losing units: evaluation.py)."""
         after = self.cfg.quarantine_after
         groups = sorted({self.ledger.entries[sid].prompt_id for sid in sample_ids})
         if not after or not groups:
@@ -243,8 +255,8 @@ class ControllerCore:
             crashes[group] = n = crashes.get(group, 0) + 1
             if n < after:
                 continue
-            record = {"prompt": group, "losses": n, "unit": name, "with": len(groups) - 1}
-            if len(groups) == 1:
+            record = {"prompt": group, "losses": n, "unit": name, "with": len(groups) - 1 + int(evaluating)}
+            if len(groups) == 1 and not evaluating:
                 self._quarantine(group)
                 self.quarantines.append({**record, "action": "quarantined"})
             elif n == after:
@@ -267,6 +279,10 @@ class ControllerCore:
         spec = self._register([self._refill(r, drawn)])[0]
         self.ledger.refills[r] = drawn + 1
         self.ledger.add_prompt(iteration=r, prompt_id=spec.prompt_id, num_samples=self.cfg.samples_per_prompt)
+
+    def isolating(self) -> set[str]:
+        """Units that run a suspect alone or empty for one: nothing else is sent to them."""
+        return self._barred(self.suspects())
 
     def suspects(self) -> set[str]:
         """Prompts that run alone on a unit (`_blame`)."""
@@ -849,7 +865,8 @@ class ControllerCore:
         return holding | self.clearing
 
     def _isolate(self, suspects: set[str]) -> list[Out]:
-        """Each suspect with samples queued goes, all of them, to a live unit that holds nothing else. With none
+        """Each suspect with samples queued goes, all of them, to a live unit that holds nothing else (no held-out
+        evaluation either: `evaluating`). With none
         empty, the least loaded unit takes no new work until it is (`clearing`); at most half the live units (one
         at least) hold or wait for suspects, so the rest of the job goes on meanwhile."""
         if not suspects:
@@ -881,7 +898,7 @@ class ControllerCore:
                 and self.bound.may_dispatch(iteration=it, unit_version=u.version)
                 and self.buffers.may_reserve(group, u.version)
             ]  # none: it waits, holding no unit (a unit emptied for it would idle, and could hold the trainer)
-            empty = [u for u in fit if held[u.name] == 0]
+            empty = [u for u in fit if held[u.name] == 0 and not self.evaluating(u.name)]
             if empty:
                 unit = min(empty, key=lambda u: (u.name not in self.clearing, u.name))
                 sent = self._give(unit, entries, it)

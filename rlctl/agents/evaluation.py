@@ -60,10 +60,16 @@ class EvalSchedule:
     asked: dict[int, Asked] = field(default_factory=dict)  # version → the unit decoding it
     floor: int = 0  # due versions below this are not evaluated (a resumed run: evaluated before it failed)
     low: int = -1  # every due version below this is done (or below the floor): where `_due_versions` starts
+    # more evaluations than this lost with their unit in a row stop the evaluation (`lost`; 0: never stops)
+    max_lost: int = 0
+    lost_in_a_row: int = 0
+    stopped: bool = False
 
     def due(self, version: int) -> bool:
         """Some due version ≤ `version` has not been asked for (or done) yet."""
-        return any(d not in self.done and d not in self.asked for d in self._due_versions(upto=version))
+        return not self.stopped and any(
+            d not in self.done and d not in self.asked for d in self._due_versions(upto=version)
+        )
 
     def _next_due(self, d: int) -> int:
         """The first due version after `d` (past the last: last + 1)."""
@@ -100,6 +106,7 @@ class EvalSchedule:
         asked = self.asked.pop(version, None)
         if asked is not None:
             self.done.add(version)
+            self.lost_in_a_row = 0
         return asked
 
     def lost(self, unit: str) -> list[int]:
@@ -110,7 +117,17 @@ class EvalSchedule:
             covers = self.asked.pop(v).covers
             self.done.difference_update(covers)
             self.low = min([self.low, *covers])
+        if gone:
+            self.lost_in_a_row += 1
+            # a held-out prompt that crashes the engine would take down every unit asked, for ever (the rollout
+            # work's suspects run alone to be told apart: ControllerCore._blame; here the evaluation just stops)
+            if self.max_lost and self.lost_in_a_row > self.max_lost:
+                self.stopped = True
         return gone
+
+    def holds(self, unit: str) -> bool:
+        """`unit` is decoding an evaluation."""
+        return any(a.unit == unit for a in self.asked.values())
 
 
 def row(
@@ -247,9 +264,18 @@ class Evaluator:
         )
 
     def lost(self, unit: str) -> None:
+        was = self.schedule.stopped
         for v in self.schedule.lost(unit):
             log.warning("controller: the evaluation of v%d was lost with %s; it is asked again", v, unit)
             self.jobdir.event("evaluation_lost", agent=unit, version=v)
+        if self.schedule.stopped and not was:
+            n = self.schedule.lost_in_a_row
+            log.error(
+                "controller: held-out evaluation stopped: %d evaluations in a row were lost with their unit (more "
+                "than rollout.quarantine_after); a held-out prompt may crash the engine — see the lost units' logs",
+                n,
+            )
+            self.jobdir.event("evaluation_stopped", lost_in_a_row=n)
 
     def _gauges(self, r: dict[str, Any]) -> None:
         if r["version"] < self.shown:

@@ -449,7 +449,8 @@ class Rollout(Strict):
         2,
         description="a prompt in flight on this many rollout units that were lost (crashed, or ended by "
         "hang_timeout_s) runs alone on a unit from then on; if that unit is lost too, the prompt is quarantined: "
-        "set aside, a new prompt drawn in its place (the prompt_quarantined event names it). 0: never",
+        "set aside, a new prompt drawn in its place (the prompt_quarantined event names it); held-out evaluations "
+        "lost with their unit more than this many times in a row stop the evaluation. 0: never",
     )
     on_new_weights: Literal["auto", "recompute", "keep"] = Field(
         "auto",

@@ -152,6 +152,38 @@ def test_a_unit_that_skipped_versions_and_was_lost_leaves_them_all_due_again(tmp
     assert s.ask("u0", 6, now=0.0) is not None and s.asked[6].covers == [6]
 
 
+def test_evaluations_lost_with_their_unit_more_times_in_a_row_than_the_job_takes_stop_the_evaluation(tmp_path) -> None:
+    """A held-out prompt that crashes the engine would take down every unit asked, for ever: past `max_lost` losses
+    in a row the evaluation stops (one ERROR, an event); an evaluation answered in between starts the count again."""
+    s = EvalSchedule(2, 10, PROMPTS, max_new_tokens=5, max_lost=2)
+    s.ask("u0", 0, now=0.0)
+    assert s.holds("u0") and not s.holds("u1")
+    s.lost("u0")
+    s.ask("u1", 0, now=0.0)
+    s.answered(0)  # answered: the count starts again
+    for unit in ("u2", "u3"):
+        assert s.ask(unit, 2, now=0.0) is not None
+        s.lost(unit)
+    assert (s.lost_in_a_row, s.stopped) == (2, False)
+    s.ask("u4", 2, now=0.0)
+    s.lost("u4")
+    assert s.stopped and s.ask("u5", 2, now=0.0) is None and s.ask("u5", 10, now=0.0) is None
+    never = EvalSchedule(2, 10, PROMPTS, max_new_tokens=5)  # 0: it never stops
+    for k in range(5):
+        never.ask(f"u{k}", 0, now=0.0)
+        never.lost(f"u{k}")
+    assert not never.stopped and never.ask("u9", 0, now=0.0) is not None
+
+    h = Harness(tmp_path, step=0)
+    h.ev.schedule.max_lost = 1
+    for unit in ("u0", "u1"):
+        h.ev.unit_at(unit, 0)
+        h.ev.lost(unit)
+    assert h.ev.unit_at("u2", 5) == []
+    stopped = [e for e in h.jd.read_lines(h.jd.events) if e["event"] == "evaluation_stopped"]
+    assert [e["lost_in_a_row"] for e in stopped] == [2]
+
+
 def test_rows_are_logged_at_the_iteration_that_made_their_version(tmp_path) -> None:
     h = Harness(tmp_path, step=2)
     h.ev.unit_at("u0", 5)

@@ -232,6 +232,21 @@ def test_a_checkpoint_keeps_the_quarantined_group_set_aside_and_the_suspects_cou
     assert again.done and (counts.quarantined, counts.lost, counts.duplicated) == (1, 0, 0)
 
 
+def test_a_unit_lost_while_evaluating_held_out_prompts_too_held_nothing_alone() -> None:
+    """The held-out prompts it decoded may have crashed it: the suspect beside them is counted, not quarantined."""
+    core = _core(iterations=1, prompts=1, min_units=1)
+    core.ledger.crashes["p0-0"] = 2
+    sim = Sim(core, units=1)
+    assert sorted(sim.held["r0"]) == ["p0-0/0", "p0-0/1"] and core.isolating() == {"r0"}
+    sim.absorb(core.lost("r0", closed=True, evaluating=True))
+    assert core.ledger.crashes == {"p0-0": 3} and not core.ledger.quarantined
+    assert core.quarantines == []
+    sim.held.pop("r0")
+    sim.join()
+    sim.absorb(core.lost("r1", closed=True))  # alone this time
+    assert core.ledger.quarantined == 1 and core.quarantines[-1]["action"] == "quarantined"
+
+
 def test_a_prompt_alone_on_its_unit_at_its_first_loss_is_only_counted() -> None:
     core = _core(iterations=1, prompts=1, min_units=1)
     sim = Sim(core, units=1)
