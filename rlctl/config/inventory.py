@@ -174,7 +174,11 @@ class Node(Strict):
 
 class Network(Strict):
     bandwidth_gbps: PositiveFloat
-    rdma: bool = False
+    rdma: bool = Field(
+        False,
+        description="the hosts have RDMA (InfiniBand/RoCE) for the job's traffic: with transport ucx, agents on a site "
+        "without it leave it out of UCX (UCX_TLS=^ib unless UCX_TLS is set) and `check --reach` looks for its devices",
+    )
     listen_host: ListenHost | None = Field(
         None,
         description="address this site's agents bind and advertise to peers on other sites: an IP or "

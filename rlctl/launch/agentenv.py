@@ -6,6 +6,7 @@
     RLCTL_PARALLEL        {"role","tp","pp","dp", ─▶   parallel_from_env(): its place in the job's
                            "rank" | "replica"}          parallel layout (a SLURM rank from $SLURM_PROCID)
     CUDA_VISIBLE_DEVICES  its GPU slice (local/ssh) ─▶ the devices it may use (SLURM sets its own)
+    RLCTL_RDMA            its site network.rdma  ─▶   the ucx transport's UCX_TLS (rlctl.transport.ucx)
     OMP/MKL_NUM_THREADS   threads_for(job, role,  ─▶   torch.set_num_threads (the same figure)
                           its site's cores)
     RLCTL_RESUME_VERSION  `launch --resume`: the    ─▶  controller and trainer restore exactly that

@@ -47,6 +47,8 @@ except Exception as e:
 out["vllm"] = sorted(md.packages_distributions().get("vllm", []))
 out["megatron"] = iu.find_spec("megatron") is not None and iu.find_spec("megatron.core") is not None
 out["ucxx"] = iu.find_spec("ucxx") is not None
+ib = "/sys/class/infiniband"
+out["rdma_devices"] = sorted(os.listdir(ib)) if os.path.isdir(ib) else []
 root = os.path.expanduser(sys.argv[1])
 os.makedirs(root, exist_ok=True)
 out["workdir"] = root
@@ -164,6 +166,11 @@ def host_problems(
         out.append(f"{where}: the megatron trainer needs megatron-core there: pip install 'rlctl[megatron]' there")
     if job is not None and job.transport.kind == "ucx" and not f.get("ucxx"):
         out.append(f"{where}: transport ucx needs ucxx there: pip install 'rlctl[ucx]' there")
+    if job is not None and job.transport.kind == "ucx" and site.network.rdma and f.get("rdma_devices") == []:
+        out.append(
+            f"{where}: the inventory says network.rdma: true, and the host has no RDMA device (/sys/class/infiniband "
+            f"is empty): set sites.{report.site}.network.rdma: false, or load the host's RDMA driver"
+        )
     return out
 
 

@@ -41,6 +41,7 @@ from rlctl.launch.gpus import GpuPool, uses_slices
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent, layout, rollout_agent, rollout_tp
 from rlctl.launch.stage import ensure_staged, root_for
+from rlctl.transport.ucx import ENV_RDMA
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ def agent_spec(
     agent_env[ENV_DEVICE] = "cpu" if a.role == "controller" else kind_for(site.spec.name)
     if site.network.listen_host:
         agent_env[ENV_LISTEN_HOST] = site.network.listen_host
+    agent_env[ENV_RDMA] = "1" if site.network.rdma else "0"  # read by the ucx transport (its UCX_TLS)
     if a.gpu_slice is not None:  # the CUDA devices behind its GPU slots (the inventory may map slots to devices)
         agent_env[ENV_VISIBLE] = ",".join(map(str, site.devices_of(a.gpu_slice.host, a.gpu_slice.gpus)))
     return AgentSpec(

@@ -9,7 +9,10 @@ tag message, so each tensor frame is received by UCX straight into the destinati
 ucxx is asyncio-based; one event-loop thread per process runs every UCX call and the blocking
 methods here wait on it. A receive that times out before the message starts stays posted and
 is picked up by the next recv(), so the connection stays usable (as with TCP); a stall inside a
-message closes it. Without GPUs, run with UCX_TLS=tcp (and e.g. UCX_NET_DEVICES=lo for loopback).
+message closes it. Without GPUs, run with UCX_TLS=tcp (and e.g. UCX_NET_DEVICES=lo for loopback). An agent on a
+site whose inventory says `network.rdma: false` (the launcher's RLCTL_RDMA=0) leaves InfiniBand/RoCE out (UCX_TLS
+`^ib`) unless UCX_TLS is set (e.g. by the site's setup lines): UCX would otherwise use an RDMA device the operator
+said is not to be used (a fabric that is down, or not the job's).
 A UCX listener listens on every interface (ucxx takes a port, no address; UCX_NET_DEVICES narrows
 it); the handshake still refuses any peer without the job's secret before reading a message.
 """
@@ -34,12 +37,26 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
+ENV_RDMA = "RLCTL_RDMA"  # "1"/"0": the agent's site has RDMA (its inventory's network.rdma; rlctl.launch.spawn)
+NO_RDMA_TLS = "^ib"  # every UCX transport but InfiniBand's and RoCE's (rc, ud, dc)
+
+
+def transports_for(environ: dict[str, str] | os._Environ[str]) -> str | None:
+    """The UCX_TLS an agent sets before UCX starts: NO_RDMA_TLS on a site without RDMA when none is set; None:
+    UCX chooses (or the operator did)."""
+    if environ.get(ENV_RDMA) == "0" and not environ.get("UCX_TLS"):
+        return NO_RDMA_TLS
+    return None
 
 
 def _ucxx() -> Any:
     # ucxx sets UCX_MEMTYPE_CACHE at import, which recent UCX no longer reads: its warning about an unused variable
     # would go to stdout, where `rlctl launch -o json` prints the summary (set the variable to see such warnings)
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    tls = transports_for(os.environ)
+    if tls is not None:
+        os.environ["UCX_TLS"] = tls
+        log.info("ucx: UCX_TLS=%s (the site's network.rdma is false)", tls)
     try:
         import ucxx  # optional extra, imported on first use
     except ImportError as e:

@@ -20,7 +20,8 @@ pytestmark = [
 ]
 
 
-def test_a_job_over_ucx_runs_to_the_end_and_prints_only_its_summary(tmp_path):
+def test_a_job_over_ucx_runs_to_the_end_and_prints_only_its_summary(tmp_path, monkeypatch):
+    monkeypatch.delenv("UCX_TLS", raising=False)  # (the launcher passes its environment to local agents)
     iterations, prompts = 6, 4
     job = job_yaml(
         tmp_path / "ucx-job.yaml",
@@ -40,3 +41,6 @@ def test_a_job_over_ucx_runs_to_the_end_and_prints_only_its_summary(tmp_path):
     assert s["ledger"]["prompts"] == s["ledger"]["trained"] == iterations * prompts
     assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
     assert s["weights"]["version"] == iterations and s["weights"]["units_at_version"] == 1
+    # the local site's inventory says no RDMA: its agents left InfiniBand out of UCX (this run's env sets no UCX_TLS)
+    unit_log = (job_dir / "logs" / "rollout-0.log").read_text()
+    assert "ucx: UCX_TLS=^ib (the site's network.rdma is false)" in unit_log

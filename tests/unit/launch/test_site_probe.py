@@ -91,6 +91,18 @@ def test_the_jobs_engine_and_backend_are_asked_for_on_their_sites_only() -> None
     ]
 
 
+def test_a_ucx_job_on_a_site_that_says_rdma_finds_rdma_devices_there() -> None:
+    rdma, plain = site(network={"bandwidth_gbps": 100, "rdma": True}), site()
+    ucx, tcp = job(transport={"kind": "ucx"}), job()
+    facts = GOOD | {"ucxx": True, "rdma_devices": []}
+    (line,) = host_problems(HostReport("b", "h1", facts), rdma, roles={"rollout"}, job=ucx)
+    assert line.startswith("site b host h1: the inventory says network.rdma: true, and the host has no RDMA device")
+    assert "set sites.b.network.rdma: false" in line
+    assert host_problems(HostReport("b", "h1", facts | {"rdma_devices": ["mlx5_0"]}), rdma, roles=set(), job=ucx) == []
+    assert host_problems(HostReport("b", "h1", facts), plain, roles=set(), job=ucx) == []  # no RDMA said, none needed
+    assert host_problems(HostReport("b", "h1", facts), rdma, roles=set(), job=tcp) == []  # tcp does not use it
+
+
 def test_free_disk_below_the_jobs_need_is_named() -> None:
     report = HostReport("b", "h1", GOOD | {"free_bytes": 2e9})
     assert disk_problem(report, need_bytes=1e9) is None
@@ -111,6 +123,7 @@ def test_the_probe_answers_here_in_the_sites_python(tmp_path: Path) -> None:
     assert report.error is None, report.error
     assert report.facts["rlctl"] == __version__ and report.facts["executable"] == sys.executable
     assert report.facts["free_bytes"] > 0 and "torch" in report.facts
+    assert isinstance(report.facts["rdma_devices"], list)  # this machine's InfiniBand devices (none here)
     broken = local.model_copy(update={"python": str(tmp_path / "no-such-python")})
     (report,) = probe_site_hosts("here", broken, timeout_s=60)
     assert report.error is not None and "did not answer" in report.error

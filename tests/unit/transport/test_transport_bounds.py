@@ -103,3 +103,11 @@ def test_a_header_in_bound_is_allocated_as_announced() -> None:
         conn.close()
         a.close()
     assert asked == [n] and msg.tensors[0].numel() == n
+
+
+def test_an_agent_on_a_site_without_rdma_leaves_infiniband_out_of_ucx_unless_told_otherwise() -> None:
+    from rlctl.transport.ucx import ENV_RDMA, NO_RDMA_TLS, transports_for
+
+    assert transports_for({ENV_RDMA: "0"}) == NO_RDMA_TLS == "^ib"
+    assert transports_for({ENV_RDMA: "0", "UCX_TLS": "tcp"}) is None  # the operator's (or the site setup's) choice
+    assert transports_for({ENV_RDMA: "1"}) is None and transports_for({}) is None  # UCX picks (RDMA where it is)
