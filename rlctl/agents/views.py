@@ -205,6 +205,8 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
             **({"dropped": counts.dropped} if counts.dropped else {}),  # dynamic sampling
             **({"quarantined": counts.quarantined} if counts.quarantined else {}),  # prompts that crashed units
         },
+        # prompts in flight at quarantine_after unit losses, each running alone on a unit: prompt → losses
+        "suspects": {g: core.ledger.crashes[g] for g in sorted(core.suspects())},
         "resilience": dict(s.resilience),
         "data": dict(s.data),
         "agents": agents,

@@ -80,6 +80,11 @@ def checkpoint_line(c: dict[str, Any] | None) -> str:
     return f"v{c['version']}{age} ({how})"
 
 
+def suspects_line(suspects: dict[str, int]) -> str:
+    """Prompts running alone on a unit after unit losses (rlctl.agents.core `_blame`)."""
+    return ", ".join(f"{g} ({n} unit losses)" for g, n in suspects.items()) + ": each runs alone on a unit"
+
+
 def _live_table(s: dict[str, Any]) -> str:
     v = s["live"]
     w = v.get("weights", {})
@@ -100,6 +105,7 @@ def _live_table(s: dict[str, Any]) -> str:
         ["weights", _weights_line(w)],
         ["staleness", " ".join(f"{k}:{n}" for k, n in v["staleness"].items()) or "-"],
         ["ledger", " ".join(f"{k} {n}" for k, n in led.items())],
+        *([["suspect prompts", suspects_line(v["suspects"])]] if v.get("suspects") else []),
         ["job dir", s["job_dir"]],
         *([["launcher", s["launcher"]]] if s.get("launcher") else []),
     ]

@@ -15,7 +15,7 @@ from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import PACE_ROWS, Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
 from rlctl.commands.launch import progress_line, summary_table
-from rlctl.commands.status import checkpoint_line, time_line, training_line
+from rlctl.commands.status import checkpoint_line, suspects_line, time_line, training_line
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
@@ -189,8 +189,12 @@ def test_status_reports_the_last_row_the_rule_and_live_agents_without_clients():
         "migrated": 0,
         "resumed": 0,
     }
+    assert st["suspects"] == {}
     core.ledger.quarantined = 1  # a prompt set aside for crashing units: counted only once there is one
-    assert status(_snapshot(core, [row]), now=110.0)["ledger"]["quarantined"] == 1
+    core.ledger.crashes.update({"p1-0": 2, "p1-1": 1})  # … and the suspects running alone (2 losses: the job's bound)
+    st = status(_snapshot(core, [row]), now=110.0)
+    assert st["ledger"]["quarantined"] == 1 and st["suspects"] == {"p1-0": 2}
+    assert suspects_line(st["suspects"]) == "p1-0 (2 unit losses): each runs alone on a unit"
 
 
 def test_a_skipped_step_and_a_busy_phase_in_the_row_and_the_status():
