@@ -346,7 +346,9 @@ class ControllerAgent:
                     self.task.cancel_score(sample_id)
                 self.core.unwanted.clear()
                 now = time.monotonic()
-                if self.core.reserving:  # a share waits for a unit catching up: hand it on when the wait ends
+                # a share waits for a unit catching up: hand it on when the wait ends; a unit empties for a suspect
+                # prompt: hand it the suspect once it is empty (it may end an evaluation, which pumps nothing)
+                if self.core.reserving or self.core.clearing:
                     self._send(self.core.pump())
                 self.scaler.tick(now)
                 agent_gauges(self.metrics, self.core, self.peers, self.sites, now=now)

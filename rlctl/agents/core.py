@@ -866,9 +866,10 @@ class ControllerCore:
 
     def _isolate(self, suspects: set[str]) -> list[Out]:
         """Each suspect with samples queued goes, all of them, to a live unit that holds nothing else (no held-out
-        evaluation either: `evaluating`). With none
-        empty, the least loaded unit takes no new work until it is (`clearing`); at most half the live units (one
-        at least) hold or wait for suspects, so the rest of the job goes on meanwhile."""
+        evaluation either: `evaluating`). With none empty, the least loaded unit takes no new work until it is
+        (`clearing`: the controller pumps meanwhile, as nothing may come from it when it empties by ending an
+        evaluation); at most half the live units (one at least) hold or wait for suspects, so the rest of the job goes
+        on meanwhile."""
         if not suspects:
             return []
         waiting: dict[str, list[Entry]] = {}

@@ -198,6 +198,18 @@ def test_a_suspect_with_no_room_within_the_bound_holds_no_unit() -> None:
     assert core.done and sim.alone_violations == [] and core.ledger.crashes == {}
 
 
+def test_a_unit_decoding_a_held_out_evaluation_takes_a_suspect_only_once_it_is_done() -> None:
+    core = _core(iterations=1, prompts=1, min_units=1)
+    core.ledger.crashes["p0-0"] = 2
+    evaluating = {"r0"}
+    core.evaluating = evaluating.__contains__
+    sim = Sim(core, units=1)
+    assert sim.held["r0"] == [] and core.clearing == {"r0"}  # empty of rollout work, not of held-out prompts
+    evaluating.clear()  # its evaluation answered: nothing else arrives from it, the controller's loop pumps
+    sim.absorb(core.pump())
+    assert sorted(sim.held["r0"]) == ["p0-0/0", "p0-0/1"] and core.clearing == set()
+
+
 def test_off_a_prompt_that_crashes_units_is_never_set_aside() -> None:
     core = _core(after=0)
     sim = Sim(core, poison=frozenset({"p0-1"}))
