@@ -340,6 +340,7 @@ def _summary_rows(rec: JobRecord) -> list[list[str]]:
         ["samples/s", _f(s.get("samples_per_s", rows[-1]["samples_per_s"] if rows else None), ".2f")],
         ["wall s", _f(wall, ".1f")],
         ["ledger", ", ".join(f"{k} {ledger[k]}" for k in keys if k in ledger) or "- (written when the job ends)"],
+        *([["quarantined prompts", str(ledger["quarantined"])]] if ledger.get("quarantined") else []),
     ]
 
 

@@ -100,6 +100,11 @@ def test_summary_and_escaping(tmp_path: Path) -> None:
     assert "failed: &lt;trainer lost&gt;" in page and "<trainer lost>" not in page
     assert "0.150 → 0.700" in page
     assert "prompts 96, trained 90, requeued 4, lost 0, duplicated 1" in page
+    assert "quarantined prompts" not in page
+    summary["ledger"] |= {"quarantined": 2}  # prompts set aside for crashing the units that ran them
+    (d / "summary.json").write_text(json.dumps(summary))
+    page = build_report(d).html.read_text()
+    assert "<td>quarantined prompts</td><td>2</td>" in page.replace("\n", "")
 
 
 def test_a_job_that_wrote_nothing_yet_still_renders(tmp_path: Path) -> None:
