@@ -93,7 +93,13 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     """What stops `job`: its file's problems (`preflight.problems`), then each site's hosts' (`siteprobe`), asked
     for the roles the job places there; one line each. And what each host answered."""
     from rlctl.checkpoint.choose import checkpoint_bytes, checkpoints_held
-    from rlctl.launch.siteprobe import controller_reach_problems, disk_problem, host_problems, probe_site_hosts
+    from rlctl.launch.siteprobe import (
+        controller_reach_problems,
+        disk_problem,
+        host_problems,
+        partition_problems,
+        probe_site_hosts,
+    )
     from rlctl.ops.preflight import problems
 
     lines = [f"{job.path}: {p.field}: {p.message}" + (f" (hint: {p.hint})" if p.hint else "") for p in problems(job)]
@@ -119,6 +125,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
                 need, what = (model + held * each, checkpoints) if name == trainer_site else (model, "the staged model")
                 if (disk := disk_problem(report, need_bytes=need, what=what)) is not None:
                     lines.append(disk)
+            lines += partition_problems(name, job.inventory.sites[name], timeout_s=timeout_s)
     controller = spec.placement.controller_site or spec.placement.trainer.site
     if all("rlctl" in r.facts for r in answered if r.site == controller):  # else: one line above says so
         sites = job.inventory.sites

@@ -192,7 +192,11 @@ class Site(Strict):
     scheduler: Scheduler
     gpu: str | None = None
     gpu_spec: CustomGpu | None = None
-    nodes: list[Node] = Field(min_length=1, description=f"at most {MAX_GPUS_PER_SITE} GPU slots in all")
+    nodes: list[Node] = Field(
+        min_length=1,
+        description=f"at most {MAX_GPUS_PER_SITE} GPU slots in all; on a SLURM site, the nodes of its partition "
+        "(SLURM chooses among them; `check --reach` compares them with sinfo's)",
+    )
     network: Network = Network(bandwidth_gbps=10.0)
     cost_per_gpu_hour: PositiveFloat | None = None
     python: str | None = Field(

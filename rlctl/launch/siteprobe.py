@@ -17,8 +17,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+import hostlist
+
 from rlctl import __version__
-from rlctl.config.inventory import Site
+from rlctl.config.inventory import Site, SlurmScheduler
 from rlctl.config.job import JobFile
 from rlctl.devices import kind_for
 from rlctl.engines.factory import VLLM_DISTRIBUTIONS, VLLM_EXTRAS
@@ -71,7 +73,9 @@ class HostReport:
 # (`rlctl scale`, the rebalance rule)? The same probe as `check --reach` runs from here (rlctl.launch.reach).
 CONTROLLER_PROBE = r"""
 import json, sys
-from rlctl.config.inventory import Site
+import hostlist
+
+from rlctl.config.inventory import Site, SlurmScheduler
 from rlctl.launch.reach import probe_site
 out = {}
 for name, d in json.loads(sys.argv[1]).items():
@@ -170,6 +174,37 @@ def host_problems(
         out.append(
             f"{where}: the inventory says network.rdma: true, and the host has no RDMA device (/sys/class/infiniband "
             f"is empty): set sites.{report.site}.network.rdma: false, or load the host's RDMA driver"
+        )
+    return out
+
+
+def partition_problems(name: str, site: Site, *, timeout_s: float = 60.0) -> list[str]:
+    """A SLURM site's nodes as its inventory lists them, against its partition's (sinfo): hosts the partition does
+    not have (GPU slots the plan counts and SLURM never gives), and nodes it has that the inventory does not list
+    (SLURM may place agents there, whose GPUs and memory the plan did not count). One line each; [] on other sites,
+    or when sinfo cannot be asked (the site's reach row says why)."""
+    sched = site.scheduler
+    if not isinstance(sched, SlurmScheduler):
+        return []
+    from rlctl.launch.slurm import SlurmBackend
+
+    try:
+        have = set(SlurmBackend.partition_nodes(site, timeout_s=timeout_s))
+    except LaunchError:
+        return []
+    listed = {h for n in site.nodes for h in n.hosts}
+    out = []
+    if have and (missing := sorted(listed - have)):
+        out.append(
+            f"site {name}: the inventory lists {hostlist.collect_hostlist(missing)}, which partition "
+            f"{sched.partition} does not have (sinfo): remove them from sites.{name}.nodes, or set the partition "
+            "that has them"
+        )
+    if have and (extra := sorted(have - listed)):
+        out.append(
+            f"site {name}: partition {sched.partition} also has {hostlist.collect_hostlist(extra)}, which "
+            f"sites.{name}.nodes does not list: SLURM may place agents there; list them (with their gpus), or set a "
+            "partition of the listed nodes"
         )
     return out
 

@@ -239,6 +239,20 @@ class SlurmBackend(LaunchBackend):
         states = ", ".join(" ".join(line.split()) for line in res.stdout.strip().splitlines())
         return f"slurm partition {sched.partition}: {states} (nodes state)"
 
+    @classmethod
+    def partition_nodes(cls, site: Site, *, timeout_s: float) -> list[str]:
+        """The names of the nodes of the site's partition, from sinfo where jobs are submitted (LaunchError when
+        sinfo fails)."""
+        sched = _sched(site)
+        runner = cls.site_runner(site)
+        try:
+            res = runner.run(f"sinfo -h -p {shlex.quote(sched.partition)} -o '%N'", timeout_s=timeout_s)
+        finally:
+            runner.close()
+        if res.exit_code != 0:
+            raise LaunchError(f"sinfo exited {res.exit_code}: {res.tail()[:200]}")
+        return sorted({h for word in res.stdout.split() for h in _hosts(word)})
+
     def __init__(
         self,
         site_name: str,

@@ -1,8 +1,8 @@
 """`rlctl check JOB --reach` on two real sites (the localhost SLURM cluster and the SSH site in its own network
 namespace behind the shaped link): what stops the job — its agents listening on loopback, the SSH site's
-python without torch, a trainer whose replica does not fit the memory a slot gets — each one line naming the
-site (and host) and what to set, exit 2; with the three fixed (the SSH site's python found through its
-`setup` lines), check passes and the job runs."""
+python without torch, a trainer whose replica does not fit the memory a slot gets, a SLURM site that lists a node
+its partition does not have — each one line naming the site (and host) and what to set, exit 2; with the four
+fixed (the SSH site's python found through its `setup` lines), check passes and the job runs."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def test_check_reach_names_each_problem_and_the_fixed_job_runs(services, tmp_pat
     good = {name: dict(site) for name, site in inv["sites"].items()}
     train, gen = inv["sites"]["train"], inv["sites"]["gen"]
     train["network"] = {**train["network"], "listen_host": "127.0.0.1"}  # unreachable from the other site
-    train["nodes"] = [{**train["nodes"][0], "memory_gb": 2}]  # 1 GB a slot: a trainer replica needs ~2 GB
+    # 1 GB a slot: a trainer replica needs ~2 GB; and a third host, which the partition does not have
+    train["nodes"] = [{**train["nodes"][0], "host": "sitea-[1-3]", "memory_gb": 2}]
     gen["python"] = SYSTEM_PYTHON  # no torch (and no rlctl) there
     path.write_text(yaml.safe_dump(inv))
     job = job_yaml(tmp_path / "xsite.yaml", inventory=[str(path)], trainer="train", rollout="gen", iterations=3)
@@ -49,9 +50,11 @@ def test_check_reach_names_each_problem_and_the_fixed_job_runs(services, tmp_pat
         "loopback": [x for x in lines if "sites.train.network.listen_host" in x and "loopback" in x],
         "torch": [x for x in lines if f"site gen host {host}" in x and "cannot import torch" in x],
         "memory": [x for x in lines if "placement.trainer.gpus" in x and "1 GB of its nodes' memory_gb" in x],
+        "nodes": [x for x in lines if "site train: the inventory lists sitea-3, which partition sitea does not" in x],
     }
     assert all(len(v) == 1 for v in named.values()), (named, lines)
-    assert not any("site train" in x for x in lines), lines  # the SLURM node has what the trainer needs
+    # the SLURM node has what the trainer needs
+    assert [x for x in lines if "site train" in x] == named["nodes"], lines
 
     inv["sites"]["train"]["network"] = good["train"]["network"]
     # the test cluster's nodes as they are (tests/services/slurm.sh: RealMemory=4000): one slot of 3.9 GB each,

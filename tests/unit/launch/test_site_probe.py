@@ -103,6 +103,38 @@ def test_a_ucx_job_on_a_site_that_says_rdma_finds_rdma_devices_there() -> None:
     assert host_problems(HostReport("b", "h1", facts), rdma, roles=set(), job=tcp) == []  # tcp does not use it
 
 
+def test_a_slurm_sites_nodes_are_its_partitions_as_sinfo_names_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlctl.errors import LaunchError
+    from rlctl.launch.slurm import SlurmBackend
+
+    gpu_site = site(kind="slurm", nodes=[{"host": "g-[01-04]", "gpus": 8}])
+    answers: list[object] = []
+
+    def partition_nodes(s: Site, *, timeout_s: float) -> list[str]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return list(answer)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(SlurmBackend, "partition_nodes", staticmethod(partition_nodes))
+    answers += [
+        ["g-01", "g-02", "g-03", "g-04"],
+        ["g-01", "g-02", "g-03", "g-04", "g-05", "g-06"],
+        ["g-01", "g-02"],
+        LaunchError("sinfo exited 1"),
+    ]
+    assert siteprobe.partition_problems("h", gpu_site) == []
+    (extra,) = siteprobe.partition_problems("h", gpu_site)
+    assert extra == (
+        "site h: partition p also has g-[05-06], which sites.h.nodes does not list: SLURM may place agents there; "
+        "list them (with their gpus), or set a partition of the listed nodes"
+    )
+    (missing,) = siteprobe.partition_problems("h", gpu_site)
+    assert missing.startswith("site h: the inventory lists g-[03-04], which partition p does not have (sinfo)")
+    assert siteprobe.partition_problems("h", gpu_site) == []  # sinfo failed: the reach row says so
+    assert siteprobe.partition_problems("h", site()) == [] and answers == []  # not a SLURM site: nothing asked
+
+
 def test_free_disk_below_the_jobs_need_is_named() -> None:
     report = HostReport("b", "h1", GOOD | {"free_bytes": 2e9})
     assert disk_problem(report, need_bytes=1e9) is None
