@@ -291,11 +291,15 @@ def register(app: typer.Typer) -> None:
             emit(rows, output, lambda r: dry_table(r, staging, refused))
             return
         path = fresh_dir(job, spec, job_dir)  # a directory holding a job already: refused, its record kept
-        preflight(job, plan=plan)  # what `rlctl check` refuses, refused before anything is built or started
+        # what `rlctl check` refuses, refused before anything is built or started (once: a launcher started by
+        # --detach for this very file, unchanged, does not check again — a dataset's rows are read to the end)
+        if os.environ.pop(PREFLIGHT_PASSED_ENV, None) != _checked(job_file):
+            preflight(job, plan=plan)
         if detach_:  # the same launch in the background, into the directory chosen here
             over = ["--iterations", str(iterations)] if iterations is not None else []
             over += ["--mode", mode.value] if mode is not None else []
-            run_detached(["launch", str(job_file.absolute()), "--job-dir", str(path), *over], path, output)
+            args = ["launch", str(job_file.absolute()), "--job-dir", str(path), *over]
+            run_detached(args, path, output, env={PREFLIGHT_PASSED_ENV: _checked(job_file)})
             return
         jd = launch_dir(job, spec, path)
 
@@ -379,9 +383,19 @@ def _flags() -> list[str]:
     return ["--debug"] if level <= logging.DEBUG else ["-v"] if level <= logging.INFO else []
 
 
-def run_detached(args: list[str], job_dir: Path, output: OutputFormat) -> None:
-    """`rlctl ARGS` as a launcher in the background (`detach.spawn`); its lines shown here until the job runs."""
-    child = detach.spawn([*_flags(), *args], detach.log_path(job_dir))
+PREFLIGHT_PASSED_ENV = "RLCTL_PREFLIGHT_PASSED"  # `_checked` of the job file the detaching launcher checked
+
+
+def _checked(job_file: Path) -> str:
+    """The job file as `preflight` saw it: its path, size and modification time."""
+    st = job_file.stat()
+    return f"{job_file.absolute()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def run_detached(args: list[str], job_dir: Path, output: OutputFormat, *, env: dict[str, str] | None = None) -> None:
+    """`rlctl ARGS` as a launcher in the background (`detach.spawn`, with `env`); its lines shown here until the
+    job runs."""
+    child = detach.spawn([*_flags(), *args], detach.log_path(job_dir), env=env)
 
     def write(data: bytes) -> None:
         sys.stderr.buffer.write(data)

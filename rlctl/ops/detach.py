@@ -102,9 +102,9 @@ class Detached:
             return self.proc.wait()
 
 
-def spawn(args: list[str], log: Path) -> Detached:
+def spawn(args: list[str], log: Path, *, env: dict[str, str] | None = None) -> Detached:
     """`rlctl ARGS` in a new session: stdin /dev/null, stdout and stderr appended to `log`, the write end of a
-    pipe inherited (its number in READY_FD_ENV)."""
+    pipe inherited (its number in READY_FD_ENV), `env` added to this process's environment."""
     log.parent.mkdir(parents=True, exist_ok=True)
     r, w = os.pipe()
     try:
@@ -117,7 +117,7 @@ def spawn(args: list[str], log: Path) -> Detached:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 pass_fds=(w,),
-                env={**os.environ, READY_FD_ENV: str(w)},
+                env={**os.environ, **(env or {}), READY_FD_ENV: str(w)},
             )
     except BaseException:
         os.close(r)

@@ -1,8 +1,15 @@
-"""`rlctl launch`'s summary table: the partial rollouts line."""
+"""`rlctl launch`'s summary table: the partial rollouts line; the check a detached launcher does not repeat."""
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
+from rlctl.commands import launch
 from rlctl.commands.launch import partials_line
+from rlctl.ops import preflight, run
+from tests.conftest import ROOT, run_cli
 
 
 def _ledger(**partials: int) -> dict[str, object]:
@@ -22,3 +29,30 @@ def test_lost_units_show_the_bound_and_what_their_flight_records_measured() -> N
     assert one.endswith("≤ 5 generated again (2 by the flight records of 1 lost unit)")
     two = partials_line(_ledger(**cut, lost_units_measured=2, interrupted_lost_tokens_measured=0))
     assert two.endswith("(0 by the flight records of 2 lost units)")
+
+
+def test_a_launcher_started_by_detach_does_not_check_the_job_again(tmp_path, monkeypatch) -> None:
+    """`launch --detach` checks the job (preflight: a dataset's rows are read to the end), then starts the same
+    launch in the background with the file's `_checked` stamp: that one skips the check, unless the file changed."""
+    job = tmp_path / "job.yaml"
+    job.write_text((ROOT / "jobs/demo.yaml").read_text().replace("../clusters", str(ROOT / "clusters")))
+    checked: list[str] = []
+
+    class Built(Exception):
+        pass
+
+    def launch_dir(*args: object) -> None:
+        raise Built  # past the check: nothing more is needed here
+
+    monkeypatch.setattr(preflight, "preflight", lambda job, plan=None: checked.append(str(job.path)))
+    monkeypatch.setattr(run, "launch_dir", launch_dir)
+    stamp = launch._checked(job)
+    for env, expect in ((None, 1), (stamp, 1), ("elsewhere:1:2", 2)):
+        if env is not None:
+            monkeypatch.setenv(launch.PREFLIGHT_PASSED_ENV, env)
+        with pytest.raises(Built):
+            run_cli("launch", str(job), "--job-dir", str(tmp_path / f"run{len(checked)}"))
+        assert len(checked) == expect, env
+        assert launch.PREFLIGHT_PASSED_ENV not in os.environ  # taken, never passed on to the agents
+    job.write_text(job.read_text() + "\n")  # changed since it was checked: checked again
+    assert launch._checked(job) != stamp
