@@ -224,34 +224,32 @@ class SlurmBackend(LaunchBackend):
         return [(f"a node of partition {sched.partition}", None, srun + shlex.quote(command))]
 
     @classmethod
-    def reach(cls, site: Site, *, timeout_s: float) -> str:
-        """The partition's node states, from sinfo where jobs are submitted."""
-        sched = _sched(site)
+    def _sinfo(cls, site: Site, fields: str, *, timeout_s: float) -> str:
+        """sinfo's lines (`-o fields`) of the site's partition, where jobs are submitted (LaunchError when it fails)."""
         runner = cls.site_runner(site)
         try:
-            res = runner.run(f"sinfo -h -p {shlex.quote(sched.partition)} -o '%D %t'", timeout_s=timeout_s)
+            res = runner.run(f"sinfo -h -p {shlex.quote(_sched(site).partition)} -o '{fields}'", timeout_s=timeout_s)
         finally:
             runner.close()
         if res.exit_code != 0:
             raise LaunchError(f"sinfo exited {res.exit_code}: {res.tail()[:200]}")
-        if not res.stdout.strip():
-            raise LaunchError(f"partition {sched.partition!r} not found by sinfo")
-        states = ", ".join(" ".join(line.split()) for line in res.stdout.strip().splitlines())
-        return f"slurm partition {sched.partition}: {states} (nodes state)"
+        return res.stdout
+
+    @classmethod
+    def reach(cls, site: Site, *, timeout_s: float) -> str:
+        """The partition's node states, from sinfo where jobs are submitted."""
+        partition = _sched(site).partition
+        out = cls._sinfo(site, "%D %t", timeout_s=timeout_s)
+        if not out.strip():
+            raise LaunchError(f"partition {partition!r} not found by sinfo")
+        states = ", ".join(" ".join(line.split()) for line in out.strip().splitlines())
+        return f"slurm partition {partition}: {states} (nodes state)"
 
     @classmethod
     def partition_nodes(cls, site: Site, *, timeout_s: float) -> list[str]:
         """The names of the nodes of the site's partition, from sinfo where jobs are submitted (LaunchError when
         sinfo fails)."""
-        sched = _sched(site)
-        runner = cls.site_runner(site)
-        try:
-            res = runner.run(f"sinfo -h -p {shlex.quote(sched.partition)} -o '%N'", timeout_s=timeout_s)
-        finally:
-            runner.close()
-        if res.exit_code != 0:
-            raise LaunchError(f"sinfo exited {res.exit_code}: {res.tail()[:200]}")
-        return sorted({h for word in res.stdout.split() for h in _hosts(word)})
+        return sorted({h for word in cls._sinfo(site, "%N", timeout_s=timeout_s).split() for h in _hosts(word)})
 
     def __init__(
         self,

@@ -64,6 +64,26 @@ def processes_mentioning(marker: str) -> list[int]:
     return pids
 
 
+def hooked(tmp_path: Path, sitecustomize: str, **extra: str) -> dict[str, str]:
+    """This environment with `sitecustomize` (the source of a `sitecustomize` module) first on PYTHONPATH, and
+    `extra`: for `rlctl launch`, whose local agents inherit it, so a test can put a fault into the real agents."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(sitecustomize)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(hooks), str(REPO)]), **extra}
+
+
+def launched(job: Path, job_dir: Path, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """`rlctl launch JOB --job-dir DIR -o json` in `env`, to its end."""
+    return subprocess.run(
+        [*RLCTL, "launch", str(job), "--job-dir", str(job_dir), "-o", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout_s,
+    )
+
+
 def metrics_rows(job_dir: Path) -> list[dict[str, Any]]:
     p = job_dir / "metrics.jsonl"
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []

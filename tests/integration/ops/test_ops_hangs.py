@@ -10,7 +10,6 @@ per job (a mark file), so the replacement unit and the resumed trainer run norma
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from typing import Any
 
@@ -21,7 +20,7 @@ from rlctl.agents.watchdog import HUNG_EXIT
 from rlctl.checkpoint.controller import sample_rows
 from rlctl.launch.jobdir import JobDir
 
-from .conftest import REPO, RLCTL, events, hf_job, rlctl_json, wait_for
+from .conftest import RLCTL, events, hf_job, hooked, rlctl_json, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -78,11 +77,9 @@ def test_hung_agents_end_themselves_and_the_job_goes_on(tmp_path):
     spec["rollout"]["hang_timeout_s"] = UNIT_HANG_S
     spec["trainer"] = {"hang_timeout_s": TRAINER_HANG_S}
     job.write_text(yaml.safe_dump(spec))
-    hooks, marks = tmp_path / "hooks", tmp_path / "marks"
-    hooks.mkdir()
+    marks = tmp_path / "marks"
     marks.mkdir()
-    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hooks), str(REPO)]), "HANG_MARKS": str(marks)}
+    env = hooked(tmp_path, SITECUSTOMIZE, HANG_MARKS=str(marks))
     proc = subprocess.Popen(
         [*RLCTL, "launch", str(job), "--job-dir", str(job_dir), "-o", "json"],
         stdout=subprocess.PIPE,

@@ -8,15 +8,13 @@ local agents): before the optimizer steps 2, 5 and 6 one parameter's gradient is
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
 
-from .conftest import REPO, RLCTL, events, hf_job, metrics_rows
+from .conftest import events, hf_job, hooked, launched, metrics_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -44,17 +42,7 @@ def test_nan_gradients_are_skipped_and_too_many_in_a_row_fail_the_job(tmp_path):
     spec = yaml.safe_load(job.read_text())
     spec["trainer"] = {"skip_nonfinite": 1}
     job.write_text(yaml.safe_dump(spec))
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hooks), str(REPO)])}
-    proc = subprocess.run(
-        [*RLCTL, "launch", str(job), "--job-dir", str(job_dir), "-o", "json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=280,
-    )
+    proc = launched(job, job_dir, hooked(tmp_path, SITECUSTOMIZE), 280)
     assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
     why = (
         "the trainer's gradient norm was NaN or infinite at 2 steps in a row (iterations 5–6), more than "

@@ -12,10 +12,8 @@ unit — the replacements too. The held-out evaluation runs every 2 versions on 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ import yaml
 from rlctl.checkpoint.controller import sample_rows
 from rlctl.launch.jobdir import JobDir
 
-from .conftest import REPO, RLCTL, events, hf_job, why_not_done
+from .conftest import events, hf_job, hooked, launched, why_not_done
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -63,17 +61,7 @@ def _run(tmp_path: Path, **poison: str) -> tuple[dict[str, Any], Path]:
     spec = yaml.safe_load(job.read_text())
     spec["evaluation"] = {"heldout_prompts": 4, "every_iterations": 2, "path": "heldout.jsonl"}
     job.write_text(yaml.safe_dump(spec))
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hooks), str(REPO)]), **poison}
-    proc = subprocess.run(
-        [*RLCTL, "launch", str(job), "--job-dir", str(job_dir), "-o", "json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=400,
-    )
+    proc = launched(job, job_dir, hooked(tmp_path, SITECUSTOMIZE, **poison), 400)
     s = json.loads(proc.stdout) if proc.stdout.strip() else {}
     assert proc.returncode == 0 and s.get("state") == "done", (proc.stderr[-2000:], why_not_done(job_dir, s))
     return s, job_dir
