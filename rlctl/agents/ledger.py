@@ -28,7 +28,7 @@ A `finish` from an agent the sample is not dispatched to (a late message from an
 lost, a duplicate) is refused and counted, never delivered. A trainer ack for a sample that is not
 `delivered` counts as a duplicate. Restoring a checkpoint turns every untrained entry back into
 `queued`: the model checkpoint predates them, so they must be generated again (a filtered sample of a trained
-group stays filtered, a dropped group stays dropped: the group that took its place is in the ledger).
+group stays filtered, a dropped or quarantined group stays so: the group that took its place is in the ledger).
 
 A job runs for weeks, so the ledger holds only what may still change: once every group of a round is complete
 (trained, filtered or dropped: the controller's floor has passed it), `retire` takes the round's entries out and
