@@ -685,7 +685,7 @@ class ControllerCore:
             running.setdefault(str(e.agent), []).append(e)
         residual = self._residual()
         loads = []
-        barred = self._barred(self.suspects())
+        barred = self.isolating()
         for u in self.live_units:
             if u.name in barred:
                 continue  # it runs a suspect alone, or empties for one
@@ -737,12 +737,7 @@ class ControllerCore:
             tokens_moved += len(tokens)
         out: list[Out] = []
         target = self.units.get(to)
-        if (
-            moved
-            and target is not None
-            and target in self.live_units
-            and target.name not in self._barred(self.suspects())
-        ):
+        if moved and target is not None and target in self.live_units and target.name not in self.isolating():
             for it in sorted({e.iteration for e in moved}):
                 if self.bound.may_dispatch(iteration=it, unit_version=target.version):
                     out += self._give(target, [e for e in moved if e.iteration == it], it)
