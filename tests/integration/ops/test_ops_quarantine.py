@@ -111,12 +111,13 @@ def test_a_held_out_prompt_that_crashes_every_unit_stops_the_evaluation_and_quar
     evs = events(job_dir)
     lost = [e for e in evs if e["event"] == "agent_lost" and e["agent"].startswith("rollout")]
     stopped = [e for e in evs if e["event"] == "evaluation_stopped"]
-    # more than quarantine_after (2) evaluations lost in a row, and then no unit is asked again
-    assert [e["lost_in_a_row"] for e in stopped] == [3] and len(lost) == 3, (stopped, lost)
-    rows = job_dir / "evaluations.jsonl"
-    assert lost[-1]["t"] <= stopped[0]["t"] and not (rows.exists() and rows.read_text().strip())
+    # more than quarantine_after (2) evaluations lost in a row, and then no unit is asked again (an evaluation
+    # asked before the stop, while two others were in flight, may still take its unit down after it)
     asked = [e for e in evs if e["event"] == "evaluation_asked"]
-    assert len(asked) == 3 and max(e["t"] for e in asked) < stopped[0]["t"]
+    assert [e["lost_in_a_row"] for e in stopped] == [3] and 3 <= len(lost) <= len(asked), (stopped, lost, asked)
+    rows = job_dir / "evaluations.jsonl"
+    assert lost[2]["t"] <= stopped[0]["t"] and not (rows.exists() and rows.read_text().strip())
+    assert max(e["t"] for e in asked) < stopped[0]["t"]
     # the RL prompts those units held were not alone on them: none quarantined
     assert not [e for e in evs if e["event"] == "prompt_quarantined"]
     _trained(job_dir)
