@@ -175,6 +175,8 @@ def _parse_row(
         return BadRow(where, cfg.prompt_key, str(e))
     if isinstance(tokens, str):
         return BadRow(where, cfg.prompt_key, tokens)
+    if not tokens:  # whitespace the tokenizer drops: nothing to condition the first token on
+        return BadRow(where, cfg.prompt_key, "no tokens (the tokenizer makes nothing of it)")
     if len(tokens) > cfg.max_prompt_tokens:
         return BadRow(where, cfg.prompt_key, f"{len(tokens)} tokens, over max_prompt_tokens {cfg.max_prompt_tokens}")
     return tokens, {"ground_truth": answer, "data_source": source, "extra_info": extra}

@@ -270,3 +270,30 @@ def test_check_task_reads_every_row_as_the_launch_will(tmp_path: Path) -> None:
     write_jsonl(path, ["not json"])
     with pytest.raises(ConfigError, match=r"task\.path: .*no usable rows \(1 read, 1 bad\)"):
         check_task(task(bad_rows="skip"), job_file=job, model_dir=model)
+
+
+class _DropsWhitespace:
+    """A tokenizer whose vocabulary makes nothing of whitespace (no BOS, no whitespace token)."""
+
+    def __init__(self, inner: HFTokenizer) -> None:
+        self.inner = inner
+
+    def encode(self, text: str) -> list[int]:
+        return self.inner.encode(text) if text.strip() else []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_prompt_the_tokenizer_makes_nothing_of_is_a_bad_row(tmp_path: Path, tok: HFTokenizer) -> None:
+    # a batch row with no prompt token has no position to predict the first output token from
+    path = write_jsonl(tmp_path / "train.jsonl", [verl_row(0) | {"prompt": "   "}, verl_row(1) | {"prompt": "hello"}])
+    data = prepare_dataset(
+        task(bad_rows="skip"),
+        data_path=path,
+        tokenizer=_DropsWhitespace(tok),
+        out_dir=tmp_path / "d",  # type: ignore[arg-type]
+    )
+    assert len(data) == 1 and data.num_bad_rows == 1
+    manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert "prompt: no tokens" in json.dumps(manifest["bad_rows"])
