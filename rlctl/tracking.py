@@ -277,6 +277,7 @@ SERIES: dict[str, str] = {
     "tokens_per_s": "throughput/tokens_per_s",
     "loss": "train/loss",
     "kl": "train/kl",
+    "kl_ref": "train/kl_ref",
     "grad_norm": "train/grad_norm",
     "lr": "train/lr",
     "clip_frac": "train/clip_frac",

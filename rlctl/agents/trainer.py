@@ -317,6 +317,7 @@ class TrainerAgent:
                                 tokens=int(stats["tokens"]),
                                 loss=stats["loss"],
                                 kl=stats["kl"],
+                                kl_ref=stats.get("kl_ref", 0.0),
                                 grad_norm=stats["grad_norm"],
                                 lr=stats["lr"],
                                 clip_frac=stats["clip_frac"],

@@ -34,7 +34,7 @@ from rlctl.rl.samples import (
     make_batch,
     micro_batches,
 )
-from rlctl.rl.schedule import StepLr, policy_optimizer, set_lr
+from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 
 
 def group_advantages(
@@ -146,15 +146,30 @@ def policy_loss(
     return loss, metrics
 
 
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def batch_tokens(samples: Sequence[Sample]) -> int:
+    """The output tokens of the whole batch: this rank's samples, summed over the torch.distributed group if one is
+    initialised (each rank passes its own samples), so that every rank divides its loss by the same count."""
+    tokens = sum(len(s.output_tokens) for s in samples)
+    if not _distributed():
+        return tokens
+    box = torch.tensor([tokens], dtype=torch.int64)
+    dist.all_reduce(box)
+    return int(box.item())
+
+
 def allreduce_grads(model: torch.nn.Module) -> None:
-    """Average gradients over the torch.distributed group, if one is initialised (trainer ranks)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    """Sum gradients over the torch.distributed group, if one is initialised: each rank's loss is its samples'
+    share of the whole batch's token mean (`batch_tokens`), so the sum is the whole batch's gradient."""
+    if not _distributed():
         return
-    world = dist.get_world_size()
     for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad /= world
+        if p.grad is None:  # a rank whose samples reach no row of it: still in the sum
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad)
 
 
 class GrpoLearner:
@@ -190,7 +205,7 @@ class GrpoLearner:
         if self.cfg.kl_coef > 0:
             fill_ref_logprobs(self.ref_model, samples, temperature=self.cfg.temperature, pad=self.pad)
         adv = self.advantages(samples)
-        total_tokens = sum(len(s.output_tokens) for s in samples)
+        total_tokens = max(batch_tokens(samples), 1)  # none: every output empty, a zero gradient (not 0 / 0)
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
@@ -213,8 +228,10 @@ class GrpoLearner:
         allreduce_grads(self.model)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
         lr = self.cfg.lr * self.schedule.at(self.steps)
-        set_lr(self.opt, lr)
-        self.opt.step()
+        skipped = not finite_step(grad_norm, step=self.steps)
+        if not skipped:
+            set_lr(self.opt, lr)
+            self.opt.step()
         self.model.eval()
         self.steps += 1
         n = max(sums["tokens"], 1.0)
@@ -232,6 +249,7 @@ class GrpoLearner:
             "samples": float(len(samples)),
             "tokens": sums["tokens"],
             "seconds": time.monotonic() - t0,
+            "skipped": float(skipped),
         }
 
     def state_dict(self) -> dict[str, torch.Tensor]:

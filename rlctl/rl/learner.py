@@ -52,7 +52,16 @@ from rlctl.trainers.base import DataParallel, TrainerBackend, Trunk, clip_whole,
 from rlctl.trainers.wire import broadcast_value
 
 # token sums of `policy_loss` that the step reports
-_SUMMED = ("pg_loss_sum", "clip_sum", "kl_sum", "is_weight_sum", "is_capped_sum", "entropy_sum", "tokens")
+_SUMMED = (
+    "pg_loss_sum",
+    "kl_ref_sum",
+    "clip_sum",
+    "kl_sum",
+    "is_weight_sum",
+    "is_capped_sum",
+    "entropy_sum",
+    "tokens",
+)
 
 
 # What rank 0 broadcasts to the others (`follow`), one command at a time.
@@ -241,7 +250,8 @@ class StreamingLearner:
         # the tokens the loss ran on (not those of groups without signal); none: the per-token figures are NaN
         trained = sums["tokens"] or math.nan
         return {
-            "loss": sums["pg_loss_sum"] / n,
+            "loss": (sums["pg_loss_sum"] + self.cfg.kl_coef * sums["kl_ref_sum"]) / n,  # what the gradient is of
+            "kl_ref": sums["kl_ref_sum"] / n,  # KL(θ ‖ reference), k3, over every token (kl_coef > 0: 0 otherwise)
             "clip_frac": sums["clip_sum"] / trained,
             "kl": sums["kl_sum"] / trained,
             "is_weight_mean": sums["is_weight_sum"] / trained,  # π_prox / μ over the tokens trained (clip: 1)

@@ -146,6 +146,8 @@ class PpoLearner:
                 for i, (a_i, r_i) in theirs.items():
                     adv[i], ret[i] = torch.tensor(a_i), r_i
         flat = torch.cat(adv)
+        if not flat.numel():  # every output empty: nothing to whiten
+            return [a.tolist() for a in adv], ret
         mean, std = flat.mean(), flat.std(unbiased=False) + 1e-6
         return [((a - mean) / std).tolist() for a in adv], ret
 
@@ -153,7 +155,7 @@ class PpoLearner:
         """One PPO step on the whole batch `samples` (every rank passes the same), this rank training its share."""
         t0 = time.monotonic()
         adv, ret = self.advantages(samples)
-        total = sum(len(s.output_tokens) for s in samples)
+        total = max(sum(len(s.output_tokens) for s in samples), 1)  # none: every output empty, a zero gradient
         self.model.train()
         self.critic.train()
         self.opt.zero_grad(set_to_none=True)

@@ -4,6 +4,7 @@ whole iteration's figures (not rank 0's slice) when two gloo ranks share the mic
 
 from __future__ import annotations
 
+import copy
 import multiprocessing as mp
 import random
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch.distributed as dist
 
 from rlctl.config.job import GrpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.rl.grpo import GrpoLearner
 from rlctl.rl.learner import StreamingLearner
 from rlctl.rl.samples import Sample, score
 from tests.unit.fixed_policy import behaviour, fixed
@@ -110,3 +112,19 @@ def test_two_ranks_report_the_whole_iteration(tmp_path: Path) -> None:
     assert alone["no_signal_frac"] == 4 / 12 and alone["entropy"] > 0
     assert alone["kl"] == pytest.approx(0.0498588, abs=1e-5)  # e^0.3 − 1 − 0.3 on every token
     assert alone["clip_frac"] == 1.0
+
+
+def test_the_reference_kl_and_the_loss_it_adds_are_reported_as_the_whole_batch_learner_does() -> None:
+    # the streaming learner's loss left out kl_coef · KL(θ ‖ ref), and kl_ref was not reported
+    torch.manual_seed(0)
+    model, ref = TinyGPT(SMALL), TinyGPT(SMALL)
+    samples = on_policy(model, prompts=3, group=4, seed=4)
+    cfg = GrpoAlgorithm(kind="grpo", kl_coef=0.1)
+    streamed = run_iteration(
+        StreamingLearner(copy.deepcopy(model), cfg, group_size=4, micro_batch_samples=5, ref_model=ref),
+        copy.deepcopy(samples),
+    )
+    whole = GrpoLearner(copy.deepcopy(model), cfg, ref_model=ref, micro_batch_samples=5).step(copy.deepcopy(samples))
+    assert streamed["kl_ref"] > 1e-3  # two differently initialised models
+    assert streamed["kl_ref"] == pytest.approx(whole["kl_ref"], rel=1e-5)
+    assert streamed["loss"] == pytest.approx(whole["loss"], rel=1e-5, abs=1e-7)

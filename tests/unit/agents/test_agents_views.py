@@ -20,6 +20,7 @@ from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
+from rlctl.tracking import row_to_metrics
 
 
 @dataclass
@@ -143,7 +144,7 @@ def test_metrics_row_times_rates_and_agents_from_the_core_and_the_trained_messag
     assert row["trainer_wait_s"] == 3.5  # 5 s, of which the trainer was busy 1.5
     assert (row["wall_s"], row["t"], row["kl"], row["weight_version"]) == (6.0, 1234.568, 0.012346, 1)
     assert (row["grad_norm"], row["lr"], row["clip_frac"], row["entropy"]) == (0.76543, 2.5e-4, 0.03123, 1.23457)
-    assert row["no_signal_frac"] == 0.3333
+    assert row["no_signal_frac"] == 0.3333 and "kl_ref" not in row  # no reference model: kl_coef 0
     assert row["staleness"] == {"0": 2}
     assert row["agents"] == {
         "trainer-0": {"role": "trainer", "site": "a", "busy_s": 1.5, "state": "running"},
@@ -416,3 +417,12 @@ def test_the_gauges_of_a_trained_iteration_and_of_the_agents():
     assert value("rlctl_train_skipped_steps_total") == 1.0
     assert value("rlctl_agent_phase_seconds", {"role": "rollout", "name": "r0", "site": "b"}) == 7.5
     assert value("rlctl_agent_phase_seconds", {"role": "trainer", "name": "trainer-0", "site": "a"}) == 0.0
+
+
+def test_the_reference_kl_is_in_the_row_when_the_job_penalises_it():
+    core, t, _ = _one_iteration()
+    job = _job()
+    job = job.model_copy(update={"algorithm": job.algorithm.model_copy(update={"kl_coef": 0.05})})
+    row = metrics_row(_snapshot(core, [], job=job), msgspec.structs.replace(t, kl_ref=0.0), wall_time=0.0)
+    assert row["kl_ref"] == 0.0  # the first iteration: the policy is still its reference
+    assert row_to_metrics(row)["train/kl_ref"] == 0.0

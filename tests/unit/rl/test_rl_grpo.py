@@ -1,5 +1,10 @@
+import multiprocessing as mp
+import random
+from pathlib import Path
+
 import pytest
 import torch
+import torch.distributed as dist
 
 from rlctl.config.job import GrpoAlgorithm
 from rlctl.engines.base import GenResult
@@ -107,3 +112,64 @@ def test_micro_batches_cut_in_length_order_by_rows_and_padded_tokens() -> None:
         if budget is not None:
             assert cuts[-1] == [len(samples) - 1]  # the 203-token row is over the budget: alone
     assert [len(c) for c in micro_batches(samples, 8)] == [8] * 6 + [3]  # rows only: the old cut
+
+
+def _uneven(model: TinyGPT) -> list[Sample]:
+    """Two groups: one of 1-token outputs, one of 9-token outputs (the ranks below hold one group each)."""
+    rng = random.Random(3)
+    out = []
+    for pid, n in (("short", 1), ("long", 9)):
+        for k in range(4):
+            out.append(on_policy(model, [1, 2], [rng.randrange(5, 50) for _ in range(n)], float(k % 2), pid))
+    return out
+
+
+def _grads(model: TinyGPT) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def _learner_rank(rank: int, init: str, state: dict[str, torch.Tensor], samples: list[Sample], out: mp.Queue) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        model = TinyGPT(SMALL)
+        model.load_state_dict(state)
+        learner = GrpoLearner(model, GrpoAlgorithm(kind="grpo", grad_clip=1e9), micro_batch_samples=2)
+        learner.opt.step = lambda *a, **k: None  # type: ignore[method-assign]  # the gradient is what is compared
+        learner.step(samples[rank * 4 : (rank + 1) * 4])  # each rank its own group
+        if rank == 0:
+            out.put(_grads(model))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_two_ranks_with_uneven_tokens_take_the_whole_batch_token_mean(tmp_path: Path) -> None:
+    # each rank divided by its own tokens and the gradients were averaged: the 1-token group weighed 9× per token
+    torch.manual_seed(0)
+    model = TinyGPT(SMALL)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    samples = _uneven(model)
+    alone = GrpoLearner(model, GrpoAlgorithm(kind="grpo", grad_clip=1e9), micro_batch_samples=2)
+    alone.opt.step = lambda *a, **k: None  # type: ignore[method-assign]
+    alone.step(samples)
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=_learner_rank, args=(r, init, state, samples, out)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    two = out.get(timeout=100)
+    for p in procs:
+        p.join(timeout=30)
+    assert [p.exitcode for p in procs] == [0, 0]
+    whole = _grads(model)
+    assert float((two - whole).norm() / whole.norm()) < 1e-5
+
+
+def test_a_batch_of_empty_outputs_takes_a_zero_step_not_nan(model: TinyGPT) -> None:
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    samples = [Sample("g", [1, 4], [], [], float(k)) for k in range(4)]
+    stats = GrpoLearner(model, GrpoAlgorithm(kind="grpo", weight_decay=0.0), micro_batch_samples=4).step(samples)
+    assert stats["grad_norm"] == 0.0 and stats["skipped"] == 0.0 and stats["tokens"] == 0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

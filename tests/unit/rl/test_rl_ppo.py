@@ -43,3 +43,11 @@ def test_ppo_step_fits_the_critic_and_moves_the_policy() -> None:
     assert last["value_loss"] < first["value_loss"]
     good, bad = score(model, [sample([7, 8], 1.0), sample([9, 10], 0.0)])
     assert sum(good) > sum(bad)
+
+
+def test_a_batch_of_empty_outputs_is_a_zero_step_not_a_skipped_one() -> None:
+    # 0 / 0 made the norms NaN: the step was skipped and counted against trainer.skip_nonfinite
+    torch.manual_seed(0)
+    learner = PpoLearner(TinyGPT(SMALL), PpoAlgorithm(kind="ppo"))
+    stats = learner.step([Sample("p", [1, 4], [], [], r) for r in (0.0, 1.0)])
+    assert stats["skipped"] == 0.0 and stats["grad_norm"] == 0.0
