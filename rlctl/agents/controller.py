@@ -669,6 +669,10 @@ class ControllerAgent:
                     f"iteration {iteration} is not complete: {buffers.capacity - buffers.free(iteration)} of its "
                     f"{buffers.capacity} groups were delivered"
                 )
+        if msg.kind == "bye" and not self._told_to_stop(peer.name):
+            # a stopped agent is never watched again: what it held would wait for ever. Still running, it is
+            # counted lost as any other when its connection ends or it falls silent
+            return "it was not told to stop"
         if msg.kind == "checkpoint_written" and int(msg.header["version"]) not in self.writing:
             return f"no checkpoint of version {msg.header['version']} is being written"
         return None
@@ -793,6 +797,12 @@ class ControllerAgent:
         nothing within BROKEN_GRACE_S is lost for the send (`_watch`)."""
         if peer.broken is None:  # `since`: when the send began (before its failure could end the read)
             peer.broken, peer.broken_since = why, since
+
+    def _told_to_stop(self, name: str) -> bool:
+        """Whether agent `name` was sent `stop`: every agent once the job ends, a unit once its drain retired it
+        (or it came back after it was counted lost)."""
+        unit = self.core.units.get(name)
+        return self._closing or (unit is not None and not unit.alive)
 
     def _lose(self, name: str, why: str, *, at: float | None = None, closed: bool = False) -> None:
         """An agent stopped heartbeating or its connection broke (`at`: when its reader heard the end; `closed`:

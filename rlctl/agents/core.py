@@ -737,10 +737,13 @@ class ControllerCore:
             tokens_moved += len(tokens)
         out: list[Out] = []
         target = self.units.get(to)
-        if moved and target is not None and target in self.live_units and target.name not in self.isolating():
-            for it in sorted({e.iteration for e in moved}):
+        # not a suspect's (a loss since the ask may have made one): each runs alone, as `_isolate` sends it
+        suspects = self.suspects()
+        given = [e for e in moved if e.prompt_id not in suspects]
+        if given and target is not None and target in self.live_units and target.name not in self.isolating():
+            for it in sorted({e.iteration for e in given}):
                 if self.bound.may_dispatch(iteration=it, unit_version=target.version):
-                    out += self._give(target, [e for e in moved if e.iteration == it], it)
+                    out += self._give(target, [e for e in given if e.iteration == it], it)
         self.migrations.append(
             {
                 "from": name,

@@ -88,11 +88,15 @@ class EvalSchedule:
 
     def ask(self, unit: str, version: int, *, now: float) -> Evaluate | None:
         """The message that asks `unit`, which holds `version`, to evaluate it; None when no version ≤ it is due.
-        Every due version ≤ `version` is then taken: one evaluation answers for the versions the unit skipped."""
+        Every due version ≤ `version` is then taken: one evaluation answers for the versions the unit skipped (or,
+        when another unit decodes `version` already, that unit's: None)."""
         if not self.due(version):
             return None
         covers = [d for d in self._due_versions(upto=version) if d not in self.done and d not in self.asked]
         self.done.update(d for d in covers if d != version)
+        if version in self.asked:  # another unit decodes this version already: its answer covers these too
+            self.asked[version].covers.extend(covers)
+            return None
         self.asked[version] = Asked(unit, now, covers)
         pairs = zip(self.request_ids(version), self.prompts, strict=True)
         return Evaluate(version, [EvalRequest(i, p.tokens, self.max_new_tokens) for i, p in pairs])

@@ -240,13 +240,15 @@ class RolloutAgent:
 
     def _admit(self, gen: Generate) -> None:
         """Queue the requests, except samples the engine already holds: the controller requeues a unit's work
-        when it went silent or reconnected, and may hand the same sample back to it (its result is accepted
-        once, from whichever generation finishes first)."""
+        when it went silent or reconnected, and may hand the same sample back to it. A sample held already goes
+        on with its own generation, which now answers the latest dispatch: the result of an earlier one may have
+        been taken meanwhile (the ledger refuses a result of an attempt no later than one it took), and the
+        sample would then stay dispatched to this unit for ever, its round never trained."""
         fresh = [r for r in gen.requests if r.sample_id not in self.holding]
         self.holding.update(r.sample_id for r in fresh)
         self.reported.update((r.sample_id, len(r.prefix_tokens)) for r in fresh)
         self.order.update((r.sample_id, (r.iteration, r.priority)) for r in fresh)
-        self.attempt.update((r.sample_id, r.attempt) for r in fresh)  # a sample held already keeps its own
+        self.attempt.update((r.sample_id, r.attempt) for r in gen.requests)
         self.engine.add(
             [
                 GenRequest(

@@ -193,7 +193,7 @@ class Scaler:
                 "error": f"cannot remove {n} of {len(units)} rollout unit(s)"
                 f"{' on ' + site if site else ''}: at least one unit must stay in the job"
             }, []
-        victims = sorted(units, key=lambda u: int(u.name.rsplit("-", 1)[1]), reverse=True)[:n]
+        victims = sorted(units, key=lambda u: _ordinal(u.name), reverse=True)[:n]  # the newest first
         outs: list[Out] = []
         for u in victims:
             outs += self.core.drain(u.name)
@@ -366,3 +366,10 @@ def _sites_by_agent(plan: dict[str, Any]) -> dict[str, str]:
             out[f"rollout-{n}"] = str(group["site"])
             n += 1
     return out
+
+
+def _ordinal(name: str) -> tuple[int, str]:
+    """A unit's place in the order units were started (`rollout-N`); a name of another form (a unit started by
+    hand) sorts before them, by name."""
+    _, _, n = name.rpartition("-")
+    return (int(n), name) if n.isdigit() else (-1, name)

@@ -49,6 +49,20 @@ def test_a_unit_that_skipped_a_due_version_evaluates_the_one_it_holds() -> None:
     assert s.ask("u1", 8, now=0.0) is not None
 
 
+def test_versions_due_again_at_a_version_another_unit_decodes_are_covered_by_its_answer() -> None:
+    # u1 was asked again for v8 (for the versions a lost unit left due): its ask replaced u0's, and u0's answer
+    # was dropped while it still decoded
+    s = schedule(every=4, last=12)
+    assert s.ask("x", 5, now=0.0) is not None  # covers 0 and 4
+    assert s.ask("u0", 8, now=0.0) is not None
+    assert s.lost("x") == [5]  # 0 and 4 are due again
+    assert s.ask("u1", 8, now=0.0) is None  # u0's evaluation of 8 answers for them
+    assert s.holds("u0") and not s.holds("u1") and not s.due(8)
+    assert s.lost("u0") == [8] and s.due(8)  # all three due again
+    ev = s.ask("u1", 8, now=0.0)
+    assert ev is not None and ev.version == 8 and s.asked[8].covers == [0, 4, 8]
+
+
 class Harness:
     """An Evaluator of the digits task's first 4 held-out prompts (every 5 versions of 10) with its job dir, trackers,
     gauges and what it posts to the controller's loop."""

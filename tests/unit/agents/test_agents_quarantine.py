@@ -265,3 +265,51 @@ def test_a_prompt_alone_on_its_unit_at_its_first_loss_is_only_counted() -> None:
     sim.absorb(core.lost("r0", closed=True))
     assert core.ledger.crashes == {"p0-0": 1} and not core.ledger.quarantined
     assert Counter(q["action"] for q in core.quarantines) == Counter()
+
+
+def test_samples_given_back_after_a_loss_made_their_prompt_a_suspect_are_not_run_beside_other_work() -> None:
+    # migration asked A for samples; before A answered, a unit loss made p0-0 a suspect: the answer's p0-0
+    # samples went to the migration target beside p0-1's
+    core = ControllerCore(
+        CoreConfig(
+            iterations=1,
+            prompts_per_iteration=2,
+            samples_per_prompt=4,
+            max_new_tokens=16,
+            mode="stream",
+            eta=0,
+            min_units=1,
+            quarantine_after=2,
+            unit_batch=64,
+        ),
+        prompts=lambda it: [PromptSpec(f"p{it}-{j}", [1, 2 + j], 4) for j in range(2)],
+        refill=lambda it, j: PromptSpec(f"q{it}-{j}", [3], 4),
+    )
+    held: dict[str, list[str]] = {}
+    asked: dict[str, int] = {}
+
+    def absorb(outs: list[Out]) -> None:
+        for o in outs:
+            if o.kind == "generate":
+                held.setdefault(o.to, []).extend(r["sample_id"] for r in o.header["requests"])
+            elif o.kind == "withdraw":
+                asked[o.to] = o.header["count"]
+
+    def give_back(unit: str, sids: list[str]) -> None:
+        take = sids[: asked.pop(unit)]
+        held[unit] = [s for s in held[unit] if s not in take]
+        absorb(core.withdrawn(unit, [(s, [], [], []) for s in take]))
+
+    absorb(core.join("trainer-0", role="trainer", version=0))
+    absorb(core.join("A", role="rollout", version=0))
+    absorb(core.join("C", role="rollout", version=0))  # idle: A gives some back
+    give_back("A", ["p0-0/2", "p0-0/3", "p0-1/2", "p0-1/3"])
+    core.ledger.crashes["p0-0"] = 1  # lost once before with a unit
+    absorb(core.join("T", role="rollout", version=0))  # idle: A is asked again
+    assert "A" in asked and held["C"]
+    del held["C"]
+    absorb(core.lost("C", closed=True))  # C held p0-0's samples: p0-0 is a suspect now
+    assert "p0-0" in core.suspects()
+    give_back("A", ["p0-0/1", "p0-1/1"])
+    on_t = {s.split("/")[0] for s in held.get("T", [])}
+    assert not (on_t & core.suspects() and len(on_t) > 1), held.get("T")

@@ -137,3 +137,22 @@ def test_announcements_on_two_weights_connections_are_fetched_by_one_fetcher(tmp
     first.close()
     second.close()
     root.close()
+
+
+def test_a_sample_handed_back_while_held_answers_the_latest_dispatch(tmp_path) -> None:
+    # the controller requeued it (the unit went silent), another unit's result was taken (attempt 2) and then
+    # thrown away (its reward hung: the round was regenerated), and it came back here as attempt 3: a result
+    # saying attempt 1 was refused as a second copy, and the sample stayed dispatched here for ever
+    first = Request("s0", [1, 3], 12, priority=0.0, iteration=0, attempt=1)
+    again = Request("s0", [1, 3], 12, priority=0.0, iteration=0, attempt=3)
+    _, _, conn, thread = _unit(
+        tmp_path, before=[make("generate", Generate([first])), make("generate", Generate([again]))]
+    )
+    samples = []
+    while not samples:
+        msg = conn.recv(timeout_s=30)
+        if msg.kind == "sample":
+            samples.append(msg.header)
+    conn.send(make("stop", {}))
+    thread.join(timeout=30)
+    assert [(s["sample_id"], s["attempt"]) for s in samples] == [("s0", 3)]  # one generation, the latest dispatch

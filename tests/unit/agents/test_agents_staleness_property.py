@@ -134,7 +134,8 @@ def test_no_staleness_violation_and_exactly_once(
                 u = units[o.to]
                 assert u.alive
                 for r in o.header["requests"]:  # a resumed sample is as old as its prefix's oldest token
-                    if r["sample_id"] in u.attempt:  # held already: it goes on with its own generation
+                    if r["sample_id"] in u.attempt:  # held already: its own generation answers this dispatch
+                        u.attempt[r["sample_id"]] = r["attempt"]
                         continue
                     prefix = list(r.get("prefix_versions", []))
                     u.inflight.append((r["sample_id"], min([u.version, *prefix])))

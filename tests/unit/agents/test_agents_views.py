@@ -353,6 +353,14 @@ def test_scale_in_drains_the_newest_units_and_logs_scale_events(tmp_path):
     assert posted == []
 
 
+def test_scale_in_takes_a_unit_named_by_hand_last(tmp_path):
+    # `rollout-gpu7` made the sort by the name's number raise: the controller ended
+    scaler, core, _, _ = _scaler(tmp_path, units=2)
+    core.join("rollout-gpu7", role="rollout", version=0)
+    assert scaler.scale(-1, None, reason="manual")[0] == {"removing": ["rollout-1"]}
+    assert scaler.scale(-1, None, reason="manual")[0] == {"removing": ["rollout-0"]}
+
+
 def test_scale_refusals_say_what_is_valid(tmp_path):
     scaler, core, _, _ = _scaler(tmp_path, units=2)
     assert scaler.scale(-1, "zz", reason="manual") == (

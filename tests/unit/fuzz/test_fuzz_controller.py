@@ -27,7 +27,7 @@ from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import TO_CONTROLLER, Hello, check, make
 from rlctl.config.job import JobFile
-from rlctl.errors import ProtocolError
+from rlctl.errors import PeerClosed, ProtocolError
 from rlctl.launch.jobdir import JobDir
 from rlctl.transport import InprocTransport, Message
 
@@ -290,3 +290,20 @@ def test_a_skipped_version_is_booked_as_a_transfer_not_as_the_unit_s_version(run
     (e,) = [e for e in r.jd.read_lines(r.jd.events) if e["event"] == "weights_skipped"]
     assert (e["agent"], e["version"], e["bytes"]) == ("rollout-0", 1, 100)
     assert r.ctl.core.units["rollout-0"].version == 0
+
+
+def test_a_bye_no_stop_asked_for_is_dropped_and_the_unit_is_still_watched(
+    running: Callable[[], Running], caplog: pytest.LogCaptureFixture
+) -> None:
+    # marked stopped, it was never watched again: its samples stayed dispatched to it for ever
+    r = running()
+    held = [e.sample_id for e in r.ctl.core.ledger.in_state(State.DISPATCHED) if e.agent == "rollout-0"]
+    assert held
+    with caplog.at_level(logging.WARNING, logger="rlctl.agents.controller"):
+        r.feed("rollout-0", make("bye", {"name": "rollout-0", "state": "stopped"}))
+    assert "dropped bye from rollout-0: it was not told to stop" in caplog.text
+    peer = r.ctl.peers["rollout-0"]
+    assert peer.state == "running"
+    r.ctl._handle("closed", "rollout-0", (peer.conn, PeerClosed("closed by peer"), time.monotonic()))  # it left
+    assert peer.state == "lost" and not r.ctl.core.units["rollout-0"].alive
+    assert not [e for e in r.ctl.core.ledger.in_state(State.DISPATCHED) if e.agent == "rollout-0"]
