@@ -77,11 +77,15 @@ def load(job_dir: Path) -> JobRecord:
     job_json = job_dir / "job.json"
     if not job_json.is_file():
         raise UsageError(f"{job_dir}: not a job directory (no job.json)")
-    job = _read_json(job_json)["job"]
+    record = _read_json(job_json)
+    try:  # read as written (a job of an older rlctl too): only these two fields
+        name, mode = str(record["job"]["name"]), str(record["job"]["pipeline"]["mode"])
+    except (KeyError, TypeError) as e:
+        raise ConfigError(str(job_json), None, f"no job.name and job.pipeline.mode in it (was it edited?): {e}") from e
     summary_json = job_dir / "summary.json"
     return JobRecord(
-        name=str(job["name"]),
-        mode=str(job["pipeline"]["mode"]),
+        name=name,
+        mode=mode,
         rows=_read_lines(job_dir / "metrics.jsonl"),
         events=_read_lines(job_dir / "events.jsonl"),
         summary=_read_json(summary_json) if summary_json.is_file() else None,

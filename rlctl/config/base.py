@@ -172,6 +172,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(name, None, f"YAML syntax error at {where}{e.problem}") from e
     except yaml.YAMLError as e:
         raise ConfigError(name, None, f"YAML error: {e}") from e
+    except RecursionError as e:  # the parser recurses once per level of nesting
+        raise ConfigError(name, None, "nested too deeply to read (hundreds of levels); no config needs that") from e
     if data is None:
         raise ConfigError(name, None, "file is empty; expected a mapping with apiVersion and kind")
     if not isinstance(data, dict):

@@ -58,7 +58,7 @@ SUBMIT_SSH = ("ssh_user", "ssh_port", "ssh_key_file", "ssh_known_hosts")  # how 
 
 class SlurmScheduler(Strict):
     kind: Literal["slurm"]
-    partition: str
+    partition: str = Field(min_length=1)
     account: str | None = None
     qos: str | None = None
     submit_host: str | None = Field(None, description="login node reached over SSH; None = run sbatch here")
@@ -67,7 +67,7 @@ class SlurmScheduler(Strict):
     ssh_key_file: str | None = None
     ssh_known_hosts: str | None = Field(None, description="known_hosts file for the submit host (default ~/.ssh)")
     slurm_conf: str | None = Field(None, description="SLURM_CONF for the client tools, if not the default")
-    workdir: str | None = Field(None, description=WORKDIR_HELP)
+    workdir: str | None = Field(None, min_length=1, description=WORKDIR_HELP)
     time_limit_min: PositiveInt = 7 * 24 * 60
     gpu_request: Literal["auto", "per_task", "gres", "none"] = Field(
         "auto",
@@ -93,7 +93,7 @@ class SshScheduler(Strict):
     key_file: str | None = None
     proxy_jump: str | None = None
     known_hosts: str | None = Field(None, description="known_hosts file trusted for these hosts (default ~/.ssh)")
-    workdir: str = Field("~/.rlctl", description=WORKDIR_HELP)
+    workdir: str = Field("~/.rlctl", min_length=1, description=WORKDIR_HELP)
     shared_workdir: bool = Field(
         False,
         description="the site's hosts see one filesystem at workdir (e.g. NFS inside the datacenter): the job is "
@@ -227,6 +227,12 @@ class Site(Strict):
         slots = sum(len(n.hosts) * n.gpus for n in self.nodes)
         if slots > MAX_GPUS_PER_SITE:
             raise ValueError(f"nodes: {slots} GPU slots in all (hosts × gpus); at most {MAX_GPUS_PER_SITE} on one site")
+        seen: set[str] = set()
+        for i, n in enumerate(self.nodes):
+            twice = next((h for h in n.hosts if h in seen), None)
+            if twice is not None:  # its slots would be counted, placed and staged twice
+                raise ValueError(f"nodes[{i}]: host {twice} is listed twice; list each host once, with all its GPUs")
+            seen.update(n.hosts)
         if self.scheduler.kind == "slurm" and any(n.devices is not None for n in self.nodes):
             raise ValueError(
                 "nodes[].devices: SLURM binds each task's GPUs itself (CUDA_VISIBLE_DEVICES); devices maps the "
@@ -328,6 +334,7 @@ def load_inventory(paths: list[Path]) -> Inventory:
         links.extend((str(path), i, link) for i, link in enumerate(inv.links))
     if not sites:
         raise ConfigError(", ".join(map(str, paths)), "sites", "no site defined; an inventory needs at least one site")
+    _no_device_twice(sites, origin)
     seen: set[frozenset[str]] = set()
     for file, i, link in links:
         for j, end in enumerate(link.between):
@@ -345,3 +352,24 @@ def load_inventory(paths: list[Path]) -> Inventory:
             )
         seen.add(key)
     return Inventory(sites, [link for _, _, link in links], [str(p) for p in paths])
+
+
+def _no_device_twice(sites: dict[str, Site], origin: dict[str, str]) -> None:
+    """Two local or SSH sites may split one host's GPUs (`devices`), not both place agents on one GPU: each
+    would count it, and the trainer's NCCL ranks may not share one. SLURM sites may overlap (SLURM allocates);
+    `gpu: CPU` sites' slots are cores, not devices."""
+    held: dict[tuple[str, int], str] = {}  # (host, device) → the site that lists it
+    for name, site in sites.items():
+        if site.scheduler.kind == "slurm" or site.spec.name == "CPU":
+            continue
+        for n in site.nodes:
+            for host in n.hosts:
+                for device in sorted({n.device(slot) for slot in range(n.gpus)}):
+                    other = held.setdefault((host, device), name)
+                    if other != name:
+                        raise ConfigError(
+                            origin[name],
+                            f"sites.{name}.nodes",
+                            f"GPU {device} of {host} is site {other!r}'s too; give each site its own GPUs of a host "
+                            "(nodes[].devices)",
+                        )

@@ -32,6 +32,7 @@ Fraction = Annotated[float, Field(gt=0, lt=1)]
 # or overflowing a float: published length distributions have σ ≈ 0.5–1.5 and medians of thousands of tokens.
 MAX_SIGMA = 4.0
 MAX_TOKENS = 2**24  # tokens of one prompt or one output (16.8M: beyond any model's context)
+MAX_THREADS = 4096  # CPU threads of one agent (torch.set_num_threads takes an int; no node has more cores)
 Sigma = Annotated[
     float, Field(gt=0, le=MAX_SIGMA, description=f"σ of ln(output length); at most {MAX_SIGMA:g} (published: 0.5–1.5)")
 ]
@@ -418,6 +419,7 @@ class Rollout(Strict):
     )
     threads_per_unit: PositiveInt | None = Field(
         None,
+        le=MAX_THREADS,
         description="CPU threads of each unit; default: its site's cores per GPU slot (nodes' cpus) × its GPUs, else 1",
     )
     group_barrier: Literal["auto", "always", "never"] = Field(
@@ -469,7 +471,9 @@ class Rollout(Strict):
 class Trainer(Strict):
     backend: Literal["torch", "megatron"] = "torch"
     threads_per_rank: PositiveInt | None = Field(
-        None, description="CPU threads of each rank; default: its site's cores per GPU slot (nodes' cpus), else 1"
+        None,
+        le=MAX_THREADS,
+        description="CPU threads of each rank; default: its site's cores per GPU slot (nodes' cpus), else 1",
     )
     tensor_parallel: PositiveInt | None = Field(
         None,
@@ -536,7 +540,8 @@ class WeightSync(Strict):
         description="delta mode: send a full anchor every K versions; unset (default) = full copies only on "
         "demand (a unit joins, a job resumes, a verification fails), every other version as a delta",
     )
-    chunk_bytes: PositiveInt = 4 * 1024 * 1024
+    # at most a bucket (64 MiB, `rlctl.weights.versions.WeightSyncConfig`): a chunk never spans two
+    chunk_bytes: int = Field(4 * 1024 * 1024, gt=0, le=64 * 1024 * 1024)
     chains_per_datacenter: PositiveInt = Field(
         2,
         description="chains the relay of a datacenter feeds with each version (one copy crosses each inter-DC "
@@ -653,8 +658,9 @@ class JobFile(Strict):
     warmup: Warmup = Warmup()
     evaluation: Evaluation = Evaluation()
     tracking: Tracking = Tracking()
-    job_dir: str | None = None
-    seed: NonNegativeInt = 0
+    job_dir: str | None = Field(None, min_length=1)
+    # below 2^32: vLLM seeds numpy's global generator with it, which takes no more
+    seed: int = Field(0, ge=0, le=2**32 - 1)
 
 
 def refills(spec: JobFile) -> int:

@@ -39,6 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from rlctl.config.base import first_error
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError, UsageError
 
@@ -141,7 +144,13 @@ class JobDir:
             data = json.loads(self.job_json.read_text())
         except (OSError, ValueError) as e:
             raise LaunchError(f"{self.job_json}: cannot read the resolved job: {e}") from e
-        return JobFile.model_validate(data["job"])
+        if not isinstance(data, dict) or not isinstance(data.get("job"), dict):
+            raise LaunchError(f"{self.job_json}: no 'job' mapping in it", hint="was it edited?")
+        try:
+            return JobFile.model_validate(data["job"])
+        except ValidationError as e:
+            field, msg = first_error(e)
+            raise LaunchError(f"{self.job_json}: job.{field}: {msg}", hint="was it edited?") from e
 
     def write_json(self, path: Path, data: Any) -> None:
         replace_text(path, json.dumps(data, indent=2, default=str) + "\n")

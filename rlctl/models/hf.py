@@ -210,7 +210,9 @@ def match_weights(shapes: Mapping[str, tuple[int, ...]], c: TinyGPTConfig, *, wh
 def read_config(directory: str | Path) -> TinyGPTConfig:
     path = Path(directory) / CONFIG_FILE
     try:
-        d = json.loads(path.read_text())
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(path), None, f"not UTF-8 text: {e.reason} at byte {e.start}") from e
     except OSError as e:
         raise ConfigError(str(path), None, f"cannot read: {e.strerror or e}") from e
     except json.JSONDecodeError as e:
@@ -241,8 +243,8 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
         return v
 
     archs = d.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and len(archs) == 1 else None
-    if arch not in MODEL_TYPES:
+    arch = archs[0] if isinstance(archs, list) and len(archs) == 1 and isinstance(archs[0], str) else None
+    if arch is None or arch not in MODEL_TYPES:
         raise bad("architectures", f"{archs!r} is not supported; supported: {', '.join(MODEL_TYPES)}")
     if d.get("model_type", MODEL_TYPES[arch]) != MODEL_TYPES[arch]:
         raise bad("model_type", f"{d['model_type']!r} does not match {arch} (expected {MODEL_TYPES[arch]!r})")
@@ -255,11 +257,14 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
     if d.get("use_sliding_window", False):
         raise bad("use_sliding_window", "sliding-window attention is not supported; supported: false")
     layer_types = d.get("layer_types") or []
+    if not isinstance(layer_types, list):
+        raise bad("layer_types", f"{layer_types!r} is not a list of layer types")
     if any(t != "full_attention" for t in layer_types):
-        raise bad("layer_types", f"{sorted(set(layer_types))} is not supported; supported: full_attention only")
+        kinds = sorted({str(t) for t in layer_types})
+        raise bad("layer_types", f"{kinds} is not supported; supported: full_attention only")
     theta = _rope_theta(d, bad)
     dtype = d.get("dtype") or d.get("torch_dtype") or "float32"
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise bad(
             "dtype" if "dtype" in d else "torch_dtype",
             f"{dtype!r} is not supported; supported: {', '.join(DTYPE_BYTES)}",
@@ -310,7 +315,9 @@ def _rope_theta(d: Mapping[str, Any], bad: Any) -> float:
         rope = d.get(key)
         if rope is None:
             continue
-        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+        if not isinstance(rope, dict):
+            raise bad(key, f"{rope!r} is not a mapping; supported: default RoPE (rope_theta)")
+        kind = rope.get("rope_type", rope.get("type", "default"))
         if kind != "default" or set(rope) - {"rope_type", "type", "rope_theta"}:
             raise bad(key, f"RoPE {kind!r} with {sorted(rope)} is not supported; supported: default RoPE (rope_theta)")
         theta = rope.get("rope_theta", theta)

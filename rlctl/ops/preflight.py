@@ -17,6 +17,7 @@ import importlib.util
 import ipaddress
 import logging
 import math
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from rlctl.devices import cuda_problem, kind_for
 from rlctl.engines.factory import vllm_problem
 from rlctl.errors import ConfigError, LaunchError, PlanError
 from rlctl.launch.backends import kind_of
-from rlctl.launch.layout import checkpoint_writers, layout, unshared_trainer
+from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.sitefs import is_remote
 from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig, read_config
 from rlctl.rl.dataset import check_task
@@ -97,8 +98,11 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
                 "kind 'digits' or kind 'dataset'",
             )
         )
+    if spec.job_dir is not None and (where := Path(spec.job_dir).expanduser()).exists() and not where.is_dir():
+        out.append(Problem("job_dir", f"{where} is a file, not a directory", "choose another job_dir"))
     out += _devices(job)
     out += _listen_addresses(job)
+    out += _unbindable(job)
     tp = spec.rollout.tensor_parallel or 1
     if spec.rollout.engine == "embedded" and tp > 1:
         out.append(
@@ -374,10 +378,35 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
         return out
     trainers = [a for a in agents if a.role == "trainer"]
     site = trainers[0].site
+    out += _shared_trainer_devices(job, trainers)
     writers = checkpoint_writers(plan, spec)
     if (why := unshared_trainer(site, job.inventory.sites[site], trainers, writers=writers)) is not None:
         out.append(Problem("placement.trainer", *why))
     return out
+
+
+def _shared_trainer_devices(job: Job, trainers: list[PlannedAgent]) -> list[Problem]:
+    """Two trainer ranks given one GPU (slots that `devices` maps to the same id): their NCCL group cannot run
+    (NCCL refuses two ranks on one device); rollout units, and a trainer rank beside them, may share one."""
+    site = job.inventory.sites[trainers[0].site]
+    if kind_for(site.spec.name) != "cuda":
+        return []
+    owner: dict[tuple[str, int], str] = {}
+    for a in trainers:
+        if (held := a.gpu_slice) is None:  # SLURM binds its tasks' GPUs itself
+            continue
+        for device in site.devices_of(held.host, held.gpus):
+            other = owner.setdefault((held.host, device), a.name)
+            if other != a.name:
+                return [
+                    Problem(
+                        "placement.trainer",
+                        f"{other} and {a.name} would both run on GPU {device} of {held.host} (site "
+                        f"{trainers[0].site!r}'s nodes[].devices), and NCCL runs one rank per GPU",
+                        hint="give the trainer fewer GPUs, or map its slots to distinct devices",
+                    )
+                ]
+    return []
 
 
 def _job_hosts(job: Job) -> set[str]:
@@ -433,6 +462,34 @@ def _listen_addresses(job: Job) -> list[Problem]:
         )
         for field, (address, sites) in by_field.items()
     ]
+
+
+def _unbindable(job: Job) -> list[Problem]:
+    """A listen address that agents on this machine (a local site's) could not bind: not one of its addresses
+    (an SSH or SLURM site's hosts are asked by `check --reach`)."""
+    placement, out = job.spec.placement, []
+    controller = placement.controller_site or placement.trainer.site
+    for name in dict.fromkeys([placement.trainer.site, *(r.site for r in placement.rollout), controller]):
+        site = job.inventory.sites[name]
+        own = site.network.listen_host
+        address = own or job.spec.transport.listen_host
+        if address == "auto" or not kind_of(site).on_this_machine:
+            continue
+        try:
+            family, kind, proto, _, where = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[0]
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(where)
+        except OSError as e:
+            field = f"sites.{name}.network.listen_host" if own else "transport.listen_host"
+            why = e.strerror or str(e)
+            out.append(
+                Problem(
+                    field,
+                    f"{address}: site {name!r}'s agents run on this machine, which cannot listen there ({why})",
+                    hint="give an address of this machine, or `auto`",
+                )
+            )
+    return out
 
 
 def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
+import pytest
+
 from rlctl.config import load_job
+from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.counts import resolve_job
 
@@ -40,6 +44,16 @@ def test_job_round_trips_through_job_json(tmp_path):
     jd.event("x", a=1)
     jd.event("y")
     assert [e["event"] for e in jd.read_lines(jd.events)] == ["x", "y"]
+
+
+def test_an_edited_job_json_is_one_line_naming_the_field(tmp_path):
+    # a pydantic ValidationError (or KeyError) traceback from `pull` / `report` before
+    jd = JobDir.create("demo", explicit=tmp_path / "j")
+    for text, says in (('{"job": {"name": "x"}}', "job.apiVersion: required field is missing"), ("[]", "no 'job'")):
+        jd.job_json.write_text(text)
+        with pytest.raises(LaunchError, match=re.escape(f"{jd.job_json}: {says}")) as e:
+            jd.read_job()
+        assert e.value.hint == "was it edited?"
 
 
 def test_mode_override_takes_that_modes_bound():

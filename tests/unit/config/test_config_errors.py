@@ -257,6 +257,46 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    # a traceback (RecursionError) before
+    Case("nested hundreds deep", HEAD + "sites: " + "[" * 500 + "]" * 500 + "\n", "nested too deeply"),
+    # a host listed twice was counted, placed and staged twice; two sites on one GPU both used it
+    Case(
+        "a host listed twice",
+        site_with(
+            'nodes: [{host: "h20-[01-04]", gpus: 8}]',
+            'nodes: [{host: "h20-[01-04]", gpus: 8}, {host: h20-03, gpus: 8}]',
+        ),
+        "sites.h20: nodes[1]: host h20-03 is listed twice",
+    ),
+    Case(
+        "two sites on one GPU",
+        GOOD_INV + SITE.replace("h20:", "h20b:"),
+        "sites.h20b.nodes: GPU 0 of h20-01 is site 'h20''s too",
+    ),
+    Case("an empty workdir", site_with("user: rl}", "user: rl, workdir: ''}"), "scheduler.workdir: String should have"),
+    Case("an empty partition", OTHER_INV.replace("partition: p", "partition: ''"), "scheduler.partition: String"),
+    # the runtime refused these at start (a ValueError in every agent), after check passed
+    Case(
+        "job: a chunk larger than a bucket",
+        JOB + "weight_sync: {chunk_bytes: 134217728}\n",
+        "weight_sync.chunk_bytes: Input should be less than or equal to 67108864",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: threads past an int",
+        JOB + "trainer: {threads_per_rank: 2147483648}\n",
+        "trainer.threads_per_rank: Input should be less than or equal to 4096",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: a seed numpy does not take",
+        JOB + "seed: 1180591620717411303424\n",
+        "seed: Input should be less than or equal to 4294967295",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     # sizes no real job reaches: a typo (extra zeros) hung or crashed `plan` / `check`
     Case(
         "job: huge sigma",

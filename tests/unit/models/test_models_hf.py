@@ -182,6 +182,11 @@ def test_check_hf_dir_gives_the_planner_figures(variant: str, tmp_path: Path) ->
         ("model_type", "mistral", "does not match"),
         ("torch_dtype", "float8_e4m3fn", "supported: float32, bfloat16, float16"),
         ("num_key_value_heads", 3, "does not divide"),
+        # values of the wrong type: a TypeError with a traceback, before
+        ("architectures", [["Qwen2ForCausalLM"]], "is not supported"),
+        ("rope_scaling", 5, "is not a mapping"),
+        ("layer_types", 5, "is not a list"),
+        ("torch_dtype", ["float32"], "supported: float32"),
     ],
 )
 def test_unsupported_configs_are_refused_in_one_line(tmp_path: Path, key: str, value: object, complaint: str) -> None:
@@ -233,3 +238,10 @@ def test_a_directory_that_cannot_be_read_is_one_line(tmp_path: Path, monkeypatch
         check_hf_dir(tmp_path / "locked")
     with pytest.raises(UsageError, match=r"--model .*locked: cannot read: Permission denied$"):
         request_from_options([], model=str(tmp_path / "locked"), algorithm="grpo", sites=None, engines=None)
+
+
+def test_a_config_json_that_is_not_utf8_is_refused_in_one_line(tmp_path: Path) -> None:
+    write_checkpoint("llama-hd64-eos3", tmp_path)
+    (tmp_path / "config.json").write_bytes(b'{"architectures": ["\xff\xfe"]}')
+    with pytest.raises(ConfigError, match=r"config.json: not UTF-8 text: invalid start byte at byte 20"):
+        check_hf_dir(tmp_path)

@@ -680,3 +680,35 @@ def test_slurm_agents_ask_for_their_slots_cores_and_memory(tmp_path: Path) -> No
     assert (trainer.resources.cpus_per_task, trainer.resources.mem_mb_per_task) == (8, 32 * 1024)
     res = SlurmResources.for_spec(trainer.resources, slots_per_node=2, gpu_request="none")
     assert (res.cpus_per_task, res.mem_per_cpu_mb) == (8, 4 * 1024)
+
+
+def test_a_listen_address_this_machine_does_not_have_is_refused_for_its_local_sites(tmp_path: Path) -> None:
+    # agents on this machine failed at bind (errno 99), after check passed
+    job = load(tmp_path, transport={"listen_host": "192.0.2.77"})  # TEST-NET-1: no machine's
+    (p,) = refused(job, "transport.listen_host")
+    assert p.message.startswith("192.0.2.77: site 'local''s agents run on this machine, which cannot listen there (")
+    assert refused(load(tmp_path, transport={"listen_host": "127.0.0.1"}), "transport.listen_host") == []
+
+
+def test_a_job_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("")
+    (p,) = refused(load(tmp_path, job_dir=str(tmp_path / "taken")), "job_dir")
+    assert p.message == f"{tmp_path / 'taken'} is a file, not a directory"
+    assert refused(load(tmp_path, job_dir=str(tmp_path / "fresh")), "job_dir") == []
+
+
+def test_two_trainer_ranks_on_one_gpu_are_refused(tmp_path: Path) -> None:
+    # NCCL runs one rank per GPU; `devices` may map several slots to one (rollout units sharing a GPU)
+    def inventory(devices: list[int]) -> str:
+        site = {"datacenter": "a", "scheduler": {"kind": "ssh"}, "gpu": "H100"}
+        site["nodes"] = [{"host": "n1", "gpus": 4, "devices": devices}]
+        path = tmp_path / "inv.yaml"
+        path.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"a": site}}))
+        return str(path)
+
+    placement = {"trainer": {"site": "a", "gpus": 2}, "rollout": [{"site": "a", "gpus": 2}]}
+    job = load(tmp_path, inventory=[inventory([0, 0, 0, 0])], placement=placement)
+    (p,) = refused(job, "placement.trainer")
+    assert p.message.startswith("trainer-0 and trainer-1 would both run on GPU 0 of n1")
+    job = load(tmp_path, inventory=[inventory([0, 1, 0, 1])], placement=placement)  # units share, ranks do not
+    assert refused(job, "placement.trainer") == []
