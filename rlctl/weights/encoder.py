@@ -13,6 +13,11 @@ A rank's part is a set of byte ranges of the version's flat buffer (`rlctl.weigh
     FSDP2 shards: for every tensor, the rows this rank holds (rows are contiguous bytes of the tensor's slot),
         filled from its local shards — no tensor is gathered
 
+The codec compares 2-byte elements, so each piece is widened to whole elements (`_span`): a 1-byte tensor with
+an odd byte count gains a byte of its slot's padding, an FSDP2 shard starting mid-element the byte before it
+(its neighbour's). Those bytes are zero in every snapshot, so their XOR is zero and the codec stays lossless: the
+neighbour's byte is encoded by its own rank, and the decoder XORs both ranks' values into the shared element.
+
 The device's memory holds two of this rank's parts (the previous version's and the snapshot); the host none.
 """
 
@@ -46,11 +51,14 @@ class DeviceEncoder:
     """This rank's part of each version on its device (see the module docstring)."""
 
     def __init__(self, layout: Layout, pieces: list[Piece], *, device: torch.device, local: bool = False) -> None:
-        assert all(p.start % ELEMENT_BYTES == 0 and p.nbytes % ELEMENT_BYTES == 0 for p in pieces), pieces[:3]
         self.layout, self.pieces, self.device, self.local = layout, pieces, device, local
         self._dtype = {s.name: dtypes()[s.dtype] for s in layout.slots}
-        self.nbytes = sum(p.nbytes for p in pieces)
-        self.ranges = _element_ranges(pieces)
+        self._spans = [_span(p) for p in pieces]  # whole elements (see the module docstring)
+        assert all(hi <= layout.total_bytes for _, hi in self._spans), pieces[:3]
+        self.nbytes = sum(hi - lo for lo, hi in self._spans)
+        self.ranges = _element_ranges(
+            [Piece(p.name, lo, 0, hi - lo) for p, (lo, hi) in zip(pieces, self._spans, strict=True)]
+        )
         self.prev: torch.Tensor | None = None  # the last published version's part (None before the first)
 
     @classmethod
@@ -84,13 +92,16 @@ class DeviceEncoder:
         """This rank's part of the version `params` make, in the wire dtype, on the device (a new buffer)."""
         out = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
         at = 0
-        for p in self.pieces:
+        for p, (lo, hi) in zip(self.pieces, self._spans, strict=True):
             t = params[p.name]
             if self.local and (shard := as_dtensor(t)) is not None:
                 t = shard.to_local()
             raw = t.detach().to(self.device, self._dtype[p.name]).reshape(-1).view(torch.uint8)
-            out[at : at + p.nbytes].copy_(raw[p.at : p.at + p.nbytes])
-            at += p.nbytes
+            first, end = at + p.start - lo, at + hi - lo
+            if first > at or first + p.nbytes < end:  # a neighbour's byte, padding: zero in every version
+                out[at:end].zero_()
+            out[first : first + p.nbytes].copy_(raw[p.at : p.at + p.nbytes])
+            at = end
         return out
 
     def encode(self, snapshot: torch.Tensor, *, level: int = 1) -> bytes:
@@ -104,6 +115,12 @@ class DeviceEncoder:
     def reset(self, snapshot: torch.Tensor) -> None:
         """A full version was published: deltas from now on are against it."""
         self.prev = snapshot
+
+
+def _span(p: Piece) -> tuple[int, int]:
+    """The bytes [lo, hi) of the version's buffer piece `p` is encoded as: rounded out to whole codec elements."""
+    end = p.start + p.nbytes
+    return p.start - p.start % ELEMENT_BYTES, end + -end % ELEMENT_BYTES
 
 
 def _element_ranges(pieces: list[Piece]) -> list[tuple[int, int, int]]:

@@ -5,7 +5,7 @@ version from its planned parent, falling back to other holders (see `plan.py`) w
 dies. Per child connection:
 
     child                                      parent
-    subscribe{version, base, encoding, have, from} ─▶
+    subscribe{version, base, encoding, have, have_sums, from} ─▶
                                              ◀─ waiting{version}   (while it completes the version,
                                                                     to serve a delta or full rebuilt; or,
                                                                     a relay not holding it yet, while its
@@ -199,7 +199,7 @@ class WeightNode:
                         "base_version": None if want_full or cur is None else cur.version,
                         "encoding": None if held is None else held.encoding,
                         "have": None if held is None else bytes(held.have),
-                        "have_base_version": None if held is None else held.base_version,
+                        "have_sums": None if held is None else chunks.sums_digest(held.sums),
                         "from": self.address,
                     },
                 )
@@ -428,40 +428,54 @@ class WeightNode:
             return list(self._served)
 
     def _stream(self, conn: Connection, hv: HeldVersion, pl: Payload, req: Subscribe, record: Served) -> None:
-        """Send the chunks the child lacks as they become available, then serve its re-send requests."""
+        """Send the chunks the child lacks as this node comes to hold them, then serve its re-send requests.
+
+        Only held chunks go out (a relay's chunk still arriving has no valid bytes yet); a re-send of one not held
+        goes once it is. A stream waiting for a chunk that will not arrive (the version or payload was dropped
+        here: its fetch failed, or moved to another holder's bytes) ends, so the child re-attaches at once."""
         events: queue.Queue[tuple[str, int]] = queue.Queue()
         threading.Thread(target=self._read_child, args=(conn, events, len(pl.refs)), daemon=True).start()
-        # the child's bitmap counts only for the very payload it describes (same encoding and base)
-        same = req.encoding == pl.encoding and req.have_base_version == pl.base_version
+        # the child's bitmap counts only for the very payload it describes: it keeps it only for the same chunk
+        # checksums (`_adopt`), and two holders may encode one delta into different bytes
+        same = req.encoding == pl.encoding and req.have_sums == chunks.sums_digest(pl.sums)
         have = req.have if same and req.have else b""
-        todo = [i for i in range(len(pl.refs)) if not (i < len(have) and have[i])]
+        todo = deque(i for i in range(len(pl.refs)) if not (i < len(have) and have[i]))
+        asked: deque[int] = deque()  # re-sends the child asked for, oldest first
         t0, paced_bytes = time.monotonic(), 0
-        for i in todo:
-            with self.store.cv:
-                while not pl.have[i] and events.empty():
-                    self.store.cv.wait(timeout=0.5)
+        while True:
             while not events.empty():
                 kind, j = events.get()
                 if kind == "closed":
                     return
+                asked.append(j)
+            for j in [j for j in asked if pl.have[j]]:
+                asked.remove(j)
                 self._send_chunk(conn, hv, pl, j, record)
-            paced_bytes += self._send_chunk(conn, hv, pl, i, record)
-            if self.cfg.send_bytes_per_s:
-                time.sleep(max(0.0, t0 + paced_bytes / self.cfg.send_bytes_per_s - time.monotonic()))
-        while True:  # everything sent: serve re-send requests until the child is complete
-            try:
-                kind, j = events.get(timeout=self.cfg.chunk_timeout_s)
-            except queue.Empty:  # a child that neither confirms nor leaves does not hold this thread forever
-                log.warning(
-                    "child %s did not confirm v%d within %.1f s of its last chunk; closing",
-                    record.child,
-                    hv.version,
-                    self.cfg.chunk_timeout_s,
-                )
-                return
-            if kind != "resend":
-                return
-            self._send_chunk(conn, hv, pl, j, record)
+            if todo and pl.have[todo[0]]:
+                paced_bytes += self._send_chunk(conn, hv, pl, todo.popleft(), record)
+                if self.cfg.send_bytes_per_s:
+                    time.sleep(max(0.0, t0 + paced_bytes / self.cfg.send_bytes_per_s - time.monotonic()))
+            elif todo or asked:  # the next chunk to send is still arriving here
+                with self.store.cv:
+                    while events.empty() and not pl.have[todo[0] if todo else asked[0]]:
+                        if self.store.versions.get(hv.version) is not hv or hv.payloads.get(pl.encoding) is not pl:
+                            log.info("v%d %s is no longer arriving here; closing its stream", hv.version, pl.encoding)
+                            return
+                        self.store.cv.wait(timeout=0.5)
+            else:  # everything sent: serve re-send requests until the child is complete
+                try:
+                    kind, j = events.get(timeout=self.cfg.chunk_timeout_s)
+                except queue.Empty:  # a child that neither confirms nor leaves does not hold this thread forever
+                    log.warning(
+                        "child %s did not confirm v%d within %.1f s of its last chunk; closing",
+                        record.child,
+                        hv.version,
+                        self.cfg.chunk_timeout_s,
+                    )
+                    return
+                if kind != "resend":
+                    return
+                asked.append(j)
 
     def _payload_for(self, hv: HeldVersion, req: Subscribe, conn: Connection) -> Payload | None:
         """The payload a child holding `req.base_version` gets (see the module docstring); None = gone."""
@@ -556,7 +570,9 @@ class WeightNode:
                     except ProtocolError as e:  # the child's mistake: drop the request, keep serving it
                         log.warning("dropped a malformed message: %s", e)
                         continue
-                    events.put(("resend", i))
+                    with self.store.cv:  # the stream may be waiting for a chunk still arriving
+                        events.put(("resend", i))
+                        self.store.cv.notify_all()
                 elif msg.kind == "complete":
                     break
         except TransportError:

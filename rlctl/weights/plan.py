@@ -63,7 +63,7 @@ class BroadcastPlan:
 
 
 def _dc_tree(source_dcs: list[str], dcs: list[str], links: set[frozenset[str]] | None) -> dict[str, str]:
-    """Parent datacenter of every non-source datacenter (BFS over links; None = all connected)."""
+    """Parent datacenter of every non-source datacenter, in BFS order (over links; None = all connected)."""
     parent: dict[str, str] = {}
     seen, todo = set(source_dcs), deque(source_dcs)
     while todo:
@@ -125,7 +125,7 @@ def plan_broadcast(
     parent: dict[str, str] = {}
     for dc in roots_by_dc:  # trainer datacenters: one chain (or tree) per root
         _attach(roots_by_dc[dc], by_dc.get(dc, []), fanout, parent)
-    for dc in (d for d in all_dcs if d in dc_parent):  # BFS order: parents' DCs are planned first
+    for dc in dc_parent:  # BFS order (as `_dc_tree` found them): a DC's sender is chosen after its parent's chains
         members = by_dc.get(dc, [])
         if not members:
             continue

@@ -76,7 +76,7 @@ class RootNode(WeightNode):
         data = (encode or self._encode)(cur.weights, new, cur.version)
         with self._exclusive():
             cur.weights.copy_(new)
-        return self._hold(version, cur.weights, layout, data, base=cur)
+            return self._hold(version, cur.weights, layout, data, base=cur)
 
     def _encode(self, prev: torch.Tensor, new: torch.Tensor, base_version: int) -> torch.Tensor:
         return delta.encode(prev, new, base_version=base_version, level=self.cfg.delta_level)
@@ -84,24 +84,21 @@ class RootNode(WeightNode):
     def _apply(self, version: int, cur: HeldVersion, data: torch.Tensor) -> HeldVersion:
         with self._exclusive():
             delta.decode(cur.weights, data, out=cur.weights, verify=False)
-        delta.set_target(data, chunks.checksum(cur.weights))
-        return self._hold(version, cur.weights, cur.layout, data, base=cur)
+            delta.set_target(data, chunks.checksum(cur.weights))
+            return self._hold(version, cur.weights, cur.layout, data, base=cur)
 
     def _replace(
         self, version: int, sd: dict[str, torch.Tensor], layout: chunks.Layout, *, anchor: bool
     ) -> HeldVersion:
         """A full version: into the current buffer when the layout is the same, else a new one."""
         cur = self.store.current
-        if cur is not None and cur.layout == layout:
-            with self._exclusive():
-                chunks.flatten(sd, layout, out=cur.weights)
-            weights = cur.weights
-        else:
-            weights = chunks.flatten(sd, layout)
-        self._note_peak(extra=_nbytes(sd) + (0 if weights is getattr(cur, "weights", None) else weights.numel()))
-        self._last_anchor = version
-        self._chain.clear()  # older bases cannot be composed across a full version
-        return self._hold(version, weights, layout, None, base=None, anchor=anchor)
+        buffer = cur.weights if cur is not None and cur.layout == layout else None
+        with self._exclusive() if buffer is not None else contextlib.nullcontext():
+            weights = chunks.flatten(sd, layout, out=buffer)
+            self._note_peak(extra=_nbytes(sd) + (0 if buffer is not None else weights.numel()))
+            self._last_anchor = version
+            self._chain.clear()  # older bases cannot be composed across a full version
+            return self._hold(version, weights, layout, None, base=None, anchor=anchor)
 
     def _hold(
         self,
@@ -181,7 +178,9 @@ class RootNode(WeightNode):
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
-        """The buffer's write lock: no full stream reads it meanwhile (new ones wait, running ones finish)."""
+        """The buffer's write lock: no full stream reads it meanwhile (new ones wait, running ones finish). Held
+        until the new version is current (`_hold`): until then `store.current` is the old version, whose
+        checksums no longer match the buffer, and a stream of it starting in between would fail them."""
         with self._rw:
             self._writing = True
             while self._readers:

@@ -111,7 +111,7 @@ class Subscribe(msgspec.Struct):
     base_version: int | None = None
     encoding: Literal["full", "delta"] | None = None
     have: bytes | None = None  # one byte per chunk of the payload it holds part of (0/1)
-    have_base_version: int | None = None
+    have_sums: int | None = None  # `chunks.sums_digest` of that payload: `have` counts only for the same chunks
     from_: str | None = msgspec.field(default=None, name="from")
 
 
@@ -229,15 +229,19 @@ class VersionStore:
             self.cv.notify_all()
 
     def flip(self, hv: HeldVersion) -> None:
-        """Make `hv` current (it must be complete) and forget versions beyond `keep_versions`."""
+        """Make `hv` current (it must be complete); forget versions beyond `keep_versions`, and incomplete ones older
+        than the current one (their fetch failed: nobody asks for them again). A child streaming a forgotten version
+        keeps its buffer alive until that stream ends (`WeightNode._stream` ends it when it waits for a chunk)."""
         assert hv.complete
         with self.cv:
             if self.current is None or hv.version >= self.current.version:
                 self.current = hv
+            cur = self.current.version
             done = sorted(v for v, h in self.versions.items() if h.complete)
-            for v in done[: max(0, len(done) - self.keep_versions)]:
-                if self.current is None or v != self.current.version:
-                    del self.versions[v]
+            drop = [v for v in done[: max(0, len(done) - self.keep_versions)] if v != cur]
+            drop += [v for v, h in self.versions.items() if not h.complete and v < cur]
+            for v in drop:
+                del self.versions[v]
             self.cv.notify_all()
 
     def wait_for(self, version: int, timeout_s: float) -> HeldVersion | None:

@@ -73,3 +73,42 @@ def test_pieces_that_follow_each_other_are_encoded_as_one_range() -> None:
 
     pieces = [Piece("a", 100, 40, 60), Piece("b", 160, 0, 20), Piece("c", 256, 0, 8), Piece("d", 264, 0, 4)]
     assert _element_ranges(pieces) == [(0, 40, 50), (40, 46, 88)]
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 5])
+def test_one_byte_tensors_of_odd_length_round_trip(parts: int) -> None:
+    """A bool mask and a uint8 tensor of odd byte counts: each piece is widened to whole codec elements."""
+
+    def odd(step: int) -> dict[str, torch.Tensor]:
+        out = wire(step, torch.bfloat16)
+        out["mask"] = torch.tensor([True, False, step % 2 == 0])
+        out["codes"] = torch.arange(7, dtype=torch.uint8) * (step + 1)
+        return out
+
+    layout = chunks.layout_of(odd(0))
+    encoders = [DeviceEncoder.for_part(layout, part=r, parts=parts, device=torch.device("cpu")) for r in range(parts)]
+    for e in encoders:
+        e.reset(e.snapshot(odd(0)))
+    frames = [e.encode(e.snapshot(odd(1))) for e in encoders]
+    payload = assemble(frames, raw_len=layout.total_bytes, base_version=0)
+    new = chunks.flatten(odd(1), layout)
+    assert torch.equal(delta.decode(chunks.flatten(odd(0), layout), payload, verify=False), new)
+
+
+def test_shards_that_split_an_element_each_encode_their_own_byte() -> None:
+    """Two ranks' shards of a uint8 tensor meeting mid-element (rows of odd bytes, as `for_shards` cuts them):
+    both encode the shared element, each with the other's byte zero, and the decoder XORs both in."""
+    from rlctl.weights.encoder import Piece
+
+    def sd(step: int) -> dict[str, torch.Tensor]:
+        return {"codes": (torch.arange(15, dtype=torch.uint8) * (step + 3)).reshape(5, 3)}
+
+    layout = chunks.layout_of(sd(0))
+    cpu = torch.device("cpu")
+    ranks = [DeviceEncoder(layout, [Piece("codes", lo, lo, hi - lo)], device=cpu) for lo, hi in ((0, 9), (9, 15))]
+    for e in ranks:
+        e.reset(e.snapshot(sd(0)))
+    frames = [e.encode(e.snapshot(sd(1))) for e in ranks]
+    payload = assemble(frames, raw_len=layout.total_bytes, base_version=0)
+    new = chunks.flatten(sd(1), layout)
+    assert torch.equal(delta.decode(chunks.flatten(sd(0), layout), payload, verify=False), new)

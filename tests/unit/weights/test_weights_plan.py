@@ -68,6 +68,16 @@ def test_one_copy_per_inter_dc_link_over_a_chain_of_datacenters():
     _check_tree(plan)
 
 
+def test_a_datacenter_listed_before_its_parent_datacenter_picks_its_sender_after_the_parents_chains():
+    """Datacenters are planned in BFS order whatever the receivers' order: C's copy comes from B's least-loaded
+    holder, counted after B's own chain (b0 → b1 → b2) is planned, not from b0, which already feeds b1."""
+    links = {frozenset("AB"), frozenset("BC")}
+    for order in (["b0", "b1", "b2", "c0"], ["c0", "b0", "b1", "b2"]):
+        plan = plan_broadcast([Endpoint("root", "A")], [Endpoint(n, n[0].upper()) for n in order], dc_links=links)
+        assert plan.parent["c0"] == "b2" and plan.children("b0") == ["b1"], order
+        _check_tree(plan)
+
+
 def test_trees_with_fanout():
     plan = plan_broadcast([Endpoint("r", "A")], [Endpoint(f"b{i}", "B") for i in range(7)], fanout=2)
     assert len(plan.inter_dc_edges()) == 1

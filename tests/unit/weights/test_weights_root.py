@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 
+import rlctl.weights.root as rootmod
 from bench.netem.bcast_agent import synthetic_weights
 from rlctl.transport import InprocTransport
 from rlctl.weights import chunks, delta
@@ -108,3 +109,40 @@ def test_composing_deltas_equals_applying_them_in_turn() -> None:
     assert delta.base_version_of(composed) == 1
     assert torch.equal(delta.decode(versions[1], composed), versions[-1])
     assert composed.numel() < 100  # versions[1] → … → versions[1]: no change left, only the header
+
+
+def test_a_full_stream_asked_while_the_buffer_is_rewritten_gets_the_new_version(pair, monkeypatch) -> None:
+    """The buffer already holds v2 while `_hold` still checksums it (store.current is v1 until then): a joiner
+    asking for v1 meanwhile waits for the write to end and hears v2, never v2's bytes under v1's checksums."""
+    root, child = pair
+    root.publish(1, sd(1))
+    in_window, release, asked = threading.Event(), threading.Event(), threading.Event()
+    real_full_payload = rootmod.full_payload
+
+    def paused_full_payload(*args, **kwargs):  # `_hold`, after the buffer was written
+        if not in_window.is_set():
+            in_window.set()
+            assert release.wait(10)
+        return real_full_payload(*args, **kwargs)
+
+    real_serving = root._serving
+
+    def serving(hv, pl):  # the joiner's request has reached the buffer's read lock
+        asked.set()
+        return real_serving(hv, pl)
+
+    monkeypatch.setattr(rootmod, "full_payload", paused_full_payload)
+    monkeypatch.setattr(root, "_serving", serving)
+    publisher = threading.Thread(target=root.publish, args=(2, sd(2)))
+    publisher.start()
+    assert in_window.wait(10) and root.store.current.version == 1
+    got: list[object] = []
+    joiner = threading.Thread(target=lambda: got.append(child.fetch(1, [root.address], newer_ok=True)))
+    joiner.start()
+    assert asked.wait(10)
+    release.set()
+    publisher.join(timeout=10)
+    joiner.join(timeout=10)
+    assert got and child.current()[0] == 2
+    assert torch.equal(child.store.current.weights, chunks.flatten(sd(2), chunks.layout_of(sd(2))))
+    assert [a[2] for a in child.attempts] == ["ok"]  # no checksum failures, no re-attach

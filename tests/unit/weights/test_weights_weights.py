@@ -10,7 +10,7 @@ import torch
 
 from bench.netem.bcast_agent import synthetic_weights
 from rlctl.errors import TransportError
-from rlctl.transport import InprocTransport
+from rlctl.transport import InprocTransport, Message
 from rlctl.weights.node import WeightNode
 from rlctl.weights.versions import WeightSyncConfig
 
@@ -141,4 +141,156 @@ def test_a_relay_still_moving_the_previous_version_keeps_its_children_for_the_ne
         assert waited > cfg.chunk_timeout_s  # longer than one chunk timeout: `waiting` kept b with its relay
     finally:
         for n in (root, a, b):
+            n.close()
+
+
+def _dies_after(node: WeightNode, num_chunks: int) -> None:
+    """`node` closes each child's stream after sending it `num_chunks` chunks (a parent dying mid-version)."""
+    real_send = node._send_chunk
+    sent: dict[object, int] = {}
+
+    def send_chunk(conn, hv, pl, i, record):
+        sent[conn] = sent.get(conn, 0) + 1
+        if sent[conn] > num_chunks:
+            conn.close()
+        return real_send(conn, hv, pl, i, record)
+
+    node._send_chunk = send_chunk
+
+
+def test_a_version_whose_fetch_failed_is_dropped_once_a_newer_one_is_current():
+    """A unit whose parent dies mid-v2 holds an incomplete v2 (a full-size buffer): once v3 is current it goes,
+    and a child streaming it from this node is closed at once rather than left waiting for chunks."""
+    t = InprocTransport(secret=b"job")
+    cfg = WeightSyncConfig(chunk_bytes=64 << 10, bucket_bytes=256 << 10, delta=False, attach_passes=1)
+    root, dying, a, leaf = (WeightNode(t, "inproc://", cfg) for _ in range(4))
+    try:
+        root.publish(1, _sd(1))
+        a.fetch(1, [root.address])
+        dying.publish(2, _sd(2))
+        _dies_after(dying, 3)
+        with pytest.raises(TransportError, match="closed"):
+            a.fetch(2, [dying.address])
+        held = a.store.versions[2]
+        assert not held.complete and held.payloads["full"].num_have == 3
+        child: list[BaseException] = []
+        streaming = threading.Thread(target=lambda: _record_failure(child, leaf.fetch, 2, [a.address]))
+        streaming.start()  # the leaf waits on a's v2, whose chunk 3 will never arrive
+        while not a.served:
+            with a.store.cv:
+                a.store.cv.wait(timeout=0.01)
+        root.publish(2, _sd(2))
+        root.publish(3, _sd(3))
+        a.fetch(3, [root.address])
+        assert sorted(a.store.versions) == [1, 3]
+        assert a.host_bytes() == 2 * held.weights.numel()
+        streaming.join(timeout=0.5 * cfg.chunk_timeout_s)  # well within the leaf's chunk timeout
+        assert not streaming.is_alive() and child and "closed" in str(child[0])
+    finally:
+        for n in (root, dying, a, leaf):
+            n.close()
+
+
+def _record_failure(out: list[BaseException], fn, *args) -> None:
+    try:
+        fn(*args)
+    except TransportError as e:
+        out.append(e)
+
+
+class _SaysWhenWaiting(threading.Condition):
+    """A node's condition variable that tells the test when a thread starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def test_a_relay_woken_by_a_resend_request_sends_only_chunks_it_holds():
+    """Relay `a` holds chunk 0 of v1 only (the rest still arriving) when its child asks for chunk 0 again (its first
+    copy arrived corrupted): `a` re-sends chunk 0 and waits for chunk 1, never sending bytes it does not hold."""
+    t = InprocTransport(secret=b"job")
+    cfg = WeightSyncConfig(chunk_bytes=64 << 10, bucket_bytes=256 << 10, delta=False, attach_passes=1)
+    root, a, leaf = (WeightNode(t, "inproc://", cfg) for _ in range(3))
+    try:
+        hv = root.publish(1, _sd(1))
+        full = hv.payloads["full"]
+        a.store.cv = _SaysWhenWaiting()
+        _, pl = a._adopt(full.manifest(hv, cfg))  # v1's manifest has reached the relay
+        sends: list[tuple[int, bool]] = []  # (chunk, held by `a` when sent)
+        resent = threading.Event()
+        real_send = a._send_chunk
+
+        def send_chunk(conn, hv_, pl_, i, record):
+            sends.append((i, pl_.have[i]))
+            if len(sends) == 1:  # chunk 0's first copy is corrupted on the way
+                r = pl_.refs[i]
+                bad = pl_.data[r.offset : r.offset + r.length].clone()
+                bad[7] ^= 1
+                head = {"version": 1, "bucket": r.bucket, "index": i, "offset": r.offset, "length": r.length}
+                conn.send(Message("chunk", {**head, "xxh3": pl_.sums[i]}, [bad]))
+                return r.length
+            n = real_send(conn, hv_, pl_, i, record)
+            if len(sends) == 2:  # the re-send: from here on, note when the stream waits next
+                a.store.cv.waiting.clear()
+                resent.set()
+            return n
+
+        a._send_chunk = send_chunk
+
+        def arrive(i: int) -> None:
+            r = pl.refs[i]
+            pl.data[r.offset : r.offset + r.length] = full.data[r.offset : r.offset + r.length]
+            with a.store.cv:
+                pl.have[i] = True
+                a.store.cv.notify_all()
+
+        arrive(0)
+        fetched: list[BaseException] = []
+        th = threading.Thread(target=lambda: _record_failure(fetched, leaf.fetch, 1, [a.address]))
+        th.start()
+        assert resent.wait(10) and a.store.cv.waiting.wait(10)  # re-sent chunk 0, then waited for chunk 1
+        for i in range(1, len(pl.refs)):
+            arrive(i)
+        th.join(timeout=10)
+        assert not fetched and leaf.current()[0] == 1 and [x[2] for x in leaf.attempts] == ["ok"]
+        assert sends == [(0, True), (0, True), *((i, True) for i in range(1, len(pl.refs)))]
+    finally:
+        for n in (root, a, leaf):
+            n.close()
+
+
+def test_a_unit_resuming_a_delta_keeps_its_chunks_only_with_a_holder_of_the_same_bytes():
+    """Two holders may encode one delta (version, base) into different bytes (here zstd levels; in a job a root's
+    composed delta and a relay's on-demand one). A unit re-attaching mid-delta gets only its missing chunks from a
+    holder of the same bytes, and every chunk from the other: that one must not skip the chunks the unit drops."""
+    t = InprocTransport(secret=b"job")
+    cfg = WeightSyncConfig(chunk_bytes=1 << 10, bucket_bytes=4 << 10, chunk_timeout_s=1, attach_passes=1)
+    first, same, unit, unit2 = (WeightNode(t, "inproc://", cfg) for _ in range(4))
+    other = WeightNode(t, "inproc://", WeightSyncConfig(**{**cfg.__dict__, "delta_level": 19}))
+    try:
+        for holder in (first, same, other):
+            for v in (1, 2):
+                holder.publish(v, _sd(v))
+        d, d_other = first.store.current.payloads["delta"], other.store.current.payloads["delta"]
+        assert d.sums == same.store.current.payloads["delta"].sums and d.sums != d_other.sums
+        for u in (unit, unit2):
+            u.fetch(1, [first.address])
+        _dies_after(first, 2)
+        for u, holder in ((unit, same), (unit2, other)):
+            got = u.fetch(2, [first.address, holder.address])  # `first` dies after two chunks of the delta
+            assert (got.received_encoding, got.received_base) == ("delta", 1) and u.current()[0] == 2
+            assert [(v, at, r == "ok") for v, at, r in u.attempts][1:] == [
+                (2, first.address, False),
+                (2, holder.address, True),
+            ]
+        resumed, restarted = same.served[-1], other.served[-1]
+        assert resumed.bytes == d.data.numel() - 2 * cfg.chunk_bytes  # the two chunks it had are not sent again
+        assert restarted.bytes == d_other.data.numel()
+    finally:
+        for n in (first, same, other, unit, unit2):
             n.close()
