@@ -137,8 +137,8 @@ def _learner_rank(rank: int, init: str, state: dict[str, torch.Tensor], samples:
         learner = GrpoLearner(model, GrpoAlgorithm(kind="grpo", grad_clip=1e9), micro_batch_samples=2)
         learner.opt.step = lambda *a, **k: None  # type: ignore[method-assign]  # the gradient is what is compared
         learner.step(samples[rank * 4 : (rank + 1) * 4])  # each rank its own group
-        if rank == 0:
-            out.put(_grads(model))
+        if rank == 0:  # as a list: a tensor's storage is shared through a socket this process takes down on exit
+            out.put(_grads(model).tolist())
     finally:
         dist.destroy_process_group()
 
@@ -159,7 +159,7 @@ def test_two_ranks_with_uneven_tokens_take_the_whole_batch_token_mean(tmp_path: 
     procs = [ctx.Process(target=_learner_rank, args=(r, init, state, samples, out)) for r in (0, 1)]
     for p in procs:
         p.start()
-    two = out.get(timeout=100)
+    two = torch.tensor(out.get(timeout=100))
     for p in procs:
         p.join(timeout=30)
     assert [p.exitcode for p in procs] == [0, 0]
