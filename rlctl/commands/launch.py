@@ -194,7 +194,7 @@ def dry_table(
         [
             r["agent"],
             r["site"],
-            r["host"] or "(SLURM places it)",
+            r["host"] or ("(SLURM places it)" if r["backend"] == "slurm" else "this machine"),
             r["backend"],
             r["cuda_visible_devices"] if r["cuda_visible_devices"] is not None else r["gpu_request"] or "-",
             r["threads"],

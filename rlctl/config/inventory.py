@@ -17,6 +17,7 @@ Several files are merged (sites must not repeat); links are checked against the 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -121,6 +122,7 @@ class CustomGpu(Strict):
     cost_per_hour: PositiveFloat = 1.0
 
 
+_HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")  # a host name, IPv4 or IPv6 address (no shell syntax)
 MAX_GPUS_PER_NODE = 1024  # beyond any host's GPU slots (a `gpu: CPU` site's slots are cores)
 MAX_GPUS_PER_SITE = 2**20  # beyond any cluster; launch keeps a record per slot, so a typo must not reach it
 
@@ -148,7 +150,9 @@ class Node(Strict):
     @field_validator("host")
     @classmethod
     def _host_pattern(cls, v: str) -> str:
-        expand_hostlist(v)
+        bad = next((h for h in expand_hostlist(v) if not _HOST_NAME.fullmatch(h)), None)
+        if bad is not None:  # it reaches ssh command lines, sbatch and the agents' addresses
+            raise ValueError(f"{bad!r} is not a host name or address (letters, digits, '-', '_', '.', ':')")
         return v
 
     @model_validator(mode="after")

@@ -80,6 +80,16 @@ class SshTarget:
         return hostkeys.known_hosts_path(self.known_hosts)
 
 
+def jump_target(spec: str, *, known_hosts: str | None) -> SshTarget:
+    """The bastion of a `proxy_jump: [user@]host[:port]` (as `ssh -J` takes it): fabric refuses a port written both
+    in the host and as its own argument."""
+    user, _, rest = spec.rpartition("@")
+    host, port = rest, 22
+    if rest.count(":") == 1 and (p := rest.partition(":")[2]).isdigit():  # host:port (not a bare IPv6 address)
+        host, port = rest.partition(":")[0], int(p)
+    return SshTarget(host, user=user or None, port=port, known_hosts=known_hosts)
+
+
 def connect(target: SshTarget) -> Connection:
     """An open fabric Connection with the strict host-key policy of this module."""
     try:
@@ -98,7 +108,7 @@ def connect(target: SshTarget) -> Connection:
         kwargs["key_filename"] = str(Path(target.key_file).expanduser())
     gateway = None
     if target.proxy_jump:
-        gateway = connect(SshTarget(target.proxy_jump, known_hosts=target.known_hosts))
+        gateway = connect(jump_target(target.proxy_jump, known_hosts=target.known_hosts))
     conn = Connection(
         target.host,
         user=target.user,

@@ -123,11 +123,12 @@ class SlurmResources:
     without cons_tres, `--gres=gpu:N×tasks_per_node` per node."""
 
     nodes: int = 1
-    tasks_per_node: int = 1
+    tasks_per_node: int = 1  # at most, per node: `tasks` need not be a multiple of it
     cpus_per_task: int = 1
     gpus_per_task: int = 0
     gpu_request: GpuRequest = "per_task"
     mem_per_cpu_mb: int | None = None
+    tasks: int = 1  # in all (--ntasks): nodes × tasks_per_node would start a rank the job does not have
 
     @classmethod
     def for_spec(cls, res: Resources, *, slots_per_node: int, gpu_request: GpuRequest) -> SlurmResources:
@@ -139,7 +140,8 @@ class SlurmResources:
         tasks_per_node = math.ceil(res.tasks / nodes)
         gpus = res.gpus_per_task if gpu_request != "none" else 0
         mem = None if res.mem_mb_per_task is None else max(1, res.mem_mb_per_task // max(1, res.cpus_per_task))
-        return cls(nodes, tasks_per_node, res.cpus_per_task, gpus, gpu_request if gpus else "per_task", mem)
+        request = gpu_request if gpus else "per_task"
+        return cls(nodes, tasks_per_node, res.cpus_per_task, gpus, request, mem, tasks=max(1, res.tasks))
 
     @property
     def gpu_option(self) -> str | None:
@@ -153,7 +155,10 @@ class SlurmResources:
     def summary(self) -> str:
         """`2 nodes × 8 tasks, --gpus-per-task=1, 4 cpus/task` for `launch --dry-run`."""
         gpus = self.gpu_option or "no GPU request"
-        return f"{self.nodes} node(s) × {self.tasks_per_node} task(s), {gpus}, {self.cpus_per_task} cpu(s)/task"
+        spread = f"{self.nodes} node(s) × {self.tasks_per_node} task(s)"
+        if self.tasks != self.nodes * self.tasks_per_node:
+            spread = f"{self.tasks} tasks on {self.nodes} node(s), ≤ {self.tasks_per_node} each"
+        return f"{spread}, {gpus}, {self.cpus_per_task} cpu(s)/task"
 
 
 @dataclass(frozen=True)
@@ -323,13 +328,15 @@ class SlurmBackend(LaunchBackend):
         lines = [
             "#!/bin/bash",
             f"# rlctl job {self.job}: {spec.name} on site {self.site} (submit: sbatch --parsable < this file)",
-            f"#SBATCH --job-name={self.job_name(spec)}",
-            f"#SBATCH --partition={s.partition}",
+            # sbatch splits an #SBATCH line as a shell would (a job dir named `my run` made two arguments)
+            f"#SBATCH --job-name={shlex.quote(self.job_name(spec))}",
+            f"#SBATCH --partition={shlex.quote(s.partition)}",
         ]
-        lines += [f"#SBATCH --account={s.account}"] if s.account else []
-        lines += [f"#SBATCH --qos={s.qos}"] if s.qos else []
+        lines += [f"#SBATCH --account={shlex.quote(s.account)}"] if s.account else []
+        lines += [f"#SBATCH --qos={shlex.quote(s.qos)}"] if s.qos else []
         lines += [
             f"#SBATCH --nodes={res.nodes}",
+            f"#SBATCH --ntasks={res.tasks}",
             f"#SBATCH --ntasks-per-node={res.tasks_per_node}",
             f"#SBATCH --cpus-per-task={res.cpus_per_task}",
         ]
@@ -337,7 +344,8 @@ class SlurmBackend(LaunchBackend):
         lines += [f"#SBATCH --mem-per-cpu={res.mem_per_cpu_mb}"] if res.mem_per_cpu_mb else []
         lines += [
             f"#SBATCH --time={s.time_limit_min}",
-            f"#SBATCH --output={shlex.quote(str(self._log_path(spec)))}",
+            # `%` starts a filename pattern there (%j, …): a literal one is `%%`
+            f"#SBATCH --output={shlex.quote(str(self._log_path(spec)).replace('%', '%%'))}",
             "#SBATCH --open-mode=append",
             f"#SBATCH --signal=B:TERM@{self.grace_s}",
         ]
@@ -383,7 +391,8 @@ class SlurmBackend(LaunchBackend):
             "setup": setup,
             "stderr_to_stdout": True,
             # TERM to the steps (the agents), not submitit's USR2 "checkpoint and requeue"
-            "additional_parameters": {"signal": f"TERM@{self.grace_s}"},
+            # --ntasks: nodes × ntasks_per_node would start a rank the job does not have
+            "additional_parameters": {"signal": f"TERM@{self.grace_s}", "ntasks": res.tasks},
         }
         params.update({"account": s.account} if s.account else {})
         params.update({"qos": s.qos} if s.qos else {})

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import shlex
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -222,8 +223,10 @@ class SshBackend(LaunchBackend):
         )
 
     def stop_script(self, handles: list[AgentHandle], grace_s: float) -> str:
-        """One script per host: TERM every group that is still ours, wait, KILL, verify."""
-        tenths = max(1, round(grace_s * 10))
+        """One script per host: TERM every group that is still ours, wait, KILL, verify. The waits end at a time
+        (bash's SECONDS), not after a count of passes: a pass lists every group's processes, which takes longer the
+        more there are, and the caller's deadline is the grace period's."""
+        grace = max(1, math.ceil(grace_s))
         groups = " ".join(f"{h.ident['pid']}:{h.ident['start_ticks']}:{h.ident['pgid']}" for h in handles)
         return "\n".join(
             [
@@ -236,14 +239,14 @@ class SshBackend(LaunchBackend):
                 '  if [ -z "$(live "$pg")" ]; then echo "$pg gone"; continue; fi',
                 '  kill -TERM -- "-$pg" 2>/dev/null || true; mine="$mine $pg"',
                 "done",
-                f"n={tenths}",
-                'while [ "$n" -gt 0 ]; do any=""; for pg in $mine; do [ -n "$(live "$pg")" ] && any=1; done',
-                '  [ -z "$any" ] && break; sleep 0.1; n=$((n - 1)); done',
+                f"end=$((SECONDS + {grace}))",
+                'while [ "$SECONDS" -lt "$end" ]; do any=""; for pg in $mine; do [ -n "$(live "$pg")" ] && any=1; done',
+                '  [ -z "$any" ] && break; sleep 0.1; done',
                 'for pg in $mine; do if [ -n "$(live "$pg")" ]; then kill -KILL -- "-$pg" 2>/dev/null || true;'
                 ' echo "$pg forced"; else echo "$pg graceful"; fi; done',
-                "n=50",
-                'while [ "$n" -gt 0 ]; do any=""; for pg in $mine; do [ -n "$(live "$pg")" ] && any=1; done',
-                '  [ -z "$any" ] && break; sleep 0.1; n=$((n - 1)); done',
+                "end=$((SECONDS + 5))",
+                'while [ "$SECONDS" -lt "$end" ]; do any=""; for pg in $mine; do [ -n "$(live "$pg")" ] && any=1; done',
+                '  [ -z "$any" ] && break; sleep 0.1; done',
                 'for pg in $mine; do left=$(live "$pg" | tr "\\n" " "); [ -n "$left" ] && echo "$pg left $left"; done',
                 "exit 0",
                 "",

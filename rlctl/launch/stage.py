@@ -253,7 +253,7 @@ def _fan_out(
     parent = {views[i].host: views[(i - 1) // FANOUT_CHILDREN] for i in range(1, len(views))}
     relaying = [seed, *{parent[h].host: parent[h] for h in fan if parent[h] is not seed}.values()]
     with ThreadPoolExecutor(max_workers=min(8, len(relaying))) as pool:  # before any server can serve them
-        list(pool.map(lambda v: _clear_stale(site, v, seed_files if v is seed else fan[v.host]), relaying))
+        list(pool.map(lambda v: _clear_stale(site, v, seed_files if v is seed else fan.get(v.host, [])), relaying))
     servers = {seed.host: _Server(site, seed)}
     try:
         servers[seed.host].start()

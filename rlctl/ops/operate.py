@@ -207,7 +207,11 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
     controller = [h for h in handles if h.spec.role == "controller"]
     deadline = time.monotonic() + grace_s
     while out["graceful"] == "requested" and time.monotonic() < deadline:
-        if all(backends.for_site(h.spec.site).poll(h) is not None for h in controller):
+        try:
+            if all(backends.for_site(h.spec.site).poll(h) is not None for h in controller):
+                break
+        except LaunchError as e:  # its site does not answer: the forced stop below still runs (and says so)
+            log.warning("could not poll the controller's site (%s); forcing", e)
             break
         time.sleep(0.3)
     problems = stop_agents(backends, handles, grace_s=min(grace_s, 10.0))

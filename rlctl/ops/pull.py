@@ -97,7 +97,8 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
         for version in candidates:
             ckpt = f"{root}/checkpoints/iter-{version}"
             try:
-                got = _pull_one(fs, ckpt, version, to or job_dir / "pulled" / f"v{version}", f"{site}:{fs.where}")
+                into = (to or job_dir / "pulled" / f"v{version}").resolve()  # `--to .` has no name to stage beside
+                got = _pull_one(fs, ckpt, version, into, f"{site}:{fs.where}")
             except ValueError as e:
                 problems.append(f"v{version}: {e}")
                 log.warning("checkpoint v%d on site %s not pulled: %s", version, site, e)

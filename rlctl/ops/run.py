@@ -47,7 +47,7 @@ from rlctl.checkpoint.choose import (
 from rlctl.config.inventory import Site
 from rlctl.config.job import Job, JobFile
 from rlctl.errors import LaunchError, RlctlError, UsageError
-from rlctl.launch.agentenv import ENV_RESUME, ParallelConfig
+from rlctl.launch.agentenv import ENV_RESUME, ENV_VISIBLE, ParallelConfig
 from rlctl.launch.backends import AGENTS_FILE, Backends, kind_of, read_sites, record_agent, stop_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir, refuse_taken, resume_command
@@ -166,13 +166,13 @@ class JobRun:
             site_dir = JobDir(Path(site_root(self.sites[a.site], self.id, here=self.jobdir.path)))
             spec = agent_spec(site_dir, a, self.sites[a.site], env=env, controller=DRY_RUN_CONTROLLER)
             backend = self.backends.for_site(a.site)
-            gpus = spec.gpu_slice.visible_devices if spec.gpu_slice else None
+            gpus = spec.env.get(ENV_VISIBLE) if spec.gpu_slice else None  # its devices (`devices` maps slots)
             out.append(
                 {
                     "agent": spec.name,
                     "site": spec.site,
                     "backend": backend.kind,
-                    "host": spec.gpu_slice.host if spec.gpu_slice else None,  # SLURM sites: SLURM places it
+                    "host": backend.host_for(spec),  # None: SLURM places it
                     "cuda_visible_devices": gpus,
                     "gpu_request": backend.request_summary(spec),
                     "threads": spec.resources.cpus_per_task,

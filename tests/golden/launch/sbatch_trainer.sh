@@ -5,6 +5,7 @@
 #SBATCH --account=rl
 #SBATCH --qos=high
 #SBATCH --nodes=2
+#SBATCH --ntasks=16
 #SBATCH --ntasks-per-node=8
 #SBATCH --cpus-per-task=12
 #SBATCH --gpus-per-task=1

@@ -7,12 +7,12 @@ for g in 4242:987654:4242 5000:11:5000; do
   if [ -z "$(live "$pg")" ]; then echo "$pg gone"; continue; fi
   kill -TERM -- "-$pg" 2>/dev/null || true; mine="$mine $pg"
 done
-n=75
-while [ "$n" -gt 0 ]; do any=""; for pg in $mine; do [ -n "$(live "$pg")" ] && any=1; done
-  [ -z "$any" ] && break; sleep 0.1; n=$((n - 1)); done
+end=$((SECONDS + 8))
+while [ "$SECONDS" -lt "$end" ]; do any=""; for pg in $mine; do [ -n "$(live "$pg")" ] && any=1; done
+  [ -z "$any" ] && break; sleep 0.1; done
 for pg in $mine; do if [ -n "$(live "$pg")" ]; then kill -KILL -- "-$pg" 2>/dev/null || true; echo "$pg forced"; else echo "$pg graceful"; fi; done
-n=50
-while [ "$n" -gt 0 ]; do any=""; for pg in $mine; do [ -n "$(live "$pg")" ] && any=1; done
-  [ -z "$any" ] && break; sleep 0.1; n=$((n - 1)); done
+end=$((SECONDS + 5))
+while [ "$SECONDS" -lt "$end" ]; do any=""; for pg in $mine; do [ -n "$(live "$pg")" ] && any=1; done
+  [ -z "$any" ] && break; sleep 0.1; done
 for pg in $mine; do left=$(live "$pg" | tr "\n" " "); [ -n "$left" ] && echo "$pg left $left"; done
 exit 0

@@ -56,3 +56,28 @@ def test_a_launcher_started_by_detach_does_not_check_the_job_again(tmp_path, mon
         assert launch.PREFLIGHT_PASSED_ENV not in os.environ  # taken, never passed on to the agents
     job.write_text(job.read_text() + "\n")  # changed since it was checked: checked again
     assert launch._checked(job) != stamp
+
+
+def test_the_dry_run_shows_the_devices_behind_the_slots_and_where_unplaced_agents_run(tmp_path) -> None:
+    # it showed the slots (0,1) where the scripts export the devices `devices` maps them to, and "(SLURM places
+    # it)" for the controller of an SSH site
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(
+        "apiVersion: rlctl/v1\nkind: Inventory\nsites:\n  a: {datacenter: d, scheduler: {kind: ssh}, gpu: H100, "
+        "nodes: [{host: n1, gpus: 4, devices: [4, 5, 6, 7]}], network: {bandwidth_gbps: 100, listen_host: auto}}\n"
+    )
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "apiVersion: rlctl/v1\nkind: Job\nname: dev\ninventory: [inv.yaml]\nmodel: {kind: builtin, name: tiny-demo}\n"
+        "task: {kind: digits}\nplacement: {trainer: {site: a, gpus: 1}, rollout: [{site: a, gpus: 2}]}\n"
+        "warmup: {sft_steps: 0}\n"
+    )
+    res = run_cli("launch", "--dry-run", str(job))
+    rows = {
+        line.split()[0]: line.split()
+        for line in res.stdout.splitlines()
+        if line.startswith(("controller-", "trainer-", "rollout-"))
+    }
+    assert rows["controller-0"][2] == "n1" and rows["trainer-0"][4] == "4"
+    assert [rows[f"rollout-{i}"][4] for i in (0, 1)] == ["5", "6"]
+    assert "export CUDA_VISIBLE_DEVICES=5" in res.stdout

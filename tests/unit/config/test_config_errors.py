@@ -273,6 +273,11 @@ CASES = [
         GOOD_INV + SITE.replace("h20:", "h20b:"),
         "sites.h20b.nodes: GPU 0 of h20-01 is site 'h20''s too",
     ),
+    Case(
+        "a host name with shell syntax",
+        site_with('host: "h20-[01-04]"', 'host: "h20-01;id"'),
+        "nodes[0].host: 'h20-01;id' is not a host name or address",
+    ),
     Case("an empty workdir", site_with("user: rl}", "user: rl, workdir: ''}"), "scheduler.workdir: String should have"),
     Case("an empty partition", OTHER_INV.replace("partition: p", "partition: ''"), "scheduler.partition: String"),
     # the runtime refused these at start (a ValueError in every agent), after check passed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -59,8 +60,28 @@ def test_sbatch_script_over_ssh_matches_golden() -> None:
 
 def test_sbatch_script_asks_one_gpu_per_rank_on_two_nodes() -> None:
     text = backend(submit_host="login.h800").render(SPEC)
-    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n#SBATCH --cpus-per-task=12\n" in text
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks=16\n#SBATCH --ntasks-per-node=8\n#SBATCH --cpus-per-task=12\n" in text
     assert "#SBATCH --gpus-per-task=1\n" in text and "--gres" not in text
+
+
+def test_a_rank_count_nodes_do_not_divide_starts_that_many_tasks() -> None:
+    spec = AgentSpec("trainer", 0, "h800", ["x"], resources=Resources(tasks=9, gpus_per_task=1, cpus_per_task=2))
+    b = backend(submit_host="login.h800")
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks=9\n#SBATCH --ntasks-per-node=5\n" in b.render(spec)
+    assert b.request_summary(spec) == "9 tasks on 2 node(s), ≤ 5 each, --gpus-per-task=1, 2 cpu(s)/task"
+
+
+def test_names_with_spaces_or_quotes_stay_one_sbatch_argument() -> None:
+    b = SlurmBackend(
+        "a",
+        SlurmScheduler(kind="slurm", partition="gpu large", account="it's", submit_host="login"),
+        job="my run",
+        job_dir=Path("/r/50%"),
+        slots_per_node=8,
+    )
+    text = b.render(replace(SPEC, log_path=Path("/r/50%/trainer-0.log")))
+    assert "#SBATCH --job-name='rlctl-my run-trainer'\n#SBATCH --partition='gpu large'\n" in text
+    assert "#SBATCH --account='it'\"'\"'s'\n" in text and "#SBATCH --output=/r/50%%/trainer-0.log\n" in text
 
 
 def test_gres_request_counts_the_gpus_of_a_node() -> None:
@@ -80,7 +101,7 @@ def test_sbatch_script_cpu_site_has_no_gpu_line() -> None:
     # no override: the spec's GPU slots place its tasks, but a `none` site asks SLURM for no GPU
     b = SlurmBackend("a", s, job="j", job_dir=Path("/r"), slots_per_node=2, gpu_request="none")
     text = b.render(SPEC)
-    assert "#SBATCH --nodes=8\n#SBATCH --ntasks-per-node=2\n" in text and "--gpus" not in text
+    assert "#SBATCH --nodes=8\n#SBATCH --ntasks=16\n#SBATCH --ntasks-per-node=2\n" in text and "--gpus" not in text
     assert "#SBATCH --job-name=rlctl-j-trainer" in text and "#SBATCH --signal=B:TERM@30" in text
 
 
@@ -99,13 +120,15 @@ def test_resources_place_tasks_by_gpu_slots() -> None:
     def res(tasks: int, gpus: int, request: str = "per_task") -> SlurmResources:
         return SlurmResources.for_spec(Resources(tasks, gpus, 3), slots_per_node=8, gpu_request=request)  # type: ignore[arg-type]
 
-    assert res(16, 1) == SlurmResources(nodes=2, tasks_per_node=8, cpus_per_task=3, gpus_per_task=1)
-    assert res(12, 1) == SlurmResources(nodes=2, tasks_per_node=6, cpus_per_task=3, gpus_per_task=1)
-    assert res(4, 1) == SlurmResources(nodes=1, tasks_per_node=4, cpus_per_task=3, gpus_per_task=1)
+    assert res(16, 1) == SlurmResources(nodes=2, tasks_per_node=8, cpus_per_task=3, gpus_per_task=1, tasks=16)
+    assert res(12, 1) == SlurmResources(nodes=2, tasks_per_node=6, cpus_per_task=3, gpus_per_task=1, tasks=12)
+    assert res(4, 1) == SlurmResources(nodes=1, tasks_per_node=4, cpus_per_task=3, gpus_per_task=1, tasks=4)
+    # 9 ranks on 2 nodes: at most 5 a node, 9 in all (2 × 5 started a tenth rank the job does not have)
+    assert res(9, 1) == SlurmResources(nodes=2, tasks_per_node=5, cpus_per_task=3, gpus_per_task=1, tasks=9)
     assert (
         res(1, 4).gpu_option == "--gpus-per-task=4" and res(1, 0).gpu_option is None
     )  # a rollout unit; the controller
-    assert res(3, 4) == SlurmResources(nodes=2, tasks_per_node=2, cpus_per_task=3, gpus_per_task=4)  # 2 per node fit
+    assert res(3, 4) == SlurmResources(nodes=2, tasks_per_node=2, cpus_per_task=3, gpus_per_task=4, tasks=3)
     assert res(16, 1, "none").gpu_option is None and res(16, 1, "none").nodes == 2
     with pytest.raises(LaunchError, match="a task needs 16 GPUs; the site's nodes have 8"):
         res(1, 16)

@@ -10,7 +10,7 @@ import pytest
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentHandle, AgentSpec
-from rlctl.launch.remote import CommandResult, RemoteState, sh_path
+from rlctl.launch.remote import CommandResult, RemoteState, jump_target, sh_path
 from rlctl.launch.ssh import LOST, SshBackend
 from tests.conftest import ROOT
 
@@ -68,7 +68,7 @@ def test_poll_and_stop_scripts_match_golden() -> None:
     other = AgentHandle(SPEC, {**IDENT, "pid": 5000, "pgid": 5000, "start_ticks": 11}, "ssh")
     check_golden("ssh_poll_rollout.sh", b.poll_script(h))
     check_golden("ssh_stop_two.sh", b.stop_script([h, other], grace_s=7.5))
-    assert "n=75" in b.stop_script([h], grace_s=7.5)
+    assert "end=$((SECONDS + 8))" in b.stop_script([h], grace_s=7.5)
 
 
 def test_custom_paths_are_quoted(tmp_path: Path) -> None:
@@ -129,3 +129,17 @@ def test_stop_reaches_every_host_and_names_the_dead_one() -> None:
         b.stop([h1, h2], grace_s=3)
     assert alive.scripts == [b.stop_script([h2], 3)]
     assert h1.ident["stopped"] and h2.ident["stopped"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "user", "host", "port"),
+    [
+        ("bastion", None, "bastion", 22),
+        ("rl@bastion:2222", "rl", "bastion", 2222),  # fabric refused a port given twice (ValueError)
+        ("bastion.example:22", None, "bastion.example", 22),
+        ("fe80::1", None, "fe80::1", 22),  # a bare IPv6 address has no port
+    ],
+)
+def test_a_proxy_jump_is_read_as_ssh_j_reads_it(spec: str, user: str | None, host: str, port: int) -> None:
+    t = jump_target(spec, known_hosts=None)
+    assert (t.user, t.host, t.port) == (user, host, port)

@@ -313,3 +313,35 @@ def test_the_users_checkpoint_is_hard_linked_where_it_can_be_and_copied_where_no
     monkeypatch.setattr(os, "link", cross_device)
     assert reference(src, tmp_path / "b") == "copied"
     assert (tmp_path / "b").stat().st_ino != src.stat().st_ino and (tmp_path / "b").read_bytes() == src.read_bytes()
+
+
+def test_a_rerun_whose_relay_holds_everything_still_fans_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    # h20-02 (h20-04's parent in the tree) was staged by the run before: `fan` has no entry for it (a KeyError)
+    site = Site.model_validate(
+        {"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "nodes": [{"host": "h20-[01-04]", "gpus": 8}]}
+    )
+    weights = "model/init/model.safetensors"
+    want = {weights: FileState(stage.FANOUT_MIN_BYTES, "ab" * 32, 0o644)}
+    todo = {"h20-01": [], "h20-02": [], "h20-03": [weights], "h20-04": [weights]}
+    views = [stage._View(h, None, "/w/jobs/j", {} if t else dict(want), t) for h, t in todo.items()]  # type: ignore[arg-type]
+    fan = stage._fanned(views, want)
+    assert set(fan) == {"h20-03", "h20-04"}
+    cleared: list[tuple[str, list[str]]] = []
+    copied: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(stage, "_clear_stale", lambda site, v, names: cleared.append((v.host, names)))
+    monkeypatch.setattr(stage, "_copy", lambda name, src, v, names, want, progress: copied.append((v.host, names)))
+
+    class NoServer:
+        def __init__(self, site: Site, seed: stage._View) -> None:
+            pass
+
+        def start(self) -> None:
+            raise LaunchError("no rlctl in the site's python")
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(stage, "_Server", NoServer)
+    stage._fan_out("h20", site, Path("/tmp"), views, fan, want, None)
+    assert ("h20-02", []) in cleared  # the relay clears nothing
+    assert sorted(c for c in copied if c[1]) == [("h20-03", [weights]), ("h20-04", [weights])]  # straight from here

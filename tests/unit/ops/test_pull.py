@@ -78,3 +78,12 @@ def test_pull_copies_the_newest_complete_checkpoint_and_checks_every_file(tmp_pa
     with pytest.raises(UsageError, match=r"no checkpoint is complete yet"):
         pull(jd.path)
     assert json.loads((jd.path / "plan.json").read_text())["trainer"]["site"] == "local"
+
+
+def test_pull_to_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `--to .` was a path with an empty name: every checkpoint "failed" staging beside it
+    jd, models = job_dir(tmp_path)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    got = pull(jd.path, to=Path("."))
+    assert got.to == tmp_path / "here" and same(TinyGPT.from_pretrained(tmp_path / "here"), models[2])
