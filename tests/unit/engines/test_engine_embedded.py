@@ -350,6 +350,15 @@ def test_weights_load_in_place_and_tied_embeddings_travel_once() -> None:
     assert torch.equal(engine.model.lm_head.weight, sent["model.embed_tokens.weight"].float())
     with pytest.raises(ValueError, match="do not fit"):
         engine.load_weights({"model.norm.weight": torch.ones(32), "nope": torch.ones(1)}, 2)
+    # a refused version copies nothing (it copied every tensor that fitted, credited to the old version)
+    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    for bad in (
+        {k: v for k, v in sent.items() if k != "model.norm.weight"},
+        {**sent, "model.norm.weight": torch.ones(3)},
+    ):
+        with pytest.raises(ValueError, match="do not fit"):
+            engine.load_weights({k: v + 1 for k, v in bad.items()}, 3)
+        assert engine.version == 1 and all(torch.equal(v, before[k]) for k, v in engine.model.state_dict().items())
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
