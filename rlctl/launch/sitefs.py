@@ -125,9 +125,21 @@ class HostFiles(ABC):
         nothing changed, where `path` is a real file or directory."""
 
     def tail(self, path: str, lines: int) -> list[str] | None:
-        """The last `lines` lines of a file, None if it does not exist."""
-        text = self.read_text(path)
-        return None if text is None else (text.splitlines()[-lines:] if lines else [])
+        """The last `lines` lines of a file, None if it does not exist: read from its end (a weeks-long job's log
+        is gigabytes), widening until they are all in."""
+        got = self.read_from(path, 0, 0)
+        if got is None:
+            return None
+        size, span = got[1], 64 << 10
+        while True:
+            start = max(0, size - span)
+            part = self.read_from(path, start, size - start)
+            if part is None:
+                return None
+            text = part[0].decode("utf-8", errors="replace").splitlines()
+            if start == 0 or len(text) > lines:  # past the first line read, which may be cut
+                return text[-lines:] if lines else []
+            span *= 4
 
     @abstractmethod
     def read_from(self, path: str, offset: int, limit: int) -> tuple[bytes, int] | None:

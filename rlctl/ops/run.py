@@ -398,12 +398,12 @@ class JobRun:
         view = h.ident.get("host") or access_hosts(site)[0]
         fs = host_files(site, view if is_remote(site) else "localhost")
         try:
-            text = fs.read_text(str(h.spec.log_path))
+            tail = fs.tail(str(h.spec.log_path), lines)
         except LaunchError as e:
             return f"(log unreadable: {e})"
         finally:
             fs.close()
-        return "\n".join(text.splitlines()[-lines:]) if text is not None else "(no log)"
+        return "\n".join(tail) if tail is not None else "(no log)"
 
     def status(self, timeout_s: float = 5.0) -> dict[str, Any] | None:
         """The controller's live status, or None when it does not answer."""

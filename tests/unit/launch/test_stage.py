@@ -345,3 +345,20 @@ def test_a_rerun_whose_relay_holds_everything_still_fans_out(monkeypatch: pytest
     stage._fan_out("h20", site, Path("/tmp"), views, fan, want, None)
     assert ("h20-02", []) in cleared  # the relay clears nothing
     assert sorted(c for c in copied if c[1]) == [("h20-03", [weights]), ("h20-04", [weights])]  # straight from here
+
+
+def test_a_tail_reads_from_the_end_of_a_log_and_widens_for_long_lines(tmp_path: Path, monkeypatch) -> None:
+    # an agent's last lines were read by reading its whole log (gigabytes after weeks), over SSH too
+    log = tmp_path / "agent.log"
+    lines = [f"line {i} " + "x" * (i % 7) * 10_000 for i in range(400)]  # some lines longer than the first read
+    log.write_text("\n".join(lines) + "\n")
+    fs = LocalFiles()
+    read: list[tuple[int, int]] = []
+    real = fs.read_from
+    monkeypatch.setattr(fs, "read_from", lambda p, o, n: read.append((o, n)) or real(p, o, n))
+    assert fs.tail(str(log), 15) == lines[-15:] and fs.tail(str(log), 0) == []
+    assert sum(n for _, n in read) < log.stat().st_size / 4  # not the whole file
+    assert fs.tail(str(tmp_path / "none.log"), 5) is None
+    short = tmp_path / "short.log"
+    short.write_text("a\nb\n")
+    assert fs.tail(str(short), 5) == ["a", "b"]
