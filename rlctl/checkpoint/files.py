@@ -60,6 +60,30 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory `path` (names created, renamed or removed in it) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """Make a file, or a directory with every file and directory under it, durable: what a checkpoint's manifest
+    lists is on disk before `latest` names it (after a power loss a file never synced may read back empty)."""
+    if path.is_file():
+        with path.open("rb") as f:
+            os.fsync(f.fileno())
+        return
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            with p.open("rb") as f:
+                os.fsync(f.fileno())
+    for d in sorted([path, *(p for p in path.rglob("*") if p.is_dir() and not p.is_symlink())], reverse=True):
+        fsync_dir(d)
+
+
 def _replace(tmp: Path, dst: Path) -> None:
     """Move `tmp` (a file or a directory) to `dst`, replacing what an earlier, failed attempt left there."""
     if dst.is_dir() and not dst.is_symlink():
@@ -74,6 +98,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)  # the rename itself
 
 
 def write_part(
@@ -97,7 +122,10 @@ def write_part(
         if tmp.is_dir():
             shutil.rmtree(tmp)
         fill(tmp)
+        fsync_tree(tmp)
         _replace(tmp, ckpt / name)
+    fsync_dir(ckpt)
+    fsync_dir(ckpt.parent)  # iter-N itself, when this made it
     files = dict(listed or {})
     for name in entries:
         top = ckpt / name

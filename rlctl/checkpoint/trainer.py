@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from rlctl.checkpoint.choose import split_problem, verified_manifest
-from rlctl.checkpoint.files import file_digest, manifest_path, write_part
+from rlctl.checkpoint.files import file_digest, fsync_dir, manifest_path, write_part
 from rlctl.errors import RlctlError
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.sitefs import LocalFiles
@@ -207,14 +207,18 @@ def _write_shard(
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob(f".{path.name}.tmp-*"):  # a failed write's (a full disk), under another pid
+            stale.unlink(missing_ok=True)
         with tmp.open("wb") as f:
             torch.save(body, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
         written = {"bytes": path.stat().st_size, "sha256": file_digest(path)}
     except (OSError, RuntimeError) as e:  # the disk is full (torch.save: RuntimeError), the directory is gone:
         # every rank still reaches the gather, and rank 0 refuses the checkpoint naming this rank and why
+        tmp.unlink(missing_ok=True)  # a partial shard is not left for `keep` to miss
         log.error("checkpoint %s: rank %d could not write %s: %s", ckpt.name, rank, rel, e)
         return {"rank": rank, "replicas": replicas, "file": rel, "error": f"{type(e).__name__}: {e}"}
     return {

@@ -333,18 +333,20 @@ def be_launcher(
     from rlctl.ops.autoresume import Runs
     from rlctl.ops.evaluation import add_heldout
 
-    detach.survive_hangup(detach.log_path(jd.path))
-    progress = Progress()
-    runs = Runs(jd, spec, plan, db=db, say=progress.say, show=progress.show)
-    # SIGTERM (and SIGINT, as KeyboardInterrupt) unwind through `finally`: every agent is stopped
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        detach.say_started(started(begin(runs, progress.say)))
-        summary = runs.wait(on_progress=progress)
-    finally:
-        progress.close()
-        runs.stop()
-        db.close()
+    with contextlib.ExitStack() as held:
+        held.callback(db.close)
+        held.enter_context(jd.launcher_lock())  # one launcher per job: no other resumes it meanwhile
+        detach.survive_hangup(detach.log_path(jd.path))
+        progress = Progress()
+        runs = Runs(jd, spec, plan, db=db, say=progress.say, show=progress.show)
+        # SIGTERM (and SIGINT, as KeyboardInterrupt) unwind through `finally`: every agent is stopped
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            detach.say_started(started(begin(runs, progress.say)))
+            summary = runs.wait(on_progress=progress)
+        finally:
+            progress.close()
+            runs.stop()
     summary = add_heldout(jd, spec, summary, say=progress.say)
     emit(summary, output, summary_table)
     if summary["state"] != "done":

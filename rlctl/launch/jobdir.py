@@ -30,12 +30,16 @@ runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_di
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import secrets
 import shlex
+import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +161,32 @@ class JobDir:
 
     def read_json(self, path: Path) -> Any:
         return json_file(path)
+
+    @contextlib.contextmanager
+    def launcher_lock(self) -> Iterator[None]:
+        """This process as the job's one launcher while inside (an exclusive flock on `.launcher.lock`, released
+        when the process ends however it ends): a second `launch --resume` or `attach` while a launcher still
+        runs, or resumes the job itself (`checkpoint.auto_resume`), is refused instead of starting a second
+        controller over the same checkpoints and logs."""
+        path = self.path / ".launcher.lock"
+        f = path.open("a+")
+        try:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                raise UsageError(
+                    f"job {self.path.name} has a launcher already ({holder})",
+                    hint=f"watch it with `rlctl status {self.path.name}`; `rlctl stop {self.path.name}` ends it",
+                ) from None
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            f.flush()
+            yield
+        finally:
+            f.close()
 
     def secret(self) -> bytes:
         """The per-job secret, created (0600) on first use."""

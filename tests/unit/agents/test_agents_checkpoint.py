@@ -252,3 +252,49 @@ def test_the_background_writer_writes_one_at_a_time_and_raises_a_writes_error_in
         writer.wait()
     assert order == ["first", "second"] and writer.writes == 2 and writer.blocked_s >= 0.1
     writer.wait()  # the error was raised once
+
+
+def test_every_file_and_directory_latest_names_is_fsynced_before_it_does(tmp_path: Path, monkeypatch) -> None:
+    # the model's files, the controller's ledger and state, and the directories' renames were never synced: after a
+    # power loss they could read back empty, and `keep` had already removed the checkpoint before it
+    from rlctl.agents.ledger import Ledger
+    from rlctl.checkpoint import files
+    from rlctl.checkpoint.controller import save_controller
+    from rlctl.launch.jobdir import JobDir
+
+    synced: set[int] = set()
+    real = files.os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.add(files.os.fstat(fd).st_ino)
+        real(fd)
+
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    jd = JobDir(tmp_path)
+    torch.manual_seed(0)
+    model = TinyGPT(small_config())
+    opt = torch.optim.AdamW(model.parameters())
+    ckpt = jd.checkpoint(10)
+    digest = save_trainer(
+        ckpt, model=model, optimizers={"policy": opt}, counters={"version": 10}, split=ONE, data_parallel=ALONE
+    )
+    state = {"iteration": 10, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": [], "samples_log_bytes": 0}
+    save_controller(jd, 10, state=state, ledger=Ledger(), trainer_digest=digest)
+    entries = [p for p in ckpt.rglob("*")]
+    assert [p for p in entries if p.is_file()] and [p for p in entries if p.is_dir()]
+    unsynced = [p for p in [*entries, ckpt, jd.checkpoints] if p.stat().st_ino not in synced]
+    assert unsynced == [] and latest_complete(jd.checkpoints) == 10
+
+
+def test_a_shard_write_that_failed_leaves_no_partial_file(tmp_path: Path, monkeypatch) -> None:
+    # a full disk left ranks/.rank-0.pt.tmp-PID inside the checkpoint, never counted or removed
+    def full(obj: object, f: object) -> None:
+        f.write(b"x" * 1000)  # type: ignore[attr-defined]
+        raise RuntimeError("No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    model = TinyGPT(small_config())
+    with pytest.raises(Exception, match="could not write its shard"):
+        save_trainer(tmp_path / "iter-1", model=model, optimizers={"policy": torch.optim.AdamW(model.parameters())},
+                     counters={"version": 1}, split=ONE, data_parallel=ALONE)  # fmt: skip
+    assert not list((tmp_path / "iter-1").rglob(".*tmp-*"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlctl.config import load_job
-from rlctl.errors import LaunchError
+from rlctl.errors import LaunchError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.counts import resolve_job
 
@@ -62,3 +62,18 @@ def test_mode_override_takes_that_modes_bound():
     sync = resolve_job(job, mode="sync", iterations=3)
     assert (sync.pipeline.mode, sync.pipeline.eta, sync.iterations) == ("sync", 0, 3)
     assert resolve_job(job) is job.spec
+
+
+def test_one_launcher_per_job(tmp_path):
+    # a manual `launch --resume` while the launcher was auto-resuming started a second controller over the same
+    # checkpoints: both passed `refuse_if_running` (no controller answered yet)
+    jd = JobDir.create("demo", explicit=tmp_path / "j")
+    with jd.launcher_lock():
+        with (
+            pytest.raises(UsageError, match=rf"job j has a launcher already \(pid {os.getpid()} on ") as e,
+            jd.launcher_lock(),
+        ):
+            pass
+        assert e.value.hint is not None and "rlctl stop j" in e.value.hint
+    with jd.launcher_lock():  # released with its holder
+        pass
