@@ -189,10 +189,11 @@ class Tagger:
         self._aes = algorithms.AES(hmac.digest(key, b"aes-gmac", "sha256"))
         self._seq = 0
         self._lane: ThreadPoolExecutor | None = None
+        self._closed = False
 
     def next(self, nbytes: int = 0) -> MessageTag:
         lane = None
-        if nbytes >= LANE_MIN_BYTES:
+        if nbytes >= LANE_MIN_BYTES and not self._closed:  # closed: tagged inline, and the send fails on its socket
             if self._lane is None:
                 self._lane = ThreadPoolExecutor(1, thread_name_prefix="tag")
             lane = self._lane
@@ -201,8 +202,12 @@ class Tagger:
         return tag
 
     def close(self) -> None:
+        """Stop the lane thread; a message tagged after this (a send racing the connection's close) is tagged
+        inline, never on the stopped lane."""
+        self._closed = True
         if self._lane is not None:
             self._lane.shutdown(wait=False)
+            self._lane = None
 
 
 class Sealer:

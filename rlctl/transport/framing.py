@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
 MAGIC = b"RLM1"
+END = b"RLE1"  # ucx: in place of a message's magic (header length 0, then its tag), the stream's end in order
 PREAMBLE = struct.Struct("!4sI")
 S = TypeVar("S", bound=msgspec.Struct)
 

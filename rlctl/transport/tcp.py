@@ -17,7 +17,10 @@ Headers and small frames always use the main stream, so message order is the mai
 
 Timeouts: the socket keeps one fixed timeout (`stall_timeout_s`, the longest a started message or
 a send may stall); waiting for the *start* of a message uses poll() with the caller's timeout,
-so a PeerTimeout there leaves the connection usable. A stall inside a message closes it.
+so a PeerTimeout there leaves the connection usable. A stall inside a message closes it. A handshake has one
+deadline for all of it, not one per read (a peer sending a byte now and then would renew that forever):
+`handshake_timeout_s` on the listener (a main stream's wait for its stripe streams included), the caller's
+`timeout_s` on `connect` (every stream's connect and handshake).
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ import select
 import socket
 import struct
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlctl.errors import AuthError, PeerClosed, PeerTimeout, PeerUnreachable, ProtocolError, TransportError
+from rlctl.errors import AuthError, PeerClosed, PeerTimeout, PeerUnreachable, ProtocolError, RlctlError, TransportError
 from rlctl.transport import auth, framing, keeper
 from rlctl.transport.base import (
     BufferProvider,
@@ -100,10 +104,21 @@ def _transport_error(e: OSError, peer: str, when: str) -> TransportError:
     return PeerUnreachable(f"{peer}: connection failed {when}: {e}")
 
 
-def _recv_exact(sock: socket.socket, n: int, peer: str) -> bytes:
+def _until(sock: socket.socket, deadline: float) -> None:
+    """Let the socket's next call wait at most until `deadline` (`time.monotonic()`): one bound for a whole exchange
+    (a peer sending a byte now and then would renew a per-call timeout forever)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    sock.settimeout(left)
+
+
+def _recv_exact(sock: socket.socket, n: int, peer: str, *, deadline: float | None = None) -> bytes:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
+        if deadline is not None:
+            _until(sock, deadline)
         k = sock.recv_into(view[got:])
         if k == 0:
             raise PeerUnreachable(f"{peer}: connection closed during handshake")
@@ -157,6 +172,8 @@ class TcpConnection(Connection):
 
     # -- sending ------------------------------------------------------------------------
     def _send(self, msg: Message) -> None:
+        if self._closed:  # before any lane or pool is asked for: close() shut them down
+            raise PeerUnreachable(f"{self.peer}: connection is closed")
         tensors = framing.wire_tensors(msg.tensors)
         head = framing.encode_header(msg, tensors)
         views = [framing.tensor_bytes(t) for t in tensors]
@@ -197,6 +214,10 @@ class TcpConnection(Connection):
         except OSError as e:
             self.close()
             raise PeerUnreachable(f"{self.peer}: send failed: {e}") from e
+        except RuntimeError as e:  # a pool or lane shut down by close() from another thread while this sent
+            if not self._closed:
+                raise
+            raise PeerUnreachable(f"{self.peer}: connection closed on this side during a send") from e
 
     def _send_sealed(self, head: bytes, views: list[memoryview], total: int) -> None:
         """The preamble in clear, the header sealed (its tag after it), then the frames encrypted piece by piece —
@@ -363,6 +384,8 @@ class TcpConnection(Connection):
             check_buffers(specs, bufs)
             for b in bufs:
                 view = framing.tensor_bytes(b)
+                if not view.nbytes:  # an empty frame: no bytes on the wire (and a read-only view, not to write)
+                    continue
                 if self._recv_pool is not None and view.nbytes >= self._stripe_min:
                     parts = self._stripes(view)
                     futs = [
@@ -376,7 +399,7 @@ class TcpConnection(Connection):
                         tag.update(view)
                 elif dec is not None:
                     self._read_sealed(view, dec)
-                elif view.nbytes:
+                else:
                     self._read_into(view, tag)
             if tag is not None:
                 tag.verify(self._read_exact(auth.TAG_BYTES), peer=self.peer, kind=wh.kind)
@@ -391,6 +414,15 @@ class TcpConnection(Connection):
         except OSError as e:
             self.close()
             raise PeerUnreachable(f"{self.peer}: receive failed: {e}") from e
+        except RlctlError:  # the BufferProvider's own (the weight plane's, the fan-out's): the message is half-read
+            self.close()
+            raise
+        except Exception as e:  # anything else leaves the stream mid-message just the same: never usable after it
+            closed_here = self._closed  # close() from another thread shut down a pool or lane this read used
+            self.close()
+            if closed_here:
+                raise PeerUnreachable(f"{self.peer}: connection closed on this side") from e
+            raise ProtocolError(f"{self.peer}: receive failed: {type(e).__name__}: {e}") from e
         return Message(wh.kind, wh.header, bufs, msg_id=wh.msg_id, reply_to=wh.reply_to)
 
     def _stripes(self, view: memoryview) -> list[memoryview]:
@@ -432,6 +464,15 @@ class TcpConnection(Connection):
                 tagger.close()
 
 
+@dataclass
+class _Joining:
+    """The stripe streams that joined a main stream so far (by its token), `complete` once all have."""
+
+    streams: int
+    socks: list[socket.socket] = field(default_factory=list)
+    complete: threading.Event = field(default_factory=threading.Event)
+
+
 class TcpListener(Listener):
     def __init__(self, sock: socket.socket, secret: bytes, cfg: TcpConfig) -> None:
         self._sock = sock
@@ -440,8 +481,7 @@ class TcpListener(Listener):
         host, port = sock.getsockname()[:2]
         self.address = f"tcp://{host}:{port}"
         self._lock = threading.Lock()
-        # main streams waiting for their stripe streams: token → (socket, peer, keys, streams, threshold, joined)
-        self._pending: dict[bytes, tuple[socket.socket, str, auth.SessionKeys, int, int, list[socket.socket]]] = {}
+        self._pending: dict[bytes, _Joining] = {}  # main streams waiting for their stripe streams, by token
         self._ready: queue.Queue[TcpConnection | None] = queue.Queue()
         self._slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
         self._closed = False
@@ -474,40 +514,17 @@ class TcpListener(Listener):
 
     def _handshake(self, sock: socket.socket, peer: str) -> None:
         """Authenticate one socket and learn its role: a connection's main stream, or a stripe stream joining
-        one; what completes a connection goes to `accept()`. A failure is logged and closes the socket."""
+        one; what completes a connection goes to `accept()`. One deadline (`handshake_timeout_s`) bounds all of it,
+        a main stream's wait for its stripe streams included: a peer that sends a byte now and then holds its
+        slot no longer than a silent one. A failure is logged and closes the socket."""
+        deadline = time.monotonic() + self._cfg.handshake_timeout_s
         try:
-            keys = self._server_handshake(sock, peer)
-            role = _recv_exact(sock, 1, peer)
-            if role in (b"M", b"E") and (role == b"E") != self._cfg.encrypt:
-                raise ProtocolError(
-                    f"{peer}: it {'encrypts' if role == b'E' else 'does not encrypt'} its traffic and this end "
-                    f"{'does not' if role == b'E' else 'does'}: both ends take the job's transport.encrypt"
-                )
-            if role in (b"M", b"E"):  # a main stream announcing its stripe streams and threshold
-                extra, stripe_min = _STREAMS.unpack(_recv_exact(sock, _STREAMS.size, peer))
-                if extra >= MAX_STREAMS or (role == b"E" and extra):
-                    most = 0 if role == b"E" else MAX_STREAMS - 1  # an encrypted connection has one stream
-                    raise ProtocolError(f"{peer}: asks for {extra} stripe streams; at most {most}")
-                token = os.urandom(_TOKEN_BYTES)
-                sock.sendall(token)
-                _tune(sock, self._cfg)
-                if extra == 0:
-                    self._ready.put(TcpConnection(sock, peer, self._cfg, keys=keys))
-                else:
-                    with self._lock:
-                        self._pending[token] = (sock, peer, keys, extra, stripe_min, [])
-                return
-            token = _recv_exact(sock, _TOKEN_BYTES, peer)
-            _tune(sock, self._cfg)
-            with self._lock:
-                if role != b"J" or token not in self._pending:
-                    raise ProtocolError(f"{peer}: stripe stream for an unknown connection")
-                main, main_peer, main_keys, extra, stripe_min, joined = self._pending[token]
-                joined.append(sock)
-                if len(joined) < extra:
-                    return
-                del self._pending[token]
-            self._ready.put(TcpConnection(main, main_peer, self._cfg, tuple(joined), stripe_min, keys=main_keys))
+            try:
+                conn = self._stream(sock, peer, deadline)
+            except TimeoutError as e:
+                raise PeerTimeout(f"{peer}: handshake timed out after {self._cfg.handshake_timeout_s}s") from e
+            if conn is not None:
+                self._ready.put(conn)
         except (TransportError, OSError) as e:
             if not self._closed:
                 log.warning("%s: %s", self.address, e)  # the error names the peer
@@ -515,12 +532,69 @@ class TcpListener(Listener):
         finally:
             self._slots.release()
 
-    def _server_handshake(self, sock: socket.socket, peer: str) -> auth.SessionKeys:
-        sock.settimeout(self._cfg.handshake_timeout_s)
+    def _stream(self, sock: socket.socket, peer: str, deadline: float) -> TcpConnection | None:
+        """The connection whose main stream `sock` is, once its stripe streams joined it; None for a stripe stream
+        (its main stream's handshake thread completes the connection)."""
+        keys = self._server_handshake(sock, peer, deadline)
+        role = _recv_exact(sock, 1, peer, deadline=deadline)
+        if role == b"J":
+            self._join(sock, peer, _recv_exact(sock, _TOKEN_BYTES, peer, deadline=deadline))
+            return None
+        if role not in (b"M", b"E"):
+            raise ProtocolError(f"{peer}: unknown stream role {role!r}")
+        if (role == b"E") != self._cfg.encrypt:
+            raise ProtocolError(
+                f"{peer}: it {'encrypts' if role == b'E' else 'does not encrypt'} its traffic and this end "
+                f"{'does not' if role == b'E' else 'does'}: both ends take the job's transport.encrypt"
+            )
+        extra, stripe_min = _STREAMS.unpack(_recv_exact(sock, _STREAMS.size, peer, deadline=deadline))
+        if extra >= MAX_STREAMS or (role == b"E" and extra):
+            most = 0 if role == b"E" else MAX_STREAMS - 1  # an encrypted connection has one stream
+            raise ProtocolError(f"{peer}: asks for {extra} stripe streams; at most {most}")
+        token = os.urandom(_TOKEN_BYTES)
+        joining = _Joining(extra)
+        if extra:
+            with self._lock:
+                self._pending[token] = joining  # before the token goes out: its stripe streams may follow at once
+        try:
+            _until(sock, deadline)
+            sock.sendall(token)
+            if extra and not joining.complete.wait(max(0.0, deadline - time.monotonic())):
+                raise PeerTimeout(
+                    f"{peer}: {len(joining.socks)} of its {extra} stripe streams joined within "
+                    f"{self._cfg.handshake_timeout_s}s"
+                )
+            if self._closed:
+                raise PeerUnreachable(f"{self.address}: the listener is closed")
+        except BaseException:
+            with self._lock:
+                self._pending.pop(token, None)  # no stripe stream joins it after this
+            for s in joining.socks:
+                s.close()
+            raise
+        with self._lock:
+            self._pending.pop(token, None)
+        _tune(sock, self._cfg)
+        return TcpConnection(sock, peer, self._cfg, tuple(joining.socks), stripe_min, keys=keys)
+
+    def _join(self, sock: socket.socket, peer: str, token: bytes) -> None:
+        """Hand a stripe stream to the main stream its token names (that one's handshake thread waits for it)."""
+        _tune(sock, self._cfg)
+        with self._lock:
+            joining = self._pending.get(token)
+            if joining is None or len(joining.socks) == joining.streams:
+                raise ProtocolError(f"{peer}: stripe stream for an unknown connection")
+            joining.socks.append(sock)
+            if len(joining.socks) == joining.streams:
+                joining.complete.set()
+
+    def _server_handshake(self, sock: socket.socket, peer: str, deadline: float) -> auth.SessionKeys:
         hs = auth.ServerHandshake(self._secret)
         try:
+            _until(sock, deadline)
             sock.sendall(hs.hello())
-            verdict, keys = hs.verdict(_recv_exact(sock, hs.ANSWER_BYTES, peer))
+            verdict, keys = hs.verdict(_recv_exact(sock, hs.ANSWER_BYTES, peer, deadline=deadline))
+            _until(sock, deadline)
             sock.sendall(verdict)
         except TimeoutError as e:
             raise PeerTimeout(f"{peer}: handshake timed out after {self._cfg.handshake_timeout_s}s") from e
@@ -536,9 +610,10 @@ class TcpListener(Listener):
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept thread
         self._sock.close()
         with self._lock:
-            for main, _, _, _, _, joined in self._pending.values():
-                for s in (main, *joined):
+            for joining in self._pending.values():
+                for s in joining.socks:
                     s.close()
+                joining.complete.set()  # its main stream's handshake thread sees the listener closed
             self._pending.clear()
 
 
@@ -570,12 +645,13 @@ class TcpTransport(Transport):
         if self.config.encrypt and n > 1:
             raise ValueError("an encrypted connection has one stream (num_streams 1)")
         role = b"E" if self.config.encrypt else b"M"
-        main, keys = self._open(address, timeout_s, role + _STREAMS.pack(n - 1, self.config.stripe_min_bytes))
+        deadline = time.monotonic() + timeout_s  # one bound for all of it: every stream's connect and handshake
+        main, keys = self._open(address, timeout_s, deadline, role + _STREAMS.pack(n - 1, self.config.stripe_min_bytes))
         extra: list[socket.socket] = []
         try:
-            token = _recv_exact(main, _TOKEN_BYTES, address)
+            token = _recv_exact(main, _TOKEN_BYTES, address, deadline=deadline)
             for _ in range(n - 1):
-                extra.append(self._open(address, timeout_s, b"J" + token)[0])
+                extra.append(self._open(address, timeout_s, deadline, b"J" + token)[0])
         except BaseException as e:
             for s in (main, *extra):
                 s.close()
@@ -586,16 +662,22 @@ class TcpTransport(Transport):
             _tune(s, self.config)
         return TcpConnection(main, address, self.config, tuple(extra), keys=keys)
 
-    def _open(self, address: str, timeout_s: float, role: bytes) -> tuple[socket.socket, auth.SessionKeys]:
+    def _open(
+        self, address: str, timeout_s: float, deadline: float, role: bytes
+    ) -> tuple[socket.socket, auth.SessionKeys]:
         host, port = split_address(address, self.scheme)
+        left = deadline - time.monotonic()
         try:
-            sock = socket.create_connection((host, port), timeout=timeout_s)
+            if left <= 0:
+                raise TimeoutError("deadline passed")
+            sock = socket.create_connection((host, port), timeout=left)
         except TimeoutError as e:
             raise PeerTimeout(f"{address}: connect timed out after {timeout_s}s") from e
         except OSError as e:
             raise PeerUnreachable(f"{address}: connect failed: {e}") from e
         try:
-            keys = self._client_handshake(sock, address, timeout_s)
+            keys = self._client_handshake(sock, address, timeout_s, deadline)
+            _until(sock, deadline)
             sock.sendall(role)
         except BaseException as e:
             sock.close()
@@ -604,12 +686,13 @@ class TcpTransport(Transport):
             raise
         return sock, keys
 
-    def _client_handshake(self, sock: socket.socket, peer: str, timeout_s: float) -> auth.SessionKeys:
-        sock.settimeout(timeout_s)
+    def _client_handshake(self, sock: socket.socket, peer: str, timeout_s: float, deadline: float) -> auth.SessionKeys:
         hs = auth.ClientHandshake(self._secret, peer)
         try:
-            sock.sendall(hs.answer(_recv_exact(sock, hs.HELLO_BYTES, peer)))
-            verdict = _recv_exact(sock, auth.VERDICT_BYTES, peer)
+            hello = _recv_exact(sock, hs.HELLO_BYTES, peer, deadline=deadline)
+            _until(sock, deadline)
+            sock.sendall(hs.answer(hello))
+            verdict = _recv_exact(sock, auth.VERDICT_BYTES, peer, deadline=deadline)
         except TimeoutError as e:
             raise PeerTimeout(f"{peer}: handshake timed out after {timeout_s}s") from e
         except PeerUnreachable as e:

@@ -4,15 +4,18 @@ Same message layout and handshake as TCP (`framing.py`), but every part travels 
 tag message, so each tensor frame is received by UCX straight into the destination tensor:
 
     preamble (8 B) | header (n B) | frame_0 | frame_1 | ... | tag (16 B)   (empty frames are not sent)
+    end of stream: "RLE1" | 0 (8 B) | tag (16 B)   (`close` with no message half-sent: the peer raises PeerClosed)
     handshake (`auth.py`): hello (36 B) → proof (64 B) → verdict (34 B: "OK"+server proof, or "NO"+zeros)
 
 ucxx is asyncio-based; one event-loop thread per process runs every UCX call and the blocking
 methods here wait on it. A receive that times out before the message starts stays posted and
 is picked up by the next recv(), so the connection stays usable (as with TCP); a stall inside a
-message closes it. Without GPUs, run with UCX_TLS=tcp (and e.g. UCX_NET_DEVICES=lo for loopback). An agent on a
-site whose inventory says `network.rdma: false` (the launcher's RLCTL_RDMA=0) leaves InfiniBand/RoCE out (UCX_TLS
-`^ib`) unless UCX_TLS is set (e.g. by the site's setup lines): UCX would otherwise use an RDMA device the operator
-said is not to be used (a fabric that is down, or not the job's).
+message closes it. Each part a send hands to UCX must go within `stall_timeout_s` too; one that does not
+closes the connection by aborting the endpoint, never by cancelling the request (that can deadlock inside UCX).
+Without GPUs, run with UCX_TLS=tcp (and e.g. UCX_NET_DEVICES=lo for loopback). An agent on a site whose
+inventory says `network.rdma: false` (the launcher's RLCTL_RDMA=0) leaves InfiniBand/RoCE out (UCX_TLS `^ib`)
+unless UCX_TLS is set (e.g. by the site's setup lines): UCX would otherwise use an RDMA device the operator said
+is not to be used (a fabric that is down, or not the job's).
 A UCX listener listens on every interface (ucxx takes a port, no address; UCX_NET_DEVICES narrows
 it); the handshake still refuses any peer without the job's secret before reading a message.
 """
@@ -20,16 +23,18 @@ it); the handshake still refuses any peer without the job's secret before readin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 
-from rlctl.errors import AuthError, PeerTimeout, PeerUnreachable, ProtocolError, TransportError
+from rlctl.errors import AuthError, PeerClosed, PeerTimeout, PeerUnreachable, ProtocolError, TransportError
 from rlctl.transport import auth, framing
 from rlctl.transport.base import BufferProvider, Connection, Listener, Message, Transport, check_buffers, split_address
 
@@ -84,6 +89,10 @@ def _is_ucx_error(e: BaseException) -> bool:
     return type(e).__module__.startswith("ucxx")
 
 
+_END_PREAMBLE = framing.PREAMBLE.pack(framing.END, 0)  # then its tag: the stream ends in order (`close`)
+_END_TIMEOUT_S = 5.0  # how long close() waits for the end frame to go out
+
+
 @dataclass(frozen=True)
 class UcxConfig:
     limits: framing.Limits = field(default_factory=framing.Limits)
@@ -101,6 +110,21 @@ async def _send_bytes(ep: Any, data: bytes) -> None:
     await ep.send(np.frombuffer(data, dtype=np.uint8))
 
 
+async def _within(aw: Awaitable[T], timeout_s: float) -> T:
+    """`aw` (a UCX send) within `timeout_s`, else TimeoutError; it is never cancelled but goes on until the caller
+    closes the endpoint, which ends it: cancelling a UCX request in flight can deadlock inside UCX (its progress
+    thread holds the worker's lock waiting for the GIL; the cancel holds the GIL waiting for that lock)."""
+    task = asyncio.ensure_future(aw)
+    task.add_done_callback(_settled)
+    return await asyncio.wait_for(asyncio.shield(task), timeout_s)
+
+
+def _settled(task: asyncio.Future[Any]) -> None:
+    """Retrieve what a UCX call given up on ended with (the endpoint's abort, most often): the caller has its error."""
+    if not task.cancelled():
+        task.exception()
+
+
 class UcxConnection(Connection):
     def __init__(self, ep: Any, peer: str, cfg: UcxConfig, keys: auth.SessionKeys) -> None:
         super().__init__(peer)
@@ -110,6 +134,7 @@ class UcxConnection(Connection):
         self._pending: asyncio.Future[Any] | None = None  # a posted preamble receive
         self._pre = np.empty(framing.PREAMBLE.size, dtype=np.uint8)
         self._closed = False
+        self._close_lock = threading.Lock()
 
     def _send(self, msg: Message) -> None:
         tensors = framing.wire_tensors(msg.tensors)
@@ -121,12 +146,14 @@ class UcxConnection(Connection):
         for v in views:
             tag.update(v)
 
-        async def go() -> None:
-            await _send_bytes(self._ep, pre)
-            await _send_bytes(self._ep, body)
+        stall = self._cfg.stall_timeout_s
+
+        async def go() -> None:  # each part within the stall timeout (a UCX request tells no progress before it ends)
+            await _within(_send_bytes(self._ep, pre), stall)
+            await _within(_send_bytes(self._ep, body), stall)
             for v in views:
-                await self._ep.send(v)
-            await _send_bytes(self._ep, tag.tag())
+                await _within(self._ep.send(v), stall)
+            await _within(_send_bytes(self._ep, tag.tag()), stall)
 
         self._guard(go(), "send")
 
@@ -145,10 +172,15 @@ class UcxConnection(Connection):
         except TimeoutError as e:
             raise PeerTimeout(f"{self.peer}: no message within {timeout_s}s") from e
         except Exception as e:
+            closed_here = self._closed  # close() from another thread cancelled the posted receive
             self.close()
+            if closed_here or isinstance(e, CancelledError):
+                raise PeerUnreachable(f"{self.peer}: connection closed on this side") from e
             if _is_ucx_error(e):
                 raise PeerUnreachable(f"{self.peer}: connection closed ({e})") from e
             raise
+        if self._pre.tobytes() == _END_PREAMBLE:
+            self._ended()
         try:
             n = framing.parse_preamble(self._pre.tobytes(), self._cfg.limits, self.peer)
         except ProtocolError:
@@ -174,6 +206,18 @@ class UcxConnection(Connection):
 
         return self._guard(rest(), "receive")
 
+    def _ended(self) -> NoReturn:
+        """The peer's end frame (`close`): its tag proves it came after every message the peer sent, so the stream
+        ended in order (PeerClosed, as a TCP peer's FIN); a wrong tag is a ProtocolError."""
+        tag = self._in.next()
+        tag.update(_END_PREAMBLE)
+        try:
+            got = self._guard(_recv_bytes(self._ep, auth.TAG_BYTES, self._cfg.stall_timeout_s), "receive")
+            tag.verify(got, peer=self.peer, kind="end of stream")
+        finally:
+            self.close()
+        raise PeerClosed(f"{self.peer}: connection closed by peer")
+
     def _guard(self, coro: Coroutine[Any, Any, T], what: str) -> T:
         """Run on the loop; map failures to the error tree, closing the (out-of-sync) stream."""
         if self._closed:
@@ -183,30 +227,48 @@ class UcxConnection(Connection):
             return _run(coro)
         except TimeoutError as e:
             self.close()
-            raise PeerTimeout(f"{self.peer}: {what} stalled for {self._cfg.stall_timeout_s:.0f}s") from e
+            raise PeerTimeout(f"{self.peer}: {what} stalled for {self._cfg.stall_timeout_s:g}s") from e
         except ProtocolError:
             self.close()
             raise
         except Exception as e:
-            if not _is_ucx_error(e):
+            closed_here = self._closed  # close() from another thread ended the endpoint under this call
+            if not (closed_here or _is_ucx_error(e) or isinstance(e, CancelledError)):
                 raise
             self.close()
+            if closed_here:
+                raise PeerUnreachable(f"{self.peer}: {what} ended, connection closed on this side ({e})") from e
             raise PeerUnreachable(f"{self.peer}: {what} failed, connection closed ({e})") from e
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        """Close the endpoint. When no message is half-sent, an end frame goes first, so the peer's next recv raises
+        PeerClosed after everything sent before it (a TCP peer's FIN); otherwise (a send failed or still runs on
+        another thread) the peer sees a reset."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        in_order = self._send_lock.acquire(blocking=False)  # also keeps any send from starting until the end
 
         async def shut() -> None:
             if self._pending is not None:
                 self._pending.cancel()
+            if in_order:
+                tag = self._out.next()
+                tag.update(_END_PREAMBLE)
+                with contextlib.suppress(Exception):  # a peer gone already: nothing to tell it
+                    await _within(_send_bytes(self._ep, _END_PREAMBLE), _END_TIMEOUT_S)
+                    await _within(_send_bytes(self._ep, tag.tag()), _END_TIMEOUT_S)
             try:
                 await asyncio.wait_for(self._ep.close(), 5)
             except Exception:  # noqa: BLE001 - closing an endpoint whose peer is gone may fail; nothing to do
                 self._ep.abort()
 
-        _run(shut())
+        try:
+            _run(shut())
+        finally:
+            if in_order:
+                self._send_lock.release()
 
 
 class UcxListener(Listener):

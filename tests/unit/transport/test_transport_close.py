@@ -113,3 +113,22 @@ def _recv_into(conn: Connection, got: list[BaseException]) -> None:
         conn.recv()
     except BaseException as e:  # noqa: BLE001 - the test looks at what ended the read
         got.append(e)
+
+
+def test_a_send_after_close_is_peer_unreachable() -> None:
+    """close() stops the connection's threads (the tag lane of messages from 4 MiB); a later send (another
+    thread's, after a failed recv) says the connection is closed rather than failing on a stopped thread pool."""
+    lst, client, server = _pair()
+    size = 5 << 20
+    payload = torch.zeros(size, dtype=torch.uint8)
+    got: list[Message] = []
+    reader = threading.Thread(target=lambda: got.append(server.recv(timeout_s=5)))
+    reader.start()
+    client.send(Message("weights", {}, [payload]))  # starts the lane for the large one
+    reader.join()
+    assert got[0].tensors[0].numel() == size
+    client.close()
+    with pytest.raises(PeerUnreachable, match="connection is closed"):
+        client.send(Message("weights", {}, [payload]))
+    server.close()
+    lst.close()

@@ -4,11 +4,13 @@ it is parsed), both ends must agree, and the other kinds refuse."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-from rlctl.errors import ProtocolError, TransportError
-from rlctl.transport import Message, TcpConfig, TcpTransport, framing, make_transport, tcp
+from rlctl.errors import PeerUnreachable, ProtocolError, TransportError
+from rlctl.transport import Message, TcpConfig, TcpTransport, TensorSpec, framing, make_transport, tcp
 from rlctl.transport.auth import MAC_BYTES, NONCE_BYTES
 from tests.unit.transport.test_transport_security import SECRET, _BitFlipProxy
 
@@ -79,3 +81,38 @@ def test_only_tcp_encrypts() -> None:
     assert isinstance(make_transport("tcp", secret=SECRET, encrypt=True), TcpTransport)
     with pytest.raises(ValueError, match="does not encrypt; valid with encrypt: tcp"):
         make_transport("inproc", secret=SECRET, encrypt=True)
+
+
+def test_an_empty_frame_travels_encrypted_beside_others() -> None:
+    """An empty frame has no bytes on the wire (its view is read-only): the receiver skips it, as unencrypted."""
+    lst = TcpTransport(secret=SECRET, config=SEALED).listen("tcp://127.0.0.1:0")
+    client = TcpTransport(secret=SECRET, config=SEALED).connect(lst.address, timeout_s=5)
+    server = lst.accept(timeout_s=5)
+    sent = [torch.arange(4, dtype=torch.float32), torch.empty(0), torch.empty(0, 3, dtype=torch.int8)]
+    for _ in range(2):  # the next message still arrives: the stream stayed in step
+        client.send(Message("mixed", {"n": 3}, sent))
+        got = server.recv(timeout_s=5)
+        assert [(t.dtype, t.shape) for t in got.tensors] == [(t.dtype, t.shape) for t in sent]
+        assert torch.equal(got.tensors[0], sent[0])
+    client.close()
+    server.close()
+    lst.close()
+
+
+def test_a_buffer_provider_failing_oddly_closes_the_connection_with_a_protocol_error() -> None:
+    """Whatever goes wrong inside a message (here a provider raising a foreign error) leaves the stream half-read:
+    the connection closes and the error is the tree's, never a bare one with the connection open out of step."""
+    lst = TcpTransport(secret=SECRET, config=SEALED).listen("tcp://127.0.0.1:0")
+    client = TcpTransport(secret=SECRET, config=SEALED).connect(lst.address, timeout_s=5)
+    server = lst.accept(timeout_s=5)
+    client.send(Message("weights", {}, [torch.arange(16, dtype=torch.int32)]))
+
+    def provider(kind: str, header: dict[str, Any], specs: list[TensorSpec]) -> list[torch.Tensor]:
+        raise KeyError("a bug in the caller")
+
+    with pytest.raises(ProtocolError, match="receive failed: KeyError"):
+        server.recv(timeout_s=5, into=provider)
+    with pytest.raises(PeerUnreachable, match="connection is closed"):
+        server.recv(timeout_s=1)
+    client.close()
+    lst.close()

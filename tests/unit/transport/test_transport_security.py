@@ -46,9 +46,9 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     seen: dict[str, list[Any]] = {"recv_exact": [], "decoded": []}
     real = tcp._recv_exact
 
-    def recv_exact(sock: socket.socket, n: int, peer: str) -> bytes:
+    def recv_exact(sock: socket.socket, n: int, peer: str, **kw: Any) -> bytes:
         seen["recv_exact"].append((n, peer))
-        return real(sock, n, peer)
+        return real(sock, n, peer, **kw)
 
     monkeypatch.setattr(tcp, "_recv_exact", recv_exact)
     for name in ("parse_preamble", "decode_header"):
