@@ -1,13 +1,14 @@
 """Stage curves: P_gen(x) and P_train(y) for every GPU count of a site, with the config that achieves it.
 
-P_gen(x) = min over TP degrees (TP within a node, instances = ⌊x / TP⌋) of the slowest instance's
-time under balanced LPT dispatch (`sim.GenEstimator`). P_train(y) = min over (TP, PP, DP) with
-TP·PP·DP ≤ y (`costs.train_curve`).
+P_gen(x) = min over TP degrees (TP within a node: instances = the TP groups that fit on the hosts x GPUs span,
+`units_that_fit`) of the slowest instance's time under balanced LPT dispatch (`sim.GenEstimator`).
+P_train(y) = min over (TP, PP, DP) with TP·PP·DP ≤ y (`costs.train_curve`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,22 @@ def live_context(prompt_tokens: int, lengths: np.ndarray, *, padded: bool = Fals
     return prompt_tokens + float((lf * lf).sum() / (2.0 * lf.sum()))
 
 
+def units_that_fit(host_gpus: Sequence[int], tp: int, max_gpus: int) -> np.ndarray:
+    """Rollout units of `tp` GPUs in x = 0 … max_gpus GPU slots (index = x) taken host by host in the order of
+    `host_gpus` (whole hosts, then part of the next): each unit on one host (`GpuPool.take`), so a host of g
+    slots holds ⌊g / tp⌋ of them — 4 hosts of 6 GPUs hold 4 units of TP 4, not 6. Slots beyond the hosts hold none."""
+    out = np.zeros(max_gpus + 1, dtype=int)
+    x = units = 0
+    for g in host_gpus:
+        for k in range(1, min(g, max_gpus - x) + 1):
+            out[x + k] = units + k // tp
+        x, units = x + g, units + g // tp
+        if x >= max_gpus:
+            return out
+    out[x + 1 :] = units
+    return out
+
+
 def gen_curve(
     site: SiteProfile,
     lengths_desc: np.ndarray,
@@ -62,7 +79,12 @@ def gen_curve(
     engine_max_batch: int,
     max_gpus: int,
     tp: int | None = None,
+    host_gpus: Sequence[int] | None = None,
 ) -> GenCurve:
+    """P_gen of `site` for 0 … max_gpus GPUs; `host_gpus`: its hosts' GPUs in the order the rollout's x GPUs fill
+    them (default: hosts of `site.gpus_per_node` GPUs each)."""
+    if host_gpus is None:
+        host_gpus = [site.gpus_per_node] * -(-max_gpus // site.gpus_per_node)
     entries = [e for e in site.generation if (tp is None or e.tp == tp) and e.tp <= max(max_gpus, 1)]
     kv_ctx = live_context(prompt_tokens, lengths_desc)
     costs = {
@@ -75,13 +97,14 @@ def gen_curve(
         for e in entries
     }
     ests = {t: GenEstimator(lengths_desc, c, prompt_tokens=prompt_tokens) for t, c in costs.items()}
+    fits = {t: units_that_fit(host_gpus, t, max_gpus) for t in ests}
     seconds = np.full(max_gpus + 1, math.inf)
     configs: list[GenConfig | None] = [None] * (max_gpus + 1)
     for x in range(1, max_gpus + 1):
         best, cfg = math.inf, None
         for t, est in ests.items():
-            if x // t and (s := est.time_s(x // t)) < best:
-                best, cfg = s, GenConfig(t, x // t)
+            if (n := int(fits[t][x])) and (s := est.time_s(n)) < best:
+                best, cfg = s, GenConfig(t, n)
         if seconds[x - 1] <= best:  # extra GPUs do not help: keep the smaller configuration
             seconds[x], configs[x] = seconds[x - 1], configs[x - 1]
         else:

@@ -29,7 +29,7 @@ from rlctl.config.job import DatasetTask, Job, LengthsTask
 from rlctl.errors import ConfigError, PlanError
 from rlctl.planner import alloc
 from rlctl.planner.costs import DecodeCost, TrainWorkload
-from rlctl.planner.curves import GenCurve, TrainCurve, gen_curve, train_stage_curve
+from rlctl.planner.curves import GenCurve, TrainCurve, gen_curve, train_stage_curve, units_that_fit
 from rlctl.planner.dispatch import Rule, SkewSplit, fixed_split
 from rlctl.planner.engine import Barrier
 from rlctl.planner.sim import (
@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RECALL = 0.87  # StreamRL Table 4, 7B ranker, top 20 %
 DELTA_FRACTION = 0.1  # bytes of a lossless delta relative to full weights (DESIGN §7), between anchors
+MIN_SIM_ITERATIONS = 6  # iterations simulated per mode (batches repeat when `sim_iterations` is less), 1 warm-up
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,23 @@ def _mask_fixed(seconds: np.ndarray, fixed: int | None) -> np.ndarray:
     return out
 
 
+def _rollout_hosts(site: Site, *, shared: bool) -> list[int]:
+    """The GPUs of the site's hosts in the order x rollout GPUs fill them: inventory order, but from the last host
+    on the site the trainer shares, whose ranks fill the first hosts (`GpuPool.take_ranks`)."""
+    gpus = [g for _, g in site.hosts]
+    return gpus[::-1] if shared else gpus
+
+
+def _hosts_spanned(host_gpus: list[int], gpus: int) -> int:
+    """The hosts `gpus` GPU slots fill, host by host in the order of `host_gpus` (12 GPUs of 8-GPU hosts: 2)."""
+    filled = hosts = 0
+    for g in host_gpus:
+        if filled >= gpus:
+            break
+        filled, hosts = filled + g, hosts + 1
+    return hosts
+
+
 def _node_bytes_per_s(site: Site) -> float:
     return site.network.bandwidth_gbps * 1e9 / 8
 
@@ -233,6 +251,7 @@ def make_plan(
             engine_max_batch=spec.rollout.max_batch_size,
             max_gpus=budgets[s],
             tp=spec.rollout.tensor_parallel,
+            host_gpus=_rollout_hosts(inv.sites[s], shared=s == t_site),
         )
         if not gcurves[s].costs:
             raise PlanError(
@@ -717,6 +736,7 @@ def _assemble(
             gcurves,
             per_site,
             _free_gpus(allocation, inv),
+            _room(allocation, inv, t_site),
             sim["predicted"],
             one_more=one_more if spec.pipeline.mode == "async" else None,
         ),
@@ -803,9 +823,14 @@ def _simulate(
             )
         )
     w_s = _weight_sync_s(job, per_site)
-    works = [works[i % len(works)] for i in range(max(len(works), 4))]  # the pipeline needs a steady state
+    # the pipeline needs a steady state: at least MIN_SIM_ITERATIONS, then η more that only follow them into the
+    # engines (an async iteration's tail shares them with the next η; without those its gap is about T_train)
+    steady, drain = max(len(works), MIN_SIM_ITERATIONS), spec.pipeline.eta
+    works = [works[i % len(works)] for i in range(steady + drain)]
     iteration = {
-        m: simulate_job(works, mode=m, weight_sync_s=w_s, eta=spec.pipeline.eta if m == "async" else 0).iteration_s()
+        m: simulate_job(
+            works, mode=m, weight_sync_s=w_s, eta=spec.pipeline.eta if m == "async" else 0, drain=drain
+        ).iteration_s()
         for m in modes
     }
     t_gen = float(np.mean([g.makespan_s for g in gens]))
@@ -852,10 +877,11 @@ def _dispatch_report(
     dcfg: DispatchConfig,
     gen: GenResult,
 ) -> dict[str, Any]:
-    """Algorithm 2 on the largest rollout site (its share of the first simulated batch): both rules ×
+    """Algorithm 2 on the rollout site with the most units (its share of the first simulated batch): both rules ×
     three cost models (Eq. 2 with P90/P50, Eq. 2 with group means + critical path, the simulator),
     each split simulated on the true lengths; identical splits are simulated once."""
-    site = max({u.site for u in units}, key=lambda s: sum(u.site == s for u in units))
+    # the most units; of equal counts the first in the placement (`units` follow it), whatever the hash seed
+    site = max(dict.fromkeys(u.site for u in units), key=lambda s: sum(u.site == s for u in units))
     site_idx = [u for u, unit in enumerate(units) if unit.site == site]
     mine = np.isin(gen.unit_of, site_idx)
     lengths, pred = all_lengths[mine], all_pred[mine]
@@ -952,7 +978,8 @@ def _weight_sync_s(job: Job, per_site: dict[str, int]) -> float:
                     f"no link declared between {t_site!r} and {s!r}", hint="add it under 'links:' in an inventory file"
                 )
             link_bps, lat = link.bandwidth_gbps * 1e9 / 8, link.latency_ms / 1e3
-        hops = max(0, x // max(1, inv.sites[s].gpus_per_node) - 1)  # one relay per node after the first
+        # one relay per host after the first: 12 GPUs of 8-GPU hosts are 2 hosts, one hop
+        hops = _hosts_spanned(_rollout_hosts(inv.sites[s], shared=s == t_site), x) - 1
         worst = max(
             worst,
             weight_transfer_s(
@@ -974,15 +1001,30 @@ def _free_gpus(allocation: list[dict[str, Any]], inv: Any) -> dict[str, int]:
     return {s: inv.sites[s].total_gpus - u for s, u in used.items()}
 
 
+def _room(allocation: list[dict[str, Any]], inv: Any, t_site: str) -> Callable[[str, int], bool]:
+    """Whether one more rollout unit of `tp` GPUs fits on a site: on one host (tensor parallel stays inside a
+    node), in the slots the trainer leaves (its ranks fill the first hosts), beside the site's units."""
+    trainer = allocation[0]["gpus_used"]
+    units = {a["site"]: a["instances"] for a in allocation if a["role"] == "rollout"}
+
+    def fits(site: str, tp: int) -> bool:
+        slots = inv.sites[site].total_gpus - (trainer if site == t_site else 0)
+        hosts = _rollout_hosts(inv.sites[site], shared=site == t_site)
+        return slots > 0 and int(units_that_fit(hosts, tp, slots)[slots]) > units[site]
+
+    return fits
+
+
 def _rebalance(
     gcurves: dict[str, GenCurve],
     per_site: dict[str, int],
     free: dict[str, int],
+    room: Callable[[str, int], bool],
     predicted: dict[str, Any],
     *,
     one_more: Callable[[str, int], float] | None = None,
 ) -> dict[str, Any]:
-    """δ' = reduction of generation time from one more DP unit on the best site with free GPUs.
+    """δ' = reduction of generation time from one more DP unit on the best site with room for one (`room`).
 
     P_gen comes from the stage curve of the planning workload; as lengths grow the controller
     re-estimates it from recent lengths (the rule itself: add a unit when δ = T_gen − T_train ≥ δ').
@@ -994,15 +1036,15 @@ def _rebalance(
     added. The controller's rule measures the same δ in async mode, with δ' = period / (N + 1)
     (`rlctl.agents.rebalance`)."""
     delta = predicted["t_gen_s"] - predicted["t_train_s"]
-    options = []  # (has free GPUs, gain, site, tp): one more instance of the site's current TP
+    options = []  # (room for it, gain, site, tp): one more instance of the site's current TP
     for s, x in per_site.items():
         cfg = gcurves[s].configs[x] if x else None
         tp = cfg.tp if cfg else min(gcurves[s].costs)
         est = gcurves[s].estimators[tp]
         n = cfg.instances if cfg else 0
         gain = est.time_s(n) - est.time_s(n + 1) if n else math.inf
-        options.append((tp <= free[s], gain, s, tp))
-    has_free, gain, site, tp = max(options)
+        options.append((room(s, tp), gain, s, tp))
+    has_room, gain, site, tp = max(options)
     pays = True
     if one_more is not None:
         t = float(predicted["iteration_s"]["async"])
@@ -1015,10 +1057,12 @@ def _rebalance(
         "site": site,
         "unit_gpus": tp,
         "free_gpus": free[site],
-        "add_unit": bool(has_free and pays and delta >= gain * (1 - 1e-9)),  # 1e-9: a unit closing the gap exactly
+        "add_unit": bool(has_room and pays and delta >= gain * (1 - 1e-9)),  # 1e-9: a unit closing the gap exactly
     }
-    if not has_free:
-        out["reason"] = "no rollout site has free GPUs for another unit (δ' is what one would gain)"
+    if not has_room:
+        out["reason"] = (
+            "no rollout site has room for another unit (its TP degree free on one host; δ' is what one would gain)"
+        )
     elif not pays:
         out["reason"] = (
             f"not needed: one more unit saves < {SAME_WITHIN:.0%} of the simulated iteration (generation is bound "

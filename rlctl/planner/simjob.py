@@ -108,9 +108,16 @@ def weight_transfer_s(
 
 
 def simulate_job(
-    works: Sequence[IterationWork], *, mode: Mode, weight_sync_s: float, eta: int | None = None
+    works: Sequence[IterationWork], *, mode: Mode, weight_sync_s: float, eta: int | None = None, drain: int = 0
 ) -> JobTimeline:
+    """The timeline of `works` but the last `drain` of them: those only follow the others into the rollout engines.
+
+    Iteration i shares its units' engines with i+1 … i+η (the shares released before its tail is done), so without
+    them the last η iterations' tails run alone and their gaps are about the training time: a steady-state estimate
+    passes η more works as `drain` (sync and stream, η = 0, have no such end). A replay of a finished run, whose last
+    iterations did run alone, passes none."""
     eta = (1 if mode == "async" else 0) if eta is None else eta
+    assert 0 <= drain < len(works)
     gen_start: list[float] = []
     gen_end: list[float] = []
     train_end: list[float] = []
@@ -122,7 +129,7 @@ def simulate_job(
         j = k - 1 - eta
         return (ready[j] if j >= 0 else 0.0) + works[k].unit_delay_s
 
-    for i, w in enumerate(works):
+    for i, w in enumerate(works[: len(works) - drain]):
         j = i - 1 - eta
         weights = ready[j] if j >= 0 else 0.0
         units = np.zeros(len(w.finish_s), dtype=int) if w.unit_of is None else w.unit_of

@@ -242,3 +242,20 @@ def test_a_units_share_reaches_its_engine_after_the_weights() -> None:
     assert tl.gen_start_s == [0.5]
     assert tl.gen_end_s == [pytest.approx(0.5 + finish[-1])]
     assert tl.unit_gen_s[0][0] == pytest.approx(finish[-1])
+
+
+@pytest.mark.parametrize("eta", [1, 2])
+def test_drain_iterations_only_follow_the_others_into_the_engines(eta: int) -> None:
+    """In async iteration i shares its unit's engine with i+1 … i+η: the last η of a run have none to share it with,
+    so their tails run alone and their gaps are shorter than the steady state's. With η more works as `drain`, the
+    iterations simulated are the first ones of a long run; sync and stream (η = 0) have no such end."""
+    works = _engine_works("never", n=20)
+    long = simulate_job(works, mode="async", weight_sync_s=0.002, eta=eta).train_end_s
+    steady = simulate_job(works[: 7 + eta], mode="async", weight_sync_s=0.002, eta=eta, drain=eta)
+    assert steady.train_end_s == pytest.approx(long[:7])
+    ran_alone = simulate_job(works[:7], mode="async", weight_sync_s=0.002, eta=eta).train_end_s
+    assert ran_alone[-1] < long[6] - 0.04  # without: the last iteration's tail alone in the engine, ≥ 2 steps sooner
+    for mode in ("sync", "stream"):
+        whole = simulate_job(works[:7], mode=mode, weight_sync_s=0.002)  # type: ignore[arg-type]
+        drained = simulate_job(works[:8], mode=mode, weight_sync_s=0.002, drain=1)  # type: ignore[arg-type]
+        assert drained.train_end_s == whole.train_end_s
