@@ -90,7 +90,7 @@ lint: $(STAMP)
 # The unit tests run in UNIT_WORKERS processes (pytest-xdist; each test goes to the worker that is free): at 108 %
 # CPU on 2 cores in one process (537 s), 185 % in two (362 s; 2026-12-02).
 UNIT_WORKERS ?= 2
-unit: $(STAMP) $(MEGATRON_STAMP)
+unit: $(STAMP) $(UCX_STAMP) $(MEGATRON_STAMP)  # ucxx: the UCX unit tests run too (skipped without it)
 	if [ -f $(MEGATRON_STAMP) ]; then export RLCTL_REQUIRE_MEGATRON=1; fi; \
 	$(BIN)/pytest -q -n $(UNIT_WORKERS) --dist worksteal tests/unit tests/gpu
 
