@@ -128,7 +128,9 @@ class SlurmResources:
     gpus_per_task: int = 0
     gpu_request: GpuRequest = "per_task"
     mem_per_cpu_mb: int | None = None
-    tasks: int = 1  # in all (--ntasks): nodes × tasks_per_node would start a rank the job does not have
+    # in all (--ntasks; None: nodes × tasks_per_node): a spec's ranks need not fill every node, and nodes ×
+    # tasks_per_node would then start a rank the job does not have
+    tasks: int | None = None
 
     @classmethod
     def for_spec(cls, res: Resources, *, slots_per_node: int, gpu_request: GpuRequest) -> SlurmResources:
@@ -144,6 +146,10 @@ class SlurmResources:
         return cls(nodes, tasks_per_node, res.cpus_per_task, gpus, request, mem, tasks=max(1, res.tasks))
 
     @property
+    def ntasks(self) -> int:
+        return self.tasks if self.tasks is not None else self.nodes * self.tasks_per_node
+
+    @property
     def gpu_option(self) -> str | None:
         """The sbatch option asking for the GPUs, None when none are asked for."""
         if not self.gpus_per_task or self.gpu_request == "none":
@@ -156,8 +162,8 @@ class SlurmResources:
         """`2 nodes × 8 tasks, --gpus-per-task=1, 4 cpus/task` for `launch --dry-run`."""
         gpus = self.gpu_option or "no GPU request"
         spread = f"{self.nodes} node(s) × {self.tasks_per_node} task(s)"
-        if self.tasks != self.nodes * self.tasks_per_node:
-            spread = f"{self.tasks} tasks on {self.nodes} node(s), ≤ {self.tasks_per_node} each"
+        if self.ntasks != self.nodes * self.tasks_per_node:
+            spread = f"{self.ntasks} tasks on {self.nodes} node(s), ≤ {self.tasks_per_node} each"
         return f"{spread}, {gpus}, {self.cpus_per_task} cpu(s)/task"
 
 
@@ -336,7 +342,7 @@ class SlurmBackend(LaunchBackend):
         lines += [f"#SBATCH --qos={shlex.quote(s.qos)}"] if s.qos else []
         lines += [
             f"#SBATCH --nodes={res.nodes}",
-            f"#SBATCH --ntasks={res.tasks}",
+            f"#SBATCH --ntasks={res.ntasks}",
             f"#SBATCH --ntasks-per-node={res.tasks_per_node}",
             f"#SBATCH --cpus-per-task={res.cpus_per_task}",
         ]
@@ -392,7 +398,7 @@ class SlurmBackend(LaunchBackend):
             "stderr_to_stdout": True,
             # TERM to the steps (the agents), not submitit's USR2 "checkpoint and requeue"
             # --ntasks: nodes × ntasks_per_node would start a rank the job does not have
-            "additional_parameters": {"signal": f"TERM@{self.grace_s}", "ntasks": res.tasks},
+            "additional_parameters": {"signal": f"TERM@{self.grace_s}", "ntasks": res.ntasks},
         }
         params.update({"account": s.account} if s.account else {})
         params.update({"qos": s.qos} if s.qos else {})
