@@ -53,8 +53,9 @@ def test_a_detached_launch_returns_while_its_job_runs_and_its_background_launche
     # a second launcher of the same job is refused, and shows only its own lines (not the first one's log)
     again = rlctl("launch", "--resume", job_id, "--detach", timeout_s=120)
     assert again.returncode == 2, again.stderr
-    assert again.stderr.strip().splitlines() == [
-        f"rlctl: error: job {job_id} is running (its controller answers) (hint: stop it first: `rlctl stop {job_id}`)"
+    assert again.stderr.strip().splitlines() == [  # the job's one launcher holds its lock
+        f"rlctl: error: job {job_id} has a launcher already (pid {pid} on {os.uname().nodename}) (hint: watch it "
+        f"with `rlctl status {job_id}`; `rlctl stop {job_id}` ends it)"
     ]
 
     code, st = rlctl_json("status", job_id)
