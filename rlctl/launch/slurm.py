@@ -397,9 +397,10 @@ class SlurmBackend(LaunchBackend):
             "setup": setup,
             "stderr_to_stdout": True,
             # TERM to the steps (the agents), not submitit's USR2 "checkpoint and requeue"
-            # --ntasks: nodes × ntasks_per_node would start a rank the job does not have
-            "additional_parameters": {"signal": f"TERM@{self.grace_s}", "ntasks": res.ntasks},
+            "additional_parameters": {"signal": f"TERM@{self.grace_s}"},
         }
+        if res.ntasks != res.nodes * res.tasks_per_node:  # else nodes × ntasks_per_node would start a rank too many
+            params["additional_parameters"]["ntasks"] = res.ntasks
         params.update({"account": s.account} if s.account else {})
         params.update({"qos": s.qos} if s.qos else {})
         if res.gpu_option is not None and res.gpu_request == "gres":

@@ -6,7 +6,6 @@
 #SBATCH --gpus-per-task=1
 #SBATCH --job-name=rlctl-demo-trainer
 #SBATCH --nodes=2
-#SBATCH --ntasks=16
 #SBATCH --ntasks-per-node=8
 #SBATCH --open-mode=append
 #SBATCH --output=/shared/runs/demo/slurm/trainer-0/%j/%j_0_log.out

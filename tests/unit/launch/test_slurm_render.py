@@ -217,3 +217,12 @@ def test_status_uses_sacct_last_then_unknown() -> None:
     assert (st.state, st.exit_code) == (RemoteState.CANCELLED, -15)  # type: ignore[attr-defined]
     st, _ = status_with({})
     assert st.state is RemoteState.UNKNOWN  # type: ignore[attr-defined]
+
+
+def test_submitit_asks_ntasks_only_where_the_ranks_do_not_fill_the_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import submitit
+
+    monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))
+    b = backend(account="rl")
+    nine = AgentSpec("trainer", 0, "h800", ["x"], resources=Resources(tasks=9, gpus_per_task=1, cpus_per_task=2))
+    assert "#SBATCH --ntasks=9\n" in b.render(nine) and "--ntasks=" not in b.render(SPEC)
