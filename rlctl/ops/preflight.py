@@ -412,16 +412,29 @@ def _shared_trainer_devices(job: Job, trainers: list[PlannedAgent]) -> list[Prob
 def _job_hosts(job: Job) -> set[str]:
     """The hosts the job's agents may run on: this machine for a local site (and an SSH host that is a loopback
     address), an SSH site's hosts, a SLURM site's nodes."""
-    names = {job.spec.placement.trainer.site, *(r.site for r in job.spec.placement.rollout)}
-    names.add(job.spec.placement.controller_site or job.spec.placement.trainer.site)
     out: set[str] = set()
-    for name in names:
+    for name in _job_sites(job):
         site = job.inventory.sites[name]
         if kind_of(site).on_this_machine:
             out.add("this machine")
         else:
             out |= {"this machine" if _loopback(h) else h for h, _ in site.hosts}
     return out
+
+
+def _job_sites(job: Job) -> list[str]:
+    """The sites the job's agents run on: the trainer's, the rollout sites, the controller's (each once)."""
+    p = job.spec.placement
+    return list(dict.fromkeys([p.trainer.site, *(r.site for r in p.rollout), p.controller_site or p.trainer.site]))
+
+
+def _listen_field(job: Job, name: str) -> tuple[str, str]:
+    """(the address site `name`'s agents listen on, the field that sets it): its own `network.listen_host`, else
+    the job's `transport.listen_host`."""
+    own = job.inventory.sites[name].network.listen_host
+    if own:
+        return own, f"sites.{name}.network.listen_host"
+    return job.spec.transport.listen_host, "transport.listen_host"
 
 
 def _loopback(host: str) -> bool:
@@ -441,14 +454,9 @@ def _listen_addresses(job: Job) -> list[Problem]:
     if len(hosts) < 2:
         return []
     by_field: dict[str, tuple[str, list[str]]] = {}
-    placement = job.spec.placement
-    controller = placement.controller_site or placement.trainer.site
-    names = dict.fromkeys([placement.trainer.site, *(r.site for r in placement.rollout), controller])
-    for name in names:
-        own = job.inventory.sites[name].network.listen_host
-        address = own or job.spec.transport.listen_host
+    for name in _job_sites(job):
+        address, field = _listen_field(job, name)
         if _loopback(address):
-            field = f"sites.{name}.network.listen_host" if own else "transport.listen_host"
             by_field.setdefault(field, (address, []))[1].append(name)
     shown = ", ".join(sorted(hosts)[:4]) + (", …" if len(hosts) > 4 else "")
     return [
@@ -467,20 +475,16 @@ def _listen_addresses(job: Job) -> list[Problem]:
 def _unbindable(job: Job) -> list[Problem]:
     """A listen address that agents on this machine (a local site's) could not bind: not one of its addresses
     (an SSH or SLURM site's hosts are asked by `check --reach`)."""
-    placement, out = job.spec.placement, []
-    controller = placement.controller_site or placement.trainer.site
-    for name in dict.fromkeys([placement.trainer.site, *(r.site for r in placement.rollout), controller]):
-        site = job.inventory.sites[name]
-        own = site.network.listen_host
-        address = own or job.spec.transport.listen_host
-        if address == "auto" or not kind_of(site).on_this_machine:
+    out = []
+    for name in _job_sites(job):
+        address, field = _listen_field(job, name)
+        if address == "auto" or not kind_of(job.inventory.sites[name]).on_this_machine:
             continue
         try:
             family, kind, proto, _, where = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[0]
             with socket.socket(family, kind, proto) as probe:
                 probe.bind(where)
         except OSError as e:
-            field = f"sites.{name}.network.listen_host" if own else "transport.listen_host"
             why = e.strerror or str(e)
             out.append(
                 Problem(
