@@ -78,6 +78,9 @@ def file_state(path: Path) -> FileState:
     return FileState(st.st_size, h.hexdigest(), st.st_mode & 0o777)
 
 
+TAIL_WINDOW_BYTES = 64 << 10  # first read from the end when looking for the last lines
+
+
 class HostFiles(ABC):
     """Files on one host's view of a site (absolute paths on that host)."""
 
@@ -125,21 +128,36 @@ class HostFiles(ABC):
         nothing changed, where `path` is a real file or directory."""
 
     def tail(self, path: str, lines: int) -> list[str] | None:
-        """The last `lines` lines of a file, None if it does not exist: read from its end (a weeks-long job's log
-        is gigabytes), widening until they are all in."""
+        """The last `lines` lines of a file (its unfinished last one included), None if it does not exist: read
+        from its end (`last_lines`: a weeks-long job's log is gigabytes)."""
+        got = self.last_lines(path, lines)
+        if got is None:
+            return None
+        complete, pending, _ = got
+        rows = [*complete, pending] if pending else complete
+        return [r.decode("utf-8", errors="replace") for r in rows[-lines:]] if lines else []
+
+    def last_lines(self, path: str, n: int) -> tuple[list[bytes], bytes, int] | None:
+        """The file's last `n` complete lines, its unfinished last line, and the offset where it ends: read from
+        the end, widening from TAIL_WINDOW_BYTES until they are all in. None if it does not exist."""
         got = self.read_from(path, 0, 0)
         if got is None:
             return None
-        size, span = got[1], 64 << 10
+        end = got[1]
+        window = TAIL_WINDOW_BYTES
         while True:
-            start = max(0, size - span)
-            part = self.read_from(path, start, size - start)
-            if part is None:
+            start = max(0, end - window)
+            got = self.read_from(path, start, end - start)
+            if got is None:
                 return None
-            text = part[0].decode("utf-8", errors="replace").splitlines()
-            if start == 0 or len(text) > lines:  # past the first line read, which may be cut
-                return text[-lines:] if lines else []
-            span *= 4
+            data = got[0]
+            if start == 0 or data.count(b"\n") > n:
+                break
+            window *= 4
+        *complete, pending = data.split(b"\n")
+        if start > 0:
+            complete = complete[1:]  # the window began inside a line
+        return (complete[-n:] if n else []), pending, start + len(data)
 
     @abstractmethod
     def read_from(self, path: str, offset: int, limit: int) -> tuple[bytes, int] | None:

@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 POLL_INTERVAL_S = 0.5
 ENDED_CHECK_S = 2.0  # how often a follower asks the agent's backend whether it exited
 READ_CHUNK_BYTES = 1 << 20
-TAIL_WINDOW_BYTES = 64 << 10  # first read from the end when looking for the last lines
 
 
 @dataclass
@@ -121,7 +120,7 @@ def follow(
     """Write the log's last `lines` lines, then each new line, until `ended()` says the agent exited;
     False when there is no such file."""
     files, path = agent_log.files, agent_log.path
-    first = _last_lines(files, path, lines)
+    first = files.last_lines(path, lines)
     if first is None:
         return False
     shown, pending, offset = first
@@ -149,28 +148,6 @@ def follow(
     if pending:
         write(_text(pending))
     return True
-
-
-def _last_lines(files: HostFiles, path: str, n: int) -> tuple[list[bytes], bytes, int] | None:
-    """The file's last `n` complete lines, its unfinished last line, and the offset where it ends."""
-    got = files.read_from(path, 0, 0)
-    if got is None:
-        return None
-    end = got[1]
-    window = TAIL_WINDOW_BYTES
-    while True:
-        start = max(0, end - window)
-        got = files.read_from(path, start, end - start)
-        if got is None:
-            return None
-        data = got[0]
-        if start == 0 or data.count(b"\n") > n:
-            break
-        window *= 4
-    *complete, pending = data.split(b"\n")
-    if start > 0:
-        complete = complete[1:]  # the window began inside a line
-    return (complete[-n:] if n else []), pending, start + len(data)
 
 
 def _text(line: bytes) -> str:
