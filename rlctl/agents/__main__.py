@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         from rlctl.agents.trainer import TrainerAgent, init_group
 
         world = int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or "1")
-        init_group(
+        store = init_group(
             rank=args.replica,
             world_size=world,
             master_addr=os.environ.get("MASTER_ADDR") or _first_node(),
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             cuda=compute.is_cuda,
             secret=ctx.jobdir.secret(),
         )
-        TrainerAgent(ctx, rank=args.replica, compute=compute).run()
+        TrainerAgent(ctx, rank=args.replica, compute=compute, store=store).run()
         return 0
     except RlctlError as e:
         log.error("%s%s", e, f" ({e.hint})" if e.hint else "")

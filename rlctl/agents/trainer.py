@@ -51,7 +51,8 @@ from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.listen import host_of, listen_host, store_listener
 from rlctl.agents.messages import CheckpointWritten, Delivered, Heartbeat, Hello, Regroup, Trained, make, parse
 from rlctl.agents.staleness import StalenessBound
-from rlctl.agents.watchdog import Watchdog
+from rlctl.agents.watchdog import HUNG, Watchdog
+from rlctl.agents.watchdog import TICK_S as WATCH_TICK_S
 from rlctl.agents.weights import PublishedModel, Target, WeightPublisher
 from rlctl.checkpoint.background import BackgroundWriter
 from rlctl.checkpoint.choose import resume_version
@@ -72,24 +73,44 @@ from rlctl.transport import Message
 
 log = logging.getLogger(__name__)
 
+# how long rank 0's watchdog, ending it, waits for a rank above to say it hung first (two of the watchers' ticks)
+FOLLOWER_WORD_S = 2 * WATCH_TICK_S + 1.0
+
 Held = tuple[Delivered, list[int], list[float]]  # a delivered sample: its header, output tokens, logprobs
 
 
 def init_group(
     *, rank: int, world_size: int, master_addr: str, master_port: int, cuda: bool = False, secret: bytes = b""
-) -> None:
+) -> dist.Store | None:
     """The trainer ranks' process group: gloo, plus NCCL for CUDA tensors on a GPU site (gradients travel over
     NCCL; the learner's small host-side messages over gloo). The rendezvous store listens on MASTER_ADDR only,
     and every key the ranks use is under a prefix derived from the job's secret (`store_prefix`): a process
-    without the secret that reaches the store can neither read the ranks' addresses nor plant its own."""
+    without the secret that reaches the store can neither read the ranks' addresses nor plant its own.
+    Returns the store (None when the group was formed before): where a rank that hangs leaves its last word."""
     if dist.is_initialized():
-        return
+        return None
     timeout = datetime.timedelta(seconds=120)
     fd = store_listener(master_addr, master_port) if rank == 0 else None  # bound to MASTER_ADDR, not every interface
     tcp = dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout=timeout, master_listen_fd=fd)
     store = dist.PrefixStore(store_prefix(secret), tcp) if secret else tcp
     backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    return store
+
+
+def say_hung(store: dist.Store, rank: int, text: str) -> None:
+    """A rank > 0's last word before its watchdog ends it (`text`: the watchdog's): in the group's store, which
+    rank 0 holds, where `hung_ranks` finds it once rank 0's collective with the ended rank fails. The ranks above
+    0 have no controller link, and without this the run's failure would name rank 0's broken collective, not the
+    rank (and host) that hung."""
+    said = text.removeprefix(HUNG).strip()
+    store.set(f"hung/{rank}", f"trainer-{rank} on {socket.gethostname()}: {said}")
+
+
+def hung_ranks(store: dist.Store, world_size: int) -> list[str]:
+    """What the ranks whose watchdogs ended them said (`say_hung`), lowest rank first."""
+    keys = [f"hung/{r}" for r in range(1, world_size)]
+    return [store.get(k).decode() for k in keys if store.check([k])]
 
 
 def store_prefix(secret: bytes) -> str:
@@ -98,8 +119,11 @@ def store_prefix(secret: bytes) -> str:
 
 
 class TrainerAgent:
-    def __init__(self, ctx: AgentContext, *, rank: int = 0, compute: Compute | None = None) -> None:
+    def __init__(
+        self, ctx: AgentContext, *, rank: int = 0, compute: Compute | None = None, store: dist.Store | None = None
+    ) -> None:
         self.ctx = ctx
+        self.store = store  # the trainer group's (`init_group`): the ranks' last words when they hang
         job = ctx.job
         self.task = task_source(job, ctx.jobdir.path, ctx.jobdir.init_model)  # prompts only: rewards come scored
         self.rank = rank
@@ -197,27 +221,35 @@ class TrainerAgent:
             publisher.publish(self.version, self.wire_weights(), params=self.backend.tensors())
         if self.rank > 0:  # follow rank 0's steps; publish each version for the units planned below this rank
             version = self.version
+            # a phase that never returns ends this rank, its last word in the group's store: rank 0's collective
+            # with it then fails, and rank 0 names this rank in the run's failure (`hung_ranks`)
+            self.watchdog = watchdog = Watchdog(
+                self.name, self.ctx.job.trainer.hang_timeout_s, on_hang=self._hung_follower
+            )
 
             def stepped() -> None:
                 nonlocal version
                 version += 1
-                self._publish(publisher, version)
+                with watchdog.busy("publish"):
+                    self._publish(publisher, version)
 
             def write_shard(version: int) -> None:  # rank 0 writes the policy and seals the part after this
-                write = snapshot_shard(
-                    self.ctx.jobdir.checkpoint(version),
-                    optimizers=self.learner.optimizers(),
-                    modules=self.modules,
-                    split=self.split,
-                    data_parallel=self.data_parallel,
-                    group=self.checkpoint_group,
-                )
+                with watchdog.busy("checkpoint snapshot"):
+                    write = snapshot_shard(
+                        self.ctx.jobdir.checkpoint(version),
+                        optimizers=self.learner.optimizers(),
+                        modules=self.modules,
+                        split=self.split,
+                        data_parallel=self.data_parallel,
+                        group=self.checkpoint_group,
+                    )
                 self.writer.submit(write)
 
             try:
-                self.learner.follow(on_step=stepped, on_checkpoint=write_shard)
+                self.learner.follow(on_step=stepped, on_checkpoint=write_shard, busy=watchdog.busy)
                 self.writer.wait()
             finally:
+                watchdog.close()
                 publisher.close()
             return
         publisher.set_roots(roots)
@@ -334,16 +366,49 @@ class TrainerAgent:
                         self.writer.submit(checkpoint)
                         checkpoint = None  # the writer holds the snapshot now: one in host memory at a time
                     ids = []
-        finally:
+        except BaseException:
+            self._name_hung_ranks()  # a collective failed because a rank ended itself hung: name that rank
+            watchdog.close()
+            with contextlib.suppress(Exception):  # the group may be broken: the followers' own reads then end them
+                self.learner.stop_followers()
+            raise
+        else:
             watchdog.close()
             self.learner.stop_followers()
+        finally:
             publisher.close()
             self.task.close()
 
     def _hung(self, text: str) -> None:
-        """The watchdog's last word before this rank exits: the controller names the hang in the run's failure."""
+        """The watchdog's last word before this rank exits: the controller names the hang in the run's failure.
+        This rank may only be waiting in a collective for a rank above that hung first: their watchdogs tick
+        apart, so that rank's own word is waited for a moment, and named instead when it comes."""
         self.state = text
-        self.link.send(make("heartbeat", self.figures()))
+        if not self._name_hung_ranks(wait_s=FOLLOWER_WORD_S):
+            self.link.send(make("heartbeat", self.figures()))
+
+    def _name_hung_ranks(self, *, wait_s: float = 0.0) -> bool:
+        """Rank 0: when ranks above ended themselves hung, its last heartbeat says which (the controller names
+        them in the run's failure). Whether any did (asked again for up to `wait_s`)."""
+        said: list[str] = []
+        if self.store is not None and dist.is_initialized() and dist.get_world_size() > 1:
+            deadline = time.monotonic() + wait_s
+            with contextlib.suppress(Exception):  # the last word is a courtesy: the failure goes on regardless
+                while not (said := hung_ranks(self.store, dist.get_world_size())) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        if not said:
+            return False
+        log.error("trainer: %s ended itself hung (its log has every thread's stack)", "; ".join(said))
+        self.state = f"{HUNG} {'; '.join(said)}"
+        with contextlib.suppress(TransportError):
+            self.link.send(make("heartbeat", self.figures()))
+        return True
+
+    def _hung_follower(self, text: str) -> None:
+        """A rank > 0's watchdog's last word: into the group's store, for rank 0 (`say_hung`)."""
+        self.state = text
+        if self.store is not None:
+            say_hung(self.store, self.rank, text)
 
     def _next_messages(self) -> list[Message | None]:
         """The next message (waiting for one), then every other one already queued: the learner cuts its

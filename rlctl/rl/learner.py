@@ -33,6 +33,7 @@ profiler alike.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import defaultdict
@@ -92,6 +93,14 @@ Command = Chunk | Step | WholeBatch | CheckpointDue | Stop
 def _broadcast(command: Command | None) -> Command:
     """Rank 0's `command` on every rank (the others pass None)."""
     return broadcast_value(command, Command)  # type: ignore[arg-type]
+
+
+Busy = Callable[[str], contextlib.AbstractContextManager[None]]  # a follower's busy phases (`Watchdog.busy`)
+
+
+def _unwatched(phase: str) -> contextlib.AbstractContextManager[None]:
+    del phase
+    return contextlib.nullcontext()
 
 
 def _world() -> tuple[int, int]:
@@ -265,16 +274,22 @@ class StreamingLearner:
         }
 
     def follow(
-        self, on_step: Callable[[], None] | None = None, *, on_checkpoint: Callable[[int], None] | None = None
+        self,
+        on_step: Callable[[], None] | None = None,
+        *,
+        on_checkpoint: Callable[[int], None] | None = None,
+        busy: Busy = _unwatched,
     ) -> None:
         """Ranks > 0: do what rank 0 broadcasts until it sends 'stop'; `on_step` after each optimizer step
         (the rank then holds the same weights and optimizer state as the other ranks of its (tp, pp) position,
         bit for bit: gradients are all-reduced over the data-parallel group); `on_checkpoint(version)` when
-        rank 0 `announce_checkpoint`s."""
+        rank 0 `announce_checkpoint`s. `busy(phase)` wraps its work ("train", "optimizer step"), never its wait
+        for rank 0's next broadcast."""
         while True:
             item = _broadcast(None)
             if isinstance(item, Step):
-                self.apply_step(item.tokens)
+                with busy("optimizer step"):
+                    self.apply_step(item.tokens)
                 self._reset()
                 if on_step is not None:
                     on_step()
@@ -285,7 +300,8 @@ class StreamingLearner:
                 return
             else:
                 assert isinstance(item, Chunk), type(item)
-                self.backward_share(list(zip(item.samples, item.advantages, strict=True)))
+                with busy("train"):
+                    self.backward_share(list(zip(item.samples, item.advantages, strict=True)))
 
     def announce_checkpoint(self, version: int) -> None:
         """Rank 0, between steps: every follower calls its `on_checkpoint(version)`."""
@@ -370,13 +386,18 @@ class PpoBatchLearner:
         return stats
 
     def follow(
-        self, on_step: Callable[[], None] | None = None, *, on_checkpoint: Callable[[int], None] | None = None
+        self,
+        on_step: Callable[[], None] | None = None,
+        *,
+        on_checkpoint: Callable[[int], None] | None = None,
+        busy: Busy = _unwatched,
     ) -> None:
-        """Ranks > 0: as `StreamingLearner.follow`, a whole batch per step."""
+        """Ranks > 0: as `StreamingLearner.follow`, a whole batch per step (one "train" phase)."""
         while True:
             item = _broadcast(None)
             if isinstance(item, WholeBatch):
-                self.train_batch(item.samples)
+                with busy("train"):
+                    self.train_batch(item.samples)
                 if on_step is not None:
                     on_step()
             elif isinstance(item, CheckpointDue):

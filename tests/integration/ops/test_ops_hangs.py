@@ -127,3 +127,68 @@ def test_hung_agents_end_themselves_and_the_job_goes_on(tmp_path):
     assert len({e["sample_id"] for e in samples}) == len(samples) and all(e["state"] == "trained" for e in samples)
     assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0) and s["resilience"]["resumes"] == 1
     print(f"\nstatus mid-hang: trainer-0 in {seen['phase']} for {seen['phase_s']} s\n{lost[0]['reason']}\n{said[0]}")
+
+
+FOLLOWER_HANG = """
+import json, os, pathlib, threading
+
+_PARALLEL = json.loads(os.environ.get("RLCTL_PARALLEL") or "{}")
+_MARKS = pathlib.Path(os.environ["HANG_MARKS"])
+
+if _PARALLEL.get("role") == "trainer" and _PARALLEL.get("rank") == 1:
+    from rlctl.rl import learner
+
+    _share, _shares = learner.StreamingLearner.backward_share, [0]
+
+    def hanging_backward_share(self, chunk):
+        _shares[0] += 1
+        mark = _MARKS / "trainer-1"
+        if _shares[0] == 4 and not mark.exists():
+            mark.touch()
+            threading.Event().wait()
+        return _share(self, chunk)
+
+    learner.StreamingLearner.backward_share = hanging_backward_share
+"""
+
+
+def test_a_hung_trainer_rank_above_0_is_named_in_the_runs_failure(tmp_path):
+    """Ranks above 0 are watched too: rank 1 of a two-rank trainer whose backward never returns ends itself, its
+    stacks in its own log, and leaves its last word in the trainer group's store; rank 0's collective with it
+    fails, and the run's failure names rank 1 and its host (not rank 0's broken collective). The launcher resumes
+    the run, which ends done."""
+    iterations, job_dir = 8, tmp_path / "run"
+    job = hf_job(
+        tmp_path,
+        job_dir=job_dir,
+        iterations=iterations,
+        every=3,
+        placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 2}]},
+    )
+    (tmp_path / "hold").unlink()
+    spec = yaml.safe_load(job.read_text())
+    spec["checkpoint"]["auto_resume"] = 1
+    spec["trainer"] = {"hang_timeout_s": TRAINER_HANG_S}
+    job.write_text(yaml.safe_dump(spec))
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = hooked(tmp_path, FOLLOWER_HANG, HANG_MARKS=str(marks))
+    proc = subprocess.run(
+        [*RLCTL, "launch", str(job), "--job-dir", str(job_dir), "-o", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=360,
+    )
+    s = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    assert proc.returncode == 0 and s.get("state") == "done", (proc.returncode, proc.stderr[-3000:])
+    assert [p.name for p in marks.iterdir()] == ["trainer-1"]
+
+    said = [line for line in proc.stderr.splitlines() if "resuming it from" in line]
+    assert len(said) == 1 and "hung: trainer-1 on " in said[0] and ": train ran" in said[0], proc.stderr[-3000:]
+    rank1_log = (job_dir / "logs" / "trainer-1.log").read_text()
+    assert "trainer-1: train has run" in rank1_log and "in hanging_backward_share" in rank1_log
+    assert f"exits {HUNG_EXIT}" in rank1_log
+    assert "trainer-1 on " in (job_dir / "logs" / "trainer-0.log").read_text()  # rank 0's ERROR line names it
+    assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0) and s["resilience"]["resumes"] == 1
+    print(f"\n{said[0]}")
