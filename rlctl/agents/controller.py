@@ -63,7 +63,7 @@ from rlctl.agents.watchdog import HUNG
 from rlctl.agents.weightbook import WeightBook
 from rlctl.checkpoint.choose import resume_version
 from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, save_controller
-from rlctl.checkpoint.files import prune
+from rlctl.checkpoint.files import prune, set_aside_newer
 from rlctl.config.job import DatasetTask, JobFile, refills
 from rlctl.errors import PeerClosed, TransportError
 from rlctl.launch.jobdir import JobDir
@@ -235,6 +235,9 @@ class ControllerAgent:
         """`launch --resume`: the controller's part of checkpoint `version` (0: none, start over); the metrics
         rows and the sample log's lines the failed run wrote past it move aside, so that the curves and the log
         continue from the checkpoint."""
+        # the checkpoints newer than this one belong to a run this one abandons: out of iter-*, so that a resume
+        # that finds no latest.json never takes one of them, nor pairs its part with one this run writes
+        set_aside = set_aside_newer(self.jobdir.checkpoints, PART, resumed=version)
         st = load_controller(self.jobdir, version) if version > 0 else None
         # before `restore` retires what the checkpoint's ledger holds trained; from no checkpoint, nothing is kept
         discarded = self.samples.cut((st.samples_log_bytes or 0) if st is not None else 0)
@@ -253,7 +256,12 @@ class ControllerAgent:
         self.rows_kept = len(self.rows)
         self.resumes += 1
         self.jobdir.event(
-            "resumed_from", version=version, regenerate=requeued, rows_kept=len(self.rows), samples_discarded=discarded
+            "resumed_from",
+            version=version,
+            regenerate=requeued,
+            rows_kept=len(self.rows),
+            samples_discarded=discarded,
+            set_aside=set_aside,
         )
         log.info("controller: resumed from checkpoint v%d; %d samples to generate again", version, requeued)
 

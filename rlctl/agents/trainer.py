@@ -56,7 +56,7 @@ from rlctl.agents.watchdog import TICK_S as WATCH_TICK_S
 from rlctl.agents.weights import PublishedModel, Target, WeightPublisher
 from rlctl.checkpoint.background import BackgroundWriter
 from rlctl.checkpoint.choose import resume_version
-from rlctl.checkpoint.files import prune
+from rlctl.checkpoint.files import prune, set_aside_newer
 from rlctl.checkpoint.trainer import HostPolicy, load_trainer, snapshot_shard, snapshot_trainer
 from rlctl.config.job import JobFile
 from rlctl.devices import Compute
@@ -150,6 +150,8 @@ class TrainerAgent:
         )
         self.modules = self.learner.modules() | self.backend.checkpoint_modules()  # in each rank's shard
         resumed = resume_version()
+        if resumed is not None and rank == 0:  # rank 0 writes and prunes the part; the newer ones are abandoned
+            set_aside_newer(ctx.jobdir.checkpoints, "trainer", resumed=resumed)
         if resumed:  # `launch --resume`: policy, the optimizer shard and RNG of this rank's (tp, pp) position,
             # version from the checkpoint
             counters, self.checkpoint_digest = load_trainer(

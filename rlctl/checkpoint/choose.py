@@ -9,6 +9,11 @@ Which checkpoint a resume uses (the launcher decides once, reading each part on 
     (damaged: no bound)        controller's part names?  yes ─▶ use it   no ─▶ log why, try the next older
     none verifies ─▶ RlctlError (one line); no pointer and no checkpoint at all ─▶ 0 (nothing to lose)
 
+Without a pointer (or with a damaged one) the newest `iter-N` that verifies is the current lineage's: when a
+resumed run starts, its controller and trainer move their parts of every checkpoint newer than the one it
+continues from to `checkpoints/abandoned/` (`rlctl.checkpoint.files.set_aside_newer`), so no checkpoint of a
+run a resume abandoned, nor a part of one beside a part the new run wrote, is ever taken.
+
 The launcher passes the choice to the agents as RLCTL_RESUME_VERSION (`rlctl.launch.agentenv`); they read it
 back with `resume_version`.
 """

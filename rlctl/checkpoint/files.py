@@ -15,12 +15,19 @@ that own the state, each on its own site (sites share no filesystem):
         MANIFEST.controller.json  written LAST by the controller; names the trainer manifest's SHA-256
     checkpoints/latest.json       {"version": N}: moved (os.replace) by the controller once it has the
                                   trainer's report that its part of N is complete, and its own part is
+    checkpoints/abandoned/iter-N.<key>/   a checkpoint newer than the one a run resumed from: each agent moves
+                                  its part there when the resumed run starts (`set_aside_newer`; <key>: the
+                                  trainer manifest's SHA-256, so one checkpoint's two parts share a directory)
 
 Every file goes to a temporary name first and is renamed into place; the manifest is renamed into place
 only after every file it lists is. A part without a manifest, or whose files do not match it (size or
 SHA-256), is never used: `latest_complete` falls back to the newest older checkpoint that verifies (the rule,
 and the check of a manifest, are `rlctl.checkpoint.choose.choose_resume` / `verified_manifest`, which the
 launcher applies on each part's site to pick the version a resumed job loads).
+A resumed run abandons the checkpoints newer than the one it resumes from; they are moved aside, never deleted,
+so that `iter-*` holds one lineage: a resume that finds no `latest.json`, or a damaged one, takes the newest
+checkpoint that verifies, which then is this lineage's — never one of the abandoned run's, nor its part of a
+version beside the part this run rewrote (the controller's part names its trainer part's manifest, too).
 Files are read back with `torch.load(weights_only=True)` and JSON only: nothing is unpickled.
 """
 
@@ -45,6 +52,7 @@ from rlctl.launch.sitefs import LocalFiles
 log = logging.getLogger(__name__)
 
 PREFIX = "iter-"
+ABANDONED = "abandoned"  # in checkpoints/: the parts of checkpoints newer than the one a run resumed from
 CHUNK = 1 << 22
 
 
@@ -177,25 +185,82 @@ def prune(root: Path, part: str, *, complete: Iterable[int], keep: int) -> list[
     return pruned
 
 
-def remove_part(ckpt: Path, part: str) -> None:
-    """One part of checkpoint `ckpt`: its manifest first (what is left is never read as that part), then the top
-    entries it lists and the part's usual ones (and a crashed write's temporaries); the directory too once no
-    part is left in it."""
+def _part_paths(ckpt: Path, part: str) -> list[Path]:
+    """What of checkpoint `ckpt` belongs to `part`, its manifest first: the top entries the manifest lists and the
+    part's usual ones (a part whose manifest is gone or damaged still has those), and a crashed write's
+    temporaries. Only paths that exist."""
     manifest = manifest_path(ckpt, part)
     try:
         listed = {str(f).split("/")[0] for f in json.loads(manifest.read_text()).get("files", {})}
     except (OSError, ValueError, AttributeError):
         listed = set()
     listed = {n for n in listed if n not in ("", ".", "..") and not n.startswith(("MANIFEST.", LATEST))}
-    manifest.unlink(missing_ok=True)
+    paths = [manifest]
     for name in sorted(listed | set(PART_ENTRIES.get(part, ()))):
-        for p in [ckpt / name, *ckpt.glob(f".{name}.tmp-*")]:
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
+        paths += [ckpt / name, *sorted(ckpt.glob(f".{name}.tmp-*"))]
+    return [p for p in paths if p.exists() or p.is_symlink()]
+
+
+def remove_part(ckpt: Path, part: str) -> None:
+    """One part of checkpoint `ckpt`: its manifest first (what is left is never read as that part), then the rest
+    of it (`_part_paths`); the directory too once no part is left in it."""
+    for p in _part_paths(ckpt, part):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # the other part (same site), or something not ours, is still there
         ckpt.rmdir()
+
+
+def _lineage_key(ckpt: Path, part: str) -> str:
+    """What names a checkpoint across its two parts: the SHA-256 of its trainer manifest (the controller's part
+    names it), short; "unsealed" for a part without one (a write cut short). Two parts of one checkpoint set aside
+    on one site land in one directory; parts of two lineages never do."""
+    manifest = manifest_path(ckpt, part)
+    try:
+        digest = file_digest(manifest) if part == "trainer" else str(json.loads(manifest.read_text())["trainer_digest"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unsealed"
+    return digest[:12] if digest.isalnum() else "unsealed"
+
+
+def set_aside_newer(root: Path, part: str, *, resumed: int) -> list[int]:
+    """A run that resumes from checkpoint `resumed` (0: from none) abandons every checkpoint newer than it: move
+    `part` of each (its manifest first) to `root/abandoned/iter-N.<key>/` (`_lineage_key`), never deleted. So
+    what stays under `root/iter-*` is one lineage — the run's own checkpoints and the ones it descends from — and
+    a resume without `latest.json` (the newest that verifies) can take neither an abandoned checkpoint nor a part
+    of one beside a part this run rewrote. The versions moved, oldest first; one log line saying so."""
+    moved = []
+    for version, ckpt in sorted(checkpoint_dirs(root)):
+        paths = _part_paths(ckpt, part) if version > resumed else []
+        if not paths:
+            continue
+        name = f"{ckpt.name}.{_lineage_key(ckpt, part)}"
+        dest, n = root / ABANDONED / name, 1
+        while any((dest / p.name).exists() for p in paths):  # this version's part set aside by an earlier resume
+            n += 1
+            dest = root / ABANDONED / f"{name}.{n}"
+        dest.mkdir(parents=True, exist_ok=True)
+        for p in paths:
+            os.replace(p, dest / p.name)
+        fsync_dir(dest)
+        fsync_dir(ckpt)
+        with contextlib.suppress(OSError):  # the other part (same site) is set aside by its own agent
+            ckpt.rmdir()
+        moved.append(version)
+    if moved:
+        fsync_dir(root / ABANDONED)
+        log.warning(
+            "checkpoints %s: set aside the %s part of v%s in %s/: newer than v%d, which this run resumes from, so "
+            "of an abandoned lineage (no resume continues it; nothing was deleted)",
+            root,
+            part,
+            moved,
+            ABANDONED,
+            resumed,
+        )
+    return moved
 
 
 def set_latest(root: Path, version: int) -> None:
@@ -205,15 +270,21 @@ def set_latest(root: Path, version: int) -> None:
 def latest_complete(root: Path, parts: Iterable[str] = PARTS) -> int | None:
     """The newest version whose every part in `parts` verifies here: the `latest` pointer's when it does, else
     the newest older one (a pointer moved past a checkpoint that was later damaged is not trusted; a damaged
-    pointer is not read as "none"). None when no checkpoint verifies. Logs what it used and skipped."""
+    pointer is not read as "none"), whose controller part names its trainer part. Without a pointer the newest
+    `iter-N` is the current lineage's: a resumed run set the newer ones aside (`set_aside_newer`). None when no
+    checkpoint verifies. Logs what it used and skipped."""
     wanted = tuple(parts)
 
     def problem(version: int) -> str | None:
+        seen: dict[str, dict[str, Any]] = {}
         for part in wanted:
             try:
-                verified_manifest(LocalFiles(), str(root / f"{PREFIX}{version}"), part)
+                seen[part] = verified_manifest(LocalFiles(), str(root / f"{PREFIX}{version}"), part)
             except (OSError, ValueError) as e:
                 return f"{part} part: {e}"
+        named = seen.get("controller", {}).get("trainer_digest")
+        if "trainer" in seen and named is not None and named != seen["trainer"]["digest"]:
+            return "its trainer part is not the one its controller part was written with"  # as pick_checkpoint
         return None
 
     pointer = root / LATEST

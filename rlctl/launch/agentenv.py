@@ -10,8 +10,8 @@
     OMP/MKL_NUM_THREADS   threads_for(job, role,  ─▶   torch.set_num_threads (the same figure)
                           its site's cores)
     RLCTL_RESUME_VERSION  `launch --resume`: the    ─▶  controller and trainer restore exactly that
-                          checkpoint it picked           checkpoint (0: none was ever complete: start over)
-                          (rlctl.checkpoint.choose)
+                          checkpoint it picked           checkpoint (0: none was ever complete: start over),
+                          (rlctl.checkpoint.choose)      and set their parts of newer ones aside
 
 This module is the contract: both sides import it, neither imports the other.
 """

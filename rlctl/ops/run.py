@@ -14,7 +14,8 @@ agents through a launch backend, watch the controller's status, stop everything.
 
 `start(resume=True)` first picks the checkpoint to continue from: the newest whose controller part (on the
 controller's site) and trainer part (on the trainer's) both verify and belong together (`pick_checkpoint`),
-and passes its version to both as RLCTL_RESUME_VERSION.
+and passes its version to both as RLCTL_RESUME_VERSION (each sets its part of the newer ones aside:
+`rlctl.checkpoint.files.set_aside_newer`).
 
 The operator's job dir keeps what launch started (agents.jsonl) and the job index; when the controller
 runs elsewhere its site job dir is the job's record, and the launcher mirrors its agent records there

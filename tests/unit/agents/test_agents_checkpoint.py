@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import threading
 from pathlib import Path
 
@@ -13,7 +14,16 @@ import pytest
 import torch
 
 from rlctl.checkpoint.background import BackgroundWriter
-from rlctl.checkpoint.files import latest_complete, manifest_path, prune, read_manifest, set_latest, write_part
+from rlctl.checkpoint.files import (
+    file_digest,
+    latest_complete,
+    manifest_path,
+    prune,
+    read_manifest,
+    set_aside_newer,
+    set_latest,
+    write_part,
+)
 from rlctl.checkpoint.trainer import (
     CheckpointError,
     HostPolicy,
@@ -91,6 +101,115 @@ def test_latest_complete_skips_a_newest_checkpoint_whose_manifest_is_bad(tmp_pat
     assert said[-1] == f"{tmp_path}: latest complete checkpoint v2 (latest.json names v4)"
     manifest_path(tmp_path / "iter-2", "controller").unlink()
     assert latest_complete(tmp_path) is None  # none complete: None, never version 0
+
+
+def sealed(root: Path, version: int, run: str) -> str:
+    """Both parts of checkpoint `version` as the agents write them (the controller's names the trainer's
+    manifest), written by run `run`; the trainer manifest's SHA-256."""
+    digest = text_part(root / f"iter-{version}", "trainer", json.dumps({"run": run}))
+    write_part(
+        root / f"iter-{version}",
+        "controller",
+        {"controller": lambda tmp: (tmp.mkdir(), (tmp / "state.json").write_text(json.dumps({"run": run})))},
+        meta={"version": version, "trainer_digest": digest},
+    )
+    return digest
+
+
+def run_of(ckpt: Path, part: str) -> str:
+    return json.loads((ckpt / part / "state.json").read_text())["run"]
+
+
+def test_a_lost_pointer_never_resumes_a_lineage_a_resume_abandoned(tmp_path: Path, caplog) -> None:
+    """Run A checkpoints v2…v8; a resume goes back to v4 (v6 and v8 did not verify then, or the pointer still
+    named v4), and run B starts there: each agent sets its part of v6 and v8 aside. B rewrites v6's trainer part;
+    latest.json is lost before the controller's part: the resume takes v4, never A's v8 nor A's controller part of
+    v6 with B's trainer part; once B seals v6, v6."""
+    for v in (2, 4, 6, 8):
+        sealed(tmp_path, v, "A")
+    a6 = file_digest(manifest_path(tmp_path / "iter-6", "trainer"))
+    set_latest(tmp_path, 4)
+    with caplog.at_level("WARNING", logger="rlctl.checkpoint.files"):
+        moved = [
+            set_aside_newer(tmp_path, "controller", resumed=4),  # (the controller's _resume)
+            set_aside_newer(tmp_path, "trainer", resumed=4),  # (trainer rank 0, at its start)
+        ]
+    said = [r.getMessage() for r in caplog.records]
+    text_part(tmp_path / "iter-6", "trainer", json.dumps({"run": "B"}))  # B's trainer part; the controller's next
+    (tmp_path / "latest.json").unlink()
+    assert latest_complete(tmp_path) == 4
+    assert moved == [[6, 8], [6, 8]]
+    assert said == [
+        f"checkpoints {tmp_path}: set aside the {part} part of v[6, 8] in abandoned/: newer than v4, which this "
+        "run resumes from, so of an abandoned lineage (no resume continues it; nothing was deleted)"
+        for part in ("controller", "trainer")
+    ]
+    set_latest(tmp_path, 4)
+    sealed(tmp_path, 6, "B")
+    (tmp_path / "latest.json").write_text('{"vers')  # damaged: every checkpoint is tried
+    assert latest_complete(tmp_path) == 6 and run_of(tmp_path / "iter-6", "controller") == "B"
+    # nothing was deleted: A's v6 and v8, both parts together, are checkpoint directories one can move back
+    aside = tmp_path / "abandoned"
+    assert sorted(p.name for p in aside.iterdir()) == [f"iter-6.{a6[:12]}", f"iter-8.{sealed_digest(aside, 8)}"]
+    for ckpt in aside.iterdir():
+        assert read_manifest(ckpt, "trainer") is not None and read_manifest(ckpt, "controller") is not None
+        assert run_of(ckpt, "trainer") == run_of(ckpt, "controller") == "A"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["abandoned", "iter-2", "iter-4", "iter-6", "latest.json"]
+
+
+def sealed_digest(aside: Path, version: int) -> str:
+    (ckpt,) = aside.glob(f"iter-{version}.*")
+    return file_digest(manifest_path(ckpt, "trainer"))[:12]
+
+
+def test_a_run_that_starts_over_sets_every_checkpoint_aside_and_nothing_is_overwritten(tmp_path: Path) -> None:
+    """A resume from no checkpoint (0) abandons all of them; a part set aside twice (the same version abandoned by
+    two resumes) gets a directory of its own; a part cut short (no manifest) goes too, under "unsealed"."""
+    sealed(tmp_path, 2, "A")
+    (tmp_path / "iter-4" / "ranks").mkdir(parents=True)  # a write cut short: a shard in, no policy, no manifest
+    (tmp_path / "iter-4" / "ranks" / "rank-0.pt").write_bytes(b"shard")
+    assert set_aside_newer(tmp_path, "trainer", resumed=0) == [2, 4]
+    assert set_aside_newer(tmp_path, "controller", resumed=0) == [2]
+    assert set_aside_newer(tmp_path, "controller", resumed=0) == []  # done: nothing moves twice
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["abandoned"]
+    sealed(tmp_path, 2, "B")
+    digest = file_digest(manifest_path(tmp_path / "iter-2", "trainer"))[:12]
+    shutil.copytree(tmp_path / "iter-2", tmp_path / "abandoned" / f"iter-2.{digest}")  # (as if set aside before)
+    set_aside_newer(tmp_path, "trainer", resumed=0)
+    set_aside_newer(tmp_path, "controller", resumed=0)
+    aside = tmp_path / "abandoned"
+    assert len(list(aside.iterdir())) == 4 and (aside / "iter-4.unsealed" / "ranks" / "rank-0.pt").is_file()
+    assert run_of(aside / f"iter-2.{digest}.2", "controller") == run_of(aside / f"iter-2.{digest}.2", "trainer") == "B"
+    assert read_manifest(aside / f"iter-2.{digest}", "trainer") is not None  # the one there before, untouched
+
+
+def test_latest_complete_never_pairs_parts_of_two_lineages(tmp_path: Path) -> None:
+    """A controller part names the trainer part it was written with; a trainer part rewritten since (another
+    run's) does not make the checkpoint complete, even though each part verifies on its own."""
+    for v in (2, 4):
+        sealed(tmp_path, v, "A")
+    text_part(tmp_path / "iter-4", "trainer", json.dumps({"run": "B"}))
+    assert latest_complete(tmp_path) == 2
+    assert latest_complete(tmp_path, ["trainer"]) == 4
+
+
+def test_prune_after_a_resume_keeps_the_newest_complete_checkpoint_of_the_run_and_never_the_abandoned(
+    tmp_path: Path,
+) -> None:
+    """`checkpoint.keep: 1`: the resumed run (from v4, A's v6 and v8 set aside) seals v6 and prunes what is older
+    than it; the abandoned ones are not prune's, and v6 — the newest complete one — stays."""
+    for v in (2, 4, 6, 8):
+        sealed(tmp_path, v, "A")
+    for part in ("controller", "trainer"):
+        set_aside_newer(tmp_path, part, resumed=4)
+    sealed(tmp_path, 6, "B")
+    set_latest(tmp_path, 6)
+    for part in ("controller", "trainer"):
+        assert prune(tmp_path, part, complete=[4, 6], keep=1) == [2, 4]
+    (tmp_path / "latest.json").unlink()
+    assert latest_complete(tmp_path) == 6 and run_of(tmp_path / "iter-6", "trainer") == "B"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["abandoned", "iter-6"]
+    assert len(list((tmp_path / "abandoned").iterdir())) == 2
 
 
 def trained_model(steps: int) -> tuple[TinyGPT, torch.optim.AdamW]:

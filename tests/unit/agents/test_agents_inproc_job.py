@@ -22,6 +22,7 @@ from rlctl.checkpoint.controller import sample_rows
 from rlctl.checkpoint.files import latest_complete, read_manifest
 from rlctl.checkpoint.trainer import HostPolicy
 from rlctl.config.job import GrpoAlgorithm, JobFile
+from rlctl.launch.agentenv import ENV_RESUME
 from rlctl.launch.jobdir import JobDir
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.transport import InprocTransport
@@ -313,3 +314,24 @@ def test_dynamic_sampling_trains_a_group_without_signal_only_once_its_round_ran_
     for group, rewards in trained.items():  # the digits task numbers a prompt within its round
         if len(rewards) == 1:
             assert refills.get((int(group[1:]) - RL_OFFSET) // RL_STRIDE) == 4, (group, refills)
+
+
+@pytest.mark.timeout(180)
+def test_a_resumed_run_sets_the_newer_checkpoints_aside_so_a_lost_pointer_cannot_resume_them(tmp_path, monkeypatch):
+    """Run A checkpoints v1…v4; a resume from v2 (the real controller and trainer, as `launch --resume` starts them)
+    stops at v3 here — as a run still short of v4 would be. Its agents set A's v3 and v4 aside at their start, so
+    with latest.json lost the resume takes B's v3, never A's v4."""
+    torch.manual_seed(0)
+    jd, _ = run_inproc(_job("async", iterations=4, checkpoint={"every_iterations": 1}), tmp_path, "lineage-a")
+    a3 = read_manifest(jd.checkpoint(3), "trainer")
+    assert a3 is not None and latest_complete(jd.checkpoints) == 4
+    monkeypatch.setenv(ENV_RESUME, "2")
+    jd, _ = run_inproc(_job("async", iterations=3, checkpoint={"every_iterations": 1}), tmp_path, "lineage-b")
+    (jd.checkpoints / "latest.json").unlink()
+    assert latest_complete(jd.checkpoints) == 3 and not jd.checkpoint(4).exists()
+    assert [e["set_aside"] for e in jd.read_lines(jd.events) if e["event"] == "resumed_from"] == [[3, 4]]
+    aside = sorted(p.name for p in (jd.checkpoints / "abandoned").iterdir())
+    assert aside == [f"iter-3.{a3['digest'][:12]}", aside[1]] and aside[1].startswith("iter-4.")
+    for name in aside:  # both parts of each, together: nothing deleted
+        assert read_manifest(jd.checkpoints / "abandoned" / name, "trainer") is not None
+        assert read_manifest(jd.checkpoints / "abandoned" / name, "controller") is not None

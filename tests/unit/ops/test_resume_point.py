@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from rlctl.checkpoint.choose import checkpoint_bytes, checkpoint_versions, checkpoints_held, parse_latest
-from rlctl.checkpoint.files import manifest_path, set_latest, write_part
+from rlctl.checkpoint.choose import checkpoint_bytes, checkpoint_versions, checkpoints_held, manifest_name, parse_latest
+from rlctl.checkpoint.files import manifest_path, set_aside_newer, set_latest, write_part
 from rlctl.config.inventory import Site
 from rlctl.config.job import Checkpoint, JobFile, PpoAlgorithm
 from rlctl.errors import LaunchError, RlctlError, UsageError
@@ -130,6 +130,44 @@ def test_a_trainer_part_other_than_the_one_the_controller_part_names_is_not_used
     point = sites.pick()
     assert point.version == 3
     assert point.skipped == ((6, "its trainer part is not the one its controller part was written with"),)
+
+
+class Flaky(LocalFiles):
+    """A site whose files under `away` do not read back for a while (a filesystem mounted late, a stale mount)."""
+
+    def __init__(self, away: list[Path]) -> None:
+        self.away = [str(p) for p in away]
+
+    def read_text(self, path: str) -> str | None:
+        return None if any(path.startswith(a) for a in self.away) else super().read_text(path)
+
+
+def test_a_checkpoint_a_resume_passed_over_is_set_aside_and_a_lost_pointer_never_returns_to_it(tmp_path: Path) -> None:
+    """Run A checkpoints v3, v6, v9; the trainer site's v6 and v9 do not read back when it is resumed, so the
+    resume takes v3. Run B starts there (each agent sets its part of the newer ones aside, on its own site) and
+    checkpoints v6; then latest.json is lost. The next resume takes B's v6, never A's v9, whose files read back
+    again by then."""
+    sites = Sites(tmp_path)
+    for v in (3, 6, 9):
+        sites.checkpoint(v)
+    flaky = Flaky([sites.t.checkpoint(6), sites.t.checkpoint(9)])
+    point = pick_checkpoint((LocalFiles(), sites.c), (flaky, sites.t), [9, 6, 3])
+    assert point.version == 3 and [v for v, _ in point.skipped] == [9, 6]
+    moved = [
+        set_aside_newer(sites.c.checkpoints, "controller", resumed=point.version),  # the controller, at its start
+        set_aside_newer(sites.t.checkpoints, "trainer", resumed=point.version),  # trainer rank 0, at its start
+    ]
+    digest = files_part(sites.t.checkpoint(6), "trainer", json.dumps({"run": "B"}), meta=sharded_meta(ONE_RANK))
+    (sites.c.path / "checkpoints" / "latest.json").unlink()  # lost before B's controller part of v6
+    assert sites.pick().version == 3
+    assert moved == [[6, 9], [6, 9]]
+    files_part(sites.c.checkpoint(6), "controller", json.dumps({"run": "B"}), meta={"trainer_digest": digest})
+    point = sites.pick()
+    assert (point.version, point.skipped, point.pointer) == (6, (), "no latest.json")
+    assert json.loads((sites.c.checkpoint(6) / "controller" / "state.json").read_text()) == {"run": "B"}
+    for jd, part in ((sites.c, "controller"), (sites.t, "trainer")):  # A's, kept whole beside the lineage
+        assert sorted(p.name.split(".")[0] for p in (jd.checkpoints / "abandoned").iterdir()) == ["iter-6", "iter-9"]
+        assert all((p / manifest_name(part)).is_file() for p in (jd.checkpoints / "abandoned").iterdir())
 
 
 def test_no_complete_checkpoint_is_refused_in_one_line_not_restarted(tmp_path: Path) -> None:
