@@ -373,7 +373,8 @@ def agent_gauges(
     m: JobMetrics, core: ControllerCore, peers: Mapping[str, AgentRecord], sites: Mapping[str, str], *, now: float
 ) -> None:
     """Queue depth, each agent's liveness, heartbeat age and busy phase's age, live rollout units per site."""
-    m.queue_depth.set(len(core.ledger.in_state(State.QUEUED, iteration=core.trainer_version)))
+    # prompts, as the gauge says, of every iteration (async queues the next ones' too); not their samples
+    m.queue_depth.set(len({e.prompt_id for e in core.ledger.in_state(State.QUEUED)}))
     for p in peers.values():
         if p.role == "client":
             continue
@@ -381,11 +382,13 @@ def agent_gauges(
         m.agent_up.labels(*labels).set(1 if p.state == "running" else 0)
         m.agent_heartbeat_age_seconds.labels(*labels).set(now - p.last_seen)
         m.agent_phase_seconds.labels(*labels).set(p.figures.phase_s)
-    units: dict[str, int] = {}
+    # every site that ever had a unit: one whose last unit was lost or scaled in reads 0, not its last count
+    units = {sites.get(p.name, ""): 0 for p in peers.values() if p.role == "rollout"}
+    units |= {sites.get(u.name, ""): 0 for u in core.units.values()}
     for u in core.units.values():
         if u.alive:
             site = sites.get(u.name, "")
-            units[site] = units.get(site, 0) + 1
+            units[site] += 1
     for site, n in units.items():
         m.rollout_units.labels(site).set(n)
 

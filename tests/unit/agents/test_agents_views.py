@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from rlctl.agents.core import ControllerCore, CoreConfig, IterationStats, Out, PromptSpec
+from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.rebalance import Reading
 from rlctl.agents.scaling import Placement, Scaler
@@ -434,3 +435,30 @@ def test_the_reference_kl_is_in_the_row_when_the_job_penalises_it():
     row = metrics_row(_snapshot(core, [], job=job), msgspec.structs.replace(t, kl_ref=0.0), wall_time=0.0)
     assert row["kl_ref"] == 0.0  # the first iteration: the policy is still its reference
     assert row_to_metrics(row)["train/kl_ref"] == 0.0
+
+
+def test_the_queue_gauge_counts_prompts_of_every_iteration_and_a_site_without_units_reads_zero():
+    clock = Clock()
+    cfg = CoreConfig(iterations=4, prompts_per_iteration=2, samples_per_prompt=4, max_new_tokens=8, mode="async", eta=2)
+    core = ControllerCore(
+        cfg, prompts=lambda it: [PromptSpec(f"p{it}-{j}", [1], 4) for j in range(2)], predict=None, clock=clock
+    )
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    peers = {
+        "trainer-0": FakePeer("trainer-0", "trainer", 100.0, Heartbeat(name="trainer-0", state="running")),
+        "r0": FakePeer("r0", "rollout", 100.0, Heartbeat(name="r0", state="running")),
+    }
+    sites = {"trainer-0": "a", "r0": "b"}
+    m = JobMetrics()
+    value = m.registry.get_sample_value
+    agent_gauges(m, core, peers, sites, now=100.0)
+    assert value("rlctl_rollout_units", {"site": "b"}) == 1.0
+    core.lost("r0")  # the site's only unit: its work goes back to the queue
+    peers["r0"].state = "lost"
+    agent_gauges(m, core, peers, sites, now=101.0)
+    assert value("rlctl_rollout_units", {"site": "b"}) == 0.0
+    queued = core.ledger.in_state(State.QUEUED)
+    prompts = {e.prompt_id for e in queued}
+    assert len({e.iteration for e in queued}) > 1 and len(queued) > len(prompts)  # several iterations, 4 samples each
+    assert value("rlctl_queue_prompts") == len(prompts)
