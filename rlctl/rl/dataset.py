@@ -137,6 +137,10 @@ def _prompt_tokens(prompt: Any, cfg: DatasetTask, tokenizer: TextTokenizer) -> l
         for i, m in enumerate(prompt):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
                 return f"message [{i}] is not a {{role, content}} mapping"
+            content = m["content"]
+            parts = isinstance(content, list) and all(isinstance(c, dict) and "type" in c for c in content)
+            if not (isinstance(content, str) or parts):  # what chat templates render: text, or typed parts
+                return f"message [{i}] content: expected a string or a list of {{type, …}} parts, got {content!r:.40}"
         if not tokenizer.has_chat_template:
             return "chat messages need a chat template, and the tokenizer has none (give a string prompt)"
         return tokenizer.encode_chat(prompt)
@@ -171,7 +175,7 @@ def _parse_row(
         return BadRow(where, cfg.prompt_key, "missing")
     try:
         tokens = _prompt_tokens(prompt, cfg, tokenizer)
-    except ValueError as e:  # the chat template refused the messages (raise_exception)
+    except ValueError as e:  # the chat template refused the messages (raise_exception) or failed on them
         return BadRow(where, cfg.prompt_key, str(e))
     if isinstance(tokens, str):
         return BadRow(where, cfg.prompt_key, tokens)

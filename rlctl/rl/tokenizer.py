@@ -109,6 +109,9 @@ def render_chat_template(template: str, messages: Sequence[dict[str, Any]], **va
         return env.from_string(template).render(messages=list(messages), add_generation_prompt=True, **variables)
     except jinja2.exceptions.TemplateError as e:
         raise ValueError(f"chat template: {e}") from e
+    except Exception as e:  # the model's template is foreign code: anything it raises on a row's
+        # messages (`'…' + None`, a missing key) is that row's problem, named by the caller, not a crash
+        raise ValueError(f"chat template: {type(e).__name__}: {e}") from e
 
 
 class HFTokenizer:

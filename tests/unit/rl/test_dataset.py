@@ -297,3 +297,24 @@ def test_a_prompt_the_tokenizer_makes_nothing_of_is_a_bad_row(tmp_path: Path, to
     assert len(data) == 1 and data.num_bad_rows == 1
     manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
     assert "prompt: no tokens" in json.dumps(manifest["bad_rows"])
+
+
+def test_a_row_the_models_template_fails_on_is_a_named_bad_row(tmp_path: Path) -> None:
+    """A template that concatenates content (as Qwen's does) raises TypeError on content parts: that row is bad,
+    named, not a crash of `check` or `launch`; null content is refused before the template sees it."""
+    concat = (
+        "{% for m in messages %}{{ '<|' + m['role'] + '|> ' + m['content'] + ' <|end|>' }}{% endfor %}"
+        "{% if add_generation_prompt %} <|assistant|>{% endif %}"
+    )
+    tok = load_tokenizer(write_tokenizer(tmp_path / "m", chat_template=concat))
+    rows = [verl_row(0), verl_row(1), verl_row(2)]
+    rows[1]["prompt"] = [{"role": "user", "content": None}]
+    rows[2]["prompt"] = [{"role": "user", "content": [{"type": "text", "text": "what is 1 + 2 ?"}]}]
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    with pytest.raises(ConfigError) as e:
+        prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert str(e.value) == (
+        f"{path}: 2 of 3 rows are bad: line 2: prompt: message [0] content: expected a string or a list of "
+        "{type, …} parts, got None; line 3: prompt: chat template: TypeError: can only concatenate str (not "
+        '"list") to str'
+    )
