@@ -127,14 +127,22 @@ class TensorBoardTracker(Tracker):
     Uses the `tensorboard` package's own EventFileWriter (the one torch's SummaryWriter wraps) with
     its protos: no torch/TF import on this path, and the same package reads the files back and serves
     them. Flushed after every step so a live `tensorboard` shows each iteration as it ends.
+
+    Each run's file begins with a session START at `start_step` (a resumed run's checkpoint version): TensorBoard
+    then drops the points of steps ≥ it that an earlier run wrote in the same directory, as `metrics.jsonl` moves
+    those rows aside, so the curves continue from the checkpoint instead of doubling back over discarded
+    iterations (the first START it reads is a plain start: every run writes one).
     """
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, *, start_step: int = 0) -> None:
         event_pb2, summary_pb2, writer = _require("tensorboard", source=str(log_dir))
         self._event, self._summary = event_pb2.Event, summary_pb2.Summary
         self.log_dir = log_dir
         try:
             self._writer = writer.EventFileWriter(str(log_dir))
+            start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+            self._writer.add_event(self._event(wall_time=time.time(), step=start_step, session_log=start))
+            self._writer.flush()
         except OSError as e:
             raise LaunchError(f"tracking: cannot write TensorBoard events in {log_dir}: {e}") from e
 
@@ -234,15 +242,18 @@ def check_tracking(cfg: Tracking, *, source: str) -> None:
             _require_wandb_login(modules[0], source=source)
 
 
-def make_trackers(cfg: Tracking, job_dir: Path, job_name: str, job_config: Mapping[str, Any]) -> list[Tracker]:
+def make_trackers(
+    cfg: Tracking, job_dir: Path, job_name: str, job_config: Mapping[str, Any], *, start_step: int = 0
+) -> list[Tracker]:
     """The trackers a job asks for, writing under its job dir; the W&B run is named after the job dir
-    (unique per run) and grouped by job name. Wrap the result in `FanOut` for the controller."""
+    (unique per run) and grouped by job name; `start_step`: the first step this run logs (a resumed run's
+    checkpoint version). Wrap the result in `FanOut` for the controller."""
     check_tracking(cfg, source=str(job_dir / "job.json"))
     trackers: list[Tracker] = []
     try:
         for backend in cfg.backends:
             if backend == "tensorboard":
-                trackers.append(TensorBoardTracker(job_dir / TENSORBOARD_DIR))
+                trackers.append(TensorBoardTracker(job_dir / TENSORBOARD_DIR, start_step=start_step))
             else:
                 trackers.append(
                     WandbTracker(

@@ -220,7 +220,7 @@ class ControllerAgent:
         if version is not None:
             self._resume(version)
         job_config = job.model_dump(mode="json", by_alias=True)
-        self.tracker = FanOut(make_trackers(job.tracking, jobdir.path, job.name, job_config))
+        self.tracker = FanOut(make_trackers(job.tracking, jobdir.path, job.name, job_config, start_step=version or 0))
         self.evaluator = self._evaluator(version or 0)
         if self.evaluator is not None:
             self.core.evaluating = self.evaluator.schedule.holds

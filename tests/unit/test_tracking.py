@@ -268,3 +268,18 @@ def test_wandb_online_without_a_login_is_refused_not_prompted(monkeypatch: pytes
         check_tracking(cfg, source="jobs/x.yaml")
     assert str(e.value) == "jobs/x.yaml: tracking.mode: online needs a W&B login and none was found"
     assert e.value.hint is not None and "WANDB_API_KEY" in e.value.hint
+
+
+def test_a_resumed_runs_tensorboard_curves_continue_from_its_checkpoint(tmp_path: Path) -> None:
+    """The first run logs iterations 0–5 and fails; the resumed one continues from checkpoint 3 in the same
+    directory: TensorBoard shows 0–7 once (the first run's 3–5 were discarded, as in metrics.jsonl), not 3–5 twice."""
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    for start, steps, offset in ((0, range(6), 0.0), (3, range(3, 8), 1.0)):
+        with TensorBoardTracker(tmp_path / "tb", start_step=start) as tb:
+            for it in steps:
+                tb.log(it, {"reward/mean": offset + 0.1 * it})
+    acc = plugin_event_accumulator.EventAccumulator(str(tmp_path / "tb"))  # what the TensorBoard server reads
+    acc.Reload()
+    points = [(e.step, round(float(e.tensor_proto.float_val[0]), 3)) for e in acc.Tensors("reward/mean")]
+    assert points == [(0, 0.0), (1, 0.1), (2, 0.2), (3, 1.3), (4, 1.4), (5, 1.5), (6, 1.6), (7, 1.7)]
