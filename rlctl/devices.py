@@ -4,6 +4,8 @@
                                                          or the GPUs SLURM bound); no CUDA device visible ──▶
                                                          DeviceError at start, one line: host, CUDA_VISIBLE_DEVICES,
                                                          torch's version and build. Never a silent CPU run.
+        a SLURM task that sees more than its own GPUs (`gpu_request: gres` gives every task of a node all the
+        node's): the SLURM_LOCALID-th group of RLCTL_TASK_GPUS (the launcher's GPUs per task), not cuda:0
     gpu: CPU         ──launcher──▶ RLCTL_DEVICE=cpu  ──▶ cpu (unset: cpu — in-process jobs and tests)
 
     what                          on CUDA                               on a CPU
@@ -23,6 +25,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
 
 ENV_DEVICE = "RLCTL_DEVICE"
 ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
+ENV_TASK_GPUS = "RLCTL_TASK_GPUS"  # a trainer whose ranks are a SLURM job's tasks: the GPUs of each task
 KINDS = ("cpu", "cuda")
 
 
@@ -94,8 +98,28 @@ def compute_for(kind: str) -> Compute:
             hint="install a CUDA build of torch on the site (pip install torch from download.pytorch.org/whl/cu12x), "
             "check the driver with nvidia-smi, or declare the site `gpu: CPU`",
         )
-    torch.cuda.set_device(0)  # the first of the devices this agent was given: its slice starts at local 0
-    return Compute(torch.device("cuda", 0), None, torch.bfloat16)
+    index = first_device(torch.cuda.device_count())
+    torch.cuda.set_device(index)
+    return Compute(torch.device("cuda", index), None, torch.bfloat16)
+
+
+def first_device(visible: int, env: Mapping[str, str] = os.environ) -> int:
+    """The first of this agent's CUDA devices among the `visible` ones. 0 where only its own are visible (a local
+    or SSH agent's slice, SLURM's per-task binding). A SLURM task that sees more (`--gres=gpu:N` hands every task
+    of a node all N, and a plain srun binds none): its SLURM_LOCALID-th group of RLCTL_TASK_GPUS — else every rank
+    of the node would compute on the first GPU."""
+    per_task = int(env.get(ENV_TASK_GPUS) or 0)
+    if not per_task or visible <= per_task:
+        return 0
+    local = int(env.get("SLURM_LOCALID") or 0)
+    index = local * per_task
+    if index + per_task > visible:
+        raise DeviceError(
+            f"{socket.gethostname()}: SLURM task {local} of {per_task} GPU(s) each needs devices {index}…"
+            f"{index + per_task - 1}, but {visible} are visible ({ENV_VISIBLE}={env.get(ENV_VISIBLE, '(unset)')})",
+            hint="check the site's scheduler.gpu_request and how the cluster binds GPUs to tasks",
+        )
+    return index
 
 
 def agent_compute() -> Compute:

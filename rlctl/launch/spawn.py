@@ -25,7 +25,7 @@ from typing import Any
 
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
-from rlctl.devices import ENV_DEVICE, kind_for
+from rlctl.devices import ENV_DEVICE, ENV_TASK_GPUS, kind_for
 from rlctl.errors import LaunchError
 from rlctl.launch.agentenv import (
     BASE_ENV,
@@ -63,6 +63,9 @@ def agent_spec(
     if site.network.listen_host:
         agent_env[ENV_LISTEN_HOST] = site.network.listen_host
     agent_env[ENV_RDMA] = "1" if site.network.rdma else "0"  # read by the ucx transport (its UCX_TLS)
+    if a.role == "trainer" and kind_of(site).ranks_are_tasks and a.resources.gpus_per_task:
+        # which of the GPUs a task sees are its own, where the scheduler shows it the node's (rlctl.devices)
+        agent_env[ENV_TASK_GPUS] = str(a.resources.gpus_per_task)
     if a.gpu_slice is not None:  # the CUDA devices behind its GPU slots (the inventory may map slots to devices)
         agent_env[ENV_VISIBLE] = ",".join(map(str, site.devices_of(a.gpu_slice.host, a.gpu_slice.gpus)))
     return AgentSpec(

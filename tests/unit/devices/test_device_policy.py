@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlctl.config.job import load_job
-from rlctl.devices import DeviceError, compute_for, cuda_problem, kind_for
+from rlctl.devices import ENV_TASK_GPUS, DeviceError, compute_for, cuda_problem, first_device, kind_for
 from rlctl.launch.jobdir import JobDir
 
 REPO = Path(__file__).resolve().parents[3]
@@ -52,3 +52,15 @@ def test_an_agent_on_a_gpu_site_without_cuda_exits_at_start(tmp_path: Path, role
     assert len(errors) == 1, out.stderr
     assert "declares GPUs (CUDA_VISIBLE_DEVICES=0)" in errors[0] and "CPU build" in errors[0], errors[0]
     assert "computing on" not in out.stderr
+
+
+def test_a_slurm_task_that_sees_the_whole_nodes_gpus_takes_its_own() -> None:
+    """`gpu_request: gres` shows every task of a node all of the node's GPUs: rank k of the node is on device k
+    (its group of RLCTL_TASK_GPUS), not every rank on cuda:0; where only its own are visible, the first."""
+    gres = {ENV_TASK_GPUS: "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    assert [first_device(8, {**gres, "SLURM_LOCALID": str(k)}) for k in range(8)] == list(range(8))
+    assert first_device(8, {ENV_TASK_GPUS: "2", "SLURM_LOCALID": "3"}) == 6
+    assert first_device(1, {ENV_TASK_GPUS: "1", "SLURM_LOCALID": "5"}) == 0  # --gpus-per-task bound its own
+    assert first_device(4, {"SLURM_LOCALID": "3"}) == 0  # not a task-rank (a unit's slice, a local agent)
+    with pytest.raises(DeviceError, match="SLURM task 4 of 2 GPU\\(s\\) each needs devices 8…9, but 8 are visible"):
+        first_device(8, {ENV_TASK_GPUS: "2", "SLURM_LOCALID": "4"})
