@@ -165,7 +165,11 @@ def host_copy(value: Any) -> Any:
 class HostPolicy:
     """A policy's HF tensors copied into host memory when its checkpoint was due: what a background write saves
     while training goes on (`SavesPretrained`). Weights in the dtype they were taken in (the trainer's fp32
-    master weights, or a published version's dtype); a tied embedding once."""
+    master weights: a resume continues from them exactly); a tied embedding once. Its config.json declares the
+    dtype of the model the job started from (`config.torch_dtype`), as a sharded trainer's checkpoint (the
+    published version, in that dtype) does: every checkpoint of a job loads the same way whatever the trainer's
+    split — transformers and vLLM (`dtype="auto"`), a next job's planner, wire and engines take a bf16 model's
+    checkpoint as bf16, not as an fp32 model of twice the bytes."""
 
     def __init__(self, state: Mapping[str, torch.Tensor], config: TinyGPTConfig) -> None:
         tied = config.tie_word_embeddings
@@ -173,7 +177,9 @@ class HostPolicy:
         self.config = config
 
     def save_pretrained(self, directory: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
-        return hf.write_pretrained(directory, self.state, self.config, tokenizer_from=tokenizer_from)
+        return hf.write_pretrained(
+            directory, self.state, self.config, tokenizer_from=tokenizer_from, declared_dtype=self.config.torch_dtype
+        )
 
 
 def _shard_snapshot(

@@ -80,7 +80,8 @@ class TinyGPTConfig:
     architecture: str = LLAMA  # LLAMA or QWEN2 (HF `architectures[0]`)
     explicit_head_dim: int | None = None  # HF `head_dim` where it is not hidden_size / num_attention_heads
     attention_bias: bool = False  # Llama only: bias on q, k, v and o (Qwen2 always has q, k, v bias)
-    torch_dtype: str = "float32"  # dtype of the weights in the file: what they travel and are served in
+    torch_dtype: str = "float32"  # the dtype the model is loaded in: what it travels and is served in (an rlctl
+    # checkpoint keeps fp32 master weights under its starting model's dtype: rlctl.checkpoint.trainer.HostPolicy)
     # RoPE angles position·θ^(-2i/d) in fp64 (the demo model: its outputs are pinned) or, as
     # transformers and vLLM compute them, in fp32 (HF checkpoints: ~2e-5 apart in logits at position 100)
     rope_fp64_angles: bool = True
@@ -433,13 +434,15 @@ def write_pretrained(
     *,
     tokenizer_from: str | Path | None = None,
     max_shard_bytes: int | None = None,
+    declared_dtype: str | None = None,
 ) -> Path:
-    """An HF checkpoint directory: the weights `sd` (`save_state_dict`), config.json naming their dtype, and
-    the tokenizer files of checkpoint `tokenizer_from` when given. What every `save_pretrained` writes."""
+    """An HF checkpoint directory: the weights `sd` (`save_state_dict`), config.json naming their dtype (or
+    `declared_dtype`: the dtype the model is to be loaded and served in, for weights kept at a higher precision),
+    and the tokenizer files of checkpoint `tokenizer_from` when given. What every `save_pretrained` writes."""
     d = Path(directory)
     save_state_dict(sd, d, max_shard_bytes=max_shard_bytes)
     dtype = next((t.dtype for t in sd.values() if t.is_floating_point()), None)
-    name = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+    name = declared_dtype or (str(dtype).removeprefix("torch.") if dtype is not None else "float32")
     (d / CONFIG_FILE).write_text(json.dumps({**config.to_hf(), "torch_dtype": name}, indent=2) + "\n")
     if tokenizer_from is not None:
         copy_tokenizer_files(tokenizer_from, d)

@@ -1,8 +1,10 @@
 """The trainer backend interface: one trainer rank's policy model, from an HF checkpoint to HF weights.
 
     load_backend(job.trainer.backend, model_dir, tp=…, pp=…) ─▶ TrainerBackend
-        .model          nn.Module: tokens [B, T] → fp32 logits [B, T, V]; the learner's loss, AdamW and
-                        gradient all-reduce work on it unchanged (rlctl.rl.grpo)
+        .model          nn.Module: tokens [B, T] → logits [B, T, V] (fp32 on a CPU; on CUDA the output layer
+                        runs in bf16 under autocast, as Megatron's does, and the learner upcasts the logits to
+                        fp32 before the log-softmax); the learner's loss, AdamW and gradient all-reduce work on
+                        it unchanged (rlctl.rl.grpo)
         .weights()      what the weight plane sends to rollout units: full tensors under the embedded
                         model's names (TinyGPT.state_dict: lm_head.weight present even when tied)
         .load_state_dict(sd)   the inverse of weights(): a resumed checkpoint's policy

@@ -417,3 +417,24 @@ def test_a_shard_write_that_failed_leaves_no_partial_file(tmp_path: Path, monkey
         save_trainer(tmp_path / "iter-1", model=model, optimizers={"policy": torch.optim.AdamW(model.parameters())},
                      counters={"version": 1}, split=ONE, data_parallel=ALONE)  # fmt: skip
     assert not list((tmp_path / "iter-1").rglob(".*tmp-*"))
+
+
+def test_an_unsharded_trainers_checkpoint_keeps_fp32_masters_under_the_jobs_model_dtype(tmp_path: Path) -> None:
+    """A job on a bf16 model: its checkpoint holds the fp32 master weights (a resume continues from them exactly)
+    and declares bf16, as a sharded trainer's checkpoint of the published version does, so transformers (dtype
+    auto), a next job's planner and engines take it as the bf16 model it is, not an fp32 one of twice the bytes."""
+    import dataclasses
+
+    import transformers
+
+    from rlctl.models import hf
+
+    model, _ = trained_model(1)
+    config = dataclasses.replace(model.config, torch_dtype="bfloat16")  # the job's model came in bf16
+    HostPolicy(model.state_dict(), config).save_pretrained(tmp_path / "model")
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert hf.read_config(tmp_path / "model").torch_dtype == "bfloat16"
+    again = TinyGPT.from_pretrained(tmp_path / "model", dtype=torch.float32)  # what a resumed trainer loads
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())
+    served = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype="auto")
+    assert served.dtype == torch.bfloat16
