@@ -5,8 +5,9 @@
     job (threads per role)  ─┘     controller first, then trainer ranks, then rollout units (start order)
 
 Per site kind:
-    local / ssh  every trainer rank a one-GPU slice, every rollout unit a `tp`-GPU slice on one host
-                 (`rlctl.launch.gpus.GpuPool`); too few GPUs on the site is a LaunchError before anything starts
+    local / ssh  every trainer rank a one-GPU slice, whole tp groups per host; every rollout unit a `tp`-GPU slice
+                 on one host, hosts filled in the planner's order (`rlctl.launch.gpus.GpuPool`,
+                 `rlctl.config.hostfill`); too few GPUs on the site is a LaunchError before anything starts
     slurm        one spec per role; `resources` says tasks × GPUs per task and SLURM places them
                  (the trainer is one SLURM job whose tasks are its ranks)
 
@@ -106,13 +107,13 @@ def rollout_tp(plan: dict[str, Any], site: str) -> int:
 def layout(plan: dict[str, Any], sites: dict[str, Site], job: JobFile) -> list[PlannedAgent]:
     """Every agent of the job, in start order; LaunchError if a local / SSH site has too few GPUs."""
     _check_counts(plan, sites)
-    pools = {n: GpuPool(n, s) for n, s in sites.items() if uses_slices(s)}
-    out = [PlannedAgent("controller", 0, plan["controller_site"], Resources(), ParallelConfig("controller"))]
     t = plan["trainer"]
     ranks, t_site = int(t["ranks"]), str(t["site"])
+    pools = {n: GpuPool(n, s, shares_trainer=n == t_site) for n, s in sites.items() if uses_slices(s)}
+    out = [PlannedAgent("controller", 0, plan["controller_site"], Resources(), ParallelConfig("controller"))]
     par = trainer_parallel(plan)
     if t_site in pools:
-        slices = pools[t_site].take_ranks(ranks, who=f"the trainer ({ranks} ranks)")
+        slices = pools[t_site].take_ranks(ranks, who=f"the trainer ({ranks} ranks)", tp=par.tp)
         res = resources_for(job, "trainer", sites[t_site], tasks=1, gpus=1)
         out += [PlannedAgent("trainer", r, t_site, res, _with(par, rank=r), s) for r, s in enumerate(slices)]
     else:  # SLURM: one job, its tasks are the ranks

@@ -148,7 +148,8 @@ class Spawner:
     def _pool(
         self, site: str, plan: dict[str, Any], job: JobFile, recorded: list[AgentHandle], *, exited: set[str]
     ) -> GpuPool:
-        pool = GpuPool(site, self.sites[site])
+        t_site = plan["trainer"]["site"] if plan else job.placement.trainer.site
+        pool = GpuPool(site, self.sites[site], shares_trainer=site == t_site)
         names = {h.spec.name for h in recorded}
         for h in recorded:
             if h.spec.gpu_slice is not None and h.spec.name not in exited:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlctl.config.hostfill import PLACEMENT_HINT, placement_error
 from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, refills
 from rlctl.devices import cuda_problem, kind_for
 from rlctl.engines.factory import vllm_problem
@@ -697,6 +698,13 @@ def _trainer_split(job: Job) -> list[Problem]:
                 f"tp {tp} × pp {pp} does not divide placement.trainer.gpus {gpus} (GPUs = tp × pp × dp)",
             )
         )
+    t_site = spec.placement.trainer.site
+    site = job.inventory.sites.get(t_site)
+    # each tp group on one node (`hostfill`); a local / SSH site's pool says so as the layout places the ranks
+    # (`placement`), a SLURM site places them itself: its nodes' GPUs are judged here
+    hosts = [g for _, g in site.hosts] if site is not None and not kind_of(site).slices_gpus else None
+    if gpus != "auto" and hosts and (why := placement_error(t_site, hosts, gpus, tp=tp)):
+        out.append(Problem("trainer.tensor_parallel", why, PLACEMENT_HINT))
     return out
 
 

@@ -12,10 +12,12 @@ plan infeasible (CI, tests/vllm/test_vllm_profile.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from rlctl.config.hostfill import trainer_slots
 from rlctl.profiler.profile import GenerationEntry, SiteProfile, TrainingEntry
 from rlctl.rl.cuts import pipeline_chunks
 
@@ -109,7 +111,13 @@ def replica_fits(entry: TrainingEntry, *, hbm_bytes: float) -> bool:
 
 
 def train_time_s(
-    entry: TrainingEntry, dp: int, w: TrainWorkload, *, site: SiteProfile, node_bytes_per_s: float
+    entry: TrainingEntry,
+    dp: int,
+    w: TrainWorkload,
+    *,
+    site: SiteProfile,
+    node_bytes_per_s: float,
+    hosts: int | None = None,
 ) -> float:
     """One iteration on tp·pp·dp GPUs: compute with the pipeline bubble of every learner cut, plus a DP
     gradient all-reduce and the optimizer's bookkeeping per optimizer step.
@@ -118,7 +126,8 @@ def train_time_s(
     each cut, whose rows on a data-parallel rank go through the pp stages in m = `pipeline_chunks` chunks,
     and every cut drains the pipeline, so each stage idles pp − 1 of m + pp − 1 chunk-steps: compute ×
     (1 + (pp − 1)/m), however many cuts a mini-batch holds (no 1F1B across them). None on an entry measured
-    over the split's ranks (`pipeline_wait_included`): its figure holds the stages' waiting already."""
+    over the split's ranks (`pipeline_wait_included`): its figure holds the stages' waiting already. `hosts`: the
+    hosts the ranks span (`rlctl.config.hostfill.trainer_slots`); default as many as fill hosts of gpus_per_node."""
     gpus = entry.tp * entry.pp * dp
     if entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu / dp > TRAIN_MEM_FRACTION * site.hbm_bytes:
         return math.inf
@@ -131,7 +140,8 @@ def train_time_s(
     sync = 0.0
     if dp > 1:
         shard = w.grad_bytes / (entry.tp * entry.pp)
-        per_gpu_bw = node_bytes_per_s / site.gpus_per_node if gpus > site.gpus_per_node else 300e9
+        across = hosts > 1 if hosts is not None else gpus > site.gpus_per_node
+        per_gpu_bw = node_bytes_per_s / site.gpus_per_node if across else 300e9
         sync = 2 * (dp - 1) / dp * shard / per_gpu_bw
     return compute + w.optimizer_steps * (sync + TRAIN_STEP_OVERHEAD_S)
 
@@ -143,9 +153,17 @@ def train_curve(
     *,
     node_bytes_per_s: float,
     split: tuple[int, int] | None = None,
+    host_gpus: Sequence[int] | None = None,
+    ranks: int | None = None,
 ) -> tuple[np.ndarray, list[TrainConfig | None]]:
-    """P_train(y) for y = 0..max_gpus: the best (tp, pp, dp) with tp·pp·dp ≤ y (leftover GPUs idle); only
-    (tp, pp) = `split` when the job fixes it (trainer.tensor_parallel / pipeline_parallel)."""
+    """P_train(y) for y = 0..max_gpus GPU slots of the site: the best (tp, pp, dp) whose ranks, placed on
+    `host_gpus` (inventory order; default hosts of gpus_per_node) with every tp group on one host, take at most y
+    slots (`hostfill.trainer_slots`: = tp·pp·dp unless a host's leftover below tp is passed over; leftover GPUs
+    idle); a split whose groups do not fit the hosts is left out. Exactly `ranks` ranks when the job fixes the
+    trainer's count (the launch starts that many); only (tp, pp) = `split` when the job fixes it
+    (trainer.tensor_parallel / pipeline_parallel)."""
+    if host_gpus is None:
+        host_gpus = [site.gpus_per_node] * -(-max_gpus // site.gpus_per_node)
     best = np.full(max_gpus + 1, math.inf)
     cfg: list[TrainConfig | None] = [None] * (max_gpus + 1)
     for e in site.training:
@@ -153,8 +171,13 @@ def train_curve(
             continue
         unit = e.tp * e.pp
         for dp in range(1, max_gpus // unit + 1):
-            t = train_time_s(e, dp, w, site=site, node_bytes_per_s=node_bytes_per_s)
-            y = unit * dp
+            if ranks is not None and unit * dp != ranks:
+                continue
+            placed = trainer_slots(host_gpus, unit * dp, tp=e.tp)
+            if placed is None or placed[0] > max_gpus:
+                continue
+            y, hosts = placed
+            t = train_time_s(e, dp, w, site=site, node_bytes_per_s=node_bytes_per_s, hosts=hosts)
             if t < best[y]:
                 best[y], cfg[y] = t, TrainConfig(e.tp, e.pp, dp)
     # a larger budget may leave GPUs idle: carry the best smaller config forward

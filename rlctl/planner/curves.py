@@ -2,7 +2,7 @@
 
 P_gen(x) = min over TP degrees (TP within a node: instances = the TP groups that fit on the hosts x GPUs span,
 `units_that_fit`) of the slowest instance's time under balanced LPT dispatch (`sim.GenEstimator`).
-P_train(y) = min over (TP, PP, DP) with TP·PP·DP ≤ y (`costs.train_curve`).
+P_train(y) = min over (TP, PP, DP) whose ranks, each TP group on one host, take ≤ y GPU slots (`costs.train_curve`).
 """
 
 from __future__ import annotations
@@ -119,6 +119,16 @@ def train_stage_curve(
     max_gpus: int,
     node_bytes_per_s: float,
     split: tuple[int, int] | None = None,
+    host_gpus: Sequence[int] | None = None,
+    ranks: int | None = None,
 ) -> TrainCurve:
-    seconds, configs = train_curve(site, w, max_gpus, node_bytes_per_s=node_bytes_per_s, split=split)
+    seconds, configs = train_curve(
+        site,
+        w,
+        max_gpus,
+        node_bytes_per_s=node_bytes_per_s,
+        split=split,
+        host_gpus=host_gpus,
+        ranks=ranks,
+    )
     return TrainCurve(seconds, configs)

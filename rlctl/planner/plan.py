@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from rlctl.config.hostfill import PLACEMENT_HINT, placement_error, rollout_host_order, trainer_slots
 from rlctl.config.inventory import Site
 from rlctl.config.job import DatasetTask, Job, LengthsTask
 from rlctl.errors import ConfigError, PlanError
@@ -181,10 +182,10 @@ def _mask_fixed(seconds: np.ndarray, fixed: int | None) -> np.ndarray:
 
 
 def _rollout_hosts(site: Site, *, shared: bool) -> list[int]:
-    """The GPUs of the site's hosts in the order x rollout GPUs fill them: inventory order, but from the last host
-    on the site the trainer shares, whose ranks fill the first hosts (`GpuPool.take_ranks`)."""
-    gpus = [g for _, g in site.hosts]
-    return gpus[::-1] if shared else gpus
+    """The GPUs of the site's hosts in the order x rollout GPUs fill them (`hostfill.rollout_host_order`, the order
+    `GpuPool.take` places units in): inventory order, but from the last host on the site the trainer shares, whose
+    ranks fill the first hosts (`GpuPool.take_ranks`)."""
+    return rollout_host_order([g for _, g in site.hosts], shares_trainer=shared)
 
 
 def _hosts_spanned(host_gpus: list[int], gpus: int) -> int:
@@ -199,6 +200,57 @@ def _hosts_spanned(host_gpus: list[int], gpus: int) -> int:
 
 def _node_bytes_per_s(site: Site) -> float:
     return site.network.bandwidth_gbps * 1e9 / 8
+
+
+PLACE_HINT = (
+    "use a trainer GPU count whose tp groups fit the hosts, or a trainer.tensor_parallel that divides their GPUs"
+)
+
+
+def _trainer_curve(
+    job: Job, prof: ProfileFile, tw: TrainWorkload, *, t_fixed: int | None, profile_file: str
+) -> tuple[TrainCurve, int | None]:
+    """The trainer's stage curve over its site's GPU slots, each tp group of a configuration on one host
+    (`hostfill`), and for a fixed trainer count the slots its best configuration takes (None for `auto`).
+    PlanError naming the site, its hosts' GPUs and tp when a fixed count cannot be placed so."""
+    spec, inv = job.spec, job.inventory
+    t_site = spec.placement.trainer.site
+    site = inv.sites[t_site]
+    host_gpus = [g for _, g in site.hosts]
+    split = spec.trainer.model_split
+    have = sorted({(e.tp, e.pp) for e in prof.sites[t_site].training})
+    if split is not None and split not in have and prof.source == "measured":  # a roofline has every split it can
+        raise ConfigError(
+            profile_file,
+            f"sites.{t_site}.training",
+            f"no entry at the job's tp {split[0]} pp {split[1]} (it has tp, pp: "
+            f"{', '.join(f'{tp} {pp}' for tp, pp in have) or 'none'})",
+            hint="profile with the job (rlctl profile --job JOB), which covers its trainer split",
+        )
+    tp, pp = split or (1, 1)
+    if (why := placement_error(t_site, host_gpus, t_fixed or tp * pp, tp=tp)) is not None:
+        raise PlanError(why, hint=PLACEMENT_HINT)
+    tcurve = train_stage_curve(
+        _for_backend(prof.sites[t_site], spec.trainer.backend, name=t_site, profile_file=profile_file),
+        tw,
+        max_gpus=site.total_gpus,
+        host_gpus=host_gpus,
+        ranks=t_fixed,
+        node_bytes_per_s=_node_bytes_per_s(inv.sites[t_site]),
+        split=split,
+    )
+    if not np.isfinite(tcurve.seconds).any():
+        asked = f" at tp {split[0]} pp {split[1]}" if split else ""
+        raise PlanError(
+            f"site {t_site!r}: {prof.model.arch.name} training state does not fit in {t_fixed or site.total_gpus} × "
+            f"{prof.sites[t_site].gpu}{asked}",
+            hint="add GPUs to the trainer site" + (", or change trainer.tensor_parallel" if split else ""),
+        )
+    if t_fixed is None:
+        return tcurve, None
+    # every point holds exactly the fixed count (a larger budget leaves GPUs idle): the first finite one is the
+    # slots of its fastest configuration, as the launch runs it (`counts.plan_counts`)
+    return tcurve, int(np.argmax(np.isfinite(tcurve.seconds)))
 
 
 def make_plan(
@@ -229,17 +281,20 @@ def make_plan(
     r_sites = [r.site for r in spec.placement.rollout]
     r_fixed = {r.site: (None if r.gpus == "auto" else int(r.gpus)) for r in spec.placement.rollout}
     shared = t_site in r_sites
-    n_train = t_fixed if t_fixed is not None else inv.sites[t_site].total_gpus
+    t_total = inv.sites[t_site].total_gpus
+    tcurve, t_slots = _trainer_curve(job, prof, tw, t_fixed=t_fixed, profile_file=profile_file)
+    # the trainer's GPU slots (`hostfill.trainer_slots`): its ranks, and a leftover its tp groups pass over
+    n_train = t_slots if t_slots is not None else t_total
     budgets: dict[str, int] = {s: inv.sites[s].total_gpus if (f := r_fixed[s]) is None else f for s in r_sites}
     if shared:  # x + y ≤ n on the shared site; both fixed → n is their sum
         fixed_x = r_fixed[t_site]
-        n_shared = inv.sites[t_site].total_gpus
-        if t_fixed is not None and fixed_x is not None:
-            n_shared = t_fixed + fixed_x
-        if n_shared > inv.sites[t_site].total_gpus:
+        n_shared = t_total
+        if t_slots is not None and fixed_x is not None:
+            n_shared = t_slots + fixed_x
+        if n_shared > t_total:
+            passed = f" (its tp groups take {t_slots} slots of the hosts)" if t_slots != t_fixed else ""
             raise PlanError(
-                f"site {t_site!r}: trainer {t_fixed} + rollout {fixed_x} GPUs > "
-                f"{inv.sites[t_site].total_gpus} available"
+                f"site {t_site!r}: trainer {t_fixed}{passed} + rollout {fixed_x} GPUs > {t_total} available"
             )
         budgets[t_site] = n_train = n_shared
     gcurves: dict[str, GenCurve] = {}
@@ -259,30 +314,7 @@ def make_plan(
                 f"≤ {prof.sites[s].gpus_per_node}",
                 hint="use a larger GPU or a smaller model",
             )
-    split = spec.trainer.model_split
-    have = sorted({(e.tp, e.pp) for e in prof.sites[t_site].training})
-    if split is not None and split not in have and prof.source == "measured":  # a roofline has every split it can
-        raise ConfigError(
-            profile_file,
-            f"sites.{t_site}.training",
-            f"no entry at the job's tp {split[0]} pp {split[1]} (it has tp, pp: "
-            f"{', '.join(f'{tp} {pp}' for tp, pp in have) or 'none'})",
-            hint="profile with the job (rlctl profile --job JOB), which covers its trainer split",
-        )
-    tcurve = train_stage_curve(
-        _for_backend(prof.sites[t_site], spec.trainer.backend, name=t_site, profile_file=profile_file),
-        tw,
-        max_gpus=n_train,
-        node_bytes_per_s=_node_bytes_per_s(inv.sites[t_site]),
-        split=split,
-    )
-    if not np.isfinite(tcurve.seconds).any():
-        asked = f" at tp {split[0]} pp {split[1]}" if split else ""
-        raise PlanError(
-            f"site {t_site!r}: {arch.name} training state does not fit in {n_train} × {prof.sites[t_site].gpu}{asked}",
-            hint="add GPUs to the trainer site" + (", or change trainer.tensor_parallel" if split else ""),
-        )
-    train_s = _mask_fixed(tcurve.seconds, t_fixed)
+    train_s = _mask_fixed(tcurve.seconds, t_slots)
     try:
         choice, alt, order, base = _allocate(
             job, gcurves, (train_s, tcurve.seconds), budgets, r_fixed, n_train, shared, t_site
@@ -1003,8 +1035,12 @@ def _free_gpus(allocation: list[dict[str, Any]], inv: Any) -> dict[str, int]:
 
 def _room(allocation: list[dict[str, Any]], inv: Any, t_site: str) -> Callable[[str, int], bool]:
     """Whether one more rollout unit of `tp` GPUs fits on a site: on one host (tensor parallel stays inside a
-    node), in the slots the trainer leaves (its ranks fill the first hosts), beside the site's units."""
-    trainer = allocation[0]["gpus_used"]
+    node), in the slots the trainer leaves (its tp groups fill the first hosts: `hostfill.trainer_slots`), beside
+    the site's units, which fill the hosts in the order `GpuPool.take` does (`_rollout_hosts`)."""
+    t = allocation[0]
+    placed = trainer_slots([g for _, g in inv.sites[t_site].hosts], t["gpus_used"], tp=t["config"]["tp"])
+    assert placed is not None  # the trainer curve holds only configurations that place
+    trainer = placed[0]
     units = {a["site"]: a["instances"] for a in allocation if a["role"] == "rollout"}
 
     def fits(site: str, tp: int) -> bool:

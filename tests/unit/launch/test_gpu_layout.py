@@ -94,18 +94,49 @@ def assert_disjoint(agents: list[PlannedAgent]) -> None:
 
 
 # -- the pool -------------------------------------------------------------------------------------------
-def test_pool_spreads_units_over_hosts_with_contiguous_ids() -> None:
+def test_pool_fills_hosts_in_the_planners_order_with_contiguous_ids() -> None:
+    """Units fill one host before the next, as the planner prices them (`hostfill.rollout_host_order`: one
+    weight-sync hop per host spanned); 4 one-GPU units on two free 8-GPU hosts are all on the first."""
+    pool = GpuPool("h20", site("ssh", "h20-[01-02]", 8))
+    assert [pool.take(1, who=f"rollout-{i}") for i in range(4)] == [GpuSlice("h20-01", (i,)) for i in range(4)]
     pool = GpuPool("h20", site("ssh", "h20-[01-02]", 8))
     got = [pool.take(2, who=f"rollout-{i}") for i in range(4)]
-    assert got == [
-        GpuSlice("h20-01", (0, 1)),
-        GpuSlice("h20-02", (0, 1)),
-        GpuSlice("h20-01", (2, 3)),
-        GpuSlice("h20-02", (2, 3)),
+    assert got == [GpuSlice("h20-01", (g, g + 1)) for g in (0, 2, 4, 6)]
+    pool.release(got[1])
+    assert pool.take(4, who="x") == GpuSlice("h20-02", (0, 1, 2, 3))  # aligned run of 4 on the first host with 4
+    assert pool.take(2, who="y") == GpuSlice("h20-01", (2, 3))  # the freed pair: h20-01 comes first
+    assert pool.take(1, who="z") == GpuSlice("h20-02", (4,))
+
+
+def test_pool_on_a_site_the_trainer_shares_fills_units_from_the_last_host() -> None:
+    """The trainer's ranks fill the first hosts, rollout units the last ones first: what the planner's
+    `_rollout_hosts` assumes for a shared site."""
+    pool = GpuPool("s", site("ssh", "n[1-3]", 4), shares_trainer=True)
+    assert pool.take_ranks(2, who="the trainer") == [GpuSlice("n1", (0,)), GpuSlice("n1", (1,))]
+    assert [pool.take(2, who=f"rollout-{i}") for i in range(4)] == [
+        GpuSlice("n3", (0, 1)),
+        GpuSlice("n3", (2, 3)),
+        GpuSlice("n2", (0, 1)),
+        GpuSlice("n2", (2, 3)),
     ]
-    pool.release(got[0])
-    assert pool.take(4, who="x") == GpuSlice("h20-01", (4, 5, 6, 7))  # aligned run of 4 on the freest host
-    assert pool.take(2, who="y") == GpuSlice("h20-02", (4, 5))
+    assert pool.take(2, who="rollout-4") == GpuSlice("n1", (2, 3))
+
+
+def test_pool_ranks_place_whole_tensor_parallel_groups_per_host() -> None:
+    """6-GPU hosts, 8 ranks at tp 4: ranks 0-3 and 4-7 (Megatron's tp groups: tp fastest) each on one host, not
+    6 + 2 (ranks 4-7 across the network); the leftovers then hold rollout units. 12 ranks at tp 4 do not fit
+    (3 groups, room for 2): the refusal names the site, the hosts' GPUs and tp."""
+    pool = GpuPool("h6", site("ssh", "h-[1-2]", 6))
+    ranks = pool.take_ranks(8, who="the trainer", tp=4)
+    assert [(s.host, s.gpus[0]) for s in ranks] == [("h-1", g) for g in range(4)] + [("h-2", g) for g in range(4)]
+    assert pool.take(2, who="rollout-0") == GpuSlice("h-1", (4, 5))
+    assert pool.take_ranks(2, who="more", tp=2) == [GpuSlice("h-2", (4,)), GpuSlice("h-2", (5,))]
+    with pytest.raises(
+        LaunchError,
+        match=r"site h6: trainer 12 GPU\(s\) at tp 4 need 3 tp group\(s\) of 4 GPUs, each on one host; its hosts "
+        r"have 6, 6 GPU\(s\) \(free\): room for 2 group\(s\) \(8 GPUs\)",
+    ):
+        GpuPool("h6", site("ssh", "h-[1-2]", 6)).take_ranks(12, who="the trainer", tp=4)
 
 
 def test_pool_ranks_fill_a_host_first_and_refusals_name_site_and_counts() -> None:
@@ -341,3 +372,32 @@ def test_dry_run_on_cpu_slurm_site_requests_no_gpu(tmp_path: Path) -> None:
     assert "--gpus" not in rows["trainer-0"]["script"] and "--gres" not in rows["trainer-0"]["script"]
     assert rows["trainer-0"]["gpu_request"] == "1 node(s) × 2 task(s), no GPU request, 1 cpu(s)/task"
     assert (rows["rollout-1"]["host"], rows["rollout-1"]["cuda_visible_devices"]) == ("g1", "1")
+
+
+def test_scale_out_on_a_shared_site_continues_the_planners_fill_order(tmp_path: Path) -> None:
+    """Trainer ranks on n1, the planned units from the last host (n3), a unit `scale` adds next on n3, then n2: the
+    hosts the planner's `_room` and weight-sync hops count, in the order `GpuPool.take` and layout() share."""
+    three = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "n[1-3]", "gpus": 2}]}
+    job = write_job(tmp_path, {"local": three}, at=(("local", 2), ("local", 1)))
+    spec = resolve_job(job)
+    plan = plan_counts(job, spec)
+    agents = layout(plan, job.inventory.sites, spec)
+    assert [(a.name, a.gpu_slice) for a in agents if a.gpu_slice] == [
+        ("trainer-0", GpuSlice("n1", (0,))),
+        ("trainer-1", GpuSlice("n1", (1,))),
+        ("rollout-0", GpuSlice("n3", (0,))),
+    ]
+    jd = JobDir.create("gpus", explicit=tmp_path / "run")
+    jd.write_job(spec, source="job.yaml")
+    jd.write_json(jd.plan_json, plan)
+    write_sites(jd.path, job.inventory.sites)
+    for a, env in planned_agents(plan, job.inventory.sites, spec, master_port=1):
+        record_agent(jd.path, AgentHandle(agent_spec(jd, a, job.inventory.sites[a.site], env=env), {"pid": 1}, "fake"))
+    sp = Spawner(jd, job.inventory.sites, job="gpus")
+    sp.backends._by_site["local"] = fake = FakeBackend(set())
+    sp.add_rollout("local", 1)
+    sp.add_rollout("local", 2)
+    assert [(s.name, s.gpu_slice) for s in fake.started] == [
+        ("rollout-1", GpuSlice("n3", (1,))),
+        ("rollout-2", GpuSlice("n2", (0,))),
+    ]

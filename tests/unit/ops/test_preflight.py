@@ -450,11 +450,13 @@ def test_dry_run_lists_the_refusals_and_still_renders(tmp_path: Path) -> None:
 
 
 # -- 6. checkpoint writers on SSH hosts that share no work root ----------------------------------------
-def ssh_trainer_job(tmp_path: Path, *, gpus: int, trainer: dict[str, Any], shared: bool = False) -> Job:
+def ssh_trainer_job(
+    tmp_path: Path, *, gpus: int, trainer: dict[str, Any], shared: bool = False, host_slots: int = 2
+) -> Job:
     """The trainer on SSH site 't' (two hosts × 2 CPU slots, rank 0 … 1 on h1, 2 … 3 on h2), the rest local;
     the model has 2 layers and 2 heads, so megatron may split it at tp 2 or pp 2."""
     TinyGPT(small_config(layers=2, heads=2, positions=320)).save_pretrained(tmp_path / "model")
-    site = {"datacenter": "here", "gpu": "CPU", "nodes": [{"host": "h[1-2]", "gpus": 2}],
+    site = {"datacenter": "here", "gpu": "CPU", "nodes": [{"host": "h[1-2]", "gpus": host_slots}],
             "scheduler": {"kind": "ssh", "shared_workdir": shared}, "network": {"bandwidth_gbps": 10}}  # fmt: skip
     inventory = tmp_path / "ssh.yaml"
     inventory.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"t": site}}))
@@ -488,6 +490,47 @@ def test_checkpoint_writers_on_unshared_ssh_hosts_are_refused_by_check(tmp_path:
     # the same ranks on hosts that share the work root: rank 0 sees every shard
     shared = ssh_trainer_job(tmp_path, gpus=4, trainer={"backend": "megatron", "pipeline_parallel": 2}, shared=True)
     assert problems(shared) == []
+
+
+def test_a_trainer_whose_tp_groups_cannot_each_sit_on_one_host_is_refused_by_check(tmp_path: Path) -> None:
+    """Two hosts of 3 slots, 6 ranks at tp 2: three tp groups, room for two (the third would straddle h1 and h2,
+    its all-reduces over the network); `rlctl check` refuses it in one line naming the site, the hosts' GPUs and
+    tp. 4 ranks at tp 2 (a group per host) pass."""
+    trainer = {"backend": "megatron", "tensor_parallel": 2}
+    job = ssh_trainer_job(tmp_path, gpus=6, trainer=trainer, shared=True, host_slots=3)
+    line = only_line(run_cli("check", str(job.path)))
+    assert line == (
+        f"rlctl: error: {job.path}: placement: site t: trainer 6 GPU(s) at tp 2 need 3 tp group(s) of 2 GPUs, each "
+        "on one host; its hosts have 3, 3 GPU(s) (free): room for 2 group(s) (4 GPUs) (hint: use a trainer GPU count "
+        "whose tp groups fit the hosts, or a trainer.tensor_parallel that divides their GPUs)"
+    )
+    assert problems(ssh_trainer_job(tmp_path, gpus=4, trainer=trainer, shared=True, host_slots=3)) == []
+
+
+def test_a_slurm_trainer_whose_tp_groups_cannot_each_sit_on_one_node_is_refused(tmp_path: Path) -> None:
+    """SLURM binds the trainer's GPUs itself (no pool here): its nodes' GPUs are judged by preflight, the same line."""
+    TinyGPT(small_config(layers=2, heads=2, positions=320)).save_pretrained(tmp_path / "model")
+    site = {"datacenter": "here", "gpu": "CPU", "nodes": [{"host": "n[1-2]", "gpus": 3}],
+            "scheduler": {"kind": "slurm", "partition": "p"}}  # fmt: skip
+    (tmp_path / "slurm.yaml").write_text(
+        yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"s": site}})
+    )
+
+    def job(gpus: int) -> Job:
+        return load(
+            tmp_path,
+            inventory=[LOCAL, str(tmp_path / "slurm.yaml")],
+            model={"kind": "hf", "path": "model"},
+            placement={"trainer": {"site": "s", "gpus": gpus}, "rollout": [{"site": "local", "gpus": 1}]},
+            trainer={"backend": "megatron", "tensor_parallel": 2},
+        )
+
+    (p,) = refused(job(6), "trainer.tensor_parallel")
+    assert p.message == (
+        "site s: trainer 6 GPU(s) at tp 2 need 3 tp group(s) of 2 GPUs, each on one host; its hosts have 3, 3 GPU(s) "
+        "(free): room for 2 group(s) (4 GPUs)"
+    )
+    assert refused(job(4), "trainer.tensor_parallel") == []
 
 
 @pytest.mark.parametrize(

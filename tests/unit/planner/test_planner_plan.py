@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from rlctl.config import load_job
+from rlctl.config.hostfill import trainer_slots
 from rlctl.errors import PlanError
 from rlctl.launch.gpus import GpuPool
 from rlctl.planner import plan as planner
@@ -346,3 +347,61 @@ def test_the_dispatch_report_s_site_does_not_depend_on_the_hash_seed(tmp_path: P
             [sys.executable, "-c", code, str(job)], env=env, capture_output=True, text=True, check=True
         )
         assert out.stdout.split() == ["r100", "8", "8"], (seed, out.stderr)
+
+
+# -- tensor-parallel trainer groups, each on one host (`rlctl.config.hostfill`) ------------------------------
+def _six_gpu_trainer(
+    tmp: Path, *, trainer_gpus: int | str, rollout: list[dict[str, Any]], hosts: str = "t-[1-4]"
+) -> Path:
+    """trn as hosts of 6 H800s, the trainer at tp 4 (megatron) with `trainer_gpus`, rollout as given (sync mode)."""
+    job = write_job(tmp, rollout=rollout, links=LINKS, trainer_gpus=trainer_gpus, mode="sync")
+    trn = {"nodes": [{"host": hosts, "gpus": 6}], "network": {"bandwidth_gbps": 400}}  # dp pays across hosts
+    _edit(tmp / "inv.yaml", lambda inv: inv["sites"]["trn"].update(trn))
+    _edit(job, lambda j: j.update(trainer={"backend": "megatron", "tensor_parallel": 4}))
+    return job
+
+
+def test_the_trainer_curve_holds_only_counts_whose_tp_groups_each_fit_a_host(tmp_path: Path) -> None:
+    """4 hosts of 6 GPUs at tp 4 hold 4 groups (16 GPUs), not 6: 20 or 24 ranks would put a group on two hosts
+    (its tensor-parallel all-reduces over the network). Every point of the trainer curve places (`GpuPool`), and
+    the full allocation the paper rule starts from is 16 ranks."""
+    job = load_job(_six_gpu_trainer(tmp_path, trainer_gpus="auto", rollout=[{"site": "r20"}]))
+    plan = make_plan(job, options=PlanOptions(sim_iterations=1))
+    points = plan["stage_curves"]["training"]["trn"]
+    assert max(p["tp"] * p["pp"] * p["dp"] for p in points) == 16
+    hosts = [g for _, g in job.inventory.sites["trn"].hosts]
+    for p in points:
+        ranks = p["tp"] * p["pp"] * p["dp"]
+        placed = trainer_slots(hosts, ranks, tp=p["tp"])
+        assert placed is not None and placed[0] <= p["gpus"], p
+    (t,) = [a for a in plan["allocation"] if a["role"] == "trainer"]
+    assert t["config"]["tp"] == 4 and t["gpus_used"] <= 16
+    pool = GpuPool("trn", job.inventory.sites["trn"])
+    slices = pool.take_ranks(t["gpus_used"], who="the trainer", tp=4)
+    assert all(len({s.host for s in slices[i : i + 4]}) == 1 for i in range(0, len(slices), 4))
+
+
+def test_a_fixed_trainer_count_whose_tp_groups_cannot_each_fit_a_host_is_refused(tmp_path: Path) -> None:
+    job = load_job(_six_gpu_trainer(tmp_path, trainer_gpus=12, rollout=[{"site": "r20"}], hosts="t-[1-2]"))
+    with pytest.raises(PlanError) as e:
+        make_plan(job, options=OPTS)
+    assert str(e.value) == (
+        "site trn: trainer 12 GPU(s) at tp 4 need 3 tp group(s) of 4 GPUs, each on one host; its hosts have 6, 6 "
+        "GPU(s) (free): room for 2 group(s) (8 GPUs)"
+    )
+
+
+def test_rollout_on_a_shared_site_gets_the_slots_the_trainers_tp_groups_leave(tmp_path: Path) -> None:
+    """8 ranks at tp 4 on 6-GPU hosts take hosts 1 and 2 (4 each); host 1's 2 others count as the trainer's (units
+    fill from host 4, reaching them last), host 2's as the rollout's: 14 GPUs, not 24 − 8 = 16. The launcher's
+    pool places every unit of the plan where the planner put it: hosts 4, 3, then 2."""
+    job = load_job(_six_gpu_trainer(tmp_path, trainer_gpus=8, rollout=[{"site": "trn"}]))
+    _edit(job.path, lambda j: j.update(rollout={"tensor_parallel": 1}))
+    job = load_job(job.path)
+    plan = make_plan(job, options=PlanOptions(sim_iterations=1, curves_in_output=False))
+    (r,) = [a for a in plan["allocation"] if a["role"] == "rollout"]
+    assert r["config"]["tp"] == 1 and r["gpus_used"] <= 14
+    pool = GpuPool("trn", job.inventory.sites["trn"], shares_trainer=True)
+    pool.take_ranks(8, who="the trainer", tp=4)
+    units = [pool.take(1, who=f"rollout-{i}").host for i in range(r["instances"])]
+    assert units == (["t-4"] * 6 + ["t-3"] * 6 + ["t-2"] * 2)[: r["instances"]]

@@ -1,0 +1,74 @@
+"""How a job's GPUs fill a site's hosts: the one rule the planner prices and the launcher's `GpuPool` follows.
+
+    trainer  ranks fill the hosts in inventory order, whole tensor-parallel groups per host: Megatron numbers
+             the ranks tp fastest (then dp, then pp: `ParallelConfig.first_replica_ranks`), so a group is tp
+             consecutive ranks and its all-reduces stay on one node's NVLink; pp and dp may cross hosts
+             (`ranks_per_host`). A host's leftover of fewer than tp GPUs holds none of its groups.
+    rollout  units fill the hosts one after the other, each on one host: in inventory order, but from the last
+             host on a site the trainer shares, whose ranks fill the first hosts (`rollout_host_order`).
+
+    6-GPU hosts, trainer 8 ranks at tp 4, 4 rollout units of 1 GPU on a shared site:
+        host 1  [t t t t · ·]   ranks 0-3      leftover 2: counted as the trainer's slots, units reach it last
+        host 2  [t t t t · ·]   ranks 4-7      leftover 2: the rollout's, after hosts 4 and 3
+        host 3  [· · · · · ·]
+        host 4  [r r r r · ·]   units fill from here
+
+The planner counts a trainer's GPU slots (`trainer_slots`) as the hosts it moved past plus its ranks on the last
+one, so that x rollout GPUs are the first x slots of `rollout_host_order`: the launcher puts units exactly there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+PLACEMENT_HINT = (
+    "use a trainer GPU count whose tp groups fit the hosts, or a trainer.tensor_parallel that divides their GPUs"
+)
+
+
+def rollout_host_order(hosts: Sequence[T], *, shares_trainer: bool) -> list[T]:
+    """`hosts` (inventory order) in the order rollout units fill them: from the last where the trainer shares the
+    site (its ranks fill the first hosts, `ranks_per_host`), so that neither waits on the other's GPUs."""
+    return list(hosts)[::-1] if shares_trainer else list(hosts)
+
+
+def ranks_per_host(host_gpus: Sequence[int], ranks: int, *, tp: int) -> list[int] | None:
+    """Trainer ranks on each host of `host_gpus` (free GPUs, inventory order): as many whole tp groups as a host
+    holds before the next; None when the groups do not fit (`placement_error` says why). A last group of fewer
+    than tp ranks (a tp that does not divide the ranks: `rlctl check` refuses it) goes where its ranks fit."""
+    assert tp >= 1 and ranks >= 0
+    out, left = [], ranks
+    for g in host_gpus:
+        n = left if left < tp and left <= g else min(left, g // tp * tp)
+        out.append(n)
+        left -= n
+    return out if left == 0 else None
+
+
+def trainer_slots(host_gpus: Sequence[int], ranks: int, *, tp: int) -> tuple[int, int] | None:
+    """(GPU slots the trainer takes from the site, hosts it uses) with `ranks` at `tp` (`ranks_per_host`): every
+    slot of the hosts before its last, leftovers included (rollout reaches them last, the planner not at all),
+    plus its ranks on the last. = ranks where tp divides the GPUs of every host it fills. None: no placement."""
+    per = ranks_per_host(host_gpus, ranks, tp=tp)
+    if per is None:
+        return None
+    used = [i for i, n in enumerate(per) if n]
+    if not used:
+        return 0, 0
+    last = used[-1]
+    return sum(host_gpus[:last]) + per[last], len(used)
+
+
+def placement_error(site: str, host_gpus: Sequence[int], ranks: int, *, tp: int) -> str | None:
+    """One line when `ranks` trainer ranks cannot sit at `tp` with each tp group on one host; None when they can."""
+    if ranks_per_host(host_gpus, ranks, tp=tp) is not None:
+        return None
+    groups = sum(g // tp for g in host_gpus)
+    counts = ", ".join(map(str, host_gpus))
+    return (
+        f"site {site}: trainer {ranks} GPU(s) at tp {tp} need {-(-ranks // tp)} tp group(s) of {tp} GPUs, each on one "
+        f"host; its hosts have {counts} GPU(s) (free): room for {groups} group(s) ({groups * tp} GPUs)"
+    )
