@@ -316,7 +316,7 @@ def make_plan(
             )
     train_s = _mask_fixed(tcurve.seconds, t_slots)
     try:
-        choice, alt, order, base = _allocate(
+        choice, alt, fill, base = _allocate(
             job, gcurves, (train_s, tcurve.seconds), budgets, r_fixed, n_train, shared, t_site
         )
     except ValueError as e:
@@ -324,7 +324,7 @@ def make_plan(
     rule = spec.planning.rule
     search: dict[str, Any] | None = None
     search_rollout = any(f is None for f in r_fixed.values())  # the fixed sites hold their counts throughout
-    stages = Stages(job, lm, gcurves, tcurve, tw, budgets, order, opts)
+    stages = Stages(job, lm, gcurves, tcurve, tw, budgets, fill, opts)
     if rule == "simulated" and spec.pipeline.mode == "async" and shared and t_fixed is None and r_fixed[t_site] is None:
         chosen, search = _simulated_split(
             stages, t_site=t_site, streamed_fraction=tcost["streamed_fraction"], seeds=(choice.x, base.x)
@@ -340,7 +340,7 @@ def make_plan(
         )
     else:
         chosen = alt if rule == "fewest_gpus" else choice
-    per_site = alloc.split_combined(chosen.x, [budgets[s] for s in r_sites], order)
+    per_site = alloc.split_combined(chosen.x, fill)
     out = _assemble(
         job,
         prof,
@@ -396,8 +396,9 @@ def _allocate(
     n_train: int,
     shared: bool,
     t_site: str,
-) -> tuple[alloc.Choice, alloc.Choice, list[int], alloc.Choice]:
-    """(paper rule, fewest GPUs within ε, rollout fill order, baseline: even split or full allocation).
+) -> tuple[alloc.Choice, alloc.Choice, np.ndarray, alloc.Choice]:
+    """(paper rule, fewest GPUs within ε, rollout GPUs per site at each total (`alloc.fill_table`), baseline: even
+    split or full allocation).
 
     `train` = (curve masked to fixed counts, unmasked curve); the baseline ignores fixed counts.
     """
@@ -405,9 +406,14 @@ def _allocate(
     r_sites = list(gcurves)
     curves = [_mask_fixed(gcurves[s].seconds, r_fixed[s]) for s in r_sites]
     order = fill_order(job, gcurves, budgets, r_fixed, t_site if shared else None)
-    combined = alloc.combine_rollout(curves, [budgets[s] for s in r_sites], order)
+    # the `auto` sites the trainer does not share split what reaches them as finishes soonest: one curve of mixed
+    # GPU types, filled in cost order, would put units on the cheaper site while a faster one waits
+    searched = [i for i, s in enumerate(r_sites) if r_fixed[s] is None and not (shared and s == t_site)]
+    sizes = [budgets[s] for s in r_sites]
+    fill = alloc.fill_table([gcurves[s].seconds for s in r_sites], sizes, order, searched=searched)
+    combined = alloc.combine_rollout(curves, fill)
     combined[: fixed_total(r_fixed, t_site if shared else None)] = math.inf  # every fixed site holds its count
-    raw = alloc.combine_rollout([gcurves[s].seconds for s in r_sites], [budgets[s] for s in r_sites], order)
+    raw = alloc.combine_rollout([gcurves[s].seconds for s in r_sites], fill)
     m = sum(budgets.values())
     eps = job.spec.planning.epsilon
     if shared:
@@ -420,11 +426,11 @@ def _allocate(
         f = alloc.fewest_gpus(shifted, train_s, m=n, n=n, reference_s=c.iteration_s, epsilon=eps, shared=True)
         half = n // 2
         base = alloc.Choice(others + half, n - half, float(raw[others + half]), float(train_raw[n - half]))
-        return paper, alloc.Choice(f.x + others, f.y, f.t_gen_s, f.t_train_s), order, base
+        return paper, alloc.Choice(f.x + others, f.y, f.t_gen_s, f.t_train_s), fill, base
     paper = alloc.cross_dc(combined, train_s, m, n_train)
     full = max(float(combined[m]), float(train_s[n_train]))
     fewest = alloc.fewest_gpus(combined, train_s, m=m, n=n_train, reference_s=full, epsilon=eps)
-    return paper, fewest, order, alloc.Choice(m, n_train, float(raw[m]), float(train_raw[n_train]))
+    return paper, fewest, fill, alloc.Choice(m, n_train, float(raw[m]), float(train_raw[n_train]))
 
 
 def fill_order(
@@ -433,7 +439,8 @@ def fill_order(
     """The order rollout sites are filled in (indices into `gcurves`), so that k rollout GPUs are the first k of
     it: the sites whose count the job fixes first (each always holds all of its count), then the others, each
     group by the lowest cost per unit of work at full allocation; a site the trainer shares (`shared`) last, so
-    that the count beyond the other sites is its share."""
+    that the count beyond the other sites is its share. The `auto` sites between split what reaches them as
+    finishes soonest (`alloc.fill_table`); this order breaks their ties (the cheaper first)."""
     inv = job.inventory.sites
     r_sites = list(gcurves)
     work_cost = [inv[s].gpu_cost_per_hour * budgets[s] * float(gcurves[s].seconds[budgets[s]]) for s in r_sites]
@@ -464,7 +471,7 @@ SEARCH_GRID = 9  # splits of the shared site simulated before the search narrows
 
 class Stages(NamedTuple):
     """What a search of the allocation simulates: the job, its workload and stage curves, the sites' GPU budgets
-    and the order rollout sites are filled in."""
+    and the rollout GPUs per site at each total (`alloc.fill_table`)."""
 
     job: Job
     lm: LengthModel
@@ -472,7 +479,7 @@ class Stages(NamedTuple):
     tcurve: TrainCurve
     tw: TrainWorkload
     budgets: dict[str, int]
-    order: list[int]
+    fill: np.ndarray
     opts: PlanOptions
 
 
@@ -489,12 +496,11 @@ def _simulated_split(
     GPUs (docs/planning.md). Rollout gets x of the site's n GPUs (after every other rollout site's whole budget), the
     trainer the fastest configuration within n − x. Minimised over x by `search_min` on a grid of SEARCH_GRID
     splits and `seeds` (rollout GPU counts: Algorithm 1's, the even split)."""
-    gcurves, budgets, order = stages.gcurves, stages.budgets, stages.order
+    gcurves, budgets, fill = stages.gcurves, stages.budgets, stages.fill
     r_sites = list(gcurves)
     n = budgets[t_site]
     others = sum(budgets.values()) - n
-    sizes = [budgets[s] for s in r_sites]
-    gen = alloc.combine_rollout([gcurves[s].seconds for s in r_sites], sizes, order)
+    gen = alloc.combine_rollout([gcurves[s].seconds for s in r_sites], fill)
     train = np.asarray(stages.tcurve.seconds, dtype=float)
     fastest, fastest_at = alloc.prefix_min(train[:n])  # the fastest trainer within n − x GPUs, and where
     feasible = [x for x in range(1, n) if math.isfinite(gen[others + x]) and math.isfinite(fastest[n - x])]
@@ -544,13 +550,13 @@ def _simulated_cross(
     two orders, the one that costs less per iteration (the sites' `gpu_cost_per_hour`) is chosen. Rollout sites
     whose count the job fixes come first in the fill order and hold it: rollout counts below `min_rollout`
     (their sum) are not tried."""
-    job, gcurves, budgets, order = stages.job, stages.gcurves, stages.budgets, stages.order
+    job, gcurves, budgets, fill = stages.job, stages.gcurves, stages.budgets, stages.fill
     r_sites = list(gcurves)
     inv = job.inventory.sites
     t_site = job.spec.placement.trainer.site
     sizes = [budgets[s] for s in r_sites]
     m = sum(sizes)
-    gen = alloc.combine_rollout([gcurves[s].seconds for s in r_sites], sizes, order)
+    gen = alloc.combine_rollout([gcurves[s].seconds for s in r_sites], fill)
     train = np.asarray(stages.tcurve.seconds, dtype=float)
     fastest, fastest_at = alloc.prefix_min(train[: n_train + 1])  # the fastest trainer within y GPUs, and where
     xs = [x for x in range(max(1, min_rollout), m + 1) if math.isfinite(gen[x])] if search_rollout else [m]
@@ -569,7 +575,7 @@ def _simulated_cross(
     bound = iteration(m, ys[-1]) * (1 + SAME_WITHIN)
 
     def cost(x: int, y: int) -> float:
-        per_site = alloc.split_combined(x, sizes, order)
+        per_site = alloc.split_combined(x, fill)
         per_hour = sum(inv[s].gpu_cost_per_hour * g for s, g in zip(r_sites, per_site, strict=True))
         return (per_hour + inv[t_site].gpu_cost_per_hour * y) * iteration(x, y)
 
@@ -602,14 +608,13 @@ def _simulated_cross(
 
 
 def _async_iteration(stages: Stages, *, train: np.ndarray, streamed_fraction: float) -> Callable[[int, int], float]:
-    """The simulated async iteration (s) with x rollout GPUs (the sites' budgets filled in the stages' order) and
+    """The simulated async iteration (s) with x rollout GPUs (split per site as the stages' fill table says) and
     the trainer configuration at index y of `train` (the trainer curve's seconds)."""
-    job, lm, gcurves, _, tw, budgets, order, opts = stages
+    job, lm, gcurves, _, tw, _, fill, opts = stages
     r_sites = list(gcurves)
-    sizes = [budgets[s] for s in r_sites]
 
     def run(x: int, y: int) -> float:
-        per_site = dict(zip(r_sites, alloc.split_combined(x, sizes, order), strict=True))
+        per_site = dict(zip(r_sites, alloc.split_combined(x, fill), strict=True))
         units = _units(gcurves, per_site)
         return _async_s(job, lm, units, tw, float(train[y]), per_site, opts, streamed_fraction=streamed_fraction)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -117,8 +118,34 @@ def test_fewest_gpus_equals_brute_force(case: tuple[int, int, list[float], list[
 def test_combine_rollout_adds_rates_in_fill_order() -> None:
     a = curve([10.0, 5.0])  # site 0: 2 GPUs
     b = curve([20.0, 10.0, 5.0])  # site 1: 3 GPUs
-    comb = alloc.combine_rollout([a, b], [2, 3], order=[1, 0])
+    fill = alloc.fill_table([a, b], [2, 3], order=[1, 0])
+    comb = alloc.combine_rollout([a, b], fill)
     assert comb[1:4].tolist() == [20.0, 10.0, 5.0]
     assert comb[4] == pytest.approx(1 / (1 / 5 + 1 / 10))
     assert comb[5] == pytest.approx(1 / (1 / 5 + 1 / 5))
-    assert alloc.split_combined(4, [2, 3], [1, 0]) == [1, 3]
+    assert alloc.split_combined(4, fill) == [1, 3]
+
+
+def test_searched_sites_split_the_gpus_that_reach_them_as_finishes_soonest() -> None:
+    """Filled in order (site 1 first: the cheaper), 2 GPUs are site 1's (10 s) though site 0's two take 5 s. Every
+    total gets the split with the largest summed rate (brute force over all splits)."""
+    a = curve([10.0, 5.0])
+    b = curve([20.0, 10.0, 5.0])
+    fill = alloc.fill_table([a, b], [2, 3], order=[1, 0], searched=[0, 1])
+    # 4 GPUs: 2 + 2 and 1 + 3 tie (1/5 + 1/10): the fill order's, the cheaper site's 3
+    assert [alloc.split_combined(k, fill) for k in range(6)] == [[0, 0], [1, 0], [2, 0], [2, 1], [1, 3], [2, 3]]
+    assert alloc.split_combined(2, alloc.fill_table([a, b], [2, 3], order=[1, 0])) == [0, 2]  # unsearched
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        budgets = [int(g) for g in rng.integers(1, 6, size=3)]
+        curves = [curve(sorted(rng.uniform(1, 50, size=b).tolist(), reverse=True)) for b in budgets]
+        fill = alloc.fill_table(curves, budgets, order=[2, 0, 1], searched=[0, 1, 2])
+        comb = alloc.combine_rollout(curves, fill)
+        for k in range(1, sum(budgets) + 1):
+            splits = [s for s in itertools.product(*(range(b + 1) for b in budgets)) if sum(s) == k]
+            best = max(sum(1 / c[g] for c, g in zip(curves, s, strict=True) if g) for s in splits)
+            assert 1 / comb[k] == pytest.approx(best, rel=1e-9), (budgets, k)
+            assert sum(alloc.split_combined(k, fill)) == k
+    # a fixed site (2) first and a shared one (3) last hold their places: only the searched block is split
+    fill = alloc.fill_table([a, b, a, a], [2, 3, 2, 2], order=[2, 1, 0, 3], searched=[1, 0])
+    assert [alloc.split_combined(k, fill) for k in (2, 4, 8)] == [[0, 0, 2, 0], [2, 0, 2, 0], [2, 3, 2, 1]]

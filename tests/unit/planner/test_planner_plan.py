@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -405,3 +406,30 @@ def test_rollout_on_a_shared_site_gets_the_slots_the_trainers_tp_groups_leave(tm
     pool.take_ranks(8, who="the trainer", tp=4)
     units = [pool.take(1, who=f"rollout-{i}").host for i in range(r["instances"])]
     assert units == (["t-4"] * 6 + ["t-3"] * 6 + ["t-2"] * 2)[: r["instances"]]
+
+
+# -- several `auto` rollout sites of different GPU types ---------------------------------------------------
+def _split_s(curves: dict[str, dict[int, float]], split: dict[str, int]) -> float:
+    """The combined generation time of `split` (GPUs per site) on the plan's stage curves: rates add up."""
+    rate = sum(1 / curves[s][g] for s, g in split.items() if g)
+    return 1 / rate if rate else math.inf
+
+
+def test_auto_rollout_sites_of_different_gpus_get_the_split_that_finishes_soonest(tmp_path: Path) -> None:
+    """H20s (r20) and A100s (r100), both `auto`; the A100s priced so low that they come first in the fill order. The
+    rollout GPUs the plan chooses are split as finishes generation soonest on the planner's own curves (no other
+    split of the same total is faster), not all A100s first while the H20s wait. (The fewest GPUs within ε: a part of
+    the sites' GPUs, where the split matters.)"""
+    job = write_job(tmp_path, rollout=[{"site": "r20"}, {"site": "r100"}], links=LINKS, rule="fewest_gpus", mode="sync")
+    _edit(tmp_path / "inv.yaml", lambda inv: inv["sites"]["r100"].update(cost_per_gpu_hour=0.05))
+    plan = make_plan(load_job(job), options=PlanOptions(sim_iterations=1))
+    curves = {
+        s: {0: math.inf} | {p["gpus"]: p["seconds"] for p in points}
+        for s, points in plan["stage_curves"]["generation"].items()
+    }
+    chosen = {a["site"]: a["gpus_used"] for a in plan["allocation"] if a["role"] == "rollout"}
+    total = sum(chosen.values())
+    assert 0 < total < 32  # a part of the sites' GPUs: the split matters
+    best = min(_split_s(curves, {"r20": g, "r100": total - g}) for g in range(max(0, total - 16), min(16, total) + 1))
+    assert _split_s(curves, chosen) == pytest.approx(best, rel=1e-9), chosen
+    assert chosen["r20"] > 0
