@@ -9,9 +9,10 @@ tag message, so each tensor frame is received by UCX straight into the destinati
 
 ucxx is asyncio-based; one event-loop thread per process runs every UCX call and the blocking
 methods here wait on it. A receive that times out before the message starts stays posted and
-is picked up by the next recv(), so the connection stays usable (as with TCP); a stall inside a
-message closes it. Each part a send hands to UCX must go within `stall_timeout_s` too; one that does not
-closes the connection by aborting the endpoint, never by cancelling the request (that can deadlock inside UCX).
+is picked up by the next recv(), so the connection stays usable (as with TCP); each part of a started message must
+arrive within `stall_timeout_s`, and each part a send hands to UCX must go within it too. A part that does not
+closes the connection by aborting the endpoint, which ends its request with an error, never by cancelling the
+request (that can deadlock inside UCX, or crash it: a receive cancelled while its frame arrives).
 Without GPUs, run with UCX_TLS=tcp (and e.g. UCX_NET_DEVICES=lo for loopback). An agent on a site whose
 inventory says `network.rdma: false` (the launcher's RLCTL_RDMA=0) leaves InfiniBand/RoCE out (UCX_TLS `^ib`)
 unless UCX_TLS is set (e.g. by the site's setup lines): UCX would otherwise use an RDMA device the operator said
@@ -102,7 +103,7 @@ class UcxConfig:
 
 async def _recv_bytes(ep: Any, n: int, timeout_s: float | None) -> bytes:
     buf = np.empty(n, dtype=np.uint8)
-    await asyncio.wait_for(ep.recv(buf), timeout_s)
+    await _within(ep.recv(buf), timeout_s)
     return buf.tobytes()
 
 
@@ -110,10 +111,11 @@ async def _send_bytes(ep: Any, data: bytes) -> None:
     await ep.send(np.frombuffer(data, dtype=np.uint8))
 
 
-async def _within(aw: Awaitable[T], timeout_s: float) -> T:
-    """`aw` (a UCX send) within `timeout_s`, else TimeoutError; it is never cancelled but goes on until the caller
-    closes the endpoint, which ends it: cancelling a UCX request in flight can deadlock inside UCX (its progress
-    thread holds the worker's lock waiting for the GIL; the cancel holds the GIL waiting for that lock)."""
+async def _within(aw: Awaitable[T], timeout_s: float | None) -> T:
+    """`aw` (a UCX send or receive) within `timeout_s`, else TimeoutError; it is never cancelled but goes on until
+    the caller closes the endpoint, which ends it: cancelling a UCX request in flight can deadlock inside UCX (its
+    progress thread holds the worker's lock waiting for the GIL; the cancel holds the GIL waiting for that lock),
+    or crash it (a receive cancelled while a large frame arrives into it: a segfault, both ends in one process)."""
     task = asyncio.ensure_future(aw)
     task.add_done_callback(_settled)
     return await asyncio.wait_for(asyncio.shield(task), timeout_s)
@@ -199,7 +201,7 @@ class UcxConnection(Connection):
             for b in bufs:
                 if b.numel():
                     view = framing.tensor_bytes(b)
-                    await asyncio.wait_for(self._ep.recv(view), stall)
+                    await _within(self._ep.recv(view), stall)  # a stall: `_guard` aborts the endpoint, which ends it
                     tag.update(view)
             tag.verify(await _recv_bytes(self._ep, auth.TAG_BYTES, stall), peer=self.peer, kind=wh.kind)
             return Message(wh.kind, wh.header, bufs, msg_id=wh.msg_id, reply_to=wh.reply_to)
@@ -342,9 +344,13 @@ class UcxTransport(Transport):
 
         async def go() -> tuple[Any, auth.SessionKeys]:
             ep = await _ucxx().create_endpoint(host, port, connect_timeout=timeout_s)
-            hs = auth.ClientHandshake(self._secret, address)
-            await _send_bytes(ep, hs.answer(await _recv_bytes(ep, hs.HELLO_BYTES, timeout_s)))
-            return ep, hs.keys(await _recv_bytes(ep, auth.VERDICT_BYTES, timeout_s))
+            try:
+                hs = auth.ClientHandshake(self._secret, address)
+                await _send_bytes(ep, hs.answer(await _recv_bytes(ep, hs.HELLO_BYTES, timeout_s)))
+                return ep, hs.keys(await _recv_bytes(ep, auth.VERDICT_BYTES, timeout_s))
+            except BaseException:
+                ep.abort()  # ends a handshake receive still posted (a timed-out one is never cancelled: `_within`)
+                raise
 
         try:
             ep, keys = _run(go())

@@ -1,11 +1,14 @@
 """How a ucx connection ends, over loopback (UCX_TLS=tcp): a reader woken by its own side's close, a peer that
-closes in order (PeerClosed after everything it sent, as over TCP), a send the peer never takes (PeerTimeout at
-the stall timeout). Skipped when the optional ucxx is not installed."""
+closes in order (PeerClosed after everything it sent, as over TCP), a send the peer never takes and a frame that
+does not arrive in time (PeerTimeout at the stall timeout). Skipped when the optional ucxx is not installed."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +18,7 @@ import torch
 
 from rlctl.errors import PeerClosed, PeerTimeout, PeerUnreachable
 from rlctl.transport import Connection, Listener, Message
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("ucxx") is None, reason="ucxx not installed (optional extra: pip install 'rlctl[ucx]')"
@@ -95,3 +99,71 @@ def test_a_send_the_peer_never_takes_ends_at_the_stall_timeout(transport: Any) -
     finally:
         server.close()
         lst.close()
+
+
+# Both ends in one process: a receiver whose stall bound (0.05 s) ends while a 128 MiB frame is still arriving (UCX
+# over loopback TCP moves it in a few hundred ms here), so its receive request is in flight, matched and filling.
+# Cancelling that request crashed the process (a segfault), hence a process of its own.
+_SLOW_FRAME = textwrap.dedent(
+    """
+    import os, threading
+    for key, value in {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_TCP_CM_REUSEADDR": "y"}.items():
+        os.environ.setdefault(key, value)
+    import torch
+    from rlctl.errors import PeerUnreachable
+    from rlctl.transport import Message
+    from rlctl.transport.ucx import UcxConfig, UcxTransport
+
+    receiving = UcxTransport(secret=b"s", config=UcxConfig(stall_timeout_s=0.05))
+    sending = UcxTransport(secret=b"s", config=UcxConfig(stall_timeout_s=30))
+    lst = receiving.listen("ucx://127.0.0.1:0")
+    accepted = []
+    th = threading.Thread(target=lambda: accepted.append(lst.accept(timeout_s=20)))
+    th.start()
+    client = sending.connect(lst.address, timeout_s=20)
+    th.join()
+    server = accepted[0]
+
+    def send():
+        try:
+            client.send(Message("big", {}, [torch.zeros(128 << 20, dtype=torch.uint8)]))
+        except Exception:  # the receiver's abort may reach the send: not what this checks
+            pass
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        server.recv(timeout_s=20)
+        print("received", flush=True)
+    except Exception as e:
+        print(f"{type(e).__name__}: {e}", flush=True)
+    try:
+        server.recv(timeout_s=1)
+    except PeerUnreachable as e:
+        print(f"then {type(e).__name__}: {e}", flush=True)
+    sender.join()
+    client.close()
+    again = sending.connect(lst.address, timeout_s=20)  # the process, its UCX worker and the listener go on
+    conn = lst.accept(timeout_s=20)
+    again.send(Message("after", {"n": 1}))
+    print("after", conn.recv(timeout_s=20).header, flush=True)
+    """
+)
+
+
+def test_a_frame_that_stalls_mid_arrival_times_out_without_cancelling_its_receive() -> None:
+    """The frame's receive gives up at the stall timeout by aborting the endpoint (its request then ends with an error),
+    never by cancelling the request in flight: that crashed the process. PeerTimeout names the peer; the connection is
+    closed after it; the process goes on."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _SLOW_FRAME], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the stalled receive hung the process: {e.stdout!r}")
+    out = done.stdout.splitlines()
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert out[0].startswith("PeerTimeout: ucx-peer->ucx://") and out[0].endswith("receive stalled for 0.05s"), out
+    assert out[1].startswith("then PeerUnreachable:") and "connection is closed" in out[1], out
+    assert out[2] == "after {'n': 1}", out
