@@ -10,7 +10,7 @@ this shared machine.
            tensor (`recv(into=...)`, how the weight plane receives) and, separately, into fresh
            tensors (the default; page faults of a new 256 MiB buffer included);
 - rlctl 2 streams: `TcpConfig(num_streams=2)`, the tensor striped over two sockets;
-- rlctl untagged: the same framing on a connection without keys (no handshake, no per-message tag):
+- rlctl untagged: the same framing on a connection without keys (no handshake, no per-message tags):
            `auth_overhead` = rlctl / untagged − 1, the cost of authenticating every message (`transport/auth.py`);
 - rlctl encrypted: `transport.encrypt` (`TcpConfig(encrypt=True)`: frames AES-256-GCM): `encrypt_overhead` =
            encrypted / rlctl − 1;

@@ -1,5 +1,5 @@
 """Authentication of a connection, sans I/O (shared by tcp and ucx): the handshake that proves both ends hold
-the job's secret, and the per-message tag that proves every message after it came from that peer, unaltered,
+the job's secret, and the per-message tags that prove every message after it came from that peer, unaltered,
 in order.
 
 Handshake (HMAC-SHA256 with the per-job secret, both directions, fixed sizes, before any message):
@@ -12,23 +12,29 @@ Handshake (HMAC-SHA256 with the per-job secret, both directions, fixed sizes, be
 Both ends then derive one key per direction, HMAC(secret, "k" | direction | server_nonce | client_nonce):
 fresh for every connection, so a message recorded on one connection is worthless on any other.
 
-Every message then ends with a 16-byte tag of every byte of the message (preamble, header, frames) under the
-direction's key (a subkey per algorithm), bound to the message's sequence number: keyed BLAKE2b of
-sequence | bytes for a message up to `ONE_SHOT_BYTES`, else AES-256-GMAC (GCM over no plaintext) with the
-sequence number as its nonce:
+Every message then carries two 16-byte tags under the direction's key (a subkey per use), both bound to the
+message's sequence number: its header's, right after the header — keyed BLAKE2b of sequence | preamble | header —
+which the receiver checks before it parses the header or allocates anything the header asks for (a forged header
+could otherwise make it allocate up to `Limits.max_message_bytes`); then, when the message has frame bytes, its
+frames', after the last frame, over the header's tag and every frame byte: keyed BLAKE2b of sequence | bytes up to
+`ONE_SHOT_BYTES`, else AES-256-GMAC (GCM over no plaintext) with the sequence number as its nonce. A message
+without frame bytes is all preamble and header: the header's tag is its only one.
 
-    sender   MessageTag(key, seq) ─ update(preamble, header, frame bytes as they are sent) ─▶ tag() ─▶ wire
-    receiver MessageTag(key, seq) ─ update(… as they arrive) ─▶ verify(the 16 bytes after the frames)
+    sender   MessageTag(seq) ─ header(preamble, header) ─▶ wire
+             .frames(n) ─ update(frame bytes as they are sent) ─▶ tag() ─▶ wire
+    receiver MessageTag(seq) ─ open_header(preamble, header, the 16 bytes after it) ─▶ parse it, allocate
+             .frames(n) ─ update(… as they arrive) ─▶ verify(the 16 bytes after the frames)
 
 With `transport.encrypt` a message is sealed instead (AES-256-GCM, `Sealer`): its header and its frames
 encrypted, each part with its own tag; only the preamble (magic, header length) crosses in clear.
 
 A message that fails (altered, replayed, reordered, from another connection or another job) is a
-ProtocolError and closes the connection. The receiver has already written its frames into the buffers its
-BufferProvider gave (the bytes are authenticated after they land): those buffers hold unauthenticated bytes
-when `recv` raises. Messages up to `ONE_SHOT_BYTES` are tagged in one call (≈ 1 µs); longer ones are
-streamed through OpenSSL's GHASH (AES-NI + carry-less multiply: several GB/s per core), and from
-`LANE_MIN_BYTES` on a thread of the connection's own, beside the one that sends or receives the bytes.
+ProtocolError and closes the connection. A header that fails is refused before its BufferProvider is asked for
+anything; frames that fail have already been written into the buffers it gave (the bytes are authenticated
+after they land): those buffers hold unauthenticated bytes when `recv` raises. Frames up to `ONE_SHOT_BYTES` are
+tagged in one call (≈ 1 µs), as is every header; longer ones are streamed through OpenSSL's GHASH (AES-NI +
+carry-less multiply: several GB/s per core), and from `LANE_MIN_BYTES` on a thread of the connection's own,
+beside the one that sends or receives the bytes.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ HELLO = b"RLH1"
 NONCE_BYTES = 32
 MAC_BYTES = 32  # a handshake proof (HMAC-SHA256)
 VERDICT_BYTES = 2 + MAC_BYTES
-TAG_BYTES = 16  # a message's tag (GMAC)
+TAG_BYTES = 16  # a header's or frames' tag (BLAKE2b or GMAC)
 ONE_SHOT_BYTES = 64 << 10  # messages up to this size are tagged in one call
 LANE_MIN_BYTES = 4 << 20  # messages from this size are tagged on a thread beside the one moving their bytes
 BATCH_BYTES = 1 << 20  # received bytes are handed to the tag in pieces of about this size
@@ -132,9 +138,42 @@ class ClientHandshake:
 
 
 class MessageTag:
-    """The tag of one message, fed its bytes in order (see the module docstring). With a `lane` (a one-thread
-    executor: OpenSSL releases the GIL) the bytes are tagged there, in order, while the caller sends or receives
-    the next ones; the views passed must stay unchanged until `tag()`."""
+    """The two tags of one message (see the module docstring): its header's, made or checked before anything reads
+    the header, then — when the message has frame bytes — its frames' (`frames`, bound to the header's tag)."""
+
+    def __init__(self, tagger: Tagger, seq: int) -> None:
+        self._tagger = tagger
+        self._seq = seq
+        self._header_tag = b""
+
+    def _of_header(self, preamble: bytes, body: bytes) -> bytes:
+        h = hashlib.blake2b(self._seq.to_bytes(12, "big"), key=self._tagger.header_key, digest_size=TAG_BYTES)
+        h.update(preamble)
+        h.update(body)
+        self._header_tag = h.digest()
+        return self._header_tag
+
+    def header(self, preamble: bytes, body: bytes) -> bytes:
+        """The tag that goes right after the header."""
+        return self._of_header(preamble, body)
+
+    def open_header(self, preamble: bytes, body: bytes, tag: bytes, *, peer: str, kind: str | None = None) -> None:
+        """Check a received header's tag before the header is parsed or sized from (ProtocolError when it fails)."""
+        if not hmac.compare_digest(self._of_header(preamble, body), tag):
+            raise _refused(peer, kind)
+
+    def frames(self, nbytes: int = 0) -> FramesTag:
+        """The tag of this message's `nbytes` frame bytes, after its header's (made or checked first)."""
+        assert self._header_tag, "the header's tag comes first"
+        tag = FramesTag(self._tagger.key, self._tagger.aes, self._seq, self._tagger.lane(nbytes))
+        tag.update(self._header_tag)
+        return tag
+
+
+class FramesTag:
+    """The tag of a message's frames, fed the header's tag then the frame bytes in order (see the module docstring).
+    With a `lane` (a one-thread executor: OpenSSL releases the GIL) the bytes are tagged there, in order, while the
+    caller sends or receives the next ones; the views passed must stay unchanged until `tag()`."""
 
     def __init__(self, key: bytes, aes: algorithms.AES, seq: int, lane: ThreadPoolExecutor | None = None) -> None:
         self._key, self._aes = key, aes
@@ -180,26 +219,30 @@ class MessageTag:
 
 
 class Tagger:
-    """One direction of a connection: the tag of its next message (sequence numbers 0, 1, 2, …); a message of
-    at least `LANE_MIN_BYTES` is tagged on this direction's lane thread (started on first use)."""
+    """One direction of a connection: the tags of its next message (sequence numbers 0, 1, 2, …); a message with at
+    least `LANE_MIN_BYTES` of frames has them tagged on this direction's lane thread (started on first use)."""
 
     def __init__(self, key: bytes) -> None:
-        # one subkey per algorithm, never the same key for both
-        self._key = hmac.digest(key, b"blake2b", "sha256")
-        self._aes = algorithms.AES(hmac.digest(key, b"aes-gmac", "sha256"))
+        # one subkey per use, never the same key for two: headers' BLAKE2b, frames' BLAKE2b, frames' GMAC
+        self.header_key = hmac.digest(key, b"blake2b-header", "sha256")
+        self.key = hmac.digest(key, b"blake2b", "sha256")
+        self.aes = algorithms.AES(hmac.digest(key, b"aes-gmac", "sha256"))
         self._seq = 0
         self._lane: ThreadPoolExecutor | None = None
         self._closed = False
 
-    def next(self, nbytes: int = 0) -> MessageTag:
-        lane = None
-        if nbytes >= LANE_MIN_BYTES and not self._closed:  # closed: tagged inline, and the send fails on its socket
-            if self._lane is None:
-                self._lane = ThreadPoolExecutor(1, thread_name_prefix="tag")
-            lane = self._lane
-        tag = MessageTag(self._key, self._aes, self._seq, lane)
+    def next(self) -> MessageTag:
+        tag = MessageTag(self, self._seq)
         self._seq += 1
         return tag
+
+    def lane(self, nbytes: int) -> ThreadPoolExecutor | None:
+        """The lane thread for a message's `nbytes` of frames; None: tagged inline."""
+        if nbytes < LANE_MIN_BYTES or self._closed:  # closed: tagged inline, and the send fails on its socket
+            return None
+        if self._lane is None:
+            self._lane = ThreadPoolExecutor(1, thread_name_prefix="tag")
+        return self._lane
 
     def close(self) -> None:
         """Stop the lane thread; a message tagged after this (a send racing the connection's close) is tagged

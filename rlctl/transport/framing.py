@@ -5,8 +5,11 @@
     header   = msgpack WireHeader{kind, header, msg_id, reply_to, frames: [[dtype, shape, nbytes], ...]}
     frame_i  = nbytes raw bytes of tensor i (C-contiguous, native little-endian), nothing else
 
-With a connection's keys (every connection rlctl opens: `auth.py`), a 16-byte tag over all of the above
-follows the last frame.
+With a connection's keys (every connection rlctl opens: `auth.py`) a message carries two 16-byte tags:
+
+    message  = preamble | header | header_tag | frame_0 | frame_1 | ... | frames_tag
+    header_tag = over preamble and header, checked before `decode_header` (nothing is allocated for a forged one)
+    frames_tag = over header_tag and every frame byte; absent when the message has no frame bytes
 
 The receiver learns every frame's dtype/shape/size from the header, checks the bounds, allocates
 (or is handed) the destination tensors and reads the bytes into them: no pickle, no staging copy.

@@ -88,7 +88,7 @@ def _wait_readable(sock: socket.socket, timeout_s: float | None, poller: select.
     return bool(poller.poll(None if timeout_s is None else max(0, int(timeout_s * 1000))))
 
 
-def _send_sliced(sock: socket.socket, view: memoryview, tag: auth.MessageTag | None = None) -> None:
+def _send_sliced(sock: socket.socket, view: memoryview, tag: auth.FramesTag | None = None) -> None:
     for off in range(0, view.nbytes, _SEND_SLICE_BYTES):
         piece = view[off : off + _SEND_SLICE_BYTES]
         if tag is not None:
@@ -177,21 +177,24 @@ class TcpConnection(Connection):
         tensors = framing.wire_tensors(msg.tensors)
         head = framing.encode_header(msg, tensors)
         views = [framing.tensor_bytes(t) for t in tensors]
-        total = len(head) + sum(v.nbytes for v in views)
-        tag = self._out.next(total) if self._out is not None else None
+        frame_bytes = sum(v.nbytes for v in views)
+        total = len(head) + frame_bytes
+        tag = None
+        if self._out is not None:  # the header's tag right after it; the frames' tag after them, if any
+            message = self._out.next()
+            cut = framing.PREAMBLE.size
+            head += message.header(head[:cut], head[cut:])
+            tag = message.frames(frame_bytes) if frame_bytes else None
         try:
             if self._seal_out is not None:
                 self._send_sealed(head, views, total)
                 return
             if total <= _SMALL_MESSAGE_BYTES:
-                data = b"".join([head, *views])
                 if tag is not None:
-                    tag.update(data)
-                    data += tag.tag()
-                self._sock.sendall(data)
+                    for v in views:
+                        tag.update(v)
+                self._sock.sendall(b"".join([head, *views, tag.tag() if tag is not None else b""]))
                 return
-            if tag is not None:
-                tag.update(head)
             self._sock.sendall(head)
             for v in views:
                 if self._send_pool is not None and v.nbytes >= self._stripe_min:
@@ -332,7 +335,7 @@ class TcpConnection(Connection):
         self._start += n
         return out
 
-    def _read_into(self, dest: memoryview, tag: auth.MessageTag | None = None) -> None:
+    def _read_into(self, dest: memoryview, tag: auth.FramesTag | None = None) -> None:
         n = dest.nbytes
         take = min(n, self._end - self._start)
         if take:
@@ -369,16 +372,18 @@ class TcpConnection(Connection):
             pre = self._read_exact(framing.PREAMBLE.size)
             n = framing.parse_preamble(pre, self._cfg.limits, self.peer)
             seal = self._seal_in.next() if self._seal_in is not None else None
-            if seal is not None:  # a sealed header is authenticated before it is parsed
+            message = self._in.next() if self._in is not None else None
+            if seal is not None:  # a header is authenticated before it is parsed (and sizes any buffer)
                 body = seal.open_header(pre, self._read_exact(n + auth.TAG_BYTES), peer=self.peer)
+            elif message is not None:
+                got = self._read_exact(n + auth.TAG_BYTES)
+                body = got[:n]
+                message.open_header(pre, body, got[n:], peer=self.peer)
             else:
                 body = self._read_exact(n)
             wh, specs = framing.decode_header(body, self._cfg.limits, self.peer)
             frame_bytes = sum(s.nbytes for s in specs)
-            tag = self._in.next(frame_bytes) if self._in is not None else None
-            if tag is not None:
-                tag.update(pre)
-                tag.update(body)
+            tag = message.frames(frame_bytes) if message is not None and frame_bytes else None
             dec = seal.frames_decryptor() if seal is not None and frame_bytes else None
             bufs = into(wh.kind, wh.header, specs)
             check_buffers(specs, bufs)

@@ -3,8 +3,9 @@
 Same message layout and handshake as TCP (`framing.py`), but every part travels as its own UCX
 tag message, so each tensor frame is received by UCX straight into the destination tensor:
 
-    preamble (8 B) | header (n B) | frame_0 | frame_1 | ... | tag (16 B)   (empty frames are not sent)
-    end of stream: "RLE1" | 0 (8 B) | tag (16 B)   (`close` with no message half-sent: the peer raises PeerClosed)
+    preamble (8 B) | header (n B) + header tag (16 B) | frame_0 | frame_1 | ... | frames tag (16 B)
+        (empty frames are not sent; no frames tag without frame bytes)
+    end of stream: "RLE1" | 0 (8 B) | header tag (16 B)  (`close` with no message half-sent: the peer raises PeerClosed)
     handshake (`auth.py`): hello (36 B) → proof (64 B) → verdict (34 B: "OK"+server proof, or "NO"+zeros)
 
 ucxx is asyncio-based; one event-loop thread per process runs every UCX call and the blocking
@@ -142,11 +143,13 @@ class UcxConnection(Connection):
         tensors = framing.wire_tensors(msg.tensors)
         head = framing.encode_header(msg, tensors)
         pre, body = head[: framing.PREAMBLE.size], head[framing.PREAMBLE.size :]
-        tag = self._out.next()  # tagged here, before the sends: UCX moves the bytes without this thread
-        tag.update(head)
+        message = self._out.next()  # tagged here, before the sends: UCX moves the bytes without this thread
+        body += message.header(pre, body)  # one UCX message: the header and its tag
         views = [framing.tensor_bytes(t) for t in tensors if t.numel()]
-        for v in views:
-            tag.update(v)
+        tag = message.frames() if views else None  # no frame bytes: the header's tag is the message's
+        if tag is not None:
+            for v in views:
+                tag.update(v)
 
         stall = self._cfg.stall_timeout_s
 
@@ -155,7 +158,8 @@ class UcxConnection(Connection):
             await _within(_send_bytes(self._ep, body), stall)
             for v in views:
                 await _within(self._ep.send(v), stall)
-            await _within(_send_bytes(self._ep, tag.tag()), stall)
+            if tag is not None:
+                await _within(_send_bytes(self._ep, tag.tag()), stall)
 
         self._guard(go(), "send")
 
@@ -191,19 +195,20 @@ class UcxConnection(Connection):
         stall = self._cfg.stall_timeout_s
 
         async def rest() -> Message:
-            body = await _recv_bytes(self._ep, n, stall)
+            got = await _recv_bytes(self._ep, n + auth.TAG_BYTES, stall)
+            body = got[:n]
+            message = self._in.next()
+            message.open_header(self._pre.tobytes(), body, got[n:], peer=self.peer)  # before it sizes any buffer
             wh, specs = framing.decode_header(body, self._cfg.limits, self.peer)
-            tag = self._in.next()
-            tag.update(self._pre.tobytes())
-            tag.update(body)
             bufs = into(wh.kind, wh.header, specs)
             check_buffers(specs, bufs)
-            for b in bufs:
-                if b.numel():
-                    view = framing.tensor_bytes(b)
+            views = [framing.tensor_bytes(b) for b in bufs if b.numel()]
+            if views:  # none: the header's tag was the message's
+                tag = message.frames()
+                for view in views:
                     await _within(self._ep.recv(view), stall)  # a stall: `_guard` aborts the endpoint, which ends it
                     tag.update(view)
-            tag.verify(await _recv_bytes(self._ep, auth.TAG_BYTES, stall), peer=self.peer, kind=wh.kind)
+                tag.verify(await _recv_bytes(self._ep, auth.TAG_BYTES, stall), peer=self.peer, kind=wh.kind)
             return Message(wh.kind, wh.header, bufs, msg_id=wh.msg_id, reply_to=wh.reply_to)
 
         return self._guard(rest(), "receive")
@@ -211,11 +216,10 @@ class UcxConnection(Connection):
     def _ended(self) -> NoReturn:
         """The peer's end frame (`close`): its tag proves it came after every message the peer sent, so the stream
         ended in order (PeerClosed, as a TCP peer's FIN); a wrong tag is a ProtocolError."""
-        tag = self._in.next()
-        tag.update(_END_PREAMBLE)
+        message = self._in.next()
         try:
             got = self._guard(_recv_bytes(self._ep, auth.TAG_BYTES, self._cfg.stall_timeout_s), "receive")
-            tag.verify(got, peer=self.peer, kind="end of stream")
+            message.open_header(_END_PREAMBLE, b"", got, peer=self.peer, kind="end of stream")
         finally:
             self.close()
         raise PeerClosed(f"{self.peer}: connection closed by peer")
@@ -256,11 +260,10 @@ class UcxConnection(Connection):
             if self._pending is not None:
                 self._pending.cancel()
             if in_order:
-                tag = self._out.next()
-                tag.update(_END_PREAMBLE)
+                tag = self._out.next().header(_END_PREAMBLE, b"")  # a message of its preamble alone
                 with contextlib.suppress(Exception):  # a peer gone already: nothing to tell it
                     await _within(_send_bytes(self._ep, _END_PREAMBLE), _END_TIMEOUT_S)
-                    await _within(_send_bytes(self._ep, tag.tag()), _END_TIMEOUT_S)
+                    await _within(_send_bytes(self._ep, tag), _END_TIMEOUT_S)
             try:
                 await asyncio.wait_for(self._ep.close(), 5)
             except Exception:  # noqa: BLE001 - closing an endpoint whose peer is gone may fail; nothing to do

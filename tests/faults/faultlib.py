@@ -369,7 +369,7 @@ def skip_without_nft() -> None:
 class ChunkFlip:
     """For a Proxy in front of a weight node: flips one bit in the middle of the first `chunk` frame of every other
     connection (server → client: connections 1, 3, 5, …), `connections` flips in all, so the bytes still frame
-    correctly and only the message's tag (and the chunk's checksum behind it) can tell; the connection after a
+    correctly and only the frames' tag (and the chunk's checksum behind it) can tell; the connection after a
     flipped one goes through untouched, so every flipped fetch can complete on its next attempt. Records
     (connection, version, chunk index, time) of every flip."""
 
@@ -414,9 +414,10 @@ class _Stream:
             if len(self.buf) < body + n:
                 return
             wh, specs = framing.decode_header(bytes(self.buf[body : body + n]), limits, "proxy")
-            frames = body + n
+            frames = body + n + auth.TAG_BYTES  # after the header's tag
             if wh.kind == "chunk" and specs and specs[0].nbytes:
                 self.target = frames + specs[0].nbytes // 2
                 self.version, self.index = int(wh.header["version"]), int(wh.header["index"])
                 return
-            self.pos = frames + sum(s.nbytes for s in specs) + auth.TAG_BYTES
+            frame_bytes = sum(s.nbytes for s in specs)
+            self.pos = frames + frame_bytes + (auth.TAG_BYTES if frame_bytes else 0)  # the frames' tag, if any

@@ -86,15 +86,18 @@ def test_read_timeout_names_the_peer_and_the_connection_survives(listener):
     server.close()
 
 
-# A peer process that authenticates, announces a 64 MiB tensor, sends 1 MiB of it, then waits.
+# A peer process that authenticates, announces a 64 MiB tensor (its header tagged, as a real sender's), sends 1 MiB
+# of it, then waits.
 _HALF_SENDER = textwrap.dedent(
     """
     import sys, torch
     from rlctl.transport import Message, TcpTransport
-    from rlctl.transport.framing import encode_header, wire_tensors
+    from rlctl.transport.framing import PREAMBLE, encode_header, wire_tensors
     conn = TcpTransport(secret=bytes.fromhex(sys.argv[2])).connect(sys.argv[1], timeout_s=10)
     msg = Message("weights", {}, wire_tensors([torch.zeros(64 << 20, dtype=torch.uint8)]))
-    conn._sock.sendall(encode_header(msg, msg.tensors) + bytes(1 << 20))
+    head = encode_header(msg, msg.tensors)
+    head += conn._out.next().header(head[: PREAMBLE.size], head[PREAMBLE.size :])
+    conn._sock.sendall(head + bytes(1 << 20))
     print("sent", flush=True)
     sys.stdin.read()
     """

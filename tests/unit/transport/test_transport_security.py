@@ -22,7 +22,7 @@ import torch
 
 from rlctl.agents.listen import store_listener
 from rlctl.errors import AuthError, PeerTimeout, PeerUnreachable, ProtocolError
-from rlctl.transport import InprocTransport, Message, TcpTransport, auth, framing, tcp
+from rlctl.transport import InprocTransport, Message, TcpTransport, TensorSpec, auth, framing, tcp
 from rlctl.transport.auth import HELLO, MAC_BYTES, NONCE_BYTES, VERDICT_BYTES
 from rlctl.transport.base import bind_host
 from rlctl.transport.framing import MAGIC
@@ -201,6 +201,50 @@ def test_a_message_replayed_or_moved_to_another_connection_is_refused() -> None:
     with pytest.raises(ProtocolError, match="failed authentication"):
         other.recv(timeout_s=5)
     a.close()
+
+
+class _Asked:
+    """A BufferProvider that records what it was asked for and refuses it (nothing is allocated)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, list[int]]] = []
+
+    def __call__(self, kind: str, header: dict[str, Any], specs: list[TensorSpec]) -> list[torch.Tensor]:
+        self.asked.append((kind, [s.nbytes for s in specs]))
+        raise ProtocolError(f"the provider was asked for {kind!r}")
+
+
+def test_a_forged_header_is_refused_before_anything_is_allocated_for_it() -> None:
+    """An on-path peer without the keys injects a well-formed header announcing 16 GiB: its header's tag fails
+    before the header is parsed, so the BufferProvider is never asked (it would have allocated the 16 GiB)."""
+    keys = auth.SessionKeys.pair(SECRET)
+    a, b = socket.socketpair()
+    receiver = tcp.TcpConnection(b, "peer-a", tcp.TcpConfig(), keys=keys[1])
+    body = msgspec.msgpack.encode(framing.WireHeader("weights", {}, 1, 0, [("uint8", [16 << 30], 16 << 30)]))
+    a.sendall(framing.PREAMBLE.pack(MAGIC, len(body)) + body + bytes(auth.TAG_BYTES) + bytes(1 << 16))
+    provider = _Asked()
+    with pytest.raises(ProtocolError) as e:
+        receiver.recv(timeout_s=5, into=provider)
+    assert provider.asked == [], provider.asked
+    assert str(e.value).startswith("peer-a: a message's header failed authentication"), e.value
+    with pytest.raises(PeerUnreachable):
+        receiver.recv(timeout_s=1)  # closed: nothing after it is trusted
+    a.close()
+
+
+def test_a_header_altered_on_the_way_is_refused_before_the_buffer_provider_is_asked(listener) -> None:
+    """One bit flipped inside a real message's header (the kind: it still parses) over a listener's connection."""
+    handshake = NONCE_BYTES + MAC_BYTES + 1 + tcp._STREAMS.size  # client → server before the first message
+    proxy = _BitFlipProxy(_addr(listener), at=handshake + framing.PREAMBLE.size + 3)  # "weights" → "wdights"
+    client = TcpTransport(secret=SECRET).connect(proxy.address, timeout_s=5)
+    server = listener.accept(timeout_s=5)
+    client.send(Message("weights", {"v": 1}, [torch.arange(1 << 16, dtype=torch.int32)]))
+    provider = _Asked()
+    with pytest.raises(ProtocolError) as e:
+        server.recv(timeout_s=5, into=provider)
+    assert provider.asked == [], provider.asked
+    assert str(e.value).startswith(f"{server.peer}: a message's header failed authentication"), e.value
+    client.close()
 
 
 def _drain(sock: socket.socket) -> bytes:

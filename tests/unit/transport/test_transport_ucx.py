@@ -1,6 +1,7 @@
 """How a ucx connection ends, over loopback (UCX_TLS=tcp): a reader woken by its own side's close, a peer that
 closes in order (PeerClosed after everything it sent, as over TCP), a send the peer never takes and a frame that
-does not arrive in time (PeerTimeout at the stall timeout). Skipped when the optional ucxx is not installed."""
+does not arrive in time (PeerTimeout at the stall timeout); a forged header refused before anything is allocated for
+it. Skipped when the optional ucxx is not installed."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-from rlctl.errors import PeerClosed, PeerTimeout, PeerUnreachable
-from rlctl.transport import Connection, Listener, Message
+from rlctl.errors import PeerClosed, PeerTimeout, PeerUnreachable, ProtocolError
+from rlctl.transport import Connection, Listener, Message, auth
 from tests.conftest import ROOT
+from tests.unit.transport.test_transport_security import _Asked
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("ucxx") is None, reason="ucxx not installed (optional extra: pip install 'rlctl[ucx]')"
@@ -98,6 +100,27 @@ def test_a_send_the_peer_never_takes_ends_at_the_stall_timeout(transport: Any) -
         assert not isinstance(e.value, PeerClosed), e.value
     finally:
         server.close()
+        lst.close()
+
+
+def test_a_forged_header_is_refused_before_the_buffer_provider_is_asked(transport: Any) -> None:
+    """A peer whose tags are not under the connection's keys (an on-path injector has none) sends a well-formed
+    message: its header's tag fails before the header is parsed, so the BufferProvider is never asked."""
+    lst, client, server = _pair(transport)
+    client._out = auth.Tagger(os.urandom(32))  # a key this connection never agreed
+    frame = torch.zeros(1 << 20, dtype=torch.uint8)
+    sender, _ = _in_thread(lambda: client.send(Message("weights", {"v": 1}, [frame])))
+    provider = _Asked()
+    try:
+        with pytest.raises(ProtocolError) as e:
+            server.recv(timeout_s=5, into=provider)
+        assert provider.asked == [], provider.asked
+        assert str(e.value).startswith(f"{server.peer}: a message's header failed authentication"), e.value
+        with pytest.raises(PeerUnreachable):
+            server.recv(timeout_s=1)  # closed: nothing after it is trusted
+    finally:
+        sender.join(timeout=10)  # its frame is never taken: the send ends at its stall timeout
+        client.close()
         lst.close()
 
 
