@@ -33,6 +33,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, TextIO
@@ -80,6 +81,7 @@ class Phase:
     name: str
     started: float
     limit_s: float
+    thread: int = 0  # the thread that runs it (its stack is written first)
 
 
 class Watchdog:
@@ -120,7 +122,7 @@ class Watchdog:
             yield
             return
         start = self._clock()
-        self._phase = current = Phase(phase, start, limit)
+        self._phase = current = Phase(phase, start, limit, threading.get_ident())
         if self._armed is None:  # the first phase after a wait: armed at once (it may hang holding the GIL at once)
             with self._lock:
                 self._arm(current, start)
@@ -160,6 +162,12 @@ class Watchdog:
             HUNG_EXIT,
         )
         with contextlib.suppress(Exception):  # the stacks are a courtesy: the exit must happen
+            # the hung loop's own stack first: faulthandler writes the newest threads first and stops after 100, so
+            # in an agent with many threads (a controller's readers, pools) the loop's — the oldest — was cut off
+            frame = sys._current_frames().get(phase.thread)
+            if frame is not None:
+                out.write(f"The hung phase's thread ({phase.name}), most recent call last:\n")
+                out.write("".join(traceback.format_stack(frame)))
             out.flush()
             faulthandler.dump_traceback(file=out, all_threads=True)
             out.flush()

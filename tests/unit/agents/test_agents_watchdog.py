@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 from rlctl.agents import watchdog as wd
@@ -70,6 +71,26 @@ def test_a_phase_past_its_limit_ends_the_agent_with_its_stacks(tmp_path: Path) -
     stacks = (tmp_path / "stderr").read_text()
     assert "most recent call first" in stacks
     assert "test_a_phase_past_its_limit_ends_the_agent_with_its_stacks" in stacks  # where the loop was
+
+
+def test_the_hung_loops_stack_is_written_whatever_the_number_of_threads(tmp_path: Path) -> None:
+    """faulthandler writes the newest threads first and stops after 100: an agent with more (a controller's
+    readers and pools) lost the stack of the loop that hung, its oldest thread. That one is written first."""
+    stop = threading.Event()
+    idle = [threading.Thread(target=stop.wait, daemon=True) for _ in range(120)]
+    for t in idle:
+        t.start()
+    try:
+        dog, clock, _ = _watchdog(tmp_path, 30.0)
+        with dog.busy("engine step"):
+            clock.t += 31.0
+            assert dog.check()
+    finally:
+        stop.set()
+    stacks = (tmp_path / "stderr").read_text()
+    mine = stacks.split("most recent call first")[0]  # what comes before faulthandler's dump
+    assert "The hung phase's thread (engine step)" in mine
+    assert "test_the_hung_loops_stack_is_written_whatever_the_number_of_threads" in mine
 
 
 def test_heartbeats_say_which_phase_runs_and_for_how_long(tmp_path: Path) -> None:
