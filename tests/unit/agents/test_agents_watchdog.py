@@ -87,6 +87,8 @@ def test_the_hung_loops_stack_is_written_whatever_the_number_of_threads(tmp_path
             assert dog.check()
     finally:
         stop.set()
+        for t in idle:
+            t.join()
     stacks = (tmp_path / "stderr").read_text()
     mine = stacks.split("most recent call first")[0]  # what comes before faulthandler's dump
     assert "The hung phase's thread (engine step)" in mine
