@@ -1,9 +1,11 @@
 """Which job a command means: `rlctl status|scale|stop|logs|report [JOB]` all resolve JOB here.
 
 JOB omitted          ─▶ the most recently updated job in the index
-JOB = a directory    ─▶ that job directory (must hold job.json)
+JOB = a job directory ─▶ that job directory (a directory holding job.json; any other is no job: a job's
+                        config folder named like it, jobs/demo/, does not hide the job)
 JOB = an index id    ─▶ that row (ids are job-directory names, e.g. demo-20261122-131045)
 JOB = a job name     ─▶ the newest row whose job has that name
+A job directory and an index row that both match but are different jobs: UsageError naming both.
 
 `rlctl.launch.jobdir.resume_command` names a job the way `rlctl launch --resume JOB` resolves it back here.
 """
@@ -44,21 +46,25 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
             raise UsageError(f"no jobs in the index ({db.path})", hint="start one with `rlctl launch JOB.yaml`")
         return JobRef(row.name, JobDir(Path(row.job_dir)), row)
     path = Path(ref).expanduser()
-    if path.is_dir():
-        if not (path / "job.json").exists():
-            raise UsageError(f"{path}: not a job directory (no job.json)")
-        ids = {r.job_dir: r for r in db.list()}
-        row = ids.get(str(path.resolve()))
-        return JobRef(path.resolve().name, JobDir(path.resolve()), row)
     rows = db.list()
     by_id = {r.name: r for r in rows}
-    if ref in by_id:
-        row = by_id[ref]
-        return JobRef(row.name, JobDir(Path(row.job_dir)), row)
     named = [r for r in rows if r.spec.get("name") == ref]
-    if named:
-        row = max(named, key=lambda r: r.created_s)
-        return JobRef(row.name, JobDir(Path(row.job_dir)), row)
+    indexed = by_id[ref] if ref in by_id else max(named, key=lambda r: r.created_s) if named else None
+    if path.is_dir() and (path / "job.json").exists():
+        here = path.resolve()
+        same = indexed is not None and Path(indexed.job_dir).resolve() == here
+        if indexed is not None and not same:
+            raise UsageError(
+                f"{ref!r} names two jobs: the job directory {here} and the indexed job {indexed.name} "
+                f"({indexed.job_dir})",
+                hint=f"give the directory as a path (./{ref} or {here}) or the job by its id",
+            )
+        row = indexed if same else next((r for r in rows if r.job_dir == str(here)), None)
+        return JobRef(here.name, JobDir(here), row)
+    if indexed is not None:
+        return JobRef(indexed.name, JobDir(Path(indexed.job_dir)), indexed)
+    if path.is_dir():
+        raise UsageError(f"{path}: not a job directory (no job.json), and no job {ref!r} in the index ({db.path})")
     known = sorted({*by_id, *(str(r.spec.get("name")) for r in rows)})
     raise UsageError(
         f"no job {ref!r} in the index ({db.path}); known: {', '.join(known) or 'none'}{did_you_mean(ref, known)}",

@@ -1,0 +1,53 @@
+"""Which job `rlctl status|stop|logs … JOB` means (rlctl.ops.jobref.resolve): a directory in the working
+directory named like a job is that job only when it is a job directory (it holds job.json)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlctl.errors import UsageError
+from rlctl.ops.jobdb import JobDB
+from rlctl.ops.jobref import resolve
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> JobDB:
+    db = JobDB(tmp_path / "home" / "jobs.db")
+    for name, job in (("ar1", "ar"), ("tiny1", "tiny")):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "job.json").write_text("{}")
+        db.put(name, job_dir=str(tmp_path / "runs" / name), spec={"name": job})
+    return db
+
+
+def test_a_folder_named_like_a_job_does_not_hide_it(tmp_path: Path, db: JobDB, monkeypatch) -> None:
+    # `rlctl status ar` beside a folder ar/ (the job's config folder) said "ar: not a job directory (no job.json)"
+    cwd = tmp_path / "cwd"
+    (cwd / "ar").mkdir(parents=True)
+    (cwd / "ar1").mkdir()
+    monkeypatch.chdir(cwd)
+    assert resolve("ar", db=db).id == "ar1"  # by the job's name
+    ref = resolve("ar1", db=db)  # by its id
+    assert (ref.id, ref.jobdir.path, ref.row is not None) == ("ar1", tmp_path / "runs" / "ar1", True)
+    (cwd / "other").mkdir()
+    with pytest.raises(UsageError, match=r"^other: not a job directory \(no job.json\), and no job 'other' in"):
+        resolve("other", db=db)
+
+
+def test_a_job_directory_and_another_indexed_job_of_that_name_are_refused(
+    tmp_path: Path, db: JobDB, monkeypatch
+) -> None:
+    cwd = tmp_path / "cwd"
+    (cwd / "tiny").mkdir(parents=True)
+    (cwd / "tiny" / "job.json").write_text("{}")
+    monkeypatch.chdir(cwd)
+    with pytest.raises(UsageError) as e:
+        resolve("tiny", db=db)
+    here, indexed = cwd / "tiny", tmp_path / "runs" / "tiny1"
+    assert str(e.value) == f"'tiny' names two jobs: the job directory {here} and the indexed job tiny1 ({indexed})"
+    assert resolve("./tiny", db=db).jobdir.path == cwd / "tiny"  # as a path: the directory
+    monkeypatch.chdir(tmp_path / "runs")
+    ref = resolve("tiny1", db=db)  # the job's own directory and its row: one job
+    assert ref.jobdir.path == tmp_path / "runs" / "tiny1" and ref.row is not None and ref.row.name == "tiny1"
