@@ -7,6 +7,7 @@
     ├── PartialFailure              exit 3  some sites / agents failed, the rest answered
     ├── PlanError                   exit 1  no feasible allocation for the job
     ├── LaunchError                 exit 1  a backend could not start or stop agents
+    ├── Stopped                     exit 1  `rlctl stop` ended a run while its launcher started it
     └── TransportError              exit 1  anything on the wire
         ├── PeerUnreachable                 connect refused / no route
         ├── PeerTimeout                     connect or read deadline passed
@@ -69,6 +70,10 @@ class PlanError(RlctlError):
 
 class LaunchError(RlctlError):
     pass
+
+
+class Stopped(RlctlError):
+    """The operator stopped the job (`rlctl stop`) while its launcher was starting a run: nothing of it runs."""
 
 
 class TransportError(RlctlError):

@@ -66,6 +66,7 @@ from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, save
 from rlctl.checkpoint.files import prune, set_aside_newer
 from rlctl.config.job import DatasetTask, JobFile, refills
 from rlctl.errors import PeerClosed, TransportError
+from rlctl.launch.agentenv import ENV_RUN
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
 from rlctl.rl.ranker import LengthRanker, recall_at
@@ -1019,7 +1020,8 @@ class ControllerAgent:
                     peer.state = "stopped"
             elif msg.kind == "status":
                 self._reply_status(peer, msg)
-        end = summary(self.snapshot())
+        # the run it ends: a launcher takes only its own run's summary (`rlctl.ops.run.run_summary`)
+        end = {**summary(self.snapshot()), "run": os.environ.get(ENV_RUN)}
         self.jobdir.write_json(self.jobdir.summary_json, end)
         self.jobdir.event("job_end", state=end["state"], iterations=end["iterations"])
         self.tracker.close()

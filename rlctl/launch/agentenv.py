@@ -33,6 +33,7 @@ ENV_LISTEN_HOST = "RLCTL_LISTEN_HOST"
 ENV_PARALLEL = "RLCTL_PARALLEL"
 ENV_VISIBLE = "CUDA_VISIBLE_DEVICES"
 ENV_RESUME = "RLCTL_RESUME_VERSION"
+ENV_RUN = "RLCTL_RUN"  # the controller's run of its job (its launcher's id for it), written into summary.json
 BASE_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 

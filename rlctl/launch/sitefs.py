@@ -123,6 +123,11 @@ class HostFiles(ABC):
     def append(self, path: str, text: str) -> None: ...
 
     @abstractmethod
+    def move(self, path: str, to: str) -> bool:
+        """Rename the file `path` to `to` (a file there is replaced); False, and nothing changed, where there is
+        no file `path`."""
+
+    @abstractmethod
     def link(self, target: str, path: str) -> bool:
         """Make `path` a symbolic link to the directory `target` (a link already there is replaced); False, and
         nothing changed, where `path` is a real file or directory."""
@@ -232,6 +237,15 @@ class LocalFiles(HostFiles):
         with Path(path).open("a") as f:
             f.write(text)
 
+    def move(self, path: str, to: str) -> bool:
+        try:
+            os.replace(path, to)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise LaunchError(f"cannot move {path} to {to}: {e}") from e
+        return True
+
     def link(self, target: str, path: str) -> bool:
         p = Path(path)
         if p.exists() and not p.is_symlink():
@@ -323,6 +337,10 @@ class SshFiles(HostFiles):
 
     def append(self, path: str, text: str) -> None:
         self._run(f"cat >> {sh_path(path)}", stdin=text)
+
+    def move(self, path: str, to: str) -> bool:
+        p = sh_path(path)
+        return self._run(f"if [ -f {p} ]; then mv -f {p} {sh_path(to)} && echo moved; fi").strip() == "moved"
 
     def link(self, target: str, path: str) -> bool:
         p, tmp = sh_path(path), sh_path(f"{path}.link-tmp")

@@ -13,7 +13,8 @@ iterations since the last checkpoint, not the night:
 A run that completed no newer checkpoint is not resumed: it would start where it started and, most likely, fail the
 same way (a reward that raises, a trainer that cannot load): a crash loop that spends the cluster. A user's stop
 (`rlctl stop`: state stopped; or its controller killed after the grace, without a summary: `rlctl stop` writes a
-`stop_requested` event first) and the launcher's own end (Ctrl-C, SIGTERM) are never resumed.
+`stop_requested` event first) and the launcher's own end (Ctrl-C, SIGTERM) are never resumed; a stop while a resume
+stages or starts the job ends that start (`JobRun.start` raises Stopped, having stopped what it started).
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.jobdb import JobDB
-from rlctl.ops.operate import STOP_REQUESTED
-from rlctl.ops.run import JobRun
+from rlctl.ops.run import JobRun, stop_requested
 
 RESUME_HINT = "; continue the job with "  # how the controller's reason for a failure ends (`ControllerAgent._lose`)
 
@@ -37,12 +37,6 @@ def newest_checkpoint(jobdir: JobDir, *, since: float) -> int | None:
     (a `checkpoint` event is written once both parts of it are complete); None when it completed none."""
     done = [int(e["version"]) for e in _events(jobdir, since) if e.get("event") == "checkpoint"]
     return max(done) if done else None
-
-
-def stop_requested(jobdir: JobDir, *, since: float) -> bool:
-    """Whether `rlctl stop` was asked for the job since `since`: its controller may end without a summary then
-    (killed after the grace), which is no failure to resume."""
-    return any(e.get("event") == STOP_REQUESTED for e in _events(jobdir, since))
 
 
 def _events(jobdir: JobDir, since: float) -> list[dict[str, Any]]:
@@ -66,14 +60,17 @@ class Runs:
         self.db, self.say, self.show = db, say, show
         self.left = spec.checkpoint.auto_resume
         self.run: JobRun | None = None
+        self._began = time.time() - 0.001  # when this launcher began (events' times are rounded to the millisecond)
         self._since = 0.0  # when the current run started (time.time())
         self._from = 0  # the checkpoint it started from (0: the job's start)
 
     def start(self, *, resume: bool = False) -> JobRun:
         """Start a run (`resume`: from the job's latest complete checkpoint, and say which)."""
         self._since = time.time() - 0.001  # events' times are rounded to the millisecond
-        run = self.run = JobRun(self.jobdir, self.spec, self.plan, db=self.db, say=self.say, show=self.show)
-        run.start(resume=resume)
+        run = self.run = JobRun(
+            self.jobdir, self.spec, self.plan, db=self.db, say=self.say, show=self.show, stop_since=self._stops_since()
+        )
+        run.start(resume=resume)  # Stopped when `rlctl stop` came first
         point = run.resumed
         self._from = point.version if point is not None else 0
         if point is not None:
@@ -115,7 +112,7 @@ class Runs:
         """Resume the run that failed (`why`) when that is due (see the module's text); whether it was."""
         if self.left <= 0:
             return False
-        if stop_requested(self.jobdir, since=self._since):
+        if stop_requested(self.jobdir, since=self._stops_since()):
             return False
         newest = newest_checkpoint(self.jobdir, since=self._since)
         if newest is None or newest <= self._from:
@@ -135,6 +132,11 @@ class Runs:
         self.run.stop()  # what is left of the failed run (a LaunchError when some of it may still run: no resume)
         self.start(resume=True)
         return True
+
+    def _stops_since(self) -> float:
+        """From when a `rlctl stop` ends the job for this launcher: its start, or the start of the run it attached
+        to (`attach`), whichever came first; a stop of an earlier launcher's run was that run's."""
+        return min(self._began, self._since) if self._since else self._began
 
     def stop(self) -> None:
         """Stop every agent of the current run (the launcher's `finally`)."""

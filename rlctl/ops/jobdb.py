@@ -102,15 +102,29 @@ class JobDB:
         )
 
     def update(
-        self, name: str, *, state: str | None = None, controller: str | None = None, info: dict[str, Any] | None = None
-    ) -> None:
+        self,
+        name: str,
+        *,
+        state: str | None = None,
+        controller: str | None = None,
+        info: dict[str, Any] | None = None,
+        only_from: tuple[str, ...] | None = None,
+    ) -> bool:
+        """Change the job's row; with `only_from`, only while its state is one of those, decided by the UPDATE
+        itself (a launcher's `running` and an operator's `stopped` written at once: the one that comes second
+        sees the other's state and changes nothing). Whether the row changed."""
         row = self.get(name)
         assert state is None or state in STATES, state
         merged = {**row.info, **(info or {})}
-        self._conn.execute(
-            "UPDATE jobs SET state=?, controller=?, info=?, updated_s=? WHERE name=?",
-            (state or row.state, controller or row.controller, json.dumps(merged), time.time(), name),
+        where, args = "name=?", [name]
+        if only_from is not None:
+            where += f" AND state IN ({', '.join('?' for _ in only_from)})"
+            args += only_from
+        cur = self._conn.execute(
+            f"UPDATE jobs SET state=?, controller=?, info=?, updated_s=? WHERE {where}",
+            (state or row.state, controller or row.controller, json.dumps(merged), time.time(), *args),
         )
+        return cur.rowcount > 0
 
     def get(self, name: str) -> JobRow:
         row = self._conn.execute("SELECT * FROM jobs WHERE name=?", (name,)).fetchone()

@@ -26,12 +26,11 @@ from rlctl.launch.stage import all_recorded_agents, fetch_record, record_view
 from rlctl.ops.detach import launcher_state
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.jobref import JobRef
-from rlctl.ops.run import connect_client
+from rlctl.ops.run import STOP_REQUESTED, connect_client, current_run, run_summary
 from rlctl.rl.source import heldout_view
 from rlctl.transport import Message
 
 log = logging.getLogger(__name__)
-STOP_REQUESTED = "stop_requested"  # the event `rlctl stop` writes first
 
 STATUS_DEADLINE_S = 5.0
 
@@ -145,10 +144,8 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         out["figures_age_s"] = round(time.time() - float(last.get("t", time.time())), 1) if "t" in last else None
     if jd.evaluations.exists():  # held-out evaluations during the run (rlctl.agents.evaluation)
         out["heldout"] = heldout_view(jd.read_lines(jd.evaluations))
-    if jd.summary_json.exists():
-        summary = jd.read_json(jd.summary_json)
-        if not isinstance(summary, dict):
-            raise LaunchError(f"{jd.summary_json}: not a JSON object but {type(summary).__name__}")
+    summary = run_summary(jd, current_run(jd))  # not the run before's, left while this one runs
+    if summary is not None:
         out["summary"] = {k: v for k, v in summary.items() if k not in ("reward_curve",)}
         # the same totals as a live status: the ledger, resumes and replaced units
         out.update(ledger=out["summary"].get("ledger"), resilience=out["summary"].get("resilience"))
@@ -192,9 +189,13 @@ def first_samples(ref: JobRef, names: list[str]) -> dict[str, float]:
 
 
 def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
-    """Graceful (controller), then forced (every recorded agent on its site); verifies none is left."""
+    """Graceful (controller), then forced (every recorded agent on its site); verifies none is left. A job whose
+    index row says it ended (finished, failed, stopped) and of which no agent runs is left as it is: `ended` names
+    its state, nothing is written."""
     jd = ref.jobdir
     out: dict[str, Any] = {"id": ref.id}
+    if ref.row is not None and ref.row.state not in LIVE and not _any_running(ref):
+        return {**out, "ended": ref.row.state, "graceful": "-", "agents": [], "problems": []}
     jd.event(STOP_REQUESTED)  # before the controller can end: its launcher must not resume it (`autoresume`)
     try:
         ask_controller(ref, "shutdown", timeout_s=min(grace_s, 10.0))
@@ -222,8 +223,15 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
     jd.event("stopped_by_operator", agents=out["agents"], problems=problems)
     if ref.row is not None:
         db = JobDB()
-        try:
-            db.update(ref.row.name, state="stopped")
+        try:  # only a live job's row: one that ended meanwhile (its launcher wrote finished) keeps that
+            db.update(ref.row.name, state="stopped", only_from=LIVE)
         finally:
             db.close()
     return out
+
+
+def _any_running(ref: JobRef) -> bool:
+    """Whether some recorded agent of the job still runs, or may (its site did not answer): an index row that
+    says the job ended while an orphan of it runs on is no reason to leave that one running."""
+    agents, down = site_view(ref, timeout_s=STATUS_DEADLINE_S)
+    return bool(down) or any(a["state"] == "running" for a in agents)

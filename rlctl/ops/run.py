@@ -29,6 +29,8 @@ import logging
 import math
 import os
 import random
+import re
+import secrets
 import signal
 import socket
 import time
@@ -47,11 +49,11 @@ from rlctl.checkpoint.choose import (
 )
 from rlctl.config.inventory import Site
 from rlctl.config.job import Job, JobFile
-from rlctl.errors import LaunchError, RlctlError, UsageError
-from rlctl.launch.agentenv import ENV_RESUME, ENV_VISIBLE, ParallelConfig
+from rlctl.errors import LaunchError, RlctlError, Stopped, UsageError
+from rlctl.launch.agentenv import ENV_RESUME, ENV_RUN, ENV_VISIBLE, ParallelConfig
 from rlctl.launch.backends import AGENTS_FILE, Backends, kind_of, read_sites, record_agent, stop_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
-from rlctl.launch.jobdir import JobDir, refuse_taken, resume_command
+from rlctl.launch.jobdir import JobDir, json_lines, refuse_taken, resume_command
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, trainer_parallel, unshared_trainer
 from rlctl.launch.sitefs import HostFiles, LocalFiles, access_hosts, agent_view, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
@@ -79,6 +81,49 @@ UNREACHABLE_SAY_S = 300.0  # … and how often it says so again
 PORT_FLOOR = 20000  # MASTER_PORT is picked in [PORT_FLOOR, the ephemeral range's start)
 EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 DRY_RUN_CONTROLLER = "CONTROLLER_ADDR"  # what `--dry-run` shows for the address the controller gets at launch
+STOP_REQUESTED = "stop_requested"  # the event `rlctl stop` writes first (rlctl.ops.operate.stop)
+
+
+SUMMARY_ASIDE = re.compile(r"summary\.(\d+)\.json")  # an earlier run's summary, set aside when the next began
+
+
+def aside_name(job_dir: Path) -> str:
+    """Where the next run sets the job's summary.json aside: summary.<n>.json, n one past the highest there."""
+    taken = [int(m.group(1)) for p in job_dir.iterdir() if (m := SUMMARY_ASIDE.fullmatch(p.name))]
+    return f"summary.{max(taken, default=0) + 1}.json"
+
+
+def current_run(jobdir: JobDir) -> str | None:
+    """The id of the job's latest run (its controller's `agent_started` event); None before one, or for a run
+    started by an rlctl that gave none."""
+    started = [e for e in jobdir.read_lines(jobdir.events) if e.get("event") == "agent_started"]
+    runs = [e.get("run") for e in started if str(e.get("agent", "")).startswith("controller-")]
+    return str(runs[-1]) if runs and runs[-1] is not None else None
+
+
+def run_summary(jobdir: JobDir, run: str | None) -> dict[str, Any] | None:
+    """summary.json when the run `run` wrote it; None when there is none, or when it is another run's (the run
+    before, fetched back from the controller's site while this one staged). One that names no run (written by an
+    rlctl without run ids), or any when `run` is None, is taken."""
+    if not jobdir.summary_json.exists():
+        return None
+    summary = jobdir.read_json(jobdir.summary_json)
+    if not isinstance(summary, dict):
+        raise LaunchError(f"{jobdir.summary_json}: not a JSON object but {type(summary).__name__}")
+    if run is not None and summary.get("run") not in (None, run):
+        log.warning("%s is run %s's, not run %s's: not taken", jobdir.summary_json, summary.get("run"), run)
+        return None
+    return summary
+
+
+def stop_requested(jobdir: JobDir, *, since: float) -> bool:
+    """Whether `rlctl stop` was asked for the job at or after `since` (time.time()): its `stop_requested` event.
+    Only the lines that name it are parsed: a launcher asks before each agent it starts."""
+    if not jobdir.events.exists():
+        return False
+    lines = [line for line in jobdir.events.read_text().splitlines() if STOP_REQUESTED in line]
+    rows = json_lines(jobdir.events, "\n".join(lines))
+    return any(e.get("event") == STOP_REQUESTED and float(e.get("t", 0)) >= since for e in rows)
 
 
 def prepare(jobdir: JobDir, spec: JobFile, plan: dict[str, Any], *, source: str, job: Job) -> None:
@@ -136,8 +181,12 @@ class JobRun:
         sites: dict[str, Site] | None = None,
         say: Callable[[str], None] | None = None,
         show: Callable[[str], None] | None = None,
+        stop_since: float | None = None,
     ) -> None:
         self.jobdir, self.spec, self.plan = jobdir, spec, plan
+        # a `rlctl stop` at or after this time (time.time(); default: now) ends `start` (its launcher's start: an
+        # auto-resume is a later run of the same launcher, and the operator's stop meant it too)
+        self.stop_since = stop_since if stop_since is not None else time.time() - 0.001
         self.say = say  # where the operator reads progress lines (staging); None: the log only
         self.show = show  # the operator's terminal's live line (the staging bar), when it has one
         self.sites = sites if sites is not None else read_sites(jobdir.path)
@@ -154,6 +203,7 @@ class JobRun:
         self._unreachable: dict[str, tuple[float, float]] = {}  # site → (since, last said), while `wait` cannot poll it
         self.resume_env: dict[str, str] = {}
         self.resumed: ResumePoint | None = None  # the checkpoint `start(resume=True)` continues from
+        self.run_id: str | None = None  # this run's id: its controller writes it into summary.json (ENV_RUN)
         self.t_start = time.monotonic()
 
     @property
@@ -198,6 +248,8 @@ class JobRun:
     ) -> AgentHandle:
         if a.role in ("controller", "trainer"):
             env = {**(env or {}), **self.resume_env}
+        if a.role == "controller" and self.run_id is not None:
+            env = {**(env or {}), ENV_RUN: self.run_id}
         spec: AgentSpec = agent_spec(self.site_dir(a), a, self.sites[a.site], env=env, controller=controller)
         h = self.backends.for_site(a.site).start(spec)
         record_agent(self.jobdir.path, h)
@@ -205,7 +257,10 @@ class JobRun:
             self._mirror_record(h)
         self.handles.append(h)
         gpus = spec.gpu_slice.visible_devices if spec.gpu_slice else None
-        self.jobdir.event("agent_started", agent=spec.name, site=spec.site, backend=h.backend, ident=h.ident, gpus=gpus)
+        run = {"run": self.run_id} if h.spec.role == "controller" else {}  # the run `current_run` names
+        self.jobdir.event(
+            "agent_started", agent=spec.name, site=spec.site, backend=h.backend, ident=h.ident, gpus=gpus, **run
+        )
         return h
 
     def _register(self, state: str, **info: Any) -> None:
@@ -235,7 +290,12 @@ class JobRun:
         `resume`: the controller and trainer continue from the job's latest complete checkpoint
         (`resume_point`; version 0: the job never completed one, it starts over)."""
         self.t_start = time.monotonic()
+        self.run_id = secrets.token_hex(6)
         self.jobdir.controller_json.unlink(missing_ok=True)
+        # the run before's summary, kept as summary.<n>.json: here it would be taken for this run's end (by `wait`,
+        # by `rlctl status`) once this run's controller is gone without one
+        aside = aside_name(self.jobdir.path)
+        LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
         self._register("launching", sites=sorted(self.sites), launcher=this_launcher())
         agents = planned_agents(self.plan, self.sites, self.spec, master_port=_free_port())  # refuses a short site
         trainers = [a for a, _ in agents if a.role == "trainer"]
@@ -260,6 +320,8 @@ class JobRun:
                 fs.put(self.jobdir.path / STAGED_FILE, f"{root}/{STAGED_FILE}")
                 for name in ("controller.json", AGENTS_FILE):  # leftovers of an earlier run of this job id
                     fs.put(self._empty(), f"{root}/{name}")
+                if fs.move(f"{root}/summary.json", f"{root}/{aside}"):  # fetched back here while staging: a copy
+                    self.jobdir.summary_json.unlink(missing_ok=True)
             finally:
                 fs.close()
         if resume:
@@ -267,12 +329,35 @@ class JobRun:
             self.resume_env = {ENV_RESUME: str(self.resumed.version)}
             skipped = [{"version": v, "why": why} for v, why in self.resumed.skipped]
             self.jobdir.event("resumed", version=self.resumed.version, pointer=self.resumed.pointer, skipped=skipped)
+        # `rlctl stop` stops the agents agents.jsonl lists when it reads it: one asked for while this run stages or
+        # starts is seen here, before each agent starts and once all have, and ends the run (nothing of it runs on)
+        self._stop_if_asked()
         self.controller = self._start(c)
         address = self._controller_address(remote)
-        if self.db is not None:
-            self.db.update(self.id, state="running", controller=address)
+        # never over an operator's `stopped`: only a row still `launching` becomes `running`
+        if self.db is not None and not self.db.update(
+            self.id, state="running", controller=address, only_from=("launching",)
+        ):
+            self._stopped_while_starting()
         for a, env in agents[1:]:
+            self._stop_if_asked()
             self._start(a, env, controller=address)
+        self._stop_if_asked()
+
+    def _stop_if_asked(self) -> None:
+        if stop_requested(self.jobdir, since=self.stop_since):
+            self._stopped_while_starting()
+
+    def _stopped_while_starting(self) -> None:
+        """Stop what this run started (the index: stopped) and end `start` with Stopped."""
+        started = [h.spec.name for h in self.handles]
+        log.warning("%s: stopped by the operator while its run started (started: %s)", self.id, started or "none")
+        self.stop()
+        raise Stopped(
+            f"job {self.id} was stopped (`rlctl stop`) while its launcher started a run; "
+            f"{len(started)} agent(s) it had started were stopped",
+            hint=f"continue it with `{self.resume_command()}`",
+        )
 
     def attach(self) -> None:
         """Watch a job whose launcher is gone (`rlctl attach`): its controller and agents as the job dir records
@@ -293,6 +378,7 @@ class JobRun:
         view = record_view(self.jobdir.path)
         if view is not None and (is_remote(view[0]) or Path(view[2]) != self.jobdir.path):
             self._record = view
+        self.run_id = current_run(self.jobdir)
         if self.db is not None:
             self.db.update(self.id, info={"launcher": this_launcher()})
 
@@ -456,7 +542,8 @@ class JobRun:
                     f"fetched: {e}",
                     hint=f"`rlctl status {self.jobdir.path}` fetches it once the site answers",
                 ) from e
-        if not self.jobdir.summary_json.exists():
+        found = run_summary(self.jobdir, self.run_id)
+        if found is None:
             self._register("failed", controller_exit=code)
             log.warning("the end of %s:\n%s", self.controller.spec.log_path, self.log_tail("controller", 0))
             raise LaunchError(
@@ -464,7 +551,7 @@ class JobRun:
                 f"{self.controller.spec.log_path})",
                 hint=f"continue the job from its latest complete checkpoint: `{self.resume_command()}`",
             )
-        summary: dict[str, Any] = self.jobdir.read_json(self.jobdir.summary_json)
+        summary = found
         summary["wall_s"] = round(time.monotonic() - self.t_start, 2)
         summary["controller_exit"] = code
         state = "finished" if summary["state"] == "done" else "stopped" if summary["state"] == "stopped" else "failed"

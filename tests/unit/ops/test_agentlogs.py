@@ -50,6 +50,9 @@ class FakeFiles(HostFiles):
     def append(self, path: str, text: str) -> None:
         raise NotImplementedError
 
+    def move(self, path: str, to: str) -> bool:
+        raise NotImplementedError
+
     def link(self, target: str, path: str) -> bool:
         raise NotImplementedError
 

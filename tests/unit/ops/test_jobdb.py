@@ -50,3 +50,15 @@ def test_corrupt_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "jobs.db").write_bytes(b"not a database" * 100)
     with pytest.raises(RlctlError, match="cannot open the job index"):
         JobDB(tmp_path / "jobs.db")
+
+
+def test_an_update_only_from_some_states_never_overwrites_another(tmp_path: Path) -> None:
+    # a launcher's `running` written after the operator's `stopped` (a stop while the run started) revived the job
+    db = JobDB(tmp_path / "jobs.db")
+    db.put("demo", job_dir="/r", spec={})
+    db.update("demo", state="stopped")
+    assert not db.update("demo", state="running", controller="tcp://h:1", only_from=("launching",))
+    assert (db.get("demo").state, db.get("demo").controller) == ("stopped", None)
+    db.put("demo", job_dir="/r", spec={})
+    assert db.update("demo", state="running", controller="tcp://h:1", only_from=("launching",))
+    assert db.get("demo").state == "running"

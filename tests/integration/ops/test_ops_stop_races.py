@@ -1,0 +1,127 @@
+"""`rlctl stop` against a launcher that starts the job again: a stop while an auto-resume stages the job ends it
+(the launcher starts nothing after it); a resumed run never reports the summary of the run before it, whether its
+launcher waits for it or `rlctl status` reads it while its controller does not answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, events, job_yaml, metrics_rows, processes_mentioning, rlctl, rlctl_json, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+LOCAL = str(REPO / "clusters" / "local.yaml")
+
+# `rlctl ARGS` in this process, every staging after the first held while GATE exists (STAGING says it is held):
+# the window in which an auto-resume stages the job to a remote site, minutes on a real cluster, made as long
+# as the test needs
+GATED_LAUNCHER = """
+import sys, time
+from pathlib import Path
+
+import rlctl.ops.run as run
+
+gate, staging = Path(sys.argv[1]), Path(sys.argv[2])
+stage_all, calls = run.stage_all, []
+
+
+def gated(*args, **kwargs):
+    calls.append(1)
+    if len(calls) > 1:
+        staging.touch()
+        while gate.exists():
+            time.sleep(0.05)
+    return stage_all(*args, **kwargs)
+
+
+run.stage_all = gated
+from rlctl.cli import main
+
+sys.argv = ["rlctl", *sys.argv[3:]]
+main()
+"""
+
+
+def started(job_dir: Path, agent: str) -> list[float]:
+    return [float(e["t"]) for e in events(job_dir) if e["event"] == "agent_started" and e["agent"] == agent]
+
+
+def pid_of(job_dir: Path, agent: str) -> int:
+    return [e["pid"] for e in events(job_dir) if e["event"] == "agent_joined" and e["agent"] == agent][-1]
+
+
+def test_a_stop_while_an_auto_resume_stages_the_job_ends_it(tmp_path):
+    job_dir, gate, staging = tmp_path / "run", tmp_path / "gate", tmp_path / "staging"
+    job = job_yaml(
+        tmp_path / "ar.yaml",
+        inventory=[LOCAL],
+        trainer="local",
+        rollout="local",
+        checkpoint={"every_iterations": 2, "auto_resume": 1},
+    )
+    (tmp_path / "gated.py").write_text(GATED_LAUNCHER)
+    gate.touch()
+    cmd = [sys.executable, str(tmp_path / "gated.py"), str(gate), str(staging), "launch", str(job)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [*cmd, "--job-dir", str(job_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        wait_for("a checkpoint", lambda: any(e["event"] == "checkpoint" for e in events(job_dir)), 120, alive=proc)
+        os.kill(pid_of(job_dir, "trainer-0"), signal.SIGKILL)  # the run fails; its launcher resumes it
+        wait_for("the auto-resume's staging", staging.exists, 120, alive=proc)
+        stop = rlctl("stop", str(job_dir))
+        assert stop.returncode == 0, stop.stderr
+        stop_t = max(float(e["t"]) for e in events(job_dir) if e["event"] == "stop_requested")
+        gate.unlink()
+
+        def after_stop() -> list[float]:
+            return [t for t in started(job_dir, "controller-0") if t > stop_t]
+
+        ended = lambda: proc.poll() is not None or after_stop()  # noqa: E731
+        wait_for("the launcher's end (or a controller started anew)", ended, 90)
+        assert after_stop() == [], "the launcher started the job again after `rlctl stop`"
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1 and "was stopped (`rlctl stop`) while its launcher started a run" in err, err
+        _, rows = rlctl_json("status", "--all")
+        assert [r["state"] for r in rows if r["id"] == job_dir.name] == ["stopped"]
+        assert processes_mentioning(str(job_dir)) == []
+    finally:
+        gate.unlink(missing_ok=True)
+        if proc.poll() is None:
+            proc.terminate()  # its `finally` stops the agents
+            proc.communicate(timeout=60)
+
+
+def test_a_resumed_run_never_reports_the_summary_of_the_run_before(tmp_path, launcher):
+    job_dir = tmp_path / "run"
+    job = job_yaml(tmp_path / "tiny.yaml", inventory=[LOCAL], trainer="local", rollout="local")
+    first = launcher(str(job), "--job-dir", str(job_dir), "-o", "json")
+    wait_for("an iteration", lambda: metrics_rows(job_dir), 120, alive=first)
+    assert rlctl("stop", str(job_dir)).returncode == 0
+    first.communicate(timeout=60)
+    assert json.loads((job_dir / "summary.json").read_text())["state"] == "stopped"
+
+    resumed = launcher("--resume", str(job_dir), "-o", "json")
+    wait_for("the resumed run's controller", lambda: len(started(job_dir, "controller-0")) == 2, 120, alive=resumed)
+    wait_for("its status", lambda: rlctl_json("status", str(job_dir))[1].get("source") == "controller", 60)
+    controller = [e for e in events(job_dir) if e["event"] == "agent_started" and e["agent"] == "controller-0"]
+    pid = int(controller[-1]["ident"]["pid"])
+    os.kill(pid, signal.SIGSTOP)  # a controller that does not answer for a while (swap, a long GC)
+    try:
+        code, s = rlctl_json("status", "--timeout", "1", str(job_dir))
+    finally:
+        os.kill(pid, signal.SIGKILL)  # … then dies without a summary (the OOM killer, its node lost)
+    assert code == 3 and "summary" not in s, s.get("summary")  # not ended: its agents run, it has no summary yet
+    _, err = resumed.communicate(timeout=90)
+    assert resumed.returncode == 1 and "without a summary" in err, err[-2000:]  # not the run before's `stopped`
+    _, rows = rlctl_json("status", "--all")
+    assert [r["state"] for r in rows if r["id"] == job_dir.name] == ["failed"]
+    assert json.loads((job_dir / "summary.1.json").read_text())["state"] == "stopped"  # the run before's, kept

@@ -1,0 +1,62 @@
+"""Which summary.json is a run's: a run sets the one before aside (summary.<n>.json, kept), and a summary that names
+another run is not taken for this one's end, by its launcher (`JobRun.wait`) or by `rlctl status`. The end to end
+case (a resumed run's controller stopped, then killed) is
+`tests/integration/ops/test_ops_stop_races.py::test_a_resumed_run_never_reports_the_summary_of_the_run_before`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.sitefs import LocalFiles
+from rlctl.ops import operate
+from rlctl.ops.jobref import JobRef
+from rlctl.ops.run import aside_name, current_run, run_summary
+
+
+def _job(tmp_path: Path) -> JobDir:
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    (jd.path / "sites.json").write_text("[]")
+    return jd
+
+
+def test_each_run_sets_the_summary_before_aside_under_the_next_number(tmp_path: Path) -> None:
+    jd = _job(tmp_path)
+    assert aside_name(jd.path) == "summary.1.json"
+    (jd.path / "summary.1.json").write_text("{}")
+    (jd.path / "summary.3.json").write_text("{}")
+    assert aside_name(jd.path) == "summary.4.json"
+    jd.write_json(jd.summary_json, {"state": "stopped"})
+    fs = LocalFiles()
+    assert fs.move(str(jd.summary_json), str(jd.path / "summary.4.json"))
+    assert not jd.summary_json.exists() and json.loads((jd.path / "summary.4.json").read_text())["state"] == "stopped"
+    assert not fs.move(str(jd.summary_json), str(jd.path / "summary.5.json"))  # none there: nothing changed
+    assert not (jd.path / "summary.5.json").exists()
+
+
+def test_a_summary_of_another_run_is_not_this_runs(tmp_path: Path) -> None:
+    jd = _job(tmp_path)
+    assert current_run(jd) is None and run_summary(jd, "b") is None
+    jd.event("agent_started", agent="controller-0", run="a")
+    jd.event("agent_started", agent="trainer-0")
+    jd.write_json(jd.summary_json, {"state": "stopped", "run": "a"})
+    assert current_run(jd) == "a" and run_summary(jd, "a") == {"state": "stopped", "run": "a"}
+    jd.event("agent_started", agent="controller-0", run="b")  # the next run started; its controller wrote none yet
+    assert current_run(jd) == "b" and run_summary(jd, "b") is None
+    jd.write_json(jd.summary_json, {"state": "stopped"})  # written by an rlctl without run ids: taken
+    assert run_summary(jd, "b") == {"state": "stopped"}
+
+
+def test_status_does_not_end_a_job_on_the_summary_of_the_run_before(tmp_path: Path) -> None:
+    # `rlctl status -w` of a resumed job whose controller did not answer for a moment stopped watching: it took
+    # the run before's summary.json for this run's end
+    jd = _job(tmp_path)
+    jd.event("agent_started", agent="controller-0", run="a")
+    jd.write_json(jd.summary_json, {"state": "stopped", "run": "a"})
+    jd.event("agent_started", agent="controller-0", run="b")
+    out, _ = operate.job_status(JobRef("j", jd, None), timeout_s=1)
+    assert "summary" not in out and out["controller"].startswith("error: ")
+    jd.write_json(jd.summary_json, {"state": "done", "run": "b"})
+    out, _ = operate.job_status(JobRef("j", jd, None), timeout_s=1)
+    assert out["summary"]["state"] == "done"
