@@ -10,10 +10,10 @@ A reward function has verl's signature, so functions users already have work unc
           ▼                           deadline passed: kill the worker, start a new one,
     future.result() → RewardResult    and score the call `on_error`
 
-A call that raises, runs past `timeout_s`, returns a wrong type (or a NaN) or kills its worker never
-fails the job: it scores `on_error`, is counted (calls, errors, timeouts, bad_type) and logged with
-its sample id. `workers=0` calls the function in the submitting thread (no timeout): the in-process
-mode for debugging and tests.
+A call that raises, runs past `timeout_s`, returns a wrong type (or a NaN, or an int past a float's range) or kills
+its worker never fails the job: it scores `on_error`, is counted (calls, errors, timeouts, bad_type) and logged
+with its sample id (a dict's other keys that are no finite number are left out of `extra`). `workers=0` calls the
+function in the submitting thread (no timeout): the in-process mode for debugging and tests.
 
 A call that hangs holds its worker until its deadline; the pool does not let it hold the others' calls: while
 calls wait and a worker's call has run longer than `stuck_s`, one more worker starts for each such worker (up
@@ -180,7 +180,10 @@ class RewardResult:
 
 
 def _real(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and math.isfinite(float(v))
+    try:
+        return isinstance(v, numbers.Real) and math.isfinite(float(v))
+    except OverflowError:  # an int past a float's range (10**400): not a finite float either
+        return False
 
 
 def check_result(value: Any, on_error: float) -> RewardResult:
@@ -205,7 +208,10 @@ def call_reward(fn: RewardFn, kwargs: dict[str, Any], on_error: float) -> Reward
         frame = traceback.extract_tb(e.__traceback__)[-1]
         where = f" ({Path(frame.filename).name}:{frame.lineno})"
         return RewardResult(on_error, "error", f"{type(e).__name__}: {e}{where}")
-    return check_result(value, on_error)
+    try:
+        return check_result(value, on_error)
+    except Exception as e:  # noqa: BLE001 - a value that breaks the check (its repr or float() raises) is a wrong type
+        return RewardResult(on_error, "bad_type", f"cannot read the value returned: {type(e).__name__}: {e}")
 
 
 def _worker_main(spec: str, base_dir: str, on_error: float, conn: Connection) -> None:

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.rl.reward import RewardPool, RewardResult, check_result, digits, exact_match, load_reward
+from rlctl.rl.reward import RewardPool, RewardResult, call_reward, check_result, digits, exact_match, load_reward
 
 USER_FILE = """
 import os, threading
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "big":
+        return {"score": 1.0, "n_steps": 10**400}  # an exact count past a float's range
     if solution_str == "hang":
         threading.Event().wait()  # never returns
     if solution_str == "raise":
@@ -64,10 +66,31 @@ def test_builtins() -> None:
         (None, RewardResult(-1.0, "bad_type", "expected a finite number or a dict with 'score', got None")),
         (math.nan, RewardResult(-1.0, "bad_type", "expected a finite number or a dict with 'score', got nan")),
         ({"acc": 1.0}, RewardResult(-1.0, "bad_type", "dict without a 'score' key (keys: ['acc'])")),
+        ({"score": 1.0, "n_steps": 10**400}, RewardResult(1.0)),  # an int past a float's range is not a number
+        (10**400, RewardResult(-1.0, "bad_type", "expected a finite number or a dict with 'score', got 1" + "0" * 79)),
     ],
 )
 def test_return_values_are_checked(value: object, expected: RewardResult) -> None:
     assert check_result(value, -1.0) == expected
+
+
+class _Unreadable(float):
+    def __float__(self) -> float:
+        raise RuntimeError("no float for you")
+
+
+def test_a_value_the_check_cannot_read_is_a_bad_type() -> None:
+    """check_result raising (here a number whose float() raises) scores the call `bad_type`; it does not escape
+    call_reward (in a worker it killed the process, in-line it reached the controller's loop)."""
+    result = call_reward(lambda **_: _Unreadable(1.0), {}, -1.0)
+    assert result == RewardResult(-1.0, "bad_type", "cannot read the value returned: RuntimeError: no float for you")
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_int_past_a_float_s_range_neither_kills_the_worker_nor_raises(rewards_dir: Path, workers: int) -> None:
+    with RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=workers, timeout_s=30.0) as pool:
+        assert pool.score("s0", "d", "big", "a") == RewardResult(1.0)
+        assert (pool.stats.restarts, pool.stats.errors) == (0, 0)
 
 
 def test_load_user_file_and_module(rewards_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
