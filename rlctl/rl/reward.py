@@ -22,6 +22,12 @@ to `workers × EXTRA_FACTOR`), and a worker beyond `workers` stops as soon as it
 leaves the queue, a running one's worker is replaced at once instead of at the deadline; its future is cancelled.
 It drops the calls submitted before it only: the same sample generated again and submitted while the dispatcher
 had not got to the cancel yet is scored.
+
+A worker killed (its call timed out or was cancelled, or the pool stops it) takes the programs its calls started
+with it: each worker leads a process group of its own (os.setsid), and a kill is SIGKILL to that group, so a
+code-execution reward's child and the child's children, orphaned or not, go too; on Linux the worker's descendants
+that left its group for one of their own (`start_new_session=True`, as sandboxes do) are found in /proc and their
+groups killed as well. Only a process that both left the group and lost its parent (a double-forked daemon) escapes.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ import logging
 import math
 import multiprocessing
 import numbers
+import os
+import signal
 import socket
 import sys
 import threading
@@ -216,6 +224,7 @@ def call_reward(fn: RewardFn, kwargs: dict[str, Any], on_error: float) -> Reward
 
 def _worker_main(spec: str, base_dir: str, on_error: float, conn: Connection) -> None:
     """Worker process: load the function, say "ready" (or why not), then answer each kwargs with a RewardResult."""
+    os.setsid()  # a group of its own: killing the worker kills what its calls started (see _kill_tree)
     try:
         fn = load_reward(spec, Path(base_dir))
     except ValueError as e:
@@ -228,11 +237,48 @@ def _worker_main(spec: str, base_dir: str, on_error: float, conn: Connection) ->
             kwargs = conn.recv()
         except EOFError:
             return
-        if kwargs is None:
-            return
         if not takes_extra_info:
             kwargs.pop("extra_info", None)
         conn.send(call_reward(fn, kwargs, on_error))
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid`, children first, from Linux's /proc (none where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            ppid = int(stat.rpartition(")")[2].split()[1])  # after the command name, which may hold spaces
+            children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL worker `pid`'s process group (itself, once it ran os.setsid, and what its calls started, orphaned or
+    not) and its descendants that started groups of their own, with those groups. The worker's group is stopped
+    first, so that it starts nothing more while /proc is read; a signal to a process gone meanwhile is no error."""
+
+    def signal_(kill: Callable[[int, int], None], target: int, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(target, sig)
+
+    signal_(os.killpg, pid, signal.SIGSTOP)  # no such group (killed before its os.setsid): nothing below it yet
+    for child in _descendants(pid):
+        with contextlib.suppress(OSError):
+            if os.getpgid(child) == child:  # it leads a group (start_new_session=True): its members go too
+                signal_(os.killpg, child, signal.SIGKILL)
+        signal_(os.kill, child, signal.SIGKILL)
+    signal_(os.killpg, pid, signal.SIGKILL)
 
 
 # ── the pool ──────────────────────────────────────────────────────────────────────────────────────
@@ -378,6 +424,13 @@ class RewardPool:
         child.close()
         return _Worker(proc, parent)
 
+    def _stop(self, w: _Worker) -> None:
+        """Kill worker `w` and what its calls started (`_kill_tree`), and reap it."""
+        _kill_tree(w.proc.pid)
+        w.proc.kill()  # killed before its os.setsid, it was in no group of its own
+        w.proc.join()
+        w.conn.close()
+
     def _finish(self, call: _Call, result: RewardResult) -> None:
         s = self.stats
         s.calls += 1
@@ -394,10 +447,7 @@ class RewardPool:
         call.future.set_result(result)
 
     def _replace(self, i: int) -> None:
-        w = self._workers[i]
-        w.proc.kill()
-        w.proc.join()
-        w.conn.close()
+        self._stop(self._workers[i])
         self.stats.restarts += 1
         self._workers[i] = self._start_worker()
 
@@ -446,10 +496,7 @@ class RewardPool:
             waiting = bool(self._pending)
         if waiting or len(self._workers) <= self.base_workers:
             return
-        w = self._workers.pop(i)
-        w.proc.kill()  # idle: nothing to lose, and the dispatcher must not wait for a clean exit
-        w.proc.join()
-        w.conn.close()
+        self._stop(self._workers.pop(i))  # idle: nothing to lose, and the dispatcher must not wait for a clean exit
 
     def _receive(self, i: int) -> None:
         w = self._workers[i]
@@ -538,12 +585,6 @@ class RewardPool:
         for w in self._workers:
             if w.call is not None:  # a running call is not waited for
                 w.call.future.cancel()
-                w.proc.kill()
-            with contextlib.suppress(OSError):
-                w.conn.send(None)
-        for w in self._workers:
-            w.proc.join(timeout=2.0)
-            if w.proc.is_alive():
-                w.proc.kill()
-                w.proc.join()
-            w.conn.close()
+            # killed, idle ones too: a clean exit would orphan what their calls left running in groups of their
+            # own, where no kill finds it any more
+            self._stop(w)

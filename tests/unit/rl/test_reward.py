@@ -10,9 +10,17 @@ import pytest
 from rlctl.rl.reward import RewardPool, RewardResult, call_reward, check_result, digits, exact_match, load_reward
 
 USER_FILE = """
-import os, threading
+import os, subprocess, threading
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str in ("spawn", "spawn_and_return"):  # a code-execution reward's child programs
+        kids = [subprocess.Popen(["sleep", "600"]), subprocess.Popen(["sleep", "600"], start_new_session=True)]
+        with open(extra_info["pids"] + ".tmp", "w") as f:
+            f.write(" ".join(str(k.pid) for k in kids))
+        os.replace(extra_info["pids"] + ".tmp", extra_info["pids"])
+        if solution_str == "spawn_and_return":
+            return 1.0  # its children left running
+        threading.Event().wait()
     if solution_str == "big":
         return {"score": 1.0, "n_steps": 10**400}  # an exact count past a float's range
     if solution_str == "hang":
@@ -252,3 +260,67 @@ def test_a_cancel_spares_the_same_sample_submitted_after_it(rewards_dir: Path) -
         go.set()
         assert new.result(timeout=10.0).score == 1.0
         assert old.cancelled() and pool.stats.cancelled == 1 and pool.stats.timeouts == 0
+
+
+def _alive(pid: int) -> bool:
+    """`pid` runs (a zombie has ended: its parent, init here, has not reaped it yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _still_alive(pids: list[int]) -> list[int]:
+    """Those of `pids` alive 10 s from now at the latest (a SIGKILL takes effect soon after it is sent)."""
+    deadline = time.monotonic() + 10.0
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def _pids(file: Path) -> list[int]:
+    deadline = time.monotonic() + 30.0
+    while not file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [int(p) for p in file.read_text().split()]
+
+
+linux_only = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+
+
+@linux_only
+def test_a_timed_out_call_takes_its_child_programs_with_it(rewards_dir: Path) -> None:
+    """A reward starts `sleep 600` twice (one in a session of its own, as sandboxes do) and hangs: past its
+    timeout its worker is killed, and both children with it (they once ran on, orphaned, one per timed-out call)."""
+    with RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=1, timeout_s=3.0) as pool:
+        pids = rewards_dir / "pids"
+        assert pool.score("s0", "d", "spawn", "a", {"pids": str(pids)}).outcome == "timeout"
+        children = _pids(pids)
+        assert len(children) == 2
+        assert _still_alive(children) == []
+        assert pool.score("s1", "d", "a", "a").ok  # the replacement answers
+
+
+@linux_only
+def test_close_takes_the_programs_a_finished_call_left_running(rewards_dir: Path) -> None:
+    """At close, the programs a finished call left running (one in a session of its own) are killed too."""
+    pool = RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=1, timeout_s=60.0)
+    assert pool.score("s0", "d", "spawn_and_return", "a", {"pids": str(rewards_dir / "left")}).ok
+    children = _pids(rewards_dir / "left")
+    assert len(children) == 2
+    pool.close()  # its worker is idle
+    assert _still_alive(children) == []
+
+
+@linux_only
+def test_close_takes_a_running_call_s_child_programs_with_it(rewards_dir: Path) -> None:
+    """… and those of a call still running, and those a call before it left running."""
+    pool = RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=1, timeout_s=60.0)
+    assert pool.score("s0", "d", "spawn_and_return", "a", {"pids": str(rewards_dir / "left")}).ok
+    running = pool.submit("s1", "d", "spawn", "a", {"pids": str(rewards_dir / "running")})
+    children = _pids(rewards_dir / "left") + _pids(rewards_dir / "running")
+    assert len(children) == 4
+    pool.close()
+    assert running.cancelled()
+    assert _still_alive(children) == []
