@@ -517,7 +517,8 @@ class ControllerAgent:
             self._send(self.core.scored(who, attempt=attempt, reward=reward))
             return
         if what == "unscored":  # a sample still waiting for this call would wait for ever: the job fails, saying so
-            self.core.failed = self.core.failed or self.core.reward_lost(who, attempt=payload)
+            why = self.task.reward_failure()
+            self.core.failed = self.core.failed or self.core.reward_lost(who, attempt=payload, why=why)
             return
         if what == "eval_scored" and self.evaluator is not None:
             self.evaluator.scored(who, payload)
@@ -640,7 +641,7 @@ class ControllerAgent:
             return
         entry = self.core.ledger.entries[sample_id]
         future = self.task.score(sample_id, entry.prompt_id, tensors[0].tolist())
-        if future.done():
+        if future.done() and not future.cancelled():  # (one cancelled at once: the reward pool had failed)
             self._send(self.core.scored(sample_id, attempt=attempt, reward=future.result()))
         else:  # a call cancelled: given up on (`unwanted`), or the pool closed (at the job's end, or it failed)
 

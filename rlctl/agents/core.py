@@ -457,15 +457,17 @@ class ControllerCore:
         e = self.ledger.entries.get(sample_id)
         return e.attempts if e is not None and e.state is State.FINISHED and e.reward is None else None
 
-    def reward_lost(self, sample_id: str, *, attempt: int) -> str | None:
+    def reward_lost(self, sample_id: str, *, attempt: int, why: str | None = None) -> str | None:
         """A reward call ended without a result (cancelled): why the job cannot go on when `sample_id` still waits
         for that attempt's reward (nothing would ever score it, and its iteration would wait for ever); None when
-        it does not (a call given up on purpose: its sample was filtered out or generated again)."""
+        it does not (a call given up on purpose: its sample was filtered out or generated again). `why`: what the
+        reward pool said when it failed (a function no worker could load), if it did."""
         if self.awaiting_reward(sample_id) != attempt:
             return None
+        why = why or "see the controller's log"
         return (
             f"the reward call of sample {sample_id} ended without a result while its iteration waited for it "
-            "(the reward pool stopped: see the controller's log)"
+            f"(the reward pool stopped: {why})"
         )
 
     def scored(self, sample_id: str, *, attempt: int, reward: float) -> list[Out]:

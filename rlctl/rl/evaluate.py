@@ -16,6 +16,7 @@ accuracy on prompts it never trained on moves only when the most likely answer c
 from __future__ import annotations
 
 import time
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,10 @@ def compare_dataset(
                 submit_reward(pool, tokenizer, sample_id=f"{model_dir}#{i}", prompt=p, output_tokens=outputs[f"h{i}"])
                 for i, p in enumerate(prompts)
             ]
-            rewards.append(sum(c.result().score for c in calls) / n)
+            try:
+                rewards.append(sum(c.result().score for c in calls) / n)
+            except CancelledError:  # the pool failed (no worker could load the function): its calls were cancelled
+                raise ValueError(f"reward pool failed: {pool.failed}") from None
         failures = pool.stats.failures
     return {
         "prompts": n,

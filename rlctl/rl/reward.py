@@ -28,6 +28,17 @@ with it: each worker leads a process group of its own (os.setsid), and a kill is
 code-execution reward's child and the child's children, orphaned or not, go too; on Linux the worker's descendants
 that left its group for one of their own (`start_new_session=True`, as sandboxes do) are found in /proc and their
 groups killed as well. Only a process that both left the group and lost its parent (a double-forked daemon) escapes.
+
+A worker that cannot load the function is no reason to score calls `on_error`:
+
+    first start (no worker has loaded it yet): a worker cannot load it ──▶ the pool fails (a config error)
+    later: a worker cannot load it ──▶ down ──(1 s, 2 s, 4 s … 60 s)──▶ started again ──▶ ready, scoring again
+           (each failure counted and logged; calls wait meanwhile)
+    every worker unable to load it for `load_retry_s` (6 × timeout_s, at least 60 s) ──▶ the pool fails
+
+A pool that failed logs why (the load error), keeps it in `failed`, and cancels its calls, those to come included:
+the controller fails the job with it (a sample waits for a reward that will not come) instead of training on
+`on_error` scores for the rest of the run.
 """
 
 from __future__ import annotations
@@ -67,6 +78,10 @@ ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 EXTRA_FACTOR = 4  # at most this many times `workers` processes while calls wait behind stuck ones
 STUCK_FRACTION = 0.1  # a call running longer than this part of the timeout (at least STUCK_MIN_S) is stuck
 STUCK_MIN_S = 0.2
+RETRY_FIRST_S = 1.0  # a worker that failed to load starts again after this, doubled on each failure in a row …
+RETRY_MAX_S = 60.0  # … up to this
+LOAD_RETRY_FACTOR = 6  # the pool fails once every worker has failed to load for this many × timeout_s …
+LOAD_RETRY_MIN_S = 60.0  # … or this, if longer: a filesystem hiccup or an OOM kill while importing passes sooner
 
 
 def exact_match(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
@@ -296,10 +311,12 @@ class _Call:
 class _Worker:
     proc: Any  # multiprocessing.process.BaseProcess
     conn: Connection
-    state: Literal["starting", "ready", "broken"] = "starting"
+    state: Literal["starting", "ready", "down"] = "starting"  # down: it could not load the function
     call: _Call | None = None
     deadline: float = math.inf
     stuck_at: float = math.inf  # when its call counts as stuck (another worker may start for the calls waiting)
+    load_failures: int = 0  # its starts in a row that could not load the function (0 once one loads)
+    retry_at: float = math.inf  # down: when it starts again
 
 
 @dataclass
@@ -311,6 +328,7 @@ class RewardStats:
     restarts: int = 0  # workers replaced (killed on a timeout or a cancel, or died)
     cancelled: int = 0  # calls dropped by `cancel` before they finished
     extra_started: int = 0  # workers started beside stuck ones for the calls waiting behind them
+    load_failures: int = 0  # worker starts that could not load the function (each started again after a backoff)
 
     @property
     def failures(self) -> int:
@@ -318,16 +336,30 @@ class RewardStats:
 
 
 class RewardPool:
-    """Reward calls in `workers` processes, each call bounded by `timeout_s` (see the module docstring)."""
+    """Reward calls in `workers` processes, each call bounded by `timeout_s` (see the module docstring).
+
+    `load_retry_s`: how long every worker may stay unable to load the function before the pool fails (default:
+    LOAD_RETRY_FACTOR × timeout_s, at least LOAD_RETRY_MIN_S)."""
 
     def __init__(
-        self, spec: str, *, base_dir: Path, workers: int = 2, timeout_s: float = 10.0, on_error: float = 0.0
+        self,
+        spec: str,
+        *,
+        base_dir: Path,
+        workers: int = 2,
+        timeout_s: float = 10.0,
+        on_error: float = 0.0,
+        load_retry_s: float | None = None,
     ) -> None:
         self.spec = spec
         self.base_dir = base_dir
         self.timeout_s = timeout_s
         self.on_error = float(on_error)
+        self.load_retry_s = (
+            max(LOAD_RETRY_MIN_S, LOAD_RETRY_FACTOR * timeout_s) if load_retry_s is None else load_retry_s
+        )
         self.stats = RewardStats()
+        self.failed: str | None = None  # why the pool stopped for good (its calls are cancelled), once it has
         self._fn = load_reward(spec, base_dir)  # a bad spec fails here, in the caller
         self.base_workers = workers
         self.stuck_s = max(STUCK_MIN_S, STUCK_FRACTION * timeout_s)
@@ -337,6 +369,9 @@ class RewardPool:
         self._seq = 0  # calls submitted so far
         self._cancels: dict[str, int] = {}  # sample id → its calls up to this seq are dropped (the dispatcher does it)
         self._closed = False
+        self._loaded = False  # a worker has loaded the function: the first start is over
+        self._down_since: float | None = None  # since when every worker has been unable to load the function
+        self._load_error: str | None = None  # why the last start that failed could not load it
         self._workers: list[_Worker] = []
         if self._inline:
             return
@@ -372,6 +407,9 @@ class RewardPool:
             self._finish(call, call_reward(self._fn, kwargs, self.on_error))
             return call.future
         with self._lock:
+            if self.failed is not None:  # cancelled like those it had: whoever waits for it learns it will not come
+                call.future.cancel()
+                return call.future
             if self._closed:
                 raise RuntimeError("reward pool is closed")
             self._seq += 1
@@ -412,7 +450,7 @@ class RewardPool:
 
     # ── the dispatcher thread ──
 
-    def _start_worker(self) -> _Worker:
+    def _start_worker(self, load_failures: int = 0) -> _Worker:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
             target=_worker_main,
@@ -422,7 +460,7 @@ class RewardPool:
         )
         proc.start()
         child.close()
-        return _Worker(proc, parent)
+        return _Worker(proc, parent, load_failures=load_failures)
 
     def _stop(self, w: _Worker) -> None:
         """Kill worker `w` and what its calls started (`_kill_tree`), and reap it."""
@@ -469,11 +507,6 @@ class RewardPool:
             now = time.monotonic()
             w.call, w.deadline, w.stuck_at = call, now + self.timeout_s, now + self.stuck_s
         self._grow()
-        if all(w.state == "broken" for w in self._workers):
-            with self._lock:
-                pending, self._pending = list(self._pending), deque()
-            for call in pending:
-                self._finish(call, RewardResult(self.on_error, "error", "no reward worker could load the function"))
 
     def _grow(self) -> None:
         """Calls wait and no worker is free: one more worker for each stuck call beyond those already started
@@ -505,9 +538,8 @@ class RewardPool:
         except (EOFError, OSError):
             w.proc.join(1.0)
             code, call = w.proc.exitcode, w.call
-            if w.state == "starting":  # crashed while loading the function: do not restart it in a loop
-                log.error("reward worker %d died while loading %s (exit code %s)", i, self.spec, code)
-                w.state = "broken"
+            if w.state == "starting":  # crashed while loading the function
+                self._load_failed(i, f"died while loading it (exit code {code})")
                 return
             self._replace(i)
             if call is not None:
@@ -515,15 +547,61 @@ class RewardPool:
             return
         if w.state == "starting":
             if msg == "ready":
-                w.state = "ready"
+                w.state, w.load_failures, self._loaded = "ready", 0, True
             else:
-                log.error("reward worker %d cannot load %s: %s", i, self.spec, msg)
-                w.state = "broken"
+                self._load_failed(i, msg)
             return
         call, w.call, w.deadline, w.stuck_at = w.call, None, math.inf, math.inf
         assert call is not None and isinstance(msg, RewardResult), msg
         self._finish(call, msg)
         self._shrink(i)
+
+    def _load_failed(self, i: int, why: str) -> None:
+        """Worker `i` could not load the function: on the pool's first start a config error (the pool fails);
+        later (an NFS hiccup, an OOM kill while importing) it is down and starts again after a backoff."""
+        w = self._workers[i]
+        self._stop(w)
+        self.stats.load_failures += 1
+        delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2**w.load_failures)
+        w.state, w.load_failures, w.retry_at = "down", w.load_failures + 1, time.monotonic() + delay
+        self._load_error = why
+        if not self._loaded:
+            self._fail(f"a reward worker cannot load {self.spec}: {why}")
+            return
+        log.error(
+            "reward worker %d cannot load %s: %s; starting it again in %.0f s (%d failed start(s) in a row)",
+            i, self.spec, why, delay, w.load_failures,
+        )  # fmt: skip
+
+    def _retry(self) -> None:
+        """Start again the workers whose backoff has passed (one beyond the pool's size goes, if nothing waits);
+        fail the pool when every worker has been unable to load the function for `load_retry_s`."""
+        now = time.monotonic()
+        for w in list(self._workers):
+            if w.state != "down" or now < w.retry_at:
+                continue
+            with self._lock:
+                waiting = bool(self._pending)
+            if not waiting and len(self._workers) > self.base_workers:
+                self._workers.remove(w)
+                continue
+            self._workers[self._workers.index(w)] = self._start_worker(w.load_failures)
+        if not self._workers or not all(w.load_failures for w in self._workers):
+            self._down_since = None
+            return
+        if self._down_since is None:
+            self._down_since = now
+        if now - self._down_since >= self.load_retry_s:
+            self._fail(
+                f"no reward worker could load {self.spec} for {now - self._down_since:.0f} s "
+                f"({self.stats.load_failures} failed starts); the last error: {self._load_error}"
+            )
+
+    def _fail(self, why: str) -> None:
+        """Stop the pool for good: the dispatcher ends, and every call, queued, running or to come, is cancelled."""
+        log.error("reward pool failed: %s; its calls are cancelled", why)
+        with self._lock:
+            self.failed = why
 
     def _drop_cancelled(self) -> None:
         with self._lock:
@@ -545,11 +623,17 @@ class RewardPool:
 
     def _dispatch(self) -> None:
         try:
-            while not self._closed:
+            while not self._closed and self.failed is None:
                 self._drop_cancelled()
+                self._retry()
+                if self.failed is not None:
+                    break
                 self._assign()
                 waiting = [w for w in self._workers if w.state == "starting" or w.call is not None]
                 next_deadline = min((w.deadline for w in waiting), default=math.inf)
+                next_deadline = min([next_deadline, *(w.retry_at for w in self._workers if w.state == "down")])
+                if self._down_since is not None:  # wake to fail the pool if no retry has loaded the function by then
+                    next_deadline = min(next_deadline, self._down_since + self.load_retry_s)
                 with self._lock:
                     queued = bool(self._pending)
                 if queued:  # wake when a running call becomes stuck: a worker may start for the waiting calls
@@ -566,6 +650,8 @@ class RewardPool:
                     i = self._workers.index(w)
                     if w.conn in ready:
                         self._receive(i)
+                        if self.failed is not None:
+                            break
                     elif w.call is not None and time.monotonic() >= w.deadline:
                         call = w.call
                         self._replace(i)  # a running call cannot be interrupted: its process goes
@@ -585,6 +671,7 @@ class RewardPool:
         for w in self._workers:
             if w.call is not None:  # a running call is not waited for
                 w.call.future.cancel()
-            # killed, idle ones too: a clean exit would orphan what their calls left running in groups of their
-            # own, where no kill finds it any more
-            self._stop(w)
+            if w.state != "down":  # (a down worker is stopped already)
+                # killed, idle ones too: a clean exit would orphan what their calls left running in groups of
+                # their own, where no kill finds it any more
+                self._stop(w)

@@ -112,6 +112,10 @@ class TaskSource(ABC):
     def reward_stats(self) -> RewardStats:
         return RewardStats()
 
+    def reward_failure(self) -> str | None:
+        """Why the task's rewards cannot be scored any more (its reward pool failed, its calls cancelled), or None."""
+        return None
+
     def close(self) -> None:
         return None
 
@@ -289,6 +293,9 @@ class DatasetSource(TaskSource):
 
     def reward_stats(self) -> RewardStats:
         return self.pool.stats if self.pool is not None else RewardStats()
+
+    def reward_failure(self) -> str | None:
+        return self.pool.failed if self.pool is not None else None
 
     def close(self) -> None:
         for pool in (self.pool, self.heldout_pool):

@@ -326,7 +326,10 @@ def test_a_reward_call_that_ends_without_a_result_fails_the_job_only_while_its_s
     attempt = core.awaiting_reward("p1/0")
     assert attempt is not None
     why = core.reward_lost("p1/0", attempt=attempt)
-    assert why is not None and "p1/0" in why and "reward pool stopped" in why
+    assert why is not None and "p1/0" in why and "reward pool stopped: see the controller's log" in why
+    failed = "no reward worker could load r.py:f for 61 s (7 failed starts); the last error: OSError"
+    why = core.reward_lost("p1/0", attempt=attempt, why=failed)  # the pool failed: the job's failure says why
+    assert why is not None and why.endswith(f"(the reward pool stopped: {failed})")
     assert core.reward_lost("p1/0", attempt=attempt + 1) is None
     now[0] = 0.6
     core.unstick()  # its reward held the trainer past the limit: generated again

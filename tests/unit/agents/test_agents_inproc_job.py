@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 import threading
 import urllib.request
+from concurrent.futures import Future
 
 import pytest
 import torch
 
-from rlctl.agents import samplelog
+from rlctl.agents import controller, samplelog
 from rlctl.agents.common import AgentContext
 from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.flight import read_flight
@@ -25,6 +26,7 @@ from rlctl.config.job import GrpoAlgorithm, JobFile
 from rlctl.launch.agentenv import ENV_RESUME
 from rlctl.launch.jobdir import JobDir
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.rl.source import DigitsSource
 from rlctl.transport import InprocTransport
 
 
@@ -207,6 +209,32 @@ def test_a_checkpoint_write_that_fails_in_the_background_ends_the_job_naming_it(
     assert ctl.core.failed is not None
     assert "the trainer could not write its part of checkpoint iter-2: RuntimeError: No space left" in ctl.core.failed
     assert latest_complete(jd.checkpoints) is None
+
+
+POOL_FAILED = "no reward worker could load r.py:f for 60 s (7 failed starts); the last error: OSError: NFS"
+
+
+class _PoolFailed(DigitsSource):
+    """The task's reward pool failed: each call is cancelled at once (RewardPool.submit) and the task says why."""
+
+    def score(self, sample_id, prompt_id, output_tokens):
+        future: Future[float] = Future()
+        future.cancel()
+        return future
+
+    def reward_failure(self):
+        return POOL_FAILED
+
+
+@pytest.mark.timeout(120)
+def test_a_reward_pool_that_failed_ends_the_job_naming_why(tmp_path, monkeypatch):
+    """No reward can be scored any more (no worker loads the function): the job fails in one line that says so,
+    through the lost reward of the first sample that waits for one (not a controller error, not `on_error`s)."""
+    monkeypatch.setattr(controller, "task_source", lambda job, *_, **__: _PoolFailed(job.task))
+    jd, ctl = run_inproc(_job("sync"), tmp_path, "pool-failed", code=1)
+    assert ctl.core.failed is not None and ctl.core.failed.startswith("the reward call of sample ")
+    assert ctl.core.failed.endswith(f"(the reward pool stopped: {POOL_FAILED})")
+    assert jd.read_json(jd.summary_json)["state"].endswith(POOL_FAILED + ")")
 
 
 def test_the_jobs_engine_settings_reach_the_units_engine(tmp_path):

@@ -3,6 +3,7 @@ import math
 import sys
 import threading
 import time
+from concurrent.futures import CancelledError
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,82 @@ def test_close_takes_a_running_call_s_child_programs_with_it(rewards_dir: Path) 
     pool.close()
     assert running.cancelled()
     assert _still_alive(children) == []
+
+
+FLAKY_FILE = """
+from pathlib import Path
+
+HERE = Path(__file__).parent
+if (HERE / "flag").exists():  # import-time work that can fail for a while: shared storage not answering
+    (HERE / "failed").touch()
+    raise OSError("shared filesystem not answering")
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "hang":
+        import threading
+        threading.Event().wait()
+    return float(solution_str == ground_truth)
+"""
+
+
+def _break_the_worker_s_next_load(pool: RewardPool, tmp_path: Path) -> None:
+    """The function loads no more; a hung call's timeout replaces the worker, whose start fails."""
+    (tmp_path / "flag").touch()
+    assert pool.score("hung", "d", "hang", "a").outcome == "timeout"
+    deadline = time.monotonic() + 30.0
+    while not (tmp_path / "failed").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "failed").exists()
+
+
+def test_a_worker_that_failed_to_load_starts_again_and_scores(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A replacement's start fails (a transient import error) and the failure passes: the worker starts again
+    after its backoff and the calls are scored (they once all scored `on_error` for the rest of the job)."""
+    caplog.set_level(logging.ERROR, logger="rlctl.rl.reward")
+    (tmp_path / "flaky.py").write_text(FLAKY_FILE)
+    with RewardPool("flaky.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=1.0, on_error=-1.0) as pool:
+        assert pool.score("s0", "d", "a", "a").ok
+        _break_the_worker_s_next_load(pool, tmp_path)
+        (tmp_path / "flag").unlink()  # the hiccup is over
+        assert pool.score("s1", "d", "a", "a") == RewardResult(1.0)
+        assert pool.failed is None and pool.stats.load_failures >= 1 and pool.stats.errors == 0
+    assert "OSError: shared filesystem not answering; starting it again in 1 s" in caplog.text
+
+
+def test_workers_that_stay_unable_to_load_fail_the_pool(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The failure does not pass: past `load_retry_s` the pool fails, saying why, and cancels its calls, those
+    waiting and those to come (the controller fails the job with it) instead of scoring them `on_error`."""
+    caplog.set_level(logging.ERROR, logger="rlctl.rl.reward")
+    (tmp_path / "flaky.py").write_text(FLAKY_FILE)
+    with RewardPool(
+        "flaky.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=1.0, on_error=-1.0, load_retry_s=0.5
+    ) as pool:
+        assert pool.score("s0", "d", "a", "a").ok
+        _break_the_worker_s_next_load(pool, tmp_path)
+        waiting = pool.submit("s1", "d", "a", "a")
+        with pytest.raises(CancelledError):  # (a cancel does not wake concurrent.futures.wait: result() it is)
+            waiting.result(timeout=30.0)
+        assert pool.failed is not None
+        assert pool.failed.startswith("no reward worker could load flaky.py:compute_score for ")
+        assert pool.failed.endswith("the last error: flaky.py: cannot import: OSError: shared filesystem not answering")
+        assert pool.submit("s2", "d", "a", "a").cancelled()  # a call after it: cancelled at once
+        assert pool.stats.errors == 0
+    assert "reward pool failed: no reward worker could load" in caplog.text
+
+
+def test_a_function_no_worker_of_the_first_start_can_load_fails_the_pool(tmp_path: Path) -> None:
+    """A function that loads in the caller but not in a worker process: a config error, the pool fails at once
+    (no retries) and its calls are cancelled (they once all scored `on_error`)."""
+    (tmp_path / "r.py").write_text(
+        "import multiprocessing\n"
+        "if multiprocessing.parent_process() is not None:\n"
+        "    raise ImportError('only in the caller')\n"
+        "def f(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return 1.0\n"
+    )
+    with RewardPool("r.py:f", base_dir=tmp_path, workers=1, timeout_s=30.0) as pool:
+        call = pool.submit("s0", "d", "a", "a")
+        with pytest.raises(CancelledError):
+            call.result(timeout=30.0)
+        assert pool.failed == "a reward worker cannot load r.py:f: r.py: cannot import: ImportError: only in the caller"
+        assert pool.stats.load_failures == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from rlctl.config.job import DatasetTask
@@ -52,3 +53,29 @@ def test_dataset_heldout_figures_are_the_reward_of_transformers_greedy_answers(t
             words.append(len(decode_output(tok, out[0, prompt.shape[1] :].tolist()).split()))
         assert figures[key] == round(sum(words) / 4, 4), (key, words)
     assert figures["greedy_reward_first"] != figures["greedy_reward_last"]  # the two policies are told apart
+
+
+def test_a_reward_no_worker_can_load_fails_the_evaluation_saying_why(tmp_path: Path) -> None:
+    """The reward file loads in the caller but not in a worker: the pool fails and the evaluation with it, naming
+    the load error (the held-out figures were once every call's `reward_on_error`)."""
+    dirs = [tmp_path / "before", tmp_path / "after"]
+    for seed, d in enumerate(dirs):
+        write_checkpoint("qwen2-tied-hd32", d, seed=seed)
+        write_tokenizer(d)
+    (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": QUESTIONS[0], "ground_truth": "0"}) + "\n")
+    (tmp_path / "rewards.py").write_text(
+        "import multiprocessing\n"
+        "if multiprocessing.parent_process() is not None:\n"
+        "    raise ImportError('only in the caller')\n" + REWARD
+    )
+    cfg = DatasetTask.model_validate(
+        {"kind": "dataset", "path": "train.jsonl", "reward": "rewards.py:compute_score", "max_output_tokens": 4}
+    )
+    task = heldout_task(cfg.model_copy(update={"reward_workers": 1}), "held.jsonl")
+    prepare_dataset(
+        task, data_path=tmp_path / "held.jsonl", tokenizer=load_tokenizer(dirs[0]), out_dir=tmp_path / "held"
+    )
+    with pytest.raises(
+        ValueError, match=r"reward pool failed: a reward worker cannot load rewards\.py:compute_score: "
+    ):
+        compare_dataset(dirs[0], dirs[1], task, data_dir=tmp_path / "held", reward_dir=tmp_path, num_prompts=1)
