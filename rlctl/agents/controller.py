@@ -521,6 +521,9 @@ class ControllerAgent:
             self.core.failed = self.core.failed or self.core.reward_lost(who, attempt=payload, why=why)
             return
         if what == "eval_scored" and self.evaluator is not None:
+            why = self.task.reward_failure() if payload is None else None
+            if why is not None:  # not the job ending: the pool that scores its evaluations stopped for good
+                self.core.failed = self.core.failed or f"the held-out evaluation of v{who} cannot be scored ({why})"
             self.evaluator.scored(who, payload)
             return
         peer = self.peers.get(who)

@@ -53,6 +53,7 @@ import math
 import multiprocessing
 import numbers
 import os
+import select
 import signal
 import socket
 import sys
@@ -80,6 +81,7 @@ STUCK_FRACTION = 0.1  # a call running longer than this part of the timeout (at 
 STUCK_MIN_S = 0.2
 RETRY_FIRST_S = 1.0  # a worker that failed to load starts again after this, doubled on each failure in a row …
 RETRY_MAX_S = 60.0  # … up to this
+ORPHAN_CHECK_S = 0.05  # a worker's watch of its pool, after a call arrived: how long before it looks again
 LOAD_RETRY_FACTOR = 6  # the pool fails once every worker has failed to load for this many × timeout_s …
 LOAD_RETRY_MIN_S = 60.0  # … or this, if longer: a filesystem hiccup or an OOM kill while importing passes sooner
 
@@ -240,6 +242,7 @@ def call_reward(fn: RewardFn, kwargs: dict[str, Any], on_error: float) -> Reward
 def _worker_main(spec: str, base_dir: str, on_error: float, conn: Connection) -> None:
     """Worker process: load the function, say "ready" (or why not), then answer each kwargs with a RewardResult."""
     os.setsid()  # a group of its own: killing the worker kills what its calls started (see _kill_tree)
+    _die_with_the_pool(conn)
     try:
         fn = load_reward(spec, Path(base_dir))
     except ValueError as e:
@@ -255,6 +258,24 @@ def _worker_main(spec: str, base_dir: str, on_error: float, conn: Connection) ->
         if not takes_extra_info:
             kwargs.pop("extra_info", None)
         conn.send(call_reward(fn, kwargs, on_error))
+
+
+def _die_with_the_pool(conn: Connection) -> None:
+    """A worker in a group of its own is out of reach of its agent's stop (the backends kill the agent's process
+    group), and the forkserver that started it outlives a controller killed on its own (the OOM killer): when the
+    pool's end of `conn` closes — its process gone, however — the worker kills its own group, itself and what its
+    calls started. A thread waiting on the socket's hang-up (never reading it: the calls are the loop's), so a call
+    hung in a system call (a wait on its child) does not hold it up."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLRDHUP)
+    gone = select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL
+
+    def watch() -> None:
+        while not any(events & gone for _, events in poller.poll()):
+            time.sleep(ORPHAN_CHECK_S)  # a call arrived (the loop reads it): look again after a while
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="reward-orphan-watch", daemon=True).start()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -350,7 +371,10 @@ class RewardPool:
         timeout_s: float = 10.0,
         on_error: float = 0.0,
         load_retry_s: float | None = None,
+        loaded: bool = False,
     ) -> None:
+        """`loaded`: the function is known to load (another pool of the job loaded it): a first start that fails
+        is then retried as a restart is, not a config error."""
         self.spec = spec
         self.base_dir = base_dir
         self.timeout_s = timeout_s
@@ -369,7 +393,7 @@ class RewardPool:
         self._seq = 0  # calls submitted so far
         self._cancels: dict[str, int] = {}  # sample id → its calls up to this seq are dropped (the dispatcher does it)
         self._closed = False
-        self._loaded = False  # a worker has loaded the function: the first start is over
+        self._loaded = loaded  # a worker has loaded the function: the first start is over
         self._down_since: float | None = None  # since when every worker has been unable to load the function
         self._load_error: str | None = None  # why the last start that failed could not load it
         self._workers: list[_Worker] = []

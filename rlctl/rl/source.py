@@ -201,10 +201,15 @@ class DatasetSource(TaskSource):
         # samples' (whose late rewards would hold the trainer) and stay out of the training figures
         self.heldout_pool: RewardPool | None = None
 
-    def _pool(self, workers: int) -> RewardPool:
+    def _pool(self, workers: int, *, loaded: bool = False) -> RewardPool:
         c = self.cfg
         return RewardPool(
-            c.reward, base_dir=self.job_dir, workers=workers, timeout_s=c.reward_timeout_s, on_error=c.reward_on_error
+            c.reward,
+            base_dir=self.job_dir,
+            workers=workers,
+            timeout_s=c.reward_timeout_s,
+            on_error=c.reward_on_error,
+            loaded=loaded,
         )
 
     def rl_prompts(self, iteration: int, n: int) -> list[RlPrompt]:
@@ -259,8 +264,9 @@ class DatasetSource(TaskSource):
         from rlctl.rl.dataset import submit_reward
 
         assert self.pool is not None, "this source was built without scoring"
-        if self.heldout_pool is None:
-            self.heldout_pool = self._pool(1)
+        if self.heldout_pool is None:  # started days into a job: the function loaded in the training pool already,
+            # so a start that fails now (a stale NFS handle) is retried, not taken for a config error
+            self.heldout_pool = self._pool(1, loaded=True)
         calls = [
             submit_reward(self.heldout_pool, self.tokenizer, sample_id=f"{key}#{i}", prompt=p, output_tokens=o)
             for i, (p, o) in enumerate(zip(self._held, outputs, strict=False))
@@ -295,7 +301,12 @@ class DatasetSource(TaskSource):
         return self.pool.stats if self.pool is not None else RewardStats()
 
     def reward_failure(self) -> str | None:
-        return self.pool.failed if self.pool is not None else None
+        """Why a reward pool stopped for good (the job then fails naming it): the training pool's, or the held-out
+        evaluation's (else its evaluations would stop without a word for the rest of the job)."""
+        for pool, what in ((self.pool, ""), (self.heldout_pool, "held-out evaluation: ")):
+            if pool is not None and pool.failed is not None:
+                return what + pool.failed
+        return None
 
     def close(self) -> None:
         for pool in (self.pool, self.heldout_pool):

@@ -1,5 +1,7 @@
+import contextlib
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -325,6 +327,45 @@ def test_close_takes_a_running_call_s_child_programs_with_it(rewards_dir: Path) 
     pool.close()
     assert running.cancelled()
     assert _still_alive(children) == []
+
+
+OWNER = """
+import sys, time
+from pathlib import Path
+from rlctl.rl.reward import RewardPool
+
+pool = RewardPool("rewards/mine.py:compute_score", base_dir=Path(sys.argv[1]), workers=1, timeout_s=600.0)
+pool.submit("s0", "d", "spawn", "a", {"pids": sys.argv[2]})
+while not Path(sys.argv[2]).exists():
+    time.sleep(0.05)
+print(pool._workers[0].proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@linux_only
+def test_a_worker_and_its_calls_programs_die_with_the_process_that_started_the_pool(rewards_dir: Path) -> None:
+    """The controller killed without closing its pool (after its stop's grace, by the OOM killer): its workers lead
+    groups of their own, out of reach of the backend's kill of the agent's group, so each kills its own group — its
+    hung call and the programs that call started — once the process that started it is gone."""
+    import subprocess
+
+    pids = rewards_dir / "pids"
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(rewards_dir), str(pids)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None
+        worker = int(owner.stdout.readline())
+        in_its_group = _pids(pids)[0]  # the other started a session of its own: out of any group's reach
+        assert _alive(worker) and _alive(in_its_group)
+    finally:
+        owner.kill()
+        owner.wait()
+    assert _still_alive([worker, in_its_group]) == []
+    for pid in _pids(pids)[1:]:  # the test's own cleanup
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
 
 
 FLAKY_FILE = """
