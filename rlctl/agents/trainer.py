@@ -34,6 +34,7 @@ import contextlib
 import datetime
 import hashlib
 import hmac
+import json
 import logging
 import os
 import queue
@@ -51,7 +52,7 @@ from rlctl.agents.common import AgentContext, ControllerLink
 from rlctl.agents.listen import host_of, listen_host, store_listener
 from rlctl.agents.messages import CheckpointWritten, Delivered, Heartbeat, Hello, Regroup, Trained, make, parse
 from rlctl.agents.staleness import StalenessBound
-from rlctl.agents.watchdog import HUNG, Watchdog
+from rlctl.agents.watchdog import HUNG, Watchdog, waits_in_collective
 from rlctl.agents.watchdog import TICK_S as WATCH_TICK_S
 from rlctl.agents.weights import PublishedModel, Target, WeightPublisher
 from rlctl.checkpoint.background import BackgroundWriter
@@ -98,19 +99,32 @@ def init_group(
     return store
 
 
-def say_hung(store: dist.Store, rank: int, text: str) -> None:
-    """A rank > 0's last word before its watchdog ends it (`text`: the watchdog's): in the group's store, which
-    rank 0 holds, where `hung_ranks` finds it once rank 0's collective with the ended rank fails. The ranks above
-    0 have no controller link, and without this the run's failure would name rank 0's broken collective, not the
-    rank (and host) that hung."""
+def say_hung(store: dist.Store, rank: int, text: str, *, waiting: bool) -> None:
+    """A rank > 0's last word before its watchdog ends it (`text`: the watchdog's; `waiting`: its hung thread was
+    inside a collective, waiting for another rank rather than hung itself): in the group's store, which rank 0
+    holds, where `hung_ranks` finds it once rank 0's collective with the ended rank fails. The ranks above 0 have
+    no controller link, and without this the run's failure would name rank 0's broken collective, not the rank
+    (and host) that hung."""
     said = text.removeprefix(HUNG).strip()
-    store.set(f"hung/{rank}", f"trainer-{rank} on {socket.gethostname()}: {said}")
+    word = {"said": f"trainer-{rank} on {socket.gethostname()}: {said}", "waiting": waiting}
+    store.set(f"hung/{rank}", json.dumps(word))
 
 
-def hung_ranks(store: dist.Store, world_size: int) -> list[str]:
-    """What the ranks whose watchdogs ended them said (`say_hung`), lowest rank first."""
-    keys = [f"hung/{r}" for r in range(1, world_size)]
-    return [store.get(k).decode() for k in keys if store.check([k])]
+def hung_ranks(store: dist.Store, world_size: int) -> list[tuple[str, bool]]:
+    """What the ranks whose watchdogs ended them said (`say_hung`), lowest rank first: (words, waiting)."""
+    out = []
+    for key in (f"hung/{r}" for r in range(1, world_size)):
+        if store.check([key]):
+            word = json.loads(store.get(key))
+            out.append((str(word["said"]), bool(word["waiting"])))
+    return out
+
+
+def culprits(said: list[tuple[str, bool]]) -> list[str]:
+    """Of the ranks that said they hung, those hung themselves: not the ones only waiting in a collective for
+    another (all of them when every one was waiting: the collective itself never completed)."""
+    own = [words for words, waiting in said if not waiting]
+    return own or [f"{words} (waiting in a collective)" for words, _ in said]
 
 
 def store_prefix(secret: bytes) -> str:
@@ -248,7 +262,8 @@ class TrainerAgent:
                 self.writer.submit(write)
 
             try:
-                self.learner.follow(on_step=stepped, on_checkpoint=write_shard, busy=watchdog.busy)
+                self.learner.busy = watchdog.busy
+                self.learner.follow(on_step=stepped, on_checkpoint=write_shard)
                 self.writer.wait()
             finally:
                 watchdog.close()
@@ -272,6 +287,7 @@ class TrainerAgent:
         self.state = "running"
         # a training phase that never returns ends this rank: the run fails, and auto_resume resumes it
         self.watchdog = watchdog = Watchdog(self.name, self.ctx.job.trainer.hang_timeout_s, on_hang=self._hung)
+        self.learner.busy = watchdog.busy  # its micro-batches and steps are phases (as on the ranks that follow)
         ids: list[str] = []
         # by iteration: the one trained now (= self.version) and, in async, later ones the controller sent early
         held: dict[int, deque[Held]] = {}
@@ -322,9 +338,9 @@ class TrainerAgent:
                 # the next one's held samples (they may be whole already)
                 while True:
                     t0 = time.monotonic()
-                    with watchdog.busy("train"):
-                        ids += self._take(held.setdefault(self.version, deque()))
-                        self.learner.train_ready()
+                    ids += self._take(held.setdefault(self.version, deque()))
+                    self.learner.train_ready()  # a "train" phase per micro-batch (`learner.busy`), as on the
+                    # ranks that follow: a phase that blocks here began after a follower's that hung, never before
                     self.busy_s += time.monotonic() - t0
                     if not self._whole():
                         break
@@ -383,34 +399,44 @@ class TrainerAgent:
 
     def _hung(self, text: str) -> None:
         """The watchdog's last word before this rank exits: the controller names the hang in the run's failure.
-        This rank may only be waiting in a collective for a rank above that hung first: their watchdogs tick
-        apart, so that rank's own word is waited for a moment, and named instead when it comes."""
+        Hung in its own work, this rank names itself (the ranks above that also ran past their limits were only
+        waiting for it). Hung inside a collective, it is waiting for a rank above that may have hung first: their
+        watchdogs tick apart, so that rank's own word is waited for a moment, and named instead when it comes."""
         self.state = text
-        if not self._name_hung_ranks(wait_s=FOLLOWER_WORD_S):
+        hung = self.watchdog.hung
+        waiting = hung is not None and waits_in_collective(hung.thread)
+        if not (waiting and self._name_hung_ranks(wait_s=FOLLOWER_WORD_S, own_only=True)):
             self.link.send(make("heartbeat", self.figures()))
 
-    def _name_hung_ranks(self, *, wait_s: float = 0.0) -> bool:
+    def _name_hung_ranks(self, *, wait_s: float = 0.0, own_only: bool = False) -> bool:
         """Rank 0: when ranks above ended themselves hung, its last heartbeat says which (the controller names
-        them in the run's failure). Whether any did (asked again for up to `wait_s`)."""
-        said: list[str] = []
+        them in the run's failure): those hung in their own work, else every one that said so (`culprits`);
+        `own_only`: only those hung in their own work. Whether any was named (asked again for up to `wait_s`)."""
+        named: list[str] = []
         if self.store is not None and dist.is_initialized() and dist.get_world_size() > 1:
             deadline = time.monotonic() + wait_s
             with contextlib.suppress(Exception):  # the last word is a courtesy: the failure goes on regardless
-                while not (said := hung_ranks(self.store, dist.get_world_size())) and time.monotonic() < deadline:
+                while True:
+                    said = hung_ranks(self.store, dist.get_world_size())
+                    named = [w for w, waiting in said if not waiting] if own_only else culprits(said)
+                    if named or time.monotonic() >= deadline:
+                        break
                     time.sleep(0.1)
-        if not said:
+        if not named:
             return False
-        log.error("trainer: %s ended itself hung (its log has every thread's stack)", "; ".join(said))
-        self.state = f"{HUNG} {'; '.join(said)}"
+        log.error("trainer: %s ended itself hung (its log has every thread's stack)", "; ".join(named))
+        self.state = f"{HUNG} {'; '.join(named)}"
         with contextlib.suppress(TransportError):
             self.link.send(make("heartbeat", self.figures()))
         return True
 
     def _hung_follower(self, text: str) -> None:
-        """A rank > 0's watchdog's last word: into the group's store, for rank 0 (`say_hung`)."""
+        """A rank > 0's watchdog's last word: into the group's store, for rank 0 (`say_hung`), saying whether it
+        was only waiting in a collective (for rank 0, or another rank)."""
         self.state = text
+        hung = self.watchdog.hung
         if self.store is not None:
-            say_hung(self.store, self.rank, text)
+            say_hung(self.store, self.rank, text, waiting=hung is not None and waits_in_collective(hung.thread))
 
     def _next_messages(self) -> list[Message | None]:
         """The next message (waiting for one), then every other one already queued: the learner cuts its

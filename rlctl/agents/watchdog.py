@@ -36,6 +36,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Literal, TextIO
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class Watchdog:
         self._on_hang, self._clock, self._exit = on_hang, clock, exit
         self._stream, self._backstop = stream, backstop
         self._phase: Phase | None = None
+        self.hung: Phase | None = None  # the phase that ran past its limit, once one did
         self._armed: float | None = None  # the C backstop's deadline (this clock), None when disarmed
         self._lock = threading.Lock()  # arming and disarming, from the loop and the watcher
         self._stop = threading.Event()
@@ -117,11 +119,14 @@ class Watchdog:
 
     @contextlib.contextmanager
     def busy(self, phase: str) -> Iterator[None]:
+        """Mark a busy phase. Phases nest: an inner one is watched on its own limit while it runs, and the outer
+        one again once it ends (from the outer's own start)."""
         limit = self.limits.limit(phase)
         if limit is None:
             yield
             return
         start = self._clock()
+        outer = self._phase
         self._phase = current = Phase(phase, start, limit, threading.get_ident())
         if self._armed is None:  # the first phase after a wait: armed at once (it may hang holding the GIL at once)
             with self._lock:
@@ -129,7 +134,7 @@ class Watchdog:
         try:
             yield
         finally:
-            self._phase = None
+            self._phase = outer
             self.limits.ended(phase, self._clock() - start)
 
     def current(self) -> tuple[str, float]:
@@ -167,10 +172,11 @@ class Watchdog:
             frame = sys._current_frames().get(phase.thread)
             if frame is not None:
                 out.write(f"The hung phase's thread ({phase.name}), most recent call last:\n")
-                out.write("".join(traceback.format_stack(frame)))
+                out.write(stack_text(frame))
             out.flush()
             faulthandler.dump_traceback(file=out, all_threads=True)
             out.flush()
+        self.hung = phase  # for `on_hang`: which phase, on which thread
         if self._on_hang is not None:
             try:
                 self._on_hang(text)
@@ -205,6 +211,23 @@ class Watchdog:
         if self._armed is not None and self._backstop:
             faulthandler.cancel_dump_traceback_later()
         self._armed = None
+
+
+def stack_text(frame: FrameType) -> str:
+    """`frame`'s stack, most recent call last, as a traceback names it — without reading any source file (a hang
+    on a filesystem that stopped answering would stop the watchdog there, as it stopped the loop)."""
+    summary = traceback.StackSummary.extract(traceback.walk_stack(frame), lookup_lines=False)
+    return "".join(f'  File "{f.filename}", line {f.lineno}, in {f.name}\n' for f in reversed(summary))
+
+
+def waits_in_collective(thread: int) -> bool:
+    """Whether `thread` is inside a torch.distributed call: waiting for other ranks, not hung itself."""
+    frame = sys._current_frames().get(thread)
+    while frame is not None:
+        if f"torch{os.sep}distributed{os.sep}" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _describe(timeout: HangTimeout) -> str:

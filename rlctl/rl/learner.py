@@ -127,6 +127,7 @@ class StreamingLearner:
         self.group_size = group_size
         self.micro, self.micro_tokens = micro_batch_samples, micro_batch_tokens
         self.dp = data_parallel or whole_replicas()
+        self.busy: Busy = _unwatched  # the trainer's watchdog marks each micro-batch and step (`Watchdog.busy`)
         self._clip = clip_grad_norm_ or (lambda max_norm: clip_whole(model, max_norm))
         self.opt = policy_optimizer(model, cfg.lr, weight_decay=cfg.weight_decay)
         self.schedule = StepLr.of(cfg, iterations=iterations)
@@ -185,9 +186,10 @@ class StreamingLearner:
         self.ready = [self.ready[i] for i in keep]
 
     def _micro_step(self, chunk: list[tuple[Sample, float]]) -> None:
-        if _world()[1] > 1:
-            _broadcast(Chunk([s for s, _ in chunk], [a for _, a in chunk]))
-        self.backward_share(chunk)
+        with self.busy("train"):  # one phase per micro-batch, as on the ranks that follow (their hang is theirs)
+            if _world()[1] > 1:
+                _broadcast(Chunk([s for s, _ in chunk], [a for _, a in chunk]))
+            self.backward_share(chunk)
 
     def backward_share(self, chunk: list[tuple[Sample, float]]) -> None:
         """Forward/backward on this data-parallel rank's slice of `chunk` (the same slice on every tp rank). With a
@@ -222,9 +224,10 @@ class StreamingLearner:
     def step(self) -> dict[str, float]:
         """Train what is left, then one optimizer step over the whole iteration."""
         self.train_ready(flush=True)
-        if _world()[1] > 1:
-            _broadcast(Step(self.tokens))
-        stats = self.apply_step(self.tokens)
+        with self.busy("optimizer step"):
+            if _world()[1] > 1:
+                _broadcast(Step(self.tokens))
+            stats = self.apply_step(self.tokens)
         stats["reward_mean"] = sum(self.rewards) / max(len(self.rewards), 1)
         stats["samples"] = float(self.count)
         stats["no_signal_frac"] = self.no_signal / max(self.count, 1)
@@ -278,13 +281,14 @@ class StreamingLearner:
         on_step: Callable[[], None] | None = None,
         *,
         on_checkpoint: Callable[[int], None] | None = None,
-        busy: Busy = _unwatched,
+        busy: Busy | None = None,
     ) -> None:
         """Ranks > 0: do what rank 0 broadcasts until it sends 'stop'; `on_step` after each optimizer step
         (the rank then holds the same weights and optimizer state as the other ranks of its (tp, pp) position,
         bit for bit: gradients are all-reduced over the data-parallel group); `on_checkpoint(version)` when
-        rank 0 `announce_checkpoint`s. `busy(phase)` wraps its work ("train", "optimizer step"), never its wait
-        for rank 0's next broadcast."""
+        rank 0 `announce_checkpoint`s. `busy(phase)` (default: `self.busy`) wraps its work ("train" per
+        micro-batch, "optimizer step"), never its wait for rank 0's next broadcast."""
+        busy = busy or self.busy
         while True:
             item = _broadcast(None)
             if isinstance(item, Step):
@@ -356,6 +360,7 @@ class PpoBatchLearner:
             iterations=iterations,
         )
         self.samples: list[Sample] = []
+        self.busy: Busy = _unwatched  # as StreamingLearner's: the whole batch's training is one "train" phase
 
     def resume_at(self, version: int) -> None:
         """As `StreamingLearner.resume_at`."""
@@ -373,9 +378,10 @@ class PpoBatchLearner:
         del flush  # nothing to do before the whole batch is in
 
     def step(self) -> dict[str, float]:
-        if _world()[1] > 1:
-            _broadcast(WholeBatch(self.samples))
-        stats = self.train_batch(self.samples)
+        with self.busy("train"):
+            if _world()[1] > 1:
+                _broadcast(WholeBatch(self.samples))
+            stats = self.train_batch(self.samples)
         self.samples = []
         return stats
 
@@ -390,9 +396,10 @@ class PpoBatchLearner:
         on_step: Callable[[], None] | None = None,
         *,
         on_checkpoint: Callable[[int], None] | None = None,
-        busy: Busy = _unwatched,
+        busy: Busy | None = None,
     ) -> None:
         """Ranks > 0: as `StreamingLearner.follow`, a whole batch per step (one "train" phase)."""
+        busy = busy or self.busy
         while True:
             item = _broadcast(None)
             if isinstance(item, WholeBatch):

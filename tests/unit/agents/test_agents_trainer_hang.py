@@ -8,15 +8,19 @@ from __future__ import annotations
 import contextlib
 import datetime
 import multiprocessing as mp
+import os
 import socket
+import time
+import types
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from rlctl.agents.trainer import hung_ranks, say_hung
-from rlctl.agents.watchdog import HUNG
+from rlctl.agents import trainer
+from rlctl.agents.trainer import TrainerAgent, culprits, hung_ranks, init_group, say_hung
+from rlctl.agents.watchdog import HUNG, Watchdog
 from rlctl.config.job import GrpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.learner import StreamingLearner
@@ -27,14 +31,104 @@ def test_a_hung_ranks_last_word_is_found_by_rank_0_lowest_rank_first() -> None:
     server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
     store = dist.PrefixStore("job-secret-prefix", server)
     assert hung_ranks(store, 4) == []
-    say_hung(store, 3, f"{HUNG} train ran 21 s, past its limit of 20 s")
-    say_hung(store, 1, f"{HUNG} optimizer step ran 300 s, past its limit of 300 s")
+    say_hung(store, 3, f"{HUNG} train ran 21 s, past its limit of 20 s", waiting=False)
+    say_hung(store, 1, f"{HUNG} optimizer step ran 300 s, past its limit of 300 s", waiting=True)
     host = socket.gethostname()
-    assert hung_ranks(store, 4) == [
-        f"trainer-1 on {host}: optimizer step ran 300 s, past its limit of 300 s",
-        f"trainer-3 on {host}: train ran 21 s, past its limit of 20 s",
+    said = hung_ranks(store, 4)
+    assert said == [
+        (f"trainer-1 on {host}: optimizer step ran 300 s, past its limit of 300 s", True),
+        (f"trainer-3 on {host}: train ran 21 s, past its limit of 20 s", False),
     ]
+    assert culprits(said) == [f"trainer-3 on {host}: train ran 21 s, past its limit of 20 s"]  # 1 only waited
+    assert culprits(said[:1]) == [f"{said[0][0]} (waiting in a collective)"]
     assert hung_ranks(dist.PrefixStore("another-job", server), 4) == []  # keys under the job's own prefix
+
+
+LIMIT_S = 4.0
+
+
+def _shell(store: dist.Store, rank: int, watchdog: Watchdog | None = None) -> types.SimpleNamespace:
+    """The parts of a TrainerAgent its hang handlers use (no controller link: what it would send is kept)."""
+    agent = types.SimpleNamespace(store=store, rank=rank, state="running", sent=[], watchdog=watchdog)
+    agent.figures = lambda: agent.state
+    agent.link = types.SimpleNamespace(send=agent.sent.append)
+    agent._name_hung_ranks = types.MethodType(TrainerAgent._name_hung_ranks, agent)
+    return agent
+
+
+def _hang_rank(rank: int, port: int, state: dict[str, torch.Tensor], who: int, out: mp.Queue) -> None:
+    """Rank `who` hangs in its own work — rank 0 in its optimizer step before the all-reduce, rank 1 in its third
+    micro-batch — while the other waits for it in a collective; both watched at LIMIT_S, as the trainer runs
+    them. Rank 0 puts what its last heartbeat said (or its collective's failure named) on `out`."""
+    torch.set_num_threads(1)
+    trainer.make = lambda kind, figures: figures  # type: ignore[assignment]  # the heartbeat: its state alone
+    store = init_group(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, secret=b"job")
+    assert store is not None
+    model = TinyGPT(SMALL)
+    model.load_state_dict(state)
+    learner = StreamingLearner(model, GrpoAlgorithm(kind="grpo", lr=1e-2), group_size=4, micro_batch_samples=4)
+    agent = _shell(store, rank)
+
+    def ended(code: int) -> None:
+        if rank == 0:
+            out.put(agent.sent)
+            out.close()
+            out.join_thread()  # on the pipe before the exit, which skips the queue's own flush
+        os._exit(code)
+
+    handler = TrainerAgent._hung if rank == 0 else TrainerAgent._hung_follower
+    agent.watchdog = dog = Watchdog(f"trainer-{rank}", LIMIT_S, on_hang=types.MethodType(handler, agent), exit=ended)
+    learner.busy = dog.busy
+    if rank == who:
+        if rank == 0:
+            learner.apply_step = lambda tokens: time.sleep(1000)  # type: ignore[method-assign]  # a stuck kernel
+        else:
+            share, calls = learner.backward_share, [0]
+
+            def stuck(chunk):  # type: ignore[no-untyped-def]
+                calls[0] += 1
+                if calls[0] == 3:
+                    time.sleep(1000)
+                return share(chunk)
+
+            learner.backward_share = stuck  # type: ignore[method-assign]
+    if rank == 1:
+        learner.follow()
+        os._exit(0)
+    try:
+        for s in on_policy(model, prompts=4, group=4, seed=2):
+            learner.add(s)
+            learner.train_ready()
+        with dog.busy("optimizer step"):  # as the trainer wraps the learner's step
+            learner.step()
+    except Exception:  # noqa: BLE001 - the collective with the rank that ended itself failed: as the trainer does
+        agent._name_hung_ranks()
+        ended(1)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("who", [0, 1])
+def test_the_rank_that_hung_is_named_not_the_ones_waiting_for_it(who: int) -> None:
+    torch.manual_seed(0)
+    state = {k: v.clone() for k, v in TinyGPT(SMALL).state_dict().items()}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_hang_rank, args=(r, port, state, who, out)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    said = out.get(timeout=100)
+    for p in procs:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+    assert len(said) == 1, said
+    if who == 0:  # rank 1 also ran past its limit, waiting in the all-reduce: rank 0 names itself
+        assert said[0].startswith(f"{HUNG} optimizer step ran ") and "trainer-1" not in said[0], said
+    else:
+        assert said[0].startswith(f"{HUNG} trainer-1 on {socket.gethostname()}: train ran "), said
 
 
 def _rank(rank: int, init: str, state: dict[str, torch.Tensor], out: mp.Queue) -> None:

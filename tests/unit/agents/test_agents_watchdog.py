@@ -10,6 +10,8 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
+
 from rlctl.agents import watchdog as wd
 from rlctl.agents.watchdog import FACTOR, FIRST_S, FLOOR_S, HUNG_EXIT, Limits, Watchdog
 
@@ -160,3 +162,18 @@ def test_a_hang_that_holds_the_gil_is_ended_by_the_backstop() -> None:
     assert "Timeout (0:00:0" in proc.stderr
     assert "in stuck_in_train_step" in proc.stderr
     assert "last word" not in proc.stdout  # Python never ran again
+
+
+def test_the_hung_loops_stack_is_written_without_reading_a_source_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop hung on a filesystem that stopped answering (the code's own mount, say): writing its stack must not
+    read source lines from there too, or the watchdog would hang before its last word and its exit."""
+    import linecache
+
+    def hung(*_: object, **__: object) -> list[str]:
+        raise AssertionError("read a source file")
+
+    monkeypatch.setattr(linecache, "updatecache", hung)
+    monkeypatch.setattr(linecache, "getline", hung)
+    linecache.clearcache()
+    text = wd.stack_text(sys._getframe())
+    assert f"in {sys._getframe().f_code.co_name}" in text and text.endswith("\n")
