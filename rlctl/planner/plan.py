@@ -248,9 +248,11 @@ def _trainer_curve(
         )
     if t_fixed is None:
         return tcurve, None
-    # every point holds exactly the fixed count (a larger budget leaves GPUs idle): the first finite one is the
-    # slots of its fastest configuration, as the launch runs it (`counts.plan_counts`)
-    return tcurve, int(np.argmax(np.isfinite(tcurve.seconds)))
+    # every point holds exactly the fixed count; a later one a faster split whose tp groups pass over more
+    # leftovers (8 ranks on 6-GPU hosts: tp 2 in 8 slots, tp 4 in 10). The fastest, the fewest slots of equal
+    # ones: where the trainer has its site to itself the slots beyond its ranks cost nothing (a shared site
+    # chooses the slots with the rollout's: `make_plan`). The launch runs the plan's split (`counts.plan_counts`)
+    return tcurve, int(np.argmin(tcurve.seconds))
 
 
 def make_plan(
@@ -285,17 +287,27 @@ def make_plan(
     tcurve, t_slots = _trainer_curve(job, prof, tw, t_fixed=t_fixed, profile_file=profile_file)
     # the trainer's GPU slots (`hostfill.trainer_slots`): its ranks, and a leftover its tp groups pass over
     n_train = t_slots if t_slots is not None else t_total
+    train_s = _mask_fixed(tcurve.seconds, t_slots)
     budgets: dict[str, int] = {s: inv.sites[s].total_gpus if (f := r_fixed[s]) is None else f for s in r_sites}
     if shared:  # x + y ≤ n on the shared site; both fixed → n is their sum
+        # a fixed trainer's slots are chosen with the rollout's: a split that passes over more leftovers takes
+        # GPUs the rollout could use. Every point of the curve holds exactly the fixed ranks (`_trainer_curve`),
+        # so Algorithm 1 weighs the splits' times and slots against generation as it does an `auto` trainer's;
+        # beside a fixed rollout count, the fastest split that fits what it leaves
         fixed_x = r_fixed[t_site]
         n_shared = t_total
-        if t_slots is not None and fixed_x is not None:
-            n_shared = t_slots + fixed_x
-        if n_shared > t_total:
-            passed = f" (its tp groups take {t_slots} slots of the hosts)" if t_slots != t_fixed else ""
-            raise PlanError(
-                f"site {t_site!r}: trainer {t_fixed}{passed} + rollout {fixed_x} GPUs > {t_total} available"
-            )
+        if t_slots is not None:
+            train_s = tcurve.seconds
+            fewest = int(np.argmax(np.isfinite(tcurve.seconds)))
+            if fixed_x is not None:
+                if fewest + fixed_x > t_total:
+                    passed = f" (its tp groups take {fewest} slots of the hosts)" if fewest != t_fixed else ""
+                    raise PlanError(
+                        f"site {t_site!r}: trainer {t_fixed}{passed} + rollout {fixed_x} GPUs > {t_total} available"
+                    )
+                t_slots = int(np.argmin(tcurve.seconds[: t_total - fixed_x + 1]))
+                n_shared = t_slots + fixed_x
+                train_s = _mask_fixed(tcurve.seconds, t_slots)
         budgets[t_site] = n_train = n_shared
     gcurves: dict[str, GenCurve] = {}
     for s in r_sites:
@@ -314,7 +326,6 @@ def make_plan(
                 f"≤ {prof.sites[s].gpus_per_node}",
                 hint="use a larger GPU or a smaller model",
             )
-    train_s = _mask_fixed(tcurve.seconds, t_slots)
     try:
         choice, alt, fill, base = _allocate(
             job, gcurves, (train_s, tcurve.seconds), budgets, r_fixed, n_train, shared, t_site

@@ -408,6 +408,44 @@ def test_rollout_on_a_shared_site_gets_the_slots_the_trainers_tp_groups_leave(tm
     assert units == (["t-4"] * 6 + ["t-3"] * 6 + ["t-2"] * 2)[: r["instances"]]
 
 
+SIX_GPU_HOSTS = {"nodes": [{"host": "t-[1-4]", "gpus": 6}], "network": {"bandwidth_gbps": 400}}
+
+
+def _trainer_of(plan: dict[str, Any]) -> tuple[dict[str, int], float]:
+    (t,) = [a for a in plan["allocation"] if a["role"] == "trainer"]
+    return t["config"], t["predicted_s"]
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-7b", "qwen2.5-32b"])
+def test_a_fixed_trainer_count_on_its_own_site_gets_its_fastest_split(tmp_path: Path, model: str) -> None:
+    """8 ranks on 6-GPU hosts: tp 2 takes 8 slots, tp 4 (faster here) 10, its groups passing over host 1's
+    leftover. On a site the trainer has to itself the slots beyond its ranks cost nothing: the plan, hence the
+    launch (`counts.plan_counts`), runs the fastest split, not the one of fewest slots."""
+    job = write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, trainer_gpus=8, mode="sync")
+    _edit(tmp_path / "inv.yaml", lambda inv: inv["sites"]["trn"].update(SIX_GPU_HOSTS))
+    _edit(job, lambda j: j.update(trainer={"backend": "megatron"}, model={"kind": "builtin", "name": model}))
+    plan = make_plan(load_job(job), options=PlanOptions(sim_iterations=1))
+    points = plan["stage_curves"]["training"]["trn"]
+    assert {p["tp"] for p in points} == {2, 4}
+    config, seconds = _trainer_of(plan)
+    assert seconds == pytest.approx(min(p["seconds"] for p in points), rel=1e-12)
+    assert config["tp"] == 4 and config["tp"] * config["pp"] * config["dp"] == 8
+
+
+@pytest.mark.parametrize(("rollout_gpus", "tp"), [(14, 4), (16, 2)])
+def test_a_fixed_trainer_count_beside_a_fixed_rollout_gets_the_fastest_split_that_fits(
+    tmp_path: Path, rollout_gpus: int, tp: int
+) -> None:
+    """The same 8 ranks on 24 GPUs the rollout shares: beside 14 rollout GPUs tp 4's 10 slots fit (the faster),
+    beside 16 only tp 2's 8 do."""
+    job = write_job(tmp_path, rollout=[{"site": "trn", "gpus": rollout_gpus}], links=LINKS, trainer_gpus=8, mode="sync")
+    _edit(tmp_path / "inv.yaml", lambda inv: inv["sites"]["trn"].update(SIX_GPU_HOSTS))
+    _edit(job, lambda j: j.update(trainer={"backend": "megatron"}))
+    plan = make_plan(load_job(job), options=PlanOptions(sim_iterations=1, curves_in_output=False))
+    config, _ = _trainer_of(plan)
+    assert config["tp"] == tp and config["tp"] * config["pp"] * config["dp"] == 8, config
+
+
 # -- several `auto` rollout sites of different GPU types ---------------------------------------------------
 def _split_s(curves: dict[str, dict[int, float]], split: dict[str, int]) -> float:
     """The combined generation time of `split` (GPUs per site) on the plan's stage curves: rates add up."""
