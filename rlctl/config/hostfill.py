@@ -13,6 +13,11 @@
         host 3  [· · · · · ·]
         host 4  [r r r r · ·]   units fill from here
 
+On a SLURM site SLURM places the ranks, `--ntasks-per-node` k of them on each of the job's nodes in order (block
+distribution): k a multiple of tp that divides the ranks, so every node is full and no group straddles two
+(`slurm_layout`: 12 ranks at tp 4 on 8-GPU nodes are 3 nodes × 4, not 2 × 6 with ranks 4-7 on both). The
+trainer's slots there are its ranks: SLURM gives the rest of those nodes to other jobs.
+
 The planner counts a trainer's GPU slots (`trainer_slots`) as the hosts it moved past plus its ranks on the last
 one, so that x rollout GPUs are the first x slots of `rollout_host_order`: the launcher puts units exactly there.
 """
@@ -35,11 +40,40 @@ def rollout_host_order(hosts: Sequence[T], *, shares_trainer: bool) -> list[T]:
     return list(hosts)[::-1] if shares_trainer else list(hosts)
 
 
-def ranks_per_host(host_gpus: Sequence[int], ranks: int, *, tp: int) -> list[int] | None:
+def slurm_layout(host_gpus: Sequence[int], ranks: int, *, tp: int, gpus_per_task: int = 1) -> tuple[int, int] | None:
+    """(nodes, tasks per node) of a SLURM job of `ranks` tasks on a site of nodes with `host_gpus` GPUs: at tp 1 as
+    few nodes as the largest node holds (any split keeps a rank whole); at tp > 1 the fewest nodes of k tasks each, k
+    a multiple of tp dividing the ranks, that many of the site's nodes holding k tasks (block distribution puts
+    tasks i·k … (i+1)·k − 1 on node i: each group on one node, the same every time). None: no such k."""
+    if ranks < 1:
+        return 1, 1
+    cap = max(host_gpus, default=0) // max(1, gpus_per_task)
+    if tp <= 1:
+        nodes = -(-ranks // max(1, cap))
+        return nodes, -(-ranks // nodes)
+    for k in range(cap - cap % tp, 0, -tp):
+        if ranks % k == 0 and ranks // k <= sum(g // max(1, gpus_per_task) >= k for g in host_gpus):
+            return ranks // k, k
+    return None
+
+
+def ranks_per_host(host_gpus: Sequence[int], ranks: int, *, tp: int, slurm: bool = False) -> list[int] | None:
     """Trainer ranks on each host of `host_gpus` (free GPUs, inventory order): as many whole tp groups as a host
     holds before the next; None when the groups do not fit (`placement_error` says why). A last group of fewer
-    than tp ranks (a tp that does not divide the ranks: `rlctl check` refuses it) goes where its ranks fit."""
+    than tp ranks (a tp that does not divide the ranks: `rlctl check` refuses it) goes where its ranks fit.
+    `slurm`: the nodes `slurm_layout` asks for, in order (SLURM chooses which; their sizes are the inventory's)."""
     assert tp >= 1 and ranks >= 0
+    if slurm:
+        if (lay := slurm_layout(host_gpus, ranks, tp=tp)) is None:
+            return None
+        nodes, k = lay
+        fit = [i for i, g in enumerate(host_gpus) if g >= k][:nodes]
+        per = [0] * len(host_gpus)
+        left = ranks
+        for i in fit:
+            per[i] = min(k, left)
+            left -= per[i]
+        return per
     out, left = [], ranks
     for g in host_gpus:
         n = left if left < tp and left <= g else min(left, g // tp * tp)
@@ -48,24 +82,35 @@ def ranks_per_host(host_gpus: Sequence[int], ranks: int, *, tp: int) -> list[int
     return out if left == 0 else None
 
 
-def trainer_slots(host_gpus: Sequence[int], ranks: int, *, tp: int) -> tuple[int, int] | None:
+def trainer_slots(host_gpus: Sequence[int], ranks: int, *, tp: int, slurm: bool = False) -> tuple[int, int] | None:
     """(GPU slots the trainer takes from the site, hosts it uses) with `ranks` at `tp` (`ranks_per_host`): every
     slot of the hosts before its last, leftovers included (rollout reaches them last, the planner not at all),
-    plus its ranks on the last. = ranks where tp divides the GPUs of every host it fills. None: no placement."""
-    per = ranks_per_host(host_gpus, ranks, tp=tp)
+    plus its ranks on the last. = ranks where tp divides the GPUs of every host it fills. On a SLURM site (`slurm`)
+    its ranks, on the nodes `slurm_layout` asks for. None: no placement."""
+    per = ranks_per_host(host_gpus, ranks, tp=tp, slurm=slurm)
     if per is None:
         return None
     used = [i for i, n in enumerate(per) if n]
     if not used:
         return 0, 0
+    if slurm:
+        return ranks, len(used)
     last = used[-1]
     return sum(host_gpus[:last]) + per[last], len(used)
 
 
-def placement_error(site: str, host_gpus: Sequence[int], ranks: int, *, tp: int) -> str | None:
+def placement_error(site: str, host_gpus: Sequence[int], ranks: int, *, tp: int, slurm: bool = False) -> str | None:
     """One line when `ranks` trainer ranks cannot sit at `tp` with each tp group on one host; None when they can."""
-    if ranks_per_host(host_gpus, ranks, tp=tp) is not None:
+    if ranks_per_host(host_gpus, ranks, tp=tp, slurm=slurm) is not None:
         return None
+    if slurm and ranks_per_host(host_gpus, ranks, tp=tp) is not None:
+        sizes = "/".join(map(str, sorted(set(host_gpus))))
+        per_node = [k for k in range(tp, ranks + 1, tp) if ranks % k == 0]
+        return (
+            f"site {site}: trainer {ranks} GPU(s) at tp {tp} on SLURM need as many ranks on each node, a multiple of "
+            f"tp dividing {ranks} ({', '.join(map(str, per_node))}), so that no tp group spans two nodes; its "
+            f"{len(host_gpus)} node(s) of {sizes} GPUs hold none of those"
+        )
     groups = sum(g // tp for g in host_gpus)
     counts = ", ".join(map(str, host_gpus))
     return (

@@ -48,6 +48,8 @@ class Resources:
     gpus_per_task: int = 0
     cpus_per_task: int = 1
     mem_mb_per_task: int | None = None  # host memory (the inventory's nodes' memory_gb for its GPU slots)
+    # consecutive tasks that share a node (a SLURM trainer's tp group: its all-reduces stay on the node's NVLink)
+    group: int = 1
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,9 @@ def layout(plan: dict[str, Any], sites: dict[str, Site], job: JobFile) -> list[P
         res = resources_for(job, "trainer", sites[t_site], tasks=1, gpus=1)
         out += [PlannedAgent("trainer", r, t_site, res, _with(par, rank=r), s) for r, s in enumerate(slices)]
     else:  # SLURM: one job, its tasks are the ranks
-        out.append(PlannedAgent("trainer", 0, t_site, resources_for(job, "trainer", sites[t_site], tasks=ranks), par))
+        # its tp groups each on one node: as many ranks on every node (`hostfill.slurm_layout`)
+        res = dataclasses.replace(resources_for(job, "trainer", sites[t_site], tasks=ranks), group=par.tp)
+        out.append(PlannedAgent("trainer", 0, t_site, res, par))
     n = 0
     for group in plan["rollout"]:
         site, units = str(group["site"]), int(group["units"])

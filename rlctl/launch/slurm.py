@@ -25,19 +25,19 @@ Stop (graceful, then forced, then verified):
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import shlex
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from rlctl.config.hostfill import PLACEMENT_HINT, placement_error, slurm_layout
 from rlctl.config.inventory import Site, SlurmScheduler, expand_hostlist
 from rlctl.errors import LaunchError
 from rlctl.launch.base import DEFAULT_WORKDIR, AgentHandle, AgentSpec, LaunchBackend, Resources, site_setup
@@ -133,13 +133,32 @@ class SlurmResources:
     tasks: int | None = None
 
     @classmethod
-    def for_spec(cls, res: Resources, *, slots_per_node: int, gpu_request: GpuRequest) -> SlurmResources:
-        """The spec's tasks on as few nodes as the site's node size (GPU slots) allows; a task's GPUs on one node."""
+    def for_spec(
+        cls,
+        res: Resources,
+        *,
+        slots_per_node: int,
+        gpu_request: GpuRequest,
+        tp: int | None = None,
+        node_gpus: Sequence[int] | None = None,
+        site: str = "",
+    ) -> SlurmResources:
+        """The spec's tasks on as few nodes as the site's node size (GPU slots) allows; a task's GPUs on one node.
+        `tp` (default `res.group`: a trainer's tensor-parallel degree) consecutive tasks share a node: as many
+        tasks on every node, a multiple of tp dividing the tasks (`hostfill.slurm_layout`; SLURM's block
+        distribution then puts each group on one node); LaunchError naming the site, ranks, tp and node size when
+        none fits `node_gpus` (the site's nodes; default as many of `slots_per_node` as it takes)."""
         slots = max(1, res.gpus_per_task)
         if slots > slots_per_node:
             raise LaunchError(f"a task needs {slots} GPUs; the site's nodes have {slots_per_node}")
-        nodes = max(1, math.ceil(res.tasks / (slots_per_node // slots)))
-        tasks_per_node = math.ceil(res.tasks / nodes)
+        tp = res.group if tp is None else tp
+        hosts = list(node_gpus) if node_gpus is not None else [slots_per_node] * max(1, res.tasks)
+        layout = slurm_layout(hosts, res.tasks, tp=tp, gpus_per_task=slots)
+        if layout is None:
+            raise LaunchError(
+                str(placement_error(site or "?", hosts, res.tasks, tp=tp, slurm=True)), hint=PLACEMENT_HINT
+            )
+        nodes, tasks_per_node = layout
         gpus = res.gpus_per_task if gpu_request != "none" else 0
         mem = None if res.mem_mb_per_task is None else max(1, res.mem_mb_per_task // max(1, res.cpus_per_task))
         request = gpu_request if gpus else "per_task"
@@ -192,6 +211,7 @@ class SlurmBackend(LaunchBackend):
             job=job,
             job_dir=job_dir,
             slots_per_node=site.gpus_per_node,
+            node_gpus=[g for _, g in site.hosts],
             gpu_request=gpu_request_for(site),
             known_hosts=sched.ssh_known_hosts,
             python=site.python,
@@ -271,6 +291,7 @@ class SlurmBackend(LaunchBackend):
         job_dir: Path,
         resources: dict[str, SlurmResources] | None = None,
         slots_per_node: int = 1,
+        node_gpus: Sequence[int] | None = None,
         gpu_request: GpuRequest = "none",
         grace_s: int = 30,
         known_hosts: str | None = None,
@@ -284,6 +305,7 @@ class SlurmBackend(LaunchBackend):
         slots, GPUs asked for as `gpu_request` says); `resources[role]` overrides that for a role."""
         self.site = site_name
         self.slots_per_node = slots_per_node
+        self.node_gpus = list(node_gpus) if node_gpus is not None else None  # the inventory's nodes (GPUs each)
         self.gpu_request: GpuRequest = gpu_request
         self.sched = sched
         self.job = job
@@ -307,10 +329,15 @@ class SlurmBackend(LaunchBackend):
             return self.resources[spec.role]
         try:
             return SlurmResources.for_spec(
-                spec.resources, slots_per_node=self.slots_per_node, gpu_request=self.gpu_request
+                spec.resources,
+                slots_per_node=self.slots_per_node,
+                gpu_request=self.gpu_request,
+                node_gpus=self.node_gpus,
+                site=self.site,
             )
         except LaunchError as e:
-            raise LaunchError(f"site {self.site}: {spec.name}: {e}") from e
+            site = f"site {self.site}: "  # a placement line names the site already
+            raise LaunchError(f"{site}{spec.name}: {str(e).removeprefix(site)}", hint=e.hint) from e
 
     def request_summary(self, spec: AgentSpec) -> str:
         return self._res(spec).summary()

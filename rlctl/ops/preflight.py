@@ -701,9 +701,10 @@ def _trainer_split(job: Job) -> list[Problem]:
     t_site = spec.placement.trainer.site
     site = job.inventory.sites.get(t_site)
     # each tp group on one node (`hostfill`); a local / SSH site's pool says so as the layout places the ranks
-    # (`placement`), a SLURM site places them itself: its nodes' GPUs are judged here
+    # (`placement`), a SLURM site places them itself, as many on each node (`hostfill.slurm_layout`, what the
+    # trainer's sbatch asks for): its nodes' GPUs are judged here
     hosts = [g for _, g in site.hosts] if site is not None and not kind_of(site).slices_gpus else None
-    if gpus != "auto" and hosts and (why := placement_error(t_site, hosts, gpus, tp=tp)):
+    if gpus != "auto" and hosts and (why := placement_error(t_site, hosts, gpus, tp=tp, slurm=True)):
         out.append(Problem("trainer.tensor_parallel", why, PLACEMENT_HINT))
     return out
 

@@ -155,13 +155,15 @@ def train_curve(
     split: tuple[int, int] | None = None,
     host_gpus: Sequence[int] | None = None,
     ranks: int | None = None,
+    slurm: bool = False,
 ) -> tuple[np.ndarray, list[TrainConfig | None]]:
     """P_train(y) for y = 0..max_gpus GPU slots of the site: the best (tp, pp, dp) whose ranks, placed on
     `host_gpus` (inventory order; default hosts of gpus_per_node) with every tp group on one host, take at most y
     slots (`hostfill.trainer_slots`: = tp·pp·dp unless a host's leftover below tp is passed over; leftover GPUs
     idle); a split whose groups do not fit the hosts is left out. Exactly `ranks` ranks when the job fixes the
     trainer's count (the launch starts that many); only (tp, pp) = `split` when the job fixes it
-    (trainer.tensor_parallel / pipeline_parallel)."""
+    (trainer.tensor_parallel / pipeline_parallel). `slurm`: SLURM places the ranks, as many on each node
+    (`hostfill.slurm_layout`): a split with no such layout on the site's nodes is left out."""
     if host_gpus is None:
         host_gpus = [site.gpus_per_node] * -(-max_gpus // site.gpus_per_node)
     best = np.full(max_gpus + 1, math.inf)
@@ -173,7 +175,7 @@ def train_curve(
         for dp in range(1, max_gpus // unit + 1):
             if ranks is not None and unit * dp != ranks:
                 continue
-            placed = trainer_slots(host_gpus, unit * dp, tp=e.tp)
+            placed = trainer_slots(host_gpus, unit * dp, tp=e.tp, slurm=slurm)
             if placed is None or placed[0] > max_gpus:
                 continue
             y, hosts = placed

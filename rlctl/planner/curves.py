@@ -121,6 +121,7 @@ def train_stage_curve(
     split: tuple[int, int] | None = None,
     host_gpus: Sequence[int] | None = None,
     ranks: int | None = None,
+    slurm: bool = False,
 ) -> TrainCurve:
     seconds, configs = train_curve(
         site,
@@ -130,5 +131,6 @@ def train_stage_curve(
         split=split,
         host_gpus=host_gpus,
         ranks=ranks,
+        slurm=slurm,
     )
     return TrainCurve(seconds, configs)

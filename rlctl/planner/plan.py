@@ -28,6 +28,7 @@ from rlctl.config.hostfill import PLACEMENT_HINT, placement_error, rollout_host_
 from rlctl.config.inventory import Site
 from rlctl.config.job import DatasetTask, Job, LengthsTask
 from rlctl.errors import ConfigError, PlanError
+from rlctl.launch.backends import kind_of
 from rlctl.planner import alloc
 from rlctl.planner.costs import DecodeCost, TrainWorkload
 from rlctl.planner.curves import GenCurve, TrainCurve, gen_curve, train_stage_curve, units_that_fit
@@ -228,7 +229,8 @@ def _trainer_curve(
             hint="profile with the job (rlctl profile --job JOB), which covers its trainer split",
         )
     tp, pp = split or (1, 1)
-    if (why := placement_error(t_site, host_gpus, t_fixed or tp * pp, tp=tp)) is not None:
+    slurm = kind_of(site).ranks_are_tasks  # SLURM places the ranks, as many per node (`hostfill.slurm_layout`)
+    if (why := placement_error(t_site, host_gpus, t_fixed or tp * pp, tp=tp, slurm=slurm)) is not None:
         raise PlanError(why, hint=PLACEMENT_HINT)
     tcurve = train_stage_curve(
         _for_backend(prof.sites[t_site], spec.trainer.backend, name=t_site, profile_file=profile_file),
@@ -236,6 +238,7 @@ def _trainer_curve(
         max_gpus=site.total_gpus,
         host_gpus=host_gpus,
         ranks=t_fixed,
+        slurm=slurm,
         node_bytes_per_s=_node_bytes_per_s(inv.sites[t_site]),
         split=split,
     )
@@ -1054,7 +1057,10 @@ def _room(allocation: list[dict[str, Any]], inv: Any, t_site: str) -> Callable[[
     node), in the slots the trainer leaves (its tp groups fill the first hosts: `hostfill.trainer_slots`), beside
     the site's units, which fill the hosts in the order `GpuPool.take` does (`_rollout_hosts`)."""
     t = allocation[0]
-    placed = trainer_slots([g for _, g in inv.sites[t_site].hosts], t["gpus_used"], tp=t["config"]["tp"])
+    site = inv.sites[t_site]
+    placed = trainer_slots(
+        [g for _, g in site.hosts], t["gpus_used"], tp=t["config"]["tp"], slurm=kind_of(site).ranks_are_tasks
+    )
     assert placed is not None  # the trainer curve holds only configurations that place
     trainer = placed[0]
     units = {a["site"]: a["instances"] for a in allocation if a["role"] == "rollout"}

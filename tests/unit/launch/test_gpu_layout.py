@@ -401,3 +401,19 @@ def test_scale_out_on_a_shared_site_continues_the_planners_fill_order(tmp_path: 
         ("rollout-1", GpuSlice("n3", (1,))),
         ("rollout-2", GpuSlice("n2", (0,))),
     ]
+
+
+def test_dry_run_of_a_slurm_trainer_asks_as_many_ranks_on_each_node_whole_tp_groups(tmp_path: Path) -> None:
+    """12 ranks at tp 4 on 8-GPU SLURM nodes: 3 nodes × 4 (exact --ntasks-per-node; SLURM's block distribution puts
+    ranks 0-3, 4-7, 8-11 each on one node), not 2 × 6 with ranks 4-7 on both nodes."""
+    sites = {"train": {**local_site(8), "scheduler": {"kind": "slurm", "partition": "sitea", "submit_host": "login"},
+                       "nodes": [{"host": "sitea-[1-4]", "gpus": 8}]},
+             "gen": ssh_site("g1", 2)}  # fmt: skip
+    job = write_job(
+        tmp_path, sites, at=(("train", 12), ("gen", 2)), trainer={"backend": "megatron", "tensor_parallel": 4}
+    )
+    res = run_cli("launch", str(job.path), "--dry-run", "--job-dir", str(tmp_path / "run"), "-o", "json")
+    assert res.exit_code == 0, res.stderr
+    rows = {r["agent"]: r for r in json.loads(res.stdout)}
+    assert rows["trainer-0"]["gpu_request"] == "3 node(s) × 4 task(s), no GPU request, 1 cpu(s)/task"
+    assert "#SBATCH --nodes=3\n#SBATCH --ntasks=12\n#SBATCH --ntasks-per-node=4\n" in rows["trainer-0"]["script"]

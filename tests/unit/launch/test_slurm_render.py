@@ -46,6 +46,7 @@ def backend(**sched: object) -> SlurmBackend:
         job="demo",
         job_dir=Path("/shared/runs/demo"),
         slots_per_node=8,
+        node_gpus=[8] * 4,
         gpu_request="per_task",
         grace_s=45,
         python="python3",
@@ -132,6 +133,41 @@ def test_resources_place_tasks_by_gpu_slots() -> None:
     assert res(16, 1, "none").gpu_option is None and res(16, 1, "none").nodes == 2
     with pytest.raises(LaunchError, match="a task needs 16 GPUs; the site's nodes have 8"):
         res(1, 16)
+
+
+def _block(res: SlurmResources) -> list[list[int]]:
+    """The ranks on each node under SLURM's default block distribution: node 0 up to tasks_per_node, then node 1 …"""
+    ranks = list(range(res.ntasks))
+    return [ranks[i : i + res.tasks_per_node] for i in range(0, res.ntasks, res.tasks_per_node)][: res.nodes]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "tp", "node", "nodes", "per_node"),
+    [(12, 4, 8, 3, 4), (8, 4, 6, 2, 4), (24, 8, 8, 3, 8), (6, 2, 4, 3, 2), (16, 4, 8, 2, 8)],
+)
+def test_a_trainer_s_tp_groups_each_get_one_node(ranks: int, tp: int, node: int, nodes: int, per_node: int) -> None:
+    """As many ranks on every node, a multiple of tp dividing the ranks (12 at tp 4 on 8-GPU nodes: 3 × 4, not 2 × 6
+    with ranks 4-7 on both nodes): exact, so where SLURM puts a partial last node does not matter."""
+    res = SlurmResources.for_spec(
+        Resources(tasks=ranks, gpus_per_task=1, group=tp), slots_per_node=node, gpu_request="gres", node_gpus=[node] * 4
+    )
+    assert (res.nodes, res.tasks_per_node, res.ntasks) == (nodes, per_node, ranks)
+    assert res.gpu_option == f"--gres=gpu:{per_node}"
+    on_node = {r: i for i, rs in enumerate(_block(res)) for r in rs}
+    assert len(on_node) == ranks
+    assert all(len({on_node[r] for r in range(g, g + tp)}) == 1 for g in range(0, ranks, tp))
+
+
+def test_a_trainer_whose_tp_groups_have_no_even_layout_on_the_site_s_nodes_is_refused() -> None:
+    """20 ranks at tp 4 on four 8-GPU nodes: 4 a node takes 5 nodes, 20 does not fit one; one line naming the site,
+    the ranks, tp and the nodes."""
+    with pytest.raises(LaunchError) as e:
+        backend().request_summary(replace(SPEC, resources=Resources(tasks=20, gpus_per_task=1, group=4)))
+    assert str(e.value) == (
+        "site h800: trainer-0: trainer 20 GPU(s) at tp 4 on SLURM need as many ranks on each node, a "
+        "multiple of tp dividing 20 (4, 20), so that no tp group spans two nodes; its 4 node(s) of 8 GPUs hold none "
+        "of those"
+    )
 
 
 def _site(gpu: str, **sched: object) -> Site:

@@ -533,6 +533,34 @@ def test_a_slurm_trainer_whose_tp_groups_cannot_each_sit_on_one_node_is_refused(
     assert refused(job(4), "trainer.tensor_parallel") == []
 
 
+def test_a_slurm_trainer_is_judged_by_the_layout_its_sbatch_asks_for(tmp_path: Path) -> None:
+    """Two SLURM nodes of 4 slots, 6 ranks at tp 2: hosts filled in order would hold them (4 + 2), but SLURM starts
+    as many on each node (`--ntasks-per-node`), a multiple of 2 dividing 6: 3 nodes of 2, or 6 on one, neither
+    there. Refused in one line naming the site, ranks, tp and node size; 4 ranks (one node of 4) pass."""
+    TinyGPT(small_config(layers=2, heads=2, positions=320)).save_pretrained(tmp_path / "model")
+    site = {"datacenter": "here", "gpu": "CPU", "nodes": [{"host": "n[1-2]", "gpus": 4}],
+            "scheduler": {"kind": "slurm", "partition": "p"}}  # fmt: skip
+    (tmp_path / "slurm.yaml").write_text(
+        yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"s": site}})
+    )
+
+    def job(gpus: int) -> Job:
+        return load(
+            tmp_path,
+            inventory=[LOCAL, str(tmp_path / "slurm.yaml")],
+            model={"kind": "hf", "path": "model"},
+            placement={"trainer": {"site": "s", "gpus": gpus}, "rollout": [{"site": "local", "gpus": 1}]},
+            trainer={"backend": "megatron", "tensor_parallel": 2},
+        )
+
+    (p,) = refused(job(6), "trainer.tensor_parallel")
+    assert p.message == (
+        "site s: trainer 6 GPU(s) at tp 2 on SLURM need as many ranks on each node, a multiple of tp dividing 6 "
+        "(2, 6), so that no tp group spans two nodes; its 2 node(s) of 4 GPUs hold none of those"
+    )
+    assert refused(job(4), "trainer.tensor_parallel") == []
+
+
 @pytest.mark.parametrize(
     "trainer", [{"backend": "torch"}, {"backend": "megatron", "tensor_parallel": 2}], ids=["torch-dp4", "tp2-dp2"]
 )

@@ -446,6 +446,39 @@ def test_a_fixed_trainer_count_beside_a_fixed_rollout_gets_the_fastest_split_tha
     assert config["tp"] == tp and config["tp"] * config["pp"] * config["dp"] == 8, config
 
 
+def _slurm_trainer(tmp: Path, *, trainer_gpus: int | str) -> Path:
+    """trn as a SLURM partition of four 8-GPU nodes, the trainer at tp 4 (megatron)."""
+    job = write_job(tmp, rollout=[{"site": "r20"}], links=LINKS, trainer_gpus=trainer_gpus, mode="sync")
+    _edit(tmp / "inv.yaml", lambda inv: inv["sites"]["trn"].update(scheduler={"kind": "slurm", "partition": "p"}))
+    _edit(job, lambda j: j.update(trainer={"backend": "megatron", "tensor_parallel": 4}))
+    return job
+
+
+def test_a_slurm_trainer_is_priced_and_refused_as_its_sbatch_places_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SLURM starts as many ranks on each node, a multiple of tp dividing them (`hostfill.slurm_layout`): at tp 4 on
+    four 8-GPU nodes 20 ranks have no such layout (hosts filled in order would take 8 + 8 + 4), so a fixed 20 is
+    refused and the curve holds no 20 or 28; 12 ranks are 3 nodes of 4, their slots the ranks."""
+    seen: dict[str, Any] = {}
+    orig = planner.train_stage_curve
+
+    def keep(*a: Any, **k: Any) -> Any:
+        seen["curve"] = orig(*a, **k)
+        return seen["curve"]
+
+    monkeypatch.setattr(planner, "train_stage_curve", keep)
+    make_plan(load_job(_slurm_trainer(tmp_path, trainer_gpus="auto")), options=PlanOptions(sim_iterations=1))
+    assert trainer_slots([8] * 4, 12, tp=4, slurm=True) == (12, 3)
+    ranks = {c.tp * c.pp * c.dp for c in seen["curve"].configs if c is not None}
+    assert ranks and not ranks & {20, 28}
+    plan = make_plan(load_job(_slurm_trainer(tmp_path, trainer_gpus=12)), options=OPTS)
+    assert _trainer_of(plan)[0] == {"tp": 4, "pp": 1, "dp": 3}
+    fixed = load_job(_slurm_trainer(tmp_path, trainer_gpus=20))
+    with pytest.raises(PlanError, match=r"^site trn: trainer 20 GPU\(s\) at tp 4 on SLURM need as many ranks on each"):
+        make_plan(fixed, options=OPTS)
+
+
 # -- several `auto` rollout sites of different GPU types ---------------------------------------------------
 def _split_s(curves: dict[str, dict[int, float]], split: dict[str, int]) -> float:
     """The combined generation time of `split` (GPUs per site) on the plan's stage curves: rates add up."""
