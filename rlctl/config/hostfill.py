@@ -20,6 +20,8 @@ trainer's slots there are its ranks: SLURM gives the rest of those nodes to othe
 
 The planner counts a trainer's GPU slots (`trainer_slots`) as the hosts it moved past plus its ranks on the last
 one, so that x rollout GPUs are the first x slots of `rollout_host_order`: the launcher puts units exactly there.
+A host too small for one tp group (the job's trainer.tensor_parallel) is the rollout's, first in its order: hosts
+[2, 8] with 8 ranks at tp 4 on the second leave the first's 2 GPUs to the rollout, and units go there.
 """
 
 from __future__ import annotations
@@ -34,10 +36,18 @@ PLACEMENT_HINT = (
 )
 
 
-def rollout_host_order(hosts: Sequence[T], *, shares_trainer: bool) -> list[T]:
+def rollout_host_order(
+    hosts: Sequence[T], *, shares_trainer: bool, gpus: Sequence[int] | None = None, trainer_tp: int = 1
+) -> list[T]:
     """`hosts` (inventory order) in the order rollout units fill them: from the last where the trainer shares the
-    site (its ranks fill the first hosts, `ranks_per_host`), so that neither waits on the other's GPUs."""
-    return list(hosts)[::-1] if shares_trainer else list(hosts)
+    site (its ranks fill the first hosts, `ranks_per_host`), so that neither waits on the other's GPUs; there the
+    hosts of fewer `gpus` than the trainer's tp come first (its groups pass over them whole: they are the
+    rollout's, `trainer_slots`). `trainer_tp`: the job's trainer.tensor_parallel (1 where the planner chooses it)."""
+    if not shares_trainer:
+        return list(hosts)
+    sizes = list(gpus) if gpus is not None else [trainer_tp] * len(hosts)
+    back = list(zip(hosts, sizes, strict=True))[::-1]
+    return [h for h, g in back if g < trainer_tp] + [h for h, g in back if g >= trainer_tp]
 
 
 def slurm_layout(host_gpus: Sequence[int], ranks: int, *, tp: int, gpus_per_task: int = 1) -> tuple[int, int] | None:
@@ -82,11 +92,15 @@ def ranks_per_host(host_gpus: Sequence[int], ranks: int, *, tp: int, slurm: bool
     return out if left == 0 else None
 
 
-def trainer_slots(host_gpus: Sequence[int], ranks: int, *, tp: int, slurm: bool = False) -> tuple[int, int] | None:
+def trainer_slots(
+    host_gpus: Sequence[int], ranks: int, *, tp: int, slurm: bool = False, order_tp: int = 1
+) -> tuple[int, int] | None:
     """(GPU slots the trainer takes from the site, hosts it uses) with `ranks` at `tp` (`ranks_per_host`): every
     slot of the hosts before its last, leftovers included (rollout reaches them last, the planner not at all),
-    plus its ranks on the last. = ranks where tp divides the GPUs of every host it fills. On a SLURM site (`slurm`)
-    its ranks, on the nodes `slurm_layout` asks for. None: no placement."""
+    plus its ranks on the last. = ranks where tp divides the GPUs of every host it fills. A host its groups pass
+    over whole (fewer GPUs than tp) is the rollout's where the rollout reaches it first (`rollout_host_order` at
+    `order_tp` = tp), else charged as a leftover. On a SLURM site (`slurm`) its ranks, on the nodes `slurm_layout`
+    asks for. None: no placement."""
     per = ranks_per_host(host_gpus, ranks, tp=tp, slurm=slurm)
     if per is None:
         return None
@@ -96,7 +110,8 @@ def trainer_slots(host_gpus: Sequence[int], ranks: int, *, tp: int, slurm: bool 
     if slurm:
         return ranks, len(used)
     last = used[-1]
-    return sum(host_gpus[:last]) + per[last], len(used)
+    passed = sum(g for g, n in zip(host_gpus[:last], per, strict=False) if not n and g < min(tp, order_tp))
+    return sum(host_gpus[:last]) - passed + per[last], len(used)
 
 
 def placement_error(site: str, host_gpus: Sequence[int], ranks: int, *, tp: int, slurm: bool = False) -> str | None:

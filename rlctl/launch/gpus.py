@@ -1,6 +1,6 @@
 """GPU slices on `local` and `ssh` sites: which host and which GPU ids each agent of a job owns.
 
-    GpuPool(site, shares_trainer=…)  every host of the inventory with ids 0 … gpus-1, all free
+    GpuPool(site, shares_trainer=…, trainer_tp=…)  every host of the inventory with ids 0 … gpus-1, all free
       .claim(slice)            ids already taken (agents recorded in agents.jsonl, planned ones)
       .take_ranks(n, who, tp)  n one-GPU slices (the trainer), host by host in inventory order, whole tp groups
                                per host (a group's ranks share its NVLink), each group's ids contiguous if it can
@@ -32,10 +32,14 @@ def uses_slices(site: Site) -> bool:
 class GpuPool:
     """Free GPU ids per host of one site."""
 
-    def __init__(self, site_name: str, site: Site, *, shares_trainer: bool = False) -> None:
+    def __init__(self, site_name: str, site: Site, *, shares_trainer: bool = False, trainer_tp: int = 1) -> None:
+        """`trainer_tp`: the job's trainer.tensor_parallel where the trainer shares the site (hosts too small for
+        one of its groups are the rollout's first, `hostfill.rollout_host_order`, as the planner prices them)."""
         self.site_name = site_name
         self.hosts = [h for h, _ in site.hosts]
-        self.rollout_order = rollout_host_order(self.hosts, shares_trainer=shares_trainer)
+        self.rollout_order = rollout_host_order(
+            self.hosts, shares_trainer=shares_trainer, gpus=[g for _, g in site.hosts], trainer_tp=trainer_tp
+        )
         self.size = dict(site.hosts)
         self.free: dict[str, set[int]] = {h: set(range(n)) for h, n in site.hosts}
 

@@ -109,7 +109,11 @@ def layout(plan: dict[str, Any], sites: dict[str, Site], job: JobFile) -> list[P
     _check_counts(plan, sites)
     t = plan["trainer"]
     ranks, t_site = int(t["ranks"]), str(t["site"])
-    pools = {n: GpuPool(n, s, shares_trainer=n == t_site) for n, s in sites.items() if uses_slices(s)}
+    pools = {
+        n: GpuPool(n, s, shares_trainer=n == t_site, trainer_tp=order_tp(job))
+        for n, s in sites.items()
+        if uses_slices(s)
+    }
     out = [PlannedAgent("controller", 0, plan["controller_site"], Resources(), ParallelConfig("controller"))]
     par = trainer_parallel(plan)
     if t_site in pools:
@@ -130,6 +134,12 @@ def layout(plan: dict[str, Any], sites: dict[str, Site], job: JobFile) -> list[P
             )
             n += 1
     return out
+
+
+def order_tp(job: JobFile) -> int:
+    """The trainer's tp the rollout's host order follows (`hostfill.rollout_host_order`): the job's
+    trainer.tensor_parallel, as the planner prices it; 1 where the planner chooses the split."""
+    return (job.trainer.model_split or (1, 1))[0]
 
 
 def resources_for(job: JobFile, role: str, site: Site, *, tasks: int, gpus: int = 1) -> Resources:

@@ -39,7 +39,7 @@ from rlctl.launch.backends import Backends, kind_of, python_for, record_agent, r
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice
 from rlctl.launch.gpus import GpuPool, uses_slices
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.layout import PlannedAgent, layout, rollout_agent, rollout_tp
+from rlctl.launch.layout import PlannedAgent, layout, order_tp, rollout_agent, rollout_tp
 from rlctl.launch.stage import ensure_staged, root_for
 from rlctl.transport.ucx import ENV_RDMA
 
@@ -149,7 +149,7 @@ class Spawner:
         self, site: str, plan: dict[str, Any], job: JobFile, recorded: list[AgentHandle], *, exited: set[str]
     ) -> GpuPool:
         t_site = plan["trainer"]["site"] if plan else job.placement.trainer.site
-        pool = GpuPool(site, self.sites[site], shares_trainer=site == t_site)
+        pool = GpuPool(site, self.sites[site], shares_trainer=site == t_site, trainer_tp=order_tp(job))
         names = {h.spec.name for h in recorded}
         for h in recorded:
             if h.spec.gpu_slice is not None and h.spec.name not in exited:

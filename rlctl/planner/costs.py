@@ -156,6 +156,7 @@ def train_curve(
     host_gpus: Sequence[int] | None = None,
     ranks: int | None = None,
     slurm: bool = False,
+    order_tp: int = 1,
 ) -> tuple[np.ndarray, list[TrainConfig | None]]:
     """P_train(y) for y = 0..max_gpus GPU slots of the site: the best (tp, pp, dp) whose ranks, placed on
     `host_gpus` (inventory order; default hosts of gpus_per_node) with every tp group on one host, take at most y
@@ -163,7 +164,8 @@ def train_curve(
     idle); a split whose groups do not fit the hosts is left out. Exactly `ranks` ranks when the job fixes the
     trainer's count (the launch starts that many); only (tp, pp) = `split` when the job fixes it
     (trainer.tensor_parallel / pipeline_parallel). `slurm`: SLURM places the ranks, as many on each node
-    (`hostfill.slurm_layout`): a split with no such layout on the site's nodes is left out."""
+    (`hostfill.slurm_layout`): a split with no such layout on the site's nodes is left out. `order_tp`: the tp whose
+    passed-over hosts are the rollout's on a shared site (`hostfill.trainer_slots`)."""
     if host_gpus is None:
         host_gpus = [site.gpus_per_node] * -(-max_gpus // site.gpus_per_node)
     best = np.full(max_gpus + 1, math.inf)
@@ -175,7 +177,7 @@ def train_curve(
         for dp in range(1, max_gpus // unit + 1):
             if ranks is not None and unit * dp != ranks:
                 continue
-            placed = trainer_slots(host_gpus, unit * dp, tp=e.tp, slurm=slurm)
+            placed = trainer_slots(host_gpus, unit * dp, tp=e.tp, slurm=slurm, order_tp=order_tp)
             if placed is None or placed[0] > max_gpus:
                 continue
             y, hosts = placed

@@ -122,6 +122,7 @@ def train_stage_curve(
     host_gpus: Sequence[int] | None = None,
     ranks: int | None = None,
     slurm: bool = False,
+    order_tp: int = 1,
 ) -> TrainCurve:
     seconds, configs = train_curve(
         site,
@@ -132,5 +133,6 @@ def train_stage_curve(
         host_gpus=host_gpus,
         ranks=ranks,
         slurm=slurm,
+        order_tp=order_tp,
     )
     return TrainCurve(seconds, configs)

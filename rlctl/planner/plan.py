@@ -182,11 +182,18 @@ def _mask_fixed(seconds: np.ndarray, fixed: int | None) -> np.ndarray:
     return out
 
 
-def _rollout_hosts(site: Site, *, shared: bool) -> list[int]:
+def _rollout_hosts(site: Site, *, shared: bool, trainer_tp: int = 1) -> list[int]:
     """The GPUs of the site's hosts in the order x rollout GPUs fill them (`hostfill.rollout_host_order`, the order
     `GpuPool.take` places units in): inventory order, but from the last host on the site the trainer shares, whose
-    ranks fill the first hosts (`GpuPool.take_ranks`)."""
-    return rollout_host_order([g for _, g in site.hosts], shares_trainer=shared)
+    ranks fill the first hosts (`GpuPool.take_ranks`), after the hosts too small for one of its `trainer_tp` groups."""
+    gpus = [g for _, g in site.hosts]
+    return rollout_host_order(gpus, shares_trainer=shared, gpus=gpus, trainer_tp=trainer_tp)
+
+
+def _order_tp(job: Job) -> int:
+    """The trainer tp the rollout's host order follows: the job's trainer.tensor_parallel, 1 where the planner
+    chooses it (`launch.layout.order_tp`, the same rule)."""
+    return (job.spec.trainer.model_split or (1, 1))[0]
 
 
 def _hosts_spanned(host_gpus: list[int], gpus: int) -> int:
@@ -239,6 +246,8 @@ def _trainer_curve(
         host_gpus=host_gpus,
         ranks=t_fixed,
         slurm=slurm,
+        # a host too small for one group is the rollout's on a shared site (it reaches it first)
+        order_tp=_order_tp(job) if t_site in {r.site for r in spec.placement.rollout} else 1,
         node_bytes_per_s=_node_bytes_per_s(inv.sites[t_site]),
         split=split,
     )
@@ -321,7 +330,7 @@ def make_plan(
             engine_max_batch=spec.rollout.max_batch_size,
             max_gpus=budgets[s],
             tp=spec.rollout.tensor_parallel,
-            host_gpus=_rollout_hosts(inv.sites[s], shared=s == t_site),
+            host_gpus=_rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=_order_tp(job)),
         )
         if not gcurves[s].costs:
             raise PlanError(
@@ -787,7 +796,7 @@ def _assemble(
             gcurves,
             per_site,
             _free_gpus(allocation, inv),
-            _room(allocation, inv, t_site),
+            _room(allocation, inv, t_site, order_tp=_order_tp(job)),
             sim["predicted"],
             one_more=one_more if spec.pipeline.mode == "async" else None,
         ),
@@ -1030,7 +1039,8 @@ def _weight_sync_s(job: Job, per_site: dict[str, int]) -> float:
                 )
             link_bps, lat = link.bandwidth_gbps * 1e9 / 8, link.latency_ms / 1e3
         # one relay per host after the first: 12 GPUs of 8-GPU hosts are 2 hosts, one hop
-        hops = _hosts_spanned(_rollout_hosts(inv.sites[s], shared=s == t_site), x) - 1
+        hosts = _rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=_order_tp(job))
+        hops = _hosts_spanned(hosts, x) - 1
         worst = max(
             worst,
             weight_transfer_s(
@@ -1052,14 +1062,18 @@ def _free_gpus(allocation: list[dict[str, Any]], inv: Any) -> dict[str, int]:
     return {s: inv.sites[s].total_gpus - u for s, u in used.items()}
 
 
-def _room(allocation: list[dict[str, Any]], inv: Any, t_site: str) -> Callable[[str, int], bool]:
+def _room(allocation: list[dict[str, Any]], inv: Any, t_site: str, *, order_tp: int) -> Callable[[str, int], bool]:
     """Whether one more rollout unit of `tp` GPUs fits on a site: on one host (tensor parallel stays inside a
     node), in the slots the trainer leaves (its tp groups fill the first hosts: `hostfill.trainer_slots`), beside
     the site's units, which fill the hosts in the order `GpuPool.take` does (`_rollout_hosts`)."""
     t = allocation[0]
     site = inv.sites[t_site]
     placed = trainer_slots(
-        [g for _, g in site.hosts], t["gpus_used"], tp=t["config"]["tp"], slurm=kind_of(site).ranks_are_tasks
+        [g for _, g in site.hosts],
+        t["gpus_used"],
+        tp=t["config"]["tp"],
+        slurm=kind_of(site).ranks_are_tasks,
+        order_tp=order_tp,
     )
     assert placed is not None  # the trainer curve holds only configurations that place
     trainer = placed[0]
@@ -1067,7 +1081,7 @@ def _room(allocation: list[dict[str, Any]], inv: Any, t_site: str) -> Callable[[
 
     def fits(site: str, tp: int) -> bool:
         slots = inv.sites[site].total_gpus - (trainer if site == t_site else 0)
-        hosts = _rollout_hosts(inv.sites[site], shared=site == t_site)
+        hosts = _rollout_hosts(inv.sites[site], shared=site == t_site, trainer_tp=order_tp)
         return slots > 0 and int(units_that_fit(hosts, tp, slots)[slots]) > units[site]
 
     return fits

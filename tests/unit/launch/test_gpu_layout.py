@@ -417,3 +417,23 @@ def test_dry_run_of_a_slurm_trainer_asks_as_many_ranks_on_each_node_whole_tp_gro
     rows = {r["agent"]: r for r in json.loads(res.stdout)}
     assert rows["trainer-0"]["gpu_request"] == "3 node(s) × 4 task(s), no GPU request, 1 cpu(s)/task"
     assert "#SBATCH --nodes=3\n#SBATCH --ntasks=12\n#SBATCH --ntasks-per-node=4\n" in rows["trainer-0"]["script"]
+
+
+def test_layout_puts_units_first_on_hosts_too_small_for_a_trainer_group(tmp_path: Path) -> None:
+    """Hosts of 2, 8, 2, 8 GPUs shared by 8 ranks at tp 4 (on the 8-GPU host t-2) and 4 one-GPU units: the 2-GPU
+    hosts are the rollout's first, from the last (t-3, then t-1), as the planner prices them
+    (`hostfill.rollout_host_order` with the job's trainer.tensor_parallel), not t-4 first."""
+    nodes = [{"host": f"t-{i}", "gpus": g} for i, g in enumerate([2, 8, 2, 8], 1)]
+    sites = {"t": {**ssh_site("t-1", 2), "nodes": nodes}}
+    job = write_job(
+        tmp_path,
+        sites,
+        at=(("t", 8), ("t", 4)),
+        trainer={"backend": "megatron", "tensor_parallel": 4},
+        rollout={"tensor_parallel": 1},
+    )
+    spec = resolve_job(job)
+    agents = layout(plan_counts(job, spec), job.inventory.sites, spec)
+    assert {a.gpu_slice.host for a in agents if a.role == "trainer" and a.gpu_slice} == {"t-2"}
+    assert [a.gpu_slice.host for a in agents if a.role == "rollout" and a.gpu_slice] == ["t-3", "t-3", "t-1", "t-1"]
+    assert_disjoint(agents)

@@ -479,6 +479,30 @@ def test_a_slurm_trainer_is_priced_and_refused_as_its_sbatch_places_it(
         make_plan(fixed, options=OPTS)
 
 
+@pytest.mark.parametrize(
+    ("hosts", "units"),
+    [([2, 8], ["t-1"] * 2), ([2, 8, 2, 8], ["t-3"] * 2 + ["t-1"] * 2 + ["t-4"] * 8)],
+)
+def test_a_host_too_small_for_a_trainer_group_is_the_rollouts_on_a_shared_site(
+    tmp_path: Path, hosts: list[int], units: list[str]
+) -> None:
+    """8 ranks at tp 4 pass over a 2-GPU host whole (`ranks_per_host`): its GPUs are the rollout's, not slots the
+    trainer moved past. Hosts [2, 8]: the trainer on t-2, 2 one-GPU units on t-1 (the plan said no feasible split);
+    the planner prices the units on the hosts the launcher's pool puts them on, in the same order."""
+    job = write_job(tmp_path, rollout=[{"site": "trn"}], links=LINKS, trainer_gpus=8, mode="sync")
+    nodes = [{"host": f"t-{i}", "gpus": g} for i, g in enumerate(hosts, 1)]
+    _edit(tmp_path / "inv.yaml", lambda inv: inv["sites"]["trn"].update(nodes=nodes))
+    trainer = {"backend": "megatron", "tensor_parallel": 4}
+    _edit(job, lambda j: j.update(trainer=trainer, rollout={"tensor_parallel": 1}))
+    loaded = load_job(job)
+    plan = make_plan(loaded, options=PlanOptions(sim_iterations=1, curves_in_output=False))
+    (r,) = [a for a in plan["allocation"] if a["role"] == "rollout"]
+    assert (r["gpus_used"], r["instances"]) == (len(units), len(units))
+    pool = GpuPool("trn", loaded.inventory.sites["trn"], shares_trainer=True, trainer_tp=4)
+    assert {s.host for s in pool.take_ranks(8, who="the trainer", tp=4)} == {"t-2"}
+    assert [pool.take(1, who=f"rollout-{i}").host for i in range(r["instances"])] == units
+
+
 # -- several `auto` rollout sites of different GPU types ---------------------------------------------------
 def _split_s(curves: dict[str, dict[int, float]], split: dict[str, int]) -> float:
     """The combined generation time of `split` (GPUs per site) on the plan's stage curves: rates add up."""
