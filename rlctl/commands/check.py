@@ -14,7 +14,7 @@ from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
 if TYPE_CHECKING:  # the config and the probes load when the command runs (`rlctl --help` stays quick)
     from rlctl.config import Inventory
-    from rlctl.config.job import Job
+    from rlctl.config.job import Job, JobFile
     from rlctl.launch.siteprobe import HostReport
 
 
@@ -89,6 +89,18 @@ def _table(d: dict[str, Any]) -> str:
     return head + out
 
 
+def staged_model_bytes(spec: JobFile) -> float:
+    """The disk the job's staged model takes: an HF directory's weight files as they are (an rlctl checkpoint
+    declares the job's dtype and may hold fp32 tensors, `HfModelInfo.weight_file_bytes`), else the declared dtype's
+    bytes (a builtin model is written in it)."""
+    from rlctl.config.job import HfModel
+    from rlctl.models.hf import check_hf_dir
+
+    if isinstance(spec.model, HfModel):
+        return float(check_hf_dir(spec.model.path, name=spec.model.name).weight_file_bytes)
+    return spec.model.arch.weight_bytes
+
+
 def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[HostReport]]:
     """What stops `job`: its file's problems (`preflight.problems`), then each site's hosts' (`siteprobe`), asked
     for the roles the job places there; one line each. And what each host answered."""
@@ -108,7 +120,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     for r in spec.placement.rollout:
         roles.setdefault(r.site, set()).add("rollout")
     roles.setdefault(spec.placement.controller_site or spec.placement.trainer.site, set()).add("controller")
-    model = spec.model.arch.weight_bytes + 1e9  # the staged model (+ the job's files and logs)
+    model = staged_model_bytes(spec) + 1e9  # the staged model (+ the job's files and logs)
     held, each = checkpoints_held(spec), checkpoint_bytes(spec)
     trainer_site = spec.placement.trainer.site
     checkpoints = (

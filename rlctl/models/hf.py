@@ -486,6 +486,13 @@ class HfModelInfo:
     weight_files: list[Path] = field(default_factory=list)
     tokenizer_files: list[str] = field(default_factory=list)
 
+    @property
+    def weight_file_bytes(self) -> int:
+        """The weight files' bytes as they are on disk, what staging copies: `arch.weight_bytes` is the declared
+        dtype's (the wire, the engines, memory), and an rlctl checkpoint declares the job's dtype while it holds
+        fp32 tensors (an unsharded trainer's master weights: twice a bf16 job's figure)."""
+        return sum(f.stat().st_size for f in self.weight_files)
+
 
 def check_hf_dir(directory: str | Path, *, name: str | None = None) -> HfModelInfo:
     """Validate an HF checkpoint directory without loading tensors: config.json (supported

@@ -229,3 +229,41 @@ def test_check_sizes_the_trainer_sites_need_by_the_checkpoints_it_keeps(monkeypa
     assert line.startswith("site local host h1:") and "15 checkpoint(s) of" in line and "checkpoint.keep" in line
     kept = job.spec.model_copy(update={"checkpoint": Checkpoint(every_iterations=20, keep=2)})
     assert check.job_problem_lines(Job(kept, job.inventory, job.path), timeout_s=1.0)[0] == []  # 3 held
+
+
+def test_check_sizes_a_checkpoint_started_model_by_its_weight_files(monkeypatch, tmp_path: Path) -> None:
+    """An unsharded trainer's checkpoint declares the job's dtype (bf16) and holds fp32 tensors: the staged model
+    takes its files' bytes, twice what the declared dtype says. `check --reach` sizes the disk by the files; the
+    declared dtype stays the planner's (wire, engines, memory)."""
+    import dataclasses
+
+    from rlctl.checkpoint.trainer import HostPolicy
+    from rlctl.commands import check
+    from rlctl.config.job import HfModel, Job, load_job
+    from rlctl.models.hf import check_hf_dir
+    from rlctl.models.tinygpt import TinyGPT
+
+    m = TinyGPT()
+    model_dir = tmp_path / "model"
+    HostPolicy(m.state_dict(), dataclasses.replace(m.config, torch_dtype="bfloat16")).save_pretrained(model_dir)
+    info = check_hf_dir(model_dir)
+    files = sum(f.stat().st_size for f in info.weight_files)
+    assert files > 1.9 * info.arch.weight_bytes  # fp32 tensors under a bf16 config
+    demo = load_job(REPO / "jobs" / "demo.yaml")
+    spec = demo.spec.model_copy(update={"model": HfModel(kind="hf", path=str(model_dir))})
+    job = Job(spec, demo.inventory, demo.path)
+    held, each = 15, checkpoint_bytes(spec)  # demo.yaml: 15 checkpoints held at keep 0
+    # room for the checkpoints and the model as its config declares it, not for its files
+    free = info.arch.weight_bytes + 1e9 + held * each + (files - info.arch.weight_bytes) / 2
+    monkeypatch.setattr(
+        siteprobe, "probe_site_hosts", lambda name, site, **kw: [HostReport(name, "h1", GOOD | {"free_bytes": free})]
+    )
+    disk = [line for line in check.job_problem_lines(job, timeout_s=1.0)[0] if "free" in line and "staged" in line]
+    assert len(disk) == 1 and disk[0].startswith("site local host h1:"), disk
+    # with room for the files the line goes
+    monkeypatch.setattr(
+        siteprobe,
+        "probe_site_hosts",
+        lambda name, site, **kw: [HostReport(name, "h1", GOOD | {"free_bytes": free + files})],
+    )
+    assert not [line for line in check.job_problem_lines(job, timeout_s=1.0)[0] if "staged" in line]
