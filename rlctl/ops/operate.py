@@ -23,7 +23,7 @@ from rlctl.errors import LaunchError, RlctlError, TransportError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import AgentHandle
 from rlctl.launch.stage import all_recorded_agents, fetch_record, record_view
-from rlctl.ops.detach import launcher_state
+from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.jobref import JobRef
 from rlctl.ops.run import STOP_REQUESTED, connect_client, current_run, run_summary
@@ -191,12 +191,24 @@ def first_samples(ref: JobRef, names: list[str]) -> dict[str, float]:
 def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
     """Graceful (controller), then forced (every recorded agent on its site); verifies none is left. A job whose
     index row says it ended (finished, failed, stopped) and of which no agent runs is left as it is: `ended` names
-    its state, nothing is written."""
+    its state; nothing is written when its launcher is gone, else only the stop request (`launcher`: which one
+    was told not to resume it)."""
     jd = ref.jobdir
     out: dict[str, Any] = {"id": ref.id}
     if ref.row is not None and ref.row.state not in LIVE and not _any_running(ref):
-        return {**out, "ended": ref.row.state, "graceful": "-", "agents": [], "problems": []}
-    jd.event(STOP_REQUESTED)  # before the controller can end: its launcher must not resume it (`autoresume`)
+        ended = {**out, "ended": ref.row.state, "graceful": "-", "agents": [], "problems": []}
+        launcher = ref.row.info.get("launcher")
+        if launcher_running(launcher) is False:
+            return ended
+        # a launcher that may still run may be about to resume the run that failed (`checkpoint.auto_resume`: the
+        # row says failed and nothing runs until it starts the next run): the request keeps it from doing so, or
+        # ends the start it began (`JobRun.start` looks for it before each agent)
+        jd.event(STOP_REQUESTED)
+        if _index_state(ref.row.name) not in LIVE:
+            return {**ended, "launcher": launcher_state(launcher, ended=True)}
+        # it began the next run before the request: that run is stopped as any live job is (below)
+    else:
+        jd.event(STOP_REQUESTED)  # before the controller can end: its launcher must not resume it (`autoresume`)
     try:
         ask_controller(ref, "shutdown", timeout_s=min(grace_s, 10.0))
         out["graceful"] = "requested"
@@ -228,6 +240,14 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
         finally:
             db.close()
     return out
+
+
+def _index_state(name: str) -> str:
+    db = JobDB()
+    try:
+        return db.get(name).state
+    finally:
+        db.close()
 
 
 def _any_running(ref: JobRef) -> bool:

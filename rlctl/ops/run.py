@@ -266,6 +266,11 @@ class JobRun:
     def _register(self, state: str, **info: Any) -> None:
         if self.db is None:
             return
+        if state == "failed" and stop_requested(self.jobdir, since=self.stop_since):
+            # `rlctl stop` asked for the end first (its controller killed past the grace leaves no summary, a trainer
+            # rank killed before it joined): the operator's `stopped`, written after its forced stop, would come
+            # second and keep this `failed` (it only replaces a live state)
+            state = "stopped"
         if state == "launching":
             self.db.put(self.id, job_dir=str(self.jobdir.path), spec=self.spec.model_dump(mode="json", by_alias=True))
         self.db.update(self.id, state=state, info=info or None)

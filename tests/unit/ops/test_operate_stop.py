@@ -1,13 +1,22 @@
-"""`rlctl stop` (rlctl.ops.operate.stop) when the controller's site stops answering: the forced stop still runs."""
+"""`rlctl stop` (rlctl.ops.operate.stop): when the controller's site stops answering the forced stop still runs; a
+job that ended is left as it is, but a launcher that may still run is told not to resume it; a stop that kills the
+controller past its grace ends the job `stopped`, whichever of the launcher and the operator writes the index first."""
 
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from rlctl.commands import stop as stop_cli
+from rlctl.config import load_job
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import write_sites
@@ -16,6 +25,8 @@ from rlctl.launch.ssh import SshBackend
 from rlctl.ops import operate
 from rlctl.ops.jobdb import JobDB
 from rlctl.ops.jobref import JobRef
+from rlctl.ops.run import STOP_REQUESTED, JobRun, stop_requested
+from tests.conftest import ROOT
 
 
 def test_a_controller_site_that_cannot_be_polled_still_gets_every_agent_stopped(
@@ -49,14 +60,31 @@ def test_a_controller_site_that_cannot_be_polled_still_gets_every_agent_stopped(
     assert stopped == [["controller-0", "rollout-0"]] and out["problems"] == []
 
 
-def _ended_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str) -> JobRef:
+@pytest.fixture
+def launcher() -> Iterator[dict[str, object]]:
+    """A launcher that still runs (`launcher_running` looks for rlctl in its command line), as the index records it."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "rlctl"], stdin=subprocess.PIPE)
+    yield {"pid": proc.pid, "host": socket.gethostname()}
+    proc.kill()
+    proc.wait()
+
+
+def _gone_launcher() -> dict[str, object]:
+    proc = subprocess.Popen([sys.executable, "-c", ""])
+    proc.wait()  # reaped: its pid names no process
+    return {"pid": proc.pid, "host": socket.gethostname()}
+
+
+def _ended_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str, launcher: dict[str, object] | None = None
+) -> JobRef:
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir.create("short", explicit=tmp_path / "short2")
     write_sites(jd.path, {})
     db = JobDB()
     try:
         db.put("short2", job_dir=str(jd.path), spec={"name": "short"})
-        db.update("short2", state=state)
+        db.update("short2", state=state, info={"launcher": launcher or _gone_launcher()})
         row = db.get("short2")
     finally:
         db.close()
@@ -96,3 +124,61 @@ def test_an_orphan_of_a_failed_job_is_stopped_and_the_index_keeps_failed(
     out = operate.stop(ref, grace_s=2)
     assert "ended" not in out and out["graceful"].startswith("controller did not answer")
     assert _index_state("short2") == "failed"  # the stop of a leftover is not the job's end
+
+
+def test_a_stop_in_an_auto_resume_window_keeps_the_launcher_from_resuming(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: dict[str, object]
+) -> None:
+    # run 1 failed (its launcher wrote `failed`, none of its agents runs) and its launcher, alive, was about to
+    # resume it: the stop said "already ended (failed)" and wrote no stop request, so the launcher resumed anyway
+    began = time.time() - 10  # the launcher's start: it looks for a stop request since then (`Runs._stops_since`)
+    ref = _ended_job(tmp_path, monkeypatch, "failed", launcher)
+    exited = [{"name": "controller-0", "state": "exited 1"}, {"name": "trainer-0", "state": "exited 143"}]
+    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s: (exited, []))
+    monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
+    out = operate.stop(ref, grace_s=2)
+    assert stop_requested(ref.jobdir, since=began), "the launcher would resume the job"
+    assert out["ended"] == "failed" and out["launcher"] == f"pid {launcher['pid']} on {launcher['host']}, finishing"
+    assert stop_cli._table(out).endswith("(failed); its launcher (" + out["launcher"] + ") is told not to resume it")
+    assert _index_state("short2") == "failed"
+
+
+def test_a_stop_as_the_launcher_begins_the_next_run_stops_that_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: dict[str, object]
+) -> None:
+    # the row the stop resolved said failed; the launcher wrote `launching` before it could see the stop request
+    ref = _ended_job(tmp_path, monkeypatch, "failed", launcher)
+    db = JobDB()
+    db.update("short2", state="launching")
+    db.close()
+    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s: ([], []))
+    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("not yet")))
+    stopped: list[int] = []
+    monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: stopped.append(1) or [])
+    out = operate.stop(ref, grace_s=2)
+    assert "ended" not in out and stopped == [1] and _index_state("short2") == "stopped"
+    assert [e["event"] for e in ref.jobdir.read_lines(ref.jobdir.events)] == [STOP_REQUESTED, "stopped_by_operator"]
+
+
+def test_a_controller_killed_by_a_stop_ends_the_job_stopped_not_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the launcher saw its controller (killed past the grace) gone without a summary and wrote `failed` before the
+    # operator's `stopped`, which then replaced no live state: the index said the stopped job failed
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("j", explicit=tmp_path / "j1")
+    spec = load_job(ROOT / "jobs" / "demo.yaml").spec
+    db = JobDB()
+    local = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 1}]}
+    run = JobRun(jd, spec, {}, db=db, sites={"local": Site.model_validate(local)})
+    db.put("j1", job_dir=str(jd.path), spec={"name": "j"})
+    db.update("j1", state="running")
+    run.controller = SimpleNamespace(spec=SimpleNamespace(log_path=jd.log("controller", 0)))  # type: ignore[assignment]
+    monkeypatch.setattr(run, "_watch", lambda h: -9)  # SIGKILLed by the stop's forced part
+    monkeypatch.setattr(run, "log_tail", lambda *a, **k: "")
+    jd.event(STOP_REQUESTED)  # `rlctl stop`, first thing it does
+    with pytest.raises(LaunchError, match="without a summary"):
+        run.wait(poll_s=0)
+    assert db.get("j1").state == "stopped"
+    assert not db.update("j1", state="stopped", only_from=("launching", "running"))  # the operator's, second
+    db.close()
