@@ -22,7 +22,7 @@ runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_di
   evaluations.jsonl one line per held-out evaluation during the run (evaluation.every_iterations)
   samples.jsonl     one line per sample of every round the ledger retired (rlctl.agents.samplelog)
   .site-events.jsonl  the controller's site's events.jsonl as fetched, when it runs on another site (merged into
-                    events.jsonl here)
+                    events.jsonl here, under the flock every append to it takes: `appending`)
   summary.json      the final summary (what `rlctl launch -o json` prints)
   model/init/       the starting policy (SFT warm-up), HF-style directory
   checkpoints/iter-N/{model/, ledger.json}
@@ -31,6 +31,7 @@ runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_di
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -41,7 +42,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pydantic import ValidationError
 
@@ -52,6 +53,7 @@ from rlctl.errors import LaunchError, UsageError
 log = logging.getLogger(__name__)
 
 HOME_ENV = "RLCTL_HOME"
+NO_FLOCK = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)  # flock on a filesystem that has none
 # what a job dir holds once a launch prepared it: a fresh launch there would overwrite the job's record
 JOB_RECORD = ("job.json", "plan.json", "agents.jsonl", "summary.json")
 
@@ -198,7 +200,7 @@ class JobDir:
         return bytes.fromhex(p.read_text().strip())
 
     def append(self, path: Path, row: dict[str, Any]) -> None:
-        with path.open("a") as f:
+        with appending(path) as f:
             f.write(json.dumps(row, default=str) + "\n")
 
     def event(self, kind: str, **fields: Any) -> None:
@@ -210,6 +212,33 @@ class JobDir:
         if not path.exists():
             return []
         return json_lines(path, path.read_text())
+
+
+@contextlib.contextmanager
+def appending(path: Path) -> Iterator[TextIO]:
+    """`path` open to append, under an exclusive flock: the events the operator's processes append here and
+    `fetch_record`'s merge of the controller site's events into the file (read, merge, rename over it, under this
+    lock too) exclude each other, so no event lands in the file the merge replaces (`rlctl stop`'s request lost
+    to a `rlctl status -w` poll). A file renamed over while this waited for the lock is opened again. Where the
+    filesystem has no flock (a site's Lustre mounted without it: its agents append there, no merge happens
+    there) the file is appended to unlocked."""
+    while True:
+        f = path.open("a")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
+                break
+        except OSError as e:
+            if e.errno not in NO_FLOCK:
+                f.close()
+                raise
+            break
+        except BaseException:
+            f.close()
+            raise
+        f.close()  # the merge replaced it: its lock was the old file's
+    with f:
+        yield f
 
 
 def replace_text(path: Path, text: str) -> None:

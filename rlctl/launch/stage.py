@@ -36,7 +36,7 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, python_for, read_sites
 from rlctl.launch.base import AgentHandle, site_setup
-from rlctl.launch.jobdir import replace_text
+from rlctl.launch.jobdir import appending, replace_text
 from rlctl.launch.remote import CommandResult, SshRunner, sh_path
 from rlctl.launch.sitefs import (
     FileState,
@@ -651,7 +651,8 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
             fetched.append(name)
         mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
         if fetch_appended(fs, f"{root}/{EVENTS}", mirror):
-            replace_text(job_dir / EVENTS, _merge_lines(job_dir / EVENTS, mirror.read_text()))
+            with appending(job_dir / EVENTS):  # an event appended here meanwhile would go with the file replaced
+                replace_text(job_dir / EVENTS, _merge_lines(job_dir / EVENTS, mirror.read_text()))
             fetched.append(EVENTS)
         fetched += [name for name in APPENDED_LOGS if fetch_appended(fs, f"{root}/{name}", job_dir / name)]
         for tree in TRACKER_DIRS:  # after the record: a tracker file that goes away meanwhile costs only itself

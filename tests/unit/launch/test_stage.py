@@ -3,8 +3,11 @@ cross-site integration test): what is copied, verified, recorded, and what fails
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import pytest
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch import sitefs, stage
+from rlctl.launch.jobdir import JobDir
 from rlctl.launch.remote import CommandResult
 from rlctl.launch.sitefs import FileState, LocalFiles, agent_view, site_root
 from rlctl.launch.stage import ensure_staged, fetch_record, files_to_stage, stage_all, staging_plan
@@ -362,3 +366,54 @@ def test_a_tail_reads_from_the_end_of_a_log_and_widens_for_long_lines(tmp_path: 
     short = tmp_path / "short.log"
     short.write_text("a\nb\n")
     assert fs.tail(str(short), 5) == ["a", "b"]
+
+
+def test_an_event_appended_while_the_site_events_are_merged_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `rlctl status -w` merged the controller site's events into the operator's events.jsonl (read, merge, rename
+    # over it); `rlctl stop`'s stop_requested appended in between went with the file replaced (8 of 40 in a loop)
+    src = job_dir(tmp_path)
+    site = local_site(tmp_path / "w")
+    root = Path(site_root(site, "job-1", here=src))
+    root.mkdir(parents=True)
+    (root / "events.jsonl").write_text('{"t": 1, "event": "job_start"}\n')
+    jd = JobDir(src)
+    jd.event("staged")
+    merge, flock = stage._merge_lines, fcntl.flock
+    reached = threading.Event()  # the append is done, or waits for the lock
+
+    def append() -> None:
+        jd.event("stop_requested")
+        reached.set()
+
+    appender = threading.Thread(target=append)
+
+    def locking(fd: int, how: int) -> None:
+        if threading.current_thread() is appender:
+            reached.set()
+        flock(fd, how)
+
+    def merge_then_an_append(local: Path, remote: str) -> str:
+        text = merge(local, remote)  # what the merge read: the append comes after it
+        appender.start()
+        reached.wait()
+        return text
+
+    monkeypatch.setattr(fcntl, "flock", locking)
+    monkeypatch.setattr(stage, "_merge_lines", merge_then_an_append)
+    assert "events.jsonl" in fetch_record(src, site, "localhost", str(root))
+    appender.join()
+    assert [e["event"] for e in jd.read_lines(jd.events)] == ["job_start", "staged", "stop_requested"]
+
+
+def test_events_are_appended_unlocked_where_the_filesystem_has_no_flock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_flock(fd: int, how: int) -> None:  # Lustre mounted without flock
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    jd = JobDir(tmp_path)
+    jd.event("agent_joined")
+    assert [e["event"] for e in jd.read_lines(jd.events)] == ["agent_joined"]
