@@ -238,7 +238,7 @@ class ControllerAgent:
         continue from the checkpoint."""
         # the checkpoints newer than this one belong to a run this one abandons: out of iter-*, so that a resume
         # that finds no latest.json never takes one of them, nor pairs its part with one this run writes
-        set_aside = set_aside_newer(self.jobdir.checkpoints, PART, resumed=version)
+        set_aside = set_aside_newer(self.jobdir.checkpoints, PART, resumed=version, keep=self.job.checkpoint.keep)
         st = load_controller(self.jobdir, version) if version > 0 else None
         # before `restore` retires what the checkpoint's ledger holds trained; from no checkpoint, nothing is kept
         discarded = self.samples.cut((st.samples_log_bytes or 0) if st is not None else 0)

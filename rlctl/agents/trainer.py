@@ -165,7 +165,7 @@ class TrainerAgent:
         self.modules = self.learner.modules() | self.backend.checkpoint_modules()  # in each rank's shard
         resumed = resume_version()
         if resumed is not None and rank == 0:  # rank 0 writes and prunes the part; the newer ones are abandoned
-            set_aside_newer(ctx.jobdir.checkpoints, "trainer", resumed=resumed)
+            set_aside_newer(ctx.jobdir.checkpoints, "trainer", resumed=resumed, keep=job.checkpoint.keep)
         if resumed:  # `launch --resume`: policy, the optimizer shard and RNG of this rank's (tp, pp) position,
             # version from the checkpoint
             counters, self.checkpoint_digest = load_trainer(

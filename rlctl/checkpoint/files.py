@@ -16,18 +16,20 @@ that own the state, each on its own site (sites share no filesystem):
     checkpoints/latest.json       {"version": N}: moved (os.replace) by the controller once it has the
                                   trainer's report that its part of N is complete, and its own part is
     checkpoints/abandoned/iter-N.<key>/   a checkpoint newer than the one a run resumed from: each agent moves
-                                  its part there when the resumed run starts (`set_aside_newer`; <key>: the
-                                  trainer manifest's SHA-256, so one checkpoint's two parts share a directory)
+                                  its part there when the resumed run starts, if sealed (`set_aside_newer`;
+                                  <key>: the trainer manifest's SHA-256, so one checkpoint's two parts share a
+                                  directory); the `checkpoint.keep` newest are kept there (0: all)
 
 Every file goes to a temporary name first and is renamed into place; the manifest is renamed into place
 only after every file it lists is. A part without a manifest, or whose files do not match it (size or
 SHA-256), is never used: `latest_complete` falls back to the newest older checkpoint that verifies (the rule,
 and the check of a manifest, are `rlctl.checkpoint.choose.choose_resume` / `verified_manifest`, which the
 launcher applies on each part's site to pick the version a resumed job loads).
-A resumed run abandons the checkpoints newer than the one it resumes from; they are moved aside, never deleted,
-so that `iter-*` holds one lineage: a resume that finds no `latest.json`, or a damaged one, takes the newest
-checkpoint that verifies, which then is this lineage's — never one of the abandoned run's, nor its part of a
-version beside the part this run rewrote (the controller's part names its trainer part's manifest, too).
+A resumed run abandons the checkpoints newer than the one it resumes from; their sealed parts are moved aside
+(a part never sealed is removed: nothing can resume from it), so that `iter-*` holds one lineage: a resume that
+finds no `latest.json`, or a damaged one, takes the newest checkpoint that verifies, which then is this lineage's
+— never one of the abandoned run's, nor its part of a version beside the part this run rewrote (the controller's
+part names its trainer part's manifest, too).
 Files are read back with `torch.load(weights_only=True)` and JSON only: nothing is unpickled.
 """
 
@@ -215,26 +217,34 @@ def remove_part(ckpt: Path, part: str) -> None:
 
 def _lineage_key(ckpt: Path, part: str) -> str:
     """What names a checkpoint across its two parts: the SHA-256 of its trainer manifest (the controller's part
-    names it), short; "unsealed" for a part without one (a write cut short). Two parts of one checkpoint set aside
-    on one site land in one directory; parts of two lineages never do."""
+    names it), short; "unkeyed" for a manifest that names none (unreadable, or a controller part written before the
+    key). Two parts of one checkpoint set aside on one site land in one directory; parts of two lineages never do."""
     manifest = manifest_path(ckpt, part)
     try:
         digest = file_digest(manifest) if part == "trainer" else str(json.loads(manifest.read_text())["trainer_digest"])
     except (OSError, ValueError, KeyError, TypeError):
-        return "unsealed"
-    return digest[:12] if digest.isalnum() else "unsealed"
+        return "unkeyed"
+    return digest[:12] if digest.isalnum() else "unkeyed"
 
 
-def set_aside_newer(root: Path, part: str, *, resumed: int) -> list[int]:
-    """A run that resumes from checkpoint `resumed` (0: from none) abandons every checkpoint newer than it: move
-    `part` of each (its manifest first) to `root/abandoned/iter-N.<key>/` (`_lineage_key`), never deleted. So
-    what stays under `root/iter-*` is one lineage — the run's own checkpoints and the ones it descends from — and
-    a resume without `latest.json` (the newest that verifies) can take neither an abandoned checkpoint nor a part
-    of one beside a part this run rewrote. The versions moved, oldest first; one log line saying so."""
-    moved = []
+def set_aside_newer(root: Path, part: str, *, resumed: int, keep: int) -> list[int]:
+    """A run that resumes from checkpoint `resumed` (0: from none) abandons every checkpoint newer than it. `part` of
+    each that is sealed (its manifest there) moves, manifest first, to `root/abandoned/iter-N.<key>/`
+    (`_lineage_key`); one never sealed (a write cut short: the checkpoint being written when the run died, what
+    most auto-resumes leave) is removed — no resume can use it, and set aside it took a checkpoint's disk per
+    resume. So what stays under `root/iter-*` is one lineage — the run's own checkpoints and the ones it descends
+    from — and a resume without `latest.json` (the newest that verifies) can take neither an abandoned checkpoint
+    nor a part of one beside a part this run rewrote. Then `abandoned/` is bounded as `checkpoint.keep` bounds
+    `iter-*` (`_bound_abandoned`: `part` of the `keep` newest sealed there is kept; 0: all). The versions moved,
+    oldest first; a log line for each of what was moved and what was removed."""
+    moved, removed = [], []
     for version, ckpt in sorted(checkpoint_dirs(root)):
         paths = _part_paths(ckpt, part) if version > resumed else []
         if not paths:
+            continue
+        if not manifest_path(ckpt, part).exists():
+            remove_part(ckpt, part)
+            removed.append(version)
             continue
         name = f"{ckpt.name}.{_lineage_key(ckpt, part)}"
         dest, n = root / ABANDONED / name, 1
@@ -253,14 +263,55 @@ def set_aside_newer(root: Path, part: str, *, resumed: int) -> list[int]:
         fsync_dir(root / ABANDONED)
         log.warning(
             "checkpoints %s: set aside the %s part of v%s in %s/: newer than v%d, which this run resumes from, so "
-            "of an abandoned lineage (no resume continues it; nothing was deleted)",
+            "of an abandoned lineage (no resume continues it)",
             root,
             part,
             moved,
             ABANDONED,
             resumed,
         )
+    if removed:
+        log.warning(
+            "checkpoints %s: removed the %s part of v%s: newer than v%d, which this run resumes from, and never "
+            "sealed (a write cut short: no resume can use it)",
+            root,
+            part,
+            removed,
+            resumed,
+        )
+    _bound_abandoned(root / ABANDONED, part, keep=keep)
     return moved
+
+
+def _bound_abandoned(aside: Path, part: str, *, keep: int) -> list[str]:
+    """Remove `part` of the checkpoints set aside in `aside` but the `keep` newest sealed ones (by when that part was
+    sealed: its manifest's time, which a move keeps; 0: keep every one), and any of it there without a manifest
+    (set aside by an rlctl that moved unsealed parts too). The directories it was removed from, oldest first."""
+    if not aside.is_dir():
+        return []
+    sealed, gone = [], []
+    for d in sorted(p for p in aside.iterdir() if p.is_dir()):
+        manifest = manifest_path(d, part)
+        if manifest.exists():
+            sealed.append((manifest.stat().st_mtime, d.name, d))
+        elif _part_paths(d, part):
+            remove_part(d, part)
+            gone.append(d.name)
+    past = sorted(sealed)[: max(0, len(sealed) - keep)] if keep > 0 else []
+    for _, name, d in past:
+        remove_part(d, part)
+        gone.append(name)
+    if gone:
+        log.warning(
+            "checkpoints %s: removed the %s part of %s in %s/ (never sealed, or not among the checkpoint.keep: %d "
+            "newest sealed there)",
+            aside.parent,
+            part,
+            gone,
+            ABANDONED,
+            keep,
+        )
+    return gone
 
 
 def set_latest(root: Path, version: int) -> None:

@@ -558,7 +558,9 @@ class Checkpoint(Strict):
     keep: NonNegativeInt = Field(
         0,
         description="complete checkpoints kept on each site: once a newer one is complete the older are removed "
-        "(each part by the agent that wrote it); the newest complete one never is. 0 = keep every checkpoint",
+        "(each part by the agent that wrote it); the newest complete one never is. It bounds checkpoints/abandoned/ "
+        "too (the sealed checkpoints a resume passed over): the K set aside last are kept there, older ones removed; "
+        "a part never sealed is removed at once. 0 = keep every checkpoint",
     )
     auto_resume: NonNegativeInt = Field(
         0,

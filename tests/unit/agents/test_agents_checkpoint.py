@@ -4,6 +4,7 @@ used; the trainer's state (policy, optimizer, RNG, counters) comes back exactly 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import threading
@@ -131,8 +132,8 @@ def test_a_lost_pointer_never_resumes_a_lineage_a_resume_abandoned(tmp_path: Pat
     set_latest(tmp_path, 4)
     with caplog.at_level("WARNING", logger="rlctl.checkpoint.files"):
         moved = [
-            set_aside_newer(tmp_path, "controller", resumed=4),  # (the controller's _resume)
-            set_aside_newer(tmp_path, "trainer", resumed=4),  # (trainer rank 0, at its start)
+            set_aside_newer(tmp_path, "controller", resumed=4, keep=0),  # (the controller's _resume)
+            set_aside_newer(tmp_path, "trainer", resumed=4, keep=0),  # (trainer rank 0, at its start)
         ]
     said = [r.getMessage() for r in caplog.records]
     text_part(tmp_path / "iter-6", "trainer", json.dumps({"run": "B"}))  # B's trainer part; the controller's next
@@ -141,7 +142,7 @@ def test_a_lost_pointer_never_resumes_a_lineage_a_resume_abandoned(tmp_path: Pat
     assert moved == [[6, 8], [6, 8]]
     assert said == [
         f"checkpoints {tmp_path}: set aside the {part} part of v[6, 8] in abandoned/: newer than v4, which this "
-        "run resumes from, so of an abandoned lineage (no resume continues it; nothing was deleted)"
+        "run resumes from, so of an abandoned lineage (no resume continues it)"
         for part in ("controller", "trainer")
     ]
     set_latest(tmp_path, 4)
@@ -164,23 +165,74 @@ def sealed_digest(aside: Path, version: int) -> str:
 
 def test_a_run_that_starts_over_sets_every_checkpoint_aside_and_nothing_is_overwritten(tmp_path: Path) -> None:
     """A resume from no checkpoint (0) abandons all of them; a part set aside twice (the same version abandoned by
-    two resumes) gets a directory of its own; a part cut short (no manifest) goes too, under "unsealed"."""
+    two resumes) gets a directory of its own."""
     sealed(tmp_path, 2, "A")
-    (tmp_path / "iter-4" / "ranks").mkdir(parents=True)  # a write cut short: a shard in, no policy, no manifest
-    (tmp_path / "iter-4" / "ranks" / "rank-0.pt").write_bytes(b"shard")
-    assert set_aside_newer(tmp_path, "trainer", resumed=0) == [2, 4]
-    assert set_aside_newer(tmp_path, "controller", resumed=0) == [2]
-    assert set_aside_newer(tmp_path, "controller", resumed=0) == []  # done: nothing moves twice
+    assert set_aside_newer(tmp_path, "trainer", resumed=0, keep=0) == [2]
+    assert set_aside_newer(tmp_path, "controller", resumed=0, keep=0) == [2]
+    assert set_aside_newer(tmp_path, "controller", resumed=0, keep=0) == []  # done: nothing moves twice
     assert sorted(p.name for p in tmp_path.iterdir()) == ["abandoned"]
     sealed(tmp_path, 2, "B")
     digest = file_digest(manifest_path(tmp_path / "iter-2", "trainer"))[:12]
     shutil.copytree(tmp_path / "iter-2", tmp_path / "abandoned" / f"iter-2.{digest}")  # (as if set aside before)
-    set_aside_newer(tmp_path, "trainer", resumed=0)
-    set_aside_newer(tmp_path, "controller", resumed=0)
+    set_aside_newer(tmp_path, "trainer", resumed=0, keep=0)
+    set_aside_newer(tmp_path, "controller", resumed=0, keep=0)
     aside = tmp_path / "abandoned"
-    assert len(list(aside.iterdir())) == 4 and (aside / "iter-4.unsealed" / "ranks" / "rank-0.pt").is_file()
+    assert len(list(aside.iterdir())) == 3
     assert run_of(aside / f"iter-2.{digest}.2", "controller") == run_of(aside / f"iter-2.{digest}.2", "trainer") == "B"
     assert read_manifest(aside / f"iter-2.{digest}", "trainer") is not None  # the one there before, untouched
+
+
+def cut_short(root: Path, version: int) -> None:
+    """What the background writer had of the trainer part of `version` when the run died: a shard and part of the
+    policy, no manifest."""
+    (root / f"iter-{version}" / "ranks").mkdir(parents=True)
+    (root / f"iter-{version}" / "ranks" / "rank-0.pt").write_bytes(b"shard")
+    (root / f"iter-{version}" / ".model.tmp-123").mkdir()
+    (root / f"iter-{version}" / ".model.tmp-123" / "model.safetensors").write_bytes(b"\0" * 4096)
+
+
+def test_a_part_never_sealed_is_removed_not_set_aside_at_each_auto_resume(tmp_path: Path, caplog) -> None:
+    """A trainer node lost five times, each while the next checkpoint was being written: each resume moved that
+    unsealed part to abandoned/ (one checkpoint's disk per resume, whatever `keep`), where nothing could ever
+    resume from it. It is removed; the lineage's checkpoints stay as `keep` leaves them."""
+    complete: list[int] = []
+    for v in range(1, 6):
+        sealed(tmp_path, v, "A")
+        complete.append(v)
+        cut_short(tmp_path, v + 1)
+        with caplog.at_level("WARNING", logger="rlctl.checkpoint.files"):
+            assert set_aside_newer(tmp_path, "trainer", resumed=v, keep=1) == []
+        assert set_aside_newer(tmp_path, "controller", resumed=v, keep=1) == []
+        for part in ("trainer", "controller"):
+            prune(tmp_path, part, complete=complete, keep=1)
+    assert not (tmp_path / "abandoned").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter-5"]
+    assert caplog.records[-1].getMessage() == (
+        f"checkpoints {tmp_path}: removed the trainer part of v[6]: newer than v5, which this run resumes from, and "
+        "never sealed (a write cut short: no resume can use it)"
+    )
+
+
+def test_abandoned_keeps_the_keep_newest_sealed_checkpoints_of_each_part(tmp_path: Path) -> None:
+    """Three resumes each abandon a sealed checkpoint (v3 of lineages A, B, C): with `keep: 2` the two set aside
+    last stay, whole; with `keep: 0` every one does. What an older rlctl set aside unsealed goes either way."""
+    aside = tmp_path / "abandoned"
+    cut_short(aside, 9)  # (an older rlctl moved unsealed parts too)
+    for n, run in enumerate("ABC"):
+        sealed(tmp_path, 3, run)
+        for part in ("trainer", "controller"):  # sealed an hour apart (the order `keep` goes by)
+            os.utime(manifest_path(tmp_path / "iter-3", part), (3600.0 * (n + 1),) * 2)
+        for part in ("trainer", "controller"):
+            assert set_aside_newer(tmp_path, part, resumed=2, keep=2) == [3]
+        assert not (aside / "iter-9").exists()
+        assert len(list(aside.iterdir())) == min(n + 1, 2)
+    assert sorted(run_of(d, part) for d in aside.iterdir() for part in ("trainer", "controller")) == [
+        "B", "B", "C", "C",
+    ]  # fmt: skip
+    sealed(tmp_path, 3, "D")
+    for part in ("trainer", "controller"):
+        set_aside_newer(tmp_path, part, resumed=2, keep=0)
+    assert sorted(run_of(d, "trainer") for d in aside.iterdir()) == ["B", "C", "D"]
 
 
 def test_latest_complete_never_pairs_parts_of_two_lineages(tmp_path: Path) -> None:
@@ -197,11 +249,12 @@ def test_prune_after_a_resume_keeps_the_newest_complete_checkpoint_of_the_run_an
     tmp_path: Path,
 ) -> None:
     """`checkpoint.keep: 1`: the resumed run (from v4, A's v6 and v8 set aside) seals v6 and prunes what is older
-    than it; the abandoned ones are not prune's, and v6 — the newest complete one — stays."""
+    than it; the abandoned ones are not prune's (abandoned/ keeps `keep` of its own), and v6 — the newest complete
+    one — stays."""
     for v in (2, 4, 6, 8):
         sealed(tmp_path, v, "A")
     for part in ("controller", "trainer"):
-        set_aside_newer(tmp_path, part, resumed=4)
+        set_aside_newer(tmp_path, part, resumed=4, keep=1)
     sealed(tmp_path, 6, "B")
     set_latest(tmp_path, 6)
     for part in ("controller", "trainer"):
@@ -209,7 +262,8 @@ def test_prune_after_a_resume_keeps_the_newest_complete_checkpoint_of_the_run_an
     (tmp_path / "latest.json").unlink()
     assert latest_complete(tmp_path) == 6 and run_of(tmp_path / "iter-6", "trainer") == "B"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["abandoned", "iter-6"]
-    assert len(list((tmp_path / "abandoned").iterdir())) == 2
+    # abandoned/ holds `keep` of what was set aside there: A's v8, sealed last
+    assert [p.name.split(".")[0] for p in (tmp_path / "abandoned").iterdir()] == ["iter-8"]
 
 
 def trained_model(steps: int) -> tuple[TinyGPT, torch.optim.AdamW]:

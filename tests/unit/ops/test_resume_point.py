@@ -154,8 +154,10 @@ def test_a_checkpoint_a_resume_passed_over_is_set_aside_and_a_lost_pointer_never
     point = pick_checkpoint((LocalFiles(), sites.c), (flaky, sites.t), [9, 6, 3])
     assert point.version == 3 and [v for v, _ in point.skipped] == [9, 6]
     moved = [
-        set_aside_newer(sites.c.checkpoints, "controller", resumed=point.version),  # the controller, at its start
-        set_aside_newer(sites.t.checkpoints, "trainer", resumed=point.version),  # trainer rank 0, at its start
+        set_aside_newer(
+            sites.c.checkpoints, "controller", resumed=point.version, keep=0
+        ),  # the controller, at its start
+        set_aside_newer(sites.t.checkpoints, "trainer", resumed=point.version, keep=0),  # trainer rank 0, at its start
     ]
     digest = files_part(sites.t.checkpoint(6), "trainer", json.dumps({"run": "B"}), meta=sharded_meta(ONE_RANK))
     (sites.c.path / "checkpoints" / "latest.json").unlink()  # lost before B's controller part of v6
