@@ -60,6 +60,9 @@ def _ucxx() -> Any:
     # ucxx sets UCX_MEMTYPE_CACHE at import, which recent UCX no longer reads: its warning about an unused variable
     # would go to stdout, where `rlctl launch -o json` prints the summary (set the variable to see such warnings)
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    # UCX (and ucxx, through it) logs to stdout: an endpoint's error callback when a peer goes (the controller's
+    # exit, seen by the launcher) landed in the middle of `launch -o json`'s summary. Its logs go with ours, to stderr
+    os.environ.setdefault("UCX_LOG_FILE", "stderr")
     tls = transports_for(os.environ)
     if tls is not None:
         os.environ["UCX_TLS"] = tls
