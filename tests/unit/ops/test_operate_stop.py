@@ -91,14 +91,6 @@ def _ended_job(
     return JobRef("short2", jd, row)
 
 
-def _index_state(name: str) -> str:
-    db = JobDB()
-    try:
-        return db.get(name).state
-    finally:
-        db.close()
-
-
 def test_a_stop_of_a_finished_job_says_so_and_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -109,7 +101,7 @@ def test_a_stop_of_a_finished_job_says_so_and_changes_nothing(
     monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
     out = operate.stop(ref, grace_s=2)
     assert out == {"id": "short2", "ended": "finished", "graceful": "-", "agents": [], "problems": []}
-    assert _index_state("short2") == "finished" and not ref.jobdir.events.exists()
+    assert operate._index_state("short2") == "finished" and not ref.jobdir.events.exists()
     assert stop_cli._table(out) == "job short2 already ended (finished)"
 
 
@@ -123,7 +115,7 @@ def test_an_orphan_of_a_failed_job_is_stopped_and_the_index_keeps_failed(
     monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: [])
     out = operate.stop(ref, grace_s=2)
     assert "ended" not in out and out["graceful"].startswith("controller did not answer")
-    assert _index_state("short2") == "failed"  # the stop of a leftover is not the job's end
+    assert operate._index_state("short2") == "failed"  # the stop of a leftover is not the job's end
 
 
 def test_a_stop_in_an_auto_resume_window_keeps_the_launcher_from_resuming(
@@ -140,7 +132,7 @@ def test_a_stop_in_an_auto_resume_window_keeps_the_launcher_from_resuming(
     assert stop_requested(ref.jobdir, since=began), "the launcher would resume the job"
     assert out["ended"] == "failed" and out["launcher"] == f"pid {launcher['pid']} on {launcher['host']}, finishing"
     assert stop_cli._table(out).endswith("(failed); its launcher (" + out["launcher"] + ") is told not to resume it")
-    assert _index_state("short2") == "failed"
+    assert operate._index_state("short2") == "failed"
 
 
 def test_a_stop_as_the_launcher_begins_the_next_run_stops_that_run(
@@ -156,7 +148,7 @@ def test_a_stop_as_the_launcher_begins_the_next_run_stops_that_run(
     stopped: list[int] = []
     monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: stopped.append(1) or [])
     out = operate.stop(ref, grace_s=2)
-    assert "ended" not in out and stopped == [1] and _index_state("short2") == "stopped"
+    assert "ended" not in out and stopped == [1] and operate._index_state("short2") == "stopped"
     assert [e["event"] for e in ref.jobdir.read_lines(ref.jobdir.events)] == [STOP_REQUESTED, "stopped_by_operator"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -507,10 +508,10 @@ def test_a_trainer_whose_tp_groups_cannot_each_sit_on_one_host_is_refused_by_che
     assert problems(ssh_trainer_job(tmp_path, gpus=4, trainer=trainer, shared=True, host_slots=3)) == []
 
 
-def test_a_slurm_trainer_whose_tp_groups_cannot_each_sit_on_one_node_is_refused(tmp_path: Path) -> None:
-    """SLURM binds the trainer's GPUs itself (no pool here): its nodes' GPUs are judged by preflight, the same line."""
+def _slurm_tp2_job(tmp_path: Path, *, node_gpus: int) -> Callable[[int], Job]:
+    """Jobs whose megatron trainer (tp 2) takes `gpus` on a SLURM site of two nodes of `node_gpus` GPUs."""
     TinyGPT(small_config(layers=2, heads=2, positions=320)).save_pretrained(tmp_path / "model")
-    site = {"datacenter": "here", "gpu": "CPU", "nodes": [{"host": "n[1-2]", "gpus": 3}],
+    site = {"datacenter": "here", "gpu": "CPU", "nodes": [{"host": "n[1-2]", "gpus": node_gpus}],
             "scheduler": {"kind": "slurm", "partition": "p"}}  # fmt: skip
     (tmp_path / "slurm.yaml").write_text(
         yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"s": site}})
@@ -525,6 +526,12 @@ def test_a_slurm_trainer_whose_tp_groups_cannot_each_sit_on_one_node_is_refused(
             trainer={"backend": "megatron", "tensor_parallel": 2},
         )
 
+    return job
+
+
+def test_a_slurm_trainer_whose_tp_groups_cannot_each_sit_on_one_node_is_refused(tmp_path: Path) -> None:
+    """SLURM binds the trainer's GPUs itself (no pool here): its nodes' GPUs are judged by preflight, the same line."""
+    job = _slurm_tp2_job(tmp_path, node_gpus=3)
     (p,) = refused(job(6), "trainer.tensor_parallel")
     assert p.message == (
         "site s: trainer 6 GPU(s) at tp 2 need 3 tp group(s) of 2 GPUs, each on one host; its hosts have 3, 3 GPU(s) "
@@ -537,22 +544,7 @@ def test_a_slurm_trainer_is_judged_by_the_layout_its_sbatch_asks_for(tmp_path: P
     """Two SLURM nodes of 4 slots, 6 ranks at tp 2: hosts filled in order would hold them (4 + 2), but SLURM starts
     as many on each node (`--ntasks-per-node`), a multiple of 2 dividing 6: 3 nodes of 2, or 6 on one, neither
     there. Refused in one line naming the site, ranks, tp and node size; 4 ranks (one node of 4) pass."""
-    TinyGPT(small_config(layers=2, heads=2, positions=320)).save_pretrained(tmp_path / "model")
-    site = {"datacenter": "here", "gpu": "CPU", "nodes": [{"host": "n[1-2]", "gpus": 4}],
-            "scheduler": {"kind": "slurm", "partition": "p"}}  # fmt: skip
-    (tmp_path / "slurm.yaml").write_text(
-        yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"s": site}})
-    )
-
-    def job(gpus: int) -> Job:
-        return load(
-            tmp_path,
-            inventory=[LOCAL, str(tmp_path / "slurm.yaml")],
-            model={"kind": "hf", "path": "model"},
-            placement={"trainer": {"site": "s", "gpus": gpus}, "rollout": [{"site": "local", "gpus": 1}]},
-            trainer={"backend": "megatron", "tensor_parallel": 2},
-        )
-
+    job = _slurm_tp2_job(tmp_path, node_gpus=4)
     (p,) = refused(job(6), "trainer.tensor_parallel")
     assert p.message == (
         "site s: trainer 6 GPU(s) at tp 2 on SLURM need as many ranks on each node, a multiple of tp dividing 6 "
