@@ -386,14 +386,13 @@ class TrainerAgent:
                     ids = []
         except BaseException:
             self._name_hung_ranks()  # a collective failed because a rank ended itself hung: name that rank
-            watchdog.close()
             with contextlib.suppress(Exception):  # the group may be broken: the followers' own reads then end them
                 self.learner.stop_followers()
             raise
         else:
-            watchdog.close()
             self.learner.stop_followers()
         finally:
+            watchdog.close()
             publisher.close()
             self.task.close()
 
@@ -403,9 +402,7 @@ class TrainerAgent:
         waiting for it). Hung inside a collective, it is waiting for a rank above that may have hung first: their
         watchdogs tick apart, so that rank's own word is waited for a moment, and named instead when it comes."""
         self.state = text
-        hung = self.watchdog.hung
-        waiting = hung is not None and waits_in_collective(hung.thread)
-        if not (waiting and self._name_hung_ranks(wait_s=FOLLOWER_WORD_S, own_only=True)):
+        if not (self._hung_waiting() and self._name_hung_ranks(wait_s=FOLLOWER_WORD_S, own_only=True)):
             self.link.send(make("heartbeat", self.figures()))
 
     def _name_hung_ranks(self, *, wait_s: float = 0.0, own_only: bool = False) -> bool:
@@ -434,9 +431,13 @@ class TrainerAgent:
         """A rank > 0's watchdog's last word: into the group's store, for rank 0 (`say_hung`), saying whether it
         was only waiting in a collective (for rank 0, or another rank)."""
         self.state = text
-        hung = self.watchdog.hung
         if self.store is not None:
-            say_hung(self.store, self.rank, text, waiting=hung is not None and waits_in_collective(hung.thread))
+            say_hung(self.store, self.rank, text, waiting=self._hung_waiting())
+
+    def _hung_waiting(self) -> bool:
+        """Whether the phase this rank's watchdog found hung is inside a collective: waiting for another rank."""
+        hung = self.watchdog.hung
+        return hung is not None and waits_in_collective(hung.thread)
 
     def _next_messages(self) -> list[Message | None]:
         """The next message (waiting for one), then every other one already queued: the learner cuts its

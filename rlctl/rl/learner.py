@@ -281,14 +281,13 @@ class StreamingLearner:
         on_step: Callable[[], None] | None = None,
         *,
         on_checkpoint: Callable[[int], None] | None = None,
-        busy: Busy | None = None,
     ) -> None:
         """Ranks > 0: do what rank 0 broadcasts until it sends 'stop'; `on_step` after each optimizer step
         (the rank then holds the same weights and optimizer state as the other ranks of its (tp, pp) position,
         bit for bit: gradients are all-reduced over the data-parallel group); `on_checkpoint(version)` when
-        rank 0 `announce_checkpoint`s. `busy(phase)` (default: `self.busy`) wraps its work ("train" per
-        micro-batch, "optimizer step"), never its wait for rank 0's next broadcast."""
-        busy = busy or self.busy
+        rank 0 `announce_checkpoint`s. `self.busy(phase)` wraps its work ("train" per micro-batch, "optimizer
+        step"), never its wait for rank 0's next broadcast."""
+        busy = self.busy
         while True:
             item = _broadcast(None)
             if isinstance(item, Step):
@@ -396,10 +395,9 @@ class PpoBatchLearner:
         on_step: Callable[[], None] | None = None,
         *,
         on_checkpoint: Callable[[int], None] | None = None,
-        busy: Busy | None = None,
     ) -> None:
         """Ranks > 0: as `StreamingLearner.follow`, a whole batch per step (one "train" phase)."""
-        busy = busy or self.busy
+        busy = self.busy
         while True:
             item = _broadcast(None)
             if isinstance(item, WholeBatch):

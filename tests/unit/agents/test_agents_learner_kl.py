@@ -66,13 +66,18 @@ def test_kl_by_hand() -> None:
     assert stats["kl"] == pytest.approx(0.0968912, abs=1e-6) and stats["tokens"] == 6
 
 
+def rank_learner(state: dict[str, torch.Tensor]) -> StreamingLearner:
+    """One rank's learner of the two-rank tests, on the weights `state` every rank starts from."""
+    model = TinyGPT(SMALL)
+    model.load_state_dict(state)
+    return StreamingLearner(model, GrpoAlgorithm(kind="grpo", lr=1e-2), group_size=4, micro_batch_samples=4)
+
+
 def _rank(rank: int, init: str, state: dict[str, torch.Tensor], samples: list[Sample], out: mp.Queue) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
-        model = TinyGPT(SMALL)
-        model.load_state_dict(state)
-        learner = StreamingLearner(model, GrpoAlgorithm(kind="grpo", lr=1e-2), group_size=4, micro_batch_samples=4)
+        learner = rank_learner(state)
         if rank == 1:
             learner.follow()
             return

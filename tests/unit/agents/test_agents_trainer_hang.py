@@ -21,10 +21,8 @@ import torch.distributed as dist
 from rlctl.agents import trainer
 from rlctl.agents.trainer import TrainerAgent, culprits, hung_ranks, init_group, say_hung
 from rlctl.agents.watchdog import HUNG, Watchdog
-from rlctl.config.job import GrpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
-from rlctl.rl.learner import StreamingLearner
-from tests.unit.agents.test_agents_learner_kl import SMALL, on_policy
+from tests.unit.agents.test_agents_learner_kl import SMALL, on_policy, rank_learner
 
 
 def test_a_hung_ranks_last_word_is_found_by_rank_0_lowest_rank_first() -> None:
@@ -53,6 +51,7 @@ def _shell(store: dist.Store, rank: int, watchdog: Watchdog | None = None) -> ty
     agent.figures = lambda: agent.state
     agent.link = types.SimpleNamespace(send=agent.sent.append)
     agent._name_hung_ranks = types.MethodType(TrainerAgent._name_hung_ranks, agent)
+    agent._hung_waiting = types.MethodType(TrainerAgent._hung_waiting, agent)
     return agent
 
 
@@ -64,9 +63,7 @@ def _hang_rank(rank: int, port: int, state: dict[str, torch.Tensor], who: int, o
     trainer.make = lambda kind, figures: figures  # type: ignore[assignment]  # the heartbeat: its state alone
     store = init_group(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, secret=b"job")
     assert store is not None
-    model = TinyGPT(SMALL)
-    model.load_state_dict(state)
-    learner = StreamingLearner(model, GrpoAlgorithm(kind="grpo", lr=1e-2), group_size=4, micro_batch_samples=4)
+    learner = rank_learner(state)
     agent = _shell(store, rank)
 
     def ended(code: int) -> None:
@@ -96,7 +93,7 @@ def _hang_rank(rank: int, port: int, state: dict[str, torch.Tensor], who: int, o
         learner.follow()
         os._exit(0)
     try:
-        for s in on_policy(model, prompts=4, group=4, seed=2):
+        for s in on_policy(learner.model, prompts=4, group=4, seed=2):
             learner.add(s)
             learner.train_ready()
         with dog.busy("optimizer step"):  # as the trainer wraps the learner's step
@@ -135,9 +132,7 @@ def _rank(rank: int, init: str, state: dict[str, torch.Tensor], out: mp.Queue) -
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
-        model = TinyGPT(SMALL)
-        model.load_state_dict(state)
-        learner = StreamingLearner(model, GrpoAlgorithm(kind="grpo", lr=1e-2), group_size=4, micro_batch_samples=4)
+        learner = rank_learner(state)
         if rank == 1:
             phases: list[str] = []
 
@@ -145,10 +140,11 @@ def _rank(rank: int, init: str, state: dict[str, torch.Tensor], out: mp.Queue) -
                 phases.append(phase)
                 return contextlib.nullcontext()
 
-            learner.follow(on_step=lambda: phases.append("stepped"), busy=busy)
+            learner.busy = busy
+            learner.follow(on_step=lambda: phases.append("stepped"))
             out.put(phases)
             return
-        samples = on_policy(model, prompts=3, group=4, seed=2)
+        samples = on_policy(learner.model, prompts=3, group=4, seed=2)
         for _ in range(2):
             for s in samples:
                 learner.add(s)
