@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import shlex
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +48,12 @@ _LIVE_FN = (
     'live() { for p in $(pgrep -g "$1" 2>/dev/null); do '
     "s=$(sed -E 's/^.*\\) //' /proc/$p/stat 2>/dev/null | cut -c1); "
     '[ -n "$s" ] && [ "$s" != Z ] && echo "$p"; done; return 0; }'
+)
+# T = now in µs. bash ≥ 5 has EPOCHREALTIME; an older one only whole SECONDS, so its deadlines add one second (P):
+# a wait that ends at SECONDS + n lasts between n - 1 and n seconds, and a grace period must not end early.
+_CLOCK_FN = (
+    'clock() { if [ -n "${EPOCHREALTIME:-}" ]; then T=${EPOCHREALTIME/[.,]/}; P=0; '
+    "else T=$((SECONDS * 1000000)); P=1000000; fi; }"
 )
 
 
@@ -224,13 +229,14 @@ class SshBackend(LaunchBackend):
 
     def stop_script(self, handles: list[AgentHandle], grace_s: float) -> str:
         """One script per host: TERM every group that is still ours, wait, KILL, verify. The waits end at a time
-        (bash's SECONDS), not after a count of passes: a pass lists every group's processes, which takes longer the
+        (`clock`), not after a count of passes: a pass lists every group's processes, which takes longer the
         more there are, and the caller's deadline is the grace period's."""
-        grace = max(1, math.ceil(grace_s))
+        grace_us = max(0, round(grace_s * 1e6))
         groups = " ".join(f"{h.ident['pid']}:{h.ident['start_ticks']}:{h.ident['pgid']}" for h in handles)
         return "\n".join(
             [
                 _LIVE_FN,
+                _CLOCK_FN,
                 "mine=''",
                 f"for g in {groups}; do",
                 "  pid=${g%%:*}; rest=${g#*:}; start=${rest%%:*}; pg=${rest#*:}",
@@ -239,8 +245,9 @@ class SshBackend(LaunchBackend):
                 '  if [ -z "$(live "$pg")" ]; then echo "$pg gone"; continue; fi',
                 '  kill -TERM -- "-$pg" 2>/dev/null || true; mine="$mine $pg"',
                 "done",
-                f"end=$((SECONDS + {grace}))",
-                'while [ "$SECONDS" -lt "$end" ]; do any=""; for pg in $mine; do [ -n "$(live "$pg")" ] && any=1; done',
+                f"clock; end=$((T + P + {grace_us}))",
+                'while clock; [ "$T" -lt "$end" ]; do any=""; for pg in $mine; do [ -n "$(live "$pg")" ] && any=1;'
+                " done",
                 '  [ -z "$any" ] && break; sleep 0.1; done',
                 'for pg in $mine; do if [ -n "$(live "$pg")" ]; then kill -KILL -- "-$pg" 2>/dev/null || true;'
                 ' echo "$pg forced"; else echo "$pg graceful"; fi; done',

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -68,7 +70,29 @@ def test_poll_and_stop_scripts_match_golden() -> None:
     other = AgentHandle(SPEC, {**IDENT, "pid": 5000, "pgid": 5000, "start_ticks": 11}, "ssh")
     check_golden("ssh_poll_rollout.sh", b.poll_script(h))
     check_golden("ssh_stop_two.sh", b.stop_script([h, other], grace_s=7.5))
-    assert "end=$((SECONDS + 8))" in b.stop_script([h], grace_s=7.5)
+    assert "end=$((T + P + 7500000))" in b.stop_script([h], grace_s=7.5)
+
+
+@pytest.mark.parametrize("clock", ["EPOCHREALTIME", "SECONDS"])
+def test_stop_gives_a_group_that_ignores_term_its_whole_grace(clock: str) -> None:
+    """The grace period is a lower bound on both of the script's clocks. bash's SECONDS ticks on the wall clock's
+    whole seconds: a script started at x.85 s with a deadline of SECONDS + ⌈1.5⌉ gave up at x + 2, after 1.15 s
+    (what the SSH integration test saw as a 1.39 s stop)."""
+    victim = subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 30"], start_new_session=True)
+    try:
+        time.sleep(0.2)
+        ticks = Path(f"/proc/{victim.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        h = AgentHandle(SPEC, {**IDENT, "pid": victim.pid, "pgid": victim.pid, "start_ticks": int(ticks)}, "ssh")
+        script = ("unset EPOCHREALTIME\n" if clock == "SECONDS" else "") + backend().stop_script([h], grace_s=1.5)
+        time.sleep((0.85 - time.time() % 1) % 1)  # late in a wall-clock second
+        t0 = time.monotonic()
+        out = subprocess.run(["bash", "-s"], input=script, text=True, capture_output=True, timeout=30).stdout
+        waited = time.monotonic() - t0
+    finally:
+        victim.kill()
+        victim.wait()
+    assert out.split() == [str(victim.pid), "forced"], out
+    assert 1.5 <= waited < 3.5, waited
 
 
 def test_custom_paths_are_quoted(tmp_path: Path) -> None:
