@@ -38,6 +38,7 @@ from rlctl.rl.tasks import MAX_DIGITS, RL_STRIDE
 from rlctl.rl.tasks import DigitsTask as Digits
 from rlctl.tracking import check_tracking
 from rlctl.trainers.base import megatron_available
+from rlctl.weights import manifest
 
 RUNNABLE_BUILTIN = "tiny-demo"  # the one built-in model with weights (rlctl.models.tinygpt.TinyGPT)
 # why a trainer backend does not run a split the planner chose (tp or pp > 1) when the job did not ask for one:
@@ -186,6 +187,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
             Problem("warmup.sft_steps", f"{spec.warmup.sft_steps}: the SFT warm-up is the built-in model's; use 0")
         )
     out += _unread(job)
+    out += _weight_manifest(job)
     out += _context(job)
     out += _overlong(job)
     out += _dynamic_sampling(job)
@@ -222,12 +224,30 @@ def _unread(job: Job) -> list[Problem]:
     if isinstance(task, DatasetTask):
         why = "read when task.reward_workers > 0 only (0 scores in the caller's thread, with no timeout)"
         cases.append(("task", task, "reward_timeout_s", task.reward_workers == 0, why))
+        cases.append(("task", task, "shuffle_seed", not task.shuffle, "read when task.shuffle is true only"))
     out = []
     for section, config, name, unread, why in cases:
         value, default = getattr(config, name), type(config).model_fields[name].default
         if unread and value != default:
             out.append(Problem(f"{section}.{name}", f"{value!r}: {why}; remove it (default {default!r})"))
     return out
+
+
+def _weight_manifest(job: Job) -> list[Problem]:
+    """A version's manifest (one checksum per chunk of the weights) travels in one message header, which a receiver
+    bounds (`framing.Limits.max_header_bytes`): chunks so small that it does not fit would fail every fetch."""
+    chunk, weights = job.spec.weight_sync.chunk_bytes, int(job.spec.model.arch.weight_bytes)
+    need = manifest.manifest_bytes(weights, chunk_bytes=chunk)
+    if need <= manifest.MANIFEST_BOUND:
+        return []
+    return [
+        Problem(
+            "weight_sync.chunk_bytes",
+            f"{chunk}: the model's {weights / 1e9:.3g} GB of weights in chunks this small make a manifest of "
+            f"{need / 2**20:.1f} MiB (a checksum per chunk), over the {manifest.MANIFEST_BOUND / 2**20:g} MiB it may "
+            f"take of a message header; use at least {manifest.least_chunk_bytes(weights)}",
+        )
+    ]
 
 
 def _overlong(job: Job) -> list[Problem]:
@@ -370,6 +390,15 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
                         "engine runs one device per unit: set 1, or engine 'vllm' for tensor parallelism",
                     )
                 )
+    units, cap = sum(int(g["units"]) for g in plan["rollout"]), spec.rebalance.max_rollout_units
+    if cap is not None and units > cap:
+        out.append(
+            Problem(
+                "rebalance.max_rollout_units",
+                f"{cap}: the plan starts {units} rollout units; the cap counts them too: at least {units}, or leave "
+                "it out",
+            )
+        )
     out += _sharding(job, plan)
     out += _trainer_memory(job, plan)
     try:

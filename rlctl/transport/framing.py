@@ -83,7 +83,8 @@ def _dtype_names() -> dict[torch.dtype, str]:
 class Limits:
     """Bounds a receiver enforces before allocating anything."""
 
-    max_header_bytes: int = 1 << 20
+    # a weight version's manifest (a checksum per chunk: 1.2 MiB for 72B at 1 MiB chunks) travels in one header
+    max_header_bytes: int = 16 << 20
     max_frames: int = 1 << 16
     max_message_bytes: int = 16 << 30
     max_dims: int = 32  # dimensions of one tensor frame

@@ -28,7 +28,7 @@ import msgspec
 import torch
 
 from rlctl.errors import ProtocolError
-from rlctl.weights import chunks
+from rlctl.weights import chunks, manifest
 from rlctl.weights.chunks import ChunkRef, Layout
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -37,7 +37,7 @@ NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 @dataclass(frozen=True)
 class WeightSyncConfig:
     chunk_bytes: int = 4 << 20
-    bucket_bytes: int = 64 << 20
+    bucket_bytes: int = manifest.BUCKET_BYTES
     delta: bool = True
     # None = no periodic anchors: every version is published with a delta vs the previous one and
     # a full copy goes only to a receiver that needs one (joins, resumes, fails verification);

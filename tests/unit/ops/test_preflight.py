@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 
@@ -18,6 +19,7 @@ from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops import counts, run
 from rlctl.ops.preflight import Problem, problems
 from rlctl.rl.tasks import DigitsTask
+from rlctl.weights import chunks, manifest
 from tests.conftest import ROOT, run_cli
 from tests.unit.hf_tokenizer import write_tokenizer
 from tests.unit.tiny_models import small_config
@@ -399,11 +401,44 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
         "remove it (default 10.0)"
     )
     assert refused(hf_dataset_job(tmp_path, positions=64, task=task), "task.reward_timeout_s") == []
+    job = hf_dataset_job(tmp_path, positions=64, task={**task, "shuffle": False, "shuffle_seed": 7})
+    (p,) = refused(job, "task.shuffle_seed")
+    assert p.message == "7: read when task.shuffle is true only; remove it (default 0)"
+    assert refused(hf_dataset_job(tmp_path, positions=64, task={**task, "shuffle_seed": 7}), "task.shuffle_seed") == []
     # the SFT warm-up is the built-in model's, whatever the task (launch skipped it for a Hugging Face model)
     hf_digits = load(tmp_path, model={"kind": "hf", "path": "model"}, warmup={"sft_steps": 100})
     (p,) = refused(hf_digits, "warmup.sft_steps")
     assert p.message == "100: the SFT warm-up is the built-in model's; use 0"
     assert refused(load(tmp_path, warmup={"sft_steps": 100}), "warmup.sft_steps") == []
+
+
+def test_chunks_whose_manifest_does_not_fit_a_header_are_refused(tmp_path: Path) -> None:
+    """A version's manifest carries a checksum per chunk in one message header: 72B (145 GB in bf16) at 64 KiB
+    chunks needs 19 MiB, more than a receiver takes; the default 4 MiB needs 0.3 MiB."""
+
+    def job(chunk_bytes: int) -> Job:
+        return load(
+            tmp_path, model={"kind": "builtin", "name": "qwen2.5-72b"}, weight_sync={"chunk_bytes": chunk_bytes}
+        )
+
+    (p,) = refused(job(64 << 10), "weight_sync.chunk_bytes")
+    assert p.message == (
+        "65536: the model's 145 GB of weights in chunks this small make a manifest of 19.0 MiB (a checksum per "
+        "chunk), over the 8 MiB it may take of a message header; use at least 262144"
+    )
+    assert refused(job(256 << 10), "weight_sync.chunk_bytes") == []
+    # and the figure is the manifest's: its checksums as msgpack encodes them
+    refs = chunks.cut(10 << 20, bucket_bytes=4 << 20, chunk_bytes=3 << 20)
+    sums = [2**64 - 1 - i for i in range(len(refs))]
+    assert manifest.chunk_count(10 << 20, bucket_bytes=4 << 20, chunk_bytes=3 << 20) == len(refs) == 5
+    wire = len(msgspec.msgpack.encode(sums)) - len(msgspec.msgpack.encode([]))
+    assert manifest.manifest_bytes(10 << 20, chunk_bytes=3 << 20, bucket_bytes=4 << 20) == wire
+
+
+def test_a_unit_cap_below_the_planned_units_is_refused(tmp_path: Path) -> None:
+    (p,) = refused(load(tmp_path, rebalance={"max_rollout_units": 1}), "rebalance.max_rollout_units")
+    assert p.message == "1: the plan starts 2 rollout units; the cap counts them too: at least 2, or leave it out"
+    assert refused(load(tmp_path, rebalance={"max_rollout_units": 2}), "rebalance.max_rollout_units") == []
 
 
 def test_ppo_trains_data_parallel_on_several_trainer_ranks(tmp_path: Path) -> None:
