@@ -57,10 +57,18 @@ class RebalanceRule:
     skipped: int = 0  # iterations beside an evaluation in a row (not measured, up to window_iterations)
 
     def observe(
-        self, iteration: int, *, t_gen_s: float, t_train_s: float, units: int, can_add: bool, evaluating: bool = False
+        self,
+        iteration: int,
+        *,
+        t_gen_s: float,
+        t_train_s: float,
+        units: int,
+        blocked: str | None = None,
+        evaluating: bool = False,
     ) -> Reading:
-        """One trained iteration; says whether to add a unit now (the caller then calls `changed`). `evaluating`:
-        a held-out evaluation decoded beside its generation (left out of the window)."""
+        """One trained iteration; says whether to add a unit now (the caller then calls `changed`). `blocked`: why
+        no unit can be added (no free slot, the job's cap), None if one can. `evaluating`: a held-out evaluation
+        decoded beside its generation (left out of the window)."""
         self.skipped = self.skipped + 1 if evaluating else 0
         measured = not 0 < self.skipped <= self.cfg.window_iterations
         if measured:
@@ -79,8 +87,8 @@ class RebalanceRule:
             return Reading(iteration, delta, dprime, units, False, "measuring since the last change")
         if delta < dprime:
             return Reading(iteration, delta, dprime, units, False, "δ < δ'")
-        if not can_add:
-            return Reading(iteration, delta, dprime, units, False, "δ ≥ δ' but no free GPU slot on a rollout site")
+        if blocked is not None:
+            return Reading(iteration, delta, dprime, units, False, f"δ ≥ δ' but {blocked}")
         return Reading(iteration, delta, dprime, units, True, "δ ≥ δ'")
 
     def changed(self) -> None:

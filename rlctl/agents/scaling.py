@@ -180,10 +180,21 @@ class Scaler:
             room = None if room is None else room - 1
             targets.append(pick)
         if len(targets) < n:
+            if room is not None and room <= 0:  # the cap, whatever the slots
+                units = len(self.core.live_units) + len(self.pending_units()) + len(targets)
+                return {"error": f"only {len(targets)} of {n} units fit: {self._cap_reached(units)}"}
             where = site or ", ".join(rollout_sites)
             return {"error": f"only {len(targets)} of {n} units fit: free slots on {where}: {self.free_slots()}"}
         names = [self._spawn(t, reason) for t in targets]
         return {"adding": names, "sites": targets}
+
+    def _cap_reached(self, units: int) -> str | None:
+        """Why the job's cap (`rebalance.max_rollout_units`, which `rlctl scale` obeys too) allows no unit beyond
+        `units` (live and starting), None while it allows one."""
+        cap = self.cfg.max_rollout_units
+        if cap is None or units < cap:
+            return None
+        return f"rebalance.max_rollout_units is {cap} and the job has {units} unit(s), live and starting"
 
     def _remove(self, n: int, site: str | None, *, reason: str) -> tuple[dict[str, Any], list[Out]]:
         sites = self.placement.sites
@@ -206,8 +217,9 @@ class Scaler:
         the rule's reading to the iteration's metrics `row`."""
         units = len(self.core.live_units) + len(self.pending_units())
         free = self.free_slots() if self.spawner is not None else {}
-        cap = self.cfg.max_rollout_units
-        can_add = any(n > 0 for n in free.values()) and (cap is None or units < cap)
+        blocked = self._cap_reached(units)
+        if blocked is None and not any(n > 0 for n in free.values()):
+            blocked = "no free GPU slot on a rollout site"
         if self.core.cfg.eta > 0:  # async: iterations overlap, δ is the trainer's wait (rebalance.py)
             t_gen, t_train = row["period_s"], row["period_s"] - row["trainer_wait_s"]
         else:
@@ -217,7 +229,7 @@ class Scaler:
             t_gen_s=t_gen,
             t_train_s=t_train,
             units=units,
-            can_add=can_add,
+            blocked=blocked,
             evaluating=bool(row.get("evaluating")),
         )
         self.reading = r

@@ -615,7 +615,8 @@ class Rebalance(Strict):
     auto: bool = False
     window_iterations: PositiveInt = 3
     cooldown_iterations: PositiveInt = 3
-    max_rollout_units: PositiveInt | None = None  # default: as many as the rollout sites' free GPUs allow
+    # the most units the rule and `rlctl scale` may reach; default: as many as the rollout sites' free GPUs allow
+    max_rollout_units: PositiveInt | None = None
 
 
 class Planning(Strict):

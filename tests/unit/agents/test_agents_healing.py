@@ -34,7 +34,9 @@ class FakeSpawner:
         pass
 
 
-def setup(tmp_path, fail: int) -> tuple[Scaler, ControllerCore, JobDir, list[Any], FakeSpawner]:
+def setup(
+    tmp_path, fail: int, rebalance: Rebalance | None = None
+) -> tuple[Scaler, ControllerCore, JobDir, list[Any], FakeSpawner]:
     jd = JobDir.create("heal", explicit=tmp_path / "job")
     cfg = CoreConfig(iterations=2, prompts_per_iteration=1, samples_per_prompt=1, max_new_tokens=4, mode="async", eta=1)
     core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1], 1)])
@@ -47,7 +49,9 @@ def setup(tmp_path, fail: int) -> tuple[Scaler, ControllerCore, JobDir, list[Any
     plan = {"trainer": {"site": "t", "ranks": 1}, "rollout": [{"site": "a", "units": 2}]}
     placement = Placement(plan, {"a": site}, {"rollout-0": "a", "rollout-1": "a"})
     posted: list[Any] = []
-    scaler = Scaler(jd, Rebalance(), core=core, placement=placement, metrics=JobMetrics(), post=posted.append)
+    scaler = Scaler(
+        jd, rebalance or Rebalance(), core=core, placement=placement, metrics=JobMetrics(), post=posted.append
+    )
     spawner = FakeSpawner(fail)
     scaler.spawner = spawner  # type: ignore[assignment]
     return scaler, core, jd, posted, spawner
@@ -120,3 +124,22 @@ def test_the_count_of_replaced_units_continues_across_a_resume(tmp_path) -> None
     resumed.core.join("rollout-2", role="rollout", version=0)
     resumed.tick(1.0)
     assert resumed.resilience() == {"replaced": 2, "replacing": [], "gave_up": [], "note": None}
+
+
+def test_the_unit_cap_is_named_where_it_stops_a_unit_from_being_added(tmp_path) -> None:
+    """Site a has a free GPU for a third unit, but `rebalance.max_rollout_units: 2`: the rule's reading and
+    `rlctl scale +1` name the cap, not the free slots."""
+    cfg = Rebalance(auto=True, max_rollout_units=2, window_iterations=1, cooldown_iterations=1)
+    scaler, _, _, _, spawner = setup(tmp_path, fail=0, rebalance=cfg)
+    assert scaler.free_slots() == {"a": 1}
+    reply, _ = scaler.scale(1, None, reason="operator")
+    assert reply == {
+        "error": "only 0 of 1 units fit: rebalance.max_rollout_units is 2 and the job has 2 unit(s), live and starting"
+    }
+    row: dict[str, Any] = {"iteration": 0, "t_gen_s": 5.0, "t_train_s": 1.0, "period_s": 5.0, "trainer_wait_s": 4.0}
+    scaler.rebalance(row)
+    assert scaler.reading is not None and not scaler.reading.add
+    assert (
+        scaler.reading.why == "δ ≥ δ' but rebalance.max_rollout_units is 2 and the job has 2 unit(s), live and starting"
+    )
+    assert spawner.calls == []

@@ -9,8 +9,10 @@ from rlctl.agents.rebalance import RebalanceRule, delta_prime
 from rlctl.config.job import Rebalance
 
 
-def feed(rule: RebalanceRule, rows: list[tuple[float, float]], *, units: int = 1, can_add: bool = True) -> list[bool]:
-    return [rule.observe(i, t_gen_s=g, t_train_s=t, units=units, can_add=can_add).add for i, (g, t) in enumerate(rows)]
+def feed(
+    rule: RebalanceRule, rows: list[tuple[float, float]], *, units: int = 1, blocked: str | None = None
+) -> list[bool]:
+    return [rule.observe(i, t_gen_s=g, t_train_s=t, units=units, blocked=blocked).add for i, (g, t) in enumerate(rows)]
 
 
 def test_delta_prime_is_the_time_one_more_balanced_unit_saves():
@@ -26,7 +28,7 @@ def test_adds_only_after_a_full_window_with_delta_at_least_delta_prime():
 
 def test_balanced_stages_never_add():
     rule = RebalanceRule(Rebalance(auto=True))
-    r = [rule.observe(i, t_gen_s=2.0, t_train_s=1.5, units=1, can_add=True) for i in range(10)]
+    r = [rule.observe(i, t_gen_s=2.0, t_train_s=1.5, units=1) for i in range(10)]
     assert not any(x.add for x in r) and r[-1].why == "δ < δ'"
     assert r[-1].delta_s == pytest.approx(0.5) and r[-1].delta_prime_s == pytest.approx(1.0)
 
@@ -43,7 +45,7 @@ def test_iterations_beside_a_held_out_evaluation_are_not_measured():
     unit nor count toward the window."""
     rule = RebalanceRule(Rebalance(auto=True, window_iterations=2, cooldown_iterations=2))
     assert feed(rule, [(2.0, 1.5)] * 2) == [False, False]
-    spikes = [rule.observe(2 + i, t_gen_s=5.0, t_train_s=1.5, units=1, can_add=True, evaluating=True) for i in range(2)]
+    spikes = [rule.observe(2 + i, t_gen_s=5.0, t_train_s=1.5, units=1, evaluating=True) for i in range(2)]
     assert not any(r.add for r in spikes) and "held-out evaluation" in spikes[0].why
     assert spikes[0].delta_s == pytest.approx(0.5)  # the window's, untouched
     assert rule.window == [(2.0, 1.5)] * 2
@@ -55,17 +57,17 @@ def test_evaluations_beside_every_iteration_are_the_workload_after_a_window():
     """Evaluations that overlap every iteration (K small next to their length): after window_iterations unmeasured
     iterations in a row the rule measures them; an iteration without one starts the count again."""
     rule = RebalanceRule(Rebalance(auto=True, window_iterations=2, cooldown_iterations=2))
-    got = [rule.observe(i, t_gen_s=5.0, t_train_s=1.5, units=1, can_add=True, evaluating=True).add for i in range(4)]
+    got = [rule.observe(i, t_gen_s=5.0, t_train_s=1.5, units=1, evaluating=True).add for i in range(4)]
     assert got == [False, False, False, True]  # 2 skipped, then 2 measured: δ 3.5 ≥ δ' 2.5
     rule.changed()
-    rule.observe(4, t_gen_s=2.0, t_train_s=1.5, units=2, can_add=True)
-    r = rule.observe(5, t_gen_s=5.0, t_train_s=1.5, units=2, can_add=True, evaluating=True)
+    rule.observe(4, t_gen_s=2.0, t_train_s=1.5, units=2)
+    r = rule.observe(5, t_gen_s=5.0, t_train_s=1.5, units=2, evaluating=True)
     assert "held-out evaluation" in r.why and len(rule.window) == 1
 
 
 def test_no_free_slot_or_auto_off_never_adds():
     full = RebalanceRule(Rebalance(auto=True))
-    assert not any(feed(full, [(5.0, 1.0)] * 6, can_add=False))
+    assert not any(feed(full, [(5.0, 1.0)] * 6, blocked="no free GPU slot on a rollout site"))
     off = RebalanceRule(Rebalance(auto=False))
     assert not any(feed(off, [(5.0, 1.0)] * 6))
 
@@ -80,6 +82,6 @@ def test_one_slow_iteration_in_the_window_does_not_add_a_unit():
     """The median over the window: a long sample's decode that slows one iteration (more units would not shorten
     it) is not the workload; the same window's mean would have added a unit."""
     rule = RebalanceRule(Rebalance(auto=True, window_iterations=3, cooldown_iterations=3))
-    r = [rule.observe(i, t_gen_s=g, t_train_s=1.0, units=1, can_add=True) for i, g in enumerate([1.2, 6.0, 1.2])]
+    r = [rule.observe(i, t_gen_s=g, t_train_s=1.0, units=1) for i, g in enumerate([1.2, 6.0, 1.2])]
     assert not r[-1].add and r[-1].delta_s == pytest.approx(0.2) and r[-1].delta_prime_s == pytest.approx(0.6)
     assert feed(rule, [(6.0, 1.0)]) == [True]  # two slow ones of three: the workload
