@@ -13,7 +13,8 @@ methods here wait on it. A receive that times out before the message starts stay
 is picked up by the next recv(), so the connection stays usable (as with TCP); each part of a started message must
 arrive within `stall_timeout_s`, and each part a send hands to UCX must go within it too. A part that does not
 closes the connection by aborting the endpoint, which ends its request with an error, never by cancelling the
-request (that can deadlock inside UCX, or crash it: a receive cancelled while its frame arrives).
+request (that can deadlock inside UCX, or crash it: a receive cancelled while its frame arrives); `close` ends a
+posted preamble receive the same way.
 Without GPUs, run with UCX_TLS=tcp (and e.g. UCX_NET_DEVICES=lo for loopback). An agent on a site whose
 inventory says `network.rdma: false` (the launcher's RLCTL_RDMA=0) leaves InfiniBand/RoCE out (UCX_TLS `^ib`)
 unless UCX_TLS is set (e.g. by the site's setup lines): UCX would otherwise use an RDMA device the operator said
@@ -173,6 +174,7 @@ class UcxConnection(Connection):
         async def start() -> None:
             if self._pending is None:
                 self._pending = asyncio.ensure_future(self._ep.recv(self._pre))
+                self._pending.add_done_callback(_settled)  # ended by close() with no reader: nobody else asks
             await asyncio.wait_for(asyncio.shield(self._pending), timeout_s)
             self._pending = None
 
@@ -260,8 +262,6 @@ class UcxConnection(Connection):
         in_order = self._send_lock.acquire(blocking=False)  # also keeps any send from starting until the end
 
         async def shut() -> None:
-            if self._pending is not None:
-                self._pending.cancel()
             if in_order:
                 tag = self._out.next().header(_END_PREAMBLE, b"")  # a message of its preamble alone
                 with contextlib.suppress(Exception):  # a peer gone already: nothing to tell it
@@ -271,6 +271,8 @@ class UcxConnection(Connection):
                 await asyncio.wait_for(self._ep.close(), 5)
             except Exception:  # noqa: BLE001 - closing an endpoint whose peer is gone may fail; nothing to do
                 self._ep.abort()
+            if self._pending is not None:  # a posted preamble receive: the endpoint's end ends it, never a cancel
+                await asyncio.wait({self._pending}, timeout=_END_TIMEOUT_S)
 
         try:
             _run(shut())

@@ -1,7 +1,7 @@
 """How a ucx connection ends, over loopback (UCX_TLS=tcp): a reader woken by its own side's close, a peer that
 closes in order (PeerClosed after everything it sent, as over TCP), a send the peer never takes and a frame that
 does not arrive in time (PeerTimeout at the stall timeout); a forged header refused before anything is allocated for
-it. Skipped when the optional ucxx is not installed."""
+it; a close that ends a posted receive without cancelling it. Skipped when the optional ucxx is not installed."""
 
 from __future__ import annotations
 
@@ -190,3 +190,25 @@ def test_a_frame_that_stalls_mid_arrival_times_out_without_cancelling_its_receiv
     assert out[0].startswith("PeerTimeout: ucx-peer->ucx://") and out[0].endswith("receive stalled for 0.05s"), out
     assert out[1].startswith("then PeerUnreachable:") and "connection is closed" in out[1], out
     assert out[2] == "after {'n': 1}", out
+
+
+def test_close_ends_a_posted_preamble_receive_by_ending_the_endpoint_not_by_cancelling_it(transport: Any) -> None:
+    """A recv that timed out leaves its preamble receive posted (the next recv picks it up). close() ends it the way a
+    stall does, by closing the endpoint (its request then ends with an error), never by cancelling the request
+    (cancelling a posted UCX receive crashed the process for a frame), and has waited for it when it returns."""
+    from rlctl.transport.ucx import _is_ucx_error
+
+    lst, client, server = _pair(transport)
+    with pytest.raises(PeerTimeout):
+        server.recv(timeout_s=0.05)
+    posted = server._pending
+    assert posted is not None and not posted.done()
+    server.close()
+    try:
+        assert posted.done() and not posted.cancelled(), posted
+        assert posted.exception() is None or _is_ucx_error(posted.exception()), posted.exception()
+        with pytest.raises(PeerUnreachable, match="connection is closed"):
+            server.recv(timeout_s=1)
+    finally:
+        client.close()
+        lst.close()
