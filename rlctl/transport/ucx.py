@@ -30,6 +30,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Awaitable, Coroutine
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
@@ -351,11 +352,19 @@ class UcxTransport(Transport):
         host, port = split_address(address, self.scheme)
 
         async def go() -> tuple[Any, auth.SessionKeys]:
+            # one deadline for the whole connect: each wait takes what is left of it, so a peer that paces its
+            # handshake cannot hold the connect for a multiple of timeout_s
+            deadline = time.monotonic() + timeout_s
+
+            def left() -> float:
+                return max(0.0, deadline - time.monotonic())
+
             ep = await _ucxx().create_endpoint(host, port, connect_timeout=timeout_s)
             try:
                 hs = auth.ClientHandshake(self._secret, address)
-                await _send_bytes(ep, hs.answer(await _recv_bytes(ep, hs.HELLO_BYTES, timeout_s)))
-                return ep, hs.keys(await _recv_bytes(ep, auth.VERDICT_BYTES, timeout_s))
+                hello = await _recv_bytes(ep, hs.HELLO_BYTES, left())
+                await _within(_send_bytes(ep, hs.answer(hello)), left())
+                return ep, hs.keys(await _recv_bytes(ep, auth.VERDICT_BYTES, left()))
             except BaseException:
                 ep.abort()  # ends a handshake receive still posted (a timed-out one is never cancelled: `_within`)
                 raise

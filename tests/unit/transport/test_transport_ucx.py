@@ -1,10 +1,12 @@
 """How a ucx connection ends, over loopback (UCX_TLS=tcp): a reader woken by its own side's close, a peer that
 closes in order (PeerClosed after everything it sent, as over TCP), a send the peer never takes and a frame that
 does not arrive in time (PeerTimeout at the stall timeout); a forged header refused before anything is allocated for
-it; a close that ends a posted receive without cancelling it. Skipped when the optional ucxx is not installed."""
+it; a close that ends a posted receive without cancelling it; a connect bounded by one deadline. Skipped when the
+optional ucxx is not installed."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import subprocess
@@ -212,3 +214,41 @@ def test_close_ends_a_posted_preamble_receive_by_ending_the_endpoint_not_by_canc
     finally:
         client.close()
         lst.close()
+
+
+def test_connect_has_one_deadline_however_slowly_the_peer_answers_its_handshake(transport: Any) -> None:
+    """A listener that takes 0.7 of the client's deadline before each of its two handshake messages (hello, verdict)
+    answers within the deadline every time it is waited on, but not within one deadline for the whole connect: the
+    connect fails with PeerTimeout naming the address rather than taking 1.4x its deadline (or more: each wait had a
+    deadline of its own)."""
+    from rlctl.transport import ucx
+
+    deadline = 1.0
+    handled = threading.Event()
+
+    async def on_connect(ep: Any) -> None:
+        try:
+            hs = auth.ServerHandshake(SECRET)
+            await asyncio.sleep(0.7 * deadline)
+            await ucx._send_bytes(ep, hs.hello())
+            verdict, _ = hs.verdict(await ucx._recv_bytes(ep, hs.ANSWER_BYTES, None))
+            await asyncio.sleep(0.7 * deadline)
+            await ucx._send_bytes(ep, verdict)
+        except Exception:  # noqa: BLE001 - the client gave up first: its endpoint is gone
+            pass
+        finally:
+            ep.abort()
+            handled.set()
+
+    async def make() -> Any:
+        return ucx._ucxx().create_listener(on_connect)
+
+    slow = ucx._run(make())
+    address = f"ucx://127.0.0.1:{slow.port}"
+    try:
+        with pytest.raises(PeerTimeout) as e:
+            transport.connect(address, timeout_s=deadline)
+        assert str(e.value).startswith(f"{address}: connect timed out after {deadline}s"), e.value
+    finally:
+        handled.wait(timeout=10)  # its handler done before the listener goes (else ucxx warns of one still alive)
+        slow.close()
