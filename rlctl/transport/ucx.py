@@ -107,6 +107,11 @@ class UcxConfig:
     handshake_timeout_s: float = 10.0
 
 
+# A UCX tag message shorter than the buffer posted for it completes the receive, the buffer's tail left as it was:
+# ucxx reports no received length for a tag receive (its request's wait returns None; only a worker's tag_probe
+# tells one, which would mean polling the worker before every part). The message's tags catch it: a header or
+# frames tag that fails (a ProtocolError naming the peer), unless the tail left as it was holds the bytes sent for it
+# (a fresh zeroed buffer, zeros sent): the message is then exactly the one its tags vouch for.
 async def _recv_bytes(ep: Any, n: int, timeout_s: float | None) -> bytes:
     buf = np.empty(n, dtype=np.uint8)
     await _within(ep.recv(buf), timeout_s)
