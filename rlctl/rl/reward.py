@@ -12,8 +12,10 @@ A reward function has verl's signature, so functions users already have work unc
 
 A call that raises, runs past `timeout_s`, returns a wrong type (or a NaN, or an int past a float's range) or kills
 its worker never fails the job: it scores `on_error`, is counted (calls, errors, timeouts, bad_type) and logged
-with its sample id (a dict's other keys that are no finite number are left out of `extra`). `workers=0` calls the
-function in the submitting thread (no timeout): the in-process mode for debugging and tests.
+with its sample id (a dict's other keys that are no finite number are left out of `extra`). `workers=0` loads and
+calls the function in the submitting thread (no deadline, no timeout): the in-process mode for debugging and tests.
+With workers, the process that starts the pool never imports the user's module (an import that hangs there could
+not be bounded): the workers load it, each start within a deadline (below).
 
 A call that hangs holds its worker until its deadline; the pool does not let it hold the others' calls: while
 calls wait and a worker's call has run longer than `stuck_s`, one more worker starts for each such worker (up
@@ -27,7 +29,9 @@ A worker killed (its call timed out or was cancelled, or the pool stops it) take
 with it: each worker leads a process group of its own (os.setsid), and a kill is SIGKILL to that group, so a
 code-execution reward's child and the child's children, orphaned or not, go too; on Linux the worker's descendants
 that left its group for one of their own (`start_new_session=True`, as sandboxes do) are found in /proc and their
-groups killed as well. Only a process that both left the group and lost its parent (a double-forked daemon) escapes.
+groups killed as well. A process that both left the group and lost its parent (a double-forked daemon) would escape
+to init: each worker is its descendants' subreaper (Linux's PR_SET_CHILD_SUBREAPER), so such an orphan becomes the
+worker's child, and the same walk of /proc finds and kills it.
 
 A worker that cannot load the function is no reason to score calls `on_error`:
 
@@ -35,6 +39,9 @@ A worker that cannot load the function is no reason to score calls `on_error`:
     later: a worker cannot load it ──▶ down ──(1 s, 2 s, 4 s … 60 s)──▶ started again ──▶ ready, scoring again
            (each failure counted and logged; calls wait meanwhile)
     every worker unable to load it for `load_retry_s` (6 × timeout_s, at least 60 s) ──▶ the pool fails
+
+A start that has not loaded the function within `load_retry_s` (its import hangs: a network mount, a lock) could not
+load it: the worker is killed, and it is a config error at the first start, a failed start (backoff) later.
 
 A pool that failed logs why (the load error), keeps it in `failed`, and cancels its calls, those to come included:
 the controller fails the job with it (a sample waits for a reward that will not come) instead of training on
@@ -84,6 +91,7 @@ RETRY_MAX_S = 60.0  # … up to this
 ORPHAN_CHECK_S = 0.05  # a worker's watch of its pool, after a call arrived: how long before it looks again
 LOAD_RETRY_FACTOR = 6  # the pool fails once every worker has failed to load for this many × timeout_s …
 LOAD_RETRY_MIN_S = 60.0  # … or this, if longer: a filesystem hiccup or an OOM kill while importing passes sooner
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2), Linux ≥ 3.4
 
 
 def exact_match(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
@@ -242,6 +250,7 @@ def call_reward(fn: RewardFn, kwargs: dict[str, Any], on_error: float) -> Reward
 def _worker_main(spec: str, base_dir: str, on_error: float, conn: Connection) -> None:
     """Worker process: load the function, say "ready" (or why not), then answer each kwargs with a RewardResult."""
     os.setsid()  # a group of its own: killing the worker kills what its calls started (see _kill_tree)
+    _adopt_orphans()
     _die_with_the_pool(conn)
     try:
         fn = load_reward(spec, Path(base_dir))
@@ -260,12 +269,29 @@ def _worker_main(spec: str, base_dir: str, on_error: float, conn: Connection) ->
         conn.send(call_reward(fn, kwargs, on_error))
 
 
+def _adopt_orphans() -> None:
+    """Make this worker the subreaper of its descendants: one whose parent exits — a daemon that double-forked out of
+    the worker's group and session (`setsid cmd &`) — becomes the worker's child instead of init's, so `_kill_tree`'s
+    walk of the worker's descendants finds it; nothing but a descendant can become its child. Set in each worker,
+    not in the pool's process: there it would adopt every orphan below the controller (its forkserver's, torch's
+    compile workers') and leave their zombies to a process that reaps only its own children. An adopted orphan that
+    exits stays a zombie of its worker until the worker is stopped (reaping it could take the exit status the
+    reward's own code waits for). A no-op off Linux."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):  # no libc to load: the double-forked daemon escapes, as before
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
 def _die_with_the_pool(conn: Connection) -> None:
     """A worker in a group of its own is out of reach of its agent's stop (the backends kill the agent's process
     group), and the forkserver that started it outlives a controller killed on its own (the OOM killer): when the
-    pool's end of `conn` closes — its process gone, however — the worker kills its own group, itself and what its
-    calls started. A thread waiting on the socket's hang-up (never reading it: the calls are the loop's), so a call
-    hung in a system call (a wait on its child) does not hold it up."""
+    pool's end of `conn` closes — its process gone, however — the worker kills what its calls started outside its
+    group (`_kill_below`: in sessions of their own, adopted daemons), then its own group, itself included. A thread
+    waiting on the socket's hang-up (never reading it: the calls are the loop's), so a call hung in a system call (a
+    wait on its child) does not hold it up."""
     poller = select.poll()
     poller.register(conn.fileno(), select.POLLRDHUP)
     gone = select.POLLRDHUP | select.POLLHUP | select.POLLERR | select.POLLNVAL
@@ -273,6 +299,7 @@ def _die_with_the_pool(conn: Connection) -> None:
     def watch() -> None:
         while not any(events & gone for _, events in poller.poll()):
             time.sleep(ORPHAN_CHECK_S)  # a call arrived (the loop reads it): look again after a while
+        _kill_below(os.getpid())  # those in sessions of their own (an adopted daemon's included) first
         os.killpg(0, signal.SIGKILL)
 
     threading.Thread(target=watch, name="reward-orphan-watch", daemon=True).start()
@@ -301,20 +328,31 @@ def _descendants(pid: int) -> list[int]:
 
 def _kill_tree(pid: int) -> None:
     """SIGKILL worker `pid`'s process group (itself, once it ran os.setsid, and what its calls started, orphaned or
-    not) and its descendants that started groups of their own, with those groups. The worker's group is stopped
-    first, so that it starts nothing more while /proc is read; a signal to a process gone meanwhile is no error."""
+    not) and its descendants outside it (`_kill_below`). The worker's group is stopped first, so that it starts
+    nothing more while /proc is read; a signal to a process gone meanwhile is no error."""
 
     def signal_(kill: Callable[[int, int], None], target: int, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             kill(target, sig)
 
     signal_(os.killpg, pid, signal.SIGSTOP)  # no such group (killed before its os.setsid): nothing below it yet
-    for child in _descendants(pid):
-        with contextlib.suppress(OSError):
-            if os.getpgid(child) == child:  # it leads a group (start_new_session=True): its members go too
-                signal_(os.killpg, child, signal.SIGKILL)
-        signal_(os.kill, child, signal.SIGKILL)
+    _kill_below(pid)
     signal_(os.killpg, pid, signal.SIGKILL)
+
+
+def _kill_below(pid: int) -> None:
+    """SIGKILL `pid`'s descendants (the worker's adopted orphans among its children), each with the group it leads.
+    Those outside the worker's stopped group run on while /proc is read: read again until it shows none not killed
+    yet (one killed cannot start more)."""
+    killed: set[int] = set()
+    while found := [child for child in _descendants(pid) if child not in killed]:
+        for child in found:
+            with contextlib.suppress(OSError):
+                if os.getpgid(child) == child:  # it leads a group (start_new_session=True): its members go too
+                    os.killpg(child, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.kill(child, signal.SIGKILL)
+        killed.update(found)
 
 
 # ── the pool ──────────────────────────────────────────────────────────────────────────────────────
@@ -334,7 +372,7 @@ class _Worker:
     conn: Connection
     state: Literal["starting", "ready", "down"] = "starting"  # down: it could not load the function
     call: _Call | None = None
-    deadline: float = math.inf
+    deadline: float = math.inf  # starting: when its load has failed (load_retry_s); else its call's deadline
     stuck_at: float = math.inf  # when its call counts as stuck (another worker may start for the calls waiting)
     load_failures: int = 0  # its starts in a row that could not load the function (0 once one loads)
     retry_at: float = math.inf  # down: when it starts again
@@ -359,8 +397,9 @@ class RewardStats:
 class RewardPool:
     """Reward calls in `workers` processes, each call bounded by `timeout_s` (see the module docstring).
 
-    `load_retry_s`: how long every worker may stay unable to load the function before the pool fails (default:
-    LOAD_RETRY_FACTOR × timeout_s, at least LOAD_RETRY_MIN_S)."""
+    `load_retry_s`: how long every worker may stay unable to load the function before the pool fails, and how long
+    one start may take to load it (default: LOAD_RETRY_FACTOR × timeout_s, at least LOAD_RETRY_MIN_S: the bound a
+    job's `reward_timeout_s` sets, long enough for an import of torch or sympy from cold shared storage)."""
 
     def __init__(
         self,
@@ -384,7 +423,10 @@ class RewardPool:
         )
         self.stats = RewardStats()
         self.failed: str | None = None  # why the pool stopped for good (its calls are cancelled), once it has
-        self._fn = load_reward(spec, base_dir)  # a bad spec fails here, in the caller
+        # a bad spec fails here, in the caller, when the caller calls the function (workers=0) or it is a built-in;
+        # a user's module is imported by the workers only, where its load has a deadline (the first start's failure
+        # is the pool's, a config error: `failed`)
+        self._fn = load_reward(spec, base_dir) if workers == 0 or ":" not in spec else None
         self.base_workers = workers
         self.stuck_s = max(STUCK_MIN_S, STUCK_FRACTION * timeout_s)
         self._inline = workers == 0
@@ -426,6 +468,7 @@ class RewardPool:
         }
         call = _Call(sample_id, kwargs, Future())
         if self._inline:
+            assert self._fn is not None
             if not _takes_extra_info(self._fn):
                 kwargs.pop("extra_info")
             self._finish(call, call_reward(self._fn, kwargs, self.on_error))
@@ -484,7 +527,7 @@ class RewardPool:
         )
         proc.start()
         child.close()
-        return _Worker(proc, parent, load_failures=load_failures)
+        return _Worker(proc, parent, load_failures=load_failures, deadline=time.monotonic() + self.load_retry_s)
 
     def _stop(self, w: _Worker) -> None:
         """Kill worker `w` and what its calls started (`_kill_tree`), and reap it."""
@@ -571,7 +614,7 @@ class RewardPool:
             return
         if w.state == "starting":
             if msg == "ready":
-                w.state, w.load_failures, self._loaded = "ready", 0, True
+                w.state, w.load_failures, w.deadline, self._loaded = "ready", 0, math.inf, True
             else:
                 self._load_failed(i, msg)
             return
@@ -680,6 +723,10 @@ class RewardPool:
                         call = w.call
                         self._replace(i)  # a running call cannot be interrupted: its process goes
                         self._finish(call, RewardResult(self.on_error, "timeout", f"no result in {self.timeout_s}s"))
+                    elif w.state == "starting" and time.monotonic() >= w.deadline:  # its import hangs
+                        self._load_failed(i, f"it did not finish loading within {self.load_retry_s:g} s")
+                        if self.failed is not None:
+                            break
         except Exception:  # a dead dispatcher would leave futures hanging: log, cancel them
             log.exception("reward pool dispatcher failed; pending reward calls are cancelled")
         finally:

@@ -13,7 +13,7 @@ import pytest
 from rlctl.rl.reward import RewardPool, RewardResult, call_reward, check_result, digits, exact_match, load_reward
 
 USER_FILE = """
-import os, subprocess, threading
+import os, subprocess, threading, time
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if solution_str in ("spawn", "spawn_and_return"):  # a code-execution reward's child programs
@@ -23,6 +23,16 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         os.replace(extra_info["pids"] + ".tmp", extra_info["pids"])
         if solution_str == "spawn_and_return":
             return 1.0  # its children left running
+        threading.Event().wait()
+    if solution_str in ("daemon", "daemon_and_return"):  # a daemon out of the worker's group and session, orphaned
+        marker = extra_info["marker"]
+        subprocess.run(["bash", "-c", f"setsid bash -c 'exec -a {marker} sleep 600' </dev/null >/dev/null 2>&1 &"])
+        pid = _named(marker)
+        with open(extra_info["pids"] + ".tmp", "w") as f:
+            f.write(str(pid))
+        os.replace(extra_info["pids"] + ".tmp", extra_info["pids"])
+        if solution_str == "daemon_and_return":
+            return 1.0
         threading.Event().wait()
     if solution_str == "big":
         return {"score": 1.0, "n_steps": 10**400}  # an exact count past a float's range
@@ -39,6 +49,16 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if solution_str == "extra":
         return float(extra_info["bonus"])
     return float(solution_str == ground_truth)
+
+def _named(marker):  # the pid of the process whose argv[0] is `marker`, once it has exec'd
+    while True:
+        for name in os.listdir("/proc"):
+            try:
+                if name.isdigit() and open(f"/proc/{name}/cmdline", "rb").read().split(bytes(1))[0] == marker.encode():
+                    return int(name)
+            except OSError:
+                pass
+        time.sleep(0.01)
 
 def three_args(data_source, solution_str, ground_truth):
     return 2.0
@@ -196,10 +216,18 @@ def test_submit_from_another_thread_and_close_cancels(rewards_dir: Path) -> None
         pool.submit("late", "d", "a", "a")
 
 
-def test_broken_spec_fails_in_the_caller(tmp_path: Path) -> None:
+def test_broken_spec_fails_in_the_caller_or_the_first_start(tmp_path: Path) -> None:
+    """In-line, the caller loads the function: a broken one raises there. With workers, the caller imports no user
+    module (an import that hangs there could not be bounded): the first start's failure fails the pool."""
     (tmp_path / "r.py").write_text("raise ImportError('needs sympy')\n")
     with pytest.raises(ValueError, match=r"r\.py: cannot import: ImportError: needs sympy"):
-        RewardPool("r.py:f", base_dir=tmp_path, workers=1)
+        RewardPool("r.py:f", base_dir=tmp_path, workers=0)
+    with pytest.raises(ValueError, match=r"unknown built-in reward 'exact'"):  # a built-in's name: no user code
+        RewardPool("exact", base_dir=tmp_path, workers=1)
+    with RewardPool("r.py:f", base_dir=tmp_path, workers=1) as pool:
+        with pytest.raises(CancelledError):
+            pool.score("s0", "d", "a", "a")
+        assert pool.failed == "a reward worker cannot load r.py:f: r.py: cannot import: ImportError: needs sympy"
 
 
 def test_a_hung_call_holds_only_its_own_worker(rewards_dir: Path) -> None:
@@ -335,7 +363,7 @@ from pathlib import Path
 from rlctl.rl.reward import RewardPool
 
 pool = RewardPool("rewards/mine.py:compute_score", base_dir=Path(sys.argv[1]), workers=1, timeout_s=600.0)
-pool.submit("s0", "d", "spawn", "a", {"pids": sys.argv[2]})
+pool.submit("s0", "d", sys.argv[3], "a", {"pids": sys.argv[2], "marker": sys.argv[4]})
 while not Path(sys.argv[2]).exists():
     time.sleep(0.05)
 print(pool._workers[0].proc.pid, flush=True)
@@ -352,7 +380,7 @@ def test_a_worker_and_its_calls_programs_die_with_the_process_that_started_the_p
 
     pids = rewards_dir / "pids"
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(rewards_dir), str(pids)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", OWNER, str(rewards_dir), str(pids), "spawn", "-"], stdout=subprocess.PIPE, text=True
     )
     try:
         assert owner.stdout is not None
@@ -445,3 +473,127 @@ def test_a_function_no_worker_of_the_first_start_can_load_fails_the_pool(tmp_pat
             call.result(timeout=30.0)
         assert pool.failed == "a reward worker cannot load r.py:f: r.py: cannot import: ImportError: only in the caller"
         assert pool.stats.load_failures == 1
+
+
+def _named(marker: str) -> list[int]:
+    """The live processes whose argv[0] is `marker`."""
+    found = []
+    for name in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if name.isdigit() and Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")[0] == marker.encode():
+                found.append(int(name))
+    return [p for p in found if _alive(p)]
+
+
+@linux_only
+@pytest.mark.parametrize("when", ["timeout", "close"])
+def test_a_double_forked_daemon_dies_with_its_worker(rewards_dir: Path, when: str) -> None:
+    """A reward starts `setsid … &` from a shell that exits at once: a daemon outside the worker's group and session
+    whose parent is gone (it once went to init, out of every kill's reach, one per call). Its worker adopts it
+    (a subreaper), so the worker's timeout kills it, and so does the pool's close when the call returned."""
+    marker = f"rlctl-test-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    pids = rewards_dir / "pids"
+    extra = {"marker": marker, "pids": str(pids)}
+    try:
+        with RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=1, timeout_s=5.0) as pool:
+            if when == "timeout":
+                assert pool.score("s0", "d", "daemon", "a", extra).outcome == "timeout"
+                assert _pids(pids) and _still_alive(_pids(pids)) == [] and _named(marker) == []
+                assert pool.score("s1", "d", "a", "a").ok  # the replacement answers
+            else:
+                assert pool.score("s0", "d", "daemon_and_return", "a", extra).ok
+                assert _named(marker) == _pids(pids)  # running on after the call returned
+        assert _still_alive(_pids(pids)) == [] and _named(marker) == []
+    finally:  # the test's own cleanup, should the daemon have escaped
+        for pid in _named(marker):
+            os.kill(pid, 9)
+
+
+HANGING_FILE = """
+import threading
+from pathlib import Path
+
+HERE = Path(__file__).parent
+if (HERE / "hang").exists():  # an import that never ends: a network mount not answering, a lock never released
+    (HERE / "loading").touch()
+    threading.Event().wait()
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "hang":
+        threading.Event().wait()
+    return float(solution_str == ground_truth)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_first_start_that_does_not_finish_loading_fails_the_pool(tmp_path: Path) -> None:
+    """The module's import hangs at the pool's first start: past `load_retry_s` the pool fails, a config error
+    naming the function, and its calls are cancelled (the pool, and the controller in it, once waited for ever)."""
+    (tmp_path / "slow.py").write_text(HANGING_FILE)
+    (tmp_path / "hang").touch()
+    with RewardPool("slow.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=1.0, load_retry_s=1.0) as pool:
+        call = pool.submit("s0", "d", "a", "a")
+        with pytest.raises(CancelledError):
+            call.result(timeout=30.0)
+        assert pool.failed == "a reward worker cannot load slow.py:compute_score: it did not finish loading within 1 s"
+        assert pool.stats.load_failures == 1
+
+
+@pytest.mark.parametrize(("passes", "load_retry_s"), [(True, 3.0), (False, 1.5)])
+def test_a_replacement_that_does_not_finish_loading_is_a_failed_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, passes: bool, load_retry_s: float
+) -> None:
+    """A replacement's import hangs: past `load_retry_s` it is a failed start (killed, started again after its
+    backoff); the calls are scored once the hang passes, and the pool fails once it has lasted `load_retry_s`
+    (the replacement once held its slot for ever: the calls waited and no failure was counted). When it passes, the
+    start after the backoff (1 s) loads within the 2 s left of `load_retry_s`."""
+    caplog.set_level(logging.ERROR, logger="rlctl.rl.reward")
+    (tmp_path / "slow.py").write_text(HANGING_FILE)
+    with RewardPool(
+        "slow.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=1.0, on_error=-1.0, load_retry_s=load_retry_s
+    ) as pool:
+        assert pool.score("s0", "d", "a", "a").ok
+        (tmp_path / "hang").touch()
+        assert pool.score("hung", "d", "hang", "a").outcome == "timeout"  # its replacement hangs loading
+        waiting = pool.submit("s1", "d", "a", "a")
+        deadline = time.monotonic() + 30.0
+        while not pool.stats.load_failures and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.stats.load_failures >= 1  # the hung start counted as failed
+        if passes:
+            (tmp_path / "hang").unlink()
+            assert waiting.result(timeout=30.0) == RewardResult(1.0)
+            assert pool.failed is None and pool.stats.errors == 0
+        else:
+            with pytest.raises(CancelledError):
+                waiting.result(timeout=30.0)
+            assert pool.failed is not None and pool.failed.startswith("no reward worker could load slow.py:")
+            assert pool.failed.endswith(f"the last error: it did not finish loading within {load_retry_s:g} s")
+    assert (
+        f"it did not finish loading within {load_retry_s:g} s; starting it again in 1 s (1 failed start(s) in a row)"
+        in caplog.text
+    )
+
+
+@linux_only
+def test_a_double_forked_daemon_dies_with_the_process_that_started_the_pool(rewards_dir: Path) -> None:
+    """… and so does a double-forked daemon its call started (adopted by the worker, in a session of its own)."""
+    import subprocess
+
+    marker = f"rlctl-test-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    pids = rewards_dir / "pids"
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(rewards_dir), str(pids), "daemon", marker], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        try:
+            assert owner.stdout is not None
+            worker = int(owner.stdout.readline())
+            assert _alive(worker) and _named(marker) == _pids(pids)
+        finally:
+            owner.kill()
+            owner.wait()
+        assert _still_alive([worker, *_pids(pids)]) == [] and _named(marker) == []
+    finally:  # the test's own cleanup, should the daemon have escaped
+        for pid in _named(marker):
+            os.kill(pid, 9)
