@@ -147,7 +147,8 @@ def resources_for(job: JobFile, role: str, site: Site, *, tasks: int, gpus: int 
     `threads_for`) and host memory (the inventory's nodes' `cpus` and `memory_gb`, shared among their slots)."""
     threads = threads_for(job, role, cpus_per_slot=site.cpus_per_slot(), slots=gpus)
     mem = site.memory_per_slot_gb()
-    return Resources(tasks, gpus, threads, None if mem is None else int(mem * gpus * 1024))
+    # the inventory says GB (10^9 bytes, as preflight reads it); SLURM counts memory in MiB
+    return Resources(tasks, gpus, threads, None if mem is None else int(mem * gpus * 1e9 / 2**20))
 
 
 def rollout_agent(

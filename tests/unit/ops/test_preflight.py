@@ -775,9 +775,12 @@ def test_slurm_agents_ask_for_their_slots_cores_and_memory(tmp_path: Path) -> No
     job = load(tmp_path, inventory=[inv], placement=placement)
     plan = counts.plan_counts(job, job.spec)
     (trainer,) = [a for a in layout(plan, job.inventory.sites, job.spec) if a.role == "trainer"]
-    assert (trainer.resources.cpus_per_task, trainer.resources.mem_mb_per_task) == (8, 32 * 1024)
+    # 64 GB (10^9 bytes, as preflight reads memory_gb) for 2 slots: 32 GB each, in SLURM's MiB; never more than
+    # the node has (it refuses or never schedules that)
+    assert (trainer.resources.cpus_per_task, trainer.resources.mem_mb_per_task) == (8, 30517)
     res = SlurmResources.for_spec(trainer.resources, slots_per_node=2, gpu_request="none")
-    assert (res.cpus_per_task, res.mem_per_cpu_mb) == (8, 4 * 1024)
+    assert (res.cpus_per_task, res.mem_per_cpu_mb) == (8, 3814)
+    assert 2 * res.cpus_per_task * res.mem_per_cpu_mb * 2**20 <= 64e9
 
 
 def test_a_listen_address_this_machine_does_not_have_is_refused_for_its_local_sites(tmp_path: Path) -> None:
