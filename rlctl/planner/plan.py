@@ -74,16 +74,20 @@ class PlanOptions:
 
 
 def length_model(job: Job) -> LengthModel:
+    """The output lengths the plan sizes for. Lengths that grow (`growth_per_iteration`) are taken at the job's
+    middle iteration: one allocation serves the whole run, and with linear growth that is its mean workload."""
     task = job.spec.task
+    middle = (job.spec.iterations - 1) / 2
     if isinstance(task, LengthsTask):
-        return LengthModel.of(task)
+        return LengthModel.of(task).at_iteration(middle)
     if isinstance(task, DatasetTask):
         # a prior until the job measures its own lengths (the controller's ranker refits online): outputs
         # lognormal around a quarter of the cap, prompts at half their limit
         cap = task.max_output_tokens
         return LengthModel(max(1.0, cap / 4), 0.8, cap, max(1, task.max_prompt_tokens // 2))
     prompt = (task.num_digits_min + task.num_digits_max) // 2 + 1
-    return LengthModel(task.median_output_tokens, task.sigma, task.max_output_tokens, prompt)
+    lm = LengthModel(task.median_output_tokens, task.sigma, task.max_output_tokens, prompt, task.growth_per_iteration)
+    return lm.at_iteration(middle)
 
 
 def profile_for(

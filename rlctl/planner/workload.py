@@ -44,9 +44,11 @@ class LengthModel:
             self.growth_per_iteration,
         )
 
-    def at_iteration(self, i: int) -> LengthModel:
-        f = (1.0 + self.growth_per_iteration) ** i
-        return LengthModel(self.median * f, self.sigma, max(1, round(self.cap * f)), self.prompt_tokens, 0.0)
+    def at_iteration(self, i: float) -> LengthModel:
+        """The lengths of RL iteration `i` as the tasks grow them: median × (1 + growth × i), the cap kept (the
+        job's max_output_tokens still ends every generation)."""
+        f = 1.0 + self.growth_per_iteration * i
+        return LengthModel(self.median * f, self.sigma, self.cap, self.prompt_tokens, 0.0)
 
     def sample(self, num_prompts: int, samples_per_prompt: int, rng: np.random.Generator) -> np.ndarray:
         """Output lengths, prompt-major (samples of prompt p at p·k … p·k + k − 1), ints in [1, cap]."""

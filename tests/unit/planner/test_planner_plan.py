@@ -528,3 +528,22 @@ def test_auto_rollout_sites_of_different_gpus_get_the_split_that_finishes_soones
     best = min(_split_s(curves, {"r20": g, "r100": total - g}) for g in range(max(0, total - 16), min(16, total) + 1))
     assert _split_s(curves, chosen) == pytest.approx(best, rel=1e-9), chosen
     assert chosen["r20"] > 0
+
+
+def test_growing_lengths_are_planned_at_the_runs_middle_iteration(tmp_path: Path) -> None:
+    """Linear growth (median × (1 + growth × i), the cap kept): 21 iterations at 0.1 are planned at iteration 10,
+    twice the median; a job whose lengths grow needs more rollout than one whose lengths stay."""
+    path = write_job(tmp_path, rollout=[{"site": "r20", "gpus": "auto"}], links=LINKS)
+    data = yaml.safe_load(path.read_text())
+
+    def plan(growth: float) -> tuple[Any, dict[str, Any]]:
+        data["iterations"] = 21
+        data["task"]["growth_per_iteration"] = growth
+        path.write_text(yaml.safe_dump(data))
+        job = load_job(path)
+        return planner.length_model(job), make_plan(job)
+
+    (flat, flat_plan), (grown, grown_plan) = plan(0.0), plan(0.1)
+    assert (flat.median, flat.cap) == (700, 5000)
+    assert (grown.median, grown.cap) == pytest.approx((1400, 5000))
+    assert grown_plan["predicted"]["t_gen_s"] > flat_plan["predicted"]["t_gen_s"]  # the tail, at the cap, the same
