@@ -80,6 +80,14 @@ def checkpoints_held(job: JobFile) -> int:
     return written if keep == 0 else min(written, keep + 1)
 
 
+def checkpoints_set_aside(job: JobFile) -> int:
+    """The most sealed checkpoints of `job` in `checkpoints/abandoned/` at once, beside `checkpoints_held`: the ones
+    resumes passed over (`rlctl.checkpoint.files.set_aside_newer`), of which the `checkpoint.keep` set aside last
+    stay there — whatever the job writes, as each resume sets aside its own copy of a version. With keep 0 every one
+    stays, and how many resumes will pass over is not known up front: 0 counted (the caller says so)."""
+    return job.checkpoint.keep
+
+
 def verified_manifest(
     files: HostFiles, ckpt: str, part: str, *, only: Callable[[str], bool] | None = None
 ) -> dict[str, Any]:

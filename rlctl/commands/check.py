@@ -104,7 +104,7 @@ def staged_model_bytes(spec: JobFile) -> float:
 def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[HostReport]]:
     """What stops `job`: its file's problems (`preflight.problems`), then each site's hosts' (`siteprobe`), asked
     for the roles the job places there; one line each. And what each host answered."""
-    from rlctl.checkpoint.choose import checkpoint_bytes, checkpoints_held
+    from rlctl.checkpoint.choose import checkpoint_bytes, checkpoints_held, checkpoints_set_aside
     from rlctl.launch.siteprobe import (
         controller_reach_problems,
         disk_problem,
@@ -121,11 +121,18 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
         roles.setdefault(r.site, set()).add("rollout")
     roles.setdefault(spec.placement.controller_site or spec.placement.trainer.site, set()).add("controller")
     model = staged_model_bytes(spec) + 1e9  # the staged model (+ the job's files and logs)
-    held, each = checkpoints_held(spec), checkpoint_bytes(spec)
+    # the checkpoints in iter-* and the sealed ones resumes set aside in abandoned/, which keep bounds too
+    aside, each = checkpoints_set_aside(spec), checkpoint_bytes(spec)
+    held = checkpoints_held(spec) + aside
     trainer_site = spec.placement.trainer.site
+    abandoned = (
+        f"{aside} of them set aside by a resume in checkpoints/abandoned/"
+        if aside
+        else "not counting those a resume sets aside in checkpoints/abandoned/, which keep 0 does not bound"
+    )
     checkpoints = (
         f"the staged model {model / 1e9:.1f} GB and {held} checkpoint(s) of {each / 1e9:.1f} GB "
-        f"(fp32 weights and AdamW state); checkpoint.keep sets how many are kept"
+        f"(fp32 weights and AdamW state; {abandoned}); checkpoint.keep sets how many are kept"
     )
     answered: list[HostReport] = []
     with ThreadPoolExecutor(max_workers=len(roles)) as pool:

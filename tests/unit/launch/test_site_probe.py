@@ -215,7 +215,8 @@ def test_the_controllers_site_is_asked_whether_it_reaches_the_rollout_sites(
 
 def test_check_sizes_the_trainer_sites_need_by_the_checkpoints_it_keeps(monkeypatch) -> None:
     """`check --reach`: every site needs room for the staged model; the trainer's site also for the checkpoints
-    it will hold at once (all of them with checkpoint.keep 0), and the line says so."""
+    it will hold at once (all of them with checkpoint.keep 0; else keep + 1, and the keep sealed ones resumes set
+    aside in checkpoints/abandoned/), and the line says so."""
     from rlctl.commands import check
     from rlctl.config.job import Job, load_job
 
@@ -227,8 +228,16 @@ def test_check_sizes_the_trainer_sites_need_by_the_checkpoints_it_keeps(monkeypa
     )
     (line,) = check.job_problem_lines(job, timeout_s=1.0)[0]
     assert line.startswith("site local host h1:") and "15 checkpoint(s) of" in line and "checkpoint.keep" in line
-    kept = job.spec.model_copy(update={"checkpoint": Checkpoint(every_iterations=20, keep=2)})
-    assert check.job_problem_lines(Job(kept, job.inventory, job.path), timeout_s=1.0)[0] == []  # 3 held
+    assert "not counting those a resume sets aside in checkpoints/abandoned/, which keep 0 does not bound" in line
+    kept = Job(
+        job.spec.model_copy(update={"checkpoint": Checkpoint(every_iterations=20, keep=2)}), job.inventory, job.path
+    )
+    # keep 2: 3 in iter-* (the newest while it is written) and 2 set aside: room for 3 is short
+    (line,) = check.job_problem_lines(kept, timeout_s=1.0)[0]
+    assert "5 checkpoint(s) of" in line and "2 of them set aside by a resume in checkpoints/abandoned/" in line
+    more = GOOD | {"free_bytes": free + 2 * each}
+    monkeypatch.setattr(siteprobe, "probe_site_hosts", lambda name, site, **kw: [HostReport(name, "h1", more)])
+    assert check.job_problem_lines(kept, timeout_s=1.0)[0] == []  # room for 5
 
 
 def test_check_sizes_a_checkpoint_started_model_by_its_weight_files(monkeypatch, tmp_path: Path) -> None:

@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from rlctl.checkpoint.choose import checkpoint_bytes, checkpoint_versions, checkpoints_held, manifest_name, parse_latest
+from rlctl.checkpoint.choose import (
+    checkpoint_bytes,
+    checkpoint_versions,
+    checkpoints_held,
+    checkpoints_set_aside,
+    manifest_name,
+    parse_latest,
+)
 from rlctl.checkpoint.files import manifest_path, set_aside_newer, set_latest, write_part
 from rlctl.config.inventory import Site
 from rlctl.config.job import Checkpoint, JobFile, PpoAlgorithm
@@ -346,6 +353,11 @@ def test_the_checkpoints_a_job_holds_at_once_and_their_size() -> None:
     assert checkpoints_held(spec(9, 0)) == 1  # only at the end
     kept = spec(30, 3).model_copy(update={"checkpoint": Checkpoint(every_iterations=3, keep=2)})
     assert checkpoints_held(kept) == 3  # two kept, and the newest while it is written
+    # and beside them, in checkpoints/abandoned/, the two sealed ones set aside last by resumes (keep bounds them
+    # too), however few the job writes: each resume sets aside its own copy
+    once = spec(9, 0).model_copy(update={"checkpoint": Checkpoint(every_iterations=0, keep=2)})
+    assert checkpoints_set_aside(kept) == checkpoints_set_aside(once) == 2
+    assert checkpoints_set_aside(spec(9, 3)) == 0  # keep 0 bounds nothing: not counted (check's line says so)
     grpo = spec()
     ppo = grpo.model_copy(update={"algorithm": PpoAlgorithm(kind="ppo")})
     params = grpo.model.arch.params
