@@ -7,7 +7,8 @@
     ├── PartialFailure              exit 3  some sites / agents failed, the rest answered
     ├── PlanError                   exit 1  no feasible allocation for the job
     ├── LaunchError                 exit 1  a backend could not start or stop agents
-    ├── Stopped                     exit 1  `rlctl stop` ended a run while its launcher started it
+    ├── Stopped                     exit 1  `rlctl stop` ended a run while its launcher started it, or killed
+    │                                       its controller past the grace (no summary)
     └── TransportError              exit 1  anything on the wire
         ├── PeerUnreachable                 connect refused / no route
         ├── PeerTimeout                     connect or read deadline passed
@@ -73,7 +74,8 @@ class LaunchError(RlctlError):
 
 
 class Stopped(RlctlError):
-    """The operator stopped the job (`rlctl stop`) while its launcher was starting a run: nothing of it runs."""
+    """The operator stopped the job (`rlctl stop`) while its launcher was starting a run, or killed its controller
+    past the stop's grace (it left no summary): nothing of the run runs."""
 
 
 class TransportError(RlctlError):

@@ -92,7 +92,8 @@ class Runs:
 
     def wait(self, *, on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Until the job ends for good: done, stopped, or failed with no resume due; the last run's summary (or
-        its LaunchError, when its controller exited without one)."""
+        its LaunchError, when its controller exited without one; Stopped, never resumed, when `rlctl stop` forced
+        that end)."""
         while True:
             assert self.run is not None
             try:

@@ -7,8 +7,9 @@ agents through a launch backend, watch the controller's status, stop everything.
            ─▶ controller on its site ─(its site's controller.json, read through the site)─▶
               trainer ranks, rollout units: --job-dir <their site's copy> --controller ADDR
         ─▶ JobRun.wait: status RPC every poll_s ─▶ on_progress(status) … controller exits
-           (lost without a summary: LaunchError naming `rlctl launch --resume JOB`; a trainer rank that ended
-           before the trainer joined: LaunchError naming the rank and its log's error line)
+           (lost without a summary: LaunchError naming `rlctl launch --resume JOB`, or Stopped after a `rlctl
+           stop` asked for the end, its forced part the controller's; a trainer rank that ended before the trainer
+           joined: LaunchError naming the rank and its log's error line)
         ─▶ the controller's record (summary, metrics, events) fetched to the operator's job dir
         ─▶ summary.json (+ wall_s) ;  JobRun.stop(): every agent, SIGTERM → grace → SIGKILL
 
@@ -519,7 +520,9 @@ class JobRun:
         """Until the controller exits; returns the job summary (summary.json + wall_s). A trainer rank that ends
         before the job's trainer joined the controller (it could not form its group, load the model, see its GPUs)
         ends the wait with a LaunchError naming it and its log's last lines: the controller would wait for it. A
-        site this machine cannot reach for a while does not end it: the job runs on there (`_watch`)."""
+        controller gone without a summary is a LaunchError too, or Stopped once `rlctl stop` asked for the end (its
+        forced part killed the controller past the grace). A site this machine cannot reach for a while does not
+        end it: the job runs on there (`_watch`)."""
         assert self.controller is not None
         trainers = [h for h in self.handles if h.spec.role == "trainer" and self._starting]
         next_check = time.monotonic() + TRAINER_POLL_S
@@ -548,6 +551,15 @@ class JobRun:
                     hint=f"`rlctl status {self.jobdir.path}` fetches it once the site answers",
                 ) from e
         found = run_summary(self.jobdir, self.run_id)
+        if found is None and stop_requested(self.jobdir, since=self.stop_since):
+            # `rlctl stop` killed the controller past its grace (its forced part): the operator's end, not a failure
+            # to resume from; exit 1 as for a graceful stop's `did not finish: stopped`
+            self._register("stopped", controller_exit=code)
+            raise Stopped(
+                f"job {self.id} was stopped by `rlctl stop` (forced: its controller ended with {exit_text(code)} "
+                f"after the stop request, without a summary; its log: {self.controller.spec.log_path})",
+                hint=f"continue it with `{self.resume_command()}`",
+            )
         if found is None:
             self._register("failed", controller_exit=code)
             log.warning("the end of %s:\n%s", self.controller.spec.log_path, self.log_tail("controller", 0))

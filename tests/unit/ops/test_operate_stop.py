@@ -5,6 +5,7 @@ controller past its grace ends the job `stopped`, whichever of the launcher and 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -18,8 +19,9 @@ import pytest
 from rlctl.commands import stop as stop_cli
 from rlctl.config import load_job
 from rlctl.config.inventory import Site
-from rlctl.errors import LaunchError
-from rlctl.launch.backends import write_sites
+from rlctl.errors import LaunchError, Stopped
+from rlctl.launch.backends import record_agent, write_sites
+from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.ssh import SshBackend
 from rlctl.ops import operate
@@ -169,8 +171,61 @@ def test_a_controller_killed_by_a_stop_ends_the_job_stopped_not_failed(
     monkeypatch.setattr(run, "_watch", lambda h: -9)  # SIGKILLed by the stop's forced part
     monkeypatch.setattr(run, "log_tail", lambda *a, **k: "")
     jd.event(STOP_REQUESTED)  # `rlctl stop`, first thing it does
-    with pytest.raises(LaunchError, match="without a summary"):
+    with pytest.raises(Stopped, match=r"stopped by `rlctl stop` \(forced: its controller ended with -9 \(SIGKILL\)"):
         run.wait(poll_s=0)
     assert db.get("j1").state == "stopped"
     assert not db.update("j1", state="stopped", only_from=("launching", "running"))  # the operator's, second
+    db.close()
+
+
+# a controller that outlives a graceful stop (it ignores SIGTERM; no controller.json: it never answers `shutdown`),
+# so that `rlctl stop` kills it past its grace; READY says the SIGTERM handler is set
+STUBBORN_CONTROLLER = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open(sys.argv[1], 'w'); time.sleep(600)"
+)
+
+
+def test_the_launcher_of_a_job_a_forced_stop_ended_says_it_was_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its line read "the controller exited with -9 (SIGKILL) without a summary" and named the resume as for a
+    # crash, while the index said stopped. A real launcher (`rlctl attach`, a process of its own, watches the
+    # recorded controller to its end as `launch` does) and a real `rlctl stop` (TERM, grace, KILL)
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("j", explicit=tmp_path / "j1")
+    jd.write_job(load_job(ROOT / "jobs" / "demo.yaml").spec, source="demo.yaml")
+    jd.write_json(jd.plan_json, {"controller_site": "local"})
+    local = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 1}]}
+    write_sites(jd.path, {"local": Site.model_validate(local)})
+    ready = tmp_path / "ready"
+    controller = subprocess.Popen([sys.executable, "-c", STUBBORN_CONTROLLER, str(ready)], start_new_session=True)
+    spec = AgentSpec("controller", 0, "local", [], log_path=jd.log("controller", 0))
+    record_agent(jd.path, AgentHandle(spec, {"pid": controller.pid, "pgid": controller.pid}, "local"))
+    db = JobDB()
+    db.put("j1", job_dir=str(jd.path), spec={"name": "j"})
+    db.update("j1", state="running")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "rlctl", "attach", str(jd.path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        deadline = time.monotonic() + 60  # a bound on the wait, not a timing assertion
+        while db.get("j1").info.get("launcher", {}).get("pid") != launcher.pid or not ready.exists():
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+            time.sleep(0.05)
+        out = operate.stop(JobRef("j1", jd, db.get("j1")), grace_s=0.2)
+        assert out["graceful"].startswith("controller did not answer") and out["agents"] == ["controller-0"]
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        for p in (launcher, controller):
+            p.kill()
+            p.wait()
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("rlctl: error: job j1 was stopped by `rlctl stop` (forced: its controller ended with "), err
+    assert "without a summary" in line and line.endswith("(hint: continue it with `rlctl launch --resume j1`)")
+    assert launcher.returncode == 1  # as for a graceful stop (`job … did not finish: stopped`)
+    assert db.get("j1").state == "stopped"
     db.close()
