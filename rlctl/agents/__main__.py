@@ -65,8 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     signal.signal(signal.SIGTERM, _on_sigterm)  # unwind `finally` blocks: stop peers, write files
 
-    import torch  # after argument parsing: `--help` stays fast
-
     from rlctl.agents.common import AgentContext
     from rlctl.launch.jobdir import JobDir
     from rlctl.transport import make_transport
@@ -75,9 +73,17 @@ def main(argv: list[str] | None = None) -> int:
         # the launcher's figure (its site's cores for the agent's GPU slots); else the job's, else 1
         launched = os.environ.get("OMP_NUM_THREADS")
         threads = int(launched) if launched else threads_for(JobDir(args.job_dir).read_job(), args.role)
-        torch.set_num_threads(threads)
-        torch.set_num_interop_threads(1)
-        log.info("torch threads %d (intra-op), 1 (inter-op)", threads)
+        if args.role == "controller":
+            # no torch before it listens (≈ 2.4 s of every start, which the launcher waits for before it starts the
+            # other agents): it loads with the first tensor frame, samples, and takes its threads from the variable
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+            log.info("torch threads %d (intra-op, once a sample loads it)", threads)
+        else:
+            import torch  # after argument parsing: `--help` stays fast
+
+            torch.set_num_threads(threads)
+            torch.set_num_interop_threads(1)
+            log.info("torch threads %d (intra-op), 1 (inter-op)", threads)
         if args.role == "controller":
             from rlctl.agents.controller import ControllerAgent
 

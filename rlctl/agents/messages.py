@@ -47,14 +47,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import msgspec
-import torch
 
 from rlctl.errors import ProtocolError
 from rlctl.transport import Connection, Message
 from rlctl.transport.framing import to_struct
+
+if TYPE_CHECKING:  # torch loads with a message's first tensor frame (`rlctl.transport.framing`), not with this module:
+    import torch  # the controller imports it (≈ 2.4 s) only once samples flow, after it listens
 
 log = logging.getLogger(__name__)
 
@@ -351,10 +353,15 @@ def recv_checked(conn: Connection, *, peer: str, kinds: Collection[str], timeout
             log.warning("dropped a malformed message: %s", e)
 
 
+def _layout(ts: list[torch.Tensor]) -> list[tuple[str, tuple[int, ...]]]:
+    """Each tensor's dtype, by name, and shape: what the checks compare, without importing torch here."""
+    return [(str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in ts]
+
+
 def _sample_tensors(output_tokens: int, pair: list[torch.Tensor]) -> str:
     """'' if `pair` is [output int32, logprobs float32], both 1-D of `output_tokens` elements."""
-    want = [(torch.int32, (output_tokens,)), (torch.float32, (output_tokens,))]
-    got = [(t.dtype, tuple(t.shape)) for t in pair]
+    want = [("int32", (output_tokens,)), ("float32", (output_tokens,))]
+    got = _layout(pair)
     return "" if got == want else f"tensors {got} do not match [int32, float32] of {output_tokens} tokens"
 
 
@@ -375,17 +382,17 @@ def _many_samples(h: Any, ts: list[torch.Tensor]) -> str:
 def _partial(h: Any, ts: list[torch.Tensor]) -> str:
     """'' if `ts` is int32 tokens, float32 log-probs and int32 versions, 1-D, as many as the parts count."""
     n = sum(p.count for p in h.parts)
-    want = [(torch.int32, (n,)), (torch.float32, (n,)), (torch.int32, (n,))]
-    got = [(t.dtype, tuple(t.shape)) for t in ts]
+    want = [("int32", (n,)), ("float32", (n,)), ("int32", (n,))]
+    got = _layout(ts)
     return "" if got == want else f"tensors {got} do not match [int32, float32, int32] of {n} tokens"
 
 
 def _evaluated(h: Any, ts: list[torch.Tensor]) -> str:
     if len(h.ids) != len(h.lengths):
         return f"{len(h.ids)} ids and {len(h.lengths)} lengths"
-    got = [(t.dtype, tuple(t.shape)) for t in ts]
+    got = _layout(ts)
     n = sum(h.lengths)
-    return "" if got == [(torch.int32, (n,))] else f"tensors {got} do not match [int32] of {n} tokens"
+    return "" if got == [("int32", (n,))] else f"tensors {got} do not match [int32] of {n} tokens"
 
 
 # Kinds that carry tensors, and the check of those tensors against the (converted) header.

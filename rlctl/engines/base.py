@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
-import torch
+if TYPE_CHECKING:  # the controller imports `Prefix` from here (rlctl.agents.trajectories), which needs no torch
+    import torch
 
 
 @dataclass

@@ -1,11 +1,14 @@
 """A rollout unit's start imports what generating needs and no more: not torch's compiler stack (torch._dynamo,
 sympy) nor DTensor (torch.distributed.tensor), which its model's construction on the meta device and the weight
-plane's FSDP checks pulled in — about 3 s of CPU per unit on 2 cores (every `scale +1`, every replacement)."""
+plane's FSDP checks pulled in — about 3 s of CPU per unit on 2 cores (every `scale +1`, every replacement). The
+controller starts without torch at all (it loads with the first sample's tensor frames, after it listens)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import ROOT
 
@@ -40,3 +43,64 @@ def test_a_model_built_empty_initialises_its_parameters_when_built_normally_agai
     b = TinyGPT(TinyGPTConfig())
     w, std = a.model.embed_tokens.weight, a.config.initializer_range
     assert torch.equal(w, b.model.embed_tokens.weight) and 0.5 * std < float(w.detach().std()) < 2 * std
+
+
+# the controller's modules, the agents' entry and the CLI's, imported in a fresh interpreter; a tensorless message
+# checked as the controller checks each it reads (`recv_checked`)
+CONTROLLER_IMPORTS = """
+import sys
+import rlctl.agents.controller, rlctl.agents.__main__, rlctl.cli
+from rlctl.agents.messages import check, make
+check(make("heartbeat", {"name": "rollout-0", "state": "running"}), peer="rollout-0", kinds=["heartbeat"])
+print("TORCH", "torch" in sys.modules)
+"""
+
+
+def test_the_controllers_modules_and_the_cli_entry_do_not_import_torch() -> None:
+    # rlctl.agents.messages (the protocol's tensor checks) and rlctl.engines.base (`Prefix`, for the ledger) imported
+    # torch: ≈ 2.4 s and ≈ 250 MB of every controller start, which the launcher waits for before the other agents
+    proc = subprocess.run(
+        [sys.executable, "-c", CONTROLLER_IMPORTS], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["TORCH", "False"], proc.stdout
+
+
+# `python -m rlctl.agents controller` up to its ControllerAgent (a stand-in that records what the process had then)
+CONTROLLER_MAIN = """
+import os, sys
+from pathlib import Path
+import rlctl.agents.controller as controller
+from rlctl.agents.__main__ import main
+from rlctl.config import load_job
+from rlctl.launch.jobdir import JobDir
+
+class Recorder:
+    def __init__(self, jobdir, job, transport, *, listen):
+        self.listen = listen
+
+    def run(self):
+        print("TORCH", "torch" in sys.modules, "THREADS", os.environ.get("OMP_NUM_THREADS"), "LISTEN", self.listen)
+        return 0
+
+controller.ControllerAgent = Recorder
+jd = JobDir.create("j", explicit=Path(sys.argv[1]))
+jd.write_job(load_job(Path("jobs/demo.yaml")).spec, source="demo.yaml")
+sys.exit(main(["controller", "--job-dir", str(jd.path), "--listen", "tcp://127.0.0.1:0"]))
+"""
+
+
+def test_the_controller_agent_starts_without_torch_and_leaves_its_threads_to_the_variable(tmp_path: Path) -> None:
+    # the agents' entry imported torch for every role to set its threads; the controller's come from
+    # OMP_NUM_THREADS when a sample loads torch (threads_for: 1)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    proc = subprocess.run(
+        [sys.executable, "-c", CONTROLLER_MAIN, str(tmp_path / "j1")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["TORCH", "False", "THREADS", "1", "LISTEN", "tcp://127.0.0.1:0"], proc.stdout
