@@ -15,7 +15,8 @@
 
 On a SLURM site SLURM places the ranks, `--ntasks-per-node` k of them on each of the job's nodes in order (block
 distribution): k a multiple of tp that divides the ranks, so every node is full and no group straddles two
-(`slurm_layout`: 12 ranks at tp 4 on 8-GPU nodes are 3 nodes × 4, not 2 × 6 with ranks 4-7 on both). The
+(`slurm_layout`: 12 ranks at tp 4 on 8-GPU nodes are 3 nodes × 4, not 2 × 6 with ranks 4-7 on both); at tp 1
+at most k = ⌈ranks / nodes⌉ on each, the nodes counted among those with k GPUs (9 ranks: 2 nodes of ≤ 5). The
 trainer's slots there are its ranks: SLURM gives the rest of those nodes to other jobs.
 
 The planner counts a trainer's GPU slots (`trainer_slots`) as the hosts it moved past plus its ranks on the last
@@ -51,19 +52,23 @@ def rollout_host_order(
 
 
 def slurm_layout(host_gpus: Sequence[int], ranks: int, *, tp: int, gpus_per_task: int = 1) -> tuple[int, int] | None:
-    """(nodes, tasks per node) of a SLURM job of `ranks` tasks on a site of nodes with `host_gpus` GPUs: at tp 1 as
-    few nodes as the largest node holds (any split keeps a rank whole); at tp > 1 the fewest nodes of k tasks each, k
-    a multiple of tp dividing the ranks, that many of the site's nodes holding k tasks (block distribution puts
-    tasks i·k … (i+1)·k − 1 on node i: each group on one node, the same every time). None: no such k."""
+    """(nodes, tasks per node) of a SLURM job of `ranks` tasks on a site of nodes with `host_gpus` GPUs: the fewest
+    nodes of at most k tasks each, k a multiple of tp, that many of the site's nodes holding k tasks (`--gres` asks
+    every node for k tasks' GPUs). At tp > 1 k divides the ranks: SLURM takes `--ntasks-per-node` as a maximum and
+    may split the tasks unevenly, and only full nodes keep block distribution's tasks i·k … (i+1)·k − 1, a whole
+    number of groups, on node i. At tp 1 any split keeps a rank whole: k = ⌈ranks / nodes⌉, the last node(s) may
+    hold fewer (9 ranks on 8-GPU nodes: 2 nodes of ≤ 5). None: no such k."""
     if ranks < 1:
         return 1, 1
-    cap = max(host_gpus, default=0) // max(1, gpus_per_task)
-    if tp <= 1:
-        nodes = -(-ranks // max(1, cap))
-        return nodes, -(-ranks // nodes)
+    slots = [g // max(1, gpus_per_task) for g in host_gpus]
+    cap = max(slots, default=0)
     for k in range(cap - cap % tp, 0, -tp):
-        if ranks % k == 0 and ranks // k <= sum(g // max(1, gpus_per_task) >= k for g in host_gpus):
-            return ranks // k, k
+        if tp > 1 and ranks % k:
+            continue
+        nodes = -(-ranks // k)
+        k = -(-ranks // nodes)  # as even as they go (17 on 8-GPU nodes: 3 of ≤ 6, not 8 + 8 + 1); at tp > 1 k itself
+        if nodes <= sum(s >= k for s in slots):
+            return nodes, k
     return None
 
 
@@ -83,7 +88,7 @@ def ranks_per_host(host_gpus: Sequence[int], ranks: int, *, tp: int, slurm: bool
         for i in fit:
             per[i] = min(k, left)
             left -= per[i]
-        return per
+        return per if left == 0 else None
     out, left = [], ranks
     for g in host_gpus:
         n = left if left < tp and left <= g else min(left, g // tp * tp)
@@ -120,6 +125,12 @@ def placement_error(site: str, host_gpus: Sequence[int], ranks: int, *, tp: int,
         return None
     if slurm and ranks_per_host(host_gpus, ranks, tp=tp) is not None:
         sizes = "/".join(map(str, sorted(set(host_gpus))))
+        if tp <= 1:
+            return (
+                f"site {site}: trainer {ranks} GPU(s) on SLURM ask n nodes for ⌈{ranks} / n⌉ ranks each (one "
+                f"--ntasks-per-node, as many GPUs on every node); its {len(host_gpus)} node(s) of {sizes} GPUs hold "
+                "no such n"
+            )
         per_node = [k for k in range(tp, ranks + 1, tp) if ranks % k == 0]
         return (
             f"site {site}: trainer {ranks} GPU(s) at tp {tp} on SLURM need as many ranks on each node, a multiple of "

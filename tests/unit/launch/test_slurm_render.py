@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rlctl.config.hostfill import placement_error, ranks_per_host, slurm_layout, trainer_slots
 from rlctl.config.inventory import Site, SlurmScheduler
 from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentSpec, Resources
@@ -156,6 +157,39 @@ def test_a_trainer_s_tp_groups_each_get_one_node(ranks: int, tp: int, node: int,
     on_node = {r: i for i, rs in enumerate(_block(res)) for r in rs}
     assert len(on_node) == ranks
     assert all(len({on_node[r] for r in range(g, g + tp)}) == 1 for g in range(0, ranks, tp))
+
+
+@pytest.mark.parametrize(
+    ("node_gpus", "ranks", "layout", "per_node"),
+    [([8, 8], 9, (2, 5), [5, 4]), ([8, 8, 8], 17, (3, 6), [6, 6, 5]), ([8, 4, 4], 12, (3, 4), [4, 4, 4])],
+)
+def test_a_tp_1_trainer_asks_for_nodes_that_hold_its_tasks_per_node(
+    node_gpus: list[int], ranks: int, layout: tuple[int, int], per_node: list[int]
+) -> None:
+    """At tp 1 as few nodes as hold ⌈ranks / nodes⌉ each, counted among the nodes that have that many GPUs: 12 on
+    nodes of 8, 4, 4 are 3 × 4 (2 × 6 asked for two nodes of 6 and the planner placed 6 ranks of the 12). The
+    planner's ranks per node are sbatch's, every rank placed."""
+    res = SlurmResources.for_spec(
+        Resources(tasks=ranks, gpus_per_task=1), slots_per_node=8, gpu_request="gres", node_gpus=node_gpus
+    )
+    assert (res.nodes, res.tasks_per_node, res.ntasks) == (*layout, ranks)
+    assert slurm_layout(node_gpus, ranks, tp=1) == layout
+    assert ranks_per_host(node_gpus, ranks, tp=1, slurm=True) == per_node
+    assert trainer_slots(node_gpus, ranks, tp=1, slurm=True) == (ranks, layout[0])
+
+
+@pytest.mark.parametrize(("node_gpus", "ranks"), [([8, 4], 10), ([8, 8], 20)])
+def test_a_tp_1_trainer_with_no_layout_on_the_site_s_nodes_is_refused(node_gpus: list[int], ranks: int) -> None:
+    """10 ranks on nodes of 8 and 4: 2 nodes of 5 need two of 5 GPUs (sbatch asked for them: a job that never
+    starts, and the planner priced 5 ranks of the 10); 20 on two 8-GPU nodes do not fit. Refused by check, plan and
+    launch alike."""
+    assert slurm_layout(node_gpus, ranks, tp=1) is None
+    assert ranks_per_host(node_gpus, ranks, tp=1, slurm=True) is None
+    assert placement_error("s", node_gpus, ranks, tp=1, slurm=True) is not None
+    with pytest.raises(LaunchError, match=f"site s: trainer {ranks} GPU"):
+        SlurmResources.for_spec(
+            Resources(tasks=ranks, gpus_per_task=1), slots_per_node=8, gpu_request="gres", node_gpus=node_gpus, site="s"
+        )
 
 
 def test_a_trainer_whose_tp_groups_have_no_even_layout_on_the_site_s_nodes_is_refused() -> None:
