@@ -352,7 +352,9 @@ def make_plan(
     search: dict[str, Any] | None = None
     search_rollout = any(f is None for f in r_fixed.values())  # the fixed sites hold their counts throughout
     stages = Stages(job, lm, gcurves, tcurve, tw, budgets, fill, opts)
-    if rule == "simulated" and spec.pipeline.mode == "async" and shared and t_fixed is None and r_fixed[t_site] is None:
+    # a fixed trainer count searches the same splits: every point of its curve holds exactly its ranks
+    # (`_trainer_curve`), the fastest within n − x is the split it runs beside x rollout GPUs
+    if rule == "simulated" and spec.pipeline.mode == "async" and shared and r_fixed[t_site] is None:
         chosen, search = _simulated_split(
             stages, t_site=t_site, streamed_fraction=tcost["streamed_fraction"], seeds=(choice.x, base.x)
         )

@@ -151,6 +151,21 @@ def test_the_simulated_rule_splits_a_shared_site_no_slower_than_algorithm_1_or_a
         assert best <= fixed["predicted"]["iteration_s"]["async"] * (1 + 1e-9)
 
 
+def test_a_fixed_trainer_count_on_a_shared_async_site_gets_the_simulated_split_search(tmp_path: Path) -> None:
+    """4 trainer ranks fixed on the site rollout shares: the rollout count comes from the same simulated search as
+    an `auto` trainer's, over that count's curve (Algorithm 1 gave 28 rollout GPUs at 23.66 s of simulated async
+    iteration; the search finds 8 at 18.19 s), and the plan is no slower than Algorithm 1's split simulated alike."""
+    plan = _async_s(tmp_path, {"site": "trn"}, "simulated", trainer_gpus=4)
+    assert plan["rule_applied"] == "simulated" and plan["search"]["kind"] == "shared_site"
+    evaluated = plan["search"]["evaluated"]
+    assert {e["trainer_gpus"] for e in evaluated} == {4} and _used(plan, "trainer") == 4
+    best = plan["predicted"]["iteration_s"]["async"]
+    assert best == pytest.approx(min(e["iteration_s"] for e in evaluated))
+    paper = plan["alternatives"]["paper"]
+    fixed = _async_s(tmp_path, {"site": "trn", "gpus": paper["rollout_gpus"]}, "simulated", trainer_gpus=4)
+    assert best < fixed["predicted"]["iteration_s"]["async"] * (1 - 0.1)
+
+
 @pytest.mark.parametrize("mode", ["sync", "stream"])
 def test_the_simulated_rule_is_algorithm_1_outside_async(tmp_path: Path, mode: str) -> None:
     job = load_job(write_job(tmp_path, rollout=[{"site": "trn"}], links=[], rule="simulated", mode=mode))
