@@ -21,7 +21,8 @@ trainer's slots there are its ranks: SLURM gives the rest of those nodes to othe
 
 The planner counts a trainer's GPU slots (`trainer_slots`) as the hosts it moved past plus its ranks on the last
 one, so that x rollout GPUs are the first x slots of `rollout_host_order`: the launcher puts units exactly there.
-A host too small for one tp group (the job's trainer.tensor_parallel) is the rollout's, first in its order: hosts
+A host too small for one tp group (the plan's trainer tp: the job's trainer.tensor_parallel, or the split the planner
+chose, priced at its own tp's order) is the rollout's, first in its order: hosts
 [2, 8] with 8 ranks at tp 4 on the second leave the first's 2 GPUs to the rollout, and units go there.
 """
 
@@ -43,7 +44,8 @@ def rollout_host_order(
     """`hosts` (inventory order) in the order rollout units fill them: from the last where the trainer shares the
     site (its ranks fill the first hosts, `ranks_per_host`), so that neither waits on the other's GPUs; there the
     hosts of fewer `gpus` than the trainer's tp come first (its groups pass over them whole: they are the
-    rollout's, `trainer_slots`). `trainer_tp`: the job's trainer.tensor_parallel (1 where the planner chooses it)."""
+    rollout's, `trainer_slots`). `trainer_tp`: the plan's trainer tp (the job's trainer.tensor_parallel, or the
+    planner's choice)."""
     if not shares_trainer:
         return list(hosts)
     sizes = list(gpus) if gpus is not None else [trainer_tp] * len(hosts)

@@ -33,7 +33,7 @@ class GpuPool:
     """Free GPU ids per host of one site."""
 
     def __init__(self, site_name: str, site: Site, *, shares_trainer: bool = False, trainer_tp: int = 1) -> None:
-        """`trainer_tp`: the job's trainer.tensor_parallel where the trainer shares the site (hosts too small for
+        """`trainer_tp`: the plan's trainer tp where the trainer shares the site (hosts too small for
         one of its groups are the rollout's first, `hostfill.rollout_host_order`, as the planner prices them)."""
         self.site_name = site_name
         self.hosts = [h for h, _ in site.hosts]

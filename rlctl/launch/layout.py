@@ -110,7 +110,7 @@ def layout(plan: dict[str, Any], sites: dict[str, Site], job: JobFile) -> list[P
     t = plan["trainer"]
     ranks, t_site = int(t["ranks"]), str(t["site"])
     pools = {
-        n: GpuPool(n, s, shares_trainer=n == t_site, trainer_tp=order_tp(job))
+        n: GpuPool(n, s, shares_trainer=n == t_site, trainer_tp=order_tp(plan, job))
         for n, s in sites.items()
         if uses_slices(s)
     }
@@ -136,9 +136,12 @@ def layout(plan: dict[str, Any], sites: dict[str, Site], job: JobFile) -> list[P
     return out
 
 
-def order_tp(job: JobFile) -> int:
-    """The trainer's tp the rollout's host order follows (`hostfill.rollout_host_order`): the job's
-    trainer.tensor_parallel, as the planner prices it; 1 where the planner chooses the split."""
+def order_tp(plan: dict[str, Any], job: JobFile) -> int:
+    """The trainer's tp the rollout's host order follows (`hostfill.rollout_host_order`): the plan's (the job's
+    trainer.tensor_parallel, or the planner's choice where the job leaves it out: the planner prices each split
+    with its own tp's order), the job's without a plan."""
+    if plan and plan.get("trainer"):
+        return trainer_parallel(plan).tp
     return (job.trainer.model_split or (1, 1))[0]
 
 

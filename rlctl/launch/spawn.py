@@ -149,7 +149,7 @@ class Spawner:
         self, site: str, plan: dict[str, Any], job: JobFile, recorded: list[AgentHandle], *, exited: set[str]
     ) -> GpuPool:
         t_site = plan["trainer"]["site"] if plan else job.placement.trainer.site
-        pool = GpuPool(site, self.sites[site], shares_trainer=site == t_site, trainer_tp=order_tp(job))
+        pool = GpuPool(site, self.sites[site], shares_trainer=site == t_site, trainer_tp=order_tp(plan, job))
         names = {h.spec.name for h in recorded}
         for h in recorded:
             if h.spec.gpu_slice is not None and h.spec.name not in exited:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -71,6 +71,9 @@ class PlanOptions:
     # how the trainer runs the job's algorithm (epochs, mini-batches, recomputation, an old log-prob
     # pass); default rlctl's trainer. `reference` always comes from the job (kl_coef > 0).
     trainer: TrainingPasses = field(default_factory=TrainingPasses)
+    # the trainer tp whose passed-over hosts the rollout fills first on a site they share
+    # (`hostfill.rollout_host_order`); None: the job's trainer.tensor_parallel, else `make_plan` plans each tp class
+    trainer_order_tp: int | None = None
 
 
 def length_model(job: Job) -> LengthModel:
@@ -194,10 +197,36 @@ def _rollout_hosts(site: Site, *, shared: bool, trainer_tp: int = 1) -> list[int
     return rollout_host_order(gpus, shares_trainer=shared, gpus=gpus, trainer_tp=trainer_tp)
 
 
-def _order_tp(job: Job) -> int:
-    """The trainer tp the rollout's host order follows: the job's trainer.tensor_parallel, 1 where the planner
-    chooses it (`launch.layout.order_tp`, the same rule)."""
+def _order_tp(job: Job, opts: PlanOptions) -> int:
+    """The trainer tp the rollout's host order follows: the job's trainer.tensor_parallel, else the tp class
+    `make_plan` plans (`_tp_classes`); the launch follows the plan's tp (`launch.layout.order_tp`)."""
+    if opts.trainer_order_tp is not None:
+        return opts.trainer_order_tp
     return (job.spec.trainer.model_split or (1, 1))[0]
+
+
+def _tp_classes(job: Job, prof: ProfileFile) -> list[list[int]]:
+    """The profile's trainer tps grouped by the rollout host order each gives on a site the trainer shares
+    (`hostfill.rollout_host_order`: a host of fewer GPUs than tp is the rollout's first): where the planner chooses
+    the tp, a split is priced with its own tp's order, as the launch places it, and `make_plan` plans each order.
+    One class where the job sets trainer.tensor_parallel, the trainer has its site to itself or every host holds
+    every tp's groups."""
+    spec = job.spec
+    t_site = spec.placement.trainer.site
+    if spec.trainer.model_split is not None or t_site not in {r.site for r in spec.placement.rollout}:
+        return [[(spec.trainer.model_split or (1, 1))[0]]]
+    hosts = [g for _, g in job.inventory.sites[t_site].hosts]
+    classes: dict[tuple[bool, ...], list[int]] = {}
+    for tp in sorted({e.tp for e in prof.sites[t_site].training if e.tp <= max(hosts, default=0)}):
+        classes.setdefault(tuple(g < tp for g in hosts), []).append(tp)
+    return list(classes.values()) or [[1]]
+
+
+def _with_trainer_tps(prof: ProfileFile, site: str, tps: list[int]) -> ProfileFile:
+    """The profile with only the training entries of `site` at `tps`."""
+    mine = prof.sites[site]
+    only = mine.model_copy(update={"training": [e for e in mine.training if e.tp in tps]})
+    return prof.model_copy(update={"sites": {**prof.sites, site: only}})
 
 
 def _hosts_spanned(host_gpus: list[int], gpus: int) -> int:
@@ -220,7 +249,7 @@ PLACE_HINT = (
 
 
 def _trainer_curve(
-    job: Job, prof: ProfileFile, tw: TrainWorkload, *, t_fixed: int | None, profile_file: str
+    job: Job, prof: ProfileFile, tw: TrainWorkload, *, t_fixed: int | None, profile_file: str, order_tp: int
 ) -> tuple[TrainCurve, int | None]:
     """The trainer's stage curve over its site's GPU slots, each tp group of a configuration on one host
     (`hostfill`), and for a fixed trainer count the slots its best configuration takes (None for `auto`).
@@ -251,7 +280,7 @@ def _trainer_curve(
         ranks=t_fixed,
         slurm=slurm,
         # a host too small for one group is the rollout's on a shared site (it reaches it first)
-        order_tp=_order_tp(job) if t_site in {r.site for r in spec.placement.rollout} else 1,
+        order_tp=order_tp if t_site in {r.site for r in spec.placement.rollout} else 1,
         node_bytes_per_s=_node_bytes_per_s(inv.sites[t_site]),
         split=split,
     )
@@ -275,8 +304,65 @@ def make_plan(
     job: Job, profile: ProfileFile | None = None, options: PlanOptions | None = None, *, profile_file: str = "profile"
 ) -> dict[str, Any]:
     opts = options or PlanOptions()
-    spec = job.spec
     prof = profile_for(job, profile, profile_file=profile_file, trainer=opts.trainer)
+    classes = _tp_classes(job, prof) if opts.trainer_order_tp is None else []
+    if len(classes) <= 1:
+        order = opts.trainer_order_tp or max(classes[0] if classes else [1])
+        return _plan(job, prof, replace(opts, trainer_order_tp=order), profile_file=profile_file)
+    # the planner chooses the trainer's tp and its site's hosts are not all as large as every tp: a split's passed-
+    # over hosts are the rollout's (first in its order) at that split's own tp, as the launch places them, so each
+    # class of tps giving one host order is planned on its own, and the fastest plan of them is the plan
+    t_site = job.spec.placement.trainer.site
+    plans: list[dict[str, Any]] = []
+    failed: list[PlanError] = []
+    for tps in classes:
+        sub = replace(opts, trainer_order_tp=max(tps))
+        try:
+            plans.append(_plan(job, _with_trainer_tps(prof, t_site, tps), sub, profile_file=profile_file))
+        except PlanError as e:
+            failed.append(e)
+            plans.append({"error": str(e)})
+    done = [p for p in plans if "error" not in p]
+    if not done:
+        raise failed[0]
+    best = _best_plan(job, done)
+    best["trainer_tp_classes"] = [
+        {
+            "tps": tps,
+            "chosen": p is best,
+            **(
+                {"error": p["error"]}
+                if "error" in p
+                else {
+                    "iteration_s": p["predicted"]["iteration_s"][job.spec.pipeline.mode],
+                    "gpus_used": sum(a["gpus_used"] for a in p["allocation"]),
+                }
+            ),
+        }
+        for tps, p in zip(classes, plans, strict=True)
+    ]
+    return best
+
+
+def _best_plan(job: Job, plans: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of plans of the same job (one per trainer tp class), the fastest iteration in the job's mode, of equal ones
+    the fewest GPUs; under `planning.rule: fewest_gpus` the fewest GPUs within ε of the fastest."""
+    mode = job.spec.pipeline.mode
+
+    def key(p: dict[str, Any]) -> tuple[float, int]:
+        return float(p["predicted"]["iteration_s"][mode]), sum(int(a["gpus_used"]) for a in p["allocation"])
+
+    fastest = min(key(p)[0] for p in plans)
+    if job.spec.planning.rule == "fewest_gpus":
+        near = [p for p in plans if key(p)[0] <= fastest * (1 + job.spec.planning.epsilon)]
+        return min(near, key=lambda p: (key(p)[1], key(p)[0]))
+    return min(plans, key=key)
+
+
+def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) -> dict[str, Any]:
+    """`make_plan` with the rollout's host order at `opts.trainer_order_tp`."""
+    spec = job.spec
+    order_tp = _order_tp(job, opts)
     arch = prof.model.arch
     inv = job.inventory
     lm = length_model(job)
@@ -300,7 +386,7 @@ def make_plan(
     r_fixed = {r.site: (None if r.gpus == "auto" else int(r.gpus)) for r in spec.placement.rollout}
     shared = t_site in r_sites
     t_total = inv.sites[t_site].total_gpus
-    tcurve, t_slots = _trainer_curve(job, prof, tw, t_fixed=t_fixed, profile_file=profile_file)
+    tcurve, t_slots = _trainer_curve(job, prof, tw, t_fixed=t_fixed, profile_file=profile_file, order_tp=order_tp)
     # the trainer's GPU slots (`hostfill.trainer_slots`): its ranks, and a leftover its tp groups pass over
     n_train = t_slots if t_slots is not None else t_total
     train_s = _mask_fixed(tcurve.seconds, t_slots)
@@ -334,7 +420,7 @@ def make_plan(
             engine_max_batch=spec.rollout.max_batch_size,
             max_gpus=budgets[s],
             tp=spec.rollout.tensor_parallel,
-            host_gpus=_rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=_order_tp(job)),
+            host_gpus=_rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=order_tp),
         )
         if not gcurves[s].costs:
             raise PlanError(
@@ -802,7 +888,7 @@ def _assemble(
             gcurves,
             per_site,
             _free_gpus(allocation, inv),
-            _room(allocation, inv, t_site, order_tp=_order_tp(job)),
+            _room(allocation, inv, t_site, order_tp=_order_tp(job, opts)),
             sim["predicted"],
             one_more=one_more if spec.pipeline.mode == "async" else None,
         ),
@@ -888,7 +974,7 @@ def _simulate(
                 shares=_shares(g, lengths, units, prompt_tokens=lm.prompt_tokens, barrier=barrier),
             )
         )
-    w_s = _weight_sync_s(job, per_site)
+    w_s = _weight_sync_s(job, per_site, order_tp=_order_tp(job, opts))
     # the pipeline needs a steady state: at least MIN_SIM_ITERATIONS, then η more that only follow them into the
     # engines (an async iteration's tail shares them with the next η; without those its gap is about T_train)
     steady, drain = max(len(works), MIN_SIM_ITERATIONS), spec.pipeline.eta
@@ -1018,7 +1104,9 @@ def _better(rules: dict[str, Any]) -> str:
     return "tie" if math.isclose(s, m, rel_tol=1e-9) else ("sum" if s < m else "max")
 
 
-def _weight_sync_s(job: Job, per_site: dict[str, int]) -> float:
+def _weight_sync_s(job: Job, per_site: dict[str, int], *, order_tp: int = 1) -> float:
+    """The slowest rollout site's weight sync (s) of `per_site` rollout GPUs; `order_tp`: the trainer tp the
+    shared site's rollout host order follows (`_order_tp`)."""
     spec = job.spec
     inv = job.inventory
     t_site = spec.placement.trainer.site
@@ -1045,7 +1133,7 @@ def _weight_sync_s(job: Job, per_site: dict[str, int]) -> float:
                 )
             link_bps, lat = link.bandwidth_gbps * 1e9 / 8, link.latency_ms / 1e3
         # one relay per host after the first: 12 GPUs of 8-GPU hosts are 2 hosts, one hop
-        hosts = _rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=_order_tp(job))
+        hosts = _rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=order_tp)
         hops = _hosts_spanned(hosts, x) - 1
         worst = max(
             worst,

@@ -437,3 +437,23 @@ def test_layout_puts_units_first_on_hosts_too_small_for_a_trainer_group(tmp_path
     assert {a.gpu_slice.host for a in agents if a.role == "trainer" and a.gpu_slice} == {"t-2"}
     assert [a.gpu_slice.host for a in agents if a.role == "rollout" and a.gpu_slice] == ["t-3", "t-3", "t-1", "t-1"]
     assert_disjoint(agents)
+
+
+def test_layout_orders_the_rollout_by_the_plans_trainer_tp_where_the_job_leaves_it_out(tmp_path: Path) -> None:
+    """The same hosts of 2, 8, 2, 8 GPUs with the job's trainer.tensor_parallel unset and a plan whose trainer runs
+    tp 4 (the planner chose it, pricing the 2-GPU hosts as the rollout's: `plan._tp_classes`): the pool follows the
+    plan's tp, t-3 and t-1 first, not tp 1's order from t-4."""
+    nodes = [{"host": f"t-{i}", "gpus": g} for i, g in enumerate([2, 8, 2, 8], 1)]
+    sites = {"t": {**ssh_site("t-1", 2), "nodes": nodes}}
+    job = write_job(tmp_path, sites, at=(("t", 8), ("t", 4)), rollout={"tensor_parallel": 1})
+    spec = resolve_job(job)
+    assert spec.trainer.model_split is None
+    plan = {
+        "trainer": {"site": "t", "ranks": 8, "parallel": {"tp": 4, "pp": 1, "dp": 2}},
+        "rollout": [{"site": "t", "units": 4, "tp": 1}],
+        "controller_site": "t",
+    }
+    agents = layout(plan, job.inventory.sites, spec)
+    assert {a.gpu_slice.host for a in agents if a.role == "trainer" and a.gpu_slice} == {"t-2"}
+    assert [a.gpu_slice.host for a in agents if a.role == "rollout" and a.gpu_slice] == ["t-3", "t-3", "t-1", "t-1"]
+    assert_disjoint(agents)

@@ -518,6 +518,31 @@ def test_a_host_too_small_for_a_trainer_group_is_the_rollouts_on_a_shared_site(
     assert [pool.take(1, who=f"rollout-{i}").host for i in range(r["instances"])] == units
 
 
+@pytest.mark.parametrize("hosts", [[2, 8], [2, 8, 2, 8]])
+def test_where_the_planner_chooses_the_trainers_tp_a_host_too_small_for_its_groups_is_the_rollouts(
+    tmp_path: Path, hosts: list[int]
+) -> None:
+    """The job above with trainer.tensor_parallel unset: the planner's tp 4 split prices the 2-GPU hosts as the
+    rollout's as the job's tp 4 does, and the plan is the job's-tp-4 plan (tp 2 pp 4 was chosen, tp 4's groups
+    charged the 2-GPU hosts: on hosts [2, 8] no GPU left for rollout). Each class of tps giving one host order is
+    planned on its own (`trainer_tp_classes`); the launch orders the rollout by the plan's tp."""
+    nodes = [{"host": f"t-{i}", "gpus": g} for i, g in enumerate(hosts, 1)]
+    plans = []
+    for trainer in ({"backend": "megatron"}, {"backend": "megatron", "tensor_parallel": 4}):
+        tmp = tmp_path / str(len(plans))
+        tmp.mkdir()
+        job = write_job(tmp, rollout=[{"site": "trn"}], links=LINKS, trainer_gpus=8, mode="sync")
+        _edit(tmp / "inv.yaml", lambda inv: inv["sites"]["trn"].update(nodes=nodes))
+        _edit(job, lambda j, t=trainer: j.update(trainer=t, rollout={"tensor_parallel": 1}))
+        plans.append(make_plan(load_job(job), options=PlanOptions(sim_iterations=1, curves_in_output=False)))
+    unset, tp4 = plans
+    assert unset["allocation"] == tp4["allocation"] and unset["predicted"] == tp4["predicted"]
+    assert _trainer_of(unset)[0]["tp"] == 4
+    classes = {tuple(c["tps"]): c["chosen"] for c in unset["trainer_tp_classes"]}
+    assert classes == {(1, 2): False, (4,): True}  # tp 1 and 2 fit in 2-GPU hosts, tp 4 passes over them
+    assert "trainer_tp_classes" not in tp4
+
+
 # -- several `auto` rollout sites of different GPU types ---------------------------------------------------
 def _split_s(curves: dict[str, dict[int, float]], split: dict[str, int]) -> float:
     """The combined generation time of `split` (GPUs per site) on the plan's stage curves: rates add up."""
