@@ -685,8 +685,8 @@ def _megatron(job: Job) -> list[Problem]:
 def _trainer_split(job: Job) -> list[Problem]:
     """The model split the job asks for that no trainer backend runs here, one line per field."""
     spec, out = job.spec, list[Problem]()
-    if (split := spec.trainer.model_split) is None:
-        return out
+    if (split := spec.trainer.model_split) is None:  # tp 1 (`_planned` refuses a split the plan chose)
+        return _slurm_layout(job, tp=1, field="placement.trainer.gpus")
     tp, pp = split
     backend = spec.trainer.backend
     for field, n in (("trainer.tensor_parallel", tp), ("trainer.pipeline_parallel", pp)):
@@ -727,15 +727,22 @@ def _trainer_split(job: Job) -> list[Problem]:
                 f"tp {tp} × pp {pp} does not divide placement.trainer.gpus {gpus} (GPUs = tp × pp × dp)",
             )
         )
+    return out + _slurm_layout(job, tp=tp, field="trainer.tensor_parallel")
+
+
+def _slurm_layout(job: Job, *, tp: int, field: str) -> list[Problem]:
+    """A fixed trainer count on a SLURM site with no layout its sbatch can ask for at `tp`: each tp group on one
+    node (`hostfill`); a local / SSH site's pool says so as the layout places the ranks (`placement`), a SLURM
+    site places them itself, at most as many on each node (`hostfill.slurm_layout`, what the trainer's sbatch
+    asks for): its nodes' GPUs are judged here."""
+    spec = job.spec
+    gpus = spec.placement.trainer.gpus
     t_site = spec.placement.trainer.site
     site = job.inventory.sites.get(t_site)
-    # each tp group on one node (`hostfill`); a local / SSH site's pool says so as the layout places the ranks
-    # (`placement`), a SLURM site places them itself, as many on each node (`hostfill.slurm_layout`, what the
-    # trainer's sbatch asks for): its nodes' GPUs are judged here
     hosts = [g for _, g in site.hosts] if site is not None and not kind_of(site).slices_gpus else None
     if gpus != "auto" and hosts and (why := placement_error(t_site, hosts, gpus, tp=tp, slurm=True)):
-        out.append(Problem("trainer.tensor_parallel", why, PLACEMENT_HINT))
-    return out
+        return [Problem(field, why, PLACEMENT_HINT)]
+    return []
 
 
 def _evaluation(job: Job) -> list[Problem]:

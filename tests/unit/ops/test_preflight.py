@@ -588,6 +588,34 @@ def test_a_slurm_trainer_is_judged_by_the_layout_its_sbatch_asks_for(tmp_path: P
     assert refused(job(4), "trainer.tensor_parallel") == []
 
 
+def test_a_slurm_trainer_at_tp_1_is_judged_by_the_layout_its_sbatch_asks_for(tmp_path: Path) -> None:
+    """SLURM nodes of 8 and 4 GPUs, a torch trainer (tp 1, unset): 10 ranks ask 2 nodes of 5, which the 4-GPU node
+    is not (`hostfill.slurm_layout`): refused by check in one line, not left to a job SLURM never starts; 8 ranks
+    (one node) pass."""
+    TinyGPT(small_config(layers=2, heads=2, positions=320)).save_pretrained(tmp_path / "model")
+    site = {"datacenter": "here", "gpu": "CPU", "nodes": [{"host": "n1", "gpus": 8}, {"host": "n2", "gpus": 4}],
+            "scheduler": {"kind": "slurm", "partition": "p"}}  # fmt: skip
+    (tmp_path / "slurm.yaml").write_text(
+        yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"s": site}})
+    )
+
+    def job(gpus: int) -> Job:
+        return load(
+            tmp_path,
+            inventory=[LOCAL, str(tmp_path / "slurm.yaml")],
+            model={"kind": "hf", "path": "model"},
+            placement={"trainer": {"site": "s", "gpus": gpus}, "rollout": [{"site": "local", "gpus": 1}]},
+            trainer={"backend": "torch"},
+        )
+
+    (p,) = refused(job(10), "placement.trainer.gpus")
+    assert p.message == (
+        "site s: trainer 10 GPU(s) on SLURM ask n nodes for ⌈10 / n⌉ ranks each (one --ntasks-per-node, as many GPUs "
+        "on every node); its 2 node(s) of 4/8 GPUs hold no such n"
+    )
+    assert refused(job(8), "placement.trainer.gpus") == []
+
+
 @pytest.mark.parametrize(
     "trainer", [{"backend": "torch"}, {"backend": "megatron", "tensor_parallel": 2}], ids=["torch-dp4", "tp2-dp2"]
 )
