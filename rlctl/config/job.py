@@ -630,7 +630,11 @@ class Planning(Strict):
         "iteration; other jobs as paper. paper: StreamRL's Algorithm 1 on the stage curves. fewest_gpus: fewest "
         "GPUs within epsilon",
     )
-    epsilon: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    epsilon: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.05,
+        description="rule fewest_gpus: the slowdown allowed against the full allocation; under the other rules it "
+        "sizes only the plan's printed `fewest_gpus` alternative",
+    )
     dispatch_rule: Literal["sum", "max"] = Field(
         "max",
         description="`rlctl plan` only: the cost model of its simulated dispatch (not of the allocation); "
@@ -661,7 +665,12 @@ class JobFile(Strict):
     warmup: Warmup = Warmup()
     evaluation: Evaluation = Evaluation()
     tracking: Tracking = Tracking()
-    job_dir: str | None = Field(None, min_length=1)
+    job_dir: str | None = Field(
+        None,
+        min_length=1,
+        description="where the job's directory goes (default: runs/<name>-<time>); relative to the job file, as its "
+        "other paths are; `launch --job-dir` overrides it",
+    )
     # below 2^32: vLLM seeds numpy's global generator with it, which takes no more
     seed: int = Field(0, ge=0, le=2**32 - 1)
 
@@ -745,4 +754,7 @@ def load_job(path: Path) -> Job:
         raise ConfigError(
             str(path), "placement.controller_site", f"unknown site {cs!r}; known: {one_of(inventory.sites)}"
         )
+    if spec.job_dir is not None:  # like every path of the job file: the same job dir from wherever it is launched
+        job_dir = os.path.normpath(path.absolute().parent / os.path.expanduser(spec.job_dir))
+        spec = spec.model_copy(update={"job_dir": job_dir})
     return Job(spec, inventory, path)

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from rlctl.config.base import read_yaml
 from rlctl.config.inventory import Network
-from rlctl.config.job import Transport
+from rlctl.config.job import Transport, load_job
 from tests.conftest import ROOT, run_cli
 
 SITE = """\
@@ -538,3 +538,17 @@ def test_listen_hosts_no_agent_can_bind_are_refused(host: str) -> None:
         Transport(listen_host=host)
     with pytest.raises(ValidationError, match="valid: an IPv4 or IPv6 address, a host name"):
         Network(bandwidth_gbps=1, listen_host=host)
+
+
+def test_job_dir_is_relative_to_the_job_file_as_its_other_paths_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same job launched from two directories goes to one job dir."""
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "inv.yaml").write_text(GOOD_INV)
+    (tmp_path / "jobs" / "job.yaml").write_text(JOB + "job_dir: ../runs/j1\n")
+    for cwd in (tmp_path, tmp_path / "jobs"):
+        monkeypatch.chdir(cwd)
+        assert load_job(Path("jobs/job.yaml" if cwd == tmp_path else "job.yaml")).spec.job_dir == str(
+            tmp_path / "runs" / "j1"
+        )
