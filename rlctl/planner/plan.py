@@ -442,7 +442,7 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
     # (`_trainer_curve`), the fastest within n − x is the split it runs beside x rollout GPUs
     if rule == "simulated" and spec.pipeline.mode == "async" and shared and r_fixed[t_site] is None:
         chosen, search = _simulated_split(
-            stages, t_site=t_site, streamed_fraction=tcost["streamed_fraction"], seeds=(choice.x, base.x)
+            stages, t_site=t_site, streamed_fraction=tcost["streamed_fraction"], seeds=(choice.x, base.x, alt.x)
         )
     elif rule == "simulated" and spec.pipeline.mode == "async" and not shared and (search_rollout or t_fixed is None):
         chosen, search = _simulated_cross(
@@ -611,7 +611,8 @@ def _simulated_split(
     iteration's makespan and Algorithm 1, which balances that makespan against training, gives rollout too many
     GPUs (docs/planning.md). Rollout gets x of the site's n GPUs (after every other rollout site's whole budget), the
     trainer the fastest configuration within n − x. Minimised over x by `search_min` on a grid of SEARCH_GRID
-    splits and `seeds` (rollout GPU counts: Algorithm 1's, the even split)."""
+    splits and `seeds` (rollout GPU counts: Algorithm 1's, its fewest-GPUs alternative, the even split: the simulated
+    iteration is not smooth in x, e.g. two tp-4 units beside 16 trainer ranks at 8 GPUs and neither 7 nor 9)."""
     gcurves, budgets, fill = stages.gcurves, stages.budgets, stages.fill
     r_sites = list(gcurves)
     n = budgets[t_site]

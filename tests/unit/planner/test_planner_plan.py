@@ -166,6 +166,17 @@ def test_a_fixed_trainer_count_on_a_shared_async_site_gets_the_simulated_split_s
     assert best < fixed["predicted"]["iteration_s"]["async"] * (1 - 0.1)
 
 
+def test_the_split_search_starts_from_the_fewest_gpus_alternative_too(tmp_path: Path) -> None:
+    """16 trainer ranks fixed: the simulated iteration is not smooth in the rollout count (8 GPUs, two tp-4 units:
+    17.9 s; 7 or 9: 24 s), and the grid and Algorithm 1's and the even split's counts miss 8 (they settled on 16 at
+    23.3 s); Algorithm 1's fewest-GPUs alternative is 8, and it is a starting point."""
+    plan = _async_s(tmp_path, {"site": "trn"}, "simulated", trainer_gpus=16)
+    assert plan["alternatives"]["fewest_gpus"]["rollout_gpus"] == 8
+    assert _used(plan, "rollout") == 8
+    evaluated = plan["search"]["evaluated"]
+    assert plan["predicted"]["iteration_s"]["async"] == pytest.approx(min(e["iteration_s"] for e in evaluated))
+
+
 @pytest.mark.parametrize("mode", ["sync", "stream"])
 def test_the_simulated_rule_is_algorithm_1_outside_async(tmp_path: Path, mode: str) -> None:
     job = load_job(write_job(tmp_path, rollout=[{"site": "trn"}], links=[], rule="simulated", mode=mode))
