@@ -92,7 +92,7 @@ def test_stop_gives_a_group_that_ignores_term_its_whole_grace(clock: str) -> Non
         victim.kill()
         victim.wait()
     assert out.split() == [str(victim.pid), "forced"], out
-    assert 1.5 <= waited < 3.5, waited
+    assert 1.5 <= waited < 10, waited  # an upper bound only against a wait with no end (a loaded machine is slow)
 
 
 def test_custom_paths_are_quoted(tmp_path: Path) -> None:
