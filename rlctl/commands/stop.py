@@ -15,7 +15,7 @@ from rlctl.render import OutputFormat, OutputOpt, emit, grid
 def _table(r: dict[str, Any]) -> str:
     if "ended" in r:
         told = f"; its launcher ({r['launcher']}) is told not to resume it" if r.get("launcher") else ""
-        return f"job {r['id']} already ended ({r['ended']}){told}"
+        return f"job {r['id']} already ended ({r['ended']}){told}" + "".join(f"\nproblem: {p}" for p in r["problems"])
     rows = [["graceful", r["graceful"]], ["agents stopped", ", ".join(r["agents"]) or "-"]]
     rows += [["problem", p] for p in r["problems"]]
     return grid(rows, ["", ""], f"Stop {r['id']}")

@@ -115,6 +115,11 @@ class LaunchBackend(ABC):
     def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:
         """Stop every agent and everything it started; LaunchError if anything is left running."""
 
+    def identifies(self, handle: AgentHandle) -> bool:
+        """The handle tells its agent from a process that took its id after it ended (a pid with its start time,
+        a scheduler's job id); False: a record of an older rlctl, whose process group may be someone else's."""
+        return True
+
     def render(self, spec: AgentSpec) -> str:
         """The exact command or script that starts `spec` (`launch --dry-run`)."""
         return shlex.join(spec.argv)

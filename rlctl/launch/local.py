@@ -4,11 +4,16 @@ Each agent is a session leader (`start_new_session`), so Ctrl-C at the terminal 
 (we stop it ourselves, in order) and stopping it reaches everything it started:
 
     stop: SIGTERM to every group ─▶ wait ≤ grace_s ─▶ SIGKILL to groups still alive ─▶ verify empty
+
+An agent started by another rlctl process (`rlctl stop` / `status` from another terminal, reading agents.jsonl)
+is known by its pid and its start time (`start_ticks`, field 22 of /proc/PID/stat), as the ssh backend does: a
+pid whose start time differs is someone else's now (PID reuse after the agent ended) and is never signalled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +26,40 @@ from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend
 
 if TYPE_CHECKING:
     from rlctl.config.inventory import Site
+
+log = logging.getLogger(__name__)
+
+_unverified_said = False  # an old agents.jsonl's handle (no start time): said once per process
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot, field 22 of /proc/PID/stat); None: no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(") ", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _reused(ident: dict[str, int], name: str, *, signal: bool = False) -> bool:
+    """The recorded leader's pid names another process now (another start time): its group is not the agent's.
+    A leader that is gone is no sign of reuse: the pid of a group that still has members is not handed out again
+    (they are the agent's leftovers). A handle without a start time (an agents.jsonl of an older rlctl) cannot be
+    checked and is taken as the agent's, as before (said once, when it is to be signalled)."""
+    recorded = ident.get("start_ticks")
+    if recorded is None:
+        global _unverified_said
+        if signal and not _unverified_said:
+            _unverified_said = True
+            log.warning(
+                "%s: agents.jsonl records no start time (an older rlctl wrote it): its process group %s is taken "
+                "as the agent's without checking that the pid was not reused",
+                name,
+                ident["pgid"],
+            )
+        return False
+    now = start_ticks(ident["pid"])
+    return now is not None and now != recorded
 
 
 def _group_alive(pgid: int, *, ours: bool) -> bool:
@@ -84,12 +123,19 @@ class LocalBackend(LaunchBackend):
         except OSError as e:
             raise LaunchError(f"cannot start {spec.name}: {e}") from e
         self._procs[proc.pid] = proc
-        return AgentHandle(spec, {"pid": proc.pid, "pgid": proc.pid}, self.kind)
+        ident = {"pid": proc.pid, "pgid": proc.pid}
+        ticks = start_ticks(proc.pid)  # not reaped before we poll it: readable even if it exited at once
+        if ticks is not None:  # None: no /proc (not Linux); the handle is then unchecked, as before
+            ident["start_ticks"] = ticks
+        return AgentHandle(spec, ident, self.kind)
+
+    def identifies(self, handle: AgentHandle) -> bool:
+        return "start_ticks" in handle.ident
 
     def poll(self, handle: AgentHandle) -> int | None:
         proc = self._procs.get(handle.ident["pid"])
         if proc is None:
-            return None if _group_alive(handle.ident["pgid"], ours=False) else 0
+            return None if self._running(handle) else 0
         return proc.poll()
 
     def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:
@@ -113,9 +159,13 @@ class LocalBackend(LaunchBackend):
         proc = self._procs.get(h.ident["pid"])
         if proc is not None:
             proc.poll()  # reap: a zombie leader would otherwise keep the group "alive"
+        elif _reused(h.ident, h.spec.name):  # ours (a Popen we hold, not yet reaped) cannot be reused
+            return False
         return _group_alive(h.ident["pgid"], ours=proc is not None)
 
-    @staticmethod
-    def _signal(h: AgentHandle, sig: signal.Signals) -> None:
+    def _signal(self, h: AgentHandle, sig: signal.Signals) -> None:
+        if h.ident["pid"] not in self._procs and _reused(h.ident, h.spec.name, signal=True):
+            log.info("%s: pid %s is another process now (the agent ended): not signalled", h.spec.name, h.ident["pid"])
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(h.ident["pgid"], sig)

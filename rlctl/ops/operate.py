@@ -13,6 +13,7 @@ its Spawner recorded there; its record (summary, metrics, events) is fetched fro
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -195,8 +196,17 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
     was told not to resume it)."""
     jd = ref.jobdir
     out: dict[str, Any] = {"id": ref.id}
-    if ref.row is not None and ref.row.state not in LIVE and not _any_running(ref):
+    # an agent of a job that ended is stopped only when its record tells it from a process that took its pid since
+    unsure: dict[str, Any] = {}  # name → process group of those that are not
+    running: set[str] = set()
+    down = False
+    if ref.row is not None and ref.row.state not in LIVE:
+        unsure = _unidentified(ref)
+        running, down = _running(ref)
+        unsure = {name: pgid for name, pgid in unsure.items() if name in running}
+    if ref.row is not None and ref.row.state not in LIVE and not down and running <= set(unsure):
         ended = {**out, "ended": ref.row.state, "graceful": "-", "agents": [], "problems": []}
+        ended["problems"] = [_unsure_line(name, pgid) for name, pgid in unsure.items()]
         launcher = ref.row.info.get("launcher")
         if launcher_running(launcher) is False:
             return ended
@@ -214,7 +224,7 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
         out["graceful"] = "requested"
     except (RlctlError, OSError, ValueError, KeyError) as e:  # an unreadable controller.json included
         out["graceful"] = f"controller did not answer ({e}); forcing"
-    handles = all_recorded_agents(jd.path)
+    handles = [h for h in all_recorded_agents(jd.path) if h.spec.name not in unsure]
     sites = read_sites(jd.path)
     backends = Backends(sites, job=jd.path.name, job_dir=jd.path)
     controller = [h for h in handles if h.spec.role == "controller"]
@@ -228,6 +238,7 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
             break
         time.sleep(0.3)
     problems = stop_agents(backends, handles, grace_s=min(grace_s, 10.0))
+    problems += [_unsure_line(name, pgid) for name, pgid in unsure.items()]
     backends.close()
     fetch_job_record(ref)
     out["agents"] = [h.spec.name for h in handles]
@@ -250,8 +261,31 @@ def _index_state(name: str) -> str:
         db.close()
 
 
-def _any_running(ref: JobRef) -> bool:
-    """Whether some recorded agent of the job still runs, or may (its site did not answer): an index row that
-    says the job ended while an orphan of it runs on is no reason to leave that one running."""
+def _running(ref: JobRef) -> tuple[set[str], bool]:
+    """The recorded agents of the job that still run, and whether some site did not answer (they may): an index
+    row that says the job ended while an orphan of it runs on is no reason to leave that one running."""
     agents, down = site_view(ref, timeout_s=STATUS_DEADLINE_S)
-    return bool(down) or any(a["state"] == "running" for a in agents)
+    return {a["name"] for a in agents if a["state"] == "running"}, bool(down)
+
+
+def _unidentified(ref: JobRef) -> dict[str, Any]:
+    """Name → process group of the recorded agents whose record cannot tell them from a process that took their
+    id since (an older rlctl's agents.jsonl): not signalled once the job ended."""
+    jd = ref.jobdir
+    backends = Backends(read_sites(jd.path), job=jd.path.name, job_dir=jd.path)
+    out = {}
+    try:
+        for h in all_recorded_agents(jd.path):
+            with contextlib.suppress(LaunchError):  # a site not in the inventory: the stop itself says so
+                if not backends.for_site(h.spec.site).identifies(h):
+                    out[h.spec.name] = h.ident.get("pgid")
+    finally:
+        backends.close()
+    return out
+
+
+def _unsure_line(name: str, pgid: Any) -> str:
+    return (
+        f"{name}: not stopped: its record (an older rlctl's) has no start time to tell its process group {pgid} from "
+        f"one that took the id since the job ended (if it is the job's: kill -- -{pgid})"
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from rlctl.commands import stop as stop_cli
 from rlctl.config import load_job
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError, Stopped
+from rlctl.launch import local
 from rlctl.launch.backends import record_agent, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir
@@ -229,3 +231,76 @@ def test_the_launcher_of_a_job_a_forced_stop_ended_says_it_was_stopped(
     assert launcher.returncode == 1  # as for a graceful stop (`job … did not finish: stopped`)
     assert db.get("j1").state == "stopped"
     db.close()
+
+
+@pytest.fixture
+def stranger() -> Iterator[subprocess.Popen[bytes]]:
+    """An unrelated process group leader, as one that now has the pid an ended agent had (PID reuse)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, start_new_session=True
+    )
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _local_agents(jd: JobDir, ident: dict[str, int]) -> None:
+    local = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 1}]}
+    write_sites(jd.path, {"local": Site.model_validate(local)})
+    row = {"name": "rollout-0", "role": "rollout", "replica": 0, "site": "local", "backend": "local"}
+    (jd.path / "agents.jsonl").write_text(json.dumps(row | {"ident": ident, "host": None, "gpus": None, "log": None}))
+
+
+def test_a_stop_of_an_ended_job_leaves_a_process_that_reused_an_agents_pid_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
+) -> None:
+    # the job finished long ago; its rollout's recorded pgid now leads an unrelated process group: `_any_running`
+    # took that group for the agent and the forced stop killed it
+    ref = _ended_job(tmp_path, monkeypatch, "finished")
+    ticks = local.start_ticks(stranger.pid)
+    assert ticks is not None
+    _local_agents(ref.jobdir, {"pid": stranger.pid, "pgid": stranger.pid, "start_ticks": ticks - 1})
+    out = operate.stop(ref, grace_s=1)
+    assert out["ended"] == "finished" and out["agents"] == []
+    assert stranger.poll() is None, "the stop killed a process that is not the job's"
+
+
+def test_a_stop_of_an_ended_job_does_not_signal_an_agent_of_an_old_record_it_cannot_identify(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
+) -> None:
+    # an agents.jsonl of an older rlctl records no start time: the group may be the job's orphan or a stranger's
+    ref = _ended_job(tmp_path, monkeypatch, "finished")
+    _local_agents(ref.jobdir, {"pid": stranger.pid, "pgid": stranger.pid})
+    out = operate.stop(ref, grace_s=1)
+    assert out["ended"] == "finished" and stranger.poll() is None
+    assert out["problems"] == [
+        f"rollout-0: not stopped: its record (an older rlctl's) has no start time to tell its process group "
+        f"{stranger.pid} from one that took the id since the job ended (if it is the job's: kill -- -{stranger.pid})"
+    ]
+    assert stop_cli._table(out).splitlines()[1] == f"problem: {out['problems'][0]}"
+
+
+def test_the_local_backend_signals_a_recorded_agent_only_while_its_start_time_matches(
+    stranger: subprocess.Popen[bytes],
+) -> None:
+    spec = AgentSpec("rollout", 0, "local", [])
+    ticks = local.start_ticks(stranger.pid)
+    assert ticks is not None
+    backend = local.LocalBackend()  # another terminal's: it holds no Popen of the agent
+    reused = AgentHandle(spec, {"pid": stranger.pid, "pgid": stranger.pid, "start_ticks": ticks + 1}, "local")
+    assert backend.poll(reused) == 0  # gone, as far as the job is concerned
+    backend.stop([reused], grace_s=0.5)
+    assert stranger.poll() is None
+    agent = AgentHandle(spec, {"pid": stranger.pid, "pgid": stranger.pid, "start_ticks": ticks}, "local")
+    assert backend.poll(agent) is None
+    backend.stop([agent], grace_s=5)
+    assert stranger.wait(timeout=5) == -signal.SIGTERM
+
+
+def test_the_local_backend_records_its_agents_start_time(tmp_path: Path) -> None:
+    backend = local.LocalBackend()
+    h = backend.start(AgentSpec("rollout", 0, "local", [sys.executable, "-c", "import time; time.sleep(30)"]))
+    try:
+        assert h.ident["start_ticks"] == local.start_ticks(h.ident["pid"]) and h.ident["start_ticks"] > 0
+    finally:
+        backend.stop([h], grace_s=2)
