@@ -79,7 +79,15 @@ def _latest(job_dir: Path) -> int | None:
 
 
 def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -> Pulled:
-    """Copy checkpoint `checkpoint` ("latest" or a version)'s policy to `to` (default: <job dir>/pulled/v<N>)."""
+    """Copy checkpoint `checkpoint` ("latest" or a version)'s policy to `to` (default: <job dir>/pulled/v<N>).
+    A `to` given must be new or empty: a pull never mixes its files with others (the default one is the job's own
+    copy of that version, replaced by a pull again)."""
+    if to is not None:
+        to = to.resolve()  # `--to .` named
+        if to.is_dir() and any(to.iterdir()):
+            raise UsageError(
+                f"--to {to}: not empty (a pull never mixes its files with others); name a new or empty directory"
+            )
     spec = JobDir(job_dir).read_job()
     versions = checkpoint_versions(spec)
     if checkpoint == "latest":

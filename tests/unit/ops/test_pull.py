@@ -87,3 +87,19 @@ def test_pull_to_the_current_directory(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.chdir(tmp_path / "here")
     got = pull(jd.path, to=Path("."))
     assert got.to == tmp_path / "here" and same(TinyGPT.from_pretrained(tmp_path / "here"), models[2])
+
+
+def test_pull_to_a_directory_that_holds_files_is_refused(tmp_path: Path) -> None:
+    # the user's own config.json in DIR was overwritten by the model's
+    jd, models = job_dir(tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"my": "own config"}')
+    with pytest.raises(UsageError, match=rf"--to {mine}: not empty") as e:
+        pull(jd.path, to=mine)
+    assert e.value.exit_code == 2 and (mine / "config.json").read_text() == '{"my": "own config"}'
+    assert sorted(p.name for p in mine.iterdir()) == ["config.json"]
+    (mine / "config.json").unlink()  # an empty one is fine
+    assert same(TinyGPT.from_pretrained(pull(jd.path, to=mine).to), models[2])
+    again = pull(jd.path)  # the job's own copy of a version is replaced by a pull again
+    assert pull(jd.path).to == again.to and same(TinyGPT.from_pretrained(again.to), models[2])
