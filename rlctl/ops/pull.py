@@ -15,6 +15,7 @@ the trainer wrote, with the starting model's tokenizer files.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -84,10 +85,15 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
     copy of that version, replaced by a pull again)."""
     if to is not None:
         to = to.resolve()  # `--to .` named
-        if to.is_dir() and any(to.iterdir()):
-            raise UsageError(
-                f"--to {to}: not empty (a pull never mixes its files with others); name a new or empty directory"
-            )
+        try:
+            if to.exists() and not to.is_dir():
+                raise UsageError(f"--to {to}: not a directory")
+            if to.is_dir() and any(to.iterdir()):
+                raise UsageError(
+                    f"--to {to}: not empty (a pull never mixes its files with others); name a new or empty directory"
+                )
+        except OSError as e:
+            raise UsageError(f"--to {to}: {e.strerror or e}") from e
     spec = JobDir(job_dir).read_job()
     versions = checkpoint_versions(spec)
     if checkpoint == "latest":
@@ -132,12 +138,17 @@ def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> 
         raise ValueError(f"{manifest_name('trainer')} lists a path outside the checkpoint")
     if not model:
         raise ValueError(f"{manifest_name('trainer')} lists no {MODEL}/ files")
-    to.parent.mkdir(parents=True, exist_ok=True)
-    # every file into a directory of its own first; into `to` only once all of them verified (a damaged
-    # checkpoint leaves nothing behind, and never mixes into what `to` holds)
-    staging = to.with_name(f".{to.name}.pull-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    total = 0
+    # every file into a directory of its own first (inside `to`: the same filesystem, also when `to` is a mount
+    # point); into `to` only once all of them verified (a damaged checkpoint leaves nothing behind)
+    created = not to.exists()
+    staging = to / f".pull-{os.getpid()}"
+    try:
+        to.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+    except OSError as e:
+        raise UsageError(f"{to}: cannot pull into it: {e.strerror or e}") from e
+    total, done = 0, False
     try:
         for rel, (size, sha) in sorted(model.items()):
             tmp = staging / rel.removeprefix(f"{MODEL}/")
@@ -151,14 +162,28 @@ def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> 
                 raise ValueError(f"{rel}: {got_size} bytes, SHA-256 {got_sha[:12]}… here; the manifest lists "
                                  f"{size}, {sha[:12]}…")  # fmt: skip
             total += size
-        for rel in sorted(model):
-            dst = to / rel.removeprefix(f"{MODEL}/")
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            (staging / rel.removeprefix(f"{MODEL}/")).replace(dst)
+        try:
+            for rel in sorted(model):
+                name = rel.removeprefix(f"{MODEL}/")
+                (to / name).parent.mkdir(parents=True, exist_ok=True)
+                _move(staging / name, to / name)
+        except OSError as e:
+            raise UsageError(f"{to}: cannot pull into it: {e.strerror or e}") from e
+        done = True
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging if done or not created else to, ignore_errors=True)
     log.info("pulled checkpoint v%d (%d files, %d B) from %s to %s", version, len(model), total, source, to)
     return Pulled(version, to, len(model), total, f"{source}:{ckpt}", [])
+
+
+def _move(src: Path, dst: Path) -> None:
+    """Rename; a copy where that crosses filesystems (EXDEV: `to`, or a folder of it, is a mount point of its own)."""
+    try:
+        os.replace(src, dst)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        shutil.copyfile(src, dst)
 
 
 def fetch_trackers(job_dir: Path) -> list[str]:

@@ -4,6 +4,7 @@ to the next older; a version that is not there, or no complete checkpoint, is on
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.stage import write_staged
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.ops import pull as pull_mod
 from rlctl.ops.pull import pull
 from rlctl.trainers.base import DataParallel
 from tests.unit.tiny_models import small_config
@@ -103,3 +105,36 @@ def test_pull_to_a_directory_that_holds_files_is_refused(tmp_path: Path) -> None
     assert same(TinyGPT.from_pretrained(pull(jd.path, to=mine).to), models[2])
     again = pull(jd.path)  # the job's own copy of a version is replaced by a pull again
     assert pull(jd.path).to == again.to and same(TinyGPT.from_pretrained(again.to), models[2])
+
+
+def test_pull_to_another_filesystem_copies_where_a_rename_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `--to` a mount point: the files were staged beside it, on its parent's filesystem, and the rename into it
+    # failed with EXDEV (a traceback)
+    jd, models = job_dir(tmp_path)
+
+    def across(src: object, dst: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(pull_mod.os, "replace", across)
+    got = pull(jd.path, to=tmp_path / "vol")
+    assert same(TinyGPT.from_pretrained(got.to), models[2]) and not list(got.to.glob(".*"))
+
+
+def test_pull_to_a_place_it_cannot_write_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    jd, _ = job_dir(tmp_path)
+    (tmp_path / "afile").write_text("hi")
+    with pytest.raises(UsageError, match=rf"^--to {tmp_path}/afile: not a directory$") as e:
+        pull(jd.path, to=tmp_path / "afile")
+    assert e.value.exit_code == 2 and (tmp_path / "afile").read_text() == "hi"
+    with pytest.raises(UsageError, match=rf"^{tmp_path}/afile/sub: cannot pull into it: Not a directory$"):
+        pull(jd.path, to=tmp_path / "afile" / "sub")
+
+    def read_only(src: object, dst: object) -> None:  # root writes through a chmod: the error as such a place gives
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(pull_mod.os, "replace", read_only)
+    with pytest.raises(UsageError, match=rf"^{tmp_path}/ro: cannot pull into it: Read-only file system$"):
+        pull(jd.path, to=tmp_path / "ro")
+    assert not (tmp_path / "ro").exists()  # nothing of it left
