@@ -36,7 +36,7 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, python_for, read_sites
 from rlctl.launch.base import AgentHandle, site_setup
-from rlctl.launch.jobdir import appending, replace_text
+from rlctl.launch.jobdir import appending, json_file, replace_text
 from rlctl.launch.remote import CommandResult, SshRunner, sh_path
 from rlctl.launch.sitefs import (
     FileState,
@@ -497,8 +497,40 @@ def _verify(site: str, where: str, root: str, want: dict[str, FileState], have: 
 
 
 def read_staged(job_dir: Path) -> dict[str, Any]:
+    """What `write_staged` wrote ({} before it did): site → {"roots": {host: site job dir}, …}; LaunchError naming
+    the file and entry when it is not that."""
     p = job_dir / STAGED_FILE
-    return dict(json.loads(p.read_text())) if p.exists() else {}
+    if not p.exists():
+        return {}
+    data = json_file(p)
+    if not isinstance(data, dict):
+        raise LaunchError(f"{p}: not an object of staged sites")
+    for name, entry in data.items():
+        roots = entry.get("roots") if isinstance(entry, dict) else None
+        if not isinstance(roots, dict) or not roots or not all(isinstance(r, str) for r in roots.values()):
+            raise LaunchError(f'{p}: {name!r}: not a {{"roots": {{host: job dir}}}} entry')
+    return data
+
+
+def read_plan(job_dir: Path) -> dict[str, Any] | None:
+    """The job's plan.json (None before `prepare` wrote it); LaunchError naming the file when it is not an object."""
+    p = job_dir / "plan.json"
+    if not p.is_file():
+        return None
+    data = json_file(p)
+    if not isinstance(data, dict):
+        raise LaunchError(f"{p}: not a JSON object")
+    return data
+
+
+def plan_site(job_dir: Path, plan: dict[str, Any], *keys: str) -> str:
+    """The site name at `keys` in `plan` (plan.json of `job_dir`); LaunchError naming the field when it is not one."""
+    value: Any = plan
+    for k in keys:
+        value = value.get(k) if isinstance(value, dict) else None
+    if not isinstance(value, str):
+        raise LaunchError(f"{job_dir / 'plan.json'}: {'.'.join(keys)} is not a site name")
+    return value
 
 
 def write_staged(job_dir: Path, staged: dict[str, Any]) -> None:
@@ -745,10 +777,10 @@ def remote_agent_lines(job_dir: Path, site: Site, host: str, root: str) -> str:
 def record_view(job_dir: Path) -> tuple[Site, str, str] | None:
     """Where the controller of the job in `job_dir` (the operator's) keeps the record; None before staging."""
     staged = read_staged(job_dir)
-    plan_p = job_dir / "plan.json"
-    if not staged or not plan_p.exists():
+    plan = read_plan(job_dir)
+    if not staged or plan is None:
         return None
-    cs = str(json.loads(plan_p.read_text())["controller_site"])
+    cs = plan_site(job_dir, plan, "controller_site")
     sites = read_sites(job_dir)
     if cs not in staged or cs not in sites:
         return None
@@ -758,16 +790,20 @@ def record_view(job_dir: Path) -> tuple[Site, str, str] | None:
     return controller_view(staged, sites, cs, host)
 
 
-def all_recorded_agents(job_dir: Path) -> list[AgentHandle]:
+def all_recorded_agents(job_dir: Path, problems: list[str] | None = None) -> list[AgentHandle]:
     """Every agent of the job: those the operator's launch started (its agents.jsonl) and those the controller
     started on scale (the controller site's agents.jsonl, when that is elsewhere). A controller site that does
-    not answer leaves only the first, with a warning."""
+    not answer, or a record here that does not say where it is, leaves only the first, with a warning (a line
+    in `problems` instead, when given)."""
     local = job_dir / AGENTS_FILE
     text = local.read_text() if local.exists() else ""
-    view = record_view(job_dir)
-    if view is not None:
-        try:
+    try:
+        view = record_view(job_dir)
+        if view is not None:
             text += remote_agent_lines(job_dir, *view)
-        except LaunchError as e:
+    except LaunchError as e:
+        if problems is None:
             log.warning("the controller site's agent record is unreachable (%s); using the local one", e)
+        else:
+            problems.append(f"the controller site's agent record is unreachable ({e}); stopped those recorded here")
     return agents_from_lines(text)

@@ -160,12 +160,10 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
 
 def fetch_job_record(ref: JobRef) -> list[str]:
     """Bring the controller's record (summary, metrics, events) here when it runs on another site;
-    a site that does not answer leaves what is here (logged)."""
-    view = record_view(ref.jobdir.path)
-    if view is None:
-        return []
+    a site that does not answer, or a record here that does not say where it is, leaves what is here (logged)."""
     try:
-        return fetch_record(ref.jobdir.path, *view)
+        view = record_view(ref.jobdir.path)
+        return [] if view is None else fetch_record(ref.jobdir.path, *view)
     except (RlctlError, OSError) as e:
         log.warning("job %s: cannot fetch the record from the controller's site: %s", ref.id, e)
         return []
@@ -224,8 +222,15 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
         out["graceful"] = "requested"
     except (RlctlError, OSError, ValueError, KeyError) as e:  # an unreadable controller.json included
         out["graceful"] = f"controller did not answer ({e}); forcing"
-    handles = [h for h in all_recorded_agents(jd.path) if h.spec.name not in unsure]
-    sites = read_sites(jd.path)
+    # a record that cannot be read (plan.json, staged.json, sites.json cut short) stops what it can, and says so
+    problems: list[str] = []
+    handles = [h for h in all_recorded_agents(jd.path, problems) if h.spec.name not in unsure]
+    try:
+        sites = read_sites(jd.path)
+    except LaunchError as e:
+        problems.append(f"{e}: no agent could be stopped")
+        sites, handles = {}, []
+    record_read = not problems
     backends = Backends(sites, job=jd.path.name, job_dir=jd.path)
     controller = [h for h in handles if h.spec.role == "controller"]
     deadline = time.monotonic() + grace_s
@@ -237,10 +242,11 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
             log.warning("could not poll the controller's site (%s); forcing", e)
             break
         time.sleep(0.3)
-    problems = stop_agents(backends, handles, grace_s=min(grace_s, 10.0))
+    problems += stop_agents(backends, handles, grace_s=min(grace_s, 10.0))
     problems += [_unsure_line(name, pgid) for name, pgid in unsure.items()]
     backends.close()
-    fetch_job_record(ref)
+    if record_read:  # (one that cannot be read is said once, above)
+        fetch_job_record(ref)
     out["agents"] = [h.spec.name for h in handles]
     out["problems"] = problems
     jd.event("stopped_by_operator", agents=out["agents"], problems=problems)
@@ -275,7 +281,7 @@ def _unidentified(ref: JobRef) -> dict[str, Any]:
     backends = Backends(read_sites(jd.path), job=jd.path.name, job_dir=jd.path)
     out = {}
     try:
-        for h in all_recorded_agents(jd.path):
+        for h in all_recorded_agents(jd.path, []):  # (a record that cannot be read: said by the stop itself)
             with contextlib.suppress(LaunchError):  # a site not in the inventory: the stop itself says so
                 if not backends.for_site(h.spec.site).identifies(h):
                     out[h.spec.name] = h.ident.get("pgid")

@@ -29,7 +29,15 @@ from rlctl.errors import LaunchError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, read_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
-from rlctl.launch.stage import TRACKER_DIRS, fetch_record, read_staged, record_view, root_for
+from rlctl.launch.stage import (
+    TRACKER_DIRS,
+    fetch_record,
+    plan_site,
+    read_plan,
+    read_staged,
+    record_view,
+    root_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +56,10 @@ class Pulled:
 
 def _trainer_view(job_dir: Path) -> tuple[str, HostFiles, str]:
     """(site name, its files on the host of trainer rank 0, the site job dir there)."""
-    if not (job_dir / "plan.json").is_file():
+    plan = read_plan(job_dir)
+    if plan is None:
         raise UsageError(f"{job_dir}: the job was never launched (no plan.json): nothing to pull")
-    plan = json.loads((job_dir / "plan.json").read_text())
-    site_name = str(plan["trainer"]["site"])
+    site_name = plan_site(job_dir, plan, "trainer", "site")
     site = read_sites(job_dir).get(site_name)
     staged = read_staged(job_dir)
     if site is None or site_name not in staged:

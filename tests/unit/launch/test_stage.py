@@ -15,6 +15,7 @@ import pytest
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch import sitefs, stage
+from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.remote import CommandResult
 from rlctl.launch.sitefs import FileState, LocalFiles, agent_view, site_root
@@ -417,3 +418,29 @@ def test_events_are_appended_unlocked_where_the_filesystem_has_no_flock(
     jd = JobDir(tmp_path)
     jd.event("agent_joined")
     assert [e["event"] for e in jd.read_lines(jd.events)] == ["agent_joined"]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "says"),
+    [
+        ("plan.json", '{"trainer": {"si', r"plan.json: not valid JSON"),
+        ("plan.json", "[1, 2]", r"plan.json: not a JSON object"),
+        ("plan.json", '{"controller_site": 3}', r"plan.json: controller_site is not a site name"),
+        ("staged.json", '{"local": {"roo', r"staged.json: not valid JSON"),
+        ("staged.json", '["local"]', r"staged.json: not an object of staged sites"),
+        ("staged.json", '{"local": {"roots": []}}', r"staged.json: 'local': not a \{\"roots\""),
+    ],
+)
+def test_a_damaged_plan_or_staged_record_is_one_error_naming_the_file(
+    tmp_path: Path, name: str, text: str, says: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # each was a JSONDecodeError / TypeError / KeyError traceback in status, stop, logs, pull and report
+    d = job_dir(tmp_path)
+    write_sites(d, {"local": local_site()})
+    (d / "plan.json").write_text('{"controller_site": "local"}')
+    stage.write_staged(d, {"local": {"roots": {"localhost": str(d)}, "files": []}})
+    (d / name).write_text(text)
+    with pytest.raises(LaunchError, match=says):
+        stage.record_view(d)
+    assert stage.all_recorded_agents(d) == []  # the agents recorded here: with a warning
+    assert "agent record is unreachable" in caplog.text and name in caplog.text

@@ -304,3 +304,18 @@ def test_the_local_backend_records_its_agents_start_time(tmp_path: Path) -> None
         assert h.ident["start_ticks"] == local.start_ticks(h.ident["pid"]) and h.ident["start_ticks"] > 0
     finally:
         backend.stop([h], grace_s=2)
+
+
+def test_a_stop_of_a_job_whose_plan_cannot_be_read_still_stops_its_agents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
+) -> None:
+    # plan.json cut short: the stop failed with a traceback before it stopped anything
+    ref = _ended_job(tmp_path, monkeypatch, "running")
+    ticks = local.start_ticks(stranger.pid)
+    _local_agents(ref.jobdir, {"pid": stranger.pid, "pgid": stranger.pid, "start_ticks": ticks or 0})
+    ref.jobdir.write_json(ref.jobdir.path / "staged.json", {"local": {"roots": {"localhost": str(ref.jobdir.path)}}})
+    ref.jobdir.plan_json.write_text('{"controller_site": "lo')
+    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
+    out = operate.stop(ref, grace_s=2)
+    assert out["agents"] == ["rollout-0"] and stranger.wait(timeout=5) == -signal.SIGTERM
+    assert len(out["problems"]) == 1 and "plan.json: not valid JSON" in out["problems"][0]

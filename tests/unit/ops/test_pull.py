@@ -138,3 +138,18 @@ def test_pull_to_a_place_it_cannot_write_is_one_line(tmp_path: Path, monkeypatch
     with pytest.raises(UsageError, match=rf"^{tmp_path}/ro: cannot pull into it: Read-only file system$"):
         pull(jd.path, to=tmp_path / "ro")
     assert not (tmp_path / "ro").exists()  # nothing of it left
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "says"),
+    [
+        ("plan.json", '{"trainer": {"si', r"plan.json: not valid JSON"),
+        ("plan.json", '{"trainer": "local", "controller_site": "local"}', r"plan.json: trainer.site is not a site"),
+        ("staged.json", '{"local": {"roo', r"staged.json: not valid JSON"),
+    ],
+)
+def test_pull_of_a_job_whose_record_is_damaged_is_one_error(tmp_path: Path, name: str, text: str, says: str) -> None:
+    jd, _ = job_dir(tmp_path)
+    (jd.path / name).write_text(text)
+    with pytest.raises(LaunchError, match=says):
+        pull(jd.path)
