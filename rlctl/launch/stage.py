@@ -684,7 +684,7 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
         mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
         if fetch_appended(fs, f"{root}/{EVENTS}", mirror):
             with appending(job_dir / EVENTS):  # an event appended here meanwhile would go with the file replaced
-                replace_text(job_dir / EVENTS, _merge_lines(job_dir / EVENTS, mirror.read_text()))
+                replace_text(job_dir / EVENTS, _merge_lines(job_dir / EVENTS, mirror))
             fetched.append(EVENTS)
         fetched += [name for name in APPENDED_LOGS if fetch_appended(fs, f"{root}/{name}", job_dir / name)]
         for tree in TRACKER_DIRS:  # after the record: a tracker file that goes away meanwhile costs only itself
@@ -754,13 +754,32 @@ def _whole_lines(path: Path) -> int:
     return 0
 
 
-def _merge_lines(local: Path, remote: str) -> str:
-    """Both event logs as one, ordered by time, each event once (fetching twice adds nothing)."""
-    lines = local.read_text().splitlines() if local.exists() else []
-    seen = set(lines)
-    lines += [line for line in remote.splitlines() if line.strip() and line not in seen]
-    rows = sorted((json.loads(line).get("t", 0), i, line) for i, line in enumerate(lines) if line.strip())
-    return "".join(line + "\n" for _, _, line in rows)
+def _merge_lines(local: Path, remote: Path) -> str:
+    """Both event logs as one, ordered by time, each event once (fetching twice adds nothing). A line that is not
+    a JSON object (an append cut short by a full disk, the next one on the same line) is left out, with a warning
+    naming the file and line, and kept in `<events>.damaged`: the merged log reads again (`rlctl status`)."""
+    mine = local.read_text().splitlines() if local.exists() else []
+    seen = set(mine)
+    theirs = [(remote, n, line) for n, line in enumerate(remote.read_text().splitlines(), 1) if line not in seen]
+    rows, bad = [], []
+    for i, (path, n, line) in enumerate([(local, n, line) for n, line in enumerate(mine, 1)] + theirs):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("t", 0), (int, float)):
+            rows.append((float(row.get("t", 0)), i, line))
+        else:
+            bad.append((f"{path}: line {n}", line))
+    if bad:
+        damaged = local.with_name(local.name + ".damaged")
+        with damaged.open("a") as f:
+            f.write("".join(line + "\n" for _, line in bad))
+        more = f" (and {len(bad) - 1} more)" if bad[1:] else ""
+        log.warning("%s is not a JSON event: left out of the merged events%s, kept in %s", bad[0][0], more, damaged)
+    return "".join(line + "\n" for _, _, line in sorted(rows))
 
 
 def remote_agent_lines(job_dir: Path, site: Site, host: str, root: str) -> str:

@@ -444,3 +444,25 @@ def test_a_damaged_plan_or_staged_record_is_one_error_naming_the_file(
         stage.record_view(d)
     assert stage.all_recorded_agents(d) == []  # the agents recorded here: with a warning
     assert "agent record is unreachable" in caplog.text and name in caplog.text
+
+
+def test_events_merge_past_a_line_that_is_not_a_json_event(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # an append cut short (a full disk: the next event on the same line), or a list: `rlctl status` failed with a
+    # JSONDecodeError / AttributeError traceback at each merge of the controller site's events
+    src = job_dir(tmp_path)
+    site = local_site(tmp_path / "w")
+    root = Path(site_root(site, "job-1", here=src))
+    root.mkdir(parents=True)
+    cut = '{"t": 2.5{"t": 3, "event": "agent_started"}'
+    (src / "events.jsonl").write_text(f'{{"t": 1, "event": "launch"}}\n{cut}\n[1, 2]\n{{"t": 5, "event": "scale"}}\n')
+    (root / "events.jsonl").write_text('{"t": 4, "event": "iteration"}\n{"t": 6, "event": "job_end"}\n')
+    assert "events.jsonl" in fetch_record(src, site, "localhost", str(root))
+    assert (src / "events.jsonl").read_text().splitlines() == [
+        '{"t": 1, "event": "launch"}', '{"t": 4, "event": "iteration"}', '{"t": 5, "event": "scale"}',
+        '{"t": 6, "event": "job_end"}',
+    ]  # fmt: skip
+    assert JobDir(src).read_lines(src / "events.jsonl")[-1]["event"] == "job_end"  # it reads again
+    assert (src / "events.jsonl.damaged").read_text() == f"{cut}\n[1, 2]\n"
+    assert (
+        f"{src / 'events.jsonl'}: line 2 is not a JSON event: left out of the merged events (and 1 more)" in caplog.text
+    )
