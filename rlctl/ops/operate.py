@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from rlctl.errors import LaunchError, RlctlError, TransportError
+from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import AgentHandle
 from rlctl.launch.stage import all_recorded_agents, fetch_record, record_view
@@ -172,6 +172,11 @@ def fetch_job_record(ref: JobRef) -> list[str]:
 def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0) -> dict[str, Any]:
     if delta == 0:
         raise RlctlError("--rollout must be non-zero, e.g. +1 or -1")
+    if ref.row is not None and ref.row.state not in LIVE:  # its controller is gone: "did not answer" misled
+        raise UsageError(
+            f"job {ref.id} ended ({ref.row.state}): nothing to scale",
+            hint=f"continue a failed or stopped one with `rlctl launch --resume {ref.id}`",
+        )
     try:
         return ask_controller(ref, "scale", {"delta": delta, "site": site}, timeout_s=timeout_s)
     except (TransportError, OSError) as e:
