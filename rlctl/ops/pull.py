@@ -115,20 +115,38 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
         raise UsageError(f"--checkpoint {checkpoint!r}: 'latest' or a version number, e.g. {versions[-1]}")
     site, fs, root = _trainer_view(job_dir)
     try:
+        if checkpoint.isdigit():
+            _have(fs, root, int(checkpoint))
         problems = []
         for version in candidates:
             ckpt = f"{root}/checkpoints/iter-{version}"
             try:
-                into = (to or job_dir / "pulled" / f"v{version}").resolve()  # `--to .` has no name to stage beside
+                into = (to or job_dir / "pulled" / f"v{version}").resolve()
                 got = _pull_one(fs, ckpt, version, into, f"{site}:{fs.where}")
             except ValueError as e:
                 problems.append(f"v{version}: {e}")
-                log.warning("checkpoint v%d on site %s not pulled: %s", version, site, e)
+                if version != candidates[-1]:  # the error below says the last one
+                    log.warning("checkpoint v%d on site %s not pulled: %s; trying an older one", version, site, e)
                 continue
             return Pulled(got.version, got.to, got.files, got.bytes, got.source, fetch_trackers(job_dir))
         raise LaunchError(f"no checkpoint of {job_dir.name} could be pulled from site {site}: " + "; ".join(problems))
     finally:
         fs.close()
+
+
+def _have(fs: HostFiles, root: str, version: int) -> None:
+    """UsageError listing the job's checkpoints when `version` is none of them (its folder holds no file)."""
+    found: dict[int, bool] = {}  # version → complete (its trainer part's manifest is there)
+    for rel in fs.list_files(f"{root}/checkpoints"):
+        top, _, rest = rel.partition("/")
+        if top.startswith("iter-") and top[5:].isdigit():
+            v = int(top[5:])
+            found[v] = found.get(v, False) or rest == manifest_name("trainer")
+    if version in found:
+        return  # an incomplete one is said by the pull itself
+    complete = [f"v{v}" for v in sorted(found) if found[v]]
+    has = f"this job has {', '.join(complete)}" if complete else "this job has none complete yet"
+    raise UsageError(f"--checkpoint {version}: no such checkpoint; {has}")
 
 
 def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> Pulled:

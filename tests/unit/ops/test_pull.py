@@ -72,7 +72,7 @@ def test_pull_copies_the_newest_complete_checkpoint_and_checks_every_file(tmp_pa
     with pytest.raises(LaunchError, match=r"v2: model/.*safetensors: .* the manifest lists"):
         pull(jd.path, checkpoint="2", to=tmp_path / "damaged")
     assert not (tmp_path / "damaged").exists() and not list(tmp_path.glob(".damaged.pull-*"))  # nothing of it here
-    with pytest.raises(LaunchError, match=r"v5: no MANIFEST.trainer.json"):
+    with pytest.raises(UsageError, match=r"^--checkpoint 5: no such checkpoint; this job has v1, v2$"):
         pull(jd.path, checkpoint="5")
     with pytest.raises(UsageError, match=r"--checkpoint 'newest': 'latest' or a version number"):
         pull(jd.path, checkpoint="newest")
@@ -153,3 +153,20 @@ def test_pull_of_a_job_whose_record_is_damaged_is_one_error(tmp_path: Path, name
     (jd.path / name).write_text(text)
     with pytest.raises(LaunchError, match=says):
         pull(jd.path)
+
+
+def test_pull_of_a_checkpoint_that_is_not_there_lists_those_that_are(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # `-c 99` said "no checkpoint could be pulled: v99: no MANIFEST.trainer.json (not written, or the part is
+    # incomplete)", after a warning that said the same
+    jd, _ = job_dir(tmp_path)
+    with pytest.raises(UsageError, match=r"^--checkpoint 99: no such checkpoint; this job has v1, v2$") as e:
+        pull(jd.path, checkpoint="99")
+    assert e.value.exit_code == 2 and not caplog.records
+    (jd.checkpoint(2) / "MANIFEST.trainer.json").unlink()  # v2 incomplete: not listed, and said as such
+    with pytest.raises(UsageError, match=r"this job has v1$"):
+        pull(jd.path, checkpoint="3")
+    with pytest.raises(LaunchError, match=r"v2: no MANIFEST.trainer.json \(not written, or the part is incomplete\)$"):
+        pull(jd.path, checkpoint="2")
+    assert not caplog.records  # one line: the error
