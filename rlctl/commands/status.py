@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from rlctl.commands import seconds_at_least
-from rlctl.errors import PartialFailure
+from rlctl.errors import PartialFailure, UsageError
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 from rlctl.textutil import duration
 
@@ -197,6 +197,10 @@ def register(app: typer.Typer) -> None:
         from rlctl.ops.operate import job_status
 
         if all_jobs:
+            if job is not None:  # it listed every job, JOB ignored
+                raise UsageError(
+                    f"--all lists every job: it takes no JOB ({job!r}); `rlctl status {job}` shows that one"
+                )
             db = JobDB()
             try:
                 rows = [

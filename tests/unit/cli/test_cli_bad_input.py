@@ -192,6 +192,7 @@ def test_a_profile_without_generation_entries_for_a_rollout_site_names_the_file_
         (["plan"], "Missing argument 'job'. (hint: `rlctl plan --help`)"),
         (["no-such-command"], "No such command 'no-such-command'."),
         (["launch", str(DEMO), "--dry-run", "--detach"], "--dry-run starts nothing: it takes no --detach"),
+        (["status", "--all", "myjob"], "--all lists every job: it takes no JOB ('myjob'); `rlctl status myjob` shows"),
     ],
 )
 def test_a_usage_error_is_one_line(args: list[str], says: str) -> None:
