@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from typing import Annotated
 
@@ -87,6 +88,7 @@ def main() -> None:
         ctx = getattr(e, "ctx", None)
         hint = f" (hint: `{ctx.command_path} --help`)" if ctx is not None else ""
         message = e.format_message().replace("Value error, ", "")  # pydantic's prefix, as typer passes it on
+        message = re.sub(r"\n\s*", " ", message)  # click lists choices one a line ("Choose from:\n\tbash,\n\tzsh")
         sys.stderr.write(one_line(f"rlctl: error: {message}{hint}") + "\n")
         sys.exit(e.exit_code)
     except typer.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort)

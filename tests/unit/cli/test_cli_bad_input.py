@@ -212,3 +212,10 @@ def test_logs_of_a_job_without_any_says_so(tmp_path: Path) -> None:
     assert f"job run: no logs yet: none of its agents has started (no {jd.path}/logs/*.log)" in one_error(
         run_cli("logs", str(jd.path))
     )
+
+
+def test_a_missing_choice_lists_the_choices_on_its_line() -> None:
+    # click's list, one choice a line, came out as "Choose from:\n\tbash,\n\tzsh,\n\tfish", escapes and all
+    assert one_error(run_cli("completion")) == (
+        "rlctl: error: Missing argument 'shell'. Choose from: bash, zsh, fish (hint: `rlctl completion --help`)"
+    )
