@@ -1,3 +1,3 @@
-from rlctl.cli import main
+from rlctl.entry import main
 
 main()

@@ -77,3 +77,24 @@ def test_a_request_and_reply_without_tensors_do_not_import_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", TENSORLESS_RPC], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["REPLY", "running", "TORCH", "False"], proc.stdout
+
+
+INTERRUPTED_IMPORT = """
+import importlib, sys, tomllib
+class CtrlC:  # Ctrl-C while the CLI's modules load
+    def find_spec(self, name, path=None, target=None):
+        if name == "rlctl.cli":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, CtrlC())
+module, _, func = tomllib.load(open("pyproject.toml", "rb"))["project"]["scripts"]["rlctl"].partition(":")
+sys.argv = ["rlctl", "status", "--all"]
+getattr(importlib.import_module(module), func)()
+"""
+
+
+def test_a_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130() -> None:
+    # the console script imported rlctl.cli before any guard: a Ctrl-C in the first second was a traceback
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_IMPORT], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert (proc.returncode, proc.stderr) == (130, "rlctl: interrupted\n")
