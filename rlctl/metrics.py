@@ -129,7 +129,8 @@ class JobMetrics:
         self.agent_phase_seconds = Gauge(
             "rlctl_agent_phase_seconds",
             "How long the agent's current busy phase (train, optimizer step, publish, engine step, weight load) had "
-            "run at its last heartbeat; 0 while it waits for work. Past the job's hang_timeout_s the agent ends itself",
+            "run at its last heartbeat; 0 while it waits for work, and once it is lost or stopped. Past the job's "
+            "hang_timeout_s the agent ends itself",
             ["role", "name", "site"],
             registry=r,
         )

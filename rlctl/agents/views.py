@@ -358,6 +358,7 @@ def _staleness(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 
 # -- Prometheus gauges (declared in rlctl/metrics.py) ------------------------------------------------
+LIVE_STATES = ("running", "unreachable")  # an agent that may still be in the phase it last reported
 def reward_view(core: ControllerCore) -> dict[str, Any]:
     """The last rewards' latencies (sample in → scored, beside the controller) and the stall limit they give."""
     seen = bool(core.reward_latency)
@@ -381,7 +382,9 @@ def agent_gauges(
         labels = (p.role, p.name, sites.get(p.name, ""))
         m.agent_up.labels(*labels).set(1 if p.state == "running" else 0)
         m.agent_heartbeat_age_seconds.labels(*labels).set(now - p.last_seen)
-        m.agent_phase_seconds.labels(*labels).set(p.figures.phase_s)
+        # a lost or stopped agent's last heartbeat is no phase that still runs (a hung unit its watchdog ended would
+        # keep RlctlAgentBusyLong firing for as long as the controller runs)
+        m.agent_phase_seconds.labels(*labels).set(p.figures.phase_s if p.state in LIVE_STATES else 0.0)
     # every site that ever had a unit: one whose last unit was lost or scaled in reads 0, not its last count
     units = {sites.get(p.name, ""): 0 for p in peers.values() if p.role == "rollout"}
     units |= {sites.get(u.name, ""): 0 for u in core.units.values()}

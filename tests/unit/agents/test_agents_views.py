@@ -428,6 +428,23 @@ def test_the_gauges_of_a_trained_iteration_and_of_the_agents():
     assert value("rlctl_agent_phase_seconds", {"role": "trainer", "name": "trainer-0", "site": "a"}) == 0.0
 
 
+def test_a_lost_or_stopped_agent_s_phase_gauge_reads_zero():
+    """A unit its watchdog ended (hung in an engine step) is lost; its last heartbeat said 1805 s in the phase,
+    and RlctlAgentBusyLong (phase > 300 s) fired for as long as the controller ran.
+    An unreachable one may be in it still."""
+    core, _, _ = _one_iteration()
+    snap = _snapshot(core, [])
+    m = JobMetrics()
+    value = m.registry.get_sample_value
+    r0 = {"role": "rollout", "name": "r0", "site": "b"}
+    snap.peers["r0"].figures = Heartbeat(name="r0", state="hung", phase="engine step", phase_s=1805.0)
+    for state, phase in (("running", 1805.0), ("unreachable", 1805.0), ("lost", 0.0), ("stopped", 0.0)):
+        snap.peers["r0"].state = state
+        agent_gauges(m, core, snap.peers, snap.sites, now=110.0)
+        assert (state, value("rlctl_agent_phase_seconds", r0)) == (state, phase)
+        assert value("rlctl_agent_up", r0) == (1.0 if state == "running" else 0.0)
+
+
 def test_the_reference_kl_is_in_the_row_when_the_job_penalises_it():
     core, t, _ = _one_iteration()
     job = _job()
