@@ -216,18 +216,34 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
 
 
 PACE_ROWS = 20  # `status` estimates the time left from the pace of this many last iterations
+# … and from no fewer: one interval right after a resume is no pace (the first iterations train samples the units
+# had queued, back to back: "≈ 12 s left at 0.0 s an iteration (last 1)" with 376 iterations left)
+PACE_MIN_INTERVALS = 3
+
+
+def run_start(rows: list[dict[str, Any]], kept: int) -> int:
+    """The index of this run's first metrics row: past the `kept` rows a resume kept, and past the last place where
+    the rows' wall_s (seconds since their controller started) goes back, which only a new run does."""
+    start = kept
+    for i in range(max(kept, 1), len(rows)):
+        before, at = rows[i - 1].get("wall_s"), rows[i].get("wall_s")
+        if before is not None and at is not None and at < before:
+            start = i
+    return start
 
 
 def progress_view(s: Snapshot, *, now: float) -> dict[str, Any]:
     """How far a long run is: seconds an iteration over this run's last PACE_ROWS iterations (their metrics rows'
-    wall times), the time left at that pace, and the latest complete checkpoint (version, age, how often)."""
-    times = [r["t"] for r in s.rows[max(s.rows_kept, len(s.rows) - PACE_ROWS - 1) :]]
-    pace = (times[-1] - times[0]) / (len(times) - 1) if len(times) >= 2 else None
+    wall times; none before PACE_MIN_INTERVALS of them), the time left at that pace, and the latest complete
+    checkpoint (version, age, how often)."""
+    times = [r["t"] for r in s.rows[max(run_start(s.rows, s.rows_kept), len(s.rows) - PACE_ROWS - 1) :]]
+    pace = (times[-1] - times[0]) / (len(times) - 1) if len(times) > PACE_MIN_INTERVALS else None
     left = max(0, s.job.iterations - s.core.trainer_version)
     version, at = s.checkpoint if s.checkpoint is not None else (None, None)
     return {
         "pace_s": None if pace is None else round(pace, 3),
         "pace_iterations": max(0, len(times) - 1),
+        "pace_after_iterations": PACE_MIN_INTERVALS + 1,  # this run's rows before a pace is estimated
         "eta_s": 0.0 if left == 0 else None if pace is None else round(left * pace, 1),
         "checkpoint": {
             "version": version,
@@ -359,6 +375,8 @@ def _staleness(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 # -- Prometheus gauges (declared in rlctl/metrics.py) ------------------------------------------------
 LIVE_STATES = ("running", "unreachable")  # an agent that may still be in the phase it last reported
+
+
 def reward_view(core: ControllerCore) -> dict[str, Any]:
     """The last rewards' latencies (sample in → scored, beside the controller) and the stall limit they give."""
     seen = bool(core.reward_latency)

@@ -64,7 +64,7 @@ def time_line(v: dict[str, Any]) -> str:
     if v["iteration"] >= v["iterations"]:
         return out + "; no iteration left"
     if v.get("pace_s") is None or v.get("eta_s") is None:
-        return out + "; time left: known after 2 iterations of this run"
+        return out + f"; time left: known after {v.get('pace_after_iterations', 4)} iterations of this run"
     return out + f"; ≈ {duration(v['eta_s'])} left at {v['pace_s']:.1f} s an iteration (last {v['pace_iterations']})"
 
 

@@ -225,11 +225,11 @@ def test_status_says_the_time_left_at_this_runs_pace_and_the_latest_checkpoint()
     (this run's: rows a resume kept are of an earlier run, with the downtime between), and its latest checkpoint."""
     core, t, _ = _one_iteration()
     row = metrics_row(_snapshot(core, []), t, wall_time=0.0)
-    rows = [{**row, "t": 5.0}] + [{**row, "t": 1000.0 + 12.5 * i} for i in range(3)]  # the first: before a resume
+    rows = [{**row, "t": 5.0}] + [{**row, "t": 1000.0 + 12.5 * i} for i in range(4)]  # the first: before a resume
     st = status(_snapshot(core, rows, job=_job(iterations=5), rows_kept=1, checkpoint=(1, 104.0)), now=110.0)
-    assert (st["pace_s"], st["pace_iterations"], st["eta_s"]) == (12.5, 2, 50.0)  # 4 iterations left × 12.5 s
+    assert (st["pace_s"], st["pace_iterations"], st["eta_s"]) == (12.5, 3, 50.0)  # 4 iterations left × 12.5 s
     assert st["checkpoint"] == {"version": 1, "age_s": 6.0, "every_iterations": 20}
-    assert time_line(st) == "running 10 s; ≈ 50 s left at 12.5 s an iteration (last 2)"
+    assert time_line(st) == "running 10 s; ≈ 50 s left at 12.5 s an iteration (last 3)"
     assert progress_line(st).startswith("iter 1/5 (≈ 50 s left)  reward 0.500")  # `launch`'s line per iteration
     assert checkpoint_line(st["checkpoint"]) == "v1, 6 s ago (every 20 iterations)"
     many = [{**row, "t": 10.0 * i} for i in range(3 * PACE_ROWS)]  # the pace of the last PACE_ROWS only
@@ -237,13 +237,33 @@ def test_status_says_the_time_left_at_this_runs_pace_and_the_latest_checkpoint()
     assert status(_snapshot(core, many, job=_job(iterations=5)), now=110.0)["pace_s"] == 15.0
     resumed = status(_snapshot(core, rows[:2], rows_kept=1, checkpoint=(1, None)), now=110.0)
     assert resumed["pace_s"] is resumed["eta_s"] is None  # one row of this run: no pace yet
-    assert time_line(resumed) == "running 10 s; time left: known after 2 iterations of this run"
+    assert time_line(resumed) == "running 10 s; time left: known after 4 iterations of this run"
     assert time_line({**resumed, "iteration": 2}) == "running 10 s; no iteration left"  # the job's 2 trained
     assert checkpoint_line(resumed["checkpoint"]) == "v1 (resumed from) (every 20 iterations)"
     assert (
         checkpoint_line({"version": None, "age_s": None, "every_iterations": 0})
         == "none complete yet (only at the end)"
     )
+
+
+def test_no_time_left_from_one_interval_after_a_resume_nor_across_the_resume():
+    """Right after a resume the first iterations train what the units had queued, back to back: one interval of
+    0.01 s gave "≈ 12 s left at 0.0 s an iteration (last 1)" with 376 left. A few intervals of this run first; and a
+    run's rows start where wall_s (seconds since the controller started) goes back, rows_kept or not."""
+    core, t, _ = _one_iteration()
+    row = metrics_row(_snapshot(core, []), t, wall_time=0.0)
+    job = _job(iterations=400)
+    before = [{**row, "t": 1000.0 + 40.0 * i, "wall_s": 40.0 * (i + 1)} for i in range(24)]  # 40 s an iteration
+    after = [{**row, "t": 9000.0 + 0.01 * i, "wall_s": 60.0 + 0.01 * i} for i in range(2)]  # queued work, at once
+    st = status(_snapshot(core, before + after, job=job, rows_kept=24), now=110.0)
+    assert st["pace_s"] is st["eta_s"] is None and st["pace_after_iterations"] == 4
+    assert time_line(st) == "running 10 s; time left: known after 4 iterations of this run"
+    # a record whose kept rows are not counted (rows_kept 0): the wall_s going back marks the new run all the same
+    st = status(_snapshot(core, before + after, job=job, rows_kept=0), now=110.0)
+    assert st["pace_s"] is st["eta_s"] is None
+    later = after + [{**row, "t": 9040.0 + 40.0 * i, "wall_s": 100.0 + 40.0 * i} for i in range(2)]
+    st = status(_snapshot(core, before + later, job=job, rows_kept=0), now=110.0)
+    assert (st["pace_iterations"], st["pace_s"]) == (3, 26.667)  # only this run's: (9080 − 9000) / 3
 
 
 def test_durations_read_as_people_read_them():
