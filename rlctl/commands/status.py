@@ -130,6 +130,17 @@ def _live_table(s: dict[str, Any]) -> str:
     return head + "\n\n" + body
 
 
+def index_line(s: dict[str, Any]) -> str:
+    """The job index's state; where it says the job runs and no agent does, without a summary, that it ended
+    without one (a controller killed with its launcher: only the agents' logs say how)."""
+    from rlctl.ops.jobdb import LIVE
+
+    state = s["index_state"]
+    if state in LIVE and "summary" not in s and s["agents"] and all(a["state"] != "running" for a in s["agents"]):
+        return f"{state}, but no agent runs and no summary was written: it ended without one (`rlctl logs` says how)"
+    return state
+
+
 def _fallback_table(s: dict[str, Any]) -> str:
     rows = [["controller", s["controller"]], ["source", s["source"]]]
     if "last_iteration" in s:
@@ -145,6 +156,8 @@ def _fallback_table(s: dict[str, Any]) -> str:
         rows.append(["held-out", evaluations_line(s["heldout"])])
     if "summary" in s:
         rows.append(["ended", f"{s['summary']['state']} after {s['summary']['iterations']} iterations"])
+    if s.get("index_state"):
+        rows.append(["job index", index_line(s)])
     if s["sites_down"]:
         rows.append(["sites not answering", ", ".join(s["sites_down"])])
     if s.get("launcher"):

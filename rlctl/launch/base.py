@@ -23,6 +23,7 @@ owns there, exported as CUDA_VISIBLE_DEVICES; `rlctl.launch.gpus` hands them out
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -36,6 +37,24 @@ if TYPE_CHECKING:
     from rlctl.launch.remote import Runner, SshTarget
 
 DEFAULT_WORKDIR = "~/.rlctl"  # the work root on a site reached over SSH that names none
+
+# the exit code `poll` reports for an agent that ended without one the backend can read: SIGKILLed or OOM-killed
+# with no parent here to reap it (another terminal's `rlctl status`), a host rebooted, an SSH agent's exit file
+# never written. Shown as "status unknown", not "exited 255" (an agent's own exit 255 reads the same: none does)
+LOST = 255
+
+
+def exit_text(code: int | None) -> str:
+    """An agent's exit code for a message: `-9 (SIGKILL)` for one a signal ended, `an unknown status` for one that
+    left none the backend could read (LOST: killed with no parent here to tell, a host rebooted)."""
+    if code == LOST:
+        return "an unknown status"
+    if code is not None and code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return str(code)
 
 
 @dataclass(frozen=True)
@@ -109,7 +128,8 @@ class LaunchBackend(ABC):
 
     @abstractmethod
     def poll(self, handle: AgentHandle) -> int | None:
-        """None while the agent runs, else its exit code (negative: killed by that signal)."""
+        """None while the agent runs, else its exit code (negative: killed by that signal; LOST: it ended, with no
+        exit status the backend can read)."""
 
     @abstractmethod
     def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlctl.errors import LaunchError
-from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend
+from rlctl.launch.base import LOST, AgentHandle, AgentSpec, LaunchBackend
 
 if TYPE_CHECKING:
     from rlctl.config.inventory import Site
@@ -134,8 +134,8 @@ class LocalBackend(LaunchBackend):
 
     def poll(self, handle: AgentHandle) -> int | None:
         proc = self._procs.get(handle.ident["pid"])
-        if proc is None:
-            return None if self._running(handle) else 0
+        if proc is None:  # not ours (`rlctl status` from another terminal): only its parent learns how it ended
+            return None if self._running(handle) else LOST
         return proc.poll()
 
     def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:

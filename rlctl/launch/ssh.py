@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 from rlctl.config.inventory import Site, SshScheduler
 from rlctl.errors import LaunchError
 from rlctl.launch import hostkeys
-from rlctl.launch.base import AgentHandle, AgentSpec, LaunchBackend, site_setup
+from rlctl.launch.base import LOST, AgentHandle, AgentSpec, LaunchBackend, site_setup
 from rlctl.launch.remote import RemoteState, SshRunner, SshTarget, sh_path
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,6 @@ _CLOCK_FN = (
 def _sched(site: Site) -> SshScheduler:
     assert isinstance(site.scheduler, SshScheduler), site.scheduler.kind
     return site.scheduler
-
-
-LOST = 255  # exit code reported when an agent vanished without writing one (SIGKILL, reboot)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
-from rlctl.launch.base import AgentHandle
+from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.stage import all_recorded_agents, fetch_record, record_view
 from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.jobdb import LIVE, JobDB
@@ -79,6 +79,12 @@ def _with_deadline(work: dict[str, Any], timeout_s: float) -> dict[str, tuple[st
     return out
 
 
+def _exited(code: int) -> str:
+    """'exited 1', 'exited -9 (SIGKILL)'; 'exited (status unknown)' for one that left none its backend could read
+    (a local agent SIGKILLed, seen from another terminal, read 'exited 0')."""
+    return "exited (status unknown)" if code == LOST else f"exited {exit_text(code)}"
+
+
 def site_view(ref: JobRef, *, timeout_s: float) -> tuple[list[dict[str, Any]], list[str]]:
     """Every recorded agent's state as its site's scheduler sees it; sites that did not answer."""
     handles = all_recorded_agents(ref.jobdir.path)
@@ -101,7 +107,7 @@ def site_view(ref: JobRef, *, timeout_s: float) -> tuple[list[dict[str, Any]], l
             down.append(site)
         for h in hs:
             code = value.get(h.spec.name) if how == "ok" else None
-            state = "running" if how == "ok" and code is None else f"exited {code}" if how == "ok" else "unknown"
+            state = "unknown" if how != "ok" else "running" if code is None else _exited(code)
             agents.append(
                 {
                     "name": h.spec.name,

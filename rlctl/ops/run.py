@@ -32,7 +32,6 @@ import os
 import random
 import re
 import secrets
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -53,7 +52,7 @@ from rlctl.config.job import Job, JobFile
 from rlctl.errors import LaunchError, RlctlError, Stopped, UsageError
 from rlctl.launch.agentenv import ENV_RESUME, ENV_RUN, ENV_VISIBLE, ParallelConfig
 from rlctl.launch.backends import AGENTS_FILE, Backends, kind_of, read_sites, record_agent, stop_agents, write_sites
-from rlctl.launch.base import AgentHandle, AgentSpec
+from rlctl.launch.base import AgentHandle, AgentSpec, exit_text
 from rlctl.launch.jobdir import JobDir, json_lines, refuse_taken, resume_command
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, trainer_parallel, unshared_trainer
 from rlctl.launch.sitefs import HostFiles, LocalFiles, access_hosts, agent_view, host_files, is_remote, site_root
@@ -609,16 +608,6 @@ class JobRun:
         self.backends.close()
         if problems:
             raise LaunchError("; ".join(problems))
-
-
-def exit_text(code: int | None) -> str:
-    """An agent's exit code for a message: `-9 (SIGKILL)` for one a signal ended."""
-    if code is not None and code < 0:
-        try:
-            return f"{code} ({signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return str(code)
 
 
 def pick_checkpoint(

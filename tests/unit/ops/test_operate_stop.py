@@ -23,7 +23,7 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError, Stopped
 from rlctl.launch import local
 from rlctl.launch.backends import record_agent, write_sites
-from rlctl.launch.base import AgentHandle, AgentSpec
+from rlctl.launch.base import LOST, AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.ssh import SshBackend
 from rlctl.ops import operate
@@ -288,7 +288,7 @@ def test_the_local_backend_signals_a_recorded_agent_only_while_its_start_time_ma
     assert ticks is not None
     backend = local.LocalBackend()  # another terminal's: it holds no Popen of the agent
     reused = AgentHandle(spec, {"pid": stranger.pid, "pgid": stranger.pid, "start_ticks": ticks + 1}, "local")
-    assert backend.poll(reused) == 0  # gone, as far as the job is concerned
+    assert backend.poll(reused) == LOST  # gone, as far as the job is concerned (how it ended: not known here)
     backend.stop([reused], grace_s=0.5)
     assert stranger.poll() is None
     agent = AgentHandle(spec, {"pid": stranger.pid, "pgid": stranger.pid, "start_ticks": ticks}, "local")

@@ -1,0 +1,70 @@
+"""`rlctl status` when the controller does not answer (rlctl.ops.operate.job_status → site_view): each recorded
+agent's state as its backend sees it from this terminal, which did not start it, and the job index's state."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlctl.commands.status import _fallback_table
+from rlctl.config.inventory import Site
+from rlctl.launch import local
+from rlctl.launch.backends import write_sites
+from rlctl.launch.base import LOST, AgentHandle, AgentSpec, exit_text
+from rlctl.launch.jobdir import JobDir
+from rlctl.ops import operate
+from rlctl.ops.jobdb import JobDB
+from rlctl.ops.jobref import JobRef
+
+
+def _killed_agent() -> dict[str, int]:
+    """A local agent's record (pid, pgid, start time) whose process was SIGKILLed (an OOM kill) and reaped by its own
+    parent: no exit status is left for anyone else to read."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    ticks = local.start_ticks(proc.pid)
+    assert ticks is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    return {"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks}
+
+
+def test_a_sigkilled_local_agent_seen_from_another_terminal_has_no_exit_status() -> None:
+    # `rlctl status` read `exited 0` for it: the backend that did not start it answered 0 for any gone group
+    handle = AgentHandle(AgentSpec("controller", 0, "local", []), _killed_agent(), "local")
+    code = local.LocalBackend().poll(handle)
+    assert code == LOST and exit_text(code) == "an unknown status"
+    assert exit_text(-9) == "-9 (SIGKILL)" and exit_text(0) == "0"
+
+
+def test_status_of_a_job_whose_controller_was_killed_says_so_and_shows_the_index_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("killed", explicit=tmp_path / "killed")
+    site = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 1}]}
+    write_sites(jd.path, {"local": Site.model_validate(site)})
+    row = {"name": "controller-0", "role": "controller", "replica": 0, "site": "local", "backend": "local"}
+    rec = row | {"ident": _killed_agent(), "host": None, "gpus": None, "log": None}
+    (jd.path / "agents.jsonl").write_text(json.dumps(rec))
+    db = JobDB()
+    try:
+        db.put("killed1", job_dir=str(jd.path), spec={"name": "killed"})
+        db.update("killed1", state="running")  # its launcher died with it: nothing wrote how it ended
+        index_row = db.get("killed1")
+    finally:
+        db.close()
+    s, complete = operate.job_status(JobRef("killed1", jd, index_row), timeout_s=2.0)
+    assert [(a["name"], a["state"]) for a in s["agents"]] == [("controller-0", "exited (status unknown)")]
+    assert s["index_state"] == "running" and "summary" not in s and not complete
+    table = _fallback_table(s)
+    assert "exited (status unknown)" in table and "exited 0" not in table
+    index = next(line for line in table.splitlines() if line.startswith("job index"))
+    assert index.split(None, 2)[2] == (
+        "running, but no agent runs and no summary was written: it ended without one (`rlctl logs` says how)"
+    )
