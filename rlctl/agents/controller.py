@@ -976,6 +976,7 @@ class ControllerAgent:
             free_slots=self.scaler.free_slots(),
             stop_requested=self.stop_requested,
             metrics_port=self.metrics_port,
+            metrics_host=bind_host(self.listener.address),
             job_dir=str(self.jobdir.path),
             resilience={"resumes": self.resumes, **self.scaler.resilience(), "paused": self.paused},
             data=self._data_view(),

@@ -67,6 +67,7 @@ class Snapshot:
     evaluations: list[dict[str, Any]] = field(default_factory=list)  # evaluations.jsonl so far (agents.evaluation)
     rows_kept: int = 0  # the first rows are a resumed run's earlier ones (their times are not this run's pace)
     checkpoint: tuple[int, float | None] | None = None  # the latest complete one: version, time.monotonic() then
+    metrics_host: str = "127.0.0.1"  # where /metrics binds: the controller's listen host (transport.bind_host)
 
 
 # the last step's figures that `status` shows (metrics row keys)
@@ -196,6 +197,8 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "elapsed_s": round(now - s.t_start, 2),
         **progress_view(s, now=now),
         "metrics_port": s.metrics_port,
+        # where Prometheus scrapes: bound where the controller listens; a port of its own only with metrics.port
+        "metrics": {"address": f"{s.metrics_host}:{s.metrics_port}", "port_fixed": s.job.metrics.port != 0},
         "ledger": {
             "prompts": counts.prompts,
             "trained": counts.trained,

@@ -80,6 +80,21 @@ def checkpoint_line(c: dict[str, Any] | None) -> str:
     return f"v{c['version']}{age} ({how})"
 
 
+def metrics_line(m: dict[str, Any] | None) -> str:
+    """'http://10.0.0.5:9400/metrics', with what keeps another machine's Prometheus from scraping it: a loopback
+    address (transport.listen_host, or the site's network.listen_host) and a port picked anew each run."""
+    if not m:
+        return "-"
+    host, _, port = m["address"].rpartition(":")
+    notes = []
+    if host.startswith("127.") or host in ("::1", "localhost"):
+        notes.append("this machine only: set transport.listen_host to a reachable address")
+    if not m.get("port_fixed"):
+        notes.append("a new port each run and resume: set metrics.port")
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+    return url + (f"  ({'; '.join(notes)})" if notes else "")
+
+
 def suspects_line(suspects: dict[str, int]) -> str:
     """Prompts running alone on a unit after unit losses (rlctl.agents.core `_blame`)."""
     return ", ".join(f"{g} ({n} unit losses)" for g, n in suspects.items()) + ": each runs alone on a unit"
@@ -106,6 +121,7 @@ def _live_table(s: dict[str, Any]) -> str:
         ["staleness", " ".join(f"{k}:{n}" for k, n in v["staleness"].items()) or "-"],
         ["ledger", " ".join(f"{k} {n}" for k, n in led.items())],
         *([["suspect prompts", suspects_line(v["suspects"])]] if v.get("suspects") else []),
+        ["metrics", metrics_line(v.get("metrics"))],
         ["job dir", s["job_dir"]],
         *([["launcher", s["launcher"]]] if s.get("launcher") else []),
     ]

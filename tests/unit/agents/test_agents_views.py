@@ -16,7 +16,7 @@ from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import PACE_ROWS, Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
 from rlctl.commands.launch import progress_line, summary_table
-from rlctl.commands.status import checkpoint_line, suspects_line, time_line, training_line
+from rlctl.commands.status import checkpoint_line, metrics_line, suspects_line, time_line, training_line
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
@@ -264,6 +264,23 @@ def test_no_time_left_from_one_interval_after_a_resume_nor_across_the_resume():
     later = after + [{**row, "t": 9040.0 + 40.0 * i, "wall_s": 100.0 + 40.0 * i} for i in range(2)]
     st = status(_snapshot(core, before + later, job=job, rows_kept=0), now=110.0)
     assert (st["pace_iterations"], st["pace_s"]) == (3, 26.667)  # only this run's: (9080 − 9000) / 3
+
+
+def test_status_shows_where_metrics_are_served_and_what_keeps_another_machine_from_scraping_them():
+    """The alerts' header sends operators to `rlctl status` for the /metrics address: the table never showed it, and
+    by default it is loopback (the controller's listen host) on a port picked anew each run."""
+    core, _, _ = _one_iteration()
+    st = status(_snapshot(core, []), now=110.0)
+    assert st["metrics"] == {"address": "127.0.0.1:9999", "port_fixed": False}
+    assert metrics_line(st["metrics"]) == (
+        "http://127.0.0.1:9999/metrics  (this machine only: set transport.listen_host to a reachable address; "
+        "a new port each run and resume: set metrics.port)"
+    )
+    job = _job()
+    job = job.model_copy(update={"metrics": job.metrics.model_copy(update={"port": 9400})})
+    st = status(_snapshot(core, [], job=job, metrics_port=9400, metrics_host="10.0.0.5"), now=110.0)
+    assert metrics_line(st["metrics"]) == "http://10.0.0.5:9400/metrics"
+    assert metrics_line({"address": "fd00::5:9400", "port_fixed": True}) == "http://[fd00::5]:9400/metrics"
 
 
 def test_durations_read_as_people_read_them():
