@@ -7,10 +7,36 @@ serves it with `serve(port)`; agents may expose their own.
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.metrics_core import Metric
 
 STALENESS_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 8.0)
 TRANSFER_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+LINGER_MAX_S = 150.0  # the longest a controller that ended on purpose waits for its last scrape
+
+
+class _Scrapes:
+    """A collector that yields nothing and notes when /metrics was read (the last few times)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []  # time.monotonic() of the last scrapes
+        self.seen = threading.Condition()
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # (the registry asks at registration: no scrape)
+
+    def collect(self) -> Iterable[Metric]:
+        with self.seen:
+            self.times = [*self.times[-5:], time.monotonic()]
+            self.seen.notify_all()
+        return []
 
 
 class JobMetrics:
@@ -19,6 +45,15 @@ class JobMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry if registry is not None else CollectorRegistry()
         self.iteration = Gauge("rlctl_job_iteration", "Last completed training iteration", registry=r)
+        self.ended = Gauge(
+            "rlctl_job_ended",
+            "1 once the controller ends the job on purpose (every iteration trained, or `rlctl stop`), held until one "
+            "more scrape before it exits; 0 while it runs and when it fails. A /metrics that vanished while it read 0 "
+            "is a controller that is gone (RlctlControllerDown)",
+            registry=r,
+        )
+        self._scrapes = _Scrapes()
+        r.register(self._scrapes)
         self.last_trained = Gauge(
             "rlctl_job_last_trained_timestamp_seconds",
             "Unix time the controller took in the last trained iteration (a stalled job: time() minus it grows)",
@@ -144,6 +179,25 @@ class JobMetrics:
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         self._server = server
         return int(server.server_address[1])
+
+    def linger_s(self) -> float:
+        """How long to wait for one more scrape: twice the longest gap between the last scrapes (LINGER_MAX_S at
+        most); 0 where /metrics was read less than twice (nothing scrapes it, or the job was too short to tell)."""
+        times = self._scrapes.times
+        if len(times) < 2:
+            return 0.0
+        return min(LINGER_MAX_S, 2 * max(b - a for a, b in itertools.pairwise(times)))
+
+    def wait_scraped(self, since: float, timeout_s: float) -> bool:
+        """Wait until /metrics is read at or after `since` (time.monotonic()), `timeout_s` at most; whether it was."""
+        deadline = time.monotonic() + timeout_s
+        with self._scrapes.seen:
+            while not (self._scrapes.times and self._scrapes.times[-1] >= since):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._scrapes.seen.wait(left)
+        return True
 
     def close(self) -> None:
         """Stop serving /metrics (a controller that ends inside a longer-lived process)."""

@@ -995,6 +995,12 @@ class ControllerAgent:
 
     def _shutdown(self) -> None:
         self._closing = True
+        # an end on purpose is said on /metrics and waited for one scrape below: a /metrics that vanishes without it
+        # is a controller that is gone (docs/prometheus/rlctl-alerts.yml, RlctlControllerDown)
+        on_purpose = not self.core.failed and (self.core.done or self.stop_requested)
+        ending = time.monotonic()
+        if on_purpose:
+            self.metrics.ended.set(1)
         for p in self.peers.values():
             if p.state == "running" and p.role != "client":
                 if p.broken is not None:
@@ -1036,6 +1042,11 @@ class ControllerAgent:
         self.listener.close()
         self.scaler.close()
         self.task.close()
+        linger = self.metrics.linger_s() if on_purpose else 0.0
+        if linger > 0 and not self.metrics.wait_scraped(ending, timeout_s=linger):
+            log.warning(
+                "controller: /metrics was not scraped in %.0f s after the end; RlctlControllerDown may page", linger
+            )
 
     # -- threads ------------------------------------------------------------------------------------
     def _accept(self) -> None:
