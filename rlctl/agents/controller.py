@@ -28,6 +28,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import queue
 import socket
@@ -175,6 +176,7 @@ class ControllerAgent:
         self.placement = Placement.read(jobdir)
         self.sites = self.placement.sites  # agent → site; the Scaler adds the units it starts
         self.stop_requested = False
+        self.stop_by = math.inf  # when `rlctl stop` kills this process if it has not ended (its grace)
         self.book = WeightBook()
         self.done_at: float | None = None  # when the last iteration was trained (the final weight sync starts)
         self.stop_at: float | None = None  # when a stop was asked for while a checkpoint was being written
@@ -631,6 +633,8 @@ class ControllerAgent:
             self._reply(peer, msg, reply)
         elif msg.kind == "shutdown":
             self.stop_requested = True
+            if (grace := msg.header.get("grace_s")) is not None:  # it kills this process then: the end fits in it
+                self.stop_by = time.monotonic() + float(grace)
             self.jobdir.event("stop_requested", by=peer.name)
             self._reply(peer, msg, {"ok": True})
         else:
@@ -1043,6 +1047,8 @@ class ControllerAgent:
         self.scaler.close()
         self.task.close()
         linger = self.metrics.linger_s() if on_purpose else 0.0
+        # within the stop's grace (a second to spare): killed while it waits, it would page as a controller gone
+        linger = min(linger, self.stop_by - time.monotonic() - 1.0)
         if linger > 0 and not self.metrics.wait_scraped(ending, timeout_s=linger):
             log.warning(
                 "controller: /metrics was not scraped in %.0f s after the end; RlctlControllerDown may page", linger

@@ -31,7 +31,7 @@ builtins) and raw tensor frames. Who sends what:
     bye              agent → controller          Heartbeat (final figures)      –
     status           client → controller         {}  → reply `status` with the status view
     scale            client → controller         Scale {delta, site}  → reply with the outcome
-    shutdown         client → controller         {}  → reply {ok}
+    shutdown         client → controller         {grace_s?}  → reply {ok}
 
 Readers take messages through `recv_checked`, with the kinds they expect (`TO_CONTROLLER`, …):
 
@@ -263,8 +263,14 @@ class Scale(msgspec.Struct):
     site: str | None = None
 
 
+class Shutdown(msgspec.Struct):
+    """`rlctl stop`'s request: `grace_s`, how long it waits before it kills the controller (None: not said)."""
+
+    grace_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
+
+
 class Empty(msgspec.Struct):
-    """A header that carries nothing (stop, status, shutdown); extra keys are ignored."""
+    """A header that carries nothing (stop, status); extra keys are ignored."""
 
 
 # The header struct of every kind that crosses the wire between agents.
@@ -292,7 +298,7 @@ HEADERS: dict[str, type[msgspec.Struct]] = {
     "bye": Heartbeat,
     "status": Empty,
     "scale": Scale,
-    "shutdown": Empty,
+    "shutdown": Shutdown,
 }
 
 # What each reader accepts (a new kind goes into HEADERS and into its receiver's set).

@@ -229,7 +229,7 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
     else:
         jd.event(STOP_REQUESTED)  # before the controller can end: its launcher must not resume it (`autoresume`)
     try:
-        ask_controller(ref, "shutdown", timeout_s=min(grace_s, 10.0))
+        ask_controller(ref, "shutdown", {"grace_s": grace_s}, timeout_s=min(grace_s, 10.0))
         out["graceful"] = "requested"
     except (RlctlError, OSError, ValueError, KeyError) as e:  # an unreadable controller.json included
         out["graceful"] = f"controller did not answer ({e}); forcing"

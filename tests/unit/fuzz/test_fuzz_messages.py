@@ -115,7 +115,7 @@ VALID: dict[str, tuple[dict[str, Any], list[torch.Tensor]]] = {
     "bye": ({"name": "rollout-0", "state": "stopped"}, []),
     "status": ({}, []),
     "scale": ({"delta": 1, "site": "local"}, []),
-    "shutdown": ({}, []),
+    "shutdown": ({"grace_s": 15.0}, []),
 }
 
 ODD_VALUES: list[Any] = [
