@@ -194,9 +194,9 @@ def _cost_normalized(datasets: list[str]) -> dict[str, Any]:
             make_job("qwen2.5-7b", dataset=ds, trainer=("h800", "H800", 128, y), rollout=[("h20", "H20", 32, None)]),
             options=OPTS,
         )
+        # both are per iteration (the plan prices each GPU-hour of the iteration): their ratio needs no time scaling
         per_cost = {
-            name: (p["samples_per_iteration"] / p["predicted"]["iteration_s"]["async"])
-            / (p["cost"]["cost_units_per_iteration"] / p["predicted"]["iteration_s"]["async"] * 3600)
+            name: p["samples_per_iteration"] / p["cost"]["cost_units_per_iteration"]
             for name, p in (("single", single), ("cross", cross))
         }
         out[ds] = {
