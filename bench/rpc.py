@@ -18,8 +18,11 @@ this shared machine.
            receipt (plain `send(tensor)` would pass a shared-memory handle, not bytes).
 
 Small messages: request/reply round trips per second with a 1-field header and no tensors,
-rlctl vs multiprocessing.connection. When ucxx is installed, the rlctl ucx transport is measured
-too (UCX_TLS=tcp over loopback; 2 repeats, it is slow on this machine).
+rlctl (authenticated, untagged, encrypted) vs multiprocessing.connection, in blocks of `ROUND_TRIP_BLOCK`
+round trips, the methods taking turns (the order rotating each round), the median block per method: the
+load on this shared machine drifts within seconds, and one method timed after another measured it, not the
+method (`auth_overhead_round_trips` = untagged / authenticated − 1 came out −0.28 so). When ucxx is installed,
+the rlctl ucx transport is measured too, alone (UCX_TLS=tcp over loopback; 2 repeats, it is slow on this machine).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import multiprocessing as mp
 import os
 import pickle
 import socket
+import statistics
 import time
 from multiprocessing.connection import Client, Listener
 from typing import Any
@@ -38,6 +42,8 @@ import torch
 from rlctl.transport import Connection, Message, TcpConfig, TcpTransport, TensorSpec, make_transport, tcp
 
 SECRET = b"bench-rpc-secret"
+ROUND_TRIP_BLOCK = 100  # small-message round trips a method makes in one turn
+RPS_METHODS = ("rlctl", "rlctl_untagged", "rlctl_encrypted", "pickle")  # the round-trip rates `run` reports
 UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_TCP_CM_REUSEADDR": "y", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 
 
@@ -141,10 +147,9 @@ class _Raw:
         self.count += 1
         return time.perf_counter() - t0
 
-    def finish(self) -> float:
+    def close(self) -> None:
         self.sock.close()
         self.proc.join(30)
-        return 0.0
 
 
 class _Rlctl:
@@ -154,7 +159,6 @@ class _Rlctl:
         repeats: int,
         *,
         preallocated: bool,
-        round_trips: int,
         kind: str = "tcp",
         streams: int = 1,
         tagged: bool = True,
@@ -170,29 +174,31 @@ class _Rlctl:
             self.conn = TcpTransport(secret=SECRET, config=cfg).connect(addr, timeout_s=30)
         else:
             self.conn = make_transport(kind, secret=SECRET).connect(addr, timeout_s=30)
-        self.t, self.round_trips = t, round_trips
+        self.t, self.pings = t, 0
 
     def once(self) -> float:
         t0 = time.perf_counter()
         self.conn.request(Message("tensor", {"name": "w"}, [self.t]), timeout_s=120)
         return time.perf_counter() - t0
 
-    def finish(self) -> float:
-        """Small-message round trips per second, then close."""
+    def round_trips(self, n: int) -> float:
+        """Seconds for `n` small-message round trips."""
         t0 = time.perf_counter()
-        for i in range(self.round_trips):
+        for i in range(self.pings, self.pings + n):
             self.conn.request(Message("ping", {"i": i}), timeout_s=30)
-        rps = self.round_trips / (time.perf_counter() - t0)
+        self.pings += n
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
         self.conn.close()
         self.proc.join(30)
-        return rps
 
 
 class _Pickle:
-    def __init__(self, t: torch.Tensor, repeats: int, round_trips: int) -> None:
+    def __init__(self, t: torch.Tensor, repeats: int) -> None:
         self.proc, addr = _start(_pickle_server, repeats)
         self.conn = Client(addr, authkey=SECRET)
-        self.t, self.round_trips = t, round_trips
+        self.t = t
 
     def once(self) -> float:
         t0 = time.perf_counter()
@@ -202,15 +208,16 @@ class _Pickle:
         self.conn.recv_bytes()
         return time.perf_counter() - t0
 
-    def finish(self) -> float:
+    def round_trips(self, n: int) -> float:
         t0 = time.perf_counter()
-        for i in range(self.round_trips):
+        for i in range(n):
             self.conn.send(i)
             self.conn.recv()
-        rps = self.round_trips / (time.perf_counter() - t0)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
         self.conn.close()
         self.proc.join(30)
-        return rps
 
 
 def _best_interleaved(methods: dict[str, Any], repeats: int) -> dict[str, float]:
@@ -222,6 +229,19 @@ def _best_interleaved(methods: dict[str, Any], repeats: int) -> dict[str, float]
     return best
 
 
+def _round_trips_interleaved(methods: dict[str, Any], round_trips: int) -> dict[str, float]:
+    """Small-message round trips per second per method: blocks of `ROUND_TRIP_BLOCK` (`round_trips` in all per
+    method), the methods taking turns and the first of each turn rotating, the median block's rate."""
+    block = min(ROUND_TRIP_BLOCK, round_trips)
+    names = list(methods)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for turn in range(max(1, round_trips // block)):
+        k = turn % len(names)
+        for name in names[k:] + names[:k]:
+            rates[name].append(block / methods[name].round_trips(block))
+    return {name: statistics.median(r) for name, r in rates.items()}
+
+
 def run(*, quick: bool) -> dict[str, Any]:
     torch.set_num_threads(1)
     nbytes = (64 if quick else 256) << 20
@@ -229,15 +249,17 @@ def run(*, quick: bool) -> dict[str, Any]:
     t = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
     methods: dict[str, Any] = {
         "raw": _Raw(t, repeats),
-        "rlctl": _Rlctl(t, repeats, preallocated=True, round_trips=round_trips),
-        "rlctl_untagged": _Rlctl(t, repeats, preallocated=True, round_trips=round_trips, tagged=False),
-        "rlctl_fresh": _Rlctl(t, repeats, preallocated=False, round_trips=10),
-        "rlctl_2_streams": _Rlctl(t, repeats, preallocated=True, round_trips=10, streams=2),
-        "pickle": _Pickle(t, repeats, round_trips),
-        "rlctl_encrypted": _Rlctl(t, repeats, preallocated=True, round_trips=round_trips, encrypt=True),
+        "rlctl": _Rlctl(t, repeats, preallocated=True),
+        "rlctl_untagged": _Rlctl(t, repeats, preallocated=True, tagged=False),
+        "rlctl_fresh": _Rlctl(t, repeats, preallocated=False),
+        "rlctl_2_streams": _Rlctl(t, repeats, preallocated=True, streams=2),
+        "pickle": _Pickle(t, repeats),
+        "rlctl_encrypted": _Rlctl(t, repeats, preallocated=True, encrypt=True),
     }
     best = _best_interleaved(methods, repeats)
-    rps = {name: m.finish() for name, m in methods.items()}
+    rps = _round_trips_interleaved({k: methods[k] for k in RPS_METHODS}, round_trips)
+    for m in methods.values():
+        m.close()
     raw_s, rl_s, untagged_s, rl_fresh_s, rl2_s, pk_s, enc_s = (best[k] for k in methods)
     rl_rps, untagged_rps, pk_rps = rps["rlctl"], rps["rlctl_untagged"], rps["pickle"]
     gb = nbytes / 1e9
@@ -245,9 +267,10 @@ def run(*, quick: bool) -> dict[str, Any]:
     if importlib.util.find_spec("ucxx") is not None:
         for key, value in UCX_ENV.items():  # read by UCX at its first use, here and in the spawned server
             os.environ.setdefault(key, value)
-        u = _Rlctl(t, 2, preallocated=True, round_trips=round_trips // 10, kind="ucx")
+        u = _Rlctl(t, 2, preallocated=True, kind="ucx")
         ucx_s = min(u.once(), u.once())
-        ucx_rps = u.finish()
+        ucx_rps = round_trips // 10 / u.round_trips(round_trips // 10)
+        u.close()
         ucx = {
             "env": {k: os.environ[k] for k in UCX_ENV},
             "gb_per_s": gb / ucx_s,
@@ -283,17 +306,19 @@ def run(*, quick: bool) -> dict[str, Any]:
 
 def auth_costs(*, nbytes: int = 256 << 20, repeats: int = 7, round_trips: int = 5000) -> dict[str, Any]:
     """What authenticating and encrypting cost, alone (the GPU check runs it where there are cores to spare):
-    the framing without keys, authenticated and encrypted, taking turns; `auth_overhead` and `encrypt_overhead`
-    as in `run`, and the machine's CPU count beside them."""
+    the framing without keys, authenticated and encrypted, taking turns (the tensors and, in blocks, the small
+    round trips); `auth_overhead` and `encrypt_overhead` as in `run`, and the machine's CPU count beside them."""
     torch.set_num_threads(1)
     t = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
     methods: dict[str, Any] = {
-        "untagged": _Rlctl(t, repeats, preallocated=True, round_trips=round_trips, tagged=False),
-        "tagged": _Rlctl(t, repeats, preallocated=True, round_trips=round_trips),
-        "encrypted": _Rlctl(t, repeats, preallocated=True, round_trips=round_trips, encrypt=True),
+        "untagged": _Rlctl(t, repeats, preallocated=True, tagged=False),
+        "tagged": _Rlctl(t, repeats, preallocated=True),
+        "encrypted": _Rlctl(t, repeats, preallocated=True, encrypt=True),
     }
     best = _best_interleaved(methods, repeats)
-    rps = {name: m.finish() for name, m in methods.items()}
+    rps = _round_trips_interleaved(methods, round_trips)
+    for m in methods.values():
+        m.close()
     gb = nbytes / 1e9
     return {
         "cpus": os.cpu_count(),
