@@ -543,11 +543,10 @@ def test_a_trainer_whose_tp_groups_cannot_each_sit_on_one_host_is_refused_by_che
     assert problems(ssh_trainer_job(tmp_path, gpus=4, trainer=trainer, shared=True, host_slots=3)) == []
 
 
-def _slurm_tp2_job(tmp_path: Path, *, node_gpus: int) -> Callable[[int], Job]:
-    """Jobs whose megatron trainer (tp 2) takes `gpus` on a SLURM site of two nodes of `node_gpus` GPUs."""
+def _slurm_job(tmp_path: Path, *, nodes: list[dict[str, Any]], trainer: dict[str, Any]) -> Callable[[int], Job]:
+    """Jobs whose trainer (`trainer`) takes `gpus` on a SLURM site of `nodes`, the rollout on the local site."""
     TinyGPT(small_config(layers=2, heads=2, positions=320)).save_pretrained(tmp_path / "model")
-    site = {"datacenter": "here", "gpu": "CPU", "nodes": [{"host": "n[1-2]", "gpus": node_gpus}],
-            "scheduler": {"kind": "slurm", "partition": "p"}}  # fmt: skip
+    site = {"datacenter": "here", "gpu": "CPU", "nodes": nodes, "scheduler": {"kind": "slurm", "partition": "p"}}
     (tmp_path / "slurm.yaml").write_text(
         yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"s": site}})
     )
@@ -558,10 +557,16 @@ def _slurm_tp2_job(tmp_path: Path, *, node_gpus: int) -> Callable[[int], Job]:
             inventory=[LOCAL, str(tmp_path / "slurm.yaml")],
             model={"kind": "hf", "path": "model"},
             placement={"trainer": {"site": "s", "gpus": gpus}, "rollout": [{"site": "local", "gpus": 1}]},
-            trainer={"backend": "megatron", "tensor_parallel": 2},
+            trainer=trainer,
         )
 
     return job
+
+
+def _slurm_tp2_job(tmp_path: Path, *, node_gpus: int) -> Callable[[int], Job]:
+    """Jobs whose megatron trainer (tp 2) takes `gpus` on a SLURM site of two nodes of `node_gpus` GPUs."""
+    nodes = [{"host": "n[1-2]", "gpus": node_gpus}]
+    return _slurm_job(tmp_path, nodes=nodes, trainer={"backend": "megatron", "tensor_parallel": 2})
 
 
 def test_a_slurm_trainer_whose_tp_groups_cannot_each_sit_on_one_node_is_refused(tmp_path: Path) -> None:
@@ -592,22 +597,8 @@ def test_a_slurm_trainer_at_tp_1_is_judged_by_the_layout_its_sbatch_asks_for(tmp
     """SLURM nodes of 8 and 4 GPUs, a torch trainer (tp 1, unset): 10 ranks ask 2 nodes of 5, which the 4-GPU node
     is not (`hostfill.slurm_layout`): refused by check in one line, not left to a job SLURM never starts; 8 ranks
     (one node) pass."""
-    TinyGPT(small_config(layers=2, heads=2, positions=320)).save_pretrained(tmp_path / "model")
-    site = {"datacenter": "here", "gpu": "CPU", "nodes": [{"host": "n1", "gpus": 8}, {"host": "n2", "gpus": 4}],
-            "scheduler": {"kind": "slurm", "partition": "p"}}  # fmt: skip
-    (tmp_path / "slurm.yaml").write_text(
-        yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"s": site}})
-    )
-
-    def job(gpus: int) -> Job:
-        return load(
-            tmp_path,
-            inventory=[LOCAL, str(tmp_path / "slurm.yaml")],
-            model={"kind": "hf", "path": "model"},
-            placement={"trainer": {"site": "s", "gpus": gpus}, "rollout": [{"site": "local", "gpus": 1}]},
-            trainer={"backend": "torch"},
-        )
-
+    nodes = [{"host": "n1", "gpus": 8}, {"host": "n2", "gpus": 4}]
+    job = _slurm_job(tmp_path, nodes=nodes, trainer={"backend": "torch"})
     (p,) = refused(job(10), "placement.trainer.gpus")
     assert p.message == (
         "site s: trainer 10 GPU(s) on SLURM ask n nodes for ⌈10 / n⌉ ranks each (one --ntasks-per-node, as many GPUs "
