@@ -126,11 +126,14 @@ def recorded_agents(job_dir: Path) -> list[AgentHandle]:
     return agents_from_lines(p.read_text(), source=p) if p.exists() else []
 
 
-def agents_from_lines(text: str, *, source: Path | str = AGENTS_FILE) -> list[AgentHandle]:
+def agents_from_lines(
+    text: str, *, source: Path | str = AGENTS_FILE, skipped: list[str] | None = None
+) -> list[AgentHandle]:
     """The handles of an agents.jsonl text (the last record wins for a name started twice); `source`: the file
-    named when a line is not a record (LaunchError); a last line cut short (a writer in it) is skipped."""
+    named when a line is not a record (LaunchError; given `skipped`, the line is left out and said there); a last
+    line cut short (a writer in it) is skipped."""
     out: dict[str, AgentHandle] = {}
-    for n, d in enumerate(json_lines(source, text), 1):
+    for n, d in enumerate(json_lines(source, text, skipped=skipped), 1):
         try:
             gpus = d.get("gpus")
             gpu_slice = GpuSlice(str(d["host"]), tuple(int(g) for g in gpus)) if gpus is not None else None
@@ -138,7 +141,10 @@ def agents_from_lines(text: str, *, source: Path | str = AGENTS_FILE) -> list[Ag
             spec = AgentSpec(d["role"], int(d["replica"]), d["site"], [], log_path=log, gpu_slice=gpu_slice)
             out[d["name"]] = AgentHandle(spec, dict(d["ident"]), d["backend"])
         except (KeyError, TypeError, ValueError) as e:
-            raise LaunchError(f"{source}: record {n} is not an agent record ({type(e).__name__}: {e})") from e
+            bad = f"{source}: record {n} is not an agent record ({type(e).__name__}: {e})"
+            if skipped is None:
+                raise LaunchError(bad) from e
+            skipped.append(f"{bad}: left out")
     return list(out.values())
 
 

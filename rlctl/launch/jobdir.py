@@ -256,8 +256,10 @@ def json_file(path: Path) -> Any:
         raise LaunchError(f"{path}: not valid JSON ({e})", hint="was it edited or cut short?") from e
 
 
-def json_lines(path: Path | str, text: str) -> list[dict[str, Any]]:
-    """The JSON objects of `text`, the content of the .jsonl file `path` (see JobDir.read_lines)."""
+def json_lines(path: Path | str, text: str, *, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """The JSON objects of `text`, the content of the .jsonl file `path` (see JobDir.read_lines). A line that is no
+    JSON object raises LaunchError, or, given `skipped`, is left out with a line there saying which (a reader that
+    must act on what it can read: `rlctl stop`)."""
     lines = text.splitlines()
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     out = []
@@ -270,9 +272,16 @@ def json_lines(path: Path | str, text: str) -> list[dict[str, Any]]:
             if i == last:
                 log.debug("%s: line %d skipped, not (yet) a whole JSON object: %s", path, i + 1, e)
                 continue
-            raise LaunchError(f"{path}: line {i + 1} is not valid JSON ({e})", hint="was it edited?") from e
+            bad = LaunchError(f"{path}: line {i + 1} is not valid JSON ({e})", hint="was it edited?")
+            if skipped is None:
+                raise bad from e
+            skipped.append(f"{bad.args[0]}: left out")
+            continue
         if not isinstance(row, dict):
-            raise LaunchError(f"{path}: line {i + 1} is {type(row).__name__}, not a JSON object")
+            if skipped is None:
+                raise LaunchError(f"{path}: line {i + 1} is {type(row).__name__}, not a JSON object")
+            skipped.append(f"{path}: line {i + 1} is {type(row).__name__}, not a JSON object: left out")
+            continue
         out.append(row)
     return out
 

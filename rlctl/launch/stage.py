@@ -809,11 +809,14 @@ def record_view(job_dir: Path) -> tuple[Site, str, str] | None:
     return controller_view(staged, sites, cs, host)
 
 
-def all_recorded_agents(job_dir: Path, problems: list[str] | None = None) -> list[AgentHandle]:
+def all_recorded_agents(
+    job_dir: Path, problems: list[str] | None = None, *, skipped: list[str] | None = None
+) -> list[AgentHandle]:
     """Every agent of the job: those the operator's launch started (its agents.jsonl) and those the controller
     started on scale (the controller site's agents.jsonl, when that is elsewhere). A controller site that does
     not answer, or a record here that does not say where it is, leaves only the first, with a warning (a line
-    in `problems` instead, when given)."""
+    in `problems` instead, when given). A line that is no agent record raises LaunchError, or, given `skipped`, is
+    left out and said there (a stop stops every agent it can read)."""
     local = job_dir / AGENTS_FILE
     text = local.read_text() if local.exists() else ""
     try:
@@ -825,4 +828,4 @@ def all_recorded_agents(job_dir: Path, problems: list[str] | None = None) -> lis
             log.warning("the controller site's agent record is unreachable (%s); using the local one", e)
         else:
             problems.append(f"the controller site's agent record is unreachable ({e}); stopped those recorded here")
-    return agents_from_lines(text)
+    return agents_from_lines(text, source=local, skipped=skipped)

@@ -236,9 +236,11 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
     # a record that does not say where the controller's site keeps its own (plan.json, staged.json cut short)
     # stops those recorded here, and says so (sites.json cut short: no agent can be stopped, one error line)
     problems: list[str] = []
-    handles = [h for h in all_recorded_agents(jd.path, problems) if h.spec.name not in unsure]
+    skipped: list[str] = []  # lines of agents.jsonl that are no agent record: the agents read are stopped all the same
+    handles = [h for h in all_recorded_agents(jd.path, problems, skipped=skipped) if h.spec.name not in unsure]
     sites = read_sites(jd.path)
     record_read = not problems
+    problems += skipped
     backends = Backends(sites, job=jd.path.name, job_dir=jd.path)
     controller = [h for h in handles if h.spec.role == "controller"]
     deadline = time.monotonic() + grace_s
@@ -289,7 +291,7 @@ def _unidentified(ref: JobRef) -> dict[str, Any]:
     backends = Backends(read_sites(jd.path), job=jd.path.name, job_dir=jd.path)
     out = {}
     try:
-        for h in all_recorded_agents(jd.path, []):  # (a record that cannot be read: said by the stop itself)
+        for h in all_recorded_agents(jd.path, [], skipped=[]):  # (what cannot be read: said by the stop itself)
             with contextlib.suppress(LaunchError):  # a site not in the inventory: the stop itself says so
                 if not backends.for_site(h.spec.site).identifies(h):
                     out[h.spec.name] = h.ident.get("pgid")
