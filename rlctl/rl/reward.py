@@ -92,6 +92,7 @@ ORPHAN_CHECK_S = 0.05  # a worker's watch of its pool, after a call arrived: how
 LOAD_RETRY_FACTOR = 6  # the pool fails once every worker has failed to load for this many × timeout_s …
 LOAD_RETRY_MIN_S = 60.0  # … or this, if longer: a filesystem hiccup or an OOM kill while importing passes sooner
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2), Linux ≥ 3.4
+REAP_EVERY_S = 1.0  # a worker reaps the zombies of the orphans it adopted at most this often, between calls
 
 
 def exact_match(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
@@ -259,6 +260,7 @@ def _worker_main(spec: str, base_dir: str, on_error: float, conn: Connection) ->
         return
     takes_extra_info = _takes_extra_info(fn)
     conn.send("ready")
+    reaped_at = time.monotonic()
     while True:
         try:
             kwargs = conn.recv()
@@ -267,6 +269,9 @@ def _worker_main(spec: str, base_dir: str, on_error: float, conn: Connection) ->
         if not takes_extra_info:
             kwargs.pop("extra_info", None)
         conn.send(call_reward(fn, kwargs, on_error))
+        if time.monotonic() >= reaped_at + REAP_EVERY_S:
+            _reap_zombies()
+            reaped_at = time.monotonic()
 
 
 def _adopt_orphans() -> None:
@@ -274,15 +279,33 @@ def _adopt_orphans() -> None:
     the worker's group and session (`setsid cmd &`) — becomes the worker's child instead of init's, so `_kill_tree`'s
     walk of the worker's descendants finds it; nothing but a descendant can become its child. Set in each worker,
     not in the pool's process: there it would adopt every orphan below the controller (its forkserver's, torch's
-    compile workers') and leave their zombies to a process that reaps only its own children. An adopted orphan that
-    exits stays a zombie of its worker until the worker is stopped (reaping it could take the exit status the
-    reward's own code waits for). A no-op off Linux."""
+    compile workers') and leave their zombies to a process that reaps only its own children. The worker reaps the
+    zombies of those that exit between calls (`_reap_zombies`). A no-op off Linux."""
     if sys.platform != "linux":
         return
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):  # no libc to load: the double-forked daemon escapes, as before
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _reap_zombies() -> None:
+    """Reap this worker's children that have exited: the orphans it adopts (`_adopt_orphans`: a `cmd &` a call's
+    shell left behind) are nobody else's to wait for, and a worker that lives for weeks would pile up their zombies
+    until the machine has no pid left. Between calls, so that a call's own child is waited for by its call; a child
+    a reward keeps across calls and waits for in a later one reads exit 0 there (Python's ECHILD rule)."""
+    me = os.getpid()
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                fields = Path(f"/proc/{name}/stat").read_text().rpartition(")")[2].split()
+            except OSError:  # gone meanwhile
+                continue
+            if fields[0] == "Z" and int(fields[1]) == me:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(int(name), os.WNOHANG)
 
 
 def _die_with_the_pool(conn: Connection) -> None:

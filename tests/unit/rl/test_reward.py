@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.rl.reward import RewardPool, RewardResult, call_reward, check_result, digits, exact_match, load_reward
+from rlctl.rl.reward import (
+    REAP_EVERY_S,
+    RewardPool,
+    RewardResult,
+    call_reward,
+    check_result,
+    digits,
+    exact_match,
+    load_reward,
+)
 
 USER_FILE = """
 import os, subprocess, threading, time
@@ -597,3 +606,44 @@ def test_a_double_forked_daemon_dies_with_the_process_that_started_the_pool(rewa
     finally:  # the test's own cleanup, should the daemon have escaped
         for pid in _named(marker):
             os.kill(pid, 9)
+
+
+ORPHANING = """
+import os, subprocess
+
+
+def f(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "orphan":  # the shell exits at once: its sleep is the worker's orphan
+        subprocess.run(["bash", "-c", "sleep 0.05 &"], check=True)
+    return {"score": 1.0, "worker": os.getpid()}
+"""
+
+
+def _zombie_children(pid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{name}/stat").read_text().rpartition(")")[2].split()
+            if name.isdigit() and fields[0] == "Z" and int(fields[1]) == pid:
+                out.append(int(name))
+    return out
+
+
+@linux_only
+def test_a_worker_reaps_the_orphans_it_adopted(tmp_path: Path) -> None:
+    """A call whose shell leaves a `cmd &` behind gives its worker (their subreaper) an orphan; one per call, their
+    zombies would pile up in a worker that lives for weeks until no pid is left. The worker reaps them between
+    calls (at most every REAP_EVERY_S)."""
+    (tmp_path / "r.py").write_text(ORPHANING)
+    with RewardPool("r.py:f", base_dir=tmp_path, workers=1, timeout_s=30.0) as pool:
+        worker = int(pool.score("s0", "d", "orphan", "a").extra["worker"])
+        deadline = time.monotonic() + 30.0  # a bound on the wait, not a timing assertion
+        while not _zombie_children(worker):  # the orphan's sleep ended: a zombie of the worker's
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(REAP_EVERY_S)
+        assert pool.score("s1", "d", "a", "a").ok  # after it, the worker reaps
+        deadline = time.monotonic() + 30.0
+        while _zombie_children(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _zombie_children(worker) == []
