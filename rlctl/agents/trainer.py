@@ -293,6 +293,7 @@ class TrainerAgent:
         held: dict[int, deque[Held]] = {}
         violations: Counter[int] = Counter()  # by iteration: samples staler than the bound allows
         complete = [self.version] if self.version else []  # checkpoints the controller sealed (and the resumed one)
+        failed = False
         try:
             while True:
                 fed = False
@@ -385,16 +386,19 @@ class TrainerAgent:
                         checkpoint = None  # the writer holds the snapshot now: one in host memory at a time
                     ids = []
         except BaseException:
+            failed = True
             self._name_hung_ranks()  # a collective failed because a rank ended itself hung: name that rank
             with contextlib.suppress(Exception):  # the group may be broken: the followers' own reads then end them
                 self.learner.stop_followers()
             raise
-        else:
-            self.learner.stop_followers()
         finally:
-            watchdog.close()
-            publisher.close()
-            self.task.close()
+            try:  # the loop's end is a `return` (a try's `else` does not run then): the followers leave the group
+                if not failed:
+                    self.learner.stop_followers()
+            finally:
+                watchdog.close()
+                publisher.close()
+                self.task.close()
 
     def _hung(self, text: str) -> None:
         """The watchdog's last word before this rank exits: the controller names the hang in the run's failure.
