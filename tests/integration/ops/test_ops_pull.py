@@ -51,5 +51,6 @@ def test_pull_brings_the_checkpoint_from_the_namespaced_site_and_transformers_lo
     older = tmp_path / "v2"
     code, got = rlctl_json("pull", str(job_dir), "--checkpoint", "2", "--to", str(older), timeout_s=180)
     assert code == 0 and got["version"] == 2 and (older / "config.json").exists(), got
-    bad = rlctl("pull", str(job_dir), "--checkpoint", "1")  # no such checkpoint: one line naming it
-    assert bad.returncode == 1 and "v1: no MANIFEST.trainer.json" in bad.stderr, bad.stderr
+    bad = rlctl("pull", str(job_dir), "--checkpoint", "1")  # never written (every 2): one usage line
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr == "rlctl: error: --checkpoint 1: no such checkpoint; this job has v2, v3\n"
