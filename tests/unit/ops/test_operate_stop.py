@@ -306,16 +306,22 @@ def test_the_local_backend_records_its_agents_start_time(tmp_path: Path) -> None
         backend.stop([h], grace_s=2)
 
 
+def _running_job_of(stranger: subprocess.Popen[bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> JobRef:
+    """A running job whose one recorded agent (rollout-0) is `stranger`, and whose controller does not answer."""
+    ref = _ended_job(tmp_path, monkeypatch, "running")
+    ticks = local.start_ticks(stranger.pid)
+    _local_agents(ref.jobdir, {"pid": stranger.pid, "pgid": stranger.pid, "start_ticks": ticks or 0})
+    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
+    return ref
+
+
 def test_a_stop_of_a_job_whose_plan_cannot_be_read_still_stops_its_agents(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
 ) -> None:
     # plan.json cut short: the stop failed with a traceback before it stopped anything
-    ref = _ended_job(tmp_path, monkeypatch, "running")
-    ticks = local.start_ticks(stranger.pid)
-    _local_agents(ref.jobdir, {"pid": stranger.pid, "pgid": stranger.pid, "start_ticks": ticks or 0})
+    ref = _running_job_of(stranger, tmp_path, monkeypatch)
     ref.jobdir.write_json(ref.jobdir.path / "staged.json", {"local": {"roots": {"localhost": str(ref.jobdir.path)}}})
     ref.jobdir.plan_json.write_text('{"controller_site": "lo')
-    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
     out = operate.stop(ref, grace_s=2)
     assert out["agents"] == ["rollout-0"] and stranger.wait(timeout=5) == -signal.SIGTERM
     assert len(out["problems"]) == 1 and "plan.json: not valid JSON" in out["problems"][0]
@@ -326,12 +332,9 @@ def test_a_stop_stops_every_agent_it_can_read_past_a_damaged_line_of_agents_json
 ) -> None:
     # a line in the middle of agents.jsonl cut short (a full disk, an edit): the stop failed in one line before it
     # stopped anything; now the agents it can read are stopped and the damaged line is one of its problems
-    ref = _ended_job(tmp_path, monkeypatch, "running")
-    ticks = local.start_ticks(stranger.pid)
-    _local_agents(ref.jobdir, {"pid": stranger.pid, "pgid": stranger.pid, "start_ticks": ticks or 0})
+    ref = _running_job_of(stranger, tmp_path, monkeypatch)
     agents = ref.jobdir.path / "agents.jsonl"
     agents.write_text('{"name": "rollout-1", "role": "roll\n' + agents.read_text() + "\n")
-    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
     out = operate.stop(ref, grace_s=2)
     assert out["agents"] == ["rollout-0"] and stranger.wait(timeout=5) == -signal.SIGTERM
     assert len(out["problems"]) == 1 and out["problems"][0].startswith(f"{agents}: line 1 is not valid JSON")
