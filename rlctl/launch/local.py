@@ -21,8 +21,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlctl import procfs
 from rlctl.errors import LaunchError
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec, LaunchBackend
+from rlctl.procfs import start_ticks
 
 if TYPE_CHECKING:
     from rlctl.config.inventory import Site
@@ -30,15 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _unverified_said = False  # an old agents.jsonl's handle (no start time): said once per process
-
-
-def start_ticks(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot, field 22 of /proc/PID/stat); None: no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(") ", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _reused(ident: dict[str, int], name: str, *, signal: bool = False) -> bool:
@@ -72,22 +65,7 @@ def _group_alive(pgid: int, *, ours: bool) -> bool:
         return False
     except PermissionError:
         return True
-    return ours or any(pgrp == pgid and state != "Z" for state, pgrp in _proc_states())
-
-
-def _proc_states() -> list[tuple[str, int]]:
-    """(state, process group) of every process, from /proc/PID/stat (fields after the "(comm) ")."""
-    out = []
-    for d in os.scandir("/proc"):
-        if not d.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d.name}/stat") as f:
-                fields = f.read().rsplit(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        out.append((fields[0], int(fields[2])))
-    return out
+    return ours or any(int(f[procfs.PGRP]) == pgid and f[procfs.STATE] != "Z" for _, f in procfs.every_stat())
 
 
 class LocalBackend(LaunchBackend):

@@ -76,6 +76,7 @@ from multiprocessing.context import ForkServerContext, SpawnContext
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from rlctl import procfs
 from rlctl.textutil import did_you_mean, one_of
 
 log = logging.getLogger(__name__)
@@ -294,18 +295,11 @@ def _reap_zombies() -> None:
     shell left behind) are nobody else's to wait for, and a worker that lives for weeks would pile up their zombies
     until the machine has no pid left. Between calls, so that a call's own child is waited for by its call; a child
     a reward keeps across calls and waits for in a later one reads exit 0 there (Python's ECHILD rule)."""
-    me = os.getpid()
-    with contextlib.suppress(OSError):
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                fields = Path(f"/proc/{name}/stat").read_text().rpartition(")")[2].split()
-            except OSError:  # gone meanwhile
-                continue
-            if fields[0] == "Z" and int(fields[1]) == me:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(int(name), os.WNOHANG)
+    me = str(os.getpid())
+    for pid, fields in procfs.every_stat():
+        if fields[procfs.STATE] == "Z" and fields[procfs.PPID] == me:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
 
 
 def _die_with_the_pool(conn: Connection) -> None:
@@ -331,16 +325,8 @@ def _die_with_the_pool(conn: Connection) -> None:
 def _descendants(pid: int) -> list[int]:
     """The processes below `pid`, children first, from Linux's /proc (none where there is no /proc)."""
     children: dict[int, list[int]] = {}
-    with contextlib.suppress(OSError):
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:  # gone meanwhile
-                continue
-            ppid = int(stat.rpartition(")")[2].split()[1])  # after the command name, which may hold spaces
-            children.setdefault(ppid, []).append(int(name))
+    for child, fields in procfs.every_stat():
+        children.setdefault(int(fields[procfs.PPID]), []).append(child)
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):

@@ -1,0 +1,36 @@
+"""Linux's /proc/PID/stat, read one way for every caller: the fields after the command name, which may hold spaces
+and parentheses (`(comm) `), so field 3 of proc(5), the state, is index 0 here; the parent is 1, the process group
+2, the start time (field 22, clock ticks since boot) 19. Where there is no /proc, nothing is found."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+STATE, PPID, PGRP, START = 0, 1, 2, 19
+
+
+def stat(pid: int | str) -> list[str] | None:
+    """The fields of process `pid` after its command name; None when it is gone (or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): with its pid, who it is; None: no such process."""
+    fields = stat(pid)
+    return int(fields[START]) if fields and len(fields) > START else None
+
+
+def every_stat() -> Iterator[tuple[int, list[str]]]:
+    """(pid, fields) of every process there is, those gone meanwhile left out."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return
+    for name in names:
+        if name.isdigit() and (fields := stat(name)) is not None:
+            yield int(name), fields
