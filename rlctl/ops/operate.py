@@ -85,9 +85,13 @@ def _exited(code: int) -> str:
     return "exited (status unknown)" if code == LOST else f"exited {exit_text(code)}"
 
 
-def site_view(ref: JobRef, *, timeout_s: float) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every recorded agent's state as its site's scheduler sees it; sites that did not answer."""
-    handles = all_recorded_agents(ref.jobdir.path)
+def site_view(
+    ref: JobRef, *, timeout_s: float, handles: list[AgentHandle] | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every recorded agent's state (or that of `handles`, read already) as its site's scheduler sees it; sites
+    that did not answer."""
+    if handles is None:
+        handles = all_recorded_agents(ref.jobdir.path)
     sites = read_sites(ref.jobdir.path)
     backends = Backends(sites, job=ref.jobdir.path.name, job_dir=ref.jobdir.path)
     by_site: dict[str, list[AgentHandle]] = {}
@@ -210,8 +214,11 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
     running: set[str] = set()
     down = False
     if ref.row is not None and ref.row.state not in LIVE:
-        unsure = _unidentified(ref)
-        running, down = _running(ref)
+        # read once (a remote controller site's record is one SSH fetch), and as the stop reads it: a damaged line
+        # is left out here and said by the stop below, where there is one
+        recorded = all_recorded_agents(jd.path, [], skipped=[])
+        unsure = _unidentified(ref, recorded)
+        running, down = _running(ref, recorded)
         unsure = {name: pgid for name, pgid in unsure.items() if name in running}
     if ref.row is not None and ref.row.state not in LIVE and not down and running <= set(unsure):
         ended = {**out, "ended": ref.row.state, "graceful": "-", "agents": [], "problems": []}
@@ -277,21 +284,21 @@ def _index_state(name: str) -> str:
         db.close()
 
 
-def _running(ref: JobRef) -> tuple[set[str], bool]:
-    """The recorded agents of the job that still run, and whether some site did not answer (they may): an index
-    row that says the job ended while an orphan of it runs on is no reason to leave that one running."""
-    agents, down = site_view(ref, timeout_s=STATUS_DEADLINE_S)
+def _running(ref: JobRef, handles: list[AgentHandle]) -> tuple[set[str], bool]:
+    """Those of `handles` that still run, and whether some site did not answer (they may): an index row that says
+    the job ended while an orphan of it runs on is no reason to leave that one running."""
+    agents, down = site_view(ref, timeout_s=STATUS_DEADLINE_S, handles=handles)
     return {a["name"] for a in agents if a["state"] == "running"}, bool(down)
 
 
-def _unidentified(ref: JobRef) -> dict[str, Any]:
-    """Name → process group of the recorded agents whose record cannot tell them from a process that took their
+def _unidentified(ref: JobRef, handles: list[AgentHandle]) -> dict[str, Any]:
+    """Name → process group of those of `handles` whose record cannot tell them from a process that took their
     id since (an older rlctl's agents.jsonl): not signalled once the job ended."""
     jd = ref.jobdir
     backends = Backends(read_sites(jd.path), job=jd.path.name, job_dir=jd.path)
     out = {}
     try:
-        for h in all_recorded_agents(jd.path, [], skipped=[]):  # (what cannot be read: said by the stop itself)
+        for h in handles:
             with contextlib.suppress(LaunchError):  # a site not in the inventory: the stop itself says so
                 if not backends.for_site(h.spec.site).identifies(h):
                     out[h.spec.name] = h.ident.get("pgid")

@@ -101,7 +101,7 @@ def test_a_stop_of_a_finished_job_says_so_and_changes_nothing(
     # its index row became `stopped`, a stop event was written and its exited agents listed as stopped
     ref = _ended_job(tmp_path, monkeypatch, "finished")
     exited = [{"name": "controller-0", "state": "exited 0"}, {"name": "rollout-0", "state": "exited 0"}]
-    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s: (exited, []))
+    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s, handles: (exited, []))
     monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
     out = operate.stop(ref, grace_s=2)
     assert out == {"id": "short2", "ended": "finished", "graceful": "-", "agents": [], "problems": []}
@@ -114,7 +114,7 @@ def test_an_orphan_of_a_failed_job_is_stopped_and_the_index_keeps_failed(
 ) -> None:
     ref = _ended_job(tmp_path, monkeypatch, "failed")
     running = [{"name": "rollout-0", "state": "running"}]
-    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s: (running, []))
+    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s, handles: (running, []))
     monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
     monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: [])
     out = operate.stop(ref, grace_s=2)
@@ -130,7 +130,7 @@ def test_a_stop_in_an_auto_resume_window_keeps_the_launcher_from_resuming(
     began = time.time() - 10  # the launcher's start: it looks for a stop request since then (`Runs._stops_since`)
     ref = _ended_job(tmp_path, monkeypatch, "failed", launcher)
     exited = [{"name": "controller-0", "state": "exited 1"}, {"name": "trainer-0", "state": "exited 143"}]
-    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s: (exited, []))
+    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s, handles: (exited, []))
     monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
     out = operate.stop(ref, grace_s=2)
     assert stop_requested(ref.jobdir, since=began), "the launcher would resume the job"
@@ -147,7 +147,7 @@ def test_a_stop_as_the_launcher_begins_the_next_run_stops_that_run(
     db = JobDB()
     db.update("short2", state="launching")
     db.close()
-    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s: ([], []))
+    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s, handles: ([], []))
     monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("not yet")))
     stopped: list[int] = []
     monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: stopped.append(1) or [])
@@ -306,9 +306,12 @@ def test_the_local_backend_records_its_agents_start_time(tmp_path: Path) -> None
         backend.stop([h], grace_s=2)
 
 
-def _running_job_of(stranger: subprocess.Popen[bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> JobRef:
-    """A running job whose one recorded agent (rollout-0) is `stranger`, and whose controller does not answer."""
-    ref = _ended_job(tmp_path, monkeypatch, "running")
+def _running_job_of(
+    stranger: subprocess.Popen[bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str = "running"
+) -> JobRef:
+    """A job (its row: `state`) whose one recorded agent (rollout-0) is `stranger` and runs, and whose controller
+    does not answer."""
+    ref = _ended_job(tmp_path, monkeypatch, state)
     ticks = local.start_ticks(stranger.pid)
     _local_agents(ref.jobdir, {"pid": stranger.pid, "pgid": stranger.pid, "start_ticks": ticks or 0})
     monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
@@ -337,4 +340,18 @@ def test_a_stop_stops_every_agent_it_can_read_past_a_damaged_line_of_agents_json
     agents.write_text('{"name": "rollout-1", "role": "roll\n' + agents.read_text() + "\n")
     out = operate.stop(ref, grace_s=2)
     assert out["agents"] == ["rollout-0"] and stranger.wait(timeout=5) == -signal.SIGTERM
+    assert len(out["problems"]) == 1 and out["problems"][0].startswith(f"{agents}: line 1 is not valid JSON")
+
+
+def test_a_stop_of_an_ended_job_stops_its_orphan_past_a_damaged_line_of_agents_jsonl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
+) -> None:
+    # the same damage in a job whose row says failed while an agent of it runs on: the check for such orphans read
+    # the record strictly, and the stop failed in one line before it stopped anything
+    ref = _running_job_of(stranger, tmp_path, monkeypatch, state="failed")
+    agents = ref.jobdir.path / "agents.jsonl"
+    agents.write_text('{"name": "rollout-1", "role": "roll\n' + agents.read_text() + "\n")
+    out = operate.stop(ref, grace_s=2)
+    assert "ended" not in out and out["agents"] == ["rollout-0"]
+    assert stranger.wait(timeout=5) == -signal.SIGTERM
     assert len(out["problems"]) == 1 and out["problems"][0].startswith(f"{agents}: line 1 is not valid JSON")
