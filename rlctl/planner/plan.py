@@ -612,7 +612,7 @@ def _simulated_split(
     GPUs (docs/planning.md). Rollout gets x of the site's n GPUs (after every other rollout site's whole budget), the
     trainer the fastest configuration within n − x. Minimised over x by `search_min` on a grid of SEARCH_GRID
     splits and `seeds` (rollout GPU counts: Algorithm 1's, its fewest-GPUs alternative, the even split: the simulated
-    iteration is not smooth in x, e.g. two tp-4 units beside 16 trainer ranks at 8 GPUs and neither 7 nor 9)."""
+    iteration moves in steps of whole units and hosts, not smoothly in x)."""
     gcurves, budgets, fill = stages.gcurves, stages.budgets, stages.fill
     r_sites = list(gcurves)
     n = budgets[t_site]

@@ -100,11 +100,16 @@ def weight_transfer_s(
     num_local_hops: int,
     chunk_bytes: float,
 ) -> float:
-    """Root → one rollout unit over the link, then a pipelined chain to the others: T ≈ (S + (h−1)·c)/B."""
-    t = latency_s + weight_bytes / link_bytes_per_s
-    if num_local_hops > 0:
-        t += (weight_bytes + (num_local_hops - 1) * chunk_bytes) / local_bytes_per_s
-    return t
+    """Root → one rollout unit over the link, then a chain of `num_local_hops` relays to the others, every node
+    forwarding chunk k while k+1 arrives (`weights/node.py`): the first chunk crosses every hop, the rest follow at
+    the slowest hop's rate, T ≈ lat + c/B_link + h·c/B_local + (S − c)/min(B_link, B_local). A chain of relays
+    costs its hops' chunk times, not a second copy of the weights at B_local (as if each relay waited for the
+    whole version before it forwarded: 12 rollout GPUs of 8-GPU hosts beside the trainer priced twice 8's)."""
+    c = min(chunk_bytes, weight_bytes)
+    if num_local_hops == 0:
+        return latency_s + weight_bytes / link_bytes_per_s
+    slowest = min(link_bytes_per_s, local_bytes_per_s)
+    return latency_s + c / link_bytes_per_s + num_local_hops * c / local_bytes_per_s + (weight_bytes - c) / slowest
 
 
 def simulate_job(

@@ -153,8 +153,8 @@ def test_the_simulated_rule_splits_a_shared_site_no_slower_than_algorithm_1_or_a
 
 def test_a_fixed_trainer_count_on_a_shared_async_site_gets_the_simulated_split_search(tmp_path: Path) -> None:
     """4 trainer ranks fixed on the site rollout shares: the rollout count comes from the same simulated search as
-    an `auto` trainer's, over that count's curve (Algorithm 1 gave 28 rollout GPUs at 23.66 s of simulated async
-    iteration; the search finds 8 at 18.19 s), and the plan is no slower than Algorithm 1's split simulated alike."""
+    an `auto` trainer's, over that count's curve, and the plan is no slower than Algorithm 1's split simulated
+    alike."""
     plan = _async_s(tmp_path, {"site": "trn"}, "simulated", trainer_gpus=4)
     assert plan["rule_applied"] == "simulated" and plan["search"]["kind"] == "shared_site"
     evaluated = plan["search"]["evaluated"]
@@ -163,18 +163,22 @@ def test_a_fixed_trainer_count_on_a_shared_async_site_gets_the_simulated_split_s
     assert best == pytest.approx(min(e["iteration_s"] for e in evaluated))
     paper = plan["alternatives"]["paper"]
     fixed = _async_s(tmp_path, {"site": "trn", "gpus": paper["rollout_gpus"]}, "simulated", trainer_gpus=4)
-    assert best < fixed["predicted"]["iteration_s"]["async"] * (1 - 0.1)
+    assert best <= fixed["predicted"]["iteration_s"]["async"] * (1 + 1e-9)
 
 
-def test_the_split_search_starts_from_the_fewest_gpus_alternative_too(tmp_path: Path) -> None:
-    """16 trainer ranks fixed: the simulated iteration is not smooth in the rollout count (8 GPUs, two tp-4 units:
-    17.9 s; 7 or 9: 24 s), and the grid and Algorithm 1's and the even split's counts miss 8 (they settled on 16 at
-    23.3 s); Algorithm 1's fewest-GPUs alternative is 8, and it is a starting point."""
-    plan = _async_s(tmp_path, {"site": "trn"}, "simulated", trainer_gpus=16)
-    assert plan["alternatives"]["fewest_gpus"]["rollout_gpus"] == 8
-    assert _used(plan, "rollout") == 8
-    evaluated = plan["search"]["evaluated"]
-    assert plan["predicted"]["iteration_s"]["async"] == pytest.approx(min(e["iteration_s"] for e in evaluated))
+@pytest.mark.parametrize("trainer_gpus", [4, 8, 16, "auto"])
+def test_the_split_search_finds_the_split_a_scan_of_every_one_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trainer_gpus: int | str
+) -> None:
+    """The seeded grid search of the shared site's split against every split simulated: the same iteration (8
+    fixed ranks once settled on 24 rollout GPUs at 23.3 s beside 8 at 18.0 s, where the weight sync of a second
+    rollout host was priced as a second copy at the intra-site rate: the iteration was not smooth in the split)."""
+    plan = _async_s(tmp_path, {"site": "trn"}, "simulated", trainer_gpus=trainer_gpus)
+    monkeypatch.setattr(planner, "SEARCH_GRID", 10**6)
+    scan = _async_s(tmp_path, {"site": "trn"}, "simulated", trainer_gpus=trainer_gpus)
+    assert len(scan["search"]["evaluated"]) > len(plan["search"]["evaluated"])
+    best = min(e["iteration_s"] for e in scan["search"]["evaluated"])
+    assert plan["predicted"]["iteration_s"]["async"] == pytest.approx(best, rel=1e-9)
 
 
 @pytest.mark.parametrize("mode", ["sync", "stream"])
@@ -247,8 +251,9 @@ def test_across_datacenters_a_fixed_rollout_site_holds_its_count_and_the_others_
     assert sites[fixed] == 4 and full["rollout_gpus"] == 4 + 16 and chosen["iteration_s"] <= bound
     tried = {e["rollout_gpus"] for e in plan["search"]["evaluated"]}
     assert min(tried) >= 4 and len(tried) > 1, tried  # never below the fixed count; the auto site searched
-    assert sites[auto] == plan["search"]["chosen"] - 4 < 16  # these sites: the full allocation is more than needed
-    if trainer_gpus != "auto":
+    assert sites[auto] == plan["search"]["chosen"] - 4
+    if trainer_gpus != "auto":  # the trainer holds the iteration: the full allocation is more than needed
+        assert sites[auto] < 16
         assert {e["trainer_gpus"] for e in plan["search"]["evaluated"]} == {2} and _used(plan, "trainer") == 2
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from rlctl.planner.costs import DecodeCost
 from rlctl.planner.engine import EngineSpec, Group, run_groups
 from rlctl.planner.sim import DispatchConfig, GenEstimator, Unit, run_instance, simulate_generation
-from rlctl.planner.simjob import IterationWork, UnitShare, _learner_train, simulate_job
+from rlctl.planner.simjob import IterationWork, UnitShare, _learner_train, simulate_job, weight_transfer_s
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths, recall_at
 
 PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
@@ -259,3 +259,18 @@ def test_drain_iterations_only_follow_the_others_into_the_engines(eta: int) -> N
         whole = simulate_job(works[:7], mode=mode, weight_sync_s=0.002)  # type: ignore[arg-type]
         drained = simulate_job(works[:8], mode=mode, weight_sync_s=0.002, drain=1)  # type: ignore[arg-type]
         assert drained.train_end_s == whole.train_end_s
+
+
+def test_a_chain_of_relays_costs_its_hops_chunk_times_not_a_copy_each() -> None:
+    """Every weight node forwards chunk k while k+1 arrives: 10 GB at 1 GB/s over the link, then 3 hosts at
+    2 GB/s, costs the link's copy and a chunk per hop; where the hosts' rate is the slower, the rest follows at it.
+    (The chain was priced as a second whole copy at the hosts' rate after the link's.)"""
+    kw = {"latency_s": 0.01, "chunk_bytes": 64e6}
+    one = weight_transfer_s(10e9, link_bytes_per_s=1e9, local_bytes_per_s=2e9, num_local_hops=0, **kw)
+    assert one == pytest.approx(0.01 + 10.0)
+    chain = weight_transfer_s(10e9, link_bytes_per_s=1e9, local_bytes_per_s=2e9, num_local_hops=3, **kw)
+    assert chain == pytest.approx(0.01 + 10.0 + 3 * 0.032)
+    slow_hosts = weight_transfer_s(10e9, link_bytes_per_s=4e9, local_bytes_per_s=2e9, num_local_hops=2, **kw)
+    assert slow_hosts == pytest.approx(0.01 + 0.016 + 2 * 0.032 + (10e9 - 64e6) / 2e9)
+    tiny = weight_transfer_s(1e6, link_bytes_per_s=1e9, local_bytes_per_s=1e9, num_local_hops=2, **kw)
+    assert tiny == pytest.approx(0.01 + 3 * 1e-3)  # a version smaller than a chunk is one chunk
