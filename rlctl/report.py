@@ -12,6 +12,7 @@ import base64
 import html
 import io
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import ConfigError, RlctlError, UsageError
+
+log = logging.getLogger(__name__)
 
 NO_DATA = "no data yet"
 
@@ -87,7 +90,7 @@ def load(job_dir: Path) -> JobRecord:
         name=name,
         mode=mode,
         rows=_read_lines(job_dir / "metrics.jsonl"),
-        events=_read_lines(job_dir / "events.jsonl"),
+        events=_read_lines(job_dir / "events.jsonl", leave_out_damaged=True),
         summary=_read_json(summary_json) if summary_json.is_file() else None,
         evaluations=sorted(_read_lines(job_dir / "evaluations.jsonl"), key=lambda r: int(r["version"])),
     )
@@ -102,7 +105,9 @@ def _read_json(path: Path) -> Any:
         raise ConfigError(str(path), None, f"not JSON: {e}") from e
 
 
-def _read_lines(path: Path) -> list[dict[str, Any]]:
+def _read_lines(path: Path, *, leave_out_damaged: bool = False) -> list[dict[str, Any]]:
+    """The JSON lines of `path`; one that does not parse is a ConfigError naming it, or (`leave_out_damaged`: the
+    events, where a controller killed mid-write leaves a line cut short for good) left out with a warning."""
     if not path.exists():
         return []
     try:
@@ -118,7 +123,9 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
         try:
             rows.append(json.loads(line))
         except ValueError as e:
-            raise ConfigError(str(path), f"line {n}", f"not JSON: {e}") from e
+            if not leave_out_damaged:
+                raise ConfigError(str(path), f"line {n}", f"not JSON: {e}") from e
+            log.warning("%s: line %d is not valid JSON (%s): left out", path, n, e)
     return rows
 
 

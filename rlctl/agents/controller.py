@@ -212,7 +212,7 @@ class ControllerAgent:
         self.scaler = Scaler(
             jobdir, job.rebalance, core=self.core, placement=self.placement, metrics=self.metrics, post=self.inbox.put
         )
-        self.resumes = sum(1 for e in jobdir.read_lines(jobdir.events) if e.get("event") == "resumed_from")
+        self.resumes = sum(1 for e in jobdir.read_events() if e.get("event") == "resumed_from")
         self.expect_checkpoint: str | None = None  # a resumed job: the trainer part's digest it must restore
         # checkpoints whose trainer part is being written: the controller's state when its `trained` came
         self.writing: dict[int, tuple[dict[str, Any], str, int]] = {}

@@ -200,8 +200,23 @@ class JobDir:
         return bytes.fromhex(p.read_text().strip())
 
     def append(self, path: Path, row: dict[str, Any]) -> None:
+        """`row` as a line of its own at the end of the .jsonl file `path`. A file that ends in a line cut short (its
+        writer SIGKILLed mid-write, a full disk) gets its newline first: the row went on that line, and the one
+        damaged line became this one and every reader's (`rlctl stop`'s request among them)."""
         with appending(path) as f:
-            f.write(json.dumps(row, default=str) + "\n")
+            f.write(("\n" if _ends_mid_line(path) else "") + json.dumps(row, default=str) + "\n")
+
+    def read_events(self) -> list[dict[str, Any]]:
+        """The job's events, one a line. A line that is no JSON object is left out and said once (a warning naming
+        the file and line): events.jsonl is appended to across runs, and a line cut short by a controller killed
+        mid-write stays in it for good; status, resume, stop and report act on the events they can read. (A last
+        line that does not parse yet is skipped unsaid, as `read_lines` does: its writer may be in the middle.)"""
+        if not self.events.exists():
+            return []
+        skipped: list[str] = []
+        rows = json_lines(self.events, self.events.read_text(), skipped=skipped)
+        say_once(skipped)
+        return rows
 
     def event(self, kind: str, **fields: Any) -> None:
         self.append(self.events, {"t": round(time.time(), 3), "event": kind, **fields})
@@ -239,6 +254,28 @@ def appending(path: Path) -> Iterator[TextIO]:
         f.close()  # the merge replaced it: its lock was the old file's
     with f:
         yield f
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """Whether the file `path` (under `appending`'s lock) ends in a line without its newline."""
+    with path.open("rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return False
+        f.seek(end - 1)
+        return f.read(1) != b"\n"
+
+
+_said: set[str] = set()  # the damaged lines `say_once` said in this process (`rlctl status -w` reads every poll)
+
+
+def say_once(lines: list[str]) -> None:
+    """Log each of `lines` (what a reader of a .jsonl file left out: `json_lines`'s `skipped`) as a warning, once
+    per process."""
+    for line in lines:
+        if line not in _said:
+            _said.add(line)
+            log.warning("%s", line)
 
 
 def replace_text(path: Path, text: str) -> None:

@@ -40,7 +40,7 @@ def newest_checkpoint(jobdir: JobDir, *, since: float) -> int | None:
 
 
 def _events(jobdir: JobDir, since: float) -> list[dict[str, Any]]:
-    return [e for e in jobdir.read_lines(jobdir.events) if float(e.get("t", 0)) >= since]
+    return [e for e in jobdir.read_events() if float(e.get("t", 0)) >= since]
 
 
 class Runs:
@@ -84,7 +84,7 @@ class Runs:
         checkpoint it started from are read from the job's events."""
         run = self.run = JobRun(self.jobdir, self.spec, self.plan, db=self.db, say=self.say, show=self.show)
         run.attach()
-        events = self.jobdir.read_lines(self.jobdir.events)
+        events = self.jobdir.read_events()
         resumed = [e for e in events if e.get("event") == "resumed"]
         self._since = float(resumed[-1]["t"]) if resumed else float(events[0]["t"]) if events else 0.0
         self._from = int(resumed[-1]["version"]) if resumed else 0

@@ -196,7 +196,7 @@ def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0)
 def first_samples(ref: JobRef, names: list[str]) -> dict[str, float]:
     """Seconds from the scale request to each new unit's first sample (events.jsonl)."""
     out = {}
-    for e in ref.jobdir.read_lines(ref.jobdir.events):
+    for e in ref.jobdir.read_events():
         if e.get("event") == "first_sample" and e.get("agent") in names:
             out[e["agent"]] = float(e["seconds_since_scale"])
     return out

@@ -53,7 +53,7 @@ from rlctl.errors import LaunchError, RlctlError, Stopped, UsageError
 from rlctl.launch.agentenv import ENV_RESUME, ENV_RUN, ENV_VISIBLE, ParallelConfig
 from rlctl.launch.backends import AGENTS_FILE, Backends, kind_of, read_sites, record_agent, stop_agents, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec, exit_text
-from rlctl.launch.jobdir import JobDir, json_lines, refuse_taken, resume_command
+from rlctl.launch.jobdir import JobDir, json_lines, refuse_taken, resume_command, say_once
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, trainer_parallel, unshared_trainer
 from rlctl.launch.sitefs import HostFiles, LocalFiles, access_hosts, agent_view, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
@@ -96,7 +96,7 @@ def aside_name(job_dir: Path) -> str:
 def current_run(jobdir: JobDir) -> str | None:
     """The id of the job's latest run (its controller's `agent_started` event); None before one, or for a run
     started by an rlctl that gave none."""
-    started = [e for e in jobdir.read_lines(jobdir.events) if e.get("event") == "agent_started"]
+    started = [e for e in jobdir.read_events() if e.get("event") == "agent_started"]
     runs = [e.get("run") for e in started if str(e.get("agent", "")).startswith("controller-")]
     return str(runs[-1]) if runs and runs[-1] is not None else None
 
@@ -118,11 +118,14 @@ def run_summary(jobdir: JobDir, run: str | None) -> dict[str, Any] | None:
 
 def stop_requested(jobdir: JobDir, *, since: float) -> bool:
     """Whether `rlctl stop` was asked for the job at or after `since` (time.time()): its `stop_requested` event.
-    Only the lines that name it are parsed: a launcher asks before each agent it starts."""
+    Only the lines that name it are parsed (the others blank, for the line numbers): a launcher asks before each
+    agent it starts. A damaged one is left out and said once (`JobDir.read_events`)."""
     if not jobdir.events.exists():
         return False
-    lines = [line for line in jobdir.events.read_text().splitlines() if STOP_REQUESTED in line]
-    rows = json_lines(jobdir.events, "\n".join(lines))
+    lines = [line if STOP_REQUESTED in line else "" for line in jobdir.events.read_text().splitlines()]
+    skipped: list[str] = []
+    rows = json_lines(jobdir.events, "\n".join(lines), skipped=skipped)
+    say_once(skipped)
     return any(e.get("event") == STOP_REQUESTED and float(e.get("t", 0)) >= since for e in rows)
 
 
@@ -375,7 +378,7 @@ class JobRun:
         self._starting = False  # its trainer's start-up was the gone launcher's to watch
         started = [
             float(e["t"])
-            for e in self.jobdir.read_lines(self.jobdir.events)
+            for e in self.jobdir.read_events()
             if e.get("event") == "agent_started" and e.get("agent") == self.controller.spec.name
         ]
         if started:  # the run's wall time counts from its start, not from this attach
