@@ -81,13 +81,15 @@ class Runs:
 
     def attach(self) -> JobRun:
         """Watch the job's current run, started by a launcher that is gone (`JobRun.attach`); its start and the
-        checkpoint it started from are read from the job's events."""
+        checkpoint it started from are read from the job's events. A `rlctl stop` of that run before this attach
+        ends it as one after would (the run's wait: Stopped, index state stopped), not as a failure."""
         run = self.run = JobRun(self.jobdir, self.spec, self.plan, db=self.db, say=self.say, show=self.show)
         run.attach()
         events = self.jobdir.read_events()
         resumed = [e for e in events if e.get("event") == "resumed"]
         self._since = float(resumed[-1]["t"]) if resumed else float(events[0]["t"]) if events else 0.0
         self._from = int(resumed[-1]["version"]) if resumed else 0
+        run.stop_since = self._stops_since()  # it was this attach: a stop of the run since it started was missed
         return run
 
     def wait(self, *, on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
