@@ -13,8 +13,11 @@
         ├── PeerUnreachable                 connect refused / no route
         ├── PeerTimeout                     connect or read deadline passed
         ├── AuthError                       HMAC challenge failed: peer refused before any payload
-        └── ProtocolError                   malformed frame, size bound exceeded, checksum mismatch,
-                                            a header that does not fit its message kind
+        │   └── CredentialsRefused (Refused)    the peer's verdict: this side lacks the job's secret
+        ├── ProtocolError                   malformed frame, size bound exceeded, checksum mismatch,
+        │                                   a header that does not fit its message kind
+        └── Refused                         a refusal no retry changes (credentials, a format or size the
+                                            peer or this side will never accept): not a fault that passes
 
 Each interface translates foreign exceptions (OSError, yaml, pydantic, subprocess) into this tree
 in one place, so callers catch `RlctlError` and nothing else.
@@ -101,3 +104,12 @@ class AuthError(TransportError):
 
 class ProtocolError(TransportError):
     pass
+
+
+class Refused(TransportError):
+    """A refusal that retrying cannot change: the same request meets it again (a peer may still be restarting or
+    behind after any other TransportError)."""
+
+
+class CredentialsRefused(AuthError, Refused):
+    """The peer checked this side's proof of the job's secret and said no: this side holds another secret."""

@@ -66,11 +66,13 @@ from rlctl.errors import TransportError
 from rlctl.launch.agentenv import parallel_from_env
 from rlctl.rl.source import stop_ids
 from rlctl.transport import Connection, Listener, Message
+from rlctl.weights.node import FetchRefused
 
 log = logging.getLogger(__name__)
 
 EVAL_GROUP = -1  # the admission group of held-out evaluation requests: before any iteration's
 FETCH_RETRY_S = 5.0  # a version no holder could deliver is fetched again after this pause
+WEIGHTS_REFUSED = "weights_refused"  # the fetch thread's last word to the main loop: every holder refused this unit
 # reported with `weights_applied` (or `weights_skipped`: fetched, never applied)
 TRANSFER_FIELDS = ("fetch_s", "wire_bytes", "encoding", "base_version", "holder", "xxh3")
 
@@ -193,6 +195,9 @@ class RolloutAgent:
                 if msg is None or msg.kind == "stop":
                     self._finish(stopped=msg is not None)
                     return
+                if msg.kind == WEIGHTS_REFUSED:  # this unit can never hold a version: it ends (exit 1, that line)
+                    self._finish(stopped=False, failed=True)
+                    raise TransportError(str(msg.header["error"]))
                 if msg.kind == "generate":
                     self._admit(parse(msg, Generate))
                 elif msg.kind == "withdraw":
@@ -403,9 +408,9 @@ class RolloutAgent:
         self.state = text
         self.link.send(make("heartbeat", self.figures()))
 
-    def _finish(self, *, stopped: bool) -> None:
+    def _finish(self, *, stopped: bool, failed: bool = False) -> None:
         self.watchdog.close()
-        self.state = "stopped" if stopped else "orphaned"
+        self.state = "stopped" if stopped else "failed" if failed else "orphaned"
         log.info("%s: %s after %d samples, busy %.1f s", self.name, self.state, self.samples_sent, self.busy_s)
         self.link.close(final=self.figures() if stopped else None)
         with self.announced_cv:
@@ -455,6 +460,9 @@ class RolloutAgent:
                 continue  # already fetched (a newer one arrived while the older was announced)
             try:
                 self.inbox.put(fetch_weights(self.node, msg))
+            except FetchRefused as e:  # no retry can succeed: the unit ends, saying why (`run`)
+                self.inbox.put(Message(WEIGHTS_REFUSED, {"error": f"{self.name}: fetching weights: {e}"}))
+                return
             except TransportError as e:
                 # every attempt was bounded; the trainer may publish nothing new until this unit catches up
                 # (the staleness bound), so the same announcement is tried again unless a newer one comes first

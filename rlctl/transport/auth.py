@@ -48,7 +48,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from rlctl.errors import AuthError, ProtocolError
+from rlctl.errors import AuthError, CredentialsRefused, ProtocolError
 
 HELLO = b"RLH1"
 NONCE_BYTES = 32
@@ -131,7 +131,9 @@ class ClientHandshake:
 
     def keys(self, verdict: bytes) -> SessionKeys:
         if verdict[:2] != b"OK":
-            raise AuthError(f"{self._peer}: refused our credentials; check that both sides use this job's secret")
+            raise CredentialsRefused(
+                f"{self._peer}: refused our credentials; check that both sides use this job's secret"
+            )
         if not hmac.compare_digest(verdict[2:], server_proof(self._secret, self._server_nonce, self._nonce)):
             raise AuthError(f"{self._peer}: server failed to prove it holds this job's secret")
         return SessionKeys.derive(self._secret, self._server_nonce, self._nonce, server=False)

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rlctl.errors import AuthError, PeerClosed, PeerTimeout, PeerUnreachable
+from rlctl.errors import CredentialsRefused, PeerClosed, PeerTimeout, PeerUnreachable
 from rlctl.transport import framing
 from rlctl.transport.base import (
     BufferProvider,
@@ -133,7 +133,7 @@ class InprocTransport(Transport):
         if lst is None:
             raise PeerUnreachable(f"{address}: nobody listens there")
         if not hmac.compare_digest(lst.secret_digest, self._digest):
-            raise AuthError(f"{address}: refused our credentials; check that both sides use this job's secret")
+            raise CredentialsRefused(f"{address}: refused our credentials; check that both sides use this job's secret")
         a: queue.Queue[_Packet] = queue.Queue()
         b: queue.Queue[_Packet] = queue.Queue()
         lst.pending.put(InprocConnection(f"inproc-client->{address}", inbox=a, outbox=b))

@@ -11,6 +11,8 @@ dies. Per child connection:
                                                                     a relay not holding it yet, while its
                                                                     own fetches move: `_wait_for`)
                                              ◀─ manifest{encoding, sizes, per-chunk xxh3, layout}
+                                                or error{error, current}: it does not hold it (re-attach)
+                                                or error{error, refused}: it cannot read the subscribe
                                              ◀─ chunk{version, bucket, index, offset, length, xxh3} + bytes
     resend{index}   (checksum mismatch)     ─▶   (chunk sent again; at most max_chunk_retries times)
                                              ◀─ chunk ...
@@ -30,6 +32,11 @@ once complete; its result is checked against the version's xxh3 and on any misma
 receiver fetches the full version instead. Only then does the version become current; until
 then the previous one stays in service. Every node counts what it serves (`served`) and what a
 fetch took off the wire (`HeldVersion.received_encoding`, `received_base`, `received_bytes`).
+
+A fetch that every holder refused for good in one pass (`Refused`: this node's credentials, a manifest
+it cannot type or hold, a subscribe the parent cannot read) fails at once as `FetchRefused`, which its
+owner treats as fatal; any other failure may pass (a peer restarting, behind, or gone): the next holder,
+the next pass, the owner's next try.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from typing import Any
 
 import torch
 
-from rlctl.errors import PeerTimeout, ProtocolError, TransportError
+from rlctl.errors import PeerTimeout, ProtocolError, Refused, TransportError
 from rlctl.transport.base import Connection, Message, TensorSpec, Transport
 from rlctl.transport.framing import to_struct
 from rlctl.weights import chunks, delta
@@ -65,6 +72,15 @@ from rlctl.weights.versions import (
 
 log = logging.getLogger(__name__)
 ATTEMPTS_KEPT = 64  # the last fetches a node remembers (`WeightNode.attempts`)
+
+
+class FormatRefused(ProtocolError, Refused):
+    """A message of the weight protocol that one side will never accept, however often it comes: a manifest this node
+    cannot type or hold (over its `max_weights_bytes`), a subscribe the parent cannot read (another rlctl version)."""
+
+
+class FetchRefused(Refused):
+    """Every holder of a fetch refused this node for good (credentials, format, size): no retry can succeed."""
 
 
 class Superseded(ProtocolError):
@@ -161,6 +177,7 @@ class WeightNode:
             return hv
         attempts: list[str] = []
         for _ in range(self.cfg.attach_passes):
+            refused: dict[str, Refused] = {}  # this pass's holders that refused this node for good
             for addr in holders:
                 try:
                     while True:
@@ -184,6 +201,10 @@ class WeightNode:
                     self.attempts.append((version, addr, str(e)))
                     attempts.append(f"{addr}: {e}")
                     log.warning("v%d from %s failed, re-attaching to the next holder: %s", version, addr, e)
+                    if isinstance(e, Refused):
+                        refused[addr] = e
+            if set(refused) == set(holders):
+                raise _refused_by_all(version, holders, refused)
         raise TransportError(f"v{version}: no holder could deliver it; tried: " + "; ".join(attempts[-4:]))
 
     def _fetch_from(self, addr: str, version: int, *, want_full: bool) -> HeldVersion:
@@ -213,6 +234,8 @@ class WeightNode:
                 current = reply.header.get("current")
                 if isinstance(current, int) and current > version:
                     raise Superseded(err, current)
+                if reply.header.get("refused") is True:  # the parent cannot read our subscribe: it never will
+                    raise FormatRefused(err)
                 raise ProtocolError(err)
             hv, pl = self._adopt(reply.header, peer=addr)
             hv.received_encoding, hv.received_base = pl.encoding, pl.base_version
@@ -250,8 +273,11 @@ class WeightNode:
     def _adopt(self, header: dict[str, Any], *, peer: str = "") -> tuple[HeldVersion, Payload]:
         """The local HeldVersion/Payload that chunks described by the manifest `header` land in; the manifest
         is typed and checked (sizes within `max_weights_bytes`) before anything is allocated for it."""
-        m = to_struct(header, Manifest, what=f"{peer}: manifest")
-        m.check(self.cfg.max_weights_bytes, peer=peer)
+        try:  # the same manifest comes from every holder: what this node cannot type or hold, it never will
+            m = to_struct(header, Manifest, what=f"{peer}: manifest")
+            m.check(self.cfg.max_weights_bytes, peer=peer)
+        except ProtocolError as e:
+            raise FormatRefused(str(e)) from e
         version, enc = m.version, m.encoding
         with self.store.cv:
             hv = self.store.versions.get(version)
@@ -369,9 +395,13 @@ class WeightNode:
 
     def _serve_one(self, conn: Connection) -> None:
         msg = conn.recv(self.cfg.chunk_timeout_s)
-        if msg.kind != "subscribe":
-            raise ProtocolError(f"{conn.peer}: expected subscribe, got {msg.kind[:40]!r}")
-        req = to_struct(msg.header, Subscribe, what=f"{conn.peer}: subscribe")
+        try:
+            if msg.kind != "subscribe":
+                raise ProtocolError(f"{conn.peer}: expected subscribe, got {msg.kind[:40]!r}")
+            req = to_struct(msg.header, Subscribe, what=f"{conn.peer}: subscribe")
+        except ProtocolError as e:  # the child speaks another protocol (another rlctl version): say so, for good
+            conn.send(Message("error", {"error": f"{self.address} refused: {e}", "refused": True}))
+            raise
         version = req.version
         hv = self._wait_for(version, conn)
         pl = None if hv is None else self._payload_for(hv, req, conn)
@@ -601,3 +631,11 @@ class WeightNode:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _refused_by_all(version: int, holders: list[str], refused: dict[str, Refused]) -> FetchRefused:
+    """One line naming the planned parent (the first holder) and why it refused; the others refused too."""
+    others = len(holders) - 1
+    also = f" (and the {others} other holder(s) likewise)" if others else ""
+    why = refused[holders[0]]
+    return FetchRefused(f"v{version}: the parent refused this node, which no retry changes{also}: {why}")
