@@ -31,7 +31,7 @@ import numpy as np
 
 from rlctl.config.job import DatasetTask
 from rlctl.errors import ConfigError
-from rlctl.rl.reward import RewardPool, RewardResult, load_reward
+from rlctl.rl.reward import RewardPool, RewardResult, check_loads
 from rlctl.rl.tokenizer import TextTokenizer, decode_output
 
 log = logging.getLogger(__name__)
@@ -419,8 +419,8 @@ def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = Non
         raise ConfigError(
             str(job_file), "task.path", f"no such file {str(data)!r} (paths are relative to the job file)"
         )
-    try:
-        load_reward(cfg.reward, base)
+    try:  # in a reward worker, within its deadline: never the user's module's import in this process
+        check_loads(cfg.reward, base, timeout_s=cfg.reward_timeout_s)
     except ValueError as e:
         raise ConfigError(str(job_file), "task.reward", str(e)) from e
     if model_dir is None or not model_dir.is_dir():

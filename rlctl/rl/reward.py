@@ -41,7 +41,9 @@ A worker that cannot load the function is no reason to score calls `on_error`:
     every worker unable to load it for `load_retry_s` (6 × timeout_s, at least 60 s) ──▶ the pool fails
 
 A start that has not loaded the function within `load_retry_s` (its import hangs: a network mount, a lock) could not
-load it: the worker is killed, and it is a config error at the first start, a failed start (backoff) later.
+load it: the worker is killed, and it is a config error at the first start, a failed start (backoff) later. A pool
+made with `wait=True` (`rlctl check`'s: `check_loads`) returns once a worker has loaded the function, or raises the
+first start's failure as one line (ValueError).
 
 A pool that failed logs why (the load error), keeps it in `failed`, and cancels its calls, those to come included:
 the controller fails the job with it (a sample waits for a reward that will not come) instead of training on
@@ -420,9 +422,12 @@ class RewardPool:
         on_error: float = 0.0,
         load_retry_s: float | None = None,
         loaded: bool = False,
+        wait: bool = False,
     ) -> None:
         """`loaded`: the function is known to load (another pool of the job loaded it): a first start that fails
-        is then retried as a restart is, not a config error."""
+        is then retried as a restart is, not a config error. `wait`: return once a worker has loaded the function,
+        or raise ValueError with one line naming the function and why none could (the caller reports it: the pool
+        does not log it) — within the pool's deadline for a start, `load_retry_s`."""
         self.spec = spec
         self.base_dir = base_dir
         self.timeout_s = timeout_s
@@ -445,8 +450,11 @@ class RewardPool:
         self._cancels: dict[str, int] = {}  # sample id → its calls up to this seq are dropped (the dispatcher does it)
         self._closed = False
         self._loaded = loaded  # a worker has loaded the function: the first start is over
+        self._wait = wait  # the constructor waits for the first start (and raises its failure)
         self._down_since: float | None = None  # since when every worker has been unable to load the function
         self._load_error: str | None = None  # why the last start that failed could not load it
+        self.load_error: str | None = None  # the same, as one line that names the function's file, module or spec
+        self._first_start_over = threading.Event()  # a worker loaded the function, or the pool failed or ended
         self._workers: list[_Worker] = []
         if self._inline:
             return
@@ -458,6 +466,9 @@ class RewardPool:
         self._workers = [self._start_worker() for _ in range(workers)]
         self._thread = threading.Thread(target=self._dispatch, name="reward-pool", daemon=True)
         self._thread.start()
+        if wait and (why := self._wait_loaded()) is not None:
+            self.close()
+            raise ValueError(why)
 
     def __enter__(self) -> RewardPool:
         return self
@@ -624,23 +635,26 @@ class RewardPool:
         if w.state == "starting":
             if msg == "ready":
                 w.state, w.load_failures, w.deadline, self._loaded = "ready", 0, math.inf, True
+                self._first_start_over.set()
             else:
-                self._load_failed(i, msg)
+                self._load_failed(i, msg, named=True)
             return
         call, w.call, w.deadline, w.stuck_at = w.call, None, math.inf, math.inf
         assert call is not None and isinstance(msg, RewardResult), msg
         self._finish(call, msg)
         self._shrink(i)
 
-    def _load_failed(self, i: int, why: str) -> None:
+    def _load_failed(self, i: int, why: str, *, named: bool = False) -> None:
         """Worker `i` could not load the function: on the pool's first start a config error (the pool fails);
-        later (an NFS hiccup, an OOM kill while importing) it is down and starts again after a backoff."""
+        later (an NFS hiccup, an OOM kill while importing) it is down and starts again after a backoff.
+        `named`: `why` is the loader's own line, which names the file or module (else the spec is put before it)."""
         w = self._workers[i]
         self._stop(w)
         self.stats.load_failures += 1
         delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2**w.load_failures)
         w.state, w.load_failures, w.retry_at = "down", w.load_failures + 1, time.monotonic() + delay
         self._load_error = why
+        self.load_error = why if named else f"{self.spec}: {why}"
         if not self._loaded:
             self._fail(f"a reward worker cannot load {self.spec}: {why}")
             return
@@ -673,11 +687,22 @@ class RewardPool:
                 f"({self.stats.load_failures} failed starts); the last error: {self._load_error}"
             )
 
+    def _wait_loaded(self) -> str | None:
+        """Wait for the first start to end: None once a worker has loaded the function, else why none could, in one
+        line naming the function (`load_error`). Bounded by the pool's deadline: a start has `load_retry_s` to load
+        it, and the first start that cannot fails the pool."""
+        self._first_start_over.wait()
+        if self._loaded and self.failed is None:
+            return None
+        return self.load_error or self.failed or f"{self.spec}: the reward pool ended before a worker loaded it"
+
     def _fail(self, why: str) -> None:
         """Stop the pool for good: the dispatcher ends, and every call, queued, running or to come, is cancelled."""
-        log.error("reward pool failed: %s; its calls are cancelled", why)
+        if not self._wait or self._loaded:  # (a constructor that waits raises the first start's failure itself)
+            log.error("reward pool failed: %s; its calls are cancelled", why)
         with self._lock:
             self.failed = why
+        self._first_start_over.set()
 
     def _drop_cancelled(self) -> None:
         with self._lock:
@@ -742,6 +767,7 @@ class RewardPool:
             with self._lock:
                 self._closed = True
             self._shutdown()
+            self._first_start_over.set()
 
     def _shutdown(self) -> None:
         with self._lock:
@@ -755,3 +781,18 @@ class RewardPool:
                 # killed, idle ones too: a clean exit would orphan what their calls left running in groups of
                 # their own, where no kill finds it any more
                 self._stop(w)
+
+
+# ── `rlctl check` ─────────────────────────────────────────────────────────────────────────────────
+
+
+def check_loads(spec: str, base_dir: Path, *, timeout_s: float) -> None:
+    """What `rlctl check` verifies of a reward: that it loads — a built-in by its name, a user's function in one
+    reward worker, as the job's pool loads it and within the pool's deadline for `timeout_s` (`load_retry_s`): the
+    operator's process never imports the user's module, so a module whose import hangs (a network mount, a lock)
+    is refused in one line at the deadline instead of hanging the check. Raises ValueError with that line (an
+    error inside the module: the loader's, as `load_reward` words it; else the spec and the deadline)."""
+    if ":" not in spec:
+        load_reward(spec, base_dir)
+        return
+    RewardPool(spec, base_dir=base_dir, workers=1, timeout_s=timeout_s, wait=True).close()

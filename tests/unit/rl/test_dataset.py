@@ -9,6 +9,7 @@ import pytest
 
 from rlctl.config.job import DatasetTask
 from rlctl.errors import ConfigError
+from rlctl.rl import reward
 from rlctl.rl.dataset import check_task, load_dataset, prepare_dataset, submit_reward
 from rlctl.rl.reward import RewardPool
 from rlctl.rl.tokenizer import HFTokenizer, load_tokenizer
@@ -250,6 +251,33 @@ def test_check_task_names_the_job_field(tmp_path: Path) -> None:
         check_task(task(path="nope.jsonl"), job_file=job)
     with pytest.raises(ConfigError, match=r"job\.yaml: task\.reward: r\.py: no such file"):
         check_task(task(reward="r.py:f"), job_file=job)
+
+
+@pytest.mark.timeout(60)
+def test_check_task_loads_the_reward_in_a_worker_within_its_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlctl check` loads a user's reward as the job's pool does, in a reward worker within the pool's deadline for
+    a start (here 1 s): a module whose import hangs is refused in one line naming the function and the deadline
+    (check once imported it in its own process and hung for ever); an error inside the module is the loader's line,
+    as before; the check's process imports neither."""
+    monkeypatch.setattr(reward, "LOAD_RETRY_MIN_S", 1.0)  # the pool's deadline: max(this, 6 × reward_timeout_s)
+    job = tmp_path / "job.yaml"
+    ten_rows(tmp_path)
+    (tmp_path / "hang.py").write_text("import threading\nthreading.Event().wait()\n")
+    (tmp_path / "bad.py").write_text("x = 1 / 0\n")
+    (tmp_path / "ok.py").write_text(
+        "def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        check_task(task(reward="hang.py:f", reward_timeout_s=0.1), job_file=job)
+    assert str(e.value) == f"{job}: task.reward: hang.py:f: it did not finish loading within 1 s"
+    with pytest.raises(ConfigError) as e:
+        check_task(task(reward="bad.py:f"), job_file=job)
+    assert str(e.value) == f"{job}: task.reward: bad.py: cannot import: ZeroDivisionError: division by zero"
+    check_task(task(reward="ok.py:f"), job_file=job)
+    here = [m for m in list(sys.modules.values()) if str(getattr(m, "__file__", None)).startswith(str(tmp_path))]
+    assert here == []  # the user's modules: never imported in the check's process
 
 
 def test_check_task_reads_every_row_as_the_launch_will(tmp_path: Path) -> None:
