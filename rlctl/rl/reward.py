@@ -42,8 +42,8 @@ A worker that cannot load the function is no reason to score calls `on_error`:
 
 A start that has not loaded the function within `load_retry_s` (its import hangs: a network mount, a lock) could not
 load it: the worker is killed, and it is a config error at the first start, a failed start (backoff) later. A pool
-made with `wait=True` (`rlctl check`'s: `check_loads`) returns once a worker has loaded the function, or raises the
-first start's failure as one line (ValueError).
+made with `wait=True` (the controller's, and `rlctl check`'s: `check_loads`) returns once a worker has loaded the
+function, or raises the first start's failure as one line (ValueError), so that it ends the job before it starts.
 
 A pool that failed logs why (the load error), keeps it in `failed`, and cancels its calls, those to come included:
 the controller fails the job with it (a sample waits for a reward that will not come) instead of training on

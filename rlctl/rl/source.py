@@ -196,21 +196,29 @@ class DatasetSource(TaskSource):
         self.eos_ids = self.tokenizer.eos_ids
         self.max_new_tokens = self.data.max_new_tokens
         self.shaping = cfg.shaping
-        self.pool = self._pool(cfg.reward_workers) if scoring else None
+        # the controller's: it waits for a worker to load the function, so that one that cannot (an import error
+        # on this host) ends the job now, before any generation, as a config error — not at its first sample
+        self.pool = self._pool(cfg.reward_workers, wait=True) if scoring else None
         # the held-out evaluations' calls: a worker of their own, so that they never queue ahead of the training
         # samples' (whose late rewards would hold the trainer) and stay out of the training figures
         self.heldout_pool: RewardPool | None = None
 
-    def _pool(self, workers: int, *, loaded: bool = False) -> RewardPool:
+    def _pool(self, workers: int, *, loaded: bool = False, wait: bool = False) -> RewardPool:
+        """A pool of the job's reward function; `wait`: once a worker has loaded it, else a ConfigError (one line
+        naming the function and why it cannot be loaded), within the pool's deadline for a start."""
         c = self.cfg
-        return RewardPool(
-            c.reward,
-            base_dir=self.job_dir,
-            workers=workers,
-            timeout_s=c.reward_timeout_s,
-            on_error=c.reward_on_error,
-            loaded=loaded,
-        )
+        try:
+            return RewardPool(
+                c.reward,
+                base_dir=self.job_dir,
+                workers=workers,
+                timeout_s=c.reward_timeout_s,
+                on_error=c.reward_on_error,
+                loaded=loaded,
+                wait=wait,
+            )
+        except ValueError as e:
+            raise ConfigError("job.json", "task.reward", str(e)) from e
 
     def rl_prompts(self, iteration: int, n: int) -> list[RlPrompt]:
         return [RlPrompt(p.prompt_id, p.tokens, None) for p in self.data.rl_prompts(iteration, n)]

@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from rlctl.config.job import DatasetTask
+from rlctl.errors import ConfigError
+from rlctl.rl import reward
+from rlctl.rl.dataset import prepare_dataset
 from rlctl.rl.reward import (
     REAP_EVERY_S,
     RewardPool,
@@ -20,6 +24,10 @@ from rlctl.rl.reward import (
     exact_match,
     load_reward,
 )
+from rlctl.rl.source import DatasetSource
+from rlctl.rl.tokenizer import load_tokenizer
+from tests.unit.hf_tokenizer import write_tokenizer
+from tests.unit.rl.test_dataset import write_jsonl
 
 USER_FILE = """
 import os, subprocess, threading, time
@@ -482,6 +490,46 @@ def test_a_function_no_worker_of_the_first_start_can_load_fails_the_pool(tmp_pat
             call.result(timeout=30.0)
         assert pool.failed == "a reward worker cannot load r.py:f: r.py: cannot import: ImportError: only in the caller"
         assert pool.stats.load_failures == 1
+
+
+@pytest.mark.timeout(60)
+def test_the_controllers_source_refuses_a_reward_no_worker_can_load_as_it_starts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller's task source waits for its pool's first start: a module that raises at import, or whose
+    import outlasts the pool's deadline for a start (here 1 s), is a config error there, in one line naming the
+    function and why — before any prompt is dispatched (the job once ran until its first sample's reward was
+    cancelled). A function that loads is scored as before."""
+    monkeypatch.setattr(reward, "LOAD_RETRY_MIN_S", 1.0)  # the pool's deadline: max(this, 6 × reward_timeout_s)
+    caplog.set_level(logging.ERROR, logger="rlctl.rl.reward")
+    tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
+    write_jsonl(tmp_path / "train.jsonl", [{"prompt": "what is 1 + 2 ?", "ground_truth": "3"}])
+    (tmp_path / "bad.py").write_text("raise ImportError('needs sympy')\n")
+    (tmp_path / "hang.py").write_text("import threading\nthreading.Event().wait()\n")
+    (tmp_path / "ok.py").write_text(
+        "def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
+
+    def source(spec: str) -> DatasetSource:
+        cfg = DatasetTask.model_validate(
+            {"kind": "dataset", "path": "train.jsonl", "reward": spec, "reward_workers": 1, "reward_timeout_s": 0.1}
+        )
+        prepare_dataset(cfg, data_path=tmp_path / "train.jsonl", tokenizer=tok, out_dir=tmp_path / "data")
+        return DatasetSource(cfg, tmp_path, tmp_path / "model", scoring=True)
+
+    with pytest.raises(ConfigError) as e:
+        source("bad.py:f")
+    assert str(e.value) == "job.json: task.reward: bad.py: cannot import: ImportError: needs sympy"
+    with pytest.raises(ConfigError) as e:
+        source("hang.py:f")
+    assert str(e.value) == "job.json: task.reward: hang.py:f: it did not finish loading within 1 s"
+    assert "reward pool failed" not in caplog.text  # the one line is the config error's
+    ok = source("ok.py:f")
+    try:
+        assert ok.reward_failure() is None
+        assert ok.score("s0", ok.rl_prompts(0, 1)[0].prompt_id, [1]).result(timeout=30.0) == 1.0
+    finally:
+        ok.close()
 
 
 def _named(marker: str) -> list[int]:
