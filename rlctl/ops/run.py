@@ -48,7 +48,7 @@ from rlctl.checkpoint.choose import (
     verified_manifest,
 )
 from rlctl.config.inventory import Site
-from rlctl.config.job import Job, JobFile
+from rlctl.config.job import DatasetTask, Job, JobFile
 from rlctl.errors import LaunchError, RlctlError, Stopped, UsageError
 from rlctl.launch.agentenv import ENV_RESUME, ENV_RUN, ENV_VISIBLE, ParallelConfig
 from rlctl.launch.backends import AGENTS_FILE, Backends, kind_of, read_sites, record_agent, stop_agents, write_sites
@@ -70,11 +70,12 @@ from rlctl.launch.stage import (
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.inputs import copy_inputs, resolve_inputs
 from rlctl.ops.jobdb import LIVE, JobDB
+from rlctl.rl.reward import load_deadline_s
 from rlctl.transport import Connection, Message, make_transport
 
 log = logging.getLogger(__name__)
 
-CONTROLLER_START_S = 120.0
+CONTROLLER_START_S = 120.0  # for the controller to listen, beyond its reward pool's first load (`load_deadline_s`)
 TRAINER_POLL_S = 5.0  # how often `wait` asks the trainer ranks' sites whether a rank ended before the job had one
 UNREACHABLE_POLL_S = 5.0  # how often `wait` tries a site it cannot reach (its agents run on without the launcher)
 UNREACHABLE_SAY_S = 300.0  # … and how often it says so again
@@ -402,7 +403,11 @@ class JobRun:
     def _controller_address(self, remote: bool) -> str:
         """Wait until the controller listens: its controller.json on its site (read there; copied here)."""
         assert self.controller is not None
-        deadline = time.monotonic() + CONTROLLER_START_S
+        # before it listens, the controller waits for its reward pool's first load (a dataset task's reward), which
+        # has a deadline of its own
+        task = self.spec.task
+        wait_s = CONTROLLER_START_S + (load_deadline_s(task.reward_timeout_s) if isinstance(task, DatasetTask) else 0)
+        deadline = time.monotonic() + wait_s
         while True:
             text = self._read_record("controller.json") if remote else None
             if not remote and self.jobdir.controller_json.exists():
@@ -417,7 +422,7 @@ class JobRun:
                     f"see {self.controller.spec.log_path}:\n{self.log_tail('controller', 0)}"
                 )
             if time.monotonic() > deadline:
-                raise LaunchError(f"the controller did not listen within {CONTROLLER_START_S:.0f} s")
+                raise LaunchError(f"the controller did not listen within {wait_s:.0f} s")
             time.sleep(0.25 if remote else 0.05)
         return controller_address(self.jobdir)
 

@@ -405,6 +405,11 @@ class RewardStats:
         return self.errors + self.timeouts + self.bad_type
 
 
+def load_deadline_s(timeout_s: float) -> float:
+    """How long a pool of calls bounded by `timeout_s` gives a worker to load the function (`load_retry_s`)."""
+    return max(LOAD_RETRY_MIN_S, LOAD_RETRY_FACTOR * timeout_s)
+
+
 class RewardPool:
     """Reward calls in `workers` processes, each call bounded by `timeout_s` (see the module docstring).
 
@@ -432,9 +437,7 @@ class RewardPool:
         self.base_dir = base_dir
         self.timeout_s = timeout_s
         self.on_error = float(on_error)
-        self.load_retry_s = (
-            max(LOAD_RETRY_MIN_S, LOAD_RETRY_FACTOR * timeout_s) if load_retry_s is None else load_retry_s
-        )
+        self.load_retry_s = load_deadline_s(timeout_s) if load_retry_s is None else load_retry_s
         self.stats = RewardStats()
         self.failed: str | None = None  # why the pool stopped for good (its calls are cancelled), once it has
         # a bad spec fails here, in the caller, when the caller calls the function (workers=0) or it is a built-in;
