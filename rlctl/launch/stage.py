@@ -804,7 +804,9 @@ def record_view(job_dir: Path) -> tuple[Site, str, str] | None:
     if cs not in staged or cs not in sites:
         return None
     local = job_dir / AGENTS_FILE
-    rows = agents_from_lines(local.read_text()) if local.exists() else []
+    # only the controller's host is wanted here: a damaged line of the record is its readers' to say (the stop's,
+    # which stops every agent it can read, those recorded on the controller's site among them)
+    rows = agents_from_lines(local.read_text(), skipped=[]) if local.exists() else []
     host = next((h.ident.get("host") for h in rows if h.spec.role == "controller"), None)
     return controller_view(staged, sites, cs, host)
 

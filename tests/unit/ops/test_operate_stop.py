@@ -355,3 +355,25 @@ def test_a_stop_of_an_ended_job_stops_its_orphan_past_a_damaged_line_of_agents_j
     assert "ended" not in out and out["agents"] == ["rollout-0"]
     assert stranger.wait(timeout=5) == -signal.SIGTERM
     assert len(out["problems"]) == 1 and out["problems"][0].startswith(f"{agents}: line 1 is not valid JSON")
+
+
+def test_a_damaged_line_of_agents_jsonl_still_stops_the_units_recorded_on_the_controllers_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
+) -> None:
+    # the controller keeps its record elsewhere and recorded a unit it started on scale (rollout-5) there only: the
+    # lookup of the controller's host read the operator's agents.jsonl strictly, so its damaged line read as "the
+    # controller site's agent record is unreachable" and rollout-5 ran on
+    ref = _running_job_of(stranger, tmp_path, monkeypatch)
+    site_root = tmp_path / "site"
+    site_root.mkdir()
+    ref.jobdir.write_json(ref.jobdir.path / "staged.json", {"local": {"roots": {"localhost": str(site_root)}}})
+    ref.jobdir.write_json(ref.jobdir.plan_json, {"controller_site": "local"})
+    agents = ref.jobdir.path / "agents.jsonl"
+    row = json.loads(agents.read_text())
+    (site_root / "agents.jsonl").write_text(json.dumps(row | {"name": "rollout-5", "replica": 5}) + "\n")
+    gone = {"pid": 2**22 + 1, "pgid": 2**22 + 1, "start_ticks": 1}  # past pid_max: names no process
+    row |= {"ident": gone}
+    agents.write_text('{"name": "rollout-1", "role": "roll\n' + json.dumps(row) + "\n")
+    out = operate.stop(ref, grace_s=2)
+    assert out["agents"] == ["rollout-0", "rollout-5"] and stranger.wait(timeout=5) == -signal.SIGTERM
+    assert len(out["problems"]) == 1 and out["problems"][0].startswith(f"{agents}: line 1 is not valid JSON")
