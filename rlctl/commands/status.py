@@ -147,12 +147,14 @@ def _live_table(s: dict[str, Any]) -> str:
 
 
 def index_line(s: dict[str, Any]) -> str:
-    """The job index's state; where it says the job runs and no agent does, without a summary, that it ended
-    without one (a controller killed with its launcher: only the agents' logs say how)."""
+    """The job index's state; where it says the job runs and every agent is known to have exited, without a
+    summary, that it ended without one (a controller killed with its launcher: only the agents' logs say how). An
+    agent whose site did not answer may run: then the row is not contradicted."""
     from rlctl.ops.jobdb import LIVE
 
     state = s["index_state"]
-    if state in LIVE and "summary" not in s and s["agents"] and all(a["state"] != "running" for a in s["agents"]):
+    exited = s["agents"] and all(a["state"].startswith("exited") for a in s["agents"])
+    if state in LIVE and "summary" not in s and exited:
         return f"{state}, but no agent runs and no summary was written: it ended without one (`rlctl logs` says how)"
     return state
 

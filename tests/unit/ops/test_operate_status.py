@@ -14,10 +14,12 @@ import pytest
 
 from rlctl.commands.status import _fallback_table
 from rlctl.config.inventory import Site
+from rlctl.errors import LaunchError
 from rlctl.launch import local
 from rlctl.launch.backends import write_sites
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec, exit_text
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.ssh import SshBackend
 from rlctl.ops import operate
 from rlctl.ops.jobdb import JobDB
 from rlctl.ops.jobref import JobRef
@@ -68,3 +70,33 @@ def test_status_of_a_job_whose_controller_was_killed_says_so_and_shows_the_index
     assert index.split(None, 2)[2] == (
         "running, but no agent runs and no summary was written: it ended without one (`rlctl logs` says how)"
     )
+
+
+def test_status_of_a_job_whose_site_does_not_answer_does_not_say_it_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the controller's site did not answer (its agents' state: unknown): the index row said "running, but no agent
+    # runs … it ended without one", of a job that runs on there
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("far", explicit=tmp_path / "far")
+    site = {"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "nodes": [{"host": "h1", "gpus": 8}]}
+    write_sites(jd.path, {"h20": Site.model_validate(site)})
+    row = {"name": "controller-0", "role": "controller", "replica": 0, "site": "h20", "backend": "ssh"}
+    ident = {"host": "h1", "pid": 1, "pgid": 1, "start_ticks": 1}
+    (jd.path / "agents.jsonl").write_text(json.dumps(row | {"ident": ident, "host": "h1", "gpus": None, "log": None}))
+
+    def poll(self: SshBackend, handle: object) -> None:
+        raise LaunchError("ssh h1: cannot connect: timed out")
+
+    monkeypatch.setattr(SshBackend, "poll", poll)
+    db = JobDB()
+    try:
+        db.put("far1", job_dir=str(jd.path), spec={"name": "far"})
+        db.update("far1", state="running")
+        index_row = db.get("far1")
+    finally:
+        db.close()
+    s, complete = operate.job_status(JobRef("far1", jd, index_row), timeout_s=2.0)
+    assert s["sites_down"] == ["h20"] and [a["state"] for a in s["agents"]] == ["unknown"] and not complete
+    index = next(line for line in _fallback_table(s).splitlines() if line.startswith("job index"))
+    assert index.split(None, 2)[2] == "running"
