@@ -757,7 +757,8 @@ def _whole_lines(path: Path) -> int:
 def _merge_lines(local: Path, remote: Path) -> str:
     """Both event logs as one, ordered by time, each event once (fetching twice adds nothing). A line that is not
     a JSON object (an append cut short by a full disk, the next one on the same line) is left out, with a warning
-    naming the file and line, and kept in `<events>.damaged`: the merged log reads again (`rlctl status`)."""
+    naming the file and line, and kept in `<events>.damaged` (once: a later merge reads the site's again): the
+    merged log reads again (`rlctl status`)."""
     mine = local.read_text().splitlines() if local.exists() else []
     seen = set(mine)
     theirs = [(remote, n, line) for n, line in enumerate(remote.read_text().splitlines(), 1) if line not in seen]
@@ -773,8 +774,11 @@ def _merge_lines(local: Path, remote: Path) -> str:
             rows.append((float(row.get("t", 0)), i, line))
         else:
             bad.append((f"{path}: line {n}", line))
+    damaged = local.with_name(local.name + ".damaged")
+    # the site's copy keeps its damaged lines, and every merge reads them again: each is kept and said once
+    kept = set(damaged.read_text().splitlines()) if damaged.exists() else set()
+    bad = [(where, line) for where, line in bad if line not in kept]
     if bad:
-        damaged = local.with_name(local.name + ".damaged")
         with damaged.open("a") as f:
             f.write("".join(line + "\n" for _, line in bad))
         more = f" (and {len(bad) - 1} more)" if bad[1:] else ""

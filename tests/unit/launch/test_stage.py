@@ -466,3 +466,23 @@ def test_events_merge_past_a_line_that_is_not_a_json_event(tmp_path: Path, caplo
     assert (
         f"{src / 'events.jsonl'}: line 2 is not a JSON event: left out of the merged events (and 1 more)" in caplog.text
     )
+
+
+def test_a_damaged_line_of_the_sites_events_is_kept_and_said_once_however_often_they_merge(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the site's copy keeps its damaged line and each merge (a fetch after the site's events grew: a status, a stop,
+    # a report) read it anew: it was appended to events.jsonl.damaged and warned of at every one of them
+    src = job_dir(tmp_path)
+    site = local_site(tmp_path / "w")
+    root = Path(site_root(site, "job-1", here=src))
+    root.mkdir(parents=True)
+    cut = '{"t": 2, "ev'
+    (root / "events.jsonl").write_text(f'{{"t": 1, "event": "launch"}}\n{cut}\n')
+    for t in (3, 4, 5):
+        with (root / "events.jsonl").open("a") as f:
+            f.write(json.dumps({"t": t, "event": "iteration"}) + "\n")
+        assert "events.jsonl" in fetch_record(src, site, "localhost", str(root))
+    assert [e["t"] for e in JobDir(src).read_lines(src / "events.jsonl")] == [1, 3, 4, 5]
+    assert (src / "events.jsonl.damaged").read_text() == f"{cut}\n"
+    assert caplog.text.count("is not a JSON event") == 1
