@@ -22,7 +22,7 @@ from rlctl.config.base import first_error
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
-from rlctl.launch.jobdir import json_file, json_lines
+from rlctl.launch.jobdir import append_row, json_file, json_lines
 from rlctl.launch.local import LocalBackend
 
 SITES_FILE = "sites.json"
@@ -116,8 +116,7 @@ def record_agent(job_dir: Path, handle: AgentHandle) -> None:
         "host": s.gpu_slice.host if s.gpu_slice else None,
         "gpus": list(s.gpu_slice.gpus) if s.gpu_slice else None,
     }
-    with (job_dir / AGENTS_FILE).open("a") as f:
-        f.write(json.dumps(row) + "\n")
+    append_row(job_dir / AGENTS_FILE, row)  # on a line of its own, past one cut short (a full disk)
 
 
 def recorded_agents(job_dir: Path) -> list[AgentHandle]:

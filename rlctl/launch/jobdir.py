@@ -200,11 +200,7 @@ class JobDir:
         return bytes.fromhex(p.read_text().strip())
 
     def append(self, path: Path, row: dict[str, Any]) -> None:
-        """`row` as a line of its own at the end of the .jsonl file `path`. A file that ends in a line cut short (its
-        writer SIGKILLed mid-write, a full disk) gets its newline first: the row went on that line, and the one
-        damaged line became this one and every reader's (`rlctl stop`'s request among them)."""
-        with appending(path) as f:
-            f.write(("\n" if _ends_mid_line(path) else "") + json.dumps(row, default=str) + "\n")
+        append_row(path, row)
 
     def read_events(self) -> list[dict[str, Any]]:
         """The job's events, one a line. A line that is no JSON object is left out and said once (a warning naming
@@ -254,6 +250,15 @@ def appending(path: Path) -> Iterator[TextIO]:
         f.close()  # the merge replaced it: its lock was the old file's
     with f:
         yield f
+
+
+def append_row(path: Path, row: dict[str, Any]) -> None:
+    """`row` as a line of its own at the end of the .jsonl file `path`. A file that ends in a line cut short (its
+    writer SIGKILLed mid-write, a full disk) gets its newline first: the row went on that line, and the one
+    damaged line became this one and every reader's (`rlctl stop`'s request among them, or the record of the
+    agent started next, which no stop then stopped)."""
+    with appending(path) as f:
+        f.write(("\n" if _ends_mid_line(path) else "") + json.dumps(row, default=str) + "\n")
 
 
 def _ends_mid_line(path: Path) -> bool:

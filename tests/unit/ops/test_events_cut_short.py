@@ -1,6 +1,7 @@
 """A line of events.jsonl cut short (its controller SIGKILLed mid-write, a full disk): the next event appended goes on
 a line of its own (`JobDir.append`), and the readers of the events — status, stop, resume, report — leave the damaged
-line out, said once, instead of failing on it for as long as the job dir lives."""
+line out, said once, instead of failing on it for as long as the job dir lives. The same holds for agents.jsonl's
+next record."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from rlctl.config.inventory import Site
-from rlctl.launch.backends import write_sites
+from rlctl.launch.backends import agents_from_lines, record_agent, write_sites
+from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import operate
 from rlctl.ops.autoresume import newest_checkpoint
@@ -75,3 +77,17 @@ def test_status_stop_resume_and_report_read_past_a_cut_short_line(
     with (d / "events.jsonl").open("a") as f:
         f.write(CUT + "\n" + json.dumps({"t": 6.0, "event": "resumed", "version": 2}) + "\n")
     assert build_report(d).html.exists()
+
+
+def test_the_next_agent_recorded_after_a_cut_short_line_of_agents_jsonl_is_a_line_of_its_own(tmp_path: Path) -> None:
+    # a full disk cut the launcher's last record short; the next run's controller went on that line, and no reader
+    # saw it again (`rlctl stop` left it running: the line was damaged, or, while last, skipped as one being written)
+    cut = '{"name": "rollout-0", "role": "rollout", "replica": 0, "site": "lo'
+    (tmp_path / "agents.jsonl").write_text(cut)
+    for role in ("controller", "trainer"):
+        spec = AgentSpec(role, 0, "local", [])
+        record_agent(tmp_path, AgentHandle(spec, {"pid": 1, "pgid": 1, "start_ticks": 1}, "local"))
+    skipped: list[str] = []
+    handles = agents_from_lines((tmp_path / "agents.jsonl").read_text(), skipped=skipped)
+    assert [h.spec.name for h in handles] == ["controller-0", "trainer-0"]
+    assert len(skipped) == 1 and "line 1 is not valid JSON" in skipped[0]
