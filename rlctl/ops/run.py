@@ -602,9 +602,11 @@ class JobRun:
         return resume_command(self.id if self.db is not None else self.jobdir.path)
 
     def stop(self, *, grace_s: float = 10.0) -> None:
-        """Stop every agent of the job on every site, including units the controller started."""
-        handles = all_recorded_agents(self.jobdir.path)
-        problems = stop_agents(self.backends, handles, grace_s=grace_s)
+        """Stop every agent of the job on every site, including units the controller started; a line of agents.jsonl
+        that is no agent record is one of the problems (LaunchError), once every agent read is stopped."""
+        skipped: list[str] = []  # (read strictly, a damaged line stopped none: Ctrl-C left the whole job running)
+        handles = all_recorded_agents(self.jobdir.path, skipped=skipped)
+        problems = skipped + stop_agents(self.backends, handles, grace_s=grace_s)
         if self._record is not None:
             try:
                 fetch_record(self.jobdir.path, *self._record)

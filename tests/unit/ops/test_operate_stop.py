@@ -377,3 +377,17 @@ def test_a_damaged_line_of_agents_jsonl_still_stops_the_units_recorded_on_the_co
     out = operate.stop(ref, grace_s=2)
     assert out["agents"] == ["rollout-0", "rollout-5"] and stranger.wait(timeout=5) == -signal.SIGTERM
     assert len(out["problems"]) == 1 and out["problems"][0].startswith(f"{agents}: line 1 is not valid JSON")
+
+
+def test_the_launchers_stop_stops_every_agent_it_can_read_past_a_damaged_line_of_agents_jsonl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
+) -> None:
+    # `JobRun.stop` (Ctrl-C of `rlctl launch`, what is left of a failed run before an auto-resume) read the record
+    # strictly: a damaged line raised before it stopped anything, and the whole job ran on
+    ref = _running_job_of(stranger, tmp_path, monkeypatch)
+    agents = ref.jobdir.path / "agents.jsonl"
+    agents.write_text('{"name": "rollout-1", "role": "roll\n' + agents.read_text() + "\n")
+    run = JobRun(ref.jobdir, load_job(ROOT / "jobs" / "demo.yaml").spec, {}, db=None)
+    with pytest.raises(LaunchError, match=r"agents\.jsonl: line 1 is not valid JSON .*: left out$"):
+        run.stop(grace_s=2)
+    assert stranger.wait(timeout=5) == -signal.SIGTERM
