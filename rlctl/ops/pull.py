@@ -90,13 +90,14 @@ def _latest(job_dir: Path) -> int | None:
 def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -> Pulled:
     """Copy checkpoint `checkpoint` ("latest" or a version)'s policy to `to` (default: <job dir>/pulled/v<N>).
     A `to` given must be new or empty: a pull never mixes its files with others (the default one is the job's own
-    copy of that version, replaced by a pull again)."""
+    copy of that version, replaced by a pull again). What a pull killed before it could clean up left there (its
+    staging folder) does not count, and goes."""
     if to is not None:
         to = to.resolve()  # `--to .` named
         try:
             if to.exists() and not to.is_dir():
                 raise UsageError(f"--to {to}: not a directory")
-            if to.is_dir() and any(to.iterdir()):
+            if to.is_dir() and set(to.iterdir()) - set(_abandoned(to)):
                 raise UsageError(
                     f"--to {to}: not empty (a pull never mixes its files with others); name a new or empty directory"
                 )
@@ -170,7 +171,8 @@ def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> 
     staging = to / f".pull-{os.getpid()}"
     try:
         to.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)
+        for left in [staging, *_abandoned(to)]:
+            shutil.rmtree(left, ignore_errors=True)
         staging.mkdir()
     except OSError as e:
         raise UsageError(f"{to}: cannot pull into it: {e.strerror or e}") from e
@@ -200,6 +202,28 @@ def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> 
         shutil.rmtree(staging if done or not created else to, ignore_errors=True)
     log.info("pulled checkpoint v%d (%d files, %d B) from %s to %s", version, len(model), total, source, to)
     return Pulled(version, to, len(model), total, f"{source}:{ckpt}", [])
+
+
+def _abandoned(to: Path) -> list[Path]:
+    """The staging folders in `to` of pulls whose process is gone (SIGKILLed, OOM-killed, a reboot: no `finally`
+    ran): a partial copy of the weights, which stayed inside the pulled model and made `--to` read as not empty."""
+    out = []
+    for p in to.glob(".pull-*"):
+        pid = p.name.removeprefix(".pull-")
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            out.append(p)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """A process with that pid runs on this machine (one that took the pid since keeps its leftover: not empty)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's
+        return True
+    return True
 
 
 def _move(src: Path, dst: Path) -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import errno
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,7 @@ from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops import pull as pull_mod
 from rlctl.ops.pull import pull
 from rlctl.trainers.base import DataParallel
+from tests.conftest import ROOT
 from tests.unit.tiny_models import small_config
 
 SITE = {"datacenter": "a", "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 2}], "scheduler": {"kind": "local"}}
@@ -105,6 +109,31 @@ def test_pull_to_a_directory_that_holds_files_is_refused(tmp_path: Path) -> None
     assert same(TinyGPT.from_pretrained(pull(jd.path, to=mine).to), models[2])
     again = pull(jd.path)  # the job's own copy of a version is replaced by a pull again
     assert pull(jd.path).to == again.to and same(TinyGPT.from_pretrained(again.to), models[2])
+
+
+KILLED_PULL = """
+import os, signal, sys
+from pathlib import Path
+from rlctl.ops import pull
+pull._move = lambda src, dst: os.kill(os.getpid(), signal.SIGKILL)  # killed as it moves the verified files in
+pull.pull(Path(sys.argv[1]), to=Path(sys.argv[2]) if sys.argv[2:] else None)
+"""
+
+
+def test_what_a_killed_pull_left_in_its_destination_goes_with_the_next_pull(tmp_path: Path) -> None:
+    # its staging folder (a partial copy of the weights) stayed inside pulled/vN for good, and a `--to` given again
+    # was refused as not empty
+    jd, models = job_dir(tmp_path)
+    out = tmp_path / "out"
+    for where in ([], [str(out)]):
+        killed = subprocess.run([sys.executable, "-c", KILLED_PULL, str(jd.path), *where], cwd=ROOT, check=False)
+        assert killed.returncode == -signal.SIGKILL
+    left = [*(jd.path / "pulled" / "v2").glob(".pull-*"), *out.glob(".pull-*")]
+    assert len(left) == 2 and all(any(p.iterdir()) for p in left)  # what the killed pulls staged
+    assert sorted(p.name for p in pull(jd.path).to.iterdir()) == ["config.json", "model.safetensors"]
+    got = pull(jd.path, to=out)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert same(TinyGPT.from_pretrained(got.to), models[2])
 
 
 def test_pull_to_another_filesystem_copies_where_a_rename_cannot(
