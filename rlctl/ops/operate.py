@@ -23,6 +23,7 @@ from typing import Any
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
+from rlctl.launch.jobdir import say_once
 from rlctl.launch.stage import all_recorded_agents, fetch_record, record_view
 from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.jobdb import LIVE, JobDB
@@ -89,9 +90,12 @@ def site_view(
     ref: JobRef, *, timeout_s: float, handles: list[AgentHandle] | None = None
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every recorded agent's state (or that of `handles`, read already) as its site's scheduler sees it; sites
-    that did not answer."""
+    that did not answer. A line of agents.jsonl that is no agent record is left out, said once (a line cut short by
+    a full disk stays in it: status failed on it for good)."""
     if handles is None:
-        handles = all_recorded_agents(ref.jobdir.path)
+        skipped: list[str] = []
+        handles = all_recorded_agents(ref.jobdir.path, skipped=skipped)
+        say_once(skipped)
     sites = read_sites(ref.jobdir.path)
     backends = Backends(sites, job=ref.jobdir.path.name, job_dir=ref.jobdir.path)
     by_site: dict[str, list[AgentHandle]] = {}

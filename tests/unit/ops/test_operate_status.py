@@ -100,3 +100,22 @@ def test_status_of_a_job_whose_site_does_not_answer_does_not_say_it_ended(
     assert s["sites_down"] == ["h20"] and [a["state"] for a in s["agents"]] == ["unknown"] and not complete
     index = next(line for line in _fallback_table(s).splitlines() if line.startswith("job index"))
     assert index.split(None, 2)[2] == "running"
+
+
+def test_status_of_a_job_shows_the_agents_it_can_read_past_a_damaged_line_of_agents_jsonl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a record cut short by a full disk stays in agents.jsonl once the next is appended: `rlctl status` of the job
+    # (its controller gone) failed on it in one line for as long as the job dir lived
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("cut", explicit=tmp_path / "cut")
+    site = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 1}]}
+    write_sites(jd.path, {"local": Site.model_validate(site)})
+    row = {"name": "controller-0", "role": "controller", "replica": 0, "site": "local", "backend": "local"}
+    rec = row | {"ident": _killed_agent(), "host": None, "gpus": None, "log": None}
+    (jd.path / "agents.jsonl").write_text('{"name": "rollout-0", "role": "roll\n' + json.dumps(rec) + "\n")
+    for _ in range(2):  # `rlctl status -w`: said once
+        s, _complete = operate.job_status(JobRef("cut1", jd, None), timeout_s=2.0)
+        assert [(a["name"], a["state"]) for a in s["agents"]] == [("controller-0", "exited (status unknown)")]
+    said = [r.getMessage() for r in caplog.records if "agents.jsonl: line 1 is not valid JSON" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith("left out")
