@@ -138,7 +138,8 @@ class RootNode(WeightNode):
         return d if d is not None else hv.payloads["full"]
 
     def _composed(self, hv: HeldVersion, base: int) -> Payload | None:
-        """The delta from `base` to `hv` composed from the kept chain (cached on `hv`), or None."""
+        """The delta from `base` to `hv` composed from the kept chain (cached on `hv`), or None: none kept, or the
+        composition no smaller than the full version (a child then takes that, as for a published delta)."""
         steps, at = [], base
         for version, d in list(self._chain):
             if d.base_version == at:
@@ -147,6 +148,14 @@ class RootNode(WeightNode):
         if not steps or at != hv.version:
             return None
         data = delta.compose([d.data for d in steps])
+        if data.numel() >= hv.weights.numel():
+            log.info(
+                "v%d: a delta from v%d composed of %d is no smaller than the version: sent in full",
+                hv.version,
+                base,
+                len(steps),
+            )
+            return None
         p = full_payload(data, self.cfg, have=True)
         out = Payload("delta", data, p.refs, p.sums, p.have, base)
         with self.store.cv:

@@ -64,6 +64,21 @@ def test_a_child_that_skipped_versions_gets_a_composed_delta(pair) -> None:
     assert one.numel() < sum(d.data.numel() for _, d in root._chain)  # overlapping changes XOR once
 
 
+def test_a_composed_delta_no_smaller_than_the_version_is_not_sent(pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deltas each smaller than the version can compose into one that is not (dense changes that do not overlap):
+    the child takes the version in full, as it does where a published delta has no gain."""
+    root, child = pair
+    root.publish(1, sd(1))
+    child.fetch(1, [root.address])
+    for v in (2, 3):
+        root.publish(v, sd(v))
+    full = root.store.current.weights.numel()
+    monkeypatch.setattr(rootmod.delta, "compose", lambda parts: torch.zeros(full, dtype=torch.uint8))
+    got = child.fetch(3, [root.address])
+    assert got.received_encoding == "full" and torch.equal(got.weights, root.store.current.weights)
+    assert 1 not in root.store.current.deltas_by_base
+
+
 def test_a_delta_encoded_on_the_trainers_device_is_applied_in_place(pair) -> None:
     """The GPU path: the trainer encodes against its own copy of the last version; the root applies the delta to
     its buffer, sets the target checksum, and children verify against it."""
