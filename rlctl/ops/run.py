@@ -371,7 +371,9 @@ class JobRun:
     def attach(self) -> None:
         """Watch a job whose launcher is gone (`rlctl attach`): its controller and agents as the job dir records
         them, its record where the controller keeps it; then `wait` as if this process had started them."""
-        handles = all_recorded_agents(self.jobdir.path)
+        skipped: list[str] = []
+        handles = all_recorded_agents(self.jobdir.path, skipped=skipped)
+        say_once(skipped)
         if not any(h.spec.role == "controller" for h in handles):
             raise LaunchError(f"{self.jobdir.path}: no controller recorded in {AGENTS_FILE}: the job never started")
         last = max(i for i, h in enumerate(handles) if h.spec.role == "controller")  # the latest run's start
@@ -718,10 +720,13 @@ def refuse_if_running(jobdir: JobDir) -> None:
             hint=f"stop it first: `rlctl stop {jobdir.path.name}`",
         )
     backends = Backends(read_sites(jobdir.path), job=jobdir.path.name, job_dir=jobdir.path)
+    skipped: list[str] = []  # a line cut short by a full disk stays in agents.jsonl: read strictly, no resume passed
     try:
-        problems = stop_agents(backends, all_recorded_agents(jobdir.path), grace_s=5.0)
+        problems = stop_agents(backends, all_recorded_agents(jobdir.path, skipped=skipped), grace_s=5.0)
     finally:
         backends.close()
+    for line in skipped:  # an agent whose record was cut short is no one this resume can stop; it ends on its own
+        log.warning("%s (an agent recorded there, if it still runs, exits once it finds its controller gone)", line)
     if problems:
         raise LaunchError("cannot stop what is left of the last run: " + "; ".join(problems))
 

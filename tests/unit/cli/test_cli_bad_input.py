@@ -214,6 +214,18 @@ def test_logs_of_a_job_without_any_says_so(tmp_path: Path) -> None:
     )
 
 
+def test_logs_read_past_a_damaged_line_of_agents_jsonl(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # a line cut short by a full disk: `rlctl logs` failed on it, for every agent, for good
+    jd = prepared(tmp_path / "run")
+    (jd.path / "agents.jsonl").write_text('{"name": "rollout-1", "role": "roll\n{"name": "rollout-2"}\n')
+    (jd.path / "logs").mkdir(exist_ok=True)
+    (jd.path / "logs" / "controller-0.log").write_text("the controller's last words\n")
+    r = run_cli("logs", str(jd.path), "controller/0")
+    assert r.exit_code == 0 and "the controller's last words" in r.stdout, r.stderr
+    assert "Traceback" not in r.stderr
+    assert any("agents.jsonl: line 1 is not valid JSON" in m for m in caplog.messages)
+
+
 def test_a_missing_choice_lists_the_choices_on_its_line() -> None:
     # click's list, one choice a line, came out as "Choose from:\n\tbash,\n\tzsh,\n\tfish", escapes and all
     assert one_error(run_cli("completion")) == (

@@ -36,9 +36,11 @@ def _killed_controller() -> dict[str, int]:
     return {"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks}
 
 
+@pytest.mark.parametrize("damaged", [False, True])
 def test_attach_to_a_job_stopped_before_it_attached_ends_as_stopped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damaged: bool
 ) -> None:
+    # damaged: agents.jsonl also holds a line cut short by a full disk, which attach read strictly and failed on
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     spec = load_job(ROOT / "jobs" / "demo.yaml").spec
     jd = JobDir.create(spec.name, explicit=tmp_path / "job")
@@ -47,7 +49,7 @@ def test_attach_to_a_job_stopped_before_it_attached_ends_as_stopped(
     write_sites(jd.path, {"local": Site.model_validate(site)})
     row = {"name": "controller-0", "role": "controller", "replica": 0, "site": "local", "backend": "local"}
     rec = row | {"ident": _killed_controller(), "host": None, "gpus": None, "log": None}
-    (jd.path / "agents.jsonl").write_text(json.dumps(rec) + "\n")
+    (jd.path / "agents.jsonl").write_text(('{"name": "rollout-1", "ro\n' if damaged else "") + json.dumps(rec) + "\n")
     jd.event("agent_started", agent="controller-0", run="r1")
     jd.event(STOP_REQUESTED)  # `rlctl stop` (from a terminal whose index does not hold the job): its row says running
     db = JobDB()

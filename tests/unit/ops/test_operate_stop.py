@@ -29,7 +29,7 @@ from rlctl.launch.ssh import SshBackend
 from rlctl.ops import operate
 from rlctl.ops.jobdb import JobDB
 from rlctl.ops.jobref import JobRef
-from rlctl.ops.run import STOP_REQUESTED, JobRun, stop_requested
+from rlctl.ops.run import STOP_REQUESTED, JobRun, refuse_if_running, stop_requested
 from tests.conftest import ROOT
 
 
@@ -391,3 +391,16 @@ def test_the_launchers_stop_stops_every_agent_it_can_read_past_a_damaged_line_of
     with pytest.raises(LaunchError, match=r"agents\.jsonl: line 1 is not valid JSON .*: left out$"):
         run.stop(grace_s=2)
     assert stranger.wait(timeout=5) == -signal.SIGTERM
+
+
+def test_a_resume_stops_what_is_left_of_the_last_run_past_a_damaged_line_of_agents_jsonl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    # `launch --resume` read the record strictly: a line cut short by a full disk refused every resume, for good
+    ref = _running_job_of(stranger, tmp_path, monkeypatch, state="failed")
+    agents = ref.jobdir.path / "agents.jsonl"
+    agents.write_text('{"name": "rollout-1", "role": "roll\n' + agents.read_text() + "\n")
+    refuse_if_running(ref.jobdir)
+    assert stranger.wait(timeout=5) == -signal.SIGTERM
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(m.startswith(f"{agents}: line 1 is not valid JSON") and "exits once it finds" in m for m in said)
