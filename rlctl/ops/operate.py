@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 STATUS_DEADLINE_S = 5.0
 
 
+REQUEST_FLOOR_S = 2.0  # the shortest wait for the controller's answer to a stop's shutdown request
+
+
 def ask_controller(ref: JobRef, kind: str, body: dict[str, Any] | None = None, *, timeout_s: float) -> dict[str, Any]:
     """One request to the job's controller; TransportError (OSError: no controller.json; LaunchError: one that
     names no address)."""
@@ -240,7 +243,9 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
     else:
         jd.event(STOP_REQUESTED)  # before the controller can end: its launcher must not resume it (`autoresume`)
     try:
-        ask_controller(ref, "shutdown", {"grace_s": grace_s}, timeout_s=min(grace_s, 10.0))
+        # the request's own bound is no shorter than REQUEST_FLOOR_S: `--grace 0` asked with a 0 s timeout, and a
+        # healthy controller read as one that did not answer
+        ask_controller(ref, "shutdown", {"grace_s": grace_s}, timeout_s=min(max(grace_s, REQUEST_FLOOR_S), 10.0))
         out["graceful"] = "requested"
     except (RlctlError, OSError, ValueError, KeyError) as e:  # an unreadable controller.json included
         out["graceful"] = f"controller did not answer ({e}); forcing"

@@ -404,3 +404,15 @@ def test_a_resume_stops_what_is_left_of_the_last_run_past_a_damaged_line_of_agen
     assert stranger.wait(timeout=5) == -signal.SIGTERM
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any(m.startswith(f"{agents}: line 1 is not valid JSON") and "exits once it finds" in m for m in said)
+
+
+def test_a_stop_with_no_grace_still_gives_the_controller_time_to_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
+) -> None:
+    # `--grace 0` asked the controller with a 0 s timeout: a healthy one read as "did not answer; forcing"
+    ref = _running_job_of(stranger, tmp_path, monkeypatch)
+    asked: list[float] = []
+    monkeypatch.setattr(operate, "ask_controller", lambda ref, kind, body, *, timeout_s: asked.append(timeout_s))
+    out = operate.stop(ref, grace_s=0)
+    assert out["graceful"] == "requested" and len(asked) == 1 and asked[0] >= 1.0
+    assert stranger.wait(timeout=5) < 0  # and the agents stopped, with no grace
