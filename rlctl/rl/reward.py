@@ -93,6 +93,7 @@ RETRY_FIRST_S = 1.0  # a worker that failed to load starts again after this, dou
 RETRY_MAX_S = 60.0  # … up to this
 ORPHAN_CHECK_S = 0.05  # a worker's watch of its pool, after a call arrived: how long before it looks again
 LOAD_RETRY_FACTOR = 6  # the pool fails once every worker has failed to load for this many × timeout_s …
+WAIT_SLACK_S = 30.0  # a pool made with wait=True waits at most load_retry_s + this for its first start's word
 LOAD_RETRY_MIN_S = 60.0  # … or this, if longer: a filesystem hiccup or an OOM kill while importing passes sooner
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2), Linux ≥ 3.4
 REAP_EVERY_S = 1.0  # a worker reaps the zombies of the orphans it adopted at most this often, between calls
@@ -694,7 +695,8 @@ class RewardPool:
         """Wait for the first start to end: None once a worker has loaded the function, else why none could, in one
         line naming the function (`load_error`). Bounded by the pool's deadline: a start has `load_retry_s` to load
         it, and the first start that cannot fails the pool."""
-        self._first_start_over.wait()
+        if not self._first_start_over.wait(self.load_retry_s + WAIT_SLACK_S):  # a dispatcher that died: no hang
+            return f"{self.spec}: no reward worker said whether it loaded within {self.load_retry_s:.0f} s"
         if self._loaded and self.failed is None:
             return None
         return self.load_error or self.failed or f"{self.spec}: the reward pool ended before a worker loaded it"

@@ -695,3 +695,18 @@ def test_a_worker_reaps_the_orphans_it_adopted(tmp_path: Path) -> None:
         while _zombie_children(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _zombie_children(worker) == []
+
+
+@pytest.mark.timeout(30)
+def test_a_pool_that_waits_for_its_first_start_is_bounded_when_its_dispatcher_never_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the wait relied on the dispatcher thread's word: one that ended on a bug of its own hung the controller's
+    # start and `rlctl check` for ever
+    (tmp_path / "ok.py").write_text("def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1\n")
+    monkeypatch.setattr(reward, "WAIT_SLACK_S", 0.5)
+    monkeypatch.setattr(RewardPool, "_dispatch", lambda self: None)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"^ok.py:f: no reward worker said whether it loaded within 1 s$"):
+        RewardPool("ok.py:f", base_dir=tmp_path, workers=1, timeout_s=0.1, load_retry_s=1.0, wait=True)
+    assert time.monotonic() - t0 < 10
