@@ -439,6 +439,12 @@ class RewardPool:
         self.timeout_s = timeout_s
         self.on_error = float(on_error)
         self.load_retry_s = load_deadline_s(timeout_s) if load_retry_s is None else load_retry_s
+        # what sets that bound, for the line of a load that outlasts it (a job's: its reward_timeout_s)
+        self._bound_by = (
+            f" ({LOAD_RETRY_FACTOR} × reward_timeout_s, at least {LOAD_RETRY_MIN_S:g} s)"
+            if load_retry_s is None
+            else ""
+        )
         self.stats = RewardStats()
         self.failed: str | None = None  # why the pool stopped for good (its calls are cancelled), once it has
         # a bad spec fails here, in the caller, when the caller calls the function (workers=0) or it is a built-in;
@@ -763,7 +769,9 @@ class RewardPool:
                         self._replace(i)  # a running call cannot be interrupted: its process goes
                         self._finish(call, RewardResult(self.on_error, "timeout", f"no result in {self.timeout_s}s"))
                     elif w.state == "starting" and time.monotonic() >= w.deadline:  # its import hangs
-                        self._load_failed(i, f"it did not finish loading within {self.load_retry_s:g} s")
+                        self._load_failed(
+                            i, f"it did not finish loading within {self.load_retry_s:g} s{self._bound_by}"
+                        )
                         if self.failed is not None:
                             break
         except Exception:  # a dead dispatcher would leave futures hanging: log, cancel them

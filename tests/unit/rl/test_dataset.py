@@ -271,7 +271,9 @@ def test_check_task_loads_the_reward_in_a_worker_within_its_deadline(
     )
     with pytest.raises(ConfigError) as e:
         check_task(task(reward="hang.py:f", reward_timeout_s=0.1), job_file=job)
-    assert str(e.value) == f"{job}: task.reward: hang.py:f: it did not finish loading within 1 s"
+    assert str(e.value) == (
+        f"{job}: task.reward: hang.py:f: it did not finish loading within 1 s (6 × reward_timeout_s, at least 1 s)"
+    )
     with pytest.raises(ConfigError) as e:
         check_task(task(reward="bad.py:f"), job_file=job)
     assert str(e.value) == f"{job}: task.reward: bad.py: cannot import: ZeroDivisionError: division by zero"

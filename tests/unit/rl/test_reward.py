@@ -522,7 +522,9 @@ def test_the_controllers_source_refuses_a_reward_no_worker_can_load_as_it_starts
     assert str(e.value) == "job.json: task.reward: bad.py: cannot import: ImportError: needs sympy"
     with pytest.raises(ConfigError) as e:
         source("hang.py:f")
-    assert str(e.value) == "job.json: task.reward: hang.py:f: it did not finish loading within 1 s"
+    assert str(e.value) == (
+        "job.json: task.reward: hang.py:f: it did not finish loading within 1 s (6 × reward_timeout_s, at least 1 s)"
+    )
     assert "reward pool failed" not in caplog.text  # the one line is the config error's
     ok = source("ok.py:f")
     try:
