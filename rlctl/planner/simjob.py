@@ -99,17 +99,22 @@ def weight_transfer_s(
     local_bytes_per_s: float,
     num_local_hops: int,
     chunk_bytes: float,
+    streams_per_hop: int = 1,
 ) -> float:
     """Root → one rollout unit over the link, then a chain of `num_local_hops` relays to the others, every node
     forwarding chunk k while k+1 arrives (`weights/node.py`): the first chunk crosses every hop, the rest follow at
     the slowest hop's rate, T ≈ lat + c/B_link + h·c/B_local + (S − c)/min(B_link, B_local). A chain of relays
     costs its hops' chunk times, not a second copy of the weights at B_local (as if each relay waited for the
-    whole version before it forwarded: 12 rollout GPUs of 8-GPU hosts beside the trainer priced twice 8's)."""
+    whole version before it forwarded: 12 rollout GPUs of 8-GPU hosts beside the trainer priced twice 8's).
+    `streams_per_hop`: the chains that share each host-to-host hop (a datacenter's relay feeds
+    `weight_sync.chains_per_datacenter` of them, the units dealt round-robin, so each crosses every host): each
+    gets B_local / that."""
     c = min(chunk_bytes, weight_bytes)
     if num_local_hops == 0:
         return latency_s + weight_bytes / link_bytes_per_s
-    slowest = min(link_bytes_per_s, local_bytes_per_s)
-    return latency_s + c / link_bytes_per_s + num_local_hops * c / local_bytes_per_s + (weight_bytes - c) / slowest
+    hop_rate = local_bytes_per_s / max(1, streams_per_hop)
+    slowest = min(link_bytes_per_s, hop_rate)
+    return latency_s + c / link_bytes_per_s + num_local_hops * c / hop_rate + (weight_bytes - c) / slowest
 
 
 def simulate_job(

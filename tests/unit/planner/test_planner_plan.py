@@ -361,6 +361,20 @@ def test_weight_sync_counts_a_hop_per_host_after_the_first(tmp_path: Path) -> No
     assert one < two == full
 
 
+def test_weight_sync_in_another_datacenter_shares_each_host_hop_among_its_relay_s_chains(tmp_path: Path) -> None:
+    """r20's relay feeds weight_sync.chains_per_datacenter chains of the units after it, dealt round-robin, so
+    each chain crosses r20's host link (10 Gbps, below the 80 Gbps inter-DC link): the sync of 16 GPUs (two
+    hosts) takes as many times the chain's time as there are chains; 8 GPUs (one host) have no host hop."""
+    job = write_job(tmp_path, rollout=[{"site": "r20", "gpus": 16}], links=LINKS)
+    syncs = {}
+    for chains in (1, 2):
+        _edit(job, lambda j: j.update(weight_sync={"chains_per_datacenter": chains}))  # noqa: B023
+        loaded = load_job(job)
+        syncs[chains] = [planner._weight_sync_s(loaded, {"r20": x}) for x in (8, 16)]
+    assert syncs[1][0] == syncs[2][0] < syncs[1][1]
+    assert syncs[2][1] == pytest.approx(2 * syncs[1][1], rel=0.01)
+
+
 def test_the_dispatch_report_s_site_does_not_depend_on_the_hash_seed(tmp_path: Path) -> None:
     """Two rollout sites with as many units each: the report is on the first in the placement, in every process
     (it was the first of a set of names, whose order moves with PYTHONHASHSEED: 'r20' under seed 2)."""

@@ -272,5 +272,9 @@ def test_a_chain_of_relays_costs_its_hops_chunk_times_not_a_copy_each() -> None:
     assert chain == pytest.approx(0.01 + 10.0 + 3 * 0.032)
     slow_hosts = weight_transfer_s(10e9, link_bytes_per_s=4e9, local_bytes_per_s=2e9, num_local_hops=2, **kw)
     assert slow_hosts == pytest.approx(0.01 + 0.016 + 2 * 0.032 + (10e9 - 64e6) / 2e9)
+    two_chains = weight_transfer_s(
+        10e9, link_bytes_per_s=4e9, local_bytes_per_s=2e9, num_local_hops=2, streams_per_hop=2, **kw
+    )  # a datacenter's relay feeding two chains, each crossing every host: half the hosts' rate each
+    assert two_chains == pytest.approx(0.01 + 0.016 + 2 * 0.064 + (10e9 - 64e6) / 1e9)
     tiny = weight_transfer_s(1e6, link_bytes_per_s=1e9, local_bytes_per_s=1e9, num_local_hops=2, **kw)
     assert tiny == pytest.approx(0.01 + 3 * 1e-3)  # a version smaller than a chunk is one chunk
