@@ -1117,7 +1117,6 @@ def _weight_sync_s(job: Job, per_site: dict[str, int], *, order_tp: int = 1) -> 
     t_site = spec.placement.trainer.site
     full = job.spec.model.arch.weight_bytes
     every = spec.weight_sync.anchor_every
-    rollout_tp = spec.rollout.tensor_parallel or 1  # (unset: the planner's choice; 1 counts the most units)
     if spec.weight_sync.mode == "full":
         size = full
     elif every is None:  # full copies only on demand (joins, resumes): every update is a delta
@@ -1141,9 +1140,9 @@ def _weight_sync_s(job: Job, per_site: dict[str, int], *, order_tp: int = 1) -> 
         # one relay per host after the first: 12 GPUs of 8-GPU hosts are 2 hosts, one hop
         hosts = _rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=order_tp)
         hops = _hosts_spanned(hosts, x) - 1
-        # another datacenter's relay feeds chains_per_datacenter chains of the units after it (`weights/plan.py`),
-        # which share each host's link; beside the trainer, each trainer host roots a chain of its own
-        streams = 1 if s == t_site else max(1, min(spec.weight_sync.chains_per_datacenter, x // rollout_tp - 1))
+        # another datacenter's relay heads chains_per_datacenter chains of the other hosts (`weights/plan.py`), which
+        # share its host's link; beside the trainer, one chain of hosts per trainer host
+        chains = 1 if s == t_site else spec.weight_sync.chains_per_datacenter
         worst = max(
             worst,
             weight_transfer_s(
@@ -1153,7 +1152,7 @@ def _weight_sync_s(job: Job, per_site: dict[str, int], *, order_tp: int = 1) -> 
                 local_bytes_per_s=local,
                 num_local_hops=hops,
                 chunk_bytes=spec.weight_sync.chunk_bytes,
-                streams_per_hop=streams,
+                relay_chains=chains,
             ),
         )
     return worst

@@ -99,22 +99,23 @@ def weight_transfer_s(
     local_bytes_per_s: float,
     num_local_hops: int,
     chunk_bytes: float,
-    streams_per_hop: int = 1,
+    relay_chains: int = 1,
 ) -> float:
-    """Root → one rollout unit over the link, then a chain of `num_local_hops` relays to the others, every node
-    forwarding chunk k while k+1 arrives (`weights/node.py`): the first chunk crosses every hop, the rest follow at
-    the slowest hop's rate, T ≈ lat + c/B_link + h·c/B_local + (S − c)/min(B_link, B_local). A chain of relays
-    costs its hops' chunk times, not a second copy of the weights at B_local (as if each relay waited for the
-    whole version before it forwarded: 12 rollout GPUs of 8-GPU hosts beside the trainer priced twice 8's).
-    `streams_per_hop`: the chains that share each host-to-host hop (a datacenter's relay feeds
-    `weight_sync.chains_per_datacenter` of them, the units dealt round-robin, so each crosses every host): each
-    gets B_local / that."""
+    """Root → the site's first host over the link, then `num_local_hops` more hosts, one copy into each
+    (`weights/plan.py` chains whole hosts), every node forwarding chunk k while k+1 arrives (`weights/node.py`):
+    the first chunk crosses every hop and the rest follow at the slowest hop's rate. `relay_chains`: the chains
+    of hosts the first host's relay heads (another datacenter's: `weight_sync.chains_per_datacenter`), which
+    share its host link (k = min(that, hops)): T ≈ lat + c/B_link + k·c/B_local + (⌈h/k⌉ − 1)·c/B_local +
+    (S − c)/min(B_link, B_local/k). A chain costs its hops' chunk times, not a second copy of the weights (as if
+    each relay waited for the whole version before it forwarded: 12 rollout GPUs of 8-GPU hosts beside the
+    trainer priced twice 8's)."""
     c = min(chunk_bytes, weight_bytes)
     if num_local_hops == 0:
         return latency_s + weight_bytes / link_bytes_per_s
-    hop_rate = local_bytes_per_s / max(1, streams_per_hop)
-    slowest = min(link_bytes_per_s, hop_rate)
-    return latency_s + c / link_bytes_per_s + num_local_hops * c / hop_rate + (weight_bytes - c) / slowest
+    k = max(1, min(relay_chains, num_local_hops))
+    first_hop_rate = local_bytes_per_s / k
+    fill = c / link_bytes_per_s + c / first_hop_rate + (-(-num_local_hops // k) - 1) * c / local_bytes_per_s
+    return latency_s + fill + (weight_bytes - c) / min(link_bytes_per_s, first_hop_rate)
 
 
 def simulate_job(

@@ -10,8 +10,9 @@ Rules (StreamRL §6 "Weights transmission"):
   links (breadth-first, so the fewest links are crossed); exactly one copy crosses each link used,
   to a designated receiver, which re-broadcasts inside its datacenter over `dc_chains` chains (a slow
   unit holds back only its own chain);
-- inside the trainer's datacenter the local receivers are dealt round-robin onto pipelined chains
-  (`fanout=1`) or trees, one per trainer root, so every root's uplink is busy and loads differ by ≤ 1;
+- one copy goes into each host (the host its endpoints' addresses name): its first unit relays it to the
+  next host and down the host's other units (`_attach`); inside the trainer's datacenter the hosts are dealt
+  onto the trainer hosts' chains (`fanout=1`) or trees, and units beside a trainer rank onto that host's ranks;
   a datacenter's inbound copy is sent by the least-loaded holder of the parent datacenter;
 - every receiver gets an ordered list of fallback holders to re-attach to when its parent dies:
   its same-DC ancestors (nearest first), then other same-DC nodes that come earlier in the plan
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from rlctl.config.inventory import Inventory
 from rlctl.errors import PlanError
@@ -79,13 +81,61 @@ def _dc_tree(source_dcs: list[str], dcs: list[str], links: set[frozenset[str]] |
     return parent
 
 
-def _attach(senders: list[str], members: list[str], fanout: int, parent: dict[str, str]) -> None:
-    """Deal `members` round-robin onto `senders`; each sender's share hangs below it as a
-    pipelined chain (fanout 1) or a fanout-ary heap-ordered tree."""
-    for k, sender in enumerate(senders):
-        nodes = [sender, *members[k :: len(senders)]]
-        for n in range(1, len(nodes)):
-            parent[nodes[n]] = nodes[(n - 1) // fanout]
+def _host(e: Endpoint) -> str:
+    """The host an endpoint's address names (`tcp://10.0.0.5:7300` → 10.0.0.5); one of its own where the
+    address names none (an in-process or empty one): its links are then taken for separate ones."""
+    host = urlsplit(e.address).hostname if "://" in e.address else None
+    return host or f"?{e.name}"
+
+
+def _attach(senders: list[str], members: list[str], fanout: int, parent: dict[str, str], host: dict[str, str]) -> None:
+    """Hang `members` below `senders` (chain heads; a name repeated heads several chains), host by host, so that
+    one copy reaches each host (its host link carries it once) and spreads there:
+
+    - members on a sender's host are dealt round-robin onto that host's senders (loopback: as many chains as
+      there are senders there, so a slow unit holds back only its own);
+    - the members of every other host stay together: the first is that host's relay, the others hang below it,
+      and each host's relay goes whole onto one of the chains of the first sender named on a sender host (the
+      least loaded in members, ties in order), below that chain's last relay. Several trainer ranks on one host
+      then send one copy out of it, not one each; a datacenter's relay repeated `dc_chains` times heads that
+      many chains of hosts.
+
+    Each chain (or, fanout > 1, heap-ordered tree) is pipelined. Where every member has a host of its own (or
+    no address) this is a round-robin of the members onto the senders, each its own chain."""
+    by_host: dict[str, list[str]] = {}
+    for m in members:
+        by_host.setdefault(host[m], []).append(m)
+    senders_on: dict[str, list[int]] = {}  # host → the slots (indices into senders) of the senders there
+    for i, s in enumerate(senders):
+        senders_on.setdefault(host[s], []).append(i)
+    load = [0] * len(senders)
+    for h, group in by_host.items():  # a sender's own host: round-robin, as chains on the loopback
+        slots = senders_on.get(h)
+        if slots is None:
+            continue
+        for k, i in enumerate(slots):
+            share = group[k :: len(slots)]
+            _hang(senders[i], share, fanout, parent)
+            load[i] += len(share)
+    # the chains that carry other hosts' copies: those of the first sender named on each sender host
+    carriers = [i for slots in senders_on.values() for i in slots if senders[i] == senders[slots[0]]]
+    relays: dict[int, list[str]] = {i: [] for i in carriers}
+    for h, group in by_host.items():
+        if h in senders_on:
+            continue
+        i = min(carriers, key=lambda j: (load[j], j))
+        relays[i].append(group[0])
+        load[i] += len(group)
+        _hang(group[0], group[1:], fanout, parent)
+    for i, rs in relays.items():
+        _hang(senders[i], rs, fanout, parent)
+
+
+def _hang(sender: str, share: list[str], fanout: int, parent: dict[str, str]) -> None:
+    """`share` below `sender`: a pipelined chain (fanout 1) or a fanout-ary heap-ordered tree."""
+    nodes = [sender, *share]
+    for n in range(1, len(nodes)):
+        parent[nodes[n]] = nodes[(n - 1) // fanout]
 
 
 def plan_broadcast(
@@ -122,9 +172,10 @@ def plan_broadcast(
     all_dcs = list(dict.fromkeys([*roots_by_dc, *by_dc]))
     dc_parent = _dc_tree(list(roots_by_dc), all_dcs, dc_links)
 
+    host = {e.name: _host(e) for e in (*roots, *receivers)}
     parent: dict[str, str] = {}
-    for dc in roots_by_dc:  # trainer datacenters: one chain (or tree) per root
-        _attach(roots_by_dc[dc], by_dc.get(dc, []), fanout, parent)
+    for dc in roots_by_dc:  # trainer datacenters: chains (or trees) from the roots, host by host
+        _attach(roots_by_dc[dc], by_dc.get(dc, []), fanout, parent, host)
     for dc in dc_parent:  # BFS order (as `_dc_tree` found them): a DC's sender is chosen after its parent's chains
         members = by_dc.get(dc, [])
         if not members:
@@ -134,7 +185,7 @@ def plan_broadcast(
         # the inbound copy comes from a root of the parent DC if it has any (least loaded first)
         holders = roots_by_dc.get(up) or by_dc[up]
         parent[members[0]] = min(holders, key=lambda n: (load[n], holders.index(n)))
-        _attach([members[0]] * min(dc_chains, max(1, len(members) - 1)), members[1:], fanout, parent)
+        _attach([members[0]] * min(dc_chains, max(1, len(members) - 1)), members[1:], fanout, parent, host)
 
     order: list[str] = [e.name for e in roots]
     kids: dict[str, list[str]] = {}

@@ -1,10 +1,11 @@
 """The job's weight plane follows the broadcast plan: the trainer's publisher tells every unit whom to
-pull from, one copy crosses into a remote datacenter and is relayed there, units that share a host
-are chained together, and the controller's book counts copies per inter-DC link."""
+pull from, one copy crosses into a remote datacenter and is relayed there, one copy goes into each
+host, and the controller's book counts copies per inter-DC link."""
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
 import torch
 
@@ -33,17 +34,20 @@ def test_one_copy_enters_a_remote_datacenter_and_each_host_is_visited_once():
     dc = {n: t.datacenter for n, t in targets.items()} | {"trainer-0": "dc-a", "trainer-1": "dc-a"}
     crossing = [(p, c) for c, p in plan.parent.items() if dc[p] != dc[c]]
     assert len(crossing) == 1 and crossing[0][0].startswith("trainer-")
-    # inside dc-b a chain that visits h1's units, then h2's: two host-to-host copies, never back
-    host = {n: t.weights.split("//")[1].split(":")[0] for n, t in targets.items()}
-    chain = [crossing[0][1]]
-    while kids := plan.children(chain[-1]):
-        chain.append(kids[0])
-    assert [host[n] for n in chain] == ["h1", "h1", "h2", "h2"]
+    # one copy into each host: dc-b's relay (h1's first unit) takes h1's other unit and sends h2 its one copy
+    host = {n: t.weights.split("//")[1].split(":")[0] for n, t in targets.items()} | {
+        "trainer-0": "t0",
+        "trainer-1": "t0",
+    }
+    into = Counter(host[c] for c, p in plan.parent.items() if host[p] != host[c])
+    assert into == Counter({"h1": 1, "h2": 1, "t1": 1}) and crossing[0][1] == "rollout-1"
+    assert plan.parent["rollout-3"] == "rollout-1" and plan.parent["rollout-0"] == "rollout-1"
+    assert plan.parent["rollout-2"] == "rollout-0"
     # the dc-a unit hangs below a trainer root; the remote copy comes from the other (less loaded) root
     assert plan.parent["rollout-4"] != crossing[0][0]
     # holders: the planned parent first, the trainer's roots always among the fallbacks
-    h = holders_for(plan, chain[-1])
-    assert h[0] == targets[chain[-2]].weights and {"tcp://t0:1", "tcp://t0:2"} <= set(h)
+    h = holders_for(plan, "rollout-2")
+    assert h[0] == targets["rollout-0"].weights and {"tcp://t0:1", "tcp://t0:2"} <= set(h)
 
 
 def test_a_running_publisher_sends_one_copy_per_version_into_the_remote_datacenter():

@@ -50,9 +50,10 @@ def test_newcomers_attach_below_their_datacenter_and_the_relay_stays():
     assert first.inter_dc_edges() == [("trainer-0", "rollout-0")]
     second = plan_version(ROOTS, "dc-a", _targets(DC_B | JOINERS), previous=first)
     assert second.inter_dc_edges() == [("trainer-0", "rollout-0")]  # not rollout-9, whose host sorts first
-    # rollout-10 right after its host's units, rollout-9 (a host of its own) at the end of the chain
-    assert _chain(second, "rollout-0") == ["rollout-0", "rollout-1", "rollout-10", "rollout-2", "rollout-9"]
-    assert second.fallbacks["rollout-9"][0] == "rollout-10"  # same-DC holders before any other datacenter's
+    # one copy into each host: rollout-10 below its host's units, rollout-9 (a host of its own) after h2's relay
+    assert _chain(second, "rollout-1") == ["rollout-1", "rollout-10"] and second.parent["rollout-1"] == "rollout-0"
+    assert _chain(second, "rollout-2") == ["rollout-2", "rollout-9"] and second.parent["rollout-2"] == "rollout-0"
+    assert second.fallbacks["rollout-9"][0] == "rollout-0"  # same-DC holders before any other datacenter's
 
 
 def test_a_lost_relay_is_replaced_by_the_next_unit_of_its_datacenter():
@@ -61,7 +62,11 @@ def test_a_lost_relay_is_replaced_by_the_next_unit_of_its_datacenter():
     alive = {n: t for n, t in _targets(DC_B | JOINERS).items() if n != "rollout-9"}
     second = plan_version(ROOTS, "dc-a", alive, previous=first)
     assert second.inter_dc_edges() == [("trainer-0", "rollout-0")]
-    assert _chain(second, "rollout-0") == ["rollout-0", "rollout-1", "rollout-10", "rollout-2"]
+    assert {n: second.parent[n] for n in ("rollout-1", "rollout-10", "rollout-2")} == {
+        "rollout-1": "rollout-0",  # h1's units below the relay, on its host
+        "rollout-10": "rollout-1",
+        "rollout-2": "rollout-0",  # h2's copy: one, from the relay's host
+    }
     # a unit that joins the relay's host later still goes below it
     third = plan_version(ROOTS, "dc-a", alive | _targets({"rollout-3": ("dc-b", "h0")}), previous=second)
     assert third.inter_dc_edges() == [("trainer-0", "rollout-0")]
@@ -115,7 +120,8 @@ def test_a_publisher_keeps_one_copy_into_the_datacenter_as_units_join_mid_versio
     try:
         tell(list(DC_B))
         pub.publish(1, sd)
-        assert parents(list(DC_B), 1) == {"rollout-0": "trainer", "rollout-1": "rollout-0", "rollout-2": "rollout-1"}
+        # one copy into each host: h2's unit pulls from the relay's host, not down h1's chain
+        assert parents(list(DC_B), 1) == {"rollout-0": "trainer", "rollout-1": "rollout-0", "rollout-2": "rollout-0"}
         # two units join while v1 is in flight: they pull it inside dc-b, not from the trainer again
         tell([*DC_B, *JOINERS])
         assert parents(list(JOINERS), 1) == {"rollout-10": "rollout-1", "rollout-9": "rollout-2"}

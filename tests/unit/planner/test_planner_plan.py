@@ -361,18 +361,19 @@ def test_weight_sync_counts_a_hop_per_host_after_the_first(tmp_path: Path) -> No
     assert one < two == full
 
 
-def test_weight_sync_in_another_datacenter_shares_each_host_hop_among_its_relay_s_chains(tmp_path: Path) -> None:
-    """r20's relay feeds weight_sync.chains_per_datacenter chains of the units after it, dealt round-robin, so
-    each chain crosses r20's host link (10 Gbps, below the 80 Gbps inter-DC link): the sync of 16 GPUs (two
-    hosts) takes as many times the chain's time as there are chains; 8 GPUs (one host) have no host hop."""
-    job = write_job(tmp_path, rollout=[{"site": "r20", "gpus": 16}], links=LINKS)
+def test_weight_sync_in_another_datacenter_shares_the_relay_s_host_link_among_its_chains(tmp_path: Path) -> None:
+    """r20 (here 3 hosts of 8, 10 Gbps, behind an 80 Gbps link): its relay heads weight_sync.chains_per_datacenter
+    chains of the other hosts, which share the relay's host link: 24 GPUs (two hosts after the relay's) sync at
+    half the rate with two chains as with one; 16 GPUs (one host after it) make one chain either way."""
+    job = write_job(tmp_path, rollout=[{"site": "r20", "gpus": 24}], links=LINKS)
+    _edit(tmp_path / "inv.yaml", lambda inv: inv["sites"]["r20"]["nodes"][0].update(host="r-[1-3]"))
     syncs = {}
     for chains in (1, 2):
         _edit(job, lambda j: j.update(weight_sync={"chains_per_datacenter": chains}))  # noqa: B023
         loaded = load_job(job)
-        syncs[chains] = [planner._weight_sync_s(loaded, {"r20": x}) for x in (8, 16)]
-    assert syncs[1][0] == syncs[2][0] < syncs[1][1]
-    assert syncs[2][1] == pytest.approx(2 * syncs[1][1], rel=0.01)
+        syncs[chains] = [planner._weight_sync_s(loaded, {"r20": x}) for x in (8, 16, 24)]
+    assert syncs[1][0] == syncs[2][0] < syncs[1][1] == syncs[2][1] < syncs[1][2]
+    assert syncs[2][2] == pytest.approx(2 * syncs[1][2], rel=0.01)
 
 
 def test_the_dispatch_report_s_site_does_not_depend_on_the_hash_seed(tmp_path: Path) -> None:

@@ -273,8 +273,12 @@ def test_a_chain_of_relays_costs_its_hops_chunk_times_not_a_copy_each() -> None:
     slow_hosts = weight_transfer_s(10e9, link_bytes_per_s=4e9, local_bytes_per_s=2e9, num_local_hops=2, **kw)
     assert slow_hosts == pytest.approx(0.01 + 0.016 + 2 * 0.032 + (10e9 - 64e6) / 2e9)
     two_chains = weight_transfer_s(
-        10e9, link_bytes_per_s=4e9, local_bytes_per_s=2e9, num_local_hops=2, streams_per_hop=2, **kw
-    )  # a datacenter's relay feeding two chains, each crossing every host: half the hosts' rate each
-    assert two_chains == pytest.approx(0.01 + 0.016 + 2 * 0.064 + (10e9 - 64e6) / 1e9)
+        10e9, link_bytes_per_s=4e9, local_bytes_per_s=2e9, num_local_hops=2, relay_chains=2, **kw
+    )  # a datacenter's relay heading two chains of one host each: its host link carries both, at half its rate
+    assert two_chains == pytest.approx(0.01 + 0.016 + 0.064 + (10e9 - 64e6) / 1e9)
+    one_host_after = weight_transfer_s(
+        10e9, link_bytes_per_s=4e9, local_bytes_per_s=2e9, num_local_hops=1, relay_chains=2, **kw
+    )  # one other host: one chain, whatever the relay could head
+    assert one_host_after == pytest.approx(slow_hosts - 0.032)
     tiny = weight_transfer_s(1e6, link_bytes_per_s=1e9, local_bytes_per_s=1e9, num_local_hops=2, **kw)
     assert tiny == pytest.approx(0.01 + 3 * 1e-3)  # a version smaller than a chunk is one chunk

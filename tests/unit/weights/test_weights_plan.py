@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -139,3 +140,70 @@ def test_a_relay_feeds_several_chains_so_a_slow_unit_holds_back_only_its_own(cha
     _check_tree(plan)
     one = plan_broadcast([Endpoint("root", "A")], receivers, dc_chains=1)
     assert _descendants(one, "b2") == {f"b{i}" for i in range(3, 8)}  # one chain: everyone after b2
+
+
+def _host_copies(plan) -> tuple[Counter, Counter]:
+    """Copies into and out of each host (the host part of each endpoint's address) over the plan's edges."""
+    host = {e.name: e.address.split("//")[1].rsplit(":", 1)[0] for e in (*plan.roots, *plan.receivers)}
+    cross = [(host[p], host[c]) for c, p in plan.parent.items() if host[p] != host[c]]
+    return Counter(b for _, b in cross), Counter(a for a, _ in cross)
+
+
+def test_one_copy_reaches_each_host_however_many_ranks_and_units_it_holds():
+    """8 trainer ranks on t1 and 16 units on r1 and r2: every rank rooted a chain of units dealt round-robin, so
+    all 16 edges crossed hosts (t1 sent 8 copies, r1 took 8 and sent 8). Now one copy goes into each host, whose
+    first unit relays it to the next host and down a chain of its own host's units."""
+    roots = [Endpoint(f"trainer-{i}", "A", f"tcp://t1:{9000 + i}") for i in range(8)]
+    recv = [Endpoint(f"u{i}", "A", f"tcp://r{1 + i // 8}:{9100 + i}") for i in range(16)]
+    plan = plan_broadcast(roots, recv)
+    into, out_of = _host_copies(plan)
+    assert into == Counter({"r1": 1, "r2": 1}) and out_of == Counter({"t1": 1, "r1": 1})
+    assert plan.parent["u0"] == "trainer-0" and plan.parent["u8"] == "u0"  # host relays: a chain across hosts
+    assert [plan.parent[f"u{i}"] for i in range(1, 8)] == [f"u{i}" for i in range(7)]  # r1's chain, behind u0
+    _check_tree(plan)
+
+
+def test_ranks_on_several_hosts_share_the_other_hosts_and_units_beside_ranks_stay_on_their_host():
+    """Ranks on t1 and t2 (shared site: u0, u1 sit on t2 beside its ranks); units on r1…r4: each rank host
+    carries two of the other hosts, and t2's own units hang below t2's ranks over the loopback."""
+    roots = [Endpoint(f"trainer-{i}", "A", f"tcp://t{1 + i // 2}:{9000 + i}") for i in range(4)]
+    recv = [Endpoint("u0", "A", "tcp://t2:9200"), Endpoint("u1", "A", "tcp://t2:9201")]
+    recv += [Endpoint(f"v{i}", "A", f"tcp://r{1 + i // 2}:{9100 + i}") for i in range(8)]
+    plan = plan_broadcast(roots, recv)
+    into, out_of = _host_copies(plan)
+    assert into == Counter({f"r{i}": 1 for i in range(1, 5)})
+    assert out_of["t1"] + out_of["t2"] == 2 and min(out_of["t1"], out_of["t2"]) == 1
+    assert {plan.parent["u0"], plan.parent["u1"]} == {"trainer-2", "trainer-3"}  # round-robin on t2's ranks
+    _check_tree(plan)
+
+
+@pytest.mark.parametrize("chains", [1, 2, 3])
+def test_a_relays_chains_are_chains_of_hosts(chains):
+    """Another datacenter's relay heads `chains` chains of whole hosts: each host takes one copy (with the units
+    dealt round-robin, b2 and b3 took one per chain that crossed them)."""
+    recv = [Endpoint(f"b{i}", "B", f"tcp://h{1 + i // 8}:{9100 + i}") for i in range(24)]
+    plan = plan_broadcast([Endpoint("root", "A", "tcp://t1:9000")], recv, dc_links={frozenset("AB")}, dc_chains=chains)
+    into, out_of = _host_copies(plan)
+    assert into == Counter({"h1": 1, "h2": 1, "h3": 1}) and plan.inter_dc_edges() == [("root", "b0")]
+    assert out_of["h1"] == min(chains, 2)  # the relay's host sends one copy per chain of other hosts
+    _check_tree(plan)
+
+
+def test_random_plans_take_one_copy_into_each_host_and_one_across_each_link():
+    rng = random.Random(7)
+    for _ in range(300):
+        dcs = "ABC"[: rng.randint(1, 3)]
+        hosts = {dc: [f"{dc}{h}" for h in range(rng.randint(1, 4))] for dc in dcs}
+        roots = [Endpoint(f"r{i}", "A", f"tcp://{rng.choice(hosts['A'])}:{i}") for i in range(rng.randint(1, 4))]
+        recv = [
+            Endpoint(f"u{i}", dc, f"tcp://{rng.choice(hosts[dc])}:{100 + i}")
+            for i, dc in enumerate(rng.choices(dcs, k=rng.randint(1, 20)))
+        ]
+        plan = plan_broadcast(roots, recv, fanout=rng.choice([1, 1, 2]), dc_chains=rng.randint(1, 3), dc_links=None)
+        _check_tree(plan)
+        into, _ = _host_copies(plan)
+        assert max(into.values(), default=0) <= 1, into
+        used = Counter(
+            frozenset((plan.endpoint(p).datacenter, plan.endpoint(c).datacenter)) for p, c in plan.inter_dc_edges()
+        )
+        assert max(used.values(), default=0) <= 1, used
