@@ -42,6 +42,15 @@ def job_dir(tmp_path: Path) -> Path:
     return d
 
 
+def _controller_site(tmp_path: Path) -> tuple[Path, Site, Path]:
+    """The operator's job dir, a local site with a workdir of its own, and the job's root there (made)."""
+    src = job_dir(tmp_path)
+    site = local_site(tmp_path / "w")
+    root = Path(site_root(site, "job-1", here=src))
+    root.mkdir(parents=True)
+    return src, site, root
+
+
 def test_stages_what_agents_read_verifies_and_records_it(tmp_path: Path) -> None:
     src = job_dir(tmp_path)
     site = local_site(tmp_path / "site-root")
@@ -374,10 +383,7 @@ def test_an_event_appended_while_the_site_events_are_merged_is_kept(
 ) -> None:
     # `rlctl status -w` merged the controller site's events into the operator's events.jsonl (read, merge, rename
     # over it); `rlctl stop`'s stop_requested appended in between went with the file replaced (8 of 40 in a loop)
-    src = job_dir(tmp_path)
-    site = local_site(tmp_path / "w")
-    root = Path(site_root(site, "job-1", here=src))
-    root.mkdir(parents=True)
+    src, site, root = _controller_site(tmp_path)
     (root / "events.jsonl").write_text('{"t": 1, "event": "job_start"}\n')
     jd = JobDir(src)
     jd.event("staged")
@@ -449,10 +455,7 @@ def test_a_damaged_plan_or_staged_record_is_one_error_naming_the_file(
 def test_events_merge_past_a_line_that_is_not_a_json_event(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # an append cut short (a full disk: the next event on the same line), or a list: `rlctl status` failed with a
     # JSONDecodeError / AttributeError traceback at each merge of the controller site's events
-    src = job_dir(tmp_path)
-    site = local_site(tmp_path / "w")
-    root = Path(site_root(site, "job-1", here=src))
-    root.mkdir(parents=True)
+    src, site, root = _controller_site(tmp_path)
     cut = '{"t": 2.5{"t": 3, "event": "agent_started"}'
     (src / "events.jsonl").write_text(f'{{"t": 1, "event": "launch"}}\n{cut}\n[1, 2]\n{{"t": 5, "event": "scale"}}\n')
     (root / "events.jsonl").write_text('{"t": 4, "event": "iteration"}\n{"t": 6, "event": "job_end"}\n')
@@ -473,10 +476,7 @@ def test_a_damaged_line_of_the_sites_events_is_kept_and_said_once_however_often_
 ) -> None:
     # the site's copy keeps its damaged line and each merge (a fetch after the site's events grew: a status, a stop,
     # a report) read it anew: it was appended to events.jsonl.damaged and warned of at every one of them
-    src = job_dir(tmp_path)
-    site = local_site(tmp_path / "w")
-    root = Path(site_root(site, "job-1", here=src))
-    root.mkdir(parents=True)
+    src, site, root = _controller_site(tmp_path)
     cut = '{"t": 2, "ev'
     (root / "events.jsonl").write_text(f'{{"t": 1, "event": "launch"}}\n{cut}\n')
     for t in (3, 4, 5):

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +37,40 @@ def _killed_agent() -> dict[str, int]:
     return {"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks}
 
 
+def _job_with_controller(
+    tmp_path: Path,
+    name: str,
+    site: dict[str, Any],
+    ident: dict[str, Any],
+    *,
+    host: str | None = None,
+    cut: bool = False,
+) -> JobDir:
+    """A job dir whose sites.json holds `site` (as "s") and whose agents.jsonl records its controller there with
+    `ident` (`cut`: after a record cut short by a full disk)."""
+    jd = JobDir.create(name, explicit=tmp_path / name)
+    write_sites(jd.path, {"s": Site.model_validate(site)})
+    backend = site["scheduler"]["kind"]
+    row = {"name": "controller-0", "role": "controller", "replica": 0, "site": "s", "backend": backend}
+    rec = json.dumps(row | {"ident": ident, "host": host, "gpus": None, "log": None})
+    (jd.path / "agents.jsonl").write_text(('{"name": "rollout-0", "role": "roll\n' if cut else "") + rec + "\n")
+    return jd
+
+
+def _running_row(name: str, jd: JobDir) -> Any:
+    """The job's index row, put as running (its launcher gone with nothing written of how it ended)."""
+    db = JobDB()
+    try:
+        db.put(name, job_dir=str(jd.path), spec={"name": jd.path.name})
+        db.update(name, state="running")
+        return db.get(name)
+    finally:
+        db.close()
+
+
+LOCAL = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 1}]}
+
+
 def test_a_sigkilled_local_agent_seen_from_another_terminal_has_no_exit_status() -> None:
     # `rlctl status` read `exited 0` for it: the backend that did not start it answered 0 for any gone group
     handle = AgentHandle(AgentSpec("controller", 0, "local", []), _killed_agent(), "local")
@@ -48,19 +83,8 @@ def test_status_of_a_job_whose_controller_was_killed_says_so_and_shows_the_index
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    jd = JobDir.create("killed", explicit=tmp_path / "killed")
-    site = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 1}]}
-    write_sites(jd.path, {"local": Site.model_validate(site)})
-    row = {"name": "controller-0", "role": "controller", "replica": 0, "site": "local", "backend": "local"}
-    rec = row | {"ident": _killed_agent(), "host": None, "gpus": None, "log": None}
-    (jd.path / "agents.jsonl").write_text(json.dumps(rec))
-    db = JobDB()
-    try:
-        db.put("killed1", job_dir=str(jd.path), spec={"name": "killed"})
-        db.update("killed1", state="running")  # its launcher died with it: nothing wrote how it ended
-        index_row = db.get("killed1")
-    finally:
-        db.close()
+    jd = _job_with_controller(tmp_path, "killed", LOCAL, _killed_agent())
+    index_row = _running_row("killed1", jd)  # its launcher died with it: nothing wrote how it ended
     s, complete = operate.job_status(JobRef("killed1", jd, index_row), timeout_s=2.0)
     assert [(a["name"], a["state"]) for a in s["agents"]] == [("controller-0", "exited (status unknown)")]
     assert s["index_state"] == "running" and "summary" not in s and not complete
@@ -78,26 +102,15 @@ def test_status_of_a_job_whose_site_does_not_answer_does_not_say_it_ended(
     # the controller's site did not answer (its agents' state: unknown): the index row said "running, but no agent
     # runs … it ended without one", of a job that runs on there
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    jd = JobDir.create("far", explicit=tmp_path / "far")
     site = {"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "nodes": [{"host": "h1", "gpus": 8}]}
-    write_sites(jd.path, {"h20": Site.model_validate(site)})
-    row = {"name": "controller-0", "role": "controller", "replica": 0, "site": "h20", "backend": "ssh"}
-    ident = {"host": "h1", "pid": 1, "pgid": 1, "start_ticks": 1}
-    (jd.path / "agents.jsonl").write_text(json.dumps(row | {"ident": ident, "host": "h1", "gpus": None, "log": None}))
+    jd = _job_with_controller(tmp_path, "far", site, {"host": "h1", "pid": 1, "pgid": 1, "start_ticks": 1}, host="h1")
 
     def poll(self: SshBackend, handle: object) -> None:
         raise LaunchError("ssh h1: cannot connect: timed out")
 
     monkeypatch.setattr(SshBackend, "poll", poll)
-    db = JobDB()
-    try:
-        db.put("far1", job_dir=str(jd.path), spec={"name": "far"})
-        db.update("far1", state="running")
-        index_row = db.get("far1")
-    finally:
-        db.close()
-    s, complete = operate.job_status(JobRef("far1", jd, index_row), timeout_s=2.0)
-    assert s["sites_down"] == ["h20"] and [a["state"] for a in s["agents"]] == ["unknown"] and not complete
+    s, complete = operate.job_status(JobRef("far1", jd, _running_row("far1", jd)), timeout_s=2.0)
+    assert s["sites_down"] == ["s"] and [a["state"] for a in s["agents"]] == ["unknown"] and not complete
     index = next(line for line in _fallback_table(s).splitlines() if line.startswith("job index"))
     assert index.split(None, 2)[2] == "running"
 
@@ -108,12 +121,7 @@ def test_status_of_a_job_shows_the_agents_it_can_read_past_a_damaged_line_of_age
     # a record cut short by a full disk stays in agents.jsonl once the next is appended: `rlctl status` of the job
     # (its controller gone) failed on it in one line for as long as the job dir lived
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    jd = JobDir.create("cut", explicit=tmp_path / "cut")
-    site = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 1}]}
-    write_sites(jd.path, {"local": Site.model_validate(site)})
-    row = {"name": "controller-0", "role": "controller", "replica": 0, "site": "local", "backend": "local"}
-    rec = row | {"ident": _killed_agent(), "host": None, "gpus": None, "log": None}
-    (jd.path / "agents.jsonl").write_text('{"name": "rollout-0", "role": "roll\n' + json.dumps(rec) + "\n")
+    jd = _job_with_controller(tmp_path, "cut", LOCAL, _killed_agent(), cut=True)
     for _ in range(2):  # `rlctl status -w`: said once
         s, _complete = operate.job_status(JobRef("cut1", jd, None), timeout_s=2.0)
         assert [(a["name"], a["state"]) for a in s["agents"]] == [("controller-0", "exited (status unknown)")]

@@ -330,30 +330,24 @@ def test_a_stop_of_a_job_whose_plan_cannot_be_read_still_stops_its_agents(
     assert len(out["problems"]) == 1 and "plan.json: not valid JSON" in out["problems"][0]
 
 
+def _damage(ref: JobRef) -> Path:
+    """A line of the job's agents.jsonl cut short (a full disk, an edit), before the records it holds."""
+    agents = ref.jobdir.path / "agents.jsonl"
+    agents.write_text('{"name": "rollout-1", "role": "roll\n' + agents.read_text() + "\n")
+    return agents
+
+
+@pytest.mark.parametrize("state", ["running", "failed"])
 def test_a_stop_stops_every_agent_it_can_read_past_a_damaged_line_of_agents_jsonl(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes], state: str
 ) -> None:
-    # a line in the middle of agents.jsonl cut short (a full disk, an edit): the stop failed in one line before it
-    # stopped anything; now the agents it can read are stopped and the damaged line is one of its problems
-    ref = _running_job_of(stranger, tmp_path, monkeypatch)
-    agents = ref.jobdir.path / "agents.jsonl"
-    agents.write_text('{"name": "rollout-1", "role": "roll\n' + agents.read_text() + "\n")
+    # the stop failed in one line before it stopped anything (failed: a job whose row says it ended while an agent
+    # of it runs on, where the check for such orphans read the record strictly); now the agents it can read are
+    # stopped and the damaged line is one of its problems
+    ref = _running_job_of(stranger, tmp_path, monkeypatch, state=state)
+    agents = _damage(ref)
     out = operate.stop(ref, grace_s=2)
-    assert out["agents"] == ["rollout-0"] and stranger.wait(timeout=5) == -signal.SIGTERM
-    assert len(out["problems"]) == 1 and out["problems"][0].startswith(f"{agents}: line 1 is not valid JSON")
-
-
-def test_a_stop_of_an_ended_job_stops_its_orphan_past_a_damaged_line_of_agents_jsonl(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
-) -> None:
-    # the same damage in a job whose row says failed while an agent of it runs on: the check for such orphans read
-    # the record strictly, and the stop failed in one line before it stopped anything
-    ref = _running_job_of(stranger, tmp_path, monkeypatch, state="failed")
-    agents = ref.jobdir.path / "agents.jsonl"
-    agents.write_text('{"name": "rollout-1", "role": "roll\n' + agents.read_text() + "\n")
-    out = operate.stop(ref, grace_s=2)
-    assert "ended" not in out and out["agents"] == ["rollout-0"]
-    assert stranger.wait(timeout=5) == -signal.SIGTERM
+    assert "ended" not in out and out["agents"] == ["rollout-0"] and stranger.wait(timeout=5) == -signal.SIGTERM
     assert len(out["problems"]) == 1 and out["problems"][0].startswith(f"{agents}: line 1 is not valid JSON")
 
 
@@ -385,8 +379,7 @@ def test_the_launchers_stop_stops_every_agent_it_can_read_past_a_damaged_line_of
     # `JobRun.stop` (Ctrl-C of `rlctl launch`, what is left of a failed run before an auto-resume) read the record
     # strictly: a damaged line raised before it stopped anything, and the whole job ran on
     ref = _running_job_of(stranger, tmp_path, monkeypatch)
-    agents = ref.jobdir.path / "agents.jsonl"
-    agents.write_text('{"name": "rollout-1", "role": "roll\n' + agents.read_text() + "\n")
+    _damage(ref)
     run = JobRun(ref.jobdir, load_job(ROOT / "jobs" / "demo.yaml").spec, {}, db=None)
     with pytest.raises(LaunchError, match=r"agents\.jsonl: line 1 is not valid JSON .*: left out$"):
         run.stop(grace_s=2)
@@ -398,8 +391,7 @@ def test_a_resume_stops_what_is_left_of_the_last_run_past_a_damaged_line_of_agen
 ) -> None:
     # `launch --resume` read the record strictly: a line cut short by a full disk refused every resume, for good
     ref = _running_job_of(stranger, tmp_path, monkeypatch, state="failed")
-    agents = ref.jobdir.path / "agents.jsonl"
-    agents.write_text('{"name": "rollout-1", "role": "roll\n' + agents.read_text() + "\n")
+    agents = _damage(ref)
     refuse_if_running(ref.jobdir)
     assert stranger.wait(timeout=5) == -signal.SIGTERM
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
