@@ -4,7 +4,7 @@ trained(i, v, checkpointing)  (the trainer took its snapshot of iter-v and write
     ─▶ the controller keeps its state as it is now: ledger (the rounds in flight), iteration, ranker history,
        rebalance window, rollout units replaced so far, the sample log's length (the rounds retired)
 checkpoint_written(v, D)      (the trainer's part of iter-v is on disk; D = its manifest's SHA-256)
-    ─▶ save_controller(iter-v): that state, D
+    ─▶ save_controller(iter-v): the sample log fsynced (the rounds retired), then that state, D
     ─▶ set_latest(v)                        (only now is iter-v a checkpoint a resume may use)
 
 launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifies, rlctl.checkpoint.choose.choose_resume)
@@ -26,7 +26,7 @@ from typing import Any
 
 from rlctl.agents import samplelog
 from rlctl.agents.ledger import Ledger
-from rlctl.checkpoint.files import read_manifest, set_latest, write_part
+from rlctl.checkpoint.files import fsync_dir, fsync_tree, read_manifest, set_latest, write_part
 from rlctl.launch.jobdir import JobDir
 
 PART = "controller"
@@ -60,6 +60,7 @@ def save_controller(
     (Units it gave up on are not kept: a resumed run starts every planned unit again.)"""
     ckpt = jobdir.checkpoint(version)
     body = {**state, "version": version, "replaced": replaced}
+    sync_sample_log(jobdir)  # the rounds this ledger no longer holds: on disk before `latest` names it
 
     def fill(tmp: Path) -> None:
         tmp.mkdir(parents=True)
@@ -68,6 +69,15 @@ def save_controller(
 
     write_part(ckpt, PART, {PART: fill}, meta={"version": version, "trainer_digest": trainer_digest})
     set_latest(ckpt.parent, version)
+
+
+def sync_sample_log(jobdir: JobDir) -> None:
+    """Make the sample log durable, with its name in the job dir: a checkpoint's ledger holds only the rounds in
+    flight, and the rounds retired before it are the log's first `samples_log_bytes`. Unsynced, a power loss after
+    `latest` moved could cut the log short, and those rounds would be in neither (the resume only warns)."""
+    if jobdir.samples.is_file():
+        fsync_tree(jobdir.samples)
+        fsync_dir(jobdir.samples.parent)
 
 
 def load_controller(jobdir: JobDir, version: int) -> ControllerState:

@@ -459,6 +459,35 @@ def test_every_file_and_directory_latest_names_is_fsynced_before_it_does(tmp_pat
     assert unsynced == [] and latest_complete(jd.checkpoints) == 10
 
 
+def test_the_sample_log_a_checkpoints_ledger_relies_on_is_fsynced_before_latest_names_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # the ledger.json of a checkpoint holds only the rounds in flight; the retired ones are the sample log's first
+    # samples_log_bytes, which was only flushed: a power loss after `latest` moved could lose them from both
+    from rlctl.agents.ledger import Ledger
+    from rlctl.checkpoint import files
+    from rlctl.checkpoint.controller import save_controller
+    from rlctl.launch.jobdir import JobDir
+
+    synced: list[int] = []
+    real = files.os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(files.os.fstat(fd).st_ino)
+        real(fd)
+
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    jd = JobDir(tmp_path)
+    jd.samples.write_text('{"sample_id": "p0/0"}\n')  # the rounds retired before the checkpoint
+    state = {"iteration": 2, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": []}
+    save_controller(
+        jd, 2, state=state | {"samples_log_bytes": jd.samples.stat().st_size}, ledger=Ledger(), trainer_digest="d"
+    )
+    latest = (jd.checkpoints / "latest.json").stat().st_ino
+    assert jd.samples.stat().st_ino in synced[: synced.index(latest)]
+    assert tmp_path.stat().st_ino in synced  # its name in the job dir too
+
+
 def test_a_shard_write_that_failed_leaves_no_partial_file(tmp_path: Path, monkeypatch) -> None:
     # a full disk left ranks/.rank-0.pt.tmp-PID inside the checkpoint, never counted or removed
     def full(obj: object, f: object) -> None:
