@@ -4,7 +4,7 @@ trained(i, v, checkpointing)  (the trainer took its snapshot of iter-v and write
     ─▶ the controller keeps its state as it is now: ledger (the rounds in flight), iteration, ranker history,
        rebalance window, rollout units replaced so far, the sample log's length (the rounds retired)
 checkpoint_written(v, D)      (the trainer's part of iter-v is on disk; D = its manifest's SHA-256)
-    ─▶ save_controller(iter-v): the sample log fsynced (the rounds retired), then that state, D
+    ─▶ save_controller(iter-v): the logs fsynced (sample log, metrics, evaluations), then that state, D
     ─▶ set_latest(v)                        (only now is iter-v a checkpoint a resume may use)
 
 launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifies, rlctl.checkpoint.choose.choose_resume)
@@ -60,7 +60,7 @@ def save_controller(
     (Units it gave up on are not kept: a resumed run starts every planned unit again.)"""
     ckpt = jobdir.checkpoint(version)
     body = {**state, "version": version, "replaced": replaced}
-    sync_sample_log(jobdir)  # the rounds this ledger no longer holds: on disk before `latest` names it
+    sync_logs(jobdir)  # what a resume from it keeps of the job's logs: on disk before `latest` names it
 
     def fill(tmp: Path) -> None:
         tmp.mkdir(parents=True)
@@ -71,13 +71,16 @@ def save_controller(
     set_latest(ckpt.parent, version)
 
 
-def sync_sample_log(jobdir: JobDir) -> None:
-    """Make the sample log durable, with its name in the job dir: a checkpoint's ledger holds only the rounds in
-    flight, and the rounds retired before it are the log's first `samples_log_bytes`. Unsynced, a power loss after
-    `latest` moved could cut the log short, and those rounds would be in neither (the resume only warns)."""
-    if jobdir.samples.is_file():
-        fsync_tree(jobdir.samples)
-        fsync_dir(jobdir.samples.parent)
+def sync_logs(jobdir: JobDir) -> None:
+    """Make the logs a resume cuts back to a checkpoint durable, with their names in the job dir: the sample log (a
+    checkpoint's ledger holds only the rounds in flight; the retired ones are the log's first `samples_log_bytes`),
+    the metrics rows and the held-out evaluations (`cut_metrics`, `cut_evaluations` keep those before it). Only
+    flushed, a power loss after `latest` moved could cut them short: a resume keeps what is there, and the rows (the
+    rounds, the curves) before the checkpoint would be lost for good."""
+    for path in (jobdir.samples, jobdir.metrics, jobdir.evaluations):
+        if path.is_file():
+            fsync_tree(path)
+    fsync_dir(jobdir.path)
 
 
 def load_controller(jobdir: JobDir, version: int) -> ControllerState:

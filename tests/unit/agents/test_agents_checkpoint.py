@@ -488,6 +488,34 @@ def test_the_sample_log_a_checkpoints_ledger_relies_on_is_fsynced_before_latest_
     assert tmp_path.stat().st_ino in synced  # its name in the job dir too
 
 
+def test_the_metrics_and_evaluations_a_resume_keeps_are_fsynced_before_latest_names_the_checkpoint(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # a resume keeps the rows before the checkpoint (cut_metrics, cut_evaluations) of what is on disk: rows only
+    # flushed could be lost to a power loss after `latest` moved, a gap in the job's curves for good
+    from rlctl.agents.ledger import Ledger
+    from rlctl.checkpoint import files
+    from rlctl.checkpoint.controller import save_controller
+    from rlctl.launch.jobdir import JobDir
+
+    synced: list[int] = []
+    real = files.os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(files.os.fstat(fd).st_ino)
+        real(fd)
+
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    jd = JobDir(tmp_path)
+    jd.append(jd.metrics, {"iteration": 0, "reward_mean": 0.5})
+    jd.append(jd.evaluations, {"version": 0, "accuracy": 0.1})
+    state = {"iteration": 1, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": [], "samples_log_bytes": 0}
+    save_controller(jd, 1, state=state, ledger=Ledger(), trainer_digest="d")
+    before_latest = synced[: synced.index((jd.checkpoints / "latest.json").stat().st_ino)]
+    assert jd.metrics.stat().st_ino in before_latest and jd.evaluations.stat().st_ino in before_latest
+    assert tmp_path.stat().st_ino in before_latest
+
+
 def test_a_shard_write_that_failed_leaves_no_partial_file(tmp_path: Path, monkeypatch) -> None:
     # a full disk left ranks/.rank-0.pt.tmp-PID inside the checkpoint, never counted or removed
     def full(obj: object, f: object) -> None:
