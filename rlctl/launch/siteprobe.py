@@ -30,6 +30,7 @@ from rlctl.launch.base import site_setup
 from rlctl.launch.remote import Runner
 
 MARK = "RLCTL_PROBE "
+SETUP_BEGIN, SETUP_DONE = "RLCTL_SETUP_BEGIN", "RLCTL_SETUP_DONE"  # around the site's setup lines
 # run by the site's python: every answer is a field, every failure to import a field too (never an exception)
 PROBE = r"""
 import importlib.metadata as md, importlib.util as iu, json, os, shutil, sys
@@ -100,11 +101,20 @@ def probe_site_hosts(
     kind = kind_of(site)
     python = python_for(site)
     argv = " ".join(shlex.quote(a) for a in (args if args is not None else [kind.work_root(site) or os.getcwd()]))
-    command = "\n".join([*site_setup(site.setup), f"{shlex.quote(python)} -c {shlex.quote(script)} {argv}"])
+    command = "\n".join([*_strict_setup(site.setup), f"{shlex.quote(python)} -c {shlex.quote(script)} {argv}"])
     return [
         _ask(name, label, kind.site_runner(site, host), wrapped, timeout_s)
         for label, host, wrapped in kind.probe_commands(site, command, first=first)
     ]
+
+
+def _strict_setup(lines: list[str]) -> list[str]:
+    """The site's setup lines as the SSH start script runs them (`set -e`: an agent does not start after a line
+    that failed), between two marks, so that a probe ended by one of them says so rather than passing where the
+    launch then fails."""
+    if not lines:
+        return []
+    return [f"echo {SETUP_BEGIN}", "set -e", *site_setup(lines), "set +e", f"echo {SETUP_DONE}"]
 
 
 def _ask(name: str, host: str, runner: Runner, command: str, timeout_s: float) -> HostReport:
@@ -114,7 +124,15 @@ def _ask(name: str, host: str, runner: Runner, command: str, timeout_s: float) -
         return HostReport(name, host, error=str(e))
     finally:
         runner.close()
-    line = next((x for x in res.stdout.splitlines() if x.startswith(MARK)), None)
+    out = res.stdout.splitlines()
+    line = next((x for x in out if x.startswith(MARK)), None)
+    if line is None and SETUP_BEGIN in out and SETUP_DONE not in out:
+        return HostReport(
+            name,
+            host,
+            error=f"a line of sites.{name}.setup failed there (exit {res.exit_code}: {res.tail()}): fix or remove it "
+            "(the site's agents start after these lines)",
+        )
     if line is None:
         return HostReport(name, host, error=f"the probe did not answer (exit {res.exit_code}): {res.tail()}")
     return HostReport(name, host, json.loads(line.removeprefix(MARK)))

@@ -276,3 +276,20 @@ def test_check_sizes_a_checkpoint_started_model_by_its_weight_files(monkeypatch,
         lambda name, site, **kw: [HostReport(name, "h1", GOOD | {"free_bytes": free + files})],
     )
     assert not [line for line in check.job_problem_lines(job, timeout_s=1.0)[0] if "staged" in line]
+
+
+def test_a_setup_line_that_fails_is_a_problem_not_a_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SSH start script runs the site's setup under `set -e`: an agent does not start after a line that failed
+    (`module` missing in a non-login shell). The probe ran them without it and passed, and the launch then failed."""
+    from rlctl.launch.remote import LocalRunner
+    from rlctl.launch.ssh import SshBackend
+
+    monkeypatch.setattr(SshBackend, "site_runner", classmethod(lambda cls, s, h=None: LocalRunner()))  # bash here
+    ok = site(gpu="CPU", python=sys.executable, setup=["true", "echo from setup"])
+    (report,) = probe_site_hosts("gen", ok, timeout_s=120)
+    assert report.error is None and report.facts["rlctl"] == __version__, report.error
+    broken = site(gpu="CPU", python=sys.executable, setup=["true", "no-such-module-command load cuda/12.4", "true"])
+    (report,) = probe_site_hosts("gen", broken, timeout_s=120)
+    [line] = host_problems(report, broken, roles={"controller"})
+    assert line.startswith("site gen host h1: cannot be asked: a line of sites.gen.setup failed there (exit 127: ")
+    assert "no-such-module-command: command not found" in line and "fix or remove it" in line
