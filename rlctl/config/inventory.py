@@ -215,6 +215,20 @@ class Site(Strict):
         "`source /opt/rl/venv/bin/activate`); SSH and SLURM sites",
     )
 
+    @field_validator("python")
+    @classmethod
+    def _python_where_it_starts(cls, v: str | None) -> str | None:
+        """A command name (looked up in the host's PATH) or an absolute path: the agents' command lines quote it,
+        so a leading `~` is never expanded there (the probe, then every agent, failed with 'No such file or
+        directory' on a file that is there), and a relative path depends on the directory each command starts in."""
+        if v is not None and "/" in v and not v.startswith("/"):
+            raise ValueError(
+                f"{v!r}: give the interpreter's absolute path or a command name such as python3 (the agents' "
+                "command lines quote it: a leading ~ is not expanded there, a relative path depends on where each "
+                "starts)"
+            )
+        return v
+
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, v: str | None) -> str | None:

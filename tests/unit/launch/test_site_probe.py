@@ -293,3 +293,13 @@ def test_a_setup_line_that_fails_is_a_problem_not_a_pass(monkeypatch: pytest.Mon
     [line] = host_problems(report, broken, roles={"controller"})
     assert line.startswith("site gen host h1: cannot be asked: a line of sites.gen.setup failed there (exit 127: ")
     assert "no-such-module-command: command not found" in line and "fix or remove it" in line
+
+
+@pytest.mark.parametrize("python", ["~/venv/bin/python", "venv/bin/python", "./python3"])
+def test_a_site_python_the_command_lines_would_not_find_is_refused_in_one_line(python: str) -> None:
+    """The agents' command lines (and the probe's) quote the site's python: `~/venv/bin/python` was never
+    expanded, and `check --reach` and every agent failed on 'No such file or directory' for a file that is there."""
+    with pytest.raises(ValueError, match=r"python\n.*give the interpreter's absolute path or a command name"):
+        site(python=python)
+    assert python_for(site(python="/home/rl/venv/bin/python")) == "/home/rl/venv/bin/python"
+    assert python_for(site(python="python3.12")) == "python3.12"
