@@ -89,6 +89,18 @@ def _table(d: dict[str, Any]) -> str:
     return head + out
 
 
+def job_dir_place(spec: JobFile) -> Path:
+    """Where a launch of `spec` would put its job dir (the job file's `job_dir`, else $RLCTL_HOME/runs or ./runs),
+    as far as it exists now: the directory whose free disk a site without a work root (local, SLURM submitted from
+    here) writes the job's checkpoints into."""
+    from rlctl.launch.jobdir import JobDir
+
+    path = JobDir.choose_path(spec.name, explicit=spec.job_dir)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def staged_model_bytes(spec: JobFile) -> float:
     """The disk the job's staged model takes: an HF directory's weight files as they are (an rlctl checkpoint
     declares the job's dtype and may hold fp32 tensors, `HfModelInfo.weight_file_bytes`), else the declared dtype's
@@ -135,8 +147,11 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
         f"(fp32 weights and AdamW state; {abandoned}); checkpoint.keep sets how many are kept"
     )
     answered: list[HostReport] = []
+    here = str(job_dir_place(spec))  # a site without a work root writes the job into the operator's job dir
     with ThreadPoolExecutor(max_workers=len(roles)) as pool:
-        reports = pool.map(lambda name: probe_site_hosts(name, job.inventory.sites[name], timeout_s=timeout_s), roles)
+        reports = pool.map(
+            lambda name: probe_site_hosts(name, job.inventory.sites[name], timeout_s=timeout_s, here=here), roles
+        )
         for name, found in zip(roles, reports, strict=True):
             for report in found:
                 answered.append(report)

@@ -94,13 +94,16 @@ def probe_site_hosts(
     script: str = PROBE,
     args: list[str] | None = None,
     first: bool = False,
+    here: str | None = None,
 ) -> list[HostReport]:
     """Ask every host of `site` (a SLURM site: one node of its partition; `first`: an SSH site's first host only)
     with the site's python and setup: `script` run with `args` (default: the probe of what the host has, on the
-    site's work root)."""
+    site's work root; on a site without one, `here`: where the operator's job dir will be, default this
+    directory)."""
     kind = kind_of(site)
     python = python_for(site)
-    argv = " ".join(shlex.quote(a) for a in (args if args is not None else [kind.work_root(site) or os.getcwd()]))
+    root = kind.work_root(site) or here or os.getcwd()
+    argv = " ".join(shlex.quote(a) for a in (args if args is not None else [root]))
     command = "\n".join([*_strict_setup(site.setup), f"{shlex.quote(python)} -c {shlex.quote(script)} {argv}"])
     return [
         _ask(name, label, kind.site_runner(site, host), wrapped, timeout_s)

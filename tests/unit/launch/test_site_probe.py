@@ -303,3 +303,26 @@ def test_a_site_python_the_command_lines_would_not_find_is_refused_in_one_line(p
         site(python=python)
     assert python_for(site(python="/home/rl/venv/bin/python")) == "/home/rl/venv/bin/python"
     assert python_for(site(python="python3.12")) == "python3.12"
+
+
+def test_a_site_without_a_work_root_has_its_disk_measured_where_the_job_dir_will_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local site (or SLURM submitted from here) writes the job, checkpoints included, into the operator's job dir:
+    $RLCTL_HOME/runs, or the job file's `job_dir`. The probe measured the directory `check` ran in instead, which
+    may be another filesystem (a home quota where RLCTL_HOME names scratch): a false refusal or a false pass."""
+    from rlctl.commands import check
+    from rlctl.config.job import Job, load_job
+
+    demo = load_job(REPO / "jobs" / "demo.yaml")  # every agent on the local site, which names no work root
+    home, elsewhere = tmp_path / "scratch", tmp_path / "cwd"
+    home.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("RLCTL_HOME", str(home))
+    _, [report] = check.job_problem_lines(demo, timeout_s=120.0)
+    assert report.error is None and report.facts["workdir"] == str(home), report
+    assert not (home / "runs").exists()  # measured where it will be, nothing created for it
+    spec = demo.spec.model_copy(update={"job_dir": str(tmp_path / "jobs" / "demo-1")})
+    _, [report] = check.job_problem_lines(Job(spec, demo.inventory, demo.path), timeout_s=120.0)
+    assert report.facts["workdir"] == str(tmp_path)  # its nearest directory that exists
