@@ -248,10 +248,13 @@ class SlurmBackend(LaunchBackend):
 
     @classmethod
     def probe_commands(cls, site: Site, command: str, *, first: bool = False) -> list[tuple[str, str | None, str]]:
-        """One step on one node of the partition, with the GPU a unit would get."""
+        """One step on one node of the partition, with the GPU a unit would get, charged as the agents' jobs are
+        (the site's account and qos: a cluster that enforces them refuses a step without)."""
         sched = _sched(site)
         gpus = {"per_task": "--gpus-per-task=1 ", "gres": "--gres=gpu:1 "}.get(gpu_request_for(site), "")
-        srun = f"srun --partition={shlex.quote(sched.partition)} --nodes=1 --ntasks=1 {gpus}--time=5 bash -c "
+        charge = f"--account={shlex.quote(sched.account)} " if sched.account else ""
+        charge += f"--qos={shlex.quote(sched.qos)} " if sched.qos else ""
+        srun = f"srun --partition={shlex.quote(sched.partition)} {charge}--nodes=1 --ntasks=1 {gpus}--time=5 bash -c "
         return [(f"a node of partition {sched.partition}", None, srun + shlex.quote(command))]
 
     @classmethod
