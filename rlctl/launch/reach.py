@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from rlctl.config.inventory import Site
+from rlctl.errors import RlctlError
 from rlctl.launch.backends import kind_of
 
 
@@ -32,4 +33,6 @@ def probe_site(name: str, site: Site, *, timeout_s: float = 10.0) -> ReachResult
         ok, detail = False, f"command not found: {e.filename}"
     except Exception as e:  # noqa: BLE001 - fault-tolerance point, see docstring
         ok, detail = False, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        if isinstance(e, RlctlError) and e.hint:  # what to do: an unknown host key's is the ssh-keyscan line
+            detail += f" (hint: {e.hint})"
     return ReachResult(name, ok, detail, time.monotonic() - t0)

@@ -123,8 +123,8 @@ def _strict_setup(lines: list[str]) -> list[str]:
 def _ask(name: str, host: str, runner: Runner, command: str, timeout_s: float) -> HostReport:
     try:
         res = runner.run(command, timeout_s=timeout_s)
-    except LaunchError as e:
-        return HostReport(name, host, error=str(e))
+    except LaunchError as e:  # with its hint: an unknown host key's is the ssh-keyscan line that adds it
+        return HostReport(name, host, error=f"{e}" + (f" (hint: {e.hint})" if e.hint else ""))
     finally:
         runner.close()
     out = res.stdout.splitlines()

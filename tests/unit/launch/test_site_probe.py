@@ -326,3 +326,32 @@ def test_a_site_without_a_work_root_has_its_disk_measured_where_the_job_dir_will
     spec = demo.spec.model_copy(update={"job_dir": str(tmp_path / "jobs" / "demo-1")})
     _, [report] = check.job_problem_lines(Job(spec, demo.inventory, demo.path), timeout_s=120.0)
     assert report.facts["workdir"] == str(tmp_path)  # its nearest directory that exists
+
+
+def test_a_host_that_cannot_be_asked_keeps_the_hint_of_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unknown host key is the first thing a new site meets: its LaunchError carries the ssh-keyscan line that
+    adds the key as its hint, which `check --reach` dropped (the probe's row and the reach table said only
+    'unknown host key')."""
+    from rlctl.errors import LaunchError
+    from rlctl.launch.reach import probe_site
+    from rlctl.launch.ssh import SshBackend
+
+    refused = LaunchError("ssh rl@h1:22: unknown host key (not in /k)", hint="add its key: ssh-keyscan -p 22 h1 >> /k")
+
+    class Refused:
+        def run(self, command: str, *, timeout_s: float) -> None:
+            raise refused
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(SshBackend, "site_runner", classmethod(lambda cls, s, h=None: Refused()))
+    (report,) = probe_site_hosts("gen", site(), timeout_s=5)
+    [line] = host_problems(report, site())
+    assert line.endswith("unknown host key (not in /k) (hint: add its key: ssh-keyscan -p 22 h1 >> /k)"), line
+
+    def reach(cls: type, s: Site, *, timeout_s: float) -> str:
+        raise refused
+
+    monkeypatch.setattr(SshBackend, "reach", classmethod(reach))
+    assert probe_site("gen", site()).detail.endswith("(hint: add its key: ssh-keyscan -p 22 h1 >> /k)")
