@@ -201,9 +201,11 @@ class LocalFiles(HostFiles):
             shutil.copyfile(local, tmp)
             os.chmod(tmp, local.stat().st_mode & 0o777)
             os.replace(tmp, dst)
-        except OSError as e:
+        except BaseException as e:  # a launch stopped with Ctrl-C too: its name is this copy's, nothing resumes it
             tmp.unlink(missing_ok=True)
-            raise LaunchError(f"cannot copy {local} to {dst}: {e}") from e
+            if isinstance(e, OSError):
+                raise LaunchError(f"cannot copy {local} to {dst}: {e}") from e
+            raise
         if progress is not None:
             progress(dst.stat().st_size)
         return 0

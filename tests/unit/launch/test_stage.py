@@ -486,3 +486,22 @@ def test_a_damaged_line_of_the_sites_events_is_kept_and_said_once_however_often_
     assert [e["t"] for e in JobDir(src).read_lines(src / "events.jsonl")] == [1, 3, 4, 5]
     assert (src / "events.jsonl.damaged").read_text() == f"{cut}\n"
     assert caplog.text.count("is not a JSON event") == 1
+
+
+def test_a_local_copy_stopped_with_ctrl_c_leaves_no_partial_file(tmp_path: Path, monkeypatch) -> None:
+    """A local view copies under a name of its own (pid, thread) and renames it once whole; nothing resumes that
+    name, so a copy a Ctrl-C stopped left its bytes (up to a whole shard, in the work root's shared model cache)
+    for good, one more file per stopped launch."""
+    src = tmp_path / "model.safetensors"
+    src.write_bytes(os.urandom(1 << 20))
+    dst = tmp_path / "site"
+    dst.mkdir()
+
+    def stopped(a: Path, b: Path) -> None:
+        Path(b).write_bytes(Path(a).read_bytes()[:1000])  # some bytes landed, then the operator pressed Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sitefs.shutil, "copyfile", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        LocalFiles().put(src, str(dst / "model.safetensors"))
+    assert list(dst.iterdir()) == []
