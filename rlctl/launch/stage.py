@@ -26,8 +26,9 @@ import shlex
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,7 @@ def stage_site(
     names = files_to_stage(src) if names is None else names
     want = {n: file_state(src / n) for n in names} if want is None else want
     root = site_root(site, job_id, here=src)
+    progress = StagingProgress(name, lambda _line: None) if progress is None else progress  # also what stops copies
 
     model = [n for n in names if n.startswith(INIT_MODEL + "/")]
     digest = model_digest({n[len(INIT_MODEL) + 1 :]: want[n] for n in model}) if model else ""
@@ -158,7 +160,7 @@ def stage_site(
     else:
         views: list[_View] = []
         try:
-            with ThreadPoolExecutor(max_workers=min(8, len(hosts))) as pool:
+            with _pool(min(8, len(hosts)), progress) as pool:
                 futures = [pool.submit(prepare, h) for h in hosts]
             views = [f.result() for f in futures if f.exception() is None]
             for f in futures:
@@ -170,7 +172,7 @@ def stage_site(
             if fan:
                 fanout = _fan_out(name, site, src, views, fan, want, progress)
             else:
-                with ThreadPoolExecutor(max_workers=min(8, len(views))) as pool:
+                with _pool(min(8, len(views)), progress) as pool:
                     list(pool.map(lambda v: _copy(name, src, v, v.todo, want, progress), views))
         finally:
             for v in views:
@@ -188,6 +190,27 @@ def stage_site(
     if fanout is not None:
         out["fanout"] = fanout
     return out
+
+
+class StagingStopped(Exception):
+    """Raised in a copy's thread at its next chunk once its launch is stopping (`StagingProgress.stop`)."""
+
+
+@contextmanager
+def _pool(workers: int, progress: StagingProgress | None) -> Iterator[ThreadPoolExecutor]:
+    """A thread pool for a site's copies, left (as a plain one) only once its threads are done; when the thread
+    that waits on it is stopped (Ctrl-C, SIGTERM's exit) or fails, `progress` is stopped first, so the copies end
+    at their next chunk. A plain pool waited for them: a launch stopped while it staged went on copying (minutes
+    to hours across a slow link) before it stopped."""
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
+        yield pool
+    except BaseException:
+        if progress is not None:
+            progress.stop()
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 @dataclass
@@ -246,27 +269,27 @@ def _fan_out(
     seed, others = views[0], views[1:]
     big = {n for ns in fan.values() for n in ns} | {n for n in seed.todo if want[n].size >= FANOUT_MIN_BYTES}
     big.discard("secret")
-    with ThreadPoolExecutor(max_workers=min(8, len(views))) as pool:  # the secret first: the fan-out needs it
+    with _pool(min(8, len(views)), progress) as pool:  # the secret first: the fan-out needs it
         list(pool.map(lambda v: _copy(site_name, src, v, [n for n in v.todo if n not in big], want, progress), views))
     tick = progress.advance if progress is not None else None
     seed_files = [n for n in seed.todo if n in big]
     parent = {views[i].host: views[(i - 1) // FANOUT_CHILDREN] for i in range(1, len(views))}
     relaying = [seed, *{parent[h].host: parent[h] for h in fan if parent[h] is not seed}.values()]
-    with ThreadPoolExecutor(max_workers=min(8, len(relaying))) as pool:  # before any server can serve them
+    with _pool(min(8, len(relaying)), progress) as pool:  # before any server can serve them
         list(pool.map(lambda v: _clear_stale(site, v, seed_files if v is seed else fan.get(v.host, [])), relaying))
     servers = {seed.host: _Server(site, seed)}
     try:
         servers[seed.host].start()
     except LaunchError as e:  # e.g. no rlctl in the site's python: every host's copy crosses the link
         log.warning("site %s: %s; copying to each host from here", site_name, e)
-        with ThreadPoolExecutor(max_workers=min(8, len(views))) as pool:
+        with _pool(min(8, len(views)), progress) as pool:
             direct = [(seed, seed_files), *((v, fan.get(v.host, [])) for v in others)]
             list(pool.map(lambda vn: _copy(site_name, src, vn[0], vn[1], want, progress), direct))
         direct_n = {h: len(ns) for h, ns in fan.items()}
         return {"seed": seed.host, "served_bytes": 0, "served_by": {}, "relays": [], "direct": direct_n}
     try:
         relays = {v.host: v for v in relaying[1:]}
-        with ThreadPoolExecutor(max_workers=min(8, len(views))) as pool:
+        with _pool(min(8, len(views)), progress) as pool:
             for host, started in zip(relays, pool.map(lambda v: _start(site, v), relays.values()), strict=True):
                 if started is None:
                     log.warning("site %s: %s does not relay; its hosts fetch from %s", site_name, host, seed.host)
@@ -277,7 +300,7 @@ def _fan_out(
             return servers.get(parent[v.host].host, servers[seed.host]).address
 
         ahead = sum(want[n].size for n in seed_files)  # a fetch may wait for the seed's copy of all of them
-        with ThreadPoolExecutor(max_workers=1 + len(views)) as pool:
+        with _pool(1 + len(views), progress) as pool:
             copy = pool.submit(_copy, site_name, src, seed, seed_files, want, progress)
             fetches = {v.host: pool.submit(_fetch, site, v, fan[v.host], want, source(v), tick, ahead) for v in others
                        if v.host in fan}  # fmt: skip
@@ -294,7 +317,7 @@ def _fan_out(
                         v.host, len(failed[v.host]), parent[v.host].host, seed.host)  # fmt: skip
             if progress is not None:
                 progress.add(sum(want[n].size for n in failed[v.host]))
-        with ThreadPoolExecutor(max_workers=max(1, len(again))) as pool:  # the seed's copy is whole and verified
+        with _pool(len(again), progress) as pool:  # the seed's copy is whole and verified
             retried = pool.map(lambda v: _fetch(site, v, failed[v.host], want, servers[seed.host].address, tick), again)
             failed.update(zip((v.host for v in again), retried, strict=True))
     finally:
@@ -585,12 +608,19 @@ class StagingProgress:
         self.total = self.moved = 0
         self._lock = threading.Lock()
         self._t0 = self._last = self._shown = clock()
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """The launch is stopping: every copy that reports here raises StagingStopped at its next chunk."""
+        self._stopping.set()
 
     def add(self, nbytes: int) -> None:
         with self._lock:
             self.total += nbytes
 
     def advance(self, nbytes: int) -> None:
+        if self._stopping.is_set():
+            raise StagingStopped(f"staging {self.site}: stopped")
         with self._lock:
             self.moved += nbytes
             now = self.clock()

@@ -505,3 +505,36 @@ def test_a_local_copy_stopped_with_ctrl_c_leaves_no_partial_file(tmp_path: Path,
     with pytest.raises(KeyboardInterrupt):
         LocalFiles().put(src, str(dst / "model.safetensors"))
     assert list(dst.iterdir()) == []
+
+
+def test_a_launch_stopped_while_it_stages_stops_its_copies(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C reaches the launcher's main thread, which waits on the site's copies in a thread pool: the pool waited
+    for them to finish (minutes to hours of a model across a slow link) before the launch stopped. The copies now end
+    at their next chunk, and what they wrote is there for the next launch to go on from."""
+    import signal
+    import time
+
+    chunks, written = 400, []
+
+    class SlowFiles(LocalFiles):
+        """A view whose copy reports each of its chunks, one every 20 ms (8 s in all)."""
+
+        def put(self, local: Path, path: str, *, progress=None, resume: bool = False) -> int:  # type: ignore[no-untyped-def]
+            if local.name != "model.safetensors":
+                return super().put(local, path, progress=progress, resume=resume)
+            for _ in range(chunks):
+                time.sleep(0.02)
+                written.append(1)
+                if progress is not None:
+                    progress(10)
+            return 0
+
+    monkeypatch.setattr(stage, "host_files", lambda site, host: SlowFiles())
+    src = job_dir(tmp_path)
+    ctrl_c = lambda: signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)  # noqa: E731
+    timer = threading.Timer(0.5, ctrl_c)  # the operator's Ctrl-C, to the thread that waits on the copies
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        stage_all(src, {"far": local_site(tmp_path / "w")}, job_id="job-1", say=lambda line: None)
+    timer.join()
+    assert 0 < len(written) < chunks / 2, len(written)  # stopped, not waited for
