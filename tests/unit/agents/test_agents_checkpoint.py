@@ -427,22 +427,29 @@ def test_the_background_writer_writes_one_at_a_time_and_raises_a_writes_error_in
     writer.wait()  # the error was raised once
 
 
+def _fsynced_inodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The inodes the checkpoint code fsyncs from now on, in the order it does (each call still syncs)."""
+    from rlctl.checkpoint import files
+
+    synced: list[int] = []
+    real = files.os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(files.os.fstat(fd).st_ino)
+        real(fd)
+
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    return synced
+
+
 def test_every_file_and_directory_latest_names_is_fsynced_before_it_does(tmp_path: Path, monkeypatch) -> None:
     # the model's files, the controller's ledger and state, and the directories' renames were never synced: after a
     # power loss they could read back empty, and `keep` had already removed the checkpoint before it
     from rlctl.agents.ledger import Ledger
-    from rlctl.checkpoint import files
     from rlctl.checkpoint.controller import save_controller
     from rlctl.launch.jobdir import JobDir
 
-    synced: set[int] = set()
-    real = files.os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.add(files.os.fstat(fd).st_ino)
-        real(fd)
-
-    monkeypatch.setattr(files.os, "fsync", fsync)
+    synced = _fsynced_inodes(monkeypatch)
     jd = JobDir(tmp_path)
     torch.manual_seed(0)
     model = TinyGPT(small_config())
@@ -465,18 +472,10 @@ def test_the_sample_log_a_checkpoints_ledger_relies_on_is_fsynced_before_latest_
     # the ledger.json of a checkpoint holds only the rounds in flight; the retired ones are the sample log's first
     # samples_log_bytes, which was only flushed: a power loss after `latest` moved could lose them from both
     from rlctl.agents.ledger import Ledger
-    from rlctl.checkpoint import files
     from rlctl.checkpoint.controller import save_controller
     from rlctl.launch.jobdir import JobDir
 
-    synced: list[int] = []
-    real = files.os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(files.os.fstat(fd).st_ino)
-        real(fd)
-
-    monkeypatch.setattr(files.os, "fsync", fsync)
+    synced = _fsynced_inodes(monkeypatch)
     jd = JobDir(tmp_path)
     jd.samples.write_text('{"sample_id": "p0/0"}\n')  # the rounds retired before the checkpoint
     state = {"iteration": 2, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": []}
@@ -494,18 +493,10 @@ def test_the_metrics_and_evaluations_a_resume_keeps_are_fsynced_before_latest_na
     # a resume keeps the rows before the checkpoint (cut_metrics, cut_evaluations) of what is on disk: rows only
     # flushed could be lost to a power loss after `latest` moved, a gap in the job's curves for good
     from rlctl.agents.ledger import Ledger
-    from rlctl.checkpoint import files
     from rlctl.checkpoint.controller import save_controller
     from rlctl.launch.jobdir import JobDir
 
-    synced: list[int] = []
-    real = files.os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(files.os.fstat(fd).st_ino)
-        real(fd)
-
-    monkeypatch.setattr(files.os, "fsync", fsync)
+    synced = _fsynced_inodes(monkeypatch)
     jd = JobDir(tmp_path)
     jd.append(jd.metrics, {"iteration": 0, "reward_mean": 0.5})
     jd.append(jd.evaluations, {"version": 0, "accuracy": 0.1})
