@@ -1,6 +1,7 @@
 """Linux's /proc/PID/stat, read one way for every caller: the fields after the command name, which may hold spaces
 and parentheses (`(comm) `), so field 3 of proc(5), the state, is index 0 here; the parent is 1, the process group
-2, the start time (field 22, clock ticks since boot) 19. Where there is no /proc, nothing is found."""
+2, the start time (field 22, clock ticks since boot) 19. Where there is no /proc, nothing is found. (`alive`, whether a
+pid names a process, asks the kernel by signal 0 instead, so it holds on any POSIX system.)"""
 
 from __future__ import annotations
 
@@ -23,6 +24,17 @@ def start_ticks(pid: int) -> int | None:
     """The process's start time (clock ticks since boot): with its pid, who it is; None: no such process."""
     fields = stat(pid)
     return int(fields[START]) if fields and len(fields) > START else None
+
+
+def alive(pid: int) -> bool:
+    """A process with that pid exists on this machine (another user's too), on any POSIX system: signal 0."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def every_stat() -> Iterator[tuple[int, list[str]]]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlctl import procfs
 from rlctl.errors import RlctlError
 
 log = logging.getLogger(__name__)
@@ -73,16 +74,6 @@ def _run(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[
     return res
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _delete_netns(names: list[str]) -> None:
     """Stop every process inside (they belong to the lab) and delete the namespaces."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -110,7 +101,7 @@ def cleanup_stale() -> list[str]:
     listed = [line.split()[0] for line in _run(["ip", "netns", "list"], check=False).stdout.splitlines() if line]
     stale: list[str] = []
     for prefix in {n[: len(PREFIX) + 6] for n in listed if n.startswith(PREFIX)} | set(owners):
-        if prefix in owners and _pid_alive(owners[prefix]):
+        if prefix in owners and procfs.alive(owners[prefix]):
             continue
         _delete_netns([n for n in listed if n.startswith(prefix)])
         with contextlib.suppress(OSError):

@@ -23,6 +23,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlctl import procfs
 from rlctl.checkpoint.choose import LATEST_POINTER, checkpoint_versions, manifest_name, parse_latest
 from rlctl.checkpoint.files import file_digest
 from rlctl.errors import LaunchError, UsageError
@@ -206,24 +207,14 @@ def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> 
 
 def _abandoned(to: Path) -> list[Path]:
     """The staging folders in `to` of pulls whose process is gone (SIGKILLed, OOM-killed, a reboot: no `finally`
-    ran): a partial copy of the weights, which stayed inside the pulled model and made `--to` read as not empty."""
+    ran): a partial copy of the weights, which stayed inside the pulled model and made `--to` read as not empty.
+    (One whose pid another process took since keeps its leftover: `--to` then reads as not empty.)"""
     out = []
     for p in to.glob(".pull-*"):
         pid = p.name.removeprefix(".pull-")
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not procfs.alive(int(pid)):
             out.append(p)
     return out
-
-
-def _alive(pid: int) -> bool:
-    """A process with that pid runs on this machine (one that took the pid since keeps its leftover: not empty)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's
-        return True
-    return True
 
 
 def _move(src: Path, dst: Path) -> None:
