@@ -43,16 +43,13 @@ def register(app: typer.Typer) -> None:
         lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="lines from the end")] = 40,
     ) -> None:
         """Print an agent's log: from the job directory, or over SSH from the host the agent runs on."""
-        from rlctl.launch.jobdir import say_once
-        from rlctl.launch.stage import all_recorded_agents
+        from rlctl.launch.stage import readable_agents
         from rlctl.ops import agentlogs
         from rlctl.ops.jobref import resolve
 
         ref = resolve(job)
         log_dir = ref.jobdir.path / "logs"
-        skipped: list[str] = []  # a damaged line: the others' logs are still there to read
-        handles = {h.spec.name: h for h in all_recorded_agents(ref.jobdir.path, skipped=skipped)}
-        say_once(skipped)
+        handles = {h.spec.name: h for h in readable_agents(ref.jobdir.path)}  # past a damaged line
         if agent is None:
             if follow:
                 raise UsageError("--follow needs one agent, e.g. `rlctl logs JOB rollout/0 -f`")

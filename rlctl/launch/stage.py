@@ -37,7 +37,7 @@ from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, python_for, read_sites
 from rlctl.launch.base import AgentHandle, site_setup
-from rlctl.launch.jobdir import appending, json_file, replace_text
+from rlctl.launch.jobdir import appending, json_file, replace_text, say_once
 from rlctl.launch.remote import CommandResult, SshRunner, sh_path
 from rlctl.launch.sitefs import (
     FileState,
@@ -865,3 +865,12 @@ def all_recorded_agents(
         else:
             problems.append(f"the controller site's agent record is unreachable ({e}); stopped those recorded here")
     return agents_from_lines(text, source=local, skipped=skipped)
+
+
+def readable_agents(job_dir: Path) -> list[AgentHandle]:
+    """`all_recorded_agents` for a reader that acts on what it can read (status, attach, logs): a line that is no
+    agent record (cut short by a full disk, it stays in the file for good) is left out and said once."""
+    skipped: list[str] = []
+    handles = all_recorded_agents(job_dir, skipped=skipped)
+    say_once(skipped)
+    return handles

@@ -23,8 +23,7 @@ from typing import Any
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
-from rlctl.launch.jobdir import say_once
-from rlctl.launch.stage import all_recorded_agents, fetch_record, record_view
+from rlctl.launch.stage import all_recorded_agents, fetch_record, readable_agents, record_view
 from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.jobref import JobRef
@@ -96,9 +95,7 @@ def site_view(
     that did not answer. A line of agents.jsonl that is no agent record is left out, said once (a line cut short by
     a full disk stays in it: status failed on it for good)."""
     if handles is None:
-        skipped: list[str] = []
-        handles = all_recorded_agents(ref.jobdir.path, skipped=skipped)
-        say_once(skipped)
+        handles = readable_agents(ref.jobdir.path)
     sites = read_sites(ref.jobdir.path)
     backends = Backends(sites, job=ref.jobdir.path.name, job_dir=ref.jobdir.path)
     by_site: dict[str, list[AgentHandle]] = {}

@@ -62,6 +62,7 @@ from rlctl.launch.stage import (
     all_recorded_agents,
     controller_view,
     fetch_record,
+    readable_agents,
     record_view,
     root_for,
     stage_all,
@@ -371,9 +372,7 @@ class JobRun:
     def attach(self) -> None:
         """Watch a job whose launcher is gone (`rlctl attach`): its controller and agents as the job dir records
         them, its record where the controller keeps it; then `wait` as if this process had started them."""
-        skipped: list[str] = []
-        handles = all_recorded_agents(self.jobdir.path, skipped=skipped)
-        say_once(skipped)
+        handles = readable_agents(self.jobdir.path)
         if not any(h.spec.role == "controller" for h in handles):
             raise LaunchError(f"{self.jobdir.path}: no controller recorded in {AGENTS_FILE}: the job never started")
         last = max(i for i, h in enumerate(handles) if h.spec.role == "controller")  # the latest run's start
