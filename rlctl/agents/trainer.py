@@ -39,6 +39,7 @@ import logging
 import os
 import queue
 import socket
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -182,6 +183,7 @@ class TrainerAgent:
         self.busy_s = 0.0
         self.snapshot_s = 0.0  # the training thread's time taking checkpoints' host copies
         self.state = "starting"
+        self.last_word = threading.Lock()  # the watchdog's thread and a failed collective's both name a hang
         self.inbox: queue.Queue[Message | None] = queue.Queue()
 
     def _publish(self, publisher: WeightPublisher, version: int) -> None:
@@ -425,10 +427,14 @@ class TrainerAgent:
                     time.sleep(0.1)
         if not named:
             return False
-        log.error("trainer: %s ended itself hung (its log has every thread's stack)", "; ".join(named))
-        self.state = f"{HUNG} {'; '.join(named)}"
-        with contextlib.suppress(TransportError):
-            self.link.send(make("heartbeat", self.figures()))
+        text = f"{HUNG} {'; '.join(named)}"
+        with self.last_word:  # the collective's failure and this rank's own watchdog may both get here: one word
+            if self.state == text:
+                return True
+            self.state = text
+            log.error("trainer: %s ended itself hung (its log has every thread's stack)", "; ".join(named))
+            with contextlib.suppress(TransportError):
+                self.link.send(make("heartbeat", self.figures()))
         return True
 
     def _hung_follower(self, text: str) -> None:

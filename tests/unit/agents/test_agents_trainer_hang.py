@@ -10,6 +10,7 @@ import datetime
 import multiprocessing as mp
 import os
 import socket
+import threading
 import time
 import types
 from pathlib import Path
@@ -42,12 +43,40 @@ def test_a_hung_ranks_last_word_is_found_by_rank_0_lowest_rank_first() -> None:
     assert hung_ranks(dist.PrefixStore("another-job", server), 4) == []  # keys under the job's own prefix
 
 
+def test_a_hang_named_by_both_the_failed_collective_and_the_watchdog_is_said_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 waiting for a hung rank 1: its collective fails when rank 1 ends itself, and its own watchdog may
+    fire at the same moment; both name rank 1, in one last heartbeat (CI once saw the word twice)."""
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
+    say_hung(server, 1, f"{HUNG} train ran 5 s, past its limit of 4 s", waiting=False)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(trainer, "make", lambda kind, figures: figures)  # the heartbeat: its state alone
+    agent = _shell(server, 0)
+    ready = threading.Barrier(4)
+
+    def name() -> None:
+        ready.wait()
+        agent._name_hung_ranks(own_only=True)
+
+    threads = [threading.Thread(target=name) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    agent._name_hung_ranks()  # the failed collective's, after the watchdog's
+    assert agent.sent == [f"{HUNG} trainer-1 on {socket.gethostname()}: train ran 5 s, past its limit of 4 s"]
+
+
 LIMIT_S = 4.0
 
 
 def _shell(store: dist.Store, rank: int, watchdog: Watchdog | None = None) -> types.SimpleNamespace:
     """The parts of a TrainerAgent its hang handlers use (no controller link: what it would send is kept)."""
-    agent = types.SimpleNamespace(store=store, rank=rank, state="running", sent=[], watchdog=watchdog)
+    agent = types.SimpleNamespace(
+        store=store, rank=rank, state="running", sent=[], watchdog=watchdog, last_word=threading.Lock()
+    )
     agent.figures = lambda: agent.state
     agent.link = types.SimpleNamespace(send=agent.sent.append)
     agent._name_hung_ranks = types.MethodType(TrainerAgent._name_hung_ranks, agent)
@@ -113,7 +142,8 @@ def test_the_rank_that_hung_is_named_not_the_ones_waiting_for_it(who: int) -> No
         port = s.getsockname()[1]
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_hang_rank, args=(r, port, state, who, out)) for r in (0, 1)]
+    # daemons: a rank left running when the test fails ends with pytest (a join at exit would hang it)
+    procs = [ctx.Process(target=_hang_rank, args=(r, port, state, who, out), daemon=True) for r in (0, 1)]
     for p in procs:
         p.start()
     said = out.get(timeout=100)
@@ -161,7 +191,7 @@ def test_a_follower_marks_its_work_as_busy_phases(tmp_path: Path) -> None:
     state = {k: v.clone() for k, v in TinyGPT(SMALL).state_dict().items()}
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, f"file://{tmp_path / 'rdv'}", state, out)) for r in (0, 1)]
+    procs = [ctx.Process(target=_rank, args=(r, f"file://{tmp_path / 'rdv'}", state, out), daemon=True) for r in (0, 1)]
     for p in procs:
         p.start()
     phases = out.get(timeout=100)
