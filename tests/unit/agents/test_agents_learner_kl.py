@@ -102,10 +102,10 @@ def test_two_ranks_report_the_whole_iteration(tmp_path: Path) -> None:
         StreamingLearner(model, GrpoAlgorithm(kind="grpo", lr=1e-2), group_size=4, micro_batch_samples=4),
         [Sample(s.prompt_id, s.prompt_tokens, s.output_tokens, s.logprobs, s.reward) for s in samples],
     )
-    ctx = mp.get_context("fork")  # the children only run gloo and this file: no re-import of torch
+    ctx = mp.get_context("spawn")  # not fork: a fork of a threaded pytest worker can deadlock in the child
     out = ctx.Queue()
     init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=_rank, args=(r, init, state, samples, out)) for r in (0, 1)]
+    procs = [ctx.Process(target=_rank, args=(r, init, state, samples, out), daemon=True) for r in (0, 1)]
     for p in procs:
         p.start()
     stats = out.get(timeout=100)

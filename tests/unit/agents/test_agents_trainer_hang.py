@@ -140,7 +140,7 @@ def test_the_rank_that_hung_is_named_not_the_ones_waiting_for_it(who: int) -> No
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # not fork: a fork of a threaded pytest worker can deadlock in the child
     out = ctx.Queue()
     # daemons: a rank left running when the test fails ends with pytest (a join at exit would hang it)
     procs = [ctx.Process(target=_hang_rank, args=(r, port, state, who, out), daemon=True) for r in (0, 1)]
@@ -189,7 +189,7 @@ def _rank(rank: int, init: str, state: dict[str, torch.Tensor], out: mp.Queue) -
 def test_a_follower_marks_its_work_as_busy_phases(tmp_path: Path) -> None:
     torch.manual_seed(0)
     state = {k: v.clone() for k, v in TinyGPT(SMALL).state_dict().items()}
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # not fork: a fork of a threaded pytest worker can deadlock in the child
     out = ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(r, f"file://{tmp_path / 'rdv'}", state, out), daemon=True) for r in (0, 1)]
     for p in procs:

@@ -153,10 +153,10 @@ def test_two_ranks_with_uneven_tokens_take_the_whole_batch_token_mean(tmp_path: 
     alone = GrpoLearner(model, GrpoAlgorithm(kind="grpo", grad_clip=1e9), micro_batch_samples=2)
     alone.opt.step = lambda *a, **k: None  # type: ignore[method-assign]
     alone.step(samples)
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # not fork: a fork of a threaded pytest worker can deadlock in the child
     out = ctx.Queue()
     init = f"file://{tmp_path / 'rendezvous'}"
-    procs = [ctx.Process(target=_learner_rank, args=(r, init, state, samples, out)) for r in (0, 1)]
+    procs = [ctx.Process(target=_learner_rank, args=(r, init, state, samples, out), daemon=True) for r in (0, 1)]
     for p in procs:
         p.start()
     two = torch.tensor(out.get(timeout=100))
