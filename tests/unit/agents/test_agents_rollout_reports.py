@@ -59,6 +59,13 @@ def _unit(tmp_path, *, before: list[Message] = ()) -> tuple[JobDir, RolloutAgent
     return jd, unit, conn, thread
 
 
+def _next(conn: Connection) -> Message:
+    """The unit's next message but its heartbeats (one a second on the same connection: a slow start sees one)."""
+    while (msg := conn.recv(timeout_s=30)).kind == "heartbeat":
+        pass
+    return msg
+
+
 def test_a_report_s_free_rows_leave_out_the_samples_sent_after_it(tmp_path) -> None:
     jd, _, conn, thread = _unit(tmp_path)
     lengths = [3, 5, 6, 8, 9, 12]  # more than its rows: the later ones wait for rows to free
@@ -105,7 +112,7 @@ def test_a_version_overtaken_before_the_safe_point_is_reported_skipped_with_its_
         return make("weights", {**header, "holder": "tcp://trainer:1"}, list(sd.values()))
 
     _, unit, conn, thread = _unit(tmp_path, before=[weights(2, 20), weights(1, 10), weights(3, 30)])
-    got = [conn.recv(timeout_s=30) for _ in range(3)]
+    got = [_next(conn) for _ in range(3)]
     conn.send(make("stop", {}))
     thread.join(timeout=30)
     assert not thread.is_alive()
@@ -127,7 +134,7 @@ def test_announcements_on_two_weights_connections_are_fetched_by_one_fetcher(tmp
     first, second = (unit.node.transport.connect(unit.listener.address, timeout_s=10) for _ in range(2))
     announce(first, 1, [root.address])
     announce(second, 1, [root.address])
-    applied = conn.recv(timeout_s=30)
+    applied = _next(conn)
     assert (applied.kind, applied.header["version"]) == ("weights_applied", 1)
     time.sleep(0.5)  # (a second fetch would have started by now)
     assert [s.version for s in root.served] == [1], root.served
