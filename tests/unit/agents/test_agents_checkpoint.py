@@ -419,8 +419,8 @@ def test_the_background_writer_writes_one_at_a_time_and_raises_a_writes_error_in
     writer = BackgroundWriter()
     writer.submit(slow)
     assert writer.busy()
-    threading.Timer(0.2, gate.set).start()
-    writer.submit(failing)  # waits for the first write
+    threading.Timer(0.5, gate.set).start()
+    writer.submit(failing)  # waits for the first write (about 0.5 s; 0.1 s is the bound a late start leaves)
     with pytest.raises(OSError, match="disk full"):
         writer.wait()
     assert order == ["first", "second"] and writer.writes == 2 and writer.blocked_s >= 0.1

@@ -74,13 +74,16 @@ def test_poll_and_stop_scripts_match_golden() -> None:
 
 
 @pytest.mark.parametrize("clock", ["EPOCHREALTIME", "SECONDS"])
-def test_stop_gives_a_group_that_ignores_term_its_whole_grace(clock: str) -> None:
+def test_stop_gives_a_group_that_ignores_term_its_whole_grace(clock: str, tmp_path: Path) -> None:
     """The grace period is a lower bound on both of the script's clocks. bash's SECONDS ticks on the wall clock's
     whole seconds: a script started at x.85 s with a deadline of SECONDS + ⌈1.5⌉ gave up at x + 2, after 1.15 s
     (what the SSH integration test saw as a 1.39 s stop)."""
-    victim = subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 30"], start_new_session=True)
+    ready = tmp_path / "ready"
+    victim = subprocess.Popen(["bash", "-c", f"trap '' TERM; touch {ready}; sleep 30"], start_new_session=True)
     try:
-        time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:  # its trap is set (a slow start: not yet)
+            time.sleep(0.02)
         ticks = Path(f"/proc/{victim.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
         h = AgentHandle(SPEC, {**IDENT, "pid": victim.pid, "pgid": victim.pid, "start_ticks": int(ticks)}, "ssh")
         script = ("unset EPOCHREALTIME\n" if clock == "SECONDS" else "") + backend().stop_script([h], grace_s=1.5)
