@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -112,23 +113,28 @@ def test_a_version_the_holder_moved_past_is_refused_at_once_or_replaced_by_its_n
 
 
 def test_a_relay_still_moving_the_previous_version_keeps_its_children_for_the_next():
-    """Relay `a` is still pulling v2 from the root (paced: ≈ 2 s, the chunk timeout is 1 s) when `b` asks it for
+    """Relay `a` is still pulling v2 from the root (paced: ≈ 5 s, the chunk timeout is 2.5 s) when `b` asks it for
     v3, which `a` was told it will fetch next: `a` answers `waiting` while its chunks move, then forwards v3 as
-    it arrives. v3 crosses from the root once (to `a`); `b` never walks to the root."""
+    it arrives. v3 crosses from the root once (to `a`); `b` never walks to the root.
+
+    `a` answers every 0.8 × chunk timeout: 2.5 s leaves a thread on a loaded machine 0.5 s to be late (1 s left
+    0.2 s), and the ≈ 5 s of v2 still to move when `b` asks make `a` answer `waiting` twice."""
     t = InprocTransport(secret=b"job")
-    cfg = WeightSyncConfig(chunk_bytes=64 << 10, bucket_bytes=256 << 10, delta=False, chunk_timeout_s=1.0)
+    cfg = WeightSyncConfig(chunk_bytes=64 << 10, bucket_bytes=256 << 10, delta=False, chunk_timeout_s=2.5)
     sd = {v: synthetic_weights(1 << 19, version=v, seed=3, change_frac=0.01) for v in (1, 2, 3)}
     size = sum(x.numel() * x.element_size() for x in sd[1].values())
-    root = WeightNode(t, "inproc://", WeightSyncConfig(**{**cfg.__dict__, "send_bytes_per_s": size / 2.0}))
-    a, b = WeightNode(t, "inproc://", cfg), WeightNode(t, "inproc://", cfg)
+    root, a, b = (WeightNode(t, "inproc://", cfg) for _ in range(3))
     try:
         root.publish(1, sd[1])
         a.fetch(1, [root.address])
         b.fetch(1, [a.address, root.address])
+        root.cfg = replace(cfg, send_bytes_per_s=size / 6.0)  # slow from v2 on: 8 chunks, one per 0.75 s
         root.publish(2, sd[2])
+        moved = a.store.progress
         relay = threading.Thread(target=lambda: (a.fetch(2, [root.address]), a.fetch(3, [root.address])))
         relay.start()
-        time.sleep(0.3)  # a is moving v2
+        with a.store.cv:  # a is moving v2: its first chunk is in
+            assert a.store.cv.wait_for(lambda: a.store.progress > moved, timeout=10)
         root.publish(3, sd[3])
         a.expect(3)  # the announcement of v3 reached a (its fetcher takes it once v2 is in)
         t0 = time.monotonic()
