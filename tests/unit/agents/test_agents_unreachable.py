@@ -145,8 +145,13 @@ class Fake:
             return
 
     def requests(self) -> list[str]:
-        """Sample ids of every `generate` it got until none came for a second."""
-        ids = []
+        """Sample ids of every `generate` it got until none came for a second. The first may take a while: a loaded
+        machine can start the controller's thread, or hand its work back, well over a second late."""
+        try:
+            msg = self.next("generate", timeout_s=10)
+        except queue.Empty:
+            raise AssertionError(f"{self.name} got no generate within 10 s") from None
+        ids = [r["sample_id"] for r in msg.header["requests"]]
         while True:
             try:
                 msg = self.next("generate", timeout_s=1.0)
