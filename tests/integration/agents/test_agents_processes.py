@@ -102,11 +102,17 @@ def test_killed_rollout_agent_prompts_are_requeued(tiny_job, tmp_path):
     try:
         run.start()
         victim = next(h for h in run.handles if h.spec.name == "rollout-1")
+        # frozen once it joined: what it is sent then stays in flight (a tiny model's unit, killed when a status
+        # said it held 4, had finished and sent them by then, once in CI: nothing was requeued)
+        frozen = False
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             st = run.status()
             agent = next((a for a in (st or {}).get("agents", []) if a["name"] == "rollout-1"), None)
-            if agent is not None and agent["inflight"] >= 4:
+            if agent is not None and not frozen:
+                os.killpg(victim.ident["pgid"], signal.SIGSTOP)
+                frozen = True
+            elif agent is not None and agent["inflight"] >= 1:
                 os.killpg(victim.ident["pgid"], signal.SIGKILL)
                 break
             time.sleep(0.05)
