@@ -217,12 +217,13 @@ def test_pending_job_is_cancelled(services: dict[str, str], tmp_path: Path) -> N
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("submitter", ["submitit", "sbatch-ssh"])
 def test_time_limit_signal_stops_agents_gracefully(services: dict[str, str], tmp_path: Path, submitter: str) -> None:
-    """--time=1 with grace 55 s: SLURM's TERM comes early in the run (it may come up to 60 s early,
-    by SLURM's own resolution); every rank must get it and exit cleanly before the limit."""
+    """--time=2 with grace 55 s: SLURM's TERM comes 5–65 s into the run (it may come up to 60 s early, by SLURM's
+    own resolution); every rank must get it and exit cleanly before the limit. (At --time=1 it could come as the
+    job started, before the agent had its handler: exit 143, once in CI.)"""
     marker = f"rlctl-it-{uuid.uuid4().hex}"
     out = tmp_path / "out"
     b = make_backend(services, tmp_path, submitter, SlurmResources(nodes=2), grace_s=55)
-    b.sched = b.sched.model_copy(update={"time_limit_min": 1})
+    b.sched = b.sched.model_copy(update={"time_limit_min": 2})
     h = b.start(spec(out, "run", marker))
     try:
         wait_for("the job to end by itself", lambda: b.poll(h) is not None, 150)
