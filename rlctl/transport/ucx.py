@@ -339,6 +339,44 @@ class UcxListener(Listener):
         self._listener.close()
 
 
+# ucxx 0.52.0's ApplicationContext.create_endpoint, but for one change: an endpoint whose peer-info exchange fails is
+# closed. ucxx drops it unclosed, and its stream receive still posted keeps it and its socket for the life of the
+# process: a peer that accepts TCP and never answers cost descriptors per connect that timed out (20 connects, after
+# gc: 21 -> 41 fds to a port that speaks no UCX, 22 -> 62 to a UCX listener whose loop never runs its handler), so an
+# agent retrying it for days ran out. The parts it takes are ucxx's private API; a ucxx that moved them connects
+# through its own create_endpoint (each failed connect then leaks again: tests/unit/transport/test_transport_ucx.py).
+async def _create_endpoint(host: str, port: int, timeout_s: float) -> Any:
+    """A ucxx Endpoint to host:port after ucxx's peer-info exchange (its tags), as ucxx.create_endpoint makes it."""
+    ucxx = _ucxx()
+    try:
+        from ucxx._lib.libucxx import UCXEndpoint
+        from ucxx._lib_async.endpoint import Endpoint
+        from ucxx._lib_async.exchange_peer_info import exchange_peer_info
+        from ucxx._lib_async.utils import hash64bits
+        from ucxx.exceptions import UCXMessageTruncatedError
+
+        ctx = ucxx.core._get_ctx()
+    except (ImportError, AttributeError) as e:
+        log.debug("ucx: connecting through ucxx.create_endpoint (ucxx %s: %s)", ucxx.__version__, e)
+        return await ucxx.create_endpoint(host, port, connect_timeout=timeout_s)
+    ctx.continuous_ucx_progress()
+    ucx_ep = UCXEndpoint.create(ctx.worker, host, port, True)  # True: endpoint errors raise, not end the process
+    if not ctx.progress_mode.startswith("thread"):
+        ctx.worker.progress()
+    msg_tag = hash64bits("msg_tag", os.urandom(16), ucx_ep.handle)  # this side's receive tag, told to the peer
+    try:
+        try:
+            peer = await exchange_peer_info(endpoint=ucx_ep, msg_tag=msg_tag, listener=False, connect_timeout=timeout_s)
+        except UCXMessageTruncatedError:
+            ucx_ep.raise_on_error()  # the peer closed during the exchange: its endpoint error, when there is one
+            raise
+    except BaseException:
+        ucx_ep.close_blocking(period=10**10, max_attempts=1)  # as Endpoint.abort: at most 10 s
+        ucx_ep.remove_close_callback()
+        raise
+    return Endpoint(endpoint=ucx_ep, ctx=ctx, tags={"msg_send": peer["msg_tag"], "msg_recv": msg_tag})
+
+
 class UcxTransport(Transport):
     scheme = "ucx"
 
@@ -364,7 +402,7 @@ class UcxTransport(Transport):
             def left() -> float:
                 return max(0.0, deadline - time.monotonic())
 
-            ep = await _ucxx().create_endpoint(host, port, connect_timeout=timeout_s)
+            ep = await _create_endpoint(host, port, timeout_s)
             try:
                 hs = auth.ClientHandshake(self._secret, address)
                 hello = await _recv_bytes(ep, hs.HELLO_BYTES, left())

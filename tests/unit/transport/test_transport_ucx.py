@@ -1,14 +1,16 @@
 """How a ucx connection ends, over loopback (UCX_TLS=tcp): a reader woken by its own side's close, a peer that
 closes in order (PeerClosed after everything it sent, as over TCP), a send the peer never takes and a frame that
 does not arrive in time (PeerTimeout at the stall timeout); a forged header refused before anything is allocated for
-it; a close that ends a posted receive without cancelling it; a connect bounded by one deadline. Skipped when the
-optional ucxx is not installed."""
+it; a close that ends a posted receive without cancelling it; a connect bounded by one deadline; connects that time out
+leave no descriptor behind. Skipped when the optional ucxx is not installed."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -252,3 +254,27 @@ def test_connect_has_one_deadline_however_slowly_the_peer_answers_its_handshake(
     finally:
         handled.wait(timeout=10)  # its handler done before the listener goes (else ucxx warns of one still alive)
         slow.close()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_connects_to_a_peer_that_never_answers_leave_no_descriptor_behind(transport: Any) -> None:
+    """A port that accepts TCP and never speaks UCX (the kernel completes the connection; nobody reads it): each
+    connect times out in ucxx's peer-info exchange, whose endpoint is closed then, its socket with it. ucxx dropped it
+    unclosed: one descriptor per failed connect, for the life of the process (an agent retrying such a peer for days
+    ran out)."""
+    silent = socket.create_server(("127.0.0.1", 0), backlog=64)  # never accepts: no descriptor here per connect
+    address = f"ucx://127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        with pytest.raises(PeerTimeout):  # the first connect may open what UCX keeps for the process
+            transport.connect(address, timeout_s=0.3)
+        before = _open_fds()
+        for _ in range(10):
+            with pytest.raises(PeerTimeout, match="connect timed out"):
+                transport.connect(address, timeout_s=0.3)
+        gc.collect()
+        assert _open_fds() <= before + 2, (before, _open_fds())
+    finally:
+        silent.close()
