@@ -339,12 +339,14 @@ class UcxListener(Listener):
         self._listener.close()
 
 
-# ucxx 0.52.0's ApplicationContext.create_endpoint, but for one change: an endpoint whose peer-info exchange fails is
+# ucxx 0.52.0's ApplicationContext.create_endpoint, but for two changes. The exchange ends with the endpoint's error
+# (`_unless_endpoint_fails`): a connect to a closed port waited out its timeout. An endpoint whose exchange fails is
 # closed. ucxx drops it unclosed, and its stream receive still posted keeps it and its socket for the life of the
 # process: a peer that accepts TCP and never answers cost descriptors per connect that timed out (20 connects, after
 # gc: 21 -> 41 fds to a port that speaks no UCX, 22 -> 62 to a UCX listener whose loop never runs its handler), so an
 # agent retrying it for days ran out. The parts it takes are ucxx's private API; a ucxx that moved them connects
-# through its own create_endpoint (each failed connect then leaks again: tests/unit/transport/test_transport_ucx.py).
+# through its own create_endpoint (each failed connect then leaks again, and a refused one waits out its timeout:
+# tests/unit/transport/test_transport_ucx.py).
 async def _create_endpoint(host: str, port: int, timeout_s: float) -> Any:
     """A ucxx Endpoint to host:port after ucxx's peer-info exchange (its tags), as ucxx.create_endpoint makes it."""
     ucxx = _ucxx()
@@ -366,7 +368,8 @@ async def _create_endpoint(host: str, port: int, timeout_s: float) -> Any:
     msg_tag = hash64bits("msg_tag", os.urandom(16), ucx_ep.handle)  # this side's receive tag, told to the peer
     try:
         try:
-            peer = await exchange_peer_info(endpoint=ucx_ep, msg_tag=msg_tag, listener=False, connect_timeout=timeout_s)
+            exchange = exchange_peer_info(endpoint=ucx_ep, msg_tag=msg_tag, listener=False, connect_timeout=timeout_s)
+            peer = await _unless_endpoint_fails(ucx_ep, exchange)
         except UCXMessageTruncatedError:
             ucx_ep.raise_on_error()  # the peer closed during the exchange: its endpoint error, when there is one
             raise
@@ -375,6 +378,26 @@ async def _create_endpoint(host: str, port: int, timeout_s: float) -> Any:
         ucx_ep.remove_close_callback()
         raise
     return Endpoint(endpoint=ucx_ep, ctx=ctx, tags={"msg_send": peer["msg_tag"], "msg_recv": msg_tag})
+
+
+_EP_ERROR_POLL_S = 0.025  # how often a connect's peer-info exchange looks for its endpoint's error
+
+
+async def _unless_endpoint_fails(ucx_ep: Any, exchange: Coroutine[Any, Any, T]) -> T:
+    """`exchange` (ucxx's peer-info exchange), ended with the endpoint's error as soon as UCX reports one. Its stream
+    receive is not ended by that error, most times (a refused connect: UCX reports it within ms, and the receive stays
+    in progress, even after the endpoint is closed), so a connect to a closed port waited out its whole timeout. It is
+    ended as its own timeout ends it, by cancelling the wait (the endpoint has failed: nothing can arrive into it)."""
+    task = asyncio.ensure_future(exchange)
+    try:
+        while not (await asyncio.wait({task}, timeout=_EP_ERROR_POLL_S))[0]:
+            ucx_ep.raise_on_error()
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+            _settled(task)
 
 
 class UcxTransport(Transport):
