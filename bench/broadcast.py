@@ -16,7 +16,9 @@ every host NIC shaped to 2 Gbit/s both ways, the inter-DC link to 500 Mbit/s. We
 - job:        a running job's own agents (controller + trainer on root, one rollout unit on each of
               b1-b3; bench.broadcast_job): each version's ~50 MiB of fp32 weights along the job's
               broadcast plan, copies counted from the job's events and the same tc counters
-              (`job_delta`: the same job with `weight_sync: delta`).
+              (`job_delta`: the same job with `weight_sync: delta`; `job_two_per_host`: two units on each of
+              b1-b3, where each host should take in one copy per version, counted from the events' sources
+              and from each host's received bytes).
 
 The yardsticks are measured in the same run: TCP goodput of the inter-DC link and of a host link
 (plain socket, one stream, best of two probes), and the tc byte overhead per payload byte (headers, ACKs), which turns
@@ -178,6 +180,7 @@ def run(*, quick: bool) -> dict[str, Any]:
         gloo = _run_gloo(lab, nbytes)
         yardstick = {"inter_goodput": inter_goodput, "wire_per_payload": wire_per_payload}
         jobs = {sync: run_job(lab, sync=sync, iterations=4 if quick else 8, **yardstick) for sync in ("full", "delta")}
+        jobs["two_per_host"] = run_job(lab, sync="full", iterations=3 if quick else 6, units_per_host=2, **yardstick)
     result: dict[str, Any] = {
         "bytes": nbytes,
         "chunk_bytes": CHUNK_BYTES,
@@ -201,7 +204,7 @@ def run(*, quick: bool) -> dict[str, Any]:
     c = result["intra_dc_chain"] = agents["intra_dc_chain"]
     c["chain_bound_s"] = (nbytes + (2 - 1) * CHUNK_BYTES) / host_goodput
     c["ratio_to_chain_bound"] = c["chain_bound_s"] / c["seconds"]
-    result["job"], result["job_delta"] = jobs["full"], jobs["delta"]
+    result["job"], result["job_delta"], result["job_two_per_host"] = jobs["full"], jobs["delta"], jobs["two_per_host"]
     result["slow_unit"] = _slow_unit(agents)
     return result
 
@@ -250,6 +253,13 @@ def summary(result: dict[str, Any]) -> str:
             f"{j['copies_per_version_from_events']:.2f}/version, {j['relayed_pulls']} relayed pulls), "
             f"fraction_of_inter_dc_link {j['fraction_of_inter_dc_link']:.3f} ({', '.join(j['transfer_time'])})"
         )
+    j = result["job_two_per_host"]
+    copies = ", ".join(f"{h} {c:.2f}" for h, c in (j["host_received_copies"] or {}).items())
+    lines.append(
+        f"  job, 2 units per host: {j['versions']} versions in {j['seconds']:.1f} s, copies into each host per "
+        f"version: {copies} (received bytes), at most {j['most_copies_into_a_host']} (events); inter_dc_copies "
+        f"{j['inter_dc_copies']:.3f}"
+    )
     su = result["slow_unit"]
     for chains in (1, 2):
         c = su[f"chains_{chains}"]

@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import IO, Any
 
@@ -56,8 +57,9 @@ ROLLOUT_HOSTS = ["b1", "b2", "b3"]
 JOB_TIMEOUT_S = 240.0
 
 
-def _write_job(workdir: Path, lab: NetLab, *, sync: str, iterations: int) -> Path:
-    """The inventory (two sites, one per datacenter) and the job file; returns the job file."""
+def _write_job(workdir: Path, lab: NetLab, *, sync: str, iterations: int, units_per_host: int) -> Path:
+    """The inventory (two sites, one per datacenter; `units_per_host` one-GPU units on each rollout host) and the
+    job file; returns the job file."""
     sites = {
         "dc-a": {
             "datacenter": "dc-a",
@@ -70,7 +72,7 @@ def _write_job(workdir: Path, lab: NetLab, *, sync: str, iterations: int) -> Pat
             "datacenter": "dc-b",
             "scheduler": {"kind": "local"},
             "gpu": "CPU",
-            "nodes": [{"host": h, "gpus": 1} for h in ROLLOUT_HOSTS],
+            "nodes": [{"host": h, "gpus": units_per_host} for h in ROLLOUT_HOSTS],
             # per agent, RLCTL_LISTEN_HOST overrides this with its own host's address
             "network": {"bandwidth_gbps": 2, "listen_host": lab.ip(ROLLOUT_HOSTS[0])},
         },
@@ -84,7 +86,7 @@ def _write_job(workdir: Path, lab: NetLab, *, sync: str, iterations: int) -> Pat
     job = {
         "apiVersion": "rlctl/v1",
         "kind": "Job",
-        "name": f"bench-broadcast-{sync}",
+        "name": f"bench-broadcast-{sync}-{units_per_host}",
         "inventory": ["sites.yaml"],
         "model": {"kind": "builtin", "name": "tiny-demo"},  # its weights: the wider TinyGPT written below
         "task": {"kind": "digits", "median_output_tokens": 8, "max_output_tokens": 32},
@@ -93,7 +95,7 @@ def _write_job(workdir: Path, lab: NetLab, *, sync: str, iterations: int) -> Pat
         "pipeline": {"mode": "async"},
         "placement": {
             "trainer": {"site": "dc-a", "gpus": 1},
-            "rollout": [{"site": "dc-b", "gpus": len(ROLLOUT_HOSTS)}],
+            "rollout": [{"site": "dc-b", "gpus": len(ROLLOUT_HOSTS) * units_per_host}],
         },
         "transport": {"timeout_s": 60},
         "weight_sync": {"mode": sync},
@@ -128,8 +130,11 @@ def _prepare(job_file: Path, job_dir: Path) -> tuple[Any, Any, dict[str, Any], i
     return jd, spec, plan, sum(4 * t.numel() for t in model.state_dict().values())
 
 
-def _start_agents(lab: NetLab, jd: Any, spec: Any, plan: dict[str, Any], logs: list[IO[bytes]]) -> dict[str, Any]:
-    """Every agent of the job inside its host's namespace, controller first (the others read its address)."""
+def _start_agents(
+    lab: NetLab, jd: Any, spec: Any, plan: dict[str, Any], logs: list[IO[bytes]], hosts: dict[str, str]
+) -> dict[str, Any]:
+    """Every agent of the job inside its host's namespace, controller first (the others read its address);
+    `hosts` gets each agent's host."""
     from rlctl.launch.agentenv import ENV_LISTEN_HOST
     from rlctl.launch.backends import read_sites
     from rlctl.launch.spawn import agent_spec
@@ -146,6 +151,7 @@ def _start_agents(lab: NetLab, jd: Any, spec: Any, plan: dict[str, Any], logs: l
         logs.append(log_path.open("ab"))
         env = {**os.environ, **s.env, ENV_LISTEN_HOST: lab.ip(host)}
         procs[s.name] = lab.spawn(host, s.argv, env=env, stdout=logs[-1], stderr=subprocess.STDOUT)
+        hosts[s.name] = host
         if a.role == "controller":
             deadline = time.monotonic() + 120
             while not jd.controller_json.exists():
@@ -160,10 +166,11 @@ def _events(job_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
 
-def per_version(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def per_version(events: list[dict[str, Any]], hosts: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Per version the units fetched (applied, or skipped for a newer one): the pulls from a trainer rank (what
     crossed), pulls from relays, and the trainer pull's transfer time (`fetch_s` if the event has it, else
-    trained → applied)."""
+    trained → applied); with `hosts` (agent → host), each host's pulls from another host (`into_host`: the
+    copies that entered it)."""
     trained = {int(e["version"]): float(e["t"]) for e in events if e["event"] == "trained"}
     applied = [e for e in events if e["event"] in ("weights_applied", "weights_skipped")]
     out = []
@@ -177,6 +184,9 @@ def per_version(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "encodings": sorted({str(e.get("encoding")) for e in pulls}),
             "bytes_from_trainer": sum(int(e.get("bytes") or 0) for e in direct),
         }
+        if hosts is not None:
+            into = Counter(hosts[e["agent"]] for e in pulls if hosts.get(str(e.get("source"))) != hosts[e["agent"]])
+            row["into_host"] = {h: into[h] for h in sorted({hosts[e["agent"]] for e in pulls})}
         if len(direct) == 1:
             e = direct[0]
             if isinstance(e.get("fetch_s"), int | float):
@@ -188,18 +198,28 @@ def per_version(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_job(
-    lab: NetLab, *, sync: str, iterations: int, inter_goodput: float, wire_per_payload: float
+    lab: NetLab,
+    *,
+    sync: str,
+    iterations: int,
+    inter_goodput: float,
+    wire_per_payload: float,
+    units_per_host: int = 1,
 ) -> dict[str, Any]:
-    """One job through `lab`; its figures in the shape of the other methods' rows."""
+    """One job through `lab`; its figures in the shape of the other methods' rows. `units_per_host` > 1: the
+    copies into each rollout host too, from the events (pulls from another host) and from the host's received
+    bytes, which should be one version's per version whatever the host's unit count (`weights/plan.py`)."""
     workdir = Path(tempfile.mkdtemp(prefix=f"rlctl-bench-job-{sync}-"))
     logs: list[IO[bytes]] = []
     ok = False
     try:
-        job_file = _write_job(workdir, lab, sync=sync, iterations=iterations)
+        job_file = _write_job(workdir, lab, sync=sync, iterations=iterations, units_per_host=units_per_host)
         jd, spec, plan, full_bytes = _prepare(job_file, workdir / "run")
         before = lab.inter_dc_bytes()
+        received = {h: lab.received_bytes(h) for h in ROLLOUT_HOSTS}
         t0 = time.perf_counter()
-        procs = _start_agents(lab, jd, spec, plan, logs)
+        hosts: dict[str, str] = {}
+        procs = _start_agents(lab, jd, spec, plan, logs, hosts)
         controller = procs["controller-0"]
         try:
             code = controller.wait(timeout=JOB_TIMEOUT_S)
@@ -212,10 +232,11 @@ def run_job(
             except subprocess.TimeoutExpired:
                 p.terminate()
         crossed = lab.inter_dc_bytes() - before
+        received = {h: lab.received_bytes(h) - n for h, n in received.items()}
         if code != 0 or not jd.summary_json.exists():
             raise RlctlError(f"the controller exited with {code}; see {jd.path}/logs/controller-0.log")
         summary = jd.read_json(jd.summary_json)
-        rows = per_version(_events(jd.path))
+        rows = per_version(_events(jd.path), hosts)
         ok = True
     finally:
         for f in logs:
@@ -228,6 +249,8 @@ def run_job(
     fractions = [full_bytes / (r["transfer_s"] * inter_goodput) for r in timed]
     wire = [r["bytes_from_trainer"] / (r["transfer_s"] * inter_goodput) for r in timed]
     units = {u for r in rows for u in r["from_trainer"] + r["from_relays"]}
+    n_units = len(ROLLOUT_HOSTS) * units_per_host
+    every_version = sum(r["bytes_from_trainer"] / len(r["from_trainer"]) for r in rows if r["from_trainer"])
     last = {u: max(r["version"] for r in rows if u in r["from_trainer"] + r["from_relays"]) for u in units}
     return {
         "sync": sync,
@@ -245,8 +268,15 @@ def run_job(
         "fraction_min_max": [min(fractions), max(fractions)] if fractions else None,
         "wire_fraction_of_inter_dc_link": sum(wire) / len(wire) if wire else None,  # bytes sent / time
         "transfer_time": sorted({r["transfer_time"] for r in timed}),
-        "units_on_last_version": sorted(last) == [f"rollout-{i}" for i in range(len(ROLLOUT_HOSTS))]
+        "units_on_last_version": sorted(last) == sorted(f"rollout-{i}" for i in range(n_units))
         and set(last.values()) == {iterations},
+        "units_per_host": units_per_host,
+        # per version, the most copies that entered one rollout host (events), and each host's received bytes
+        # over one wire copy of every version pulled (the job's samples and control messages ride along)
+        "most_copies_into_a_host": max((max(r["into_host"].values()) for r in rows), default=None),
+        "host_received_copies": {h: n / (every_version * wire_per_payload) for h, n in received.items()}
+        if every_version
+        else None,
         "weightbook_inter_dc": summary.get("weights", {}).get("inter_dc_total"),
         "per_version": rows,
     }

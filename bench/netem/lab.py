@@ -214,6 +214,13 @@ class NetLab:
         for ns, dev in ((h.netns, "eth0"), (f"{self.prefix}d{d}", f"h{x}")):
             self._tbf(ns, dev, rate_mbit, self.spec.host_burst_bytes, op="replace")
 
+    def received_bytes(self, host: str) -> int:
+        """Bytes sent so far into `host` (its switch port's egress queue: what the host received)."""
+        h = self.hosts[host]
+        d, x = h.netns.removeprefix(f"{self.prefix}h").split("x")
+        out = _run(["ip", "netns", "exec", f"{self.prefix}d{d}", "tc", "-s", "-j", "qdisc", "show", "dev", f"h{x}"])
+        return sum(int(q.get("bytes", 0)) for q in json.loads(out.stdout) if q.get("kind") == "tbf")
+
     def inter_dc_bytes(self) -> int:
         """Bytes sent so far from all datacenters into the WAN (sum over uplink egress queues)."""
         total = 0

@@ -61,3 +61,20 @@ def test_the_slow_unit_case_compares_the_others_slowest_receiver_slowed_and_not(
     assert (got["chains_1"]["others_s"], got["chains_1"]["others_s_b2_slow"]) == (1.2, 3.6)
     assert got["chains_1"]["others_ratio"] == 3.0 and got["chains_2"]["others_ratio"] == round(1.25 / 1.2, 3)
     assert got["chains_2"]["b2_s_slow"] == 3.3 and got["chains_2"]["plan"] == {"b3": "b1"}
+
+
+def test_copies_into_a_host_count_the_pulls_from_another_host():
+    hosts = {"trainer-0": "root", "rollout-0": "b1", "rollout-1": "b1", "rollout-2": "b2", "rollout-3": "b2"}
+    events = [
+        applied("rollout-0", 1, "trainer-0", 11.0, bytes=100),
+        applied("rollout-1", 1, "rollout-0", 11.1, bytes=100),  # the same host: no copy into it
+        applied("rollout-2", 1, "rollout-0", 11.2, bytes=100),
+        applied("rollout-3", 1, "rollout-2", 11.3, bytes=100),
+        applied("rollout-0", 2, "trainer-0", 12.0, bytes=100),
+        applied("rollout-1", 2, "rollout-0", 12.1, bytes=100),
+        applied("rollout-2", 2, "rollout-1", 12.2, bytes=100),
+        applied("rollout-3", 2, "rollout-0", 12.3, bytes=100),  # a host-blind plan: b2 took in two copies
+    ]
+    rows = per_version(events, hosts)
+    assert [r["into_host"] for r in rows] == [{"b1": 1, "b2": 1}, {"b1": 1, "b2": 2}]
+    assert "into_host" not in per_version(events)[0]
