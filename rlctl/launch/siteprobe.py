@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from rlctl.launch.base import site_setup
 from rlctl.launch.remote import Runner
 
 MARK = "RLCTL_PROBE "
+PROBE_WORKERS = 16  # hosts of one site asked at once: a few dead ones cost one deadline, not one each
 SETUP_BEGIN, SETUP_DONE = "RLCTL_SETUP_BEGIN", "RLCTL_SETUP_DONE"  # around the site's setup lines
 # run by the site's python: every answer is a field, every failure to import a field too (never an exception)
 PROBE = r"""
@@ -99,16 +101,16 @@ def probe_site_hosts(
     """Ask every host of `site` (a SLURM site: one node of its partition; `first`: an SSH site's first host only)
     with the site's python and setup: `script` run with `args` (default: the probe of what the host has, on the
     site's work root; on a site without one, `here`: where the operator's job dir will be, default this
-    directory)."""
+    directory). The hosts are asked at once (up to PROBE_WORKERS), each on its own connection and with its own
+    `timeout_s`; the reports come in the hosts' order."""
     kind = kind_of(site)
     python = python_for(site)
     root = kind.work_root(site) or here or os.getcwd()
     argv = " ".join(shlex.quote(a) for a in (args if args is not None else [root]))
     command = "\n".join([*_strict_setup(site.setup), f"{shlex.quote(python)} -c {shlex.quote(script)} {argv}"])
-    return [
-        _ask(name, label, kind.site_runner(site, host), wrapped, timeout_s)
-        for label, host, wrapped in kind.probe_commands(site, command, first=first)
-    ]
+    asks = kind.probe_commands(site, command, first=first)
+    with ThreadPoolExecutor(max_workers=max(1, min(PROBE_WORKERS, len(asks)))) as pool:
+        return list(pool.map(lambda a: _ask(name, a[0], kind.site_runner(site, a[1]), a[2], timeout_s), asks))
 
 
 def _strict_setup(lines: list[str]) -> list[str]:

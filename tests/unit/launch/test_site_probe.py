@@ -355,3 +355,46 @@ def test_a_host_that_cannot_be_asked_keeps_the_hint_of_what_to_do(monkeypatch: p
 
     monkeypatch.setattr(SshBackend, "reach", classmethod(reach))
     assert probe_site("gen", site()).detail.endswith("(hint: add its key: ssh-keyscan -p 22 h1 >> /k)")
+
+
+def test_a_sites_hosts_are_asked_at_once_in_a_bounded_pool_and_answer_in_host_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`check --reach` asked an SSH site's hosts one after another, each up to its deadline: a 32-host site with a
+    few dead hosts took minutes. The first PROBE_WORKERS hosts must be in their probes together (a barrier none of
+    them passes alone), no more than that at once, and the reports in the hosts' order."""
+    import threading
+
+    from rlctl.launch.remote import CommandResult
+    from rlctl.launch.ssh import SshBackend
+
+    num_hosts = siteprobe.PROBE_WORKERS + 4
+    together = threading.Barrier(siteprobe.PROBE_WORKERS, timeout=10)
+    answer = siteprobe.MARK + '{{"workdir": "/w/{host}"}}'
+    lock, running, peak, finished = threading.Lock(), [0], [0], []
+
+    class Probe:
+        def __init__(self, host: str) -> None:
+            self.where = host
+
+        def run(self, command: str, *, timeout_s: float) -> CommandResult:
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            index = int(self.where.removeprefix("h"))
+            if index <= siteprobe.PROBE_WORKERS:
+                together.wait()  # asked one by one: BrokenBarrierError out of probe_site_hosts
+            with lock:
+                running[0] -= 1
+                finished.append(self.where)
+            return CommandResult(0, answer.format(host=self.where), "")
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(SshBackend, "site_runner", classmethod(lambda cls, s, h=None: Probe(h or "h1")))
+    many = site(gpu="CPU", nodes=[{"host": f"h[1-{num_hosts}]", "gpus": 1}])
+    reports = probe_site_hosts("big", many, timeout_s=5)
+    hosts = [f"h{i}" for i in range(1, num_hosts + 1)]
+    assert [r.host for r in reports] == hosts and [r.facts["workdir"] for r in reports] == [f"/w/{h}" for h in hosts]
+    assert peak[0] == siteprobe.PROBE_WORKERS and sorted(finished) == sorted(hosts)
