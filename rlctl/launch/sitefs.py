@@ -95,6 +95,10 @@ class HostFiles(ABC):
         """Size, checksum and mode of each of `names` (relative to root) that exists there."""
 
     @abstractmethod
+    def chmod(self, root: str, modes: dict[str, int]) -> None:
+        """Give each of `modes`' names (relative to root) its permission bits, in place."""
+
+    @abstractmethod
     def put(
         self, local: Path, path: str, *, progress: Callable[[int], None] | None = None, resume: bool = False
     ) -> int:
@@ -189,6 +193,13 @@ class LocalFiles(HostFiles):
 
     def states(self, root: str, names: list[str]) -> dict[str, FileState]:
         return {n: file_state(Path(root) / n) for n in names if (Path(root) / n).is_file()}
+
+    def chmod(self, root: str, modes: dict[str, int]) -> None:
+        for n, mode in modes.items():
+            try:
+                os.chmod(Path(root) / n, mode)
+            except OSError as e:
+                raise LaunchError(f"cannot chmod {Path(root) / n}: {e}") from e
 
     def put(
         self, local: Path, path: str, *, progress: Callable[[int], None] | None = None, resume: bool = False
@@ -317,6 +328,10 @@ class SshFiles(HostFiles):
                 sha, name = line.split(" ", 1)
                 out[name] = FileState(sizes[name][0], sha, sizes[name][1])
         return out
+
+    def chmod(self, root: str, modes: dict[str, int]) -> None:
+        lines = [f"cd {sh_path(root)}", *(f"chmod {mode:o} -- {shlex.quote(n)}" for n, mode in modes.items())]
+        self._run("set -e\n" + "\n".join(lines))
 
     def put(
         self, local: Path, path: str, *, progress: Callable[[int], None] | None = None, resume: bool = False

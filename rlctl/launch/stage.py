@@ -148,6 +148,7 @@ def stage_site(
             parents = sorted({str(Path(n).parent) for n in names} - {"."})
             resolved = fs.make_dirs([root, *(f"{root}/{p}" for p in parents)])[0]
             have = fs.states(resolved, names)
+            have |= _fix_modes(fs, resolved, have, want)
         except BaseException:
             fs.close()
             raise
@@ -241,6 +242,22 @@ def _copy(
             v.fs.put(src / n, f"{v.resolved}/{n}", resume=False)
         after.update(v.fs.states(v.resolved, again))
     _verify(site, v.fs.where, v.resolved, {n: want[n] for n in names}, after)
+
+
+def _fix_modes(
+    fs: HostFiles, root: str, have: dict[str, FileState], want: dict[str, FileState]
+) -> dict[str, FileState]:
+    """Give the files the view holds with the wanted bytes but other permission bits the wanted ones, in place;
+    their states now. Copying them again replaced them, and on a multi-host site first removed them
+    (`_clear_stale`): files of the work root's model directory, which other jobs on the host may be reading."""
+    modes = {
+        n: w.mode
+        for n, w in want.items()
+        if (h := have.get(n)) is not None and (h.size, h.sha256) == (w.size, w.sha256) and h.mode != w.mode
+    }
+    if modes:
+        fs.chmod(root, modes)
+    return {n: FileState(have[n].size, have[n].sha256, mode) for n, mode in modes.items()}
 
 
 def _fanned(views: list[_View], want: dict[str, FileState]) -> dict[str, list[str]]:

@@ -167,3 +167,27 @@ def test_without_rlctl_on_the_site_every_host_is_copied_from_here(services, tmp_
     for h in hosts:
         assert sums_on(services, h, entry["roots"][h]) == local_sums(src)
     assert on_link > 2.9 * (MODEL_BYTES + DATA_BYTES)
+
+
+def test_a_cached_model_of_another_mode_keeps_its_files_on_every_host(services, tmp_path):
+    """Another job with the same model, its weights 0600 here: the seed's copy in the work root's model directory
+    (which the first job may be reading) was removed before the fan-out and every host's copied again. Now each
+    host's file keeps its inode and gets the mode; only the job's own files are copied."""
+    s = site(services)
+    src = job_dir(tmp_path)
+    first = stage.stage_site("gen", s, src, job_id="job-1")
+    hosts = services["RLCTL_TEST_NETSITE_HOSTS"].split(",")
+    weights = f"{first['model_cache']['dir']}/model.safetensors"
+
+    def inode_and_mode(host: str) -> tuple[str, str]:
+        res = on_site(services, f"stat -c '%i %a' {weights}", host=host)
+        assert res.returncode == 0, res.stderr
+        inode, mode = res.stdout.split()
+        return inode, mode
+
+    before = {h: inode_and_mode(h) for h in hosts}
+    assert {mode for _, mode in before.values()} == {"644"}
+    os.chmod(src / "model" / "init" / "model.safetensors", 0o600)
+    second = stage.stage_site("gen", s, src, job_id="job-2")
+    assert second["copied"] == {h: 3 for h in hosts}  # job.json, secret, the data: not the model
+    assert {h: inode_and_mode(h) for h in hosts} == {h: (inode, "600") for h, (inode, _) in before.items()}

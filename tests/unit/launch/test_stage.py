@@ -538,3 +538,27 @@ def test_a_launch_stopped_while_it_stages_stops_its_copies(tmp_path: Path, monke
         stage_all(src, {"far": local_site(tmp_path / "w")}, job_id="job-1", say=lambda line: None)
     timer.join()
     assert 0 < len(written) < chunks / 2, len(written)  # stopped, not waited for
+
+
+def test_a_cached_model_file_of_the_same_bytes_and_another_mode_is_chmodded_not_copied_again(tmp_path: Path) -> None:
+    """Another job with the same model, whose weights are 0600 here: its files were copied again over the work
+    root's model directory (and on a multi-host site removed first), which the first job may be reading. Now the
+    mode is set in place: nothing copied, the same inode, the wanted mode; the SSH view's chmod does the same."""
+    site = local_site(tmp_path / "w")
+    first = job_dir(tmp_path / "a")
+    one = stage_all(first, {"far": site}, job_id="job-1")
+    weights = Path(one["far"]["model_cache"]["dir"]) / "model.safetensors"
+    inode = weights.stat().st_ino
+    assert weights.stat().st_mode & 0o777 == 0o644
+    second = job_dir(tmp_path / "b")
+    for f in ("model.safetensors", "config.json"):  # the same model, another job, its weights 0600
+        (second / "model" / "init" / f).write_bytes((first / "model" / "init" / f).read_bytes())
+    os.chmod(second / "model" / "init" / "model.safetensors", 0o600)
+    two = stage_all(second, {"far": site}, job_id="job-2")
+    assert two["far"]["copied"] == {"localhost": 4}  # job.json, plan.json, sites.json, secret: not the model
+    assert weights.stat().st_ino == inode and weights.stat().st_mode & 0o777 == 0o600
+
+    fs = object.__new__(sitefs.SshFiles)
+    fs.runner, fs.where = _ShellRunner(), "test-host"  # type: ignore[assignment]
+    fs.chmod(str(weights.parent), {"model.safetensors": 0o640, "config.json": 0o604})
+    assert weights.stat().st_mode & 0o777 == 0o640 and (weights.parent / "config.json").stat().st_mode & 0o777 == 0o604

@@ -35,6 +35,9 @@ class FakeFiles(HostFiles):
     def states(self, root: str, names: list[str]) -> dict[str, FileState]:
         raise NotImplementedError
 
+    def chmod(self, root: str, modes: dict[str, int]) -> None:
+        raise NotImplementedError
+
     def put(self, local: Path, path: str) -> None:
         raise NotImplementedError
 
