@@ -95,6 +95,10 @@ class HostFiles(ABC):
         """Size, checksum and mode of each of `names` (relative to root) that exists there."""
 
     @abstractmethod
+    def remove(self, root: str, names: list[str]) -> None:
+        """Remove each of `names` (relative to root) that is there."""
+
+    @abstractmethod
     def chmod(self, root: str, modes: dict[str, int]) -> None:
         """Give each of `modes`' names (relative to root) its permission bits, in place."""
 
@@ -193,6 +197,13 @@ class LocalFiles(HostFiles):
 
     def states(self, root: str, names: list[str]) -> dict[str, FileState]:
         return {n: file_state(Path(root) / n) for n in names if (Path(root) / n).is_file()}
+
+    def remove(self, root: str, names: list[str]) -> None:
+        for n in names:
+            try:
+                (Path(root) / n).unlink(missing_ok=True)
+            except OSError as e:
+                raise LaunchError(f"cannot remove {Path(root) / n}: {e}") from e
 
     def chmod(self, root: str, modes: dict[str, int]) -> None:
         for n, mode in modes.items():
@@ -328,6 +339,10 @@ class SshFiles(HostFiles):
                 sha, name = line.split(" ", 1)
                 out[name] = FileState(sizes[name][0], sha, sizes[name][1])
         return out
+
+    def remove(self, root: str, names: list[str]) -> None:
+        if names:
+            self._run(f"cd {sh_path(root)} && rm -f -- {' '.join(shlex.quote(n) for n in names)}")
 
     def chmod(self, root: str, modes: dict[str, int]) -> None:
         lines = [f"cd {sh_path(root)}", *(f"chmod {mode:o} -- {shlex.quote(n)}" for n, mode in modes.items())]

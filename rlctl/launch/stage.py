@@ -7,6 +7,8 @@
            ─▶ compare size + SHA-256 of what is there ─▶ copy what differs (SFTP / local copy)
            ─▶ verify size + SHA-256 (+ secret 0600) again ─▶ staged.json {site: {roots, files}}
 
+A site of several SSH hosts whose inventory does not say they share the work root has each host write a mark in
+its site job dir first: hosts that see another's (an NFS home) are staged once, by the first of them.
 A site of several SSH hosts gets its large files over its link once, to its first host, which serves them to
 the others as they land (`_fan_out`, rlctl.launch.fanout). A site whose job dir is the operator's (local, SLURM
 submitted from here) needs no copy. staged.json
@@ -22,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shlex
 import shutil
 import threading
@@ -126,7 +129,8 @@ def stage_site(
 ) -> dict[str, Any]:
     """Copy the job's files from `src` to every host view of `site`, verify them; the site's staged.json entry.
     A copy cut short by an earlier launch goes on from its bytes; one that then does not verify is copied again
-    from its start (once). `progress` counts the bytes as they go."""
+    from its start (once). Hosts that turn out to share a site job dir (`_marks_seen`) are staged once, by the
+    first of them (`shared_with` in the entry). `progress` counts the bytes as they go."""
     names = files_to_stage(src) if names is None else names
     want = {n: file_state(src / n) for n in names} if want is None else want
     root = site_root(site, job_id, here=src)
@@ -137,32 +141,41 @@ def stage_site(
     own = not is_remote(site) and Path(root).resolve() == src.resolve()  # the operator's own job dir: no copy
     cache = model_cache(root, digest) if model and not own else None
 
-    def prepare(host: str) -> _View:
-        fs = host_files(site, host)
-        try:
-            if cache is not None:  # model/init → the work root's copy of this model, shared by its jobs
-                resolved, cached = fs.make_dirs([root, cache, f"{root}/model"])[:2]
-                if not fs.link(cached, f"{resolved}/{INIT_MODEL}"):
-                    log.info("site %s: %s:%s/%s is a directory of its own: staged into it", name, host, resolved,
-                             INIT_MODEL)  # fmt: skip
-            parents = sorted({str(Path(n).parent) for n in names} - {"."})
-            resolved = fs.make_dirs([root, *(f"{root}/{p}" for p in parents)])[0]
-            have = fs.states(resolved, names)
-            have |= _fix_modes(fs, resolved, have, want)
-        except BaseException:
-            fs.close()
-            raise
+    def prepare(host: str, fs: HostFiles, marks: list[str]) -> _View:
+        if cache is not None:  # model/init → the work root's copy of this model, shared by its jobs
+            resolved, cached = fs.make_dirs([root, cache, f"{root}/model"])[:2]
+            if not fs.link(cached, f"{resolved}/{INIT_MODEL}"):
+                log.info("site %s: %s:%s/%s is a directory of its own: staged into it", name, host, resolved,
+                         INIT_MODEL)  # fmt: skip
+        parents = sorted({str(Path(n).parent) for n in names} - {"."})
+        resolved = fs.make_dirs([root, *(f"{root}/{p}" for p in parents)])[0]
+        fs.remove(resolved, marks)  # the marks `_marks_seen` read, every host's that shares this one's
+        have = fs.states(resolved, names)
+        have |= _fix_modes(fs, resolved, have, want)
         return _View(host, fs, resolved, have, [n for n in names if have.get(n) != want[n]])
 
     hosts = access_hosts(site)
     fanout: dict[str, Any] | None = None
+    shared: dict[str, str] = {}
     if own:
         results = [(host, str(src), 0, 0) for host in hosts]
     else:
         views: list[_View] = []
+        opened: list[_View] = []
         try:
+            token = secrets.token_hex(6)  # this staging's marks: where one host's is seen on another, they share
+            marks = {h: SHARE_MARK.format(token=token, host=h) for h in hosts} if len(hosts) > 1 else {}
             with _pool(min(8, len(hosts)), progress) as pool:
-                futures = [pool.submit(prepare, h) for h in hosts]
+                futures = [pool.submit(_open_view, site, h, root, marks.get(h)) for h in hosts]
+            opened = [f.result() for f in futures if f.exception() is None]
+            for f in futures:
+                if (e := f.exception()) is not None:
+                    raise e
+            seen = _marks_seen(name, opened, marks) if marks else {v.host: [] for v in opened}
+            shared = {v.host: seen[v.host][0] for v in opened if seen[v.host] and seen[v.host][0] != v.host}
+            with _pool(min(8, len(hosts)), progress) as pool:
+                futures = [pool.submit(prepare, v.host, v.fs, [marks[h] for h in seen[v.host]]) for v in opened
+                           if v.host not in shared]  # fmt: skip
             views = [f.result() for f in futures if f.exception() is None]
             for f in futures:
                 if (e := f.exception()) is not None:
@@ -176,9 +189,11 @@ def stage_site(
                 with _pool(min(8, len(views)), progress) as pool:
                     list(pool.map(lambda v: _copy(name, src, v, v.todo, want, progress), views))
         finally:
-            for v in views:
+            for v in opened:
                 v.fs.close()
-        results = [(v.host, v.resolved, len(v.todo), sum(want[n].size for n in v.todo)) for v in views]
+        staged = {v.host: v for v in views}  # a host that shares another's work root: nothing to do
+        results = [(v.host, v.resolved, len(v.todo), sum(want[n].size for n in v.todo))
+                   for v in (staged.get(o.host, o) for o in opened)]  # fmt: skip
     for host, resolved, n, size in results:
         log.info("site %s: %s:%s holds the job's %d files (%d copied, %d B)", name, host, resolved, len(names), n, size)
     out = {
@@ -190,6 +205,8 @@ def stage_site(
         out["model_cache"] = {"digest": digest, "dir": cache}
     if fanout is not None:
         out["fanout"] = fanout
+    if shared:
+        out["shared_with"] = shared
     return out
 
 
@@ -242,6 +259,37 @@ def _copy(
             v.fs.put(src / n, f"{v.resolved}/{n}", resume=False)
         after.update(v.fs.states(v.resolved, again))
     _verify(site, v.fs.where, v.resolved, {n: want[n] for n in names}, after)
+
+
+SHARE_MARK = ".rlctl-stage-{token}-{host}"  # each host's, in its site job dir while a site is staged per host
+
+
+def _open_view(site: Site, host: str, root: str, mark: str | None) -> _View:
+    """The host's view, its site job dir made (and resolved), `mark` written there (`_marks_seen`)."""
+    fs = host_files(site, host)
+    try:
+        resolved = fs.make_dirs([root])[0]
+        if mark is not None:
+            fs.append(f"{resolved}/{mark}", "")
+    except BaseException:
+        fs.close()
+        raise
+    return _View(host, fs, resolved, {}, [])
+
+
+def _marks_seen(name: str, views: list[_View], marks: dict[str, str]) -> dict[str, list[str]]:
+    """For each view, the hosts whose marks its site job dir holds, in the site's order: hosts that share a
+    filesystem (an NFS home) though the inventory does not say `shared_workdir`. The first of them stages it and
+    the others use its copy: each copying or fetching into the same files (their `.part`s) broke the staging."""
+    with ThreadPoolExecutor(max_workers=min(8, len(views))) as pool:
+        found = list(pool.map(lambda v: v.fs.states(v.resolved, list(marks.values())), views))
+    seen = {v.host: [h for h, m in marks.items() if m in f] for v, f in zip(views, found, strict=True)}
+    groups = {hs[0]: hs[1:] for hs in seen.values() if len(hs) > 1}
+    if groups:
+        where = "; ".join(f"{', '.join(o)} {'see' if o[1:] else 'sees'} {first}'s" for first, o in groups.items())
+        log.warning("site %s: hosts share a work root (%s): it is staged once; set sites.%s.scheduler."
+                    "shared_workdir: true where all of the site's hosts share it", name, where, name)  # fmt: skip
+    return seen
 
 
 def _fix_modes(

@@ -8,9 +8,11 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -28,14 +30,14 @@ MODEL_BYTES = 24 << 20
 DATA_BYTES = 10 << 20
 
 
-def site(services: dict[str, str], *, python: str = sys.executable) -> Site:
+def site(services: dict[str, str], *, python: str = sys.executable, workdir: str | None = None) -> Site:
     return Site.model_validate(
         {
             "datacenter": "dc-b",
             "gpu": "CPU",
             "python": python,
             "nodes": [{"host": h, "gpus": 1} for h in services["RLCTL_TEST_NETSITE_HOSTS"].split(",")],
-            "scheduler": ssh_scheduler(services, site_workdir()),  # a work root in each host's private /tmp
+            "scheduler": ssh_scheduler(services, workdir or site_workdir()),  # default: in each host's private /tmp
         }
     )
 
@@ -191,3 +193,23 @@ def test_a_cached_model_of_another_mode_keeps_its_files_on_every_host(services, 
     second = stage.stage_site("gen", s, src, job_id="job-2")
     assert second["copied"] == {h: 3 for h in hosts}  # job.json, secret, the data: not the model
     assert {h: inode_and_mode(h) for h in hosts} == {h: (inode, "600") for h, (inode, _) in before.items()}
+
+
+def test_hosts_that_share_a_work_root_are_staged_once(services, tmp_path, caplog):
+    """The site's hosts share /var/tmp (as an NFS home would be), and the inventory does not say
+    `shared_workdir`: the seed's copy and the other hosts' fetches wrote the same `.part`s and the staging failed
+    (a file missing after the copy). Now they see the first host's mark: it alone is staged, once."""
+    workdir = Path(f"/var/tmp/rlctl-shared-{uuid.uuid4().hex[:12]}")  # outside the hosts' private /tmp
+    s = site(services, workdir=str(workdir))
+    src = job_dir(tmp_path)
+    hosts = services["RLCTL_TEST_NETSITE_HOSTS"].split(",")
+    try:
+        with caplog.at_level(logging.WARNING, logger="rlctl.launch.stage"):
+            entry = stage.stage_site("gen", s, src, job_id="job-1")
+        assert entry["copied"] == {hosts[0]: 5, hosts[1]: 0, hosts[2]: 0} and "fanout" not in entry
+        assert entry["shared_with"] == {h: hosts[0] for h in hosts[1:]}
+        assert any("hosts share a work root" in r.getMessage() for r in caplog.records)
+        for h in hosts:
+            assert sums_on(services, h, entry["roots"][h]) == local_sums(src)  # no mark left either
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

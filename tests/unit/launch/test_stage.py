@@ -562,3 +562,39 @@ def test_a_cached_model_file_of_the_same_bytes_and_another_mode_is_chmodded_not_
     fs.runner, fs.where = _ShellRunner(), "test-host"  # type: ignore[assignment]
     fs.chmod(str(weights.parent), {"model.safetensors": 0o640, "config.json": 0o604})
     assert weights.stat().st_mode & 0o777 == 0o640 and (weights.parent / "config.json").stat().st_mode & 0o777 == 0o604
+
+
+class _ElsewhereFiles(LocalFiles):
+    """A host of its own storage: the site's work root `root` is `there` on it."""
+
+    def __init__(self, root: Path, there: Path) -> None:
+        self.root, self.there = str(root), str(there)
+
+    def make_dirs(self, paths: list[str]) -> list[str]:
+        return super().make_dirs([p.replace(self.root, self.there, 1) for p in paths])
+
+
+def test_hosts_that_share_a_work_root_the_inventory_does_not_declare_are_staged_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """h1 and h3 share a filesystem (an NFS home), h2 has its own; the inventory does not say `shared_workdir`.
+    Each host copied (or fetched) into the same files, their `.part`s too, and the staging failed. Now h3 sees
+    h1's mark: h1 stages, h3 uses its copy, h2 gets its own, one warning says so, no mark is left."""
+    work = tmp_path / "w"
+    site = Site.model_validate({"datacenter": "b", "gpu": "CPU", "nodes": [{"host": "h[1-3]", "gpus": 1}],
+                                "scheduler": {"kind": "ssh", "workdir": str(work)}})  # fmt: skip
+    views = {"h1": LocalFiles(), "h2": _ElsewhereFiles(work, tmp_path / "h2"), "h3": LocalFiles()}
+    monkeypatch.setattr(stage, "host_files", lambda site, host: views[host])
+    src = job_dir(tmp_path)
+    with caplog.at_level("WARNING", logger="rlctl.launch.stage"):
+        entry = stage.stage_site("b", site, src, job_id="job-1")
+    assert entry["copied"] == {"h1": 6, "h2": 6, "h3": 0} and entry["shared_with"] == {"h3": "h1"}
+    assert entry["roots"] == {"h1": str(work / "jobs" / "job-1"), "h2": str(tmp_path / "h2" / "jobs" / "job-1"),
+                              "h3": str(work / "jobs" / "job-1")}  # fmt: skip
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "site b: hosts share a work root (h3 sees h1's)" in warning and "shared_workdir: true" in warning
+    for root in (work, tmp_path / "h2"):
+        assert not [p for p in (root / "jobs" / "job-1").iterdir() if p.name.startswith(".rlctl-stage-")]
+        assert (root / "jobs" / "job-1" / "model" / "init" / "model.safetensors").read_bytes() == (
+            src / "model" / "init" / "model.safetensors"
+        ).read_bytes()

@@ -35,6 +35,9 @@ class FakeFiles(HostFiles):
     def states(self, root: str, names: list[str]) -> dict[str, FileState]:
         raise NotImplementedError
 
+    def remove(self, root: str, names: list[str]) -> None:
+        raise NotImplementedError
+
     def chmod(self, root: str, modes: dict[str, int]) -> None:
         raise NotImplementedError
 
