@@ -154,7 +154,8 @@ def test_a_host_with_a_cut_short_fetch_goes_on_from_its_bytes(services, tmp_path
 
 def test_without_rlctl_on_the_site_every_host_is_copied_from_here(services, tmp_path, caplog):
     bare = "/usr/bin/python3"  # the system's python: no rlctl, so no fan-out server
-    if subprocess.run([bare, "-c", "import rlctl"], capture_output=True, cwd="/").returncode == 0:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as a login shell on the site has it
+    if subprocess.run([bare, "-c", "import rlctl"], capture_output=True, cwd="/", env=env).returncode == 0:
         pytest.skip(f"{bare} has rlctl")
     s = site(services, python=bare)
     src = job_dir(tmp_path)
