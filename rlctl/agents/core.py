@@ -125,6 +125,16 @@ class IterationStats:
     trainer: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class PrunedStats:
+    """The delivery figures of the trained iterations `ControllerCore._prune_stats` took out of `stats` (the
+    summary's throughput counts them)."""
+
+    iterations: int = 0
+    samples: int = 0
+    output_tokens: int = 0
+
+
 def admission_priority(iteration: int, pred_len: float) -> float:
     """Older iterations first, longest predicted first within one (LPT). With η ≥ 1 a unit holds two
     iterations; letting the newer one's long samples jump ahead would delay the trainer's step on the
@@ -170,7 +180,8 @@ class ControllerCore:
         self.prompts: dict[str, PromptSpec] = {}
         self.pred_len: dict[str, float] = {}
         self.payloads: dict[str, Any] = {}
-        self.stats: dict[int, IterationStats] = {}
+        self.stats: dict[int, IterationStats] = {}  # the rounds in flight and the last two trained (`_prune_stats`)
+        self.pruned = PrunedStats()  # what the iterations `_prune_stats` took out of `stats` still count
         self.failed: str | None = None
         self.skipped_in_a_row: list[int] = []  # the latest iterations whose optimizer step was skipped (`trained`)
         self.started = False  # waiting for agents → running: the trainer and min_units rollout units joined
@@ -639,7 +650,19 @@ class ControllerCore:
         st = self.stats[iteration]
         st.trained_at, st.trainer = self.clock(), stats
         self._advance_floor()  # (the last one too: `pump` does nothing once the job is done)
+        self._prune_stats()
         return self.pump()  # when done, the controller stops everyone once the last version reached the units
+
+    def _prune_stats(self) -> None:
+        """A job runs for weeks: `stats` keeps the rounds still in flight (from the floor on: dispatch, results and
+        deliveries count into them) and the last two trained iterations (a metrics row reads the one trained and the
+        one before it); the older ones' sample and token counts go on in `pruned`."""
+        keep_from = min(self.floor, self.trainer_version - 2)
+        for it in [k for k in self.stats if k < keep_from]:
+            st = self.stats.pop(it)
+            self.pruned.iterations += 1
+            self.pruned.samples += st.samples
+            self.pruned.output_tokens += st.output_tokens
 
     @property
     def done(self) -> bool:

@@ -303,11 +303,12 @@ def summary(s: Snapshot) -> dict[str, Any]:
     core, rows = s.core, s.rows
     k = max(1, min(20, len(rows) // 10)) if rows else 0  # reward_first/last: mean of the first/last 10 %
     # throughput over this run's iterations (a resumed job's earlier rows have no stats here)
+    # (the core keeps the last iterations' stats only: the older ones' counts are in `pruned`)
     ran = [core.stats[r["iteration"]] for r in rows if r["iteration"] in core.stats]
     end = ran[-1].trained_at if ran else None
     span = (end - (s.t_first or s.t_start)) if end else 0.0
-    samples = sum(st.samples for st in ran)
-    tokens = sum(st.output_tokens for st in ran)
+    samples = core.pruned.samples + sum(st.samples for st in ran)
+    tokens = core.pruned.output_tokens + sum(st.output_tokens for st in ran)
     counts = core.ledger.counts(completed_iterations=core.trainer_version)
     busy = {p.name: (p.role, p.figures.busy_s) for p in s.peers.values() if p.role != "client"}
     roll = [b for role, b in busy.values() if role == "rollout"]
