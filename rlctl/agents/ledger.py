@@ -146,7 +146,8 @@ class Ledger:
     dropped: int = 0
     quarantined: int = 0
     rounds: int = 0  # rounds whose prompts are in the ledger (0..rounds − 1)
-    # round → the groups drawn for it beyond its prompts (dynamic sampling): the next one's prompt is number this
+    # round → the groups drawn for it beyond its prompts (dynamic sampling): the next one's prompt is number this;
+    # the rounds with a group in the ledger only (`retire`)
     refills: dict[int, int] = field(default_factory=dict)
     partials: TrajectoryStore = field(default_factory=TrajectoryStore)  # dispatched samples' output so far
     # prompt → losses of rollout units that held a sample of it (`ControllerCore._blame`; gone once it completes)
@@ -375,7 +376,20 @@ class Ledger:
             self.retired.trained += trained
             self.retired.lost += not trained and all(e.state not in SET_ASIDE for e in group)
             self.crashes.pop(prompt_id, None)
+        self._prune_refills()
         return list(entries)
+
+    def _prune_refills(self) -> None:
+        """Forget the groups drawn for the rounds none of whose groups is in the ledger any more: only a group of
+        round r still here can be dropped or quarantined and draw the next of r's (`refills[r]`), and a resume
+        draws again only the rounds of the groups it holds. (Kept while an entry of a checkpoint from before rounds
+        were kept does not say its round.)"""
+        rounds = [e.round for e in self.entries.values()]
+        if None in rounds:
+            return
+        oldest = min((r for r in rounds if r is not None), default=self.rounds)
+        for r in [r for r in self.refills if r < oldest]:
+            del self.refills[r]
 
     # -- checkpoint ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from collections import deque
 import pytest
 
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
+from rlctl.agents.ledger import Ledger
 from rlctl.agents.migration import Cost
 
 PROMPTS, GROUP = 2, 2
@@ -111,3 +112,27 @@ def test_the_cores_iteration_stats_are_those_of_the_rounds_in_flight_and_the_las
     assert core.pruned.iterations + len(core.stats) == core.created
     delivered = core.pruned.samples + sum(st.samples for st in core.stats.values())
     assert delivered == core.ledger.counts().trained_samples + sum(len(ids) for ids in job.held.values())
+
+
+@pytest.mark.parametrize("eta", [1, 2])
+def test_the_ledger_keeps_the_groups_drawn_for_the_rounds_in_flight_only(eta: int) -> None:
+    core = _core(iterations=400, eta=eta)
+    job = _Job(core)
+    job.run(40)
+    early = len(core.ledger.refills)
+    job.run(300)
+    assert core.ledger.counts().dropped > 100  # groups were drawn again
+    assert len(core.ledger.refills) <= early + 1 <= eta + 3, (early, core.ledger.refills)
+
+
+def test_a_checkpoint_taken_late_in_a_long_job_resumes_and_goes_on() -> None:
+    core = _core(iterations=400, eta=1)
+    job = _Job(core)
+    job.run(200)
+    saved = core.ledger.to_json()
+    assert len(saved["refills"]) <= 3
+    again = _core(iterations=400, eta=1)
+    again.restore(version=200, ledger=Ledger.from_json(saved))
+    resumed = _Job(again)
+    resumed.run(220)
+    assert again.ledger.counts().duplicated == 0 and len(again.stats) <= 6
