@@ -245,7 +245,15 @@ class ControllerCore:
             self.ledger.partials.measured(unsent)
         self._blame(name, requeued, evaluating=evaluating)
         self._release_idle(requeued)
+        self._forget_unit(name)
         return [self._members(), *self.pump()]
+
+    def _forget_unit(self, name: str) -> None:
+        """A rollout unit is gone for good (lost, or stopped after a drain): what was kept per unit for it goes, so
+        that a job whose units are replaced for weeks holds only its live units' (its `Unit` stays: the controller
+        tells a late message of a unit that is gone from one it never had)."""
+        for per_unit in (self._rates, self._unit_reported_at, self._admit_cap, self.unit_costs):
+            per_unit.pop(name, None)
 
     def _blame(self, name: str, sample_ids: list[str], *, evaluating: bool = False) -> None:
         """Unit `name` was lost holding `sample_ids`: every prompt among them counts one more loss. A prompt that
@@ -377,6 +385,7 @@ class ControllerCore:
         for u in self.units.values():
             if u.alive and u.draining and self.ledger.inflight(u.name) == 0:
                 u.alive = False
+                self._forget_unit(u.name)
                 out += [Out(u.name, "stop", {}), self._members()]
         return out
 

@@ -136,3 +136,13 @@ def test_a_checkpoint_taken_late_in_a_long_job_resumes_and_goes_on() -> None:
     resumed = _Job(again)
     resumed.run(220)
     assert again.ledger.counts().duplicated == 0 and len(again.stats) <= 6
+
+
+def test_what_the_core_keeps_per_rollout_unit_is_of_the_live_units_only() -> None:
+    core = _core(iterations=400, eta=1)
+    job = _Job(core)
+    job.run(300)
+    assert job.named > 60  # units lost and drained, each replaced under a new name
+    live = {u.name for u in core.units.values() if u.alive}
+    for per_unit in (core._rates, core._unit_reported_at, core._admit_cap, core.unit_costs):
+        assert set(per_unit) <= live, sorted(set(per_unit) - live)[:5]
