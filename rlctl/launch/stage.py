@@ -30,7 +30,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,19 +167,13 @@ def stage_site(
             marks = {h: SHARE_MARK.format(token=token, host=h) for h in hosts} if len(hosts) > 1 else {}
             with _pool(min(8, len(hosts)), progress) as pool:
                 futures = [pool.submit(_open_view, site, h, root, marks.get(h)) for h in hosts]
-            opened = [f.result() for f in futures if f.exception() is None]
-            for f in futures:
-                if (e := f.exception()) is not None:
-                    raise e
+            _collect(futures, opened)
             seen = _marks_seen(name, opened, marks) if marks else {v.host: [] for v in opened}
             shared = {v.host: seen[v.host][0] for v in opened if seen[v.host] and seen[v.host][0] != v.host}
             with _pool(min(8, len(hosts)), progress) as pool:
                 futures = [pool.submit(prepare, v.host, v.fs, [marks[h] for h in seen[v.host]]) for v in opened
                            if v.host not in shared]  # fmt: skip
-            views = [f.result() for f in futures if f.exception() is None]
-            for f in futures:
-                if (e := f.exception()) is not None:
-                    raise e
+            _collect(futures, views)
             if progress is not None:
                 progress.add(sum(want[n].size for v in views for n in v.todo))
             fan = _fanned(views, want) if len(views) > 1 else {}
@@ -259,6 +253,15 @@ def _copy(
             v.fs.put(src / n, f"{v.resolved}/{n}", resume=False)
         after.update(v.fs.states(v.resolved, again))
     _verify(site, v.fs.where, v.resolved, {n: want[n] for n in names}, after)
+
+
+def _collect(futures: list[Future[_View]], into: list[_View]) -> None:
+    """The views the futures made go `into` (the caller closes them, whatever happens next); then the first
+    failure is raised."""
+    into.extend(f.result() for f in futures if f.exception() is None)
+    for f in futures:
+        if (e := f.exception()) is not None:
+            raise e
 
 
 SHARE_MARK = ".rlctl-stage-{token}-{host}"  # each host's, in its site job dir while a site is staged per host
