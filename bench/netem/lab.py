@@ -207,29 +207,28 @@ class NetLab:
         self._procs.append(proc)
         return proc
 
+    def _switch_port(self, host: str) -> tuple[str, str]:
+        """The namespace and device of `host`'s port on its datacenter's switch (its queue sends to the host)."""
+        d, x = self.hosts[host].netns.removeprefix(f"{self.prefix}h").split("x")
+        return f"{self.prefix}d{d}", f"h{x}"
+
     def set_host_rate(self, host: str, rate_mbit: float) -> None:
         """Reshape one host's NIC, both directions, to `rate_mbit` (a slow unit; the spec's rate restores it)."""
-        h = self.hosts[host]
-        d, x = h.netns.removeprefix(f"{self.prefix}h").split("x")
-        for ns, dev in ((h.netns, "eth0"), (f"{self.prefix}d{d}", f"h{x}")):
+        for ns, dev in ((self.hosts[host].netns, "eth0"), self._switch_port(host)):
             self._tbf(ns, dev, rate_mbit, self.spec.host_burst_bytes, op="replace")
+
+    def _queue_bytes(self, ns: str, dev: str) -> int:
+        """Bytes the shaping queue of `dev` in `ns` has sent so far."""
+        out = _run(["ip", "netns", "exec", ns, "tc", "-s", "-j", "qdisc", "show", "dev", dev])
+        return sum(int(q.get("bytes", 0)) for q in json.loads(out.stdout) if q.get("kind") == "tbf")
 
     def received_bytes(self, host: str) -> int:
         """Bytes sent so far into `host` (its switch port's egress queue: what the host received)."""
-        h = self.hosts[host]
-        d, x = h.netns.removeprefix(f"{self.prefix}h").split("x")
-        out = _run(["ip", "netns", "exec", f"{self.prefix}d{d}", "tc", "-s", "-j", "qdisc", "show", "dev", f"h{x}"])
-        return sum(int(q.get("bytes", 0)) for q in json.loads(out.stdout) if q.get("kind") == "tbf")
+        return self._queue_bytes(*self._switch_port(host))
 
     def inter_dc_bytes(self) -> int:
         """Bytes sent so far from all datacenters into the WAN (sum over uplink egress queues)."""
-        total = 0
-        for d in range(len(self.spec.datacenters)):
-            out = _run(
-                ["ip", "netns", "exec", f"{self.prefix}d{d}", "tc", "-s", "-j", "qdisc", "show", "dev", "uplink"]
-            )
-            total += sum(int(q.get("bytes", 0)) for q in json.loads(out.stdout) if q.get("kind") == "tbf")
-        return total
+        return sum(self._queue_bytes(f"{self.prefix}d{d}", "uplink") for d in range(len(self.spec.datacenters)))
 
     def close(self) -> None:
         for proc in self._procs:
