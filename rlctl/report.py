@@ -135,9 +135,10 @@ def _read_lines(path: Path, *, leave_out_damaged: bool = False) -> list[dict[str
 def busy_fractions(rows: list[dict[str, Any]]) -> dict[str, list[float | None]]:
     """Per agent, per row: busy seconds in that iteration's interval / period_s, clipped to [0, 1].
 
-    None where the agent is absent from the row's `agents` (joined later, or an older run) or was
-    not running at either end of the interval (lost or stopped: gone, not idle; the controller keeps
-    listing it). An agent's first row counts all its busy seconds: it started from zero inside it.
+    None where the agent is absent from the row's `agents` (joined later, gone before it, or an older
+    run) or was not running at either end of the interval (lost or stopped: gone, not idle; the
+    controller lists it once more, in the first row after it went, and older records in every row).
+    An agent's first row counts all its busy seconds: it started from zero inside it.
     Busy seconds arrive with heartbeats (every second), which can be slower than iterations: rows in
     which a running agent's figure did not move share the next change evenly over their periods
     (when inside them the work happened is not known); rows still unchanged at the end count as idle.
@@ -166,7 +167,10 @@ def busy_fractions(rows: list[dict[str, Any]]) -> dict[str, list[float | None]]:
             span = sum(rows[j]["period_s"] for j in idx)
             for j in idx:
                 series[j] = min(1.0, max(0.0, spent / span))
-        prev = {name: (float(a["busy_s"]), a.get("state", "running") == "running") for name, a in agents.items()}
+        # an agent this row leaves out is gone: not running, its busy seconds as last seen (it may come back)
+        prev = {name: (busy, False) for name, (busy, _) in prev.items()} | {
+            name: (float(a["busy_s"]), a.get("state", "running") == "running") for name, a in agents.items()
+        }
     for name, idx in pending.items():
         for j in idx:
             out[name][j] = 0.0

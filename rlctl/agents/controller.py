@@ -57,6 +57,7 @@ from rlctl.agents.messages import (
     parse,
     recv_checked,
 )
+from rlctl.agents.rowbook import RowBook
 from rlctl.agents.samplelog import SampleLog
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
@@ -200,7 +201,7 @@ class ControllerAgent:
         self.start_waited = False  # START_WAIT_S passed without every planned unit (`start_with_fewer_units`)
         self.t_first: float | None = None
         self.violations = 0
-        self.rows: list[dict[str, Any]] = []
+        self.rows = RowBook()  # what status and the summary read of metrics.jsonl
         self._clients = itertools.count()
         self._closing = False
         self._pinged = 0.0
@@ -218,7 +219,6 @@ class ControllerAgent:
         self.writing: dict[int, tuple[dict[str, Any], str, int]] = {}
         self.complete: list[int] = []  # checkpoints `latest` moved to (the one resumed from too): `checkpoint.keep`
         self.checkpointed: tuple[int, float | None] | None = None  # the latest complete: version, when (status)
-        self.rows_kept = 0  # metrics rows a resume kept from the runs before this one
         version = resume_version()
         if version is not None:
             self._resume(version)
@@ -255,14 +255,14 @@ class ControllerAgent:
             self.expect_checkpoint = st.trainer_digest
             self.complete.append(version)
             self.checkpointed = (version, None)  # complete before this run: its age is not known here
-        self.rows = cut_metrics(self.jobdir, version)
-        self.rows_kept = len(self.rows)
+        kept = cut_metrics(self.jobdir, version)
+        self.rows = RowBook(kept, kept=len(kept))
         self.resumes += 1
         self.jobdir.event(
             "resumed_from",
             version=version,
             regenerate=requeued,
-            rows_kept=len(self.rows),
+            rows_kept=len(kept),
             samples_discarded=discarded,
             set_aside=set_aside,
         )
@@ -288,7 +288,7 @@ class ControllerAgent:
             tracker=self.tracker,
             metrics=self.metrics,
             post=lambda *m: self.inbox.put(m),
-            step=lambda: int(self.rows[-1]["iteration"]) if self.rows else 0,
+            step=lambda: int(self.rows.last["iteration"]) if self.rows.last else 0,
             rows=cut_evaluations(self.jobdir, resumed),
         )
 
@@ -933,8 +933,8 @@ class ControllerAgent:
         if self.evaluator is not None and self.evaluator.overlapped():
             row["evaluating"] = True  # a held-out evaluation decoded beside this iteration's generation
         self.scaler.rebalance(row)
-        self.rows.append(row)
-        self._refit_ranker(*generated)
+        self._refit_ranker(row, *generated)
+        self.rows.add(row)
         self.jobdir.append(self.jobdir.metrics, row)
         self.tracker.log(t.iteration, row_to_metrics(row))
         if t.checkpointing:
@@ -956,10 +956,12 @@ class ControllerAgent:
         lengths = [sum(v) / len(v) for v in by_prompt.values()]
         return tokens, lengths, [self.core.pred_len[p] for p in by_prompt]
 
-    def _refit_ranker(self, tokens: list[list[int]], lengths: list[float], preds: list[float]) -> None:
-        """Online refit on what the policy actually generated; records the ranker's recall on it."""
+    def _refit_ranker(
+        self, row: dict[str, Any], tokens: list[list[int]], lengths: list[float], preds: list[float]
+    ) -> None:
+        """Online refit on what the policy actually generated; records the ranker's recall on it in `row`."""
         if len(tokens) >= 5:
-            self.rows[-1]["ranker_recall_20"] = round(recall_at(preds, lengths, 0.2), 3)
+            row["ranker_recall_20"] = round(recall_at(preds, lengths, 0.2), 3)
         self.ranker.update(tokens, lengths)
 
     # -- views and the end ----------------------------------------------------------------------------
@@ -986,7 +988,6 @@ class ControllerAgent:
             data=self._data_view(),
             reward_stats=self.task.reward_stats(),
             evaluations=self.evaluator.rows if self.evaluator is not None else [],
-            rows_kept=self.rows_kept,
             checkpoint=self.checkpointed,
         )
 

@@ -20,6 +20,7 @@ from rlctl.agents.core import ControllerCore, IterationStats
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.rebalance import Reading
+from rlctl.agents.rowbook import RowBook
 from rlctl.agents.weightbook import WeightBook
 from rlctl.config.job import JobFile
 from rlctl.metrics import JobMetrics
@@ -51,7 +52,7 @@ class Snapshot:
     book: WeightBook
     peers: Mapping[str, AgentRecord]
     sites: Mapping[str, str]  # agent → site
-    rows: list[dict[str, Any]]  # metrics.jsonl so far
+    rows: RowBook  # metrics.jsonl so far: what the views read of it
     t_start: float  # time.monotonic() when the controller started
     t_first: float | None  # … when it first dispatched a sample
     violations: int  # staleness violations the trainer reported
@@ -65,10 +66,11 @@ class Snapshot:
     data: Mapping[str, Any] = field(default_factory=dict)  # a dataset task's rows: prompts, bad rows skipped
     reward_stats: RewardStats = field(default_factory=RewardStats)  # the reward pool's counts so far
     evaluations: list[dict[str, Any]] = field(default_factory=list)  # evaluations.jsonl so far (agents.evaluation)
-    rows_kept: int = 0  # the first rows are a resumed run's earlier ones (their times are not this run's pace)
     checkpoint: tuple[int, float | None] | None = None  # the latest complete one: version, time.monotonic() then
     metrics_host: str = "127.0.0.1"  # where /metrics binds: the controller's listen host (transport.bind_host)
 
+
+LIVE_STATES = ("running", "unreachable")  # an agent that may still be in the phase it last reported
 
 # the last step's figures that `status` shows (metrics row keys)
 TRAINING = ("lr", "grad_norm", "entropy", "clip_frac", "no_signal_frac")
@@ -125,9 +127,17 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
                 "state": p.state,
             }
             for p in s.peers.values()
-            if p.role != "client"
+            if p.role != "client" and (p.state in LIVE_STATES or _was_live(s.rows.last, p.name))
         },
     }
+
+
+def _was_live(row: dict[str, Any] | None, name: str) -> bool:
+    """Whether metrics row `row` listed agent `name` live. A row lists the live agents, and a lost or stopped one
+    once more, in the first row after it went (its last busy seconds and how it ended): a run that replaced a hundred
+    units over weeks writes the units it has, not every unit it ever had, in each row."""
+    a = (row or {}).get("agents", {}).get(name)
+    return a is not None and a.get("state") in LIVE_STATES
 
 
 def _finite(x: float, digits: int) -> float | None:
@@ -138,7 +148,7 @@ def _finite(x: float, digits: int) -> float | None:
 def status(s: Snapshot, *, now: float) -> dict[str, Any]:
     """The reply to a status request (`now`: time.monotonic())."""
     core = s.core
-    last = s.rows[-1] if s.rows else {}
+    last = s.rows.last or {}
     agents = [
         {
             "name": p.name,
@@ -185,7 +195,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "rollout_units": len(core.live_units),
         "free_slots": s.free_slots,
         "scale_events": s.scale_log[-10:],
-        "staleness": _staleness(s.rows),
+        "staleness": dict(s.rows.staleness),
         "weights": weights_view(s),
         "figures_age_s": None
         if last_trained is None or last_trained.trained_at is None
@@ -218,28 +228,17 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
     }
 
 
-PACE_ROWS = 20  # `status` estimates the time left from the pace of this many last iterations
-# … and from no fewer: one interval right after a resume is no pace (the first iterations train samples the units
-# had queued, back to back: "≈ 12 s left at 0.0 s an iteration (last 1)" with 376 iterations left)
+# `status` estimates the time left from the pace of this run's last PACE_ROWS iterations (`RowBook.pace`), and from
+# no fewer than this many: one interval right after a resume is no pace (the first iterations train samples the
+# units had queued, back to back: "≈ 12 s left at 0.0 s an iteration (last 1)" with 376 iterations left)
 PACE_MIN_INTERVALS = 3
-
-
-def run_start(rows: list[dict[str, Any]], kept: int) -> int:
-    """The index of this run's first metrics row: past the `kept` rows a resume kept, and past the last place where
-    the rows' wall_s (seconds since their controller started) goes back, which only a new run does."""
-    start = kept
-    for i in range(max(kept, 1), len(rows)):
-        before, at = rows[i - 1].get("wall_s"), rows[i].get("wall_s")
-        if before is not None and at is not None and at < before:
-            start = i
-    return start
 
 
 def progress_view(s: Snapshot, *, now: float) -> dict[str, Any]:
     """How far a long run is: seconds an iteration over this run's last PACE_ROWS iterations (their metrics rows'
     wall times; none before PACE_MIN_INTERVALS of them), the time left at that pace, and the latest complete
     checkpoint (version, age, how often)."""
-    times = [r["t"] for r in s.rows[max(run_start(s.rows, s.rows_kept), len(s.rows) - PACE_ROWS - 1) :]]
+    times = [r["t"] for r in s.rows.pace]
     pace = (times[-1] - times[0]) / (len(times) - 1) if len(times) > PACE_MIN_INTERVALS else None
     left = max(0, s.job.iterations - s.core.trainer_version)
     version, at = s.checkpoint if s.checkpoint is not None else (None, None)
@@ -301,10 +300,11 @@ def weights_view(s: Snapshot) -> dict[str, Any]:
 def summary(s: Snapshot) -> dict[str, Any]:
     """summary.json: how the job ended, its reward curve, throughput, bubbles, staleness and ledger."""
     core, rows = s.core, s.rows
-    k = max(1, min(20, len(rows) // 10)) if rows else 0  # reward_first/last: mean of the first/last 10 %
+    curve = rows.reward_curve
+    k = max(1, min(20, len(curve) // 10)) if curve else 0  # reward_first/last: mean of the first/last 10 %
     # throughput over this run's iterations (a resumed job's earlier rows have no stats here)
     # (the core keeps the last iterations' stats only: the older ones' counts are in `pruned`)
-    ran = [core.stats[r["iteration"]] for r in rows if r["iteration"] in core.stats]
+    ran = [core.stats[r["iteration"]] for r in rows.tail if r["iteration"] in core.stats]
     end = ran[-1].trained_at if ran else None
     span = (end - (s.t_first or s.t_start)) if end else 0.0
     samples = core.pruned.samples + sum(st.samples for st in ran)
@@ -317,9 +317,6 @@ def summary(s: Snapshot) -> dict[str, Any]:
     def bubble(xs: list[float]) -> float | None:
         return round(max(0.0, 1 - (sum(xs) / len(xs)) / span), 4) if xs and span > 0 else None
 
-    def mean(key: str) -> float | None:
-        return round(sum(r[key] for r in rows) / len(rows), 4) if rows else None
-
     return {
         "job": s.job.name,
         "mode": s.job.pipeline.mode,
@@ -327,22 +324,22 @@ def summary(s: Snapshot) -> dict[str, Any]:
         "state": "done" if core.done else f"failed: {core.failed}" if core.failed else "stopped",
         "scale_events": s.scale_log,
         "weights": weights_view(s),
-        "reward_failures": rows[-1]["reward_failures"] if rows else 0,
+        "reward_failures": rows.last["reward_failures"] if rows.last else 0,
         "rewards": {**reward_view(core), **asdict(s.reward_stats)},
-        "iterations": len(rows),
+        "iterations": rows.count,
         "iterations_planned": s.job.iterations,
-        "reward_first": round(sum(r["reward_mean"] for r in rows[:k]) / k, 4) if rows else None,
-        "reward_last": round(sum(r["reward_mean"] for r in rows[-k:]) / k, 4) if rows else None,
+        "reward_first": round(sum(curve[:k]) / k, 4) if curve else None,
+        "reward_last": round(sum(curve[-k:]) / k, 4) if curve else None,
         "reward_window": k,
-        "reward_curve": [r["reward_mean"] for r in rows],
+        "reward_curve": list(curve),
         "samples_per_s": round(samples / span, 2) if span > 0 else None,
         "tokens_per_s": round(tokens / span, 1) if span > 0 else None,
         "run_s": round(span, 3),
-        "t_gen_s": mean("t_gen_s"),
-        "t_train_s": mean("t_train_s"),
-        "delta_s": mean("delta_s"),
+        "t_gen_s": rows.mean("t_gen_s"),
+        "t_train_s": rows.mean("t_train_s"),
+        "delta_s": rows.mean("delta_s"),
         "bubble_fraction": {"rollout": bubble(roll), "trainer": bubble(train)},
-        "staleness": _staleness(rows),
+        "staleness": dict(rows.staleness),
         "staleness_violations": s.violations,
         "ledger": {
             "prompts": counts.prompts,
@@ -368,17 +365,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
     }
 
 
-def _staleness(rows: list[dict[str, Any]]) -> dict[str, int]:
-    """Samples per staleness gap (versions behind, as a string key) over `rows`."""
-    out: dict[str, int] = {}
-    for row in rows:
-        for key, n in row["staleness"].items():
-            out[key] = out.get(key, 0) + n
-    return out
-
-
 # -- Prometheus gauges (declared in rlctl/metrics.py) ------------------------------------------------
-LIVE_STATES = ("running", "unreachable")  # an agent that may still be in the phase it last reported
 
 
 def reward_view(core: ControllerCore) -> dict[str, Any]:

@@ -12,8 +12,9 @@ from rlctl.agents.core import ControllerCore, CoreConfig, IterationStats, Out, P
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.rebalance import Reading
+from rlctl.agents.rowbook import PACE_ROWS, RowBook
 from rlctl.agents.scaling import Placement, Scaler
-from rlctl.agents.views import PACE_ROWS, Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
+from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
 from rlctl.commands.launch import progress_line, summary_table
 from rlctl.commands.status import checkpoint_line, metrics_line, suspects_line, time_line, training_line
@@ -101,7 +102,7 @@ def _one_iteration() -> tuple[ControllerCore, Trained, Clock]:
     return core, t, clock
 
 
-def _snapshot(core: ControllerCore, rows: list[dict[str, Any]], **over: Any) -> Snapshot:
+def _snapshot(core: ControllerCore, rows: list[dict[str, Any]], *, rows_kept: int = 0, **over: Any) -> Snapshot:
     peers = {
         "trainer-0": FakePeer("trainer-0", "trainer", 105.0, Heartbeat(name="trainer-0", state="running", busy_s=1.5)),
         "r0": FakePeer("r0", "rollout", 104.0, Heartbeat(name="r0", state="running", version=1, busy_s=4.0)),
@@ -113,7 +114,7 @@ def _snapshot(core: ControllerCore, rows: list[dict[str, Any]], **over: Any) -> 
         book=WeightBook(),
         peers=peers,
         sites={"trainer-0": "a", "r0": "b"},
-        rows=rows,
+        rows=RowBook(rows, kept=rows_kept),
         t_start=100.0,
         t_first=101.0,
         violations=0,
@@ -151,6 +152,34 @@ def test_metrics_row_times_rates_and_agents_from_the_core_and_the_trained_messag
         "trainer-0": {"role": "trainer", "site": "a", "busy_s": 1.5, "state": "running"},
         "r0": {"role": "rollout", "site": "b", "busy_s": 4.0, "state": "running"},
     }
+
+
+def test_a_row_lists_a_gone_agent_once_the_row_after_it_went_and_the_book_keeps_no_row_list():
+    """A run that replaces units for weeks: each row lists the live agents and, once, the ones that went since the
+    row before (how they ended, their last busy seconds); the controller's book of rows keeps totals and the last
+    rows, whatever the number of iterations."""
+    core, t, _ = _one_iteration()
+    s = _snapshot(core, [])
+    gone = {
+        f"old-{i}": FakePeer(f"old-{i}", "rollout", 90.0, Heartbeat(name=f"old-{i}", state="running", busy_s=2.0))
+        for i in range(50)
+    }
+    peers = {**s.peers, **gone}
+    first = metrics_row(replace(s, peers=peers), t, wall_time=0.0)
+    assert sorted(first["agents"]) == sorted(["trainer-0", "r0", *gone])
+    for p in gone.values():
+        p.state = "lost" if p.name.endswith(("0", "2", "4", "6", "8")) else "stopped"
+    book = RowBook([first])
+    second = metrics_row(replace(s, peers=peers, rows=book), t, wall_time=1.0)
+    assert len(second["agents"]) == 52 and second["agents"]["old-3"]["state"] == "stopped"
+    book.add(second)
+    third = metrics_row(replace(s, peers=peers, rows=book), t, wall_time=2.0)
+    assert sorted(third["agents"]) == ["r0", "trainer-0"]
+    for _ in range(10_000):
+        book.add(third)
+    assert book.count == 10_002 and len(book.reward_curve) == 10_002
+    assert len(book.tail) + len(book.pace) <= 4 + 21  # not every row: the last few
+    assert summary(replace(s, rows=book))["iterations"] == 10_002
 
 
 def test_status_reports_the_last_row_the_rule_and_live_agents_without_clients():

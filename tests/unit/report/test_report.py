@@ -170,6 +170,24 @@ def test_busy_fractions_join_leave_restart_and_clip() -> None:
     assert busy_fractions([{"period_s": 1.0}]) == {}
 
 
+def test_busy_fractions_of_an_agent_the_rows_leave_out_once_it_went_and_list_again_when_back() -> None:
+    """The controller lists a gone agent once, in the first row after it went: absent after, it is blank; back under
+    its name with its counter going on, it counts what it did since (not all its busy seconds in one interval)."""
+
+    def row(period_s: float, **busy_s: tuple[float, str]) -> dict[str, Any]:
+        agents = {n: {"role": "rollout", "site": "h20", "busy_s": b, "state": st} for n, (b, st) in busy_s.items()}
+        return {"period_s": period_s, "agents": agents}
+
+    rows = [
+        row(2.0, a=(1.0, "running")),
+        row(2.0, a=(2.0, "unreachable")),  # silent for a while: its last heartbeat's figure
+        row(2.0, a=(2.0, "lost")),  # listed once more, gone (and not running at either end: blank)
+        row(2.0),  # left out
+        row(4.0, a=(4.0, "running")),  # back, its counter from 2 s on
+    ]
+    assert busy_fractions(rows) == {"a": [0.5, 0.5, None, None, 0.5]}
+
+
 def test_busy_seconds_reported_every_other_iteration_are_spread_not_alternating() -> None:
     """Heartbeats (1 s) slower than iterations (0.5 s): the figure moves every other row."""
 

@@ -1,0 +1,58 @@
+"""What the controller keeps of its metrics rows (metrics.jsonl holds them all): the figures `status` and
+summary.json read, as running totals — the reward curve, the sums of the means, samples per staleness gap — and the
+last rows, so that a run of a hundred thousand iterations keeps a few MB, not every row it wrote.
+
+    rows a resume kept ─▶ RowBook(rows, kept=…) ─▶ .add(row) per trained iteration ─▶ views.status / views.summary
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+# the figures summary.json averages over every iteration (views.summary)
+MEANS = ("t_gen_s", "t_train_s", "delta_s")
+PACE_ROWS = 20  # `status` estimates the time left from the pace of this many last iterations
+TAIL_ROWS = 4  # the last rows of any run kept whole (the summary's throughput reads the iterations the core has)
+
+
+class RowBook:
+    """Every metrics row's figures that the views read. The first `kept` rows are a resumed run's earlier ones (their
+    times are not this run's pace); this run's rows start past them and past the last place where wall_s (seconds
+    since their controller started) goes back, which only a new run does."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]] = (), *, kept: int = 0) -> None:
+        self.kept = kept
+        self.count = 0
+        self.reward_curve: list[float] = []
+        self.sums = dict.fromkeys(MEANS, 0.0)
+        self.staleness: dict[str, int] = {}  # samples per staleness gap (versions behind, as a string key)
+        self.tail: deque[dict[str, Any]] = deque(maxlen=TAIL_ROWS)
+        self.pace: deque[dict[str, Any]] = deque(maxlen=PACE_ROWS + 1)  # this run's last rows
+        for row in rows:
+            self.add(row)
+
+    def add(self, row: dict[str, Any]) -> None:
+        """Count one more row (the newest)."""
+        before, at = (self.tail[-1].get("wall_s") if self.tail else None), row.get("wall_s")
+        if self.count >= max(self.kept, 1) and before is not None and at is not None and at < before:
+            self.pace.clear()  # a new run began at this row
+        if self.count >= self.kept:
+            self.pace.append(row)
+        self.count += 1
+        self.reward_curve.append(row["reward_mean"])
+        for key in MEANS:
+            self.sums[key] += row[key]
+        for gap, n in row["staleness"].items():
+            self.staleness[gap] = self.staleness.get(gap, 0) + n
+        self.tail.append(row)
+
+    @property
+    def last(self) -> dict[str, Any] | None:
+        """The newest row, None before the first."""
+        return self.tail[-1] if self.tail else None
+
+    def mean(self, key: str) -> float | None:
+        """The mean of figure `key` (one of MEANS) over every row, None before the first."""
+        return round(self.sums[key] / self.count, 4) if self.count else None
