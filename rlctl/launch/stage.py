@@ -2,8 +2,8 @@
 
     operator's job dir (prepare) ─▶ files_to_stage: job.json plan.json sites.json secret model/** data/** reward/**
         ─▶ per site, per host view (rlctl.launch.sitefs): mkdir the site job dir (0700), resolve it;
-           model/init there is a link to W/models/<content digest> (`model_cache`), the work root's one copy
-           of that model, which every job starting from it shares
+           model/init there is a link to W/models/<content digest> (`model_cache`, relative), the work root's
+           one copy of that model, which every job starting from it shares
            ─▶ compare size + SHA-256 of what is there ─▶ copy what differs (SFTP / local copy)
            ─▶ verify size + SHA-256 (+ secret 0600) again ─▶ staged.json {site: {roots, files}}
 
@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import posixpath
 import secrets
 import shlex
 import shutil
@@ -143,8 +144,9 @@ def stage_site(
 
     def prepare(host: str, fs: HostFiles, marks: list[str]) -> _View:
         if cache is not None:  # model/init → the work root's copy of this model, shared by its jobs
-            resolved, cached = fs.make_dirs([root, cache, f"{root}/model"])[:2]
-            if not fs.link(cached, f"{resolved}/{INIT_MODEL}"):
+            resolved, cached, model = fs.make_dirs([root, cache, f"{root}/model"])
+            # relative: a host that shares this work root under another path (`_marks_seen`) follows it too
+            if not fs.link(posixpath.relpath(cached, model), f"{resolved}/{INIT_MODEL}"):
                 log.info("site %s: %s:%s/%s is a directory of its own: staged into it", name, host, resolved,
                          INIT_MODEL)  # fmt: skip
         parents = sorted({str(Path(n).parent) for n in names} - {"."})

@@ -598,3 +598,25 @@ def test_hosts_that_share_a_work_root_the_inventory_does_not_declare_are_staged_
         assert (root / "jobs" / "job-1" / "model" / "init" / "model.safetensors").read_bytes() == (
             src / "model" / "init" / "model.safetensors"
         ).read_bytes()
+
+
+def test_a_host_that_shares_the_work_root_under_another_path_reads_the_model_through_its_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """h1 and h2 share the work root (an NFS share), undeclared; h2 mounts it at another path. h1 alone stages it,
+    so model/init is h1's link for both: it named W/models/<digest> by h1's path, which h2 does not have (its
+    rollout units failed: model/init/config.json: No such file or directory). The share as h2 sees it is the
+    same tree under another path: here, the tree moved."""
+    work = tmp_path / "w"
+    site = Site.model_validate({"datacenter": "b", "gpu": "CPU", "nodes": [{"host": "h[1-2]", "gpus": 1}],
+                                "scheduler": {"kind": "ssh", "workdir": str(work)}})  # fmt: skip
+    monkeypatch.setattr(stage, "host_files", lambda site, host: LocalFiles())
+    src = job_dir(tmp_path)
+    entry = stage.stage_site("b", site, src, job_id="job-1")
+    assert entry["copied"] == {"h1": 6, "h2": 0} and entry["shared_with"] == {"h2": "h1"}
+    elsewhere = tmp_path / "mnt" / "w"
+    elsewhere.parent.mkdir()
+    work.rename(elsewhere)
+    init = elsewhere / "jobs" / "job-1" / "model" / "init"
+    for f in ("config.json", "model.safetensors"):
+        assert (init / f).read_bytes() == (src / "model" / "init" / f).read_bytes()
