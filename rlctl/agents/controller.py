@@ -6,7 +6,8 @@ the job directory. Scaling lives in `scaling.py` (`Scaler`), what it shows in `v
                   hello / sample / weights_applied / trained / closed ──▶ core ──▶ send its messages
                   status ──▶ reply with views.status
                   scale ──▶ Scaler: spawn thread starts / core drains units ──▶ "spawned" back into the inbox
-                  shutdown ──▶ leave the loop (graceful stop requested by `rlctl stop`)
+                  shutdown ──▶ leave the loop (graceful stop requested by `rlctl stop`); every agent told to stop
+                    at once (no new work), and the checkpoint the trainer reached still completed (`_shutdown`)
                 trained ──▶ metrics row ──▶ Scaler.rebalance: δ ≥ δ' and a free slot ──▶ spawn one more unit
                   (a checkpoint due: the controller's state kept) ··· checkpoint_written ──▶ its part, latest
                   heartbeat ──▶ agent figures;  every PING_INTERVAL_S ──▶ ping every agent
@@ -63,7 +64,7 @@ from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.watchdog import HUNG
 from rlctl.agents.weightbook import WeightBook
-from rlctl.checkpoint.choose import resume_version
+from rlctl.checkpoint.choose import checkpoint_versions, resume_version
 from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, save_controller
 from rlctl.checkpoint.files import prune, set_aside_newer
 from rlctl.config.job import DatasetTask, JobFile, refills
@@ -144,7 +145,7 @@ def core_config(
 
 
 # `rlctl stop` while a checkpoint is being written: the longest the controller waits for it (a model and its
-# optimizer state, fsynced to shared storage, can take minutes)
+# optimizer state, fsynced to shared storage, can take minutes), within the stop's grace (`_stop_deadline`)
 STOP_CHECKPOINT_WAIT_S = 600.0
 
 # who may send what to the controller (a kind not listed here is dropped from anyone)
@@ -180,7 +181,7 @@ class ControllerAgent:
         self.stop_by = math.inf  # when `rlctl stop` kills this process if it has not ended (its grace)
         self.book = WeightBook()
         self.done_at: float | None = None  # when the last iteration was trained (the final weight sync starts)
-        self.stop_at: float | None = None  # when a stop was asked for while a checkpoint was being written
+        self.stop_at: float | None = None  # when a stop was asked for (`_stop_deadline`)
         self.core = ControllerCore(
             core_config(
                 job,
@@ -217,6 +218,7 @@ class ControllerAgent:
         self.expect_checkpoint: str | None = None  # a resumed job: the trainer part's digest it must restore
         # checkpoints whose trainer part is being written: the controller's state when its `trained` came
         self.writing: dict[int, tuple[dict[str, Any], str, int]] = {}
+        self.checkpoint_at = set(checkpoint_versions(job))  # the versions the trainer checkpoints
         self.complete: list[int] = []  # checkpoints `latest` moved to (the one resumed from too): `checkpoint.keep`
         self.checkpointed: tuple[int, float | None] | None = None  # the latest complete: version, when (status)
         version = resume_version()
@@ -335,7 +337,7 @@ class ControllerAgent:
         """Run the job to its end; 0 when every iteration was trained, 1 when it failed."""
         no_rollout_since: float | None = None
         try:
-            while not self.core.failed and not self._stopping() and not self._finished():
+            while not self.core.failed and not self.stop_requested and not self._finished():
                 try:  # while rewards compute, often enough to notice one holding the trainer (core.unstick)
                     what, who, payload = self.inbox.get(timeout=0.05 if self.core.scoring_since else 0.5)
                 except queue.Empty:
@@ -464,16 +466,12 @@ class ControllerAgent:
             self.jobdir.event("job_paused", sites=sites, agents=sorted(p.name for p in away))
             log.warning("controller: %s", self.paused)
 
-    def _stopping(self) -> bool:
-        """A stop was asked for (`rlctl stop`); a checkpoint being written is completed first, so that the job
-        resumes from it (at most STOP_CHECKPOINT_WAIT_S after the request)."""
-        if not self.stop_requested:
-            return False
-        if not self.writing:
-            return True
-        now = time.monotonic()
-        self.stop_at = self.stop_at or now
-        return now - self.stop_at > STOP_CHECKPOINT_WAIT_S
+    def _stop_deadline(self) -> float:
+        """Until when a stop (`rlctl stop`) waits for the checkpoint the trainer reached, so that the job resumes from
+        it: STOP_CHECKPOINT_WAIT_S after the request, and a second before the stop's grace ends (then it kills this
+        process: the summary is written in that second)."""
+        asked = self.stop_at if self.stop_at is not None else time.monotonic()
+        return min(asked + STOP_CHECKPOINT_WAIT_S, self.stop_by - 1.0)
 
     def _finished(self) -> bool:
         """Done once every iteration is trained, every live unit holds the last version (so a job ends with its
@@ -632,7 +630,7 @@ class ControllerAgent:
             self._send(outs)
             self._reply(peer, msg, reply)
         elif msg.kind == "shutdown":
-            self.stop_requested = True
+            self.stop_requested, self.stop_at = True, time.monotonic()
             if (grace := msg.header.get("grace_s")) is not None:  # it kills this process then: the end fits in it
                 self.stop_by = time.monotonic() + float(grace)
             self.jobdir.event("stop_requested", by=peer.name)
@@ -895,6 +893,8 @@ class ControllerAgent:
         return flight.unsent_tokens
 
     def _send(self, outs: list[Out]) -> None:
+        if self._closing:  # every agent was told to stop: no new work (a late `trained` is still booked)
+            return
         if self.t_first is None and any(o.kind == "generate" for o in outs):
             self.t_first = time.monotonic()
         for o in outs:
@@ -932,7 +932,7 @@ class ControllerAgent:
         row = metrics_row(self.snapshot(), t, wall_time=time.time())
         if self.evaluator is not None and self.evaluator.overlapped():
             row["evaluating"] = True  # a held-out evaluation decoded beside this iteration's generation
-        self.scaler.rebalance(row)
+        self.scaler.rebalance(row, stopping=self._closing)
         self._refit_ranker(row, *generated)
         self.rows.add(row)
         self.jobdir.append(self.jobdir.metrics, row)
@@ -1015,10 +1015,9 @@ class ControllerAgent:
                     p.conn.send(make("stop"))
                 except TransportError:
                     p.state = "lost"
-        deadline = time.monotonic() + BYE_WAIT_S
-        while time.monotonic() < deadline and any(
-            p.state == "running" and p.role != "client" for p in self.peers.values()
-        ):
+        graceful = self.stop_requested and not self.core.failed
+        bye_by, checkpoint_by = time.monotonic() + BYE_WAIT_S, self._stop_deadline() if graceful else 0.0
+        while self._waiting(bye_by=bye_by, checkpoint_by=checkpoint_by):
             try:
                 what, who, payload = self.inbox.get(timeout=0.2)
             except queue.Empty:
@@ -1036,6 +1035,10 @@ class ControllerAgent:
                     peer.state = "stopped"
             elif msg.kind == "status":
                 self._reply_status(peer, msg)
+            elif msg.kind in ("trained", "checkpoint_written") and graceful:
+                self._late(peer, msg)
+        if graceful and self.writing:
+            self._checkpoint_given_up()
         # the run it ends: a launcher takes only its own run's summary (`rlctl.ops.run.run_summary`)
         end = {**summary(self.snapshot()), "run": os.environ.get(ENV_RUN)}
         self.jobdir.write_json(self.jobdir.summary_json, end)
@@ -1054,6 +1057,47 @@ class ControllerAgent:
             log.warning(
                 "controller: /metrics was not scraped in %.0f s after the end; RlctlControllerDown may page", linger
             )
+
+    def _waiting(self, *, bye_by: float, checkpoint_by: float) -> bool:
+        """Whether `_shutdown` waits on: an agent told to stop has not said bye yet (until `bye_by`), or the trainer
+        has a checkpoint to finish (until `checkpoint_by`; its bye comes after it)."""
+        running = [p for p in self.peers.values() if p.state == "running" and p.role != "client"]
+        now = time.monotonic()
+        if not running or now < bye_by:
+            return bool(running)
+        return self._checkpoint_coming() and now < checkpoint_by and any(p.role == "trainer" for p in running)
+
+    def _checkpoint_coming(self) -> bool:
+        """Whether the trainer may still complete a checkpoint: its part of one is being written (its `trained`
+        came), or it holds every group of the iteration it trains now and that iteration's version checkpoints (it
+        may be in that step, which it finishes before it reads the stop; told to stop before, it trains nothing
+        more and says bye at once)."""
+        version = self.core.trainer_version
+        return bool(self.writing) or (self.core.buffers.ready(version) and version + 1 in self.checkpoint_at)
+
+    def _late(self, peer: Peer, msg: Message) -> None:
+        """A graceful stop: the trainer's `trained` and `checkpoint_written` that came after the request (a stop
+        during the step of an iteration that checkpoints, or while its `trained` was on its way: the trainer
+        finishes both before its bye, `_checkpoint_coming`). Booked as in the loop, so that the checkpoint it
+        reached is completed and `latest` names it; nothing new is sent (`_send`)."""
+        if (why := self._wrong(peer, msg)) is not None:
+            log.warning("controller: dropped %s from %s: %s", msg.kind, peer.name, why)
+        elif msg.kind == "trained":
+            self._trained(parse(msg, Trained))
+        else:
+            self._checkpoint(parse(msg, CheckpointWritten))
+
+    def _checkpoint_given_up(self) -> None:
+        """The stop's deadline passed with a checkpoint still being written (or the trainer gone): said, with the
+        checkpoint a resume takes instead."""
+        versions = sorted(self.writing)
+        latest = self.checkpointed[0] if self.checkpointed is not None else None
+        self.jobdir.event("checkpoint_abandoned", versions=versions, latest=latest)
+        log.warning(
+            "controller: checkpoint iter-%s not complete when the stop ended; a resume takes %s",
+            ", iter-".join(map(str, versions)),
+            f"iter-{latest}" if latest is not None else "none (the job starts over)",
+        )
 
     # -- threads ------------------------------------------------------------------------------------
     def _accept(self) -> None:

@@ -211,13 +211,13 @@ class Scaler:
             self._scale_event("in", u.name, sites.get(u.name, ""), reason)
         return {"removing": [u.name for u in victims]}, outs
 
-    def rebalance(self, row: dict[str, Any]) -> None:
+    def rebalance(self, row: dict[str, Any], *, stopping: bool = False) -> None:
         """StreamRL §4.2 after each trained iteration: δ ≥ δ' and a free slot → one more rollout unit
         (see rebalance.py: in async mode it reads the period and the trainer's wait, else the stage times). Adds
-        the rule's reading to the iteration's metrics `row`."""
+        the rule's reading to the iteration's metrics `row`. `stopping`: the job stops, no unit is started."""
         units = len(self.core.live_units) + len(self.pending_units())
         free = self.free_slots() if self.spawner is not None else {}
-        blocked = self._cap_reached(units)
+        blocked = "the job is stopping" if stopping else self._cap_reached(units)
         if blocked is None and not any(n > 0 for n in free.values()):
             blocked = "no free GPU slot on a rollout site"
         if self.core.cfg.eta > 0:  # async: iterations overlap, δ is the trainer's wait (rebalance.py)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import urllib.request
 from collections import Counter
 from concurrent.futures import Future
@@ -28,7 +29,7 @@ from rlctl.launch.agentenv import ENV_RESUME
 from rlctl.launch.jobdir import JobDir
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.source import DigitsSource
-from rlctl.transport import InprocTransport
+from rlctl.transport import InprocTransport, Message
 
 
 def _job(mode: str, iterations: int = 3, algorithm: str = "grpo", checkpoint: dict | None = None) -> JobFile:
@@ -210,6 +211,58 @@ def test_a_checkpoint_write_that_fails_in_the_background_ends_the_job_naming_it(
     assert ctl.core.failed is not None
     assert "the trainer could not write its part of checkpoint iter-2: RuntimeError: No space left" in ctl.core.failed
     assert latest_complete(jd.checkpoints) is None
+
+
+def _ask_stop(agent: TrainerAgent, *, once_complete: int) -> None:
+    """`rlctl stop`'s shutdown request (answered once the controller took it, its loop then ends), from the trainer's
+    thread once checkpoint `once_complete` is (the controller waits for no write when the request comes)."""
+    deadline = time.monotonic() + 30
+    while latest_complete(agent.ctx.jobdir.checkpoints) != once_complete and time.monotonic() < deadline:
+        time.sleep(0.05)
+    conn = agent.ctx.transport.connect(agent.ctx.controller, timeout_s=5)
+    conn.send(make("hello", Hello(role="client", name="stop")))
+    conn.request(Message("shutdown", {"grace_s": 60.0}), timeout_s=10)
+    conn.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("when", ["trained_on_its_way", "during_the_step"])
+def test_a_stop_as_a_checkpoint_iteration_is_trained_completes_that_checkpoint(tmp_path, monkeypatch, when):
+    """`rlctl stop` handled while the `trained` of iteration 3 → v4 (a checkpoint: every 2) is on its way, or while
+    the trainer runs that step: the trainer finishes the step and the write before its bye, and the controller
+    books both, so that `latest` names v4 and the resume loses nothing. It named v2: the controller left its loop
+    at the request (no write was pending yet) and dropped the late `trained` and `checkpoint_written` — every stop
+    lost `checkpoint.every_iterations` iterations (2 of 4 here). No bye grace: the controller waits for the
+    trainer because it holds the checkpoint iteration (a step of a large model takes longer than that grace)."""
+    torch.manual_seed(0)
+    monkeypatch.setattr(controller, "BYE_WAIT_S", 0.0)
+    trainer: list[TrainerAgent] = []
+    if when == "trained_on_its_way":
+        maybe_checkpoint = TrainerAgent._maybe_checkpoint
+
+        def snapshot_then_stop(self):
+            write = maybe_checkpoint(self)
+            if self.version == 4:  # its `trained` is sent once this returns
+                trainer.append(self)
+                _ask_stop(self, once_complete=2)
+            return write
+
+        monkeypatch.setattr(TrainerAgent, "_maybe_checkpoint", snapshot_then_stop)
+    else:
+        publish = TrainerAgent._publish
+
+        def stop_then_publish(self, publisher, version):
+            if version == 4:  # the optimizer step is taken; publish, snapshot and `trained` follow
+                trainer.append(self)
+                _ask_stop(self, once_complete=2)
+            publish(self, publisher, version)
+
+        monkeypatch.setattr(TrainerAgent, "_publish", stop_then_publish)
+    jd, ctl = run_inproc(_job("async", iterations=8), tmp_path, f"stop-{when}", code=1)
+    assert trainer and trainer[0].version == 4  # told to stop at once, it trained no further iteration
+    assert latest_complete(jd.checkpoints) == 4 and jd.read_json(jd.checkpoints / "latest.json")["version"] == 4
+    assert [r["iteration"] for r in jd.read_lines(jd.metrics)] == [0, 1, 2, 3]  # the rows a resume from v4 keeps
+    assert jd.read_json(jd.summary_json)["state"] == "stopped" and ctl.core.failed is None
 
 
 POOL_FAILED = "no reward worker could load r.py:f for 60 s (7 failed starts); the last error: OSError: NFS"

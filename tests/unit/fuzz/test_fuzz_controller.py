@@ -23,6 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rlctl.agents import controller
 from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import TO_CONTROLLER, Hello, check, make
@@ -262,6 +263,18 @@ def _trained(iteration: int, version: int) -> dict[str, Any]:
     }
 
 
+def _stop_with(r: Running, trainer_says: list[Message]) -> None:
+    """`rlctl stop` (its shutdown request, with the stop's grace), then the controller's end: the trainer's ending
+    messages are queued (its `bye` last, as it says it once its write is done), the units say bye."""
+    r.feed("client-0", make("shutdown", {"grace_s": 60.0}))
+    assert r.ctl.stop_requested  # (the loop ends here: `run`)
+    for msg in trainer_says:
+        r.ends[0].send(msg)
+    for end, name in zip(r.ends[1:3], PEERS[1:3], strict=True):
+        end.send(make("bye", {"name": name, "state": "stopped"}))
+    r.ctl._shutdown()
+
+
 def test_a_stop_waits_for_the_checkpoint_being_written_whose_part_the_controller_writes_when_told(
     running: Callable[[], Running], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -269,15 +282,33 @@ def test_a_stop_waits_for_the_checkpoint_being_written_whose_part_the_controller
     ids = _finish_all(r)
     r.feed("trainer-0", make("trained", {**_trained(0, 1), "sample_ids": ids[:4], "checkpointing": True}))
     assert list(r.ctl.writing) == [1] and not (r.jd.checkpoints / "latest.json").exists()
-    r.ctl.stop_requested = True
-    assert not r.ctl._stopping() and not r.ctl._finished()  # the trainer's part is still being written
+    written = [
+        make("checkpoint_written", {"version": 2, "checkpoint": "ab" * 32}),  # not being written
+        make("checkpoint_written", {"version": 1, "checkpoint": "ab" * 32}),
+        make("bye", {"name": "trainer-0", "state": "stopped"}),
+    ]
     with caplog.at_level(logging.WARNING, logger="rlctl.agents.controller"):
-        r.feed("trainer-0", make("checkpoint_written", {"version": 2, "checkpoint": "ab" * 32}))  # not being written
+        _stop_with(r, written)
     assert any("dropped checkpoint_written from trainer-0" in rec.getMessage() for rec in caplog.records)
-    r.feed("trainer-0", make("checkpoint_written", {"version": 1, "checkpoint": "ab" * 32}))
-    assert r.ctl.writing == {} and r.ctl._stopping()
+    assert r.ctl.writing == {}
     assert json.loads((r.jd.checkpoints / "latest.json").read_text())["version"] == 1
-    assert r.ctl.core.failed is None
+    assert r.ctl.core.failed is None and r.jd.read_json(r.jd.summary_json)["state"] == "stopped"
+
+
+def test_a_stop_gives_up_on_a_checkpoint_not_written_by_its_deadline_and_says_which_a_resume_takes(
+    running: Callable[[], Running], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(controller, "BYE_WAIT_S", 0.2)
+    monkeypatch.setattr(controller, "STOP_CHECKPOINT_WAIT_S", 0.5)
+    r = running()
+    ids = _finish_all(r)
+    r.feed("trainer-0", make("trained", {**_trained(0, 1), "sample_ids": ids[:4], "checkpointing": True}))
+    with caplog.at_level(logging.WARNING, logger="rlctl.agents.controller"):
+        _stop_with(r, [])  # the trainer's write never ends
+    assert "checkpoint iter-1 not complete when the stop ended; a resume takes none" in caplog.text
+    (e,) = [e for e in r.jd.read_lines(r.jd.events) if e["event"] == "checkpoint_abandoned"]
+    assert (e["versions"], e["latest"]) == ([1], None)
+    assert not (r.jd.checkpoints / "latest.json").exists()
 
 
 def test_a_skipped_version_is_booked_as_a_transfer_not_as_the_unit_s_version(running: Callable[[], Running]) -> None:
