@@ -139,7 +139,9 @@ def _learner_rank(rank: int, init: str, state: dict[str, torch.Tensor], samples:
         learner.step(samples[rank * 4 : (rank + 1) * 4])  # each rank its own group
         if rank == 0:  # as a list: a tensor's storage is shared through a socket this process takes down on exit
             out.put(_grads(model).tolist())
-        dist.barrier()  # both ranks done with the group before either takes it down (a rank aborted in teardown once, in a full -n 2 unit run)
+        # both ranks done with the group before either takes it down (a rank aborted in teardown once, in a full
+        # -n 2 unit run)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
