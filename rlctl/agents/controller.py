@@ -64,7 +64,7 @@ from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.watchdog import HUNG
 from rlctl.agents.weightbook import WeightBook
-from rlctl.checkpoint.choose import checkpoint_versions, resume_version
+from rlctl.checkpoint.choose import checkpoints_at, resume_version
 from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, save_controller
 from rlctl.checkpoint.files import prune, set_aside_newer
 from rlctl.config.job import DatasetTask, JobFile, refills
@@ -218,7 +218,6 @@ class ControllerAgent:
         self.expect_checkpoint: str | None = None  # a resumed job: the trainer part's digest it must restore
         # checkpoints whose trainer part is being written: the controller's state when its `trained` came
         self.writing: dict[int, tuple[dict[str, Any], str, int]] = {}
-        self.checkpoint_at = set(checkpoint_versions(job))  # the versions the trainer checkpoints
         self.complete: list[int] = []  # checkpoints `latest` moved to (the one resumed from too): `checkpoint.keep`
         self.checkpointed: tuple[int, float | None] | None = None  # the latest complete: version, when (status)
         version = resume_version()
@@ -1073,7 +1072,7 @@ class ControllerAgent:
         may be in that step, which it finishes before it reads the stop; told to stop before, it trains nothing
         more and says bye at once)."""
         version = self.core.trainer_version
-        return bool(self.writing) or (self.core.buffers.ready(version) and version + 1 in self.checkpoint_at)
+        return bool(self.writing) or (self.core.buffers.ready(version) and checkpoints_at(self.job, version + 1))
 
     def _late(self, peer: Peer, msg: Message) -> None:
         """A graceful stop: the trainer's `trained` and `checkpoint_written` that came after the request (a stop

@@ -57,7 +57,7 @@ from rlctl.agents.watchdog import HUNG, Watchdog, waits_in_collective
 from rlctl.agents.watchdog import TICK_S as WATCH_TICK_S
 from rlctl.agents.weights import PublishedModel, Target, WeightPublisher
 from rlctl.checkpoint.background import BackgroundWriter
-from rlctl.checkpoint.choose import resume_version
+from rlctl.checkpoint.choose import checkpoints_at, resume_version
 from rlctl.checkpoint.files import prune, set_aside_newer
 from rlctl.checkpoint.trainer import HostPolicy, load_trainer, snapshot_shard, snapshot_trainer
 from rlctl.config.job import JobFile
@@ -497,9 +497,7 @@ class TrainerAgent:
         are told through the learner's broadcasts), copied into host memory now; the write, for the background
         writer once this version's `trained` is sent (it tells the controller when the part is on disk:
         `checkpoint_written`). None when no checkpoint is due."""
-        every = self.ctx.job.checkpoint.every_iterations
-        last = self.version == self.ctx.job.iterations
-        if not (last or (every and self.version % every == 0)):
+        if not checkpoints_at(self.ctx.job, self.version):
             return None
         version = self.version
         # one snapshot in host memory at a time: the one before is on disk first (a wait on the disk, unwatched)

@@ -56,6 +56,13 @@ def parse_latest(text: str) -> int:
     return version
 
 
+def checkpoints_at(job: JobFile, version: int) -> bool:
+    """Whether the trainer checkpoints `version` (one of `checkpoint_versions`): each `checkpoint.every_iterations`,
+    and the last."""
+    every = job.checkpoint.every_iterations
+    return version == job.iterations or (0 < version < job.iterations and every > 0 and version % every == 0)
+
+
 def checkpoint_versions(job: JobFile) -> list[int]:
     """Every version the trainer checkpoints (each `checkpoint.every_iterations`, and the last), newest first."""
     every = job.checkpoint.every_iterations

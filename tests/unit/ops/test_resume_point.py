@@ -15,6 +15,7 @@ import pytest
 from rlctl.checkpoint.choose import (
     checkpoint_bytes,
     checkpoint_versions,
+    checkpoints_at,
     checkpoints_held,
     checkpoints_set_aside,
     manifest_name,
@@ -208,6 +209,9 @@ def test_a_job_that_never_completed_a_checkpoint_starts_over(tmp_path: Path) -> 
 def test_the_job_checkpoint_versions_are_the_trainers() -> None:
     assert checkpoint_versions(spec(10, 3)) == [10, 9, 6, 3]
     assert checkpoint_versions(spec(10, 0)) == [10]
+    for every in (0, 1, 3, 10):  # the rule the trainer and a stopping controller ask of one version
+        job = spec(10, every)
+        assert [v for v in range(12) if checkpoints_at(job, v)] == sorted(checkpoint_versions(job))
 
 
 def local_site() -> Site:
