@@ -311,8 +311,10 @@ def test_held_out_evaluations_during_the_run_decode_each_versions_checkpoint_gre
     """`evaluation.every_iterations: 2` over 5 iterations: versions 0, 2, 4 and the last (5) are decoded greedily
     on a rollout unit beside its work; each evaluation's outputs are those of the end-of-job evaluation's code on
     that version's checkpoint (sync: no version is applied while a unit decodes them), and its row's figures their
-    scores; the gauges and the status reply carry the last; the job waits for the last one before it ends. PPO: its
-    critic's baseline moves the policy although the untrained model's rewards are all 0 (GRPO's would not)."""
+    scores; the gauges and the status reply carry the last; the job waits for the last one before it ends. The
+    versions must decode apart for that to show a wrong version: an untrained model's digits rewards are nearly
+    always all 0, and then PPO's advantages are 0 too (its critic's head starts at 0), so the policy never moved in
+    about half the runs. A dense reward (the share of even token ids in the output) moves it in every run."""
     from rlctl.config.job import Evaluation
     from rlctl.rl.evaluate import greedy_outputs, score_outputs
     from rlctl.rl.source import DigitsSource
@@ -326,6 +328,7 @@ def test_held_out_evaluations_during_the_run_decode_each_versions_checkpoint_gre
         return score_heldout(self, key, outputs)
 
     monkeypatch.setattr(DigitsSource, "score_heldout", keep)
+    monkeypatch.setattr(DigitsTask, "reward", lambda self, prompt, out: sum(t % 2 == 0 for t in out) / max(len(out), 1))
     job = _job("sync", iterations=5, algorithm="ppo", checkpoint={"every_iterations": 1, "keep": 0})
     job = job.model_copy(
         update={
