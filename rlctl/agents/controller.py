@@ -547,6 +547,12 @@ class ControllerAgent:
         peer.last_seen = time.monotonic()
         if peer.state == "unreachable":
             self._rejoin(peer, version=peer.figures.version, new_connection=False)
+        self._message(peer, msg, heard)
+
+    def _message(self, peer: Peer, msg: Message, heard: float) -> None:
+        """Act on a message from `peer` (heard at `heard`), or drop it saying why (`_wrong`): in the loop, and for
+        the kinds a stopping controller still books (`_shutdown`)."""
+        who = peer.name
         if (why := self._wrong(peer, msg)) is not None:
             log.warning("controller: dropped %s from %s: %s", msg.kind, who, why)
             return
@@ -1027,15 +1033,15 @@ class ControllerAgent:
             if what == "closed":
                 peer.state = "stopped" if peer.state == "running" else peer.state
                 continue
-            msg = payload[0]
-            if msg.kind in ("heartbeat", "bye"):
-                peer.figures = parse(msg, Heartbeat)
-                if msg.kind == "bye":
-                    peer.state = "stopped"
-            elif msg.kind == "status":
-                self._reply_status(peer, msg)
-            elif msg.kind in ("trained", "checkpoint_written") and graceful:
-                self._late(peer, msg)
+            msg, heard = payload
+            if msg.kind == "bye":  # not the loop's: what a unit was evaluating is not asked again now
+                peer.figures, peer.state = parse(msg, Heartbeat), "stopped"
+            elif msg.kind in ("heartbeat", "status") or (graceful and msg.kind in ("trained", "checkpoint_written")):
+                # a graceful stop books the trainer's late `trained` and `checkpoint_written` (a stop during the
+                # step of an iteration that checkpoints, or while its `trained` was on its way: the trainer
+                # finishes both before its bye, `_checkpoint_coming`), so that the checkpoint it reached is
+                # completed and `latest` names it; nothing new is sent (`_send`)
+                self._message(peer, msg, heard)
         if graceful and self.writing:
             self._checkpoint_given_up()
         # the run it ends: a launcher takes only its own run's summary (`rlctl.ops.run.run_summary`)
@@ -1073,18 +1079,6 @@ class ControllerAgent:
         more and says bye at once)."""
         version = self.core.trainer_version
         return bool(self.writing) or (self.core.buffers.ready(version) and checkpoints_at(self.job, version + 1))
-
-    def _late(self, peer: Peer, msg: Message) -> None:
-        """A graceful stop: the trainer's `trained` and `checkpoint_written` that came after the request (a stop
-        during the step of an iteration that checkpoints, or while its `trained` was on its way: the trainer
-        finishes both before its bye, `_checkpoint_coming`). Booked as in the loop, so that the checkpoint it
-        reached is completed and `latest` names it; nothing new is sent (`_send`)."""
-        if (why := self._wrong(peer, msg)) is not None:
-            log.warning("controller: dropped %s from %s: %s", msg.kind, peer.name, why)
-        elif msg.kind == "trained":
-            self._trained(parse(msg, Trained))
-        else:
-            self._checkpoint(parse(msg, CheckpointWritten))
 
     def _checkpoint_given_up(self) -> None:
         """The stop's deadline passed with a checkpoint still being written (or the trainer gone): said, with the
