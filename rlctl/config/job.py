@@ -202,6 +202,11 @@ class DatasetTask(OverlongShaping):
     reward: str = "exact_match"
     reward_workers: NonNegativeInt = Field(2, description="worker processes; 0: in the caller's thread, no timeout")
     reward_timeout_s: PositiveFloat = 10.0
+    reward_load_timeout_s: PositiveFloat | None = Field(
+        None,
+        description="how long a reward worker may take to load the function (its imports, a reward model's "
+        "weights); null: 6 × reward_timeout_s, at least 60 s",
+    )
     reward_on_error: float = 0.0
     reward_stall_s: PositiveFloat | Literal["auto", "never"] = Field(
         "auto",

@@ -224,6 +224,7 @@ def _unread(job: Job) -> list[Problem]:
     if isinstance(task, DatasetTask):
         why = "read when task.reward_workers > 0 only (0 scores in the caller's thread, with no timeout)"
         cases.append(("task", task, "reward_timeout_s", task.reward_workers == 0, why))
+        cases.append(("task", task, "reward_load_timeout_s", task.reward_workers == 0, why))
         cases.append(("task", task, "shuffle_seed", not task.shuffle, "read when task.shuffle is true only"))
     out = []
     for section, config, name, unread, why in cases:

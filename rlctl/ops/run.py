@@ -407,7 +407,9 @@ class JobRun:
         # before it listens, the controller waits for its reward pool's first load (a dataset task's reward), which
         # has a deadline of its own
         task = self.spec.task
-        wait_s = CONTROLLER_START_S + (load_deadline_s(task.reward_timeout_s) if isinstance(task, DatasetTask) else 0)
+        wait_s = CONTROLLER_START_S
+        if isinstance(task, DatasetTask):
+            wait_s += load_deadline_s(task.reward_timeout_s, task.reward_load_timeout_s)
         deadline = time.monotonic() + wait_s
         while True:
             text = self._read_record("controller.json") if remote else None

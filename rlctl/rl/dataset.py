@@ -420,7 +420,7 @@ def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = Non
             str(job_file), "task.path", f"no such file {str(data)!r} (paths are relative to the job file)"
         )
     try:  # in a reward worker, within its deadline: never the user's module's import in this process
-        check_loads(cfg.reward, base, timeout_s=cfg.reward_timeout_s)
+        check_loads(cfg.reward, base, timeout_s=cfg.reward_timeout_s, load_timeout_s=cfg.reward_load_timeout_s)
     except ValueError as e:
         raise ConfigError(str(job_file), "task.reward", str(e)) from e
     if model_dir is None or not model_dir.is_dir():

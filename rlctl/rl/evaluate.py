@@ -125,6 +125,7 @@ def compare_dataset(
         workers=task.reward_workers,
         timeout_s=task.reward_timeout_s,
         on_error=task.reward_on_error,
+        load_retry_s=task.reward_load_timeout_s,
     ) as pool:
         for model_dir in (before, after):  # one policy in memory at a time, on every core (the job is done)
             model = TinyGPT.from_pretrained(

@@ -39,6 +39,7 @@ A worker that cannot load the function is no reason to score calls `on_error`:
     later: a worker cannot load it ──▶ down ──(1 s, 2 s, 4 s … 60 s)──▶ started again ──▶ ready, scoring again
            (each failure counted and logged; calls wait meanwhile)
     every worker unable to load it for `load_retry_s` (6 × timeout_s, at least 60 s) ──▶ the pool fails
+    (`load_retry_s`: a job's task.reward_load_timeout_s where it sets one)
 
 A start that has not loaded the function within `load_retry_s` (its import hangs: a network mount, a lock) could not
 load it: the worker is killed, and it is a config error at the first start, a failed start (backoff) later. A pool
@@ -406,17 +407,19 @@ class RewardStats:
         return self.errors + self.timeouts + self.bad_type
 
 
-def load_deadline_s(timeout_s: float) -> float:
-    """How long a pool of calls bounded by `timeout_s` gives a worker to load the function (`load_retry_s`)."""
-    return max(LOAD_RETRY_MIN_S, LOAD_RETRY_FACTOR * timeout_s)
+def load_deadline_s(timeout_s: float, load_timeout_s: float | None = None) -> float:
+    """How long a pool gives a worker to load the function (`load_retry_s`): a job's `task.reward_load_timeout_s`
+    (`load_timeout_s`), else a bound that follows its calls' `timeout_s`."""
+    return load_timeout_s if load_timeout_s is not None else max(LOAD_RETRY_MIN_S, LOAD_RETRY_FACTOR * timeout_s)
 
 
 class RewardPool:
     """Reward calls in `workers` processes, each call bounded by `timeout_s` (see the module docstring).
 
     `load_retry_s`: how long every worker may stay unable to load the function before the pool fails, and how long
-    one start may take to load it (default: LOAD_RETRY_FACTOR × timeout_s, at least LOAD_RETRY_MIN_S: the bound a
-    job's `reward_timeout_s` sets, long enough for an import of torch or sympy from cold shared storage)."""
+    one start may take to load it: a job's `task.reward_load_timeout_s` (a reward model's load takes minutes), by
+    default LOAD_RETRY_FACTOR × timeout_s, at least LOAD_RETRY_MIN_S (long enough for an import of torch or sympy
+    from cold shared storage)."""
 
     def __init__(
         self,
@@ -439,11 +442,12 @@ class RewardPool:
         self.timeout_s = timeout_s
         self.on_error = float(on_error)
         self.load_retry_s = load_deadline_s(timeout_s) if load_retry_s is None else load_retry_s
-        # what sets that bound, for the line of a load that outlasts it (a job's: its reward_timeout_s)
+        # what sets that bound, for the line of a load that outlasts it: the job field that raises it
         self._bound_by = (
-            f" ({LOAD_RETRY_FACTOR} × reward_timeout_s, at least {LOAD_RETRY_MIN_S:g} s)"
+            f" ({LOAD_RETRY_FACTOR} × reward_timeout_s, at least {LOAD_RETRY_MIN_S:g} s; a longer load: set "
+            "task.reward_load_timeout_s)"
             if load_retry_s is None
-            else ""
+            else " (task.reward_load_timeout_s)"
         )
         self.stats = RewardStats()
         self.failed: str | None = None  # why the pool stopped for good (its calls are cancelled), once it has
@@ -799,7 +803,7 @@ class RewardPool:
 # ── `rlctl check` ─────────────────────────────────────────────────────────────────────────────────
 
 
-def check_loads(spec: str, base_dir: Path, *, timeout_s: float) -> None:
+def check_loads(spec: str, base_dir: Path, *, timeout_s: float, load_timeout_s: float | None = None) -> None:
     """What `rlctl check` verifies of a reward: that it loads — a built-in by its name, a user's function in one
     reward worker, as the job's pool loads it and within the pool's deadline for `timeout_s` (`load_retry_s`): the
     operator's process never imports the user's module, so a module whose import hangs (a network mount, a lock)
@@ -808,4 +812,4 @@ def check_loads(spec: str, base_dir: Path, *, timeout_s: float) -> None:
     if ":" not in spec:
         load_reward(spec, base_dir)
         return
-    RewardPool(spec, base_dir=base_dir, workers=1, timeout_s=timeout_s, wait=True).close()
+    RewardPool(spec, base_dir=base_dir, workers=1, timeout_s=timeout_s, load_retry_s=load_timeout_s, wait=True).close()

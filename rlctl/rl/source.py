@@ -214,6 +214,7 @@ class DatasetSource(TaskSource):
                 workers=workers,
                 timeout_s=c.reward_timeout_s,
                 on_error=c.reward_on_error,
+                load_retry_s=c.reward_load_timeout_s,
                 loaded=loaded,
                 wait=wait,
             )

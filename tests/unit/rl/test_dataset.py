@@ -272,7 +272,8 @@ def test_check_task_loads_the_reward_in_a_worker_within_its_deadline(
     with pytest.raises(ConfigError) as e:
         check_task(task(reward="hang.py:f", reward_timeout_s=0.1), job_file=job)
     assert str(e.value) == (
-        f"{job}: task.reward: hang.py:f: it did not finish loading within 1 s (6 × reward_timeout_s, at least 1 s)"
+        f"{job}: task.reward: hang.py:f: it did not finish loading within 1 s (6 × reward_timeout_s, at least 1 s; "
+        "a longer load: set task.reward_load_timeout_s)"
     )
     with pytest.raises(ConfigError) as e:
         check_task(task(reward="bad.py:f"), job_file=job)
@@ -280,6 +281,26 @@ def test_check_task_loads_the_reward_in_a_worker_within_its_deadline(
     check_task(task(reward="ok.py:f"), job_file=job)
     here = [m for m in list(sys.modules.values()) if str(getattr(m, "__file__", None)).startswith(str(tmp_path))]
     assert here == []  # the user's modules: never imported in the check's process
+
+
+@pytest.mark.timeout(120)
+def test_a_reward_that_loads_longer_than_its_calls_bound_takes_reward_load_timeout_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reward whose load takes longer than the bound its calls' timeout sets (a reward model's weights: minutes,
+    against 6 × reward_timeout_s, at least 60 s) loads with `task.reward_load_timeout_s`, without a longer timeout
+    for every call; the refusal of the default bound says so (before, the only way was to raise
+    reward_timeout_s)."""
+    monkeypatch.setattr(reward, "LOAD_RETRY_MIN_S", 1.0)  # the default bound: max(this, 6 × reward_timeout_s)
+    job = tmp_path / "job.yaml"
+    ten_rows(tmp_path)
+    (tmp_path / "model.py").write_text(
+        "import time\ntime.sleep(3)  # a reward model's load\n\n"
+        "def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
+    with pytest.raises(ConfigError, match=r"within 1 s .*a longer load: set task\.reward_load_timeout_s\)$"):
+        check_task(task(reward="model.py:f", reward_timeout_s=0.1), job_file=job)
+    check_task(task(reward="model.py:f", reward_timeout_s=0.1, reward_load_timeout_s=60.0), job_file=job)
 
 
 def test_check_task_reads_every_row_as_the_launch_will(tmp_path: Path) -> None:

@@ -523,7 +523,8 @@ def test_the_controllers_source_refuses_a_reward_no_worker_can_load_as_it_starts
     with pytest.raises(ConfigError) as e:
         source("hang.py:f")
     assert str(e.value) == (
-        "job.json: task.reward: hang.py:f: it did not finish loading within 1 s (6 × reward_timeout_s, at least 1 s)"
+        "job.json: task.reward: hang.py:f: it did not finish loading within 1 s (6 × reward_timeout_s, at least 1 s; "
+        "a longer load: set task.reward_load_timeout_s)"
     )
     assert "reward pool failed" not in caplog.text  # the one line is the config error's
     monkeypatch.setattr(reward, "LOAD_RETRY_MIN_S", 60.0)  # a loaded machine may take over 1 s to start a worker
@@ -595,7 +596,10 @@ def test_a_first_start_that_does_not_finish_loading_fails_the_pool(tmp_path: Pat
         call = pool.submit("s0", "d", "a", "a")
         with pytest.raises(CancelledError):
             call.result(timeout=30.0)
-        assert pool.failed == "a reward worker cannot load slow.py:compute_score: it did not finish loading within 1 s"
+        assert pool.failed == (
+            "a reward worker cannot load slow.py:compute_score: it did not finish loading within 1 s "
+            "(task.reward_load_timeout_s)"
+        )
         assert pool.stats.load_failures == 1
 
 
@@ -628,10 +632,12 @@ def test_a_replacement_that_does_not_finish_loading_is_a_failed_start(
             with pytest.raises(CancelledError):
                 waiting.result(timeout=30.0)
             assert pool.failed is not None and pool.failed.startswith("no reward worker could load slow.py:")
-            assert pool.failed.endswith(f"the last error: it did not finish loading within {load_retry_s:g} s")
+            assert pool.failed.endswith(
+                f"the last error: it did not finish loading within {load_retry_s:g} s (task.reward_load_timeout_s)"
+            )
     assert (
-        f"it did not finish loading within {load_retry_s:g} s; starting it again in 1 s (1 failed start(s) in a row)"
-        in caplog.text
+        f"it did not finish loading within {load_retry_s:g} s (task.reward_load_timeout_s); starting it again in 1 s "
+        "(1 failed start(s) in a row)" in caplog.text
     )
 
 
