@@ -147,6 +147,9 @@ def core_config(
 # `rlctl stop` while a checkpoint is being written: the longest the controller waits for it (a model and its
 # optimizer state, fsynced to shared storage, can take minutes), within the stop's grace (`_stop_deadline`)
 STOP_CHECKPOINT_WAIT_S = 600.0
+# `rlctl stop` that sets no --grace: how long it gives the controller to end, STOP_CHECKPOINT_WAIT_S more while the
+# trainer may complete a checkpoint (`_stop_asked`)
+STOP_GRACE_S = 15.0
 
 # who may send what to the controller (a kind not listed here is dropped from anyone)
 SENDERS: dict[str, frozenset[str]] = {
@@ -465,6 +468,20 @@ class ControllerAgent:
             self.jobdir.event("job_paused", sites=sites, agents=sorted(p.name for p in away))
             log.warning("controller: %s", self.paused)
 
+    def _stop_asked(self, by: str, grace_s: float | None) -> dict[str, Any]:
+        """`rlctl stop`'s request: the loop ends, and the reply says how long the end may take (`grace_s`: the
+        operator's `--grace`, after which it kills this process; none given: STOP_GRACE_S, and STOP_CHECKPOINT_WAIT_S
+        more while the trainer may complete a checkpoint, so that a default stop keeps the checkpoint the trainer
+        reached) and which checkpoint the stop waits for (`checkpoint`, or None)."""
+        now = time.monotonic()
+        coming = self._checkpoint_coming()
+        if grace_s is None:
+            grace_s = STOP_GRACE_S + (STOP_CHECKPOINT_WAIT_S if coming else 0.0)
+        self.stop_requested, self.stop_at, self.stop_by = True, now, now + float(grace_s)
+        version = (max(self.writing) if self.writing else self.core.trainer_version + 1) if coming else None
+        self.jobdir.event("stop_requested", by=by, grace_s=grace_s, checkpoint=version)
+        return {"ok": True, "grace_s": grace_s, "checkpoint": version}
+
     def _stop_deadline(self) -> float:
         """Until when a stop (`rlctl stop`) waits for the checkpoint the trainer reached, so that the job resumes from
         it: STOP_CHECKPOINT_WAIT_S after the request, and a second before the stop's grace ends (then it kills this
@@ -635,11 +652,7 @@ class ControllerAgent:
             self._send(outs)
             self._reply(peer, msg, reply)
         elif msg.kind == "shutdown":
-            self.stop_requested, self.stop_at = True, time.monotonic()
-            if (grace := msg.header.get("grace_s")) is not None:  # it kills this process then: the end fits in it
-                self.stop_by = time.monotonic() + float(grace)
-            self.jobdir.event("stop_requested", by=peer.name)
-            self._reply(peer, msg, {"ok": True})
+            self._reply(peer, msg, self._stop_asked(peer.name, msg.header.get("grace_s")))
         else:
             log.warning("controller: unexpected %r from %s", msg.kind, who)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -17,6 +18,8 @@ def _table(r: dict[str, Any]) -> str:
         told = f"; its launcher ({r['launcher']}) is told not to resume it" if r.get("launcher") else ""
         return f"job {r['id']} already ended ({r['ended']}){told}" + "".join(f"\nproblem: {p}" for p in r["problems"])
     rows = [["graceful", r["graceful"]], ["agents stopped", ", ".join(r["agents"]) or "-"]]
+    if (c := r.get("checkpoint")) is not None:  # the one the trainer had reached when the stop came
+        rows.insert(1, ["checkpoint", f"iter-{c['version']}: {c['outcome']}"])
     rows += [["problem", p] for p in r["problems"]]
     return grid(rows, ["", ""], f"Stop {r['id']}")
 
@@ -26,14 +29,16 @@ def register(app: typer.Typer) -> None:
     def stop(
         job: JobArg = None,
         grace_s: Annotated[
-            float,
+            float | None,
             typer.Option(
                 "--grace",
                 min=0.0,
-                help="seconds for a graceful exit before SIGKILL / scancel",
+                help="seconds for a graceful exit before SIGKILL / scancel (default: 15, and up to 600 more while "
+                "the controller completes a checkpoint the trainer reached)",
                 callback=seconds_at_least(0.0),
+                show_default=False,
             ),
-        ] = 15.0,
+        ] = None,
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Stop a job: the controller stops its agents and writes the summary; then every agent the job
@@ -42,7 +47,7 @@ def register(app: typer.Typer) -> None:
         from rlctl.ops.operate import stop as do_stop
 
         ref = resolve(job)
-        result = do_stop(ref, grace_s=grace_s)
+        result = do_stop(ref, grace_s=grace_s, say=lambda line: sys.stderr.write(f"rlctl: {line}\n"))
         emit(result, output, _table)
         if result["problems"]:
             raise PartialFailure(f"job {ref.id}: some agents could not be verified stopped: {result['problems'][0]}")

@@ -18,11 +18,13 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
+from rlctl.launch.jobdir import JobDir
 from rlctl.launch.stage import all_recorded_agents, fetch_record, readable_agents, record_view
 from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.jobdb import LIVE, JobDB
@@ -37,6 +39,7 @@ STATUS_DEADLINE_S = 5.0
 
 
 REQUEST_FLOOR_S = 2.0  # the shortest wait for the controller's answer to a stop's shutdown request
+STOP_GRACE_S = 15.0  # a stop's grace when neither the operator nor the controller's answer sets one
 
 
 def ask_controller(ref: JobRef, kind: str, body: dict[str, Any] | None = None, *, timeout_s: float) -> dict[str, Any]:
@@ -206,11 +209,13 @@ def first_samples(ref: JobRef, names: list[str]) -> dict[str, float]:
     return out
 
 
-def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
+def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], object] = log.info) -> dict[str, Any]:
     """Graceful (controller), then forced (every recorded agent on its site); verifies none is left. A job whose
     index row says it ended (finished, failed, stopped) and of which no agent runs is left as it is: `ended` names
     its state; nothing is written when its launcher is gone, else only the stop request (`launcher`: which one
-    was told not to resume it)."""
+    was told not to resume it). `grace_s`: how long the controller has to end before it is killed; None: as long
+    as it says in its answer (STOP_GRACE_S, more while it completes a checkpoint the trainer reached: `say` tells
+    the operator, and `checkpoint` names it)."""
     jd = ref.jobdir
     out: dict[str, Any] = {"id": ref.id}
     # an agent of a job that ended is stopped only when its record tells it from a process that took its pid since
@@ -242,10 +247,21 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
     try:
         # the request's own bound is no shorter than REQUEST_FLOOR_S: `--grace 0` asked with a 0 s timeout, and a
         # healthy controller read as one that did not answer
-        ask_controller(ref, "shutdown", {"grace_s": grace_s}, timeout_s=min(max(grace_s, REQUEST_FLOOR_S), 10.0))
+        body = {} if grace_s is None else {"grace_s": grace_s}
+        asked = min(max(STOP_GRACE_S if grace_s is None else grace_s, REQUEST_FLOOR_S), 10.0)
+        answer = ask_controller(ref, "shutdown", body, timeout_s=asked)
         out["graceful"] = "requested"
     except (RlctlError, OSError, ValueError, KeyError) as e:  # an unreadable controller.json included
         out["graceful"] = f"controller did not answer ({e}); forcing"
+        answer = {}
+    if grace_s is None:
+        grace_s = float(answer.get("grace_s") or STOP_GRACE_S)
+    waited_for = answer.get("checkpoint")
+    if waited_for is not None:
+        say(
+            f"job {ref.id}: the controller completes checkpoint iter-{waited_for} before it ends (up to "
+            f"{grace_s:.0f} s; --grace bounds the wait)"
+        )
     # a record that does not say where the controller's site keeps its own (plan.json, staged.json cut short)
     # stops those recorded here, and says so (sites.json cut short: no agent can be stopped, one error line)
     problems: list[str] = []
@@ -270,6 +286,8 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
     backends.close()
     if record_read:  # (one that cannot be read is said once, above)
         fetch_job_record(ref)
+    if waited_for is not None:
+        out["checkpoint"] = {"version": waited_for, "outcome": _checkpoint_outcome(jd, int(waited_for))}
     out["agents"] = [h.spec.name for h in handles]
     out["problems"] = problems
     jd.event("stopped_by_operator", agents=out["agents"], problems=problems)
@@ -280,6 +298,20 @@ def stop(ref: JobRef, *, grace_s: float = 15.0) -> dict[str, Any]:
         finally:
             db.close()
     return out
+
+
+def _checkpoint_outcome(jd: JobDir, version: int) -> str:
+    """What became of the checkpoint a stop waited for, from the controller's events since it took the request:
+    completed, or abandoned (the stop's grace ended first; a resume takes an older one)."""
+    for e in reversed(jd.read_events()):
+        if e.get("event") == "checkpoint" and e.get("version") == version:
+            return "completed"
+        if e.get("event") == "checkpoint_abandoned" and version in e.get("versions", ()):
+            latest = e.get("latest")
+            return f"abandoned: a resume takes {'none' if latest is None else f'iter-{latest}'}"
+        if e.get("event") == "stop_requested" and e.get("checkpoint") == version:
+            break
+    return "not known (the controller's events do not say)"
 
 
 def _index_state(name: str) -> str:

@@ -213,16 +213,18 @@ def test_a_checkpoint_write_that_fails_in_the_background_ends_the_job_naming_it(
     assert latest_complete(jd.checkpoints) is None
 
 
-def _ask_stop(agent: TrainerAgent, *, once_complete: int) -> None:
-    """`rlctl stop`'s shutdown request (answered once the controller took it, its loop then ends), from the trainer's
-    thread once checkpoint `once_complete` is (the controller waits for no write when the request comes)."""
+def _ask_stop(agent: TrainerAgent, *, once_complete: int) -> dict:
+    """`rlctl stop`'s shutdown request, without --grace (answered once the controller took it, its loop then ends),
+    from the trainer's thread once checkpoint `once_complete` is (the controller waits for no write when the request
+    comes); the controller's answer."""
     deadline = time.monotonic() + 30
     while latest_complete(agent.ctx.jobdir.checkpoints) != once_complete and time.monotonic() < deadline:
         time.sleep(0.05)
     conn = agent.ctx.transport.connect(agent.ctx.controller, timeout_s=5)
     conn.send(make("hello", Hello(role="client", name="stop")))
-    conn.request(Message("shutdown", {"grace_s": 60.0}), timeout_s=10)
+    answer = conn.request(Message("shutdown", {}), timeout_s=10).header
     conn.close()
+    return dict(answer)
 
 
 @pytest.mark.timeout(120)
@@ -237,6 +239,7 @@ def test_a_stop_as_a_checkpoint_iteration_is_trained_completes_that_checkpoint(t
     torch.manual_seed(0)
     monkeypatch.setattr(controller, "BYE_WAIT_S", 0.0)
     trainer: list[TrainerAgent] = []
+    answers: list[dict] = []
     if when == "trained_on_its_way":
         maybe_checkpoint = TrainerAgent._maybe_checkpoint
 
@@ -244,7 +247,7 @@ def test_a_stop_as_a_checkpoint_iteration_is_trained_completes_that_checkpoint(t
             write = maybe_checkpoint(self)
             if self.version == 4:  # its `trained` is sent once this returns
                 trainer.append(self)
-                _ask_stop(self, once_complete=2)
+                answers.append(_ask_stop(self, once_complete=2))
             return write
 
         monkeypatch.setattr(TrainerAgent, "_maybe_checkpoint", snapshot_then_stop)
@@ -254,12 +257,16 @@ def test_a_stop_as_a_checkpoint_iteration_is_trained_completes_that_checkpoint(t
         def stop_then_publish(self, publisher, version):
             if version == 4:  # the optimizer step is taken; publish, snapshot and `trained` follow
                 trainer.append(self)
-                _ask_stop(self, once_complete=2)
+                answers.append(_ask_stop(self, once_complete=2))
             publish(self, publisher, version)
 
         monkeypatch.setattr(TrainerAgent, "_publish", stop_then_publish)
     jd, ctl = run_inproc(_job("async", iterations=8), tmp_path, f"stop-{when}", code=1)
     assert trainer and trainer[0].version == 4  # told to stop at once, it trained no further iteration
+    # no --grace: the controller gives its end the default grace and the checkpoint wait, and names the checkpoint
+    assert answers == [
+        {"ok": True, "grace_s": controller.STOP_GRACE_S + controller.STOP_CHECKPOINT_WAIT_S, "checkpoint": 4}
+    ]
     assert latest_complete(jd.checkpoints) == 4 and jd.read_json(jd.checkpoints / "latest.json")["version"] == 4
     assert [r["iteration"] for r in jd.read_lines(jd.metrics)] == [0, 1, 2, 3]  # the rows a resume from v4 keeps
     assert jd.read_json(jd.summary_json)["state"] == "stopped" and ctl.core.failed is None

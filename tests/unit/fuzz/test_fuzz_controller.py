@@ -275,6 +275,26 @@ def _stop_with(r: Running, trainer_says: list[Message]) -> None:
     r.ctl._shutdown()
 
 
+@pytest.mark.parametrize("writing", [False, True])
+def test_a_stop_without_grace_gets_the_default_one_and_the_checkpoint_wait_while_a_checkpoint_is_coming(
+    running: Callable[[], Running], writing: bool
+) -> None:
+    """`rlctl stop` without --grace: the controller's end may take STOP_GRACE_S, and STOP_CHECKPOINT_WAIT_S more
+    while a checkpoint is being written (or the trainer holds an iteration whose version checkpoints); the event
+    (and the answer, `_stop_asked`) say so and name it. Before, it gave a stop the operator's 15 s, and waited at
+    most 14 s for the checkpoint."""
+    r = running()
+    if writing:
+        ids = _finish_all(r)
+        r.feed("trainer-0", make("trained", {**_trained(0, 1), "sample_ids": ids[:4], "checkpointing": True}))
+    t0 = time.monotonic()
+    r.feed("client-0", make("shutdown", {}))
+    wait = controller.STOP_GRACE_S + (controller.STOP_CHECKPOINT_WAIT_S if writing else 0.0)
+    assert r.ctl.stop_requested and t0 + wait <= r.ctl.stop_by <= time.monotonic() + wait
+    asked = [e for e in r.jd.read_events() if e["event"] == "stop_requested"]
+    assert [(e["grace_s"], e["checkpoint"]) for e in asked] == [(wait, 1 if writing else None)]
+
+
 def test_a_stop_waits_for_the_checkpoint_being_written_whose_part_the_controller_writes_when_told(
     running: Callable[[], Running], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -64,6 +64,55 @@ def test_a_controller_site_that_cannot_be_polled_still_gets_every_agent_stopped(
     assert stopped == [["controller-0", "rollout-0"]] and out["problems"] == []
 
 
+@pytest.mark.parametrize(
+    ("after", "outcome"),
+    [
+        (("checkpoint", {"version": 4}), "completed"),
+        (("checkpoint_abandoned", {"versions": [4], "latest": 2}), "abandoned: a resume takes iter-2"),
+    ],
+)
+def test_a_stop_without_grace_waits_as_long_as_the_controller_says_and_names_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after: tuple[str, dict[str, object]], outcome: str
+) -> None:
+    """`rlctl stop` without --grace asks for none; the controller answers how long its end may take (longer while
+    the trainer may complete a checkpoint: `ControllerAgent._stop_asked`), the stop waits that long for it before it
+    kills it, says so on the operator's terminal, and reports what became of that checkpoint. (The default --grace
+    of 15 s cut a checkpoint write short: the controller waited at most 14 s for it.)"""
+    site = Site.model_validate(
+        {"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "nodes": [{"host": "h1", "gpus": 8}]}
+    )
+    write_sites(tmp_path, {"h20": site})
+    (tmp_path / "agents.jsonl").write_text(
+        json.dumps(
+            {"name": "controller-0", "role": "controller", "replica": 0, "site": "h20", "backend": "ssh"}
+            | {"host": "h1", "gpus": None, "log": None, "ident": {"host": "h1", "pid": 1, "pgid": 1, "start_ticks": 1}}
+        )
+        + "\n"
+    )
+    jd = JobDir(tmp_path)
+    asked: list[dict[str, object]] = []
+
+    def ask(ref: JobRef, kind: str, body: dict[str, object], *, timeout_s: float) -> dict[str, object]:
+        asked.append(body)
+        jd.event("stop_requested", by="client-0", grace_s=1.0, checkpoint=4)  # the controller's, as it answers
+        jd.event(after[0], **after[1])
+        return {"ok": True, "grace_s": 1.0, "checkpoint": 4}
+
+    monkeypatch.setattr(operate, "ask_controller", ask)
+    monkeypatch.setattr(SshBackend, "poll", lambda self, handle: None)  # the controller runs on: the grace ends
+    graces: list[float] = []
+    monkeypatch.setattr(operate, "stop_agents", lambda b, hs, grace_s: graces.append(grace_s) or [])
+    said: list[str] = []
+    t0 = time.monotonic()
+    out = operate.stop(JobRef("stopjob", jd, None), say=said.append)
+    assert 1.0 <= time.monotonic() - t0 < 10.0  # the controller's 1 s, not the 15 s of a stop that sets none
+    assert asked == [{}] and graces == [1.0]
+    assert said == ["job stopjob: the controller completes checkpoint iter-4 before it ends (up to 1 s; --grace "
+                    "bounds the wait)"]  # fmt: skip
+    assert out["checkpoint"] == {"version": 4, "outcome": outcome}
+    assert f"iter-4: {outcome}" in stop_cli._table(out)
+
+
 @pytest.fixture
 def launcher() -> Iterator[dict[str, object]]:
     """A launcher that still runs (`launcher_running` looks for rlctl in its command line), as the index records it."""
@@ -404,7 +453,7 @@ def test_a_stop_with_no_grace_still_gives_the_controller_time_to_answer(
     # `--grace 0` asked the controller with a 0 s timeout: a healthy one read as "did not answer; forcing"
     ref = _running_job_of(stranger, tmp_path, monkeypatch)
     asked: list[float] = []
-    monkeypatch.setattr(operate, "ask_controller", lambda ref, kind, body, *, timeout_s: asked.append(timeout_s))
+    monkeypatch.setattr(operate, "ask_controller", lambda ref, kind, body, *, timeout_s: asked.append(timeout_s) or {})
     out = operate.stop(ref, grace_s=0)
     assert out["graceful"] == "requested" and len(asked) == 1 and asked[0] >= 1.0
     assert stranger.wait(timeout=5) < 0  # and the agents stopped, with no grace
