@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import threading
@@ -69,10 +70,18 @@ class FileState:
     mode: int
 
 
-def file_state(path: Path) -> FileState:
+class StagingStopped(Exception):
+    """Raised in a staging thread once its launch is stopping (`stop` set): a copy at its next chunk, a checksum
+    at its next MiB here, or at once on an SSH host (its command is killed there)."""
+
+
+def file_state(path: Path, *, stop: threading.Event | None = None) -> FileState:
+    """The file's size, SHA-256 and mode; StagingStopped at the next MiB read once `stop` is set."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
+            if stop is not None and stop.is_set():
+                raise StagingStopped(f"{path}: checksum stopped")
             h.update(chunk)
     st = path.stat()
     return FileState(st.st_size, h.hexdigest(), st.st_mode & 0o777)
@@ -91,8 +100,9 @@ class HostFiles(ABC):
         """`mkdir -p` (new ones 0700) each path; their absolute, resolved forms, in order."""
 
     @abstractmethod
-    def states(self, root: str, names: list[str]) -> dict[str, FileState]:
-        """Size, checksum and mode of each of `names` (relative to root) that exists there."""
+    def states(self, root: str, names: list[str], *, stop: threading.Event | None = None) -> dict[str, FileState]:
+        """Size, checksum and mode of each of `names` (relative to root) that exists there. Once `stop` is set (the
+        launch is stopping) the checksums end soon, with StagingStopped: a model's take minutes."""
 
     @abstractmethod
     def remove(self, root: str, names: list[str]) -> None:
@@ -195,8 +205,8 @@ class LocalFiles(HostFiles):
             out.append(str(path.resolve()))
         return out
 
-    def states(self, root: str, names: list[str]) -> dict[str, FileState]:
-        return {n: file_state(Path(root) / n) for n in names if (Path(root) / n).is_file()}
+    def states(self, root: str, names: list[str], *, stop: threading.Event | None = None) -> dict[str, FileState]:
+        return {n: file_state(Path(root) / n, stop=stop) for n in names if (Path(root) / n).is_file()}
 
     def remove(self, root: str, names: list[str]) -> None:
         for n in names:
@@ -303,8 +313,23 @@ class SshFiles(HostFiles):
         self.runner = SshRunner(target)
         self.where = target.label
 
-    def _run(self, script: str, *, stdin: str | None = None, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
-        res = self.runner.run(script, timeout_s=timeout_s, stdin=stdin)
+    def _run(
+        self,
+        script: str,
+        *,
+        stdin: str | None = None,
+        timeout_s: float = COMMAND_TIMEOUT_S,
+        stop: threading.Event | None = None,
+    ) -> str:
+        """The script's stdout; LaunchError when it fails. Given `stop`, its stdin is held open until that is set,
+        and StagingStopped raised then (the script ends its work when its stdin does: `_hash_script`)."""
+        if stop is None:
+            res = self.runner.run(script, timeout_s=timeout_s, stdin=stdin)
+        else:
+            assert stdin is None, "a script that stops when its stdin ends reads none"
+            res = self.runner.run(script, timeout_s=timeout_s, hold_stdin=stop)
+            if stop.is_set():
+                raise StagingStopped(f"ssh {self.where}: '{script.splitlines()[0][:80]}' stopped")
         if res.exit_code != 0:
             raise LaunchError(f"ssh {self.where}: '{script.splitlines()[0][:80]}' failed: {res.tail()}")
         return res.stdout
@@ -315,9 +340,10 @@ class SshFiles(HostFiles):
         assert len(out) == len(paths), out
         return out
 
-    def states(self, root: str, names: list[str]) -> dict[str, FileState]:
+    def states(self, root: str, names: list[str], *, stop: threading.Event | None = None) -> dict[str, FileState]:
         """Sizes and modes in one command; then the SHA-256s in batches of about HASH_BATCH_BYTES, each command's
-        deadline following the bytes it reads (a 76 GB checkpoint is not one command under a fixed deadline)."""
+        deadline following the bytes it reads (a 76 GB checkpoint is not one command under a fixed deadline), each
+        killed on the host once `stop` is set (`_hash_script`): a stopped launch waited for the batch to end."""
         if not names:
             return {}
         cd = f"cd {sh_path(root)} 2>/dev/null || exit 0\n"
@@ -331,13 +357,12 @@ class SshFiles(HostFiles):
             size, mode, name = line.split(" ", 2)
             sizes[name] = (int(size), int(mode, 8))
         out: dict[str, FileState] = {}
+        held = stop if stop is not None else threading.Event()  # never set: the stdin the watcher reads stays open
         for batch, nbytes in _batches([(n, sizes[n][0]) for n in names if n in sizes], HASH_BATCH_BYTES):
-            quoted = " ".join(shlex.quote(n) for n in batch)
-            script = cd + f'for f in {quoted}; do printf "%s %s\\n" "$(sha256sum < "$f" | cut -d" " -f1)" "$f"; done\n'
             deadline = COMMAND_TIMEOUT_S + nbytes / HASH_FLOOR_BYTES_PER_S
-            for line in self._run(script, timeout_s=deadline).splitlines():
-                sha, name = line.split(" ", 1)
-                out[name] = FileState(sizes[name][0], sha, sizes[name][1])
+            for sha, name in _hash_lines(self._run(cd + _hash_script(batch), timeout_s=deadline, stop=held)):
+                if name in sizes:
+                    out[name] = FileState(sizes[name][0], sha, sizes[name][1])
         return out
 
     def remove(self, root: str, names: list[str]) -> None:
@@ -401,6 +426,34 @@ class SshFiles(HostFiles):
 
     def close(self) -> None:
         self.runner.close()
+
+
+def _hash_script(names: list[str]) -> str:
+    """Hash `names` with one sha256sum in the background, killed by a watcher when the command's stdin ends: the
+    caller ends it to stop (`SshFiles._run`'s `stop`), and sshd does when the connection goes, where the command
+    would hash on for minutes. Exits 0 when a file is unreadable (it is left out), with sha256sum's status else."""
+    return (
+        "exec 3<&0\n"  # the command's stdin: an asynchronous list's own is /dev/null
+        f"sha256sum -- {' '.join(shlex.quote(n) for n in names)} & hasher=$!\n"
+        "(while read -r _; do :; done <&3; kill $hasher 2>/dev/null) & watcher=$!\n"
+        "wait $hasher; rc=$?\n"
+        "kill $watcher 2>/dev/null\n"
+        '[ "$rc" -le 1 ] || exit "$rc"\n'
+    )
+
+
+def _hash_lines(stdout: str) -> list[tuple[str, str]]:
+    """(SHA-256, name) of each line of sha256sum's output: `HEX  NAME`, or `\\HEX  NAME` with the name's
+    backslashes and newlines escaped."""
+    out = []
+    for line in filter(None, stdout.split("\n")):  # a name may hold a carriage return (older sha256sums keep it)
+        escaped = line.startswith("\\")
+        line = line[1:] if escaped else line
+        sha, name = line[:64], line[66:]
+        if escaped:
+            name = re.sub(r"\\(.)", lambda m: {"n": "\n", "r": "\r"}.get(m[1], m[1]), name)
+        out.append((sha, name))
+    return out
 
 
 def _batches(sized: list[tuple[str, int]], limit: int) -> list[tuple[list[str], int]]:

@@ -46,6 +46,7 @@ from rlctl.launch.remote import CommandResult, SshRunner, sh_path
 from rlctl.launch.sitefs import (
     FileState,
     HostFiles,
+    StagingStopped,
     access_hosts,
     file_state,
     host_files,
@@ -152,7 +153,7 @@ def stage_site(
         parents = sorted({str(Path(n).parent) for n in names} - {"."})
         resolved = fs.make_dirs([root, *(f"{root}/{p}" for p in parents)])[0]
         fs.remove(resolved, marks)  # the marks `_marks_seen` read, every host's that shares this one's
-        have = fs.states(resolved, names)
+        have = fs.states(resolved, names, stop=progress.stopping)
         have |= _fix_modes(fs, resolved, have, want)
         return _View(host, fs, resolved, have, [n for n in names if have.get(n) != want[n]])
 
@@ -206,16 +207,12 @@ def stage_site(
     return out
 
 
-class StagingStopped(Exception):
-    """Raised in a copy's thread at its next chunk once its launch is stopping (`StagingProgress.stop`)."""
-
-
 @contextmanager
 def _pool(workers: int, progress: StagingProgress | None) -> Iterator[ThreadPoolExecutor]:
     """A thread pool for a site's copies, left (as a plain one) only once its threads are done; when the thread
     that waits on it is stopped (Ctrl-C, SIGTERM's exit) or fails, `progress` is stopped first, so the copies end
-    at their next chunk. A plain pool waited for them: a launch stopped while it staged went on copying (minutes
-    to hours across a slow link) before it stopped."""
+    at their next chunk and their checksums at once. A plain pool waited for them: a launch stopped while it staged
+    went on copying (minutes to hours across a slow link), or hashing what it copied, before it stopped."""
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
     try:
         yield pool
@@ -246,14 +243,15 @@ def _copy(
     if not names:
         return
     tick = progress.advance if progress is not None else None
+    stop = progress.stopping if progress is not None else None
     resumed = [n for n in names if v.fs.put(src / n, f"{v.resolved}/{n}", progress=tick, resume=True)]
-    after = v.fs.states(v.resolved, names)
+    after = v.fs.states(v.resolved, names, stop=stop)
     again = [n for n in resumed if after.get(n) != want[n]]  # an earlier partial copy of other bytes
     if again:
         log.warning("site %s: %s: %d resumed copies did not verify; copying them again", site, v.host, len(again))
         for n in again:
             v.fs.put(src / n, f"{v.resolved}/{n}", resume=False)
-        after.update(v.fs.states(v.resolved, again))
+        after.update(v.fs.states(v.resolved, again, stop=stop))
     _verify(site, v.fs.where, v.resolved, {n: want[n] for n in names}, after)
 
 
@@ -681,8 +679,14 @@ class StagingProgress:
         self._stopping = threading.Event()
 
     def stop(self) -> None:
-        """The launch is stopping: every copy that reports here raises StagingStopped at its next chunk."""
+        """The launch is stopping: every copy that reports here raises StagingStopped at its next chunk, and every
+        checksum given `stopping` soon."""
         self._stopping.set()
+
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once the launch is stopping (`stop`): what a site view's checksums watch (HostFiles.states)."""
+        return self._stopping
 
     def add(self, nbytes: int) -> None:
         with self._lock:

@@ -7,6 +7,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -75,8 +76,8 @@ def test_a_copy_that_differs_names_site_file_and_what(tmp_path: Path, monkeypatc
     src = job_dir(tmp_path)
     real = LocalFiles.states
 
-    def corrupt(self: LocalFiles, root: str, names: list[str]) -> dict[str, FileState]:
-        out = real(self, root, names)
+    def corrupt(self: LocalFiles, root: str, names: list[str], *, stop: threading.Event | None) -> dict[str, FileState]:
+        out = real(self, root, names, stop=stop)
         if "job.json" in out and Path(root) != src:
             out["job.json"] = FileState(out["job.json"].size, "0" * 64, out["job.json"].mode)
         return out
@@ -162,33 +163,65 @@ def test_an_ssh_site_is_staged_per_host_unless_its_hosts_share_the_work_root(tmp
 
 class _ShellRunner:
     """Runs an SshFiles command script with bash here (the same script the SSH host runs), recording each
-    command's deadline."""
+    command's deadline; `hold_stdin` as SshRunner (invoke) holds it: the script's stdin open until it is set. Copies
+    as SFTP does: into `.part`, renamed once whole."""
+
+    where = "test-host"
 
     def __init__(self) -> None:
         self.deadlines: list[float] = []
 
-    def run(self, script: str, *, timeout_s: float, stdin: str | None = None) -> CommandResult:
+    def run(
+        self, script: str, *, timeout_s: float, stdin: str | None = None, hold_stdin: threading.Event | None = None
+    ) -> CommandResult:
         import subprocess
+        import tempfile
 
         self.deadlines.append(timeout_s)
-        res = subprocess.run(["bash", "-c", script], input=stdin, capture_output=True, text=True, timeout=timeout_s)
-        return CommandResult(res.returncode, res.stdout, res.stderr)
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(["bash", "-c", script], stdin=subprocess.PIPE, stdout=out, stderr=err)
+            assert proc.stdin is not None
+            proc.stdin.write((stdin or "").encode())
+            proc.stdin.flush()
+            while hold_stdin is not None and proc.poll() is None and not hold_stdin.wait(0.01):
+                pass
+            proc.stdin.close()
+            try:
+                proc.wait(timeout_s)
+            finally:
+                proc.kill()
+            out.seek(0)
+            err.seek(0)
+            return CommandResult(proc.returncode, out.read().decode(), err.read().decode())
+
+    def put(self, local: Path, remote: str, *, progress=None, resume: bool = False) -> int:  # type: ignore[no-untyped-def]
+        os.replace(shutil.copy(local, remote + ".part"), remote)
+        if progress is not None:
+            progress(local.stat().st_size)
+        return 0
 
     def close(self) -> None:
         pass
 
 
+def _shell_files(site: Site, host: str) -> sitefs.SshFiles:
+    """An SSH host's view whose commands run with bash here (`_ShellRunner`)."""
+    fs = object.__new__(sitefs.SshFiles)
+    fs.runner, fs.where = _ShellRunner(), host  # type: ignore[assignment]
+    return fs
+
+
 def test_remote_checksums_come_in_batches_whose_deadline_follows_their_size(tmp_path: Path, monkeypatch) -> None:
     """The SSH view hashes in batches of about HASH_BATCH_BYTES, each command allowed the time to read its bytes
     at a slow disk's rate, so a checkpoint of tens of GB is never one command under a fixed deadline; the states
-    equal the local view's (names with spaces included)."""
+    equal the local view's (names with spaces and backslashes included)."""
     monkeypatch.setattr(sitefs, "HASH_BATCH_BYTES", 3 << 20)
-    files = {"model/a b.safetensors": 2 << 20, "model/c.safetensors": 2 << 20, "secret": 10, "model/d": 5 << 20}
+    files = {"model/a b.safetensors": 2 << 20, "model/c.safetensors": 2 << 20, "secret": 10, "model/d": 5 << 20,
+             "model/e\\f": 3}  # fmt: skip
     for name, size in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(os.urandom(size))
-    fs = object.__new__(sitefs.SshFiles)
-    fs.runner, fs.where = _ShellRunner(), "test-host"  # type: ignore[assignment]
+    fs = _shell_files(local_site(), "test-host")
     names = [*files, "missing"]
     got = fs.states(str(tmp_path), names)
     assert got == LocalFiles().states(str(tmp_path), names)  # sizes, modes, SHA-256; the missing file absent
@@ -201,6 +234,7 @@ def test_remote_checksums_come_in_batches_whose_deadline_follows_their_size(tmp_
         sitefs.COMMAND_TIMEOUT_S + (2 << 20) / floor,
         sitefs.COMMAND_TIMEOUT_S + ((2 << 20) + 10) / floor,
         sitefs.COMMAND_TIMEOUT_S + (5 << 20) / floor,
+        sitefs.COMMAND_TIMEOUT_S + 3 / floor,
     ]
 
 
@@ -538,6 +572,59 @@ def test_a_launch_stopped_while_it_stages_stops_its_copies(tmp_path: Path, monke
         stage_all(src, {"far": local_site(tmp_path / "w")}, job_id="job-1", say=lambda line: None)
     timer.join()
     assert 0 < len(written) < chunks / 2, len(written)  # stopped, not waited for
+
+
+def test_a_launch_stopped_while_a_host_hashes_what_it_staged_stops_the_hash_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while an SSH host hashes the files just copied (minutes for a model): the launch waited for the hash
+    command to end. Now the command's stdin ends, its watcher kills the hash there and the launch stops at once,
+    recording nothing as staged; the next launch hashes the files again and finds them whole."""
+    import signal
+
+    bin_dir, marks = tmp_path / "bin", tmp_path / "marks"
+    bin_dir.mkdir()
+    slow = bin_dir / "sha256sum"  # the host's sha256sum, 10 s slower: it says when it starts, ends, or is killed
+    slow.write_text(
+        f"#!/bin/sh\necho started >> {marks}\ntrap 'kill $s; echo killed >> {marks}; exit 143' TERM\n"
+        f'sleep 10 & s=$!\nwait $s\necho hashed >> {marks}\nexec {shutil.which("sha256sum")} "$@"\n'
+    )
+    slow.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(stage, "host_files", _shell_files)
+    src, site = job_dir(tmp_path), local_site(tmp_path / "w")
+    done = threading.Event()
+
+    def ctrl_c_once_it_hashes() -> None:  # the operator's Ctrl-C, to the thread that waits on the staging
+        while not done.wait(0.01):
+            if marks.exists():
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+                return
+
+    operator = threading.Thread(target=ctrl_c_once_it_hashes)
+    operator.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            stage_all(src, {"far": site}, job_id="job-1", say=lambda line: None)
+    finally:
+        done.set()
+        operator.join()
+    assert marks.read_text().split() == ["started", "killed"]  # not "hashed": the launch did not wait for it
+    assert not (src / stage.STAGED_FILE).exists()
+    slow.unlink()
+    staged = stage_all(src, {"far": site}, job_id="job-1")
+    assert staged["far"]["copied"] == {"localhost": 0}  # hashed whole there: nothing copied again
+
+
+def test_a_local_views_checksums_stop_once_the_launch_does(tmp_path: Path) -> None:
+    """A site job dir on this machine (a work root on NFS) is hashed here, a MiB at a time: a stopped launch's
+    checksum ends at its next MiB, not at the end of a model's shard."""
+    (tmp_path / "model.safetensors").write_bytes(os.urandom(3 << 20))
+    stop = threading.Event()
+    assert "model.safetensors" in LocalFiles().states(str(tmp_path), ["model.safetensors"], stop=stop)
+    stop.set()
+    with pytest.raises(sitefs.StagingStopped, match=r"model\.safetensors: checksum stopped"):
+        LocalFiles().states(str(tmp_path), ["model.safetensors"], stop=stop)
 
 
 def test_a_cached_model_file_of_the_same_bytes_and_another_mode_is_chmodded_not_copied_again(tmp_path: Path) -> None:
