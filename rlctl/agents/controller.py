@@ -61,7 +61,16 @@ from rlctl.agents.messages import (
 from rlctl.agents.rowbook import RowBook
 from rlctl.agents.samplelog import SampleLog
 from rlctl.agents.scaling import Placement, Scaler
-from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
+from rlctl.agents.views import (
+    LIVE_STATES,
+    GoneAgent,
+    Snapshot,
+    agent_gauges,
+    iteration_gauges,
+    metrics_row,
+    status,
+    summary,
+)
 from rlctl.agents.watchdog import HUNG
 from rlctl.agents.weightbook import WeightBook
 from rlctl.checkpoint.choose import checkpoints_at, resume_version
@@ -199,7 +208,8 @@ class ControllerAgent:
         self.samples = SampleLog(jobdir.samples)  # the rounds the ledger retires
         self.core.on_retire = self.samples.write
         self.inbox: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
-        self.peers: dict[str, Peer] = {}
+        self.peers: dict[str, Peer] = {}  # the live agents and clients, and the agents gone since the last row
+        self.gone: dict[str, GoneAgent] = {}  # the agents gone before it (`_prune`)
         self.listener: Listener = transport.listen(listen)
         self.t_start = time.monotonic()
         self.start_waited = False  # START_WAIT_S passed without every planned unit (`start_with_fewer_units`)
@@ -726,9 +736,14 @@ class ControllerAgent:
         if old is not None and h.role == "rollout" and old.role == "rollout" and old.state != "stopped":
             self._hello_again(old, conn, h)
             return
+        gone = self.gone.get(name)
+        if gone is not None and h.role == "rollout" and gone.role == "rollout" and gone.state == "lost":
+            self._refuse(name, conn)  # as `_hello_again` when its record was still in `peers`
+            return
         if old is not None and old.state in ("running", "unreachable"):
             log.warning("controller: %s joined twice; dropping the old connection", name)
             self._lose(name, "replaced")
+        self.gone.pop(name, None)  # its name is a new agent's (a stopped unit's, a trainer's): listed as that
         self.peers[name] = Peer(
             name, h.role, conn, time.monotonic(), Heartbeat(name=name, state="running", version=h.version), pid=h.pid
         )
@@ -774,11 +789,7 @@ class ControllerAgent:
         """A rollout unit that reconnected: back on its new connection, unless it was counted lost meanwhile
         (then it is told to stop: its work went to the others and a replacement may be running)."""
         if p.state == "lost":
-            log.warning("controller: %s came back after it was counted lost; telling it to stop", p.name)
-            self.jobdir.event("rejoin_refused", agent=p.name, reason="counted lost")
-            with contextlib.suppress(TransportError):  # it left already
-                conn.send(make("stop"))
-            conn.close()
+            self._refuse(p.name, conn)
             return
         p.conn.close()  # its reader reports the close of a connection that is no longer the peer's: ignored
         p.conn, p.broken = conn, None
@@ -790,6 +801,15 @@ class ControllerAgent:
             p.unreachable_since = time.monotonic()  # it never went silent for long: away since now
         self._rejoin(p, version=h.version, new_connection=True)
         self._evaluate(p.name, h.version)  # asked again (it ignores an evaluation it decodes already, and answers it)
+
+    def _refuse(self, name: str, conn: Connection) -> None:
+        """Rollout unit `name` said hello again after it was counted lost: told to stop (its work went to the others
+        and a replacement may be running)."""
+        log.warning("controller: %s came back after it was counted lost; telling it to stop", name)
+        self.jobdir.event("rejoin_refused", agent=name, reason="counted lost")
+        with contextlib.suppress(TransportError):  # it left already
+            conn.send(make("stop"))
+        conn.close()
 
     def _transfer(self, who: str, version: int, header: dict[str, Any], *, applied: bool) -> None:
         """One unit fetched `version`: book its transfer (bytes, the link it crossed) and, when its engine applied
@@ -954,6 +974,7 @@ class ControllerAgent:
         self._refit_ranker(row, *generated)
         self.rows.add(row)
         self.jobdir.append(self.jobdir.metrics, row)
+        self._prune()
         self.tracker.log(t.iteration, row_to_metrics(row))
         if t.checkpointing:
             self._checkpoint_due(t.version)
@@ -961,6 +982,16 @@ class ControllerAgent:
         iteration_gauges(self.metrics, row, t, self.core.stats[t.iteration])
         self.book.published(t.version, time.monotonic())
         self.jobdir.event("trained", iteration=t.iteration, version=t.version)
+
+    def _prune(self) -> None:
+        """A metrics row was written: the agents gone (lost or stopped) leave `peers`, which holds the live ones and
+        those gone since the last row (that row lists them once: `views.metrics_row`), so that a run whose units are
+        replaced for weeks holds, shows and watches the agents it has. What summary.json and the status reply's
+        counts say of each is kept (`gone`), and a lost unit that says hello again is still told to stop (`_hello`)."""
+        for p in [p for p in self.peers.values() if p.role != "client" and p.state not in LIVE_STATES]:
+            del self.peers[p.name]
+            self.gone[p.name] = GoneAgent(p.role, p.state, p.figures.busy_s)
+            p.conn.close()  # a lost one's is closed; a stopped one said bye (its reader's end is ignored: `_handle`)
 
     def _generated(self, t: Trained) -> tuple[list[list[int]], list[float], list[float]]:
         """What the groups iteration `t` trained generated (a slow one of its round moved on): each prompt's tokens,
@@ -1007,6 +1038,7 @@ class ControllerAgent:
             reward_stats=self.task.reward_stats(),
             evaluations=self.evaluator.rows if self.evaluator is not None else [],
             checkpoint=self.checkpointed,
+            gone=self.gone,
         )
 
     def _data_view(self) -> dict[str, Any]:

@@ -43,6 +43,17 @@ class AgentRecord(Protocol):
     def figures(self) -> Heartbeat: ...
 
 
+@dataclass(frozen=True, slots=True)
+class GoneAgent:
+    """What the controller keeps of an agent gone (lost or stopped) once the metrics row after it went is written
+    and its record left `peers` (`ControllerAgent._prune`): how it ended, for the status reply's counts and for a lost
+    unit that says hello again, and its role and last busy seconds for summary.json."""
+
+    role: str
+    state: str  # stopped | lost
+    busy_s: float
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """The controller's books at one moment (references, not copies: build one per view)."""
@@ -68,9 +79,11 @@ class Snapshot:
     evaluations: list[dict[str, Any]] = field(default_factory=list)  # evaluations.jsonl so far (agents.evaluation)
     checkpoint: tuple[int, float | None] | None = None  # the latest complete one: version, time.monotonic() then
     metrics_host: str = "127.0.0.1"  # where /metrics binds: the controller's listen host (transport.bind_host)
+    gone: Mapping[str, GoneAgent] = field(default_factory=dict)  # agents gone before the last metrics row
 
 
 LIVE_STATES = ("running", "unreachable")  # an agent that may still be in the phase it last reported
+GONE_STATES = ("lost", "stopped")
 
 # the last step's figures that `status` shows (metrics row keys)
 TRAINING = ("lr", "grad_norm", "entropy", "clip_frac", "no_signal_frac")
@@ -225,7 +238,16 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "resilience": dict(s.resilience),
         "data": dict(s.data),
         "agents": agents,
+        "agents_gone": gone_counts(s),
     }
+
+
+def gone_counts(s: Snapshot) -> dict[str, int]:
+    """The agents that went, per end state: those the status reply still lists (until the metrics row after they
+    went) and those it no longer does."""
+    ended = [g.state for g in s.gone.values()]
+    ended += [p.state for p in s.peers.values() if p.role != "client" and p.state not in LIVE_STATES]
+    return {state: ended.count(state) for state in GONE_STATES}
 
 
 # `status` estimates the time left from the pace of this run's last PACE_ROWS iterations (`RowBook.pace`), and from
@@ -310,7 +332,9 @@ def summary(s: Snapshot) -> dict[str, Any]:
     samples = core.pruned.samples + sum(st.samples for st in ran)
     tokens = core.pruned.output_tokens + sum(st.output_tokens for st in ran)
     counts = core.ledger.counts(completed_iterations=core.trainer_version)
-    busy = {p.name: (p.role, p.figures.busy_s) for p in s.peers.values() if p.role != "client"}
+    # every agent the run had: the ones gone before the last row, then the ones it still holds
+    busy = {name: (g.role, g.busy_s) for name, g in s.gone.items()}
+    busy |= {p.name: (p.role, p.figures.busy_s) for p in s.peers.values() if p.role != "client"}
     roll = [b for role, b in busy.values() if role == "rollout"]
     train = [b for role, b in busy.values() if role == "trainer"]
 

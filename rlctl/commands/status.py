@@ -100,6 +100,11 @@ def suspects_line(suspects: dict[str, int]) -> str:
     return ", ".join(f"{g} ({n} unit losses)" for g, n in suspects.items()) + ": each runs alone on a unit"
 
 
+def gone_line(gone: dict[str, int]) -> str:
+    """The agents that went, per end state (the live status's `agents_gone`)."""
+    return ", ".join(f"{state} {n}" for state, n in gone.items() if n)
+
+
 def _live_table(s: dict[str, Any]) -> str:
     v = s["live"]
     w = v.get("weights", {})
@@ -116,6 +121,8 @@ def _live_table(s: dict[str, Any]) -> str:
         ["δ (window) / δ'", f"{_f(v.get('delta_window_s'), '+.2f')} / {_f(v.get('delta_prime_s'))} s"],
         ["rebalance", f"{'auto' if v['rebalance']['auto'] else 'manual'}: {v['rebalance']['why'] or '-'}"],
         ["rollout units", f"{v['rollout_units']}  free slots {v['free_slots']}"],
+        # the agents that went: the table below lists one until the next iteration's metrics row
+        *([["agents gone", gone_line(v["agents_gone"])]] if any(v.get("agents_gone", {}).values()) else []),
         ["samples/s  tokens/s", f"{_f(v.get('samples_per_s'), '.1f')}  {_f(v.get('tokens_per_s'), '.0f')}"],
         ["weights", _weights_line(w)],
         ["staleness", " ".join(f"{k}:{n}" for k, n in v["staleness"].items()) or "-"],

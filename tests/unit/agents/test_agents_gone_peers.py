@@ -1,0 +1,162 @@
+"""A run whose rollout units are lost and replaced for weeks holds the agents it has: a gone agent (lost or stopped)
+is listed once, in the first metrics row after it went, then leaves the controller's peers, the status reply's list
+and /metrics; summary.json and the status reply still count it, and a lost unit that says hello again under its name
+is still told to stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlctl.agents.controller import ControllerAgent
+from rlctl.agents.ledger import State
+from rlctl.agents.messages import Hello, make
+from rlctl.agents.views import status
+from rlctl.commands.status import gone_line
+from rlctl.config.job import JobFile
+from rlctl.errors import PeerClosed
+from rlctl.launch.jobdir import JobDir
+from rlctl.transport import Connection, InprocTransport
+
+
+def _job() -> JobFile:
+    return JobFile.model_validate(
+        {
+            "apiVersion": "rlctl/v1",
+            "kind": "Job",
+            "name": "gone",
+            "inventory": ["x.yaml"],
+            "model": {"kind": "builtin", "name": "tiny-demo"},
+            "task": {"kind": "digits", "median_output_tokens": 6, "max_output_tokens": 16},
+            "iterations": 6,
+            "batch": {"prompts_per_iteration": 2, "samples_per_prompt": 2, "train_micro_batch_samples": 2},
+            "pipeline": {"mode": "async"},
+            "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": 2}]},
+            "transport": {"kind": "inproc", "timeout_s": 5},
+            "warmup": {"sft_steps": 0},
+        }
+    )
+
+
+class Running:
+    """A controller mid-job, its loop not running (the test hands it each event): the trainer, two rollout units and
+    a client joined through the real handshake."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        job = _job()
+        self.jd = JobDir.create("gone", explicit=root / "job")
+        self.jd.write_job(job, source="test")
+        self.jd.write_json(self.jd.plan_json, {"rollout": [{"site": "local", "units": 2}]})
+        self.transport = InprocTransport(secret=self.jd.secret())
+        self.ctl = ControllerAgent(self.jd, job, self.transport, listen=f"inproc://{name}")
+        self.ends: dict[str, Connection] = {}
+        for agent in ("trainer-0", "rollout-0", "rollout-1", "client-0"):
+            self.ends[agent] = self.hello(agent)
+
+    def hello(self, name: str) -> Connection:
+        """Agent `name` (its role: the name's first word) connects and says hello; the controller handles every
+        event up to and with that hello (the ends of connections it closed before, too)."""
+        end = self.transport.connect(self.ctl.listener.address, timeout_s=5)
+        end.send(make("hello", Hello(role=name.split("-")[0], name=name, address=f"inproc://{name}", weights="w")))
+        while True:
+            what, who, payload = self.ctl.inbox.get(timeout=10)
+            self.ctl._handle(what, who, payload)
+            if what == "hello":
+                return end
+
+    def feed(self, who: str, kind: str, header: dict[str, Any], tensors: list[torch.Tensor] | None = None) -> None:
+        self.ctl._handle("msg", who, (make(kind, header, tensors or []), time.monotonic()))
+
+    def lose(self, name: str) -> None:
+        """`name`'s connection ended in order (its process ended)."""
+        peer = self.ctl.peers[name]
+        self.ctl._handle("closed", name, (peer.conn, PeerClosed("closed by peer"), time.monotonic()))
+
+    def train(self) -> dict[str, Any]:
+        """Every sample the units were sent comes back (scored at once: the digits verifier), the trainer trains the
+        iteration it is at and every live unit applies the version it published: its metrics row."""
+        for e in self.ctl.core.ledger.in_state(State.DISPATCHED):
+            tensors = [torch.zeros(2, dtype=torch.int32), torch.zeros(2)]
+            version = self.ctl.core.units[str(e.agent)].version
+            header = {"sample_id": e.sample_id, "version": version, "finish_reason": "eos", "num_output_tokens": 2}
+            self.feed(str(e.agent), "sample", header, tensors)
+        it = self.ctl.core.trainer_version
+        ids = sorted(
+            e.sample_id
+            for e in self.ctl.core.ledger.entries.values()
+            if e.state is State.DELIVERED and e.iteration == it
+        )
+        trained = {
+            "iteration": it,
+            "version": it + 1,
+            "sample_ids": ids,
+            "reward_mean": 0.0,
+            "train_s": 0.1,
+            "tokens": 1,
+            "loss": 0.0,
+            "staleness_violations": 0,
+            "busy_s": 0.1,
+        }
+        self.feed("trainer-0", "trained", trained)
+        assert self.ctl.core.trainer_version == it + 1, self.ctl.core.failed
+        for u in self.ctl.core.live_units:
+            self.feed(u.name, "weights_applied", {"version": it + 1})
+        return self.jd.read_lines(self.jd.metrics)[-1]
+
+    def close(self) -> None:
+        for end in self.ends.values():
+            end.close()
+        self.ctl.listener.close()
+        threading.Thread(target=self.ctl.metrics.close, daemon=True).start()  # (its poll interval: not waited for)
+
+
+@pytest.fixture
+def running(tmp_path: Path, request: pytest.FixtureRequest):
+    r = Running(tmp_path, f"gone-{request.node.name}")
+    yield r
+    r.close()
+
+
+def test_a_lost_unit_leaves_the_peers_and_the_status_list_after_the_row_that_lists_it(running: Running) -> None:
+    r = running
+    r.train()  # a row with rollout-1 running
+    r.feed("rollout-1", "heartbeat", {"name": "rollout-1", "state": "running", "busy_s": 2.5})
+    r.lose("rollout-1")
+    row = r.train()
+    assert row["agents"]["rollout-1"]["state"] == "lost"  # once, in the first row after it went
+    assert sorted(r.ctl.peers) == ["client-0", "rollout-0", "trainer-0"]
+    st = status(r.ctl.snapshot(), now=time.monotonic())
+    assert [a["name"] for a in st["agents"]] == ["trainer-0", "rollout-0"]
+    assert st["agents_gone"] == {"lost": 1, "stopped": 0} and gone_line(st["agents_gone"]) == "lost 1"
+    assert "rollout-1" not in r.train()["agents"]
+    # it says hello again under its name: told to stop, as when its Peer was kept
+    end = r.hello("rollout-1")
+    assert end.recv(timeout_s=5).kind == "stop"
+    assert [e["agent"] for e in r.jd.read_lines(r.jd.events) if e["event"] == "rejoin_refused"] == ["rollout-1"]
+    assert "rollout-1" not in r.ctl.peers and not r.ctl.core.units["rollout-1"].alive
+    r.ctl._shutdown()
+    end_summary = r.jd.read_json(r.jd.summary_json)
+    assert end_summary["agents"]["rollout-1"] == {"role": "rollout", "busy_s": 2.5}  # what it lists today
+    assert sorted(end_summary["agents"]) == ["rollout-0", "rollout-1", "trainer-0"]
+
+
+def test_a_stopped_unit_leaves_the_peers_and_joins_again_under_its_name(running: Running) -> None:
+    r = running
+    r.train()
+    r.feed("client-0", "scale", {"delta": -1})  # rollout-1 drains: told to stop once its samples are in
+    r.train()
+    assert not r.ctl.core.units["rollout-1"].alive
+    r.feed("rollout-1", "bye", {"name": "rollout-1", "state": "stopped"})
+    assert r.train()["agents"]["rollout-1"]["state"] == "stopped"
+    assert "rollout-1" not in r.ctl.peers
+    assert status(r.ctl.snapshot(), now=time.monotonic())["agents_gone"] == {"lost": 0, "stopped": 1}
+    r.ends["rollout-1"] = r.hello("rollout-1")  # a unit of that name again: it joins, as when its Peer was kept
+    assert r.ctl.peers["rollout-1"].state == "running" and r.ctl.core.units["rollout-1"].alive
+    st = status(r.ctl.snapshot(), now=time.monotonic())
+    assert st["agents_gone"] == {"lost": 0, "stopped": 0}
+    assert [a["name"] for a in st["agents"]] == ["trainer-0", "rollout-0", "rollout-1"]
