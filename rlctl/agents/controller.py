@@ -66,6 +66,7 @@ from rlctl.agents.views import (
     GoneAgent,
     Snapshot,
     agent_gauges,
+    forget_agent_gauges,
     iteration_gauges,
     metrics_row,
     status,
@@ -985,12 +986,14 @@ class ControllerAgent:
 
     def _prune(self) -> None:
         """A metrics row was written: the agents gone (lost or stopped) leave `peers`, which holds the live ones and
-        those gone since the last row (that row lists them once: `views.metrics_row`), so that a run whose units are
-        replaced for weeks holds, shows and watches the agents it has. What summary.json and the status reply's
-        counts say of each is kept (`gone`), and a lost unit that says hello again is still told to stop (`_hello`)."""
+        those gone since the last row (that row lists them once: `views.metrics_row`), and /metrics, so that a run
+        whose units are replaced for weeks holds, shows, watches and exports the agents it has. What summary.json and
+        the status reply's counts say of each is kept (`gone`), and a lost unit that says hello again is still told
+        to stop (`_hello`)."""
         for p in [p for p in self.peers.values() if p.role != "client" and p.state not in LIVE_STATES]:
             del self.peers[p.name]
             self.gone[p.name] = GoneAgent(p.role, p.state, p.figures.busy_s)
+            forget_agent_gauges(self.metrics, p, self.sites)
             p.conn.close()  # a lost one's is closed; a stopped one said bye (its reader's end is ignored: `_handle`)
 
     def _generated(self, t: Trained) -> tuple[list[list[int]], list[float], list[float]]:

@@ -6,7 +6,8 @@ books (a `Snapshot`, or the few parts a gauge reads), so they are tested without
                                               ├─▶ summary(s)            ──▶ summary.json
                                               └─▶ metrics_row(s, t, …)  ──▶ metrics.jsonl (the rebalance
                                                                             rule then adds its reading)
-    every turn of the main loop ──▶ agent_gauges;  each trained iteration ──▶ iteration_gauges
+    every turn of the main loop ──▶ agent_gauges;  each trained iteration ──▶ iteration_gauges;
+    an agent gone before the last metrics row ──▶ forget_agent_gauges
 """
 
 from __future__ import annotations
@@ -427,6 +428,14 @@ def agent_gauges(
             units[site] += 1
     for site, n in units.items():
         m.rollout_units.labels(site).set(n)
+
+
+def forget_agent_gauges(m: JobMetrics, p: AgentRecord, sites: Mapping[str, str]) -> None:
+    """Agent `p` left the controller's books (`ControllerAgent._prune`): its label sets leave /metrics, which would
+    otherwise export its last liveness, heartbeat age and phase for as long as the controller runs."""
+    labels = (p.role, p.name, sites.get(p.name, ""))
+    for gauge in (m.agent_up, m.agent_heartbeat_age_seconds, m.agent_phase_seconds):
+        gauge.remove(*labels)
 
 
 def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: IterationStats) -> None:

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 import torch
+from prometheus_client import generate_latest
 
 from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Hello, make
-from rlctl.agents.views import status
+from rlctl.agents.views import agent_gauges, status
 from rlctl.commands.status import gone_line
 from rlctl.config.job import JobFile
 from rlctl.errors import PeerClosed
@@ -77,6 +78,10 @@ class Running:
         peer = self.ctl.peers[name]
         self.ctl._handle("closed", name, (peer.conn, PeerClosed("closed by peer"), time.monotonic()))
 
+    def gauges(self) -> None:
+        """What the loop does each turn: the agents' gauges."""
+        agent_gauges(self.ctl.metrics, self.ctl.core, self.ctl.peers, self.ctl.sites, now=time.monotonic())
+
     def train(self) -> dict[str, Any]:
         """Every sample the units were sent comes back (scored at once: the digits verifier), the trainer trains the
         iteration it is at and every live unit applies the version it published: its metrics row."""
@@ -122,6 +127,11 @@ def running(tmp_path: Path, request: pytest.FixtureRequest):
     r.close()
 
 
+def _series(r: Running, name: str) -> list[str]:
+    """The /metrics lines that name agent `name`."""
+    return [line for line in generate_latest(r.ctl.metrics.registry).decode().splitlines() if f'name="{name}"' in line]
+
+
 def test_a_lost_unit_leaves_the_peers_and_the_status_list_after_the_row_that_lists_it(running: Running) -> None:
     r = running
     r.train()  # a row with rollout-1 running
@@ -160,3 +170,17 @@ def test_a_stopped_unit_leaves_the_peers_and_joins_again_under_its_name(running:
     st = status(r.ctl.snapshot(), now=time.monotonic())
     assert st["agents_gone"] == {"lost": 0, "stopped": 0}
     assert [a["name"] for a in st["agents"]] == ["trainer-0", "rollout-0", "rollout-1"]
+
+
+def test_a_gone_unit_s_gauges_are_removed_with_it(running: Running) -> None:
+    r = running
+    r.train()
+    r.gauges()
+    assert _series(r, "rollout-1")  # up, heartbeat age, phase
+    r.lose("rollout-1")
+    r.gauges()
+    assert any(line.startswith("rlctl_agent_up") and line.endswith(" 0.0") for line in _series(r, "rollout-1"))
+    r.train()
+    r.gauges()
+    assert _series(r, "rollout-1") == []
+    assert _series(r, "rollout-0")
