@@ -140,18 +140,13 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
                 "busy_s": round(p.figures.busy_s, 3),
                 "state": p.state,
             }
+            # the live agents, and each lost or stopped one once, in the first row after it went (its last busy
+            # seconds and how it ended; the controller holds a gone agent until that row: `ControllerAgent._prune`):
+            # a run that replaced a hundred units over weeks writes the units it has, not every unit it ever had
             for p in s.peers.values()
-            if p.role != "client" and (p.state in LIVE_STATES or _was_live(s.rows.last, p.name))
+            if p.role != "client"
         },
     }
-
-
-def _was_live(row: dict[str, Any] | None, name: str) -> bool:
-    """Whether metrics row `row` listed agent `name` live. A row lists the live agents, and a lost or stopped one
-    once more, in the first row after it went (its last busy seconds and how it ended): a run that replaced a hundred
-    units over weeks writes the units it has, not every unit it ever had, in each row."""
-    a = (row or {}).get("agents", {}).get(name)
-    return a is not None and a.get("state") in LIVE_STATES
 
 
 def _finite(x: float, digits: int) -> float | None:

@@ -184,3 +184,13 @@ def test_a_gone_unit_s_gauges_are_removed_with_it(running: Running) -> None:
     r.gauges()
     assert _series(r, "rollout-1") == []
     assert _series(r, "rollout-0")
+
+
+def test_a_unit_that_joins_and_goes_between_two_rows_is_in_the_next_row_once(running: Running) -> None:
+    r = running
+    r.train()
+    r.ends["rollout-2"] = r.hello("rollout-2")
+    r.lose("rollout-2")
+    row = r.train()
+    assert row["agents"]["rollout-2"]["state"] == "lost"
+    assert "rollout-2" not in r.train()["agents"]

@@ -156,8 +156,8 @@ def test_metrics_row_times_rates_and_agents_from_the_core_and_the_trained_messag
 
 def test_a_row_lists_a_gone_agent_once_the_row_after_it_went_and_the_book_keeps_no_row_list():
     """A run that replaces units for weeks: each row lists the live agents and, once, the ones that went since the
-    row before (how they ended, their last busy seconds); the controller's book of rows keeps totals and the last
-    rows, whatever the number of iterations."""
+    row before (how they ended, their last busy seconds: the controller holds them until that row, then lets them
+    go); the controller's book of rows keeps totals and the last rows, whatever the number of iterations."""
     core, t, _ = _one_iteration()
     s = _snapshot(core, [])
     gone = {
@@ -173,7 +173,7 @@ def test_a_row_lists_a_gone_agent_once_the_row_after_it_went_and_the_book_keeps_
     second = metrics_row(replace(s, peers=peers, rows=book), t, wall_time=1.0)
     assert len(second["agents"]) == 52 and second["agents"]["old-3"]["state"] == "stopped"
     book.add(second)
-    third = metrics_row(replace(s, peers=peers, rows=book), t, wall_time=2.0)
+    third = metrics_row(replace(s, rows=book), t, wall_time=2.0)  # the controller let them go (`_prune`)
     assert sorted(third["agents"]) == ["r0", "trainer-0"]
     for _ in range(10_000):
         book.add(third)
