@@ -259,8 +259,8 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     waited_for = answer.get("checkpoint")
     if waited_for is not None:
         say(
-            f"job {ref.id}: the controller completes checkpoint iter-{waited_for} before it ends (up to "
-            f"{grace_s:.0f} s; --grace bounds the wait)"
+            f"job {ref.id}: the trainer may be completing checkpoint iter-{waited_for}; the controller waits for it "
+            f"before it ends (up to {grace_s:.0f} s; --grace bounds the wait)"
         )
     # a record that does not say where the controller's site keeps its own (plan.json, staged.json cut short)
     # stops those recorded here, and says so (sites.json cut short: no agent can be stopped, one error line)
@@ -301,17 +301,23 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
 
 
 def _checkpoint_outcome(jd: JobDir, version: int) -> str:
-    """What became of the checkpoint a stop waited for, from the controller's events since it took the request:
-    completed, or abandoned (the stop's grace ended first; a resume takes an older one)."""
-    for e in reversed(jd.read_events()):
+    """What became of the checkpoint a stop waited for, from the controller's events: completed; abandoned (the
+    stop's grace ended first); or not written (the trainer, holding its iteration, had not begun that step: told to
+    stop, it began none); where abandoned, with the checkpoint a resume takes instead."""
+    events = jd.read_events()
+    asked = next(
+        (i for i in range(len(events) - 1, -1, -1) if events[i].get("event") == "stop_requested" and "by" in events[i]),
+        None,
+    )
+    if asked is None:
+        return "not known (the controller's events do not say)"
+    for e in events[asked:]:
         if e.get("event") == "checkpoint" and e.get("version") == version:
             return "completed"
         if e.get("event") == "checkpoint_abandoned" and version in e.get("versions", ()):
             latest = e.get("latest")
             return f"abandoned: a resume takes {'none' if latest is None else f'iter-{latest}'}"
-        if e.get("event") == "stop_requested" and e.get("checkpoint") == version:
-            break
-    return "not known (the controller's events do not say)"
+    return "not written: the trainer had not begun that step (told to stop, it began none)"
 
 
 def _index_state(name: str) -> str:

@@ -64,11 +64,16 @@ def test_a_controller_site_that_cannot_be_polled_still_gets_every_agent_stopped(
     assert stopped == [["controller-0", "rollout-0"]] and out["problems"] == []
 
 
+NOT_BEGUN = "not written: the trainer had not begun that step (told to stop, it began none)"
+
+
 @pytest.mark.parametrize(
     ("after", "outcome"),
     [
         (("checkpoint", {"version": 4}), "completed"),
         (("checkpoint_abandoned", {"versions": [4], "latest": 2}), "abandoned: a resume takes iter-2"),
+        # the trainer held iteration 3 but had not begun its step: told to stop, it began none
+        (("checkpoint", {"version": 3}), NOT_BEGUN),
     ],
 )
 def test_a_stop_without_grace_waits_as_long_as_the_controller_says_and_names_the_checkpoint(
@@ -94,6 +99,7 @@ def test_a_stop_without_grace_waits_as_long_as_the_controller_says_and_names_the
 
     def ask(ref: JobRef, kind: str, body: dict[str, object], *, timeout_s: float) -> dict[str, object]:
         asked.append(body)
+        jd.event("checkpoint", version=4)  # an earlier run's (a resume from v2 set it aside): not this stop's
         jd.event("stop_requested", by="client-0", grace_s=1.0, checkpoint=4)  # the controller's, as it answers
         jd.event(after[0], **after[1])
         return {"ok": True, "grace_s": 1.0, "checkpoint": 4}
@@ -107,8 +113,8 @@ def test_a_stop_without_grace_waits_as_long_as_the_controller_says_and_names_the
     out = operate.stop(JobRef("stopjob", jd, None), say=said.append)
     assert 1.0 <= time.monotonic() - t0 < 10.0  # the controller's 1 s, not the 15 s of a stop that sets none
     assert asked == [{}] and graces == [1.0]
-    assert said == ["job stopjob: the controller completes checkpoint iter-4 before it ends (up to 1 s; --grace "
-                    "bounds the wait)"]  # fmt: skip
+    assert said == ["job stopjob: the trainer may be completing checkpoint iter-4; the controller waits for it "
+                    "before it ends (up to 1 s; --grace bounds the wait)"]  # fmt: skip
     assert out["checkpoint"] == {"version": 4, "outcome": outcome}
     assert f"iter-4: {outcome}" in stop_cli._table(out)
 
