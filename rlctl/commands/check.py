@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rlctl.commands import seconds_at_least
-from rlctl.errors import JobProblems, PartialFailure
+from rlctl.errors import JobProblems, PartialFailure, UsageError
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
 if TYPE_CHECKING:  # the config and the probes load when the command runs (`rlctl --help` stays quick)
@@ -124,9 +124,9 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
         partition_problems,
         probe_site_hosts,
     )
-    from rlctl.ops.preflight import problems
+    from rlctl.ops.preflight import problem_lines, problems
 
-    lines = [f"{job.path}: {p.field}: {p.message}" + (f" (hint: {p.hint})" if p.hint else "") for p in problems(job)]
+    lines = problem_lines(job, problems(job))
     spec = job.spec
     roles: dict[str, set[str]] = {spec.placement.trainer.site: {"trainer"}}
     for r in spec.placement.rollout:
@@ -197,7 +197,13 @@ def register(app: typer.Typer) -> None:
         from rlctl.ops.preflight import preflight
 
         job = None
-        if len(files) == 1 and read_yaml(files[0]).get("kind") == "Job":
+        jobs = [f for f in files if read_yaml(f).get("kind") == "Job"]
+        if jobs and len(files) > 1:
+            raise UsageError(
+                f"{jobs[0]}: a job file is checked alone (its inventories are the ones its `inventory:` names)",
+                hint=f"`rlctl check {jobs[0]}`, or `rlctl check` the inventory files without it",
+            )
+        if jobs:
             job = load_job(files[0])
             if reach:  # every problem, the file's and the hosts', one line each
                 lines, hosts = job_problem_lines(job, timeout_s=max(timeout_s, 60.0))

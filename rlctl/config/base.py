@@ -181,15 +181,21 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+KINDS = ("Inventory", "Job", "Profile")  # the kinds of rlctl's files
+
+
 def check_header(path: Path, data: dict[str, Any], kind: str) -> None:
     name = str(path)
     api = data.get("apiVersion")
     if api != API_VERSION:
         got = "missing" if api is None else repr(api)
         raise ConfigError(name, "apiVersion", f"must be '{API_VERSION}', got {got}")
-    if data.get("kind") != kind:
-        got = "missing" if "kind" not in data else repr(data.get("kind"))
-        raise ConfigError(name, "kind", f"must be '{kind}' for this command, got {got}")
+    other = data.get("kind")
+    if other != kind:
+        if other in KINDS:  # a file of another kind: the command takes the other
+            raise ConfigError(name, "kind", f"must be '{kind}' for this command, got {other!r}")
+        said = "missing" if "kind" not in data else f"{other!r} is no kind"
+        raise ConfigError(name, "kind", f"{said}; valid: {', '.join(KINDS)} (this command reads kind {kind})")
 
 
 def validate(path: Path, data: dict[str, Any], model: type[M], *, context: dict[str, Any] | None = None) -> M:

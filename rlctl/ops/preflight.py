@@ -27,7 +27,7 @@ from rlctl.config.hostfill import PLACEMENT_HINT, placement_error
 from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, refills
 from rlctl.devices import cuda_problem, kind_for
 from rlctl.engines.factory import vllm_problem
-from rlctl.errors import ConfigError, LaunchError, PlanError
+from rlctl.errors import ConfigError, JobProblems, LaunchError, PlanError
 from rlctl.launch.backends import kind_of
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.sitefs import is_remote
@@ -812,10 +812,15 @@ def _raised(field: str, check: Callable[[], None]) -> list[Problem]:
 
 
 def preflight(job: Job, *, plan: dict[str, Any] | None = None) -> None:
-    """Raise a ConfigError (exit 2) naming the first problem, and how many more there are."""
+    """Raise a ConfigError (exit 2) naming the problem, or JobProblems with every problem one line each (the user
+    fixes them at once: the first and the names of the others' fields sent them round once per problem)."""
     found = problems(job, plan=plan)
-    if not found:
-        return
-    first = found[0]
-    more = f" (and {len(found) - 1} more: {', '.join(p.field for p in found[1:])})" if len(found) > 1 else ""
-    raise ConfigError(str(job.path), first.field, first.message + more, hint=first.hint)
+    if len(found) == 1:
+        raise ConfigError(str(job.path), found[0].field, found[0].message, hint=found[0].hint)
+    if found:
+        raise JobProblems(str(job.path), problem_lines(job, found))
+
+
+def problem_lines(job: Job, found: list[Problem]) -> list[str]:
+    """Each problem as the one line the CLI prints: the file, the field, what is wrong (and a hint)."""
+    return [f"{job.path}: {p.field}: {p.message}" + (f" (hint: {p.hint})" if p.hint else "") for p in found]

@@ -45,11 +45,12 @@ def test_check_refuses_what_launch_cannot_run_in_one_line(cli: Callable[..., Cli
     cannot run on its GPU site: check says so (exit 2), before launch would. Its vLLM engine runs on the SSH
     rollout site, not on this machine: this machine's packages say nothing about it."""
     res = cli("check", str(ROOT / "jobs" / "cross-dc-7b.yaml"), "-o", "json")
-    line = res.stderr.strip()
-    assert res.exit_code == 2 and "\n" not in line and "Traceback" not in line
-    assert "jobs/cross-dc-7b.yaml: model: built-in 'qwen2.5-7b'" in line
-    more = line.split("(and ", 1)[1]  # the other refused fields (transport.kind too where ucxx is missing)
-    assert all(f in more for f in ("task", "trainer.backend")) and "rollout.engine" not in more
+    lines = res.stderr.splitlines()  # every problem, one line each
+    assert res.exit_code == 2 and "Traceback" not in res.stderr
+    assert all(line.startswith(f"rlctl: error: {ROOT / 'jobs' / 'cross-dc-7b.yaml'}: ") for line in lines), lines
+    fields = [line.split(": ")[3] for line in lines]  # (transport.kind too where ucxx is missing)
+    assert fields[0] == "model" and "built-in 'qwen2.5-7b'" in lines[0]
+    assert {"task", "trainer.backend"} <= set(fields) and "rollout.engine" not in fields
 
 
 @pytest.mark.parametrize("shell,marker", [("bash", "complete -o"), ("zsh", "compdef"), ("fish", "complete --command")])

@@ -64,7 +64,12 @@ CASES = [
     Case("top level is a list", "- a\n- b\n", "top level must be a mapping"),
     Case("missing apiVersion", "kind: Inventory\nsites: {}\n", "apiVersion"),
     Case("wrong apiVersion", GOOD_INV.replace("rlctl/v1", "rlctl/v9"), "apiVersion"),
-    Case("wrong kind", GOOD_INV.replace("kind: Inventory", "kind: Inventroy"), "kind: must be 'Inventory'"),
+    Case(
+        "misspelt kind",
+        GOOD_INV.replace("kind: Inventory", "kind: Inventroy"),
+        "kind: 'Inventroy' is no kind; valid: Inventory, Job, Profile (this command reads kind Inventory)",
+    ),
+    Case("another file's kind", GOOD_INV.replace("kind: Inventory", "kind: Profile"), "kind: must be 'Inventory'"),
     Case("unknown top-level key", GOOD_INV + "linkz: []\n", "linkz: unknown key (did you mean 'links'?)"),
     Case(
         "unknown site key",

@@ -146,6 +146,21 @@ def test_check_and_launch_refuse_the_planned_split_with_the_same_line(
     assert run_cli("check", str(job.path)).exit_code == 0
 
 
+def test_check_and_launch_say_every_problem_one_line_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job with two problems: `check` and `launch` print both, one line each naming the file and the field, exit 2
+    (they printed the first, then only the others' field names: "(and 1 more: weight_sync.anchor_every)", so a user
+    fixed them one run at a time, not knowing what the others were)."""
+    job = load(tmp_path, tracking={"project": "p"}, weight_sync={"mode": "full", "anchor_every": 4})
+    found = problems(job)
+    assert sorted(p.field for p in found) == ["tracking.project", "weight_sync.anchor_every"], found
+    want = sorted(f"rlctl: error: {job.path}: {p.field}: {p.message}" + (f" (hint: {p.hint})" if p.hint else "")
+                  for p in found)  # fmt: skip
+    for args in (("check", str(job.path)), ("launch", str(job.path), "--job-dir", str(tmp_path / "run"))):
+        res = run_cli(*args)
+        assert res.exit_code == 2 and sorted(res.stderr.splitlines()) == want, res.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_embedded_rollout_tp_is_refused_set_or_planned(tmp_path: Path) -> None:
     job = load(tmp_path, rollout={"engine": "embedded", "tensor_parallel": 2})
     (p,) = refused(job, "rollout.tensor_parallel")
@@ -654,8 +669,11 @@ def test_a_local_gpu_site_without_cuda_here_is_refused_for_each_role(tmp_path: P
         "CPU build"
     )
     assert r.message == t.message and t.hint and "CUDA build of torch" in t.hint
-    res = run_cli("check", str(tmp_path / "job.yaml"))
-    assert "placement.trainer.site: site 'gpu' declares H100 GPUs" in only_line(res)
+    res = run_cli("check", str(tmp_path / "job.yaml"))  # one line for each role
+    assert res.exit_code == 2 and [line.split(": ")[3] for line in res.stderr.splitlines()] == [
+        "placement.trainer.site",
+        "placement.rollout[0].site",
+    ]
 
 
 def test_a_local_gpu_site_needs_the_devices_its_slots_name(tmp_path: Path, monkeypatch) -> None:
