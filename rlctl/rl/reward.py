@@ -172,7 +172,12 @@ def load_reward(spec: str, base_dir: Path) -> RewardFn:
         module, where = _from_module(target, base_dir), f"module {target!r}"
     fn = getattr(module, name, None)
     if fn is None:
-        defined = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+        # the module's own functions, not what it imported (`from typing import Any` listed Any)
+        defined = [
+            n
+            for n, v in vars(module).items()
+            if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        ]
         has = f"defined: {one_of(defined)}" if defined else "it defines no functions"
         raise ValueError(f"{where}: no function {name!r}{did_you_mean(name, defined)}; {has}")
     if not callable(fn):

@@ -164,11 +164,17 @@ def test_load_user_file_and_module(rewards_dir: Path, monkeypatch: pytest.Monkey
         ("no_such_pkg_xyz.mod:f", "no module named 'no_such_pkg_xyz'"),
         ("rewards/syntax.py:f", "rewards/syntax.py: cannot import: SyntaxError"),
         ("rewards/empty.py:compute_score", "rewards/empty.py: no function 'compute_score'; it defines no functions"),
+        # its own functions only: `from typing import Any` was listed as "defined: Any, compute_score"
+        ("rewards/typed.py:score", "rewards/typed.py: no function 'score'; defined: compute_score"),
     ],
 )
 def test_load_errors_are_one_line(rewards_dir: Path, monkeypatch: pytest.MonkeyPatch, spec: str, message: str) -> None:
     (rewards_dir / "rewards" / "syntax.py").write_text("def f(:\n")
     (rewards_dir / "rewards" / "empty.py").write_text("SCALE = 2\n")
+    (rewards_dir / "rewards" / "typed.py").write_text(
+        "from typing import Any\nfrom os.path import join\n\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> Any:\n    return 1.0\n"
+    )
     monkeypatch.setattr(sys, "path", list(sys.path))
     with pytest.raises(ValueError) as e:
         load_reward(spec, rewards_dir)
