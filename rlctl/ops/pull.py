@@ -29,7 +29,7 @@ from rlctl.checkpoint.files import file_digest
 from rlctl.errors import LaunchError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, read_sites
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
+from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote
 from rlctl.launch.stage import (
     TRACKER_DIRS,
     fetch_record,
@@ -52,7 +52,7 @@ class Pulled:
     files: int
     bytes: int
     source: str  # site:host:dir it came from
-    trackers: list[str]
+    trackers: list[str]  # the tracker files in the job dir here (copied now, or written here by its controller)
 
 
 def _trainer_view(job_dir: Path) -> tuple[str, HostFiles, str]:
@@ -228,9 +228,14 @@ def _move(src: Path, dst: Path) -> None:
 
 
 def fetch_trackers(job_dir: Path) -> list[str]:
-    """The tracker files (and the job's record) from the controller's site into the job dir here: what was
-    copied (nothing when the controller's job dir is this one)."""
+    """The tracker files (and the job's record) from the controller's site into the job dir here: what was copied,
+    or, when the controller's job dir is this one, the tracker files it wrote here (`pull` said "tracker files: 0"
+    of a local job whose tensorboard/ held its events)."""
     view = record_view(job_dir)
     if view is None:
         return []
+    site, _, root = view
+    if not is_remote(site) and Path(root) == job_dir:  # (as `fetch_record` tells it)
+        here = (p for tree in TRACKER_DIRS for p in sorted((job_dir / tree).rglob("*")) if p.is_file())
+        return [str(p.relative_to(job_dir)) for p in here]
     return [name for name in fetch_record(job_dir, *view) if name.split("/")[0] in TRACKER_DIRS]

@@ -86,6 +86,15 @@ def test_pull_copies_the_newest_complete_checkpoint_and_checks_every_file(tmp_pa
     assert json.loads((jd.path / "plan.json").read_text())["trainer"]["site"] == "local"
 
 
+def test_pull_of_a_local_job_counts_the_tracker_files_its_controller_wrote_here(tmp_path: Path) -> None:
+    """The controller's job dir is this one: nothing to fetch, and the tracker files are those here (it said
+    "tracker files: 0" of a job whose tensorboard/ held its events)."""
+    jd, _ = job_dir(tmp_path)
+    (jd.path / "tensorboard" / "run").mkdir(parents=True)
+    (jd.path / "tensorboard" / "run" / "events.out.tfevents.1").write_bytes(b"x")
+    assert pull(jd.path).trackers == ["tensorboard/run/events.out.tfevents.1"]
+
+
 def test_pull_to_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # `--to .` was a path with an empty name: every checkpoint "failed" staging beside it
     jd, models = job_dir(tmp_path)
