@@ -110,6 +110,11 @@ def register(app: typer.Typer) -> None:
         from rlctl.profiler.build import build_profile, request_from_job, request_from_options
         from rlctl.profiler.profile import save_profile
 
+        if output is not None and str(output) in ("json", "table"):  # other commands' `-o json` is a format
+            raise UsageError(
+                f"-o {output}: profile's -o is the file to write (a YAML profile), not an output format",
+                hint="`rlctl profile ... -o profile.yaml`, or no -o for the YAML on stdout",
+            )
         engines = [e.value for e in engine] if engine else None
         backend = trainer_backend.value if trainer_backend else None
         if job is not None:

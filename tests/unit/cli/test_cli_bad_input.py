@@ -195,6 +195,8 @@ def test_a_profile_without_generation_entries_for_a_rollout_site_names_the_file_
         (["status", "--all", "myjob"], "--all lists every job: it takes no JOB ('myjob'); `rlctl status myjob` shows"),
         # a job file with an inventory: it was read as an inventory ("kind: must be 'Inventory' …, got 'Job'")
         (["check", str(DEMO), str(ROOT / "clusters" / "local.yaml")], f"{DEMO}: a job file is checked alone"),
+        # profile's -o is a file: `-o json` (other commands' output format) wrote a profile named `json`
+        (["profile", "--job", str(DEMO), "-o", "json"], "-o json: profile's -o is the file to write (a YAML profile)"),
     ],
 )
 def test_a_usage_error_is_one_line(args: list[str], says: str) -> None:
