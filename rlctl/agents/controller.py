@@ -491,6 +491,9 @@ class ControllerAgent:
         self.stop_requested, self.stop_at, self.stop_by = True, now, now + float(grace_s)
         version = (max(self.writing) if self.writing else self.core.trainer_version + 1) if coming else None
         self.jobdir.event("stop_requested", by=by, grace_s=grace_s, checkpoint=version)
+        # told now, before the answer, not once the loop has ended: a trainer holding its next iteration began that
+        # step when the stop had not reached it yet (an iteration more, trained for nothing)
+        self._tell_stop()
         return {"ok": True, "grace_s": grace_s, "checkpoint": version}
 
     def _stop_deadline(self) -> float:
@@ -1051,14 +1054,11 @@ class ControllerAgent:
         d = self.task.data
         return {"prompts": len(d), "bad_rows_skipped": d.num_bad_rows, "checksum": d.checksum}
 
-    def _shutdown(self) -> None:
+    def _tell_stop(self) -> None:
+        """Every running agent is told to stop (once), and nothing new is sent from then on (`_send`)."""
+        if self._closing:
+            return
         self._closing = True
-        # an end on purpose is said on /metrics and waited for one scrape below: a /metrics that vanishes without it
-        # is a controller that is gone (docs/prometheus/rlctl-alerts.yml, RlctlControllerDown)
-        on_purpose = not self.core.failed and (self.core.done or self.stop_requested)
-        ending = time.monotonic()
-        if on_purpose:
-            self.metrics.ended.set(1)
         for p in self.peers.values():
             if p.state == "running" and p.role != "client":
                 if p.broken is not None:
@@ -1068,6 +1068,15 @@ class ControllerAgent:
                     p.conn.send(make("stop"))
                 except TransportError:
                     p.state = "lost"
+
+    def _shutdown(self) -> None:
+        # an end on purpose is said on /metrics and waited for one scrape below: a /metrics that vanishes without it
+        # is a controller that is gone (docs/prometheus/rlctl-alerts.yml, RlctlControllerDown)
+        on_purpose = not self.core.failed and (self.core.done or self.stop_requested)
+        ending = time.monotonic()
+        if on_purpose:
+            self.metrics.ended.set(1)
+        self._tell_stop()
         graceful = self.stop_requested and not self.core.failed
         bye_by, checkpoint_by = time.monotonic() + BYE_WAIT_S, self._stop_deadline() if graceful else 0.0
         while self._waiting(bye_by=bye_by, checkpoint_by=checkpoint_by):

@@ -185,6 +185,7 @@ class TrainerAgent:
         self.state = "starting"
         self.last_word = threading.Lock()  # the watchdog's thread and a failed collective's both name a hang
         self.inbox: queue.Queue[Message | None] = queue.Queue()
+        self._early: list[Message | None] = []  # messages read before their turn, looking for a stop (`_told_stop`)
 
     def _publish(self, publisher: WeightPublisher, version: int) -> None:
         """A new version: in delta mode its delta, encoded where the trainer computes (every rank its part); a full
@@ -387,6 +388,8 @@ class TrainerAgent:
                         self.writer.submit(checkpoint)
                         checkpoint = None  # the writer holds the snapshot now: one in host memory at a time
                     ids = []
+                    if self._told_stop():  # before the next iteration's step, whole already or not
+                        break
         except BaseException:
             failed = True
             self._name_hung_ranks()  # a collective failed because a rank ended itself hung: name that rank
@@ -449,10 +452,24 @@ class TrainerAgent:
         hung = self.watchdog.hung
         return hung is not None and waits_in_collective(hung.thread)
 
+    def _told_stop(self) -> bool:
+        """Whether a stop (or the controller's end) is queued: the messages queued are read now, and handed out first
+        by `_next_messages`. A stop that came during a step went unread while the next iteration's samples were all
+        held, and that iteration was trained too (a step more after `rlctl stop`; a checkpoint's, waited for)."""
+        while True:
+            try:
+                self._early.append(self.inbox.get_nowait())
+            except queue.Empty:
+                break
+        return any(m is None or m.kind == "stop" for m in self._early)
+
     def _next_messages(self) -> list[Message | None]:
         """The next message (waiting for one), then every other one already queued: the learner cuts its
         micro-batches from every group that arrived while it trained (one group's rows at a time cut 23 % more
-        padded tokens, 20 % more micro-steps, in the hf-demo job)."""
+        padded tokens, 20 % more micro-steps, in the hf-demo job). Those `_told_stop` read first come first."""
+        if self._early:
+            msgs, self._early = self._early, []
+            return msgs
         msgs = [self.inbox.get()]
         while msgs[-1] is not None:
             try:
