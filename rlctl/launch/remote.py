@@ -207,8 +207,9 @@ class SshRunner:
         on_line: Callable[[str], None] | None = None,
         hold_stdin: threading.Event | None = None,
     ) -> CommandResult:
-        """Run `command` there. `on_line`: told each line of its stdout as it comes; `hold_stdin`: its stdin stays
-        open (and empty) until the event is set, then ends (a server told to stop). `timeout_s` None: no deadline."""
+        """Run `command` there. `on_line`: told each line of its stdout as it comes; `hold_stdin`: its stdin (`stdin`,
+        else nothing) stays open until the event is set, or the command ends, then ends (a server told to stop, a
+        fetch killed by its watcher). `timeout_s` None: no deadline."""
         from invoke.exceptions import CommandTimedOut, ThreadException
 
         if self._conn is None:
@@ -216,7 +217,7 @@ class SshRunner:
         prefix = "".join(f"export {k}={shlex.quote(v)}; " for k, v in self.env.items())
         in_stream: Any = False
         if hold_stdin is not None:
-            in_stream = _HeldInput(hold_stdin)
+            in_stream = _HeldInput(hold_stdin, stdin or "")
         elif stdin is not None:
             in_stream = _ChunkedInput(stdin)
         try:
@@ -327,13 +328,16 @@ class _ChunkedInput(io.StringIO):
 
 
 class _HeldInput(io.StringIO):
-    """stdin for invoke that stays open until `until` is set: invoke polls it (None: nothing yet), then '' ends it."""
+    """stdin for invoke: `text` (64 KiB at a time), then open until `until` is set: invoke polls it (None: nothing
+    yet), then '' ends it."""
 
-    def __init__(self, until: threading.Event) -> None:
-        super().__init__()
+    def __init__(self, until: threading.Event, text: str = "") -> None:
+        super().__init__(text)
         self.until = until
 
     def read(self, size: int | None = -1) -> str | None:  # type: ignore[override]
+        if chunk := super().read(65536):
+            return chunk
         return "" if self.until.is_set() else None
 
 

@@ -340,6 +340,7 @@ def _fan_out(
     with _pool(min(8, len(views)), progress) as pool:  # the secret first: the fan-out needs it
         list(pool.map(lambda v: _copy(site_name, src, v, [n for n in v.todo if n not in big], want, progress), views))
     tick = progress.advance if progress is not None else None
+    stop = progress.stopping if progress is not None else None
     seed_files = [n for n in seed.todo if n in big]
     parent = {views[i].host: views[(i - 1) // FANOUT_CHILDREN] for i in range(1, len(views))}
     relaying = [seed, *{parent[h].host: parent[h] for h in fan if parent[h] is not seed}.values()]
@@ -370,8 +371,8 @@ def _fan_out(
         ahead = sum(want[n].size for n in seed_files)  # a fetch may wait for the seed's copy of all of them
         with _pool(1 + len(views), progress) as pool:
             copy = pool.submit(_copy, site_name, src, seed, seed_files, want, progress)
-            fetches = {v.host: pool.submit(_fetch, site, v, fan[v.host], want, source(v), tick, ahead) for v in others
-                       if v.host in fan}  # fmt: skip
+            fetches = {v.host: pool.submit(_fetch, site, v, fan[v.host], want, source(v), tick, ahead, stop)
+                       for v in others if v.host in fan}  # fmt: skip
             try:
                 copy.result()
             except BaseException:
@@ -386,7 +387,8 @@ def _fan_out(
             if progress is not None:
                 progress.add(sum(want[n].size for n in failed[v.host]))
         with _pool(len(again), progress) as pool:  # the seed's copy is whole and verified
-            retried = pool.map(lambda v: _fetch(site, v, failed[v.host], want, servers[seed.host].address, tick), again)
+            address = servers[seed.host].address
+            retried = pool.map(lambda v: _fetch(site, v, failed[v.host], want, address, tick, stop=stop), again)
             failed.update(zip((v.host for v in again), retried, strict=True))
     finally:
         for server in servers.values():
@@ -426,10 +428,13 @@ def _fetch(
     source: str,
     tick: Callable[[int], None] | None,
     ahead: int = 0,
+    stop: threading.Event | None = None,
 ) -> list[str]:
     """Run `fanout fetch` on the view's host for `names` from `source`; the names that did not arrive whole (each
     file's SHA-256 is computed there as it is written and compared with the operator's). `ahead`: bytes the
-    source may copy before it has these (its deadline allows for them at the floor rate too)."""
+    source may copy before it has these (its deadline allows for them at the floor rate too). Once `stop` is set
+    the fetch is killed there (`_fetch_script`) and StagingStopped raised: the launch waited for its next
+    progress line (a resumed file's hash, up to a model's shard), and the host went on fetching after it."""
     if not names:
         return []
     ok: set[str] = set()
@@ -446,19 +451,25 @@ def _fetch(
         if "error" in row:
             errors.append(str(row["error"]))
 
-    files = [[n, want[n].size, want[n].sha256, want[n].mode] for n in names]
-    command = _site_python(site, f"fetch {sh_path(v.resolved)} --source {shlex.quote(source)}")
+    files = json.dumps([[n, want[n].size, want[n].sha256, want[n].mode] for n in names])
+    command = _fetch_script(site, f"{sh_path(v.resolved)} --source {shlex.quote(source)}")
+    held = stop if stop is not None else threading.Event()  # never set: stdin stays open until the fetch ends
+    deadline = FANOUT_FLOOR_S + (ahead + sum(want[n].size for n in names)) / FANOUT_FLOOR_BYTES_PER_S
     runner = SshRunner(ssh_target(site, v.host))
     try:
-        deadline = FANOUT_FLOOR_S + (ahead + sum(want[n].size for n in names)) / FANOUT_FLOOR_BYTES_PER_S
-        res = runner.run(command, timeout_s=deadline, stdin=json.dumps(files), on_line=line)
-        if res.exit_code != 0:
-            log.warning("site fan-out: %s: fetch from %s failed: %s", v.host, source,
-                        "; ".join(errors) or res.tail())  # fmt: skip
+        res: CommandResult | LaunchError = runner.run(
+            command, timeout_s=deadline, stdin=files + "\n", hold_stdin=held, on_line=line
+        )
     except LaunchError as e:
-        log.warning("site fan-out: %s: %s", v.host, e)
+        res = e
     finally:
         runner.close()
+    if held.is_set():
+        raise StagingStopped(f"ssh {v.host}: fetch from {source} stopped")
+    if isinstance(res, LaunchError):
+        log.warning("site fan-out: %s: %s", v.host, res)
+    elif res.exit_code != 0:
+        log.warning("site fan-out: %s: fetch from %s failed: %s", v.host, source, "; ".join(errors) or res.tail())
     return [n for n in names if n not in ok]
 
 
@@ -490,6 +501,25 @@ def _clear_stale(site: Site, v: _View, names: list[str]) -> None:
 def _site_python(site: Site, args: str) -> str:
     """A `python -m rlctl.launch.fanout ARGS` command line for one of the site's hosts (its setup lines first)."""
     return "\n".join([*site_setup(site.setup), f"exec {shlex.quote(python_for(site))} -m rlctl.launch.fanout {args}"])
+
+
+def _fetch_script(site: Site, args: str) -> str:
+    """`python -m rlctl.launch.fanout fetch ARGS` on a host of the site, given the first line of the command's stdin
+    (the files, as JSON) and killed there by a watcher when the rest of its stdin ends: the operator ends it to
+    stop (`_fetch`'s `stop`), and sshd does when the connection goes, where the fetch went on until it next wrote
+    to the closed connection. Exits with the fetch's status (143 when killed)."""
+    return "\n".join([
+        *site_setup(site.setup),
+        "exec 3<&0",  # the command's stdin: an asynchronous list's own is /dev/null
+        "IFS= read -r files",
+        f"{shlex.quote(python_for(site))} -m rlctl.launch.fanout fetch {args} <<EOF & fetcher=$!",
+        "$files",
+        "EOF",
+        "(while read -r _; do :; done <&3; kill $fetcher 2>/dev/null) & watcher=$!",
+        "wait $fetcher; rc=$?",
+        "kill $watcher 2>/dev/null",
+        'exit "$rc"',
+    ])  # fmt: skip
 
 
 class _Server:

@@ -616,6 +616,98 @@ def test_a_launch_stopped_while_a_host_hashes_what_it_staged_stops_the_hash_ther
     assert staged["far"]["copied"] == {"localhost": 0}  # hashed whole there: nothing copied again
 
 
+class _ShellSsh:
+    """An SshRunner whose commands run with bash here, as invoke runs them there: `stdin` written, then held open
+    until `hold_stdin` is set or the command ends; each line of stdout to `on_line` as it comes."""
+
+    def __init__(self, target: object = None) -> None:
+        self.where = "test-host"
+
+    def run(  # type: ignore[no-untyped-def]
+        self, script: str, *, timeout_s: float | None, stdin: str | None = None, on_line=None, hold_stdin=None
+    ) -> CommandResult:
+        import subprocess
+        import tempfile
+
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(["bash", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                    text=True)  # fmt: skip
+            assert proc.stdin is not None and proc.stdout is not None
+            lines: list[str] = []
+
+            def read() -> None:
+                for line in proc.stdout:  # type: ignore[union-attr]
+                    lines.append(line)
+                    if on_line is not None:
+                        on_line(line.rstrip("\n"))
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            proc.stdin.write(stdin or "")
+            proc.stdin.flush()
+            while hold_stdin is not None and proc.poll() is None and not hold_stdin.wait(0.01):
+                pass
+            proc.stdin.close()
+            try:
+                proc.wait(timeout_s)
+            finally:
+                proc.kill()
+            reader.join()
+            err.seek(0)
+            return CommandResult(proc.returncode, "".join(lines), err.read().decode())
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_launch_stopped_while_hosts_fetch_from_the_seed_stops_the_fetches_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while a site's hosts fetch from its seed (the seed's copy done): the launch waited for each fetch's
+    next progress line (a resumed file's hash first: minutes for a model's shard), and the fetch went on on its host
+    after the launch had stopped. Now each fetch's stdin ends, its watcher kills it there, and the launch stops at
+    once; the seed's server is stopped too."""
+    import signal
+
+    marks = tmp_path / "marks"
+    python = tmp_path / "python"  # the site's python: `-m rlctl.launch.fanout serve|fetch …`; a fetch of 10 s
+    python.write_text(
+        f"#!/bin/bash\ncase $3 in\n"
+        f'serve) echo \'{{"listening": "tcp://h20-01:1"}}\'; cat >/dev/null; echo served >> {marks} ;;\n'
+        f"fetch) cat >/dev/null; echo fetching >> {marks}\n"
+        f"  trap 'kill $s; echo killed >> {marks}; exit 143' TERM\n"
+        f"  sleep 10 & s=$!; wait $s; echo fetched >> {marks} ;;\nesac\n"
+    )
+    python.chmod(0o755)
+    site = Site.model_validate({"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "python": str(python),
+                                "nodes": [{"host": "h20-[01-03]", "gpus": 8}]})  # fmt: skip
+    weights = "model/init/model.safetensors"
+    want = {weights: FileState(stage.FANOUT_MIN_BYTES, "ab" * 32, 0o644)}
+    views = [stage._View(f"h20-0{i}", None, str(tmp_path / f"h{i}"), {}, [weights]) for i in (1, 2, 3)]  # type: ignore[arg-type]
+    monkeypatch.setattr(stage, "SshRunner", _ShellSsh)
+    monkeypatch.setattr(stage, "_clear_stale", lambda site, v, names: None)
+    monkeypatch.setattr(stage, "_copy", lambda name, src, v, names, want, progress: None)  # the seed's: done
+    done = threading.Event()
+
+    def ctrl_c_once_both_fetch() -> None:  # the operator's Ctrl-C, to the thread that waits on the fetches
+        while not done.wait(0.01):
+            if marks.exists() and marks.read_text().split() == ["fetching", "fetching"]:
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+                return
+
+    operator = threading.Thread(target=ctrl_c_once_both_fetch)
+    operator.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            progress = stage.StagingProgress("h20", lambda line: None)
+            stage._fan_out("h20", site, tmp_path, views, stage._fanned(views, want), want, progress)
+    finally:
+        done.set()
+        operator.join()
+    # not "fetched": the launch did not wait for the fetches, and they did not go on
+    assert sorted(marks.read_text().split()) == ["fetching", "fetching", "killed", "killed", "served"]
+
+
 def test_a_local_views_checksums_stop_once_the_launch_does(tmp_path: Path) -> None:
     """A site job dir on this machine (a work root on NFS) is hashed here, a MiB at a time: a stopped launch's
     checksum ends at its next MiB, not at the end of a model's shard."""
