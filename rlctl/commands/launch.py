@@ -237,7 +237,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--resume",
                 metavar="JOB",
-                help="continue a job (name, id or directory) from its latest complete checkpoint",
+                help="continue a stopped or failed job (name, id or directory) from its latest complete checkpoint "
+                "(a finished one is refused: nothing is left to run)",
             ),
         ] = None,
         detach_: Annotated[
@@ -421,11 +422,16 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue."""
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import resolve
-    from rlctl.ops.run import refuse_if_running
+    from rlctl.ops.run import refuse_if_finished, refuse_if_running
 
     db = JobDB()
     ref_ = resolve(ref, db=db)
     jd = ref_.jobdir
+    try:
+        refuse_if_finished(jd, state=ref_.row.state if ref_.row is not None else None)
+    except UsageError:
+        db.close()
+        raise
     if detached:
         db.close()
         run_detached(["launch", "--resume", str(jd.path)], jd.path, output)

@@ -707,6 +707,22 @@ def planned_agents(
     return out
 
 
+def refuse_if_finished(jobdir: JobDir, *, state: str | None) -> None:
+    """Before `launch --resume`: refuse a job that finished (its last run trained every planned iteration), which a
+    resume would only run again (every agent, the held-out evaluation; all of it without a checkpoint). `state`: its
+    row's in the job index (None for a job named by a directory the index does not hold); summary.json says it too."""
+    summary = run_summary(jobdir, current_run(jobdir))
+    done = summary if summary is not None and summary.get("state") == "done" else None
+    if done is None and state != "finished":
+        return
+    counts = f" ({done.get('iterations')}/{done.get('iterations_planned')} iterations)" if done is not None else ""
+    raise UsageError(
+        f"job {jobdir.path.name}: finished{counts}; nothing to resume",
+        hint=f"`rlctl status {jobdir.path.name}` shows how it ended; more iterations are a new job "
+        "(`rlctl launch JOB.yaml --iterations N`)",
+    )
+
+
 def refuse_if_running(jobdir: JobDir) -> None:
     """Before a resume: refuse while the job's controller answers; stop what is left of the run that ended
     (an orphaned unit, a trainer rank whose peer died), so two runs of one job never overlap."""
