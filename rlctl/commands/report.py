@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from rlctl.commands.status import JobArg
 from rlctl.render import OutputFormat, OutputOpt, emit
 
 
@@ -17,9 +18,7 @@ def _table(paths: dict[str, str]) -> str:
 def register(app: typer.Typer) -> None:
     @app.command()
     def report(
-        job: Annotated[
-            str | None, typer.Argument(help="job name, id or job directory (default: the latest job)")
-        ] = None,
+        job: JobArg = None,
         out: Annotated[
             Path | None,
             typer.Option(

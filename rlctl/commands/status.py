@@ -13,7 +13,13 @@ from rlctl.errors import PartialFailure, UsageError
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 from rlctl.textutil import duration
 
-JobArg = Annotated[str | None, typer.Argument(help="job name, id or job directory (default: the latest job)")]
+# one rule for a job named by its name and for none named: the one launched (or resumed) last (`rlctl.ops.jobref`)
+JobArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="job name (its run launched last), id or job directory (default: the job launched or resumed last)"
+    ),
+]
 
 
 def _f(v: Any, spec: str = ".2f") -> str:

@@ -56,6 +56,12 @@ class JobRow:
     created_s: float
     updated_s: float
 
+    @property
+    def launched_s(self) -> float:
+        """When its newest run was launched (`launch`, `launch --resume`, an auto-resume): `put`'s time, kept in
+        `info`; its creation for a row an rlctl without it wrote."""
+        return float(self.info.get("launched_s", self.created_s))
+
 
 class JobDB:
     def __init__(self, path: Path | None = None) -> None:
@@ -95,10 +101,10 @@ class JobDB:
         assert state in STATES, state
         now = time.time()
         self._conn.execute(
-            "INSERT INTO jobs VALUES (?, ?, ?, NULL, ?, '{}', ?, ?) ON CONFLICT(name) DO UPDATE SET "
-            "job_dir=excluded.job_dir, state=excluded.state, controller=NULL, spec=excluded.spec, info='{}', "
+            "INSERT INTO jobs VALUES (?, ?, ?, NULL, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+            "job_dir=excluded.job_dir, state=excluded.state, controller=NULL, spec=excluded.spec, info=excluded.info, "
             "updated_s=excluded.updated_s",
-            (name, job_dir, state, json.dumps(spec), now, now),
+            (name, job_dir, state, json.dumps(spec), json.dumps({"launched_s": now}), now, now),
         )
 
     def update(
@@ -137,8 +143,9 @@ class JobDB:
         return [self._row(r) for r in self._conn.execute("SELECT * FROM jobs ORDER BY created_s")]
 
     def latest(self) -> JobRow | None:
-        row = self._conn.execute("SELECT * FROM jobs ORDER BY updated_s DESC LIMIT 1").fetchone()
-        return self._row(row) if row else None
+        """The job launched last (`JobRow.launched_s`: a resume is a launch), which a command whose JOB is omitted
+        means; not the row updated last, which another job's launcher or an operator's stop moves."""
+        return max(self.list(), key=lambda r: r.launched_s, default=None)
 
     @staticmethod
     def _row(r: tuple[Any, ...]) -> JobRow:

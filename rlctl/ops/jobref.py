@@ -1,10 +1,10 @@
 """Which job a command means: `rlctl status|scale|stop|logs|report [JOB]` all resolve JOB here.
 
-JOB omitted          ─▶ the most recently updated job in the index
+JOB omitted          ─▶ the job launched last (`launch` or `launch --resume`: `JobRow.launched_s`)
 JOB = a job directory ─▶ that job directory (a directory holding job.json; any other is no job: a job's
                         config folder named like it, jobs/demo/, does not hide the job)
 JOB = an index id    ─▶ that row (ids are job-directory names, e.g. demo-20261122-131045)
-JOB = a job name     ─▶ the newest row whose job has that name
+JOB = a job name     ─▶ of the rows whose job has that name, the one launched last (the same rule)
 A job directory and an index row that both match but are different jobs: UsageError naming both.
 
 `rlctl.launch.jobdir.resume_command` names a job the way `rlctl launch --resume JOB` resolves it back here.
@@ -49,7 +49,7 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
     rows = db.list()
     by_id = {r.name: r for r in rows}
     named = [r for r in rows if r.spec.get("name") == ref]
-    indexed = by_id[ref] if ref in by_id else max(named, key=lambda r: r.created_s) if named else None
+    indexed = by_id[ref] if ref in by_id else max(named, key=lambda r: r.launched_s) if named else None
     if path.is_dir() and (path / "job.json").exists():
         here = path.resolve()
         same = indexed is not None and Path(indexed.job_dir).resolve() == here

@@ -18,7 +18,7 @@ def test_put_update_list(tmp_path: Path) -> None:
     db.update("demo", info={"pid": 42})
     row = db.get("demo")
     assert (row.state, row.controller) == ("running", "tcp://127.0.0.1:5000")
-    assert row.info == {"metrics_port": 9400, "pid": 42}
+    assert row.info == {"launched_s": row.launched_s, "metrics_port": 9400, "pid": 42}
     assert row.spec["iterations"] == 3
     db.put("demo", job_dir="/runs/demo-2", spec={"name": "demo"})  # relaunch replaces the row
     assert db.get("demo").job_dir == "/runs/demo-2" and db.get("demo").controller is None

@@ -51,3 +51,32 @@ def test_a_job_directory_and_another_indexed_job_of_that_name_are_refused(
     monkeypatch.chdir(tmp_path / "runs")
     ref = resolve("tiny1", db=db)  # the job's own directory and its row: one job
     assert ref.jobdir.path == tmp_path / "runs" / "tiny1" and ref.row is not None and ref.row.name == "tiny1"
+
+
+def test_no_job_named_and_a_job_name_both_mean_the_one_launched_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `rlctl status` took the row updated last: another job's launcher recording its end, or an operator's stop of
+    # it, made `rlctl stop` (no JOB) stop that job and not the one just launched, which `rlctl stop demo` meant
+    clock = iter(float(t) for t in range(100, 1000, 100))
+    monkeypatch.setattr("rlctl.ops.jobdb.time.time", lambda: next(clock))
+    db = JobDB(tmp_path / "home" / "jobs.db")
+    for name in ("demo-1", "demo-2", "other-1"):
+        (tmp_path / name).mkdir()
+    db.put("demo-1", job_dir=str(tmp_path / "demo-1"), spec={"name": "demo"})  # t 100
+    db.put("demo-2", job_dir=str(tmp_path / "demo-2"), spec={"name": "demo"})  # t 200: launched last
+    db.update("demo-1", state="stopped")  # t 300: the older one's launcher records its end
+    assert (resolve(None, db=db).id, resolve("demo", db=db).id) == ("demo-2", "demo-2")
+    db.put("demo-1", job_dir=str(tmp_path / "demo-1"), spec={"name": "demo"})  # t 400: `launch --resume demo-1`
+    db.update("demo-2", state="running")  # t 500
+    assert (resolve(None, db=db).id, resolve("demo", db=db).id) == ("demo-1", "demo-1")
+    db.put("other-1", job_dir=str(tmp_path / "other-1"), spec={"name": "other"})  # t 600
+    assert (resolve(None, db=db).id, resolve("demo", db=db).id) == ("other-1", "demo-1")
+
+
+def test_a_row_without_its_launch_time_counts_from_its_creation(tmp_path: Path) -> None:
+    db = JobDB(tmp_path / "jobs.db")
+    db.put("old-1", job_dir="/r/old-1", spec={"name": "old"})
+    db._conn.execute("UPDATE jobs SET info='{}'")  # as an rlctl before `launched_s` wrote it
+    row = db.get("old-1")
+    assert row.launched_s == row.created_s
