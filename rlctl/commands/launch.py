@@ -79,18 +79,29 @@ def summary_table(s: dict[str, Any]) -> str:
             "staleness",
             " ".join(f"{k}:{v}" for k, v in s["staleness"].items()) + f"  violations {s['staleness_violations']}",
         ],
-        [
-            "ledger",
-            f"prompts {led['prompts']} trained {led['trained']} requeued {led['requeued']} "
-            f"lost {led['lost']} duplicated {led['duplicated']}"
-            + (f" dropped {led['dropped']} (no signal)" if led.get("dropped") else "")
-            + (f" quarantined {led['quarantined']} (crashed units)" if led.get("quarantined") else ""),
-        ],
+        ["ledger", ledger_line(led)],
         ["partial rollouts", partials_line(led)],
         ["wall", f"{s['wall_s']:.1f} s"],
         ["job dir", s["job_dir"]],
     ]
     return grid(rows, ["", ""], f"Job {s['job']}")
+
+
+def ledger_line(led: dict[str, Any]) -> str:
+    """The summary's prompt ledger; the samples left out of a trained group (`filtered`: their reward held the
+    trainer) when there were any, without which the staleness row's sum (the trained samples) matched no count."""
+    return (
+        f"prompts {led['prompts']} trained {led['trained']} requeued {led['requeued']} "
+        f"lost {led['lost']} duplicated {led['duplicated']}"
+        + (f" dropped {led['dropped']} (no signal)" if led.get("dropped") else "")
+        + (f" quarantined {led['quarantined']} (crashed units)" if led.get("quarantined") else "")
+        + (
+            f"; samples: {led['filtered']} filtered (their reward held the trainer), "
+            f"{led.get('trained_samples', '-')} trained"
+            if led.get("filtered")
+            else ""
+        )
+    )
 
 
 def partials_line(led: dict[str, Any]) -> str:

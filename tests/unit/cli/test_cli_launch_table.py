@@ -1,4 +1,5 @@
-"""`rlctl launch`'s summary table: the partial rollouts line; the check a detached launcher does not repeat."""
+"""`rlctl launch`'s summary table: the ledger and partial rollouts lines; the check a detached launcher does not
+repeat."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import pytest
 
 from rlctl.commands import launch
-from rlctl.commands.launch import partials_line
+from rlctl.commands.launch import partials_line, summary_table
 from rlctl.ops import preflight, run
 from tests.conftest import ROOT, run_cli
 
@@ -29,6 +30,48 @@ def test_lost_units_show_the_bound_and_what_their_flight_records_measured() -> N
     assert one.endswith("≤ 5 generated again (2 by the flight records of 1 lost unit)")
     two = partials_line(_ledger(**cut, lost_units_measured=2, interrupted_lost_tokens_measured=0))
     assert two.endswith("(0 by the flight records of 2 lost units)")
+
+
+def summary(**ledger: int) -> dict[str, object]:
+    """A run's summary.json as the launcher prints it (80 prompts of 8 samples, one step stale at most)."""
+    led = {"prompts": 80, "trained": 80, "requeued": 0, "lost": 0, "duplicated": 0, "filtered": 0}
+    led |= {"trained_samples": 640, **_ledger(), **ledger}
+    return {
+        "job": "demo",
+        "state": "done",
+        "mode": "async",
+        "eta": 1,
+        "iterations": 5,
+        "iterations_planned": 5,
+        "reward_first": 0.1,
+        "reward_last": 0.2,
+        "reward_window": 1,
+        "samples_per_s": 10.0,
+        "tokens_per_s": 100.0,
+        "t_gen_s": 1.0,
+        "t_train_s": 0.5,
+        "delta_s": 0.5,
+        "bubble_fraction": {"rollout": 0.1, "trainer": 0.2},
+        "staleness": {"0": 128, "1": led["trained_samples"] - 128},
+        "staleness_violations": 0,
+        "ledger": led,
+        "wall_s": 9.0,
+        "job_dir": "/runs/demo-1",
+    }
+
+
+def ledger_row(s: dict[str, object]) -> str:
+    return next(line for line in summary_table(s).splitlines() if line.startswith("ledger"))
+
+
+def test_the_ledger_line_says_the_samples_filtered_out_when_there_were_any() -> None:
+    # 11 samples filtered: the line said `prompts 80 trained 80` while the staleness row summed to 629 (80 × 8 - 11)
+    line = ledger_row(summary(filtered=11, trained_samples=629))
+    assert line.endswith(
+        "prompts 80 trained 80 requeued 0 lost 0 duplicated 0; samples: 11 filtered (their reward held the "
+        "trainer), 629 trained"
+    )
+    assert ledger_row(summary()).endswith("prompts 80 trained 80 requeued 0 lost 0 duplicated 0")  # none: as before
 
 
 def test_a_launcher_started_by_detach_does_not_check_the_job_again(tmp_path, monkeypatch) -> None:
