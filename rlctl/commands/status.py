@@ -174,13 +174,14 @@ def index_line(s: dict[str, Any]) -> str:
 
 def _fallback_table(s: dict[str, Any]) -> str:
     rows = [["controller", s["controller"]], ["source", s["source"]]]
-    if "last_iteration" in s:
+    if "last_iteration" in s:  # a count, as the live view's `iteration` and the `ended` row's (not the row's index)
         li = s["last_iteration"]
         rows.append(
             [
-                "last iteration",
-                f"{li['iteration']}: reward {_f(li['reward_mean'], '.3f')}, T_gen {_f(li['t_gen_s'])} s, "
-                f"T_train {_f(li['t_train_s'])} s ({_f(s.get('figures_age_s'), '.0f')} s ago)",
+                "iterations done",
+                f"{s.get('iterations_done', '-')}; the last: reward {_f(li['reward_mean'], '.3f')}, "
+                f"T_gen {_f(li['t_gen_s'])} s, T_train {_f(li['t_train_s'])} s ({_f(s.get('figures_age_s'), '.0f')} s "
+                "ago)",
             ]
         )
     if s.get("heldout"):

@@ -159,6 +159,8 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         out["last_iteration"] = {
             k: last.get(k) for k in ("iteration", "reward_mean", "t_gen_s", "t_train_s", "delta_s")
         }
+        if isinstance(last.get("iteration"), int):  # the row's iteration counts from 0; the summary's from 1
+            out["iterations_done"] = last["iteration"] + 1
         out["figures_age_s"] = round(time.time() - float(last.get("t", time.time())), 1) if "t" in last else None
     if jd.evaluations.exists():  # held-out evaluations during the run (rlctl.agents.evaluation)
         out["heldout"] = heldout_view(jd.read_lines(jd.evaluations))

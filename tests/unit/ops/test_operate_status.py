@@ -127,3 +127,21 @@ def test_status_of_a_job_shows_the_agents_it_can_read_past_a_damaged_line_of_age
         assert [(a["name"], a["state"]) for a in s["agents"]] == [("controller-0", "exited (status unknown)")]
     said = [r.getMessage() for r in caplog.records if "agents.jsonl: line 1 is not valid JSON" in r.getMessage()]
     assert len(said) == 1 and said[0].endswith("left out")
+
+
+def test_status_of_an_ended_job_counts_its_iterations_as_its_summary_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # after a stop it said `last iteration 69` (the metrics row's index, from 0) beside `stopped after 70 iterations`
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_with_controller(tmp_path, "stopped", LOCAL, _killed_agent())
+    rows = [{"iteration": i, "reward_mean": 0.5, "t_gen_s": 1.0, "t_train_s": 0.5, "t": 1.0} for i in range(70)]
+    jd.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    jd.summary_json.write_text(json.dumps({"state": "stopped", "iterations": 70, "iterations_planned": 300}))
+    s, _ = operate.job_status(JobRef("stopped", jd, None), timeout_s=2.0)
+    table = _fallback_table(s).splitlines()
+    ended = [line.split(None, 1)[1] for line in table if line.startswith("ended ")]
+    done = [line.split(None, 2)[2] for line in table if line.startswith("iterations done ")]
+    assert ended == ["stopped after 70 iterations"] and len(done) == 1, table
+    assert done[0].startswith("70; the last: reward 0.500, T_gen 1.00 s, T_train 0.50 s"), done
+    assert s["iterations_done"] == 70 and s["last_iteration"]["iteration"] == 69  # -o json keeps the row's index
