@@ -14,6 +14,7 @@ its Spawner recorded there; its record (summary, metrics, events) is fetched fro
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import queue
 import threading
@@ -22,10 +23,16 @@ from collections.abc import Callable
 from typing import Any
 
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
-from rlctl.launch.backends import Backends, read_sites, stop_agents
+from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.stage import all_recorded_agents, fetch_record, readable_agents, record_view
+from rlctl.launch.stage import (
+    all_recorded_agents,
+    fetch_record,
+    readable_agents,
+    record_view,
+    remote_agent_lines,
+)
 from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.jobref import JobRef
@@ -269,6 +276,11 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     problems: list[str] = []
     skipped: list[str] = []  # lines of agents.jsonl that are no agent record: the agents read are stopped all the same
     handles = [h for h in all_recorded_agents(jd.path, problems, skipped=skipped) if h.spec.name not in unsure]
+    # every recorded agent is stopped (an orphan of an earlier run too); those listed as stopped are this run's and
+    # those of an earlier run that still ran (or whose site did not say), not every unit any run ever had
+    this_run = _this_run(jd)
+    earlier = [h for h in handles if this_run is not None and h.spec.name not in this_run]
+    ran = _still_running(ref, earlier)
     sites = read_sites(jd.path)
     record_read = not problems
     problems += skipped
@@ -290,7 +302,7 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
         fetch_job_record(ref)
     if waited_for is not None:
         out["checkpoint"] = {"version": waited_for, "outcome": _checkpoint_outcome(jd, int(waited_for))}
-    out["agents"] = [h.spec.name for h in handles]
+    out["agents"] = [h.spec.name for h in handles if this_run is None or h.spec.name in this_run or h.spec.name in ran]
     out["problems"] = problems
     jd.event("stopped_by_operator", agents=out["agents"], problems=problems)
     if ref.row is not None:
@@ -300,6 +312,35 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
         finally:
             db.close()
     return out
+
+
+def _this_run(jd: JobDir) -> set[str] | None:
+    """The names of the agents of the job's latest run: those recorded since its last controller record (in
+    agents.jsonl, and on the controller's site where that keeps its own: the units its controller started on scale);
+    None when none records a controller. A line that is no record is passed over (the stop says it)."""
+    text = (jd.path / AGENTS_FILE).read_text() if (jd.path / AGENTS_FILE).exists() else ""
+    with contextlib.suppress(LaunchError):  # a site that does not answer: the units recorded here
+        if (view := record_view(jd.path)) is not None:
+            text += remote_agent_lines(jd.path, *view)
+    names: set[str] | None = None
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            d = json.loads(line)
+            if not isinstance(d, dict):
+                continue
+            if d.get("role") == "controller":
+                names = set()
+            if names is not None and isinstance(d.get("name"), str):
+                names.add(d["name"])
+    return names
+
+
+def _still_running(ref: JobRef, handles: list[AgentHandle]) -> set[str]:
+    """Those of `handles` that run, or whose site did not say (asked only when there are any)."""
+    if not handles:
+        return set()
+    agents, _ = site_view(ref, timeout_s=STATUS_DEADLINE_S, handles=handles)
+    return {a["name"] for a in agents if a["state"] in ("running", "unknown")}
 
 
 def _checkpoint_outcome(jd: JobDir, version: int) -> str:

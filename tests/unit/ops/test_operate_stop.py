@@ -463,3 +463,34 @@ def test_a_stop_with_no_grace_still_gives_the_controller_time_to_answer(
     out = operate.stop(ref, grace_s=0)
     assert out["graceful"] == "requested" and len(asked) == 1 and asked[0] >= 1.0
     assert stranger.wait(timeout=5) < 0  # and the agents stopped, with no grace
+
+
+LOCAL_SITE = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 1}]}
+
+
+def test_a_stop_after_a_resume_lists_this_runs_agents_and_an_earlier_runs_orphan_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # rollout-2, scaled in during run 1 and never started again, was listed under `agents stopped` after a resume:
+    # the list named every unit any run had recorded. An orphan of run 1 that still runs is stopped and listed.
+    ref = _ended_job(tmp_path, monkeypatch, "running")
+    write_sites(ref.jobdir.path, {"local": Site.model_validate(LOCAL_SITE)})
+    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
+    backend = local.LocalBackend()
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    def started(role: str, replica: int, *, runs: bool) -> AgentHandle:
+        h = backend.start(AgentSpec(role, replica, "local", sleep if runs else [sys.executable, "-c", ""]))
+        record_agent(ref.jobdir.path, h)
+        return h
+
+    run1 = [started("controller", 0, runs=False), started("rollout", 0, runs=False)]
+    run1 += [started("rollout", 2, runs=False), started("rollout", 3, runs=True)]  # rollout-3: the orphan
+    backend.stop(run1[:3], grace_s=2)  # run 1 ended (rollout-2 scaled in before)
+    run2 = [started("controller", 0, runs=True), started("rollout", 0, runs=True)]
+    try:
+        out = operate.stop(ref, grace_s=2)
+        assert sorted(out["agents"]) == ["controller-0", "rollout-0", "rollout-3"], out
+        assert all(backend.poll(h) is not None for h in [*run2, run1[3]]), "every agent that ran is stopped"
+    finally:
+        backend.stop([*run2, run1[3]], grace_s=2)
