@@ -354,11 +354,15 @@ def be_launcher(
         # SIGTERM (and SIGINT, as KeyboardInterrupt) unwind through `finally`: every agent is stopped
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
-            detach.say_started(started(begin(runs, progress.say)))
-            summary = runs.wait(on_progress=progress)
-        finally:
-            progress.close()
-            runs.stop()
+            try:
+                detach.say_started(started(begin(runs, progress.say)))
+                summary = runs.wait(on_progress=progress)
+            finally:
+                progress.close()
+                runs.stop()
+        except KeyboardInterrupt:  # Ctrl-C: exit 130 (the CLI's), once the operator is told what became of the job
+            progress.say(interrupted_line(jd, runs.run))
+            raise
     summary = add_heldout(jd, spec, summary, say=progress.say)
     emit(summary, output, summary_table)
     if summary["state"] != "done":
@@ -367,6 +371,14 @@ def be_launcher(
             f"job {spec.name} did not finish: {summary['state']}",
             hint=f"see {jd.path}/logs; continue it with `{runs.run.resume_command()}`",
         )
+
+
+def interrupted_line(jd: JobDir, run: JobRun | None) -> str:
+    """What a launch Ctrl-C stopped says: the job stopped (every agent), and how to continue it."""
+    from rlctl.launch.jobdir import resume_command
+
+    how = run.resume_command() if run is not None else resume_command(jd.path)
+    return f"rlctl: interrupted: job {jd.path.name} stopped (every agent); continue it with `{how}`"
 
 
 def started(run: JobRun) -> dict[str, Any]:

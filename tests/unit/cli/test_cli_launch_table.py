@@ -4,12 +4,16 @@ repeat."""
 from __future__ import annotations
 
 import os
+import signal
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from rlctl.commands import launch
-from rlctl.commands.launch import partials_line, summary_table
-from rlctl.ops import preflight, run
+from rlctl.commands.launch import be_launcher, partials_line, summary_table
+from rlctl.launch.jobdir import JobDir
+from rlctl.ops import autoresume, detach, preflight, run
 from tests.conftest import ROOT, run_cli
 
 
@@ -124,3 +128,46 @@ def test_the_dry_run_shows_the_devices_behind_the_slots_and_where_unplaced_agent
     assert rows["controller-0"][2] == "n1" and rows["trainer-0"][4] == "4"
     assert [rows[f"rollout-{i}"][4] for i in (0, 1)] == ["5", "6"]
     assert "export CUDA_VISIBLE_DEVICES=5" in res.stdout
+
+
+class _InterruptedRuns:
+    """A launcher's runs whose watch Ctrl-C interrupts; `events` records what the launcher did."""
+
+    def __init__(self, jd: JobDir, *_: object, **__: object) -> None:
+        self.events: list[str] = []
+        self.run: SimpleNamespace | None = None
+        self.jd = jd
+        _InterruptedRuns.last = self
+
+    last: _InterruptedRuns
+
+    def start(self) -> SimpleNamespace:
+        self.run = SimpleNamespace(
+            id=self.jd.path.name, jobdir=self.jd, resume_command=lambda: f"rlctl launch --resume {self.jd.path.name}"
+        )
+        return self.run
+
+    def wait(self, **_: object) -> None:
+        raise KeyboardInterrupt
+
+    def stop(self) -> None:
+        self.events.append("stop")
+
+
+def test_a_launch_ctrl_c_stops_says_it_stopped_the_job_and_how_to_resume_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Ctrl-C stopped every agent and exited 130 with nothing said: no word that the job stopped, nor how to go on
+    monkeypatch.setattr(autoresume, "Runs", _InterruptedRuns)
+    monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
+    jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            be_launcher(jd, object(), {}, SimpleNamespace(close=lambda: None), lambda runs, say: runs.start(), "table")
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    assert _InterruptedRuns.last.events == ["stop"]
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "rlctl: interrupted: job demo-1 stopped (every agent); continue it with `rlctl launch --resume demo-1`"
+    )
