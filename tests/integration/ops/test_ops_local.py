@@ -123,10 +123,14 @@ def test_scale_in_drains_a_unit_while_training_goes_on(tmp_path, launcher, servi
     code, r = rlctl_json("scale", str(job_dir), "--rollout=-1")
     assert code == 0 and r["removing"] == ["rollout-1"], r
 
-    def drained() -> bool:
+    def drained() -> bool:  # stopped: listed so until the next metrics row, then counted among the gone agents
         code, st = rlctl_json("status", str(job_dir))
-        states = {a["name"]: a["state"] for a in st.get("live", {}).get("agents", [])}
-        return code == 0 and states.get("rollout-1") in ("stopped", "lost") and st["live"]["rollout_units"] == 1
+        live = st.get("live", {})
+        states = {a["name"]: a["state"] for a in live.get("agents", [])}
+        gone = states.get("rollout-1") in ("stopped", "lost") or (
+            "rollout-1" not in states and sum(live.get("agents_gone", {}).values()) == 1
+        )
+        return code == 0 and gone and live["rollout_units"] == 1
 
     wait_for("rollout-1 to be drained and stopped", drained, 60, alive=proc)
     n = len(metrics_rows(job_dir))
