@@ -20,6 +20,7 @@ by the bytes they grew since the last fetch: `fetch_appended`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -969,6 +970,29 @@ def all_recorded_agents(
         else:
             problems.append(f"the controller site's agent record is unreachable ({e}); stopped those recorded here")
     return agents_from_lines(text, source=local, skipped=skipped)
+
+
+def latest_run_names(job_dir: Path) -> set[str] | None:
+    """The names of the agents of the job's latest run: those recorded since its last controller record (in
+    agents.jsonl, and on the controller's site where that keeps its own: the units its controller started on scale);
+    None when none records a controller. A line that is no record is passed over (its readers say it). Not the
+    handles' order: a name a later run records again keeps its first run's place among them."""
+    local = job_dir / AGENTS_FILE
+    text = local.read_text() if local.exists() else ""
+    with contextlib.suppress(LaunchError):  # a site that does not answer: the agents recorded here
+        if (view := record_view(job_dir)) is not None:
+            text += remote_agent_lines(job_dir, *view)
+    names: set[str] | None = None
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            d = json.loads(line)
+            if not isinstance(d, dict):
+                continue
+            if d.get("role") == "controller":
+                names = set()
+            if names is not None and isinstance(d.get("name"), str):
+                names.add(d["name"])
+    return names
 
 
 def readable_agents(job_dir: Path) -> list[AgentHandle]:

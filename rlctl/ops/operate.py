@@ -14,7 +14,6 @@ its Spawner recorded there; its record (summary, metrics, events) is fetched fro
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import queue
 import threading
@@ -23,16 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
-from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
+from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.stage import (
-    all_recorded_agents,
-    fetch_record,
-    readable_agents,
-    record_view,
-    remote_agent_lines,
-)
+from rlctl.launch.stage import all_recorded_agents, fetch_record, latest_run_names, readable_agents, record_view
 from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.jobref import JobRef
@@ -278,7 +271,7 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     handles = [h for h in all_recorded_agents(jd.path, problems, skipped=skipped) if h.spec.name not in unsure]
     # every recorded agent is stopped (an orphan of an earlier run too); those listed as stopped are this run's and
     # those of an earlier run that still ran (or whose site did not say), not every unit any run ever had
-    this_run = _this_run(jd)
+    this_run = latest_run_names(jd.path)
     earlier = [h for h in handles if this_run is not None and h.spec.name not in this_run]
     ran = _still_running(ref, earlier)
     sites = read_sites(jd.path)
@@ -312,27 +305,6 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
         finally:
             db.close()
     return out
-
-
-def _this_run(jd: JobDir) -> set[str] | None:
-    """The names of the agents of the job's latest run: those recorded since its last controller record (in
-    agents.jsonl, and on the controller's site where that keeps its own: the units its controller started on scale);
-    None when none records a controller. A line that is no record is passed over (the stop says it)."""
-    text = (jd.path / AGENTS_FILE).read_text() if (jd.path / AGENTS_FILE).exists() else ""
-    with contextlib.suppress(LaunchError):  # a site that does not answer: the units recorded here
-        if (view := record_view(jd.path)) is not None:
-            text += remote_agent_lines(jd.path, *view)
-    names: set[str] | None = None
-    for line in text.splitlines():
-        with contextlib.suppress(ValueError):
-            d = json.loads(line)
-            if not isinstance(d, dict):
-                continue
-            if d.get("role") == "controller":
-                names = set()
-            if names is not None and isinstance(d.get("name"), str):
-                names.add(d["name"])
-    return names
 
 
 def _still_running(ref: JobRef, handles: list[AgentHandle]) -> set[str]:

@@ -62,6 +62,7 @@ from rlctl.launch.stage import (
     all_recorded_agents,
     controller_view,
     fetch_record,
+    latest_run_names,
     readable_agents,
     record_view,
     root_for,
@@ -373,10 +374,11 @@ class JobRun:
         """Watch a job whose launcher is gone (`rlctl attach`): its controller and agents as the job dir records
         them, its record where the controller keeps it; then `wait` as if this process had started them."""
         handles = readable_agents(self.jobdir.path)
-        if not any(h.spec.role == "controller" for h in handles):
+        names = latest_run_names(self.jobdir.path)  # the latest run's (not every run's: a resumed job's names repeat)
+        if names is None or not any(h.spec.role == "controller" for h in handles):
             raise LaunchError(f"{self.jobdir.path}: no controller recorded in {AGENTS_FILE}: the job never started")
-        last = max(i for i, h in enumerate(handles) if h.spec.role == "controller")  # the latest run's start
-        self.controller, self.handles = handles[last], handles[last:]
+        self.handles = [h for h in handles if h.spec.name in names]
+        self.controller = next(h for h in self.handles if h.spec.role == "controller")
         self._starting = False  # its trainer's start-up was the gone launcher's to watch
         started = [
             float(e["t"])

@@ -65,3 +65,27 @@ def test_attach_to_a_job_stopped_before_it_attached_ends_as_stopped(
         assert db.get(jd.path.name).state == "stopped"
     finally:
         db.close()
+
+
+def test_attach_after_a_resume_watches_the_latest_runs_agents_only(tmp_path: Path) -> None:
+    """agents.jsonl of a resumed job: run 1 had rollout-2 (scaled in, never started again), run 2 recorded the same
+    names again. Attach watches run 2's agents and controller; it took every record from the first controller's
+    place on (a name recorded again keeps its first place among the handles), so run 1's rollout-2 too."""
+    from rlctl.ops.run import JobRun
+
+    jd = JobDir.create("demo", explicit=tmp_path / "job")
+
+    def rec(name: str, role: str, pid: int) -> str:
+        row = {"name": name, "role": role, "replica": int(name[-1]), "site": "local", "backend": "local", "host": None}
+        return json.dumps(row | {"gpus": None, "log": None, "ident": {"pid": pid, "pgid": pid, "start_ticks": 1}})
+
+    roles = {"controller-0": "controller", "trainer-0": "trainer", "rollout-0": "rollout", "rollout-2": "rollout"}
+    run1, run2 = list(roles), ["controller-0", "trainer-0", "rollout-0"]
+    lines = [rec(n, roles[n], 100 + i) for i, n in enumerate(run1)]
+    lines += [rec(n, roles[n], 200 + i) for i, n in enumerate(run2)]
+    (jd.path / "agents.jsonl").write_text("\n".join(lines) + "\n")
+    r = object.__new__(JobRun)
+    r.jobdir, r.db = jd, None
+    r.attach()
+    assert sorted(h.spec.name for h in r.handles) == ["controller-0", "rollout-0", "trainer-0"]
+    assert r.controller is not None and r.controller.ident["pid"] == 200
