@@ -184,7 +184,8 @@ class Scaler:
                 units = len(self.core.live_units) + len(self.pending_units()) + len(targets)
                 return {"error": f"only {len(targets)} of {n} units fit: {self._cap_reached(units)}"}
             where = site or ", ".join(rollout_sites)
-            return {"error": f"only {len(targets)} of {n} units fit: free slots on {where}: {self.free_slots()}"}
+            free = ", ".join(f"{s} {k}" for s, k in self.free_slots().items() if s in candidates)
+            return {"error": f"only {len(targets)} of {n} units fit on {where}: free slots {free or 'none'}"}
         names = [self._spawn(t, reason) for t in targets]
         return {"adding": names, "sites": targets}
 

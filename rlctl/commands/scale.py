@@ -23,8 +23,17 @@ def _delta(text: str) -> int:
     return n
 
 
+def _cell(v: Any) -> Any:
+    """A list or a mapping as a table's text (`rollout-2 3.0 s`), not Python's (`{'rollout-2': 3.004}`)."""
+    if isinstance(v, list):
+        return ", ".join(map(str, v))
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {x:.1f} s" if isinstance(x, float) else f"{k} {x}" for k, x in v.items())
+    return v
+
+
 def _table(r: dict[str, Any]) -> str:
-    rows = [[k, ", ".join(map(str, v)) if isinstance(v, list) else v] for k, v in r.items()]
+    rows = [[k, _cell(v)] for k, v in r.items()]
     return grid(rows, ["", ""], f"Scale {r['id']}")
 
 

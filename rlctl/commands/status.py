@@ -111,6 +111,11 @@ def gone_line(gone: dict[str, int]) -> str:
     return ", ".join(f"{state} {n}" for state, n in gone.items() if n)
 
 
+def _per_site(counts: dict[str, Any]) -> str:
+    """`{'local': 1, 'h20': 0}` as `local 1, h20 0` (a Python dict's text is no table's)."""
+    return ", ".join(f"{k} {n}" for k, n in counts.items()) or "-"
+
+
 def _live_table(s: dict[str, Any]) -> str:
     v = s["live"]
     w = v.get("weights", {})
@@ -126,7 +131,7 @@ def _live_table(s: dict[str, Any]) -> str:
         ["held-out", evaluations_line(v.get("heldout"))],
         ["δ (window) / δ'", f"{_f(v.get('delta_window_s'), '+.2f')} / {_f(v.get('delta_prime_s'))} s"],
         ["rebalance", f"{'auto' if v['rebalance']['auto'] else 'manual'}: {v['rebalance']['why'] or '-'}"],
-        ["rollout units", f"{v['rollout_units']}  free slots {v['free_slots']}"],
+        ["rollout units", f"{v['rollout_units']}  free slots {_per_site(v['free_slots'])}"],
         # the agents that went: the table below lists one until the next iteration's metrics row
         *([["agents gone", gone_line(v["agents_gone"])]] if any(v.get("agents_gone", {}).values()) else []),
         ["samples/s  tokens/s", f"{_f(v.get('samples_per_s'), '.1f')}  {_f(v.get('tokens_per_s'), '.0f')}"],
@@ -187,7 +192,8 @@ def _fallback_table(s: dict[str, Any]) -> str:
     if s.get("heldout"):
         rows.append(["held-out", evaluations_line(s["heldout"])])
     if "summary" in s:
-        rows.append(["ended", f"{s['summary']['state']} after {s['summary']['iterations']} iterations"])
+        # the count first: a failed state's text ends with the command that resumes it
+        rows.append(["ended", f"after {s['summary']['iterations']} iterations: {s['summary']['state']}"])
     if s.get("index_state"):
         rows.append(["job index", index_line(s)])
     if s["sites_down"]:

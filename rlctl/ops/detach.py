@@ -196,4 +196,4 @@ def launcher_state(info: Any, *, ended: bool) -> str | None:
         return f"{where}, watching" if not ended else f"{where}, finishing"
     if ended:
         return f"{where}, ended"
-    return f"{where}, gone: nothing watches the job (`rlctl status` reads its end from the job dir)"
+    return f"{where}, gone: nothing watches the job (`rlctl attach` watches it again; `rlctl status` reads its end)"

@@ -20,6 +20,7 @@ from rlctl.launch.jobdir import JobDir
 from rlctl.ops.jobdb import JobDB, JobRow
 from rlctl.textutil import did_you_mean
 
+KNOWN_SHOWN = 12  # the job names an unknown JOB's line lists (`rlctl status --all` lists every job)
 
 @dataclass(frozen=True)
 class JobRef:
@@ -66,7 +67,10 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
     if path.is_dir():
         raise UsageError(f"{path}: not a job directory (no job.json), and no job {ref!r} in the index ({db.path})")
     known = sorted({*by_id, *(str(r.spec.get("name")) for r in rows)})
+    names = sorted({str(r.spec.get("name")) for r in rows})  # the names, not every run's id: an index grows for good
+    more = f" and {len(names) - KNOWN_SHOWN} more" if len(names) > KNOWN_SHOWN else ""
+    listed = ", ".join(names[:KNOWN_SHOWN]) + more
     raise UsageError(
-        f"no job {ref!r} in the index ({db.path}); known: {', '.join(known) or 'none'}{did_you_mean(ref, known)}",
+        f"no job {ref!r} in the index ({db.path}); job names: {listed or 'none'}{did_you_mean(ref, known)}",
         hint="give a job name, an id from `rlctl status --all`, or a job directory",
     )

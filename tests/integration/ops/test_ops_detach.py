@@ -127,7 +127,7 @@ def test_a_job_whose_launcher_died_is_attached_and_watched_to_its_end(tmp_path):
     code, st = rlctl_json("status", job_id)
     if st.get("source") == "controller":  # unless the job ended already on a fast machine
         assert st["launcher"].endswith(
-            ", gone: nothing watches the job (`rlctl status` reads its end from the job dir)"
+            ", gone: nothing watches the job (`rlctl attach` watches it again; `rlctl status` reads its end)"
         )
 
     code, attached = rlctl_json("attach", job_id, "--detach", timeout_s=120)

@@ -235,3 +235,13 @@ def test_a_missing_choice_lists_the_choices_on_its_line() -> None:
     assert one_error(run_cli("completion")) == (
         "rlctl: error: Missing argument 'shell'. Choose from: bash, zsh, fish (hint: `rlctl completion --help`)"
     )
+
+
+def test_scale_and_status_tables_say_per_site_figures_as_text_not_as_python() -> None:
+    """`first_sample_s {'rollout-2': 3.004}` and `free slots {'local': 1}` were a Python dict's text in the tables."""
+    from rlctl.commands.scale import _table
+    from rlctl.commands.status import _per_site
+
+    table = _table({"id": "j", "adding": ["rollout-2"], "first_sample_s": {"rollout-2": 3.004}, "wall_s": 3.2})
+    assert "rollout-2 3.0 s" in table and "{" not in table, table
+    assert _per_site({"local": 1, "h20": 0}) == "local 1, h20 0" and _per_site({}) == "-"

@@ -80,3 +80,16 @@ def test_a_row_without_its_launch_time_counts_from_its_creation(tmp_path: Path) 
     db._conn.execute("UPDATE jobs SET info='{}'")  # as an rlctl before `launched_s` wrote it
     row = db.get("old-1")
     assert row.launched_s == row.created_s
+
+
+def test_an_unknown_job_lists_some_job_names_not_every_runs_id(tmp_path: Path, db: JobDB, monkeypatch) -> None:
+    # it listed every id and name the index ever held: a line that grows for good on a shared machine
+    monkeypatch.chdir(tmp_path)
+    for i in range(20):
+        for run in range(3):
+            db.put(f"job{i:02d}-{run}", job_dir=str(tmp_path / "gone"), spec={"name": f"job{i:02d}"})
+    with pytest.raises(UsageError) as e:
+        resolve("jbo03", db=db)
+    said = str(e.value)
+    assert "job names: ar, job00, job01," in said and " and 10 more" in said and "job00-1" not in said, said
+    assert said.endswith("(did you mean 'job03'?)"), said

@@ -142,6 +142,6 @@ def test_status_of_an_ended_job_counts_its_iterations_as_its_summary_does(
     table = _fallback_table(s).splitlines()
     ended = [line.split(None, 1)[1] for line in table if line.startswith("ended ")]
     done = [line.split(None, 2)[2] for line in table if line.startswith("iterations done ")]
-    assert ended == ["stopped after 70 iterations"] and len(done) == 1, table
+    assert ended == ["after 70 iterations: stopped"] and len(done) == 1, table
     assert done[0].startswith("70; the last: reward 0.500, T_gen 1.00 s, T_train 0.50 s"), done
     assert s["iterations_done"] == 70 and s["last_iteration"]["iteration"] == 69  # -o json keeps the row's index
