@@ -172,8 +172,9 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     agents, down = site_view(ref, timeout_s=timeout_s)
     out["agents"], out["sites_down"] = agents, down
     ended = "summary" in out and all(a["state"] != "running" for a in agents)
-    if ended and how == "error":  # it is not listening because the job is over, not because something broke
-        out["controller"] = f"exited: the job ended ({out['summary'].get('state', 'no state')}); was {value}"
+    if ended and how == "error":  # it is not listening because the job is over, not because something broke: the
+        # refused connect is not said ("was tcp://…: connect failed: [Errno 111] Connection refused" read as a fault)
+        out["controller"] = f"exited: the job ended ({out['summary'].get('state', 'no state')})"
     return out, ended and not down
 
 
