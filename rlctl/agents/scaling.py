@@ -171,8 +171,8 @@ class Scaler:
         cap = self.cfg.max_rollout_units
         room = None if cap is None else cap - len(self.core.live_units) - len(self.pending_units())
         targets: list[str] = []
+        candidates = [site] if site is not None else rollout_sites
         for _ in range(n):
-            candidates = [site] if site is not None else rollout_sites
             pick = next((s for s in candidates if free.get(s, 0) > 0), None)
             if pick is None or (room is not None and room <= 0):
                 break
@@ -184,8 +184,8 @@ class Scaler:
                 units = len(self.core.live_units) + len(self.pending_units()) + len(targets)
                 return {"error": f"only {len(targets)} of {n} units fit: {self._cap_reached(units)}"}
             where = site or ", ".join(rollout_sites)
-            free = ", ".join(f"{s} {k}" for s, k in self.free_slots().items() if s in candidates)
-            return {"error": f"only {len(targets)} of {n} units fit on {where}: free slots {free or 'none'}"}
+            slots = ", ".join(f"{s} {k}" for s, k in self.free_slots().items() if s in candidates)
+            return {"error": f"only {len(targets)} of {n} units fit on {where}: free slots {slots or 'none'}"}
         names = [self._spawn(t, reason) for t in targets]
         return {"adding": names, "sites": targets}
 
