@@ -8,7 +8,9 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -541,11 +543,21 @@ def test_a_local_copy_stopped_with_ctrl_c_leaves_no_partial_file(tmp_path: Path,
     assert list(dst.iterdir()) == []
 
 
-def test_a_launch_stopped_while_it_stages_stops_its_copies(tmp_path: Path, monkeypatch) -> None:
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here, as at a terminal: a test run started in the background by a shell without
+    job control has SIGINT ignored, and the operator's Ctrl-C these tests send was lost (they failed so)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_a_launch_stopped_while_it_stages_stops_its_copies(tmp_path: Path, monkeypatch, ctrl_c_raises) -> None:
     """Ctrl-C reaches the launcher's main thread, which waits on the site's copies in a thread pool: the pool waited
     for them to finish (minutes to hours of a model across a slow link) before the launch stopped. The copies now end
     at their next chunk, and what they wrote is there for the next launch to go on from."""
-    import signal
     import time
 
     chunks, written = 400, []
@@ -575,12 +587,11 @@ def test_a_launch_stopped_while_it_stages_stops_its_copies(tmp_path: Path, monke
 
 
 def test_a_launch_stopped_while_a_host_hashes_what_it_staged_stops_the_hash_there(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ctrl_c_raises: None
 ) -> None:
     """Ctrl-C while an SSH host hashes the files just copied (minutes for a model): the launch waited for the hash
     command to end. Now the command's stdin ends, its watcher kills the hash there and the launch stops at once,
     recording nothing as staged; the next launch hashes the files again and finds them whole."""
-    import signal
 
     bin_dir, marks = tmp_path / "bin", tmp_path / "marks"
     bin_dir.mkdir()
@@ -661,13 +672,12 @@ class _ShellSsh:
 
 
 def test_a_launch_stopped_while_hosts_fetch_from_the_seed_stops_the_fetches_there(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ctrl_c_raises: None
 ) -> None:
     """Ctrl-C while a site's hosts fetch from its seed (the seed's copy done): the launch waited for each fetch's
     next progress line (a resumed file's hash first: minutes for a model's shard), and the fetch went on on its host
     after the launch had stopped. Now each fetch's stdin ends, its watcher kills it there, and the launch stops at
     once; the seed's server is stopped too."""
-    import signal
 
     marks = tmp_path / "marks"
     python = tmp_path / "python"  # the site's python: `-m rlctl.launch.fanout serve|fetch …`; a fetch of 10 s
