@@ -22,6 +22,7 @@ from rlctl.textutil import did_you_mean
 
 KNOWN_SHOWN = 12  # the job names an unknown JOB's line lists (`rlctl status --all` lists every job)
 
+
 @dataclass(frozen=True)
 class JobRef:
     id: str
