@@ -528,10 +528,11 @@ def _unbindable(job: Job) -> list[Problem]:
 
 
 def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:
-    """A trainer placement whose ranks' memory (the planner's figure: weights, gradients and the optimizer state the
-    data-parallel ranks do not shard) exceeds what a GPU of its site holds — or, on a `gpu: CPU` site, the host
-    memory its nodes give a slot (`memory_gb`; not checked where the inventory does not say)."""
-    from rlctl.planner.costs import TRAIN_MEM_FRACTION
+    """A trainer placement whose ranks' memory (the planner's figure, `rlctl.planner.costs.rank_bytes`: weights,
+    gradients and the optimizer state, divided over dp only where the plan shards it with FSDP2) exceeds what a GPU
+    of its site holds — or, on a `gpu: CPU` site, the host memory its nodes give a slot (`memory_gb`; not checked
+    where the inventory does not say)."""
+    from rlctl.planner.costs import TRAIN_MEM_FRACTION, rank_bytes
     from rlctl.profiler.analytical import training_entry
 
     spec, t = job.spec, plan["trainer"]
@@ -549,9 +550,9 @@ def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:
     entry = training_entry(spec.model.arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind)
     fixed_gb, sharded_gb = entry.fixed_bytes_per_gpu / 1e9, entry.sharded_bytes_per_gpu / 1e9
     # only torch's FSDP2 shards the optimizer state over dp here (megatron runs without its distributed optimizer):
-    # otherwise every rank holds its tp × pp shard's whole state
+    # otherwise every rank holds its tp × pp shard's whole state (`rlctl.planner.costs.shards_optimizer`)
     shards = dp if par.get("fsdp") else 1
-    need_gb = fixed_gb + sharded_gb / shards
+    need_gb = rank_bytes(entry, shards=shards) / 1e9
     if need_gb <= TRAIN_MEM_FRACTION * have_gb:
         return []
     return [

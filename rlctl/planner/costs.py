@@ -101,13 +101,35 @@ class TrainWorkload:
     pass_scale: float = 1.0
     mini_batches: int = 1  # optimizer steps per epoch: a cut holds the samples of one mini-batch at most
     optimizer_steps: int = 1  # per iteration (epochs × mini-batches): one gradient all-reduce each
+    # the trainer divides its optimizer state over the dp ranks (`shards_optimizer`: torch's FSDP2; megatron does not)
+    shards_optimizer: bool = True
+
+
+def shards_optimizer(backend: str, *, shard: str) -> bool:
+    """Whether the trainer divides its optimizer state over its dp ranks: the `torch` trainer's FSDP2 does
+    (trainer.shard 'auto' turns it on where a whole replica does not fit, `rlctl.ops.counts.shard_trainer`, so a
+    rank fits sharded or not alike; 'none' never shards); the `megatron` trainer runs without megatron's
+    distributed optimizer, so every dp rank holds its tp × pp shard's whole state."""
+    return backend == "torch" and shard != "none"
+
+
+def rank_bytes(entry: TrainingEntry, *, shards: int) -> float:
+    """Memory of one trainer rank at this entry's (tp, pp): weights and gradients of its shard, and its share of the
+    optimizer state divided over `shards` ranks (dp where the trainer shards it, `shards_optimizer`; else 1): the
+    one figure the planner prices a layout by and `rlctl check` (`rlctl.ops.preflight`) judges a placement by."""
+    return entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu / shards
+
+
+def rank_fits(entry: TrainingEntry, *, shards: int, hbm_bytes: float) -> bool:
+    """One trainer rank (`rank_bytes`) fits the usable share of a GPU's `hbm_bytes`."""
+    return rank_bytes(entry, shards=shards) <= TRAIN_MEM_FRACTION * hbm_bytes
 
 
 def replica_fits(entry: TrainingEntry, *, hbm_bytes: float) -> bool:
     """A whole replica at this entry's (tp, pp) fits one GPU unsharded (dp = 1): its weights, gradients and the
     optimizer state the data-parallel ranks would otherwise shard. The torch trainer shards with FSDP2 where it
-    does not (`rlctl.ops.counts.plan_counts`); `train_time_s` prices sharded state at the plan's dp."""
-    return entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu <= TRAIN_MEM_FRACTION * hbm_bytes
+    does not (`rlctl.ops.counts.plan_counts`)."""
+    return rank_fits(entry, shards=1, hbm_bytes=hbm_bytes)
 
 
 def train_time_s(
@@ -127,9 +149,11 @@ def train_time_s(
     and every cut drains the pipeline, so each stage idles pp − 1 of m + pp − 1 chunk-steps: compute ×
     (1 + (pp − 1)/m), however many cuts a mini-batch holds (no 1F1B across them). None on an entry measured
     over the split's ranks (`pipeline_wait_included`): its figure holds the stages' waiting already. `hosts`: the
-    hosts the ranks span (`rlctl.config.hostfill.trainer_slots`); default as many as fill hosts of gpus_per_node."""
+    hosts the ranks span (`rlctl.config.hostfill.trainer_slots`); default as many as fill hosts of gpus_per_node.
+    Infinite where a rank does not fit a GPU (`rank_fits`, the optimizer state divided over dp only where
+    `w.shards_optimizer`)."""
     gpus = entry.tp * entry.pp * dp
-    if entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu / dp > TRAIN_MEM_FRACTION * site.hbm_bytes:
+    if not rank_fits(entry, shards=dp if w.shards_optimizer else 1, hbm_bytes=site.hbm_bytes):
         return math.inf
     # a cut's rows: micro_batch_samples, fewer when a mini-batch holds fewer; each data-parallel rank takes
     # every dp-th row of it (rlctl.rl.learner.backward_share), the first ones the most

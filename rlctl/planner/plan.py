@@ -30,7 +30,7 @@ from rlctl.config.job import DatasetTask, Job, LengthsTask
 from rlctl.errors import ConfigError, PlanError
 from rlctl.launch.backends import kind_of
 from rlctl.planner import alloc
-from rlctl.planner.costs import DecodeCost, TrainWorkload
+from rlctl.planner.costs import DecodeCost, TrainWorkload, shards_optimizer
 from rlctl.planner.curves import GenCurve, TrainCurve, gen_curve, train_stage_curve, units_that_fit
 from rlctl.planner.dispatch import Rule, SkewSplit, fixed_split
 from rlctl.planner.engine import Barrier
@@ -285,10 +285,10 @@ def _trainer_curve(
         split=split,
     )
     if not np.isfinite(tcurve.seconds).any():
-        asked = f" at tp {split[0]} pp {split[1]}" if split else ""
+        asked = f" at tp {split[0]} pp {split[1]}" if split else " at any tp × pp"
         raise PlanError(
             f"site {t_site!r}: {prof.model.arch.name} training state does not fit in {t_fixed or site.total_gpus} × "
-            f"{prof.sites[t_site].gpu}{asked}",
+            f"{prof.sites[t_site].gpu}{asked}{_whole_optimizer(job, tw)}",
             hint="add GPUs to the trainer site" + (", or change trainer.tensor_parallel" if split else ""),
         )
     if t_fixed is None:
@@ -298,6 +298,16 @@ def _trainer_curve(
     # ones: where the trainer has its site to itself the slots beyond its ranks cost nothing (a shared site
     # chooses the slots with the rollout's: `make_plan`). The launch runs the plan's split (`counts.plan_counts`)
     return tcurve, int(np.argmin(tcurve.seconds))
+
+
+def _whole_optimizer(job: Job, tw: TrainWorkload) -> str:
+    """Why a rank holds its whole optimizer state, where it does (`costs.shards_optimizer`): the memory the planner
+    priced a trainer rank at, said where no layout fits."""
+    if tw.shards_optimizer:
+        return ""
+    if job.spec.trainer.backend == "megatron":
+        return " (the megatron trainer has no distributed optimizer: every rank holds its tp × pp shard's whole state)"
+    return " (trainer.shard 'none': every rank holds its whole optimizer state; 'auto' shards it with FSDP2)"
 
 
 def make_plan(
@@ -378,6 +388,7 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
         pass_scale=tcost["scale_of_profile"],
         mini_batches=tcost["mini_batches"],
         optimizer_steps=tcost["optimizer_steps"],
+        shards_optimizer=shards_optimizer(spec.trainer.backend, shard=spec.trainer.shard),
     )
 
     t_site = spec.placement.trainer.site

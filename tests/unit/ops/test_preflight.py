@@ -18,6 +18,7 @@ from rlctl.config.job import Job
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops import counts, run
 from rlctl.ops.preflight import Problem, problems
+from rlctl.planner.plan import PlanOptions, make_plan
 from rlctl.rl.tasks import DigitsTask
 from rlctl.weights import chunks, manifest
 from tests.conftest import ROOT, run_cli
@@ -106,6 +107,31 @@ def test_a_plan_that_splits_the_trainer_is_refused_for_either_backend(tmp_path: 
         assert p.message.startswith("the trainer's 15 rank(s) at tp 1 pp 1 dp 15 need 123.9 GB each (weights and")
         assert p.message.endswith("÷ 1), and a H800 holds 80 GB (90% usable)"), p.message
         assert p.hint is not None and "trainer.tensor_parallel" in p.hint
+
+
+@pytest.mark.parametrize("backend", ["megatron", "torch"])
+def test_the_trainer_layout_rlctl_plan_picks_is_one_check_does_not_refuse_for_memory(
+    tmp_path: Path, backend: str
+) -> None:
+    """jobs/cross-dc-7b.yaml (megatron, 7B on H800s): the planner divided the optimizer state over dp for every
+    backend and picked tp 1 pp 1 dp 7, which check refused at 124 GB a rank (megatron has no distributed optimizer).
+    One memory model now (`planner.costs.rank_bytes`): megatron splits the replica; torch keeps FSDP2 at tp 1."""
+    data = yaml.safe_load((ROOT / "jobs" / "cross-dc-7b.yaml").read_text())
+    data["inventory"] = GPU_CLUSTERS
+    data["trainer"] = {"backend": backend}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    job = load_job(path)
+    allocation = make_plan(job, options=PlanOptions(curves_in_output=False))["allocation"]
+    (t,) = [a for a in allocation if a["role"] == "trainer"]
+    plan = counts.plan_counts(job, job.spec)
+    par = plan["trainer"]["parallel"]
+    assert {k: par[k] for k in ("tp", "pp", "dp")} == {k: t["config"][k] for k in ("tp", "pp", "dp")}
+    assert [p for p in problems(job, plan=plan) if "GB each" in p.message] == []
+    if backend == "megatron":
+        assert par["tp"] * par["pp"] > 1 and "fsdp" not in par, par
+    else:
+        assert (par["tp"], par["pp"], par.get("fsdp")) == (1, 1, True), par
 
 
 def test_pipeline_split_of_a_given_plan_is_refused(tmp_path: Path) -> None:
