@@ -57,7 +57,9 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
         planned = make_plan(job, options=PlanOptions(sim_iterations=1, curves_in_output=False))
     except Exception as e:  # the planner is advisory when the job gives explicit counts
         note = f"planner unavailable for this job: {type(e).__name__}: {e}"
-        log.warning("%s", note)
+        # a field of the job file the planner refuses, `rlctl check` (hence launch's preflight) refuses in its own
+        # line: said once, there, not in a warning line before it
+        log.log(logging.DEBUG if isinstance(e, ConfigError) else logging.WARNING, "%s", note)
         if auto:
             raise PlanError(
                 f"{job.path}: 'gpus: auto' needs the planner, which failed: {e}",

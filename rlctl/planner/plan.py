@@ -44,8 +44,9 @@ from rlctl.planner.sim import (
     site_split,
 )
 from rlctl.planner.simjob import MODES, EngineSpec, IterationWork, Mode, UnitShare, simulate_job, weight_transfer_s
+from rlctl.planner.split import split_refusal
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths
-from rlctl.profiler.analytical import analytical_profile
+from rlctl.profiler.analytical import analytical_profile, training_entry
 from rlctl.profiler.profile import ProfileFile, SiteProfile
 from rlctl.profiler.traincost import (
     TrainingPasses,
@@ -100,12 +101,13 @@ def profile_for(
     arch = job.spec.model.arch
     if profile is None:
         inv = job.inventory.sites
-        return analytical_profile(
+        prof = analytical_profile(
             arch,
             {s: (inv[s].spec, inv[s].gpus_per_node, inv[s].gpu_cost_per_hour) for s in sorted(sites)},
             algorithm=job.spec.algorithm.kind,
             passes=passes_for(job.spec.algorithm, trainer),
         )
+        return _with_job_split(job, prof, trainer=trainer)
     if profile.algorithm != job.spec.algorithm.kind:  # the trained models, hence the memory, differ
         raise ConfigError(
             profile_file,
@@ -129,6 +131,29 @@ def profile_for(
             hint="profile every site the job places a role on",
         )
     return profile
+
+
+def _with_job_split(job: Job, prof: ProfileFile, *, trainer: TrainingPasses | None) -> ProfileFile:
+    """The roofline with an entry at the job's trainer split where its grid has none (pp 3 of a 3-layer model: the
+    grid's pp are powers of two), so a split the backend runs is priced rather than taken for one that does not fit."""
+    spec = job.spec
+    if (split := spec.trainer.model_split) is None:
+        return prof
+    t_site = spec.placement.trainer.site
+    mine = prof.sites[t_site]
+    if split in {(e.tp, e.pp) for e in mine.training}:
+        return prof
+    tp, pp = split
+    extra = training_entry(
+        spec.model.arch,
+        job.inventory.sites[t_site].spec,
+        tp=tp,
+        pp=pp,
+        algorithm=spec.algorithm.kind,
+        passes=passes_for(spec.algorithm, trainer),
+    )
+    only = mine.model_copy(update={"training": [*mine.training, extra]})
+    return prof.model_copy(update={"sites": {**prof.sites, t_site: only}})
 
 
 def _for_engine(site: SiteProfile, engine: str, *, name: str, profile_file: str) -> SiteProfile:
@@ -259,6 +284,16 @@ def _trainer_curve(
     site = inv.sites[t_site]
     host_gpus = [g for _, g in site.hosts]
     split = spec.trainer.model_split
+    backend = spec.trainer.backend
+    if split is not None:  # the job's split: refused as `rlctl check` refuses it, naming the field
+        if (refusal := split_refusal(spec.model.arch, backend, tp=split[0], pp=split[1])) is not None:
+            raise ConfigError(str(job.path), *refusal)
+        if t_fixed is not None and t_fixed % (split[0] * split[1]):
+            raise ConfigError(
+                str(job.path),
+                "trainer.tensor_parallel",
+                f"tp {split[0]} × pp {split[1]} does not divide placement.trainer.gpus {t_fixed} (GPUs = tp × pp × dp)",
+            )
     have = sorted({(e.tp, e.pp) for e in prof.sites[t_site].training})
     if split is not None and split not in have and prof.source == "measured":  # a roofline has every split it can
         raise ConfigError(
@@ -271,9 +306,14 @@ def _trainer_curve(
     tp, pp = split or (1, 1)
     slurm = kind_of(site).ranks_are_tasks  # SLURM places the ranks, as many per node (`hostfill.slurm_layout`)
     if (why := placement_error(t_site, host_gpus, t_fixed or tp * pp, tp=tp, slurm=slurm)) is not None:
-        raise PlanError(why, hint=PLACEMENT_HINT)
+        field = "placement.trainer.gpus" if t_fixed is not None else "trainer.tensor_parallel"  # the job's either way
+        raise ConfigError(str(job.path), field, why, hint=PLACEMENT_HINT)
+    t_prof = _for_backend(prof.sites[t_site], backend, name=t_site, profile_file=profile_file)
+    if split is None and backend == "megatron":  # the splits it searches: those megatron runs for this model
+        runs = [e for e in t_prof.training if split_refusal(spec.model.arch, backend, tp=e.tp, pp=e.pp) is None]
+        t_prof = t_prof.model_copy(update={"training": runs})
     tcurve = train_stage_curve(
-        _for_backend(prof.sites[t_site], spec.trainer.backend, name=t_site, profile_file=profile_file),
+        t_prof,
         tw,
         max_gpus=site.total_gpus,
         host_gpus=host_gpus,
@@ -415,8 +455,12 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
             if fixed_x is not None:
                 if fewest + fixed_x > t_total:
                     passed = f" (its tp groups take {fewest} slots of the hosts)" if fewest != t_fixed else ""
-                    raise PlanError(
-                        f"site {t_site!r}: trainer {t_fixed}{passed} + rollout {fixed_x} GPUs > {t_total} available"
+                    raise ConfigError(
+                        str(job.path),
+                        "placement",
+                        f"site {t_site!r}: trainer {t_fixed} GPU(s){passed} + rollout {fixed_x} need "
+                        f"{fewest + fixed_x}; the inventory gives it {t_total}",
+                        hint="lower the GPU counts in the job's placement, or add nodes to the site",
                     )
                 t_slots = int(np.argmin(tcurve.seconds[: t_total - fixed_x + 1]))
                 n_shared = t_slots + fixed_x

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,42 @@ def test_check_and_launch_say_every_problem_one_line_each(tmp_path: Path, monkey
         res = run_cli(*args)
         assert res.exit_code == 2 and sorted(res.stderr.splitlines()) == want, res.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("placement", "trainer"),
+    [((2, 3), {"backend": "torch"}), ((2, 2), {"backend": "megatron", "tensor_parallel": 2})],
+    ids=["over-site", "megatron-heads"],
+)
+def test_launch_refuses_a_job_field_the_planner_refuses_in_check_s_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    placement: tuple[int, int],
+    trainer: dict[str, Any],
+) -> None:
+    """Explicit counts the planner refuses for a field of the job file: launch's preflight says so in check's line,
+    with no `WARNING rlctl.ops.counts: planner unavailable for this job: …` line before it (the CLI's log handler
+    is pytest's here: its records are read)."""
+    caplog.set_level(logging.DEBUG, logger=counts.__name__)
+    job = load(
+        tmp_path,
+        placement={
+            "trainer": {"site": "local", "gpus": placement[0]},
+            "rollout": [{"site": "local", "gpus": placement[1]}],
+        },
+        trainer=trainer,
+    )
+
+    def past_preflight(*_: Any) -> None:
+        raise AssertionError("launch went past preflight")
+
+    monkeypatch.setattr(run, "launch_dir", past_preflight)
+    check = only_line(run_cli("check", str(job.path)))
+    launch = only_line(run_cli("launch", str(job.path), "--job-dir", str(tmp_path / "run")))
+    assert launch == check and not (tmp_path / "run").exists()
+    said = [r for r in caplog.records if r.name == counts.__name__]
+    assert said and all(r.levelno < logging.WARNING for r in said), [r.getMessage() for r in said]
 
 
 def test_embedded_rollout_tp_is_refused_set_or_planned(tmp_path: Path) -> None:

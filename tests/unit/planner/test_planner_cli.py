@@ -6,6 +6,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+import yaml
+
 from tests.conftest import ROOT, CliResult
 
 Cli = Callable[..., CliResult]
@@ -127,3 +130,67 @@ def test_plan_rejects_a_profile_for_another_model(cli: Cli, tmp_path: Path) -> N
     )
     r = cli("plan", str(ROOT / "jobs/cross-dc-7b.yaml"), "--profile", str(out))
     assert r.exit_code == 2 and "qwen2.5-7b" in r.stderr
+
+
+def _demo_job(tmp_path: Path, *, trainer_gpus: int, rollout_gpus: int, trainer: dict[str, object]) -> Path:
+    """jobs/demo.yaml (tiny-demo: 3 heads, 3 layers; a 4-slot local site) with these counts and trainer."""
+    data = yaml.safe_load((ROOT / "jobs/demo.yaml").read_text())
+    data["inventory"] = [str(ROOT / "clusters/local.yaml")]
+    data["placement"] = {
+        "trainer": {"site": "local", "gpus": trainer_gpus},
+        "rollout": [{"site": "local", "gpus": rollout_gpus}],
+    }
+    data["trainer"] = trainer
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("counts", "trainer", "line"),
+    [
+        (
+            (2, 3),
+            {"backend": "torch"},
+            "placement: site 'local': trainer 2 GPU(s) + rollout 3 need 5; the inventory gives it 4",
+        ),
+        (
+            (1, 2),
+            {"backend": "torch", "tensor_parallel": 2},
+            "trainer.tensor_parallel: 2: the 'torch' trainer has no model parallelism (each rank holds a whole "
+            "replica); use 1, or trainer.backend 'megatron'",
+        ),
+        (
+            (2, 2),
+            {"backend": "megatron", "tensor_parallel": 2},
+            "trainer.tensor_parallel: 2 does not divide the model's num_attention_heads 3; use a divisor",
+        ),
+        (
+            (2, 2),
+            {"backend": "megatron", "pipeline_parallel": 2},
+            "trainer.pipeline_parallel: 2 does not divide the model's num_hidden_layers 3 (every stage holds as "
+            "many); use a divisor",
+        ),
+    ],
+    ids=["over-site", "torch-tp", "megatron-heads", "megatron-layers"],
+)
+def test_plan_refuses_a_job_field_in_one_line_naming_file_and_field(
+    cli: Cli, tmp_path: Path, counts: tuple[int, int], trainer: dict[str, object], line: str
+) -> None:
+    """A job file the planner cannot plan for a reason of its own fields: exit 2 and the line `rlctl check` gives,
+    not exit 1 with no file or field, nor 'training state does not fit' for a 345k-parameter model."""
+    job = _demo_job(tmp_path, trainer_gpus=counts[0], rollout_gpus=counts[1], trainer=trainer)
+    r = cli("plan", str(job))
+    assert r.exit_code == 2, (r.exit_code, r.stderr)
+    (err,) = r.stderr.splitlines()
+    assert err.startswith(f"rlctl: error: {job}: {line}"), err
+
+
+def test_plan_prices_a_megatron_split_outside_the_roofline_s_grid(cli: Cli, tmp_path: Path) -> None:
+    """pp 3 of tiny-demo's 3 layers is a split megatron runs; the roofline's grid (pp 1, 2, 4, …) had no entry for
+    it, and plan said the training state did not fit."""
+    job = _demo_job(tmp_path, trainer_gpus=3, rollout_gpus=1, trainer={"backend": "megatron", "pipeline_parallel": 3})
+    r = cli("plan", str(job), "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    (t,) = [a for a in json.loads(r.stdout)["allocation"] if a["role"] == "trainer"]
+    assert (t["config"]["tp"], t["config"]["pp"], t["config"]["dp"]) == (1, 3, 1)

@@ -15,7 +15,7 @@ import yaml
 
 from rlctl.config import load_job
 from rlctl.config.hostfill import trainer_slots
-from rlctl.errors import PlanError
+from rlctl.errors import ConfigError, PlanError
 from rlctl.launch.gpus import GpuPool
 from rlctl.planner import plan as planner
 from rlctl.planner.curves import units_that_fit
@@ -429,12 +429,13 @@ def test_the_trainer_curve_holds_only_counts_whose_tp_groups_each_fit_a_host(tmp
 
 
 def test_a_fixed_trainer_count_whose_tp_groups_cannot_each_fit_a_host_is_refused(tmp_path: Path) -> None:
+    """The job file's count at its tp: a config error naming the file and field (`rlctl plan` exits 2, as check)."""
     job = load_job(_six_gpu_trainer(tmp_path, trainer_gpus=12, rollout=[{"site": "r20"}], hosts="t-[1-2]"))
-    with pytest.raises(PlanError) as e:
+    with pytest.raises(ConfigError) as e:
         make_plan(job, options=OPTS)
     assert str(e.value) == (
-        "site trn: trainer 12 GPU(s) at tp 4 need 3 tp group(s) of 4 GPUs, each on one host; its hosts have 6, 6 "
-        "GPU(s) (free): room for 2 group(s) (8 GPUs)"
+        f"{job.path}: placement.trainer.gpus: site trn: trainer 12 GPU(s) at tp 4 need 3 tp group(s) of 4 GPUs, each "
+        "on one host; its hosts have 6, 6 GPU(s) (free): room for 2 group(s) (8 GPUs)"
     )
 
 
@@ -521,7 +522,8 @@ def test_a_slurm_trainer_is_priced_and_refused_as_its_sbatch_places_it(
     plan = make_plan(load_job(_slurm_trainer(tmp_path, trainer_gpus=12)), options=OPTS)
     assert _trainer_of(plan)[0] == {"tp": 4, "pp": 1, "dp": 3}
     fixed = load_job(_slurm_trainer(tmp_path, trainer_gpus=20))
-    with pytest.raises(PlanError, match=r"^site trn: trainer 20 GPU\(s\) at tp 4 on SLURM need as many ranks on each"):
+    field = r": placement\.trainer\.gpus: "
+    with pytest.raises(ConfigError, match=field + r"site trn: trainer 20 GPU\(s\) at tp 4 on SLURM need as many ranks"):
         make_plan(fixed, options=OPTS)
 
 

@@ -202,11 +202,16 @@ def test_a_jobs_megatron_split_gets_its_measured_entry_and_plan_names_a_split_th
         (1, 1)
     ]
     assert asked == [(2, 2), None]
-    # a profile without the job's split (e.g. made from options, not the job): plan says so
+    # a profile without the job's split (e.g. made from options, not the job): plan says so, for a split megatron
+    # runs (pp 3 of tiny-demo's 3 layers; its tp 2 × pp 2 plan refuses first, as check does: 2 ∤ 3 layers)
+    placement = {"trainer": {"site": "local", "gpus": 3}, "rollout": [{"site": "local", "gpus": 1}]}
+    pp3 = load_job(job_file(tmp_path, trainer={"backend": "megatron", "pipeline_parallel": 3}, placement=placement))
     prof = build.build_profile(dataclasses.replace(req, model_split=None), source="measured")
     with pytest.raises(
-        ConfigError, match=r"sites\.local\.training: no entry at the job's tp 2 pp 2 \(it has tp, pp: 1 1\)"
+        ConfigError, match=r"sites\.local\.training: no entry at the job's tp 1 pp 3 \(it has tp, pp: 1 1\)"
     ):
+        make_plan(pp3, prof, profile_file="p.yaml")
+    with pytest.raises(ConfigError, match=r"trainer\.pipeline_parallel: 2 does not divide the model's num_hidden"):
         make_plan(job, prof, profile_file="p.yaml")
 
 

@@ -1,0 +1,37 @@
+"""Which tp × pp splits of a model the trainer backends run, said as the job field that asks for one and what is
+valid: the `torch` trainer none (each rank holds a whole replica), the `megatron` trainer those whose tp divides
+the attention heads, the key/value heads, the MLP width and the vocabulary (column/row-parallel layers and a
+vocab-parallel embedding) and whose pp divides the layers (every stage holds as many). The planner refuses a job's
+split by it and searches only those for megatron; `rlctl check` (`rlctl.ops.preflight._trainer_split`) says the same.
+"""
+
+from __future__ import annotations
+
+from rlctl.models.catalog import ModelArch
+
+
+def split_refusal(arch: ModelArch, backend: str, *, tp: int, pp: int) -> tuple[str, str] | None:
+    """(job field, why and what is valid) for the first reason `backend` cannot train `arch` at tp × pp; None when
+    it can."""
+    for field, n in (("trainer.tensor_parallel", tp), ("trainer.pipeline_parallel", pp)):
+        if n > 1 and backend != "megatron":
+            return (
+                field,
+                f"{n}: the {backend!r} trainer has no model parallelism (each rank holds a whole replica); use 1, or "
+                "trainer.backend 'megatron'",
+            )
+    if pp > 1 and arch.layers % pp:
+        return (
+            "trainer.pipeline_parallel",
+            f"{pp} does not divide the model's num_hidden_layers {arch.layers} (every stage holds as many); use a "
+            "divisor",
+        )
+    for what, n in (
+        ("num_attention_heads", arch.heads),
+        ("num_key_value_heads", arch.kv_heads),
+        ("intermediate_size", arch.intermediate),
+        ("vocab_size", arch.vocab),
+    ):
+        if n % tp:
+            return "trainer.tensor_parallel", f"{tp} does not divide the model's {what} {n}; use a divisor"
+    return None
