@@ -32,6 +32,7 @@ from rlctl.launch.backends import kind_of
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.sitefs import is_remote
 from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig, read_config
+from rlctl.planner.split import split_refusals
 from rlctl.rl.dataset import check_task
 from rlctl.rl.source import heldout_task
 from rlctl.rl.tasks import MAX_DIGITS, RL_STRIDE
@@ -690,37 +691,8 @@ def _trainer_split(job: Job) -> list[Problem]:
     if (split := spec.trainer.model_split) is None:  # tp 1 (`_planned` refuses a split the plan chose)
         return _slurm_layout(job, tp=1, field="placement.trainer.gpus")
     tp, pp = split
-    backend = spec.trainer.backend
-    for field, n in (("trainer.tensor_parallel", tp), ("trainer.pipeline_parallel", pp)):
-        if n > 1 and backend != "megatron":
-            out.append(
-                Problem(
-                    field,
-                    f"{n}: the {backend!r} trainer has no model parallelism (each rank holds a whole replica); "
-                    "use 1, or trainer.backend 'megatron'",
-                )
-            )
-    if pp > 1 and backend == "megatron" and (layers := spec.model.arch.layers) % pp:
-        out.append(
-            Problem(
-                "trainer.pipeline_parallel",
-                f"{pp} does not divide the model's num_hidden_layers {layers} (every stage holds as many); "
-                "use a divisor",
-            )
-        )
-    if tp > 1 and backend == "megatron":
-        arch = spec.model.arch
-        for what, n in (
-            ("num_attention_heads", arch.heads),
-            ("num_key_value_heads", arch.kv_heads),
-            ("intermediate_size", arch.intermediate),
-            ("vocab_size", arch.vocab),
-        ):
-            if n % tp:
-                out.append(
-                    Problem("trainer.tensor_parallel", f"{tp} does not divide the model's {what} {n}; use a divisor")
-                )
-                break
+    # the planner's rules (`rlctl.planner.split`): the plan refuses and searches by the same
+    out += [Problem(f, why) for f, why in split_refusals(spec.model.arch, spec.trainer.backend, tp=tp, pp=pp)]
     gpus = spec.placement.trainer.gpus
     if gpus != "auto" and gpus % (tp * pp):
         out.append(

@@ -13,18 +13,31 @@ from rlctl.models.catalog import ModelArch
 def split_refusal(arch: ModelArch, backend: str, *, tp: int, pp: int) -> tuple[str, str] | None:
     """(job field, why and what is valid) for the first reason `backend` cannot train `arch` at tp × pp; None when
     it can."""
-    for field, n in (("trainer.tensor_parallel", tp), ("trainer.pipeline_parallel", pp)):
-        if n > 1 and backend != "megatron":
-            return (
-                field,
-                f"{n}: the {backend!r} trainer has no model parallelism (each rank holds a whole replica); use 1, or "
-                "trainer.backend 'megatron'",
-            )
+    return next(iter(split_refusals(arch, backend, tp=tp, pp=pp)), None)
+
+
+def split_refusals(arch: ModelArch, backend: str, *, tp: int, pp: int) -> list[tuple[str, str]]:
+    """Every reason `backend` cannot train `arch` at tp × pp, one (job field, why and what is valid) each: a backend
+    without model parallelism, then a pp that does not divide the layers, then the first dimension tp does not
+    divide."""
+    out = [
+        (
+            field,
+            f"{n}: the {backend!r} trainer has no model parallelism (each rank holds a whole replica); use 1, or "
+            "trainer.backend 'megatron'",
+        )
+        for field, n in (("trainer.tensor_parallel", tp), ("trainer.pipeline_parallel", pp))
+        if n > 1 and backend != "megatron"
+    ]
+    if out:
+        return out
     if pp > 1 and arch.layers % pp:
-        return (
-            "trainer.pipeline_parallel",
-            f"{pp} does not divide the model's num_hidden_layers {arch.layers} (every stage holds as many); use a "
-            "divisor",
+        out.append(
+            (
+                "trainer.pipeline_parallel",
+                f"{pp} does not divide the model's num_hidden_layers {arch.layers} (every stage holds as many); use "
+                "a divisor",
+            )
         )
     for what, n in (
         ("num_attention_heads", arch.heads),
@@ -33,5 +46,6 @@ def split_refusal(arch: ModelArch, backend: str, *, tp: int, pp: int) -> tuple[s
         ("vocab_size", arch.vocab),
     ):
         if n % tp:
-            return "trainer.tensor_parallel", f"{tp} does not divide the model's {what} {n}; use a divisor"
-    return None
+            out.append(("trainer.tensor_parallel", f"{tp} does not divide the model's {what} {n}; use a divisor"))
+            break
+    return out
