@@ -12,6 +12,7 @@ from typing import Any
 
 from rlctl.config.job import Job, JobFile, Pipeline
 from rlctl.errors import ConfigError, PlanError
+from rlctl.planner.split import shard_trainer
 
 log = logging.getLogger(__name__)
 
@@ -25,24 +26,6 @@ def resolve_job(job: Job, *, iterations: int | None = None, mode: str | None = N
     if mode is not None and mode != spec.pipeline.mode:
         update["pipeline"] = Pipeline(mode=mode)
     return spec.model_copy(update=update) if update else spec
-
-
-def shard_trainer(job: Job, parallel: dict[str, int]) -> bool:
-    """Whether the `torch` trainer shards its replica over its dp ranks with FSDP2: `trainer.shard: fsdp`, or
-    `auto` where a whole replica does not fit one GPU of its site (`rlctl.planner.costs.replica_fits`, on the
-    planner's figures for the model and the site's GPU). Never with one rank, nor with a model split (megatron)."""
-    spec = job.spec
-    split = parallel["tp"] * parallel["pp"] > 1  # a model split: `rlctl check` refuses it for torch
-    if spec.trainer.backend != "torch" or spec.trainer.shard == "none" or parallel["dp"] < 2 or split:
-        return False
-    if spec.trainer.shard == "fsdp":
-        return True
-    from rlctl.planner.costs import replica_fits
-    from rlctl.profiler.analytical import training_entry
-
-    gpu = job.inventory.sites[spec.placement.trainer.site].spec
-    entry = training_entry(spec.model.arch, gpu, tp=1, pp=1, algorithm=spec.algorithm.kind)
-    return not replica_fits(entry, hbm_bytes=gpu.hbm_gb * 1e9)
 
 
 def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
@@ -100,7 +83,7 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
         parallel = {"tp": tp, "pp": pp, "dp": trainer // (tp * pp)}
     elif t_config and int(t_config["tp"]) * int(t_config["pp"]) * int(t_config["dp"]) == trainer:
         parallel = {k: int(t_config[k]) for k in ("tp", "pp", "dp")}
-    if shard_trainer(job, parallel):
+    if shard_trainer(job, tp=parallel["tp"], pp=parallel["pp"], dp=parallel["dp"]):
         parallel["fsdp"] = True
     out: dict[str, Any] = {
         "source": source,

@@ -45,10 +45,6 @@ RUNNABLE_BUILTIN = "tiny-demo"  # the one built-in model with weights (rlctl.mod
 # why a trainer backend does not run a split the planner chose (tp or pp > 1) when the job did not ask for one:
 # torch is data parallel only; megatron splits only as trainer.tensor_parallel / pipeline_parallel say
 # (`_trainer_split`)
-NO_MODEL_SPLIT = {
-    "torch": "the 'torch' trainer has no model parallelism (each rank holds a whole replica)",
-    "megatron": "the 'megatron' trainer splits the model only as trainer.tensor_parallel / pipeline_parallel say",
-}
 # fields only `rlctl plan` reads: (job section, field, what `rlctl plan` uses it for, why launch ignores it)
 PLANNING_ONLY = (
     (
@@ -348,9 +344,9 @@ def _planning_only(job: Job) -> list[Problem]:
 
 def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     """What the plan (the one launch runs) asks for and the runtime cannot give: a trainer split over tp × pp
-    the job did not ask for (torch is data parallel only; megatron splits as `trainer.tensor_parallel` /
-    `pipeline_parallel` say, checked by `_trainer_split`), a planner-chosen rollout tp the embedded
-    engine would ignore, more GPUs on a site than its inventory has (rlctl.launch.layout), the ranks that write
+    for the torch trainer (data parallel only; megatron runs the plan's split, or the job's
+    `trainer.tensor_parallel` / `pipeline_parallel`, checked by `_trainer_split`), a planner-chosen rollout tp the
+    embedded engine would ignore, more GPUs on a site than its inventory has (rlctl.launch.layout), the ranks that write
     the trainer's checkpoint shards (data-parallel replica 0's) on several hosts of an SSH site that share no
     work root (`layout.unshared_trainer`: rank 0 could not seal them)."""
     spec, out = job.spec, []
@@ -372,14 +368,17 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     t = plan["trainer"]
     par = t.get("parallel") or {}
     tp, pp = int(par.get("tp", 1)), int(par.get("pp", 1))
-    asked = spec.trainer.model_split is not None  # the job's own split: `_trainer_split` judges it
-    if (tp, pp) != (1, 1) and not asked:
+    # the job's own split: `_trainer_split` judges it; megatron runs the plan's (the planner searches only the
+    # splits it runs, `rlctl.planner.split`); torch none (a plan given by hand may hold one)
+    asked = spec.trainer.model_split is not None
+    if (tp, pp) != (1, 1) and not asked and spec.trainer.backend != "megatron":
         out.append(
             Problem(
                 "placement.trainer.gpus",
                 f"the plan splits the model over the trainer's {t['ranks']} GPUs on site {t['site']!r} as tp {tp} "
-                f"pp {pp} dp {par.get('dp', 1)}, and {NO_MODEL_SPLIT[spec.trainer.backend]}: use a GPU count the "
-                "plan runs as tp 1 pp 1 (`rlctl plan JOB -o json` lists the split per count: stage_curves.training)",
+                f"pp {pp} dp {par.get('dp', 1)}, and the 'torch' trainer has no model parallelism (each rank holds a "
+                "whole replica): use trainer.backend 'megatron', which runs it, or a plan of tp 1 pp 1 (`rlctl plan` "
+                "splits a torch trainer over dp only)",
             )
         )
     if spec.rollout.engine == "embedded" and spec.rollout.tensor_parallel is None:  # a set one: refused above
@@ -530,11 +529,11 @@ def _unbindable(job: Job) -> list[Problem]:
 
 def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:
     """A trainer placement whose ranks' memory (the planner's figure, `rlctl.planner.costs.rank_bytes`: weights,
-    gradients and the optimizer state, divided over dp only where the plan shards it with FSDP2) exceeds what a GPU
+    gradients and the optimizer state, all divided over dp where the plan shards it with FSDP2) exceeds what a GPU
     of its site holds — or, on a `gpu: CPU` site, the host memory its nodes give a slot (`memory_gb`; not checked
     where the inventory does not say)."""
-    from rlctl.planner.costs import TRAIN_MEM_FRACTION, rank_bytes
-    from rlctl.profiler.analytical import training_entry
+    from rlctl.planner.costs import TRAIN_MEM_FRACTION, fsdp_gathered_bytes, rank_bytes
+    from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
 
     spec, t = job.spec, plan["trainer"]
     name = str(t["site"])
@@ -549,19 +548,25 @@ def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:
     else:
         return []
     entry = training_entry(spec.model.arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind)
-    fixed_gb, sharded_gb = entry.fixed_bytes_per_gpu / 1e9, entry.sharded_bytes_per_gpu / 1e9
-    # only torch's FSDP2 shards the optimizer state over dp here (megatron runs without its distributed optimizer):
-    # otherwise every rank holds its tp × pp shard's whole state (`rlctl.planner.costs.shards_optimizer`)
+    # only torch's FSDP2 shards a rank's state over dp here (megatron runs without its distributed optimizer):
+    # otherwise every rank holds its tp × pp shard's whole state (`rlctl.planner.costs.shards_state`)
     shards = dp if par.get("fsdp") else 1
-    need_gb = rank_bytes(entry, shards=shards) / 1e9
+    gathered = fsdp_gathered_bytes(spec.model.arch) if shards > 1 else 0.0
+    need_gb = rank_bytes(entry, shards=shards, gathered_bytes=gathered) / 1e9
     if need_gb <= TRAIN_MEM_FRACTION * have_gb:
         return []
+    if shards > 1:
+        state_gb = (entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu - RANK_WORKING_BYTES) / 1e9
+        parts = f"weights, gradients and optimizer state {state_gb:.1f} GB ÷ {shards} (FSDP2), layers gathered "
+        parts += f"{gathered / 1e9:.1f} GB"
+    else:
+        fixed_gb, sharded_gb = entry.fixed_bytes_per_gpu / 1e9, entry.sharded_bytes_per_gpu / 1e9
+        parts = f"weights and gradients {fixed_gb:.1f} GB, optimizer state {sharded_gb:.1f} GB"
     return [
         Problem(
             "placement.trainer.gpus",
-            f"the trainer's {t['ranks']} rank(s) at tp {tp} pp {pp} dp {dp} need {need_gb:.1f} GB each (weights and "
-            f"gradients {fixed_gb:.1f} GB, optimizer state {sharded_gb:.1f} GB ÷ {shards}), and {what} "
-            f"({TRAIN_MEM_FRACTION:.0%} usable)",
+            f"the trainer's {t['ranks']} rank(s) at tp {tp} pp {pp} dp {dp} need {need_gb:.1f} GB each ({parts}), "
+            f"and {what} ({TRAIN_MEM_FRACTION:.0%} usable)",
             hint=(
                 "split each replica: trainer.tensor_parallel / pipeline_parallel (with more GPUs if needed)"
                 if spec.trainer.backend == "megatron"

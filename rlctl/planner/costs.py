@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlctl.config.hostfill import trainer_slots
+from rlctl.models.catalog import ModelArch
+from rlctl.profiler.analytical import RANK_WORKING_BYTES
 from rlctl.profiler.profile import GenerationEntry, SiteProfile, TrainingEntry
 from rlctl.rl.cuts import pipeline_chunks
 
@@ -101,35 +103,62 @@ class TrainWorkload:
     pass_scale: float = 1.0
     mini_batches: int = 1  # optimizer steps per epoch: a cut holds the samples of one mini-batch at most
     optimizer_steps: int = 1  # per iteration (epochs × mini-batches): one gradient all-reduce each
-    # the trainer divides its optimizer state over the dp ranks (`shards_optimizer`: torch's FSDP2; megatron does not)
-    shards_optimizer: bool = True
+    # the trainer shards every rank's state over the dp ranks where a replica does not fit (`shards_state`: torch's
+    # FSDP2); megatron does not
+    shards_state: bool = True
+    # what an FSDP2 rank holds unsharded besides its shards (`fsdp_gathered_bytes`); 0 where it does not shard
+    gathered_bytes: float = 0.0
 
 
-def shards_optimizer(backend: str, *, shard: str) -> bool:
-    """Whether the trainer divides its optimizer state over its dp ranks: the `torch` trainer's FSDP2 does
-    (trainer.shard 'auto' turns it on where a whole replica does not fit, `rlctl.ops.counts.shard_trainer`, so a
-    rank fits sharded or not alike; 'none' never shards); the `megatron` trainer runs without megatron's
-    distributed optimizer, so every dp rank holds its tp × pp shard's whole state."""
+def shards_state(backend: str, *, shard: str) -> bool:
+    """Whether the trainer divides a rank's state over its dp ranks: the `torch` trainer's FSDP2 does (weights,
+    gradients and AdamW state: `rlctl.trainers.fsdp`; trainer.shard 'auto' turns it on where a whole replica does
+    not fit, `rlctl.planner.split.shard_trainer`, so a rank fits sharded or not alike; 'none' never shards); the
+    `megatron` trainer runs without megatron's distributed optimizer, so every dp rank holds its tp × pp shard's
+    whole state."""
     return backend == "torch" and shard != "none"
 
 
-def rank_bytes(entry: TrainingEntry, *, shards: int) -> float:
-    """Memory of one trainer rank at this entry's (tp, pp): weights and gradients of its shard, and its share of the
-    optimizer state divided over `shards` ranks (dp where the trainer shards it, `shards_optimizer`; else 1): the
-    one figure the planner prices a layout by and `rlctl check` (`rlctl.ops.preflight`) judges a placement by."""
-    return entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu / shards
+def fsdp_gathered_bytes(arch: ModelArch) -> float:
+    """What an FSDP2 rank holds whole during a step besides its shards (`rlctl.trainers.fsdp.shard` wraps every
+    decoder layer and the root): the root's parameters (embeddings and lm_head, taken untied: an upper bound),
+    gathered for the whole step, and the layer being computed, each in bf16 with its fp32 gradients before the
+    reduce-scatter: 6 bytes a parameter."""
+    root = 2 * arch.vocab * arch.hidden
+    layer = max(arch.params - root, 0.0) / max(arch.layers, 1)
+    return 6 * (min(root, arch.params) + layer)
 
 
-def rank_fits(entry: TrainingEntry, *, shards: int, hbm_bytes: float) -> bool:
+def rank_bytes(entry: TrainingEntry, *, shards: int, gathered_bytes: float = 0.0) -> float:
+    """Memory of one trainer rank at this entry's (tp, pp): the one figure the planner prices a layout by and
+    `rlctl check` (`rlctl.ops.preflight`) judges a placement by. Unsharded (`shards` 1): the weights and gradients
+    of its shard and its whole optimizer state. Sharded over `shards` dp ranks (FSDP2, `shards_state`): all of
+    that state divided, plus the rank's fixed working memory (`RANK_WORKING_BYTES`) and `gathered_bytes`
+    (`fsdp_gathered_bytes`)."""
+    whole = entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu
+    if shards <= 1:
+        return whole
+    return RANK_WORKING_BYTES + (whole - RANK_WORKING_BYTES) / shards + gathered_bytes
+
+
+def rank_fits(entry: TrainingEntry, *, shards: int, hbm_bytes: float, gathered_bytes: float = 0.0) -> bool:
     """One trainer rank (`rank_bytes`) fits the usable share of a GPU's `hbm_bytes`."""
-    return rank_bytes(entry, shards=shards) <= TRAIN_MEM_FRACTION * hbm_bytes
+    return rank_bytes(entry, shards=shards, gathered_bytes=gathered_bytes) <= TRAIN_MEM_FRACTION * hbm_bytes
 
 
 def replica_fits(entry: TrainingEntry, *, hbm_bytes: float) -> bool:
-    """A whole replica at this entry's (tp, pp) fits one GPU unsharded (dp = 1): its weights, gradients and the
-    optimizer state the data-parallel ranks would otherwise shard. The torch trainer shards with FSDP2 where it
-    does not (`rlctl.ops.counts.plan_counts`)."""
+    """A whole replica at this entry's (tp, pp) fits one GPU unsharded (dp = 1): its weights, gradients and
+    optimizer state. The torch trainer shards with FSDP2 where it does not (`rlctl.ops.counts.plan_counts`)."""
     return rank_fits(entry, shards=1, hbm_bytes=hbm_bytes)
+
+
+def runs_fsdp(backend: str, *, shard: str, tp: int, pp: int, dp: int, entry: TrainingEntry, hbm_bytes: float) -> bool:
+    """Whether the trainer shards its replica over its dp ranks with FSDP2 at this layout: the `torch` trainer
+    with `trainer.shard: fsdp`, or `auto` where a whole replica does not fit one GPU (`replica_fits`); never with
+    one rank, nor at a model split. The plan shows it and the launch runs it (`rlctl.planner.split.shard_trainer`)."""
+    if backend != "torch" or shard == "none" or dp < 2 or tp * pp > 1:
+        return False
+    return shard == "fsdp" or not replica_fits(entry, hbm_bytes=hbm_bytes)
 
 
 def train_time_s(
@@ -150,10 +179,11 @@ def train_time_s(
     (1 + (pp − 1)/m), however many cuts a mini-batch holds (no 1F1B across them). None on an entry measured
     over the split's ranks (`pipeline_wait_included`): its figure holds the stages' waiting already. `hosts`: the
     hosts the ranks span (`rlctl.config.hostfill.trainer_slots`); default as many as fill hosts of gpus_per_node.
-    Infinite where a rank does not fit a GPU (`rank_fits`, the optimizer state divided over dp only where
-    `w.shards_optimizer`)."""
+    Infinite where a rank does not fit a GPU (`rank_fits`: its state divided over dp only where `w.shards_state`).
+    """
     gpus = entry.tp * entry.pp * dp
-    if not rank_fits(entry, shards=dp if w.shards_optimizer else 1, hbm_bytes=site.hbm_bytes):
+    shards = dp if w.shards_state else 1
+    if not rank_fits(entry, shards=shards, hbm_bytes=site.hbm_bytes, gathered_bytes=w.gathered_bytes):
         return math.inf
     # a cut's rows: micro_batch_samples, fewer when a mini-batch holds fewer; each data-parallel rank takes
     # every dp-th row of it (rlctl.rl.learner.backward_share), the first ones the most

@@ -30,7 +30,7 @@ from rlctl.config.job import DatasetTask, Job, LengthsTask
 from rlctl.errors import ConfigError, PlanError
 from rlctl.launch.backends import kind_of
 from rlctl.planner import alloc
-from rlctl.planner.costs import DecodeCost, TrainWorkload, shards_optimizer
+from rlctl.planner.costs import DecodeCost, TrainWorkload, fsdp_gathered_bytes, shards_state
 from rlctl.planner.curves import GenCurve, TrainCurve, gen_curve, train_stage_curve, units_that_fit
 from rlctl.planner.dispatch import Rule, SkewSplit, fixed_split
 from rlctl.planner.engine import Barrier
@@ -44,7 +44,7 @@ from rlctl.planner.sim import (
     site_split,
 )
 from rlctl.planner.simjob import MODES, EngineSpec, IterationWork, Mode, UnitShare, simulate_job, weight_transfer_s
-from rlctl.planner.split import split_refusal
+from rlctl.planner.split import shard_trainer, split_refusal
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths
 from rlctl.profiler.analytical import analytical_profile, training_entry
 from rlctl.profiler.profile import ProfileFile, SiteProfile
@@ -309,7 +309,7 @@ def _trainer_curve(
         field = "placement.trainer.gpus" if t_fixed is not None else "trainer.tensor_parallel"  # the job's either way
         raise ConfigError(str(job.path), field, why, hint=PLACEMENT_HINT)
     t_prof = _for_backend(prof.sites[t_site], backend, name=t_site, profile_file=profile_file)
-    if split is None and backend == "megatron":  # the splits it searches: those megatron runs for this model
+    if split is None:  # the splits it searches: those the backend runs for this model (torch: tp 1 pp 1 only)
         runs = [e for e in t_prof.training if split_refusal(spec.model.arch, backend, tp=e.tp, pp=e.pp) is None]
         t_prof = t_prof.model_copy(update={"training": runs})
     tcurve = train_stage_curve(
@@ -325,10 +325,11 @@ def _trainer_curve(
         split=split,
     )
     if not np.isfinite(tcurve.seconds).any():
-        asked = f" at tp {split[0]} pp {split[1]}" if split else " at any tp × pp"
+        tp_pp = split or ((1, 1) if backend != "megatron" else None)
+        asked = f" at tp {tp_pp[0]} pp {tp_pp[1]}" if tp_pp else " at any tp × pp"
         raise PlanError(
             f"site {t_site!r}: {prof.model.arch.name} training state does not fit in {t_fixed or site.total_gpus} × "
-            f"{prof.sites[t_site].gpu}{asked}{_whole_optimizer(job, tw)}",
+            f"{prof.sites[t_site].gpu}{asked}{_rank_state(job, tw)}",
             hint="add GPUs to the trainer site" + (", or change trainer.tensor_parallel" if split else ""),
         )
     if t_fixed is None:
@@ -340,14 +341,14 @@ def _trainer_curve(
     return tcurve, int(np.argmin(tcurve.seconds))
 
 
-def _whole_optimizer(job: Job, tw: TrainWorkload) -> str:
-    """Why a rank holds its whole optimizer state, where it does (`costs.shards_optimizer`): the memory the planner
-    priced a trainer rank at, said where no layout fits."""
-    if tw.shards_optimizer:
-        return ""
+def _rank_state(job: Job, tw: TrainWorkload) -> str:
+    """Why a rank holds its whole state, where it does (`costs.shards_state`): the memory the planner priced a
+    trainer rank at, said where no layout fits."""
+    if tw.shards_state:
+        return " (FSDP2 over every trainer GPU: weights, gradients and optimizer state sharded)"
     if job.spec.trainer.backend == "megatron":
         return " (the megatron trainer has no distributed optimizer: every rank holds its tp × pp shard's whole state)"
-    return " (trainer.shard 'none': every rank holds its whole optimizer state; 'auto' shards it with FSDP2)"
+    return " (trainer.shard 'none': every rank holds its whole state; 'auto' shards it with FSDP2)"
 
 
 def make_plan(
@@ -428,7 +429,8 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
         pass_scale=tcost["scale_of_profile"],
         mini_batches=tcost["mini_batches"],
         optimizer_steps=tcost["optimizer_steps"],
-        shards_optimizer=shards_optimizer(spec.trainer.backend, shard=spec.trainer.shard),
+        shards_state=(sharded := shards_state(spec.trainer.backend, shard=spec.trainer.shard)),
+        gathered_bytes=fsdp_gathered_bytes(arch) if sharded else 0.0,
     )
 
     t_site = spec.placement.trainer.site
@@ -888,7 +890,8 @@ def _assemble(
             "gpu": prof.sites[t_site].gpu,
             "gpus_used": tcfg.gpus,
             "gpus_available": inv.sites[t_site].total_gpus,
-            "config": tcfg.as_dict(),
+            # FSDP2 where the torch trainer shards its replica (the launch's `rlctl.ops.counts.plan_counts` too)
+            "config": tcfg.as_dict() | ({"fsdp": True} if shard_trainer(job, **tcfg.as_dict()) else {}),
             "instances": 1,
             "predicted_s": float(tcurve.seconds[chosen.y]),
         }

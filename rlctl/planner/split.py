@@ -2,12 +2,18 @@
 valid: the `torch` trainer none (each rank holds a whole replica), the `megatron` trainer those whose tp divides
 the attention heads, the key/value heads, the MLP width and the vocabulary (column/row-parallel layers and a
 vocab-parallel embedding) and whose pp divides the layers (every stage holds as many). The planner refuses a job's
-split by it and searches only those for megatron; `rlctl check` (`rlctl.ops.preflight._trainer_split`) says the same.
+split by it and searches only those; `rlctl check` (`rlctl.ops.preflight._trainer_split`) says the same. And where
+the torch trainer shards its replica over dp with FSDP2 instead (`shard_trainer`), for plan and launch alike.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlctl.models.catalog import ModelArch
+
+if TYPE_CHECKING:
+    from rlctl.config.job import Job
 
 
 def split_refusal(arch: ModelArch, backend: str, *, tp: int, pp: int) -> tuple[str, str] | None:
@@ -49,3 +55,18 @@ def split_refusals(arch: ModelArch, backend: str, *, tp: int, pp: int) -> list[t
             out.append(("trainer.tensor_parallel", f"{tp} does not divide the model's {what} {n}; use a divisor"))
             break
     return out
+
+
+def shard_trainer(job: Job, *, tp: int, pp: int, dp: int) -> bool:
+    """Whether the job's trainer shards its replica over its dp ranks with FSDP2 at tp × pp × dp
+    (`rlctl.planner.costs.runs_fsdp`: `trainer.shard: fsdp`, or `auto` where a whole replica does not fit one GPU of
+    its site, on the planner's figures for the model and the site's GPU): what `rlctl plan` shows and the launch
+    runs (`rlctl.ops.counts.plan_counts`)."""
+    from rlctl.planner.costs import runs_fsdp
+    from rlctl.profiler.analytical import training_entry
+
+    spec = job.spec
+    gpu = job.inventory.sites[spec.placement.trainer.site].spec
+    entry = training_entry(spec.model.arch, gpu, tp=1, pp=1, algorithm=spec.algorithm.kind)
+    backend, shard = spec.trainer.backend, spec.trainer.shard
+    return runs_fsdp(backend, shard=shard, tp=tp, pp=pp, dp=dp, entry=entry, hbm_bytes=gpu.hbm_gb * 1e9)

@@ -20,7 +20,7 @@ def plan_table(p: dict[str, Any]) -> str:
             a["role"],
             a["gpu"],
             f"{a['gpus_used']}/{a['gpus_available']}",
-            " ".join(f"{k}={v}" for k, v in (a["config"] or {}).items()),
+            " ".join(k if v is True else f"{k}={v}" for k, v in (a["config"] or {}).items()),
             a["instances"],
             _s(a["predicted_s"]),
         ]

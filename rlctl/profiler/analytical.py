@@ -19,6 +19,9 @@ from rlctl.models.catalog import ModelArch
 from rlctl.profiler.profile import GenerationEntry, ModelSpec, ProfileFile, SiteProfile, TrainingEntry
 from rlctl.profiler.traincost import TrainingPasses, flops_per_token, trained_models
 
+# a trainer rank's memory besides its model state: CUDA context, workspaces, activations of a micro-batch
+RANK_WORKING_BYTES = 2e9
+
 ETA_BW = 0.7  # achievable fraction of HBM bandwidth in decode
 ETA_FLOPS = 0.5  # achievable fraction of peak FLOPs in decode / prefill matmuls
 ETA_TRAIN = 0.40  # training MFU before communication
@@ -120,7 +123,7 @@ def training_entry(
     shard = model.params / (tp * pp)
     # bf16 weights + grads of the trained models and bf16 reference weights stay whole per rank;
     # fp32 master weights and Adam moments (12 B/param) are sharded over DP (distributed optimizer).
-    fixed = shard * (4 * trained + 2 * passes.reference) + 2e9
+    fixed = shard * (4 * trained + 2 * passes.reference) + RANK_WORKING_BYTES
     sharded = shard * 12 * trained
     return TrainingEntry(
         tp=tp, pp=pp, gpu_s_per_token=tp * (compute + comm), fixed_bytes_per_gpu=fixed, sharded_bytes_per_gpu=sharded

@@ -349,13 +349,8 @@ def test_dry_run_on_gpu_sites_matches_golden(tmp_path: Path, monkeypatch: pytest
     text = res.stdout.replace(sys.executable, "python3")  # SLURM sites run this interpreter (shared FS)
     check_golden("dry_run_gpu.txt", text)
     head = text.split("\n# 8 agents;", 1)[0].splitlines()
-    assert head[0].startswith("# would be refused by `rlctl check` (4)")
-    assert [line.split(":", 1)[0] for line in head[1:]] == [
-        "#   model",
-        "#   task",
-        "#   trainer.backend",
-        "#   placement.trainer.gpus",
-    ]
+    assert head[0].startswith("# would be refused by `rlctl check` (3)")  # megatron's planned tp 2: not refused
+    assert [line.split(":", 1)[0] for line in head[1:]] == ["#   model", "#   task", "#   trainer.backend"]
     assert "#SBATCH --gpus-per-task=1" in text and "export CUDA_VISIBLE_DEVICES=2,3" in text
     assert "gres" not in text and "--gpus-per-node" not in text
 

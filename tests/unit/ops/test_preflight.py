@@ -20,6 +20,7 @@ from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops import counts, run
 from rlctl.ops.preflight import Problem, problems
 from rlctl.planner.plan import PlanOptions, make_plan
+from rlctl.planner.view import plan_table
 from rlctl.rl.tasks import DigitsTask
 from rlctl.weights import chunks, manifest
 from tests.conftest import ROOT, run_cli
@@ -82,22 +83,26 @@ def gpu_job(tmp_path: Path, *, trainer_gpus: int, backend: str) -> Job:
     )
 
 
-@pytest.mark.parametrize(
-    "backend,why",
-    [
-        ("torch", "the 'torch' trainer has no model parallelism (each rank holds a whole replica)"),
-        ("megatron", "the 'megatron' trainer splits the model only as trainer.tensor_parallel / pipeline_parallel say"),
-    ],
-)
-def test_a_plan_that_splits_the_trainer_is_refused_for_either_backend(tmp_path: Path, backend: str, why: str) -> None:
+@pytest.mark.parametrize("backend", ["megatron", "torch"])
+def test_the_trainer_split_the_plan_chooses_is_one_the_backend_runs(tmp_path: Path, backend: str) -> None:
+    """16 H800s for a 7B trainer: megatron's plan splits each replica (tp 2 pp 1 dp 8), which its ranks form from the
+    plan (`rlctl.agents.trainer._backend`), so check passes it (it refused it before, advising a GPU count no count
+    met); torch's plan is data parallel only and shards with FSDP2 (it chose tp 2 too, which check refused)."""
     job = gpu_job(tmp_path, trainer_gpus=16, backend=backend)
-    assert counts.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 2, "pp": 1, "dp": 8}
-    (p,) = refused(job, "placement.trainer.gpus")
-    assert p.message.startswith("the plan splits the model over the trainer's 16 GPUs on site 'h800' as tp 2 pp 1 dp 8")
-    assert why in p.message and "use a GPU count the plan runs as tp 1 pp 1" in p.message
-    # 15 GPUs: the planner runs them data parallel (tp 1 pp 1 dp 15), which both backends honour; torch shards
-    # the replica with FSDP (16 bytes per parameter of a 7B model do not fit one 80 GB GPU); megatron, without a
-    # distributed optimizer, would hold all of it on every rank: refused with the memory figures
+    par = counts.plan_counts(job, job.spec)["trainer"]["parallel"]
+    if backend == "megatron":
+        assert par == {"tp": 2, "pp": 1, "dp": 8}
+    else:
+        assert par == {"tp": 1, "pp": 1, "dp": 16, "fsdp": True}
+    assert refused(job, "placement.trainer.gpus") == []
+    plan = make_plan(job, options=PlanOptions(curves_in_output=False))
+    (t,) = [a for a in plan["allocation"] if a["role"] == "trainer"]
+    assert t["config"] == par  # the plan table says what the launch runs: `tp=1 pp=1 dp=16 fsdp`
+    row = " ".join(f"tp={par['tp']} pp={par['pp']} dp={par['dp']}".split() + ["fsdp"] * ("fsdp" in par)) + " "
+    assert row in plan_table(plan)
+    # 15 GPUs: data parallel (tp 1 pp 1 dp 15); torch shards the replica with FSDP (16 bytes per parameter of a 7B
+    # model do not fit one 80 GB GPU); megatron, without a distributed optimizer, would hold all of it on every
+    # rank: refused with the memory figures
     job = gpu_job(tmp_path, trainer_gpus=15, backend=backend)
     fsdp = {"fsdp": True} if backend == "torch" else {}
     assert counts.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 15} | fsdp
@@ -105,9 +110,29 @@ def test_a_plan_that_splits_the_trainer_is_refused_for_either_backend(tmp_path: 
         assert refused(job, "placement.trainer.gpus") == []
     else:
         (p,) = refused(job, "placement.trainer.gpus")
-        assert p.message.startswith("the trainer's 15 rank(s) at tp 1 pp 1 dp 15 need 123.9 GB each (weights and")
-        assert p.message.endswith("÷ 1), and a H800 holds 80 GB (90% usable)"), p.message
+        assert p.message == (
+            "the trainer's 15 rank(s) at tp 1 pp 1 dp 15 need 123.9 GB each (weights and gradients 32.5 GB, optimizer "
+            "state 91.4 GB), and a H800 holds 80 GB (90% usable)"
+        )
         assert p.hint is not None and "trainer.tensor_parallel" in p.hint
+
+
+def test_a_torch_trainer_too_large_for_its_gpus_sharded_is_refused_with_the_fsdp_figures(tmp_path: Path) -> None:
+    """FSDP2 divides all of a rank's state (`rlctl.planner.costs.rank_bytes`): a 7B torch trainer on one H800 holds it
+    whole (123.9 GB); `trainer.shard: fsdp` on 2 would need 2 + 121.9 / 2 + 7.9 = 70.9 GB a rank and fits."""
+    job = gpu_job(tmp_path, trainer_gpus=1, backend="torch")
+    (p,) = refused(job, "placement.trainer.gpus")
+    assert p.message.startswith("the trainer's 1 rank(s) at tp 1 pp 1 dp 1 need 123.9 GB each"), p.message
+    job = gpu_job(tmp_path, trainer_gpus=2, backend="torch")
+    assert counts.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}
+    assert refused(job, "placement.trainer.gpus") == []
+    data = yaml.safe_load(job.path.read_text())
+    data["model"] = {"kind": "builtin", "name": "qwen2.5-72b"}
+    job.path.write_text(yaml.safe_dump(data))
+    (p,) = refused(load_job(job.path), "placement.trainer.gpus")
+    assert p.message.startswith("the trainer's 2 rank(s) at tp 1 pp 1 dp 2 need "), p.message
+    assert "(weights, gradients and optimizer state " in p.message and " ÷ 2 (FSDP2), layers gathered " in p.message
+    assert p.hint is not None and "trainer.shard" in p.hint
 
 
 @pytest.mark.parametrize("backend", ["megatron", "torch"])
@@ -787,20 +812,20 @@ def test_inventory_devices_map_slots_and_must_cover_them(tmp_path: Path) -> None
 def test_the_plan_shards_a_torch_replica_that_does_not_fit_one_gpu(tmp_path: Path) -> None:
     """Qwen2.5-7B on H800s: 16 bytes per parameter (122 GB) do not fit 80 GB, so `auto` shards at dp ≥ 2; the
     demo's tiny model fits a CPU slot, so it does not; `none` never shards and `fsdp` always does."""
-    from rlctl.ops.counts import shard_trainer
+    from rlctl.planner.split import shard_trainer
 
     def with_shard(job: Job, shard: str) -> Job:
         trainer = job.spec.trainer.model_copy(update={"shard": shard})
         return Job(job.spec.model_copy(update={"trainer": trainer}), job.inventory, job.path)
 
     big = gpu_job(tmp_path, trainer_gpus=8, backend="torch")
-    assert shard_trainer(big, {"tp": 1, "pp": 1, "dp": 8}) and not shard_trainer(big, {"tp": 1, "pp": 1, "dp": 1})
-    assert not shard_trainer(with_shard(big, "none"), {"tp": 1, "pp": 1, "dp": 8})
+    assert shard_trainer(big, tp=1, pp=1, dp=8) and not shard_trainer(big, tp=1, pp=1, dp=1)
+    assert not shard_trainer(with_shard(big, "none"), tp=1, pp=1, dp=8)
     two = {"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 1}]}
     small = load(tmp_path, placement=two)
-    assert not shard_trainer(small, {"tp": 1, "pp": 1, "dp": 2})
+    assert not shard_trainer(small, tp=1, pp=1, dp=2)
     small = with_shard(small, "fsdp")
-    assert shard_trainer(small, {"tp": 1, "pp": 1, "dp": 2})
+    assert shard_trainer(small, tp=1, pp=1, dp=2)
     plan = counts.plan_counts(small, small.spec)
     assert plan["trainer"]["parallel"] == {"tp": 1, "pp": 1, "dp": 2, "fsdp": True}
     from rlctl.launch.layout import layout

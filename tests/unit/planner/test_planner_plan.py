@@ -211,9 +211,11 @@ def test_the_simulated_rule_across_datacenters_gives_up_gpus_the_full_allocation
         load_job(write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, rule="simulated")), options=OPTS
     )
     chosen, full, bound = _across(plan)
-    assert (full["rollout_gpus"], full["trainer_gpus"]) == (16, 32)  # every GPU of both sites, first
+    # every GPU of both sites, first: the torch trainer's best on 32 runs 8 (data parallel only; past one host its
+    # gradient all-reduce crosses the hosts' network)
+    assert (full["rollout_gpus"], full["trainer_gpus"]) == (16, 8)
     assert chosen["iteration_s"] <= bound
-    assert chosen["rollout_gpus"] + chosen["trainer_gpus"] < 16 + 32
+    assert chosen["rollout_gpus"] + chosen["trainer_gpus"] < 16 + 8
     assert plan["predicted"]["iteration_s"]["async"] == pytest.approx(chosen["iteration_s"])
     assert (_used(plan, "rollout"), _used(plan, "trainer")) == (chosen["rollout_gpus"], chosen["trainer_gpus"])
     # a stage that gave up GPUs stopped where one fewer (of those simulated beside the other stage's count) was over

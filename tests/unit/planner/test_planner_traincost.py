@@ -14,7 +14,14 @@ from rlctl.config.job import GrpoAlgorithm, Job, PpoAlgorithm
 from rlctl.errors import ConfigError
 from rlctl.hardware import CATALOG
 from rlctl.models.catalog import BUILTIN_MODELS
-from rlctl.planner.costs import TRAIN_STEP_OVERHEAD_S, TrainWorkload, rank_bytes, shards_optimizer, train_time_s
+from rlctl.planner.costs import (
+    TRAIN_STEP_OVERHEAD_S,
+    TrainWorkload,
+    fsdp_gathered_bytes,
+    rank_bytes,
+    shards_state,
+    train_time_s,
+)
 from rlctl.planner.plan import PlanOptions, make_plan, profile_for, train_cost
 from rlctl.planner.simjob import IterationWork, simulate_job
 from rlctl.profiler.analytical import ETA_TRAIN, analytical_profile, training_entries
@@ -189,20 +196,32 @@ def test_a_figure_timed_over_the_splits_ranks_gets_no_pipeline_bubble() -> None:
     assert modelled - measured == pytest.approx(compute * 3 / 8)
 
 
-def test_a_rank_holds_the_optimizer_state_whole_unless_the_trainer_shards_it() -> None:
-    """torch's FSDP2 divides the optimizer state over dp; megatron (no distributed optimizer) and trainer.shard
-    'none' hold it whole on every rank, as `rlctl check` judges them. 7B at tp 1: 32.5 GB of weights and gradients
-    and 91.4 GB of optimizer state, 124 GB a rank whole: no dp fits an 80 GB H800; at dp 8 torch needs 44 GB."""
-    prof = analytical_profile(BUILTIN_MODELS["qwen2.5-7b"], {"h": (CATALOG["H800"], 8, 2.85)})
+def test_a_rank_holds_its_state_whole_unless_the_trainer_shards_it_with_fsdp() -> None:
+    """torch's FSDP2 divides weights, gradients and optimizer state over dp (`rlctl.trainers.fsdp`) and holds the
+    root and one layer gathered; megatron (no distributed optimizer) and trainer.shard 'none' hold it whole on every
+    rank, as `rlctl check` judges them. 7B at tp 1: 32.5 GB of weights and gradients and 91.4 GB of optimizer
+    state, 124 GB a rank whole: no dp fits an 80 GB H800; at dp 8 torch needs 2 + 121.9 / 8 + 7.9 = 25.2 GB."""
+    arch = BUILTIN_MODELS["qwen2.5-7b"]
+    prof = analytical_profile(arch, {"h": (CATALOG["H800"], 8, 2.85)})
     site = prof.sites["h"]
     e = next(x for x in site.training if (x.tp, x.pp) == (1, 1))
-    assert rank_bytes(e, shards=1) == pytest.approx(e.fixed_bytes_per_gpu + e.sharded_bytes_per_gpu)
-    assert rank_bytes(e, shards=8) == pytest.approx(e.fixed_bytes_per_gpu + e.sharded_bytes_per_gpu / 8)
-    assert shards_optimizer("torch", shard="auto") and shards_optimizer("torch", shard="fsdp")
-    assert not shards_optimizer("torch", shard="none") and not shards_optimizer("megatron", shard="auto")
-    sharded = TrainWorkload(1e6, 512, 32, P7 * 2)
-    whole = TrainWorkload(1e6, 512, 32, P7 * 2, shards_optimizer=False)
+    whole_gb = (e.fixed_bytes_per_gpu + e.sharded_bytes_per_gpu) / 1e9
+    assert rank_bytes(e, shards=1) / 1e9 == pytest.approx(whole_gb) == pytest.approx(123.9, abs=0.05)
+    gathered = fsdp_gathered_bytes(arch)
+    assert gathered / 1e9 == pytest.approx(6 * (2 * 152064 * 3584 + (7.62e9 - 2 * 152064 * 3584) / 28) / 1e9)
+    assert rank_bytes(e, shards=8, gathered_bytes=gathered) / 1e9 == pytest.approx(
+        2 + (whole_gb - 2) / 8 + gathered / 1e9
+    )
+    assert rank_bytes(e, shards=8, gathered_bytes=gathered) / 1e9 == pytest.approx(25.2, abs=0.05)
+    assert shards_state("torch", shard="auto") and shards_state("torch", shard="fsdp")
+    assert not shards_state("torch", shard="none") and not shards_state("megatron", shard="auto")
+    sharded = TrainWorkload(1e6, 512, 32, P7 * 2, gathered_bytes=gathered)
+    whole = TrainWorkload(1e6, 512, 32, P7 * 2, shards_state=False)
     assert np.isfinite(train_time_s(e, 8, sharded, site=site, node_bytes_per_s=25e9))
     assert train_time_s(e, 8, whole, site=site, node_bytes_per_s=25e9) == float("inf")
+    # 2 ranks: 2 + 61 + 7.9 = 70.9 GB, under 90 % of 80 GB (72 GB); 1 rank holds all of it
+    assert rank_bytes(e, shards=2, gathered_bytes=gathered) / 1e9 == pytest.approx(70.9, abs=0.05)
+    assert np.isfinite(train_time_s(e, 2, sharded, site=site, node_bytes_per_s=25e9))
+    assert train_time_s(e, 1, sharded, site=site, node_bytes_per_s=25e9) == float("inf")
     tp2 = next(x for x in site.training if (x.tp, x.pp) == (2, 1))  # half the state: 63 GB a rank, whole
     assert np.isfinite(train_time_s(tp2, 4, whole, site=site, node_bytes_per_s=25e9))
