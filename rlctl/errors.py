@@ -46,6 +46,7 @@ class ConfigError(RlctlError):
     def __init__(self, file: str, field: str | None, message: str, *, hint: str | None = None) -> None:
         self.file = file
         self.field = field
+        self.detail = message  # what is wrong, without the file and field
         where = f"{file}: {field}: " if field else f"{file}: "
         super().__init__(where + message, hint=hint)
 

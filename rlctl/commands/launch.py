@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rlctl.errors import RlctlError, UsageError
+from rlctl.errors import ConfigError, RlctlError, UsageError
 from rlctl.ops import detach
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 from rlctl.textutil import duration
@@ -283,7 +283,11 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--dry-run starts nothing: it takes no --detach")
         job = load_job(job_file)
         spec = resolve_job(job, iterations=iterations, mode=mode.value if mode is not None else None)
-        plan = plan_counts(job, spec)
+        try:
+            plan = plan_counts(job, spec)
+        except ConfigError:  # a job field the planner refuses: every problem check finds, one line each, exit 2
+            preflight(job)
+            raise
         if dry_run:  # the scripts even of a job check refuses, under what it refuses: nothing pretends it starts
             refused = problems(job, plan=plan)
             try:

@@ -43,6 +43,8 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
         # a field of the job file the planner refuses, `rlctl check` (hence launch's preflight) refuses in its own
         # line: said once, there, not in a warning line before it
         log.log(logging.DEBUG if isinstance(e, ConfigError) else logging.WARNING, "%s", note)
+        if auto and isinstance(e, ConfigError):  # a job field the planner cannot plan with: exit 2, in check's words
+            raise
         if auto:
             raise PlanError(
                 f"{job.path}: 'gpus: auto' needs the planner, which failed: {e}",
@@ -78,7 +80,7 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
             raise ConfigError(
                 str(job.path),
                 "trainer.tensor_parallel",
-                f"tp {tp} × pp {pp} does not divide the trainer's {trainer} GPU(s); use a divisor of {trainer}",
+                f"tp {tp} × pp {pp} does not divide placement.trainer.gpus {trainer} (GPUs = tp × pp × dp)",
             )
         parallel = {"tp": tp, "pp": pp, "dp": trainer // (tp * pp)}
     elif t_config and int(t_config["tp"]) * int(t_config["pp"]) * int(t_config["dp"]) == trainer:

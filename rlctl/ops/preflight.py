@@ -191,7 +191,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     out += _planning_only(job)
     out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path)))
     out += _planned(job, plan)
-    return out
+    return list(dict.fromkeys(out))  # one line per problem: the plan's refusal of a field may be one said above
 
 
 def _unread(job: Job) -> list[Problem]:
@@ -361,8 +361,10 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
             plan = counts.plan_counts(job, spec)
         except PlanError as e:
             return [Problem(_auto_field(job), f"'auto' needs the planner, which failed: {e.__cause__ or e}", e.hint)]
-        except ConfigError:
-            return []  # a trainer split that does not divide its GPUs: `_trainer_split` says so
+        except ConfigError as e:  # a job field the planner refuses, in check's words (`problems` says each once)
+            if e.file != str(job.path) or e.field is None:  # a profile file's
+                return [Problem(_auto_field(job), f"'auto' needs the planner, which failed: {e}", e.hint)]
+            return [Problem(e.field, e.detail, e.hint)]
         finally:
             log.removeFilter(_drop)
     t = plan["trainer"]

@@ -176,7 +176,7 @@ def test_the_jobs_trainer_tensor_parallel_is_the_plans_and_reaches_every_rank(tm
     ranks = [json.loads(a.parallel.to_json()) for a, _ in agents if a.role == "trainer"]
     assert ranks == [{"role": "trainer", "tp": 2, "pp": 1, "dp": 2, "rank": r} for r in range(4)]
     odd = write_job(tmp_path, {"local": local_site(6)}, at=(("local", 3), ("local", 2)), trainer=trainer)
-    with pytest.raises(ConfigError, match=r"trainer\.tensor_parallel: tp 2 × pp 1 does not divide the trainer's 3"):
+    with pytest.raises(ConfigError, match=r"tensor_parallel: tp 2 × pp 1 does not divide placement\.trainer\.gpus 3"):
         plan_counts(odd, resolve_job(odd))
 
 

@@ -283,6 +283,31 @@ def test_auto_counts_whose_planner_fails_are_refused(tmp_path: Path, monkeypatch
     assert "'auto' needs the planner, which failed: no feasible allocation" in p.message
 
 
+def test_a_job_field_the_planner_refuses_for_auto_counts_is_one_line_exit_2_from_check_and_launch(
+    tmp_path: Path,
+) -> None:
+    """`gpus: auto` with a split the torch trainer does not run: check printed the planner's line twice (its own and
+    "'auto' needs the planner, which failed: FILE: FIELD: …") and launch exited 1 with the second; now both print
+    check's line once and exit 2, and launch builds nothing."""
+    auto = {"trainer": {"site": "local", "gpus": "auto"}, "rollout": [{"site": "local", "gpus": 2}]}
+    job = load(tmp_path, placement=auto, trainer={"backend": "torch", "tensor_parallel": 2})
+    check = only_line(run_cli("check", str(job.path)))
+    assert check == (
+        f"rlctl: error: {job.path}: trainer.tensor_parallel: 2: the 'torch' trainer has no model parallelism (each "
+        "rank holds a whole replica); use 1, or trainer.backend 'megatron'"
+    )
+    assert only_line(run_cli("launch", str(job.path), "--job-dir", str(tmp_path / "run"))) == check
+    assert not (tmp_path / "run").exists()
+    # a fixed count the split does not divide: the launch's counts and check say it in the same words, once
+    fixed = {"trainer": {"site": "local", "gpus": 3}, "rollout": [{"site": "local", "gpus": 1}]}
+    job = load(tmp_path, placement=fixed, trainer={"backend": "megatron", "tensor_parallel": 2})
+    lines = run_cli("check", str(job.path)).stderr.splitlines()
+    assert [line for line in lines if "does not divide placement.trainer.gpus 3" in line] == [
+        f"rlctl: error: {job.path}: trainer.tensor_parallel: tp 2 × pp 1 does not divide placement.trainer.gpus 3 "
+        "(GPUs = tp × pp × dp)"
+    ]
+
+
 # -- 2. fields only the planner reads -------------------------------------------------------------
 def test_planning_only_fields_are_refused_unless_default(tmp_path: Path) -> None:
     job = load(tmp_path, rollout={"long_tail_fraction": 0.3}, planning={"dispatch_rule": "sum"})
