@@ -113,14 +113,15 @@ def profile_for(
             profile_file,
             "algorithm",
             f"profile is for {profile.algorithm!r}, job runs {job.spec.algorithm.kind!r}",
-            hint=f"run rlctl profile --algorithm {job.spec.algorithm.kind} (or --job with this job)",
+            hint=f"run rlctl profile --job {job.path}",
         )
     if profile.model.name != arch.name:
         raise ConfigError(
             profile_file,
             "model.name",
             f"profile is for {profile.model.name!r}, job trains {arch.name!r}",
-            hint=f"run rlctl profile --model {arch.name}",
+            # the job's model by its own name (`--model NAME` takes only built-in names; an HF model's is its folder's)
+            hint=f"run rlctl profile --job {job.path}",
         )
     missing = sorted(sites - set(profile.sites))
     if missing:

@@ -155,8 +155,21 @@ def test_a_profile_of_other_passes_is_scaled_to_the_jobs() -> None:
 def test_a_profile_of_another_algorithm_is_refused() -> None:
     job = _job({"kind": "ppo"})
     grpo_prof = profile_for(_job({"kind": "grpo"}), None)
-    with pytest.raises(ConfigError, match="profile is for 'grpo', job runs 'ppo'"):
+    with pytest.raises(ConfigError, match="profile is for 'grpo', job runs 'ppo'") as e:
         make_plan(job, grpo_prof, PlanOptions(sim_iterations=1))
+    assert e.value.hint == f"run rlctl profile --job {job.path}"
+
+
+def test_a_profile_of_another_model_is_refused_with_a_hint_that_profiles_the_jobs_model() -> None:
+    """The hint named `--model ARCH`, which for an HF model is its folder's base name (`--model model`), a name
+    `rlctl profile` refuses; `--job JOB` profiles the job's own model, algorithm and sites."""
+    job = _job({"kind": "grpo"})
+    arch = BUILTIN_MODELS["qwen2.5-32b"]
+    sites = {s: (site.spec, site.gpus_per_node, site.gpu_cost_per_hour) for s, site in job.inventory.sites.items()}
+    other = analytical_profile(arch, sites, algorithm="grpo")
+    with pytest.raises(ConfigError, match=r"profile is for 'qwen2\.5-32b', job trains 'qwen2\.5-7b'") as e:
+        make_plan(job, other, PlanOptions(sim_iterations=1))
+    assert e.value.hint == f"run rlctl profile --job {job.path}"
 
 
 def test_ppo_trains_at_the_step_so_stream_is_no_better_than_sync() -> None:
