@@ -955,7 +955,8 @@ def _assemble(
             _room(allocation, inv, t_site, order_tp=_order_tp(job, opts)),
             sim["predicted"],
             one_more=one_more if spec.pipeline.mode == "async" else None,
-        ),
+        )
+        | {"auto": spec.rebalance.auto},
         "cost": {
             "gpu_hours_per_iteration": gpu_h,
             "cost_units_per_iteration": cost_u,

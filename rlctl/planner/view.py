@@ -13,6 +13,14 @@ def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def _add_unit(rb: dict[str, Any]) -> str:
+    """What a plan whose rebalance rule would add a unit (δ ≥ δ') leaves to the run: the controller's rule where the
+    job turns it on (it measures δ over its window first), else the operator."""
+    if rb.get("auto"):
+        return "one more pays (δ ≥ δ'): the controller's rule (rebalance.auto) adds it once it measures the same"
+    return "one more pays (δ ≥ δ'): `rlctl scale JOB +1` during the run, or rebalance.auto: true"
+
+
 def plan_table(p: dict[str, Any]) -> str:
     rows = [
         [
@@ -109,7 +117,7 @@ def plan_table(p: dict[str, Any]) -> str:
     )
     rb = p["rebalance"]
     c = p["cost"]
-    verdict = rb.get("reason") or ("add one now (δ ≥ δ')" if rb["add_unit"] else "not needed (δ < δ')")
+    verdict = rb.get("reason") or ("not needed (δ < δ')" if not rb["add_unit"] else _add_unit(rb))
     basis = " (async, simulated: the trainer's wait, and what one more unit saves)"
     out.append(
         f"Rebalance{basis if rb.get('basis') == 'simulated_async' else ''}: δ = {_s(rb['delta_s'])} s, "

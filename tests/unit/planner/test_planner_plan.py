@@ -21,6 +21,7 @@ from rlctl.planner import plan as planner
 from rlctl.planner.curves import units_that_fit
 from rlctl.planner.plan import PlanOptions, make_plan
 from rlctl.planner.simjob import simulate_job
+from rlctl.planner.view import plan_table
 
 OPTS = PlanOptions(sim_iterations=2)
 
@@ -281,6 +282,11 @@ def test_in_async_the_rebalance_advice_prices_one_more_unit_on_the_simulated_ite
     assert rb["basis"] == "simulated_async" and rb["free_gpus"] == 14
     assert rb["delta_s"] == pytest.approx(pr["iteration_s"]["async"] - pr["t_train_s"])
     assert 0 < rb["delta_prime_s"] <= rb["delta_s"] and rb["add_unit"]  # 2 H20s cannot keep up with the trainer
+    # the table says who adds it (it said "add one now", though the plan had just chosen its units)
+    assert "one more pays (δ ≥ δ'): `rlctl scale JOB +1` during the run, or rebalance.auto: true" in plan_table(few)
+    auto = _edit(write_job(tmp_path, rollout=[{"site": "r20", "gpus": 2}], links=LINKS), _rebalance_auto)
+    few = make_plan(load_job(auto), options=OPTS)
+    assert few["rebalance"]["auto"] and "the controller's rule (rebalance.auto) adds it" in plan_table(few)
     full = make_plan(
         load_job(write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, rule="simulated")), options=OPTS
     )
@@ -289,6 +295,10 @@ def test_in_async_the_rebalance_advice_prices_one_more_unit_on_the_simulated_ite
     assert not rb["add_unit"] and "not needed" in rb["reason"]  # the search left those GPUs out: they save nothing
     sync = make_plan(load_job(write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, mode="sync")), options=OPTS)
     assert sync["rebalance"]["basis"] == "stage_times"
+
+
+def _rebalance_auto(job: dict[str, Any]) -> None:
+    job["rebalance"] = {"auto": True}
 
 
 def _edit(path: Path, change: Callable[[dict[str, Any]], None]) -> Path:
