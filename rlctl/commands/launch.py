@@ -371,9 +371,11 @@ def be_launcher(
     emit(summary, output, summary_table)
     if summary["state"] != "done":
         assert runs.run is not None  # it ran: the summary came from it
+        resume = runs.run.resume_command()
+        said = resume in summary["state"]  # a failed job's state names it already (the controller's line)
         raise RlctlError(
             f"job {spec.name} did not finish: {summary['state']}",
-            hint=f"see {jd.path}/logs; continue it with `{runs.run.resume_command()}`",
+            hint=f"see {jd.path}/logs" + ("" if said else f"; continue it with `{resume}`"),
         )
 
 

@@ -171,3 +171,36 @@ def test_a_launch_ctrl_c_stops_says_it_stopped_the_job_and_how_to_resume_it(
     assert capsys.readouterr().err.splitlines()[-1] == (
         "rlctl: interrupted: job demo-1 stopped (every agent); continue it with `rlctl launch --resume demo-1`"
     )
+
+
+class _FailedRuns(_InterruptedRuns):
+    """A launcher's runs whose job ends failed, with the state the controller writes (naming the resume)."""
+
+    def wait(self, **_: object) -> dict[str, str]:
+        return {"state": "failed: trainer trainer-0 was lost; continue the job with `rlctl launch --resume demo-1`"}
+
+
+@pytest.mark.parametrize("names_it", [True, False])
+def test_a_failed_launch_names_the_resume_command_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names_it: bool
+) -> None:
+    """The controller's failure line names `rlctl launch --resume JOB`; the launcher's hint said it a second time."""
+    import rlctl.ops.evaluation
+
+    monkeypatch.setattr(autoresume, "Runs", _FailedRuns)
+    monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
+    monkeypatch.setattr(rlctl.ops.evaluation, "add_heldout", lambda jd, spec, summary, say: summary)
+    monkeypatch.setattr(launch, "emit", lambda *_: None)
+    if not names_it:  # a state without it (a stop): the hint names it
+        monkeypatch.setattr(_FailedRuns, "wait", lambda self, **_: {"state": "stopped"})
+    jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(launch.RlctlError) as e:
+            spec = SimpleNamespace(name="demo")
+            be_launcher(jd, spec, {}, SimpleNamespace(close=lambda: None), lambda runs, say: runs.start(), "table")
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    text = f"{e.value} (hint: {e.value.hint})"
+    assert text.count("rlctl launch --resume demo-1") == 1, text
+    assert e.value.hint is not None and e.value.hint.startswith(f"see {jd.path}/logs")
