@@ -47,6 +47,7 @@ from rlctl.agents.evaluation import EvalSchedule, Evaluator, cut_evaluations
 from rlctl.agents.flight import read_flight
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import (
+    STOP_GRACE_S,
     TO_CONTROLLER,
     CheckpointWritten,
     Heartbeat,
@@ -157,9 +158,6 @@ def core_config(
 # `rlctl stop` while a checkpoint is being written: the longest the controller waits for it (a model and its
 # optimizer state, fsynced to shared storage, can take minutes), within the stop's grace (`_stop_deadline`)
 STOP_CHECKPOINT_WAIT_S = 600.0
-# `rlctl stop` that sets no --grace: how long it gives the controller to end, STOP_CHECKPOINT_WAIT_S more while the
-# trainer may complete a checkpoint (`_stop_asked`)
-STOP_GRACE_S = 15.0
 
 # who may send what to the controller (a kind not listed here is dropped from anyone)
 SENDERS: dict[str, frozenset[str]] = {

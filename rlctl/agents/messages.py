@@ -263,8 +263,14 @@ class Scale(msgspec.Struct):
     site: str | None = None
 
 
+# `rlctl stop` that sets no --grace: how long it gives the controller to end (its answer may ask for more, while the
+# trainer may complete a checkpoint: `rlctl.agents.controller.STOP_CHECKPOINT_WAIT_S`)
+STOP_GRACE_S = 15.0
+
+
 class Shutdown(msgspec.Struct):
-    """`rlctl stop`'s request: `grace_s`, how long it waits before it kills the controller (None: not said)."""
+    """`rlctl stop`'s request: `grace_s`, how long it waits before it kills the controller (None: not said:
+    STOP_GRACE_S, or what the controller answers)."""
 
     grace_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
 

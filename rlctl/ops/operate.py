@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rlctl.agents.messages import STOP_GRACE_S
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
@@ -39,7 +40,6 @@ STATUS_DEADLINE_S = 5.0
 
 
 REQUEST_FLOOR_S = 2.0  # the shortest wait for the controller's answer to a stop's shutdown request
-STOP_GRACE_S = 15.0  # a stop's grace when neither the operator nor the controller's answer sets one
 
 
 def ask_controller(ref: JobRef, kind: str, body: dict[str, Any] | None = None, *, timeout_s: float) -> dict[str, Any]:

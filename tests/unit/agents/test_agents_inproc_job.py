@@ -13,7 +13,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from rlctl.agents import controller, samplelog
+from rlctl.agents import controller, messages, samplelog
 from rlctl.agents.common import AgentContext
 from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.flight import read_flight
@@ -297,7 +297,7 @@ def test_a_stop_as_a_checkpoint_iteration_is_trained_completes_that_checkpoint(t
     assert trainer and trainer[0].version == 4  # told to stop at once, it trained no further iteration
     # no --grace: the controller gives its end the default grace and the checkpoint wait, and names the checkpoint
     assert answers == [
-        {"ok": True, "grace_s": controller.STOP_GRACE_S + controller.STOP_CHECKPOINT_WAIT_S, "checkpoint": 4}
+        {"ok": True, "grace_s": messages.STOP_GRACE_S + controller.STOP_CHECKPOINT_WAIT_S, "checkpoint": 4}
     ]
     assert latest_complete(jd.checkpoints) == 4 and jd.read_json(jd.checkpoints / "latest.json")["version"] == 4
     assert [r["iteration"] for r in jd.read_lines(jd.metrics)] == [0, 1, 2, 3]  # the rows a resume from v4 keeps

@@ -23,7 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlctl.agents import controller
+from rlctl.agents import controller, messages
 from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import TO_CONTROLLER, Hello, check, make
@@ -289,7 +289,7 @@ def test_a_stop_without_grace_gets_the_default_one_and_the_checkpoint_wait_while
         r.feed("trainer-0", make("trained", {**_trained(0, 1), "sample_ids": ids[:4], "checkpointing": True}))
     t0 = time.monotonic()
     r.feed("client-0", make("shutdown", {}))
-    wait = controller.STOP_GRACE_S + (controller.STOP_CHECKPOINT_WAIT_S if writing else 0.0)
+    wait = messages.STOP_GRACE_S + (controller.STOP_CHECKPOINT_WAIT_S if writing else 0.0)
     assert r.ctl.stop_requested and t0 + wait <= r.ctl.stop_by <= time.monotonic() + wait
     asked = [e for e in r.jd.read_events() if e["event"] == "stop_requested"]
     assert [(e["grace_s"], e["checkpoint"]) for e in asked] == [(wait, 1 if writing else None)]
