@@ -950,14 +950,10 @@ def record_view(job_dir: Path) -> tuple[Site, str, str] | None:
     return controller_view(staged, sites, cs, host)
 
 
-def all_recorded_agents(
-    job_dir: Path, problems: list[str] | None = None, *, skipped: list[str] | None = None
-) -> list[AgentHandle]:
-    """Every agent of the job: those the operator's launch started (its agents.jsonl) and those the controller
-    started on scale (the controller site's agents.jsonl, when that is elsewhere). A controller site that does
-    not answer, or a record here that does not say where it is, leaves only the first, with a warning (a line
-    in `problems` instead, when given). A line that is no agent record raises LaunchError, or, given `skipped`, is
-    left out and said there (a stop stops every agent it can read)."""
+def _recorded_text(job_dir: Path, problems: list[str] | None) -> str:
+    """The agent records' lines: the operator's agents.jsonl, then the controller site's (when that is elsewhere);
+    a controller site that does not answer, or a record here that does not say where it is, leaves only the first,
+    with a warning (a line in `problems` instead, when given)."""
     local = job_dir / AGENTS_FILE
     text = local.read_text() if local.exists() else ""
     try:
@@ -969,7 +965,26 @@ def all_recorded_agents(
             log.warning("the controller site's agent record is unreachable (%s); using the local one", e)
         else:
             problems.append(f"the controller site's agent record is unreachable ({e}); stopped those recorded here")
-    return agents_from_lines(text, source=local, skipped=skipped)
+    return text
+
+
+def all_recorded_agents(
+    job_dir: Path, problems: list[str] | None = None, *, skipped: list[str] | None = None
+) -> list[AgentHandle]:
+    """Every agent of the job: those the operator's launch started (its agents.jsonl) and those the controller
+    started on scale (the controller site's agents.jsonl, when that is elsewhere; `_recorded_text`). A line that is
+    no agent record raises LaunchError, or, given `skipped`, is left out and said there (a stop stops every agent it
+    can read)."""
+    return agents_from_lines(_recorded_text(job_dir, problems), source=job_dir / AGENTS_FILE, skipped=skipped)
+
+
+def agents_and_latest_run(
+    job_dir: Path, problems: list[str], *, skipped: list[str]
+) -> tuple[list[AgentHandle], set[str] | None]:
+    """`all_recorded_agents` and `latest_run_names` from one reading of the records (a remote controller site's is
+    one SSH fetch): what `rlctl stop` stops, and which of them it lists."""
+    text = _recorded_text(job_dir, problems)
+    return agents_from_lines(text, source=job_dir / AGENTS_FILE, skipped=skipped), _run_names(text)
 
 
 def latest_run_names(job_dir: Path) -> set[str] | None:
@@ -977,11 +992,11 @@ def latest_run_names(job_dir: Path) -> set[str] | None:
     agents.jsonl, and on the controller's site where that keeps its own: the units its controller started on scale);
     None when none records a controller. A line that is no record is passed over (its readers say it). Not the
     handles' order: a name a later run records again keeps its first run's place among them."""
-    local = job_dir / AGENTS_FILE
-    text = local.read_text() if local.exists() else ""
-    with contextlib.suppress(LaunchError):  # a site that does not answer: the agents recorded here
-        if (view := record_view(job_dir)) is not None:
-            text += remote_agent_lines(job_dir, *view)
+    return _run_names(_recorded_text(job_dir, []))  # a site that does not answer: the agents recorded here
+
+
+def _run_names(text: str) -> set[str] | None:
+    """`latest_run_names` of the records' lines."""
     names: set[str] | None = None
     for line in text.splitlines():
         with contextlib.suppress(ValueError):

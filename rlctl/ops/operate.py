@@ -26,7 +26,13 @@ from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.stage import all_recorded_agents, fetch_record, latest_run_names, readable_agents, record_view
+from rlctl.launch.stage import (
+    agents_and_latest_run,
+    all_recorded_agents,
+    fetch_record,
+    readable_agents,
+    record_view,
+)
 from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.jobref import JobRef
@@ -269,10 +275,10 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     # stops those recorded here, and says so (sites.json cut short: no agent can be stopped, one error line)
     problems: list[str] = []
     skipped: list[str] = []  # lines of agents.jsonl that are no agent record: the agents read are stopped all the same
-    handles = [h for h in all_recorded_agents(jd.path, problems, skipped=skipped) if h.spec.name not in unsure]
+    recorded, this_run = agents_and_latest_run(jd.path, problems, skipped=skipped)
+    handles = [h for h in recorded if h.spec.name not in unsure]
     # every recorded agent is stopped (an orphan of an earlier run too); those listed as stopped are this run's and
     # those of an earlier run that still ran (or whose site did not say), not every unit any run ever had
-    this_run = latest_run_names(jd.path)
     earlier = [h for h in handles if this_run is not None and h.spec.name not in this_run]
     ran = _still_running(ref, earlier)
     sites = read_sites(jd.path)

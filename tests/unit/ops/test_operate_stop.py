@@ -21,7 +21,7 @@ from rlctl.commands import stop as stop_cli
 from rlctl.config import load_job
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError, Stopped
-from rlctl.launch import local
+from rlctl.launch import local, stage
 from rlctl.launch.backends import record_agent, write_sites
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir
@@ -423,7 +423,13 @@ def test_a_damaged_line_of_agents_jsonl_still_stops_the_units_recorded_on_the_co
     gone = {"pid": 2**22 + 1, "pgid": 2**22 + 1, "start_ticks": 1}  # past pid_max: names no process
     row |= {"ident": gone}
     agents.write_text('{"name": "rollout-1", "role": "roll\n' + json.dumps(row) + "\n")
+    fetched: list[Path] = []  # the controller site's record: one fetch (an SSH command on a remote site) per stop
+    real = stage.remote_agent_lines
+    monkeypatch.setattr(
+        stage, "remote_agent_lines", lambda job_dir, *view: fetched.append(job_dir) or real(job_dir, *view)
+    )
     out = operate.stop(ref, grace_s=2)
+    assert len(fetched) == 1  # it read it twice: once for the agents, once for which of them are this run's
     assert out["agents"] == ["rollout-0", "rollout-5"] and stranger.wait(timeout=5) == -signal.SIGTERM
     assert len(out["problems"]) == 1 and out["problems"][0].startswith(f"{agents}: line 1 is not valid JSON")
 
