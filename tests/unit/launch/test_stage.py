@@ -164,26 +164,36 @@ def test_an_ssh_site_is_staged_per_host_unless_its_hosts_share_the_work_root(tmp
 
 
 class _ShellRunner:
-    """Runs an SshFiles command script with bash here (the same script the SSH host runs), recording each
-    command's deadline; `hold_stdin` as SshRunner (invoke) holds it: the script's stdin open until it is set. Copies
-    as SFTP does: into `.part`, renamed once whole."""
+    """An SshRunner (invoke) whose commands run with bash here, the same script the SSH host runs: `stdin` written,
+    then held open until `hold_stdin` is set or the command ends; each line of stdout to `on_line` as it comes; each
+    command's deadline recorded. Copies as SFTP does: into `.part`, renamed once whole."""
 
-    where = "test-host"
+    def __init__(self, target: object = None) -> None:
+        self.where = "test-host"
+        self.deadlines: list[float | None] = []
 
-    def __init__(self) -> None:
-        self.deadlines: list[float] = []
-
-    def run(
-        self, script: str, *, timeout_s: float, stdin: str | None = None, hold_stdin: threading.Event | None = None
+    def run(  # type: ignore[no-untyped-def]
+        self, script: str, *, timeout_s: float | None, stdin: str | None = None, on_line=None, hold_stdin=None
     ) -> CommandResult:
         import subprocess
         import tempfile
 
         self.deadlines.append(timeout_s)
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(["bash", "-c", script], stdin=subprocess.PIPE, stdout=out, stderr=err)
-            assert proc.stdin is not None
-            proc.stdin.write((stdin or "").encode())
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(["bash", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                    text=True)  # fmt: skip
+            assert proc.stdin is not None and proc.stdout is not None
+            lines: list[str] = []
+
+            def read() -> None:
+                for line in proc.stdout:  # type: ignore[union-attr]
+                    lines.append(line)
+                    if on_line is not None:
+                        on_line(line.rstrip("\n"))
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            proc.stdin.write(stdin or "")
             proc.stdin.flush()
             while hold_stdin is not None and proc.poll() is None and not hold_stdin.wait(0.01):
                 pass
@@ -192,9 +202,9 @@ class _ShellRunner:
                 proc.wait(timeout_s)
             finally:
                 proc.kill()
-            out.seek(0)
+            reader.join()
             err.seek(0)
-            return CommandResult(proc.returncode, out.read().decode(), err.read().decode())
+            return CommandResult(proc.returncode, "".join(lines), err.read().decode())
 
     def put(self, local: Path, remote: str, *, progress=None, resume: bool = False) -> int:  # type: ignore[no-untyped-def]
         os.replace(shutil.copy(local, remote + ".part"), remote)
@@ -627,50 +637,6 @@ def test_a_launch_stopped_while_a_host_hashes_what_it_staged_stops_the_hash_ther
     assert staged["far"]["copied"] == {"localhost": 0}  # hashed whole there: nothing copied again
 
 
-class _ShellSsh:
-    """An SshRunner whose commands run with bash here, as invoke runs them there: `stdin` written, then held open
-    until `hold_stdin` is set or the command ends; each line of stdout to `on_line` as it comes."""
-
-    def __init__(self, target: object = None) -> None:
-        self.where = "test-host"
-
-    def run(  # type: ignore[no-untyped-def]
-        self, script: str, *, timeout_s: float | None, stdin: str | None = None, on_line=None, hold_stdin=None
-    ) -> CommandResult:
-        import subprocess
-        import tempfile
-
-        with tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(["bash", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                    text=True)  # fmt: skip
-            assert proc.stdin is not None and proc.stdout is not None
-            lines: list[str] = []
-
-            def read() -> None:
-                for line in proc.stdout:  # type: ignore[union-attr]
-                    lines.append(line)
-                    if on_line is not None:
-                        on_line(line.rstrip("\n"))
-
-            reader = threading.Thread(target=read)
-            reader.start()
-            proc.stdin.write(stdin or "")
-            proc.stdin.flush()
-            while hold_stdin is not None and proc.poll() is None and not hold_stdin.wait(0.01):
-                pass
-            proc.stdin.close()
-            try:
-                proc.wait(timeout_s)
-            finally:
-                proc.kill()
-            reader.join()
-            err.seek(0)
-            return CommandResult(proc.returncode, "".join(lines), err.read().decode())
-
-    def close(self) -> None:
-        pass
-
-
 def test_a_launch_stopped_while_hosts_fetch_from_the_seed_stops_the_fetches_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ctrl_c_raises: None
 ) -> None:
@@ -694,7 +660,7 @@ def test_a_launch_stopped_while_hosts_fetch_from_the_seed_stops_the_fetches_ther
     weights = "model/init/model.safetensors"
     want = {weights: FileState(stage.FANOUT_MIN_BYTES, "ab" * 32, 0o644)}
     views = [stage._View(f"h20-0{i}", None, str(tmp_path / f"h{i}"), {}, [weights]) for i in (1, 2, 3)]  # type: ignore[arg-type]
-    monkeypatch.setattr(stage, "SshRunner", _ShellSsh)
+    monkeypatch.setattr(stage, "SshRunner", _ShellRunner)
     monkeypatch.setattr(stage, "_clear_stale", lambda site, v, names: None)
     monkeypatch.setattr(stage, "_copy", lambda name, src, v, names, want, progress: None)  # the seed's: done
     done = threading.Event()
