@@ -5,7 +5,6 @@ is still told to stop."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,64 +13,22 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.ledger import State
-from rlctl.agents.messages import Hello, make
+from rlctl.agents.messages import make
 from rlctl.agents.views import agent_gauges, status
 from rlctl.commands.status import gone_line
-from rlctl.config.job import JobFile
 from rlctl.errors import PeerClosed
-from rlctl.launch.jobdir import JobDir
-from rlctl.transport import Connection, InprocTransport
+from tests.unit.controller_harness import HandledController, small_job
 
 
-def _job() -> JobFile:
-    return JobFile.model_validate(
-        {
-            "apiVersion": "rlctl/v1",
-            "kind": "Job",
-            "name": "gone",
-            "inventory": ["x.yaml"],
-            "model": {"kind": "builtin", "name": "tiny-demo"},
-            "task": {"kind": "digits", "median_output_tokens": 6, "max_output_tokens": 16},
-            "iterations": 6,
-            "batch": {"prompts_per_iteration": 2, "samples_per_prompt": 2, "train_micro_batch_samples": 2},
-            "pipeline": {"mode": "async"},
-            "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": 2}]},
-            "transport": {"kind": "inproc", "timeout_s": 5},
-            "warmup": {"sft_steps": 0},
-        }
-    )
-
-
-class Running:
-    """A controller mid-job, its loop not running (the test hands it each event): the trainer, two rollout units and
-    a client joined through the real handshake."""
+class Running(HandledController):
+    """`HandledController` of a 6-iteration job, with what these tests do to it."""
 
     def __init__(self, root: Path, name: str) -> None:
-        job = _job()
-        self.jd = JobDir.create("gone", explicit=root / "job")
-        self.jd.write_job(job, source="test")
-        self.jd.write_json(self.jd.plan_json, {"rollout": [{"site": "local", "units": 2}]})
-        self.transport = InprocTransport(secret=self.jd.secret())
-        self.ctl = ControllerAgent(self.jd, job, self.transport, listen=f"inproc://{name}")
-        self.ends: dict[str, Connection] = {}
-        for agent in ("trainer-0", "rollout-0", "rollout-1", "client-0"):
-            self.ends[agent] = self.hello(agent)
+        super().__init__(root, small_job("gone", iterations=6), listen=f"inproc://{name}")
 
-    def hello(self, name: str) -> Connection:
-        """Agent `name` (its role: the name's first word) connects and says hello; the controller handles every
-        event up to and with that hello (the ends of connections it closed before, too)."""
-        end = self.transport.connect(self.ctl.listener.address, timeout_s=5)
-        end.send(make("hello", Hello(role=name.split("-")[0], name=name, address=f"inproc://{name}", weights="w")))
-        while True:
-            what, who, payload = self.ctl.inbox.get(timeout=10)
-            self.ctl._handle(what, who, payload)
-            if what == "hello":
-                return end
-
-    def feed(self, who: str, kind: str, header: dict[str, Any], tensors: list[torch.Tensor] | None = None) -> None:
-        self.ctl._handle("msg", who, (make(kind, header, tensors or []), time.monotonic()))
+    def tell(self, who: str, kind: str, header: dict[str, Any], tensors: list[torch.Tensor] | None = None) -> None:
+        self.feed(who, make(kind, header, tensors or []))
 
     def lose(self, name: str) -> None:
         """`name`'s connection ended in order (its process ended)."""
@@ -89,7 +46,7 @@ class Running:
             tensors = [torch.zeros(2, dtype=torch.int32), torch.zeros(2)]
             version = self.ctl.core.units[str(e.agent)].version
             header = {"sample_id": e.sample_id, "version": version, "finish_reason": "eos", "num_output_tokens": 2}
-            self.feed(str(e.agent), "sample", header, tensors)
+            self.tell(str(e.agent), "sample", header, tensors)
         it = self.ctl.core.trainer_version
         ids = sorted(
             e.sample_id
@@ -107,17 +64,11 @@ class Running:
             "staleness_violations": 0,
             "busy_s": 0.1,
         }
-        self.feed("trainer-0", "trained", trained)
+        self.tell("trainer-0", "trained", trained)
         assert self.ctl.core.trainer_version == it + 1, self.ctl.core.failed
         for u in self.ctl.core.live_units:
-            self.feed(u.name, "weights_applied", {"version": it + 1})
+            self.tell(u.name, "weights_applied", {"version": it + 1})
         return self.jd.read_lines(self.jd.metrics)[-1]
-
-    def close(self) -> None:
-        for end in self.ends.values():
-            end.close()
-        self.ctl.listener.close()
-        threading.Thread(target=self.ctl.metrics.close, daemon=True).start()  # (its poll interval: not waited for)
 
 
 @pytest.fixture
@@ -135,7 +86,7 @@ def _series(r: Running, name: str) -> list[str]:
 def test_a_lost_unit_leaves_the_peers_and_the_status_list_after_the_row_that_lists_it(running: Running) -> None:
     r = running
     r.train()  # a row with rollout-1 running
-    r.feed("rollout-1", "heartbeat", {"name": "rollout-1", "state": "running", "busy_s": 2.5})
+    r.tell("rollout-1", "heartbeat", {"name": "rollout-1", "state": "running", "busy_s": 2.5})
     r.lose("rollout-1")
     row = r.train()
     assert row["agents"]["rollout-1"]["state"] == "lost"  # once, in the first row after it went
@@ -158,10 +109,10 @@ def test_a_lost_unit_leaves_the_peers_and_the_status_list_after_the_row_that_lis
 def test_a_stopped_unit_leaves_the_peers_and_joins_again_under_its_name(running: Running) -> None:
     r = running
     r.train()
-    r.feed("client-0", "scale", {"delta": -1})  # rollout-1 drains: told to stop once its samples are in
+    r.tell("client-0", "scale", {"delta": -1})  # rollout-1 drains: told to stop once its samples are in
     r.train()
     assert not r.ctl.core.units["rollout-1"].alive
-    r.feed("rollout-1", "bye", {"name": "rollout-1", "state": "stopped"})
+    r.tell("rollout-1", "bye", {"name": "rollout-1", "state": "stopped"})
     assert r.train()["agents"]["rollout-1"]["state"] == "stopped"
     assert "rollout-1" not in r.ctl.peers
     assert status(r.ctl.snapshot(), now=time.monotonic())["agents_gone"] == {"lost": 0, "stopped": 1}

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,15 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlctl.agents import controller, messages
-from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.ledger import State
-from rlctl.agents.messages import TO_CONTROLLER, Hello, check, make
-from rlctl.config.job import JobFile
+from rlctl.agents.messages import TO_CONTROLLER, check, make
 from rlctl.errors import PeerClosed, ProtocolError
-from rlctl.launch.jobdir import JobDir
-from rlctl.transport import InprocTransport, Message
+from rlctl.transport import Message
+from tests.unit.controller_harness import PEERS, HandledController, small_job
 
-PEERS = ("trainer-0", "rollout-0", "rollout-1", "client-0")
 IDS = st.sampled_from(["", "s", "x", "p0", "it0-p0-s0", "it0-p0-s1", "it1-p1-s0", "rollout-0", "trainer-0"])
 INTS = st.integers(0, 6) | st.sampled_from([2**31, 2**63 - 1])
 FLOATS = st.floats(allow_nan=True, allow_infinity=True)
@@ -105,61 +100,11 @@ MESSAGES = st.lists(
 )
 
 
-def _job() -> JobFile:
-    return JobFile.model_validate(
-        {
-            "apiVersion": "rlctl/v1",
-            "kind": "Job",
-            "name": "fuzz",
-            "inventory": ["x.yaml"],
-            "model": {"kind": "builtin", "name": "tiny-demo"},
-            "task": {"kind": "digits", "median_output_tokens": 6, "max_output_tokens": 16},
-            "iterations": 3,
-            "batch": {"prompts_per_iteration": 2, "samples_per_prompt": 2, "train_micro_batch_samples": 2},
-            "pipeline": {"mode": "async"},
-            "placement": {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": 2}]},
-            "transport": {"kind": "inproc", "timeout_s": 5},
-            "warmup": {"sft_steps": 0},
-        }
-    )
-
-
-class Running:
-    """A controller mid-job: the trainer, two rollout units and a client joined through the real handshake."""
+class Running(HandledController):
+    """`HandledController` of a 3-iteration job, the `n`-th of its test."""
 
     def __init__(self, root: Path, n: int) -> None:
-        job = _job()
-        self.jd = JobDir.create("fuzz", explicit=root / f"job-{n}")
-        self.jd.write_job(job, source="test")
-        self.jd.write_json(self.jd.plan_json, {"rollout": [{"site": "local", "units": 2}]})
-        self.transport = InprocTransport(secret=self.jd.secret())
-        self.ctl = ControllerAgent(self.jd, job, self.transport, listen=f"inproc://controller-fuzz-{n}")
-        self.ends = []
-        for name in PEERS:
-            role = name.split("-")[0]
-            end = self.transport.connect(self.ctl.listener.address, timeout_s=5)
-            end.send(make("hello", Hello(role=role, name=name, address=f"inproc://{name}", weights=f"w-{name}")))
-            what, conn, hello = self.ctl.inbox.get(timeout=5)
-            self.ctl._handle(what, conn, hello)
-            self.ends.append(end)
-
-    def feed(self, who: str, msg: Message) -> None:
-        self.ctl._handle("msg", who, (msg, time.monotonic()))
-
-    def drain(self) -> None:
-        """What the peers' readers queued (their messages were fed directly): discarded."""
-        while True:
-            try:
-                self.ctl.inbox.get_nowait()
-            except queue.Empty:
-                return
-
-    def close(self) -> None:
-        for end in self.ends:
-            end.close()
-        self.ctl.listener.close()
-        # its /metrics server stops within its poll interval (0.5 s): not waited for, one per example
-        threading.Thread(target=self.ctl.metrics.close, daemon=True).start()
+        super().__init__(root / f"{n}", small_job("fuzz", iterations=3), listen=f"inproc://controller-fuzz-{n}")
 
 
 @pytest.fixture
@@ -269,9 +214,9 @@ def _stop_with(r: Running, trainer_says: list[Message]) -> None:
     r.feed("client-0", make("shutdown", {"grace_s": 60.0}))
     assert r.ctl.stop_requested  # (the loop ends here: `run`)
     for msg in trainer_says:
-        r.ends[0].send(msg)
-    for end, name in zip(r.ends[1:3], PEERS[1:3], strict=True):
-        end.send(make("bye", {"name": name, "state": "stopped"}))
+        r.ends["trainer-0"].send(msg)
+    for name in PEERS[1:3]:
+        r.ends[name].send(make("bye", {"name": name, "state": "stopped"}))
     r.ctl._shutdown()
 
 
