@@ -369,7 +369,7 @@ async def _create_endpoint(host: str, port: int, timeout_s: float) -> Any:
     try:
         try:
             exchange = exchange_peer_info(endpoint=ucx_ep, msg_tag=msg_tag, listener=False, connect_timeout=timeout_s)
-            peer = await _unless_endpoint_fails(ucx_ep, exchange)
+            peer = await _unless_endpoint_fails(ucx_ep, exchange, timeout_s)
         except UCXMessageTruncatedError:
             ucx_ep.raise_on_error()  # the peer closed during the exchange: its endpoint error, when there is one
             raise
@@ -383,15 +383,20 @@ async def _create_endpoint(host: str, port: int, timeout_s: float) -> Any:
 _EP_ERROR_POLL_S = 0.025  # how often a connect's peer-info exchange looks for its endpoint's error
 
 
-async def _unless_endpoint_fails(ucx_ep: Any, exchange: Coroutine[Any, Any, T]) -> T:
-    """`exchange` (ucxx's peer-info exchange), ended with the endpoint's error as soon as UCX reports one. Its stream
-    receive is not ended by that error, most times (a refused connect: UCX reports it within ms, and the receive stays
-    in progress, even after the endpoint is closed), so a connect to a closed port waited out its whole timeout. It is
-    ended as its own timeout ends it, by cancelling the wait (the endpoint has failed: nothing can arrive into it)."""
+async def _unless_endpoint_fails(ucx_ep: Any, exchange: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    """`exchange` (ucxx's peer-info exchange), ended with the endpoint's error as soon as UCX reports one, or with
+    TimeoutError after `timeout_s` in all (ucxx bounds its send and its receive by the timeout each: up to twice it).
+    Its stream receive is not ended by that error, most times (a refused connect: UCX reports it within ms, and the
+    receive stays in progress, even after the endpoint is closed), so a connect to a closed port waited out its whole
+    timeout. It is ended as its own timeout ends it, by cancelling the wait (the endpoint has failed: nothing can
+    arrive into it)."""
     task = asyncio.ensure_future(exchange)
+    deadline = time.monotonic() + timeout_s
     try:
         while not (await asyncio.wait({task}, timeout=_EP_ERROR_POLL_S))[0]:
             ucx_ep.raise_on_error()
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"peer-info exchange took over {timeout_s:g}s")
         return task.result()
     finally:
         if not task.done():

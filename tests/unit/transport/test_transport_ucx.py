@@ -297,3 +297,28 @@ def test_connects_to_a_closed_port_fail_as_unreachable_without_waiting_out_their
         took = time.monotonic() - started
         assert str(e.value).startswith(f"{address}: connect failed"), e.value
         assert took < timeout_s / 2, (took, e.value)
+
+
+def test_the_peer_info_exchange_of_a_connect_has_one_deadline() -> None:
+    """ucxx bounds the exchange's send and its receive by the connect's timeout each: a peer slow at both held a
+    connect up to twice its timeout. The exchange now ends at the timeout in all (TimeoutError: PeerTimeout)."""
+    from rlctl.transport import ucx
+
+    class Healthy:
+        def raise_on_error(self) -> None:
+            pass
+
+    async def slow_exchange() -> dict[str, int]:  # a send, then a receive, each just within the timeout
+        await asyncio.sleep(0.4)
+        await asyncio.sleep(0.4)
+        return {"msg_tag": 1}
+
+    async def go() -> float:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await ucx._unless_endpoint_fails(Healthy(), slow_exchange(), 0.5)
+        return time.monotonic() - t0
+
+    took = asyncio.run(go())
+    assert 0.5 <= took < 0.75, took
+    assert asyncio.run(ucx._unless_endpoint_fails(Healthy(), slow_exchange(), 5.0)) == {"msg_tag": 1}
