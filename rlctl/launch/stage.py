@@ -377,6 +377,8 @@ def _fan_out(
             try:
                 copy.result()
             except BaseException:
+                if progress is not None:  # first (as `_pool` would next): a fetch the seed's stop ends is stopped,
+                    progress.stop()  # not a failed fetch, a warning per host of a launch the operator stopped
                 for server in servers.values():  # the fetches waiting on the seed's files end now
                     server.stop()
                 raise

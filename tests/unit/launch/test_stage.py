@@ -684,6 +684,47 @@ def test_a_launch_stopped_while_hosts_fetch_from_the_seed_stops_the_fetches_ther
     assert sorted(marks.read_text().split()) == ["fetching", "fetching", "killed", "killed", "served"]
 
 
+def test_a_launch_stopped_during_the_seeds_copy_logs_no_failed_fetch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stop while the seed copies the model and the other hosts wait on it: the seed's server was stopped first,
+    its fetches ended with "the seed is stopping", and each logged "fetch from … failed" (a warning per host on a
+    launch the operator stopped). Now the staging stops first, so each fetch ends as stopped, in silence."""
+    marks = tmp_path / "marks"
+    python = tmp_path / "python"  # `serve` tells its fetches it stops when its stdin ends, and waits for them
+    python.write_text(
+        f"#!/bin/bash\ncase $3 in\n"
+        f'serve) echo \'{{"listening": "tcp://h20-01:1"}}\'; cat >/dev/null; touch {tmp_path}/seed-stops\n'
+        f"  for i in $(seq 500); do [ $(grep -c ended {marks}) -ge 2 ] && break; sleep 0.01; done ;;\n"
+        f"fetch) cat >/dev/null; echo fetching >> {marks}\n"
+        f"  trap 'echo ended >> {marks}; exit 143' TERM\n"
+        f"  while [ ! -e {tmp_path}/seed-stops ]; do sleep 0.01; done\n"
+        f'  echo \'{{"error": "the seed is stopping"}}\'; echo ended >> {marks}; exit 1 ;;\nesac\n'
+    )
+    python.chmod(0o755)
+    site = Site.model_validate({"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "python": str(python),
+                                "nodes": [{"host": "h20-[01-03]", "gpus": 8}]})  # fmt: skip
+    weights = "model/init/model.safetensors"
+    want = {weights: FileState(stage.FANOUT_MIN_BYTES, "ab" * 32, 0o644)}
+    views = [stage._View(f"h20-0{i}", None, str(tmp_path / f"h{i}"), {}, [weights]) for i in (1, 2, 3)]  # type: ignore[arg-type]
+
+    def seed_copy(name: str, src: Path, v: object, names: list[str], want: object, progress: object) -> None:
+        if not names:  # the small files: none here
+            return
+        while not (marks.exists() and marks.read_text().split().count("fetching") == 2):
+            threading.Event().wait(0.01)
+        raise sitefs.StagingStopped("stopped")  # the seed's copy of the model: the operator stops the launch meanwhile
+
+    monkeypatch.setattr(stage, "SshRunner", _ShellRunner)
+    monkeypatch.setattr(stage, "_clear_stale", lambda site, v, names: None)
+    monkeypatch.setattr(stage, "_copy", seed_copy)
+    progress = stage.StagingProgress("h20", lambda line: None)
+    with caplog.at_level("WARNING", logger=stage.__name__), pytest.raises(sitefs.StagingStopped):
+        stage._fan_out("h20", site, tmp_path, views, stage._fanned(views, want), want, progress)
+    assert marks.read_text().split().count("ended") == 2
+    assert [r.getMessage() for r in caplog.records] == []
+
+
 def test_a_local_views_checksums_stop_once_the_launch_does(tmp_path: Path) -> None:
     """A site job dir on this machine (a work root on NFS) is hashed here, a MiB at a time: a stopped launch's
     checksum ends at its next MiB, not at the end of a model's shard."""
