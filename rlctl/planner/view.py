@@ -18,7 +18,7 @@ def _add_unit(rb: dict[str, Any]) -> str:
     job turns it on (it measures δ over its window first), else the operator."""
     if rb.get("auto"):
         return "one more pays (δ ≥ δ'): the controller's rule (rebalance.auto) adds it once it measures the same"
-    return "one more pays (δ ≥ δ'): `rlctl scale JOB +1` during the run, or rebalance.auto: true"
+    return "one more pays (δ ≥ δ'): `rlctl scale JOB --rollout +1` during the run, or rebalance.auto: true"
 
 
 def plan_table(p: dict[str, Any]) -> str:

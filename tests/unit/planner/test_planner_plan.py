@@ -22,6 +22,7 @@ from rlctl.planner.curves import units_that_fit
 from rlctl.planner.plan import PlanOptions, make_plan
 from rlctl.planner.simjob import simulate_job
 from rlctl.planner.view import plan_table
+from tests.conftest import run_cli
 
 OPTS = PlanOptions(sim_iterations=2)
 
@@ -283,7 +284,11 @@ def test_in_async_the_rebalance_advice_prices_one_more_unit_on_the_simulated_ite
     assert rb["delta_s"] == pytest.approx(pr["iteration_s"]["async"] - pr["t_train_s"])
     assert 0 < rb["delta_prime_s"] <= rb["delta_s"] and rb["add_unit"]  # 2 H20s cannot keep up with the trainer
     # the table says who adds it (it said "add one now", though the plan had just chosen its units)
-    assert "one more pays (δ ≥ δ'): `rlctl scale JOB +1` during the run, or rebalance.auto: true" in plan_table(few)
+    table = plan_table(few)
+    assert "one more pays (δ ≥ δ'): `rlctl scale JOB --rollout +1` during the run, or rebalance.auto: true" in table
+    args = table.split("`rlctl ", 1)[1].split("`", 1)[0].replace("JOB", "no-such-job").split()
+    said = run_cli(*args).stderr  # the command as printed parses (it said `scale JOB +1`, which does not)
+    assert said.startswith("rlctl: error: no job 'no-such-job' in the index"), said
     auto = _edit(write_job(tmp_path, rollout=[{"site": "r20", "gpus": 2}], links=LINKS), _rebalance_auto)
     few = make_plan(load_job(auto), options=OPTS)
     assert few["rebalance"]["auto"] and "the controller's rule (rebalance.auto) adds it" in plan_table(few)
