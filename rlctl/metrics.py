@@ -76,8 +76,12 @@ class JobMetrics:
         self.rebalance_threshold_seconds = Gauge(
             "rlctl_rebalance_threshold_seconds", "delta': generation time saved by one more rollout unit", registry=r
         )
-        self.samples_per_second = Gauge("rlctl_throughput_samples_per_second", "Trained samples per second", registry=r)
-        self.tokens_per_second = Gauge("rlctl_throughput_tokens_per_second", "Generated tokens per second", registry=r)
+        self.samples_per_second = Gauge(
+            "rlctl_throughput_samples_per_second", "Trained samples per second, the last 20 iterations", registry=r
+        )
+        self.tokens_per_second = Gauge(
+            "rlctl_throughput_tokens_per_second", "Generated tokens per second, the last 20 iterations", registry=r
+        )
         self.samples_total = Counter(
             "rlctl_ledger_samples_total", "Samples by ledger transition", ["state"], registry=r
         )

@@ -981,7 +981,7 @@ class ControllerAgent:
         if t.checkpointing:
             self._checkpoint_due(t.version)
         self._send(outs)
-        iteration_gauges(self.metrics, row, t, self.core.stats[t.iteration])
+        iteration_gauges(self.metrics, row, t, self.core.stats[t.iteration], self.rows)
         self.book.published(t.version, time.monotonic())
         self.jobdir.event("trained", iteration=t.iteration, version=t.version)
 

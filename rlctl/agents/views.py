@@ -209,8 +209,9 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "figures_age_s": None
         if last_trained is None or last_trained.trained_at is None
         else round(now - last_trained.trained_at, 2),
-        "samples_per_s": last.get("samples_per_s"),
-        "tokens_per_s": last.get("tokens_per_s"),
+        # over the last iterations (`RowBook.rate`): one async iteration's own is a burst
+        "samples_per_s": s.rows.rate("samples_per_s"),
+        "tokens_per_s": s.rows.rate("tokens_per_s"),
         "queue_depth": len(core.ledger.in_state(State.QUEUED, iteration=core.trainer_version)),
         "staleness_violations": s.violations,
         "elapsed_s": round(now - s.t_start, 2),
@@ -433,16 +434,17 @@ def forget_agent_gauges(m: JobMetrics, p: AgentRecord, sites: Mapping[str, str])
         gauge.remove(*labels)
 
 
-def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: IterationStats) -> None:
-    """The figures of trained iteration `t` (its metrics `row`, its `stats` in the core)."""
+def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: IterationStats, rows: RowBook) -> None:
+    """The figures of trained iteration `t` (its metrics `row`, its `stats` in the core); the rates over the last
+    iterations (`rows`, which hold `row`)."""
     m.iteration.set(t.iteration)
     m.last_trained.set(row["t"])
     m.generation_seconds.set(row["t_gen_s"])
     m.training_seconds.set(row["t_train_s"])
     m.trainer_wait_seconds.set(row["trainer_wait_s"])
     m.imbalance_seconds.set(row["delta_s"])
-    m.samples_per_second.set(row["samples_per_s"])
-    m.tokens_per_second.set(row["tokens_per_s"])
+    m.samples_per_second.set(rows.rate("samples_per_s") or 0.0)
+    m.tokens_per_second.set(rows.rate("tokens_per_s") or 0.0)
     m.reward_mean.set(t.reward_mean)
     m.grad_norm.set(t.grad_norm)
     if t.skipped:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
+import pytest
 
 from rlctl.agents.core import ControllerCore, CoreConfig, IterationStats, Out, PromptSpec
 from rlctl.agents.ledger import State
@@ -483,13 +484,14 @@ def test_the_gauges_of_a_trained_iteration_and_of_the_agents():
     core, t, _ = _one_iteration()
     m = JobMetrics()
     row = metrics_row(_snapshot(core, []), msgspec.structs.replace(t, skipped=True), wall_time=1234.5)
-    iteration_gauges(m, row, msgspec.structs.replace(t, skipped=True), core.stats[0])
+    iteration_gauges(m, row, msgspec.structs.replace(t, skipped=True), core.stats[0], RowBook([row]))
     snap = _snapshot(core, [row])
     snap.peers["r0"].figures = Heartbeat(name="r0", state="running", phase="weight load", phase_s=7.5)
     agent_gauges(m, core, snap.peers, snap.sites, now=110.0)
     value = m.registry.get_sample_value
     assert value("rlctl_job_last_trained_timestamp_seconds") == 1234.5
     assert value("rlctl_train_skipped_steps_total") == 1.0
+    assert value("rlctl_throughput_samples_per_second") == row["samples_per_s"]  # one row: its own
     assert value("rlctl_agent_phase_seconds", {"role": "rollout", "name": "r0", "site": "b"}) == 7.5
     assert value("rlctl_agent_phase_seconds", {"role": "trainer", "name": "trainer-0", "site": "a"}) == 0.0
 
@@ -545,3 +547,25 @@ def test_the_queue_gauge_counts_prompts_of_every_iteration_and_a_site_without_un
     prompts = {e.prompt_id for e in queued}
     assert len({e.iteration for e in queued}) > 1 and len(queued) > len(prompts)  # several iterations, 4 samples each
     assert value("rlctl_queue_prompts") == len(prompts)
+
+
+def test_the_throughput_status_and_the_gauges_show_is_the_last_iterations_not_one_bursts():
+    """Async iterations end in bursts: one took 10 s for 16 samples, the next ended 4 ms after it (4,000 samples/s
+    in its row). status and /metrics showed the last row's figure (603.8 samples/s where the run did 60); now the
+    last PACE_ROWS rows': their samples over the time they took."""
+    rows = [{"reward_mean": 0.0, "t_gen_s": 0.0, "t_train_s": 0.0, "delta_s": 0.0, "staleness": {}, "wall_s": 10.0 * i,
+             "period_s": p, "samples_per_s": round(16 / p, 2), "tokens_per_s": round(160 / p, 1)}
+            for i, p in enumerate([10.0, 9.996, 0.004], 1)]  # fmt: skip
+    book = RowBook(rows)
+    assert rows[-1]["samples_per_s"] == 4000.0
+    assert book.rate("samples_per_s") == pytest.approx(48 / 20.0, abs=0.01)  # 48 samples in 20 s
+    assert book.rate("tokens_per_s") == pytest.approx(480 / 20.0, abs=0.1)
+    assert RowBook().rate("samples_per_s") is None
+    core, t, _ = _one_iteration()
+    row = metrics_row(_snapshot(core, []), t, wall_time=1234.5)
+    burst = [{**row, **r} for r in rows]
+    st = status(_snapshot(core, burst), now=130.0)
+    assert (st["samples_per_s"], st["tokens_per_s"]) == (book.rate("samples_per_s"), book.rate("tokens_per_s"))
+    m = JobMetrics()
+    iteration_gauges(m, burst[-1], t, core.stats[0], RowBook(burst))
+    assert m.registry.get_sample_value("rlctl_throughput_samples_per_second") == book.rate("samples_per_s")
