@@ -46,7 +46,7 @@ from rlctl.planner.sim import (
 from rlctl.planner.simjob import MODES, EngineSpec, IterationWork, Mode, UnitShare, simulate_job, weight_transfer_s
 from rlctl.planner.split import shard_trainer, split_refusal
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths
-from rlctl.profiler.analytical import analytical_profile, training_entry
+from rlctl.profiler.analytical import TP_DEGREES, analytical_profile, training_entry
 from rlctl.profiler.profile import ProfileFile, SiteProfile
 from rlctl.profiler.traincost import (
     TrainingPasses,
@@ -107,7 +107,7 @@ def profile_for(
             algorithm=job.spec.algorithm.kind,
             passes=passes_for(job.spec.algorithm, trainer),
         )
-        return _with_job_split(job, prof, trainer=trainer)
+        return _with_job_splits(job, prof, trainer=trainer)
     if profile.algorithm != job.spec.algorithm.kind:  # the trained models, hence the memory, differ
         raise ConfigError(
             profile_file,
@@ -134,26 +134,39 @@ def profile_for(
     return profile
 
 
-def _with_job_split(job: Job, prof: ProfileFile, *, trainer: TrainingPasses | None) -> ProfileFile:
-    """The roofline with an entry at the job's trainer split where its grid has none (pp 3 of a 3-layer model: the
-    grid's pp are powers of two), so a split the backend runs is priced rather than taken for one that does not fit."""
+def _with_job_splits(job: Job, prof: ProfileFile, *, trainer: TrainingPasses | None) -> ProfileFile:
+    """The roofline with entries at the trainer splits the job may run that its grid lacks (the grid's pp are powers
+    of two), so a split the backend runs is priced rather than taken for one that does not fit: the job's own
+    (pp 3 of a 3-layer model), or, for a megatron trainer of a fixed GPU count, every tp × pp dividing that count
+    whose pp divides the layers (7 GPUs of a 28-layer model: pp 7)."""
     spec = job.spec
-    if (split := spec.trainer.model_split) is None:
-        return prof
     t_site = spec.placement.trainer.site
     mine = prof.sites[t_site]
-    if split in {(e.tp, e.pp) for e in mine.training}:
+    have = {(e.tp, e.pp) for e in mine.training}
+    gpus = spec.placement.trainer.gpus
+    arch = spec.model.arch
+    if (split := spec.trainer.model_split) is not None:
+        splits = [split]
+    elif spec.trainer.backend == "megatron" and gpus != "auto":
+        per_node = job.inventory.sites[t_site].gpus_per_node
+        splits = [
+            (tp, pp)
+            for tp in TP_DEGREES
+            if tp <= per_node
+            for pp in range(1, arch.layers + 1)
+            if int(gpus) % (tp * pp) == 0 and split_refusal(arch, "megatron", tp=tp, pp=pp) is None
+        ]
+    else:
         return prof
-    tp, pp = split
-    extra = training_entry(
-        spec.model.arch,
-        job.inventory.sites[t_site].spec,
-        tp=tp,
-        pp=pp,
-        algorithm=spec.algorithm.kind,
-        passes=passes_for(spec.algorithm, trainer),
-    )
-    only = mine.model_copy(update={"training": [*mine.training, extra]})
+    gpu, passes = job.inventory.sites[t_site].spec, passes_for(spec.algorithm, trainer)
+    extra = [
+        training_entry(arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
+        for tp, pp in splits
+        if (tp, pp) not in have
+    ]
+    if not extra:
+        return prof
+    only = mine.model_copy(update={"training": [*mine.training, *extra]})
     return prof.model_copy(update={"sites": {**prof.sites, t_site: only}})
 
 
@@ -328,11 +341,22 @@ def _trainer_curve(
     if not np.isfinite(tcurve.seconds).any():
         tp_pp = split or ((1, 1) if backend != "megatron" else None)
         asked = f" at tp {tp_pp[0]} pp {tp_pp[1]}" if tp_pp else " at any tp × pp"
-        raise PlanError(
-            f"site {t_site!r}: {prof.model.arch.name} training state does not fit in {t_fixed or site.total_gpus} × "
-            f"{prof.sites[t_site].gpu}{asked}{_rank_state(job, tw)}",
-            hint="add GPUs to the trainer site" + (", or change trainer.tensor_parallel" if split else ""),
+        why = (
+            f"{prof.model.arch.name} training state does not fit in {t_fixed or site.total_gpus} × "
+            f"{prof.sites[t_site].gpu}{asked}{_rank_state(job, tw, gpus=t_fixed or site.total_gpus)}"
         )
+        if backend != "megatron" and not tw.shards_state:  # no GPU count helps: the job's choice not to shard
+            raise ConfigError(
+                str(job.path), "trainer.shard", f"'none': {why}", hint="'auto': FSDP2 divides it over the ranks"
+            )
+        more = "more GPUs (placement.trainer.gpus)" if t_fixed is not None else "more GPUs on the trainer site"
+        if backend == "megatron" and split:
+            hint = more + ", or another trainer.tensor_parallel / pipeline_parallel"
+        else:
+            hint = more
+        if t_fixed is not None:  # the job's count: a field of its file
+            raise ConfigError(str(job.path), "placement.trainer.gpus", f"{t_fixed}: {why}", hint=hint)
+        raise PlanError(f"site {t_site!r}: {why}", hint=hint)
     if t_fixed is None:
         return tcurve, None
     # every point holds exactly the fixed count; a later one a faster split whose tp groups pass over more
@@ -342,14 +366,16 @@ def _trainer_curve(
     return tcurve, int(np.argmin(tcurve.seconds))
 
 
-def _rank_state(job: Job, tw: TrainWorkload) -> str:
+def _rank_state(job: Job, tw: TrainWorkload, *, gpus: int) -> str:
     """Why a rank holds its whole state, where it does (`costs.shards_state`): the memory the planner priced a
-    trainer rank at, said where no layout fits."""
+    trainer rank at, said where no layout fits on `gpus` GPUs."""
+    if tw.shards_state and gpus == 1:
+        return " (one rank holds its whole state: FSDP2 shards it over 2 or more)"
     if tw.shards_state:
         return " (FSDP2 over every trainer GPU: weights, gradients and optimizer state sharded)"
     if job.spec.trainer.backend == "megatron":
         return " (the megatron trainer has no distributed optimizer: every rank holds its tp × pp shard's whole state)"
-    return " (trainer.shard 'none': every rank holds its whole state; 'auto' shards it with FSDP2)"
+    return " (every rank holds its whole state)"
 
 
 def make_plan(

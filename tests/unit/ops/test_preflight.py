@@ -117,6 +117,32 @@ def test_the_trainer_split_the_plan_chooses_is_one_the_backend_runs(tmp_path: Pa
         assert p.hint is not None and "trainer.tensor_parallel" in p.hint
 
 
+def test_a_fixed_trainer_count_is_planned_at_every_split_that_divides_it_or_refused_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    """7 H800s for a megatron 7B trainer: the roofline grid's pp are powers of two, and the plan said "training state
+    does not fit in 7 × H800 at any tp × pp" (exit 1; check blamed the rollout's `auto`), though pp 7 divides the 28
+    layers and fits. A count no split fits is the job's field, exit 2: `placement.trainer.gpus` (more GPUs help),
+    or `trainer.shard` for a torch trainer told not to shard (no count helps)."""
+    job = gpu_job(tmp_path, trainer_gpus=7, backend="megatron")
+    assert counts.plan_counts(job, job.spec)["trainer"]["parallel"] == {"tp": 1, "pp": 7, "dp": 1}
+    assert refused(job, "placement.trainer.gpus") == [] and refused(job, "placement.rollout[0].gpus") == []
+    one = gpu_job(tmp_path, trainer_gpus=1, backend="torch")
+    line = only_line(run_cli("plan", str(one.path)))
+    assert line == (
+        f"rlctl: error: {one.path}: placement.trainer.gpus: 1: qwen2.5-7b training state does not fit in 1 × H800 at "
+        "tp 1 pp 1 (one rank holds its whole state: FSDP2 shards it over 2 or more) (hint: more GPUs "
+        "(placement.trainer.gpus))"
+    )
+    data = yaml.safe_load(one.path.read_text())
+    data["trainer"]["shard"] = "none"
+    data["placement"]["trainer"]["gpus"] = 8
+    one.path.write_text(yaml.safe_dump(data))
+    line = only_line(run_cli("plan", str(one.path)))
+    assert line.startswith(f"rlctl: error: {one.path}: trainer.shard: 'none': qwen2.5-7b training state does not fit")
+    assert line.endswith("(hint: 'auto': FSDP2 divides it over the ranks)")
+
+
 def test_a_torch_trainer_too_large_for_its_gpus_sharded_is_refused_with_the_fsdp_figures(tmp_path: Path) -> None:
     """FSDP2 divides all of a rank's state (`rlctl.planner.costs.rank_bytes`): a 7B torch trainer on one H800 holds it
     whole (123.9 GB); `trainer.shard: fsdp` on 2 would need 2 + 121.9 / 2 + 7.9 = 70.9 GB a rank and fits."""
