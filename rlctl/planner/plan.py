@@ -923,12 +923,14 @@ def _assemble(
             "predicted_s": float(tcurve.seconds[chosen.y]),
         }
     ]
+    asked = {r.site: r.gpus for r in spec.placement.rollout if r.gpus != "auto"}
     for s, x in per_site.items():
         cfg = gcurves[s].configs[x] if x > 0 else None
         allocation.append(
             {
                 "site": s,
                 "role": "rollout",
+                **({"gpus_asked": int(asked[s])} if s in asked else {}),  # the job's count (units of tp: some idle)
                 "gpu": prof.sites[s].gpu,
                 "gpus_used": cfg.gpus if cfg else 0,
                 "gpus_available": inv.sites[s].total_gpus,

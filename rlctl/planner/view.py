@@ -115,6 +115,13 @@ def plan_table(p: dict[str, Any]) -> str:
         f"({tr['flops_per_token']:.3g} FLOPs{', with ' + ', '.join(extras) if extras else ''}{steps}); "
         f"{tr['streamed_fraction']:.0%} trains as samples stream in"
     )
+    for a in p["allocation"]:
+        if a.get("gpus_asked") is not None and a["gpus_used"] < a["gpus_asked"]:
+            out.append(
+                f"Rollout on {a['site']}: {a['gpus_used']} of the job's {a['gpus_asked']} GPUs used "
+                f"({a['instances']} unit(s) of tp {a['config']['tp'] if a['config'] else '-'}; the rest idle): "
+                "set rollout.tensor_parallel to choose the tp, or a count it divides"
+            )
     rb = p["rebalance"]
     c = p["cost"]
     verdict = rb.get("reason") or ("not needed (δ < δ')" if not rb["add_unit"] else _add_unit(rb))

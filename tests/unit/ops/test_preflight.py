@@ -143,6 +143,27 @@ def test_a_fixed_trainer_count_is_planned_at_every_split_that_divides_it_or_refu
     assert line.endswith("(hint: 'auto': FSDP2 divides it over the ranks)")
 
 
+def test_a_fixed_rollout_count_its_units_leave_gpus_of_is_refused_or_said(tmp_path: Path) -> None:
+    """30 H20s at rollout tp 4: 7 units and 2 GPUs idle, said nowhere (plan showed 28/32). A tp the job set: check
+    refuses the count with the counts that divide; a tp the planner chose: the plan says so."""
+    job = gpu_job(tmp_path, trainer_gpus=8, backend="torch")
+    data = yaml.safe_load(job.path.read_text())
+    data["placement"]["rollout"][0]["gpus"] = 30
+    data["rollout"]["tensor_parallel"] = 4
+    job.path.write_text(yaml.safe_dump(data))
+    (p,) = refused(load_job(job.path), "placement.rollout[0].gpus")
+    assert p.message == "30 is not a multiple of rollout.tensor_parallel 4: 7 unit(s) and 2 GPU(s) idle; use 28 or 32"
+    del data["rollout"]["tensor_parallel"]
+    job.path.write_text(yaml.safe_dump(data))
+    plan = make_plan(load_job(job.path), options=PlanOptions(curves_in_output=False))
+    (r,) = [a for a in plan["allocation"] if a["role"] == "rollout"]
+    assert (r["gpus_asked"], r["gpus_used"]) == (30, 28) and r["config"]["tp"] == 4
+    assert (
+        "Rollout on h20: 28 of the job's 30 GPUs used (7 unit(s) of tp 4; the rest idle): set rollout.tensor_parallel "
+        "to choose the tp, or a count it divides"
+    ) in plan_table(plan)
+
+
 def test_a_torch_trainer_too_large_for_its_gpus_sharded_is_refused_with_the_fsdp_figures(tmp_path: Path) -> None:
     """FSDP2 divides all of a rank's state (`rlctl.planner.costs.rank_bytes`): a 7B torch trainer on one H800 holds it
     whole (123.9 GB); `trainer.shard: fsdp` on 2 would need 2 + 121.9 / 2 + 7.9 = 70.9 GB a rank and fits."""
