@@ -21,6 +21,7 @@ names and shapes read from the safetensors headers) can run without it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from collections.abc import Mapping
@@ -356,17 +357,26 @@ def _weight_map(d: Path) -> dict[str, str]:
 
 
 def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Tensor name → (dtype, shape) from a .safetensors file's JSON header, without reading tensors."""
+    """Tensor name → (dtype, shape) from a .safetensors file's JSON header, without reading tensors.
+    The header's data offsets are checked against the file's size, so that a truncated copy is refused
+    here (check, launch) rather than by safetensors in the trainer."""
     try:
         with path.open("rb") as f:
             n = int.from_bytes(f.read(8), "little")
             if not 0 < n <= _MAX_HEADER_BYTES:
                 raise ValueError(f"header length {n}")
             header = json.loads(f.read(n))
+            data_bytes = os.fstat(f.fileno()).st_size - 8 - n
         header.pop("__metadata__", None)
-        return {k: (v["dtype"], tuple(v["shape"])) for k, v in header.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        tensors = {k: (v["dtype"], tuple(v["shape"])) for k, v in header.items()}
+        end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
         raise ConfigError(str(path), None, f"not a safetensors file: {e}") from e
+    if end != data_bytes:
+        what = "truncated" if end > data_bytes else "not a whole safetensors file"
+        declared = f"its header declares {end} bytes of tensor data, the file holds {data_bytes}"
+        raise ConfigError(str(path), None, f"{what}: {declared}; copy the checkpoint again")
+    return tensors
 
 
 def load_state_dict(directory: str | Path, *, to_fp32: bool = True) -> dict[str, torch.Tensor]:

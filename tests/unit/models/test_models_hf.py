@@ -245,3 +245,21 @@ def test_a_config_json_that_is_not_utf8_is_refused_in_one_line(tmp_path: Path) -
     (tmp_path / "config.json").write_bytes(b'{"architectures": ["\xff\xfe"]}')
     with pytest.raises(ConfigError, match=r"config.json: not UTF-8 text: invalid start byte at byte 20"):
         check_hf_dir(tmp_path)
+
+
+def test_a_truncated_or_padded_safetensors_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The header's data offsets against the file's size: a truncated copy passed `check` before, and
+    safetensors refused it in the trainer with a traceback."""
+    write_checkpoint("qwen2-tied-hd32", tmp_path)
+    f = tmp_path / SAFETENSORS_FILE
+    whole = f.read_bytes()
+    f.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ConfigError) as e:
+        check_hf_dir(tmp_path)
+    msg = str(e.value)
+    assert msg.startswith(f"{f}: truncated: its header declares ") and "\n" not in msg
+    f.write_bytes(whole + b"\0" * 8)
+    with pytest.raises(ConfigError, match=r"not a whole safetensors file: .* the file holds \d+; copy"):
+        check_hf_dir(tmp_path)
+    f.write_bytes(whole)
+    check_hf_dir(tmp_path)
