@@ -780,7 +780,11 @@ def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]
 
     data = job.path.parent / held.path
     try:
-        good = check_rows(held, data_path=data, tokenizer=load_tokenizer(model_dir))
+        tokenizer = load_tokenizer(model_dir)
+    except ConfigError as e:  # the model directory's, as check_task says it (one line, not one per file read)
+        return [Problem("model.path", str(e), e.hint)]
+    try:
+        good = check_rows(held, data_path=data, tokenizer=tokenizer)
     except ConfigError as e:
         said = str(e).removeprefix(f"{e.file}: ")
         return [Problem("evaluation.path", f"{data}: {said}", "fix the rows, or set `task.bad_rows: skip`")]

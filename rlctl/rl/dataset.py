@@ -427,8 +427,12 @@ def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = Non
         return
     from rlctl.rl.tokenizer import load_tokenizer
 
+    try:  # the tokenizer is the model directory's: a missing or bad one is model.path's, not the data's
+        tokenizer = load_tokenizer(model_dir)
+    except ConfigError as e:
+        raise ConfigError(str(job_file), "model.path", str(e), hint=e.hint) from e
     try:
-        check_rows(cfg, data_path=data, tokenizer=load_tokenizer(model_dir))
+        check_rows(cfg, data_path=data, tokenizer=tokenizer)
     except ConfigError as e:
         message = str(e).removeprefix(f"{e.file}: ")
         raise ConfigError(str(job_file), "task.path", f"{e.file}: {message}", hint=e.hint) from e

@@ -479,6 +479,23 @@ def test_a_dataset_evaluation_needs_its_file_and_reads_it_as_launch_will(tmp_pat
     assert "draws its own held-out prompts" in p.message
 
 
+def test_a_model_directory_without_its_tokenizer_is_refused_as_model_path(tmp_path: Path) -> None:
+    """The tokenizer is the model directory's: its absence is one model.path line, versus task.path (and an
+    evaluation.path line naming the held-out data file as missing) before."""
+    hf_dataset_job(tmp_path, positions=64, task={})
+    (tmp_path / "model" / "tokenizer.json").unlink()
+    job = load(
+        tmp_path,
+        model={"kind": "hf", "path": "model"},
+        task={"kind": "dataset", "path": "data.jsonl", "max_prompt_tokens": 16, "max_output_tokens": 16},
+        evaluation={"heldout_prompts": 1, "path": "data.jsonl"},
+    )
+    missing = f"{tmp_path / 'model' / 'tokenizer.json'}: no such file; the model directory needs a fast tokenizer"
+    assert [(p.field, p.message) for p in problems(job)] == [("model.path", f"{missing} (tokenizer.json)")]
+    line = only_line(run_cli("check", str(job.path)))
+    assert line == f"rlctl: error: {job.path}: model.path: {missing} (tokenizer.json)"
+
+
 def test_an_overlong_buffer_past_where_digits_outputs_stop_is_refused(tmp_path: Path) -> None:
     """The digits task's outputs stop at min(max_output_tokens − 1, its longest answer) + 1 tokens: a buffer that
     long would penalise every output."""

@@ -369,3 +369,16 @@ def test_a_row_the_models_template_fails_on_is_a_named_bad_row(tmp_path: Path) -
         "{type, …} parts, got None; line 3: prompt: chat template: TypeError: can only concatenate str (not "
         '"list") to str'
     )
+
+
+def test_check_task_names_model_path_for_a_missing_tokenizer(tmp_path: Path) -> None:
+    """The tokenizer is the model directory's, so its absence is model.path's, versus task.path before."""
+    job, model = tmp_path / "job.yaml", write_tokenizer(tmp_path / "model")
+    ten_rows(tmp_path)
+    (model / "tokenizer.json").unlink()
+    with pytest.raises(ConfigError) as e:
+        check_task(task(), job_file=job, model_dir=model)
+    assert str(e.value) == (
+        f"{job}: model.path: {model / 'tokenizer.json'}: no such file; the model directory needs a fast tokenizer "
+        "(tokenizer.json)"
+    )
