@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.config import load_job
+from rlctl.config.job import sft_steps
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.counts import plan_counts, resolve_job
 from rlctl.ops.evaluation import add_heldout
@@ -218,7 +219,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"σ {task.sigma:g}, cap {task.max_output_tokens}); GRPO with {spec.batch.prompts_per_iteration} prompts × "
         f"{spec.batch.samples_per_prompt} samples per iteration at temperature {spec.algorithm.temperature:g}, "
         f"lr {spec.algorithm.lr:.0e}, {spec.iterations} iterations; one trainer and two rollout agents as "
-        f"processes on this {result['cpu_count']}-core machine. It starts from {spec.warmup.sft_steps} SFT steps "
+        f"processes on this {result['cpu_count']}-core machine. It starts from {sft_steps(spec)} SFT steps "
         f"at {schedule} (cached under `RLCTL_CACHE_DIR`): the warm-up teaches the answer format and stops there, "
         "un-annealed."
     )

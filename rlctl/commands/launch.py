@@ -266,6 +266,7 @@ def register(app: typer.Typer) -> None:
         """Run a job: SFT warm-up (cached), then controller, trainer and rollout agents on their sites
         (local processes, SLURM jobs, SSH hosts). `--resume JOB` continues a stopped or failed one."""
         from rlctl.config import load_job
+        from rlctl.config.job import sft_steps
         from rlctl.launch.jobdir import JobDir
         from rlctl.ops.counts import plan_counts, resolve_job
         from rlctl.ops.jobdb import JobDB
@@ -326,8 +327,8 @@ def register(app: typer.Typer) -> None:
                 f"{plan['trainer']['ranks']} trainer rank(s), {units} rollout unit(s) ({plan['source']}); "
                 f"dir {jd.path}"
             )
-            if spec.warmup.sft_steps:
-                say(f"SFT warm-up: {spec.warmup.sft_steps} steps (cached after the first run)")
+            if steps := sft_steps(spec):
+                say(f"SFT warm-up: {steps} steps (cached after the first run)")
             prepare(jd, spec, plan, source=str(job_file), job=job)
             return runs.start()
 

@@ -576,10 +576,18 @@ class Checkpoint(Strict):
     )
 
 
-class Warmup(Strict):
-    """SFT warm-up before RL (cached on disk): the demo model must first learn the task's format."""
+DEMO_SFT_STEPS = 800  # the built-in model's warm-up when the job sets none
 
-    sft_steps: NonNegativeInt = 800  # 0 = start RL from the randomly initialised model
+
+class Warmup(Strict):
+    """SFT warm-up before RL (cached on disk): the built-in demo model must first learn the digits task's format.
+    A Hugging Face checkpoint starts RL from its own weights: the warm-up is the built-in model's only."""
+
+    sft_steps: NonNegativeInt | None = Field(
+        None,
+        description=f"SFT steps of the built-in model on the digits task before RL (default {DEMO_SFT_STEPS} there, "
+        "0 for any other model or task); 0 = start RL from the randomly initialised built-in model",
+    )
 
 
 class Evaluation(Strict):
@@ -678,6 +686,15 @@ class JobFile(Strict):
     )
     # below 2^32: vLLM seeds numpy's global generator with it, which takes no more
     seed: int = Field(0, ge=0, le=2**32 - 1)
+
+
+def sft_steps(spec: JobFile) -> int:
+    """The SFT warm-up steps the launch runs: the job's `warmup.sft_steps`, else the built-in model's default on the
+    digits task and none for any other (a Hugging Face model, a dataset task: `rlctl check` refuses a non-zero value
+    set for them)."""
+    if spec.warmup.sft_steps is not None:
+        return spec.warmup.sft_steps
+    return DEMO_SFT_STEPS if spec.model.kind == "builtin" and isinstance(spec.task, DigitsTask) else 0
 
 
 def refills(spec: JobFile) -> int:

@@ -18,7 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
-from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, JobFile
+from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, JobFile, sft_steps
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.rl.source import DATA_DIR, HELDOUT_DIR, REWARD_DIR, heldout_task
@@ -87,10 +87,11 @@ def _starting_policy(jobdir: JobDir, spec: JobFile) -> None:
     from rlctl.rl.tasks import DigitsTask as Digits
 
     model = TinyGPT()
-    if spec.warmup.sft_steps:
+    steps = sft_steps(spec)
+    if steps:
         t0 = time.monotonic()
-        model.load_state_dict(sft.warmup(Digits(spec.task), steps=spec.warmup.sft_steps, seed=spec.seed))
-        jobdir.event("sft_warmup", steps=spec.warmup.sft_steps, seconds=round(time.monotonic() - t0, 2))
+        model.load_state_dict(sft.warmup(Digits(spec.task), steps=steps, seed=spec.seed))
+        jobdir.event("sft_warmup", steps=steps, seconds=round(time.monotonic() - t0, 2))
     model.save_pretrained(jobdir.init_model)
 
 

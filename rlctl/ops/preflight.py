@@ -191,7 +191,11 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
         out += _raised("task", lambda: check_task(task, job_file=job.path, model_dir=model_dir))
     if spec.warmup.sft_steps and (isinstance(task, DatasetTask) or spec.model.kind == "hf"):
         out.append(
-            Problem("warmup.sft_steps", f"{spec.warmup.sft_steps}: the SFT warm-up is the built-in model's; use 0")
+            Problem(
+                "warmup.sft_steps",
+                f"{spec.warmup.sft_steps}: the SFT warm-up is the built-in model's on the digits task; "
+                "use 0, or leave it out (default 0 here)",
+            )
         )
     out += _unread(job)
     out += _weight_manifest(job)

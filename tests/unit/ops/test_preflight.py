@@ -605,8 +605,43 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
     # the SFT warm-up is the built-in model's, whatever the task (launch skipped it for a Hugging Face model)
     hf_digits = load(tmp_path, model={"kind": "hf", "path": "model"}, warmup={"sft_steps": 100})
     (p,) = refused(hf_digits, "warmup.sft_steps")
-    assert p.message == "100: the SFT warm-up is the built-in model's; use 0"
+    assert (
+        p.message
+        == "100: the SFT warm-up is the built-in model's on the digits task; use 0, or leave it out (default 0 here)"
+    )
     assert refused(load(tmp_path, warmup={"sft_steps": 100}), "warmup.sft_steps") == []
+
+
+def test_a_job_that_leaves_the_warmup_out_gets_one_it_can_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`warmup.sft_steps` left out: 800 steps for the built-in model on the digits task, none for a Hugging Face
+    model or a dataset task, which pass check (the README's bring-your-own job was refused for the default 800
+    before); a value set stays what launch runs."""
+    from rlctl.config.job import sft_steps
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.ops import inputs
+
+    hf_dataset_job(tmp_path, positions=64, task={})
+
+    def without_warmup(**over: Any) -> Job:
+        d = job_dict(**over)
+        del d["warmup"]
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump(d))
+        return load_job(tmp_path / "job.yaml")
+
+    dataset = {"kind": "dataset", "path": "data.jsonl", "max_prompt_tokens": 16, "max_output_tokens": 16}
+    hf = without_warmup(model={"kind": "hf", "path": "model"}, task=dataset)
+    assert hf.spec.warmup.sft_steps is None and sft_steps(hf.spec) == 0 and problems(hf) == []
+    hf_digits = without_warmup(model={"kind": "hf", "path": "model"})
+    assert sft_steps(hf_digits.spec) == 0 and refused(hf_digits, "warmup.sft_steps") == []
+    builtin = without_warmup()
+    assert sft_steps(builtin.spec) == 800
+    set_ = load(tmp_path, warmup={"sft_steps": 3})
+    assert sft_steps(set_.spec) == 3
+    ran: list[int] = []
+    monkeypatch.setattr("rlctl.rl.sft.warmup", lambda task, *, steps, seed: ran.append(steps) or TinyGPT().state_dict())
+    for i, job in enumerate((builtin, set_)):
+        inputs._starting_policy(JobDir.create("j", explicit=tmp_path / f"run{i}"), job.spec)
+    assert ran == [800, 3]
 
 
 def test_chunks_whose_manifest_does_not_fit_a_header_are_refused(tmp_path: Path) -> None:
