@@ -421,10 +421,13 @@ class JobRun:
                 self.jobdir.write_json(self.jobdir.controller_json, json.loads(text))
                 break
             code = self.poll(self.controller)
-            if code is not None:
+            if code is not None:  # its log's end in the launcher's log; the error one line, with its ERROR line
+                tail = self.log_tail("controller", 0)
+                log.warning("the end of %s:\n%s", self.controller.spec.log_path, tail)
                 raise LaunchError(
-                    f"the controller exited with {code} before listening; "
-                    f"see {self.controller.spec.log_path}:\n{self.log_tail('controller', 0)}"
+                    f"the controller exited with {exit_text(code)} before listening (its log: "
+                    f"{self.controller.spec.log_path})" + last_error(tail),
+                    hint="fix what its log says, then launch the job again",
                 )
             if time.monotonic() > deadline:
                 raise LaunchError(f"the controller did not listen within {wait_s:.0f} s")
@@ -595,10 +598,9 @@ class JobRun:
             self._register("failed", trainer_exit=code)
             tail = self.log_tail(h.spec.role, h.spec.replica)
             log.warning("the end of %s:\n%s", h.spec.log_path, tail)
-            last = next((line for line in reversed(tail.splitlines()) if " ERROR " in line), "")
             raise LaunchError(
                 f"{h.spec.name} exited with {exit_text(code)} before the job's trainer joined (its log: "
-                f"{h.spec.log_path})" + (f": {last.split(': ', 1)[-1]}" if last else ""),
+                f"{h.spec.log_path})" + last_error(tail),
                 hint="fix what its log says, then launch the job again",
             )
 
@@ -623,6 +625,16 @@ class JobRun:
         self.backends.close()
         if problems:
             raise LaunchError("; ".join(problems))
+
+
+def last_error(log_tail: str, *, max_chars: int = 400) -> str:
+    """The last ERROR record's message in an agent's log tail as `: <message>` (what a launch error quotes of it:
+    the tail itself goes to the launcher's log, never into the one-line error), or "" when it has none."""
+    last = next((line for line in reversed(log_tail.splitlines()) if " ERROR " in line), "")
+    if not last:
+        return ""
+    message = last.split(": ", 1)[-1]  # past "<time> ERROR <agent> <logger>"
+    return ": " + (message if len(message) <= max_chars else message[: max_chars - 1] + "…")
 
 
 def pick_checkpoint(

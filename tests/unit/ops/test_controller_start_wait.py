@@ -44,3 +44,32 @@ def test_the_launcher_waits_for_the_controller_as_long_as_its_reward_may_take_to
     with pytest.raises(LaunchError, match="did not listen within 1 s"):
         r._controller_address(remote=False)
     assert time.monotonic() - t0 >= 0.8 and seen == [(30.0, 9.0)]
+
+
+def test_a_controller_that_exits_before_listening_is_one_line_quoting_its_error(tmp_path: Path) -> None:
+    """The error names the log and quotes its last ERROR record; before, it was the log's last 15 lines joined,
+    printed as one line full of literal \\n."""
+    tail = "\n".join(
+        [
+            "2026-12-04 16:44:20,382 INFO controller-0 rlctl.agents: starting on vm, pid 23684",
+            "2026-12-04 16:44:22,507 ERROR controller-0 rlctl.agents: job.json: task.reward: r.py: cannot import: "
+            "RuntimeError: gone",
+            "2026-12-04 16:44:22,514 INFO controller-0 rlctl.agents: cpu 0.8 s (user 0.7, sys 0.0)",
+        ]
+    )
+    r = object.__new__(run.JobRun)
+    r.jobdir = JobDir.create("j", explicit=tmp_path / "j")
+    r.spec = SimpleNamespace(task=None)
+    log_path = tmp_path / "j" / "logs" / "controller-0.log"
+    r.controller = SimpleNamespace(spec=SimpleNamespace(log_path=log_path))
+    r.poll = lambda h: 1  # type: ignore[method-assign]
+    r.log_tail = lambda role, replica, lines=15: tail  # type: ignore[method-assign]
+    with pytest.raises(LaunchError) as e:
+        r._controller_address(remote=False)
+    assert str(e.value) == (
+        f"the controller exited with 1 before listening (its log: {log_path}): job.json: task.reward: r.py: cannot "
+        "import: RuntimeError: gone"
+    )
+    assert e.value.hint == "fix what its log says, then launch the job again"
+    assert run.last_error("INFO only\nno error here") == ""
+    assert run.last_error("t ERROR a b: " + "x" * 500) == ": " + "x" * 399 + "…"
