@@ -79,6 +79,7 @@ def one_line(text: str) -> str:
 def main() -> None:
     """Console entry point: run the app; an RlctlError, or a usage error the parser found (a bad option value,
     a missing argument, an unknown command), becomes one stderr line and its exit code."""
+    completion.enable()  # a Tab in a shell that sourced `rlctl completion SHELL`: answered in app(), then exit
     try:
         # not standalone: the parser's errors come here (typer would print each as a box of 5-6 lines)
         code = app(prog_name="rlctl", standalone_mode=False)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from rlctl import __version__
-from tests.conftest import ROOT, CliResult
+from tests.conftest import ROOT, CliResult, run_cli
 
 
 def test_version_json(cli: Callable[..., CliResult]) -> None:
@@ -58,6 +63,54 @@ def test_completion_scripts(cli: Callable[..., CliResult], shell: str, marker: s
     res = cli("completion", shell)
     assert res.exit_code == 0
     assert marker in res.stdout and "_RLCTL_COMPLETE" in res.stdout
+
+
+def test_bash_completes_with_the_script_rlctl_prints(tmp_path: Path) -> None:
+    """The script `rlctl completion bash` prints, sourced in a real bash, completes commands and choices (before,
+    every Tab got nothing: 'Shell bash not supported.', typer's completion classes never registered)."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash here")
+    (tmp_path / "rlctl").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m rlctl "$@"\n')
+    (tmp_path / "rlctl").chmod(0o755)
+    script = run_cli("completion", "bash").stdout
+    (tmp_path / "comp.bash").write_text(script)
+    tabs = {"st": "COMP_WORDS=(rlctl st); COMP_CWORD=1", "mode": 'COMP_WORDS=(rlctl launch --mode ""); COMP_CWORD=3'}
+    body = "; ".join(
+        f'{words}; _rlctl_completion rlctl; echo "{name}=[${{COMPREPLY[*]}}]"' for name, words in tabs.items()
+    )
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(
+        [bash, "-c", f"source {tmp_path / 'comp.bash'}; {body}"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert res.stdout.splitlines() == ["st=[status stop]", "mode=[sync stream async]"], res.stderr
+    assert res.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "shell,env,expected",
+    [
+        ("zsh", {"_TYPER_COMPLETE_ARGS": "rlctl st"}, ['"status":', '"stop":']),
+        (
+            "fish",
+            {"_TYPER_COMPLETE_ARGS": "rlctl st", "_TYPER_COMPLETE_FISH_ACTION": "get-args"},
+            ["status\t", "stop\t"],
+        ),
+    ],
+)
+def test_zsh_and_fish_completion_requests_are_answered(
+    monkeypatch: pytest.MonkeyPatch, shell: str, env: dict[str, str], expected: list[str]
+) -> None:
+    """What the zsh and fish scripts run on a Tab (the environment each sets, as its text says), answered by the
+    real entry point: the matching commands (no zsh or fish needed here)."""
+    script = run_cli("completion", shell).stdout
+    assert all(name in script for name in env) and f"_RLCTL_COMPLETE=complete_{shell}" in script
+    monkeypatch.setenv("_RLCTL_COMPLETE", f"complete_{shell}")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    res = run_cli()
+    assert (res.exit_code, res.stderr) == (0, "")
+    assert all(e in res.stdout for e in expected) and "launch" not in res.stdout, res.stdout
 
 
 def test_usage_errors_exit_2(cli: Callable[..., CliResult]) -> None:
