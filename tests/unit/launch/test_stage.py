@@ -637,6 +637,18 @@ def test_a_launch_stopped_while_a_host_hashes_what_it_staged_stops_the_hash_ther
     assert staged["far"]["copied"] == {"localhost": 0}  # hashed whole there: nothing copied again
 
 
+def _fanning_site(tmp_path: Path, python: Path) -> tuple[Site, list[stage._View], dict[str, FileState]]:
+    """A 3-host SSH site whose `python` (a bash stand-in for `-m rlctl.launch.fanout serve|fetch …`) is made
+    executable, its hosts' views, and the one model file the two other hosts fetch from the seed."""
+    python.chmod(0o755)
+    site = Site.model_validate({"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "python": str(python),
+                                "nodes": [{"host": "h20-[01-03]", "gpus": 8}]})  # fmt: skip
+    weights = "model/init/model.safetensors"
+    want = {weights: FileState(stage.FANOUT_MIN_BYTES, "ab" * 32, 0o644)}
+    views = [stage._View(f"h20-0{i}", None, str(tmp_path / f"h{i}"), {}, [weights]) for i in (1, 2, 3)]  # type: ignore[arg-type]
+    return site, views, want
+
+
 def test_a_launch_stopped_while_hosts_fetch_from_the_seed_stops_the_fetches_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ctrl_c_raises: None
 ) -> None:
@@ -654,12 +666,7 @@ def test_a_launch_stopped_while_hosts_fetch_from_the_seed_stops_the_fetches_ther
         f"  trap 'kill $s; echo killed >> {marks}; exit 143' TERM\n"
         f"  sleep 10 & s=$!; wait $s; echo fetched >> {marks} ;;\nesac\n"
     )
-    python.chmod(0o755)
-    site = Site.model_validate({"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "python": str(python),
-                                "nodes": [{"host": "h20-[01-03]", "gpus": 8}]})  # fmt: skip
-    weights = "model/init/model.safetensors"
-    want = {weights: FileState(stage.FANOUT_MIN_BYTES, "ab" * 32, 0o644)}
-    views = [stage._View(f"h20-0{i}", None, str(tmp_path / f"h{i}"), {}, [weights]) for i in (1, 2, 3)]  # type: ignore[arg-type]
+    site, views, want = _fanning_site(tmp_path, python)
     monkeypatch.setattr(stage, "SshRunner", _ShellRunner)
     monkeypatch.setattr(stage, "_clear_stale", lambda site, v, names: None)
     monkeypatch.setattr(stage, "_copy", lambda name, src, v, names, want, progress: None)  # the seed's: done
@@ -701,12 +708,7 @@ def test_a_launch_stopped_during_the_seeds_copy_logs_no_failed_fetch(
         f"  while [ ! -e {tmp_path}/seed-stops ]; do sleep 0.01; done\n"
         f'  echo \'{{"error": "the seed is stopping"}}\'; echo ended >> {marks}; exit 1 ;;\nesac\n'
     )
-    python.chmod(0o755)
-    site = Site.model_validate({"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "python": str(python),
-                                "nodes": [{"host": "h20-[01-03]", "gpus": 8}]})  # fmt: skip
-    weights = "model/init/model.safetensors"
-    want = {weights: FileState(stage.FANOUT_MIN_BYTES, "ab" * 32, 0o644)}
-    views = [stage._View(f"h20-0{i}", None, str(tmp_path / f"h{i}"), {}, [weights]) for i in (1, 2, 3)]  # type: ignore[arg-type]
+    site, views, want = _fanning_site(tmp_path, python)
 
     def seed_copy(name: str, src: Path, v: object, names: list[str], want: object, progress: object) -> None:
         if not names:  # the small files: none here
