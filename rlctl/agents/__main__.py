@@ -150,13 +150,14 @@ def _log_cpu() -> None:
 
 
 def _first_node() -> str:
-    """Rank 0's host in a SLURM allocation (the first of $SLURM_JOB_NODELIST), else this host."""
+    """Rank 0's host in a SLURM allocation (the first node of $SLURM_JOB_NODELIST, by its name or, where that does
+    not resolve, its SLURM NodeAddr), else this host."""
     nodelist = os.environ.get("SLURM_JOB_NODELIST")
     if not nodelist:
         return "127.0.0.1"
-    from rlctl.config.inventory import expand_hostlist
+    from rlctl.agents.listen import slurm_master_addr
 
-    return expand_hostlist(nodelist)[0]
+    return slurm_master_addr(nodelist)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import re
 import socket
+import subprocess
 from urllib.parse import urlsplit
 
-from rlctl.config.inventory import Site
+from rlctl.config.inventory import Site, expand_hostlist
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
 from rlctl.launch.agentenv import ENV_LISTEN_HOST
@@ -59,6 +61,36 @@ def controller_peer(sites: dict[str, Site], own_site: str | None) -> str | None:
             named = site.network.listen_host
             return named if named and named != AUTO else site.nodes[0].hosts[0]
     return None
+
+
+def slurm_master_addr(nodelist: str) -> str:
+    """Rank 0's address in a SLURM allocation: the first node of `nodelist` ($SLURM_JOB_NODELIST; the step's
+    task 0 runs there) by its name when the name resolves here, else by the address SLURM itself reaches that
+    node at (its NodeAddr in `scontrol show node`): node names need not be host names (a cluster whose NodeName
+    `gpu-17` has NodeHostname `vm` and NodeAddr 10.0.0.17). Rank 0 resolves it the same way, so it listens
+    where the others connect (`store_listener`)."""
+    first = expand_hostlist(nodelist)[0]
+    try:
+        socket.getaddrinfo(first, None, type=socket.SOCK_STREAM)
+        return first
+    except OSError as e:
+        unresolved = e
+    try:
+        res = subprocess.run(["scontrol", "show", "node", "-o", first], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise LaunchError(
+            f"trainer group: node {first} (rank 0's) does not resolve ({unresolved}) and scontrol: {e}"
+        ) from e
+    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", res.stdout)
+    if res.returncode != 0 or m is None:
+        why = (res.stderr or res.stdout).strip().splitlines()[-1:] or [f"exit {res.returncode}"]
+        raise LaunchError(
+            f"trainer group: node {first} (rank 0's) does not resolve ({unresolved}) and "
+            f"`scontrol show node {first}` gives no NodeAddr: {why[0]}",
+            hint="set MASTER_ADDR for the trainer (site setup) to rank 0's node address",
+        )
+    log.info("trainer group: node %s does not resolve here; its SLURM NodeAddr is %s", first, m[1])
+    return m[1]
 
 
 def store_listener(master_addr: str, port: int) -> int | None:

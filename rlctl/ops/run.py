@@ -702,7 +702,7 @@ def planned_agents(
     """Every agent to start with the environment its role adds, controller first, in start order.
 
     Trainer ranks find rank 0 at MASTER_ADDR: the first node of a SLURM allocation ($SLURM_JOB_NODELIST,
-    read by the agent), else rank 0's host (127.0.0.1 when every rank runs on one host)."""
+    read by the agent: `slurm_master_addr`), else rank 0's host (127.0.0.1 when every rank runs on one host)."""
     agents = layout(plan, sites, job)
     ranks = int(plan["trainer"]["ranks"])
     env = {"MASTER_PORT": str(master_port), "WORLD_SIZE": str(ranks)}

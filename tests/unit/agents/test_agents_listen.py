@@ -1,10 +1,17 @@
 """Which host a controller with `listen_host: auto` routes toward: another site, by the address that site
-names for its peers when it names one (a scheduler's node names may not resolve outside the scheduler)."""
+names for its peers when it names one (a scheduler's node names may not resolve outside the scheduler); and where
+the ranks of a SLURM trainer find rank 0 (the first node, by name or by its SLURM NodeAddr)."""
 
 from __future__ import annotations
 
-from rlctl.agents.listen import controller_peer
+import socket
+import subprocess
+
+import pytest
+
+from rlctl.agents.listen import controller_peer, slurm_master_addr
 from rlctl.config.inventory import Site
+from rlctl.errors import LaunchError
 
 
 def site(hosts: str, listen_host: str | None = None) -> Site:
@@ -25,3 +32,44 @@ def test_controller_routes_toward_the_other_sites_named_address_first() -> None:
     assert controller_peer(sites, "gen") == "10.250.0.1"
     assert controller_peer(sites, "train") == "gen-1"  # `auto` names no address: the site's first host
     assert controller_peer({"gen": sites["gen"]}, "gen") is None
+
+
+def test_rank0_is_reached_by_its_node_name_when_that_resolves(monkeypatch) -> None:
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [(socket.AF_INET, 1, 6, "", ("10.0.0.17", 0))])
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("scontrol asked"))
+    assert slurm_master_addr("gpu-[17-18]") == "gpu-17"
+
+
+def test_rank0_is_reached_at_its_slurm_node_addr_when_its_name_does_not_resolve(monkeypatch) -> None:
+    """The test cluster's nodes: NodeName sitea-N, NodeHostname vm, NodeAddr 127.0.0.1 (a name SLURM's alone)."""
+    asked: list[list[str]] = []
+
+    def no_such_host(*_: object, **__: object) -> None:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def scontrol(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        asked.append(argv)
+        out = "NodeName=sitea-1 Arch=x86_64 CoresPerSocket=1 NodeAddr=127.0.0.1 NodeHostName=vm Version=23.11\n"
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_host)
+    monkeypatch.setattr(subprocess, "run", scontrol)
+    assert slurm_master_addr("sitea-[1-2]") == "127.0.0.1"
+    assert asked == [["scontrol", "show", "node", "-o", "sitea-1"]]
+
+
+def test_rank0_unresolvable_and_unknown_to_scontrol_is_one_line_naming_the_node(monkeypatch) -> None:
+    def no_such_host(*_: object, **__: object) -> None:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def scontrol(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 1, "", "Node sitea-1 not found\n")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_host)
+    monkeypatch.setattr(subprocess, "run", scontrol)
+    with pytest.raises(LaunchError) as e:
+        slurm_master_addr("sitea-[1-2]")
+    assert str(e.value) == (
+        "trainer group: node sitea-1 (rank 0's) does not resolve ([Errno -2] Name or service not known) and "
+        "`scontrol show node sitea-1` gives no NodeAddr: Node sitea-1 not found"
+    )
