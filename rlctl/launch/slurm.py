@@ -426,6 +426,8 @@ class SlurmBackend(LaunchBackend):
             "signal_delay_s": self.grace_s,
             "setup": setup,
             "stderr_to_stdout": True,
+            # one rank exiting non-zero ends the step (its peers would wait in the rendezvous), as the sbatch path's
+            "srun_args": ["--kill-on-bad-exit=1"],
             # TERM to the steps (the agents), not submitit's USR2 "checkpoint and requeue"
             "additional_parameters": {"signal": f"TERM@{self.grace_s}"},
         }

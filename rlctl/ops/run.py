@@ -78,6 +78,7 @@ from rlctl.transport import Connection, Message, make_transport
 log = logging.getLogger(__name__)
 
 CONTROLLER_START_S = 120.0  # for the controller to listen, beyond its reward pool's first load (`load_deadline_s`)
+ERROR_LOOKBACK_LINES = 400  # how far back in a failed trainer's log its first error is sought (its peers' retries)
 TRAINER_POLL_S = 5.0  # how often `wait` asks the trainer ranks' sites whether a rank ended before the job had one
 UNREACHABLE_POLL_S = 5.0  # how often `wait` tries a site it cannot reach (its agents run on without the launcher)
 UNREACHABLE_SAY_S = 300.0  # … and how often it says so again
@@ -596,11 +597,11 @@ class JobRun:
             if code is None:
                 continue
             self._register("failed", trainer_exit=code)
-            tail = self.log_tail(h.spec.role, h.spec.replica)
-            log.warning("the end of %s:\n%s", h.spec.log_path, tail)
+            tail = self.log_tail(h.spec.role, h.spec.replica, lines=ERROR_LOOKBACK_LINES)
+            log.warning("the end of %s:\n%s", h.spec.log_path, "\n".join(tail.splitlines()[-15:]))
             raise LaunchError(
                 f"{h.spec.name} exited with {exit_text(code)} before the job's trainer joined (its log: "
-                f"{h.spec.log_path})" + last_error(tail),
+                f"{h.spec.log_path})" + first_error(tail, ranks=int(self.plan["trainer"]["ranks"])),
                 hint="fix what its log says, then launch the job again",
             )
 
@@ -635,6 +636,18 @@ def last_error(log_tail: str, *, max_chars: int = 400) -> str:
         return ""
     message = last.split(": ", 1)[-1]  # past "<time> ERROR <agent> <logger>"
     return ": " + (message if len(message) <= max_chars else message[: max_chars - 1] + "…")
+
+
+def first_error(log_text: str, *, ranks: int, max_chars: int = 400) -> str:
+    """A trainer's `last_error`: its log's first ERROR record as `: rank R: <message>` (the cause; what follows is
+    often its peers failing after it, or a flood of their rendezvous retries), without `rank R` for a single rank;
+    "" when it has none."""
+    for line in log_text.splitlines():
+        m = re.search(r" ERROR \S+-(\d+) \S+: (.*)", line)
+        if m:
+            message = m[2] if len(m[2]) <= max_chars else m[2][: max_chars - 1] + "…"
+            return f": rank {m[1]}: {message}" if ranks > 1 else f": {message}"
+    return ""
 
 
 def pick_checkpoint(

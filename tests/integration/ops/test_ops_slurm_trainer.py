@@ -1,7 +1,8 @@
 """A two-rank trainer as one SLURM job on the localhost cluster, launched by `rlctl launch`: its ranks are the job's
 tasks and find rank 0 through the first node of the allocation. The cluster's node names (`sitea-1`) resolve
 nowhere (NodeHostname `vm`, NodeAddr 127.0.0.1, tests/services/slurm.sh), as on a cluster whose node names are
-SLURM's own: the ranks meet at the node's SLURM NodeAddr."""
+SLURM's own: the ranks meet at the node's SLURM NodeAddr. And a rank that dies at start ends the SLURM step
+(`srun --kill-on-bad-exit`), so the launch fails naming it instead of its peer waiting in the rendezvous."""
 
 from __future__ import annotations
 
@@ -12,9 +13,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO, job_yaml, launched, rlctl
+from .conftest import REPO, hooked, job_yaml, launched, rlctl
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+# rank 0 of the trainer dies at start, in the way a rank does (its error line, exit 1): its MASTER_ADDR resolves
+# nowhere (.invalid, RFC 6761); rank 1 finds the real rank-0 address and would wait in the rendezvous for it
+RANK0_DIES = """
+import os, sys
+argv = getattr(sys, "orig_argv", [])
+if "rlctl.agents" in argv and "trainer" in argv and os.environ.get("SLURM_PROCID") == "0":
+    os.environ["MASTER_ADDR"] = "rank0-dies.invalid"
+"""
 
 
 def slurm_inventory(services: dict[str, str], path: Path, *, submitter: str) -> Path:
@@ -75,3 +85,19 @@ def test_two_trainer_ranks_in_one_slurm_job_train(services, tmp_path, submitter)
         assert f'"rank": {rank}, "role": "trainer"' in log, log[-3000:]
         assert f"trainer-{rank} rlctl.agents.listen: trainer group: node sitea-" in log, log[-3000:]
     assert "its SLURM NodeAddr is 127.0.0.1" in log
+
+
+def test_a_rank_dying_at_start_on_the_submitit_path_ends_the_launch_naming_it(services, tmp_path):
+    """Without `--kill-on-bad-exit` on submitit's srun, rank 1 waited in the rendezvous until torch's 120 s store
+    timeout, the job "running" at iteration 0; now rank 0's exit ends the step and the launch, well before then."""
+    job = two_rank_job(services, tmp_path, submitter="submitit", iterations=2)
+    env = hooked(tmp_path, RANK0_DIES)
+    try:
+        proc = launched(job, tmp_path / "run", env, 110)  # under the 120 s a rank waits for the rendezvous
+    finally:
+        rlctl("stop", str(tmp_path / "run"))  # a launcher killed at the timeout leaves the SLURM jobs behind
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    msg = proc.stderr.strip().splitlines()[-1]
+    assert msg.startswith("rlctl: error: trainer-0 exited with "), msg
+    assert "before the job's trainer joined" in msg, msg
+    assert ": rank 0: MASTER_ADDR 'rank0-dies.invalid' does not resolve" in msg, msg
