@@ -90,12 +90,12 @@ def main(argv: list[str] | None = None) -> int:
             jd = JobDir(args.job_dir)
             job = jd.read_job()
             if args.listen is None:
-                from rlctl.agents.listen import controller_peer, listen_host
+                from rlctl.agents.listen import controller_listen_host
                 from rlctl.launch.agentenv import ENV_SITE
                 from rlctl.launch.backends import read_sites
 
-                toward = controller_peer(read_sites(args.job_dir), os.environ.get(ENV_SITE))
-                args.listen = f"{job.transport.kind}://{listen_host(job, toward=toward)}:0"
+                host = controller_listen_host(job, read_sites(args.job_dir), os.environ.get(ENV_SITE))
+                args.listen = f"{job.transport.kind}://{host}:0"
             listen = args.listen
             transport = make_transport(job.transport.kind, secret=jd.secret(), encrypt=job.transport.encrypt)
             agent = ControllerAgent(jd, job, transport, listen=listen)

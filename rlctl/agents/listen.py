@@ -2,7 +2,8 @@
 
     $RLCTL_LISTEN_HOST (its site's network.listen_host, set by the launcher)  else  job transport.listen_host
     "auto" ─▶ the local address of the route toward the peer that must reach it:
-              rollout/trainer: the controller's host; controller: another site (its listen_host, else first host)
+              rollout/trainer: the controller's host; controller: another site (its listen_host, else first host;
+              one that does not resolve on the controller's host is one line naming it, and `check --reach` says so)
 
 On one machine every agent can use 127.0.0.1. Across sites each site names the interface its
 peers reach (an IP, a hostname, or `auto` when a site's hosts differ and routing already knows).
@@ -52,15 +53,43 @@ def host_of(address: str) -> str:
     return urlsplit(address).hostname or ""
 
 
-def controller_peer(sites: dict[str, Site], own_site: str | None) -> str | None:
-    """For a controller with `auto`: where its peers live — another site of the job, by the address that
-    site names for its peers (`network.listen_host`, an interface of that site) when it names one, else
-    its first host (a scheduler's node name may resolve only through the scheduler, hence the order)."""
+def controller_peer(sites: dict[str, Site], own_site: str | None) -> tuple[str, str] | None:
+    """For a controller with `auto`: where its peers live, (site, host) — another site of the job, by the address
+    that site names for its peers (`network.listen_host`, an interface of that site) when it names one, else its
+    first host (a scheduler's node name may resolve only through the scheduler, hence the order)."""
     for name, site in sites.items():
         if name != own_site:
             named = site.network.listen_host
-            return named if named and named != AUTO else site.nodes[0].hosts[0]
+            return name, named if named and named != AUTO else site.nodes[0].hosts[0]
     return None
+
+
+def controller_listen_host(job: JobFile, sites: dict[str, Site], own_site: str | None) -> str:
+    """The controller's address to bind and advertise: its site's listen_host, else the job's; `auto`: the route
+    toward `controller_peer`, or one line naming the peer that does not route and what to set instead."""
+    value = os.environ.get(ENV_LISTEN_HOST) or job.transport.listen_host
+    if value != AUTO:
+        return value
+    peer = controller_peer(sites, own_site)
+    if peer is None:
+        raise LaunchError("listen_host auto: no peer host to route toward (set an address for this site)")
+    return auto_route(own_site or "(local)", *peer)
+
+
+def auto_route(own_site: str, peer_site: str, host: str) -> str:
+    """`route_source(host)` for the controller on `own_site`, `host` being `peer_site`'s; its failure in one line
+    naming both sites and the fields that would settle it."""
+    try:
+        return route_source(host)
+    except LaunchError as e:
+        raise LaunchError(
+            f"site {own_site}: listen_host auto routes toward site {peer_site}'s host {host}, which "
+            f"{'does not resolve' if isinstance(e.__cause__, socket.gaierror) else 'has no route'} here "
+            f"({e.__cause__})",
+            hint=f"set sites.{peer_site}.network.listen_host to an address of {peer_site}'s hosts (a SLURM node name "
+            f"may resolve only inside its cluster), or sites.{own_site}.network.listen_host to the address of "
+            f"{own_site} that {peer_site} reaches",
+        ) from e
 
 
 def slurm_master_addr(nodelist: str) -> str:

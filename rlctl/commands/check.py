@@ -14,6 +14,7 @@ from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
 if TYPE_CHECKING:  # the config and the probes load when the command runs (`rlctl --help` stays quick)
     from rlctl.config import Inventory
+    from rlctl.config.inventory import Site
     from rlctl.config.job import Job, JobFile
     from rlctl.launch.siteprobe import HostReport
 
@@ -165,7 +166,49 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
         sites = job.inventory.sites
         rollout = {r.site: sites[r.site] for r in spec.placement.rollout}
         lines += controller_reach_problems(controller, sites[controller], rollout, timeout_s=timeout_s)
+        used = {n: sites[n] for n in sorted({*roles, controller})}  # the job's sites, as the controller reads them
+        lines += controller_route_problems(spec, controller, used, timeout_s=timeout_s)
     return lines, answered
+
+
+# run on the controller's host by its site's python, with `listen_host: auto` there: does its peer route?
+ROUTE_PROBE = r"""
+import json, sys
+from rlctl.agents.listen import auto_route
+from rlctl.errors import LaunchError
+try:
+    out = {"ok": True, "address": auto_route(*sys.argv[1:4])}
+except LaunchError as e:
+    out = {"ok": False, "detail": f"{e}: {e.hint}"}
+print("RLCTL_PROBE " + json.dumps(out))
+"""
+
+
+def controller_route_problems(job: JobFile, name: str, sites: dict[str, Site], *, timeout_s: float = 60.0) -> list[str]:
+    """With `listen_host: auto` for the controller on site `name` (of the job's `sites`): whether the controller's
+    host routes toward the peer `auto` picks (`controller_peer`); a SLURM site's node name that resolves only
+    inside its cluster does not, and the controller would exit at start. One line, asked on the controller's first
+    host (here for a site on this machine); a host that cannot be asked is left to `host_problems`."""
+    from rlctl.agents.listen import AUTO, auto_route, controller_peer
+    from rlctl.errors import LaunchError
+    from rlctl.launch.backends import kind_of
+    from rlctl.launch.siteprobe import probe_site_hosts
+
+    site = sites[name]
+    value = site.network.listen_host or job.transport.listen_host
+    peer = controller_peer(sites, name) if value == AUTO else None
+    if peer is None:
+        return []
+    if kind_of(site).on_this_machine:
+        try:
+            auto_route(name, *peer)
+        except LaunchError as e:
+            return [f"{e}: {e.hint}"]
+        return []
+    [report] = probe_site_hosts(name, site, timeout_s=timeout_s, script=ROUTE_PROBE, args=[name, *peer], first=True)
+    if report.error is not None or report.facts.get("ok", True):
+        return []
+    return [f"{report.facts.get('detail')} (asked on {report.host})"]
 
 
 def register(app: typer.Typer) -> None:

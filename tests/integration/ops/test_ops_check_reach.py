@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import job_yaml, metrics_rows, rlctl, wait_for
+from .conftest import REPO, job_yaml, metrics_rows, rlctl, wait_for
 from .test_ops_cross_site import cross_site_inventory, site_workdir
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -94,3 +94,29 @@ def test_check_reach_asks_the_controllers_site_whether_it_reaches_the_rollout_si
     named = [x for x in lines if f"site train: cannot be reached from the controller's site gen (host {host})" in x]
     assert res.returncode == 2 and len(named) == 1, lines
     assert "`rlctl scale` and the rebalance rule start rollout units from there" in named[0], named[0]
+
+
+def test_check_reach_refuses_a_controller_whose_auto_address_routes_toward_a_slurm_node_name(services, tmp_path):
+    """The controller on the SSH site with `listen_host: auto`, the SLURM site `auto` too (naming no address): the
+    controller's `auto` would route toward the SLURM node name `sitea-1`, which resolves nowhere (the controller
+    exited at start: 'no route toward sitea-1'); check says so in one line naming both sites, the host and what
+    to set."""
+    path = cross_site_inventory(services, tmp_path / "sites.yaml", Path(site_workdir()))
+    inv = yaml.safe_load(path.read_text())
+    inv["sites"]["train"]["network"]["listen_host"] = "auto"
+    inv["sites"]["gen"]["python"] = sys.executable
+    inv["sites"]["gen"]["setup"] = [f"export PYTHONPATH={REPO}"]  # the tree under test, not the site's install
+    path.write_text(yaml.safe_dump(inv))
+    placement = {
+        "trainer": {"site": "train", "gpus": 1},
+        "rollout": [{"site": "gen", "gpus": 1}],
+        "controller_site": "gen",
+    }
+    job = job_yaml(tmp_path / "ctl.yaml", inventory=[str(path)], trainer="train", rollout="gen", iterations=3,
+                   placement=placement)  # fmt: skip
+    res = rlctl("check", str(job), "--reach", timeout_s=300)
+    lines = res.stderr.strip().splitlines()
+    named = [x for x in lines if "site gen: listen_host auto routes toward site train's host sitea-1" in x]
+    assert res.returncode == 2 and len(named) == 1, lines
+    assert "does not resolve here" in named[0] and "set sites.train.network.listen_host" in named[0], named[0]
+    assert f"(asked on {services['RLCTL_TEST_NETSITE_HOST']})" in named[0], named[0]

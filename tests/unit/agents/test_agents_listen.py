@@ -9,8 +9,9 @@ import subprocess
 
 import pytest
 
-from rlctl.agents.listen import controller_peer, slurm_master_addr
+from rlctl.agents.listen import controller_listen_host, controller_peer, slurm_master_addr
 from rlctl.config.inventory import Site
+from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
 
 
@@ -29,9 +30,45 @@ def site(hosts: str, listen_host: str | None = None) -> Site:
 
 def test_controller_routes_toward_the_other_sites_named_address_first() -> None:
     sites = {"gen": site("gen-1", "auto"), "train": site("sitea-[1-2]", "10.250.0.1")}
-    assert controller_peer(sites, "gen") == "10.250.0.1"
-    assert controller_peer(sites, "train") == "gen-1"  # `auto` names no address: the site's first host
+    assert controller_peer(sites, "gen") == ("train", "10.250.0.1")
+    assert controller_peer(sites, "train") == ("gen", "gen-1")  # `auto` names no address: the site's first host
     assert controller_peer({"gen": sites["gen"]}, "gen") is None
+
+
+def test_a_controller_whose_auto_peer_does_not_resolve_says_which_and_what_to_set(monkeypatch) -> None:
+    """The controller on an SSH site, the trainer on a SLURM site naming no listen_host: `auto` routes toward
+    a SLURM node name, which resolves nowhere outside the cluster."""
+
+    def no_such_host(host: str) -> str:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "gethostbyname", no_such_host)
+    monkeypatch.setenv("RLCTL_LISTEN_HOST", "auto")
+    sites = {"gen": site("10.250.0.2", "auto"), "train": site("sitea-[1-2]")}
+    placement = {"trainer": {"site": "train", "gpus": 1}, "rollout": [{"site": "gen", "gpus": 1}]}
+    job = JobFile.model_validate(
+        {
+            "apiVersion": "rlctl/v1",
+            "kind": "Job",
+            "name": "j",
+            "inventory": ["sites.yaml"],
+            "model": {"kind": "builtin", "name": "tiny-demo"},
+            "task": {"kind": "digits"},
+            "placement": placement,
+        }
+    )
+    with pytest.raises(LaunchError) as e:
+        controller_listen_host(job, sites, "gen")
+    assert str(e.value) == (
+        "site gen: listen_host auto routes toward site train's host sitea-1, which does not resolve here "
+        "([Errno -2] Name or service not known)"
+    )
+    assert e.value.hint == (
+        "set sites.train.network.listen_host to an address of train's hosts (a SLURM node name may resolve only "
+        "inside its cluster), or sites.gen.network.listen_host to the address of gen that train reaches"
+    )
+    monkeypatch.setenv("RLCTL_LISTEN_HOST", "10.250.0.2")  # a named address: nothing to route
+    assert controller_listen_host(job, sites, "gen") == "10.250.0.2"
 
 
 def test_rank0_is_reached_by_its_node_name_when_that_resolves(monkeypatch) -> None:
