@@ -1043,6 +1043,7 @@ class ControllerAgent:
             evaluations=self.evaluator.rows if self.evaluator is not None else [],
             checkpoint=self.checkpointed,
             gone=self.gone,
+            first_samples=self.scaler.first_sample_s,
         )
 
     def _data_view(self) -> dict[str, Any]:

@@ -138,6 +138,7 @@ class Scaler:
         self.rule = RebalanceRule(cfg)
         self.reading: Reading | None = None
         self.spawn_requested: dict[str, float] = {}  # agent → when its start was asked for
+        self.first_sample_s: dict[str, float] = {}  # unit asked for → seconds from the request to its first sample
         self.scale_log: list[dict[str, Any]] = []
         self._next_replica: int | None = None
         self.replacing: dict[str, Replacement] = {}  # lost unit → its replacement's progress
@@ -342,6 +343,7 @@ class Scaler:
         if t0 is None:
             return
         seconds = round(time.monotonic() - t0, 3)
+        self.first_sample_s[name] = seconds
         self.jobdir.event("first_sample", agent=name, seconds_since_scale=seconds)
         self.rule.changed()  # from now on δ reflects the new unit count
         log.info("controller: %s produced its first sample %.1f s after it was asked for", name, seconds)

@@ -81,6 +81,7 @@ class Snapshot:
     checkpoint: tuple[int, float | None] | None = None  # the latest complete one: version, time.monotonic() then
     metrics_host: str = "127.0.0.1"  # where /metrics binds: the controller's listen host (transport.bind_host)
     gone: Mapping[str, GoneAgent] = field(default_factory=dict)  # agents gone before the last metrics row
+    first_samples: Mapping[str, float] = field(default_factory=dict)  # unit asked for → seconds to its first sample
 
 
 LIVE_STATES = ("running", "unreachable")  # an agent that may still be in the phase it last reported
@@ -204,6 +205,8 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "rollout_units": len(core.live_units),
         "free_slots": s.free_slots,
         "scale_events": s.scale_log[-10:],
+        # what `rlctl scale --wait` waits for: the controller's job dir (its events) may be on another site
+        "first_sample_s": dict(s.first_samples),
         "staleness": dict(s.rows.staleness),
         "weights": weights_view(s),
         "figures_age_s": None

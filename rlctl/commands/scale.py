@@ -9,7 +9,7 @@ import typer
 
 from rlctl.commands import seconds_at_least
 from rlctl.commands.status import JobArg
-from rlctl.errors import RlctlError, UsageError
+from rlctl.errors import RlctlError, TransportError, UsageError
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
 
@@ -72,8 +72,18 @@ def register(app: typer.Typer) -> None:
             deadline = time.monotonic() + timeout_s
             firsts: dict[str, float] = {}
             while len(firsts) < len(added) and time.monotonic() < deadline:
-                firsts = first_samples(ref, added)
-                time.sleep(0.25)
+                try:
+                    firsts = first_samples(ref, added)
+                except (TransportError, OSError) as e:  # the job ended, or its controller went, meanwhile
+                    out["first_sample_s"] = firsts
+                    emit(out, output, _table)
+                    raise RlctlError(
+                        f"job {ref.id}: the controller stopped answering before "
+                        f"{', '.join(n for n in added if n not in firsts)} produced a sample: {e}",
+                        hint=f"see `rlctl status {ref.id}`",
+                    ) from e
+                if len(firsts) < len(added):
+                    time.sleep(0.5)
             out["first_sample_s"] = firsts
             if len(firsts) < len(added):
                 missing = sorted(set(added) - set(firsts))

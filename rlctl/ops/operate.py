@@ -3,7 +3,8 @@
 status: controller (live, one RPC with a deadline) ──none──▶ last metrics row + each site's
         scheduler (squeue / pidfiles over SSH), every site in its own thread with a deadline:
         a dead site is reported "unreachable" and never holds the answer back
-scale:  one RPC to the controller; it starts (or drains) the units and answers with their names
+scale:  one RPC to the controller; it starts (or drains) the units and answers with their names (`--wait`: its
+        status says each new unit's first sample; its events.jsonl may be on another site)
 stop:   "shutdown" RPC (graceful: the controller stops its agents, writes summary.json) ─▶ wait
         ─▶ every agent in agents.jsonl stopped on its site (TERM, grace, KILL, verified)
 
@@ -209,13 +210,13 @@ def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0)
         raise RlctlError(f"job {ref.id}: the controller did not answer: {e}", hint="is the job running?") from e
 
 
-def first_samples(ref: JobRef, names: list[str]) -> dict[str, float]:
-    """Seconds from the scale request to each new unit's first sample (events.jsonl)."""
-    out = {}
-    for e in ref.jobdir.read_events():
-        if e.get("event") == "first_sample" and e.get("agent") in names:
-            out[e["agent"]] = float(e["seconds_since_scale"])
-    return out
+def first_samples(ref: JobRef, names: list[str], *, timeout_s: float = STATUS_DEADLINE_S) -> dict[str, float]:
+    """Seconds from the scale request to each of `names`' first sample, as the controller counts them (its status
+    reply): the events.jsonl here is not the one it writes when it keeps its job dir on another site (a SLURM
+    site's workdir, an SSH site), which reaches here only when the job's record is fetched. TransportError: it
+    did not answer."""
+    firsts = ask_controller(ref, "status", timeout_s=timeout_s).get("first_sample_s", {})
+    return {n: float(firsts[n]) for n in names if n in firsts}
 
 
 def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], object] = log.info) -> dict[str, Any]:

@@ -188,6 +188,33 @@ def test_cross_site_job_status_scale_stop(services, tmp_path, launcher):
     assert stray.returncode == 0 and stray.stdout == "", stray.stdout[:2000]
 
 
+def test_scale_waits_for_a_new_unit_of_a_controller_that_keeps_its_job_dir_in_the_slurm_sites_workdir(
+    services, tmp_path, launcher
+):
+    """The SLURM site keeps its jobs under a workdir of its own (the test above's shares the operator's job dir):
+    the controller writes its events there, and `scale +1` (with its --wait) learns of the new unit's first sample
+    from the controller. Before, it read the operator's events.jsonl, which has no `first_sample` until the job's
+    record is fetched at its end, and failed after --timeout: `rollout-1 produced no sample within 120 s`."""
+    inv = cross_site_inventory(services, tmp_path / "sites.yaml", Path(site_workdir()))
+    sites = yaml.safe_load(inv.read_text())
+    sites["sites"]["train"]["scheduler"]["workdir"] = str(tmp_path / "train-work")
+    inv.write_text(yaml.safe_dump(sites))
+    job = job_yaml(tmp_path / "farctl.yaml", inventory=[str(inv)], trainer="train", rollout="gen", iterations=5000)
+    job_dir = tmp_path / "run"
+    there = tmp_path / "train-work" / "jobs" / "run"  # the controller's job dir: on this machine, not the operator's
+    proc = launcher(str(job), "--job-dir", str(job_dir))
+    wait_for("two trained iterations there", lambda: len(metrics_rows(there)) >= 2, 180, alive=proc)
+
+    code, sc = rlctl_json("scale", str(job_dir), "--rollout", "+1", "--timeout", "120", timeout_s=200)
+    assert code == 0, sc
+    assert sc["adding"] == ["rollout-1"] and list(sc["first_sample_s"]) == ["rollout-1"], sc
+    recorded = [e["seconds_since_scale"] for e in events(there) if e["event"] == "first_sample"]
+    assert recorded == [sc["first_sample_s"]["rollout-1"]], recorded
+    code, stopped = rlctl_json("stop", str(job_dir), timeout_s=180)
+    assert code == 0 and stopped["problems"] == [], stopped
+    proc.wait(timeout=60)
+
+
 @pytest.mark.parametrize("sync", ["full", "delta"])
 def test_one_copy_of_each_version_crosses_the_shaped_link(services, tmp_path, sync):
     """Three rollout units behind the shaped link: per version one unit pulls from the trainer, the others

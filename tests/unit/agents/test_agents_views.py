@@ -451,6 +451,12 @@ def test_first_sample_of_a_requested_unit_is_recorded_once(tmp_path):
     scaler.sampled("rollout-0")
     assert [e["agent"] for e in jd.read_lines(jd.events) if e["event"] == "first_sample"] == ["rollout-5"]
     assert scaler.pending_units() == []
+    # and the controller's status says it (`rlctl scale --wait`: its events.jsonl may be on another site)
+    assert list(scaler.first_sample_s) == ["rollout-5"]
+    core, _, _ = _one_iteration()
+    assert status(_snapshot(core, [], first_samples=scaler.first_sample_s), now=106.0)["first_sample_s"] == {
+        "rollout-5": scaler.first_sample_s["rollout-5"]
+    }
 
 
 def test_the_trainer_s_wait_is_its_period_less_its_busy_time_since_the_last_iteration():

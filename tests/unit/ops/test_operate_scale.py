@@ -1,17 +1,27 @@
-"""`rlctl scale` (rlctl.ops.operate.scale) of a job whose index row says it ended is one usage line, not a
-"the controller did not answer" about a controller that is gone."""
+"""`rlctl scale` (rlctl.ops.operate.scale): of a job whose index row says it ended, one usage line, not a
+"the controller did not answer" about a controller that is gone; its wait for the new units' first samples."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rlctl.errors import UsageError
+from rlctl.config import load_job
+from rlctl.errors import TransportError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import operate
 from rlctl.ops.jobdb import JobDB
 from rlctl.ops.jobref import JobRef
+from tests.conftest import ROOT, run_cli
+
+
+def _job_dir(path: Path) -> JobDir:
+    jd = JobDir.create("far", explicit=path)
+    jd.write_job(load_job(ROOT / "jobs" / "demo.yaml").spec, source="demo.yaml")
+    return jd
 
 
 @pytest.mark.parametrize("state", ["finished", "failed", "stopped"])
@@ -32,3 +42,43 @@ def test_a_scale_of_an_ended_job_says_it_ended(tmp_path: Path, monkeypatch: pyte
         e.value.exit_code == 2
         and e.value.hint == "continue a failed or stopped one with `rlctl launch --resume short2`"
     )
+
+
+def test_scale_waits_on_the_controllers_count_not_on_the_events_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A controller whose job dir is on another site (a SLURM site's workdir, an SSH site) writes its `first_sample`
+    event there: the wait read the events.jsonl here, saw none, and failed after --timeout (300 s by default) with
+    `rollout-1 produced no sample`. It asks the controller, which counts them."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_dir(tmp_path / "far")
+    asked: list[str] = []
+
+    def controller(ref: JobRef, kind: str, body: Any = None, *, timeout_s: float) -> dict[str, Any]:
+        asked.append(kind)
+        if kind == "scale":
+            return {"adding": ["rollout-1"], "sites": ["gen"]}
+        return {"state": "running", "first_sample_s": {"rollout-1": 4.6} if asked.count("status") > 1 else {}}
+
+    monkeypatch.setattr(operate, "ask_controller", controller)
+    r = run_cli("scale", str(jd.path), "--timeout", "5", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["first_sample_s"] == {"rollout-1": 4.6}
+    assert asked == ["scale", "status", "status"] and not jd.read_events()
+
+
+def test_a_scale_wait_whose_controller_goes_says_so_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_dir(tmp_path / "far")
+
+    def controller(ref: JobRef, kind: str, body: Any = None, *, timeout_s: float) -> dict[str, Any]:
+        if kind == "scale":
+            return {"adding": ["rollout-1"], "sites": ["gen"]}
+        raise TransportError("tcp://10.0.0.1:5000: connect failed: [Errno 111] Connection refused")
+
+    monkeypatch.setattr(operate, "ask_controller", controller)
+    r = run_cli("scale", str(jd.path), "--timeout", "300", "-o", "json")
+    assert r.exit_code == 1
+    assert r.stderr.startswith(
+        "rlctl: error: job far: the controller stopped answering before rollout-1 produced a sample: tcp://"
+    ), r.stderr
