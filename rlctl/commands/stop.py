@@ -20,6 +20,8 @@ def _table(r: dict[str, Any]) -> str:
     rows = [["graceful", r["graceful"]], ["agents stopped", ", ".join(r["agents"]) or "-"]]
     if (c := r.get("checkpoint")) is not None:  # the one the trainer had reached when the stop came
         rows.insert(1, ["checkpoint", f"iter-{c['version']}: {c['outcome']}"])
+    if r.get("launcher"):  # the stop waited for it: a `launch --resume` is refused while it runs
+        rows.append(["launcher", r["launcher"]])
     rows += [["problem", p] for p in r["problems"]]
     return grid(rows, ["", ""], f"Stop {r['id']}")
 

@@ -190,6 +190,22 @@ class JobDir:
         finally:
             f.close()
 
+    def launcher_holder(self) -> str | None:
+        """Who holds `launcher_lock` ("pid N on HOST"), None when no launcher does: probed with a shared lock, let go
+        at once (it never keeps a launcher from taking the lock, save for that instant)."""
+        path = self.path / ".launcher.lock"
+        try:
+            f = path.open("r")
+        except FileNotFoundError:
+            return None
+        with f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return f.read().strip() or "another process"
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            return None
+
     def secret(self) -> bytes:
         """The per-job secret, created (0600) on first use."""
         p = self.path / "secret"

@@ -7,6 +7,7 @@ scale:  one RPC to the controller; it starts (or drains) the units and answers w
         status says each new unit's first sample; its events.jsonl may be on another site)
 stop:   "shutdown" RPC (graceful: the controller stops its agents, writes summary.json) ─▶ wait
         ─▶ every agent in agents.jsonl stopped on its site (TERM, grace, KILL, verified)
+        ─▶ the job's launcher lets go of it (bounded: a `launch --resume` is refused until it has)
 
 Agents are those in the operator's agents.jsonl plus, when the controller runs on another site, those
 its Spawner recorded there; its record (summary, metrics, events) is fetched from there when needed.
@@ -47,6 +48,7 @@ STATUS_DEADLINE_S = 5.0
 
 
 REQUEST_FLOOR_S = 2.0  # the shortest wait for the controller's answer to a stop's shutdown request
+LAUNCHER_END_S = 30.0  # how long a stop waits for the job's launcher to end once the agents have
 
 
 def ask_controller(ref: JobRef, kind: str, body: dict[str, Any] | None = None, *, timeout_s: float) -> dict[str, Any]:
@@ -225,7 +227,8 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     its state; nothing is written when its launcher is gone, else only the stop request (`launcher`: which one
     was told not to resume it). `grace_s`: how long the controller has to end before it is killed; None: as long
     as it says in its answer (STOP_GRACE_S, more while it completes a checkpoint the trainer reached: `say` tells
-    the operator, and `checkpoint` names it)."""
+    the operator, and `checkpoint` names it). Then it waits, at most LAUNCHER_END_S, for the job's launcher to let
+    go of the job (`launcher` says it did, or not)."""
     jd = ref.jobdir
     out: dict[str, Any] = {"id": ref.id}
     # an agent of a job that ended is stopped only when its record tells it from a process that took its pid since
@@ -312,7 +315,31 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
             db.update(ref.row.name, state="stopped", only_from=LIVE)
         finally:
             db.close()
+    launcher = _launcher_end(jd, timeout_s=LAUNCHER_END_S, say=say)
+    if launcher is not None:
+        out["launcher"] = launcher
     return out
+
+
+def _launcher_end(jd: JobDir, *, timeout_s: float, say: Callable[[str], object]) -> str | None:
+    """Wait, at most `timeout_s`, for the job's launcher to let go of the job: once the controller is gone it stops
+    what is left, fetches the job's record and writes the job's end to the index, and until then it holds the
+    job's launcher lock (a `launch --resume` right after the stop was refused: `has a launcher already`). What
+    became of it; None when no launcher held the job."""
+    holder = jd.launcher_holder()
+    if holder is None:
+        return None
+    t0 = time.monotonic()
+    told = False
+    while jd.launcher_holder() is not None:
+        waited = time.monotonic() - t0
+        if waited >= timeout_s:
+            return f"{holder}: still running after {timeout_s:g} s (a `launch --resume` is refused until it ends)"
+        if waited >= 2.0 and not told:
+            say(f"waiting for the job's launcher ({holder}) to end (up to {timeout_s:g} s)")
+            told = True
+        time.sleep(0.1)
+    return f"{holder}: ended {time.monotonic() - t0:.1f} s after the agents (waited for it)"
 
 
 def _still_running(ref: JobRef, handles: list[AgentHandle]) -> set[str]:

@@ -500,3 +500,67 @@ def test_a_stop_after_a_resume_lists_this_runs_agents_and_an_earlier_runs_orphan
         assert all(backend.poll(h) is not None for h in [*run2, run1[3]]), "every agent that ran is stopped"
     finally:
         backend.stop([*run2, run1[3]], grace_s=2)
+
+
+# a launcher as far as the lock goes: holds the job's launcher lock until the stop is over (its event), and lets go
+# a moment later, as a launcher does once it has stopped what was left and fetched the record
+ENDING_LAUNCHER = """
+import sys, time
+from pathlib import Path
+from rlctl.launch.jobdir import JobDir
+jd = JobDir(Path(sys.argv[1]))
+with jd.launcher_lock():
+    Path(sys.argv[2]).touch()
+    while "stopped_by_operator" not in jd.events.read_text() if jd.events.exists() else True:
+        time.sleep(0.05)
+    time.sleep({linger_s})
+"""
+
+
+def _lock_holder(jd: JobDir, tmp_path: Path, linger_s: float) -> subprocess.Popen[bytes]:
+    ready = tmp_path / "locked"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = ENDING_LAUNCHER.format(linger_s=linger_s)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(jd.path), str(ready)], env=env)
+    deadline = time.monotonic() + 60  # a bound on the wait, not a timing assertion
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    return proc
+
+
+def test_a_stop_returns_once_the_jobs_launcher_let_go_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
+) -> None:
+    # `rlctl stop` returned while the launcher still ended (stopping what was left, fetching the record): a
+    # `launch --resume` right after it was refused, `has a launcher already`, and worked 3 s later
+    ref = _running_job_of(stranger, tmp_path, monkeypatch)
+    holder = _lock_holder(ref.jobdir, tmp_path, linger_s=0.5)
+    try:
+        out = operate.stop(ref, grace_s=2)
+        with ref.jobdir.launcher_lock():  # what `launch --resume` takes first: refused while the launcher holds it
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    assert out["launcher"].startswith(f"pid {holder.pid} on {socket.gethostname()}: ended "), out
+    assert out["launcher"].endswith(" s after the agents (waited for it)")
+    assert ["launcher", out["launcher"]] in [row.split(None, 1) for row in stop_cli._table(out).splitlines()[2:]]
+
+
+def test_a_stop_waits_for_a_launcher_that_does_not_end_only_so_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
+) -> None:
+    ref = _running_job_of(stranger, tmp_path, monkeypatch)
+    monkeypatch.setattr(operate, "LAUNCHER_END_S", 0.5)
+    holder = _lock_holder(ref.jobdir, tmp_path, linger_s=600)
+    try:
+        out = operate.stop(ref, grace_s=2)
+        assert ref.jobdir.launcher_holder() == f"pid {holder.pid} on {socket.gethostname()}"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert out["launcher"] == (
+        f"pid {holder.pid} on {socket.gethostname()}: still running after 0.5 s (a `launch --resume` is refused until "
+        "it ends)"
+    )
