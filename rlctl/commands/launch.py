@@ -84,6 +84,8 @@ def summary_table(s: dict[str, Any]) -> str:
         ["wall", f"{s['wall_s']:.1f} s"],
         ["job dir", s["job_dir"]],
     ]
+    if (far := s.get("controller_job_dir")) is not None:  # where the controller's site keeps the job's record
+        rows.append(["controller's job dir", f"{far['path']} (on site {far['site']})"])
     return grid(rows, ["", ""], f"Job {s['job']}")
 
 

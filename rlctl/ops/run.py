@@ -585,6 +585,10 @@ class JobRun:
                 hint=f"continue the job from its latest complete checkpoint: `{self.resume_command()}`",
             )
         summary = found
+        here = str(self.jobdir.path)  # the job dir `status` and `report` name; the summary says the controller's
+        if summary.get("job_dir") not in (None, here):  # on its site (an SSH site, a SLURM site's workdir)
+            summary["controller_job_dir"] = {"site": self.plan["controller_site"], "path": summary["job_dir"]}
+        summary["job_dir"] = here
         summary["wall_s"] = round(time.monotonic() - self.t_start, 2)
         summary["controller_exit"] = code
         state = "finished" if summary["state"] == "done" else "stopped" if summary["state"] == "stopped" else "failed"

@@ -344,6 +344,12 @@ def test_summary_reward_throughput_and_bubbles_then_the_end_state():
     core.ledger.quarantined = 1  # the launch summary names what was set aside, once something was
     table = summary_table(summary(_snapshot(core, [row])) | {"wall_s": 5.0})  # (the launcher adds its wall time)
     assert "lost 0 duplicated 0 quarantined 1 (crashed units)" in table
+    far = {"site": "train", "path": "/site/work/jobs/views"}  # the controller's, on its site (JobRun.wait)
+    table = summary_table(summary(_snapshot(core, [row])) | {"wall_s": 5.0, "controller_job_dir": far})
+    assert table.splitlines()[-2:] == [
+        "job dir                   /jobs/views",
+        "controller's job dir      /site/work/jobs/views (on site train)",
+    ]
     core.failed = "trainer trainer-0 was lost"
     assert summary(_snapshot(core, [row]))["state"] == "failed: trainer trainer-0 was lost"
     empty = summary(_snapshot(_core(Clock()), []))

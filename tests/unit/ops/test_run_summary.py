@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+
+from rlctl.config import load_job
+from rlctl.config.inventory import Site
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.ops import operate
 from rlctl.ops.jobref import JobRef
-from rlctl.ops.run import aside_name, current_run, run_summary
+from rlctl.ops.run import JobRun, aside_name, current_run, run_summary
+from tests.conftest import ROOT
 
 
 def _job(tmp_path: Path) -> JobDir:
@@ -60,3 +66,28 @@ def test_status_does_not_end_a_job_on_the_summary_of_the_run_before(tmp_path: Pa
     jd.write_json(jd.summary_json, {"state": "done", "run": "b"})
     out, _ = operate.job_status(JobRef("j", jd, None), timeout_s=1)
     assert out["summary"]["state"] == "done"
+
+
+def _ended_run(jd: JobDir, monkeypatch: pytest.MonkeyPatch, summary_dir: str) -> JobRun:
+    """A run whose controller (on site `train`) ended and left its summary, naming `summary_dir` as its job dir."""
+    spec = load_job(ROOT / "jobs" / "demo.yaml").spec
+    local = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 1}]}
+    run = JobRun(jd, spec, {"controller_site": "train"}, sites={"train": Site.model_validate(local)})
+    run.controller = SimpleNamespace(spec=SimpleNamespace(log_path=jd.log("controller", 0)))  # type: ignore[assignment]
+    monkeypatch.setattr(run, "_watch", lambda h: 0)
+    jd.write_json(jd.summary_json, {"state": "stopped", "job_dir": summary_dir})
+    return run
+
+
+def test_the_launchers_summary_names_the_operators_job_dir_and_the_controllers_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a controller that keeps its job dir on its site (an SSH site, a SLURM site's workdir) wrote that one into the
+    # summary, and launch's table said `job dir /…/slurm-work/jobs/…` where its header, `status` and `report` said the
+    # operator's
+    jd = _job(tmp_path)
+    summary = _ended_run(jd, monkeypatch, "/site/work/jobs/job").wait(poll_s=0)
+    assert summary["job_dir"] == str(jd.path)
+    assert summary["controller_job_dir"] == {"site": "train", "path": "/site/work/jobs/job"}
+    here = _ended_run(jd, monkeypatch, str(jd.path)).wait(poll_s=0)  # the controller wrote into this one
+    assert here["job_dir"] == str(jd.path) and "controller_job_dir" not in here
