@@ -46,6 +46,7 @@ from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
 from rlctl.agents.evaluation import EvalSchedule, Evaluator, cut_evaluations
 from rlctl.agents.flight import read_flight
 from rlctl.agents.ledger import State
+from rlctl.agents.listen import listen_field
 from rlctl.agents.messages import (
     STOP_GRACE_S,
     TO_CONTROLLER,
@@ -223,6 +224,7 @@ class ControllerAgent:
         self.metrics.last_trained.set(time.time())  # the start counts as progress: a job stuck before its first
         # iteration is a stalled job too (docs/prometheus/rlctl-alerts.yml)
         self.metrics_port = self.metrics.serve(job.metrics.port, addr=bind_host(self.listener.address))
+        self.listen_field = listen_field()  # what an operator changes to move the listener (and /metrics)
         self.scaler = Scaler(
             jobdir, job.rebalance, core=self.core, placement=self.placement, metrics=self.metrics, post=self.inbox.put
         )
@@ -1036,6 +1038,7 @@ class ControllerAgent:
             stop_requested=self.stop_requested,
             metrics_port=self.metrics_port,
             metrics_host=bind_host(self.listener.address),
+            listen_field=self.listen_field,
             job_dir=str(self.jobdir.path),
             resilience={"resumes": self.resumes, **self.scaler.resilience(), "paused": self.paused},
             data=self._data_view(),

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from rlctl.config.inventory import Site, expand_hostlist
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
-from rlctl.launch.agentenv import ENV_LISTEN_HOST
+from rlctl.launch.agentenv import ENV_LISTEN_HOST, ENV_SITE
 
 AUTO = "auto"
 log = logging.getLogger(__name__)
@@ -46,6 +46,16 @@ def listen_host(job: JobFile, *, toward: str | None) -> str:
     if not toward:
         raise LaunchError("listen_host auto: no peer host to route toward (set an address for this site)")
     return route_source(toward)
+
+
+def listen_field() -> str:
+    """The setting `listen_host` takes the address from, named as an operator sets it: the site's
+    `network.listen_host` where it sets one (the launcher exports it as $RLCTL_LISTEN_HOST, over the job's), else
+    the job's `transport.listen_host`."""
+    if os.environ.get(ENV_LISTEN_HOST):
+        site = os.environ.get(ENV_SITE)
+        return f"sites.{site}.network.listen_host" if site else "the site's network.listen_host"
+    return "transport.listen_host"
 
 
 def host_of(address: str) -> str:

@@ -80,6 +80,7 @@ class Snapshot:
     evaluations: list[dict[str, Any]] = field(default_factory=list)  # evaluations.jsonl so far (agents.evaluation)
     checkpoint: tuple[int, float | None] | None = None  # the latest complete one: version, time.monotonic() then
     metrics_host: str = "127.0.0.1"  # where /metrics binds: the controller's listen host (transport.bind_host)
+    listen_field: str = "transport.listen_host"  # the setting that host came from (rlctl.agents.listen)
     gone: Mapping[str, GoneAgent] = field(default_factory=dict)  # agents gone before the last metrics row
     first_samples: Mapping[str, float] = field(default_factory=dict)  # unit asked for → seconds to its first sample
 
@@ -221,7 +222,11 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         **progress_view(s, now=now),
         "metrics_port": s.metrics_port,
         # where Prometheus scrapes: bound where the controller listens; a port of its own only with metrics.port
-        "metrics": {"address": f"{s.metrics_host}:{s.metrics_port}", "port_fixed": s.job.metrics.port != 0},
+        "metrics": {
+            "address": f"{s.metrics_host}:{s.metrics_port}",
+            "port_fixed": s.job.metrics.port != 0,
+            "listen_field": s.listen_field,
+        },
         "ledger": {
             "prompts": counts.prompts,
             "trained": counts.trained,

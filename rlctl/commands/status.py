@@ -88,13 +88,14 @@ def checkpoint_line(c: dict[str, Any] | None) -> str:
 
 def metrics_line(m: dict[str, Any] | None) -> str:
     """'http://10.0.0.5:9400/metrics', with what keeps another machine's Prometheus from scraping it: a loopback
-    address (transport.listen_host, or the site's network.listen_host) and a port picked anew each run."""
+    address (named by the setting it came from, as the controller says: the site's network.listen_host where it
+    sets one, else transport.listen_host) and a port picked anew each run."""
     if not m:
         return "-"
     host, _, port = m["address"].rpartition(":")
     notes = []
     if host.startswith("127.") or host in ("::1", "localhost"):
-        notes.append("this machine only: set transport.listen_host to a reachable address")
+        notes.append(f"this machine only: set {m.get('listen_field', 'transport.listen_host')} to a reachable address")
     if not m.get("port_fixed"):
         notes.append("a new port each run and resume: set metrics.port")
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"

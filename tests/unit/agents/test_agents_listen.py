@@ -1,6 +1,7 @@
 """Which host a controller with `listen_host: auto` routes toward: another site, by the address that site
-names for its peers when it names one (a scheduler's node names may not resolve outside the scheduler); and where
-the ranks of a SLURM trainer find rank 0 (the first node, by name or by its SLURM NodeAddr)."""
+names for its peers when it names one (a scheduler's node names may not resolve outside the scheduler); where
+the ranks of a SLURM trainer find rank 0 (the first node, by name or by its SLURM NodeAddr); and which setting an
+agent's listen address came from."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import subprocess
 
 import pytest
 
-from rlctl.agents.listen import controller_listen_host, controller_peer, slurm_master_addr
+from rlctl.agents.listen import controller_listen_host, controller_peer, listen_field, listen_host, slurm_master_addr
+from rlctl.config import load_job
 from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
+from rlctl.launch.agentenv import ENV_LISTEN_HOST, ENV_SITE
+from tests.conftest import ROOT
 
 
 def site(hosts: str, listen_host: str | None = None) -> Site:
@@ -110,3 +114,17 @@ def test_rank0_unresolvable_and_unknown_to_scontrol_is_one_line_naming_the_node(
         "trainer group: node sitea-1 (rank 0's) does not resolve ([Errno -2] Name or service not known) and "
         "`scontrol show node sitea-1` gives no NodeAddr: Node sitea-1 not found"
     )
+
+
+def test_the_setting_named_is_the_one_the_address_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `rlctl status` told the operator to set transport.listen_host while the site's network.listen_host (exported
+    # by the launcher) decided: setting it changed nothing
+    job = load_job(ROOT / "jobs" / "demo.yaml").spec
+    job = job.model_copy(update={"transport": job.transport.model_copy(update={"listen_host": "192.0.2.2"})})
+    monkeypatch.delenv(ENV_LISTEN_HOST, raising=False)
+    monkeypatch.setenv(ENV_SITE, "train")
+    assert (listen_host(job, toward=None), listen_field()) == ("192.0.2.2", "transport.listen_host")
+    monkeypatch.setenv(ENV_LISTEN_HOST, "127.0.0.1")
+    assert (listen_host(job, toward=None), listen_field()) == ("127.0.0.1", "sites.train.network.listen_host")
+    monkeypatch.delenv(ENV_SITE)
+    assert listen_field() == "the site's network.listen_host"

@@ -301,7 +301,7 @@ def test_status_shows_where_metrics_are_served_and_what_keeps_another_machine_fr
     by default it is loopback (the controller's listen host) on a port picked anew each run."""
     core, _, _ = _one_iteration()
     st = status(_snapshot(core, []), now=110.0)
-    assert st["metrics"] == {"address": "127.0.0.1:9999", "port_fixed": False}
+    assert st["metrics"] == {"address": "127.0.0.1:9999", "port_fixed": False, "listen_field": "transport.listen_host"}
     assert metrics_line(st["metrics"]) == (
         "http://127.0.0.1:9999/metrics  (this machine only: set transport.listen_host to a reachable address; "
         "a new port each run and resume: set metrics.port)"
@@ -311,6 +311,12 @@ def test_status_shows_where_metrics_are_served_and_what_keeps_another_machine_fr
     st = status(_snapshot(core, [], job=job, metrics_port=9400, metrics_host="10.0.0.5"), now=110.0)
     assert metrics_line(st["metrics"]) == "http://10.0.0.5:9400/metrics"
     assert metrics_line({"address": "fd00::5:9400", "port_fixed": True}) == "http://[fd00::5]:9400/metrics"
+    # a site that sets network.listen_host decides over transport.listen_host: the hint names the site's (it named
+    # transport.listen_host, and setting it changed nothing)
+    st = status(_snapshot(core, [], listen_field="sites.train.network.listen_host"), now=110.0)
+    assert metrics_line(st["metrics"]).startswith(
+        "http://127.0.0.1:9999/metrics  (this machine only: set sites.train.network.listen_host to a reachable address;"
+    )
 
 
 def test_durations_read_as_people_read_them():
