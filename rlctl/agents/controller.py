@@ -665,6 +665,9 @@ class ControllerAgent:
             reply, outs = self.scaler.scale(int(msg.header["delta"]), msg.header.get("site"), reason="manual")
             self._send(outs)
             self._reply(peer, msg, reply)
+        elif msg.kind == "shutdown" and msg.header.get("failed"):  # the launcher's: the loop ends, failed
+            self.core.failed = self.core.failed or str(msg.header["failed"])
+            self._reply(peer, msg, {"ok": True, "grace_s": STOP_GRACE_S, "checkpoint": None})
         elif msg.kind == "shutdown":
             self._reply(peer, msg, self._stop_asked(peer.name, msg.header.get("grace_s")))
         else:

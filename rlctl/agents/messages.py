@@ -270,9 +270,12 @@ STOP_GRACE_S = 15.0
 
 class Shutdown(msgspec.Struct):
     """`rlctl stop`'s request: `grace_s`, how long it waits before it kills the controller (None: not said:
-    STOP_GRACE_S, or what the controller answers)."""
+    STOP_GRACE_S, or what the controller answers). The launcher's, with `failed`: the job failed where the
+    controller cannot see it (a trainer rank ended before the trainer joined): it ends the job failed with that
+    reason, not stopped."""
 
     grace_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    failed: str | None = None
 
 
 class Empty(msgspec.Struct):

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlctl.agents.messages import STOP_GRACE_S
 from rlctl.checkpoint.choose import (
     LATEST_POINTER,
     ResumePoint,
@@ -601,6 +602,7 @@ class JobRun:
             if code is None:
                 continue
             self._register("failed", trainer_exit=code)
+            self._end_failed(f"{h.spec.name} exited with {exit_text(code)} before the job's trainer joined")
             tail = self.log_tail(h.spec.role, h.spec.replica, lines=ERROR_LOOKBACK_LINES)
             log.warning("the end of %s:\n%s", h.spec.log_path, "\n".join(tail.splitlines()[-15:]))
             raise LaunchError(
@@ -608,6 +610,25 @@ class JobRun:
                 f"{h.spec.log_path})" + first_error(tail, ranks=int(self.plan["trainer"]["ranks"])),
                 hint="fix what its log says, then launch the job again",
             )
+
+    def _end_failed(self, why: str, *, grace_s: float = STOP_GRACE_S) -> None:
+        """Tell the controller the job failed (`why`) where it cannot see it, and wait (at most `grace_s`) for it
+        to end: its summary says `failed: why`, as the index does. Before, the launcher's stop (SIGTERM) ended it
+        and the summary said `stopped`, which `status` showed beside the index's `failed`. A controller that does
+        not answer is left to that stop (logged)."""
+        assert self.controller is not None
+        try:
+            conn = connect_client(self.jobdir, timeout_s=5.0, name="launch-failed")
+            try:
+                conn.request(Message("shutdown", {"failed": why}), timeout_s=5.0)
+            finally:
+                conn.close()
+        except (RlctlError, OSError, ValueError, KeyError) as e:
+            log.warning("could not tell the controller the job failed (%s); its summary may say stopped", e)
+            return
+        deadline = time.monotonic() + grace_s
+        while self._watch(self.controller) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
 
     def resume_command(self) -> str:
         """How the user continues this job: by its index id, or its directory when it is not in the index."""

@@ -3,6 +3,7 @@ exactly once; a rollout agent killed mid-run has its prompts re-queued; stop lea
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -94,6 +95,10 @@ def test_a_trainer_that_ends_before_joining_ends_the_wait_naming_it(tiny_job, tm
     assert "\n" not in msg
     jd = JobDir(tmp_path / "run")
     assert alive_agent_pids(jd.read_lines(jd.events)) == []
+    # the controller's summary says the job failed, as the launcher (and the job index) do: the launcher's stop
+    # ended it `stopped`, and `status` said "the job ended (stopped)" beside "job index failed"
+    state = json.loads(jd.summary_json.read_text())["state"]
+    assert state == "failed: trainer-0 exited with 1 before the job's trainer joined", state
 
 
 def test_killed_rollout_agent_prompts_are_requeued(tiny_job, tmp_path):
