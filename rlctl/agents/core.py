@@ -46,11 +46,15 @@ RESERVE_S = 30.0
 ITERATION_PRIORITY_STEP = 1e6  # > any predicted length: the iteration dominates the admission order
 # A group whose samples are all in but whose reward is still computing holds the trainer's iteration when it may
 # only be trained there. Past this long (the job's `task.reward_stall_s`, else STALL_FACTOR × the median of the last
-# rewards' latencies, at least STALL_FLOOR_S) the samples whose reward is late are filtered out and the group trains
-# without them; one that would keep fewer than MIN_GROUP is generated again and a finished group of a later
-# iteration takes its place (`unstick`). The median, not a p90: a pool with hung calls queues the others, and in
-# `bench reward` a p90 of 0.16 s (median 0.016 s) set a limit of 1.6 s, near the 2 s timeout.
+# rewards' latencies, at least STALL_FLOOR_S and STALL_P90_FACTOR × their p90) the samples whose reward is late are
+# filtered out and the group trains without them; one that would keep fewer than MIN_GROUP is generated again and a
+# finished group of a later iteration takes its place (`unstick`). The median: a pool with hung calls queued the
+# others, and in `bench reward` 10 × a p90 of 0.16 s (median 0.016 s) set a limit of 1.6 s, near the 2 s timeout
+# (hung calls are cancelled since, and others no longer queue behind them). The p90 term: a reward that is slower on
+# some outputs as a rule (a verifier slower on long answers: 80 ms on 30 % of them, 2 ms on the rest) is no stall,
+# and filtering those outputs out biased every batch and the reward curve (the filtered were the long, right ones).
 STALL_FACTOR = 10.0
+STALL_P90_FACTOR = 2.0
 STALL_FLOOR_S = 0.05
 STALL_MIN_SAMPLES = 32  # reward latencies seen before the automatic limit applies (worker start-up is slow)
 MIN_GROUP = 2  # samples a filtered group keeps at least (a group advantage compares two or more)
@@ -509,7 +513,9 @@ class ControllerCore:
             return self.cfg.reward_stall_s
         if len(self.reward_latency) < STALL_MIN_SAMPLES:
             return None
-        return max(STALL_FLOOR_S, STALL_FACTOR * self.reward_quantile(0.5))
+        return max(
+            STALL_FLOOR_S, STALL_FACTOR * self.reward_quantile(0.5), STALL_P90_FACTOR * self.reward_quantile(0.9)
+        )
 
     def reward_quantile(self, q: float) -> float:
         """The q-quantile of the last rewards' latencies (0.0 before any)."""
@@ -530,23 +536,30 @@ class ControllerCore:
         if limit is None or self.done or self.failed or self.buffers.ready(b) or not self.scoring_since:
             return []
         now = self.clock()
+        # a reward holds the trainer only once the trainer waits for iteration b: since it trained b − 1
+        prev = self.stats.get(b - 1)
+        idle = prev.trained_at if prev is not None and prev.trained_at is not None else float("-inf")
+
+        def held(e: Entry) -> float:
+            return now - max(self.scoring_since.get(e.sample_id, now), idle)
+
         changed = False
         for group, due in list(self.buffers.deadline.items()):
             entries = self._kept(group)
             if due != b or not all(e.state is State.FINISHED for e in entries):
                 continue
-            late = [e for e in entries if e.reward is None and now - self.scoring_since.get(e.sample_id, now) >= limit]
+            late = [e for e in entries if e.reward is None and held(e) >= limit]
             if not late:
                 continue
-            waited = round(max(now - self.scoring_since.get(e.sample_id, now) for e in late), 3)
+            waited = round(max(held(e) for e in late), 3)
             if len(entries) - len(late) >= MIN_GROUP:  # filtered out: the group trains without them
-                self._forget(late)
+                self._forget(late, late=True)
                 for e in late:
                     self.ledger.filter(e.sample_id)
                 self._complete(group)
                 self.aborts.append({"group": group, "iteration": b, "waited_s": waited, "filtered": len(late)})
             elif group not in self.aborted:  # too few would be left: generated again, once per group
-                self._forget(entries)
+                self._forget(entries, late=True)
                 self.buffers.release(group)
                 self.ledger.abort_group(group)
                 self.aborted.add(group)
@@ -556,11 +569,17 @@ class ControllerCore:
             changed = True
         return self.pump() if changed else []
 
-    def _forget(self, entries: list[Entry]) -> None:
-        """Their rewards and outputs are not waited for any more (the reward calls still running: `unwanted`)."""
+    def _forget(self, entries: list[Entry], *, late: bool = False) -> None:
+        """Their rewards and outputs are not waited for any more (the reward calls still running: `unwanted`).
+        `late`: given up on for holding the trainer (`unstick`): each call's time so far counts among the reward
+        latencies (a lower bound of its own). Left out, the automatic limit saw only the rewards it let finish, and
+        a reward slower on some outputs as a rule (the long answers) was filtered out for ever, never raising it."""
+        now = self.clock()
         for e in entries:
-            if self.scoring_since.pop(e.sample_id, None) is not None:
+            if (since := self.scoring_since.pop(e.sample_id, None)) is not None:
                 self.unwanted.append(e.sample_id)
+                if late:
+                    self.reward_latency.append(now - since)
             self.payloads.pop(e.sample_id, None)
 
     def _fill_forward(self) -> list[Out]:

@@ -212,7 +212,8 @@ class DatasetTask(OverlongShaping):
         "auto",
         description="a sample whose reward is still computing while its group holds the trainer's iteration is "
         "filtered out after this long, and its group trains without it (a group that would keep fewer than 2 "
-        "samples is generated again; auto: 10 × the median of recent reward latencies, at least 0.05 s; never: "
+        "samples is generated again; auto: 10 × the median of recent reward latencies, at least 0.05 s and 2 × their "
+        "p90 (a reward slower on some outputs as a rule is waited for); never: "
         "wait for the reward, up to reward_timeout_s)",
     )
 

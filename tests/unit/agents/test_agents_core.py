@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import pytest
+
 from rlctl.agents.core import ControllerCore, CoreConfig, Mode, Out, PromptSpec
 from rlctl.agents.ledger import Ledger, State
 from rlctl.agents.messages import Delivered, Regroup
@@ -763,3 +765,32 @@ def test_a_resume_does_not_create_again_a_round_whose_group_trained_in_an_earlie
     core.trained(iteration=0, version=1, sample_ids=["p2-0/0"], stats={})
     again, sent = _resumed(core, 1, **kw)
     assert again.created == 4 and sent == ["p0-0/0", "p1-0/0", "p3-0/0"]
+
+
+def test_the_automatic_stall_limit_is_above_a_reward_that_is_slower_on_some_outputs_as_a_rule():
+    """A verifier slower on long answers (80 ms on 30 % of them, 2 ms on the rest): the limit was 10 × the median at
+    least 0.05 s, so every long answer whose reward held the trainer was filtered out (the right ones: a biased batch
+    and reward curve). The p90 term puts the limit past them: max(0.05, 10 × 0.002, 2 × 0.08) = 0.16 s."""
+    core = _one_prompt_core([0.0], mode="async", eta=1, iterations=4, stall=None)
+    core.cfg.abort_stalled = True
+    core.reward_latency.extend([0.002] * 70 + [0.08] * 30)
+    assert core.stall_s() == pytest.approx(0.16)
+    core.reward_latency.clear()
+    core.reward_latency.extend([0.016] * 98 + [2.0] * 2)  # `bench reward`: hung calls, 2 %, cut at the timeout
+    assert core.stall_s() == pytest.approx(0.16)  # 10 × the median, as before: the hung calls do not raise it
+
+
+def test_a_reward_holds_the_trainer_only_from_when_the_trainer_waits_for_it():
+    """A reward computing while the trainer still trained the iteration before costs nothing: its hold is counted
+    from the trainer's last step, not from when the call began (it was filtered as soon as the step ended)."""
+    now = [0.0]
+    core = _one_prompt_core(now, mode="async", eta=1, iterations=4, stall=0.5)
+    _finish(core, "r0", "p0/0")
+    core.sample("r0", sample_id="p1/0", version=0, output_tokens=5, payload="p1", reward=None)  # scoring from 0.0
+    now[0] = 2.0
+    core.trained(iteration=0, version=1, sample_ids=["p0/0"], stats={})  # the trainer waits for iteration 1 from now
+    now[0] = 2.3
+    assert core.unstick() == [] and core.ledger.entries["p1/0"].state is State.FINISHED  # held 0.3 s of 0.5
+    now[0] = 2.6
+    core.unstick()
+    assert core.ledger.entries["p1/0"].state is State.DISPATCHED  # held 0.6 s: generated again
