@@ -553,13 +553,13 @@ class ControllerCore:
                 continue
             waited = round(max(held(e) for e in late), 3)
             if len(entries) - len(late) >= MIN_GROUP:  # filtered out: the group trains without them
-                self._forget(late, late=True)
+                self._forget(late, late=limit)
                 for e in late:
                     self.ledger.filter(e.sample_id)
                 self._complete(group)
                 self.aborts.append({"group": group, "iteration": b, "waited_s": waited, "filtered": len(late)})
             elif group not in self.aborted:  # too few would be left: generated again, once per group
-                self._forget(entries, late=True)
+                self._forget(entries, late=limit)
                 self.buffers.release(group)
                 self.ledger.abort_group(group)
                 self.aborted.add(group)
@@ -569,17 +569,19 @@ class ControllerCore:
             changed = True
         return self.pump() if changed else []
 
-    def _forget(self, entries: list[Entry], *, late: bool = False) -> None:
+    def _forget(self, entries: list[Entry], *, late: float | None = None) -> None:
         """Their rewards and outputs are not waited for any more (the reward calls still running: `unwanted`).
-        `late`: given up on for holding the trainer (`unstick`): each call's time so far counts among the reward
-        latencies (a lower bound of its own). Left out, the automatic limit saw only the rewards it let finish, and
-        a reward slower on some outputs as a rule (the long answers) was filtered out for ever, never raising it."""
-        now = self.clock()
+        `late`: the stall limit they were given up on at (`unstick`): it counts as each call's latency among the
+        reward latencies (a lower bound). Left out, the automatic limit saw only the rewards it let finish, and a
+        reward slower on some outputs as a rule (the long answers) was filtered out for ever, never raising it; with
+        it, more than a tenth filtered raise the p90, hence the limit. Not the calls' whole time so far: in async mode
+        a hung call may have run most of its timeout before it held the trainer, and the limit then passed the
+        timeout (`bench reward`: 5 timeouts)."""
         for e in entries:
-            if (since := self.scoring_since.pop(e.sample_id, None)) is not None:
+            if self.scoring_since.pop(e.sample_id, None) is not None:
                 self.unwanted.append(e.sample_id)
-                if late:
-                    self.reward_latency.append(now - since)
+                if late is not None:
+                    self.reward_latency.append(late)
             self.payloads.pop(e.sample_id, None)
 
     def _fill_forward(self) -> list[Out]:
