@@ -289,6 +289,7 @@ SERIES: dict[str, str] = {
     "loss": "train/loss",
     "kl": "train/kl",
     "kl_ref": "train/kl_ref",
+    "value_loss": "train/value_loss",
     "grad_norm": "train/grad_norm",
     "lr": "train/lr",
     "clip_frac": "train/clip_frac",

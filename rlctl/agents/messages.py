@@ -226,9 +226,11 @@ class Trained(msgspec.Struct):
     # mean per-token k3 estimate of KL(sampling policy ‖ trainer policy before this step's update), over the
     # tokens trained: how off-policy the batch was (staleness, engine numerics); not the reference KL
     kl: float = 0.0
-    # mean per-token k3 estimate of KL(trainer policy ‖ reference policy) that `algorithm.kl_coef` penalises
-    # (0 when kl_coef is 0: no reference model)
-    kl_ref: float = 0.0
+    # mean per-token KL to the reference policy that `algorithm.kl_coef` multiplies: GRPO's loss, the k3 estimate
+    # of KL(trainer policy ‖ reference); PPO's rewards, the k1 estimate of KL(sampling policy ‖ reference).
+    # None when kl_coef is 0 (no reference model)
+    kl_ref: float | None = None
+    value_loss: float | None = None  # PPO's critic loss, ½·(V − R)² per token; None without a critic (GRPO)
     grad_norm: float = 0.0  # the policy's gradient norm before clipping (algorithm.grad_clip)
     lr: float = 0.0  # the learning rate of this step (algorithm.lr and its schedule)
     # per token trained (groups without signal are not: `no_signal_frac`); NaN when the iteration trained none

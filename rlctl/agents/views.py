@@ -123,7 +123,8 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
         "loss": _finite(t.loss, 5),
         **_per_token(kl=round(t.kl, 6), clip_frac=round(t.clip_frac, 5), entropy=round(t.entropy, 5)),
         # KL to the reference policy, which algorithm.kl_coef penalises (no reference model without it)
-        **({"kl_ref": round(t.kl_ref, 6)} if s.job.algorithm.kl_coef > 0 else {}),
+        **({"kl_ref": _finite(t.kl_ref, 6)} if t.kl_ref is not None else {}),
+        **({"value_loss": _finite(t.value_loss, 5)} if t.value_loss is not None else {}),  # PPO's critic
         "grad_norm": _finite(t.grad_norm, 5),  # None: NaN or infinite, and the step was skipped
         **({"step_skipped": True} if t.skipped else {}),
         "lr": t.lr,

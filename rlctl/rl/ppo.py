@@ -4,6 +4,8 @@
     GAE            δ_t = r_t + γ·V_{t+1} − V_t ;  A_t = δ_t + γλ·A_{t+1}   (V after the last token = 0)
     returns        R_t = A_t + V_t ;  advantages whitened over the batch's tokens
     losses         policy: PPO-clip on A_t (grpo.policy_loss) ; critic: ½·(V_θ − R)² token mean
+    reported       kl_ref = mean over the batch's tokens of (logp_behaviour − logp_ref)_t: the k1 KL that β
+                   multiplies in the rewards (a per-batch estimate: it can read slightly below 0)
 
 V_t is the critic's value of the state *before* output token t, i.e. the hidden state at the
 position whose logits predict token t (the same grid as the log-probs).
@@ -43,6 +45,7 @@ _SUMMED = (
     "clip_sum",
     "approx_kl_sum",
     "kl_sum",
+    "kl_ref_sum",
     "tokens",
     "value_loss",
     "entropy_sum",
@@ -184,6 +187,8 @@ class PpoLearner:
             sums["value_loss"] += float(v_loss.detach()) * total
             for k, v in m.items():
                 sums[k] += v
+            if self.cfg.kl_coef > 0 and batch.ref_logprobs is not None:  # the rewards' KL (`advantages`): β 0 above
+                sums["kl_ref_sum"] += float(((batch.old_logprobs - batch.ref_logprobs) * batch.mask).sum())
         if self.dp.size > 1:  # each rank summed the loss of its share: sum the gradients and figures over dp
             for module in (self.model, self.critic):
                 for p in module.parameters():
@@ -209,6 +214,7 @@ class PpoLearner:
         return {
             "loss": sums["pg_loss_sum"] / n,
             "value_loss": sums["value_loss"] / n,
+            "kl_ref": sums["kl_ref_sum"] / n,  # k1 KL(behaviour ‖ reference) the rewards penalise (kl_coef > 0: 0 else)
             "clip_frac": sums["clip_sum"] / n,
             "approx_kl": sums["approx_kl_sum"] / n,
             "kl": sums["kl_sum"] / n,

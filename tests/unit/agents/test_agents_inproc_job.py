@@ -92,7 +92,10 @@ def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
     assert s["ledger"]["trained_samples"] == 18
     assert (s["ledger"]["duplicated"], s["ledger"]["lost"], s["staleness_violations"]) == (0, 0, 0)
     assert max(int(k) for k in s["staleness"]) <= job.pipeline.eta
-    assert [r["iteration"] for r in jd.read_lines(jd.metrics)] == [0, 1, 2]
+    rows = jd.read_lines(jd.metrics)
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    # PPO's critic loss in every row (it was dropped); no reference KL at kl_coef 0 (it read 0.0 for PPO)
+    assert all(("value_loss" in r) == (algorithm == "ppo") and "kl_ref" not in r for r in rows), rows
     assert (jd.checkpoint(2) / "model" / "config.json").exists()
     assert latest_complete(jd.path / "checkpoints") == 3  # both parts, verified; the pointer moved last
     samples = sample_rows(jd, 3)  # the sample log up to checkpoint 3 and its ledger: each sample once, trained
@@ -116,6 +119,19 @@ def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
     assert all(f is not None and f.num_steps > 0 and f.sent_tokens > 0 for f in flights), flights
     if mode == "sync":  # every generation ran to its end and went out: each token generated was sent, once
         assert all(f is not None and f.generated_tokens == f.sent_tokens and f.dropped_tokens == 0 for f in flights)
+
+
+@pytest.mark.timeout(120)
+def test_a_ppo_job_with_a_reference_reports_the_kl_its_rewards_penalise_and_its_critic_loss(tmp_path):
+    """PPO applies kl_coef as a reward penalty: every row has that KL and the critic's loss (before, kl_ref read 0.0
+    in every row and value_loss was in none)."""
+    torch.manual_seed(0)
+    job = _job("sync", iterations=3, algorithm="ppo")
+    job = job.model_copy(update={"algorithm": job.algorithm.model_copy(update={"kl_coef": 0.05, "lr": 1e-2})})
+    jd, _ = run_inproc(job, tmp_path, "ppo-kl")
+    rows = jd.read_lines(jd.metrics)
+    assert all(r["value_loss"] > 0 and math.isfinite(r["kl_ref"]) for r in rows), rows
+    assert rows[-1]["kl_ref"] != 0.0, rows  # the policy moved off its reference: the sampled tokens' KL is not 0
 
 
 @pytest.mark.timeout(120)

@@ -540,6 +540,18 @@ def test_the_reference_kl_is_in_the_row_when_the_job_penalises_it():
     assert row_to_metrics(row)["train/kl_ref"] == 0.0
 
 
+def test_ppo_s_critic_loss_and_reference_kl_are_in_the_row_and_absent_where_no_figure_applies():
+    """PPO's value loss and the KL its rewards penalise reach the row and the trackers (they were dropped, and
+    kl_ref read 0.0); a GRPO step without a reference model has neither, rather than a made-up 0."""
+    core, t, _ = _one_iteration()
+    ppo = metrics_row(_snapshot(core, []), msgspec.structs.replace(t, value_loss=0.123456, kl_ref=0.0123), wall_time=0)
+    assert (ppo["value_loss"], ppo["kl_ref"]) == (0.12346, 0.0123)
+    assert row_to_metrics(ppo)["train/value_loss"] == 0.12346
+    grpo = metrics_row(_snapshot(core, []), t, wall_time=0)
+    assert not {"value_loss", "kl_ref"} & set(grpo)
+    assert (t.value_loss, t.kl_ref) == (None, None)  # the message's defaults: no figure
+
+
 def test_the_queue_gauge_counts_prompts_of_every_iteration_and_a_site_without_units_reads_zero():
     clock = Clock()
     cfg = CoreConfig(iterations=4, prompts_per_iteration=2, samples_per_prompt=4, max_new_tokens=8, mode="async", eta=2)

@@ -294,6 +294,7 @@ def test_gae_unrolled_by_hand() -> None:
 #     min(1.5·(−1.3750780), 1.2·(−1.3750780)) = −2.0626170;  loss = −(Σ)/3 = 1.0940837/3 = 0.3646946
 #   value loss ½·mean (V − R)²: errors [−0.332, −0.6, 0.5] → ½·(0.110224 + 0.36 + 0.25)/3 = 0.1200373
 #   k3 KL: (0.0945349·2 + 0.1931472)/3 = 0.1274057
+#   reference KL the rewards penalise (k1, behaviour − ref per token): (0.5 − 1.0 + 0)/3 = −0.1666667
 
 
 def ppo_setup() -> tuple[PpoLearner, list[Sample]]:
@@ -322,4 +323,5 @@ def test_ppo_step_losses_and_kl_by_hand() -> None:
     assert m["loss"] == pytest.approx(0.3646946, abs=2e-6)
     assert m["value_loss"] == pytest.approx(0.1200373, abs=1e-6)  # unclipped ½(V − R)², token mean
     assert m["kl"] == pytest.approx(0.1274057, abs=1e-6)
+    assert m["kl_ref"] == pytest.approx(-0.1666667, abs=1e-6)  # PPO did not report the KL its rewards penalise
     assert m["tokens"] == 3 and m["clip_frac"] == 1.0  # all three ratios are outside [0.8, 1.2]
