@@ -80,7 +80,7 @@ from rlctl.checkpoint.choose import checkpoints_at, resume_version
 from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, save_controller
 from rlctl.checkpoint.files import prune, set_aside_newer
 from rlctl.config.job import DatasetTask, JobFile, refills
-from rlctl.errors import PeerClosed, TransportError
+from rlctl.errors import PeerClosed, RlctlError, TransportError
 from rlctl.launch.agentenv import ENV_RUN
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
@@ -223,7 +223,7 @@ class ControllerAgent:
         self.metrics = JobMetrics()
         self.metrics.last_trained.set(time.time())  # the start counts as progress: a job stuck before its first
         # iteration is a stalled job too (docs/prometheus/rlctl-alerts.yml)
-        self.metrics_port = self.metrics.serve(job.metrics.port, addr=bind_host(self.listener.address))
+        self.metrics_port = self._serve_metrics(job.metrics.port)
         self.listen_field = listen_field()  # what an operator changes to move the listener (and /metrics)
         self.scaler = Scaler(
             jobdir, job.rebalance, core=self.core, placement=self.placement, metrics=self.metrics, post=self.inbox.put
@@ -953,6 +953,19 @@ class ControllerAgent:
                 peer.conn.send(make(o.kind, o.header, tensors))
             except TransportError as e:
                 self._broken(peer, f"send failed: {e}", since=began)
+
+    def _serve_metrics(self, port: int) -> int:
+        """/metrics where the controller listens, on `metrics.port` (0: a free one); its port. A port that cannot be
+        bound (another server holds it) is one line naming metrics.port and the address, which launch quotes."""
+        host = bind_host(self.listener.address)
+        try:
+            return self.metrics.serve(port, addr=host)
+        except OSError as e:
+            self.listener.close()
+            raise RlctlError(
+                f"metrics.port {port}: cannot serve /metrics on {host}:{port} ({e.strerror or e})",
+                hint="set metrics.port to a port free on the controller's host, or 0 for one picked at each start",
+            ) from e
 
     def _trained(self, t: Trained) -> None:
         generated = self._generated(t)  # before the core retires the round it completes

@@ -13,6 +13,7 @@ write checkpoint shards on several hosts of an SSH site that share no work root.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import ipaddress
 import logging
@@ -102,6 +103,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     out += _devices(job)
     out += _listen_addresses(job)
     out += _unbindable(job)
+    out += _metrics_port_taken(job)
     tp = spec.rollout.tensor_parallel or 1
     for i, r in enumerate(spec.placement.rollout):  # a unit holds tp GPUs: a count's remainder would sit idle
         if r.gpus != "auto" and spec.rollout.tensor_parallel is not None and int(r.gpus) % tp:
@@ -541,6 +543,35 @@ def _unbindable(job: Job) -> list[Problem]:
                 )
             )
     return out
+
+
+def _metrics_port_taken(job: Job) -> list[Problem]:
+    """A fixed metrics.port that another server holds where the controller would serve /metrics: its listen address
+    on this machine (a local site's controller). A remote controller's host is not asked, nor an `auto` address
+    (the interface is chosen at its start)."""
+    port = job.spec.metrics.port
+    p = job.spec.placement
+    name = p.controller_site or p.trainer.site
+    address, _ = _listen_field(job, name)
+    if not port or address == "auto" or not kind_of(job.inventory.sites[name]).on_this_machine:
+        return []
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the controller's server: a port whose
+            probe.bind(where)  # last run's connections are in TIME_WAIT is free to it
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:  # an address this machine does not have: `_unbindable`'s line
+            return []
+        return [
+            Problem(
+                "metrics.port",
+                f"{port} is taken on {address} (site {name!r}'s controller serves /metrics there, on this machine): "
+                f"another server holds it",
+                hint="choose a free port, or 0 for one picked at each start",
+            )
+        ]
+    return []
 
 
 def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:

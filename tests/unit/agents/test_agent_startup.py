@@ -6,6 +6,7 @@ controller starts without torch at all (it loads with the first sample's tensor 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,40 @@ def test_the_controller_agent_starts_without_torch_and_leaves_its_threads_to_the
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["TORCH", "False", "THREADS", "1", "LISTEN", "tcp://127.0.0.1:0"], proc.stdout
+
+
+# the real controller, its metrics.port held by another server (argv: job dir, port)
+CONTROLLER_PORT_TAKEN = """
+import sys
+from pathlib import Path
+from rlctl.agents.__main__ import main
+from rlctl.config import load_job
+from rlctl.launch.jobdir import JobDir
+
+jd = JobDir.create("j", explicit=Path(sys.argv[1]))
+spec = load_job(Path("jobs/demo.yaml")).spec
+metrics = spec.metrics.model_copy(update={"port": int(sys.argv[2])})
+jd.write_job(spec.model_copy(update={"metrics": metrics}), source="x")
+sys.exit(main(["controller", "--job-dir", str(jd.path), "--listen", "tcp://127.0.0.1:0"]))
+"""
+
+
+def test_a_controller_whose_metrics_port_is_taken_ends_in_one_line_naming_it_that_launch_quotes(tmp_path: Path) -> None:
+    # it ended on a 15-line traceback ending "OSError: [Errno 98] Address already in use", naming neither the
+    # setting nor the address; launch's error quoted nothing of it
+    from rlctl.ops.run import last_error
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-c", CONTROLLER_PORT_TAKEN, str(tmp_path / "j"), str(port)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    want = f": metrics.port {port}: cannot serve /metrics on 127.0.0.1:{port} (Address already in use) (set"
+    assert last_error(proc.stderr).startswith(want), proc.stderr[-2000:]

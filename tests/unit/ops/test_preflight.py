@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -1043,6 +1044,20 @@ def test_a_listen_address_this_machine_does_not_have_is_refused_for_its_local_si
     (p,) = refused(job, "transport.listen_host")
     assert p.message.startswith("192.0.2.77: site 'local''s agents run on this machine, which cannot listen there (")
     assert refused(load(tmp_path, transport={"listen_host": "127.0.0.1"}), "transport.listen_host") == []
+
+
+def test_a_fixed_metrics_port_another_server_holds_on_this_machine_is_refused_by_check(tmp_path: Path) -> None:
+    # check passed, and the controller died at start on a traceback ending "OSError: [Errno 98] Address already in use"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        job = load(tmp_path, metrics={"port": port})
+        (p,) = refused(job, "metrics.port")
+        assert p.message.startswith(f"{port} is taken on 127.0.0.1 (site 'local''s controller serves /metrics there")
+        assert f"metrics.port: {port} is taken on 127.0.0.1" in only_line(run_cli("check", str(job.path)))
+    assert refused(load(tmp_path, metrics={"port": port}), "metrics.port") == []  # free again
+    assert refused(load(tmp_path, metrics={"port": 0}), "metrics.port") == []  # a free one picked at each start
 
 
 def test_a_job_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
