@@ -44,7 +44,11 @@ class JobMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry if registry is not None else CollectorRegistry()
-        self.iteration = Gauge("rlctl_job_iteration", "Last completed training iteration", registry=r)
+        self.iteration = Gauge(
+            "rlctl_job_iteration",
+            "Training iterations completed (a finished N-iteration job reads N), as rlctl status counts them",
+            registry=r,
+        )
         self.ended = Gauge(
             "rlctl_job_ended",
             "1 once the controller ends the job on purpose (every iteration trained, or `rlctl stop`), held until one "

@@ -446,7 +446,7 @@ def forget_agent_gauges(m: JobMetrics, p: AgentRecord, sites: Mapping[str, str])
 def iteration_gauges(m: JobMetrics, row: dict[str, Any], t: Trained, stats: IterationStats, rows: RowBook) -> None:
     """The figures of trained iteration `t` (its metrics `row`, its `stats` in the core); the rates over the last
     iterations (`rows`, which hold `row`)."""
-    m.iteration.set(t.iteration)
+    m.iteration.set(t.iteration + 1)  # iterations completed, as status and rlctl_weights_version count them
     m.last_trained.set(row["t"])
     m.generation_seconds.set(row["t_gen_s"])
     m.training_seconds.set(row["t_train_s"])

@@ -109,7 +109,8 @@ def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
     assert set(s["agents"]) == {"trainer-0", "rollout-0", "rollout-1"}
     with urllib.request.urlopen(f"http://127.0.0.1:{ctl.metrics_port}/metrics", timeout=5) as resp:
         scraped = resp.read().decode()
-    assert "rlctl_job_iteration 2.0" in scraped
+    # iterations completed, as rlctl_weights_version and status count them (it read 2.0: the last one's index)
+    assert "rlctl_job_iteration 3.0" in scraped and "rlctl_weights_version 3.0" in scraped
     assert "rlctl_sample_staleness_versions_count 18.0" in scraped
     assert 'rlctl_ledger_samples_total{state="trained"} 18.0' in scraped
     applied = [(e["agent"], e["version"]) for e in jd.read_lines(jd.events) if e["event"] == "weights_applied"]

@@ -552,6 +552,17 @@ def test_ppo_s_critic_loss_and_reference_kl_are_in_the_row_and_absent_where_no_f
     assert (t.value_loss, t.kl_ref) == (None, None)  # the message's defaults: no figure
 
 
+def test_the_iteration_gauge_counts_completed_iterations_as_the_weight_version_and_status_do():
+    # it read the last trained iteration's 0-based index: one behind rlctl_weights_version and status's iteration
+    core, t, _ = _one_iteration()
+    m = JobMetrics()
+    row = metrics_row(_snapshot(core, []), t, wall_time=0.0)
+    iteration_gauges(m, row, t, core.stats[0], RowBook([row]))
+    value = m.registry.get_sample_value
+    assert value("rlctl_job_iteration") == value("rlctl_weights_version") == 1.0
+    assert status(_snapshot(core, [row]), now=110.0)["iteration"] == 1
+
+
 def test_the_queue_gauge_counts_prompts_of_every_iteration_and_a_site_without_units_reads_zero():
     clock = Clock()
     cfg = CoreConfig(iterations=4, prompts_per_iteration=2, samples_per_prompt=4, max_new_tokens=8, mode="async", eta=2)
