@@ -16,6 +16,8 @@ from rlctl.textutil import did_you_mean
 
 ROLES = ("controller", "trainer", "rollout")
 LAUNCHER = "launcher"  # logs/launcher.log (rlctl.ops.detach.LOG_NAME)
+ONE_AGENT_LINES = 40  # `-n`'s default for one agent's log
+EACH_AGENT_LINES = 10  # and for each agent's without one
 
 
 def agent_name(text: str) -> str:
@@ -40,7 +42,16 @@ def register(app: typer.Typer) -> None:
             typer.Argument(help="controller, trainer/N, rollout/N or launcher (default: the tail of every agent)"),
         ] = None,
         follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines (one agent)")] = False,
-        lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="lines from the end")] = 40,
+        lines: Annotated[
+            int | None,
+            typer.Option(
+                "--lines",
+                "-n",
+                min=0,
+                help=f"lines from the end (default: {ONE_AGENT_LINES}; without an agent, {EACH_AGENT_LINES} of each)",
+                show_default=False,
+            ),
+        ] = None,
     ) -> None:
         """Print an agent's log: from the job directory, or over SSH from the host the agent runs on."""
         from rlctl.launch.stage import readable_agents
@@ -61,10 +72,13 @@ def register(app: typer.Typer) -> None:
                 )
             for name in names:
                 sys.stdout.write(f"==> {name} <==\n")
-                shown = agentlogs.tail_or_why(ref.jobdir.path, handles, name, 10)
+                shown = agentlogs.tail_or_why(
+                    ref.jobdir.path, handles, name, EACH_AGENT_LINES if lines is None else lines
+                )
                 sys.stdout.writelines(line + "\n" for line in shown)
             return
         name = agent_name(agent)
+        lines = ONE_AGENT_LINES if lines is None else lines
         no_log = UsageError(f"job {ref.id}: no log for {name}; known: {', '.join(sorted(handles)) or 'none'}")
         found = agentlogs.locate(ref.jobdir.path, handles, name)
         if found is None:

@@ -218,6 +218,24 @@ def test_logs_of_a_job_without_any_says_so(tmp_path: Path) -> None:
     )
 
 
+def test_logs_of_every_agent_show_the_lines_n_asks_for_each(tmp_path: Path) -> None:
+    # without an agent, -n was ignored: always 10 lines per agent
+    jd = prepared(tmp_path / "run")
+    (jd.path / "logs").mkdir(exist_ok=True)
+    for name in ("controller-0", "rollout-0"):
+        (jd.path / "logs" / f"{name}.log").write_text("".join(f"{name} line {i}\n" for i in range(60)))
+
+    def shown(*args: str) -> list[str]:
+        r = run_cli("logs", str(jd.path), *args)
+        assert r.exit_code == 0, r.stderr
+        return r.stdout.splitlines()
+
+    three = ["==> controller-0 <=="] + [f"controller-0 line {i}" for i in (57, 58, 59)]
+    assert shown("-n", "3") == three + ["==> rollout-0 <=="] + [f"rollout-0 line {i}" for i in (57, 58, 59)]
+    assert len(shown()) == 2 * (1 + 10)  # the default: 10 lines of each
+    assert len(shown("controller")) == 40 and len(shown("controller", "-n", "2")) == 2  # one agent's: 40
+
+
 def test_logs_read_past_a_damaged_line_of_agents_jsonl(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # a line cut short by a full disk: `rlctl logs` failed on it, for every agent, for good
     jd = prepared(tmp_path / "run")
