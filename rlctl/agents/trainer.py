@@ -371,7 +371,7 @@ class TrainerAgent:
                                 tokens=int(stats["tokens"]),
                                 loss=stats["loss"],
                                 kl=stats["kl"],
-                                kl_ref=stats["kl_ref"] if self.ctx.job.algorithm.kl_coef > 0 else None,
+                                kl_ref=stats.get("kl_ref") if self.ctx.job.algorithm.kl_coef > 0 else None,
                                 value_loss=stats.get("value_loss"),  # PPO's critic
                                 grad_norm=stats["grad_norm"],
                                 lr=stats["lr"],
