@@ -53,7 +53,7 @@ from rlctl.config.job import DatasetTask, Job, JobFile
 from rlctl.errors import LaunchError, RlctlError, Stopped, UsageError
 from rlctl.launch.agentenv import ENV_RESUME, ENV_RUN, ENV_VISIBLE, ParallelConfig
 from rlctl.launch.backends import AGENTS_FILE, Backends, kind_of, read_sites, record_agent, stop_agents, write_sites
-from rlctl.launch.base import AgentHandle, AgentSpec, exit_text
+from rlctl.launch.base import LOST, AgentHandle, AgentSpec, exit_text
 from rlctl.launch.jobdir import JobDir, json_lines, refuse_taken, resume_command, say_once
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, trainer_parallel, unshared_trainer
 from rlctl.launch.sitefs import HostFiles, LocalFiles, access_hosts, agent_view, host_files, is_remote, site_root
@@ -209,6 +209,8 @@ class JobRun:
         self._record: tuple[Site, str, str] | None = None  # the controller's site, host view, site job dir
         self._status_conn: Connection | None = None
         self._unreachable: dict[str, tuple[float, float]] = {}  # site → (since, last said), while `wait` cannot poll it
+        self._ended_ranks: dict[str, tuple[int, int, int]] = {}  # trainer rank seen ended → (rank, exit code, sweep)
+        self._sweeps = 0  # how many times `wait` asked the trainer ranks' sites
         self.resume_env: dict[str, str] = {}
         self.resumed: ResumePoint | None = None  # the checkpoint `start(resume=True)` continues from
         self.run_id: str | None = None  # this run's id: its controller writes it into summary.json (ENV_RUN)
@@ -541,19 +543,24 @@ class JobRun:
         forced part killed the controller past the grace). A site this machine cannot reach for a while does not
         end it: the job runs on there (`_watch`)."""
         assert self.controller is not None
-        trainers = [h for h in self.handles if h.spec.role == "trainer" and self._starting]
+        ranks = [h for h in self.handles if h.spec.role == "trainer"]
+        trainers = ranks if self._starting else []
         next_check = time.monotonic() + TRAINER_POLL_S
         while (code := self._watch(self.controller)) is None:
-            watching = bool(trainers) and time.monotonic() >= next_check
+            due = bool(ranks) and time.monotonic() >= next_check
+            watching = bool(trainers) and due
             st = self.status() if on_progress is not None or watching else None
             if st is not None and on_progress is not None:
                 on_progress(st)
-            if watching and st is not None:
+            if due:
                 next_check = time.monotonic() + TRAINER_POLL_S
+            if watching and st is not None:
                 if any(a.get("name") == "trainer-0" for a in st.get("agents", [])):
                     trainers = []  # the trainer joined: its end is the controller's to handle (a lost trainer)
                 else:
                     self._ended_before_joining(trainers)
+            elif due:
+                self._note_ended_ranks(ranks)  # which rank ended first, for the controller's `trainer-0 was lost`
             time.sleep(UNREACHABLE_POLL_S if self._unreachable else poll_s)
         if self._status_conn is not None:
             self._status_conn.close()
@@ -592,9 +599,59 @@ class JobRun:
         summary["job_dir"] = here
         summary["wall_s"] = round(time.monotonic() - self.t_start, 2)
         summary["controller_exit"] = code
+        if str(summary.get("state", "")).startswith("failed: trainer "):
+            self._note_ended_ranks(ranks)
+            self._name_first_rank(summary)
         state = "finished" if summary["state"] == "done" else "stopped" if summary["state"] == "stopped" else "failed"
         self._register(state, controller_exit=code)
         return summary
+
+    def _note_ended_ranks(self, ranks: list[AgentHandle]) -> None:
+        """Record each trainer rank newly seen ended, with its exit code and the sweep that saw it."""
+        ended = [(h, c) for h in ranks if h.spec.name not in self._ended_ranks and (c := self._watch(h)) is not None]
+        for h, c in ended:
+            self._ended_ranks[h.spec.name] = (h.spec.replica, c, self._sweeps)
+        self._sweeps += 1
+
+    def first_ended_rank(self) -> tuple[str, int, int] | None:
+        """The trainer rank (name, rank, exit code) that ended first as far as the launcher can tell, or None: of
+        those its earliest sweep saw ended, one a signal ended (kill -9, the OOM killer, LOST) before one that
+        exited, then a rank other than 0 (the controller hears of rank 0 only: when a peer dies, rank 0 fails on
+        its broken group and the controller says `trainer trainer-0 was lost`), then the lowest rank."""
+        if not self._ended_ranks:
+            return None
+        name, (rank, code, _) = min(
+            self._ended_ranks.items(),
+            key=lambda kv: (kv[1][2], not (kv[1][1] < 0 or kv[1][1] == LOST), kv[1][0] == 0, kv[1][0]),
+        )
+        return name, rank, code
+
+    def _name_first_rank(self, summary: dict[str, Any]) -> None:
+        """The controller's `failed: trainer trainer-0 was lost (…)` names the rank it talks to, which is rarely the
+        one that died: prefix the rank that ended first and how (state, event, summary.json), versus naming rank 0
+        for a kill of rank 1 before."""
+        first = self.first_ended_rank()
+        if first is None:
+            return
+        name, rank, code = first
+        state = str(summary["state"]).removeprefix("failed: ")
+        then = "; " if name == "trainer-0" else " first; then "  # (rank 0 alone: how the one the controller lost ended)
+        summary["state"] = f"failed: trainer rank {rank} ({name}) exited with {exit_text(code)}{then}{state}"
+        summary["trainer_ranks_ended"] = {n: c for n, (_, c, _) in self._ended_ranks.items()}
+        self.jobdir.event(
+            "trainer_rank_ended",
+            agent=name,
+            rank=rank,
+            exit_code=code,
+            exit=exit_text(code),
+            first=True,
+            ended=summary["trainer_ranks_ended"],
+        )
+        on_disk = run_summary(self.jobdir, self.run_id)
+        if on_disk is not None:  # what `rlctl status` and `report` read say so too
+            on_disk["state"] = summary["state"]
+            on_disk["trainer_ranks_ended"] = summary["trainer_ranks_ended"]
+            self.jobdir.write_json(self.jobdir.summary_json, on_disk)
 
     def _ended_before_joining(self, trainers: list[AgentHandle]) -> None:
         for h in trainers:

@@ -91,3 +91,39 @@ def test_the_launchers_summary_names_the_operators_job_dir_and_the_controllers_a
     assert summary["controller_job_dir"] == {"site": "train", "path": "/site/work/jobs/job"}
     here = _ended_run(jd, monkeypatch, str(jd.path)).wait(poll_s=0)  # the controller wrote into this one
     assert here["job_dir"] == str(jd.path) and "controller_job_dir" not in here
+
+
+def test_a_trainer_rank_that_died_is_named_not_rank_0_that_lost_its_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # kill -9 of trainer-1 (FSDP, 2 ranks): rank 0 failed on its broken group and the controller said `trainer
+    # trainer-0 was lost`, which the failure line, the events and summary.json repeated, naming the rank that lived
+    jd = _job(tmp_path)
+    run = _ended_run(jd, monkeypatch, str(jd.path))
+    ranks = [SimpleNamespace(spec=SimpleNamespace(role="trainer", replica=r, name=f"trainer-{r}")) for r in range(2)]
+    run.handles = ranks  # type: ignore[assignment]
+    run._starting = False
+    codes = {"controller-0": 1, "trainer-0": 1, "trainer-1": -9}
+    run.controller = SimpleNamespace(spec=SimpleNamespace(name="controller-0"))  # type: ignore[assignment]
+    monkeypatch.setattr(run, "_watch", lambda h: codes[h.spec.name])
+    lost = "failed: trainer trainer-0 was lost (tcp://h:1: connection closed by peer); continue the job with `x`"
+    jd.write_json(jd.summary_json, {"state": lost, "job_dir": str(jd.path)})
+    summary = run.wait(poll_s=0)
+    assert summary["state"] == (
+        "failed: trainer rank 1 (trainer-1) exited with -9 (SIGKILL) first; then trainer trainer-0 was lost "
+        "(tcp://h:1: connection closed by peer); continue the job with `x`"
+    )
+    assert run_summary(jd, None)["state"] == summary["state"]  # type: ignore[index]
+    [event] = [e for e in jd.read_events() if e["event"] == "trainer_rank_ended"]
+    assert (event["agent"], event["rank"], event["exit_code"]) == ("trainer-1", 1, -9)
+    assert event["ended"] == {"trainer-0": 1, "trainer-1": -9}
+
+
+def test_the_rank_seen_ended_first_is_named_before_a_later_signal() -> None:
+    run = JobRun.__new__(JobRun)
+    run._ended_ranks = {"trainer-2": (2, 1, 0), "trainer-0": (0, 1, 0), "trainer-3": (3, -9, 1)}
+    assert run.first_ended_rank() == ("trainer-2", 2, 1)  # seen in an earlier sweep than trainer-3's kill
+    run._ended_ranks["trainer-1"] = (1, -6, 0)
+    assert run.first_ended_rank() == ("trainer-1", 1, -6)
+    run._ended_ranks = {}
+    assert run.first_ended_rank() is None
