@@ -101,6 +101,17 @@ class EvalSchedule:
         pairs = zip(self.request_ids(version), self.prompts, strict=True)
         return Evaluate(version, [EvalRequest(i, p.tokens, self.max_new_tokens) for i, p in pairs])
 
+    def redo(self, versions: list[int]) -> None:
+        """Due versions below the floor whose evaluation a run before asked for and never wrote (it failed while a
+        unit decoded it, or its row was set aside with the versions past the checkpoint): due again. Their weights
+        are gone (units hold the checkpoint's version, or later), so the first unit to hold one evaluates that
+        version in their place, as a unit that skipped a due version does. The others below the floor stay done."""
+        if not versions:
+            return
+        first = min(versions)
+        self.done.update(d for d in range(first, self.floor, self.every) if d not in versions)
+        self.low = first
+
     def request_ids(self, version: int) -> list[str]:
         """The ids of the requests that evaluate `version`, in the held-out prompts' order."""
         return [f"eval-v{version}-{i}" for i in range(len(self.prompts))]
@@ -187,13 +198,26 @@ class Evaluator:
         for r in rows:
             schedule.done.add(int(r["version"]))
             self._gauges(r)
+        self.redone = set(unwritten(jobdir.read_events(), rows, below=schedule.floor))
+        schedule.redo(sorted(self.redone))
 
     def unit_at(self, unit: str, version: int) -> list[Out]:
         """`unit` holds `version` (it joined, or applied it): ask it to evaluate when a version is due."""
         ev = self.schedule.ask(unit, version, now=time.monotonic())
         if ev is None:
             return []
-        self.jobdir.event("evaluation_asked", agent=unit, version=version, prompts=len(ev.requests))
+        covers = self.schedule.asked[version].covers
+        self.jobdir.event("evaluation_asked", agent=unit, version=version, prompts=len(ev.requests), covers=covers)
+        redone = [d for d in covers if d in self.redone]
+        if redone:
+            self.redone.difference_update(redone)
+            names = ", ".join(f"v{d}" for d in redone)
+            why = (
+                f"asked before the run failed and never written; its weights are gone: the run resumed from "
+                f"checkpoint v{self.schedule.floor}"
+            )
+            log.warning("controller: v%d is evaluated in place of %s (%s)", version, names, why)
+            self.jobdir.event("evaluation_in_place", agent=unit, version=version, of=redone, why=why)
         self.decoded_since_row = True
         return [Out(unit, "evaluate", msgspec.to_builtins(ev))]
 
@@ -289,6 +313,22 @@ class Evaluator:
         self.metrics.eval_version.set(r["version"])
         if "greedy_exact" in r:
             self.metrics.eval_greedy_exact.set(r["greedy_exact"])
+
+
+def unwritten(events: list[dict[str, Any]], rows: list[dict[str, Any]], *, below: int) -> list[int]:
+    """The due versions below `below` (a resumed run's checkpoint) that the runs before asked a unit to evaluate
+    (an `evaluation_asked` event: its version and those it `covers`) and that no kept row and no failed evaluation
+    answers for: the evaluation in flight when a run failed. Before, the resumed run took every due version below its
+    checkpoint for done, and evaluations.jsonl lacked one (0, 4, 12, 16 for a run resumed from v10 while v8 decoded)."""
+    covers: dict[int, set[int]] = {}
+    answered: set[int] = {int(r["version"]) for r in rows}
+    for e in events:
+        if e.get("event") == "evaluation_asked":
+            covers.setdefault(int(e["version"]), set()).update(int(d) for d in e.get("covers", [e["version"]]))
+        elif e.get("event") == "evaluation_failed":
+            answered.add(int(e["version"]))
+    settled = {d for v in answered for d in covers.get(v, set()) | {v}}
+    return sorted({d for ds in covers.values() for d in ds if d < below and d not in settled})
 
 
 def cut_evaluations(jobdir: JobDir, version: int) -> list[dict[str, Any]]:

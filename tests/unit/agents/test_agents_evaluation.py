@@ -279,3 +279,50 @@ def test_the_schedule_answers_as_its_definition_under_random_asks_losses_and_ans
                 s.answered(r.choice(list(s.asked)))
             elif what < 0.8:
                 s.lost(unit)
+
+
+def test_an_evaluation_in_flight_when_the_run_failed_is_done_after_the_resume(tmp_path) -> None:
+    # every 4 of 16, killed at 10 while v8 decoded, resumed from v10: evaluations.jsonl had 0, 4, 12, 16, without a
+    # word of v8 (the resumed run took every due version below its checkpoint for done)
+    task = DigitsSource(DigitsConfig(kind="digits"))
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    for v in (0, 4):
+        jd.event("evaluation_asked", agent="u0", version=v, prompts=4, covers=[v])
+        jd.append(jd.evaluations, {"version": v, "greedy_reward": 0.5, "prompts": 4, "versions": [v, v]})
+    jd.event("evaluation_asked", agent="u0", version=8, prompts=4, covers=[8])  # then the trainer was lost
+    schedule = EvalSchedule(4, 16, task.heldout(4), task.max_new_tokens, floor=10)
+    ev = Evaluator(
+        schedule,
+        task=task,
+        jobdir=jd,
+        tracker=MemoryTracker(),
+        metrics=JobMetrics(),
+        post=lambda *m: None,
+        step=lambda: 10,
+        rows=cut_evaluations(jd, 10),
+    )
+    (out,) = ev.unit_at("u0", 10)  # v8's weights are gone: the checkpoint's version answers for it
+    assert out.header["version"] == 10 and schedule.asked[10].covers == [8]
+    (said,) = [e for e in jd.read_events() if e["event"] == "evaluation_in_place"]
+    assert (said["version"], said["of"]) == (10, [8]) and "resumed from checkpoint v10" in said["why"]
+    schedule.answered(10)
+    assert ev.unit_at("u0", 11) == []  # 0 and 4 were written: not asked again
+    (out,) = ev.unit_at("u0", 12)
+    assert out.header["version"] == 12 and schedule.asked[12].covers == [12]
+
+
+def test_versions_answered_in_place_or_failed_are_not_redone_at_a_later_resume() -> None:
+    from rlctl.agents.evaluation import unwritten
+
+    rows = [{"version": 0}, {"version": 10}]
+    events = [
+        {"event": "evaluation_asked", "version": 0},  # written before `covers` was
+        {"event": "evaluation_asked", "version": 8, "covers": [8]},
+        {"event": "evaluation_asked", "version": 10, "covers": [8]},  # the resumed run's, in place of v8
+        {"event": "evaluation_asked", "version": 12, "covers": [12]},
+        {"event": "evaluation_failed", "version": 12},
+        {"event": "evaluation_asked", "version": 16, "covers": [16]},
+    ]
+    assert unwritten(events, rows, below=17) == [16]
+    assert unwritten(events, rows[:1], below=17) == [8, 16]
+    assert unwritten(events, rows, below=0) == []
