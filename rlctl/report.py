@@ -343,7 +343,8 @@ def _summary_rows(rec: JobRecord) -> list[list[str]]:
     s, rows = rec.summary or {}, rec.rows
     first = s.get("reward_first", rows[0]["reward_mean"] if rows else None)
     last = s.get("reward_last", rows[-1]["reward_mean"] if rows else None)
-    wall = s.get("wall_s", rows[-1].get("wall_s") if rows else None)
+    # the job's first controller start to its last trained iteration, across resumes (metrics rows' wall_s)
+    wall = s.get("job_wall_s", rows[-1].get("wall_s") if rows else None)
     ledger = s.get("ledger") or {}
     keys = ("prompts", "trained", "requeued", "lost", "duplicated")
     return [
@@ -353,7 +354,7 @@ def _summary_rows(rec: JobRecord) -> list[list[str]]:
         ["iterations", str(s.get("iterations", len(rows)))],
         ["reward first → last", f"{_f(first)} → {_f(last)}"],
         ["samples/s", _f(s.get("samples_per_s", rows[-1]["samples_per_s"] if rows else None), ".2f")],
-        ["wall s", _f(wall, ".1f")],
+        ["wall s (job start → last iteration)", _f(wall, ".1f")],
         ["ledger", ", ".join(f"{k} {ledger[k]}" for k in keys if k in ledger) or "- (written when the job ends)"],
         *([["quarantined prompts", str(ledger["quarantined"])]] if ledger.get("quarantined") else []),
     ]

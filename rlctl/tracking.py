@@ -280,7 +280,8 @@ SERIES: dict[str, str] = {
     "t_train_s": "time/train_s",
     "period_s": "time/period_s",
     "trainer_wait_s": "time/trainer_wait_s",
-    "wall_s": "time/wall_s",
+    "wall_s": "time/wall_s",  # since the job's first start, across resumes
+    "resumes": "job/resumes",  # the resumes before the run that wrote the row
     "delta_s": "delta/delta_s",
     "delta_window_s": "delta/window_s",
     "delta_prime_s": "delta/delta_prime_s",

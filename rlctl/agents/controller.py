@@ -60,7 +60,7 @@ from rlctl.agents.messages import (
     parse,
     recv_checked,
 )
-from rlctl.agents.rowbook import RowBook
+from rlctl.agents.rowbook import RowBook, job_start_offset
 from rlctl.agents.samplelog import SampleLog
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import (
@@ -211,7 +211,8 @@ class ControllerAgent:
         self.peers: dict[str, Peer] = {}  # the live agents and clients, and the agents gone since the last row
         self.gone: dict[str, GoneAgent] = {}  # the agents gone before it (`_prune`)
         self.listener: Listener = transport.listen(listen)
-        self.t_start = time.monotonic()
+        self.t_start, self.t_start_wall = time.monotonic(), time.time()
+        self.wall_offset_s = 0.0  # seconds from the job's first controller start to this one's (`job_start_offset`)
         self.start_waited = False  # START_WAIT_S passed without every planned unit (`start_with_fewer_units`)
         self.t_first: float | None = None
         self.violations = 0
@@ -272,6 +273,7 @@ class ControllerAgent:
             self.checkpointed = (version, None)  # complete before this run: its age is not known here
         kept = cut_metrics(self.jobdir, version)
         self.rows = RowBook(kept, kept=len(kept))
+        self.wall_offset_s = job_start_offset(kept, self.jobdir.read_events(), now=self.t_start_wall)
         self.resumes += 1
         self.jobdir.event(
             "resumed_from",
@@ -1062,6 +1064,7 @@ class ControllerAgent:
             evaluations=self.evaluator.rows if self.evaluator is not None else [],
             checkpoint=self.checkpointed,
             gone=self.gone,
+            wall_offset_s=self.wall_offset_s,
             first_samples=self.scaler.first_sample_s,
         )
 

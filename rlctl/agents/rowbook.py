@@ -19,8 +19,9 @@ TAIL_ROWS = 4  # the last rows of any run kept whole (the summary's throughput r
 
 class RowBook:
     """Every metrics row's figures that the views read. The first `kept` rows are a resumed run's earlier ones (their
-    times are not this run's pace); this run's rows start past them and past the last place where wall_s (seconds
-    since their controller started) goes back, which only a new run does."""
+    times are not this run's pace); this run's rows start past them and past the last place where a new run begins:
+    its `resumes` (the resumes before the row's run) changes, or wall_s goes back (in rows written when it counted
+    from their own controller's start; it continues across resumes now)."""
 
     def __init__(self, rows: Iterable[dict[str, Any]] = (), *, kept: int = 0) -> None:
         self.kept = kept
@@ -35,8 +36,7 @@ class RowBook:
 
     def add(self, row: dict[str, Any]) -> None:
         """Count one more row (the newest)."""
-        before, at = (self.tail[-1].get("wall_s") if self.tail else None), row.get("wall_s")
-        if self.count >= max(self.kept, 1) and before is not None and at is not None and at < before:
+        if self.count >= max(self.kept, 1) and self.tail and _new_run(self.tail[-1], row):
             self.pace.clear()  # a new run began at this row
         if self.count >= self.kept:
             self.pace.append(row)
@@ -67,3 +67,24 @@ class RowBook:
     def mean(self, key: str) -> float | None:
         """The mean of figure `key` (one of MEANS) over every row, None before the first."""
         return round(self.sums[key] / self.count, 4) if self.count else None
+
+
+def _new_run(before: dict[str, Any], row: dict[str, Any]) -> bool:
+    """Whether `row` is the first of a run after `before`'s: its `resumes` differs, or its wall_s is below `before`'s
+    (rows written before they continued across resumes; within a run wall_s never goes back)."""
+    if row.get("resumes", 0) != before.get("resumes", 0):
+        return True
+    was, at = before.get("wall_s"), row.get("wall_s")
+    return was is not None and at is not None and at < was
+
+
+def job_start_offset(kept: list[dict[str, Any]], events: list[dict[str, Any]], *, now: float) -> float:
+    """Seconds from the job's first controller start to `now` (time.time() when a resumed run's controller started),
+    which its rows' wall_s adds: from the rows the resume kept (a row's t − wall_s is when the job's first controller
+    started: their wall_s continued from it too, or they are the first run's), else from the job's first
+    `controller_listening` event (a moment after that start); 0 when neither says."""
+    for r in kept:
+        if "t" in r and "wall_s" in r:
+            return round(max(0.0, now - (float(r["t"]) - float(r["wall_s"]))), 3)
+    started = [float(e["t"]) for e in events if e.get("event") == "controller_listening"]
+    return round(max(0.0, now - min(started)), 3) if started else 0.0

@@ -83,6 +83,9 @@ class Snapshot:
     listen_field: str = "transport.listen_host"  # the setting that host came from (rlctl.agents.listen)
     gone: Mapping[str, GoneAgent] = field(default_factory=dict)  # agents gone before the last metrics row
     first_samples: Mapping[str, float] = field(default_factory=dict)  # unit asked for → seconds to its first sample
+    # seconds from the job's first controller start to this one's (a resumed run: `job_start_offset`), so that the
+    # rows' wall_s continues across resumes instead of going back to 0 at each
+    wall_offset_s: float = 0.0
 
 
 LIVE_STATES = ("running", "unreachable")  # an agent that may still be in the phase it last reported
@@ -134,7 +137,9 @@ def metrics_row(s: Snapshot, t: Trained, *, wall_time: float) -> dict[str, Any]:
         "reward_failures": s.reward_stats.failures,  # calls that raised, timed out or returned a wrong type
         "period_s": round(period, 4),
         "trainer_wait_s": round(wait, 4),
-        "wall_s": round((st.trained_at or 0.0) - s.t_start, 3),
+        # seconds since the job's first controller started (across resumes), and the resumes before this row's run
+        "wall_s": round((st.trained_at or 0.0) - s.t_start + s.wall_offset_s, 3),
+        "resumes": int(s.resilience.get("resumes", 0)),
         "t": round(wall_time, 3),
         "agents": {
             p.name: {
@@ -364,7 +369,9 @@ def summary(s: Snapshot) -> dict[str, Any]:
         "reward_curve": list(curve),
         "samples_per_s": round(samples / span, 2) if span > 0 else None,
         "tokens_per_s": round(tokens / span, 1) if span > 0 else None,
-        "run_s": round(span, 3),
+        "run_s": round(span, 3),  # this run's: its first sample to its last trained iteration
+        # the job's: its first controller's start to this run's last trained iteration, across resumes (rows' wall_s)
+        "job_wall_s": rows.last.get("wall_s") if rows.last else None,
         "t_gen_s": rows.mean("t_gen_s"),
         "t_train_s": rows.mean("t_train_s"),
         "delta_s": rows.mean("delta_s"),

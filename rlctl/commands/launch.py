@@ -81,12 +81,34 @@ def summary_table(s: dict[str, Any]) -> str:
         ],
         ["ledger", ledger_line(led)],
         ["partial rollouts", partials_line(led)],
-        ["wall", f"{s['wall_s']:.1f} s"],
+        *time_rows(s),
         ["job dir", s["job_dir"]],
     ]
     if (far := s.get("controller_job_dir")) is not None:  # where the controller's site keeps the job's record
         rows.append(["controller's job dir", f"{far['path']} (on site {far['site']})"])
     return grid(rows, ["", ""], f"Job {s['job']}")
+
+
+def time_rows(s: dict[str, Any]) -> list[list[str]]:
+    """What each time figure covers: this launcher's (`wall`: staging, every run, its automatic resumes), the job's
+    training across resumes and this run's (`training`), and how often the job resumed (`resumed`, when it did).
+    Before, `wall` (the last run's alone), summary.json's run_s and `report`'s wall s disagreed unexplained, and a
+    resume showed only in `--output json`."""
+    auto = int(s.get("auto_resumes") or 0)
+    wall = f"{s['wall_s']:.1f} s, this launcher's"
+    if auto and s.get("run_wall_s") is not None:
+        wall += f" (its last run: {s['run_wall_s']:.1f} s)"
+    rows = [["wall", wall]]
+    if s.get("run_s") is not None:
+        training = f"{s['run_s']:.1f} s this run (first sample → last iteration)"
+        if s.get("job_wall_s") is not None and (s.get("resilience") or {}).get("resumes"):
+            training += f"; {s['job_wall_s']:.1f} s since the job's first start"
+        rows.append(["training", training])
+    resumes = int((s.get("resilience") or {}).get("resumes") or 0)
+    if resumes:
+        by = f", {auto} by this launcher (checkpoint.auto_resume)" if auto else ""
+        rows.append(["resumed", f"{resumes} time{'s' * (resumes > 1)}{by}"])
+    return rows
 
 
 def ledger_line(led: dict[str, Any]) -> str:

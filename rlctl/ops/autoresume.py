@@ -61,6 +61,7 @@ class Runs:
         self.left = spec.checkpoint.auto_resume
         self.run: JobRun | None = None
         self._began = time.time() - 0.001  # when this launcher began (events' times are rounded to the millisecond)
+        self._t0 = time.monotonic()  # … on this clock: the launch table's `wall`
         self._since = 0.0  # when the current run started (time.time())
         self._from = 0  # the checkpoint it started from (0: the job's start)
 
@@ -103,13 +104,24 @@ class Runs:
             except LaunchError as e:
                 summary, error = None, e
             if summary is not None and not str(summary.get("state", "")).startswith("failed"):
-                return summary
+                return self._timed(summary)
             why = str(summary["state"]) if summary is not None else str(error)
             if not self._resume_after(why):
                 if error is not None:
                     raise error
                 assert summary is not None
-                return summary
+                return self._timed(summary)
+
+    def _timed(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """The last run's summary with this launcher's times: `wall_s` from its start (staging, every run and each
+        automatic resume), `run_wall_s` the last run's (its staging to its end), `auto_resumes` how many it did.
+        Before, `wall_s` was the last run's alone: 59.1 s of a job that ran 81 s with one resume."""
+        run_wall = summary.get("wall_s")
+        return summary | {
+            "wall_s": round(time.monotonic() - self._t0, 2),
+            "run_wall_s": run_wall,
+            "auto_resumes": self.spec.checkpoint.auto_resume - self.left,
+        }
 
     def _resume_after(self, why: str) -> bool:
         """Resume the run that failed (`why`) when that is due (see the module's text); whether it was."""

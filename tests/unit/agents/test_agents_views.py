@@ -13,7 +13,7 @@ from rlctl.agents.core import ControllerCore, CoreConfig, IterationStats, Out, P
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.rebalance import Reading
-from rlctl.agents.rowbook import PACE_ROWS, RowBook
+from rlctl.agents.rowbook import PACE_ROWS, RowBook, job_start_offset
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import Snapshot, agent_gauges, iteration_gauges, metrics_row, status, summary
 from rlctl.agents.weightbook import WeightBook
@@ -610,3 +610,24 @@ def test_the_throughput_status_and_the_gauges_show_is_the_last_iterations_not_on
     m = JobMetrics()
     iteration_gauges(m, burst[-1], t, core.stats[0], RowBook(burst))
     assert m.registry.get_sample_value("rlctl_throughput_samples_per_second") == book.rate("samples_per_s")
+
+
+def test_wall_s_continues_across_a_resume_and_the_resume_still_starts_the_pace():
+    # after a resume, metrics.jsonl and time/wall_s went 14.4, 14.8, 15.7, then 12.47: each run counted from its own
+    # controller's start (and RowBook took the drop for a new run's start)
+    core, t, _ = _one_iteration()
+    first = metrics_row(_snapshot(core, []), t, wall_time=1000.0)
+    assert (first["wall_s"], first["resumes"]) == (6.0, 0)  # trained 106, the controller started at 100
+    # the job's first controller started at 1000 − 6 (its row's t − wall_s); this one at 1020
+    offset = job_start_offset([first], [], now=1020.0)
+    assert offset == 26.0 and job_start_offset([], [{"event": "controller_listening", "t": 990.0}], now=1020.0) == 30.0
+    assert job_start_offset([], [], now=1020.0) == 0.0
+    resumed = metrics_row(_snapshot(core, [], wall_offset_s=offset, resilience={"resumes": 1}), t, wall_time=0.0)
+    assert (resumed["wall_s"], resumed["resumes"]) == (32.0, 1) and row_to_metrics(resumed)["time/wall_s"] == 32.0
+    assert summary(_snapshot(core, [first, resumed], rows_kept=1))["job_wall_s"] == 32.0  # what `report` shows
+    # pace: this run's rows start where `resumes` changes, though wall_s no longer goes back there
+    job = _job(iterations=400)
+    before = [{**first, "t": 1000.0 + 40.0 * i, "wall_s": 40.0 * (i + 1)} for i in range(24)]
+    after = [{**resumed, "t": 9000.0 + 40.0 * i, "wall_s": 8000.0 + 40.0 * i} for i in range(5)]
+    st = status(_snapshot(core, before + after, job=job, rows_kept=0), now=110.0)
+    assert (st["pace_iterations"], st["pace_s"]) == (4, 40.0)  # the 5 rows of the resumed run only

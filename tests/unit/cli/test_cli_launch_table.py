@@ -204,3 +204,29 @@ def test_a_failed_launch_names_the_resume_command_once(
     text = f"{e.value} (hint: {e.value.hint})"
     assert text.count("rlctl launch --resume demo-1") == 1, text
     assert e.value.hint is not None and e.value.hint.startswith(f"see {jd.path}/logs")
+
+
+def time_rows_of(s: dict[str, object]) -> list[str]:
+    return [line for line in summary_table(s).splitlines() if line.split()[:1] in (["wall"], ["training"], ["resumed"])]
+
+
+def test_the_table_says_what_each_time_covers_and_that_the_job_resumed() -> None:
+    # after one automatic resume the table said `wall 59.1 s` (the last run's alone) of a job that ran 81 s, beside
+    # summary.json's run_s 45.2 and `report`'s wall s 54.3, and nothing of the resume (only `--output json` had it)
+    resumed = summary() | {
+        "wall_s": 81.0,
+        "run_wall_s": 59.1,
+        "auto_resumes": 1,
+        "run_s": 45.2,
+        "job_wall_s": 54.3,
+        "resilience": {"resumes": 1},
+    }
+    rows = [" ".join(line.split()) for line in time_rows_of(resumed)]
+    assert rows == [
+        "wall 81.0 s, this launcher's (its last run: 59.1 s)",
+        "training 45.2 s this run (first sample → last iteration); 54.3 s since the job's first start",
+        "resumed 1 time, 1 by this launcher (checkpoint.auto_resume)",
+    ]
+    plain = summary() | {"run_s": 7.5, "job_wall_s": 8.0, "resilience": {"resumes": 0}, "auto_resumes": 0}
+    rows = [" ".join(line.split()) for line in time_rows_of(plain)]
+    assert rows == ["wall 9.0 s, this launcher's", "training 7.5 s this run (first sample → last iteration)"]

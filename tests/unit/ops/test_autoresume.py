@@ -136,3 +136,15 @@ def test_checkpoints_of_earlier_runs_do_not_count(tmp_path):
     jd.event("checkpoint", version=30)
     jd.event("resumed", version=30)
     assert autoresume.newest_checkpoint(jd, since=since) == 30
+
+
+def test_the_summary_times_this_launcher_across_its_resumes(runs, monkeypatch):
+    # the launch table's `wall` was the last run's alone (59.1 s of a job that ran 81 s with one resume)
+    monkeypatch.setattr(ScriptedRun, "wait", lambda self, **_: _scripted(self) | {"wall_s": 59.1})
+    r, _ = runs([(FAILED, [10]), ("done", [])], auto_resume=2)
+    r._t0 = time.monotonic() - 81.0  # the launcher began 81 s ago
+    s = r.wait()
+    assert (s["state"], s["run_wall_s"], s["auto_resumes"]) == ("done", 59.1, 1) and s["wall_s"] >= 81.0
+
+
+_scripted = ScriptedRun.wait
