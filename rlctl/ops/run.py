@@ -81,6 +81,9 @@ log = logging.getLogger(__name__)
 CONTROLLER_START_S = 120.0  # for the controller to listen, beyond its reward pool's first load (`load_deadline_s`)
 ERROR_LOOKBACK_LINES = 400  # how far back in a failed trainer's log its first error is sought (its peers' retries)
 TRAINER_POLL_S = 5.0  # how often `wait` asks the trainer ranks' sites whether a rank ended before the job had one
+# … and once the trainer joined, whether a rank ended (which one died first, `first_ended_rank`): a poll per rank
+# (an SSH command each on an SSH site), so less often; the failure's own sweep decides where these saw none
+RANK_SWEEP_S = 30.0
 UNREACHABLE_POLL_S = 5.0  # how often `wait` tries a site it cannot reach (its agents run on without the launcher)
 UNREACHABLE_SAY_S = 300.0  # … and how often it says so again
 PORT_FLOOR = 20000  # MASTER_PORT is picked in [PORT_FLOOR, the ephemeral range's start)
@@ -553,7 +556,7 @@ class JobRun:
             if st is not None and on_progress is not None:
                 on_progress(st)
             if due:
-                next_check = time.monotonic() + TRAINER_POLL_S
+                next_check = time.monotonic() + (TRAINER_POLL_S if trainers else RANK_SWEEP_S)
             if watching and st is not None:
                 if any(a.get("name") == "trainer-0" for a in st.get("agents", [])):
                     trainers = []  # the trainer joined: its end is the controller's to handle (a lost trainer)
