@@ -22,6 +22,7 @@ from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.remote import RemoteState
 from rlctl.launch.slurm import SlurmBackend, SlurmResources
+from tests.integration.slurmsite import slurm_scheduler
 
 pytestmark = pytest.mark.integration
 AGENT = str(Path(__file__).with_name("agent_prog.py"))
@@ -61,19 +62,7 @@ def in_squeue(services: dict[str, str], job_id: str) -> str:
 def make_backend(
     services: dict[str, str], job_dir: Path, submitter: str, res: SlurmResources, *, grace_s: int = 10
 ) -> SlurmBackend:
-    sched: dict[str, object] = {
-        "kind": "slurm",
-        "partition": "sitea",
-        "slurm_conf": services["RLCTL_TEST_SLURM_CONF"],
-        "time_limit_min": 10,
-    }
-    if submitter == "sbatch-ssh":
-        sched.update(
-            submit_host=services["RLCTL_TEST_SSH_HOST"],
-            ssh_user="root",
-            ssh_port=int(services["RLCTL_TEST_SSH_PORT"]),
-            ssh_key_file=services["RLCTL_TEST_SSH_KEY"],
-        )
+    sched = slurm_scheduler(services, submitter=submitter)
     b = SlurmBackend(
         "sitea",
         SlurmScheduler.model_validate(sched),

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.integration.slurmsite import slurm_scheduler
+
 from .conftest import REPO, hooked, job_yaml, launched, rlctl
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -28,20 +30,7 @@ if "rlctl.agents" in argv and "trainer" in argv and os.environ.get("SLURM_PROCID
 
 
 def slurm_inventory(services: dict[str, str], path: Path, *, submitter: str) -> Path:
-    sched: dict[str, object] = {
-        "kind": "slurm",
-        "partition": "sitea",
-        "slurm_conf": services["RLCTL_TEST_SLURM_CONF"],
-        "time_limit_min": 10,
-    }
-    if submitter == "sbatch-ssh":
-        sched.update(
-            submit_host=services["RLCTL_TEST_SSH_HOST"],
-            ssh_user="root",
-            ssh_port=int(services["RLCTL_TEST_SSH_PORT"]),
-            ssh_key_file=services["RLCTL_TEST_SSH_KEY"],
-            ssh_known_hosts=services["RLCTL_TEST_SSH_KNOWN_HOSTS"],
-        )
+    sched = slurm_scheduler(services, submitter=submitter)
     # over SSH the agents get the submit host's environment, not this one's: the tree under test
     setup = [f"export PYTHONPATH={REPO}"] if submitter == "sbatch-ssh" else []
     site = {
