@@ -9,7 +9,9 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -72,24 +74,43 @@ def test_check_reach_names_each_problem_and_the_fixed_job_runs(services, tmp_pat
     wait_for("two trained iterations", lambda: len(metrics_rows(job_dir)) >= 2, 240, alive=proc)
 
 
+def _check_reach_with_the_controller_on_gen(
+    services: dict[str, str],
+    tmp_path: Path,
+    gen_python: Callable[[dict[str, Any]], None],
+    *,
+    rollout: str,
+    edit: Callable[[dict[str, Any]], None] = lambda inv: None,
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """`rlctl check --reach` of a 3-iteration job on the cross-site inventory, its controller on the SSH site gen
+    (whose python `gen_python` sets), the trainer on the SLURM site train, rollout on `rollout`: the result and its
+    stderr lines."""
+    path = cross_site_inventory(services, tmp_path / "sites.yaml", Path(site_workdir()))
+    inv = yaml.safe_load(path.read_text())
+    gen_python(inv["sites"]["gen"])
+    edit(inv)
+    path.write_text(yaml.safe_dump(inv))
+    placement = {
+        "trainer": {"site": "train", "gpus": 1},
+        "rollout": [{"site": rollout, "gpus": 1}],
+        "controller_site": "gen",
+    }
+    job = job_yaml(tmp_path / "ctl.yaml", inventory=[str(path)], trainer="train", rollout=rollout, iterations=3,
+                   placement=placement)  # fmt: skip
+    res = rlctl("check", str(job), "--reach", timeout_s=300)
+    return res, res.stderr.strip().splitlines()
+
+
 def test_check_reach_asks_the_controllers_site_whether_it_reaches_the_rollout_sites(services, tmp_path):
     """The controller placed on the SSH site in its own network namespace starts rollout units (scale, the
     rebalance rule) from there: the localhost SLURM cluster's controller, at 127.0.0.1 here, is not reachable
     from inside that namespace, and check says so in one line naming both sites."""
-    path = cross_site_inventory(services, tmp_path / "sites.yaml", Path(site_workdir()))
-    inv = yaml.safe_load(path.read_text())
-    inv["sites"]["gen"]["python"] = "python3"
-    inv["sites"]["gen"]["setup"] = [f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH"]
-    path.write_text(yaml.safe_dump(inv))
-    placement = {
-        "trainer": {"site": "train", "gpus": 1},
-        "rollout": [{"site": "train", "gpus": 1}],
-        "controller_site": "gen",
-    }
-    job = job_yaml(tmp_path / "ctl.yaml", inventory=[str(path)], trainer="train", rollout="train", iterations=3,
-                   placement=placement)  # fmt: skip
-    res = rlctl("check", str(job), "--reach", timeout_s=300)
-    lines = res.stderr.strip().splitlines()
+
+    def python3_on_path(gen: dict[str, Any]) -> None:
+        gen["python"] = "python3"
+        gen["setup"] = [f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH"]
+
+    res, lines = _check_reach_with_the_controller_on_gen(services, tmp_path, python3_on_path, rollout="train")
     host = services["RLCTL_TEST_NETSITE_HOST"]
     named = [x for x in lines if f"site train: cannot be reached from the controller's site gen (host {host})" in x]
     assert res.returncode == 2 and len(named) == 1, lines
@@ -101,21 +122,15 @@ def test_check_reach_refuses_a_controller_whose_auto_address_routes_toward_a_slu
     controller's `auto` would route toward the SLURM node name `sitea-1`, which resolves nowhere (the controller
     exited at start: 'no route toward sitea-1'); check says so in one line naming both sites, the host and what
     to set."""
-    path = cross_site_inventory(services, tmp_path / "sites.yaml", Path(site_workdir()))
-    inv = yaml.safe_load(path.read_text())
-    inv["sites"]["train"]["network"]["listen_host"] = "auto"
-    inv["sites"]["gen"]["python"] = sys.executable
-    inv["sites"]["gen"]["setup"] = [f"export PYTHONPATH={REPO}"]  # the tree under test, not the site's install
-    path.write_text(yaml.safe_dump(inv))
-    placement = {
-        "trainer": {"site": "train", "gpus": 1},
-        "rollout": [{"site": "gen", "gpus": 1}],
-        "controller_site": "gen",
-    }
-    job = job_yaml(tmp_path / "ctl.yaml", inventory=[str(path)], trainer="train", rollout="gen", iterations=3,
-                   placement=placement)  # fmt: skip
-    res = rlctl("check", str(job), "--reach", timeout_s=300)
-    lines = res.stderr.strip().splitlines()
+
+    def tree_under_test(gen: dict[str, Any]) -> None:
+        gen["python"] = sys.executable
+        gen["setup"] = [f"export PYTHONPATH={REPO}"]  # the tree under test, not the site's install
+
+    def auto(inv: dict[str, Any]) -> None:
+        inv["sites"]["train"]["network"]["listen_host"] = "auto"
+
+    res, lines = _check_reach_with_the_controller_on_gen(services, tmp_path, tree_under_test, rollout="gen", edit=auto)
     named = [x for x in lines if "site gen: listen_host auto routes toward site train's host sitea-1" in x]
     assert res.returncode == 2 and len(named) == 1, lines
     assert "does not resolve here" in named[0] and "set sites.train.network.listen_host" in named[0], named[0]
