@@ -521,6 +521,15 @@ def _listen_addresses(job: Job) -> list[Problem]:
     ]
 
 
+def _bind_probe(address: str, port: int, *, reuse: bool = False) -> None:
+    """Bind a TCP socket at `address`:`port` on this machine and let it go; OSError where that fails."""
+    family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        if reuse:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(where)
+
+
 def _unbindable(job: Job) -> list[Problem]:
     """A listen address that agents on this machine (a local site's) could not bind: not one of its addresses
     (an SSH or SLURM site's hosts are asked by `check --reach`)."""
@@ -530,9 +539,7 @@ def _unbindable(job: Job) -> list[Problem]:
         if address == "auto" or not kind_of(job.inventory.sites[name]).on_this_machine:
             continue
         try:
-            family, kind, proto, _, where = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[0]
-            with socket.socket(family, kind, proto) as probe:
-                probe.bind(where)
+            _bind_probe(address, 0)
         except OSError as e:
             why = e.strerror or str(e)
             out.append(
@@ -556,10 +563,8 @@ def _metrics_port_taken(job: Job) -> list[Problem]:
     if not port or address == "auto" or not kind_of(job.inventory.sites[name]).on_this_machine:
         return []
     try:
-        family, kind, proto, _, where = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the controller's server: a port whose
-            probe.bind(where)  # last run's connections are in TIME_WAIT is free to it
+        # SO_REUSEADDR as the controller's server: a port whose last run's connections are in TIME_WAIT is free to it
+        _bind_probe(address, port, reuse=True)
     except OSError as e:
         if e.errno != errno.EADDRINUSE:  # an address this machine does not have: `_unbindable`'s line
             return []
