@@ -1066,6 +1066,7 @@ class ControllerAgent:
             gone=self.gone,
             wall_offset_s=self.wall_offset_s,
             first_samples=self.scaler.first_sample_s,
+            failed_starts=self.scaler.failed_starts,
         )
 
     def _data_view(self) -> dict[str, Any]:

@@ -139,6 +139,7 @@ class Scaler:
         self.reading: Reading | None = None
         self.spawn_requested: dict[str, float] = {}  # agent → when its start was asked for
         self.first_sample_s: dict[str, float] = {}  # unit asked for → seconds from the request to its first sample
+        self.failed_starts: dict[str, str] = {}  # unit asked for whose start failed → the error (`scale --wait`)
         self.scale_log: list[dict[str, Any]] = []
         self._next_replica: int | None = None
         self.replacing: dict[str, Replacement] = {}  # lost unit → its replacement's progress
@@ -332,6 +333,7 @@ class Scaler:
             if r is not None:
                 r.error = error  # tick() counts the failed attempt
             self.spawn_requested.pop(name, None)
+            self.failed_starts[name] = error
             self.jobdir.event("scale_failed", agent=name, site=site, reason=reason, error=error)
             log.warning("controller: could not add %s on %s: %s", name, site, error)
             return

@@ -83,6 +83,7 @@ class Snapshot:
     listen_field: str = "transport.listen_host"  # the setting that host came from (rlctl.agents.listen)
     gone: Mapping[str, GoneAgent] = field(default_factory=dict)  # agents gone before the last metrics row
     first_samples: Mapping[str, float] = field(default_factory=dict)  # unit asked for → seconds to its first sample
+    failed_starts: Mapping[str, str] = field(default_factory=dict)  # unit asked for whose start failed → the error
     # seconds from the job's first controller start to this one's (a resumed run: `job_start_offset`), so that the
     # rows' wall_s continues across resumes instead of going back to 0 at each
     wall_offset_s: float = 0.0
@@ -214,6 +215,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "scale_events": s.scale_log[-10:],
         # what `rlctl scale --wait` waits for: the controller's job dir (its events) may be on another site
         "first_sample_s": dict(s.first_samples),
+        "failed_starts": dict(s.failed_starts),
         "staleness": dict(s.rows.staleness),
         "weights": weights_view(s),
         "figures_age_s": None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -11,6 +11,9 @@ from rlctl.commands import seconds_at_least
 from rlctl.commands.status import JobArg
 from rlctl.errors import RlctlError, TransportError, UsageError
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
+
+if TYPE_CHECKING:
+    from rlctl.ops.jobref import JobRef
 
 
 def _delta(text: str) -> int:
@@ -37,6 +40,43 @@ def _table(r: dict[str, Any]) -> str:
     return grid(rows, ["", ""], f"Scale {r['id']}")
 
 
+def _wait_for_first_samples(
+    ref: JobRef, added: list[str], out: dict[str, Any], timeout_s: float, output: OutputFormat
+) -> None:
+    """Until each of `added` produced its first sample (into out["first_sample_s"]); RlctlError (after printing
+    what came) when one's start failed, the controller stops answering, or `timeout_s` passes."""
+    from rlctl.ops.operate import scale_progress
+
+    deadline = time.monotonic() + timeout_s
+    firsts: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    error: RlctlError | None = None
+    while len(firsts) + len(failed) < len(added) and time.monotonic() < deadline:
+        try:
+            firsts, failed = scale_progress(ref, added)
+        except (TransportError, OSError) as e:  # the job ended, or its controller went, meanwhile
+            error = RlctlError(
+                f"job {ref.id}: the controller stopped answering before "
+                f"{', '.join(n for n in added if n not in firsts)} produced a sample: {e}",
+                hint=f"see `rlctl status {ref.id}`",
+            )
+            break
+        if len(firsts) + len(failed) < len(added):
+            time.sleep(0.5)
+    out["first_sample_s"] = firsts
+    if error is None and failed:
+        error = RlctlError(
+            f"job {ref.id}: " + "; ".join(f"{n} did not start: {why}" for n, why in sorted(failed.items())),
+            hint=f"see `rlctl logs {ref.id}`",
+        )
+    elif error is None and len(firsts) < len(added):
+        missing = sorted(set(added) - set(firsts))
+        error = RlctlError(f"job {ref.id}: {', '.join(missing)} produced no sample within {timeout_s:.0f} s")
+    if error is not None:
+        emit(out, output, _table)
+        raise error
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def scale(
@@ -57,7 +97,6 @@ def register(app: typer.Typer) -> None:
         """Add rollout DP units to a running job without pausing training (they get the current weights
         first), or drain units (no new work; stopped once their in-flight samples are in)."""
         from rlctl.ops.jobref import resolve
-        from rlctl.ops.operate import first_samples
         from rlctl.ops.operate import scale as do_scale
 
         delta = _delta(rollout)
@@ -69,25 +108,6 @@ def register(app: typer.Typer) -> None:
         out: dict[str, Any] = {"id": ref.id, **reply}
         added: list[str] = list(reply.get("adding", []))
         if added and wait:
-            deadline = time.monotonic() + timeout_s
-            firsts: dict[str, float] = {}
-            while len(firsts) < len(added) and time.monotonic() < deadline:
-                try:
-                    firsts = first_samples(ref, added)
-                except (TransportError, OSError) as e:  # the job ended, or its controller went, meanwhile
-                    out["first_sample_s"] = firsts
-                    emit(out, output, _table)
-                    raise RlctlError(
-                        f"job {ref.id}: the controller stopped answering before "
-                        f"{', '.join(n for n in added if n not in firsts)} produced a sample: {e}",
-                        hint=f"see `rlctl status {ref.id}`",
-                    ) from e
-                if len(firsts) < len(added):
-                    time.sleep(0.5)
-            out["first_sample_s"] = firsts
-            if len(firsts) < len(added):
-                missing = sorted(set(added) - set(firsts))
-                emit(out, output, _table)
-                raise RlctlError(f"job {ref.id}: {', '.join(missing)} produced no sample within {timeout_s:.0f} s")
+            _wait_for_first_samples(ref, added, out, timeout_s, output)
         out["wall_s"] = round(time.monotonic() - t0, 2)
         emit(out, output, _table)

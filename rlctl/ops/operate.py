@@ -212,13 +212,22 @@ def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0)
         raise RlctlError(f"job {ref.id}: the controller did not answer: {e}", hint="is the job running?") from e
 
 
-def first_samples(ref: JobRef, names: list[str], *, timeout_s: float = STATUS_DEADLINE_S) -> dict[str, float]:
-    """Seconds from the scale request to each of `names`' first sample, as the controller counts them (its status
-    reply): the events.jsonl here is not the one it writes when it keeps its job dir on another site (a SLURM
-    site's workdir, an SSH site), which reaches here only when the job's record is fetched. TransportError: it
-    did not answer."""
-    firsts = ask_controller(ref, "status", timeout_s=timeout_s).get("first_sample_s", {})
-    return {n: float(firsts[n]) for n in names if n in firsts}
+def scale_progress(
+    ref: JobRef, names: list[str], *, timeout_s: float = STATUS_DEADLINE_S
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Of `names` (units a scale asked for), as the controller counts them (its status reply): seconds from the
+    request to each one's first sample, and the error of each whose start failed. The events.jsonl here is not
+    the one it writes when it keeps its job dir on another site (a SLURM site's workdir, an SSH site), which
+    reaches here only when the job's record is fetched. TransportError: it did not answer; RlctlError: it does
+    not count them (a controller older than this rlctl)."""
+    reply = ask_controller(ref, "status", timeout_s=timeout_s)
+    if "first_sample_s" not in reply:
+        raise RlctlError(
+            f"job {ref.id}: its controller does not report new units' first samples (started by an older rlctl)",
+            hint=f"use `rlctl scale --no-wait` and watch `rlctl status {ref.id}`",
+        )
+    firsts, failed = reply["first_sample_s"], reply.get("failed_starts", {})
+    return {n: float(firsts[n]) for n in names if n in firsts}, {n: str(failed[n]) for n in names if n in failed}
 
 
 def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], object] = log.info) -> dict[str, Any]:

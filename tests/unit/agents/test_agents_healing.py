@@ -143,3 +143,13 @@ def test_the_unit_cap_is_named_where_it_stops_a_unit_from_being_added(tmp_path) 
         scaler.reading.why == "δ ≥ δ' but rebalance.max_rollout_units is 2 and the job has 2 unit(s), live and starting"
     )
     assert spawner.calls == []
+
+
+def test_a_scaled_unit_whose_start_failed_is_reported_to_scale_wait(tmp_path) -> None:
+    """`rlctl scale --wait` reads the controller's status: a unit whose start failed is named there with its error
+    (before, it was only an event, and the wait ran to its timeout, 300 s by default)."""
+    scaler, _, _, posted, _ = setup(tmp_path, fail=1)
+    reply, _ = scaler.scale(+1, None, reason="operator")
+    deliver(scaler, posted)
+    assert reply["adding"] == ["rollout-2"]
+    assert scaler.failed_starts == {"rollout-2": "sbatch refused rollout-2"} and not scaler.first_sample_s

@@ -82,3 +82,42 @@ def test_a_scale_wait_whose_controller_goes_says_so_at_once(tmp_path: Path, monk
     assert r.stderr.startswith(
         "rlctl: error: job far: the controller stopped answering before rollout-1 produced a sample: tcp://"
     ), r.stderr
+
+
+def test_a_scale_wait_for_a_unit_that_did_not_start_says_why_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the wait read only first samples: a unit whose start failed (sbatch refused it, SSH failed) made it
+    run to --timeout and then say `produced no sample`, without the controller's error."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_dir(tmp_path / "far")
+
+    def controller(ref: JobRef, kind: str, body: Any = None, *, timeout_s: float) -> dict[str, Any]:
+        if kind == "scale":
+            return {"adding": ["rollout-1", "rollout-2"], "sites": ["gen"]}
+        return {"first_sample_s": {"rollout-1": 2.5}, "failed_starts": {"rollout-2": "sbatch: error: bad partition"}}
+
+    monkeypatch.setattr(operate, "ask_controller", controller)
+    r = run_cli("scale", str(jd.path), "--rollout", "+2", "--timeout", "300", "-o", "json")
+    assert r.exit_code == 1
+    assert r.stderr.startswith("rlctl: error: job far: rollout-2 did not start: sbatch: error: bad partition ("), (
+        r.stderr
+    )
+    assert json.loads(r.stdout)["first_sample_s"] == {"rollout-1": 2.5}
+
+
+def test_a_scale_wait_on_a_controller_that_does_not_count_first_samples_says_so_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job started by an older rlctl: its controller's status has no `first_sample_s`; the wait ran to --timeout."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_dir(tmp_path / "far")
+
+    def controller(ref: JobRef, kind: str, body: Any = None, *, timeout_s: float) -> dict[str, Any]:
+        return {"adding": ["rollout-1"], "sites": ["gen"]} if kind == "scale" else {"state": "running"}
+
+    monkeypatch.setattr(operate, "ask_controller", controller)
+    r = run_cli("scale", str(jd.path), "--timeout", "300")
+    assert r.exit_code == 1
+    assert "its controller does not report new units' first samples" in r.stderr.splitlines()[0], r.stderr
+    assert "rlctl scale --no-wait" in r.stderr
