@@ -39,6 +39,7 @@ import os
 import secrets
 import shlex
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -344,13 +345,30 @@ def json_lines(path: Path | str, text: str, *, skipped: list[str] | None = None)
     return out
 
 
+def why_not_made(path: Path) -> str | None:
+    """Why this machine cannot make (or write into) the directory `path`, None when it can: the nearest of it and its
+    parents that exists is a file, or takes no new entry. The latter is asked by making an empty directory there and
+    removing it: permission bits do not tell root that /proc or a read-only mount refuses one."""
+    path = path.expanduser().absolute()
+    there = path
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        return f"{there} is a file, not a directory" if there == path else f"{path}: {there} is a file, not a directory"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rlctl-probe-", dir=there))
+    except OSError as e:
+        return f"{path}: cannot make a directory in {there} ({e.strerror or e})"
+    return None
+
+
 def refuse_taken(path: Path, *, named_by: str = "--job-dir") -> None:
     """Before a fresh launch into `path` (`named_by`: the --job-dir flag, or the job file's `job_dir` field): refused
-    when it is a file or already holds a job (UsageError, one line: the launch would overwrite that job's record,
-    which `launch --resume` continues)."""
+    when it cannot be made (`why_not_made`) or already holds a job (UsageError, one line: the launch would overwrite
+    that job's record, which `launch --resume` continues)."""
     other = f"another {named_by.rpartition(': ')[2]}"
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"{named_by}: {path} is a file, not a directory", hint=f"choose {other}")
+    if (why := why_not_made(path)) is not None:
+        raise UsageError(f"{named_by}: {why}", hint=f"choose {other}")
     held = [name for name in JOB_RECORD if (path / name).exists()]
     if held:
         how = f"continue that job with `{resume_command(path)}`, or " if "job.json" in held else ""

@@ -30,6 +30,7 @@ from rlctl.devices import cuda_problem, kind_for
 from rlctl.engines.factory import vllm_problem
 from rlctl.errors import ConfigError, JobProblems, LaunchError, PlanError
 from rlctl.launch.backends import kind_of
+from rlctl.launch.jobdir import why_not_made
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.sitefs import is_remote
 from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig, read_config
@@ -98,8 +99,8 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
                 "kind 'digits' or kind 'dataset'",
             )
         )
-    if spec.job_dir is not None and (where := Path(spec.job_dir).expanduser()).exists() and not where.is_dir():
-        out.append(Problem("job_dir", f"{where} is a file, not a directory", "choose another job_dir"))
+    if spec.job_dir is not None and (why := why_not_made(Path(spec.job_dir))) is not None:
+        out.append(Problem("job_dir", why, "choose another job_dir"))
     out += _devices(job)
     out += _listen_addresses(job)
     out += _unbindable(job)

@@ -78,6 +78,28 @@ def test_a_launch_into_a_file_is_refused(tmp_path: Path) -> None:
     assert (tmp_path / "notes.txt").read_text() == "mine\n"
 
 
+@pytest.mark.parametrize("under", ["file", "proc"])
+def test_a_job_dir_that_cannot_be_made_is_refused_by_check_and_launch_writing_nothing(
+    tmp_path: Path, home: Path, under: str
+) -> None:
+    """Below a file, or in /proc (which refuses root a directory that its permission bits allow): `check` passed and
+    launch failed at `cannot create job directory`, exit 1, naming neither the field nor the option."""
+    (tmp_path / "notes.txt").write_text("mine\n")
+    where, says = tmp_path / "notes.txt" / "run", f"{tmp_path / 'notes.txt'} is a file, not a directory"
+    if under == "proc":
+        where, says = Path("/proc/rlctl-not-made"), "cannot make a directory in /proc"
+    job_file = tmp_path / "job.yaml"
+    data = yaml.safe_load(DEMO.read_text())
+    data |= {"inventory": [str(ROOT / "clusters/local.yaml")], "job_dir": str(where)}
+    job_file.write_text(yaml.safe_dump(data))
+    for args in (["check"], ["launch"]):
+        line = one_error(run_cli(*args, str(job_file)))
+        assert line.startswith(f"rlctl: error: {job_file}: job_dir: {where}: {says}"), line
+    line = one_error(run_cli("launch", str(DEMO), "--job-dir", str(where)))
+    assert line.startswith(f"rlctl: error: --job-dir: {where}: {says}"), line
+    assert (tmp_path / "notes.txt").read_text() == "mine\n" and not home.exists()
+
+
 # -- 2. job-dir files cut short or garbled ------------------------------------------------------------------
 def test_a_jsonl_skips_a_last_line_cut_short_and_names_any_other_bad_line(tmp_path: Path) -> None:
     jd = prepared(tmp_path / "run")
