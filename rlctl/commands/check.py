@@ -237,7 +237,7 @@ def register(app: typer.Typer) -> None:
         from rlctl.config import load_inventory, load_job
         from rlctl.config.base import read_yaml
         from rlctl.launch.reach import probe_site
-        from rlctl.ops.preflight import preflight
+        from rlctl.ops.preflight import preflight, refuse, site_problems
 
         job = None
         jobs = [f for f in files if read_yaml(f).get("kind") == "Job"]
@@ -257,6 +257,7 @@ def register(app: typer.Typer) -> None:
             inv = job.inventory
         else:
             inv = load_inventory(files)
+            refuse(", ".join(inv.files), site_problems(inv, inv.sites))  # what stops their agents, as this machine sees
         data = inventory_summary(inv)
         if job is not None and reach:
             data["hosts"] = [{"site": h.site, "host": h.host, **h.facts} for h in hosts]

@@ -51,7 +51,7 @@ WORKDIR_HELP = (
 
 class LocalScheduler(Strict):
     kind: Literal["local"]
-    workdir: str | None = Field(None, description=WORKDIR_HELP)
+    workdir: str | None = Field(None, min_length=1, description=WORKDIR_HELP)
 
 
 SUBMIT_SSH = ("ssh_user", "ssh_port", "ssh_key_file", "ssh_known_hosts")  # how a SLURM site's submit_host is reached
@@ -319,12 +319,13 @@ class InventoryFile(Strict):
 
 
 class Inventory:
-    """Sites and links merged from one or more inventory files."""
+    """Sites and links merged from one or more inventory files; `origin`: the file that declares each site."""
 
-    def __init__(self, sites: dict[str, Site], links: list[Link], files: list[str]) -> None:
+    def __init__(self, sites: dict[str, Site], links: list[Link], files: list[str], origin: dict[str, str]) -> None:
         self.sites = sites
         self.links = links
         self.files = files
+        self.origin = origin
 
     def link(self, a: str, b: str) -> Link | None:
         for link in self.links:
@@ -369,7 +370,7 @@ def load_inventory(paths: list[Path]) -> Inventory:
                 file, f"links[{i}]", f"duplicate link between {link.between[0]!r} and {link.between[1]!r}"
             )
         seen.add(key)
-    return Inventory(sites, [link for _, _, link in links], [str(p) for p in paths])
+    return Inventory(sites, [link for _, _, link in links], [str(p) for p in paths], origin)
 
 
 def _no_device_twice(sites: dict[str, Site], origin: dict[str, str]) -> None:

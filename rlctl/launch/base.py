@@ -12,8 +12,8 @@ class, so no caller switches on the kind:
 
     per agent (instance)   render(spec) · request_summary(spec) · host_for(spec) · close()
     per site (class)       for_site (construct) · work_root · remote · ssh_target · access_hosts · agent_view ·
-                           shared_work_root · site_runner · probe_commands · reach, and the flags slices_gpus,
-                           ranks_are_tasks, on_this_machine, default_python
+                           shared_work_root · site_runner · probe_commands · reach · site_problems, and the flags
+                           slices_gpus, ranks_are_tasks, on_this_machine, default_python
 
 What an agent needs travels with its spec: `resources` (tasks, GPUs and CPU threads per task, which
 SLURM requests) and, on `local` / `ssh` sites, `gpu_slice` (the host it runs on and the GPU ids it
@@ -55,6 +55,16 @@ def exit_text(code: int | None) -> str:
         except ValueError:
             pass
     return str(code)
+
+
+@dataclass(frozen=True)
+class SiteProblem:
+    """What stops a site's entry (`LaunchBackend.site_problems`): the field under `sites.<site>`, what is wrong
+    with it, what to do."""
+
+    field: str
+    message: str
+    hint: str
 
 
 @dataclass(frozen=True)
@@ -206,6 +216,12 @@ class LaunchBackend(ABC):
         """Where to run a probe `command` so that it runs where agents do, as (what to call that place, host for
         `site_runner`, the command as run there); `first`: the first such place only."""
         return [("localhost", None, command)]
+
+    @classmethod
+    def site_problems(cls, site: Site) -> list[SiteProblem]:
+        """What this machine can tell, without asking the site, stops its agents from starting (a local site's work
+        root this machine cannot make); the hosts of other sites are asked by `rlctl check --reach`."""
+        return []
 
     @classmethod
     def reach(cls, site: Site, *, timeout_s: float) -> str:

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from rlctl import procfs
 from rlctl.errors import LaunchError
-from rlctl.launch.base import LOST, AgentHandle, AgentSpec, LaunchBackend
+from rlctl.launch.base import LOST, AgentHandle, AgentSpec, LaunchBackend, SiteProblem
+from rlctl.launch.jobdir import why_not_made
 from rlctl.procfs import start_ticks
 
 if TYPE_CHECKING:
@@ -75,6 +76,16 @@ class LocalBackend(LaunchBackend):
     @classmethod
     def for_site(cls, site_name: str, site: Site, *, job: str, job_dir: Path) -> LocalBackend:
         return cls()
+
+    @classmethod
+    def site_problems(cls, site: Site) -> list[SiteProblem]:
+        """The site's agents run here: its work root must be a directory this machine can make."""
+        out = []
+        workdir = cls.work_root(site)
+        if workdir is not None and (why := why_not_made(Path(workdir))) is not None:
+            hint = "give a directory this machine can make, or leave workdir out (the job directory is the root)"
+            out.append(SiteProblem("scheduler.workdir", why, hint))
+        return out
 
     def __init__(self) -> None:
         self._procs: dict[int, subprocess.Popen[bytes]] = {}

@@ -19,12 +19,13 @@ import ipaddress
 import logging
 import math
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlctl.config.hostfill import PLACEMENT_HINT, placement_error
+from rlctl.config.inventory import Inventory
 from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, refills
 from rlctl.devices import cuda_problem, kind_for
 from rlctl.engines.factory import vllm_problem
@@ -64,6 +65,7 @@ class Problem:
     field: str
     message: str
     hint: str | None = None
+    file: str | None = None  # the file that holds the field, where not the job file (a site's inventory file)
 
 
 def _missing(module: str) -> bool:
@@ -101,6 +103,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
         )
     if spec.job_dir is not None and (why := why_not_made(Path(spec.job_dir))) is not None:
         out.append(Problem("job_dir", why, "choose another job_dir"))
+    out += site_problems(job.inventory, _job_sites(job))
     out += _devices(job)
     out += _listen_addresses(job)
     out += _unbindable(job)
@@ -846,16 +849,36 @@ def _raised(field: str, check: Callable[[], None]) -> list[Problem]:
     return []
 
 
+def site_problems(inventory: Inventory, names: Iterable[str]) -> list[Problem]:
+    """What this machine can tell stops sites `names` of `inventory` (their backend's `site_problems`: a local
+    site's work root), each naming the inventory file that declares the site."""
+    return [
+        Problem(f"sites.{name}.{p.field}", p.message, p.hint, file=inventory.origin[name])
+        for name in names
+        for p in kind_of(inventory.sites[name]).site_problems(inventory.sites[name])
+    ]
+
+
 def preflight(job: Job, *, plan: dict[str, Any] | None = None) -> None:
     """Raise a ConfigError (exit 2) naming the problem, or JobProblems with every problem one line each (the user
     fixes them at once: the first and the names of the others' fields sent them round once per problem)."""
-    found = problems(job, plan=plan)
+    refuse(str(job.path), problems(job, plan=plan))
+
+
+def refuse(file: str, found: list[Problem]) -> None:
+    """`found` (the problems of `file`, or of the files they name) as the CLI's error: a ConfigError for one,
+    JobProblems for several, one line each; nothing when there are none."""
     if len(found) == 1:
-        raise ConfigError(str(job.path), found[0].field, found[0].message, hint=found[0].hint)
+        p = found[0]
+        raise ConfigError(p.file or file, p.field, p.message, hint=p.hint)
     if found:
-        raise JobProblems(str(job.path), problem_lines(job, found))
+        raise JobProblems(file, [_line(file, p) for p in found])
 
 
 def problem_lines(job: Job, found: list[Problem]) -> list[str]:
     """Each problem as the one line the CLI prints: the file, the field, what is wrong (and a hint)."""
-    return [f"{job.path}: {p.field}: {p.message}" + (f" (hint: {p.hint})" if p.hint else "") for p in found]
+    return [_line(str(job.path), p) for p in found]
+
+
+def _line(file: str, p: Problem) -> str:
+    return f"{p.file or file}: {p.field}: {p.message}" + (f" (hint: {p.hint})" if p.hint else "")
