@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -69,6 +70,18 @@ def _group_alive(pgid: int, *, ours: bool) -> bool:
     return ours or any(int(f[procfs.PGRP]) == pgid and f[procfs.STATE] != "Z" for _, f in procfs.every_stat())
 
 
+def _not_executable(command: str) -> str | None:
+    """Why `command` (an absolute path or a name looked up in PATH) would not start here, None when it would."""
+    if "/" not in command:
+        return None if shutil.which(command) else f"{command}: no such command in this machine's PATH"
+    path = Path(command)
+    if not path.exists():
+        return f"{command}: no such file"
+    if not path.is_file() or not os.access(path, os.X_OK):
+        return f"{command}: not an executable file"
+    return None
+
+
 class LocalBackend(LaunchBackend):
     kind = "local"
     on_this_machine = True
@@ -79,8 +92,12 @@ class LocalBackend(LaunchBackend):
 
     @classmethod
     def site_problems(cls, site: Site) -> list[SiteProblem]:
-        """The site's agents run here: its work root must be a directory this machine can make."""
+        """The site's agents run here: its `python` must be an executable of this machine (a command name: in this
+        PATH, which they inherit) and its work root a directory this machine can make."""
         out = []
+        if site.python is not None and (why := _not_executable(site.python)) is not None:
+            hint = "give an interpreter of this machine that has rlctl, or leave python out (this one)"
+            out.append(SiteProblem("python", why, hint))
         workdir = cls.work_root(site)
         if workdir is not None and (why := why_not_made(Path(workdir))) is not None:
             hint = "give a directory this machine can make, or leave workdir out (the job directory is the root)"

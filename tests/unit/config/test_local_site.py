@@ -4,6 +4,7 @@ and the field, exit 2 — before launch writes anything."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +59,18 @@ def test_a_local_work_root_this_machine_cannot_make_is_refused_naming_the_invent
     made = tmp_path / "roots" / "rl"  # one that can be made passes, and is not made by the check
     assert run_cli("check", str(local_inventory(tmp_path, scheduler={"workdir": str(made)}))).exit_code == 0
     assert not (tmp_path / "roots").exists()
+
+
+@pytest.mark.parametrize("python", ["/nonexistent/python3", "notes.txt", "tmp", "python3.rlctl-none"])
+def test_a_local_python_that_cannot_start_is_refused_naming_the_inventory(tmp_path: Path, python: str) -> None:
+    """It passed check; launch then failed at `cannot start controller-0: [Errno 2] No such file or directory`,
+    exit 1. A file without the x bit, a directory, and a command name not in PATH are refused as well."""
+    (tmp_path / "notes.txt").write_text("mine\n")
+    given = {"notes.txt": str(tmp_path / "notes.txt"), "tmp": str(tmp_path)}.get(python, python)
+    says = "no such command in this machine's PATH" if "/" not in given else "no such file"
+    says = "not an executable file" if python in ("notes.txt", "tmp") else says
+    inventory = local_inventory(tmp_path, python=given)
+    for line in checked(tmp_path, inventory):
+        assert line.startswith(f"rlctl: error: {inventory}: sites.local.python: {given}: {says}"), line
+    for fine in (sys.executable, "python3"):  # an interpreter of this machine, by path or by name
+        assert run_cli("check", str(local_inventory(tmp_path, python=fine))).exit_code == 0
