@@ -375,20 +375,21 @@ def load_inventory(paths: list[Path]) -> Inventory:
 
 def _no_device_twice(sites: dict[str, Site], origin: dict[str, str]) -> None:
     """Two local or SSH sites may split one host's GPUs (`devices`), not both place agents on one GPU: each
-    would count it, and the trainer's NCCL ranks may not share one. SLURM sites may overlap (SLURM allocates);
+    would count it, and the trainer's NCCL ranks may not share one. Every local site's agents run on this machine,
+    whatever its nodes call it (localhost, 127.0.0.1, its name). SLURM sites may overlap (SLURM allocates);
     `gpu: CPU` sites' slots are cores, not devices."""
     held: dict[tuple[str, int], str] = {}  # (host, device) → the site that lists it
     for name, site in sites.items():
         if site.scheduler.kind == "slurm" or site.spec.name == "CPU":
             continue
         for n in site.nodes:
-            for host in n.hosts:
+            for host in ["this machine"] if site.scheduler.kind == "local" else n.hosts:
                 for device in sorted({n.device(slot) for slot in range(n.gpus)}):
                     other = held.setdefault((host, device), name)
                     if other != name:
                         raise ConfigError(
                             origin[name],
                             f"sites.{name}.nodes",
-                            f"GPU {device} of {host} is site {other!r}'s too; give each site its own GPUs of a host "
-                            "(nodes[].devices)",
+                            f"GPU {device} of {host} is listed by site {other!r} too; give each site its own GPUs of "
+                            "a host (nodes[].devices)",
                         )

@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -70,6 +71,25 @@ def _group_alive(pgid: int, *, ours: bool) -> bool:
     return ours or any(int(f[procfs.PGRP]) == pgid and f[procfs.STATE] != "Z" for _, f in procfs.every_stat())
 
 
+def this_machine(host: str) -> bool:
+    """Whether `host` names this machine: localhost, its host name, or a name or address that resolves to one of
+    its addresses (one a socket can bind here)."""
+    if host.lower() in ("localhost", socket.gethostname().lower()):
+        return True
+    try:
+        found = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, kind, proto, _, where in found:
+        with socket.socket(family, kind, proto) as probe:
+            try:
+                probe.bind(where)
+            except OSError:
+                continue
+            return True
+    return False
+
+
 def _not_executable(command: str) -> str | None:
     """Why `command` (an absolute path or a name looked up in PATH) would not start here, None when it would."""
     if "/" not in command:
@@ -92,9 +112,31 @@ class LocalBackend(LaunchBackend):
 
     @classmethod
     def site_problems(cls, site: Site) -> list[SiteProblem]:
-        """The site's agents run here: its `python` must be an executable of this machine (a command name: in this
-        PATH, which they inherit) and its work root a directory this machine can make."""
+        """The site's agents run here: its nodes must be one host, this machine (each host's GPU slots are handed out
+        apart: two hosts here would give two agents one GPU), its `python` an executable of this machine (a command
+        name: in this PATH, which they inherit) and its work root a directory this machine can make."""
         out = []
+        hosts = [h for h, _ in site.hosts]
+        field = "nodes" if len(site.nodes) > 1 else "nodes[0].host"
+        if len(hosts) > 1:
+            shown = ", ".join(hosts[:4]) + (", …" if len(hosts) > 4 else "")
+            out.append(
+                SiteProblem(
+                    field,
+                    f"{len(hosts)} hosts ({shown}): a local site's agents all run on this machine, one host",
+                    "list this machine once (e.g. {host: localhost, gpus: N}); a site of other hosts is an ssh or "
+                    "slurm site",
+                )
+            )
+        elif not this_machine(hosts[0]):
+            out.append(
+                SiteProblem(
+                    field,
+                    f"{hosts[0]!r} is not this machine (localhost, {socket.gethostname()} or one of its addresses): "
+                    "a local site's agents run here",
+                    "name this machine (e.g. localhost); a site of other hosts is an ssh or slurm site",
+                )
+            )
         if site.python is not None and (why := _not_executable(site.python)) is not None:
             hint = "give an interpreter of this machine that has rlctl, or leave python out (this one)"
             out.append(SiteProblem("python", why, hint))

@@ -276,7 +276,7 @@ CASES = [
     Case(
         "two sites on one GPU",
         GOOD_INV + SITE.replace("h20:", "h20b:"),
-        "sites.h20b.nodes: GPU 0 of h20-01 is site 'h20''s too",
+        "sites.h20b.nodes: GPU 0 of h20-01 is listed by site 'h20' too",
     ),
     Case(
         "a host name with shell syntax",

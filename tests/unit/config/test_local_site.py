@@ -4,6 +4,7 @@ and the field, exit 2 — before launch writes anything."""
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -74,3 +75,40 @@ def test_a_local_python_that_cannot_start_is_refused_naming_the_inventory(tmp_pa
         assert line.startswith(f"rlctl: error: {inventory}: sites.local.python: {given}: {says}"), line
     for fine in (sys.executable, "python3"):  # an interpreter of this machine, by path or by name
         assert run_cli("check", str(local_inventory(tmp_path, python=fine))).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("nodes", "field", "says"),
+    [
+        ([{"host": "localhost,otherhost", "gpus": 4}], "nodes[0].host", "2 hosts (localhost, otherhost): "),
+        ([{"host": "localhost", "gpus": 2}, {"host": "127.0.0.1", "gpus": 2}], "nodes", "2 hosts (localhost, 127.0"),
+        ([{"host": "otherhost.invalid", "gpus": 4}], "nodes[0].host", "'otherhost.invalid' is not this machine"),
+    ],
+)
+def test_a_local_site_on_hosts_other_than_this_machine_one_is_refused(
+    tmp_path: Path, nodes: list[dict[str, Any]], field: str, says: str
+) -> None:
+    """It passed check, and its agents were recorded on "otherhost" but ran here: on a CUDA site trainer-0 (slot 0
+    of localhost) and rollout-0 (slot 0 of otherhost) both got CUDA_VISIBLE_DEVICES=0."""
+    inventory = local_inventory(tmp_path, nodes=nodes)
+    for line in checked(tmp_path, inventory):
+        assert line.startswith(f"rlctl: error: {inventory}: sites.local.{field}: {says}"), line
+    for host in ("127.0.0.1", socket.gethostname()):  # this machine, by another name
+        assert run_cli("check", str(local_inventory(tmp_path, nodes=[{"host": host, "gpus": 4}]))).exit_code == 0
+
+
+def test_two_local_sites_on_one_gpu_of_this_machine_are_refused_whatever_they_call_it(tmp_path: Path) -> None:
+    """Device 0 listed by a local site on localhost and one on 127.0.0.1 passed: GPUs were told apart by host name."""
+    site = {"datacenter": "here", "scheduler": {"kind": "local"}, "gpu": "H100"}
+    sites = {"a": site | {"nodes": [{"host": "localhost", "gpus": 1}]}}
+    sites["b"] = site | {"nodes": [{"host": "127.0.0.1", "gpus": 1}]}
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites}))
+    res = run_cli("check", str(inventory))
+    assert res.exit_code == 2 and res.stderr == (
+        f"rlctl: error: {inventory}: sites.b.nodes: GPU 0 of this machine is listed by site 'a' too; give each site "
+        "its own GPUs of a host (nodes[].devices)\n"
+    )
+    sites["b"]["nodes"][0]["devices"] = [1]  # its own GPU of this machine
+    inventory.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites}))
+    assert run_cli("check", str(inventory)).exit_code == 0

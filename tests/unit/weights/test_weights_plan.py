@@ -101,8 +101,8 @@ def test_plan_from_inventory_uses_sites_datacenters_and_links(tmp_path: Path):
 apiVersion: rlctl/v1
 kind: Inventory
 sites:
-  h800: {datacenter: dc-a, scheduler: {kind: local}, gpu: H800, nodes: [{host: "t-[1-2]", gpus: 8}]}
-  h20:  {datacenter: dc-b, scheduler: {kind: local}, gpu: H20, nodes: [{host: "r-[1-3]", gpus: 8}]}
+  h800: {datacenter: dc-a, scheduler: {kind: ssh}, gpu: H800, nodes: [{host: "t-[1-2]", gpus: 8}]}
+  h20:  {datacenter: dc-b, scheduler: {kind: ssh}, gpu: H20, nodes: [{host: "r-[1-3]", gpus: 8}]}
 links:
   - {between: [h800, h20], bandwidth_gbps: 80}
 """
