@@ -235,12 +235,17 @@ def register(app: typer.Typer) -> None:
         With a job and --reach, every problem (the job file's, and what each site's hosts lack) is one line; exit 2.
         """
         from rlctl.config import load_inventory, load_job
-        from rlctl.config.base import read_yaml
+        from rlctl.config.base import check_header, read_yaml
         from rlctl.launch.reach import probe_site
         from rlctl.ops.preflight import preflight, refuse, site_problems
 
         job = None
-        jobs = [f for f in files if read_yaml(f).get("kind") == "Job"]
+        jobs = []
+        for f in files:  # a job file, or inventories: a file of neither kind is told so
+            if (data := read_yaml(f)).get("kind") == "Job":
+                jobs.append(f)
+            else:
+                check_header(f, data, "Inventory", reads=("Inventory", "Job"))
         if jobs and len(files) > 1:
             raise UsageError(
                 f"{jobs[0]}: a job file is checked alone (its inventories are the ones its `inventory:` names)",

@@ -184,7 +184,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
 KINDS = ("Inventory", "Job", "Profile")  # the kinds of rlctl's files
 
 
-def check_header(path: Path, data: dict[str, Any], kind: str) -> None:
+def check_header(path: Path, data: dict[str, Any], kind: str, *, reads: tuple[str, ...] = ()) -> None:
+    """The file is rlctl's and of kind `kind`; `reads`: the kinds the command reads, where more than that one (check
+    reads Inventory and Job files), said to a file of another kind."""
     name = str(path)
     api = data.get("apiVersion")
     if api != API_VERSION:
@@ -192,10 +194,11 @@ def check_header(path: Path, data: dict[str, Any], kind: str) -> None:
         raise ConfigError(name, "apiVersion", f"must be '{API_VERSION}', got {got}")
     other = data.get("kind")
     if other != kind:
+        wanted = " or ".join(f"'{k}'" for k in reads or (kind,))
         if other in KINDS:  # a file of another kind: the command takes the other
-            raise ConfigError(name, "kind", f"must be '{kind}' for this command, got {other!r}")
+            raise ConfigError(name, "kind", f"must be {wanted} for this command, got {other!r}")
         said = "missing" if "kind" not in data else f"{other!r} is no kind"
-        raise ConfigError(name, "kind", f"{said}; valid: {', '.join(KINDS)} (this command reads kind {kind})")
+        raise ConfigError(name, "kind", f"{said}; valid: {', '.join(KINDS)} (this command reads kind {wanted})")
 
 
 def validate(path: Path, data: dict[str, Any], model: type[M], *, context: dict[str, Any] | None = None) -> M:

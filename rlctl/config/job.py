@@ -103,6 +103,13 @@ class HfModel(Strict):
     path: str
     name: str | None = None
 
+    @field_validator("path")
+    @classmethod
+    def _a_path(cls, v: str) -> str:
+        if not v.strip():  # else read as the job file's own directory, and said to lack config.json
+            raise ValueError("the path is empty; give the Hugging Face checkpoint directory (relative to the job file)")
+        return v
+
     @property
     def arch(self) -> ModelArch:
         from rlctl.models.hf import check_hf_dir

@@ -454,8 +454,8 @@ def _shared_trainer_devices(job: Job, trainers: list[PlannedAgent]) -> list[Prob
                 return [
                     Problem(
                         "placement.trainer",
-                        f"{other} and {a.name} would both run on GPU {device} of {held.host} (site "
-                        f"{trainers[0].site!r}'s nodes[].devices), and NCCL runs one rank per GPU",
+                        f"{other} and {a.name} would both run on GPU {device} of {held.host} (the nodes[].devices of "
+                        f"site {trainers[0].site!r}), and NCCL runs one rank per GPU",
                         hint="give the trainer fewer GPUs, or map its slots to distinct devices",
                     )
                 ]
@@ -549,7 +549,7 @@ def _unbindable(job: Job) -> list[Problem]:
             out.append(
                 Problem(
                     field,
-                    f"{address}: site {name!r}'s agents run on this machine, which cannot listen there ({why})",
+                    f"{address}: the agents of site {name!r} run on this machine, which cannot listen there ({why})",
                     hint="give an address of this machine, or `auto`",
                 )
             )
@@ -575,8 +575,8 @@ def _metrics_port_taken(job: Job) -> list[Problem]:
         return [
             Problem(
                 "metrics.port",
-                f"{port} is taken on {address} (site {name!r}'s controller serves /metrics there, on this machine): "
-                f"another server holds it",
+                f"{port} is taken on {address} (the controller of site {name!r} serves /metrics there, on this "
+                "machine): another server holds it",
                 hint="choose a free port, or 0 for one picked at each start",
             )
         ]

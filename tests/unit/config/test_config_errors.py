@@ -67,9 +67,23 @@ CASES = [
     Case(
         "misspelt kind",
         GOOD_INV.replace("kind: Inventory", "kind: Inventroy"),
-        "kind: 'Inventroy' is no kind; valid: Inventory, Job, Profile (this command reads kind Inventory)",
+        "kind: 'Inventroy' is no kind; valid: Inventory, Job, Profile (this command reads kind 'Inventory' or 'Job')",
     ),
     Case("another file's kind", GOOD_INV.replace("kind: Inventory", "kind: Profile"), "kind: must be 'Inventory'"),
+    Case(  # check reads job files too: it said "(this command reads kind Inventory)"
+        "job: misspelt kind",
+        JOB.replace("kind: Job", "kind: Jobb"),
+        "kind: 'Jobb' is no kind; valid: Inventory, Job, Profile (this command reads kind 'Inventory' or 'Job')",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(  # it said "model.path: config.json: cannot read: No such file or directory" (the job file's directory)
+        "job: empty model path",
+        JOB.replace("{kind: builtin, name: qwen2.5-7b}", '{kind: hf, path: ""}'),
+        "model.path: the path is empty; give the Hugging Face checkpoint directory",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     Case("unknown top-level key", GOOD_INV + "linkz: []\n", "linkz: unknown key (did you mean 'links'?)"),
     Case(
         "unknown site key",

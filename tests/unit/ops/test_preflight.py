@@ -1042,7 +1042,9 @@ def test_a_listen_address_this_machine_does_not_have_is_refused_for_its_local_si
     # agents on this machine failed at bind (errno 99), after check passed
     job = load(tmp_path, transport={"listen_host": "192.0.2.77"})  # TEST-NET-1: no machine's
     (p,) = refused(job, "transport.listen_host")
-    assert p.message.startswith("192.0.2.77: site 'local''s agents run on this machine, which cannot listen there (")
+    assert p.message.startswith(
+        "192.0.2.77: the agents of site 'local' run on this machine, which cannot listen there ("
+    )
     assert refused(load(tmp_path, transport={"listen_host": "127.0.0.1"}), "transport.listen_host") == []
 
 
@@ -1054,7 +1056,8 @@ def test_a_fixed_metrics_port_another_server_holds_on_this_machine_is_refused_by
         port = held.getsockname()[1]
         job = load(tmp_path, metrics={"port": port})
         (p,) = refused(job, "metrics.port")
-        assert p.message.startswith(f"{port} is taken on 127.0.0.1 (site 'local''s controller serves /metrics there")
+        said = f"{port} is taken on 127.0.0.1 (the controller of site 'local' serves /metrics there"
+        assert p.message.startswith(said)
         assert f"metrics.port: {port} is taken on 127.0.0.1" in only_line(run_cli("check", str(job.path)))
     assert refused(load(tmp_path, metrics={"port": port}), "metrics.port") == []  # free again
     assert refused(load(tmp_path, metrics={"port": 0}), "metrics.port") == []  # a free one picked at each start
