@@ -1,6 +1,6 @@
-"""A local site's agents run on this machine: what its entry names there (the work root) must be what this machine
-has, or `rlctl check` refuses it, of the inventory alone or of a job on it, in one line naming the inventory file
-and the field, exit 2 — before launch writes anything."""
+"""A local site's agents run on this machine: what its entry names there (its host, python, work root) must be
+what this machine has, or `rlctl check` refuses it, of the inventory alone or of a job on it, in one line naming the
+inventory file and the field, exit 2 — before launch writes anything."""
 
 from __future__ import annotations
 
