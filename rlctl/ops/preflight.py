@@ -242,6 +242,12 @@ def _unread(job: Job) -> list[Problem]:
         why = "read when task.reward_workers > 0 only (0 scores in the caller's thread, with no timeout)"
         cases.append(("task", task, "reward_timeout_s", task.reward_workers == 0, why))
         cases.append(("task", task, "reward_load_timeout_s", task.reward_workers == 0, why))
+        # a reward scored in the caller's thread is in when its sample is: none is ever late (rlctl.rl.reward)
+        stall = (
+            "read when task.reward_workers > 0 only (0 scores each sample in the caller's thread as it arrives: "
+            "no reward is late)"
+        )
+        cases.append(("task", task, "reward_stall_s", task.reward_workers == 0, stall))
         cases.append(("task", task, "shuffle_seed", not task.shuffle, "read when task.shuffle is true only"))
     out = []
     for section, config, name, unread, why in cases:

@@ -599,6 +599,18 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
     assert p.message.startswith("600.0: read when task.reward_workers > 0 only")
     job = hf_dataset_job(tmp_path, positions=64, task={**task, "reward_load_timeout_s": 600})
     assert refused(job, "task.reward_load_timeout_s") == []
+    job = hf_dataset_job(tmp_path, positions=64, task={**task, "reward_workers": 0, "reward_stall_s": 2.0})
+    (p,) = refused(job, "task.reward_stall_s")
+    assert p.message == (
+        "2.0: read when task.reward_workers > 0 only (0 scores each sample in the caller's thread as it arrives: no "
+        "reward is late); remove it (default 'auto')"
+    )
+    job = hf_dataset_job(tmp_path, positions=64, task={**task, "reward_workers": 0, "reward_stall_s": "never"})
+    assert refused(job, "task.reward_stall_s")[0].message.startswith("'never': read when task.reward_workers > 0")
+    assert (
+        refused(hf_dataset_job(tmp_path, positions=64, task={**task, "reward_stall_s": 2.0}), "task.reward_stall_s")
+        == []
+    )
     job = hf_dataset_job(tmp_path, positions=64, task={**task, "shuffle": False, "shuffle_seed": 7})
     (p,) = refused(job, "task.shuffle_seed")
     assert p.message == "7: read when task.shuffle is true only; remove it (default 0)"
