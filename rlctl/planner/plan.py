@@ -1229,8 +1229,11 @@ def _weight_sync_s(job: Job, per_site: dict[str, int], *, order_tp: int = 1) -> 
         hosts = _rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=order_tp)
         hops = _hosts_spanned(hosts, x) - 1
         # another datacenter's relay heads chains_per_datacenter chains of the other hosts (`weights/plan.py`), which
-        # share its host's link; beside the trainer, one chain of hosts per trainer host
-        chains = 1 if s == t_site else spec.weight_sync.chains_per_datacenter
+        # share its host's link; in the trainer's datacenter (its site or another there) the trainer's ranks head the
+        # chains, one of hosts per trainer host
+        chains = (
+            1 if inv.sites[s].datacenter == inv.sites[t_site].datacenter else spec.weight_sync.chains_per_datacenter
+        )
         worst = max(
             worst,
             weight_transfer_s(

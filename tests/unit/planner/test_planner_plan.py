@@ -393,6 +393,23 @@ def test_weight_sync_in_another_datacenter_shares_the_relay_s_host_link_among_it
     assert syncs[2][2] == pytest.approx(2 * syncs[1][2], rel=0.01)
 
 
+def test_weight_sync_of_a_site_in_the_trainer_s_datacenter_takes_no_relay_chains(tmp_path: Path) -> None:
+    """The runtime's relay and its chains_per_datacenter chains are a datacenter's without a trainer rank
+    (`weights/plan.py`); a rollout site in the trainer's datacenter, another site than the trainer's, gets chains from
+    the trainer's ranks, as the trainer's own site does. The planner priced it per site: 24 GPUs of r20 in datacenter
+    'a' synced twice as slowly with two chains as with one (the count the runtime never reads there)."""
+    job = write_job(tmp_path, rollout=[{"site": "r20", "gpus": 24}], links=LINKS)
+    _edit(tmp_path / "inv.yaml", lambda inv: inv["sites"]["r20"].update(datacenter="a"))
+    _edit(tmp_path / "inv.yaml", lambda inv: inv["sites"]["r20"]["nodes"][0].update(host="r-[1-3]"))
+    syncs = {}
+    for chains in (1, 2):
+        _edit(job, lambda j: j.update(weight_sync={"chains_per_datacenter": chains}))  # noqa: B023
+        loaded = load_job(job)
+        syncs[chains] = [planner._weight_sync_s(loaded, {"r20": x}) for x in (8, 16, 24)]
+    assert syncs[1] == syncs[2]
+    assert syncs[1][1] < syncs[1][2]  # the third host is one more hop of the one chain
+
+
 def test_the_dispatch_report_s_site_does_not_depend_on_the_hash_seed(tmp_path: Path) -> None:
     """Two rollout sites with as many units each: the report is on the first in the placement, in every process
     (it was the first of a set of names, whose order moves with PYTHONHASHSEED: 'r20' under seed 2)."""
