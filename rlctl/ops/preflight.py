@@ -218,8 +218,20 @@ def _unread(job: Job) -> list[Problem]:
     """Fields the job's other choices leave unread: a value other than the default would be ignored."""
     spec, task = job.spec, job.spec.task
     wandb = "wandb" in spec.tracking.backends
+    # the trainer's ranks feed their own datacenter's units; a relay and its chains are another datacenter's
+    # (rlctl.weights.plan.plan_broadcast), and the planner prices it so
+    dc = {name: site.datacenter for name, site in job.inventory.sites.items()}
+    one_dc = all(dc[r.site] == dc[spec.placement.trainer.site] for r in spec.placement.rollout)
     cases: list[tuple[str, Any, str, bool, str]] = [
         ("weight_sync", spec.weight_sync, "anchor_every", spec.weight_sync.mode == "full", "read in mode 'delta' only"),
+        (
+            "weight_sync",
+            spec.weight_sync,
+            "chains_per_datacenter",
+            one_dc,
+            f"read when a rollout site is outside the trainer's datacenter {dc[spec.placement.trainer.site]!r} only "
+            "(its relay feeds that many chains; the trainer's ranks feed their own datacenter's units)",
+        ),
         ("tracking", spec.tracking, "project", not wandb, "read with the wandb backend only"),
         ("tracking", spec.tracking, "mode", not wandb, "read with the wandb backend only"),
         (

@@ -625,6 +625,25 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
     assert refused(load(tmp_path, warmup={"sft_steps": 100}), "warmup.sft_steps") == []
 
 
+def test_relay_chains_are_refused_when_every_rollout_site_is_in_the_trainer_s_datacenter(tmp_path: Path) -> None:
+    """weight_sync.chains_per_datacenter is the relay's of a datacenter without a trainer rank
+    (rlctl.weights.plan.plan_broadcast): with every rollout site in the trainer's datacenter nothing reads it."""
+    (p,) = refused(load(tmp_path, weight_sync={"chains_per_datacenter": 3}), "weight_sync.chains_per_datacenter")
+    assert p.message == (
+        "3: read when a rollout site is outside the trainer's datacenter 'here' only (its relay feeds that many "
+        "chains; the trainer's ranks feed their own datacenter's units); remove it (default 2)"
+    )
+    assert refused(load(tmp_path, weight_sync={"chains_per_datacenter": 2}), "weight_sync.chains_per_datacenter") == []
+
+    def across(rollout_site: str) -> Job:
+        placement = {"trainer": {"site": "h800", "gpus": 8}, "rollout": [{"site": rollout_site, "gpus": 8}]}
+        return load(tmp_path, inventory=GPU_CLUSTERS, placement=placement, weight_sync={"chains_per_datacenter": 1})
+
+    assert refused(across("h20"), "weight_sync.chains_per_datacenter") == []  # dc-b: its relay reads it
+    (p,) = refused(across("h800"), "weight_sync.chains_per_datacenter")
+    assert p.message.startswith("1: read when a rollout site is outside the trainer's datacenter 'dc-a' only")
+
+
 def test_a_job_that_leaves_the_warmup_out_gets_one_it_can_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`warmup.sft_steps` left out: 800 steps for the built-in model on the digits task, none for a Hugging Face
     model or a dataset task, which pass check (the README's bring-your-own job was refused for the default 800
