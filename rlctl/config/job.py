@@ -419,6 +419,11 @@ class Placement(Strict):
     rollout: list[RolePlacement] = Field(min_length=1)
     controller_site: str | None = None
 
+    @property
+    def any_auto(self) -> bool:
+        """Some GPU count is the planner's to choose (`planning` is read only then)."""
+        return self.trainer.gpus == "auto" or any(r.gpus == "auto" for r in self.rollout)
+
 
 class Rollout(Strict):
     engine: Literal["embedded", "vllm"] = "embedded"
@@ -653,8 +658,9 @@ class Planning(Strict):
     )
     epsilon: Annotated[float, Field(ge=0, lt=1)] = Field(
         0.05,
-        description="rule fewest_gpus: the slowdown allowed against the full allocation; under the other rules it "
-        "sizes only the plan's printed `fewest_gpus` alternative",
+        description="rule fewest_gpus: the slowdown allowed against the full allocation; rule simulated: one start of "
+        "its search of a shared site's split; otherwise it sizes only `rlctl plan`'s printed `fewest_gpus` "
+        "alternative, and `rlctl check` refuses another value (as it refuses `planning` when no GPU count is auto)",
     )
     dispatch_rule: Literal["sum", "max"] = Field(
         "max",

@@ -35,6 +35,7 @@ from rlctl.launch.jobdir import why_not_made
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.sitefs import is_remote
 from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig, read_config
+from rlctl.planner.plan import searches_shared_site
 from rlctl.planner.split import split_refusals
 from rlctl.rl.dataset import check_task
 from rlctl.rl.source import heldout_task
@@ -250,6 +251,20 @@ def _unread(job: Job) -> list[Problem]:
             "0 writes one only at the end)",
         ),
     ]
+    # the planner reads `planning` to choose the counts that are auto; with every count fixed the plan launch writes is
+    # the same under every rule and ε (the plans it compares hold the same GPUs). Of the rules ε is fewest_gpus', and
+    # seeds the simulated search of a shared site's split (`searches_shared_site`); else only `rlctl plan`'s printed
+    # fewest_gpus alternative reads it
+    planning, rule = spec.planning, spec.planning.rule
+    fixed = "read when a GPU count in placement is 'auto' only (every count here is fixed: the planner chooses none)"
+    eps_unread = rule != "fewest_gpus" and not searches_shared_site(spec)
+    eps_why = (
+        f"read under planning.rule 'fewest_gpus' only here (under {rule!r} only `rlctl plan`'s printed fewest_gpus "
+        "alternative reads it)"
+    )
+    auto = spec.placement.any_auto
+    cases.append(("planning", planning, "rule", not auto, fixed))
+    cases.append(("planning", planning, "epsilon", not auto or eps_unread, fixed if not auto else eps_why))
     if isinstance(task, DatasetTask):
         why = "read when task.reward_workers > 0 only (0 scores in the caller's thread, with no timeout)"
         cases.append(("task", task, "reward_timeout_s", task.reward_workers == 0, why))

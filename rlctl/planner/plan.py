@@ -26,7 +26,7 @@ import numpy as np
 
 from rlctl.config.hostfill import PLACEMENT_HINT, placement_error, rollout_host_order, trainer_slots
 from rlctl.config.inventory import Site
-from rlctl.config.job import DatasetTask, Job, LengthsTask
+from rlctl.config.job import DatasetTask, Job, JobFile, LengthsTask
 from rlctl.errors import ConfigError, PlanError
 from rlctl.launch.backends import kind_of
 from rlctl.planner import alloc
@@ -422,6 +422,15 @@ def make_plan(
     return best
 
 
+def searches_shared_site(spec: JobFile) -> bool:
+    """Whether the plan is the job simulator's search of the split of a site the trainer shares with rollout
+    (`_simulated_split`), which starts from Algorithm 1's split and its fewest-GPUs alternative (`planning.epsilon`)
+    among others: rule simulated, async mode, the rollout count of the trainer's site auto."""
+    t_site = spec.placement.trainer.site
+    shared = [r for r in spec.placement.rollout if r.site == t_site]
+    return spec.planning.rule == "simulated" and spec.pipeline.mode == "async" and any(r.gpus == "auto" for r in shared)
+
+
 def _best_plan(job: Job, plans: list[dict[str, Any]]) -> dict[str, Any]:
     """Of plans of the same job (one per trainer tp class), the fastest iteration in the job's mode, of equal ones
     the fewest GPUs; under `planning.rule: fewest_gpus` the fewest GPUs within ε of the fastest."""
@@ -431,7 +440,8 @@ def _best_plan(job: Job, plans: list[dict[str, Any]]) -> dict[str, Any]:
         return float(p["predicted"]["iteration_s"][mode]), sum(int(a["gpus_used"]) for a in p["allocation"])
 
     fastest = min(key(p)[0] for p in plans)
-    if job.spec.planning.rule == "fewest_gpus":
+    # with every count fixed the plans hold the same GPUs (the trainer's ranks, the rollout's counts): none is fewer
+    if job.spec.planning.rule == "fewest_gpus" and job.spec.placement.any_auto:
         near = [p for p in plans if key(p)[0] <= fastest * (1 + job.spec.planning.epsilon)]
         return min(near, key=lambda p: (key(p)[1], key(p)[0]))
     return min(plans, key=key)
@@ -524,7 +534,7 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
     stages = Stages(job, lm, gcurves, tcurve, tw, budgets, fill, opts)
     # a fixed trainer count searches the same splits: every point of its curve holds exactly its ranks
     # (`_trainer_curve`), the fastest within n − x is the split it runs beside x rollout GPUs
-    if rule == "simulated" and spec.pipeline.mode == "async" and shared and r_fixed[t_site] is None:
+    if searches_shared_site(spec):
         chosen, search = _simulated_split(
             stages, t_site=t_site, streamed_fraction=tcost["streamed_fraction"], seeds=(choice.x, base.x, alt.x)
         )

@@ -644,6 +644,32 @@ def test_relay_chains_are_refused_when_every_rollout_site_is_in_the_trainer_s_da
     assert p.message.startswith("1: read when a rollout site is outside the trainer's datacenter 'dc-a' only")
 
 
+def test_planning_fields_the_planner_does_not_read_are_refused(tmp_path: Path) -> None:
+    """The planner reads `planning` to choose the counts that are auto: with every count fixed the plan launch writes
+    is the same under every rule and ε, so both are refused; ε is rule fewest_gpus' (and seeds the simulated search of
+    a shared site's split): under 'paper' only `rlctl plan`'s printed alternative reads it."""
+    fixed = "read when a GPU count in placement is 'auto' only (every count here is fixed: the planner chooses none)"
+    (p,) = refused(load(tmp_path, planning={"rule": "paper"}), "planning.rule")
+    assert p.message == f"'paper': {fixed}; remove it (default 'simulated')"
+    (p,) = refused(load(tmp_path, planning={"rule": "fewest_gpus", "epsilon": 0.1}), "planning.epsilon")
+    assert p.message == f"0.1: {fixed}; remove it (default 0.05)"
+    auto = {"trainer": {"site": "local", "gpus": "auto"}, "rollout": [{"site": "local", "gpus": "auto"}]}
+
+    def planned(mode: str = "async", **planning: Any) -> Job:
+        return load(tmp_path, placement=auto, planning=planning, pipeline={"mode": mode})
+
+    assert refused(planned(rule="paper"), "planning.rule") == []
+    (p,) = refused(planned(rule="paper", epsilon=0.1), "planning.epsilon")
+    assert p.message == (
+        "0.1: read under planning.rule 'fewest_gpus' only here (under 'paper' only `rlctl plan`'s printed "
+        "fewest_gpus alternative reads it); remove it (default 0.05)"
+    )
+    assert refused(planned("sync", epsilon=0.1), "planning.epsilon")[0].message.startswith("0.1: read under planning")
+    assert refused(planned(rule="fewest_gpus", epsilon=0.1), "planning.epsilon") == []
+    assert refused(planned(epsilon=0.1), "planning.epsilon") == []  # seeds the search of the shared site's split
+    assert problems(load(tmp_path, planning={"rule": "simulated", "epsilon": 0.05})) == []  # the defaults, written
+
+
 def test_a_job_that_leaves_the_warmup_out_gets_one_it_can_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`warmup.sft_steps` left out: 800 steps for the built-in model on the digits task, none for a Hugging Face
     model or a dataset task, which pass check (the README's bring-your-own job was refused for the default 800

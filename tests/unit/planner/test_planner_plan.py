@@ -370,6 +370,23 @@ def test_tensor_parallel_units_are_only_those_that_fit_on_a_host(tmp_path: Path)
     assert rb["free_gpus"] == 8 and not rb["add_unit"] and rb["reason"].startswith("no rollout site has room")
 
 
+def test_fewest_gpus_does_not_choose_among_plans_of_fixed_counts(tmp_path: Path) -> None:
+    """Of the plans of the trainer's tp classes `_best_plan` takes the fastest; rule fewest_gpus the fewest GPUs within
+    ε, and only when some count is auto: with every count fixed the plans hold the same GPUs (the ranks, the counts),
+    and rule and ε are refused by check as unread (it took a slower plan that happened to use fewer GPUs before)."""
+
+    def plan(iteration_s: float, gpus: int) -> dict[str, Any]:
+        return {"predicted": {"iteration_s": {"async": iteration_s}}, "allocation": [{"gpus_used": gpus}]}
+
+    fast, fewer = plan(10.0, 16), plan(10.4, 12)
+    job = load_job(write_job(tmp_path, rollout=[{"site": "r20", "gpus": 8}], links=LINKS, rule="fewest_gpus"))
+    assert planner._best_plan(job, [fast, fewer]) is fewer  # the trainer's count is auto
+    fixed = load_job(
+        write_job(tmp_path, rollout=[{"site": "r20", "gpus": 8}], links=LINKS, rule="fewest_gpus", trainer_gpus=8)
+    )
+    assert planner._best_plan(fixed, [fast, fewer]) is fast
+
+
 def test_weight_sync_counts_a_hop_per_host_after_the_first(tmp_path: Path) -> None:
     """12 GPUs of 8-GPU hosts are 2 hosts: the weights take one intra-site hop, as 16 GPUs do (⌊12 / 8⌋ − 1 = 0
     left it out); 8 GPUs are one host, no hop."""
