@@ -251,6 +251,22 @@ def _unread(job: Job) -> list[Problem]:
             "0 writes one only at the end)",
         ),
     ]
+    # in sync and stream modes (η = 0) a round's prompts are made once the previous iteration is trained, so on a
+    # unit no iteration's generation runs beside another's (no group barrier holds one back: rlctl.engines.embedded)
+    # and a version arrives when only an in-run evaluation's may run (rlctl.agents.evaluation)
+    rollout, serial = spec.rollout, spec.pipeline.mode != "async"
+    evaluating = spec.evaluation.heldout_prompts > 0 and spec.evaluation.every_iterations > 0
+    barrier = (
+        "read in pipeline.mode 'async' only (in sync and stream modes a unit runs one iteration's generations at a "
+        "time: none waits behind another's)"
+    )
+    cases.append(("rollout", rollout, "group_barrier", serial and rollout.engine == "embedded", barrier))
+    on_new = (
+        "read in pipeline.mode 'async', or with an in-run evaluation (evaluation.every_iterations > 0), only (in sync "
+        "and stream modes a version arrives when no iteration's generation runs)"
+    )
+    refused_above = rollout.engine == "embedded" and rollout.on_new_weights == "recompute"
+    cases.append(("rollout", rollout, "on_new_weights", serial and not evaluating and not refused_above, on_new))
     # the planner reads `planning` to choose the counts that are auto; with every count fixed the plan launch writes is
     # the same under every rule and ε (the plans it compares hold the same GPUs). Of the rules ε is fewest_gpus', and
     # seeds the simulated search of a shared site's split (`searches_shared_site`); else only `rlctl plan`'s printed

@@ -644,6 +644,36 @@ def test_relay_chains_are_refused_when_every_rollout_site_is_in_the_trainer_s_da
     assert p.message.startswith("1: read when a rollout site is outside the trainer's datacenter 'dc-a' only")
 
 
+@pytest.mark.parametrize("mode", ["sync", "stream"])
+def test_rollout_fields_of_overlapping_iterations_are_refused_in_sync_and_stream_modes(
+    tmp_path: Path, mode: str
+) -> None:
+    """With η = 0 a round's prompts are made once the previous iteration is trained: a unit never runs two iterations'
+    generations at once (the embedded engine's group barrier has nothing to hold back) and a version arrives when none
+    runs, an in-run evaluation's aside (a launch of 4 iterations in each mode, with the engine and the rollout agent
+    logging a later group waiting behind a running one and weights arriving beside running rows: none in sync or
+    stream but evaluation rows; in async both, hundreds of times)."""
+    sync = {"mode": mode}
+    (p,) = refused(load(tmp_path, pipeline=sync, rollout={"group_barrier": "always"}), "rollout.group_barrier")
+    assert p.message == (
+        "'always': read in pipeline.mode 'async' only (in sync and stream modes a unit runs one iteration's "
+        "generations at a time: none waits behind another's); remove it (default 'auto')"
+    )
+    assert refused(load(tmp_path, rollout={"group_barrier": "always"}), "rollout.group_barrier") == []
+    vllm = {"engine": "vllm", "on_new_weights": "keep"}
+    (p,) = refused(load(tmp_path, pipeline=sync, rollout=vllm), "rollout.on_new_weights")
+    assert p.message == (
+        "'keep': read in pipeline.mode 'async', or with an in-run evaluation (evaluation.every_iterations > 0), only "
+        "(in sync and stream modes a version arrives when no iteration's generation runs); remove it (default 'auto')"
+    )
+    assert refused(load(tmp_path, rollout=vllm), "rollout.on_new_weights") == []
+    evaluating = {"heldout_prompts": 16, "every_iterations": 2}
+    assert refused(load(tmp_path, pipeline=sync, rollout=vllm, evaluation=evaluating), "rollout.on_new_weights") == []
+    # the embedded engine's 'recompute' is refused once, as the engine's
+    (p,) = refused(load(tmp_path, pipeline=sync, rollout={"on_new_weights": "recompute"}), "rollout.on_new_weights")
+    assert p.message.startswith("'recompute': the embedded engine keeps")
+
+
 def test_planning_fields_the_planner_does_not_read_are_refused(tmp_path: Path) -> None:
     """The planner reads `planning` to choose the counts that are auto: with every count fixed the plan launch writes
     is the same under every rule and ε, so both are refused; ε is rule fewest_gpus' (and seeds the simulated search of
