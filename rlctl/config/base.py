@@ -3,7 +3,8 @@
 Every config model derives from `Strict`: unknown keys are refused with the closest valid key,
 so `gpuss: 8` fails as `sites.h20.gpuss: unknown key (did you mean 'gpus'?)`, and so are infinite and NaN
 numbers (YAML's `.inf`, `.nan`): no field means "unbounded" by infinity. A key written twice in one mapping
-is refused too, rather than the last one silently winning.
+is refused too, rather than the last one silently winning, and so is a YAML boolean where a number goes
+(pydantic reads `iterations: true` as 1).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Any, TypeVar, get_args
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
@@ -61,8 +63,69 @@ def _listen_host(v: str) -> str:
 ListenHost = Annotated[str, AfterValidator(_listen_host)]
 
 
+def _takes(annotation: Any) -> tuple[bool, bool, bool, list[str]]:
+    """What a field's type takes of a scalar: (a bool, an int, a float, its literal strings)."""
+    origin = get_origin(annotation)
+    if annotation is Any:
+        return True, True, True, []
+    if origin is Annotated:
+        return _takes(get_args(annotation)[0])
+    if origin is Union or origin is UnionType:
+        parts = [_takes(a) for a in get_args(annotation)]
+        return (
+            any(p[0] for p in parts),
+            any(p[1] for p in parts),
+            any(p[2] for p in parts),
+            [w for p in parts for w in p[3]],
+        )
+    if origin is Literal:
+        values = get_args(annotation)
+        takes_int = any(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        return (
+            any(isinstance(v, bool) for v in values),
+            takes_int,
+            False,
+            [repr(v) for v in values if isinstance(v, str)],
+        )
+    return annotation is bool, annotation is int, annotation is float, []
+
+
+def _items(annotation: Any) -> Any:
+    """The type of a list's items or a mapping's values (None for another type)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _items(get_args(annotation)[0])
+    if origin in (list, tuple, set, frozenset) and get_args(annotation):
+        return get_args(annotation)[0]
+    if origin is dict:
+        return get_args(annotation)[1]
+    if origin is Union or origin is UnionType:
+        return next((t for a in get_args(annotation) if (t := _items(a)) is not None), None)
+    return None
+
+
+def bool_for_number(annotation: Any, value: Any) -> tuple[tuple[int | str, ...], str] | None:
+    """Where in `value` (() for itself, else the path to an item) a YAML boolean stands for a number of
+    `annotation`, which takes no boolean (pydantic's lax mode reads true as 1), and what is valid there."""
+    if isinstance(value, bool):
+        takes_bool, takes_int, takes_float, words = _takes(annotation)
+        if takes_bool or not (takes_int or takes_float):
+            return None
+        valid = ["a valid integer" if takes_int and not takes_float else "a valid number", *words]
+        said = valid[0] if len(valid) == 1 else f"{', '.join(valid[:-1])} or {valid[-1]}"
+        return (), f"Input should be {said}, not a boolean (got {value!r})"
+    items = _items(annotation) if isinstance(value, list | dict) else None
+    if items is None:
+        return None
+    pairs = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, v in pairs:
+        if (found := bool_for_number(items, v)) is not None:
+            return (key, *found[0]), found[1]
+    return None
+
+
 class Strict(BaseModel):
-    """Base of every config model: frozen, no unknown keys, suggestions for typos."""
+    """Base of every config model: frozen, no unknown keys, suggestions for typos, no boolean for a number."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
@@ -78,6 +141,11 @@ class Strict(BaseModel):
                         "unknown key{hint}; valid keys: {valid}",
                         {"key": str(key), "hint": did_you_mean(str(key), valid), "valid": one_of(valid)},
                     )
+            fields = {key: f for name, f in cls.model_fields.items() for key in {name, f.alias or name}}
+            for key, value in data.items():
+                if (found := bool_for_number(fields[key].annotation, value)) is not None:
+                    path, why = found
+                    raise PydanticCustomError("bool_for_number", "{why}", {"key": str(key), "path": path, "why": why})
         return data
 
 
@@ -102,6 +170,8 @@ def first_error(exc: ValidationError) -> tuple[str, str]:
     loc = tuple(err["loc"])
     if err["type"] == "unknown_key":
         loc = (*loc, err["ctx"]["key"])
+    elif err["type"] == "bool_for_number":  # found before the field's own validation: its key and the item's path
+        loc = (*loc, err["ctx"]["key"], *err["ctx"]["path"])
     msg = err["msg"]
     if err["type"] == "missing":
         msg = "required field is missing"

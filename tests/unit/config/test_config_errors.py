@@ -276,6 +276,40 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    # a YAML boolean where a number goes: pydantic read true as 1 (`iterations: true` ran one iteration)
+    Case(
+        "job: a boolean for an integer",
+        JOB + "iterations: true\n",
+        "job.yaml: iterations: Input should be a valid integer, not a boolean (got True)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: a boolean for an integer or 'auto'",
+        JOB.replace("gpus: 8}", "gpus: true}"),
+        "placement.trainer.gpus: Input should be a valid integer or 'auto', not a boolean (got True)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: a boolean for a number",
+        JOB + "algorithm: {kind: grpo, lr: false}\n",
+        "algorithm.lr: Input should be a valid number, not a boolean (got False)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: a boolean for a number, 'auto' or 'never'",
+        JOB + "rollout: {hang_timeout_s: true}\n",
+        "rollout.hang_timeout_s: Input should be a valid number, 'auto' or 'never', not a boolean (got True)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "a boolean in a list of integers",
+        site_with("gpus: 8}", "gpus: 2, devices: [0, true]}"),
+        "sites.h20.nodes[0].devices[1]: Input should be a valid integer, not a boolean (got True)",
+    ),
     # a traceback (RecursionError) before
     Case("nested hundreds deep", HEAD + "sites: " + "[" * 500 + "]" * 500 + "\n", "nested too deeply"),
     # a host listed twice was counted, placed and staged twice; two sites on one GPU both used it
@@ -447,6 +481,19 @@ def test_bad_input_is_one_line_exit_2(case: Case, tmp_path: Path) -> None:
 
 def test_at_least_25_kinds() -> None:
     assert len({c.name for c in CASES}) >= 25
+
+
+def test_boolean_fields_still_take_booleans(tmp_path: Path) -> None:
+    """Refusing a boolean for a number leaves the fields that are booleans (or take one) as they were."""
+    network = "    gpu: H20\n    network: {bandwidth_gbps: 100, rdma: true}\n"
+    (tmp_path / "inv.yaml").write_text(site_with("    gpu: H20\n", network))
+    (tmp_path / "job.yaml").write_text(
+        JOB + "rollout: {migrate: false, compile: true}\nrebalance: {auto: true}\nalgorithm: {kind: grpo, "
+        "dynamic_sampling: true}\n"
+    )
+    job = load_job(tmp_path / "job.yaml")
+    assert (job.spec.rollout.migrate, job.spec.rollout.compile, job.spec.rebalance.auto) == (False, True, True)
+    assert job.inventory.sites["h20"].network.rdma is True
 
 
 def test_debug_shows_traceback(tmp_path: Path) -> None:
