@@ -321,11 +321,13 @@ class InventoryFile(Strict):
 class Inventory:
     """Sites and links merged from one or more inventory files; `origin`: the file that declares each site."""
 
-    def __init__(self, sites: dict[str, Site], links: list[Link], files: list[str], origin: dict[str, str]) -> None:
+    def __init__(
+        self, sites: dict[str, Site], links: list[Link], files: list[str], origin: dict[str, str] | None = None
+    ) -> None:
         self.sites = sites
         self.links = links
         self.files = files
-        self.origin = origin
+        self.origin = origin if origin is not None else {name: ", ".join(files) for name in sites}
 
     def link(self, a: str, b: str) -> Link | None:
         for link in self.links:
