@@ -195,6 +195,18 @@ def _fallback_table(s: dict[str, Any]) -> str:
     if "summary" in s:
         # the count first: a failed state's text ends with the command that resumes it
         rows.append(["ended", f"after {s['summary']['iterations']} iterations: {s['summary']['state']}"])
+    if "ended_without_summary" in s:
+        from rlctl.launch.base import exit_text
+
+        e = s["ended_without_summary"]
+        code = "its exit not recorded" if e["controller_exit"] is None else f"exit {exit_text(e['controller_exit'])}"
+        rows.append(
+            [
+                "ended",
+                f"the controller exited without a summary ({code}); continue the job from its latest complete "
+                f"checkpoint: `{e['resume']}`",
+            ]
+        )
     if s.get("index_state"):
         rows.append(["job index", index_line(s)])
     if s["sites_down"]:
@@ -275,7 +287,8 @@ def register(app: typer.Typer) -> None:
             if watch and output is OutputFormat.table and sys.stdout.isatty():
                 sys.stdout.write("\x1b[2J\x1b[H")
             emit(s, output, _table)
-            ended = s.get("live", {}).get("state") in ("done", "failed") or "summary" in s
+            ended = s.get("live", {}).get("state") in ("done", "failed")
+            ended = ended or "summary" in s or "ended_without_summary" in s
             if not watch or ended:
                 break
             sys.stdout.flush()

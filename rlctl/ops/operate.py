@@ -27,7 +27,7 @@ from rlctl.agents.messages import STOP_GRACE_S
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
-from rlctl.launch.jobdir import JobDir
+from rlctl.launch.jobdir import JobDir, resume_command
 from rlctl.launch.stage import (
     agents_and_latest_run,
     all_recorded_agents,
@@ -181,10 +181,31 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     agents, down = site_view(ref, timeout_s=timeout_s)
     out["agents"], out["sites_down"] = agents, down
     ended = "summary" in out and all(a["state"] != "running" for a in agents)
+    if "summary" not in out and _ended_without_summary(ref, agents, down):
+        # its controller was killed (SIGKILL, the OOM killer) and its launcher wrote the end it saw: a status that
+        # is complete, not `partial status` (exit 3) for as long as the job dir lives
+        code = ref.row.info.get("controller_exit") if ref.row is not None else None
+        out["ended_without_summary"] = {
+            "controller_exit": code,
+            "resume": resume_command(ref.id if ref.row is not None else jd.path),
+        }
+        ended = True
     if ended and how == "error":  # it is not listening because the job is over, not because something broke: the
         # refused connect is not said ("was tcp://…: connect failed: [Errno 111] Connection refused" read as a fault)
-        out["controller"] = f"exited: the job ended ({out['summary'].get('state', 'no state')})"
+        how_ended = out["summary"].get("state", "no state") if "summary" in out else "without a summary"
+        out["controller"] = f"exited: the job ended ({how_ended})"
     return out, ended and not down
+
+
+def _ended_without_summary(ref: JobRef, agents: list[dict[str, Any]], down: list[str]) -> bool:
+    """Whether the job's run ended with no summary written: every agent is known to have exited, its controller
+    among them, and no launcher watches it (its index row says it ended, or its launcher is gone)."""
+    if down or not any(a["role"] == "controller" for a in agents):
+        return False
+    if not all(a["state"].startswith("exited") for a in agents) or ref.jobdir.launcher_holder() is not None:
+        return False
+    row = ref.row
+    return row is None or row.state not in LIVE or launcher_running(row.info.get("launcher")) is False
 
 
 def fetch_job_record(ref: JobRef) -> list[str]:

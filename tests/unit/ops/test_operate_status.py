@@ -145,3 +145,48 @@ def test_status_of_an_ended_job_counts_its_iterations_as_its_summary_does(
     assert ended == ["after 70 iterations: stopped"] and len(done) == 1, table
     assert done[0].startswith("70; the last: reward 0.500, T_gen 1.00 s, T_train 0.50 s"), done
     assert s["iterations_done"] == 70 and s["last_iteration"]["iteration"] == 69  # -o json keeps the row's index
+
+
+def test_status_of_a_job_whose_controller_exited_without_a_summary_is_complete_and_names_the_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the controller SIGKILLed, its launcher wrote `failed` and ended: `rlctl status` said `partial status` (exit 3)
+    # for good, with no ended row and no resume hint
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_with_controller(tmp_path, "killed", LOCAL, _killed_agent())
+    db = JobDB()
+    try:
+        db.put("killed1", job_dir=str(jd.path), spec={"name": "killed"})
+        db.update("killed1", state="failed", info={"controller_exit": -9})
+        row = db.get("killed1")
+    finally:
+        db.close()
+    s, complete = operate.job_status(JobRef("killed1", jd, row), timeout_s=2.0)
+    assert complete and s["ended_without_summary"] == {
+        "controller_exit": -9,
+        "resume": "rlctl launch --resume killed1",
+    }
+    assert s["controller"] == "exited: the job ended (without a summary)"
+    ended = [line.split(None, 1)[1] for line in _fallback_table(s).splitlines() if line.startswith("ended ")]
+    assert ended == [
+        "the controller exited without a summary (exit -9 (SIGKILL)); continue the job from its latest complete "
+        "checkpoint: `rlctl launch --resume killed1`"
+    ]
+
+
+def test_status_of_a_job_whose_launcher_holds_it_is_not_said_to_have_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its launcher is between two runs (an automatic resume): nothing runs for a moment, and it has not ended
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_with_controller(tmp_path, "between", LOCAL, _killed_agent())
+    db = JobDB()
+    try:
+        db.put("between1", job_dir=str(jd.path), spec={"name": "between"})
+        db.update("between1", state="failed")
+        row = db.get("between1")
+    finally:
+        db.close()
+    with jd.launcher_lock():
+        s, complete = operate.job_status(JobRef("between1", jd, row), timeout_s=2.0)
+    assert not complete and "ended_without_summary" not in s
