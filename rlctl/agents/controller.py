@@ -328,6 +328,11 @@ class ControllerAgent:
         state, ledger, replaced = self.writing.pop(w.version)
         if w.error:
             self.core.failed = f"the trainer could not write its part of checkpoint iter-{w.version}: {w.error}"
+            if w.full_dir:  # a resume writes its next checkpoint there too
+                self.core.failed += (
+                    f"; free space in {w.full_dir} first; continue the job with "
+                    f"`rlctl launch --resume {self.jobdir.path.name}`"
+                )
             return []
         save_controller(
             self.jobdir, w.version, state=state, ledger=ledger, trainer_digest=w.checkpoint, replaced=replaced

@@ -247,6 +247,7 @@ class CheckpointWritten(msgspec.Struct):
     version: NonNegInt
     checkpoint: str = ""  # the trainer part's manifest SHA-256, once it is written; "" with `error`
     error: str = ""  # why the trainer's part could not be written
+    full_dir: str = ""  # … when that was a full disk: the directory (a resume needs space freed there first)
 
 
 class Heartbeat(msgspec.Struct):

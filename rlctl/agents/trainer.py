@@ -59,7 +59,7 @@ from rlctl.agents.weights import PublishedModel, Target, WeightPublisher
 from rlctl.checkpoint.background import BackgroundWriter
 from rlctl.checkpoint.choose import checkpoints_at, resume_version
 from rlctl.checkpoint.files import prune, set_aside_newer
-from rlctl.checkpoint.trainer import HostPolicy, load_trainer, snapshot_shard, snapshot_trainer
+from rlctl.checkpoint.trainer import CheckpointError, HostPolicy, load_trainer, snapshot_shard, snapshot_trainer
 from rlctl.config.job import JobFile
 from rlctl.devices import Compute
 from rlctl.errors import ConfigError, TransportError
@@ -534,7 +534,14 @@ class TrainerAgent:
                 log.error("trainer: checkpoint iter-%d not written: %s: %s", version, type(e).__name__, e)
                 with contextlib.suppress(TransportError):
                     self.link.send(
-                        make("checkpoint_written", CheckpointWritten(version=version, error=f"{type(e).__name__}: {e}"))
+                        make(
+                            "checkpoint_written",
+                            CheckpointWritten(
+                                version=version,
+                                error=f"{type(e).__name__}: {e}",
+                                full_dir=e.full_dir if isinstance(e, CheckpointError) else "",
+                            ),
+                        )
                     )
                 return
             log.info("trainer: checkpoint iter-%d written in %.2f s beside training", version, time.monotonic() - t0)

@@ -36,6 +36,7 @@ Files are read back with `torch.load(weights_only=True)` and JSON only: nothing 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -350,3 +351,22 @@ def latest_complete(root: Path, parts: Iterable[str] = PARTS) -> int | None:
         log.warning("%s: checkpoint v%d not used: %s", root, version, why)
     log.info("%s: latest complete checkpoint v%d (%s)", root, point.version, point.pointer)
     return point.version or None
+
+
+def no_space(directory: Path, e: BaseException, *, needed_bytes: int | None = None) -> str | None:
+    """'the disk is full: 1,024 B free in DIR (the write needs 551,872 B)' when the write into `directory` that
+    raised `e` failed for want of space: ENOSPC (in `e` or what it came from), or fewer bytes free there than it
+    needed (torch.save says only `unexpected pos 551872 vs 551764`); None when neither (or `directory` is gone)."""
+    chain: BaseException | None = e
+    enospc = False
+    while chain is not None and not enospc:
+        enospc = isinstance(chain, OSError) and chain.errno == errno.ENOSPC
+        chain = chain.__cause__ or chain.__context__
+    where = next((p for p in (directory, *directory.parents) if p.is_dir()), None)
+    if where is None:
+        return None
+    free = shutil.disk_usage(where).free
+    if not enospc and (needed_bytes is None or free >= needed_bytes):
+        return None
+    needs = f" (the write needs {needed_bytes:,} B)" if needed_bytes is not None else ""
+    return f"the disk is full: {free:,} B free in {where}{needs}"

@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from rlctl.checkpoint.choose import split_problem, verified_manifest
-from rlctl.checkpoint.files import file_digest, fsync_dir, manifest_path, write_part
+from rlctl.checkpoint.files import file_digest, fsync_dir, manifest_path, no_space, write_part
 from rlctl.errors import RlctlError
 from rlctl.launch.agentenv import ParallelConfig
 from rlctl.launch.sitefs import LocalFiles
@@ -74,7 +74,13 @@ class SavesPretrained(Protocol):
 
 
 class CheckpointError(RlctlError):
-    """A checkpoint that cannot be used: missing, incomplete or damaged (names the checkpoint and why)."""
+    """A checkpoint that cannot be used: missing, incomplete or damaged (names the checkpoint and why).
+    `full_dir`: a write that failed because the disk there is full (a resume would fail the same way until space
+    is freed)."""
+
+    def __init__(self, message: str, *, hint: str | None = None, full_dir: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.full_dir = full_dir
 
 
 def shard_name(rank: int) -> str:
@@ -225,8 +231,11 @@ def _write_shard(
     except (OSError, RuntimeError) as e:  # the disk is full (torch.save: RuntimeError), the directory is gone:
         # every rank still reaches the gather, and rank 0 refuses the checkpoint naming this rank and why
         tmp.unlink(missing_ok=True)  # a partial shard is not left for `keep` to miss
-        log.error("checkpoint %s: rank %d could not write %s: %s", ckpt.name, rank, rel, e)
-        return {"rank": rank, "replicas": replicas, "file": rel, "error": f"{type(e).__name__}: {e}"}
+        error = f"{type(e).__name__}: {e}"
+        full = no_space(path.parent, e, needed_bytes=_tensor_bytes(body))
+        log.error("checkpoint %s: rank %d could not write %s: %s", ckpt.name, rank, rel, full or error)
+        failed = {"rank": rank, "replicas": replicas, "file": rel, "error": error}
+        return failed if full is None else failed | {"error": f"{full} ({error})", "full_dir": str(path.parent)}
     return {
         "rank": rank,
         "replicas": replicas,
@@ -358,7 +367,10 @@ def _seal(
     for rec in shards:  # every shard is on disk, and is here as its rank wrote it
         r = rec["rank"]
         if "error" in rec:
-            raise CheckpointError(f"{ckpt}: rank {r} could not write its shard {rec['file']}: {rec['error']}")
+            raise CheckpointError(
+                f"{ckpt}: rank {r} could not write its shard {rec['file']}: {rec['error']}",
+                full_dir=rec.get("full_dir", ""),
+            )
         assert rec["split"] == split.short(), (rec, split)
         path = ckpt / rec["file"]
         seen = {"bytes": path.stat().st_size, "sha256": file_digest(path)} if path.is_file() else None
@@ -387,7 +399,28 @@ def _seal(
             for r in shards
         ],
     }
-    return write_part(ckpt, "trainer", {MODEL: fill_model}, meta=meta, listed=listed)
+    try:
+        return write_part(ckpt, "trainer", {MODEL: fill_model}, meta=meta, listed=listed)
+    except OSError as e:  # the policy's files (safetensors) on a full disk
+        full = no_space(ckpt, e)
+        if full is None:
+            raise
+        raise CheckpointError(
+            f"{ckpt}: the policy could not be written: {full} ({type(e).__name__}: {e})", full_dir=str(ckpt)
+        ) from e
+
+
+def _tensor_bytes(body: Any) -> int:
+    """The bytes of the tensors and arrays in a shard's body (what its file needs, give or take the framing)."""
+    if isinstance(body, torch.Tensor):
+        return body.numel() * body.element_size()
+    if isinstance(body, np.ndarray):
+        return int(body.nbytes)
+    if isinstance(body, dict):
+        return sum(_tensor_bytes(v) for v in body.values())
+    if isinstance(body, list | tuple):
+        return sum(_tensor_bytes(v) for v in body)
+    return 0
 
 
 def _verified(ckpt: Path, *, rank: int, shard_of: int) -> dict[str, Any]:

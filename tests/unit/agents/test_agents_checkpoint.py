@@ -9,6 +9,7 @@ import random
 import shutil
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -540,3 +541,43 @@ def test_an_unsharded_trainers_checkpoint_keeps_fp32_masters_under_the_jobs_mode
     assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())
     served = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype="auto")
     assert served.dtype == torch.bfloat16
+
+
+def test_a_shard_write_on_a_full_disk_says_so_with_the_free_bytes_and_the_directory(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # torch.save on a full disk says only `unexpected pos 551872 vs 551764`: the job failed naming that, and the
+    # hint sent the operator to a resume that hit the same full disk
+    def full(obj: object, f: object) -> None:
+        f.write(b"x" * 1000)  # type: ignore[attr-defined]
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 551872 vs 551764")
+
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: SimpleNamespace(total=10**9, used=10**9 - 4096, free=4096))
+    model = TinyGPT(small_config())
+    with pytest.raises(CheckpointError) as e:
+        save_trainer(tmp_path / "iter-8", model=model, optimizers={"policy": torch.optim.AdamW(model.parameters())},
+                     counters={"version": 8}, split=ONE, data_parallel=ALONE)  # fmt: skip
+    ranks = tmp_path / "iter-8" / "ranks"
+    assert e.value.full_dir == str(ranks)
+    assert f"rank 0 could not write its shard ranks/rank-0.pt: the disk is full: 4,096 B free in {ranks} (" in str(
+        e.value
+    )
+    assert "unexpected pos 551872 vs 551764" in str(e.value)  # what torch said, kept
+
+
+def test_a_trainer_part_lost_to_a_full_disk_fails_the_job_saying_to_free_space_before_resuming(tmp_path: Path) -> None:
+    from rlctl.agents.messages import CheckpointWritten
+    from tests.unit.controller_harness import HandledController, small_job
+
+    h = HandledController(tmp_path, small_job("full", iterations=6), listen="inproc://full-disk-checkpoint")
+    try:
+        h.ctl.writing[8] = ({}, "{}", [])
+        error = "CheckpointError: …: the disk is full: 4,096 B free in /d/iter-8/ranks (…)"
+        assert h.ctl._checkpoint(CheckpointWritten(version=8, error=error, full_dir="/d/iter-8/ranks")) == []
+        assert h.ctl.core.failed == (
+            f"the trainer could not write its part of checkpoint iter-8: {error}; free space in /d/iter-8/ranks "
+            f"first; continue the job with `rlctl launch --resume {h.jd.path.name}`"
+        )
+    finally:
+        h.close()
