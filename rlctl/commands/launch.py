@@ -474,6 +474,7 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
     """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest
     complete checkpoint (every trainer rank the shard of its (tp, pp) position: a checkpoint written at
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue."""
+    from rlctl.ops.jobchanges import launch_changes
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import resolve
     from rlctl.ops.run import refuse_if_finished, refuse_if_running
@@ -494,6 +495,8 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
 
     def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
         refuse_if_running(jd)
+        for line in launch_changes(jd):  # the job file edited since, or job.json: said, the job as launched runs
+            say(f"job {spec.name}: {line}")
         return runs.start(resume=True)
 
     be_launcher(jd, spec, jd.read_json(jd.plan_json), db, begin, output)

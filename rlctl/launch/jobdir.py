@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -47,9 +48,9 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from rlctl.config.base import first_error
+from rlctl.config.base import first_error, read_yaml
 from rlctl.config.job import JobFile
-from rlctl.errors import LaunchError, UsageError
+from rlctl.errors import ConfigError, LaunchError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,20 @@ class JobDir:
 
     # -- contents -----------------------------------------------------------------------------------
     def write_job(self, spec: JobFile, *, source: str) -> None:
-        data = {"source": source, "job": spec.model_dump(mode="json", by_alias=True)}
+        """job.json: the job as launched (resolved: overrides, inputs), named by `source`; what a resume compares
+        with it (`rlctl.ops.jobchanges`): the SHA-256 of each of its top-level fields, and, when `source` is a
+        file, that file's path and mapping as they were at the launch."""
+        job = spec.model_dump(mode="json", by_alias=True)
+        data: dict[str, Any] = {"source": source, "job": job, "job_sha256": job_digests(job)}
+        path = Path(source)
+        if path.is_file():
+            try:
+                mapping = read_yaml(path)
+            except ConfigError as e:  # (it was read a moment ago; a resume then has nothing to compare with)
+                log.warning("%s: not kept for a resume to compare with: %s", path, e)
+            else:
+                mapping = json.loads(json.dumps(mapping, default=str))  # (a YAML date: as JSON reads it back)
+                data["source_file"] = {"path": str(path.absolute()), "job": mapping}
         self.job_json.write_text(json.dumps(data, indent=2) + "\n")
 
     def read_job(self) -> JobFile:
@@ -376,6 +390,12 @@ def refuse_taken(path: Path, *, named_by: str = "--job-dir") -> None:
             f"{named_by}: {path} already holds a job ({', '.join(held)}); a new launch there would overwrite it",
             hint=f"{how}choose {other}",
         )
+
+
+def job_digests(job: dict[str, Any]) -> dict[str, str]:
+    """The SHA-256 of each top-level field of a job's mapping (its JSON, keys sorted): what names the fields of a
+    job.json edited since its launch."""
+    return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest() for k, v in job.items()}
 
 
 def resume_command(job: str | Path) -> str:

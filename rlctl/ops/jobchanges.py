@@ -1,0 +1,70 @@
+"""What changed since a job's launch, said by `launch --resume`, which runs the job as launched (its job.json).
+
+    launch: job.json = the job as resolved + SHA-256 of each top-level field + the job file's path and mapping
+    resume: the job file at that path now ──diff──▶ "jobs/kt.yaml changed since the launch (iterations,
+            algorithm.lr); the resume runs the job as launched …"
+            job.json's fields now ──digests──▶ "job.json was edited since the launch (algorithm); the resume runs
+            it as edited …"
+
+A changed job file is not taken up: the checkpoint holds the state of the job as launched (its model, its split,
+its plan), and a change of one of those would fail the resume late or train something else silently. A new launch
+runs the changed job. A hand-edited job.json is used, and said: it is the only way to change a setting of a job
+that resumes (a lower `checkpoint.keep` on a disk that filled), and whoever edited it meant it. Before, both
+went unsaid: a resume after a change of `iterations` in the job file ran the old count without a word.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlctl.config.base import read_yaml
+from rlctl.errors import ConfigError
+from rlctl.launch.jobdir import JobDir, job_digests
+
+
+def launch_changes(jobdir: JobDir) -> list[str]:
+    """One line for each of: the job file the job was launched from changed (the fields that differ), job.json
+    edited since the launch (its top-level fields that differ). Nothing for a job launched by an rlctl that kept
+    neither, or from a file that is gone."""
+    data = jobdir.read_json(jobdir.job_json)
+    lines = []
+    digests, job = data.get("job_sha256"), data.get("job")
+    if isinstance(digests, dict) and isinstance(job, dict):
+        now = job_digests(job)
+        edited = sorted(k for k in digests.keys() | now.keys() if digests.get(k) != now.get(k))
+        if edited:
+            lines.append(
+                f"{jobdir.job_json} was edited since the launch ({', '.join(edited)}): the resume runs the job as "
+                "edited there"
+            )
+    source = data.get("source_file")
+    if isinstance(source, dict) and isinstance(source.get("path"), str):
+        path = Path(source["path"])
+        try:
+            current = json.loads(json.dumps(read_yaml(path), default=str))
+        except ConfigError:  # moved, removed, unreadable: nothing to compare with
+            return lines
+        changed = changed_fields(source.get("job"), current)
+        if changed:
+            lines.append(
+                f"{path} changed since the launch ({', '.join(changed)}); the resume runs the job as launched "
+                f"(its job.json): to run the changed job, launch it anew (`rlctl launch {path}`)"
+            )
+    return lines
+
+
+def changed_fields(before: Any, after: Any, prefix: str = "") -> list[str]:
+    """The dotted names of the fields that differ between two mappings (`algorithm.lr`); a list, or any other
+    value, that differs is named as a whole."""
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return [] if before == after else [prefix or "(the whole file)"]
+    out: list[str] = []
+    for key in sorted(before.keys() | after.keys(), key=str):
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if key not in before or key not in after:
+            out += [] if before.get(key) == after.get(key) else [name]
+        else:
+            out += changed_fields(before[key], after[key], name)
+    return out

@@ -1,0 +1,55 @@
+"""`launch --resume` says what changed since the job's launch (rlctl.ops.jobchanges): the job file it was launched
+from, edited since (the resume runs the job as launched), and its job.json, edited by hand (used as edited)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from rlctl.launch.jobdir import JobDir
+from rlctl.ops.jobchanges import changed_fields, launch_changes
+from tests.unit.controller_harness import small_job
+
+FILE = {"apiVersion": "rlctl/v1", "kind": "Job", "name": "kt", "iterations": 200, "algorithm": {"lr": 1.0e-5}}
+
+
+def _launched(tmp_path: Path) -> tuple[JobDir, Path]:
+    source = tmp_path / "kt.yaml"
+    source.write_text(yaml.safe_dump(FILE))
+    jd = JobDir.create("kt", explicit=tmp_path / "job")
+    jd.write_job(small_job("kt", iterations=200), source=str(source))
+    return jd, source
+
+
+def test_a_resume_names_the_fields_of_the_job_file_changed_since_the_launch(tmp_path: Path) -> None:
+    # lr and iterations changed in jobs/kt.yaml: the resume said only `resumed from checkpoint v30` and ran 200
+    jd, source = _launched(tmp_path)
+    assert launch_changes(jd) == []
+    source.write_text(yaml.safe_dump(FILE | {"iterations": 300, "algorithm": {"lr": 2.0e-5}}) + "# a comment\n")
+    assert launch_changes(jd) == [
+        f"{source} changed since the launch (algorithm.lr, iterations); the resume runs the job as launched (its "
+        f"job.json): to run the changed job, launch it anew (`rlctl launch {source}`)"
+    ]
+    source.unlink()  # moved or removed: nothing to compare with
+    assert launch_changes(jd) == []
+
+
+def test_a_hand_edited_job_json_is_said_with_its_fields(tmp_path: Path) -> None:
+    jd, _ = _launched(tmp_path)
+    data = json.loads(jd.job_json.read_text())
+    data["job"]["iterations"] = 400
+    data["job"]["checkpoint"]["keep"] = 1
+    jd.job_json.write_text(json.dumps(data))
+    assert launch_changes(jd) == [
+        f"{jd.job_json} was edited since the launch (checkpoint, iterations): the resume runs the job as edited there"
+    ]
+    assert jd.read_job().iterations == 400
+
+
+def test_changed_fields_names_nested_added_and_removed_fields() -> None:
+    before = {"a": 1, "b": {"c": [1, 2], "d": "x"}, "e": 2}
+    after = {"a": 1, "b": {"c": [1, 3], "f": "y"}}
+    assert changed_fields(before, after) == ["b.c", "b.d", "b.f", "e"]
+    assert changed_fields(before, before) == []
