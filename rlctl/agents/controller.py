@@ -267,7 +267,8 @@ class ControllerAgent:
             if st.ranker_tokens:
                 self.ranker.fit(st.ranker_tokens, st.ranker_lengths)
             self.scaler.rule.window = list(st.rebalance_window)
-            self.scaler.restore(replaced=st.replaced)  # `status` counts replaced units across resumes
+            # `status` counts replaced units across resumes; the units `scale` / the rebalance rule added start again
+            self.scaler.restore(replaced=st.replaced, units=st.rollout_units)
             self.expect_checkpoint = st.trainer_digest
             self.complete.append(version)
             self.checkpointed = (version, None)  # complete before this run: its age is not known here
@@ -318,6 +319,7 @@ class ControllerAgent:
             "ranker": {"tokens": list(tokens), "lengths": list(lengths)},
             "rebalance_window": list(self.scaler.rule.window),
             "samples_log_bytes": self.samples.size(),  # the rounds retired so far: this ledger holds the rest
+            "rollout_units": self.scaler.unit_counts(),  # a resume starts again those `scale` added
         }
         self.writing[version] = (state, json.dumps(self.core.ledger.to_json()), self.scaler.replaced)
 

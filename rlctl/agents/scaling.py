@@ -7,6 +7,8 @@
     the new unit's first sample ──▶ sampled(): first_sample event; the rule measures afresh
     a unit lost ──▶ replace(): tick() starts one on its site (≤ REPLACE_ATTEMPTS, backoff) ──▶ unit_replaced
     `replaced` goes into each controller checkpoint; a resumed run continues it (restore())
+    the units per site (unit_counts()) go into it too; a resumed run, once the plan's units joined, starts
+         those the checkpoint's run had beyond them ──▶ scale event "out", reason "resume"
     scale −N ──▶ core.drain(the newest units) ──▶ scale event "in" (the controller sends the drain)
 
 The controller owns the inbox and the sockets; this module only posts to the one and returns the
@@ -42,6 +44,9 @@ Post = Callable[[tuple[str, Any, Any]], None]  # the controller's inbox.put
 REPLACE_ATTEMPTS = 3
 REPLACE_BACKOFF_S = 5.0  # before the 2nd attempt; doubled before each next one
 REPLACE_JOIN_S = 120.0  # a started replacement that has not joined by then counts as a failed attempt
+# a resumed run starts the units the checkpoint's run had beyond the plan once the plan's units joined, or after
+# this long (the launcher has recorded the plan's units by then: the Spawner's GPU slices are not theirs)
+RESTORE_WAIT_S = 120.0
 
 
 @dataclass
@@ -145,6 +150,9 @@ class Scaler:
         self.replacing: dict[str, Replacement] = {}  # lost unit → its replacement's progress
         self.replaced = 0  # replacements that joined, over every run of the job (restore())
         self.gave_up: list[str] = []  # lost units not replaced after every attempt
+        # a resumed run: the units per site its checkpoint's run had, to start again (restore()), and since when
+        self.restoring: dict[str, int] | None = None
+        self.restored_at = 0.0
 
     def pending_units(self) -> list[str]:
         """Units asked for that have not joined yet."""
@@ -263,7 +271,10 @@ class Scaler:
 
     def tick(self, now: float) -> None:
         """From the controller's loop: start replacements that are due; count a replacement that failed to
-        start or did not join within REPLACE_JOIN_S as a failed attempt (then back off, or give up)."""
+        start or did not join within REPLACE_JOIN_S as a failed attempt (then back off, or give up); in a resumed
+        run, start again the units its checkpoint's run had beyond the plan (`restore`)."""
+        if self.restoring is not None:
+            self._restore_units(now)
         for r in list(self.replacing.values()):
             if r.error is not None:
                 self._failed(r, r.error, now)
@@ -289,10 +300,48 @@ class Scaler:
         r.unit, r.error, r.due = None, None, now + REPLACE_BACKOFF_S * 2 ** (r.attempts - 1)
         log.warning("controller: replacing %s failed (%s); next attempt in %.0f s", r.lost, why, r.due - now)
 
-    def restore(self, *, replaced: int) -> None:
+    def restore(self, *, replaced: int, units: dict[str, int] | None = None, now: float | None = None) -> None:
         """A resumed run: the count of replaced units its checkpoint holds (status `resilience.replaced`
-        continues from it). Units given up on are not restored: the resumed run starts every planned unit."""
+        continues from it), and its rollout units per site (`unit_counts`; None in a checkpoint written before
+        they were kept): those beyond the plan's, which `rlctl scale` or the rebalance rule added, are started
+        again once the plan's units joined (`tick`). A site that had fewer than the plan's (`scale -N`) keeps the
+        plan's: the launcher starts every planned unit."""
         self.replaced = replaced
+        self.restoring = units
+        self.restored_at = time.monotonic() if now is None else now
+
+    def unit_counts(self) -> dict[str, int]:
+        """Rollout units per rollout site that the job runs, is starting or is replacing (those draining left
+        out): what each checkpoint keeps, for a resumed run to start the same (`restore`)."""
+        counts = dict.fromkeys(self.placement.rollout_sites, 0)
+        names = [u.name for u in self.core.units.values() if u.alive and not u.draining] + self.pending_units()
+        sites = [self.placement.sites.get(n) for n in names]
+        sites += [r.site for r in self.replacing.values() if r.unit is None]  # (its start counts, once asked)
+        for site in sites:
+            if site is not None:
+                counts[site] = counts.get(site, 0) + 1
+        return counts
+
+    def _restore_units(self, now: float) -> None:
+        """Start the units the checkpoint's run had beyond this run's on each site, as a scale-out (reason
+        "resume"), once the plan's units joined (or RESTORE_WAIT_S went by); one that cannot start is said
+        (`scale_failed`), and the run goes on with those it has."""
+        if len(self.core.units) < self.placement.planned_units and now - self.restored_at < RESTORE_WAIT_S:
+            return
+        want, self.restoring = self.restoring or {}, None
+        have = self.unit_counts()
+        for site, n in sorted(want.items()):
+            missing = n - have.get(site, 0)
+            if missing <= 0 or site not in self.placement.rollout_sites:
+                continue
+            out = self._add(missing, site, reason="resume")
+            if "error" in out:
+                self.jobdir.event("scale_failed", reason="resume", site=site, units=missing, error=out["error"])
+                log.warning("controller: could not start again the %d unit(s) on %s the run had: %s", missing,
+                            site, out["error"])  # fmt: skip
+            else:
+                log.info("controller: starting %s on %s again: the resumed checkpoint's run had %d unit(s) there",
+                         ", ".join(out["adding"]), site, n)  # fmt: skip
 
     def resilience(self) -> dict[str, Any]:
         """For status: replacements done, under way, given up, and what that means for the job."""

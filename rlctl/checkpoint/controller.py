@@ -2,7 +2,7 @@
 
 trained(i, v, checkpointing)  (the trainer took its snapshot of iter-v and writes it in the background)
     ─▶ the controller keeps its state as it is now: ledger (the rounds in flight), iteration, ranker history,
-       rebalance window, rollout units replaced so far, the sample log's length (the rounds retired)
+       rebalance window, rollout units replaced so far and per site, the sample log's length (the rounds retired)
 checkpoint_written(v, D)      (the trainer's part of iter-v is on disk; D = its manifest's SHA-256)
     ─▶ save_controller(iter-v): the logs fsynced (sample log, metrics, evaluations), then that state, D
     ─▶ set_latest(v)                        (only now is iter-v a checkpoint a resume may use)
@@ -11,9 +11,10 @@ launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifi
     ─▶ our part of every checkpoint newer than v to checkpoints/abandoned/ (an abandoned lineage; the trainer's
        rank 0 moves its part), or removed where it was never sealed; abandoned/ keeps checkpoint.keep of them
     ─▶ load_controller(iter-v) ─▶ the sample log cut to its length, core.restore, ranker.fit, rule.window,
-    scaler.restore (`replaced` continues); metrics rows of iterations ≥ v move to metrics.discarded.jsonl (the
-    curves continue from the checkpoint, as the model does), the sample log's lines past it to
-    samples.discarded.jsonl; the trainer's hello must name the same version and D.
+    scaler.restore (`replaced` continues; the units `scale` / the rebalance rule added start again); metrics
+    rows of iterations ≥ v move to metrics.discarded.jsonl (the curves continue from the checkpoint, as the model
+    does), the sample log's lines past it to samples.discarded.jsonl; the trainer's hello must name the same
+    version and D.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class ControllerState:
     resumes: int
     replaced: int  # rollout units replaced (joined) up to this checkpoint, over every run of the job
     samples_log_bytes: int | None  # the sample log's length when the ledger was taken (None: written before it)
+    rollout_units: dict[str, int] | None = None  # rollout units per site (`Scaler.unit_counts`; None: written before)
 
 
 def save_controller(
@@ -57,7 +59,8 @@ def save_controller(
     """Write the controller's part of checkpoint `version`, then move `latest` to it. `replaced`: the Scaler's
     count of replaced rollout units (status `resilience.replaced`), which a resumed run continues from.
     `ledger`: the ledger, or its JSON as it was when the checkpoint was due.
-    (Units it gave up on are not kept: a resumed run starts every planned unit again.)"""
+    (Its rollout units per site are in `state`, `rollout_units`: a resumed run starts those beyond the plan again;
+    units it gave up on are not kept.)"""
     ckpt = jobdir.checkpoint(version)
     body = {**state, "version": version, "replaced": replaced}
     sync_logs(jobdir)  # what a resume from it keeps of the job's logs: on disk before `latest` names it
@@ -90,6 +93,7 @@ def load_controller(jobdir: JobDir, version: int) -> ControllerState:
     if manifest is None:
         raise ValueError(f"{ckpt}: the controller's part is missing or does not match its manifest")
     state = json.loads((ckpt / PART / "state.json").read_text())
+    units = state.get("rollout_units")
     ledger = Ledger.from_json(json.loads((ckpt / PART / "ledger.json").read_text()))
     return ControllerState(
         version=version,
@@ -101,6 +105,7 @@ def load_controller(jobdir: JobDir, version: int) -> ControllerState:
         resumes=int(state.get("resumes", 0)),
         replaced=int(state.get("replaced", 0)),
         samples_log_bytes=state.get("samples_log_bytes"),
+        rollout_units={str(k): int(v) for k, v in units.items()} if isinstance(units, dict) else None,
     )
 
 

@@ -153,3 +153,49 @@ def test_a_scaled_unit_whose_start_failed_is_reported_to_scale_wait(tmp_path) ->
     deliver(scaler, posted)
     assert reply["adding"] == ["rollout-2"]
     assert scaler.failed_starts == {"rollout-2": "sbatch refused rollout-2"} and not scaler.first_sample_s
+
+
+def test_a_resume_starts_again_the_units_a_scale_added_once_the_planned_ones_joined(tmp_path) -> None:
+    # `rlctl scale +1` (3 units on site a, 2 planned), then a resume: it went back to the 2 planned units, unsaid
+    scaler, core, jd, posted, spawner = setup(tmp_path, fail=0)
+    scaler.scale(1, "a", reason="manual")
+    deliver(scaler, posted)
+    core.join("rollout-2", role="rollout", version=0)
+    assert scaler.unit_counts() == {"a": 3}
+    state = {"iteration": 1, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": []}
+    state["rollout_units"] = scaler.unit_counts()
+    save_controller(jd, 1, state=state, ledger=core.ledger, trainer_digest="d")
+
+    # a resumed run's controller: a new scaler, before the launcher's units joined
+    resumed, core2, _, posted, spawner = setup(tmp_path / "resumed", fail=0)
+    core2.units.pop("rollout-1")
+    resumed.restore(replaced=0, units=load_controller(jd, 1).rollout_units, now=0.0)
+    resumed.tick(1.0)
+    assert spawner.calls == []  # rollout-1 of the plan has not joined: its GPU slice is the launcher's
+    core2.join("rollout-1", role="rollout", version=0)
+    resumed.tick(2.0)
+    deliver(resumed, posted)
+    assert spawner.calls == [("a", 2)]
+    scale = [e for e in resumed.jobdir.read_lines(resumed.jobdir.events) if e["event"] == "scale"]
+    got = [(e["direction"], e["agent"], e["site"], e["reason"]) for e in scale]
+    assert got == [("out", "rollout-2", "a", "resume")]
+    resumed.tick(3.0)  # once
+    assert len(spawner.calls) == 1
+
+
+def test_a_checkpoint_without_unit_counts_resumes_with_the_planned_units(tmp_path) -> None:
+    scaler, _, _, _, spawner = setup(tmp_path, fail=0)
+    scaler.restore(replaced=0, units=None, now=0.0)
+    scaler.tick(1000.0)
+    assert spawner.calls == []
+
+
+def test_the_controller_keeps_its_units_per_site_in_each_checkpoint(tmp_path) -> None:
+    from tests.unit.controller_harness import HandledController, small_job
+
+    h = HandledController(tmp_path, small_job("units", iterations=6), listen="inproc://units-per-site")
+    try:
+        h.ctl._checkpoint_due(2)
+        assert h.ctl.writing[2][0]["rollout_units"] == {"local": 2}
+    finally:
+        h.close()
