@@ -3,14 +3,18 @@
 The launcher watches its job to the end: it fetches the controller's record, runs the held-out evaluation and
 records the outcome in the job index. Jobs run for days, terminals do not. `--detach` starts the same launcher
 as a child in its own session (no controlling terminal: no SIGHUP), its output in the job dir's
-`logs/launcher.log`; this process shows that log as it grows until the child says the job started (one JSON line
-on an inherited pipe), then returns.
+`logs/launcher.log`; this process shows the child's lines as they come until the child says the job started (one
+JSON line on an inherited pipe), then returns.
 
     rlctl launch --detach ──spawn──▶ rlctl launch (own session) ──▶ stage, start agents ──{"started"}──▶ pipe
-        │ copies launcher.log to stderr                                  │ watches the job until it ends:
-        ├─ the line ──▶ prints the job, the launcher's pid; exit 0       └─ record, held-out, index state
+        │ copies the child's start log to stderr and launcher.log       │ its output to launcher.log; watches
+        ├─ the line ──▶ prints the job, the launcher's pid; exit 0       └─ the job: record, held-out, index state
         ├─ EOF (the child ended first) ──▶ the child's exit code (its error is in the lines shown)
         └─ Ctrl-C ──▶ SIGTERM to the child: its `finally` stops what it started
+
+Until it says the job started, the child writes to a start log of its own (`logs/.launcher.start-PID.log`), which
+this process copies on: launcher.log is shared by every launcher of the job, and two `launch -d --resume` a moment
+apart each showed the other's lines as its own (the winner printed the loser's `has a launcher already`).
 
 An attached launcher whose terminal goes away (SIGHUP: the operator's SSH session dropped) goes on the same way:
 its output moves to `logs/launcher.log` and it keeps watching. Without that, SIGHUP ended it and left the job
@@ -22,6 +26,7 @@ runs, for `rlctl status`, `rlctl logs JOB launcher -f` and `rlctl attach` (which
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -39,6 +44,8 @@ from typing import Any
 
 LOG_NAME = "launcher.log"
 READY_FD_ENV = "RLCTL_LAUNCH_READY_FD"  # the write end of the pipe the child says "started" on
+LOG_ENV = "RLCTL_LAUNCH_LOG"  # the job's launcher.log, where the child's output goes once it said so
+START_LOG_ENV = "RLCTL_LAUNCH_START_LOG"  # the child's own log until then (the process that waits copies it on)
 POLL_S = 0.2
 
 _hung_up = threading.Event()
@@ -50,22 +57,23 @@ def log_path(job_dir: Path) -> Path:
 
 @dataclass
 class Detached:
-    """A launcher started in its own session, and the read end of the pipe it says "started" on."""
+    """A launcher started in its own session, the read end of the pipe it says "started" on, the job's launcher.log
+    and the child's own log until then (`start_log`: what of it was copied on, `offset`)."""
 
     proc: subprocess.Popen[bytes]
     ready_fd: int
     log: Path
-    offset: int  # where its lines begin in the log (earlier launchers of the job wrote what is before)
+    start_log: Path
+    offset: int = 0
 
     def follow(self, write: Callable[[bytes], None]) -> dict[str, Any] | None:
-        """Copy the launcher's log to `write` as it grows until it says the job started (its JSON object) or ends
-        first (None: `proc.returncode` says how; its last lines were copied)."""
-        offset = self.offset
+        """Copy the launcher's lines to `write` (and launcher.log) as they come until it says the job started (its
+        JSON object) or ends first (None: `proc.returncode` says how; its last lines were copied)."""
         got = b""
         try:
             while True:
                 readable, _, _ = select.select([self.ready_fd], [], [], POLL_S)
-                offset = self._copy(offset, write)
+                self._copy(write)
                 if not readable:
                     continue
                 chunk = os.read(self.ready_fd, 4096)
@@ -73,71 +81,114 @@ class Detached:
                     got += chunk
                     if not got.endswith(b"\n"):
                         continue
-                    self._copy(offset, write)  # what it wrote just before
+                    self._finish(write)  # what it wrote just before (it writes to launcher.log from now on)
                     return dict(json.loads(got))
                 self.proc.wait()  # EOF before the line: the launcher ended (or closed the pipe as it ended)
-                self._copy(offset, write)
+                self._finish(write)
                 return None
         finally:
             os.close(self.ready_fd)
 
-    def _copy(self, offset: int, write: Callable[[bytes], None]) -> int:
+    def _copy(self, write: Callable[[bytes], None] | None) -> None:
+        """The child's new lines to `write` and to launcher.log."""
         try:
-            with self.log.open("rb") as f:
-                f.seek(offset)
+            with self.start_log.open("rb") as f:
+                f.seek(self.offset)
                 new = f.read()
         except FileNotFoundError:
-            return offset
+            return
         if new:
-            write(new)
-        return offset + len(new)
+            if write is not None:
+                write(new)
+            with self.log.open("ab") as out:
+                out.write(new)
+        self.offset += len(new)
+
+    def _finish(self, write: Callable[[bytes], None] | None) -> None:
+        self._copy(write)
+        self.start_log.unlink(missing_ok=True)
 
     def cancel(self, grace_s: float = 60.0) -> int:
-        """Ctrl-C while it starts: SIGTERM (it stops what it started, as on Ctrl-C in an attached launch)."""
+        """Ctrl-C while it starts: SIGTERM (it stops what it started, as on Ctrl-C in an attached launch); its
+        lines go on to launcher.log."""
         self.proc.terminate()
         try:
-            return self.proc.wait(timeout=grace_s)
+            code = self.proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait()
+            code = self.proc.wait()
+        self._finish(None)
+        return code
 
 
 def spawn(args: list[str], log: Path, *, env: dict[str, str] | None = None) -> Detached:
-    """`rlctl ARGS` in a new session: stdin /dev/null, stdout and stderr appended to `log`, the write end of a
-    pipe inherited (its number in READY_FD_ENV), `env` added to this process's environment."""
+    """`rlctl ARGS` in a new session (`start`)."""
+    return start([sys.executable, "-m", "rlctl", *args], log, env=env)
+
+
+def start(argv: list[str], log: Path, *, env: dict[str, str] | None = None) -> Detached:
+    """`argv` in a new session: stdin /dev/null, stdout and stderr to a start log of its own beside `log` until it
+    says it started (`say_started` moves them to `log`), the write end of a pipe inherited (its number in
+    READY_FD_ENV), `env` added to this process's environment."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    start_log = log.with_name(f".{log.stem}.start-{os.getpid()}-{time.monotonic_ns()}.log")
     r, w = os.pipe()
     try:
-        with log.open("ab") as out:
-            offset = out.tell()
+        with start_log.open("ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "rlctl", *args],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 pass_fds=(w,),
-                env={**os.environ, **(env or {}), READY_FD_ENV: str(w)},
+                env={
+                    **os.environ,
+                    **(env or {}),
+                    READY_FD_ENV: str(w),
+                    LOG_ENV: str(log),
+                    START_LOG_ENV: str(start_log),
+                },
             )
     except BaseException:
         os.close(r)
+        start_log.unlink(missing_ok=True)
         raise
     finally:
         os.close(w)
-    return Detached(proc, r, log, offset)
+    return Detached(proc, r, log, start_log)
 
 
 def say_started(info: dict[str, Any]) -> None:
-    """In a launcher started by `spawn`: the job started; the process waiting in `Detached.follow` returns.
-    Nothing when this launcher was not spawned so."""
+    """In a launcher started by `spawn`: its output moves to the job's launcher.log, then the job started: the
+    process waiting in `Detached.follow` returns. Nothing when this launcher was not spawned so."""
     fd = os.environ.pop(READY_FD_ENV, None)
     if fd is None:
         return
+    log, start_log = os.environ.pop(LOG_ENV, None), os.environ.pop(START_LOG_ENV, None)
+    if log is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _output_to(Path(log))
     try:
         os.write(int(fd), (json.dumps(info) + "\n").encode())
         os.close(int(fd))
-    except (OSError, ValueError):  # the waiting process is gone (Ctrl-C'd): nothing is listening
-        pass
+    except (OSError, ValueError):  # the waiting process is gone (killed): its lines are copied on here
+        if log is not None and start_log is not None:
+            with contextlib.suppress(OSError):
+                with Path(log).open("ab") as out:
+                    out.write(Path(start_log).read_bytes())
+                Path(start_log).unlink()
+
+
+def _output_to(log: Path) -> None:
+    """This process's stdout and stderr appended to `log` from now on, stdin /dev/null."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for target, source in ((0, null), (1, fd), (2, fd)):
+        os.dup2(source, target)
+    os.close(fd)
+    os.close(null)
 
 
 def survive_hangup(log: Path) -> None:
@@ -146,12 +197,7 @@ def survive_hangup(log: Path) -> None:
 
     def moved(signum: int, frame: FrameType | None) -> None:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        for target, source in ((0, null), (1, fd), (2, fd)):
-            os.dup2(source, target)
-        os.close(fd)
-        os.close(null)
+        _output_to(log)
         _hung_up.set()
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         os.write(2, f"{stamp} the terminal went away (SIGHUP); this launcher keeps watching the job\n".encode())

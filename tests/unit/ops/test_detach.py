@@ -4,7 +4,6 @@ a SIGHUP that moves the output to the log, and whether a recorded launcher still
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -31,26 +30,16 @@ print("started agents", flush=True)
 """
 
 
-def child(tmp_path: Path, what: str, *, before: str = "") -> detach.Detached:
-    """A stand-in launcher (a Python script, not `rlctl`): spawned as `spawn` spawns, logging to `log`."""
+def child(tmp_path: Path, what: str, *, before: str | None = "", name: str = "child") -> detach.Detached:
+    """A stand-in launcher (a Python script, not `rlctl`): started as `spawn` starts one, its log `log` (`before`:
+    what earlier launchers wrote there; None: left as it is)."""
     log = tmp_path / "logs" / detach.LOG_NAME
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(before)
-    script = tmp_path / "child.py"
+    if before is not None:
+        log.write_text(before)
+    script = tmp_path / f"{name}.py"
     script.write_text(CHILD.format(env=detach.READY_FD_ENV, what=textwrap.dedent(what)))
-    r, w = os.pipe()
-    with log.open("ab") as out:
-        offset = out.tell()
-        proc = subprocess.Popen(
-            [sys.executable, str(script)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            pass_fds=(w,),
-            env={**os.environ, detach.READY_FD_ENV: str(w)},
-        )
-    os.close(w)
-    return detach.Detached(proc, r, log, offset)
+    return detach.start([sys.executable, str(script)], log)
 
 
 def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -98,9 +87,43 @@ def test_ctrl_c_while_it_starts_terminates_the_launcher(tmp_path):
         time.sleep(60)
         """,
     )
-    wait_until(lambda: c.log.read_text().endswith("starting\n"))
+    wait_until(lambda: c.start_log.read_text().endswith("starting\n"))
     assert c.cancel(grace_s=30) == 143
-    assert c.log.read_text().endswith("stopping what I started\n")
+    assert c.log.read_text().endswith("stopping what I started\n") and not c.start_log.exists()
+
+
+def test_two_launchers_of_one_job_each_show_their_own_lines_and_both_reach_its_log(tmp_path):
+    # two `launch -d --resume kt` 0.3 s apart: both children appended to launcher.log, and the winner printed the
+    # loser's `rlctl: error: job kt-… has a launcher already (pid …)` before its own `running (detached)`
+    loser = child(
+        tmp_path, 'print("rlctl: error: job kt-1 has a launcher already", flush=True); sys.exit(1)', name="loser"
+    )
+    winner = child(
+        tmp_path,
+        """
+        from rlctl.ops import detach
+        time.sleep(1)  # the loser's lines are written meanwhile
+        detach.say_started({"id": "kt-1"})
+        print("watching the job", flush=True)
+        time.sleep(30)
+        """,
+        before=None,
+        name="winner",
+    )
+    lost: list[bytes] = []
+    won: list[bytes] = []
+    try:
+        assert loser.follow(lost.append) is None and loser.proc.returncode == 1
+        assert winner.follow(won.append) == {"id": "kt-1"}
+        assert b"".join(won) == b"staging\nstarted agents\n"
+        assert b"".join(lost) == b"staging\nstarted agents\nrlctl: error: job kt-1 has a launcher already\n"
+        wait_until(lambda: "watching the job\n" in winner.log.read_text())  # its output goes there from now on
+        text = winner.log.read_text()
+        assert "rlctl: error: job kt-1 has a launcher already\n" in text and text.count("staging\n") == 2
+        assert not list(winner.log.parent.glob(".launcher.start-*"))
+    finally:
+        winner.proc.kill()
+        winner.proc.wait()
 
 
 def test_say_started_is_nothing_without_a_waiting_process(monkeypatch):
