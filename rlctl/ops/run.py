@@ -32,6 +32,7 @@ import os
 import random
 import re
 import secrets
+import shlex
 import socket
 import time
 from collections.abc import Callable
@@ -836,17 +837,20 @@ def refuse_if_finished(jobdir: JobDir, *, state: str | None) -> None:
 
 
 def refuse_if_running(jobdir: JobDir) -> None:
-    """Before a resume: refuse while the job's controller answers; stop what is left of the run that ended
-    (an orphaned unit, a trainer rank whose peer died), so two runs of one job never overlap."""
+    """Before a resume (by the job's launcher, holding its lock: no other launcher watches it): refuse while the
+    job's controller answers, naming `rlctl attach` (which watches it again, as its gone launcher did) before `rlctl
+    stop`; stop what is left of the run that ended (an orphaned unit, a trainer rank whose peer died), so two runs
+    of one job never overlap."""
     try:
         conn = connect_client(jobdir, timeout_s=3.0, name="resume")
     except (RlctlError, OSError, ValueError, KeyError):  # none answers (an unreadable controller.json: none can)
         pass
     else:
         conn.close()
+        name = shlex.quote(jobdir.path.name)
         raise UsageError(
-            f"job {jobdir.path.name} is running (its controller answers)",
-            hint=f"stop it first: `rlctl stop {jobdir.path.name}`",
+            f"job {jobdir.path.name} is running (its controller answers; no launcher watches it)",
+            hint=f"`rlctl attach {name}` watches it to its end again; `rlctl stop {name}` ends it",
         )
     backends = Backends(read_sites(jobdir.path), job=jobdir.path.name, job_dir=jobdir.path)
     skipped: list[str] = []  # a line cut short by a full disk stays in agents.jsonl: read strictly, no resume passed

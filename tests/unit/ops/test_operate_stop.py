@@ -20,13 +20,14 @@ import pytest
 from rlctl.commands import stop as stop_cli
 from rlctl.config import load_job
 from rlctl.config.inventory import Site
-from rlctl.errors import LaunchError, Stopped
+from rlctl.errors import LaunchError, Stopped, UsageError
 from rlctl.launch import local, stage
 from rlctl.launch.backends import record_agent, write_sites
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.ssh import SshBackend
 from rlctl.ops import operate
+from rlctl.ops import run as run_module
 from rlctl.ops.jobdb import JobDB
 from rlctl.ops.jobref import JobRef
 from rlctl.ops.run import STOP_REQUESTED, JobRun, refuse_if_running, stop_requested
@@ -564,3 +565,21 @@ def test_a_stop_waits_for_a_launcher_that_does_not_end_only_so_long(
         f"pid {holder.pid} on {socket.gethostname()}: still running after 0.5 s (a `launch --resume` is refused until "
         "it ends)"
     )
+
+
+def test_a_resume_of_a_job_that_runs_without_its_launcher_names_attach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its launcher gone, the controller answering: the hint said `stop it first: rlctl stop …`, where `rlctl
+    # attach` watches the job on without losing its progress
+    jd = JobDir.create("orphaned", explicit=tmp_path / "orphaned-1")
+
+    class Answers:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(run_module, "connect_client", lambda jobdir, *, timeout_s, name: Answers())
+    with pytest.raises(UsageError) as e:
+        refuse_if_running(jd)
+    assert str(e.value) == "job orphaned-1 is running (its controller answers; no launcher watches it)"
+    assert e.value.hint == "`rlctl attach orphaned-1` watches it to its end again; `rlctl stop orphaned-1` ends it"
