@@ -1,4 +1,4 @@
-"""`rlctl pull [JOB] [--checkpoint latest|N] [--to DIR]`: a checkpoint's policy and the tracker files, here."""
+"""`rlctl pull [JOB] [--checkpoint latest|N|vN] [--to DIR]`: a checkpoint's policy and the tracker files, here."""
 
 from __future__ import annotations
 

@@ -19,13 +19,14 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlctl import procfs
 from rlctl.checkpoint.choose import LATEST_POINTER, checkpoint_versions, manifest_name, parse_latest
-from rlctl.checkpoint.files import file_digest
+from rlctl.checkpoint.files import ABANDONED, file_digest
 from rlctl.errors import LaunchError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, read_sites
 from rlctl.launch.jobdir import JobDir
@@ -106,19 +107,20 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
             raise UsageError(f"--to {to}: {e.strerror or e}") from e
     spec = JobDir(job_dir).read_job()
     versions = checkpoint_versions(spec)
+    number = None if checkpoint == "latest" else _version(checkpoint)
     if checkpoint == "latest":
         newest = _latest(job_dir)
         if newest is None:
             raise UsageError(f"{job_dir}: no checkpoint is complete yet (no {LATEST_POINTER})")
         candidates = [v for v in versions if v <= newest]
-    elif checkpoint.isdigit():
-        candidates = [int(checkpoint)]
+    elif number is not None:
+        candidates = [number]
     else:
-        raise UsageError(f"--checkpoint {checkpoint!r}: 'latest' or a version number, e.g. {versions[-1]}")
+        raise UsageError(f"--checkpoint {checkpoint!r}: 'latest' or a version, e.g. {versions[-1]} or v{versions[-1]}")
     site, fs, root = _trainer_view(job_dir)
     try:
-        if checkpoint.isdigit():
-            _have(fs, root, int(checkpoint))
+        if number is not None:
+            _have(fs, root, number)
         problems = []
         for version in candidates:
             ckpt = f"{root}/checkpoints/iter-{version}"
@@ -136,18 +138,33 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
         fs.close()
 
 
+def _version(checkpoint: str) -> int | None:
+    """The version `--checkpoint` names: `20`, or `v20` as rlctl's messages name checkpoints; None for neither."""
+    m = re.fullmatch(r"[vV]?(\d+)", checkpoint)
+    return int(m[1]) if m else None
+
+
 def _have(fs: HostFiles, root: str, version: int) -> None:
-    """UsageError listing the job's checkpoints when `version` is none of them (its folder holds no file)."""
+    """UsageError listing the job's checkpoints when `version` is none of them (its folder holds no file), and
+    naming it where a resume set it aside (checkpoints/abandoned/iter-N.<key>)."""
     found: dict[int, bool] = {}  # version → complete (its trainer part's manifest is there)
+    aside: set[str] = set()
     for rel in fs.list_files(f"{root}/checkpoints"):
         top, _, rest = rel.partition("/")
         if top.startswith("iter-") and top[5:].isdigit():
             v = int(top[5:])
             found[v] = found.get(v, False) or rest == manifest_name("trainer")
+        elif top == ABANDONED and rest.startswith(f"iter-{version}."):
+            aside.add(f"{root}/checkpoints/{ABANDONED}/{rest.partition('/')[0]}")
     if version in found:
         return  # an incomplete one is said by the pull itself
     complete = [f"v{v}" for v in sorted(found) if found[v]]
     has = f"this job has {', '.join(complete)}" if complete else "this job has none complete yet"
+    if aside:
+        has = (
+            f"a resume from an older one set it aside in {', '.join(sorted(aside))} (its model/ folder is the "
+            f"policy, not pulled from there); {has}"
+        )
     raise UsageError(f"--checkpoint {version}: no such checkpoint; {has}")
 
 

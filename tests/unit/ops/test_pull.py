@@ -78,7 +78,7 @@ def test_pull_copies_the_newest_complete_checkpoint_and_checks_every_file(tmp_pa
     assert not (tmp_path / "damaged").exists() and not list(tmp_path.glob(".damaged.pull-*"))  # nothing of it here
     with pytest.raises(UsageError, match=r"^--checkpoint 5: no such checkpoint; this job has v1, v2$"):
         pull(jd.path, checkpoint="5")
-    with pytest.raises(UsageError, match=r"--checkpoint 'newest': 'latest' or a version number"):
+    with pytest.raises(UsageError, match=r"--checkpoint 'newest': 'latest' or a version, e\.g\. (\d+) or v\1$"):
         pull(jd.path, checkpoint="newest")
     (jd.checkpoints / "latest.json").unlink()
     with pytest.raises(UsageError, match=r"no checkpoint is complete yet"):
@@ -208,3 +208,20 @@ def test_pull_of_a_checkpoint_that_is_not_there_lists_those_that_are(
     with pytest.raises(LaunchError, match=r"v2: no MANIFEST.trainer.json \(not written, or the part is incomplete\)$"):
         pull(jd.path, checkpoint="2")
     assert not caplog.records  # one line: the error
+
+
+def test_pull_takes_a_checkpoint_as_messages_name_it_and_names_one_a_resume_set_aside(tmp_path: Path) -> None:
+    # `--checkpoint v20` was refused though every message names checkpoints `v20`; a version a resume had set aside
+    # in checkpoints/abandoned/ was said to be no checkpoint, with no word of where it is
+    jd, models = job_dir(tmp_path)
+    got = pull(jd.path, checkpoint="v1", to=tmp_path / "v1")
+    assert got.version == 1 and same(TinyGPT.from_pretrained(tmp_path / "v1"), models[1])
+    aside = jd.checkpoints / "abandoned" / "iter-40.0123abcd"
+    (aside / "model").mkdir(parents=True)
+    (aside / "model" / "config.json").write_text("{}")
+    with pytest.raises(UsageError) as e:
+        pull(jd.path, checkpoint="40")
+    assert str(e.value) == (
+        f"--checkpoint 40: no such checkpoint; a resume from an older one set it aside in {aside} (its model/ folder "
+        "is the policy, not pulled from there); this job has v1, v2"
+    )
