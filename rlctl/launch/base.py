@@ -45,13 +45,14 @@ LOST = 255
 
 
 def exit_text(code: int | None) -> str:
-    """An agent's exit code for a message: `-9 (SIGKILL)` for one a signal ended, `an unknown status` for one that
-    left none the backend could read (LOST: killed with no parent here to tell, a host rebooted)."""
+    """An agent's exit code for a message: `-9 (SIGKILL)` for one a signal ended, `143 (SIGTERM)` for one that
+    exited 128 + a signal's number (a shell's, or an agent's own exit on that signal), `an unknown status` for one
+    that left none the backend could read (LOST: killed with no parent here to tell, a host rebooted)."""
     if code == LOST:
         return "an unknown status"
-    if code is not None and code < 0:
+    if code is not None and (code < 0 or code > 128):
         try:
-            return f"{code} ({signal.Signals(-code).name})"
+            return f"{code} ({signal.Signals(-code if code < 0 else code - 128).name})"
         except ValueError:
             pass
     return str(code)

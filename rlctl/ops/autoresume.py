@@ -138,6 +138,8 @@ class Runs:
             return False
         self.left -= 1
         failure = why.splitlines()[0].partition(RESUME_HINT)[0]  # the controller's hint to resume: done here
+        if not failure.startswith("failed"):  # the launcher's error (no summary), not the summary's state
+            failure = f"failed: {failure}"
         self.say(
             f"job {self.spec.name} {failure}; resuming it from checkpoint v{newest} "
             f"(checkpoint.auto_resume: {self.left} more left)"

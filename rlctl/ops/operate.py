@@ -55,6 +55,8 @@ def ask_controller(ref: JobRef, kind: str, body: dict[str, Any] | None = None, *
     """One request to the job's controller; TransportError (OSError: no controller.json; LaunchError: one that
     names no address)."""
     jd = ref.jobdir
+    if not jd.path.is_dir():  # removed, or on a filesystem not mounted here
+        raise TransportError(f"{jd.path}: no such job directory (removed, or not mounted on this machine?)")
     if not jd.controller_json.exists():
         raise TransportError(f"{jd.path}: the controller has not written controller.json (not started?)")
     conn = connect_client(jd, timeout_s=timeout_s, name=f"rlctl-{kind}")
@@ -147,6 +149,12 @@ def site_view(
 def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[dict[str, Any], bool]:
     """The job's status and whether it is complete (False: exit 3, some part did not answer)."""
     jd = ref.jobdir
+    if not jd.path.is_dir():  # its index row outlived it: said so, not "controller.json not written (not started?)"
+        said = f"; the job index says {ref.row.state}" if ref.row is not None else ""
+        raise RlctlError(
+            f"job {ref.id}: its job directory {jd.path} is gone (removed, or not mounted on this machine){said}",
+            hint="`rlctl status --all` lists the jobs in the index",
+        )
     out: dict[str, Any] = {"id": ref.id, "job_dir": str(jd.path)}
     if ref.row is not None:
         out["index_state"] = ref.row.state
@@ -179,6 +187,7 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         # the same totals as a live status: the ledger, resumes and replaced units
         out.update(ledger=out["summary"].get("ledger"), resilience=out["summary"].get("resilience"))
     agents, down = site_view(ref, timeout_s=timeout_s)
+    _launcher_saw(ref, agents, summary)
     out["agents"], out["sites_down"] = agents, down
     ended = "summary" in out and all(a["state"] != "running" for a in agents)
     if "summary" not in out and _ended_without_summary(ref, agents, down):
@@ -195,6 +204,22 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         how_ended = out["summary"].get("state", "no state") if "summary" in out else "without a summary"
         out["controller"] = f"exited: the job ended ({how_ended})"
     return out, ended and not down
+
+
+def _launcher_saw(ref: JobRef, agents: list[dict[str, Any]], summary: dict[str, Any] | None) -> None:
+    """An agent its site reads as `exited (status unknown)` (a local agent SIGKILLed, seen from a terminal that did
+    not start it) whose exit the launcher saw: the code its summary or index row recorded (`-9 (SIGKILL)`), for the
+    latest record of that name (an earlier run's agent of the same name is not this run's)."""
+    known: dict[str, Any] = dict((summary or {}).get("trainer_ranks_ended") or {})
+    controller_exit = (summary or {}).get("controller_exit")
+    if controller_exit is None and ref.row is not None:
+        controller_exit = ref.row.info.get("controller_exit")
+    latest = {a["name"]: a for a in agents}
+    for a in latest.values():
+        code = controller_exit if a["role"] == "controller" else known.get(a["name"])
+        if a["state"] == _exited(LOST) and isinstance(code, int) and code != LOST:
+            a["state"] = _exited(code)
+            a["source"] = f"{a['source']} (the launcher saw the exit)"
 
 
 def _ended_without_summary(ref: JobRef, agents: list[dict[str, Any]], down: list[str]) -> bool:

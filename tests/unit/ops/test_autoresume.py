@@ -112,7 +112,8 @@ def test_a_controller_gone_without_a_summary_is_resumed_and_otherwise_raised(run
     gone = LaunchError("the controller exited with SIGKILL without a summary")
     r, said = runs([(gone, [10]), ("done", [])], auto_resume=1)
     assert r.wait()["state"] == "done" and ScriptedRun.started == [False, True]
-    assert said[0].startswith("job demo the controller exited with SIGKILL without a summary; resuming it from")
+    # it said `job demo the controller exited …`: no `failed:` where a summary's state has one
+    assert said[0].startswith("job demo failed: the controller exited with SIGKILL without a summary; resuming it from")
     r, _ = runs([(gone, [])], auto_resume=1)
     with pytest.raises(LaunchError, match="without a summary"):
         r.wait()

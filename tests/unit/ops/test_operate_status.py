@@ -15,7 +15,7 @@ import pytest
 
 from rlctl.commands.status import _fallback_table
 from rlctl.config.inventory import Site
-from rlctl.errors import LaunchError
+from rlctl.errors import LaunchError, RlctlError
 from rlctl.launch import local
 from rlctl.launch.backends import write_sites
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec, exit_text
@@ -190,3 +190,41 @@ def test_status_of_a_job_whose_launcher_holds_it_is_not_said_to_have_ended(
     with jd.launcher_lock():
         s, complete = operate.job_status(JobRef("between1", jd, row), timeout_s=2.0)
     assert not complete and "ended_without_summary" not in s
+
+
+def test_an_exit_of_128_plus_a_signal_is_named_as_a_signal_is() -> None:
+    # a trainer's exit 143 was shown bare, beside `-9 (SIGKILL)`
+    assert exit_text(143) == "143 (SIGTERM)" and exit_text(137) == "137 (SIGKILL)"
+    assert exit_text(1) == "1" and exit_text(128) == "128" and exit_text(250) == "250"
+
+
+def test_status_of_a_job_whose_directory_is_gone_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # it said `the controller has not written controller.json (not started?)`, and `partial status` (exit 3)
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir(tmp_path / "removed" / "kt-1")
+    db = JobDB()
+    try:
+        db.put("kt-1", job_dir=str(jd.path), spec={"name": "kt"})
+        db.update("kt-1", state="failed")
+        row = db.get("kt-1")
+    finally:
+        db.close()
+    with pytest.raises(RlctlError) as e:
+        operate.job_status(JobRef("kt-1", jd, row), timeout_s=1.0)
+    assert str(e.value) == (
+        f"job kt-1: its job directory {jd.path} is gone (removed, or not mounted on this machine); the job index "
+        "says failed"
+    )
+
+
+def test_status_names_the_exit_the_launcher_saw_of_an_agent_its_site_cannot_tell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a local agent SIGKILLed showed `exited (status unknown)` though the summary / index named -9 (SIGKILL)
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_with_controller(tmp_path, "seen", LOCAL, _killed_agent())
+    jd.summary_json.write_text(json.dumps({"state": "failed: x", "iterations": 3, "controller_exit": -9}))
+    s, _ = operate.job_status(JobRef("seen", jd, None), timeout_s=2.0)
+    assert [(a["name"], a["state"], a["source"]) for a in s["agents"]] == [
+        ("controller-0", "exited -9 (SIGKILL)", "local (the launcher saw the exit)")
+    ]
