@@ -351,9 +351,10 @@ def register(app: typer.Typer) -> None:
                 f"{plan['trainer']['ranks']} trainer rank(s), {units} rollout unit(s) ({plan['source']}); "
                 f"dir {jd.path}"
             )
+            check = runs.preparing(source=str(job_file))  # in the index from here: `rlctl stop` finds it
             if steps := sft_steps(spec):
                 say(f"SFT warm-up: {steps} steps (cached after the first run)")
-            prepare(jd, spec, plan, source=str(job_file), job=job)
+            prepare(jd, spec, plan, source=str(job_file), job=job, check=check)
             return runs.start()
 
         be_launcher(jd, spec, plan, JobDB(), begin, output)
@@ -477,12 +478,13 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
     from rlctl.ops.jobchanges import launch_changes
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import resolve
-    from rlctl.ops.run import refuse_if_finished, refuse_if_running
+    from rlctl.ops.run import refuse_if_finished, refuse_if_running, refuse_if_unprepared
 
     db = JobDB()
     ref_ = resolve(ref, db=db)
     jd = ref_.jobdir
     try:
+        refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
         refuse_if_finished(jd, state=ref_.row.state if ref_.row is not None else None)
     except UsageError:
         db.close()

@@ -26,8 +26,9 @@ from typing import Any
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir
+from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobdb import JobDB
-from rlctl.ops.run import JobRun, stop_requested
+from rlctl.ops.run import JobRun, StopCheck, stop_requested
 
 RESUME_HINT = "; continue the job with "  # how the controller's reason for a failure ends (`ControllerAgent._lose`)
 
@@ -64,6 +65,17 @@ class Runs:
         self._t0 = time.monotonic()  # … on this clock: the launch table's `wall`
         self._since = 0.0  # when the current run started (time.time())
         self._from = 0  # the checkpoint it started from (0: the job's start)
+
+    def preparing(self, *, source: str) -> StopCheck:
+        """A fresh launch's job in the index (`launching`, its launcher and job file `source`) from the moment its
+        directory exists, while its launcher prepares it (an SFT warm-up, a dataset's tokenizing: minutes), so that
+        `rlctl stop` and `status` find it, named or not; before, it entered the index once prepared and a stop meant
+        the job launched before it. Returns the check `prepare` makes between its steps (Stopped once stopped)."""
+        name = self.jobdir.path.name
+        if self.db is not None:
+            self.db.put(name, job_dir=str(self.jobdir.path), spec=self.spec.model_dump(mode="json", by_alias=True))
+            self.db.update(name, info={"launcher": this_launcher(), "source": source})
+        return StopCheck(self.jobdir, since=self._stops_since(), db=self.db)
 
     def start(self, *, resume: bool = False) -> JobRun:
         """Start a run (`resume`: from the job's latest complete checkpoint, and say which)."""

@@ -16,12 +16,17 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, JobFile, sft_steps
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.rl.source import DATA_DIR, HELDOUT_DIR, REWARD_DIR, heldout_task
+
+
+def _go_on() -> None:
+    """The check when there is none: nothing ends the build."""
 
 
 def resolve_inputs(spec: JobFile, job: Job) -> JobFile:
@@ -37,11 +42,13 @@ def resolve_inputs(spec: JobFile, job: Job) -> JobFile:
     )
 
 
-def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job) -> None:
+def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], None] | None = None) -> None:
     """Build model/init (if missing), reward/, data/ and data-heldout/ (each dataset rebuilt only when its file,
-    tokenizer or settings changed: a relaunch into the same dir reuses them)."""
+    tokenizer or settings changed: a relaunch into the same dir reuses them). `check` (a launch's `rlctl stop`)
+    ends it by raising, in the SFT warm-up and the tokenizing too: what it leaves is rebuilt by the next launch."""
+    check = check if check is not None else _go_on
     if not (jobdir.init_model / "config.json").exists():
-        _starting_policy(jobdir, spec)
+        _starting_policy(jobdir, spec, check=check)
     task = spec.task
     if isinstance(task, DatasetTask):
         from rlctl.rl.dataset import prepare_dataset
@@ -58,17 +65,20 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job) -> None:
             (jobdir.path / REWARD_DIR).mkdir(exist_ok=True)
             shutil.copy2(src, jobdir.path / REWARD_DIR / src.name)
         tokenizer = load_tokenizer(jobdir.init_model)
-        prepare_dataset(task, data_path=base / task.path, tokenizer=tokenizer, out_dir=jobdir.path / DATA_DIR)
+        check()
+        data = jobdir.path / DATA_DIR
+        prepare_dataset(task, data_path=base / task.path, tokenizer=tokenizer, out_dir=data, check=check)
         if spec.evaluation.heldout_prompts and spec.evaluation.path:  # its rows in file order
             prepare_dataset(
                 heldout_task(task, spec.evaluation.path),
                 data_path=base / spec.evaluation.path,
                 tokenizer=tokenizer,
                 out_dir=jobdir.path / HELDOUT_DIR,
+                check=check,
             )
 
 
-def _starting_policy(jobdir: JobDir, spec: JobFile) -> None:
+def _starting_policy(jobdir: JobDir, spec: JobFile, *, check: Callable[[], None] = _go_on) -> None:
     if isinstance(spec.model, HfModel):
         src = Path(spec.model.path)
         jobdir.init_model.mkdir(parents=True, exist_ok=True)
@@ -90,7 +100,7 @@ def _starting_policy(jobdir: JobDir, spec: JobFile) -> None:
     steps = sft_steps(spec)
     if steps:
         t0 = time.monotonic()
-        model.load_state_dict(sft.warmup(Digits(spec.task), steps=steps, seed=spec.seed))
+        model.load_state_dict(sft.warmup(Digits(spec.task), steps=steps, seed=spec.seed, check=check))
         jobdir.event("sft_warmup", steps=steps, seconds=round(time.monotonic() - t0, 2))
     model.save_pretrained(jobdir.init_model)
 

@@ -1,8 +1,9 @@
 """Which job a command means: `rlctl status|scale|stop|logs|report [JOB]` all resolve JOB here.
 
 JOB omitted          ─▶ the job launched last (`launch` or `launch --resume`: `JobRow.launched_s`)
-JOB = a job directory ─▶ that job directory (a directory holding job.json; any other is no job: a job's
-                        config folder named like it, jobs/demo/, does not hide the job)
+JOB = a job directory ─▶ that job directory (a directory holding job.json, or an index row's while its launch
+                        prepares it; any other is no job: a job's config folder named like it, jobs/demo/, does
+                        not hide the job)
 JOB = an index id    ─▶ that row (ids are job-directory names, e.g. demo-20261122-131045)
 JOB = a job name     ─▶ of the rows whose job has that name, the one launched last (the same rule)
 A job directory and an index row that both match but are different jobs: UsageError naming both.
@@ -66,6 +67,10 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
     if indexed is not None:
         return JobRef(indexed.name, JobDir(Path(indexed.job_dir)), indexed)
     if path.is_dir():
+        # a launch still preparing the job (its SFT warm-up): in the index, without job.json until it is prepared
+        preparing = next((r for r in rows if r.job_dir == str(path.resolve())), None)
+        if preparing is not None:
+            return JobRef(preparing.name, JobDir(Path(preparing.job_dir)), preparing)
         raise UsageError(f"{path}: not a job directory (no job.json), and no job {ref!r} in the index ({db.path})")
     known = sorted({*by_id, *(str(r.spec.get("name")) for r in rows)})
     names = sorted({str(r.spec.get("name")) for r in rows})  # the names, not every run's id: an index grows for good

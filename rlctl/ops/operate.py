@@ -321,6 +321,8 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
         out["graceful"] = "requested"
     except (RlctlError, OSError, ValueError, KeyError) as e:  # an unreadable controller.json included
         out["graceful"] = f"controller did not answer ({e}); forcing"
+        if not jd.controller_json.exists() and ref.row is not None and ref.row.state == "launching":
+            out["graceful"] = "no controller yet: its launcher, preparing or starting the job, ends the launch"
         answer = {}
     if grace_s is None:
         grace_s = float(answer.get("grace_s") or STOP_GRACE_S)

@@ -138,19 +138,59 @@ def stop_requested(jobdir: JobDir, *, since: float) -> bool:
     return any(e.get("event") == STOP_REQUESTED and float(e.get("t", 0)) >= since for e in rows)
 
 
-def prepare(jobdir: JobDir, spec: JobFile, plan: dict[str, Any], *, source: str, job: Job) -> None:
+def prepare(
+    jobdir: JobDir,
+    spec: JobFile,
+    plan: dict[str, Any],
+    *,
+    source: str,
+    job: Job,
+    check: Callable[[], None] | None = None,
+) -> None:
     """Write what the agents read, and what the job starts from (rlctl.ops.inputs: the starting policy —
     the SFT warm-up, cached across runs, or the user's checkpoint — a dataset's tokenized prompts, its
-    reward file)."""
+    reward file). `check` (`StopCheck`: a `rlctl stop` while the launch prepares) ends it by raising, in the warm-up
+    and the tokenizing too; the job's record (job.json, plan.json, sites.json) is written once the inputs are built,
+    so that a launch stopped (or failed) here leaves no job a `launch --resume` would take for prepared, and a new
+    launch into the directory is not refused as one that holds a job."""
     spec = resolve_inputs(spec, job)
-    jobdir.write_job(spec, source=source)
+    jobdir.secret()
+    copy_inputs(jobdir, spec, job, check=check)
+    if check is not None:
+        check()
     used = {plan["trainer"]["site"], plan["controller_site"], *(g["site"] for g in plan["rollout"])}
     # the inventory's links between the job's sites: the weight plane routes each version's inter-DC copy on them
     links = [sorted(link.between) for link in job.inventory.links if set(link.between) <= used]
     jobdir.write_json(jobdir.plan_json, {**plan, "links": links})
     write_sites(jobdir.path, {n: s for n, s in job.inventory.sites.items() if n in used})
-    jobdir.secret()
-    copy_inputs(jobdir, spec, job)
+    jobdir.write_job(spec, source=source)
+
+
+class StopCheck:
+    """What `prepare` calls between its steps and in its long loops (the SFT warm-up, a dataset's tokenizing): a
+    `rlctl stop` asked for the job at or after `since` (time.time()) ends the launch there with Stopped, the index
+    row `stopped`. The job's events are read at most every `every_s`."""
+
+    def __init__(self, jobdir: JobDir, *, since: float, db: JobDB | None, every_s: float = 0.5) -> None:
+        self.jobdir, self.since, self.db, self.every_s = jobdir, since, db, every_s
+        self._next = 0.0
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every_s
+        if not stop_requested(self.jobdir, since=self.since):
+            return
+        name = self.jobdir.path.name
+        log.warning("%s: stopped by the operator while its launch prepared it (nothing started)", name)
+        self.jobdir.event("prepare_stopped")
+        if self.db is not None:
+            self.db.update(name, state="stopped", only_from=LIVE)
+        raise Stopped(
+            f"job {name} was stopped (`rlctl stop`) while its launch prepared it (SFT warm-up, data); nothing started",
+            hint="launch it again with `rlctl launch JOB.yaml`",
+        )
 
 
 def _free_port() -> int:
@@ -833,6 +873,20 @@ def refuse_if_finished(jobdir: JobDir, *, state: str | None) -> None:
         f"job {jobdir.path.name}: finished{counts}; nothing to resume",
         hint=f"`rlctl status {jobdir.path.name}` shows how it ended; more iterations are a new job "
         "(`rlctl launch JOB.yaml --iterations N`)",
+    )
+
+
+def refuse_if_unprepared(jobdir: JobDir, *, source: str | None) -> None:
+    """Before `launch --resume`: refuse a job whose launch ended before it had prepared it (no job.json: `prepare`
+    writes it last; a `rlctl stop` during its SFT warm-up), which has nothing to resume (UsageError naming how to
+    launch it anew; `source`: its job file, as its index row recorded it)."""
+    if jobdir.job_json.exists():
+        return
+    again = f"rlctl launch {source}" if source else "rlctl launch JOB.yaml"
+    raise UsageError(
+        f"job {jobdir.path.name} was never prepared (no {jobdir.job_json.name}: its launch was stopped or failed "
+        "before any agent started); nothing to resume",
+        hint=f"launch it anew: `{again}`",
     )
 
 

@@ -214,8 +214,17 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def prepare_dataset(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer, out_dir: Path) -> PromptDataset:
-    """Tokenize `data_path` into `out_dir` (kept when the file, tokenizer and settings are unchanged)."""
+def prepare_dataset(
+    cfg: DatasetTask,
+    *,
+    data_path: Path,
+    tokenizer: TextTokenizer,
+    out_dir: Path,
+    check: Callable[[], None] | None = None,
+) -> PromptDataset:
+    """Tokenize `data_path` into `out_dir` (kept when the file, tokenizer and settings are unchanged). `check`,
+    called at each row, ends it by raising (a launch's `rlctl stop`), nothing written: the files are written once
+    every row is read, the manifest last."""
     from safetensors.numpy import save
 
     if not data_path.is_file():
@@ -236,6 +245,8 @@ def prepare_dataset(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokeniz
     rows: list[dict[str, Any]] = []
 
     def keep(label: str, parsed: tuple[list[int], dict[str, Any]]) -> None:
+        if check is not None:
+            check()
         tokens.append(parsed[0])
         rows.append({"source_row": label, **parsed[1]})
 

@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -133,8 +133,10 @@ def train(
     seed: int = 0,
     cfg: SftConfig | None = None,
     log_every: int = 100,
+    check: Callable[[], None] | None = None,
 ) -> dict[str, float]:
-    """Train `model` in place; returns a few figures (steps, seconds, final loss)."""
+    """Train `model` in place; returns a few figures (steps, seconds, final loss). `check`, called before each
+    step, ends the training by raising (a launch's `rlctl stop`: a warm-up takes minutes)."""
     if (steps is None) == (seconds is None):
         raise ValueError("give exactly one of steps= or seconds=")
     cfg = cfg or SftConfig()
@@ -148,6 +150,8 @@ def train(
         done = step / steps if steps is not None else (time.monotonic() - t0) / (seconds or 1.0)
         if done >= 1.0:
             break
+        if check is not None:
+            check()
         warm = min(1.0, (step + 1) / cfg.warmup_steps)
         lr = warm * (cfg.final_lr + (cfg.lr - cfg.final_lr) * 0.5 * (1 + math.cos(math.pi * done)))
         for g in opt.param_groups:
@@ -179,8 +183,10 @@ def warmup(
     model_cfg: TinyGPTConfig | None = None,
     cfg: SftConfig | None = None,
     use_cache: bool = True,
+    check: Callable[[], None] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """State dict of a TinyGPT warmed up on `task`; reused from the on-disk cache when present."""
+    """State dict of a TinyGPT warmed up on `task`; reused from the on-disk cache when present. `check`: see
+    `train` (a warm-up it ends caches nothing)."""
     model_cfg = model_cfg or TinyGPTConfig()
     cfg = cfg or SftConfig()
     budget: dict[str, float] = {"steps": steps} if steps is not None else {"seconds": seconds or 0.0}
@@ -191,7 +197,7 @@ def warmup(
     torch.manual_seed(seed)
     model = TinyGPT(model_cfg)
     with one_thread():
-        figures = train(model, task, steps=steps, seconds=seconds, seed=seed, cfg=cfg)
+        figures = train(model, task, steps=steps, seconds=seconds, seed=seed, cfg=cfg, check=check)
     if use_cache:
         tmp = where.with_name(where.name + f".tmp{os.getpid()}")
         model.save_pretrained(tmp)

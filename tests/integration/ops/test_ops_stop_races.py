@@ -1,6 +1,7 @@
-"""`rlctl stop` against a launcher that starts the job again: a stop while an auto-resume stages the job ends it
-(the launcher starts nothing after it); a resumed run never reports the summary of the run before it, whether its
-launcher waits for it or `rlctl status` reads it while its controller does not answer."""
+"""`rlctl stop` against a launcher that starts the job again, or prepares it: a stop while an auto-resume stages the
+job ends it (the launcher starts nothing after it), as does one while a launch prepares it (its SFT warm-up); a
+resumed run never reports the summary of the run before it, whether its launcher waits for it or `rlctl status`
+reads it while its controller does not answer."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, events, job_yaml, metrics_rows, processes_mentioning, rlctl, rlctl_json, wait_for
+from rlctl.ops.jobdb import JobDB
+
+from .conftest import REPO, RLCTL, events, job_yaml, metrics_rows, processes_mentioning, rlctl, rlctl_json, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -125,3 +128,36 @@ def test_a_resumed_run_never_reports_the_summary_of_the_run_before(tmp_path, lau
     _, rows = rlctl_json("status", "--all")
     assert [r["state"] for r in rows if r["id"] == job_dir.name] == ["failed"]
     assert json.loads((job_dir / "summary.1.json").read_text())["state"] == "stopped"  # the run before's, kept
+
+
+def test_a_stop_while_the_launch_prepares_the_job_ends_that_launch(tmp_path, monkeypatch):
+    """`rlctl stop` (no JOB) during a launch's SFT warm-up: the job is in the index from the moment its directory
+    exists, so the stop means it (before, it entered the index once prepared: the stop meant the job launched before
+    it, or found no job) and the launcher ends the warm-up at once, the index `stopped`. Nothing it leaves makes the
+    directory a job: `launch --resume` says there is nothing to resume, a new launch there is not refused."""
+    monkeypatch.setenv("RLCTL_CACHE_DIR", str(tmp_path / "cache"))  # a warm-up that is not cached: minutes long
+    job_dir = tmp_path / "run"
+    job = job_yaml(
+        tmp_path / "preparing.yaml", inventory=[LOCAL], trainer="local", rollout="local", warmup={"sft_steps": 5000}
+    )
+    cmd = [*RLCTL, "launch", str(job), "--job-dir", str(job_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        db = JobDB()
+        try:
+            wait_for("the job in the index", lambda: [r for r in db.list() if r.name == job_dir.name], 60, alive=proc)
+        finally:
+            db.close()
+        stop = rlctl("stop")
+        assert stop.returncode == 0 and f"Stop {job_dir.name}" in stop.stdout, stop.stdout + stop.stderr
+        _, err = proc.communicate(timeout=30)  # its warm-up ended at the stop: not after its 5000 steps
+        assert proc.returncode == 1 and "while its launch prepared it" in err, err[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    _, rows = rlctl_json("status", "--all")
+    assert [r["state"] for r in rows if r["id"] == job_dir.name] == ["stopped"]
+    assert not (job_dir / "job.json").exists() and not list((tmp_path / "cache").glob("sft/*/config.json"))
+    resume = rlctl("launch", "--resume", job_dir.name)
+    assert resume.returncode == 2 and "never prepared" in resume.stderr and str(job) in resume.stderr, resume.stderr

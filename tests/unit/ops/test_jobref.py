@@ -93,3 +93,14 @@ def test_an_unknown_job_lists_some_job_names_not_every_runs_id(tmp_path: Path, d
     said = str(e.value)
     assert "job names: ar, job00, job01," in said and " and 10 more" in said and "job00-1" not in said, said
     assert said.endswith("(did you mean 'job03'?)"), said
+
+
+def test_a_job_directory_still_being_prepared_is_its_indexed_job(tmp_path: Path, db: JobDB) -> None:
+    # a launch in its SFT warm-up: in the index, no job.json yet (`prepare` writes it last); `rlctl stop DIR` said
+    # "not a job directory" (and, by name, meant the job launched before it)
+    preparing = tmp_path / "runs" / "ar2"
+    preparing.mkdir()
+    db.put("ar2", job_dir=str(preparing), spec={"name": "ar"})
+    ref = resolve(str(preparing), db=db)
+    assert (ref.id, ref.jobdir.path, ref.row is not None) == ("ar2", preparing, True)
+    assert resolve(None, db=db).id == resolve("ar", db=db).id == "ar2"

@@ -726,7 +726,8 @@ def test_a_job_that_leaves_the_warmup_out_gets_one_it_can_run(tmp_path: Path, mo
     set_ = load(tmp_path, warmup={"sft_steps": 3})
     assert sft_steps(set_.spec) == 3
     ran: list[int] = []
-    monkeypatch.setattr("rlctl.rl.sft.warmup", lambda task, *, steps, seed: ran.append(steps) or TinyGPT().state_dict())
+    warmup = lambda task, *, steps, seed, check: ran.append(steps) or TinyGPT().state_dict()  # noqa: E731
+    monkeypatch.setattr("rlctl.rl.sft.warmup", warmup)
     for i, job in enumerate((builtin, set_)):
         inputs._starting_policy(JobDir.create("j", explicit=tmp_path / f"run{i}"), job.spec)
     assert ran == [800, 3]
