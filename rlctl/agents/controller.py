@@ -7,7 +7,8 @@ the job directory. Scaling lives in `scaling.py` (`Scaler`), what it shows in `v
                   status ──▶ reply with views.status
                   scale ──▶ Scaler: spawn thread starts / core drains units ──▶ "spawned" back into the inbox
                   shutdown ──▶ leave the loop (graceful stop requested by `rlctl stop`); every agent told to stop
-                    at once (no new work), and the checkpoint the trainer reached still completed (`_shutdown`)
+                    at once (no new work), and the checkpoint the trainer reached still completed (`_shutdown`,
+                    which still answers clients: `status`, and a second stop joins the wait)
                 trained ──▶ metrics row ──▶ Scaler.rebalance: δ ≥ δ' and a free slot ──▶ spawn one more unit
                   (a checkpoint due: the controller's state kept) ··· checkpoint_written ──▶ its part, latest
                   heartbeat ──▶ agent figures;  every PING_INTERVAL_S ──▶ ping every agent
@@ -498,12 +499,31 @@ class ControllerAgent:
         if grace_s is None:
             grace_s = STOP_GRACE_S + (STOP_CHECKPOINT_WAIT_S if coming else 0.0)
         self.stop_requested, self.stop_at, self.stop_by = True, now, now + float(grace_s)
-        version = (max(self.writing) if self.writing else self.core.trainer_version + 1) if coming else None
+        version = self._checkpoint_version() if coming else None
         self.jobdir.event("stop_requested", by=by, grace_s=grace_s, checkpoint=version)
         # told now, before the answer, not once the loop has ended: a trainer holding its next iteration began that
         # step when the stop had not reached it yet (an iteration more, trained for nothing)
         self._tell_stop()
         return {"ok": True, "grace_s": grace_s, "checkpoint": version}
+
+    def _checkpoint_version(self) -> int:
+        """The checkpoint a stop waits for (`_checkpoint_coming`): the one being written, else the one the trainer's
+        current step makes."""
+        return max(self.writing) if self.writing else self.core.trainer_version + 1
+
+    def _stop_again(self, grace_s: float | None, *, waiting: bool) -> dict[str, Any]:
+        """A stop request while this controller ends (`_shutdown`: a second `rlctl stop` while the first waits for
+        the checkpoint the trainer reached): answered, so the asker joins the wait — the grace left (a shorter
+        `grace_s` shortens it), the checkpoint waited for (`waiting`: the end still waits for one), `stopping`.
+        Before, the end no longer answered, and a second stop, hearing nothing in 10 s, killed every agent with the
+        checkpoint's write."""
+        now = time.monotonic()
+        if grace_s is not None:
+            self.stop_by = min(self.stop_by, now + float(grace_s))
+        left = self.stop_by - now if math.isfinite(self.stop_by) else STOP_GRACE_S
+        version = self._checkpoint_version() if waiting else None
+        self.jobdir.event("stop_requested_again", grace_s=grace_s, checkpoint=version)
+        return {"ok": True, "grace_s": round(max(0.0, left), 1), "checkpoint": version, "stopping": True}
 
     def _stop_deadline(self) -> float:
         """Until when a stop (`rlctl stop`) waits for the checkpoint the trainer reached, so that the job resumes from
@@ -1113,6 +1133,9 @@ class ControllerAgent:
                 what, who, payload = self.inbox.get(timeout=0.2)
             except queue.Empty:
                 continue
+            if what == "hello" and payload.role == "client":  # `rlctl status`, a second `rlctl stop`: answered
+                self._hello(who, payload)
+                continue
             peer = self.peers.get(who) if isinstance(who, str) else None
             if peer is None:
                 continue
@@ -1120,7 +1143,11 @@ class ControllerAgent:
                 peer.state = "stopped" if peer.state == "running" else peer.state
                 continue
             msg, heard = payload
-            if msg.kind == "bye":  # not the loop's: what a unit was evaluating is not asked again now
+            if msg.kind == "shutdown" and peer.role == "client":
+                waiting = graceful and self._checkpoint_coming() and time.monotonic() < checkpoint_by
+                self._reply(peer, msg, self._stop_again(msg.header.get("grace_s"), waiting=waiting))
+                checkpoint_by = min(checkpoint_by, self.stop_by - 1.0)  # a shorter grace: the summary still written
+            elif msg.kind == "bye":  # not the loop's: what a unit was evaluating is not asked again now
                 peer.figures, peer.state = parse(msg, Heartbeat), "stopped"
             elif msg.kind in ("heartbeat", "status") or (graceful and msg.kind in ("trained", "checkpoint_written")):
                 # a graceful stop books the trainer's late `trained` and `checkpoint_written` (a stop during the

@@ -31,7 +31,8 @@ builtins) and raw tensor frames. Who sends what:
     bye              agent → controller          Heartbeat (final figures)      –
     status           client → controller         {}  → reply `status` with the status view
     scale            client → controller         Scale {delta, site}  → reply with the outcome
-    shutdown         client → controller         {grace_s?}  → reply {ok}
+    shutdown         client → controller         {grace_s?}  → reply {ok, grace_s, checkpoint, stopping?} (stopping: a
+                                                 stop before it is under way; answered while the controller ends)
 
 Readers take messages through `recv_checked`, with the kinds they expect (`TO_CONTROLLER`, …):
 

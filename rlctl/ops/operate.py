@@ -327,7 +327,10 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     if grace_s is None:
         grace_s = float(answer.get("grace_s") or STOP_GRACE_S)
     waited_for = answer.get("checkpoint")
-    if waited_for is not None:
+    if answer.get("stopping"):  # a stop before this one is under way (its controller was ending): joined, not forced
+        on = f" for checkpoint iter-{waited_for}" if waited_for is not None else ""
+        say(f"job {ref.id}: already stopping, waiting{on}; this stop waits with it (up to {grace_s:.0f} s)")
+    elif waited_for is not None:
         say(
             f"job {ref.id}: the trainer may be completing checkpoint iter-{waited_for}; the controller waits for it "
             f"before it ends (up to {grace_s:.0f} s; --grace bounds the wait)"

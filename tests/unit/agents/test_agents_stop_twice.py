@@ -1,0 +1,45 @@
+"""A controller that ends on `rlctl stop` still answers clients while it waits for the checkpoint the trainer
+reached: a second `rlctl stop` joins that wait (the grace left, the checkpoint) instead of hearing nothing and
+killing every agent, the checkpoint's write with them; `rlctl status` is answered too."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from rlctl.agents import controller
+from rlctl.agents.messages import Hello, make
+from rlctl.transport import Message
+from tests.unit.controller_harness import HandledController, small_job
+
+
+def test_a_second_stop_while_the_first_waits_for_a_checkpoint_joins_that_wait(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(controller, "BYE_WAIT_S", 0.0)
+    h = HandledController(tmp_path, small_job("twice", iterations=6), listen="inproc://stop-twice")
+    try:
+        h.ctl.writing[2] = ({}, "[]", 0)  # the trainer writes its part of iter-2 (its `trained` came)
+        h.feed("client-0", make("shutdown", {}))
+        first = h.ends["client-0"].recv(timeout_s=5).header
+        assert (first["checkpoint"], first["grace_s"]) == (
+            2,
+            controller.STOP_GRACE_S + controller.STOP_CHECKPOINT_WAIT_S,
+        )
+        h.drain()
+        ending = threading.Thread(target=h.ctl._shutdown, daemon=True)
+        ending.start()  # it waits for the trainer's write (its bye comes after it)
+        second = h.transport.connect(h.ctl.listener.address, timeout_s=5)
+        second.send(make("hello", Hello(role="client", name="rlctl-shutdown")))
+        answer = second.request(Message("shutdown", {}), timeout_s=5).header  # before: no answer (a forced stop)
+        assert answer["ok"] and answer["stopping"] and answer["checkpoint"] == 2
+        assert first["grace_s"] - 5 < answer["grace_s"] <= first["grace_s"]  # the grace left of the first stop's
+        assert second.request(Message("status", {}), timeout_s=5).header["iteration"] == 0
+        assert ending.is_alive()
+        h.ends["trainer-0"].send(make("bye", {"name": "trainer-0", "state": "stopped"}))
+        ending.join(timeout=10)
+        assert not ending.is_alive()
+        assert h.jd.read_json(h.jd.summary_json)["state"] == "stopped"
+        events = [e["event"] for e in h.jd.read_lines(h.jd.events)]
+        assert events.count("stop_requested") == 1 and "stop_requested_again" in events
+        second.close()
+    finally:
+        h.close()
