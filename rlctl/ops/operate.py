@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlctl.agents.messages import STOP_GRACE_S
+from rlctl.checkpoint.choose import LATEST_POINTER
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
@@ -412,8 +413,10 @@ def _still_running(ref: JobRef, handles: list[AgentHandle]) -> set[str]:
 
 def _checkpoint_outcome(jd: JobDir, version: int) -> str:
     """What became of the checkpoint a stop waited for, from the controller's events: completed; abandoned (the
-    stop's grace ended first); or not written (the trainer, holding its iteration, had not begun that step: told to
-    stop, it began none); where abandoned, with the checkpoint a resume takes instead."""
+    stop's grace ended first); not written (the controller ended, saying neither: the trainer, holding its iteration,
+    had not begun that step; told to stop, it began none); or not known, when the controller ended before it could
+    say (killed past the stop's grace: no `job_end`), with the checkpoint a resume takes instead (`_resume_takes`).
+    Before, that last case said "not written" too, of a write the trainer had begun."""
     events = jd.read_events()
     asked = next(
         (i for i in range(len(events) - 1, -1, -1) if events[i].get("event") == "stop_requested" and "by" in events[i]),
@@ -421,13 +424,33 @@ def _checkpoint_outcome(jd: JobDir, version: int) -> str:
     )
     if asked is None:
         return "not known (the controller's events do not say)"
+    ended = False
     for e in events[asked:]:
         if e.get("event") == "checkpoint" and e.get("version") == version:
             return "completed"
         if e.get("event") == "checkpoint_abandoned" and version in e.get("versions", ()):
             latest = e.get("latest")
             return f"abandoned: a resume takes {'none' if latest is None else f'iter-{latest}'}"
-    return "not written: the trainer had not begun that step (told to stop, it began none)"
+        ended = ended or e.get("event") == "job_end"
+    if ended:
+        return "not written: the trainer had not begun that step (told to stop, it began none)"
+    return f"not known: the controller ended before the trainer said; a resume takes {_resume_takes(jd, events)}"
+
+
+def _resume_takes(jd: JobDir, events: list[dict[str, Any]]) -> str:
+    """The checkpoint a resume would take, as this job dir knows it: its `latest` pointer (the controller moves it
+    once a checkpoint is complete), else (the controller keeps it on another site) the newest `checkpoint` event
+    since the controller last started."""
+    try:
+        pointer = jd.read_json(jd.checkpoints / LATEST_POINTER)
+        return f"the latest complete checkpoint (iter-{int(pointer['version'])})"
+    except (OSError, LaunchError, ValueError, TypeError, KeyError):
+        pass
+    starts = [i for i, e in enumerate(events) if e.get("event") == "controller_listening"]
+    done = [e.get("version") for e in events[starts[-1] if starts else 0 :] if e.get("event") == "checkpoint"]
+    if done:
+        return f"the latest complete checkpoint (iter-{done[-1]})"
+    return "the latest complete checkpoint (this job dir names none)"
 
 
 def _index_state(name: str) -> str:

@@ -66,19 +66,26 @@ def test_a_controller_site_that_cannot_be_polled_still_gets_every_agent_stopped(
 
 
 NOT_BEGUN = "not written: the trainer had not begun that step (told to stop, it began none)"
+NOT_KNOWN = "not known: the controller ended before the trainer said; a resume takes the latest complete checkpoint"
+END = ("job_end", {"state": "stopped"})
 
 
 @pytest.mark.parametrize(
     ("after", "outcome"),
     [
-        (("checkpoint", {"version": 4}), "completed"),
-        (("checkpoint_abandoned", {"versions": [4], "latest": 2}), "abandoned: a resume takes iter-2"),
-        # the trainer held iteration 3 but had not begun its step: told to stop, it began none
-        (("checkpoint", {"version": 3}), NOT_BEGUN),
+        ([("checkpoint", {"version": 4})], "completed"),
+        ([("checkpoint_abandoned", {"versions": [4], "latest": 2}), END], "abandoned: a resume takes iter-2"),
+        # the controller ended saying neither: the trainer held iteration 3 but had not begun its step (told to stop,
+        # it began none)
+        ([("checkpoint", {"version": 3}), END], NOT_BEGUN),
+        # it ended before it could say (killed past the grace: no job_end): not known, with what is on disk; before,
+        # "not written" of a write the trainer had begun
+        ([("checkpoint", {"version": 3})], f"{NOT_KNOWN} (iter-2)"),
+        ([], f"{NOT_KNOWN} (iter-2)"),
     ],
 )
 def test_a_stop_without_grace_waits_as_long_as_the_controller_says_and_names_the_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after: tuple[str, dict[str, object]], outcome: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after: list[tuple[str, dict[str, object]]], outcome: str
 ) -> None:
     """`rlctl stop` without --grace asks for none; the controller answers how long its end may take (longer while
     the trainer may complete a checkpoint: `ControllerAgent._stop_asked`), the stop waits that long for it before it
@@ -96,13 +103,16 @@ def test_a_stop_without_grace_waits_as_long_as_the_controller_says_and_names_the
         + "\n"
     )
     jd = JobDir(tmp_path)
+    jd.checkpoints.mkdir()
+    jd.write_json(jd.checkpoints / "latest.json", {"version": 2})
     asked: list[dict[str, object]] = []
 
     def ask(ref: JobRef, kind: str, body: dict[str, object], *, timeout_s: float) -> dict[str, object]:
         asked.append(body)
         jd.event("checkpoint", version=4)  # an earlier run's (a resume from v2 set it aside): not this stop's
         jd.event("stop_requested", by="client-0", grace_s=1.0, checkpoint=4)  # the controller's, as it answers
-        jd.event(after[0], **after[1])
+        for event, fields in after:
+            jd.event(event, **fields)
         return {"ok": True, "grace_s": 1.0, "checkpoint": 4}
 
     monkeypatch.setattr(operate, "ask_controller", ask)
@@ -583,3 +593,13 @@ def test_a_resume_of_a_job_that_runs_without_its_launcher_names_attach(
         refuse_if_running(jd)
     assert str(e.value) == "job orphaned-1 is running (its controller answers; no launcher watches it)"
     assert e.value.hint == "`rlctl attach orphaned-1` watches it to its end again; `rlctl stop orphaned-1` ends it"
+
+
+def test_a_checkpoint_the_stop_cannot_tell_of_names_the_one_a_resume_takes_from_the_events(tmp_path: Path) -> None:
+    # the controller keeps its checkpoints on another site (no latest.json here): the newest one its run completed
+    jd = JobDir(tmp_path)
+    jd.event("checkpoint", version=30)  # the run before's (a resume from v10 set it aside)
+    jd.event("controller_listening", address="tcp://h1:1")
+    jd.event("checkpoint", version=10)
+    jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
+    assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
