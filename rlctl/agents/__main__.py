@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _on_sigterm(*_: object) -> None:
-    logging.getLogger("rlctl.agents").warning("SIGTERM: stopping")  # says why a run ended "stopped"
+    # says why a run ended: `stopped` (a stop was asked for) or `failed: controller got SIGTERM` (ControllerAgent.run)
+    logging.getLogger("rlctl.agents").warning("SIGTERM: stopping")
     sys.exit(143)
 
 

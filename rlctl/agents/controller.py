@@ -49,6 +49,8 @@ from rlctl.agents.flight import read_flight
 from rlctl.agents.ledger import State
 from rlctl.agents.listen import listen_field
 from rlctl.agents.messages import (
+    LAUNCHER_STOP,
+    SIGTERM_FAILURE,
     STOP_GRACE_S,
     TO_CONTROLLER,
     CheckpointWritten,
@@ -401,9 +403,26 @@ class ControllerAgent:
         except Exception as e:  # an error no handler took: the summary names it (the job did not "stop")
             self.core.failed = self.core.failed or f"controller error: {type(e).__name__}: {e}"
             raise
+        except SystemExit as e:  # SIGTERM (the agent's handler): stopped only when a stop was asked for
+            if e.code == 143 and not self.stop_requested and not self._stop_meant():
+                # a scheduler's time limit, a pre-emption: a failure `checkpoint.auto_resume` resumes (was `stopped`)
+                self.core.failed = self.core.failed or SIGTERM_FAILURE
+                log.warning("controller: SIGTERM with no stop asked for: the run ends failed")
+            raise
         finally:
             self._shutdown()
         return 0 if self.core.done else 1
+
+    def _stop_meant(self) -> bool:
+        """Whether the job's end was asked for since this controller started, where it can tell: a `rlctl stop`
+        whose request it did not answer (its `stop_requested` event, written first), or its launcher's own stop (Ctrl-C,
+        a stop while it started the run). A controller whose job dir is on another site sees neither: its launcher
+        says `stopped` for it (`rlctl.ops.run.JobRun`)."""
+        return any(
+            float(e.get("t", 0)) >= self.t_start_wall
+            and (e.get("event") == LAUNCHER_STOP or (e.get("event") == "stop_requested" and "by" not in e))
+            for e in self.jobdir.read_events()
+        )
 
     def _watch(self, now: float) -> None:
         """Ping every agent; mark the silent ones unreachable, and lost once the job's bound has passed."""

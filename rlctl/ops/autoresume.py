@@ -13,8 +13,10 @@ iterations since the last checkpoint, not the night:
 A run that completed no newer checkpoint is not resumed: it would start where it started and, most likely, fail the
 same way (a reward that raises, a trainer that cannot load): a crash loop that spends the cluster. A user's stop
 (`rlctl stop`: state stopped; or its controller killed after the grace, without a summary: `rlctl stop` writes a
-`stop_requested` event first) and the launcher's own end (Ctrl-C, SIGTERM) are never resumed; a stop while a resume
-stages or starts the job ends that start (`JobRun.start` raises Stopped, having stopped what it started).
+`stop_requested` event first) and the launcher's own end (Ctrl-C, SIGTERM) are never resumed; a SIGTERM to the
+controller that neither asked for (a SLURM time limit, a pre-emption) is a failure (`failed: controller got
+SIGTERM`); a stop while a resume stages or starts the job ends that start (`JobRun.start` raises Stopped, having
+stopped what it started).
 """
 
 from __future__ import annotations

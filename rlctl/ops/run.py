@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlctl.agents.messages import STOP_GRACE_S
+from rlctl.agents.messages import LAUNCHER_STOP, SIGTERM_FAILURE, STOP_GRACE_S
 from rlctl.checkpoint.choose import (
     LATEST_POINTER,
     ResumePoint,
@@ -636,6 +636,8 @@ class JobRun:
                 f"{self.controller.spec.log_path})",
                 hint=f"continue the job from its latest complete checkpoint: `{self.resume_command()}`",
             )
+        if stop_requested(self.jobdir, since=self.stop_since):  # a `rlctl stop` whose request it did not answer
+            self._stopped_by_term(found)
         summary = found
         here = str(self.jobdir.path)  # the job dir `status` and `report` name; the summary says the controller's
         if summary.get("job_dir") not in (None, here):  # on its site (an SSH site, a SLURM site's workdir)
@@ -731,6 +733,27 @@ class JobRun:
         while self._watch(self.controller) is None and time.monotonic() < deadline:
             time.sleep(0.2)
 
+    def _controller_runs(self) -> bool:
+        """Whether this run's controller may still run (its site not answering: it may)."""
+        if self.controller is None:
+            return False
+        try:
+            return self.poll(self.controller) is None
+        except LaunchError:
+            return True
+
+    def _stopped_by_term(self, summary: dict[str, Any]) -> None:
+        """A summary whose controller says it got SIGTERM with no stop asked for (`SIGTERM_FAILURE`), when the
+        launcher knows one was (its own stop, a `rlctl stop` whose request the controller did not answer): `stopped`,
+        here and in summary.json (a controller on another site cannot see the stop's event)."""
+        if summary.get("state") != f"failed: {SIGTERM_FAILURE}":
+            return
+        summary["state"] = "stopped"
+        on_disk = run_summary(self.jobdir, self.run_id)
+        if on_disk is not None:
+            on_disk["state"] = "stopped"
+            self.jobdir.write_json(self.jobdir.summary_json, on_disk)
+
     def resume_command(self) -> str:
         """How the user continues this job: by its index id, or its directory when it is not in the index."""
         return resume_command(self.id if self.db is not None else self.jobdir.path)
@@ -740,12 +763,19 @@ class JobRun:
         that is no agent record is one of the problems (LaunchError), once every agent read is stopped."""
         skipped: list[str] = []  # (read strictly, a damaged line stopped none: Ctrl-C left the whole job running)
         handles = all_recorded_agents(self.jobdir.path, skipped=skipped)
+        ending = self._controller_runs()
+        if ending:  # its SIGTERM is this stop's: the run ends `stopped`, not failed (`ControllerAgent._stop_meant`)
+            self.jobdir.event(LAUNCHER_STOP)
         problems = skipped + stop_agents(self.backends, handles, grace_s=grace_s)
         if self._record is not None:
             try:
                 fetch_record(self.jobdir.path, *self._record)
             except LaunchError as e:  # the job's record stays on the controller's site
                 problems.append(f"cannot fetch the job's record from site {self.plan['controller_site']}: {e}")
+        if ending:  # a controller on another site did not see the event
+            summary = run_summary(self.jobdir, self.run_id)
+            if summary is not None:
+                self._stopped_by_term(summary)
         self.jobdir.event("agents_stopped", agents=[h.spec.name for h in handles], problems=problems)
         if self.db is not None and self.db.get(self.id).state in LIVE:
             self._register("stopped")

@@ -161,3 +161,31 @@ def test_a_stop_while_the_launch_prepares_the_job_ends_that_launch(tmp_path, mon
     assert not (job_dir / "job.json").exists() and not list((tmp_path / "cache").glob("sft/*/config.json"))
     resume = rlctl("launch", "--resume", job_dir.name)
     assert resume.returncode == 2 and "never prepared" in resume.stderr and str(job) in resume.stderr, resume.stderr
+
+
+def test_a_controller_sigterm_no_stop_asked_for_fails_the_run_and_auto_resume_resumes_it(tmp_path, launcher):
+    """A SIGTERM to the controller that no `rlctl stop` asked for (a SLURM time limit, a pre-emption): the run ends
+    `failed: controller got SIGTERM` and `checkpoint.auto_resume` resumes it; before, it ended `stopped`, not
+    resumed. The resumed run is then stopped as usual: `stopped`."""
+    job_dir = tmp_path / "run"
+    job = job_yaml(
+        tmp_path / "term.yaml",
+        inventory=[LOCAL],
+        trainer="local",
+        rollout="local",
+        checkpoint={"every_iterations": 2, "auto_resume": 1},
+    )
+    proc = launcher(str(job), "--job-dir", str(job_dir))
+    wait_for("a checkpoint", lambda: any(e["event"] == "checkpoint" for e in events(job_dir)), 120, alive=proc)
+    controller = [e for e in events(job_dir) if e["event"] == "agent_started" and e["agent"] == "controller-0"]
+    os.kill(int(controller[-1]["ident"]["pid"]), signal.SIGTERM)
+    wait_for("the auto-resume", lambda: any(e["event"] == "auto_resume" for e in events(job_dir)), 60, alive=proc)
+    ends = [e["state"] for e in events(job_dir) if e["event"] == "job_end"]
+    assert ends == ["failed: controller got SIGTERM"], ends
+    listening = lambda: [e for e in events(job_dir) if e["event"] == "controller_listening"]  # noqa: E731
+    wait_for("the resumed run's controller", lambda: len(listening()) == 2, 60, alive=proc)
+    stop = rlctl("stop", str(job_dir))
+    assert stop.returncode == 0, stop.stderr
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "did not finish: stopped" in err, err[-2000:]
+    assert json.loads((job_dir / "summary.1.json").read_text())["state"] == "failed: controller got SIGTERM"
