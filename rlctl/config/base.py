@@ -16,7 +16,7 @@ from types import UnionType
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from rlctl.errors import ConfigError
@@ -61,6 +61,23 @@ def _listen_host(v: str) -> str:
 
 
 ListenHost = Annotated[str, AfterValidator(_listen_host)]
+
+# The longest any seconds field of a job may say: a week. Every such field reaches a timer, a poll or
+# faulthandler, which overflow near 2^63 ns (≈ 292 years) and fail only once the job runs; no wait, watch or
+# report period of a real job is longer than a week (a hang watch that should never fire is `never`).
+MAX_WAIT_S = 7 * 24 * 3600
+
+
+def _at_most_a_week(v: float) -> float:
+    if v > MAX_WAIT_S:
+        raise ValueError(f"more than a week; valid: up to {MAX_WAIT_S} s (7 days)")
+    return v
+
+
+Seconds = Annotated[float, Field(gt=0), AfterValidator(_at_most_a_week)]
+"""Seconds a job waits, watches or sleeps: more than 0, at most MAX_WAIT_S."""
+SecondsOrZero = Annotated[float, Field(ge=0), AfterValidator(_at_most_a_week)]
+"""As `Seconds`, where 0 means off."""
 
 
 def _takes(annotation: Any) -> tuple[bool, bool, bool, list[str]]:
@@ -166,8 +183,14 @@ def format_loc(loc: tuple[int | str, ...]) -> str:
 
 def first_error(exc: ValidationError) -> tuple[str, str]:
     """The first error as (field path, message) — one line is what the operator reads."""
-    err = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    err = errors[0]
     loc = tuple(err["loc"])
+    if err["type"] == "literal_error":  # `auto | seconds`: a member that read the value and refused it says why
+        why = next((e for e in errors[1:] if e["type"] == "value_error" and e["loc"][:-1] == loc[:-1]), None)
+        if why is not None:
+            err = {**why, "msg": f"{why['msg']}; or {err['ctx']['expected']}"}
+            loc = tuple(err["loc"])
     if err["type"] == "unknown_key":
         loc = (*loc, err["ctx"]["key"])
     elif err["type"] == "bool_for_number":  # found before the field's own validation: its key and the item's path

@@ -20,7 +20,17 @@ from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from rlctl.config.base import NAME_RE, ListenHost, Strict, check_header, read_yaml, register_tags, validate
+from rlctl.config.base import (
+    NAME_RE,
+    ListenHost,
+    Seconds,
+    SecondsOrZero,
+    Strict,
+    check_header,
+    read_yaml,
+    register_tags,
+    validate,
+)
 from rlctl.config.inventory import Inventory, load_inventory
 from rlctl.config.tracking import Tracking
 from rlctl.errors import ConfigError
@@ -45,13 +55,13 @@ Growth = Annotated[
     ),
 ]
 HangTimeout = Annotated[
-    Literal["auto", "never"] | PositiveFloat,
+    Literal["auto", "never"] | Seconds,
     Field(
         description="how long one busy phase of the agent's loop (a train step, a publish, an engine step, a weight "
         "load; never a wait for work) may run before the agent counts itself hung: it logs every thread's stack "
         "and exits, and the job goes on as for a crash (a unit is replaced; a trainer fails the run, which "
         "checkpoint.auto_resume resumes). auto: 1800 s the first time, then 10 × the phase's longest run so far, "
-        "at least 300 s; a number: that many seconds for every phase; never: no watch"
+        "at least 300 s; a number: that many seconds for every phase (at most a week); never: no watch"
     ),
 ]
 
@@ -208,14 +218,14 @@ class DatasetTask(OverlongShaping):
     shuffle_seed: NonNegativeInt = 0
     reward: str = "exact_match"
     reward_workers: NonNegativeInt = Field(2, description="worker processes; 0: in the caller's thread, no timeout")
-    reward_timeout_s: PositiveFloat = 10.0
-    reward_load_timeout_s: PositiveFloat | None = Field(
+    reward_timeout_s: Seconds = 10.0
+    reward_load_timeout_s: Seconds | None = Field(
         None,
         description="how long a reward worker may take to load the function (its imports, a reward model's "
         "weights); null: 6 × reward_timeout_s, at least 60 s",
     )
     reward_on_error: float = 0.0
-    reward_stall_s: PositiveFloat | Literal["auto", "never"] = Field(
+    reward_stall_s: Seconds | Literal["auto", "never"] = Field(
         "auto",
         description="a sample whose reward is still computing while its group holds the trainer's iteration is "
         "filtered out after this long, and its group trains without it (a group that would keep fewer than 2 "
@@ -443,9 +453,8 @@ class Rollout(Strict):
     group_barrier: Literal["auto", "always", "never"] = Field(
         "auto", description="embedded engine: may the next iteration fill rows freed by the previous one's tail"
     )
-    partial_report_s: float = Field(
+    partial_report_s: SecondsOrZero = Field(
         1.0,
-        ge=0,
         description="partial rollouts: seconds between a unit's reports of what its running generations have "
         "produced; a generation whose unit is lost resumes from its last report on another unit instead of "
         "starting over. 0: none by time (see partial_report_steps)",
@@ -542,8 +551,8 @@ class Transport(Strict):
         description="encrypt every connection's messages, headers and frames (AES-256-GCM under per-connection "
         "keys from the handshake): for links you do not trust, e.g. between datacenters; tcp only",
     )
-    timeout_s: PositiveFloat = 30.0
-    unreachable_timeout_s: PositiveFloat = Field(
+    timeout_s: Seconds = 30.0
+    unreachable_timeout_s: Seconds = Field(
         300.0,
         description="how long the job waits for an agent it cannot reach (silent for 15 s: its site's link is down) "
         "before counting it lost; meanwhile its work goes to the others, or the job pauses; an agent waits as long "

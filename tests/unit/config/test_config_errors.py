@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from rlctl.config.base import read_yaml
+from rlctl.config.base import MAX_WAIT_S, read_yaml
 from rlctl.config.inventory import Network
-from rlctl.config.job import Transport, load_job
+from rlctl.config.job import Rollout, Transport, load_job
 from tests.conftest import ROOT, run_cli
 
 SITE = """\
@@ -262,6 +262,52 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    # seconds fields reach a timer, a poll or faulthandler, which overflow near 2^63 ns at run time: refused here
+    Case(
+        "job: a hang watch past a week",
+        JOB + "rollout: {hang_timeout_s: 1.0e+10}\n",
+        "rollout.hang_timeout_s: more than a week; valid: up to 604800 s (7 days); or 'auto' or 'never'",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: a trainer hang watch past a week",
+        JOB + "trainer: {hang_timeout_s: 1e10}\n",
+        "trainer.hang_timeout_s: more than a week; valid: up to 604800 s (7 days)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: a transport timeout past a week",
+        JOB + "transport: {timeout_s: 1e300}\n",
+        "transport.timeout_s: more than a week; valid: up to 604800 s (7 days)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: an unreachable timeout past a week",
+        JOB + "transport: {unreachable_timeout_s: 604801}\n",
+        "transport.unreachable_timeout_s: more than a week; valid: up to 604800 s (7 days)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: a report period past a week",
+        JOB + "rollout: {partial_report_s: 1.0e+9}\n",
+        "rollout.partial_report_s: more than a week",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    *(
+        Case(
+            f"job: {field} past a week",
+            JOB.replace("kind: lengths", f"kind: dataset, path: d.jsonl, {field}: 1.0e+9"),
+            f"task.{field}: more than a week; valid: up to 604800 s (7 days)",
+            kind="job",
+            extra=GOOD_INV,
+        )
+        for field in ("reward_timeout_s", "reward_load_timeout_s", "reward_stall_s")
+    ),
     Case(
         "job: infinite number or 'auto'",  # the error names the field, not pydantic's label of the union member
         JOB.replace("kind: lengths", "kind: dataset, path: d.jsonl, reward_stall_s: .inf"),
@@ -477,6 +523,13 @@ def test_bad_input_is_one_line_exit_2(case: Case, tmp_path: Path) -> None:
     named = case.field.split(": ")[0] if case.field.startswith("inv.yaml") else None
     assert any(Path(f).name in line for f in files) or named, line
     assert case.field in line, line
+
+
+def test_a_week_is_the_longest_wait_and_is_accepted() -> None:
+    assert MAX_WAIT_S == 7 * 24 * 3600
+    transport = Transport(timeout_s=MAX_WAIT_S, unreachable_timeout_s=MAX_WAIT_S)
+    assert (transport.timeout_s, transport.unreachable_timeout_s) == (MAX_WAIT_S, MAX_WAIT_S)
+    assert Rollout(hang_timeout_s=MAX_WAIT_S, partial_report_s=0).hang_timeout_s == MAX_WAIT_S
 
 
 def test_at_least_25_kinds() -> None:
