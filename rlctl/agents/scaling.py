@@ -6,6 +6,8 @@
     "spawned" from the controller's inbox ──▶ spawned(): scale event "out" (or scale_failed)
     the new unit's first sample ──▶ sampled(): first_sample event; the rule measures afresh
     a unit lost ──▶ replace(): tick() starts one on its site (≤ REPLACE_ATTEMPTS, backoff) ──▶ unit_replaced
+        a replacement lost before its first sample ──▶ replacement_lost: a failed attempt of the same chain
+        (a unit that crashes as it starts is not replaced without end)
     `replaced` goes into each controller checkpoint; a resumed run continues it (restore())
     the units per site (unit_counts()) go into it too; a resumed run, once the plan's units joined, starts
          those the checkpoint's run had beyond them ──▶ scale event "out", reason "resume"
@@ -58,6 +60,7 @@ class Replacement:
     unit: str | None = None  # the unit started for the current attempt
     started: float = 0.0
     error: str | None = None  # why the current attempt failed to start
+    why: str | None = None  # why the last attempt failed (status)
 
 
 @dataclass
@@ -148,11 +151,14 @@ class Scaler:
         self.scale_log: list[dict[str, Any]] = []
         self._next_replica: int | None = None
         self.replacing: dict[str, Replacement] = {}  # lost unit → its replacement's progress
-        self.replaced = 0  # replacements that joined, over every run of the job (restore())
+        # replacements that joined, over every run of the job (restore()), less those lost before their first sample
+        self.replaced = 0
+        self.unproven: dict[str, Replacement] = {}  # a replacement that joined → its chain, until its first sample
         self.gave_up: list[str] = []  # lost units not replaced after every attempt
         # a resumed run: the units per site its checkpoint's run had, to start again (restore()), and since when
         self.restoring: dict[str, int] | None = None
         self.restored_at = 0.0
+        self.gave_up_why: dict[str, str] = {}  # lost unit given up on → why its last attempt failed
 
     def pending_units(self) -> list[str]:
         """Units asked for that have not joined yet."""
@@ -263,7 +269,19 @@ class Scaler:
     # -- self-healing -------------------------------------------------------------------------------
     def replace(self, lost: str, *, now: float) -> None:
         """A rollout unit stopped heartbeating (its in-flight samples are already requeued): start another on
-        its site, up to REPLACE_ATTEMPTS times with backoff; `tick` does the work."""
+        its site, up to REPLACE_ATTEMPTS times with backoff; `tick` does the work. A replacement lost before its
+        first sample is a failed attempt of the chain that started it, not a new loss: a unit that crashes right
+        after joining (a bad setting, a broken node) is restarted REPLACE_ATTEMPTS times, not without end."""
+        chain = self.unproven.pop(lost, None)
+        if chain is not None:
+            self.replaced -= 1  # it did not stand
+            self.replacing[chain.lost] = chain
+            why = f"{lost} was lost before its first sample"
+            self.jobdir.event(
+                "replacement_lost", lost=chain.lost, by=lost, site=chain.site, attempts=chain.attempts, error=why
+            )
+            self._failed(chain, why, now)
+            return
         site = self.placement.sites.get(lost)
         if self.spawner is None or site is None or lost in self.replacing:
             return
@@ -282,6 +300,8 @@ class Scaler:
                 self.replaced += 1
                 self.jobdir.event("unit_replaced", lost=r.lost, by=r.unit, site=r.site, attempts=r.attempts)
                 del self.replacing[r.lost]
+                if r.unit in self.spawn_requested:  # no sample yet (sampled() drops it at the first)
+                    self.unproven[r.unit] = r
             elif r.unit is not None and now - r.started > REPLACE_JOIN_S:
                 self._failed(r, f"{r.unit} did not join within {REPLACE_JOIN_S:.0f} s", now)
             elif r.unit is None and now >= r.due and self.free_slots().get(r.site, 0) > 0:
@@ -291,9 +311,11 @@ class Scaler:
 
     def _failed(self, r: Replacement, why: str, now: float) -> None:
         self.spawn_requested.pop(r.unit or "", None)
+        r.why = why
         if r.attempts >= REPLACE_ATTEMPTS:
             del self.replacing[r.lost]
             self.gave_up.append(r.lost)
+            self.gave_up_why[r.lost] = why
             self.jobdir.event("replace_gave_up", lost=r.lost, site=r.site, attempts=r.attempts, error=why)
             log.warning("controller: gave up replacing %s on %s after %d attempts: %s", r.lost, r.site, r.attempts, why)
             return
@@ -347,9 +369,12 @@ class Scaler:
         """For status: replacements done, under way, given up, and what that means for the job."""
         note = None
         if self.gave_up:
-            note = f"running with fewer rollout units: could not replace {', '.join(self.gave_up)}"
+            lost = ", ".join(f"{n} ({self.gave_up_why[n]})" if n in self.gave_up_why else n for n in self.gave_up)
+            note = f"running with fewer rollout units: could not replace {lost}"
         elif self.replacing:
-            note = f"replacing {', '.join(self.replacing)}"
+            note = "replacing " + ", ".join(
+                f"{n} (last attempt: {r.why})" if r.why else n for n, r in self.replacing.items()
+            )
         return {"replaced": self.replaced, "replacing": sorted(self.replacing), "gave_up": self.gave_up, "note": note}
 
     # -- units starting -----------------------------------------------------------------------------
@@ -393,6 +418,7 @@ class Scaler:
         t0 = self.spawn_requested.pop(name, None)
         if t0 is None:
             return
+        self.unproven.pop(name, None)  # a replacement that stands
         seconds = round(time.monotonic() - t0, 3)
         self.first_sample_s[name] = seconds
         self.jobdir.event("first_sample", agent=name, seconds_since_scale=seconds)

@@ -199,3 +199,59 @@ def test_the_controller_keeps_its_units_per_site_in_each_checkpoint(tmp_path) ->
         assert h.ctl.writing[2][0]["rollout_units"] == {"local": 2}
     finally:
         h.close()
+
+
+def test_a_replacement_lost_before_its_first_sample_is_a_failed_attempt_of_its_chain(tmp_path) -> None:
+    """A unit that crashes right after joining (hang_timeout_s past what faulthandler takes, a broken node): each
+    replacement joins, then is lost before it produced a sample. Before, each loss started a new chain and the job
+    replaced units without end (63 units in 150 s); now they are attempts of the first loss's chain, and after
+    REPLACE_ATTEMPTS the job goes on with fewer units, saying why."""
+    scaler, core, jd, posted, spawner = setup(tmp_path, fail=0)
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=0.0)
+    now = 0.0
+    for _ in range(200):
+        scaler.tick(now)
+        started = [r.unit for r in scaler.replacing.values() if r.unit is not None and r.unit not in core.units]
+        for unit in started:  # it joins, then crashes
+            deliver(scaler, posted)
+            core.join(unit, role="rollout", version=0)
+            scaler.tick(now)
+            core.lost(unit)
+            scaler.replace(unit, now=now)
+        now += 1.0
+    assert len(spawner.calls) == scaling.REPLACE_ATTEMPTS
+    res = scaler.resilience()
+    assert res["replaced"] == 0 and res["replacing"] == [] and res["gave_up"] == ["rollout-1"]
+    assert (
+        res["note"]
+        == "running with fewer rollout units: could not replace rollout-1 (rollout-4 was lost before its first sample)"
+    )
+    evs = [
+        e for e in jd.read_lines(jd.events) if e["event"] in ("unit_replaced", "replacement_lost", "replace_gave_up")
+    ]
+    assert [(e["event"], e.get("by"), e["attempts"]) for e in evs] == [
+        ("unit_replaced", "rollout-2", 1),
+        ("replacement_lost", "rollout-2", 1),
+        ("unit_replaced", "rollout-3", 2),
+        ("replacement_lost", "rollout-3", 2),
+        ("unit_replaced", "rollout-4", 3),
+        ("replacement_lost", "rollout-4", 3),
+        ("replace_gave_up", None, 3),
+    ]
+
+
+def test_a_replacement_that_produced_a_sample_stands(tmp_path) -> None:
+    """Once a replacement has produced a sample its loss is a loss of its own, replaced by a new chain."""
+    scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=0.0)
+    scaler.tick(0.0)
+    deliver(scaler, posted)
+    core.join("rollout-2", role="rollout", version=0)
+    scaler.tick(1.0)
+    scaler.sampled("rollout-2")
+    core.lost("rollout-2")
+    scaler.replace("rollout-2", now=2.0)
+    assert scaler.resilience()["note"] == "replacing rollout-2" and scaler.replacing["rollout-2"].attempts == 0
+    assert scaler.replaced == 1 and spawner.calls == [("a", 2)]
