@@ -63,7 +63,8 @@ from typing import Any, Literal
 import torch
 
 from rlctl.engines.base import Generation, GenerationEngine, GenRequest, GenResult, check_requests
-from rlctl.engines.graphs import MIN_WIDTH, StepGraphs, bucket
+from rlctl.engines.graphs import StepGraphs
+from rlctl.engines.kvsize import MIN_WIDTH, bucket, cache_capacity
 from rlctl.engines.sampling import request_seed, sample
 from rlctl.models.tinygpt import KVCache, TinyGPT
 
@@ -304,7 +305,7 @@ class EmbeddedEngine(GenerationEngine):
         if not new:
             return
         need = max(len(r.prompt_tokens) + r.max_new_tokens for r in new)
-        capacity = min(bucket(need, floor=MIN_WIDTH), self.model.config.max_position_embeddings)
+        capacity = cache_capacity(need, self.model.config.max_position_embeddings)  # what `rlctl check` prices
         if self._cache is None:
             self._cache = self.model.new_cache(self.max_batch_size, capacity)
         elif need > self._cache.capacity:

@@ -16,11 +16,11 @@ The engine's prefills (admissions between decode steps) are graphs of the same k
 prefill into static input buffers); they share the decode graphs' memory pool: every graph writes its results
 into storage of its own, so what one leaves in the pool is dead when the next runs.
 
-Buckets keep the number of graphs small: rows round up to 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, … and
-widths to 128, 192, 256, 384, 512, … positions (at most 1.5× what is needed); the rows beyond the live ones
-are free rows that compute and are ignored, the positions beyond a row's length are masked. Replaying a
-graph re-runs exactly what was captured, so whatever the step reads must live in the same storage on every
-replay: the weights (loaded in place, `TinyGPT.load_weights`), the cache and the engine's per-row state.
+Buckets keep the number of graphs small (`rlctl.engines.kvsize.bucket`): rows round up to 1, 2, 3, 4, 6, 8, 12,
+16, 24, 32, 48, 64, … and widths to 128, 192, 256, 384, 512, … positions (at most 1.5× what is needed); the rows
+beyond the live ones are free rows that compute and are ignored, the positions beyond a row's length are masked.
+Replaying a graph re-runs exactly what was captured, so whatever the step reads must live in the same storage on
+every replay: the weights (loaded in place, `TinyGPT.load_weights`), the cache and the engine's per-row state.
 """
 
 from __future__ import annotations
@@ -29,18 +29,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
-MIN_WIDTH = 128
-
-
-def bucket(n: int, *, floor: int = 1) -> int:
-    """The smallest of floor·2^k and 1.5·floor·2^k that is ≥ n (1, 2, 3, 4, 6, 8, 12, 16, 24, … for floor 1)."""
-    size = floor
-    while True:
-        for s in (size, size * 3 // 2):
-            if s >= n:
-                return s
-        size *= 2
 
 
 class StepGraphs:

@@ -18,6 +18,7 @@ import importlib.util
 import ipaddress
 import logging
 import math
+import os
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from rlctl.launch.backends import kind_of
 from rlctl.launch.jobdir import why_not_made
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.sitefs import is_remote
-from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig, read_config
+from rlctl.models.hf import CONFIG_FILE, DTYPE_BYTES, TinyGPTConfig, read_config
 from rlctl.planner.plan import searches_shared_site
 from rlctl.planner.split import split_refusals
 from rlctl.rl.dataset import check_task
@@ -207,6 +208,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     out += _unread(job)
     out += _weight_manifest(job)
     out += _context(job)
+    out += _rollout_memory(job)
     out += _overlong(job)
     out += _dynamic_sampling(job)
     out += _planning_only(job)
@@ -351,19 +353,36 @@ def _dynamic_sampling(job: Job) -> list[Problem]:
     ]
 
 
+def _model_config(job: Job) -> tuple[TinyGPTConfig, str] | None:
+    """The config of the model the agents run and where it comes from; None for a model without weights."""
+    spec = job.spec
+    if spec.model.kind == "hf":
+        return read_config(spec.model.path), f"{spec.model.path}/{CONFIG_FILE}"
+    if spec.model.kind == "builtin" and spec.model.name == RUNNABLE_BUILTIN:
+        return TinyGPTConfig(), f"built-in {RUNNABLE_BUILTIN!r}"
+    return None  # no weights: refused in `problems`
+
+
+def _longest_request(task: DigitsTask | DatasetTask) -> tuple[int, int]:
+    """(prompt, output) tokens of the longest request the task may send an engine."""
+    if isinstance(task, DatasetTask):
+        return task.max_prompt_tokens, task.max_output_tokens
+    digits = Digits(task)
+    # BOS, the digits, '=': a prompt has at most num_digits_max digits, more only when its answer needs
+    # them (9 letters per digit), never more than MAX_DIGITS (rlctl.rl.tasks.DigitsTask.prompt)
+    answer_digits = math.ceil(digits.max_answer_chars / 9)
+    return 2 + min(MAX_DIGITS, max(task.num_digits_max, answer_digits)), digits.max_new_tokens
+
+
 def _context(job: Job) -> list[Problem]:
     """The longest prompt plus the most output tokens a request may ask for must fit the model's context:
     the engines refuse a longer request (rlctl.engines.base.check_requests) and the trainer a longer
     sequence, inside the agents, after launch."""
-    spec, task = job.spec, job.spec.task
-    if spec.model.kind == "hf":
-        limit, where = read_config(spec.model.path).max_position_embeddings, f"{spec.model.path}/{CONFIG_FILE}"
-    elif spec.model.kind == "builtin" and spec.model.name == RUNNABLE_BUILTIN:
-        limit, where = TinyGPTConfig().max_position_embeddings, f"built-in {RUNNABLE_BUILTIN!r}"
-    else:
-        return []  # no weights: refused above
+    task = job.spec.task
+    if (model := _model_config(job)) is None:
+        return []
+    limit, where = model[0].max_position_embeddings, model[1]
     if isinstance(task, DatasetTask):
-        prompt, output = task.max_prompt_tokens, task.max_output_tokens
         valid = f"max_prompt_tokens + max_output_tokens ≤ {limit}"
     elif isinstance(task, DigitsTask):
         too_many = [
@@ -373,15 +392,10 @@ def _context(job: Job) -> list[Problem]:
         ]
         if too_many:
             return too_many
-        digits = Digits(task)
-        # BOS, the digits, '=': a prompt has at most num_digits_max digits, more only when its answer needs
-        # them (9 letters per digit), never more than MAX_DIGITS (rlctl.rl.tasks.DigitsTask.prompt)
-        answer_digits = math.ceil(digits.max_answer_chars / 9)
-        prompt = 2 + min(MAX_DIGITS, max(task.num_digits_max, answer_digits))
-        output = digits.max_new_tokens
-        valid = f"max_output_tokens ≤ {limit - prompt}"
+        valid = f"max_output_tokens ≤ {limit - _longest_request(task)[0]}"
     else:
         return []  # kind 'lengths': refused above
+    prompt, output = _longest_request(task)
     if prompt + output <= limit:
         return []
     return [
@@ -679,6 +693,56 @@ def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:
             ),
         )
     ]
+
+
+ROLLOUT_MEM_FRACTION = 0.9  # of a GPU's or a slot's memory, as the trainer's (`TRAIN_MEM_FRACTION`)
+
+
+def _rollout_memory(job: Job) -> list[Problem]:
+    """An embedded-engine rollout unit whose K/V storage (allocated whole at its first admission:
+    `rlctl.engines.kvsize`, rollout.max_batch_size rows of the longest request's width) plus the model's weights
+    exceed what one unit gets: a GPU of its site, or on a `gpu: CPU` site the host memory its nodes give a slot
+    (`memory_gb`; where the inventory does not say, a `local` site's units share this machine's memory, and
+    other sites are not checked). A unit that does not fit crashes at its first admission, is replaced, and
+    crashes again."""
+    from rlctl.engines.kvsize import bytes_per_position, cache_capacity, kv_cache_bytes
+
+    spec, task = job.spec, job.spec.task
+    model = _model_config(job)
+    if spec.rollout.engine != "embedded" or model is None or not isinstance(task, DigitsTask | DatasetTask):
+        return []
+    if isinstance(task, DigitsTask) and max(task.num_digits_min, task.num_digits_max) > MAX_DIGITS:
+        return []  # refused by `_context`
+    config, rows = model[0], spec.rollout.max_batch_size
+    capacity = cache_capacity(sum(_longest_request(task)), config.max_position_embeddings)
+    for i, role in enumerate(spec.placement.rollout):
+        site = job.inventory.sites[role.site]
+        gpu = site.spec
+        if kind_for(gpu.name) == "cuda":  # the checkpoint's dtype on a GPU, fp32 on a CPU (rlctl.devices)
+            value_bytes, have, what = DTYPE_BYTES[config.torch_dtype], gpu.hbm_gb * 1e9, f"a {gpu.name} holds"
+        elif (slot := site.memory_per_slot_gb()) is not None:
+            value_bytes, have, what = 4, slot * 1e9, f"a slot of site {role.site!r} gets (its nodes' memory_gb)"
+        elif kind_of(site).on_this_machine:
+            have = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+            value_bytes, what = 4, f"this machine, where site {role.site!r} runs its units, has"
+        else:
+            continue
+        weights = config.num_params() * value_bytes
+        kv = kv_cache_bytes(config, rows=rows, capacity=capacity, value_bytes=value_bytes)
+        if weights + kv <= ROLLOUT_MEM_FRACTION * have:
+            continue
+        per_row = capacity * bytes_per_position(config, value_bytes=value_bytes)
+        fit = int((ROLLOUT_MEM_FRACTION * have - weights) // per_row)
+        return [
+            Problem(
+                "rollout.max_batch_size",
+                f"{rows}: each embedded rollout unit on site {role.site!r} (placement.rollout[{i}]) needs "
+                f"{weights + kv:,} bytes, K/V {rows} rows × {capacity} positions × {per_row // capacity:,} bytes "
+                f"plus weights {weights:,} bytes, and {what} {have:,.0f} bytes ({ROLLOUT_MEM_FRACTION:.0%} usable)",
+                hint=f"use max_batch_size ≤ {fit}" if fit > 0 else "place the rollout on a site with more memory",
+            )
+        ]
+    return []
 
 
 def _sharding(job: Job, plan: dict[str, Any]) -> list[Problem]:

@@ -455,3 +455,20 @@ def test_a_compiled_step_gives_the_eager_steps_outputs() -> None:
     for rid, eager in got[False].items():
         assert got[True][rid].output_tokens == eager.output_tokens, rid
         assert got[True][rid].logprobs == pytest.approx(eager.logprobs, abs=1e-4), rid
+
+
+def test_the_kv_storage_check_prices_is_what_the_engine_allocates() -> None:
+    """`rlctl check` sizes a unit's K/V by `rlctl.engines.kvsize` (torch-free): the bytes the engine's first
+    admission allocates, for a short request (a 128-position bucket) and one that takes the model's whole context."""
+    from rlctl.engines.kvsize import cache_capacity, kv_cache_bytes
+
+    cfg = small_config(layers=2, heads=4, positions=320)
+    for prompt, new in ((3, 5), (40, 250)):
+        engine = EmbeddedEngine(TinyGPT(cfg).eval(), max_batch_size=3, temperature=0.0)
+        engine.add([GenRequest("a", [1] * prompt, new)])
+        engine.step()
+        assert engine._cache is not None
+        allocated = sum(t.nbytes for t in (*engine._cache.k, *engine._cache.v))
+        capacity = cache_capacity(prompt + new, cfg.max_position_embeddings)
+        assert capacity == (128 if prompt + new <= 128 else 320)
+        assert allocated == kv_cache_bytes(cfg, rows=3, capacity=capacity, value_bytes=4)

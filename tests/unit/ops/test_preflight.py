@@ -1173,3 +1173,57 @@ def test_two_trainer_ranks_on_one_gpu_are_refused(tmp_path: Path) -> None:
     assert p.message.startswith("trainer-0 and trainer-1 would both run on GPU 0 of n1")
     job = load(tmp_path, inventory=[inventory([0, 1, 0, 1])], placement=placement)  # units share, ranks do not
     assert refused(job, "placement.trainer") == []
+
+
+# the demo model's K/V: 2 × 3 layers × 3 kv heads × 32 dims × 4 bytes (fp32) = 2304 bytes a position; a digits
+# request of up to 262 tokens gets the model's whole 320 positions (bucket 384, capped): 737,280 bytes a row
+KV_ROW_BYTES, DEMO_WEIGHT_BYTES = 320 * 2304, 1_380_480
+
+
+def test_an_embedded_rollout_whose_kv_cache_does_not_fit_its_slots_memory_is_refused_with_the_figures(
+    tmp_path: Path,
+) -> None:
+    """The engine allocates max_batch_size rows of K/V at its first admission: 100M rows crashed every unit at
+    launch (`DefaultCPUAllocator: can't allocate memory`), and the controller replaced them; check said nothing."""
+    placement = {"trainer": {"site": "r", "gpus": 1}, "rollout": [{"site": "t", "gpus": 2}]}
+    inv = [two_site_inventory(tmp_path, listen="auto", memory_gb=2)]  # 1 GB a slot, 0.9 GB usable
+    fits = (int(0.9e9) - DEMO_WEIGHT_BYTES) // KV_ROW_BYTES  # 1218 rows
+    (p,) = refused(
+        load(tmp_path, inventory=inv, placement=placement, rollout={"max_batch_size": fits + 1}),
+        "rollout.max_batch_size",
+    )
+    need = (fits + 1) * KV_ROW_BYTES + DEMO_WEIGHT_BYTES
+    assert p.message == (
+        f"{fits + 1}: each embedded rollout unit on site 't' (placement.rollout[0]) needs {need:,} bytes, K/V "
+        f"{fits + 1} rows × 320 positions × 2,304 bytes plus weights 1,380,480 bytes, and a slot of site 't' gets "
+        "(its nodes' memory_gb) 1,000,000,000 bytes (90% usable)"
+    )
+    assert p.hint == f"use max_batch_size ≤ {fits}"
+    assert (
+        refused(
+            load(tmp_path, inventory=inv, placement=placement, rollout={"max_batch_size": fits}),
+            "rollout.max_batch_size",
+        )
+        == []
+    )
+    vllm = load(tmp_path, inventory=inv, placement=placement, rollout={"engine": "vllm", "max_batch_size": fits + 1})
+    assert refused(vllm, "rollout.max_batch_size") == []  # vLLM pages its cache within its own memory budget
+
+
+def test_an_embedded_rollout_on_a_gpu_is_priced_against_the_gpus_memory(tmp_path: Path) -> None:
+    placement = {"trainer": {"site": "h800", "gpus": 8}, "rollout": [{"site": "h20", "gpus": 8}]}
+    job = load(tmp_path, inventory=GPU_CLUSTERS, placement=placement, rollout={"max_batch_size": 10**6})
+    (p,) = refused(job, "rollout.max_batch_size")
+    assert f"needs {10**6 * KV_ROW_BYTES + DEMO_WEIGHT_BYTES:,} bytes" in p.message
+    assert "a H20 holds 96,000,000,000 bytes (90% usable)" in p.message
+
+
+def test_check_refuses_a_local_rollout_larger_than_this_machine(tmp_path: Path) -> None:
+    """The finding's job: a local site whose nodes give no memory_gb runs its units on this machine."""
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job_dict(rollout={"engine": "embedded", "max_batch_size": 100_000_000})))
+    line = only_line(run_cli("check", str(path)))
+    need = 100_000_000 * KV_ROW_BYTES + DEMO_WEIGHT_BYTES
+    unit = "each embedded rollout unit on site 'local' (placement.rollout[0])"
+    assert f"rollout.max_batch_size: 100000000: {unit} needs {need:,} bytes" in line
+    assert "this machine, where site 'local' runs its units, has" in line and "hint: use max_batch_size ≤" in line
