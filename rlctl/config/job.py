@@ -401,7 +401,11 @@ class Batch(Strict):
 
 class Pipeline(Strict):
     mode: Literal["sync", "stream", "async"] = "async"
-    staleness: NonNegativeInt | None = Field(None, description="η; default 1 for async, 0 otherwise")
+    staleness: NonNegativeInt | None = Field(
+        None,
+        description="η; default 1 for async, 0 otherwise; at most the job's iterations (iterations − 1 already lets "
+        "every iteration be generated from the first weights)",
+    )
 
     @property
     def eta(self) -> int:
@@ -790,6 +794,14 @@ def load_job(path: Path) -> Job:
             "batch.samples_per_prompt",
             "GRPO's advantage compares a prompt's samples with each other: a group of 1 has advantage 0 and trains "
             "nothing; use 2 or more (or algorithm.kind 'ppo')",
+        )
+    eta = spec.pipeline.staleness
+    if eta is not None and eta > spec.iterations:  # a typo's extra zeros: refused, not planned or buffered
+        raise ConfigError(
+            str(path),
+            "pipeline.staleness",
+            f"{eta} is more than the job's {spec.iterations} iterations; use at most {spec.iterations} (a bound of "
+            f"{max(spec.iterations - 1, 0)} already lets every iteration be generated from the first weights)",
         )
     sites = [r.site for r in spec.placement.rollout]
     if len(set(sites)) != len(sites):

@@ -1079,13 +1079,15 @@ def _simulate(
         )
     w_s = _weight_sync_s(job, per_site, order_tp=_order_tp(job, opts))
     # the pipeline needs a steady state: at least MIN_SIM_ITERATIONS, then η more that only follow them into the
-    # engines (an async iteration's tail shares them with the next η; without those its gap is about T_train)
-    steady, drain = max(len(works), MIN_SIM_ITERATIONS), spec.pipeline.eta
+    # engines (an async iteration's tail shares them with the next η; without those its gap is about T_train).
+    # From η = steady on, no simulated iteration waits for weights (its shares reach the engines at the start) and
+    # a larger η only adds works queued behind `steady` whole iterations in each engine (older first): the same
+    # iteration time, at a cost quadratic in η (`simulate_job` runs each engine over i + η shares; η 10^4: minutes)
+    steady = max(len(works), MIN_SIM_ITERATIONS)
+    eta = drain = min(spec.pipeline.eta, steady)
     works = [works[i % len(works)] for i in range(steady + drain)]
     iteration = {
-        m: simulate_job(
-            works, mode=m, weight_sync_s=w_s, eta=spec.pipeline.eta if m == "async" else 0, drain=drain
-        ).iteration_s()
+        m: simulate_job(works, mode=m, weight_sync_s=w_s, eta=eta if m == "async" else 0, drain=drain).iteration_s()
         for m in modes
     }
     t_gen = float(np.mean([g.makespan_s for g in gens]))

@@ -309,6 +309,13 @@ CASES = [
         for field in ("reward_timeout_s", "reward_load_timeout_s", "reward_stall_s")
     ),
     Case(
+        "job: staleness past the iterations",  # planned in minutes, where it means no more than the iterations
+        JOB + "iterations: 4\npipeline: {mode: async, staleness: 1000000}\n",
+        "pipeline.staleness: 1000000 is more than the job's 4 iterations; use at most 4",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
         "job: infinite number or 'auto'",  # the error names the field, not pydantic's label of the union member
         JOB.replace("kind: lengths", "kind: dataset, path: d.jsonl, reward_stall_s: .inf"),
         "task.reward_stall_s: Input should be a finite number",

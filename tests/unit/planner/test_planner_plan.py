@@ -671,3 +671,29 @@ def test_growing_lengths_are_planned_at_the_runs_middle_iteration(tmp_path: Path
     assert (flat.median, flat.cap) == (700, 5000)
     assert (grown.median, grown.cap) == pytest.approx((1400, 5000))
     assert grown_plan["predicted"]["t_gen_s"] > flat_plan["predicted"]["t_gen_s"]  # the tail, at the cap, the same
+
+
+def test_a_staleness_past_the_simulated_iterations_is_simulated_as_that_many(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From η = the simulated iterations on, no simulated iteration waits for weights: a larger η (a job of 10^6
+    iterations at staleness 10^6) changes no figure and is simulated as that many, where it made `plan` and `check`
+    run for minutes (simulate_job runs each engine over i + η shares: η 1000 took 18 s, 10000 over 120 s)."""
+    seen: list[tuple[int, dict[str, Any]]] = []
+
+    def spy(works: Any, **kw: Any) -> Any:
+        seen.append((len(works), kw))
+        assert len(works) <= 4 * planner.MIN_SIM_ITERATIONS, f"{len(works)} works: minutes to simulate"
+        return simulate_job(works, **kw)
+
+    monkeypatch.setattr(planner, "simulate_job", spy)
+    path = write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS)
+    opts = PlanOptions(sim_iterations=1, curves_in_output=False)
+    ref = make_plan(load_job(_edit(path, lambda j: j.update(pipeline={"mode": "async", "staleness": 6}))), options=opts)
+    seen.clear()
+    huge = load_job(_edit(path, lambda j: j.update(iterations=10**6, pipeline={"mode": "async", "staleness": 10**6})))
+    plan = make_plan(huge, options=opts)
+    n, kw = next((n, kw) for n, kw in seen if kw["mode"] == "async")
+    steady = planner.MIN_SIM_ITERATIONS
+    assert (n, kw["eta"], kw["drain"]) == (2 * steady, steady, steady)
+    assert plan["predicted"] == ref["predicted"]
