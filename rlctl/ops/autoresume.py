@@ -21,6 +21,7 @@ stopped what it started).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,7 @@ from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.detach import this_launcher
-from rlctl.ops.jobdb import JobDB
+from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.run import JobRun, StopCheck, stop_requested
 
 RESUME_HINT = "; continue the job with "  # how the controller's reason for a failure ends (`ControllerAgent._lose`)
@@ -63,6 +64,7 @@ class Runs:
         self.db, self.say, self.show = db, say, show
         self.left = spec.checkpoint.auto_resume
         self.run: JobRun | None = None
+        self._preparing = False  # its row entered the index before its first run (`preparing`)
         self._began = time.time() - 0.001  # when this launcher began (events' times are rounded to the millisecond)
         self._t0 = time.monotonic()  # … on this clock: the launch table's `wall`
         self._since = 0.0  # when the current run started (time.time())
@@ -77,6 +79,7 @@ class Runs:
         if self.db is not None:
             self.db.put(name, job_dir=str(self.jobdir.path), spec=self.spec.model_dump(mode="json", by_alias=True))
             self.db.update(name, info={"launcher": this_launcher(), "source": source})
+            self._preparing = True
         return StopCheck(self.jobdir, since=self._stops_since(), db=self.db)
 
     def start(self, *, resume: bool = False) -> JobRun:
@@ -170,6 +173,12 @@ class Runs:
         return min(self._began, self._since) if self._since else self._began
 
     def stop(self) -> None:
-        """Stop every agent of the current run (the launcher's `finally`)."""
+        """Stop every agent of the current run (the launcher's `finally`). A launch that ended while it prepared
+        the job (`preparing`: an error, Ctrl-C, SIGTERM), before any run, leaves its index row failed or stopped,
+        versus `launching` with no launcher."""
         if self.run is not None:
             self.run.stop()
+        elif self._preparing and self.db is not None:
+            ended = sys.exc_info()[0]
+            interrupted = ended is not None and issubclass(ended, KeyboardInterrupt | SystemExit)
+            self.db.update(self.jobdir.path.name, state="stopped" if interrupted else "failed", only_from=LIVE)

@@ -149,3 +149,29 @@ def test_the_summary_times_this_launcher_across_its_resumes(runs, monkeypatch):
 
 
 _scripted = ScriptedRun.wait
+
+
+@pytest.mark.parametrize(("ended", "state"), [(ValueError("bad row 3"), "failed"), (KeyboardInterrupt(), "stopped")])
+def test_a_launch_that_ends_while_it_prepares_leaves_no_launching_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ended: BaseException, state: str
+) -> None:
+    """The job enters the index as it starts to prepare (an SFT warm-up, a dataset's tokenizing): a launch that
+    ended there (an error, Ctrl-C) left its row `launching` with no launcher, which `list` and `status` showed."""
+    from rlctl.ops.jobdb import JobDB
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    spec = load_job(ROOT / "jobs" / "demo.yaml").spec
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    db = JobDB()
+    try:
+        runs = autoresume.Runs(jd, spec, {}, db=db, say=lambda _: None)
+        runs.preparing(source="demo.yaml")
+        assert db.get("job").state == "launching"
+        with pytest.raises(type(ended)):
+            try:
+                raise ended
+            finally:
+                runs.stop()  # as be_launcher's `finally`
+        assert db.get("job").state == state
+    finally:
+        db.close()
