@@ -47,7 +47,7 @@ REPLACE_ATTEMPTS = 3
 REPLACE_BACKOFF_S = 5.0  # before the 2nd attempt; doubled before each next one
 REPLACE_JOIN_S = 120.0  # a started replacement that has not joined by then counts as a failed attempt
 # a resumed run starts the units the checkpoint's run had beyond the plan once the plan's units joined, or after
-# this long (the launcher has recorded the plan's units by then: the Spawner's GPU slices are not theirs)
+# this long (the plan's units not joined by then still count as started: `_restore_units`)
 RESTORE_WAIT_S = 120.0
 
 
@@ -352,8 +352,13 @@ class Scaler:
             return
         want, self.restoring = self.restoring or {}, None
         have = self.unit_counts()
+        planned: dict[str, int] = {}
+        for g in self.placement.plan.get("rollout", []):
+            planned[g["site"]] = planned.get(g["site"], 0) + int(g["units"])
         for site, n in sorted(want.items()):
-            missing = n - have.get(site, 0)
+            # the launcher starts every planned unit (one lost is replaced, and counted): past RESTORE_WAIT_S those
+            # not joined yet (queued in SLURM, loading a large model) are still the plan's, not missing
+            missing = n - max(have.get(site, 0), planned.get(site, 0))
             if missing <= 0 or site not in self.placement.rollout_sites:
                 continue
             out = self._add(missing, site, reason="resume")

@@ -188,6 +188,23 @@ def test_a_checkpoint_without_unit_counts_resumes_with_the_planned_units(tmp_pat
     scaler.restore(replaced=0, units=None, now=0.0)
     scaler.tick(1000.0)
     assert spawner.calls == []
+    scaler.restore(replaced=0, units={"a": 2}, now=0.0)  # the plan's count: nothing beyond it to start again
+    scaler.tick(1000.0)
+    assert spawner.calls == []
+
+
+def test_past_the_restore_wait_the_planned_units_not_joined_yet_are_not_started_twice(tmp_path) -> None:
+    """The plan's 2 units still queued or loading after RESTORE_WAIT_S: only the one `scale` added is started again
+    (before, each of the 3 the checkpoint's run had: 5 units once the plan's joined)."""
+    scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
+    for name in ("rollout-0", "rollout-1"):
+        core.units.pop(name)
+    scaler.restore(replaced=0, units={"a": 3}, now=0.0)
+    scaler.tick(scaling.RESTORE_WAIT_S - 1)
+    assert spawner.calls == []
+    scaler.tick(scaling.RESTORE_WAIT_S + 1)
+    deliver(scaler, posted)
+    assert spawner.calls == [("a", 2)]
 
 
 def test_the_controller_keeps_its_units_per_site_in_each_checkpoint(tmp_path) -> None:
