@@ -186,8 +186,18 @@ def first_error(exc: ValidationError) -> tuple[str, str]:
     errors = exc.errors(include_url=False)
     err = errors[0]
     loc = tuple(err["loc"])
-    if err["type"] == "literal_error":  # `auto | seconds`: a member that read the value and refused it says why
-        why = next((e for e in errors[1:] if e["type"] == "value_error" and e["loc"][:-1] == loc[:-1]), None)
+    # `auto | seconds`: the union's other member, which read the value and refused it, says why (its loc: the same
+    # field, then the member's tag; a plain Literal field's error is not merged with another field's)
+    union_member = len(loc) >= 1 and str(loc[-1]).startswith("literal[")
+    if err["type"] == "literal_error" and union_member:
+        why = next(
+            (
+                e
+                for e in errors[1:]
+                if e["type"] == "value_error" and len(e["loc"]) == len(loc) and tuple(e["loc"][:-1]) == loc[:-1]
+            ),
+            None,
+        )
         if why is not None:
             err = {**why, "msg": f"{why['msg']}; or {err['ctx']['expected']}"}
             loc = tuple(err["loc"])

@@ -291,6 +291,13 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    Case(  # two mistakes in one section: the first is said, not merged into the other's line
+        "job: an unknown transport kind beside a timeout past a week",
+        JOB + "transport: {kind: tcpx, timeout_s: 1.0e+9}\n",
+        "transport.kind: Input should be 'tcp', 'ucx' or 'inproc'",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     Case(
         "job: a report period past a week",
         JOB + "rollout: {partial_report_s: 1.0e+9}\n",
