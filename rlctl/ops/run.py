@@ -912,6 +912,12 @@ def refuse_if_unprepared(jobdir: JobDir, *, source: str | None) -> None:
     launch it anew; `source`: its job file, as its index row recorded it)."""
     if jobdir.job_json.exists():
         return
+    holder = jobdir.launcher_holder()
+    if holder is not None:  # its launch holds it while it prepares (an SFT warm-up, tokenizing): not one that ended
+        raise UsageError(
+            f"job {jobdir.path.name} is being prepared by its launcher ({holder}); nothing to resume",
+            hint=f"watch it with `rlctl status {jobdir.path.name}`, or end it with `rlctl stop {jobdir.path.name}`",
+        )
     again = f"rlctl launch {source}" if source else "rlctl launch JOB.yaml"
     raise UsageError(
         f"job {jobdir.path.name} was never prepared (no {jobdir.job_json.name}: its launch was stopped or failed "
