@@ -739,7 +739,14 @@ def _rollout_memory(job: Job) -> list[Problem]:
                 f"{rows}: each embedded rollout unit on site {role.site!r} (placement.rollout[{i}]) needs "
                 f"{weights + kv:,} bytes, K/V {rows} rows × {capacity} positions × {per_row // capacity:,} bytes "
                 f"plus weights {weights:,} bytes, and {what} {have:,.0f} bytes ({ROLLOUT_MEM_FRACTION:.0%} usable)",
-                hint=f"use max_batch_size ≤ {fit}" if fit > 0 else "place the rollout on a site with more memory",
+                hint=(f"use max_batch_size ≤ {fit}" if fit > 0 else "place the rollout on a site with more memory")
+                + (
+                    f"; the {capacity} positions hold the longest request the task allows (task.max_prompt_tokens + "
+                    "max_output_tokens): a dataset whose prompts are shorter fits more rows with a lower "
+                    "max_prompt_tokens"
+                    if isinstance(task, DatasetTask)
+                    else ""
+                ),
             )
         ]
     return []
