@@ -18,6 +18,7 @@ Several files are merged (sites must not repeat); links are checked against the 
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -375,6 +376,15 @@ def load_inventory(paths: list[Path]) -> Inventory:
     return Inventory(sites, [link for _, _, link in links], [str(p) for p in paths], origin)
 
 
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def _machine(host: str) -> str:
+    """An SSH site's host as `_no_device_twice` tells machines apart: a loopback name is this machine, as a local
+    site's nodes are (no lookup: a name that resolves here is still told apart)."""
+    return "this machine" if host.lower() in LOOPBACK_NAMES or host.lower() == socket.gethostname().lower() else host
+
+
 def _no_device_twice(sites: dict[str, Site], origin: dict[str, str]) -> None:
     """Two local or SSH sites may split one host's GPUs (`devices`), not both place agents on one GPU: each
     would count it, and the trainer's NCCL ranks may not share one. Every local site's agents run on this machine,
@@ -385,7 +395,7 @@ def _no_device_twice(sites: dict[str, Site], origin: dict[str, str]) -> None:
         if site.scheduler.kind == "slurm" or site.spec.name == "CPU":
             continue
         for n in site.nodes:
-            for host in ["this machine"] if site.scheduler.kind == "local" else n.hosts:
+            for host in ["this machine"] if site.scheduler.kind == "local" else [_machine(h) for h in n.hosts]:
                 for device in sorted({n.device(slot) for slot in range(n.gpus)}):
                     other = held.setdefault((host, device), name)
                     if other != name:

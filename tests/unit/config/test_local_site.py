@@ -112,3 +112,14 @@ def test_two_local_sites_on_one_gpu_of_this_machine_are_refused_whatever_they_ca
     sites["b"]["nodes"][0]["devices"] = [1]  # its own GPU of this machine
     inventory.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites}))
     assert run_cli("check", str(inventory)).exit_code == 0
+
+
+def test_a_local_site_and_an_ssh_site_on_localhost_sharing_a_gpu_are_refused(tmp_path: Path) -> None:
+    """A local site's GPU key became "this machine": an SSH site reached at localhost listing the same device no
+    longer matched it (it did when both said localhost)."""
+    node = {"datacenter": "here", "gpu": "H100", "nodes": [{"host": "localhost", "gpus": 1}]}
+    sites = {"a": node | {"scheduler": {"kind": "local"}}, "b": node | {"scheduler": {"kind": "ssh"}}}
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites}))
+    res = run_cli("check", str(inventory))
+    assert res.exit_code == 2 and "sites.b.nodes: GPU 0 of this machine is listed by site 'a' too" in res.stderr
