@@ -417,11 +417,18 @@ class ControllerAgent:
         """Whether the job's end was asked for since this controller started, where it can tell: a `rlctl stop`
         whose request it did not answer (its `stop_requested` event, written first), or its launcher's own stop (Ctrl-C,
         a stop while it started the run). A controller whose job dir is on another site sees neither: its launcher
-        says `stopped` for it (`rlctl.ops.run.JobRun`)."""
+        says `stopped` for it (`rlctl.ops.run.JobRun`). Events it cannot read (a damaged line, a full disk) tell
+        nothing: the SIGTERM stays the run's end, as a failure."""
+        try:
+            events = self.jobdir.read_events()
+        except (RlctlError, OSError) as e:
+            log.warning("controller: cannot read the job's events to tell whether a stop was asked for: %s", e)
+            return False
+        since = self.t_start_wall - 0.001  # events' times are rounded to the millisecond
         return any(
-            float(e.get("t", 0)) >= self.t_start_wall
+            float(e.get("t", 0)) >= since
             and (e.get("event") == LAUNCHER_STOP or (e.get("event") == "stop_requested" and "by" not in e))
-            for e in self.jobdir.read_events()
+            for e in events
         )
 
     def _watch(self, now: float) -> None:
