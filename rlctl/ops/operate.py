@@ -440,7 +440,7 @@ def _checkpoint_outcome(jd: JobDir, version: int) -> str:
 def _resume_takes(jd: JobDir, events: list[dict[str, Any]]) -> str:
     """The checkpoint a resume would take, as this job dir knows it: its `latest` pointer (the controller moves it
     once a checkpoint is complete), else (the controller keeps it on another site) the newest `checkpoint` event
-    since the controller last started."""
+    since the controller last started, else the one that run resumed from (its launcher's `resumed` event)."""
     try:
         pointer = jd.read_json(jd.checkpoints / LATEST_POINTER)
         return f"the latest complete checkpoint (iter-{int(pointer['version'])})"
@@ -450,6 +450,9 @@ def _resume_takes(jd: JobDir, events: list[dict[str, Any]]) -> str:
     done = [e.get("version") for e in events[starts[-1] if starts else 0 :] if e.get("event") == "checkpoint"]
     if done:
         return f"the latest complete checkpoint (iter-{done[-1]})"
+    resumed = [e.get("version") for e in events if e.get("event") == "resumed"]
+    if resumed and resumed[-1]:
+        return f"the latest complete checkpoint (iter-{resumed[-1]})"
     return "the latest complete checkpoint (this job dir names none)"
 
 

@@ -603,3 +603,13 @@ def test_a_checkpoint_the_stop_cannot_tell_of_names_the_one_a_resume_takes_from_
     jd.event("checkpoint", version=10)
     jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
     assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
+
+
+def test_a_resumed_run_that_completed_no_checkpoint_names_the_one_it_resumed_from(tmp_path: Path) -> None:
+    # the controller on another site, its run resumed from v10 and completed none: "this job dir names none" before
+    jd = JobDir(tmp_path)
+    jd.event("checkpoint", version=30)  # the run before's (set aside by the resume)
+    jd.event("resumed", version=10, pointer="", skipped=[])
+    jd.event("controller_listening", address="tcp://h1:1")
+    jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
+    assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
