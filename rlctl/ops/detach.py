@@ -12,9 +12,10 @@ JSON line on an inherited pipe), then returns.
         ├─ EOF (the child ended first) ──▶ the child's exit code (its error is in the lines shown)
         └─ Ctrl-C ──▶ SIGTERM to the child: its `finally` stops what it started
 
-Until it says the job started, the child writes to a start log of its own (`logs/.launcher.start-PID.log`), which
-this process copies on: launcher.log is shared by every launcher of the job, and two `launch -d --resume` a moment
-apart each showed the other's lines as its own (the winner printed the loser's `has a launcher already`).
+Until it says the job started, the child writes to a start log of its own (`logs/.launcher.start-PID-NS.log`:
+its parent's pid and a clock reading), which this process copies on: launcher.log is shared by every launcher of
+the job, and two `launch -d --resume` a moment apart each showed the other's lines as its own (the winner printed
+the loser's `has a launcher already`).
 
 An attached launcher whose terminal goes away (SIGHUP: the operator's SSH session dropped) goes on the same way:
 its output moves to `logs/launcher.log` and it keeps watching. Without that, SIGHUP ended it and left the job
