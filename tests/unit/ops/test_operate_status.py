@@ -22,7 +22,7 @@ from rlctl.launch.base import LOST, AgentHandle, AgentSpec, exit_text
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.ssh import SshBackend
 from rlctl.ops import operate
-from rlctl.ops.jobdb import JobDB
+from rlctl.ops.jobdb import JobDB, JobRow
 from rlctl.ops.jobref import JobRef
 
 
@@ -147,6 +147,17 @@ def test_status_of_an_ended_job_counts_its_iterations_as_its_summary_does(
     assert s["iterations_done"] == 70 and s["last_iteration"]["iteration"] == 69  # -o json keeps the row's index
 
 
+def _failed_row(name: str, jd: JobDir, **update: Any) -> JobRow:
+    """The job's index row, which its launcher set failed (`update`: more of the row)."""
+    db = JobDB()
+    try:
+        db.put(name, job_dir=str(jd.path), spec={"name": jd.path.name})
+        db.update(name, state="failed", **update)
+        return db.get(name)
+    finally:
+        db.close()
+
+
 def test_status_of_a_job_whose_controller_exited_without_a_summary_is_complete_and_names_the_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -154,13 +165,7 @@ def test_status_of_a_job_whose_controller_exited_without_a_summary_is_complete_a
     # for good, with no ended row and no resume hint
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = _job_with_controller(tmp_path, "killed", LOCAL, _killed_agent())
-    db = JobDB()
-    try:
-        db.put("killed1", job_dir=str(jd.path), spec={"name": "killed"})
-        db.update("killed1", state="failed", info={"controller_exit": -9})
-        row = db.get("killed1")
-    finally:
-        db.close()
+    row = _failed_row("killed1", jd, info={"controller_exit": -9})
     s, complete = operate.job_status(JobRef("killed1", jd, row), timeout_s=2.0)
     assert complete and s["ended_without_summary"] == {
         "controller_exit": -9,
@@ -180,13 +185,7 @@ def test_status_of_a_job_whose_launcher_holds_it_is_not_said_to_have_ended(
     # its launcher is between two runs (an automatic resume): nothing runs for a moment, and it has not ended
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = _job_with_controller(tmp_path, "between", LOCAL, _killed_agent())
-    db = JobDB()
-    try:
-        db.put("between1", job_dir=str(jd.path), spec={"name": "between"})
-        db.update("between1", state="failed")
-        row = db.get("between1")
-    finally:
-        db.close()
+    row = _failed_row("between1", jd)
     with jd.launcher_lock():
         s, complete = operate.job_status(JobRef("between1", jd, row), timeout_s=2.0)
     assert not complete and "ended_without_summary" not in s
