@@ -66,6 +66,16 @@ def deliver(scaler: Scaler, posted: list[Any]) -> None:
     scaler.spawned(name, info)
 
 
+def replaced_once(scaler: Scaler, core: ControllerCore, posted: list[Any]) -> None:
+    """rollout-1 lost at 0 s; its replacement rollout-2 starts and joins; the loop's turn at 1 s sees it."""
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=0.0)
+    scaler.tick(0.0)
+    deliver(scaler, posted)
+    core.join("rollout-2", role="rollout", version=0)
+    scaler.tick(1.0)
+
+
 def test_a_lost_unit_is_replaced_on_its_site(tmp_path) -> None:
     scaler, core, jd, posted, spawner = setup(tmp_path, fail=0)
     core.lost("rollout-1")
@@ -104,12 +114,7 @@ def test_failed_attempts_back_off_then_the_job_goes_on_with_fewer_units(tmp_path
 
 def test_the_count_of_replaced_units_continues_across_a_resume(tmp_path) -> None:
     scaler, core, jd, posted, _ = setup(tmp_path, fail=0)
-    core.lost("rollout-1")
-    scaler.replace("rollout-1", now=0.0)
-    scaler.tick(0.0)
-    deliver(scaler, posted)
-    core.join("rollout-2", role="rollout", version=0)
-    scaler.tick(1.0)
+    replaced_once(scaler, core, posted)
     assert scaler.replaced == 1
     state = {"iteration": 1, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": []}
     save_controller(jd, 1, state=state, ledger=core.ledger, trainer_digest="d", replaced=scaler.replaced)
@@ -261,12 +266,7 @@ def test_a_replacement_lost_before_its_first_sample_is_a_failed_attempt_of_its_c
 def test_a_replacement_that_produced_a_sample_stands(tmp_path) -> None:
     """Once a replacement has produced a sample its loss is a loss of its own, replaced by a new chain."""
     scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
-    core.lost("rollout-1")
-    scaler.replace("rollout-1", now=0.0)
-    scaler.tick(0.0)
-    deliver(scaler, posted)
-    core.join("rollout-2", role="rollout", version=0)
-    scaler.tick(1.0)
+    replaced_once(scaler, core, posted)
     scaler.sampled("rollout-2")
     core.lost("rollout-2")
     scaler.replace("rollout-2", now=2.0)
