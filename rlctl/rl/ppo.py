@@ -125,12 +125,11 @@ class PpoLearner:
         adv: list[torch.Tensor] = [torch.zeros(0)] * len(samples)
         ret: list[list[float]] = [[] for _ in samples]
         cuts = self._cuts(samples)
-        if self.cfg.kl_coef > 0:  # this share's, in the batch's order
-            mine = [samples[i] for i in sorted(i for idx in cuts for i in idx)]
-            fill_ref_logprobs(self.ref_model, mine, temperature=self.cfg.temperature, pad=self.pad)
         dev = device_of(self.critic)
         for idx in cuts:
             part = [samples[i] for i in idx]
+            if self.cfg.kl_coef > 0:  # one cut at a time, as the critic: the micro-batch bounds the reference's forward
+                fill_ref_logprobs(self.ref_model, part, temperature=self.cfg.temperature, pad=self.pad)
             batch = make_batch(part, [0.0] * len(part), pad=self.pad).to(dev)
             mask = batch.mask
             rewards = torch.zeros(mask.shape, device=dev)

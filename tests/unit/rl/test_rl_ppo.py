@@ -51,3 +51,29 @@ def test_a_batch_of_empty_outputs_is_a_zero_step_not_a_skipped_one() -> None:
     learner = PpoLearner(TinyGPT(SMALL), PpoAlgorithm(kind="ppo"))
     stats = learner.step([Sample("p", [1, 4], [], [], r) for r in (0.0, 1.0)])
     assert stats["skipped"] == 0.0 and stats["grad_norm"] == 0.0
+
+
+class _RowsSeen(torch.nn.Module):
+    """A reference model that records how many rows each of its forwards takes."""
+
+    def __init__(self, model: TinyGPT) -> None:
+        super().__init__()
+        self.model = model
+        self.rows: list[int] = []
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.rows.append(tokens.shape[0])
+        out: torch.Tensor = self.model(tokens)
+        return out
+
+
+def test_the_reference_log_probs_are_scored_one_micro_batch_at_a_time() -> None:
+    # the whole batch went through the reference model in one forward: [N, T, vocab] fp32 logits of every sample
+    # at once (hundreds of GB at published batch sizes), where the micro-batch bounds every other forward
+    torch.manual_seed(0)
+    ref = _RowsSeen(TinyGPT(SMALL))
+    learner = PpoLearner(TinyGPT(SMALL), PpoAlgorithm(kind="ppo", kl_coef=0.1), ref_model=ref, micro_batch_samples=2)
+    samples = [Sample("p", [1, 4], [5 + k] * (k + 1), [-1.0] * (k + 1), float(k % 2)) for k in range(5)]
+    learner.step(samples)
+    assert ref.rows == [2, 2, 1]
+    assert all(s.ref_logprobs is not None and len(s.ref_logprobs) == len(s.output_tokens) for s in samples)
