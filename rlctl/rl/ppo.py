@@ -49,6 +49,8 @@ _SUMMED = (
     "tokens",
     "value_loss",
     "entropy_sum",
+    "is_weight_sum",
+    "is_capped_sum",
 )  # what step() reports
 
 
@@ -218,6 +220,8 @@ class PpoLearner:
             "approx_kl": sums["approx_kl_sum"] / n,
             "kl": sums["kl_sum"] / n,
             "entropy": sums["entropy_sum"] / n,
+            "is_weight_mean": sums["is_weight_sum"] / n,  # π_prox / μ over the tokens trained (clip: 1)
+            "is_capped_frac": sums["is_capped_sum"] / n,
             "grad_norm": grad_norm,
             "lr": self.cfg.lr * factor,
             "reward_mean": sum(s.reward for s in samples) / len(samples),

@@ -77,3 +77,15 @@ def test_the_reference_log_probs_are_scored_one_micro_batch_at_a_time() -> None:
     learner.step(samples)
     assert ref.rows == [2, 2, 1]
     assert all(s.ref_logprobs is not None and len(s.ref_logprobs) == len(s.output_tokens) for s in samples)
+
+
+def test_an_off_policy_ppo_step_reports_its_behaviour_weights() -> None:
+    """`decoupled` / `tis` weigh each token by π_prox / μ: PPO's step left `is_weight_mean` and `is_capped_frac`
+    out (GRPO's reported them), so a run could not see how far its samples were off-policy."""
+    torch.manual_seed(0)
+    model = TinyGPT(SMALL)
+    learner = PpoLearner(model, PpoAlgorithm(kind="ppo", off_policy="tis", is_cap=1.5))
+    (lp,) = score(model, [Sample("p", [1, 4], [7, 8], [0.0, 0.0], 1.0)])
+    behaviour = [lp[0] - 1.0, lp[1]]  # the first token: π / μ = e ≈ 2.7, capped at 1.5; the second: 1
+    stats = learner.step([Sample("p", [1, 4], [7, 8], behaviour, 1.0), Sample("p", [1, 4], [9, 10], [-3.0, -3.0], 0.0)])
+    assert stats["is_capped_frac"] > 0 and 0 < stats["is_weight_mean"] < 1.5
