@@ -597,8 +597,9 @@ class Checkpoint(Strict):
         0,
         le=1000,
         description="a run that fails (its trainer lost, its controller gone) after completing a checkpoint newer "
-        "than the one it started from is resumed from it by its launcher, at most this many times; a stop, and a run "
-        "that completed no newer checkpoint (it would fail the same way again), are not. 0 = never",
+        "than the one it started from is resumed from it by its launcher, at most this many times (a run ended by "
+        "its SLURM site's time_limit_min is resumed too, and spends none); a stop, and a run that completed no newer "
+        "checkpoint (it would fail the same way again), are not. 0 = never",
     )
 
 

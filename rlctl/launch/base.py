@@ -163,6 +163,11 @@ class LaunchBackend(ABC):
         """The host `spec` runs on; None where the scheduler places it."""
         return spec.gpu_slice.host if spec.gpu_slice is not None else None
 
+    def at_time_limit(self, handle: AgentHandle) -> str | None:
+        """Whether the agent's scheduler job ended, or is ending, at its time limit (a planned end, not a crash):
+        what says so (`SLURM job 12 ran 0:01:31 of its 0:02:00 limit`), else None; only a batch scheduler has one."""
+        return None
+
     def close(self) -> None:
         """End the backend's connections (it is not used afterwards)."""
         return None

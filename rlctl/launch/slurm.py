@@ -80,6 +80,8 @@ def map_state(slurm_state: str) -> RemoteState:
 
 
 GpuRequest = Literal["per_task", "gres", "none"]
+# how much sooner than `--signal=TERM@grace_s` asks SLURM may send it: it checks time limits about once a minute
+TERM_EARLY_S = 60
 
 
 def _sched(site: Site) -> SlurmScheduler:
@@ -520,6 +522,36 @@ class SlurmBackend(LaunchBackend):
             return -15
         return st.exit_code or 1
 
+    def at_time_limit(self, handle: AgentHandle) -> str | None:
+        """SLURM's TERM comes `grace_s` before the job's `--time` (up to TERM_EARLY_S sooner: SLURM checks limits
+        about once a minute), and the agents exit on it: a job that ran that long, or that SLURM ended TIMEOUT."""
+        job_id = str(handle.ident["job_id"])
+        state, run_s, limit_s = self._times(job_id)
+        if run_s is not None and limit_s is not None and run_s >= limit_s - self.grace_s - TERM_EARLY_S:
+            return f"SLURM job {job_id} ran {_clock(run_s)} of its {_clock(limit_s)} limit"
+        if state == "TIMEOUT":
+            return f"SLURM job {job_id} ended TIMEOUT"
+        return None
+
+    def _times(self, job_id: str) -> tuple[str, int | None, int | None]:
+        """The job's state, run time and time limit (s), from squeue while it is queued, else scontrol, else sacct."""
+        q = shlex.quote(job_id)
+        res = self._run(f"squeue -h -j {q} -o '%T %M %l'")
+        fields = res.stdout.split()
+        if res.exit_code == 0 and len(fields) == 3:
+            return fields[0], _seconds(fields[1]), _seconds(fields[2])
+        res = self._run(f"scontrol show job -o {q}")
+        if res.exit_code == 0 and "JobState=" in res.stdout:
+            f = dict(re.findall(r"(?:^|\s)(JobState|RunTime|TimeLimit)=(\S*)", res.stdout))
+            return f.get("JobState", ""), _seconds(f.get("RunTime", "")), _seconds(f.get("TimeLimit", ""))
+        res = self._run(f"sacct -X -n -P -j {q} -o State,ElapsedRaw,TimelimitRaw")
+        rows = [r.split("|") for r in res.stdout.strip().splitlines() if r.count("|") == 2]
+        if res.exit_code == 0 and rows:
+            state, elapsed, limit_min = rows[-1]
+            limit = int(limit_min) * 60 if limit_min.isdigit() else None
+            return state.split(" ")[0], int(elapsed) if elapsed.isdigit() else None, limit
+        return "", None, None
+
     # ---------------------------------------------------------------- stop
     def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:
         live: list[AgentHandle] = []
@@ -569,6 +601,21 @@ def _hosts(nodelist: str) -> list[str]:
         return expand_hostlist(nodelist)
     except ValueError:
         return [nodelist]
+
+
+def _seconds(text: str) -> int | None:
+    """SLURM's `[days-][hours:]minutes:seconds` (squeue's `1:31`, scontrol's `00:01:31`, `1-00:00:00`) in
+    seconds; None for UNLIMITED, INVALID, or anything else."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if not m:
+        return None
+    days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def _clock(seconds: int) -> str:
+    """`H:MM:SS` (hours may pass 24)."""
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def _exit_code(text: str) -> int | None:

@@ -10,6 +10,12 @@ iterations since the last checkpoint, not the night:
                      ├─ no resumes left, or no checkpoint completed since this run started ─▶ that failure
                      └─ else: stop what is left of the run, `start(resume=True)` ─▶ wait …
 
+A run that ended at its site's time limit (a SLURM job's `--time`: the site's `scheduler.time_limit_min`; SLURM's
+TERM, then the controller's `failed: controller got SIGTERM` or a trainer lost) is a planned end, not a crash: it is
+resumed as a failure is (a newer checkpoint completed, `auto_resume` > 0) but spends none of `auto_resume`, so a
+week-long job under a 24 h limit needs no `auto_resume: 7`; the checkpoint it must have completed keeps it from
+looping. `JobRun.time_limit` asks the controller's and the trainer's scheduler (`LaunchBackend.at_time_limit`).
+
 A run that completed no newer checkpoint is not resumed: it would start where it started and, most likely, fail the
 same way (a reward that raises, a trainer that cannot load): a crash loop that spends the cluster. A user's stop
 (`rlctl stop`: state stopped; or its controller killed after the grace, without a summary: `rlctl stop` writes a
@@ -62,7 +68,8 @@ class Runs:
     ) -> None:
         self.jobdir, self.spec, self.plan = jobdir, spec, plan
         self.db, self.say, self.show = db, say, show
-        self.left = spec.checkpoint.auto_resume
+        self.left = spec.checkpoint.auto_resume  # resumes after a failure left (a time limit spends none)
+        self.resumes = 0  # automatic resumes done, time limits' among them
         self.run: JobRun | None = None
         self._preparing = False  # its row entered the index before its first run (`preparing`)
         self._began = time.time() - 0.001  # when this launcher began (events' times are rounded to the millisecond)
@@ -137,31 +144,53 @@ class Runs:
         return summary | {
             "wall_s": round(time.monotonic() - self._t0, 2),
             "run_wall_s": run_wall,
-            "auto_resumes": self.spec.checkpoint.auto_resume - self.left,
+            "auto_resumes": self.resumes,
         }
 
     def _resume_after(self, why: str) -> bool:
         """Resume the run that failed (`why`) when that is due (see the module's text); whether it was."""
-        if self.left <= 0:
-            return False
         if stop_requested(self.jobdir, since=self._stops_since()):
+            return False
+        assert self.run is not None
+        limit = self.run.time_limit()  # a planned end: it spends no resume
+        name = self.spec.name
+        if self.spec.checkpoint.auto_resume <= 0 or (limit is None and self.left <= 0):
+            if limit is not None:
+                self.say(
+                    f"job {name}: time limit reached on {limit}; not resumed automatically (checkpoint.auto_resume "
+                    f"is 0): continue it with `{self.run.resume_command()}`"
+                )
             return False
         newest = newest_checkpoint(self.jobdir, since=self._since)
         if newest is None or newest <= self._from:
-            self.say(
-                f"job {self.spec.name} failed and completed no checkpoint past v{self._from} in this run: "
-                "not resumed automatically (it would most likely fail the same way)"
-            )
+            if limit is not None:
+                self.say(
+                    f"job {name}: time limit reached on {limit} before the run completed a checkpoint past "
+                    f"v{self._from}: not resumed automatically (it would end the same way; checkpoint more often "
+                    "than the site's scheduler.time_limit_min, or raise it)"
+                )
+            else:
+                self.say(
+                    f"job {name} failed and completed no checkpoint past v{self._from} in this run: "
+                    "not resumed automatically (it would most likely fail the same way)"
+                )
             return False
-        self.left -= 1
-        failure = why.splitlines()[0].partition(RESUME_HINT)[0]  # the controller's hint to resume: done here
-        if not failure.startswith("failed"):  # the launcher's error (no summary), not the summary's state
-            failure = f"failed: {failure}"
-        self.say(
-            f"job {self.spec.name} {failure}; resuming it from checkpoint v{newest} "
-            f"(checkpoint.auto_resume: {self.left} more left)"
-        )
-        self.jobdir.event("auto_resume", after=why, version=newest, left=self.left)
+        self.resumes += 1
+        if limit is not None:
+            self.say(
+                f"job {name}: time limit reached on {limit}; resuming it from checkpoint v{newest} "
+                f"(a time limit spends no checkpoint.auto_resume: {self.left} left)"
+            )
+        else:
+            self.left -= 1
+            failure = why.splitlines()[0].partition(RESUME_HINT)[0]  # the controller's hint to resume: done here
+            if not failure.startswith("failed"):  # the launcher's error (no summary), not the summary's state
+                failure = f"failed: {failure}"
+            self.say(
+                f"job {name} {failure}; resuming it from checkpoint v{newest} "
+                f"(checkpoint.auto_resume: {self.left} more left)"
+            )
+        self.jobdir.event("auto_resume", after=why, version=newest, left=self.left, time_limit=limit)
         assert self.run is not None
         self.run.stop()  # what is left of the failed run (a LaunchError when some of it may still run: no resume)
         self.start(resume=True)

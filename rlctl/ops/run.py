@@ -742,6 +742,23 @@ class JobRun:
         except LaunchError:
             return True
 
+    def time_limit(self) -> str | None:
+        """Where this run's controller or trainer reached its site's time limit (SLURM's `--time`, the site's
+        `scheduler.time_limit_min`): `site S (controller-0: SLURM job N ran … of its … limit)`; None where neither did
+        or its site does not answer. A planned end: `Runs` resumes it without spending `checkpoint.auto_resume`."""
+        ends = [
+            h for h in self.handles if h.spec.role == "controller" or (h.spec.role, h.spec.replica) == ("trainer", 0)
+        ]
+        for h in ends:  # (the trainer's ranks are one scheduler job: rank 0's says)
+            try:
+                said = self.backends.for_site(h.spec.site).at_time_limit(h)
+            except LaunchError as e:
+                log.info("site %s: cannot tell whether %s reached its time limit: %s", h.spec.site, h.spec.name, e)
+                continue
+            if said is not None:
+                return f"site {h.spec.site} ({h.spec.name}: {said})"
+        return None
+
     def _stopped_by_term(self, summary: dict[str, Any]) -> None:
         """A summary whose controller says it got SIGTERM with no stop asked for (`SIGTERM_FAILURE`), when the
         launcher knows one was (its own stop, a `rlctl stop` whose request the controller did not answer): `stopped`,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -173,9 +174,11 @@ def test_exit_code_after_job_left_squeue(services: dict[str, str], tmp_path: Pat
     try:
         code = wait_for("the job to end", lambda: b.poll(h) is not None, 90) and b.poll(h)
         st = b.status(h)
+        limit = b.at_time_limit(h)
     finally:
         b.close()
     assert st.source == "scontrol" and st.state is RemoteState.FAILED, st
+    assert limit is None  # a failure in its first seconds of a 10 min limit: a crash, not a time limit
     # our script passes the agent's code through; submitit turns the failure into a Python error
     assert code == (3 if submitter == "sbatch-ssh" else st.exit_code) and code not in (0, None)
 
@@ -217,10 +220,14 @@ def test_time_limit_signal_stops_agents_gracefully(services: dict[str, str], tmp
     try:
         wait_for("the job to end by itself", lambda: b.poll(h) is not None, 150)
         st = b.status(h)
+        limit = b.at_time_limit(h)
     except BaseException:
         cleanup(b, [h])
         raise
     b.close()
     assert (st.state, st.slurm_state) == (RemoteState.FINISHED, "COMPLETED"), st
+    # a clean exit, yet a planned end: what `Runs` resumes without spending checkpoint.auto_resume
+    said = rf"SLURM job {h.ident['job_id']} ran 0:0\d:\d\d of its 0:02:00 limit"
+    assert limit is not None and re.fullmatch(said, limit), limit
     assert (out / "graceful.0").exists() and (out / "graceful.1").exists()
     wait_for("no process with the marker", lambda: not marker_pids(marker), 15)

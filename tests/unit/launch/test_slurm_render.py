@@ -296,3 +296,40 @@ def test_submitit_asks_ntasks_only_where_the_ranks_do_not_fill_the_nodes(monkeyp
     b = backend(account="rl")
     nine = AgentSpec("trainer", 0, "h800", ["x"], resources=Resources(tasks=9, gpus_per_task=1, cpus_per_task=2))
     assert "#SBATCH --ntasks=9\n" in b.render(nine) and "--ntasks=" not in b.render(SPEC)
+
+
+def at_time_limit_with(answers: dict[str, CommandResult]) -> tuple[str | None, list[str]]:
+    from rlctl.launch.base import AgentHandle
+
+    b = SlurmBackend("a", SlurmScheduler(kind="slurm", partition="p"), job="j", job_dir=Path("/r"), grace_s=30)
+    fake = FakeRunner(answers)
+    b.runner = fake
+    return b.at_time_limit(AgentHandle(SPEC, {"job_id": "42"}, "slurm")), [c.split()[0] for c in fake.commands]
+
+
+@pytest.mark.parametrize(
+    ("answers", "said"),
+    [
+        # still in the queue (its agents exiting on the TERM): run time and limit from squeue
+        ({"squeue": CommandResult(0, "COMPLETING 1:31 2:00\n", "")}, "SLURM job 42 ran 0:01:31 of its 0:02:00 limit"),
+        ({"squeue": CommandResult(0, "RUNNING 0:29 2:00\n", "")}, None),  # under 2:00 - 30 s grace - 60 s early
+        (
+            {"squeue": CommandResult(0, "RUNNING 23:59:10 1-00:00:00\n", "")},
+            "SLURM job 42 ran 23:59:10 of its 24:00:00 limit",
+        ),
+        ({"squeue": CommandResult(0, "RUNNING 5:00 UNLIMITED\n", "")}, None),
+        # left the queue: scontrol, then sacct (ElapsedRaw s, TimelimitRaw min)
+        (
+            {"scontrol": CommandResult(0, "JobId=42 JobState=COMPLETED RunTime=00:01:35 TimeLimit=00:02:00", "")},
+            "SLURM job 42 ran 0:01:35 of its 0:02:00 limit",
+        ),
+        ({"scontrol": CommandResult(0, "JobId=42 JobState=FAILED RunTime=00:00:20 TimeLimit=00:02:00", "")}, None),
+        ({"sacct": CommandResult(0, "TIMEOUT|125|2\n", "")}, "SLURM job 42 ran 0:02:05 of its 0:02:00 limit"),
+        ({"sacct": CommandResult(0, "TIMEOUT||\n", "")}, "SLURM job 42 ended TIMEOUT"),
+        ({}, None),  # no tool knows the job
+    ],
+)
+def test_at_time_limit_reads_run_time_and_limit(answers: dict[str, CommandResult], said: str | None) -> None:
+    """A job that ran to within grace_s + TERM_EARLY_S of its --time ended at its time limit (SLURM's TERM: the
+    agents exit cleanly, so its state is COMPLETED or FAILED, rarely TIMEOUT); any shorter run did not."""
+    assert at_time_limit_with(answers)[0] == said

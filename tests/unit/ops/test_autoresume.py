@@ -28,10 +28,18 @@ class ScriptedRun:
     script: ClassVar[list[tuple[Any, list[int]]]] = []
     started: ClassVar[list[bool]] = []  # each start's `resume`
     stopped: ClassVar[int] = 0
+    limits: ClassVar[list[str | None]] = []  # each run's end at a time limit (`JobRun.time_limit`); none: None
 
     def __init__(self, jobdir: JobDir, spec: Any, plan: Any, **_: Any) -> None:
         self.jobdir = jobdir
         self.resumed: ResumePoint | None = None
+        self.limit: str | None = None
+
+    def time_limit(self) -> str | None:
+        return self.limit
+
+    def resume_command(self) -> str:
+        return "rlctl launch --resume j"
 
     def start(self, *, resume: bool = False) -> None:
         ScriptedRun.started.append(resume)
@@ -41,6 +49,7 @@ class ScriptedRun:
 
     def wait(self, **_: Any) -> dict[str, Any]:
         outcome, checkpoints = ScriptedRun.script.pop(0)
+        self.limit = ScriptedRun.limits.pop(0) if ScriptedRun.limits else None
         for v in checkpoints:
             self.jobdir.event("checkpoint", version=v)
         if isinstance(outcome, Exception):
@@ -54,7 +63,7 @@ class ScriptedRun:
 @pytest.fixture
 def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(autoresume, "JobRun", ScriptedRun)
-    ScriptedRun.started, ScriptedRun.stopped = [], 0
+    ScriptedRun.started, ScriptedRun.stopped, ScriptedRun.limits = [], 0, []
     said: list[str] = []
 
     def make(script: list[tuple[Any, list[int]]], auto_resume: int) -> tuple[autoresume.Runs, list[str]]:
@@ -129,6 +138,50 @@ def test_a_controller_killed_by_rlctl_stop_is_not_resumed(runs):
     assert ScriptedRun.started == [False] and said == []
 
 
+TERM = "failed: controller got SIGTERM"
+LIMIT = "site train (controller-0: SLURM job 12 ran 0:01:31 of its 0:02:00 limit)"
+
+
+def test_a_time_limit_resumes_without_spending_auto_resume(runs):
+    """A SLURM time limit is a planned, recurring end (a week under a 24 h limit: 6 of them): each one that completed
+    a newer checkpoint is resumed and spends no resume; before, each spent one (`auto_resume: 7` for that week)."""
+    ScriptedRun.limits = [LIMIT, LIMIT, LIMIT, None]
+    r, said = runs([(TERM, [5]), (TERM, [10]), (TERM, [15]), (FAILED, [20]), ("done", [25])], auto_resume=1)
+    s = r.wait()
+    assert s["state"] == "done" and s["auto_resumes"] == 4 and r.left == 0
+    assert ScriptedRun.started == [False, True, True, True, True]
+    assert said[0] == (
+        f"job demo: time limit reached on {LIMIT}; resuming it from checkpoint v5 "
+        "(a time limit spends no checkpoint.auto_resume: 1 left)"
+    )
+    assert said[6] == f"job demo {FAILED}; resuming it from checkpoint v20 (checkpoint.auto_resume: 0 more left)"
+    auto = [e for e in r.jobdir.read_lines(r.jobdir.events) if e["event"] == "auto_resume"]
+    assert [(e["version"], e["left"], e["time_limit"]) for e in auto] == [
+        (5, 1, LIMIT),
+        (10, 1, LIMIT),
+        (15, 1, LIMIT),
+        (20, 0, None),
+    ]
+
+
+def test_a_time_limit_with_no_newer_checkpoint_or_no_auto_resume_is_not_resumed(runs):
+    ScriptedRun.limits = [LIMIT, LIMIT]
+    r, said = runs([(TERM, [5]), (TERM, [])], auto_resume=3)
+    assert r.wait()["state"] == TERM and ScriptedRun.started == [False, True]
+    assert said[-1] == (
+        f"job demo: time limit reached on {LIMIT} before the run completed a checkpoint past v5: not resumed "
+        "automatically (it would end the same way; checkpoint more often than the site's "
+        "scheduler.time_limit_min, or raise it)"
+    )
+    ScriptedRun.limits, ScriptedRun.started = [LIMIT], []
+    r, said = runs([(TERM, [5])], auto_resume=0)
+    assert r.wait()["state"] == TERM and ScriptedRun.started == [False]
+    assert said[-1:] == [
+        f"job demo: time limit reached on {LIMIT}; not resumed automatically (checkpoint.auto_resume is 0): "
+        "continue it with `rlctl launch --resume j`"
+    ]
+
+
 def test_checkpoints_of_earlier_runs_do_not_count(tmp_path):
     jd = JobDir.create("j", explicit=tmp_path / "job")
     jd.append(jd.events, {"t": time.time() - 100, "event": "checkpoint", "version": 40})
@@ -175,3 +228,36 @@ def test_a_launch_that_ends_while_it_prepares_leaves_no_launching_row(
         assert db.get("job").state == state
     finally:
         db.close()
+
+
+def test_a_runs_time_limit_is_asked_of_its_controller_and_trainer_rank_0():
+    """`JobRun.time_limit` asks the controller's and the first trainer rank's scheduler (the trainer's ranks are one
+    SLURM job); rollout units end at no limit that ends the run, and a site that cannot answer is passed over."""
+    from rlctl.launch.base import AgentHandle, AgentSpec
+    from rlctl.ops.run import JobRun
+
+    asked: list[str] = []
+
+    class Backend:
+        def __init__(self, said: str | LaunchError | None) -> None:
+            self.said = said
+
+        def at_time_limit(self, h: AgentHandle) -> str | None:
+            asked.append(h.spec.name)
+            if isinstance(self.said, LaunchError):
+                raise self.said
+            return self.said
+
+    def run(said: dict[str, str | LaunchError | None]) -> str | None:
+        r = JobRun.__new__(JobRun)
+        agents = [("controller", 0, "ctl"), ("trainer", 0, "train"), ("trainer", 1, "train"), ("rollout", 0, "gen")]
+        r.handles = [AgentHandle(AgentSpec(role, i, site, []), {}, "slurm") for role, i, site in agents]
+        r.backends = type("B", (), {"for_site": lambda _, site: Backend(said[site])})()
+        asked.clear()
+        return r.time_limit()
+
+    ends = {"ctl": None, "train": "SLURM job 7 ran 23:59:40 of its 24:00:00 limit", "gen": "never asked"}
+    assert run(ends) == "site train (trainer-0: SLURM job 7 ran 23:59:40 of its 24:00:00 limit)"
+    assert asked == ["controller-0", "trainer-0"]
+    assert run(ends | {"ctl": LaunchError("squeue: cannot reach the login node")}) == run(ends)
+    assert run(ends | {"train": None}) is None and asked == ["controller-0", "trainer-0"]
