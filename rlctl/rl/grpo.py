@@ -36,6 +36,12 @@ from rlctl.rl.samples import (
 )
 from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 
+# |log π − log μ| past this is clamped before exp (e^20 ≈ 4.9e8, finite in fp32 and bf16): a token the engine scored
+# far less likely than the trainer does (a numerics mismatch, a stale sample) would otherwise give an infinite ratio,
+# an infinite loss and NaN gradients, and the finite-step guard would drop the whole batch's step for it. Clamped,
+# that token carries no gradient (the clamp's), and the rest of the batch trains.
+MAX_LOG_RATIO = 20.0
+
 
 def group_advantages(
     rewards: Sequence[float], group_ids: Sequence[str], *, eps: float = 1e-6, scale: bool = True
@@ -92,6 +98,9 @@ def policy_loss(
     With one step per iteration π_θ = π_prox in value, so the ratio to π_prox is 1 and its clip never binds:
     `decoupled` and `tis` weight each token's policy gradient by π_prox / μ, uncapped or truncated.
 
+    Every log-ratio (to μ, to π_prox, to the reference) is clamped to ±MAX_LOG_RATIO before its exp, so one token
+    scored far apart by engine and trainer cannot make the loss infinite.
+
     The metrics are sums over the batch's valid tokens; `kl_sum` is the k3 KL(behaviour ‖ θ) (no gradient);
     `is_weight_sum` the behaviour weights' sum and `is_capped_sum` how many the cap truncated; `entropy_sum` the
     policy's next-token entropy at the sampling temperature (a policy collapsing onto few answers shows it first).
@@ -108,10 +117,10 @@ def policy_loss(
         base = behaviour
     else:
         base = logp.detach()  # π_prox
-        raw = torch.exp((base - behaviour) * mask)
+        raw = torch.exp(((base - behaviour) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
         weight = raw if is_cap is None else raw.clamp(max=is_cap)
         capped = float(((raw > weight) * mask).sum())
-    log_ratio = (logp - base) * mask
+    log_ratio = ((logp - base) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
     adv = batch.advantages
     high = clip_eps if clip_eps_high is None else clip_eps_high
@@ -123,13 +132,13 @@ def policy_loss(
     if kl_coef > 0:
         if batch.ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs reference logprobs on every sample")
-        d = (batch.ref_logprobs - logp) * mask
+        d = ((batch.ref_logprobs - logp) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         kl = torch.exp(d) - d - 1  # k3 estimator of KL(θ ‖ ref), ≥ 0
         per_token = per_token + kl_coef * kl
         kl_sum = float((kl * mask).sum().detach())
     loss = (per_token * mask).sum() / n
     with torch.no_grad():
-        to_behaviour = log_ratio if weight is None else (logp - behaviour) * mask  # clip: the same ratio
+        to_behaviour = log_ratio if weight is None else ((logp - behaviour) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         clipped = ((ratio < 1 - clip_eps) | (ratio > 1 + high)).float() * mask
         metrics = {
             "pg_loss_sum": float((pg * mask).sum()),

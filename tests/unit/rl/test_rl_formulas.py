@@ -325,3 +325,22 @@ def test_ppo_step_losses_and_kl_by_hand() -> None:
     assert m["kl"] == pytest.approx(0.1274057, abs=1e-6)
     assert m["kl_ref"] == pytest.approx(-0.1666667, abs=1e-6)  # PPO did not report the KL its rewards penalise
     assert m["tokens"] == 3 and m["clip_frac"] == 1.0  # all three ratios are outside [0.8, 1.2]
+
+
+@pytest.mark.parametrize("off_policy", ["clip", "decoupled", "tis"])
+def test_a_token_the_engine_scored_far_less_likely_leaves_the_loss_finite(
+    off_policy: Literal["clip", "decoupled", "tis"],
+) -> None:
+    """Behaviour log-prob −200 for a token the policy gives 0.4: π/μ = e^199 overflows fp32. Unclamped, the loss was
+    inf with a negative advantage (NaN gradients: the finite-step guard dropped the whole step); clamped at
+    ±MAX_LOG_RATIO it is finite, the rest of the batch keeps its gradient, and so does the reference's KL term."""
+    far = [Sample("g", [1], [3, 1], [-200.0, math.log(P[1])], 0.0, ref_logprobs=[0.0, 0.0])]
+    policy = fixed((1, 3))
+    batch = make_batch(far, [-1.0])
+    cap = 2.0 if off_policy == "tis" else None
+    loss, m = policy_loss(policy, batch, clip_eps=0.2, kl_coef=0.1, off_policy=off_policy, is_cap=cap)
+    assert math.isfinite(float(loss.detach())) and all(math.isfinite(v) for v in m.values()), m
+    loss.backward()
+    grad = cast(FixedPolicy, policy).logits.grad
+    assert grad is not None and bool(torch.isfinite(grad).all())
+    assert float(grad[0, 1].abs().max()) > 0  # the second token (ratio 1) still trains
