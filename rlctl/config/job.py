@@ -358,7 +358,7 @@ class PpoAlgorithm(PolicyUpdate):
     critic_lr: PositiveFloat = 1e-3
     kl_coef: Annotated[float, Field(ge=0)] = 0.0
     gamma: Annotated[float, Field(gt=0, le=1)] = 1.0
-    lam: Annotated[float, Field(gt=0, le=1)] = 0.95
+    lam: Annotated[float, Field(ge=0, le=1)] = 0.95  # GAE λ: 0 is one-step TD errors, 1 Monte Carlo returns
     temperature: PositiveFloat = 1.0
 
 

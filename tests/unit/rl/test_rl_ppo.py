@@ -1,5 +1,6 @@
 import pytest
 import torch
+from pydantic import ValidationError
 
 from rlctl.config.job import PpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
@@ -21,6 +22,10 @@ def test_gae_known_numbers() -> None:
     assert adv.tolist() == [[0.0, 0.0, 0.5, 0.0]]
     adv, _ = gae(rewards, torch.zeros(1, 4), mask, gamma=0.5, lam=1.0)
     assert adv[0, :3].tolist() == pytest.approx([0.25, 0.5, 1.0])
+    # the job file takes both ends of λ (0 was refused, though gae computes it)
+    assert [PpoAlgorithm(kind="ppo", lam=lam).lam for lam in (0, 1)] == [0, 1]
+    with pytest.raises(ValidationError, match="lam"):
+        PpoAlgorithm(kind="ppo", lam=-0.1)
 
 
 def test_value_model_starts_at_zero_on_the_logprob_grid() -> None:
