@@ -188,6 +188,9 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         # the same totals as a live status: the ledger, resumes and replaced units
         out.update(ledger=out["summary"].get("ledger"), resilience=out["summary"].get("resilience"))
     agents, down = site_view(ref, timeout_s=timeout_s)
+    if not agents and _being_prepared(ref):
+        out["controller"], out["agents"], out["sites_down"] = PREPARING, [], []
+        return out, True
     _launcher_saw(ref, agents, summary)
     out["agents"], out["sites_down"] = agents, down
     ended = "summary" in out and all(a["state"] != "running" for a in agents)
@@ -205,6 +208,23 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         how_ended = out["summary"].get("state", "no state") if "summary" in out else "without a summary"
         out["controller"] = f"exited: the job ended ({how_ended})"
     return out, ended and not down
+
+
+PREPARING = "not started yet: its launcher prepares the job (SFT warm-up, tokenizing, staging) or starts its agents"
+
+
+def _being_prepared(ref: JobRef) -> bool:
+    """A fresh launch before its controller started: its index row says launching, no controller.json, and a
+    launcher holds the job dir (a launch that died preparing left its row failed; one whose launcher holds nothing
+    is not being prepared)."""
+    row = ref.row
+    jd = ref.jobdir
+    return (
+        row is not None
+        and row.state == "launching"
+        and not jd.controller_json.exists()
+        and (jd.launcher_holder() is not None)
+    )
 
 
 def _launcher_saw(ref: JobRef, agents: list[dict[str, Any]], summary: dict[str, Any] | None) -> None:

@@ -227,3 +227,25 @@ def test_status_names_the_exit_the_launcher_saw_of_an_agent_its_site_cannot_tell
     assert [(a["name"], a["state"], a["source"]) for a in s["agents"]] == [
         ("controller-0", "exited -9 (SIGKILL)", "local (the launcher saw the exit)")
     ]
+
+
+def test_status_of_a_job_its_launcher_prepares_is_complete_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a launch in its prepare (SFT warm-up, tokenizing): its row says launching, no controller, no agent yet;
+    # `rlctl status` said `partial status: controller error: … controller.json (not started?)` (exit 3)
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("prep", explicit=tmp_path / "prep")
+    db = JobDB()
+    try:
+        db.put("prep1", job_dir=str(jd.path), spec={"name": "prep"})
+        row = db.get("prep1")
+    finally:
+        db.close()
+    assert row.state == "launching"
+    with jd.launcher_lock():
+        s, complete = operate.job_status(JobRef("prep1", jd, row), timeout_s=2.0)
+        assert complete and s["agents"] == [] and s["controller"] == operate.PREPARING
+        assert f"controller  {operate.PREPARING}" in _fallback_table(s)
+    s, complete = operate.job_status(JobRef("prep1", jd, row), timeout_s=2.0)  # no launcher holds it: not so
+    assert not complete and s["controller"] != operate.PREPARING
