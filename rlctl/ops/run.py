@@ -469,6 +469,8 @@ class JobRun:
                 self.jobdir.write_json(self.jobdir.controller_json, json.loads(text))
                 break
             code = self.poll(self.controller)
+            if code is not None and stop_requested(self.jobdir, since=self.stop_since):
+                self._stopped_while_starting()  # `rlctl stop` ended it (a resume loading its checkpoint): no fault
             if code is not None:  # its log's end in the launcher's log; the error one line, with its ERROR line
                 tail = self.log_tail("controller", 0)
                 log.warning("the end of %s:\n%s", self.controller.spec.log_path, tail)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlctl.config.job import DatasetTask
-from rlctl.errors import LaunchError
+from rlctl.errors import LaunchError, Stopped
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import run
 from rlctl.rl.reward import load_deadline_s
@@ -62,6 +62,7 @@ def test_a_controller_that_exits_before_listening_is_one_line_quoting_its_error(
     r.spec = SimpleNamespace(task=None)
     log_path = tmp_path / "j" / "logs" / "controller-0.log"
     r.controller = SimpleNamespace(spec=SimpleNamespace(log_path=log_path))
+    r.stop_since = time.time()
     r.poll = lambda h: 1  # type: ignore[method-assign]
     r.log_tail = lambda role, replica, lines=15: tail  # type: ignore[method-assign]
     with pytest.raises(LaunchError) as e:
@@ -73,3 +74,29 @@ def test_a_controller_that_exits_before_listening_is_one_line_quoting_its_error(
     assert e.value.hint == "fix what its log says, then launch the job again"
     assert run.last_error("INFO only\nno error here") == ""
     assert run.last_error("t ERROR a b: " + "x" * 500) == ": " + "x" * 399 + "…"
+
+
+def test_a_controller_that_exits_before_listening_on_rlctl_stop_ends_the_start_stopped(tmp_path: Path) -> None:
+    """`rlctl stop` while the controller starts (a resume loading its checkpoint, a slow reward import): it exits
+    143 on the stop's TERM before listening, and the launch ends Stopped (the index: stopped), versus `the controller
+    exited with 143 (SIGTERM) before listening` (a failure, exit 1) before."""
+    r = object.__new__(run.JobRun)
+    r.jobdir = JobDir.create("j", explicit=tmp_path / "j")
+    r.spec = SimpleNamespace(task=None)
+    r.stop_since = time.time() - 1
+    r.controller = SimpleNamespace(spec=SimpleNamespace(log_path=tmp_path / "controller-0.log"))
+    r.poll = lambda h: 143  # type: ignore[method-assign]
+    r.log_tail = lambda role, replica, lines=15: ""  # type: ignore[method-assign]
+    stopped: list[bool] = []
+
+    def stopped_while_starting() -> None:
+        stopped.append(True)
+        raise Stopped("stopped while its launcher started a run")
+
+    r._stopped_while_starting = stopped_while_starting  # type: ignore[method-assign]
+    with pytest.raises(LaunchError, match=r"exited with 143 \(SIGTERM\) before listening"):
+        r._controller_address(remote=False)  # no stop asked: a failure as before
+    r.jobdir.event(run.STOP_REQUESTED)
+    with pytest.raises(Stopped):
+        r._controller_address(remote=False)
+    assert stopped == [True]
