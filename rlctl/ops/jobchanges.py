@@ -5,6 +5,8 @@
             algorithm.lr); the resume runs the job as launched …"
             job.json's fields now ──digests──▶ "job.json was edited since the launch (algorithm); the resume runs
             it as edited …"
+            the inventory files now ──diff sites.json──▶ "the inventory (…) changed since the launch
+            (sites.h20.nodes); the resume runs on the sites as launched …"
 
 A changed job file is not taken up: the checkpoint holds the state of the job as launched (its model, its split,
 its plan), and a change of one of those would fail the resume late or train something else silently. A new launch
@@ -16,11 +18,14 @@ went unsaid: a resume after a change of `iterations` in the job file ran the old
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from rlctl.config.base import read_yaml
-from rlctl.errors import ConfigError
+from rlctl.config.inventory import load_inventory
+from rlctl.errors import ConfigError, RlctlError
+from rlctl.launch.backends import SITES_FILE, read_sites
 from rlctl.launch.jobdir import JobDir, job_digests
 
 
@@ -52,7 +57,36 @@ def launch_changes(jobdir: JobDir) -> list[str]:
                 f"{path} changed since the launch ({', '.join(changed)}); the resume runs the job as launched "
                 f"(its job.json): to run the changed job, launch it anew (`rlctl launch {path}`)"
             )
+        lines += site_changes(jobdir, job, path)
     return lines
+
+
+def site_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
+    """One line when the inventory files the job names (relative to the job file it was launched from) now say
+    something else of its sites than the job's sites.json (as launched), which the resume runs on: the fields
+    that differ, `sites.<name>.nodes`. Nothing when they cannot be read (moved, removed, broken)."""
+    files = job.get("inventory") if isinstance(job, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return []
+    paths = [Path(os.path.normpath(source.parent / f)) for f in files]
+    try:
+        now = load_inventory(paths).sites
+        launched = read_sites(jobdir.path)
+    except RlctlError:
+        return []
+    changed: list[str] = []
+    for name, site in sorted(launched.items()):
+        if name not in now:
+            changed.append(f"sites.{name} (gone)")
+            continue
+        before, after = (s.model_dump(mode="json", by_alias=True) for s in (site, now[name]))
+        changed += changed_fields(before, after, f"sites.{name}")
+    if not changed:
+        return []
+    return [
+        f"the inventory ({', '.join(map(str, paths))}) changed since the launch ({', '.join(changed)}); the resume "
+        f"runs on the sites as launched (its {SITES_FILE}): to run on the changed inventory, launch the job anew"
+    ]
 
 
 def changed_fields(before: Any, after: Any, prefix: str = "") -> list[str]:

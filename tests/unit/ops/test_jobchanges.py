@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -53,3 +54,35 @@ def test_changed_fields_names_nested_added_and_removed_fields() -> None:
     after = {"a": 1, "b": {"c": [1, 3], "f": "y"}}
     assert changed_fields(before, after) == ["b.c", "b.d", "b.f", "e"]
     assert changed_fields(before, before) == []
+
+
+def _inventory(gpus: int, name: str = "local") -> dict[str, Any]:
+    site = {
+        "datacenter": "here",
+        "scheduler": {"kind": "local"},
+        "gpu": "CPU",
+        "nodes": [{"host": "localhost", "gpus": gpus}],
+        "network": {"bandwidth_gbps": 10},
+    }
+    return {"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {name: site}}
+
+
+def test_a_resume_names_the_sites_whose_inventory_changed_since_the_launch(tmp_path: Path) -> None:
+    # the inventory's site gained GPUs after the launch: the resume ran on sites.json, as launched, without a word
+    from rlctl.config.inventory import load_inventory
+    from rlctl.launch.backends import write_sites
+
+    jd, _ = _launched(tmp_path)
+    inventory = tmp_path / "x.yaml"  # the job's `inventory: [x.yaml]`, beside its job file
+    inventory.write_text(yaml.safe_dump(_inventory(4)))
+    write_sites(jd.path, load_inventory([inventory]).sites)
+    assert launch_changes(jd) == []
+    inventory.write_text(yaml.safe_dump(_inventory(8)))
+    assert launch_changes(jd) == [
+        f"the inventory ({inventory}) changed since the launch (sites.local.nodes); the resume runs on the sites as "
+        "launched (its sites.json): to run on the changed inventory, launch the job anew"
+    ]
+    inventory.write_text(yaml.safe_dump(_inventory(4, "other")))
+    assert "(sites.local (gone))" in launch_changes(jd)[0]
+    inventory.write_text("sites: [")  # broken: nothing to compare with
+    assert launch_changes(jd) == []
