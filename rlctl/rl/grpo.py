@@ -39,7 +39,8 @@ from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 # |log π − log μ| past this is clamped before exp (e^20 ≈ 4.9e8, finite in fp32 and bf16): a token the engine scored
 # far less likely than the trainer does (a numerics mismatch, a stale sample) would otherwise give an infinite ratio,
 # an infinite loss and NaN gradients, and the finite-step guard would drop the whole batch's step for it. Clamped,
-# that token carries no gradient (the clamp's), and the rest of the batch trains.
+# that token carries no gradient under `clip` (the clamp's), is left out under `decoupled` without a cap (weight 0,
+# not e^20), and is weighted by the cap under a cap; the rest of the batch trains.
 MAX_LOG_RATIO = 20.0
 
 
@@ -99,7 +100,8 @@ def policy_loss(
     `decoupled` and `tis` weight each token's policy gradient by π_prox / μ, uncapped or truncated.
 
     Every log-ratio (to μ, to π_prox, to the reference) is clamped to ±MAX_LOG_RATIO before its exp, so one token
-    scored far apart by engine and trainer cannot make the loss infinite.
+    scored far apart by engine and trainer cannot make the loss infinite; uncapped `decoupled` leaves such a token
+    out (weight 0, counted in `is_capped_sum`) rather than weigh it e^MAX_LOG_RATIO.
 
     The metrics are sums over the batch's valid tokens; `kl_sum` is the k3 KL(behaviour ‖ θ) (no gradient);
     `is_weight_sum` the behaviour weights' sum and `is_capped_sum` how many the cap truncated; `entropy_sum` the
@@ -117,8 +119,11 @@ def policy_loss(
         base = behaviour
     else:
         base = logp.detach()  # π_prox
-        raw = torch.exp(((base - behaviour) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        log_w = (base - behaviour) * mask
+        raw = torch.exp(log_w.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
         weight = raw if is_cap is None else raw.clamp(max=is_cap)
+        if is_cap is None:  # no cap to bound it: a token π_prox and μ score too far apart to weigh is left out
+            weight = weight.masked_fill(log_w.abs() > MAX_LOG_RATIO, 0.0)
         capped = float(((raw > weight) * mask).sum())
     log_ratio = ((logp - base) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)

@@ -344,3 +344,13 @@ def test_a_token_the_engine_scored_far_less_likely_leaves_the_loss_finite(
     grad = cast(FixedPolicy, policy).logits.grad
     assert grad is not None and bool(torch.isfinite(grad).all())
     assert float(grad[0, 1].abs().max()) > 0  # the second token (ratio 1) still trains
+    # the far token: no gradient under clip (the clamp's) nor uncapped decoupled (left out, not weighted e^20:
+    # after clip_grad_norm_ it would steer the whole step); under tis the cap weighs it as any capped token
+    policy = fixed((1, 3))
+    loss, m = policy_loss(policy, batch, clip_eps=0.2, off_policy=off_policy, is_cap=cap)  # no KL term's gradient
+    loss.backward()
+    grad = cast(FixedPolicy, policy).logits.grad
+    assert grad is not None
+    far_grad = float(grad[0, 0].abs().max())
+    assert (far_grad > 0) == (off_policy == "tis"), far_grad
+    assert m["is_capped_sum"] == (0 if off_policy == "clip" else 1)
