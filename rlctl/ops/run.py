@@ -327,6 +327,7 @@ class JobRun:
             state = "stopped"
         if state == "launching":
             self.db.put(self.id, job_dir=str(self.jobdir.path), spec=self.spec.model_dump(mode="json", by_alias=True))
+            info = {"controller_exit": None, "trainer_exit": None, **info}  # the run before's: not this run's
         self.db.update(self.id, state=state, info=info or None)
 
     def _files(self) -> tuple[HostFiles, str]:

@@ -127,3 +127,24 @@ def test_the_rank_seen_ended_first_is_named_before_a_later_signal() -> None:
     assert run.first_ended_rank() == ("trainer-1", 1, -6)
     run._ended_ranks = {}
     assert run.first_ended_rank() is None
+
+
+def test_a_new_run_clears_the_exits_the_run_before_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resume (by hand or auto_resume) whose controller is then SIGKILLed with its launcher: `rlctl status` named
+    the exit the run before's controller had (`exit 1`), the index row's, as this run's."""
+    from rlctl.ops.jobdb import JobDB
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    run = JobRun.__new__(JobRun)
+    run.jobdir, run.stop_since = _job(tmp_path), 0.0  # its id: the job dir's name, "job"
+    run.spec = load_job(ROOT / "jobs" / "demo.yaml").spec
+    run.db = JobDB()
+    try:
+        run._register("launching")
+        run._register("failed", controller_exit=1, trainer_exit=-9)
+        assert run.db.get("job").info["controller_exit"] == 1
+        run._register("launching", launcher={"pid": 1})  # the resume
+        info = run.db.get("job").info
+        assert (info["controller_exit"], info["trainer_exit"], info["launcher"]) == (None, None, {"pid": 1})
+    finally:
+        run.db.close()
