@@ -62,13 +62,13 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
                 f"({indexed.job_dir})",
                 hint=f"give the directory as a path (./{ref} or {here}) or the job by its id",
             )
-        row = indexed if same else next((r for r in rows if r.job_dir == str(here)), None)
+        row = indexed if same else next((r for r in rows if _same_dir(r, here)), None)
         return JobRef(here.name, JobDir(here), row)
     if indexed is not None:
         return JobRef(indexed.name, JobDir(Path(indexed.job_dir)), indexed)
     if path.is_dir():
         # a launch still preparing the job (its SFT warm-up): in the index, without job.json until it is prepared
-        preparing = next((r for r in rows if r.job_dir == str(path.resolve())), None)
+        preparing = next((r for r in rows if _same_dir(r, path.resolve())), None)
         if preparing is not None:
             return JobRef(preparing.name, JobDir(Path(preparing.job_dir)), preparing)
         raise UsageError(f"{path}: not a job directory (no job.json), and no job {ref!r} in the index ({db.path})")
@@ -80,3 +80,9 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
         f"no job {ref!r} in the index ({db.path}); job names: {listed or 'none'}{did_you_mean(ref, known)}",
         hint="give a job name, an id from `rlctl status --all`, or a job directory",
     )
+
+
+def _same_dir(row: JobRow, here: Path) -> bool:
+    """Whether the row's job dir is `here` (resolved): the index keeps it as given, absolute but not resolved (a
+    symlink, a `..`), and a resolved path compared as text did not match it."""
+    return row.job_dir == str(here) or Path(row.job_dir).resolve() == here

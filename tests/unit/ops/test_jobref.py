@@ -104,3 +104,18 @@ def test_a_job_directory_still_being_prepared_is_its_indexed_job(tmp_path: Path,
     ref = resolve(str(preparing), db=db)
     assert (ref.id, ref.jobdir.path, ref.row is not None) == ("ar2", preparing, True)
     assert resolve(None, db=db).id == resolve("ar", db=db).id == "ar2"
+
+
+def test_a_job_directory_reached_through_a_symlink_is_its_indexed_job(tmp_path: Path, db: JobDB) -> None:
+    # the index keeps the job dir as the launch was given it (absolute, not resolved): a job dir under a symlinked
+    # jobs/ was `not a job directory` while being prepared, and without its row once prepared
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "jobs").symlink_to(tmp_path / "disk")
+    linked = tmp_path / "jobs" / "ar3"
+    linked.mkdir()
+    db.put("ar3", job_dir=str(linked), spec={"name": "ar"})
+    real = tmp_path / "disk" / "ar3"
+    assert resolve(str(real), db=db).id == "ar3"  # being prepared: no job.json
+    (real / "job.json").write_text("{}")
+    ref = resolve(str(real), db=db)
+    assert ref.row is not None and ref.row.name == "ar3"
