@@ -524,10 +524,12 @@ class SlurmBackend(LaunchBackend):
 
     def at_time_limit(self, handle: AgentHandle) -> str | None:
         """SLURM's TERM comes `grace_s` before the job's `--time` (up to TERM_EARLY_S sooner: SLURM checks limits
-        about once a minute), and the agents exit on it: a job that ran that long, or that SLURM ended TIMEOUT."""
+        about once a minute), and the agents exit on it: a job that ran that long, or that SLURM ended TIMEOUT (only
+        that, under a limit no longer than grace_s + TERM_EARLY_S, which every run is within)."""
         job_id = str(handle.ident["job_id"])
         state, run_s, limit_s = self._times(job_id)
-        if run_s is not None and limit_s is not None and run_s >= limit_s - self.grace_s - TERM_EARLY_S:
+        early = self.grace_s + TERM_EARLY_S  # a limit no longer than that: any run ends within it (TIMEOUT says)
+        if run_s is not None and limit_s is not None and limit_s > early and run_s >= limit_s - early:
             return f"SLURM job {job_id} ran {_clock(run_s)} of its {_clock(limit_s)} limit"
         if state == "TIMEOUT":
             return f"SLURM job {job_id} ended TIMEOUT"

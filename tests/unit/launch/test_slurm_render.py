@@ -327,6 +327,9 @@ def at_time_limit_with(answers: dict[str, CommandResult]) -> tuple[str | None, l
         ({"sacct": CommandResult(0, "TIMEOUT|125|2\n", "")}, "SLURM job 42 ran 0:02:05 of its 0:02:00 limit"),
         ({"sacct": CommandResult(0, "TIMEOUT||\n", "")}, "SLURM job 42 ended TIMEOUT"),
         ({}, None),  # no tool knows the job
+        # a limit within grace_s + TERM_EARLY_S (30 + 60 s): every run is that close to it; only TIMEOUT tells
+        ({"squeue": CommandResult(0, "RUNNING 0:20 1:00\n", "")}, None),
+        ({"sacct": CommandResult(0, "TIMEOUT|65|1\n", "")}, "SLURM job 42 ended TIMEOUT"),
     ],
 )
 def test_at_time_limit_reads_run_time_and_limit(answers: dict[str, CommandResult], said: str | None) -> None:
