@@ -245,8 +245,11 @@ class JobDir:
         say_once(skipped)
         return rows
 
-    def event(self, kind: str, **fields: Any) -> None:
-        self.append(self.events, {"t": round(time.time(), 3), "event": kind, **fields})
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Append the event to events.jsonl; the row appended."""
+        row = {"t": round(time.time(), 3), "event": kind, **fields}
+        self.append(self.events, row)
+        return row
 
     def read_lines(self, path: Path) -> list[dict[str, Any]]:
         """The JSON objects of a .jsonl file, one a line. A last line that does not parse is skipped (its writer

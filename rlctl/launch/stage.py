@@ -839,6 +839,31 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
     return fetched
 
 
+def event_to_record(job_dir: Path, row: dict[str, Any], view: tuple[Site, str, str] | None = None) -> None:
+    """The event `row`, appended here already (`JobDir.event`), appended to the controller's own record too where
+    that is on another site (`view`, else `record_view`): the controller reads only its own events, and a stop it
+    does not see there makes its SIGTERM a failure (`failed: controller got SIGTERM`) that every fetch of its record
+    brings back here. The same line as here: a fetch merges the two as one. A site that does not answer is logged
+    (the launcher then says `stopped` for the controller in the summary it fetched)."""
+    try:
+        view = view or record_view(job_dir)
+    except LaunchError as e:
+        log.warning("the %s event is not on the controller's site: %s", row.get("event"), e)
+        return
+    if view is None:
+        return
+    site, host, root = view
+    if not is_remote(site) and Path(root) == job_dir:
+        return
+    fs = host_files(site, host)
+    try:
+        fs.append(f"{root}/{EVENTS}", json.dumps(row, default=str) + "\n")
+    except (LaunchError, OSError) as e:
+        log.warning("the %s event is not on the controller's site (%s): %s", row.get("event"), host, e)
+    finally:
+        fs.close()
+
+
 def fetch_appended(fs: HostFiles, path: str, local: Path) -> bool:
     """Bring the local copy of a log the host only appends to up to date, whole lines only: the bytes past the
     copy where it is a prefix of the host's file (its last TAIL_MATCH_BYTES equal the host's at the same offset),

@@ -32,6 +32,7 @@ from rlctl.launch.jobdir import JobDir, resume_command
 from rlctl.launch.stage import (
     agents_and_latest_run,
     all_recorded_agents,
+    event_to_record,
     fetch_record,
     readable_agents,
     record_view,
@@ -327,12 +328,14 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
         # a launcher that may still run may be about to resume the run that failed (`checkpoint.auto_resume`: the
         # row says failed and nothing runs until it starts the next run): the request keeps it from doing so, or
         # ends the start it began (`JobRun.start` looks for it before each agent)
-        jd.event(STOP_REQUESTED)
+        event_to_record(jd.path, jd.event(STOP_REQUESTED))
         if _index_state(ref.row.name) not in LIVE:
             return {**ended, "launcher": launcher_state(launcher, ended=True)}
         # it began the next run before the request: that run is stopped as any live job is (below)
     else:
-        jd.event(STOP_REQUESTED)  # before the controller can end: its launcher must not resume it (`autoresume`)
+        # before the controller can end: its launcher must not resume it (`autoresume`); where the controller reads
+        # its events too (on its site), so that it ends `stopped`, not failed
+        event_to_record(jd.path, jd.event(STOP_REQUESTED))
     try:
         # the request's own bound is no shorter than REQUEST_FLOOR_S: `--grace 0` asked with a 0 s timeout, and a
         # healthy controller read as one that did not answer

@@ -63,6 +63,7 @@ from rlctl.launch.stage import (
     STAGED_FILE,
     all_recorded_agents,
     controller_view,
+    event_to_record,
     fetch_record,
     latest_run_names,
     readable_agents,
@@ -785,7 +786,9 @@ class JobRun:
         handles = all_recorded_agents(self.jobdir.path, skipped=skipped)
         ending = self._controller_runs()
         if ending:  # its SIGTERM is this stop's: the run ends `stopped`, not failed (`ControllerAgent._stop_meant`)
-            self.jobdir.event(LAUNCHER_STOP)
+            row = self.jobdir.event(LAUNCHER_STOP)
+            if self._record is not None:  # where the controller reads its events
+                event_to_record(self.jobdir.path, row, self._record)
         problems = skipped + stop_agents(self.backends, handles, grace_s=grace_s)
         if self._record is not None:
             try:

@@ -446,3 +446,32 @@ def test_a_job_whose_controller_runs_on_the_ssh_site_is_attached_after_its_launc
     assert log_there.returncode == 0 and log_there.stdout == (job_dir / "samples.jsonl").read_text()
     code, rows = rlctl_json("status", "--all")
     assert next(r["state"] for r in rows if r["id"] == job_dir.name) == "finished", rows
+
+
+def test_a_launcher_stopped_with_ctrl_c_leaves_its_controller_on_the_ssh_site_stopped(services, tmp_path, launcher):
+    """The launcher's own stop (Ctrl-C) SIGTERMs the controller on the SSH site: its launcher_stop event goes to the
+    controller's own record there too, so the controller ends `stopped` itself. Before, only the operator's copy had
+    it: the site's summary said `failed: controller got SIGTERM`, and every fetch of it (`rlctl status`) brought that
+    back over the launcher's `stopped`."""
+    workdir = site_workdir()
+    inv = cross_site_inventory(services, tmp_path / "sites.yaml", Path(workdir))
+    placement = {
+        "trainer": {"site": "train", "gpus": 1},
+        "rollout": [{"site": "gen", "gpus": 1}],
+        "controller_site": "gen",
+    }
+    job = job_yaml(tmp_path / "interrupted.yaml", inventory=[str(inv)], trainer="train", rollout="gen",
+                   iterations=5000, placement=placement)  # fmt: skip
+    job_dir, site_dir = tmp_path / "run", f"{workdir}/jobs/run"
+    proc = launcher(str(job), "--job-dir", str(job_dir))
+    # the controller's metrics are on its site (fetched here at the end)
+    trained = lambda: on_site(services, f"test -s {site_dir}/metrics.jsonl").returncode == 0  # noqa: E731
+    wait_for("an iteration", trained, 240, alive=proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    there = on_site(services, f"cat {site_dir}/summary.json")
+    assert there.returncode == 0, there.stderr
+    assert json.loads(there.stdout)["state"] == "stopped", (there.stdout[:300], err[-2000:])
+    code, st = rlctl_json("status", str(job_dir))  # fetches the site's record again
+    assert code == 0 and st["summary"]["state"] == "stopped", st
+    assert not Path(workdir).exists()

@@ -818,3 +818,23 @@ def test_a_host_that_shares_the_work_root_under_another_path_reads_the_model_thr
     init = elsewhere / "jobs" / "job-1" / "model" / "init"
     for f in ("config.json", "model.safetensors"):
         assert (init / f).read_bytes() == (src / "model" / "init" / f).read_bytes()
+
+
+def test_an_event_for_the_controller_goes_to_its_record_on_its_site_and_merges_back_once(tmp_path: Path) -> None:
+    """A stop's event (`rlctl stop`'s stop_requested, the launcher's launcher_stop) was written only here: a controller
+    on another site read its own events, took the stop's SIGTERM for a failure (`failed: controller got SIGTERM`),
+    and every fetch of its summary brought that back over the launcher's `stopped`."""
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.launch.stage import event_to_record
+
+    src, site, root = _controller_site(tmp_path)
+    (root / "events.jsonl").write_text('{"t": 1, "event": "agent_started"}\n')
+    row = JobDir(src).event("stop_requested")
+    event_to_record(src, row, (site, "localhost", str(root)))
+    there = [json.loads(line) for line in (root / "events.jsonl").read_text().splitlines()]
+    assert there[-1] == row
+    fetch_record(src, site, "localhost", str(root))
+    here = [json.loads(line)["event"] for line in (src / "events.jsonl").read_text().splitlines()]
+    assert here == ["agent_started", "stop_requested"]  # once, though on both sides
+    event_to_record(src, row, (site, "localhost", str(src)))  # the record is here: nothing more
+    assert len((src / "events.jsonl").read_text().splitlines()) == 2
