@@ -1169,12 +1169,18 @@ class ControllerAgent:
                 peer.state = "stopped" if peer.state == "running" else peer.state
                 continue
             msg, heard = payload
-            if msg.kind == "shutdown" and peer.role == "client":
+            if msg.kind == "shutdown" and peer.role == "client" and msg.header.get("failed"):
+                # the launcher's (a trainer rank gone before it joined): the summary says it, as `_message` does
+                self.core.failed = self.core.failed or str(msg.header["failed"])
+                self._reply(peer, msg, {"ok": True, "grace_s": STOP_GRACE_S, "checkpoint": None})
+            elif msg.kind == "shutdown" and peer.role == "client":
                 waiting = graceful and self._checkpoint_coming() and time.monotonic() < checkpoint_by
                 self._reply(peer, msg, self._stop_again(msg.header.get("grace_s"), waiting=waiting))
                 checkpoint_by = min(checkpoint_by, self.stop_by - 1.0)  # a shorter grace: the summary still written
             elif msg.kind == "bye":  # not the loop's: what a unit was evaluating is not asked again now
                 peer.figures, peer.state = parse(msg, Heartbeat), "stopped"
+            elif msg.kind == "scale" and peer.role == "client":  # answered at once, not at the client's timeout
+                self._reply(peer, msg, {"error": "the job is stopping: no rollout units are added or removed"})
             elif msg.kind in ("heartbeat", "status") or (graceful and msg.kind in ("trained", "checkpoint_written")):
                 # a graceful stop books the trainer's late `trained` and `checkpoint_written` (a stop during the
                 # step of an iteration that checkpoints, or while its `trained` was on its way: the trainer

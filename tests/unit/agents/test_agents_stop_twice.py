@@ -43,3 +43,32 @@ def test_a_second_stop_while_the_first_waits_for_a_checkpoint_joins_that_wait(tm
         second.close()
     finally:
         h.close()
+
+
+def test_while_it_stops_a_scale_is_refused_at_once_and_the_launchers_failure_is_kept(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """While it ends on a stop: `rlctl scale` got no answer (it waited out its timeout), and the launcher's
+    `shutdown {failed}` (a trainer rank gone before it joined) was answered as a second stop, its reason dropped."""
+    monkeypatch.setattr(controller, "BYE_WAIT_S", 0.0)
+    h = HandledController(tmp_path, small_job("scaled", iterations=6), listen="inproc://stop-scale")
+    try:
+        h.ctl.writing[2] = ({}, "[]", 0)  # it waits for the trainer's checkpoint: clients are answered meanwhile
+        h.feed("client-0", make("shutdown", {}))
+        h.ends["client-0"].recv(timeout_s=5)
+        h.drain()
+        ending = threading.Thread(target=h.ctl._shutdown, daemon=True)
+        ending.start()
+        client = h.transport.connect(h.ctl.listener.address, timeout_s=5)
+        client.send(make("hello", Hello(role="client", name="rlctl-scale")))
+        answer = client.request(Message("scale", {"delta": 1}), timeout_s=5).header
+        assert answer == {"error": "the job is stopping: no rollout units are added or removed"}
+        failed = client.request(Message("shutdown", {"failed": "trainer-1 exited with 1"}), timeout_s=5).header
+        assert failed["ok"] and "stopping" not in failed
+        h.ends["trainer-0"].send(make("bye", {"name": "trainer-0", "state": "stopped"}))
+        ending.join(timeout=10)
+        assert not ending.is_alive()
+        assert h.jd.read_json(h.jd.summary_json)["state"] == "failed: trainer-1 exited with 1"
+        client.close()
+    finally:
+        h.close()
