@@ -391,7 +391,7 @@ def be_launcher(
                 progress.close()
                 runs.stop()
         except KeyboardInterrupt:  # Ctrl-C: exit 130 (the CLI's), once the operator is told what became of the job
-            progress.say(interrupted_line(jd, runs.run))
+            progress.say(interrupted_line(jd, runs.run, source=runs.source))
             raise
     summary = add_heldout(jd, spec, summary, say=progress.say)
     emit(summary, output, summary_table)
@@ -405,10 +405,17 @@ def be_launcher(
         )
 
 
-def interrupted_line(jd: JobDir, run: JobRun | None) -> str:
-    """What a launch Ctrl-C stopped says: the job stopped (every agent), and how to continue it."""
+def interrupted_line(jd: JobDir, run: JobRun | None, *, source: str | None = None) -> str:
+    """What a launch Ctrl-C stopped says: the job stopped (every agent), and how to continue it; one stopped while
+    it was prepared (no job.json: `launch --resume` refuses it), how to launch it again from `source`."""
     from rlctl.launch.jobdir import resume_command
+    from rlctl.ops.run import launch_again
 
+    if run is None and not jd.job_json.exists():
+        return (
+            f"rlctl: interrupted: job {jd.path.name} stopped while its launch prepared it (nothing started); "
+            f"launch it again with `{launch_again(source)}`"
+        )
     how = run.resume_command() if run is not None else resume_command(jd.path)
     return f"rlctl: interrupted: job {jd.path.name} stopped (every agent); continue it with `{how}`"
 

@@ -71,6 +71,7 @@ class Runs:
         self.left = spec.checkpoint.auto_resume  # resumes after a failure left (a time limit spends none)
         self.resumes = 0  # automatic resumes done, time limits' among them
         self.run: JobRun | None = None
+        self.source: str | None = None  # a fresh launch's job file (`preparing`)
         self._preparing = False  # its row entered the index before its first run (`preparing`)
         self._began = time.time() - 0.001  # when this launcher began (events' times are rounded to the millisecond)
         self._t0 = time.monotonic()  # … on this clock: the launch table's `wall`
@@ -87,7 +88,8 @@ class Runs:
             self.db.put(name, job_dir=str(self.jobdir.path), spec=self.spec.model_dump(mode="json", by_alias=True))
             self.db.update(name, info={"launcher": this_launcher(), "source": source})
             self._preparing = True
-        return StopCheck(self.jobdir, since=self._stops_since(), db=self.db)
+        self.source = source
+        return StopCheck(self.jobdir, since=self._stops_since(), db=self.db, source=source)
 
     def start(self, *, resume: bool = False) -> JobRun:
         """Start a run (`resume`: from the job's latest complete checkpoint, and say which)."""

@@ -172,8 +172,11 @@ class StopCheck:
     `rlctl stop` asked for the job at or after `since` (time.time()) ends the launch there with Stopped, the index
     row `stopped`. The job's events are read at most every `every_s`."""
 
-    def __init__(self, jobdir: JobDir, *, since: float, db: JobDB | None, every_s: float = 0.5) -> None:
+    def __init__(
+        self, jobdir: JobDir, *, since: float, db: JobDB | None, every_s: float = 0.5, source: str | None = None
+    ) -> None:
         self.jobdir, self.since, self.db, self.every_s = jobdir, since, db, every_s
+        self.source = source  # the job file the launch read: what launches it again
         self._next = 0.0
 
     def __call__(self) -> None:
@@ -190,8 +193,14 @@ class StopCheck:
             self.db.update(name, state="stopped", only_from=LIVE)
         raise Stopped(
             f"job {name} was stopped (`rlctl stop`) while its launch prepared it (SFT warm-up, data); nothing started",
-            hint="launch it again with `rlctl launch JOB.yaml`",
+            hint=f"launch it again with `{launch_again(self.source)}`",
         )
+
+
+def launch_again(source: str | None) -> str:
+    """The command that launches a job anew from its job file `source` (a job stopped before it was prepared has
+    no job.json: `launch --resume` refuses it)."""
+    return f"rlctl launch {shlex.quote(source)}" if source else "rlctl launch JOB.yaml"
 
 
 def _free_port() -> int:

@@ -152,6 +152,7 @@ def test_a_stop_while_the_launch_prepares_the_job_ends_that_launch(tmp_path, mon
         assert stop.returncode == 0 and f"Stop {job_dir.name}" in stop.stdout, stop.stdout + stop.stderr
         _, err = proc.communicate(timeout=30)  # its warm-up ended at the stop: not after its 5000 steps
         assert proc.returncode == 1 and "while its launch prepared it" in err, err[-2000:]
+        assert f"launch it again with `rlctl launch {job}`" in err, err[-2000:]  # not `launch --resume`: unprepared
     finally:
         if proc.poll() is None:
             proc.kill()

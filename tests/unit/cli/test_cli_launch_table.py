@@ -136,6 +136,7 @@ class _InterruptedRuns:
     def __init__(self, jd: JobDir, *_: object, **__: object) -> None:
         self.events: list[str] = []
         self.run: SimpleNamespace | None = None
+        self.source: str | None = None
         self.jd = jd
         _InterruptedRuns.last = self
 
@@ -171,6 +172,20 @@ def test_a_launch_ctrl_c_stops_says_it_stopped_the_job_and_how_to_resume_it(
     assert capsys.readouterr().err.splitlines()[-1] == (
         "rlctl: interrupted: job demo-1 stopped (every agent); continue it with `rlctl launch --resume demo-1`"
     )
+
+
+def test_a_launch_ctrl_c_during_its_prepare_says_to_launch_it_again(tmp_path: Path) -> None:
+    # Ctrl-C in the SFT warm-up (no run yet, no job.json): it said `continue it with rlctl launch --resume DIR`,
+    # which then refused the job as never prepared
+    from rlctl.commands.launch import interrupted_line
+
+    jd = JobDir.create("demo", explicit=tmp_path / "demo-2")
+    assert interrupted_line(jd, None, source="jobs/my job.yaml") == (
+        "rlctl: interrupted: job demo-2 stopped while its launch prepared it (nothing started); launch it again "
+        "with `rlctl launch 'jobs/my job.yaml'`"
+    )
+    jd.job_json.write_text("{}")  # prepared, its launcher gone before a run: a resume continues it
+    assert interrupted_line(jd, None).endswith(f"continue it with `rlctl launch --resume {jd.path}`")
 
 
 class _FailedRuns(_InterruptedRuns):
