@@ -14,9 +14,10 @@ Everything else has defaults; `rlctl plan` fills `gpus: auto`.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
@@ -736,10 +737,13 @@ def refills(spec: JobFile) -> int:
 class Job:
     """A validated job together with the inventory it runs on."""
 
-    def __init__(self, spec: JobFile, inventory: Inventory, path: Path) -> None:
+    def __init__(
+        self, spec: JobFile, inventory: Inventory, path: Path, *, mapping: dict[str, Any] | None = None
+    ) -> None:
         self.spec = spec
         self.inventory = inventory
         self.path = path
+        self.mapping = mapping  # the job file's mapping as it was read (as JSON reads it back): what a resume compares
 
     @property
     def name(self) -> str:
@@ -815,4 +819,4 @@ def load_job(path: Path) -> Job:
     if spec.job_dir is not None:  # like every path of the job file: the same job dir from wherever it is launched
         job_dir = os.path.normpath(path.absolute().parent / os.path.expanduser(spec.job_dir))
         spec = spec.model_copy(update={"job_dir": job_dir})
-    return Job(spec, inventory, path)
+    return Job(spec, inventory, path, mapping=json.loads(json.dumps(data, default=str)))

@@ -143,14 +143,17 @@ class JobDir:
         return self.checkpoints / f"iter-{iteration}"
 
     # -- contents -----------------------------------------------------------------------------------
-    def write_job(self, spec: JobFile, *, source: str) -> None:
+    def write_job(self, spec: JobFile, *, source: str, mapping: dict[str, Any] | None = None) -> None:
         """job.json: the job as launched (resolved: overrides, inputs), named by `source`; what a resume compares
         with it (`rlctl.ops.jobchanges`): the SHA-256 of each of its top-level fields, and, when `source` is a
-        file, that file's path and mapping as they were at the launch."""
+        file, that file's path and mapping as they were at the launch (`mapping`, as the launch read it: an edit
+        while it prepared the job is not the launch's; else read now)."""
         job = spec.model_dump(mode="json", by_alias=True)
         data: dict[str, Any] = {"source": source, "job": job, "job_sha256": job_digests(job)}
         path = Path(source)
-        if path.is_file():
+        if path.is_file() and mapping is not None:
+            data["source_file"] = {"path": str(path.absolute()), "job": mapping}
+        elif path.is_file():
             try:
                 mapping = read_yaml(path)
             except ConfigError as e:  # (it was read a moment ago; a resume then has nothing to compare with)

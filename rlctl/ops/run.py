@@ -164,7 +164,7 @@ def prepare(
     links = [sorted(link.between) for link in job.inventory.links if set(link.between) <= used]
     jobdir.write_json(jobdir.plan_json, {**plan, "links": links})
     write_sites(jobdir.path, {n: s for n, s in job.inventory.sites.items() if n in used})
-    jobdir.write_job(spec, source=source)
+    jobdir.write_job(spec, source=source, mapping=job.mapping if Path(source) == job.path else None)
 
 
 class StopCheck:

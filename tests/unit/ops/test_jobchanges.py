@@ -11,6 +11,7 @@ import yaml
 
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.jobchanges import changed_fields, launch_changes
+from tests.conftest import ROOT
 from tests.unit.controller_harness import small_job
 
 FILE = {"apiVersion": "rlctl/v1", "kind": "Job", "name": "kt", "iterations": 200, "algorithm": {"lr": 1.0e-5}}
@@ -86,3 +87,19 @@ def test_a_resume_names_the_sites_whose_inventory_changed_since_the_launch(tmp_p
     assert "(sites.local (gone))" in launch_changes(jd)[0]
     inventory.write_text("sites: [")  # broken: nothing to compare with
     assert launch_changes(jd) == []
+
+
+def test_an_edit_while_the_launch_prepares_the_job_is_a_change_since_the_launch(tmp_path: Path) -> None:
+    # job.json is written once the job is prepared (minutes of SFT warm-up): it read the job file again then, so an
+    # edit made meanwhile became the launch's mapping, and the resume never said it ran the job without it
+    from rlctl.config import load_job
+
+    job_file = ROOT / "jobs" / "demo.yaml"
+    source = tmp_path / "demo.yaml"
+    source.write_text(job_file.read_text().replace("../clusters/", f"{ROOT}/clusters/"))
+    job = load_job(source)  # what the launch read
+    assert job.mapping is not None and job.mapping["name"] == job.spec.name
+    source.write_text(source.read_text().replace(f"iterations: {job.spec.iterations}", "iterations: 999"))
+    jd = JobDir.create("d", explicit=tmp_path / "job")
+    jd.write_job(job.spec, source=str(source), mapping=job.mapping)
+    assert launch_changes(jd)[0].startswith(f"{source} changed since the launch (iterations)")
