@@ -361,6 +361,8 @@ def no_space(directory: Path, e: BaseException, *, needed_bytes: int | None = No
     enospc = False
     while chain is not None and not enospc:
         enospc = isinstance(chain, OSError) and chain.errno == errno.ENOSPC
+        # a library's own error that carries the OS's (safetensors: `No space left on device (os error 28)`)
+        enospc = enospc or f"(os error {errno.ENOSPC})" in str(chain) or os.strerror(errno.ENOSPC) in str(chain)
         chain = chain.__cause__ or chain.__context__
     where = next((p for p in (directory, *directory.parents) if p.is_dir()), None)
     if where is None:

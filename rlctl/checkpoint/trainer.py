@@ -230,12 +230,13 @@ def _write_shard(
         written = {"bytes": path.stat().st_size, "sha256": file_digest(path)}
     except (OSError, RuntimeError) as e:  # the disk is full (torch.save: RuntimeError), the directory is gone:
         # every rank still reaches the gather, and rank 0 refuses the checkpoint naming this rank and why
+        # (asked before the partial shard goes: ranks sharing the disk free theirs too, and each then saw room)
+        full = no_space(path.parent, e, needed_bytes=_tensor_bytes(body))
         tmp.unlink(missing_ok=True)  # a partial shard is not left for `keep` to miss
         error = f"{type(e).__name__}: {e}"
-        full = no_space(path.parent, e, needed_bytes=_tensor_bytes(body))
         log.error("checkpoint %s: rank %d could not write %s: %s", ckpt.name, rank, rel, full or error)
         failed = {"rank": rank, "replicas": replicas, "file": rel, "error": error}
-        return failed if full is None else failed | {"error": f"{full} ({error})", "full_dir": str(path.parent)}
+        return failed if full is None else failed | {"error": f"{full} ({error})", "full_dir": str(ckpt.parent)}
     return {
         "rank": rank,
         "replicas": replicas,
@@ -363,14 +364,16 @@ def _seal(
     # replica 0 is where ParallelConfig says (the launcher places the writers by it), and restores every rank
     assert [rec["rank"] for rec in shards] == split.first_replica_ranks(), (records, split)
     assert {rec["replicas"][0] for rec in records} == {rec["rank"] for rec in shards}, records
+    failed = [rec for rec in shards if "error" in rec]
+    if failed:  # a full disk first: what the operator must fix before a resume
+        rec = next((rec for rec in failed if rec.get("full_dir")), failed[0])
+        raise CheckpointError(
+            f"{ckpt}: rank {rec['rank']} could not write its shard {rec['file']}: {rec['error']}",
+            full_dir=rec.get("full_dir", ""),
+        )
     listed = {}
     for rec in shards:  # every shard is on disk, and is here as its rank wrote it
         r = rec["rank"]
-        if "error" in rec:
-            raise CheckpointError(
-                f"{ckpt}: rank {r} could not write its shard {rec['file']}: {rec['error']}",
-                full_dir=rec.get("full_dir", ""),
-            )
         assert rec["split"] == split.short(), (rec, split)
         path = ckpt / rec["file"]
         seen = {"bytes": path.stat().st_size, "sha256": file_digest(path)} if path.is_file() else None
@@ -401,12 +404,12 @@ def _seal(
     }
     try:
         return write_part(ckpt, "trainer", {MODEL: fill_model}, meta=meta, listed=listed)
-    except OSError as e:  # the policy's files (safetensors) on a full disk
+    except Exception as e:  # the policy's files on a full disk: safetensors raises SafetensorError (os error 28)
         full = no_space(ckpt, e)
         if full is None:
             raise
         raise CheckpointError(
-            f"{ckpt}: the policy could not be written: {full} ({type(e).__name__}: {e})", full_dir=str(ckpt)
+            f"{ckpt}: the policy could not be written: {full} ({type(e).__name__}: {e})", full_dir=str(ckpt.parent)
         ) from e
 
 

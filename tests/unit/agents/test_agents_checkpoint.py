@@ -559,11 +559,43 @@ def test_a_shard_write_on_a_full_disk_says_so_with_the_free_bytes_and_the_direct
         save_trainer(tmp_path / "iter-8", model=model, optimizers={"policy": torch.optim.AdamW(model.parameters())},
                      counters={"version": 8}, split=ONE, data_parallel=ALONE)  # fmt: skip
     ranks = tmp_path / "iter-8" / "ranks"
-    assert e.value.full_dir == str(ranks)
+    assert e.value.full_dir == str(tmp_path)  # the checkpoints' directory (iter-8 is set aside by the resume)
     assert f"rank 0 could not write its shard ranks/rank-0.pt: the disk is full: 4,096 B free in {ranks} (" in str(
         e.value
     )
     assert "unexpected pos 551872 vs 551764" in str(e.value)  # what torch said, kept
+
+
+def test_the_policys_safetensors_on_a_full_disk_say_so_too(tmp_path: Path, monkeypatch) -> None:
+    # safetensors raises its own SafetensorError (not an OSError): the full disk went out as that error, unsaid
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def full(*_: object, **__: object) -> None:
+        raise SafetensorError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        )
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    model = TinyGPT(small_config())
+    with pytest.raises(CheckpointError) as e:
+        save_trainer(tmp_path / "iter-8", model=model, optimizers={"policy": torch.optim.AdamW(model.parameters())},
+                     counters={"version": 8}, split=ONE, data_parallel=ALONE)  # fmt: skip
+    assert e.value.full_dir == str(tmp_path)
+    assert f"{tmp_path / 'iter-8'}: the policy could not be written: the disk is full: " in str(e.value)
+
+
+def test_a_full_disk_is_the_error_said_before_another_ranks(tmp_path: Path) -> None:
+    from rlctl.checkpoint.trainer import _seal
+
+    split = ParallelConfig("trainer", tp=2)  # two shards, ranks 0 and 1
+    records = [
+        {"rank": 0, "replicas": [0], "file": "ranks/rank-0.pt", "error": "RuntimeError: gone"},
+        {"rank": 1, "replicas": [1], "file": "ranks/rank-1.pt", "error": "the disk is full: …", "full_dir": "/d"},
+    ]
+    with pytest.raises(CheckpointError) as e:
+        _seal(tmp_path, records, model=TinyGPT(small_config()), counters={}, split=split, tokenizer_from=None)
+    assert e.value.full_dir == "/d" and "rank 1 could not write" in str(e.value)
 
 
 def test_a_trainer_part_lost_to_a_full_disk_fails_the_job_saying_to_free_space_before_resuming(tmp_path: Path) -> None:
