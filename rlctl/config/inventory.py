@@ -395,7 +395,10 @@ def _no_device_twice(sites: dict[str, Site], origin: dict[str, str]) -> None:
         if site.scheduler.kind == "slurm" or site.spec.name == "CPU":
             continue
         for n in site.nodes:
-            for host in ["this machine"] if site.scheduler.kind == "local" else [_machine(h) for h in n.hosts]:
+            machines = [_machine(h) for h in n.hosts]
+            if site.scheduler.kind == "local":  # this machine, and the names its nodes give it (an SSH site's
+                machines = ["this machine", *(m for m in machines if m != "this machine")]  # 10.0.0.5, its FQDN)
+            for host in machines:
                 for device in sorted({n.device(slot) for slot in range(n.gpus)}):
                     other = held.setdefault((host, device), name)
                     if other != name:

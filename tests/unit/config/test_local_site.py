@@ -4,6 +4,7 @@ inventory file and the field, exit 2 — before launch writes anything."""
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from rlctl.config.inventory import load_inventory
+from rlctl.errors import ConfigError
 from tests.conftest import ROOT, run_cli
 
 DEMO = ROOT / "jobs" / "demo.yaml"
@@ -123,3 +126,16 @@ def test_a_local_site_and_an_ssh_site_on_localhost_sharing_a_gpu_are_refused(tmp
     inventory.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites}))
     res = run_cli("check", str(inventory))
     assert res.exit_code == 2 and "sites.b.nodes: GPU 0 of this machine is listed by site 'a' too" in res.stderr
+
+
+def test_a_local_site_and_an_ssh_site_naming_this_machine_by_an_address_sharing_a_gpu_are_refused(
+    tmp_path: Path,
+) -> None:
+    """Both said host 10.250.0.1 (an address of this machine): the local site's GPU was keyed "this machine" only,
+    the SSH site's by the address, and the two passed on one GPU (they were refused when both were keyed by name)."""
+    node = {"datacenter": "here", "gpu": "H100", "nodes": [{"host": "10.250.0.1", "gpus": 1}]}
+    sites = {"a": node | {"scheduler": {"kind": "local"}}, "b": node | {"scheduler": {"kind": "ssh"}}}
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites}))
+    with pytest.raises(ConfigError, match=re.escape("sites.b.nodes: GPU 0 of 10.250.0.1 is listed by site 'a' too")):
+        load_inventory([inventory])
