@@ -117,7 +117,8 @@ def test_a_scale_wait_on_a_controller_that_does_not_count_first_samples_says_so_
         return {"adding": ["rollout-1"], "sites": ["gen"]} if kind == "scale" else {"state": "running"}
 
     monkeypatch.setattr(operate, "ask_controller", controller)
-    r = run_cli("scale", str(jd.path), "--timeout", "300")
+    r = run_cli("scale", str(jd.path), "--timeout", "300", "-o", "json")
     assert r.exit_code == 1
     assert "its controller does not report new units' first samples" in r.stderr.splitlines()[0], r.stderr
     assert "rlctl scale --no-wait" in r.stderr
+    assert json.loads(r.stdout)["adding"] == ["rollout-1"]  # what the scale did, printed as in the other errors
