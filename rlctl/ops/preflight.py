@@ -495,6 +495,7 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     trainers = [a for a in agents if a.role == "trainer"]
     site = trainers[0].site
     out += _shared_trainer_devices(job, trainers)
+    out += _shared_rollout_memory(job, agents)
     writers = checkpoint_writers(plan, spec)
     if (why := unshared_trainer(site, job.inventory.sites[site], trainers, writers=writers)) is not None:
         out.append(Problem("placement.trainer", *why))
@@ -698,55 +699,118 @@ def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:
 ROLLOUT_MEM_FRACTION = 0.9  # of a GPU's or a slot's memory, as the trainer's (`TRAIN_MEM_FRACTION`)
 
 
-def _rollout_memory(job: Job) -> list[Problem]:
-    """An embedded-engine rollout unit whose K/V storage (allocated whole at its first admission:
-    `rlctl.engines.kvsize`, rollout.max_batch_size rows of the longest request's width) plus the model's weights
-    exceed what one unit gets: a GPU of its site, or on a `gpu: CPU` site the host memory its nodes give a slot
-    (`memory_gb`; where the inventory does not say, a `local` site's units share this machine's memory, and
-    other sites are not checked). A unit that does not fit crashes at its first admission, is replaced, and
-    crashes again."""
+@dataclass(frozen=True)
+class _UnitMemory:
+    """What one embedded rollout unit of a site needs and gets (`_unit_memory`)."""
+
+    weights: int  # bytes of the model's weights
+    kv: int  # bytes of its K/V storage, max_batch_size rows
+    per_row: int  # bytes of one K/V row
+    capacity: int  # positions a row holds
+    have: float  # bytes of the memory it gets (a GPU, a slot, this machine)
+    what: str  # which memory that is, in words
+
+
+def _unit_memory(job: Job, site_name: str) -> _UnitMemory | None:
+    """An embedded-engine rollout unit of `site_name`: its K/V storage (allocated whole at its first admission:
+    `rlctl.engines.kvsize`, rollout.max_batch_size rows of the longest request's width), weights, and what it gets: a
+    GPU of its site, or on a `gpu: CPU` site the host memory its nodes give a slot (`memory_gb`; where the inventory
+    does not say, a `local` site's units share this machine's memory); None where that is not known or the job's
+    engine is not the embedded one."""
     from rlctl.engines.kvsize import bytes_per_position, cache_capacity, kv_cache_bytes
 
     spec, task = job.spec, job.spec.task
     model = _model_config(job)
     if spec.rollout.engine != "embedded" or model is None or not isinstance(task, DigitsTask | DatasetTask):
-        return []
+        return None
     if isinstance(task, DigitsTask) and max(task.num_digits_min, task.num_digits_max) > MAX_DIGITS:
-        return []  # refused by `_context`
+        return None  # refused by `_context`
     config, rows = model[0], spec.rollout.max_batch_size
     capacity = cache_capacity(sum(_longest_request(task)), config.max_position_embeddings)
-    for i, role in enumerate(spec.placement.rollout):
-        site = job.inventory.sites[role.site]
-        gpu = site.spec
-        if kind_for(gpu.name) == "cuda":  # the checkpoint's dtype on a GPU, fp32 on a CPU (rlctl.devices)
-            value_bytes, have, what = DTYPE_BYTES[config.torch_dtype], gpu.hbm_gb * 1e9, f"a {gpu.name} holds"
-        elif (slot := site.memory_per_slot_gb()) is not None:
-            value_bytes, have, what = 4, slot * 1e9, f"a slot of site {role.site!r} gets (its nodes' memory_gb)"
-        elif kind_of(site).on_this_machine:
-            have = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-            value_bytes, what = 4, f"this machine, where site {role.site!r} runs its units, has"
-        else:
+    site = job.inventory.sites[site_name]
+    gpu = site.spec
+    if kind_for(gpu.name) == "cuda":  # the checkpoint's dtype on a GPU, fp32 on a CPU (rlctl.devices)
+        value_bytes, have, what = DTYPE_BYTES[config.torch_dtype], gpu.hbm_gb * 1e9, f"a {gpu.name} holds"
+    elif (slot := site.memory_per_slot_gb()) is not None:
+        value_bytes, have, what = 4, slot * 1e9, f"a slot of site {site_name!r} gets (its nodes' memory_gb)"
+    elif kind_of(site).on_this_machine:
+        have = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        value_bytes, what = 4, f"this machine, where site {site_name!r} runs its units, has"
+    else:
+        return None
+    per_row = capacity * bytes_per_position(config, value_bytes=value_bytes)
+    return _UnitMemory(
+        weights=config.num_params() * value_bytes,
+        kv=kv_cache_bytes(config, rows=rows, capacity=capacity, value_bytes=value_bytes),
+        per_row=per_row,
+        capacity=capacity,
+        have=have,
+        what=what,
+    )
+
+
+def _kv_hint(job: Job, fit: int, capacity: int) -> str:
+    return (f"use max_batch_size ≤ {fit}" if fit > 0 else "place the rollout on a site with more memory") + (
+        f"; the {capacity} positions hold the longest request the task allows (task.max_prompt_tokens + "
+        "max_output_tokens): a dataset whose prompts are shorter fits more rows with a lower max_prompt_tokens"
+        if isinstance(job.spec.task, DatasetTask)
+        else ""
+    )
+
+
+def _rollout_memory(job: Job) -> list[Problem]:
+    """An embedded-engine rollout unit whose K/V storage plus the model's weights exceed what one unit gets
+    (`_unit_memory`; units that share it: `_shared_rollout_memory`). A unit that does not fit crashes at its first
+    admission, is replaced, and crashes again."""
+    rows = job.spec.rollout.max_batch_size
+    for i, role in enumerate(job.spec.placement.rollout):
+        m = _unit_memory(job, role.site)
+        if m is None or m.weights + m.kv <= ROLLOUT_MEM_FRACTION * m.have:
             continue
-        weights = config.num_params() * value_bytes
-        kv = kv_cache_bytes(config, rows=rows, capacity=capacity, value_bytes=value_bytes)
-        if weights + kv <= ROLLOUT_MEM_FRACTION * have:
-            continue
-        per_row = capacity * bytes_per_position(config, value_bytes=value_bytes)
-        fit = int((ROLLOUT_MEM_FRACTION * have - weights) // per_row)
+        fit = int((ROLLOUT_MEM_FRACTION * m.have - m.weights) // m.per_row)
         return [
             Problem(
                 "rollout.max_batch_size",
                 f"{rows}: each embedded rollout unit on site {role.site!r} (placement.rollout[{i}]) needs "
-                f"{weights + kv:,} bytes, K/V {rows} rows × {capacity} positions × {per_row // capacity:,} bytes "
-                f"plus weights {weights:,} bytes, and {what} {have:,.0f} bytes ({ROLLOUT_MEM_FRACTION:.0%} usable)",
-                hint=(f"use max_batch_size ≤ {fit}" if fit > 0 else "place the rollout on a site with more memory")
-                + (
-                    f"; the {capacity} positions hold the longest request the task allows (task.max_prompt_tokens + "
-                    "max_output_tokens): a dataset whose prompts are shorter fits more rows with a lower "
-                    "max_prompt_tokens"
-                    if isinstance(task, DatasetTask)
-                    else ""
-                ),
+                f"{m.weights + m.kv:,} bytes, K/V {rows} rows × {m.capacity} positions × {m.per_row // m.capacity:,} "
+                f"bytes plus weights {m.weights:,} bytes, and {m.what} {m.have:,.0f} bytes "
+                f"({ROLLOUT_MEM_FRACTION:.0%} usable)",
+                hint=_kv_hint(job, fit, m.capacity),
+            )
+        ]
+    return []
+
+
+def _shared_rollout_memory(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
+    """Rollout units that the layout puts on one GPU (a node's `devices` naming it for several slots), or a local
+    `gpu: CPU` site's units without `memory_gb` (all on this machine's memory), need that memory together: refused
+    when they do not fit together though one alone would (one alone: `_rollout_memory`)."""
+    together: dict[tuple[str, str], list[str]] = {}  # (site, GPU or machine) → the units on it
+    for a in agents:
+        if a.role != "rollout":
+            continue
+        site = job.inventory.sites[a.site]
+        if kind_for(site.spec.name) == "cuda" and a.gpu_slice is not None:
+            for device in sorted(set(site.devices_of(a.gpu_slice.host, a.gpu_slice.gpus))):
+                together.setdefault((a.site, f"GPU {device} of {a.gpu_slice.host}"), []).append(a.name)
+        elif kind_for(site.spec.name) != "cuda" and site.memory_per_slot_gb() is None and kind_of(site).on_this_machine:
+            together.setdefault((a.site, "this machine"), []).append(a.name)
+    rows = job.spec.rollout.max_batch_size
+    for (site_name, where), units in together.items():
+        m = _unit_memory(job, site_name)
+        k = len(units)
+        if m is None or k < 2 or m.weights + m.kv > ROLLOUT_MEM_FRACTION * m.have:
+            continue  # one alone, or one that does not fit alone (said by `_rollout_memory`)
+        if k * (m.weights + m.kv) <= ROLLOUT_MEM_FRACTION * m.have:
+            continue
+        fit = int((ROLLOUT_MEM_FRACTION * m.have / k - m.weights) // m.per_row)
+        return [
+            Problem(
+                "rollout.max_batch_size",
+                f"{rows}: the {k} embedded rollout units of site {site_name!r} on {where} ({', '.join(units)}) "
+                f"need {k * (m.weights + m.kv):,} bytes together, {m.weights + m.kv:,} each (K/V {rows} rows plus "
+                f"weights), and {m.what} {m.have:,.0f} bytes ({ROLLOUT_MEM_FRACTION:.0%} usable)",
+                hint=_kv_hint(job, fit, m.capacity) + "; or fewer units there",
             )
         ]
     return []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -1227,3 +1228,31 @@ def test_check_refuses_a_local_rollout_larger_than_this_machine(tmp_path: Path) 
     unit = "each embedded rollout unit on site 'local' (placement.rollout[0])"
     assert f"rollout.max_batch_size: 100000000: {unit} needs {need:,} bytes" in line
     assert "this machine, where site 'local' runs its units, has" in line and "hint: use max_batch_size ≤" in line
+
+
+def test_rollout_units_that_share_one_memory_are_refused_when_they_do_not_fit_it_together(tmp_path: Path) -> None:
+    """Each unit was priced against a whole GPU (or this whole machine), alone: two units on one GPU (a node's
+    `devices` mapping their slots to it), or a local site's units on this machine, each fitting alone, passed
+    though together they did not fit."""
+    phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    rows = int(0.6 * 0.9 * phys / KV_ROW_BYTES)  # one unit fits this machine, two do not
+    (p,) = refused(load(tmp_path, rollout={"max_batch_size": rows}), "rollout.max_batch_size")
+    assert p.message.startswith(
+        f"{rows}: the 2 embedded rollout units of site 'local' on this machine (rollout-0, rollout-1) need "
+    ), p.message
+    assert p.hint is not None and p.hint.endswith("; or fewer units there")
+    fit = int(p.hint.removeprefix("use max_batch_size ≤ ").split(";")[0])
+    assert refused(load(tmp_path, rollout={"max_batch_size": fit}), "rollout.max_batch_size") == []
+    one = {"trainer": {"site": "local", "gpus": 1}, "rollout": [{"site": "local", "gpus": 1}]}
+    assert refused(load(tmp_path, placement=one, rollout={"max_batch_size": rows}), "rollout.max_batch_size") == []
+
+    site = {"datacenter": "a", "scheduler": {"kind": "ssh"}, "gpu": "H100"}
+    site["nodes"] = [{"host": "n1", "gpus": 4, "devices": [0, 0, 0, 1]}]  # slots 0–2 on GPU 0
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"a": site}}))
+    placement = {"trainer": {"site": "a", "gpus": 1}, "rollout": [{"site": "a", "gpus": 2}]}
+    gpu_rows = int(0.6 * 0.9 * 80e9 / KV_ROW_BYTES)
+    job = load(tmp_path, inventory=[str(inv)], placement=placement, rollout={"max_batch_size": gpu_rows})
+    (p,) = refused(job, "rollout.max_batch_size")
+    assert "the 2 embedded rollout units of site 'a' on GPU 0 of n1 (rollout-0, rollout-1)" in p.message, p.message
+    assert "a H100 holds 80,000,000,000 bytes (90% usable)" in p.message
