@@ -7,7 +7,8 @@ as a child in its own session (no controlling terminal: no SIGHUP), its output i
 JSON line on an inherited pipe), then returns.
 
     rlctl launch --detach ──spawn──▶ rlctl launch (own session) ──▶ stage, start agents ──{"started"}──▶ pipe
-        │ copies the child's start log to stderr and launcher.log       │ its output to launcher.log; watches
+        │ copies the child's start log to stderr and launcher.log       │ the rest of it, then its output, to
+        │                                                               │ launcher.log; watches
         ├─ the line ──▶ prints the job, the launcher's pid; exit 0       └─ the job: record, held-out, index state
         ├─ EOF (the child ended first) ──▶ the child's exit code (its error is in the lines shown)
         └─ Ctrl-C ──▶ SIGTERM to the child: its `finally` stops what it started
@@ -28,6 +29,7 @@ runs, for `rlctl status`, `rlctl logs JOB launcher -f` and `rlctl attach` (which
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import select
@@ -37,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -91,23 +93,23 @@ class Detached:
             os.close(self.ready_fd)
 
     def _copy(self, write: Callable[[bytes], None] | None) -> None:
-        """The child's new lines to `write` and to launcher.log."""
+        """The child's new lines to `write` (from `offset`) and to launcher.log (`copy_on`: what is not there yet)."""
         try:
+            with _holding(self.start_log):
+                copy_on(self.start_log, self.log)
             with self.start_log.open("rb") as f:
                 f.seek(self.offset)
                 new = f.read()
         except FileNotFoundError:
             return
-        if new:
-            if write is not None:
-                write(new)
-            with self.log.open("ab") as out:
-                out.write(new)
+        if new and write is not None:
+            write(new)
         self.offset += len(new)
 
     def _finish(self, write: Callable[[bytes], None] | None) -> None:
         self._copy(write)
         self.start_log.unlink(missing_ok=True)
+        _copied(self.start_log).unlink(missing_ok=True)
 
     def cancel(self, grace_s: float = 60.0) -> int:
         """Ctrl-C while it starts: SIGTERM (it stops what it started, as on Ctrl-C in an attached launch); its
@@ -120,6 +122,36 @@ class Detached:
             code = self.proc.wait()
         self._finish(None)
         return code
+
+
+def _copied(start_log: Path) -> Path:
+    """How many bytes of the start log are in launcher.log: whoever copies on records it here (the waiting process
+    while it follows, the child as it says it started, which of them is last), so that none is copied twice."""
+    return start_log.with_name(start_log.name + ".copied")
+
+
+@contextlib.contextmanager
+def _holding(start_log: Path) -> Iterator[None]:
+    """The start log's lock (flock), held by whoever copies it on; FileNotFoundError when it is gone."""
+    fd = os.open(start_log, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def copy_on(start_log: Path, log: Path) -> None:
+    """Under `_holding`: the start log's bytes not in `log` yet appended to it, and the count recorded."""
+    record = _copied(start_log)
+    done = int(record.read_text() or 0) if record.exists() else 0
+    with start_log.open("rb") as f:
+        f.seek(done)
+        new = f.read()
+    if new:
+        with log.open("ab") as out:
+            out.write(new)
+        record.write_text(str(done + len(new)))
 
 
 def spawn(args: list[str], log: Path, *, env: dict[str, str] | None = None) -> Detached:
@@ -170,16 +202,20 @@ def say_started(info: dict[str, Any]) -> None:
     if log is not None:
         sys.stdout.flush()
         sys.stderr.flush()
-        _output_to(Path(log))
+        # what the waiting process has not copied on yet, then this process's output after it: in order, once
+        with contextlib.ExitStack() as held:
+            if start_log is not None:
+                with contextlib.suppress(OSError):
+                    held.enter_context(_holding(Path(start_log)))
+                    copy_on(Path(start_log), Path(log))
+            _output_to(Path(log))
     try:
         os.write(int(fd), (json.dumps(info) + "\n").encode())
         os.close(int(fd))
-    except (OSError, ValueError):  # the waiting process is gone (killed): its lines are copied on here
-        if log is not None and start_log is not None:
-            with contextlib.suppress(OSError):
-                with Path(log).open("ab") as out:
-                    out.write(Path(start_log).read_bytes())
-                Path(start_log).unlink()
+    except (OSError, ValueError):  # the waiting process is gone (killed): the start log is this process's to remove
+        if start_log is not None:
+            Path(start_log).unlink(missing_ok=True)
+            _copied(Path(start_log)).unlink(missing_ok=True)
 
 
 def _output_to(log: Path) -> None:

@@ -4,6 +4,7 @@ a SIGHUP that moves the output to the log, and whether a recorded launcher still
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -124,6 +125,34 @@ def test_two_launchers_of_one_job_each_show_their_own_lines_and_both_reach_its_l
     finally:
         winner.proc.kill()
         winner.proc.wait()
+
+
+def test_a_launcher_whose_waiting_process_died_copies_on_only_what_it_had_not(tmp_path):
+    """The `launch -d` process copied part of the start log to launcher.log, then died: the child copied the whole
+    start log again as it said it started (its first lines twice in launcher.log). Now each copies on from where
+    the other's copy ended, and the child's own output follows, in order."""
+    go = tmp_path / "go"
+    c = child(
+        tmp_path,
+        f"""
+        from pathlib import Path
+        from rlctl.ops import detach
+        while not Path({str(go)!r}).exists():
+            time.sleep(0.02)
+        print("prepared", flush=True)
+        detach.say_started({{"id": "j1"}})  # nobody reads the pipe any more
+        print("watching the job", flush=True)
+        """,
+    )
+    wait_until(lambda: c.start_log.read_text() == "staging\nstarted agents\n")
+    shown: list[bytes] = []
+    c._copy(shown.append)  # what the waiting process did before it died
+    assert c.log.read_text() == "staging\nstarted agents\n" and b"".join(shown) == c.log.read_bytes()
+    os.close(c.ready_fd)  # it died
+    go.touch()
+    assert c.proc.wait(timeout=30) == 0
+    assert c.log.read_text() == "staging\nstarted agents\nprepared\nwatching the job\n"
+    assert not list(c.log.parent.glob(".launcher.start-*"))  # its start log, and what was copied of it, removed
 
 
 def test_say_started_is_nothing_without_a_waiting_process(monkeypatch):
