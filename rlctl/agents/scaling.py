@@ -272,6 +272,8 @@ class Scaler:
         its site, up to REPLACE_ATTEMPTS times with backoff; `tick` does the work. A replacement lost before its
         first sample is a failed attempt of the chain that started it, not a new loss: a unit that crashes right
         after joining (a bad setting, a broken node) is restarted REPLACE_ATTEMPTS times, not without end."""
+        if self.spawn_requested.pop(lost, None) is not None:  # asked for (a scale, the rule): `scale --wait` is told
+            self.failed_starts[lost] = "lost before its first sample (its log says why); a replacement is started"
         chain = self.unproven.pop(lost, None)
         if chain is not None:
             self.replaced -= 1  # it did not stand

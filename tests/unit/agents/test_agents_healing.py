@@ -160,6 +160,22 @@ def test_a_scaled_unit_whose_start_failed_is_reported_to_scale_wait(tmp_path) ->
     assert scaler.failed_starts == {"rollout-2": "sbatch refused rollout-2"} and not scaler.first_sample_s
 
 
+def test_a_scaled_unit_lost_before_its_first_sample_is_reported_to_scale_wait(tmp_path) -> None:
+    """It joined and crashed: its replacement has another name, and `rlctl scale --wait` waited for the lost one to
+    its timeout."""
+    scaler, core, _, posted, _ = setup(tmp_path, fail=0)
+    reply, _ = scaler.scale(+1, None, reason="operator")
+    assert reply["adding"] == ["rollout-2"]
+    deliver(scaler, posted)
+    core.join("rollout-2", role="rollout", version=0)
+    core.lost("rollout-2")
+    scaler.replace("rollout-2", now=0.0)
+    assert scaler.failed_starts == {
+        "rollout-2": "lost before its first sample (its log says why); a replacement is started"
+    }
+    assert "rollout-2" in scaler.replacing  # replaced as any lost unit
+
+
 def test_a_resume_starts_again_the_units_a_scale_added_once_the_planned_ones_joined(tmp_path) -> None:
     # `rlctl scale +1` (3 units on site a, 2 planned), then a resume: it went back to the 2 planned units, unsaid
     scaler, core, jd, posted, spawner = setup(tmp_path, fail=0)
