@@ -855,13 +855,14 @@ def event_to_record(job_dir: Path, row: dict[str, Any], view: tuple[Site, str, s
     site, host, root = view
     if not is_remote(site) and Path(root) == job_dir:
         return
-    fs = host_files(site, host)
     try:
-        fs.append(f"{root}/{EVENTS}", json.dumps(row, default=str) + "\n")
+        fs = host_files(site, host)
+        try:
+            fs.append(f"{root}/{EVENTS}", json.dumps(row, default=str) + "\n")
+        finally:
+            fs.close()
     except (LaunchError, OSError) as e:
         log.warning("the %s event is not on the controller's site (%s): %s", row.get("event"), host, e)
-    finally:
-        fs.close()
 
 
 def fetch_appended(fs: HostFiles, path: str, local: Path) -> bool:

@@ -217,16 +217,19 @@ def test_status_api_answers_with_stage_times_and_agents(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_checkpoint_write_that_fails_in_the_background_ends_the_job_naming_it(tmp_path, monkeypatch):
-    """Any failure of the write beside training (here the policy's files: what safetensors raises on a full
-    disk is not an OSError) reaches the controller, which ends the job in one line; never a silent hang."""
+    """Any failure of the write beside training (here the policy's files: what safetensors raises is not an
+    OSError) reaches the controller, which ends the job in one line; never a silent hang. (A full disk's is said
+    as one: `test_agents_checkpoint.py::test_the_policys_safetensors_on_a_full_disk_say_so_too`.)"""
 
-    def full(self, directory, *, tokenizer_from=None):
-        raise RuntimeError("No space left on device")
+    def broken(self, directory, *, tokenizer_from=None):
+        raise RuntimeError('Error while serializing: IoError(Os { code: 5, kind: Other, message: "I/O error" })')
 
-    monkeypatch.setattr(HostPolicy, "save_pretrained", full)
+    monkeypatch.setattr(HostPolicy, "save_pretrained", broken)
     jd, ctl = run_inproc(_job("async", iterations=4), tmp_path, "full-disk", code=1)
     assert ctl.core.failed is not None
-    assert "the trainer could not write its part of checkpoint iter-2: RuntimeError: No space left" in ctl.core.failed
+    assert "the trainer could not write its part of checkpoint iter-2: RuntimeError: Error while serializing: " in (
+        ctl.core.failed
+    )
     assert latest_complete(jd.checkpoints) is None
 
 
