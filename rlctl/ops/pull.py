@@ -29,7 +29,7 @@ from rlctl.checkpoint.choose import LATEST_POINTER, checkpoint_versions, manifes
 from rlctl.checkpoint.files import ABANDONED, file_digest
 from rlctl.errors import LaunchError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, read_sites
-from rlctl.launch.jobdir import JobDir
+from rlctl.launch.jobdir import JobDir, say_once
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote
 from rlctl.launch.stage import (
     TRACKER_DIRS,
@@ -67,7 +67,9 @@ def _trainer_view(job_dir: Path) -> tuple[str, HostFiles, str]:
     if site is None or site_name not in staged:
         raise UsageError(f"{job_dir}: the job was never staged to its trainer site {site_name!r}: nothing to pull")
     agents = job_dir / AGENTS_FILE
-    rows = agents_from_lines(agents.read_text()) if agents.exists() else []
+    skipped: list[str] = []  # a line cut short by a full disk stays in the file for good: read past it, said once
+    rows = agents_from_lines(agents.read_text(), source=agents, skipped=skipped) if agents.exists() else []
+    say_once(skipped)
     host = next((h.ident.get("host") for h in rows if h.spec.name == "trainer-0"), None)
     view = agent_view(site, host)
     return site_name, host_files(site, view), root_for(staged[site_name]["roots"], view)

@@ -193,6 +193,18 @@ def test_pull_of_a_job_whose_record_is_damaged_is_one_error(tmp_path: Path, name
         pull(jd.path)
 
 
+def test_pull_reads_past_a_damaged_line_of_agents_jsonl(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # a line cut short by a full disk stays in agents.jsonl for good: `rlctl pull` failed on it ("agents.jsonl: line 1
+    # is not valid JSON"), every time, while status, logs and stop read past it
+    jd, models = job_dir(tmp_path)
+    trainer = {"name": "trainer-0", "role": "trainer", "replica": 0, "site": "local", "backend": "local",
+               "ident": {"pid": 1}, "host": "localhost", "gpus": None, "log": None}  # fmt: skip
+    (jd.path / "agents.jsonl").write_text('{"name": "rollout-1", "role": "roll\n' + json.dumps(trainer) + "\n")
+    got = pull(jd.path)
+    assert got.version == 2 and same(TinyGPT.from_pretrained(got.to), models[2])
+    assert any(f"{jd.path}/agents.jsonl: line 1 is not valid JSON" in m for m in caplog.messages), caplog.messages
+
+
 def test_pull_of_a_checkpoint_that_is_not_there_lists_those_that_are(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
