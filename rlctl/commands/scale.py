@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from rlctl.ops.jobref import JobRef
 
 
+MAX_UNITS = 10_000  # per scale: far more than a job has, and a count the request carries (msgpack: 64 bits)
+
+
 def _delta(text: str) -> int:
     try:
         n = int(text)
@@ -23,6 +26,10 @@ def _delta(text: str) -> int:
         raise UsageError(f"--rollout {text!r}: expected a signed count such as +1 or -2") from None
     if n == 0:
         raise UsageError("--rollout 0 changes nothing; give +N to add units or -N to remove them")
+    if abs(n) > MAX_UNITS:
+        raise UsageError(
+            f"--rollout {text!r}: at most {MAX_UNITS} units at a time; e.g. +1 adds one unit, -2 drains two"
+        )
     return n
 
 

@@ -122,3 +122,32 @@ def test_a_scale_wait_on_a_controller_that_does_not_count_first_samples_says_so_
     assert "its controller does not report new units' first samples" in r.stderr.splitlines()[0], r.stderr
     assert "rlctl scale --no-wait" in r.stderr
     assert json.loads(r.stdout)["adding"] == ["rollout-1"]  # what the scale did, printed as in the other errors
+
+
+@pytest.mark.parametrize("count", ["+100000000000000000000", "-100000000000000000000"])
+def test_a_scale_by_more_units_than_a_message_carries_is_one_usage_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: str
+) -> None:
+    """`--rollout +1e20` (as digits) reached the request's encoding: a traceback (OverflowError: can't serialize
+    ints > 2**64 - 1) from a job's running controller."""
+    from rlctl.transport import Message
+    from rlctl.transport.framing import encode_header
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_dir(tmp_path / "far")
+    asked: list[str] = []
+
+    def controller(ref: JobRef, kind: str, body: Any = None, *, timeout_s: float) -> dict[str, Any]:
+        encode_header(Message(kind, dict(body or {})), [])  # what the request does first
+        asked.append(kind)
+        return {"error": f"only 1 of {body['delta']} units fit on local: free slots local 1"}
+
+    monkeypatch.setattr(operate, "ask_controller", controller)
+    r = run_cli("scale", str(jd.path), "--rollout", count, "--no-wait")
+    assert r.exit_code == 2 and not asked, r.stderr
+    assert r.stderr == (
+        f"rlctl: error: --rollout {count!r}: at most 10000 units at a time; e.g. +1 adds one unit, -2 drains two\n"
+    )
+    r = run_cli("scale", str(jd.path), "--rollout", "+10000", "--no-wait")  # the most: the controller says what fits
+    assert r.exit_code == 2 and asked == ["scale"], r.stderr
+    assert r.stderr == "rlctl: error: job far: only 1 of 10000 units fit on local: free slots local 1\n"
