@@ -72,11 +72,15 @@ def register(app: typer.Typer) -> None:
         (`checkpoint.auto_resume`), as its launcher would have."""
         from rlctl.ops.jobdb import JobDB
         from rlctl.ops.jobref import resolve
+        from rlctl.ops.run import refuse_if_unprepared
 
         db = JobDB()
         try:
             ref = resolve(job, db=db)
             refuse_attach(ref.id, ref.row, force=force)
+            # its launcher died preparing it (a reboot in the SFT warm-up): no job.json, no agent to watch
+            source = ref.row.info.get("source") if ref.row is not None else None
+            refuse_if_unprepared(ref.jobdir, source=source, nothing="nothing to watch")
         except BaseException:
             db.close()
             raise

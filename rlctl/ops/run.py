@@ -938,22 +938,23 @@ def refuse_if_finished(jobdir: JobDir, *, state: str | None) -> None:
     )
 
 
-def refuse_if_unprepared(jobdir: JobDir, *, source: str | None) -> None:
-    """Before `launch --resume`: refuse a job whose launch ended before it had prepared it (no job.json: `prepare`
-    writes it last; a `rlctl stop` during its SFT warm-up), which has nothing to resume (UsageError naming how to
-    launch it anew; `source`: its job file, as its index row recorded it)."""
+def refuse_if_unprepared(jobdir: JobDir, *, source: str | None, nothing: str = "nothing to resume") -> None:
+    """Before `launch --resume` (or `attach`: `nothing` says "nothing to watch"): refuse a job whose launch ended
+    before it had prepared it (no job.json: `prepare` writes it last; a `rlctl stop` during its SFT warm-up, or its
+    launcher's machine rebooted then), which has nothing to resume (UsageError naming how to launch it anew;
+    `source`: its job file, as its index row recorded it)."""
     if jobdir.job_json.exists():
         return
     holder = jobdir.launcher_holder()
     if holder is not None:  # its launch holds it while it prepares (an SFT warm-up, tokenizing): not one that ended
         raise UsageError(
-            f"job {jobdir.path.name} is being prepared by its launcher ({holder}); nothing to resume",
+            f"job {jobdir.path.name} is being prepared by its launcher ({holder}); {nothing}",
             hint=f"watch it with `rlctl status {jobdir.path.name}`, or end it with `rlctl stop {jobdir.path.name}`",
         )
     again = f"rlctl launch {source}" if source else "rlctl launch JOB.yaml"
     raise UsageError(
         f"job {jobdir.path.name} was never prepared (no {jobdir.job_json.name}: its launch was stopped or failed "
-        "before any agent started); nothing to resume",
+        f"before any agent started); {nothing}",
         hint=f"launch it anew: `{again}`",
     )
 

@@ -1,16 +1,20 @@
 """`launch --resume` of a job without job.json (`prepare` writes it last): one whose launch ended before it was
 prepared is said to have nothing to resume; one whose launcher still prepares it (its lock held) is said to be
-prepared, versus told it was stopped or failed and to launch it anew (a second job)."""
+prepared, versus told it was stopped or failed and to launch it anew (a second job). `attach` to one whose launcher
+died preparing it: nothing to watch, said the same way."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
 from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir
+from rlctl.ops.jobdb import JobDB
 from rlctl.ops.run import refuse_if_unprepared
+from tests.conftest import run_cli
 
 
 def test_a_job_whose_launch_ended_before_it_was_prepared_has_nothing_to_resume(tmp_path: Path) -> None:
@@ -26,3 +30,27 @@ def test_a_job_its_launcher_still_prepares_is_said_to_be_prepared(tmp_path: Path
     with jd.launcher_lock(), pytest.raises(UsageError, match=said) as e:  # the launch, in its SFT warm-up
         refuse_if_unprepared(jd, source="jobs/prep.yaml")
     assert "rlctl stop prep-1" in (e.value.hint or "")
+
+
+def test_attach_to_a_job_whose_launcher_died_preparing_it_has_nothing_to_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its machine rebooted in the SFT warm-up: the row says launching, `rlctl status --all` says the launcher is gone
+    # and that `rlctl attach` watches the job again, and attach failed: "job.json: cannot read the resolved job:
+    # [Errno 2] No such file or directory", exit 1
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("prep", explicit=tmp_path / "prep-1")
+    db = JobDB()
+    try:
+        db.put("prep-1", job_dir=str(jd.path), spec={"name": "prep"})
+        db.update("prep-1", info={"launcher": {"pid": 2**22 + 1, "host": socket.gethostname()}, "source": "p.yaml"})
+    finally:
+        db.close()
+    for args in (["attach", "prep-1"], ["attach", "prep-1", "--detach"]):
+        r = run_cli(*args)
+        assert r.exit_code == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr == (
+            "rlctl: error: job prep-1 was never prepared (no job.json: its launch was stopped or failed before any "
+            "agent started); nothing to watch (hint: launch it anew: `rlctl launch p.yaml`)\n"
+        )
+    assert not (jd.path / "logs" / "launcher.log").exists()  # no launcher was started in the background
