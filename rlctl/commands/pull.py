@@ -27,8 +27,12 @@ def register(app: typer.Typer) -> None:
         manifest) from the trainer's site, and the job's tracker files from the controller's, to this machine."""
         from rlctl.ops.jobref import resolve
         from rlctl.ops.pull import pull as pull_checkpoint
+        from rlctl.ops.run import refuse_if_unprepared
 
         ref = resolve(job)
+        refuse_if_unprepared(
+            ref.jobdir, source=ref.row.info.get("source") if ref.row is not None else None, nothing="nothing to pull"
+        )
         got = pull_checkpoint(ref.jobdir.path, checkpoint=checkpoint, to=to)
         data = {
             "version": got.version,

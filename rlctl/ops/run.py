@@ -939,10 +939,10 @@ def refuse_if_finished(jobdir: JobDir, *, state: str | None) -> None:
 
 
 def refuse_if_unprepared(jobdir: JobDir, *, source: str | None, nothing: str = "nothing to resume") -> None:
-    """Before `launch --resume` (or `attach`: `nothing` says "nothing to watch"): refuse a job whose launch ended
-    before it had prepared it (no job.json: `prepare` writes it last; a `rlctl stop` during its SFT warm-up, or its
-    launcher's machine rebooted then), which has nothing to resume (UsageError naming how to launch it anew;
-    `source`: its job file, as its index row recorded it)."""
+    """Before `launch --resume` (or `attach`, `pull`: `nothing` says "nothing to watch", "nothing to pull"): refuse
+    a job whose launch ended before it had prepared it (no job.json: `prepare` writes it last; a `rlctl stop` during
+    its SFT warm-up, or its launcher's machine rebooted then), which has nothing to resume (UsageError naming how to
+    launch it anew; `source`: its job file, as its index row recorded it)."""
     if jobdir.job_json.exists():
         return
     holder = jobdir.launcher_holder()

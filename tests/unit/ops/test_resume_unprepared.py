@@ -54,3 +54,20 @@ def test_attach_to_a_job_whose_launcher_died_preparing_it_has_nothing_to_watch(
             "agent started); nothing to watch (hint: launch it anew: `rlctl launch p.yaml`)\n"
         )
     assert not (jd.path / "logs" / "launcher.log").exists()  # no launcher was started in the background
+
+
+def test_pull_of_a_job_never_prepared_has_nothing_to_pull(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # it said "job.json: cannot read the resolved job: [Errno 2] No such file or directory", exit 1
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("prep", explicit=tmp_path / "prep-1")
+    db = JobDB()
+    try:
+        db.put("prep-1", job_dir=str(jd.path), spec={"name": "prep"})
+        db.update("prep-1", state="stopped", info={"source": "p.yaml"})
+    finally:
+        db.close()
+    r = run_cli("pull", "prep-1")
+    assert r.exit_code == 2 and r.stderr == (
+        "rlctl: error: job prep-1 was never prepared (no job.json: its launch was stopped or failed before any agent "
+        "started); nothing to pull (hint: launch it anew: `rlctl launch p.yaml`)\n"
+    ), r.stderr
