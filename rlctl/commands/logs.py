@@ -25,12 +25,14 @@ def agent_name(text: str) -> str:
     if text == LAUNCHER:
         return LAUNCHER
     role, _, n = text.replace("/", "-").partition("-")
+    if role == LAUNCHER:
+        raise UsageError(f"agent {text!r}: the launcher has no replicas: `rlctl logs JOB launcher`")
     if role not in ROLES:
         known = (*ROLES, LAUNCHER)
         raise UsageError(f"agent {text!r}: role must be one of {', '.join(known)}{did_you_mean(role, known)}")
-    if n and not n.isdigit():
+    if n and not (n.isascii() and n.isdigit()):  # ('²'.isdigit(), but int('²') fails)
         raise UsageError(f"agent {text!r}: replica must be a number, e.g. {role}/1")
-    return f"{role}-{n or 0}"
+    return f"{role}-{int(n or 0)}"  # rollout/01: rollout-1, as agents are named
 
 
 def register(app: typer.Typer) -> None:

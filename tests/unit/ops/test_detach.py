@@ -212,6 +212,18 @@ def test_a_near_miss_of_launcher_is_named():
         agent_name("launch")
 
 
+def test_an_agent_named_as_its_replicas_are_is_read_as_one():
+    # `rollout/01` was looked up as rollout-01 ("no log for rollout-01; known: … rollout-1"), and `launcher/0` was
+    # told "role must be one of …, launcher (did you mean 'launcher'?)"; `rollout/²` is no number (int() refuses it)
+    assert agent_name("rollout/01") == "rollout-1" and agent_name("trainer-007") == "trainer-7"
+    with pytest.raises(UsageError, match=r"^agent 'rollout/²': replica must be a number, e.g. rollout/1$"):
+        agent_name("rollout/²")
+    for text in ("launcher/0", "launcher-1"):
+        with pytest.raises(UsageError) as e:
+            agent_name(text)
+        assert str(e.value) == f"agent {text!r}: the launcher has no replicas: `rlctl logs JOB launcher`"
+
+
 def row(state: str, launcher: Any) -> JobRow:
     return JobRow("j1", "/x", state, None, {}, {"launcher": launcher} if launcher is not None else {}, 0.0, 0.0)
 
