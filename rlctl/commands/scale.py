@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -58,21 +59,31 @@ def _wait_for_first_samples(
     firsts: dict[str, float] = {}
     failed: dict[str, str] = {}
     error: RlctlError | None = None
-    while len(firsts) + len(failed) < len(added) and time.monotonic() < deadline:
-        try:
-            firsts, failed = scale_progress(ref, added)
-        except (TransportError, OSError) as e:  # the job ended, or its controller went, meanwhile
-            error = RlctlError(
-                f"job {ref.id}: the controller stopped answering before "
-                f"{', '.join(n for n in added if n not in firsts)} produced a sample: {e}",
-                hint=f"see `rlctl status {ref.id}`",
-            )
-            break
-        except RlctlError as e:  # a controller that does not count them: what came is printed, as for the others
-            error = e
-            break
-        if len(firsts) + len(failed) < len(added):
-            time.sleep(0.5)
+    try:
+        while len(firsts) + len(failed) < len(added) and time.monotonic() < deadline:
+            try:
+                firsts, failed = scale_progress(ref, added)
+            except (TransportError, OSError) as e:  # the job ended, or its controller went, meanwhile
+                error = RlctlError(
+                    f"job {ref.id}: the controller stopped answering before "
+                    f"{', '.join(n for n in added if n not in firsts)} produced a sample: {e}",
+                    hint=f"see `rlctl status {ref.id}`",
+                )
+                break
+            except RlctlError as e:  # a controller that does not count them: what came is printed, as for the others
+                error = e
+                break
+            if len(firsts) + len(failed) < len(added):
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        # Ctrl-C ends the wait, not the scale: the units the job goes on adding are named (else a scale run again to
+        # make up for one read as undone adds as many more)
+        out["first_sample_s"] = firsts
+        emit(out, output, _table)
+        sys.stdout.flush()
+        adding = f"the job goes on adding {', '.join(added)} (`rlctl status {ref.id}`)"
+        sys.stderr.write(f"rlctl: interrupted: stopped waiting; {adding}\n")
+        raise typer.Exit(130) from None
     out["first_sample_s"] = firsts
     if error is None and failed:
         error = RlctlError(

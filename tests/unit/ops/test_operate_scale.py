@@ -151,3 +151,26 @@ def test_a_scale_by_more_units_than_a_message_carries_is_one_usage_line(
     r = run_cli("scale", str(jd.path), "--rollout", "+10000", "--no-wait")  # the most: the controller says what fits
     assert r.exit_code == 2 and asked == ["scale"], r.stderr
     assert r.stderr == "rlctl: error: job far: only 1 of 10000 units fit on local: free slots local 1\n"
+
+
+def test_ctrl_c_in_a_scale_wait_says_which_units_the_job_is_adding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while --wait waited printed only `rlctl: interrupted`: the scale is not undone (the units keep
+    starting), and nothing named them, so a scale run again added as many more."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_dir(tmp_path / "far")
+
+    def controller(ref: JobRef, kind: str, body: Any = None, *, timeout_s: float) -> dict[str, Any]:
+        if kind == "scale":
+            return {"adding": ["rollout-1", "rollout-2"], "sites": ["gen", "gen"]}
+        raise KeyboardInterrupt  # Ctrl-C while it asks for the first samples
+
+    monkeypatch.setattr(operate, "ask_controller", controller)
+    r = run_cli("scale", str(jd.path), "--rollout", "+2", "-o", "json")
+    assert r.exit_code == 130
+    assert json.loads(r.stdout) == {"id": "far", "adding": ["rollout-1", "rollout-2"], "sites": ["gen", "gen"],
+                                    "first_sample_s": {}}  # fmt: skip
+    assert r.stderr == (
+        "rlctl: interrupted: stopped waiting; the job goes on adding rollout-1, rollout-2 (`rlctl status far`)\n"
+    )
