@@ -27,7 +27,7 @@ from pathlib import Path
 from rlctl import procfs
 from rlctl.checkpoint.choose import LATEST_POINTER, checkpoint_versions, manifest_name, parse_latest
 from rlctl.checkpoint.files import ABANDONED, file_digest
-from rlctl.errors import LaunchError, UsageError
+from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, read_sites
 from rlctl.launch.jobdir import JobDir, say_once
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote
@@ -249,7 +249,8 @@ def _move(src: Path, dst: Path) -> None:
 def fetch_trackers(job_dir: Path) -> list[str]:
     """The tracker files (and the job's record) from the controller's site into the job dir here: what was copied,
     or, when the controller's job dir is this one, the tracker files it wrote here (`pull` said "tracker files: 0"
-    of a local job whose tensorboard/ held its events)."""
+    of a local job whose tensorboard/ held its events). A controller's site (not the trainer's) that does not answer
+    is said (a warning) and costs the tracker files, not the policy pulled already (the pull failed, exit 1)."""
     view = record_view(job_dir)
     if view is None:
         return []
@@ -257,4 +258,9 @@ def fetch_trackers(job_dir: Path) -> list[str]:
     if not is_remote(site) and Path(root) == job_dir:  # (as `fetch_record` tells it)
         here = (p for tree in TRACKER_DIRS for p in sorted((job_dir / tree).rglob("*")) if p.is_file())
         return [str(p.relative_to(job_dir)) for p in here]
-    return [name for name in fetch_record(job_dir, *view) if name.split("/")[0] in TRACKER_DIRS]
+    try:
+        fetched = fetch_record(job_dir, *view)
+    except (RlctlError, OSError) as e:
+        log.warning("%s: tracker files not fetched from the controller's site: %s", job_dir.name, e)
+        return []
+    return [name for name in fetched if name.split("/")[0] in TRACKER_DIRS]

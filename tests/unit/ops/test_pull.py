@@ -95,6 +95,28 @@ def test_pull_of_a_local_job_counts_the_tracker_files_its_controller_wrote_here(
     assert pull(jd.path).trackers == ["tensorboard/run/events.out.tfevents.1"]
 
 
+def test_a_pulled_checkpoint_is_said_when_the_controllers_site_does_not_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tracker files come from the controller's site, which may not be the trainer's: one that did not answer
+    made the pull exit 1 after the policy was pulled and verified, with no word that it was."""
+    jd, models = job_dir(tmp_path)
+    site = Site.model_validate(SITE)
+
+    def unreachable(*args: object) -> list[str]:
+        raise LaunchError("ssh ctl-host: connect failed: [Errno 113] No route to host")
+
+    (tmp_path / "far").symlink_to(jd.path)  # the controller's job dir, another path (its latest.json read there)
+    monkeypatch.setattr(pull_mod, "record_view", lambda job_dir: (site, "ctl-host", str(tmp_path / "far")))
+    monkeypatch.setattr(pull_mod, "fetch_record", unreachable)
+    got = pull(jd.path)
+    assert got.version == 2 and got.trackers == [] and same(TinyGPT.from_pretrained(got.to), models[2])
+    assert caplog.messages == [
+        "job: tracker files not fetched from the controller's site: ssh ctl-host: connect failed: [Errno 113] No "
+        "route to host"
+    ]
+
+
 def test_pull_to_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # `--to .` was a path with an empty name: every checkpoint "failed" staging beside it
     jd, models = job_dir(tmp_path)
