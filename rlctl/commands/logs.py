@@ -81,7 +81,18 @@ def register(app: typer.Typer) -> None:
             return
         name = agent_name(agent)
         lines = ONE_AGENT_LINES if lines is None else lines
-        no_log = UsageError(f"job {ref.id}: no log for {name}; known: {', '.join(sorted(handles)) or 'none'}")
+        h = handles.get(name)
+        if h is not None:  # recorded: where its log was looked for
+            where = h.spec.log_path if h.spec.log_path is not None else log_dir / f"{name}.log"
+            no_log = UsageError(f"job {ref.id}: {name} has no log at {where} (removed?)")
+        elif name == LAUNCHER:
+            no_log = UsageError(
+                f"job {ref.id}: no launcher log at {log_dir}/{LAUNCHER}.log: a launcher writes one only without a "
+                "terminal (`launch --detach`, `attach --detach`, or after a SIGHUP)"
+            )
+        else:
+            known = sorted({*handles, *(p.stem for p in log_dir.glob("*.log"))})
+            no_log = UsageError(f"job {ref.id}: no log for {name}; known: {', '.join(known) or 'none'}")
         found = agentlogs.locate(ref.jobdir.path, handles, name)
         if found is None:
             raise no_log

@@ -258,6 +258,27 @@ def test_logs_of_every_agent_show_the_lines_n_asks_for_each(tmp_path: Path) -> N
     assert len(shown("controller")) == 40 and len(shown("controller", "-n", "2")) == 2  # one agent's: 40
 
 
+def test_logs_of_a_recorded_agent_whose_log_is_gone_names_where_it_looked(tmp_path: Path) -> None:
+    # it said "no log for rollout-0; known: rollout-0" (rollout-0 both without a log and known; the controller's log
+    # file not among those known), and of the launcher's log "no log for launcher; known: rollout-0"
+    jd = prepared(tmp_path / "run")
+    rec = {"name": "rollout-0", "role": "rollout", "replica": 0, "site": "local", "backend": "local",
+           "ident": {"pid": 1}, "host": None, "gpus": None, "log": None}  # fmt: skip
+    (jd.path / "agents.jsonl").write_text(json.dumps(rec) + "\n")
+    (jd.path / "logs").mkdir(exist_ok=True)
+    (jd.path / "logs" / "controller-0.log").write_text("up\n")
+    for args in (["rollout/0"], ["rollout/0", "-f"]):
+        line = one_error(run_cli("logs", str(jd.path), *args))
+        assert line == f"rlctl: error: job run: rollout-0 has no log at {jd.path}/logs/rollout-0.log (removed?)"
+    line = one_error(run_cli("logs", str(jd.path), "trainer/3"))  # one the job never had: the agents it has
+    assert line == "rlctl: error: job run: no log for trainer-3; known: controller-0, rollout-0"
+    line = one_error(run_cli("logs", str(jd.path), "launcher"))  # its launcher had a terminal
+    assert line == (
+        f"rlctl: error: job run: no launcher log at {jd.path}/logs/launcher.log: a launcher writes one only without a "
+        "terminal (`launch --detach`, `attach --detach`, or after a SIGHUP)"
+    )
+
+
 def test_logs_read_past_a_damaged_line_of_agents_jsonl(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     # a line cut short by a full disk: `rlctl logs` failed on it, for every agent, for good
     jd = prepared(tmp_path / "run")
