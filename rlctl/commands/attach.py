@@ -71,13 +71,14 @@ def register(app: typer.Typer) -> None:
         """Watch a running job whose launcher is gone, to its end: record it, evaluate it, resume it if it fails
         (`checkpoint.auto_resume`), as its launcher would have."""
         from rlctl.ops.jobdb import JobDB
-        from rlctl.ops.jobref import resolve
+        from rlctl.ops.jobref import require_job_dir, resolve
         from rlctl.ops.run import refuse_if_unprepared
 
         db = JobDB()
         try:
             ref = resolve(job, db=db)
             refuse_attach(ref.id, ref.row, force=force)
+            require_job_dir(ref)
             # its launcher died preparing it (a reboot in the SFT warm-up): no job.json, no agent to watch
             source = ref.row.info.get("source") if ref.row is not None else None
             refuse_if_unprepared(ref.jobdir, source=source, nothing="nothing to watch")

@@ -58,9 +58,10 @@ def register(app: typer.Typer) -> None:
         """Print an agent's log: from the job directory, or over SSH from the host the agent runs on."""
         from rlctl.launch.stage import readable_agents
         from rlctl.ops import agentlogs
-        from rlctl.ops.jobref import resolve
+        from rlctl.ops.jobref import require_job_dir, resolve
 
         ref = resolve(job)
+        require_job_dir(ref)
         log_dir = ref.jobdir.path / "logs"
         handles = {h.spec.name: h for h in readable_agents(ref.jobdir.path)}  # past a damaged line
         if agent is None:

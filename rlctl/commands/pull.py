@@ -25,11 +25,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Copy a checkpoint's policy (a Hugging Face directory, every file checked against the checkpoint's
         manifest) from the trainer's site, and the job's tracker files from the controller's, to this machine."""
-        from rlctl.ops.jobref import resolve
+        from rlctl.ops.jobref import require_job_dir, resolve
         from rlctl.ops.pull import pull as pull_checkpoint
         from rlctl.ops.run import refuse_if_unprepared
 
         ref = resolve(job)
+        require_job_dir(ref)
         refuse_if_unprepared(
             ref.jobdir, source=ref.row.info.get("source") if ref.row is not None else None, nothing="nothing to pull"
         )

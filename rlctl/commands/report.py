@@ -30,11 +30,12 @@ def register(app: typer.Typer) -> None:
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Write a PNG and an HTML report of a job: reward, T_gen/T_train/δ with scale events, agent busy/idle timeline."""  # noqa: E501 (one line: typer keeps newlines in the command list)
-        from rlctl.ops.jobref import resolve
+        from rlctl.ops.jobref import require_job_dir, resolve
         from rlctl.ops.operate import fetch_job_record
         from rlctl.report import build_report
 
         ref = resolve(job)
+        require_job_dir(ref)
         fetch_job_record(ref)  # the record lives with the controller; a copy here when it ran on another site
         files = build_report(ref.jobdir.path, out=out)
         emit({"png": str(files.png), "html": str(files.html)}, output, _table)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlctl.errors import UsageError
+from rlctl.errors import RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.jobdb import JobDB, JobRow
 from rlctl.textutil import did_you_mean
@@ -40,6 +40,18 @@ def resolve(ref: str | None, *, db: JobDB | None = None) -> JobRef:
     finally:
         if own:
             db.close()
+
+
+def require_job_dir(ref: JobRef) -> None:
+    """RlctlError (exit 1) when the job's directory is gone: its index row outlived it (removed, or on a filesystem
+    not mounted here); said as such, not as a job whose agents never started or that was never prepared."""
+    if ref.jobdir.path.is_dir():
+        return
+    said = f"; the job index says {ref.row.state}" if ref.row is not None else ""
+    raise RlctlError(
+        f"job {ref.id}: its job directory {ref.jobdir.path} is gone (removed, or not mounted on this machine){said}",
+        hint="`rlctl status --all` lists the jobs in the index",
+    )
 
 
 def _resolve(ref: str | None, db: JobDB) -> JobRef:

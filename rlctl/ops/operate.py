@@ -39,7 +39,7 @@ from rlctl.launch.stage import (
 )
 from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.jobdb import LIVE, JobDB
-from rlctl.ops.jobref import JobRef
+from rlctl.ops.jobref import JobRef, require_job_dir
 from rlctl.ops.run import STOP_REQUESTED, connect_client, current_run, run_summary
 from rlctl.rl.source import heldout_view
 from rlctl.transport import Message
@@ -151,12 +151,7 @@ def site_view(
 def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[dict[str, Any], bool]:
     """The job's status and whether it is complete (False: exit 3, some part did not answer)."""
     jd = ref.jobdir
-    if not jd.path.is_dir():  # its index row outlived it: said so, not "controller.json not written (not started?)"
-        said = f"; the job index says {ref.row.state}" if ref.row is not None else ""
-        raise RlctlError(
-            f"job {ref.id}: its job directory {jd.path} is gone (removed, or not mounted on this machine){said}",
-            hint="`rlctl status --all` lists the jobs in the index",
-        )
+    require_job_dir(ref)  # its index row outlived it: said so, not "controller.json not written (not started?)"
     out: dict[str, Any] = {"id": ref.id, "job_dir": str(jd.path)}
     if ref.row is not None:
         out["index_state"] = ref.row.state

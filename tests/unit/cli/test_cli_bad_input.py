@@ -5,6 +5,7 @@ garbled, RLCTL_HOME that is not a directory, `plan --plot` paths, timeouts, pars
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from rlctl.config import load_job
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import agents_from_lines, write_sites
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops.jobdb import default_home
+from rlctl.ops.jobdb import JobDB, default_home
 from tests.conftest import ROOT, CliResult, run_cli
 
 DEMO = ROOT / "jobs" / "demo.yaml"
@@ -276,6 +277,23 @@ def test_logs_of_a_recorded_agent_whose_log_is_gone_names_where_it_looked(tmp_pa
     assert line == (
         f"rlctl: error: job run: no launcher log at {jd.path}/logs/launcher.log: a launcher writes one only without a "
         "terminal (`launch --detach`, `attach --detach`, or after a SIGHUP)"
+    )
+
+
+@pytest.mark.parametrize("command", ["logs", "report", "pull", "attach", "status"])
+def test_a_job_whose_directory_is_gone_is_said_so_by_each_command(tmp_path: Path, command: str) -> None:
+    # its index row outlived it: logs said "no logs yet: none of its agents has started", report "not a job
+    # directory (no job.json)", pull and attach "cannot read the resolved job: [Errno 2] …" (or "never prepared")
+    gone = tmp_path / "demo-1"
+    db = JobDB()
+    try:
+        db.put("demo-1", job_dir=str(gone), spec={"name": "demo"})
+        db.update("demo-1", state="running", info={"launcher": {"pid": 2**22 + 1, "host": socket.gethostname()}})
+    finally:
+        db.close()
+    assert one_error(run_cli(command, "demo-1"), code=1) == (
+        f"rlctl: error: job demo-1: its job directory {gone} is gone (removed, or not mounted on this machine); the "
+        "job index says running (hint: `rlctl status --all` lists the jobs in the index)"
     )
 
 
