@@ -265,6 +265,8 @@ def register(app: typer.Typer) -> None:
                 raise UsageError(
                     f"--all lists every job: it takes no JOB ({job!r}); `rlctl status {job}` shows that one"
                 )
+            if watch:  # it listed them once, --watch ignored
+                raise UsageError("--all lists every job once: it takes no --watch; `rlctl status -w JOB` follows one")
             db = JobDB()
             try:
                 rows = [

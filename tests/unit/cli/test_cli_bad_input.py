@@ -216,6 +216,7 @@ def test_a_profile_without_generation_entries_for_a_rollout_site_names_the_file_
         (["no-such-command"], "No such command 'no-such-command'."),
         (["launch", str(DEMO), "--dry-run", "--detach"], "--dry-run starts nothing: it takes no --detach"),
         (["status", "--all", "myjob"], "--all lists every job: it takes no JOB ('myjob'); `rlctl status myjob` shows"),
+        (["status", "--all", "-w"], "--all lists every job once: it takes no --watch; `rlctl status -w JOB` follows"),
         # a job file with an inventory: it was read as an inventory ("kind: must be 'Inventory' …, got 'Job'")
         (["check", str(DEMO), str(ROOT / "clusters" / "local.yaml")], f"{DEMO}: a job file is checked alone"),
         # profile's -o is a file: `-o json` (other commands' output format) wrote a profile named `json`
