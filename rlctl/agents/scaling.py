@@ -37,6 +37,7 @@ from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import rollout_tp
 from rlctl.launch.spawn import Spawner
 from rlctl.metrics import JobMetrics
+from rlctl.textutil import did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,8 @@ class Scaler:
         the reply and the drain messages to send."""
         rollout_sites = self.placement.rollout_sites
         if site is not None and site not in rollout_sites:
-            return {"error": f"site {site!r} runs no rollout units of this job; rollout sites: {rollout_sites}"}, []
+            known = f"{', '.join(rollout_sites)}{did_you_mean(site, rollout_sites)}"
+            return {"error": f"site {site!r} runs no rollout units of this job; rollout sites: {known}"}, []
         if delta > 0:
             return self._add(delta, site, reason=reason), []
         return self._remove(-delta, site, reason=reason)

@@ -443,10 +443,14 @@ def test_scale_in_takes_a_unit_named_by_hand_last(tmp_path):
 
 def test_scale_refusals_say_what_is_valid(tmp_path):
     scaler, core, _, _ = _scaler(tmp_path, units=2)
+    # the rollout sites as text, not a Python list ("rollout sites: ['a']"), and a near miss named
     assert scaler.scale(-1, "zz", reason="manual") == (
-        {"error": "site 'zz' runs no rollout units of this job; rollout sites: ['a']"},
+        {"error": "site 'zz' runs no rollout units of this job; rollout sites: a"},
         [],
     )
+    assert scaler.scale(1, "A", reason="manual")[0] == {
+        "error": "site 'A' runs no rollout units of this job; rollout sites: a (did you mean 'a'?)"
+    }
     reply, outs = scaler.scale(-2, None, reason="manual")
     assert reply == {"error": "cannot remove 2 of 2 rollout unit(s): at least one unit must stay in the job"}
     assert outs == [] and len(core.live_units) == 2
