@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
         refuse_if_unprepared(
             ref.jobdir, source=ref.row.info.get("source") if ref.row is not None else None, nothing="nothing to pull"
         )
-        got = pull_checkpoint(ref.jobdir.path, checkpoint=checkpoint, to=to)
+        # `--to=~/x`: a shell leaves a ~ after `=` as it is
+        got = pull_checkpoint(ref.jobdir.path, checkpoint=checkpoint, to=to.expanduser() if to is not None else None)
         data = {
             "version": got.version,
             "to": str(got.to),

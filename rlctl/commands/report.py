@@ -37,5 +37,5 @@ def register(app: typer.Typer) -> None:
         ref = resolve(job)
         require_job_dir(ref)
         fetch_job_record(ref)  # the record lives with the controller; a copy here when it ran on another site
-        files = build_report(ref.jobdir.path, out=out)
+        files = build_report(ref.jobdir.path, out=out.expanduser() if out is not None else None)  # `--out=~/r.png`
         emit({"png": str(files.png), "html": str(files.html)}, output, _table)

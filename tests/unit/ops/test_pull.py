@@ -27,7 +27,7 @@ from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops import pull as pull_mod
 from rlctl.ops.pull import pull
 from rlctl.trainers.base import DataParallel
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli
 from tests.unit.tiny_models import small_config
 
 SITE = {"datacenter": "a", "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 2}], "scheduler": {"kind": "local"}}
@@ -115,6 +115,18 @@ def test_a_pulled_checkpoint_is_said_when_the_controllers_site_does_not_answer(
         "job: tracker files not fetched from the controller's site: ssh ctl-host: connect failed: [Errno 113] No "
         "route to host"
     ]
+
+
+def test_pull_to_a_home_relative_directory_goes_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `--to=~/models/v2` (a shell leaves a ~ after `=` as it is) went to a directory named `~` in the current one
+    jd, models = job_dir(tmp_path)
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "rlctl-home"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("pull", str(jd.path), "--to=~/models/v2", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["to"] == str(tmp_path / "home" / "models" / "v2") and not (tmp_path / "~").exists()
+    assert same(TinyGPT.from_pretrained(tmp_path / "home" / "models" / "v2"), models[2])
 
 
 def test_pull_to_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,3 +60,14 @@ def test_report_of_an_unknown_job_is_a_usage_error(home: Path) -> None:
     r = CliRunner().invoke(app(), ["report", "nosuchjob"])
     assert isinstance(r.exception, UsageError)
     assert "no job 'nosuchjob' in the index" in str(r.exception)
+
+
+def test_report_out_home_relative_goes_there(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `--out=~/r.png` (a shell leaves a ~ after `=` as it is) wrote into a directory named `~` in the current one
+    d = make_job_dir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app(), ["report", str(d), "--out=~/r.png"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines() == [str(tmp_path / "user" / "r.png"), str(tmp_path / "user" / "r.html")]
+    assert (tmp_path / "user" / "r.png").exists() and not (tmp_path / "~").exists()
