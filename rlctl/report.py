@@ -121,11 +121,18 @@ def _read_lines(path: Path, *, leave_out_damaged: bool = False) -> list[dict[str
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except ValueError as e:
             if not leave_out_damaged:
                 raise ConfigError(str(path), f"line {n}", f"not JSON: {e}") from e
             log.warning("%s: line %d is not valid JSON (%s): left out", path, n, e)
+            continue
+        if not isinstance(row, dict):  # (`5`, `[1, 2]`): every reader takes a row for an object
+            if not leave_out_damaged:
+                raise ConfigError(str(path), f"line {n}", f"{type(row).__name__}, not a JSON object")
+            log.warning("%s: line %d is %s, not a JSON object: left out", path, n, type(row).__name__)
+            continue
+        rows.append(row)
     return rows
 
 

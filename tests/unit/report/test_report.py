@@ -146,6 +146,19 @@ def test_corrupt_metrics_line_names_file_and_line(tmp_path: Path) -> None:
     assert e.value.file == str(path)
 
 
+def test_a_line_that_is_json_but_no_object_names_file_and_line(tmp_path: Path) -> None:
+    # `[1, 2]` or `5` on a line of its own raised AttributeError ('list' object has no attribute 'get'): a traceback
+    d = make_job_dir(tmp_path)
+    path = d / "metrics.jsonl"
+    path.write_text(json.dumps(metrics_row(1)) + "\n[1, 2]\n")
+    with pytest.raises(ConfigError, match=r"line 2: list, not a JSON object$") as e:
+        build_report(d)
+    assert e.value.file == str(path)
+    path.write_text(json.dumps(metrics_row(1)) + "\n")
+    (d / "events.jsonl").write_text('5\n{"t": 1.0, "event": "controller_listening"}\n')  # the events: left out
+    assert parse(build_report(d).html.read_text()).rows["iterations"] == 1
+
+
 def test_busy_fractions_join_leave_restart_and_clip() -> None:
     def row(period_s: float, **busy_s: float | tuple[float, str]) -> dict[str, Any]:
         agents = {}
