@@ -951,7 +951,7 @@ def refuse_if_unprepared(jobdir: JobDir, *, source: str | None, nothing: str = "
             f"job {jobdir.path.name} is being prepared by its launcher ({holder}); {nothing}",
             hint=f"watch it with `rlctl status {jobdir.path.name}`, or end it with `rlctl stop {jobdir.path.name}`",
         )
-    again = f"rlctl launch {source}" if source else "rlctl launch JOB.yaml"
+    again = launch_again(source)
     raise UsageError(
         f"job {jobdir.path.name} was never prepared (no {jobdir.job_json.name}: its launch was stopped or failed "
         f"before any agent started); {nothing}",
