@@ -484,16 +484,17 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue."""
     from rlctl.ops.jobchanges import launch_changes
     from rlctl.ops.jobdb import JobDB
-    from rlctl.ops.jobref import resolve
+    from rlctl.ops.jobref import require_job_dir, resolve
     from rlctl.ops.run import refuse_if_finished, refuse_if_running, refuse_if_unprepared
 
     db = JobDB()
     ref_ = resolve(ref, db=db)
     jd = ref_.jobdir
     try:
+        require_job_dir(ref_)  # its index row outlived it: not "never prepared"
         refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
         refuse_if_finished(jd, state=ref_.row.state if ref_.row is not None else None)
-    except UsageError:
+    except RlctlError:
         db.close()
         raise
     if detached:

@@ -281,10 +281,11 @@ def test_logs_of_a_recorded_agent_whose_log_is_gone_names_where_it_looked(tmp_pa
     )
 
 
-@pytest.mark.parametrize("command", ["logs", "report", "pull", "attach", "status"])
+@pytest.mark.parametrize("command", ["logs", "report", "pull", "attach", "status", "launch --resume"])
 def test_a_job_whose_directory_is_gone_is_said_so_by_each_command(tmp_path: Path, command: str) -> None:
     # its index row outlived it: logs said "no logs yet: none of its agents has started", report "not a job
-    # directory (no job.json)", pull and attach "cannot read the resolved job: [Errno 2] …" (or "never prepared")
+    # directory (no job.json)", pull and attach "cannot read the resolved job: [Errno 2] …", launch --resume
+    # "never prepared"
     gone = tmp_path / "demo-1"
     db = JobDB()
     try:
@@ -292,7 +293,7 @@ def test_a_job_whose_directory_is_gone_is_said_so_by_each_command(tmp_path: Path
         db.update("demo-1", state="running", info={"launcher": {"pid": 2**22 + 1, "host": socket.gethostname()}})
     finally:
         db.close()
-    assert one_error(run_cli(command, "demo-1"), code=1) == (
+    assert one_error(run_cli(*command.split(), "demo-1"), code=1) == (
         f"rlctl: error: job demo-1: its job directory {gone} is gone (removed, or not mounted on this machine); the "
         "job index says running (hint: `rlctl status --all` lists the jobs in the index)"
     )
