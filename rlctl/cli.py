@@ -43,9 +43,24 @@ app = typer.Typer(
 _state = {"debug": False}
 
 
+def _print_version(asked: bool) -> None:
+    """`rlctl --version`: what `rlctl version` prints, then exit (before any command is parsed)."""
+    if asked:
+        import platform
+
+        from rlctl import __version__
+
+        print(f"rlctl {__version__} (python {platform.python_version()})")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks and debug logs")] = False,
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="print the rlctl version and exit"),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="info logs on stderr")] = False,
     insecure_host_keys: Annotated[
         bool,

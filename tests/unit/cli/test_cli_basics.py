@@ -22,6 +22,12 @@ def test_version_json(cli: Callable[..., CliResult]) -> None:
     assert json.loads(res.stdout)["rlctl"] == __version__
 
 
+def test_version_as_an_option_prints_what_the_command_does(cli: Callable[..., CliResult]) -> None:
+    # `rlctl --version` (what most tools take) was "No such option: --version", exit 2
+    option, command = cli("--version"), cli("version")
+    assert option.exit_code == 0 and option.stdout == command.stdout and __version__ in option.stdout
+
+
 def test_check_examples_table_and_json_agree(cli: Callable[..., CliResult]) -> None:
     files = sorted(str(p) for p in (ROOT / "clusters").glob("*.yaml"))
     table = cli("check", *files)
