@@ -70,6 +70,14 @@ def cross_site_inventory(services: dict[str, str], path: Path, workdir: Path) ->
     return path
 
 
+# the trainer on the SLURM site, one rollout unit and the controller on the SSH site behind the shaped link
+CONTROLLER_ON_GEN = {
+    "trainer": {"site": "train", "gpus": 1},
+    "rollout": [{"site": "gen", "gpus": 1}],
+    "controller_site": "gen",
+}
+
+
 def squeue_names(services: dict[str, str]) -> list[str]:
     env = {**os.environ, "SLURM_CONF": services["RLCTL_TEST_SLURM_CONF"]}
     out = subprocess.run(["squeue", "-h", "-o", "%j"], env=env, capture_output=True, text=True, timeout=30)
@@ -307,11 +315,7 @@ def test_controller_on_the_ssh_site_keeps_the_record_there_and_launch_fetches_it
         trainer="train",
         rollout="gen",
         iterations=4,
-        placement={
-            "trainer": {"site": "train", "gpus": 1},
-            "rollout": [{"site": "gen", "gpus": 1}],
-            "controller_site": "gen",
-        },
+        placement=CONTROLLER_ON_GEN,
     )
     job_dir = tmp_path / "run"
     site_dir = f"{workdir}/jobs/run"
@@ -379,13 +383,8 @@ def test_the_launcher_rides_out_an_ssh_outage_to_the_controllers_site(services, 
         pytest.skip("nft is not available here")
     workdir = site_workdir()
     inv = cross_site_inventory(services, tmp_path / "sites.yaml", Path(workdir))
-    placement = {
-        "trainer": {"site": "train", "gpus": 1},
-        "rollout": [{"site": "gen", "gpus": 1}],
-        "controller_site": "gen",
-    }
     job = job_yaml(tmp_path / "sshcut.yaml", inventory=[str(inv)], trainer="train", rollout="gen", iterations=30,
-                   placement=placement)  # fmt: skip
+                   placement=CONTROLLER_ON_GEN)  # fmt: skip
     job_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "rlctl", "launch", str(job), "--job-dir", str(job_dir), "-o", "json"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -422,13 +421,8 @@ def test_a_job_whose_controller_runs_on_the_ssh_site_is_attached_after_its_launc
     the controller there and fetches the job's record from there at the end, as the launch would have."""
     workdir = site_workdir()
     inv = cross_site_inventory(services, tmp_path / "sites.yaml", Path(workdir))
-    placement = {
-        "trainer": {"site": "train", "gpus": 1},
-        "rollout": [{"site": "gen", "gpus": 1}],
-        "controller_site": "gen",
-    }
     job = job_yaml(tmp_path / "orphan.yaml", inventory=[str(inv)], trainer="train", rollout="gen", iterations=20,
-                   placement=placement)  # fmt: skip
+                   placement=CONTROLLER_ON_GEN)  # fmt: skip
     job_dir = tmp_path / "run"
     code, started = rlctl_json("launch", str(job), "--job-dir", str(job_dir), "--detach", timeout_s=300)
     assert code == 0, started
@@ -455,13 +449,8 @@ def test_a_launcher_stopped_with_ctrl_c_leaves_its_controller_on_the_ssh_site_st
     back over the launcher's `stopped`."""
     workdir = site_workdir()
     inv = cross_site_inventory(services, tmp_path / "sites.yaml", Path(workdir))
-    placement = {
-        "trainer": {"site": "train", "gpus": 1},
-        "rollout": [{"site": "gen", "gpus": 1}],
-        "controller_site": "gen",
-    }
     job = job_yaml(tmp_path / "interrupted.yaml", inventory=[str(inv)], trainer="train", rollout="gen",
-                   iterations=5000, placement=placement)  # fmt: skip
+                   iterations=5000, placement=CONTROLLER_ON_GEN)  # fmt: skip
     job_dir, site_dir = tmp_path / "run", f"{workdir}/jobs/run"
     proc = launcher(str(job), "--job-dir", str(job_dir))
     # the controller's metrics are on its site (fetched here at the end)
