@@ -131,6 +131,15 @@ def profile_for(
             f"no profile for site(s) {', '.join(missing)}; has {', '.join(sorted(profile.sites))}",
             hint="profile every site the job places a role on",
         )
+    for s in sorted(sites):  # a site whose GPUs the inventory has changed since: its costs are another GPU's
+        have, now = profile.sites[s].gpu, job.inventory.sites[s].spec.name
+        if have != now:
+            raise ConfigError(
+                profile_file,
+                f"sites.{s}.gpu",
+                f"profiled on {have!r}; the inventory ({job.inventory.origin[s]}) gives site {s!r} {now!r} now",
+                hint=f"run rlctl profile --job {job.path}",
+            )
     return profile
 
 

@@ -132,6 +132,24 @@ def test_plan_rejects_a_profile_for_another_model(cli: Cli, tmp_path: Path) -> N
     assert r.exit_code == 2 and "qwen2.5-7b" in r.stderr
 
 
+def test_plan_rejects_a_profile_of_a_site_whose_gpu_the_inventory_has_changed_since(cli: Cli, tmp_path: Path) -> None:
+    """The profile's costs are the GPU it profiled: an H20 site's profile priced the site's new A100s as H20s (and
+    the plan's table said H20)."""
+    job = yaml.safe_load((ROOT / "jobs/cross-dc-7b.yaml").read_text())
+    rollout = yaml.safe_load((ROOT / "clusters/h20-rollout.yaml").read_text())
+    job["inventory"] = [str(ROOT / "clusters/h800-trainer.yaml"), str(tmp_path / "rollout.yaml")]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    (tmp_path / "rollout.yaml").write_text(yaml.safe_dump(rollout))
+    prof = tmp_path / "p.yaml"
+    assert cli("profile", "--job", str(tmp_path / "job.yaml"), "-o", str(prof)).exit_code == 0
+    rollout["sites"]["h20"]["gpu"] = "A100"
+    (tmp_path / "rollout.yaml").write_text(yaml.safe_dump(rollout))
+    r = cli("plan", str(tmp_path / "job.yaml"), "--profile", str(prof))
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"{prof}: sites.h20.gpu: profiled on 'H20'" in r.stderr and "'A100'" in r.stderr, r.stderr
+    assert "rollout.yaml" in r.stderr and "rlctl profile --job" in r.stderr, r.stderr
+
+
 def _demo_job(tmp_path: Path, *, trainer_gpus: int, rollout_gpus: int, trainer: dict[str, object]) -> Path:
     """jobs/demo.yaml (tiny-demo: 3 heads, 3 layers; a 4-slot local site) with these counts and trainer."""
     data = yaml.safe_load((ROOT / "jobs/demo.yaml").read_text())
