@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rlctl.config.hostfill import PLACEMENT_HINT, placement_error, rollout_host_order, trainer_slots
-from rlctl.config.inventory import Site
+from rlctl.config.inventory import Inventory, Link, Site
 from rlctl.config.job import DatasetTask, Job, JobFile, LengthsTask
 from rlctl.errors import ConfigError, PlanError
 from rlctl.launch.backends import kind_of
@@ -1237,15 +1237,7 @@ def _weight_sync_s(job: Job, per_site: dict[str, int], *, order_tp: int = 1) -> 
         if x == 0:
             continue
         local = _node_bytes_per_s(inv.sites[s])
-        if s == t_site:
-            link_bps, lat = local, 0.0
-        else:
-            link = inv.link(t_site, s)
-            if link is None:
-                raise PlanError(
-                    f"no link declared between {t_site!r} and {s!r}", hint="add it under 'links:' in an inventory file"
-                )
-            link_bps, lat = link.bandwidth_gbps * 1e9 / 8, link.latency_ms / 1e3
+        link_bps, lat = (local, 0.0) if s == t_site else _route(inv, t_site, s)
         # one relay per host after the first: 12 GPUs of 8-GPU hosts are 2 hosts, one hop
         hosts = _rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=order_tp)
         hops = _hosts_spanned(hosts, x) - 1
@@ -1268,6 +1260,43 @@ def _weight_sync_s(job: Job, per_site: dict[str, int], *, order_tp: int = 1) -> 
             ),
         )
     return worst
+
+
+def _route(inv: Inventory, a: str, b: str) -> tuple[float, float]:
+    """Bytes per second and latency (s) of the weights' way from site `a` to site `b` as the broadcast routes them
+    (`rlctl.weights.plan`: datacenters joined by the declared links, one copy into each): a link declared between
+    the two sites; else, in one datacenter, the slower of the two sites' networks (no inter-DC link crossed); else
+    the fewest-hop path of datacenters over the declared links, at its slowest hop's rate (each hop the fastest link
+    between its two datacenters) and the sum of its hops' latencies. PlanError when no path joins them."""
+    link = inv.link(a, b)
+    if link is not None:
+        return link.bandwidth_gbps * 1e9 / 8, link.latency_ms / 1e3
+    dc_a, dc_b = inv.sites[a].datacenter, inv.sites[b].datacenter
+    if dc_a == dc_b:
+        return min(_node_bytes_per_s(inv.sites[a]), _node_bytes_per_s(inv.sites[b])), 0.0
+    fastest: dict[frozenset[str], Link] = {}  # between each pair of datacenters
+    for ln in inv.links:
+        key = frozenset(inv.sites[s].datacenter for s in ln.between)
+        if len(key) == 2 and (key not in fastest or ln.bandwidth_gbps > fastest[key].bandwidth_gbps):
+            fastest[key] = ln
+    came: dict[str, str | None] = {dc_a: None}  # breadth first from a's datacenter: the path of fewest hops
+    todo = [dc_a]
+    while todo and dc_b not in came:
+        here = todo.pop(0)
+        for key in fastest:
+            if here in key and (there := next(iter(key - {here}))) not in came:
+                came[there] = here
+                todo.append(there)
+    if dc_b not in came:
+        raise PlanError(
+            f"no link declared between {a!r} and {b!r}, nor a path of links from datacenter {dc_a!r} to {dc_b!r}",
+            hint="add it under 'links:' in an inventory file",
+        )
+    hops, dc = [], dc_b
+    while (up := came[dc]) is not None:
+        hops.append(fastest[frozenset((up, dc))])
+        dc = up
+    return min(h.bandwidth_gbps for h in hops) * 1e9 / 8, sum(h.latency_ms for h in hops) / 1e3
 
 
 def _free_gpus(allocation: list[dict[str, Any]], inv: Any) -> dict[str, int]:

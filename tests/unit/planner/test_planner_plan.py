@@ -119,6 +119,26 @@ def test_missing_link_is_a_plan_error(tmp_path: Path) -> None:
         make_plan(job, options=OPTS)
 
 
+def test_weights_reach_a_rollout_site_over_its_datacenters_links_as_the_broadcast_routes_them(tmp_path: Path) -> None:
+    """The broadcast joins datacenters, not sites (`rlctl.weights.plan`): a rollout site in the trainer's datacenter
+    crosses no link, and one in a datacenter that another site's link reaches takes that link. The planner asked
+    for a link from the trainer's site to each ('no link declared', exit 1) where `rlctl check` passed the job."""
+    rollout = [{"site": "r20", "gpus": 16}, {"site": "r100", "gpus": 16}]
+
+    def weight_sync_s(datacenters: dict[str, str], links: list[dict[str, Any]]) -> float:
+        path = write_job(tmp_path, rollout=rollout, links=links, trainer_gpus=8)
+        inv = yaml.safe_load((tmp_path / "inv.yaml").read_text())
+        for site, dc in datacenters.items():
+            inv["sites"][site]["datacenter"] = dc
+        (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
+        return float(make_plan(load_job(path), options=OPTS)["predicted"]["weight_sync_s"])
+
+    both = [LINKS[0], {"between": ["trn", "r100"], "bandwidth_gbps": 80}]
+    assert weight_sync_s({"r100": "b"}, [LINKS[0]]) == weight_sync_s({"r100": "b"}, both)
+    in_a = weight_sync_s({"r20": "a", "r100": "a"}, [])
+    assert 0 < in_a < math.inf
+
+
 def test_one_simulated_iteration_still_gives_steady_state_pipeline_times() -> None:
     from tests.conftest import ROOT
 
