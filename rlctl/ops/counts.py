@@ -41,8 +41,9 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
     except Exception as e:  # the planner is advisory when the job gives explicit counts
         note = f"planner unavailable for this job: {type(e).__name__}: {e}"
         # a field of the job file the planner refuses, `rlctl check` (hence launch's preflight) refuses in its own
-        # line: said once, there, not in a warning line before it
-        log.log(logging.DEBUG if isinstance(e, ConfigError) else logging.WARNING, "%s", note)
+        # line: said once, there, not in a warning line before it (an inventory's, e.g. a missing link, it does not)
+        said = isinstance(e, ConfigError) and e.file == str(job.path)
+        log.log(logging.DEBUG if said else logging.WARNING, "%s", note)
         if auto and isinstance(e, ConfigError):  # a job field the planner cannot plan with: exit 2, in check's words
             raise
         if auto:

@@ -1267,7 +1267,7 @@ def _route(inv: Inventory, a: str, b: str) -> tuple[float, float]:
     (`rlctl.weights.plan`: datacenters joined by the declared links, one copy into each): a link declared between
     the two sites; else, in one datacenter, the slower of the two sites' networks (no inter-DC link crossed); else
     the fewest-hop path of datacenters over the declared links, at its slowest hop's rate (each hop the fastest link
-    between its two datacenters) and the sum of its hops' latencies. PlanError when no path joins them."""
+    between its two datacenters) and the sum of its hops' latencies. ConfigError when no path joins them."""
     link = inv.link(a, b)
     if link is not None:
         return link.bandwidth_gbps * 1e9 / 8, link.latency_ms / 1e3
@@ -1287,10 +1287,13 @@ def _route(inv: Inventory, a: str, b: str) -> tuple[float, float]:
             if here in key and (there := next(iter(key - {here}))) not in came:
                 came[there] = here
                 todo.append(there)
-    if dc_b not in came:
-        raise PlanError(
-            f"no link declared between {a!r} and {b!r}, nor a path of links from datacenter {dc_a!r} to {dc_b!r}",
-            hint="add it under 'links:' in an inventory file",
+    if dc_b not in came:  # the inventory's omission: named in its files, exit 2
+        raise ConfigError(
+            ", ".join(dict.fromkeys((inv.origin[a], inv.origin[b]))),
+            "links",
+            f"no link declared between sites {a!r} and {b!r}, nor a path of links from datacenter {dc_a!r} to "
+            f"{dc_b!r}: the trainer's weights reach the rollout over them",
+            hint=f"add {{between: [{a}, {b}], bandwidth_gbps: N, latency_ms: N}} under 'links:'",
         )
     hops, dc = [], dc_b
     while (up := came[dc]) is not None:

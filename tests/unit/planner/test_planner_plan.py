@@ -15,7 +15,7 @@ import yaml
 
 from rlctl.config import load_job
 from rlctl.config.hostfill import trainer_slots
-from rlctl.errors import ConfigError, PlanError
+from rlctl.errors import ConfigError
 from rlctl.launch.gpus import GpuPool
 from rlctl.planner import plan as planner
 from rlctl.planner.curves import units_that_fit
@@ -113,10 +113,27 @@ def test_two_rollout_sites_and_weight_sync_over_the_slower_link(tmp_path: Path) 
     assert plan["cost"]["cost_units_per_iteration"] > plan["cost"]["gpu_hours_per_iteration"]  # H800 costs 2.85
 
 
-def test_missing_link_is_a_plan_error(tmp_path: Path) -> None:
+def test_missing_link_is_a_config_error_naming_the_inventory(tmp_path: Path) -> None:
+    """The inventory lacks it: exit 2 naming the file and `links`, versus exit 1 naming neither."""
     job = load_job(write_job(tmp_path, rollout=[{"site": "r20"}], links=[]))
-    with pytest.raises(PlanError, match="no link declared between 'trn' and 'r20'"):
+    with pytest.raises(ConfigError, match="no link declared between sites 'trn' and 'r20'") as e:
         make_plan(job, options=OPTS)
+    assert (e.value.file, e.value.field) == (str(tmp_path / "inv.yaml"), "links")
+    assert e.value.exit_code == 2 and "between: [trn, r20]" in str(e.value.hint)
+
+
+def test_missing_link_beside_fixed_counts_is_still_a_warning_at_launch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The planner is advisory there and `rlctl check` says nothing of links: launch's warning is the one line that
+    does (the weights then route as if every datacenter were linked)."""
+    from rlctl.ops.counts import plan_counts
+
+    job = load_job(write_job(tmp_path, rollout=[{"site": "r20", "gpus": 16}], links=[], trainer_gpus=8))
+    with caplog.at_level("WARNING", logger="rlctl.ops.counts"):
+        counts = plan_counts(job, job.spec)
+    assert counts["source"] == "job" and "links: no link declared" in counts["note"]
+    assert [r.levelname for r in caplog.records] == ["WARNING"], caplog.text
 
 
 def test_weights_reach_a_rollout_site_over_its_datacenters_links_as_the_broadcast_routes_them(tmp_path: Path) -> None:
