@@ -186,11 +186,13 @@ def train_time_s(
     if not rank_fits(entry, shards=shards, hbm_bytes=site.hbm_bytes, gathered_bytes=w.gathered_bytes):
         return math.inf
     # a cut's rows: micro_batch_samples, fewer when a mini-batch holds fewer; each data-parallel rank takes
-    # every dp-th row of it (rlctl.rl.learner.backward_share), the first ones the most
+    # every dp-th row of it (rlctl.rl.learner.backward_share), the first ones the most, so ranks beyond its rows
+    # take none (FSDP2's run a row of weight 0) and shorten nothing
     cut_rows = min(w.micro_batch_samples, math.ceil(w.samples / w.mini_batches))
     chunks = pipeline_chunks(math.ceil(cut_rows / dp), entry.pp)
     bubble = 0.0 if entry.pipeline_wait_included else (entry.pp - 1) / chunks
-    compute = w.tokens * entry.gpu_s_per_token * w.pass_scale / gpus * (1 + bubble)
+    busy = entry.tp * entry.pp * min(dp, cut_rows)
+    compute = w.tokens * entry.gpu_s_per_token * w.pass_scale / busy * (1 + bubble)
     sync = 0.0
     if dp > 1:
         shard = w.grad_bytes / (entry.tp * entry.pp)
