@@ -92,7 +92,7 @@ def request_from_options(
     backend is `torch` unless given."""
     if model in BUILTIN_MODELS:
         arch, name, checkpoint = BUILTIN_MODELS[model], model, None
-    elif _is_dir(Path(model)):
+    elif model and _is_dir(Path(model)):  # not '': Path('') is '.', the directory rlctl runs in
         from rlctl.models.hf import check_hf_dir
 
         checkpoint = Path(model).resolve()

@@ -93,6 +93,15 @@ def test_bad_inputs_exit_2_with_one_line(cli: Cli, tmp_path: Path) -> None:
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("rlctl: error: "), r.stderr
 
 
+def test_profile_of_an_empty_model_name_says_so(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--model "$MODEL"` with MODEL unset: the known models, versus '<the directory it ran in>/config.json: cannot
+    read' ('' taken for '.')."""
+    monkeypatch.chdir(tmp_path)
+    r = cli("profile", "--cluster", str(ROOT / "clusters/local.yaml"), "--model", "")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "--model: unknown model ''; known: " in r.stderr and "config.json" not in r.stderr, r.stderr
+
+
 def test_measured_profile_of_a_model_the_engine_cannot_run_is_refused_before_starting_anything(
     cli: Cli, tmp_path: Path
 ) -> None:
