@@ -37,7 +37,8 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
     try:
         from rlctl.planner.plan import PlanOptions, make_plan
 
-        planned = make_plan(job, options=PlanOptions(sim_iterations=1, curves_in_output=False))
+        # `rlctl plan`'s options: other simulated batches choose another allocation than the one it printed
+        planned = make_plan(job, options=PlanOptions(curves_in_output=False))
     except Exception as e:  # the planner is advisory when the job gives explicit counts
         note = f"planner unavailable for this job: {type(e).__name__}: {e}"
         # a field of the job file the planner refuses, `rlctl check` (hence launch's preflight) refuses in its own

@@ -22,7 +22,7 @@ from rlctl.planner.curves import units_that_fit
 from rlctl.planner.plan import PlanOptions, make_plan
 from rlctl.planner.simjob import simulate_job
 from rlctl.planner.view import plan_table
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 OPTS = PlanOptions(sim_iterations=2)
 
@@ -136,6 +136,26 @@ def test_missing_link_beside_fixed_counts_is_still_a_warning_at_launch(
     assert [r.levelname for r in caplog.records] == ["WARNING"], caplog.text
 
 
+def test_launch_and_check_run_the_allocation_rlctl_plan_prints(tmp_path: Path) -> None:
+    """`plan_counts` (the counts of `gpus: auto` that launch runs and check judges) simulated one batch where `rlctl
+    plan` simulates four: on two 2-slot sites the plan printed a trainer of 2 ranks and the launch ran 1."""
+    from rlctl.ops.counts import plan_counts
+
+    nodes = [{"host": "localhost", "gpus": 2}]
+    site = {"datacenter": "a", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": nodes}
+    inv = {"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"la": site, "lb": site}}
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
+    job = yaml.safe_load((ROOT / "jobs/demo.yaml").read_text())
+    job["inventory"] = ["inv.yaml"]
+    job["placement"] = {"trainer": {"site": "la", "gpus": "auto"}, "rollout": [{"site": "lb", "gpus": "auto"}]}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    j = load_job(tmp_path / "job.yaml")
+    printed = {(a["site"], a["role"]): a for a in make_plan(j)["allocation"]}
+    counts = plan_counts(j, j.spec)
+    assert counts["trainer"]["ranks"] == printed["la", "trainer"]["gpus_used"]
+    assert [r["units"] for r in counts["rollout"]] == [printed["lb", "rollout"]["instances"]]
+
+
 def test_weights_reach_a_rollout_site_over_its_datacenters_links_as_the_broadcast_routes_them(tmp_path: Path) -> None:
     """The broadcast joins datacenters, not sites (`rlctl.weights.plan`): a rollout site in the trainer's datacenter
     crosses no link, and one in a datacenter that another site's link reaches takes that link. The planner asked
@@ -157,8 +177,6 @@ def test_weights_reach_a_rollout_site_over_its_datacenters_links_as_the_broadcas
 
 
 def test_one_simulated_iteration_still_gives_steady_state_pipeline_times() -> None:
-    from tests.conftest import ROOT
-
     job = load_job(ROOT / "jobs/cross-dc-7b.yaml")
     job.spec = job.spec.model_copy(update={"planning": job.spec.planning.model_copy(update={"rule": "paper"})})
     plan = make_plan(job, options=PlanOptions(sim_iterations=1))  # Algorithm 1's split: trainer-bound
@@ -358,8 +376,6 @@ def test_the_async_iteration_is_the_pipeline_s_steady_state_not_its_last_iterati
     none, their gaps are about T_train, and averaging them in made the plan fast (cross-dc-7b on 20 H20 + 26 H800:
     62 s with one batch, for 83 s). The plan's figure is the mean period of a long run of the same batch (16
     iterations, none of them the last)."""
-    from tests.conftest import ROOT
-
     job = load_job(ROOT / "jobs/cross-dc-7b.yaml")
     placement = job.spec.placement
     trainer = placement.trainer.model_copy(update={"gpus": 26})
