@@ -536,6 +536,13 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
             job, gcurves, (train_s, tcurve.seconds), budgets, r_fixed, n_train, shared, t_site
         )
     except ValueError as e:
+        if shared:  # each stage fits on its own (refused above otherwise), not both beside each other
+            need_t, need_g = (int(np.argmax(np.isfinite(c))) for c in (train_s, gcurves[t_site].seconds))
+            raise PlanError(
+                f"site {t_site!r}: its {budgets[t_site]} GPU(s) cannot hold both stages of {arch.name}: the trainer "
+                f"needs {need_t} at least and a rollout unit {need_g}",
+                hint="add GPUs to the site, or place the rollout on another site",
+            ) from e
         raise PlanError(f"{spec.name}: {e}", hint="check the GPU counts in placement") from e
     rule = spec.planning.rule
     search: dict[str, Any] | None = None

@@ -15,7 +15,7 @@ import yaml
 
 from rlctl.config import load_job
 from rlctl.config.hostfill import trainer_slots
-from rlctl.errors import ConfigError
+from rlctl.errors import ConfigError, PlanError
 from rlctl.launch.gpus import GpuPool
 from rlctl.planner import plan as planner
 from rlctl.planner.curves import units_that_fit
@@ -154,6 +154,24 @@ def test_launch_and_check_run_the_allocation_rlctl_plan_prints(tmp_path: Path) -
     counts = plan_counts(j, j.spec)
     assert counts["trainer"]["ranks"] == printed["la", "trainer"]["gpus_used"]
     assert [r["units"] for r in counts["rollout"]] == [printed["lb", "rollout"]["instances"]]
+
+
+def test_a_site_too_small_for_both_stages_says_what_each_needs(tmp_path: Path) -> None:
+    """2 H100s, 7B: the FSDP2 trainer needs both and a rollout unit one. The planner said 'no feasible (x, y): every
+    split has an infinite stage time'."""
+    path = write_job(tmp_path, rollout=[{"site": "trn"}], links=[], rule="paper")
+    site = {"datacenter": "a", "scheduler": {"kind": "ssh"}, "gpu": "H100", "nodes": [{"host": "h1", "gpus": 2}]}
+    inv = {"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"s": site}}
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(inv))
+    job = yaml.safe_load(path.read_text())
+    job["placement"] = {"trainer": {"site": "s", "gpus": "auto"}, "rollout": [{"site": "s", "gpus": "auto"}]}
+    path.write_text(yaml.safe_dump(job))
+    with pytest.raises(PlanError) as e:
+        make_plan(load_job(path), options=OPTS)
+    assert str(e.value) == (
+        "site 's': its 2 GPU(s) cannot hold both stages of qwen2.5-7b: the trainer needs 2 at least and a rollout "
+        "unit 1"
+    )
 
 
 def test_weights_reach_a_rollout_site_over_its_datacenters_links_as_the_broadcast_routes_them(tmp_path: Path) -> None:
