@@ -145,7 +145,9 @@ def test_a_stop_while_the_launch_prepares_the_job_ends_that_launch(tmp_path, mon
     try:
         db = JobDB()
         try:
-            wait_for("the job in the index", lambda: [r for r in db.list() if r.name == job_dir.name], 60, alive=proc)
+            # its own row (an earlier test's job dir of the same name left one in this session's index)
+            mine = lambda: [r for r in db.list() if r.job_dir == str(job_dir) and r.state == "launching"]  # noqa: E731
+            wait_for("the job in the index", mine, 60, alive=proc)
         finally:
             db.close()
         stop = rlctl("stop")
