@@ -54,6 +54,21 @@ def every_iteration_whole(job_dir: Path, samples_per_iteration: int) -> list[int
     return [r["iteration"] for r in metrics_rows(job_dir) if sum(r["staleness"].values()) != samples_per_iteration]
 
 
+def made_up_for(job_dir: Path) -> dict[str, dict]:
+    """Each lost rollout unit → the `unit_replaced` event that made up for it: its own replacement's join, or, for a
+    replacement itself killed before its first sample (a failed attempt of its chain: `replacement_lost`), the
+    chain's next replacement's join after it."""
+    replaced = events(job_dir, "unit_replaced")
+    out: dict[str, dict] = {}
+    for e in replaced:
+        out.setdefault(e["lost"], e)  # the first join after the loss
+    for r in events(job_dir, "replacement_lost"):
+        later = [e for e in replaced if e["lost"] == r["lost"] and e["t"] >= r["t"]]
+        if later:
+            out[r["by"]] = later[0]
+    return out
+
+
 def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> None:
     """Three units; a killer SIGKILLs a random unit that has samples in flight whenever at least two are up.
     Each lost unit's samples are requeued at once and a replacement is started on its site; the ledger ends
@@ -101,7 +116,7 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
             time.sleep(1.0 if len(up) == 3 else 2.0)
         wait_for(
             "every killed unit replaced",
-            lambda: {e["lost"] for e in events(job_dir, "unit_replaced")} >= set(killed),
+            lambda: set(made_up_for(job_dir)) >= set(killed),
             240,
             alive=proc,
         )
@@ -114,7 +129,7 @@ def test_rollout_units_killed_mid_generation_again_and_again(tmp_path: Path) -> 
         status.close()
         stop_launcher(proc)
     assert s is not None and s["state"] == "stopped", (code, err[-2000:])
-    replaced = {e["lost"]: e for e in events(job_dir, "unit_replaced")}
+    replaced = made_up_for(job_dir)
     lost = {e["agent"]: e for e in events(job_dir, "agent_lost")}
     assert set(killed) <= set(lost) and set(killed) <= set(replaced)
     recovery = [replaced[u]["t"] - t for u, t in killed.items()]
