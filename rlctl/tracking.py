@@ -243,11 +243,17 @@ def check_tracking(cfg: Tracking, *, source: str) -> None:
 
 
 def make_trackers(
-    cfg: Tracking, job_dir: Path, job_name: str, job_config: Mapping[str, Any], *, start_step: int = 0
+    cfg: Tracking,
+    job_dir: Path,
+    job_name: str,
+    job_config: Mapping[str, Any],
+    *,
+    start_step: int = 0,
+    run_name: str | None = None,
 ) -> list[Tracker]:
-    """The trackers a job asks for, writing under its job dir; the W&B run is named after the job dir
-    (unique per run) and grouped by job name; `start_step`: the first step this run logs (a resumed run's
-    checkpoint version). Wrap the result in `FanOut` for the controller."""
+    """The trackers a job asks for, writing under its job dir; the W&B run is named `run_name` (the job's id, unique
+    per job; the job dir's name when not given) and grouped by job name; `start_step`: the first step this run logs
+    (a resumed run's checkpoint version). Wrap the result in `FanOut` for the controller."""
     check_tracking(cfg, source=str(job_dir / "job.json"))
     trackers: list[Tracker] = []
     try:
@@ -258,7 +264,7 @@ def make_trackers(
                 trackers.append(
                     WandbTracker(
                         project=cfg.project or DEFAULT_PROJECT,
-                        run_name=job_dir.name,
+                        run_name=run_name or job_dir.name,
                         dir=job_dir,
                         mode=cfg.mode,
                         config=job_config,

@@ -93,3 +93,11 @@ def services() -> dict[str, str]:
 def _rlctl_home(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Jobs started by tests go into a throwaway index ($RLCTL_HOME), never the operator's ~/.rlctl."""
     os.environ["RLCTL_HOME"] = str(tmp_path_factory.mktemp("rlctl-home"))
+
+
+@pytest.fixture(autouse=True)
+def _own_index(_rlctl_home: None, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own index: most launch into `tmp_path / "run"`, and in one index every launch after the first
+    would get the id `run-<digest>` (`JobDB.id_for`), its sites' job dirs `W/jobs/run-<digest>`; the session's
+    index stays for what fixtures of wider scope start."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path_factory.mktemp("rlctl-home")))

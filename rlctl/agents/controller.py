@@ -242,7 +242,10 @@ class ControllerAgent:
         if version is not None:
             self._resume(version)
         job_config = job.model_dump(mode="json", by_alias=True)
-        self.tracker = FanOut(make_trackers(job.tracking, jobdir.path, job.name, job_config, start_step=version or 0))
+        trackers = make_trackers(
+            job.tracking, jobdir.path, job.name, job_config, start_step=version or 0, run_name=jobdir.id
+        )
+        self.tracker = FanOut(trackers)
         self.evaluator = self._evaluator(version or 0)
         if self.evaluator is not None:
             self.core.evaluating = self.evaluator.schedule.holds
@@ -336,7 +339,7 @@ class ControllerAgent:
             if w.full_dir:  # a resume writes its next checkpoint there too
                 self.core.failed += (
                     f"; free space in {w.full_dir} first; continue the job with "
-                    f"`rlctl launch --resume {self.jobdir.path.name}`"
+                    f"`rlctl launch --resume {self.jobdir.id}`"
                 )
             return []
         save_controller(
@@ -951,7 +954,7 @@ class ControllerAgent:
         if peer.role == "rollout" and unit is not None and not unit.draining and not self.stop_requested:
             self.scaler.replace(name, now=time.monotonic())
         if peer.role == "trainer" and self.core.failed:
-            self.core.failed += f" ({why}); continue the job with `rlctl launch --resume {self.jobdir.path.name}`"
+            self.core.failed += f" ({why}); continue the job with `rlctl launch --resume {self.jobdir.id}`"
 
     def _quarantines(self) -> None:
         """What the loss of a unit made of the prompts it held (`ControllerCore._blame`): an event, a log line and

@@ -143,7 +143,7 @@ class Scaler:
         self.jobdir, self.cfg, self.core, self.placement = jobdir, cfg, core, placement
         self.metrics, self.post = metrics, post
         specs = placement.site_specs
-        self.spawner = Spawner(jobdir, specs, job=jobdir.path.name) if specs else None
+        self.spawner = Spawner(jobdir, specs, job=jobdir.id) if specs else None
         self.rule = RebalanceRule(cfg)
         self.reading: Reading | None = None
         self.spawn_requested: dict[str, float] = {}  # agent → when its start was asked for

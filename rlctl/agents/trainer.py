@@ -307,7 +307,7 @@ class TrainerAgent:
                             log.warning(
                                 "trainer: lost the controller; once the job has stopped, `%s` continues it from its "
                                 "latest complete checkpoint",
-                                resume_command(self.ctx.jobdir.path.name),
+                                resume_command(self.ctx.jobdir.id),
                             )
                         try:
                             if msg is not None:  # the checkpoint being written is finished first

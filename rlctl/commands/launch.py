@@ -346,10 +346,11 @@ def register(app: typer.Typer) -> None:
 
         def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
             units = sum(g["units"] for g in plan["rollout"])
+            named = "" if jd.id == jd.path.name else f", id {jd.id} (another job in the index is {jd.path.name})"
             say(
                 f"job {spec.name}: {spec.pipeline.mode} (η={spec.pipeline.eta}), {spec.iterations} iterations, "
                 f"{plan['trainer']['ranks']} trainer rank(s), {units} rollout unit(s) ({plan['source']}); "
-                f"dir {jd.path}"
+                f"dir {jd.path}{named}"
             )
             check = runs.preparing(source=str(job_file))  # in the index from here: `rlctl stop` finds it
             if steps := sft_steps(spec):
@@ -413,11 +414,11 @@ def interrupted_line(jd: JobDir, run: JobRun | None, *, source: str | None = Non
 
     if run is None and not jd.job_json.exists():
         return (
-            f"rlctl: interrupted: job {jd.path.name} stopped while its launch prepared it (nothing started); "
+            f"rlctl: interrupted: job {jd.id} stopped while its launch prepared it (nothing started); "
             f"launch it again with `{launch_again(source)}`"
         )
     how = run.resume_command() if run is not None else resume_command(jd.path)
-    return f"rlctl: interrupted: job {jd.path.name} stopped (every agent); continue it with `{how}`"
+    return f"rlctl: interrupted: job {jd.id} stopped (every agent); continue it with `{how}`"
 
 
 def started(run: JobRun) -> dict[str, Any]:

@@ -8,6 +8,7 @@ job's record (controller.json, events, metrics, evaluations, samples, summary), 
 A JobDir is path arithmetic: the same class serves every site's copy.
 
 runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_dir` / --job-dir)
+  id                the job's id when it is not the directory's name (`JobDir.id`)
   job.json          the resolved job (every default filled in), as the agents read it
   plan.json         GPU counts per role and how they were chosen
   secret            per-job HMAC secret of the tensor RPC (mode 0600)
@@ -65,9 +66,31 @@ def default_base() -> Path:
     return (Path(home) if home else Path.cwd()) / "runs"
 
 
+ID_FILE = "id"
+
+
 class JobDir:
     def __init__(self, path: Path) -> None:
         self.path = path
+
+    @property
+    def id(self) -> str:
+        """The job's id: what the index row, `rlctl status ID` and the sites' job dirs (`W/jobs/<id>`) name it by.
+        The directory's name, unless its launch chose another (`name_as`: another job in the index has that name)
+        and wrote it in `id`."""
+        try:
+            return (self.path / ID_FILE).read_text().strip() or self.path.name
+        except (FileNotFoundError, NotADirectoryError):
+            return self.path.name
+
+    def name_as(self, job_id: str) -> None:
+        """Record `job_id` as the job's id (a fresh launch's, before the index row exists); the directory's name
+        needs no record."""
+        path = self.path / ID_FILE
+        if job_id == self.path.name:
+            path.unlink(missing_ok=True)
+        else:
+            replace_text(path, job_id + "\n")
 
     @staticmethod
     def choose_path(name: str, *, explicit: str | Path | None = None) -> Path:
@@ -197,8 +220,8 @@ class JobDir:
                 f.seek(0)
                 holder = f.read().strip() or "another process"
                 raise UsageError(
-                    f"job {self.path.name} has a launcher already ({holder})",
-                    hint=f"watch it with `rlctl status {self.path.name}`; `rlctl stop {self.path.name}` ends it",
+                    f"job {self.id} has a launcher already ({holder})",
+                    hint=f"watch it with `rlctl status {self.id}`; `rlctl stop {self.id}` ends it",
                 ) from None
             f.seek(0)
             f.truncate()
@@ -405,6 +428,6 @@ def job_digests(job: dict[str, Any]) -> dict[str, str]:
 
 
 def resume_command(job: str | Path) -> str:
-    """The command that continues `job`: its index id (a job directory's name) or, for a job not in the
+    """The command that continues `job`: its index id (`JobDir.id`) or, for a job not in the
     index, its directory."""
     return f"rlctl launch --resume {shlex.quote(str(job))}"

@@ -26,6 +26,7 @@ from pathlib import Path
 from rlctl.errors import LaunchError, RlctlError
 from rlctl.launch.backends import Backends, read_sites
 from rlctl.launch.base import AgentHandle
+from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def agent_ended(job_dir: Path, handle: AgentHandle | None) -> Iterator[Callable[
     if handle is None:
         yield lambda: False
         return
-    backends = Backends(read_sites(job_dir), job=job_dir.name, job_dir=job_dir)
+    backends = Backends(read_sites(job_dir), job=JobDir(job_dir).id, job_dir=job_dir)
     warned = False
 
     def ended() -> bool:

@@ -83,7 +83,7 @@ class Runs:
         directory exists, while its launcher prepares it (an SFT warm-up, a dataset's tokenizing: minutes), so that
         `rlctl stop` and `status` find it, named or not; before, it entered the index once prepared and a stop meant
         the job launched before it. Returns the check `prepare` makes between its steps (Stopped once stopped)."""
-        name = self.jobdir.path.name
+        name = self.jobdir.id
         if self.db is not None:
             self.db.put(name, job_dir=str(self.jobdir.path), spec=self.spec.model_dump(mode="json", by_alias=True))
             self.db.update(name, info={"launcher": this_launcher(), "source": source})
@@ -212,4 +212,4 @@ class Runs:
         elif self._preparing and self.db is not None:
             ended = sys.exc_info()[0]
             interrupted = ended is not None and issubclass(ended, KeyboardInterrupt | SystemExit)
-            self.db.update(self.jobdir.path.name, state="stopped" if interrupted else "failed", only_from=LIVE)
+            self.db.update(self.jobdir.id, state="stopped" if interrupted else "failed", only_from=LIVE)

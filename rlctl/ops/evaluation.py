@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 def final_model(jobdir: JobDir, spec: JobFile) -> Path:
     """The final checkpoint's model directory, as this machine sees the trainer's site job dir."""
     site = read_sites(jobdir.path)[spec.placement.trainer.site]
-    root = Path(site_root(site, jobdir.path.name, here=jobdir.path))
+    root = Path(site_root(site, jobdir.id, here=jobdir.path))
     model = JobDir(root).checkpoint(spec.iterations) / "model"
     if not (model / CONFIG_FILE).exists():
         raise LaunchError(f"no final checkpoint to evaluate: {model / CONFIG_FILE} does not exist")

@@ -11,6 +11,7 @@ pickle; a schema version checked on open (a newer database is refused, not silen
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -141,6 +142,19 @@ class JobDB:
 
     def list(self) -> list[JobRow]:
         return [self._row(r) for r in self._conn.execute("SELECT * FROM jobs ORDER BY created_s")]
+
+    def id_for(self, job_dir: Path) -> str:
+        """The id a fresh launch into `job_dir` takes: its directory's name, unless another job of the index has that
+        id and its directory is still there (a launch into /b/run while /a/run runs or is kept): then the name and a
+        digest of the path, so that neither the row nor the sites' job dirs (`W/jobs/<id>`) of one job are the
+        other's. A row whose directory is gone is taken over, as before."""
+        here = job_dir.resolve()
+        digest = hashlib.sha256(str(here).encode()).hexdigest()
+        for job_id in (job_dir.name, *(f"{job_dir.name}-{digest[:n]}" for n in (8, 16, 64))):
+            row = self._conn.execute("SELECT job_dir FROM jobs WHERE name=?", (job_id,)).fetchone()
+            if row is None or Path(row[0]).resolve() == here or not Path(row[0]).is_dir():
+                return job_id
+        raise RlctlError(f"{self.path}: no free id for a job in {job_dir}")  # three SHA-256 prefixes taken
 
     def latest(self) -> JobRow | None:
         """The job launched last (`JobRow.launched_s`: a resume is a launch), which a command whose JOB is omitted

@@ -4,7 +4,8 @@ JOB omitted          ─▶ the job launched last (`launch` or `launch --resume`
 JOB = a job directory ─▶ that job directory (a directory holding job.json, or an index row's while its launch
                         prepares it; any other is no job: a job's config folder named like it, jobs/demo/, does
                         not hide the job)
-JOB = an index id    ─▶ that row (ids are job-directory names, e.g. demo-20261122-131045)
+JOB = an index id    ─▶ that row (an id is its job directory's name, e.g. demo-20261122-131045, or that
+                        name and a digest of the path when another job held it: `JobDB.id_for`)
 JOB = a job name     ─▶ of the rows whose job has that name, the one launched last (the same rule)
 A job directory and an index row that both match but are different jobs: UsageError naming both.
 
@@ -75,7 +76,7 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
                 hint=f"give the directory as a path (./{ref} or {here}) or the job by its id",
             )
         row = indexed if same else next((r for r in rows if _same_dir(r, here)), None)
-        return JobRef(here.name, JobDir(here), row)
+        return JobRef(JobDir(here).id, JobDir(here), row)
     if indexed is not None:
         return JobRef(indexed.name, JobDir(Path(indexed.job_dir)), indexed)
     if path.is_dir():

@@ -113,7 +113,7 @@ def site_view(
     if handles is None:
         handles = readable_agents(ref.jobdir.path)
     sites = read_sites(ref.jobdir.path)
-    backends = Backends(sites, job=ref.jobdir.path.name, job_dir=ref.jobdir.path)
+    backends = Backends(sites, job=ref.jobdir.id, job_dir=ref.jobdir.path)
     by_site: dict[str, list[AgentHandle]] = {}
     for h in handles:
         by_site.setdefault(h.spec.site, []).append(h)
@@ -367,7 +367,7 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     sites = read_sites(jd.path)
     record_read = not problems
     problems += skipped
-    backends = Backends(sites, job=jd.path.name, job_dir=jd.path)
+    backends = Backends(sites, job=jd.id, job_dir=jd.path)
     controller = [h for h in handles if h.spec.role == "controller"]
     deadline = time.monotonic() + grace_s
     while out["graceful"] == "requested" and time.monotonic() < deadline:
@@ -493,7 +493,7 @@ def _unidentified(ref: JobRef, handles: list[AgentHandle]) -> dict[str, Any]:
     """Name → process group of those of `handles` whose record cannot tell them from a process that took their
     id since (an older rlctl's agents.jsonl): not signalled once the job ended."""
     jd = ref.jobdir
-    backends = Backends(read_sites(jd.path), job=jd.path.name, job_dir=jd.path)
+    backends = Backends(read_sites(jd.path), job=jd.id, job_dir=jd.path)
     out = {}
     try:
         for h in handles:

@@ -135,7 +135,8 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
                     log.warning("checkpoint v%d on site %s not pulled: %s; trying an older one", version, site, e)
                 continue
             return Pulled(got.version, got.to, got.files, got.bytes, got.source, fetch_trackers(job_dir))
-        raise LaunchError(f"no checkpoint of {job_dir.name} could be pulled from site {site}: " + "; ".join(problems))
+        job_id = JobDir(job_dir).id
+        raise LaunchError(f"no checkpoint of {job_id} could be pulled from site {site}: " + "; ".join(problems))
     finally:
         fs.close()
 
@@ -261,6 +262,6 @@ def fetch_trackers(job_dir: Path) -> list[str]:
     try:
         fetched = fetch_record(job_dir, *view)
     except (RlctlError, OSError) as e:
-        log.warning("%s: tracker files not fetched from the controller's site: %s", job_dir.name, e)
+        log.warning("%s: tracker files not fetched from the controller's site: %s", JobDir(job_dir).id, e)
         return []
     return [name for name in fetched if name.split("/")[0] in TRACKER_DIRS]

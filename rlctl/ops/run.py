@@ -25,6 +25,7 @@ runs elsewhere its site job dir is the job's record, and the launcher mirrors it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -186,7 +187,7 @@ class StopCheck:
         self._next = now + self.every_s
         if not stop_requested(self.jobdir, since=self.since):
             return
-        name = self.jobdir.path.name
+        name = self.jobdir.id
         log.warning("%s: stopped by the operator while its launch prepared it (nothing started)", name)
         self.jobdir.event("prepare_stopped")
         if self.db is not None:
@@ -254,7 +255,7 @@ class JobRun:
         self.sites = sites if sites is not None else read_sites(jobdir.path)
         if not self.sites:
             raise LaunchError(f"{jobdir.path}: no sites.json; prepare(…, job=job) writes it")
-        self.backends = Backends(self.sites, job=jobdir.path.name, job_dir=jobdir.path)
+        self.backends = Backends(self.sites, job=jobdir.id, job_dir=jobdir.path)
         self.db = db
         self.handles: list[AgentHandle] = []
         self._starting = True  # `wait` watches the trainer ranks until the trainer joins (not after `attach`)
@@ -272,7 +273,7 @@ class JobRun:
 
     @property
     def id(self) -> str:
-        return self.jobdir.path.name
+        return self.jobdir.id
 
     def render(self, *, master_port: int) -> list[dict[str, Any]]:
         """Per agent, for `launch --dry-run`: where it runs, what it gets, and the exact script / command."""
@@ -932,8 +933,8 @@ def refuse_if_finished(jobdir: JobDir, *, state: str | None) -> None:
         return
     counts = f" ({done.get('iterations')}/{done.get('iterations_planned')} iterations)" if done is not None else ""
     raise UsageError(
-        f"job {jobdir.path.name}: finished{counts}; nothing to resume",
-        hint=f"`rlctl status {jobdir.path.name}` shows how it ended; more iterations are a new job "
+        f"job {jobdir.id}: finished{counts}; nothing to resume",
+        hint=f"`rlctl status {jobdir.id}` shows how it ended; more iterations are a new job "
         "(`rlctl launch JOB.yaml --iterations N`)",
     )
 
@@ -948,12 +949,12 @@ def refuse_if_unprepared(jobdir: JobDir, *, source: str | None, nothing: str = "
     holder = jobdir.launcher_holder()
     if holder is not None:  # its launch holds it while it prepares (an SFT warm-up, tokenizing): not one that ended
         raise UsageError(
-            f"job {jobdir.path.name} is being prepared by its launcher ({holder}); {nothing}",
-            hint=f"watch it with `rlctl status {jobdir.path.name}`, or end it with `rlctl stop {jobdir.path.name}`",
+            f"job {jobdir.id} is being prepared by its launcher ({holder}); {nothing}",
+            hint=f"watch it with `rlctl status {jobdir.id}`, or end it with `rlctl stop {jobdir.id}`",
         )
     again = launch_again(source)
     raise UsageError(
-        f"job {jobdir.path.name} was never prepared (no {jobdir.job_json.name}: its launch was stopped or failed "
+        f"job {jobdir.id} was never prepared (no {jobdir.job_json.name}: its launch was stopped or failed "
         f"before any agent started); {nothing}",
         hint=f"launch it anew: `{again}`",
     )
@@ -970,12 +971,12 @@ def refuse_if_running(jobdir: JobDir) -> None:
         pass
     else:
         conn.close()
-        name = shlex.quote(jobdir.path.name)
+        name = shlex.quote(jobdir.id)
         raise UsageError(
-            f"job {jobdir.path.name} is running (its controller answers; no launcher watches it)",
+            f"job {jobdir.id} is running (its controller answers; no launcher watches it)",
             hint=f"`rlctl attach {name}` watches it to its end again; `rlctl stop {name}` ends it",
         )
-    backends = Backends(read_sites(jobdir.path), job=jobdir.path.name, job_dir=jobdir.path)
+    backends = Backends(read_sites(jobdir.path), job=jobdir.id, job_dir=jobdir.path)
     skipped: list[str] = []  # a line cut short by a full disk stays in agents.jsonl: read strictly, no resume passed
     try:
         problems = stop_agents(backends, all_recorded_agents(jobdir.path, skipped=skipped), grace_s=5.0)
@@ -1020,9 +1021,12 @@ def client_hello(name: str) -> dict[str, Any]:
 
 
 def launch_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> JobDir:
-    """A fresh launch's job directory, created; one that already holds a job (or is a file) is refused
-    (`fresh_dir`), nothing written."""
-    return JobDir.create(spec.name, explicit=fresh_dir(job, spec, job_dir))
+    """A fresh launch's job directory, created, with its id (`JobDB.id_for`: its name, unless another job of the index
+    has that name); one that already holds a job (or is a file) is refused (`fresh_dir`), nothing written."""
+    jd = JobDir.create(spec.name, explicit=fresh_dir(job, spec, job_dir))
+    with contextlib.closing(JobDB()) as db:
+        jd.name_as(db.id_for(jd.path))
+    return jd
 
 
 def fresh_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> Path:

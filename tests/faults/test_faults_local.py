@@ -222,7 +222,7 @@ def test_trainer_killed_mid_step_then_resumed(tmp_path: Path) -> None:
         code, _, err = finish(proc, 120)
     finally:
         stop_launcher(proc)
-    assert code != 0 and f"rlctl launch --resume {job_dir.name}" in err, err[-2000:]
+    assert code != 0 and f"rlctl launch --resume {JobDir(job_dir).id}" in err, err[-2000:]
     latest = json.loads((job_dir / "checkpoints" / "latest.json").read_text())["version"]
     assert latest == 3  # where the reward held it
     p = rlctl("launch", "--resume", str(job_dir), "-o", "json", timeout_s=400)

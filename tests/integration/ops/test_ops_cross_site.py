@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlctl.launch.jobdir import JobDir
 from tests.integration.netsite import link_bytes, on_site, site_workdir, ssh_scheduler
 
 from .conftest import events, job_yaml, metrics_rows, processes_mentioning, rlctl, rlctl_json, wait_for
@@ -439,7 +440,7 @@ def test_a_job_whose_controller_runs_on_the_ssh_site_is_attached_after_its_launc
     log_there = on_site(services, f"cat {site_dir}/samples.jsonl")
     assert log_there.returncode == 0 and log_there.stdout == (job_dir / "samples.jsonl").read_text()
     code, rows = rlctl_json("status", "--all")
-    assert next(r["state"] for r in rows if r["id"] == job_dir.name) == "finished", rows
+    assert next(r["state"] for r in rows if r["id"] == JobDir(job_dir).id) == "finished", rows
 
 
 def test_a_launcher_stopped_with_ctrl_c_leaves_its_controller_on_the_ssh_site_stopped(services, tmp_path, launcher):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rlctl.launch.jobdir import JobDir
 from rlctl.ops.detach import LOG_NAME
 
 from .conftest import REPO, job_yaml, metrics_rows, processes_mentioning, rlctl, rlctl_json, wait_for
@@ -112,7 +113,7 @@ def test_a_launcher_whose_terminal_goes_away_keeps_watching_its_job(tmp_path):
     assert "lost 0 duplicated 0" in log, log[-2000:]
     summary = json.loads((job_dir / "summary.json").read_text())
     assert summary["state"] == "done" and len(metrics_rows(job_dir)) == 20
-    assert index_state(job_dir.name) == "finished"
+    assert index_state(JobDir(job_dir).id) == "finished"
     assert processes_mentioning(str(job_dir)) == []
 
 

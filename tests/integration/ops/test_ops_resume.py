@@ -44,7 +44,7 @@ def held_then_killed(tmp_path, launcher, job, job_dir, every: int) -> int:
     (tmp_path / "hold").unlink()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0
-    assert f"rlctl launch --resume {job_dir.name}" in err, err[-2000:]  # the failure names the resume command
+    assert f"rlctl launch --resume {JobDir(job_dir).id}" in err, err[-2000:]  # the failure names the resume command
     assert len(metrics_rows(job_dir)) in (every + 1, every + 2)
     latest = json.loads((job_dir / "checkpoints" / "latest.json").read_text())["version"]
     assert latest == every
@@ -143,7 +143,7 @@ def test_a_failed_run_resumes_by_itself_with_auto_resume(tmp_path, launcher):
     assert s["ledger"]["prompts"] == s["ledger"]["trained"] == iterations * prompts
     assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0) and s["resilience"]["resumes"] == 1
     code, rows = rlctl_json("status", "--all")
-    assert code == 0 and next(r["state"] for r in rows if r["id"] == job_dir.name) == "finished", rows
+    assert code == 0 and next(r["state"] for r in rows if r["id"] == JobDir(job_dir).id) == "finished", rows
 
 
 def test_a_megatron_tp2_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, launcher):

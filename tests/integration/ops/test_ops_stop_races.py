@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rlctl.launch.jobdir import JobDir
 from rlctl.ops.jobdb import JobDB
 
 from .conftest import REPO, RLCTL, events, job_yaml, metrics_rows, processes_mentioning, rlctl, rlctl_json, wait_for
@@ -94,7 +95,7 @@ def test_a_stop_while_an_auto_resume_stages_the_job_ends_it(tmp_path):
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 1 and "was stopped (`rlctl stop`) while its launcher started a run" in err, err
         _, rows = rlctl_json("status", "--all")
-        assert [r["state"] for r in rows if r["id"] == job_dir.name] == ["stopped"]
+        assert [r["state"] for r in rows if r["id"] == JobDir(job_dir).id] == ["stopped"]
         assert processes_mentioning(str(job_dir)) == []
     finally:
         gate.unlink(missing_ok=True)
@@ -126,7 +127,7 @@ def test_a_resumed_run_never_reports_the_summary_of_the_run_before(tmp_path, lau
     _, err = resumed.communicate(timeout=90)
     assert resumed.returncode == 1 and "without a summary" in err, err[-2000:]  # not the run before's `stopped`
     _, rows = rlctl_json("status", "--all")
-    assert [r["state"] for r in rows if r["id"] == job_dir.name] == ["failed"]
+    assert [r["state"] for r in rows if r["id"] == JobDir(job_dir).id] == ["failed"]
     assert json.loads((job_dir / "summary.1.json").read_text())["state"] == "stopped"  # the run before's, kept
 
 
@@ -151,7 +152,7 @@ def test_a_stop_while_the_launch_prepares_the_job_ends_that_launch(tmp_path, mon
         finally:
             db.close()
         stop = rlctl("stop")
-        assert stop.returncode == 0 and f"Stop {job_dir.name}" in stop.stdout, stop.stdout + stop.stderr
+        assert stop.returncode == 0 and f"Stop {JobDir(job_dir).id}" in stop.stdout, stop.stdout + stop.stderr
         _, err = proc.communicate(timeout=30)  # its warm-up ended at the stop: not after its 5000 steps
         assert proc.returncode == 1 and "while its launch prepared it" in err, err[-2000:]
         assert f"launch it again with `rlctl launch {job}`" in err, err[-2000:]  # not `launch --resume`: unprepared
@@ -160,9 +161,9 @@ def test_a_stop_while_the_launch_prepares_the_job_ends_that_launch(tmp_path, mon
             proc.kill()
             proc.communicate(timeout=30)
     _, rows = rlctl_json("status", "--all")
-    assert [r["state"] for r in rows if r["id"] == job_dir.name] == ["stopped"]
+    assert [r["state"] for r in rows if r["id"] == JobDir(job_dir).id] == ["stopped"]
     assert not (job_dir / "job.json").exists() and not list((tmp_path / "cache").glob("sft/*/config.json"))
-    resume = rlctl("launch", "--resume", job_dir.name)
+    resume = rlctl("launch", "--resume", JobDir(job_dir).id)
     assert resume.returncode == 2 and "never prepared" in resume.stderr and str(job) in resume.stderr, resume.stderr
 
 
