@@ -346,10 +346,11 @@ def register(app: typer.Typer) -> None:
 
         def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
             units = sum(g["units"] for g in plan["rollout"])
+            priced = plan["source"] + (f", profile {plan['profile']}" if "profile" in plan else "")
             named = "" if jd.id == jd.path.name else f", id {jd.id} (another job in the index is {jd.path.name})"
             say(
                 f"job {spec.name}: {spec.pipeline.mode} (η={spec.pipeline.eta}), {spec.iterations} iterations, "
-                f"{plan['trainer']['ranks']} trainer rank(s), {units} rollout unit(s) ({plan['source']}); "
+                f"{plan['trainer']['ranks']} trainer rank(s), {units} rollout unit(s) ({priced}); "
                 f"dir {jd.path}{named}"
             )
             check = runs.preparing(source=str(job_file))  # in the index from here: `rlctl stop` finds it

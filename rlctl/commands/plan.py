@@ -20,7 +20,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--profile",
                 "-p",
-                help="profile file from `rlctl profile` (default: analytical from the inventory's GPU specs)",
+                help="profile file from `rlctl profile` (default: the job's planning.profile, else analytical from the "
+                "inventory's GPU specs)",
             ),
         ] = None,
         plot: Annotated[Path | None, typer.Option("--plot", help="write a PNG of the stage-time breakdown")] = None,
@@ -28,16 +29,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Plan a job: Algorithm 1 allocation, TP/PP/DP, Algorithm 2 dispatch, simulated iteration time per mode."""
         from rlctl.config import load_job
+        from rlctl.ops.counts import job_profile
         from rlctl.planner.plan import make_plan
         from rlctl.planner.view import plan_plot, plan_table, plot_path
-        from rlctl.profiler.profile import load_profile, refuse_empty_generation
 
         png = plot_path(plot) if plot is not None else None  # a path it cannot write: refused before planning
         j = load_job(job)
-        prof = load_profile(profile) if profile is not None else None
-        if prof is not None:
-            refuse_empty_generation(prof, [r.site for r in j.spec.placement.rollout], path=str(profile))
-        result = make_plan(j, prof, profile_file=str(profile))
+        prof, prof_file = job_profile(j, profile)
+        result = make_plan(j, prof, profile_file=prof_file)
         if png is not None:
             plan_plot(result, png)
             sys.stderr.write(f"wrote {png}\n")

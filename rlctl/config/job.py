@@ -677,6 +677,12 @@ class Planning(Strict):
         "its search of a shared site's split; otherwise it sizes only `rlctl plan`'s printed `fewest_gpus` "
         "alternative, and `rlctl check` refuses another value (as it refuses `planning` when no GPU count is auto)",
     )
+    profile: str | None = Field(
+        None,
+        description="a profile file from `rlctl profile -o` (relative to the job file): `rlctl plan`, `check` and "
+        "`launch` price the job with it (its GPU counts when auto, the plan's predictions, the runtime's migration "
+        "costs) instead of the analytical profile of the inventory's GPU specs; `rlctl plan --profile` overrides it",
+    )
     dispatch_rule: Literal["sum", "max"] = Field(
         "max",
         description="`rlctl plan` only: the cost model of its simulated dispatch (not of the allocation); "
@@ -776,6 +782,17 @@ def load_job(path: Path) -> Job:
         except OSError as e:  # e.g. a directory this user may not read
             raise ConfigError(str(path), "model.path", f"cannot read {str(model_dir)!r}: {e.strerror or e}") from e
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(model_dir)})})
+    if (profile := spec.planning.profile) is not None:  # resolved against the job file, as model.path
+        where = Path(os.path.normpath(path.parent / os.path.expanduser(profile)))
+        if not where.is_file():
+            why = "not a file" if where.exists() else "no such file"
+            raise ConfigError(
+                str(path),
+                "planning.profile",
+                f"{why} {str(where)!r} (paths are relative to the job file)",
+                hint="write one with `rlctl profile --job JOB.yaml -o PROFILE.yaml`",
+            )
+        spec = spec.model_copy(update={"planning": spec.planning.model_copy(update={"profile": str(where)})})
     roles = [("placement.trainer", spec.placement.trainer)] + [
         (f"placement.rollout[{i}]", r) for i, r in enumerate(spec.placement.rollout)
     ]

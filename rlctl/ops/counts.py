@@ -8,11 +8,15 @@ tp × pp × dp (FSDP2 or not), rollout units per site and their tp. Shared by `r
 from __future__ import annotations
 
 import logging
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rlctl.config.job import Job, JobFile, Pipeline
 from rlctl.errors import ConfigError, PlanError
 from rlctl.planner.split import shard_trainer
+
+if TYPE_CHECKING:
+    from rlctl.profiler.profile import ProfileFile
 
 log = logging.getLogger(__name__)
 
@@ -28,17 +32,33 @@ def resolve_job(job: Job, *, iterations: int | None = None, mode: str | None = N
     return spec.model_copy(update=update) if update else spec
 
 
+def job_profile(job: Job, path: Path | None = None) -> tuple[ProfileFile | None, str]:
+    """The profile that prices `job`: `path` (`rlctl plan --profile`), else the job's `planning.profile`, else None
+    (the planner's analytical profile of the inventory's GPU specs); with the file's name. ConfigError naming the
+    profile file when it is not a profile, or has no generation curve for a site the job generates on."""
+    from rlctl.profiler.profile import load_profile, refuse_empty_generation
+
+    if path is None and job.spec.planning.profile is not None:
+        path = Path(job.spec.planning.profile)
+    if path is None:
+        return None, "profile"
+    profile = load_profile(path)
+    refuse_empty_generation(profile, [r.site for r in job.spec.placement.rollout], path=str(path))
+    return profile, str(path)
+
+
 def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
     """Trainer ranks and rollout units per site: the job's explicit counts, or the planner's for `auto`."""
     placement = spec.placement
     auto = placement.trainer.gpus == "auto" or any(r.gpus == "auto" for r in placement.rollout)
     planned: dict[str, Any] | None = None
     note = ""
+    profile, profile_file = job_profile(job)  # the one the job names: a bad one is refused, not an advisory note
     try:
         from rlctl.planner.plan import PlanOptions, make_plan
 
         # `rlctl plan`'s options: other simulated batches choose another allocation than the one it printed
-        planned = make_plan(job, options=PlanOptions(curves_in_output=False))
+        planned = make_plan(job, profile, options=PlanOptions(curves_in_output=False), profile_file=profile_file)
     except Exception as e:  # the planner is advisory when the job gives explicit counts
         note = f"planner unavailable for this job: {type(e).__name__}: {e}"
         # a field of the job file the planner refuses, `rlctl check` (hence launch's preflight) refuses in its own
@@ -95,6 +115,8 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
         "rollout": rollout,
         "controller_site": placement.controller_site or placement.trainer.site,
     }
+    if profile is not None:
+        out["profile"] = profile_file  # what priced the plan (the analytical profile of the GPU specs when absent)
     if planned is not None:
         out["planner"] = {k: planned.get(k) for k in ("allocation", "predicted", "rebalance") if k in planned}
     if note:

@@ -1,0 +1,58 @@
+"""`planning.profile`: the profile a job names prices it in `rlctl plan`, `check` and `launch` alike."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlctl.config import load_job
+from rlctl.ops.counts import plan_counts
+from tests.conftest import ROOT, CliResult
+
+Cli = Callable[..., CliResult]
+
+
+def _job(tmp_path: Path, name: str, **fields: Any) -> Path:
+    job = yaml.safe_load((ROOT / "jobs/cross-dc-7b.yaml").read_text())
+    job["inventory"] = [str(ROOT / "clusters/h800-trainer.yaml"), str(ROOT / "clusters/h20-rollout.yaml")]
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({**job, **fields}))
+    return path
+
+
+def test_launch_plans_auto_counts_with_the_profile_the_job_names(cli: Cli, tmp_path: Path) -> None:
+    """`check` and `launch` planned `gpus: auto` from the analytical profile whatever the user had profiled:
+    `rlctl plan --profile P` printed one allocation and `launch` ran another."""
+    plain = _job(tmp_path, "plain.yaml")
+    assert cli("profile", "--job", str(plain), "-o", str(tmp_path / "p.yaml")).exit_code == 0
+    profile = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    for g in profile["sites"]["h20"]["generation"]:  # rollout 3× slower than the GPU specs say
+        g["ptl_s"] = [[3 * t for t in row] for row in g["ptl_s"]]
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(profile))
+    priced = _job(tmp_path, "priced.yaml", planning={"profile": "p.yaml"})  # relative to the job file
+
+    analytical = plan_counts(load_job(plain), load_job(plain).spec)
+    job = load_job(priced)
+    counts = plan_counts(job, job.spec)
+    r = cli("plan", str(priced), "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    printed = {a["site"]: a["gpus_used"] for a in json.loads(r.stdout)["allocation"]}
+    assert counts["profile"] == str(tmp_path / "p.yaml") and "profile" not in analytical
+    assert counts["trainer"]["ranks"] == printed["h800"] != analytical["trainer"]["ranks"], (printed, analytical)
+    over = cli("plan", str(priced), "--profile", str(tmp_path / "p.yaml"), "-o", "json")  # the flag: the same file
+    assert json.loads(over.stdout)["allocation"] == json.loads(r.stdout)["allocation"]
+
+
+def test_a_profile_the_job_names_that_is_not_there_is_one_line(cli: Cli, tmp_path: Path) -> None:
+    job = _job(tmp_path, "job.yaml", planning={"profile": "gone.yaml"})
+    for command in ("plan", "check"):
+        r = cli(command, str(job))
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(
+            f"rlctl: error: {job}: planning.profile: no such file '{tmp_path / 'gone.yaml'}' (paths are relative to "
+            "the job file)"
+        ), r.stderr
