@@ -97,11 +97,12 @@ unit: $(STAMP) $(UCX_STAMP) $(MEGATRON_STAMP)  # ucxx: the UCX unit tests run to
 # Integration tests need root: they start SLURM, sshd and network namespaces, and always stop them.
 # Then the vLLM engine's tests, in its own virtualenv.
 # The fault-injection suite's reduced form (tests/faults: fewer kills, the quickest scenarios) runs here too.
+# Its 25 slowest tests are listed at the end (CI must stay well under its limit: see where the time goes).
 integration: $(STAMP) $(UCX_STAMP) $(MEGATRON_STAMP) $(VLLM_STAMP)
 	if [ -f $(MEGATRON_STAMP) ]; then export RLCTL_REQUIRE_MEGATRON=1; fi; \
 	trap 'bash tests/services/all.sh down' EXIT; \
 	bash tests/services/all.sh up && bash tests/faults/tools.sh && \
-	RLCTL_REQUIRE_SERVICES=1 $(BIN)/pytest -q tests/integration tests/faults
+	RLCTL_REQUIRE_SERVICES=1 $(BIN)/pytest -q --durations=25 tests/integration tests/faults
 	$(MAKE) --no-print-directory vllm-test
 
 # The whole fault-injection suite on real processes, local and across the namespaced two-datacenter link
