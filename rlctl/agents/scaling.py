@@ -181,7 +181,10 @@ class Scaler:
             return self._add(delta, site, reason=reason), []
         return self._remove(-delta, site, reason=reason)
 
-    def _add(self, n: int, site: str | None, *, reason: str) -> dict[str, Any]:
+    def _add(self, n: int, site: str | None, *, reason: str, partial: bool = False) -> dict[str, Any]:
+        """Start `n` rollout units (on `site`, else the rollout sites in order): {"adding": names, "sites": sites},
+        or {"error": why} and none started when fewer fit; `partial`: start those that fit, and say why the others
+        did not ("error" beside "adding")."""
         if self.spawner is None:
             return {"error": "this controller has no launch backends (no sites.json in the job directory)"}
         rollout_sites = self.placement.rollout_sites
@@ -197,15 +200,19 @@ class Scaler:
             free[pick] -= 1
             room = None if room is None else room - 1
             targets.append(pick)
+        short: dict[str, Any] = {}
         if len(targets) < n:
             if room is not None and room <= 0:  # the cap, whatever the slots
                 units = len(self.core.live_units) + len(self.pending_units()) + len(targets)
-                return {"error": f"only {len(targets)} of {n} units fit: {self._cap_reached(units)}"}
-            where = site or ", ".join(rollout_sites)
-            slots = ", ".join(f"{s} {k}" for s, k in self.free_slots().items() if s in candidates)
-            return {"error": f"only {len(targets)} of {n} units fit on {where}: free slots {slots or 'none'}"}
+                short = {"error": f"only {len(targets)} of {n} units fit: {self._cap_reached(units)}"}
+            else:
+                where = site or ", ".join(rollout_sites)
+                slots = ", ".join(f"{s} {k}" for s, k in self.free_slots().items() if s in candidates)
+                short = {"error": f"only {len(targets)} of {n} units fit on {where}: free slots {slots or 'none'}"}
+            if not partial:
+                return short
         names = [self._spawn(t, reason) for t in targets]
-        return {"adding": names, "sites": targets}
+        return {"adding": names, "sites": targets, **short}
 
     def _cap_reached(self, units: int) -> str | None:
         """Why the job's cap (`rebalance.max_rollout_units`, which `rlctl scale` obeys too) allows no unit beyond
@@ -350,8 +357,8 @@ class Scaler:
 
     def _restore_units(self, now: float) -> None:
         """Start the units the checkpoint's run had beyond this run's on each site, as a scale-out (reason
-        "resume"), once the plan's units joined (or RESTORE_WAIT_S went by); one that cannot start is said
-        (`scale_failed`), and the run goes on with those it has."""
+        "resume"), once the plan's units joined (or RESTORE_WAIT_S went by): those that fit; those that do not are
+        said (`scale_failed`), and the run goes on with those it has."""
         if len(self.core.units) < self.placement.planned_units and now - self.restored_at < RESTORE_WAIT_S:
             return
         want, self.restoring = self.restoring or {}, None
@@ -365,14 +372,15 @@ class Scaler:
             missing = n - max(have.get(site, 0), planned.get(site, 0))
             if missing <= 0 or site not in self.placement.rollout_sites:
                 continue
-            out = self._add(missing, site, reason="resume")
-            if "error" in out:
-                self.jobdir.event("scale_failed", reason="resume", site=site, units=missing, error=out["error"])
-                log.warning("controller: could not start again the %d unit(s) on %s the run had: %s", missing,
-                            site, out["error"])  # fmt: skip
-            else:
+            out = self._add(missing, site, reason="resume", partial=True)  # those that fit, not none
+            if out.get("adding"):
                 log.info("controller: starting %s on %s again: the resumed checkpoint's run had %d unit(s) there",
                          ", ".join(out["adding"]), site, n)  # fmt: skip
+            if "error" in out:
+                left = missing - len(out.get("adding", []))
+                self.jobdir.event("scale_failed", reason="resume", site=site, units=left, error=out["error"])
+                log.warning("controller: could not start again %d of the %d unit(s) on %s the run had: %s", left,
+                            missing, site, out["error"])  # fmt: skip
 
     def resilience(self) -> dict[str, Any]:
         """For status: replacements done, under way, given up, and what that means for the job."""

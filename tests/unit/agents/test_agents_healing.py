@@ -288,3 +288,16 @@ def test_a_replacement_that_produced_a_sample_stands(tmp_path) -> None:
     scaler.replace("rollout-2", now=2.0)
     assert scaler.resilience()["note"] == "replacing rollout-2" and scaler.replacing["rollout-2"].attempts == 0
     assert scaler.replaced == 1 and spawner.calls == [("a", 2)]
+
+
+def test_a_resume_starts_again_the_units_that_fit_when_not_all_do(tmp_path) -> None:
+    """The checkpoint's run had 5 units on site a, which has a slot for 1 beyond the plan's 2 now: that one starts,
+    the 2 others are a `scale_failed` (before, none started: the site's restore was all or nothing)."""
+    scaler, _, _, posted, spawner = setup(tmp_path, fail=0)
+    scaler.restore(replaced=0, units={"a": 5}, now=0.0)
+    scaler.tick(1.0)
+    deliver(scaler, posted)
+    assert spawner.calls == [("a", 2)]
+    failed = [e for e in scaler.jobdir.read_lines(scaler.jobdir.events) if e["event"] == "scale_failed"]
+    assert [(e["site"], e["units"]) for e in failed] == [("a", 2)], failed
+    assert failed[0]["error"] == "only 1 of 3 units fit on a: free slots a 1", failed
