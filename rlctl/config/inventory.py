@@ -177,8 +177,16 @@ class Node(Strict):
         return expand_hostlist(self.host)
 
 
+# bounds of what a link or network can be: past them a figure is a typo (1e300 ms printed 300-digit times)
+MAX_BANDWIDTH_GBPS = 100_000.0  # 100 Tbit/s
+MAX_LATENCY_MS = 60_000.0  # a minute: the transport's own timeouts are shorter
+BandwidthGbps = Annotated[
+    float, Field(gt=0, le=MAX_BANDWIDTH_GBPS, description=f"Gbit/s, at most {MAX_BANDWIDTH_GBPS:g}")
+]
+
+
 class Network(Strict):
-    bandwidth_gbps: PositiveFloat
+    bandwidth_gbps: BandwidthGbps
     rdma: bool = Field(
         False,
         description="the hosts have RDMA (InfiniBand/RoCE) for the job's traffic: with transport ucx, agents on a site "
@@ -301,8 +309,8 @@ class Site(Strict):
 
 class Link(Strict):
     between: tuple[str, str]
-    bandwidth_gbps: PositiveFloat
-    latency_ms: Annotated[float, Field(ge=0)] = 1.0
+    bandwidth_gbps: BandwidthGbps
+    latency_ms: Annotated[float, Field(ge=0, le=MAX_LATENCY_MS, description=f"at most {MAX_LATENCY_MS:g}")] = 1.0
 
     @field_validator("between")
     @classmethod

@@ -132,6 +132,21 @@ CASES = [
         GOOD_INV.replace("sites:", "links: [{between: [h20, x], bandwidth_gbps: 1, latency_ms: -1}]\nsites:"),
         "links[0].latency_ms",
     ),
+    Case(  # it planned, and printed 300-digit times
+        "link latency past a minute",
+        GOOD_INV.replace("sites:", "links: [{between: [h20, x], bandwidth_gbps: 1, latency_ms: 1e300}]\nsites:"),
+        "links[0].latency_ms: Input should be less than or equal to 60000",
+    ),
+    Case(
+        "link bandwidth past 100 Tbit/s",
+        GOOD_INV.replace("sites:", "links: [{between: [h20, x], bandwidth_gbps: 1e12}]\nsites:"),
+        "links[0].bandwidth_gbps: Input should be less than or equal to 100000",
+    ),
+    Case(
+        "site bandwidth past 100 Tbit/s",
+        site_with("    gpu: H20\n", "    gpu: H20\n    network: {bandwidth_gbps: 1e6}\n"),
+        "sites.h20.network.bandwidth_gbps: Input should be less than or equal to 100000",
+    ),
     Case("no sites at all", HEAD + "sites: {}\n", "no site defined"),
     Case("not UTF-8", b"apiVersion: rlctl/v1\nkind: Inventory\n\xff\xfe\xfa\n", "cannot read"),
     Case("a directory", None, "is a directory", kind="dir"),
