@@ -60,6 +60,8 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
         # `rlctl plan`'s options: other simulated batches choose another allocation than the one it printed
         planned = make_plan(job, profile, options=PlanOptions(curves_in_output=False), profile_file=profile_file)
     except Exception as e:  # the planner is advisory when the job gives explicit counts
+        if isinstance(e, ConfigError) and profile is not None and e.file == profile_file:
+            raise  # the profile the job names cannot price it (another model, GPU, algorithm): refused, not a note
         note = f"planner unavailable for this job: {type(e).__name__}: {e}"
         # a field of the job file the planner refuses, `rlctl check` (hence launch's preflight) refuses in its own
         # line: said once, there, not in a warning line before it (an inventory's, e.g. a missing link, it does not)

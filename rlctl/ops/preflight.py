@@ -445,6 +445,8 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
         except PlanError as e:
             return [Problem(_auto_field(job), f"'auto' needs the planner, which failed: {e.__cause__ or e}", e.hint)]
         except ConfigError as e:  # a job field the planner refuses, in check's words (`problems` says each once)
+            if spec.planning.profile is not None and e.file == str(Path(spec.planning.profile)):
+                return [Problem("planning.profile", str(e), e.hint)]  # the profile the job names: not this job's
             if e.file != str(job.path) or e.field is None:  # a profile file's
                 return [Problem(_auto_field(job), f"'auto' needs the planner, which failed: {e}", e.hint)]
             return [Problem(e.field, e.detail, e.hint)]

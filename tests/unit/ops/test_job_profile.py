@@ -56,3 +56,24 @@ def test_a_profile_the_job_names_that_is_not_there_is_one_line(cli: Cli, tmp_pat
             f"rlctl: error: {job}: planning.profile: no such file '{tmp_path / 'gone.yaml'}' (paths are relative to "
             "the job file)"
         ), r.stderr
+
+
+def test_a_profile_of_another_model_is_refused_even_with_explicit_counts(cli: Cli, tmp_path: Path) -> None:
+    """With every GPU count fixed the planner is advisory, and a profile that cannot price the job was a warning
+    line in `launch` and nothing in `check`; it still prices the plan's predictions and migration costs."""
+    other = tmp_path / "other.yaml"
+    h20 = str(ROOT / "clusters/h20-rollout.yaml")
+    made = cli("profile", "--cluster", h20, "--model", "qwen2.5-7b", "-o", str(other))
+    assert made.exit_code == 0, made.stderr
+    job = yaml.safe_load((ROOT / "jobs/demo.yaml").read_text())
+    job["inventory"] = [str(ROOT / "clusters/local.yaml")]
+    job["planning"] = {"profile": str(other)}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    for command in ("check", "launch"):
+        r = cli(command, str(tmp_path / "job.yaml"), *(["--job-dir", str(tmp_path / "run")] * (command == "launch")))
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert (
+            f"{tmp_path / 'job.yaml'}: planning.profile: {other}: model.name: profile is for 'qwen2.5-7b', job trains "
+            "'tiny-demo'" in r.stderr
+        ), r.stderr
+    assert not (tmp_path / "run").exists()
