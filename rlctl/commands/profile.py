@@ -115,6 +115,18 @@ def register(app: typer.Typer) -> None:
                 f"-o {output}: profile's -o is the file to write (a YAML profile), not an output format",
                 hint="`rlctl profile ... -o profile.yaml`, or no -o for the YAML on stdout",
             )
+        if source is Source.analytical:  # a roofline of the GPU specs: no engine runs, no step is timed, no probe
+            unread = [
+                o
+                for o, v in (("--engine", engine), ("--trainer-backend", trainer_backend), ("--workdir", workdir))
+                if v
+            ]
+            if unread:
+                raise UsageError(
+                    f"{', '.join(unread)}: read by --source measured only (the analytical profile is a roofline of "
+                    "the GPU specs: nothing runs)",
+                    hint="add --source measured, or drop " + ", ".join(unread),
+                )
         engines = [e.value for e in engine] if engine else None
         backend = trainer_backend.value if trainer_backend else None
         if job is not None:

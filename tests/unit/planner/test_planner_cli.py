@@ -93,6 +93,20 @@ def test_bad_inputs_exit_2_with_one_line(cli: Cli, tmp_path: Path) -> None:
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("rlctl: error: "), r.stderr
 
 
+def test_options_of_a_measured_profile_are_refused_for_an_analytical_one(cli: Cli, tmp_path: Path) -> None:
+    """They were ignored: `--engine vllm` wrote a roofline profile with no engine in it, exit 0."""
+    local = ("profile", "--cluster", str(ROOT / "clusters/local.yaml"), "--model", "tiny-demo")
+    for extra, named in (
+        (("--engine", "vllm"), "--engine"),
+        (("--trainer-backend", "megatron"), "--trainer-backend"),
+        (("--workdir", str(tmp_path / "w")), "--workdir"),
+    ):
+        r = cli(*local, *extra)
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"rlctl: error: {named}: read by --source measured only"), r.stderr
+    assert not (tmp_path / "w").exists()
+
+
 def test_profile_of_an_empty_model_name_says_so(cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--model "$MODEL"` with MODEL unset: the known models, versus '<the directory it ran in>/config.json: cannot
     read' ('' taken for '.')."""
