@@ -943,8 +943,14 @@ def refuse_if_unprepared(jobdir: JobDir, *, source: str | None, nothing: str = "
     """Before `launch --resume` (or `attach`, `pull`: `nothing` says "nothing to watch", "nothing to pull"): refuse
     a job whose launch ended before it had prepared it (no job.json: `prepare` writes it last; a `rlctl stop` during
     its SFT warm-up, or its launcher's machine rebooted then), which has nothing to resume (UsageError naming how to
-    launch it anew; `source`: its job file, as its index row recorded it)."""
+    launch it anew; `source`: its job file, as its index row recorded it). A job.json without its plan.json (deleted
+    by hand) is refused too, naming the file: each of these commands reads the plan."""
     if jobdir.job_json.exists():
+        if not jobdir.plan_json.exists():
+            raise UsageError(
+                f"{jobdir.plan_json}: missing (the job's plan, written with its job.json); {nothing}",
+                hint=f"put the job dir's plan.json back from a copy, or launch the job anew: `{launch_again(source)}`",
+            )
         return
     holder = jobdir.launcher_holder()
     if holder is not None:  # its launch holds it while it prepares (an SFT warm-up, tokenizing): not one that ended

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from rlctl.config import load_job
 from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.jobdb import JobDB
 from rlctl.ops.run import refuse_if_unprepared
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 
 def test_a_job_whose_launch_ended_before_it_was_prepared_has_nothing_to_resume(tmp_path: Path) -> None:
@@ -71,3 +72,30 @@ def test_pull_of_a_job_never_prepared_has_nothing_to_pull(tmp_path: Path, monkey
         "rlctl: error: job prep-1 was never prepared (no job.json: its launch was stopped or failed before any agent "
         "started); nothing to pull (hint: launch it anew: `rlctl launch p.yaml`)\n"
     ), r.stderr
+
+
+def test_attach_resume_pull_of_a_job_without_its_plan_name_the_missing_plan_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # job.json there, plan.json deleted by hand: attach and launch --resume were a FileNotFoundError traceback, pull
+    # said "the job was never launched (no plan.json)"
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    spec = load_job(ROOT / "jobs" / "demo.yaml").spec
+    jd = JobDir.create(spec.name, explicit=tmp_path / "demo-1")
+    jd.write_job(spec, source="demo.yaml")
+    db = JobDB()
+    try:
+        db.put("demo-1", job_dir=str(jd.path), spec={"name": spec.name})
+        db.update("demo-1", info={"launcher": {"pid": 2**22 + 1, "host": socket.gethostname()}, "source": "p.yaml"})
+    finally:
+        db.close()
+    for args, nothing in (
+        (["attach", "demo-1"], "watch"),
+        (["launch", "--resume", "demo-1"], "resume"),
+        (["pull", "demo-1"], "pull"),
+    ):
+        r = run_cli(*args)
+        assert r.exit_code == 2 and r.stderr == (
+            f"rlctl: error: {jd.plan_json}: missing (the job's plan, written with its job.json); nothing to {nothing} "
+            "(hint: put the job dir's plan.json back from a copy, or launch the job anew: `rlctl launch p.yaml`)\n"
+        ), r.stderr
