@@ -4,6 +4,9 @@ job_dir/job.json ─────────┐
 job_dir/metrics.jsonl ────┼─▶ load() ─▶ JobRecord ─┬─▶ _figure() ─▶ report.png ─┐
 job_dir/events.jsonl ─────┤                        └─▶ _html() ◀── PNG bytes ◀──┴─▶ report.html
 job_dir/summary.json ─────┘   (only job.json is required: a running job may have written nothing yet)
+
+A damaged record file (a line cut short or edited, a summary that is no JSON) is exit 1, as in `rlctl status`:
+it is neither a command line nor a config file the user wrote (exit 2), but the job's state.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlctl.errors import ConfigError, RlctlError, UsageError
+from rlctl.errors import RlctlError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,7 @@ def load(job_dir: Path) -> JobRecord:
     try:  # read as written (a job of an older rlctl too): only these two fields
         name, mode = str(record["job"]["name"]), str(record["job"]["pipeline"]["mode"])
     except (KeyError, TypeError) as e:
-        raise ConfigError(str(job_json), None, f"no job.name and job.pipeline.mode in it (was it edited?): {e}") from e
+        raise RlctlError(f"{job_json}: no job.name and job.pipeline.mode in it (was it edited?): {e}") from e
     summary_json = job_dir / "summary.json"
     return JobRecord(
         name=name,
@@ -100,20 +103,20 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except OSError as e:
-        raise ConfigError(str(path), None, f"cannot read: {e}") from e
+        raise RlctlError(f"{path}: cannot read: {e}") from e
     except ValueError as e:
-        raise ConfigError(str(path), None, f"not JSON: {e}") from e
+        raise RlctlError(f"{path}: not JSON: {e}", hint="was it edited or cut short?") from e
 
 
 def _read_lines(path: Path, *, leave_out_damaged: bool = False) -> list[dict[str, Any]]:
-    """The JSON lines of `path`; one that does not parse is a ConfigError naming it, or (`leave_out_damaged`: the
+    """The JSON lines of `path`; one that does not parse is an RlctlError naming it, or (`leave_out_damaged`: the
     events, where a controller killed mid-write leaves a line cut short for good) left out with a warning."""
     if not path.exists():
         return []
     try:
         text = path.read_text()
     except OSError as e:
-        raise ConfigError(str(path), None, f"cannot read: {e}") from e
+        raise RlctlError(f"{path}: cannot read: {e}") from e
     lines = text.split("\n")
     # The job may be appending right now: a last line without its newline is unfinished, not corrupt.
     rows = []
@@ -124,12 +127,12 @@ def _read_lines(path: Path, *, leave_out_damaged: bool = False) -> list[dict[str
             row = json.loads(line)
         except ValueError as e:
             if not leave_out_damaged:
-                raise ConfigError(str(path), f"line {n}", f"not JSON: {e}") from e
+                raise RlctlError(f"{path}: line {n}: not JSON: {e}", hint="was it edited?") from e
             log.warning("%s: line %d is not valid JSON (%s): left out", path, n, e)
             continue
         if not isinstance(row, dict):  # (`5`, `[1, 2]`): every reader takes a row for an object
             if not leave_out_damaged:
-                raise ConfigError(str(path), f"line {n}", f"{type(row).__name__}, not a JSON object")
+                raise RlctlError(f"{path}: line {n}: {type(row).__name__}, not a JSON object", hint="was it edited?")
             log.warning("%s: line %d is %s, not a JSON object: left out", path, n, type(row).__name__)
             continue
         rows.append(row)

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from rlctl.errors import ConfigError, UsageError
+from rlctl.errors import RlctlError, UsageError
 from rlctl.report import build_report, busy_fractions
+from tests.conftest import run_cli
 from tests.unit.report.fake_jobdir import ITERATIONS, make_job_dir, metrics_row
 
 
@@ -141,9 +142,23 @@ def test_corrupt_metrics_line_names_file_and_line(tmp_path: Path) -> None:
     d = make_job_dir(tmp_path)
     path = d / "metrics.jsonl"
     path.write_text(json.dumps(metrics_row(1)) + "\n{not json\n")
-    with pytest.raises(ConfigError, match="line 2: not JSON") as e:
+    with pytest.raises(RlctlError, match=f"^{path}: line 2: not JSON") as e:
         build_report(d)
-    assert e.value.file == str(path)
+    assert e.value.exit_code == 1
+
+
+def test_a_damaged_metrics_line_is_exit_1_in_report_as_in_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # report said exit 2 (a config or usage error), status exit 1: the job's record damaged is neither
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    d = make_job_dir(tmp_path)
+    path = d / "metrics.jsonl"
+    path.write_text(json.dumps(metrics_row(1)) + "\n{not json\n" + json.dumps(metrics_row(2)) + "\n")
+    for command in ("report", "status"):
+        r = run_cli(command, str(d))
+        assert r.exit_code == 1 and r.stderr.startswith(f"rlctl: error: {path}: line 2"), (command, r.stderr)
+        assert r.stderr.count("\n") == 1, r.stderr
 
 
 def test_a_line_that_is_json_but_no_object_names_file_and_line(tmp_path: Path) -> None:
@@ -151,9 +166,8 @@ def test_a_line_that_is_json_but_no_object_names_file_and_line(tmp_path: Path) -
     d = make_job_dir(tmp_path)
     path = d / "metrics.jsonl"
     path.write_text(json.dumps(metrics_row(1)) + "\n[1, 2]\n")
-    with pytest.raises(ConfigError, match=r"line 2: list, not a JSON object$") as e:
+    with pytest.raises(RlctlError, match=f"^{path}: line 2: list, not a JSON object$"):
         build_report(d)
-    assert e.value.file == str(path)
     path.write_text(json.dumps(metrics_row(1)) + "\n")
     (d / "events.jsonl").write_text('5\n{"t": 1.0, "event": "controller_listening"}\n')  # the events: left out
     assert parse(build_report(d).html.read_text()).rows["iterations"] == 1
