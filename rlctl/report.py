@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,10 +93,13 @@ def load(job_dir: Path) -> JobRecord:
     return JobRecord(
         name=name,
         mode=mode,
-        rows=_read_lines(job_dir / "metrics.jsonl"),
-        events=_read_lines(job_dir / "events.jsonl", leave_out_damaged=True),
+        rows=_read_lines(job_dir / "metrics.jsonl", lacks=_row_lacks),
+        events=_read_lines(job_dir / "events.jsonl", lacks=_event_lacks, leave_out_damaged=True),
         summary=_read_json(summary_json) if summary_json.is_file() else None,
-        evaluations=sorted(_read_lines(job_dir / "evaluations.jsonl"), key=lambda r: int(r["version"])),
+        evaluations=sorted(
+            _read_lines(job_dir / "evaluations.jsonl", lacks=lambda r: _lacks(r, numbers=("version",))),
+            key=lambda r: int(r["version"]),
+        ),
     )
 
 
@@ -108,9 +112,12 @@ def _read_json(path: Path) -> Any:
         raise RlctlError(f"{path}: not JSON: {e}", hint="was it edited or cut short?") from e
 
 
-def _read_lines(path: Path, *, leave_out_damaged: bool = False) -> list[dict[str, Any]]:
-    """The JSON lines of `path`; one that does not parse is an RlctlError naming it, or (`leave_out_damaged`: the
-    events, where a controller killed mid-write leaves a line cut short for good) left out with a warning."""
+def _read_lines(
+    path: Path, *, lacks: Callable[[dict[str, Any]], str | None], leave_out_damaged: bool = False
+) -> list[dict[str, Any]]:
+    """The JSON lines of `path`; one that does not parse, or lacks a field the report reads (`lacks`: what the row
+    lacks, None when nothing), is an RlctlError naming the file, the line and what is wrong, or (`leave_out_damaged`:
+    the events, where a controller killed mid-write leaves a line cut short for good) left out with a warning."""
     if not path.exists():
         return []
     try:
@@ -130,13 +137,47 @@ def _read_lines(path: Path, *, leave_out_damaged: bool = False) -> list[dict[str
                 raise RlctlError(f"{path}: line {n}: not JSON: {e}", hint="was it edited?") from e
             log.warning("%s: line %d is not valid JSON (%s): left out", path, n, e)
             continue
-        if not isinstance(row, dict):  # (`5`, `[1, 2]`): every reader takes a row for an object
-            if not leave_out_damaged:
-                raise RlctlError(f"{path}: line {n}: {type(row).__name__}, not a JSON object", hint="was it edited?")
-            log.warning("%s: line %d is %s, not a JSON object: left out", path, n, type(row).__name__)
-            continue
-        rows.append(row)
+        # (`5`, `[1, 2]`): every reader takes a row for an object
+        problem = lacks(row) if isinstance(row, dict) else f"{type(row).__name__}, not a JSON object"
+        if problem is None:
+            rows.append(row)
+        elif not leave_out_damaged:
+            raise RlctlError(f"{path}: line {n}: {problem}", hint="was it edited?")
+        else:
+            log.warning("%s: line %d: %s: left out", path, n, problem)
     return rows
+
+
+def _lacks(row: dict[str, Any], *, present: tuple[str, ...] = (), numbers: tuple[str, ...] = ()) -> str | None:
+    """What `row` lacks ("no 'period_s'", "'t' is 'x', not a number") of the fields `present` (null allowed: shown
+    as "-") and `numbers` (the report counts with them); None when nothing."""
+    for name in (*present, *numbers):
+        if name not in row:
+            return f"no {name!r}"
+    for name in numbers:
+        if isinstance(row[name], bool) or not isinstance(row[name], int | float):
+            return f"{name!r} is {row[name]!r}, not a number"
+    return None
+
+
+def _row_lacks(row: dict[str, Any]) -> str | None:
+    """What a metrics row lacks of what the report reads: its figures, and each agent's busy seconds."""
+    present = ("reward_mean", "t_gen_s", "t_train_s", "delta_s", "samples_per_s")
+    problem = _lacks(row, present=present, numbers=("iteration", "period_s"))
+    agents = row.get("agents") or {}
+    if problem is None and not isinstance(agents, dict):
+        return f"'agents' is {type(agents).__name__}, not a JSON object"
+    for name, a in agents.items() if problem is None else ():
+        if not isinstance(a, dict) or _lacks(a, numbers=("busy_s",)) is not None:
+            return f"no number 'agents.{name}.busy_s'"
+    return problem
+
+
+def _event_lacks(e: dict[str, Any]) -> str | None:
+    """What a scale event lacks of what the report reads (its time; its iteration, when it has one)."""
+    if e.get("event") != "scale":
+        return None
+    return _lacks(e, numbers=("t", "iteration") if e.get("iteration") is not None else ("t",))
 
 
 # -- derived series ---------------------------------------------------------------------------------

@@ -173,6 +173,45 @@ def test_a_line_that_is_json_but_no_object_names_file_and_line(tmp_path: Path) -
     assert parse(build_report(d).html.read_text()).rows["iterations"] == 1
 
 
+@pytest.mark.parametrize(
+    ("file", "edit", "said"),
+    [
+        ("metrics.jsonl", lambda rows: rows[1].pop("period_s"), "line 2: no 'period_s'"),
+        ("metrics.jsonl", lambda rows: rows[2].update(iteration=None), "line 3: 'iteration' is None, not a number"),
+        (
+            "metrics.jsonl",
+            lambda rows: rows[0]["agents"]["rollout-1"].pop("busy_s"),
+            "line 1: no number 'agents.rollout-1.busy_s'",
+        ),
+        ("evaluations.jsonl", lambda rows: rows.append({"greedy_reward": 0.5}), "line 4: no 'version'"),
+    ],
+)
+def test_a_row_without_a_field_the_report_reads_names_file_line_and_field(
+    tmp_path: Path, file: str, edit: Any, said: str
+) -> None:
+    # was a KeyError or TypeError traceback (a hand-edited row)
+    d = make_job_dir(tmp_path)
+    rows = [metrics_row(i) for i in range(1, 4)] if file == "metrics.jsonl" else [{"version": v} for v in (2, 4, 6)]
+    edit(rows)
+    (d / file).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(RlctlError, match=f"^{d / file}: {said}$") as e:
+        build_report(d)
+    assert e.value.exit_code == 1  # a damaged record, as a line that does not parse
+
+
+def test_a_scale_event_without_its_time_is_left_out_as_a_damaged_event_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # was a KeyError traceback; the report leaves out a damaged line of events.jsonl, saying which
+    d = make_job_dir(tmp_path)
+    scale, joined = (json.loads(line) for line in (d / "events.jsonl").read_text().splitlines())
+    del scale["t"]
+    (d / "events.jsonl").write_text(json.dumps(scale) + "\n" + json.dumps(joined) + "\n")
+    page = build_report(d).html.read_text()
+    assert "no scale events" in page
+    assert [r.getMessage() for r in caplog.records] == [f"{d / 'events.jsonl'}: line 1: no 't': left out"]
+
+
 def test_busy_fractions_join_leave_restart_and_clip() -> None:
     def row(period_s: float, **busy_s: float | tuple[float, str]) -> dict[str, Any]:
         agents = {}
