@@ -63,18 +63,24 @@ def build_report(job_dir: Path, *, out: Path | None = None) -> ReportFiles:
         files.png.write_bytes(png)
         files.html.write_text(page, encoding="utf-8")
     except OSError as e:
-        raise RlctlError(f"cannot write the report: {e}") from e
+        where = f"--out {out}: " if out is not None else ""
+        raise RlctlError(f"{where}cannot write the report: {e.strerror or e}: {e.filename or files.png}") from e
     return files
 
 
 def _paths(job_dir: Path, out: Path | None) -> ReportFiles:
     if out is None:
         return ReportFiles(job_dir / "report.png", job_dir / "report.html")
+    sibling = "the sibling with the other suffix is written too"
+    if out.is_dir():
+        raise UsageError(f"--out {out}: a directory; name a file in it, e.g. {out / 'report.png'}", hint=sibling)
     if out.suffix not in (".png", ".html"):
-        raise UsageError(
-            f"--out {out}: must end in .png or .html", hint="the sibling with the other suffix is written too"
-        )
-    return ReportFiles(out.with_suffix(".png"), out.with_suffix(".html"))
+        raise UsageError(f"--out {out}: must end in .png or .html", hint=sibling)
+    files = ReportFiles(out.with_suffix(".png"), out.with_suffix(".html"))
+    taken = next((p for p in (files.png, files.html) if p.is_dir()), None)  # `--out r.png` beside a directory r.html
+    if taken is not None:
+        raise UsageError(f"--out {out}: {taken} is a directory, where the report's {taken.suffix} goes", hint=sibling)
+    return files
 
 
 # -- reading ----------------------------------------------------------------------------------------

@@ -133,6 +133,25 @@ def test_out_names_one_file_and_its_sibling(tmp_path: Path) -> None:
         build_report(d, out=tmp_path / "demo.pdf")
 
 
+def test_out_a_directory_names_the_option_and_what_is_valid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a directory named r.png was "cannot write the report: [Errno 21] Is a directory: '…/r.png'", exit 1
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    d = make_job_dir(tmp_path)
+    (tmp_path / "r.png").mkdir()
+    (tmp_path / "s.html").mkdir()
+    (tmp_path / "file").write_text("")
+    said = {
+        "r.png": f"--out {tmp_path / 'r.png'}: a directory; name a file in it, e.g. {tmp_path}/r.png/report.png",
+        "s.png": f"--out {tmp_path / 's.png'}: {tmp_path / 's.html'} is a directory, where the report's .html goes",
+    }
+    for out, line in said.items():
+        r = run_cli("report", str(d), "--out", str(tmp_path / out))
+        hint = " (hint: the sibling with the other suffix is written too)"
+        assert r.exit_code == 2 and r.stderr == f"rlctl: error: {line}{hint}\n", r.stderr
+    r = run_cli("report", str(d), "--out", str(tmp_path / "file" / "r.png"))  # what the write met: named too
+    assert r.exit_code == 1 and r.stderr.startswith(f"rlctl: error: --out {tmp_path / 'file' / 'r.png'}: "), r.stderr
+
+
 def test_missing_job_json_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"not a job directory \(no job\.json\)"):
         build_report(tmp_path)
