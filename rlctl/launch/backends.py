@@ -55,6 +55,15 @@ def read_sites(job_dir: Path) -> dict[str, Site]:
     return out
 
 
+def sites_missing(job_dir: Path) -> LaunchError:
+    """The error of a job dir whose sites.json is gone (deleted by hand; `read_sites` reads it as no sites), naming
+    it: else the job's sites read as none ("site 'a' is not in this job's inventory ()")."""
+    return LaunchError(
+        f"{job_dir / SITES_FILE}: missing (the launch's record of the job's sites: rlctl reaches them through it)",
+        hint="put it back from a copy of the job dir",
+    )
+
+
 def python_for(site: Site) -> str:
     """The interpreter on the site's hosts: the site's `python`; else python3 on SSH sites, this one elsewhere
     (local processes; SLURM nodes sharing this filesystem)."""
@@ -89,6 +98,8 @@ class Backends:
     def for_site(self, site: str) -> LaunchBackend:
         with self._lock:
             if site not in self._by_site:
+                if not self.sites and not (self.job_dir / SITES_FILE).exists():
+                    raise sites_missing(self.job_dir)
                 if site not in self.sites:
                     raise LaunchError(f"site {site!r} is not in this job's inventory ({', '.join(self.sites)})")
                 self._by_site[site] = make_backend(site, self.sites[site], job=self.job, job_dir=self.job_dir)
