@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlctl.errors import LaunchError, RlctlError
-from rlctl.launch.backends import Backends, read_sites
+from rlctl.launch.backends import SITES_FILE, Backends, read_sites, sites_missing
 from rlctl.launch.base import AgentHandle
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
@@ -50,13 +50,16 @@ class AgentLog:
 
 
 def locate(job_dir: Path, handles: dict[str, AgentHandle], name: str) -> AgentLog | None:
-    """Agent `name`'s log: here when the file is, else on its site; None when neither can say where."""
+    """Agent `name`'s log: here when the file is, else on its site; None when neither can say where (LaunchError when
+    the job's sites.json is gone)."""
     h = handles.get(name)
     path = h.spec.log_path if h is not None and h.spec.log_path is not None else job_dir / "logs" / f"{name}.log"
     if path.exists():
         return AgentLog(name, LocalFiles(), str(path), h)
     if h is None or h.spec.log_path is None:
         return None
+    if not (job_dir / SITES_FILE).exists():  # not "no log": where its site is was deleted
+        raise sites_missing(job_dir)
     site = read_sites(job_dir).get(h.spec.site)
     if site is None:
         return None

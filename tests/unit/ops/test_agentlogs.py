@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlctl.launch.backends import write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.sitefs import FileState, HostFiles
 from rlctl.ops.agentlogs import ENDED_CHECK_S, AgentLog, follow, locate, tail
@@ -179,5 +180,6 @@ def test_locate_reads_here_when_the_file_is_here_else_on_the_agents_site(tmp_pat
     assert tail(tmp_path, {}, "trainer-0", 1) == ["t2"]
     remote = AgentSpec("rollout", 0, "gen", [], log_path=Path("/site/jobs/run/logs/rollout-0.log"))
     handles = {"rollout-0": AgentHandle(remote, {"host": "h"}, "ssh")}
+    write_sites(tmp_path, {})
     assert locate(tmp_path, handles, "rollout-0") is None  # the site is not in this job's sites.json
     assert locate(tmp_path, {}, "rollout-1") is None

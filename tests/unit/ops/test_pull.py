@@ -277,18 +277,26 @@ def test_pull_and_status_of_a_job_without_its_sites_json_name_the_missing_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # sites.json deleted by hand: pull said "the job was never staged to its trainer site 'local'", status "site
-    # 'local' is not in this job's inventory ()"
+    # 'local' is not in this job's inventory ()", logs "trainer-0 has no log at … (removed?)"
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd, _ = job_dir(tmp_path)
-    trainer = {"name": "trainer-0", "role": "trainer", "replica": 0, "site": "local", "backend": "local",
-               "ident": {"pid": 2**22 + 1, "pgid": 2**22 + 1, "start_ticks": 1}, "host": "localhost", "gpus": None,
-               "log": None}  # fmt: skip
+    trainer = {
+        "name": "trainer-0",
+        "role": "trainer",
+        "replica": 0,
+        "site": "local",
+        "backend": "local",
+        "ident": {"pid": 2**22 + 1, "pgid": 2**22 + 1, "start_ticks": 1},
+        "host": "localhost",
+        "gpus": None,
+        "log": str(tmp_path / "site" / "trainer-0.log"),  # on its site: not here
+    }
     (jd.path / "agents.jsonl").write_text(json.dumps(trainer) + "\n")
     (jd.path / "sites.json").unlink()
     said = (
         f"rlctl: error: {jd.path}/sites.json: missing (the launch's record of the job's sites: rlctl reaches them "
         "through it) (hint: put it back from a copy of the job dir)\n"
     )
-    for command in ("pull", "status"):
-        r = run_cli(command, str(jd.path))
-        assert r.exit_code == 1 and r.stderr == said, (command, r.stderr)
+    for args in (["pull", str(jd.path)], ["status", str(jd.path)], ["logs", str(jd.path), "trainer/0"]):
+        r = run_cli(*args)
+        assert r.exit_code == 1 and r.stderr == said, (args, r.stderr)
