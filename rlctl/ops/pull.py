@@ -124,7 +124,7 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
     site, fs, root = _trainer_view(job_dir)
     try:
         if number is not None:
-            _have(fs, root, number)
+            _have(fs, root, number, named=checkpoint)
         problems = []
         for version in candidates:
             ckpt = f"{root}/checkpoints/iter-{version}"
@@ -149,9 +149,10 @@ def _version(checkpoint: str) -> int | None:
     return int(m[1]) if m else None
 
 
-def _have(fs: HostFiles, root: str, version: int) -> None:
-    """UsageError listing the job's checkpoints when `version` is none of them (its folder holds no file), and
-    naming it where a resume set it aside (checkpoints/abandoned/iter-N.<key>)."""
+def _have(fs: HostFiles, root: str, version: int, *, named: str) -> None:
+    """UsageError listing the job's checkpoints when `version` (`named` so on the command line: `v20`, `20`) is none
+    of them (its folder holds no file), and naming it where a resume set it aside
+    (checkpoints/abandoned/iter-N.<key>)."""
     found: dict[int, bool] = {}  # version → complete (its trainer part's manifest is there)
     aside: set[str] = set()
     for rel in fs.list_files(f"{root}/checkpoints"):
@@ -170,7 +171,7 @@ def _have(fs: HostFiles, root: str, version: int) -> None:
             f"a resume from an older one set it aside in {', '.join(sorted(aside))} (its model/ folder is the "
             f"policy, not pulled from there); {has}"
         )
-    raise UsageError(f"--checkpoint {version}: no such checkpoint; {has}")
+    raise UsageError(f"--checkpoint {named}: no such checkpoint; {has}")
 
 
 def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> Pulled:

@@ -251,6 +251,9 @@ def test_pull_of_a_checkpoint_that_is_not_there_lists_those_that_are(
     (jd.checkpoint(2) / "MANIFEST.trainer.json").unlink()  # v2 incomplete: not listed, and said as such
     with pytest.raises(UsageError, match=r"this job has v1$"):
         pull(jd.path, checkpoint="3")
+    for named in ("v3", "V3", "03"):  # as typed: `-c v3` was said back as `--checkpoint 3`
+        with pytest.raises(UsageError, match=rf"^--checkpoint {named}: no such checkpoint; this job has v1$"):
+            pull(jd.path, checkpoint=named)
     with pytest.raises(LaunchError, match=r"v2: no MANIFEST.trainer.json \(not written, or the part is incomplete\)$"):
         pull(jd.path, checkpoint="2")
     assert not caplog.records  # one line: the error
