@@ -5,11 +5,13 @@ Exit codes: 0 ok, 1 runtime error, 2 usage or config error, 3 partial failure (s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import signal
 import sys
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -93,7 +95,34 @@ def one_line(text: str) -> str:
 
 def main() -> None:
     """Console entry point: run the app; an RlctlError, or a usage error the parser found (a bad option value,
-    a missing argument, an unknown command), becomes one stderr line and its exit code."""
+    a missing argument, an unknown command), becomes one stderr line and its exit code. Output into a pipe whose
+    reader went away (`rlctl status --all | head -1`) ends it as it ends a standard Unix tool: quietly, exit status
+    141 (128 + SIGPIPE), as the shell says of `seq 100000 | head -1`; not 0, which would say all of it was written
+    (`set -o pipefail` sees the cut as it sees cat's), nor 1, an error that did not happen."""
+    try:
+        _main()  # (always ends in sys.exit)
+    except SystemExit as e:
+        # typer ends a write to a closed pipe as exit 1, unsaid: the BrokenPipeError is what that exit came from
+        if isinstance(e.__context__, BrokenPipeError):
+            _reader_gone()
+        try:  # what print() left in the buffer: written here, not at exit, where a closed pipe cannot be told
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _reader_gone()
+        raise
+    except BrokenPipeError:
+        _reader_gone()
+
+
+def _reader_gone() -> NoReturn:
+    """Exit 141, quietly: what is still buffered for stdout goes to /dev/null at exit (else Python says its
+    BrokenPipeError there: 'Exception ignored in: <_io.TextIOWrapper name='<stdout>' …>')."""
+    with contextlib.suppress(OSError, ValueError):  # (a stdout with no descriptor: nothing is flushed at exit)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(128 + signal.SIGPIPE)
+
+
+def _main() -> None:
     completion.enable()  # a Tab in a shell that sourced `rlctl completion SHELL`: answered in app(), then exit
     try:
         # not standalone: the parser's errors come here (typer would print each as a box of 5-6 lines)

@@ -1,0 +1,43 @@
+"""Output into a pipe whose reader went away (`rlctl logs JOB trainer/0 | head -1`): rlctl ends as a standard Unix tool
+does, quietly, exit status 141 (128 + SIGPIPE), versus exit 1, unsaid, as if an error had happened. Real processes,
+real pipes (rlctl.cli.main)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def rlctl(*args: str, stdout: int, home: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "RLCTL_HOME": str(home)}
+    cmd = [sys.executable, "-m", "rlctl", *args]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=stdout, stderr=subprocess.PIPE)
+
+
+def test_a_reader_that_stops_early_ends_rlctl_quietly_with_141(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    (job / "logs").mkdir(parents=True)
+    (job / "job.json").write_text(json.dumps({"source": "job.yaml", "job": {"name": "job"}}))
+    (job / "logs" / "trainer-0.log").write_text("".join(f"line {i}\n" for i in range(200_000)))  # > a pipe's buffer
+    with rlctl("logs", str(job), "trainer/0", "-n", "200000", stdout=subprocess.PIPE, home=tmp_path / "home") as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline() == b"line 0\n"
+        proc.stdout.close()  # `| head -1`
+        err = proc.stderr.read()
+    assert proc.returncode == 141 and err == b"", err.decode()
+
+
+def test_output_flushed_at_the_end_into_a_closed_pipe_ends_quietly_with_141(tmp_path: Path) -> None:
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before rlctl writes (`rlctl version | true`)
+    try:
+        proc = rlctl("version", stdout=write, home=tmp_path / "home")
+    finally:
+        os.close(write)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and err == b"", err.decode()
