@@ -6,13 +6,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from rlctl.commands.status import JobArg
 from rlctl.errors import UsageError
 from rlctl.textutil import did_you_mean
+
+if TYPE_CHECKING:
+    from rlctl.ops.jobref import JobRef
 
 ROLES = ("controller", "trainer", "rollout")
 LAUNCHER = "launcher"  # logs/launcher.log (rlctl.ops.detach.LOG_NAME)
@@ -104,14 +107,22 @@ def register(app: typer.Typer) -> None:
                     raise no_log
                 sys.stdout.writelines(line + "\n" for line in tail)
                 return
-            # until the agent exits (its site's backend says so; the launcher: its process) or Ctrl-C
+            # until the agent exits (its site's backend says so; the launcher: its process; an agent with no record,
+            # which no site can be asked about: the job, as its record says) or Ctrl-C
+            end: list[str] = []
             if name == LAUNCHER:
                 ending = launcher_ended(ref.row.info.get("launcher") if ref.row is not None else None)
+            elif found.handle is None:
+                ending = job_ended(ref, end)
             else:
                 ending = agentlogs.agent_ended(ref.jobdir.path, found.handle)
             with ending as ended:
                 if not agentlogs.follow(found, lines, ended=ended, write=_write):
                     raise no_log
+            if end:
+                sys.stderr.write(
+                    f"rlctl: job {ref.id} ended ({end[0]}); {name} has no agent record: its log ends here\n"
+                )
         finally:
             found.close()
 
@@ -122,6 +133,20 @@ def launcher_ended(info: Any) -> Iterator[Callable[[], bool]]:
     from rlctl.ops.detach import launcher_running
 
     yield lambda: launcher_running(info) is False
+
+
+@contextmanager
+def job_ended(ref: JobRef, end: list[str]) -> Iterator[Callable[[], bool]]:
+    """Whether the job has ended (`rlctl.ops.operate.job_end`), its end state then appended to `end`."""
+    from rlctl.ops.operate import job_end
+
+    def ended() -> bool:
+        state = job_end(ref)
+        if state is not None:
+            end.append(state)
+        return state is not None
+
+    yield ended
 
 
 def _write(text: str) -> None:

@@ -250,6 +250,21 @@ def _ended_without_summary(ref: JobRef, agents: list[dict[str, Any]], down: list
     return row is None or row.state not in LIVE or launcher_running(row.info.get("launcher")) is False
 
 
+def job_end(ref: JobRef) -> str | None:
+    """How the job ended, from its record alone (no site asked), None while it may run: its index row's state once
+    its launcher recorded the end; else, with no launcher left to go on with it (to resume a failed run), the state
+    of its latest run's summary. A job its launcher watches runs until that launcher records its end."""
+    row = ref.row
+    if row is not None and row.state not in LIVE:
+        return row.state
+    if ref.jobdir.launcher_holder() is not None:
+        return None
+    if row is not None and launcher_running(row.info.get("launcher")) is not False:
+        return None
+    summary = run_summary(ref.jobdir, current_run(ref.jobdir))
+    return None if summary is None else str(summary.get("state", "ended"))
+
+
 def fetch_job_record(ref: JobRef) -> list[str]:
     """Bring the controller's record (summary, metrics, events) here when it runs on another site;
     a site that does not answer, or a record here that does not say where it is, leaves what is here (logged)."""
