@@ -158,8 +158,11 @@ def agents_from_lines(
     return list(out.values())
 
 
-def stop_agents(backends: Backends, handles: list[AgentHandle], *, grace_s: float) -> list[str]:
-    """Stop every handle on its site's backend; returns one problem line per site that failed."""
+def stop_agents(
+    backends: Backends, handles: list[AgentHandle], *, grace_s: float, failed: set[str] | None = None
+) -> list[str]:
+    """Stop every handle on its site's backend; returns one problem line per site that failed (and adds those
+    sites to `failed`)."""
     by_site: dict[str, list[AgentHandle]] = {}
     for h in handles:
         by_site.setdefault(h.spec.site, []).append(h)
@@ -169,4 +172,6 @@ def stop_agents(backends: Backends, handles: list[AgentHandle], *, grace_s: floa
             backends.for_site(site).stop(hs, grace_s=grace_s)
         except LaunchError as e:
             problems.append(f"site {site}: {e}")
+            if failed is not None:
+                failed.add(site)
     return problems

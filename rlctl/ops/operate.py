@@ -393,14 +393,16 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
             log.warning("could not poll the controller's site (%s); forcing", e)
             break
         time.sleep(0.3)
-    problems += stop_agents(backends, handles, grace_s=min(grace_s, 10.0))
+    failed: set[str] = set()  # sites the stop could not reach: their agents are not said to be stopped
+    problems += stop_agents(backends, handles, grace_s=min(grace_s, 10.0), failed=failed)
     problems += [_unsure_line(name, pgid) for name, pgid in unsure.items()]
     backends.close()
     if record_read:  # (one that cannot be read is said once, above)
         fetch_job_record(ref)
     if waited_for is not None:
         out["checkpoint"] = {"version": waited_for, "outcome": _checkpoint_outcome(jd, int(waited_for))}
-    out["agents"] = [h.spec.name for h in handles if this_run is None or h.spec.name in this_run or h.spec.name in ran]
+    ours = [h for h in handles if this_run is None or h.spec.name in this_run or h.spec.name in ran]
+    out["agents"] = [h.spec.name for h in ours if h.spec.site not in failed]
     out["problems"] = problems
     jd.event("stopped_by_operator", agents=out["agents"], problems=problems)
     if ref.row is not None:

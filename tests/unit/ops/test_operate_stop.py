@@ -60,9 +60,46 @@ def test_a_controller_site_that_cannot_be_polled_still_gets_every_agent_stopped(
 
     monkeypatch.setattr(SshBackend, "poll", poll)
     stopped: list[list[str]] = []
-    monkeypatch.setattr(operate, "stop_agents", lambda b, hs, grace_s: stopped.append([h.spec.name for h in hs]) or [])
+    monkeypatch.setattr(
+        operate, "stop_agents", lambda b, hs, grace_s, **_: stopped.append([h.spec.name for h in hs]) or []
+    )
     out = operate.stop(JobRef("stopjob", JobDir(tmp_path), None), grace_s=2)
     assert stopped == [["controller-0", "rollout-0"]] and out["problems"] == []
+
+
+def test_agents_of_a_site_the_stop_could_not_reach_are_not_said_to_be_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """They were listed under the agents stopped, beside the problem line saying their site failed."""
+    ssh = Site.model_validate(
+        {"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "nodes": [{"host": "h1", "gpus": 8}]}
+    )
+    here = Site.model_validate(
+        {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 1}]}
+    )
+    write_sites(tmp_path, {"far": ssh, "here": here})
+    agents = [("controller-0", "controller", "here", "localhost"), ("rollout-0", "rollout", "far", "h1")]
+    (tmp_path / "agents.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {"name": n, "role": r, "replica": 0, "site": s, "backend": "local" if s == "here" else "ssh"}
+                | {"host": h, "gpus": None, "log": None, "ident": {"host": h, "pid": 1, "pgid": 1, "start_ticks": 1}}
+            )
+            + "\n"
+            for n, r, s, h in agents
+        )
+    )
+    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: {})
+    monkeypatch.setattr(local.LocalBackend, "poll", lambda self, h: 0)
+    monkeypatch.setattr(local.LocalBackend, "stop", lambda self, hs, grace_s: None)
+
+    def unreachable(self: SshBackend, handles: object, grace_s: float) -> None:
+        raise LaunchError("ssh h1: cannot connect: timed out")
+
+    monkeypatch.setattr(SshBackend, "stop", unreachable)
+    out = operate.stop(JobRef("stopjob", JobDir(tmp_path), None), grace_s=2)
+    assert out["agents"] == ["controller-0"], out
+    assert out["problems"] == ["site far: ssh h1: cannot connect: timed out"], out
 
 
 NOT_BEGUN = "not written: the trainer had not begun that step (told to stop, it began none)"
@@ -118,7 +155,7 @@ def test_a_stop_without_grace_waits_as_long_as_the_controller_says_and_names_the
     monkeypatch.setattr(operate, "ask_controller", ask)
     monkeypatch.setattr(SshBackend, "poll", lambda self, handle: None)  # the controller runs on: the grace ends
     graces: list[float] = []
-    monkeypatch.setattr(operate, "stop_agents", lambda b, hs, grace_s: graces.append(grace_s) or [])
+    monkeypatch.setattr(operate, "stop_agents", lambda b, hs, grace_s, **_: graces.append(grace_s) or [])
     said: list[str] = []
     t0 = time.monotonic()
     out = operate.stop(JobRef("stopjob", jd, None), say=said.append)
