@@ -76,11 +76,9 @@ def register(app: typer.Typer) -> None:
                     f"job {ref.id}: no logs yet: none of its agents has started (no {log_dir}/*.log)",
                     hint=f"`rlctl status {ref.id if ref.row is not None else ref.jobdir.path}` says where it stands",
                 )
-            for name in names:
+            tails = agentlogs.tail_all(ref.jobdir.path, handles, names, EACH_AGENT_LINES if lines is None else lines)
+            for name, shown in zip(names, tails, strict=True):
                 sys.stdout.write(f"==> {name} <==\n")
-                shown = agentlogs.tail_or_why(
-                    ref.jobdir.path, handles, name, EACH_AGENT_LINES if lines is None else lines
-                )
                 sys.stdout.writelines(line + "\n" for line in shown)
             return
         name = agent_name(agent)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 POLL_INTERVAL_S = 0.5
 ENDED_CHECK_S = 2.0  # how often a follower asks the agent's backend whether it exited
 READ_CHUNK_BYTES = 1 << 20
+HOSTS_AT_ONCE = 8  # hosts whose agents' logs `tail_all` reads at once (an SSH connection each)
 
 
 @dataclass
@@ -44,14 +46,20 @@ class AgentLog:
     files: HostFiles
     path: str
     handle: AgentHandle | None  # None: a log file in the job dir with no agent record
+    shared: bool = False  # `files` belongs to the caller's `views` (several agents' logs on one host): not closed here
 
     def close(self) -> None:
-        self.files.close()
+        if not self.shared:
+            self.files.close()
 
 
-def locate(job_dir: Path, handles: dict[str, AgentHandle], name: str) -> AgentLog | None:
+Views = dict[tuple[str, str], HostFiles]  # (site, host) → one view of that host's files, for several agents' logs
+
+
+def locate(job_dir: Path, handles: dict[str, AgentHandle], name: str, *, views: Views | None = None) -> AgentLog | None:
     """Agent `name`'s log: here when the file is, else on its site; None when neither can say where (LaunchError when
-    the job's sites.json is gone)."""
+    the job's sites.json is gone). With `views`, a host's view is opened once for every agent on it, and the caller
+    closes them."""
     h = handles.get(name)
     path = h.spec.log_path if h is not None and h.spec.log_path is not None else job_dir / "logs" / f"{name}.log"
     if path.exists():
@@ -63,12 +71,19 @@ def locate(job_dir: Path, handles: dict[str, AgentHandle], name: str) -> AgentLo
     site = read_sites(job_dir).get(h.spec.site)
     if site is None:
         return None
-    return AgentLog(name, host_files(site, agent_view(site, h.ident.get("host"))), str(h.spec.log_path), h)
+    host = agent_view(site, h.ident.get("host"))
+    if views is None:
+        return AgentLog(name, host_files(site, host), str(h.spec.log_path), h)
+    if (h.spec.site, host) not in views:
+        views[(h.spec.site, host)] = host_files(site, host)
+    return AgentLog(name, views[(h.spec.site, host)], str(h.spec.log_path), h, shared=True)
 
 
-def tail(job_dir: Path, handles: dict[str, AgentHandle], name: str, lines: int) -> list[str] | None:
+def tail(
+    job_dir: Path, handles: dict[str, AgentHandle], name: str, lines: int, *, views: Views | None = None
+) -> list[str] | None:
     """The last `lines` lines of agent `name`'s log; None when there is none."""
-    found = locate(job_dir, handles, name)
+    found = locate(job_dir, handles, name, views=views)
     if found is None:
         return None
     try:
@@ -77,13 +92,40 @@ def tail(job_dir: Path, handles: dict[str, AgentHandle], name: str, lines: int) 
         found.close()
 
 
-def tail_or_why(job_dir: Path, handles: dict[str, AgentHandle], name: str, lines: int) -> list[str]:
+def tail_or_why(
+    job_dir: Path, handles: dict[str, AgentHandle], name: str, lines: int, *, views: Views | None = None
+) -> list[str]:
     """An agent's last lines; a site that does not answer says so in one line (the every-agent view)."""
     try:
-        return tail(job_dir, handles, name, lines) or ["(no log)"]
+        return tail(job_dir, handles, name, lines, views=views) or ["(no log)"]
     except RlctlError as e:
         h = handles.get(name)
         return [f"(log on site {h.spec.site if h is not None else '?'} unreadable: {e})"]
+
+
+def tail_all(
+    job_dir: Path, handles: dict[str, AgentHandle], names: list[str], lines: int, *, hosts_at_once: int = HOSTS_AT_ONCE
+) -> list[list[str]]:
+    """`tail_or_why` of each of `names`, in their order: one connection per host for the agents on it, up to
+    `hosts_at_once` hosts at a time (one after another, 64 units on SSH hosts took 64 connections in turn)."""
+    hosts: dict[tuple[str, str], list[int]] = {}
+    for i, name in enumerate(names):
+        h = handles.get(name)
+        hosts.setdefault((h.spec.site, str(h.ident.get("host"))) if h is not None else ("", ""), []).append(i)
+    out: list[list[str]] = [[] for _ in names]
+
+    def one_host(members: list[int]) -> None:
+        views: Views = {}
+        try:
+            for i in members:
+                out[i] = tail_or_why(job_dir, handles, names[i], lines, views=views)
+        finally:
+            for files in views.values():
+                files.close()
+
+    with ThreadPoolExecutor(max_workers=max(1, min(hosts_at_once, len(hosts)))) as pool:
+        list(pool.map(one_host, hosts.values()))
+    return out
 
 
 @contextmanager

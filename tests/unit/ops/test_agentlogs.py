@@ -183,3 +183,47 @@ def test_locate_reads_here_when_the_file_is_here_else_on_the_agents_site(tmp_pat
     write_sites(tmp_path, {})
     assert locate(tmp_path, handles, "rollout-0") is None  # the site is not in this job's sites.json
     assert locate(tmp_path, {}, "rollout-1") is None
+
+
+def test_every_agents_log_is_read_one_connection_per_host_hosts_at_once(tmp_path, monkeypatch):
+    """`rlctl logs JOB` read each agent's log over its own SSH connection, one after another: 64 units on SSH hosts
+    took 64 connections in turn. Two hosts with two units each: two views, read at once (each host's first read
+    waits at a barrier for the other's, which a read one host after the other never reaches), output in order."""
+    import threading
+
+    from rlctl.config.inventory import Site
+    from rlctl.ops import agentlogs
+
+    site = Site.model_validate(
+        {"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "nodes": [{"host": "h[1-2]", "gpus": 8}]}
+    )
+    write_sites(tmp_path, {"gen": site})
+    handles = {
+        f"rollout-{i}": AgentHandle(
+            AgentSpec("rollout", i, "gen", [], log_path=Path(f"/site/logs/rollout-{i}.log")), {"host": host}, "ssh"
+        )
+        for i, host in enumerate(["h1", "h2", "h1", "h2"])
+    }
+    both = threading.Barrier(2, timeout=10)
+    opened: list[FakeFiles] = []
+
+    class HostLogs(FakeFiles):
+        def __init__(self, host: str) -> None:
+            super().__init__(None)
+            self.host, self.first = host, True
+
+        def tail(self, path: str, lines: int) -> list[str] | None:
+            if self.first:
+                self.first = False
+                both.wait()
+            return [f"{Path(path).stem} on {self.host}"]
+
+    def host_files(site: Site, host: str) -> HostFiles:
+        opened.append(HostLogs(host))
+        return opened[-1]
+
+    monkeypatch.setattr(agentlogs, "host_files", host_files)
+    names = sorted(handles)
+    got = agentlogs.tail_all(tmp_path, handles, [*names, "trainer-0"], 5)
+    assert got == [[f"rollout-{i} on h{i % 2 + 1}"] for i in range(4)] + [["(no log)"]]
+    assert sorted(f.host for f in opened) == ["h1", "h2"] and all(f.closed for f in opened)
