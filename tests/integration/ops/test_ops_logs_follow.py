@@ -68,6 +68,11 @@ def test_follow_a_remote_units_log_until_the_job_is_stopped(services, tmp_path, 
 
     shown = rlctl("logs", str(job_dir), "rollout/0", "-n", "3")  # without -f: the tail, read on the site
     assert shown.returncode == 0 and 0 < len(shown.stdout.splitlines()) <= 3, shown.stderr
+    every = rlctl("logs", str(job_dir), "-n", "2")  # every agent's: the unit's read on its site, the others' here
+    heads = [line for line in every.stdout.splitlines() if line.startswith("==> ")]
+    assert every.returncode == 0 and heads[:1] == ["==> controller-0 <=="], every.stdout + every.stderr
+    unit = every.stdout.split("==> rollout-0 <==\n", 1)[1].split("==> ", 1)[0].splitlines()
+    assert len(unit) == 2 and not any(line.startswith("(log on site") for line in unit), every.stdout
     follower = Follower(job_dir, "rollout/0")
     interrupted = Follower(job_dir, "rollout/0")
     try:
