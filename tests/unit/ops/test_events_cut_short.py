@@ -17,10 +17,10 @@ from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import operate
 from rlctl.ops.autoresume import newest_checkpoint
-from rlctl.ops.jobdb import JobDB
 from rlctl.ops.jobref import JobRef
 from rlctl.ops.run import STOP_REQUESTED, current_run, stop_requested
 from rlctl.report import build_report
+from tests.unit.job_rows import indexed_row
 from tests.unit.report.fake_jobdir import make_job_dir
 
 CUT = '{"t": 5.0, "event": "checkpoint", "vers'  # what a controller killed mid-write leaves at the end
@@ -52,13 +52,7 @@ def test_status_stop_resume_and_report_read_past_a_cut_short_line(
 ) -> None:
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = _cut_job(tmp_path)
-    db = JobDB()
-    try:
-        db.put("cut1", job_dir=str(jd.path), spec={"name": "cut"})
-        db.update("cut1", state="running")
-        row = db.get("cut1")
-    finally:
-        db.close()
+    row = indexed_row("cut1", jd.path, job="cut", state="running")
     ref = JobRef("cut1", jd, row)
     operate.job_status(ref, timeout_s=2.0)  # a cut-short last line: read past already
     jd.event(STOP_REQUESTED)  # then anything appended after it (the stop, a resume's launcher)

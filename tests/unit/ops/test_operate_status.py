@@ -22,8 +22,9 @@ from rlctl.launch.base import LOST, AgentHandle, AgentSpec, exit_text
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.ssh import SshBackend
 from rlctl.ops import operate
-from rlctl.ops.jobdb import JobDB, JobRow
+from rlctl.ops.jobdb import JobRow
 from rlctl.ops.jobref import JobRef
+from tests.unit.job_rows import indexed_row
 
 
 def _killed_agent() -> dict[str, int]:
@@ -59,13 +60,7 @@ def _job_with_controller(
 
 def _running_row(name: str, jd: JobDir) -> Any:
     """The job's index row, put as running (its launcher gone with nothing written of how it ended)."""
-    db = JobDB()
-    try:
-        db.put(name, job_dir=str(jd.path), spec={"name": jd.path.name})
-        db.update(name, state="running")
-        return db.get(name)
-    finally:
-        db.close()
+    return indexed_row(name, jd.path, job=jd.path.name, state="running")
 
 
 LOCAL = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 1}]}
@@ -149,13 +144,7 @@ def test_status_of_an_ended_job_counts_its_iterations_as_its_summary_does(
 
 def _failed_row(name: str, jd: JobDir, **update: Any) -> JobRow:
     """The job's index row, which its launcher set failed (`update`: more of the row)."""
-    db = JobDB()
-    try:
-        db.put(name, job_dir=str(jd.path), spec={"name": jd.path.name})
-        db.update(name, state="failed", **update)
-        return db.get(name)
-    finally:
-        db.close()
+    return indexed_row(name, jd.path, job=jd.path.name, state="failed", **update)
 
 
 def test_status_of_a_job_whose_controller_exited_without_a_summary_is_complete_and_names_the_resume(
@@ -201,13 +190,7 @@ def test_status_of_a_job_whose_directory_is_gone_says_so(tmp_path: Path, monkeyp
     # it said `the controller has not written controller.json (not started?)`, and `partial status` (exit 3)
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir(tmp_path / "removed" / "kt-1")
-    db = JobDB()
-    try:
-        db.put("kt-1", job_dir=str(jd.path), spec={"name": "kt"})
-        db.update("kt-1", state="failed")
-        row = db.get("kt-1")
-    finally:
-        db.close()
+    row = indexed_row("kt-1", jd.path, job="kt", state="failed")
     with pytest.raises(RlctlError) as e:
         operate.job_status(JobRef("kt-1", jd, row), timeout_s=1.0)
     assert str(e.value) == (
@@ -236,12 +219,7 @@ def test_status_of_a_job_its_launcher_prepares_is_complete_and_says_so(
     # `rlctl status` said `partial status: controller error: … controller.json (not started?)` (exit 3)
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir.create("prep", explicit=tmp_path / "prep")
-    db = JobDB()
-    try:
-        db.put("prep1", job_dir=str(jd.path), spec={"name": "prep"})
-        row = db.get("prep1")
-    finally:
-        db.close()
+    row = indexed_row("prep1", jd.path, job="prep")
     assert row.state == "launching"
     with jd.launcher_lock():
         s, complete = operate.job_status(JobRef("prep1", jd, row), timeout_s=2.0)

@@ -16,6 +16,7 @@ from rlctl.launch.jobdir import JobDir
 from rlctl.ops.jobdb import JobDB
 from rlctl.ops.run import refuse_if_unprepared
 from tests.conftest import ROOT, run_cli
+from tests.unit.job_rows import indexed_row
 
 
 def test_a_job_whose_launch_ended_before_it_was_prepared_has_nothing_to_resume(tmp_path: Path) -> None:
@@ -41,12 +42,12 @@ def test_attach_to_a_job_whose_launcher_died_preparing_it_has_nothing_to_watch(
     # [Errno 2] No such file or directory", exit 1
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir.create("prep", explicit=tmp_path / "prep-1")
-    db = JobDB()
-    try:
-        db.put("prep-1", job_dir=str(jd.path), spec={"name": "prep"})
-        db.update("prep-1", info={"launcher": {"pid": 2**22 + 1, "host": socket.gethostname()}, "source": "p.yaml"})
-    finally:
-        db.close()
+    indexed_row(
+        "prep-1",
+        jd.path,
+        job="prep",
+        info={"launcher": {"pid": 2**22 + 1, "host": socket.gethostname()}, "source": "p.yaml"},
+    )
     for args in (["attach", "prep-1"], ["attach", "prep-1", "--detach"]):
         r = run_cli(*args)
         assert r.exit_code == 2 and "Traceback" not in r.stderr, r.stderr
@@ -61,12 +62,7 @@ def test_pull_of_a_job_never_prepared_has_nothing_to_pull(tmp_path: Path, monkey
     # it said "job.json: cannot read the resolved job: [Errno 2] No such file or directory", exit 1
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir.create("prep", explicit=tmp_path / "prep-1")
-    db = JobDB()
-    try:
-        db.put("prep-1", job_dir=str(jd.path), spec={"name": "prep"})
-        db.update("prep-1", state="stopped", info={"source": "p.yaml"})
-    finally:
-        db.close()
+    indexed_row("prep-1", jd.path, job="prep", state="stopped", info={"source": "p.yaml"})
     r = run_cli("pull", "prep-1")
     assert r.exit_code == 2 and r.stderr == (
         "rlctl: error: job prep-1 was never prepared (no job.json: its launch was stopped or failed before any agent "
