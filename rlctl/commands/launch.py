@@ -321,7 +321,9 @@ def register(app: typer.Typer) -> None:
                 sys.stderr.write(f"rlctl: note: a launch would be refused: {e} (hint: {e.hint})\n")
                 path = JobDir.choose_path(spec.name, explicit=job_dir if job_dir is not None else spec.job_dir)
             sites = {n: job.inventory.sites[n] for n in _sites_of(plan)}
-            dry = JobRun(JobDir(path), spec, plan, sites=sites)
+            with contextlib.closing(JobDB()) as db:  # the id the launch would give it: its sites' job dirs
+                job_id = db.id_for(path)
+            dry = JobRun(JobDir(path, job_id=job_id), spec, plan, sites=sites)
             try:
                 rows = dry.render(master_port=DRY_RUN_MASTER_PORT)
             finally:
@@ -347,7 +349,7 @@ def register(app: typer.Typer) -> None:
         def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
             units = sum(g["units"] for g in plan["rollout"])
             priced = plan["source"] + (f", profile {plan['profile']}" if "profile" in plan else "")
-            named = "" if jd.id == jd.path.name else f", id {jd.id} (another job in the index is {jd.path.name})"
+            named = "" if jd.id == jd.path.name else f", id {jd.id} (the id {jd.path.name} is another indexed job's)"
             say(
                 f"job {spec.name}: {spec.pipeline.mode} (η={spec.pipeline.eta}), {spec.iterations} iterations, "
                 f"{plan['trainer']['ranks']} trainer rank(s), {units} rollout unit(s) ({priced}); "
@@ -487,7 +489,7 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
     from rlctl.ops.jobchanges import launch_changes
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import require_job_dir, resolve
-    from rlctl.ops.run import refuse_if_finished, refuse_if_running, refuse_if_unprepared
+    from rlctl.ops.run import refuse_if_finished, refuse_if_id_live, refuse_if_running, refuse_if_unprepared
 
     db = JobDB()
     ref_ = resolve(ref, db=db)
@@ -496,6 +498,8 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
         require_job_dir(ref_)  # its index row outlived it: not "never prepared"
         refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
         refuse_if_finished(jd, state=ref_.row.state if ref_.row is not None else None)
+        if ref_.row is None:  # not in the index (copied here, an index lost): its row is put under its id
+            refuse_if_id_live(jd, db)
     except RlctlError:
         db.close()
         raise

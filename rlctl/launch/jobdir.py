@@ -8,7 +8,7 @@ job's record (controller.json, events, metrics, evaluations, samples, summary), 
 A JobDir is path arithmetic: the same class serves every site's copy.
 
 runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_dir` / --job-dir)
-  id                the job's id when it is not the directory's name (`JobDir.id`)
+  .job-id           the job's id when it is not the directory's name (`JobDir.id`)
   job.json          the resolved job (every default filled in), as the agents read it
   plan.json         GPU counts per role and how they were chosen
   secret            per-job HMAC secret of the tensor RPC (mode 0600)
@@ -66,21 +66,24 @@ def default_base() -> Path:
     return (Path(home) if home else Path.cwd()) / "runs"
 
 
-ID_FILE = "id"
+ID_FILE = ".job-id"
 
 
 class JobDir:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, job_id: str | None = None) -> None:
         self.path = path
+        self._id = job_id  # the id a launch would give it (`launch --dry-run`), before it is recorded
 
     @property
     def id(self) -> str:
         """The job's id: what the index row, `rlctl status ID` and the sites' job dirs (`W/jobs/<id>`) name it by.
         The directory's name, unless its launch chose another (`name_as`: another job in the index has that name)
-        and wrote it in `id`."""
+        and wrote it in `.job-id`."""
+        if self._id is not None:
+            return self._id
         try:
             return (self.path / ID_FILE).read_text().strip() or self.path.name
-        except (FileNotFoundError, NotADirectoryError):
+        except OSError:  # none (or not a file): the directory's name
             return self.path.name
 
     def name_as(self, job_id: str) -> None:

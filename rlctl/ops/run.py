@@ -966,6 +966,24 @@ def refuse_if_unprepared(jobdir: JobDir, *, source: str | None, nothing: str = "
     )
 
 
+def refuse_if_id_live(jobdir: JobDir, db: JobDB) -> None:
+    """Before a resume of a job the index does not hold (its row is put under its id): UsageError when another job
+    of the index runs under that id (launched before ids were made unique, or a copied job dir): the resume would
+    take that job's row (`rlctl status ID`, `stop ID` would mean this one) and its sites' job dirs."""
+    try:
+        row = db.get(jobdir.id)
+    except RlctlError:
+        return
+    here = jobdir.path.resolve()
+    if Path(row.job_dir).resolve() == here or row.state not in LIVE or not Path(row.job_dir).is_dir():
+        return
+    raise UsageError(
+        f"job dir {jobdir.path}: its id {jobdir.id} is the indexed job in {row.job_dir}, which is {row.state}; "
+        "a resume would take that job's index row and its sites' job dirs",
+        hint=f"resume it once that job has ended (`rlctl status {jobdir.id}`), or stop it first",
+    )
+
+
 def refuse_if_running(jobdir: JobDir) -> None:
     """Before a resume (by the job's launcher, holding its lock: no other launcher watches it): refuse while the
     job's controller answers, naming `rlctl attach` (which watches it again, as its gone launcher did) before `rlctl

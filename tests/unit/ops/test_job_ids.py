@@ -59,5 +59,55 @@ def test_the_directory_name_needs_no_record(tmp_path: Path) -> None:
     jd.name_as("run-0123abcd")
     assert JobDir(jd.path).id == "run-0123abcd"
     jd.name_as("run")
-    assert not (jd.path / "id").exists() and jd.id == "run"
+    assert not (jd.path / ".job-id").exists() and jd.id == "run"
     assert JobDir(tmp_path / "gone").id == "gone"
+
+
+def test_a_resume_of_a_job_the_index_lacks_whose_id_a_live_job_has_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job dir copied here (or launched before ids were unique) resumed by its directory: its row was put under its
+    id over the live job's, whose sites' job dirs it then staged into."""
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    live = JobDir.create("j", explicit=tmp_path / "a" / "run")
+    with closing(JobDB()) as db:
+        db.put("run", job_dir=str(live.path), spec={"name": "j"})
+        db.update("run", state="running")
+    copied = JobDir.create("j", explicit=tmp_path / "c" / "run")
+    for name in ("job.json", "plan.json"):
+        (copied.path / name).write_text("{}")
+    r = run_cli("launch", "--resume", str(copied.path))
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(
+        f"rlctl: error: job dir {copied.path}: its id run is the indexed job in {live.path}, which is running"
+    ), r.stderr
+    with closing(JobDB()) as db:
+        assert db.get("run").job_dir == str(live.path)
+
+
+def test_a_dry_run_shows_the_site_job_dirs_of_the_id_the_launch_would_take(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import yaml
+
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    inv = yaml.safe_load((DEMO.parent.parent / "clusters" / "local.yaml").read_text())
+    inv["sites"]["local"]["scheduler"]["workdir"] = str(tmp_path / "w")
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(inv))
+    job = yaml.safe_load(DEMO.read_text())
+    job["inventory"] = [str(tmp_path / "local.yaml")]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    other = JobDir.create("j", explicit=tmp_path / "a" / "run")
+    with closing(JobDB()) as db:
+        db.put("run", job_dir=str(other.path), spec={"name": "j"})
+    b = str(tmp_path / "b" / "run")
+    r = run_cli("launch", str(tmp_path / "job.yaml"), "--job-dir", b, "--dry-run", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    text = json.dumps(json.loads(r.stdout))
+    assert f"{tmp_path / 'w'}/jobs/run-" in text and f"{tmp_path / 'w'}/jobs/run/" not in text, text[:2000]
