@@ -38,7 +38,7 @@ from rlctl.launch.stage import (
     record_view,
 )
 from rlctl.ops.detach import launcher_running, launcher_state
-from rlctl.ops.jobdb import LIVE, JobDB
+from rlctl.ops.jobdb import LIVE, JobDB, JobRow
 from rlctl.ops.jobref import JobRef, require_job_dir
 from rlctl.ops.run import STOP_REQUESTED, connect_client, current_run, run_summary
 from rlctl.rl.source import heldout_view
@@ -250,11 +250,25 @@ def _ended_without_summary(ref: JobRef, agents: list[dict[str, Any]], down: list
     return row is None or row.state not in LIVE or launcher_running(row.info.get("launcher")) is False
 
 
+def _row_now(row: JobRow | None) -> JobRow | None:
+    """`row` as the index holds it now (itself when the index no longer does)."""
+    if row is None:
+        return None
+    db = JobDB()
+    try:
+        return db.get(row.name)
+    except RlctlError:
+        return row
+    finally:
+        db.close()
+
+
 def job_end(ref: JobRef) -> str | None:
     """How the job ended, from its record alone (no site asked), None while it may run: its index row's state once
     its launcher recorded the end; else, with no launcher left to go on with it (to resume a failed run), the state
-    of its latest run's summary. A job its launcher watches runs until that launcher records its end."""
-    row = ref.row
+    of its latest run's summary. A job its launcher watches runs until that launcher records its end. The row is
+    read again at each call (a follower asks for minutes: the `ref` it resolved is the job as it was then)."""
+    row = _row_now(ref.row)
     if row is not None and row.state not in LIVE:
         return row.state
     if ref.jobdir.launcher_holder() is not None:

@@ -55,13 +55,15 @@ def test_a_job_ends_for_logs_as_its_record_says(tmp_path: Path, monkeypatch: pyt
     db = JobDB()
     try:
         db.update("demo-1", info={"launcher": {"pid": launcher.pid, "host": socket.gethostname()}})
-        assert job_end(resolve("demo-1")) is None  # its launcher watches it
+        ref = resolve("demo-1")  # once, as `logs -f` does: the row it holds is the job as it was then
+        assert job_end(ref) is None  # its launcher watches it
         jd.summary_json.write_text(json.dumps({"state": "failed"}))
-        assert job_end(resolve("demo-1")) is None  # which may resume it (checkpoint.auto_resume)
+        assert job_end(ref) is None  # which may resume it (checkpoint.auto_resume)
         db.update("demo-1", info={"launcher": GONE})  # no launcher left to: the run's summary says the end
-        assert job_end(resolve("demo-1")) == "failed"
+        assert job_end(ref) == "failed"
+        jd.summary_json.unlink()  # a controller killed past the grace writes none: the index says the end
         db.update("demo-1", state="stopped")
-        assert job_end(resolve("demo-1")) == "stopped"  # its launcher recorded the end
+        assert job_end(ref) == "stopped"  # its launcher (or the stop) recorded the end
     finally:
         db.close()
         launcher.kill()
