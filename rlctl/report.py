@@ -72,6 +72,13 @@ def _paths(job_dir: Path, out: Path | None) -> ReportFiles:
     if out is None:
         return ReportFiles(job_dir / "report.png", job_dir / "report.html")
     sibling = "the sibling with the other suffix is written too"
+    try:
+        return _out_paths(out, sibling)
+    except OSError as e:  # asking whether it is a directory failed (a name too long, a folder this user may not enter)
+        raise UsageError(f"--out {out}: {e.strerror or e}", hint=sibling) from e
+
+
+def _out_paths(out: Path, sibling: str) -> ReportFiles:
     if out.is_dir():
         raise UsageError(f"--out {out}: a directory; name a file in it, e.g. {out / 'report.png'}", hint=sibling)
     if out.suffix not in (".png", ".html"):
@@ -103,7 +110,7 @@ def load(job_dir: Path) -> JobRecord:
         events=_read_lines(job_dir / "events.jsonl", lacks=_event_lacks, leave_out_damaged=True),
         summary=_read_json(summary_json) if summary_json.is_file() else None,
         evaluations=sorted(
-            _read_lines(job_dir / "evaluations.jsonl", lacks=lambda r: _lacks(r, numbers=("version",))),
+            _read_lines(job_dir / "evaluations.jsonl", lacks=_evaluation_lacks),
             key=lambda r: int(r["version"]),
         ),
     )
@@ -154,22 +161,34 @@ def _read_lines(
     return rows
 
 
-def _lacks(row: dict[str, Any], *, present: tuple[str, ...] = (), numbers: tuple[str, ...] = ()) -> str | None:
-    """What `row` lacks ("no 'period_s'", "'t' is 'x', not a number") of the fields `present` (null allowed: shown
-    as "-") and `numbers` (the report counts with them); None when nothing."""
+def _lacks(
+    row: dict[str, Any],
+    *,
+    present: tuple[str, ...] = (),
+    numbers: tuple[str, ...] = (),
+    optional: tuple[str, ...] = (),
+) -> str | None:
+    """What `row` lacks ("no 'period_s'", "'t' is 'x', not a number") of the fields `present` (a number or null:
+    shown as "-"), `numbers` (the report counts with them) and `optional` (a number or null where there); None when
+    nothing."""
     for name in (*present, *numbers):
         if name not in row:
             return f"no {name!r}"
-    for name in numbers:
-        if isinstance(row[name], bool) or not isinstance(row[name], int | float):
-            return f"{name!r} is {row[name]!r}, not a number"
+    for name in (*numbers, *present, *optional):
+        value = row.get(name)
+        if value is None and name not in numbers:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"{name!r} is {value!r}, not a number"
     return None
 
 
 def _row_lacks(row: dict[str, Any]) -> str | None:
     """What a metrics row lacks of what the report reads: its figures, and each agent's busy seconds."""
     present = ("reward_mean", "t_gen_s", "t_train_s", "delta_s", "samples_per_s")
-    problem = _lacks(row, present=present, numbers=("iteration", "period_s"))
+    problem = _lacks(
+        row, present=present, numbers=("iteration", "period_s"), optional=("delta_prime_s", "rollout_units")
+    )
     agents = row.get("agents") or {}
     if problem is None and not isinstance(agents, dict):
         return f"'agents' is {type(agents).__name__}, not a JSON object"
@@ -177,6 +196,13 @@ def _row_lacks(row: dict[str, Any]) -> str | None:
         if not isinstance(a, dict) or _lacks(a, numbers=("busy_s",)) is not None:
             return f"no number 'agents.{name}.busy_s'"
     return problem
+
+
+EVALUATION_FIGURES = ("greedy_reward", "greedy_exact", "prompts", "seconds")
+
+
+def _evaluation_lacks(e: dict[str, Any]) -> str | None:
+    return _lacks(e, numbers=("version",), optional=EVALUATION_FIGURES)
 
 
 def _event_lacks(e: dict[str, Any]) -> str | None:
@@ -386,7 +412,12 @@ _CSS = (
 
 
 def _f(v: Any, spec: str = ".3f") -> str:
-    return "-" if v is None else format(v, spec) if isinstance(v, float | int) else str(v)
+    if v is None:
+        return "-"
+    try:  # (a count written as 2.0 by hand is no "d")
+        return format(v, spec) if isinstance(v, float | int) else str(v)
+    except ValueError:
+        return str(v)
 
 
 def _table(headers: list[str] | None, rows: list[list[str]], *, id_: str) -> str:

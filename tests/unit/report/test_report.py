@@ -150,6 +150,9 @@ def test_out_a_directory_names_the_option_and_what_is_valid(tmp_path: Path, monk
         assert r.exit_code == 2 and r.stderr == f"rlctl: error: {line}{hint}\n", r.stderr
     r = run_cli("report", str(d), "--out", str(tmp_path / "file" / "r.png"))  # what the write met: named too
     assert r.exit_code == 1 and r.stderr.startswith(f"rlctl: error: --out {tmp_path / 'file' / 'r.png'}: "), r.stderr
+    long = tmp_path / ("a" * 300 + ".png")  # asking whether it is a directory fails: a traceback (review of c4ec59d)
+    r = run_cli("report", str(d), "--out", str(long))
+    assert r.exit_code == 2 and r.stderr.startswith(f"rlctl: error: --out {long}: File name too long"), r.stderr
 
 
 def test_missing_job_json_is_a_usage_error(tmp_path: Path) -> None:
@@ -203,6 +206,18 @@ def test_a_line_that_is_json_but_no_object_names_file_and_line(tmp_path: Path) -
             "line 1: no number 'agents.rollout-1.busy_s'",
         ),
         ("evaluations.jsonl", lambda rows: rows.append({"greedy_reward": 0.5}), "line 4: no 'version'"),
+        # present, of another type: a ValueError traceback in the plot or the table (review of 4b75f51)
+        ("metrics.jsonl", lambda rows: rows[0].update(reward_mean="x"), "line 1: 'reward_mean' is 'x', not a number"),
+        (
+            "metrics.jsonl",
+            lambda rows: rows[1].update(rollout_units="2"),
+            "line 2: 'rollout_units' is '2', not a number",
+        ),
+        (
+            "evaluations.jsonl",
+            lambda rows: rows[0].update(greedy_reward="x"),
+            "line 1: 'greedy_reward' is 'x', not a number",
+        ),
     ],
 )
 def test_a_row_without_a_field_the_report_reads_names_file_line_and_field(
@@ -291,3 +306,11 @@ def test_an_older_run_without_agents_delta_prime_or_units(tmp_path: Path) -> Non
     page = build_report(d).html.read_text()
     assert parse(page).rows["iterations"] == ITERATIONS
     assert "<td>1</td><td>0.1500</td><td>3.00</td><td>1.50</td><td>+1.50</td><td>-</td><td>-</td>" in page
+
+
+def test_a_count_written_as_a_float_is_shown_as_written(tmp_path: Path) -> None:
+    # `_f(2.0, "d")`: "Unknown format code 'd' for object of type 'float'", a traceback (review of 4b75f51)
+    d = make_job_dir(tmp_path)
+    rows = [metrics_row(i) | {"rollout_units": 2.0} for i in range(1, 4)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "<td>2.0</td>" in build_report(d).html.read_text()
