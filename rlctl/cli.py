@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import re
+import select
 import signal
 import sys
 from typing import Annotated, NoReturn
@@ -103,7 +104,7 @@ def main() -> None:
         _main()  # (always ends in sys.exit)
     except SystemExit as e:
         # typer ends a write to a closed pipe as exit 1, unsaid: the BrokenPipeError is what that exit came from
-        if isinstance(e.__context__, BrokenPipeError):
+        if isinstance(e.__context__, BrokenPipeError) and stdout_reader_gone():  # not a socket's, a child's stdin
             _reader_gone()
         try:  # what print() left in the buffer: written here, not at exit, where a closed pipe cannot be told
             sys.stdout.flush()
@@ -111,7 +112,20 @@ def main() -> None:
             _reader_gone()
         raise
     except BrokenPipeError:
-        _reader_gone()
+        if stdout_reader_gone():
+            _reader_gone()
+        raise
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader went away (poll says POLLERR of its write end); not when the broken
+    pipe was another's: a peer's socket, a child process's stdin."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # a stdout with no descriptor
+        return False
 
 
 def _reader_gone() -> NoReturn:

@@ -41,3 +41,26 @@ def test_output_flushed_at_the_end_into_a_closed_pipe_ends_quietly_with_141(tmp_
         os.close(write)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and err == b"", err.decode()
+
+
+def test_only_a_broken_stdout_is_a_reader_gone(monkeypatch) -> None:
+    """A broken pipe that is not stdout's (a peer's socket, a child's stdin) is not read as `| head` (review of
+    ae482f9: any EPIPE ended rlctl with 141, quietly)."""
+    import io
+
+    from rlctl.cli import stdout_reader_gone
+
+    read, write = os.pipe()
+    try:
+        with open(write, "w", closefd=False) as out:
+            monkeypatch.setattr(sys, "stdout", out)
+            assert not stdout_reader_gone()  # its reader is there
+            os.close(read)
+            read = -1
+            assert stdout_reader_gone()
+        monkeypatch.setattr(sys, "stdout", io.StringIO())  # no descriptor
+        assert not stdout_reader_gone()
+    finally:
+        os.close(write)
+        if read >= 0:
+            os.close(read)
