@@ -783,7 +783,7 @@ def load_job(path: Path) -> Job:
             raise ConfigError(str(path), "model.path", f"cannot read {str(model_dir)!r}: {e.strerror or e}") from e
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(model_dir)})})
     if (profile := spec.planning.profile) is not None:  # resolved against the job file, as model.path
-        where = Path(os.path.normpath(path.parent / os.path.expanduser(profile)))
+        where = Path(os.path.normpath(path.absolute().parent / os.path.expanduser(profile)))
         if not where.is_file():
             why = "not a file" if where.exists() else "no such file"
             raise ConfigError(
