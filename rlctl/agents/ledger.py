@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -154,6 +154,9 @@ class Ledger:
     crashes: dict[str, int] = field(default_factory=dict)
     retired: Retired = field(default_factory=Retired)  # the complete rounds taken out (`retire`)
     clock: Callable[[], float] = field(default=time.time, repr=False)  # wall clock of the entries' times
+    # agent → its dispatched samples (entries in state DISPATCHED), kept by every transition: what a unit runs, read
+    # without a scan of the ledger (`running`, `inflight`; the migration's look every fraction of a second)
+    _running: dict[str, dict[str, Entry]] = field(default_factory=dict, repr=False)
 
     # -- building -----------------------------------------------------------------------------------
     def add_prompt(self, *, iteration: int, prompt_id: str, num_samples: int) -> list[str]:
@@ -192,6 +195,16 @@ class Ledger:
         e = self._move(sample_id, State.QUEUED, State.DISPATCHED)
         e.agent, e.dispatch_version, e.attempts = agent, version, e.attempts + 1
         e.dispatched_at = self.clock()
+        self._running.setdefault(agent, {})[sample_id] = e
+
+    def _leaves_dispatched(self, e: Entry) -> None:
+        """`e` leaves state DISPATCHED (before its state and agent change): out of its agent's running samples."""
+        if e.state is State.DISPATCHED and e.agent is not None:
+            mine = self._running.get(e.agent)
+            if mine is not None:
+                mine.pop(e.sample_id, None)
+                if not mine:
+                    del self._running[e.agent]
 
     def dispatched_to(self, sample_id: str, agent: str) -> Entry | None:
         """The sample's entry while it is dispatched to `agent` (what that agent says of it counts), else None."""
@@ -213,6 +226,7 @@ class Ledger:
             return False
         if attempt is not None:
             e.answered = attempt
+        self._leaves_dispatched(e)
         e.state = State.FINISHED
         # A sample whose generation straddled a weight swap is as old as its oldest token.
         assert e.dispatch_version is not None
@@ -245,7 +259,7 @@ class Ledger:
 
     def requeue_agent(self, agent: str) -> list[str]:
         """An agent is gone: everything dispatched to it and not finished goes back to the queue."""
-        back = [e for e in self.entries.values() if e.state is State.DISPATCHED and e.agent == agent]
+        back = self.running(agent)
         for e in back:
             self._reset(e)
         self.requeued += len(back)
@@ -292,6 +306,7 @@ class Ledger:
         for e in self.by_prompt[prompt_id]:
             assert e.state not in (State.DELIVERED, State.TRAINED), f"{e.sample_id} is with the trainer already"
             self.discarded_tokens += e.output_tokens + self.partials.drop(e.sample_id)
+            self._leaves_dispatched(e)
             e.state = State.QUARANTINED
         self.crashes.pop(prompt_id, None)
         self.quarantined += 1
@@ -302,8 +317,8 @@ class Ledger:
         self._reset(e)
         self.requeued += 1
 
-    @staticmethod
-    def _reset(e: Entry) -> None:
+    def _reset(self, e: Entry) -> None:
+        self._leaves_dispatched(e)
         e.state, e.agent, e.dispatch_version, e.sample_version, e.output_tokens = State.QUEUED, None, None, None, 0
         e.reward = None
         e.dispatched_at = e.finished_at = e.delivered_at = e.trained_at = None
@@ -320,7 +335,16 @@ class Ledger:
         return list(self.by_prompt.get(prompt_id, []))
 
     def inflight(self, agent: str) -> int:
-        return sum(1 for e in self.entries.values() if e.state is State.DISPATCHED and e.agent == agent)
+        return len(self._running.get(agent, ()))
+
+    def all_running(self) -> Iterator[Entry]:
+        """Every dispatched sample not finished, agent by agent."""
+        for mine in self._running.values():
+            yield from mine.values()
+
+    def running(self, agent: str) -> list[Entry]:
+        """The samples dispatched to `agent` and not finished, in the order they were dispatched."""
+        return list(self._running.get(agent, {}).values())
 
     def counts(self, *, completed_iterations: int | None = None) -> LedgerCounts:
         by_prompt, gone = self.by_prompt, self.retired
@@ -430,7 +454,7 @@ class Ledger:
         for e in entries:
             kept = e.prompt_id in trained and e.state is State.FILTERED
             if not (e.state is State.TRAINED or kept or e.prompt_id in dropped):
-                cls._reset(e)
+                led._reset(e)
             led._insert(e)
         return led
 
