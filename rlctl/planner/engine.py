@@ -51,100 +51,159 @@ class Group:
 
 
 def run_groups(groups: Sequence[Group], engine: EngineSpec) -> list[np.ndarray]:
-    """Finish time (s) of each request of each group (absolute, on the releases' clock).
+    """Finish time (s) of each request of each group (absolute, on the releases' clock)."""
+    run = EngineRun(engine)
+    for g in groups:
+        run.add(g)
+    run.run_until(None)
+    return [np.array(f, dtype=float) for f in run.finish]
+
+
+def same_engine(a: EngineSpec, b: EngineSpec) -> bool:
+    """Whether two specs price a run alike (`EngineSpec` holds an array: no `==`)."""
+    return a is b or (
+        (a.ptl_s is b.ptl_s or np.array_equal(a.ptl_s, b.ptl_s))
+        and (a.batch_cap, a.prefill_s, a.admit_fixed_s, a.compact_fraction, a.barrier)
+        == (b.batch_cap, b.prefill_s, b.admit_fixed_s, b.compact_fraction, b.barrier)
+    )
+
+
+class EngineRun:
+    """`run_groups` that can stop once a group is done and take later groups as their releases become known.
+
+    The job simulator knows iteration i + η + 1's release only once iteration i is trained; that release comes
+    after i's last request is done, so the run up to then is the same with or without that group, and the run
+    goes on from where it stopped instead of again from the start (which made a job's simulation quadratic in its
+    iterations). `add` refuses (returns False) a group it could not have held all along: released before the
+    time the run stopped at (+ EPS_S), or before an earlier group's release; the caller then starts a new run.
 
     Event to event in plain Python numbers (the planner runs it hundreds of times a plan: numpy scalars and
     per-event scans of every group cost more than the events); the same sums in the same order as the engine
     loop it mirrors (`tests/unit/planner/test_planner_engine.py`)."""
-    ptl = [float(x) for x in engine.ptl_s]
-    barrier, prefill_s, admit_fixed_s = engine.barrier, engine.prefill_s, engine.admit_fixed_s
-    compact_fraction = engine.compact_fraction
-    lazy = compact_fraction is not None
-    cap = max(1, min(engine.batch_cap, len(ptl) - 1))
-    release = [float(g.release_s) for g in groups]
-    lengths = [np.asarray(g.lengths).astype(np.int64).tolist() for g in groups]
-    size = [len(ls) for ls in lengths]
-    finish = [[0.0] * n for n in size]
-    nxt = [0] * len(groups)  # next request to admit, per group
-    running = [0] * len(groups)  # running requests, per group
-    # a running group holds later groups back (the barrier) when it is larger than one batch, or always
-    bars = [barrier == "always" or (barrier == "auto" and n > cap) for n in size]
-    barred = any(bars)
-    waiting = [g for g, n in enumerate(size) if n]  # groups not all admitted, oldest first
-    heap: list[tuple[int, int, int]] = []  # (step it ends at, group, request)
-    t = min((release[g] for g in waiting), default=0.0)
-    step = rows = 0
 
-    def floor() -> int | None:
-        """The earliest group with a running request, if it holds later groups back."""
-        if barred:
-            for g, n in enumerate(running):
-                if n:
-                    return g if bars[g] else None
-        return None
+    def __init__(self, engine: EngineSpec) -> None:
+        self.engine = engine
+        self.ptl = [float(x) for x in engine.ptl_s]
+        self.cap = max(1, min(engine.batch_cap, len(self.ptl) - 1))
+        self.release: list[float] = []
+        self.lengths: list[list[int]] = []
+        self.size: list[int] = []
+        self.finish: list[list[float]] = []
+        self.nxt: list[int] = []  # next request to admit, per group
+        self.running: list[int] = []  # running requests, per group
+        # a running group holds later groups back (the barrier) when it is larger than one batch, or always
+        self.bars: list[bool] = []
+        self.waiting: list[int] = []  # groups not all admitted, oldest first
+        self.heap: list[tuple[int, int, int]] = []  # (step it ends at, group, request)
+        self.started = False
+        self.t = 0.0
+        self.step = self.rows = 0
 
-    def admissible() -> bool:
-        """The engine's waiting queue has a released request at its head that the barrier lets in."""
-        for h in waiting:
-            if release[h] <= t + EPS_S:
+    def add(self, group: Group) -> bool:
+        release = float(group.release_s)
+        if self.started and (release <= self.t + EPS_S or (self.release and release < max(self.release))):
+            return False
+        ls = np.asarray(group.lengths).astype(np.int64).tolist()
+        n, barrier = len(ls), self.engine.barrier
+        self.release.append(release)
+        self.lengths.append(ls)
+        self.size.append(n)
+        self.finish.append([0.0] * n)
+        self.nxt.append(0)
+        self.running.append(0)
+        self.bars.append(barrier == "always" or (barrier == "auto" and n > self.cap))
+        if n:
+            self.waiting.append(len(self.size) - 1)
+        return True
+
+    def run_until(self, target: int | None) -> list[float]:
+        """Run until group `target` is done (None: every group) and return its finish times."""
+        engine, ptl, cap = self.engine, self.ptl, self.cap
+        prefill_s, admit_fixed_s = engine.prefill_s, engine.admit_fixed_s
+        compact_fraction = engine.compact_fraction
+        lazy = compact_fraction is not None
+        release, lengths, size, finish = self.release, self.lengths, self.size, self.finish
+        nxt, running, bars, waiting, heap = self.nxt, self.running, self.bars, self.waiting, self.heap
+        barred = any(bars)
+        if not self.started:
+            self.started = True
+            self.t = min((release[g] for g in waiting), default=0.0)
+        t, step, rows = self.t, self.step, self.rows
+
+        def floor() -> int | None:
+            """The earliest group with a running request, if it holds later groups back."""
+            if barred:
+                for g, n in enumerate(running):
+                    if n:
+                        return g if bars[g] else None
+            return None
+
+        def admissible() -> bool:
+            """The engine's waiting queue has a released request at its head that the barrier lets in."""
+            for h in waiting:
+                if release[h] <= t + EPS_S:
+                    f = floor()
+                    return f is None or h <= f
+            return False
+
+        while True:
+            if target is not None and nxt[target] == size[target] and not running[target]:
+                break
+            admitted = 0
+            if admissible():
                 f = floor()
-                return f is None or h <= f
-        return False
-
-    while True:
-        admitted = 0
-        if admissible():
-            f = floor()
-            for g in list(waiting):
-                if (f is not None and g > f) or len(heap) >= cap:
-                    break
-                if release[g] > t + EPS_S:
+                for g in list(waiting):
+                    if (f is not None and g > f) or len(heap) >= cap:
+                        break
+                    if release[g] > t + EPS_S:
+                        continue
+                    ls, k = lengths[g], nxt[g]
+                    take = min(size[g] - k, cap - len(heap))
+                    for i in range(k, k + take):
+                        heapq.heappush(heap, (step + ls[i], g, i))
+                    running[g] += take
+                    nxt[g] = k + take
+                    admitted += take
+                    if nxt[g] == size[g]:
+                        waiting.remove(g)
+            if admitted:
+                t += admit_fixed_s + admitted * prefill_s
+            if not heap:
+                if not waiting:
+                    break  # every group done: a later `add` goes on from here
+                t, rows = max(t, min(release[g] for g in waiting)), 0  # idle until the next release
+                continue
+            rows = max(rows, len(heap)) if lazy else len(heap)  # admissions reuse free rows
+            if lazy and rows - len(heap) >= (compact_fraction or 0.0) * rows and not admissible():
+                t += ptl[rows]  # the queue just drained: the engine compacts after this step (its finished gone)
+                step += 1
+                while heap and heap[0][0] == step:
+                    _, g, k = heapq.heappop(heap)
+                    finish[g][k] = t
+                    running[g] -= 1
+                rows = len(heap)
+                if not heap:
                     continue
-                ls, k = lengths[g], nxt[g]
-                take = min(size[g] - k, cap - len(heap))
-                for i in range(k, k + take):
-                    heapq.heappush(heap, (step + ls[i], g, i))
-                running[g] += take
-                nxt[g] = k + take
-                admitted += take
-                if nxt[g] == size[g]:
-                    waiting.remove(g)
-        if admitted:
-            t += admit_fixed_s + admitted * prefill_s
-        if not heap:
-            if not waiting:
-                return [np.array(f, dtype=float) for f in finish]
-            t, rows = max(t, min(release[g] for g in waiting)), 0  # idle until the next release
-            continue
-        rows = max(rows, len(heap)) if lazy else len(heap)  # admissions reuse free rows
-        if lazy and rows - len(heap) >= (compact_fraction or 0.0) * rows and not admissible():
-            t += ptl[rows]  # the queue just drained: the engine compacts after this step (its finished gone)
-            step += 1
-            while heap and heap[0][0] == step:
+            end = heap[0][0]
+            # the next boundary where a waiting request could be admitted: a free row and a group the barrier lets
+            # in, released by then (perhaps already, during this boundary's prefill); else the next completion
+            if end > step and waiting and len(heap) < cap:
+                f = floor()
+                first = min((release[g] for g in waiting if f is None or g <= f), default=None)
+                if first is not None:
+                    until = max(1, math.ceil((first - EPS_S - t) / ptl[rows]))  # the first boundary at or after it
+                    if until < end - step:
+                        t += until * ptl[rows]
+                        step += until
+                        continue
+            t += (end - step) * ptl[rows]
+            step = end
+            while heap and heap[0][0] == end:
                 _, g, k = heapq.heappop(heap)
                 finish[g][k] = t
                 running[g] -= 1
-            rows = len(heap)
-            if not heap:
-                continue
-        end = heap[0][0]
-        # the next boundary where a waiting request could be admitted: a free row and a group the barrier lets
-        # in, released by then (perhaps already, during this boundary's prefill); else the next completion
-        if end > step and waiting and len(heap) < cap:
-            f = floor()
-            first = min((release[g] for g in waiting if f is None or g <= f), default=None)
-            if first is not None:
-                until = max(1, math.ceil((first - EPS_S - t) / ptl[rows]))  # the first boundary at or after it
-                if until < end - step:
-                    t += until * ptl[rows]
-                    step += until
-                    continue
-        t += (end - step) * ptl[rows]
-        step = end
-        while heap and heap[0][0] == end:
-            _, g, k = heapq.heappop(heap)
-            finish[g][k] = t
-            running[g] -= 1
-        # after the step, like the engine: drop all rows if all are free; compact if nothing can be admitted
-        if not heap or (lazy and rows - len(heap) >= (compact_fraction or 0.0) * rows and not admissible()):
-            rows = len(heap)
+            # after the step, like the engine: drop all rows if all are free; compact if nothing can be admitted
+            if not heap or (lazy and rows - len(heap) >= (compact_fraction or 0.0) * rows and not admissible()):
+                rows = len(heap)
+        self.t, self.step, self.rows = t, step, rows
+        return finish[target] if target is not None else []

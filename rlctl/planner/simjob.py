@@ -35,7 +35,7 @@ from typing import Literal
 
 import numpy as np
 
-from rlctl.planner.engine import EngineSpec, Group, run_groups
+from rlctl.planner.engine import EngineRun, EngineSpec, Group, same_engine
 from rlctl.rl.cuts import trainable_cuts
 
 Mode = Literal["sync", "stream", "async"]
@@ -135,6 +135,7 @@ def simulate_job(
     ready: list[float] = []
     unit_gen: list[dict[int, float]] = []
     unit_end: dict[int, float] = {}  # rollout unit → when it finished its share of the last iteration it ran
+    engines: dict[int, tuple[EngineRun, list[int]]] = {}  # rollout unit → its engine's run, the iterations it holds
 
     def release(k: int) -> float:  # when iteration k's shares reach the units (its weights are known by then)
         j = k - 1 - eta
@@ -149,12 +150,23 @@ def simulate_job(
         gens: dict[int, float] = {}
         if w.shares is not None:
             # each unit's engine from the start, with every share released by now: up to i + η (whose release
-            # needs the weights of i − 1 at most); later ones cannot reach it before i's tail is done
+            # needs the weights of i − 1 at most); later ones cannot reach it before i's tail is done, so the run
+            # of i − 1 goes on with the shares released since (`EngineRun.add`), unless its engine differs
             for u, share in w.shares.items():
                 mine = [k for k in range(min(i + eta, len(works) - 1) + 1) if u in (works[k].shares or {})]
                 # every share in the run is priced with this iteration's engine (PTL at its share's context)
-                runs = run_groups([Group(release(k), (works[k].shares or {})[u].lengths) for k in mine], share.engine)
-                f = runs[mine.index(i)]
+                run, held = engines.get(u, (None, []))
+                if run is None or not same_engine(run.engine, share.engine) or mine[: len(held)] != held:
+                    run, held = EngineRun(share.engine), []
+                for k in mine[len(held) :]:
+                    if not run.add(Group(release(k), (works[k].shares or {})[u].lengths)):
+                        run = EngineRun(share.engine)  # a release the run stopped past: from the start
+                        for k2 in mine:
+                            run.add(Group(release(k2), (works[k2].shares or {})[u].lengths))
+                        break
+                held = mine
+                engines[u] = (run, held)
+                f = np.array(run.run_until(mine.index(i)), dtype=float)
                 arrival[share.samples] = f
                 starts.append(release(i))
                 gens[u] = float(arrival[share.samples].max()) - release(i) if len(f) else 0.0

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlctl.planner.engine import EPS_S, Barrier, EngineSpec, Group, run_groups
+from rlctl.planner.engine import EPS_S, Barrier, EngineRun, EngineSpec, Group, run_groups
 
 PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
 
@@ -114,3 +114,31 @@ def test_the_next_group_fills_the_tail_and_slows_it_unless_barred() -> None:
     assert barred_later.min() > alone.max() and later.max() < barred_later.max()
     # auto: a group that fits in one batch lets the next one in
     assert [g.tolist() for g in run("auto")] == [filled.tolist(), later.tolist()]
+
+
+@given(
+    st.lists(st.lists(st.integers(1, 25), min_size=1, max_size=10), min_size=2, max_size=5),
+    st.lists(st.floats(0.0, 0.3), min_size=5, max_size=5),
+    st.integers(1, 8),
+    st.sampled_from([None, 0.5]),
+    st.sampled_from(["auto", "always", "never"]),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_run_stopped_at_a_group_goes_on_with_later_groups_as_from_the_start(
+    shares: list[list[int]], gaps: list[float], cap: int, compact: float | None, barrier: Barrier
+) -> None:
+    """The job simulator's use: group i + 1 is known only once group i is done (released after its last
+    request), and the run goes on from there; each group's finish times are those of one run of every group
+    from the start. A group released before the run stopped is refused (the caller starts again)."""
+    engine = EngineSpec(PTL, cap, prefill_s=0.002, admit_fixed_s=0.001, compact_fraction=compact, barrier=barrier)
+    run = EngineRun(engine)
+    assert run.add(Group(0.0, np.array(shares[0])))
+    got, groups = [], [Group(0.0, np.array(shares[0]))]
+    for i in range(len(shares)):
+        got.append(list(run.run_until(i)))
+        if i + 1 < len(shares):
+            nxt = Group(max(got[-1]) + gaps[i] + 2 * EPS_S, np.array(shares[i + 1]))
+            assert not run.add(Group(max(got[-1]), np.array(shares[i + 1])))  # at the stop: refused
+            assert run.add(nxt)
+            groups.append(nxt)
+    assert got == [f.tolist() for f in run_groups(groups, engine)]  # the same sums: equal, not approximately
