@@ -839,11 +839,14 @@ def _async_iteration(stages: Stages, *, train: np.ndarray, streamed_fraction: fl
     the trainer configuration at index y of `train` (the trainer curve's seconds)."""
     job, lm, gcurves, _, tw, _, fill, opts = stages
     r_sites = list(gcurves)
+    batches: dict[tuple[tuple[str, int], ...], list[Batch]] = {}  # the rollout's batches, for every trainer y
 
     def run(x: int, y: int) -> float:
         per_site = dict(zip(r_sites, alloc.split_combined(x, fill), strict=True))
         units = _units(gcurves, per_site)
-        return _async_s(job, lm, units, tw, float(train[y]), per_site, opts, streamed_fraction=streamed_fraction)
+        return _async_s(
+            job, lm, units, tw, float(train[y]), per_site, opts, streamed_fraction=streamed_fraction, cache=batches
+        )
 
     return run
 
@@ -858,10 +861,11 @@ def _async_s(
     opts: PlanOptions,
     *,
     streamed_fraction: float,
+    cache: dict[tuple[tuple[str, int], ...], list[Batch]] | None = None,
 ) -> float:
     """The simulated async iteration (s) of `units` (GPUs `per_site`) beside a trainer step of `train_s`."""
     at_step = train_s * (1 - streamed_fraction)
-    sim = _simulate(job, lm, units, tw, (train_s, at_step), per_site, opts, modes=("async",), report=False)
+    sim = _simulate(job, lm, units, tw, (train_s, at_step), per_site, opts, modes=("async",), report=False, cache=cache)
     return float(sim["predicted"]["iteration_s"]["async"])
 
 
@@ -1050,49 +1054,37 @@ def _simulate(
     *,
     modes: tuple[Mode, ...] = MODES,
     report: bool = True,
+    cache: dict[tuple[tuple[str, int], ...], list[Batch]] | None = None,
 ) -> dict[str, Any]:
     """`train` = (trainer seconds per iteration, the part of them that waits for the whole batch); the iteration
-    time of each of `modes`, and with `report` the dispatch report."""
+    time of each of `modes`, and with `report` the dispatch report. `cache`: the simulated batches by rollout units
+    (`_batches`, the same for every trainer beside them), kept by a search that simulates many allocations."""
     spec = job.spec
     train_s, at_step_s = train
-    rng = np.random.default_rng(spec.seed)
-    noise = _noise(opts.ranker_recall, lm.sigma)
-    dcfg = DispatchConfig(spec.rollout.dispatch, spec.rollout.long_tail_fraction, spec.planning.dispatch_rule)
-    works: list[IterationWork] = []
-    gens: list[GenResult] = []
+    key = tuple((u.site, id(u.cost)) for u in units)
+    if cache is None or key not in cache:
+        batches = _batches(job, lm, units, opts)
+        if cache is not None:
+            cache[key] = batches
+    else:
+        batches = cache[key]
     groups = np.arange(spec.batch.prompts_per_iteration).repeat(spec.batch.samples_per_prompt)  # prompt-major
-    # may a unit's next iteration fill the rows its current one's tail frees (vLLM: always)
-    barrier = spec.rollout.group_barrier if spec.rollout.engine == "embedded" else "never"
-    first_pred = first_len = None
-    for _ in range(opts.sim_iterations):
-        lengths = lm.sample(spec.batch.prompts_per_iteration, spec.batch.samples_per_prompt, rng)
-        pred = predict_lengths(lengths, noise_sigma=noise, rng=rng)
-        if first_pred is None:
-            first_pred, first_len = pred, lengths
-        # Algorithm 2 decides N_l on the first batch; later batches keep it (as a controller would)
-        g = simulate_generation(
-            lengths,
-            pred,
-            units,
-            dcfg,
-            prompt_tokens=lm.prompt_tokens,
-            rng=rng,
-            keep_splits=gens[0].splits if gens else None,
+    works = [
+        IterationWork(
+            g.finish_s,
+            (lengths + lm.prompt_tokens).astype(float),
+            train_s,
+            spec.batch.train_micro_batch_samples,
+            at_step_s=at_step_s,
+            unit_of=g.unit_of,
+            micro_batch_tokens=spec.batch.train_micro_batch_tokens,
+            group_of=groups if spec.algorithm.kind == "grpo" else None,  # GRPO trains whole groups
+            shares=shares,
         )
-        gens.append(g)
-        works.append(
-            IterationWork(
-                g.finish_s,
-                (lengths + lm.prompt_tokens).astype(float),
-                train_s,
-                spec.batch.train_micro_batch_samples,
-                at_step_s=at_step_s,
-                unit_of=g.unit_of,
-                micro_batch_tokens=spec.batch.train_micro_batch_tokens,
-                group_of=groups if spec.algorithm.kind == "grpo" else None,  # GRPO trains whole groups
-                shares=_shares(g, lengths, units, prompt_tokens=lm.prompt_tokens, barrier=barrier),
-            )
-        )
+        for lengths, _, g, shares in batches
+    ]
+    gens = [g for _, _, g, _ in batches]
+    first_len, first_pred = batches[0][0], batches[0][1]
     w_s = _weight_sync_s(job, per_site, order_tp=_order_tp(job, opts))
     # the pipeline needs a steady state: at least MIN_SIM_ITERATIONS, then η more that only follow them into the
     # engines (an async iteration's tail shares them with the next η; without those its gap is about T_train).
@@ -1107,7 +1099,6 @@ def _simulate(
         for m in modes
     }
     t_gen = float(np.mean([g.makespan_s for g in gens]))
-    assert first_pred is not None and first_len is not None
     out: dict[str, Any] = {
         "predicted": {
             "t_gen_s": t_gen,
@@ -1118,7 +1109,43 @@ def _simulate(
         },
     }
     if report:
+        dcfg = DispatchConfig(spec.rollout.dispatch, spec.rollout.long_tail_fraction, spec.planning.dispatch_rule)
         out["dispatch"] = _dispatch_report(lm, units, first_len, first_pred, dcfg, gens[0])
+    return out
+
+
+class Batch(NamedTuple):
+    """One simulated batch: its output lengths, the ranker's predictions, its generation and the units' shares."""
+
+    lengths: np.ndarray
+    pred: np.ndarray
+    gen: GenResult
+    shares: dict[int, UnitShare]
+
+
+def _batches(job: Job, lm: LengthModel, units: list[Unit], opts: PlanOptions) -> list[Batch]:
+    """The plan's `sim_iterations` batches (drawn from the job's seed) generated on `units`."""
+    spec = job.spec
+    rng = np.random.default_rng(spec.seed)
+    noise = _noise(opts.ranker_recall, lm.sigma)
+    dcfg = DispatchConfig(spec.rollout.dispatch, spec.rollout.long_tail_fraction, spec.planning.dispatch_rule)
+    # may a unit's next iteration fill the rows its current one's tail frees (vLLM: always)
+    barrier = spec.rollout.group_barrier if spec.rollout.engine == "embedded" else "never"
+    out: list[Batch] = []
+    for _ in range(opts.sim_iterations):
+        lengths = lm.sample(spec.batch.prompts_per_iteration, spec.batch.samples_per_prompt, rng)
+        pred = predict_lengths(lengths, noise_sigma=noise, rng=rng)
+        # Algorithm 2 decides N_l on the first batch; later batches keep it (as a controller would)
+        g = simulate_generation(
+            lengths,
+            pred,
+            units,
+            dcfg,
+            prompt_tokens=lm.prompt_tokens,
+            rng=rng,
+            keep_splits=out[0].gen.splits if out else None,
+        )
+        out.append(Batch(lengths, pred, g, _shares(g, lengths, units, prompt_tokens=lm.prompt_tokens, barrier=barrier)))
     return out
 
 

@@ -301,6 +301,24 @@ def test_the_simulated_rule_across_datacenters_gives_up_gpus_the_full_allocation
         assert not fewer or e["iteration_s"] > bound, e
 
 
+def test_the_search_generates_the_batches_once_per_rollout_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The simulated batches' generation depends on the rollout units alone: a search that simulates one rollout
+    count beside several trainer counts generates its batches once (and the plan: its own, and one more unit's)."""
+    calls = []
+    generate = planner.simulate_generation
+    monkeypatch.setattr(planner, "simulate_generation", lambda *a, **k: (calls.append(1), generate(*a, **k))[1])
+    plan = make_plan(
+        load_job(write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, rule="simulated")), options=OPTS
+    )
+    evaluated = plan["search"]["evaluated"]
+    counts = {e["rollout_gpus"] for e in evaluated}
+    assert len(counts) < len(evaluated)  # some rollout count beside several trainers
+    # at most once per count (two counts of the same units, 6 and 7 GPUs of tp 2: once), not once per evaluation
+    assert len(calls) <= OPTS.sim_iterations * (len(counts) + 2) < OPTS.sim_iterations * (len(evaluated) + 2)
+
+
 def test_across_datacenters_a_fixed_count_is_kept_and_the_other_stage_searched(tmp_path: Path) -> None:
     job = write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, rule="simulated", trainer_gpus=8)
     plan = make_plan(load_job(job), options=OPTS)
