@@ -48,10 +48,11 @@ def assign_balanced(
     units: list[list[int]] = [[] for _ in range(num_units)]
     heap = [(0.0 if loads is None else float(loads[u]), u) for u in range(num_units)]
     heapq.heapify(heap)
-    for i in lpt_order(pred_tokens):
-        load, u = heapq.heappop(heap)
+    tokens = [float(x) for x in pred_tokens]
+    for i in lpt_order(tokens):
+        load, u = heap[0]  # the least loaded (distinct units: the same one whatever the heap's layout)
         units[u].append(i)
-        heapq.heappush(heap, (load + float(pred_tokens[i]), u))
+        heapq.heapreplace(heap, (load + tokens[i], u))
     return units
 
 

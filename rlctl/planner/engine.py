@@ -128,6 +128,8 @@ class EngineRun:
         if not self.started:
             self.started = True
             self.t = min((release[g] for g in waiting), default=0.0)
+        if not lazy and not barred:
+            return self._run_plain(target)
         t, step, rows = self.t, self.step, self.rows
 
         def floor() -> int | None:
@@ -206,4 +208,56 @@ class EngineRun:
             if not heap or (lazy and rows - len(heap) >= (compact_fraction or 0.0) * rows and not admissible()):
                 rows = len(heap)
         self.t, self.step, self.rows = t, step, rows
+        return finish[target] if target is not None else []
+
+    def _run_plain(self, target: int | None) -> list[float]:
+        """`run_until` without lazy compaction or a group barrier (vLLM's engine): the same loop with what those
+        add left out (no barrier: any released request may be admitted; no compaction: rows = running)."""
+        ptl, cap, push, pop = self.ptl, self.cap, heapq.heappush, heapq.heappop
+        prefill_s, admit_fixed_s = self.engine.prefill_s, self.engine.admit_fixed_s
+        release, lengths, size, finish = self.release, self.lengths, self.size, self.finish
+        nxt, running, waiting, heap = self.nxt, self.running, self.waiting, self.heap
+        t, step = self.t, self.step
+        while True:
+            if target is not None and nxt[target] == size[target] and not running[target]:
+                break
+            admitted = 0
+            if waiting and len(heap) < cap:  # released requests, oldest group first, into the free rows
+                for g in list(waiting):
+                    if len(heap) >= cap:
+                        break
+                    if release[g] > t + EPS_S:
+                        continue
+                    ls, k = lengths[g], nxt[g]
+                    take = min(size[g] - k, cap - len(heap))
+                    for i in range(k, k + take):
+                        push(heap, (step + ls[i], g, i))
+                    running[g] += take
+                    nxt[g] = k + take
+                    admitted += take
+                    if nxt[g] == size[g]:
+                        waiting.remove(g)
+            if admitted:
+                t += admit_fixed_s + admitted * prefill_s
+            if not heap:
+                if not waiting:
+                    break
+                t = max(t, min(release[g] for g in waiting))  # idle until the next release
+                continue
+            rows = len(heap)
+            end = heap[0][0]
+            if end > step and waiting and rows < cap:  # a release before the next completion: stop there
+                first = min(release[g] for g in waiting)
+                until = max(1, math.ceil((first - EPS_S - t) / ptl[rows]))
+                if until < end - step:
+                    t += until * ptl[rows]
+                    step += until
+                    continue
+            t += (end - step) * ptl[rows]
+            step = end
+            while heap and heap[0][0] == end:
+                _, g, k = pop(heap)
+                finish[g][k] = t
+                running[g] -= 1
+        self.t, self.step, self.rows = t, step, len(heap)
         return finish[target] if target is not None else []

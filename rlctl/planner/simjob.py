@@ -180,9 +180,11 @@ def simulate_job(
                 gens[int(u)] = float(w.finish_s[mine_].max())
         unit_gen.append(gens)
         start = min(starts, default=max(weights, gen_end[-1] if gen_end else 0.0))
-        if w.group_of is not None:
-            for g in np.unique(w.group_of):
-                arrival[w.group_of == g] = arrival[w.group_of == g].max()
+        if w.group_of is not None:  # every sample of a group arrives with its last
+            _, of = np.unique(w.group_of, return_inverse=True)
+            last = np.full(of.max() + 1 if of.size else 0, -np.inf)
+            np.maximum.at(last, of, arrival)
+            arrival = last[of]
         order = np.argsort(arrival, kind="stable")
         arrivals = arrival[order]
         tokens = w.sample_tokens[order]
@@ -217,13 +219,14 @@ def _learner_train(
     all cuts but a partial last one, which may still grow; after the last arrival, all of them (the learner's
     own rule, `trainable_cuts`). `whole` (sync): everything once the last sample is in."""
     t, k, n = free, 0, len(arrivals)
+    times, rows = arrivals.tolist(), [float(x) for x in tokens]  # plain floats: numpy scalars cost more than a cut
     ready: list[int] = []
     while k < n:
-        now = max(t, float(arrivals[-1] if whole else arrivals[k]))
-        while k < n and arrivals[k] <= now:
+        now = max(t, times[-1] if whole else times[k])
+        while k < n and times[k] <= now:
             ready.append(k)
             k += 1
-        cuts, held = trainable_cuts([tokens[i] for i in ready], size, max_tokens=max_tokens, flush=k == n)
-        t = now + s * sum(float(tokens[ready[i]]) for c in cuts for i in c)
+        cuts, held = trainable_cuts([rows[i] for i in ready], size, max_tokens=max_tokens, flush=k == n)
+        t = now + s * sum(rows[ready[i]] for c in cuts for i in c)
         ready = [ready[i] for i in held]
     return t

@@ -34,7 +34,7 @@ def cut_lengths(row_tokens: Sequence[int | float], size: int, *, max_tokens: int
     """Indices of the rows in length order (ties: index order), cut into micro-batches."""
     out: list[list[int]] = []
     cur: list[int] = []
-    for i in sorted(range(len(row_tokens)), key=lambda i: row_tokens[i]):
+    for i in sorted(range(len(row_tokens)), key=row_tokens.__getitem__):
         n = row_tokens[i]
         if cur and (len(cur) == size or (max_tokens is not None and (len(cur) + 1) * n > max_tokens)):
             out.append(cur)
