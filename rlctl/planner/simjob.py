@@ -28,6 +28,7 @@ Iteration time is the steady-state mean gap between training ends.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from typing import Literal
 import numpy as np
 
 from rlctl.planner.engine import EngineRun, EngineSpec, Group, same_engine
-from rlctl.rl.cuts import trainable_cuts
+from rlctl.rl.cuts import trained_count
 
 Mode = Literal["sync", "stream", "async"]
 MODES: tuple[Mode, ...] = ("sync", "stream", "async")
@@ -220,13 +221,14 @@ def _learner_train(
     own rule, `trainable_cuts`). `whole` (sync): everything once the last sample is in."""
     t, k, n = free, 0, len(arrivals)
     times, rows = arrivals.tolist(), [float(x) for x in tokens]  # plain floats: numpy scalars cost more than a cut
-    ready: list[int] = []
+    held: list[float] = []  # the rows cut but not trained (a partial last cut), in length order
     while k < n:
         now = max(t, times[-1] if whole else times[k])
-        while k < n and times[k] <= now:
-            ready.append(k)
-            k += 1
-        cuts, held = trainable_cuts([rows[i] for i in ready], size, max_tokens=max_tokens, flush=k == n)
-        t = now + s * sum(rows[ready[i]] for c in cuts for i in c)
-        ready = [ready[i] for i in held]
+        j = bisect.bisect_right(times, now, lo=k)
+        # only the lengths matter: the trained rows' sum (in length order, as the cuts train them) and what is held
+        ready = sorted(held + rows[k:j])
+        k = j
+        m = trained_count(ready, size, max_tokens=max_tokens, flush=k == n)
+        t = now + s * sum(ready[:m])
+        held = ready[m:]
     return t

@@ -53,3 +53,21 @@ def trainable_cuts(
     cuts = cut_lengths(row_tokens, size, max_tokens=max_tokens)
     held = cuts.pop() if cuts and not flush and len(cuts[-1]) < size else []
     return cuts, held
+
+
+def trained_count(
+    sorted_tokens: Sequence[int | float], size: int, *, max_tokens: int | None = None, flush: bool
+) -> int:
+    """How many of the rows `trainable_cuts` trains now, of rows given in length order (ascending): it trains
+    them in that order, the first ones, and holds the rest (a partial last cut). The rule on the lengths alone,
+    without the indices (the simulator's learner, thousands of times a plan)."""
+    n = len(sorted_tokens)
+    if max_tokens is None:
+        last = (n - 1) // size * size if n else 0  # the last cut starts there
+    else:
+        last = cur = 0
+        for i, v in enumerate(sorted_tokens):
+            if cur and (cur == size or (cur + 1) * v > max_tokens):
+                last, cur = i, 0
+            cur += 1
+    return last if n and not flush and n - last < size else n

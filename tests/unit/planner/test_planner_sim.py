@@ -17,6 +17,7 @@ from rlctl.planner.engine import EngineRun, EngineSpec, Group, run_groups
 from rlctl.planner.sim import DispatchConfig, GenEstimator, Unit, run_instance, simulate_generation
 from rlctl.planner.simjob import IterationWork, UnitShare, _learner_train, simulate_job, weight_transfer_s
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths, recall_at
+from rlctl.rl.cuts import trainable_cuts
 
 PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
 
@@ -340,3 +341,39 @@ def test_a_job_of_many_iterations_runs_each_request_once(monkeypatch: pytest.Mon
     works = _engine_works("never", n=12)
     simulate_job(works, mode="async", weight_sync_s=0.002, eta=1, drain=1)
     assert len(pushed) == 4 * 12
+
+
+def _reference_learner(
+    arrivals: list[float], tokens: list[float], size: int, max_tokens: int | None, *, whole: bool, free: float, s: float
+) -> float:
+    """The learner as `rlctl.rl.cuts.trainable_cuts` cuts the rows it holds, indices and all."""
+    t, k, n = free, 0, len(arrivals)
+    ready: list[int] = []
+    while k < n:
+        now = max(t, arrivals[-1] if whole else arrivals[k])
+        while k < n and arrivals[k] <= now:
+            ready.append(k)
+            k += 1
+        cuts, held = trainable_cuts([tokens[i] for i in ready], size, max_tokens=max_tokens, flush=k == n)
+        t = now + s * sum(tokens[ready[i]] for c in cuts for i in c)
+        ready = [ready[i] for i in held]
+    return t
+
+
+@given(
+    st.lists(st.tuples(st.floats(0.0, 20.0), st.integers(1, 60)), min_size=1, max_size=40),
+    st.integers(1, 6),
+    st.sampled_from([None, 50, 120]),
+    st.booleans(),
+    st.floats(0.0, 10.0),
+    st.sampled_from([0.01, 0.3]),
+)
+@settings(max_examples=300, deadline=None)
+def test_the_learner_on_lengths_alone_trains_as_its_cuts_do(
+    rows: list[tuple[float, int]], size: int, max_tokens: int | None, whole: bool, free: float, s: float
+) -> None:
+    """The simulator's learner keeps the lengths it holds, not their rows: the same training end, float for float."""
+    rows = sorted(rows, key=lambda r: r[0])
+    arrivals, tokens = [float(a) for a, _ in rows], [float(n) for _, n in rows]
+    got = _learner_train(np.array(arrivals), np.array(tokens), size, max_tokens, whole=whole, free=free, s=s)
+    assert got == _reference_learner(arrivals, tokens, size, max_tokens, whole=whole, free=free, s=s)
