@@ -222,8 +222,19 @@ class EngineRun:
             if target is not None and nxt[target] == size[target] and not running[target]:
                 break
             admitted = 0
-            if waiting and len(heap) < cap:  # released requests, oldest group first, into the free rows
-                for g in list(waiting):
+            free = cap - len(heap)
+            if waiting and free > 0:  # released requests, oldest group first, into the free rows
+                g = waiting[0]
+                k = nxt[g]
+                if size[g] - k > free and release[g] <= t + EPS_S:  # the oldest fills them all, and some still wait
+                    ls = lengths[g]
+                    for i in range(k, k + free):
+                        push(heap, (step + ls[i], g, i))
+                    running[g] += free
+                    nxt[g] = k + free
+                    admitted = free
+                    free = 0
+                for g in list(waiting) if free else ():
                     if len(heap) >= cap:
                         break
                     if release[g] > t + EPS_S:
@@ -239,6 +250,30 @@ class EngineRun:
                         waiting.remove(g)
             if admitted:
                 t += admit_fixed_s + admitted * prefill_s
+            if len(heap) == cap and waiting and release[waiting[0]] <= t + EPS_S:
+                # every row busy and the oldest waiting group released: each completion's rows go to it (the loop
+                # below without its checks) until it has no more than they free, or `target` is done
+                g0, pc = waiting[0], ptl[cap]
+                ls, n0 = lengths[g0], size[g0]
+                while True:
+                    end = heap[0][0]
+                    t += (end - step) * pc
+                    step = end
+                    c = 0
+                    while heap and heap[0][0] == end:
+                        _, g, k = pop(heap)
+                        finish[g][k] = t
+                        running[g] -= 1
+                        c += 1
+                    k = nxt[g0]
+                    if n0 - k <= c or (target is not None and nxt[target] == size[target] and not running[target]):
+                        break
+                    for i in range(k, k + c):
+                        push(heap, (step + ls[i], g0, i))
+                    running[g0] += c
+                    nxt[g0] = k + c
+                    t += admit_fixed_s + c * prefill_s
+                continue
             if not heap:
                 if not waiting:
                     break
