@@ -547,7 +547,7 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
     rule = spec.planning.rule
     search: dict[str, Any] | None = None
     search_rollout = any(f is None for f in r_fixed.values())  # the fixed sites hold their counts throughout
-    stages = Stages(job, lm, gcurves, tcurve, tw, budgets, fill, opts)
+    stages = Stages(job, lm, gcurves, tcurve, tw, budgets, fill, opts, {})
     # a fixed trainer count searches the same splits: every point of its curve holds exactly its ranks
     # (`_trainer_curve`), the fastest within n − x is the split it runs beside x rollout GPUs
     if searches_shared_site(spec):
@@ -579,6 +579,7 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
         tw,
         opts,
         streamed_fraction=tcost["streamed_fraction"],
+        batches=stages.batches,
     )
     out["training"] = tcost
     out["rule_applied"] = "simulated" if search is not None else ("paper" if rule == "simulated" else rule)
@@ -697,7 +698,8 @@ SAME_TIME = 1e-9  # simulated times this close (relative) are one: their differe
 
 class Stages(NamedTuple):
     """What a search of the allocation simulates: the job, its workload and stage curves, the sites' GPU budgets
-    and the rollout GPUs per site at each total (`alloc.fill_table`)."""
+    and the rollout GPUs per site at each total (`alloc.fill_table`); `batches`: the simulated batches by rollout
+    units (`_simulate`'s cache: the same beside every trainer, the plan's own allocation among them)."""
 
     job: Job
     lm: LengthModel
@@ -707,6 +709,7 @@ class Stages(NamedTuple):
     budgets: dict[str, int]
     fill: np.ndarray
     opts: PlanOptions
+    batches: dict[tuple[tuple[str, int], ...], list[Batch]]
 
 
 def _simulated_split(
@@ -837,9 +840,8 @@ def _simulated_cross(
 def _async_iteration(stages: Stages, *, train: np.ndarray, streamed_fraction: float) -> Callable[[int, int], float]:
     """The simulated async iteration (s) with x rollout GPUs (split per site as the stages' fill table says) and
     the trainer configuration at index y of `train` (the trainer curve's seconds)."""
-    job, lm, gcurves, _, tw, _, fill, opts = stages
+    job, lm, gcurves, _, tw, _, fill, opts, batches = stages
     r_sites = list(gcurves)
-    batches: dict[tuple[tuple[str, int], ...], list[Batch]] = {}  # the rollout's batches, for every trainer y
 
     def run(x: int, y: int) -> float:
         per_site = dict(zip(r_sites, alloc.split_combined(x, fill), strict=True))
@@ -933,6 +935,7 @@ def _assemble(
     opts: PlanOptions,
     *,
     streamed_fraction: float,
+    batches: dict[tuple[tuple[str, int], ...], list[Batch]] | None = None,
 ) -> dict[str, Any]:
     spec = job.spec
     inv = job.inventory
@@ -975,12 +978,12 @@ def _assemble(
     if not units:
         raise PlanError("the allocation has no rollout instance")
     train_s = float(tcurve.seconds[chosen.y])
-    sim = _simulate(job, lm, units, tw, (train_s, train_s * (1 - streamed_fraction)), per_site, opts)
+    sim = _simulate(job, lm, units, tw, (train_s, train_s * (1 - streamed_fraction)), per_site, opts, cache=batches)
 
     def one_more(site: str, tp: int) -> float:  # the async iteration with one more unit of `tp` GPUs on `site`
         more = per_site | {site: per_site[site] + tp}
         plus = [*units, Unit(site, gcurves[site].costs[tp])]
-        return _async_s(job, lm, plus, tw, train_s, more, opts, streamed_fraction=streamed_fraction)
+        return _async_s(job, lm, plus, tw, train_s, more, opts, streamed_fraction=streamed_fraction, cache=batches)
 
     iteration_s = sim["predicted"]["iteration_s"][spec.pipeline.mode]
     used = [(a["gpus_used"], inv.sites[a["site"]].gpu_cost_per_hour) for a in allocation]
