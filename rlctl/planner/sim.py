@@ -206,7 +206,7 @@ def simulate_generation(
             for us in sites.values()
         ]
     )
-    order = lpt_order(list(pred)) if policy != "random" else list(rng.permutation(n))
+    order = lpt_order(pred.tolist()) if policy != "random" else list(rng.permutation(n))
     counts = _proportional_counts(speed, n)
     # deal samples round-robin by weight so every site gets a share of long and short ones
     site_ids: list[list[int]] = [[] for _ in sites]
@@ -230,13 +230,13 @@ def simulate_generation(
         if policy == "random":
             groups = [list(range(j, len(ids), len(us))) for j in range(len(us))]
         elif policy == "balanced":
-            groups = assign_balanced(list(sub_pred), len(us))
+            groups = assign_balanced(sub_pred.tolist(), len(us))
         else:
             # D for Algorithm 2: the length distribution (known from recent iterations; here this batch's)
             if keep_splits is not None and site in keep_splits:
                 nl, bl = keep_splits[site]
                 split = fixed_split(
-                    list(sub_pred),
+                    sub_pred.tolist(),
                     num_units=len(us),
                     num_long=nl,
                     alpha=dispatch.alpha,
@@ -248,7 +248,7 @@ def simulate_generation(
                     sub_pred, cost, len(us), dispatch, prompt_tokens=prompt_tokens, length_dist=lengths[ids]
                 )
             used[site] = (split.num_long, split.long_batch)
-            groups = dispatch_skew(list(sub_pred), split)
+            groups = dispatch_skew(sub_pred.tolist(), split)
             caps = [split.long_batch] * split.num_long + [cost.max_batch] * split.num_regular
             num_long += split.num_long
         for u, grp, cap in zip(us, groups, caps, strict=True):
@@ -256,7 +256,7 @@ def simulate_generation(
                 continue
             idx = [ids[j] for j in grp]
             if policy != "random":
-                idx = [idx[j] for j in lpt_order(list(pred[idx]))]
+                idx = [idx[j] for j in lpt_order(pred[idx].tolist())]
             f = run_with(cost, lengths[idx], batch_cap=cap, prompt_tokens=prompt_tokens)
             finish[idx] = f
             queues[u] = (idx, cap)
@@ -282,7 +282,7 @@ def site_split(
     bound = _kv_bound(cost, prompt_tokens)
     if dispatch.force_long_units is not None:
         return fixed_split(
-            list(pred),
+            pred.tolist(),
             num_units=num_units,
             num_long=dispatch.force_long_units,
             alpha=dispatch.alpha,
@@ -291,7 +291,7 @@ def site_split(
         )
     if dispatch.length_estimate != "simulate":
         return skew_split(
-            list(pred),
+            pred.tolist(),
             num_units=num_units,
             ptl_s=cost.ptl,
             max_batch=bound,
@@ -328,7 +328,7 @@ def split_by_simulation(
     n = len(pred)
     if n <= num_units or num_units < 2:
         return fixed_split(
-            list(pred), num_units=num_units, num_long=0, alpha=alpha, long_batch=0, regular_batch=cost.max_batch
+            pred.tolist(), num_units=num_units, num_long=0, alpha=alpha, long_batch=0, regular_batch=cost.max_batch
         )
     if num_units <= max_candidates:
         cands = list(range(num_units))
@@ -337,7 +337,7 @@ def split_by_simulation(
     dist = np.sort(np.asarray(length_dist if length_dist is not None else pred, dtype=float))[::-1]
     dist = dist[np.minimum((np.arange(n) * len(dist)) // n, len(dist) - 1)]  # n quantiles of D, descending
     ints = np.empty(n, dtype=np.int64)
-    ints[lpt_order(list(pred))] = np.maximum(np.rint(dist), 1).astype(np.int64)
+    ints[lpt_order(pred.tolist())] = np.maximum(np.rint(dist), 1).astype(np.int64)
     n_long = round(alpha * n)
     long_len = float(dist[:n_long].mean()) if n_long else 0.0
     best: tuple[float, SkewSplit] | None = None
@@ -345,7 +345,7 @@ def split_by_simulation(
     for nl in cands:
         bs_long = max(1, min(-(-n_long // nl), cost.batch_bound(prompt_tokens + long_len))) if nl else 0
         split = fixed_split(
-            list(pred),
+            pred.tolist(),
             num_units=num_units,
             num_long=int(nl),
             alpha=alpha,
@@ -364,7 +364,7 @@ def simulate_split(
     lengths: np.ndarray, pred: np.ndarray, cost: DecodeCost, split: SkewSplit, *, prompt_tokens: int
 ) -> float:
     """Makespan of one site's identical units under a given split (LPT by prediction inside each unit)."""
-    groups = dispatch_skew(list(pred), split)
+    groups = dispatch_skew(pred.tolist(), split)
     caps = [split.long_batch] * split.num_long + [cost.max_batch] * split.num_regular
     return max(
         (
