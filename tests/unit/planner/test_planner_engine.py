@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlctl.planner import simjob
 from rlctl.planner.engine import EPS_S, Barrier, EngineRun, EngineSpec, Group, run_groups
+from rlctl.planner.simjob import IterationWork, UnitShare, simulate_job
 
 PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
 
@@ -142,3 +144,74 @@ def test_a_run_stopped_at_a_group_goes_on_with_later_groups_as_from_the_start(
             assert run.add(nxt)
             groups.append(nxt)
     assert got == [f.tolist() for f in run_groups(groups, engine)]  # the same sums: equal, not approximately
+
+
+class _FromTheStart(EngineRun):
+    """The engine run as the job simulator ran it before: every iteration's run again from the first share."""
+
+    def add(self, group: Group) -> bool:
+        return not self.started and super().add(group)
+
+
+class _StepByStep:
+    """The same, each run by the step-by-step engine loop above (`reference_groups`, on PTL)."""
+
+    def __init__(self, engine: EngineSpec) -> None:
+        assert engine.ptl_s is PTL
+        self.engine, self.groups, self.started = engine, [], False
+
+    def add(self, group: Group) -> bool:
+        if self.started:
+            return False
+        self.groups.append((group.release_s, [int(x) for x in group.lengths]))
+        return True
+
+    def run_until(self, target: int) -> list[float]:
+        self.started = True
+        e = self.engine
+        return reference_groups(self.groups, e.batch_cap, e.prefill_s, e.admit_fixed_s, e.compact_fraction, e.barrier)[
+            target
+        ]
+
+
+@given(
+    st.lists(st.lists(st.integers(1, 30), min_size=1, max_size=12), min_size=2, max_size=6),
+    st.integers(1, 6),
+    st.sampled_from(["sync", "stream", "async"]),
+    st.integers(0, 2),
+    st.sampled_from(["auto", "always", "never"]),
+    st.sampled_from([None, 0.5]),
+    st.floats(0.0, 0.5),
+)
+@settings(max_examples=150, deadline=None)
+def test_the_unit_engines_go_on_from_the_last_iteration_as_if_run_from_the_start(
+    shares: list[list[int]], cap: int, mode: str, eta: int, barrier: str, compact: float | None, train_s: float
+) -> None:
+    """Each unit's engine goes on from where its previous iteration's share was done (later shares are released
+    after it) instead of again from the first share: the same timeline, float for float, as the old way; and as
+    the old way with the step-by-step engine loop, up to float rounding."""
+    eng = EngineSpec(PTL, cap, prefill_s=0.001, compact_fraction=compact, barrier=barrier)  # type: ignore[arg-type]
+    works = []
+    for i, ls in enumerate(shares):
+        n = len(ls)
+        unit_of = (np.arange(n) + i) % 2  # two units, each a part of every iteration
+        mine = {u: np.flatnonzero(unit_of == u) for u in (0, 1)}
+        works.append(
+            IterationWork(
+                np.zeros(n),
+                np.array(ls, dtype=float) + 3,
+                train_s,
+                2,
+                unit_of=unit_of,
+                shares={u: UnitShare(idx, np.array(ls)[idx], eng) for u, idx in mine.items() if len(idx)},
+            )
+        )
+    got = simulate_job(works, mode=mode, weight_sync_s=0.01, eta=eta, drain=min(eta, len(works) - 1))  # type: ignore[arg-type]
+    want = {}
+    for name, run in (("from_the_start", _FromTheStart), ("step_by_step", _StepByStep)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(simjob, "EngineRun", run)
+            want[name] = simulate_job(works, mode=mode, weight_sync_s=0.01, eta=eta, drain=min(eta, len(works) - 1))  # type: ignore[arg-type]
+    assert got == want["from_the_start"]  # the same sums
+    step = want["step_by_step"]  # one PTL per step: the same up to float rounding
+    assert got.train_end_s == pytest.approx(step.train_end_s) and got.gen_end_s == pytest.approx(step.gen_end_s)

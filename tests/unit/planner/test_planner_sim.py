@@ -11,9 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlctl.planner import engine as engine_mod
-from rlctl.planner import simjob
 from rlctl.planner.costs import DecodeCost
-from rlctl.planner.engine import EngineRun, EngineSpec, Group, run_groups
+from rlctl.planner.engine import EngineSpec, Group, run_groups
 from rlctl.planner.sim import DispatchConfig, GenEstimator, Unit, run_instance, simulate_generation
 from rlctl.planner.simjob import IterationWork, UnitShare, _learner_train, simulate_job, weight_transfer_s
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths, recall_at
@@ -286,51 +285,6 @@ def test_a_chain_of_relays_costs_its_hops_chunk_times_not_a_copy_each() -> None:
     assert one_host_after == pytest.approx(slow_hosts - 0.032)
     tiny = weight_transfer_s(1e6, link_bytes_per_s=1e9, local_bytes_per_s=1e9, num_local_hops=2, **kw)
     assert tiny == pytest.approx(0.01 + 3 * 1e-3)  # a version smaller than a chunk is one chunk
-
-
-class _FromTheStart(EngineRun):
-    """The engine run as the job simulator ran it before: every iteration's run again from the first share."""
-
-    def add(self, group: Group) -> bool:
-        return not self.started and super().add(group)
-
-
-@given(
-    st.lists(st.lists(st.integers(1, 30), min_size=1, max_size=12), min_size=2, max_size=6),
-    st.integers(1, 6),
-    st.sampled_from(["sync", "stream", "async"]),
-    st.integers(0, 2),
-    st.sampled_from(["auto", "always", "never"]),
-    st.sampled_from([None, 0.5]),
-    st.floats(0.0, 0.5),
-)
-@settings(max_examples=150, deadline=None)
-def test_the_unit_engines_go_on_from_the_last_iteration_as_if_run_from_the_start(
-    shares: list[list[int]], cap: int, mode: str, eta: int, barrier: str, compact: float | None, train_s: float
-) -> None:
-    """Each unit's engine goes on from where its previous iteration's share was done (later shares are released
-    after it) instead of again from the first share: the same timeline, float for float."""
-    eng = EngineSpec(PTL, cap, prefill_s=0.001, compact_fraction=compact, barrier=barrier)  # type: ignore[arg-type]
-    works = []
-    for i, ls in enumerate(shares):
-        n = len(ls)
-        unit_of = (np.arange(n) + i) % 2  # two units, each a part of every iteration
-        mine = {u: np.flatnonzero(unit_of == u) for u in (0, 1)}
-        works.append(
-            IterationWork(
-                np.zeros(n),
-                np.array(ls, dtype=float) + 3,
-                train_s,
-                2,
-                unit_of=unit_of,
-                shares={u: UnitShare(idx, np.array(ls)[idx], eng) for u, idx in mine.items() if len(idx)},
-            )
-        )
-    got = simulate_job(works, mode=mode, weight_sync_s=0.01, eta=eta, drain=min(eta, len(works) - 1))  # type: ignore[arg-type]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(simjob, "EngineRun", _FromTheStart)
-        want = simulate_job(works, mode=mode, weight_sync_s=0.01, eta=eta, drain=min(eta, len(works) - 1))  # type: ignore[arg-type]
-    assert got == want
 
 
 def test_a_job_of_many_iterations_runs_each_request_once(monkeypatch: pytest.MonkeyPatch) -> None:
