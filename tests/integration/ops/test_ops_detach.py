@@ -118,7 +118,7 @@ def test_a_launcher_whose_terminal_goes_away_keeps_watching_its_job(tmp_path):
 
 
 def test_a_job_whose_launcher_died_is_attached_and_watched_to_its_end(tmp_path):
-    job = job_yaml(tmp_path / "orphan.yaml", inventory=[LOCAL], trainer="local", rollout="local", iterations=30)
+    job = job_yaml(tmp_path / "orphan.yaml", inventory=[LOCAL], trainer="local", rollout="local", iterations=60)
     job_dir = tmp_path / "run"
     code, started = rlctl_json("launch", str(job), "--job-dir", str(job_dir), "--detach", timeout_s=180)
     assert code == 0, started
@@ -136,14 +136,16 @@ def test_a_job_whose_launcher_died_is_attached_and_watched_to_its_end(tmp_path):
     second = attached["launcher_pid"]
     assert second != first and attached["job_dir"] == str(job_dir)
     again = rlctl("attach", job_id)  # one launcher at a time: two would both resume a failed run
-    assert again.returncode == 2 and f"job {job_id} has a launcher (pid {second} on " in again.stderr, again.stderr
+    assert again.returncode == 2, again.stderr
+    if f"job {job_id} ended (finished)" not in again.stderr:  # unless the job ended already on a fast machine
+        assert f"job {job_id} has a launcher (pid {second} on " in again.stderr, again.stderr
 
     follow = rlctl("logs", job_id, "launcher", "-f", "-n", "1000", timeout_s=300)
     assert follow.returncode == 0, follow.stderr
     assert "job orphan: attached to controller-0" in follow.stdout, follow.stdout[-2000:]  # both launchers' lines
     assert "lost 0 duplicated 0" in follow.stdout, follow.stdout[-2000:]
     summary = json.loads((job_dir / "summary.json").read_text())
-    assert summary["state"] == "done" and len(metrics_rows(job_dir)) == 30
+    assert summary["state"] == "done" and len(metrics_rows(job_dir)) == 60
     row = index_row(job_id)
     assert row["state"] == "finished" and row["launcher"] == f"pid {second} on {os.uname().nodename}, ended"
     ended = rlctl("attach", job_id)
