@@ -896,6 +896,8 @@ class ControllerCore:
         out += self._isolate(suspects)  # first: a unit it does not keep emptying for takes other work below
         barred = self._barred(suspects)
         for it in range(self.floor, self.created):
+            if not self.ledger.queued_count(it):  # (most rounds in flight: all their samples out)
+                continue
             queued = [e for e in self.ledger.in_state(State.QUEUED, iteration=it) if e.prompt_id not in suspects]
             units = [
                 u

@@ -157,6 +157,9 @@ class Ledger:
     # agent → its dispatched samples (entries in state DISPATCHED), kept by every transition: what a unit runs, read
     # without a scan of the ledger (`running`, `inflight`; the migration's look every fraction of a second)
     _running: dict[str, dict[str, Entry]] = field(default_factory=dict, repr=False)
+    # iteration → how many of its samples are queued, kept by every transition: a round with none is passed over
+    # without a scan of its entries (`queued_count`; the controller's dispatch, at every message)
+    _queued: Counter[int] = field(default_factory=Counter, repr=False)
 
     # -- building -----------------------------------------------------------------------------------
     def add_prompt(self, *, iteration: int, prompt_id: str, num_samples: int) -> list[str]:
@@ -172,12 +175,17 @@ class Ledger:
         self.entries[e.sample_id] = e
         self.by_iteration.setdefault(e.iteration, []).append(e)
         self.by_prompt.setdefault(e.prompt_id, []).append(e)
+        if e.state is State.QUEUED:
+            self._queued[e.iteration] += 1
 
     def assign(self, prompt_id: str, *, iteration: int) -> None:
         """Every sample of the prompt now belongs to `iteration` (the buffer its group occupies)."""
         for e in self.by_prompt[prompt_id]:
             if e.iteration != iteration:
                 self.by_iteration[e.iteration].remove(e)
+                if e.state is State.QUEUED:
+                    self._queued[e.iteration] -= 1
+                    self._queued[iteration] += 1
                 e.iteration = iteration
                 self.by_iteration.setdefault(iteration, []).append(e)
 
@@ -193,6 +201,7 @@ class Ledger:
 
     def dispatch(self, sample_id: str, *, agent: str, version: int) -> None:
         e = self._move(sample_id, State.QUEUED, State.DISPATCHED)
+        self._queued[e.iteration] -= 1
         e.agent, e.dispatch_version, e.attempts = agent, version, e.attempts + 1
         e.dispatched_at = self.clock()
         self._running.setdefault(agent, {})[sample_id] = e
@@ -307,6 +316,8 @@ class Ledger:
             assert e.state not in (State.DELIVERED, State.TRAINED), f"{e.sample_id} is with the trainer already"
             self.discarded_tokens += e.output_tokens + self.partials.drop(e.sample_id)
             self._leaves_dispatched(e)
+            if e.state is State.QUEUED:
+                self._queued[e.iteration] -= 1
             e.state = State.QUARANTINED
         self.crashes.pop(prompt_id, None)
         self.quarantined += 1
@@ -319,6 +330,8 @@ class Ledger:
 
     def _reset(self, e: Entry) -> None:
         self._leaves_dispatched(e)
+        if e.state is not State.QUEUED and e.sample_id in self.entries:  # (one not inserted yet: `_insert` counts it)
+            self._queued[e.iteration] += 1
         e.state, e.agent, e.dispatch_version, e.sample_version, e.output_tokens = State.QUEUED, None, None, None, 0
         e.reward = None
         e.dispatched_at = e.finished_at = e.delivered_at = e.trained_at = None
@@ -333,6 +346,10 @@ class Ledger:
 
     def group(self, prompt_id: str) -> list[Entry]:
         return list(self.by_prompt.get(prompt_id, []))
+
+    def queued_count(self, iteration: int) -> int:
+        """How many samples of `iteration` are queued."""
+        return self._queued.get(iteration, 0)
 
     def inflight(self, agent: str) -> int:
         return len(self._running.get(agent, ()))
@@ -388,6 +405,7 @@ class Ledger:
         if any(e.state not in COMPLETE for e in entries):
             raise LedgerError(f"iteration {iteration} still has samples to train: it cannot be retired")
         self.by_iteration.pop(iteration, None)
+        self._queued.pop(iteration, None)
         for e in entries:
             del self.entries[e.sample_id]
             self.partials.drop(e.sample_id)

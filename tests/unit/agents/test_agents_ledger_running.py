@@ -1,5 +1,6 @@
-"""The ledger keeps each agent's dispatched samples (`Ledger.running`) through every transition, so that what a
-unit runs is read without a scan of the ledger; the controller's migration look, which reads every sample in
+"""The ledger keeps each agent's dispatched samples (`Ledger.running`) and each iteration's count of queued ones
+(`Ledger.queued_count`) through every transition, so that what a unit runs, and which rounds have work to dispatch,
+are read without a scan of the ledger; the controller's migration look, which reads every sample in
 flight, runs less often when it costs more (`MIGRATE_COST_SHARE`)."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rlctl.agents.ledger import Ledger, State
 AGENTS = ("rollout-0", "rollout-1", "rollout-2")
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["dispatch", "finish", "requeue_agent", "migrate", "quarantine", "abort", "reload"]),
+        st.sampled_from(["dispatch", "finish", "requeue_agent", "migrate", "quarantine", "abort", "assign", "reload"]),
         st.integers(0, 11),
         st.sampled_from(AGENTS),
     ),
@@ -31,7 +32,7 @@ def brute(led: Ledger, agent: str) -> list[str]:
 
 @settings(max_examples=200, deadline=None)
 @given(OPS)
-def test_each_agents_running_samples_are_those_the_ledger_dispatched_to_it(ops: list[tuple[str, int, str]]) -> None:
+def test_running_and_queued_samples_are_those_the_ledger_holds(ops: list[tuple[str, int, str]]) -> None:
     led = Ledger()
     ids = [sid for p in range(3) for sid in led.add_prompt(iteration=0, prompt_id=f"p{p}", num_samples=4)]
     for op, i, agent in ops:
@@ -50,11 +51,15 @@ def test_each_agents_running_samples_are_those_the_ledger_dispatched_to_it(ops: 
             led.quarantine(e.prompt_id)
         elif op == "abort":
             led.abort_group(e.prompt_id)
+        elif op == "assign":  # the group occupies a buffer of another iteration
+            led.assign(e.prompt_id, iteration=i % 3)
         elif op == "reload":  # a resume: everything untrained queued again
             led = Ledger.from_json(led.to_json())
         for a in AGENTS:
             assert sorted(x.sample_id for x in led.running(a)) == brute(led, a), (op, a)
             assert led.inflight(a) == len(brute(led, a))
+        for it in range(3):
+            assert led.queued_count(it) == len(led.in_state(State.QUEUED, iteration=it)), (op, it)
     assert sorted(e.sample_id for e in led.all_running()) == sorted(s for a in AGENTS for s in brute(led, a))
 
 
