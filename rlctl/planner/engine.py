@@ -122,7 +122,7 @@ class EngineRun:
         prefill_s, admit_fixed_s = engine.prefill_s, engine.admit_fixed_s
         compact_fraction = engine.compact_fraction
         lazy = compact_fraction is not None
-        release, lengths, size, finish = self.release, self.lengths, self.size, self.finish
+        release, size, finish = self.release, self.size, self.finish
         nxt, running, bars, waiting, heap = self.nxt, self.running, self.bars, self.waiting, self.heap
         barred = any(bars)
         if not self.started:
@@ -151,23 +151,7 @@ class EngineRun:
         while True:
             if target is not None and nxt[target] == size[target] and not running[target]:
                 break
-            admitted = 0
-            if admissible():
-                f = floor()
-                for g in list(waiting):
-                    if (f is not None and g > f) or len(heap) >= cap:
-                        break
-                    if release[g] > t + EPS_S:
-                        continue
-                    ls, k = lengths[g], nxt[g]
-                    take = min(size[g] - k, cap - len(heap))
-                    for i in range(k, k + take):
-                        heapq.heappush(heap, (step + ls[i], g, i))
-                    running[g] += take
-                    nxt[g] = k + take
-                    admitted += take
-                    if nxt[g] == size[g]:
-                        waiting.remove(g)
+            admitted = self._admit(t, step, floor()) if admissible() else 0
             if admitted:
                 t += admit_fixed_s + admitted * prefill_s
             if not heap:
@@ -210,6 +194,28 @@ class EngineRun:
         self.t, self.step, self.rows = t, step, rows
         return finish[target] if target is not None else []
 
+    def _admit(self, t: float, step: int, floor: int | None) -> int:
+        """Admit the released requests of the waiting groups, oldest first, into the free rows at `step` (time `t`),
+        none of a group past `floor` (the group whose running requests hold later ones back); how many."""
+        release, lengths, size, nxt, running = self.release, self.lengths, self.size, self.nxt, self.running
+        heap, cap, waiting = self.heap, self.cap, self.waiting
+        admitted = 0
+        for g in list(waiting):
+            if (floor is not None and g > floor) or len(heap) >= cap:
+                break
+            if release[g] > t + EPS_S:
+                continue
+            ls, k = lengths[g], nxt[g]
+            take = min(size[g] - k, cap - len(heap))
+            for i in range(k, k + take):
+                heapq.heappush(heap, (step + ls[i], g, i))
+            running[g] += take
+            nxt[g] = k + take
+            admitted += take
+            if nxt[g] == size[g]:
+                waiting.remove(g)
+        return admitted
+
     def _run_plain(self, target: int | None) -> list[float]:
         """`run_until` without lazy compaction or a group barrier (vLLM's engine): the same loop with what those
         add left out (no barrier: any released request may be admitted; no compaction: rows = running)."""
@@ -234,20 +240,8 @@ class EngineRun:
                     nxt[g] = k + free
                     admitted = free
                     free = 0
-                for g in list(waiting) if free else ():
-                    if len(heap) >= cap:
-                        break
-                    if release[g] > t + EPS_S:
-                        continue
-                    ls, k = lengths[g], nxt[g]
-                    take = min(size[g] - k, cap - len(heap))
-                    for i in range(k, k + take):
-                        push(heap, (step + ls[i], g, i))
-                    running[g] += take
-                    nxt[g] = k + take
-                    admitted += take
-                    if nxt[g] == size[g]:
-                        waiting.remove(g)
+                if free:
+                    admitted += self._admit(t, step, None)
             if admitted:
                 t += admit_fixed_s + admitted * prefill_s
             if len(heap) == cap and waiting and release[waiting[0]] <= t + EPS_S:
