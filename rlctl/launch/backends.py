@@ -35,10 +35,13 @@ def write_sites(job_dir: Path, sites: dict[str, Site]) -> None:
     (job_dir / SITES_FILE).write_text(json.dumps(data, indent=2) + "\n")
 
 
-def read_sites(job_dir: Path) -> dict[str, Site]:
-    """What `write_sites` wrote ({} before it did); LaunchError naming the file and entry when it is not that."""
+def read_sites(job_dir: Path, *, required: bool = False) -> dict[str, Site]:
+    """What `write_sites` wrote ({} before it did; `required`: a job whose sites are needed, LaunchError naming the
+    missing file, `sites_missing`); LaunchError naming the file and entry when it is not that."""
     p = job_dir / SITES_FILE
     if not p.exists():
+        if required:
+            raise sites_missing(job_dir)
         return {}
     data = json_file(p)
     if not isinstance(data, list):

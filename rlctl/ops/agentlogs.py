@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlctl.errors import LaunchError, RlctlError
-from rlctl.launch.backends import SITES_FILE, Backends, read_sites, sites_missing
+from rlctl.launch.backends import Backends, read_sites
 from rlctl.launch.base import AgentHandle
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
@@ -66,9 +66,7 @@ def locate(job_dir: Path, handles: dict[str, AgentHandle], name: str, *, views: 
         return AgentLog(name, LocalFiles(), str(path), h)
     if h is None or h.spec.log_path is None:
         return None
-    if not (job_dir / SITES_FILE).exists():  # not "no log": where its site is was deleted
-        raise sites_missing(job_dir)
-    site = read_sites(job_dir).get(h.spec.site)
+    site = read_sites(job_dir, required=True).get(h.spec.site)  # gone: not "no log", where its site is was deleted
     if site is None:
         return None
     host = agent_view(site, h.ident.get("host"))
