@@ -244,6 +244,15 @@ def _ask_stop(agent: TrainerAgent, *, once_complete: int) -> dict:
     conn.send(make("hello", Hello(role="client", name="stop")))
     answer = conn.request(Message("shutdown", {}), timeout_s=10).header
     conn.close()
+
+    # the controller sent the trainer its stop before it answered, but the trainer's link thread may not have queued
+    # it yet (seen in CI under load): the step this hook runs in ends once it is there, as a stop in time would be
+    def queued() -> list[Message | None]:
+        with agent.inbox.mutex:
+            return list(agent.inbox.queue)
+
+    while time.monotonic() < deadline and not any(m is not None and m.kind == "stop" for m in queued()):
+        time.sleep(0.01)
     return dict(answer)
 
 
