@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         from rlctl.planner.view import plan_plot, plan_table, plot_path
 
         png = plot_path(plot) if plot is not None else None  # a path it cannot write: refused before planning
-        j = load_job(job)
+        j = load_job(job, profile_must_exist=profile is None)  # --profile prices it: the job's may be unwritten
         prof, prof_file = job_profile(j, profile)
         result = make_plan(j, prof, profile_file=prof_file)
         if png is not None:

@@ -133,7 +133,9 @@ def register(app: typer.Typer) -> None:
             given = [o for o, v in (("--cluster", cluster), ("--model", model), ("--algorithm", algorithm)) if v]
             if given:
                 raise UsageError(f"--job gives the model, algorithm and sites; drop {', '.join(given)}")
-            req = request_from_job(load_job(job), sites=site, engines=engines, trainer_backend=backend)
+            req = request_from_job(
+                load_job(job, profile_must_exist=False), sites=site, engines=engines, trainer_backend=backend
+            )
         else:
             if not cluster or model is None:
                 raise UsageError("give --cluster and --model, or --job")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -756,7 +757,10 @@ class Job:
         return self.spec.name
 
 
-def load_job(path: Path) -> Job:
+def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
+    """The job file at `path`, validated, with the inventories it names; its paths resolved against it.
+    `profile_must_exist=False`: a `planning.profile` not written yet is resolved but not refused (`rlctl profile` is
+    what writes it, and `rlctl plan --profile` prices the job with another)."""
     data = read_yaml(path)
     check_header(path, data, "Job")
     spec = validate(path, data, JobFile)
@@ -784,13 +788,13 @@ def load_job(path: Path) -> Job:
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(model_dir)})})
     if (profile := spec.planning.profile) is not None:  # resolved against the job file, as model.path
         where = Path(os.path.normpath(path.absolute().parent / os.path.expanduser(profile)))
-        if not where.is_file():
+        if profile_must_exist and not where.is_file():
             why = "not a file" if where.exists() else "no such file"
             raise ConfigError(
                 str(path),
                 "planning.profile",
                 f"{why} {str(where)!r} (paths are relative to the job file)",
-                hint="write one with `rlctl profile --job JOB.yaml -o PROFILE.yaml`",
+                hint=f"write it with `rlctl profile --job {shlex.quote(str(path))} -o {shlex.quote(str(where))}`",
             )
         spec = spec.model_copy(update={"planning": spec.planning.model_copy(update={"profile": str(where)})})
     roles = [("placement.trainer", spec.placement.trainer)] + [

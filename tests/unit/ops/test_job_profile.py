@@ -58,6 +58,23 @@ def test_a_profile_the_job_names_that_is_not_there_is_one_line(cli: Cli, tmp_pat
         ), r.stderr
 
 
+def test_the_profile_a_job_names_is_written_by_the_command_its_refusal_names(cli: Cli, tmp_path: Path) -> None:
+    """A job naming a profile not written yet: `rlctl profile --job` (the hint's command) writes it, and `rlctl plan
+    --profile` prices the job with another file meanwhile. Both refused it: the job's missing profile was checked
+    before they could read the job."""
+    job = _job(tmp_path, "job.yaml", planning={"profile": "p.yaml"})
+    refused = cli("plan", str(job))
+    hint = f"(hint: write it with `rlctl profile --job {job} -o {tmp_path / 'p.yaml'}`)"
+    assert refused.exit_code == 2 and refused.stderr.rstrip().endswith(hint), refused.stderr
+    other = tmp_path / "other.yaml"
+    assert cli("profile", "--job", str(_job(tmp_path, "plain.yaml")), "-o", str(other)).exit_code == 0
+    r = cli("plan", str(job), "--profile", str(other))
+    assert r.exit_code == 0, r.stderr
+    made = cli("profile", "--job", str(job), "-o", str(tmp_path / "p.yaml"))
+    assert made.exit_code == 0 and (tmp_path / "p.yaml").is_file(), made.stderr
+    assert cli("plan", str(job)).stdout == r.stdout  # the same analytical profile, written twice
+
+
 def test_a_profile_of_another_model_is_refused_even_with_explicit_counts(cli: Cli, tmp_path: Path) -> None:
     """With every GPU count fixed the planner is advisory, and a profile that cannot price the job was a warning
     line in `launch` and nothing in `check`; it still prices the plan's predictions and migration costs."""
