@@ -156,6 +156,26 @@ class JobDB:
                 return job_id
         raise RlctlError(f"{self.path}: no free id for a job in {job_dir}")  # three SHA-256 prefixes taken
 
+    def reserve(self, job_dir: Path, *, spec: dict[str, Any], info: dict[str, Any]) -> str:
+        """`id_for` a fresh launch into `job_dir`, with its row put (`launching`, `info`) in the same transaction: two
+        launches at once into /a/run and /b/run each take an id the other does not (reading the rows and putting
+        one apart, both took `run`)."""
+        now = time.time()
+        self._conn.execute("BEGIN IMMEDIATE")  # the index's writers wait here (`timeout`) until this one commits
+        try:
+            job_id = self.id_for(job_dir)
+            self._conn.execute(
+                "INSERT INTO jobs VALUES (?, ?, 'launching', NULL, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+                "job_dir=excluded.job_dir, state=excluded.state, controller=NULL, spec=excluded.spec, "
+                "info=excluded.info, updated_s=excluded.updated_s",
+                (job_id, str(job_dir), json.dumps(spec), json.dumps({"launched_s": now, **info}), now, now),
+            )
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+        return job_id
+
     def latest(self) -> JobRow | None:
         """The job launched last (`JobRow.launched_s`: a resume is a launch), which a command whose JOB is omitted
         means; not the row updated last, which another job's launcher or an operator's stop moves."""

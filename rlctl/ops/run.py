@@ -1046,10 +1046,13 @@ def client_hello(name: str) -> dict[str, Any]:
 
 def launch_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> JobDir:
     """A fresh launch's job directory, created, with its id (`JobDB.id_for`: its name, unless another job of the index
-    has that name); one that already holds a job (or is a file) is refused (`fresh_dir`), nothing written."""
+    has that name) and its row in the index, `launching` (`JobDB.reserve`); one that already holds a job (or is a
+    file) is refused (`fresh_dir`), nothing written."""
     jd = JobDir.create(spec.name, explicit=fresh_dir(job, spec, job_dir))
     with contextlib.closing(JobDB()) as db:
-        jd.name_as(db.id_for(jd.path))
+        jd.name_as(
+            db.reserve(jd.path, spec=spec.model_dump(mode="json", by_alias=True), info={"launcher": this_launcher()})
+        )
     return jd
 
 

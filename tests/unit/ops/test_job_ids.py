@@ -13,6 +13,7 @@ from rlctl.config import load_job
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import site_root
 from rlctl.ops.counts import resolve_job
+from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobdb import JobDB
 from rlctl.ops.jobref import resolve
 from rlctl.ops.run import launch_dir
@@ -51,6 +52,26 @@ def test_a_launch_into_another_directory_of_the_same_name_gets_its_own_id(
     assert launch_dir(job, spec, tmp_path / "b2" / "run").id not in ("run", b.id)  # one per directory
     shutil.rmtree(a.path)  # a row whose directory is gone is taken over, as before
     assert launch_dir(job, spec, tmp_path / "c" / "run").id == "run"
+
+
+def test_launches_at_once_into_directories_of_the_same_name_take_two_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two launchers that each chose their id before either had put its row (`rlctl launch` twice at the same
+    instant) both chose `run`: the row was put later, once preparing began. The id and its `launching` row are one
+    transaction now, and the row names its launcher, so that a launcher gone before it prepared is seen as gone."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    job = load_job(DEMO)
+    spec = resolve_job(job, iterations=None, mode=None)
+    a, b = (launch_dir(job, spec, tmp_path / d / "run") for d in ("a", "b"))
+    assert a.id == "run" != b.id, (a.id, b.id)
+    with closing(JobDB()) as db:
+        rows = {r.name: r for r in db.list()}
+    assert {n: (r.job_dir, r.state) for n, r in rows.items()} == {
+        "run": (str(a.path), "launching"),
+        b.id: (str(b.path), "launching"),
+    }
+    assert rows["run"].info["launcher"] == this_launcher() and rows["run"].spec["name"] == spec.name
 
 
 def test_the_directory_name_needs_no_record(tmp_path: Path) -> None:
