@@ -28,7 +28,7 @@ from rlctl import procfs
 from rlctl.checkpoint.choose import LATEST_POINTER, checkpoint_versions, manifest_name, parse_latest
 from rlctl.checkpoint.files import ABANDONED, file_digest
 from rlctl.errors import LaunchError, RlctlError, UsageError
-from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, read_sites
+from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, read_sites
 from rlctl.launch.jobdir import JobDir, say_once
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote
 from rlctl.launch.stage import (
@@ -63,8 +63,14 @@ def _trainer_view(job_dir: Path) -> tuple[str, HostFiles, str]:
         raise UsageError(f"{job_dir}: the job was never launched (no plan.json): nothing to pull")
     site_name = plan_site(job_dir, plan, "trainer", "site")
     site = read_sites(job_dir, required=True).get(site_name)  # gone: not "never staged", its record of the sites
+    if site is None:
+        raise LaunchError(
+            f"{job_dir / SITES_FILE}: no site {site_name!r}, the trainer's in plan.json (the launch's record of the "
+            "job's sites is damaged)",
+            hint="put it back from a copy of the job dir",
+        )
     staged = read_staged(job_dir)
-    if site is None or site_name not in staged:
+    if site_name not in staged:
         raise UsageError(f"{job_dir}: the job was never staged to its trainer site {site_name!r}: nothing to pull")
     agents = job_dir / AGENTS_FILE
     skipped: list[str] = []  # a line cut short by a full disk stays in the file for good: read past it, said once

@@ -303,3 +303,9 @@ def test_pull_and_status_of_a_job_without_its_sites_json_name_the_missing_file(
     for args in (["pull", str(jd.path)], ["status", str(jd.path)], ["logs", str(jd.path), "trainer/0"]):
         r = run_cli(*args)
         assert r.exit_code == 1 and r.stderr == said, (args, r.stderr)
+    (jd.path / "sites.json").write_text("[]\n")  # there, without the trainer's site: it was "never staged" too
+    r = run_cli("pull", str(jd.path))
+    assert r.exit_code == 1 and r.stderr == (
+        f"rlctl: error: {jd.path}/sites.json: no site 'local', the trainer's in plan.json (the launch's record of the "
+        "job's sites is damaged) (hint: put it back from a copy of the job dir)\n"
+    ), r.stderr
