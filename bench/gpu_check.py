@@ -8,7 +8,7 @@
                          cosine of the two weight updates, worst tensor
     engine_tok_s         decode tokens/s of the embedded engine by batch ({"64": …, "256": …}; CUDA graphs on a GPU)
     hf_generate_tok_s    transformers' `generate` on the same checkpoint, device and batches (same run)
-    engine_over_hf       the ratio, by batch (goal ≥ 5 at batch 64 on an H100)
+    engine_over_hf       the ratio, by batch (goal ≥ 5 at batch 64 on an H100 or H200)
     engine_step_ops      the operators (≈ kernels) one eager decode step dispatches at the first batch: with q/k/v and
                          gate/up fused (what the engine runs) and separate, in all and per layer, and the commonest;
                          the engine's tok/s with them separate, and fused ÷ separate
@@ -454,11 +454,16 @@ def _hf_generate_tok_s(model_dir: Path, device: str, size: dict[str, Any]) -> di
     return out
 
 
+def catalog_gpu(device_name: str) -> str:
+    """The catalog's name for a CUDA device (`torch.cuda.get_device_name`: "NVIDIA H200", "NVIDIA H100 80GB HBM3"),
+    H100 for one the catalog lacks: the bandwidth floor, the MFU's peak and the launched job's inventory follow it."""
+    return next((k for k in CATALOG if k != "CPU" and re.search(rf"\b{k}\b", device_name)), "H100")
+
+
 def _floor(weight_bytes: float, engine: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     """The step time of reading the weights once at the GPU's memory bandwidth (its catalog entry), against each
     batch's measured step."""
-    name = torch.cuda.get_device_name(0)
-    spec = next((g for k, g in CATALOG.items() if re.search(rf"\b{k}\b", name)), CATALOG["H100"])
+    spec = CATALOG[catalog_gpu(torch.cuda.get_device_name(0))]
     floor_ms = 1e3 * weight_bytes / (spec.hbm_tb_per_s * 1e12)
     return {
         b: {"floor_ms": round(floor_ms, 3), "fraction": round(floor_ms / r["step_ms"], 4)} for b, r in engine.items()
@@ -524,7 +529,7 @@ def _train(model_dir: Path, device: str, *, samples: int, params: float, cuda: b
         by_micro[str(micro)] = train_steps(learner, _samples(samples // 4, backend.model.config.vocab_size), device)
         del backend, learner
     best = max(by_micro.values())
-    peak = CATALOG["H100"].flops if cuda else None
+    peak = CATALOG[catalog_gpu(torch.cuda.get_device_name(0))].flops if cuda else None
     return {
         "train_tok_s": best,
         "train_tok_s_by_micro_batch": by_micro,
@@ -627,7 +632,7 @@ def _wait_held(pub: Any, version: int) -> None:
 def _launch(root: Path, *, device: str, quick: bool, artifacts: Path | None = None) -> dict[str, Any]:
     """`rlctl launch` on the local site: one trainer rank and two rollout units, all on device 0 when it is a GPU.
     The agents' logs go to `artifacts`/launch-logs.txt when given."""
-    gpu = "H100" if device == "cuda" else "CPU"
+    gpu = catalog_gpu(torch.cuda.get_device_name(0)) if device == "cuda" else "CPU"
     node: dict[str, Any] = {"host": "localhost", "gpus": 3}
     if device == "cuda":
         node["devices"] = [0, 0, 0]  # processes may share the device; the one trainer rank has it for NCCL alone

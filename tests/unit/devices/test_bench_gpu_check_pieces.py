@@ -66,3 +66,14 @@ def test_a_cpu_bench_keeps_its_headline_figures(monkeypatch) -> None:  # type: i
     got = gc._cpu_bench("staleness", quick=True)
     assert calls == [True] and "seeds" not in got and "wall_s" not in got
     assert got["eta4_over_eta1"] == 1.3 and got["configs"] == {"eta1": {"samples_per_s": 2.0, "all_idle": 0.1}}
+
+
+def test_the_check_names_the_device_by_its_catalog_entry() -> None:
+    """The lent machine is an H200 now: its bandwidth floor, MFU peak and the launched job's inventory were an
+    H100's whatever the device (80 GB planned on a 141 GB card)."""
+    from bench.gpu_check import catalog_gpu
+
+    assert catalog_gpu("NVIDIA H200") == "H200"
+    assert catalog_gpu("NVIDIA H100 80GB HBM3") == "H100"
+    assert catalog_gpu("NVIDIA A100-SXM4-80GB") == "A100"
+    assert catalog_gpu("NVIDIA GeForce RTX 4090") == "H100"  # not in the catalog: priced as the reference part
