@@ -37,6 +37,8 @@ def register(app: typer.Typer) -> None:
         j = load_job(job, profile_must_exist=profile is None)  # --profile prices it: the job's may be unwritten
         prof, prof_file = job_profile(j, profile)
         result = make_plan(j, prof, profile_file=prof_file)
+        if prof is not None:  # which file priced it (--profile, else the job's planning.profile)
+            result["profile_file"] = prof_file
         if png is not None:
             plan_plot(result, png)
             sys.stderr.write(f"wrote {png}\n")

@@ -39,7 +39,7 @@ def plan_table(p: dict[str, Any]) -> str:
             rows,
             ["site", "role", "gpu", "gpus used/avail", "config", "instances", "stage s"],
             f"Allocation of {p['job']} ({p['model']}, rule {p.get('rule_applied', p['rule'])}, "
-            f"profile {p['profile_source']})",
+            f"profile {p['profile_source']}{', ' + p['profile_file'] if p.get('profile_file') else ''})",
         )
     ]
     alt = [

@@ -70,9 +70,12 @@ def test_the_profile_a_job_names_is_written_by_the_command_its_refusal_names(cli
     assert cli("profile", "--job", str(_job(tmp_path, "plain.yaml")), "-o", str(other)).exit_code == 0
     r = cli("plan", str(job), "--profile", str(other))
     assert r.exit_code == 0, r.stderr
+    assert f"profile analytical, {other})" in r.stdout.splitlines()[0]  # the file that priced it, named
     made = cli("profile", "--job", str(job), "-o", str(tmp_path / "p.yaml"))
     assert made.exit_code == 0 and (tmp_path / "p.yaml").is_file(), made.stderr
-    assert cli("plan", str(job)).stdout == r.stdout  # the same analytical profile, written twice
+    assert cli("plan", str(job)).stdout == r.stdout.replace(str(other), str(tmp_path / "p.yaml"))  # the same, twice
+    assert json.loads(cli("plan", str(job), "-o", "json").stdout)["profile_file"] == str(tmp_path / "p.yaml")
+    assert "profile_file" not in json.loads(cli("plan", str(_job(tmp_path, "plain.yaml")), "-o", "json").stdout)
 
 
 def test_a_profile_of_another_model_is_refused_even_with_explicit_counts(cli: Cli, tmp_path: Path) -> None:
