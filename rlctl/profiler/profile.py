@@ -198,7 +198,8 @@ def save_profile(profile: ProfileFile, path: Path) -> None:
         "kind": "Profile",
         **{k: v for k, v in data.items() if k not in ("apiVersion", "kind")},
     }
-    try:
+    try:  # its folder too: a job's planning.profile names a file in one not made yet (`profiles/h800.yaml`)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=160), encoding="utf-8")
     except OSError as e:
         raise ConfigError(str(path), None, f"cannot write profile: {e}") from e

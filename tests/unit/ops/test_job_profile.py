@@ -78,6 +78,17 @@ def test_the_profile_a_job_names_is_written_by_the_command_its_refusal_names(cli
     assert "profile_file" not in json.loads(cli("plan", str(_job(tmp_path, "plain.yaml")), "-o", "json").stdout)
 
 
+def test_the_hint_of_a_profile_in_a_folder_not_made_yet_writes_it(cli: Cli, tmp_path: Path) -> None:
+    """The refusal's command, run as it says, wrote nothing: "cannot write profile: No such file or directory" (for
+    `--source measured`, once every site was measured)."""
+    job = _job(tmp_path, "job.yaml", planning={"profile": "profiles/p.yaml"})
+    where = tmp_path / "profiles" / "p.yaml"
+    assert cli("plan", str(job)).stderr.rstrip().endswith(f"`rlctl profile --job {job} -o {where}`)")
+    made = cli("profile", "--job", str(job), "-o", str(where))
+    assert made.exit_code == 0 and where.is_file(), made.stderr
+    assert cli("plan", str(job)).exit_code == 0
+
+
 def test_a_profile_of_another_model_is_refused_even_with_explicit_counts(cli: Cli, tmp_path: Path) -> None:
     """With every GPU count fixed the planner is advisory, and a profile that cannot price the job was a warning
     line in `launch` and nothing in `check`; it still prices the plan's predictions and migration costs."""
