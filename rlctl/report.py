@@ -202,7 +202,10 @@ EVALUATION_FIGURES = ("greedy_reward", "greedy_exact", "prompts", "seconds")
 
 
 def _evaluation_lacks(e: dict[str, Any]) -> str | None:
-    return _lacks(e, numbers=("version",), optional=EVALUATION_FIGURES)
+    problem = _lacks(e, numbers=("version",), optional=EVALUATION_FIGURES)
+    if problem is None and not isinstance(e.get("versions", []), list):  # the table joins them: "6–7"
+        return f"'versions' is {e['versions']!r}, not a list"
+    return problem
 
 
 def _event_lacks(e: dict[str, Any]) -> str | None:

@@ -218,6 +218,7 @@ def test_a_line_that_is_json_but_no_object_names_file_and_line(tmp_path: Path) -
             lambda rows: rows[0].update(greedy_reward="x"),
             "line 1: 'greedy_reward' is 'x', not a number",
         ),
+        ("evaluations.jsonl", lambda rows: rows[0].update(versions=3), "line 1: 'versions' is 3, not a list"),
     ],
 )
 def test_a_row_without_a_field_the_report_reads_names_file_line_and_field(
