@@ -180,6 +180,8 @@ def _lacks(
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"{name!r} is {value!r}, not a number"
+        if name in numbers and not math.isfinite(value):  # counted with, or made an int (a version, an iteration)
+            return f"{name!r} is {value!r}, not a finite number"
     return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,17 @@ def test_a_line_that_is_json_but_no_object_names_file_and_line(tmp_path: Path) -
             "line 1: 'greedy_reward' is 'x', not a number",
         ),
         ("evaluations.jsonl", lambda rows: rows[0].update(versions=3), "line 1: 'versions' is 3, not a list"),
+        # JSON's NaN parses: an int() of it was a ValueError traceback
+        (
+            "evaluations.jsonl",
+            lambda rows: rows[1].update(version=math.nan),
+            "line 2: 'version' is nan, not a finite number",
+        ),
+        (
+            "metrics.jsonl",
+            lambda rows: rows[0].update(period_s=math.inf),
+            "line 1: 'period_s' is inf, not a finite number",
+        ),
     ],
 )
 def test_a_row_without_a_field_the_report_reads_names_file_line_and_field(
