@@ -87,8 +87,8 @@ class JobDir:
             return self.path.name
 
     def name_as(self, job_id: str) -> None:
-        """Record `job_id` as the job's id (a fresh launch's, before the index row exists); the directory's name
-        needs no record."""
+        """Record `job_id` as the job's id (a fresh launch's, before its index row is committed: `JobDB.reserve`);
+        the directory's name needs no record."""
         path = self.path / ID_FILE
         if job_id == self.path.name:
             path.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,10 +157,13 @@ class JobDB:
                 return job_id
         raise RlctlError(f"{self.path}: no free id for a job in {job_dir}")  # three SHA-256 prefixes taken
 
-    def reserve(self, job_dir: Path, *, spec: dict[str, Any], info: dict[str, Any]) -> str:
+    def reserve(
+        self, job_dir: Path, *, spec: dict[str, Any], info: dict[str, Any], record: Callable[[str], None]
+    ) -> str:
         """`id_for` a fresh launch into `job_dir`, with its row put (`launching`, `info`) in the same transaction: two
         launches at once into /a/run and /b/run each take an id the other does not (reading the rows and putting
-        one apart, both took `run`)."""
+        one apart, both took `run`). `record(id)` writes the id into the job dir before the row is committed: a
+        launcher gone in between leaves no row whose directory names itself otherwise."""
         now = time.time()
         self._conn.execute("BEGIN IMMEDIATE")  # the index's writers wait here (`timeout`) until this one commits
         try:
@@ -170,6 +174,7 @@ class JobDB:
                 "info=excluded.info, updated_s=excluded.updated_s",
                 (job_id, str(job_dir), json.dumps(spec), json.dumps({"launched_s": now, **info}), now, now),
             )
+            record(job_id)
         except BaseException:
             self._conn.execute("ROLLBACK")
             raise

@@ -1050,8 +1050,11 @@ def launch_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> JobDir:
     file) is refused (`fresh_dir`), nothing written."""
     jd = JobDir.create(spec.name, explicit=fresh_dir(job, spec, job_dir))
     with contextlib.closing(JobDB()) as db:
-        jd.name_as(
-            db.reserve(jd.path, spec=spec.model_dump(mode="json", by_alias=True), info={"launcher": this_launcher()})
+        db.reserve(
+            jd.path,
+            spec=spec.model_dump(mode="json", by_alias=True),
+            info={"launcher": this_launcher()},
+            record=jd.name_as,
         )
     return jd
 

@@ -72,6 +72,15 @@ def test_launches_at_once_into_directories_of_the_same_name_take_two_ids(
         b.id: (str(b.path), "launching"),
     }
     assert rows["run"].info["launcher"] == this_launcher() and rows["run"].spec["name"] == spec.name
+    assert JobDir(b.path).id == b.id  # written before the row was committed
+
+    def cannot_write(job_id: str) -> None:
+        raise OSError("read-only file system")
+
+    with closing(JobDB()) as db, pytest.raises(OSError):  # the id not recorded in its dir: no row either
+        db.reserve(tmp_path / "c" / "run", spec={}, info={}, record=cannot_write)
+    with closing(JobDB()) as db:
+        assert len(db.list()) == 2
 
 
 def test_the_directory_name_needs_no_record(tmp_path: Path) -> None:
