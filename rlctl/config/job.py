@@ -774,6 +774,12 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
             ) from e
         except OSError as e:  # e.g. a directory on the way this user may not enter
             raise ConfigError(str(path), f"inventory[{i}]", f"cannot read {str(p)!r}: {e.strerror or e}") from e
+        if p.is_dir():  # read_yaml would name the directory alone ('' is the job file's own: 'jobs: is a directory')
+            raise ConfigError(
+                str(path),
+                f"inventory[{i}]",
+                f"{str(p)!r} is a directory; give an inventory file (relative to the job file)",
+            )
     inventory = load_inventory(inv_paths)
     if isinstance(spec.model, HfModel):  # resolve against the job file, check it once, here
         from rlctl.models.hf import check_hf_dir

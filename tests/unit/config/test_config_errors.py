@@ -198,6 +198,20 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    Case(  # it said "<tmp>: is a directory, expected a YAML file", naming neither the job file nor its field
+        "job: inventory entry empty",
+        JOB.replace("[inv.yaml]", '[""]'),
+        "job.yaml: inventory[0]: ",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: inventory entry a directory",
+        JOB.replace("[inv.yaml]", "[inv.yaml, .]"),
+        "inventory[1]: ",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     Case(
         "SLURM ssh settings without a submit host",
         OTHER_INV.replace("partition: p}", "partition: p, ssh_user: rl, ssh_port: 2222}"),
