@@ -212,6 +212,13 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    Case(  # it said "inv.yaml: sites.h20: duplicate site name; already defined in inv.yaml"
+        "job: an inventory file twice",
+        JOB.replace("[inv.yaml]", "[inv.yaml, ./inv.yaml]"),
+        "job.yaml: inventory[1]: ",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     Case(
         "SLURM ssh settings without a submit host",
         OTHER_INV.replace("partition: p}", "partition: p, ssh_user: rl, ssh_port: 2222}"),
