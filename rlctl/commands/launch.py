@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rlctl.errors import ConfigError, RlctlError, UsageError
+from rlctl.errors import ConfigError, LaunchError, RlctlError, UsageError
 from rlctl.ops import detach
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 from rlctl.textutil import duration
@@ -294,7 +294,7 @@ def register(app: typer.Typer) -> None:
         from rlctl.launch.jobdir import JobDir
         from rlctl.ops.counts import plan_counts, resolve_job
         from rlctl.ops.jobdb import JobDB
-        from rlctl.ops.preflight import preflight, problems
+        from rlctl.ops.preflight import preflight, problems, refuse
         from rlctl.ops.run import JobRun, fresh_dir, launch_dir, prepare
 
         if resume is not None:
@@ -326,6 +326,9 @@ def register(app: typer.Typer) -> None:
             dry = JobRun(JobDir(path, job_id=job_id), spec, plan, sites=sites)
             try:
                 rows = dry.render(master_port=DRY_RUN_MASTER_PORT)
+            except LaunchError:  # agents the sites cannot hold (check names why): no scripts to show; exit 2
+                refuse(str(job.path), refused)
+                raise
             finally:
                 dry.backends.close()
             staging = dry.staging_plan()

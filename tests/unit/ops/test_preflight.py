@@ -807,6 +807,19 @@ def test_dry_run_lists_the_refusals_and_still_renders(tmp_path: Path) -> None:
     assert res.stdout.startswith("# 4 agents;") and not res.stderr and not (tmp_path / "run").exists()
 
 
+def test_dry_run_of_agents_the_sites_cannot_hold_is_what_check_refuses(tmp_path: Path) -> None:
+    """Units of tp 4 beside the trainer on the 4 slots of site local: no layout, so no scripts to show; the dry run
+    says what check does, exit 2 (it ended with the layout's error, exit 1, naming no file)."""
+    job = load(tmp_path, rollout={"tensor_parallel": 4})
+    check = run_cli("check", str(job.path))
+    dry = run_cli("launch", str(job.path), "--dry-run", "--job-dir", str(tmp_path / "run"))
+    assert (dry.exit_code, check.exit_code) == (2, 2), dry.stderr
+    lines = [line for line in dry.stderr.splitlines() if line.startswith("rlctl: error: ")]
+    assert lines == [line for line in check.stderr.splitlines() if line.startswith("rlctl: error: ")]
+    assert any(line.startswith(f"rlctl: error: {job.path}: placement: site local: ") for line in lines), lines
+    assert "Traceback" not in dry.stderr and not (tmp_path / "run").exists()
+
+
 # -- 6. checkpoint writers on SSH hosts that share no work root ----------------------------------------
 def ssh_trainer_job(
     tmp_path: Path, *, gpus: int, trainer: dict[str, Any], shared: bool = False, host_slots: int = 2
