@@ -114,11 +114,12 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     for i, r in enumerate(spec.placement.rollout):  # a unit holds tp GPUs: a count's remainder would sit idle
         if r.gpus != "auto" and spec.rollout.tensor_parallel is not None and int(r.gpus) % tp:
             gpus, left = int(r.gpus), int(r.gpus) % tp
+            use = " or ".join(str(n) for n in (gpus - left, gpus - left + tp) if n > 0)  # 0 GPUs is no count
             out.append(
                 Problem(
                     f"placement.rollout[{i}].gpus",
                     f"{gpus} is not a multiple of rollout.tensor_parallel {tp}: {gpus // tp} unit(s) and {left} GPU(s) "
-                    f"idle; use {gpus - left}" + (f" or {gpus - left + tp}" if gpus > left else ""),
+                    f"idle; use {use}",
                 )
             )
     if spec.rollout.engine == "embedded" and tp > 1:

@@ -155,6 +155,11 @@ def test_a_fixed_rollout_count_its_units_leave_gpus_of_is_refused_or_said(tmp_pa
     job.path.write_text(yaml.safe_dump(data))
     (p,) = refused(load_job(job.path), "placement.rollout[0].gpus")
     assert p.message == "30 is not a multiple of rollout.tensor_parallel 4: 7 unit(s) and 2 GPU(s) idle; use 28 or 32"
+    data["placement"]["rollout"][0]["gpus"] = 2  # fewer than one unit's: the one count that divides is tp's own
+    job.path.write_text(yaml.safe_dump(data))
+    (p,) = refused(load_job(job.path), "placement.rollout[0].gpus")
+    assert p.message == "2 is not a multiple of rollout.tensor_parallel 4: 0 unit(s) and 2 GPU(s) idle; use 4"
+    data["placement"]["rollout"][0]["gpus"] = 30
     del data["rollout"]["tensor_parallel"]
     job.path.write_text(yaml.safe_dump(data))
     plan = make_plan(load_job(job.path), options=PlanOptions(curves_in_output=False))
