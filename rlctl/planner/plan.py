@@ -516,8 +516,9 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
         budgets[t_site] = n_train = n_shared
     gcurves: dict[str, GenCurve] = {}
     for s in r_sites:
+        r_prof = _for_engine(prof.sites[s], spec.rollout.engine, name=s, profile_file=profile_file)
         gcurves[s] = gen_curve(
-            _for_engine(prof.sites[s], spec.rollout.engine, name=s, profile_file=profile_file),
+            r_prof,
             plan_lengths,
             prompt_tokens=lm.prompt_tokens,
             engine_max_batch=spec.rollout.max_batch_size,
@@ -525,6 +526,14 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
             tp=spec.rollout.tensor_parallel,
             host_gpus=_rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=order_tp),
         )
+        tps = sorted({e.tp for e in r_prof.generation if e.tp <= max(budgets[s], 1)})
+        if not gcurves[s].costs and tps and (tp := spec.rollout.tensor_parallel) is not None:  # it fits, at other tps
+            raise ConfigError(
+                str(job.path),
+                "rollout.tensor_parallel",
+                f"{tp}: the {prof.source} profile prices the units of {arch.name} on site {s!r} at tp "
+                f"{', '.join(map(str, tps))} only; use one of them",
+            )
         if not gcurves[s].costs:
             raise PlanError(
                 f"site {s!r}: model {arch.name} does not fit on {prof.sites[s].gpu} at any TP degree "

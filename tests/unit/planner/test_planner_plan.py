@@ -459,6 +459,19 @@ def test_tensor_parallel_units_are_only_those_that_fit_on_a_host(tmp_path: Path)
     assert rb["free_gpus"] == 8 and not rb["add_unit"] and rb["reason"].startswith("no rollout site has room")
 
 
+@pytest.mark.parametrize("tp", [3, 8, 16])
+def test_a_rollout_tp_the_profile_does_not_price_is_refused_naming_the_field(tmp_path: Path, tp: int) -> None:
+    """qwen2.5-7b's 28 heads split at tp 1, 2, 4 on a node: a job's tp 3, 8 or 16 is its rollout.tensor_parallel's
+    error, exit 2 (it was 'model qwen2.5-7b does not fit on H20 at any TP degree ≤ 8', exit 1: it fits at tp 1)."""
+    job = load_job(_six_gpu_hosts(tmp_path, rollout_gpus="auto", rollout_tp=tp))
+    with pytest.raises(ConfigError) as e:
+        make_plan(job, options=OPTS)
+    assert (e.value.file, e.value.field) == (str(job.path), "rollout.tensor_parallel")
+    assert e.value.detail == (
+        f"{tp}: the analytical profile prices the units of qwen2.5-7b on site 'r20' at tp 1, 2, 4 only; use one of them"
+    )
+
+
 def test_fewest_gpus_does_not_choose_among_plans_of_fixed_counts(tmp_path: Path) -> None:
     """Of the plans of the trainer's tp classes `_best_plan` takes the fastest; rule fewest_gpus the fewest GPUs within
     ε, and only when some count is auto: with every count fixed the plans hold the same GPUs (the ranks, the counts),
