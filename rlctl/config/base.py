@@ -186,21 +186,17 @@ def first_error(exc: ValidationError) -> tuple[str, str]:
     errors = exc.errors(include_url=False)
     err = errors[0]
     loc = tuple(err["loc"])
-    # `auto | seconds`: the union's other member, which read the value and refused it, says why (its loc: the same
-    # field, then the member's tag; a plain Literal field's error is not merged with another field's)
-    union_member = len(loc) >= 1 and str(loc[-1]).startswith("literal[")
-    if err["type"] == "literal_error" and union_member:
-        why = next(
-            (
-                e
-                for e in errors[1:]
-                if e["type"] == "value_error" and len(e["loc"]) == len(loc) and tuple(e["loc"][:-1]) == loc[:-1]
-            ),
-            None,
-        )
-        if why is not None:
-            err = {**why, "msg": f"{why['msg']}; or {err['ctx']['expected']}"}
-            loc = tuple(err["loc"])
+    # `auto | seconds`, `count | auto`: the union's number member, which read the value and refused it, says why, and
+    # the words it also takes follow, whichever member pydantic tried first (the members' locs: the same field, then
+    # the member's tag; a plain Literal field's error is not merged with another field's)
+    members = [e for e in errors if len(e["loc"]) == len(loc) and tuple(e["loc"][:-1]) == loc[:-1]]
+    words = next(
+        (e for e in members if e["type"] == "literal_error" and str(e["loc"][-1]).startswith("literal[")), None
+    )
+    why = next((e for e in members if e is not words), None)
+    if words is not None and why is not None:
+        err = {**why, "msg": f"{why['msg']}; or {words['ctx']['expected']}"}
+        loc = tuple(err["loc"])
     if err["type"] == "unknown_key":
         loc = (*loc, err["ctx"]["key"])
     elif err["type"] == "bool_for_number":  # found before the field's own validation: its key and the item's path

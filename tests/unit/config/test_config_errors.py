@@ -372,6 +372,30 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    # a union of a number and words: both said, whichever member pydantic tried first (it said 'a valid integer' to
+    # `gpus: Auto`, 'a valid number' to `reward_stall_s: forever`, and only "'auto' or 'never'" to `hang_timeout_s: -1`)
+    Case(
+        "job: a misspelt 'auto' GPU count",
+        JOB.replace("gpus: 8}", "gpus: Auto}"),
+        "placement.trainer.gpus: Input should be a valid integer, unable to parse string as an integer; or 'auto' "
+        "(got 'Auto')",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: words a number-or-words field lacks",
+        JOB.replace("kind: lengths", "kind: dataset, path: d.jsonl, reward_stall_s: forever"),
+        "task.reward_stall_s: Input should be a valid number, unable to parse string as a number; or 'auto' or 'never'",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "job: a negative number for a number or words",
+        JOB + "rollout: {hang_timeout_s: -1}\n",
+        "rollout.hang_timeout_s: Input should be greater than 0; or 'auto' or 'never' (got -1)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     # a YAML boolean where a number goes: pydantic read true as 1 (`iterations: true` ran one iteration)
     Case(
         "job: a boolean for an integer",
