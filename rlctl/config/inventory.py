@@ -348,10 +348,19 @@ class Inventory:
         return self.sites[name]
 
 
+def given_once(paths: list[Path]) -> None:
+    """ConfigError for a file named twice (`rlctl check a.yaml ./a.yaml`), whose sites were otherwise said to be
+    defined twice, there or 'in another file'."""
+    for i, path in enumerate(paths):
+        if path.resolve() in (p.resolve() for p in paths[:i]):
+            raise ConfigError(str(path), None, "given twice; name each inventory file once")
+
+
 def load_inventory(paths: list[Path]) -> Inventory:
     sites: dict[str, Site] = {}
     origin: dict[str, str] = {}
     links: list[tuple[str, int, Link]] = []
+    given_once(paths)
     for path in paths:
         data = read_yaml(path)
         check_header(path, data, "Inventory")

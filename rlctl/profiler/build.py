@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from rlctl.config import Site
 from rlctl.config.base import check_header, read_yaml, validate
-from rlctl.config.inventory import InventoryFile
+from rlctl.config.inventory import InventoryFile, given_once
 from rlctl.config.job import Batch, BuiltinModel, GrpoAlgorithm, HfModel, Job, PpoAlgorithm
 from rlctl.devices import kind_for
 from rlctl.errors import ConfigError, UsageError
@@ -60,6 +60,7 @@ def load_sites(paths: list[Path]) -> dict[str, Site]:
     """Sites of inventory files, validated, without resolving links: a profile needs no link, so one
     site's file (`clusters/h20-rollout.yaml`, whose link names a site in another file) is enough."""
     sites: dict[str, Site] = {}
+    given_once(paths)
     for path in paths:
         data = read_yaml(path)
         check_header(path, data, "Inventory")

@@ -583,6 +583,20 @@ def materialise(case: Case, tmp: Path) -> list[str]:
     return [str(main)]
 
 
+@pytest.mark.parametrize("command", ["check", "profile"])
+def test_an_inventory_file_given_twice_is_said_so(command: str, tmp_path: Path) -> None:
+    """`check a.yaml ./a.yaml` said 'sites.h20: duplicate site name; already defined in a.yaml' (profile: 'in another
+    file'): the one file, not its sites, is twice."""
+    (tmp_path / "inv.yaml").write_text(GOOD_INV)
+    first, again = str(tmp_path / "inv.yaml"), str(tmp_path / "." / "inv.yaml")
+    if command == "check":
+        res = run_cli("check", first, again)
+    else:
+        res = run_cli("profile", "--model", "qwen2.5-7b", "--cluster", first, "--cluster", again)
+    assert res.exit_code == 2, res
+    assert res.stderr == f"rlctl: error: {again}: given twice; name each inventory file once\n"
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input_is_one_line_exit_2(case: Case, tmp_path: Path) -> None:
     files = materialise(case, tmp_path)
