@@ -547,6 +547,20 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
     except ValueError as e:
         if shared:  # each stage fits on its own (refused above otherwise), not both beside each other
             need_t, need_g = (int(np.argmax(np.isfinite(c))) for c in (train_s, gcurves[t_site].seconds))
+            if t_fixed is not None or r_fixed[t_site] is not None:  # the job's count leaves the other stage too few
+                if t_fixed is not None:
+                    field, said = "placement.trainer.gpus", f"trainer {t_fixed} GPU(s) + a rollout unit {need_g}"
+                    need = need_t + need_g  # the trainer's slots, with any its tp groups pass over
+                else:
+                    field = f"placement.rollout[{r_sites.index(t_site)}].gpus"
+                    said = f"rollout {r_fixed[t_site]} GPU(s) + the trainer {need_t} at least"
+                    need = int(r_fixed[t_site] or 0) + need_t
+                raise ConfigError(
+                    str(job.path),
+                    field,
+                    f"site {t_site!r}: {said} need {need}; the inventory gives it {t_total}",
+                    hint="lower the GPU counts in the job's placement, or add nodes to the site",
+                ) from e
             raise PlanError(
                 f"site {t_site!r}: its {budgets[t_site]} GPU(s) cannot hold both stages of {arch.name}: the trainer "
                 f"needs {need_t} at least and a rollout unit {need_g}",

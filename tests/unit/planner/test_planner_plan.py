@@ -174,6 +174,28 @@ def test_a_site_too_small_for_both_stages_says_what_each_needs(tmp_path: Path) -
     )
 
 
+@pytest.mark.parametrize(
+    ("trainer", "rollout", "line"),
+    [
+        (4, "auto", "placement.trainer.gpus: site 'local': trainer 4 GPU(s) + a rollout unit 1 need 5"),
+        ("auto", 4, "placement.rollout[0].gpus: site 'local': rollout 4 GPU(s) + the trainer 1 at least need 5"),
+    ],
+)
+def test_a_fixed_count_that_leaves_the_other_stage_of_a_shared_site_too_few_is_a_config_error(
+    tmp_path: Path, trainer: int | str, rollout: int | str, line: str
+) -> None:
+    """The demo's 4 slots, all of them fixed for one stage: the job's field, exit 2, as rlctl check says, versus
+    'its 4 GPU(s) cannot hold both stages of tiny-demo: the trainer needs 1 at least and a rollout unit 1', exit 1
+    (the 4 the rollout's count, not the site's)."""
+    demo = yaml.safe_load((ROOT / "jobs" / "demo.yaml").read_text())
+    demo["inventory"] = [str(ROOT / "clusters" / "local.yaml")]
+    demo["placement"] = {"trainer": {"site": "local", "gpus": trainer}, "rollout": [{"site": "local", "gpus": rollout}]}
+    (path := tmp_path / "job.yaml").write_text(yaml.safe_dump(demo))
+    res = run_cli("plan", str(path))
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.startswith(f"rlctl: error: {path}: {line}; the inventory gives it 4 (hint: "), res.stderr
+
+
 def test_weights_reach_a_rollout_site_over_its_datacenters_links_as_the_broadcast_routes_them(tmp_path: Path) -> None:
     """The broadcast joins datacenters, not sites (`rlctl.weights.plan`): a rollout site in the trainer's datacenter
     crosses no link, and one in a datacenter that another site's link reaches takes that link. The planner asked
