@@ -107,7 +107,8 @@ def main() -> None:
         if isinstance(e.__context__, BrokenPipeError) and stdout_reader_gone():  # not a socket's, a child's stdin
             _reader_gone()
         try:  # what print() left in the buffer: written here, not at exit, where a closed pipe cannot be told
-            sys.stdout.flush()
+            if sys.stdout is not None:  # None: closed before rlctl started (`>&-`), said by rlctl.render.emit
+                sys.stdout.flush()
         except BrokenPipeError:
             _reader_gone()
         raise

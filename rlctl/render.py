@@ -11,6 +11,8 @@ from typing import Annotated, Any
 import typer
 from tabulate import tabulate
 
+from rlctl.errors import RlctlError
+
 
 class OutputFormat(StrEnum):
     table = "table"
@@ -21,10 +23,16 @@ OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="table f
 
 
 def emit(data: Any, fmt: OutputFormat, table: Callable[[Any], str]) -> None:
-    if fmt is OutputFormat.json:
-        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-    else:
-        sys.stdout.write(table(data) + "\n")
+    text = json.dumps(data, indent=2, default=str) if fmt is OutputFormat.json else table(data)
+    if sys.stdout is None:  # closed before rlctl started (`rlctl plan job.yaml >&-`): Python has no stdout
+        raise RlctlError("stdout is closed: nothing can be written", hint="redirect it instead, e.g. > /dev/null")
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()  # here, where a full disk can still be said (at exit Python prints its traceback)
+    except BrokenPipeError:
+        raise  # a reader gone (`| head`): rlctl.cli ends quietly with 141
+    except OSError as e:  # `> /dev/full`, a full disk
+        raise RlctlError(f"cannot write the output to stdout: {e.strerror or e}") from e
 
 
 def grid(rows: Sequence[Sequence[Any]], headers: Sequence[str], title: str | None = None) -> str:
