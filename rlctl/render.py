@@ -23,7 +23,11 @@ OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="table f
 
 
 def emit(data: Any, fmt: OutputFormat, table: Callable[[Any], str]) -> None:
-    text = json.dumps(data, indent=2, default=str) if fmt is OutputFormat.json else table(data)
+    write_out(json.dumps(data, indent=2, default=str) if fmt is OutputFormat.json else table(data))
+
+
+def write_out(text: str) -> None:
+    """`text` and a newline on stdout, flushed; a stdout that cannot take it is an RlctlError (one line, exit 1)."""
     if sys.stdout is None:  # closed before rlctl started (`rlctl plan job.yaml >&-`): Python has no stdout
         raise RlctlError("stdout is closed: nothing can be written", hint="redirect it instead, e.g. > /dev/null")
     try:

@@ -14,6 +14,8 @@ from typing import Annotated
 import typer
 from typer._completion_shared import get_completion_script
 
+from rlctl.render import write_out
+
 COMPLETE_VAR = "_RLCTL_COMPLETE"
 
 
@@ -36,4 +38,4 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def completion(shell: Annotated[Shell, typer.Argument(help="bash, zsh or fish")]) -> None:
         """Print a completion script; e.g. `source <(rlctl completion bash)`."""
-        typer.echo(get_completion_script(prog_name="rlctl", complete_var=COMPLETE_VAR, shell=shell.value))
+        write_out(get_completion_script(prog_name="rlctl", complete_var=COMPLETE_VAR, shell=shell.value))

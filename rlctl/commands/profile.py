@@ -11,6 +11,7 @@ import typer
 
 from rlctl.errors import UsageError
 from rlctl.models.catalog import BUILTIN_MODELS
+from rlctl.render import write_out
 from rlctl.textutil import one_of
 
 
@@ -145,11 +146,10 @@ def register(app: typer.Typer) -> None:
             )
         prof = build_profile(req, source="measured" if source is Source.measured else "analytical", workdir=workdir)
         if output is None:
-            sys.stdout.write(
-                yaml.safe_dump(
-                    prof.model_dump(by_alias=True, mode="json"), sort_keys=False, default_flow_style=None, width=160
-                )
+            text = yaml.safe_dump(
+                prof.model_dump(by_alias=True, mode="json"), sort_keys=False, default_flow_style=None, width=160
             )
+            write_out(text.removesuffix("\n"))
             return
         save_profile(prof, output)
         sys.stderr.write(f"wrote {output} ({source.value}, {len(prof.sites)} site(s))\n")

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -66,20 +68,22 @@ def test_only_a_broken_stdout_is_a_reader_gone(monkeypatch) -> None:
             os.close(read)
 
 
-def test_a_stdout_that_cannot_be_written_or_is_closed_is_one_line_exit_1(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "args", [["version"], ["profile", "-c", "clusters/local.yaml", "-m", "tiny-demo"], ["completion", "bash"]]
+)
+def test_a_stdout_that_cannot_be_written_or_is_closed_is_one_line_exit_1(args: list[str], tmp_path: Path) -> None:
     """`rlctl plan job.yaml > /dev/full` (a full disk) and `rlctl version >&-` (no stdout at all) ended in a traceback
-    (OSError: No space left on device; AttributeError: 'NoneType' object has no attribute 'write')."""
+    (OSError: No space left on device; AttributeError: 'NoneType' object has no attribute 'write'); the profile's
+    YAML and a completion script too."""
     env = {**os.environ, "RLCTL_HOME": str(tmp_path / "home")}
+    cmd = [sys.executable, "-m", "rlctl", *args]
     with open("/dev/full", "w") as full:
-        proc = subprocess.run(
-            [sys.executable, "-m", "rlctl", "version"], cwd=ROOT, env=env, stdout=full, stderr=subprocess.PIPE
-        )
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=full, stderr=subprocess.PIPE)
     assert (proc.returncode, proc.stderr) == (
         1,
         b"rlctl: error: cannot write the output to stdout: No space left on device\n",
     )
-    closed = f"exec {sys.executable} -m rlctl version >&-"
-    proc = subprocess.run(["sh", "-c", closed], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    proc = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *cmd], cwd=ROOT, env=env, stderr=subprocess.PIPE)
     assert proc.returncode == 1
     assert (
         proc.stderr
