@@ -36,7 +36,7 @@ def job_profile(job: Job, path: Path | None = None) -> tuple[ProfileFile | None,
     """The profile that prices `job`: `path` (`rlctl plan --profile`), else the job's `planning.profile`, else None
     (the planner's analytical profile of the inventory's GPU specs); with the file's name. ConfigError naming the
     profile file when it is not a profile, or has no generation curve for a site the job generates on."""
-    from rlctl.profiler.profile import load_profile, refuse_empty_generation
+    from rlctl.profiler.profile import load_profile, refuse_empty_generation, refuse_empty_training
 
     if path is None and job.spec.planning.profile is not None:
         path = Path(job.spec.planning.profile)
@@ -44,6 +44,7 @@ def job_profile(job: Job, path: Path | None = None) -> tuple[ProfileFile | None,
         return None, "profile"
     profile = load_profile(path)
     refuse_empty_generation(profile, [r.site for r in job.spec.placement.rollout], path=str(path))
+    refuse_empty_training(profile, job.spec.placement.trainer.site, path=str(path))
     return profile, str(path)
 
 

@@ -191,6 +191,19 @@ def refuse_empty_generation(profile: ProfileFile, sites: Iterable[str], *, path:
             )
 
 
+def refuse_empty_training(profile: ProfileFile, site: str, *, path: str) -> None:
+    """ConfigError naming the profile file and field when the trainer's site has no training entry there: the
+    planner would price no split and blame the trainer's GPU count ('training state does not fit')."""
+    entry = profile.sites.get(site)
+    if entry is not None and not entry.training:
+        raise ConfigError(
+            path,
+            f"sites.{site}.training",
+            "empty: the job trains on this site and the profile has no training entry for it (one per TP × PP split)",
+            hint="profile it again (`rlctl profile --job JOB`), or place the job's trainer on another site",
+        )
+
+
 def save_profile(profile: ProfileFile, path: Path) -> None:
     data = profile.model_dump(by_alias=True, mode="json")
     data = {

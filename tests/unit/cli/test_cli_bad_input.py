@@ -206,6 +206,19 @@ def test_a_profile_without_generation_entries_for_a_rollout_site_names_the_file_
     assert line.startswith(f"rlctl: error: {prof}: sites.local.generation: empty: the job generates on this site")
 
 
+def test_a_profile_without_training_entries_for_the_trainer_s_site_names_the_file_and_field(tmp_path: Path) -> None:
+    """It said 'jobs/demo.yaml: placement.trainer.gpus: 1: tiny-demo training state does not fit in 1 × CPU …
+    (FSDP2 shards it over 2 or more)': of a model of 345k parameters, and of the job, not the profile."""
+    prof = tmp_path / "prof.yaml"
+    made = run_cli("profile", "--job", str(DEMO), "-o", str(prof))
+    assert made.exit_code == 0, made.stderr
+    data = yaml.safe_load(prof.read_text())
+    data["sites"]["local"]["training"] = []
+    prof.write_text(yaml.safe_dump(data))
+    line = one_error(run_cli("plan", str(DEMO), "--profile", str(prof)))
+    assert line.startswith(f"rlctl: error: {prof}: sites.local.training: empty: the job trains on this site")
+
+
 # -- 7. the parser's errors ----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("args", "says"),
