@@ -173,8 +173,8 @@ def format_loc(loc: tuple[int | str, ...]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
             continue
-        if i > 0 and parts[i - 1] in _TAGGED_FIELDS:
-            continue
+        if i > 0 and part in _TAGGED_FIELDS.get(str(parts[i - 1]), ()):  # a kind's tag, not a key (a profile's
+            continue  # `model` is a mapping of keys: `model.layers`, not `model`)
         if part.startswith(("function-", "tagged-union", "constrained-", "literal[")) or part == "[key]":
             continue  # pydantic's labels of a validator or a union's member (`gpus: 8 | auto`), not keys of the file
         out += ("." if out else "") + part

@@ -219,6 +219,18 @@ def test_a_profile_without_training_entries_for_the_trainer_s_site_names_the_fil
     assert line.startswith(f"rlctl: error: {prof}: sites.local.training: empty: the job trains on this site")
 
 
+def test_a_bad_key_of_a_profile_s_model_is_named(tmp_path: Path) -> None:
+    """A profile's `model` is a mapping of keys, not a job's model told apart by its kind: the key was dropped as if it
+    were the kind's tag ('prof.yaml: model: Input should be greater than 0')."""
+    prof = tmp_path / "prof.yaml"
+    assert run_cli("profile", "--job", str(DEMO), "-o", str(prof)).exit_code == 0
+    data = yaml.safe_load(prof.read_text())
+    data["model"]["layers"] = 0
+    prof.write_text(yaml.safe_dump(data))
+    line = one_error(run_cli("plan", str(DEMO), "--profile", str(prof)))
+    assert line == f"rlctl: error: {prof}: model.layers: Input should be greater than 0"
+
+
 # -- 7. the parser's errors ----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("args", "says"),
