@@ -627,7 +627,8 @@ class Evaluation(Strict):
     with the task's keys, scored by the task's reward). With `every_iterations` the same prompts are decoded
     during the run too, on a rollout unit beside its work (rlctl.agents.evaluation): a curve to watch."""
 
-    heldout_prompts: NonNegativeInt = 0  # 0 = no evaluation
+    # 0 = no evaluation; at most an iteration's prompts' bound (they are decoded on one unit, twice, at the end)
+    heldout_prompts: Annotated[int, Field(ge=0, le=MAX_PROMPTS_PER_ITERATION)] = 0
     every_iterations: NonNegativeInt = Field(
         0,
         description="also evaluate during the run: versions 0, K, 2K, … and the last, greedily on a rollout unit "

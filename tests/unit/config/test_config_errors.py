@@ -504,6 +504,13 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    Case(  # passed check, plan and the dry run: the digits task would draw a billion prompts at the end
+        "job: huge held-out prompts",
+        JOB + "evaluation: {heldout_prompts: 1000000000}\n",
+        "evaluation.heldout_prompts: Input should be less than or equal to 65536",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     Case(
         "job: huge prompts per iteration",
         JOB + "batch: {prompts_per_iteration: 100000}\n",
