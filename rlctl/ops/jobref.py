@@ -14,6 +14,7 @@ A job directory and an index row that both match but are different jobs: UsageEr
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +86,13 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
         if preparing is not None:
             return JobRef(preparing.name, JobDir(Path(preparing.job_dir)), preparing)
         raise UsageError(f"{path}: not a job directory (no job.json), and no job {ref!r} in the index ({db.path})")
+    if path.is_file():  # `rlctl status jobs/demo.yaml`: the file that launched a job, not the job
+        name = _job_file_name(path)
+        if name is not None:
+            raise UsageError(
+                f"{ref}: a job file; this command takes a launched job (its name, an id, or its job directory)",
+                hint=f"give the job's name, {shlex.quote(name)} (its latest run), or an id from `rlctl status --all`",
+            )
     known = sorted({*by_id, *(str(r.spec.get("name")) for r in rows)})
     names = sorted({str(r.spec.get("name")) for r in rows})  # the names, not every run's id: an index grows for good
     more = f" and {len(names) - KNOWN_SHOWN} more" if len(names) > KNOWN_SHOWN else ""
@@ -93,6 +101,19 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
         f"no job {ref!r} in the index ({db.path}); job names: {listed or 'none'}{did_you_mean(ref, known)}",
         hint="give a job name, an id from `rlctl status --all`, or a job directory",
     )
+
+
+def _job_file_name(path: Path) -> str | None:
+    """The `name` of the job file at `path`, None when it is no job file (read, not validated)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    if not isinstance(data, dict) or data.get("kind") != "Job" or not isinstance(data.get("name"), str):
+        return None
+    return str(data["name"])
 
 
 def _same_dir(row: JobRow, here: Path) -> bool:

@@ -119,3 +119,16 @@ def test_a_job_directory_reached_through_a_symlink_is_its_indexed_job(tmp_path: 
     (real / "job.json").write_text("{}")
     ref = resolve(str(real), db=db)
     assert ref.row is not None and ref.row.name == "ar3"
+
+
+def test_a_job_file_given_for_a_job_is_said_so_with_its_name(tmp_path: Path, db: JobDB, monkeypatch) -> None:
+    # `rlctl status jobs/ar.yaml` said "no job 'jobs/ar.yaml' in the index; job names: ar, tiny"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "ar.yaml").write_text("apiVersion: rlctl/v1\nkind: Job\nname: ar\n")
+    with pytest.raises(UsageError, match=r"^jobs/ar.yaml: a job file; this command takes a launched job") as e:
+        resolve("jobs/ar.yaml", db=db)
+    assert e.value.hint is not None and "give the job's name, ar (its latest run)" in e.value.hint
+    (tmp_path / "notes.yaml").write_text("- a list\n")  # not a job file: the index's names, as before
+    with pytest.raises(UsageError, match=r"^no job 'notes.yaml' in the index"):
+        resolve("notes.yaml", db=db)
