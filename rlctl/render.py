@@ -26,12 +26,17 @@ def emit(data: Any, fmt: OutputFormat, table: Callable[[Any], str]) -> None:
     write_out(json.dumps(data, indent=2, default=str) if fmt is OutputFormat.json else table(data))
 
 
-def write_out(text: str) -> None:
-    """`text` and a newline on stdout, flushed; a stdout that cannot take it is an RlctlError (one line, exit 1)."""
+WRITE_PIECE = 1 << 16  # characters of stdout written at once (`write_out`)
+
+
+def write_out(text: str, *, end: str = "\n") -> None:
+    """`text` and `end` on stdout, flushed; a stdout that cannot take it is an RlctlError (one line, exit 1)."""
     if sys.stdout is None:  # closed before rlctl started (`rlctl plan job.yaml >&-`): Python has no stdout
         raise RlctlError("stdout is closed: nothing can be written", hint="redirect it instead, e.g. > /dev/null")
-    try:
-        sys.stdout.write(text + "\n")
+    text += end
+    try:  # in pieces: one write of megabytes into a pipe whose reader left took part of it and raised nothing
+        for i in range(0, len(text), WRITE_PIECE):
+            sys.stdout.write(text[i : i + WRITE_PIECE])
         sys.stdout.flush()  # here, where a full disk can still be said (at exit Python prints its traceback)
     except BrokenPipeError:
         raise  # a reader gone (`| head`): rlctl.cli ends quietly with 141

@@ -12,6 +12,7 @@ import typer
 
 from rlctl.commands.status import JobArg
 from rlctl.errors import UsageError
+from rlctl.render import write_out
 from rlctl.textutil import did_you_mean
 
 if TYPE_CHECKING:
@@ -78,8 +79,7 @@ def register(app: typer.Typer) -> None:
                 )
             tails = agentlogs.tail_all(ref.jobdir.path, handles, names, EACH_AGENT_LINES if lines is None else lines)
             for name, shown in zip(names, tails, strict=True):
-                sys.stdout.write(f"==> {name} <==\n")
-                sys.stdout.writelines(line + "\n" for line in shown)
+                write_out(f"==> {name} <==\n" + "".join(line + "\n" for line in shown), end="")
             return
         name = agent_name(agent)
         lines = ONE_AGENT_LINES if lines is None else lines
@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
                 tail = found.files.tail(found.path, lines)
                 if tail is None:
                     raise no_log
-                sys.stdout.writelines(line + "\n" for line in tail)
+                write_out("".join(line + "\n" for line in tail), end="")
                 return
             # until the agent exits (its site's backend says so; the launcher: its process; an agent with no record,
             # which no site can be asked about: the job, as its record says) or Ctrl-C
@@ -148,5 +148,4 @@ def job_ended(ref: JobRef, end: list[str]) -> Iterator[Callable[[], bool]]:
 
 
 def _write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    write_out(text, end="")

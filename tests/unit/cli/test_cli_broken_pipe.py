@@ -89,3 +89,25 @@ def test_a_stdout_that_cannot_be_written_or_is_closed_is_one_line_exit_1(args: l
         proc.stderr
         == b"rlctl: error: stdout is closed: nothing can be written (hint: redirect it instead, e.g. > /dev/null)\n"
     )
+
+
+@pytest.mark.parametrize("agent", [[], ["trainer/0"]])
+def test_logs_into_a_stdout_that_cannot_take_them_is_one_line_exit_1(agent: list[str], tmp_path: Path) -> None:
+    """`rlctl logs JOB > /dev/full` (every agent's tail, or one agent's) wrote past rlctl.render: a traceback."""
+    job = tmp_path / "job"
+    (job / "logs").mkdir(parents=True)
+    (job / "job.json").write_text("{}")
+    (job / "logs" / "trainer-0.log").write_text("a\nb\n")
+    env = {**os.environ, "RLCTL_HOME": str(tmp_path / "home")}
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rlctl", "logs", str(job), *agent],
+            cwd=ROOT,
+            env=env,
+            stdout=full,
+            stderr=subprocess.PIPE,
+        )
+    assert (proc.returncode, proc.stderr) == (
+        1,
+        b"rlctl: error: cannot write the output to stdout: No space left on device\n",
+    )
