@@ -297,7 +297,9 @@ def check_header(path: Path, data: dict[str, Any], kind: str, *, reads: tuple[st
         if other in KINDS:  # a file of another kind: the command takes the other
             raise ConfigError(name, "kind", f"must be {wanted} for this command, got {other!r}")
         said = "missing" if "kind" not in data else f"{other!r} is no kind"
-        raise ConfigError(name, "kind", f"{said}; valid: {', '.join(KINDS)} (this command reads kind {wanted})")
+        case = next((k for k in KINDS if isinstance(other, str) and k.lower() == other.lower()), None)
+        mean = f" (did you mean {case!r}? kinds are capitalised)" if case is not None else ""
+        raise ConfigError(name, "kind", f"{said}{mean}; valid: {', '.join(KINDS)} (this command reads kind {wanted})")
 
 
 def validate(path: Path, data: dict[str, Any], model: type[M], *, context: dict[str, Any] | None = None) -> M:

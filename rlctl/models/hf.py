@@ -512,7 +512,8 @@ def check_hf_dir(directory: str | Path, *, name: str | None = None) -> HfModelIn
     d = Path(directory)
     try:
         if not d.is_dir():
-            raise ConfigError(str(d), None, "not a directory (a Hugging Face checkpoint directory is expected)")
+            said = "not a directory" if d.exists() else "no such directory"
+            raise ConfigError(str(d), None, f"{said} (a Hugging Face checkpoint directory is expected)")
         return _check_hf_dir(d, name)
     except OSError as e:  # a directory this user may not read, a file that went away
         raise ConfigError(str(d), None, f"cannot read: {e.strerror or e}") from e

@@ -77,6 +77,20 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    Case(  # a lower-case kind got no word on its case
+        "job: kind in lower case",
+        JOB.replace("kind: Job", "kind: job"),
+        "kind: 'job' is no kind (did you mean 'Job'? kinds are capitalised); valid: Inventory, Job, Profile",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(  # it said "not a directory" of a path that is not there at all
+        "job: model path not there",
+        JOB.replace("{kind: builtin, name: qwen2.5-7b}", "{kind: hf, path: gone}"),
+        "/gone: no such directory (a Hugging Face checkpoint directory is expected)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     Case(  # it said "model.path: config.json: cannot read: No such file or directory" (the job file's directory)
         "job: empty model path",
         JOB.replace("{kind: builtin, name: qwen2.5-7b}", '{kind: hf, path: ""}'),
