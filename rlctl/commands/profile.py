@@ -149,7 +149,7 @@ def register(app: typer.Typer) -> None:
             text = yaml.safe_dump(
                 prof.model_dump(by_alias=True, mode="json"), sort_keys=False, default_flow_style=None, width=160
             )
-            write_out(text.removesuffix("\n"))
+            write_out(text, end="")
             return
         save_profile(prof, output)
         sys.stderr.write(f"wrote {output} ({source.value}, {len(prof.sites)} site(s))\n")

@@ -99,14 +99,22 @@ class JobDB:
     def close(self) -> None:
         self._conn.close()
 
-    def put(self, name: str, *, job_dir: str, spec: dict[str, Any], state: str = "launching") -> None:
+    def put(
+        self,
+        name: str,
+        *,
+        job_dir: str,
+        spec: dict[str, Any],
+        state: str = "launching",
+        info: dict[str, Any] | None = None,
+    ) -> None:
         assert state in STATES, state
         now = time.time()
         self._conn.execute(
             "INSERT INTO jobs VALUES (?, ?, ?, NULL, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
             "job_dir=excluded.job_dir, state=excluded.state, controller=NULL, spec=excluded.spec, info=excluded.info, "
             "updated_s=excluded.updated_s",
-            (name, job_dir, state, json.dumps(spec), json.dumps({"launched_s": now}), now, now),
+            (name, job_dir, state, json.dumps(spec), json.dumps({"launched_s": now, **(info or {})}), now, now),
         )
 
     def update(
@@ -164,16 +172,10 @@ class JobDB:
         launches at once into /a/run and /b/run each take an id the other does not (reading the rows and putting
         one apart, both took `run`). `record(id)` writes the id into the job dir before the row is committed: a
         launcher gone in between leaves no row whose directory names itself otherwise."""
-        now = time.time()
         self._conn.execute("BEGIN IMMEDIATE")  # the index's writers wait here (`timeout`) until this one commits
         try:
             job_id = self.id_for(job_dir)
-            self._conn.execute(
-                "INSERT INTO jobs VALUES (?, ?, 'launching', NULL, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
-                "job_dir=excluded.job_dir, state=excluded.state, controller=NULL, spec=excluded.spec, "
-                "info=excluded.info, updated_s=excluded.updated_s",
-                (job_id, str(job_dir), json.dumps(spec), json.dumps({"launched_s": now, **info}), now, now),
-            )
+            self.put(job_id, job_dir=str(job_dir), spec=spec, info=info)
             record(job_id)
         except BaseException:
             self._conn.execute("ROLLBACK")

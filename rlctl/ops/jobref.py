@@ -18,7 +18,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlctl.errors import RlctlError, UsageError
+from rlctl.errors import ConfigError, RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.jobdb import JobDB, JobRow
 from rlctl.textutil import did_you_mean
@@ -105,15 +105,14 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
 
 def _job_file_name(path: Path) -> str | None:
     """The `name` of the job file at `path`, None when it is no job file (read, not validated)."""
-    import yaml
+    from rlctl.config.base import read_yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):
+        data = read_yaml(path)
+    except ConfigError:
         return None
-    if not isinstance(data, dict) or data.get("kind") != "Job" or not isinstance(data.get("name"), str):
-        return None
-    return str(data["name"])
+    name = data.get("name")
+    return name if data.get("kind") == "Job" and isinstance(name, str) else None
 
 
 def _same_dir(row: JobRow, here: Path) -> bool:

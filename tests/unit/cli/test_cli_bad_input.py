@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -195,13 +197,19 @@ def test_check_reach_timeout_must_be_a_positive_number_of_seconds(value: str) ->
 
 
 # -- 6. a profile's empty generation curve -------------------------------------------------------------------
-def test_a_profile_without_generation_entries_for_a_rollout_site_names_the_file_and_field(tmp_path: Path) -> None:
+def demo_profile_edited(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """The demo job's profile, written by `rlctl profile --job`, with `edit` made to its data."""
     prof = tmp_path / "prof.yaml"
     made = run_cli("profile", "--job", str(DEMO), "-o", str(prof))
     assert made.exit_code == 0, made.stderr
     data = yaml.safe_load(prof.read_text())
-    data["sites"]["local"]["generation"] = []
+    edit(data)
     prof.write_text(yaml.safe_dump(data))
+    return prof
+
+
+def test_a_profile_without_generation_entries_for_a_rollout_site_names_the_file_and_field(tmp_path: Path) -> None:
+    prof = demo_profile_edited(tmp_path, lambda d: d["sites"]["local"].update(generation=[]))
     line = one_error(run_cli("plan", str(DEMO), "--profile", str(prof)))
     assert line.startswith(f"rlctl: error: {prof}: sites.local.generation: empty: the job generates on this site")
 
@@ -209,12 +217,7 @@ def test_a_profile_without_generation_entries_for_a_rollout_site_names_the_file_
 def test_a_profile_without_training_entries_for_the_trainer_s_site_names_the_file_and_field(tmp_path: Path) -> None:
     """It said 'jobs/demo.yaml: placement.trainer.gpus: 1: tiny-demo training state does not fit in 1 × CPU …
     (FSDP2 shards it over 2 or more)': of a model of 345k parameters, and of the job, not the profile."""
-    prof = tmp_path / "prof.yaml"
-    made = run_cli("profile", "--job", str(DEMO), "-o", str(prof))
-    assert made.exit_code == 0, made.stderr
-    data = yaml.safe_load(prof.read_text())
-    data["sites"]["local"]["training"] = []
-    prof.write_text(yaml.safe_dump(data))
+    prof = demo_profile_edited(tmp_path, lambda d: d["sites"]["local"].update(training=[]))
     line = one_error(run_cli("plan", str(DEMO), "--profile", str(prof)))
     assert line.startswith(f"rlctl: error: {prof}: sites.local.training: empty: the job trains on this site")
 
@@ -222,11 +225,7 @@ def test_a_profile_without_training_entries_for_the_trainer_s_site_names_the_fil
 def test_a_bad_key_of_a_profile_s_model_is_named(tmp_path: Path) -> None:
     """A profile's `model` is a mapping of keys, not a job's model told apart by its kind: the key was dropped as if it
     were the kind's tag ('prof.yaml: model: Input should be greater than 0')."""
-    prof = tmp_path / "prof.yaml"
-    assert run_cli("profile", "--job", str(DEMO), "-o", str(prof)).exit_code == 0
-    data = yaml.safe_load(prof.read_text())
-    data["model"]["layers"] = 0
-    prof.write_text(yaml.safe_dump(data))
+    prof = demo_profile_edited(tmp_path, lambda d: d["model"].update(layers=0))
     line = one_error(run_cli("plan", str(DEMO), "--profile", str(prof)))
     assert line == f"rlctl: error: {prof}: model.layers: Input should be greater than 0"
 
