@@ -224,13 +224,15 @@ def _being_prepared(ref: JobRef) -> bool:
 
 
 def _launcher_saw(ref: JobRef, agents: list[dict[str, Any]], summary: dict[str, Any] | None) -> None:
-    """An agent its site reads as `exited (status unknown)` (a local agent SIGKILLed, seen from a terminal that did
-    not start it) whose exit the launcher saw: the code its summary or index row recorded (`-9 (SIGKILL)`), for the
+    """An agent its site reads as `exited (status unknown)` (a local agent, seen from a terminal that did not start
+    it) whose exit the launcher saw: the code its summary or index row recorded (`0`, `-9 (SIGKILL)`), for the
     latest record of that name (an earlier run's agent of the same name is not this run's)."""
-    known: dict[str, Any] = dict((summary or {}).get("trainer_ranks_ended") or {})
+    row_info = ref.row.info if ref.row is not None else {}
+    known: dict[str, Any] = dict((summary or {}).get("agent_exits") or row_info.get("agent_exits") or {})
+    known.update((summary or {}).get("trainer_ranks_ended") or {})
     controller_exit = (summary or {}).get("controller_exit")
-    if controller_exit is None and ref.row is not None:
-        controller_exit = ref.row.info.get("controller_exit")
+    if controller_exit is None:
+        controller_exit = row_info.get("controller_exit")
     latest = {a["name"]: a for a in agents}
     for a in latest.values():
         code = controller_exit if a["role"] == "controller" else known.get(a["name"])

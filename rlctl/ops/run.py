@@ -338,7 +338,7 @@ class JobRun:
             state = "stopped"
         if state == "launching":
             self.db.put(self.id, job_dir=str(self.jobdir.path), spec=self.spec.model_dump(mode="json", by_alias=True))
-            info = {"controller_exit": None, "trainer_exit": None, **info}  # the run before's: not this run's
+            info = {"controller_exit": None, "trainer_exit": None, "agent_exits": None, **info}  # the run before's
         self.db.update(self.id, state=state, info=info or None)
 
     def _files(self) -> tuple[HostFiles, str]:
@@ -785,6 +785,30 @@ class JobRun:
             on_disk["state"] = "stopped"
             self.jobdir.write_json(self.jobdir.summary_json, on_disk)
 
+    def _own_exits(self) -> dict[str, int]:
+        """The exit codes of the agents this launcher started as its own processes (a local site's): only their
+        parent can read them, so `rlctl status` from another terminal says `exited (status unknown)` without this
+        record. The latest agent of each name; one it cannot tell (not its child) is left out."""
+        latest = {h.spec.name: h for h in self.handles if self.backends.for_site(h.spec.site).on_this_machine}
+        exits = {}
+        for name, h in latest.items():
+            with contextlib.suppress(LaunchError):
+                if (code := self.poll(h)) is not None and code != LOST:
+                    exits[name] = code
+        return exits
+
+    def _record_exits(self, exits: dict[str, int]) -> None:
+        """`_own_exits` where `rlctl status` reads them: this run's summary.json, and the index row (a run that
+        ended without a summary)."""
+        if not exits:
+            return
+        summary = run_summary(self.jobdir, self.run_id)
+        if summary is not None:
+            summary["agent_exits"] = exits
+            self.jobdir.write_json(self.jobdir.summary_json, summary)
+        if self.db is not None:
+            self.db.update(self.id, info={"agent_exits": exits})
+
     def resume_command(self) -> str:
         """How the user continues this job: by its index id, or its directory when it is not in the index."""
         return resume_command(self.id if self.db is not None else self.jobdir.path)
@@ -800,6 +824,7 @@ class JobRun:
             if self._record is not None:  # where the controller reads its events
                 event_to_record(self.jobdir.path, row, self._record)
         problems = skipped + stop_agents(self.backends, handles, grace_s=grace_s)
+        exits = self._own_exits()
         if self._record is not None:
             try:
                 fetch_record(self.jobdir.path, *self._record)
@@ -809,7 +834,8 @@ class JobRun:
             summary = run_summary(self.jobdir, self.run_id)
             if summary is not None:
                 self._stopped_by_term(summary)
-        self.jobdir.event("agents_stopped", agents=[h.spec.name for h in handles], problems=problems)
+        self._record_exits(exits)
+        self.jobdir.event("agents_stopped", agents=[h.spec.name for h in handles], problems=problems, exits=exits)
         if self.db is not None and self.db.get(self.id).state in LIVE:
             self._register("stopped")
         self.backends.close()

@@ -148,3 +148,51 @@ def test_a_new_run_clears_the_exits_the_run_before_recorded(tmp_path: Path, monk
         assert (info["controller_exit"], info["trainer_exit"], info["launcher"]) == (None, None, {"pid": 1})
     finally:
         run.db.close()
+
+
+def test_the_agents_of_a_local_job_its_launcher_stopped_show_the_exits_it_saw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlctl status` of a finished `make demo` said `exited (status unknown)` for the trainer and rollouts: only
+    their parent, the launcher, could read how they ended. Its stop records them (summary, index row, event)."""
+    import sys
+    import time
+
+    from rlctl.launch.backends import record_agent, write_sites
+    from rlctl.launch.base import AgentSpec
+    from rlctl.ops.jobdb import JobDB
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    local = Site.model_validate(
+        {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 2}]}
+    )
+    write_sites(jd.path, {"train": local})
+    db = JobDB()
+    run = JobRun(jd, load_job(ROOT / "jobs" / "demo.yaml").spec, {"controller_site": "train"}, db=db)
+    run._register("launching")
+    backend = run.backends.for_site("train")
+    ended = backend.start(AgentSpec("trainer", 0, "train", [sys.executable, "-c", "raise SystemExit(3)"]))
+    running = backend.start(AgentSpec("rollout", 0, "train", [sys.executable, "-c", "import time; time.sleep(60)"]))
+    for h in (ended, running):
+        record_agent(jd.path, h)
+        run.handles.append(h)
+    jd.write_json(jd.summary_json, {"state": "done", "iterations": 1})
+    deadline = time.monotonic() + 30
+    while backend.poll(ended) is None and time.monotonic() < deadline:  # it ends by itself, before the stop
+        time.sleep(0.05)
+    try:
+        run.stop(grace_s=5)
+        assert db.get("job").info["agent_exits"] == {"trainer-0": 3, "rollout-0": -15}
+        s, complete = operate.job_status(JobRef("job", jd, db.get("job")), timeout_s=2.0)
+    finally:
+        db.close()
+    states = {a["name"]: (a["state"], a["source"]) for a in s["agents"]}
+    assert states == {
+        "trainer-0": ("exited 3", "local (the launcher saw the exit)"),
+        "rollout-0": ("exited -15 (SIGTERM)", "local (the launcher saw the exit)"),
+    }
+    assert complete and run_summary(jd, None)["agent_exits"] == {"trainer-0": 3, "rollout-0": -15}  # type: ignore[index]
+    assert [e["exits"] for e in jd.read_events() if e["event"] == "agents_stopped"] == [
+        {"trainer-0": 3, "rollout-0": -15}
+    ]
