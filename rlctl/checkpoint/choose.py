@@ -63,10 +63,13 @@ def checkpoints_at(job: JobFile, version: int) -> bool:
     return version == job.iterations or (0 < version < job.iterations and every > 0 and version % every == 0)
 
 
-def checkpoint_versions(job: JobFile) -> list[int]:
-    """Every version the trainer checkpoints (each `checkpoint.every_iterations`, and the last), newest first."""
+def checkpoint_versions(job: JobFile, *, earlier: Iterable[int] = ()) -> list[int]:
+    """Every version the trainer checkpoints (each `checkpoint.every_iterations`, and the last), newest first;
+    with the last of each `earlier` iteration count the job had (`launch --resume --iterations`: a finished job's
+    last checkpoint, which the new count may not checkpoint at)."""
     every = job.checkpoint.every_iterations
-    return sorted({job.iterations, *(range(every, job.iterations + 1, every) if every else ())}, reverse=True)
+    last = {job.iterations, *(n for n in earlier if n < job.iterations)}
+    return sorted({*last, *(range(every, job.iterations + 1, every) if every else ())}, reverse=True)
 
 
 # a checkpoint's bytes per parameter of each trained model: its fp32 weights (the policy's HF directory, a PPO

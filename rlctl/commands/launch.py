@@ -258,7 +258,12 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Argument(help="job file (jobs/*.yaml)", metavar="JOB.yaml", show_default=False)
         ] = None,
         iterations: Annotated[
-            int | None, typer.Option("--iterations", min=1, help="override the job's iterations")
+            int | None,
+            typer.Option(
+                "--iterations",
+                min=1,
+                help="override the job's iterations; with --resume, the job's new total (a finished job trains on)",
+            ),
         ] = None,
         mode: Annotated[Mode | None, typer.Option("--mode", help="override the pipeline mode")] = None,
         job_dir: Annotated[
@@ -298,9 +303,9 @@ def register(app: typer.Typer) -> None:
         from rlctl.ops.run import JobRun, fresh_dir, launch_dir, prepare
 
         if resume is not None:
-            if job_file is not None or dry_run or iterations is not None or mode is not None or job_dir is not None:
-                raise UsageError("--resume JOB takes no job file, --dry-run, --iterations, --mode or --job-dir")
-            _resume(resume, output, detached=detach_)
+            if job_file is not None or dry_run or mode is not None or job_dir is not None:
+                raise UsageError("--resume JOB takes no job file, --dry-run, --mode or --job-dir")
+            _resume(resume, output, detached=detach_, iterations=iterations)
             return
         if job_file is None:
             raise UsageError("missing JOB.yaml", hint="`rlctl launch jobs/demo.yaml`, or `--resume JOB`")
@@ -485,10 +490,12 @@ def run_detached(args: list[str], job_dir: Path, output: OutputFormat, *, env: d
     emit(info, output, _started_table)
 
 
-def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
+def _resume(ref: str, output: OutputFormat, *, detached: bool = False, iterations: int | None = None) -> None:
     """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest
     complete checkpoint (every trainer rank the shard of its (tp, pp) position: a checkpoint written at
-    another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue."""
+    another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue.
+    `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to."""
+    from rlctl.ops.extend import with_iterations, write_iterations
     from rlctl.ops.jobchanges import launch_changes
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import require_job_dir, resolve
@@ -497,10 +504,14 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
     db = JobDB()
     ref_ = resolve(ref, db=db)
     jd = ref_.jobdir
+    counted = None
     try:
         require_job_dir(ref_)  # its index row outlived it: not "never prepared"
         refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
-        refuse_if_finished(jd, state=ref_.row.state if ref_.row is not None else None)
+        if iterations is not None:  # a finished job given more to train is not one with nothing to resume
+            spec, counted = with_iterations(jd, iterations)
+        if counted is None:
+            refuse_if_finished(jd, state=ref_.row.state if ref_.row is not None else None)
         if ref_.row is None:  # not in the index (copied here, an index lost): its row is put under its id
             refuse_if_id_live(jd, db)
     except RlctlError:
@@ -508,12 +519,17 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False) -> None:
         raise
     if detached:
         db.close()
-        run_detached(["launch", "--resume", str(jd.path)], jd.path, output)
+        again = ["--iterations", str(iterations)] if iterations is not None else []
+        run_detached(["launch", "--resume", str(jd.path), *again], jd.path, output)
         return
-    spec = jd.read_job()
+    if iterations is None:
+        spec = jd.read_job()
 
     def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
         refuse_if_running(jd)
+        if counted is not None:  # written once no run of it is left: its agents read job.json as they start
+            write_iterations(jd, spec.iterations)
+            say(f"job {spec.name}: {counted}")
         for line in launch_changes(jd):  # the job file edited since, or job.json: said, the job as launched runs
             say(f"job {spec.name}: {line}")
         return runs.start(resume=True)

@@ -40,6 +40,7 @@ from rlctl.launch.stage import (
     record_view,
     root_for,
 )
+from rlctl.ops.extend import earlier_iterations
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
         except OSError as e:
             raise UsageError(f"--to {to}: {e.strerror or e}") from e
     spec = JobDir(job_dir).read_job()
-    versions = checkpoint_versions(spec)
+    versions = checkpoint_versions(spec, earlier=earlier_iterations(JobDir(job_dir)))
     number = None if checkpoint == "latest" else _version(checkpoint)
     if checkpoint == "latest":
         newest = _latest(job_dir)

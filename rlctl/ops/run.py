@@ -74,6 +74,7 @@ from rlctl.launch.stage import (
     staging_plan,
 )
 from rlctl.ops.detach import this_launcher
+from rlctl.ops.extend import earlier_iterations, trained_iterations
 from rlctl.ops.inputs import copy_inputs, resolve_inputs
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.rl.reward import load_deadline_s
@@ -508,7 +509,7 @@ class JobRun:
                 point = pick_checkpoint(
                     (c_fs, JobDir(Path(c_root))),
                     (t_fs, self.site_dir(trainer)),
-                    checkpoint_versions(self.spec),
+                    checkpoint_versions(self.spec, earlier=earlier_iterations(self.jobdir)),
                     split=trainer_parallel(self.plan),
                 )
             finally:
@@ -957,11 +958,14 @@ def refuse_if_finished(jobdir: JobDir, *, state: str | None) -> None:
     done = summary if summary is not None and summary.get("state") == "done" else None
     if done is None and state != "finished":
         return
+    planned = jobdir.read_job().iterations
+    if trained_iterations(jobdir) < planned:  # its count was raised since it finished (`--iterations`)
+        return
     counts = f" ({done.get('iterations')}/{done.get('iterations_planned')} iterations)" if done is not None else ""
     raise UsageError(
         f"job {jobdir.id}: finished{counts}; nothing to resume",
-        hint=f"`rlctl status {jobdir.id}` shows how it ended; more iterations are a new job "
-        "(`rlctl launch JOB.yaml --iterations N`)",
+        hint=f"`rlctl status {jobdir.id}` shows how it ended; to train on from its last checkpoint: "
+        f"`rlctl launch --resume {jobdir.id} --iterations {2 * planned}`",
     )
 
 

@@ -111,6 +111,27 @@ def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, 
     assert code == 0 and st["ledger"]["trained"] == iterations * prompts and st["resilience"]["resumes"] == 1, st
     assert st["controller"] == "exited: the job ended (done)", st["controller"]  # not an error
     print(f"\nresumed from v{latest}; {len(past)} iteration(s) trained past it were discarded and redone")
+    if trainer_gpus == 1:
+        trained_on(job_dir, iterations, prompts, schedule)
+
+
+def trained_on(job_dir, iterations: int, prompts: int, schedule: dict) -> None:
+    """The finished job trains 2 iterations more (`launch --resume --iterations`): from its last checkpoint, the
+    curve and the ledger continue, each prompt once, the rate's decay now ending at the new count."""
+    code, s = rlctl_json("launch", "--resume", str(job_dir), "--iterations", str(iterations + 2), timeout_s=300)
+    assert code == 0 and s["state"] == "done", why_not_done(job_dir, s)
+    more = iterations + 2
+    rows = metrics_rows(job_dir)
+    assert [r["iteration"] for r in rows] == list(range(more))
+    rate = StepLr(warmup=5, decay="cosine", total=more, floor=0.1)
+    assert [r["lr"] for r in rows[iterations:]] == pytest.approx([1.0e-4 * rate.at(i) for i in range(iterations, more)])
+    assert [e["version"] for e in events(job_dir) if e["event"] == "resumed_from"][-1] == iterations
+    samples = sample_rows(JobDir(job_dir), more)
+    assert len({e["prompt_id"] for e in samples}) == more * prompts and len(samples) == len(
+        {e["sample_id"] for e in samples}
+    )
+    assert s["ledger"]["trained"] == more * prompts and (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
+    assert (job_dir / "checkpoints" / f"iter-{more}" / "model" / "config.json").exists()
 
 
 def test_a_failed_run_resumes_by_itself_with_auto_resume(tmp_path, launcher):

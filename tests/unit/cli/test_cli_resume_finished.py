@@ -1,5 +1,7 @@
 """`rlctl launch --resume` of a finished job is refused (exit 2, one line, nothing started or written), whether
-the job index or only its summary.json says it finished; a stopped or failed one is still resumed."""
+the job index or only its summary.json says it finished; a stopped or failed one is still resumed. With
+`--iterations N` (`rlctl.ops.extend`) a finished job trains on to N: its job.json takes the count as its launcher
+starts the run, and the checkpoint it finished on stays one a resume takes."""
 
 from __future__ import annotations
 
@@ -8,10 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from rlctl.checkpoint.choose import checkpoint_versions
+from rlctl.commands import launch as launch_cli
 from rlctl.config import load_job
+from rlctl.config.job import Pipeline
 from rlctl.errors import UsageError
 from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
+from rlctl.ops.extend import earlier_iterations, with_iterations
+from rlctl.ops.jobchanges import launch_changes
 from rlctl.ops.jobdb import JobDB, default_home
 from rlctl.ops.run import refuse_if_finished
 from tests.conftest import ROOT, run_cli
@@ -30,11 +37,12 @@ def ended(path: Path, state: str, *, iterations: int, indexed: str | None) -> Jo
     state `indexed` unless None."""
     job = load_job(DEMO)
     jd = JobDir.create("demo", explicit=path)
-    jd.write_job(job.spec, source=str(DEMO))
+    jd.write_job(job.spec.model_copy(update={"iterations": 15}), source=str(DEMO))
     jd.write_json(jd.plan_json, {"trainer": {"site": "local", "ranks": 1}, "controller_site": "local", "rollout": []})
     write_sites(jd.path, dict(job.inventory.sites))
     summary = {"job": "demo", "state": state, "iterations": iterations, "iterations_planned": 15}
     jd.summary_json.write_text(json.dumps(summary))
+    jd.metrics.write_text("".join(json.dumps({"iteration": i, "reward_mean": 0.5}) + "\n" for i in range(iterations)))
     if indexed is not None:
         db = JobDB(default_home() / "jobs.db")
         db.put(jd.path.name, job_dir=str(jd.path), spec={"name": "demo"})
@@ -69,3 +77,79 @@ def test_the_index_saying_finished_is_enough_without_a_summary(tmp_path: Path) -
 def test_a_stopped_or_failed_job_is_not_refused(tmp_path: Path, state: str) -> None:
     jd = ended(tmp_path / "run", state, iterations=7, indexed=state)
     refuse_if_finished(jd, state=state)  # nothing raised: its resume goes on as before
+
+
+def test_a_finished_job_given_more_iterations_trains_on_to_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it was refused with "more iterations are a new job", which starts from the base model: a finished run could
+    # not be trained further from where it ended
+    jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
+    launched: dict[str, object] = {}
+    said: list[str] = []
+
+    class Runs:
+        def start(self, *, resume: bool) -> str:
+            launched.update(resume=resume, job_json=json.loads(jd.job_json.read_text()))
+            return "run"
+
+    def be_launcher(jd_: JobDir, spec: object, plan: object, db: JobDB, begin: object, output: object) -> None:
+        launched["spec"] = spec
+        assert json.loads(jd.job_json.read_text())["job"]["iterations"] == 15  # not before its launcher runs it
+        assert begin(Runs(), said.append) == "run"  # type: ignore[operator]
+        db.close()
+
+    monkeypatch.setattr(launch_cli, "be_launcher", be_launcher)
+    r = run_cli("launch", "--resume", str(jd.path), "--iterations", "40")
+    assert r.exit_code == 0, r.stderr
+    assert said == ["job demo: iterations 15 → 40 (--iterations), from 15 trained"]
+    assert launched["resume"] is True and launched["spec"].iterations == 40  # type: ignore[attr-defined]
+    data = launched["job_json"]
+    assert data["job"]["iterations"] == 40 and data["iterations_before"] == [15]  # type: ignore[index]
+    assert launch_changes(jd) == []  # its digest moved with it: not "job.json was edited since the launch"
+    spec = jd.read_job()
+    assert checkpoint_versions(spec, earlier=earlier_iterations(jd)) == [40, 20, 15]  # v15: where it ended
+    assert checkpoint_versions(spec) == [40, 20]  # (every 20 of 40: without the count it had, no v15)
+
+
+@pytest.mark.parametrize("count", ["15", "9"])
+def test_a_count_the_job_trained_already_is_refused_and_changes_nothing(tmp_path: Path, count: str) -> None:
+    jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
+    before = files(jd.path)
+    r = run_cli("launch", "--resume", str(jd.path), "--iterations", count)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    if count == "15":  # the count it has: a plain resume, of a job that finished
+        assert "finished (15/15 iterations); nothing to resume" in r.stderr, r.stderr
+        assert f"`rlctl launch --resume {jd.path.name} --iterations 30`" in r.stderr
+    else:
+        assert r.stderr.startswith(
+            f"rlctl: error: --iterations 9: job {jd.path.name} trained 15 iterations already; the count is the job's "
+            "total, so more than 15"
+        ), r.stderr
+    assert files(jd.path) == before
+
+
+def test_a_stopped_job_may_end_sooner_but_not_under_its_staleness_bound(tmp_path: Path) -> None:
+    jd = ended(tmp_path / "run", "stopped", iterations=2, indexed="stopped")
+    spec = jd.read_job()
+    async4 = spec.model_copy(update={"pipeline": Pipeline(mode="async", staleness=4)})
+    spec, line = with_iterations(jd, 8)
+    assert spec.iterations == 8 and line == "iterations 15 → 8 (--iterations), from 2 trained"
+    jd.write_job(async4, source="x")
+    with pytest.raises(
+        UsageError, match=r"^--iterations 3: fewer than the job's pipeline.staleness 4; use at least 4$"
+    ):
+        with_iterations(jd, 3)
+    cosine = async4.model_copy(update={"algorithm": async4.algorithm.model_copy(update={"lr_decay": "cosine"})})
+    jd.write_job(cosine, source="x")
+    assert with_iterations(jd, 30)[1] == (
+        "iterations 15 → 30 (--iterations), from 2 trained; lr_decay cosine now ends at iteration 30 (it ended at 15)"
+    )
+    assert with_iterations(jd, 15) == (cosine, None)
+
+
+def test_a_finished_job_whose_count_was_raised_is_resumed_without_it(tmp_path: Path) -> None:
+    """The count written and its run ended before training (a failed start): a plain `--resume` goes on to it."""
+    jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
+    jd.write_job(jd.read_job().model_copy(update={"iterations": 20}), source="x")
+    refuse_if_finished(jd, state="finished")  # nothing raised

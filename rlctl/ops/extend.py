@@ -1,0 +1,89 @@
+"""`rlctl launch --resume JOB --iterations N`: the job continues from its latest complete checkpoint to N
+iterations in all — more than it had (a finished job trains on), or fewer (a long job stopped early ends sooner).
+
+    job.json: job.iterations = N, its digest with it (not a hand edit), the counts it had before in
+              `iterations_before` ─▶ staged to every site at the start, as a resume stages job.json
+    the checkpoints written under an earlier count (the last iteration of each) stay ones a resume may take
+              (`checkpoint_versions(job, earlier=…)`)
+
+N must be more than the iterations trained so far (the job's metrics): the resume restores a checkpoint at or below
+that, and a count at or under it would leave nothing to train. The rest of the job is the job as launched: a changed
+job file is still a new job (`rlctl.ops.jobchanges`). A learning rate that decays ends its decay at the new N, so
+its rate at the resumed step changes: said in the line the launch prints.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rlctl.config.job import JobFile
+from rlctl.errors import UsageError
+from rlctl.launch.jobdir import JobDir, job_digests
+
+EARLIER = "iterations_before"  # job.json: the job's iteration counts before each `--iterations` of a resume
+
+
+def trained_iterations(jobdir: JobDir) -> int:
+    """How many iterations the job trained, as its metrics say (0 before its first)."""
+    rows = jobdir.read_lines(jobdir.metrics)
+    done = [r["iteration"] for r in rows if isinstance(r.get("iteration"), int)]
+    return max(done) + 1 if done else 0
+
+
+def earlier_iterations(jobdir: JobDir) -> list[int]:
+    """The iteration counts the job had before a resume set another (`EARLIER` in job.json), oldest first."""
+    try:
+        data = json.loads(jobdir.job_json.read_text())
+    except (OSError, ValueError):
+        return []
+    found = data.get(EARLIER) if isinstance(data, dict) else None
+    return [n for n in found if isinstance(n, int) and n > 0] if isinstance(found, list) else []
+
+
+def with_iterations(jobdir: JobDir, iterations: int) -> tuple[JobFile, str | None]:
+    """The job (its job.json) with `iterations` as its count, and the line that says what changes (None when it is
+    the count already). UsageError when the job trained that many already, or a bound refuses the count."""
+    spec = jobdir.read_job()
+    before = spec.iterations
+    if iterations == before:
+        return spec, None
+    trained = trained_iterations(jobdir)
+    if iterations <= trained:
+        raise UsageError(
+            f"--iterations {iterations}: job {jobdir.id} trained {trained} iterations already; the count is the job's "
+            f"total, so more than {trained}",
+            hint=f"e.g. `rlctl launch --resume {jobdir.id} --iterations {max(before, trained) * 2}`",
+        )
+    eta = spec.pipeline.staleness
+    if eta is not None and eta > iterations:  # as `load_job` bounds it
+        raise UsageError(
+            f"--iterations {iterations}: fewer than the job's pipeline.staleness {eta}; use at least {eta}"
+        )
+    spec = spec.model_copy(update={"iterations": iterations})  # (the CLI bounds it ≥ 1, as the job file's)
+    return spec, f"iterations {before} → {iterations} (--iterations), from {trained} trained" + _lr_note(spec, before)
+
+
+def write_iterations(jobdir: JobDir, iterations: int) -> None:
+    """Make `iterations` the count in the job's job.json (by its launcher, once no run of it is left): its digest
+    with it (not a hand edit), the count before kept in `EARLIER`."""
+    data: dict[str, Any] = json.loads(jobdir.job_json.read_text())
+    before = int(data["job"]["iterations"])
+    if iterations == before:
+        return
+    data["job"] = {**data["job"], "iterations": iterations}
+    data["job_sha256"] = {**data.get("job_sha256", {}), "iterations": job_digests(data["job"])["iterations"]}
+    data[EARLIER] = [*earlier_iterations(jobdir), before]
+    tmp = jobdir.job_json.with_name(jobdir.job_json.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(jobdir.job_json)
+
+
+def _lr_note(spec: JobFile, before: int) -> str:
+    """What the new count does to a decaying learning rate: its decay ends at the new count (the rate of the steps
+    still to take changes with it); "" for a constant rate."""
+    policy = spec.algorithm
+    decay = getattr(policy, "lr_decay", "constant")
+    if decay == "constant":
+        return ""
+    return f"; lr_decay {decay} now ends at iteration {spec.iterations} (it ended at {before})"
