@@ -286,7 +286,8 @@ def register(app: typer.Typer) -> None:
         ref = resolve(job)
         while True:
             s, complete = job_status(ref, timeout_s=timeout_s)
-            if watch and output is OutputFormat.table and sys.stdout.isatty():
+            # (no stdout at all, `>&-`: not a terminal; emit says so)
+            if watch and output is OutputFormat.table and sys.stdout is not None and sys.stdout.isatty():
                 sys.stdout.write("\x1b[2J\x1b[H")
             emit(s, output, _table)
             ended = s.get("live", {}).get("state") in ("done", "failed")

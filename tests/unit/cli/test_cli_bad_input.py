@@ -4,9 +4,12 @@ garbled, RLCTL_HOME that is not a directory, `plan --plot` paths, timeouts, pars
 
 from __future__ import annotations
 
+import io
 import json
 import socket
+import sys
 from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +128,22 @@ def test_status_reads_past_a_metrics_line_being_written(tmp_path: Path) -> None:
     r = run_cli("status", str(jd.path), "-o", "json")
     assert r.exit_code == 3 and "Traceback" not in r.stderr, r.stderr  # no controller: partial, as before
     assert json.loads(r.stdout)["last_iteration"]["iteration"] == 4
+
+
+def test_status_watch_with_stdout_closed_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlctl status -w JOB >&-` (no stdout at all): the watch asked stdout whether it is a terminal first, a
+    traceback (AttributeError: 'NoneType' object has no attribute 'isatty'), not the line every other command says."""
+    from rlctl.cli import main
+
+    jd = prepared(tmp_path / "run")
+    monkeypatch.setattr(sys, "argv", ["rlctl", "status", "-w", str(jd.path)])
+    err = io.StringIO()
+    with redirect_stdout(None), redirect_stderr(err), pytest.raises(SystemExit) as e:
+        main()
+    assert (e.value.code, err.getvalue()) == (
+        1,
+        "rlctl: error: stdout is closed: nothing can be written (hint: redirect it instead, e.g. > /dev/null)\n",
+    )
 
 
 @pytest.mark.parametrize(
