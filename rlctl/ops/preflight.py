@@ -36,7 +36,7 @@ from rlctl.launch.jobdir import why_not_made
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.sitefs import is_remote
 from rlctl.models.hf import CONFIG_FILE, DTYPE_BYTES, TinyGPTConfig, read_config
-from rlctl.planner.plan import searches_shared_site
+from rlctl.planner.plan import idle_gpus, searches_shared_site
 from rlctl.planner.split import split_refusals
 from rlctl.rl.dataset import check_task
 from rlctl.rl.source import heldout_task
@@ -113,15 +113,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     tp = spec.rollout.tensor_parallel or 1
     for i, r in enumerate(spec.placement.rollout):  # a unit holds tp GPUs: a count's remainder would sit idle
         if r.gpus != "auto" and spec.rollout.tensor_parallel is not None and int(r.gpus) % tp:
-            gpus, left = int(r.gpus), int(r.gpus) % tp
-            use = " or ".join(str(n) for n in (gpus - left, gpus - left + tp) if n > 0)  # 0 GPUs is no count
-            out.append(
-                Problem(
-                    f"placement.rollout[{i}].gpus",
-                    f"{gpus} is not a multiple of rollout.tensor_parallel {tp}: {gpus // tp} unit(s) and {left} GPU(s) "
-                    f"idle; use {use}",
-                )
-            )
+            out.append(Problem(f"placement.rollout[{i}].gpus", idle_gpus(int(r.gpus), tp)))
     if spec.rollout.engine == "embedded" and tp > 1:
         out.append(
             Problem(

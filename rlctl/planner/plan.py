@@ -456,6 +456,17 @@ def _best_plan(job: Job, plans: list[dict[str, Any]]) -> dict[str, Any]:
     return min(plans, key=key)
 
 
+def idle_gpus(gpus: int, tp: int) -> str:
+    """What a fixed rollout count that is no multiple of its `rollout.tensor_parallel` leaves idle, and the counts
+    near it to use (0 GPUs is no count)."""
+    left = gpus % tp
+    use = " or ".join(str(n) for n in (gpus - left, gpus - left + tp) if n > 0)
+    return (
+        f"{gpus} is not a multiple of rollout.tensor_parallel {tp}: {gpus // tp} unit(s) and {left} GPU(s) idle; "
+        f"use {use}"
+    )
+
+
 def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) -> dict[str, Any]:
     """`make_plan` with the rollout's host order at `opts.trainer_order_tp`."""
     spec = job.spec
@@ -526,14 +537,19 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
             tp=spec.rollout.tensor_parallel,
             host_gpus=_rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=order_tp),
         )
-        tps = sorted({e.tp for e in r_prof.generation if e.tp <= max(budgets[s], 1)})
-        if not gcurves[s].costs and tps and (tp := spec.rollout.tensor_parallel) is not None:  # it fits, at other tps
+        priced = sorted({e.tp for e in r_prof.generation})
+        tps = [t for t in priced if t <= max(budgets[s], 1)]
+        tp = spec.rollout.tensor_parallel
+        if not gcurves[s].costs and tps and tp is not None and tp not in priced:  # it fits, at other tps
             raise ConfigError(
                 str(job.path),
                 "rollout.tensor_parallel",
                 f"{tp}: the {prof.source} profile prices the units of {arch.name} on site {s!r} at tp "
                 f"{', '.join(map(str, tps))} only; use one of them",
             )
+        if not gcurves[s].costs and tp is not None and (fixed := r_fixed[s]) is not None and fixed < tp:
+            # priced at tp, on fewer GPUs than one unit takes: the count's error (as check says it), not the tp's
+            raise ConfigError(str(job.path), f"placement.rollout[{r_sites.index(s)}].gpus", idle_gpus(fixed, tp))
         if not gcurves[s].costs:
             raise PlanError(
                 f"site {s!r}: model {arch.name} does not fit on {prof.sites[s].gpu} at any TP degree "

@@ -494,6 +494,17 @@ def test_a_rollout_tp_the_profile_does_not_price_is_refused_naming_the_field(tmp
     )
 
 
+def test_a_fixed_rollout_count_below_one_unit_of_a_priced_tp_is_the_count_s_error(tmp_path: Path) -> None:
+    """2 GPUs at tp 4 (a tp the profile prices): the count holds no unit. It was the tp's error, in words that were not
+    true ('4: the analytical profile prices the units … at tp 1, 2 only': the tps that fit in 2 GPUs), and check said
+    it beside the count's own line."""
+    job = load_job(_six_gpu_hosts(tmp_path, rollout_gpus=2, rollout_tp=4))
+    with pytest.raises(ConfigError) as e:
+        make_plan(job, options=OPTS)
+    assert (e.value.file, e.value.field) == (str(job.path), "placement.rollout[0].gpus")
+    assert e.value.detail == "2 is not a multiple of rollout.tensor_parallel 4: 0 unit(s) and 2 GPU(s) idle; use 4"
+
+
 def test_fewest_gpus_does_not_choose_among_plans_of_fixed_counts(tmp_path: Path) -> None:
     """Of the plans of the trainer's tp classes `_best_plan` takes the fastest; rule fewest_gpus the fewest GPUs within
     ε, and only when some count is auto: with every count fixed the plans hold the same GPUs (the ranks, the counts),
