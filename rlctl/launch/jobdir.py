@@ -410,8 +410,9 @@ def why_not_made(path: Path) -> str | None:
 
 def refuse_taken(path: Path, *, named_by: str = "--job-dir") -> None:
     """Before a fresh launch into `path` (`named_by`: the --job-dir flag, or the job file's `job_dir` field): refused
-    when it cannot be made (`why_not_made`) or already holds a job (UsageError, one line: the launch would overwrite
-    that job's record, which `launch --resume` continues)."""
+    when it cannot be made (`why_not_made`), already holds a job (UsageError, one line: the launch would overwrite
+    that job's record, which `launch --resume` continues), or a launch still prepares one there (its launcher lock
+    held, its record not written yet: the new launch would put its index row over that launch's)."""
     other = f"another {named_by.rpartition(': ')[2]}"
     if (why := why_not_made(path)) is not None:
         raise UsageError(f"{named_by}: {why}", hint=f"choose {other}")
@@ -421,6 +422,11 @@ def refuse_taken(path: Path, *, named_by: str = "--job-dir") -> None:
         raise UsageError(
             f"{named_by}: {path} already holds a job ({', '.join(held)}); a new launch there would overwrite it",
             hint=f"{how}choose {other}",
+        )
+    if (holder := JobDir(path).launcher_holder()) is not None:  # a launch preparing it: no record written yet
+        raise UsageError(
+            f"{named_by}: {path}: a launch is preparing a job there ({holder}); a new launch would take its place",
+            hint=f"watch it with `rlctl status {shlex.quote(str(path))}`, or choose {other}",
         )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlctl.config import load_job
+from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import site_root
 from rlctl.ops.counts import resolve_job
@@ -81,6 +82,26 @@ def test_launches_at_once_into_directories_of_the_same_name_take_two_ids(
         db.reserve(tmp_path / "c" / "run", spec={}, info={}, record=cannot_write)
     with closing(JobDB()) as db:
         assert len(db.list()) == 2
+
+
+def test_a_second_launch_into_the_directory_a_launch_prepares_is_refused_and_leaves_its_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlctl launch demo.yaml --job-dir run` again while the first launch prepares run (its SFT warm-up: no job.json
+    yet): the second put its own `launching` row over the first's (its launcher, its job file) before the launcher
+    lock refused it, and the first job's row named a launcher that had exited."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    job = load_job(DEMO)
+    spec = resolve_job(job, iterations=None, mode=None)
+    first = launch_dir(job, spec, tmp_path / "run")
+    with first.launcher_lock():  # the first launcher, preparing the job
+        with closing(JobDB()) as db:
+            db.update(first.id, info={"source": str(DEMO)})
+            before = db.get(first.id)
+        with pytest.raises(UsageError, match=f"^--job-dir: {tmp_path / 'run'}: a launch is preparing a job there "):
+            launch_dir(job, spec, tmp_path / "run")
+    with closing(JobDB()) as db:
+        assert db.list() == [before]
 
 
 def test_the_directory_name_needs_no_record(tmp_path: Path) -> None:
