@@ -781,11 +781,12 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
                 f"inventory[{i}]",
                 f"{str(p)!r} is a directory; give an inventory file (relative to the job file)",
             )
-        if p in inv_paths[:i]:  # else each of its sites was said to be defined twice, in that one file
+        # else each of its sites was said to be defined twice, in that one file (or the file 'given twice', by a link)
+        if (same := next((j for j, q in enumerate(inv_paths[:i]) if q.resolve() == p.resolve()), None)) is not None:
             raise ConfigError(
                 str(path),
                 f"inventory[{i}]",
-                f"{str(p)!r} is inventory[{inv_paths.index(p)}] too; list each inventory file once",
+                f"{str(p)!r} is inventory[{same}] too; list each inventory file once",
             )
     inventory = load_inventory(inv_paths)
     if isinstance(spec.model, HfModel):  # resolve against the job file, check it once, here

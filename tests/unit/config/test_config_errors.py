@@ -618,6 +618,20 @@ def test_an_inventory_file_given_twice_is_said_so(command: str, tmp_path: Path) 
     assert res.stderr == f"rlctl: error: {again}: given twice; name each inventory file once\n"
 
 
+def test_a_job_s_inventory_entry_linked_to_another_entry_s_file_names_the_job_s_field(tmp_path: Path) -> None:
+    """`inventory: [inv.yaml, link.yaml]`, link.yaml a symlink to inv.yaml: it said 'link.yaml: given twice; name each
+    inventory file once', naming neither the job file nor its field (nothing was given twice on the command line)."""
+    (tmp_path / "inv.yaml").write_text(GOOD_INV)
+    (tmp_path / "link.yaml").symlink_to("inv.yaml")
+    (tmp_path / "job.yaml").write_text(JOB.replace("[inv.yaml]", "[inv.yaml, link.yaml]"))
+    res = run_cli("check", str(tmp_path / "job.yaml"))
+    assert (res.exit_code, res.stderr) == (
+        2,
+        f"rlctl: error: {tmp_path}/job.yaml: inventory[1]: '{tmp_path}/link.yaml' is inventory[0] too; list each "
+        "inventory file once\n",
+    )
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input_is_one_line_exit_2(case: Case, tmp_path: Path) -> None:
     files = materialise(case, tmp_path)
