@@ -52,8 +52,9 @@ def _print_version(asked: bool) -> None:
         import platform
 
         from rlctl import __version__
+        from rlctl.render import write_out
 
-        print(f"rlctl {__version__} (python {platform.python_version()})")
+        write_out(f"rlctl {__version__} (python {platform.python_version()})")  # as `rlctl version`: a full disk too
         raise typer.Exit(0)
 
 

@@ -69,12 +69,13 @@ def test_only_a_broken_stdout_is_a_reader_gone(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [["version"], ["profile", "-c", "clusters/local.yaml", "-m", "tiny-demo"], ["completion", "bash"]]
+    "args",
+    [["version"], ["--version"], ["profile", "-c", "clusters/local.yaml", "-m", "tiny-demo"], ["completion", "bash"]],
 )
 def test_a_stdout_that_cannot_be_written_or_is_closed_is_one_line_exit_1(args: list[str], tmp_path: Path) -> None:
     """`rlctl plan job.yaml > /dev/full` (a full disk) and `rlctl version >&-` (no stdout at all) ended in a traceback
     (OSError: No space left on device; AttributeError: 'NoneType' object has no attribute 'write'); the profile's
-    YAML and a completion script too."""
+    YAML and a completion script too; `rlctl --version` (a print of its own) in that traceback, or exit 0 unsaid."""
     env = {**os.environ, "RLCTL_HOME": str(tmp_path / "home")}
     cmd = [sys.executable, "-m", "rlctl", *args]
     with open("/dev/full", "w") as full:
