@@ -89,9 +89,12 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
     if path.is_file():  # `rlctl status jobs/demo.yaml`: the file that launched a job, not the job
         name = _job_file_name(path)
         if name is not None:
+            launched = any(r.spec.get("name") == name for r in rows)  # else its name is no job either
             raise UsageError(
                 f"{ref}: a job file; this command takes a launched job (its name, an id, or its job directory)",
-                hint=f"give the job's name, {shlex.quote(name)} (its latest run), or an id from `rlctl status --all`",
+                hint=f"give the job's name, {shlex.quote(name)} (its latest run), or an id from `rlctl status --all`"
+                if launched
+                else f"no job {name!r} was launched; `rlctl launch {shlex.quote(ref)}` launches it",
             )
     known = sorted({*by_id, *(str(r.spec.get("name")) for r in rows)})
     names = sorted({str(r.spec.get("name")) for r in rows})  # the names, not every run's id: an index grows for good

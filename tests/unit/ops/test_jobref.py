@@ -132,3 +132,12 @@ def test_a_job_file_given_for_a_job_is_said_so_with_its_name(tmp_path: Path, db:
     (tmp_path / "notes.yaml").write_text("- a list\n")  # not a job file: the index's names, as before
     with pytest.raises(UsageError, match=r"^no job 'notes.yaml' in the index"):
         resolve("notes.yaml", db=db)
+
+
+def test_a_job_file_of_a_job_never_launched_is_said_so(tmp_path: Path, db: JobDB, monkeypatch) -> None:
+    # its hint said "give the job's name, new (its latest run)": a name the index has not either ("no job 'new'")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "new.yaml").write_text("apiVersion: rlctl/v1\nkind: Job\nname: new\n")
+    with pytest.raises(UsageError, match=r"^new.yaml: a job file; this command takes a launched job") as e:
+        resolve("new.yaml", db=db)
+    assert e.value.hint == "no job 'new' was launched; `rlctl launch new.yaml` launches it"
