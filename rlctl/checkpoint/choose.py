@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,13 @@ def parse_latest(text: str) -> int:
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise ValueError(f"not a checkpoint version: {version!r}")
     return version
+
+
+def named_version(text: str) -> int | None:
+    """The version a command line names (`--checkpoint`): `20`, or `v20` as rlctl's messages name checkpoints; None
+    for neither."""
+    m = re.fullmatch(r"[vV]?(\d+)", text)
+    return int(m[1]) if m else None
 
 
 def checkpoints_at(job: JobFile, version: int) -> bool:

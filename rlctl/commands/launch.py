@@ -278,7 +278,17 @@ def register(app: typer.Typer) -> None:
                 "--resume",
                 metavar="JOB",
                 help="continue a stopped or failed job (name, id or directory) from its latest complete checkpoint "
-                "(a finished one is refused: nothing is left to run)",
+                "(a finished one is refused, nothing is left to run, unless --iterations gives it more)",
+            ),
+        ] = None,
+        checkpoint: Annotated[
+            str | None,
+            typer.Option(
+                "--checkpoint",
+                metavar="V",
+                help="with --resume: continue from checkpoint V (20 or v20) instead of the latest, setting the "
+                "newer ones aside (a roll-back)",
+                show_default=False,
             ),
         ] = None,
         detach_: Annotated[
@@ -305,8 +315,10 @@ def register(app: typer.Typer) -> None:
         if resume is not None:
             if job_file is not None or dry_run or mode is not None or job_dir is not None:
                 raise UsageError("--resume JOB takes no job file, --dry-run, --mode or --job-dir")
-            _resume(resume, output, detached=detach_, iterations=iterations)
+            _resume(resume, output, detached=detach_, iterations=iterations, checkpoint=checkpoint)
             return
+        if checkpoint is not None:
+            raise UsageError("--checkpoint names where a resume continues from: give it with --resume JOB")
         if job_file is None:
             raise UsageError("missing JOB.yaml", hint="`rlctl launch jobs/demo.yaml`, or `--resume JOB`")
         if dry_run and detach_:
@@ -490,12 +502,20 @@ def run_detached(args: list[str], job_dir: Path, output: OutputFormat, *, env: d
     emit(info, output, _started_table)
 
 
-def _resume(ref: str, output: OutputFormat, *, detached: bool = False, iterations: int | None = None) -> None:
+def _resume(
+    ref: str,
+    output: OutputFormat,
+    *,
+    detached: bool = False,
+    iterations: int | None = None,
+    checkpoint: str | None = None,
+) -> None:
     """`launch --resume JOB`: the same job directory and plan; the controller and trainer restore the latest
     complete checkpoint (every trainer rank the shard of its (tp, pp) position: a checkpoint written at
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue.
-    `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to."""
-    from rlctl.ops.extend import with_iterations, write_iterations
+    `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to; `checkpoint`: the
+    one it continues from instead of the latest (a roll-back)."""
+    from rlctl.ops.extend import rollback_to, with_iterations, write_iterations
     from rlctl.ops.jobchanges import launch_changes
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import require_job_dir, resolve
@@ -504,14 +524,21 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False, iteration
     db = JobDB()
     ref_ = resolve(ref, db=db)
     jd = ref_.jobdir
-    counted = None
+    counted, back = None, None
     try:
         require_job_dir(ref_)  # its index row outlived it: not "never prepared"
         refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
+        if checkpoint is not None:
+            back = rollback_to(jd, checkpoint)
         if iterations is not None:  # a finished job given more to train is not one with nothing to resume
-            spec, counted = with_iterations(jd, iterations)
-        if counted is None:
+            spec, counted = with_iterations(jd, iterations, since=back)
+        if counted is None and back is None:  # (rolled back, a finished job has its iterations after it to train)
             refuse_if_finished(jd, state=ref_.row.state if ref_.row is not None else None)
+        if back is not None and back >= (planned := (spec if counted is not None else jd.read_job()).iterations):
+            raise UsageError(
+                f"--checkpoint v{back}: the job's last ({planned} iterations); nothing after it to train",
+                hint=f"train on past it with `--iterations {2 * planned}`",
+            )
         if ref_.row is None:  # not in the index (copied here, an index lost): its row is put under its id
             refuse_if_id_live(jd, db)
     except RlctlError:
@@ -520,6 +547,7 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False, iteration
     if detached:
         db.close()
         again = ["--iterations", str(iterations)] if iterations is not None else []
+        again += ["--checkpoint", str(back)] if back is not None else []
         run_detached(["launch", "--resume", str(jd.path), *again], jd.path, output)
         return
     if iterations is None:
@@ -532,6 +560,6 @@ def _resume(ref: str, output: OutputFormat, *, detached: bool = False, iteration
             say(f"job {spec.name}: {counted}")
         for line in launch_changes(jd):  # the job file edited since, or job.json: said, the job as launched runs
             say(f"job {spec.name}: {line}")
-        return runs.start(resume=True)
+        return runs.start(resume=True, checkpoint=back)
 
     be_launcher(jd, spec, jd.read_json(jd.plan_json), db, begin, output)

@@ -91,18 +91,20 @@ class Runs:
         self.source = source
         return StopCheck(self.jobdir, since=self._stops_since(), db=self.db, source=source)
 
-    def start(self, *, resume: bool = False) -> JobRun:
-        """Start a run (`resume`: from the job's latest complete checkpoint, and say which)."""
+    def start(self, *, resume: bool = False, checkpoint: int | None = None) -> JobRun:
+        """Start a run (`resume`: from the job's latest complete checkpoint, or `checkpoint`, and say which)."""
         self._since = time.time() - 0.001  # events' times are rounded to the millisecond
         run = self.run = JobRun(
             self.jobdir, self.spec, self.plan, db=self.db, say=self.say, show=self.show, stop_since=self._stops_since()
         )
-        run.start(resume=resume)  # Stopped when `rlctl stop` came first
+        run.start(resume=resume, checkpoint=checkpoint)  # Stopped when `rlctl stop` came first
         point = run.resumed
         self._from = point.version if point is not None else 0
         if point is not None:
             skipped = "".join(f"; v{v} not used: {why}" for v, why in point.skipped)
             start = f"checkpoint v{point.version}" if point.version else "the start (no checkpoint was completed)"
+            if checkpoint is not None:  # a roll-back: its agents set the newer ones aside
+                start += " (--checkpoint: the newer ones go to checkpoints/abandoned/)"
             self.say(f"job {self.spec.name}: resumed from {start}{skipped}")
         return run
 

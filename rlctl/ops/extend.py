@@ -1,5 +1,8 @@
-"""`rlctl launch --resume JOB --iterations N`: the job continues from its latest complete checkpoint to N
-iterations in all — more than it had (a finished job trains on), or fewer (a long job stopped early ends sooner).
+"""What a resume may change: its length (`rlctl launch --resume JOB --iterations N`) and where it continues from
+(`--checkpoint V`, a roll-back).
+
+`--iterations N`: the job continues from its latest complete checkpoint to N iterations in all — more than it had (a
+finished job trains on), or fewer (a long job stopped early ends sooner).
 
     job.json: job.iterations = N, its digest with it (not a hand edit), the counts it had before in
               `iterations_before` ─▶ staged to every site at the start, as a resume stages job.json
@@ -10,6 +13,13 @@ N must be more than the iterations trained so far (the job's metrics): the resum
 that, and a count at or under it would leave nothing to train. The rest of the job is the job as launched: a changed
 job file is still a new job (`rlctl.ops.jobchanges`). A learning rate that decays ends its decay at the new N, so
 its rate at the resumed step changes: said in the line the launch prints.
+
+`--checkpoint V`: the resume continues from checkpoint V instead of the latest (a run whose reward collapsed after
+V, taken back there, perhaps with a lower rate hand-set in its job.json). V must be one the job completed and no
+resume set aside since (its events say which: `completed_checkpoints`); the launcher then verifies its parts on
+their sites as for any resume (`rlctl.ops.run.pick_checkpoint(only=V)`), and the run's agents set every newer
+checkpoint aside (`checkpoints/abandoned/`, where `rlctl pull` still finds them) and cut the metrics and sample log
+back to V, as a resume past a damaged checkpoint does. With both, N counts from V.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rlctl.checkpoint.choose import named_version
 from rlctl.config.job import JobFile
 from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir, job_digests
@@ -41,14 +52,39 @@ def earlier_iterations(jobdir: JobDir) -> list[int]:
     return [n for n in found if isinstance(n, int) and n > 0] if isinstance(found, list) else []
 
 
-def with_iterations(jobdir: JobDir, iterations: int) -> tuple[JobFile, str | None]:
+def completed_checkpoints(jobdir: JobDir) -> list[int]:
+    """The checkpoints the job completed, as its events say, less those a resume set aside since; oldest first."""
+    held: set[int] = set()
+    for e in jobdir.read_events():
+        if e.get("event") == "checkpoint" and isinstance(e.get("version"), int):
+            held.add(e["version"])
+        elif e.get("event") == "resumed_from":
+            held -= {v for v in e.get("set_aside") or () if isinstance(v, int)}
+    return sorted(held)
+
+
+def rollback_to(jobdir: JobDir, named: str) -> int:
+    """The checkpoint `--checkpoint NAMED` (`20`, `v20`) continues the job from; UsageError, listing the ones it
+    can, when the job never completed it or a resume set it aside."""
+    version = named_version(named)
+    held = completed_checkpoints(jobdir)
+    has = f"this job has {', '.join(f'v{v}' for v in held)}" if held else "this job completed none"
+    if version is None:
+        raise UsageError(f"--checkpoint {named!r}: a checkpoint's version, e.g. 20 or v20; {has}")
+    if version not in held:
+        raise UsageError(f"--checkpoint {named}: no such complete checkpoint; {has}")
+    return version
+
+
+def with_iterations(jobdir: JobDir, iterations: int, *, since: int | None = None) -> tuple[JobFile, str | None]:
     """The job (its job.json) with `iterations` as its count, and the line that says what changes (None when it is
-    the count already). UsageError when the job trained that many already, or a bound refuses the count."""
+    the count already). UsageError when the job trained that many already (`since`: a roll-back's checkpoint,
+    which it then has trained), or a bound refuses the count."""
     spec = jobdir.read_job()
     before = spec.iterations
     if iterations == before:
         return spec, None
-    trained = trained_iterations(jobdir)
+    trained = trained_iterations(jobdir) if since is None else since
     if iterations <= trained:
         raise UsageError(
             f"--iterations {iterations}: job {jobdir.id} trained {trained} iterations already; the count is the job's "

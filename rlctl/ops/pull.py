@@ -19,13 +19,12 @@ import errno
 import json
 import logging
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlctl import procfs
-from rlctl.checkpoint.choose import LATEST_POINTER, checkpoint_versions, manifest_name, parse_latest
+from rlctl.checkpoint.choose import LATEST_POINTER, checkpoint_versions, manifest_name, named_version, parse_latest
 from rlctl.checkpoint.files import ABANDONED, file_digest
 from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, read_sites
@@ -116,7 +115,7 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
             raise UsageError(f"--to {to}: {e.strerror or e}") from e
     spec = JobDir(job_dir).read_job()
     versions = checkpoint_versions(spec, earlier=earlier_iterations(JobDir(job_dir)))
-    number = None if checkpoint == "latest" else _version(checkpoint)
+    number = None if checkpoint == "latest" else named_version(checkpoint)
     if checkpoint == "latest":
         newest = _latest(job_dir)
         if newest is None:
@@ -146,12 +145,6 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
         raise LaunchError(f"no checkpoint of {job_id} could be pulled from site {site}: " + "; ".join(problems))
     finally:
         fs.close()
-
-
-def _version(checkpoint: str) -> int | None:
-    """The version `--checkpoint` names: `20`, or `v20` as rlctl's messages name checkpoints; None for neither."""
-    m = re.fullmatch(r"[vV]?(\d+)", checkpoint)
-    return int(m[1]) if m else None
 
 
 def _have(fs: HostFiles, root: str, version: int, *, named: str) -> None:

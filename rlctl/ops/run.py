@@ -357,10 +357,10 @@ class JobRun:
         finally:
             fs.close()
 
-    def start(self, *, resume: bool = False) -> None:
+    def start(self, *, resume: bool = False, checkpoint: int | None = None) -> None:
         """Stage, then start the controller, then (once it listens) the trainer ranks and rollout units.
         `resume`: the controller and trainer continue from the job's latest complete checkpoint
-        (`resume_point`; version 0: the job never completed one, it starts over)."""
+        (`resume_point`; version 0: the job never completed one, it starts over), or from `checkpoint`."""
         self.t_start = time.monotonic()
         self.run_id = secrets.token_hex(6)
         self.jobdir.controller_json.unlink(missing_ok=True)
@@ -397,7 +397,7 @@ class JobRun:
             finally:
                 fs.close()
         if resume:
-            self.resumed = self.resume_point(trainer=trainers[0])
+            self.resumed = self.resume_point(trainer=trainers[0], only=checkpoint)
             self.resume_env = {ENV_RESUME: str(self.resumed.version)}
             skipped = [{"version": v, "why": why} for v, why in self.resumed.skipped]
             self.jobdir.event("resumed", version=self.resumed.version, pointer=self.resumed.pointer, skipped=skipped)
@@ -497,10 +497,11 @@ class JobRun:
             time.sleep(0.25 if remote else 0.05)
         return controller_address(self.jobdir)
 
-    def resume_point(self, *, trainer: PlannedAgent) -> ResumePoint:
+    def resume_point(self, *, trainer: PlannedAgent, only: int | None = None) -> ResumePoint:
         """The checkpoint a resumed controller and trainer (rank 0: it writes the trainer's part) load: the
         newest whose parts verify on their sites, older ones in turn (`pick_checkpoint`); logged with what was
-        skipped and why. RlctlError (one line) when checkpoints exist but none is complete."""
+        skipped and why. RlctlError (one line) when checkpoints exist but none is complete. `only`: that one
+        (`launch --resume --checkpoint`), UsageError when its parts do not verify."""
         site = self.sites[trainer.site]
         t_fs = host_files(site, agent_view(site, trainer.gpu_slice.host if trainer.gpu_slice else None))
         try:
@@ -511,6 +512,7 @@ class JobRun:
                     (t_fs, self.site_dir(trainer)),
                     checkpoint_versions(self.spec, earlier=earlier_iterations(self.jobdir)),
                     split=trainer_parallel(self.plan),
+                    only=only,
                 )
             finally:
                 c_fs.close()
@@ -872,6 +874,7 @@ def pick_checkpoint(
     versions: list[int],
     *,
     split: ParallelConfig | None = None,
+    only: int | None = None,
 ) -> ResumePoint:
     """The checkpoint a resume continues from (choose_resume), each part read through its own site's
     view of that site's job dir: the controller's part and `latest.json` on the controller's site, the
@@ -879,7 +882,7 @@ def pick_checkpoint(
     manifest's SHA-256). `versions`: the job's checkpoint versions; those whose controller manifest exists
     (the controller writes its part last) are tried, newest first. `split`: the trainer's tp × pp × dp, which
     must be the one the checkpoint was written at (every rank restores the shard of its (tp, pp) position),
-    else UsageError."""
+    else UsageError. `only`: that checkpoint or a UsageError saying why not (a roll-back the operator named)."""
     c_fs, c_dir = controller
     t_fs, t_dir = trainer
     name = manifest_name("controller")
@@ -908,6 +911,11 @@ def pick_checkpoint(
             )
         return None
 
+    if only is not None:
+        why = problem(only) if only in on_disk else f"not on the controller's site ({c_dir.checkpoint(only)})"
+        if why is not None:
+            raise UsageError(f"--checkpoint v{only}: {why}", hint="name another with --checkpoint, or leave it out")
+        return ResumePoint(only, f"--checkpoint v{only}")
     pointer = c_fs.read_text(str(c_dir.path / "checkpoints" / LATEST_POINTER))
     return choose_resume(pointer, on_disk, problem)
 

@@ -113,6 +113,7 @@ def test_trainer_killed_then_resumed_trains_every_prompt_exactly_once(tmp_path, 
     print(f"\nresumed from v{latest}; {len(past)} iteration(s) trained past it were discarded and redone")
     if trainer_gpus == 1:
         trained_on(job_dir, iterations, prompts, schedule)
+        rolled_back(job_dir, iterations, prompts)
 
 
 def trained_on(job_dir, iterations: int, prompts: int, schedule: dict) -> None:
@@ -248,3 +249,18 @@ def test_a_rollout_unit_killed_mid_generation_is_replaced(tmp_path, launcher):
     assert s["ledger"]["lost"] == 0 and s["ledger"]["duplicated"] == 0
     print(f"\nrollout-1 lost ({lost['requeued']} samples requeued), replaced by {by}")
     assert rlctl("logs", str(job_dir), f"rollout/{by.rsplit('-', 1)[1]}").returncode == 0
+
+
+def rolled_back(job_dir, back: int, prompts: int) -> None:
+    """The job, done at `back` + 2, is taken back to its checkpoint v`back` (`launch --resume --checkpoint`): the
+    newer one is set aside, the curve and the ledger continue from v`back`, each prompt once in the new lineage."""
+    more = back + 2
+    code, s = rlctl_json("launch", "--resume", str(job_dir), "--checkpoint", f"v{back}", timeout_s=300)
+    assert code == 0 and s["state"] == "done", why_not_done(job_dir, s)
+    resumed = [e for e in events(job_dir) if e["event"] == "resumed_from"][-1]
+    assert (resumed["version"], resumed["set_aside"]) == (back, [more])
+    assert [p.name.split(".")[0] for p in (job_dir / "checkpoints" / "abandoned").iterdir()] == [f"iter-{more}"]
+    assert [r["iteration"] for r in metrics_rows(job_dir)] == list(range(more))
+    samples = sample_rows(JobDir(job_dir), more)
+    assert len({e["prompt_id"] for e in samples}) == more * prompts
+    assert len(samples) == len({e["sample_id"] for e in samples})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,33 +80,41 @@ def test_a_stopped_or_failed_job_is_not_refused(tmp_path: Path, state: str) -> N
     refuse_if_finished(jd, state=state)  # nothing raised: its resume goes on as before
 
 
+def launched_by(jd: JobDir, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], list[str]]:
+    """What a `launch --resume` of `jd` starts (its launcher's `begin`, with a run that starts nothing): the spec,
+    the `runs.start` arguments and job.json then; and the lines it says."""
+    launched: dict[str, Any] = {}
+    said: list[str] = []
+
+    class Runs:
+        def start(self, *, resume: bool, checkpoint: int | None = None) -> str:
+            launched.update(resume=resume, checkpoint=checkpoint, job_json=json.loads(jd.job_json.read_text()))
+            return "run"
+
+    def be_launcher(jd_: JobDir, spec: object, plan: object, db: JobDB, begin: object, output: object) -> None:
+        launched["spec"] = spec
+        launched["job_json_before"] = json.loads(jd.job_json.read_text())  # not written before its launcher runs
+        assert begin(Runs(), said.append) == "run"  # type: ignore[operator]
+        db.close()
+
+    monkeypatch.setattr(launch_cli, "be_launcher", be_launcher)
+    return launched, said
+
+
 def test_a_finished_job_given_more_iterations_trains_on_to_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # it was refused with "more iterations are a new job", which starts from the base model: a finished run could
     # not be trained further from where it ended
     jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
-    launched: dict[str, object] = {}
-    said: list[str] = []
-
-    class Runs:
-        def start(self, *, resume: bool) -> str:
-            launched.update(resume=resume, job_json=json.loads(jd.job_json.read_text()))
-            return "run"
-
-    def be_launcher(jd_: JobDir, spec: object, plan: object, db: JobDB, begin: object, output: object) -> None:
-        launched["spec"] = spec
-        assert json.loads(jd.job_json.read_text())["job"]["iterations"] == 15  # not before its launcher runs it
-        assert begin(Runs(), said.append) == "run"  # type: ignore[operator]
-        db.close()
-
-    monkeypatch.setattr(launch_cli, "be_launcher", be_launcher)
+    launched, said = launched_by(jd, monkeypatch)
     r = run_cli("launch", "--resume", str(jd.path), "--iterations", "40")
+    assert launched["job_json_before"]["job"]["iterations"] == 15
     assert r.exit_code == 0, r.stderr
     assert said == ["job demo: iterations 15 → 40 (--iterations), from 15 trained"]
-    assert launched["resume"] is True and launched["spec"].iterations == 40  # type: ignore[attr-defined]
+    assert launched["resume"] is True and launched["checkpoint"] is None and launched["spec"].iterations == 40
     data = launched["job_json"]
-    assert data["job"]["iterations"] == 40 and data["iterations_before"] == [15]  # type: ignore[index]
+    assert data["job"]["iterations"] == 40 and data["iterations_before"] == [15]
     assert launch_changes(jd) == []  # its digest moved with it: not "job.json was edited since the launch"
     spec = jd.read_job()
     assert checkpoint_versions(spec, earlier=earlier_iterations(jd)) == [40, 20, 15]  # v15: where it ended
@@ -153,3 +162,49 @@ def test_a_finished_job_whose_count_was_raised_is_resumed_without_it(tmp_path: P
     jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
     jd.write_job(jd.read_job().model_copy(update={"iterations": 20}), source="x")
     refuse_if_finished(jd, state="finished")  # nothing raised
+
+
+def checkpointed(jd: JobDir, *versions: int, set_aside: tuple[int, ...] = ()) -> None:
+    """The job's events: checkpoints `versions` completed, then a resume that set `set_aside` aside."""
+    for v in versions:
+        jd.event("checkpoint", version=v)
+    if set_aside:
+        jd.event("resumed_from", version=min(versions), set_aside=list(set_aside))
+
+
+def test_a_roll_back_resumes_from_the_checkpoint_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a run whose reward collapsed after v5 could only be resumed from its latest checkpoint
+    jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
+    checkpointed(jd, 5, 10, 15)
+    launched, said = launched_by(jd, monkeypatch)
+    r = run_cli("launch", "--resume", str(jd.path), "--checkpoint", "v5", "--iterations", "12")
+    assert r.exit_code == 0, r.stderr
+    assert (launched["resume"], launched["checkpoint"], launched["spec"].iterations) == (True, 5, 12)
+    assert said == ["job demo: iterations 15 → 12 (--iterations), from 5 trained"]  # counted from the roll-back
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--checkpoint", "v10"], "--checkpoint v10: no such complete checkpoint; this job has v5, v15"),
+        (["--checkpoint", "ten"], "--checkpoint 'ten': a checkpoint's version, e.g. 20 or v20; this job has v5, v15"),
+        (["--checkpoint", "15"], "--checkpoint v15: the job's last (15 iterations); nothing after it to train"),
+        (["--checkpoint", "5", "--iterations", "5"], "--iterations 5: job {id} trained 5 iterations already"),
+    ],
+)
+def test_a_roll_back_to_no_checkpoint_of_the_job_is_refused_and_changes_nothing(
+    tmp_path: Path, args: list[str], error: str
+) -> None:
+    jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
+    checkpointed(jd, 5, 10, 15, set_aside=(10, 15))  # set aside by a resume from v5, since
+    jd.event("checkpoint", version=15)  # (that run's own v15)
+    before = files(jd.path)
+    r = run_cli("launch", "--resume", str(jd.path), *args)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"rlctl: error: {error.format(id=jd.path.name)}"), r.stderr
+    assert files(jd.path) == before
+
+
+def test_a_checkpoint_without_a_resume_is_refused() -> None:
+    r = run_cli("launch", str(DEMO), "--checkpoint", "5")
+    assert r.exit_code == 2 and "--checkpoint names where a resume continues from" in r.stderr, r.stderr

@@ -41,7 +41,7 @@ class ScriptedRun:
     def resume_command(self) -> str:
         return "rlctl launch --resume j"
 
-    def start(self, *, resume: bool = False) -> None:
+    def start(self, *, resume: bool = False, checkpoint: int | None = None) -> None:
         ScriptedRun.started.append(resume)
         if resume:
             done = [e["version"] for e in self.jobdir.read_lines(self.jobdir.events) if e["event"] == "checkpoint"]

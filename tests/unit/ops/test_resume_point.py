@@ -366,3 +366,18 @@ def test_the_checkpoints_a_job_holds_at_once_and_their_size() -> None:
     ppo = grpo.model_copy(update={"algorithm": PpoAlgorithm(kind="ppo")})
     params = grpo.model.arch.params
     assert checkpoint_bytes(grpo) == 12 * params and checkpoint_bytes(ppo) == 24 * params  # + the critic's
+
+
+def test_a_roll_back_takes_the_checkpoint_named_or_says_why_not(tmp_path: Path) -> None:
+    # `launch --resume --checkpoint 3`: v3, though v6 is newer and complete; never an older one in its place
+    sites = Sites(tmp_path)
+    for v in (3, 6):
+        sites.checkpoint(v)
+    fs = LocalFiles()
+    point = pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], only=3)
+    assert (point.version, point.pointer, point.skipped) == (3, "--checkpoint v3", ())
+    (sites.t.checkpoint(3) / manifest_name("trainer")).unlink()
+    with pytest.raises(UsageError, match=r"^--checkpoint v3: trainer part: no MANIFEST.trainer.json"):
+        pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], only=3)
+    with pytest.raises(UsageError, match=r"^--checkpoint v9: not on the controller's site \(.*/iter-9\)$"):
+        pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], only=9)
