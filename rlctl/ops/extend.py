@@ -53,14 +53,16 @@ def earlier_iterations(jobdir: JobDir) -> list[int]:
 
 
 def completed_checkpoints(jobdir: JobDir) -> list[int]:
-    """The checkpoints the job completed, as its events say, less those a resume set aside since; oldest first."""
+    """The checkpoints the job completed, as its events say, less those a resume set aside since and those
+    `checkpoint.keep` let go (its newest that many stay: `rlctl.checkpoint.files.prune`); oldest first."""
     held: set[int] = set()
     for e in jobdir.read_events():
         if e.get("event") == "checkpoint" and isinstance(e.get("version"), int):
             held.add(e["version"])
         elif e.get("event") == "resumed_from":
             held -= {v for v in e.get("set_aside") or () if isinstance(v, int)}
-    return sorted(held)
+    keep = jobdir.read_job().checkpoint.keep
+    return sorted(held)[-keep:] if keep > 0 else sorted(held)
 
 
 def rollback_to(jobdir: JobDir, named: str) -> int:

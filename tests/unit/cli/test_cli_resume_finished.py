@@ -205,6 +205,16 @@ def test_a_roll_back_to_no_checkpoint_of_the_job_is_refused_and_changes_nothing(
     assert files(jd.path) == before
 
 
+def test_a_roll_back_to_a_checkpoint_checkpoint_keep_let_go_is_refused(tmp_path: Path) -> None:
+    jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
+    spec = jd.read_job()
+    jd.write_job(spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"keep": 2})}), source="x")
+    checkpointed(jd, 5, 10, 15)
+    r = run_cli("launch", "--resume", str(jd.path), "--checkpoint", "5")
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr.startswith("rlctl: error: --checkpoint 5: no such complete checkpoint; this job has v10, v15")
+
+
 def test_a_checkpoint_without_a_resume_is_refused() -> None:
     r = run_cli("launch", str(DEMO), "--checkpoint", "5")
     assert r.exit_code == 2 and "--checkpoint names where a resume continues from" in r.stderr, r.stderr
