@@ -165,6 +165,14 @@ def _live_table(s: dict[str, Any]) -> str:
     return head + "\n\n" + body
 
 
+def checkpoints_line(s: dict[str, Any]) -> str:
+    """An ended job's complete checkpoints, and how to continue from one: 'v10, v20 (`rlctl launch --resume ID
+    --checkpoint V` continues from V; `--iterations N` trains on to N)'."""
+    c = s["checkpoints"]
+    held = ", ".join(f"v{v}" for v in c["versions"])
+    return f"{held} (`{c['resume']} --checkpoint V` continues from V; `--iterations N` trains on to N)"
+
+
 def index_line(s: dict[str, Any]) -> str:
     """The job index's state; where it says the job runs and every agent is known to have exited, without a
     summary, that it ended without one (a controller killed with its launcher: only the agents' logs say how). An
@@ -207,6 +215,8 @@ def _fallback_table(s: dict[str, Any]) -> str:
                 f"checkpoint: `{e['resume']}`",
             ]
         )
+    if (s.get("checkpoints") or {}).get("versions"):
+        rows.append(["checkpoints", checkpoints_line(s)])
     if s.get("index_state"):
         rows.append(["job index", index_line(s)])
     if s["sites_down"]:

@@ -38,6 +38,7 @@ from rlctl.launch.stage import (
     record_view,
 )
 from rlctl.ops.detach import launcher_running, launcher_state
+from rlctl.ops.extend import completed_checkpoints
 from rlctl.ops.jobdb import LIVE, JobDB, JobRow
 from rlctl.ops.jobref import JobRef, require_job_dir
 from rlctl.ops.run import STOP_REQUESTED, connect_client, current_run, run_summary
@@ -203,6 +204,10 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         # refused connect is not said ("was tcp://…: connect failed: [Errno 111] Connection refused" read as a fault)
         how_ended = out["summary"].get("state", "no state") if "summary" in out else "without a summary"
         out["controller"] = f"exited: the job ended ({how_ended})"
+    if ended:  # where `launch --resume --checkpoint V` may take it back to (a damaged job.json: none said)
+        with contextlib.suppress(RlctlError):
+            versions = completed_checkpoints(jd)
+            out["checkpoints"] = {"versions": versions, "resume": resume_command(ref.id if ref.row else jd.path)}
     return out, ended and not down
 
 

@@ -142,6 +142,28 @@ def test_status_of_an_ended_job_counts_its_iterations_as_its_summary_does(
     assert s["iterations_done"] == 70 and s["last_iteration"]["iteration"] == 69  # -o json keeps the row's index
 
 
+def test_status_of_an_ended_job_names_its_checkpoints_and_how_to_go_on_from_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `launch --resume --checkpoint V` and `--iterations N` were nowhere to be seen where an ended job is looked at
+    from rlctl.config import load_job
+    from tests.conftest import ROOT
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_with_controller(tmp_path, "ended", LOCAL, _killed_agent())
+    jd.write_job(load_job(ROOT / "jobs" / "demo.yaml").spec, source="x")
+    jd.summary_json.write_text(json.dumps({"state": "done", "iterations": 30, "iterations_planned": 30}))
+    for v in (10, 20, 30):
+        jd.event("checkpoint", version=v)
+    s, _ = operate.job_status(JobRef("ended", jd, None), timeout_s=2.0)
+    assert s["checkpoints"] == {"versions": [10, 20, 30], "resume": f"rlctl launch --resume {jd.path}"}
+    [line] = [line.split(None, 1)[1] for line in _fallback_table(s).splitlines() if line.startswith("checkpoints ")]
+    assert line == (
+        f"v10, v20, v30 (`rlctl launch --resume {jd.path} --checkpoint V` continues from V; `--iterations N` trains "
+        "on to N)"
+    )
+
+
 def _failed_row(name: str, jd: JobDir, **update: Any) -> JobRow:
     """The job's index row, which its launcher set failed (`update`: more of the row)."""
     return indexed_row(name, jd.path, job=jd.path.name, state="failed", **update)
