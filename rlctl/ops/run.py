@@ -329,6 +329,19 @@ class JobRun:
         )
         return h
 
+    def _unstart(self, aside: str, state: str | None) -> None:
+        """Undo what `start` changed before it refused to start: the summary of the run before back in place (here
+        and on the controller's site), the index row's state back to `state`."""
+        if self._record is not None:
+            fs, root = self._files()
+            try:
+                fs.move(f"{root}/{aside}", f"{root}/summary.json")
+            finally:
+                fs.close()
+        LocalFiles().move(str(self.jobdir.path / aside), str(self.jobdir.summary_json))
+        if self.db is not None and state is not None:
+            self.db.update(self.id, state=state, only_from=("launching",))
+
     def _register(self, state: str, **info: Any) -> None:
         if self.db is None:
             return
@@ -368,6 +381,10 @@ class JobRun:
         # by `rlctl status`) once this run's controller is gone without one
         aside = aside_name(self.jobdir.path)
         LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
+        before = None  # the index's state of the job before this run (a refused roll-back puts it back)
+        if checkpoint is not None and self.db is not None:
+            with contextlib.suppress(RlctlError):
+                before = self.db.get(self.id).state
         self._register("launching", sites=sorted(self.sites), launcher=this_launcher())
         agents = planned_agents(self.plan, self.sites, self.spec, master_port=_free_port())  # refuses a short site
         trainers = [a for a, _ in agents if a.role == "trainer"]
@@ -397,7 +414,12 @@ class JobRun:
             finally:
                 fs.close()
         if resume:
-            self.resumed = self.resume_point(trainer=trainers[0], only=checkpoint)
+            try:
+                self.resumed = self.resume_point(trainer=trainers[0], only=checkpoint)
+            except UsageError:
+                if checkpoint is not None:  # the roll-back the operator named is refused: nothing of the job changes
+                    self._unstart(aside, before)
+                raise
             self.resume_env = {ENV_RESUME: str(self.resumed.version)}
             skipped = [{"version": v, "why": why} for v, why in self.resumed.skipped]
             self.jobdir.event("resumed", version=self.resumed.version, pointer=self.resumed.pointer, skipped=skipped)

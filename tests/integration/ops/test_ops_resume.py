@@ -255,6 +255,14 @@ def rolled_back(job_dir, back: int, prompts: int) -> None:
     """The job, done at `back` + 2, is taken back to its checkpoint v`back` (`launch --resume --checkpoint`): the
     newer one is set aside, the curve and the ledger continue from v`back`, each prompt once in the new lineage."""
     more = back + 2
+    # its trainer part damaged first: refused in one line, the finished job left as it was (its summary, its state)
+    manifest = job_dir / "checkpoints" / f"iter-{back}" / "MANIFEST.trainer.json"
+    manifest.rename(job_dir / "manifest.aside")
+    r = rlctl("launch", "--resume", str(job_dir), "--checkpoint", f"v{back}", timeout_s=120)
+    assert r.returncode == 2 and f"--checkpoint v{back}: trainer part: no MANIFEST.trainer.json" in r.stderr, r.stderr
+    code, st = rlctl_json("status", str(job_dir))
+    assert code == 0 and st["summary"]["state"] == "done" and st["index_state"] == "finished", st
+    (job_dir / "manifest.aside").rename(manifest)
     code, s = rlctl_json("launch", "--resume", str(job_dir), "--checkpoint", f"v{back}", timeout_s=300)
     assert code == 0 and s["state"] == "done", why_not_done(job_dir, s)
     resumed = [e for e in events(job_dir) if e["event"] == "resumed_from"][-1]
