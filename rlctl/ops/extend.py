@@ -110,7 +110,9 @@ def write_iterations(jobdir: JobDir, iterations: int) -> None:
     if iterations == before:
         return
     data["job"] = {**data["job"], "iterations": iterations}
-    data["job_sha256"] = {**data.get("job_sha256", {}), "iterations": job_digests(data["job"])["iterations"]}
+    if isinstance(data.get("job_sha256"), dict):  # (a job.json of an rlctl that kept none: one digest alone would
+        # name every other field as edited by hand)
+        data["job_sha256"] = {**data["job_sha256"], "iterations": job_digests(data["job"])["iterations"]}
     data[EARLIER] = [*earlier_iterations(jobdir), before]
     tmp = jobdir.job_json.with_name(jobdir.job_json.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")

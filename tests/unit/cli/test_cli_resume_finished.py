@@ -18,7 +18,7 @@ from rlctl.config.job import Pipeline
 from rlctl.errors import UsageError
 from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops.extend import earlier_iterations, with_iterations
+from rlctl.ops.extend import earlier_iterations, with_iterations, write_iterations
 from rlctl.ops.jobchanges import launch_changes
 from rlctl.ops.jobdb import JobDB, default_home
 from rlctl.ops.run import refuse_if_finished
@@ -218,3 +218,16 @@ def test_a_roll_back_to_a_checkpoint_checkpoint_keep_let_go_is_refused(tmp_path:
 def test_a_checkpoint_without_a_resume_is_refused() -> None:
     r = run_cli("launch", str(DEMO), "--checkpoint", "5")
     assert r.exit_code == 2 and "--checkpoint names where a resume continues from" in r.stderr, r.stderr
+
+
+def test_a_new_count_in_a_job_json_without_digests_names_no_field_edited(tmp_path: Path) -> None:
+    # it wrote a digest of `iterations` alone into a job.json that kept none (an rlctl before the digests), so the
+    # resume said every other field of it (algorithm, batch, …) was edited by hand since the launch
+    jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
+    data = json.loads(jd.job_json.read_text())
+    del data["job_sha256"]
+    jd.job_json.write_text(json.dumps(data))
+    write_iterations(jd, 40)
+    assert jd.read_job().iterations == 40 and earlier_iterations(jd) == [15]
+    assert launch_changes(jd) == []
+    assert "job_sha256" not in json.loads(jd.job_json.read_text())
