@@ -358,13 +358,15 @@ def register(app: typer.Typer) -> None:
         # --detach for this very file, unchanged, does not check again — a dataset's rows are read to the end)
         if os.environ.pop(PREFLIGHT_PASSED_ENV, None) != _checked(job_file):
             preflight(job, plan=plan)
-        if detach_:  # the same launch in the background, into the directory chosen here
+        if detach_:  # the same launch in the background, into the directory chosen (and, if new, made) here
+            if job_dir is None and spec.job_dir is None:  # a timestamped one: not one another launch made meanwhile
+                path = JobDir.create(spec.name).path
             over = ["--iterations", str(iterations)] if iterations is not None else []
             over += ["--mode", mode.value] if mode is not None else []
             args = ["launch", str(job_file.absolute()), "--job-dir", str(path), *over]
             run_detached(args, path, output, env={PREFLIGHT_PASSED_ENV: _checked(job_file)})
             return
-        jd = launch_dir(job, spec, path)
+        jd = launch_dir(job, spec, job_dir)  # (a timestamped directory chosen again: `path` may be another launch's)
 
         def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
             units = sum(g["units"] for g in plan["rollout"])

@@ -109,8 +109,16 @@ class JobDir:
 
     @classmethod
     def create(cls, name: str, *, explicit: str | Path | None = None) -> JobDir:
+        """`explicit`, made if it is not there; else a new timestamped directory, made by this call alone (another
+        launch in the same second, which chose the same name, made it first: the next name is taken)."""
         path = cls.choose_path(name, explicit=explicit)
         try:
+            while explicit is None:
+                try:
+                    path.mkdir(parents=True)
+                    break
+                except FileExistsError:
+                    path = cls.choose_path(name)
             path.mkdir(parents=True, exist_ok=True)
             (path / "logs").mkdir(exist_ok=True)
             (path / "checkpoints").mkdir(exist_ok=True)

@@ -1107,8 +1107,13 @@ def client_hello(name: str) -> dict[str, Any]:
 def launch_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> JobDir:
     """A fresh launch's job directory, created, with its id (`JobDB.id_for`: its name, unless another job of the index
     has that name) and its row in the index, `launching` (`JobDB.reserve`); one that already holds a job (or is a
-    file) is refused (`fresh_dir`), nothing written."""
-    jd = JobDir.create(spec.name, explicit=fresh_dir(job, spec, job_dir))
+    file) is refused (`fresh_dir`), nothing written. `job_dir`: the --job-dir flag; None: the job file's `job_dir`,
+    else a new timestamped directory, chosen and made here (one `fresh_dir` chose before preflight may be another
+    launch's by now)."""
+    if job_dir is None and spec.job_dir is None:  # a new timestamped directory, not one another launch made since
+        jd = JobDir.create(spec.name)
+    else:
+        jd = JobDir.create(spec.name, explicit=fresh_dir(job, spec, job_dir))
     with contextlib.closing(JobDB()) as db:
         db.reserve(
             jd.path,

@@ -162,3 +162,41 @@ def test_a_dry_run_shows_the_site_job_dirs_of_the_id_the_launch_would_take(
     assert r.exit_code == 0, r.stderr
     text = json.dumps(json.loads(r.stdout))
     assert f"{tmp_path / 'w'}/jobs/run-" in text and f"{tmp_path / 'w'}/jobs/run/" not in text, text[:2000]
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_two_launches_at_once_of_one_job_file_get_a_directory_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, detach: bool
+) -> None:
+    """`rlctl launch demo.yaml` twice in the same second: each chose runs/demo-<time> before its preflight and made it
+    after, so the second was refused, naming a --job-dir it was never given ('--job-dir: …/demo-… already holds a
+    job'). Here the other launch makes that directory (and writes its job.json) while this one's preflight runs."""
+    from rlctl.commands import launch as launch_cli
+    from rlctl.launch import jobdir
+    from rlctl.ops import preflight
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(jobdir.time, "strftime", lambda _: "20261205-072558")  # both in the same second
+    chosen = tmp_path / "home" / "runs" / "demo-20261205-072558"
+
+    def other_launch_meanwhile(*_: object, **__: object) -> None:
+        JobDir.create("demo", explicit=chosen).job_json.write_text("{}")
+
+    got: list[Path] = []
+    monkeypatch.setattr(preflight, "preflight", other_launch_meanwhile)
+    monkeypatch.setattr(launch_cli, "be_launcher", lambda jd, _spec, _plan, db, *_: (got.append(jd.path), db.close()))
+    monkeypatch.setattr(launch_cli, "run_detached", lambda args, path, *_, **__: got.append(path))
+    r = run_cli("launch", str(DEMO), *(["--detach"] if detach else []))
+    assert r.exit_code == 0, r.stderr
+    assert got == [chosen.with_name("demo-20261205-072558-1")] and (chosen / "job.json").read_text() == "{}"
+
+
+def test_a_timestamped_directory_made_between_its_choice_and_its_mkdir_is_not_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken, free = tmp_path / "demo-1", tmp_path / "demo-2"
+    taken.mkdir()  # another launch's, made after this one chose the name
+    names = iter([taken, free])
+    monkeypatch.setattr(JobDir, "choose_path", staticmethod(lambda name, explicit=None: next(names)))
+    assert JobDir.create("demo").path == free
