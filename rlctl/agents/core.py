@@ -820,6 +820,7 @@ class ControllerCore:
         """Continue from the checkpoint of `version`: the iterations before it are trained; every other entry
         of `ledger` is queued again (`Ledger.from_json`), to be generated on the checkpoint's weights."""
         assert not self.started and self.created == 0, "restore before the first agent joins"
+        ledger.forget_rounds(self.cfg.iterations)  # (the job's count lowered since: rounds past it are not generated)
         queued = {e.prompt_id for e in ledger.entries.values() if e.state is State.QUEUED}
         # the rounds whose groups are generated again: a group keeps the round it was created in (a checkpoint from
         # before rounds were kept: within η of the buffer it had)

@@ -433,6 +433,26 @@ class Ledger:
         for r in [r for r in self.refills if r < oldest]:
             del self.refills[r]
 
+    def forget_rounds(self, first: int) -> None:
+        """Take out the groups of rounds `first` and later that are only queued, and the rounds themselves: the job's
+        count was lowered to `first` iterations at a resume (`launch --resume --iterations`), so they are never
+        generated; kept, they were prompts of the job's ledger that no iteration trains."""
+        groups = [es for es in self.by_prompt.values() if es[0].round is not None and es[0].round >= first]
+        for es in groups:
+            if any(e.state is not State.QUEUED for e in es):
+                continue
+            for e in es:
+                del self.entries[e.sample_id]
+                self.by_iteration[e.iteration].remove(e)
+                self._queued[e.iteration] -= 1
+                self.partials.drop(e.sample_id)
+            del self.by_prompt[es[0].prompt_id]
+            self.crashes.pop(es[0].prompt_id, None)
+        for it in [i for i, es in self.by_iteration.items() if not es]:
+            del self.by_iteration[it]
+        self.refills = {r: n for r, n in self.refills.items() if r < first}
+        self.rounds = min(self.rounds, first)
+
     # -- checkpoint ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {

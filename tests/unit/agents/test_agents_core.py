@@ -794,3 +794,28 @@ def test_a_reward_holds_the_trainer_only_from_when_the_trainer_waits_for_it():
     now[0] = 2.6
     core.unstick()
     assert core.ledger.entries["p1/0"].state is State.DISPATCHED  # held 0.6 s: generated again
+
+
+def test_a_core_restored_with_fewer_iterations_leaves_the_rounds_past_them_out_of_its_ledger():
+    """`launch --resume JOB --iterations N` below the job's count: the checkpoint's ledger holds rounds up to η past
+    its version, some of them past N. They stayed in the ledger, queued and never generated: the summary of a done
+    2-iteration job said `prompts 6 trained 4` (η 1; `prompts 8` at η 2), with none lost."""
+    for eta in (1, 2):
+        core = _core(mode="async", eta=eta, prompts=2, iterations=6)
+        core.join("trainer-0", role="trainer", version=0)
+        for sid, _ in _generate(core.join("r0", role="rollout", version=0))["r0"]:
+            _finish(core, "r0", sid)
+        core.trained(iteration=0, version=1, sample_ids=["p0-0/0", "p0-1/0"], stats={})
+        assert core.created == 2 + eta  # the checkpoint of v1 holds rounds 0 … 1 + η
+
+        again = _core(mode="async", eta=eta, prompts=2, iterations=2)
+        again.restore(version=1, ledger=Ledger.from_json(core.ledger.to_json()))
+        again.join("trainer-0", role="trainer", version=1)
+        outs = []
+        for sid, _ in _generate(again.join("r0", role="rollout", version=1))["r0"]:
+            outs += _finish(again, "r0", sid, version=1)
+        delivered = sorted(s["sample_id"] for o in outs if o.kind == "samples" for s in o.header["samples"])
+        again.trained(iteration=1, version=2, sample_ids=delivered, stats={})
+        counts = again.ledger.counts(completed_iterations=2)
+        assert again.done and (counts.prompts, counts.trained, counts.lost) == (4, 4, 0), (eta, counts)
+        assert again.created == 2 and not again.ledger.entries
