@@ -56,7 +56,7 @@ from rlctl.errors import LaunchError, RlctlError, Stopped, UsageError
 from rlctl.launch.agentenv import ENV_RESUME, ENV_RUN, ENV_VISIBLE, ParallelConfig
 from rlctl.launch.backends import AGENTS_FILE, Backends, kind_of, read_sites, record_agent, stop_agents, write_sites
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec, exit_text
-from rlctl.launch.jobdir import JobDir, json_lines, refuse_taken, resume_command, say_once
+from rlctl.launch.jobdir import HOME_ENV, JobDir, json_lines, refuse_taken, resume_command, say_once, why_not_made
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, trainer_parallel, unshared_trainer
 from rlctl.launch.sitefs import HostFiles, LocalFiles, access_hosts, agent_view, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
@@ -1126,9 +1126,16 @@ def launch_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> JobDir:
 
 def fresh_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> Path:
     """Where a fresh launch of `job` writes (--job-dir `job_dir`, else the job file's `job_dir`, else a new
-    timestamped directory); UsageError, one line, when that is a file or holds a job already (`refuse_taken`)."""
+    timestamped directory); UsageError, one line, when that is a file or holds a job already (`refuse_taken`), or
+    cannot be made (`why_not_made`)."""
     explicit = job_dir if job_dir is not None else spec.job_dir
     path = JobDir.choose_path(spec.name, explicit=explicit)
     if explicit is not None:
         refuse_taken(path, named_by="--job-dir" if job_dir is not None else f"{job.path}: job_dir")
+    elif (why := why_not_made(path)) is not None:  # a new timestamped directory, which no flag or field named
+        raise UsageError(
+            f"the job's new directory: {why}",
+            hint=f"name one with --job-dir (or the job file's job_dir), or set {HOME_ENV} to a directory you may "
+            "write in (its runs/ holds them)",
+        )
     return path

@@ -106,6 +106,26 @@ def test_a_job_dir_that_cannot_be_made_is_refused_by_check_and_launch_writing_no
     assert (tmp_path / "notes.txt").read_text() == "mine\n" and not home.exists()
 
 
+def test_a_new_job_dir_that_cannot_be_made_is_refused_before_preflight_naming_no_flag(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No --job-dir, no job_dir field, and runs/ under RLCTL_HOME a file: refused once the job was checked, with
+    '--job-dir: …/runs/demo-…: … is a file', naming a flag the launch was not given."""
+    from rlctl.ops import preflight
+
+    home.mkdir()
+    (home / "runs").write_text("mine\n")
+    checked: list[object] = []
+    monkeypatch.setattr(preflight, "preflight", lambda *a, **_: checked.append(a))
+    line = one_error(run_cli("launch", str(DEMO)))
+    assert line.startswith(f"rlctl: error: the job's new directory: {home / 'runs'}/demo-"), line
+    assert line.endswith(
+        f": {home / 'runs'} is a file, not a directory (hint: name one with --job-dir (or the job file's job_dir), "
+        "or set RLCTL_HOME to a directory you may write in (its runs/ holds them))"
+    ), line
+    assert checked == [] and (home / "runs").read_text() == "mine\n"
+
+
 # -- 2. job-dir files cut short or garbled ------------------------------------------------------------------
 def test_a_jsonl_skips_a_last_line_cut_short_and_names_any_other_bad_line(tmp_path: Path) -> None:
     jd = prepared(tmp_path / "run")
