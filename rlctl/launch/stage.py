@@ -67,6 +67,11 @@ INIT_MODEL = "model/init"  # the starting policy: staged once per work root and 
 INIT_RECORD = "init-model.json"  # the operator's record of the starting model's files (`check_init_record`)
 TREES = ("model", "data", "reward")  # what prepare() builds (rlctl.ops.inputs): policy, data set, reward file
 RECORD_FILES = ("controller.json", "summary.json")
+# what the launcher writes into its copy of a run's summary.json: the held-out figures (`add_heldout`), the exits of
+# its own agents (`JobRun._record_exits`), the first trainer rank that ended and a stop the controller did not see
+# (`state`); kept when the controller's copy of the same run is fetched again (every `rlctl status` of a job whose
+# controller ran on another site)
+LAUNCHER_SUMMARY_KEYS = ("heldout", "agent_exits", "trainer_ranks_ended", "state")
 EVENTS = "events.jsonl"  # the controller's site's and the operator's, merged here
 SITE_EVENTS = ".site-events.jsonl"  # the controller's site's events.jsonl as fetched (by what it grew)
 TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
@@ -816,6 +821,8 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
             text = fs.read_text(f"{root}/{name}")
             if text is None:
                 continue
+            if name == "summary.json":
+                text = _with_launchers_keys(job_dir / name, text)
             replace_text(job_dir / name, text)
             fetched.append(name)
         mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
@@ -837,6 +844,22 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
     finally:
         fs.close()
     return fetched
+
+
+def _with_launchers_keys(here: Path, fetched: str) -> str:
+    """The controller's summary.json as fetched, with `LAUNCHER_SUMMARY_KEYS` of the copy `here` when that is the
+    same run's (its `run` id): before, a fetch again replaced them, so `rlctl status` of a finished job whose
+    controller ran on another site took its held-out figures out of summary.json (and `rlctl report`)."""
+    try:
+        mine, theirs = json.loads(here.read_text()), json.loads(fetched)
+    except (OSError, ValueError):
+        return fetched
+    if not (isinstance(mine, dict) and isinstance(theirs, dict)) or mine.get("run") is None:
+        return fetched
+    if mine["run"] != theirs.get("run"):
+        return fetched
+    kept = {k: mine[k] for k in LAUNCHER_SUMMARY_KEYS if k in mine}
+    return json.dumps({**theirs, **kept}, indent=2, default=str) + "\n"
 
 
 def event_to_record(job_dir: Path, row: dict[str, Any], view: tuple[Site, str, str] | None = None) -> None:

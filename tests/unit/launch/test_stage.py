@@ -838,3 +838,22 @@ def test_an_event_for_the_controller_goes_to_its_record_on_its_site_and_merges_b
     assert here == ["agent_started", "stop_requested"]  # once, though on both sides
     event_to_record(src, row, (site, "localhost", str(src)))  # the record is here: nothing more
     assert len((src / "events.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_fetch_again_keeps_what_the_launcher_wrote_into_the_same_runs_summary(tmp_path: Path) -> None:
+    """A controller on another site: the launcher's held-out figures and agent exits in summary.json were replaced by
+    the controller's copy at the next fetch (every `rlctl status` of the ended job), so `rlctl report` lost them."""
+    src = job_dir(tmp_path)
+    site = local_site(tmp_path / "w")
+    root = Path(site_root(site, "job-1", here=src))
+    root.mkdir(parents=True)
+    (root / "summary.json").write_text('{"run": "r1", "state": "done", "iterations": 4}')
+    fetch_record(src, site, "localhost", str(root))  # the launcher's, once its run ended
+    record = json.loads((src / "summary.json").read_text())
+    record |= {"heldout": {"prompts": 512}, "agent_exits": {"trainer-0": 0}}
+    (src / "summary.json").write_text(json.dumps(record))
+    fetch_record(src, site, "localhost", str(root))  # `rlctl status`
+    assert json.loads((src / "summary.json").read_text()) == record
+    (root / "summary.json").write_text('{"run": "r2", "state": "stopped", "iterations": 6}')  # the next run's
+    fetch_record(src, site, "localhost", str(root))
+    assert json.loads((src / "summary.json").read_text()) == {"run": "r2", "state": "stopped", "iterations": 6}
