@@ -120,7 +120,8 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
         newest = _latest(job_dir)
         if newest is None:
             raise UsageError(f"{job_dir}: no checkpoint is complete yet (no {LATEST_POINTER})")
-        candidates = [v for v in versions if v <= newest]
+        # the one latest.json names first, a version of the job or not (a count changed in job.json by hand since)
+        candidates = sorted({newest, *(v for v in versions if v <= newest)} - {0}, reverse=True)
     elif number is not None:
         candidates = [number]
     else:

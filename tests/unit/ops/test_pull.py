@@ -309,3 +309,17 @@ def test_pull_and_status_of_a_job_without_its_sites_json_name_the_missing_file(
         f"rlctl: error: {jd.path}/sites.json: no site 'local', the trainer's in plan.json (the launch's record of the "
         "job's sites is damaged) (hint: put it back from a copy of the job dir)\n"
     ), r.stderr
+
+
+def test_pull_takes_the_checkpoint_latest_names_though_job_json_counts_other_versions(tmp_path: Path) -> None:
+    """job.json's `iterations` edited by hand since v2 (to 5, every 3: the job's versions are v5, v3): the pull took
+    the versions at or below v2 only, and found none ('no checkpoint … could be pulled from site local: ' and no
+    reason); after a `launch --resume --iterations` from v1 (`iterations_before: [1]`) it took v1, not the latest v2."""
+    jd, models = job_dir(tmp_path)
+    data = json.loads(jd.job_json.read_text())
+    data["job"] |= {"iterations": 5, "checkpoint": {**data["job"]["checkpoint"], "every_iterations": 3}}
+    jd.job_json.write_text(json.dumps(data))
+    got = pull(jd.path)
+    assert got.version == 2 and same(TinyGPT.from_pretrained(got.to), models[2])
+    jd.job_json.write_text(json.dumps({**data, "iterations_before": [1]}))
+    assert pull(jd.path, to=tmp_path / "again").version == 2
