@@ -40,7 +40,7 @@ from typing import Any
 
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
-from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, python_for, read_sites
+from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, kind_of, python_for, read_sites
 from rlctl.launch.base import AgentHandle, site_setup
 from rlctl.launch.jobdir import appending, json_file, replace_text, say_once
 from rlctl.launch.remote import CommandResult, SshRunner, sh_path
@@ -798,6 +798,14 @@ def root_for(roots: Roots, host: str | None) -> str:
 
 
 # -- the job's record on the controller's site ----------------------------------------------------------
+def here_root(site: Site, root: str, job_dir: Path) -> str:
+    """The site job dir `root` staged.json names, for the operator's job dir `job_dir` as it is now: a site with no
+    work root keeps the job's files in the operator's job dir, wherever that dir is now — a copied or moved job dir
+    is its own record, not the one it was copied from (its status overwrote the copy's record with the original's,
+    and its stop wrote the original's events)."""
+    return str(job_dir) if not is_remote(site) and kind_of(site).work_root(site) is None else root
+
+
 def controller_view(
     staged: dict[str, Any], sites: dict[str, Site], controller_site: str, host: str | None
 ) -> tuple[Site, str, str]:
@@ -998,7 +1006,8 @@ def record_view(job_dir: Path) -> tuple[Site, str, str] | None:
     # which stops every agent it can read, those recorded on the controller's site among them)
     rows = agents_from_lines(local.read_text(), skipped=[]) if local.exists() else []
     host = next((h.ident.get("host") for h in rows if h.spec.role == "controller"), None)
-    return controller_view(staged, sites, cs, host)
+    site, view, root = controller_view(staged, sites, cs, host)
+    return site, view, here_root(site, root, job_dir)
 
 
 def _recorded_text(job_dir: Path, problems: list[str] | None) -> str:

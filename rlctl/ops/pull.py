@@ -33,6 +33,7 @@ from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, i
 from rlctl.launch.stage import (
     TRACKER_DIRS,
     fetch_record,
+    here_root,
     plan_site,
     read_plan,
     read_staged,
@@ -78,7 +79,7 @@ def _trainer_view(job_dir: Path) -> tuple[str, HostFiles, str]:
     say_once(skipped)
     host = next((h.ident.get("host") for h in rows if h.spec.name == "trainer-0"), None)
     view = agent_view(site, host)
-    return site_name, host_files(site, view), root_for(staged[site_name]["roots"], view)
+    return site_name, host_files(site, view), here_root(site, root_for(staged[site_name]["roots"], view), job_dir)
 
 
 def _latest(job_dir: Path) -> int | None:

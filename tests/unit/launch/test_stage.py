@@ -857,3 +857,19 @@ def test_a_fetch_again_keeps_what_the_launcher_wrote_into_the_same_runs_summary(
     (root / "summary.json").write_text('{"run": "r2", "state": "stopped", "iterations": 6}')  # the next run's
     fetch_record(src, site, "localhost", str(root))
     assert json.loads((src / "summary.json").read_text()) == {"run": "r2", "state": "stopped", "iterations": 6}
+
+
+def test_a_copied_job_dir_of_a_local_site_is_its_own_record(tmp_path: Path) -> None:
+    # the copy's staged.json names the dir it was launched in: its status fetched that dir's record over the copy's,
+    # and its stop wrote the original's events
+    d = job_dir(tmp_path)
+    write_sites(d, {"local": local_site(), "far": local_site(tmp_path / "w")})
+    (d / "plan.json").write_text('{"controller_site": "local"}')
+    far = str(tmp_path / "w" / "jobs" / "job-1")
+    stage.write_staged(d, {"local": {"roots": {"localhost": str(d)}}, "far": {"roots": {"localhost": far}}})
+    copy = tmp_path / "elsewhere" / "job-1"
+    shutil.copytree(d, copy)
+    assert stage.record_view(copy) == (local_site(), "localhost", str(copy))
+    assert fetch_record(copy, *stage.record_view(copy)) == []
+    (copy / "plan.json").write_text('{"controller_site": "far"}')  # a site with a work root keeps its own dir
+    assert stage.record_view(copy) == (local_site(tmp_path / "w"), "localhost", far)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -323,3 +324,13 @@ def test_pull_takes_the_checkpoint_latest_names_though_job_json_counts_other_ver
     assert got.version == 2 and same(TinyGPT.from_pretrained(got.to), models[2])
     jd.job_json.write_text(json.dumps({**data, "iterations_before": [1]}))
     assert pull(jd.path, to=tmp_path / "again").version == 2
+
+
+def test_pull_of_a_copied_job_dir_reads_the_copy(tmp_path: Path) -> None:
+    # its staged.json names the dir it was launched in: the copy's pull read that dir's checkpoints
+    jd, models = job_dir(tmp_path)
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(jd.path, copy)
+    shutil.rmtree(jd.path)
+    got = pull(copy)
+    assert got.version == 2 and got.to == copy / "pulled" / "v2" and same(TinyGPT.from_pretrained(got.to), models[2])
