@@ -1012,6 +1012,11 @@ def refuse_if_unprepared(jobdir: JobDir, *, source: str | None, nothing: str = "
                 hint=f"put the job dir's plan.json back from a copy, or launch the job anew: `{launch_again(source)}`",
             )
         return
+    if jobdir.plan_json.exists():  # `prepare` writes it before job.json: this job was prepared, its job.json removed
+        raise UsageError(
+            f"{jobdir.job_json}: missing (the resolved job, written with its plan.json); {nothing}",
+            hint="put the job dir's job.json back from a copy",
+        )
     holder = jobdir.launcher_holder()
     if holder is not None:  # its launch holds it while it prepares (an SFT warm-up, tokenizing): not one that ended
         raise UsageError(

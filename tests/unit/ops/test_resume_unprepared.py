@@ -95,3 +95,25 @@ def test_attach_resume_pull_of_a_job_without_its_plan_name_the_missing_plan_json
             f"rlctl: error: {jd.plan_json}: missing (the job's plan, written with its job.json); nothing to {nothing} "
             "(hint: put the job dir's plan.json back from a copy, or launch the job anew: `rlctl launch p.yaml`)\n"
         ), r.stderr
+
+
+def test_attach_resume_pull_of_a_job_without_its_job_json_name_the_missing_job_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # plan.json there (`prepare` writes it first), job.json deleted by hand: each said the job "was never prepared
+    # (…: its launch was stopped or failed before any agent started)" and to launch it anew, of a job that had run
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
+    jd.write_json(jd.plan_json, {"controller_site": "local"})
+    launcher = {"pid": 2**22 + 1, "host": socket.gethostname()}  # gone
+    indexed_row("demo-1", jd.path, job="demo", state="running", info={"launcher": launcher, "source": "p.yaml"})
+    for args, nothing in (
+        (["attach", "demo-1"], "watch"),
+        (["launch", "--resume", "demo-1"], "resume"),
+        (["pull", "demo-1"], "pull"),
+    ):
+        r = run_cli(*args)
+        assert r.exit_code == 2 and r.stderr == (
+            f"rlctl: error: {jd.job_json}: missing (the resolved job, written with its plan.json); nothing to "
+            f"{nothing} (hint: put the job dir's job.json back from a copy)\n"
+        ), r.stderr
