@@ -34,6 +34,9 @@ def test_a_folder_named_like_a_job_does_not_hide_it(tmp_path: Path, db: JobDB, m
     (cwd / "other").mkdir()
     with pytest.raises(UsageError, match=r"^other: not a job directory \(no job.json\), and no job 'other' in"):
         resolve("other", db=db)
+    (cwd / "other" / "plan.json").write_text("{}")  # a job dir whose job.json was removed: not "not a job directory"
+    with pytest.raises(UsageError, match=r"^other/job.json: missing \(the resolved job, written with its plan.json\)$"):
+        resolve("other", db=db)
 
 
 def test_a_job_directory_and_another_indexed_job_of_that_name_are_refused(

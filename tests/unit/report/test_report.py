@@ -159,6 +159,12 @@ def test_out_a_directory_names_the_option_and_what_is_valid(tmp_path: Path, monk
 def test_missing_job_json_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"not a job directory \(no job\.json\)"):
         build_report(tmp_path)
+    # a job dir (its plan.json, which `prepare` writes first) whose job.json was removed: said "not a job directory"
+    (tmp_path / "plan.json").write_text("{}")
+    said = r"/job\.json: missing \(the resolved job, written with its plan\.json\)$"
+    with pytest.raises(UsageError, match=said) as e:
+        build_report(tmp_path)
+    assert e.value.hint == "put the job dir's job.json back from a copy"
 
 
 def test_corrupt_metrics_line_names_file_and_line(tmp_path: Path) -> None:
