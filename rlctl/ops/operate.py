@@ -300,9 +300,10 @@ def fetch_job_record(ref: JobRef) -> list[str]:
 def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0) -> dict[str, Any]:
     if delta == 0:
         raise RlctlError("--rollout must be non-zero, e.g. +1 or -1")
-    if ref.row is not None and ref.row.state not in LIVE:  # its controller is gone: "did not answer" misled
+    # its controller is gone: "did not answer" misled (a job dir the index lacks: its summary says how it ended)
+    if (ended := job_end(ref)) is not None:
         raise UsageError(
-            f"job {ref.id} ended ({ref.row.state}): nothing to scale",
+            f"job {ref.id} ended ({ended}): nothing to scale",
             hint=f"continue a failed or stopped one with `rlctl launch --resume {ref.id}`",
         )
     try:

@@ -174,3 +174,16 @@ def test_ctrl_c_in_a_scale_wait_says_which_units_the_job_is_adding(
     assert r.stderr == (
         "rlctl: interrupted: stopped waiting; the job goes on adding rollout-1, rollout-2 (`rlctl status far`)\n"
     )
+
+
+def test_a_scale_of_an_ended_job_dir_the_index_lacks_says_it_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a job dir copied from another machine, or an index lost: "the controller did not answer … is the job running?",
+    # exit 1, of a job whose summary says it is done
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_dir(tmp_path / "copied")
+    jd.write_json(jd.summary_json, {"state": "done"})
+    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: pytest.fail("no controller to ask"))
+    r = run_cli("scale", str(jd.path), "--rollout", "-1")
+    assert r.exit_code == 2 and r.stderr.startswith("rlctl: error: job copied ended (done): nothing to scale"), r.stderr
