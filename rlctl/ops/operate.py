@@ -344,16 +344,21 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     unsure: dict[str, Any] = {}  # name → process group of those that are not
     running: set[str] = set()
     down = False
-    if ref.row is not None and ref.row.state not in LIVE:
+    ended_as = ref.row.state if ref.row is not None and ref.row.state not in LIVE else None
+    if ref.row is None:  # a job dir the index lacks (copied, its index lost): its summary says whether it ended
+        ended_as = job_end(ref)
+    if ended_as is not None:
         # read once (a remote controller site's record is one SSH fetch), and as the stop reads it: a damaged line
         # is left out here and said by the stop below, where there is one
         recorded = all_recorded_agents(jd.path, [], skipped=[])
         unsure = _unidentified(ref, recorded)
         running, down = _running(ref, recorded)
         unsure = {name: pgid for name, pgid in unsure.items() if name in running}
-    if ref.row is not None and ref.row.state not in LIVE and not down and running <= set(unsure):
-        ended = {**out, "ended": ref.row.state, "graceful": "-", "agents": [], "problems": []}
+    if ended_as is not None and not down and running <= set(unsure):
+        ended = {**out, "ended": ended_as, "graceful": "-", "agents": [], "problems": []}
         ended["problems"] = [_unsure_line(name, pgid) for name, pgid in unsure.items()]
+        if ref.row is None:  # no launcher holds it (`job_end`), and none is recorded
+            return ended
         launcher = ref.row.info.get("launcher")
         if launcher_running(launcher) is False:
             return ended

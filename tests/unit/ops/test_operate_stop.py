@@ -212,6 +212,23 @@ def test_a_stop_of_a_finished_job_says_so_and_changes_nothing(
     assert stop_cli._table(out) == "job short2 already ended (finished)"
 
 
+def test_a_stop_of_a_finished_job_dir_the_index_lacks_says_so_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a job dir copied from another machine, or an index lost: its summary says done, yet the stop wrote its events
+    # (stop_requested, stopped_by_operator) and listed the exited agents as stopped
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("short", explicit=tmp_path / "copied")
+    write_sites(jd.path, {})
+    jd.write_json(jd.summary_json, {"state": "done"})
+    exited = [{"name": "controller-0", "state": "exited 0"}, {"name": "rollout-0", "state": "exited 0"}]
+    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s, handles: (exited, []))
+    monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
+    out = operate.stop(JobRef("copied", jd, None), grace_s=2)
+    assert out == {"id": "copied", "ended": "done", "graceful": "-", "agents": [], "problems": []}
+    assert not jd.events.exists()
+
+
 def test_an_orphan_of_a_failed_job_is_stopped_and_the_index_keeps_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
