@@ -167,6 +167,7 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         return out, True
     out["controller"] = f"{how}: {value}" if value else how
     out["source"] = "job directory + site schedulers"
+    read_sites(jd.path)  # a damaged one fails the status (site_view): said once here, not first as two warnings
     fetch_job_record(ref)
     rows = jd.read_lines(jd.metrics)
     if rows:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import socket
 import sys
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from rlctl.config import load_job
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import agents_from_lines, write_sites
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.stage import write_staged
 from rlctl.ops.jobdb import JobDB, default_home
 from tests.conftest import ROOT, CliResult, run_cli
 
@@ -182,6 +184,18 @@ def test_status_on_a_garbled_job_file_is_one_line_naming_it(tmp_path: Path, name
     assert f"{jd.path}/{says}" in one_error(run_cli("status", str(jd.path)), code=1)
     if name == "sites.json":
         assert f"{jd.path}/{says}" in one_error(run_cli("stop", str(jd.path)), code=1)
+
+
+def test_status_of_a_staged_job_whose_sites_json_is_garbled_is_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # staged.json there (every launched job): two warnings naming it came first ("cannot fetch the record from the
+    # controller's site", "the controller site's agent record is unreachable"), then the error
+    jd = prepared(tmp_path / "run")
+    write_staged(jd.path, {"local": {"roots": {"localhost": str(jd.path)}, "files": []}})
+    (jd.path / "sites.json").write_text("garbage")
+    assert f"{jd.path}/sites.json: not valid JSON" in one_error(run_cli("status", str(jd.path)), code=1)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 @pytest.mark.parametrize(
