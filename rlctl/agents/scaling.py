@@ -166,8 +166,14 @@ class Scaler:
         return [n for n in self.spawn_requested if n not in self.core.units]
 
     def free_slots(self) -> dict[str, int]:
-        """Rollout units each rollout site can still start for this job."""
-        return self.placement.free_slots([u.name for u in self.core.units.values() if u.alive] + self.pending_units())
+        """Rollout units each rollout site can still start for this job: beside its live units, those asked for and
+        the plan's that have not joined yet (the launcher starts them: a scale before they joined took their slots)."""
+        planned = [
+            n for n in _sites_by_agent(self.placement.plan) if n.startswith("rollout-") and n not in self.core.units
+        ]
+        return self.placement.free_slots(
+            [u.name for u in self.core.units.values() if u.alive] + self.pending_units() + planned
+        )
 
     # -- requests -----------------------------------------------------------------------------------
     def scale(self, delta: int, site: str | None, *, reason: str) -> tuple[dict[str, Any], list[Out]]:

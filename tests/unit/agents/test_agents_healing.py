@@ -301,3 +301,15 @@ def test_a_resume_starts_again_the_units_that_fit_when_not_all_do(tmp_path) -> N
     failed = [e for e in scaler.jobdir.read_lines(scaler.jobdir.events) if e["event"] == "scale_failed"]
     assert [(e["site"], e["units"]) for e in failed] == [("a", 2)], failed
     assert failed[0]["error"] == "only 1 of 3 units fit on a: free slots a 1", failed
+
+
+def test_the_plans_units_that_have_not_joined_yet_hold_their_slots(tmp_path) -> None:
+    """The launcher starts the plan's units; until they join, `rlctl status` said their slots were free (`free slots
+    local 3` of a 4-slot site holding the trainer and two units starting) and `rlctl scale` started units there."""
+    scaler, core, _, _, spawner = setup(tmp_path, fail=0)
+    joined = ControllerCore(core.cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1], 1)])
+    joined.join("rollout-0", role="rollout", version=0)  # rollout-1, the plan's, is still starting
+    scaler.core = joined
+    assert scaler.free_slots() == {"a": 1}
+    reply, _ = scaler.scale(2, None, reason="operator")
+    assert reply == {"error": "only 1 of 2 units fit on a: free slots a 1"} and spawner.calls == []
