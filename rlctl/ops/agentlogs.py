@@ -24,11 +24,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError, RlctlError
-from rlctl.launch.backends import Backends, read_sites
+from rlctl.launch.backends import Backends, kind_of, read_sites
 from rlctl.launch.base import AgentHandle
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
+from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote
+from rlctl.launch.stage import read_staged
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +71,27 @@ def locate(job_dir: Path, handles: dict[str, AgentHandle], name: str, *, views: 
     site = read_sites(job_dir, required=True).get(h.spec.site)  # gone: not "no log", where its site is was deleted
     if site is None:
         return None
+    moved = _moved_here(job_dir, site, h)
+    if moved is not None and moved.exists():
+        return AgentLog(name, LocalFiles(), str(moved), h)
     host = agent_view(site, h.ident.get("host"))
     if views is None:
         return AgentLog(name, host_files(site, host), str(h.spec.log_path), h)
     if (h.spec.site, host) not in views:
         views[(h.spec.site, host)] = host_files(site, host)
     return AgentLog(name, views[(h.spec.site, host)], str(h.spec.log_path), h, shared=True)
+
+
+def _moved_here(job_dir: Path, site: Site, h: AgentHandle) -> Path | None:
+    """Where the agent's log is in `job_dir` when its site keeps the job's files in the operator's job dir (a local
+    site without a work root) and that dir was moved or copied since: its record names the log under the dir the job
+    was staged in (staged.json's root), where it is no more ("has no log at <the old path> (removed?)")."""
+    if is_remote(site) or kind_of(site).work_root(site) is not None or h.spec.log_path is None:
+        return None
+    for root in read_staged(job_dir).get(h.spec.site, {}).get("roots", {}).values():
+        if h.spec.log_path.is_relative_to(root):
+            return job_dir / h.spec.log_path.relative_to(root)
+    return None
 
 
 def tail(

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlctl.config.inventory import Site
 from rlctl.launch.backends import write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.sitefs import FileState, HostFiles
+from rlctl.launch.stage import write_staged
 from rlctl.ops.agentlogs import ENDED_CHECK_S, AgentLog, follow, locate, tail
 
 
@@ -227,3 +229,18 @@ def test_every_agents_log_is_read_one_connection_per_host_hosts_at_once(tmp_path
     got = agentlogs.tail_all(tmp_path, handles, [*names, "trainer-0"], 5)
     assert got == [[f"rollout-{i} on h{i % 2 + 1}"] for i in range(4)] + [["(no log)"]]
     assert sorted(f.host for f in opened) == ["h1", "h2"] and all(f.closed for f in opened)
+
+
+def test_a_moved_job_dir_of_a_local_site_reads_its_agents_logs_where_they_are_now(tmp_path):
+    # agents.jsonl names each log under the dir the job was launched in: after `mv runs/x archive/x`, `rlctl logs x
+    # trainer` said "trainer-0 has no log at runs/x/logs/trainer-0.log (removed?)"
+    now = tmp_path / "archive" / "x"
+    (now / "logs").mkdir(parents=True)
+    (now / "logs" / "trainer-0.log").write_text("t1\nt2\n")
+    site = Site.model_validate(
+        {"datacenter": "d", "gpu": "CPU", "scheduler": {"kind": "local"}, "nodes": [{"host": "localhost", "gpus": 2}]}
+    )
+    write_sites(now, {"local": site})
+    write_staged(now, {"local": {"roots": {"localhost": str(tmp_path / "runs" / "x")}}})
+    spec = AgentSpec("trainer", 0, "local", [], log_path=tmp_path / "runs" / "x" / "logs" / "trainer-0.log")
+    assert tail(now, {"trainer-0": AgentHandle(spec, {"pid": 1}, "local")}, "trainer-0", 1) == ["t2"]
