@@ -104,7 +104,12 @@ class Backends:
                 if not self.sites and not (self.job_dir / SITES_FILE).exists():
                     raise sites_missing(self.job_dir)
                 if site not in self.sites:
-                    raise LaunchError(f"site {site!r} is not in this job's inventory ({', '.join(self.sites)})")
+                    # named by the job's own record (agents.jsonl, plan.json), which the launch's sites.json lacks
+                    raise LaunchError(
+                        f"{self.job_dir / SITES_FILE}: no site {site!r}, where the job's record places an agent (its "
+                        f"sites: {', '.join(self.sites) or 'none'})",
+                        hint="the launch's record of the sites is damaged: put it back from a copy of the job dir",
+                    )
                 self._by_site[site] = make_backend(site, self.sites[site], job=self.job, job_dir=self.job_dir)
             return self._by_site[site]
 

@@ -358,6 +358,20 @@ def test_logs_of_a_recorded_agent_whose_log_is_gone_names_where_it_looked(tmp_pa
     )
 
 
+def test_an_agent_recorded_on_a_site_sites_json_lacks_is_one_line_naming_sites_json(tmp_path: Path) -> None:
+    # agents.jsonl (or sites.json) edited by hand: "site 'gone' is not in this job's inventory (local)", naming no file
+    jd = prepared(tmp_path / "run")
+    rec = {"name": "rollout-0", "role": "rollout", "replica": 0, "site": "gone", "backend": "local",
+           "ident": {"pid": 1}, "host": None, "gpus": None, "log": None}  # fmt: skip
+    (jd.path / "agents.jsonl").write_text(json.dumps(rec) + "\n")
+    assert one_error(run_cli("status", str(jd.path)), code=1) == (
+        f"rlctl: error: {jd.path}/sites.json: no site 'gone', where the job's record places an agent (its sites: "
+        "local) (hint: the launch's record of the sites is damaged: put it back from a copy of the job dir)"
+    )
+    stop = one_error(run_cli("stop", str(jd.path)), code=3)  # the agents it can reach stopped, that one said
+    assert f"site gone: {jd.path}/sites.json: no site 'gone'" in stop
+
+
 @pytest.mark.parametrize("command", ["logs", "report", "pull", "attach", "status", "launch --resume"])
 def test_a_job_whose_directory_is_gone_is_said_so_by_each_command(tmp_path: Path, command: str) -> None:
     # its index row outlived it: logs said "no logs yet: none of its agents has started", report "not a job
