@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import sqlite3
 import time
 from collections.abc import Callable
@@ -84,7 +85,14 @@ class JobDB:
             self._conn.executescript(_SCHEMA)
             self._check_version()
         except sqlite3.DatabaseError as e:
-            raise RlctlError(f"{self.path}: cannot open the job index: {e}") from e
+            hint = None  # OperationalError: a lock, a permission, the disk; else not a database, or a malformed one
+            if not isinstance(e, sqlite3.OperationalError):
+                aside = shlex.quote(f"{self.path}.damaged")
+                hint = (
+                    f"move it aside (mv {shlex.quote(str(self.path))} {aside}): the next command starts an empty "
+                    "index, where a job is named by its directory until it is resumed"
+                )
+            raise RlctlError(f"{self.path}: cannot open the job index: {e}", hint=hint) from e
 
     def _check_version(self) -> None:
         row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()

@@ -48,8 +48,12 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
 
 def test_corrupt_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "jobs.db").write_bytes(b"not a database" * 100)
-    with pytest.raises(RlctlError, match="cannot open the job index"):
+    with pytest.raises(RlctlError, match="cannot open the job index") as e:
         JobDB(tmp_path / "jobs.db")
+    assert e.value.hint == (  # it said nothing of what to do: every command failed on it, a job dir named too
+        f"move it aside (mv {tmp_path}/jobs.db {tmp_path}/jobs.db.damaged): the next command starts an empty index, "
+        "where a job is named by its directory until it is resumed"
+    )
 
 
 def test_an_update_only_from_some_states_never_overwrites_another(tmp_path: Path) -> None:
