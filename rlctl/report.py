@@ -49,7 +49,22 @@ class JobRecord:
 
     @property
     def scales(self) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("event") == "scale"]
+        """The scale events of the iterations the curves show: not those of a run past the checkpoint a later resume
+        went back to (its `resumed_from` version; their rows went to metrics.discarded.jsonl), which were drawn on
+        the resumed run's iterations ('-rollout-2' at 39 of a run that never had it)."""
+        resumes = [
+            (float(e["t"]), e["version"])
+            for e in self.events
+            if e.get("event") == "resumed_from"
+            and isinstance(e.get("version"), int)
+            and isinstance(e.get("t"), (int, float))
+        ]
+        return [
+            e
+            for e in self.events
+            if e.get("event") == "scale"
+            and not any(float(e["t"]) < t and (e.get("iteration") or 0) > v for t, v in resumes)
+        ]
 
 
 def build_report(job_dir: Path, *, out: Path | None = None) -> ReportFiles:

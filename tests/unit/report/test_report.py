@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rlctl.errors import RlctlError, UsageError
-from rlctl.report import build_report, busy_fractions
+from rlctl.report import build_report, busy_fractions, load
 from tests.conftest import run_cli
 from tests.unit.report.fake_jobdir import ITERATIONS, make_job_dir, metrics_row
 
@@ -333,3 +333,19 @@ def test_a_count_written_as_a_float_is_shown_as_written(tmp_path: Path) -> None:
     rows = [metrics_row(i) | {"rollout_units": 2.0} for i in range(1, 4)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert "<td>2.0</td>" in build_report(d).html.read_text()
+
+
+def test_scale_events_past_the_checkpoint_a_resume_went_back_to_are_left_out(tmp_path: Path) -> None:
+    # a run scaled rollout-2 out at 2 and in at 6, failed, and was resumed from v4 (its rows 4… discarded): the '-in'
+    # at 6 was drawn, and listed, on the resumed run's iteration 6, where rollout-2 never ran
+    d = make_job_dir(tmp_path)
+    scale = {"event": "scale", "agent": "rollout-2", "site": "h20", "reason": "manual"}
+    events = [
+        {"t": 1.0, **scale, "direction": "out", "iteration": 2},
+        {"t": 2.0, **scale, "direction": "in", "iteration": 6},
+        {"t": 3.0, "event": "resumed_from", "version": 4, "rows_kept": 4},
+        {"t": 4.0, **scale, "agent": "rollout-3", "reason": "resume", "direction": "out", "iteration": 4},
+    ]
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert [(e["agent"], e["iteration"]) for e in load(d).scales] == [("rollout-2", 2), ("rollout-3", 4)]
+    assert parse(build_report(d).html.read_text()).rows["scale"] == 2
