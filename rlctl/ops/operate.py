@@ -172,6 +172,10 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     rows = jd.read_lines(jd.metrics)
     if rows:
         last = rows[-1]
+        for k in ("reward_mean", "t_gen_s", "t_train_s", "delta_s", "t"):  # shown, or counted with: a number or null
+            if last.get(k) is not None and (isinstance(last[k], bool) or not isinstance(last[k], int | float)):
+                said = f"{jd.metrics}: its last row: {k!r} is {last[k]!r}, not a number"
+                raise RlctlError(said, hint="was it edited?")
         out["last_iteration"] = {
             k: last.get(k) for k in ("iteration", "reward_mean", "t_gen_s", "t_train_s", "delta_s")
         }

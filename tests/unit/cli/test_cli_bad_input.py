@@ -186,6 +186,20 @@ def test_status_on_a_garbled_job_file_is_one_line_naming_it(tmp_path: Path, name
         assert f"{jd.path}/{says}" in one_error(run_cli("stop", str(jd.path)), code=1)
 
 
+@pytest.mark.parametrize(("field", "value"), [("t", "x"), ("reward_mean", "abc"), ("t_gen_s", [1]), ("delta_s", True)])
+def test_status_on_a_metrics_row_whose_figure_is_not_a_number_is_one_line(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    # a ValueError traceback: float('x') of its time, format('abc', '.3f') of its reward in the table
+    jd = prepared(tmp_path / "run")
+    row = {"iteration": 4, "reward_mean": 0.5, "t_gen_s": 1.0, "t_train_s": 1.0, "delta_s": 0.0, "t": 1.0}
+    jd.metrics.write_text(json.dumps(row | {field: value}) + "\n")
+    for output in ("table", "json"):
+        assert one_error(run_cli("status", str(jd.path), "-o", output), code=1) == (
+            f"rlctl: error: {jd.metrics}: its last row: {field!r} is {value!r}, not a number (hint: was it edited?)"
+        )
+
+
 def test_status_of_a_staged_job_whose_sites_json_is_garbled_is_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
