@@ -123,12 +123,15 @@ def load(job_dir: Path) -> JobRecord:
     except (KeyError, TypeError) as e:
         raise RlctlError(f"{job_json}: no job.name and job.pipeline.mode in it (was it edited?): {e}") from e
     summary_json = job_dir / "summary.json"
+    summary = _read_json(summary_json) if summary_json.is_file() else None
+    if summary is not None and (problem := _summary_lacks(summary)) is not None:
+        raise RlctlError(f"{summary_json}: {problem}", hint="was it edited?")
     return JobRecord(
         name=name,
         mode=mode,
         rows=_read_lines(job_dir / "metrics.jsonl", lacks=_row_lacks),
         events=_read_lines(job_dir / "events.jsonl", lacks=_event_lacks, leave_out_damaged=True),
-        summary=_read_json(summary_json) if summary_json.is_file() else None,
+        summary=summary,
         evaluations=sorted(
             _read_lines(job_dir / "evaluations.jsonl", lacks=_evaluation_lacks),
             key=lambda r: int(r["version"]),
@@ -218,6 +221,17 @@ def _row_lacks(row: dict[str, Any]) -> str | None:
         if not isinstance(a, dict) or _lacks(a, numbers=("busy_s",)) is not None:
             return f"no number 'agents.{name}.busy_s'"
     return problem
+
+
+def _summary_lacks(s: Any) -> str | None:
+    """What summary.json lacks of what the report reads: its state (a word) and its ledger (an object)."""
+    if not isinstance(s, dict):
+        return f"{type(s).__name__}, not a JSON object"
+    if not isinstance(s.get("state"), str):
+        return f"'state' is {s.get('state')!r}, not a word"
+    if not isinstance(s.get("ledger", {}), dict):
+        return f"'ledger' is {type(s['ledger']).__name__}, not a JSON object"
+    return None
 
 
 EVALUATION_FIGURES = ("greedy_reward", "greedy_exact", "prompts", "seconds")

@@ -202,7 +202,8 @@ def _fallback_table(s: dict[str, Any]) -> str:
         rows.append(["held-out", evaluations_line(s["heldout"])])
     if "summary" in s:
         # the count first: a failed state's text ends with the command that resumes it
-        rows.append(["ended", f"after {s['summary']['iterations']} iterations: {s['summary']['state']}"])
+        e = s["summary"]  # (a summary edited by hand may lack either: said as none, not a KeyError)
+        rows.append(["ended", f"after {e.get('iterations', '-')} iterations: {e.get('state', 'no state')}"])
     if "ended_without_summary" in s:
         from rlctl.launch.base import exit_text
 

@@ -186,6 +186,15 @@ def test_status_on_a_garbled_job_file_is_one_line_naming_it(tmp_path: Path, name
         assert f"{jd.path}/{says}" in one_error(run_cli("stop", str(jd.path)), code=1)
 
 
+def test_status_of_a_summary_without_its_state_or_iterations_says_none(tmp_path: Path) -> None:
+    # edited by hand: a KeyError traceback in the table
+    jd = prepared(tmp_path / "run")
+    for summary, says in (({"iterations": 4}, "after 4 iterations: no state"), ({"state": "done"}, "after - iter")):
+        jd.write_json(jd.summary_json, summary)
+        r = run_cli("status", str(jd.path))
+        assert "Traceback" not in r.stderr and says in r.stdout, r.stderr
+
+
 @pytest.mark.parametrize(("field", "value"), [("t", "x"), ("reward_mean", "abc"), ("t_gen_s", [1]), ("delta_s", True)])
 def test_status_on_a_metrics_row_whose_figure_is_not_a_number_is_one_line(
     tmp_path: Path, field: str, value: object

@@ -349,3 +349,17 @@ def test_scale_events_past_the_checkpoint_a_resume_went_back_to_are_left_out(tmp
     (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     assert [(e["agent"], e["iteration"]) for e in load(d).scales] == [("rollout-2", 2), ("rollout-3", 4)]
     assert parse(build_report(d).html.read_text()).rows["scale"] == 2
+
+
+@pytest.mark.parametrize(
+    ("summary", "says"),
+    [({"iterations": 4}, "'state' is None, not a word"), ({"state": "done", "ledger": [1]}, "'ledger' is list, not a")],
+)
+def test_a_summary_without_its_state_or_with_a_ledger_that_is_no_object_is_one_line(
+    tmp_path: Path, summary: dict[str, Any], says: str
+) -> None:
+    # edited by hand: a KeyError ('state') or an AttributeError ('list' object has no attribute 'get') traceback
+    d = make_job_dir(tmp_path)
+    (d / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(RlctlError, match=rf"summary\.json: {says}"):
+        build_report(d)
