@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -172,10 +173,9 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     rows = jd.read_lines(jd.metrics)
     if rows:
         last = rows[-1]
-        for k in ("reward_mean", "t_gen_s", "t_train_s", "delta_s", "t"):  # shown, or counted with: a number or null
-            if last.get(k) is not None and (isinstance(last[k], bool) or not isinstance(last[k], int | float)):
-                said = f"{jd.metrics}: its last row: {k!r} is {last[k]!r}, not a number"
-                raise RlctlError(said, hint="was it edited?")
+        _numbers_or_null(
+            last, ("reward_mean", "t_gen_s", "t_train_s", "delta_s", "t"), where=f"{jd.metrics}: its last row"
+        )
         out["last_iteration"] = {
             k: last.get(k) for k in ("iteration", "reward_mean", "t_gen_s", "t_train_s", "delta_s")
         }
@@ -183,7 +183,13 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
             out["iterations_done"] = last["iteration"] + 1
         out["figures_age_s"] = round(time.time() - float(last.get("t", time.time())), 1) if "t" in last else None
     if jd.evaluations.exists():  # held-out evaluations during the run (rlctl.agents.evaluation)
-        out["heldout"] = heldout_view(jd.read_lines(jd.evaluations))
+        evaluations = jd.read_lines(jd.evaluations)
+        for n, e in enumerate(evaluations, 1):  # sorted by version, shown
+            if not isinstance(e.get("version"), int | float) or not math.isfinite(e["version"]):
+                said = f"{jd.evaluations}: row {n}: 'version' is {e.get('version')!r}, not a number"
+                raise RlctlError(said, hint="was it edited?")
+            _numbers_or_null(e, ("greedy_reward", "greedy_exact"), where=f"{jd.evaluations}: row {n}")
+        out["heldout"] = heldout_view(evaluations)
     summary = run_summary(jd, current_run(jd))  # not the run before's, left while this one runs
     if summary is not None:
         out["summary"] = {k: v for k, v in summary.items() if k not in ("reward_curve",)}
@@ -214,6 +220,14 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
             versions = completed_checkpoints(jd)
             out["checkpoints"] = {"versions": versions, "resume": resume_command(ref.id if ref.row else jd.path)}
     return out, ended and not down
+
+
+def _numbers_or_null(row: dict[str, Any], keys: tuple[str, ...], *, where: str) -> None:
+    """RlctlError naming `where` and the first of `keys` in `row` that is neither a number nor null: status counts with
+    them or formats them (a record edited by hand was a ValueError traceback)."""
+    for k in keys:
+        if row.get(k) is not None and (isinstance(row[k], bool) or not isinstance(row[k], int | float)):
+            raise RlctlError(f"{where}: {k!r} is {row[k]!r}, not a number", hint="was it edited?")
 
 
 PREPARING = "not started yet: its launcher prepares the job (SFT warm-up, tokenizing, staging) or starts its agents"

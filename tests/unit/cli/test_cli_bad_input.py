@@ -209,6 +209,20 @@ def test_status_on_a_metrics_row_whose_figure_is_not_a_number_is_one_line(
         )
 
 
+@pytest.mark.parametrize(
+    ("row", "says"),
+    [({"version": "x"}, "'version' is 'x', not a number"), ({"version": 3, "greedy_reward": "a"}, "'greedy_reward'")],
+)
+def test_status_on_an_evaluation_row_whose_figure_is_not_a_number_is_one_line(
+    tmp_path: Path, row: dict[str, object], says: str
+) -> None:
+    # a ValueError traceback: int('x') of its version, format('a', '.3f') of its greedy reward in the table
+    jd = prepared(tmp_path / "run")
+    jd.evaluations.write_text(json.dumps({"version": 0, "greedy_reward": 0.5}) + "\n" + json.dumps(row) + "\n")
+    line = one_error(run_cli("status", str(jd.path)), code=1)
+    assert line.startswith(f"rlctl: error: {jd.evaluations}: row 2: {says}") and line.endswith("(hint: was it edited?)")
+
+
 def test_status_of_a_staged_job_whose_sites_json_is_garbled_is_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
