@@ -38,6 +38,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shlex
 import socket
@@ -82,9 +83,17 @@ class JobDir:
         if self._id is not None:
             return self._id
         try:
-            return (self.path / ID_FILE).read_text().strip() or self.path.name
+            recorded = (self.path / ID_FILE).read_text().strip()
         except OSError:  # none (or not a file): the directory's name
             return self.path.name
+        if recorded and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", recorded):  # it names W/jobs/<id> on sites
+            raise LaunchError(
+                f"{self.path / ID_FILE}: {recorded[:60]!r} is no job id (letters, digits, '.', '_', '-'; its launch "
+                "wrote one such)",
+                hint="put back the id its launch wrote (`rlctl status --all` lists them), or remove the file to use "
+                "the directory's name",
+            )
+        return recorded or self.path.name
 
     def name_as(self, job_id: str) -> None:
         """Record `job_id` as the job's id (a fresh launch's, before its index row is committed: `JobDB.reserve`);

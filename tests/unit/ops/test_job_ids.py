@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from contextlib import closing
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlctl.config import load_job
-from rlctl.errors import UsageError
+from rlctl.errors import LaunchError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import site_root
 from rlctl.ops.counts import resolve_job
@@ -112,6 +113,15 @@ def test_the_directory_name_needs_no_record(tmp_path: Path) -> None:
     jd.name_as("run")
     assert not (jd.path / ".job-id").exists() and jd.id == "run"
     assert JobDir(tmp_path / "gone").id == "gone"
+
+
+@pytest.mark.parametrize("recorded", ["../../etc", "a/b", ".hidden", "run id"])
+def test_a_hand_edited_job_id_that_is_no_id_is_refused_naming_its_file(tmp_path: Path, recorded: str) -> None:
+    # it was taken as it was: the sites' job dirs are W/jobs/<id>, so `../../x` named a directory outside them
+    jd = JobDir.create("j", explicit=tmp_path / "run")
+    (jd.path / ".job-id").write_text(recorded + "\n")
+    with pytest.raises(LaunchError, match=rf"^{jd.path}/.job-id: '{re.escape(recorded)}' is no job id \(letters"):
+        _ = JobDir(jd.path).id
 
 
 def test_a_resume_of_a_job_the_index_lacks_whose_id_a_live_job_has_is_refused(
