@@ -36,10 +36,17 @@ EARLIER = "iterations_before"  # job.json: the job's iteration counts before eac
 
 
 def trained_iterations(jobdir: JobDir) -> int:
-    """How many iterations the job trained, as its metrics say (0 before its first)."""
+    """How many iterations the job trained, as its metrics say, or its last run's summary where that says more (the
+    metrics of a controller on another site not fetched here); 0 before its first."""
     rows = jobdir.read_lines(jobdir.metrics)
-    done = [r["iteration"] for r in rows if isinstance(r.get("iteration"), int)]
-    return max(done) + 1 if done else 0
+    done = [r["iteration"] + 1 for r in rows if isinstance(r.get("iteration"), int)]
+    try:
+        summary = json.loads(jobdir.summary_json.read_text())
+    except (OSError, ValueError):
+        summary = None
+    if isinstance(summary, dict) and isinstance(summary.get("iterations"), int):
+        done.append(summary["iterations"])
+    return max(done, default=0)
 
 
 def earlier_iterations(jobdir: JobDir) -> list[int]:

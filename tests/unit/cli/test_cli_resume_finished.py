@@ -157,6 +157,17 @@ def test_a_stopped_job_may_end_sooner_but_not_under_its_staleness_bound(tmp_path
     assert with_iterations(jd, 15) == (cosine, None)
 
 
+def test_a_finished_job_whose_metrics_are_not_here_is_refused_by_its_summary(tmp_path: Path) -> None:
+    # (a controller on another site, its record not fetched): counted 0 trained, it was resumed, and --iterations 5
+    # was taken for a job its summary says trained 15
+    jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
+    jd.metrics.unlink()
+    with pytest.raises(UsageError, match=r"^job run: finished \(15/15 iterations\); nothing to resume"):
+        refuse_if_finished(jd, state="finished")
+    with pytest.raises(UsageError, match=r"^--iterations 5: job run trained 15 iterations already"):
+        with_iterations(jd, 5)
+
+
 def test_a_finished_job_whose_count_was_raised_is_resumed_without_it(tmp_path: Path) -> None:
     """The count written and its run ended before training (a failed start): a plain `--resume` goes on to it."""
     jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
