@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Annotated, Any
@@ -186,6 +187,28 @@ def index_line(s: dict[str, Any]) -> str:
     return state
 
 
+def outcome_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """What an ended run's summary says of its outcome, as `launch` printed it: the sampled reward, first → last,
+    and the held-out evaluation of the starting and the final policy (none where the summary lacks it, or a hand
+    edit left it unreadable)."""
+    from rlctl.ops.evaluation import heldout_line
+
+    rows = []
+    if isinstance(summary.get("reward_first"), int | float) and isinstance(summary.get("reward_last"), int | float):
+        window = summary.get("reward_window", "?")
+        rows.append(
+            [
+                "reward",
+                f"{_f(summary['reward_first'], '.3f')} → {_f(summary['reward_last'], '.3f')} (mean of first/last "
+                f"{window})",
+            ]
+        )
+    if isinstance(held := summary.get("heldout"), dict):
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            rows.append(["held-out (end)", heldout_line(held)])
+    return rows
+
+
 def _fallback_table(s: dict[str, Any]) -> str:
     rows = [["controller", s["controller"]], ["source", s["source"]]]
     if "last_iteration" in s:  # a count, as the live view's `iteration` and the `ended` row's (not the row's index)
@@ -204,6 +227,7 @@ def _fallback_table(s: dict[str, Any]) -> str:
         # the count first: a failed state's text ends with the command that resumes it
         e = s["summary"]  # (a summary edited by hand may lack either: said as none, not a KeyError)
         rows.append(["ended", f"after {e.get('iterations', '-')} iterations: {e.get('state', 'no state')}"])
+        rows += outcome_rows(e)
     if "ended_without_summary" in s:
         from rlctl.launch.base import exit_text
 

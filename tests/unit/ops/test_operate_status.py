@@ -145,19 +145,30 @@ def test_status_of_an_ended_job_counts_its_iterations_as_its_summary_does(
 def test_status_of_an_ended_job_names_its_checkpoints_and_how_to_go_on_from_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # `launch --resume --checkpoint V` and `--iterations N` were nowhere to be seen where an ended job is looked at
+    # `launch --resume --checkpoint V` and `--iterations N` were nowhere to be seen where an ended job is looked at,
+    # nor its reward and held-out outcome
     from rlctl.config import load_job
     from tests.conftest import ROOT
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = _job_with_controller(tmp_path, "ended", LOCAL, _killed_agent())
     jd.write_job(load_job(ROOT / "jobs" / "demo.yaml").spec, source="x")
-    jd.summary_json.write_text(json.dumps({"state": "done", "iterations": 30, "iterations_planned": 30}))
+    heldout = {"prompts": 512, "greedy_reward_first": 0.25, "greedy_reward_last": 0.5}
+    summary = {"state": "done", "iterations": 30, "iterations_planned": 30, "heldout": heldout}
+    jd.summary_json.write_text(json.dumps(summary | {"reward_first": 0.1, "reward_last": 0.4, "reward_window": 5}))
     for v in (10, 20, 30):
         jd.event("checkpoint", version=v)
     s, _ = operate.job_status(JobRef("ended", jd, None), timeout_s=2.0)
     assert s["checkpoints"] == {"versions": [10, 20, 30], "resume": f"rlctl launch --resume {jd.path}"}
-    [line] = [line.split(None, 1)[1] for line in _fallback_table(s).splitlines() if line.startswith("checkpoints ")]
+    table = _fallback_table(s).splitlines()
+    # the outcome `launch` printed, which status of the ended job left out
+    assert [line.split(None, 1) for line in table if line.startswith("reward ")] == [
+        ["reward", "0.100 → 0.400 (mean of first/last 5)"]
+    ]
+    assert [line.split("  ", 1)[1].strip() for line in table if line.startswith("held-out (end) ")] == [
+        "reward 0.250 → 0.500 (greedy, 512 prompts)"
+    ]
+    [line] = [line.split(None, 1)[1] for line in table if line.startswith("checkpoints ")]
     assert line == (
         f"v10, v20, v30 (`rlctl launch --resume {jd.path} --checkpoint V` continues from V; `--iterations N` trains "
         "on to N)"
