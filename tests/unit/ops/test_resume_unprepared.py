@@ -18,6 +18,13 @@ from rlctl.ops.run import refuse_if_unprepared
 from tests.conftest import ROOT, run_cli
 from tests.unit.job_rows import indexed_row
 
+# the commands that read a prepared job's job.json and plan.json, with what each says it has nothing to do
+EACH_READER = (
+    (["attach", "demo-1"], "watch"),
+    (["launch", "--resume", "demo-1"], "resume"),
+    (["pull", "demo-1"], "pull"),
+)
+
 
 def test_a_job_whose_launch_ended_before_it_was_prepared_has_nothing_to_resume(tmp_path: Path) -> None:
     jd = JobDir.create("prep", explicit=tmp_path / "prep-1")
@@ -85,11 +92,7 @@ def test_attach_resume_pull_of_a_job_without_its_plan_name_the_missing_plan_json
         db.update("demo-1", info={"launcher": {"pid": 2**22 + 1, "host": socket.gethostname()}, "source": "p.yaml"})
     finally:
         db.close()
-    for args, nothing in (
-        (["attach", "demo-1"], "watch"),
-        (["launch", "--resume", "demo-1"], "resume"),
-        (["pull", "demo-1"], "pull"),
-    ):
+    for args, nothing in EACH_READER:
         r = run_cli(*args)
         assert r.exit_code == 2 and r.stderr == (
             f"rlctl: error: {jd.plan_json}: missing (the job's plan, written with its job.json); nothing to {nothing} "
@@ -107,11 +110,7 @@ def test_attach_resume_pull_of_a_job_without_its_job_json_name_the_missing_job_j
     jd.write_json(jd.plan_json, {"controller_site": "local"})
     launcher = {"pid": 2**22 + 1, "host": socket.gethostname()}  # gone
     indexed_row("demo-1", jd.path, job="demo", state="running", info={"launcher": launcher, "source": "p.yaml"})
-    for args, nothing in (
-        (["attach", "demo-1"], "watch"),
-        (["launch", "--resume", "demo-1"], "resume"),
-        (["pull", "demo-1"], "pull"),
-    ):
+    for args, nothing in EACH_READER:
         r = run_cli(*args)
         assert r.exit_code == 2 and r.stderr == (
             f"rlctl: error: {jd.job_json}: missing (the resolved job, written with its plan.json); nothing to "
