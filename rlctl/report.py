@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError, UsageError
+from rlctl.launch.jobdir import JobDir
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +111,7 @@ def _out_paths(out: Path, sibling: str) -> ReportFiles:
 
 def load(job_dir: Path) -> JobRecord:
     job_json = job_dir / "job.json"
-    if not job_json.is_file() and (job_dir / "plan.json").is_file():  # `prepare` writes it before job.json
-        raise UsageError(
-            f"{job_json}: missing (the resolved job, written with its plan.json)",
-            hint="put the job dir's job.json back from a copy",
-        )
+    JobDir(job_dir).refuse_lost_job_json()
     if not job_json.is_file():
         raise UsageError(f"{job_dir}: not a job directory (no job.json)")
     record = _read_json(job_json)

@@ -206,6 +206,18 @@ class JobDir:
                 data["source_file"] = {"path": str(path.absolute()), "job": mapping}
         self.job_json.write_text(json.dumps(data, indent=2) + "\n")
 
+    def refuse_lost_job_json(self, *, nothing: str | None = None) -> None:
+        """UsageError, one line, for a job that was prepared (`prepare` writes plan.json before job.json) whose
+        job.json is gone (removed by hand): it names the file and how to put it back (`nothing`: what the command
+        then has nothing to do). Nothing for a job.json that is there, or a directory with neither."""
+        if self.job_json.is_file() or not self.plan_json.is_file():
+            return
+        raise UsageError(
+            f"{self.job_json}: missing (the resolved job, written with its plan.json)"
+            + (f"; {nothing}" if nothing else ""),
+            hint="put the job dir's job.json back from a copy",
+        )
+
     def read_job(self) -> JobFile:
         try:
             data = json.loads(self.job_json.read_text())

@@ -26,11 +26,11 @@ from pathlib import Path
 
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError, RlctlError
-from rlctl.launch.backends import Backends, kind_of, read_sites
+from rlctl.launch.backends import Backends, read_sites
 from rlctl.launch.base import AgentHandle
 from rlctl.launch.jobdir import JobDir
-from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote
-from rlctl.launch.stage import read_staged
+from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
+from rlctl.launch.stage import here_root, read_staged
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +86,12 @@ def _moved_here(job_dir: Path, site: Site, h: AgentHandle) -> Path | None:
     """Where the agent's log is in `job_dir` when its site keeps the job's files in the operator's job dir (a local
     site without a work root) and that dir was moved or copied since: its record names the log under the dir the job
     was staged in (staged.json's root), where it is no more ("has no log at <the old path> (removed?)")."""
-    if is_remote(site) or kind_of(site).work_root(site) is not None or h.spec.log_path is None:
+    if h.spec.log_path is None:
         return None
     for root in read_staged(job_dir).get(h.spec.site, {}).get("roots", {}).values():
         if h.spec.log_path.is_relative_to(root):
-            return job_dir / h.spec.log_path.relative_to(root)
+            here = here_root(site, root, job_dir)  # the staged root itself, but for such a site
+            return None if here == root else Path(here) / h.spec.log_path.relative_to(root)
     return None
 
 

@@ -85,11 +85,7 @@ def _resolve(ref: str | None, db: JobDB) -> JobRef:
         preparing = next((r for r in rows if _same_dir(r, path.resolve())), None)
         if preparing is not None:
             return JobRef(preparing.name, JobDir(Path(preparing.job_dir)), preparing)
-        if (path / "plan.json").exists():  # `prepare` writes it before job.json: a job dir whose job.json was removed
-            raise UsageError(
-                f"{path / 'job.json'}: missing (the resolved job, written with its plan.json)",
-                hint="put the job dir's job.json back from a copy",
-            )
+        JobDir(path).refuse_lost_job_json()  # a job dir whose job.json was removed
         raise UsageError(f"{path}: not a job directory (no job.json), and no job {ref!r} in the index ({db.path})")
     if path.is_file():  # `rlctl status jobs/demo.yaml`: the file that launched a job, not the job
         name = _job_file_name(path)

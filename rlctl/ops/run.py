@@ -1012,11 +1012,7 @@ def refuse_if_unprepared(jobdir: JobDir, *, source: str | None, nothing: str = "
                 hint=f"put the job dir's plan.json back from a copy, or launch the job anew: `{launch_again(source)}`",
             )
         return
-    if jobdir.plan_json.exists():  # `prepare` writes it before job.json: this job was prepared, its job.json removed
-        raise UsageError(
-            f"{jobdir.job_json}: missing (the resolved job, written with its plan.json); {nothing}",
-            hint="put the job dir's job.json back from a copy",
-        )
+    jobdir.refuse_lost_job_json(nothing=nothing)  # prepared (its plan.json there), its job.json removed
     holder = jobdir.launcher_holder()
     if holder is not None:  # its launch holds it while it prepares (an SFT warm-up, tokenizing): not one that ended
         raise UsageError(
