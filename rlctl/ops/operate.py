@@ -259,7 +259,7 @@ def _launcher_saw(ref: JobRef, agents: list[dict[str, Any]], summary: dict[str, 
         controller_exit = row_info.get("controller_exit")
     latest = {a["name"]: a for a in agents}
     for a in latest.values():
-        code = controller_exit if a["role"] == "controller" else known.get(a["name"])
+        code = controller_exit if a["role"] == "controller" and controller_exit is not None else known.get(a["name"])
         if a["state"] == _exited(LOST) and isinstance(code, int) and code != LOST:
             a["state"] = _exited(code)
             a["source"] = f"{a['source']} (the launcher saw the exit)"

@@ -245,6 +245,19 @@ def test_status_names_the_exit_the_launcher_saw_of_an_agent_its_site_cannot_tell
     ]
 
 
+def test_status_names_the_controller_exit_the_launcher_recorded_in_its_agent_exits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a finished demo's job dir read where the index has no row for it (another RLCTL_HOME): summary.json holds the
+    # launcher's `agent_exits` but not `controller_exit`, and the controller read `exited (status unknown)` while
+    # its trainer and rollout units read `exited 0`
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_with_controller(tmp_path, "ended", LOCAL, _killed_agent())
+    jd.summary_json.write_text(json.dumps({"state": "done", "iterations": 3, "agent_exits": {"controller-0": 0}}))
+    s, _ = operate.job_status(JobRef("ended", jd, None), timeout_s=2.0)
+    assert [(a["name"], a["state"]) for a in s["agents"]] == [("controller-0", "exited 0")]
+
+
 def test_status_of_a_job_its_launcher_prepares_is_complete_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
