@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shlex
 import sys
 import time
 from typing import Annotated, Any
@@ -167,11 +168,15 @@ def _live_table(s: dict[str, Any]) -> str:
 
 
 def checkpoints_line(s: dict[str, Any]) -> str:
-    """An ended job's complete checkpoints, and how to continue from one: 'v10, v20 (`rlctl launch --resume ID
-    --checkpoint V` continues from V; `--iterations N` trains on to N)'."""
+    """An ended job's complete checkpoints, how to continue from one and where each one's figures are: 'v10, v20
+    (`rlctl launch --resume ID --checkpoint V` continues from V; `--iterations N` trains on to N; `rlctl status ID
+    --checkpoints` shows …)'."""
     c = s["checkpoints"]
     held = ", ".join(f"v{v}" for v in c["versions"])
-    return f"{held} (`{c['resume']} --checkpoint V` continues from V; `--iterations N` trains on to N)"
+    return (
+        f"{held} (`{c['resume']} --checkpoint V` continues from V; `--iterations N` trains on to N; `{c['list']}` "
+        "shows each one's reward and held-out figures)"
+    )
 
 
 def index_line(s: dict[str, Any]) -> str:
@@ -260,6 +265,42 @@ def _table(s: dict[str, Any]) -> str:
     return _live_table(s) if s["source"] == "controller" else _fallback_table(s)
 
 
+def heldout_cell(h: dict[str, Any] | None) -> str:
+    """A policy's held-out greedy figures: 'exact 0.137, reward 0.572' (a dataset task: its reward alone)."""
+    if not h:
+        return "-"
+    exact = f"exact {h['greedy_exact']:.3f}, " if "greedy_exact" in h else ""
+    return f"{exact}reward {h['greedy_reward']:.3f}" if "greedy_reward" in h else exact.rstrip(", ") or "-"
+
+
+def _checkpoints_table(c: dict[str, Any]) -> str:
+    """`status --checkpoints`: one row a checkpoint, and how to go back to one or copy its model."""
+    rows = [
+        [
+            f"v{r['version']}",
+            "-" if r["written_at"] is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["written_at"])),
+            f"{r['iterations'][0]}–{r['iterations'][1]}",
+            _f(r["reward_mean"], ".3f"),
+            heldout_cell(r["heldout"]),
+            "latest" if r["latest"] else "",
+        ]
+        for r in c["checkpoints"]
+    ]
+    n = len(rows)
+    title = f"Job {c['id']}: {n} complete checkpoint{'s' if n != 1 else ''}"
+    if c["heldout_start"]:
+        title += f"; the starting policy held out: {heldout_cell(c['heldout_start'])}"
+    if not rows:
+        return (
+            f"{title}\n(none yet: `checkpoint.every_iterations` in {c['job_dir']}/job.json says when the first comes)"
+        )
+    table = grid(rows, ["checkpoint", "written", "iterations", "sampled reward", "held-out (greedy)", ""], title)
+    return (
+        f"{table}\n\n`{c['resume']} --checkpoint V` continues from V; `{c['pull']} --checkpoint V` copies its model "
+        "here"
+    )
+
+
 def _jobs_table(rows: list[dict[str, Any]]) -> str:
     return grid(
         [[r["id"], r["name"], r["state"], r["job_dir"], r["launcher"] or "-"] for r in rows],
@@ -287,14 +328,27 @@ def register(app: typer.Typer) -> None:
             ),
         ] = 5.0,
         all_jobs: Annotated[bool, typer.Option("--all", help="list every job in the index instead")] = False,
+        checkpoints: Annotated[
+            bool,
+            typer.Option(
+                "--checkpoints",
+                help="list the job's complete checkpoints instead: when each was written, the sampled reward of the "
+                "iterations that made it, its held-out figures where the job evaluated it",
+            ),
+        ] = False,
         output: OutputOpt = OutputFormat.table,
     ) -> None:
         """Show a job's live state: stage times, δ and δ', throughput, weights, staleness, each agent's health."""
+        from rlctl.launch.jobdir import resume_command
         from rlctl.ops.detach import launcher_state
         from rlctl.ops.jobdb import LIVE, JobDB
         from rlctl.ops.jobref import resolve
         from rlctl.ops.operate import job_status
 
+        if checkpoints and (all_jobs or watch):
+            raise UsageError(
+                f"--checkpoints lists one job's checkpoints once: it takes no {'--all' if all_jobs else '--watch'}"
+            )
         if all_jobs:
             if job is not None:  # it listed every job, JOB ignored
                 raise UsageError(
@@ -319,6 +373,18 @@ def register(app: typer.Typer) -> None:
             emit(rows, output, _jobs_table)
             return
         ref = resolve(job)
+        if checkpoints:
+            from rlctl.ops.checkpoints import checkpoint_table
+            from rlctl.ops.jobref import require_job_dir
+            from rlctl.ops.operate import fetch_job_record
+
+            require_job_dir(ref)
+            fetch_job_record(ref)  # a controller on another site: its events and metrics, brought here
+            name = ref.id if ref.row is not None else str(ref.jobdir.path)
+            data = {"id": ref.id, "job_dir": str(ref.jobdir.path), **checkpoint_table(ref.jobdir)}
+            data |= {"resume": resume_command(name), "pull": f"rlctl pull {shlex.quote(name)}"}
+            emit(data, output, _checkpoints_table)
+            return
         while True:
             s, complete = job_status(ref, timeout_s=timeout_s)
             # (no stdout at all, `>&-`: not a terminal; emit says so)

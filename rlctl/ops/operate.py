@@ -19,6 +19,7 @@ import contextlib
 import logging
 import math
 import queue
+import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -218,7 +219,12 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     if ended:  # where `launch --resume --checkpoint V` may take it back to (a damaged job.json: none said)
         with contextlib.suppress(RlctlError):
             versions = completed_checkpoints(jd)
-            out["checkpoints"] = {"versions": versions, "resume": resume_command(ref.id if ref.row else jd.path)}
+            name = ref.id if ref.row else jd.path
+            out["checkpoints"] = {
+                "versions": versions,
+                "resume": resume_command(name),
+                "list": f"rlctl status {shlex.quote(str(name))} --checkpoints",
+            }
     return out, ended and not down
 
 

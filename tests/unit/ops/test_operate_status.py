@@ -159,7 +159,11 @@ def test_status_of_an_ended_job_names_its_checkpoints_and_how_to_go_on_from_one(
     for v in (10, 20, 30):
         jd.event("checkpoint", version=v)
     s, _ = operate.job_status(JobRef("ended", jd, None), timeout_s=2.0)
-    assert s["checkpoints"] == {"versions": [10, 20, 30], "resume": f"rlctl launch --resume {jd.path}"}
+    assert s["checkpoints"] == {
+        "versions": [10, 20, 30],
+        "resume": f"rlctl launch --resume {jd.path}",
+        "list": f"rlctl status {jd.path} --checkpoints",
+    }
     table = _fallback_table(s).splitlines()
     # the outcome `launch` printed, which status of the ended job left out
     assert [line.split(None, 1) for line in table if line.startswith("reward ")] == [
@@ -171,7 +175,7 @@ def test_status_of_an_ended_job_names_its_checkpoints_and_how_to_go_on_from_one(
     [line] = [line.split(None, 1)[1] for line in table if line.startswith("checkpoints ")]
     assert line == (
         f"v10, v20, v30 (`rlctl launch --resume {jd.path} --checkpoint V` continues from V; `--iterations N` trains "
-        "on to N)"
+        f"on to N; `rlctl status {jd.path} --checkpoints` shows each one's reward and held-out figures)"
     )
 
 

@@ -1,0 +1,89 @@
+"""What each of a job's checkpoints holds, to choose one to go back to or to pull (`rlctl status JOB --checkpoints`):
+
+    events.jsonl     the checkpoints it completed (less those set aside or let go: `completed_checkpoints`), when
+    metrics.jsonl    the sampled reward of the iterations that made each one (since the checkpoint before it)
+    evaluations.jsonl  held-out greedy figures of the versions the run evaluated (`evaluation.every_iterations`)
+    summary.json     the held-out figures of the starting and the final policy (`evaluation`, after the job)
+
+Checkpoint v holds the policy after v iterations: the iterations that made it are v_prev + 1 … v (1-based, the
+metrics' rows v_prev … v − 1), where v_prev is the checkpoint written before it, kept or not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from rlctl.launch.jobdir import JobDir
+from rlctl.ops.extend import completed_checkpoints
+
+FIGURES = ("greedy_exact", "greedy_reward", "prompts")
+
+
+def _number(v: Any) -> float | None:
+    """A figure of a record, or None where it is none (missing, null, edited into text)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def checkpoint_table(jobdir: JobDir) -> dict[str, Any]:
+    """The job's complete checkpoints, oldest first, each with when it was written, the mean sampled reward of the
+    iterations that made it, and its held-out figures where the job evaluated that version; and the starting
+    policy's held-out figures."""
+    versions = completed_checkpoints(jobdir)
+    written: dict[int, float] = {}
+    for e in jobdir.read_events():  # the last write of a version (a roll-back writes it again)
+        if e.get("event") == "checkpoint" and isinstance(e.get("version"), int):
+            written[e["version"]] = e["t"] if _number(e.get("t")) is not None else written.get(e["version"], 0.0)
+    reward: dict[int, float] = {}
+    for r in jobdir.read_lines(jobdir.metrics):
+        if isinstance(r.get("iteration"), int) and (x := _number(r.get("reward_mean"))) is not None:
+            reward[r["iteration"]] = x
+    evaluated: dict[int, dict[str, Any]] = {}
+    for r in jobdir.read_lines(jobdir.evaluations):
+        if isinstance(r.get("version"), int):
+            evaluated[r["version"]] = {k: r[k] for k in FIGURES if _number(r.get(k)) is not None}
+    summary = _summary(jobdir)
+    end: dict[str, Any] = summary["heldout"] if isinstance(summary.get("heldout"), dict) else {}
+    if (
+        "greedy_reward_last" in end
+        and end.get("source") != "during the run"
+        and isinstance(summary.get("iterations"), int)
+    ):
+        # the evaluation after the job: its starting policy (v0) and its final checkpoint
+        evaluated.setdefault(0, _after(end, "first"))
+        evaluated[summary["iterations"]] = _after(end, "last")
+    rows = []
+    every = sorted(written)
+    for v in versions:
+        since = max((w for w in every if w < v), default=0)
+        got = [reward[i] for i in range(since, v) if i in reward]
+        rows.append(
+            {
+                "version": v,
+                "written_at": written.get(v),
+                "iterations": [since + 1, v],
+                "reward_mean": round(sum(got) / len(got), 4) if got else None,
+                "reward_iterations": len(got),
+                "heldout": evaluated.get(v),
+                "latest": v == versions[-1],
+            }
+        )
+    return {"checkpoints": rows, "heldout_start": evaluated.get(0)}
+
+
+def _after(heldout: dict[str, Any], which: str) -> dict[str, Any]:
+    """One policy's figures of the evaluation after the job (`summary.json` `heldout`: `greedy_reward_first`, …)."""
+    out = {k: heldout[f"{k}_{which}"] for k in FIGURES[:2] if _number(heldout.get(f"{k}_{which}")) is not None}
+    return out | ({"prompts": heldout["prompts"]} if _number(heldout.get("prompts")) is not None else {})
+
+
+def _summary(jobdir: JobDir) -> dict[str, Any]:
+    """The job's latest summary.json, {} where it has none (a running job) or one that does not read."""
+    try:
+        data = json.loads(jobdir.summary_json.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

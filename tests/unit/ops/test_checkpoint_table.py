@@ -1,0 +1,102 @@
+"""`rlctl status JOB --checkpoints`: each complete checkpoint with when it was written, the sampled reward of the
+iterations that made it and its held-out figures (rlctl.ops.checkpoints)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from rlctl.config import load_job
+from rlctl.launch.jobdir import JobDir
+from rlctl.ops.checkpoints import checkpoint_table
+from tests.conftest import ROOT, run_cli
+
+
+def _job(tmp_path: Path, *, keep: int = 0) -> JobDir:
+    """A demo job dir: 30 iterations whose reward is its iteration / 100, checkpoints v10, v20, v30."""
+    jd = JobDir.create("ck", explicit=tmp_path / "ck")
+    spec = load_job(ROOT / "jobs" / "demo.yaml").spec
+    jd.write_job(spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"keep": keep})}), source="x")
+    for i in range(30):
+        jd.append(jd.metrics, {"iteration": i, "reward_mean": i / 100})
+        if (i + 1) % 10 == 0:
+            jd.event("checkpoint", version=i + 1)
+    return jd
+
+
+def test_each_checkpoint_has_the_reward_of_the_iterations_that_made_it_and_its_heldout_figures(tmp_path: Path) -> None:
+    jd = _job(tmp_path)
+    for v, exact in ((0, 0.1), (20, 0.4)):  # evaluated during the run: v0 and v20
+        jd.append(jd.evaluations, {"version": v, "greedy_reward": exact + 0.2, "greedy_exact": exact, "prompts": 8})
+    t = checkpoint_table(jd)
+    rows = t["checkpoints"]
+    assert [(r["version"], r["iterations"], r["reward_mean"], r["latest"]) for r in rows] == [
+        (10, [1, 10], 0.045, False),  # iterations 0 … 9 of metrics.jsonl
+        (20, [11, 20], 0.145, False),
+        (30, [21, 30], 0.245, True),
+    ]
+    assert [r["heldout"] for r in rows] == [
+        None,
+        {"greedy_exact": 0.4, "greedy_reward": 0.6000000000000001, "prompts": 8},
+        None,
+    ]
+    assert t["heldout_start"] == {"greedy_exact": 0.1, "greedy_reward": 0.30000000000000004, "prompts": 8}
+    assert all(abs(r["written_at"] - time.time()) < 60 for r in rows)
+
+
+def test_a_rolled_back_job_lists_what_it_holds_now_and_the_evaluation_after_it_ended(tmp_path: Path) -> None:
+    # rolled back to v10 (v20, v30 set aside), then trained on to v30 again with other rewards; evaluated after the job
+    jd = _job(tmp_path)
+    jd.event("resumed_from", version=10, set_aside=[20, 30])
+    rows = jd.read_lines(jd.metrics)[:10] + [{"iteration": i, "reward_mean": 0.9} for i in range(10, 30)]
+    jd.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))  # the run cut them back to v10
+    for v in (20, 30):
+        jd.event("checkpoint", version=v)
+    heldout = {"prompts": 16, "greedy_exact_first": 0.0, "greedy_exact_last": 0.5}
+    heldout |= {"greedy_reward_first": 0.25, "greedy_reward_last": 0.75}
+    jd.summary_json.write_text(json.dumps({"state": "done", "iterations": 30, "heldout": heldout}))
+    t = checkpoint_table(jd)
+    assert [(r["version"], r["reward_mean"]) for r in t["checkpoints"]] == [(10, 0.045), (20, 0.9), (30, 0.9)]
+    assert t["checkpoints"][-1]["heldout"] == {"greedy_exact": 0.5, "greedy_reward": 0.75, "prompts": 16}
+    assert t["heldout_start"] == {"greedy_exact": 0.0, "greedy_reward": 0.25, "prompts": 16}
+
+
+def test_checkpoints_let_go_are_not_listed_and_the_next_counts_from_them(tmp_path: Path) -> None:
+    jd = _job(tmp_path, keep=2)  # checkpoint.keep 2: v10 pruned
+    rows = checkpoint_table(jd)["checkpoints"]
+    assert [(r["version"], r["iterations"]) for r in rows] == [(20, [11, 20]), (30, [21, 30])]
+
+
+def test_status_checkpoints_prints_the_table_and_how_to_go_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job(tmp_path)
+    r = run_cli("status", str(jd.path), "--checkpoints")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"Job {jd.path.name}: 3 complete checkpoints"
+    assert [line.split()[0::4] for line in lines if line.startswith("v")] == [
+        ["v10", "0.045"],
+        ["v20", "0.145"],
+        ["v30", "0.245"],
+    ]
+    assert lines[-1] == (
+        f"`rlctl launch --resume {jd.path} --checkpoint V` continues from V; `rlctl pull {jd.path} --checkpoint V` "
+        "copies its model here"
+    )
+    data = json.loads(run_cli("status", str(jd.path), "--checkpoints", "-o", "json").stdout)
+    assert [c["version"] for c in data["checkpoints"]] == [10, 20, 30]
+
+
+@pytest.mark.parametrize(("extra", "says"), [("--all", "--all"), ("--watch", "--watch")])
+def test_status_checkpoints_refuses_all_and_watch(
+    extra: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    r = run_cli("status", "--checkpoints", extra)
+    assert r.exit_code == 2
+    assert f"--checkpoints lists one job's checkpoints once: it takes no {says}" in r.stderr
