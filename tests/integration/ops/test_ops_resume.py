@@ -272,3 +272,10 @@ def rolled_back(job_dir, back: int, prompts: int) -> None:
     samples = sample_rows(JobDir(job_dir), more)
     assert len({e["prompt_id"] for e in samples}) == more * prompts
     assert len(samples) == len({e["sample_id"] for e in samples})
+    # `status --checkpoints`: the new lineage's checkpoints, the last one's reward that of the iterations that made it
+    code, ck = rlctl_json("status", str(job_dir), "--checkpoints")
+    last = ck["checkpoints"][-1]
+    assert code == 0 and (last["version"], last["latest"]) == (more, True), ck
+    reward = {r["iteration"]: r["reward_mean"] for r in metrics_rows(job_dir)}
+    made = [reward[i] for i in range(last["iterations"][0] - 1, more)]
+    assert last["reward_mean"] == round(sum(made) / len(made), 4), ck
