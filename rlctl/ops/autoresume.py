@@ -85,8 +85,10 @@ class Runs:
         the job launched before it. Returns the check `prepare` makes between its steps (Stopped once stopped)."""
         name = self.jobdir.id
         if self.db is not None:
-            self.db.put(name, job_dir=str(self.jobdir.path), spec=self.spec.model_dump(mode="json", by_alias=True))
-            self.db.update(name, info={"launcher": this_launcher(), "source": source})
+            spec = self.spec.model_dump(mode="json", by_alias=True)  # one write, its launcher with it (`_register`)
+            self.db.put(
+                name, job_dir=str(self.jobdir.path), spec=spec, info={"launcher": this_launcher(), "source": source}
+            )
             self._preparing = True
         self.source = source
         return StopCheck(self.jobdir, since=self._stops_since(), db=self.db, source=source)

@@ -350,9 +350,11 @@ class JobRun:
             # rank killed before it joined): the operator's `stopped`, written after its forced stop, would come
             # second and keep this `failed` (it only replaces a live state)
             state = "stopped"
-        if state == "launching":
-            self.db.put(self.id, job_dir=str(self.jobdir.path), spec=self.spec.model_dump(mode="json", by_alias=True))
+        if state == "launching":  # one write: a `status --all` in between saw a row without its launcher
             info = {"controller_exit": None, "trainer_exit": None, "agent_exits": None, **info}  # the run before's
+            spec = self.spec.model_dump(mode="json", by_alias=True)
+            self.db.put(self.id, job_dir=str(self.jobdir.path), spec=spec, info=info)
+            return
         self.db.update(self.id, state=state, info=info or None)
 
     def _files(self) -> tuple[HostFiles, str]:

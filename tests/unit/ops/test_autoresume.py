@@ -230,6 +230,33 @@ def test_a_launch_that_ends_while_it_prepares_leaves_no_launching_row(
         db.close()
 
 
+def test_a_preparing_launch_enters_the_index_with_its_launcher_in_one_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlctl status --all` as a launch began preparing showed its row without a launcher or job file: put, then
+    updated."""
+    from rlctl.ops.jobdb import JobDB
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    db = JobDB()
+    seen = []
+    put = db.put
+
+    def watched(*args, **kwargs):
+        put(*args, **kwargs)
+        seen.append(db.get("job").info)  # what another terminal reads now
+
+    monkeypatch.setattr(db, "put", watched)
+    try:
+        autoresume.Runs(jd, load_job(ROOT / "jobs" / "demo.yaml").spec, {}, db=db, say=lambda _: None).preparing(
+            source="demo.yaml"
+        )
+        assert [(i.get("source"), "launcher" in i) for i in seen] == [("demo.yaml", True)]
+    finally:
+        db.close()
+
+
 def test_a_runs_time_limit_is_asked_of_its_controller_and_trainer_rank_0():
     """`JobRun.time_limit` asks the controller's and the first trainer rank's scheduler (the trainer's ranks are one
     SLURM job); rollout units end at no limit that ends the run, and a site that cannot answer is passed over."""

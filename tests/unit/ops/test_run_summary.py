@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -146,6 +147,31 @@ def test_a_new_run_clears_the_exits_the_run_before_recorded(tmp_path: Path, monk
         run._register("launching", launcher={"pid": 1})  # the resume
         info = run.db.get("job").info
         assert (info["controller_exit"], info["trainer_exit"], info["launcher"]) == (None, None, {"pid": 1})
+    finally:
+        run.db.close()
+
+
+def test_a_run_enters_the_index_with_its_launcher_in_one_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlctl status --all` at a run's start showed its row without a launcher: the row was put, then updated."""
+    from rlctl.ops.jobdb import JobDB
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    run = JobRun.__new__(JobRun)
+    run.jobdir, run.stop_since = _job(tmp_path), 0.0
+    run.spec = load_job(ROOT / "jobs" / "demo.yaml").spec
+    run.db = JobDB()
+    seen: list[dict[str, Any]] = []
+    put = run.db.put
+
+    def watched(*args: Any, **kwargs: Any) -> None:
+        put(*args, **kwargs)
+        seen.append(run.db.get("job").info)  # what another terminal's `status --all` reads now
+
+    monkeypatch.setattr(run.db, "put", watched)
+    try:
+        run._register("launching", launcher={"pid": 1})
+        assert [i.get("launcher") for i in seen] == [{"pid": 1}]
+        assert run.db.get("job").state == "launching"
     finally:
         run.db.close()
 
