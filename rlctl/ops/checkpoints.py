@@ -33,10 +33,12 @@ def checkpoint_table(jobdir: JobDir) -> dict[str, Any]:
     iterations that made it, and its held-out figures where the job evaluated that version; and the starting
     policy's held-out figures."""
     versions = completed_checkpoints(jobdir)
-    written: dict[int, float] = {}
+    written: dict[int, float | None] = {}
     for e in jobdir.read_events():  # the last write of a version (a roll-back writes it again)
         if e.get("event") == "checkpoint" and isinstance(e.get("version"), int):
-            written[e["version"]] = e["t"] if _number(e.get("t")) is not None else written.get(e["version"], 0.0)
+            written.setdefault(e["version"], None)
+            if (t := _number(e.get("t"))) is not None:
+                written[e["version"]] = t
     reward: dict[int, float] = {}
     for r in jobdir.read_lines(jobdir.metrics):
         if isinstance(r.get("iteration"), int) and (x := _number(r.get("reward_mean"))) is not None:

@@ -70,6 +70,12 @@ def test_checkpoints_let_go_are_not_listed_and_the_next_counts_from_them(tmp_pat
     assert [(r["version"], r["iterations"]) for r in rows] == [(20, [11, 20]), (30, [21, 30])]
 
 
+def test_a_checkpoint_event_without_its_time_is_listed_with_none(tmp_path: Path) -> None:
+    jd = _job(tmp_path)
+    jd.append(jd.events, {"event": "checkpoint", "version": 40, "t": "noon"})  # edited by hand
+    assert checkpoint_table(jd)["checkpoints"][-1]["written_at"] is None
+
+
 def test_status_checkpoints_prints_the_table_and_how_to_go_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
