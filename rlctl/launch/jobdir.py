@@ -38,7 +38,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import secrets
 import shlex
 import socket
@@ -86,10 +85,12 @@ class JobDir:
             recorded = (self.path / ID_FILE).read_text().strip()
         except OSError:  # none (or not a file): the directory's name
             return self.path.name
-        if recorded and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", recorded):  # it names W/jobs/<id> on sites
+        # it names W/jobs/<id> on sites; a launch writes a directory's name (`JobDB.id_for`: `lr=1e-5-<digest>` of a
+        # dir lr=1e-5), so any one name but . and .. is one
+        if recorded and (recorded in (".", "..") or "/" in recorded or not recorded.isprintable()):
             raise LaunchError(
-                f"{self.path / ID_FILE}: {recorded[:60]!r} is no job id (letters, digits, '.', '_', '-'; its launch "
-                "wrote one such)",
+                f"{self.path / ID_FILE}: {recorded[:60]!r} is no job id (one directory name: no '/', not '.' or '..'; "
+                "its launch wrote one such)",
                 hint="put back the id its launch wrote (`rlctl status --all` lists them), or remove the file to use "
                 "the directory's name",
             )

@@ -115,13 +115,29 @@ def test_the_directory_name_needs_no_record(tmp_path: Path) -> None:
     assert JobDir(tmp_path / "gone").id == "gone"
 
 
-@pytest.mark.parametrize("recorded", ["../../etc", "a/b", ".hidden", "run id"])
+@pytest.mark.parametrize("recorded", ["../../etc", "a/b", "..", ".", "a\tb"])
 def test_a_hand_edited_job_id_that_is_no_id_is_refused_naming_its_file(tmp_path: Path, recorded: str) -> None:
     # it was taken as it was: the sites' job dirs are W/jobs/<id>, so `../../x` named a directory outside them
     jd = JobDir.create("j", explicit=tmp_path / "run")
     (jd.path / ".job-id").write_text(recorded + "\n")
-    with pytest.raises(LaunchError, match=rf"^{jd.path}/.job-id: '{re.escape(recorded)}' is no job id \(letters"):
+    with pytest.raises(LaunchError, match=rf"^{jd.path}/.job-id: {re.escape(repr(recorded))} is no job id \(one"):
         _ = JobDir(jd.path).id
+
+
+@pytest.mark.parametrize("name", ["lr=1e-5", "run 2", "_scratch", "exp+bs64"])
+def test_the_id_a_launch_records_for_a_directory_of_any_name_reads_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # a launch into /b/lr=1e-5 while /a/lr=1e-5 is indexed records `lr=1e-5-<digest>` in .job-id, which reading it
+    # back refused as no job id (only letters, digits, '.', '_', '-', a letter or digit first): every command of the
+    # job, and its agents (the controller reads its id), failed on it
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    job = load_job(DEMO)
+    spec = resolve_job(job, iterations=None, mode=None)
+    a = launch_dir(job, spec, tmp_path / "a" / name)
+    b = launch_dir(job, spec, tmp_path / "b" / name)
+    assert a.id == name and b.id.startswith(f"{name}-"), (a.id, b.id)
+    assert JobDir(b.path).id == b.id
 
 
 def test_a_resume_of_a_job_the_index_lacks_whose_id_a_live_job_has_is_refused(
