@@ -150,6 +150,17 @@ class JobDB:
         )
         return cur.rowcount > 0
 
+    def put_back(self, row: JobRow, *, only_from: tuple[str, ...]) -> bool:
+        """The job's row as `row` was (read before a run's `put`, which replaced its info: a run that refused to
+        start undoes it), only while its state is one of `only_from`, decided by the UPDATE itself. Whether it did."""
+        row_now = (row.job_dir, row.state, row.controller, json.dumps(row.spec), json.dumps(row.info), time.time())
+        cur = self._conn.execute(
+            "UPDATE jobs SET job_dir=?, state=?, controller=?, spec=?, info=?, updated_s=? "
+            f"WHERE name=? AND state IN ({', '.join('?' for _ in only_from)})",
+            (*row_now, row.name, *only_from),
+        )
+        return cur.rowcount > 0
+
     def get(self, name: str) -> JobRow:
         row = self._conn.execute("SELECT * FROM jobs WHERE name=?", (name,)).fetchone()
         if row is None:

@@ -76,7 +76,7 @@ from rlctl.launch.stage import (
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.extend import earlier_iterations, trained_iterations
 from rlctl.ops.inputs import copy_inputs, resolve_inputs
-from rlctl.ops.jobdb import LIVE, JobDB
+from rlctl.ops.jobdb import LIVE, JobDB, JobRow
 from rlctl.rl.reward import load_deadline_s
 from rlctl.transport import Connection, Message, make_transport
 
@@ -329,9 +329,10 @@ class JobRun:
         )
         return h
 
-    def _unstart(self, aside: str, state: str | None) -> None:
+    def _unstart(self, aside: str, row: JobRow | None) -> None:
         """Undo what `start` changed before it refused to start: the summary of the run before back in place (here
-        and on the controller's site), the index row's state back to `state`."""
+        and on the controller's site), the index row back to `row` (its state, and what the run's `launching` row
+        replaced: the job file it came from, its launcher, its agents' exits, when it was launched)."""
         if self._record is not None:
             fs, root = self._files()
             try:
@@ -339,8 +340,8 @@ class JobRun:
             finally:
                 fs.close()
         LocalFiles().move(str(self.jobdir.path / aside), str(self.jobdir.summary_json))
-        if self.db is not None and state is not None:
-            self.db.update(self.id, state=state, only_from=("launching",))
+        if self.db is not None and row is not None:
+            self.db.put_back(row, only_from=("launching",))
 
     def _register(self, state: str, **info: Any) -> None:
         if self.db is None:
@@ -383,10 +384,10 @@ class JobRun:
         # by `rlctl status`) once this run's controller is gone without one
         aside = aside_name(self.jobdir.path)
         LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
-        before = None  # the index's state of the job before this run (a refused roll-back puts it back)
+        before = None  # the job's index row before this run (a refused roll-back puts it back)
         if checkpoint is not None and self.db is not None:
             with contextlib.suppress(RlctlError):
-                before = self.db.get(self.id).state
+                before = self.db.get(self.id)
         self._register("launching", sites=sorted(self.sites), launcher=this_launcher())
         agents = planned_agents(self.plan, self.sites, self.spec, master_port=_free_port())  # refuses a short site
         trainers = [a for a, _ in agents if a.role == "trainer"]

@@ -381,3 +381,40 @@ def test_a_roll_back_takes_the_checkpoint_named_or_says_why_not(tmp_path: Path) 
         pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], only=3)
     with pytest.raises(UsageError, match=r"^--checkpoint v9: not on the controller's site \(.*/iter-9\)$"):
         pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], only=9)
+
+
+def test_a_refused_roll_back_leaves_the_jobs_index_row_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its state was put back, but its run's `launching` row had replaced the rest: the job file it was launched from
+    # (`source`), its controller's exit (-9: status then said 'status unknown'), its launcher, when it was launched
+    from rlctl.launch.backends import write_sites
+    from rlctl.ops.jobdb import JobDB
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("resume", explicit=tmp_path / "job")
+    jd.write_job(spec(), source="test")
+    jd.write_json(jd.plan_json, {"trainer": {"site": "t", "ranks": 1}, "rollout": [{"site": "c", "units": 1}],
+                                 "controller_site": "c"})  # fmt: skip
+    write_sites(jd.path, {"c": local_site(), "t": local_site()})
+    files_part(jd.checkpoint(3), "controller", "{}", meta={"trainer_digest": "0" * 64})  # its trainer part lost
+    jd.event("checkpoint", version=3)
+    info = {"source": "jobs/resume.yaml", "controller_exit": -9, "launcher": {"pid": 1, "host": "elsewhere"}}
+    db = JobDB()
+    db.put(jd.id, job_dir=str(jd.path), spec={"name": "resume"}, state="failed", info=info)
+    db.update(jd.id, controller="tcp://10.0.0.1:5000")
+    before = db.get(jd.id)
+    db.close()
+    r = run_cli("launch", "--resume", jd.id, "--checkpoint", "3")
+    assert r.exit_code == 2, r.stderr
+    assert "--checkpoint v3: trainer part" in r.stderr, r.stderr
+    db = JobDB()
+    after = db.get(jd.id)
+    db.close()
+    assert (after.state, after.controller, after.spec, after.info) == (
+        before.state,
+        before.controller,
+        before.spec,
+        before.info,
+    )
