@@ -992,7 +992,9 @@ def refuse_if_finished(jobdir: JobDir, *, state: str | None) -> None:
     if done is None and state != "finished":
         return
     planned = jobdir.read_job().iterations
-    if trained_iterations(jobdir) < planned:  # its count was raised since it finished (`--iterations`)
+    # its count was raised since it finished (`--iterations`); none trained here is no count known (its controller's
+    # site's record not fetched, nor its summary: the index's `finished` stands)
+    if 0 < trained_iterations(jobdir) < planned:
         return
     counts = f" ({done.get('iterations')}/{done.get('iterations_planned')} iterations)" if done is not None else ""
     raise UsageError(

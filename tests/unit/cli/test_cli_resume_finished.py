@@ -168,6 +168,16 @@ def test_a_finished_job_whose_metrics_are_not_here_is_refused_by_its_summary(tmp
         with_iterations(jd, 5)
 
 
+def test_a_finished_job_neither_of_whose_counts_is_here_is_refused_by_its_index(tmp_path: Path) -> None:
+    # no metrics and no summary here (its controller's site not fetched from): counted 0 trained, under its planned
+    # 15, it was taken for a job whose count was raised since it finished, and resumed
+    jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
+    jd.metrics.unlink()
+    jd.summary_json.unlink()
+    with pytest.raises(UsageError, match=r"^job run: finished; nothing to resume"):
+        refuse_if_finished(jd, state="finished")
+
+
 def test_a_finished_job_whose_count_was_raised_is_resumed_without_it(tmp_path: Path) -> None:
     """The count written and its run ended before training (a failed start): a plain `--resume` goes on to it."""
     jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
