@@ -95,10 +95,13 @@ def with_iterations(jobdir: JobDir, iterations: int, *, since: int | None = None
         return spec, None
     trained = trained_iterations(jobdir) if since is None else since
     if iterations <= trained:
+        # (a roll-back's hint keeps its --checkpoint: without it the resume continues from the latest checkpoint)
+        back = "" if since is None else f" --checkpoint {since}"
         raise UsageError(
-            f"--iterations {iterations}: job {jobdir.id} trained {trained} iterations already; the count is the job's "
-            f"total, so more than {trained}",
-            hint=f"e.g. `rlctl launch --resume {jobdir.id} --iterations {max(before, trained) * 2}`",
+            f"--iterations {iterations}: job {jobdir.id} trained {trained} iterations already"
+            + ("" if since is None else f" at checkpoint v{since}, which --checkpoint continues from")
+            + f"; the count is the job's total, so more than {trained}",
+            hint=f"e.g. `rlctl launch --resume {jobdir.id}{back} --iterations {max(before, trained) * 2}`",
         )
     eta = spec.pipeline.staleness
     if eta is not None and eta > iterations:  # as `load_job` bounds it

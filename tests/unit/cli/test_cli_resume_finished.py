@@ -226,6 +226,21 @@ def test_a_roll_back_to_no_checkpoint_of_the_job_is_refused_and_changes_nothing(
     assert files(jd.path) == before
 
 
+def test_a_roll_back_given_a_count_it_has_trained_is_told_how_to_roll_back_with_more(tmp_path: Path) -> None:
+    # the hint was `rlctl launch --resume ID --iterations 30`, without the --checkpoint: taken as it was, it resumed
+    # from the latest checkpoint, not the one the operator rolled back to
+    jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
+    checkpointed(jd, 5, 10, 15)
+    r = run_cli("launch", "--resume", str(jd.path), "--checkpoint", "v5", "--iterations", "4")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(
+        "rlctl: error: --iterations 4: job run trained 5 iterations already at checkpoint v5, which --checkpoint "
+        "continues from; the count is the job's total, so more than 5"
+    ), r.stderr
+    hint = "(hint: e.g. `rlctl launch --resume run --checkpoint 5 --iterations 30`)"
+    assert r.stderr.rstrip().endswith(hint), r.stderr
+
+
 def test_a_roll_back_to_a_checkpoint_checkpoint_keep_let_go_is_refused(tmp_path: Path) -> None:
     jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
     spec = jd.read_job()
