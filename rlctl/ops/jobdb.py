@@ -161,6 +161,14 @@ class JobDB:
         )
         return cur.rowcount > 0
 
+    def remove(self, name: str, *, only_from: tuple[str, ...]) -> bool:
+        """Take the job's row out, only while its state is one of `only_from` (a run that refused to start, of a job
+        the index did not hold before it: its `launching` row undone). Whether it did."""
+        cur = self._conn.execute(
+            f"DELETE FROM jobs WHERE name=? AND state IN ({', '.join('?' for _ in only_from)})", (name, *only_from)
+        )
+        return cur.rowcount > 0
+
     def get(self, name: str) -> JobRow:
         row = self._conn.execute("SELECT * FROM jobs WHERE name=?", (name,)).fetchone()
         if row is None:

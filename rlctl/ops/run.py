@@ -342,6 +342,8 @@ class JobRun:
         LocalFiles().move(str(self.jobdir.path / aside), str(self.jobdir.summary_json))
         if self.db is not None and row is not None:
             self.db.put_back(row, only_from=("launching",))
+        elif self.db is not None:  # a job the index did not hold (a copied job dir, an index lost): out of it again
+            self.db.remove(self.id, only_from=("launching",))
 
     def _register(self, state: str, **info: Any) -> None:
         if self.db is None:
@@ -384,7 +386,7 @@ class JobRun:
         # by `rlctl status`) once this run's controller is gone without one
         aside = aside_name(self.jobdir.path)
         LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
-        before = None  # the job's index row before this run (a refused roll-back puts it back)
+        before = None  # the job's index row before this run, None for none (a refused roll-back puts it back)
         if checkpoint is not None and self.db is not None:
             with contextlib.suppress(RlctlError):
                 before = self.db.get(self.id)
@@ -864,8 +866,13 @@ class JobRun:
                 self._stopped_by_term(summary)
         self._record_exits(exits)
         self.jobdir.event("agents_stopped", agents=[h.spec.name for h in handles], problems=problems, exits=exits)
-        if self.db is not None and self.db.get(self.id).state in LIVE:
-            self._register("stopped")
+        if self.db is not None:
+            try:
+                live = self.db.get(self.id).state in LIVE
+            except RlctlError:  # no row: a refused roll-back took out the one its start put
+                live = False
+            if live:
+                self._register("stopped")
         self.backends.close()
         if problems:
             raise LaunchError("; ".join(problems))

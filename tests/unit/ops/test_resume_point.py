@@ -418,3 +418,30 @@ def test_a_refused_roll_back_leaves_the_jobs_index_row_as_it_was(
         before.spec,
         before.info,
     )
+
+
+def test_a_refused_roll_back_of_a_job_dir_the_index_lacks_leaves_it_out_of_the_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (a copied job dir, an index lost) its run's `launching` row stayed, and was then set `stopped`: `rlctl status`
+    # said 'job index: stopped' of a job whose summary says done
+    from rlctl.launch.backends import write_sites
+    from rlctl.ops.jobdb import JobDB
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("resume", explicit=tmp_path / "job")
+    jd.write_job(spec(), source="test")
+    jd.write_json(jd.plan_json, {"trainer": {"site": "t", "ranks": 1}, "rollout": [{"site": "c", "units": 1}],
+                                 "controller_site": "c"})  # fmt: skip
+    write_sites(jd.path, {"c": local_site(), "t": local_site()})
+    jd.write_json(jd.summary_json, {"state": "done", "iterations": 9, "iterations_planned": 9})
+    jd.event("checkpoint", version=3)  # its parts not here
+    r = run_cli("launch", "--resume", str(jd.path), "--checkpoint", "3")
+    assert r.exit_code == 2 and r.stderr.startswith("rlctl: error: --checkpoint v3: not on the controller's site")
+    assert r.stderr.count("\n") == 1, r.stderr
+    db = JobDB()
+    rows = db.list()
+    db.close()
+    assert rows == []
+    assert json.loads(jd.summary_json.read_text())["state"] == "done"
