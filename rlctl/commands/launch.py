@@ -521,6 +521,7 @@ def _resume(
     from rlctl.ops.jobchanges import launch_changes
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import require_job_dir, resolve
+    from rlctl.ops.operate import fetch_job_record
     from rlctl.ops.run import refuse_if_finished, refuse_if_id_live, refuse_if_running, refuse_if_unprepared
 
     db = JobDB()
@@ -530,6 +531,9 @@ def _resume(
     try:
         require_job_dir(ref_)  # its index row outlived it: not "never prepared"
         refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
+        if checkpoint is not None or iterations is not None:  # they read its events, metrics and summary: as the
+            # controller's site has them (its launcher gone before its run ended fetched none), as `status` does
+            fetch_job_record(ref_)
         if checkpoint is not None:
             back = rollback_to(jd, checkpoint)
         if iterations is not None:  # a finished job given more to train is not one with nothing to resume

@@ -267,3 +267,27 @@ def test_a_new_count_in_a_job_json_without_digests_names_no_field_edited(tmp_pat
     assert jd.read_job().iterations == 40 and earlier_iterations(jd) == [15]
     assert launch_changes(jd) == []
     assert "job_sha256" not in json.loads(jd.job_json.read_text())
+
+
+def test_a_roll_back_of_a_job_whose_controller_ran_on_another_site_reads_that_sites_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its launcher gone before the run ended fetched none of them: the checkpoints the site's events name were
+    # 'no such complete checkpoint' to the roll-back, while `rlctl status` (which fetches them) listed them
+    from rlctl.config.inventory import Site
+    from rlctl.launch.stage import write_staged
+
+    jd = ended(tmp_path / "run", "stopped", iterations=12, indexed="stopped")
+    far = tmp_path / "w" / "jobs" / jd.id
+    far.mkdir(parents=True)
+    site = Site.model_validate({"datacenter": "d", "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 2}],
+                                "scheduler": {"kind": "local", "workdir": str(tmp_path / "w")}})  # fmt: skip
+    write_sites(jd.path, {"local": site})
+    write_staged(jd.path, {"local": {"roots": {"localhost": str(far)}}})
+    checkpointed(jd, 5)  # here, as the launcher last fetched them
+    (far / "events.jsonl").write_text("".join(json.dumps({"t": 1.0 + v, "event": "checkpoint", "version": v}) + "\n"
+                                              for v in (5, 10)))  # fmt: skip
+    launched, _ = launched_by(jd, monkeypatch)
+    r = run_cli("launch", "--resume", str(jd.path), "--checkpoint", "10")
+    assert r.exit_code == 0, r.stderr
+    assert launched["checkpoint"] == 10
