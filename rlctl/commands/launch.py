@@ -537,7 +537,8 @@ def _resume(
         if checkpoint is not None:
             back = rollback_to(jd, checkpoint)
         if iterations is not None:  # a finished job given more to train is not one with nothing to resume
-            spec, counted = with_iterations(jd, iterations, since=back)
+            named = jd.id if ref_.row is not None else str(jd.path)  # (an id the index lacks names no job)
+            spec, counted = with_iterations(jd, iterations, since=back, ref=named)
         if counted is None and back is None:  # (rolled back, a finished job has its iterations after it to train)
             refuse_if_finished(jd, state=ref_.row.state if ref_.row is not None else None)
         if back is not None and back >= (planned := (spec if counted is not None else jd.read_job()).iterations):

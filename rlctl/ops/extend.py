@@ -25,6 +25,7 @@ back to V, as a resume past a damaged checkpoint does. With both, N counts from 
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 from rlctl.checkpoint.choose import named_version
@@ -85,10 +86,13 @@ def rollback_to(jobdir: JobDir, named: str) -> int:
     return version
 
 
-def with_iterations(jobdir: JobDir, iterations: int, *, since: int | None = None) -> tuple[JobFile, str | None]:
+def with_iterations(
+    jobdir: JobDir, iterations: int, *, since: int | None = None, ref: str | None = None
+) -> tuple[JobFile, str | None]:
     """The job (its job.json) with `iterations` as its count, and the line that says what changes (None when it is
     the count already). UsageError when the job trained that many already (`since`: a roll-back's checkpoint,
-    which it then has trained), or a bound refuses the count."""
+    which it then has trained), or a bound refuses the count. `ref`: how a command names the job (its id, or its
+    directory when the index lacks it)."""
     spec = jobdir.read_job()
     before = spec.iterations
     if iterations == before:
@@ -101,7 +105,8 @@ def with_iterations(jobdir: JobDir, iterations: int, *, since: int | None = None
             f"--iterations {iterations}: job {jobdir.id} trained {trained} iterations already"
             + ("" if since is None else f" at checkpoint v{since}, which --checkpoint continues from")
             + f"; the count is the job's total, so more than {trained}",
-            hint=f"e.g. `rlctl launch --resume {jobdir.id}{back} --iterations {max(before, trained) * 2}`",
+            hint=f"e.g. `rlctl launch --resume {shlex.quote(ref or jobdir.id)}{back} --iterations "
+            f"{max(before, trained) * 2}`",
         )
     eta = spec.pipeline.staleness
     if eta is not None and eta > iterations:  # as `load_job` bounds it

@@ -1004,10 +1004,11 @@ def refuse_if_finished(jobdir: JobDir, *, state: str | None) -> None:
     if 0 < trained_iterations(jobdir) < planned:
         return
     counts = f" ({done.get('iterations')}/{done.get('iterations_planned')} iterations)" if done is not None else ""
+    ref = shlex.quote(jobdir.id if state is not None else str(jobdir.path))  # (an id the index lacks names no job)
     raise UsageError(
         f"job {jobdir.id}: finished{counts}; nothing to resume",
-        hint=f"`rlctl status {jobdir.id}` shows how it ended; to train on from its last checkpoint: "
-        f"`rlctl launch --resume {jobdir.id} --iterations {2 * planned}`",
+        hint=f"`rlctl status {ref}` shows how it ended; to train on from its last checkpoint: "
+        f"`rlctl launch --resume {ref} --iterations {2 * planned}`",
     )
 
 

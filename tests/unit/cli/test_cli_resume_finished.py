@@ -291,3 +291,16 @@ def test_a_roll_back_of_a_job_whose_controller_ran_on_another_site_reads_that_si
     r = run_cli("launch", "--resume", str(jd.path), "--checkpoint", "10")
     assert r.exit_code == 0, r.stderr
     assert launched["checkpoint"] == 10
+
+
+def test_the_hints_of_a_job_dir_the_index_lacks_name_it_by_its_directory(tmp_path: Path) -> None:
+    # (a copied job dir, an index lost) they named it by its id, `rlctl status run`, `rlctl launch --resume run …`:
+    # 'no job 'run' in the index'
+    jd = ended(tmp_path / "copied" / "run", "done", iterations=15, indexed=None)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    assert f"`rlctl status {jd.path}` shows how it ended" in r.stderr, r.stderr
+    assert f"`rlctl launch --resume {jd.path} --iterations 30`" in r.stderr, r.stderr
+    r = run_cli("launch", "--resume", str(jd.path), "--iterations", "9")
+    assert r.exit_code == 2, r.stderr
+    assert r.stderr.rstrip().endswith(f"(hint: e.g. `rlctl launch --resume {jd.path} --iterations 30`)"), r.stderr
