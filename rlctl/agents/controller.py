@@ -600,6 +600,9 @@ class ControllerAgent:
         if what == "spawned":
             self.scaler.spawned(who, payload)
             return
+        if what == "not_joining":
+            self.scaler.not_joining(payload, now=time.monotonic())
+            return
         if what == "scored":
             attempt, reward = payload
             self._send(self.core.scored(who, attempt=attempt, reward=reward))

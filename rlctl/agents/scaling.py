@@ -12,6 +12,9 @@
     the units per site (unit_counts()) go into it too; a resumed run, once the plan's units joined, starts
          those the checkpoint's run had beyond them ──▶ scale event "out", reason "resume"
     scale −N ──▶ core.drain(the newest units) ──▶ scale event "in" (the controller sends the drain)
+    a unit expected UNJOINED_CHECK_S without joining (the plan's, or one asked for) ──▶ its site asked, in a thread,
+         whether it still runs ──▶ post("not_joining") ──▶ not_joining(): one that exited holds no slot
+         (`unit_exited_before_joining`); the plan's is replaced, one asked for is a failed start (`scale --wait`)
 
 The controller owns the inbox and the sockets; this module only posts to the one and returns the
 messages for the other, so every send still happens on the controller's main loop.
@@ -50,6 +53,10 @@ REPLACE_JOIN_S = 120.0  # a started replacement that has not joined by then coun
 # a resumed run starts the units the checkpoint's run had beyond the plan once the plan's units joined, or after
 # this long (the plan's units not joined by then still count as started: `_restore_units`)
 RESTORE_WAIT_S = 120.0
+# a unit expected this long that has not joined (the plan's since the controller started, one asked for since it
+# was): its site is asked whether it still runs, at most this often (a unit queued in SLURM, or loading a large
+# model, still runs and keeps its slot; one that exited frees it)
+UNJOINED_CHECK_S = 60.0
 
 
 @dataclass
@@ -160,20 +167,72 @@ class Scaler:
         self.restoring: dict[str, int] | None = None
         self.restored_at = 0.0
         self.gave_up_why: dict[str, str] = {}  # lost unit given up on → why its last attempt failed
+        self.t0 = time.monotonic()  # the plan's units are expected from here
+        self.never_joined: set[str] = set()  # units that exited before they joined: they hold no slot
+        self._unjoined_at = -UNJOINED_CHECK_S  # when the sites were last asked about units not joined
+        self._asking = False  # a thread asks them now
 
     def pending_units(self) -> list[str]:
         """Units asked for that have not joined yet."""
         return [n for n in self.spawn_requested if n not in self.core.units]
 
+    def _planned_unjoined(self) -> list[str]:
+        """The plan's rollout units that have not joined (the launcher starts them), less those that exited."""
+        return [
+            n
+            for n in _sites_by_agent(self.placement.plan)
+            if n.startswith("rollout-") and n not in self.core.units and n not in self.never_joined
+        ]
+
     def free_slots(self) -> dict[str, int]:
         """Rollout units each rollout site can still start for this job: beside its live units, those asked for and
-        the plan's that have not joined yet (the launcher starts them: a scale before they joined took their slots)."""
-        planned = [
-            n for n in _sites_by_agent(self.placement.plan) if n.startswith("rollout-") and n not in self.core.units
-        ]
+        the plan's that have not joined yet (the launcher starts them: a scale before they joined took their slots),
+        unless their site said they exited (`not_joining`)."""
         return self.placement.free_slots(
-            [u.name for u in self.core.units.values() if u.alive] + self.pending_units() + planned
+            [u.name for u in self.core.units.values() if u.alive] + self.pending_units() + self._planned_unjoined()
         )
+
+    def _ask_unjoined(self, now: float) -> None:
+        """Units expected for UNJOINED_CHECK_S that have not joined: their sites are asked in a thread (an SSH or
+        squeue call takes seconds) whether each still runs, at most every UNJOINED_CHECK_S; the answer comes back
+        through the inbox (`not_joining`). A replacement is left out: its own deadline is REPLACE_JOIN_S."""
+        spawner = self.spawner
+        if spawner is None or self._asking or now - self._unjoined_at < UNJOINED_CHECK_S:
+            return
+        chains = {r.unit for r in self.replacing.values()}
+        expected = {n: self.t0 for n in self._planned_unjoined()} | {
+            n: self.spawn_requested[n] for n in self.pending_units()
+        }
+        names = sorted(n for n, since in expected.items() if n not in chains and now - since >= UNJOINED_CHECK_S)
+        if not names:
+            return
+        self._unjoined_at, self._asking = now, True
+
+        def run() -> None:
+            try:
+                gone = spawner.exited(names)
+            except (RlctlError, OSError) as e:  # (a damaged agents.jsonl): asked again later
+                log.warning("controller: cannot tell whether %s still run: %s", ", ".join(names), e)
+                gone = []
+            self.post(("not_joining", "", gone))
+
+        threading.Thread(target=run, name="ask-unjoined", daemon=True).start()
+
+    def not_joining(self, gone: list[str], *, now: float) -> None:
+        """Units whose sites said they exited before they joined: they hold no slot; the plan's is replaced (as a
+        unit lost), one asked for (`rlctl scale`, the rebalance rule, a resume) is a failed start."""
+        self._asking = False
+        for name in gone:
+            if name in self.core.units or name in self.never_joined:  # it joined meanwhile: its loss is core's
+                continue
+            self.never_joined.add(name)
+            site = self.placement.sites.get(name)
+            self.jobdir.event("unit_exited_before_joining", agent=name, site=site)
+            log.warning("controller: %s (site %s) exited before it joined (its log says why)", name, site)
+            if self.spawn_requested.pop(name, None) is not None:
+                self.failed_starts[name] = "exited before it joined (its log says why)"
+            else:
+                self.replace(name, now=now)
 
     # -- requests -----------------------------------------------------------------------------------
     def scale(self, delta: int, site: str | None, *, reason: str) -> tuple[dict[str, Any], list[Out]]:
@@ -310,6 +369,7 @@ class Scaler:
         run, start again the units its checkpoint's run had beyond the plan (`restore`)."""
         if self.restoring is not None:
             self._restore_units(now)
+        self._ask_unjoined(now)
         for r in list(self.replacing.values()):
             if r.error is not None:
                 self._failed(r, r.error, now)

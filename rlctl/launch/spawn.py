@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +36,20 @@ from rlctl.launch.agentenv import (
     ENV_VISIBLE,
     thread_env,
 )
-from rlctl.launch.backends import Backends, kind_of, python_for, record_agent, recorded_agents
+from rlctl.launch.backends import (
+    AGENTS_FILE,
+    Backends,
+    agents_from_lines,
+    kind_of,
+    python_for,
+    record_agent,
+    recorded_agents,
+)
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice
 from rlctl.launch.gpus import GpuPool, uses_slices
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent, layout, order_tp, rollout_agent, rollout_tp
-from rlctl.launch.stage import ensure_staged, root_for
+from rlctl.launch.stage import ensure_staged, root_for, run_names
 from rlctl.transport.ucx import ENV_RDMA
 
 log = logging.getLogger(__name__)
@@ -161,6 +170,19 @@ class Spawner:
         for s in self._in_flight.values():
             pool.claim(s)
         return pool
+
+    def exited(self, names: Iterable[str]) -> list[str]:
+        """Of `names`, the agents of this run (recorded since its controller's record: an earlier run's agent of the
+        same name is not one) that have exited, as their sites say; one not recorded yet, or whose site cannot tell,
+        is not."""
+        p = self.jobdir.path / AGENTS_FILE
+        text = p.read_text() if p.exists() else ""
+        wanted = set(names) & (run_names(text) or set())
+        return [
+            h.spec.name
+            for h in agents_from_lines(text, source=p, skipped=[])
+            if h.spec.name in wanted and self._exited(h)
+        ]
 
     def _exited(self, h: AgentHandle) -> bool:
         try:

@@ -1044,7 +1044,7 @@ def agents_and_latest_run(
     """`all_recorded_agents` and `latest_run_names` from one reading of the records (a remote controller site's is
     one SSH fetch): what `rlctl stop` stops, and which of them it lists."""
     text = _recorded_text(job_dir, problems)
-    return agents_from_lines(text, source=job_dir / AGENTS_FILE, skipped=skipped), _run_names(text)
+    return agents_from_lines(text, source=job_dir / AGENTS_FILE, skipped=skipped), run_names(text)
 
 
 def latest_run_names(job_dir: Path) -> set[str] | None:
@@ -1052,11 +1052,11 @@ def latest_run_names(job_dir: Path) -> set[str] | None:
     agents.jsonl, and on the controller's site where that keeps its own: the units its controller started on scale);
     None when none records a controller. A line that is no record is passed over (its readers say it). Not the
     handles' order: a name a later run records again keeps its first run's place among them."""
-    return _run_names(_recorded_text(job_dir, []))  # a site that does not answer: the agents recorded here
+    return run_names(_recorded_text(job_dir, []))  # a site that does not answer: the agents recorded here
 
 
-def _run_names(text: str) -> set[str] | None:
-    """`latest_run_names` of the records' lines."""
+def run_names(text: str) -> set[str] | None:
+    """`latest_run_names` of the records' lines (an agents.jsonl's text)."""
     names: set[str] | None = None
     for line in text.splitlines():
         with contextlib.suppress(ValueError):

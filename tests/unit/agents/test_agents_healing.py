@@ -25,6 +25,12 @@ class FakeSpawner:
     def first_free_replica(self) -> int:
         return 2
 
+    gone: tuple[str, ...] = ()  # the agents their sites say exited
+
+    def exited(self, names: list[str]) -> list[str]:
+        self.asked = [*getattr(self, "asked", []), list(names)]
+        return [n for n in names if n in self.gone]
+
     def add_rollout(self, site: str, replica: int) -> None:
         self.calls.append((site, replica))
         if len(self.calls) <= self.fail:
@@ -313,3 +319,55 @@ def test_the_plans_units_that_have_not_joined_yet_hold_their_slots(tmp_path) -> 
     assert scaler.free_slots() == {"a": 1}
     reply, _ = scaler.scale(2, None, reason="operator")
     assert reply == {"error": "only 1 of 2 units fit on a: free slots a 1"} and spawner.calls == []
+
+
+def _asked(scaler: Scaler, posted: list[Any], now: float) -> list[str]:
+    """The loop's turn at `now` (seconds after the controller started): the sites asked in a thread, the answer
+    delivered as the controller's loop does; the units said gone."""
+    scaler.tick(scaler.t0 + now)
+    deadline = time.monotonic() + 5
+    while not posted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    what, _, gone = posted.pop()
+    assert what == "not_joining"
+    scaler.not_joining(gone, now=scaler.t0 + now)
+    return gone
+
+
+def test_a_planned_unit_that_exited_before_joining_frees_its_slot_and_is_replaced(tmp_path) -> None:
+    """rollout-1 of the plan died loading its model: it never joined, so nothing noticed, and it held its slot for
+    good (`rlctl scale +1`: no free slot on a full site; the rebalance rule and replacements: none started)."""
+    scaler, core, jd, posted, spawner = setup(tmp_path, fail=0)
+    joined = ControllerCore(core.cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1], 1)])
+    joined.join("rollout-0", role="rollout", version=0)
+    scaler.core = joined
+    spawner.gone = ("rollout-1",)
+    scaler.tick(scaler.t0 + 30.0)  # too early to ask: it may be loading a large model, or queued
+    assert posted == [] and not hasattr(spawner, "asked")
+    assert _asked(scaler, posted, 61.0) == ["rollout-1"] and spawner.asked == [["rollout-1"]]
+    assert scaler.free_slots() == {"a": 2}
+    assert [(e["agent"], e["site"]) for e in jd.read_events() if e["event"] == "unit_exited_before_joining"] == [
+        ("rollout-1", "a")
+    ]
+    scaler.tick(scaler.t0 + 62.0)  # its replacement starts on its site
+    deliver(scaler, posted)
+    assert spawner.calls == [("a", 2)] and scaler.free_slots() == {"a": 1}
+
+
+def test_a_unit_asked_for_that_exited_before_joining_is_a_failed_start_and_one_still_starting_keeps_its_slot(
+    tmp_path,
+) -> None:
+    scaler, _, _, posted, spawner = setup(tmp_path, fail=0)
+    reply, _ = scaler.scale(1, None, reason="operator")
+    deliver(scaler, posted)
+    assert reply["adding"] == ["rollout-2"] and scaler.free_slots() == {"a": 0}
+    scaler.spawn_requested["rollout-2"] = scaler.t0  # asked for as the controller started
+    assert _asked(scaler, posted, 61.0) == []  # it still runs (queued in SLURM, loading): its slot stays taken
+    assert scaler.free_slots() == {"a": 0}
+    assert scaler.tick(scaler.t0 + 62.0) is None and posted == []  # asked again only after UNJOINED_CHECK_S
+    spawner.gone = ("rollout-2",)
+    assert _asked(scaler, posted, 122.0) == ["rollout-2"]
+    assert scaler.free_slots() == {"a": 1} and scaler.failed_starts == {
+        "rollout-2": "exited before it joined (its log says why)"
+    }
+    assert scaler.replacing == {}  # the operator asked for it: told, not restarted

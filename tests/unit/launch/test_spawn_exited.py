@@ -1,0 +1,55 @@
+"""`Spawner.exited`: which of a running job's agents that never joined its controller have exited, as their site
+says (the controller's `Scaler.not_joining` frees their slots). Real processes on a local site."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from rlctl.config.inventory import Site
+from rlctl.launch import local
+from rlctl.launch.backends import record_agent, write_sites
+from rlctl.launch.base import AgentHandle, AgentSpec
+from rlctl.launch.jobdir import JobDir
+from rlctl.launch.spawn import Spawner
+
+SITE = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 4}]}
+
+
+def _process(*, killed: bool) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
+    """A process as a local agent's record names it (pid, pgid, start time), SIGKILLed and reaped when `killed`."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    ticks = local.start_ticks(proc.pid)
+    assert ticks is not None
+    if killed:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    return proc, {"pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks}
+
+
+def _record(jd: JobDir, role: str, replica: int, ident: dict[str, int]) -> None:
+    record_agent(jd.path, AgentHandle(AgentSpec(role, replica, "s", []), ident, "local"))
+
+
+def test_only_this_runs_agents_that_exited_are_said_exited(tmp_path: Path) -> None:
+    jd = JobDir.create("j", explicit=tmp_path / "j")
+    write_sites(jd.path, {"s": Site.model_validate(SITE)})
+    running, alive = _process(killed=False)
+    try:
+        _, dead = _process(killed=True)
+        _record(jd, "controller", 0, alive)  # the run before: its rollout-1 exited
+        _record(jd, "rollout", 1, dead)
+        _record(jd, "controller", 0, alive)  # this run: rollout-0 runs, rollout-1 not started yet
+        _record(jd, "rollout", 0, alive)
+        sp = Spawner(jd, {"s": Site.model_validate(SITE)}, job="j")
+        try:
+            assert sp.exited(["rollout-0", "rollout-1", "rollout-7"]) == []
+            _record(jd, "rollout", 1, dead)  # started, and dead before it joined
+            assert sp.exited(["rollout-0", "rollout-1"]) == ["rollout-1"]
+        finally:
+            sp.close()
+    finally:
+        running.kill()
+        running.wait(timeout=10)
