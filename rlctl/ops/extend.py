@@ -9,10 +9,13 @@ finished job trains on), or fewer (a long job stopped early ends sooner).
     the checkpoints written under an earlier count (the last iteration of each) stay ones a resume may take
               (`checkpoint_versions(job, earlier=…)`)
 
-N must be more than the iterations trained so far (the job's metrics): the resume restores a checkpoint at or below
-that, and a count at or under it would leave nothing to train. The rest of the job is the job as launched: a changed
-job file is still a new job (`rlctl.ops.jobchanges`). A learning rate that decays ends its decay at the new N, so
-its rate at the resumed step changes: said in the line the launch prints.
+N must be more than the iteration the resumed run starts from: the checkpoint it restores (`--checkpoint V`, else the
+job's latest complete one as its events say; where they name none, as for a controller on another site whose record
+is not fetched here, the iterations its metrics or summary say it trained). A count at or under it would leave nothing
+to train, or take the job back to an older checkpoint unasked (a roll-back is `--checkpoint`'s); one between it and
+the iterations trained is taken (those past the checkpoint are trained again either way). The rest of the job is the
+job as launched: a changed job file is still a new job (`rlctl.ops.jobchanges`). A learning rate that decays ends its
+decay at the new N, so its rate at the resumed step changes: said in the line the launch prints.
 
 `--checkpoint V`: the resume continues from checkpoint V instead of the latest (a run whose reward collapsed after
 V, taken back there, perhaps with a lower rate hand-set in its job.json). V must be one the job completed and no
@@ -90,21 +93,27 @@ def with_iterations(
     jobdir: JobDir, iterations: int, *, since: int | None = None, ref: str | None = None
 ) -> tuple[JobFile, str | None]:
     """The job (its job.json) with `iterations` as its count, and the line that says what changes (None when it is
-    the count already). UsageError when the job trained that many already (`since`: a roll-back's checkpoint,
-    which it then has trained), or a bound refuses the count. `ref`: how a command names the job (its id, or its
-    directory when the index lacks it)."""
+    the count already). UsageError when the resumed run would start at or past that count (`since`: a roll-back's
+    checkpoint; else `resume_start`), or a bound refuses the count. `ref`: how a command names the job (its id, or
+    its directory when the index lacks it)."""
     spec = jobdir.read_job()
     before = spec.iterations
     if iterations == before:
         return spec, None
-    trained = trained_iterations(jobdir) if since is None else since
-    if iterations <= trained:
+    trained = trained_iterations(jobdir)
+    start = since if since is not None else resume_start(jobdir, trained=trained)
+    if start == trained:
+        start_text = f"{trained} trained"
+        why = f"job {jobdir.id} trained {trained} iterations already"
+    else:  # its metrics say more (or less) than the checkpoint it continues from: both, or the count looks wrong
+        at = f"v{start} (--checkpoint)" if since is not None else f"its latest complete checkpoint v{start}"
+        start_text = f"checkpoint v{start} ({trained} trained)"
+        why = f"job {jobdir.id} trained {trained} iterations, and the resume continues from {at}"
+    if iterations <= start:
         # (a roll-back's hint keeps its --checkpoint: without it the resume continues from the latest checkpoint)
         back = "" if since is None else f" --checkpoint {since}"
         raise UsageError(
-            f"--iterations {iterations}: job {jobdir.id} trained {trained} iterations already"
-            + ("" if since is None else f" at checkpoint v{since}, which --checkpoint continues from")
-            + f"; the count is the job's total, so more than {trained}",
+            f"--iterations {iterations}: {why}; the count is the job's total, so more than {start}",
             hint=f"e.g. `rlctl launch --resume {shlex.quote(ref or jobdir.id)}{back} --iterations "
             f"{max(before, trained) * 2}`",
         )
@@ -114,7 +123,15 @@ def with_iterations(
             f"--iterations {iterations}: fewer than the job's pipeline.staleness {eta}; use at least {eta}"
         )
     spec = spec.model_copy(update={"iterations": iterations})  # (the CLI bounds it ≥ 1, as the job file's)
-    return spec, f"iterations {before} → {iterations} (--iterations), from {trained} trained" + _lr_note(spec, before)
+    return spec, f"iterations {before} → {iterations} (--iterations), from {start_text}" + _lr_note(spec, before)
+
+
+def resume_start(jobdir: JobDir, *, trained: int) -> int:
+    """The iteration a resume of the job (from its latest complete checkpoint) starts from: that checkpoint, as its
+    events say; where they name none, `trained` (its metrics' or summary's count: the events of a controller on
+    another site may not be fetched here, and a count under what it trained is not taken on a guess)."""
+    held = completed_checkpoints(jobdir)
+    return held[-1] if held else trained
 
 
 def write_iterations(jobdir: JobDir, iterations: int) -> None:

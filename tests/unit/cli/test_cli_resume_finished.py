@@ -178,6 +178,34 @@ def test_a_finished_job_neither_of_whose_counts_is_here_is_refused_by_its_index(
         refuse_if_finished(jd, state="finished")
 
 
+@pytest.mark.parametrize("count", [7, 8, 9])
+def test_a_count_past_the_checkpoint_the_resume_continues_from_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    # its metrics say 9 trained, its latest complete checkpoint is v6: the resume trains on from v6, but a count of
+    # 7 to 9 was refused as "trained 9 iterations already"
+    jd = ended(tmp_path / "run", "stopped", iterations=9, indexed="stopped")
+    checkpointed(jd, 3, 6)
+    launched, said = launched_by(jd, monkeypatch)
+    r = run_cli("launch", "--resume", str(jd.path), "--iterations", str(count))
+    assert r.exit_code == 0, r.stderr
+    assert said == [f"job demo: iterations 15 → {count} (--iterations), from checkpoint v6 (9 trained)"]
+    assert launched["spec"].iterations == count and launched["job_json"]["job"]["iterations"] == count
+
+
+def test_a_count_at_or_under_the_checkpoint_the_resume_continues_from_is_refused_naming_both(tmp_path: Path) -> None:
+    jd = ended(tmp_path / "run", "stopped", iterations=9, indexed="stopped")
+    checkpointed(jd, 3, 6)
+    before = files(jd.path)
+    r = run_cli("launch", "--resume", str(jd.path), "--iterations", "6")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(
+        f"rlctl: error: --iterations 6: job {jd.path.name} trained 9 iterations, and the resume continues from its "
+        "latest complete checkpoint v6; the count is the job's total, so more than 6"
+    ), r.stderr
+    assert files(jd.path) == before
+
+
 def test_a_finished_job_whose_count_was_raised_is_resumed_without_it(tmp_path: Path) -> None:
     """The count written and its run ended before training (a failed start): a plain `--resume` goes on to it."""
     jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
@@ -201,7 +229,7 @@ def test_a_roll_back_resumes_from_the_checkpoint_named(tmp_path: Path, monkeypat
     r = run_cli("launch", "--resume", str(jd.path), "--checkpoint", "v5", "--iterations", "12")
     assert r.exit_code == 0, r.stderr
     assert (launched["resume"], launched["checkpoint"], launched["spec"].iterations) == (True, 5, 12)
-    assert said == ["job demo: iterations 15 → 12 (--iterations), from 5 trained"]  # counted from the roll-back
+    assert said == ["job demo: iterations 15 → 12 (--iterations), from checkpoint v5 (15 trained)"]  # the roll-back
 
 
 @pytest.mark.parametrize(
@@ -210,7 +238,11 @@ def test_a_roll_back_resumes_from_the_checkpoint_named(tmp_path: Path, monkeypat
         (["--checkpoint", "v10"], "--checkpoint v10: no such complete checkpoint; this job has v5, v15"),
         (["--checkpoint", "ten"], "--checkpoint 'ten': a checkpoint's version, e.g. 20 or v20; this job has v5, v15"),
         (["--checkpoint", "15"], "--checkpoint v15: the job's last (15 iterations); nothing after it to train"),
-        (["--checkpoint", "5", "--iterations", "5"], "--iterations 5: job {id} trained 5 iterations already"),
+        (
+            ["--checkpoint", "5", "--iterations", "5"],
+            "--iterations 5: job {id} trained 15 iterations, and the resume continues from v5 (--checkpoint); the "
+            "count is the job's total, so more than 5",
+        ),
     ],
 )
 def test_a_roll_back_to_no_checkpoint_of_the_job_is_refused_and_changes_nothing(
@@ -234,8 +266,8 @@ def test_a_roll_back_given_a_count_it_has_trained_is_told_how_to_roll_back_with_
     r = run_cli("launch", "--resume", str(jd.path), "--checkpoint", "v5", "--iterations", "4")
     assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith(
-        "rlctl: error: --iterations 4: job run trained 5 iterations already at checkpoint v5, which --checkpoint "
-        "continues from; the count is the job's total, so more than 5"
+        "rlctl: error: --iterations 4: job run trained 15 iterations, and the resume continues from v5 (--checkpoint); "
+        "the count is the job's total, so more than 5"
     ), r.stderr
     hint = "(hint: e.g. `rlctl launch --resume run --checkpoint 5 --iterations 30`)"
     assert r.stderr.rstrip().endswith(hint), r.stderr
