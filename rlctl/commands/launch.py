@@ -562,10 +562,13 @@ def _resume(
 
     def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
         refuse_if_running(jd)
-        if counted is not None:  # written once no run of it is left: its agents read job.json as they start
-            write_iterations(jd, spec.iterations)
+        changes = launch_changes(jd)  # (before the count is written: one edited by hand is said as edited)
+        # written once no run of it is left: its agents read job.json as they start; a count edited by hand is
+        # written as one given with --iterations, the count it replaced kept among the earlier ones
+        write_iterations(jd, spec.iterations)
+        if counted is not None:
             say(f"job {spec.name}: {counted}")
-        for line in launch_changes(jd):  # the job file edited since, or job.json: said, the job as launched runs
+        for line in changes:  # the job file edited since, or job.json: said, the job as launched runs
             say(f"job {spec.name}: {line}")
         return runs.start(resume=True, checkpoint=back)
 

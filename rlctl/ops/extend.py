@@ -13,7 +13,10 @@ N must be more than the iteration the resumed run starts from: the checkpoint it
 job's latest complete one as its events say; where they name none, as for a controller on another site whose record
 is not fetched here, the iterations its metrics or summary say it trained). A count at or under it would leave nothing
 to train, or take the job back to an older checkpoint unasked (a roll-back is `--checkpoint`'s); one between it and
-the iterations trained is taken (those past the checkpoint are trained again either way). The rest of the job is the
+the iterations trained is taken (those past the checkpoint are trained again either way). A count edited into
+job.json by hand (said by the resume: its digest differs, `rlctl.ops.jobchanges`) is kept as N is: the resume's
+launcher writes its digest, and the count it replaced, as that digest names it (`hand_edited_from`), into
+`iterations_before`, so that count's last checkpoint stays one a resume may take. The rest of the job is the
 job as launched: a changed job file is still a new job (`rlctl.ops.jobchanges`). A learning rate that decays ends its
 decay at the new N, so its rate at the resumed step changes: said in the line the launch prints.
 
@@ -27,6 +30,7 @@ back to V, as a resume past a damaged checkpoint does. With both, N counts from 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 from typing import Any
@@ -136,19 +140,43 @@ def resume_start(jobdir: JobDir, *, trained: int) -> int:
 
 def write_iterations(jobdir: JobDir, iterations: int) -> None:
     """Make `iterations` the count in the job's job.json (by its launcher, once no run of it is left): its digest
-    with it (not a hand edit), the count before kept in `EARLIER`."""
+    with it (not a hand edit), the count before kept in `EARLIER` — and before it, the count a hand edit replaced
+    (`hand_edited_from`), as the resume of a job whose count was edited by hand writes it (`iterations` its count)."""
     data: dict[str, Any] = json.loads(jobdir.job_json.read_text())
     before = int(data["job"]["iterations"])
-    if iterations == before:
+    edited_from = hand_edited_from(jobdir, data)
+    if iterations == before and edited_from is None:
         return
     data["job"] = {**data["job"], "iterations": iterations}
     if isinstance(data.get("job_sha256"), dict):  # (a job.json of an rlctl that kept none: one digest alone would
         # name every other field as edited by hand)
         data["job_sha256"] = {**data["job_sha256"], "iterations": job_digests(data["job"])["iterations"]}
-    data[EARLIER] = [*earlier_iterations(jobdir), before]
+    counts = [n for n in (edited_from, before) if n is not None and n != iterations]
+    data[EARLIER] = [*earlier_iterations(jobdir), *dict.fromkeys(counts)]
     tmp = jobdir.job_json.with_name(jobdir.job_json.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     tmp.replace(jobdir.job_json)
+
+
+def hand_edited_from(jobdir: JobDir, data: dict[str, Any]) -> int | None:
+    """The count job.json (`data`) had before its `iterations` was edited by hand: the one its digest was taken of
+    (at the launch, or by `write_iterations`), found among the counts the job's record names (its checkpoints'
+    versions, its last run's planned count, its job file's); None when the count is the digest's, or none of those
+    is (a count whose last checkpoint the job never completed: nothing of it to offer a resume)."""
+    digests, job = data.get("job_sha256"), data.get("job")
+    if not isinstance(digests, dict) or not isinstance(job, dict) or not isinstance(job.get("iterations"), int):
+        return None
+    sealed = digests.get("iterations")
+    if sealed is None or sealed == job_digests({"iterations": job["iterations"]})["iterations"]:
+        return None
+    named = [e.get("version") for e in jobdir.read_events() if e.get("event") == "checkpoint"]
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        named.append(json.loads(jobdir.summary_json.read_text()).get("iterations_planned"))
+    source = data.get("source_file")
+    mapping = source.get("job") if isinstance(source, dict) else None
+    named.append(mapping.get("iterations") if isinstance(mapping, dict) else None)
+    counts = {n for n in named if isinstance(n, int) and not isinstance(n, bool) and n > 0}
+    return next((n for n in sorted(counts) if job_digests({"iterations": n})["iterations"] == sealed), None)
 
 
 def _lr_note(spec: JobFile, before: int) -> str:

@@ -206,6 +206,36 @@ def test_a_count_at_or_under_the_checkpoint_the_resume_continues_from_is_refused
     assert files(jd.path) == before
 
 
+def hand_edit_iterations(jd: JobDir, iterations: int) -> None:
+    """job.json's count edited by hand: its digest left as it was."""
+    data = json.loads(jd.job_json.read_text())
+    data["job"]["iterations"] = iterations
+    jd.job_json.write_text(json.dumps(data, indent=2))
+
+
+@pytest.mark.parametrize("more", [None, "60"])
+def test_a_count_edited_into_job_json_by_hand_keeps_the_count_before_among_the_earlier_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, more: str | None
+) -> None:
+    # finished at 15, its count edited to 40 in job.json: the resume ran to 40 but left 15 out of `iterations_before`,
+    # so v15, where it ended, was no checkpoint it could take (with `every_iterations` 20: v20 or the start)
+    jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
+    checkpointed(jd, 15)
+    hand_edit_iterations(jd, 40)
+    launched, said = launched_by(jd, monkeypatch)
+    r = run_cli("launch", "--resume", str(jd.path), *(["--iterations", more] if more else []))
+    assert r.exit_code == 0, r.stderr
+    assert (
+        f"job demo: {jd.job_json} was edited since the launch (iterations): the resume runs the job as edited there"
+        in said
+    )
+    data = launched["job_json"]
+    assert data["job"]["iterations"] == int(more or 40)
+    assert data["iterations_before"] == ([15] if more is None else [15, 40])
+    assert 15 in checkpoint_versions(jd.read_job(), earlier=earlier_iterations(jd))
+    assert launch_changes(jd) == []  # recorded: the next resume does not say it again
+
+
 def test_a_finished_job_whose_count_was_raised_is_resumed_without_it(tmp_path: Path) -> None:
     """The count written and its run ended before training (a failed start): a plain `--resume` goes on to it."""
     jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
