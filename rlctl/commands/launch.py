@@ -517,7 +517,7 @@ def _resume(
     another tp × pp × dp is refused), every prompt it had not trained is generated again, the curves continue.
     `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to; `checkpoint`: the
     one it continues from instead of the latest (a roll-back)."""
-    from rlctl.ops.extend import rollback_to, with_iterations, write_iterations
+    from rlctl.ops.extend import replace_job_json, rollback_to, with_iterations, write_iterations
     from rlctl.ops.jobchanges import launch_changes
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import require_job_dir, resolve
@@ -565,11 +565,16 @@ def _resume(
         changes = launch_changes(jd)  # (before the count is written: one edited by hand is said as edited)
         # written once no run of it is left: its agents read job.json as they start; a count edited by hand is
         # written as one given with --iterations, the count it replaced kept among the earlier ones
-        write_iterations(jd, spec.iterations)
+        was = write_iterations(jd, spec.iterations)
         if counted is not None:
             say(f"job {spec.name}: {counted}")
         for line in changes:  # the job file edited since, or job.json: said, the job as launched runs
             say(f"job {spec.name}: {line}")
-        return runs.start(resume=True, checkpoint=back)
+        try:
+            return runs.start(resume=True, checkpoint=back)
+        except UsageError:  # refused before any agent started (a --checkpoint whose parts do not verify): job.json
+            if was is not None:  # as it was, as the run put its summary and index state back (`JobRun._unstart`)
+                replace_job_json(jd, was)
+            raise
 
     be_launcher(jd, spec, jd.read_json(jd.plan_json), db, begin, output)

@@ -138,23 +138,32 @@ def resume_start(jobdir: JobDir, *, trained: int) -> int:
     return held[-1] if held else trained
 
 
-def write_iterations(jobdir: JobDir, iterations: int) -> None:
+def write_iterations(jobdir: JobDir, iterations: int) -> str | None:
     """Make `iterations` the count in the job's job.json (by its launcher, once no run of it is left): its digest
     with it (not a hand edit), the count before kept in `EARLIER` — and before it, the count a hand edit replaced
-    (`hand_edited_from`), as the resume of a job whose count was edited by hand writes it (`iterations` its count)."""
-    data: dict[str, Any] = json.loads(jobdir.job_json.read_text())
+    (`hand_edited_from`), as the resume of a job whose count was edited by hand writes it (`iterations` its count).
+    Returns job.json's text before (put back with `replace_job_json` when the run's start is refused), None when it
+    wrote nothing."""
+    text = jobdir.job_json.read_text()
+    data: dict[str, Any] = json.loads(text)
     before = int(data["job"]["iterations"])
     edited_from = hand_edited_from(jobdir, data)
     if iterations == before and edited_from is None:
-        return
+        return None
     data["job"] = {**data["job"], "iterations": iterations}
     if isinstance(data.get("job_sha256"), dict):  # (a job.json of an rlctl that kept none: one digest alone would
         # name every other field as edited by hand)
         data["job_sha256"] = {**data["job_sha256"], "iterations": job_digests(data["job"])["iterations"]}
     counts = [n for n in (edited_from, before) if n is not None and n != iterations]
     data[EARLIER] = [*earlier_iterations(jobdir), *dict.fromkeys(counts)]
+    replace_job_json(jobdir, json.dumps(data, indent=2) + "\n")
+    return text
+
+
+def replace_job_json(jobdir: JobDir, text: str) -> None:
+    """job.json as `text` (replaced at once: an agent or a command reading it meanwhile reads one or the other)."""
     tmp = jobdir.job_json.with_name(jobdir.job_json.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.write_text(text)
     tmp.replace(jobdir.job_json)
 
 

@@ -236,6 +236,37 @@ def test_a_count_edited_into_job_json_by_hand_keeps_the_count_before_among_the_e
     assert launch_changes(jd) == []  # recorded: the next resume does not say it again
 
 
+@pytest.mark.parametrize("hand_edited", [False, True])
+def test_a_roll_back_refused_at_its_start_leaves_job_json_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hand_edited: bool
+) -> None:
+    # `--checkpoint 5 --iterations 12` whose v5 then failed to verify on its site: the run put the summary and the
+    # index state back, but job.json kept 12 (and the next plain resume ran to 12)
+    jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
+    checkpointed(jd, 5, 10, 15)
+    if hand_edited:  # (a count edited by hand, which the resume writes as its own: left as edited too)
+        hand_edit_iterations(jd, 14)
+    before = jd.job_json.read_bytes()
+    written: list[int] = []
+
+    class Runs:
+        def start(self, *, resume: bool, checkpoint: int | None = None) -> str:
+            written.append(jd.read_job().iterations)
+            raise UsageError("--checkpoint v5: trainer part: trainer/state.json is missing")
+
+    def be_launcher(jd_: JobDir, spec: object, plan: object, db: JobDB, begin: object, output: object) -> None:
+        try:
+            begin(Runs(), lambda line: None)  # type: ignore[operator]
+        finally:
+            db.close()
+
+    monkeypatch.setattr(launch_cli, "be_launcher", be_launcher)
+    r = run_cli("launch", "--resume", str(jd.path), "--checkpoint", "5", "--iterations", "12")
+    assert r.exit_code == 2 and r.stderr.startswith("rlctl: error: --checkpoint v5: trainer part:"), r.stderr
+    assert written == [12]  # (its agents would have read it)
+    assert jd.job_json.read_bytes() == before
+
+
 def test_a_finished_job_whose_count_was_raised_is_resumed_without_it(tmp_path: Path) -> None:
     """The count written and its run ended before training (a failed start): a plain `--resume` goes on to it."""
     jd = ended(tmp_path / "run", "done", iterations=15, indexed="finished")
