@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError, RlctlError
 from rlctl.launch.backends import Backends, read_sites
 from rlctl.launch.base import AgentHandle
@@ -64,6 +63,10 @@ def locate(job_dir: Path, handles: dict[str, AgentHandle], name: str, *, views: 
     closes them."""
     h = handles.get(name)
     path = h.spec.log_path if h is not None and h.spec.log_path is not None else job_dir / "logs" / f"{name}.log"
+    if h is not None and not path.is_relative_to(job_dir):  # recorded under another dir: this one's own log first
+        moved = _moved_here(job_dir, h)
+        if moved is not None and moved.exists():  # a moved or copied job dir: never its original's, still there
+            return AgentLog(name, LocalFiles(), str(moved), h)
     if path.exists():
         return AgentLog(name, LocalFiles(), str(path), h)
     if h is None or h.spec.log_path is None:
@@ -71,9 +74,6 @@ def locate(job_dir: Path, handles: dict[str, AgentHandle], name: str, *, views: 
     site = read_sites(job_dir, required=True).get(h.spec.site)  # gone: not "no log", where its site is was deleted
     if site is None:
         return None
-    moved = _moved_here(job_dir, site, h)
-    if moved is not None and moved.exists():
-        return AgentLog(name, LocalFiles(), str(moved), h)
     host = agent_view(site, h.ident.get("host"))
     if views is None:
         return AgentLog(name, host_files(site, host), str(h.spec.log_path), h)
@@ -82,11 +82,17 @@ def locate(job_dir: Path, handles: dict[str, AgentHandle], name: str, *, views: 
     return AgentLog(name, views[(h.spec.site, host)], str(h.spec.log_path), h, shared=True)
 
 
-def _moved_here(job_dir: Path, site: Site, h: AgentHandle) -> Path | None:
+def _moved_here(job_dir: Path, h: AgentHandle) -> Path | None:
     """Where the agent's log is in `job_dir` when its site keeps the job's files in the operator's job dir (a local
     site without a work root) and that dir was moved or copied since: its record names the log under the dir the job
-    was staged in (staged.json's root), where it is no more ("has no log at <the old path> (removed?)")."""
-    if h.spec.log_path is None:
+    was staged in (staged.json's root), where it is no more ("has no log at <the old path> (removed?)"), or where the
+    original's is, which goes on without the copy (the copy's `logs` showed it). None for any other site, or where
+    the job's sites.json does not say (`locate` says that itself)."""
+    try:
+        site = read_sites(job_dir).get(h.spec.site)
+    except LaunchError:
+        return None
+    if h.spec.log_path is None or site is None:
         return None
     for root in read_staged(job_dir).get(h.spec.site, {}).get("roots", {}).values():
         if h.spec.log_path.is_relative_to(root):

@@ -244,3 +244,23 @@ def test_a_moved_job_dir_of_a_local_site_reads_its_agents_logs_where_they_are_no
     write_staged(now, {"local": {"roots": {"localhost": str(tmp_path / "runs" / "x")}}})
     spec = AgentSpec("trainer", 0, "local", [], log_path=tmp_path / "runs" / "x" / "logs" / "trainer-0.log")
     assert tail(now, {"trainer-0": AgentHandle(spec, {"pid": 1}, "local")}, "trainer-0", 1) == ["t2"]
+
+
+def test_a_copied_job_dir_of_a_local_site_reads_its_own_logs_not_its_originals(tmp_path):
+    # `cp -r runs/x backup/x`, the original kept (resumed, its logs growing): `rlctl logs backup/x trainer` read the
+    # original's log, which agents.jsonl names and which is still there
+    site = Site.model_validate(
+        {"datacenter": "d", "gpu": "CPU", "scheduler": {"kind": "local"}, "nodes": [{"host": "localhost", "gpus": 2}]}
+    )
+    original, copy = tmp_path / "runs" / "x", tmp_path / "backup" / "x"
+    for d, text in ((original, "original 1\noriginal 2\n"), (copy, "copy 1\ncopy 2\n")):
+        (d / "logs").mkdir(parents=True)
+        (d / "logs" / "trainer-0.log").write_text(text)
+        write_sites(d, {"local": site})
+        write_staged(d, {"local": {"roots": {"localhost": str(original)}}})
+    spec = AgentSpec("trainer", 0, "local", [], log_path=original / "logs" / "trainer-0.log")
+    handles = {"trainer-0": AgentHandle(spec, {"pid": 1}, "local")}
+    assert tail(copy, handles, "trainer-0", 1) == ["copy 2"]
+    assert tail(original, handles, "trainer-0", 1) == ["original 2"]
+    found = locate(copy, handles, "trainer-0")
+    assert found is not None and found.path == str(copy / "logs" / "trainer-0.log")
