@@ -526,9 +526,10 @@ class JobRun:
 
     def resume_point(self, *, trainer: PlannedAgent, only: int | None = None) -> ResumePoint:
         """The checkpoint a resumed controller and trainer (rank 0: it writes the trainer's part) load: the
-        newest whose parts verify on their sites, older ones in turn (`pick_checkpoint`); logged with what was
-        skipped and why. RlctlError (one line) when checkpoints exist but none is complete. `only`: that one
-        (`launch --resume --checkpoint`), UsageError when its parts do not verify."""
+        newest whose parts verify on their sites, older ones in turn (`pick_checkpoint`), with what was skipped and
+        why (said by `Runs.start`; logged at debug level only: it was said twice). RlctlError (one line) when
+        checkpoints exist but none is complete. `only`: that one (`launch --resume --checkpoint`), UsageError when its
+        parts do not verify."""
         site = self.sites[trainer.site]
         t_fs = host_files(site, agent_view(site, trainer.gpu_slice.host if trainer.gpu_slice else None))
         try:
@@ -545,8 +546,8 @@ class JobRun:
                 c_fs.close()
         finally:
             t_fs.close()
-        for version, why in point.skipped:
-            log.warning("%s: checkpoint v%d not used: %s", self.id, version, why)
+        for version, why in point.skipped:  # said to the operator by the run's launcher (`Runs.start`), once
+            log.debug("%s: checkpoint v%d not used: %s", self.id, version, why)
         log.info("%s: resuming from checkpoint v%d (%s)", self.id, point.version, point.pointer)
         return point
 

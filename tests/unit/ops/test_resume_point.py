@@ -26,10 +26,12 @@ from rlctl.config.inventory import Site
 from rlctl.config.job import Checkpoint, JobFile, PpoAlgorithm
 from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.agentenv import ParallelConfig
+from rlctl.launch.backends import write_sites
 from rlctl.launch.base import Resources
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent
 from rlctl.launch.sitefs import LocalFiles
+from rlctl.ops.autoresume import Runs
 from rlctl.ops.run import JobRun, pick_checkpoint
 
 
@@ -228,7 +230,11 @@ def job_run(tmp_path: Path, *, db: Any = None) -> tuple[JobRun, Sites]:
     return run, sites
 
 
-def test_job_run_resume_point_logs_what_it_used_and_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_job_run_resume_point_logs_what_it_used_and_says_what_it_skipped_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the skipped checkpoint's reason was a warning here and, in the same words, in the line the launcher says
+    # (`Runs.start`): twice on the launch's stderr
     run, sites = job_run(tmp_path)
     for v in (3, 6):
         sites.checkpoint(v)
@@ -238,10 +244,17 @@ def test_job_run_resume_point_logs_what_it_used_and_skipped(tmp_path: Path, capl
         point = run.resume_point(trainer=trainer)
     assert point.version == 3
     said = [r.getMessage() for r in caplog.records]
-    assert said == [
-        f"{run.id}: checkpoint v6 not used: trainer part: trainer/state.json is missing",
-        f"{run.id}: resuming from checkpoint v3 (latest.json names v6)",
-    ]
+    assert said == [f"{run.id}: resuming from checkpoint v3 (latest.json names v6)"]
+    assert point.skipped == ((6, "trainer part: trainer/state.json is missing"),)
+
+    def start(self: JobRun, *, resume: bool = False, checkpoint: int | None = None) -> None:
+        self.resumed = point
+
+    lines: list[str] = []
+    monkeypatch.setattr(JobRun, "start", start)
+    write_sites(sites.c.path, run.sites)
+    Runs(sites.c, spec(), run.plan, db=None, say=lines.append).start(resume=True)
+    assert lines == ["job resume: resumed from checkpoint v3; v6 not used: trainer part: trainer/state.json is missing"]
 
 
 def test_a_controller_lost_without_a_summary_names_the_resume_command(tmp_path: Path) -> None:
