@@ -101,11 +101,22 @@ def main() -> None:
     reader went away (`rlctl status --all | head -1`) ends it as it ends a standard Unix tool: quietly, exit status
     141 (128 + SIGPIPE), as the shell says of `seq 100000 | head -1`; not 0, which would say all of it was written
     (`set -o pipefail` sees the cut as it sees cat's), nor 1, an error that did not happen."""
+    first = _first_stdout()
+    try:
+        _exits(first)
+    finally:
+        if first is not None:
+            os.close(first)
+
+
+def _exits(first: int | None) -> None:
+    """`_main`, its exit 141 where its output met a reader gone (`first`: `_first_stdout`)."""
     try:
         _main()  # (always ends in sys.exit)
     except SystemExit as e:
-        # typer ends a write to a closed pipe as exit 1, unsaid: the BrokenPipeError is what that exit came from
-        if isinstance(e.__context__, BrokenPipeError) and stdout_reader_gone():  # not a socket's, a child's stdin
+        # typer ends a write to a closed pipe as exit 1, unsaid, and so does rich, which prints typer's help, once it
+        # put /dev/null in stdout's place: the BrokenPipeError is what that exit came from
+        if isinstance(e.__context__, BrokenPipeError) and stdout_reader_gone(first):  # not a socket's, a child's stdin
             _reader_gone()
         try:  # what print() left in the buffer: written here, not at exit, where a closed pipe cannot be told
             if sys.stdout is not None:  # None: closed before rlctl started (`>&-`), said by rlctl.render.emit
@@ -119,15 +130,35 @@ def main() -> None:
         raise
 
 
-def stdout_reader_gone() -> bool:
-    """Whether stdout is a pipe whose reader went away (poll says POLLERR of its write end); not when the broken
-    pipe was another's: a peer's socket, a child process's stdin."""
+def _first_stdout() -> int | None:
+    """A copy of the descriptor of the stdout rlctl started with (None: it has none): rich, meeting a reader gone as
+    it prints typer's help, puts /dev/null in its place (`Console.on_broken_pipe`), where the pipe can no more be
+    asked."""
+    try:
+        return os.dup(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # closed (`>&-`), or a stdout with no descriptor
+        return None
+
+
+def stdout_reader_gone(fd: int | None = None) -> bool:
+    """Whether stdout (`fd`: a copy of its descriptor) is a pipe whose reader went away (poll says POLLERR of its
+    write end); not when the broken pipe was another's: a peer's socket, a child process's stdin."""
     try:
         poller = select.poll()
-        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        poller.register(sys.stdout.fileno() if fd is None else fd, select.POLLOUT)
         return any(events & select.POLLERR for _, events in poller.poll(0))
     except (OSError, ValueError, AttributeError):  # a stdout with no descriptor
         return False
+
+
+def writing_stdout(e: OSError) -> bool:
+    """Whether `e` came from a write to stdout outside `rlctl.render.write_out`: typer's help, which rich prints
+    (`rlctl --help > /dev/full`); the innermost frame it passed is a writer's whose `file` is stdout."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    writer = tb.tb_frame.f_locals.get("self") if tb is not None else None
+    return sys.stdout is not None and getattr(writer, "file", None) is sys.stdout
 
 
 def _reader_gone() -> NoReturn:
@@ -164,4 +195,9 @@ def _main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("rlctl: interrupted\n")
         sys.exit(130)
+    except OSError as e:  # a help that stdout could not take (a full disk): said as `write_out` says it, exit 1
+        if isinstance(e, BrokenPipeError) or not writing_stdout(e) or _state["debug"]:
+            raise
+        sys.stderr.write(f"rlctl: error: cannot write the output to stdout: {e.strerror or e}\n")
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)  # as standalone: typer.Exit(n) and Ctrl-C (130) give their n

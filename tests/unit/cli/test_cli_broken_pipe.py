@@ -112,3 +112,26 @@ def test_logs_into_a_stdout_that_cannot_take_them_is_one_line_exit_1(agent: list
         1,
         b"rlctl: error: cannot write the output to stdout: No space left on device\n",
     )
+
+
+@pytest.mark.parametrize("args", [["--help"], ["status", "--help"], []])
+def test_help_into_a_full_disk_or_a_closed_pipe_ends_as_other_output_does(args: list[str], tmp_path: Path) -> None:
+    """typer's help is printed by rich, past rlctl.render: `rlctl --help > /dev/full` ended in a traceback (OSError: No
+    space left on device), and `rlctl --help | true` in exit 1, unsaid (rich put /dev/null in stdout's place and
+    exited 1), versus one line, exit 1, and a quiet 141 as for any other output (`rlctl` alone prints its help too)."""
+    env = {**os.environ, "RLCTL_HOME": str(tmp_path / "home")}
+    cmd = [sys.executable, "-m", "rlctl", *args]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=full, stderr=subprocess.PIPE)
+    assert (proc.returncode, proc.stderr) == (
+        1,
+        b"rlctl: error: cannot write the output to stdout: No space left on device\n",
+    )
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before rlctl writes
+    try:
+        piped = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=write, stderr=subprocess.PIPE)
+    finally:
+        os.close(write)
+    _, err = piped.communicate(timeout=120)
+    assert piped.returncode == 141 and err == b"", err.decode()
