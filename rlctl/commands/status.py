@@ -392,7 +392,7 @@ def register(app: typer.Typer) -> None:
                 sys.stdout.write("\x1b[2J\x1b[H")
             emit(s, output, _table)
             ended = s.get("live", {}).get("state") in ("done", "failed")
-            ended = ended or "summary" in s or "ended_without_summary" in s
+            ended = ended or "summary" in s or "ended_without_summary" in s or "never_started" in s
             if not watch or ended:
                 break
             sys.stdout.flush()

@@ -28,7 +28,7 @@ from typing import Any
 from rlctl.agents.messages import STOP_GRACE_S
 from rlctl.checkpoint.choose import LATEST_POINTER
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
-from rlctl.launch.backends import Backends, read_sites, stop_agents
+from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.jobdir import JobDir, resume_command
 from rlctl.launch.stage import (
@@ -200,6 +200,13 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     if not agents and _being_prepared(ref):
         out["controller"], out["agents"], out["sites_down"] = PREPARING, [], []
         return out, True
+    if not agents and not rows and summary is None and _never_started(jd):
+        # a launch ended after it prepared the job, before any agent (a copied job dir, a launcher killed while it
+        # staged): complete, and how to start it, versus `partial status` (exit 3) naming no controller.json
+        start = resume_command(ref.id if ref.row is not None else jd.path)
+        out["controller"] = f"{NEVER_STARTED}; start it with `{start}`"
+        out["agents"], out["sites_down"], out["never_started"] = [], [], {"start": start}
+        return out, True
     _launcher_saw(ref, agents, summary)
     out["agents"], out["sites_down"] = agents, down
     ended = "summary" in out and all(a["state"] != "running" for a in agents)
@@ -237,6 +244,26 @@ def _numbers_or_null(row: dict[str, Any], keys: tuple[str, ...], *, where: str) 
 
 
 PREPARING = "not started yet: its launcher prepares the job (SFT warm-up, tokenizing, staging) or starts its agents"
+
+
+NEVER_STARTED = "never started: the job is prepared (its job.json and plan.json) but no agent of it ever started"
+
+
+def _never_started(jd: JobDir) -> bool:
+    """A job dir its launch prepared (job.json, plan.json) that records no agent at all (no agents.jsonl, or an
+    empty one) and no launcher holds (`_being_prepared` is one a launcher still prepares or starts); the caller
+    checks it has no metrics and no summary either (one that trained and lost its agents.jsonl is no such job)."""
+    try:
+        recorded = (jd.path / AGENTS_FILE).read_text().strip()
+    except FileNotFoundError:
+        recorded = ""
+    return (
+        not recorded
+        and jd.job_json.exists()
+        and jd.plan_json.exists()
+        and not jd.controller_json.exists()
+        and jd.launcher_holder() is None
+    )
 
 
 def _being_prepared(ref: JobRef) -> bool:

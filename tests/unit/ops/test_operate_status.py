@@ -277,3 +277,31 @@ def test_status_of_a_job_its_launcher_prepares_is_complete_and_says_so(
         assert f"controller  {operate.PREPARING}" in _fallback_table(s)
     s, complete = operate.job_status(JobRef("prep1", jd, row), timeout_s=2.0)  # no launcher holds it: not so
     assert not complete and s["controller"] != operate.PREPARING
+
+
+def test_status_of_a_prepared_job_dir_that_never_started_is_complete_and_says_how_to_start_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # job.json and plan.json, no agent, no launcher, not in the index (a copied job dir, a launcher killed as it
+    # staged): `partial status: controller error: … has not written controller.json (not started?)`, exit 3
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("prepared", explicit=tmp_path / "prepared")
+    jd.job_json.write_text(json.dumps({"source": "job.yaml", "job": {"name": "prepared"}}))
+    jd.write_json(jd.plan_json, {"trainer": {"site": "s", "ranks": 1}, "controller_site": "s", "rollout": []})
+    write_sites(jd.path, {"s": Site.model_validate(LOCAL)})
+    s, complete = operate.job_status(JobRef("prepared", jd, None), timeout_s=2.0)
+    start = f"rlctl launch --resume {jd.path}"
+    assert complete and s["agents"] == [] and s["never_started"] == {"start": start}
+    assert s["controller"] == f"{operate.NEVER_STARTED}; start it with `{start}`"
+    r = run_cli("status", str(jd.path))
+    assert r.exit_code == 0 and r.stderr == "", r.stderr
+    assert (
+        "controller  never started: the job is prepared (its job.json and plan.json) but no agent of it ever "
+        in r.stdout
+    )
+    (jd.path / "agents.jsonl").write_text("")  # an empty record: the same
+    assert operate.job_status(JobRef("prepared", jd, None), timeout_s=2.0)[1]
+    jd.metrics.write_text('{"iteration": 0, "reward_mean": 0.5, "t": 1}\n')  # it trained: its agents.jsonl is lost
+    assert not operate.job_status(JobRef("prepared", jd, None), timeout_s=2.0)[1]
