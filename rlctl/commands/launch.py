@@ -572,9 +572,9 @@ def _resume(
             say(f"job {spec.name}: {line}")
         try:
             return runs.start(resume=True, checkpoint=back)
-        except UsageError:  # refused before any agent started (a --checkpoint whose parts do not verify): job.json
-            if was is not None:  # as it was, as the run put its summary and index state back (`JobRun._unstart`)
-                replace_job_json(jd, was)
+        except BaseException:  # ended before any agent started (a checkpoint refused, staging failed): job.json
+            if was is not None and runs.run is not None and runs.run.unstarted:  # as it was, as the run put back
+                replace_job_json(jd, was)  # its summary and index row (`JobRun._unstart`)
             raise
 
     be_launcher(jd, spec, jd.read_json(jd.plan_json), db, begin, output)

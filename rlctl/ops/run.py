@@ -269,6 +269,7 @@ class JobRun:
         self._sweeps = 0  # how many times `wait` asked the trainer ranks' sites
         self.resume_env: dict[str, str] = {}
         self.resumed: ResumePoint | None = None  # the checkpoint `start(resume=True)` continues from
+        self.unstarted = False  # a resume that ended before any agent started, the job put back as it was
         self.run_id: str | None = None  # this run's id: its controller writes it into summary.json (ENV_RUN)
         self.t_start = time.monotonic()
 
@@ -334,11 +335,14 @@ class JobRun:
         and on the controller's site), the index row back to `row` (its state, and what the run's `launching` row
         replaced: the job file it came from, its launcher, its agents' exits, when it was launched)."""
         if self._record is not None:
-            fs, root = self._files()
             try:
-                fs.move(f"{root}/{aside}", f"{root}/summary.json")
-            finally:
-                fs.close()
+                fs, root = self._files()
+                try:
+                    fs.move(f"{root}/{aside}", f"{root}/summary.json")
+                finally:
+                    fs.close()
+            except LaunchError as e:  # (the site that refused the run): the error that ended it is the one said
+                log.warning("the summary of the run before stays %s on the controller's site: %s", aside, e)
         LocalFiles().move(str(self.jobdir.path / aside), str(self.jobdir.summary_json))
         if self.db is not None and row is not None:
             self.db.put_back(row, only_from=("launching",))
@@ -375,22 +379,12 @@ class JobRun:
         finally:
             fs.close()
 
-    def start(self, *, resume: bool = False, checkpoint: int | None = None) -> None:
-        """Stage, then start the controller, then (once it listens) the trainer ranks and rollout units.
-        `resume`: the controller and trainer continue from the job's latest complete checkpoint
-        (`resume_point`; version 0: the job never completed one, it starts over), or from `checkpoint`."""
-        self.t_start = time.monotonic()
-        self.run_id = secrets.token_hex(6)
-        self.jobdir.controller_json.unlink(missing_ok=True)
-        # the run before's summary, kept as summary.<n>.json: here it would be taken for this run's end (by `wait`,
-        # by `rlctl status`) once this run's controller is gone without one
-        aside = aside_name(self.jobdir.path)
-        LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
-        before = None  # the job's index row before this run, None for none (a refused roll-back puts it back)
-        if checkpoint is not None and self.db is not None:
-            with contextlib.suppress(RlctlError):
-                before = self.db.get(self.id)
-        self._register("launching", sites=sorted(self.sites), launcher=this_launcher())
+    def _prepare(
+        self, aside: str, *, resume: bool, checkpoint: int | None
+    ) -> tuple[list[tuple[PlannedAgent, dict[str, str]]], bool]:
+        """What `start` does before the first agent starts: the agents placed, the job staged to its sites, the
+        controller's view of it, and for a resume the checkpoint it continues from (`resume_point`); the agents
+        and whether the controller's job dir is elsewhere. `aside`: where the run before's summary went."""
         agents = planned_agents(self.plan, self.sites, self.spec, master_port=_free_port())  # refuses a short site
         trainers = [a for a, _ in agents if a.role == "trainer"]
         refuse_unshared_trainer(
@@ -419,18 +413,39 @@ class JobRun:
             finally:
                 fs.close()
         if resume:
-            try:
-                self.resumed = self.resume_point(trainer=trainers[0], only=checkpoint)
-            except UsageError:
-                if checkpoint is not None:  # the roll-back the operator named is refused: nothing of the job changes
-                    self._unstart(aside, before)
-                raise
+            self.resumed = self.resume_point(trainer=trainers[0], only=checkpoint)
             self.resume_env = {ENV_RESUME: str(self.resumed.version)}
             skipped = [{"version": v, "why": why} for v, why in self.resumed.skipped]
             self.jobdir.event("resumed", version=self.resumed.version, pointer=self.resumed.pointer, skipped=skipped)
         # `rlctl stop` stops the agents agents.jsonl lists when it reads it: one asked for while this run stages or
         # starts is seen here, before each agent starts and once all have, and ends the run (nothing of it runs on)
         self._stop_if_asked()
+        return agents, remote
+
+    def start(self, *, resume: bool = False, checkpoint: int | None = None) -> None:
+        """Stage, then start the controller, then (once it listens) the trainer ranks and rollout units.
+        `resume`: the controller and trainer continue from the job's latest complete checkpoint
+        (`resume_point`; version 0: the job never completed one, it starts over), or from `checkpoint`."""
+        self.t_start = time.monotonic()
+        self.run_id = secrets.token_hex(6)
+        self.jobdir.controller_json.unlink(missing_ok=True)
+        # the run before's summary, kept as summary.<n>.json: here it would be taken for this run's end (by `wait`,
+        # by `rlctl status`) once this run's controller is gone without one
+        aside = aside_name(self.jobdir.path)
+        LocalFiles().move(str(self.jobdir.summary_json), str(self.jobdir.path / aside))
+        before = None  # the job's index row before this run, None for none (a refused resume puts it back)
+        if resume and self.db is not None:
+            with contextlib.suppress(RlctlError):
+                before = self.db.get(self.id)
+        self._register("launching", sites=sorted(self.sites), launcher=this_launcher())
+        try:
+            agents, remote = self._prepare(aside, resume=resume, checkpoint=checkpoint)
+        except BaseException:  # (a site short of slots, staging that failed, a checkpoint refused, Ctrl-C)
+            if resume:  # no agent of the run started: the job as it was, its summary and index row, for its next resume
+                self.unstarted = True
+                self._unstart(aside, before)
+            raise
+        c = agents[0][0]
         self.controller = self._start(c)
         address = self._controller_address(remote)
         # never over an operator's `stopped`: only a row still `launching` becomes `running`

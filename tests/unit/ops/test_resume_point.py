@@ -433,6 +433,48 @@ def test_a_refused_roll_back_leaves_the_jobs_index_row_as_it_was(
     )
 
 
+@pytest.mark.parametrize("more", [False, True])
+def test_a_resume_whose_staging_fails_leaves_the_job_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, more: bool
+) -> None:
+    # a plain resume (or one with --iterations) whose site could not be reached: its summary stayed set aside as
+    # summary.1.json, its index row said `stopped` where it said `failed`, and the count --iterations wrote stayed
+    from rlctl.errors import LaunchError
+    from rlctl.launch.backends import write_sites
+    from rlctl.ops import run
+    from rlctl.ops.jobdb import JobDB
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("resume", explicit=tmp_path / "job")
+    jd.write_job(spec(), source="test")
+    jd.write_json(jd.plan_json, {"trainer": {"site": "t", "ranks": 1}, "rollout": [{"site": "c", "units": 1}],
+                                 "controller_site": "c"})  # fmt: skip
+    write_sites(jd.path, {"c": local_site(), "t": local_site()})
+    jd.event("checkpoint", version=3)
+    summary = '{"state": "failed: trainer trainer-0 was lost", "iterations": 4}'
+    jd.summary_json.write_text(summary)
+    info = {"source": "jobs/resume.yaml", "controller_exit": 1, "launcher": {"pid": 1, "host": "elsewhere"}}
+    db = JobDB()
+    db.put(jd.id, job_dir=str(jd.path), spec={"name": "resume"}, state="failed", info=info)
+    before = db.get(jd.id)
+    db.close()
+    job_json = jd.job_json.read_text()
+
+    def unreachable(*_: object, **__: object) -> None:
+        raise LaunchError("site t: cannot reach host h: connection refused")
+
+    monkeypatch.setattr(run, "stage_all", unreachable)
+    r = run_cli("launch", "--resume", jd.id, *(["--iterations", "30"] if more else []))
+    assert r.exit_code == 1 and "cannot reach host h" in r.stderr, r.stderr
+    assert jd.summary_json.read_text() == summary and not list(jd.path.glob("summary.*.json"))
+    db = JobDB()
+    after = db.get(jd.id)
+    db.close()
+    assert (after.state, after.info) == (before.state, before.info)
+    assert jd.job_json.read_text() == job_json
+
+
 def test_a_refused_roll_back_of_a_job_dir_the_index_lacks_leaves_it_out_of_the_index(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
