@@ -108,8 +108,8 @@ class JobDir:
     @staticmethod
     def choose_path(name: str, *, explicit: str | Path | None = None) -> Path:
         """`explicit` (the --job-dir flag or the job file's `job_dir`) wins; else a fresh timestamped dir."""
-        if explicit is not None:
-            return Path(explicit).expanduser().absolute()
+        if explicit is not None:  # `..` and `a/../b` resolved here: the directory's name is the job's id
+            return Path(os.path.normpath(Path(explicit).expanduser().absolute()))
         path = default_base().absolute() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         n = 1
         while path.exists():
@@ -444,6 +444,8 @@ def refuse_taken(path: Path, *, named_by: str = "--job-dir") -> None:
     that job's record, which `launch --resume` continues), or a launch still prepares one there (its launcher lock
     held, its record not written yet: the new launch would put its index row over that launch's)."""
     other = f"another {named_by.rpartition(': ')[2]}"
+    if not path.name:  # no name to be the job's id (W/jobs/<id> on its sites)
+        raise UsageError(f"{named_by}: {path} is the filesystem's root, not a job directory", hint=f"choose {other}")
     if (why := why_not_made(path)) is not None:
         raise UsageError(f"{named_by}: {why}", hint=f"choose {other}")
     held = [name for name in JOB_RECORD if (path / name).exists()]

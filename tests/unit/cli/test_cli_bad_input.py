@@ -108,6 +108,20 @@ def test_a_job_dir_that_cannot_be_made_is_refused_by_check_and_launch_writing_no
     assert (tmp_path / "notes.txt").read_text() == "mine\n" and not home.exists()
 
 
+def test_a_job_dir_named_with_dotdot_is_the_directory_it_names_and_the_root_is_refused(
+    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--job-dir ..` gave the job the id '..' (a site's job dir W/jobs/.. is its work root itself), and `--job-dir /`
+    (from /) the id ''; a `..` inside the path is resolved, the root refused in one line, nothing written."""
+    from rlctl.launch.jobdir import JobDir
+
+    monkeypatch.chdir(tmp_path)
+    assert JobDir.choose_path("demo", explicit="a/../runs/..") == tmp_path and JobDir(tmp_path).id == tmp_path.name
+    line = one_error(run_cli("launch", str(DEMO), "--job-dir", "/tmp/../"))
+    assert line.startswith("rlctl: error: --job-dir: / is the filesystem's root, not a job directory"), line
+    assert not home.exists()
+
+
 def test_a_new_job_dir_that_cannot_be_made_is_refused_before_preflight_naming_no_flag(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
