@@ -138,8 +138,8 @@ class Node(Strict):
     )
     memory_gb: PositiveFloat | None = Field(
         None,
-        description="host memory per host (GB): divided among its GPU slots (SLURM's --mem; on a `gpu: CPU` site, "
-        "the memory a trainer rank's replica must fit)",
+        description="host memory per host (GB): divided among its GPU slots (SLURM's --mem-per-cpu: a slot's memory ÷ "
+        "its threads; on a `gpu: CPU` site, the memory a trainer rank's replica must fit)",
     )
     devices: list[NonNegativeInt] | None = Field(
         None,

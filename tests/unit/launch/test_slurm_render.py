@@ -107,6 +107,16 @@ def test_sbatch_script_cpu_site_has_no_gpu_line() -> None:
     assert "#SBATCH --job-name=rlctl-j-trainer" in text and "#SBATCH --signal=B:TERM@30" in text
 
 
+def test_an_inventory_node_s_memory_gb_says_the_sbatch_option_it_becomes() -> None:
+    # its description said SLURM's --mem, where the script asks --mem-per-cpu (the slot's memory ÷ its threads)
+    from rlctl.config.inventory import Node
+
+    spec = replace(SPEC, resources=Resources(tasks=2, gpus_per_task=1, cpus_per_task=4, mem_mb_per_task=8000))
+    line = next(x for x in backend().render(spec).splitlines() if x.startswith("#SBATCH --mem"))
+    assert line.startswith("#SBATCH --mem-per-cpu=2000")  # 8000 MB ÷ 4 threads
+    assert "--mem-per-cpu" in (Node.model_fields["memory_gb"].description or "")
+
+
 def test_submitit_script_matches_golden(monkeypatch: pytest.MonkeyPatch) -> None:
     import submitit
 
