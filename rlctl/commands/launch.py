@@ -65,6 +65,7 @@ def summary_table(s: dict[str, Any]) -> str:
         ["iterations", f"{s['iterations']}/{s['iterations_planned']}"],
         ["reward", f"{_fmt(s['reward_first'])} → {_fmt(s['reward_last'])} (mean of first/last {s['reward_window']})"],
         *([["held-out", heldout_line(s["heldout"])]] if "heldout" in s else []),
+        *([["reward failures", failures]] if (failures := reward_failures_line(s.get("rewards") or {})) else []),
         ["samples/s", _fmt(s["samples_per_s"], ".1f")],
         ["tokens/s", _fmt(s["tokens_per_s"], ".0f")],
         [
@@ -87,6 +88,18 @@ def summary_table(s: dict[str, Any]) -> str:
     if (far := s.get("controller_job_dir")) is not None:  # where the controller's site keeps the job's record
         rows.append(["controller's job dir", f"{far['path']} (on site {far['site']})"])
     return grid(rows, ["", ""], f"Job {s['job']}")
+
+
+def reward_failures_line(r: dict[str, Any]) -> str | None:
+    """The reward calls scored `task.reward_on_error` (raised, timed out, returned no finite number), when there were
+    any: without it a job whose every reward call failed ended `done` with reward 0 → 0 and nothing said why."""
+    kinds = {"raised": r.get("errors", 0), "timed out": r.get("timeouts", 0), "wrong type": r.get("bad_type", 0)}
+    failed = sum(kinds.values())
+    if not failed:
+        return None
+    why = ", ".join(f"{n} {k}" for k, n in kinds.items() if n)
+    calls = r.get("calls", failed)
+    return f"{failed} of {calls} calls scored task.reward_on_error ({why}); each in the controller's log"
 
 
 def time_rows(s: dict[str, Any]) -> list[list[str]]:

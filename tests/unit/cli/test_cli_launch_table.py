@@ -78,6 +78,19 @@ def test_the_ledger_line_says_the_samples_filtered_out_when_there_were_any() -> 
     assert ledger_row(summary()).endswith("prompts 80 trained 80 requeued 0 lost 0 duplicated 0")  # none: as before
 
 
+def test_the_summary_says_how_many_reward_calls_failed_and_how() -> None:
+    # a job whose every reward call returned None or timed out ended `done`, reward 0.000 → 0.000, and the table
+    # said nothing of it: the counts were in summary.json alone
+    rewards = {"calls": 24, "errors": 1, "timeouts": 8, "bad_type": 15}
+    rows = [line for line in summary_table(summary() | {"rewards": rewards}).splitlines() if "reward failures" in line]
+    assert rows == [
+        "reward failures           24 of 24 calls scored task.reward_on_error (1 raised, 8 timed out, 15 wrong "
+        "type); each in the controller's log"
+    ]
+    quiet = summary() | {"rewards": {"calls": 24, "errors": 0, "timeouts": 0, "bad_type": 0}}
+    assert "reward failures" not in summary_table(quiet)  # none failed: no row
+
+
 def test_a_launcher_started_by_detach_does_not_check_the_job_again(tmp_path, monkeypatch) -> None:
     """`launch --detach` checks the job (preflight: a dataset's rows are read to the end), then starts the same
     launch in the background with the file's `_checked` stamp: that one skips the check, unless the file changed."""
