@@ -99,7 +99,8 @@ def reward_failures_line(r: dict[str, Any]) -> str | None:
         return None
     why = ", ".join(f"{n} {k}" for k, n in kinds.items() if n)
     calls = r.get("calls", failed)
-    return f"{failed} of {calls} calls scored task.reward_on_error ({why}); each in the controller's log"
+    first = f"; the first: {r['first_failure']}" if r.get("first_failure") else ""
+    return f"{failed} of {calls} calls scored task.reward_on_error ({why}){first}; each in the controller's log"
 
 
 def time_rows(s: dict[str, Any]) -> list[list[str]]:

@@ -414,11 +414,19 @@ class PromptDataset:
 
 
 def submit_reward(
-    pool: RewardPool, tokenizer: TextTokenizer, *, sample_id: str, prompt: DataPrompt, output_tokens: Sequence[int]
+    pool: RewardPool,
+    tokenizer: TextTokenizer,
+    *,
+    sample_id: str,
+    prompt: DataPrompt,
+    output_tokens: Sequence[int],
+    data_path: str | None = None,
 ) -> Future[RewardResult]:
-    """Decode the output (cut at the first EOS) and queue its reward call; returns at once."""
+    """Decode the output (cut at the first EOS) and queue its reward call; returns at once. A failed call is logged
+    naming the prompt's row of `data_path` (the user's file)."""
     text = decode_output(tokenizer, output_tokens)
-    return pool.submit(sample_id, prompt.data_source, text, prompt.ground_truth, prompt.extra_info)
+    origin = f"{data_path} {prompt.source_row}" if data_path is not None else prompt.source_row
+    return pool.submit(sample_id, prompt.data_source, text, prompt.ground_truth, prompt.extra_info, origin=origin)
 
 
 def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = None) -> None:

@@ -382,6 +382,7 @@ class _Call:
     kwargs: dict[str, Any]
     future: Future[RewardResult]
     seq: int = 0  # its place in the order of submits (a cancel drops only the calls before it)
+    origin: str | None = None  # where its prompt came from ("data.jsonl line 7"), for the log
 
 
 @dataclass
@@ -406,6 +407,7 @@ class RewardStats:
     cancelled: int = 0  # calls dropped by `cancel` before they finished
     extra_started: int = 0  # workers started beside stuck ones for the calls waiting behind them
     load_failures: int = 0  # worker starts that could not load the function (each started again after a backoff)
+    first_failure: str | None = None  # the first call scored on_error: its outcome, sample, origin and error
 
     @property
     def failures(self) -> int:
@@ -496,16 +498,24 @@ class RewardPool:
         self.close()
 
     def submit(
-        self, sample_id: str, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None
+        self,
+        sample_id: str,
+        data_source: str,
+        solution_str: str,
+        ground_truth: Any,
+        extra_info: Any = None,
+        *,
+        origin: str | None = None,
     ) -> Future[RewardResult]:
-        """Queue one call and return at once; the future's result is always a RewardResult."""
+        """Queue one call and return at once; the future's result is always a RewardResult. `origin` (where the
+        prompt came from: "data.jsonl line 7") is named beside the sample id where the call fails."""
         kwargs = {
             "data_source": data_source,
             "solution_str": solution_str,
             "ground_truth": ground_truth,
             "extra_info": extra_info,
         }
-        call = _Call(sample_id, kwargs, Future())
+        call = _Call(sample_id, kwargs, Future(), origin=origin)
         if self._inline:
             assert self._fn is not None
             if not _takes_extra_info(self._fn):
@@ -585,9 +595,10 @@ class RewardPool:
         elif result.outcome == "bad_type":
             s.bad_type += 1
         if not result.ok:
-            log.warning(
-                "reward %s: sample %s: %s; scored %s", result.outcome, call.sample_id, result.error, result.score
-            )
+            who = f"sample {call.sample_id}" + (f" ({call.origin})" if call.origin else "")
+            if s.first_failure is None:
+                s.first_failure = f"{result.outcome}: {who}: {result.error}"
+            log.warning("reward %s: %s: %s; scored %s", result.outcome, who, result.error, result.score)
         call.future.set_result(result)
 
     def _replace(self, i: int) -> None:

@@ -240,7 +240,12 @@ class DatasetSource(TaskSource):
         assert self.pool is not None, "this source was built without scoring"
         prompt = self.data.prompt(_position(prompt_id))
         result = submit_reward(
-            self.pool, self.tokenizer, sample_id=sample_id, prompt=prompt, output_tokens=output_tokens
+            self.pool,
+            self.tokenizer,
+            sample_id=sample_id,
+            prompt=prompt,
+            output_tokens=output_tokens,
+            data_path=self.cfg.path,
         )
         out: Future[float] = Future()
         penalty = self.length_penalty(len(output_tokens))
@@ -277,7 +282,14 @@ class DatasetSource(TaskSource):
             # so a start that fails now (a stale NFS handle) is retried, not taken for a config error
             self.heldout_pool = self._pool(1, loaded=True)
         calls = [
-            submit_reward(self.heldout_pool, self.tokenizer, sample_id=f"{key}#{i}", prompt=p, output_tokens=o)
+            submit_reward(
+                self.heldout_pool,
+                self.tokenizer,
+                sample_id=f"{key}#{i}",
+                prompt=p,
+                output_tokens=o,
+                data_path=self.heldout_path,
+            )
             for i, (p, o) in enumerate(zip(self._held, outputs, strict=False))
         ]
         out: Future[HeldoutScores] = Future()

@@ -87,6 +87,10 @@ def test_the_summary_says_how_many_reward_calls_failed_and_how() -> None:
         "reward failures           24 of 24 calls scored task.reward_on_error (1 raised, 8 timed out, 15 wrong "
         "type); each in the controller's log"
     ]
+    first = "error: sample p1/0 (data.jsonl line 2): KeyError: 'boom' (r.py:3)"
+    assert "15 wrong type); the first: error: sample p1/0 (data.jsonl line 2): KeyError: 'boom' (r.py:3); each" in (
+        summary_table(summary() | {"rewards": rewards | {"first_failure": first}})
+    )
     quiet = summary() | {"rewards": {"calls": 24, "errors": 0, "timeouts": 0, "bad_type": 0}}
     assert "reward failures" not in summary_table(quiet)  # none failed: no row
 

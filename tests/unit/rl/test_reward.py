@@ -196,6 +196,38 @@ def test_inline_pool_scores_and_counts(rewards_dir: Path, caplog: pytest.LogCapt
     pool.close()
 
 
+def test_a_failed_call_names_the_row_of_the_user_s_file_and_the_first_is_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # it named the sample by its place in the data stream alone (`sample p1/0`), which no user can find in their
+    # file, and the summary kept only counts
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
+    tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
+    rows = [{"prompt": f"what is {i} + 1 ?", "ground_truth": str(i + 1), "extra_info": {"i": i}} for i in range(3)]
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    (tmp_path / "r.py").write_text(
+        "def f(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if extra_info['i'] == 1:\n        raise KeyError('boom')\n    return None if extra_info['i'] else 1.0\n"
+    )
+    cfg = DatasetTask.model_validate(
+        {"kind": "dataset", "path": "train.jsonl", "reward": "r.py:f", "reward_workers": 0, "shuffle": False}
+    )
+    prepare_dataset(cfg, data_path=tmp_path / "train.jsonl", tokenizer=tok, out_dir=tmp_path / "data")
+    src = DatasetSource(cfg, tmp_path, tmp_path / "model", scoring=True)
+    try:
+        scores = [src.score(f"p{k}/0", f"p{k}", [5]).result() for k in range(3)]
+        assert scores == [1.0, 0.0, 0.0]
+        stats = src.reward_stats()
+        assert stats.first_failure == "error: sample p1/0 (train.jsonl line 2): KeyError: 'boom' (r.py:3)"
+        assert [r.getMessage() for r in caplog.records] == [
+            "reward error: sample p1/0 (train.jsonl line 2): KeyError: 'boom' (r.py:3); scored 0.0",
+            "reward bad_type: sample p2/0 (train.jsonl line 3): expected a finite number or a dict with 'score', "
+            "got None; scored 0.0",
+        ]
+    finally:
+        src.close()
+
+
 def test_three_argument_functions_get_no_extra_info(rewards_dir: Path) -> None:
     with RewardPool("rewards/mine.py:three_args", base_dir=rewards_dir, workers=1) as pool:
         assert pool.score("s", "d", "x", "y", {"k": 1}) == RewardResult(2.0)
