@@ -33,6 +33,7 @@ from rlctl.config.job import DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.rl.reward import RewardPool, RewardResult, check_loads
 from rlctl.rl.tokenizer import TextTokenizer, decode_output
+from rlctl.textutil import one_of
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +281,10 @@ def _scan(
     is usable."""
     good = 0
     bad: list[BadRow] = []
+    fields: list[str] = []  # the first row's: what a key that no row has could have been
     for label, raw in _read_rows(data_path):
+        if not fields and isinstance(raw, dict):
+            fields = [str(k) for k in raw]
         parsed = (
             raw if isinstance(raw, BadRow) else _parse_row(f"{data_path}:{label}", raw, cfg, tokenizer, data_path.stem)
         )
@@ -290,7 +294,7 @@ def _scan(
         good += 1
         if keep is not None:
             keep(label, parsed)
-    _report_bad_rows(cfg, data_path, bad, good + len(bad))
+    _report_bad_rows(cfg, data_path, bad, good + len(bad), fields)
     if not good:
         raise ConfigError(str(data_path), None, f"no usable rows ({len(bad)} read, {len(bad)} bad)")
     return good, bad
@@ -303,9 +307,21 @@ def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer) -
     return good
 
 
-def _report_bad_rows(cfg: DatasetTask, data_path: Path, bad: list[BadRow], total: int) -> None:
+def _report_bad_rows(cfg: DatasetTask, data_path: Path, bad: list[BadRow], total: int, fields: list[str]) -> None:
     if not bad:
         return
+    if len(bad) == total and len({(b.field, b.what) for b in bad}) == 1:  # one mistake, every row: said once
+        first = bad[0]
+        keys = {cfg.prompt_key: "prompt_key", cfg.answer_key: "answer_key"}
+        missing = first.what == "missing" and first.field in keys
+        has = f"; the first row's fields: {one_of(fields)}" if missing and fields else ""
+        rows = f"all {total} rows" if total > 1 else "its one row"
+        raise ConfigError(
+            str(data_path),
+            None,
+            f"{rows}: {str(first).removeprefix(f'{first.where}: ')}{has}",
+            hint=f"name the field that holds it: task.{keys[first.field]}" if missing and first.field else None,
+        )
     if cfg.bad_rows == "refuse":
         shown = "; ".join(str(b).removeprefix(f"{data_path}:") for b in bad[:SHOWN_BAD_ROWS])
         more = f"; … {len(bad) - SHOWN_BAD_ROWS} more" if len(bad) > SHOWN_BAD_ROWS else ""
@@ -313,7 +329,7 @@ def _report_bad_rows(cfg: DatasetTask, data_path: Path, bad: list[BadRow], total
             str(data_path),
             None,
             f"{len(bad)} of {total} rows are bad: {shown}{more}",
-            hint="fix the rows, or set `task.bad_rows: skip` to train on the others",
+            hint="fix the rows" + (", or set `task.bad_rows: skip` to train on the others" if len(bad) < total else ""),
         )
     for b in bad[:LOGGED_BAD_ROWS]:
         log.warning("skipped bad row %s", b)

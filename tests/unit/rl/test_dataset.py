@@ -158,10 +158,36 @@ def test_bad_rows_are_skipped_counted_and_logged(
 def test_messages_need_a_template_and_all_bad_is_refused(tmp_path: Path) -> None:
     tok = load_tokenizer(write_tokenizer(tmp_path / "m", chat_template=None))
     path = write_jsonl(tmp_path / "train.jsonl", [verl_row(0)])
-    with pytest.raises(ConfigError, match="line 1: prompt: chat messages need a chat template"):
-        prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
-    with pytest.raises(ConfigError, match=r"no usable rows \(1 read, 1 bad\)"):
-        prepare_dataset(task(bad_rows="skip"), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    for bad_rows in ("refuse", "skip"):  # skip said `no usable rows (1 read, 1 bad)`, and not why
+        with pytest.raises(ConfigError, match="its one row: prompt: chat messages need a chat template"):
+            prepare_dataset(task(bad_rows=bad_rows), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+
+
+def test_a_key_no_row_has_is_named_once_with_the_fields_rows_have(tmp_path: Path, tok: HFTokenizer) -> None:
+    # every row without `prompt_key`'s field was refused as `64 of 64 rows are bad: line 1: prompt: missing; line 2:
+    # prompt: missing; …` with the hint to skip them and train on the others (there were none); with
+    # `bad_rows: skip`, `no usable rows (64 read, 64 bad)` said nothing of why
+    rows = [{"question": f"what is {i} ?", "answer": "3", "src": "x"} for i in range(5)]
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    for bad_rows in ("refuse", "skip"):
+        with pytest.raises(ConfigError) as e:
+            prepare_dataset(
+                task(bad_rows=bad_rows, answer_key="answer"), data_path=path, tokenizer=tok, out_dir=tmp_path / "d"
+            )
+        assert str(e.value) == f"{path}: all 5 rows: prompt: missing; the first row's fields: answer, question, src"
+        assert e.value.hint == "name the field that holds it: task.prompt_key"
+    with pytest.raises(ConfigError) as e:
+        prepare_dataset(task(prompt_key="question"), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert str(e.value).endswith("all 5 rows: ground_truth: missing; the first row's fields: answer, question, src")
+    assert e.value.hint == "name the field that holds it: task.answer_key"
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", [{"answer": "3"}, "not json"])  # all bad, not alike: no skip hint
+    with pytest.raises(ConfigError) as e:
+        prepare_dataset(task(), data_path=mixed, tokenizer=tok, out_dir=tmp_path / "d")
+    assert str(e.value).startswith(f"{mixed}: 2 of 2 rows are bad: line 1: ground_truth: missing; line 2: invalid")
+    assert e.value.hint == "fix the rows"
+    prepare_dataset(
+        task(prompt_key="question", answer_key="answer"), data_path=path, tokenizer=tok, out_dir=tmp_path / "d"
+    )
 
 
 def test_parquet_bad_rows_name_the_row(tmp_path: Path, tok: HFTokenizer) -> None:
@@ -319,7 +345,7 @@ def test_check_task_reads_every_row_as_the_launch_will(tmp_path: Path) -> None:
     check_task(task(max_prompt_tokens=16, bad_rows="skip"), job_file=job, model_dir=model)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing prepared or written
     write_jsonl(path, ["not json"])
-    with pytest.raises(ConfigError, match=r"task\.path: .*no usable rows \(1 read, 1 bad\)"):
+    with pytest.raises(ConfigError, match=r"task\.path: .*its one row: invalid JSON"):
         check_task(task(bad_rows="skip"), job_file=job, model_dir=model)
 
 
