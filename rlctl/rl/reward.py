@@ -138,13 +138,19 @@ def _from_file(file: Path, shown: str) -> Any:
     return module
 
 
-def _from_module(name: str, base_dir: Path) -> Any:
-    if str(base_dir) not in sys.path:
-        sys.path.append(str(base_dir))  # a module beside the job file is found; installed ones come first
+def _from_module(name: str, fn: str, base_dir: Path) -> Any:
+    """The installed module `name`. Not one beside the job file (`base_dir`): the launch copies no module to the
+    job's sites, so one found there let `rlctl check` pass a job whose controller then could not import it."""
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as e:
         if e.name is not None and name.startswith(e.name):
+            file = f"{name.replace('.', '/')}.py"
+            if (base_dir / file).is_file():
+                raise ValueError(
+                    f"no module named {e.name!r} installed; {file} beside the job file is not copied to the job's "
+                    f"sites as a module: name the file, {file}:{fn}"
+                ) from e
             raise ValueError(f"no module named {e.name!r} (install it, or name a file: path/to/file.py:fn)") from e
         raise ValueError(f"module {name!r}: cannot import: {e}") from e
     except Exception as e:  # any error in the user's module is reported as one line
@@ -169,7 +175,7 @@ def load_reward(spec: str, base_dir: Path) -> RewardFn:
         file = Path(target) if Path(target).is_absolute() else base_dir / target
         module, where = _from_file(file, target), target
     else:
-        module, where = _from_module(target, base_dir), f"module {target!r}"
+        module, where = _from_module(target, name, base_dir), f"module {target!r}"
     fn = getattr(module, name, None)
     if fn is None:
         # the module's own functions, not what it imported (`from typing import Any` listed Any)

@@ -149,7 +149,16 @@ def test_load_user_file_and_module(rewards_dir: Path, monkeypatch: pytest.Monkey
     (rewards_dir / "myrewards" / "math_rw.py").write_text(
         "def score(data_source, solution_str, ground_truth):\n    return 0.75\n"
     )
-    monkeypatch.setattr(sys, "path", list(sys.path))  # load_reward appends base_dir; undo it after the test
+    # a module beside the job file is no module the job's sites can import (the launch copies none: the controller
+    # failed `no module named 'myrewards'` where `rlctl check` had loaded it from there): refused, naming the file
+    with pytest.raises(ValueError) as e:
+        load_reward("myrewards.math_rw:score", rewards_dir)
+    assert str(e.value) == (
+        "no module named 'myrewards' installed; myrewards/math_rw.py beside the job file is not copied to the job's "
+        "sites as a module: name the file, myrewards/math_rw.py:score"
+    )
+    assert load_reward("myrewards/math_rw.py:score", rewards_dir)("d", "s", "g") == 0.75
+    monkeypatch.setattr(sys, "path", [*sys.path, str(rewards_dir)])  # installed (on the path): loaded as a module
     assert load_reward("myrewards.math_rw:score", rewards_dir)("d", "s", "g") == 0.75
 
 
