@@ -118,12 +118,20 @@ def _lookup(row: dict[str, Any], key: str) -> Any:
     return _MISSING if value is None else value
 
 
-def _json_ok(value: Any) -> bool:
+def _not_json(value: Any, key: str) -> str | None:
+    """None when `value` (the row's field `key`) is JSON, else where it is not: `meta.when is a date` (a parquet
+    date inside a struct said `not JSON-serialisable (dict)`, the struct's type)."""
     try:
         json.dumps(value)
     except (TypeError, ValueError):
-        return False
-    return True
+        pass
+    else:
+        return None
+    inner = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for k, v in inner:
+        if (where := _not_json(v, f"{key}.{k}" if isinstance(value, dict) else f"{key}[{k}]")) is not None:
+            return where
+    return f"{key} is a {type(value).__name__}"
 
 
 def _prompt_tokens(prompt: Any, cfg: DatasetTask, tokenizer: TextTokenizer) -> list[int] | str:
@@ -160,8 +168,8 @@ def _parse_row(
             answer = _lookup(row, VERL_ANSWER_KEY)  # verl's layout works with the default key
         if answer is _MISSING:
             return BadRow(where, cfg.answer_key, "missing")
-        if not _json_ok(answer):
-            return BadRow(where, cfg.answer_key, f"not JSON-serialisable ({type(answer).__name__})")
+        if (bad := _not_json(answer, cfg.answer_key)) is not None:
+            return BadRow(where, cfg.answer_key, f"not JSON-serialisable: {bad}")
     source = _lookup(row, cfg.data_source_key)
     if source is _MISSING:
         source = default_source
@@ -169,8 +177,8 @@ def _parse_row(
         return BadRow(where, cfg.data_source_key, f"expected a string, got {type(source).__name__}")
     extra = _lookup(row, cfg.extra_info_key)
     extra = None if extra is _MISSING else extra
-    if not _json_ok(extra):
-        return BadRow(where, cfg.extra_info_key, f"not JSON-serialisable ({type(extra).__name__})")
+    if (bad := _not_json(extra, cfg.extra_info_key)) is not None:
+        return BadRow(where, cfg.extra_info_key, f"not JSON-serialisable: {bad}")
     prompt = _lookup(row, cfg.prompt_key)
     if prompt is _MISSING:
         return BadRow(where, cfg.prompt_key, "missing")

@@ -408,3 +408,23 @@ def test_check_task_names_model_path_for_a_missing_tokenizer(tmp_path: Path) -> 
         f"{job}: model.path: {model / 'tokenizer.json'}: no such file; the model directory needs a fast tokenizer "
         "(tokenizer.json)"
     )
+
+
+def test_a_value_json_cannot_hold_is_named_by_its_path_in_the_row(tmp_path: Path, tok: HFTokenizer) -> None:
+    # a parquet date inside extra_info's struct said `extra_info: not JSON-serialisable (dict)`: the struct's type
+    import datetime
+
+    day = datetime.date(2024, 1, 1)
+    path = write_parquet(
+        tmp_path / "train.parquet", [{**verl_row(0), "extra_info": {"index": 0, "when": day}}, verl_row(1)]
+    )
+    with pytest.raises(ConfigError) as e:
+        prepare_dataset(task(path=path.name), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert (
+        str(e.value)
+        == f"{path}: 1 of 2 rows are bad: row 0: extra_info: not JSON-serialisable: extra_info.when is a date"
+    )
+    path = write_parquet(tmp_path / "dates.parquet", [{**verl_row(0), "reward_model": {"ground_truth": [day]}}])
+    with pytest.raises(ConfigError) as e:
+        prepare_dataset(task(path=path.name), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert str(e.value) == f"{path}: its one row: ground_truth: not JSON-serialisable: ground_truth[0] is a date"
