@@ -91,7 +91,7 @@ def _read_rows(path: Path) -> Iterator[tuple[str, Any]]:
             raise ConfigError(str(path), None, f"cannot read parquet: {e}") from e
         return
     try:
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8-sig") as f:  # a byte-order mark (some editors write one): not JSON
             for i, line in enumerate(f, start=1):
                 if not line.strip():
                     continue

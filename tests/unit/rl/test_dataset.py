@@ -428,3 +428,11 @@ def test_a_value_json_cannot_hold_is_named_by_its_path_in_the_row(tmp_path: Path
     with pytest.raises(ConfigError) as e:
         prepare_dataset(task(path=path.name), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
     assert str(e.value) == f"{path}: its one row: ground_truth: not JSON-serialisable: ground_truth[0] is a date"
+
+
+def test_a_jsonl_file_that_starts_with_a_byte_order_mark_reads_every_row(tmp_path: Path, tok: HFTokenizer) -> None:
+    # its first row was bad: `line 1: invalid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig) (column 1)`
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(verl_row(i)) + "\n" for i in range(2)).encode())
+    data = prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert (len(data), data.num_bad_rows) == (2, 0)
