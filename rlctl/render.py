@@ -47,3 +47,16 @@ def write_out(text: str, *, end: str = "\n") -> None:
 def grid(rows: Sequence[Sequence[Any]], headers: Sequence[str], title: str | None = None) -> str:
     body = tabulate(rows, headers=list(headers), tablefmt="simple", disable_numparse=True)
     return f"{title}\n{body}" if title else body
+
+
+def reward_failures_line(r: dict[str, Any]) -> str | None:
+    """The reward calls scored `task.reward_on_error` (raised, timed out, returned no finite number), when there were
+    any: without it a job whose every reward call failed ended `done` with reward 0 → 0 and nothing said why."""
+    kinds = {"raised": r.get("errors", 0), "timed out": r.get("timeouts", 0), "wrong type": r.get("bad_type", 0)}
+    failed = sum(kinds.values())
+    if not failed:
+        return None
+    why = ", ".join(f"{n} {k}" for k, n in kinds.items() if n)
+    calls = r.get("calls", failed)
+    first = f"; the first: {r['first_failure']}" if r.get("first_failure") else ""
+    return f"{failed} of {calls} calls scored task.reward_on_error ({why}){first}; each in the controller's log"

@@ -200,6 +200,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "iterations": s.job.iterations,
         "weight_version": core.trainer_version,
         "reward": last.get("reward_mean"),
+        "rewards": asdict(s.reward_stats),  # the calls scored on_error so far, and the first of them
         "t_gen_s": last.get("t_gen_s"),
         "t_train_s": last.get("t_train_s"),
         "delta_s": last.get("delta_s"),

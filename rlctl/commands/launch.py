@@ -22,7 +22,7 @@ import typer
 
 from rlctl.errors import ConfigError, LaunchError, RlctlError, UsageError
 from rlctl.ops import detach
-from rlctl.render import OutputFormat, OutputOpt, emit, grid
+from rlctl.render import OutputFormat, OutputOpt, emit, grid, reward_failures_line
 from rlctl.textutil import duration
 
 if TYPE_CHECKING:  # the runtime's modules load when a command runs (`rlctl --help` starts in a fraction of a second)
@@ -88,19 +88,6 @@ def summary_table(s: dict[str, Any]) -> str:
     if (far := s.get("controller_job_dir")) is not None:  # where the controller's site keeps the job's record
         rows.append(["controller's job dir", f"{far['path']} (on site {far['site']})"])
     return grid(rows, ["", ""], f"Job {s['job']}")
-
-
-def reward_failures_line(r: dict[str, Any]) -> str | None:
-    """The reward calls scored `task.reward_on_error` (raised, timed out, returned no finite number), when there were
-    any: without it a job whose every reward call failed ended `done` with reward 0 → 0 and nothing said why."""
-    kinds = {"raised": r.get("errors", 0), "timed out": r.get("timeouts", 0), "wrong type": r.get("bad_type", 0)}
-    failed = sum(kinds.values())
-    if not failed:
-        return None
-    why = ", ".join(f"{n} {k}" for k, n in kinds.items() if n)
-    calls = r.get("calls", failed)
-    first = f"; the first: {r['first_failure']}" if r.get("first_failure") else ""
-    return f"{failed} of {calls} calls scored task.reward_on_error ({why}){first}; each in the controller's log"
 
 
 def time_rows(s: dict[str, Any]) -> list[list[str]]:

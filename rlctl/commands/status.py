@@ -12,7 +12,7 @@ import typer
 
 from rlctl.commands import seconds_at_least
 from rlctl.errors import PartialFailure, UsageError
-from rlctl.render import OutputFormat, OutputOpt, emit, grid
+from rlctl.render import OutputFormat, OutputOpt, emit, grid, reward_failures_line
 from rlctl.textutil import duration
 
 # one rule for a job named by its name and for none named: the one launched (or resumed) last (`rlctl.ops.jobref`)
@@ -129,6 +129,7 @@ def _live_table(s: dict[str, Any]) -> str:
         ["time", time_line(v)],
         ["checkpoint", checkpoint_line(v.get("checkpoint"))],
         ["reward", _f(v.get("reward"), ".3f")],
+        *([["reward failures", failures]] if (failures := reward_failures_line(v.get("rewards") or {})) else []),
         ["T_gen / T_train", f"{_f(v.get('t_gen_s'))} / {_f(v.get('t_train_s'))} s"],
         ["last step", training_line(v.get("training", {}))],
         ["held-out", evaluations_line(v.get("heldout"))],

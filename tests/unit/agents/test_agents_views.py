@@ -23,6 +23,7 @@ from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
+from rlctl.rl.reward import RewardStats
 from rlctl.tracking import row_to_metrics
 
 
@@ -635,3 +636,24 @@ def test_wall_s_continues_across_a_resume_and_the_resume_still_starts_the_pace()
     after = [{**resumed, "t": 9000.0 + 40.0 * i, "wall_s": 8000.0 + 40.0 * i} for i in range(5)]
     st = status(_snapshot(core, before + after, job=job, rows_kept=0), now=110.0)
     assert (st["pace_iterations"], st["pace_s"]) == (4, 40.0)  # the 5 rows of the resumed run only
+
+
+def test_the_live_status_says_how_many_reward_calls_failed_and_the_first():
+    """`rlctl status` showed the reward stuck at 0.000 while every reward call raised, and nothing of why; it says so
+    now as the launch's summary does, naming the first failure's sample and row."""
+    from rlctl.commands.status import _table
+
+    core, _, _ = _one_iteration()
+    first = "error: sample p1/0 (data.jsonl line 2): KeyError: 'boom' (r.py:3)"
+    stats = RewardStats(calls=8, errors=8, first_failure=first)
+    live = status(_snapshot(core, [], reward_stats=stats), now=110.0)
+    assert live["rewards"]["errors"] == 8 and live["rewards"]["first_failure"] == first
+    page = {"id": "j", "source": "controller", "live": live, "controller_latency_s": 0.01, "job_dir": "/jobs/views"}
+    rows = [line for line in _table(page).splitlines() if line.startswith("reward failures")]
+    assert rows == [
+        "reward failures      8 of 8 calls scored task.reward_on_error (8 raised); the first: "
+        + first
+        + "; each in the controller's log"
+    ]
+    quiet = status(_snapshot(core, []), now=110.0)
+    assert "reward failures" not in _table({**page, "live": quiet})
