@@ -230,6 +230,10 @@ class RewardResult:
 
 
 def _real(v: Any) -> bool:
+    """A finite real number: a Python or numpy one, or a scalar array or tensor (numpy's bool_, `array(0.5)` and
+    `tensor(0.5)` were scored `bad_type` where True and 0.5 were not)."""
+    if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):
+        v = v.item()  # a numpy scalar, 0-d array or 0-d tensor: its Python value (a str array's stays no number)
     try:
         return isinstance(v, numbers.Real) and math.isfinite(float(v))
     except OverflowError:  # an int past a float's range (10**400): not a finite float either

@@ -122,6 +122,21 @@ def test_return_values_are_checked(value: object, expected: RewardResult) -> Non
     assert check_result(value, -1.0) == expected
 
 
+def test_numpy_and_torch_scalars_are_numbers_and_their_arrays_are_not() -> None:
+    # numpy's bool_ (`(a == b).all()`), a 0-d array and a 0-d tensor were `bad_type`, scored on_error, where True
+    # and 0.5 were not
+    import numpy as np
+    import torch
+
+    for value, score in ((np.bool_(True), 1.0), (np.array(0.5), 0.5), (torch.tensor(0.25), 0.25)):
+        assert check_result(value, -1.0) == RewardResult(score), value
+    assert check_result({"score": torch.tensor(1.0), "acc": np.bool_(False)}, -1.0) == RewardResult(
+        1.0, extra={"acc": 0.0}
+    )
+    for value in (torch.tensor([0.5, 1.0]), np.array("1.0"), torch.tensor(float("nan"))):
+        assert check_result(value, -1.0).outcome == "bad_type", value
+
+
 class _Unreadable(float):
     def __float__(self) -> float:
         raise RuntimeError("no float for you")
