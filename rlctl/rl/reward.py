@@ -134,7 +134,10 @@ def _from_file(file: Path, shown: str) -> Any:
         spec.loader.exec_module(module)
     except Exception as e:  # any error in the user's file is reported as one line
         del sys.modules[mod_name]
-        raise ValueError(f"{shown}: cannot import: {type(e).__name__}: {e}") from e
+        top = (e.name or "").partition(".")[0] if isinstance(e, ModuleNotFoundError) else ""
+        beside = next((p.name for p in (file.parent / f"{top}.py", file.parent / top) if top and p.exists()), None)
+        copied = f" ({beside} beside it is not copied into the job, only {file.name}: fold it in, or install it)"
+        raise ValueError(f"{shown}: cannot import: {type(e).__name__}: {e}{copied if beside else ''}") from e
     return module
 
 

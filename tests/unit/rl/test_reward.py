@@ -206,6 +206,25 @@ def test_load_errors_are_one_line(rewards_dir: Path, monkeypatch: pytest.MonkeyP
     assert "\n" not in str(e.value)
 
 
+def test_a_reward_file_that_imports_a_file_beside_it_says_that_file_is_not_copied(rewards_dir: Path) -> None:
+    # `No module named 'rlctl_helper_zz'` alone, with the helper right there beside the reward file: the launch
+    # copies the reward file only, so the job's controller would not find it either
+    (rewards_dir / "rewards" / "rlctl_helper_zz.py").write_text("def norm(s):\n    return s.split()\n")
+    (rewards_dir / "rewards" / "uses.py").write_text(
+        "from rlctl_helper_zz import norm\n\ndef f(data_source, solution_str, ground_truth):\n    return 1.0\n"
+    )
+    with pytest.raises(ValueError) as e:
+        load_reward("rewards/uses.py:f", rewards_dir)
+    assert str(e.value) == (
+        "rewards/uses.py: cannot import: ModuleNotFoundError: No module named 'rlctl_helper_zz' (rlctl_helper_zz.py "
+        "beside it is not copied into the job, only uses.py: fold it in, or install it)"
+    )
+    (rewards_dir / "rewards" / "other.py").write_text("import rlctl_nowhere_zz\n")  # nothing beside it: as before
+    with pytest.raises(ValueError) as e:
+        load_reward("rewards/other.py:f", rewards_dir)
+    assert str(e.value) == "rewards/other.py: cannot import: ModuleNotFoundError: No module named 'rlctl_nowhere_zz'"
+
+
 def test_inline_pool_scores_and_counts(rewards_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     pool = RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=0, on_error=-1)
     caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
