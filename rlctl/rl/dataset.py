@@ -48,6 +48,8 @@ REFILL_OFFSET = 2**50
 REFILL_STRIDE = 2**20
 ORDERS_KEPT = 8  # epochs' row orders a dataset keeps (8 × 8 bytes a row)
 LOGGED_BAD_ROWS = 20
+# what a JSON file named .jsonl (`json.dump(rows, f)`, pandas' to_json without lines=True) is told
+ONE_OBJECT_PER_LINE = "a .jsonl file holds one JSON object per line (pandas: to_json(orient='records', lines=True))"
 _MISSING = object()
 
 
@@ -92,13 +94,18 @@ def _read_rows(path: Path) -> Iterator[tuple[str, Any]]:
         return
     try:
         with path.open(encoding="utf-8-sig") as f:  # a byte-order mark (some editors write one): not JSON
+            first = True
             for i, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
+                first, at_first = False, first
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    yield f"line {i}", BadRow(f"{path}:line {i}", None, f"invalid JSON: {e.msg} (column {e.colno})")
+                    what = f"invalid JSON: {e.msg} (column {e.colno})"
+                    if at_first and line.strip() in ("[", "{"):  # an indented JSON document
+                        what += f"; {ONE_OBJECT_PER_LINE}"
+                    yield f"line {i}", BadRow(f"{path}:line {i}", None, what)
                     continue
                 yield f"line {i}", row
     except (OSError, UnicodeDecodeError) as e:
@@ -160,7 +167,8 @@ def _parse_row(
     where: str, row: Any, cfg: DatasetTask, tokenizer: TextTokenizer, default_source: str
 ) -> tuple[list[int], dict[str, Any]] | BadRow:
     if not isinstance(row, dict):
-        return BadRow(where, None, f"expected a JSON object, got {type(row).__name__}")
+        also = f"; {ONE_OBJECT_PER_LINE}" if isinstance(row, list) else ""
+        return BadRow(where, None, f"expected a JSON object, got {type(row).__name__}{also}")
     answer: Any = None
     if cfg.answer_key is not None:
         answer = _lookup(row, cfg.answer_key)

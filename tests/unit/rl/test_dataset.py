@@ -436,3 +436,19 @@ def test_a_jsonl_file_that_starts_with_a_byte_order_mark_reads_every_row(tmp_pat
     path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(verl_row(i)) + "\n" for i in range(2)).encode())
     data = prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
     assert (len(data), data.num_bad_rows) == (2, 0)
+
+
+def test_a_json_document_named_jsonl_is_told_one_object_per_line(tmp_path: Path, tok: HFTokenizer) -> None:
+    # `json.dump(rows, f)` into a .jsonl said `expected a JSON object, got list`; indented, `invalid JSON: Expecting
+    # value (column 1)` on line 1: neither said what a .jsonl file holds
+    rows = [verl_row(i) for i in range(2)]
+    hint = "a .jsonl file holds one JSON object per line (pandas: to_json(orient='records', lines=True))"
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(rows))
+    with pytest.raises(ConfigError) as e:
+        prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert str(e.value) == f"{path}: its one row: expected a JSON object, got list; {hint}"
+    path.write_text(json.dumps(rows, indent=1))
+    with pytest.raises(ConfigError) as e:
+        prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert f"line 1: invalid JSON: Expecting value (column 1); {hint}; line 2: invalid JSON: Expecting" in str(e.value)
