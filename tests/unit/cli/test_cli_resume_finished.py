@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -250,8 +251,11 @@ def test_a_roll_back_refused_at_its_start_leaves_job_json_as_it_was(
     written: list[int] = []
 
     class Runs:
+        run = None
+
         def start(self, *, resume: bool, checkpoint: int | None = None) -> str:
             written.append(jd.read_job().iterations)
+            self.run = SimpleNamespace(unstarted=True)  # (`JobRun._unstart` put the summary and index row back)
             raise UsageError("--checkpoint v5: trainer part: trainer/state.json is missing")
 
     def be_launcher(jd_: JobDir, spec: object, plan: object, db: JobDB, begin: object, output: object) -> None:
