@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import importlib.util
 import ipaddress
+import json
 import logging
 import math
 import os
@@ -291,8 +292,13 @@ def _unread(job: Job) -> list[Problem]:
     for section, config, name, unread, why in cases:
         value, default = getattr(config, name), type(config).model_fields[name].default
         if unread and value != default:
-            out.append(Problem(f"{section}.{name}", f"{value!r}: {why}; remove it (default {default!r})"))
+            out.append(Problem(f"{section}.{name}", f"{_yaml(value)}: {why}; remove it (default {_yaml(default)})"))
     return out
+
+
+def _yaml(value: Any) -> str:
+    """A job field's value as the job file spells it: true, false, null (Python's True, False, None), else repr."""
+    return json.dumps(value) if value is None or isinstance(value, bool) else repr(value)
 
 
 def _weight_manifest(job: Job) -> list[Problem]:
@@ -412,7 +418,7 @@ def _planning_only(job: Job) -> list[Problem]:
             out.append(
                 Problem(
                     f"{section}.{name}",
-                    f"{value!r}: only `rlctl plan` reads it ({what}); {why}: remove it (default {default!r})",
+                    f"{_yaml(value)}: only `rlctl plan` reads it ({what}); {why}: remove it (default {_yaml(default)})",
                 )
             )
     return out

@@ -568,14 +568,14 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
     the in-process transport, which links agents of one process only."""
     cases: list[tuple[dict[str, Any], str, str]] = [
         ({"weight_sync": {"anchor_every": 4}}, "weight_sync.anchor_every",
-         "4: read in mode 'delta' only; remove it (default None)"),
+         "4: read in mode 'delta' only; remove it (default null)"),
         ({"tracking": {"backends": ["tensorboard"], "project": "p"}}, "tracking.project",
-         "'p': read with the wandb backend only; remove it (default None)"),
+         "'p': read with the wandb backend only; remove it (default null)"),
         ({"tracking": {"mode": "online"}}, "tracking.mode",
          "'online': read with the wandb backend only; remove it (default 'offline')"),
         ({"trainer": {"backend": "megatron", "activation_checkpointing": True}}, "trainer.activation_checkpointing",
-         "True: the 'torch' backend's (the megatron backend does not recompute activations); remove it "
-         "(default False)"),
+         "true: the 'torch' backend's (the megatron backend does not recompute activations); remove it "
+         "(default false)"),
         ({"checkpoint": {"every_iterations": 0, "auto_resume": 2}}, "checkpoint.auto_resume",
          "2: read when checkpoint.every_iterations > 0 only (a failed run is resumed past a checkpoint it completed; "
          "0 writes one only at the end); remove it (default 0)"),
