@@ -208,6 +208,16 @@ class ControllerAgent:
             predict=lambda specs: self.ranker.predict([s.tokens for s in specs]).tolist(),
             refill=self._refill,
         )
+        cfg = self.core.cfg
+        if cfg.rounds_ahead < cfg.eta:  # (the bound holds: fewer rounds ahead only make the samples fresher)
+            log.info(
+                "controller: rounds are created at most %d ahead of the trainer (pipeline.staleness %d; %d samples a "
+                "round, at most %d ahead)",
+                cfg.rounds_ahead,
+                cfg.eta,
+                cfg.prompts_per_iteration * cfg.samples_per_prompt,
+                cfg.max_samples_ahead,
+            )
         self.samples = SampleLog(jobdir.samples)  # the rounds the ledger retires
         self.core.on_retire = self.samples.write
         self.inbox: queue.Queue[tuple[str, Any, Any]] = queue.Queue()

@@ -58,6 +58,10 @@ STALL_P90_FACTOR = 2.0
 STALL_FLOOR_S = 0.05
 STALL_MIN_SAMPLES = 32  # reward latencies seen before the automatic limit applies (worker start-up is slow)
 MIN_GROUP = 2  # samples a filtered group keeps at least (a group advantage compares two or more)
+# Rounds are created up to η ahead of the trainer, and no more than this many samples' worth ahead: a bound of
+# thousands (a job that means "as stale as it likes") made every round at once, each sample ≈ 1.5 kB of the
+# controller's memory and a request queued in a unit's engine. At 2,048 samples a round that is 128 rounds ahead.
+MAX_SAMPLES_AHEAD = 262_144
 RATE_REPORTS = 64  # a unit's last reports whose per-sample token rates bound what its loss cost
 FINISHED_LENGTHS = 256  # output lengths of the last finished samples: the remaining-steps estimate of migration
 MIGRATE_EVERY_S = 0.2  # how often the units' loads are compared (`migrate`): each look reads the samples in flight
@@ -101,6 +105,14 @@ class CoreConfig:
     max_refills: int = 0  # dynamic sampling: groups drawn for a round beyond its prompts, at most (0: off)
     skip_nonfinite: int = 3  # optimizer steps skipped for a NaN/Inf gradient in a row the job takes (more: failed)
     quarantine_after: int = 2  # unit losses a prompt was in flight at before it runs alone (`_blame`; 0: never)
+    max_samples_ahead: int = MAX_SAMPLES_AHEAD  # rounds ahead of the trainer, in samples (at least one round)
+
+    @property
+    def rounds_ahead(self) -> int:
+        """How many rounds past the trainer's version may be created: η, or fewer where η rounds would hold more than
+        `max_samples_ahead` samples (at least 1: the next round)."""
+        per_round = self.prompts_per_iteration * self.samples_per_prompt
+        return min(self.eta, max(1, self.max_samples_ahead // max(per_round, 1)))
 
 
 @dataclass
@@ -714,7 +726,7 @@ class ControllerCore:
             self.started = self.trainer is not None and alive >= self.cfg.min_units
             if not self.started:
                 return []
-        while self.created < self.cfg.iterations and self.created <= self.trainer_version + self.cfg.eta:
+        while self.created < self.cfg.iterations and self.created <= self.trainer_version + self.cfg.rounds_ahead:
             self._create(self.created)  # the round's prompts enter the ledger: `created` counts it
         return self._dispatch() + self.migrate() + self._deliver() + self._fill_forward()
 

@@ -819,3 +819,17 @@ def test_a_core_restored_with_fewer_iterations_leaves_the_rounds_past_them_out_o
         counts = again.ledger.counts(completed_iterations=2)
         assert again.done and (counts.prompts, counts.trained, counts.lost) == (4, 4, 0), (eta, counts)
         assert again.created == 2 and not again.ledger.entries
+
+
+def test_a_huge_staleness_bound_creates_rounds_only_so_many_samples_ahead():
+    """η 50 (of 100 iterations) created 51 rounds at once, each sample a ledger entry of the controller and a request
+    queued in a unit: rounds are created up to `max_samples_ahead` samples past the trainer (at least one round)."""
+    core = _core(mode="async", eta=50, prompts=2, group=2, iterations=100, max_samples_ahead=16)
+    assert core.cfg.rounds_ahead == 4  # 16 samples at 4 a round
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    assert core.created == 5  # rounds 0 … 4: the trainer's next one and 4 ahead
+    wide = _core(mode="async", eta=3, prompts=2, group=2, iterations=100, max_samples_ahead=16)
+    assert wide.cfg.rounds_ahead == 3  # η below the cap: η
+    huge = _core(mode="async", eta=50, prompts=64, group=16, iterations=100, max_samples_ahead=16)
+    assert huge.cfg.rounds_ahead == 1  # a round larger than the cap: the next one still comes
