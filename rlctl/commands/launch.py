@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -87,6 +88,8 @@ def summary_table(s: dict[str, Any]) -> str:
     ]
     if (far := s.get("controller_job_dir")) is not None:  # where the controller's site keeps the job's record
         rows.append(["controller's job dir", f"{far['path']} (on site {far['site']})"])
+    if (n := s.get("next")) is not None:
+        rows.append(["next", f"`{n['report']}` (curves), `{n['checkpoints']}`, `{n['pull']}` (its final model)"])
     return grid(rows, ["", ""], f"Job {s['job']}")
 
 
@@ -421,6 +424,13 @@ def be_launcher(
             progress.say(interrupted_line(jd, runs.run, source=runs.source))
             raise
     summary = add_heldout(jd, spec, summary, say=progress.say)
+    if summary["state"] == "done":  # what a finished job's operator does next, by the id the index holds it under
+        ref = shlex.quote(jd.id)  # (its run put it in the index under its id)
+        summary["next"] = {
+            "report": f"rlctl report {ref}",
+            "checkpoints": f"rlctl status {ref} --checkpoints",
+            "pull": f"rlctl pull {ref}",
+        }
     emit(summary, output, summary_table)
     if summary["state"] != "done":
         assert runs.run is not None  # it ran: the summary came from it

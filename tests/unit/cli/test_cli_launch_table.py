@@ -238,6 +238,38 @@ def test_a_failed_launch_names_the_resume_command_once(
     assert e.value.hint is not None and e.value.hint.startswith(f"see {jd.path}/logs")
 
 
+def test_a_finished_launch_says_what_to_do_next_by_the_jobs_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished job's table ended at its job dir: the report, the checkpoints and the final model's pull were the
+    operator's to find."""
+    import rlctl.ops.evaluation
+
+    monkeypatch.setattr(autoresume, "Runs", _FailedRuns)
+    monkeypatch.setattr(_FailedRuns, "wait", lambda self, **_: {"state": "done"})
+    monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
+    monkeypatch.setattr(rlctl.ops.evaluation, "add_heldout", lambda jd, spec, summary, say: summary)
+    shown: list[dict[str, object]] = []
+    monkeypatch.setattr(launch, "emit", lambda s, *_: shown.append(s))
+    jd = JobDir.create("demo", explicit=tmp_path / "demo 1")
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        spec = SimpleNamespace(name="demo")
+        be_launcher(jd, spec, {}, SimpleNamespace(close=lambda: None), lambda runs, say: runs.start(), "table")
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    assert shown[0]["next"] == {
+        "report": "rlctl report 'demo 1'",
+        "checkpoints": "rlctl status 'demo 1' --checkpoints",
+        "pull": "rlctl pull 'demo 1'",
+    }
+    [row] = [
+        line for line in summary_table(summary() | {"next": shown[0]["next"]}).splitlines() if line.startswith("next")
+    ]
+    assert row.split(None, 1)[1] == (
+        "`rlctl report 'demo 1'` (curves), `rlctl status 'demo 1' --checkpoints`, `rlctl pull 'demo 1'` (its final "
+        "model)"
+    )
+
+
 def time_rows_of(s: dict[str, object]) -> list[str]:
     return [line for line in summary_table(s).splitlines() if line.split()[:1] in (["wall"], ["training"], ["resumed"])]
 
