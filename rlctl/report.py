@@ -47,6 +47,7 @@ class JobRecord:
     events: list[dict[str, Any]]
     summary: dict[str, Any] | None
     evaluations: list[dict[str, Any]] = field(default_factory=list)  # held-out evaluations during the run
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # `rlctl.ops.checkpoints.checkpoint_table`'s
 
     @property
     def scales(self) -> list[dict[str, Any]]:
@@ -133,7 +134,20 @@ def load(job_dir: Path) -> JobRecord:
             _read_lines(job_dir / "evaluations.jsonl", lacks=_evaluation_lacks),
             key=lambda r: int(r["version"]),
         ),
+        checkpoints=_checkpoints(job_dir),
     )
+
+
+def _checkpoints(job_dir: Path) -> list[dict[str, Any]]:
+    """The job's complete checkpoints with the reward that made each and its held-out figures; none where its
+    job.json is not one this rlctl reads in full (a job of an older rlctl: the rest of the report still is)."""
+    from rlctl.ops.checkpoints import checkpoint_table
+
+    try:
+        return list(checkpoint_table(JobDir(job_dir))["checkpoints"])
+    except RlctlError as e:
+        log.info("report: no checkpoints table: %s", e)
+        return []
 
 
 def _read_json(path: Path) -> Any:
@@ -515,6 +529,23 @@ def _iteration_rows(rec: JobRecord) -> list[list[str]]:
     ]
 
 
+def _checkpoint_rows(rec: JobRecord) -> list[list[str]]:
+    def held(h: dict[str, Any] | None, key: str) -> str:
+        return _f((h or {}).get(key), ".4f")
+
+    return [
+        [
+            f"v{c['version']}" + (" (latest)" if c["latest"] else ""),
+            "-" if c["written_at"] is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["written_at"])),
+            f"{c['iterations'][0]}–{c['iterations'][1]}",
+            _f(c["reward_mean"], ".4f"),
+            held(c["heldout"], "greedy_reward"),
+            held(c["heldout"], "greedy_exact"),
+        ]
+        for c in rec.checkpoints
+    ]
+
+
 def _evaluation_rows(rec: JobRecord) -> list[list[str]]:
     return [
         [
@@ -556,6 +587,18 @@ def _html(rec: JobRecord, png: bytes) -> str:
                 ),
             ]
             if rec.evaluations
+            else []
+        ),
+        *(
+            [
+                "<h2>Checkpoints</h2>",
+                _table(
+                    ["checkpoint", "written", "iterations", "sampled reward", "held-out greedy reward", "exact"],
+                    _checkpoint_rows(rec),
+                    id_="checkpoints",
+                ),
+            ]
+            if rec.checkpoints
             else []
         ),
         "<h2>Iterations</h2>",

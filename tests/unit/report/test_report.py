@@ -363,3 +363,21 @@ def test_a_summary_without_its_state_or_with_a_ledger_that_is_no_object_is_one_l
     (d / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(RlctlError, match=rf"summary\.json: {says}"):
         build_report(d)
+
+
+def test_the_checkpoints_get_a_table_with_the_reward_that_made_each(tmp_path: Path) -> None:
+    from rlctl.config import load_job
+    from rlctl.launch.jobdir import JobDir
+    from tests.conftest import ROOT
+
+    d = make_job_dir(tmp_path)
+    assert "Checkpoints" not in build_report(d).html.read_text()  # none written (and a job.json of an older rlctl)
+    jd = JobDir(d)
+    jd.write_job(load_job(ROOT / "jobs" / "demo.yaml").spec, source="jobs/demo.yaml")
+    for v in (6, 12):
+        jd.event("checkpoint", version=v)
+    page = build_report(d).html.read_text()
+    assert parse(page).rows["checkpoints"] == 2
+    # metrics rows 1 … 12 (fake_jobdir): v6 is made by iterations 1 … 6, rows 0 … 5, of which rows 1 … 5 are there
+    assert "<td>v6</td>" in page and "<td>1–6</td><td>0.2500</td>" in page
+    assert "<td>v12 (latest)</td>" in page and "<td>7–12</td><td>0.5250</td>" in page
