@@ -311,8 +311,10 @@ def _scan(
         if keep is not None:
             keep(label, parsed)
     _report_bad_rows(cfg, data_path, bad, good + len(bad), fields)
-    if not good:
-        raise ConfigError(str(data_path), None, f"no usable rows ({len(bad)} read, {len(bad)} bad)")
+    if not good:  # (bad rows of one kind, or any with `refuse`, were refused above, saying why)
+        first = f"; the first: {str(bad[0]).removeprefix(f'{data_path}:')}" if bad else ""
+        what = f"no usable rows ({len(bad)} read, {len(bad)} bad{first})" if bad else "no rows: the file holds none"
+        raise ConfigError(str(data_path), None, what)
     return good, bad
 
 

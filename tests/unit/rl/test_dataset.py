@@ -452,3 +452,16 @@ def test_a_json_document_named_jsonl_is_told_one_object_per_line(tmp_path: Path,
     with pytest.raises(ConfigError) as e:
         prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
     assert f"line 1: invalid JSON: Expecting value (column 1); {hint}; line 2: invalid JSON: Expecting" in str(e.value)
+
+
+def test_no_usable_row_says_why(tmp_path: Path, tok: HFTokenizer) -> None:
+    # an empty file said `no usable rows (0 read, 0 bad)`; with `bad_rows: skip`, rows all bad in several ways said
+    # `no usable rows (2 read, 2 bad)` and not one of them
+    path = write_jsonl(tmp_path / "train.jsonl", [])
+    with pytest.raises(ConfigError) as e:
+        prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert str(e.value) == f"{path}: no rows: the file holds none"
+    write_jsonl(path, [{"ground_truth": "3"}, "not json"])
+    with pytest.raises(ConfigError) as e:
+        prepare_dataset(task(bad_rows="skip"), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert str(e.value) == f"{path}: no usable rows (2 read, 2 bad; the first: line 1: prompt: missing)"
