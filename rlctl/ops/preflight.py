@@ -1016,7 +1016,7 @@ def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]
         good = check_rows(held, data_path=data, tokenizer=tokenizer)
     except ConfigError as e:
         said = str(e).removeprefix(f"{e.file}: ")
-        return [Problem("evaluation.path", f"{data}: {said}", "fix the rows, or set `task.bad_rows: skip`")]
+        return [Problem("evaluation.path", f"{data}: {said}", e.hint)]  # the data's own: a skip helps only some
     asked = job.spec.evaluation.heldout_prompts
     if good < asked:
         return [
