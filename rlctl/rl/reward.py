@@ -258,10 +258,11 @@ def check_result(value: Any, on_error: float) -> RewardResult:
 
 
 def call_reward(fn: RewardFn, kwargs: dict[str, Any], on_error: float) -> RewardResult:
-    """Call `fn` once in this thread; an exception scores `on_error`."""
+    """Call `fn` once in this thread; an exception scores `on_error`, a sys.exit() in it too (in-line, with
+    reward_workers 0, it ended the controller's scoring without a word: the job stopped, its log silent)."""
     try:
         value = fn(**kwargs)
-    except Exception as e:  # noqa: BLE001 - a user function's failure is scored, counted and logged
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a user function's failure is scored, counted and logged
         frame = traceback.extract_tb(e.__traceback__)[-1]
         where = f" ({Path(frame.filename).name}:{frame.lineno})"
         return RewardResult(on_error, "error", f"{type(e).__name__}: {e}{where}")

@@ -137,6 +137,16 @@ def test_numpy_and_torch_scalars_are_numbers_and_their_arrays_are_not() -> None:
         assert check_result(value, -1.0).outcome == "bad_type", value
 
 
+def test_a_sys_exit_in_the_function_is_a_failed_call() -> None:
+    # in-line (reward_workers: 0) a reward's sys.exit(3) left the controller's scoring: the job stopped, its log silent
+    def leaves(**_: object) -> float:
+        sys.exit(3)
+
+    result = call_reward(leaves, {}, -1.0)
+    assert (result.score, result.outcome) == (-1.0, "error")
+    assert result.error is not None and result.error.startswith("SystemExit: 3 (test_reward.py:")
+
+
 class _Unreadable(float):
     def __float__(self) -> float:
         raise RuntimeError("no float for you")
