@@ -310,7 +310,7 @@ def _scan(
         good += 1
         if keep is not None:
             keep(label, parsed)
-    _report_bad_rows(cfg, data_path, bad, good + len(bad), fields)
+    _report_bad_rows(cfg, data_path, bad, good + len(bad), fields, each=keep is not None)
     if not good:  # (bad rows of one kind, or any with `refuse`, were refused above, saying why)
         first = f"; the first: {str(bad[0]).removeprefix(f'{data_path}:')}" if bad else ""
         what = f"no usable rows ({len(bad)} read, {len(bad)} bad{first})" if bad else "no rows: the file holds none"
@@ -325,7 +325,12 @@ def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer) -
     return good
 
 
-def _report_bad_rows(cfg: DatasetTask, data_path: Path, bad: list[BadRow], total: int, fields: list[str]) -> None:
+def _report_bad_rows(
+    cfg: DatasetTask, data_path: Path, bad: list[BadRow], total: int, fields: list[str], *, each: bool = True
+) -> None:
+    """Refuse the bad rows (`task.bad_rows: refuse`, or every row bad alike), else log them: `each` one (the launch's
+    prepare) or, for a check that reads them before it (`check_rows`), one line for all (a launch logged each
+    skipped row twice, its check's and its prepare's)."""
     if not bad:
         return
     if len(bad) == total and len({(b.field, b.what) for b in bad}) == 1:  # one mistake, every row: said once
@@ -349,6 +354,16 @@ def _report_bad_rows(cfg: DatasetTask, data_path: Path, bad: list[BadRow], total
             f"{len(bad)} of {total} rows are bad: {shown}{more}",
             hint="fix the rows" + (", or set `task.bad_rows: skip` to train on the others" if len(bad) < total else ""),
         )
+    if not each:
+        shown = str(bad[0]).removeprefix(f"{data_path}:")
+        log.warning(
+            "dataset %s: %d of %d rows will be skipped (task.bad_rows: skip); the first: %s",
+            data_path,
+            len(bad),
+            total,
+            shown,
+        )
+        return
     for b in bad[:LOGGED_BAD_ROWS]:
         log.warning("skipped bad row %s", b)
     if len(bad) > LOGGED_BAD_ROWS:

@@ -10,7 +10,7 @@ import pytest
 from rlctl.config.job import DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.rl import reward
-from rlctl.rl.dataset import check_task, load_dataset, prepare_dataset, submit_reward
+from rlctl.rl.dataset import check_rows, check_task, load_dataset, prepare_dataset, submit_reward
 from rlctl.rl.reward import RewardPool
 from rlctl.rl.tokenizer import HFTokenizer, load_tokenizer
 from tests.unit.hf_tokenizer import SPECIALS, write_tokenizer
@@ -465,3 +465,22 @@ def test_no_usable_row_says_why(tmp_path: Path, tok: HFTokenizer) -> None:
     with pytest.raises(ConfigError) as e:
         prepare_dataset(task(bad_rows="skip"), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
     assert str(e.value) == f"{path}: no usable rows (2 read, 2 bad; the first: line 1: prompt: missing)"
+
+
+def test_the_check_before_a_launch_says_the_rows_it_will_skip_in_one_line(
+    tmp_path: Path, tok: HFTokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a launch with `bad_rows: skip` logged every skipped row twice: its check's read, then its prepare's
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    path = write_jsonl(tmp_path / "train.jsonl", [verl_row(0), {"ground_truth": "3"}, "not json"])
+    assert check_rows(task(bad_rows="skip"), data_path=path, tokenizer=tok) == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"dataset {path}: 2 of 3 rows will be skipped (task.bad_rows: skip); the first: line 2: prompt: missing"
+    ]
+    caplog.clear()
+    prepare_dataset(task(bad_rows="skip"), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        f"skipped bad row {path}",
+        f"skipped bad row {path}",
+        f"dataset {path}",
+    ]
