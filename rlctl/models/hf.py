@@ -379,6 +379,31 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     return tensors
 
 
+_TORCH_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+def torch_bin_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Tensor name → (dtype, shape) of a pytorch_model.bin, mapped, not read (`torch.load(mmap=True)`): a truncated
+    or damaged copy is refused here (check, launch) rather than by torch in the trainer, as a safetensors file's is
+    (`safetensors_header`). One saved in torch's pre-1.6 format cannot be mapped: it is refused, naming the fix."""
+    import torch
+
+    try:
+        sd = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as e:  # whatever torch says of a file it cannot read is the one line said
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            str(path),
+            None,
+            f"cannot read it as a PyTorch state dict ({why}); copy the checkpoint again, or save it "
+            "as safetensors (model.save_pretrained(DIR, safe_serialization=True))",
+        ) from e
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise ConfigError(str(path), None, "not a state dict (tensor name → tensor)")
+    return {str(k): (_TORCH_DTYPES.get(str(v.dtype).removeprefix("torch."), str(v.dtype)), tuple(v.shape))
+            for k, v in sd.items()}  # fmt: skip
+
+
 def load_state_dict(directory: str | Path, *, to_fp32: bool = True) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint in `directory` (one file or all shards); floating tensors
     cast to fp32 unless `to_fp32=False`."""
@@ -522,15 +547,15 @@ def check_hf_dir(directory: str | Path, *, name: str | None = None) -> HfModelIn
 def _check_hf_dir(d: Path, name: str | None) -> HfModelInfo:
     config = read_config(d)
     files = weight_files(d)
-    if files[0].name != TORCH_FILE:  # a .bin fallback checkpoint is checked when it is loaded
-        shapes: dict[str, tuple[int, ...]] = {}
-        for f in files:
-            for tensor, (dtype, shape) in safetensors_header(f).items():
-                if dtype not in _ST_DTYPES:
-                    raise ConfigError(
-                        str(f), None, f"tensor {tensor}: dtype {dtype} is not supported; supported: F32, BF16, F16"
-                    )
-                shapes[tensor] = shape
-        match_weights(shapes, config, where=str(d))
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        header = torch_bin_header(f) if f.name == TORCH_FILE else safetensors_header(f)
+        for tensor, (dtype, shape) in header.items():
+            if dtype not in _ST_DTYPES:
+                raise ConfigError(
+                    str(f), None, f"tensor {tensor}: dtype {dtype} is not supported; supported: F32, BF16, F16"
+                )
+            shapes[tensor] = shape
+    match_weights(shapes, config, where=str(d))
     tokenizer = [n for n in TOKENIZER_FILES if (d / n).is_file()]
     return HfModelInfo(d, config, config.arch(name or d.resolve().name), files, tokenizer)

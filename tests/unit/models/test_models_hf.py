@@ -263,3 +263,24 @@ def test_a_truncated_or_padded_safetensors_file_is_refused_in_one_line(tmp_path:
         check_hf_dir(tmp_path)
     f.write_bytes(whole)
     check_hf_dir(tmp_path)
+
+
+def test_a_pytorch_model_bin_is_checked_as_a_safetensors_file_is(tmp_path: Path) -> None:
+    """A checkpoint saved as pytorch_model.bin was not read by `check`: a truncated copy passed, and the trainer then
+    died on torch's traceback. Its tensors are mapped (not read) and matched against config.json."""
+    from safetensors.torch import load_file
+
+    from rlctl.models.hf import TORCH_FILE
+
+    write_checkpoint("qwen2-tied-hd32", tmp_path)
+    sd = load_file(tmp_path / SAFETENSORS_FILE)
+    (tmp_path / SAFETENSORS_FILE).unlink()
+    torch.save(sd, tmp_path / TORCH_FILE)
+    assert check_hf_dir(tmp_path).weight_files == [tmp_path / TORCH_FILE]
+    whole = (tmp_path / TORCH_FILE).read_bytes()
+    (tmp_path / TORCH_FILE).write_bytes(whole[: len(whole) // 2])  # a copy cut short
+    with pytest.raises(ConfigError, match=r"pytorch_model.bin: cannot read it as a PyTorch state dict \("):
+        check_hf_dir(tmp_path)
+    torch.save({k: v for k, v in sd.items() if "layers.0." not in k}, tmp_path / TORCH_FILE)  # a layer short
+    with pytest.raises(ConfigError, match=r"layers\.0\."):
+        check_hf_dir(tmp_path)
