@@ -16,7 +16,13 @@ def register(app: typer.Typer) -> None:
     def pull(
         job: JobArg = None,
         checkpoint: Annotated[
-            str, typer.Option("--checkpoint", "-c", help="'latest' (the newest complete one) or a version")
+            str,
+            typer.Option(
+                "--checkpoint",
+                "-c",
+                help="'latest' (the newest complete one), 'best' (the highest held-out greedy reward of those the "
+                "run evaluated: `rlctl status JOB --checkpoints`) or a version",
+            ),
         ] = "latest",
         to: Annotated[
             Path | None, typer.Option("--to", help="where the model goes (default: <job dir>/pulled/v<N>)")

@@ -15,6 +15,7 @@ import json
 import math
 from typing import Any
 
+from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.extend import completed_checkpoints
 
@@ -89,3 +90,17 @@ def _summary(jobdir: JobDir) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def best_checkpoint(jobdir: JobDir) -> tuple[int, dict[str, Any]]:
+    """The complete checkpoint with the highest held-out greedy reward among those the job evaluated (the newest of
+    equal ones), and its figures; UsageError naming what to do where it evaluated none."""
+    rows = [r for r in checkpoint_table(jobdir)["checkpoints"] if (r["heldout"] or {}).get("greedy_reward") is not None]
+    if not rows:
+        raise UsageError(
+            f"--checkpoint best: no complete checkpoint of job {jobdir.id} has held-out figures (set "
+            "evaluation.heldout_prompts and every_iterations to evaluate during the run); name a version instead",
+            hint=f"`rlctl status {jobdir.id} --checkpoints` lists them",
+        )
+    best = max(rows, key=lambda r: (r["heldout"]["greedy_reward"], r["version"]))
+    return int(best["version"]), dict(best["heldout"])

@@ -40,6 +40,7 @@ from rlctl.launch.stage import (
     record_view,
     root_for,
 )
+from rlctl.ops.checkpoints import best_checkpoint
 from rlctl.ops.extend import earlier_iterations
 
 log = logging.getLogger(__name__)
@@ -99,10 +100,10 @@ def _latest(job_dir: Path) -> int | None:
 
 
 def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -> Pulled:
-    """Copy checkpoint `checkpoint` ("latest" or a version)'s policy to `to` (default: <job dir>/pulled/v<N>).
-    A `to` given must be new or empty: a pull never mixes its files with others (the default one is the job's own
-    copy of that version, replaced by a pull again). What a pull killed before it could clean up left there (its
-    staging folder) does not count, and goes."""
+    """Copy checkpoint `checkpoint` ("latest", "best": `best_checkpoint`, or a version)'s policy to `to` (default:
+    <job dir>/pulled/v<N>). A `to` given must be new or empty: a pull never mixes its files with others (the default
+    one is the job's own copy of that version, replaced by a pull again). What a pull killed before it could clean up
+    left there (its staging folder) does not count, and goes."""
     if to is not None:
         to = to.resolve()  # `--to .` named
         try:
@@ -117,6 +118,9 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
     spec = JobDir(job_dir).read_job()
     versions = checkpoint_versions(spec, earlier=earlier_iterations(JobDir(job_dir)))
     number = None if checkpoint == "latest" else named_version(checkpoint)
+    if checkpoint == "best":  # the highest held-out greedy reward of those the run evaluated
+        number, figures = best_checkpoint(JobDir(job_dir))
+        log.info("--checkpoint best: v%d (held-out greedy reward %.4f)", number, figures["greedy_reward"])
     if checkpoint == "latest":
         newest = _latest(job_dir)
         if newest is None:
@@ -126,7 +130,9 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
     elif number is not None:
         candidates = [number]
     else:
-        raise UsageError(f"--checkpoint {checkpoint!r}: 'latest' or a version, e.g. {versions[-1]} or v{versions[-1]}")
+        raise UsageError(
+            f"--checkpoint {checkpoint!r}: 'latest', 'best' or a version, e.g. {versions[-1]} or v{versions[-1]}"
+        )
     site, fs, root = _trainer_view(job_dir)
     try:
         if number is not None:

@@ -334,3 +334,19 @@ def test_pull_of_a_copied_job_dir_reads_the_copy(tmp_path: Path) -> None:
     shutil.rmtree(jd.path)
     got = pull(copy)
     assert got.version == 2 and got.to == copy / "pulled" / "v2" and same(TinyGPT.from_pretrained(got.to), models[2])
+
+
+def test_pull_best_takes_the_checkpoint_with_the_highest_held_out_reward(tmp_path: Path) -> None:
+    """`--checkpoint best`: of the checkpoints the run evaluated (evaluations.jsonl), the highest greedy reward;
+    refused in one line where it evaluated none."""
+    jd, models = job_dir(tmp_path)
+    for v in (1, 2):
+        jd.event("checkpoint", version=v)
+    with pytest.raises(UsageError, match=r"^--checkpoint best: no complete checkpoint of job job has held-out figures"):
+        pull(jd.path, checkpoint="best")
+    for v, reward in ((0, 0.1), (1, 0.6), (2, 0.4)):  # v1 scored better than the newest
+        jd.append(jd.evaluations, {"version": v, "greedy_reward": reward, "prompts": 8})
+    got = pull(jd.path, checkpoint="best")
+    assert got.version == 1 and same(TinyGPT.from_pretrained(got.to), models[1])
+    r = run_cli("pull", str(jd.path), "--checkpoint", "bets")
+    assert r.exit_code == 2 and "'latest', 'best' or a version" in r.stderr, r.stderr
