@@ -17,6 +17,7 @@ Several files are merged (sites must not repeat); links are checked against the 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from pathlib import Path
@@ -124,6 +125,25 @@ class CustomGpu(Strict):
 
 
 _HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")  # a host name, IPv4 or IPv6 address (no shell syntax)
+
+
+def host_problem(host: str) -> str | None:
+    """Why `host` is not a host name or address (it reaches ssh command lines, sbatch and the agents' addresses),
+    None when it is. A ':' belongs to an IPv6 address only: `login:2222` is a port, which fabric refused at connect
+    with a ValueError (the scheduler's port says it)."""
+    if _HOST_NAME.fullmatch(host) and ":" not in host:
+        return None
+    try:
+        ipaddress.IPv6Address(host)
+        return None
+    except ValueError:
+        pass
+    return (
+        f"{host!r} is not a host name or address (letters, digits, '-', '_', '.', or an IP address); a user or a "
+        "port goes in the scheduler's user / port (a SLURM submit host's ssh_user / ssh_port)"
+    )
+
+
 MAX_GPUS_PER_NODE = 1024  # beyond any host's GPU slots (a `gpu: CPU` site's slots are cores)
 MAX_GPUS_PER_SITE = 2**20  # beyond any cluster; launch keeps a record per slot, so a typo must not reach it
 
@@ -151,9 +171,9 @@ class Node(Strict):
     @field_validator("host")
     @classmethod
     def _host_pattern(cls, v: str) -> str:
-        bad = next((h for h in expand_hostlist(v) if not _HOST_NAME.fullmatch(h)), None)
-        if bad is not None:  # it reaches ssh command lines, sbatch and the agents' addresses
-            raise ValueError(f"{bad!r} is not a host name or address (letters, digits, '-', '_', '.', ':')")
+        why = next((w for h in expand_hostlist(v) if (w := host_problem(h)) is not None), None)
+        if why is not None:
+            raise ValueError(why)
         return v
 
     @model_validator(mode="after")

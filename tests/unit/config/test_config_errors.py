@@ -121,6 +121,11 @@ CASES = [
     ),
     Case("ssh port out of range", site_with("user: rl}", "user: rl, port: 70000}"), "sites.h20.scheduler.port"),
     Case("bad host range", site_with("h20-[01-04]", "h20-[04-01]"), "sites.h20.nodes[0].host"),
+    Case(  # accepted (':' taken for an IPv6 address's); fabric then refused the port given twice
+        "host with a port",
+        site_with('"h20-[01-04]"', '"h20-01:2022"'),
+        "sites.h20.nodes[0].host: 'h20-01:2022' is not a host name or address",
+    ),
     Case(
         "gpu and gpu_spec both",
         site_with(
