@@ -44,6 +44,26 @@ def expand_hostlist(pattern: str) -> list[str]:
         raise ValueError(f"bad hostlist {pattern!r}: {e}; e.g. 'node-[01-16]' or 'a-[1-2],b-7'") from e
 
 
+_HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")  # a host name, IPv4 or IPv6 address (no shell syntax)
+
+
+def host_problem(host: str) -> str | None:
+    """Why `host` is not a host name or address (it reaches ssh command lines, sbatch and the agents' addresses),
+    None when it is. A ':' belongs to an IPv6 address only: `login:2222` is a port, which fabric refused at connect
+    with a ValueError (the scheduler's port says it)."""
+    if _HOST_NAME.fullmatch(host) and ":" not in host:
+        return None
+    try:
+        ipaddress.IPv6Address(host)
+        return None
+    except ValueError:
+        pass
+    return (
+        f"{host!r} is not a host name or address (letters, digits, '-', '_', '.', or an IP address); a user or a "
+        "port goes in the scheduler's user / port (a SLURM submit host's ssh_user / ssh_port)"
+    )
+
+
 WORKDIR_HELP = (
     "work root on the site: a job's files there are <workdir>/jobs/<job id>/ (staged by `launch`, logs, "
     "checkpoints); default: ssh and a SLURM submit_host ~/.rlctl, local and SLURM submitted from here the "
@@ -77,6 +97,13 @@ class SlurmScheduler(Strict):
         description="how jobs ask for GPUs: per_task = --gpus-per-task=N, gres = --gres=gpu:N per node "
         "(clusters without select/cons_tres), none = no GPU request; auto = per_task unless the site's gpu is CPU",
     )
+
+    @field_validator("submit_host")
+    @classmethod
+    def _submit_host_name(cls, v: str | None) -> str | None:
+        if v is not None and (why := host_problem(v)) is not None:  # fabric refused user@ or :port beside ssh_*
+            raise ValueError(why)
+        return v
 
     @model_validator(mode="after")
     def _ssh_needs_submit_host(self) -> SlurmScheduler:
@@ -122,26 +149,6 @@ class CustomGpu(Strict):
     hbm_tb_per_s: PositiveFloat
     nvlink_gb_per_s: PositiveFloat = 64.0
     cost_per_hour: PositiveFloat = 1.0
-
-
-_HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")  # a host name, IPv4 or IPv6 address (no shell syntax)
-
-
-def host_problem(host: str) -> str | None:
-    """Why `host` is not a host name or address (it reaches ssh command lines, sbatch and the agents' addresses),
-    None when it is. A ':' belongs to an IPv6 address only: `login:2222` is a port, which fabric refused at connect
-    with a ValueError (the scheduler's port says it)."""
-    if _HOST_NAME.fullmatch(host) and ":" not in host:
-        return None
-    try:
-        ipaddress.IPv6Address(host)
-        return None
-    except ValueError:
-        pass
-    return (
-        f"{host!r} is not a host name or address (letters, digits, '-', '_', '.', or an IP address); a user or a "
-        "port goes in the scheduler's user / port (a SLURM submit host's ssh_user / ssh_port)"
-    )
 
 
 MAX_GPUS_PER_NODE = 1024  # beyond any host's GPU slots (a `gpu: CPU` site's slots are cores)

@@ -119,6 +119,16 @@ CASES = [
     Case(
         "slurm without partition", site_with("{kind: ssh, user: rl}", "{kind: slurm}"), "sites.h20.scheduler.partition"
     ),
+    Case(  # accepted; fabric refused the user given twice (ssh_user) at connect: a traceback, not a line
+        "submit host with a user",
+        site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, submit_host: rl@login, ssh_user: rl}"),
+        "sites.h20.scheduler.submit_host: 'rl@login' is not a host name or address",
+    ),
+    Case(
+        "submit host with a port",
+        site_with("{kind: ssh, user: rl}", '{kind: slurm, partition: p, submit_host: "login:2222"}'),
+        "sites.h20.scheduler.submit_host: 'login:2222' is not a host name or address",
+    ),
     Case("ssh port out of range", site_with("user: rl}", "user: rl, port: 70000}"), "sites.h20.scheduler.port"),
     Case("bad host range", site_with("h20-[01-04]", "h20-[04-01]"), "sites.h20.nodes[0].host"),
     Case(  # accepted (':' taken for an IPv6 address's); fabric then refused the port given twice
