@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import hostlist
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import AfterValidator, Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from rlctl.config.base import NAME_RE, ListenHost, Strict, check_header, read_yaml, register_tags, validate
 from rlctl.errors import ConfigError
@@ -71,9 +71,23 @@ WORKDIR_HELP = (
 )
 
 
+def _work_root(v: str | None) -> str | None:
+    """Only `~` and `~/…` are the site user's home: remote shells get the path quoted (`sh_path`), so `~alice/w`
+    was made as a directory named `~alice` in the home of the user rlctl logs in as."""
+    if v is not None and v.startswith("~") and v != "~" and not v.startswith("~/"):
+        raise ValueError(
+            f"{v!r}: only a leading '~/' is expanded (the home of the user rlctl logs in as); give another user's "
+            "directory as an absolute path, e.g. /home/alice/rlctl"
+        )
+    return v
+
+
+WorkRoot = Annotated[str | None, AfterValidator(_work_root)]
+
+
 class LocalScheduler(Strict):
     kind: Literal["local"]
-    workdir: str | None = Field(None, min_length=1, description=WORKDIR_HELP)
+    workdir: WorkRoot = Field(None, min_length=1, description=WORKDIR_HELP)
 
 
 SUBMIT_SSH = ("ssh_user", "ssh_port", "ssh_key_file", "ssh_known_hosts")  # how a SLURM site's submit_host is reached
@@ -90,7 +104,7 @@ class SlurmScheduler(Strict):
     ssh_key_file: str | None = None
     ssh_known_hosts: str | None = Field(None, description="known_hosts file for the submit host (default ~/.ssh)")
     slurm_conf: str | None = Field(None, description="SLURM_CONF for the client tools, if not the default")
-    workdir: str | None = Field(None, min_length=1, description=WORKDIR_HELP)
+    workdir: WorkRoot = Field(None, min_length=1, description=WORKDIR_HELP)
     time_limit_min: PositiveInt = 7 * 24 * 60
     gpu_request: Literal["auto", "per_task", "gres", "none"] = Field(
         "auto",
@@ -123,7 +137,7 @@ class SshScheduler(Strict):
     key_file: str | None = None
     proxy_jump: str | None = None
     known_hosts: str | None = Field(None, description="known_hosts file trusted for these hosts (default ~/.ssh)")
-    workdir: str = Field("~/.rlctl", min_length=1, description=WORKDIR_HELP)
+    workdir: Annotated[str, AfterValidator(_work_root)] = Field("~/.rlctl", min_length=1, description=WORKDIR_HELP)
     shared_workdir: bool = Field(
         False,
         description="the site's hosts see one filesystem at workdir (e.g. NFS inside the datacenter): the job is "

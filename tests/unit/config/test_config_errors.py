@@ -129,6 +129,11 @@ CASES = [
         site_with("{kind: ssh, user: rl}", '{kind: slurm, partition: p, submit_host: "login:2222"}'),
         "sites.h20.scheduler.submit_host: 'login:2222' is not a host name or address",
     ),
+    Case(  # accepted; launch quoted it, and made a directory named '~alice' in the SSH user's home
+        "work root in another user's home",
+        site_with("{kind: ssh, user: rl}", "{kind: ssh, user: rl, workdir: ~alice/rlctl}"),
+        "sites.h20.scheduler.workdir: '~alice/rlctl': only a leading '~/' is expanded",
+    ),
     Case("ssh port out of range", site_with("user: rl}", "user: rl, port: 70000}"), "sites.h20.scheduler.port"),
     Case("bad host range", site_with("h20-[01-04]", "h20-[04-01]"), "sites.h20.nodes[0].host"),
     Case(  # accepted (':' taken for an IPv6 address's); fabric then refused the port given twice
