@@ -271,6 +271,11 @@ class Site(Strict):
         """A command name (looked up in the host's PATH) or an absolute path: the agents' command lines quote it,
         so a leading `~` is never expanded there (the probe, then every agent, failed with 'No such file or
         directory' on a file that is there), and a relative path depends on the directory each command starts in."""
+        if v is not None and any(c.isspace() for c in v):  # quoted as one word: "No such file" on every host
+            raise ValueError(
+                f"{v!r}: give the interpreter alone, without arguments (the agents' command lines quote it as one "
+                "word); set environment variables in the site's setup lines"
+            )
         if v is not None and "/" in v and not v.startswith("/"):
             raise ValueError(
                 f"{v!r}: give the interpreter's absolute path or a command name such as python3 (the agents' "

@@ -134,6 +134,11 @@ CASES = [
         site_with("{kind: ssh, user: rl}", "{kind: ssh, user: rl, workdir: ~alice/rlctl}"),
         "sites.h20.scheduler.workdir: '~alice/rlctl': only a leading '~/' is expanded",
     ),
+    Case(  # accepted; every agent's command line quoted it as one word: 'No such file or directory'
+        "python with an argument",
+        site_with("    gpu: H20\n", "    gpu: H20\n    python: /opt/rl/bin/python -u\n"),
+        "sites.h20.python: '/opt/rl/bin/python -u': give the interpreter alone, without arguments",
+    ),
     Case("ssh port out of range", site_with("user: rl}", "user: rl, port: 70000}"), "sites.h20.scheduler.port"),
     Case("bad host range", site_with("h20-[01-04]", "h20-[04-01]"), "sites.h20.nodes[0].host"),
     Case(  # accepted (':' taken for an IPv6 address's); fabric then refused the port given twice
