@@ -144,6 +144,23 @@ class SshScheduler(Strict):
         "staged once, through the first host, instead of once per host",
     )
 
+    @field_validator("proxy_jump")
+    @classmethod
+    def _one_jump_host(cls, v: str | None) -> str | None:
+        """`[user@]host[:port]`, as `remote.jump_target` reads it: one hop (it took `a,b` for one host's name)."""
+        if v is None:
+            return v
+        rest = v.rpartition("@")[2]
+        host, _, port = rest.partition(":") if rest.count(":") == 1 else (rest, "", "")
+        why = "several jump hosts; rlctl connects through one" if "," in v else None
+        if why is None and host_problem(host) is not None:
+            why = f"{host!r} is not a host name or address"
+        if why is None and port and not (port.isdigit() and 1 <= int(port) <= 65535):
+            why = f"port {port!r} is not 1-65535"
+        if why is not None:
+            raise ValueError(f"{why}; give one jump host as [user@]host[:port], e.g. rl@bastion.example.com:2222")
+        return v
+
     @model_validator(mode="before")
     @classmethod
     def _python_moved(cls, data: Any) -> Any:

@@ -139,6 +139,16 @@ CASES = [
         site_with("    gpu: H20\n", "    gpu: H20\n    python: /opt/rl/bin/python -u\n"),
         "sites.h20.python: '/opt/rl/bin/python -u': give the interpreter alone, without arguments",
     ),
+    Case(  # accepted; fabric then looked up a bastion named 'b1,b2'
+        "two jump hosts",
+        site_with("user: rl}", "user: rl, proxy_jump: 'rl@b1,b2'}"),
+        "sites.h20.scheduler.proxy_jump: several jump hosts; rlctl connects through one",
+    ),
+    Case(
+        "jump host with a space",
+        site_with("user: rl}", "user: rl, proxy_jump: 'rl@jump west'}"),
+        "sites.h20.scheduler.proxy_jump: 'jump west' is not a host name or address",
+    ),
     Case("ssh port out of range", site_with("user: rl}", "user: rl, port: 70000}"), "sites.h20.scheduler.port"),
     Case("bad host range", site_with("h20-[01-04]", "h20-[04-01]"), "sites.h20.nodes[0].host"),
     Case(  # accepted (':' taken for an IPv6 address's); fabric then refused the port given twice
