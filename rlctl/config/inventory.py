@@ -216,6 +216,11 @@ class Node(Strict):
 
     @model_validator(mode="after")
     def _one_device_per_slot(self) -> Node:
+        if self.cpus is not None and self.cpus < self.gpus:  # `cpus_per_slot` made it 1: sbatch asked for more
+            raise ValueError(  # cores than the node has
+                f"cpus: {self.cpus} cores for {self.gpus} GPU slots; cpus counts the host's cores (as nproc does, not "
+                "its sockets): at least one per slot"
+            )
         if self.devices is not None and len(self.devices) != self.gpus:
             raise ValueError(f"devices lists {len(self.devices)} ids for {self.gpus} GPU slots: give one per slot")
         return self

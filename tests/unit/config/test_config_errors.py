@@ -150,6 +150,11 @@ CASES = [
         "sites.h20.scheduler.proxy_jump: 'jump west' is not a host name or address",
     ),
     Case("ssh port out of range", site_with("user: rl}", "user: rl, port: 70000}"), "sites.h20.scheduler.port"),
+    Case(  # accepted as one core per slot: SLURM was asked for 8 cores a node of 2 lacks
+        "fewer cores than GPUs",
+        site_with("gpus: 8}", "gpus: 8, cpus: 2}"),
+        "sites.h20.nodes[0]: cpus: 2 cores for 8 GPU slots",
+    ),
     Case("bad host range", site_with("h20-[01-04]", "h20-[04-01]"), "sites.h20.nodes[0].host"),
     Case(  # accepted (':' taken for an IPv6 address's); fabric then refused the port given twice
         "host with a port",
