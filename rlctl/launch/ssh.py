@@ -265,7 +265,7 @@ class SshBackend(LaunchBackend):
         opts += [f"-J {shlex.quote(t.proxy_jump)}"] if t.proxy_jump else []
         opts += hostkeys.rendered_options(sh_path(t.known_hosts) if t.known_hosts else None)
         user = f"{t.user}@" if t.user else ""
-        return f"ssh {' '.join(opts)} {user}{host} bash -s <<'RLCTL_EOF'\n{script}RLCTL_EOF\n"
+        return f"ssh {' '.join(opts)} {shlex.quote(user + host)} bash -s <<'RLCTL_EOF'\n{script}RLCTL_EOF\n"
 
     def host_for(self, spec: AgentSpec) -> str:
         """The host of the spec's GPU slice; without one, the placement rule (round robin by replica)."""

@@ -158,6 +158,16 @@ def test_stop_reaches_every_host_and_names_the_dead_one() -> None:
     assert h1.ident["stopped"] and h2.ident["stopped"]
 
 
+def test_the_rendered_ssh_command_line_quotes_the_login_user() -> None:
+    """A directory's user name (`CORP\\alice`) reached ssh unquoted: the shell ate its backslash."""
+    site = SITE.model_copy(update={"scheduler": SITE.scheduler.model_copy(update={"user": "CORP\\alice"})})
+    line = SshBackend("h20", site, job="demo").render(SPEC).splitlines()[0]
+    assert " 'CORP\\alice@h20-02' bash -s <<'RLCTL_EOF'" in line, line
+    assert subprocess.run(["bash", "-c", f"printf %s {line.split()[-4]}"], capture_output=True, text=True).stdout == (
+        "CORP\\alice@h20-02"
+    )
+
+
 @pytest.mark.parametrize(
     ("spec", "user", "host", "port"),
     [
