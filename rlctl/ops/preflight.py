@@ -109,6 +109,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     out += site_problems(job.inventory, _job_sites(job))
     out += _devices(job)
     out += _listen_addresses(job)
+    out += _one_host_address(job)
     out += _unbindable(job)
     out += _metrics_port_taken(job)
     tp = spec.rollout.tensor_parallel or 1
@@ -588,6 +589,38 @@ def _listen_addresses(job: Job) -> list[Problem]:
         )
         for field, (address, sites) in by_field.items()
     ]
+
+
+def _one_host_address(job: Job) -> list[Problem]:
+    """An IP address as the listen address of an SSH site of several hosts: every agent there, each trainer rank and
+    rollout unit, binds it, and it is one host's — those on the others failed at their start. (A SLURM site's node
+    names may all be one machine, as on the test cluster: `check --reach` has the nodes.)"""
+    by_field: dict[str, tuple[str, list[str]]] = {}
+    for name in _job_sites(job):
+        site = job.inventory.sites[name]
+        address, field = _listen_field(job, name)
+        try:
+            one = not ipaddress.ip_address(address).is_loopback  # loopback: `_listen_addresses`' line
+        except ValueError:
+            one = False  # `auto`, or a name, which each host may resolve to itself
+        placed = kind_of(site).slices_gpus and not kind_of(site).on_this_machine  # rlctl picks each agent's host
+        if one and placed and len({"this machine" if _loopback(h) else h for h, _ in site.hosts}) > 1:
+            by_field.setdefault(field, (address, []))[1].append(name)
+    return [
+        Problem(
+            field,
+            f"{address} is one host's address, and every agent binds it: "
+            f"{'; '.join(_hosts_said(job, n) for n in sorted(sites))}, and agents on all but one could not start",
+            hint=f"set sites.<site>.network.listen_host on {', '.join(sorted(sites))} to `auto` (each agent takes its "
+            "own host's interface that routes toward the controller)",
+        )
+        for field, (address, sites) in by_field.items()
+    ]
+
+
+def _hosts_said(job: Job, name: str) -> str:
+    hosts = [h for h, _ in job.inventory.sites[name].hosts]
+    return f"site {name!r} has {len(hosts)} hosts ({', '.join(hosts[:3])}{', …' if len(hosts) > 3 else ''})"
 
 
 def _bind_probe(address: str, port: int, *, reuse: bool = False) -> None:

@@ -1124,6 +1124,29 @@ def test_a_loopback_listen_address_for_a_job_on_several_hosts_is_refused(tmp_pat
     assert refused(load(tmp_path), "transport.listen_host") == []  # one machine: loopback is right
 
 
+def test_an_ip_address_as_the_listen_address_of_an_ssh_site_of_several_hosts_is_refused(tmp_path: Path) -> None:
+    """Every rollout unit binds its site's address: 10.0.0.1 is h1's or h2's, and the units on the other failed."""
+    inv = yaml.safe_load(Path(two_site_inventory(tmp_path, listen="auto")).read_text())
+    inv["sites"]["r"]["nodes"] = [{"host": "h[1-2]", "gpus": 2}]
+    inv["sites"]["r"]["network"] = {"bandwidth_gbps": 10, "listen_host": "10.0.0.1"}
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(inv))
+    placement = {"trainer": {"site": "t", "gpus": 1}, "rollout": [{"site": "r", "gpus": 4}]}
+    job = load(tmp_path, inventory=[str(tmp_path / "two.yaml")], placement=placement)
+    (p,) = refused(job, "sites.r.network.listen_host")
+    assert p.message == (
+        "10.0.0.1 is one host's address, and every agent binds it: site 'r' has 2 hosts (h1, h2), and agents on all "
+        "but one could not start"
+    )
+    assert "`auto`" in str(p.hint)
+    one_host = load(  # site r has one host: its address is right there
+        tmp_path,
+        inventory=[two_site_inventory(tmp_path, listen="auto")],
+        placement={"trainer": {"site": "t", "gpus": 1}, "rollout": [{"site": "r", "gpus": 1}]},
+        transport={"listen_host": "10.0.0.1"},
+    )
+    assert refused(one_host, "transport.listen_host") == []
+
+
 def test_a_trainer_that_does_not_fit_its_slots_memory_is_refused_with_the_figures(tmp_path: Path) -> None:
     placement = {"trainer": {"site": "t", "gpus": 1}, "rollout": [{"site": "r", "gpus": 1}]}
     small = load(tmp_path, inventory=[two_site_inventory(tmp_path, listen="auto", memory_gb=2)], placement=placement)
