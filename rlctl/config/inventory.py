@@ -445,6 +445,13 @@ def load_inventory(paths: list[Path]) -> Inventory:
     seen: set[frozenset[str]] = set()
     for file, i, link in links:
         for j, end in enumerate(link.between):
+            in_dc = [name for name, site in sites.items() if site.datacenter == end]
+            if end not in sites and in_dc:  # the hint to load another file sent the operator looking for one
+                raise ConfigError(
+                    file,
+                    f"links[{i}].between[{j}]",
+                    f"{end!r} is a datacenter (of site {', '.join(in_dc)}); a link joins two sites: name its site",
+                )
             if end not in sites:
                 raise ConfigError(
                     file,

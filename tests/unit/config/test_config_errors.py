@@ -180,6 +180,11 @@ CASES = [
         GOOD_INV + "links: [{between: [h20, h800], bandwidth_gbps: 80}]\n",
         "links[0].between[1]: unknown site 'h800'",
     ),
+    Case(  # it said "unknown site 'dc-b'", and to load the inventory file that declares it
+        "link between datacenters",
+        GOOD_INV + "links: [{between: [dc-b, h800], bandwidth_gbps: 80}]\n",
+        "links[0].between[0]: 'dc-b' is a datacenter (of site h20); a link joins two sites: name its site",
+    ),
     Case("link to itself", GOOD_INV + "links: [{between: [h20, h20], bandwidth_gbps: 80}]\n", "links[0].between"),
     Case(
         "negative link latency",
