@@ -93,6 +93,9 @@ class LocalScheduler(Strict):
 SUBMIT_SSH = ("ssh_user", "ssh_port", "ssh_key_file", "ssh_known_hosts")  # how a SLURM site's submit_host is reached
 
 
+MAX_TIME_LIMIT_MIN = 366 * 24 * 60  # past any partition's MaxTime: more is a typo (2880000 for 2880)
+
+
 class SlurmScheduler(Strict):
     kind: Literal["slurm"]
     partition: str = Field(min_length=1)
@@ -105,7 +108,9 @@ class SlurmScheduler(Strict):
     ssh_known_hosts: str | None = Field(None, description="known_hosts file for the submit host (default ~/.ssh)")
     slurm_conf: str | None = Field(None, description="SLURM_CONF for the client tools, if not the default")
     workdir: WorkRoot = Field(None, min_length=1, description=WORKDIR_HELP)
-    time_limit_min: PositiveInt = 7 * 24 * 60
+    time_limit_min: Annotated[int, Field(gt=0, le=MAX_TIME_LIMIT_MIN)] = Field(
+        7 * 24 * 60, description=f"every sbatch's --time, minutes; at most {MAX_TIME_LIMIT_MIN} (a year)"
+    )
     gpu_request: Literal["auto", "per_task", "gres", "none"] = Field(
         "auto",
         description="how jobs ask for GPUs: per_task = --gpus-per-task=N, gres = --gres=gpu:N per node "

@@ -149,6 +149,11 @@ CASES = [
         site_with("user: rl}", "user: rl, proxy_jump: 'rl@jump west'}"),
         "sites.h20.scheduler.proxy_jump: 'jump west' is not a host name or address",
     ),
+    Case(  # accepted into every sbatch's --time
+        "slurm time limit past a year",
+        site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, time_limit_min: 2880000}"),
+        "sites.h20.scheduler.time_limit_min: Input should be less than or equal to 527040",
+    ),
     Case("ssh port out of range", site_with("user: rl}", "user: rl, port: 70000}"), "sites.h20.scheduler.port"),
     Case(  # accepted as one core per slot: SLURM was asked for 8 cores a node of 2 lacks
         "fewer cores than GPUs",
