@@ -284,7 +284,8 @@ class Site(Strict):
         None,
         min_length=1,
         description="the interpreter that runs rlctl on the site's hosts (e.g. a virtualenv's bin/python); default: "
-        "python3 on SSH sites, this interpreter on local and SLURM sites (a filesystem shared with the nodes)",
+        "python3 on SSH sites and SLURM sites with a submit_host, this interpreter on local sites and SLURM sites "
+        "submitted from here (a filesystem shared with the nodes)",
     )
     setup: list[str] = Field(
         default_factory=list,

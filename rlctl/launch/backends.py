@@ -67,11 +67,17 @@ def sites_missing(job_dir: Path) -> LaunchError:
     )
 
 
+REMOTE_PYTHON = "python3"  # a host's own, on its PATH
+
+
 def python_for(site: Site) -> str:
-    """The interpreter on the site's hosts: the site's `python`; else python3 on SSH sites, this one elsewhere
-    (local processes; SLURM nodes sharing this filesystem)."""
+    """The interpreter on the site's hosts: the site's `python`; else python3 on sites reached over SSH (SSH hosts,
+    a SLURM cluster's submit host: their own filesystem), this one elsewhere (local processes; SLURM nodes sharing
+    this filesystem)."""
     if site.python is not None:
         return site.python
+    if kind_of(site).remote(site):  # this interpreter's path is this machine's: a cluster's sbatch ran it there
+        return REMOTE_PYTHON
     return kind_of(site).default_python
 
 

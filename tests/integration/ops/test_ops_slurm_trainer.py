@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,8 @@ def slurm_inventory(services: dict[str, str], path: Path, *, submitter: str) -> 
         "network": {"bandwidth_gbps": 10, "listen_host": services["RLCTL_TEST_NETSITE_GATEWAY"]},
         "setup": setup,
     }
+    if submitter == "sbatch-ssh":  # the submit host is this machine: its python3 is not this virtualenv's
+        site["python"] = sys.executable
     path.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"train": site}}))
     return path
 

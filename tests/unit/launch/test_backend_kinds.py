@@ -14,7 +14,7 @@ import pytest
 
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
-from rlctl.launch.backends import kind_of, make_backend
+from rlctl.launch.backends import kind_of, make_backend, python_for
 from rlctl.launch.base import AgentSpec, GpuSlice, Resources
 from rlctl.launch.local import LocalBackend
 from rlctl.launch.remote import LocalRunner, SshRunner
@@ -90,6 +90,15 @@ def test_flags_gpu_binding_ranks_interpreter() -> None:
     assert [k.on_this_machine for k in (LocalBackend, SshBackend, SlurmBackend)] == [True, False, False]
     assert (LocalBackend.default_python, SlurmBackend.default_python) == (sys.executable, sys.executable)
     assert SshBackend.default_python == "python3"  # never this machine's interpreter path on another host
+
+
+def test_a_site_without_python_runs_this_interpreter_only_where_it_shares_this_filesystem() -> None:
+    """A SLURM site submitted through its submit host ran this machine's interpreter path on the cluster's nodes."""
+    assert [python_for(s) for s in (LOCAL, SLURM)] == [sys.executable, sys.executable]
+    assert [python_for(s) for s in (SLURM_SUBMIT, SSH)] == ["python3", "python3"]
+    assert (
+        python_for(SLURM_SUBMIT.model_copy(update={"python": "/shared/venv/bin/python"})) == "/shared/venv/bin/python"
+    )
 
 
 def test_probe_commands_run_where_agents_run() -> None:
