@@ -85,6 +85,19 @@ def _work_root(v: str | None) -> str | None:
 WorkRoot = Annotated[str | None, AfterValidator(_work_root)]
 
 
+def _this_machine_path(v: str | None) -> str | None:
+    """A file rlctl reads here (an SSH key, a known-hosts file): absolute or under `~`. A relative one was read from
+    the directory rlctl ran in, not the inventory's: found from one directory, 'No such file' from another."""
+    if v is not None and not v.startswith(("/", "~")):
+        raise ValueError(
+            f"{v!r}: give an absolute path or one under ~ (a relative path was read from the directory rlctl runs in)"
+        )
+    return v
+
+
+HerePath = Annotated[str | None, AfterValidator(_this_machine_path)]
+
+
 class LocalScheduler(Strict):
     kind: Literal["local"]
     workdir: WorkRoot = Field(None, min_length=1, description=WORKDIR_HELP)
@@ -104,8 +117,8 @@ class SlurmScheduler(Strict):
     submit_host: str | None = Field(None, description="login node reached over SSH; None = run sbatch here")
     ssh_user: str | None = None
     ssh_port: PositiveInt = 22
-    ssh_key_file: str | None = None
-    ssh_known_hosts: str | None = Field(None, description="known_hosts file for the submit host (default ~/.ssh)")
+    ssh_key_file: HerePath = None
+    ssh_known_hosts: HerePath = Field(None, description="known_hosts file for the submit host (default ~/.ssh)")
     slurm_conf: str | None = Field(None, description="SLURM_CONF for the client tools, if not the default")
     workdir: WorkRoot = Field(None, min_length=1, description=WORKDIR_HELP)
     time_limit_min: Annotated[int, Field(gt=0, le=MAX_TIME_LIMIT_MIN)] = Field(
@@ -139,9 +152,9 @@ class SshScheduler(Strict):
     kind: Literal["ssh"]
     user: str | None = None
     port: Annotated[int, Field(ge=1, le=65535)] = 22
-    key_file: str | None = None
+    key_file: HerePath = None
     proxy_jump: str | None = None
-    known_hosts: str | None = Field(None, description="known_hosts file trusted for these hosts (default ~/.ssh)")
+    known_hosts: HerePath = Field(None, description="known_hosts file trusted for these hosts (default ~/.ssh)")
     workdir: Annotated[str, AfterValidator(_work_root)] = Field("~/.rlctl", min_length=1, description=WORKDIR_HELP)
     shared_workdir: bool = Field(
         False,

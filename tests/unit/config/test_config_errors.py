@@ -154,6 +154,11 @@ CASES = [
         site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, time_limit_min: 2880000}"),
         "sites.h20.scheduler.time_limit_min: Input should be less than or equal to 527040",
     ),
+    Case(  # accepted, and read from the directory rlctl ran in: 'No such file' from any other
+        "relative key file",
+        site_with("user: rl}", "user: rl, key_file: keys/id_rl}"),
+        "sites.h20.scheduler.key_file: 'keys/id_rl': give an absolute path or one under ~",
+    ),
     Case("ssh port out of range", site_with("user: rl}", "user: rl, port: 70000}"), "sites.h20.scheduler.port"),
     Case(  # accepted as one core per slot: SLURM was asked for 8 cores a node of 2 lacks
         "fewer cores than GPUs",
