@@ -112,8 +112,8 @@ MAX_TIME_LIMIT_MIN = 366 * 24 * 60  # past any partition's MaxTime: more is a ty
 class SlurmScheduler(Strict):
     kind: Literal["slurm"]
     partition: str = Field(min_length=1)
-    account: str | None = None
-    qos: str | None = None
+    account: str | None = Field(None, min_length=1)  # '' left --account out: the user's default account was charged
+    qos: str | None = Field(None, min_length=1)
     submit_host: str | None = Field(None, description="login node reached over SSH; None = run sbatch here")
     ssh_user: str | None = None
     ssh_port: PositiveInt = 22

@@ -159,6 +159,11 @@ CASES = [
         site_with("user: rl}", "user: rl, key_file: keys/id_rl}"),
         "sites.h20.scheduler.key_file: 'keys/id_rl': give an absolute path or one under ~",
     ),
+    Case(  # accepted, and every sbatch left --account out
+        "empty slurm account",
+        site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, account: ''}"),
+        "sites.h20.scheduler.account: String should have at least 1 character",
+    ),
     Case("ssh port out of range", site_with("user: rl}", "user: rl, port: 70000}"), "sites.h20.scheduler.port"),
     Case(  # accepted as one core per slot: SLURM was asked for 8 cores a node of 2 lacks
         "fewer cores than GPUs",
