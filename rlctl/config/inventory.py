@@ -192,7 +192,17 @@ register_tags("scheduler", Scheduler)
 
 
 class CustomGpu(Strict):
-    name: str
+    name: str = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _own_name(cls, v: str) -> str:
+        if v in CATALOG:  # 'CPU' made a GPU site's agents compute on the CPU, and asked SLURM for no GPU
+            raise ValueError(
+                f"{v!r} is a catalog GPU: write gpu: {v} for the catalog's figures, or give custom ones another name"
+            )
+        return v
+
     bf16_tflops: PositiveFloat
     hbm_gb: PositiveFloat
     hbm_tb_per_s: PositiveFloat

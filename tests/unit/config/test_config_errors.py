@@ -183,6 +183,11 @@ CASES = [
         ),
         "exactly one of 'gpu'",
     ),
+    Case(  # accepted: a custom GPU named CPU made the site's agents compute on the CPU
+        "custom gpu named as a catalog one",
+        site_with("    gpu: H20\n", "    gpu_spec: {name: CPU, bf16_tflops: 1, hbm_gb: 1, hbm_tb_per_s: 1}\n"),
+        "sites.h20.gpu_spec.name: 'CPU' is a catalog GPU: write gpu: CPU",
+    ),
     Case("bad site name", GOOD_INV.replace("  h20:", "  H20 Site:"), "sites.H20 Site: invalid name"),
     Case(
         "negative bandwidth",
