@@ -765,7 +765,7 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
     data = read_yaml(path)
     check_header(path, data, "Job")
     spec = validate(path, data, JobFile)
-    inv_paths = [Path(os.path.normpath(path.parent / p)) for p in spec.inventory]
+    inv_paths = [Path(os.path.normpath(path.parent / os.path.expanduser(p))) for p in spec.inventory]  # as model.path
     for i, p in enumerate(inv_paths):
         try:
             p.stat()

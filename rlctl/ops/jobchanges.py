@@ -68,7 +68,7 @@ def site_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
     files = job.get("inventory") if isinstance(job, dict) else None
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         return []
-    paths = [Path(os.path.normpath(source.parent / f)) for f in files]
+    paths = [Path(os.path.normpath(source.parent / os.path.expanduser(f))) for f in files]
     try:
         now = load_inventory(paths).sites
         launched = read_sites(jobdir.path)

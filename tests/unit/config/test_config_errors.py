@@ -859,3 +859,17 @@ def test_job_dir_is_relative_to_the_job_file_as_its_other_paths_are(
         assert load_job(Path("jobs/job.yaml" if cwd == tmp_path else "job.yaml")).spec.job_dir == str(
             tmp_path / "runs" / "j1"
         )
+
+
+def test_an_inventory_path_under_home_is_read_there_as_model_path_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`inventory: [~/clusters/inv.yaml]` was 'no such file' (the job file's directory joined with a literal ~)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "clusters").mkdir()
+    (tmp_path / "clusters" / "inv.yaml").write_text(GOOD_INV)
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "job.yaml").write_text(
+        JOB.replace("inventory: [inv.yaml]", "inventory: [~/clusters/inv.yaml]")
+    )
+    assert list(load_job(tmp_path / "jobs" / "job.yaml").inventory.sites) == ["h20"]
