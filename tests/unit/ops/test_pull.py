@@ -79,7 +79,7 @@ def test_pull_copies_the_newest_complete_checkpoint_and_checks_every_file(tmp_pa
     assert not (tmp_path / "damaged").exists() and not list(tmp_path.glob(".damaged.pull-*"))  # nothing of it here
     with pytest.raises(UsageError, match=r"^--checkpoint 5: no such checkpoint; this job has v1, v2$"):
         pull(jd.path, checkpoint="5")
-    with pytest.raises(UsageError, match=r"--checkpoint 'newest': 'latest' or a version, e\.g\. (\d+) or v\1$"):
+    with pytest.raises(UsageError, match=r"--checkpoint 'newest': 'latest', 'best' or a version, e\.g\. (\d+) or v\1$"):
         pull(jd.path, checkpoint="newest")
     (jd.checkpoints / "latest.json").unlink()
     with pytest.raises(UsageError, match=r"no checkpoint is complete yet"):
