@@ -174,15 +174,14 @@ class Spawner:
     def exited(self, names: Iterable[str]) -> list[str]:
         """Of `names`, the agents of this run (recorded since its controller's record: an earlier run's agent of the
         same name is not one) that have exited, as their sites say; one not recorded yet, or whose site cannot tell,
-        is not."""
+        is not. A record with no controller's is a controller site's other than the operator's: its launcher emptied
+        it for this run and mirrors the other agents into it, so each of its records is this run's."""
         p = self.jobdir.path / AGENTS_FILE
         text = p.read_text() if p.exists() else ""
-        wanted = set(names) & (run_names(text) or set())
-        return [
-            h.spec.name
-            for h in agents_from_lines(text, source=p, skipped=[])
-            if h.spec.name in wanted and self._exited(h)
-        ]
+        run = run_names(text)
+        recorded = agents_from_lines(text, source=p, skipped=[])
+        wanted = set(names) & (run if run is not None else {h.spec.name for h in recorded})
+        return [h.spec.name for h in recorded if h.spec.name in wanted and self._exited(h)]
 
     def _exited(self, h: AgentHandle) -> bool:
         try:

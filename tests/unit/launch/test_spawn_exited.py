@@ -53,3 +53,23 @@ def test_only_this_runs_agents_that_exited_are_said_exited(tmp_path: Path) -> No
     finally:
         running.kill()
         running.wait(timeout=10)
+
+
+def test_a_controller_site_record_without_the_controller_is_this_runs(tmp_path: Path) -> None:
+    """A controller on another site: its agents.jsonl, emptied by the launcher for the run, holds the agents it mirrors
+    there and those the controller started, never the controller's own record; a unit of it that exited is said."""
+    jd = JobDir.create("j", explicit=tmp_path / "j")
+    write_sites(jd.path, {"s": Site.model_validate(SITE)})
+    running, alive = _process(killed=False)
+    try:
+        _, dead = _process(killed=True)
+        _record(jd, "rollout", 0, alive)
+        _record(jd, "rollout", 1, dead)
+        sp = Spawner(jd, {"s": Site.model_validate(SITE)}, job="j")
+        try:
+            assert sp.exited(["rollout-0", "rollout-1", "rollout-7"]) == ["rollout-1"]
+        finally:
+            sp.close()
+    finally:
+        running.kill()
+        running.wait(timeout=10)
