@@ -211,7 +211,8 @@ class Scaler:
         def run() -> None:
             try:
                 gone = spawner.exited(names)
-            except (RlctlError, OSError) as e:  # (a damaged agents.jsonl): asked again later
+            except Exception as e:  # noqa: BLE001 - asked again later: the inbox's answer resets `_asking` (a
+                # thread that ended unanswered, on a damaged agents.jsonl or a site's odd answer, left it set for good)
                 log.warning("controller: cannot tell whether %s still run: %s", ", ".join(names), e)
                 gone = []
             self.post(("not_joining", "", gone))

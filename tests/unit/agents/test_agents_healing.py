@@ -371,3 +371,22 @@ def test_a_unit_asked_for_that_exited_before_joining_is_a_failed_start_and_one_s
         "rollout-2": "exited before it joined (its log says why)"
     }
     assert scaler.replacing == {}  # the operator asked for it: told, not restarted
+
+
+def test_a_failed_look_at_the_sites_is_answered_and_asked_again(tmp_path) -> None:
+    """The sites' answer is what lets the loop ask again: a look that failed in a way no one foresaw (an agents.jsonl
+    with bytes that are not UTF-8) is answered with none gone, and the next look comes UNJOINED_CHECK_S later, versus
+    a thread that ended unanswered and no unit asked about again for the rest of the run."""
+    scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
+    joined = ControllerCore(core.cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1], 1)])
+    joined.join("rollout-0", role="rollout", version=0)
+    scaler.core = joined
+
+    def damaged(names: list[str]) -> list[str]:
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+    spawner.exited = damaged  # type: ignore[method-assign]
+    assert _asked(scaler, posted, 61.0) == []
+    spawner.exited = FakeSpawner.exited.__get__(spawner)  # type: ignore[method-assign]
+    spawner.gone = ("rollout-1",)
+    assert _asked(scaler, posted, 122.0) == ["rollout-1"]
