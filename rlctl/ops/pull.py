@@ -118,7 +118,10 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
     spec = JobDir(job_dir).read_job()
     versions = checkpoint_versions(spec, earlier=earlier_iterations(JobDir(job_dir)))
     number = None if checkpoint == "latest" else named_version(checkpoint)
-    if checkpoint == "best":  # the highest held-out greedy reward of those the run evaluated
+    if checkpoint == "best":  # the highest held-out greedy reward of those the run evaluated: its evaluations and
+        # events as the controller's site has them (a launcher gone before the run ended fetched none), as `status
+        # --checkpoints` lists them
+        fetch_trackers(job_dir)
         number, figures = best_checkpoint(JobDir(job_dir))
         log.info("--checkpoint best: v%d (held-out greedy reward %.4f)", number, figures["greedy_reward"])
     if checkpoint == "latest":

@@ -350,3 +350,22 @@ def test_pull_best_takes_the_checkpoint_with_the_highest_held_out_reward(tmp_pat
     assert got.version == 1 and same(TinyGPT.from_pretrained(got.to), models[1])
     r = run_cli("pull", str(jd.path), "--checkpoint", "bets")
     assert r.exit_code == 2 and "'latest', 'best' or a version" in r.stderr, r.stderr
+
+
+def test_pull_best_reads_the_evaluations_of_a_controller_on_another_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A controller whose job dir is elsewhere, its launcher gone before the run ended: its checkpoints and held-out
+    figures are in its record there, fetched before the best is chosen (as `status --checkpoints` lists them),
+    versus 'no complete checkpoint ... has held-out figures' of the stale record here."""
+    jd, models = job_dir(tmp_path)
+    far = JobDir(tmp_path / "far")
+    far.path.mkdir()
+    for v in (1, 2):
+        far.event("checkpoint", version=v)
+    for v, reward in ((1, 0.6), (2, 0.4)):
+        far.append(far.evaluations, {"version": v, "greedy_reward": reward, "prompts": 8})
+    site = Site.model_validate(SITE)
+    monkeypatch.setattr(pull_mod, "record_view", lambda job_dir: (site, "localhost", str(far.path)))
+    got = pull(jd.path, checkpoint="best")
+    assert got.version == 1 and same(TinyGPT.from_pretrained(got.to), models[1])
