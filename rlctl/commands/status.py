@@ -380,6 +380,12 @@ def register(app: typer.Typer) -> None:
             from rlctl.ops.operate import fetch_job_record
 
             require_job_dir(ref)
+            if not ref.jobdir.job_json.exists():  # still prepared by its launcher, or never: said so (exit 2), versus
+                # 'cannot read the resolved job' (exit 1) of the job.json the table reads
+                from rlctl.ops.run import refuse_if_unprepared
+
+                source = ref.row.info.get("source") if ref.row is not None else None
+                refuse_if_unprepared(ref.jobdir, source=source, nothing="no checkpoints to list")
             fetch_job_record(ref)  # a controller on another site: its events and metrics, brought here
             name = ref.id if ref.row is not None else str(ref.jobdir.path)
             data = {"id": ref.id, "job_dir": str(ref.jobdir.path), **checkpoint_table(ref.jobdir)}

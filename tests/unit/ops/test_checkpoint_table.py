@@ -3,6 +3,7 @@ iterations that made it and its held-out figures (rlctl.ops.checkpoints)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from rlctl.config import load_job
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.checkpoints import checkpoint_table
+from rlctl.ops.jobdb import JobDB
 from tests.conftest import ROOT, run_cli
 
 
@@ -106,3 +108,16 @@ def test_status_checkpoints_refuses_all_and_watch(
     r = run_cli("status", "--checkpoints", extra)
     assert r.exit_code == 2
     assert f"--checkpoints lists one job's checkpoints once: it takes no {says}" in r.stderr
+
+
+def test_status_checkpoints_of_a_job_never_prepared_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job in the index whose launch ended before it wrote job.json (or still prepares it): one usage line naming
+    that, exit 2, versus 'cannot read the resolved job: [Errno 2] …', exit 1."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("ck", explicit=tmp_path / "ck")
+    with contextlib.closing(JobDB()) as db:
+        db.put(jd.id, job_dir=str(jd.path), spec={}, info={"source": "jobs/demo.yaml"})
+        db.update(jd.id, state="failed")
+    r = run_cli("status", jd.id, "--checkpoints")
+    assert r.exit_code == 2, r.stderr
+    assert "was never prepared" in r.stderr and "no checkpoints to list" in r.stderr, r.stderr
