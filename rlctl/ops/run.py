@@ -346,8 +346,10 @@ class JobRun:
         LocalFiles().move(str(self.jobdir.path / aside), str(self.jobdir.summary_json))
         if self.db is not None and row is not None:
             self.db.put_back(row, only_from=("launching",))
-        elif self.db is not None:  # a job the index did not hold (a copied job dir, an index lost): out of it again
-            self.db.remove(self.id, only_from=("launching",))
+        elif self.db is not None and self.db.remove(self.id, only_from=("launching",)):
+            # a job the index did not hold (a copied job dir, an index lost): out of it again, and this run with it
+            # (`resume_command` names its directory: the id names no job now)
+            self.db = None
 
     def _register(self, state: str, **info: Any) -> None:
         if self.db is None:

@@ -32,6 +32,7 @@ from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.ops.autoresume import Runs
+from rlctl.ops.jobdb import JobDB
 from rlctl.ops.run import JobRun, pick_checkpoint
 
 
@@ -500,3 +501,25 @@ def test_a_refused_roll_back_of_a_job_dir_the_index_lacks_leaves_it_out_of_the_i
     db.close()
     assert rows == []
     assert json.loads(jd.summary_json.read_text())["state"] == "done"
+
+
+def test_a_resume_of_a_job_the_index_lacks_interrupted_before_it_started_names_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while a resume of a job the index did not hold stages it: its `launching` row is taken out again, so
+    the command to continue it names its directory, versus its id, which no job of the index has now."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    db = JobDB()
+    run, sites = job_run(tmp_path, db=db)
+
+    def interrupted(self: JobRun, aside: str, *, resume: bool, checkpoint: int | None) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(JobRun, "_prepare", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run.start(resume=True)
+    assert run.unstarted and [r.name for r in db.list()] == []
+    assert run.resume_command() == f"rlctl launch --resume {sites.c.path}"
+    run.stop()  # (the launcher's `finally`): nothing of the index to change
+    assert [r.name for r in db.list()] == []
+    db.close()
