@@ -223,8 +223,14 @@ class Scaler:
         """Units whose sites said they exited before they joined: they hold no slot; the plan's is replaced (as a
         unit lost), one asked for (`rlctl scale`, the rebalance rule, a resume) is a failed start."""
         self._asking = False
+        planned = set(self._planned_unjoined())
         for name in gone:
-            if name in self.core.units or name in self.never_joined:  # it joined meanwhile: its loss is core's
+            # one that joined meanwhile (its loss is core's), or whose start failed meanwhile (`spawned` said so)
+            if (
+                name in self.core.units
+                or name in self.never_joined
+                or not (name in planned or name in self.spawn_requested)
+            ):
                 continue
             self.never_joined.add(name)
             site = self.placement.sites.get(name)

@@ -390,3 +390,12 @@ def test_a_failed_look_at_the_sites_is_answered_and_asked_again(tmp_path) -> Non
     spawner.exited = FakeSpawner.exited.__get__(spawner)  # type: ignore[method-assign]
     spawner.gone = ("rollout-1",)
     assert _asked(scaler, posted, 122.0) == ["rollout-1"]
+
+
+def test_a_unit_whose_start_failed_while_its_site_was_asked_is_not_replaced(tmp_path) -> None:
+    """The sites were asked about rollout-2 (asked for by a scale); its start then failed (`spawned` said so and it
+    left `spawn_requested`); the answer 'exited' came after: it was replaced as though it were the plan's."""
+    scaler, _, jd, _, _ = setup(tmp_path, fail=0)
+    scaler.not_joining(["rollout-2"], now=scaler.t0 + 61.0)  # neither the plan's nor asked for (any more)
+    assert scaler.replacing == {} and "rollout-2" not in scaler.never_joined
+    assert not [e for e in jd.read_events() if e["event"] == "unit_exited_before_joining"]
