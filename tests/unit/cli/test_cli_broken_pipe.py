@@ -68,6 +68,16 @@ def test_only_a_broken_stdout_is_a_reader_gone(monkeypatch) -> None:
             os.close(read)
 
 
+def said_full_disk(cmd: list[str], env: dict[str, str]) -> None:
+    """`cmd > /dev/full`: one line, exit 1."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=full, stderr=subprocess.PIPE)
+    assert (proc.returncode, proc.stderr) == (
+        1,
+        b"rlctl: error: cannot write the output to stdout: No space left on device\n",
+    )
+
+
 @pytest.mark.parametrize(
     "args",
     [["version"], ["--version"], ["profile", "-c", "clusters/local.yaml", "-m", "tiny-demo"], ["completion", "bash"]],
@@ -78,12 +88,7 @@ def test_a_stdout_that_cannot_be_written_or_is_closed_is_one_line_exit_1(args: l
     YAML and a completion script too; `rlctl --version` (a print of its own) in that traceback, or exit 0 unsaid."""
     env = {**os.environ, "RLCTL_HOME": str(tmp_path / "home")}
     cmd = [sys.executable, "-m", "rlctl", *args]
-    with open("/dev/full", "w") as full:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=full, stderr=subprocess.PIPE)
-    assert (proc.returncode, proc.stderr) == (
-        1,
-        b"rlctl: error: cannot write the output to stdout: No space left on device\n",
-    )
+    said_full_disk(cmd, env)
     proc = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *cmd], cwd=ROOT, env=env, stderr=subprocess.PIPE)
     assert proc.returncode == 1
     assert (
@@ -121,12 +126,7 @@ def test_help_into_a_full_disk_or_a_closed_pipe_ends_as_other_output_does(args: 
     exited 1), versus one line, exit 1, and a quiet 141 as for any other output (`rlctl` alone prints its help too)."""
     env = {**os.environ, "RLCTL_HOME": str(tmp_path / "home")}
     cmd = [sys.executable, "-m", "rlctl", *args]
-    with open("/dev/full", "w") as full:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=full, stderr=subprocess.PIPE)
-    assert (proc.returncode, proc.stderr) == (
-        1,
-        b"rlctl: error: cannot write the output to stdout: No space left on device\n",
-    )
+    said_full_disk(cmd, env)
     read, write = os.pipe()
     os.close(read)  # the reader is gone before rlctl writes
     try:

@@ -397,21 +397,27 @@ def test_a_roll_back_takes_the_checkpoint_named_or_says_why_not(tmp_path: Path) 
         pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], only=9)
 
 
-def test_a_refused_roll_back_leaves_the_jobs_index_row_as_it_was(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # its state was put back, but its run's `launching` row had replaced the rest: the job file it was launched from
-    # (`source`), its controller's exit (-9: status then said 'status unknown'), its launcher, when it was launched
-    from rlctl.launch.backends import write_sites
-    from rlctl.ops.jobdb import JobDB
-    from tests.conftest import run_cli
-
-    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+def prepared(tmp_path: Path) -> JobDir:
+    """A job dir its launch prepared, for a resume: its job.json, plan.json (controller site c, trainer site t, both
+    local) and sites.json."""
     jd = JobDir.create("resume", explicit=tmp_path / "job")
     jd.write_job(spec(), source="test")
     jd.write_json(jd.plan_json, {"trainer": {"site": "t", "ranks": 1}, "rollout": [{"site": "c", "units": 1}],
                                  "controller_site": "c"})  # fmt: skip
     write_sites(jd.path, {"c": local_site(), "t": local_site()})
+    return jd
+
+
+def test_a_refused_roll_back_leaves_the_jobs_index_row_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its state was put back, but its run's `launching` row had replaced the rest: the job file it was launched from
+    # (`source`), its controller's exit (-9: status then said 'status unknown'), its launcher, when it was launched
+    from rlctl.ops.jobdb import JobDB
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = prepared(tmp_path)
     files_part(jd.checkpoint(3), "controller", "{}", meta={"trainer_digest": "0" * 64})  # its trainer part lost
     jd.event("checkpoint", version=3)
     info = {"source": "jobs/resume.yaml", "controller_exit": -9, "launcher": {"pid": 1, "host": "elsewhere"}}
@@ -441,17 +447,12 @@ def test_a_resume_whose_staging_fails_leaves_the_job_as_it_was(
     # a plain resume (or one with --iterations) whose site could not be reached: its summary stayed set aside as
     # summary.1.json, its index row said `stopped` where it said `failed`, and the count --iterations wrote stayed
     from rlctl.errors import LaunchError
-    from rlctl.launch.backends import write_sites
     from rlctl.ops import run
     from rlctl.ops.jobdb import JobDB
     from tests.conftest import run_cli
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    jd = JobDir.create("resume", explicit=tmp_path / "job")
-    jd.write_job(spec(), source="test")
-    jd.write_json(jd.plan_json, {"trainer": {"site": "t", "ranks": 1}, "rollout": [{"site": "c", "units": 1}],
-                                 "controller_site": "c"})  # fmt: skip
-    write_sites(jd.path, {"c": local_site(), "t": local_site()})
+    jd = prepared(tmp_path)
     jd.event("checkpoint", version=3)
     summary = '{"state": "failed: trainer trainer-0 was lost", "iterations": 4}'
     jd.summary_json.write_text(summary)
@@ -481,16 +482,11 @@ def test_a_refused_roll_back_of_a_job_dir_the_index_lacks_leaves_it_out_of_the_i
 ) -> None:
     # (a copied job dir, an index lost) its run's `launching` row stayed, and was then set `stopped`: `rlctl status`
     # said 'job index: stopped' of a job whose summary says done
-    from rlctl.launch.backends import write_sites
     from rlctl.ops.jobdb import JobDB
     from tests.conftest import run_cli
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    jd = JobDir.create("resume", explicit=tmp_path / "job")
-    jd.write_job(spec(), source="test")
-    jd.write_json(jd.plan_json, {"trainer": {"site": "t", "ranks": 1}, "rollout": [{"site": "c", "units": 1}],
-                                 "controller_site": "c"})  # fmt: skip
-    write_sites(jd.path, {"c": local_site(), "t": local_site()})
+    jd = prepared(tmp_path)
     jd.write_json(jd.summary_json, {"state": "done", "iterations": 9, "iterations_planned": 9})
     jd.event("checkpoint", version=3)  # its parts not here
     r = run_cli("launch", "--resume", str(jd.path), "--checkpoint", "3")
