@@ -90,6 +90,9 @@ TRAINER_POLL_S = 5.0  # how often `wait` asks the trainer ranks' sites whether a
 RANK_SWEEP_S = 30.0
 UNREACHABLE_POLL_S = 5.0  # how often `wait` tries a site it cannot reach (its agents run on without the launcher)
 UNREACHABLE_SAY_S = 300.0  # … and how often it says so again
+# at a run's end its agents on this machine, told to stop by the controller that ended, get this long to leave by
+# themselves before `stop` sends TERM (they take about a second; TERMed first, a done job's status said `-15`)
+AGENTS_SETTLE_S = 3.0
 PORT_FLOOR = 20000  # MASTER_PORT is picked in [PORT_FLOOR, the ephemeral range's start)
 EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 DRY_RUN_CONTROLLER = "CONTROLLER_ADDR"  # what `--dry-run` shows for the address the controller gets at launch
@@ -795,6 +798,18 @@ class JobRun:
         while self._watch(self.controller) is None and time.monotonic() < deadline:
             time.sleep(0.2)
 
+    def _settle(self, handles: list[AgentHandle]) -> None:
+        """Up to AGENTS_SETTLE_S for the agents on this machine to leave by themselves (the controller that ended
+        told them to stop), before `stop` sends TERM. Remote ones are not waited for: each look is an SSH call, and
+        only a local agent's exit code is this launcher's to record."""
+        left = [h for h in handles if self.backends.for_site(h.spec.site).on_this_machine]
+        deadline = time.monotonic() + AGENTS_SETTLE_S
+        while left and time.monotonic() < deadline:
+            with contextlib.suppress(LaunchError):
+                left = [h for h in left if self.poll(h) is None]
+            if left:
+                time.sleep(0.05)
+
     def _controller_runs(self) -> bool:
         """Whether this run's controller may still run (its site not answering: it may)."""
         if self.controller is None:
@@ -867,6 +882,8 @@ class JobRun:
         skipped: list[str] = []  # (read strictly, a damaged line stopped none: Ctrl-C left the whole job running)
         handles = all_recorded_agents(self.jobdir.path, skipped=skipped)
         ending = self._controller_runs()
+        if self.controller is not None and not ending:
+            self._settle(handles)
         if ending:  # its SIGTERM is this stop's: the run ends `stopped`, not failed (`ControllerAgent._stop_meant`)
             row = self.jobdir.event(LAUNCHER_STOP)
             if self._record is not None:  # where the controller reads its events

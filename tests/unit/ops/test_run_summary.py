@@ -222,3 +222,35 @@ def test_the_agents_of_a_local_job_its_launcher_stopped_show_the_exits_it_saw(
     assert [e["exits"] for e in jd.read_events() if e["event"] == "agents_stopped"] == [
         {"trainer-0": 3, "rollout-0": -15}
     ]
+
+
+def test_a_runs_local_agents_leaving_after_its_controller_are_not_terminated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make demo`: the controller told its agents to stop and exited, and the launcher's stop sent them TERM while
+    they were leaving (0.3 s after the job's end): status of the done job said `exited -15 (SIGTERM)`. They get
+    AGENTS_SETTLE_S to leave by themselves."""
+    import sys
+    import time
+
+    from rlctl.launch.backends import record_agent, write_sites
+    from rlctl.launch.base import AgentSpec
+
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    local = Site.model_validate(
+        {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 2}]}
+    )
+    write_sites(jd.path, {"train": local})
+    run = JobRun(jd, load_job(ROOT / "jobs" / "demo.yaml").spec, {"controller_site": "train"}, db=None)
+    backend = run.backends.for_site("train")
+    run.controller = backend.start(AgentSpec("controller", 0, "train", [sys.executable, "-c", "pass"]))
+    leaving = backend.start(AgentSpec("trainer", 0, "train", [sys.executable, "-c", "import time; time.sleep(0.5)"]))
+    for h in (run.controller, leaving):
+        record_agent(jd.path, h)
+        run.handles.append(h)
+    while backend.poll(run.controller) is None:
+        time.sleep(0.01)
+    run.stop(grace_s=5)
+    assert [e["exits"] for e in jd.read_events() if e["event"] == "agents_stopped"] == [
+        {"controller-0": 0, "trainer-0": 0}
+    ]
