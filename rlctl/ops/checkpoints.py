@@ -11,13 +11,12 @@ metrics' rows v_prev … v − 1), where v_prev is the checkpoint written before
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops.extend import completed_checkpoints
+from rlctl.ops.extend import completed_checkpoints, last_summary
 
 FIGURES = ("greedy_exact", "greedy_reward", "prompts")
 
@@ -48,7 +47,7 @@ def checkpoint_table(jobdir: JobDir) -> dict[str, Any]:
     for r in jobdir.read_lines(jobdir.evaluations):
         if isinstance(r.get("version"), int):
             evaluated[r["version"]] = {k: r[k] for k in FIGURES if _number(r.get(k)) is not None}
-    summary = _summary(jobdir)
+    summary = last_summary(jobdir)
     end: dict[str, Any] = summary["heldout"] if isinstance(summary.get("heldout"), dict) else {}
     if (
         "greedy_reward_last" in end
@@ -81,15 +80,6 @@ def _after(heldout: dict[str, Any], which: str) -> dict[str, Any]:
     """One policy's figures of the evaluation after the job (`summary.json` `heldout`: `greedy_reward_first`, …)."""
     out = {k: heldout[f"{k}_{which}"] for k in FIGURES[:2] if _number(heldout.get(f"{k}_{which}")) is not None}
     return out | ({"prompts": heldout["prompts"]} if _number(heldout.get("prompts")) is not None else {})
-
-
-def _summary(jobdir: JobDir) -> dict[str, Any]:
-    """The job's latest summary.json, {} where it has none (a running job) or one that does not read."""
-    try:
-        data = json.loads(jobdir.summary_json.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def best_checkpoint(jobdir: JobDir) -> tuple[int, dict[str, Any]]:

@@ -30,7 +30,6 @@ back to V, as a resume past a damaged checkpoint does. With both, N counts from 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shlex
 from typing import Any
@@ -43,16 +42,22 @@ from rlctl.launch.jobdir import JobDir, job_digests
 EARLIER = "iterations_before"  # job.json: the job's iteration counts before each `--iterations` of a resume
 
 
+def last_summary(jobdir: JobDir) -> dict[str, Any]:
+    """The job's latest summary.json, {} where it has none (a running job) or one that does not read as an object."""
+    try:
+        data = json.loads(jobdir.summary_json.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def trained_iterations(jobdir: JobDir) -> int:
     """How many iterations the job trained, as its metrics say, or its last run's summary where that says more (the
     metrics of a controller on another site not fetched here); 0 before its first."""
     rows = jobdir.read_lines(jobdir.metrics)
     done = [r["iteration"] + 1 for r in rows if isinstance(r.get("iteration"), int)]
-    try:
-        summary = json.loads(jobdir.summary_json.read_text())
-    except (OSError, ValueError):
-        summary = None
-    if isinstance(summary, dict) and isinstance(summary.get("iterations"), int):
+    summary = last_summary(jobdir)
+    if isinstance(summary.get("iterations"), int):
         done.append(summary["iterations"])
     return max(done, default=0)
 
@@ -179,8 +184,7 @@ def hand_edited_from(jobdir: JobDir, data: dict[str, Any]) -> int | None:
     if sealed is None or sealed == job_digests({"iterations": job["iterations"]})["iterations"]:
         return None
     named = [e.get("version") for e in jobdir.read_events() if e.get("event") == "checkpoint"]
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        named.append(json.loads(jobdir.summary_json.read_text()).get("iterations_planned"))
+    named.append(last_summary(jobdir).get("iterations_planned"))
     source = data.get("source_file")
     mapping = source.get("job") if isinstance(source, dict) else None
     named.append(mapping.get("iterations") if isinstance(mapping, dict) else None)
