@@ -95,8 +95,12 @@ def _hang_rank(rank: int, port: int, state: dict[str, torch.Tensor], who: int, o
     assert store is not None
     learner = rank_learner(state)
     agent = _shell(store, rank)
+    exiting = threading.Lock()  # never released: the first caller's exit ends the process
 
     def ended(code: int) -> None:
+        # rank 0's watchdog and its failed collective may both end it: a second caller's join_thread returned at
+        # once (the queue's joiner runs once) and its exit cut the first one's flush, so nothing came (CI, once)
+        exiting.acquire()
         if rank == 0:
             out.put(agent.sent)
             out.close()
