@@ -96,7 +96,8 @@ def files_to_stage(job_dir: Path) -> list[str]:
     names = [n for n in TOP_FILES if (job_dir / n).is_file()]
     for tree in (*TREES, HELDOUT_DIR):  # … and a dataset task's held-out set, when the job has one
         for dirpath, _, files in sorted(os.walk(job_dir / tree, followlinks=True)):
-            names += sorted(str(Path(dirpath, f).relative_to(job_dir)) for f in files)
+            if "__pycache__" not in Path(dirpath).parts:  # a reward's modules' bytecode, where it was loaded
+                names += sorted(str(Path(dirpath, f).relative_to(job_dir)) for f in files)
     return names
 
 

@@ -5,8 +5,8 @@ model/init/   the starting policy: the built-in demo model after its SFT warm-up
               the job dir is on the same filesystem, else copied
 data/         a dataset task's prompts, tokenized once with the model's tokenizer (rlctl.rl.dataset), so
               every site sees the same token ids
-reward/       a dataset task's reward file (`path/to/file.py:name`), copied; the resolved job names it
-              relative to the job directory, where the trainer loads it
+reward/       a dataset task's reward file (`path/to/file.py:name`), copied with the modules beside it that it
+              imports; the resolved job names it relative to the job directory, where the trainer loads it
 data-heldout/ a dataset task's held-out file (`evaluation.path`), tokenized the same way, rows in file order;
               read where launch evaluates at the end (rlctl.ops.evaluation), not staged
 """
@@ -62,8 +62,7 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
             src = (base / target).resolve()
             if not src.is_file():
                 raise ConfigError(str(job.path), "task.reward", f"no such file {str(src)!r} (relative to the job file)")
-            (jobdir.path / REWARD_DIR).mkdir(exist_ok=True)
-            shutil.copy2(src, jobdir.path / REWARD_DIR / src.name)
+            copy_reward(src, jobdir.path / REWARD_DIR)
         tokenizer = load_tokenizer(jobdir.init_model)
         check()
         data = jobdir.path / DATA_DIR
@@ -76,6 +75,21 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
                 out_dir=jobdir.path / HELDOUT_DIR,
                 check=check,
             )
+
+
+def copy_reward(src: Path, dst: Path) -> None:
+    """The reward file into `dst`, with the modules beside it that it imports (`local_modules`): a package as its
+    directory, less its bytecode caches."""
+    from rlctl.rl.reward import local_modules
+
+    dst.mkdir(exist_ok=True)
+    shutil.copy2(src, dst / src.name)
+    for rel in local_modules(src):
+        if (src.parent / rel).is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(src.parent / rel, dst / rel, ignore=ignore, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src.parent / rel, dst / rel)
 
 
 def _starting_policy(jobdir: JobDir, spec: JobFile, *, check: Callable[[], None] = _go_on) -> None:

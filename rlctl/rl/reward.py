@@ -53,6 +53,7 @@ the controller fails the job with it (a sample waits for a reward that will not 
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import importlib
@@ -119,6 +120,42 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {"digits": digits, "exact_match": exact_m
 # ── loading ───────────────────────────────────────────────────────────────────────────────────────
 
 
+def local_modules(file: Path) -> list[Path]:
+    """The modules beside a reward file that it imports — `import helper`, `from helper import f`, a package
+    `helper/` —, and theirs, transitively (a name the standard library has is its, not a file's): what the launch
+    copies into the job with it, so a reward in several files runs on every site. Relative to the file's directory;
+    a package is its directory. An import inside a function counts; one by a computed name (importlib) does not."""
+    base = file.parent
+    found: dict[str, Path] = {}
+    todo = [file]
+    while todo:
+        for name in _imported(todo.pop()):
+            if name in found or name == file.stem or name in sys.stdlib_module_names:
+                continue
+            if (base / f"{name}.py").is_file():
+                found[name] = Path(f"{name}.py")
+                todo.append(base / found[name])
+            elif (base / name / "__init__.py").is_file():
+                found[name] = Path(name)
+                todo += sorted((base / name).rglob("*.py"))
+    return sorted(found.values())
+
+
+def _imported(file: Path) -> list[str]:
+    """The top-level names of the absolute imports in `file` (none where it cannot be parsed: loading says why)."""
+    try:
+        tree = ast.parse(file.read_bytes(), filename=str(file))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name.partition(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module.partition(".")[0])
+    return names
+
+
 def _from_file(file: Path, shown: str) -> Any:
     if not file.is_file():
         raise ValueError(f"{shown}: no such file (relative paths are relative to the job file)")
@@ -130,14 +167,14 @@ def _from_file(file: Path, shown: str) -> Any:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module  # before exec: dataclasses and pickle look the module up by name
+    beside = str(file.parent.resolve())
+    if beside not in sys.path:  # its own modules (`local_modules`), as `python file.py` finds them
+        sys.path.insert(0, beside)
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # any error in the user's file is reported as one line
         del sys.modules[mod_name]
-        top = (e.name or "").partition(".")[0] if isinstance(e, ModuleNotFoundError) else ""
-        beside = next((p.name for p in (file.parent / f"{top}.py", file.parent / top) if top and p.exists()), None)
-        copied = f" ({beside} beside it is not copied into the job, only {file.name}: fold it in, or install it)"
-        raise ValueError(f"{shown}: cannot import: {type(e).__name__}: {e}{copied if beside else ''}") from e
+        raise ValueError(f"{shown}: cannot import: {type(e).__name__}: {e}") from e
     return module
 
 

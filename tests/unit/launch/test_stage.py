@@ -74,6 +74,15 @@ def test_stages_what_agents_read_verifies_and_records_it(tmp_path: Path) -> None
     assert ensure_staged(src, "far", site, job_id="job-1") == {"localhost": str(root)}
 
 
+def test_a_reward_modules_bytecode_is_not_staged(tmp_path: Path) -> None:
+    src = job_dir(tmp_path)
+    (src / "reward" / "helpers" / "__pycache__").mkdir(parents=True)
+    (src / "reward" / "r.py").write_text("X = 1\n")
+    (src / "reward" / "helpers" / "__init__.py").write_text("")
+    (src / "reward" / "helpers" / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"\x00")
+    assert [n for n in files_to_stage(src) if n.startswith("reward/")] == ["reward/r.py", "reward/helpers/__init__.py"]
+
+
 def test_a_copy_that_differs_names_site_file_and_what(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = job_dir(tmp_path)
     real = LocalFiles.states

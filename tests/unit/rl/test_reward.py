@@ -2,6 +2,8 @@ import contextlib
 import logging
 import math
 import os
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -23,6 +25,7 @@ from rlctl.rl.reward import (
     digits,
     exact_match,
     load_reward,
+    local_modules,
 )
 from rlctl.rl.source import DatasetSource
 from rlctl.rl.tokenizer import load_tokenizer
@@ -216,23 +219,53 @@ def test_load_errors_are_one_line(rewards_dir: Path, monkeypatch: pytest.MonkeyP
     assert "\n" not in str(e.value)
 
 
-def test_a_reward_file_that_imports_a_file_beside_it_says_that_file_is_not_copied(rewards_dir: Path) -> None:
-    # `No module named 'rlctl_helper_zz'` alone, with the helper right there beside the reward file: the launch
-    # copies the reward file only, so the job's controller would not find it either
-    (rewards_dir / "rewards" / "rlctl_helper_zz.py").write_text("def norm(s):\n    return s.split()\n")
-    (rewards_dir / "rewards" / "uses.py").write_text(
-        "from rlctl_helper_zz import norm\n\ndef f(data_source, solution_str, ground_truth):\n    return 1.0\n"
+def _reward_in_three_files(d: Path) -> Path:
+    """uses.py imports a module and a package beside it (one inside a function), the package a third module."""
+    d.mkdir(parents=True)
+    (d / "rlctl_helper_zz.py").write_text("import json\n\ndef norm(s):\n    return s.split()\n")
+    (d / "rlctl_pkg_zz").mkdir()
+    (d / "rlctl_pkg_zz" / "__init__.py").write_text("from rlctl_pkg_zz.inner import SCALE\n")
+    (d / "rlctl_pkg_zz" / "inner.py").write_text("from rlctl_deep_zz import BASE\n\nSCALE = 2 * BASE\n")
+    (d / "rlctl_pkg_zz" / "__pycache__").mkdir()
+    (d / "rlctl_pkg_zz" / "__pycache__" / "inner.cpython-311.pyc").write_bytes(b"stale")
+    (d / "rlctl_deep_zz.py").write_text("BASE = 1.5\n")
+    (d / "unrelated.py").write_text("X = 1\n")
+    (d / "uses.py").write_text(
+        "import os.path\nfrom rlctl_helper_zz import norm\n\n"
+        "def f(data_source, solution_str, ground_truth):\n"
+        "    import rlctl_pkg_zz\n"
+        "    return rlctl_pkg_zz.SCALE * len(norm(solution_str))\n"
     )
-    with pytest.raises(ValueError) as e:
-        load_reward("rewards/uses.py:f", rewards_dir)
-    assert str(e.value) == (
-        "rewards/uses.py: cannot import: ModuleNotFoundError: No module named 'rlctl_helper_zz' (rlctl_helper_zz.py "
-        "beside it is not copied into the job, only uses.py: fold it in, or install it)"
-    )
-    (rewards_dir / "rewards" / "other.py").write_text("import rlctl_nowhere_zz\n")  # nothing beside it: as before
-    with pytest.raises(ValueError) as e:
-        load_reward("rewards/other.py:f", rewards_dir)
-    assert str(e.value) == "rewards/other.py: cannot import: ModuleNotFoundError: No module named 'rlctl_nowhere_zz'"
+    return d / "uses.py"
+
+
+def test_a_reward_file_in_several_files_names_the_modules_beside_it_that_it_imports(tmp_path: Path) -> None:
+    uses = _reward_in_three_files(tmp_path / "rewards")
+    # transitively, a package as its directory; not os (the standard library's), not unrelated.py
+    assert local_modules(uses) == [Path("rlctl_deep_zz.py"), Path("rlctl_helper_zz.py"), Path("rlctl_pkg_zz")]
+    (tmp_path / "rewards" / "broken.py").write_text("def f(:\n")
+    assert local_modules(tmp_path / "rewards" / "broken.py") == []  # loading it says what is wrong
+
+
+def test_a_reward_files_copy_in_the_job_loads_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: only the reward file was copied, so one importing a helper beside it was refused ("fold it in, or
+    install it"). Now its modules come with it, and the copy loads in a fresh process far from the original."""
+    from rlctl.ops.inputs import copy_reward
+
+    uses = _reward_in_three_files(tmp_path / "rewards")
+    job = tmp_path / "job" / "reward"
+    job.parent.mkdir()
+    copy_reward(uses, job)
+    assert sorted(str(p.relative_to(job)) for p in job.rglob("*") if p.is_file()) == [
+        "rlctl_deep_zz.py", "rlctl_helper_zz.py", "rlctl_pkg_zz/__init__.py", "rlctl_pkg_zz/inner.py", "uses.py",
+    ]  # fmt: skip
+    shutil.rmtree(tmp_path / "rewards")  # the job's copy alone, as on a remote site
+    code = "from pathlib import Path; from rlctl.rl.reward import load_reward; print(load_reward(" \
+        "'reward/uses.py:f', Path('.'))('d', 'a b c', ''))"  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=job.parent, capture_output=True, text=True, check=False)
+    assert (out.returncode, out.stdout.strip()) == (0, "9.0"), out.stderr
+    monkeypatch.setattr(sys, "path", list(sys.path))  # loading puts the file's directory first
+    assert load_reward("reward/uses.py:f", job.parent)("d", "a b", "") == 6.0  # in this process too
 
 
 def test_inline_pool_scores_and_counts(rewards_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
