@@ -204,19 +204,28 @@ def host_problems(
 def partition_problems(name: str, site: Site, *, timeout_s: float = 60.0) -> list[str]:
     """A SLURM site's nodes as its inventory lists them, against its partition's (sinfo): hosts the partition does
     not have (GPU slots the plan counts and SLURM never gives), and nodes it has that the inventory does not list
-    (SLURM may place agents there, whose GPUs and memory the plan did not count). One line each; [] on other sites,
-    or when sinfo cannot be asked (the site's reach row says why)."""
+    (SLURM may place agents there, whose GPUs and memory the plan did not count); and a `time_limit_min` past the
+    partition's MaxTime (SLURM holds every agent's job pending, PartitionTimeLimit, or refuses it). One line each;
+    [] on other sites, or when sinfo cannot be asked (the site's reach row says why)."""
     sched = site.scheduler
     if not isinstance(sched, SlurmScheduler):
         return []
     from rlctl.launch.slurm import SlurmBackend
 
     try:
-        have = set(SlurmBackend.partition_nodes(site, timeout_s=timeout_s))
+        nodes, max_s = SlurmBackend.partition(site, timeout_s=timeout_s)
     except LaunchError:
         return []
+    have = set(nodes)
     listed = {h for n in site.nodes for h in n.hosts}
     out = []
+    if max_s is not None and sched.time_limit_min * 60 > max_s:
+        given = "" if "time_limit_min" in sched.model_fields_set else " (the default)"
+        out.append(
+            f"site {name}: time_limit_min {sched.time_limit_min}{given} is past partition {sched.partition}'s MaxTime "
+            f"of {max_s // 60} min (sinfo): SLURM would hold every agent's job pending; set sites.{name}."
+            f"time_limit_min: {max_s // 60} (checkpoint.auto_resume resumes a run that reaches it)"
+        )
     if have and (missing := sorted(listed - have)):
         out.append(
             f"site {name}: the inventory lists {hostlist.collect_hostlist(missing)}, which partition "

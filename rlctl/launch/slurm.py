@@ -282,10 +282,18 @@ class SlurmBackend(LaunchBackend):
         return f"slurm partition {partition}: {states} (nodes state)"
 
     @classmethod
-    def partition_nodes(cls, site: Site, *, timeout_s: float) -> list[str]:
-        """The names of the nodes of the site's partition, from sinfo where jobs are submitted (LaunchError when
-        sinfo fails)."""
-        return sorted({h for word in cls._sinfo(site, "%N", timeout_s=timeout_s).split() for h in _hosts(word)})
+    def partition(cls, site: Site, *, timeout_s: float) -> tuple[list[str], int | None]:
+        """The names of the nodes of the site's partition and its MaxTime in seconds (None: no limit), from sinfo
+        where jobs are submitted (LaunchError when sinfo fails)."""
+        nodes: set[str] = set()
+        limits: set[int | None] = set()
+        for line in cls._sinfo(site, "%l %N", timeout_s=timeout_s).splitlines():
+            limit, _, words = line.strip().partition(" ")
+            if limit:
+                limits.add(_seconds(limit))
+                nodes.update(h for word in words.split() for h in _hosts(word))
+        known = [t for t in limits if t is not None]
+        return sorted(nodes), (min(known) if known and None not in limits else None)
 
     def __init__(
         self,

@@ -110,13 +110,13 @@ def test_a_slurm_sites_nodes_are_its_partitions_as_sinfo_names_them(monkeypatch:
     gpu_site = site(kind="slurm", nodes=[{"host": "g-[01-04]", "gpus": 8}])
     answers: list[object] = []
 
-    def partition_nodes(s: Site, *, timeout_s: float) -> list[str]:
+    def partition(s: Site, *, timeout_s: float) -> tuple[list[str], int | None]:
         answer = answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
-        return list(answer)  # type: ignore[call-overload]
+        return list(answer), None  # type: ignore[call-overload]
 
-    monkeypatch.setattr(SlurmBackend, "partition_nodes", staticmethod(partition_nodes))
+    monkeypatch.setattr(SlurmBackend, "partition", staticmethod(partition))
     answers += [
         ["g-01", "g-02", "g-03", "g-04"],
         ["g-01", "g-02", "g-03", "g-04", "g-05", "g-06"],
@@ -133,6 +133,34 @@ def test_a_slurm_sites_nodes_are_its_partitions_as_sinfo_names_them(monkeypatch:
     assert missing.startswith("site h: the inventory lists g-[03-04], which partition p does not have (sinfo)")
     assert siteprobe.partition_problems("h", gpu_site) == []  # sinfo failed: the reach row says so
     assert siteprobe.partition_problems("h", site()) == [] and answers == []  # not a SLURM site: nothing asked
+
+
+def test_a_time_limit_past_the_partitions_max_time_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: sbatch --time=10080 (the default) on a partition of MaxTime 2 days passed check, and SLURM held
+    every agent's job pending (PartitionTimeLimit) while launch waited."""
+    from rlctl.launch.slurm import SlurmBackend
+
+    said: list[str] = []
+
+    def sinfo(s: Site, fields: str, *, timeout_s: float) -> str:
+        said.append(fields)
+        return said_back.pop(0)
+
+    monkeypatch.setattr(SlurmBackend, "_sinfo", staticmethod(sinfo))
+    said_back = ["2-00:00:00 g-[01-02]\n", "2-00:00:00 g-[01-02]\n", "infinite g-[01-02]\n", "\n"]
+    default = site(kind="slurm", nodes=[{"host": "g-[01-02]", "gpus": 8}])
+    (line,) = siteprobe.partition_problems("h", default)
+    assert line == (
+        "site h: time_limit_min 10080 (the default) is past partition p's MaxTime of 2880 min (sinfo): SLURM would "
+        "hold every agent's job pending; set sites.h.time_limit_min: 2880 (checkpoint.auto_resume resumes a run "
+        "that reaches it)"
+    )
+    assert said == ["%l %N"]
+    sched = {"kind": "slurm", "partition": "p", "time_limit_min": 2880}
+    within = site(kind="slurm", nodes=[{"host": "g-[01-02]", "gpus": 8}], scheduler=sched)
+    assert siteprobe.partition_problems("h", within) == []  # at the limit: allowed
+    assert siteprobe.partition_problems("h", default) == []  # MaxTime=INFINITE
+    assert siteprobe.partition_problems("h", default) == []  # sinfo said nothing: the reach row says so
 
 
 def test_free_disk_below_the_jobs_need_is_named() -> None:
