@@ -586,6 +586,7 @@ def _listen_addresses(job: Job) -> list[Problem]:
             "the others",
             hint=f"set sites.<site>.network.listen_host on {', '.join(sorted(sites))} to an address of its hosts, "
             "or `auto` (the interface that routes toward the controller)",
+            file=_field_file(job, field, sites),
         )
         for field, (address, sites) in by_field.items()
     ]
@@ -613,9 +614,15 @@ def _one_host_address(job: Job) -> list[Problem]:
             f"{'; '.join(_hosts_said(job, n) for n in sorted(sites))}, and agents on all but one could not start",
             hint=f"set sites.<site>.network.listen_host on {', '.join(sorted(sites))} to `auto` (each agent takes its "
             "own host's interface that routes toward the controller)",
+            file=_field_file(job, field, sites),
         )
         for field, (address, sites) in by_field.items()
     ]
+
+
+def _field_file(job: Job, field: str, sites: list[str]) -> str | None:
+    """The inventory file that declares the site a `sites.<name>.…` field is of (None: the job file's field)."""
+    return job.inventory.origin[sites[0]] if field.startswith("sites.") else None
 
 
 def _hosts_said(job: Job, name: str) -> str:

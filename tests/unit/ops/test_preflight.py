@@ -1121,6 +1121,10 @@ def test_a_loopback_listen_address_for_a_job_on_several_hosts_is_refused(tmp_pat
         transport={"listen_host": "10.0.0.1"},
     )
     assert refused(fixed, "transport.listen_host") == [] and refused(fixed, "sites.t.network.listen_host") == []
+    assert p.file is None  # the job file's field
+    site_loopback = load(tmp_path, inventory=[two_site_inventory(tmp_path, listen="127.0.0.1")], placement=placement)
+    (own,) = refused(site_loopback, "sites.t.network.listen_host")
+    assert own.file == str(tmp_path / "two.yaml")
     assert refused(load(tmp_path), "transport.listen_host") == []  # one machine: loopback is right
 
 
@@ -1133,6 +1137,7 @@ def test_an_ip_address_as_the_listen_address_of_an_ssh_site_of_several_hosts_is_
     placement = {"trainer": {"site": "t", "gpus": 1}, "rollout": [{"site": "r", "gpus": 4}]}
     job = load(tmp_path, inventory=[str(tmp_path / "two.yaml")], placement=placement)
     (p,) = refused(job, "sites.r.network.listen_host")
+    assert p.file == str(tmp_path / "two.yaml")  # the inventory's field: that file named, not the job file
     assert p.message == (
         "10.0.0.1 is one host's address, and every agent binds it: site 'r' has 2 hosts (h1, h2), and agents on all "
         "but one could not start"
