@@ -98,9 +98,26 @@ def _this_machine_path(v: str | None) -> str | None:
 HerePath = Annotated[str | None, AfterValidator(_this_machine_path)]
 
 
+def _here_relative(v: str | None, runs: str, *, named: str = "") -> None:
+    """A work root on this machine's filesystem (a local site's; a SLURM site's submitted from here) given as a
+    relative path: it was read from the directory rlctl ran in, so a job launched from one directory and resumed
+    or stopped from another looked for its files elsewhere."""
+    if v is not None and not v.startswith(("/", "~")):
+        raise ValueError(
+            f"{named}{v!r}: give an absolute path or one under ~ ({runs}, and a relative path was read from the "
+            "directory rlctl runs in)"
+        )
+
+
 class LocalScheduler(Strict):
     kind: Literal["local"]
     workdir: WorkRoot = Field(None, min_length=1, description=WORKDIR_HELP)
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        _here_relative(v, "the site is this machine")
+        return v
 
 
 SUBMIT_SSH = ("ssh_user", "ssh_port", "ssh_key_file", "ssh_known_hosts")  # how a SLURM site's submit_host is reached
@@ -145,6 +162,8 @@ class SlurmScheduler(Strict):
                 f"{', '.join(given)}: read only to reach submit_host (sbatch over SSH), which is not set: set "
                 "submit_host, or remove them (sbatch runs here)"
             )
+        if self.submit_host is None:
+            _here_relative(self.workdir, "sbatch runs here", named="workdir ")  # a model's check: name the field
         return self
 
 

@@ -532,6 +532,18 @@ CASES = [
     ),
     Case("an empty workdir", site_with("user: rl}", "user: rl, workdir: ''}"), "scheduler.workdir: String should have"),
     Case("an empty partition", OTHER_INV.replace("partition: p", "partition: ''"), "scheduler.partition: String"),
+    # read from the directory rlctl ran in: a resume or stop from another directory looked elsewhere
+    Case(
+        "a local site's relative workdir",
+        site_with("{kind: ssh, user: rl}", "{kind: local, workdir: runs}"),
+        "sites.h20.scheduler.workdir: 'runs': give an absolute path or one under ~ (the site is "
+        "this machine, and a relative path was read from the directory rlctl runs in)",
+    ),
+    Case(
+        "a relative workdir where sbatch runs here",
+        OTHER_INV.replace("partition: p", "partition: p, workdir: runs"),
+        "workdir 'runs': give an absolute path or one under ~ (sbatch runs here",
+    ),
     # the runtime refused these at start (a ValueError in every agent), after check passed
     Case(
         "job: a chunk larger than a bucket",

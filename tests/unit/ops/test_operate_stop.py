@@ -481,7 +481,8 @@ def test_a_damaged_line_of_agents_jsonl_still_stops_the_units_recorded_on_the_co
     site_root = tmp_path / "site"
     site_root.mkdir()
     write_sites(
-        ref.jobdir.path, {"local": Site.model_validate(LOCAL_SITE | {"scheduler": {"kind": "local", "workdir": "w"}})}
+        ref.jobdir.path,
+        {"local": Site.model_validate(LOCAL_SITE | {"scheduler": {"kind": "local", "workdir": str(tmp_path / "w")}})},
     )
     ref.jobdir.write_json(ref.jobdir.path / "staged.json", {"local": {"roots": {"localhost": str(site_root)}}})
     ref.jobdir.write_json(ref.jobdir.plan_json, {"controller_site": "local"})
