@@ -36,7 +36,7 @@ from rlctl.config.inventory import Site, SshScheduler
 from rlctl.errors import LaunchError
 from rlctl.launch import hostkeys
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec, LaunchBackend, site_setup
-from rlctl.launch.remote import RemoteState, SshRunner, SshTarget, sh_path
+from rlctl.launch.remote import RemoteState, SshRunner, SshTarget, jump_target, sh_path
 
 log = logging.getLogger(__name__)
 
@@ -260,10 +260,14 @@ class SshBackend(LaunchBackend):
     def command_line(self, host: str, script: str) -> str:
         """The exact command to run `script` on `host` by hand (what fabric does: `bash -s` + stdin)."""
         t = self.target(host)
+        keys = hostkeys.rendered_options(sh_path(t.known_hosts) if t.known_hosts else None)
         opts = [f"-p {t.port}"]
         opts += [f"-i {sh_path(t.key_file)}"] if t.key_file else []
-        opts += [f"-J {shlex.quote(t.proxy_jump)}"] if t.proxy_jump else []
-        opts += hostkeys.rendered_options(sh_path(t.known_hosts) if t.known_hosts else None)
+        if t.proxy_jump:  # not `-J`, whose bastion connection ignores the options given here (the host-key file)
+            j = jump_target(t.proxy_jump, known_hosts=t.known_hosts)
+            via = ["ssh", f"-p {j.port}", *keys, "-W %h:%p", shlex.quote(f"{j.user}@{j.host}" if j.user else j.host)]
+            opts += [f"-o {shlex.quote('ProxyCommand=' + ' '.join(via))}"]
+        opts += keys
         user = f"{t.user}@" if t.user else ""
         return f"ssh {' '.join(opts)} {shlex.quote(user + host)} bash -s <<'RLCTL_EOF'\n{script}RLCTL_EOF\n"
 

@@ -180,3 +180,18 @@ def test_the_rendered_ssh_command_line_quotes_the_login_user() -> None:
 def test_a_proxy_jump_is_read_as_ssh_j_reads_it(spec: str, user: str | None, host: str, port: int) -> None:
     t = jump_target(spec, known_hosts=None)
     assert (t.user, t.host, t.port) == (user, host, port)
+
+
+def test_a_rendered_command_line_reaches_the_bastion_with_the_sites_host_key_file() -> None:
+    """`ssh -J` applies the options given to the target only: the bastion was checked against ~/.ssh/known_hosts,
+    where rlctl's own connection checks it against the site's file (run through a real bastion, the old line said
+    'Host key verification failed'). Now the jump is a ProxyCommand that carries the same host-key options."""
+    sched = SITE.scheduler.model_copy(update={"proxy_jump": "ops@bastion:2022", "known_hosts": "/etc/rl/kh"})
+    site = SITE.model_copy(update={"scheduler": sched})
+    line = SshBackend.for_site("h20", site, job="demo", job_dir=Path("/tmp")).render(SPEC).splitlines()[0]
+    args = line.removesuffix(" bash -s <<'RLCTL_EOF'")
+    argv = subprocess.run(["bash", "-c", f"printf '%s\\n' {args}"], capture_output=True, text=True).stdout.splitlines()
+    keys = ["-o", "UserKnownHostsFile=/etc/rl/kh", "-o", "StrictHostKeyChecking=yes"]
+    assert "-J" not in argv and argv[-5:] == [*keys, "rl@h20-02"], argv
+    jump = "ssh -p 2022 -o UserKnownHostsFile=/etc/rl/kh -o StrictHostKeyChecking=yes -W %h:%p ops@bastion"
+    assert argv[argv.index("-o") + 1] == f"ProxyCommand={jump}", argv
