@@ -19,6 +19,7 @@ from rlctl.launch.jobdir import JobDir
 from rlctl.ops.extend import completed_checkpoints, last_summary
 
 FIGURES = ("greedy_exact", "greedy_reward", "prompts")
+LAST_CLOCK_S = 253_402_300_800  # 10000-01-01: a time past it (edited by hand) is none; localtime raised on 1e20
 
 
 def _number(v: Any) -> float | None:
@@ -37,7 +38,7 @@ def checkpoint_table(jobdir: JobDir) -> dict[str, Any]:
     for e in jobdir.read_events():  # the last write of a version (a roll-back writes it again)
         if e.get("event") == "checkpoint" and isinstance(e.get("version"), int):
             written.setdefault(e["version"], None)
-            if (t := _number(e.get("t"))) is not None:
+            if (t := _number(e.get("t"))) is not None and 0 <= t < LAST_CLOCK_S:
                 written[e["version"]] = t
     reward: dict[int, float] = {}
     for r in jobdir.read_lines(jobdir.metrics):

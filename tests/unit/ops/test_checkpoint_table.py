@@ -76,6 +76,9 @@ def test_a_checkpoint_event_without_its_time_is_listed_with_none(tmp_path: Path)
     jd = _job(tmp_path)
     jd.append(jd.events, {"event": "checkpoint", "version": 40, "t": "noon"})  # edited by hand
     assert checkpoint_table(jd)["checkpoints"][-1]["written_at"] is None
+    for t in (1e20, -5.0):  # a number no clock reads: status and report raised on it (localtime's OverflowError)
+        jd.append(jd.events, {"event": "checkpoint", "version": 40, "t": t})
+        assert checkpoint_table(jd)["checkpoints"][-1]["written_at"] is None
 
 
 def test_status_checkpoints_prints_the_table_and_how_to_go_back(
