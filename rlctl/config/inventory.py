@@ -187,9 +187,11 @@ class SshScheduler(Strict):
         """`[user@]host[:port]`, as `remote.jump_target` reads it: one hop (it took `a,b` for one host's name)."""
         if v is None:
             return v
-        rest = v.rpartition("@")[2]
+        user, at, rest = v.rpartition("@")
         host, _, port = rest.partition(":") if rest.count(":") == 1 else (rest, "", "")
         why = "several jump hosts; rlctl connects through one" if "," in v else None
+        if why is None and at and (not user or any(c.isspace() for c in user)):
+            why = f"user {user!r} is empty or has a space"
         if why is None and host_problem(host) is not None:
             why = f"{host!r} is not a host name or address"
         if why is None and port and not (port.isdigit() and 1 <= int(port) <= 65535):

@@ -149,6 +149,16 @@ CASES = [
         site_with("user: rl}", "user: rl, proxy_jump: 'rl@jump west'}"),
         "sites.h20.scheduler.proxy_jump: 'jump west' is not a host name or address",
     ),
+    Case(
+        "a proxy_jump with an empty user",
+        site_with("user: rl}", "user: rl, proxy_jump: '@bastion'}"),
+        "sites.h20.scheduler.proxy_jump: user '' is empty or has a space; give one jump host as [user@]host[:port]",
+    ),
+    Case(
+        "a proxy_jump whose user has a space",
+        site_with("user: rl}", "user: rl, proxy_jump: 'a b@bastion'}"),
+        "sites.h20.scheduler.proxy_jump: user 'a b' is empty or has a space",
+    ),
     Case(  # accepted into every sbatch's --time
         "slurm time limit past a year",
         site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, time_limit_min: 2880000}"),
