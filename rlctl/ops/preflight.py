@@ -556,6 +556,14 @@ def _listen_field(job: Job, name: str) -> tuple[str, str]:
     return job.spec.transport.listen_host, "transport.listen_host"
 
 
+def _unspecified(host: str) -> bool:
+    """0.0.0.0 or :: (every interface)."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -566,22 +574,24 @@ def _loopback(host: str) -> bool:
 
 
 def _listen_addresses(job: Job) -> list[Problem]:
-    """A loopback listen address where the job's agents run on more than one host: they could not reach it. One
-    line per field that sets it: a site's `network.listen_host`, or the job's `transport.listen_host` (for every
-    site that does not set its own)."""
+    """A loopback listen address where the job's agents run on more than one host: they could not reach it; nor an
+    unspecified one (0.0.0.0, ::), which binds every interface but is what an agent then says it listens on, and a
+    peer elsewhere connecting to it reaches itself. One line per field that sets it: a site's
+    `network.listen_host`, or the job's `transport.listen_host` (for every site that does not set its own)."""
     hosts = _job_hosts(job)
     if len(hosts) < 2:
         return []
     by_field: dict[str, tuple[str, list[str]]] = {}
     for name in _job_sites(job):
         address, field = _listen_field(job, name)
-        if _loopback(address):
+        if _loopback(address) or _unspecified(address):
             by_field.setdefault(field, (address, []))[1].append(name)
     shown = ", ".join(sorted(hosts)[:4]) + (", …" if len(hosts) > 4 else "")
     return [
         Problem(
             field,
-            f"{address} is a loopback address, and this job's agents run on {len(hosts)} hosts ({shown}): "
+            f"{address} is {'no address a peer can reach' if _unspecified(address) else 'a loopback address'}, "
+            f"and this job's agents run on {len(hosts)} hosts ({shown}): "
             f"site{'s' if len(sites) > 1 else ''} {', '.join(map(repr, sorted(sites)))} would be unreachable from "
             "the others",
             hint=f"set sites.<site>.network.listen_host on {', '.join(sorted(sites))} to an address of its hosts, "
@@ -601,7 +611,8 @@ def _one_host_address(job: Job) -> list[Problem]:
         site = job.inventory.sites[name]
         address, field = _listen_field(job, name)
         try:
-            one = not ipaddress.ip_address(address).is_loopback  # loopback: `_listen_addresses`' line
+            ip = ipaddress.ip_address(address)
+            one = not (ip.is_loopback or ip.is_unspecified)  # `_listen_addresses`' line
         except ValueError:
             one = False  # `auto`, or a name, which each host may resolve to itself
         placed = kind_of(site).slices_gpus and not kind_of(site).on_this_machine  # rlctl picks each agent's host

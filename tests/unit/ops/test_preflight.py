@@ -1126,6 +1126,13 @@ def test_a_loopback_listen_address_for_a_job_on_several_hosts_is_refused(tmp_pat
     (own,) = refused(site_loopback, "sites.t.network.listen_host")
     assert own.file == str(tmp_path / "two.yaml")
     assert refused(load(tmp_path), "transport.listen_host") == []  # one machine: loopback is right
+    # 0.0.0.0 binds every interface, and is the address each agent then advertised: a peer on another host connected
+    # to itself. It passed check (an SSH site of several hosts refused it as "one host's address")
+    inv = [two_site_inventory(tmp_path)]
+    anywhere = load(tmp_path, inventory=inv, placement=placement, transport={"listen_host": "0.0.0.0"})
+    (p,) = refused(anywhere, "transport.listen_host")
+    assert p.message.startswith("0.0.0.0 is no address a peer can reach, and this job's agents run on 3 hosts (h1,")
+    assert refused(load(tmp_path, transport={"listen_host": "::"}), "transport.listen_host") == []  # one machine
 
 
 def test_an_ip_address_as_the_listen_address_of_an_ssh_site_of_several_hosts_is_refused(tmp_path: Path) -> None:
