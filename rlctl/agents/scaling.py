@@ -49,7 +49,6 @@ Post = Callable[[tuple[str, Any, Any]], None]  # the controller's inbox.put
 
 REPLACE_ATTEMPTS = 3
 REPLACE_BACKOFF_S = 5.0  # before the 2nd attempt; doubled before each next one
-REPLACE_JOIN_S = 120.0  # a started replacement that has not joined by then counts as a failed attempt
 # a resumed run starts the units the checkpoint's run had beyond the plan once the plan's units joined, or after
 # this long (the plan's units not joined by then still count as started: `_restore_units`)
 RESTORE_WAIT_S = 120.0
@@ -195,15 +194,18 @@ class Scaler:
     def _ask_unjoined(self, now: float) -> None:
         """Units expected for UNJOINED_CHECK_S that have not joined: their sites are asked in a thread (an SSH or
         squeue call takes seconds) whether each still runs, at most every UNJOINED_CHECK_S; the answer comes back
-        through the inbox (`not_joining`). A replacement is left out: its own deadline is REPLACE_JOIN_S."""
+        through the inbox (`not_joining`). A replacement too, from its attempt's start: one still loading its model
+        or queued holds its slot (a fixed deadline counted it failed and started another beside it, on its GPUs)."""
         spawner = self.spawner
         if spawner is None or self._asking or now - self._unjoined_at < UNJOINED_CHECK_S:
             return
-        chains = {r.unit for r in self.replacing.values()}
-        expected = {n: self.t0 for n in self._planned_unjoined()} | {
-            n: self.spawn_requested[n] for n in self.pending_units()
-        }
-        names = sorted(n for n, since in expected.items() if n not in chains and now - since >= UNJOINED_CHECK_S)
+        chains = {r.unit: r.started for r in self.replacing.values() if r.unit is not None and r.error is None}
+        expected = (
+            {n: self.t0 for n in self._planned_unjoined()}
+            | {n: self.spawn_requested[n] for n in self.pending_units()}
+            | {n: since for n, since in chains.items() if n not in self.core.units}
+        )
+        names = sorted(n for n, since in expected.items() if now - since >= UNJOINED_CHECK_S)
         if not names:
             return
         self._unjoined_at, self._asking = now, True
@@ -221,7 +223,8 @@ class Scaler:
 
     def not_joining(self, gone: list[str], *, now: float) -> None:
         """Units whose sites said they exited before they joined: they hold no slot; the plan's is replaced (as a
-        unit lost), one asked for (`rlctl scale`, the rebalance rule, a resume) is a failed start."""
+        unit lost), a replacement's is a failed attempt of its chain, one asked for (`rlctl scale`, the rebalance
+        rule, a resume) is a failed start."""
         self._asking = False
         planned = set(self._planned_unjoined())
         for name in gone:
@@ -236,7 +239,10 @@ class Scaler:
             site = self.placement.sites.get(name)
             self.jobdir.event("unit_exited_before_joining", agent=name, site=site)
             log.warning("controller: %s (site %s) exited before it joined (its log says why)", name, site)
-            if self.spawn_requested.pop(name, None) is not None:
+            chain = next((r for r in self.replacing.values() if r.unit == name and r.error is None), None)
+            if chain is not None:  # `tick` counts it: back off and try again, or give up
+                chain.error = "exited before it joined (its log says why)"
+            elif self.spawn_requested.pop(name, None) is not None:
                 self.failed_starts[name] = "exited before it joined (its log says why)"
             else:
                 self.replace(name, now=now)
@@ -372,7 +378,7 @@ class Scaler:
 
     def tick(self, now: float) -> None:
         """From the controller's loop: start replacements that are due; count a replacement that failed to
-        start or did not join within REPLACE_JOIN_S as a failed attempt (then back off, or give up); in a resumed
+        start or exited before it joined (`not_joining`) as a failed attempt (then back off, or give up); in a resumed
         run, start again the units its checkpoint's run had beyond the plan (`restore`)."""
         if self.restoring is not None:
             self._restore_units(now)
@@ -386,8 +392,6 @@ class Scaler:
                 del self.replacing[r.lost]
                 if r.unit in self.spawn_requested:  # no sample yet (sampled() drops it at the first)
                     self.unproven[r.unit] = r
-            elif r.unit is not None and now - r.started > REPLACE_JOIN_S:
-                self._failed(r, f"{r.unit} did not join within {REPLACE_JOIN_S:.0f} s", now)
             elif r.unit is None and now >= r.due and self.free_slots().get(r.site, 0) > 0:
                 r.attempts += 1
                 r.started = now

@@ -399,3 +399,33 @@ def test_a_unit_whose_start_failed_while_its_site_was_asked_is_not_replaced(tmp_
     scaler.not_joining(["rollout-2"], now=scaler.t0 + 61.0)  # neither the plan's nor asked for (any more)
     assert scaler.replacing == {} and "rollout-2" not in scaler.never_joined
     assert not [e for e in jd.read_events() if e["event"] == "unit_exited_before_joining"]
+
+
+def test_a_replacement_still_loading_keeps_its_slot_and_one_that_exited_is_a_failed_attempt(tmp_path) -> None:
+    """rollout-2 replaces rollout-1 and loads a large model for minutes: past a fixed 120 s it counted as a failed
+    attempt, left `spawn_requested`, and the next attempt started another unit beside it, on the same slot's GPUs
+    (both then ran). Now its site is asked, as for any unit not joined: one still running keeps its slot and its
+    chain waits; one that exited is a failed attempt, and the next starts after the backoff."""
+    scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=t0)
+    scaler.tick(t0)
+    deliver(scaler, posted)
+    assert spawner.calls == [("a", 2)] and scaler.replacing["rollout-1"].unit == "rollout-2"
+    assert _asked(scaler, posted, 61.0) == [] and spawner.asked == [["rollout-2"]]  # it still runs
+    for later in (181.0, 600.0):  # minutes loading: no second unit beside it
+        scaler._unjoined_at = t0 + later - 1.0  # looked a second ago: none now
+        scaler.tick(t0 + later)
+        assert spawner.calls == [("a", 2)] and scaler.replacing["rollout-1"].unit == "rollout-2"
+        assert posted == []
+    assert scaler.free_slots() == {"a": 1}  # site a's 3 slots: rollout-0, and rollout-2 loading
+    spawner.gone = ("rollout-2",)
+    assert _asked(scaler, posted, 661.0) == ["rollout-2"]
+    scaler.tick(t0 + 662.0)  # its chain counts the failed attempt and backs off
+    r = scaler.replacing["rollout-1"]
+    assert (r.unit, r.attempts, r.why) == (None, 1, "exited before it joined (its log says why)")
+    assert scaler.failed_starts == {} and "rollout-2" not in scaler.spawn_requested
+    scaler.tick(r.due)
+    deliver(scaler, posted)
+    assert spawner.calls == [("a", 2), ("a", 3)]  # the next attempt
