@@ -37,7 +37,7 @@ from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobdb import LIVE, JobDB
-from rlctl.ops.run import JobRun, StopCheck, stop_requested
+from rlctl.ops.run import JobRun, StopCheck, resumes, stop_requested
 
 RESUME_HINT = "; continue the job with "  # how the controller's reason for a failure ends (`ControllerAgent._lose`)
 
@@ -117,7 +117,7 @@ class Runs:
         run = self.run = JobRun(self.jobdir, self.spec, self.plan, db=self.db, say=self.say, show=self.show)
         run.attach()
         events = self.jobdir.read_events()
-        resumed = [e for e in events if e.get("event") == "resumed"]
+        resumed = resumes(events)
         self._since = float(resumed[-1]["t"]) if resumed else float(events[0]["t"]) if events else 0.0
         self._from = int(resumed[-1]["version"]) if resumed else 0
         run.stop_since = self._stops_since()  # it was this attach: a stop of the run since it started was missed

@@ -43,7 +43,7 @@ from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.extend import completed_checkpoints
 from rlctl.ops.jobdb import LIVE, JobDB, JobRow
 from rlctl.ops.jobref import JobRef, require_job_dir
-from rlctl.ops.run import STOP_REQUESTED, connect_client, current_run, run_summary
+from rlctl.ops.run import STOP_REQUESTED, connect_client, current_run, resumes, run_summary
 from rlctl.rl.source import heldout_view
 from rlctl.transport import Message
 
@@ -564,7 +564,7 @@ def _resume_takes(jd: JobDir, events: list[dict[str, Any]]) -> str:
     done = [e.get("version") for e in events[starts[-1] if starts else 0 :] if e.get("event") == "checkpoint"]
     if done:
         return f"the latest complete checkpoint (iter-{done[-1]})"
-    resumed = [e.get("version") for e in events if e.get("event") == "resumed"]
+    resumed = [e.get("version") for e in resumes(events)]
     if resumed and resumed[-1]:
         return f"the latest complete checkpoint (iter-{resumed[-1]})"
     return "the latest complete checkpoint (this job dir names none)"

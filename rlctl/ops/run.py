@@ -97,6 +97,19 @@ PORT_FLOOR = 20000  # MASTER_PORT is picked in [PORT_FLOOR, the ephemeral range'
 EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 DRY_RUN_CONTROLLER = "CONTROLLER_ADDR"  # what `--dry-run` shows for the address the controller gets at launch
 STOP_REQUESTED = "stop_requested"  # the event `rlctl stop` writes first (rlctl.ops.operate.stop)
+UNSTARTED = "resume_unstarted"  # a resume that ended before any agent started: its `resumed` event is void
+
+
+def resumes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The job's `resumed` events, less those of resumes that ended before any agent of them started (a refused
+    --checkpoint, a site short of slots, a stop while staging): the job went on as it was, from none of them."""
+    out: list[dict[str, Any]] = []
+    for e in events:
+        if e.get("event") == "resumed":
+            out.append(e)
+        elif e.get("event") == UNSTARTED and out:
+            out.pop()
+    return out
 
 
 SUMMARY_ASIDE = re.compile(r"summary\.(\d+)\.json")  # an earlier run's summary, set aside when the next began
@@ -347,6 +360,8 @@ class JobRun:
             except LaunchError as e:  # (the site that refused the run): the error that ended it is the one said
                 log.warning("the summary of the run before stays %s on the controller's site: %s", aside, e)
         LocalFiles().move(str(self.jobdir.path / aside), str(self.jobdir.summary_json))
+        if self.resumed is not None:  # its `resumed` event names a checkpoint the job did not go on from
+            self.jobdir.event(UNSTARTED, version=self.resumed.version)
         if self.db is not None and row is not None:
             self.db.put_back(row, only_from=("launching",))
         elif self.db is not None and self.db.remove(self.id, only_from=("launching",)):

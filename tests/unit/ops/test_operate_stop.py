@@ -671,3 +671,16 @@ def test_a_resumed_run_that_completed_no_checkpoint_names_the_one_it_resumed_fro
     jd.event("controller_listening", address="tcp://h1:1")
     jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
     assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
+
+
+def test_a_resume_that_never_started_is_not_the_one_a_resume_takes(tmp_path: Path) -> None:
+    """A roll-back to v5 refused before any agent of it started (the job went on as it was) still left its `resumed`
+    event: the stop named iter-5 as the checkpoint a resume takes, where the run it stopped had resumed from v10."""
+    jd = JobDir(tmp_path)
+    jd.event("resumed", version=10, pointer="", skipped=[])
+    jd.event("controller_listening", address="tcp://h1:1")
+    jd.event("resumed", version=5, pointer="", skipped=[])  # the refused roll-back's
+    jd.event(run_module.UNSTARTED, version=5)
+    jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
+    assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
+    assert [e["version"] for e in run_module.resumes(jd.read_events())] == [10]
