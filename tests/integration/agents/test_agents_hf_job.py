@@ -2,7 +2,8 @@
 (built by the shipped hf-demo builder), a jsonl dataset with chat-message prompts, and a user reward file
 that raises, hangs or returns the wrong type for some samples — the job finishes, every failure is scored
 0 and counted, the TensorBoard event files hold every iteration's metrics, and the held-out file's prompts are
-evaluated greedily during the run (on a rollout unit) and at the end (where launch runs)."""
+evaluated greedily during the run (on a rollout unit) and at the end (where launch runs). The reward file imports a
+module beside it, which the launch copies into the job with it."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[3]
 FLAKY_REWARD = """
 import time
 
+from words import credit  # a module beside the reward file: the launch copies it into the job with it
+
 CALLS = "@CALLS@"
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -35,20 +38,27 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         time.sleep(30)  # past the job's per-call timeout
     if i % 11 == 0:
         return "not a number"
-    got, want = solution_str.split(), ground_truth.split()  # partial credit: the words in place
+    return credit(solution_str.split(), ground_truth.split())
+"""
+WORDS = """
+def credit(got, want):  # partial credit: the words in place
     return {"score": sum(g == w for g, w in zip(got, want)) / max(len(got), len(want), 1), "length": len(got)}
 """
 
 
 def test_hf_checkpoint_dataset_and_user_reward_run_end_to_end(tmp_path):
     build_hf_demo(tmp_path)
-    (tmp_path / "flaky.py").write_text(FLAKY_REWARD.replace("@CALLS@", str(tmp_path / "calls.log")))
+    (tmp_path / "rewards").mkdir()  # not the directory the job runs from: only the job's copy is found
+    (tmp_path / "rewards" / "flaky.py").write_text(FLAKY_REWARD.replace("@CALLS@", str(tmp_path / "calls.log")))
+    (tmp_path / "rewards" / "words.py").write_text(WORDS)
     with (tmp_path / "data.jsonl").open("a") as f:  # two bad rows, skipped and counted (task.bad_rows: skip)
         f.write(json.dumps({"data_source": "x"}) + "\n" + json.dumps({"prompt": 3, "data_source": "x"}) + "\n")
     job = yaml.safe_load((ROOT / "jobs/hf-demo.yaml").read_text())
     job["inventory"] = [str(ROOT / "clusters/local.yaml")]
     job["model"]["path"] = "model"
-    job["task"].update(path="data.jsonl", reward="flaky.py:compute_score", reward_timeout_s=1.0, bad_rows="skip")
+    job["task"].update(
+        path="data.jsonl", reward="rewards/flaky.py:compute_score", reward_timeout_s=1.0, bad_rows="skip"
+    )
     job.update(iterations=4, batch={"prompts_per_iteration": 8, "samples_per_prompt": 2})
     # held-out prompts: rows of the demo's data the flaky reward scores (indices not ≡ 0 mod 5, 7 or 11)
     rows = [json.loads(line) for line in (tmp_path / "data.jsonl").read_text().splitlines()[:16]]
@@ -71,6 +81,7 @@ def test_hf_checkpoint_dataset_and_user_reward_run_end_to_end(tmp_path):
     for key in ("iterations", "reward_first", "reward_last", "samples_per_s", "wall_s", "ledger"):
         assert key in s, key  # the same summary fields as the demo
     assert s["state"] == "done" and s["iterations"] == 4
+    assert sorted(p.name for p in (run / "reward").glob("*.py")) == ["flaky.py", "words.py"]
     assert s["ledger"]["prompts"] == s["ledger"]["trained"] == 32
     assert (s["ledger"]["lost"], s["ledger"]["duplicated"]) == (0, 0)
     # the prompts came from the data prepared once at launch; failures (rows ≡ 0 mod 5, 7 or 11: raised,
