@@ -160,21 +160,23 @@ class Progress:
 
             # redrawn by this thread's updates only: no refresh thread writing to a terminal that may go away
             self.live = Live(console=Console(stderr=True), auto_refresh=False, transient=False)
-            self.live.start()
+            with detach.terminal_frame():
+                self.live.start()
 
     def _live(self) -> Any:
         """The live display, until a SIGHUP moved this process's output to the job's log (plain lines from then)."""
         if self.live is not None and detach.hung_up():
             live, self.live = self.live, None
             live.console.quiet = True  # its last frame is for a terminal: not for the log
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError), detach.terminal_frame():
                 live.stop()
         return self.live
 
     def say(self, text: str) -> None:
         try:  # a terminal that went away, or a closed pipe, must not end the launcher
             if (live := self._live()) is not None:
-                live.console.print(text)
+                with detach.terminal_frame():
+                    live.console.print(text)
             else:
                 sys.stderr.write(text + "\n")
                 sys.stderr.flush()
@@ -184,7 +186,7 @@ class Progress:
     def show(self, text: str) -> None:
         """The live line, e.g. the staging bar (a TTY only: nothing otherwise)."""
         if (live := self._live()) is not None:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError), detach.terminal_frame():
                 live.update(text, refresh=True)
 
     def __call__(self, st: dict[str, Any]) -> None:
@@ -196,7 +198,7 @@ class Progress:
 
     def close(self) -> None:
         if (live := self._live()) is not None:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError), detach.terminal_frame():
                 live.stop()
 
 

@@ -230,16 +230,45 @@ def _output_to(log: Path) -> None:
 
 def survive_hangup(log: Path) -> None:
     """From now on, a SIGHUP (the terminal went away) moves this process's stdout and stderr to `log` and is
-    otherwise ignored, so that the launcher goes on watching its job."""
+    otherwise ignored, so that the launcher goes on watching its job. One that comes while a live frame is drawn
+    (`terminal_frame`) moves them once the frame is whole: the rest of it went to the log (a terminal's escape codes
+    in it, CI once)."""
 
     def moved(signum: int, frame: FrameType | None) -> None:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        _output_to(log)
-        _hung_up.set()
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        os.write(2, f"{stamp} the terminal went away (SIGHUP); this launcher keeps watching the job\n".encode())
+        if _drawing[0]:
+            _drawing[1] = log
+        else:
+            _move(log)
 
     signal.signal(signal.SIGHUP, moved)
+
+
+_drawing: list[Any] = [0, None]  # live frames being drawn (the main thread's), the log a SIGHUP meanwhile named
+
+
+@contextlib.contextmanager
+def terminal_frame() -> Iterator[None]:
+    """A frame of the live display, drawn whole to the terminal: a SIGHUP meanwhile moves the output after it."""
+    _drawing[0] += 1
+    try:
+        yield
+    finally:
+        _drawing[0] -= 1
+        if not _drawing[0] and _drawing[1] is not None:
+            log, _drawing[1] = _drawing[1], None
+            with contextlib.suppress(OSError):  # a terminal gone: what was left of the frame is for no one
+                sys.stderr.flush()
+            _move(log)
+
+
+def _move(log: Path) -> None:
+    """The output moved to `log`, its first line the reason (written before the move: another thread's line after)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    with contextlib.suppress(OSError), log.open("a") as f:
+        f.write(f"{stamp} the terminal went away (SIGHUP); this launcher keeps watching the job\n")
+    _output_to(log)
+    _hung_up.set()
 
 
 def hung_up() -> bool:

@@ -182,6 +182,32 @@ def test_a_sighup_moves_the_output_to_the_log_and_the_process_goes_on(tmp_path):
     assert lines[1:] == ["after: hung up True", "still here"]
 
 
+def test_a_sighup_while_a_live_frame_is_drawn_moves_the_output_once_the_frame_is_whole(tmp_path):
+    """The rest of a frame drawn when the SIGHUP came went to the log, its escape codes with it (CI once); and a line
+    another thread wrote as the output moved could come before the reason it moved."""
+    log = tmp_path / "launcher.log"
+    code = f"""
+        import os, signal, sys, time
+        from pathlib import Path
+        from rlctl.ops import detach
+        detach.survive_hangup(Path({str(log)!r}))
+        with detach.terminal_frame():
+            sys.stderr.write("\\x1b[2Kiter 3 ")
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.2)
+            sys.stderr.write("reward 0.5\\x1b[1A\\n")
+            print("in the frame: hung up", detach.hung_up(), flush=True)
+        print("after: hung up", detach.hung_up(), flush=True)
+        """
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == "\x1b[2Kiter 3 reward 0.5\x1b[1A\n"  # the whole frame, to the terminal
+    assert p.stdout == "in the frame: hung up False\n"
+    lines = log.read_text().splitlines()
+    assert lines[0].endswith("the terminal went away (SIGHUP); this launcher keeps watching the job")
+    assert lines[1:] == ["after: hung up True"]
+
+
 def test_whether_a_recorded_launcher_still_runs(tmp_path):
     here = socket.gethostname()
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "rlctl-launch"])
