@@ -456,6 +456,12 @@ def interrupted_line(jd: JobDir, run: JobRun | None, *, source: str | None = Non
             f"launch it again with `{launch_again(source)}`"
         )
     how = run.resume_command() if run is not None else resume_command(jd.path)
+    if run is not None and run.unstarted:  # a resume stopped while it staged: no agent ran, the job put back as it
+        # was (a finished one stays finished: a plain resume is refused; a roll-back's --checkpoint is not kept)
+        return (
+            f"rlctl: interrupted: the resume of job {jd.id} stopped before any agent of it started; the job is as it "
+            f"was before it: continue it with `{how}` (and the resume's --iterations / --checkpoint, where it had them)"
+        )
     return f"rlctl: interrupted: job {jd.id} stopped (every agent); continue it with `{how}`"
 
 

@@ -161,7 +161,10 @@ class _InterruptedRuns:
 
     def start(self) -> SimpleNamespace:
         self.run = SimpleNamespace(
-            id=self.jd.path.name, jobdir=self.jd, resume_command=lambda: f"rlctl launch --resume {self.jd.path.name}"
+            id=self.jd.path.name,
+            jobdir=self.jd,
+            resume_command=lambda: f"rlctl launch --resume {self.jd.path.name}",
+            unstarted=False,
         )
         return self.run
 
@@ -294,3 +297,18 @@ def test_the_table_says_what_each_time_covers_and_that_the_job_resumed() -> None
     plain = summary() | {"run_s": 7.5, "job_wall_s": 8.0, "resilience": {"resumes": 0}, "auto_resumes": 0}
     rows = [" ".join(line.split()) for line in time_rows_of(plain)]
     assert rows == ["wall 9.0 s, this launcher's", "training 7.5 s this run (first sample → last iteration)"]
+
+
+def test_a_resume_ctrl_c_before_any_agent_started_says_the_job_is_as_it_was(tmp_path: Path) -> None:
+    # Ctrl-C while a `--resume --iterations 200` of a finished job staged: its start put the job back as it was
+    # (finished), and the line said it `stopped (every agent)`, to be continued with a plain resume, which refuses it
+    from rlctl.commands.launch import interrupted_line
+
+    jd = JobDir.create("demo", explicit=tmp_path / "demo-3")
+    run = SimpleNamespace(unstarted=True, resume_command=lambda: "rlctl launch --resume demo-3")
+    line = interrupted_line(jd, run)  # type: ignore[arg-type]
+    assert line == (
+        "rlctl: interrupted: the resume of job demo-3 stopped before any agent of it started; the job is as it was "
+        "before it: continue it with `rlctl launch --resume demo-3` (and the resume's --iterations / --checkpoint, "
+        "where it had them)"
+    )
