@@ -519,3 +519,36 @@ def test_a_resume_of_a_job_the_index_lacks_interrupted_before_it_started_names_i
     run.stop()  # (the launcher's `finally`): nothing of the index to change
     assert [r.name for r in db.list()] == []
     db.close()
+
+
+def test_a_resume_stopped_by_the_operator_while_it_staged_leaves_the_jobs_index_row_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlctl stop` while a `--resume --iterations` of a finished job staged: no agent of the run started and its
+    summary (done) was put back, but its index row stayed `stopped` (the stop's, over the run's `launching`): status
+    then said 'job index: stopped' of a job whose summary says done."""
+    from rlctl.errors import Stopped
+    from rlctl.ops.jobdb import LIVE
+    from rlctl.ops.run import STOP_REQUESTED
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    db = JobDB()
+    run, sites = job_run(tmp_path, db=db)
+    write_sites(sites.c.path, run.sites)
+    db.put(run.id, job_dir=str(sites.c.path), spec={"name": "resume"}, state="finished", info={"source": "j.yaml"})
+    before = db.get(run.id)
+    sites.c.write_json(sites.c.summary_json, {"state": "done", "iterations": 9, "iterations_planned": 9})
+
+    def stopped_while_staging(self: JobRun, aside: str, *, resume: bool, checkpoint: int | None) -> None:
+        self.jobdir.event(STOP_REQUESTED)  # what `rlctl stop` writes first, then the index row
+        assert self.db is not None and self.db.update(self.id, state="stopped", only_from=LIVE)
+        self._stop_if_asked()  # as `_prepare` asks once its staging is done
+
+    monkeypatch.setattr(JobRun, "_prepare", stopped_while_staging)
+    with pytest.raises(Stopped):
+        run.start(resume=True)
+    assert run.unstarted
+    assert json.loads(sites.c.summary_json.read_text())["state"] == "done"
+    after = db.get(run.id)
+    db.close()
+    assert (after.state, after.info) == (before.state, before.info)
