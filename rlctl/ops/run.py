@@ -490,10 +490,17 @@ class JobRun:
         started = [h.spec.name for h in self.handles]
         log.warning("%s: stopped by the operator while its run started (started: %s)", self.id, started or "none")
         self.stop()
+        hint = f"continue it with `{self.resume_command()}`"
+        if not started and self.resumed is not None:  # a resume stopped as it staged: `start` puts the job back as
+            # it was (a finished one stays finished: a plain resume is refused; a roll-back's --checkpoint is not kept)
+            hint = (
+                f"the job is as it was before this resume: continue it with `{self.resume_command()}` (and the "
+                "resume's --iterations / --checkpoint, where it had them)"
+            )
         raise Stopped(
             f"job {self.id} was stopped (`rlctl stop`) while its launcher started a run; "
             f"{len(started)} agent(s) it had started were stopped",
-            hint=f"continue it with `{self.resume_command()}`",
+            hint=hint,
         )
 
     def attach(self) -> None:

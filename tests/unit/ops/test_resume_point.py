@@ -552,3 +552,22 @@ def test_a_resume_stopped_by_the_operator_while_it_staged_leaves_the_jobs_index_
     after = db.get(run.id)
     db.close()
     assert (after.state, after.info) == (before.state, before.info)
+
+
+def test_a_resume_stopped_while_it_staged_says_the_job_is_as_it_was(tmp_path: Path) -> None:
+    """Its hint said `continue it with rlctl launch --resume ID`, which a finished job given more iterations then
+    refused as finished, and which continues a roll-back from the latest checkpoint instead of the one named."""
+    from rlctl.checkpoint.choose import ResumePoint
+    from rlctl.errors import Stopped
+    from rlctl.ops.run import STOP_REQUESTED
+
+    run, sites = job_run(tmp_path)
+    write_sites(sites.c.path, run.sites)
+    run.resumed = ResumePoint(version=3, pointer="latest.json names v3", skipped=())  # `_prepare` chose it
+    sites.c.event(STOP_REQUESTED)
+    with pytest.raises(Stopped) as e:
+        run._stop_if_asked()  # as `_prepare` asks once its staging is done, before any agent starts
+    assert e.value.hint == (
+        f"the job is as it was before this resume: continue it with `rlctl launch --resume {sites.c.path}` (and the "
+        "resume's --iterations / --checkpoint, where it had them)"
+    )
