@@ -827,7 +827,14 @@ class JobRun:
         """Up to AGENTS_SETTLE_S for the agents on this machine to leave by themselves (the controller that ended
         told them to stop), before `stop` sends TERM. Remote ones are not waited for: each look is an SSH call, and
         only a local agent's exit code is this launcher's to record."""
-        left = [h for h in handles if self.backends.for_site(h.spec.site).on_this_machine]
+
+        def here(h: AgentHandle) -> bool:
+            try:
+                return self.backends.for_site(h.spec.site).on_this_machine
+            except LaunchError:  # a site the job's record lacks: `stop_agents` says it, once the others are stopped
+                return False
+
+        left = [h for h in handles if here(h)]
         deadline = time.monotonic() + AGENTS_SETTLE_S
         while left and time.monotonic() < deadline:
             with contextlib.suppress(LaunchError):

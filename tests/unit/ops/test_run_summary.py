@@ -254,3 +254,40 @@ def test_a_runs_local_agents_leaving_after_its_controller_are_not_terminated(
     assert [e["exits"] for e in jd.read_events() if e["event"] == "agents_stopped"] == [
         {"controller-0": 0, "trainer-0": 0}
     ]
+
+
+def test_a_recorded_agent_on_a_site_the_record_lacks_does_not_keep_the_stop_from_stopping_the_others(
+    tmp_path: Path,
+) -> None:
+    """agents.jsonl names a site sites.json lacks (the launch's record of the sites damaged): the wait for the agents
+    to leave by themselves (AGENTS_SETTLE_S) raised that site's LaunchError before any agent was stopped, so that a
+    run's end (or Ctrl-C) left its trainer and units running; the stop says that site as one of its problems."""
+    import sys
+    import time
+
+    from rlctl.errors import LaunchError
+    from rlctl.launch.backends import record_agent, write_sites
+    from rlctl.launch.base import AgentHandle, AgentSpec
+
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    local = Site.model_validate(
+        {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 2}]}
+    )
+    write_sites(jd.path, {"train": local})
+    run = JobRun(jd, load_job(ROOT / "jobs" / "demo.yaml").spec, {"controller_site": "train"}, db=None)
+    backend = run.backends.for_site("train")
+    run.controller = backend.start(AgentSpec("controller", 0, "train", [sys.executable, "-c", "pass"]))
+    running = backend.start(AgentSpec("trainer", 0, "train", [sys.executable, "-c", "import time; time.sleep(60)"]))
+    for h in (run.controller, running):
+        record_agent(jd.path, h)
+        run.handles.append(h)
+    record_agent(jd.path, AgentHandle(AgentSpec("rollout", 0, "gone", []), {"pid": 1, "pgid": 1}, "local"))
+    while backend.poll(run.controller) is None:
+        time.sleep(0.01)
+    try:
+        with pytest.raises(LaunchError, match=r"^site gone: .*no site 'gone'"):
+            run.stop(grace_s=5)
+        assert backend.poll(running) is not None
+    finally:
+        if backend.poll(running) is None:
+            backend.stop([running], grace_s=1)
