@@ -13,13 +13,14 @@ from tests.conftest import ROOT
 
 RANK = textwrap.dedent(
     """
-    import datetime, json, socket, sys
+    import datetime, json, sys
     import torch.distributed as dist
     from rlctl.agents.trainer import init_group, store_prefix
+    from rlctl.ops.run import _free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # below the ephemeral range, as a launch picks it: a port bound at 0, closed, then bound again by the store
+    # could be taken meanwhile by another process's outgoing connection ("Address already in use")
+    port = _free_port()
     secret = bytes.fromhex(sys.argv[1])
     init_group(rank=0, world_size=1, master_addr="127.0.0.1", master_port=port, secret=secret)
     # the default group's store wraps the one init_group made: a key set there, as the ranks set theirs
