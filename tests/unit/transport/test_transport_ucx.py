@@ -308,9 +308,13 @@ def test_the_peer_info_exchange_of_a_connect_has_one_deadline() -> None:
         def raise_on_error(self) -> None:
             pass
 
+    steps: list[str] = []
+
     async def slow_exchange() -> dict[str, int]:  # a send, then a receive, each just within the timeout
         await asyncio.sleep(0.4)
+        steps.append("sent")
         await asyncio.sleep(0.4)
+        steps.append("received")
         return {"msg_tag": 1}
 
     async def go() -> float:
@@ -320,5 +324,8 @@ def test_the_peer_info_exchange_of_a_connect_has_one_deadline() -> None:
         return time.monotonic() - t0
 
     took = asyncio.run(go())
-    assert 0.5 <= took < 0.75, took
+    # ended at its deadline: the exchange was cut, not waited out (how late past 0.5 s, and whether its send was done
+    # by then, is the machine's load: a 0.75 s bound was passed with busy threads in the process)
+    assert took >= 0.5 and "received" not in steps, (took, steps)
+    steps.clear()
     assert asyncio.run(ucx._unless_endpoint_fails(Healthy(), slow_exchange(), 5.0)) == {"msg_tag": 1}
