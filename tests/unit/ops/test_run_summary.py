@@ -235,7 +235,11 @@ def test_a_runs_local_agents_leaving_after_its_controller_are_not_terminated(
 
     from rlctl.launch.backends import record_agent, write_sites
     from rlctl.launch.base import AgentSpec
+    from rlctl.ops import run as run_mod
 
+    # a bound no start of a Python process reaches, loaded or not: the trainer's 0.5 s must not race the 3 s (the
+    # stop returns as soon as it has left, so the test takes no longer)
+    monkeypatch.setattr(run_mod, "AGENTS_SETTLE_S", 60.0)
     jd = JobDir.create("j", explicit=tmp_path / "job")
     local = Site.model_validate(
         {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 2}]}
