@@ -745,11 +745,15 @@ def test_a_replacement_that_does_not_finish_loading_is_a_failed_start(
         assert pool.score("hung", "d", "hang", "a").outcome == "timeout"  # its replacement hangs loading
         waiting = pool.submit("s1", "d", "a", "a")
         deadline = time.monotonic() + 30.0
+        if passes:  # the hang passes once the replacement hangs in its import (it hangs on): the next start loads
+            # (passed after the failure was counted, it raced that start, 1 s later, with this thread's next look)
+            while not (tmp_path / "loading").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            (tmp_path / "hang").unlink()
         while not pool.stats.load_failures and time.monotonic() < deadline:
             time.sleep(0.05)
         assert pool.stats.load_failures >= 1  # the hung start counted as failed
         if passes:
-            (tmp_path / "hang").unlink()
             assert waiting.result(timeout=30.0) == RewardResult(1.0)
             assert pool.failed is None and pool.stats.errors == 0
         else:
