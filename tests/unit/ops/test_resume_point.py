@@ -527,9 +527,10 @@ def test_a_resume_stopped_by_the_operator_while_it_staged_leaves_the_jobs_index_
     """`rlctl stop` while a `--resume --iterations` of a finished job staged: no agent of the run started and its
     summary (done) was put back, but its index row stayed `stopped` (the stop's, over the run's `launching`): status
     then said 'job index: stopped' of a job whose summary says done."""
+    from rlctl.checkpoint.choose import ResumePoint
     from rlctl.errors import Stopped
     from rlctl.ops.jobdb import LIVE
-    from rlctl.ops.run import STOP_REQUESTED
+    from rlctl.ops.run import STOP_REQUESTED, resumes
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     db = JobDB()
@@ -542,6 +543,8 @@ def test_a_resume_stopped_by_the_operator_while_it_staged_leaves_the_jobs_index_
     def stopped_while_staging(self: JobRun, aside: str, *, resume: bool, checkpoint: int | None) -> None:
         self.jobdir.event(STOP_REQUESTED)  # what `rlctl stop` writes first, then the index row
         assert self.db is not None and self.db.update(self.id, state="stopped", only_from=LIVE)
+        self.resumed = ResumePoint(version=9, pointer="latest.json names v9", skipped=())  # as `_prepare` does
+        self.jobdir.event("resumed", version=9, pointer=self.resumed.pointer, skipped=[])
         self._stop_if_asked()  # as `_prepare` asks once its staging is done
 
     monkeypatch.setattr(JobRun, "_prepare", stopped_while_staging)
@@ -549,6 +552,7 @@ def test_a_resume_stopped_by_the_operator_while_it_staged_leaves_the_jobs_index_
         run.start(resume=True)
     assert run.unstarted
     assert json.loads(sites.c.summary_json.read_text())["state"] == "done"
+    assert resumes(sites.c.read_events()) == []  # its `resumed` event is void: the job went on from none of it
     after = db.get(run.id)
     db.close()
     assert (after.state, after.info) == (before.state, before.info)
