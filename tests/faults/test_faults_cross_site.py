@@ -201,7 +201,9 @@ def test_the_inter_dc_link_down_for_20_s(services: dict[str, str], tmp_path: Pat
         wait_for("two trained iterations", lambda: len(metrics_rows(job_dir)) >= 2, 400, alive=proc)
         link.down()
         t_down = time.time()
-        while time.time() - t_down < outage_s:
+        # at least outage_s, and on until status said paused (at most 60 s): a loaded machine's controller may see
+        # the silence late, and the 5 s left between the 15 s heartbeat timeout and 20 s were the only window
+        while (down := time.time() - t_down) < outage_s or (not said and down < 60.0):
             st = status()
             if st is not None and st["state"] == "paused":
                 said.append(st["resilience"]["paused"])
@@ -230,7 +232,7 @@ def test_the_inter_dc_link_down_for_20_s(services: dict[str, str], tmp_path: Pat
     assert led["lost"] == 0 and led["duplicated"] == 0, led
     record(
         Row(
-            "inter-DC link down 20 s (cross-site, 2 units in dc-b)",
+            f"inter-DC link down {t_up - t_down:.0f} s (cross-site, 2 units in dc-b)",
             1,
             led["lost"],
             led["duplicated"],
