@@ -43,7 +43,7 @@ from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.extend import completed_checkpoints
 from rlctl.ops.jobdb import LIVE, JobDB, JobRow
 from rlctl.ops.jobref import JobRef, require_job_dir
-from rlctl.ops.run import STOP_REQUESTED, connect_client, current_run, resumes, run_summary
+from rlctl.ops.run import STOP_REQUESTED, connect_client, current_run, launch_again, resumes, run_summary
 from rlctl.rl.source import heldout_view
 from rlctl.transport import Message
 
@@ -207,6 +207,19 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         out["controller"] = f"{NEVER_STARTED}; start it with `{start}`"
         out["agents"], out["sites_down"], out["never_started"] = [], [], {"start": start}
         return out, True
+    if (
+        not agents
+        and not rows
+        and summary is None
+        and (ref.row is None or ref.row.state not in LIVE)
+        and _never_prepared(jd)
+    ):
+        # a launch stopped (Ctrl-C) or failed before it wrote job.json: complete, and how to launch it anew (a resume
+        # refuses it), versus `partial status` (exit 3) naming no controller.json, and `status -w` never ending
+        again = launch_again(ref.row.info.get("source") if ref.row is not None else None)
+        out["controller"] = f"{NEVER_PREPARED}; launch it anew with `{again}`"
+        out["agents"], out["sites_down"], out["never_started"] = [], [], {"start": again}
+        return out, True
     _launcher_saw(ref, agents, summary)
     out["agents"], out["sites_down"] = agents, down
     ended = "summary" in out and all(a["state"] != "running" for a in agents)
@@ -261,6 +274,25 @@ def _never_started(jd: JobDir) -> bool:
         not recorded
         and jd.job_json.exists()
         and jd.plan_json.exists()
+        and not jd.controller_json.exists()
+        and jd.launcher_holder() is None
+    )
+
+
+NEVER_PREPARED = "never prepared: its launch was stopped or failed before it wrote the job's job.json, no agent started"
+
+
+def _never_prepared(jd: JobDir) -> bool:
+    """A job dir its launch created but never prepared (no job.json, no plan.json: stopped or failed while it staged
+    or warmed up) that records no agent and no launcher holds; the caller checks it has no metrics and no summary."""
+    try:
+        recorded = (jd.path / AGENTS_FILE).read_text().strip()
+    except FileNotFoundError:
+        recorded = ""
+    return (
+        not recorded
+        and not jd.job_json.exists()
+        and not jd.plan_json.exists()
         and not jd.controller_json.exists()
         and jd.launcher_holder() is None
     )

@@ -279,6 +279,28 @@ def test_status_of_a_job_its_launcher_prepares_is_complete_and_says_so(
     assert not complete and s["controller"] != operate.PREPARING
 
 
+def test_status_of_a_launch_stopped_before_it_wrote_job_json_is_complete_and_says_how_to_launch_it_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C on `rlctl launch job.yaml --job-dir D` while it prepared the job: D holds only secret, logs/ and
+    # checkpoints/, its row says stopped; `rlctl status` said `partial status: controller error: … has not written
+    # controller.json (not started?); sites not answering: none`, exit 3, and `status -w` never ended
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("cut", explicit=tmp_path / "cut")
+    row = indexed_row("cut", jd.path, job="cut", state="stopped", info={"source": "jobs/cut.yaml"})
+    s, complete = operate.job_status(JobRef("cut", jd, row), timeout_s=2.0)
+    again = "rlctl launch jobs/cut.yaml"
+    assert complete and s["agents"] == [] and s["never_started"] == {"start": again}
+    assert s["controller"] == f"{operate.NEVER_PREPARED}; launch it anew with `{again}`"
+    r = run_cli("status", "cut", "--watch", "--interval", "0.2")
+    assert r.exit_code == 0 and r.stderr == "", r.stderr
+    assert "controller  never prepared: its launch was stopped or failed before it wrote" in r.stdout
+    jd.write_json(jd.plan_json, {"trainer": {"site": "s", "ranks": 1}, "controller_site": "s", "rollout": []})
+    assert not operate.job_status(JobRef("cut", jd, row), timeout_s=2.0)[1]  # prepared, its job.json lost: not so
+
+
 def test_status_of_a_prepared_job_dir_that_never_started_is_complete_and_says_how_to_start_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
