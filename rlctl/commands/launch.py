@@ -425,7 +425,9 @@ def be_launcher(
         except KeyboardInterrupt:  # Ctrl-C: exit 130 (the CLI's), once the operator is told what became of the job
             progress.say(interrupted_line(jd, runs.run, source=runs.source))
             raise
-    summary = add_heldout(jd, spec, summary, say=progress.say)
+        # still the job's launcher while it evaluates the final checkpoint: a `launch --resume` (which may set that
+        # checkpoint aside) is refused meanwhile, and `rlctl stop` waits for it rather than saying it ended
+        summary = add_heldout(jd, spec, summary, say=progress.say)
     if summary["state"] == "done":  # what a finished job's operator does next, by the id the index holds it under
         ref = shlex.quote(jd.id)  # (its run put it in the index under its id)
         summary["next"] = {

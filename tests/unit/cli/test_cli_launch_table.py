@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -239,6 +240,35 @@ def test_a_failed_launch_names_the_resume_command_once(
     text = f"{e.value} (hint: {e.value.hint})"
     assert text.count("rlctl launch --resume demo-1") == 1, text
     assert e.value.hint is not None and e.value.hint.startswith(f"see {jd.path}/logs")
+
+
+def test_a_finished_launch_stays_the_jobs_launcher_while_it_evaluates_the_final_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the held-out evaluation ran after the launcher lock was let go: a `rlctl stop` then said `launcher …: ended
+    # 0.1 s after the agents` while it went on evaluating, and a `launch --resume` was not refused meanwhile
+    import rlctl.ops.evaluation
+
+    jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
+    holders: list[str | None] = []
+
+    def evaluate(jd_: JobDir, spec: object, summary: dict[str, str], say: object) -> dict[str, str]:
+        holders.append(jd_.launcher_holder())
+        return summary
+
+    monkeypatch.setattr(autoresume, "Runs", _FailedRuns)
+    monkeypatch.setattr(_FailedRuns, "wait", lambda self, **_: {"state": "done"})
+    monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
+    monkeypatch.setattr(rlctl.ops.evaluation, "add_heldout", evaluate)
+    monkeypatch.setattr(launch, "emit", lambda *_: None)
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        spec = SimpleNamespace(name="demo")
+        be_launcher(jd, spec, {}, SimpleNamespace(close=lambda: None), lambda runs, say: runs.start(), "table")
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    assert holders == [f"pid {os.getpid()} on {socket.gethostname()}"]
+    assert jd.launcher_holder() is None
 
 
 def test_a_finished_launch_says_what_to_do_next_by_the_jobs_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
