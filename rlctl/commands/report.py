@@ -32,10 +32,16 @@ def register(app: typer.Typer) -> None:
         """Write a PNG and an HTML report of a job: reward, T_gen/T_train/δ with scale events, agent busy/idle timeline."""  # noqa: E501 (one line: typer keeps newlines in the command list)
         from rlctl.ops.jobref import require_job_dir, resolve
         from rlctl.ops.operate import fetch_job_record
+        from rlctl.ops.run import refuse_if_unprepared
         from rlctl.report import build_report
 
         ref = resolve(job)
         require_job_dir(ref)
+        # one its launcher still prepares, or stopped before it wrote job.json: said so, with what to do, versus
+        # `not a job directory (no job.json)`
+        if not ref.jobdir.job_json.exists():
+            source = ref.row.info.get("source") if ref.row is not None else None
+            refuse_if_unprepared(ref.jobdir, source=source, nothing="nothing to report")
         fetch_job_record(ref)  # the record lives with the controller; a copy here when it ran on another site
         files = build_report(ref.jobdir.path, out=out.expanduser() if out is not None else None)  # `--out=~/r.png`
         emit({"png": str(files.png), "html": str(files.html)}, output, _table)

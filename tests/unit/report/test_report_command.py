@@ -71,3 +71,21 @@ def test_report_out_home_relative_goes_there(tmp_path: Path, home: Path, monkeyp
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines() == [str(tmp_path / "user" / "r.png"), str(tmp_path / "user" / "r.html")]
     assert (tmp_path / "user" / "r.png").exists() and not (tmp_path / "~").exists()
+
+
+def test_report_of_a_launch_stopped_before_it_wrote_job_json_says_so_and_how_to_launch_it_anew(
+    tmp_path: Path, home: Path
+) -> None:
+    # Ctrl-C on `rlctl launch jobs/demo.yaml` in its SFT warm-up: `status`, `pull` and `status --checkpoints` said the
+    # job was never prepared and how to launch it anew, `report` `not a job directory (no job.json)`
+    from rlctl.launch.jobdir import JobDir
+
+    jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
+    db = JobDB()
+    db.put("demo-1", job_dir=str(jd.path), spec={"name": "demo"}, state="stopped", info={"source": "jobs/demo.yaml"})
+    db.close()
+    r = CliRunner().invoke(app(), ["report", "demo-1"])
+    assert isinstance(r.exception, UsageError)
+    assert str(r.exception).startswith("job demo-1 was never prepared (no job.json: its launch was stopped or failed")
+    assert r.exception.hint == "launch it anew: `rlctl launch jobs/demo.yaml`"
+    assert not (jd.path / "report.png").exists()
