@@ -427,7 +427,14 @@ def be_launcher(
             raise
         # still the job's launcher while it evaluates the final checkpoint: a `launch --resume` (which may set that
         # checkpoint aside) is refused meanwhile, and `rlctl stop` waits for it rather than saying it ended
-        summary = add_heldout(jd, spec, summary, say=progress.say)
+        try:
+            summary = add_heldout(jd, spec, summary, say=progress.say)
+        except KeyboardInterrupt:  # the job is over: said so, versus an exit 130 that said nothing at all
+            progress.say(
+                f"rlctl: interrupted: job {jd.id} {summary['state']} ({summary.get('iterations')} iterations); its "
+                f"held-out evaluation was cut, so its summary has none (`rlctl status {shlex.quote(jd.id)}` shows it)"
+            )
+            raise
     if summary["state"] == "done":  # what a finished job's operator does next, by the id the index holds it under
         ref = shlex.quote(jd.id)  # (its run put it in the index under its id)
         summary["next"] = {

@@ -271,6 +271,34 @@ def test_a_finished_launch_stays_the_jobs_launcher_while_it_evaluates_the_final_
     assert jd.launcher_holder() is None
 
 
+def test_a_ctrl_c_in_a_finished_jobs_held_out_evaluation_says_the_job_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Ctrl-C while the launcher evaluated a done job's final checkpoint: exit 130 with nothing said, not even that
+    # the job had finished
+    import rlctl.ops.evaluation
+
+    def evaluate(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(autoresume, "Runs", _FailedRuns)
+    monkeypatch.setattr(_FailedRuns, "wait", lambda self, **_: {"state": "done", "iterations": 30})
+    monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
+    monkeypatch.setattr(rlctl.ops.evaluation, "add_heldout", evaluate)
+    jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            spec = SimpleNamespace(name="demo")
+            be_launcher(jd, spec, {}, SimpleNamespace(close=lambda: None), lambda runs, say: runs.start(), "table")
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "rlctl: interrupted: job demo-1 done (30 iterations); its held-out evaluation was cut, so its summary has "
+        "none (`rlctl status demo-1` shows it)"
+    )
+
+
 def test_a_finished_launch_says_what_to_do_next_by_the_jobs_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A finished job's table ended at its job dir: the report, the checkpoints and the final model's pull were the
     operator's to find."""
