@@ -386,9 +386,13 @@ def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0)
         raise RlctlError("--rollout must be non-zero, e.g. +1 or -1")
     # its controller is gone: "did not answer" misled (a job dir the index lacks: its summary says how it ended)
     if (ended := job_end(ref)) is not None:
+        # a finished job's plain resume is refused (nothing left to run); one the index lacks goes by its directory
+        resume = resume_command(ref.id if ref.row is not None else ref.jobdir.path)
         raise UsageError(
             f"job {ref.id} ended ({ended}): nothing to scale",
-            hint=f"continue a failed or stopped one with `rlctl launch --resume {ref.id}`",
+            hint=f"train it on with `{resume} --iterations N`"
+            if ended in ("finished", "done")
+            else f"continue it with `{resume}`",
         )
     try:
         return ask_controller(ref, "scale", {"delta": delta, "site": site}, timeout_s=timeout_s)

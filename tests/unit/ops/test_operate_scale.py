@@ -38,9 +38,11 @@ def test_a_scale_of_an_ended_job_says_it_ended(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: pytest.fail("no controller to ask"))
     with pytest.raises(UsageError, match=rf"^job short2 ended \({state}\): nothing to scale$") as e:
         operate.scale(JobRef("short2", jd, row), +1, site=None)
-    assert (
-        e.value.exit_code == 2
-        and e.value.hint == "continue a failed or stopped one with `rlctl launch --resume short2`"
+    # a finished job's plain resume is refused: the hint said to run it all the same
+    assert e.value.exit_code == 2 and e.value.hint == (
+        "train it on with `rlctl launch --resume short2 --iterations N`"
+        if state == "finished"
+        else "continue it with `rlctl launch --resume short2`"
     )
 
 
@@ -187,3 +189,5 @@ def test_a_scale_of_an_ended_job_dir_the_index_lacks_says_it_ended(
     monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: pytest.fail("no controller to ask"))
     r = run_cli("scale", str(jd.path), "--rollout", "-1")
     assert r.exit_code == 2 and r.stderr.startswith("rlctl: error: job copied ended (done): nothing to scale"), r.stderr
+    # by its directory: `rlctl launch --resume copied` found no such job in the index
+    assert f"(hint: train it on with `rlctl launch --resume {jd.path} --iterations N`)" in r.stderr
