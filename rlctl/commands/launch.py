@@ -425,6 +425,11 @@ def be_launcher(
         except KeyboardInterrupt:  # Ctrl-C: exit 130 (the CLI's), once the operator is told what became of the job
             progress.say(interrupted_line(jd, runs.run, source=runs.source))
             raise
+        except SystemExit as e:  # SIGTERM (the handler above) stops the job as Ctrl-C does: said as it is, versus an
+            # exit 143 that said nothing (a detached launcher's log ended at its last iteration line)
+            if e.code == 143:
+                progress.say(interrupted_line(jd, runs.run, source=runs.source, why="SIGTERM"))
+            raise
         # still the job's launcher while it evaluates the final checkpoint: a `launch --resume` (which may set that
         # checkpoint aside) is refused meanwhile, and `rlctl stop` waits for it rather than saying it ended
         try:
@@ -453,7 +458,7 @@ def be_launcher(
         )
 
 
-def interrupted_line(jd: JobDir, run: JobRun | None, *, source: str | None = None) -> str:
+def interrupted_line(jd: JobDir, run: JobRun | None, *, source: str | None = None, why: str = "interrupted") -> str:
     """What a launch Ctrl-C stopped says: the job stopped (every agent), and how to continue it; one stopped while
     it was prepared (no job.json: `launch --resume` refuses it), how to launch it again from `source`."""
     from rlctl.launch.jobdir import resume_command
@@ -461,17 +466,17 @@ def interrupted_line(jd: JobDir, run: JobRun | None, *, source: str | None = Non
 
     if run is None and not jd.job_json.exists():
         return (
-            f"rlctl: interrupted: job {jd.id} stopped while its launch prepared it (nothing started); "
+            f"rlctl: {why}: job {jd.id} stopped while its launch prepared it (nothing started); "
             f"launch it again with `{launch_again(source)}`"
         )
     how = run.resume_command() if run is not None else resume_command(jd.path)
     if run is not None and run.unstarted:  # a resume stopped while it staged: no agent ran, the job put back as it
         # was (a finished one stays finished: a plain resume is refused; a roll-back's --checkpoint is not kept)
         return (
-            f"rlctl: interrupted: the resume of job {jd.id} stopped before any agent of it started; the job is as it "
+            f"rlctl: {why}: the resume of job {jd.id} stopped before any agent of it started; the job is as it "
             f"was before it: continue it with `{how}` (and the resume's --iterations / --checkpoint, where it had them)"
         )
-    return f"rlctl: interrupted: job {jd.id} stopped (every agent); continue it with `{how}`"
+    return f"rlctl: {why}: job {jd.id} stopped (every agent); continue it with `{how}`"
 
 
 def started(run: JobRun) -> dict[str, Any]:

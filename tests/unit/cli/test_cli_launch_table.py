@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -192,6 +193,32 @@ def test_a_launch_ctrl_c_stops_says_it_stopped_the_job_and_how_to_resume_it(
     assert _InterruptedRuns.last.events == ["stop"]
     assert capsys.readouterr().err.splitlines()[-1] == (
         "rlctl: interrupted: job demo-1 stopped (every agent); continue it with `rlctl launch --resume demo-1`"
+    )
+
+
+class _TerminatedRuns(_InterruptedRuns):
+    """A launcher's runs whose watch a SIGTERM ends (the launcher's handler: `sys.exit(143)`)."""
+
+    def wait(self, **_: object) -> None:
+        sys.exit(143)
+
+
+def test_a_launch_sigterm_says_it_stopped_the_job_and_how_to_resume_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `kill PID` of a launcher stopped every agent and exited 143 with nothing said (Ctrl-C says it)
+    monkeypatch.setattr(autoresume, "Runs", _TerminatedRuns)
+    monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
+    jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as e:
+            be_launcher(jd, object(), {}, SimpleNamespace(close=lambda: None), lambda runs, say: runs.start(), "table")
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    assert e.value.code == 143 and _TerminatedRuns.last.events == ["stop"]
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "rlctl: SIGTERM: job demo-1 stopped (every agent); continue it with `rlctl launch --resume demo-1`"
     )
 
 
