@@ -394,6 +394,12 @@ def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0)
             if ended in ("finished", "done")
             else f"continue it with `{resume}`",
         )
+    if _being_prepared(ref):  # no controller to ask yet: said so, versus `the controller did not answer: …
+        # controller.json (not started?) (hint: is the job running?)`, exit 1
+        raise UsageError(
+            f"job {ref.id} is being prepared by its launcher (SFT warm-up, tokenizing, staging); nothing to scale yet",
+            hint=f"scale it once it runs: `rlctl status {shlex.quote(ref.id)}` says when",
+        )
     try:
         return ask_controller(ref, "scale", {"delta": delta, "site": site}, timeout_s=timeout_s)
     except (TransportError, OSError) as e:

@@ -16,6 +16,7 @@ from rlctl.ops import operate
 from rlctl.ops.jobdb import JobDB
 from rlctl.ops.jobref import JobRef
 from tests.conftest import ROOT, run_cli
+from tests.unit.job_rows import indexed_row
 
 
 def _job_dir(path: Path) -> JobDir:
@@ -191,3 +192,18 @@ def test_a_scale_of_an_ended_job_dir_the_index_lacks_says_it_ended(
     assert r.exit_code == 2 and r.stderr.startswith("rlctl: error: job copied ended (done): nothing to scale"), r.stderr
     # by its directory: `rlctl launch --resume copied` found no such job in the index
     assert f"(hint: train it on with `rlctl launch --resume {jd.path} --iterations N`)" in r.stderr
+
+
+def test_a_scale_of_a_job_its_launcher_prepares_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `rlctl scale` in a launch's SFT warm-up: `the controller did not answer: … has not written controller.json (not
+    # started?) (hint: is the job running?)`, exit 1
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("prep", explicit=tmp_path / "prep1")
+    row = indexed_row("prep1", jd.path, job="prep")
+    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: pytest.fail("no controller to ask"))
+    with jd.launcher_lock(), pytest.raises(UsageError) as e:
+        operate.scale(JobRef("prep1", jd, row), +1, site=None)
+    assert str(e.value) == (
+        "job prep1 is being prepared by its launcher (SFT warm-up, tokenizing, staging); nothing to scale yet"
+    )
+    assert e.value.exit_code == 2 and e.value.hint == "scale it once it runs: `rlctl status prep1` says when"
