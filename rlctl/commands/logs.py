@@ -16,6 +16,8 @@ from rlctl.render import write_out
 from rlctl.textutil import did_you_mean
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rlctl.ops.jobref import JobRef
 
 ROLES = ("controller", "trainer", "rollout")
@@ -37,6 +39,12 @@ def agent_name(text: str) -> str:
     if n and not (n.isascii() and n.isdigit()):  # ('²'.isdigit(), but int('²') fails)
         raise UsageError(f"agent {text!r}: replica must be a number, e.g. {role}/1")
     return f"{role}-{int(n or 0)}"  # rollout/01: rollout-1, as agents are named
+
+
+def _log_names(log_dir: Path) -> list[str]:
+    """The agents' and the launcher's logs in `log_dir`, not a detached launcher's hidden start log
+    (`.launcher.start-PID-NS.log`, copied to launcher.log: it was shown as one more agent while the job prepared)."""
+    return [p.stem for p in log_dir.glob("*.log") if not p.name.startswith(".")]
 
 
 def register(app: typer.Typer) -> None:
@@ -71,7 +79,7 @@ def register(app: typer.Typer) -> None:
         if agent is None:
             if follow:
                 raise UsageError("--follow needs one agent, e.g. `rlctl logs JOB rollout/0 -f`")
-            names = sorted({*handles, *(p.stem for p in log_dir.glob("*.log"))})
+            names = sorted({*handles, *_log_names(log_dir)})
             if not names:
                 raise UsageError(
                     f"job {ref.id}: no logs yet: none of its agents has started (no {log_dir}/*.log)",
@@ -93,7 +101,7 @@ def register(app: typer.Typer) -> None:
                 "terminal (`launch --detach`, `attach --detach`, or after a SIGHUP)"
             )
         else:
-            known = sorted({*handles, *(p.stem for p in log_dir.glob("*.log"))})
+            known = sorted({*handles, *_log_names(log_dir)})
             no_log = UsageError(f"job {ref.id}: no log for {name}; known: {', '.join(known) or 'none'}")
         found = agentlogs.locate(ref.jobdir.path, handles, name)
         if found is None:

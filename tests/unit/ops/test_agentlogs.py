@@ -264,3 +264,21 @@ def test_a_copied_job_dir_of_a_local_site_reads_its_own_logs_not_its_originals(t
     assert tail(original, handles, "trainer-0", 1) == ["original 2"]
     found = locate(copy, handles, "trainer-0")
     assert found is not None and found.path == str(copy / "logs" / "trainer-0.log")
+
+
+def test_the_logs_of_a_detached_launch_leave_out_its_hidden_start_log(tmp_path, monkeypatch):
+    # `rlctl logs JOB` while a `launch -d` prepared it showed `==> .launcher.start-12367-60407749078471 <==` beside
+    # `==> launcher <==`, the same lines twice, and named it among the known logs
+    from rlctl.launch.jobdir import JobDir
+    from tests.conftest import run_cli
+    from tests.unit.job_rows import indexed_row
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("prep", explicit=tmp_path / "prep-1")
+    indexed_row("prep-1", jd.path, job="prep")
+    (jd.path / "logs" / "launcher.log").write_text("SFT warm-up: 500 steps\n")
+    (jd.path / "logs" / ".launcher.start-12-34.log").write_text("SFT warm-up: 500 steps\n")
+    r = run_cli("logs", "prep-1")
+    assert r.exit_code == 0 and r.stdout == "==> launcher <==\nSFT warm-up: 500 steps\n", r.stdout
+    r = run_cli("logs", "prep-1", "rollout/0")
+    assert r.exit_code == 2 and r.stderr.rstrip().endswith("no log for rollout-0; known: launcher"), r.stderr
