@@ -31,9 +31,14 @@ def refuse_attach(job_id: str, row: JobRow | None, *, force: bool) -> None:
     if row is None:
         raise UsageError(f"{job_id}: not in this machine's job index (attach takes over jobs launched from it)")
     if row.state not in LIVE:
+        # a finished job's plain resume is refused (nothing left to run): it trains on with --iterations
+        go_on = (
+            f"train it on with `rlctl launch --resume {job_id} --iterations N`"
+            if row.state == "finished"
+            else f"continue it with `rlctl launch --resume {job_id}`"
+        )
         raise UsageError(
-            f"job {job_id} ended ({row.state}): nothing to watch",
-            hint=f"`rlctl status {job_id}`; continue a failed or stopped one with `rlctl launch --resume {job_id}`",
+            f"job {job_id} ended ({row.state}): nothing to watch", hint=f"`rlctl status {job_id}`; {go_on}"
         )
     info = row.info.get("launcher")
     running = detach.launcher_running(info)

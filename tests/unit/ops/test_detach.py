@@ -272,7 +272,12 @@ def test_attach_is_refused_while_a_launcher_watches_and_for_an_ended_job():
         refuse_attach("j1", elsewhere, force=False)
     assert e.value.hint == "if it is gone, `rlctl attach j1 --force`"
     refuse_attach("j1", elsewhere, force=True)
-    with pytest.raises(UsageError, match=r"job j1 ended \(failed\): nothing to watch"):
+    with pytest.raises(UsageError, match=r"job j1 ended \(failed\): nothing to watch") as e:
         refuse_attach("j1", row("failed", None), force=True)
+    assert e.value.hint == "`rlctl status j1`; continue it with `rlctl launch --resume j1`"
+    # a finished job's plain resume is refused: the hint said to run it all the same
+    with pytest.raises(UsageError, match=r"job j1 ended \(finished\): nothing to watch") as e:
+        refuse_attach("j1", row("finished", None), force=True)
+    assert e.value.hint == "`rlctl status j1`; train it on with `rlctl launch --resume j1 --iterations N`"
     with pytest.raises(UsageError, match="not in this machine's job index"):
         refuse_attach("/runs/j1", None, force=True)
