@@ -266,17 +266,16 @@ def _never_started(jd: JobDir) -> bool:
     """A job dir its launch prepared (job.json, plan.json) that records no agent at all (no agents.jsonl, or an
     empty one) and no launcher holds (`_being_prepared` is one a launcher still prepares or starts); the caller
     checks it has no metrics and no summary either (one that trained and lost its agents.jsonl is no such job)."""
+    return jd.job_json.exists() and jd.plan_json.exists() and _no_agent(jd)
+
+
+def _no_agent(jd: JobDir) -> bool:
+    """No agent recorded (no agents.jsonl, or an empty one), no controller.json, and no launcher holds the job."""
     try:
         recorded = (jd.path / AGENTS_FILE).read_text().strip()
     except FileNotFoundError:
         recorded = ""
-    return (
-        not recorded
-        and jd.job_json.exists()
-        and jd.plan_json.exists()
-        and not jd.controller_json.exists()
-        and jd.launcher_holder() is None
-    )
+    return not recorded and not jd.controller_json.exists() and jd.launcher_holder() is None
 
 
 NEVER_PREPARED = "never prepared: its launch was stopped or failed before it wrote the job's job.json, no agent started"
@@ -284,17 +283,13 @@ NEVER_PREPARED = "never prepared: its launch was stopped or failed before it wro
 
 def _never_prepared(jd: JobDir) -> bool:
     """A job dir its launch created but never prepared (no job.json, no plan.json: stopped or failed while it staged
-    or warmed up) that records no agent and no launcher holds; the caller checks it has no metrics and no summary."""
-    try:
-        recorded = (jd.path / AGENTS_FILE).read_text().strip()
-    except FileNotFoundError:
-        recorded = ""
+    or warmed up) that records no agent, started none (its events) and no launcher holds; the caller checks it has no
+    metrics and no summary."""
     return (
-        not recorded
-        and not jd.job_json.exists()
+        not jd.job_json.exists()
         and not jd.plan_json.exists()
-        and not jd.controller_json.exists()
-        and jd.launcher_holder() is None
+        and _no_agent(jd)
+        and not any(e.get("event") == "agent_started" for e in jd.read_events())
     )
 
 
