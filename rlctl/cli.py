@@ -33,6 +33,7 @@ from rlctl.commands import (
 )
 from rlctl.errors import JobProblems, RlctlError
 from rlctl.launch import hostkeys
+from rlctl.render import ClosedStdout
 
 app = typer.Typer(
     name="rlctl",
@@ -101,6 +102,8 @@ def main() -> None:
     reader went away (`rlctl status --all | head -1`) ends it as it ends a standard Unix tool: quietly, exit status
     141 (128 + SIGPIPE), as the shell says of `seq 100000 | head -1`; not 0, which would say all of it was written
     (`set -o pipefail` sees the cut as it sees cat's), nor 1, an error that did not happen."""
+    if sys.stdout is None:  # closed before rlctl started (`>&-`): what is written to it says so, typer's help too
+        sys.stdout = ClosedStdout()
     first = _first_stdout()
     try:
         _exits(first)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -29,10 +30,23 @@ def emit(data: Any, fmt: OutputFormat, table: Callable[[Any], str]) -> None:
 WRITE_PIECE = 1 << 16  # characters of stdout written at once (`write_out`)
 
 
+def stdout_closed() -> RlctlError:
+    return RlctlError("stdout is closed: nothing can be written", hint="redirect it instead, e.g. > /dev/null")
+
+
+class ClosedStdout(io.TextIOBase):
+    """`sys.stdout` where rlctl started with none (`rlctl --help >&-`; rlctl.cli.main puts it there): a write says
+    so. Python's None in its place was said by `write_out` only; rich, printing typer's help, wrote to nothing: exit 0,
+    unsaid."""
+
+    def write(self, s: str) -> int:
+        raise stdout_closed()
+
+
 def write_out(text: str, *, end: str = "\n") -> None:
     """`text` and `end` on stdout, flushed; a stdout that cannot take it is an RlctlError (one line, exit 1)."""
     if sys.stdout is None:  # closed before rlctl started (`rlctl plan job.yaml >&-`): Python has no stdout
-        raise RlctlError("stdout is closed: nothing can be written", hint="redirect it instead, e.g. > /dev/null")
+        raise stdout_closed()
     text += end
     try:  # in pieces: one write of megabytes into a pipe whose reader left took part of it and raised nothing
         for i in range(0, len(text), WRITE_PIECE):

@@ -78,6 +78,15 @@ def said_full_disk(cmd: list[str], env: dict[str, str]) -> None:
     )
 
 
+def said_closed_stdout(cmd: list[str], env: dict[str, str]) -> None:
+    """`cmd >&-`: one line, exit 1."""
+    proc = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *cmd], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    assert (proc.returncode, proc.stderr) == (
+        1,
+        b"rlctl: error: stdout is closed: nothing can be written (hint: redirect it instead, e.g. > /dev/null)\n",
+    )
+
+
 @pytest.mark.parametrize(
     "args",
     [["version"], ["--version"], ["profile", "-c", "clusters/local.yaml", "-m", "tiny-demo"], ["completion", "bash"]],
@@ -89,12 +98,7 @@ def test_a_stdout_that_cannot_be_written_or_is_closed_is_one_line_exit_1(args: l
     env = {**os.environ, "RLCTL_HOME": str(tmp_path / "home")}
     cmd = [sys.executable, "-m", "rlctl", *args]
     said_full_disk(cmd, env)
-    proc = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *cmd], cwd=ROOT, env=env, stderr=subprocess.PIPE)
-    assert proc.returncode == 1
-    assert (
-        proc.stderr
-        == b"rlctl: error: stdout is closed: nothing can be written (hint: redirect it instead, e.g. > /dev/null)\n"
-    )
+    said_closed_stdout(cmd, env)
 
 
 @pytest.mark.parametrize("agent", [[], ["trainer/0"]])
@@ -123,10 +127,12 @@ def test_logs_into_a_stdout_that_cannot_take_them_is_one_line_exit_1(agent: list
 def test_help_into_a_full_disk_or_a_closed_pipe_ends_as_other_output_does(args: list[str], tmp_path: Path) -> None:
     """typer's help is printed by rich, past rlctl.render: `rlctl --help > /dev/full` ended in a traceback (OSError: No
     space left on device), and `rlctl --help | true` in exit 1, unsaid (rich put /dev/null in stdout's place and
-    exited 1), versus one line, exit 1, and a quiet 141 as for any other output (`rlctl` alone prints its help too)."""
+    exited 1), versus one line, exit 1, and a quiet 141 as for any other output (`rlctl` alone prints its help too);
+    `rlctl --help >&-` (no stdout at all) ended 0, unsaid (rich wrote to nothing), versus 'stdout is closed', exit 1."""
     env = {**os.environ, "RLCTL_HOME": str(tmp_path / "home")}
     cmd = [sys.executable, "-m", "rlctl", *args]
     said_full_disk(cmd, env)
+    said_closed_stdout(cmd, env)
     read, write = os.pipe()
     os.close(read)  # the reader is gone before rlctl writes
     try:
