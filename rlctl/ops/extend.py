@@ -146,14 +146,17 @@ def resume_start(jobdir: JobDir, *, trained: int) -> int:
 def write_iterations(jobdir: JobDir, iterations: int) -> str | None:
     """Make `iterations` the count in the job's job.json (by its launcher, once no run of it is left): its digest
     with it (not a hand edit), the count before kept in `EARLIER` — and before it, the count a hand edit replaced
-    (`hand_edited_from`), as the resume of a job whose count was edited by hand writes it (`iterations` its count).
-    Returns job.json's text before (put back with `replace_job_json` when the run's start is refused), None when it
-    wrote nothing."""
+    (`hand_edited_from`), as the resume of a job whose count was edited by hand writes it (`iterations` its count;
+    its digest with it where the count it replaced is none the job's record names, which then has no place in
+    `EARLIER`: else each resume said the edit again). Returns job.json's text before (put back with
+    `replace_job_json` when the run's start is refused), None when it wrote nothing."""
     text = jobdir.job_json.read_text()
     data: dict[str, Any] = json.loads(text)
     before = int(data["job"]["iterations"])
     edited_from = hand_edited_from(jobdir, data)
-    if iterations == before and edited_from is None:
+    digests = data.get("job_sha256")
+    sealed = isinstance(digests, dict) and digests.get("iterations") == job_digests(data["job"])["iterations"]
+    if iterations == before and edited_from is None and (sealed or not isinstance(digests, dict)):
         return None
     data["job"] = {**data["job"], "iterations": iterations}
     if isinstance(data.get("job_sha256"), dict):  # (a job.json of an rlctl that kept none: one digest alone would

@@ -401,3 +401,25 @@ def test_the_hints_of_a_job_dir_the_index_lacks_name_it_by_its_directory(tmp_pat
     r = run_cli("launch", "--resume", str(jd.path), "--iterations", "9")
     assert r.exit_code == 2, r.stderr
     assert r.stderr.rstrip().endswith(f"(hint: e.g. `rlctl launch --resume {jd.path} --iterations 30`)"), r.stderr
+
+
+def test_a_count_edited_by_hand_from_one_the_job_names_nowhere_is_said_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # stopped at 7 of 15 before any checkpoint, its summary naming no planned count: the count its digest was taken
+    # of is none the job's record names (`hand_edited_from`), and job.json was left as it was: every resume said
+    # "job.json was edited since the launch (iterations)" again
+    jd = ended(tmp_path / "run", "stopped", iterations=7, indexed="stopped")
+    summary = json.loads(jd.summary_json.read_text())
+    del summary["iterations_planned"]
+    jd.summary_json.write_text(json.dumps(summary))
+    hand_edit_iterations(jd, 40)
+    launched, said = launched_by(jd, monkeypatch)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 0, r.stderr
+    assert said == [
+        f"job demo: {jd.job_json} was edited since the launch (iterations): the resume runs the job as edited there"
+    ]
+    data = launched["job_json"]
+    assert data["job"]["iterations"] == 40 and data.get("iterations_before", []) == []
+    assert launch_changes(jd) == []  # recorded: the next resume does not say it again
