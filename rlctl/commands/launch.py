@@ -595,7 +595,8 @@ def _resume(
 
     def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
         refuse_if_running(jd)
-        changes = launch_changes(jd)  # (before the count is written: one edited by hand is said as edited)
+        # (before the count is written: one edited by hand is said as edited, unless --iterations sets another)
+        changes = launch_changes(jd, count_given=counted is not None)
         # written once no run of it is left: its agents read job.json as they start; a count edited by hand is
         # written as one given with --iterations, the count it replaced kept among the earlier ones
         was = write_iterations(jd, spec.iterations)

@@ -29,16 +29,21 @@ from rlctl.launch.backends import SITES_FILE, read_sites
 from rlctl.launch.jobdir import JobDir, job_digests
 
 
-def launch_changes(jobdir: JobDir) -> list[str]:
+def launch_changes(jobdir: JobDir, *, count_given: bool = False) -> list[str]:
     """One line for each of: the job file the job was launched from changed (the fields that differ), job.json
-    edited since the launch (its top-level fields that differ). Nothing for a job launched by an rlctl that kept
-    neither, or from a file that is gone."""
+    edited since the launch (its top-level fields that differ; not `iterations` where the resume's `--iterations`
+    sets another count, `count_given`: its own line says the count it replaces). Nothing for a job launched by an
+    rlctl that kept neither, or from a file that is gone."""
     data = jobdir.read_json(jobdir.job_json)
     lines = []
     digests, job = data.get("job_sha256"), data.get("job")
     if isinstance(digests, dict) and isinstance(job, dict):
         now = job_digests(job)
-        edited = sorted(k for k in digests.keys() | now.keys() if digests.get(k) != now.get(k))
+        edited = sorted(
+            k
+            for k in digests.keys() | now.keys()
+            if digests.get(k) != now.get(k) and not (count_given and k == "iterations")
+        )
         if edited:
             lines.append(
                 f"{jobdir.job_json} was edited since the launch ({', '.join(edited)}): the resume runs the job as "

@@ -226,10 +226,13 @@ def test_a_count_edited_into_job_json_by_hand_keeps_the_count_before_among_the_e
     launched, said = launched_by(jd, monkeypatch)
     r = run_cli("launch", "--resume", str(jd.path), *(["--iterations", more] if more else []))
     assert r.exit_code == 0, r.stderr
-    assert (
-        f"job demo: {jd.job_json} was edited since the launch (iterations): the resume runs the job as edited there"
-        in said
-    )
+    if more is None:
+        assert said == [
+            f"job demo: {jd.job_json} was edited since the launch (iterations): the resume runs the job as edited there"
+        ]
+    else:  # it said "job.json was edited since the launch (iterations): the resume runs the job as edited there",
+        # though the count it runs is --iterations'
+        assert said == ["job demo: iterations 40 → 60 (--iterations), from 15 trained"]
     data = launched["job_json"]
     assert data["job"]["iterations"] == int(more or 40)
     assert data["iterations_before"] == ([15] if more is None else [15, 40])
