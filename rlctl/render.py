@@ -64,9 +64,15 @@ def grid(rows: Sequence[Sequence[Any]], headers: Sequence[str], title: str | Non
 
 
 def reward_failures_line(r: dict[str, Any]) -> str | None:
-    """The reward calls scored `task.reward_on_error` (raised, timed out, returned no finite number), when there were
-    any: without it a job whose every reward call failed ended `done` with reward 0 → 0 and nothing said why."""
-    kinds = {"raised": r.get("errors", 0), "timed out": r.get("timeouts", 0), "wrong type": r.get("bad_type", 0)}
+    """The reward calls scored `task.reward_on_error` (raised, timed out, returned no finite number, their worker
+    died), when there were any: without it a job whose every reward call failed ended `done` with reward 0 → 0 and
+    nothing said why."""
+    kinds = {
+        "raised": r.get("errors", 0),
+        "timed out": r.get("timeouts", 0),
+        "wrong type": r.get("bad_type", 0),
+        "died with their worker": r.get("died", 0),  # (counted under "raised" before: a segfault said as an exception)
+    }
     failed = sum(kinds.values())
     if not failed:
         return None

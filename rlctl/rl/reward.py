@@ -11,7 +11,7 @@ A reward function has verl's signature, so functions users already have work unc
     future.result() → RewardResult    and score the call `on_error`
 
 A call that raises, runs past `timeout_s`, returns a wrong type (or a NaN, or an int past a float's range) or kills
-its worker never fails the job: it scores `on_error`, is counted (calls, errors, timeouts, bad_type) and logged
+its worker never fails the job: it scores `on_error`, is counted (calls, errors, timeouts, bad_type, died) and logged
 with its sample id (a dict's other keys that are no finite number are left out of `extra`). `workers=0` loads and
 calls the function in the submitting thread (no deadline, no timeout): the in-process mode for debugging and tests.
 With workers, the process that starts the pool never imports the user's module (an import that hangs there could
@@ -86,7 +86,7 @@ from rlctl.textutil import did_you_mean, one_of
 log = logging.getLogger(__name__)
 
 RewardFn = Callable[..., Any]
-Outcome = Literal["ok", "error", "timeout", "bad_type"]
+Outcome = Literal["ok", "error", "timeout", "bad_type", "died"]
 ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 EXTRA_FACTOR = 4  # at most this many times `workers` processes while calls wait behind stuck ones
 STUCK_FRACTION = 0.1  # a call running longer than this part of the timeout (at least STUCK_MIN_S) is stuck
@@ -454,6 +454,7 @@ class RewardStats:
     errors: int = 0
     timeouts: int = 0
     bad_type: int = 0
+    died: int = 0  # calls whose worker died (a segfault, an OOM kill, os._exit) while it ran them
     restarts: int = 0  # workers replaced (killed on a timeout or a cancel, or died)
     cancelled: int = 0  # calls dropped by `cancel` before they finished
     extra_started: int = 0  # workers started beside stuck ones for the calls waiting behind them
@@ -462,7 +463,7 @@ class RewardStats:
 
     @property
     def failures(self) -> int:
-        return self.errors + self.timeouts + self.bad_type
+        return self.errors + self.timeouts + self.bad_type + self.died
 
 
 def load_deadline_s(timeout_s: float, load_timeout_s: float | None = None) -> float:
@@ -645,6 +646,8 @@ class RewardPool:
             s.timeouts += 1
         elif result.outcome == "bad_type":
             s.bad_type += 1
+        elif result.outcome == "died":
+            s.died += 1
         if not result.ok:
             who = f"sample {call.sample_id}" + (f" ({call.origin})" if call.origin else "")
             if s.first_failure is None:
@@ -711,7 +714,7 @@ class RewardPool:
                 return
             self._replace(i)
             if call is not None:
-                self._finish(call, RewardResult(self.on_error, "error", f"reward worker died (exit code {code})"))
+                self._finish(call, RewardResult(self.on_error, "died", f"reward worker died (exit code {code})"))
             return
         if w.state == "starting":
             if msg == "ready":

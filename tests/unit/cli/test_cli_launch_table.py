@@ -93,7 +93,11 @@ def test_the_summary_says_how_many_reward_calls_failed_and_how() -> None:
     assert "15 wrong type); the first: error: sample p1/0 (data.jsonl line 2): KeyError: 'boom' (r.py:3); each" in (
         summary_table(summary() | {"rewards": rewards | {"first_failure": first}})
     )
-    quiet = summary() | {"rewards": {"calls": 24, "errors": 0, "timeouts": 0, "bad_type": 0}}
+    died = {"calls": 24, "errors": 0, "timeouts": 0, "bad_type": 0, "died": 2}  # (once counted as "raised")
+    assert "2 of 24 calls scored task.reward_on_error (2 died with their worker); each" in summary_table(
+        summary() | {"rewards": died}
+    )
+    quiet = summary() | {"rewards": {"calls": 24, "errors": 0, "timeouts": 0, "bad_type": 0, "died": 0}}
     assert "reward failures" not in summary_table(quiet)  # none failed: no row
 
 

@@ -330,13 +330,23 @@ def test_worker_pool_survives_exceptions_hangs_and_deaths(rewards_dir: Path, cap
         ]  # returns at once, even with both workers stuck
         results = [f.result(timeout=60) for f in futures]
         assert [r.outcome for r in results] == [
-            "ok", "timeout", "error", "bad_type", "ok", "error", "ok", "timeout", "ok", "ok"
-        ]  # fmt: skip
+            "ok",
+            "timeout",
+            "error",
+            "bad_type",
+            "ok",
+            "died",
+            "ok",
+            "timeout",
+            "ok",
+            "ok",
+        ]  # fmt: skip  (a worker's death was an "error", said "raised" as an exception in the user's function)
         assert [r.score for r in results] == [1.0, -1.0, -1.0, -1.0, 0.5, -1.0, 0.0, -1.0, 1.0, 4.0]
         assert results[4].extra == {"acc": 1.0, "format": 1.0}
         assert results[5].error == "reward worker died (exit code 3)"
         s = pool.stats
-        assert (s.calls, s.errors, s.timeouts, s.bad_type, s.restarts) == (10, 2, 2, 1, 3)
+        assert (s.calls, s.errors, s.timeouts, s.bad_type, s.died, s.restarts) == (10, 1, 2, 1, 1, 3)
+        assert s.failures == 5
         assert pool.score("after", "src", "a", "a").ok  # the replaced workers answer
     failed = sorted(r.getMessage().split(":")[1].strip() for r in caplog.records)
     assert failed == ["sample s1", "sample s2", "sample s3", "sample s5", "sample s7"]
