@@ -296,10 +296,14 @@ def check_result(value: Any, on_error: float) -> RewardResult:
 
 def call_reward(fn: RewardFn, kwargs: dict[str, Any], on_error: float) -> RewardResult:
     """Call `fn` once in this thread; an exception scores `on_error`, a sys.exit() in it too (in-line, with
-    reward_workers 0, it ended the controller's scoring without a word: the job stopped, its log silent)."""
+    reward_workers 0, it ended the controller's scoring without a word: the job stopped, its log silent), and any
+    other BaseException but a KeyboardInterrupt (asyncio's CancelledError, a timeout library's own: in a worker it
+    killed the process, its log line saying only 'reward worker died'; in-line it left the controller's scoring)."""
     try:
         value = fn(**kwargs)
-    except (Exception, SystemExit) as e:  # noqa: BLE001 - a user function's failure is scored, counted and logged
+    except KeyboardInterrupt:  # in-line, a Ctrl-C of the process: not the function's failure
+        raise
+    except BaseException as e:  # noqa: BLE001 - a user function's failure is scored, counted and logged
         frame = traceback.extract_tb(e.__traceback__)[-1]
         where = f" ({Path(frame.filename).name}:{frame.lineno})"
         return RewardResult(on_error, "error", f"{type(e).__name__}: {e}{where}")

@@ -62,6 +62,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         raise KeyError("boom")
     if solution_str == "die":
         os._exit(3)
+    if solution_str == "base":
+        raise Stop("out of time")
     if solution_str == "str":
         return "1.0"
     if solution_str == "dict":
@@ -86,8 +88,12 @@ def three_args(data_source, solution_str, ground_truth):
 def too_few(solution_str):
     return 0.0
 
+class Stop(BaseException):  # (as a timeout library's own)
+    pass
+
 NOT_A_FUNCTION = 3
 """
+MINE_STOP_LINE = USER_FILE.splitlines().index('        raise Stop("out of time")') + 1
 
 
 @pytest.fixture
@@ -148,6 +154,31 @@ def test_a_sys_exit_in_the_function_is_a_failed_call() -> None:
     result = call_reward(leaves, {}, -1.0)
     assert (result.score, result.outcome) == (-1.0, "error")
     assert result.error is not None and result.error.startswith("SystemExit: 3 (test_reward.py:")
+
+
+class _Cancelled(BaseException):  # (as asyncio's CancelledError, or a timeout library's own)
+    pass
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_base_exception_in_the_function_is_a_failed_call_named_in_the_log(
+    rewards_dir: Path, workers: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # it escaped call_reward: in a worker it killed the process (logged as 'reward worker died (exit code 1)', what
+    # was raised on the worker's stderr alone), in-line it left the controller's scoring
+    def cancelled(**_: object) -> float:
+        raise _Cancelled("gave up")
+
+    result = call_reward(cancelled, {}, -1.0)
+    assert (result.score, result.outcome) == (-1.0, "error")
+    assert result.error is not None and result.error.startswith("_Cancelled: gave up (test_reward.py:")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
+    with RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=workers, on_error=-1.0) as pool:
+        result = pool.score("s0", "src", "base", "a")
+        assert (result.outcome, pool.stats.errors, pool.stats.restarts) == ("error", 1, 0)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"reward error: sample s0: Stop: out of time (mine.py:{MINE_STOP_LINE}); scored -1.0"
+    ]
 
 
 class _Unreadable(float):
