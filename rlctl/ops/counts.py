@@ -63,11 +63,6 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
     except Exception as e:  # the planner is advisory when the job gives explicit counts
         if isinstance(e, ConfigError) and profile is not None and e.file == profile_file:
             raise  # the profile the job names cannot price it (another model, GPU, algorithm): refused, not a note
-        note = f"planner unavailable for this job: {type(e).__name__}: {e}"
-        # a field of the job file the planner refuses, `rlctl check` (hence launch's preflight) refuses in its own
-        # line: said once, there, not in a warning line before it (an inventory's, e.g. a missing link, it does not)
-        said = isinstance(e, ConfigError) and e.file == str(job.path)
-        log.log(logging.DEBUG if said else logging.WARNING, "%s", note)
         if auto and isinstance(e, ConfigError):  # a job field the planner cannot plan with: exit 2, in check's words
             raise
         if auto:
@@ -75,6 +70,13 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
                 f"{job.path}: 'gpus: auto' needs the planner, which failed: {e}",
                 hint="give explicit GPU counts in placement",
             ) from e
+        note = f"planner unavailable for this job: {type(e).__name__}: {e}"
+        # a field of the job file the planner refuses, `rlctl check` (hence launch's preflight) refuses in its own
+        # line: said once, there, not in a warning line before it; an inventory's (e.g. no link between the
+        # trainer's datacenter and a rollout site's: the weights then route as if every pair were linked) it does
+        # not: a warning, by check and launch alike, where `rlctl plan` refuses the job
+        said = isinstance(e, ConfigError) and e.file == str(job.path)
+        log.log(logging.DEBUG if said else logging.WARNING, "%s", note)
     alloc = planned["allocation"] if planned is not None else []
     planned_tp = {a["site"]: int(a["config"]["tp"]) for a in alloc if a["role"] == "rollout" and a.get("config")}
     t_config = next((a.get("config") for a in alloc if a["role"] == "trainer"), None)

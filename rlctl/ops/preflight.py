@@ -17,7 +17,6 @@ import errno
 import importlib.util
 import ipaddress
 import json
-import logging
 import math
 import os
 import socket
@@ -436,10 +435,9 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     if plan is None:
         from rlctl.ops import counts
 
-        # the planner's advisory note (explicit counts, planner failed: tp 1 pp 1) is launch's to log;
-        # check prints its one line
-        log = logging.getLogger(counts.__name__)
-        log.addFilter(_drop)
+        # (the planner's advisory note, explicit counts beside a planner that failed, is logged there as launch's
+        # is: a warning where nothing here refuses the job, e.g. no link from the trainer's datacenter to a rollout
+        # site's, which check said nothing of while `rlctl plan` refused the job)
         try:
             plan = counts.plan_counts(job, spec)
         except PlanError as e:
@@ -450,8 +448,6 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
             if e.file != str(job.path) or e.field is None:  # a profile file's
                 return [Problem(_auto_field(job), f"'auto' needs the planner, which failed: {e}", e.hint)]
             return [Problem(e.field, e.detail, e.hint)]
-        finally:
-            log.removeFilter(_drop)
     t = plan["trainer"]
     par = t.get("parallel") or {}
     tp, pp = int(par.get("tp", 1)), int(par.get("pp", 1))
@@ -900,10 +896,6 @@ def _sharding(job: Job, plan: dict[str, Any]) -> list[Problem]:
             )
         )
     return out
-
-
-def _drop(record: logging.LogRecord) -> bool:
-    return False
 
 
 def _auto_field(job: Job) -> str:

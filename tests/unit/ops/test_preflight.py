@@ -303,6 +303,33 @@ def test_launch_refuses_a_job_field_the_planner_refuses_in_check_s_one_line(
     assert said and all(r.levelno < logging.WARNING for r in said), [r.getMessage() for r in said]
 
 
+def test_two_datacenters_without_a_link_are_said_by_check_as_by_launch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Explicit counts on a trainer site and a rollout site in two datacenters no declared link joins: the job runs
+    (the weights route as if every pair were linked), `rlctl plan` cannot price the way and refuses it (exit 2), and
+    launch warns of it. `rlctl check` passed it without a word (the planner's note dropped), versus the same warning
+    line as launch's, once (exit 0: it runs)."""
+    site = {"scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 2}]}
+    sites = {"a": {"datacenter": "dc-a", **site}, "b": {"datacenter": "dc-b", **site}}
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites}))
+    job = load(
+        tmp_path,
+        inventory=[str(tmp_path / "two.yaml")],
+        placement={"trainer": {"site": "a", "gpus": 1}, "rollout": [{"site": "b", "gpus": 2}]},
+    )
+    why = "links: no link declared between sites 'a' and 'b', nor a path of links from datacenter 'dc-a' to 'dc-b'"
+    plan = run_cli("plan", str(job.path))
+    assert plan.exit_code == 2 and why in plan.stderr, plan.stderr
+    for args in (["check"], ["launch", "--dry-run"]):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            r = run_cli(*args, str(job.path))
+        assert r.exit_code == 0, (args, r.stderr)
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warned) == 1 and why in warned[0], (args, warned)
+
+
 def test_embedded_rollout_tp_is_refused_set_or_planned(tmp_path: Path) -> None:
     job = load(tmp_path, rollout={"engine": "embedded", "tensor_parallel": 2})
     (p,) = refused(job, "rollout.tensor_parallel")

@@ -125,8 +125,8 @@ def test_missing_link_is_a_config_error_naming_the_inventory(tmp_path: Path) -> 
 def test_missing_link_beside_fixed_counts_is_still_a_warning_at_launch(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The planner is advisory there and `rlctl check` says nothing of links: launch's warning is the one line that
-    does (the weights then route as if every datacenter were linked)."""
+    """The planner is advisory there: launch's warning (and check's, the same) is the one line that says it (the
+    weights then route as if every datacenter were linked)."""
     from rlctl.ops.counts import plan_counts
 
     job = load_job(write_job(tmp_path, rollout=[{"site": "r20", "gpus": 16}], links=[], trainer_gpus=8))
