@@ -341,8 +341,10 @@ def register(app: typer.Typer) -> None:
             try:
                 path = fresh_dir(job, spec, job_dir)
             except UsageError as e:  # shown all the same: what it would run is the question here
-                sys.stderr.write(f"rlctl: note: a launch would be refused: {e} (hint: {e.hint})\n")
                 path = JobDir.choose_path(spec.name, explicit=job_dir if job_dir is not None else spec.job_dir)
+                if not path.name:  # the root: no id, and its sites' job dirs would be W/jobs/, every job's
+                    raise
+                sys.stderr.write(f"rlctl: note: a launch would be refused: {e} (hint: {e.hint})\n")
             sites = {n: job.inventory.sites[n] for n in _sites_of(plan)}
             with contextlib.closing(JobDB()) as db:  # the id the launch would give it: its sites' job dirs
                 job_id = db.id_for(path)

@@ -119,6 +119,10 @@ def test_a_job_dir_named_with_dotdot_is_the_directory_it_names_and_the_root_is_r
     assert JobDir.choose_path("demo", explicit="a/../runs/..") == tmp_path and JobDir(tmp_path).id == tmp_path.name
     line = one_error(run_cli("launch", str(DEMO), "--job-dir", "/tmp/../"))
     assert line.startswith("rlctl: error: --job-dir: / is the filesystem's root, not a job directory"), line
+    # --dry-run rendered it with the id '' (`#SBATCH --job-name=rlctl--trainer`, the sites' job dir ~/.rlctl/jobs/,
+    # every job's) under a note: refused in the same line, nothing rendered
+    dry = run_cli("launch", str(DEMO), "--dry-run", "--job-dir", "/")
+    assert dry.stdout == "" and one_error(dry) == line
     assert not home.exists()
 
 
