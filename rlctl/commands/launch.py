@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # the runtime's modules load when a command runs (`rlctl --he
     from rlctl.ops.preflight import Problem
     from rlctl.ops.run import JobRun
 
+log = logging.getLogger(__name__)
+
 
 class Mode(StrEnum):
     sync = "sync"
@@ -423,7 +425,7 @@ def be_launcher(
                 summary = runs.wait(on_progress=progress)
             finally:
                 progress.close()
-                runs.stop()
+                stop_runs(runs)
         except KeyboardInterrupt:  # Ctrl-C: exit 130 (the CLI's), once the operator is told what became of the job
             progress.say(interrupted_line(jd, runs.run, source=runs.source))
             raise
@@ -458,6 +460,19 @@ def be_launcher(
             f"job {spec.name} did not finish: {summary['state']}",
             hint=f"see {jd.path}/logs" + ("" if said else f"; continue it with `{resume}`"),
         )
+
+
+def stop_runs(runs: Runs) -> None:
+    """`runs.stop()`, in the launcher's `finally`: where an error already ends the launch (a start that failed,
+    Ctrl-C, SIGTERM), a stop that fails too (the controller's site unreachable: the job's record not fetched) is a
+    warning line and that error the one said, versus the stop's raised in its place."""
+    ending = sys.exc_info()[1]
+    try:
+        runs.stop()
+    except RlctlError as e:
+        if ending is None:
+            raise
+        log.warning("stopping the job's agents: %s", e)
 
 
 def interrupted_line(jd: JobDir, run: JobRun | None, *, source: str | None = None, why: str = "interrupted") -> str:

@@ -3,12 +3,14 @@ repeat."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -224,6 +226,52 @@ def test_a_launch_sigterm_says_it_stopped_the_job_and_how_to_resume_it(
     assert capsys.readouterr().err.splitlines()[-1] == (
         "rlctl: SIGTERM: job demo-1 stopped (every agent); continue it with `rlctl launch --resume demo-1`"
     )
+
+
+class _UnreachableRuns(_InterruptedRuns):
+    """A launcher's runs whose stop cannot reach the controller's site (its record not fetched)."""
+
+    def stop(self) -> None:
+        super().stop()
+        raise launch.LaunchError("cannot fetch the job's record from site c: ssh c-1: connection refused")
+
+
+@pytest.mark.parametrize("ended_by", ["start", "ctrl-c"])
+def test_a_stop_that_fails_after_an_error_leaves_that_error_said(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+    ended_by: str,
+) -> None:
+    """The launcher's `finally` stops the run; its stop, failing too (the controller's site unreachable), raised its
+    own error in place of the one that ended the launch (the start's, Ctrl-C's line unsaid): that one stays, the
+    stop's is a warning line."""
+    monkeypatch.setattr(autoresume, "Runs", _UnreachableRuns)
+    monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
+    jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
+
+    def begin(runs: Any, say: object) -> Any:
+        if ended_by == "start":
+            runs.start()
+            raise launch.LaunchError("site c: the controller did not start: exited 1")
+        return runs.start()
+
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(KeyboardInterrupt if ended_by == "ctrl-c" else launch.LaunchError) as e:
+            be_launcher(jd, object(), {}, SimpleNamespace(close=lambda: None), begin, "table")
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    assert _UnreachableRuns.last.events == ["stop"]
+    if ended_by == "start":
+        assert str(e.value) == "site c: the controller did not start: exited 1"
+    else:
+        assert capsys.readouterr().err.splitlines()[-1].startswith("rlctl: interrupted: job demo-1 stopped")
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == [
+        "stopping the job's agents: cannot fetch the job's record from site c: ssh c-1: connection refused"
+    ]
 
 
 def test_a_launch_ctrl_c_during_its_prepare_says_to_launch_it_again(tmp_path: Path) -> None:
