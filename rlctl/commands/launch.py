@@ -319,6 +319,7 @@ def register(app: typer.Typer) -> None:
         from rlctl.ops.jobdb import JobDB
         from rlctl.ops.preflight import preflight, problems, refuse
         from rlctl.ops.run import JobRun, fresh_dir, launch_dir, prepare
+        from rlctl.rl.dataset import keeping_rows
 
         if resume is not None:
             if job_file is not None or dry_run or mode is not None or job_dir is not None:
@@ -367,7 +368,10 @@ def register(app: typer.Typer) -> None:
         # what `rlctl check` refuses, refused before anything is built or started (once: a launcher started by
         # --detach for this very file, unchanged, does not check again — a dataset's rows are read to the end)
         if os.environ.pop(PREFLIGHT_PASSED_ENV, None) != _checked(job_file):
-            preflight(job, plan=plan)
+            # a dataset's rows, read and tokenized by the check, are kept for this process's prepare (not a
+            # launcher started by --detach, which prepares in a process of its own)
+            with contextlib.nullcontext() if detach_ else keeping_rows():
+                preflight(job, plan=plan)
         if detach_:  # the same launch in the background, into the directory chosen (and, if new, made) here
             if job_dir is None and spec.job_dir is None:  # a timestamped one: not one another launch made meanwhile
                 path = JobDir.create(spec.name).path

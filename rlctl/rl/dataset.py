@@ -23,6 +23,8 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -231,6 +233,35 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+# the rows `check_rows` read and tokenized while `keeping_rows`, by file, with their `_identity`, until
+# `prepare_dataset` of that file takes them (or drops them: the file changed since)
+_Rows = tuple[list[list[int]], list[dict[str, Any]], list[BadRow]]
+_kept: dict[str, tuple[dict[str, Any], _Rows]] = {}
+_keeping: ContextVar[bool] = ContextVar("keeping_rows", default=False)
+
+
+@contextmanager
+def keeping_rows() -> Iterator[None]:
+    """Inside, `check_rows` keeps the rows it reads and tokenizes (a launch's preflight), and `prepare_dataset` of the
+    same file (its SHA-256 then), tokenizer and settings in this process writes them, versus every row read and
+    tokenized a second time (a launch's check, then its prepare)."""
+    token = _keeping.set(True)
+    try:
+        yield
+    finally:
+        _keeping.reset(token)
+
+
+def _identity(cfg: DatasetTask, data_path: Path, tokenizer: TextTokenizer) -> dict[str, Any]:
+    """What a prepared dataset is made of: the file (its SHA-256), the tokenizer, the settings that change it."""
+    return {
+        "source": str(data_path),
+        "source_sha256": _sha256(data_path),
+        "tokenizer": tokenizer.fingerprint(),
+        "settings": cfg.model_dump(include=_TOKENIZING_FIELDS),
+    }
+
+
 def prepare_dataset(
     cfg: DatasetTask,
     *,
@@ -246,28 +277,18 @@ def prepare_dataset(
 
     if not data_path.is_file():
         raise ConfigError(str(data_path), None, "no such file (task.path is relative to the job file)")
-    source_sha = _sha256(data_path)
-    identity = {
-        "source": str(data_path),
-        "source_sha256": source_sha,
-        "tokenizer": tokenizer.fingerprint(),
-        "settings": cfg.model_dump(include=_TOKENIZING_FIELDS),
-    }
+    identity = _identity(cfg, data_path, tokenizer)
+    kept = _kept.pop(str(data_path), None)
     manifest_path = out_dir / MANIFEST_FILE
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text(encoding="utf-8"))
         if all(old.get(k) == v for k, v in identity.items()):
             return load_dataset(out_dir, cfg)
-    tokens: list[list[int]] = []
-    rows: list[dict[str, Any]] = []
-
-    def keep(label: str, parsed: tuple[list[int], dict[str, Any]]) -> None:
-        if check is not None:
-            check()
-        tokens.append(parsed[0])
-        rows.append({"source_row": label, **parsed[1]})
-
-    _, bad = _scan(cfg, data_path, tokenizer, keep)
+    if kept is not None and kept[0] == identity:  # read and tokenized by this launch's check, the file unchanged
+        tokens, rows, bad = kept[1]
+        _report_bad_rows(cfg, data_path, bad, len(rows) + len(bad), [], each=True)  # (refused by the check if so)
+    else:
+        tokens, rows, bad = _rows(cfg, data_path, tokenizer, check=check)
     out_dir.mkdir(parents=True, exist_ok=True)
     offsets = np.zeros(len(tokens) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(t) for t in tokens])
@@ -286,11 +307,36 @@ def prepare_dataset(
     return load_dataset(out_dir, cfg)
 
 
+def _rows(
+    cfg: DatasetTask,
+    data_path: Path,
+    tokenizer: TextTokenizer,
+    *,
+    check: Callable[[], None] | None = None,
+    each: bool = True,
+) -> tuple[list[list[int]], list[dict[str, Any]], list[BadRow]]:
+    """Every row of `data_path` read and tokenized (`_scan`): the good ones' tokens and rows, and the bad ones.
+    `check` is called at each good row; `each`: each bad row logged (else one line for all)."""
+    tokens: list[list[int]] = []
+    rows: list[dict[str, Any]] = []
+
+    def keep(label: str, parsed: tuple[list[int], dict[str, Any]]) -> None:
+        if check is not None:
+            check()
+        tokens.append(parsed[0])
+        rows.append({"source_row": label, **parsed[1]})
+
+    _, bad = _scan(cfg, data_path, tokenizer, keep, each=each)
+    return tokens, rows, bad
+
+
 def _scan(
     cfg: DatasetTask,
     data_path: Path,
     tokenizer: TextTokenizer,
     keep: Callable[[str, tuple[list[int], dict[str, Any]]], None] | None = None,
+    *,
+    each: bool | None = None,
 ) -> tuple[int, list[BadRow]]:
     """Read and tokenize every row of `data_path`, one at a time (`keep` gets each good one); the number of good
     rows and the bad rows, after `task.bad_rows` had its say (refuse: ConfigError), and a ConfigError when no row
@@ -310,7 +356,7 @@ def _scan(
         good += 1
         if keep is not None:
             keep(label, parsed)
-    _report_bad_rows(cfg, data_path, bad, good + len(bad), fields, each=keep is not None)
+    _report_bad_rows(cfg, data_path, bad, good + len(bad), fields, each=keep is not None if each is None else each)
     if not good:  # (bad rows of one kind, or any with `refuse`, were refused above, saying why)
         first = f"; the first: {str(bad[0]).removeprefix(f'{data_path}:')}" if bad else ""
         what = f"no usable rows ({len(bad)} read, {len(bad)} bad{first})" if bad else "no rows: the file holds none"
@@ -320,9 +366,15 @@ def _scan(
 
 def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer) -> int:
     """What `rlctl check` does with the rows: every one read and tokenized as the launch will (streaming, nothing
-    kept or written), refused as the launch would; the number of usable rows (what the launch will prepare)."""
-    good, _ = _scan(cfg, data_path, tokenizer)
-    return good
+    kept or written, unless `keeping_rows`), refused as the launch would; the number of usable rows (what the launch
+    will prepare)."""
+    if not _keeping.get() or not data_path.is_file():
+        good, _ = _scan(cfg, data_path, tokenizer)
+        return good
+    identity = _identity(cfg, data_path, tokenizer)  # (the file's digest before its rows are read)
+    kept = _rows(cfg, data_path, tokenizer, each=False)
+    _kept[str(data_path)] = (identity, kept)
+    return len(kept[1])
 
 
 def _report_bad_rows(

@@ -9,8 +9,8 @@ import pytest
 
 from rlctl.config.job import DatasetTask
 from rlctl.errors import ConfigError
-from rlctl.rl import reward
-from rlctl.rl.dataset import check_rows, check_task, load_dataset, prepare_dataset, submit_reward
+from rlctl.rl import dataset, reward
+from rlctl.rl.dataset import check_rows, check_task, keeping_rows, load_dataset, prepare_dataset, submit_reward
 from rlctl.rl.reward import RewardPool
 from rlctl.rl.tokenizer import HFTokenizer, load_tokenizer
 from tests.unit.hf_tokenizer import SPECIALS, write_tokenizer
@@ -153,6 +153,39 @@ def test_bad_rows_are_skipped_counted_and_logged(
     assert logged[-1] == f"dataset {path}: skipped 8 of 10 rows (task.bad_rows: skip)"
     manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
     assert manifest["num_bad_rows"] == 8 and len(manifest["bad_rows"]) == 8
+
+
+def test_a_launch_s_check_and_prepare_read_and_tokenize_its_rows_once(
+    tmp_path: Path, tok: HFTokenizer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A launch's preflight (`check_rows`) read and tokenized every row, then its prepare every row again: a big
+    dataset's minutes twice. Kept (`keeping_rows`), the prepare writes the same files and logs the same bad rows; a
+    file changed since is read again; outside it, nothing is kept (`rlctl check`)."""
+    path = write_jsonl(tmp_path / "train.jsonl", BAD_ROWS)
+    cfg = task(max_prompt_tokens=16, bad_rows="skip", shuffle=False)
+    plain = prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "plain")
+    calls: list[str] = []
+    for name in ("encode", "encode_chat"):
+        real = getattr(tok, name)
+        monkeypatch.setattr(tok, name, lambda *a, _real=real, **k: calls.append("tokenized") or _real(*a, **k))
+    with keeping_rows():
+        assert check_rows(cfg, data_path=path, tokenizer=tok) == 2
+    read = len(calls)
+    assert read >= 2
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.dataset")
+    caplog.clear()
+    kept = prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "kept")
+    assert len(calls) == read and kept.checksum == plain.checksum and kept.num_bad_rows == 8
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 9 and logged[-1] == f"dataset {path}: skipped 8 of 10 rows (task.bad_rows: skip)"
+    with keeping_rows():
+        check_rows(cfg, data_path=path, tokenizer=tok)
+    write_jsonl(path, [{"prompt": "1 + 2", "ground_truth": "3"}])  # changed after the check
+    read = len(calls)
+    assert len(prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "changed")) == 1
+    assert len(calls) == read + 1 and dataset._kept == {}
+    check_rows(cfg, data_path=path, tokenizer=tok)
+    assert dataset._kept == {}
 
 
 def test_messages_need_a_template_and_all_bad_is_refused(tmp_path: Path) -> None:
