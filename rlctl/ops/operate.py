@@ -429,6 +429,7 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     go of the job (`launcher` says it did, or not)."""
     jd = ref.jobdir
     out: dict[str, Any] = {"id": ref.id}
+    under_way = stop_under_way(jd)  # (before this stop's own request is written)
     # an agent of a job that ended is stopped only when its record tells it from a process that took its pid since
     unsure: dict[str, Any] = {}  # name → process group of those that are not
     running: set[str] = set()
@@ -473,6 +474,12 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
         out["graceful"] = f"controller did not answer ({e}); forcing"
         if not jd.controller_json.exists() and ref.row is not None and ref.row.state == "launching":
             out["graceful"] = "no controller yet: its launcher, preparing or starting the job, ends the launch"
+        elif under_way:  # its listener closed as it ends: waited for as a stop that answered, not forced at once
+            out["graceful"] = "requested"
+            say(
+                f"job {ref.id}: a stop before this one is under way (its controller no longer answers as it ends); "
+                "this stop waits for it to end before it forces anything"
+            )
         answer = {}
     if grace_s is None:
         grace_s = float(answer.get("grace_s") or STOP_GRACE_S)
@@ -531,6 +538,16 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     if launcher is not None:
         out["launcher"] = launcher
     return out
+
+
+def stop_under_way(jd: JobDir) -> bool:
+    """Whether a `rlctl stop` of the job's current run asked its controller to end and has not finished (its
+    `stopped_by_operator` not written yet): a second stop then finds the controller's listener closed as it ends,
+    and forced an end the first one was waiting out (a checkpoint being written, cut)."""
+    events = jd.read_events()
+    started = max((i for i, e in enumerate(events) if e.get("event") == "controller_listening"), default=-1)
+    asked = [i for i, e in enumerate(events) if i > started and e.get("event") == STOP_REQUESTED]
+    return bool(asked) and not any(e.get("event") == "stopped_by_operator" for e in events[asked[-1] :])
 
 
 def _launcher_end(jd: JobDir, *, timeout_s: float, say: Callable[[str], object]) -> str | None:

@@ -684,3 +684,31 @@ def test_a_resume_that_never_started_is_not_the_one_a_resume_takes(tmp_path: Pat
     jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
     assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
     assert [e["version"] for e in run_module.resumes(jd.read_events())] == [10]
+
+
+def test_a_second_stop_waits_for_the_first_ones_controller_to_end_rather_than_forcing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlctl stop J`, then `rlctl stop J` a second later: the controller, ending for the first (its listener closed,
+    a checkpoint being written), did not answer the second, which said 'did not answer; forcing' and killed it. Now
+    a stop asked for before and not over is joined: the controller ends by itself, then what is left is stopped."""
+    ref = _ended_job(tmp_path, monkeypatch, "running")
+    write_sites(ref.jobdir.path, {"local": Site.model_validate(LOCAL_SITE)})
+    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("refused")))
+    backend = local.LocalBackend()
+    ending = backend.start(AgentSpec("controller", 0, "local", [sys.executable, "-c", "import time; time.sleep(2)"]))
+    unit = backend.start(AgentSpec("rollout", 0, "local", [sys.executable, "-c", "import time; time.sleep(60)"]))
+    for h in (ending, unit):
+        record_agent(ref.jobdir.path, h)
+    ref.jobdir.event("controller_listening", address="tcp://127.0.0.1:1")
+    ref.jobdir.event(operate.STOP_REQUESTED)  # the first stop's, still waiting for the controller
+    assert operate.stop_under_way(ref.jobdir)
+    said: list[str] = []
+    try:
+        out = operate.stop(ref, grace_s=30, say=said.append)
+        assert out["graceful"] == "requested" and "a stop before this one is under way" in said[0], (out, said)
+        assert backend.poll(ending) == 0  # it ended by itself, not by the stop's TERM
+        assert backend.poll(unit) is not None
+    finally:
+        backend.stop([ending, unit], grace_s=2)
+    assert not operate.stop_under_way(ref.jobdir)  # this stop is over (its stopped_by_operator)
