@@ -9,7 +9,8 @@ forward still asks CUDA for things it does not need there:
     LanguageModule.setup_embeddings…   weight.data.cuda() before the embedding group's all-reduce   pp > 1, tied
 
 `on_cpu()` answers `torch.cuda.current_device()` with "cpu" and makes `Tensor.cuda()` return the tensor
-itself for the duration of a megatron call (and only when CUDA is unavailable), and `install_rng_tracker()`
+itself for the duration of a megatron call (when CUDA is unavailable, or the call's model computes on the CPU
+of a machine that has CUDA: a `gpu: CPU` site's trainer on a GPU host), and `install_rng_tracker()`
 puts a tracker whose `fork` does nothing in place of megatron's CUDA RNG tracker: every dropout is 0 in
 rlctl's config, so no random number is drawn inside a fork. Megatron's local DotProductAttention, which
 would also ask CUDA for its score buffer (`GlobalMemoryBuffer`) and for a default causal mask, is not in
@@ -44,11 +45,13 @@ def needs_shim() -> bool:
 
 
 @contextlib.contextmanager
-def on_cpu() -> Iterator[None]:
+def on_cpu(device: torch.device | None = None) -> Iterator[None]:
     """Run a megatron-core call on CPU: `torch.cuda.current_device()` returns "cpu" and `Tensor.cuda()` the
-    tensor itself inside (re-entrant; restored when the outermost block exits). A no-op when CUDA is available."""
+    tensor itself inside (re-entrant; restored when the outermost block exits). `device`: where the call's model
+    computes; a no-op when it is a CUDA device, or not given and CUDA is available (else megatron's rotary table
+    would move to cuda:0, beside a CPU model's activations)."""
     global _depth, _saved_current_device, _saved_tensor_cuda
-    if not needs_shim():
+    if not needs_shim() and (device is None or device.type != "cpu"):
         yield
         return
     with _lock:

@@ -164,7 +164,7 @@ class StagedGPT(nn.Module):
         self.device = torch.device("cpu") if device is None else device
         self.autocast_dtype = autocast_dtype
         self.stage = names.Stage(ps.get_pipeline_model_parallel_rank() if pp > 1 else 0, pp)
-        with cpu.on_cpu():
+        with cpu.on_cpu(self.device):
             self.gpt = GPTModel(
                 config=transformer_config(c, tp=tp, pp=pp),
                 transformer_layer_spec=layer_spec(c),
@@ -195,7 +195,7 @@ class StagedGPT(nn.Module):
                 self.gpt, self.stage, tokens, positions, hidden=self.config.hidden_size, width=width
             )
         on = self.autocast_dtype is not None
-        with cpu.on_cpu(), torch.autocast(tokens.device.type, dtype=self.autocast_dtype, enabled=on):
+        with cpu.on_cpu(tokens.device), torch.autocast(tokens.device.type, dtype=self.autocast_dtype, enabled=on):
             out: torch.Tensor = self.gpt(tokens, positions, None)
         return out.float()
 

@@ -83,7 +83,7 @@ def forward(
                 x.requires_grad_()
                 x.register_hook(to_prev.hook(j))  # ∂input of chunk j to the previous stage
             gpt.set_input_tensor(x)
-        with cpu.on_cpu():
+        with cpu.on_cpu(tok.device):
             out = gpt(tok, pos, None)  # causal by the layers' mask type (attention.py)
         if following is not None:
             buf = out.detach().contiguous()

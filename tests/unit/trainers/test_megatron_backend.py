@@ -200,3 +200,19 @@ def test_the_compute_s_device_and_autocast_reach_the_gpt_model(tmp_path: Path) -
     assert {p.device.type for p in mg.model.parameters()} == {"cpu"}
     trunk = mg.critic_trunk()
     assert trunk.device == mg.model.device and trunk.autocast_dtype is None
+
+
+def test_a_cpu_model_on_a_machine_with_cuda_stays_off_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `gpu: CPU` site's megatron trainer on a host that has GPUs (CUDA available, the model on the CPU): megatron
+    asks `torch.cuda.current_device()` for its rotary table's device in every forward, which moved the table to
+    cuda:0 beside the CPU activations. The shim answers for a CPU model whatever CUDA says: here (a CPU build of
+    torch) asking CUDA raised instead, so the logits and gradients below mean no CUDA call was made."""
+    write_checkpoint("qwen2-tied-hd32", tmp_path)
+    x = tokens(2, 12)
+    want = load_backend("megatron", tmp_path).model(x)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    mg = load_backend("megatron", tmp_path)
+    got = mg.model(x)
+    got.sum().backward()
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert all(p.grad is not None and p.grad.device.type == "cpu" for p in mg.model.parameters())
