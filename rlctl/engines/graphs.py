@@ -25,6 +25,7 @@ every replay: the weights (loaded in place, `TinyGPT.load_weights`), the cache a
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,10 @@ class StepGraphs:
     def __init__(self, step: Callable[[int, int], None], *, pool: Any = None) -> None:
         """`pool`: a memory pool to share (`torch.cuda.graph_pool_handle()`); None: one of its own, made at the
         first capture."""
-        self._step = step
+        # weakly: an engine holds its graphs, and a strong reference to its bound method would hold the engine in
+        # a cycle, which only a garbage collection frees — its weights, K/V cache and graphs' pool kept on the GPU
+        # after its last reference went (an evaluation's next policy loaded beside them, one probe engine per shape)
+        self._step = weakref.WeakMethod(step)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._warm: set[tuple[int, int]] = set()
         self._pool: Any = pool  # one memory pool for every graph of this engine
@@ -53,7 +57,7 @@ class StepGraphs:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self._step(rows, width)
+                self._call(rows, width)
             torch.cuda.current_stream().wait_stream(side)
             self._warm.add(key)
             return
@@ -62,10 +66,15 @@ class StepGraphs:
         graph = torch.cuda.CUDAGraph()
         # thread_local: the agent's other threads (weights fetch, reports) may call CUDA while this one captures
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            self._step(rows, width)
+            self._call(rows, width)
         self._graphs[key] = graph
         self.captures += 1
         graph.replay()
+
+    def _call(self, rows: int, width: int) -> None:
+        step = self._step()
+        assert step is not None, "the engine whose step this is was freed"
+        step(rows, width)
 
     def reset(self) -> None:
         """Forget every graph (what they read was reallocated)."""

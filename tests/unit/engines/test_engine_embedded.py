@@ -1,4 +1,6 @@
+import gc
 import sys
+import weakref
 
 import pytest
 import torch
@@ -6,6 +8,7 @@ import torch
 from rlctl.engines import ENGINES, EmbeddedEngine, GenRequest, VllmEngine
 from rlctl.engines.base import GenResult, Prefix
 from rlctl.engines.embedded import GroupBarrier
+from rlctl.engines.graphs import StepGraphs
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.samples import token_logprobs
 from tests.unit.tiny_models import small_config
@@ -472,3 +475,22 @@ def test_the_kv_storage_check_prices_is_what_the_engine_allocates() -> None:
         capacity = cache_capacity(prompt + new, cfg.max_position_embeddings)
         assert capacity == (128 if prompt + new <= 128 else 320)
         assert allocated == kv_cache_bytes(cfg, rows=3, capacity=capacity, value_bytes=4)
+
+
+def test_an_engine_is_freed_when_its_last_reference_goes(model: TinyGPT) -> None:
+    """No reference cycle through the engine: its K/V cache (and, on a GPU, its weights and CUDA graphs' memory
+    pool) is freed with its last reference, not at some later garbage collection. Each engine held its eager
+    step as a bound method, and on CUDA its step graphs held its step methods: `rlctl.rl.evaluate` loaded the
+    next policy beside the previous one's engine, and a GPU probe kept an engine per measured shape. The graphs
+    are attached here as a CUDA engine makes them (nothing is captured on the CPU)."""
+    gc.disable()  # a collection must not be what frees it
+    try:
+        engine = EmbeddedEngine(model, max_batch_size=4, static_shapes=True)
+        run(engine, requests(6))
+        engine._graphs = StepGraphs(engine._decode)
+        engine._prefill_graphs = StepGraphs(engine._prefill_step)
+        freed = weakref.ref(engine)
+        del engine
+        assert freed() is None
+    finally:
+        gc.enable()
