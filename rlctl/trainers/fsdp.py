@@ -32,14 +32,19 @@ from rlctl.models.tinygpt import TinyGPT
 
 def shard(model: TinyGPT, *, cuda: bool) -> None:
     """Shard `model` in place over the default process group (every trainer rank)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda else MixedPrecisionPolicy()
     )
+    # the mesh of the device the rank computes on: without one FSDP2 takes the machine's accelerator (CUDA on any
+    # GPU host) and moves the parameters there, a CPU site's trainer too
+    mesh = init_device_mesh("cuda" if cuda else "cpu", (dist.get_world_size(),))
     for layer in model.blocks():
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
     register_fsdp_forward_method(model, "hidden")  # a PPO critic calls it directly
     for m in model.modules():  # each sharded module reduces its own gradients: sums (gloo has no pre-scaled sum)
         if isinstance(m, FSDPModule):

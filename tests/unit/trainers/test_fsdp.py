@@ -91,3 +91,25 @@ def test_a_sharded_checkpoint_resumes_bit_for_bit(tmp_path: Path, inputs: tuple[
 
     saved = load_state_dict(job / "iter-2" / "model")
     assert all(torch.equal(saved[k], ran["weights"][1][k]) for k in saved)
+
+
+def test_a_cpu_trainer_on_a_machine_with_a_gpu_shards_on_the_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FSDP2 without a mesh makes one of the machine's accelerator (CUDA wherever a GPU is visible) and moves the
+    parameters there: a `gpu: CPU` site's sharded trainer on a GPU host would have put every rank on cuda:0, its
+    gloo group then all-gathering CUDA tensors. The mesh is the model's device's: here the accelerator is made to
+    say CUDA (torch is a CPU build: a CUDA mesh could not be made), and the shards stay on the CPU."""
+    import torch.distributed as dist
+
+    from rlctl.trainers import fsdp
+
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    try:
+        model = TinyGPT(CFG)
+        fsdp.shard(model, cuda=False)
+        assert {fsdp.local_tensor(p).device.type for p in model.parameters()} == {"cpu"}
+        model(torch.randint(0, 67, (2, 5))).sum().backward()
+    finally:
+        dist.destroy_process_group()
