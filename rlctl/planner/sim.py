@@ -73,9 +73,12 @@ def run_instance(
         active = n - np.arange(n)  # sequences alive during each segment
         finish[order] = admit_fixed_s + n * prefill_s + np.cumsum(steps * ptl_s[active])
         return finish
+    lens_a = np.asarray(lengths).astype(np.int64)
+    if compact_fraction is None and int(lens_a.min()) >= 1:
+        return _run_full(lens_a, ptl_s=np.asarray(ptl_s, dtype=float), cap=cap, admit_s=(admit_fixed_s, prefill_s))
     # event to event in plain Python numbers (numpy scalars cost more than the events); the same sums in order
     ptl = [float(x) for x in ptl_s]
-    lens = np.asarray(lengths).astype(np.int64).tolist()
+    lens = lens_a.tolist()
     out = [0.0] * n
     heap: list[tuple[int, int]] = []
     t, step, nxt, rows = 0.0, 0, 0, 0
@@ -108,6 +111,41 @@ def run_instance(
         # after the step, like the engine: drop all rows if all are free; compact if nothing waits
         if not heap or (compact_fraction is not None and nxt >= n and rows - len(heap) >= compact_fraction * rows):
             rows = len(heap)
+
+
+def _run_full(lens: np.ndarray, *, ptl_s: np.ndarray, cap: int, admit_s: tuple[float, float]) -> np.ndarray:
+    """`run_instance` without compaction, more samples than rows, every length ≥ 1: the event loop's sums, in its
+    order, without its per-request heap of tuples and Python floats.
+
+    The steps alone are list scheduling: the first `cap` samples start at step 0 and sample i ≥ cap at the
+    step the earliest running one ends (one int heap). Every event (a step where samples end) then adds
+    (end − previous) × PTL(rows) and, if it admits a samples, admit_fixed_s + a × prefill_s; those terms in
+    event order, summed left to right by `np.cumsum` (sequential, as the loop's `t +=`), give the same times."""
+    admit_fixed_s, prefill_s = admit_s
+    n = len(lens)
+    ls = lens.tolist()
+    heap = ls[:cap]
+    heapq.heapify(heap)
+    starts = [0] * n
+    replace_min = heapq.heapreplace
+    for i in range(cap, n):
+        s = heap[0]
+        starts[i] = s
+        replace_min(heap, s + ls[i])
+    start = np.array(starts, dtype=np.int64)
+    end = start + lens
+    events, of_event = np.unique(end, return_inverse=True)  # the steps where samples end, ascending
+    # rows during the segment before event j: started at or before the previous event (starts ascend: each is the
+    # heap's minimum, which only grows), not ended by then
+    prev = np.concatenate(([0], events[:-1]))
+    rows = np.searchsorted(start, prev, side="right") - np.searchsorted(np.sort(end), prev, side="right")
+    admitted = np.bincount(np.searchsorted(events, start[cap:]), minlength=len(events))
+    terms = np.empty(2 * len(events) + 1)
+    terms[0] = admit_fixed_s + cap * prefill_s
+    terms[1::2] = (events - prev) * ptl_s[rows]
+    terms[2::2] = np.where(admitted > 0, admit_fixed_s + admitted * prefill_s, 0.0)
+    t = np.cumsum(terms)
+    return t[1::2][of_event]
 
 
 @dataclass(frozen=True)
