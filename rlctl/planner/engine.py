@@ -247,12 +247,30 @@ class EngineRun:
             if len(heap) == cap and waiting and release[waiting[0]] <= t + EPS_S:
                 # every row busy and the oldest waiting group released: each completion's rows go to it (the loop
                 # below without its checks) until it has no more than they free, or `target` is done
-                g0, pc = waiting[0], ptl[cap]
+                g0, pc, replace = waiting[0], ptl[cap], heapq.heapreplace
                 ls, n0 = lengths[g0], size[g0]
                 while True:
-                    end = heap[0][0]
+                    head = heap[0]
+                    end = head[0]
                     t += (end - step) * pc
                     step = end
+                    # one request ends alone (neither child of the heap's root ends then), g0 has more than one
+                    # left and `target` is not done by it: its row goes to g0's next, one heap operation for both
+                    k = nxt[g0]
+                    if (
+                        n0 - k > 1
+                        and (cap < 2 or heap[1][0] != end)
+                        and (cap < 3 or heap[2][0] != end)
+                        and not (head[1] == target and running[target] == 1 and nxt[target] == size[target])
+                    ):
+                        _, g, i = head
+                        finish[g][i] = t
+                        running[g] -= 1
+                        replace(heap, (step + ls[k], g0, k))
+                        running[g0] += 1
+                        nxt[g0] = k + 1
+                        t += admit_fixed_s + 1 * prefill_s
+                        continue
                     c = 0
                     while heap and heap[0][0] == end:
                         _, g, k = pop(heap)

@@ -4,11 +4,14 @@
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlctl.planner import engine as engine_mod
 from rlctl.planner import simjob
 from rlctl.planner.engine import EPS_S, Barrier, EngineRun, EngineSpec, Group, run_groups
 from rlctl.planner.simjob import IterationWork, UnitShare, simulate_job
@@ -215,3 +218,16 @@ def test_the_unit_engines_go_on_from_the_last_iteration_as_if_run_from_the_start
     assert got == want["from_the_start"]  # the same sums
     step = want["step_by_step"]  # one PTL per step: the same up to float rounding
     assert got.train_end_s == pytest.approx(step.train_end_s) and got.gen_end_s == pytest.approx(step.gen_end_s)
+
+
+def test_a_completion_alone_at_its_step_hands_its_row_on_in_one_heap_operation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row busy and requests waiting: a request that ends alone gives its row to the next one by one heap
+    replace, versus a pop and a push (400 heap operations for 200 requests); the same times (the tests above)."""
+    calls: list[str] = []
+    for name in ("heappush", "heappop", "heapreplace"):
+        real = getattr(heapq, name)
+        monkeypatch.setattr(engine_mod.heapq, name, lambda *a, _f=real, _n=name: (calls.append(_n), _f(*a))[1])
+    lengths = np.arange(1, 201)  # longer and later each: no two requests end at the same step
+    (finish,) = run_groups([Group(0.0, lengths)], EngineSpec(PTL, 4, prefill_s=0.001))
+    assert np.all(np.diff(finish) > 0)
+    assert len(calls) <= 200 + 2 * 4

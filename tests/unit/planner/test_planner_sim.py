@@ -291,8 +291,9 @@ def test_a_chain_of_relays_costs_its_hops_chunk_times_not_a_copy_each() -> None:
 def test_a_job_of_many_iterations_runs_each_request_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each unit's engine admits every request of the run once, not once per later iteration that runs it again
     (quadratic in the iterations: a planner batch of 65,536 prompts did not finish in minutes)."""
-    pushed, push = [], heapq.heappush
+    pushed, push, replace = [], heapq.heappush, heapq.heapreplace  # a replace admits one request too
     monkeypatch.setattr(engine_mod.heapq, "heappush", lambda h, x: (pushed.append(x), push(h, x)))
+    monkeypatch.setattr(engine_mod.heapq, "heapreplace", lambda h, x: (pushed.append(x), replace(h, x))[1])
     works = _engine_works("never", n=12)
     simulate_job(works, mode="async", weight_sync_s=0.002, eta=1, drain=1)
     assert len(pushed) == 4 * 12
