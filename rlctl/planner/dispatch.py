@@ -29,6 +29,8 @@ LengthEstimate = Literal["quantile", "mean"]
 
 def lpt_order(pred_lengths: Sequence[float]) -> list[int]:
     """Indices in descending predicted length; ties keep the original (ascending index) order."""
+    if len(pred_lengths) > 64:  # numpy's stable sort of the negated values: the same order, without a key per item
+        return np.argsort(-np.asarray(pred_lengths, dtype=float), kind="stable").tolist()
     values = [float(x) for x in pred_lengths]  # plain floats: comparing numpy scalars dominates the sort
     return sorted(range(len(values)), key=values.__getitem__, reverse=True)  # stable: ties keep index order
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlctl.planner import dispatch as dispatch_mod
 from rlctl.planner.dispatch import (
     assign_balanced,
     dispatch_skew,
@@ -130,3 +132,23 @@ def test_fixed_split_takes_top_alpha() -> None:
     sp = fixed_split([1, 5, 3, 9, 7], num_units=3, num_long=1, alpha=0.4, long_batch=2, regular_batch=8)
     assert sp.long_ids == [3, 4] and sp.regular_ids == [1, 2, 0]
     assert (sp.num_long, sp.num_regular, sp.long_batch) == (1, 2, 2)
+
+
+def test_lpt_order_of_a_planner_batch_is_one_stable_numpy_sort_in_the_same_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Longest first, ties in index order (zeros, −0.0, repeated integers), as Python's stable reverse sort gives;
+    past 64 items by numpy's stable argsort of the negated values, versus a Python key call per item."""
+    rng = np.random.default_rng(3)
+    cases = []
+    for n in (65, 100, 1000, 16384):
+        for trial in range(20):
+            a = rng.integers(0, 50, n).astype(float) if trial % 2 else rng.lognormal(7, 1, n)
+            if trial % 3 == 0:
+                a[rng.integers(0, n, n // 4)] = 0.0
+                a[rng.integers(0, n, 3)] = -0.0
+            cases.append((a, sorted(range(n), key=a.tolist().__getitem__, reverse=True)))
+    monkeypatch.setattr(dispatch_mod, "sorted", lambda *a, **k: pytest.fail("a Python sort"), raising=False)
+    for a, want in cases:
+        assert lpt_order(a.tolist()) == want
+        assert lpt_order(a) == want
