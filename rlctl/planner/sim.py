@@ -74,7 +74,7 @@ def run_instance(
         finish[order] = admit_fixed_s + n * prefill_s + np.cumsum(steps * ptl_s[active])
         return finish
     lens_a = np.asarray(lengths).astype(np.int64)
-    if compact_fraction is None and int(lens_a.min()) >= 1:
+    if compact_fraction is None and n > 64 and int(lens_a.min()) >= 1:  # fewer: numpy's overhead costs more
         return _run_full(lens_a, ptl_s=np.asarray(ptl_s, dtype=float), cap=cap, admit_s=(admit_fixed_s, prefill_s))
     # event to event in plain Python numbers (numpy scalars cost more than the events); the same sums in order
     ptl = [float(x) for x in ptl_s]

@@ -365,7 +365,7 @@ def test_run_instance_is_the_event_loop_float_for_float_on_planner_sized_batches
     the event loop, exactly (the plan compares simulated times: a rounding apart could pick another split)."""
     rng = np.random.default_rng(7)
     for _ in range(400):
-        n = int(rng.integers(2, 600))
+        n = int(rng.integers(65, 600))
         cap = int(rng.integers(1, min(n, 300)))  # fewer rows than samples (fewer: a closed form)
         if rng.random() < 0.5:
             lengths = np.maximum(1, rng.lognormal(rng.uniform(0, 8), rng.uniform(0.1, 1.5), n).round()).astype(int)
