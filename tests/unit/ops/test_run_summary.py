@@ -224,22 +224,15 @@ def test_the_agents_of_a_local_job_its_launcher_stopped_show_the_exits_it_saw(
     ]
 
 
-def test_a_runs_local_agents_leaving_after_its_controller_are_not_terminated(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`make demo`: the controller told its agents to stop and exited, and the launcher's stop sent them TERM while
-    they were leaving (0.3 s after the job's end): status of the done job said `exited -15 (SIGTERM)`. They get
-    AGENTS_SETTLE_S to leave by themselves."""
+def _controller_gone_trainer_left(tmp_path: Path, trainer: str) -> tuple[JobDir, JobRun, Any, Any]:
+    """A run on a local site whose controller has exited and whose trainer runs `trainer` (Python source), both
+    recorded: the job dir, the run, the site's backend and the trainer's handle."""
     import sys
     import time
 
     from rlctl.launch.backends import record_agent, write_sites
     from rlctl.launch.base import AgentSpec
-    from rlctl.ops import run as run_mod
 
-    # a bound no start of a Python process reaches, loaded or not: the trainer's 0.5 s must not race the 3 s (the
-    # stop returns as soon as it has left, so the test takes no longer)
-    monkeypatch.setattr(run_mod, "AGENTS_SETTLE_S", 60.0)
     jd = JobDir.create("j", explicit=tmp_path / "job")
     local = Site.model_validate(
         {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 2}]}
@@ -248,12 +241,27 @@ def test_a_runs_local_agents_leaving_after_its_controller_are_not_terminated(
     run = JobRun(jd, load_job(ROOT / "jobs" / "demo.yaml").spec, {"controller_site": "train"}, db=None)
     backend = run.backends.for_site("train")
     run.controller = backend.start(AgentSpec("controller", 0, "train", [sys.executable, "-c", "pass"]))
-    leaving = backend.start(AgentSpec("trainer", 0, "train", [sys.executable, "-c", "import time; time.sleep(0.5)"]))
-    for h in (run.controller, leaving):
+    left = backend.start(AgentSpec("trainer", 0, "train", [sys.executable, "-c", trainer]))
+    for h in (run.controller, left):
         record_agent(jd.path, h)
         run.handles.append(h)
     while backend.poll(run.controller) is None:
         time.sleep(0.01)
+    return jd, run, backend, left
+
+
+def test_a_runs_local_agents_leaving_after_its_controller_are_not_terminated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make demo`: the controller told its agents to stop and exited, and the launcher's stop sent them TERM while
+    they were leaving (0.3 s after the job's end): status of the done job said `exited -15 (SIGTERM)`. They get
+    AGENTS_SETTLE_S to leave by themselves."""
+    from rlctl.ops import run as run_mod
+
+    # a bound no start of a Python process reaches, loaded or not: the trainer's 0.5 s must not race the 3 s (the
+    # stop returns as soon as it has left, so the test takes no longer)
+    monkeypatch.setattr(run_mod, "AGENTS_SETTLE_S", 60.0)
+    jd, run, _, _ = _controller_gone_trainer_left(tmp_path, "import time; time.sleep(0.5)")
     run.stop(grace_s=5)
     assert [e["exits"] for e in jd.read_events() if e["event"] == "agents_stopped"] == [
         {"controller-0": 0, "trainer-0": 0}
@@ -266,28 +274,12 @@ def test_a_recorded_agent_on_a_site_the_record_lacks_does_not_keep_the_stop_from
     """agents.jsonl names a site sites.json lacks (the launch's record of the sites damaged): the wait for the agents
     to leave by themselves (AGENTS_SETTLE_S) raised that site's LaunchError before any agent was stopped, so that a
     run's end (or Ctrl-C) left its trainer and units running; the stop says that site as one of its problems."""
-    import sys
-    import time
-
     from rlctl.errors import LaunchError
-    from rlctl.launch.backends import record_agent, write_sites
+    from rlctl.launch.backends import record_agent
     from rlctl.launch.base import AgentHandle, AgentSpec
 
-    jd = JobDir.create("j", explicit=tmp_path / "job")
-    local = Site.model_validate(
-        {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "h", "gpus": 2}]}
-    )
-    write_sites(jd.path, {"train": local})
-    run = JobRun(jd, load_job(ROOT / "jobs" / "demo.yaml").spec, {"controller_site": "train"}, db=None)
-    backend = run.backends.for_site("train")
-    run.controller = backend.start(AgentSpec("controller", 0, "train", [sys.executable, "-c", "pass"]))
-    running = backend.start(AgentSpec("trainer", 0, "train", [sys.executable, "-c", "import time; time.sleep(60)"]))
-    for h in (run.controller, running):
-        record_agent(jd.path, h)
-        run.handles.append(h)
+    jd, run, backend, running = _controller_gone_trainer_left(tmp_path, "import time; time.sleep(60)")
     record_agent(jd.path, AgentHandle(AgentSpec("rollout", 0, "gone", []), {"pid": 1, "pgid": 1}, "local"))
-    while backend.poll(run.controller) is None:
-        time.sleep(0.01)
     try:
         with pytest.raises(LaunchError, match=r"^site gone: .*no site 'gone'"):
             run.stop(grace_s=5)
