@@ -224,7 +224,7 @@ def partition_problems(name: str, site: Site, *, timeout_s: float = 60.0) -> lis
         out.append(
             f"site {name}: time_limit_min {sched.time_limit_min}{given} is past partition {sched.partition}'s MaxTime "
             f"of {max_s // 60} min (sinfo): SLURM would hold every agent's job pending; set sites.{name}."
-            f"time_limit_min: {max_s // 60} (checkpoint.auto_resume resumes a run that reaches it)"
+            f"scheduler.time_limit_min: {max_s // 60} (checkpoint.auto_resume resumes a run that reaches it)"
         )
     if have and (missing := sorted(listed - have)):
         out.append(

@@ -152,8 +152,8 @@ def test_a_time_limit_past_the_partitions_max_time_is_named(monkeypatch: pytest.
     (line,) = siteprobe.partition_problems("h", default)
     assert line == (
         "site h: time_limit_min 10080 (the default) is past partition p's MaxTime of 2880 min (sinfo): SLURM would "
-        "hold every agent's job pending; set sites.h.time_limit_min: 2880 (checkpoint.auto_resume resumes a run "
-        "that reaches it)"
+        "hold every agent's job pending; set sites.h.scheduler.time_limit_min: 2880 (checkpoint.auto_resume resumes "
+        "a run that reaches it)"
     )
     assert said == ["%l %N"]
     sched = {"kind": "slurm", "partition": "p", "time_limit_min": 2880}
