@@ -284,7 +284,8 @@ class SlurmBackend(LaunchBackend):
     @classmethod
     def partition(cls, site: Site, *, timeout_s: float) -> tuple[list[str], int | None]:
         """The names of the nodes of the site's partition and its MaxTime in seconds (None: no limit), from sinfo
-        where jobs are submitted (LaunchError when sinfo fails)."""
+        where jobs are submitted (LaunchError when sinfo fails). Partitions given as a list (`a,b`): the longest
+        MaxTime, as SLURM starts the job in a partition whose limit it fits."""
         nodes: set[str] = set()
         limits: set[int | None] = set()
         for line in cls._sinfo(site, "%l %N", timeout_s=timeout_s).splitlines():
@@ -293,7 +294,7 @@ class SlurmBackend(LaunchBackend):
                 limits.add(_seconds(limit))
                 nodes.update(h for word in words.split() for h in _hosts(word))
         known = [t for t in limits if t is not None]
-        return sorted(nodes), (min(known) if known and None not in limits else None)
+        return sorted(nodes), (max(known) if known and None not in limits else None)
 
     def __init__(
         self,

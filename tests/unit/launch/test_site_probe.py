@@ -163,6 +163,20 @@ def test_a_time_limit_past_the_partitions_max_time_is_named(monkeypatch: pytest.
     assert siteprobe.partition_problems("h", default) == []  # sinfo said nothing: the reach row says so
 
 
+def test_a_time_limit_within_one_of_the_listed_partitions_max_time_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: `partition: short,long` (sbatch -p short,long) with a week's time_limit_min was refused against
+    short's 1 day, the least of the two, though SLURM starts the job in long, whose MaxTime it fits."""
+    from rlctl.launch.slurm import SlurmBackend
+
+    said_back = ["1-00:00:00 g-01\n7-00:00:00 g-02\n", "1-00:00:00 g-01\n2-00:00:00 g-02\n"]
+    monkeypatch.setattr(SlurmBackend, "_sinfo", staticmethod(lambda s, fields, *, timeout_s: said_back.pop(0)))
+    sched = {"kind": "slurm", "partition": "short,long"}
+    both = site(kind="slurm", nodes=[{"host": "g-[01-02]", "gpus": 8}], scheduler=sched)
+    assert siteprobe.partition_problems("h", both) == []
+    (line,) = siteprobe.partition_problems("h", both)  # past both: the longer one is the value to set
+    assert "past partition short,long's MaxTime of 2880 min" in line
+
+
 def test_free_disk_below_the_jobs_need_is_named() -> None:
     report = HostReport("b", "h1", GOOD | {"free_bytes": 2e9})
     assert disk_problem(report, need_bytes=1e9) is None
