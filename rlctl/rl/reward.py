@@ -167,7 +167,7 @@ def _from_file(file: Path, shown: str) -> Any:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module  # before exec: dataclasses and pickle look the module up by name
-    beside = str(file.parent.resolve())
+    beside = str(file.resolve().parent)  # a link's target's: where `python file.py` and the launch's copy look
     if beside not in sys.path:  # its own modules (`local_modules`), as `python file.py` finds them
         sys.path.insert(0, beside)
     try:

@@ -299,6 +299,28 @@ def test_a_reward_files_copy_in_the_job_loads_on_its_own(tmp_path: Path, monkeyp
     assert load_reward("reward/uses.py:f", job.parent)("d", "a b", "") == 6.0  # in this process too
 
 
+def test_a_linked_reward_file_loads_with_the_modules_beside_its_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a reward file that is a link loaded the modules beside the link, while the launch copied those beside
+    its target (`copy_reward` of the resolved file): `check` refused a reward whose job's copy loads, and passed one
+    whose copy would not."""
+    from rlctl.ops.inputs import copy_reward
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "rlctl_linked_zz.py").write_text("SCORE = 3.0\n")
+    (tmp_path / "lib" / "r.py").write_text("from rlctl_linked_zz import SCORE\n\ndef f(data_source, solution_str, "
+                                           "ground_truth):\n    return SCORE\n")  # fmt: skip
+    (tmp_path / "job" / "rewards").mkdir(parents=True)
+    (tmp_path / "job" / "rewards" / "r.py").symlink_to(tmp_path / "lib" / "r.py")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # loading puts the file's directory first
+    monkeypatch.delitem(sys.modules, "rlctl_linked_zz", raising=False)
+    assert load_reward("rewards/r.py:f", tmp_path / "job")("d", "a b", "") == 3.0
+    copy_reward((tmp_path / "job" / "rewards" / "r.py").resolve(), tmp_path / "copy")  # as copy_inputs does
+    assert (tmp_path / "copy" / "rlctl_linked_zz.py").is_file()
+    sys.modules.pop("rlctl_linked_zz", None)
+
+
 def test_inline_pool_scores_and_counts(rewards_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     pool = RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=0, on_error=-1)
     caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
