@@ -132,12 +132,12 @@ def local_modules(file: Path) -> list[Path]:
         for name in _imported(todo.pop()):
             if name in found or name == file.stem or name in sys.stdlib_module_names:
                 continue
-            if (base / f"{name}.py").is_file():
-                found[name] = Path(f"{name}.py")
-                todo.append(base / found[name])
-            elif (base / name / "__init__.py").is_file():
+            if (base / name / "__init__.py").is_file():  # before name.py beside it: Python imports the package
                 found[name] = Path(name)
                 todo += sorted((base / name).rglob("*.py"))
+            elif (base / f"{name}.py").is_file():
+                found[name] = Path(f"{name}.py")
+                todo.append(base / found[name])
     return sorted(found.values())
 
 

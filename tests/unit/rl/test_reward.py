@@ -278,6 +278,16 @@ def test_a_reward_file_in_several_files_names_the_modules_beside_it_that_it_impo
     assert local_modules(tmp_path / "rewards" / "broken.py") == []  # loading it says what is wrong
 
 
+def test_a_package_and_a_module_of_one_name_beside_a_reward_file_name_the_package(tmp_path: Path) -> None:
+    """Before: helper.py was named, though `import helper` imports the package helper/ beside it: the job's copy
+    then ran helper.py's code, which check never loaded."""
+    (tmp_path / "helper").mkdir()
+    (tmp_path / "helper" / "__init__.py").write_text("X = 1\n")
+    (tmp_path / "helper.py").write_text("X = 2\n")
+    (tmp_path / "r.py").write_text("import helper\n")
+    assert local_modules(tmp_path / "r.py") == [Path("helper")]
+
+
 def test_a_reward_files_copy_in_the_job_loads_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: only the reward file was copied, so one importing a helper beside it was refused ("fold it in, or
     install it"). Now its modules come with it, and the copy loads in a fresh process far from the original."""
