@@ -122,9 +122,10 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {"digits": digits, "exact_match": exact_m
 
 def local_modules(file: Path) -> list[Path]:
     """The modules beside a reward file that it imports — `import helper`, `from helper import f`, a package
-    `helper/` —, and theirs, transitively (a name the standard library has is its, not a file's): what the launch
-    copies into the job with it, so a reward in several files runs on every site. Relative to the file's directory;
-    a package is its directory. An import inside a function counts; one by a computed name (importlib) does not."""
+    `helper/` (a namespace package too) —, and theirs, transitively (a name the standard library has is its, not a
+    file's): what the launch copies into the job with it, so a reward in several files runs on every site. Relative
+    to the file's directory; a package is its directory. An import inside a function counts; one by a computed name
+    (importlib) does not."""
     base = file.parent
     found: dict[str, Path] = {}
     todo = [file]
@@ -138,7 +139,22 @@ def local_modules(file: Path) -> list[Path]:
             elif (base / f"{name}.py").is_file():
                 found[name] = Path(f"{name}.py")
                 todo.append(base / found[name])
+            elif (base / name).is_dir() and _namespace_package(name, base / name):
+                found[name] = Path(name)
+                todo += sorted((base / name).rglob("*.py"))
     return sorted(found.values())
+
+
+def _namespace_package(name: str, directory: Path) -> bool:
+    """Whether `import name` takes `directory`, beside a reward file and without an __init__.py, as a namespace
+    package: it holds Python files, and no module or package of that name is installed (Python takes that one)."""
+    if not any(directory.rglob("*.py")):
+        return False
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return True
+    return spec is None or spec.origin is None  # not found, or a namespace package too
 
 
 def _imported(file: Path) -> list[str]:

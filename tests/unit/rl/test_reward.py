@@ -288,6 +288,26 @@ def test_a_package_and_a_module_of_one_name_beside_a_reward_file_name_the_packag
     assert local_modules(tmp_path / "r.py") == [Path("helper")]
 
 
+def test_a_namespace_package_beside_a_reward_file_is_copied_with_it(tmp_path: Path) -> None:
+    """Before: a package without an __init__.py (a namespace package) was not named, so check loaded the reward
+    (its import finds the directory) and every site's copy of the job failed at its start ('No module named')."""
+    from rlctl.ops.inputs import copy_reward
+
+    (tmp_path / "src" / "rlctl_ns_zz").mkdir(parents=True)
+    (tmp_path / "src" / "rlctl_ns_zz" / "grade.py").write_text("SCORE = 4.0\n")
+    (tmp_path / "src" / "pytest").mkdir()  # installed: `import pytest` takes that one, not this directory
+    (tmp_path / "src" / "pytest" / "x.py").write_text("")
+    (tmp_path / "src" / "data").mkdir()  # no Python in it: no package
+    (tmp_path / "src" / "r.py").write_text(
+        "import data, pytest\nfrom rlctl_ns_zz.grade import SCORE\n\n"
+        "def f(data_source, solution_str, ground_truth):\n    return SCORE\n"
+    )
+    assert local_modules(tmp_path / "src" / "r.py") == [Path("rlctl_ns_zz")]
+    (tmp_path / "job").mkdir()
+    copy_reward(tmp_path / "src" / "r.py", tmp_path / "job" / "reward")
+    assert (tmp_path / "job" / "reward" / "rlctl_ns_zz" / "grade.py").is_file()
+
+
 def test_a_reward_files_copy_in_the_job_loads_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: only the reward file was copied, so one importing a helper beside it was refused ("fold it in, or
     install it"). Now its modules come with it, and the copy loads in a fresh process far from the original."""
