@@ -265,7 +265,14 @@ class SshBackend(LaunchBackend):
         opts += [f"-i {sh_path(t.key_file)}"] if t.key_file else []
         if t.proxy_jump:  # not `-J`, whose bastion connection ignores the options given here (the host-key file)
             j = jump_target(t.proxy_jump, known_hosts=t.known_hosts)
-            via = ["ssh", f"-p {j.port}", *keys, "-W %h:%p", shlex.quote(f"{j.user}@{j.host}" if j.user else j.host)]
+            # `[%h]:%p`, as ssh -J writes it: ssh reads `fd00::2:22` as no host and port
+            via = [
+                "ssh",
+                f"-p {j.port}",
+                *keys,
+                "-W '[%h]:%p'",
+                shlex.quote(f"{j.user}@{j.host}" if j.user else j.host),
+            ]
             opts += [f"-o {shlex.quote('ProxyCommand=' + ' '.join(via))}"]
         opts += keys
         user = f"{t.user}@" if t.user else ""

@@ -193,5 +193,18 @@ def test_a_rendered_command_line_reaches_the_bastion_with_the_sites_host_key_fil
     argv = subprocess.run(["bash", "-c", f"printf '%s\\n' {args}"], capture_output=True, text=True).stdout.splitlines()
     keys = ["-o", "UserKnownHostsFile=/etc/rl/kh", "-o", "StrictHostKeyChecking=yes"]
     assert "-J" not in argv and argv[-5:] == [*keys, "rl@h20-02"], argv
-    jump = "ssh -p 2022 -o UserKnownHostsFile=/etc/rl/kh -o StrictHostKeyChecking=yes -W %h:%p ops@bastion"
+    jump = "ssh -p 2022 -o UserKnownHostsFile=/etc/rl/kh -o StrictHostKeyChecking=yes -W '[%h]:%p' ops@bastion"
     assert argv[argv.index("-o") + 1] == f"ProxyCommand={jump}", argv
+
+
+def test_a_rendered_jump_to_an_ipv6_node_names_it_as_ssh_reads_it() -> None:
+    """Before: `-W %h:%p` became `-W fd00::2:2200` for a node at an IPv6 address, which ssh refuses ('Bad stdio
+    forwarding specification'); ssh -J, and now the ProxyCommand, write `[%h]:%p`."""
+    sched = SITE.scheduler.model_copy(update={"proxy_jump": "bastion"})
+    site = SITE.model_copy(update={"scheduler": sched})
+    line = SshBackend.for_site("h20", site, job="demo", job_dir=Path("/tmp")).command_line("fd00::2", "true\n")
+    args = line.splitlines()[0].removesuffix(" bash -s <<'RLCTL_EOF'")
+    argv = subprocess.run(["bash", "-c", f"printf '%s\\n' {args}"], capture_output=True, text=True).stdout.splitlines()
+    proxy = argv[argv.index("-o") + 1].removeprefix("ProxyCommand=")
+    via = subprocess.run(["bash", "-c", f"printf '%s\\n' {proxy}"], capture_output=True, text=True).stdout.split()
+    assert via[via.index("-W") + 1] == "[%h]:%p", via  # ssh puts the node's address in the brackets
