@@ -131,14 +131,15 @@ def local_modules(file: Path) -> list[Path]:
     todo = [file]
     while todo:
         for name in _imported(todo.pop()):
-            if name in found or name == file.stem or name in sys.stdlib_module_names:
+            if name in found or name in sys.stdlib_module_names:
                 continue
             if (base / name / "__init__.py").is_file():  # before name.py beside it: Python imports the package
                 found[name] = Path(name)
                 todo += sorted((base / name).rglob("*.py"))
             elif (base / f"{name}.py").is_file():
-                found[name] = Path(f"{name}.py")
-                todo.append(base / found[name])
+                if name != file.stem:  # (the reward file itself is copied as it is)
+                    found[name] = Path(f"{name}.py")
+                    todo.append(base / found[name])
             elif (base / name).is_dir() and _namespace_package(name, base / name):
                 found[name] = Path(name)
                 todo += sorted((base / name).rglob("*.py"))

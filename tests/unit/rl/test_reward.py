@@ -288,6 +288,19 @@ def test_a_package_and_a_module_of_one_name_beside_a_reward_file_name_the_packag
     assert local_modules(tmp_path / "r.py") == [Path("helper")]
 
 
+def test_a_package_named_as_the_reward_file_is_copied_with_it(tmp_path: Path) -> None:
+    """Before: score.py's `from score.impl import X` was taken for an import of itself, so the package score/ beside
+    it, which that import loads (check passed), was left out, and the job's copy failed ('score' is not a package).
+    """
+    (tmp_path / "score").mkdir()
+    (tmp_path / "score" / "__init__.py").write_text("")
+    (tmp_path / "score" / "impl.py").write_text("X = 1\n")
+    (tmp_path / "score.py").write_text("from score.impl import X\n")
+    assert local_modules(tmp_path / "score.py") == [Path("score")]
+    (tmp_path / "other.py").write_text("import other\n")  # a file's import of itself copies nothing more
+    assert local_modules(tmp_path / "other.py") == []
+
+
 def test_a_namespace_package_beside_a_reward_file_is_copied_with_it(tmp_path: Path) -> None:
     """Before: a package without an __init__.py (a namespace package) was not named, so check loaded the reward
     (its import finds the directory) and every site's copy of the job failed at its start ('No module named')."""
