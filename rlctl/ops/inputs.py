@@ -79,15 +79,17 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
 
 def copy_reward(src: Path, dst: Path) -> None:
     """The reward file into `dst`, with the modules beside it that it imports (`local_modules`): a package as its
-    directory, less its bytecode caches."""
+    directory, less its bytecode caches. What `dst` held is replaced: a relaunch into the same job dir kept the modules
+    since removed from a package (and the reward file of an earlier launch)."""
     from rlctl.rl.reward import local_modules
 
-    dst.mkdir(exist_ok=True)
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir()
     shutil.copy2(src, dst / src.name)
     for rel in local_modules(src):
         if (src.parent / rel).is_dir():
             ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-            shutil.copytree(src.parent / rel, dst / rel, ignore=ignore, dirs_exist_ok=True)
+            shutil.copytree(src.parent / rel, dst / rel, ignore=ignore)
         else:
             shutil.copy2(src.parent / rel, dst / rel)
 

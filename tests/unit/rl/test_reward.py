@@ -330,6 +330,10 @@ def test_a_reward_files_copy_in_the_job_loads_on_its_own(tmp_path: Path, monkeyp
     job = tmp_path / "job" / "reward"
     job.parent.mkdir()
     copy_reward(uses, job)
+    (tmp_path / "rewards" / "rlctl_pkg_zz" / "gone.py").write_text("X = 1\n")
+    copy_reward(uses, job)
+    (tmp_path / "rewards" / "rlctl_pkg_zz" / "gone.py").unlink()  # taken out of the package before a relaunch
+    copy_reward(uses, job)
     assert sorted(str(p.relative_to(job)) for p in job.rglob("*") if p.is_file()) == [
         "rlctl_deep_zz.py", "rlctl_helper_zz.py", "rlctl_pkg_zz/__init__.py", "rlctl_pkg_zz/inner.py", "uses.py",
     ]  # fmt: skip
