@@ -590,8 +590,8 @@ def _listen_addresses(job: Job) -> list[Problem]:
             f"and this job's agents run on {len(hosts)} hosts ({shown}): "
             f"site{'s' if len(sites) > 1 else ''} {', '.join(map(repr, sorted(sites)))} would be unreachable from "
             "the others",
-            hint=f"set sites.<site>.network.listen_host on {', '.join(sorted(sites))} to an address of its hosts, "
-            "or `auto` (the interface that routes toward the controller)",
+            hint=f"set sites.<site>.network.listen_host on {', '.join(sorted(sites))} to `auto` (each agent takes its "
+            "own host's interface that routes toward the controller), or on a site of one host that host's address",
             file=_field_file(job, field, sites),
         )
         for field, (address, sites) in by_field.items()
