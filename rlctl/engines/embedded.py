@@ -140,8 +140,9 @@ class EmbeddedEngine(GenerationEngine):
         self._static = self.device.type == "cuda" if static_shapes is None else static_shapes
         self.compile_step = compile_step
         # shapes symbolic: one compile serves every (rows, width) bucket. None: the eager `_forward`, called as a
-        # method (a bound method kept on the engine would be a reference cycle: see StepGraphs)
-        self._compiled = torch.compile(self._forward, dynamic=True, fullgraph=True) if compile_step else None
+        # method; the compiled one is the class's function, given the engine (a bound method kept on the engine,
+        # compiled or not, would be a reference cycle: see StepGraphs)
+        self._compiled = torch.compile(type(self)._forward, dynamic=True, fullgraph=True) if compile_step else None
         # static prefill inputs (`_prefill`): tokens [storage rows, cache capacity], rows, lengths
         self._pf_tokens = torch.zeros(0, dtype=torch.long, device=self.device)
         self._pf_rows, self._pf_lengths = z.clone(), z.clone()
@@ -283,7 +284,7 @@ class EmbeddedEngine(GenerationEngine):
         """One decode and sampling step of the first `rows` storage rows, attending over `width` positions; every
         result lands in place (what a CUDA graph captures). `mixed`: the rows `_greedy` marks take the argmax."""
         assert self._cache is not None
-        logits = self._forward(rows, width) if self._compiled is None else self._compiled(rows, width)
+        logits = self._forward(rows, width) if self._compiled is None else self._compiled(self, rows, width)
         greedy = self._greedy[:rows] if mixed else None
         tokens, logprobs = sample(logits, self._seeds[:rows], self._steps[:rows], self._temperature, greedy)
         self._steps[:rows] += 1

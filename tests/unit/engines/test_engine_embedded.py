@@ -494,3 +494,16 @@ def test_an_engine_is_freed_when_its_last_reference_goes(model: TinyGPT) -> None
         assert freed() is None
     finally:
         gc.enable()
+
+
+def test_a_compiled_step_engine_is_freed_when_its_last_reference_goes(model: TinyGPT) -> None:
+    """`compile_step` (rollout.compile): the engine held `torch.compile` of its bound `_forward`, whose wrapper holds
+    the engine, a reference cycle that kept its K/V cache (on a GPU its weights too) until a garbage collection."""
+    gc.disable()  # a collection must not be what frees it
+    try:
+        engine = EmbeddedEngine(model, max_batch_size=4, static_shapes=True, compile_step=True)
+        freed = weakref.ref(engine)
+        del engine
+        assert freed() is None
+    finally:
+        gc.enable()
