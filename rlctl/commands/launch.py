@@ -442,11 +442,14 @@ def be_launcher(
         # checkpoint aside) is refused meanwhile, and `rlctl stop` waits for it rather than saying it ended
         try:
             summary = add_heldout(jd, spec, summary, say=progress.say)
-        except KeyboardInterrupt:  # the job is over: said so, versus an exit 130 that said nothing at all
-            progress.say(
-                f"rlctl: interrupted: job {jd.id} {summary['state']} ({summary.get('iterations')} iterations); its "
-                f"held-out evaluation was cut, so its summary has none (`rlctl status {shlex.quote(jd.id)}` shows it)"
-            )
+        except (KeyboardInterrupt, SystemExit) as e:  # the job is over: said so, versus an exit that said nothing
+            if not isinstance(e, SystemExit) or e.code == 143:  # Ctrl-C, or SIGTERM (the handler above)
+                why = "interrupted" if isinstance(e, KeyboardInterrupt) else "SIGTERM"
+                progress.say(
+                    f"rlctl: {why}: job {jd.id} {summary['state']} ({summary.get('iterations')} iterations); its "
+                    f"held-out evaluation was cut, so its summary has none (`rlctl status {shlex.quote(jd.id)}` "
+                    "shows it)"
+                )
             raise
     if summary["state"] == "done":  # what a finished job's operator does next, by the id the index holds it under
         ref = shlex.quote(jd.id)  # (its run put it in the index under its id)

@@ -350,14 +350,17 @@ def test_a_finished_launch_stays_the_jobs_launcher_while_it_evaluates_the_final_
     assert jd.launcher_holder() is None
 
 
+@pytest.mark.parametrize("ended_by", ["interrupted", "SIGTERM"])
 def test_a_ctrl_c_in_a_finished_jobs_held_out_evaluation_says_the_job_finished(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], ended_by: str
 ) -> None:
     # Ctrl-C while the launcher evaluated a done job's final checkpoint: exit 130 with nothing said, not even that
-    # the job had finished
+    # the job had finished; a SIGTERM there (the launcher holds the job meanwhile) an exit 143 that said nothing
     import rlctl.ops.evaluation
 
     def evaluate(*_: object, **__: object) -> None:
+        if ended_by == "SIGTERM":
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # the launcher's handler: sys.exit(143)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(autoresume, "Runs", _FailedRuns)
@@ -367,13 +370,13 @@ def test_a_ctrl_c_in_a_finished_jobs_held_out_evaluation_says_the_job_finished(
     jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
     term = signal.getsignal(signal.SIGTERM)
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt if ended_by == "interrupted" else SystemExit):
             spec = SimpleNamespace(name="demo")
             be_launcher(jd, spec, {}, SimpleNamespace(close=lambda: None), lambda runs, say: runs.start(), "table")
     finally:
         signal.signal(signal.SIGTERM, term)
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "rlctl: interrupted: job demo-1 done (30 iterations); its held-out evaluation was cut, so its summary has "
+        f"rlctl: {ended_by}: job demo-1 done (30 iterations); its held-out evaluation was cut, so its summary has "
         "none (`rlctl status demo-1` shows it)"
     )
 
