@@ -83,6 +83,13 @@ def copy_reward(src: Path, dst: Path) -> None:
     since removed from a package (and the reward file of an earlier launch)."""
     from rlctl.rl.reward import local_modules
 
+    if src.is_relative_to(dst.resolve()):  # (a launch into the reward's own directory): replacing it deleted it
+        raise ConfigError(
+            str(src),
+            None,
+            f"the reward file lies in the job directory's {dst.name}/, which a launch replaces with its copy of it",
+            hint="keep it out of the job directory's reward/, or launch into another --job-dir",
+        )
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir()
     shutil.copy2(src, dst / src.name)

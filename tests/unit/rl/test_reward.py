@@ -321,6 +321,20 @@ def test_a_namespace_package_beside_a_reward_file_is_copied_with_it(tmp_path: Pa
     assert (tmp_path / "job" / "reward" / "rlctl_ns_zz" / "grade.py").is_file()
 
 
+def test_a_reward_file_in_the_job_dirs_own_reward_dir_is_refused_not_deleted(tmp_path: Path) -> None:
+    """A launch into the job file's own directory (`--job-dir .`, no job there yet) whose reward lies in its reward/:
+    the copy's replacement of reward/ deleted the user's reward file and its modules, then failed on the file gone
+    (FileNotFoundError)."""
+    from rlctl.errors import ConfigError
+    from rlctl.ops.inputs import copy_reward
+
+    (tmp_path / "reward").mkdir()
+    (tmp_path / "reward" / "score.py").write_text("def f(data_source, solution_str, ground_truth):\n    return 1\n")
+    with pytest.raises(ConfigError, match="lies in the job directory's reward/"):
+        copy_reward((tmp_path / "reward" / "score.py").resolve(), tmp_path / "reward")
+    assert (tmp_path / "reward" / "score.py").is_file()
+
+
 def test_a_reward_files_copy_in_the_job_loads_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: only the reward file was copied, so one importing a helper beside it was refused ("fold it in, or
     install it"). Now its modules come with it, and the copy loads in a fresh process far from the original."""
