@@ -421,6 +421,7 @@ def be_launcher(
         detach.survive_hangup(detach.log_path(jd.path))
         progress = Progress()
         runs = Runs(jd, spec, plan, db=db, say=progress.say, show=progress.show)
+        stopped = True  # whether the `finally` below stopped the run without a problem (`stop_runs`)
         # SIGTERM (and SIGINT, as KeyboardInterrupt) unwind through `finally`: every agent is stopped
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
@@ -429,14 +430,14 @@ def be_launcher(
                 summary = runs.wait(on_progress=progress)
             finally:
                 progress.close()
-                stop_runs(runs)
+                stopped = stop_runs(runs)
         except KeyboardInterrupt:  # Ctrl-C: exit 130 (the CLI's), once the operator is told what became of the job
-            progress.say(interrupted_line(jd, runs.run, source=runs.source))
+            progress.say(interrupted_line(jd, runs.run, source=runs.source, stopped=stopped))
             raise
         except SystemExit as e:  # SIGTERM (the handler above) stops the job as Ctrl-C does: said as it is, versus an
             # exit 143 that said nothing (a detached launcher's log ended at its last iteration line)
             if e.code == 143:
-                progress.say(interrupted_line(jd, runs.run, source=runs.source, why="SIGTERM"))
+                progress.say(interrupted_line(jd, runs.run, source=runs.source, why="SIGTERM", stopped=stopped))
             raise
         # still the job's launcher while it evaluates the final checkpoint: a `launch --resume` (which may set that
         # checkpoint aside) is refused meanwhile, and `rlctl stop` waits for it rather than saying it ended
@@ -469,10 +470,10 @@ def be_launcher(
         )
 
 
-def stop_runs(runs: Runs) -> None:
+def stop_runs(runs: Runs) -> bool:
     """`runs.stop()`, in the launcher's `finally`: where an error already ends the launch (a start that failed,
     Ctrl-C, SIGTERM), a stop that fails too (the controller's site unreachable: the job's record not fetched) is a
-    warning line and that error the one said, versus the stop's raised in its place."""
+    warning line and that error the one said, versus the stop's raised in its place. Whether it stopped cleanly."""
     ending = sys.exc_info()[1]
     try:
         runs.stop()
@@ -480,11 +481,16 @@ def stop_runs(runs: Runs) -> None:
         if ending is None:
             raise
         log.warning("stopping the job's agents: %s", e)
+        return False
+    return True
 
 
-def interrupted_line(jd: JobDir, run: JobRun | None, *, source: str | None = None, why: str = "interrupted") -> str:
+def interrupted_line(
+    jd: JobDir, run: JobRun | None, *, source: str | None = None, why: str = "interrupted", stopped: bool = True
+) -> str:
     """What a launch Ctrl-C stopped says: the job stopped (every agent), and how to continue it; one stopped while
-    it was prepared (no job.json: `launch --resume` refuses it), how to launch it again from `source`."""
+    it was prepared (no job.json: `launch --resume` refuses it), how to launch it again from `source`. `stopped`
+    False: the stop failed (its warning line said why): not said to have stopped every agent."""
     from rlctl.launch.jobdir import resume_command
     from rlctl.ops.run import launch_again
 
@@ -500,6 +506,8 @@ def interrupted_line(jd: JobDir, run: JobRun | None, *, source: str | None = Non
             f"rlctl: {why}: the resume of job {jd.id} stopped before any agent of it started; the job is as it "
             f"was before it: continue it with `{how}` (and the resume's --iterations / --checkpoint, where it had them)"
         )
+    if not stopped:  # (an agent on a site the stop could not reach may still run)
+        return f"rlctl: {why}: job {jd.id}: its stop failed (the warning above); continue it with `{how}`"
     return f"rlctl: {why}: job {jd.id} stopped (every agent); continue it with `{how}`"
 
 
