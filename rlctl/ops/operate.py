@@ -383,12 +383,13 @@ def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0)
     if (ended := job_end(ref)) is not None:
         # a finished job's plain resume is refused (nothing left to run); one the index lacks goes by its directory
         resume = resume_command(ref.id if ref.row is not None else ref.jobdir.path)
-        raise UsageError(
-            f"job {ref.id} ended ({ended}): nothing to scale",
-            hint=f"train it on with `{resume} --iterations N`"
-            if ended in ("finished", "done")
-            else f"continue it with `{resume}`",
-        )
+        if not ref.jobdir.job_json.exists():  # its launch stopped before it prepared the job: a resume refuses it
+            go_on = f"launch it anew: `{launch_again(ref.row.info.get('source') if ref.row is not None else None)}`"
+        elif ended in ("finished", "done"):
+            go_on = f"train it on with `{resume} --iterations N`"
+        else:
+            go_on = f"continue it with `{resume}`"
+        raise UsageError(f"job {ref.id} ended ({ended}): nothing to scale", hint=go_on)
     if _being_prepared(ref):  # no controller to ask yet: said so, versus `the controller did not answer: …
         # controller.json (not started?) (hint: is the job running?)`, exit 1
         raise UsageError(

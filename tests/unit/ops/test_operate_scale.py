@@ -29,6 +29,7 @@ def _job_dir(path: Path) -> JobDir:
 def test_a_scale_of_an_ended_job_says_it_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str) -> None:
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir.create("short", explicit=tmp_path / "short2")
+    jd.write_job(load_job(ROOT / "jobs" / "demo.yaml").spec, source="demo.yaml")  # prepared
     db = JobDB()
     try:
         db.put("short2", job_dir=str(jd.path), spec={"name": "short"})
@@ -45,6 +46,26 @@ def test_a_scale_of_an_ended_job_says_it_ended(tmp_path: Path, monkeypatch: pyte
         if state == "finished"
         else "continue it with `rlctl launch --resume short2`"
     )
+
+
+def test_a_scale_of_a_job_stopped_before_it_was_prepared_hints_a_new_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its launch stopped (Ctrl-C in the SFT warm-up) before it wrote job.json: the hint said `continue it with
+    rlctl launch --resume short2`, which refuses a job never prepared."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("short", explicit=tmp_path / "short2")
+    db = JobDB()
+    try:
+        db.put("short2", job_dir=str(jd.path), spec={"name": "short"}, info={"source": "jobs/short.yaml"})
+        db.update("short2", state="stopped")
+        row = db.get("short2")
+    finally:
+        db.close()
+    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: pytest.fail("no controller to ask"))
+    with pytest.raises(UsageError, match=r"^job short2 ended \(stopped\): nothing to scale$") as e:
+        operate.scale(JobRef("short2", jd, row), +1, site=None)
+    assert e.value.hint == "launch it anew: `rlctl launch jobs/short.yaml`"
 
 
 def test_scale_waits_on_the_controllers_count_not_on_the_events_here(
