@@ -211,11 +211,12 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         not agents
         and not rows
         and summary is None
-        and (ref.row is None or ref.row.state not in LIVE)
+        and (ref.row is None or ref.row.state not in LIVE or launcher_running(ref.row.info.get("launcher")) is False)
         and _never_prepared(jd)
     ):
-        # a launch stopped (Ctrl-C) or failed before it wrote job.json: complete, and how to launch it anew (a resume
-        # refuses it), versus `partial status` (exit 3) naming no controller.json, and `status -w` never ending
+        # a launch stopped (Ctrl-C) or failed before it wrote job.json, or whose launcher died then (its row left
+        # launching: a reboot in the SFT warm-up): complete, and how to launch it anew (a resume refuses it), versus
+        # `partial status` (exit 3) naming no controller.json, and `status -w` never ending
         again = launch_again(ref.row.info.get("source") if ref.row is not None else None)
         out["controller"] = f"{NEVER_PREPARED}; launch it anew with `{again}`"
         out["agents"], out["sites_down"], out["never_started"] = [], [], {"start": again}

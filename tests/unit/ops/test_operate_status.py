@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -299,6 +300,22 @@ def test_status_of_a_launch_stopped_before_it_wrote_job_json_is_complete_and_say
     assert "controller  never prepared: its launch was stopped or failed before it wrote" in r.stdout
     jd.write_json(jd.plan_json, {"trainer": {"site": "s", "ranks": 1}, "controller_site": "s", "rollout": []})
     assert not operate.job_status(JobRef("cut", jd, row), timeout_s=2.0)[1]  # prepared, its job.json lost: not so
+
+
+def test_status_of_a_launch_whose_launcher_died_before_it_wrote_job_json_is_complete_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its machine rebooted in the SFT warm-up (its row left launching, its launcher gone): `partial status`, exit 3,
+    # for as long as the job dir lives; one whose launcher this machine cannot check stays partial
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("cut", explicit=tmp_path / "cut")
+    gone = {"launcher": {"pid": 2**22 + 1, "host": socket.gethostname()}, "source": "jobs/cut.yaml"}
+    row = indexed_row("cut", jd.path, job="cut", info=gone)
+    assert row.state == "launching"
+    s, complete = operate.job_status(JobRef("cut", jd, row), timeout_s=2.0)
+    assert complete and s["controller"] == f"{operate.NEVER_PREPARED}; launch it anew with `rlctl launch jobs/cut.yaml`"
+    far = indexed_row("cut", jd.path, job="cut", info={"launcher": {"pid": 1, "host": "elsewhere"}})
+    assert not operate.job_status(JobRef("cut", jd, far), timeout_s=2.0)[1]
 
 
 def test_status_of_a_prepared_job_dir_that_never_started_is_complete_and_says_how_to_start_it(
