@@ -62,7 +62,7 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
             src = (base / target).resolve()
             if not src.is_file():
                 raise ConfigError(str(job.path), "task.reward", f"no such file {str(src)!r} (relative to the job file)")
-            copy_reward(src, jobdir.path / REWARD_DIR)
+            copy_reward(base / target, jobdir.path / REWARD_DIR)
         tokenizer = load_tokenizer(jobdir.init_model)
         check()
         data = jobdir.path / DATA_DIR
@@ -77,12 +77,15 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
             )
 
 
-def copy_reward(src: Path, dst: Path) -> None:
-    """The reward file into `dst`, with the modules beside it that it imports (`local_modules`): a package as its
-    directory, less its bytecode caches. What `dst` held is replaced: a relaunch into the same job dir kept the modules
-    since removed from a package (and the reward file of an earlier launch)."""
+def copy_reward(named: Path, dst: Path) -> None:
+    """The reward file the job names (`named`) into `dst`, under that name (`resolve_inputs` rewrites the job's
+    task.reward to it), with the modules beside it that it imports (`local_modules`; a link's: beside its target,
+    where python and the reward's loading find them): a package as its directory, less its bytecode caches. What
+    `dst` held is replaced: a relaunch into the same job dir kept the modules since removed from a package (and the
+    reward file of an earlier launch)."""
     from rlctl.rl.reward import local_modules
 
+    src = named.resolve()
     if src.is_relative_to(dst.resolve()):  # (a launch into the reward's own directory): replacing it deleted it
         raise ConfigError(
             str(src),
@@ -92,7 +95,7 @@ def copy_reward(src: Path, dst: Path) -> None:
         )
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir()
-    shutil.copy2(src, dst / src.name)
+    shutil.copy2(src, dst / named.name)
     for rel in local_modules(src):
         if (src.parent / rel).is_dir():
             ignore = shutil.ignore_patterns("__pycache__", "*.pyc")

@@ -382,6 +382,23 @@ def test_a_linked_reward_file_loads_with_the_modules_beside_its_target(
     sys.modules.pop("rlctl_linked_zz", None)
 
 
+def test_a_reward_link_named_otherwise_than_its_target_is_copied_under_the_name_the_job_gives(
+    tmp_path: Path,
+) -> None:
+    """`task.reward: rewards/score.py:f`, a link to lib/impl.py: the launch rewrites it to reward/score.py:f
+    (`resolve_inputs`), but its copy was named as the target (reward/impl.py), which no site's agent then found."""
+    from rlctl.ops.inputs import copy_reward
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "rlctl_linked2_zz.py").write_text("SCORE = 3.0\n")
+    (tmp_path / "lib" / "impl.py").write_text("from rlctl_linked2_zz import SCORE\n")
+    (tmp_path / "job" / "rewards").mkdir(parents=True)
+    (tmp_path / "job" / "rewards" / "score.py").symlink_to(tmp_path / "lib" / "impl.py")
+    copy_reward(tmp_path / "job" / "rewards" / "score.py", tmp_path / "copy")  # as copy_inputs names it
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["rlctl_linked2_zz.py", "score.py"]
+    assert not (tmp_path / "copy" / "score.py").is_symlink()
+
+
 def test_inline_pool_scores_and_counts(rewards_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     pool = RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=0, on_error=-1)
     caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
