@@ -22,6 +22,7 @@ from pathlib import Path
 from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, JobFile, sft_steps
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.jobdir import JobDir
+from rlctl.rl.reward import copy_reward
 from rlctl.rl.source import DATA_DIR, HELDOUT_DIR, REWARD_DIR, heldout_task
 
 
@@ -75,33 +76,6 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
                 out_dir=jobdir.path / HELDOUT_DIR,
                 check=check,
             )
-
-
-def copy_reward(named: Path, dst: Path) -> None:
-    """The reward file the job names (`named`) into `dst`, under that name (`resolve_inputs` rewrites the job's
-    task.reward to it), with the modules beside it that it imports (`local_modules`; a link's: beside its target,
-    where python and the reward's loading find them): a package as its directory, less its bytecode caches. What
-    `dst` held is replaced: a relaunch into the same job dir kept the modules since removed from a package (and the
-    reward file of an earlier launch)."""
-    from rlctl.rl.reward import local_modules
-
-    src = named.resolve()
-    if src.is_relative_to(dst.resolve()):  # (a launch into the reward's own directory): replacing it deleted it
-        raise ConfigError(
-            str(src),
-            None,
-            f"the reward file lies in the job directory's {dst.name}/, which a launch replaces with its copy of it",
-            hint="keep it out of the job directory's reward/, or launch into another --job-dir",
-        )
-    shutil.rmtree(dst, ignore_errors=True)
-    dst.mkdir()
-    shutil.copy2(src, dst / named.name)
-    for rel in local_modules(src):
-        if (src.parent / rel).is_dir():
-            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-            shutil.copytree(src.parent / rel, dst / rel, ignore=ignore)
-        else:
-            shutil.copy2(src.parent / rel, dst / rel)
 
 
 def _starting_policy(jobdir: JobDir, spec: JobFile, *, check: Callable[[], None] = _go_on) -> None:

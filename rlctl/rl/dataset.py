@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -33,7 +34,7 @@ import numpy as np
 
 from rlctl.config.job import DatasetTask
 from rlctl.errors import ConfigError
-from rlctl.rl.reward import RewardPool, RewardResult, check_loads
+from rlctl.rl.reward import RewardPool, RewardResult, check_loads, copy_reward
 from rlctl.rl.tokenizer import TextTokenizer, decode_output
 from rlctl.textutil import one_of
 
@@ -530,6 +531,35 @@ def submit_reward(
     return pool.submit(sample_id, prompt.data_source, text, prompt.ground_truth, prompt.extra_info, origin=origin)
 
 
+def _check_reward_loads(cfg: DatasetTask, base: Path) -> None:
+    """The reward loads; a reward file from the copy the launch makes in the job (`copy_reward`: the file and the
+    modules beside it that it imports), versus where it is: one that read another file beside it (`__file__`) passed,
+    and every site's copy of the job failed at its start. Raises ValueError: the loader's line, or (the file loads
+    where it is) one saying what the copy holds."""
+
+    def load(spec: str, at: Path) -> None:
+        check_loads(spec, at, timeout_s=cfg.reward_timeout_s, load_timeout_s=cfg.reward_load_timeout_s)
+
+    target, sep, name = cfg.reward.rpartition(":")
+    src = (base / target).resolve()
+    if not sep or not target.endswith(".py") or not src.is_file():
+        load(cfg.reward, base)
+        return
+    copied = Path(target).name  # the name the launch gives its copy (a link's own, not its target's)
+    with tempfile.TemporaryDirectory(prefix="rlctl-check-") as tmp:
+        copy_reward(base / target, Path(tmp) / "reward")
+        try:
+            load(f"reward/{copied}:{name}", Path(tmp))
+        except ValueError as e:
+            load(cfg.reward, base)  # the file's own error, as it is named
+            error = str(e).replace(f"{tmp}/reward", "<job dir>/reward").removeprefix(f"reward/{copied}: ")
+            raise ValueError(
+                f"{target} loads here, but not from the job's copy of it, which holds the file and the modules and "
+                "packages beside it that it imports (a package whole; not a module named as a standard library one), "
+                f"nothing else: {error}; put a file it reads in such a package, or read it by a path every site has"
+            ) from e
+
+
 def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = None) -> None:
     """What `rlctl check` verifies: the data file exists, the reward function loads, and — given the model's
     directory (its tokenizer) — every row reads and tokenizes as the launch will (`check_rows`)."""
@@ -540,7 +570,7 @@ def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = Non
             str(job_file), "task.path", f"no such file {str(data)!r} (paths are relative to the job file)"
         )
     try:  # in a reward worker, within its deadline: never the user's module's import in this process
-        check_loads(cfg.reward, base, timeout_s=cfg.reward_timeout_s, load_timeout_s=cfg.reward_load_timeout_s)
+        _check_reward_loads(cfg, base)
     except ValueError as e:
         raise ConfigError(str(job_file), "task.reward", str(e)) from e
     if model_dir is None or not model_dir.is_dir():

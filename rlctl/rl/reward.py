@@ -65,6 +65,7 @@ import multiprocessing
 import numbers
 import os
 import select
+import shutil
 import signal
 import socket
 import sys
@@ -81,6 +82,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from rlctl import procfs
+from rlctl.errors import ConfigError
 from rlctl.textutil import did_you_mean, one_of
 
 log = logging.getLogger(__name__)
@@ -144,6 +146,31 @@ def local_modules(file: Path) -> list[Path]:
                 found[name] = Path(name)
                 todo += sorted((base / name).rglob("*.py"))
     return sorted(found.values())
+
+
+def copy_reward(named: Path, dst: Path) -> None:
+    """The reward file the job names (`named`) into `dst`, under that name (`resolve_inputs` rewrites the job's
+    task.reward to it), with the modules beside it that it imports (`local_modules`; a link's: beside its target,
+    where python and the reward's loading find them): a package as its directory, less its bytecode caches. What
+    `dst` held is replaced: a relaunch into the same job dir kept the modules since removed from a package (and the
+    reward file of an earlier launch)."""
+    src = named.resolve()
+    if src.is_relative_to(dst.resolve()):  # (a launch into the reward's own directory): replacing it deleted it
+        raise ConfigError(
+            str(src),
+            None,
+            f"the reward file lies in the job directory's {dst.name}/, which a launch replaces with its copy of it",
+            hint="keep it out of the job directory's reward/, or launch into another --job-dir",
+        )
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir()
+    shutil.copy2(src, dst / named.name)
+    for rel in local_modules(src):
+        if (src.parent / rel).is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(src.parent / rel, dst / rel, ignore=ignore)
+        else:
+            shutil.copy2(src.parent / rel, dst / rel)
 
 
 def _namespace_package(name: str, directory: Path) -> bool:

@@ -313,6 +313,48 @@ def test_check_task_names_the_job_field(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_check_task_loads_a_reward_file_from_the_copy_the_job_runs(tmp_path: Path) -> None:
+    """Before: check loaded the reward file where it is, so one reading a data file beside it (`__file__`) passed,
+    and the job's copy (the file and the modules it imports, nothing else) failed at the controller's start."""
+    job = tmp_path / "job.yaml"
+    ten_rows(tmp_path)
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "bonus.txt").write_text("0.25\n")
+    (tmp_path / "rewards" / "helper.py").write_text("def one():\n    return 1.0\n")
+    (tmp_path / "rewards" / "r.py").write_text(
+        "from pathlib import Path\nfrom helper import one\n"
+        "BONUS = float((Path(__file__).parent / 'bonus.txt').read_text())\n\n"
+        "def f(data_source, solution_str, ground_truth, extra_info=None):\n    return BONUS * one()\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        check_task(task(reward="rewards/r.py:f"), job_file=job)
+    assert str(e.value) == (
+        f"{job}: task.reward: rewards/r.py loads here, but not from the job's copy of it, which holds the file and the "
+        "modules and packages beside it that it imports (a package whole; not a module named as a standard library "
+        "one), nothing else: cannot import: FileNotFoundError: [Errno 2] No such file or directory: '<job dir>/reward/"
+        "bonus.txt'; put a file it reads in such a package, or read it by a path every site has"
+    )
+    (tmp_path / "rewards" / "helper").mkdir()  # a package is copied whole: a data file in it comes with it
+    (tmp_path / "rewards" / "helper" / "__init__.py").write_text(
+        "from pathlib import Path\n\ndef one():\n    return float((Path(__file__).parent / 'one.txt').read_text())\n"
+    )
+    (tmp_path / "rewards" / "helper" / "one.txt").write_text("1.0\n")
+    (tmp_path / "rewards" / "helper.py").unlink()
+    (tmp_path / "rewards" / "code.py").write_text("def one():\n    return 1.0\n")  # the stdlib's `code` in the copy
+    (tmp_path / "rewards" / "r.py").write_text(
+        "from code import one\n\ndef f(data_source, solution_str, ground_truth, extra_info=None):\n    return one()\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"not from the job's copy .* ImportError: cannot import name 'one' from 'code'"
+    ):
+        check_task(task(reward="rewards/r.py:f"), job_file=job)
+    (tmp_path / "rewards" / "r.py").write_text(  # its modules come with it: the copy loads
+        "from helper import one\n\ndef f(data_source, solution_str, ground_truth, extra_info=None):\n    return one()\n"
+    )
+    check_task(task(reward="rewards/r.py:f"), job_file=job)
+
+
+@pytest.mark.timeout(60)
 def test_check_task_loads_the_reward_in_a_worker_within_its_deadline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
