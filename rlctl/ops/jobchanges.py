@@ -7,6 +7,8 @@
             it as edited …"
             the inventory files now ──diff sites.json──▶ "the inventory (…) changed since the launch
             (sites.h20.nodes); the resume runs on the sites as launched …"
+            the reward file and its modules now ──diff reward/──▶ "the reward (…) changed since the launch
+            (helper.py); the resume runs the reward as launched …"
 
 A changed job file is not taken up: the checkpoint holds the state of the job as launched (its model, its split,
 its plan), and a change of one of those would fail the resume late or train something else silently. A new launch
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +66,44 @@ def launch_changes(jobdir: JobDir, *, count_given: bool = False) -> list[str]:
                 f"(its job.json): to run the changed job, launch it anew (`rlctl launch {path}`)"
             )
         lines += site_changes(jobdir, job, path)
+        lines += reward_changes(jobdir, source.get("job"), path)
     return lines
+
+
+def reward_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
+    """One line when the reward file the job file names (`task.reward: path/to/file.py:name`), with the modules
+    beside it that it imports, is not what the job's reward/ holds (copied at the launch), which the resume runs:
+    the files that differ. Nothing for another reward, or one that cannot be read (moved, removed)."""
+    from rlctl.rl.reward import copy_reward
+    from rlctl.rl.source import REWARD_DIR
+
+    task = job.get("task") if isinstance(job, dict) else None
+    reward = task.get("reward") if isinstance(task, dict) else None
+    target, sep, _ = reward.rpartition(":") if isinstance(reward, str) else ("", "", "")
+    launched = jobdir.path / REWARD_DIR
+    src = (source.parent / os.path.expanduser(target)).resolve()
+    if not sep or not target.endswith(".py") or not src.is_file() or not launched.is_dir():
+        return []
+    with tempfile.TemporaryDirectory(prefix="rlctl-reward-") as tmp:
+        copy_reward(src, Path(tmp) / REWARD_DIR)
+        before, after = (_files(d) for d in (launched, Path(tmp) / REWARD_DIR))
+    changed = sorted(f for f in before.keys() | after.keys() if before.get(f) != after.get(f))
+    if not changed:
+        return []
+    return [
+        f"the reward ({src}, with the modules beside it that it imports) changed since the launch "
+        f"({', '.join(changed)}); the resume runs the reward as launched (its {launched}): to run the changed "
+        "reward, launch the job anew"
+    ]
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    """The files under `directory` (less bytecode caches) by their path relative to it, with their bytes."""
+    return {
+        str(f.relative_to(directory)): f.read_bytes()
+        for f in directory.rglob("*")
+        if f.is_file() and "__pycache__" not in f.relative_to(directory).parts
+    }
 
 
 def site_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:

@@ -50,6 +50,28 @@ def test_a_hand_edited_job_json_is_said_with_its_fields(tmp_path: Path) -> None:
     assert jd.read_job().iterations == 400
 
 
+def test_a_resume_names_the_files_of_the_reward_changed_since_the_launch(tmp_path: Path) -> None:
+    """Before: a helper module of the reward file, edited between runs, went unsaid, and the resume scored with the
+    job's copy of the one launched (its reward/)."""
+    from rlctl.rl.reward import copy_reward
+
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "helper.py").write_text("X = 1\n")
+    (tmp_path / "rewards" / "r.py").write_text("from helper import X\n")
+    source = tmp_path / "kt.yaml"
+    source.write_text(yaml.safe_dump(FILE | {"task": {"kind": "dataset", "reward": "rewards/r.py:f"}}))
+    jd = JobDir.create("kt", explicit=tmp_path / "job")
+    jd.write_job(small_job("kt", iterations=200), source=str(source))
+    copy_reward(tmp_path / "rewards" / "r.py", jd.path / "reward")  # as the launch copies it
+    assert launch_changes(jd) == []
+    (tmp_path / "rewards" / "helper.py").write_text("X = 2\n")
+    assert launch_changes(jd) == [
+        f"the reward ({tmp_path / 'rewards' / 'r.py'}, with the modules beside it that it imports) changed since the "
+        f"launch (helper.py); the resume runs the reward as launched (its {jd.path / 'reward'}): to run the changed "
+        "reward, launch the job anew"
+    ]
+
+
 def test_changed_fields_names_nested_added_and_removed_fields() -> None:
     before = {"a": 1, "b": {"c": [1, 2], "d": "x"}, "e": 2}
     after = {"a": 1, "b": {"c": [1, 3], "f": "y"}}
