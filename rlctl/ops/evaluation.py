@@ -53,6 +53,8 @@ def from_run(jobdir: JobDir, spec: JobFile) -> dict[str, Any]:
     for name in ("greedy_exact", "greedy_reward"):
         if name in last:
             out |= {f"{name}_first": first[name], f"{name}_last": last[name]}
+    if "reward_failures" in last:
+        out["reward_failures"] = first.get("reward_failures", 0) + last["reward_failures"]
     return out | {"versions_first": first["versions"], "versions_last": last["versions"]}
 
 
@@ -114,6 +116,8 @@ def heldout_line(h: dict[str, Any]) -> str:
     if h.get("source") == "during the run":  # the rollout units' evaluations: the versions that decoded them
         line += f", during the run: v{_span(h['versions_first'])} → v{_span(h['versions_last'])}"
     line += ")"
+    if h.get("reward_failures"):  # else the figures read as the policies' own: `reward_on_error` is a score too
+        line += f"; {h['reward_failures']} of its {2 * h['prompts']} reward calls failed, scored task.reward_on_error"
     if "greedy_exact_first" not in h:  # a dataset task: its reward function's figures only
         return line
     return f"exact {h['greedy_exact_first']:.3f} → {h['greedy_exact_last']:.3f}, {line}"

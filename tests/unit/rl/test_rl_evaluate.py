@@ -142,6 +142,11 @@ def test_an_evaluation_that_fails_after_the_job_is_noted_not_raised(tmp_path: Pa
     assert jd.read_json(jd.summary_json)["heldout"] == out["heldout"]
     dataset = {"prompts": 4, "greedy_reward_first": 0.25, "greedy_reward_last": 0.5}
     assert heldout_line(dataset) == "reward 0.250 → 0.500 (greedy, 4 prompts)"
+    # before: a reward that raised on every held-out answer read as the policies' figures, `reward_on_error` each
+    assert heldout_line(dataset | {"reward_failures": 0}) == "reward 0.250 → 0.500 (greedy, 4 prompts)"
+    assert heldout_line(dataset | {"reward_failures": 8}) == (
+        "reward 0.250 → 0.500 (greedy, 4 prompts); 8 of its 8 reward calls failed, scored task.reward_on_error"
+    )
 
 
 def test_a_trainer_site_over_ssh_takes_the_runs_own_first_and_last_evaluations(tmp_path: Path) -> None:
