@@ -136,8 +136,15 @@ def compare_dataset(
             del model
             if cuda:
                 torch.cuda.empty_cache()
-            calls = [
-                submit_reward(pool, tokenizer, sample_id=f"{model_dir}#{i}", prompt=p, output_tokens=outputs[f"h{i}"])
+            calls = [  # a failed call's log line names its row of the held-out file, as the run's do
+                submit_reward(
+                    pool,
+                    tokenizer,
+                    sample_id=f"{model_dir}#{i}",
+                    prompt=p,
+                    output_tokens=outputs[f"h{i}"],
+                    data_path=task.path,
+                )
                 for i, p in enumerate(prompts)
             ]
             try:

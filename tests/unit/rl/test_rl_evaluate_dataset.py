@@ -4,6 +4,7 @@ task's reward of each policy's greedy answers, as `transformers`' own greedy dec
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,31 @@ def test_a_reward_no_worker_can_load_fails_the_evaluation_saying_why(tmp_path: P
         ValueError, match=r"reward pool failed: a reward worker cannot load rewards\.py:compute_score: "
     ):
         compare_dataset(dirs[0], dirs[1], task, data_dir=tmp_path / "held", reward_dir=tmp_path, num_prompts=1)
+
+
+def test_a_failed_reward_call_names_its_row_of_the_held_out_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the warning named the row without its file (`(line 1)`), while the run's own name it (`held.jsonl
+    line 1`)."""
+    dirs = [tmp_path / "before", tmp_path / "after"]
+    for seed, d in enumerate(dirs):
+        write_checkpoint("qwen2-tied-hd32", d, seed=seed)
+        write_tokenizer(d)
+    (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": QUESTIONS[0], "ground_truth": "0"}) + "\n")
+    (tmp_path / "rewards.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    raise KeyError('boom')\n"
+    )
+    cfg = DatasetTask.model_validate(
+        {"kind": "dataset", "path": "train.jsonl", "reward": "rewards.py:compute_score", "max_output_tokens": 4}
+    )
+    task = heldout_task(cfg.model_copy(update={"reward_workers": 0}), "held.jsonl")
+    prepare_dataset(
+        task, data_path=tmp_path / "held.jsonl", tokenizer=load_tokenizer(dirs[0]), out_dir=tmp_path / "held"
+    )
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
+    figures = compare_dataset(dirs[0], dirs[1], task, data_dir=tmp_path / "held", reward_dir=tmp_path, num_prompts=1)
+    assert figures["reward_failures"] == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        f"reward error: sample {d}#0 (held.jsonl line 1): KeyError: 'boom' (rewards.py:2); scored 0.0" for d in dirs
+    ]
