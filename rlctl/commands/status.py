@@ -195,8 +195,8 @@ def index_line(s: dict[str, Any]) -> str:
 
 def outcome_rows(summary: dict[str, Any]) -> list[list[str]]:
     """What an ended run's summary says of its outcome, as `launch` printed it: the sampled reward, first → last,
-    and the held-out evaluation of the starting and the final policy (none where the summary lacks it, or a hand
-    edit left it unreadable)."""
+    the reward calls that failed, and the held-out evaluation of the starting and the final policy (none where the
+    summary lacks it, or a hand edit left it unreadable)."""
     from rlctl.ops.evaluation import heldout_line
 
     rows = []
@@ -209,6 +209,8 @@ def outcome_rows(summary: dict[str, Any]) -> list[list[str]]:
                 f"{window})",
             ]
         )
+    if isinstance(r := summary.get("rewards"), dict) and (failures := reward_failures_line(r)):
+        rows.append(["reward failures", failures])
     if isinstance(held := summary.get("heldout"), dict):
         with contextlib.suppress(KeyError, TypeError, ValueError):
             rows.append(["held-out (end)", heldout_line(held)])

@@ -156,7 +156,9 @@ def test_status_of_an_ended_job_names_its_checkpoints_and_how_to_go_on_from_one(
     jd.write_job(load_job(ROOT / "jobs" / "demo.yaml").spec, source="x")
     heldout = {"prompts": 512, "greedy_reward_first": 0.25, "greedy_reward_last": 0.5}
     summary = {"state": "done", "iterations": 30, "iterations_planned": 30, "heldout": heldout}
-    jd.summary_json.write_text(json.dumps(summary | {"reward_first": 0.1, "reward_last": 0.4, "reward_window": 5}))
+    rewards = {"calls": 8, "errors": 8, "first_failure": "error: sample p0/0 (data.jsonl line 1): KeyError: 'x'"}
+    summary |= {"reward_first": 0.1, "reward_last": 0.4, "reward_window": 5, "rewards": rewards}
+    jd.summary_json.write_text(json.dumps(summary))
     for v in (10, 20, 30):
         jd.event("checkpoint", version=v)
     s, _ = operate.job_status(JobRef("ended", jd, None), timeout_s=2.0)
@@ -167,8 +169,13 @@ def test_status_of_an_ended_job_names_its_checkpoints_and_how_to_go_on_from_one(
     }
     table = _fallback_table(s).splitlines()
     # the outcome `launch` printed, which status of the ended job left out
-    assert [line.split(None, 1) for line in table if line.startswith("reward ")] == [
+    assert [line.split(None, 1) for line in table if line.startswith("reward ") and "failures" not in line] == [
         ["reward", "0.100 → 0.400 (mean of first/last 5)"]
+    ]
+    # before: the launch's `reward failures` row was left out, so a job whose every reward call raised read as trained
+    assert [line.split("  ", 1)[1].strip() for line in table if line.startswith("reward failures ")] == [
+        "8 of 8 calls scored task.reward_on_error (8 raised); the first: error: sample p0/0 (data.jsonl line 1): "
+        "KeyError: 'x'; each in the controller's log"
     ]
     assert [line.split("  ", 1)[1].strip() for line in table if line.startswith("held-out (end) ")] == [
         "reward 0.250 → 0.500 (greedy, 512 prompts)"
