@@ -59,7 +59,9 @@ def evaluations_line(h: dict[str, Any] | None) -> str:
 
     def one(r: dict[str, Any]) -> str:
         exact = f", exact {_f(r.get('greedy_exact'), '.3f')}" if r.get("greedy_exact") is not None else ""
-        return f"v{r['version']}: greedy reward {_f(r.get('greedy_reward'), '.3f')}{exact}"
+        # else a reward that raised on every answer reads as the policy's figure (`reward_on_error` each)
+        failed = f", {r['reward_failures']} reward calls failed" if r.get("reward_failures") else ""
+        return f"v{r['version']}: greedy reward {_f(r.get('greedy_reward'), '.3f')}{exact}{failed}"
 
     first, last = h["first"], h["last"]
     tail = f"  (first {one(first)})" if first["version"] != last["version"] else ""

@@ -50,7 +50,7 @@ class HeldoutScores:
 def heldout_view(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first and the last held-out evaluation of a run's rows (`evaluations.jsonl`; None before the first):
     the controller's summary and `rlctl status` read it."""
-    keys = ("version", "greedy_reward", "greedy_exact", "prompts")
+    keys = ("version", "greedy_reward", "greedy_exact", "prompts", "reward_failures")
     rows = sorted(rows, key=lambda r: int(r["version"]))  # written as their scores came back
     return {"first": {k: rows[0].get(k) for k in keys}, "last": {k: rows[-1].get(k) for k in keys}} if rows else None
 

@@ -326,3 +326,17 @@ def test_versions_answered_in_place_or_failed_are_not_redone_at_a_later_resume()
     assert unwritten(events, rows, below=17) == [16]
     assert unwritten(events, rows[:1], below=17) == [8, 16]
     assert unwritten(events, rows, below=0) == []
+
+
+def test_status_says_the_reward_calls_of_an_evaluation_that_failed() -> None:
+    """Before: `v4: greedy reward 0.000` alone, the reward having raised on all 16 answers (`reward_on_error` each)."""
+    from rlctl.commands.status import evaluations_line
+    from rlctl.rl.source import heldout_view
+
+    rows = [
+        {"version": 0, "greedy_reward": 0.5, "prompts": 16, "reward_failures": 0},
+        {"version": 4, "greedy_reward": 0.0, "prompts": 16, "reward_failures": 16},
+    ]
+    assert evaluations_line(heldout_view(rows)) == (
+        "v4: greedy reward 0.000, 16 reward calls failed  (first v0: greedy reward 0.500)  over 16 prompts"
+    )
