@@ -256,7 +256,7 @@ def keeping_rows() -> Iterator[None]:
 def _identity(cfg: DatasetTask, data_path: Path, tokenizer: TextTokenizer) -> dict[str, Any]:
     """What a prepared dataset is made of: the file (its SHA-256), the tokenizer, the settings that change it."""
     return {
-        "source": str(data_path),
+        "source": str(data_path.resolve()),  # (relative, a launch from another directory rebuilt it)
         "source_sha256": _sha256(data_path),
         "tokenizer": tokenizer.fingerprint(),
         "settings": cfg.model_dump(include=_TOKENIZING_FIELDS),

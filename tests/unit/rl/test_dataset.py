@@ -559,3 +559,25 @@ def test_the_check_before_a_launch_says_the_rows_it_will_skip_in_one_line(
         f"skipped bad row {path}",
         f"dataset {path}",
     ]
+
+
+def test_a_prepared_dataset_is_reused_whatever_directory_names_its_file(
+    tmp_path: Path, tok: HFTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its manifest kept the file's path as given, relative to where rlctl ran: the same job launched again into the
+    same job dir from another directory read and tokenized every row again."""
+    from rlctl.rl import dataset
+
+    path = tmp_path / "data" / "train.jsonl"
+    path.parent.mkdir()
+    write_jsonl(path, [verl_row(i, "what is 1 + 2 ?", "3") for i in range(3)])
+    cfg = task(path="train.jsonl", shuffle=False)
+    monkeypatch.chdir(tmp_path)
+    prepare_dataset(cfg, data_path=Path("data/train.jsonl"), tokenizer=tok, out_dir=tmp_path / "d")
+    monkeypatch.chdir(path.parent)
+
+    def read_again(*_: object, **__: object) -> None:
+        raise AssertionError("the rows were read and tokenized again")
+
+    monkeypatch.setattr(dataset, "_rows", read_again)
+    assert len(prepare_dataset(cfg, data_path=Path("train.jsonl"), tokenizer=tok, out_dir=tmp_path / "d")) == 3
