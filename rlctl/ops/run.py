@@ -362,11 +362,13 @@ class JobRun:
         LocalFiles().move(str(self.jobdir.path / aside), str(self.jobdir.summary_json))
         if self.resumed is not None:  # its `resumed` event names a checkpoint the job did not go on from
             self.jobdir.event(UNSTARTED, version=self.resumed.version)
-        # (`stopped`: a `rlctl stop` while it staged, or this run's stop of what it started, none of it: the job as
-        # it was too, versus a finished job's row left `stopped` beside its summary's `done`; a row the index did not
+        # (`stopped` too where the job had finished: a `rlctl stop` while a resume with --iterations staged left a
+        # finished job's row `stopped` beside its summary's `done`. A failed or stopped job the operator stopped
+        # while it staged — an auto-resume's included — stays `stopped`, as the stop said; a row the index did not
         # hold stays, `stopped`: the stop's own write to it comes after, and would find none)
+        undone = ("launching", "stopped") if row is not None and row.state == "finished" else ("launching",)
         if self.db is not None and row is not None:
-            self.db.put_back(row, only_from=("launching", "stopped"))
+            self.db.put_back(row, only_from=undone)
         elif self.db is not None and self.db.remove(self.id, only_from=("launching",)):
             # a job the index did not hold (a copied job dir, an index lost): out of it again, and this run with it
             # (`resume_command` names its directory: the id names no job now)
