@@ -183,6 +183,17 @@ class _InterruptedRuns:
         self.events.append("stop")
 
 
+def _be_launcher(jd: JobDir, *, spec: object = None, begin: Any = None) -> None:
+    """`be_launcher` of `jd` (table output) with the runs the test patched in (`autoresume.Runs`), `begin` starting
+    them (default: `runs.start()`); the process's SIGTERM handler, which the launcher replaces, put back after."""
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        start = begin if begin is not None else (lambda runs, say: runs.start())
+        be_launcher(jd, object() if spec is None else spec, {}, SimpleNamespace(close=lambda: None), start, "table")
+    finally:
+        signal.signal(signal.SIGTERM, term)
+
+
 def test_a_launch_ctrl_c_stops_says_it_stopped_the_job_and_how_to_resume_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -190,12 +201,8 @@ def test_a_launch_ctrl_c_stops_says_it_stopped_the_job_and_how_to_resume_it(
     monkeypatch.setattr(autoresume, "Runs", _InterruptedRuns)
     monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
     jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
-    term = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            be_launcher(jd, object(), {}, SimpleNamespace(close=lambda: None), lambda runs, say: runs.start(), "table")
-    finally:
-        signal.signal(signal.SIGTERM, term)
+    with pytest.raises(KeyboardInterrupt):
+        _be_launcher(jd)
     assert _InterruptedRuns.last.events == ["stop"]
     assert capsys.readouterr().err.splitlines()[-1] == (
         "rlctl: interrupted: job demo-1 stopped (every agent); continue it with `rlctl launch --resume demo-1`"
@@ -216,12 +223,8 @@ def test_a_launch_sigterm_says_it_stopped_the_job_and_how_to_resume_it(
     monkeypatch.setattr(autoresume, "Runs", _TerminatedRuns)
     monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
     jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
-    term = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(SystemExit) as e:
-            be_launcher(jd, object(), {}, SimpleNamespace(close=lambda: None), lambda runs, say: runs.start(), "table")
-    finally:
-        signal.signal(signal.SIGTERM, term)
+    with pytest.raises(SystemExit) as e:
+        _be_launcher(jd)
     assert e.value.code == 143 and _TerminatedRuns.last.events == ["stop"]
     assert capsys.readouterr().err.splitlines()[-1] == (
         "rlctl: SIGTERM: job demo-1 stopped (every agent); continue it with `rlctl launch --resume demo-1`"
@@ -257,12 +260,8 @@ def test_a_stop_that_fails_after_an_error_leaves_that_error_said(
             raise launch.LaunchError("site c: the controller did not start: exited 1")
         return runs.start()
 
-    term = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(KeyboardInterrupt if ended_by == "ctrl-c" else launch.LaunchError) as e:
-            be_launcher(jd, object(), {}, SimpleNamespace(close=lambda: None), begin, "table")
-    finally:
-        signal.signal(signal.SIGTERM, term)
+    with pytest.raises(KeyboardInterrupt if ended_by == "ctrl-c" else launch.LaunchError) as e:
+        _be_launcher(jd, begin=begin)
     assert _UnreachableRuns.last.events == ["stop"]
     if ended_by == "start":
         assert str(e.value) == "site c: the controller did not start: exited 1"
@@ -313,13 +312,8 @@ def test_a_failed_launch_names_the_resume_command_once(
     if not names_it:  # a state without it (a stop): the hint names it
         monkeypatch.setattr(_FailedRuns, "wait", lambda self, **_: {"state": "stopped"})
     jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
-    term = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(launch.RlctlError) as e:
-            spec = SimpleNamespace(name="demo")
-            be_launcher(jd, spec, {}, SimpleNamespace(close=lambda: None), lambda runs, say: runs.start(), "table")
-    finally:
-        signal.signal(signal.SIGTERM, term)
+    with pytest.raises(launch.RlctlError) as e:
+        _be_launcher(jd, spec=SimpleNamespace(name="demo"))
     text = f"{e.value} (hint: {e.value.hint})"
     assert text.count("rlctl launch --resume demo-1") == 1, text
     assert e.value.hint is not None and e.value.hint.startswith(f"see {jd.path}/logs")
@@ -344,12 +338,7 @@ def test_a_finished_launch_stays_the_jobs_launcher_while_it_evaluates_the_final_
     monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
     monkeypatch.setattr(rlctl.ops.evaluation, "add_heldout", evaluate)
     monkeypatch.setattr(launch, "emit", lambda *_: None)
-    term = signal.getsignal(signal.SIGTERM)
-    try:
-        spec = SimpleNamespace(name="demo")
-        be_launcher(jd, spec, {}, SimpleNamespace(close=lambda: None), lambda runs, say: runs.start(), "table")
-    finally:
-        signal.signal(signal.SIGTERM, term)
+    _be_launcher(jd, spec=SimpleNamespace(name="demo"))
     assert holders == [f"pid {os.getpid()} on {socket.gethostname()}"]
     assert jd.launcher_holder() is None
 
@@ -372,13 +361,8 @@ def test_a_ctrl_c_in_a_finished_jobs_held_out_evaluation_says_the_job_finished(
     monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
     monkeypatch.setattr(rlctl.ops.evaluation, "add_heldout", evaluate)
     jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
-    term = signal.getsignal(signal.SIGTERM)
-    try:
-        with pytest.raises(KeyboardInterrupt if ended_by == "interrupted" else SystemExit):
-            spec = SimpleNamespace(name="demo")
-            be_launcher(jd, spec, {}, SimpleNamespace(close=lambda: None), lambda runs, say: runs.start(), "table")
-    finally:
-        signal.signal(signal.SIGTERM, term)
+    with pytest.raises(KeyboardInterrupt if ended_by == "interrupted" else SystemExit):
+        _be_launcher(jd, spec=SimpleNamespace(name="demo"))
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"rlctl: {ended_by}: job demo-1 done (30 iterations); its held-out evaluation was cut, so its summary has "
         "none (`rlctl status demo-1` shows it)"
@@ -397,12 +381,7 @@ def test_a_finished_launch_says_what_to_do_next_by_the_jobs_id(tmp_path: Path, m
     shown: list[dict[str, object]] = []
     monkeypatch.setattr(launch, "emit", lambda s, *_: shown.append(s))
     jd = JobDir.create("demo", explicit=tmp_path / "demo 1")
-    term = signal.getsignal(signal.SIGTERM)
-    try:
-        spec = SimpleNamespace(name="demo")
-        be_launcher(jd, spec, {}, SimpleNamespace(close=lambda: None), lambda runs, say: runs.start(), "table")
-    finally:
-        signal.signal(signal.SIGTERM, term)
+    _be_launcher(jd, spec=SimpleNamespace(name="demo"))
     assert shown[0]["next"] == {
         "report": "rlctl report 'demo 1'",
         "checkpoints": "rlctl status 'demo 1' --checkpoints",
