@@ -65,30 +65,20 @@ def test_attach_to_a_job_whose_launcher_died_preparing_it_has_nothing_to_watch(
     assert not (jd.path / "logs" / "launcher.log").exists()  # no launcher was started in the background
 
 
-def test_attach_to_a_job_stopped_before_it_was_prepared_hints_a_new_launch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("command", "nothing"), [("attach", "nothing to watch"), ("pull", "nothing to pull")])
+def test_attach_or_pull_of_a_job_never_prepared_hints_a_new_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, nothing: str
 ) -> None:
     # Ctrl-C in its SFT warm-up (its row `stopped`): attach said `ended (stopped): nothing to watch (hint: …; continue
-    # it with rlctl launch --resume prep-1)`, which refuses a job never prepared
+    # it with rlctl launch --resume prep-1)`, which refuses a job never prepared; pull said "job.json: cannot read the
+    # resolved job: [Errno 2] No such file or directory", exit 1
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir.create("prep", explicit=tmp_path / "prep-1")
     indexed_row("prep-1", jd.path, job="prep", state="stopped", info={"source": "p.yaml"})
-    r = run_cli("attach", "prep-1")
+    r = run_cli(command, "prep-1")
     assert r.exit_code == 2 and r.stderr == (
         "rlctl: error: job prep-1 was never prepared (no job.json: its launch was stopped or failed before any agent "
-        "started); nothing to watch (hint: launch it anew: `rlctl launch p.yaml`)\n"
-    ), r.stderr
-
-
-def test_pull_of_a_job_never_prepared_has_nothing_to_pull(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # it said "job.json: cannot read the resolved job: [Errno 2] No such file or directory", exit 1
-    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
-    jd = JobDir.create("prep", explicit=tmp_path / "prep-1")
-    indexed_row("prep-1", jd.path, job="prep", state="stopped", info={"source": "p.yaml"})
-    r = run_cli("pull", "prep-1")
-    assert r.exit_code == 2 and r.stderr == (
-        "rlctl: error: job prep-1 was never prepared (no job.json: its launch was stopped or failed before any agent "
-        "started); nothing to pull (hint: launch it anew: `rlctl launch p.yaml`)\n"
+        f"started); {nothing} (hint: launch it anew: `rlctl launch p.yaml`)\n"
     ), r.stderr
 
 
