@@ -13,7 +13,6 @@ from rlctl.config import load_job
 from rlctl.errors import TransportError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import operate
-from rlctl.ops.jobdb import JobDB
 from rlctl.ops.jobref import JobRef
 from tests.conftest import ROOT, run_cli
 from tests.unit.job_rows import indexed_row
@@ -30,13 +29,7 @@ def test_a_scale_of_an_ended_job_says_it_ended(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir.create("short", explicit=tmp_path / "short2")
     jd.write_job(load_job(ROOT / "jobs" / "demo.yaml").spec, source="demo.yaml")  # prepared
-    db = JobDB()
-    try:
-        db.put("short2", job_dir=str(jd.path), spec={"name": "short"})
-        db.update("short2", state=state)
-        row = db.get("short2")
-    finally:
-        db.close()
+    row = indexed_row("short2", jd.path, job="short", state=state)
     monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: pytest.fail("no controller to ask"))
     with pytest.raises(UsageError, match=rf"^job short2 ended \({state}\): nothing to scale$") as e:
         operate.scale(JobRef("short2", jd, row), +1, site=None)
@@ -55,13 +48,7 @@ def test_a_scale_of_a_job_stopped_before_it_was_prepared_hints_a_new_launch(
     rlctl launch --resume short2`, which refuses a job never prepared."""
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir.create("short", explicit=tmp_path / "short2")
-    db = JobDB()
-    try:
-        db.put("short2", job_dir=str(jd.path), spec={"name": "short"}, info={"source": "jobs/short.yaml"})
-        db.update("short2", state="stopped")
-        row = db.get("short2")
-    finally:
-        db.close()
+    row = indexed_row("short2", jd.path, job="short", state="stopped", info={"source": "jobs/short.yaml"})
     monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: pytest.fail("no controller to ask"))
     with pytest.raises(UsageError, match=r"^job short2 ended \(stopped\): nothing to scale$") as e:
         operate.scale(JobRef("short2", jd, row), +1, site=None)
