@@ -56,26 +56,30 @@ def test_dataset_heldout_figures_are_the_reward_of_transformers_greedy_answers(t
     assert figures["greedy_reward_first"] != figures["greedy_reward_last"]  # the two policies are told apart
 
 
-def test_a_reward_no_worker_can_load_fails_the_evaluation_saying_why(tmp_path: Path) -> None:
-    """The reward file loads in the caller but not in a worker: the pool fails and the evaluation with it, naming
-    the load error (the held-out figures were once every call's `reward_on_error`)."""
+def _one_held_out_prompt(tmp_path: Path, reward: str, workers: int) -> tuple[list[Path], DatasetTask]:
+    """Two policies (before, after), a held-out file of one prompt, prepared, and `reward` (rewards.py's source) on
+    `workers` reward workers: the policies' directories and the held-out task."""
     dirs = [tmp_path / "before", tmp_path / "after"]
     for seed, d in enumerate(dirs):
         write_checkpoint("qwen2-tied-hd32", d, seed=seed)
         write_tokenizer(d)
     (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": QUESTIONS[0], "ground_truth": "0"}) + "\n")
-    (tmp_path / "rewards.py").write_text(
-        "import multiprocessing\n"
-        "if multiprocessing.parent_process() is not None:\n"
-        "    raise ImportError('only in the caller')\n" + REWARD
-    )
+    (tmp_path / "rewards.py").write_text(reward)
     cfg = DatasetTask.model_validate(
         {"kind": "dataset", "path": "train.jsonl", "reward": "rewards.py:compute_score", "max_output_tokens": 4}
     )
-    task = heldout_task(cfg.model_copy(update={"reward_workers": 1}), "held.jsonl")
+    task = heldout_task(cfg.model_copy(update={"reward_workers": workers}), "held.jsonl")
     prepare_dataset(
         task, data_path=tmp_path / "held.jsonl", tokenizer=load_tokenizer(dirs[0]), out_dir=tmp_path / "held"
     )
+    return dirs, task
+
+
+def test_a_reward_no_worker_can_load_fails_the_evaluation_saying_why(tmp_path: Path) -> None:
+    """The reward file loads in the caller but not in a worker: the pool fails and the evaluation with it, naming
+    the load error (the held-out figures were once every call's `reward_on_error`)."""
+    reward = "import multiprocessing\nif multiprocessing.parent_process() is not None:\n"
+    dirs, task = _one_held_out_prompt(tmp_path, reward + "    raise ImportError('only in the caller')\n" + REWARD, 1)
     with pytest.raises(
         ValueError, match=r"reward pool failed: a reward worker cannot load rewards\.py:compute_score: "
     ):
@@ -87,21 +91,10 @@ def test_a_failed_reward_call_names_its_row_of_the_held_out_file(
 ) -> None:
     """Before: the warning named the row without its file (`(line 1)`), while the run's own name it (`held.jsonl
     line 1`)."""
-    dirs = [tmp_path / "before", tmp_path / "after"]
-    for seed, d in enumerate(dirs):
-        write_checkpoint("qwen2-tied-hd32", d, seed=seed)
-        write_tokenizer(d)
-    (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": QUESTIONS[0], "ground_truth": "0"}) + "\n")
-    (tmp_path / "rewards.py").write_text(
+    reward = (
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    raise KeyError('boom')\n"
     )
-    cfg = DatasetTask.model_validate(
-        {"kind": "dataset", "path": "train.jsonl", "reward": "rewards.py:compute_score", "max_output_tokens": 4}
-    )
-    task = heldout_task(cfg.model_copy(update={"reward_workers": 0}), "held.jsonl")
-    prepare_dataset(
-        task, data_path=tmp_path / "held.jsonl", tokenizer=load_tokenizer(dirs[0]), out_dir=tmp_path / "held"
-    )
+    dirs, task = _one_held_out_prompt(tmp_path, reward, 0)
     caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
     figures = compare_dataset(dirs[0], dirs[1], task, data_dir=tmp_path / "held", reward_dir=tmp_path, num_prompts=1)
     assert figures["reward_failures"] == 2
