@@ -546,10 +546,15 @@ def stop_under_way(jd: JobDir) -> bool:
     """Whether a `rlctl stop` of the job's current run asked its controller to end and has not finished (its
     `stopped_by_operator` not written yet): a second stop then finds the controller's listener closed as it ends,
     and forced an end the first one was waiting out (a checkpoint being written, cut)."""
-    events = jd.read_events()
-    started = max((i for i, e in enumerate(events) if e.get("event") == "controller_listening"), default=-1)
-    asked = [i for i, e in enumerate(events) if i > started and e.get("event") == STOP_REQUESTED]
+    events = _this_run(jd.read_events())
+    asked = [i for i, e in enumerate(events) if e.get("event") == STOP_REQUESTED]
     return bool(asked) and not any(e.get("event") == "stopped_by_operator" for e in events[asked[-1] :])
+
+
+def _this_run(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events since the job's controller last started listening (all of them when none says it did here)."""
+    starts = [i for i, e in enumerate(events) if e.get("event") == "controller_listening"]
+    return events[starts[-1] if starts else 0 :]
 
 
 def _launcher_end(jd: JobDir, *, timeout_s: float, say: Callable[[str], object]) -> str | None:
@@ -616,8 +621,7 @@ def _resume_takes(jd: JobDir, events: list[dict[str, Any]]) -> str:
         return f"the latest complete checkpoint (iter-{int(pointer['version'])})"
     except (OSError, LaunchError, ValueError, TypeError, KeyError):
         pass
-    starts = [i for i, e in enumerate(events) if e.get("event") == "controller_listening"]
-    done = [e.get("version") for e in events[starts[-1] if starts else 0 :] if e.get("event") == "checkpoint"]
+    done = [e.get("version") for e in _this_run(events) if e.get("event") == "checkpoint"]
     if done:
         return f"the latest complete checkpoint (iter-{done[-1]})"
     resumed = [e.get("version") for e in resumes(events)]
