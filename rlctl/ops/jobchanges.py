@@ -81,11 +81,12 @@ def reward_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
     reward = task.get("reward") if isinstance(task, dict) else None
     target, sep, _ = reward.rpartition(":") if isinstance(reward, str) else ("", "", "")
     launched = jobdir.path / REWARD_DIR
-    src = (source.parent / os.path.expanduser(target)).resolve()
+    named = source.parent / os.path.expanduser(target)  # a link copied under its own name, as the launch does
+    src = named.resolve()
     if not sep or not target.endswith(".py") or not src.is_file() or not launched.is_dir():
         return []
     with tempfile.TemporaryDirectory(prefix="rlctl-reward-") as tmp:
-        copy_reward(src, Path(tmp) / REWARD_DIR)
+        copy_reward(named, Path(tmp) / REWARD_DIR)
         before, after = (_files(d) for d in (launched, Path(tmp) / REWARD_DIR))
     changed = sorted(f for f in before.keys() | after.keys() if before.get(f) != after.get(f))
     if not changed:

@@ -125,3 +125,23 @@ def test_an_edit_while_the_launch_prepares_the_job_is_a_change_since_the_launch(
     jd = JobDir.create("d", explicit=tmp_path / "job")
     jd.write_job(job.spec, source=str(source), mapping=job.mapping)
     assert launch_changes(jd)[0].startswith(f"{source} changed since the launch (iterations)")
+
+
+def test_a_reward_file_that_is_a_link_unchanged_since_the_launch_is_not_said(tmp_path: Path) -> None:
+    """Before: the launch copies a linked reward file under the link's name (rewards/score.py), the comparison copied
+    it under its target's (impl.py), so every resume said 'the reward … changed since the launch (impl.py, score.py)'
+    of a reward nobody touched."""
+    from rlctl.rl.reward import copy_reward
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "impl.py").write_text("def f(*a): return 1.0\n")
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "score.py").symlink_to(tmp_path / "lib" / "impl.py")
+    source = tmp_path / "kt.yaml"
+    source.write_text(yaml.safe_dump(FILE | {"task": {"kind": "dataset", "reward": "rewards/score.py:f"}}))
+    jd = JobDir.create("kt", explicit=tmp_path / "job")
+    jd.write_job(small_job("kt", iterations=200), source=str(source))
+    copy_reward(tmp_path / "rewards" / "score.py", jd.path / "reward")  # as the launch copies it
+    assert launch_changes(jd) == []
+    (tmp_path / "lib" / "impl.py").write_text("def f(*a): return 2.0\n")
+    assert "changed since the launch (score.py)" in launch_changes(jd)[0]
