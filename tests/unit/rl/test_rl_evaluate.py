@@ -189,6 +189,25 @@ def test_a_trainer_site_over_ssh_takes_the_runs_own_first_and_last_evaluations(t
     assert heldout_line(h) == "exact 0.000 → 0.250, reward 0.250 → 0.625 (greedy, 8 prompts, during the run: v0–1 → v3)"
 
 
+def test_the_runs_first_evaluation_whose_reward_calls_failed_is_said_when_its_last_had_none(tmp_path: Path) -> None:
+    """Before: the run's failed reward calls were counted only where its last row had some, so a starting policy's
+    evaluation whose every call failed (8 of 8 scored reward_on_error) read as its figure when the last's passed."""
+    jd, job = _job_dir(tmp_path, iterations=2, final=False)
+    inventory = load_inventory([ROOT / "clusters" / f for f in ("local.yaml", "h800-trainer.yaml", "h20-rollout.yaml")])
+    write_sites(jd.path, inventory.sites)
+    placement = job.spec.placement.model_copy(
+        update={"trainer": job.spec.placement.trainer.model_copy(update={"site": "h20"})}
+    )
+    evaluation = job.spec.evaluation.model_copy(update={"every_iterations": 2})
+    spec = job.spec.model_copy(update={"placement": placement, "evaluation": evaluation})
+    row = {"greedy_exact": 0.0, "prompts": 8}
+    jd.append(jd.evaluations, row | {"version": 0, "greedy_reward": 0.0, "versions": [0, 0], "reward_failures": 8})
+    jd.append(jd.evaluations, row | {"version": 2, "greedy_reward": 0.5, "versions": [2, 2]})
+    h = add_heldout(jd, spec, {"state": "done"}, say=lambda _: None)["heldout"]
+    assert h["reward_failures"] == 8
+    assert heldout_line(h).endswith("; 8 of its 16 reward calls failed, scored task.reward_on_error")
+
+
 def test_check_refuses_an_evaluation_it_cannot_run() -> None:
     demo = load_job(ROOT / "jobs" / "demo.yaml")
     assert demo.spec.evaluation.heldout_prompts > 0 and problems(demo) == []
