@@ -391,7 +391,9 @@ def register(app: typer.Typer) -> None:
                 f"{plan['trainer']['ranks']} trainer rank(s), {units} rollout unit(s) ({priced}); "
                 f"dir {jd.path}{named}"
             )
-            check = runs.preparing(source=str(job_file))  # in the index from here: `rlctl stop` finds it
+            # in the index from here: `rlctl stop` finds it; its job file absolute, as the hints that name it (a
+            # launch stopped here: `rlctl launch FILE` anew) are read from any directory
+            check = runs.preparing(source=str(job_file.absolute()))
             if steps := sft_steps(spec):
                 say(f"SFT warm-up: {steps} steps (cached after the first run)")
             prepare(jd, spec, plan, source=str(job_file), job=job, check=check)

@@ -130,6 +130,36 @@ def test_a_launcher_started_by_detach_does_not_check_the_job_again(tmp_path, mon
     assert launch._checked(job) != stamp
 
 
+def test_a_launch_records_its_job_file_by_its_absolute_path(tmp_path, monkeypatch) -> None:
+    """Before: `rlctl launch jobs/x.yaml` put the path as typed in the job's index row, and a launch stopped while it
+    prepared was then hinted, by status, scale, attach, report and launch --resume run from another directory, to
+    `rlctl launch jobs/x.yaml`, a file there is none of."""
+    from rlctl.ops.jobdb import JobDB
+
+    (tmp_path / "jobs").mkdir()
+    job = tmp_path / "jobs" / "job.yaml"
+    job.write_text((ROOT / "jobs/demo.yaml").read_text().replace("../clusters", str(ROOT / "clusters")))
+
+    class Built(Exception):
+        pass
+
+    def prepare(*args: object, **kwargs: object) -> None:
+        raise Built  # the row is in the index by now: nothing more is needed here
+
+    monkeypatch.setattr(preflight, "preflight", lambda job, plan=None: None)
+    monkeypatch.setattr(run, "prepare", prepare)
+    monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Built):
+        run_cli("launch", "jobs/job.yaml", "--job-dir", str(tmp_path / "run"))
+    db = JobDB()
+    try:
+        (row,) = db.list()
+    finally:
+        db.close()
+    assert row.info["source"] == str(job)
+
+
 def test_the_dry_run_shows_the_devices_behind_the_slots_and_where_unplaced_agents_run(tmp_path) -> None:
     # it showed the slots (0,1) where the scripts export the devices `devices` maps them to, and "(SLURM places
     # it)" for the controller of an SSH site
