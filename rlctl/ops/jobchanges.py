@@ -86,7 +86,10 @@ def reward_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
     if not sep or not target.endswith(".py") or not src.is_file() or not launched.is_dir():
         return []
     with tempfile.TemporaryDirectory(prefix="rlctl-reward-") as tmp:
-        copy_reward(named, Path(tmp) / REWARD_DIR)
+        try:
+            copy_reward(named, Path(tmp) / REWARD_DIR)
+        except ConfigError:  # a module it cannot copy (a link to nothing): nothing to compare with
+            return []
         before, after = (_files(d) for d in (launched, Path(tmp) / REWARD_DIR))
     changed = sorted(f for f in before.keys() | after.keys() if before.get(f) != after.get(f))
     if not changed:

@@ -573,6 +573,8 @@ def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = Non
         _check_reward_loads(cfg, base)
     except ValueError as e:
         raise ConfigError(str(job_file), "task.reward", str(e)) from e
+    except ConfigError as e:  # a module of it that cannot be copied into the job (`copy_reward`), named
+        raise ConfigError(str(job_file), "task.reward", f"{e.file}: {e.detail}", hint=e.hint) from e
     if model_dir is None or not model_dir.is_dir():
         return
     from rlctl.rl.tokenizer import load_tokenizer

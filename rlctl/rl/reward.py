@@ -164,13 +164,23 @@ def copy_reward(named: Path, dst: Path) -> None:
         )
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir()
-    shutil.copy2(src, dst / named.name)
-    for rel in local_modules(src):
-        if (src.parent / rel).is_dir():
-            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-            shutil.copytree(src.parent / rel, dst / rel, ignore=ignore)
-        else:
-            shutil.copy2(src.parent / rel, dst / rel)
+    try:
+        shutil.copy2(src, dst / named.name)
+        for rel in local_modules(src):
+            if (src.parent / rel).is_dir():
+                ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+                shutil.copytree(src.parent / rel, dst / rel, ignore=ignore)
+            else:
+                shutil.copy2(src.parent / rel, dst / rel)
+    except OSError as e:  # a file it cannot read, a link to nothing in a package: one line, not shutil's traceback
+        where, why = (e.args[0][0][0], e.args[0][0][2]) if isinstance(e, shutil.Error) else (e.filename, e.strerror)
+        raise ConfigError(
+            str(where or src),
+            None,
+            f"cannot copy it into the job with the reward file {named}, which imports it or the package that holds it: "
+            f"{why or e}",
+            hint="remove it, or make it readable: the job's sites load the reward from that copy",
+        ) from e
 
 
 def _namespace_package(name: str, directory: Path) -> bool:

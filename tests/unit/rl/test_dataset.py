@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from rlctl.config.job import DatasetTask
 from rlctl.errors import ConfigError
@@ -352,6 +353,36 @@ def test_check_task_loads_a_reward_file_from_the_copy_the_job_runs(tmp_path: Pat
         "from helper import one\n\ndef f(data_source, solution_str, ground_truth, extra_info=None):\n    return one()\n"
     )
     check_task(task(reward="rewards/r.py:f"), job_file=job)
+
+
+def test_a_reward_whose_modules_cannot_be_copied_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    """Before: a package the reward imports holding a link to nothing (or a file it cannot read) made check, the
+    launch's copy and a resume's comparison of the reward end in shutil.Error's traceback: the reward loads where it
+    is, and its copy into the job (the file and the modules it imports) was made only since."""
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.ops.jobchanges import launch_changes
+    from rlctl.rl.reward import copy_reward
+    from tests.unit.controller_harness import small_job
+
+    job = tmp_path / "job.yaml"
+    ten_rows(tmp_path)
+    (tmp_path / "rewards" / "helper").mkdir(parents=True)
+    (tmp_path / "rewards" / "helper" / "__init__.py").write_text("ONE = 1.0\n")
+    (tmp_path / "rewards" / "r.py").write_text(
+        "from helper import ONE\n\ndef f(data_source, solution_str, ground_truth, extra_info=None):\n    return ONE\n"
+    )
+    jd = JobDir.create("kt", explicit=tmp_path / "job")
+    job.write_text(yaml.safe_dump({"task": {"kind": "dataset", "reward": "rewards/r.py:f"}}))
+    jd.write_job(small_job("kt", iterations=2), source=str(job))
+    copy_reward(tmp_path / "rewards" / "r.py", jd.path / "reward")  # as the launch copied it
+    (tmp_path / "rewards" / "helper" / "data.json").symlink_to(tmp_path / "gone.json")
+    gone = tmp_path / "rewards" / "helper" / "data.json"
+    with pytest.raises(ConfigError) as e:
+        check_task(task(reward="rewards/r.py:f"), job_file=job)
+    assert str(e.value).startswith(f"{job}: task.reward: {gone}: cannot copy it into the job with the reward file")
+    with pytest.raises(ConfigError, match="cannot copy it into the job with the reward file"):
+        copy_reward(tmp_path / "rewards" / "r.py", jd.path / "reward")  # the launch's: one line
+    assert launch_changes(jd) == []  # a resume runs the job's copy: nothing to compare with, nothing refused
 
 
 @pytest.mark.timeout(60)
