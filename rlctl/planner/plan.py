@@ -586,7 +586,7 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
     rule = spec.planning.rule
     search: dict[str, Any] | None = None
     search_rollout = any(f is None for f in r_fixed.values())  # the fixed sites hold their counts throughout
-    stages = Stages(job, lm, gcurves, tcurve, tw, budgets, fill, opts, {})
+    stages = Stages(job, lm, gcurves, tcurve, tw, budgets, fill, opts, SimCache())
     # a fixed trainer count searches the same splits: every point of its curve holds exactly its ranks
     # (`_trainer_curve`), the fastest within n − x is the split it runs beside x rollout GPUs
     if searches_shared_site(spec):
@@ -618,7 +618,7 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
         tw,
         opts,
         streamed_fraction=tcost["streamed_fraction"],
-        batches=stages.batches,
+        cache=stages.cache,
     )
     out["training"] = tcost
     out["rule_applied"] = "simulated" if search is not None else ("paper" if rule == "simulated" else rule)
@@ -735,10 +735,29 @@ SEARCH_GRID = 9  # splits of the shared site simulated before the search narrows
 SAME_TIME = 1e-9  # simulated times this close (relative) are one: their difference is float rounding
 
 
+UnitsKey = tuple[tuple[str, int], ...]  # rollout units by site and cost (`_units_key`)
+
+
+@dataclass
+class SimCache:
+    """What `_simulate` keeps across the allocations a search simulates (the plan's own among them), each by what it
+    depends on: the simulated batches by rollout units (the same beside every trainer), and a mode's simulated
+    iteration by those units, their weight sync and the trainer's step, so two allocations that differ only in GPUs
+    left idle (13 and 15 GPUs of tp 4 units) or a trainer count whose fastest configuration is another's are
+    simulated once."""
+
+    batches: dict[UnitsKey, list[Batch]] = field(default_factory=dict)
+    iterations: dict[tuple[UnitsKey, float, float, float, Mode], float] = field(default_factory=dict)
+
+
+def _units_key(units: list[Unit]) -> UnitsKey:
+    return tuple((u.site, id(u.cost)) for u in units)
+
+
 class Stages(NamedTuple):
     """What a search of the allocation simulates: the job, its workload and stage curves, the sites' GPU budgets
-    and the rollout GPUs per site at each total (`alloc.fill_table`); `batches`: the simulated batches by rollout
-    units (`_simulate`'s cache: the same beside every trainer, the plan's own allocation among them)."""
+    and the rollout GPUs per site at each total (`alloc.fill_table`); `cache`: what the simulations keep (the plan's
+    own allocation among them)."""
 
     job: Job
     lm: LengthModel
@@ -748,7 +767,7 @@ class Stages(NamedTuple):
     budgets: dict[str, int]
     fill: np.ndarray
     opts: PlanOptions
-    batches: dict[tuple[tuple[str, int], ...], list[Batch]]
+    cache: SimCache
 
 
 def _simulated_split(
@@ -879,14 +898,14 @@ def _simulated_cross(
 def _async_iteration(stages: Stages, *, train: np.ndarray, streamed_fraction: float) -> Callable[[int, int], float]:
     """The simulated async iteration (s) with x rollout GPUs (split per site as the stages' fill table says) and
     the trainer configuration at index y of `train` (the trainer curve's seconds)."""
-    job, lm, gcurves, _, tw, _, fill, opts, batches = stages
+    job, lm, gcurves, _, tw, _, fill, opts, cache = stages
     r_sites = list(gcurves)
 
     def run(x: int, y: int) -> float:
         per_site = dict(zip(r_sites, alloc.split_combined(x, fill), strict=True))
         units = _units(gcurves, per_site)
         return _async_s(
-            job, lm, units, tw, float(train[y]), per_site, opts, streamed_fraction=streamed_fraction, cache=batches
+            job, lm, units, tw, float(train[y]), per_site, opts, streamed_fraction=streamed_fraction, cache=cache
         )
 
     return run
@@ -902,7 +921,7 @@ def _async_s(
     opts: PlanOptions,
     *,
     streamed_fraction: float,
-    cache: dict[tuple[tuple[str, int], ...], list[Batch]] | None = None,
+    cache: SimCache | None = None,
 ) -> float:
     """The simulated async iteration (s) of `units` (GPUs `per_site`) beside a trainer step of `train_s`."""
     at_step = train_s * (1 - streamed_fraction)
@@ -974,7 +993,7 @@ def _assemble(
     opts: PlanOptions,
     *,
     streamed_fraction: float,
-    batches: dict[tuple[tuple[str, int], ...], list[Batch]] | None = None,
+    cache: SimCache | None = None,
 ) -> dict[str, Any]:
     spec = job.spec
     inv = job.inventory
@@ -1017,12 +1036,12 @@ def _assemble(
     if not units:
         raise PlanError("the allocation has no rollout instance")
     train_s = float(tcurve.seconds[chosen.y])
-    sim = _simulate(job, lm, units, tw, (train_s, train_s * (1 - streamed_fraction)), per_site, opts, cache=batches)
+    sim = _simulate(job, lm, units, tw, (train_s, train_s * (1 - streamed_fraction)), per_site, opts, cache=cache)
 
     def one_more(site: str, tp: int) -> float:  # the async iteration with one more unit of `tp` GPUs on `site`
         more = per_site | {site: per_site[site] + tp}
         plus = [*units, Unit(site, gcurves[site].costs[tp])]
-        return _async_s(job, lm, plus, tw, train_s, more, opts, streamed_fraction=streamed_fraction, cache=batches)
+        return _async_s(job, lm, plus, tw, train_s, more, opts, streamed_fraction=streamed_fraction, cache=cache)
 
     iteration_s = sim["predicted"]["iteration_s"][spec.pipeline.mode]
     used = [(a["gpus_used"], inv.sites[a["site"]].gpu_cost_per_hour) for a in allocation]
@@ -1096,20 +1115,18 @@ def _simulate(
     *,
     modes: tuple[Mode, ...] = MODES,
     report: bool = True,
-    cache: dict[tuple[tuple[str, int], ...], list[Batch]] | None = None,
+    cache: SimCache | None = None,
 ) -> dict[str, Any]:
     """`train` = (trainer seconds per iteration, the part of them that waits for the whole batch); the iteration
-    time of each of `modes`, and with `report` the dispatch report. `cache`: the simulated batches by rollout units
-    (`_batches`, the same for every trainer beside them), kept by a search that simulates many allocations."""
+    time of each of `modes`, and with `report` the dispatch report. `cache`: what a search that simulates many
+    allocations keeps (`SimCache`)."""
     spec = job.spec
     train_s, at_step_s = train
-    key = tuple((u.site, id(u.cost)) for u in units)
-    if cache is None or key not in cache:
-        batches = _batches(job, lm, units, opts)
-        if cache is not None:
-            cache[key] = batches
-    else:
-        batches = cache[key]
+    cache = SimCache() if cache is None else cache
+    key = _units_key(units)
+    if key not in cache.batches:
+        cache.batches[key] = _batches(job, lm, units, opts)
+    batches = cache.batches[key]
     groups = np.arange(spec.batch.prompts_per_iteration).repeat(spec.batch.samples_per_prompt)  # prompt-major
     works = [
         IterationWork(
@@ -1136,10 +1153,15 @@ def _simulate(
     steady = max(len(works), MIN_SIM_ITERATIONS)
     eta = drain = min(spec.pipeline.eta, steady)
     works = [works[i % len(works)] for i in range(steady + drain)]
-    iteration = {
-        m: simulate_job(works, mode=m, weight_sync_s=w_s, eta=eta if m == "async" else 0, drain=drain).iteration_s()
-        for m in modes
-    }
+    iteration: dict[Mode, float] = {}
+    for m in modes:
+        # the works are the batches' (by `key`) with this trainer step, and the job's eta and drain
+        done = (key, w_s, train_s, at_step_s, m)
+        t = cache.iterations.get(done)
+        if t is None:
+            run = simulate_job(works, mode=m, weight_sync_s=w_s, eta=eta if m == "async" else 0, drain=drain)
+            t = cache.iterations[done] = run.iteration_s()
+        iteration[m] = t
     t_gen = float(np.mean([g.makespan_s for g in gens]))
     out: dict[str, Any] = {
         "predicted": {
