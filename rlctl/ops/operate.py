@@ -423,12 +423,12 @@ def scale_progress(
 
 def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], object] = log.info) -> dict[str, Any]:
     """Graceful (controller), then forced (every recorded agent on its site); verifies none is left. A job whose
-    index row says it ended (finished, failed, stopped) and of which no agent runs is left as it is: `ended` names
-    its state; nothing is written when its launcher is gone, else only the stop request (`launcher`: which one
-    was told not to resume it). `grace_s`: how long the controller has to end before it is killed; None: as long
-    as it says in its answer (STOP_GRACE_S, more while it completes a checkpoint the trainer reached: `say` tells
-    the operator, and `checkpoint` names it). Then it waits, at most LAUNCHER_END_S, for the job's launcher to let
-    go of the job (`launcher` says it did, or not)."""
+    index row says it ended (finished, failed, stopped), or whose summary does with no launcher left to record it
+    (`job_end`), and of which no agent runs is left as it is: `ended` names its state; nothing is written when its
+    launcher is gone, else only the stop request (`launcher`: which one was told not to resume it). `grace_s`: how
+    long the controller has to end before it is killed; None: as long as it says in its answer (STOP_GRACE_S, more
+    while it completes a checkpoint the trainer reached: `say` tells the operator, and `checkpoint` names it). Then
+    it waits, at most LAUNCHER_END_S, for the job's launcher to let go of the job (`launcher` says it did, or not)."""
     jd = ref.jobdir
     out: dict[str, Any] = {"id": ref.id}
     under_way = stop_under_way(jd)  # (before this stop's own request is written)
@@ -436,9 +436,9 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     unsure: dict[str, Any] = {}  # name → process group of those that are not
     running: set[str] = set()
     down = False
-    ended_as = ref.row.state if ref.row is not None and ref.row.state not in LIVE else None
-    if ref.row is None:  # a job dir the index lacks (copied, its index lost): its summary says whether it ended
-        ended_as = job_end(ref)
+    # the index row's end; else, no launcher left to record one (a job dir the index lacks, a launcher that died
+    # after its controller wrote the summary), the summary's: a done job's row was written `stopped` over
+    ended_as = job_end(ref)
     if ended_as is not None:
         # read once (a remote controller site's record is one SSH fetch), and as the stop reads it: a damaged line
         # is left out here and said by the stop below, where there is one

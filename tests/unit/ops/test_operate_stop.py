@@ -229,6 +229,23 @@ def test_a_stop_of_a_finished_job_dir_the_index_lacks_says_so_and_changes_nothin
     assert not jd.events.exists()
 
 
+def test_a_stop_of_a_done_job_whose_gone_launcher_never_recorded_its_end_says_so_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its controller wrote summary.json (done) and exited; its launcher died before it recorded the end (the row
+    # still `running`): the stop forced nothing that ran, yet wrote `stopped` over the finished job's row
+    ref = _ended_job(tmp_path, monkeypatch, "running")
+    ref.jobdir.write_json(ref.jobdir.summary_json, {"state": "done"})
+    exited = [{"name": "controller-0", "state": "exited 0"}, {"name": "rollout-0", "state": "exited 0"}]
+    monkeypatch.setattr(operate, "site_view", lambda ref, timeout_s, handles: (exited, []))
+    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("gone")))
+    monkeypatch.setattr(operate, "stop_agents", lambda *a, **k: pytest.fail("nothing runs: nothing to stop"))
+    out = operate.stop(ref, grace_s=2)
+    assert out == {"id": "short2", "ended": "done", "graceful": "-", "agents": [], "problems": []}
+    assert operate._index_state("short2") == "running" and not ref.jobdir.events.exists()
+    assert stop_cli._table(out) == "job short2 already ended (done)"
+
+
 def test_an_orphan_of_a_failed_job_is_stopped_and_the_index_keeps_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
