@@ -14,7 +14,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -312,94 +312,132 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a job: SFT warm-up (cached), then controller, trainer and rollout agents on their sites
         (local processes, SLURM jobs, SSH hosts). `--resume JOB` continues a stopped or failed one."""
-        from rlctl.config import load_job
-        from rlctl.config.job import sft_steps
-        from rlctl.launch.jobdir import JobDir
-        from rlctl.ops.counts import plan_counts, resolve_job
-        from rlctl.ops.jobdb import JobDB
-        from rlctl.ops.preflight import preflight, problems, refuse
-        from rlctl.ops.run import JobRun, fresh_dir, launch_dir, prepare
-        from rlctl.rl.dataset import keeping_rows
+        with said_if_interrupted(job_file, resume) as made:  # (`made`: the job dir, once made)
+            from rlctl.config import load_job
+            from rlctl.config.job import sft_steps
+            from rlctl.launch.jobdir import JobDir
+            from rlctl.ops.counts import plan_counts, resolve_job
+            from rlctl.ops.jobdb import JobDB
+            from rlctl.ops.preflight import preflight, problems, refuse
+            from rlctl.ops.run import JobRun, fresh_dir, launch_dir, prepare
+            from rlctl.rl.dataset import keeping_rows
 
-        if resume is not None:
-            if job_file is not None or dry_run or mode is not None or job_dir is not None:
-                raise UsageError("--resume JOB takes no job file, --dry-run, --mode or --job-dir")
-            _resume(resume, output, detached=detach_, iterations=iterations, checkpoint=checkpoint)
-            return
-        if checkpoint is not None:
-            raise UsageError("--checkpoint names where a resume continues from: give it with --resume JOB")
-        if job_file is None:
-            raise UsageError("missing JOB.yaml", hint="`rlctl launch jobs/demo.yaml`, or `--resume JOB`")
-        if dry_run and detach_:
-            raise UsageError("--dry-run starts nothing: it takes no --detach")
-        job = load_job(job_file)
-        spec = resolve_job(job, iterations=iterations, mode=mode.value if mode is not None else None)
-        try:
-            plan = plan_counts(job, spec)
-        except ConfigError:  # a job field the planner refuses: every problem check finds, one line each, exit 2
-            preflight(job)
-            raise
-        if dry_run:  # the scripts even of a job check refuses, under what it refuses: nothing pretends it starts
-            refused = problems(job, plan=plan)
+            if resume is not None:
+                if job_file is not None or dry_run or mode is not None or job_dir is not None:
+                    raise UsageError("--resume JOB takes no job file, --dry-run, --mode or --job-dir")
+                _resume(resume, output, detached=detach_, iterations=iterations, checkpoint=checkpoint)
+                return
+            if checkpoint is not None:
+                raise UsageError("--checkpoint names where a resume continues from: give it with --resume JOB")
+            if job_file is None:
+                raise UsageError("missing JOB.yaml", hint="`rlctl launch jobs/demo.yaml`, or `--resume JOB`")
+            if dry_run and detach_:
+                raise UsageError("--dry-run starts nothing: it takes no --detach")
+            job = load_job(job_file)
+            spec = resolve_job(job, iterations=iterations, mode=mode.value if mode is not None else None)
             try:
-                path = fresh_dir(job, spec, job_dir)
-            except UsageError as e:  # shown all the same: what it would run is the question here
-                path = JobDir.choose_path(spec.name, explicit=job_dir if job_dir is not None else spec.job_dir)
-                if not path.name:  # the root: no id, and its sites' job dirs would be W/jobs/, every job's
-                    raise
-                sys.stderr.write(f"rlctl: note: a launch would be refused: {e} (hint: {e.hint})\n")
-            sites = {n: job.inventory.sites[n] for n in _sites_of(plan)}
-            with contextlib.closing(JobDB()) as db:  # the id the launch would give it: its sites' job dirs
-                job_id = db.id_for(path)
-            dry = JobRun(JobDir(path, job_id=job_id), spec, plan, sites=sites)
-            try:
-                rows = dry.render(master_port=DRY_RUN_MASTER_PORT)
-            except LaunchError:  # agents the sites cannot hold (check names why): no scripts to show; exit 2
-                refuse(str(job.path), refused)
+                plan = plan_counts(job, spec)
+            except ConfigError:  # a job field the planner refuses: every problem check finds, one line each, exit 2
+                preflight(job)
                 raise
-            finally:
-                dry.backends.close()
-            staging = dry.staging_plan()
-            if output is OutputFormat.json and refused:  # stdout stays the documented list of agents
-                sys.stderr.write("\n".join(refused_lines(refused)) + "\n")
-            emit(rows, output, lambda r: dry_table(r, staging, refused))
-            return
-        path = fresh_dir(job, spec, job_dir)  # a directory holding a job already: refused, its record kept
-        # what `rlctl check` refuses, refused before anything is built or started (once: a launcher started by
-        # --detach for this very file, unchanged, does not check again — a dataset's rows are read to the end)
-        if os.environ.pop(PREFLIGHT_PASSED_ENV, None) != _checked(job_file):
-            # a dataset's rows, read and tokenized by the check, are kept for this process's prepare (not a
-            # launcher started by --detach, which prepares in a process of its own)
-            with contextlib.nullcontext() if detach_ else keeping_rows():
-                preflight(job, plan=plan)
-        if detach_:  # the same launch in the background, into the directory chosen (and, if new, made) here
-            if job_dir is None and spec.job_dir is None:  # a timestamped one: not one another launch made meanwhile
-                path = JobDir.create(spec.name).path
-            over = ["--iterations", str(iterations)] if iterations is not None else []
-            over += ["--mode", mode.value] if mode is not None else []
-            args = ["launch", str(job_file.absolute()), "--job-dir", str(path), *over]
-            run_detached(args, path, output, env={PREFLIGHT_PASSED_ENV: _checked(job_file)})
-            return
-        jd = launch_dir(job, spec, job_dir)  # (a timestamped directory chosen again: `path` may be another launch's)
+            if dry_run:  # the scripts even of a job check refuses, under what it refuses: nothing pretends it starts
+                refused = problems(job, plan=plan)
+                try:
+                    path = fresh_dir(job, spec, job_dir)
+                except UsageError as e:  # shown all the same: what it would run is the question here
+                    path = JobDir.choose_path(spec.name, explicit=job_dir if job_dir is not None else spec.job_dir)
+                    if not path.name:  # the root: no id, and its sites' job dirs would be W/jobs/, every job's
+                        raise
+                    sys.stderr.write(f"rlctl: note: a launch would be refused: {e} (hint: {e.hint})\n")
+                sites = {n: job.inventory.sites[n] for n in _sites_of(plan)}
+                with contextlib.closing(JobDB()) as db:  # the id the launch would give it: its sites' job dirs
+                    job_id = db.id_for(path)
+                dry = JobRun(JobDir(path, job_id=job_id), spec, plan, sites=sites)
+                try:
+                    rows = dry.render(master_port=DRY_RUN_MASTER_PORT)
+                except LaunchError:  # agents the sites cannot hold (check names why): no scripts to show; exit 2
+                    refuse(str(job.path), refused)
+                    raise
+                finally:
+                    dry.backends.close()
+                staging = dry.staging_plan()
+                if output is OutputFormat.json and refused:  # stdout stays the documented list of agents
+                    sys.stderr.write("\n".join(refused_lines(refused)) + "\n")
+                emit(rows, output, lambda r: dry_table(r, staging, refused))
+                return
+            path = fresh_dir(job, spec, job_dir)  # a directory holding a job already: refused, its record kept
+            # what `rlctl check` refuses, refused before anything is built or started (once: a launcher started by
+            # --detach for this very file, unchanged, does not check again — a dataset's rows are read to the end)
+            if os.environ.pop(PREFLIGHT_PASSED_ENV, None) != _checked(job_file):
+                # a dataset's rows, read and tokenized by the check, are kept for this process's prepare (not a
+                # launcher started by --detach, which prepares in a process of its own)
+                with contextlib.nullcontext() if detach_ else keeping_rows():
+                    preflight(job, plan=plan)
+            if detach_:  # the same launch in the background, into the directory chosen (and, if new, made) here
+                if job_dir is None and spec.job_dir is None:  # a timestamped one: not one another launch made meanwhile
+                    path = JobDir.create(spec.name).path
+                over = ["--iterations", str(iterations)] if iterations is not None else []
+                over += ["--mode", mode.value] if mode is not None else []
+                args = ["launch", str(job_file.absolute()), "--job-dir", str(path), *over]
+                run_detached(args, path, output, env={PREFLIGHT_PASSED_ENV: _checked(job_file)})
+                return
+            # (a timestamped directory chosen again: `path` may be another launch's)
+            jd = launch_dir(job, spec, job_dir)
+            made.append(jd)
 
-        def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
-            units = sum(g["units"] for g in plan["rollout"])
-            priced = plan["source"] + (f", profile {plan['profile']}" if "profile" in plan else "")
-            named = "" if jd.id == jd.path.name else f", id {jd.id} (the id {jd.path.name} is another indexed job's)"
-            say(
-                f"job {spec.name}: {spec.pipeline.mode} (η={spec.pipeline.eta}), {spec.iterations} iterations, "
-                f"{plan['trainer']['ranks']} trainer rank(s), {units} rollout unit(s) ({priced}); "
-                f"dir {jd.path}{named}"
-            )
-            # in the index from here: `rlctl stop` finds it; its job file absolute, as the hints that name it (a
-            # launch stopped here: `rlctl launch FILE` anew) are read from any directory
-            check = runs.preparing(source=str(job_file.absolute()))
-            if steps := sft_steps(spec):
-                say(f"SFT warm-up: {steps} steps (cached after the first run)")
-            prepare(jd, spec, plan, source=str(job_file), job=job, check=check)
-            return runs.start()
+            def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
+                units = sum(g["units"] for g in plan["rollout"])
+                priced = plan["source"] + (f", profile {plan['profile']}" if "profile" in plan else "")
+                named = (
+                    "" if jd.id == jd.path.name else f", id {jd.id} (the id {jd.path.name} is another indexed job's)"
+                )
+                say(
+                    f"job {spec.name}: {spec.pipeline.mode} (η={spec.pipeline.eta}), {spec.iterations} iterations, "
+                    f"{plan['trainer']['ranks']} trainer rank(s), {units} rollout unit(s) ({priced}); "
+                    f"dir {jd.path}{named}"
+                )
+                # in the index from here: `rlctl stop` finds it; its job file absolute, as the hints that name it (a
+                # launch stopped here: `rlctl launch FILE` anew) are read from any directory
+                check = runs.preparing(source=str(job_file.absolute()))
+                if steps := sft_steps(spec):
+                    say(f"SFT warm-up: {steps} steps (cached after the first run)")
+                prepare(jd, spec, plan, source=str(job_file), job=job, check=check)
+                return runs.start()
 
-        be_launcher(jd, spec, plan, JobDB(), begin, output)
+            be_launcher(jd, spec, plan, JobDB(), begin, output)
+
+
+class InterruptSaid(KeyboardInterrupt):
+    """A Ctrl-C whose line was said (by the launcher, or the launch that waits for one in the background): exit 130,
+    nothing more said."""
+
+
+@contextlib.contextmanager
+def said_if_interrupted(job_file: Path | None, resume: str | None) -> Iterator[list[JobDir]]:
+    """Around `rlctl launch`: a Ctrl-C before its launcher says what became of the job (`InterruptSaid`) — the
+    modules it loads, the job read, planned and checked (a dataset's every row), the directory made — is said in one
+    line as well, versus exit 130 with nothing said (typer ends a KeyboardInterrupt so). A fresh launch's job
+    directory, once made (appended to the list yielded), is in the index `launching`: it is stopped there."""
+    made: list[JobDir] = []
+    try:
+        yield made
+    except InterruptSaid:
+        raise
+    except KeyboardInterrupt:
+        if resume is not None:
+            line = f"rlctl: interrupted: the resume of job {resume} stopped before it started anything; "
+            line += "the job is as it was"
+        elif made:
+            from rlctl.ops.jobdb import LIVE, JobDB
+
+            with contextlib.closing(JobDB()) as db:  # its launcher never took it on: the row says how it ended
+                db.update(made[0].id, state="stopped", only_from=LIVE)
+            line = interrupted_line(made[0], None, source=str(job_file))
+        else:
+            line = f"rlctl: interrupted: the launch of {job_file} stopped before it started anything: nothing to stop"
+        with contextlib.suppress(OSError):
+            sys.stderr.write(line + "\n")
+        raise
 
 
 def be_launcher(
@@ -433,9 +471,9 @@ def be_launcher(
             finally:
                 progress.close()
                 stopped = stop_runs(runs)
-        except KeyboardInterrupt:  # Ctrl-C: exit 130 (the CLI's), once the operator is told what became of the job
+        except KeyboardInterrupt as e:  # Ctrl-C: exit 130 (the CLI's), once the operator is told what became of the job
             progress.say(interrupted_line(jd, runs.run, source=runs.source, stopped=stopped))
-            raise
+            raise InterruptSaid from e
         except SystemExit as e:  # SIGTERM (the handler above) stops the job as Ctrl-C does: said as it is, versus an
             # exit 143 that said nothing (a detached launcher's log ended at its last iteration line)
             if e.code == 143:
@@ -453,6 +491,8 @@ def be_launcher(
                     f"held-out evaluation was cut, so its summary has none (`rlctl status {shlex.quote(jd.id)}` "
                     "shows it)"
                 )
+            if isinstance(e, KeyboardInterrupt):
+                raise InterruptSaid from e
             raise
     if summary["state"] == "done":  # what a finished job's operator does next, by the id the index holds it under
         ref = shlex.quote(jd.id)  # (its run put it in the index under its id)
@@ -561,10 +601,10 @@ def run_detached(args: list[str], job_dir: Path, output: OutputFormat, *, env: d
 
     try:
         info = child.follow(write)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         sys.stderr.write("rlctl: interrupted: stopping the launch in the background\n")
         child.cancel()
-        raise
+        raise InterruptSaid from e
     if info is None:  # it ended before the job ran: its error was among its lines
         code = child.proc.returncode
         raise typer.Exit(code if code else 1)

@@ -17,7 +17,8 @@ import pytest
 from rlctl.commands import launch
 from rlctl.commands.launch import be_launcher, partials_line, summary_table
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops import autoresume, detach, preflight, run
+from rlctl.ops import autoresume, detach, jobref, preflight, run
+from rlctl.ops.jobdb import JobDB
 from tests.conftest import ROOT, run_cli
 
 
@@ -236,6 +237,89 @@ def test_a_launch_ctrl_c_stops_says_it_stopped_the_job_and_how_to_resume_it(
     assert _InterruptedRuns.last.events == ["stop"]
     assert capsys.readouterr().err.splitlines()[-1] == (
         "rlctl: interrupted: job demo-1 stopped (every agent); continue it with `rlctl launch --resume demo-1`"
+    )
+
+
+def _demo_job(tmp_path: Path) -> Path:
+    job = tmp_path / "job.yaml"
+    job.write_text((ROOT / "jobs/demo.yaml").read_text().replace("../clusters", str(ROOT / "clusters")))
+    return job
+
+
+def test_a_launch_ctrl_c_before_its_launcher_takes_over_says_nothing_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its first ~1.5 s (modules loaded, the job read, planned and checked): exit 130 with nothing said, as typer ends
+    # a KeyboardInterrupt, where a Ctrl-C a moment later says what became of the job
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    job = _demo_job(tmp_path)
+
+    def checking(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(preflight, "preflight", checking)
+    r = run_cli("launch", str(job), "--job-dir", str(tmp_path / "run"))
+    assert (r.exit_code, r.stderr) == (
+        130,
+        f"rlctl: interrupted: the launch of {job} stopped before it started anything: nothing to stop\n",
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_launch_ctrl_c_once_its_job_dir_is_made_stops_the_job_and_says_so_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # made and indexed `launching`, the launcher not set up yet: nothing said, the row left `launching`
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    job = _demo_job(tmp_path)
+
+    def progress() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "Progress", progress)
+    r = run_cli("launch", str(job), "--job-dir", str(tmp_path / "run"))
+    assert (r.exit_code, r.stderr) == (
+        130,
+        "rlctl: interrupted: job run stopped while its launch prepared it (nothing started); launch it again with "
+        f"`rlctl launch {job}`\n",
+    )
+    assert JobDB().get("run").state == "stopped"
+    # a Ctrl-C the launcher said (its runs' watch interrupted) is said once
+    monkeypatch.undo()
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+
+    class Preparing(_InterruptedRuns):
+        def preparing(self, *, source: str) -> None:
+            self.source = source
+            raise KeyboardInterrupt  # in the SFT warm-up
+
+    monkeypatch.setattr(autoresume, "Runs", Preparing)
+    monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        r = run_cli("launch", str(job), "--job-dir", str(tmp_path / "run2"))
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    assert (r.exit_code, r.stderr.splitlines()[1:]) == (
+        130,
+        [f"rlctl: interrupted: job run2 stopped while its launch prepared it (nothing started); launch it again with "
+         f"`rlctl launch {job}`"],
+    )  # fmt: skip
+
+
+def test_a_resume_ctrl_c_before_its_launcher_takes_over_says_the_job_is_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+
+    def resolving(*_: object, **__: object) -> None:
+        raise KeyboardInterrupt  # (an SSH fetch of its record that blocks)
+
+    monkeypatch.setattr(jobref, "resolve", resolving)
+    r = run_cli("launch", "--resume", "demo-1")
+    assert (r.exit_code, r.stderr) == (
+        130,
+        "rlctl: interrupted: the resume of job demo-1 stopped before it started anything; the job is as it was\n",
     )
 
 
