@@ -1047,7 +1047,7 @@ def _evaluation(job: Job) -> list[Problem]:
 def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]:
     """Every row of the held-out file reads and tokenizes as the launch will, and there are at least as many usable
     rows as `heldout_prompts` asks for."""
-    from rlctl.rl.dataset import check_rows
+    from rlctl.rl.dataset import NoChatTemplate, check_rows
     from rlctl.rl.tokenizer import load_tokenizer
 
     data = job.path.parent / held.path
@@ -1057,6 +1057,8 @@ def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]
         return [Problem("model.path", str(e), e.hint)]
     try:
         good = check_rows(held, data_path=data, tokenizer=tokenizer)
+    except NoChatTemplate as e:  # the model's to fix, or the prompts' form (as check_task says it)
+        return [Problem("model.path", f"{e.file}: {e.detail}", e.hint)]
     except ConfigError as e:
         said = str(e).removeprefix(f"{e.file}: ")
         return [Problem("evaluation.path", f"{data}: {said}", e.hint)]  # the data's own: a skip helps only some

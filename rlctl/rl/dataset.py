@@ -66,6 +66,11 @@ class BadRow:
         return f"{self.where}: {self.field}: {self.what}" if self.field else f"{self.where}: {self.what}"
 
 
+class NoChatTemplate(ConfigError):
+    """Prompts that need a chat template (chat messages, or `task.template_strings`), and the model's tokenizer has
+    none: the model's to fix (or the prompts' form), not a bad row — every such row would fail alike."""
+
+
 @dataclass(frozen=True)
 class DataPrompt:
     prompt_id: str  # p<position in the data stream>
@@ -144,12 +149,26 @@ def _not_json(value: Any, key: str) -> str | None:
     return f"{key} is a {type(value).__name__}"
 
 
-def _prompt_tokens(prompt: Any, cfg: DatasetTask, tokenizer: TextTokenizer) -> list[int] | str:
-    """Token ids of one prompt, or what is wrong with it."""
+def _no_template(tokenizer: TextTokenizer, where: str, why: str, fix: str) -> NoChatTemplate:
+    return NoChatTemplate(
+        str(tokenizer.model_dir),
+        None,
+        f"the tokenizer has no chat template (no chat_template.jinja, nor chat_template in tokenizer_config.json), "
+        f"and {where} {why}",
+        hint=f"use a model whose tokenizer has one, add a chat_template.jinja to its directory, or {fix}",
+    )
+
+
+def _prompt_tokens(prompt: Any, cfg: DatasetTask, tokenizer: TextTokenizer, where: str) -> list[int] | str:
+    """Token ids of one prompt (the row at `where`), or what is wrong with it; NoChatTemplate when it needs the
+    template the tokenizer lacks."""
     if isinstance(prompt, str):
         if not prompt:
             return "empty string"
         if cfg.template_strings:
+            if not tokenizer.has_chat_template:
+                why = "is a string prompt, which task.template_strings renders through one"
+                raise _no_template(tokenizer, where, why, "set task.template_strings: false")
             return tokenizer.encode_chat([{"role": "user", "content": prompt}])
         return tokenizer.encode(prompt)
     if isinstance(prompt, list) and prompt:
@@ -161,7 +180,7 @@ def _prompt_tokens(prompt: Any, cfg: DatasetTask, tokenizer: TextTokenizer) -> l
             if not (isinstance(content, str) or parts):  # what chat templates render: text, or typed parts
                 return f"message [{i}] content: expected a string or a list of {{type, …}} parts, got {content!r:.40}"
         if not tokenizer.has_chat_template:
-            return "chat messages need a chat template, and the tokenizer has none (give a string prompt)"
+            raise _no_template(tokenizer, where, "holds chat messages", "give the prompts as strings")
         return tokenizer.encode_chat(prompt)
     return f"expected a string or a non-empty list of chat messages [{{role, content}}], got {prompt!r:.60}"
 
@@ -194,7 +213,7 @@ def _parse_row(
     if prompt is _MISSING:
         return BadRow(where, cfg.prompt_key, "missing")
     try:
-        tokens = _prompt_tokens(prompt, cfg, tokenizer)
+        tokens = _prompt_tokens(prompt, cfg, tokenizer, where)
     except ValueError as e:  # the chat template refused the messages (raise_exception) or failed on them
         return BadRow(where, cfg.prompt_key, str(e))
     if isinstance(tokens, str):
@@ -585,6 +604,8 @@ def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = Non
         raise ConfigError(str(job_file), "model.path", str(e), hint=e.hint) from e
     try:
         check_rows(cfg, data_path=data, tokenizer=tokenizer)
+    except NoChatTemplate as e:  # the model's to fix, or the prompts' form: not the data file's rows
+        raise ConfigError(str(job_file), "model.path", f"{e.file}: {e.detail}", hint=e.hint) from e
     except ConfigError as e:
         message = str(e).removeprefix(f"{e.file}: ")
         raise ConfigError(str(job_file), "task.path", f"{e.file}: {message}", hint=e.hint) from e

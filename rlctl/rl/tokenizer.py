@@ -31,6 +31,8 @@ SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_t
 class TextTokenizer(Protocol):
     """What the dataset and the reward path need from a tokenizer."""
 
+    model_dir: Path  # where it was read from: what an error about it names
+
     @property
     def eos_ids(self) -> tuple[int, ...]: ...
 

@@ -189,12 +189,27 @@ def test_a_launch_s_check_and_prepare_read_and_tokenize_its_rows_once(
     assert dataset._kept == {}
 
 
-def test_messages_need_a_template_and_all_bad_is_refused(tmp_path: Path) -> None:
-    tok = load_tokenizer(write_tokenizer(tmp_path / "m", chat_template=None))
-    path = write_jsonl(tmp_path / "train.jsonl", [verl_row(0)])
+def test_prompts_that_need_a_template_the_tokenizer_lacks_name_the_model_and_the_fixes(tmp_path: Path) -> None:
+    # chat messages with a tokenizer with no template were bad rows: `job.yaml: task.path: train.jsonl: its one row:
+    # prompt: chat messages need a chat template, …` blamed the data file, and named neither the model nor a template
+    model = write_tokenizer(tmp_path / "m", chat_template=None)
+    tok = load_tokenizer(model)
+    path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "1 + 2", "ground_truth": "3"}, verl_row(0)])
     for bad_rows in ("refuse", "skip"):  # skip said `no usable rows (1 read, 1 bad)`, and not why
-        with pytest.raises(ConfigError, match="its one row: prompt: chat messages need a chat template"):
+        with pytest.raises(ConfigError) as e:
             prepare_dataset(task(bad_rows=bad_rows), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+        assert str(e.value) == (
+            f"{model}: the tokenizer has no chat template (no chat_template.jinja, nor chat_template in "
+            f"tokenizer_config.json), and {path}:line 2 holds chat messages"
+        )
+        assert e.value.hint is not None and e.value.hint.endswith("or give the prompts as strings")
+    with pytest.raises(ConfigError, match=r"line 1 is a string prompt, which task\.template_strings renders") as e:
+        prepare_dataset(task(template_strings=True), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert e.value.hint is not None and e.value.hint.endswith("set task.template_strings: false")
+    job = tmp_path / "job.yaml"
+    with pytest.raises(ConfigError, match=rf"^{job}: model\.path: {model}: the tokenizer has no chat template") as e:
+        check_task(task(), job_file=job, model_dir=model)
+    assert e.value.hint is not None and "add a chat_template.jinja" in e.value.hint
 
 
 def test_a_key_no_row_has_is_named_once_with_the_fields_rows_have(tmp_path: Path, tok: HFTokenizer) -> None:
