@@ -210,7 +210,7 @@ def _imported(file: Path) -> list[str]:
     return names
 
 
-def _from_file(file: Path, shown: str) -> Any:
+def _from_file(file: Path, shown: str, fn: str) -> Any:
     if not file.is_file():
         raise ValueError(f"{shown}: no such file (relative paths are relative to the job file)")
     digest = hashlib.sha256(str(file.resolve()).encode()).hexdigest()[:12]
@@ -228,8 +228,28 @@ def _from_file(file: Path, shown: str) -> Any:
         spec.loader.exec_module(module)
     except Exception as e:  # any error in the user's file is reported as one line
         del sys.modules[mod_name]
-        raise ValueError(f"{shown}: cannot import: {type(e).__name__}: {e}") from e
+        raise ValueError(f"{shown}: cannot import: {type(e).__name__}: {e}{_own_package(file, fn, e)}") from e
     return module
+
+
+def _own_package(file: Path, fn: str, e: Exception) -> str:
+    """What to do, where `file` imports the package that holds it (`from myrewards.helpers import f` in
+    myrewards/score.py): a reward file is loaded by its path, its own directory on the import path, not its
+    parent's, so that package is no module here (and the launch copies no parent directory); else ''."""
+    if not isinstance(e, ModuleNotFoundError) or not e.name:
+        return ""
+    top = e.name.partition(".")[0]
+    file = file.resolve()
+    for package in file.parents:
+        if package.name == top:
+            module = ".".join(file.relative_to(package.parent).with_suffix("").parts)
+            return (
+                f"; {top}/ holds the file, and is no module here: a reward file is loaded by its path, with its own "
+                f"directory on the import path, not {top}/'s parent; import the modules beside it by their own names "
+                f"(from helpers import …: the launch copies them with it), or install {top} and name the function "
+                f"by its module, {module}:{fn}"
+            )
+    return ""
 
 
 def _from_module(name: str, fn: str, base_dir: Path) -> Any:
@@ -267,7 +287,7 @@ def load_reward(spec: str, base_dir: Path) -> RewardFn:
         return BUILTIN_REWARDS[spec]
     if target.endswith(".py"):
         file = Path(target) if Path(target).is_absolute() else base_dir / target
-        module, where = _from_file(file, target), target
+        module, where = _from_file(file, target, name), target
     else:
         module, where = _from_module(target, name, base_dir), f"module {target!r}"
     fn = getattr(module, name, None)

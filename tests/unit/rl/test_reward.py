@@ -221,6 +221,32 @@ def test_load_user_file_and_module(rewards_dir: Path, monkeypatch: pytest.Monkey
     assert load_reward("myrewards.math_rw:score", rewards_dir)("d", "s", "g") == 0.75
 
 
+def test_a_reward_file_importing_its_own_package_is_told_what_to_do(rewards_dir: Path) -> None:
+    # `from myrewards.helpers import norm` in myrewards/score.py said `No module named 'myrewards'` and no more: the
+    # file's own directory is on the import path, not its package's parent
+    (rewards_dir / "ownrewards").mkdir()
+    (rewards_dir / "ownrewards" / "__init__.py").write_text("")
+    (rewards_dir / "ownrewards" / "helpers.py").write_text("def norm(s):\n    return s.strip()\n")
+    (rewards_dir / "ownrewards" / "score.py").write_text(
+        "from ownrewards.helpers import norm\n\n\ndef f(data_source, solution_str, ground_truth):\n    return 1.0\n"
+    )
+    with pytest.raises(ValueError) as e:
+        load_reward("ownrewards/score.py:f", rewards_dir)
+    assert str(e.value) == (
+        "ownrewards/score.py: cannot import: ModuleNotFoundError: No module named 'ownrewards'; ownrewards/ holds "
+        "the file, and is no module here: a reward file is loaded by its path, with its own directory on the import "
+        "path, not ownrewards/'s parent; import the modules beside it by their own names (from helpers import …: "
+        "the launch copies them with it), or install ownrewards and name the function by its module, "
+        "ownrewards.score:f"
+    )
+    (rewards_dir / "ownrewards" / "score.py").write_text(
+        "from no_such_pkg_xyz import norm\n\n\ndef f(data_source, solution_str, ground_truth):\n    return 1.0\n"
+    )
+    with pytest.raises(ValueError) as e:  # a module missing that is no package of the file's: as it was
+        load_reward("ownrewards/score.py:f", rewards_dir)
+    assert str(e.value).endswith("ModuleNotFoundError: No module named 'no_such_pkg_xyz'")
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
