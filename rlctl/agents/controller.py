@@ -613,6 +613,9 @@ class ControllerAgent:
         if what == "not_joining":
             self.scaler.not_joining(payload, now=time.monotonic())
             return
+        if what == "unjoined_stopped":
+            self.scaler.unjoined_stopped(who, payload)
+            return
         if what == "scored":
             attempt, reward = payload
             self._send(self.core.scored(who, attempt=attempt, reward=reward))

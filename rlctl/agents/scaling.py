@@ -15,6 +15,8 @@
     a unit expected UNJOINED_CHECK_S without joining (the plan's, or one asked for) ──▶ its site asked, in a thread,
          whether it still runs ──▶ post("not_joining") ──▶ not_joining(): one that exited holds no slot
          (`unit_exited_before_joining`); the plan's is replaced, one asked for is a failed start (`scale --wait`)
+    a replacement not joined within `join_bound_s` though its site says it runs ──▶ stopped, in a thread
+         ──▶ post("unjoined_stopped") ──▶ replacement_not_joined: a failed attempt of its chain (one log line)
 
 The controller owns the inbox and the sockets; this module only posts to the one and returns the
 messages for the other, so every send still happens on the controller's main loop.
@@ -56,6 +58,13 @@ RESTORE_WAIT_S = 120.0
 # was): its site is asked whether it still runs, at most this often (a unit queued in SLURM, or loading a large
 # model, still runs and keeps its slot; one that exited frees it)
 UNJOINED_CHECK_S = 60.0
+# a replacement that has not joined this long though its site says it still runs (a load hung on a lock or a mount, a
+# node that never comes up) holds its slot no longer: it is stopped and counted a failed attempt of its chain. The
+# bound is JOIN_BOUND_FACTOR × the longest a unit of this run took to join (the job's load time as measured), at
+# least JOIN_BOUND_MIN_S (a unit queued in SLURM, or loading a large model, joins well within it)
+JOIN_BOUND_MIN_S = 1800.0
+JOIN_BOUND_FACTOR = 4.0
+UNJOINED_STOP_GRACE_S = 10.0
 
 
 @dataclass
@@ -68,6 +77,7 @@ class Replacement:
     started: float = 0.0
     error: str | None = None  # why the current attempt failed to start
     why: str | None = None  # why the last attempt failed (status)
+    stopping: bool = False  # the current attempt's unit, not joined within the bound, is being stopped
 
 
 @dataclass
@@ -170,6 +180,9 @@ class Scaler:
         self.never_joined: set[str] = set()  # units that exited before they joined: they hold no slot
         self._unjoined_at = -UNJOINED_CHECK_S  # when the sites were last asked about units not joined
         self._asking = False  # a thread asks them now
+        self.join_s: dict[str, float] = {}  # unit → seconds it took to join (the plan's from t0; a replacement's
+        # from its attempt's start): what `join_bound_s` measures the job's load time by
+        self.abandoned: set[str] = set()  # replacements stopped for not joining within the bound
 
     def pending_units(self) -> list[str]:
         """Units asked for that have not joined yet."""
@@ -359,6 +372,8 @@ class Scaler:
         its site, up to REPLACE_ATTEMPTS times with backoff; `tick` does the work. A replacement lost before its
         first sample is a failed attempt of the chain that started it, not a new loss: a unit that crashes right
         after joining (a bad setting, a broken node) is restarted REPLACE_ATTEMPTS times, not without end."""
+        if lost in self.abandoned:  # stopped for not joining in time (it joined as it was stopped): counted already
+            return
         if self.spawn_requested.pop(lost, None) is not None:  # asked for (a scale, the rule): `scale --wait` is told
             self.failed_starts[lost] = "lost before its first sample (its log says why); a replacement is started"
         chain = self.unproven.pop(lost, None)
@@ -378,28 +393,71 @@ class Scaler:
 
     def tick(self, now: float) -> None:
         """From the controller's loop: start replacements that are due; count a replacement that failed to
-        start or exited before it joined (`not_joining`) as a failed attempt (then back off, or give up); in a resumed
-        run, start again the units its checkpoint's run had beyond the plan (`restore`)."""
+        start or exited before it joined (`not_joining`) as a failed attempt (then back off, or give up), and stop one
+        not joined within `join_bound_s` (`unjoined_stopped` counts it); in a resumed run, start again the units its
+        checkpoint's run had beyond the plan (`restore`)."""
         if self.restoring is not None:
             self._restore_units(now)
+        for name in _sites_by_agent(self.placement.plan):
+            if name.startswith("rollout-") and name not in self.join_s and name in self.core.units:
+                self.join_s[name] = now - self.t0
         self._ask_unjoined(now)
         for r in list(self.replacing.values()):
             if r.error is not None:
                 self._failed(r, r.error, now)
+            elif r.stopping:
+                continue
             elif r.unit is not None and r.unit in self.core.units:
+                self.join_s[r.unit] = now - r.started
                 self.replaced += 1
                 self.jobdir.event("unit_replaced", lost=r.lost, by=r.unit, site=r.site, attempts=r.attempts)
                 del self.replacing[r.lost]
                 if r.unit in self.spawn_requested:  # no sample yet (sampled() drops it at the first)
                     self.unproven[r.unit] = r
+            elif r.unit is not None and now - r.started >= self.join_bound_s():
+                self._stop_unjoined(r, now)
             elif r.unit is None and now >= r.due and self.free_slots().get(r.site, 0) > 0:
                 r.attempts += 1
                 r.started = now
                 r.unit = self._spawn(r.site, "replace")
 
+    def join_bound_s(self) -> float:
+        """How long a replacement may take to join: JOIN_BOUND_FACTOR × the longest a unit of this run took, at
+        least JOIN_BOUND_MIN_S."""
+        return max(JOIN_BOUND_MIN_S, JOIN_BOUND_FACTOR * max(self.join_s.values(), default=0.0))
+
+    def _stop_unjoined(self, r: Replacement, now: float) -> None:
+        """Stop the replacement `r` started, not joined within the bound though its site says it runs, in a thread
+        (an SSH or scancel call takes seconds); `unjoined_stopped` counts the failed attempt once it is stopped."""
+        name, spawner = r.unit, self.spawner
+        assert name is not None and spawner is not None
+        r.stopping = True
+        self.abandoned.add(name)
+        why = f"{name} did not join within {self.join_bound_s():.0f} s though its site said it ran (its log says why)"
+
+        def run() -> None:
+            try:
+                spawner.stop(name, grace_s=UNJOINED_STOP_GRACE_S)
+                error = why + "; stopped"
+            except Exception as e:  # noqa: BLE001 - the attempt failed either way; its slot may stay taken
+                error = f"{why}; stopping it failed: {e}"
+            self.post(("unjoined_stopped", name, error))
+
+        threading.Thread(target=run, name=f"stop-{name}", daemon=True).start()
+
+    def unjoined_stopped(self, name: str, why: str) -> None:
+        """The thread that stopped `name` (a replacement not joined within the bound) finished: a failed attempt of
+        its chain (`tick` backs off, or gives up)."""
+        chain = next((r for r in self.replacing.values() if r.unit == name and r.stopping), None)
+        if chain is not None:  # (its one log line is `_failed`'s)
+            self.jobdir.event(
+                "replacement_not_joined", lost=chain.lost, by=name, site=chain.site, attempts=chain.attempts, error=why
+            )
+            chain.error = why
+
     def _failed(self, r: Replacement, why: str, now: float) -> None:
         self.spawn_requested.pop(r.unit or "", None)
-        r.why = why
+        r.why, r.stopping = why, False
         if r.attempts >= REPLACE_ATTEMPTS:
             del self.replacing[r.lost]
             self.gave_up.append(r.lost)

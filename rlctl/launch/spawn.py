@@ -44,6 +44,7 @@ from rlctl.launch.backends import (
     python_for,
     record_agent,
     recorded_agents,
+    stop_agents,
 )
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice
 from rlctl.launch.gpus import GpuPool, uses_slices
@@ -176,12 +177,24 @@ class Spawner:
         same name is not one) that have exited, as their sites say; one not recorded yet, or whose site cannot tell,
         is not. A record with no controller's is a controller site's other than the operator's: its launcher emptied
         it for this run and mirrors the other agents into it, so each of its records is this run's."""
+        wanted = set(names)
+        return [h.spec.name for h in self._this_run() if h.spec.name in wanted and self._exited(h)]
+
+    def stop(self, name: str, *, grace_s: float) -> None:
+        """Stop agent `name` of this run on its site (a unit that never joined); nothing when it is not recorded (its
+        start never returned). LaunchError when its site could not stop it."""
+        handles = [h for h in self._this_run() if h.spec.name == name]
+        problems = stop_agents(self.backends, handles, grace_s=grace_s)
+        if problems:
+            raise LaunchError("; ".join(problems))
+
+    def _this_run(self) -> list[AgentHandle]:
+        """The agents recorded by this run (see `exited`)."""
         p = self.jobdir.path / AGENTS_FILE
         text = p.read_text() if p.exists() else ""
         run = run_names(text)
         recorded = agents_from_lines(text, source=p, skipped=[])
-        wanted = set(names) & (run if run is not None else {h.spec.name for h in recorded})
-        return [h.spec.name for h in recorded if h.spec.name in wanted and self._exited(h)]
+        return [h for h in recorded if run is None or h.spec.name in run]
 
     def _exited(self, h: AgentHandle) -> bool:
         try:

@@ -4,8 +4,11 @@ attempt fails the job goes on with fewer units and says so."""
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from typing import Any
+
+import pytest
 
 from rlctl.agents import scaling
 from rlctl.agents.core import ControllerCore, CoreConfig, PromptSpec
@@ -30,6 +33,9 @@ class FakeSpawner:
     def exited(self, names: list[str]) -> list[str]:
         self.asked = [*getattr(self, "asked", []), list(names)]
         return [n for n in names if n in self.gone]
+
+    def stop(self, name: str, *, grace_s: float) -> None:
+        self.stopped = [*getattr(self, "stopped", []), name]
 
     def add_rollout(self, site: str, replica: int) -> None:
         self.calls.append((site, replica))
@@ -426,6 +432,55 @@ def test_a_replacement_still_loading_keeps_its_slot_and_one_that_exited_is_a_fai
     r = scaler.replacing["rollout-1"]
     assert (r.unit, r.attempts, r.why) == (None, 1, "exited before it joined (its log says why)")
     assert scaler.failed_starts == {} and "rollout-2" not in scaler.spawn_requested
+    scaler.tick(r.due)
+    deliver(scaler, posted)
+    assert spawner.calls == [("a", 2), ("a", 3)]  # the next attempt
+
+
+def test_a_replacement_that_never_joins_though_it_runs_is_stopped_past_the_bound_and_is_a_failed_attempt(
+    tmp_path, caplog
+) -> None:
+    """rollout-2 replaces rollout-1, and its load hangs (a lock, a mount): its site says it still runs, so it held
+    its slot for the rest of the run and its chain waited for ever. Past JOIN_BOUND_FACTOR × the longest a unit took
+    to join (at least JOIN_BOUND_MIN_S) it is stopped, and counted a failed attempt, in one log line."""
+    scaler, core, jd, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    scaler.tick(t0 + 600.0)  # the plan's units joined 10 min in: the bound is 4 × that, 40 min
+    assert scaler.join_bound_s() == pytest.approx(2400.0)
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=t0 + 600.0)
+    scaler.tick(t0 + 600.0)
+    deliver(scaler, posted)
+    assert spawner.calls == [("a", 2)]
+    for later in (1800.0, 2999.0):  # its site says it still runs: it keeps its slot, its chain waits
+        scaler._unjoined_at = t0 + later  # (the sites just asked)
+        scaler.tick(t0 + later)
+        assert posted == [] and not hasattr(spawner, "stopped")
+    caplog.set_level(logging.WARNING, logger="rlctl.agents.scaling")
+    scaler._unjoined_at = t0 + 3001.0
+    scaler.tick(t0 + 3001.0)  # past 2400 s since its attempt started
+    deadline = time.monotonic() + 5
+    while not posted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    what, name, why = posted.pop()
+    assert (what, name) == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]
+    core.join("rollout-2", role="rollout", version=0)  # it joined as it was stopped: not counted replaced
+    scaler.tick(t0 + 3002.0)
+    assert scaler.replaced == 0
+    scaler.unjoined_stopped(name, why)
+    scaler.tick(t0 + 3003.0)
+    r = scaler.replacing["rollout-1"]
+    expected = "rollout-2 did not join within 2400 s though its site said it ran (its log says why); stopped"
+    assert (r.unit, r.attempts, r.why) == (None, 1, expected)
+    assert [m.getMessage() for m in caplog.records] == [
+        f"controller: replacing rollout-1 failed ({expected}); next attempt in 5 s"
+    ]
+    ev = [e for e in jd.read_events() if e["event"] == "replacement_not_joined"]
+    assert [(e["lost"], e["by"], e["attempts"]) for e in ev] == [("rollout-1", "rollout-2", 1)]
+    assert scaler.free_slots() == {"a": 1}  # rollout-0 and rollout-2's join; rollout-2's slot is no attempt's now
+    core.lost("rollout-2")
+    scaler.replace("rollout-2", now=t0 + 3004.0)  # its loss, once stopped, is no new chain
+    assert list(scaler.replacing) == ["rollout-1"]
     scaler.tick(r.due)
     deliver(scaler, posted)
     assert spawner.calls == [("a", 2), ("a", 3)]  # the next attempt

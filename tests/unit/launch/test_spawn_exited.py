@@ -73,3 +73,28 @@ def test_a_controller_site_record_without_the_controller_is_this_runs(tmp_path: 
     finally:
         running.kill()
         running.wait(timeout=10)
+
+
+def test_stop_ends_this_runs_agent_of_that_name_only(tmp_path: Path) -> None:
+    """`Spawner.stop`: a replacement that never joined within its bound is stopped on its site (the controller's
+    `Scaler` then counts its failed attempt); an earlier run's agent of the same name is left alone."""
+    jd = JobDir.create("j", explicit=tmp_path / "j")
+    write_sites(jd.path, {"s": Site.model_validate(SITE)})
+    earlier, earlier_ident = _process(killed=False)
+    stuck, stuck_ident = _process(killed=False)
+    try:
+        _record(jd, "controller", 0, earlier_ident)  # the run before, its rollout-2
+        _record(jd, "rollout", 2, earlier_ident)
+        _record(jd, "controller", 0, stuck_ident)  # this run: its rollout-2 never joins
+        _record(jd, "rollout", 2, stuck_ident)
+        sp = Spawner(jd, {"s": Site.model_validate(SITE)}, job="j")
+        try:
+            sp.stop("rollout-7", grace_s=1.0)  # never recorded: nothing to stop
+            sp.stop("rollout-2", grace_s=1.0)
+            assert stuck.wait(timeout=10) is not None and earlier.poll() is None
+        finally:
+            sp.close()
+    finally:
+        for p in (earlier, stuck):
+            p.kill()
+            p.wait(timeout=10)
