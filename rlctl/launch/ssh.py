@@ -62,6 +62,13 @@ def _sched(site: Site) -> SshScheduler:
     return site.scheduler
 
 
+def _literal(text: str, expanded: int) -> str:
+    """`text` as ssh reads it literally where it expands %-tokens (ProxyCommand, IdentityFile, UserKnownHostsFile),
+    `expanded` times on its way: each `%` doubled per expansion (a host-key file `/etc/rl/kh%h` was read as
+    `/etc/rl/kh` and the host's name; a key file `~/keys/50%off` ended ssh on `%o`, an unknown token)."""
+    return text.replace("%", "%" * 2**expanded)
+
+
 @dataclass(frozen=True)
 class SshStatus:
     state: RemoteState
@@ -260,21 +267,28 @@ class SshBackend(LaunchBackend):
     def command_line(self, host: str, script: str) -> str:
         """The exact command to run `script` on `host` by hand (what fabric does: `bash -s` + stdin)."""
         t = self.target(host)
-        keys = hostkeys.rendered_options(sh_path(t.known_hosts) if t.known_hosts else None)
+
+        def keys(expanded: int) -> list[str]:  # the host-key options, their path through `expanded` %-expansions
+            return hostkeys.rendered_options(sh_path(_literal(t.known_hosts, expanded)) if t.known_hosts else None)
+
         opts = [f"-p {t.port}"]
-        opts += [f"-i {sh_path(t.key_file)}"] if t.key_file else []
+        if t.key_file and "%" in t.key_file:  # `-i` looks for the file as written, then expands its %-tokens
+            opts += [f"-o IdentityFile={sh_path(_literal(t.key_file, 1))}"]
+        elif t.key_file:
+            opts += [f"-i {sh_path(t.key_file)}"]
         if t.proxy_jump:  # not `-J`, whose bastion connection ignores the options given here (the host-key file)
             j = jump_target(t.proxy_jump, known_hosts=t.known_hosts)
-            # `[%h]:%p`, as ssh -J writes it: ssh reads `fd00::2:22` as no host and port
+            # `[%h]:%p`, as ssh -J writes it: ssh reads `fd00::2:22` as no host and port. The rest is literal: the
+            # outer ssh expands the ProxyCommand's %-tokens, and the bastion's ssh its UserKnownHostsFile's again
             via = [
                 "ssh",
                 f"-p {j.port}",
-                *keys,
+                *keys(2),
                 "-W '[%h]:%p'",
-                shlex.quote(f"{j.user}@{j.host}" if j.user else j.host),
+                shlex.quote(_literal(f"{j.user}@{j.host}" if j.user else j.host, 1)),
             ]
             opts += [f"-o {shlex.quote('ProxyCommand=' + ' '.join(via))}"]
-        opts += keys
+        opts += keys(1)
         user = f"{t.user}@" if t.user else ""
         return f"ssh {' '.join(opts)} {shlex.quote(user + host)} bash -s <<'RLCTL_EOF'\n{script}RLCTL_EOF\n"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -208,3 +209,45 @@ def test_a_rendered_jump_to_an_ipv6_node_names_it_as_ssh_reads_it() -> None:
     proxy = argv[argv.index("-o") + 1].removeprefix("ProxyCommand=")
     via = subprocess.run(["bash", "-c", f"printf '%s\\n' {proxy}"], capture_output=True, text=True).stdout.split()
     assert via[via.index("-W") + 1] == "[%h]:%p", via  # ssh puts the node's address in the brackets
+
+
+def _outer_expansion(text: str, host: str, port: int) -> str:
+    """What ssh does to a ProxyCommand before it runs it: %h, %p and %% expanded (ssh's percent_expand)."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "%":
+            out.append({"%": "%", "h": host, "p": str(port)}[text[i + 1]])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs OpenSSH's client (ssh -G)")
+def test_a_percent_in_a_rendered_path_or_user_reaches_ssh_literally() -> None:
+    """ssh expands %-tokens in ProxyCommand, IdentityFile and UserKnownHostsFile: a host-key file `/etc/rl/kh%h` was
+    read as `/etc/rl/kh` + the host's name, and a jump user `ops%h` as `ops` + the node's name. ssh -G says how ssh
+    reads the rendered line (the outer expansion of the ProxyCommand done as ssh does it)."""
+    sched = SITE.scheduler.model_copy(
+        update={"proxy_jump": "ops%h@bastion:2022", "known_hosts": "/etc/rl/kh%h", "key_file": "/keys/50%off"}
+    )
+    site = SITE.model_copy(update={"scheduler": sched})
+    line = SshBackend.for_site("h20", site, job="demo", job_dir=Path("/tmp")).command_line("h20-02", "true\n")
+    args = line.splitlines()[0].removesuffix(" bash -s <<'RLCTL_EOF'")
+    argv = subprocess.run(["bash", "-c", f"printf '%s\\n' {args}"], capture_output=True, text=True).stdout.splitlines()
+    assert "-o" in argv and "IdentityFile=/keys/50%%off" in argv  # not -i, which looks for `/keys/50%%off` itself
+
+    def config(argv: list[str]) -> dict[str, str]:
+        out = subprocess.run([*argv[:1], "-G", *argv[1:]], capture_output=True, text=True, check=True).stdout
+        return dict(line.partition(" ")[::2] for line in out.splitlines())
+
+    outer = config(argv)
+    assert outer["userknownhostsfile"] == "/etc/rl/kh%h" and outer["user"] == "rl"
+    proxy = next(a for a in argv if a.startswith("ProxyCommand=")).removeprefix("ProxyCommand=")
+    via = subprocess.run(
+        ["bash", "-c", f"printf '%s\\n' {_outer_expansion(proxy, 'h20-02', 2200)}"], capture_output=True, text=True
+    ).stdout.splitlines()
+    inner = config([a for a in via if a not in ("-W", "[h20-02]:2200")])
+    assert (inner["user"], inner["hostname"], inner["port"]) == ("ops%h", "bastion", "2022")
+    assert inner["userknownhostsfile"] == "/etc/rl/kh%h"
