@@ -19,6 +19,7 @@ went unsaid: a resume after a change of `iterations` in the job file ran the old
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import tempfile
@@ -102,11 +103,15 @@ def reward_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
 
 
 def _files(directory: Path) -> dict[str, bytes]:
-    """The files under `directory` (less bytecode caches) by their path relative to it, with their bytes."""
+    """The files under `directory` (less what `copy_reward` leaves out: bytecode, a .git a launch before it copied)
+    by their path relative to it, with their bytes."""
+    from rlctl.rl.reward import NOT_COPIED
+
     return {
         str(f.relative_to(directory)): f.read_bytes()
         for f in directory.rglob("*")
-        if f.is_file() and "__pycache__" not in f.relative_to(directory).parts
+        if f.is_file()
+        and not any(fnmatch.fnmatch(part, p) for part in f.relative_to(directory).parts for p in NOT_COPIED)
     }
 
 

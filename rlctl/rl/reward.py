@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import fnmatch
 import hashlib
 import importlib
 import importlib.util
@@ -101,6 +102,10 @@ WAIT_SLACK_S = 30.0  # a pool made with wait=True waits at most load_retry_s + t
 LOAD_RETRY_MIN_S = 60.0  # … or this, if longer: a filesystem hiccup or an OOM kill while importing passes sooner
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2), Linux ≥ 3.4
 REAP_EVERY_S = 1.0  # a worker reaps the zombies of the orphans it adopted at most this often, between calls
+# what `copy_reward` leaves out of a package beside a reward file: bytecode, version control, tools' caches
+NOT_COPIED = ("__pycache__", "*.pyc", ".git", ".hg", ".svn", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox")
+PACKAGE_WARN_BYTES = 64 << 20  # packages beside a reward file past this are said (the job and every site copy them)
+_said_size: set[tuple[str, int]] = set()  # (reward file, bytes) said in this process
 
 
 def exact_match(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
@@ -151,7 +156,8 @@ def local_modules(file: Path) -> list[Path]:
 def copy_reward(named: Path, dst: Path) -> None:
     """The reward file the job names (`named`) into `dst`, under that name (`resolve_inputs` rewrites the job's
     task.reward to it), with the modules beside it that it imports (`local_modules`; a link's: beside its target,
-    where python and the reward's loading find them): a package as its directory, less its bytecode caches. What
+    where python and the reward's loading find them): a package as its directory, less its bytecode caches and
+    version-control and tool directories (NOT_COPIED), said in one line when over PACKAGE_WARN_BYTES. What
     `dst` held is replaced: a relaunch into the same job dir kept the modules since removed from a package (and the
     reward file of an earlier launch)."""
     src = named.resolve()
@@ -164,12 +170,24 @@ def copy_reward(named: Path, dst: Path) -> None:
         )
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir()
+    shutil.copy2(src, dst / named.name)
+    modules = local_modules(src)
+    packages = {rel: _package_bytes(src.parent / rel) for rel in modules if (src.parent / rel).is_dir()}
+    total = sum(packages.values())
+    if total > PACKAGE_WARN_BYTES and (str(src), total) not in _said_size:
+        _said_size.add((str(src), total))  # (said once: a launch copies it for its check, then for the job)
+        largest = ", ".join(f"{rel}/ {n / 2**20:.0f} MiB" for rel, n in sorted(packages.items(), key=lambda p: -p[1]))
+        log.warning(
+            "reward %s: the packages beside it that it imports are copied into the job whole, and staged to every "
+            "site: %.0f MiB (%s); keep data and other large files out of them, or read those by a path every site has",
+            named,
+            total / 2**20,
+            largest,
+        )
     try:
-        shutil.copy2(src, dst / named.name)
-        for rel in local_modules(src):
-            if (src.parent / rel).is_dir():
-                ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-                shutil.copytree(src.parent / rel, dst / rel, ignore=ignore)
+        for rel in modules:
+            if rel in packages:
+                shutil.copytree(src.parent / rel, dst / rel, ignore=shutil.ignore_patterns(*NOT_COPIED))
             else:
                 shutil.copy2(src.parent / rel, dst / rel)
     except OSError as e:  # a file it cannot read, a link to nothing in a package: one line, not shutil's traceback
@@ -181,6 +199,18 @@ def copy_reward(named: Path, dst: Path) -> None:
             f"{why or e}",
             hint="remove it, or make it readable: the job's sites load the reward from that copy",
         ) from e
+
+
+def _package_bytes(directory: Path) -> int:
+    """The bytes of the files `copy_reward` copies of a package (NOT_COPIED left out)."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(directory):
+        dirnames[:] = [d for d in dirnames if not any(fnmatch.fnmatch(d, p) for p in NOT_COPIED)]
+        for f in filenames:
+            if not any(fnmatch.fnmatch(f, p) for p in NOT_COPIED):
+                with contextlib.suppress(OSError):  # (a dangling link: copytree says so)
+                    total += os.stat(os.path.join(dirpath, f)).st_size
+    return total
 
 
 def _namespace_package(name: str, directory: Path) -> bool:

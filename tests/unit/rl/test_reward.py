@@ -1014,3 +1014,36 @@ def test_a_pool_that_waits_for_its_first_start_is_bounded_when_its_dispatcher_ne
     with pytest.raises(ValueError, match=r"^ok.py:f: no reward worker said whether it loaded within 1 s$"):
         RewardPool("ok.py:f", base_dir=tmp_path, workers=1, timeout_s=0.1, load_retry_s=1.0, wait=True)
     assert time.monotonic() - t0 < 10
+
+
+def test_a_large_package_beside_a_reward_file_is_said_once_and_its_junk_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A package beside the reward file is copied whole into the job (and staged to every site): one holding a
+    checkout's .git, or gigabytes of data, was copied without a word, .git and all."""
+    from rlctl.ops.inputs import copy_reward
+    from rlctl.rl import reward
+
+    pkg = tmp_path / "src" / "rlctl_big_zz"
+    (pkg / ".git" / "objects").mkdir(parents=True)
+    (pkg / ".git" / "objects" / "pack").write_bytes(b"g" * 5000)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "table.bin").write_bytes(b"t" * (3 << 20))
+    (tmp_path / "src" / "r.py").write_text("import rlctl_big_zz\n")
+    monkeypatch.setattr(reward, "PACKAGE_WARN_BYTES", 2 << 20)
+    monkeypatch.setattr(reward, "_said_size", set())
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
+    for job in ("check", "job"):  # a launch copies it for its check, then into the job: said once
+        (tmp_path / job).mkdir()
+        copy_reward(tmp_path / "src" / "r.py", tmp_path / job / "reward")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"reward {tmp_path / 'src' / 'r.py'}: the packages beside it that it imports are copied into the job whole, "
+        "and staged to every site: 3 MiB (rlctl_big_zz/ 3 MiB); keep data and other large files out of them, or read "
+        "those by a path every site has"
+    ]
+    copied = tmp_path / "job" / "reward" / "rlctl_big_zz"
+    assert sorted(p.name for p in copied.iterdir()) == ["__init__.py", "table.bin"]
+    (pkg / "table.bin").unlink()
+    caplog.clear()
+    copy_reward(tmp_path / "src" / "r.py", tmp_path / "job" / "reward")  # under the bound: nothing said
+    assert caplog.records == []
