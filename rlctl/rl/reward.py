@@ -252,14 +252,32 @@ def _from_file(file: Path, shown: str, fn: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module  # before exec: dataclasses and pickle look the module up by name
     beside = str(file.resolve().parent)  # a link's target's: where `python file.py` and the launch's copy look
-    if beside not in sys.path:  # its own modules (`local_modules`), as `python file.py` finds them
-        sys.path.insert(0, beside)
+    with contextlib.suppress(ValueError):  # first: another reward's directory put before it has a `utils.py` too
+        sys.path.remove(beside)
+    sys.path.insert(0, beside)  # its own modules (`local_modules`), as `python file.py` finds them
+    others = _others_modules(file.resolve())
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # any error in the user's file is reported as one line
         del sys.modules[mod_name]
         raise ValueError(f"{shown}: cannot import: {type(e).__name__}: {e}{_own_package(file, fn, e)}") from e
+    finally:
+        sys.modules.update(others)  # (its own bound at its import: the name stays the first's)
     return module
+
+
+def _others_modules(file: Path) -> dict[str, Any]:
+    """The modules, out of sys.modules, of the names of the modules beside `file` that it imports (`local_modules`)
+    that came from elsewhere: another reward's helper of the same name (two jobs' `utils.py` in one process, workers
+    = 0), which `import utils` took from the cache instead of the file beside it. The caller puts them back."""
+    beside = file.parent
+    names = {rel.name.removesuffix(".py") for rel in local_modules(file)}
+    out: dict[str, Any] = {}
+    for key in [k for k in sys.modules if k.partition(".")[0] in names]:
+        where = getattr(sys.modules[key], "__file__", None) or next(iter(getattr(sys.modules[key], "__path__", [])), "")
+        if not Path(where).resolve().is_relative_to(beside):
+            out[key] = sys.modules.pop(key)
+    return out
 
 
 def _own_package(file: Path, fn: str, e: Exception) -> str:

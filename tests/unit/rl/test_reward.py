@@ -1047,3 +1047,23 @@ def test_a_large_package_beside_a_reward_file_is_said_once_and_its_junk_left_out
     caplog.clear()
     copy_reward(tmp_path / "src" / "r.py", tmp_path / "job" / "reward")  # under the bound: nothing said
     assert caplog.records == []
+
+
+def test_two_rewards_in_one_process_each_import_the_helper_beside_it(tmp_path: Path) -> None:
+    """Two reward files, each with a `rlctl_utils_zz.py` beside it, loaded in one process (workers=0: tests, a
+    notebook, two jobs' checks): the second's `import rlctl_utils_zz` took the first's module from sys.modules, and
+    scored with it."""
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rlctl_utils_zz.py").write_text(f"NAME = {name!r}\n")
+        (tmp_path / name / "r.py").write_text(
+            "import rlctl_utils_zz\n\ndef f(data_source, solution_str, ground_truth):\n"
+            f"    return 1.0 if rlctl_utils_zz.NAME == {name!r} else 0.0\n"
+        )
+    (tmp_path / "c" / "s.py").write_text((tmp_path / "c" / "r.py").read_text())
+    try:
+        for name, file in (("a", "r.py"), ("b", "r.py"), ("c", "r.py"), ("a", "r.py"), ("c", "s.py")):
+            with RewardPool(f"{file}:f", base_dir=tmp_path / name, workers=0, timeout_s=5.0) as pool:
+                assert pool.score("s0", "d", "x", "y") == RewardResult(1.0), (name, file)
+    finally:
+        sys.modules.pop("rlctl_utils_zz", None)
