@@ -226,6 +226,14 @@ def refused_lines(found: list[Problem]) -> list[str]:
     ]
 
 
+def _devices_cell(r: dict[str, Any]) -> str:
+    """The dry-run table's CUDA_VISIBLE_DEVICES / SLURM request of one agent: "none" where it gets no GPU (it is
+    told CUDA_VISIBLE_DEVICES="", the controller and a `gpu: CPU` site's agents)."""
+    if r["cuda_visible_devices"] is None:
+        return str(r["gpu_request"] or "-")
+    return str(r["cuda_visible_devices"] or "none")
+
+
 def dry_table(
     rows: list[dict[str, Any]], staging: list[dict[str, Any]] | None = None, refused: list[Problem] | None = None
 ) -> str:
@@ -239,7 +247,7 @@ def dry_table(
             r["site"],
             r["host"] or ("(SLURM places it)" if r["backend"] == "slurm" else "this machine"),
             r["backend"],
-            r["cuda_visible_devices"] if r["cuda_visible_devices"] is not None else r["gpu_request"] or "-",
+            _devices_cell(r),
             r["threads"],
             r["parallel"],
         ]

@@ -5,7 +5,8 @@
     RLCTL_LISTEN_HOST     site network.listen_host ─▶  the address it binds and advertises
     RLCTL_PARALLEL        {"role","tp","pp","dp", ─▶   parallel_from_env(): its place in the job's
                            "rank" | "replica"}          parallel layout (a SLURM rank from $SLURM_PROCID)
-    CUDA_VISIBLE_DEVICES  its GPU slice (local/ssh) ─▶ the devices it may use (SLURM sets its own)
+    CUDA_VISIBLE_DEVICES  its GPU slice (local/ssh) ─▶ the devices it may use (SLURM sets its own); "" for
+                          the controller and the agents of a `gpu: CPU` site (none, on a GPU host too)
     RLCTL_RDMA            its site network.rdma  ─▶   the ucx transport's UCX_TLS (rlctl.transport.ucx)
     OMP/MKL_NUM_THREADS   threads_for(job, role,  ─▶   torch.set_num_threads (the same figure)
                           its site's cores)

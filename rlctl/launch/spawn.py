@@ -3,6 +3,7 @@
     agent_spec(planned agent) ─▶ AgentSpec(argv = python -m rlctl.agents ROLE --job-dir SITE_DIR
                                                   [--controller ADDR] …,
                                            env: site, listen host, RLCTL_PARALLEL, CUDA_VISIBLE_DEVICES, threads)
+    (CUDA_VISIBLE_DEVICES: its slice's devices on a GPU site; "" for the controller and a `gpu: CPU` site's agents)
     Spawner.add_rollout(site, n) ─▶ a free GPU slice (claims: agents.jsonl + planned + in flight)
                                  ─▶ the site's staged copy (staged.json; stage it first if absent)
                                  ─▶ backend(site).start(spec) ─▶ agents.jsonl ─▶ the unit says hello
@@ -69,14 +70,16 @@ def agent_spec(
         argv += ["--controller", controller]
     agent_env = {ENV_SITE: a.site, ENV_PARALLEL: a.parallel.to_json(), **thread_env(a.resources.cpus_per_task)}
     # where it computes (rlctl.devices): the GPUs its site declares; the controller computes nothing
-    agent_env[ENV_DEVICE] = "cpu" if a.role == "controller" else kind_for(site.spec.name)
+    device = agent_env[ENV_DEVICE] = "cpu" if a.role == "controller" else kind_for(site.spec.name)
     if site.network.listen_host:
         agent_env[ENV_LISTEN_HOST] = site.network.listen_host
     agent_env[ENV_RDMA] = "1" if site.network.rdma else "0"  # read by the ucx transport (its UCX_TLS)
     if a.role == "trainer" and kind_of(site).ranks_are_tasks and a.resources.gpus_per_task:
         # which of the GPUs a task sees are its own, where the scheduler shows it the node's (rlctl.devices)
         agent_env[ENV_TASK_GPUS] = str(a.resources.gpus_per_task)
-    if a.gpu_slice is not None:  # the CUDA devices behind its GPU slots (the inventory may map slots to devices)
+    if device == "cpu":  # no GPU at all: on a GPU host it would see (and torch initialise CUDA on) the host's GPUs
+        agent_env[ENV_VISIBLE] = ""
+    elif a.gpu_slice is not None:  # the CUDA devices behind its GPU slots (the inventory may map slots to devices)
         agent_env[ENV_VISIBLE] = ",".join(map(str, site.devices_of(a.gpu_slice.host, a.gpu_slice.gpus)))
     return AgentSpec(
         a.role,

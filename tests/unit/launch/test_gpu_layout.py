@@ -235,10 +235,28 @@ def test_agent_environment_carries_parallel_config_gpus_and_threads(tmp_path: Pa
     r1, t1, c = specs["rollout-1"].env, specs["trainer-1"].env, specs["controller-0"].env
     assert json.loads(r1[ENV_PARALLEL]) == {"role": "rollout", "tp": 1, "pp": 1, "dp": 2, "replica": 1}
     assert json.loads(t1[ENV_PARALLEL]) == {"role": "trainer", "tp": 1, "pp": 1, "dp": 2, "rank": 1}
-    assert (r1[ENV_VISIBLE], r1["OMP_NUM_THREADS"], t1[ENV_VISIBLE], t1["OMP_NUM_THREADS"]) == ("3", "3", "1", "2")
-    assert ENV_VISIBLE not in c and c["OMP_NUM_THREADS"] == "1"
+    assert (r1["OMP_NUM_THREADS"], t1["OMP_NUM_THREADS"], c["OMP_NUM_THREADS"]) == ("3", "2", "1")
+    assert specs["rollout-1"].gpu_slice == GpuSlice("localhost", (3,))
     assert specs["rollout-1"].resources.cpus_per_task == 3
     assert [threads_for(spec, r) for r in ("controller", "trainer", "rollout")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("gpu", ["CPU", "H100"])
+def test_only_agents_that_compute_on_gpus_see_any(tmp_path: Path, gpu: str) -> None:
+    """A `gpu: CPU` site's agents and the controller computing on the CPU got no CUDA_VISIBLE_DEVICES, or their
+    slots' numbers: on a GPU host they saw its GPUs (torch initialised CUDA there, taking their memory)."""
+    job = write_job(tmp_path, {"local": {**local_site(4), "gpu": gpu}}, at=(("local", 2), ("local", 2)))
+    spec = resolve_job(job)
+    envs = {
+        a.name: agent_spec(JobDir(tmp_path / "run"), a, job.inventory.sites[a.site], env=env).env
+        for a, env in planned_agents(plan_counts(job, spec), job.inventory.sites, spec, master_port=1)
+    }
+    got = {name: (env["RLCTL_DEVICE"], env[ENV_VISIBLE]) for name, env in envs.items()}
+    if gpu == "CPU":
+        assert got == {name: ("cpu", "") for name in envs}
+    else:
+        assert got == {"controller-0": ("cpu", ""), "trainer-0": ("cuda", "0"), "trainer-1": ("cuda", "1"),
+                       "rollout-0": ("cuda", "2"), "rollout-1": ("cuda", "3")}  # fmt: skip
 
 
 def test_parallel_from_env_fills_a_slurm_rank() -> None:
@@ -305,7 +323,7 @@ def test_scale_out_takes_a_free_slice_and_records_it(tmp_path: Path) -> None:
     jd, sp, fake = scale_setup(tmp_path, start=["controller-0", "trainer-0", "rollout-0"])
     # rollout-1 is planned (GPU 2) but the launcher has not started it yet: the new unit must leave it alone
     assert sp.add_rollout("local", 5) == "rollout-5"
-    assert [(s.name, s.env[ENV_VISIBLE]) for s in fake.started] == [("rollout-5", "3")]
+    assert [(s.name, s.gpu_slice) for s in fake.started] == [("rollout-5", GpuSlice("localhost", (3,)))]
     recorded = {h.spec.name: h.spec.gpu_slice for h in recorded_agents(jd.path)}
     assert recorded["rollout-5"] == GpuSlice("localhost", (3,))
     assert sorted(g for s in recorded.values() if s is not None for g in s.gpus) == [0, 1, 3]
@@ -319,7 +337,8 @@ def test_scale_out_reuses_the_slice_of_a_unit_that_exited(tmp_path: Path) -> Non
     sp.add_rollout("local", 2)  # the last free GPU
     fake.exited.add("rollout-0")  # drained and gone: its GPU 1 is free again
     sp.add_rollout("local", 3)
-    assert [(s.name, s.env[ENV_VISIBLE]) for s in fake.started] == [("rollout-2", "3"), ("rollout-3", "1")]
+    started = [(s.name, s.gpu_slice.gpus if s.gpu_slice else None) for s in fake.started]
+    assert started == [("rollout-2", (3,)), ("rollout-3", (1,))]
     assert json.loads(fake.started[1].env[ENV_PARALLEL])["dp"] == 3  # rollout-1, -2 and itself
 
 
@@ -366,7 +385,7 @@ def test_dry_run_on_cpu_slurm_site_requests_no_gpu(tmp_path: Path) -> None:
     rows = {r["agent"]: r for r in json.loads(res.stdout)}
     assert "--gpus" not in rows["trainer-0"]["script"] and "--gres" not in rows["trainer-0"]["script"]
     assert rows["trainer-0"]["gpu_request"] == "1 node(s) × 2 task(s), no GPU request, 1 cpu(s)/task"
-    assert (rows["rollout-1"]["host"], rows["rollout-1"]["cuda_visible_devices"]) == ("g1", "1")
+    assert (rows["rollout-1"]["host"], rows["rollout-1"]["cuda_visible_devices"]) == ("g1", "")  # no GPU: CPU
 
 
 def test_scale_out_on_a_shared_site_continues_the_planners_fill_order(tmp_path: Path) -> None:
