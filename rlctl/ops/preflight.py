@@ -702,6 +702,7 @@ def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:
     where the inventory does not say)."""
     from rlctl.planner.costs import TRAIN_MEM_FRACTION, fsdp_gathered_bytes, rank_bytes
     from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
+    from rlctl.profiler.traincost import passes_for
 
     spec, t = job.spec, plan["trainer"]
     name = str(t["site"])
@@ -715,7 +716,9 @@ def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:
         have_gb, what = slot, f"a slot of site {name!r} gets {slot:g} GB of its nodes' memory_gb"
     else:
         return []
-    entry = training_entry(spec.model.arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind)
+    # with a KL term (kl_coef > 0) the reference policy's weights too, as the planner counts them
+    passes = passes_for(spec.algorithm)
+    entry = training_entry(spec.model.arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
     # only torch's FSDP2 shards a rank's state over dp here (megatron runs without its distributed optimizer):
     # otherwise every rank holds its tp × pp shard's whole state (`rlctl.planner.costs.shards_state`)
     shards = dp if par.get("fsdp") else 1
@@ -725,11 +728,17 @@ def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:
         return []
     if shards > 1:
         state_gb = (entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu - RANK_WORKING_BYTES) / 1e9
-        parts = f"weights, gradients and optimizer state {state_gb:.1f} GB ÷ {shards} (FSDP2), layers gathered "
+        state = "weights, gradients" + (
+            ", optimizer state and the reference policy" if passes.reference else " and optimizer state"
+        )
+        parts = f"{state} {state_gb:.1f} GB ÷ {shards} (FSDP2), layers gathered "
         parts += f"{gathered / 1e9:.1f} GB"
     else:
         fixed_gb, sharded_gb = entry.fixed_bytes_per_gpu / 1e9, entry.sharded_bytes_per_gpu / 1e9
-        parts = f"weights and gradients {fixed_gb:.1f} GB, optimizer state {sharded_gb:.1f} GB"
+        weights = (
+            "weights, gradients and the reference policy's weights" if passes.reference else "weights and gradients"
+        )
+        parts = f"{weights} {fixed_gb:.1f} GB, optimizer state {sharded_gb:.1f} GB"
     return [
         Problem(
             "placement.trainer.gpus",
