@@ -21,6 +21,7 @@ from rlctl.profiler.traincost import TrainingPasses, flops_per_token, trained_mo
 
 # a trainer rank's memory besides its model state: CUDA context, workspaces, activations of a micro-batch
 RANK_WORKING_BYTES = 2e9
+REFERENCE_BYTES_PER_PARAM = 4  # a KL term's reference policy, held in fp32 by rlctl's trainers as the policy is
 
 ETA_BW = 0.7  # achievable fraction of HBM bandwidth in decode
 ETA_FLOPS = 0.5  # achievable fraction of peak FLOPs in decode / prefill matmuls
@@ -121,9 +122,10 @@ def training_entry(
         ring = 2 * (tp - 1) / tp * model.hidden * 2
         comm = 4 * update_equivalents * model.layers / pp * ring / (ETA_LINK * gpu.nvlink_gb_per_s * 1e9)
     shard = model.params / (tp * pp)
-    # bf16 weights + grads of the trained models and bf16 reference weights stay whole per rank;
+    # bf16 weights + grads of the trained models and the reference's weights stay whole per rank (the reference in
+    # fp32, as rlctl's trainers load it: `rlctl.agents.trainer` makes it as it makes the policy);
     # fp32 master weights and Adam moments (12 B/param) are sharded over DP (distributed optimizer).
-    fixed = shard * (4 * trained + 2 * passes.reference) + RANK_WORKING_BYTES
+    fixed = shard * (4 * trained + REFERENCE_BYTES_PER_PARAM * passes.reference) + RANK_WORKING_BYTES
     sharded = shard * 12 * trained
     return TrainingEntry(
         tp=tp, pp=pp, gpu_s_per_token=tp * (compute + comm), fixed_bytes_per_gpu=fixed, sharded_bytes_per_gpu=sharded

@@ -191,7 +191,7 @@ def test_a_torch_trainer_too_large_for_its_gpus_sharded_is_refused_with_the_fsdp
 
 def test_a_kl_jobs_reference_policy_counts_in_the_trainers_memory_as_the_planner_counts_it(tmp_path: Path) -> None:
     """A 7B torch trainer sharded over 2 H800s fits at 70.9 GB a rank; with `kl_coef > 0` its reference policy is on
-    the GPUs too (2 bytes a parameter more, as `rlctl plan` counts it, which refused the job): check passed it."""
+    the GPUs too (fp32: 4 bytes a parameter more, as `rlctl plan` counts it, which refused the job): check passed it."""
     job = gpu_job(tmp_path, trainer_gpus=2, backend="torch")
     assert refused(job, "placement.trainer.gpus") == []
     data = yaml.safe_load(job.path.read_text())
@@ -199,8 +199,8 @@ def test_a_kl_jobs_reference_policy_counts_in_the_trainers_memory_as_the_planner
     job.path.write_text(yaml.safe_dump(data))
     (p,) = refused(load_job(job.path), "placement.trainer.gpus")
     assert p.message == (
-        "the trainer's 2 rank(s) at tp 1 pp 1 dp 2 need 78.5 GB each (weights, gradients, optimizer state and the "
-        "reference policy 137.2 GB ÷ 2 (FSDP2), layers gathered 7.9 GB), and a H800 holds 80 GB (90% usable)"
+        "the trainer's 2 rank(s) at tp 1 pp 1 dp 2 need 86.1 GB each (weights, gradients, optimizer state and the "
+        "reference policy 152.4 GB ÷ 2 (FSDP2), layers gathered 7.9 GB), and a H800 holds 80 GB (90% usable)"
     )
     assert "does not fit in 2 × H800" in only_line(run_cli("plan", str(job.path)))  # the planner's own verdict
 

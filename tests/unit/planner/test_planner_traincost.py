@@ -82,8 +82,9 @@ def test_analytical_entry_is_flops_over_mfu_and_memory_counts_the_models() -> No
     assert grpo[1, 1].gpu_s_per_token == pytest.approx(6 * P7 / (ETA_TRAIN * g.flops))
     assert ppo[1, 1].gpu_s_per_token == pytest.approx(16 * P7 / (ETA_TRAIN * g.flops))
     assert ppo[2, 1].gpu_s_per_token / grpo[2, 1].gpu_s_per_token == pytest.approx(16 / 6)  # TP comm scales too
-    # bf16 weights + grads of policy and critic (4 B each) + bf16 reference (2 B) + 2 GB; Adam 12 B per trained
-    assert ppo[1, 1].fixed_bytes_per_gpu == pytest.approx(P7 * (4 * 2 + 2) + 2e9)
+    # bf16 weights + grads of policy and critic (4 B each) + the reference as the trainer holds it (fp32, 4 B) + 2 GB;
+    # Adam 12 B per trained model
+    assert ppo[1, 1].fixed_bytes_per_gpu == pytest.approx(P7 * (4 * 2 + 4) + 2e9)
     assert ppo[1, 1].sharded_bytes_per_gpu == pytest.approx(P7 * 12 * 2)
     assert grpo[1, 1].fixed_bytes_per_gpu == pytest.approx(P7 * 4 + 2e9)  # no KL: no reference weights
 
@@ -254,3 +255,27 @@ def test_a_rank_holds_its_state_whole_unless_the_trainer_shards_it_with_fsdp() -
     assert train_time_s(e, 1, sharded, site=site, node_bytes_per_s=25e9) == float("inf")
     tp2 = next(x for x in site.training if (x.tp, x.pp) == (2, 1))  # half the state: 63 GB a rank, whole
     assert np.isfinite(train_time_s(tp2, 4, whole, site=site, node_bytes_per_s=25e9))
+
+
+def test_a_kl_jobs_reference_policy_is_priced_at_the_bytes_the_trainer_holds(tmp_path: Path) -> None:
+    """The trainer makes the reference as it makes the policy (`rlctl.agents.trainer`: the torch backend, fp32 on its
+    device): 4 bytes a parameter, where the planner and `rlctl check` priced 2 (bf16)."""
+    import torch
+
+    from rlctl.models.hf import check_hf_dir
+    from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
+    from rlctl.profiler.analytical import training_entry
+    from rlctl.trainers.base import load_backend
+
+    cfg = TinyGPTConfig(architecture="Qwen2ForCausalLM", vocab_size=256, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, explicit_head_dim=32,
+                        tie_word_embeddings=True, max_position_embeddings=64)  # fmt: skip
+    TinyGPT(cfg).save_pretrained(tmp_path, dtype=torch.bfloat16)  # a bf16 checkpoint
+    arch = check_hf_dir(tmp_path).arch
+    reference = load_backend("torch", tmp_path).model
+    held = sum(p.numel() * p.element_size() for p in reference.parameters())
+    priced = [
+        training_entry(arch, CATALOG["H100"], tp=1, pp=1, algorithm="grpo", passes=RUNTIME.model_copy(update=up))
+        for up in ({"reference": True}, {})
+    ]
+    assert priced[0].fixed_bytes_per_gpu - priced[1].fixed_bytes_per_gpu == held == 4 * arch.params
