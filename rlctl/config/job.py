@@ -758,13 +758,27 @@ class Job:
         return self.spec.name
 
 
+def _home_expanded(spec: JobFile) -> JobFile:
+    """The dataset task's data and reward files and the held-out file with a leading `~` expanded, as model.path,
+    inventory, job_dir and planning.profile are (each is read relative to the job file: `~/data/train.jsonl` was
+    refused as no such file, `~` taken for a directory beside the job file)."""
+    task, evaluation = spec.task, spec.evaluation
+    if isinstance(task, DatasetTask):
+        target, sep, name = task.reward.rpartition(":")
+        reward = f"{os.path.expanduser(target)}:{name}" if sep else task.reward
+        task = task.model_copy(update={"path": os.path.expanduser(task.path), "reward": reward})
+    if evaluation.path is not None:
+        evaluation = evaluation.model_copy(update={"path": os.path.expanduser(evaluation.path)})
+    return spec.model_copy(update={"task": task, "evaluation": evaluation})
+
+
 def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
     """The job file at `path`, validated, with the inventories it names; its paths resolved against it.
     `profile_must_exist=False`: a `planning.profile` not written yet is resolved but not refused (`rlctl profile` is
     what writes it, and `rlctl plan --profile` prices the job with another)."""
     data = read_yaml(path)
     check_header(path, data, "Job")
-    spec = validate(path, data, JobFile)
+    spec = _home_expanded(validate(path, data, JobFile))
     inv_paths = [Path(os.path.normpath(path.parent / os.path.expanduser(p))) for p in spec.inventory]  # as model.path
     for i, p in enumerate(inv_paths):
         try:

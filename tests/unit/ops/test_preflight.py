@@ -447,10 +447,10 @@ def test_num_digits_beyond_the_alphabet_is_refused(tmp_path: Path) -> None:
     assert problems(load(tmp_path, task={"kind": "digits", "num_digits_max": 52})) == []
 
 
-def hf_dataset_job(tmp_path: Path, *, positions: int, task: dict[str, Any]) -> Job:
+def hf_dataset_job(tmp_path: Path, *, positions: int, task: dict[str, Any], data_dir: Path | None = None) -> Job:
     TinyGPT(small_config(positions=positions)).save_pretrained(tmp_path / "model")
     write_tokenizer(tmp_path / "model")
-    (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "hi", "ground_truth": "x"}) + "\n")
+    ((data_dir or tmp_path) / "data.jsonl").write_text(json.dumps({"prompt": "hi", "ground_truth": "x"}) + "\n")
     return load(
         tmp_path,
         model={"kind": "hf", "path": "model"},
@@ -534,6 +534,31 @@ def test_a_dataset_evaluation_needs_its_file_and_reads_it_as_launch_will(tmp_pat
     digits = load(tmp_path, evaluation={"heldout_prompts": 4, "path": "held.jsonl"})
     (p,) = refused(digits, "evaluation.path")
     assert "draws its own held-out prompts" in p.message
+
+
+def test_dataset_reward_and_held_out_files_under_home_are_read_as_model_path_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`~/…` in task.path, task.reward and evaluation.path is the home's, as in model.path: each was refused as no
+    such file, read as a directory `~` beside the job file."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "r.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
+    (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": "hi", "ground_truth": "x"}) + "\n")
+    task = {"path": "~/data.jsonl", "reward": "~/r.py:compute_score", "max_prompt_tokens": 16, "max_output_tokens": 16}
+    (tmp_path / "jobs").mkdir()
+    hf_dataset_job(tmp_path / "jobs", positions=64, task=task, data_dir=tmp_path)
+    job = load(
+        tmp_path / "jobs",
+        model={"kind": "hf", "path": "model"},
+        task={"kind": "dataset", **task},
+        evaluation={"heldout_prompts": 1, "path": "~/held.jsonl"},
+    )
+    assert problems(job) == []
+    assert job.spec.task.path == str(tmp_path / "data.jsonl")  # type: ignore[union-attr]
+    assert job.spec.task.reward == f"{tmp_path / 'r.py'}:compute_score"  # type: ignore[union-attr]
+    assert job.spec.evaluation.path == str(tmp_path / "held.jsonl")
 
 
 def test_a_model_directory_without_its_tokenizer_is_refused_as_model_path(tmp_path: Path) -> None:
