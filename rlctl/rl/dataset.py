@@ -54,6 +54,7 @@ LOGGED_BAD_ROWS = 20
 # what a JSON file named .jsonl (`json.dump(rows, f)`, pandas' to_json without lines=True) is told
 ONE_OBJECT_PER_LINE = "a .jsonl file holds one JSON object per line (pandas: to_json(orient='records', lines=True))"
 _MISSING = object()
+NULL_ANSWER = "null (a row's ground truth is the reward's ground_truth argument)"
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def _read_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _lookup(row: dict[str, Any], key: str) -> Any:
-    """row[key], or the dotted path `a.b` through nested mappings; _MISSING when absent or null."""
+    """row[key], or the dotted path `a.b` through nested mappings; _MISSING when absent (None when null)."""
     if key in row:
         value = row[key]
     else:
@@ -130,7 +131,7 @@ def _lookup(row: dict[str, Any], key: str) -> Any:
             if not isinstance(value, dict) or part not in value:
                 return _MISSING
             value = value[part]
-    return _MISSING if value is None else value
+    return value
 
 
 def _not_json(value: Any, key: str) -> str | None:
@@ -193,15 +194,18 @@ def _parse_row(
         return BadRow(where, None, f"expected a JSON object, got {type(row).__name__}{also}")
     answer: Any = None
     if cfg.answer_key is not None:
-        answer = _lookup(row, cfg.answer_key)
-        if answer is _MISSING and cfg.answer_key == "ground_truth":
-            answer = _lookup(row, VERL_ANSWER_KEY)  # verl's layout works with the default key
+        key, answer = cfg.answer_key, _lookup(row, cfg.answer_key)
+        if (answer is _MISSING or answer is None) and key == "ground_truth":
+            verl = _lookup(row, VERL_ANSWER_KEY)  # verl's layout works with the default key
+            key, answer = (key, answer) if verl is _MISSING else (VERL_ANSWER_KEY, verl)
         if answer is _MISSING:
-            return BadRow(where, cfg.answer_key, "missing")
-        if (bad := _not_json(answer, cfg.answer_key)) is not None:
-            return BadRow(where, cfg.answer_key, f"not JSON-serialisable: {bad}")
+            return BadRow(where, key, "missing")
+        if answer is None:  # there, but no answer: 'missing' and its hint (name the field) sent the user looking
+            return BadRow(where, key, NULL_ANSWER)
+        if (bad := _not_json(answer, key)) is not None:
+            return BadRow(where, key, f"not JSON-serialisable: {bad}")
     source = _lookup(row, cfg.data_source_key)
-    if source is _MISSING:
+    if source is _MISSING or source is None:
         source = default_source
     elif not isinstance(source, str):
         return BadRow(where, cfg.data_source_key, f"expected a string, got {type(source).__name__}")
@@ -210,7 +214,7 @@ def _parse_row(
     if (bad := _not_json(extra, cfg.extra_info_key)) is not None:
         return BadRow(where, cfg.extra_info_key, f"not JSON-serialisable: {bad}")
     prompt = _lookup(row, cfg.prompt_key)
-    if prompt is _MISSING:
+    if prompt is _MISSING or prompt is None:
         return BadRow(where, cfg.prompt_key, "missing")
     try:
         tokens = _prompt_tokens(prompt, cfg, tokenizer, where)
@@ -411,11 +415,11 @@ def _report_bad_rows(
         missing = first.what == "missing" and first.field in keys
         has = f"; the first row's fields: {one_of(fields)}" if missing and fields else ""
         rows = f"all {total} rows" if total > 1 else "its one row"
+        hint = f"name the field that holds it: task.{keys[first.field]}" if missing and first.field else None
+        if first.what == NULL_ANSWER:
+            hint = "give the rows their ground truth, or set task.answer_key: null for a reward that reads none"
         raise ConfigError(
-            str(data_path),
-            None,
-            f"{rows}: {str(first).removeprefix(f'{first.where}: ')}{has}",
-            hint=f"name the field that holds it: task.{keys[first.field]}" if missing and first.field else None,
+            str(data_path), None, f"{rows}: {str(first).removeprefix(f'{first.where}: ')}{has}", hint=hint
         )
     if cfg.bad_rows == "refuse":
         shown = "; ".join(str(b).removeprefix(f"{data_path}:") for b in bad[:SHOWN_BAD_ROWS])

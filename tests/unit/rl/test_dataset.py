@@ -239,6 +239,26 @@ def test_a_key_no_row_has_is_named_once_with_the_fields_rows_have(tmp_path: Path
     )
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_null_ground_truth_is_said_null_not_missing(tmp_path: Path, tok: HFTokenizer, fmt: str) -> None:
+    """A ground truth that is there but null was said 'missing', and in every row with the hint to name the field
+    that holds it, after the row's fields listed that very one; the default key's null reads verl's nested one."""
+    rows = [{**verl_row(i), "reward_model": {"style": "rule", "ground_truth": None}} for i in range(3)]
+    path = write_jsonl(tmp_path / "t.jsonl", rows) if fmt == "jsonl" else write_parquet(tmp_path / "t.parquet", rows)
+    cfg = task(path=path.name, answer_key="reward_model.ground_truth")
+    with pytest.raises(ConfigError) as e:
+        prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert str(e.value) == (
+        f"{path}: all 3 rows: reward_model.ground_truth: null (a row's ground truth is the reward's ground_truth "
+        "argument)"
+    )
+    assert e.value.hint == "give the rows their ground truth, or set task.answer_key: null for a reward that reads none"
+    assert prepare_dataset(task(path=path.name, answer_key=None), data_path=path, tokenizer=tok, out_dir=tmp_path / "n")
+    both = write_jsonl(tmp_path / "both.jsonl", [{**verl_row(0), "ground_truth": None}])
+    got = prepare_dataset(task(), data_path=both, tokenizer=tok, out_dir=tmp_path / "b").prompt(0).ground_truth
+    assert got == "3"
+
+
 def test_parquet_bad_rows_name_the_row(tmp_path: Path, tok: HFTokenizer) -> None:
     path = write_parquet(tmp_path / "train.parquet", [verl_row(0), {**verl_row(1), "prompt": None}])
     with pytest.raises(ConfigError, match=r"train\.parquet: 1 of 2 rows are bad: row 1: prompt: missing"):
@@ -548,7 +568,10 @@ def test_a_value_json_cannot_hold_is_named_by_its_path_in_the_row(tmp_path: Path
     path = write_parquet(tmp_path / "dates.parquet", [{**verl_row(0), "reward_model": {"ground_truth": [day]}}])
     with pytest.raises(ConfigError) as e:
         prepare_dataset(task(path=path.name), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
-    assert str(e.value) == f"{path}: its one row: ground_truth: not JSON-serialisable: ground_truth[0] is a date"
+    # (the default key read verl's nested field: named as it is in the row, versus `ground_truth`, which it has not)
+    assert str(e.value) == (
+        f"{path}: its one row: reward_model.ground_truth: not JSON-serialisable: reward_model.ground_truth[0] is a date"
+    )
 
 
 def test_a_jsonl_file_that_starts_with_a_byte_order_mark_reads_every_row(tmp_path: Path, tok: HFTokenizer) -> None:
