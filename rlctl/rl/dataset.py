@@ -368,9 +368,12 @@ def _scan(
     good = 0
     bad: list[BadRow] = []
     fields: list[str] = []  # the first row's: what a key that no row has could have been
+    unseen = _optional_keys_set(cfg)  # the optional fields' keys the job names, until a row has one
     for label, raw in _read_rows(data_path):
         if not fields and isinstance(raw, dict):
             fields = [str(k) for k in raw]
+        if unseen and isinstance(raw, dict):
+            unseen = {s: k for s, k in unseen.items() if _lookup(raw, k) is _MISSING}
         parsed = (
             raw if isinstance(raw, BadRow) else _parse_row(f"{data_path}:{label}", raw, cfg, tokenizer, data_path.stem)
         )
@@ -381,11 +384,30 @@ def _scan(
         if keep is not None:
             keep(label, parsed)
     _report_bad_rows(cfg, data_path, bad, good + len(bad), fields, each=keep is not None if each is None else each)
+    if good and unseen and fields:  # (no row read as an object: its own refusal says why)
+        setting, key = next(iter(unseen.items()))
+        raise ConfigError(
+            str(data_path),
+            None,
+            f"no row has {key!r} (task.{setting}); the first row's fields: {one_of(fields)}",
+            hint=f"name the field that holds it, or leave task.{setting} out",
+        )
     if not good:  # (bad rows of one kind, or any with `refuse`, were refused above, saying why)
         first = f"; the first: {str(bad[0]).removeprefix(f'{data_path}:')}" if bad else ""
         what = f"no usable rows ({len(bad)} read, {len(bad)} bad{first})" if bad else "no rows: the file holds none"
         raise ConfigError(str(data_path), None, what)
     return good, bad
+
+
+def _optional_keys_set(cfg: DatasetTask) -> dict[str, str]:
+    """The optional fields' keys the job changed from their defaults: a row without data_source takes the file's name
+    and one without extra_info None, but a key that no row has is a typo (`data_source_key: sorce`), which gave every
+    row the file's name (a reward dispatching on data_source then failed each call, unsaid by check)."""
+    return {
+        setting: key
+        for setting in ("data_source_key", "extra_info_key")
+        if (key := getattr(cfg, setting)) != DatasetTask.model_fields[setting].default
+    }
 
 
 def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer) -> int:

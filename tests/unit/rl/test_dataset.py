@@ -259,6 +259,30 @@ def test_a_null_ground_truth_is_said_null_not_missing(tmp_path: Path, tok: HFTok
     assert got == "3"
 
 
+def test_a_data_source_or_extra_info_key_no_row_has_is_refused(tmp_path: Path, tok: HFTokenizer) -> None:
+    """A key the job sets for an optional field that no row has (a typo) gave every row the file's name as its
+    data_source (or None as extra_info), silently; rows without the default keys still take those."""
+    rows = [
+        {"prompt": "hello", "ground_truth": "a", "source": "math", "meta": {"i": 0}},
+        {"prompt": "x", "ground_truth": "b"},
+    ]
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    for setting, key in (("data_source_key", "sorce"), ("extra_info_key", "metadata")):
+        with pytest.raises(ConfigError) as e:
+            prepare_dataset(task(**{setting: key}), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+        assert str(e.value) == (
+            f"{path}: no row has {key!r} (task.{setting}); the first row's fields: ground_truth, meta, prompt, source"
+        )
+        assert e.value.hint == f"name the field that holds it, or leave task.{setting} out"
+    got = prepare_dataset(
+        task(data_source_key="source", extra_info_key="meta"), data_path=path, tokenizer=tok, out_dir=tmp_path / "d"
+    )
+    assert [(p.data_source, p.extra_info) for p in (got.prompt(0), got.prompt(1))] in (
+        [("math", {"i": 0}), ("train", None)],
+        [("train", None), ("math", {"i": 0})],
+    )
+
+
 def test_parquet_bad_rows_name_the_row(tmp_path: Path, tok: HFTokenizer) -> None:
     path = write_parquet(tmp_path / "train.parquet", [verl_row(0), {**verl_row(1), "prompt": None}])
     with pytest.raises(ConfigError, match=r"train\.parquet: 1 of 2 rows are bad: row 1: prompt: missing"):
