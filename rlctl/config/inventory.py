@@ -109,7 +109,18 @@ def _here_relative(v: str | None, runs: str, *, named: str = "") -> None:
         )
 
 
-class LocalScheduler(Strict):
+class _Scheduler(Strict):
+    """Base of the scheduler kinds: what every kind refuses alike."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _python_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "python" in data:
+            raise ValueError("python is the site's, for every scheduler: move it up to sites.<site>.python")
+        return data
+
+
+class LocalScheduler(_Scheduler):
     kind: Literal["local"]
     workdir: WorkRoot = Field(None, min_length=1, description=WORKDIR_HELP)
 
@@ -126,7 +137,7 @@ SUBMIT_SSH = ("ssh_user", "ssh_port", "ssh_key_file", "ssh_known_hosts")  # how 
 MAX_TIME_LIMIT_MIN = 366 * 24 * 60  # past any partition's MaxTime: more is a typo (2880000 for 2880)
 
 
-class SlurmScheduler(Strict):
+class SlurmScheduler(_Scheduler):
     kind: Literal["slurm"]
     partition: str = Field(min_length=1)
     account: str | None = Field(None, min_length=1)  # '' left --account out: the user's default account was charged
@@ -167,7 +178,7 @@ class SlurmScheduler(Strict):
         return self
 
 
-class SshScheduler(Strict):
+class SshScheduler(_Scheduler):
     kind: Literal["ssh"]
     user: str | None = None
     port: Annotated[int, Field(ge=1, le=65535)] = 22
@@ -199,13 +210,6 @@ class SshScheduler(Strict):
         if why is not None:
             raise ValueError(f"{why}; give one jump host as [user@]host[:port], e.g. rl@bastion.example.com:2222")
         return v
-
-    @model_validator(mode="before")
-    @classmethod
-    def _python_moved(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "python" in data:
-            raise ValueError("python is the site's, for every scheduler: move it up to sites.<site>.python")
-        return data
 
 
 Scheduler = Annotated[LocalScheduler | SlurmScheduler | SshScheduler, Field(discriminator="kind")]

@@ -207,15 +207,16 @@ def test_python_and_setup_belong_to_the_site() -> None:
     s = site(python="/opt/rl/bin/python", setup=["module load cuda/12.4", "source /opt/rl/bin/activate"])
     assert python_for(s) == "/opt/rl/bin/python" and python_for(site()) == "python3"
     assert site_setup(s.setup) == ["set +u", "module load cuda/12.4", "source /opt/rl/bin/activate", "set -u"]
-    with pytest.raises(ValueError, match=r"move it up to sites\.<site>\.python"):
-        Site.model_validate(
-            {
-                "datacenter": "d",
-                "scheduler": {"kind": "ssh", "python": "/p"},
-                "gpu": "CPU",
-                "nodes": [{"host": "h", "gpus": 1}],
-            }
-        )
+    for scheduler in ({"kind": "ssh"}, {"kind": "local"}, {"kind": "slurm", "partition": "p"}):  # every kind alike
+        with pytest.raises(ValueError, match=r"move it up to sites\.<site>\.python"):
+            Site.model_validate(
+                {
+                    "datacenter": "d",
+                    "scheduler": {**scheduler, "python": "/p"},
+                    "gpu": "CPU",
+                    "nodes": [{"host": "h", "gpus": 1}],
+                }
+            )
     with pytest.raises(ValueError, match="a local site's agents run in this environment"):
         site(kind="local", setup=["true"])
 
