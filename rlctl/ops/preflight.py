@@ -246,6 +246,13 @@ def _unread(job: Job) -> list[Problem]:
             "read when checkpoint.every_iterations > 0 only (a failed run is resumed past a checkpoint it completed; "
             "0 writes one only at the end)",
         ),
+        (
+            "rebalance",
+            spec.rebalance,
+            "cooldown_iterations",
+            not spec.rebalance.auto,
+            "read with rebalance.auto: true only (the wait after a unit is added before the rule decides again)",
+        ),
     ]
     # in sync and stream modes (η = 0) a round's prompts are made once the previous iteration is trained, so on a
     # unit no iteration's generation runs beside another's (no group barrier holds one back: rlctl.engines.embedded)

@@ -657,6 +657,9 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
         ({"transport": {"kind": "inproc"}}, "transport.kind",
          "'inproc' links agents inside one process (the in-process tests); launch starts each agent as a process "
          "of its own: valid: tcp, ucx"),
+        ({"rebalance": {"cooldown_iterations": 5}}, "rebalance.cooldown_iterations",
+         "5: read with rebalance.auto: true only (the wait after a unit is added before the rule decides again); "
+         "remove it (default 3)"),
     ]  # fmt: skip
     for over, field, message in cases:
         (p,) = refused(load(tmp_path, **over), field)
@@ -666,6 +669,10 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
     assert refused(load(tmp_path, tracking={"backends": ["wandb"], "project": "p"}), "tracking.project") == []
     assert refused(load(tmp_path, trainer={"activation_checkpointing": True}), "trainer.activation_checkpointing") == []
     assert refused(load(tmp_path, checkpoint={"every_iterations": 5, "auto_resume": 2}), "checkpoint.auto_resume") == []
+    assert (
+        refused(load(tmp_path, rebalance={"auto": True, "cooldown_iterations": 5}), "rebalance.cooldown_iterations")
+        == []
+    )
     # a dataset task scored in the caller's thread has no timeout
     task = {"max_prompt_tokens": 16, "max_output_tokens": 16, "reward_timeout_s": 5.0}
     job = hf_dataset_job(tmp_path, positions=64, task={**task, "reward_workers": 0})
