@@ -611,7 +611,8 @@ class ControllerAgent:
             self.scaler.spawned(who, payload)
             return
         if what == "not_joining":
-            self.scaler.not_joining(payload, now=time.monotonic())
+            gone, queued = payload
+            self.scaler.not_joining(gone, now=time.monotonic(), queued=queued)
             return
         if what == "unjoined_stopped":
             self.scaler.unjoined_stopped(who, payload)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,21 +224,28 @@ class Scaler:
         self._unjoined_at, self._asking = now, True
 
         def run() -> None:
+            queued: list[str] = []
             try:
                 gone = spawner.exited(names)
+                # a replacement its scheduler still queues: its join bound counts from when it leaves the queue
+                queued = spawner.queued([n for n in names if n in chains and n not in gone])
             except Exception as e:  # noqa: BLE001 - asked again later: the inbox's answer resets `_asking` (a
                 # thread that ended unanswered, on a damaged agents.jsonl or a site's odd answer, left it set for good)
                 log.warning("controller: cannot tell whether %s still run: %s", ", ".join(names), e)
                 gone = []
-            self.post(("not_joining", "", gone))
+            self.post(("not_joining", "", (gone, queued)))
 
         threading.Thread(target=run, name="ask-unjoined", daemon=True).start()
 
-    def not_joining(self, gone: list[str], *, now: float) -> None:
+    def not_joining(self, gone: list[str], *, now: float, queued: Sequence[str] = ()) -> None:
         """Units whose sites said they exited before they joined: they hold no slot; the plan's is replaced (as a
         unit lost), a replacement's is a failed attempt of its chain, one asked for (`rlctl scale`, the rebalance
-        rule, a resume) is a failed start."""
+        rule, a resume) is a failed start. A replacement its scheduler still queues (`queued`) is not loading yet:
+        its attempt's clock (the join bound's) starts again, so a busy cluster's queue does not count against it."""
         self._asking = False
+        for r in self.replacing.values():
+            if r.unit in queued and r.unit not in self.core.units and not r.stopping:
+                r.started = now
         planned = set(self._planned_unjoined())
         for name in gone:
             # one that joined meanwhile (its loss is core's), or whose start failed meanwhile (`spawned` said so)

@@ -142,6 +142,10 @@ class LaunchBackend(ABC):
         """None while the agent runs, else its exit code (negative: killed by that signal; LOST: it ended, with no
         exit status the backend can read)."""
 
+    def queued(self, handle: AgentHandle) -> bool:
+        """True while its scheduler has not started it yet (SLURM: pending); a backend without a queue: never."""
+        return False
+
     @abstractmethod
     def stop(self, handles: list[AgentHandle], *, grace_s: float = 10.0) -> None:
         """Stop every agent and everything it started; LaunchError if anything is left running."""

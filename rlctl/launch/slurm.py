@@ -531,6 +531,9 @@ class SlurmBackend(LaunchBackend):
             return -15
         return st.exit_code or 1
 
+    def queued(self, handle: AgentHandle) -> bool:
+        return self.status(handle).state is RemoteState.PENDING
+
     def at_time_limit(self, handle: AgentHandle) -> str | None:
         """SLURM's TERM comes `grace_s` before the job's `--time` (up to TERM_EARLY_S sooner: SLURM checks limits
         about once a minute), and the agents exit on it: a job that ran that long, or that SLURM ended TIMEOUT (only

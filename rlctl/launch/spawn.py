@@ -183,6 +183,12 @@ class Spawner:
         wanted = set(names)
         return [h.spec.name for h in self._this_run() if h.spec.name in wanted and self._exited(h)]
 
+    def queued(self, names: Iterable[str]) -> list[str]:
+        """Of `names`, the agents of this run that their sites' schedulers have not started yet (SLURM: pending);
+        one whose site cannot tell is not."""
+        wanted = set(names)
+        return [h.spec.name for h in self._this_run() if h.spec.name in wanted and self._queued(h)]
+
     def stop(self, name: str, *, grace_s: float) -> None:
         """Stop agent `name` of this run on its site (a unit that never joined); nothing when it is not recorded (its
         start never returned). LaunchError when its site could not stop it."""
@@ -203,6 +209,13 @@ class Spawner:
         try:
             return self.backends.for_site(h.spec.site).poll(h) is not None
         except LaunchError as e:  # cannot tell: the slice stays taken
+            log.warning("site %s: cannot poll %s: %s", h.spec.site, h.spec.name, e)
+            return False
+
+    def _queued(self, h: AgentHandle) -> bool:
+        try:
+            return self.backends.for_site(h.spec.site).queued(h)
+        except LaunchError as e:  # cannot tell: not queued (its join bound counts)
             log.warning("site %s: cannot poll %s: %s", h.spec.site, h.spec.name, e)
             return False
 

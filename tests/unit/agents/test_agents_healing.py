@@ -34,6 +34,11 @@ class FakeSpawner:
         self.asked = [*getattr(self, "asked", []), list(names)]
         return [n for n in names if n in self.gone]
 
+    waiting: tuple[str, ...] = ()  # the agents their schedulers still queue
+
+    def queued(self, names: list[str]) -> list[str]:
+        return [n for n in names if n in self.waiting]
+
     def stop(self, name: str, *, grace_s: float) -> None:
         self.stopped = [*getattr(self, "stopped", []), name]
 
@@ -334,9 +339,9 @@ def _asked(scaler: Scaler, posted: list[Any], now: float) -> list[str]:
     deadline = time.monotonic() + 5
     while not posted and time.monotonic() < deadline:
         time.sleep(0.01)
-    what, _, gone = posted.pop()
+    what, _, (gone, queued) = posted.pop()
     assert what == "not_joining"
-    scaler.not_joining(gone, now=scaler.t0 + now)
+    scaler.not_joining(gone, now=scaler.t0 + now, queued=queued)
     return gone
 
 
@@ -484,3 +489,31 @@ def test_a_replacement_that_never_joins_though_it_runs_is_stopped_past_the_bound
     scaler.tick(r.due)
     deliver(scaler, posted)
     assert spawner.calls == [("a", 2), ("a", 3)]  # the next attempt
+
+
+def test_a_replacement_its_scheduler_still_queues_is_not_stopped_for_not_joining(tmp_path) -> None:
+    """A replacement pending in a busy SLURM queue is not loading: its join bound counts from when it leaves the
+    queue, versus stopped (and resubmitted at the back of the queue) once the bound passed since its submission."""
+    scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    scaler.tick(t0 + 600.0)  # the plan's units joined 10 min in: the bound is 40 min
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=t0 + 600.0)
+    scaler.tick(t0 + 600.0)
+    deliver(scaler, posted)
+    assert spawner.calls == [("a", 2)]
+    spawner.waiting = ("rollout-2",)
+    assert _asked(scaler, posted, 2900.0) == []  # still queued 38 min after its submission
+    scaler._unjoined_at = t0 + 3100.0  # (the sites just asked)
+    scaler.tick(t0 + 3100.0)  # 42 min after its submission, 3 min after it was last seen queued
+    assert posted == [] and not hasattr(spawner, "stopped")
+    spawner.waiting = ()  # it starts, and hangs loading
+    scaler._unjoined_at = t0 + 2900.0 + 2399.0
+    scaler.tick(t0 + 2900.0 + 2399.0)
+    assert posted == [] and not hasattr(spawner, "stopped")
+    scaler._unjoined_at = t0 + 2900.0 + 2401.0
+    scaler.tick(t0 + 2900.0 + 2401.0)  # the bound passed since it was last seen queued
+    deadline = time.monotonic() + 5
+    while not posted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert posted.pop()[:2] == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]

@@ -346,3 +346,13 @@ def test_at_time_limit_reads_run_time_and_limit(answers: dict[str, CommandResult
     """A job that ran to within grace_s + TERM_EARLY_S of its --time ended at its time limit (SLURM's TERM: the
     agents exit cleanly, so its state is COMPLETED or FAILED, rarely TIMEOUT); any shorter run did not."""
     assert at_time_limit_with(answers)[0] == said
+
+
+@pytest.mark.parametrize(("line", "queued"), [("PENDING (null) Priority\n", True), ("RUNNING sitea-1 None\n", False)])
+def test_a_pending_job_is_queued_and_a_running_one_is_not(line: str, queued: bool) -> None:
+    """The controller's join bound for a replacement counts from when SLURM starts it (Scaler.not_joining)."""
+    from rlctl.launch.base import AgentHandle
+
+    b = SlurmBackend("a", SlurmScheduler(kind="slurm", partition="p"), job="j", job_dir=Path("/r"))
+    b.runner = FakeRunner({"squeue": CommandResult(0, line, "")})
+    assert b.queued(AgentHandle(SPEC, {"job_id": "42"}, "slurm")) is queued
