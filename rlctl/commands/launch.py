@@ -343,8 +343,11 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("--dry-run starts nothing: it takes no --detach")
             job = load_job(job_file)
             spec = resolve_job(job, iterations=iterations, mode=mode.value if mode is not None else None)
+            # a launcher started by --detach for this very file, unchanged: the launch that started it planned and
+            # checked the job, and said what they found (its stamp taken here, never passed on to the agents)
+            checked = os.environ.pop(PREFLIGHT_PASSED_ENV, None) == _checked(job_file)
             try:
-                plan = plan_counts(job, spec)
+                plan = plan_counts(job, spec, noted=checked)
             except ConfigError:  # a job field the planner refuses: every problem check finds, one line each, exit 2
                 preflight(job)
                 raise
@@ -376,7 +379,7 @@ def register(app: typer.Typer) -> None:
             path = fresh_dir(job, spec, job_dir)  # a directory holding a job already: refused, its record kept
             # what `rlctl check` refuses, refused before anything is built or started (once: a launcher started by
             # --detach for this very file, unchanged, does not check again — a dataset's rows are read to the end)
-            if os.environ.pop(PREFLIGHT_PASSED_ENV, None) != _checked(job_file):
+            if not checked:
                 # a dataset's rows, read and tokenized by the check, are kept for this process's prepare (not a
                 # launcher started by --detach, which prepares in a process of its own)
                 with contextlib.nullcontext() if detach_ else keeping_rows():

@@ -48,8 +48,10 @@ def job_profile(job: Job, path: Path | None = None) -> tuple[ProfileFile | None,
     return profile, str(path)
 
 
-def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
-    """Trainer ranks and rollout units per site: the job's explicit counts, or the planner's for `auto`."""
+def plan_counts(job: Job, spec: JobFile, *, noted: bool = False) -> dict[str, Any]:
+    """Trainer ranks and rollout units per site: the job's explicit counts, or the planner's for `auto`. `noted`:
+    the planner's advisory note was said already (by the `launch --detach` that started this launcher, for the same
+    job file): logged at DEBUG, versus its warning line twice on the terminal that launched it."""
     placement = spec.placement
     auto = placement.trainer.gpus == "auto" or any(r.gpus == "auto" for r in placement.rollout)
     planned: dict[str, Any] | None = None
@@ -75,7 +77,7 @@ def plan_counts(job: Job, spec: JobFile) -> dict[str, Any]:
         # line: said once, there, not in a warning line before it; an inventory's (e.g. no link between the
         # trainer's datacenter and a rollout site's: the weights then route as if every pair were linked) it does
         # not: a warning, by check and launch alike, where `rlctl plan` refuses the job
-        said = isinstance(e, ConfigError) and e.file == str(job.path)
+        said = noted or (isinstance(e, ConfigError) and e.file == str(job.path))
         log.log(logging.DEBUG if said else logging.WARNING, "%s", note)
     alloc = planned["allocation"] if planned is not None else []
     planned_tp = {a["site"]: int(a["config"]["tp"]) for a in alloc if a["role"] == "rollout" and a.get("config")}

@@ -254,7 +254,7 @@ def test_check_and_launch_refuse_the_planned_split_with_the_same_line(
     """Launch runs preflight (its plan computed as launch computes it) before it builds the job directory."""
     job = load(tmp_path, placement={"trainer": {"site": "local", "gpus": 2}, "rollout": [{"site": "local", "gpus": 2}]})
     real, plan = counts.plan_counts, split_plan(job, trainer=(2, 1, 1))
-    monkeypatch.setattr(counts, "plan_counts", lambda job, spec: copy.deepcopy(plan))
+    monkeypatch.setattr(counts, "plan_counts", lambda job, spec, **_: copy.deepcopy(plan))
     check = only_line(run_cli("check", str(job.path)))
     assert f"{job.path}: placement.trainer.gpus: the plan splits the model over the trainer's 2 GPUs" in check
 
@@ -319,6 +319,21 @@ def test_launch_refuses_a_job_field_the_planner_refuses_in_check_s_one_line(
     assert said and all(r.levelno < logging.WARNING for r in said), [r.getMessage() for r in said]
 
 
+UNLINKED = "links: no link declared between sites 'a' and 'b', nor a path of links from datacenter 'dc-a' to 'dc-b'"
+
+
+def _two_datacenters(tmp_path: Path) -> Job:
+    """Explicit counts on a trainer site and a rollout site in two datacenters no declared link joins (UNLINKED)."""
+    site = {"scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 2}]}
+    sites = {"a": {"datacenter": "dc-a", **site}, "b": {"datacenter": "dc-b", **site}}
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites}))
+    return load(
+        tmp_path,
+        inventory=[str(tmp_path / "two.yaml")],
+        placement={"trainer": {"site": "a", "gpus": 1}, "rollout": [{"site": "b", "gpus": 2}]},
+    )
+
+
 def test_two_datacenters_without_a_link_are_said_by_check_as_by_launch(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -326,24 +341,46 @@ def test_two_datacenters_without_a_link_are_said_by_check_as_by_launch(
     (the weights route as if every pair were linked), `rlctl plan` cannot price the way and refuses it (exit 2), and
     launch warns of it. `rlctl check` passed it without a word (the planner's note dropped), versus the same warning
     line as launch's, once (exit 0: it runs)."""
-    site = {"scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "localhost", "gpus": 2}]}
-    sites = {"a": {"datacenter": "dc-a", **site}, "b": {"datacenter": "dc-b", **site}}
-    (tmp_path / "two.yaml").write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": sites}))
-    job = load(
-        tmp_path,
-        inventory=[str(tmp_path / "two.yaml")],
-        placement={"trainer": {"site": "a", "gpus": 1}, "rollout": [{"site": "b", "gpus": 2}]},
-    )
-    why = "links: no link declared between sites 'a' and 'b', nor a path of links from datacenter 'dc-a' to 'dc-b'"
+    job = _two_datacenters(tmp_path)
     plan = run_cli("plan", str(job.path))
-    assert plan.exit_code == 2 and why in plan.stderr, plan.stderr
+    assert plan.exit_code == 2 and UNLINKED in plan.stderr, plan.stderr
     for args in (["check"], ["launch", "--dry-run"]):
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             r = run_cli(*args, str(job.path))
         assert r.exit_code == 0, (args, r.stderr)
         warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-        assert len(warned) == 1 and why in warned[0], (args, warned)
+        assert len(warned) == 1 and UNLINKED in warned[0], (args, warned)
+
+
+def test_launch_detach_says_the_planner_s_note_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`launch --detach` plans the job, then the launcher it starts plans it again: each said the planner's note, and
+    the launch's terminal, which shows the launcher's lines until the job runs, had the warning twice. The launcher
+    started for the same job file, unchanged (its preflight stamp), says it at DEBUG."""
+    from rlctl.commands import launch
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    job = _two_datacenters(tmp_path)
+    started: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(launch, "run_detached", lambda args, path, output, env: started.append((args, env)))
+
+    class Built(Exception):
+        pass
+
+    def launch_dir(*_: object) -> None:
+        raise Built  # the launcher past its plan and check: nothing more is needed here
+
+    monkeypatch.setattr(run, "launch_dir", launch_dir)
+    with caplog.at_level(logging.WARNING):
+        assert run_cli("launch", str(job.path), "--detach", "--job-dir", str(tmp_path / "run")).exit_code == 0
+        ((args, env),) = started
+        monkeypatch.setenv(launch.PREFLIGHT_PASSED_ENV, env[launch.PREFLIGHT_PASSED_ENV])
+        with pytest.raises(Built):
+            run_cli(*args)  # the launcher in the background, in this process
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and UNLINKED in warned[0], warned
 
 
 def test_embedded_rollout_tp_is_refused_set_or_planned(tmp_path: Path) -> None:
