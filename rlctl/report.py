@@ -491,11 +491,20 @@ def _summary_rows(rec: JobRecord) -> list[list[str]]:
         ["state", str(s.get("state", "running (no summary.json yet)"))],
         ["iterations", str(s.get("iterations", len(rows)))],
         ["reward first → last", f"{_f(first)} → {_f(last)}"],
-        ["samples/s", _f(s.get("samples_per_s", rows[-1]["samples_per_s"] if rows else None), ".2f")],
+        ["samples/s (every iteration, across resumes)", _f(job_rate(rows, "samples_per_s"), ".2f")],
         ["wall s (job start → last iteration)", _f(wall, ".1f")],
         ["ledger", ", ".join(f"{k} {ledger[k]}" for k in keys if k in ledger) or "- (written when the job ends)"],
         *([["quarantined prompts", str(ledger["quarantined"])]] if ledger.get("quarantined") else []),
     ]
+
+
+def job_rate(rows: list[dict[str, Any]], key: str) -> float | None:
+    """Per-second figure `key` (samples_per_s) of the job: what every iteration, of every run, did over the time
+    they took (each row's figure is its own iteration's, over its `period_s`). Versus summary.json's, which is its
+    last run's (a resumed job's 40/s beside its iterations and wall time since the first start, where the job did 25),
+    or, before there was one, the last row's: one iteration's, bursty in async mode. None without a row's time."""
+    span = sum(float(r["period_s"]) for r in rows)
+    return round(sum(float(r[key] or 0.0) * float(r["period_s"]) for r in rows) / span, 2) if span > 0 else None
 
 
 def _scale_rows(rec: JobRecord) -> list[list[str]]:

@@ -13,7 +13,7 @@ import pytest
 from rlctl.errors import RlctlError, UsageError
 from rlctl.report import build_report, busy_fractions, load
 from tests.conftest import run_cli
-from tests.unit.report.fake_jobdir import ITERATIONS, make_job_dir, metrics_row
+from tests.unit.report.fake_jobdir import ITERATIONS, make_job_dir, metrics_row, write_lines
 
 
 class Tables(HTMLParser):
@@ -82,6 +82,20 @@ def test_held_out_evaluations_during_the_run_get_a_table_and_a_curve(tmp_path: P
     assert files.png.read_bytes() != plain  # the curve is drawn
     (d / "evaluations.jsonl").unlink()
     assert "Held-out evaluations" not in build_report(d).html.read_text()
+
+
+def test_the_summary_s_samples_per_s_is_the_job_s_across_its_resumes(tmp_path: Path) -> None:
+    """The report's samples/s was summary.json's, its last run's (40 after a resume), beside the job's iterations
+    and its wall time since the first start; without a summary, the last row's, one iteration's. It is every
+    iteration's samples over their periods: 6 at 10/s and 6 at 40/s, 2 s each, are 25/s."""
+    d = make_job_dir(tmp_path)
+    rows = [metrics_row(i) | {"samples_per_s": 10.0 if i <= 6 else 40.0} for i in range(1, ITERATIONS + 1)]
+    write_lines(d / "metrics.jsonl", rows)
+    cell = "<td>samples/s (every iteration, across resumes)</td><td>25.00</td>"
+    assert cell in build_report(d).html.read_text().replace("\n", "")  # running: no summary yet
+    summary = {"state": "done", "iterations": ITERATIONS, "samples_per_s": 40.0, "run_s": 12.0, "ledger": {}}
+    (d / "summary.json").write_text(json.dumps(summary))  # the resumed run's own
+    assert cell in build_report(d).html.read_text().replace("\n", "")
 
 
 def test_summary_and_escaping(tmp_path: Path) -> None:
