@@ -322,9 +322,10 @@ def register(app: typer.Typer) -> None:
         (local processes, SLURM jobs, SSH hosts). `--resume JOB` continues a stopped or failed one."""
         with said_if_interrupted(job_file, resume) as made:  # (`made`: the job dir, once made)
             from rlctl.config import load_job
-            from rlctl.config.job import sft_steps
+            from rlctl.config.job import HfModel, sft_steps
             from rlctl.launch.jobdir import JobDir
             from rlctl.ops.counts import plan_counts, resolve_job
+            from rlctl.ops.inputs import prepare_data
             from rlctl.ops.jobdb import JobDB
             from rlctl.ops.preflight import preflight, problems, refuse
             from rlctl.ops.run import JobRun, fresh_dir, launch_dir, prepare
@@ -380,13 +381,16 @@ def register(app: typer.Typer) -> None:
             # what `rlctl check` refuses, refused before anything is built or started (once: a launcher started by
             # --detach for this very file, unchanged, does not check again — a dataset's rows are read to the end)
             if not checked:
-                # a dataset's rows, read and tokenized by the check, are kept for this process's prepare (not a
-                # launcher started by --detach, which prepares in a process of its own)
-                with contextlib.nullcontext() if detach_ else keeping_rows():
+                # a dataset's rows, read and tokenized by the check, are kept for this process's prepare (or, with
+                # --detach, written to the job dir below)
+                with keeping_rows():
                     preflight(job, plan=plan)
             if detach_:  # the same launch in the background, into the directory chosen (and, if new, made) here
                 if job_dir is None and spec.job_dir is None:  # a timestamped one: not one another launch made meanwhile
                     path = JobDir.create(spec.name).path
+                if isinstance(spec.model, HfModel):  # a dataset's rows the check kept, prepared where the launcher's
+                    # prepare finds them (its model/init holds the same tokenizer), versus read and tokenized again
+                    prepare_data(path, spec, job, model_dir=Path(spec.model.path))
                 over = ["--iterations", str(iterations)] if iterations is not None else []
                 over += ["--mode", mode.value] if mode is not None else []
                 args = ["launch", str(job_file.absolute()), "--job-dir", str(path), *over]

@@ -52,9 +52,6 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
         _starting_policy(jobdir, spec, check=check)
     task = spec.task
     if isinstance(task, DatasetTask):
-        from rlctl.rl.dataset import prepare_dataset
-        from rlctl.rl.tokenizer import load_tokenizer
-
         base = job.path.parent
         original = job.spec.task
         assert isinstance(original, DatasetTask)
@@ -64,18 +61,34 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
             if not src.is_file():
                 raise ConfigError(str(job.path), "task.reward", f"no such file {str(src)!r} (relative to the job file)")
             copy_reward(base / target, jobdir.path / REWARD_DIR)
-        tokenizer = load_tokenizer(jobdir.init_model)
         check()
-        data = jobdir.path / DATA_DIR
-        prepare_dataset(task, data_path=base / task.path, tokenizer=tokenizer, out_dir=data, check=check)
-        if spec.evaluation.heldout_prompts and spec.evaluation.path:  # its rows in file order
-            prepare_dataset(
-                heldout_task(task, spec.evaluation.path),
-                data_path=base / spec.evaluation.path,
-                tokenizer=tokenizer,
-                out_dir=jobdir.path / HELDOUT_DIR,
-                check=check,
-            )
+        prepare_data(jobdir.path, spec, job, model_dir=jobdir.init_model, check=check)
+
+
+def prepare_data(
+    job_dir: Path, spec: JobFile, job: Job, *, model_dir: Path, check: Callable[[], None] | None = None
+) -> None:
+    """A dataset task's data/ and data-heldout/ in `job_dir`, tokenized with `model_dir`'s tokenizer (each kept when
+    its file, tokenizer and settings are unchanged; the rows a check read under `keeping_rows` written, not read
+    again). Nothing for another task. `launch --detach` calls it after its check, with the model's own directory
+    (the same tokenizer files as the job's model/init), so that the launcher it starts reads no row again."""
+    task = spec.task
+    if not isinstance(task, DatasetTask):
+        return
+    from rlctl.rl.dataset import prepare_dataset
+    from rlctl.rl.tokenizer import load_tokenizer
+
+    base = job.path.parent
+    tokenizer = load_tokenizer(model_dir)
+    prepare_dataset(task, data_path=base / task.path, tokenizer=tokenizer, out_dir=job_dir / DATA_DIR, check=check)
+    if spec.evaluation.heldout_prompts and spec.evaluation.path:  # its rows in file order
+        prepare_dataset(
+            heldout_task(task, spec.evaluation.path),
+            data_path=base / spec.evaluation.path,
+            tokenizer=tokenizer,
+            out_dir=job_dir / HELDOUT_DIR,
+            check=check,
+        )
 
 
 def _starting_policy(jobdir: JobDir, spec: JobFile, *, check: Callable[[], None] = _go_on) -> None:

@@ -508,6 +508,35 @@ def test_dataset_prompt_plus_output_longer_than_the_checkpoints_context_is_refus
     assert problems(fits) == []
 
 
+def test_launch_detach_reads_and_tokenizes_a_dataset_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`launch --detach` read and tokenized every row in its check, then the launcher it started in the background
+    read and tokenized them all again in its prepare (a big dataset's minutes twice). The launch writes the rows its
+    check kept to the job dir, where the launcher's prepare (its model/init: the model's tokenizer files) finds them
+    prepared; the held-out file's too."""
+    from rlctl.commands import launch
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.ops.inputs import copy_inputs, resolve_inputs
+    from rlctl.rl.tokenizer import HFTokenizer
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": "ho", "ground_truth": "y"}) + "\n")
+    spec = yaml.safe_load(job.path.read_text())
+    spec["evaluation"] = {"heldout_prompts": 1, "path": "held.jsonl"}
+    job.path.write_text(yaml.safe_dump(spec))
+    job = load_job(job.path)
+    calls: list[str] = []
+    real = HFTokenizer.encode
+    monkeypatch.setattr(HFTokenizer, "encode", lambda self, *a, **k: calls.append("row") or real(self, *a, **k))
+    started: list[Path] = []
+    monkeypatch.setattr(launch, "run_detached", lambda args, path, output, env: started.append(path))
+    r = run_cli("launch", str(job.path), "--detach", "--job-dir", str(tmp_path / "run"))
+    assert r.exit_code == 0 and started == [tmp_path / "run"], r.stderr
+    assert len(calls) == 2  # each file's one row, read by the check
+    copy_inputs(JobDir(tmp_path / "run"), resolve_inputs(job.spec, job), job)  # the launcher's, in the background
+    assert len(calls) == 2
+
+
 def test_bad_dataset_rows_are_refused_by_check_as_launch_would(tmp_path: Path) -> None:
     """check reads every row with the checkpoint's tokenizer: a bad row is refused before launch makes anything;
     `bad_rows: skip` passes."""
