@@ -165,6 +165,9 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     out["controller_latency_s"] = round(time.monotonic() - t0, 3)
     if how == "ok":
         out.update(source="controller", live=value, figures_age_s=value.get("figures_age_s"))
+        # a count in either view (the live `iteration` is the trainer's version: iterations trained; an ended job's
+        # `last_iteration.iteration` is its last metrics row's own, from 0, as metrics.jsonl and `report` number them)
+        out["iterations_done"] = value.get("iteration")
         out.update(ledger=value.get("ledger"), resilience=value.get("resilience"))
         return out, True
     out["controller"] = f"{how}: {value}" if value else how
@@ -180,7 +183,8 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         out["last_iteration"] = {
             k: last.get(k) for k in ("iteration", "reward_mean", "t_gen_s", "t_train_s", "delta_s")
         }
-        if isinstance(last.get("iteration"), int):  # the row's iteration counts from 0; the summary's from 1
+        if isinstance(last.get("iteration"), int):  # the row's iteration counts from 0; the summary's from 1 (the
+            # count, as a live job's `iterations_done`)
             out["iterations_done"] = last["iteration"] + 1
         out["figures_age_s"] = round(time.time() - float(last.get("t", time.time())), 1) if "t" in last else None
     if jd.evaluations.exists():  # held-out evaluations during the run (rlctl.agents.evaluation)

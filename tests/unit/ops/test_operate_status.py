@@ -141,6 +141,12 @@ def test_status_of_an_ended_job_counts_its_iterations_as_its_summary_does(
     assert ended == ["after 70 iterations: stopped"] and len(done) == 1, table
     assert done[0].startswith("70; the last: reward 0.500, T_gen 1.00 s, T_train 0.50 s"), done
     assert s["iterations_done"] == 70 and s["last_iteration"]["iteration"] == 69  # -o json keeps the row's index
+    # the live view's count, by the same name: -o json had `iterations_done` for an ended job alone, and a running
+    # one's count only as `live.iteration` (a count too, where `last_iteration.iteration` is the row's index)
+    live = {"iteration": 70, "iterations": 300, "figures_age_s": 0.5}
+    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: live)
+    s, _ = operate.job_status(JobRef("stopped", jd, None), timeout_s=2.0)
+    assert s["source"] == "controller" and s["iterations_done"] == 70 and "last_iteration" not in s
 
 
 def test_status_of_an_ended_job_names_its_checkpoints_and_how_to_go_on_from_one(
