@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import hostlist
-from pydantic import AfterValidator, Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from rlctl.config.base import NAME_RE, ListenHost, Strict, check_header, read_yaml, register_tags, validate
 from rlctl.errors import ConfigError
@@ -98,11 +107,15 @@ def _this_machine_path(v: str | None) -> str | None:
 HerePath = Annotated[str | None, AfterValidator(_this_machine_path)]
 
 
-def _here_relative(v: str | None, runs: str, *, named: str = "") -> None:
+RECORDED = {"recorded": True}  # the validation context of a job's own record of its sites (sites.json)
+
+
+def _here_relative(v: str | None, runs: str, info: ValidationInfo, *, named: str = "") -> None:
     """A work root on this machine's filesystem (a local site's; a SLURM site's submitted from here) given as a
     relative path: it was read from the directory rlctl ran in, so a job launched from one directory and resumed
-    or stopped from another looked for its files elsewhere."""
-    if v is not None and not v.startswith(("/", "~")):
+    or stopped from another looked for its files elsewhere. Not in a job's record (`RECORDED`): one launched by an
+    rlctl that took it reads as launched, else no command could stop it."""
+    if v is not None and not v.startswith(("/", "~")) and not (info.context or {}).get("recorded"):
         raise ValueError(
             f"{named}{v!r}: give an absolute path or one under ~ ({runs}, and a relative path was read from the "
             "directory rlctl runs in)"
@@ -126,8 +139,8 @@ class LocalScheduler(_Scheduler):
 
     @field_validator("workdir")
     @classmethod
-    def _absolute(cls, v: str | None) -> str | None:
-        _here_relative(v, "the site is this machine")
+    def _absolute(cls, v: str | None, info: ValidationInfo) -> str | None:
+        _here_relative(v, "the site is this machine", info)
         return v
 
 
@@ -166,7 +179,7 @@ class SlurmScheduler(_Scheduler):
         return v
 
     @model_validator(mode="after")
-    def _ssh_needs_submit_host(self) -> SlurmScheduler:
+    def _ssh_needs_submit_host(self, info: ValidationInfo) -> SlurmScheduler:
         given = [name for name in SUBMIT_SSH if getattr(self, name) != type(self).model_fields[name].default]
         if given and self.submit_host is None:
             raise ValueError(
@@ -174,7 +187,7 @@ class SlurmScheduler(_Scheduler):
                 "submit_host, or remove them (sbatch runs here)"
             )
         if self.submit_host is None:
-            _here_relative(self.workdir, "sbatch runs here", named="workdir ")  # a model's check: name the field
+            _here_relative(self.workdir, "sbatch runs here", info, named="workdir ")  # a model's check: name the field
         return self
 
 

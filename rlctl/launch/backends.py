@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from rlctl.config.base import first_error
-from rlctl.config.inventory import Site
+from rlctl.config.inventory import RECORDED, Site
 from rlctl.errors import LaunchError
 from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
 from rlctl.launch.jobdir import append_row, json_file, json_lines
@@ -51,7 +51,7 @@ def read_sites(job_dir: Path, *, required: bool = False) -> dict[str, Site]:
         if not isinstance(d, dict) or not isinstance(d.get("name"), str) or "site" not in d:
             raise LaunchError(f'{p}: [{i}]: not a {{"name", "site"}} entry')
         try:
-            out[d["name"]] = Site.model_validate(d["site"])
+            out[d["name"]] = Site.model_validate(d["site"], context=RECORDED)  # as its launch accepted it
         except ValidationError as e:
             field, msg = first_error(e)
             raise LaunchError(f"{p}: [{i}].site.{field}: {msg}") from e

@@ -729,3 +729,22 @@ def test_a_second_stop_waits_for_the_first_ones_controller_to_end_rather_than_fo
     finally:
         backend.stop([ending, unit], grace_s=2)
     assert not operate.stop_under_way(ref.jobdir)  # this stop is over (its stopped_by_operator)
+
+
+def test_a_jobs_recorded_sites_with_a_relative_work_root_still_read(tmp_path: Path) -> None:
+    """Before: a job launched (by an rlctl before the inventory refused it) with a local site's relative workdir
+    recorded it so in its sites.json, and every read of that record — `rlctl stop` of the running job, status, a
+    resume — then refused the job's own record ('[0].site.scheduler.workdir: … give an absolute path'): nothing could
+    stop it. The inventory refuses it; the record the launch wrote reads as written."""
+    from rlctl.launch.backends import read_sites
+
+    slurm = LOCAL_SITE | {"scheduler": {"kind": "slurm", "partition": "p", "workdir": "runs"}}
+    sites = [
+        {"name": "local", "site": LOCAL_SITE | {"scheduler": {"kind": "local", "workdir": "w"}}},
+        {"name": "sl", "site": slurm},
+    ]
+    (tmp_path / "sites.json").write_text(json.dumps(sites))
+    read = read_sites(tmp_path)
+    assert read["local"].scheduler.workdir == "w" and read["sl"].scheduler.workdir == "runs"
+    with pytest.raises(ValueError, match="give an absolute path"):
+        Site.model_validate(sites[0]["site"])  # an inventory's: refused
