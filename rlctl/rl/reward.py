@@ -168,10 +168,19 @@ def copy_reward(named: Path, dst: Path) -> None:
             f"the reward file lies in the job directory's {dst.name}/, which a launch replaces with its copy of it",
             hint="keep it out of the job directory's reward/, or launch into another --job-dir",
         )
+    modules = local_modules(src)  # (before `dst` is replaced: a package of the user's may be it)
+    for rel in modules:
+        if (src.parent / rel).resolve().is_relative_to(dst.resolve()):  # (a package named `reward` beside it)
+            raise ConfigError(
+                str(src.parent / rel),
+                None,
+                f"{rel}, which the reward file {named} imports, lies in the job directory's {dst.name}/, which a "
+                "launch replaces with its copy of the reward",
+                hint="launch into another --job-dir",
+            )
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir()
     shutil.copy2(src, dst / named.name)
-    modules = local_modules(src)
     packages = {rel: _package_bytes(src.parent / rel) for rel in modules if (src.parent / rel).is_dir()}
     total = sum(packages.values())
     if total > PACKAGE_WARN_BYTES and (str(src), total) not in _said_size:

@@ -361,6 +361,22 @@ def test_a_reward_file_in_the_job_dirs_own_reward_dir_is_refused_not_deleted(tmp
     assert (tmp_path / "reward" / "score.py").is_file()
 
 
+def test_a_package_the_reward_imports_named_as_the_job_dirs_reward_dir_is_refused_not_deleted(tmp_path: Path) -> None:
+    """A launch into the job file's own directory (`--job-dir .`) whose reward file, score.py beside the job file,
+    imports a package of its own named `reward` there: the check named only the reward file, and the copy's
+    replacement of the job dir's reward/ deleted the user's package, then failed on it gone."""
+    from rlctl.ops.inputs import copy_reward
+
+    (tmp_path / "reward").mkdir()
+    (tmp_path / "reward" / "__init__.py").write_text("SCORE = 1.0\n")
+    (tmp_path / "score.py").write_text(
+        "from reward import SCORE\n\ndef f(data_source, solution_str, ground_truth):\n    return SCORE\n"
+    )
+    with pytest.raises(ConfigError, match=r"reward, which the reward file .*score\.py imports, lies in the job"):
+        copy_reward(tmp_path / "score.py", tmp_path / "reward")
+    assert (tmp_path / "reward" / "__init__.py").read_text() == "SCORE = 1.0\n"
+
+
 def test_a_reward_files_copy_in_the_job_loads_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: only the reward file was copied, so one importing a helper beside it was refused ("fold it in, or
     install it"). Now its modules come with it, and the copy loads in a fresh process far from the original."""
