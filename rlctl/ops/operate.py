@@ -556,8 +556,14 @@ def stop_under_way(jd: JobDir) -> bool:
 
 
 def _this_run(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The events since the job's controller last started listening (all of them when none says it did here)."""
-    starts = [i for i, e in enumerate(events) if e.get("event") == "controller_listening"]
+    """The events since the job's controller last started listening, or its launcher last started it (its
+    `agent_started`, which names its run: written here where a controller on another site keeps its own events until
+    they are fetched); all of them when none says either here."""
+    starts = [
+        i
+        for i, e in enumerate(events)
+        if e.get("event") == "controller_listening" or (e.get("event") == "agent_started" and "run" in e)
+    ]
     return events[starts[-1] if starts else 0 :]
 
 

@@ -748,3 +748,19 @@ def test_a_jobs_recorded_sites_with_a_relative_work_root_still_read(tmp_path: Pa
     assert read["local"].scheduler.workdir == "w" and read["sl"].scheduler.workdir == "runs"
     with pytest.raises(ValueError, match="give an absolute path"):
         Site.model_validate(sites[0]["site"])  # an inventory's: refused
+
+
+def test_a_stop_of_a_run_begun_since_an_earlier_stop_request_is_not_one_under_way(tmp_path: Path) -> None:
+    """A stop of a finished job whose launcher still evaluated it wrote its request and no `stopped_by_operator`;
+    the job resumed on a site that keeps the controller's events (its `controller_listening` not fetched here): a
+    stop of that run whose controller did not answer said 'a stop before this one is under way' and waited for it
+    instead of forcing. The run's start is the launcher's own event of its controller (`agent_started`, its run)."""
+    jd = JobDir(tmp_path)
+    jd.event("controller_listening", address="tcp://h1:1")  # the finished run's (fetched with its record)
+    jd.event(STOP_REQUESTED)  # the ended job's stop, while its launcher evaluated it
+    assert operate.stop_under_way(jd)
+    jd.event("agent_started", agent="controller-0", site="h", backend="slurm", ident={}, gpus=None, run="r2")
+    jd.event("agent_started", agent="trainer-0", site="h", backend="slurm", ident={}, gpus=None)
+    assert not operate.stop_under_way(jd)
+    jd.event(STOP_REQUESTED)  # this run's first stop, waiting for its controller to end
+    assert operate.stop_under_way(jd)
