@@ -83,7 +83,7 @@ class EngineRun:
 
     def __init__(self, engine: EngineSpec) -> None:
         self.engine = engine
-        self.ptl = [float(x) for x in engine.ptl_s]
+        self.ptl = np.asarray(engine.ptl_s, dtype=float).tolist()  # plain floats, the same values
         self.cap = max(1, min(engine.batch_cap, len(self.ptl) - 1))
         self.release: list[float] = []
         self.lengths: list[list[int]] = []
@@ -103,7 +103,8 @@ class EngineRun:
         release = float(group.release_s)
         if self.started and (release <= self.t + EPS_S or (self.release and release < max(self.release))):
             return False
-        ls = np.asarray(group.lengths).astype(np.int64).tolist()
+        lengths = np.asarray(group.lengths)
+        ls = (lengths if lengths.dtype == np.int64 else lengths.astype(np.int64)).tolist()
         n, barrier = len(ls), self.engine.barrier
         self.release.append(release)
         self.lengths.append(ls)

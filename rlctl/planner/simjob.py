@@ -142,6 +142,10 @@ def simulate_job(
         j = k - 1 - eta
         return (ready[j] if j >= 0 else 0.0) + works[k].unit_delay_s
 
+    holds: dict[int, list[int]] = {}  # rollout unit → the iterations it has a share of, in order
+    for k, w in enumerate(works):
+        for u in w.shares or {}:
+            holds.setdefault(u, []).append(k)
     for i, w in enumerate(works[: len(works) - drain]):
         j = i - 1 - eta
         weights = ready[j] if j >= 0 else 0.0
@@ -153,8 +157,12 @@ def simulate_job(
             # each unit's engine from the start, with every share released by now: up to i + η (whose release
             # needs the weights of i − 1 at most); later ones cannot reach it before i's tail is done, so the run
             # of i − 1 goes on with the shares released since (`EngineRun.add`), unless its engine differs
+            released = min(i + eta, len(works) - 1)
+            start_i = release(i)
+            samples: list[np.ndarray] = []
+            finish: list[float] = []  # the units' finish times, in the order of `samples`
             for u, share in w.shares.items():
-                mine = [k for k in range(min(i + eta, len(works) - 1) + 1) if u in (works[k].shares or {})]
+                mine = holds[u][: bisect.bisect_right(holds[u], released)]
                 # every share in the run is priced with this iteration's engine (PTL at its share's context)
                 run, held = engines.get(u, (None, []))
                 if run is None or not same_engine(run.engine, share.engine) or mine[: len(held)] != held:
@@ -165,12 +173,14 @@ def simulate_job(
                         for k2 in mine:
                             run.add(Group(release(k2), (works[k2].shares or {})[u].lengths))
                         break
-                held = mine
-                engines[u] = (run, held)
-                f = np.array(run.run_until(mine.index(i)), dtype=float)
-                arrival[share.samples] = f
-                starts.append(release(i))
-                gens[u] = float(arrival[share.samples].max()) - release(i) if len(f) else 0.0
+                engines[u] = (run, mine)
+                f = run.run_until(mine.index(i))
+                samples.append(share.samples)
+                finish += f
+                starts.append(start_i)
+                gens[u] = float(max(f)) - start_i if f else 0.0
+            if samples:  # one scatter for all units: per unit, numpy's fixed cost is more than its few samples
+                arrival[np.concatenate(samples)] = finish
         else:
             for u in np.unique(units):
                 mine_ = units == u

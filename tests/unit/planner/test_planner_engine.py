@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rlctl.planner import engine as engine_mod
 from rlctl.planner import simjob
 from rlctl.planner.engine import EPS_S, Barrier, EngineRun, EngineSpec, Group, run_groups
-from rlctl.planner.simjob import IterationWork, UnitShare, simulate_job
+from rlctl.planner.simjob import IterationWork, JobTimeline, UnitShare, _learner_train, simulate_job
 
 PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
 
@@ -218,6 +218,77 @@ def test_the_unit_engines_go_on_from_the_last_iteration_as_if_run_from_the_start
     assert got == want["from_the_start"]  # the same sums
     step = want["step_by_step"]  # one PTL per step: the same up to float rounding
     assert got.train_end_s == pytest.approx(step.train_end_s) and got.gen_end_s == pytest.approx(step.gen_end_s)
+
+
+def _by_scratch(works: list[IterationWork], *, mode: str, eta: int, drain: int, weight_sync_s: float) -> JobTimeline:
+    """`simulate_job` of per-unit shares the way it was first written: each iteration, each unit's engine from the
+    start over its shares released by then (`run_groups`), the unit's arrivals set one unit at a time, then the
+    learner (no groups, no token budget, nothing at the step: the works below)."""
+    ready: list[float] = []
+    train_end: list[float] = []
+    gen_end: list[float] = []
+    unit_gen: list[dict[int, float]] = []
+
+    def release(k: int) -> float:
+        return ready[k - 1 - eta] if k - 1 - eta >= 0 else 0.0
+
+    for i, w in enumerate(works[: len(works) - drain]):
+        assert w.shares is not None
+        arrival = np.empty(len(w.finish_s))
+        gens = {}
+        for u, share in w.shares.items():
+            mine = [k for k in range(min(i + eta, len(works) - 1) + 1) if u in (works[k].shares or {})]
+            groups = [Group(release(k), (works[k].shares or {})[u].lengths) for k in mine]
+            finish = run_groups(groups, share.engine)[mine.index(i)]
+            arrival[share.samples] = finish
+            gens[u] = float(finish.max()) - release(i)
+        order = np.argsort(arrival, kind="stable")
+        s = w.train_s / (float(w.sample_tokens.sum()) or 1.0)
+        free = train_end[-1] if train_end else 0.0
+        t = _learner_train(
+            arrival[order], w.sample_tokens[order], w.micro_batch_samples, None, whole=mode == "sync", free=free, s=s
+        )
+        gen_end.append(float(arrival.max()))
+        train_end.append(t)
+        ready.append(t + weight_sync_s)
+        unit_gen.append(gens)
+    return JobTimeline([], gen_end, train_end, ready, unit_gen)
+
+
+@given(
+    st.lists(st.lists(st.integers(1, 30), min_size=3, max_size=12), min_size=2, max_size=6),
+    st.integers(1, 6),
+    st.sampled_from(["sync", "stream", "async"]),
+    st.integers(0, 2),
+    st.sampled_from(["auto", "always", "never"]),
+    st.sampled_from([None, 0.5]),
+    st.floats(0.0, 0.5),
+)
+@settings(max_examples=100, deadline=None)
+def test_the_job_simulation_is_every_unit_s_engine_run_from_the_start(
+    shares: list[list[int]], cap: int, mode: str, eta: int, barrier: str, compact: float | None, train_s: float
+) -> None:
+    """Three units, each a part of every iteration: the job simulator's timeline (its units' runs going on from
+    the last iteration, their arrivals set in one scatter) is, float for float, each unit's run from the start."""
+    eng = EngineSpec(PTL, cap, prefill_s=0.001, compact_fraction=compact, barrier=barrier)  # type: ignore[arg-type]
+    works = []
+    for i, ls in enumerate(shares):
+        unit_of = (np.arange(len(ls)) + i) % 3
+        mine = {u: np.flatnonzero(unit_of == u) for u in (0, 1, 2)}
+        works.append(
+            IterationWork(
+                np.zeros(len(ls)),
+                np.array(ls, dtype=float) + 3,
+                train_s,
+                2,
+                unit_of=unit_of,
+                shares={u: UnitShare(idx, np.array(ls)[idx], eng) for u, idx in mine.items()},
+            )
+        )
+    kw = {"mode": mode, "eta": eta, "drain": min(eta, len(works) - 1), "weight_sync_s": 0.01}
+    got = simulate_job(works, **kw)  # type: ignore[arg-type]
+    want = _by_scratch(works, **kw)  # type: ignore[arg-type]
+    assert (got.gen_end_s, got.train_end_s, got.unit_gen_s) == (want.gen_end_s, want.train_end_s, want.unit_gen_s)
 
 
 def test_a_completion_alone_at_its_step_hands_its_row_on_in_one_heap_operation(monkeypatch: pytest.MonkeyPatch) -> None:
