@@ -122,6 +122,15 @@ def first_device(visible: int, env: Mapping[str, str] = os.environ) -> int:
     return index
 
 
+def sync(device: torch.device) -> None:
+    """Wait until `device` has run what was queued on it: CUDA kernels run after the call that launched them
+    returns, so a clock read right after a pass stops before the pass has run. Nothing to wait for on a CPU."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
 def agent_compute() -> Compute:
     """This agent's Compute, from the launcher's RLCTL_DEVICE (unset: the CPU)."""
     return compute_for(os.environ.get(ENV_DEVICE, "cpu"))

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from rlctl.config.job import GrpoAlgorithm, OffPolicy
+from rlctl.devices import sync
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.rl.samples import (
     Sample,
@@ -250,6 +251,7 @@ class GrpoLearner:
         self.steps += 1
         n = max(sums["tokens"], 1.0)
         rewards = [s.reward for s in samples]
+        sync(device_of(self.model))  # its kernels ran: `seconds` counts them
         return {
             "loss": sums["pg_loss_sum"] / n + self.cfg.kl_coef * sums["kl_ref_sum"] / n,
             "kl_ref": sums["kl_ref_sum"] / n,

@@ -44,10 +44,11 @@ import torch
 import torch.distributed as dist
 
 from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
+from rlctl.devices import sync
 from rlctl.rl.cuts import trainable_cuts
 from rlctl.rl.grpo import group_advantages, policy_loss
 from rlctl.rl.ppo import PpoLearner, ValueModel
-from rlctl.rl.samples import Sample, fill_ref_logprobs, make_batch, row_tokens
+from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, row_tokens
 from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
 from rlctl.trainers.base import DataParallel, TrainerBackend, Trunk, clip_whole, whole_replicas
 from rlctl.trainers.wire import broadcast_value
@@ -219,6 +220,7 @@ class StreamingLearner:
             (loss * weight).backward()
             for k, v in m.items():
                 self.sums[k] += weight * v
+        sync(device_of(self.model))  # the backward's kernels ran: `train_s` (the rebalancer's T_train) counts them
         self.compute_s += time.monotonic() - t0
 
     def step(self) -> dict[str, float]:
@@ -258,6 +260,7 @@ class StreamingLearner:
         self.opt.zero_grad(set_to_none=True)
         self.steps += 1
         self.model.eval()
+        sync(device_of(self.model))  # the optimizer's step ran
         self.compute_s += time.monotonic() - t0
         # the tokens the loss ran on (not those of groups without signal); none: the per-token figures are NaN
         trained = sums["tokens"] or math.nan

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from rlctl.config.job import PpoAlgorithm
+from rlctl.devices import sync
 from rlctl.rl.grpo import policy_loss
 from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, micro_batches
 from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
@@ -211,6 +212,7 @@ class PpoLearner:
         self.model.eval()
         self.critic.eval()
         self.steps += 1
+        sync(device_of(self.model))  # its kernels ran: `seconds` counts them
         n = max(sums["tokens"], 1.0)
         return {
             "loss": sums["pg_loss_sum"] / n,

@@ -160,3 +160,45 @@ def test_a_step_whose_gradient_is_not_finite_is_skipped_and_the_next_one_trains(
     for (name, a), b in zip(clean.state_dict().items(), model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_the_train_time_stops_once_the_device_has_run_the_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A micro-batch's and the optimizer step's seconds were read as soon as their kernels were queued: on a GPU
+    before they ran, so `train_s` (the rebalancer's T_train) left out the backward passes and the AdamW step."""
+    import types
+
+    from rlctl.rl import grpo, learner
+
+    events: list[object] = []
+
+    def clock() -> float:
+        events.append("clock")
+        return float(len(events))
+
+    for module in (learner, grpo):
+        monkeypatch.setattr(module, "time", types.SimpleNamespace(monotonic=clock))
+        monkeypatch.setattr(module, "sync", lambda device: events.append(("sync", str(device))), raising=False)
+    torch.manual_seed(0)
+    model = TinyGPT(SMALL)
+    samples = batch(model, random.Random(1), prompts=1, group=4)
+    streaming = StreamingLearner(model, GrpoAlgorithm(kind="grpo"), group_size=4, micro_batch_samples=4)
+    for s in samples:
+        streaming.add(s)
+    streaming.train_ready()
+    assert events == ["clock", ("sync", "cpu"), "clock"]  # the micro-batch
+    events.clear()
+    assert streaming.step()["train_s"] > 0
+    assert events == ["clock", ("sync", "cpu"), "clock"]  # the optimizer step
+    events.clear()
+    GrpoLearner(model, GrpoAlgorithm(kind="grpo"), micro_batch_samples=2).step(samples)
+    assert events == ["clock", ("sync", "cpu"), "clock"]
+
+
+def test_sync_waits_for_a_cuda_device_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlctl.devices import sync
+
+    waited: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", waited.append)
+    for device in (torch.device("cpu"), torch.device("meta"), torch.device("cuda", 1)):
+        sync(device)
+    assert waited == [torch.device("cuda", 1)]
