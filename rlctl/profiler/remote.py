@@ -59,7 +59,9 @@ def measure_on_site(
         # a megatron split's ranks are the probe's children, a core each: SLURM gives the probe that many
         cores = spec.split[0] * spec.split[1] if spec.split else 1
         gpus = 1 if spec.device == "cuda" else 0  # the site's first GPU (SLURM binds one; an SSH host's device 0)
-        env = dict(BASE_ENV) | ({ENV_VISIBLE: "0"} if gpus and kind_of(site).slices_gpus else {})
+        # measuring on the CPU, none at all, as the launcher tells a CPU site's agents (rlctl.launch.spawn)
+        visible = {ENV_VISIBLE: "0"} if gpus and kind_of(site).slices_gpus else {} if gpus else {ENV_VISIBLE: ""}
+        env = dict(BASE_ENV) | visible
         resources = Resources(cpus_per_task=cores, gpus_per_task=gpus)
         agent = AgentSpec("profile", 0, name, argv, env, Path(site_log), resources=resources)
         backend = backends.for_site(name)

@@ -303,3 +303,42 @@ def test_a_gpu_sites_probe_measures_on_its_gpu(tmp_path: Path) -> None:
     if not torch.cuda.is_available():
         with pytest.raises(DeviceError, match="declares GPUs"):
             probe.measure_here(gpu)
+
+
+@pytest.mark.parametrize(("gpu", "visible"), [("CPU", ""), ("H100", "0")])
+def test_a_site_probe_sees_the_gpus_its_agents_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu: str, visible: str
+) -> None:
+    """A `gpu: CPU` site's probe got no CUDA_VISIBLE_DEVICES: on a GPU host it saw the host's GPUs, where the
+    launcher's agents of that site see none (CUDA_VISIBLE_DEVICES="")."""
+    from rlctl.config.inventory import Site
+    from rlctl.profiler import remote
+
+    started: list[dict[str, str]] = []
+
+    class Started(Exception):
+        pass
+
+    class FakeBackends:
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            pass
+
+        def for_site(self, name: str) -> Any:
+            def start(agent: Any) -> None:
+                started.append(agent.env)
+                raise Started
+
+            return SimpleNamespace(start=start)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(remote, "Backends", FakeBackends)
+    site = Site.model_validate(
+        {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": gpu, "nodes": [{"host": "localhost", "gpus": 1}]}
+    )
+    device = "cpu" if gpu == "CPU" else "cuda"
+    probe_spec = dataclasses.replace(spec(engines=("embedded",), checkpoint=None, model="tiny-demo"), device=device)
+    with pytest.raises(Started):
+        remote.measure_on_site("s", site, probe_spec, workdir=tmp_path)
+    assert [env.get("CUDA_VISIBLE_DEVICES") for env in started] == [visible]
