@@ -141,8 +141,9 @@ class PpoLearner:
             last = mask.float().cumsum(1).argmax(1)  # index of each row's last output token
             rewards[torch.arange(len(part), device=dev), last] += torch.tensor([s.reward for s in part], device=dev)
             a, r = gae(rewards, self.critic(batch.tokens).float(), mask, self.cfg.gamma, self.cfg.lam)
+            a, r, mask = a.cpu(), r.cpu(), mask.cpu()  # one read-back of the cut, not two a sample
             for j, i in enumerate(idx):
-                adv[i] = a[j][mask[j]].cpu()
+                adv[i] = a[j][mask[j]]
                 ret[i] = r[j][mask[j]].tolist()
         if self.dp.size > 1:  # every share's, for the whitening over the whole batch
             share = {i: (adv[i].tolist(), ret[i]) for idx in cuts for i in idx}

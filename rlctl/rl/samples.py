@@ -140,7 +140,7 @@ def logprobs_and_entropy(
 def score(model: nn.Module, samples: list[Sample], *, temperature: float = 1.0, pad: int = 0) -> list[list[float]]:
     """Per-output-token logprobs of `samples` under `model` (e.g. the reference policy for the KL term)."""
     tokens, _, spans = _grid(samples, pad)
-    lp = token_logprobs(model, tokens.to(device_of(model)), temperature)
+    lp = token_logprobs(model, tokens.to(device_of(model)), temperature).cpu()  # one read-back, not one a sample
     return [lp[i, span].tolist() for i, span in enumerate(spans)]
 
 
