@@ -9,12 +9,13 @@ import torch
 
 from rlctl.config.job import PpoAlgorithm
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.rl.grpo import policy_loss
 from rlctl.rl.ppo import PpoLearner, ValueModel
-from rlctl.rl.samples import Sample, score
+from rlctl.rl.samples import Sample, make_batch, score
 from tests.unit.tiny_models import small_config
 
 SMALL = small_config()
-READS = (torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.item, torch.Tensor.numpy)
+READS = (torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.item, torch.Tensor.numpy, torch.Tensor.__float__)
 
 
 class OnDevice(torch.Tensor):
@@ -71,3 +72,16 @@ def test_ppo_advantages_of_a_cut_are_read_back_once() -> None:
     adv, ret = learner.advantages(_samples(6))  # one cut (micro-batches of 32 samples)
     assert OnDevice.reads == 2  # the cut's advantages and returns
     assert [len(a) for a in adv] == [len(r) for r in ret] == [len(s.output_tokens) for s in _samples(6)]
+
+
+def test_a_micro_batchs_loss_figures_are_read_back_once() -> None:
+    """`policy_loss`'s nine figures were nine read-backs, each between the forward and the backward."""
+    torch.manual_seed(0)
+    samples = _samples(6)
+    batch = make_batch(samples, [1.0, -1.0] * 3)
+    batch.ref_logprobs = batch.old_logprobs - 0.1
+    for off_policy in ("clip", "decoupled"):
+        OnDevice.reads = 0
+        figures = policy_loss(_DevicePolicy(TinyGPT(SMALL)), batch, 0.2, 0.1, off_policy=off_policy, is_cap=2.0)[1]
+        assert OnDevice.reads == 1, off_policy
+        assert figures["tokens"] == sum(len(s.output_tokens) for s in samples) and figures["kl_ref_sum"] > 0
