@@ -251,6 +251,16 @@ class DatasetTask(OverlongShaping):
             raise ValueError(
                 f"invalid reward {v!r}; use a built-in name, path/to/file.py:function or package.module:function"
             )
+        # (each was taken for another form: 'unknown built-in reward', or a module whose import raised a TypeError)
+        if not sep and v.endswith(".py"):
+            raise ValueError(
+                f"{v!r} names a file but not its function; use path/to/file.py:function ({v}:compute_score)"
+            )
+        if sep and not target.endswith(".py") and not all(p.isidentifier() for p in target.split(".")):
+            raise ValueError(
+                f"{target!r} is neither a .py file nor a module name; use path/to/file.py:function or "
+                "package.module:function"
+            )
         return v
 
 

@@ -67,6 +67,28 @@ def test_config_defaults_and_validation() -> None:
     with pytest.raises(ValueError, match=r"invalid reward 'x\.py:'"):
         task(reward="x.py:")
     assert task(reward="rewards/math.py:compute_score").reward == "rewards/math.py:compute_score"
+    assert task(reward="my_rewards.math:compute_score").reward == "my_rewards.math:compute_score"
+
+
+@pytest.mark.parametrize(
+    ("reward", "said"),
+    [
+        (
+            "rewards/math.py",
+            "'rewards/math.py' names a file but not its function; use path/to/file.py:function "
+            "(rewards/math.py:compute_score)",
+        ),
+        ("rewards/:compute_score", "'rewards/' is neither a .py file nor a module name"),
+        ("rewards/math:compute_score", "'rewards/math' is neither a .py file nor a module name"),
+        ("rewards/cfg.json:x", "'rewards/cfg.json' is neither a .py file nor a module name"),
+    ],
+)
+def test_a_reward_of_no_form_says_which_part_is_wrong(reward: str, said: str) -> None:
+    """A reward file without its function was refused as an 'unknown built-in reward', and a path not to a .py file
+    as a module whose import raised `TypeError: the 'package' argument is required to perform a relative import`."""
+    with pytest.raises(ValueError) as e:
+        task(reward=reward)
+    assert said in str(e.value)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
