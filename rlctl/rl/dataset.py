@@ -35,7 +35,7 @@ import numpy as np
 from rlctl.config.job import DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.rl.reward import RewardPool, RewardResult, check_loads, copy_reward
-from rlctl.rl.tokenizer import TextTokenizer, decode_output
+from rlctl.rl.tokenizer import HFTokenizer, TextTokenizer, decode_output
 from rlctl.textutil import one_of
 
 log = logging.getLogger(__name__)
@@ -605,6 +605,26 @@ def _check_reward_loads(cfg: DatasetTask, base: Path) -> None:
             ) from e
 
 
+def _tokens_fit_the_model(tokenizer: HFTokenizer, model_dir: Path) -> None:
+    """Every id the tokenizer gives has a row of the model's embedding: one past `vocab_size` (a tokenizer of more
+    tokens than the checkpoint embeds) passed check and crashed every rollout unit on its first prompt with that
+    token ('IndexError: index out of range in self'), until the job failed for want of rollout agents."""
+    from rlctl.models.hf import CONFIG_FILE, read_config
+
+    if not (model_dir / CONFIG_FILE).is_file():  # (a job's model.path has one: load_job's check_hf_dir read it)
+        return
+    embedded = read_config(model_dir).vocab_size
+    if tokenizer.vocab_size > embedded:
+        raise ConfigError(
+            str(model_dir / "tokenizer.json"),
+            None,
+            f"{tokenizer.vocab_size} tokens, more than the model's vocab_size {embedded} (config.json): ids "
+            f"{embedded}–{tokenizer.vocab_size - 1} have no embedding",
+            hint="use the checkpoint's own tokenizer, or resize the model's embeddings to the tokenizer "
+            "(transformers: resize_token_embeddings) and save it again",
+        )
+
+
 def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = None) -> None:
     """What `rlctl check` verifies: the data file exists, the reward function loads, and — given the model's
     directory (its tokenizer) — every row reads and tokenizes as the launch will (`check_rows`)."""
@@ -626,6 +646,7 @@ def check_task(cfg: DatasetTask, *, job_file: Path, model_dir: Path | None = Non
 
     try:  # the tokenizer is the model directory's: a missing or bad one is model.path's, not the data's
         tokenizer = load_tokenizer(model_dir)
+        _tokens_fit_the_model(tokenizer, model_dir)
     except ConfigError as e:
         raise ConfigError(str(job_file), "model.path", str(e), hint=e.hint) from e
     try:

@@ -627,6 +627,23 @@ def test_dataset_reward_and_held_out_files_under_home_are_read_as_model_path_is(
     assert job.spec.evaluation.path == str(tmp_path / "held.jsonl")
 
 
+def test_a_tokenizer_of_more_tokens_than_the_model_embeds_is_refused_as_model_path(tmp_path: Path) -> None:
+    """A tokenizer whose ids run past the checkpoint's vocab_size passed check; every rollout unit then crashed on
+    its first prompt with such a token (IndexError in the embedding) until the job failed for want of units."""
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    assert problems(job) == []
+    write_tokenizer(tmp_path / "model", words=[f"w{i}" for i in range(60)])  # 8 specials + 60 words: ids 0–67
+    (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "w59 w1", "ground_truth": "x"}) + "\n")
+    said = (
+        f"{tmp_path / 'model' / 'tokenizer.json'}: 68 tokens, more than the model's vocab_size 66 (config.json): "
+        "ids 66–67 have no embedding"
+    )
+    assert [(p.field, p.message) for p in problems(job)] == [("model.path", said)]
+    assert only_line(run_cli("check", str(job.path))).startswith(f"rlctl: error: {job.path}: model.path: {said}")
+    write_tokenizer(tmp_path / "model", words=[f"w{i}" for i in range(58)])  # as many as it embeds: passes
+    assert problems(job) == []
+
+
 def test_a_model_directory_without_its_tokenizer_is_refused_as_model_path(tmp_path: Path) -> None:
     """The tokenizer is the model directory's: its absence is one model.path line, versus task.path (and an
     evaluation.path line naming the held-out data file as missing) before."""
