@@ -547,6 +547,11 @@ class Trainer(Strict):
     )
 
     @property
+    def split_field(self) -> str:
+        """The field a refusal of the job's split as a whole names: the one the job sets (tensor_parallel of both)."""
+        return "trainer.tensor_parallel" if self.tensor_parallel is not None else "trainer.pipeline_parallel"
+
+    @property
     def model_split(self) -> tuple[int, int] | None:
         """(tp, pp) the job asks for, or None when it leaves both to the plan."""
         if self.tensor_parallel is None and self.pipeline_parallel is None:

@@ -108,7 +108,7 @@ def plan_counts(job: Job, spec: JobFile, *, noted: bool = False) -> dict[str, An
         if trainer % (tp * pp):
             raise ConfigError(
                 str(job.path),
-                "trainer.tensor_parallel",
+                spec.trainer.split_field,
                 f"tp {tp} × pp {pp} does not divide placement.trainer.gpus {trainer} (GPUs = tp × pp × dp)",
             )
         parallel = {"tp": tp, "pp": pp, "dp": trainer // (tp * pp)}

@@ -1002,11 +1002,11 @@ def _trainer_split(job: Job) -> list[Problem]:
     if gpus != "auto" and gpus % (tp * pp):
         out.append(
             Problem(
-                "trainer.tensor_parallel",
+                spec.trainer.split_field,
                 f"tp {tp} × pp {pp} does not divide placement.trainer.gpus {gpus} (GPUs = tp × pp × dp)",
             )
         )
-    return out + _slurm_layout(job, tp=tp, field="trainer.tensor_parallel")
+    return out + _slurm_layout(job, tp=tp, field="trainer.tensor_parallel" if tp > 1 else "placement.trainer.gpus")
 
 
 def _slurm_layout(job: Job, *, tp: int, field: str) -> list[Problem]:

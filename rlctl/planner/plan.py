@@ -314,7 +314,7 @@ def _trainer_curve(
         if t_fixed is not None and t_fixed % (split[0] * split[1]):
             raise ConfigError(
                 str(job.path),
-                "trainer.tensor_parallel",
+                spec.trainer.split_field,
                 f"tp {split[0]} × pp {split[1]} does not divide placement.trainer.gpus {t_fixed} (GPUs = tp × pp × dp)",
             )
     have = sorted({(e.tp, e.pp) for e in prof.sites[t_site].training})

@@ -129,6 +129,10 @@ def test_preflight_accepts_megatron_tensor_and_pipeline_parallel_and_refuses_the
     assert split_problems({"backend": "megatron", "tensor_parallel": 2}, model=model, placement=three) == [
         ("trainer.tensor_parallel", "tp 2 × pp 1 does not divide placement.trainer.gpus 3 (GPUs = tp × pp × dp)")
     ]
+    # a split that only pipeline_parallel sets is named by that field
+    assert split_problems({"backend": "megatron", "pipeline_parallel": 2}, model=model, placement=three) == [
+        ("trainer.pipeline_parallel", "tp 1 × pp 2 does not divide placement.trainer.gpus 3 (GPUs = tp × pp × dp)")
+    ]
     # PPO at tp 2 on 4 GPUs: dp 2 (the learner splits each micro-batch over the data-parallel ranks)
     ppo = {"kind": "ppo"}
     assert split_problems(both, model=model, placement=four, algorithm=ppo) == []
