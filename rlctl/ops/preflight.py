@@ -254,6 +254,18 @@ def _unread(job: Job) -> list[Problem]:
             "read with rebalance.auto: true only (the wait after a unit is added before the rule decides again)",
         ),
     ]
+    # an agent listens on its site's network.listen_host, else on the job's (rlctl.agents.listen)
+    sites = _job_sites(job)
+    cases.append(
+        (
+            "transport",
+            spec.transport,
+            "listen_host",
+            all(job.inventory.sites[s].network.listen_host for s in sites),
+            "read for a site without network.listen_host only (every site of this job sets its own: "
+            f"{', '.join(sites)})",
+        )
+    )
     # in sync and stream modes (η = 0) a round's prompts are made once the previous iteration is trained, so on a
     # unit no iteration's generation runs beside another's (no group barrier holds one back: rlctl.engines.embedded)
     # and a version arrives when only an in-run evaluation's may run (rlctl.agents.evaluation)

@@ -1277,9 +1277,23 @@ def test_a_loopback_listen_address_for_a_job_on_several_hosts_is_refused(tmp_pat
         tmp_path,
         inventory=[two_site_inventory(tmp_path, listen="auto")],
         placement=placement,
-        transport={"listen_host": "10.0.0.1"},
+        transport=(fixed_transport := {"listen_host": "10.0.0.1"}),
     )
     assert refused(fixed, "transport.listen_host") == [] and refused(fixed, "sites.t.network.listen_host") == []
+    # where every site of the job sets its own, the job's is read by none of its agents
+    both = yaml.safe_load(Path(two_site_inventory(tmp_path, listen="auto")).read_text())
+    both["sites"]["r"]["network"] = {"bandwidth_gbps": 10, "listen_host": "auto"}
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(both))
+    unread = load(tmp_path, inventory=[str(tmp_path / "two.yaml")], placement=placement, transport=fixed_transport)
+    (p_unread,) = refused(unread, "transport.listen_host")
+    assert p_unread.message == (
+        "'10.0.0.1': read for a site without network.listen_host only (every site of this job sets its own: t, r); "
+        "remove it (default '127.0.0.1')"
+    )
+    assert (
+        refused(load(tmp_path, inventory=[str(tmp_path / "two.yaml")], placement=placement), "transport.listen_host")
+        == []
+    )
     assert p.file is None  # the job file's field
     site_loopback = load(tmp_path, inventory=[two_site_inventory(tmp_path, listen="127.0.0.1")], placement=placement)
     (own,) = refused(site_loopback, "sites.t.network.listen_host")
