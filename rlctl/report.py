@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,17 @@ class JobRecord:
     summary: dict[str, Any] | None
     evaluations: list[dict[str, Any]] = field(default_factory=list)  # held-out evaluations during the run
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # `rlctl.ops.checkpoints.checkpoint_table`'s
+    ended: str | None = None  # how the job ended by its record (`build_report`'s), for a run that left no summary
+
+    @property
+    def state(self) -> str:
+        """The summary's state; without one, the end its record knows (a controller killed: `stop --grace 0`, the
+        OOM killer) or that the job runs: `running (no summary.json yet)` was said of a job stopped for good."""
+        if self.summary is not None:
+            return str(self.summary.get("state"))
+        if self.ended is not None:
+            return f"{self.ended} (no summary.json: its last run ended without writing one)"
+        return "running (no summary.json yet)"
 
     @property
     def scales(self) -> list[dict[str, Any]]:
@@ -69,10 +80,11 @@ class JobRecord:
         ]
 
 
-def build_report(job_dir: Path, *, out: Path | None = None) -> ReportFiles:
-    """Write `<job_dir>/report.{png,html}` (or `out` and its sibling with the other suffix)."""
+def build_report(job_dir: Path, *, out: Path | None = None, ended: str | None = None) -> ReportFiles:
+    """Write `<job_dir>/report.{png,html}` (or `out` and its sibling with the other suffix). `ended`: how the job
+    ended by its record (`rlctl.ops.operate.job_end`), None while it may run."""
     files = _paths(job_dir, out)
-    rec = load(job_dir)
+    rec = replace(load(job_dir), ended=ended)
     png = _figure(rec)
     page = _html(rec, png)
     try:
@@ -349,7 +361,7 @@ def _figure(rec: JobRecord) -> bytes:
         layout="constrained",
         gridspec_kw={"height_ratios": [1.0, 1.3, 0.5 + 0.15 * max(1, n_agents)]},
     )
-    state = rec.summary["state"] if rec.summary else "no summary yet"
+    state = rec.summary["state"] if rec.summary else f"{rec.ended}, no summary" if rec.ended else "no summary yet"
     fig.suptitle(f"{rec.name} ({rec.mode}): {len(rows)} iterations, {state}", fontsize=11)
     ax_r.set_title("(a) mean reward" + (", held-out greedy" if rec.evaluations else ""), fontsize=9, loc="left")
     ax_t.set_title("(b) stage times per iteration, scale events", fontsize=9, loc="left")
@@ -488,12 +500,16 @@ def _summary_rows(rec: JobRecord) -> list[list[str]]:
     return [
         ["job", rec.name],
         ["mode", rec.mode],
-        ["state", str(s.get("state", "running (no summary.json yet)"))],
+        ["state", rec.state],
         ["iterations", str(s.get("iterations", len(rows)))],
         ["reward first → last", f"{_f(first)} → {_f(last)}"],
         ["samples/s (every iteration, across resumes)", _f(job_rate(rows, "samples_per_s"), ".2f")],
         ["wall s (job start → last iteration)", _f(wall, ".1f")],
-        ["ledger", ", ".join(f"{k} {ledger[k]}" for k in keys if k in ledger) or "- (written when the job ends)"],
+        [
+            "ledger",
+            ", ".join(f"{k} {ledger[k]}" for k in keys if k in ledger)
+            or ("- (not written: the job ended without a summary)" if rec.ended else "- (written when the job ends)"),
+        ],
         *([["quarantined prompts", str(ledger["quarantined"])]] if ledger.get("quarantined") else []),
     ]
 

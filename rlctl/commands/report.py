@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a PNG and an HTML report of a job: reward, T_gen/T_train/δ with scale events, agent busy/idle timeline."""  # noqa: E501 (one line: typer keeps newlines in the command list)
         from rlctl.ops.jobref import require_job_dir, resolve
-        from rlctl.ops.operate import fetch_job_record
+        from rlctl.ops.operate import fetch_job_record, job_end
         from rlctl.ops.run import refuse_if_unprepared
         from rlctl.report import build_report
 
@@ -43,5 +43,7 @@ def register(app: typer.Typer) -> None:
             source = ref.row.info.get("source") if ref.row is not None else None
             refuse_if_unprepared(ref.jobdir, source=source, nothing="nothing to report")
         fetch_job_record(ref)  # the record lives with the controller; a copy here when it ran on another site
-        files = build_report(ref.jobdir.path, out=out.expanduser() if out is not None else None)  # `--out=~/r.png`
+        out = out.expanduser() if out is not None else None  # `--out=~/r.png`
+        # a run that ended without a summary (its controller killed) is said as ended, not `running`
+        files = build_report(ref.jobdir.path, out=out, ended=job_end(ref))
         emit({"png": str(files.png), "html": str(files.html)}, output, _table)

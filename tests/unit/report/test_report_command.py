@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from rlctl.commands.report import register
 from rlctl.errors import UsageError
 from rlctl.ops.jobdb import JobDB
+from tests.unit.job_rows import indexed_row
 from tests.unit.report.fake_jobdir import make_job_dir
 
 
@@ -89,3 +90,20 @@ def test_report_of_a_launch_stopped_before_it_wrote_job_json_says_so_and_how_to_
     assert str(r.exception).startswith("job demo-1 was never prepared (no job.json: its launch was stopped or failed")
     assert r.exception.hint == "launch it anew: `rlctl launch jobs/demo.yaml`"
     assert not (jd.path / "report.png").exists()
+
+
+def test_report_of_a_job_that_ended_without_a_summary_says_how_it_ended_not_running(tmp_path: Path, home: Path) -> None:
+    # `rlctl stop --grace 0` (the controller SIGKILLed), the OOM killer: no summary.json; `status` said the job ended,
+    # `report` "state: running (no summary.json yet)" and "ledger: - (written when the job ends)"
+    d = make_job_dir(tmp_path)
+    indexed_row(d.name, d, job="demo", state="stopped")
+    r = CliRunner().invoke(app(), ["report", d.name])
+    assert r.exit_code == 0, r.output
+    page = (d / "report.html").read_text()
+    assert "<td>state</td><td>stopped (no summary.json: its last run ended without writing one)</td>" in page
+    assert "<td>ledger</td><td>- (not written: the job ended without a summary)</td>" in page
+    assert "running" not in page
+    indexed_row("demo-2", d, job="demo", state="running")  # a run that may go on: as before
+    r = CliRunner().invoke(app(), ["report", "demo-2"])
+    assert r.exit_code == 0, r.output
+    assert "<td>state</td><td>running (no summary.json yet)</td>" in (d / "report.html").read_text()
