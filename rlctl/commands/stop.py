@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Annotated, Any
 
 import typer
@@ -47,9 +48,15 @@ def register(app: typer.Typer) -> None:
         started, on every site, is terminated (TERM, grace, KILL) and checked gone."""
         from rlctl.ops.jobref import resolve
         from rlctl.ops.operate import stop as do_stop
+        from rlctl.ops.operate import stop_cut_short
 
         ref = resolve(job)
-        result = do_stop(ref, grace_s=grace_s, say=lambda line: sys.stderr.write(f"rlctl: {line}\n"))
+        since = time.time()
+        try:
+            result = do_stop(ref, grace_s=grace_s, say=lambda line: sys.stderr.write(f"rlctl: {line}\n"))
+        except KeyboardInterrupt:  # what the stop left is said (typer ends a Ctrl-C with exit 130 and no word)
+            sys.stderr.write(f"rlctl: interrupted: {stop_cut_short(ref, since=since)}\n")
+            raise typer.Exit(130) from None
         emit(result, output, _table)
         if result["problems"]:
             raise PartialFailure(f"job {ref.id}: some agents could not be verified stopped: {result['problems'][0]}")

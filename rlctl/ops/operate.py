@@ -555,6 +555,22 @@ def stop_under_way(jd: JobDir) -> bool:
     return bool(asked) and not any(e.get("event") == "stopped_by_operator" for e in events[asked[-1] :])
 
 
+def stop_cut_short(ref: JobRef, *, since: float) -> str:
+    """What a `rlctl stop` begun at `since` (time.time()) and cut short (Ctrl-C) left, from the job's events: nothing
+    asked; its request written but the stop not seen through (the controller may not have it, and the launcher will
+    not resume the job: a second stop finishes it); or every agent stopped while it waited for the launcher."""
+    name = shlex.quote(ref.id if ref.row is not None else str(ref.jobdir.path))
+    events = [e for e in ref.jobdir.read_events() if float(e.get("t", 0)) >= since - 0.001]  # (ms in events)
+    if not any(e.get("event") == STOP_REQUESTED and "by" not in e for e in events):
+        return f"job {ref.id} was not asked to stop (`rlctl status {name}`)"
+    if any(e.get("event") == "stopped_by_operator" for e in events):
+        return f"job {ref.id}: every agent stopped; its launcher was still ending (`rlctl status {name}`)"
+    return (
+        f"the stop of job {ref.id} was asked for but not seen through (its launcher will not resume the job); "
+        f"`rlctl stop {name}` again finishes it, `rlctl status {name}` says where the job stands"
+    )
+
+
 def _this_run(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The events since the job's controller last started listening, or its launcher last started it (its
     `agent_started`, which names its run: written here where a controller on another site keeps its own events until
