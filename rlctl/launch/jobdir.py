@@ -449,13 +449,16 @@ def refuse_taken(path: Path, *, named_by: str = "--job-dir") -> None:
     if (why := why_not_made(path)) is not None:
         raise UsageError(f"{named_by}: {why}", hint=f"choose {other}")
     held = [name for name in JOB_RECORD if (path / name).exists()]
+    holder = JobDir(path).launcher_holder()
     if held:
         how = f"continue that job with `{resume_command(path)}`, or " if "job.json" in held else ""
+        if holder is not None:  # a launcher watches it: a resume is refused (`has a launcher already`)
+            how = f"its launcher ({holder}) runs it: watch it with `rlctl status {shlex.quote(str(path))}`, or "
         raise UsageError(
             f"{named_by}: {path} already holds a job ({', '.join(held)}); a new launch there would overwrite it",
             hint=f"{how}choose {other}",
         )
-    if (holder := JobDir(path).launcher_holder()) is not None:  # a launch preparing it: no record written yet
+    if holder is not None:  # a launch preparing it: no record written yet
         raise UsageError(
             f"{named_by}: {path}: a launch is preparing a job there ({holder}); a new launch would take its place",
             hint=f"watch it with `rlctl status {shlex.quote(str(path))}`, or choose {other}",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -77,6 +78,22 @@ def test_a_launch_into_a_directory_holding_a_job_is_refused_and_writes_nothing(t
     dry = run_cli("launch", str(DEMO), "--dry-run", "--job-dir", str(jd.path))  # shows the scripts, notes it
     assert dry.exit_code == 0 and "a launch would be refused" in dry.stderr and "rollout-0" in dry.stdout
     assert snapshot(jd.path) == before
+
+
+def test_a_launch_into_the_directory_of_a_job_its_launcher_runs_says_to_watch_it_not_to_resume_it(
+    tmp_path: Path, home: Path
+) -> None:
+    # a job file whose job_dir is fixed, launched again while the job runs: the hint said `rlctl launch --resume DIR`,
+    # which that job's launcher refuses (`has a launcher already`)
+    jd = prepared(tmp_path / "run")
+    with jd.launcher_lock():
+        line = one_error(run_cli("launch", str(DEMO), "--job-dir", str(jd.path)))
+    assert f"--job-dir: {jd.path} already holds a job (job.json, plan.json)" in line
+    assert line.endswith(
+        f"(hint: its launcher (pid {os.getpid()} on {socket.gethostname()}) runs it: watch it with "
+        f"`rlctl status {jd.path}`, or choose another --job-dir)"
+    ), line
+    assert "--resume" not in line
 
 
 def test_a_launch_into_a_file_is_refused(tmp_path: Path) -> None:
