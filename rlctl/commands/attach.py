@@ -82,13 +82,15 @@ def register(app: typer.Typer) -> None:
         db = JobDB()
         try:
             ref = resolve(job, db=db)
+            # its index row outlived it: said so, versus an ended job's hints (`rlctl status JOB`, `launch --resume
+            # JOB`), which both fail on it
+            require_job_dir(ref)
             source = ref.row.info.get("source") if ref.row is not None else None
-            if ref.row is not None and ref.row.state not in LIVE and ref.jobdir.path.is_dir():
+            if ref.row is not None and ref.row.state not in LIVE:
                 # stopped before it was prepared: launch it anew, versus `refuse_attach`'s `continue it with
                 # rlctl launch --resume JOB`, which refuses it
                 refuse_if_unprepared(ref.jobdir, source=source, nothing="nothing to watch")
             refuse_attach(ref.id, ref.row, force=force)
-            require_job_dir(ref)
             # its launcher died preparing it (a reboot in the SFT warm-up): no job.json, no agent to watch
             refuse_if_unprepared(ref.jobdir, source=source, nothing="nothing to watch")
         except BaseException:

@@ -444,21 +444,23 @@ def test_an_agent_recorded_on_a_site_sites_json_lacks_is_one_line_naming_sites_j
     assert f"site gone: {jd.path}/sites.json: no site 'gone'" in stop
 
 
+@pytest.mark.parametrize("state", ["running", "stopped"])
 @pytest.mark.parametrize("command", ["logs", "report", "pull", "attach", "status", "launch --resume"])
-def test_a_job_whose_directory_is_gone_is_said_so_by_each_command(tmp_path: Path, command: str) -> None:
+def test_a_job_whose_directory_is_gone_is_said_so_by_each_command(tmp_path: Path, command: str, state: str) -> None:
     # its index row outlived it: logs said "no logs yet: none of its agents has started", report "not a job
     # directory (no job.json)", pull and attach "cannot read the resolved job: [Errno 2] …", launch --resume
-    # "never prepared"
+    # "never prepared"; attach of an ended one "ended (stopped): nothing to watch", hinting `rlctl status JOB` and
+    # `rlctl launch --resume JOB`, which both fail on it
     gone = tmp_path / "demo-1"
     db = JobDB()
     try:
         db.put("demo-1", job_dir=str(gone), spec={"name": "demo"})
-        db.update("demo-1", state="running", info={"launcher": {"pid": 2**22 + 1, "host": socket.gethostname()}})
+        db.update("demo-1", state=state, info={"launcher": {"pid": 2**22 + 1, "host": socket.gethostname()}})
     finally:
         db.close()
     assert one_error(run_cli(*command.split(), "demo-1"), code=1) == (
         f"rlctl: error: job demo-1: its job directory {gone} is gone (removed, or not mounted on this machine); the "
-        "job index says running (hint: `rlctl status --all` lists the jobs in the index)"
+        f"job index says {state} (hint: `rlctl status --all` lists the jobs in the index)"
     )
 
 
