@@ -384,6 +384,7 @@ def fetch_job_record(ref: JobRef) -> list[str]:
 def scale(ref: JobRef, delta: int, *, site: str | None, timeout_s: float = 30.0) -> dict[str, Any]:
     if delta == 0:
         raise RlctlError("--rollout must be non-zero, e.g. +1 or -1")
+    require_job_dir(ref)  # its index row outlived it: said so, versus `launch it anew: rlctl launch JOB.yaml`
     # its controller is gone: "did not answer" misled (a job dir the index lacks: its summary says how it ended)
     if (ended := job_end(ref)) is not None:
         # a finished job's plain resume is refused (nothing left to run); one the index lacks goes by its directory
