@@ -107,9 +107,13 @@ def test_sbatch_script_cpu_site_has_no_gpu_line() -> None:
     assert "#SBATCH --job-name=rlctl-j-trainer" in text and "#SBATCH --signal=B:TERM@30" in text
 
 
-def test_an_inventory_node_s_memory_gb_says_the_sbatch_option_it_becomes() -> None:
+def test_an_inventory_node_s_memory_gb_says_the_sbatch_option_it_becomes(monkeypatch: pytest.MonkeyPatch) -> None:
     # its description said SLURM's --mem, where the script asks --mem-per-cpu (the slot's memory ÷ its threads)
+    import submitit
+
     from rlctl.config.inventory import Node
+
+    monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # srun not needed to render
 
     spec = replace(SPEC, resources=Resources(tasks=2, gpus_per_task=1, cpus_per_task=4, mem_mb_per_task=8000))
     line = next(x for x in backend().render(spec).splitlines() if x.startswith("#SBATCH --mem"))
