@@ -130,6 +130,13 @@ def check_trainer(spec: ProbeSpec, *, here: bool = True) -> None:
     if spec.split is None:
         return
     tp, pp = spec.split
+    if spec.device == "cuda":  # its ranks would run on the probe host's CPU, and price the GPU site's plan
+        raise UsageError(
+            f"--split {tp} {pp} on a GPU site: megatron's tp/pp ranks over NCCL are not built (its ranks run on CPUs "
+            "only), so the split cannot be measured on the site's GPUs",
+            hint="use --source analytical for this site, or a job without a megatron split (tensor_parallel and "
+            "pipeline_parallel 1)",
+        )
     from rlctl.models.hf import TinyGPTConfig, read_config
     from rlctl.trainers.megatron.names import check_split
 

@@ -81,6 +81,17 @@ def test_megatron_is_refused_where_it_is_not_installed(monkeypatch: pytest.Monke
     probe.check_trainer(spec(GrpoAlgorithm(kind="grpo"), "megatron"), here=False)  # looked for there
 
 
+def test_a_megatron_split_is_not_measured_on_a_gpu_site(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its ranks ran on the probe host's CPU (`measure_split`: megatron's tp/pp over NCCL is not built) and their
+    seconds priced the GPU site's plan as GPU-seconds."""
+    monkeypatch.setattr(probe, "megatron_available", lambda: None)
+    split = dataclasses.replace(spec(GrpoAlgorithm(kind="grpo"), "megatron"), split=(1, 3))  # tiny-demo: 3 layers
+    probe.check_trainer(split, here=False)  # a CPU site: measured over its ranks there
+    with pytest.raises(UsageError, match=r"--split 1 3 on a GPU site: megatron's tp/pp ranks over NCCL") as e:
+        probe.check_trainer(dataclasses.replace(split, device="cuda"), here=False)
+    assert e.value.exit_code == 2 and "--source analytical" in (e.value.hint or "")
+
+
 def test_the_jobs_backend_is_measured_unless_another_is_asked_for(tmp_path: Path) -> None:
     job = load_job(job_file(tmp_path, trainer={"backend": "megatron"}))
     assert build.request_from_job(job, sites=None, engines=None).trainer_backend == "megatron"
