@@ -88,8 +88,15 @@ def shard_name(rank: int) -> str:
     return f"{RANKS}/rank-{rank}.pt"
 
 
+def _cuda_device() -> int | None:
+    """The CUDA device this process computes on (`rlctl.devices.compute_for` set it), None where it has not
+    initialised CUDA: a CPU trainer, which asking for CUDA RNG states would make initialise it on a GPU host."""
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+
 def rng_state() -> dict[str, Any]:
-    """This process's RNG states: torch's (every CUDA device's too, on a GPU trainer), `random`'s and numpy's."""
+    """This process's RNG states: torch's (its own CUDA device's too, on a GPU trainer: `cuda`), `random`'s and
+    numpy's."""
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     out: dict[str, Any] = {
@@ -97,20 +104,22 @@ def rng_state() -> dict[str, Any]:
         "python": [version, list(internal), gauss],
         "numpy": [str(kind), np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)],
     }
-    if torch.cuda.is_available():
-        out |= {f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())}
+    if (device := _cuda_device()) is not None:
+        out["cuda"] = torch.cuda.get_rng_state(device)
     return out
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """`rng_state`'s states back; the CUDA one into this process's own device, whatever its index (a SLURM task that
+    sees its node's GPUs computes on the SLURM_LOCALID-th: `rlctl.devices.first_device`). A checkpoint written
+    before `cuda` kept every visible device's state as `cuda.<index>`: this device's index is taken."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
-    cuda = [state[f"cuda.{i}"] for i in range(torch.cuda.device_count()) if f"cuda.{i}" in state]
-    if cuda and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
+    if (device := _cuda_device()) is not None and (cuda := state.get("cuda", state.get(f"cuda.{device}"))) is not None:
+        torch.cuda.set_rng_state(cuda, device)
 
 
 def optimizer_digest(optimizers: dict[str, torch.optim.Optimizer]) -> str:

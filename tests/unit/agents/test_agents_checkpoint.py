@@ -613,3 +613,39 @@ def test_a_trainer_part_lost_to_a_full_disk_fails_the_job_saying_to_free_space_b
         )
     finally:
         h.close()
+
+
+def test_a_checkpoints_rng_states_touch_only_the_cuda_device_the_rank_computes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process that has not initialised CUDA (a CPU trainer on a GPU host) asked for every visible device's RNG
+    state, initialising CUDA there; a GPU rank saved every visible device's and restored them only where the counts
+    matched, so a SLURM task computing on its node's SLURM_LOCALID-th GPU never had its own state back."""
+    from rlctl.checkpoint import trainer as ckpt
+
+    def initialise(*args: object) -> None:
+        raise AssertionError("CUDA initialised by a CPU trainer's checkpoint")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", initialise)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", initialise)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    state = ckpt.rng_state()  # a CPU trainer
+    assert not [k for k in state if k.startswith("cuda")]
+    ckpt.set_rng_state(state)
+
+    events: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a GPU rank on device 3 of 8 visible
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: torch.tensor([device], dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device: events.append(("set", device, int(s[0]))))
+    state = ckpt.rng_state()
+    assert [k for k in state if k.startswith("cuda")] == ["cuda"]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 5)  # replica 0's state, restored on another rank
+    ckpt.set_rng_state(state)
+    old = {k: v for k, v in state.items() if k != "cuda"} | {
+        f"cuda.{i}": torch.tensor([i], dtype=torch.uint8) for i in range(8)
+    }
+    ckpt.set_rng_state(old)  # a checkpoint written before: this device's entry
+    assert events == [("set", 5, 3), ("set", 5, 5)]
