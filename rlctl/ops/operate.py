@@ -18,13 +18,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import queue
 import shlex
+import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from rlctl import procfs
 from rlctl.agents.messages import STOP_GRACE_S
 from rlctl.checkpoint.choose import LATEST_POINTER
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
@@ -462,14 +465,14 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
         # a launcher that may still run may be about to resume the run that failed (`checkpoint.auto_resume`: the
         # row says failed and nothing runs until it starts the next run): the request keeps it from doing so, or
         # ends the start it began (`JobRun.start` looks for it before each agent)
-        event_to_record(jd.path, jd.event(STOP_REQUESTED))
+        event_to_record(jd.path, jd.event(STOP_REQUESTED, stopper=_stopper()))
         if _index_state(ref.row.name) not in LIVE:
             return {**ended, "launcher": launcher_state(launcher, ended=True)}
         # it began the next run before the request: that run is stopped as any live job is (below)
     else:
         # before the controller can end: its launcher must not resume it (`autoresume`); where the controller reads
         # its events too (on its site), so that it ends `stopped`, not failed
-        event_to_record(jd.path, jd.event(STOP_REQUESTED))
+        event_to_record(jd.path, jd.event(STOP_REQUESTED, stopper=_stopper()))
     try:
         # the request's own bound is no shorter than REQUEST_FLOOR_S: `--grace 0` asked with a 0 s timeout, and a
         # healthy controller read as one that did not answer
@@ -550,10 +553,34 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
 def stop_under_way(jd: JobDir) -> bool:
     """Whether a `rlctl stop` of the job's current run asked its controller to end and has not finished (its
     `stopped_by_operator` not written yet): a second stop then finds the controller's listener closed as it ends,
-    and forced an end the first one was waiting out (a checkpoint being written, cut)."""
+    and forced an end the first one was waiting out (a checkpoint being written, cut). Not one whose stop process is
+    gone (killed) when the controller did not say it took the request (its own `stop_requested`, `by`): nothing ends
+    the job then, and a second stop waited its whole grace for a controller that was not ending."""
     events = _this_run(jd.read_events())
     asked = [i for i, e in enumerate(events) if e.get("event") == STOP_REQUESTED]
-    return bool(asked) and not any(e.get("event") == "stopped_by_operator" for e in events[asked[-1] :])
+    if not asked or any(e.get("event") == "stopped_by_operator" for e in events[asked[-1] :]):
+        return False
+    operators = [i for i in asked if "by" not in events[i]]
+    if not operators:  # the controller's word alone: it ends
+        return True
+    taken = any("by" in events[i] for i in asked if i > operators[-1])
+    return taken or _stopper_runs(events[operators[-1]].get("stopper"))
+
+
+def _stopper() -> dict[str, Any]:
+    """This stop's process, in its request (`stop_under_way` of a later stop asks whether it still runs)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "start_ticks": procfs.start_ticks(os.getpid())}
+
+
+def _stopper_runs(stopper: Any) -> bool:
+    """Whether the stop process `_stopper` recorded still runs; True where this machine cannot tell (another host,
+    no /proc, a request written before stops recorded themselves)."""
+    if not isinstance(stopper, dict) or stopper.get("host") != socket.gethostname():
+        return True
+    if stopper.get("start_ticks") is None:
+        return True
+    pid = stopper.get("pid")
+    return isinstance(pid, int) and procfs.start_ticks(pid) == stopper["start_ticks"]
 
 
 def stop_cut_short(ref: JobRef, *, since: float) -> str:

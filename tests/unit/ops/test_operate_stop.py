@@ -764,3 +764,40 @@ def test_a_stop_of_a_run_begun_since_an_earlier_stop_request_is_not_one_under_wa
     assert not operate.stop_under_way(jd)
     jd.event(STOP_REQUESTED)  # this run's first stop, waiting for its controller to end
     assert operate.stop_under_way(jd)
+
+
+def test_a_stop_whose_process_was_killed_before_the_controller_took_it_is_not_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlctl stop J` killed (Ctrl-C, a closed terminal) before its controller took the request: nothing ends the job,
+    yet a second stop read the first's request as a stop under way and, the controller not answering, waited its
+    whole grace for an end that was not coming. Now the request names its stop process, and one gone whose request
+    the controller did not take (its own `stop_requested`) is no stop under way: the second forces at once."""
+    ref = _ended_job(tmp_path, monkeypatch, "running")
+    write_sites(ref.jobdir.path, {"local": Site.model_validate(LOCAL_SITE)})
+    ref.jobdir.event("controller_listening", address="tcp://127.0.0.1:1")
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stopper = {"host": socket.gethostname(), "pid": killed.pid, "start_ticks": local.start_ticks(killed.pid)}
+    killed.kill()
+    killed.wait(timeout=10)
+    ref.jobdir.event(STOP_REQUESTED, stopper=stopper)  # the killed stop's
+    assert not operate.stop_under_way(ref.jobdir)
+    monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: (_ for _ in ()).throw(LaunchError("refused")))
+    backend = local.LocalBackend()
+    hung = backend.start(AgentSpec("controller", 0, "local", [sys.executable, "-c", "import time; time.sleep(60)"]))
+    record_agent(ref.jobdir.path, hung)
+    said: list[str] = []
+    try:
+        out = operate.stop(ref, grace_s=600, say=said.append)
+        assert out["graceful"] == "controller did not answer (refused); forcing" and said == [], (out, said)
+        assert backend.poll(hung) is not None
+    finally:
+        backend.stop([hung], grace_s=2)
+    # the controller took a killed stop's request (it ends by itself), or the stop still runs: under way
+    ref.jobdir.event("controller_listening", address="tcp://127.0.0.1:1")
+    ref.jobdir.event(STOP_REQUESTED, stopper=stopper)
+    ref.jobdir.event(STOP_REQUESTED, by="client-0", grace_s=15.0, checkpoint=None)
+    assert operate.stop_under_way(ref.jobdir)
+    ref.jobdir.event("controller_listening", address="tcp://127.0.0.1:1")
+    ref.jobdir.event(STOP_REQUESTED, stopper=operate._stopper())
+    assert operate.stop_under_way(ref.jobdir)
