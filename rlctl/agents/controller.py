@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import queue
+import shlex
 import socket
 import threading
 import time
@@ -349,7 +350,7 @@ class ControllerAgent:
             if w.full_dir:  # a resume writes its next checkpoint there too
                 self.core.failed += (
                     f"; free space in {w.full_dir} first; continue the job with "
-                    f"`rlctl launch --resume {self.jobdir.id}`"
+                    f"`rlctl launch --resume {shlex.quote(self.jobdir.id)}`"
                 )
             return []
         save_controller(
@@ -971,7 +972,7 @@ class ControllerAgent:
         if peer.role == "rollout" and unit is not None and not unit.draining and not self.stop_requested:
             self.scaler.replace(name, now=time.monotonic())
         if peer.role == "trainer" and self.core.failed:
-            self.core.failed += f" ({why}); continue the job with `rlctl launch --resume {self.jobdir.id}`"
+            self.core.failed += f" ({why}); continue the job with `rlctl launch --resume {shlex.quote(self.jobdir.id)}`"
 
     def _quarantines(self) -> None:
         """What the loss of a unit made of the prompts it held (`ControllerCore._blame`): an event, a log line and

@@ -9,6 +9,7 @@ launchers would both resume a failed run), and for a job that ended.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
@@ -27,29 +28,29 @@ if TYPE_CHECKING:
 
 
 def refuse_attach(job_id: str, row: JobRow | None, *, force: bool) -> None:
-    """UsageError, one line, unless the job runs (in this machine's index) with no launcher left to watch it."""
+    """UsageError, one line, unless the job runs (in this machine's index) with no launcher left to watch it. The
+    commands it hints name the job as a shell reads it (an id from a job dir `my run`: `rlctl status 'my run'`)."""
+    arg = shlex.quote(job_id)
     if row is None:
         raise UsageError(f"{job_id}: not in this machine's job index (attach takes over jobs launched from it)")
     if row.state not in LIVE:
         # a finished job's plain resume is refused (nothing left to run): it trains on with --iterations
         go_on = (
-            f"train it on with `rlctl launch --resume {job_id} --iterations N`"
+            f"train it on with `rlctl launch --resume {arg} --iterations N`"
             if row.state == "finished"
-            else f"continue it with `rlctl launch --resume {job_id}`"
+            else f"continue it with `rlctl launch --resume {arg}`"
         )
-        raise UsageError(
-            f"job {job_id} ended ({row.state}): nothing to watch", hint=f"`rlctl status {job_id}`; {go_on}"
-        )
+        raise UsageError(f"job {job_id} ended ({row.state}): nothing to watch", hint=f"`rlctl status {arg}`; {go_on}")
     info = row.info.get("launcher")
     running = detach.launcher_running(info)
     if running is False or info is None or (running is None and force):
         return
     where = f"pid {info.get('pid')} on {info.get('host')}" if isinstance(info, dict) else repr(info)
     if running:
-        raise UsageError(f"job {job_id} has a launcher ({where})", hint=f"`rlctl logs {job_id} launcher -f` follows it")
+        raise UsageError(f"job {job_id} has a launcher ({where})", hint=f"`rlctl logs {arg} launcher -f` follows it")
     raise UsageError(
         f"job {job_id} has a launcher ({where}) on a machine this one cannot check",
-        hint=f"if it is gone, `rlctl attach {job_id} --force`",
+        hint=f"if it is gone, `rlctl attach {arg} --force`",
     )
 
 

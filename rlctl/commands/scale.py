@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any
@@ -67,7 +68,7 @@ def _wait_for_first_samples(
                 error = RlctlError(
                     f"job {ref.id}: the controller stopped answering before "
                     f"{', '.join(n for n in added if n not in firsts)} produced a sample: {e}",
-                    hint=f"see `rlctl status {ref.id}`",
+                    hint=f"see `rlctl status {shlex.quote(ref.id)}`",
                 )
                 break
             except RlctlError as e:  # a controller that does not count them: what came is printed, as for the others
@@ -81,14 +82,14 @@ def _wait_for_first_samples(
         out["first_sample_s"] = firsts
         emit(out, output, _table)
         sys.stdout.flush()
-        adding = f"the job goes on adding {', '.join(added)} (`rlctl status {ref.id}`)"
+        adding = f"the job goes on adding {', '.join(added)} (`rlctl status {shlex.quote(ref.id)}`)"
         sys.stderr.write(f"rlctl: interrupted: stopped waiting; {adding}\n")
         raise typer.Exit(130) from None
     out["first_sample_s"] = firsts
     if error is None and failed:
         error = RlctlError(
             f"job {ref.id}: " + "; ".join(f"{n} did not start: {why}" for n, why in sorted(failed.items())),
-            hint=f"see `rlctl logs {ref.id}`",
+            hint=f"see `rlctl logs {shlex.quote(ref.id)}`",
         )
     elif error is None and len(firsts) < len(added):
         missing = sorted(set(added) - set(firsts))

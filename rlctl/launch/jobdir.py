@@ -252,9 +252,10 @@ class JobDir:
             except BlockingIOError:
                 f.seek(0)
                 holder = f.read().strip() or "another process"
+                arg = shlex.quote(self.id)
                 raise UsageError(
                     f"job {self.id} has a launcher already ({holder})",
-                    hint=f"watch it with `rlctl status {self.id}`; `rlctl stop {self.id}` ends it",
+                    hint=f"watch it with `rlctl status {arg}`; `rlctl stop {arg}` ends it",
                 ) from None
             f.seek(0)
             f.truncate()

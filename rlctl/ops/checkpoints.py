@@ -12,6 +12,7 @@ metrics' rows v_prev … v − 1), where v_prev is the checkpoint written before
 from __future__ import annotations
 
 import math
+import shlex
 from typing import Any
 
 from rlctl.errors import UsageError
@@ -91,7 +92,7 @@ def best_checkpoint(jobdir: JobDir) -> tuple[int, dict[str, Any]]:
         raise UsageError(
             f"--checkpoint best: no complete checkpoint of job {jobdir.id} has held-out figures (set "
             "evaluation.heldout_prompts and every_iterations to evaluate during the run); name a version instead",
-            hint=f"`rlctl status {jobdir.id} --checkpoints` lists them",
+            hint=f"`rlctl status {shlex.quote(jobdir.id)} --checkpoints` lists them",
         )
     best = max(rows, key=lambda r: (r["heldout"]["greedy_reward"], r["version"]))
     return int(best["version"]), dict(best["heldout"])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,7 @@ def launch_changes(jobdir: JobDir, *, count_given: bool = False) -> list[str]:
         if changed:
             lines.append(
                 f"{path} changed since the launch ({', '.join(changed)}); the resume runs the job as launched "
-                f"(its job.json): to run the changed job, launch it anew (`rlctl launch {path}`)"
+                f"(its job.json): to run the changed job, launch it anew (`rlctl launch {shlex.quote(str(path))}`)"
             )
         lines += site_changes(jobdir, job, path)
         lines += reward_changes(jobdir, source.get("job"), path)

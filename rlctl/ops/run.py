@@ -621,7 +621,7 @@ class JobRun:
             if now - said >= UNREACHABLE_SAY_S:
                 self._say(
                     f"cannot reach site {site} to watch {h.spec.name} ({e}); the job runs on there: trying again "
-                    f"every {UNREACHABLE_POLL_S:g} s (`rlctl stop {self.jobdir.path}` to end it)"
+                    f"every {UNREACHABLE_POLL_S:g} s (`rlctl stop {shlex.quote(str(self.jobdir.path))}` to end it)"
                     + (f"; unreachable for {now - since:.0f} s" if now > since else "")
                 )
                 said = now
@@ -708,7 +708,7 @@ class JobRun:
                 raise LaunchError(
                     f"the job ended (controller exit {exit_text(code)}); its record on site {site} could not be "
                     f"fetched: {e}",
-                    hint=f"`rlctl status {self.jobdir.path}` fetches it once the site answers",
+                    hint=f"`rlctl status {shlex.quote(str(self.jobdir.path))}` fetches it once the site answers",
                 ) from e
         found = run_summary(self.jobdir, self.run_id)
         if found is None and stop_requested(self.jobdir, since=self.stop_since):
@@ -1097,9 +1097,10 @@ def refuse_if_unprepared(jobdir: JobDir, *, source: str | None, nothing: str = "
     jobdir.refuse_lost_job_json(nothing=nothing)  # prepared (its plan.json there), its job.json removed
     holder = jobdir.launcher_holder()
     if holder is not None:  # its launch holds it while it prepares (an SFT warm-up, tokenizing): not one that ended
+        arg = shlex.quote(jobdir.id)
         raise UsageError(
             f"job {jobdir.id} is being prepared by its launcher ({holder}); {nothing}",
-            hint=f"watch it with `rlctl status {jobdir.id}`, or end it with `rlctl stop {jobdir.id}`",
+            hint=f"watch it with `rlctl status {arg}`, or end it with `rlctl stop {arg}`",
         )
     again = launch_again(source)
     raise UsageError(
@@ -1123,7 +1124,7 @@ def refuse_if_id_live(jobdir: JobDir, db: JobDB) -> None:
     raise UsageError(
         f"job dir {jobdir.path}: its id {jobdir.id} is the indexed job in {row.job_dir}, which is {row.state}; "
         "a resume would take that job's index row and its sites' job dirs",
-        hint=f"resume it once that job has ended (`rlctl status {jobdir.id}`), or stop it first",
+        hint=f"resume it once that job has ended (`rlctl status {shlex.quote(jobdir.id)}`), or stop it first",
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -113,7 +114,7 @@ def profile_for(
             profile_file,
             "algorithm",
             f"profile is for {profile.algorithm!r}, job runs {job.spec.algorithm.kind!r}",
-            hint=f"run rlctl profile --job {job.path}",
+            hint=f"run rlctl profile --job {shlex.quote(str(job.path))}",
         )
     if profile.model.name != arch.name:
         raise ConfigError(
@@ -121,7 +122,7 @@ def profile_for(
             "model.name",
             f"profile is for {profile.model.name!r}, job trains {arch.name!r}",
             # the job's model by its own name (`--model NAME` takes only built-in names; an HF model's is its folder's)
-            hint=f"run rlctl profile --job {job.path}",
+            hint=f"run rlctl profile --job {shlex.quote(str(job.path))}",
         )
     missing = sorted(sites - set(profile.sites))
     if missing:
@@ -138,7 +139,7 @@ def profile_for(
                 profile_file,
                 f"sites.{s}.gpu",
                 f"profiled on {have!r}; the inventory ({job.inventory.origin[s]}) gives site {s!r} {now!r} now",
-                hint=f"run rlctl profile --job {job.path}",
+                hint=f"run rlctl profile --job {shlex.quote(str(job.path))}",
             )
     return profile
 

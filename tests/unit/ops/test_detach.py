@@ -5,6 +5,7 @@ a SIGHUP that moves the output to the log, and whether a recorded launcher still
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -281,3 +282,20 @@ def test_attach_is_refused_while_a_launcher_watches_and_for_an_ended_job():
     assert e.value.hint == "`rlctl status j1`; train it on with `rlctl launch --resume j1 --iterations N`"
     with pytest.raises(UsageError, match="not in this machine's job index"):
         refuse_attach("/runs/j1", None, force=True)
+
+
+def test_attach_hints_name_a_job_id_as_a_shell_reads_it() -> None:
+    """A job dir `runs/my run (2)` has the id `my run (2)`: the hints said `rlctl status my run (2)`, which a shell
+    reads as three arguments and a syntax error; each command is now one a shell runs as written."""
+    elsewhere = {"pid": 1, "host": socket.gethostname() + "-elsewhere"}
+    for job, command in (
+        (row("failed", None), "rlctl launch --resume 'my run (2)'"),
+        (row("finished", None), "rlctl status 'my run (2)'"),
+        (row("running", elsewhere), "rlctl attach 'my run (2)' --force"),
+    ):
+        with pytest.raises(UsageError) as e:
+            refuse_attach("my run (2)", job, force=False)
+        assert e.value.hint is not None and f"`{command}" in e.value.hint, e.value.hint
+        hinted = [part for i, part in enumerate(e.value.hint.split("`")) if i % 2]
+        for line in hinted:
+            assert shlex.split(line)[2 if "--resume" not in line else 3] == "my run (2)", line
