@@ -661,6 +661,31 @@ def test_a_model_directory_without_its_tokenizer_is_refused_as_model_path(tmp_pa
     assert line == f"rlctl: error: {job.path}: model.path: {missing} (tokenizer.json)"
 
 
+def test_chat_messages_for_a_tokenizer_without_a_template_are_refused_as_model_path(tmp_path: Path) -> None:
+    """Chat messages need the tokenizer's chat template: a model without one was refused as task.path (`its one row:
+    prompt: chat messages need a chat template …`), and the held-out file's as evaluation.path; now as model.path,
+    naming the model directory, each data file's first such row, and the fixes."""
+    hf_dataset_job(tmp_path, positions=64, task={})
+    write_tokenizer(tmp_path / "model", chat_template=None)
+    messages = {"prompt": [{"role": "user", "content": "hi"}], "ground_truth": "x"}
+    for name in ("data.jsonl", "held.jsonl"):
+        (tmp_path / name).write_text(json.dumps(messages) + "\n")
+    job = load(
+        tmp_path,
+        model={"kind": "hf", "path": "model"},
+        task={"kind": "dataset", "path": "data.jsonl", "max_prompt_tokens": 16, "max_output_tokens": 16},
+        evaluation={"heldout_prompts": 1, "path": "held.jsonl"},
+    )
+    none = f"{tmp_path / 'model'}: the tokenizer has no chat template (no chat_template.jinja, nor chat_template in "
+    found = sorted((p.field, p.message, p.hint) for p in problems(job))
+    hint = "use a model whose tokenizer has one, add a chat_template.jinja to its directory, or give the prompts as "
+    hint += "strings"
+    assert found == [
+        ("model.path", f"{none}tokenizer_config.json), and {tmp_path / name}:line 1 holds chat messages", hint)
+        for name in ("data.jsonl", "held.jsonl")
+    ]
+
+
 def test_an_overlong_buffer_past_where_digits_outputs_stop_is_refused(tmp_path: Path) -> None:
     """The digits task's outputs stop at min(max_output_tokens − 1, its longest answer) + 1 tokens: a buffer that
     long would penalise every output."""
