@@ -1074,7 +1074,14 @@ def run_names(text: str) -> set[str] | None:
 def readable_agents(job_dir: Path) -> list[AgentHandle]:
     """`all_recorded_agents` for a reader that acts on what it can read (status, attach, logs): a line that is no
     agent record (cut short by a full disk, it stays in the file for good) is left out and said once."""
+    return readable_agents_and_run(job_dir)[0]
+
+
+def readable_agents_and_run(job_dir: Path) -> tuple[list[AgentHandle], set[str] | None]:
+    """`readable_agents` and `latest_run_names` from one reading of the records (a remote controller site's is one
+    SSH fetch)."""
     skipped: list[str] = []
-    handles = all_recorded_agents(job_dir, skipped=skipped)
+    text = _recorded_text(job_dir, None)
+    handles = agents_from_lines(text, source=job_dir / AGENTS_FILE, skipped=skipped)
     say_once(skipped)
-    return handles
+    return handles, run_names(text)

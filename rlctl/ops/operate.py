@@ -40,6 +40,7 @@ from rlctl.launch.stage import (
     event_to_record,
     fetch_record,
     readable_agents,
+    readable_agents_and_run,
     record_view,
 )
 from rlctl.ops.detach import launcher_running, launcher_state
@@ -203,7 +204,12 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         out["summary"] = {k: v for k, v in summary.items() if k not in ("reward_curve",)}
         # the same totals as a live status: the ledger, resumes and replaced units
         out.update(ledger=out["summary"].get("ledger"), resilience=out["summary"].get("resilience"))
-    agents, down = site_view(ref, timeout_s=timeout_s)
+    handles, this_run = readable_agents_and_run(jd.path)
+    agents, down = site_view(ref, timeout_s=timeout_s, handles=handles)
+    # an earlier run's agent that exited is none of this run's (a unit a scale-in removed, one a resume started under
+    # a new name): it was listed, 'exited (status unknown)', runs after; one that still runs, or whose site did not
+    # say, is listed (an orphan), as `stop` lists it
+    agents = [a for a in agents if this_run is None or a["name"] in this_run or not a["state"].startswith("exited")]
     if not agents and _being_prepared(ref):
         out["controller"], out["agents"], out["sites_down"] = PREPARING, [], []
         return out, True

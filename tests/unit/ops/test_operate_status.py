@@ -357,3 +357,33 @@ def test_status_of_a_prepared_job_dir_that_never_started_is_complete_and_says_ho
     assert operate.job_status(JobRef("prepared", jd, None), timeout_s=2.0)[1]
     jd.metrics.write_text('{"iteration": 0, "reward_mean": 0.5, "t": 1}\n')  # it trained: its agents.jsonl is lost
     assert not operate.job_status(JobRef("prepared", jd, None), timeout_s=2.0)[1]
+
+
+def test_status_of_an_ended_job_lists_its_last_runs_agents_and_an_earlier_runs_that_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a unit a scale-in removed (or one a resume started under a new name) was listed `exited (status unknown)` in
+    # the status of every run after, for the life of the job; `stop` lists this run's agents and an orphan alone
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_with_controller(tmp_path, "resumed", LOCAL, _killed_agent())
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        live = {"pid": orphan.pid, "pgid": orphan.pid, "start_ticks": local.start_ticks(orphan.pid)}
+        first_run = (jd.path / "agents.jsonl").read_text()
+        unit = json.loads(first_run) | {"role": "rollout"}
+        records = [unit | {"name": f"rollout-{n}", "replica": n} for n in (2, 3)]
+        records[1]["ident"] = live  # rollout-3 of the first run still runs
+        with (jd.path / "agents.jsonl").open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+            f.write(first_run)  # the resumed run: its controller and rollout-0
+            f.write(json.dumps(unit | {"name": "rollout-0"}) + "\n")
+        jd.summary_json.write_text(json.dumps({"state": "stopped", "iterations": 3}))
+        s, _ = operate.job_status(JobRef("resumed", jd, None), timeout_s=2.0)
+    finally:
+        orphan.kill()
+        orphan.wait()
+    assert sorted((a["name"], a["state"]) for a in s["agents"]) == [
+        ("controller-0", "exited (status unknown)"),
+        ("rollout-0", "exited (status unknown)"),
+        ("rollout-3", "running"),
+    ]
