@@ -243,13 +243,11 @@ def _fallback_table(s: dict[str, Any]) -> str:
 
         e = s["ended_without_summary"]
         code = "its exit not recorded" if e["controller_exit"] is None else f"exit {exit_text(e['controller_exit'])}"
-        rows.append(
-            [
-                "ended",
-                f"the controller exited without a summary ({code}); continue the job from its latest complete "
-                f"checkpoint: `{e['resume']}`",
-            ]
-        )
+        # a job that completed none resumes from its start (as the resume says), not from a checkpoint
+        none = "checkpoints" in s and not s["checkpoints"].get("versions")
+        start = "its start (it completed no checkpoint)" if none else "its latest complete checkpoint"
+        said = f"the controller exited without a summary ({code}); continue the job from {start}: `{e['resume']}`"
+        rows.append(["ended", said])
     if (s.get("checkpoints") or {}).get("versions"):
         rows.append(["checkpoints", checkpoints_line(s)])
     if s.get("index_state"):

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from rlctl.commands.status import _fallback_table
+from rlctl.config import load_job
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError, RlctlError
 from rlctl.launch import local
@@ -25,6 +26,7 @@ from rlctl.launch.ssh import SshBackend
 from rlctl.ops import operate
 from rlctl.ops.jobdb import JobRow
 from rlctl.ops.jobref import JobRef
+from tests.conftest import ROOT
 from tests.unit.job_rows import indexed_row
 
 
@@ -216,6 +218,27 @@ def test_status_of_a_job_whose_controller_exited_without_a_summary_is_complete_a
     assert ended == [
         "the controller exited without a summary (exit -9 (SIGKILL)); continue the job from its latest complete "
         "checkpoint: `rlctl launch --resume killed1`"
+    ]
+
+
+@pytest.mark.parametrize("completed", [[], [10]])
+def test_status_of_a_job_whose_controller_exited_without_a_summary_names_where_a_resume_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, completed: list[int]
+) -> None:
+    # killed before its first checkpoint: it said "continue the job from its latest complete checkpoint", of a job
+    # that had none (the resume says "resumed from the start (no checkpoint was completed)")
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_with_controller(tmp_path, "early", LOCAL, _killed_agent())
+    jd.write_job(load_job(ROOT / "jobs" / "demo.yaml").spec, source="jobs/demo.yaml")
+    for version in completed:
+        jd.event("checkpoint", version=version)
+    row = _failed_row("early1", jd, info={"controller_exit": -9})
+    s, complete = operate.job_status(JobRef("early1", jd, row), timeout_s=2.0)
+    ended = [line.split(None, 1)[1] for line in _fallback_table(s).splitlines() if line.startswith("ended ")]
+    start = "its latest complete checkpoint" if completed else "its start (it completed no checkpoint)"
+    assert complete and ended == [
+        f"the controller exited without a summary (exit -9 (SIGKILL)); continue the job from {start}: "
+        "`rlctl launch --resume early1`"
     ]
 
 
