@@ -87,12 +87,24 @@ def _after(heldout: dict[str, Any], which: str) -> dict[str, Any]:
 def best_checkpoint(jobdir: JobDir) -> tuple[int, dict[str, Any]]:
     """The complete checkpoint with the highest held-out greedy reward among those the job evaluated (the newest of
     equal ones), and its figures; UsageError naming what to do where it evaluated none."""
-    rows = [r for r in checkpoint_table(jobdir)["checkpoints"] if (r["heldout"] or {}).get("greedy_reward") is not None]
+    table = checkpoint_table(jobdir)["checkpoints"]
+    rows = [r for r in table if (r["heldout"] or {}).get("greedy_reward") is not None]
+    hint = f"`rlctl status {shlex.quote(jobdir.id)} --checkpoints` lists them"
+    if not table:  # (it said to set evaluation.every_iterations, of a job that sets it)
+        when = f"`rlctl status {shlex.quote(jobdir.id)} --checkpoints` says when the first comes"
+        raise UsageError(f"--checkpoint best: job {jobdir.id} completed no checkpoint yet", hint=when)
     if not rows:
+        every = jobdir.read_job().evaluation.every_iterations
+        versions = ", ".join(f"v{r['version']}" for r in table)
+        why = (
+            f"the run evaluates every {every} versions; none of its checkpoints ({versions}) is one it evaluated yet"
+            if every
+            else "set evaluation.heldout_prompts and every_iterations to evaluate during the run"
+        )
         raise UsageError(
-            f"--checkpoint best: no complete checkpoint of job {jobdir.id} has held-out figures (set "
-            "evaluation.heldout_prompts and every_iterations to evaluate during the run); name a version instead",
-            hint=f"`rlctl status {shlex.quote(jobdir.id)} --checkpoints` lists them",
+            f"--checkpoint best: no complete checkpoint of job {jobdir.id} has held-out figures ({why}); name a "
+            "version instead",
+            hint=hint,
         )
     best = max(rows, key=lambda r: (r["heldout"]["greedy_reward"], r["version"]))
     return int(best["version"]), dict(best["heldout"])

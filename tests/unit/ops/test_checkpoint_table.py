@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from rlctl.config import load_job
+from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops.checkpoints import checkpoint_table
+from rlctl.ops.checkpoints import best_checkpoint, checkpoint_table
 from rlctl.ops.jobdb import JobDB
 from tests.conftest import ROOT, run_cli
 
@@ -124,3 +125,24 @@ def test_status_checkpoints_of_a_job_never_prepared_says_so(tmp_path: Path, monk
     r = run_cli("status", jd.id, "--checkpoints")
     assert r.exit_code == 2, r.stderr
     assert "was never prepared" in r.stderr and "no checkpoints to list" in r.stderr, r.stderr
+
+
+def test_best_of_a_job_that_evaluates_during_the_run_says_why_no_checkpoint_has_figures(tmp_path: Path) -> None:
+    # it said "set evaluation.heldout_prompts and every_iterations to evaluate during the run" of a job that sets
+    # them: one that completed no checkpoint yet, or whose checkpoints are none of the versions it evaluated
+    jd = JobDir.create("ev", explicit=tmp_path / "ev")
+    spec = load_job(ROOT / "jobs" / "demo.yaml").spec
+    jd.write_job(spec.model_copy(update={"evaluation": spec.evaluation.model_copy(update={"every_iterations": 25})}),
+                 source="x")  # fmt: skip
+    with pytest.raises(UsageError) as e:
+        best_checkpoint(jd)
+    assert str(e.value) == "--checkpoint best: job ev completed no checkpoint yet"
+    for v in (10, 20):
+        jd.event("checkpoint", version=v)
+    jd.append(jd.evaluations, {"version": 0, "greedy_reward": 0.3, "prompts": 8})
+    with pytest.raises(UsageError) as e:
+        best_checkpoint(jd)
+    assert str(e.value) == (
+        "--checkpoint best: no complete checkpoint of job ev has held-out figures (the run evaluates every 25 "
+        "versions; none of its checkpoints (v10, v20) is one it evaluated yet); name a version instead"
+    )
