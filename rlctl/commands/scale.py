@@ -49,6 +49,19 @@ def _table(r: dict[str, Any]) -> str:
     return grid(rows, ["", ""], f"Scale {r['id']}")
 
 
+def _ended_as(ref: JobRef) -> str | None:
+    """How the job ended, where its record says (`job_end`), or the summary its controller wrote as it ended (its
+    launcher, still at work, has not recorded the end yet); None when neither does."""
+    from rlctl.ops.operate import job_end
+    from rlctl.ops.run import current_run, run_summary
+
+    try:
+        summary = run_summary(ref.jobdir, current_run(ref.jobdir))
+        return job_end(ref) or (None if summary is None else str(summary.get("state", "ended")))
+    except RlctlError:  # a record it cannot read says nothing of the end
+        return None
+
+
 def _wait_for_first_samples(
     ref: JobRef, added: list[str], out: dict[str, Any], timeout_s: float, output: OutputFormat
 ) -> None:
@@ -65,9 +78,12 @@ def _wait_for_first_samples(
             try:
                 firsts, failed = scale_progress(ref, added)
             except (TransportError, OSError) as e:  # the job ended, or its controller went, meanwhile
+                waiting = ", ".join(n for n in added if n not in firsts)
+                ended = _ended_as(ref)  # its last iteration came first: said so, not as a controller that went
                 error = RlctlError(
-                    f"job {ref.id}: the controller stopped answering before "
-                    f"{', '.join(n for n in added if n not in firsts)} produced a sample: {e}",
+                    f"job {ref.id} ended ({ended}) before {waiting} produced a sample"
+                    if ended is not None
+                    else f"job {ref.id}: the controller stopped answering before {waiting} produced a sample: {e}",
                     hint=f"see `rlctl status {shlex.quote(ref.id)}`",
                 )
                 break

@@ -95,6 +95,30 @@ def test_a_scale_wait_whose_controller_goes_says_so_at_once(tmp_path: Path, monk
     ), r.stderr
 
 
+def test_a_scale_wait_of_a_job_that_ended_meanwhile_says_it_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `rlctl scale demo --rollout +1` two iterations before the end: the job finished, its controller wrote its summary
+    # and went, and the wait said "the controller stopped answering … Connection refused", read as a fault
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_dir(tmp_path / "far")
+    indexed_row("far", jd.path, job="far", state="running")  # its launcher has not recorded the end yet
+
+    def controller(ref: JobRef, kind: str, body: Any = None, *, timeout_s: float) -> dict[str, Any]:
+        if kind == "scale":
+            return {"adding": ["rollout-2"], "sites": ["gen"]}
+        jd.write_json(jd.summary_json, {"state": "done", "iterations": 14})  # as the controller ends
+        raise TransportError("tcp://127.0.0.1:5000: connect failed: [Errno 111] Connection refused")
+
+    monkeypatch.setattr(operate, "ask_controller", controller)
+    with jd.launcher_lock():
+        r = run_cli("scale", "far", "--timeout", "300")
+    assert r.exit_code == 1
+    assert r.stderr == (
+        "rlctl: error: job far ended (done) before rollout-2 produced a sample (hint: see `rlctl status far`)\n"
+    )
+
+
 def test_a_scale_wait_for_a_unit_that_did_not_start_says_why_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
