@@ -140,7 +140,16 @@ def register(app: typer.Typer) -> None:
         delta = _delta(rollout)
         ref = resolve(job)
         t0 = time.monotonic()
-        reply = do_scale(ref, delta, site=site)
+        try:
+            reply = do_scale(ref, delta, site=site)
+        except KeyboardInterrupt:  # the request may have reached the controller: said, else a scale run again to make
+            # up for one read as undone changes as many units more (typer ends a Ctrl-C with exit 130 and no word)
+            what = "adding" if delta > 0 else "removing"
+            sys.stderr.write(
+                f"rlctl: interrupted: the controller may have the request and be {what} {abs(delta)} unit(s); "
+                f"`rlctl status {ref.id}` shows the job's units before you scale again\n"
+            )
+            raise typer.Exit(130) from None
         if "error" in reply:
             raise UsageError(f"job {ref.id}: {reply['error']}")
         out: dict[str, Any] = {"id": ref.id, **reply}

@@ -211,6 +211,26 @@ def test_ctrl_c_in_a_scale_wait_says_which_units_the_job_is_adding(
     )
 
 
+def test_ctrl_c_while_the_scale_request_waits_for_its_answer_says_it_may_be_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a scale to a site not staged yet waits while the controller stages it: Ctrl-C there exited 130 with no word,
+    # and a scale run again (the first read as undone) asked for as many units more
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = _job_dir(tmp_path / "far")
+
+    def controller(ref: JobRef, kind: str, body: Any = None, *, timeout_s: float) -> dict[str, Any]:
+        raise KeyboardInterrupt  # while it waits for the answer to `scale`
+
+    monkeypatch.setattr(operate, "ask_controller", controller)
+    r = run_cli("scale", str(jd.path), "--rollout", "+2")
+    assert (r.exit_code, r.stdout) == (130, "")
+    assert r.stderr == (
+        "rlctl: interrupted: the controller may have the request and be adding 2 unit(s); `rlctl status far` shows "
+        "the job's units before you scale again\n"
+    )
+
+
 def test_a_scale_of_an_ended_job_dir_the_index_lacks_says_it_ended(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
