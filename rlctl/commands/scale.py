@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
             what = "adding" if delta > 0 else "removing"
             sys.stderr.write(
                 f"rlctl: interrupted: the controller may have the request and be {what} {abs(delta)} unit(s); "
-                f"`rlctl status {ref.id}` shows the job's units before you scale again\n"
+                f"`rlctl status {shlex.quote(ref.id)}` shows the job's units before you scale again\n"
             )
             raise typer.Exit(130) from None
         if "error" in reply:
