@@ -373,7 +373,9 @@ def _figure(rec: JobRecord) -> bytes:
         _stages(ax_t, rows, its)
         _scale_marks(rec, ax_t, ax_b)
         _busy(fig, ax_b, rows, its)
-        ax_b.set_xlim(min(its) - 0.5, max(its) + 0.5)
+        # the evaluated versions too: the final policy's (version N, after iteration N − 1) was drawn past the edge
+        xs = its + [int(e["version"]) for e in rec.evaluations]
+        ax_b.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
         ax_b.xaxis.set_major_locator(MaxNLocator(integer=True))
     else:
         for ax in (ax_r, ax_t, ax_b):

@@ -98,6 +98,27 @@ def test_the_summary_s_samples_per_s_is_the_job_s_across_its_resumes(tmp_path: P
     assert cell in build_report(d).html.read_text().replace("\n", "")
 
 
+def test_every_held_out_point_is_inside_the_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The x axis spans the evaluated versions as well as the iterations: the last one (the final policy, version N
+    after iterations 0 … N − 1) was cut off at the plot's right edge."""
+    import matplotlib.figure
+
+    d = make_job_dir(tmp_path)  # iterations 1 … 12
+    rows = [{"version": v, "greedy_reward": 0.5, "prompts": 8, "versions": [v, v]} for v in (0, 6, ITERATIONS + 1)]
+    (d / "evaluations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spans: list[tuple[float, float]] = []
+    savefig = matplotlib.figure.Figure.savefig
+
+    def spy(fig: Any, *args: Any, **kwargs: Any) -> Any:
+        spans.append(fig.axes[0].get_xlim())
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    build_report(d)
+    ((lo, hi),) = spans
+    assert lo < 0 < ITERATIONS + 1 < hi
+
+
 def test_summary_and_escaping(tmp_path: Path) -> None:
     d = make_job_dir(tmp_path)
     summary = {
