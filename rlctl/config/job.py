@@ -825,7 +825,10 @@ def load_job(path: Path, *, profile_must_exist: bool = True) -> Job:
         try:
             check_hf_dir(model_dir, name=spec.model.name)
         except ConfigError as e:
-            raise ConfigError(str(path), "model.path", str(e)) from e
+            from rlctl.models.hf import hub_id_hint
+
+            hint = hub_id_hint(spec.model.path, model_dir)
+            raise ConfigError(str(path), "model.path", str(e), hint=hint) from e
         except OSError as e:  # e.g. a directory this user may not read
             raise ConfigError(str(path), "model.path", f"cannot read {str(model_dir)!r}: {e.strerror or e}") from e
         spec = spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(model_dir)})})

@@ -529,6 +529,33 @@ class HfModelInfo:
         return sum(f.stat().st_size for f in self.weight_files)
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def hub_id_hint(given: str, directory: Path) -> str | None:
+    """What to do about a model.path (`given`, resolved to `directory`) that does not exist and reads as a Hugging Face
+    Hub id (`Qwen/Qwen2.5-0.5B`): rlctl reads a local directory and downloads nothing, so name the id's snapshot in the
+    local Hub cache where it is there, else how to download it."""
+    if not _HUB_ID.fullmatch(given) or os.path.isdir(directory.parent):  # (a local path or its typo: `models/lama`)
+        return None
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub"
+    )
+    repo = Path(hub) / f"models--{given.replace('/', '--')}"
+    ref = repo / "refs" / "main"
+    snapshots = sorted(p for p in (repo / "snapshots").glob("*") if p.is_dir())
+    if ref.is_file() and (repo / "snapshots" / ref.read_text().strip()).is_dir():
+        snapshots = [repo / "snapshots" / ref.read_text().strip()]
+    if len(snapshots) == 1:
+        return (
+            f"{given!r} reads as a Hub id, which rlctl does not download; the local Hub cache holds it: {snapshots[0]}"
+        )
+    return (
+        f"{given!r} reads as a Hub id, which rlctl does not download: give a local directory, e.g. "
+        f"`hf download {given} --local-dir DIR` where the Hub is reachable"
+    )
+
+
 def check_hf_dir(directory: str | Path, *, name: str | None = None) -> HfModelInfo:
     """Validate an HF checkpoint directory without loading tensors: config.json (supported
     architecture and options), the weight files, and every tensor's name, shape and dtype (from

@@ -18,6 +18,7 @@ import yaml
 
 from rlctl.config import load_job
 from rlctl.config.job import Job
+from rlctl.errors import ConfigError
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops import counts, run
 from rlctl.ops.preflight import Problem, problems
@@ -642,6 +643,39 @@ def test_a_tokenizer_of_more_tokens_than_the_model_embeds_is_refused_as_model_pa
     assert only_line(run_cli("check", str(job.path))).startswith(f"rlctl: error: {job.path}: model.path: {said}")
     write_tokenizer(tmp_path / "model", words=[f"w{i}" for i in range(58)])  # as many as it embeds: passes
     assert problems(job) == []
+
+
+def test_a_model_path_that_reads_as_a_hub_id_is_told_the_local_cache_snapshot_or_how_to_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`model.path: Qwen/Qwen2.5-0.5B` (what verl and TRL take) was 'no such directory' alone: rlctl downloads nothing,
+    and the model may sit in the Hub cache already, where transformers would have found it."""
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    hub = {"kind": "hf", "path": "Qwen/Qwen2.5-0.5B"}
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, model=hub)
+    assert e.value.field == "model.path"
+    assert e.value.hint == (
+        "'Qwen/Qwen2.5-0.5B' reads as a Hub id, which rlctl does not download: give a local directory, e.g. "
+        "`hf download Qwen/Qwen2.5-0.5B --local-dir DIR` where the Hub is reachable"
+    )
+    repo = tmp_path / "hf" / "hub" / "models--Qwen--Qwen2.5-0.5B"
+    for snapshot in ("0ld", "c0ffee"):
+        (repo / "snapshots" / snapshot).mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("c0ffee")
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, model=hub)
+    assert e.value.hint == (
+        f"'Qwen/Qwen2.5-0.5B' reads as a Hub id, which rlctl does not download; the local Hub cache holds it: "
+        f"{repo / 'snapshots' / 'c0ffee'}"
+    )
+    (tmp_path / "models").mkdir()
+    for local in ("models/a/b", "models/lama"):  # no Hub id, or a local directory's typo: no hint
+        with pytest.raises(ConfigError) as e:
+            load(tmp_path, model={"kind": "hf", "path": local})
+        assert e.value.hint is None
 
 
 def test_a_model_directory_without_its_tokenizer_is_refused_as_model_path(tmp_path: Path) -> None:
