@@ -192,6 +192,9 @@ class LengthsTask(Strict):
     growth_per_iteration: Growth = 0.0  # the plan draws the lengths from the job's `seed`
 
 
+BUILTIN_REWARD_NAMES = ("digits", "exact_match")  # rlctl.rl.reward.BUILTIN_REWARDS' (not imported by the config)
+
+
 class DatasetTask(OverlongShaping):
     """Prompts from the user's jsonl or parquet file, scored by a reward function (rlctl/rl/dataset.py, reward.py).
 
@@ -242,6 +245,15 @@ class DatasetTask(OverlongShaping):
         if not v.endswith((".jsonl", ".parquet")):
             raise ValueError(f"unsupported file {v!r}; use a .jsonl or .parquet file")
         return v
+
+    @model_validator(mode="after")
+    def _builtin_reward_has_answers(self) -> DatasetTask:
+        if self.answer_key is None and self.reward in BUILTIN_REWARD_NAMES:  # each row's ground truth None: never met
+            raise ValueError(
+                f"reward {self.reward!r} compares each output with its row's ground truth, and answer_key is null; "
+                "name the field that holds the answers, or a reward of your own (path/to/file.py:function)"
+            )
+        return self
 
     @field_validator("reward")
     @classmethod

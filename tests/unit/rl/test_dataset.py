@@ -70,6 +70,15 @@ def test_config_defaults_and_validation() -> None:
     assert task(reward="my_rewards.math:compute_score").reward == "my_rewards.math:compute_score"
 
 
+def test_a_built_in_reward_without_answers_is_refused() -> None:
+    """`answer_key: null` with exact_match (the default reward) or digits passed: every row's ground truth was None,
+    which no output equals, so every sample scored 0 and the job trained on nothing."""
+    for name in reward.BUILTIN_REWARDS:
+        with pytest.raises(ValueError, match=f"reward '{name}' compares each output with its row's ground truth, and"):
+            task(answer_key=None, reward=name)
+    assert task(answer_key=None, reward="r.py:f").answer_key is None
+
+
 @pytest.mark.parametrize(
     ("reward", "said"),
     [
@@ -121,7 +130,7 @@ def test_custom_and_dotted_keys(tmp_path: Path, tok: HFTokenizer) -> None:
     p = prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "d").prompt(0)
     assert (p.ground_truth, p.data_source, p.extra_info) == (["a", "b"], "s", None)
     no_answer = prepare_dataset(
-        task(prompt_key="q", answer_key=None), data_path=path, tokenizer=tok, out_dir=tmp_path / "e"
+        task(prompt_key="q", answer_key=None, reward="r.py:f"), data_path=path, tokenizer=tok, out_dir=tmp_path / "e"
     )
     assert no_answer.prompt(0).ground_truth is None
 
@@ -275,7 +284,8 @@ def test_a_null_ground_truth_is_said_null_not_missing(tmp_path: Path, tok: HFTok
         "argument)"
     )
     assert e.value.hint == "give the rows their ground truth, or set task.answer_key: null for a reward that reads none"
-    assert prepare_dataset(task(path=path.name, answer_key=None), data_path=path, tokenizer=tok, out_dir=tmp_path / "n")
+    no_answers = task(path=path.name, answer_key=None, reward="r.py:f")  # (a reward of its own: the built-ins need one)
+    assert prepare_dataset(no_answers, data_path=path, tokenizer=tok, out_dir=tmp_path / "n")
     both = write_jsonl(tmp_path / "both.jsonl", [{**verl_row(0), "ground_truth": None}])
     got = prepare_dataset(task(), data_path=both, tokenizer=tok, out_dir=tmp_path / "b").prompt(0).ground_truth
     assert got == "3"
