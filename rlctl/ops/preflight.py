@@ -1084,7 +1084,7 @@ def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]
     except ConfigError as e:  # the model directory's, as check_task says it (one line, not one per file read)
         return [Problem("model.path", str(e), e.hint)]
     try:
-        good = check_rows(held, data_path=data, tokenizer=tokenizer)
+        good = check_rows(held, data_path=data, tokenizer=tokenizer, heldout=True)
     except NoChatTemplate as e:  # the model's to fix, or the prompts' form (as check_task says it)
         return [Problem("model.path", f"{e.file}: {e.detail}", e.hint)]
     except ConfigError as e:

@@ -338,6 +338,7 @@ def _rows(
     *,
     check: Callable[[], None] | None = None,
     each: bool = True,
+    heldout: bool = False,
 ) -> tuple[list[list[int]], list[dict[str, Any]], list[BadRow]]:
     """Every row of `data_path` read and tokenized (`_scan`): the good ones' tokens and rows, and the bad ones.
     `check` is called at each good row; `each`: each bad row logged (else one line for all)."""
@@ -350,7 +351,7 @@ def _rows(
         tokens.append(parsed[0])
         rows.append({"source_row": label, **parsed[1]})
 
-    _, bad = _scan(cfg, data_path, tokenizer, keep, each=each)
+    _, bad = _scan(cfg, data_path, tokenizer, keep, each=each, heldout=heldout)
     return tokens, rows, bad
 
 
@@ -361,6 +362,7 @@ def _scan(
     keep: Callable[[str, tuple[list[int], dict[str, Any]]], None] | None = None,
     *,
     each: bool | None = None,
+    heldout: bool = False,
 ) -> tuple[int, list[BadRow]]:
     """Read and tokenize every row of `data_path`, one at a time (`keep` gets each good one); the number of good
     rows and the bad rows, after `task.bad_rows` had its say (refuse: ConfigError), and a ConfigError when no row
@@ -383,7 +385,8 @@ def _scan(
         good += 1
         if keep is not None:
             keep(label, parsed)
-    _report_bad_rows(cfg, data_path, bad, good + len(bad), fields, each=keep is not None if each is None else each)
+    each = keep is not None if each is None else each
+    _report_bad_rows(cfg, data_path, bad, good + len(bad), fields, each=each, heldout=heldout)
     if good and unseen and fields:  # (no row read as an object: its own refusal says why)
         setting, key = next(iter(unseen.items()))
         raise ConfigError(
@@ -410,21 +413,28 @@ def _optional_keys_set(cfg: DatasetTask) -> dict[str, str]:
     }
 
 
-def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer) -> int:
+def check_rows(cfg: DatasetTask, *, data_path: Path, tokenizer: TextTokenizer, heldout: bool = False) -> int:
     """What `rlctl check` does with the rows: every one read and tokenized as the launch will (streaming, nothing
     kept or written, unless `keeping_rows`), refused as the launch would; the number of usable rows (what the launch
-    will prepare)."""
+    will prepare). `heldout`: the file is evaluation.path (what a skip of its bad rows leaves is evaluated)."""
     if not _keeping.get() or not data_path.is_file():
-        good, _ = _scan(cfg, data_path, tokenizer)
+        good, _ = _scan(cfg, data_path, tokenizer, heldout=heldout)
         return good
     identity = _identity(cfg, data_path, tokenizer)  # (the file's digest before its rows are read)
-    kept = _rows(cfg, data_path, tokenizer, each=False)
+    kept = _rows(cfg, data_path, tokenizer, each=False, heldout=heldout)
     _kept[str(data_path)] = (identity, kept)
     return len(kept[1])
 
 
 def _report_bad_rows(
-    cfg: DatasetTask, data_path: Path, bad: list[BadRow], total: int, fields: list[str], *, each: bool = True
+    cfg: DatasetTask,
+    data_path: Path,
+    bad: list[BadRow],
+    total: int,
+    fields: list[str],
+    *,
+    each: bool = True,
+    heldout: bool = False,
 ) -> None:
     """Refuse the bad rows (`task.bad_rows: refuse`, or every row bad alike), else log them: `each` one (the launch's
     prepare) or, for a check that reads them before it (`check_rows`), one line for all (a launch logged each
@@ -444,13 +454,15 @@ def _report_bad_rows(
             str(data_path), None, f"{rows}: {str(first).removeprefix(f'{first.where}: ')}{has}", hint=hint
         )
     if cfg.bad_rows == "refuse":
+        skip_does = "evaluate" if heldout else "train on"  # (a held-out file's skip was said to train on its rows)
         shown = "; ".join(str(b).removeprefix(f"{data_path}:") for b in bad[:SHOWN_BAD_ROWS])
         more = f"; … {len(bad) - SHOWN_BAD_ROWS} more" if len(bad) > SHOWN_BAD_ROWS else ""
         raise ConfigError(
             str(data_path),
             None,
             f"{len(bad)} of {total} rows are bad: {shown}{more}",
-            hint="fix the rows" + (", or set `task.bad_rows: skip` to train on the others" if len(bad) < total else ""),
+            hint="fix the rows"
+            + (f", or set `task.bad_rows: skip` to {skip_does} the others" if len(bad) < total else ""),
         )
     if not each:
         shown = str(bad[0]).removeprefix(f"{data_path}:")

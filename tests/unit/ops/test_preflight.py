@@ -582,7 +582,7 @@ def test_a_dataset_evaluation_needs_its_file_and_reads_it_as_launch_will(tmp_pat
     (tmp_path / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (p,) = refused(with_evaluation(heldout_prompts=1, path="held.jsonl"), "evaluation.path")
     assert p.message == f"{tmp_path / 'held.jsonl'}: 1 of 2 rows are bad: line 2: prompt: missing"
-    assert p.hint == "fix the rows, or set `task.bad_rows: skip` to train on the others"
+    assert p.hint == "fix the rows, or set `task.bad_rows: skip` to evaluate the others"  # (was: to train on them)
     # a key no row has: the hint names the key's setting (it was `fix the rows, or set task.bad_rows: skip`, which
     # leaves no row to evaluate)
     (tmp_path / "held.jsonl").write_text(json.dumps({"question": "hi", "ground_truth": "x"}) + "\n")
