@@ -9,8 +9,8 @@
                                tokenizer_config eos_token  ┘
 
 The chat template is rendered the way transformers renders it (sandboxed jinja2 with trim_blocks and
-lstrip_blocks, `raise_exception`, a `tojson` that keeps non-ASCII, the special tokens as variables), and
-the rendered text is encoded without adding special tokens again: the template already holds them.
+lstrip_blocks, `raise_exception`, a `tojson` that keeps non-ASCII, `{% generation %}` blocks, the special tokens as
+variables), and the rendered text is encoded without adding special tokens again: the template already holds them.
 """
 
 from __future__ import annotations
@@ -102,6 +102,28 @@ def _tojson(
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+@functools.cache
+def _generation_extension() -> type:
+    """transformers' `{% generation %}…{% endgeneration %}` tag (it marks the assistant's tokens for training masks):
+    the body rendered as it is. Without it a model whose template has the tag had every chat-message row refused
+    ('Encountered unknown tag generation'), where transformers renders it."""
+    import jinja2.ext
+    from jinja2 import nodes
+
+    class Generation(jinja2.ext.Extension):
+        tags = {"generation"}  # noqa: RUF012 (jinja's own Extension declares it so)
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return str(caller())
+
+    return Generation
+
+
 @functools.lru_cache(maxsize=8)
 def _compiled(template: str) -> Any:
     """`template` compiled once (its environment as transformers makes it): compiling it again for each row made a
@@ -109,7 +131,9 @@ def _compiled(template: str) -> Any:
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _generation_extension()]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

@@ -39,6 +39,26 @@ def test_chat_template_renders_like_transformers(model_dir: Path) -> None:
         tok.apply_chat_template([{"role": "tool", "content": "x"}])
 
 
+GENERATION_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %} <|user|> {{ m['content'] }} <|end|>"
+    "{% else %}{% generation %} <|assistant|> {{ m['content'] }} <|end|>{% endgeneration %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %} <|assistant|>{% endif %}"
+)
+
+
+def test_a_template_with_transformers_generation_tag_renders_its_body(tmp_path: Path) -> None:
+    """`{% generation %}` (transformers' mark of the assistant's tokens) was an unknown tag: every chat-message row of a
+    model whose template has it was refused. Its body renders as transformers renders it (checked against
+    PreTrainedTokenizerFast.apply_chat_template when these strings were written)."""
+    d = write_tokenizer(tmp_path / "m")
+    (d / "chat_template.jinja").write_text(GENERATION_TEMPLATE)
+    tok = load_tokenizer(d)
+    shot = [{"role": "user", "content": "1 + 1"}, {"role": "assistant", "content": "2"}]
+    assert tok.apply_chat_template([*shot, {"role": "user", "content": "what is 1 + 2 ?"}]) == (
+        "<s> <|user|> 1 + 1 <|end|> <|assistant|> 2 <|end|> <|user|> what is 1 + 2 ? <|end|> <|assistant|>"
+    )
+
+
 def test_template_file_wins_and_json_keeps_unicode(tmp_path: Path) -> None:
     d = write_tokenizer(tmp_path / "m")
     (d / "chat_template.jinja").write_text("{{ messages | tojson }}{% if add_generation_prompt %}!{% endif %}")
