@@ -145,7 +145,13 @@ def render_chat_template(template: str, messages: Sequence[dict[str, Any]], **va
     import jinja2
 
     try:
-        return str(_compiled(template).render(messages=list(messages), add_generation_prompt=True, **variables))
+        # tools and documents None, as transformers passes them: undefined, `tools is not none` held (Mistral's
+        # templates), so a prompt gained the tools header that transformers leaves out
+        return str(
+            _compiled(template).render(
+                messages=list(messages), tools=None, documents=None, add_generation_prompt=True, **variables
+            )
+        )
     except jinja2.exceptions.TemplateError as e:
         raise ValueError(f"chat template: {e}") from e
     except Exception as e:  # the model's template is foreign code: anything it raises on a row's

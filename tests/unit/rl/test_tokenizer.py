@@ -59,6 +59,17 @@ def test_a_template_with_transformers_generation_tag_renders_its_body(tmp_path: 
     )
 
 
+def test_a_template_sees_tools_and_documents_as_none_as_transformers_passes_them() -> None:
+    """Undefined, `tools is not none` held, and a template that adds a tools header then (Mistral's) put it in every
+    prompt, where transformers (tools=None, documents=None) leaves it out: 'hi' from both, checked against
+    PreTrainedTokenizerFast.apply_chat_template."""
+    template = (
+        "{% if tools is not none %}[TOOLS]{% endif %}{% if documents is not none %}[DOCS]{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    assert render_chat_template(template, [{"role": "user", "content": "hi"}]) == "hi"
+
+
 def test_template_file_wins_and_json_keeps_unicode(tmp_path: Path) -> None:
     d = write_tokenizer(tmp_path / "m")
     (d / "chat_template.jinja").write_text("{{ messages | tojson }}{% if add_generation_prompt %}!{% endif %}")
