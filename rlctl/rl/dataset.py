@@ -301,6 +301,7 @@ def prepare_dataset(
 
     if not data_path.is_file():
         raise ConfigError(str(data_path), None, "no such file (task.path is relative to the job file)")
+    _refuse_not_ours(data_path, out_dir)
     identity = _identity(cfg, data_path, tokenizer)
     kept = _kept.pop(str(data_path), None)
     manifest_path = out_dir / MANIFEST_FILE
@@ -329,6 +330,26 @@ def prepare_dataset(
     _write_atomic(manifest_path, json.dumps(manifest, indent=1).encode())
     log.info("dataset %s: %d prompts prepared in %s (%d bad rows skipped)", data_path, len(rows), out_dir, len(bad))
     return load_dataset(out_dir, cfg)
+
+
+def _refuse_not_ours(data_path: Path, out_dir: Path) -> None:
+    """ConfigError, one line, when `out_dir` holds anything `prepare_dataset` does not write there (a launch into the
+    job file's own directory, whose data/ is the user's, holding the data file itself): nothing of the user's is
+    written over or staged to every site as the job's."""
+    if not out_dir.is_dir():
+        return
+    ours = {n + t for n in (TOKENS_FILE, ROWS_FILE, MANIFEST_FILE) for t in ("", ".tmp")}
+    theirs = sorted(p.name for p in out_dir.iterdir() if p.name not in ours)
+    inside = data_path.resolve().is_relative_to(out_dir.resolve())
+    if not theirs and not inside:
+        return
+    what = f"the data file {data_path} lies in it" if inside else f"it holds {', '.join(theirs[:3])}"
+    raise ConfigError(
+        str(out_dir),
+        None,
+        f"{what}, which rlctl did not write; a launch writes its tokenized prompts here",
+        hint="launch into another --job-dir" + (" (or keep the data file out of that directory)" if inside else ""),
+    )
 
 
 def _rows(

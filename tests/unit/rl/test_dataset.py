@@ -706,3 +706,19 @@ def test_a_prepared_dataset_is_reused_whatever_directory_names_its_file(
 
     monkeypatch.setattr(dataset, "_rows", read_again)
     assert len(prepare_dataset(cfg, data_path=Path("train.jsonl"), tokenizer=tok, out_dir=tmp_path / "d")) == 3
+
+
+def test_a_data_dir_of_the_users_is_refused_not_written_into(tmp_path: Path, tok: HFTokenizer) -> None:
+    """A launch into the job file's own directory, its data file in data/: that data/ is the user's."""
+    out = tmp_path / "data"
+    out.mkdir()
+    path = write_jsonl(out / "rows.jsonl", [verl_row(i) for i in range(4)])  # named as the tokenized rows are
+    before = path.read_bytes()
+    with pytest.raises(ConfigError, match=r"data: the data file .*rows.jsonl lies in it, which rlctl did not write"):
+        prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=out)
+    assert sorted(p.name for p in out.iterdir()) == ["rows.jsonl"] and path.read_bytes() == before
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"it holds notes\.txt, which rlctl did not write"):
+        prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "mine")
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
