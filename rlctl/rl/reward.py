@@ -102,8 +102,20 @@ WAIT_SLACK_S = 30.0  # a pool made with wait=True waits at most load_retry_s + t
 LOAD_RETRY_MIN_S = 60.0  # … or this, if longer: a filesystem hiccup or an OOM kill while importing passes sooner
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2), Linux ≥ 3.4
 REAP_EVERY_S = 1.0  # a worker reaps the zombies of the orphans it adopted at most this often, between calls
-# what `copy_reward` leaves out of a package beside a reward file: bytecode, version control, tools' caches
-NOT_COPIED = ("__pycache__", "*.pyc", ".git", ".hg", ".svn", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox")
+COPY_MARK = ".rlctl-copy"  # in a reward/ `copy_reward` made: what a relaunch may replace
+# what `copy_reward` leaves out of a package beside a reward file: bytecode, version control, tools' caches (its mark)
+NOT_COPIED = (
+    COPY_MARK,
+    "__pycache__",
+    "*.pyc",
+    ".git",
+    ".hg",
+    ".svn",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".tox",
+)
 PACKAGE_WARN_BYTES = 64 << 20  # packages beside a reward file past this are said (the job and every site copy them)
 _said_size: set[tuple[str, int]] = set()  # (reward file, bytes) said in this process
 
@@ -159,7 +171,8 @@ def copy_reward(named: Path, dst: Path) -> None:
     where python and the reward's loading find them): a package as its directory, less its bytecode caches and
     version-control and tool directories (NOT_COPIED), said in one line when over PACKAGE_WARN_BYTES. What
     `dst` held is replaced: a relaunch into the same job dir kept the modules since removed from a package (and the
-    reward file of an earlier launch)."""
+    reward file of an earlier launch); a `dst` that holds what no copy made (COPY_MARK: a reward/ of the user's in
+    the directory launched into) is refused, not deleted."""
     src = named.resolve()
     if src.is_relative_to(dst.resolve()):  # (a launch into the reward's own directory): replacing it deleted it
         raise ConfigError(
@@ -178,8 +191,17 @@ def copy_reward(named: Path, dst: Path) -> None:
                 "launch replaces with its copy of the reward",
                 hint="launch into another --job-dir",
             )
+    if dst.is_dir() and any(dst.iterdir()) and not (dst / COPY_MARK).is_file():  # (a directory of the user's)
+        raise ConfigError(
+            str(dst),
+            None,
+            f"holds {', '.join(sorted(p.name for p in dst.iterdir())[:3])}, which rlctl did not copy there; a launch "
+            "puts its copy of the reward there, in place of what it holds",
+            hint="launch into another --job-dir (or move that directory)",
+        )
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir()
+    (dst / COPY_MARK).write_text("the reward file and its modules, copied by rlctl launch: replaced at a relaunch\n")
     shutil.copy2(src, dst / named.name)
     packages = {rel: _package_bytes(src.parent / rel) for rel in modules if (src.parent / rel).is_dir()}
     total = sum(packages.values())

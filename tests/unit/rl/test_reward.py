@@ -377,6 +377,23 @@ def test_a_package_the_reward_imports_named_as_the_job_dirs_reward_dir_is_refuse
     assert (tmp_path / "reward" / "__init__.py").read_text() == "SCORE = 1.0\n"
 
 
+def test_a_reward_dir_of_the_users_in_the_dir_launched_into_is_refused_not_deleted(tmp_path: Path) -> None:
+    """A launch into a directory that is no job's but holds a reward/ of its own (unrelated to the job's reward):
+    the copy's replacement of reward/ deleted it."""
+    from rlctl.ops.inputs import copy_reward
+
+    (tmp_path / "score.py").write_text("def f(data_source, solution_str, ground_truth):\n    return 1\n")
+    (tmp_path / "run" / "reward").mkdir(parents=True)
+    (tmp_path / "run" / "reward" / "notes.txt").write_text("mine\n")
+    with pytest.raises(ConfigError, match=r"run/reward: holds notes\.txt, which rlctl did not copy there"):
+        copy_reward(tmp_path / "score.py", tmp_path / "run" / "reward")
+    assert [p.name for p in (tmp_path / "run" / "reward").iterdir()] == ["notes.txt"]
+    (tmp_path / "run" / "reward" / "notes.txt").unlink()  # an empty one: nothing to lose
+    copy_reward(tmp_path / "score.py", tmp_path / "run" / "reward")
+    copy_reward(tmp_path / "score.py", tmp_path / "run" / "reward")  # a relaunch replaces its own copy
+    assert (tmp_path / "run" / "reward" / "score.py").is_file()
+
+
 def test_a_reward_files_copy_in_the_job_loads_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: only the reward file was copied, so one importing a helper beside it was refused ("fold it in, or
     install it"). Now its modules come with it, and the copy loads in a fresh process far from the original."""
@@ -391,7 +408,8 @@ def test_a_reward_files_copy_in_the_job_loads_on_its_own(tmp_path: Path, monkeyp
     (tmp_path / "rewards" / "rlctl_pkg_zz" / "gone.py").unlink()  # taken out of the package before a relaunch
     copy_reward(uses, job)
     assert sorted(str(p.relative_to(job)) for p in job.rglob("*") if p.is_file()) == [
-        "rlctl_deep_zz.py", "rlctl_helper_zz.py", "rlctl_pkg_zz/__init__.py", "rlctl_pkg_zz/inner.py", "uses.py",
+        ".rlctl-copy", "rlctl_deep_zz.py", "rlctl_helper_zz.py", "rlctl_pkg_zz/__init__.py", "rlctl_pkg_zz/inner.py",
+        "uses.py",
     ]  # fmt: skip
     shutil.rmtree(tmp_path / "rewards")  # the job's copy alone, as on a remote site
     code = "from pathlib import Path; from rlctl.rl.reward import load_reward; print(load_reward(" \
@@ -437,7 +455,7 @@ def test_a_reward_link_named_otherwise_than_its_target_is_copied_under_the_name_
     (tmp_path / "job" / "rewards").mkdir(parents=True)
     (tmp_path / "job" / "rewards" / "score.py").symlink_to(tmp_path / "lib" / "impl.py")
     copy_reward(tmp_path / "job" / "rewards" / "score.py", tmp_path / "copy")  # as copy_inputs names it
-    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["rlctl_linked2_zz.py", "score.py"]
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == [".rlctl-copy", "rlctl_linked2_zz.py", "score.py"]
     assert not (tmp_path / "copy" / "score.py").is_symlink()
 
 
