@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 
 import typer
 
@@ -19,3 +21,14 @@ def seconds_at_least(low: float) -> Callable[[float | None], float | None]:
         return value
 
     return check
+
+
+@contextlib.contextmanager
+def said_if_interrupted(what: Callable[[], str]) -> Iterator[None]:
+    """A Ctrl-C in the block says in one line what it interrupted and what that left (`what()`), exit 130, versus
+    exit 130 with nothing said: typer ends a command's KeyboardInterrupt so."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        sys.stderr.write(f"rlctl: interrupted: {what()}\n")
+        raise typer.Exit(130) from None

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rlctl.commands import seconds_at_least
+from rlctl.commands import said_if_interrupted, seconds_at_least
 from rlctl.errors import JobProblems, PartialFailure, UsageError
 from rlctl.render import OutputFormat, OutputOpt, emit, grid
 
@@ -239,47 +240,52 @@ def register(app: typer.Typer) -> None:
         from rlctl.launch.reach import probe_site
         from rlctl.ops.preflight import preflight, refuse, site_problems
 
-        job = None
-        jobs = []
-        for f in files:  # a job file, or inventories: a file of neither kind is told so
-            if (data := read_yaml(f)).get("kind") == "Job":
-                jobs.append(f)
+        what = " ".join(shlex.quote(str(f)) for f in files)
+        with said_if_interrupted(lambda: f"the check of {what} did not finish (a check changes nothing); run it again"):
+            job = None
+            jobs = []
+            for f in files:  # a job file, or inventories: a file of neither kind is told so
+                if (data := read_yaml(f)).get("kind") == "Job":
+                    jobs.append(f)
+                else:
+                    check_header(f, data, "Inventory", reads=("Inventory", "Job"))
+            if jobs and len(files) > 1:
+                raise UsageError(
+                    f"{jobs[0]}: a job file is checked alone (its inventories are the ones its `inventory:` names)",
+                    hint=f"`rlctl check {jobs[0]}`, or `rlctl check` the inventory files without it",
+                )
+            if jobs:
+                job = load_job(files[0])
+                if reach:  # every problem, the file's and the hosts', one line each
+                    lines, hosts = job_problem_lines(job, timeout_s=max(timeout_s, 60.0))
+                    if lines:
+                        raise JobProblems(str(files[0]), lines)
+                else:
+                    preflight(job)  # check passing means launch can start it: every field is honoured or refused
+                inv = job.inventory
             else:
-                check_header(f, data, "Inventory", reads=("Inventory", "Job"))
-        if jobs and len(files) > 1:
-            raise UsageError(
-                f"{jobs[0]}: a job file is checked alone (its inventories are the ones its `inventory:` names)",
-                hint=f"`rlctl check {jobs[0]}`, or `rlctl check` the inventory files without it",
-            )
-        if jobs:
-            job = load_job(files[0])
-            if reach:  # every problem, the file's and the hosts', one line each
-                lines, hosts = job_problem_lines(job, timeout_s=max(timeout_s, 60.0))
-                if lines:
-                    raise JobProblems(str(files[0]), lines)
-            else:
-                preflight(job)  # check passing means launch can start it: every field is honoured or refused
-            inv = job.inventory
-        else:
-            inv = load_inventory(files)
-            refuse(", ".join(inv.files), site_problems(inv, inv.sites))  # what stops their agents, as this machine sees
-        data = inventory_summary(inv)
-        if job is not None and reach:
-            data["hosts"] = [{"site": h.site, "host": h.host, **h.facts} for h in hosts]
-        if job is not None:
-            data["job"] = {
-                "name": job.name,
-                "file": str(files[0]),
-                "mode": job.spec.pipeline.mode,
-                "model": job.spec.model.arch.name,
-                "task": job.spec.task.kind,
-            }
-        failed: list[str] = []
-        if reach:
-            with ThreadPoolExecutor(max_workers=max(1, len(inv.sites))) as pool:
-                results = list(pool.map(lambda kv: probe_site(kv[0], kv[1], timeout_s=timeout_s), inv.sites.items()))
-            data["reach"] = [r.__dict__ for r in results]
-            failed = [r.site for r in results if not r.ok]
-        emit(data, output, _table)
-        if failed:
-            raise PartialFailure(f"unreachable site(s): {', '.join(failed)}")
+                inv = load_inventory(files)
+                # what stops their agents, as this machine sees
+                refuse(", ".join(inv.files), site_problems(inv, inv.sites))
+            data = inventory_summary(inv)
+            if job is not None and reach:
+                data["hosts"] = [{"site": h.site, "host": h.host, **h.facts} for h in hosts]
+            if job is not None:
+                data["job"] = {
+                    "name": job.name,
+                    "file": str(files[0]),
+                    "mode": job.spec.pipeline.mode,
+                    "model": job.spec.model.arch.name,
+                    "task": job.spec.task.kind,
+                }
+            failed: list[str] = []
+            if reach:
+                with ThreadPoolExecutor(max_workers=max(1, len(inv.sites))) as pool:
+                    results = list(
+                        pool.map(lambda kv: probe_site(kv[0], kv[1], timeout_s=timeout_s), inv.sites.items())
+                    )
+                data["reach"] = [r.__dict__ for r in results]
+                failed = [r.site for r in results if not r.ok]
+            emit(data, output, _table)
+            if failed:
+                raise PartialFailure(f"unreachable site(s): {', '.join(failed)}")

@@ -3,6 +3,7 @@ the log of a launcher that watches the job without a terminal (`launch --detach`
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from rlctl.commands import said_if_interrupted
 from rlctl.commands.status import JobArg
 from rlctl.errors import UsageError
 from rlctl.render import write_out
@@ -106,31 +108,40 @@ def register(app: typer.Typer) -> None:
         found = agentlogs.locate(ref.jobdir.path, handles, name)
         if found is None:
             raise no_log
-        try:
-            if not follow:
-                tail = found.files.tail(found.path, lines)
-                if tail is None:
-                    raise no_log
-                write_out("".join(line + "\n" for line in tail), end="")
-                return
-            # until the agent exits (its site's backend says so; the launcher: its process; an agent with no record,
-            # which no site can be asked about: the job, as its record says) or Ctrl-C
-            end: list[str] = []
-            if name == LAUNCHER:
-                ending = launcher_ended(ref.row.info.get("launcher") if ref.row is not None else None)
-            elif found.handle is None:
-                ending = job_ended(ref, end)
-            else:
-                ending = agentlogs.agent_ended(ref.jobdir.path, found.handle)
-            with ending as ended:
-                if not agentlogs.follow(found, lines, ended=ended, write=_write):
-                    raise no_log
-            if end:
-                sys.stderr.write(
-                    f"rlctl: job {ref.id} ended ({end[0]}); {name} has no agent record: its log ends here\n"
-                )
-        finally:
-            found.close()
+        named = shlex.quote(ref.id if ref.row is not None else str(ref.jobdir.path))
+        with said_if_interrupted(
+            lambda: (
+                f"stopped following {name}'s log of job {ref.id}; the job goes on (`rlctl logs {named} {name} -f` "
+                "follows it again)"
+                if follow
+                else f"{name}'s log of job {ref.id} was not shown (reading it changes nothing)"
+            )
+        ):
+            try:
+                if not follow:
+                    tail = found.files.tail(found.path, lines)
+                    if tail is None:
+                        raise no_log
+                    write_out("".join(line + "\n" for line in tail), end="")
+                    return
+                # until the agent exits (its site's backend says so; the launcher: its process; an agent with no record,
+                # which no site can be asked about: the job, as its record says) or Ctrl-C
+                end: list[str] = []
+                if name == LAUNCHER:
+                    ending = launcher_ended(ref.row.info.get("launcher") if ref.row is not None else None)
+                elif found.handle is None:
+                    ending = job_ended(ref, end)
+                else:
+                    ending = agentlogs.agent_ended(ref.jobdir.path, found.handle)
+                with ending as ended:
+                    if not agentlogs.follow(found, lines, ended=ended, write=_write):
+                        raise no_log
+                if end:
+                    sys.stderr.write(
+                        f"rlctl: job {ref.id} ended ({end[0]}); {name} has no agent record: its log ends here\n"
+                    )
+            finally:
+                found.close()
 
 
 @contextmanager

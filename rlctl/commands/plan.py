@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from rlctl.commands import said_if_interrupted
 from rlctl.render import OutputFormat, OutputOpt, emit
 
 
@@ -33,13 +35,16 @@ def register(app: typer.Typer) -> None:
         from rlctl.planner.plan import make_plan
         from rlctl.planner.view import plan_plot, plan_table, plot_path
 
-        png = plot_path(plot) if plot is not None else None  # a path it cannot write: refused before planning
-        j = load_job(job, profile_must_exist=profile is None)  # --profile prices it: the job's may be unwritten
-        prof, prof_file = job_profile(j, profile)
-        result = make_plan(j, prof, profile_file=prof_file)
-        if prof is not None:  # which file priced it (--profile, else the job's planning.profile)
-            result["profile_file"] = prof_file
-        if png is not None:
-            plan_plot(result, png)
-            sys.stderr.write(f"wrote {png}\n")
-        emit(result, output, plan_table)
+        with said_if_interrupted(
+            lambda: f"the plan of {shlex.quote(str(job))} was not made (planning changes nothing); run it again"
+        ):
+            png = plot_path(plot) if plot is not None else None  # a path it cannot write: refused before planning
+            j = load_job(job, profile_must_exist=profile is None)  # --profile prices it: the job's may be unwritten
+            prof, prof_file = job_profile(j, profile)
+            result = make_plan(j, prof, profile_file=prof_file)
+            if prof is not None:  # which file priced it (--profile, else the job's planning.profile)
+                result["profile_file"] = prof_file
+            if png is not None:
+                plan_plot(result, png)
+                sys.stderr.write(f"wrote {png}\n")
+            emit(result, output, plan_table)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from rlctl.commands import said_if_interrupted
 from rlctl.commands.status import JobArg
 from rlctl.render import OutputFormat, OutputOpt, emit
 
@@ -40,8 +42,20 @@ def register(app: typer.Typer) -> None:
         refuse_if_unprepared(
             ref.jobdir, source=ref.row.info.get("source") if ref.row is not None else None, nothing="nothing to pull"
         )
-        # `--to=~/x`: a shell leaves a ~ after `=` as it is
-        got = pull_checkpoint(ref.jobdir.path, checkpoint=checkpoint, to=to.expanduser() if to is not None else None)
+        again = " ".join(
+            shlex.quote(a)
+            for a in [ref.id if ref.row is not None else str(ref.jobdir.path), "--checkpoint", checkpoint]
+            + (["--to", str(to)] if to is not None else [])
+        )
+        with said_if_interrupted(
+            lambda: (
+                f"the pull of job {ref.id} did not finish (the job is unchanged); `rlctl pull {again}` pulls the "
+                "checkpoint whole"
+            )
+        ):
+            # `--to=~/x`: a shell leaves a ~ after `=` as it is
+            to = to.expanduser() if to is not None else None
+            got = pull_checkpoint(ref.jobdir.path, checkpoint=checkpoint, to=to)
         data = {
             "version": got.version,
             "to": str(got.to),

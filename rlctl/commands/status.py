@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rlctl.commands import seconds_at_least
+from rlctl.commands import said_if_interrupted, seconds_at_least
 from rlctl.errors import PartialFailure, UsageError
 from rlctl.render import OutputFormat, OutputOpt, emit, grid, reward_failures_line
 from rlctl.textutil import duration
@@ -394,18 +394,26 @@ def register(app: typer.Typer) -> None:
             data |= {"resume": resume_command(name), "pull": f"rlctl pull {shlex.quote(name)}"}
             emit(data, output, _checkpoints_table)
             return
-        while True:
-            s, complete = job_status(ref, timeout_s=timeout_s)
-            # (no stdout at all, `>&-`: not a terminal; emit says so)
-            if watch and output is OutputFormat.table and sys.stdout is not None and sys.stdout.isatty():
-                sys.stdout.write("\x1b[2J\x1b[H")
-            emit(s, output, _table)
-            ended = s.get("live", {}).get("state") in ("done", "failed")
-            ended = ended or "summary" in s or "ended_without_summary" in s or "never_started" in s
-            if not watch or ended:
-                break
-            sys.stdout.flush()
-            time.sleep(interval_s)
+        named = shlex.quote(ref.id if ref.row is not None else str(ref.jobdir.path))
+        with said_if_interrupted(
+            lambda: (
+                f"stopped watching job {ref.id}; the job goes on (`rlctl status -w {named}` watches it again)"
+                if watch
+                else f"job {ref.id}'s status was not shown (asking changes nothing: `rlctl status {named}` again)"
+            )
+        ):
+            while True:
+                s, complete = job_status(ref, timeout_s=timeout_s)
+                # (no stdout at all, `>&-`: not a terminal; emit says so)
+                if watch and output is OutputFormat.table and sys.stdout is not None and sys.stdout.isatty():
+                    sys.stdout.write("\x1b[2J\x1b[H")
+                emit(s, output, _table)
+                ended = s.get("live", {}).get("state") in ("done", "failed")
+                ended = ended or "summary" in s or "ended_without_summary" in s or "never_started" in s
+                if not watch or ended:
+                    break
+                sys.stdout.flush()
+                time.sleep(interval_s)
         if not complete:
             down = ", ".join(s.get("sites_down", [])) or "none"
             raise PartialFailure(
