@@ -17,6 +17,8 @@
          (`unit_exited_before_joining`); the plan's is replaced, one asked for is a failed start (`scale --wait`)
     a replacement not joined within `join_bound_s` though its site says it runs ──▶ stopped, in a thread
          ──▶ post("unjoined_stopped") ──▶ replacement_not_joined: a failed attempt of its chain (one log line)
+    a unit asked for (`rlctl scale`, the rebalance rule, a resume) not joined within it ──▶ stopped the same way
+         ──▶ scale_failed: a failed start (`scale --wait` told); its slot is free again
 
 The controller owns the inbox and the sockets; this module only posts to the one and returns the
 messages for the other, so every send still happens on the controller's main loop.
@@ -182,7 +184,10 @@ class Scaler:
         self._asking = False  # a thread asks them now
         self.join_s: dict[str, float] = {}  # unit → seconds it took to join (the plan's from t0; a replacement's
         # from its attempt's start): what `join_bound_s` measures the job's load time by
-        self.abandoned: set[str] = set()  # replacements stopped for not joining within the bound
+        self.abandoned: set[str] = set()  # units asked for (replacements too) stopped for not joining within the bound
+        # a unit asked for, not a replacement → since when its join bound counts (its request; its scheduler's queue
+        # last seen holding it)
+        self.join_since: dict[str, float] = {}
 
     def pending_units(self) -> list[str]:
         """Units asked for that have not joined yet."""
@@ -223,12 +228,15 @@ class Scaler:
             return
         self._unjoined_at, self._asking = now, True
 
+        asked = set(self.pending_units())
+
         def run() -> None:
             queued: list[str] = []
             try:
                 gone = spawner.exited(names)
-                # a replacement its scheduler still queues: its join bound counts from when it leaves the queue
-                queued = spawner.queued([n for n in names if n in chains and n not in gone])
+                # a unit asked for (a replacement too) its scheduler still queues: its join bound counts from when it
+                # leaves the queue
+                queued = spawner.queued([n for n in names if (n in chains or n in asked) and n not in gone])
             except Exception as e:  # noqa: BLE001 - asked again later: the inbox's answer resets `_asking` (a
                 # thread that ended unanswered, on a damaged agents.jsonl or a site's odd answer, left it set for good)
                 log.warning("controller: cannot tell whether %s still run: %s", ", ".join(names), e)
@@ -246,6 +254,9 @@ class Scaler:
         for r in self.replacing.values():
             if r.unit in queued and r.unit not in self.core.units and not r.stopping:
                 r.started = now
+        for name in queued:
+            if name in self.spawn_requested and name not in self.core.units:
+                self.join_since[name] = now
         planned = set(self._planned_unjoined())
         for name in gone:
             # one that joined meanwhile (its loss is core's), or whose start failed meanwhile (`spawned` said so)
@@ -427,6 +438,11 @@ class Scaler:
                 r.attempts += 1
                 r.started = now
                 r.unit = self._spawn(r.site, "replace")
+        chains = {r.unit for r in self.replacing.values()}
+        for name in self.pending_units():  # a unit a scale or the rule asked for, its site saying it runs
+            since = self.join_since.get(name, self.spawn_requested[name])
+            if name not in chains and name not in self.abandoned and now - since >= self.join_bound_s():
+                self._stop_unjoined_unit(name)
 
     def join_bound_s(self) -> float:
         """How long a replacement may take to join: JOIN_BOUND_FACTOR × the longest a unit of this run took, at
@@ -452,15 +468,40 @@ class Scaler:
 
         threading.Thread(target=run, name=f"stop-{name}", daemon=True).start()
 
+    def _stop_unjoined_unit(self, name: str) -> None:
+        """Stop `name`, a unit a scale or the rebalance rule asked for, not joined within the bound though its site
+        says it runs, in a thread, as `_stop_unjoined` does a replacement; `unjoined_stopped` counts the failed start
+        once it is stopped (its slot held until then)."""
+        spawner = self.spawner
+        assert spawner is not None
+        self.abandoned.add(name)
+        why = f"{name} did not join within {self.join_bound_s():.0f} s though its site said it ran (its log says why)"
+
+        def run() -> None:
+            try:
+                spawner.stop(name, grace_s=UNJOINED_STOP_GRACE_S)
+                error = why + "; stopped"
+            except Exception as e:  # noqa: BLE001 - the start failed either way; its slot may stay taken
+                error = f"{why}; stopping it failed: {e}"
+            self.post(("unjoined_stopped", name, error))
+
+        threading.Thread(target=run, name=f"stop-{name}", daemon=True).start()
+
     def unjoined_stopped(self, name: str, why: str) -> None:
-        """The thread that stopped `name` (a replacement not joined within the bound) finished: a failed attempt of
-        its chain (`tick` backs off, or gives up)."""
+        """The thread that stopped `name` (a replacement, or a unit asked for, not joined within the bound) finished:
+        a failed attempt of its chain (`tick` backs off, or gives up), or a failed start (`scale --wait` is told)."""
         chain = next((r for r in self.replacing.values() if r.unit == name and r.stopping), None)
         if chain is not None:  # (its one log line is `_failed`'s)
             self.jobdir.event(
                 "replacement_not_joined", lost=chain.lost, by=name, site=chain.site, attempts=chain.attempts, error=why
             )
             chain.error = why
+        elif self.spawn_requested.pop(name, None) is not None:
+            self.join_since.pop(name, None)
+            self.failed_starts[name] = why
+            site = self.placement.sites.get(name)
+            self.jobdir.event("scale_failed", agent=name, site=site, error=why)
+            log.warning("controller: %s on %s: %s", name, site, why)
 
     def _failed(self, r: Replacement, why: str, now: float) -> None:
         self.spawn_requested.pop(r.unit or "", None)

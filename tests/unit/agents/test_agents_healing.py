@@ -517,3 +517,61 @@ def test_a_replacement_its_scheduler_still_queues_is_not_stopped_for_not_joining
     while not posted and time.monotonic() < deadline:
         time.sleep(0.01)
     assert posted.pop()[:2] == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]
+
+
+def _stop_posted(posted: list[Any]) -> tuple[str, str, str]:
+    deadline = time.monotonic() + 5
+    while not posted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    what, name, why = posted.pop()
+    return what, name, why
+
+
+def test_a_unit_asked_for_that_never_joins_though_it_runs_is_stopped_past_the_bound_and_is_a_failed_start(
+    tmp_path, caplog
+) -> None:
+    """rollout-2, added by `rlctl scale +1`, hangs loading (a lock, a mount) while its site says it runs: it held its
+    slot for the rest of the run and `scale --wait` waited for it for ever (replacements had a bound, units asked for
+    none). Past the same bound it is stopped and is a failed start; its slot is free again."""
+    scaler, _, jd, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    scaler.tick(t0 + 1.0)  # the plan's units joined a second in: the bound is its least, 30 min
+    reply, _ = scaler.scale(1, None, reason="operator")
+    deliver(scaler, posted)
+    assert reply["adding"] == ["rollout-2"] and scaler.free_slots() == {"a": 0}
+    scaler.spawn_requested["rollout-2"] = t0  # asked for as the controller started
+    assert scaler.join_bound_s() == pytest.approx(1800.0)
+    scaler._unjoined_at = t0 + 1799.0  # (the sites just asked: it runs)
+    scaler.tick(t0 + 1799.0)
+    assert posted == [] and not hasattr(spawner, "stopped")
+    caplog.set_level(logging.WARNING, logger="rlctl.agents.scaling")
+    scaler._unjoined_at = t0 + 1801.0
+    scaler.tick(t0 + 1801.0)
+    what, name, why = _stop_posted(posted)
+    assert (what, name) == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]
+    scaler.tick(t0 + 1802.0)  # stopping: not stopped twice, its slot still held
+    assert posted == [] and spawner.stopped == ["rollout-2"] and scaler.free_slots() == {"a": 0}
+    scaler.unjoined_stopped(name, why)
+    expected = "rollout-2 did not join within 1800 s though its site said it ran (its log says why); stopped"
+    assert scaler.failed_starts == {"rollout-2": expected} and scaler.free_slots() == {"a": 1}
+    assert [(e["agent"], e["error"]) for e in jd.read_events() if e["event"] == "scale_failed"] == [
+        ("rollout-2", expected)
+    ]
+    assert [m.getMessage() for m in caplog.records] == [f"controller: rollout-2 on a: {expected}"]
+
+
+def test_a_unit_asked_for_its_scheduler_still_queues_is_not_stopped_for_not_joining(tmp_path) -> None:
+    scaler, _, _, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    scaler.tick(t0 + 1.0)  # the plan's units joined a second in: the bound is its least, 30 min
+    scaler.scale(1, None, reason="rebalance")
+    deliver(scaler, posted)
+    scaler.spawn_requested["rollout-2"] = t0
+    spawner.waiting = ("rollout-2",)
+    assert _asked(scaler, posted, 1700.0) == []  # still queued 28 min after the request
+    scaler._unjoined_at = t0 + 1900.0
+    scaler.tick(t0 + 1900.0)  # 32 min after the request, 3 min after it was last seen queued
+    assert posted == [] and not hasattr(spawner, "stopped")
+    scaler._unjoined_at = t0 + 1700.0 + 1801.0
+    scaler.tick(t0 + 1700.0 + 1801.0)  # the bound passed since it was last seen queued
+    assert _stop_posted(posted)[:2] == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]
