@@ -18,7 +18,9 @@ def _table(r: dict[str, Any]) -> str:
     if "ended" in r:
         told = f"; its launcher ({r['launcher']}) is told not to resume it" if r.get("launcher") else ""
         return f"job {r['id']} already ended ({r['ended']}){told}" + "".join(f"\nproblem: {p}" for p in r["problems"])
-    rows = [["graceful", r["graceful"]], ["agents stopped", ", ".join(r["agents"]) or "-"]]
+    # a job that ended on its own meanwhile: its agents had exited or were ending; the stop made sure they did
+    done = "agents checked gone" if r.get("ended_meanwhile") else "agents stopped"
+    rows = [["graceful", r["graceful"]], [done, ", ".join(r["agents"]) or "-"]]
     if (c := r.get("checkpoint")) is not None:  # the one the trainer had reached when the stop came
         rows.insert(1, ["checkpoint", f"iter-{c['version']}: {c['outcome']}"])
     if r.get("launcher"):  # the stop waited for it: a `launch --resume` is refused while it runs

@@ -553,6 +553,11 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     launcher = _launcher_end(jd, timeout_s=LAUNCHER_END_S, say=say)
     if launcher is not None:
         out["launcher"] = launcher
+        # the job ended on its own as the stop came (its controller had written the summary: it no longer answered,
+        # or answered as it ended): its launcher recorded that end over the stop's `stopped`, and said so
+        if ref.row is not None and (state := _index_state(ref.row.name)) not in (*LIVE, "stopped"):
+            out["graceful"] = f"not needed: the job ended ({state}) as the stop came, as its launcher recorded it"
+            out["ended_meanwhile"] = state
     return out
 
 

@@ -801,3 +801,25 @@ def test_a_stop_whose_process_was_killed_before_the_controller_took_it_is_not_un
     ref.jobdir.event("controller_listening", address="tcp://127.0.0.1:1")
     ref.jobdir.event(STOP_REQUESTED, stopper=operate._stopper())
     assert operate.stop_under_way(ref.jobdir)
+
+
+def test_a_stop_racing_a_job_that_just_finished_says_it_finished_as_its_launcher_records_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stranger: subprocess.Popen[bytes]
+) -> None:
+    """The controller wrote the summary (done) and closed its listener as the stop asked: the stop said 'controller
+    did not answer (…); forcing' and 'agents stopped', and the launcher then recorded the job finished."""
+    ref = _running_job_of(stranger, tmp_path, monkeypatch)
+
+    def launcher_records_finished(jd: JobDir, *, timeout_s: float, say: object) -> str:
+        db = JobDB()
+        try:  # what the launcher writes once its controller exited with a done summary (`_register`)
+            db.update("short2", state="finished")
+        finally:
+            db.close()
+        return "pid 1 on h: ended 0.2 s after the agents (waited for it)"
+
+    monkeypatch.setattr(operate, "_launcher_end", launcher_records_finished)
+    out = operate.stop(ref, grace_s=2)
+    assert out["graceful"] == "not needed: the job ended (finished) as the stop came, as its launcher recorded it"
+    table = stop_cli._table(out)
+    assert "forcing" not in table and "agents stopped" not in table and "agents checked gone" in table
