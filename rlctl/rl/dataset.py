@@ -34,7 +34,7 @@ import numpy as np
 
 from rlctl.config.job import DatasetTask
 from rlctl.errors import ConfigError
-from rlctl.rl.reward import RewardPool, RewardResult, check_loads, copy_reward
+from rlctl.rl.reward import LoadTimedOut, RewardPool, RewardResult, check_loads, copy_reward
 from rlctl.rl.tokenizer import HFTokenizer, TextTokenizer, decode_output
 from rlctl.textutil import one_of
 
@@ -628,6 +628,8 @@ def _check_reward_loads(cfg: DatasetTask, base: Path) -> None:
         copy_reward(base / target, Path(tmp) / "reward")
         try:
             load(f"reward/{copied}:{name}", Path(tmp))
+        except LoadTimedOut as e:  # a slow (or hung) import, nothing the copy lacks: said as the job names it
+            raise ValueError(str(e).replace(f"reward/{copied}:{name}", cfg.reward, 1)) from e
         except ValueError as e:
             load(cfg.reward, base)  # the file's own error, as it is named
             error = str(e).replace(f"{tmp}/reward", "<job dir>/reward").removeprefix(f"reward/{copied}: ")

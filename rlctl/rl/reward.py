@@ -684,6 +684,7 @@ class RewardPool:
         self._down_since: float | None = None  # since when every worker has been unable to load the function
         self._load_error: str | None = None  # why the last start that failed could not load it
         self.load_error: str | None = None  # the same, as one line that names the function's file, module or spec
+        self._load_timed_out = False  # the first start failed for want of time (a slow import), not an error
         self._first_start_over = threading.Event()  # a worker loaded the function, or the pool failed or ended
         self._workers: list[_Worker] = []
         if self._inline:
@@ -698,7 +699,7 @@ class RewardPool:
         self._thread.start()
         if wait and (why := self._wait_loaded()) is not None:
             self.close()
-            raise ValueError(why)
+            raise (LoadTimedOut if self._load_timed_out else ValueError)(why)
 
     def __enter__(self) -> RewardPool:
         return self
@@ -933,6 +934,7 @@ class RewardPool:
         line naming the function (`load_error`). Bounded by the pool's deadline: a start has `load_retry_s` to load
         it, and the first start that cannot fails the pool."""
         if not self._first_start_over.wait(self.load_retry_s + WAIT_SLACK_S):  # a dispatcher that died: no hang
+            self._load_timed_out = True
             return f"{self.spec}: no reward worker said whether it loaded within {self.load_retry_s:.0f} s"
         if self._loaded and self.failed is None:
             return None
@@ -1000,6 +1002,7 @@ class RewardPool:
                         self._replace(i)  # a running call cannot be interrupted: its process goes
                         self._finish(call, RewardResult(self.on_error, "timeout", f"no result in {self.timeout_s}s"))
                     elif w.state == "starting" and time.monotonic() >= w.deadline:  # its import hangs
+                        self._load_timed_out = self._load_timed_out or not self._loaded
                         self._load_failed(
                             i, f"it did not finish loading within {self.load_retry_s:g} s{self._bound_by}"
                         )
@@ -1028,6 +1031,11 @@ class RewardPool:
 
 
 # ── `rlctl check` ─────────────────────────────────────────────────────────────────────────────────
+
+
+class LoadTimedOut(ValueError):
+    """A reward's first start did not load it within its deadline (its import hangs, or is slow): no error of its
+    own to say."""
 
 
 def check_loads(spec: str, base_dir: Path, *, timeout_s: float, load_timeout_s: float | None = None) -> None:

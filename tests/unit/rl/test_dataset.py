@@ -526,6 +526,28 @@ def test_a_reward_that_loads_longer_than_its_calls_bound_takes_reward_load_timeo
     check_task(task(reward="model.py:f", reward_timeout_s=0.1, reward_load_timeout_s=60.0), job_file=job)
 
 
+@pytest.mark.timeout(120)
+def test_a_reward_whose_copy_only_timed_out_loading_is_said_slow_not_reading_a_file_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reward whose first import is slow (a cold cache) timed out from the job's copy, then loaded where it is: the
+    refusal said the copy lacked a file it reads beside it, and to put that file in a package."""
+    monkeypatch.setattr(reward, "LOAD_RETRY_MIN_S", 1.0)
+    job = tmp_path / "job.yaml"
+    ten_rows(tmp_path)
+    (tmp_path / "slow.py").write_text(
+        f"import pathlib, time\nwarm = pathlib.Path({str(tmp_path / 'warm')!r})\n"
+        "if not warm.exists():\n    warm.touch()\n    time.sleep(5)  # the first import: a cold cache\n\n"
+        "def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        check_task(task(reward="slow.py:f", reward_timeout_s=0.1), job_file=job)
+    assert str(e.value) == (
+        f"{job}: task.reward: slow.py:f: it did not finish loading within 1 s (6 × reward_timeout_s, at least 1 s; "
+        "a longer load: set task.reward_load_timeout_s)"
+    )
+
+
 def test_check_task_reads_every_row_as_the_launch_will(tmp_path: Path) -> None:
     """Given the model's directory, check tokenizes every row (nothing written) and refuses bad ones as
     `prepare_dataset` would, naming the job field and the data file; `bad_rows: skip` passes."""
