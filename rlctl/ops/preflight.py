@@ -208,7 +208,28 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     out += _planning_only(job)
     out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path)))
     out += _planned(job, plan)
+    out = _one_no_template(out)
     return list(dict.fromkeys(out))  # one line per problem: the plan's refusal of a field may be one said above
+
+
+def _one_no_template(found: list[Problem]) -> list[Problem]:
+    """The model.path lines of a tokenizer without a chat template, for the task's data and the held-out file alike,
+    as one line naming both files (where the first was), versus one line each saying the same of the model."""
+    from rlctl.rl.dataset import NO_TEMPLATE
+
+    same = [p for p in found if p.field == "model.path" and NO_TEMPLATE in p.message]
+    if len(same) < 2:
+        return found
+    head = same[0].message.partition(NO_TEMPLATE)[0] + NO_TEMPLATE
+    rests = [p.message.partition(NO_TEMPLATE)[2] for p in same]
+    why = " holds chat messages"
+    if all(r.endswith(why) for r in rests):
+        said = " and ".join(r.removesuffix(why) for r in rests) + " hold chat messages"
+    else:
+        said = "; ".join(rests)
+    hint = "; ".join(dict.fromkeys(p.hint for p in same if p.hint)) or None
+    one = Problem("model.path", head + said, hint)
+    return [one if p is same[0] else p for p in found if p is same[0] or p not in same]
 
 
 def _unread(job: Job) -> list[Problem]:

@@ -150,12 +150,17 @@ def _not_json(value: Any, key: str) -> str | None:
     return f"{key} is a {type(value).__name__}"
 
 
+# what a NoChatTemplate says before the row that needs one (`rlctl check` says the task's and the held-out file's once)
+NO_TEMPLATE = (
+    "the tokenizer has no chat template (no chat_template.jinja, nor chat_template in tokenizer_config.json), and "
+)
+
+
 def _no_template(tokenizer: TextTokenizer, where: str, why: str, fix: str) -> NoChatTemplate:
     return NoChatTemplate(
         str(tokenizer.model_dir),
         None,
-        f"the tokenizer has no chat template (no chat_template.jinja, nor chat_template in tokenizer_config.json), "
-        f"and {where} {why}",
+        f"{NO_TEMPLATE}{where} {why}",
         hint=f"use a model whose tokenizer has one, add a chat_template.jinja to its directory, or {fix}",
     )
 

@@ -698,7 +698,8 @@ def test_a_model_directory_without_its_tokenizer_is_refused_as_model_path(tmp_pa
 def test_chat_messages_for_a_tokenizer_without_a_template_are_refused_as_model_path(tmp_path: Path) -> None:
     """Chat messages need the tokenizer's chat template: a model without one was refused as task.path (`its one row:
     prompt: chat messages need a chat template …`), and the held-out file's as evaluation.path; now as model.path,
-    naming the model directory, each data file's first such row, and the fixes."""
+    naming the model directory, each data file's first such row, and the fixes, in one line (two model.path lines
+    said the same of the model before)."""
     hf_dataset_job(tmp_path, positions=64, task={})
     write_tokenizer(tmp_path / "model", chat_template=None)
     messages = {"prompt": [{"role": "user", "content": "hi"}], "ground_truth": "x"}
@@ -714,10 +715,12 @@ def test_chat_messages_for_a_tokenizer_without_a_template_are_refused_as_model_p
     found = sorted((p.field, p.message, p.hint) for p in problems(job))
     hint = "use a model whose tokenizer has one, add a chat_template.jinja to its directory, or give the prompts as "
     hint += "strings"
-    assert found == [
-        ("model.path", f"{none}tokenizer_config.json), and {tmp_path / name}:line 1 holds chat messages", hint)
-        for name in ("data.jsonl", "held.jsonl")
-    ]
+    both = f"{tmp_path / 'held.jsonl'}:line 1 and {tmp_path / 'data.jsonl'}:line 1"
+    assert found == [("model.path", f"{none}tokenizer_config.json), and {both} hold chat messages", hint)]
+    (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": "hi", "ground_truth": "x"}) + "\n")
+    found = sorted((p.field, p.message, p.hint) for p in problems(job))
+    data = f"{tmp_path / 'data.jsonl'}:line 1 holds chat messages"
+    assert found == [("model.path", f"{none}tokenizer_config.json), and {data}", hint)]
 
 
 def test_an_overlong_buffer_past_where_digits_outputs_stop_is_refused(tmp_path: Path) -> None:
