@@ -355,7 +355,8 @@ def register(app: typer.Typer) -> None:
         if all_jobs:
             if job is not None:  # it listed every job, JOB ignored
                 raise UsageError(
-                    f"--all lists every job: it takes no JOB ({job!r}); `rlctl status {job}` shows that one"
+                    f"--all lists every job: it takes no JOB ({job!r}); `rlctl status {shlex.quote(job)}` shows that "
+                    "one"
                 )
             if watch:  # it listed them once, --watch ignored
                 raise UsageError("--all lists every job once: it takes no --watch; `rlctl status -w JOB` follows one")

@@ -365,6 +365,8 @@ def test_a_bad_key_of_a_profile_s_model_is_named(tmp_path: Path) -> None:
         (["no-such-command"], "No such command 'no-such-command'."),
         (["launch", str(DEMO), "--dry-run", "--detach"], "--dry-run starts nothing: it takes no --detach"),
         (["status", "--all", "myjob"], "--all lists every job: it takes no JOB ('myjob'); `rlctl status myjob` shows"),
+        # as a shell reads it: a job dir with a space was printed bare, which a shell splits
+        (["status", "--all", "my run (2)"], "it takes no JOB ('my run (2)'); `rlctl status 'my run (2)'` shows that"),
         (["status", "--all", "-w"], "--all lists every job once: it takes no --watch; `rlctl status -w JOB` follows"),
         # a job file with an inventory: it was read as an inventory ("kind: must be 'Inventory' …, got 'Job'")
         (["check", str(DEMO), str(ROOT / "clusters" / "local.yaml")], f"{DEMO}: a job file is checked alone"),
