@@ -259,6 +259,14 @@ def _unread(job: Job) -> list[Problem]:
             spec.trainer.backend == "megatron",
             "the 'torch' backend's (the megatron backend does not recompute activations)",
         ),
+        (  # ('fsdp' there is refused by `_sharding`, saying what megatron splits by)
+            "trainer",
+            spec.trainer,
+            "shard",
+            spec.trainer.backend == "megatron" and spec.trainer.shard == "none",
+            "the 'torch' backend's (megatron splits by tensor/pipeline parallel and never shards a replica's state "
+            "over its dp ranks: 'none' is what it does anyway)",
+        ),
         (
             "checkpoint",
             spec.checkpoint,

@@ -796,6 +796,9 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
         ({"trainer": {"backend": "megatron", "activation_checkpointing": True}}, "trainer.activation_checkpointing",
          "true: the 'torch' backend's (the megatron backend does not recompute activations); remove it "
          "(default false)"),
+        ({"trainer": {"backend": "megatron", "shard": "none"}}, "trainer.shard",
+         "'none': the 'torch' backend's (megatron splits by tensor/pipeline parallel and never shards a replica's "
+         "state over its dp ranks: 'none' is what it does anyway); remove it (default 'auto')"),
         ({"checkpoint": {"every_iterations": 0, "auto_resume": 2}}, "checkpoint.auto_resume",
          "2: read when checkpoint.every_iterations > 0 only (a failed run is resumed past a checkpoint it completed; "
          "0 writes one only at the end); remove it (default 0)"),
@@ -813,6 +816,7 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
     assert refused(load(tmp_path, weight_sync={"mode": "delta", "anchor_every": 4}), "weight_sync.anchor_every") == []
     assert refused(load(tmp_path, tracking={"backends": ["wandb"], "project": "p"}), "tracking.project") == []
     assert refused(load(tmp_path, trainer={"activation_checkpointing": True}), "trainer.activation_checkpointing") == []
+    assert refused(load(tmp_path, trainer={"shard": "none"}), "trainer.shard") == []
     assert refused(load(tmp_path, checkpoint={"every_iterations": 5, "auto_resume": 2}), "checkpoint.auto_resume") == []
     assert (
         refused(load(tmp_path, rebalance={"auto": True, "cooldown_iterations": 5}), "rebalance.cooldown_iterations")
