@@ -159,7 +159,9 @@ class SlurmScheduler(_Scheduler):
     ssh_user: str | None = None
     ssh_port: PositiveInt = 22
     ssh_key_file: HerePath = None
-    ssh_known_hosts: HerePath = Field(None, description="known_hosts file for the submit host (default ~/.ssh)")
+    ssh_known_hosts: HerePath = Field(
+        None, description="known_hosts file for the submit host (default ~/.ssh/known_hosts)"
+    )
     slurm_conf: str | None = Field(None, description="SLURM_CONF for the client tools, if not the default")
     workdir: WorkRoot = Field(None, min_length=1, description=WORKDIR_HELP)
     time_limit_min: Annotated[int, Field(gt=0, le=MAX_TIME_LIMIT_MIN)] = Field(
@@ -197,7 +199,9 @@ class SshScheduler(_Scheduler):
     port: Annotated[int, Field(ge=1, le=65535)] = 22
     key_file: HerePath = None
     proxy_jump: str | None = None
-    known_hosts: HerePath = Field(None, description="known_hosts file trusted for these hosts (default ~/.ssh)")
+    known_hosts: HerePath = Field(
+        None, description="known_hosts file trusted for these hosts (default ~/.ssh/known_hosts)"
+    )
     workdir: Annotated[str, AfterValidator(_work_root)] = Field("~/.rlctl", min_length=1, description=WORKDIR_HELP)
     shared_workdir: bool = Field(
         False,
