@@ -1,0 +1,37 @@
+"""`from_run`: the held-out figures of a run's own evaluations (the trainer's site reached over SSH)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+from rlctl.config.job import JobFile
+from rlctl.launch.jobdir import JobDir
+from rlctl.ops.evaluation import from_run
+
+
+def _run(tmp_path: Path, rows: list[dict[str, Any]]) -> JobDir:
+    jd = JobDir.create("ev", explicit=tmp_path / "ev-1")
+    jd.evaluations.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return jd
+
+
+def _row(version: int, **kw: Any) -> dict[str, Any]:
+    return {"version": version, "prompts": 8, "greedy_exact": 0.5, "versions": [version], **kw}
+
+
+def test_one_evaluation_counts_its_reward_failures_once(tmp_path: Path) -> None:
+    """The run evaluated its last version only (first is last): its 3 reward failures were said as 6."""
+    spec = cast(JobFile, SimpleNamespace(iterations=4))
+    out = from_run(_run(tmp_path, [_row(4, reward_failures=3)]), spec)
+    assert out["evaluations"] == 1 and out["reward_failures"] == 3
+
+
+def test_the_first_and_last_evaluations_reward_failures_add_up(tmp_path: Path) -> None:
+    spec = cast(JobFile, SimpleNamespace(iterations=4))
+    rows = [_row(2, reward_failures=1), _row(3, reward_failures=5), _row(4, reward_failures=3)]
+    out = from_run(_run(tmp_path / "a", rows), spec)
+    assert out["reward_failures"] == 4 and (out["greedy_exact_first"], out["versions_last"]) == (0.5, [4])
+    assert "reward_failures" not in from_run(_run(tmp_path / "b", [_row(2), _row(4)]), spec)
