@@ -48,6 +48,7 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
     tokenizer or settings changed: a relaunch into the same dir reuses them). `check` (a launch's `rlctl stop`)
     ends it by raising, in the SFT warm-up and the tokenizing too: what it leaves is rebuilt by the next launch."""
     check = check if check is not None else _go_on
+    _refuse_users_model_dir(jobdir)
     if not (jobdir.init_model / "config.json").exists():
         _starting_policy(jobdir, spec, check=check)
     task = spec.task
@@ -63,6 +64,22 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
             copy_reward(base / target, jobdir.path / REWARD_DIR)
         check()
         prepare_data(jobdir.path, spec, job, model_dir=jobdir.init_model, check=check)
+
+
+def _refuse_users_model_dir(jobdir: JobDir) -> None:
+    """ConfigError, one line, when the job dir's model/ holds anything but the init/ a launch puts there (a launch
+    into the job file's own directory, whose model/ is the user's: the checkpoint model.path names, say): the starting
+    policy was linked into the user's directory, and all it held was staged to every site as the job's."""
+    model = jobdir.init_model.parent
+    theirs = sorted(p.name for p in model.iterdir() if p.name != jobdir.init_model.name) if model.is_dir() else []
+    if theirs:
+        raise ConfigError(
+            str(model),
+            None,
+            f"holds {', '.join(theirs[:3])}{' …' if len(theirs) > 3 else ''}, which rlctl did not put there; a launch "
+            f"puts the starting policy in its {jobdir.init_model.name}/ and stages the whole directory to every site",
+            hint="launch into another --job-dir (or move that directory, and model.path with it)",
+        )
 
 
 def prepare_data(

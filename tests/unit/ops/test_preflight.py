@@ -538,6 +538,26 @@ def test_launch_detach_reads_and_tokenizes_a_dataset_once(tmp_path: Path, monkey
     assert len(calls) == 2
 
 
+def test_a_launch_into_the_job_files_directory_whose_model_dir_is_the_users_is_refused(tmp_path: Path) -> None:
+    """The job file's directory holds the checkpoint model.path names as model/: a launch there (`--job-dir .`) linked
+    the starting policy into the user's checkpoint directory (model/init/) and staged both to every site."""
+    from rlctl.errors import ConfigError
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.ops.inputs import copy_inputs, resolve_inputs
+
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    before = sorted(p.name for p in (tmp_path / "model").iterdir())
+    with pytest.raises(ConfigError) as e:
+        copy_inputs(JobDir(tmp_path), resolve_inputs(job.spec, job), job)
+    assert str(e.value).startswith(f"{tmp_path / 'model'}: holds config.json, generation_config.json, ")
+    assert str(e.value).endswith(
+        "which rlctl did not put there; a launch puts the starting policy in its init/ and stages the whole directory "
+        "to every site"
+    )
+    assert e.value.hint == "launch into another --job-dir (or move that directory, and model.path with it)"
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == before
+
+
 def test_bad_dataset_rows_are_refused_by_check_as_launch_would(tmp_path: Path) -> None:
     """check reads every row with the checkpoint's tokenizer: a bad row is refused before launch makes anything;
     `bad_rows: skip` passes."""
