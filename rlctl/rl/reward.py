@@ -202,7 +202,15 @@ def copy_reward(named: Path, dst: Path) -> None:
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir()
     (dst / COPY_MARK).write_text("the reward file and its modules, copied by rlctl launch: replaced at a relaunch\n")
-    shutil.copy2(src, dst / named.name)
+    try:
+        shutil.copy2(src, dst / named.name)
+    except OSError as e:  # one it cannot read: one line, as a module's below, not the OSError's traceback
+        raise ConfigError(
+            str(src),
+            None,
+            f"cannot copy the reward file into the job: {e.strerror or e}",
+            hint="make it readable: the job's sites load the reward from that copy",
+        ) from e
     packages = {rel: _package_bytes(src.parent / rel) for rel in modules if (src.parent / rel).is_dir()}
     total = sum(packages.values())
     if total > PACKAGE_WARN_BYTES and (str(src), total) not in _said_size:

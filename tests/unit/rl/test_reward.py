@@ -394,6 +394,29 @@ def test_a_reward_dir_of_the_users_in_the_dir_launched_into_is_refused_not_delet
     assert (tmp_path / "run" / "reward" / "score.py").is_file()
 
 
+def test_a_reward_file_that_cannot_be_read_is_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reward file the launch cannot read (another user's, mode 600): its copy into the job, moved out of the
+    copy's one-line error when the packages beside it were measured, ended check, the launch and a resume's
+    comparison in the OSError's traceback. Root reads any file: its read is refused here as the OS refuses it."""
+    from rlctl.ops.inputs import copy_reward
+
+    (tmp_path / "r.py").write_text("def f(data_source, solution_str, ground_truth):\n    return 1.0\n")
+    copy2 = shutil.copy2
+
+    def refused(src: object, dst: object, **kwargs: object) -> object:
+        if Path(str(src)) == tmp_path / "r.py":
+            raise PermissionError(13, "Permission denied", str(src))
+        return copy2(src, dst, **kwargs)  # type: ignore[arg-type]
+
+    (tmp_path / "job").mkdir()
+    monkeypatch.setattr(shutil, "copy2", refused)
+    with pytest.raises(ConfigError) as e:
+        copy_reward(tmp_path / "r.py", tmp_path / "job" / "reward")
+    assert str(e.value).startswith(f"{tmp_path / 'r.py'}: cannot copy the reward file into the job: Permission denied")
+
+
 def test_a_reward_files_copy_in_the_job_loads_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: only the reward file was copied, so one importing a helper beside it was refused ("fold it in, or
     install it"). Now its modules come with it, and the copy loads in a fresh process far from the original."""
