@@ -580,14 +580,14 @@ def started(run: JobRun) -> dict[str, Any]:
 
 
 def _started_table(r: dict[str, Any]) -> str:
-    ref = r["id"]
+    ref = shlex.quote(r["id"])  # as a shell reads it (a job dir `my run (2)`)
     rows = [
         ["job dir", r["job_dir"]],
         ["launcher", f"pid {r['launcher_pid']}, watching the job to its end; its log: {r['launcher_log']}"],
         ["follow", f"rlctl status -w {ref}  ·  rlctl logs {ref} launcher -f"],
         ["stop", f"rlctl stop {ref}"],
     ]
-    return grid(rows, ["", ""], f"Job {ref}: running (detached)")
+    return grid(rows, ["", ""], f"Job {r['id']}: running (detached)")
 
 
 def _flags() -> list[str]:

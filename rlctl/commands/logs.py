@@ -85,7 +85,8 @@ def register(app: typer.Typer) -> None:
             if not names:
                 raise UsageError(
                     f"job {ref.id}: no logs yet: none of its agents has started (no {log_dir}/*.log)",
-                    hint=f"`rlctl status {ref.id if ref.row is not None else ref.jobdir.path}` says where it stands",
+                    hint=f"`rlctl status {shlex.quote(ref.id if ref.row is not None else str(ref.jobdir.path))}` says "
+                    "where it stands",
                 )
             tails = agentlogs.tail_all(ref.jobdir.path, handles, names, EACH_AGENT_LINES if lines is None else lines)
             for name, shown in zip(names, tails, strict=True):

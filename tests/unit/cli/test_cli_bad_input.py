@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import os
+import shlex
 import socket
 import sys
 from collections.abc import Callable
@@ -391,6 +392,13 @@ def test_logs_of_a_job_without_any_says_so(tmp_path: Path) -> None:
     assert f"job run: no logs yet: none of its agents has started (no {jd.path}/logs/*.log)" in one_error(
         run_cli("logs", str(jd.path))
     )
+
+
+def test_logs_of_a_job_without_any_hint_its_status_as_a_shell_reads_it(tmp_path: Path) -> None:
+    """A job dir `my run (2)`: the hint said `rlctl status /…/my run (2)`, which a shell splits and refuses."""
+    jd = prepared(tmp_path / "my run (2)")
+    line = one_error(run_cli("logs", str(jd.path)))
+    assert f"(hint: `rlctl status {shlex.quote(str(jd.path))}` says where it stands)" in line, line
 
 
 def test_logs_of_every_agent_show_the_lines_n_asks_for_each(tmp_path: Path) -> None:
