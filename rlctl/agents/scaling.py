@@ -263,6 +263,7 @@ class Scaler:
             if (
                 name in self.core.units
                 or name in self.never_joined
+                or name in self.abandoned  # stopped for not joining: `unjoined_stopped` counts it, saying why
                 or not (name in planned or name in self.spawn_requested)
             ):
                 continue

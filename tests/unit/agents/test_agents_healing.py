@@ -491,6 +491,38 @@ def test_a_replacement_that_never_joins_though_it_runs_is_stopped_past_the_bound
     assert spawner.calls == [("a", 2), ("a", 3)]  # the next attempt
 
 
+def test_a_replacement_stopped_for_not_joining_that_its_site_then_says_exited_is_counted_once_as_not_joined(
+    tmp_path,
+) -> None:
+    """The sites, asked about units not joined while the replacement stopped for not joining was being stopped, said
+    it exited: that answer counted the attempt failed as 'exited before it joined (its log says why)', with an
+    event unit_exited_before_joining, and the stop's own count found no attempt left: no replacement_not_joined,
+    the reason its status gave wrong."""
+    scaler, core, jd, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    scaler.tick(t0 + 600.0)  # the bound is 40 min
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=t0 + 600.0)
+    scaler.tick(t0 + 600.0)
+    deliver(scaler, posted)
+    scaler._unjoined_at = t0 + 3001.0  # (the sites just asked)
+    scaler.tick(t0 + 3001.0)  # past the bound: stopped, in a thread
+    deadline = time.monotonic() + 5
+    while not posted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stopped = posted.pop()
+    spawner.gone = ("rollout-2",)  # the sites' answer, as the stop took it down
+    scaler.not_joining(["rollout-2"], now=t0 + 3002.0)
+    scaler.tick(t0 + 3002.0)
+    scaler.unjoined_stopped(stopped[1], stopped[2])
+    scaler.tick(t0 + 3003.0)
+    r = scaler.replacing["rollout-1"]
+    assert (r.unit, r.attempts) == (None, 1)
+    assert r.why == "rollout-2 did not join within 2400 s though its site said it ran (its log says why); stopped"
+    events = [e["event"] for e in jd.read_events()]
+    assert "unit_exited_before_joining" not in events and events.count("replacement_not_joined") == 1
+
+
 def test_a_replacement_its_scheduler_still_queues_is_not_stopped_for_not_joining(tmp_path) -> None:
     """A replacement pending in a busy SLURM queue is not loading: its join bound counts from when it leaves the
     queue, versus stopped (and resubmitted at the back of the queue) once the bound passed since its submission."""
