@@ -229,7 +229,7 @@ def refused_lines(found: list[Problem]) -> list[str]:
 def _devices_cell(r: dict[str, Any]) -> str:
     """The dry-run table's CUDA_VISIBLE_DEVICES / SLURM request of one agent: "none" where it gets no GPU (it is
     told CUDA_VISIBLE_DEVICES="", the controller and a `gpu: CPU` site's agents)."""
-    if r["cuda_visible_devices"] is None:
+    if r["cuda_visible_devices"] is None or (r["cuda_visible_devices"] == "" and r["gpu_request"]):  # (SLURM's)
         return str(r["gpu_request"] or "-")
     return str(r["cuda_visible_devices"] or "none")
 

@@ -300,7 +300,8 @@ class JobRun:
             site_dir = JobDir(Path(site_root(self.sites[a.site], self.id, here=self.jobdir.path)))
             spec = agent_spec(site_dir, a, self.sites[a.site], env=env, controller=DRY_RUN_CONTROLLER)
             backend = self.backends.for_site(a.site)
-            gpus = spec.env.get(ENV_VISIBLE) if spec.gpu_slice else None  # its devices (`devices` maps slots)
+            # its devices (`devices` maps slots); "" for one on the CPU (the controller too: it has no slice)
+            gpus = spec.env.get(ENV_VISIBLE) if spec.gpu_slice or spec.env.get(ENV_VISIBLE) == "" else None
             out.append(
                 {
                     "agent": spec.name,

@@ -259,6 +259,20 @@ def test_only_agents_that_compute_on_gpus_see_any(tmp_path: Path, gpu: str) -> N
                        "rollout-0": ("cuda", "2"), "rollout-1": ("cuda", "3")}  # fmt: skip
 
 
+def test_the_dry_run_shows_the_controller_on_the_cpu_as_it_shows_a_cpu_agent(tmp_path: Path) -> None:
+    """The controller gets CUDA_VISIBLE_DEVICES="" (916b63f), but the dry run's table said '-' for it (its JSON
+    null), where a CPU site's agents, told the same, said 'none': it has no GPU slice to show."""
+    job = write_job(tmp_path, {"local": local_site(4)}, at=(("local", 2), ("local", 2)))
+    res = run_cli("launch", str(job.path), "--dry-run", "--job-dir", str(tmp_path / "run"), "-o", "json")
+    assert res.exit_code == 0, res.stderr
+    rows = {r["agent"]: r for r in json.loads(res.stdout)}
+    assert rows["controller-0"]["cuda_visible_devices"] == ""
+    res = run_cli("launch", str(job.path), "--dry-run", "--job-dir", str(tmp_path / "run"))
+    table = {line.split()[0]: line.split("local")[-1].split()[0] for line in res.stdout.splitlines()[3:8]}
+    names = ["controller-0", "trainer-0", "trainer-1", "rollout-0", "rollout-1"]
+    assert table == dict.fromkeys(names, "none"), res.stdout
+
+
 def test_parallel_from_env_fills_a_slurm_rank() -> None:
     trainer = '{"role": "trainer", "tp": 2, "pp": 1, "dp": 4}'
     assert parallel_from_env({ENV_PARALLEL: trainer, "SLURM_PROCID": "5"})["rank"] == 5
