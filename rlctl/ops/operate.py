@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rlctl import procfs
@@ -34,6 +35,7 @@ from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.jobdir import JobDir, resume_command
+from rlctl.launch.sitefs import is_remote
 from rlctl.launch.stage import (
     agents_and_latest_run,
     all_recorded_agents,
@@ -566,7 +568,9 @@ def stop_under_way(jd: JobDir) -> bool:
     `stopped_by_operator` not written yet): a second stop then finds the controller's listener closed as it ends,
     and forced an end the first one was waiting out (a checkpoint being written, cut). Not one whose stop process is
     gone (killed) when the controller did not say it took the request (its own `stop_requested`, `by`): nothing ends
-    the job then, and a second stop waited its whole grace for a controller that was not ending."""
+    the job then, and a second stop waited its whole grace for a controller that was not ending. Where the controller
+    keeps its events on another site its word is not here yet: such a request is under way still (a second stop,
+    the first Ctrl-C'd while the controller completed a checkpoint, forced it and cut the checkpoint)."""
     events = _this_run(jd.read_events())
     asked = [i for i, e in enumerate(events) if e.get("event") == STOP_REQUESTED]
     if not asked or any(e.get("event") == "stopped_by_operator" for e in events[asked[-1] :]):
@@ -575,7 +579,18 @@ def stop_under_way(jd: JobDir) -> bool:
     if not operators:  # the controller's word alone: it ends
         return True
     taken = any("by" in events[i] for i in asked if i > operators[-1])
-    return taken or _stopper_runs(events[operators[-1]].get("stopper"))
+    return taken or _stopper_runs(events[operators[-1]].get("stopper")) or _events_elsewhere(jd)
+
+
+def _events_elsewhere(jd: JobDir) -> bool:
+    """Whether the job's controller keeps its events on another site (or in another directory), here only once its
+    record is fetched: its word that it took a stop (`stop_requested`, `by`) may be there alone, while it ends (a
+    checkpoint being completed, its listener closed). True where its record cannot be read (cannot tell)."""
+    try:
+        view = record_view(jd.path)
+    except (RlctlError, OSError):
+        return True
+    return view is not None and (is_remote(view[0]) or Path(view[2]) != jd.path)
 
 
 def _stopper() -> dict[str, Any]:

@@ -823,3 +823,26 @@ def test_a_stop_racing_a_job_that_just_finished_says_it_finished_as_its_launcher
     assert out["graceful"] == "not needed: the job ended (finished) as the stop came, as its launcher recorded it"
     table = stop_cli._table(out)
     assert "forcing" not in table and "agents stopped" not in table and "agents checked gone" in table
+
+
+def test_a_gone_stops_request_is_under_way_where_the_controller_keeps_its_events_on_another_site(
+    tmp_path: Path,
+) -> None:
+    """A stop Ctrl-C'd while the controller completed a checkpoint (the hint then: `rlctl stop J` again): where the
+    controller keeps its events on its own site, its word that it took the request is not here until fetched, and the
+    second stop read the request as no stop under way, forced the controller (its listener closed as it ends) and
+    cut the checkpoint. It cannot tell there: the request is under way still, as before stops named themselves."""
+    jd = JobDir.create("far", explicit=tmp_path / "job")
+    far = Site.model_validate({**LOCAL_SITE, "scheduler": {"kind": "local", "workdir": str(tmp_path / "w")}})
+    write_sites(jd.path, {"far": far})
+    jd.write_json(jd.plan_json, {"controller_site": "far", "trainer": {"site": "far", "ranks": 1}, "rollout": []})
+    stage.write_staged(jd.path, {"far": {"roots": {"h": str(tmp_path / "w" / "jobs" / "far")}}})
+    jd.event("agent_started", agent="controller-0", site="far", backend="local", ident={}, gpus=None, run="r1")
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stopper = {"host": socket.gethostname(), "pid": killed.pid, "start_ticks": local.start_ticks(killed.pid)}
+    killed.kill()
+    killed.wait(timeout=10)
+    jd.event(STOP_REQUESTED, stopper=stopper)  # the Ctrl-C'd stop's; the controller's `by` is on its site
+    assert operate.stop_under_way(jd)
+    stage.write_staged(jd.path, {"far": {"roots": {"h": str(jd.path)}}})  # its events here: it did not take it
+    assert not operate.stop_under_way(jd)
