@@ -119,7 +119,8 @@ def heldout_line(h: dict[str, Any]) -> str:
         line += f", during the run: v{_span(h['versions_first'])} → v{_span(h['versions_last'])}"
     line += ")"
     if h.get("reward_failures"):  # else the figures read as the policies' own: `reward_on_error` is a score too
-        line += f"; {h['reward_failures']} of its {2 * h['prompts']} reward calls failed, scored task.reward_on_error"
+        calls = h["prompts"] * (1 if h.get("evaluations") == 1 else 2)  # (the starting and the final policy's)
+        line += f"; {h['reward_failures']} of its {calls} reward calls failed, scored task.reward_on_error"
     if "greedy_exact_first" not in h:  # a dataset task: its reward function's figures only
         return line
     return f"exact {h['greedy_exact_first']:.3f} → {h['greedy_exact_last']:.3f}, {line}"

@@ -208,6 +208,25 @@ def test_the_runs_first_evaluation_whose_reward_calls_failed_is_said_when_its_la
     assert heldout_line(h).endswith("; 8 of its 16 reward calls failed, scored task.reward_on_error")
 
 
+def test_a_run_whose_only_evaluation_is_its_last_counts_its_failed_reward_calls_once(tmp_path: Path) -> None:
+    """A run with one evaluation row (its starting policy's lost with its unit, the last version's answering for
+    it): that row was its first and its last, and its failed reward calls were counted twice, of twice its calls
+    ('8 of its 16' where 4 of its 8 failed)."""
+    jd, job = _job_dir(tmp_path, iterations=2, final=False)
+    inventory = load_inventory([ROOT / "clusters" / f for f in ("local.yaml", "h800-trainer.yaml", "h20-rollout.yaml")])
+    write_sites(jd.path, inventory.sites)
+    placement = job.spec.placement.model_copy(
+        update={"trainer": job.spec.placement.trainer.model_copy(update={"site": "h20"})}
+    )
+    evaluation = job.spec.evaluation.model_copy(update={"every_iterations": 2})
+    spec = job.spec.model_copy(update={"placement": placement, "evaluation": evaluation})
+    row = {"greedy_exact": 0.0, "prompts": 8, "greedy_reward": 0.5, "versions": [2, 2], "reward_failures": 4}
+    jd.append(jd.evaluations, row | {"version": 2})
+    h = add_heldout(jd, spec, {"state": "done"}, say=lambda _: None)["heldout"]
+    assert (h["evaluations"], h["reward_failures"]) == (1, 4)
+    assert heldout_line(h).endswith("; 4 of its 8 reward calls failed, scored task.reward_on_error")
+
+
 def test_check_refuses_an_evaluation_it_cannot_run() -> None:
     demo = load_job(ROOT / "jobs" / "demo.yaml")
     assert demo.spec.evaluation.heldout_prompts > 0 and problems(demo) == []
