@@ -373,7 +373,8 @@ class ControllerAgent:
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:
-        """Run the job to its end; 0 when every iteration was trained, 1 when it failed."""
+        """Run the job to its end; 0 when every iteration was trained or a stop asked for its end (summary
+        `stopped`: the launcher and `checkpoint.auto_resume` read the summary, never this code), 1 when it failed."""
         no_rollout_since: float | None = None
         try:
             while not self.core.failed and not self.stop_requested and not self._finished():
@@ -425,7 +426,9 @@ class ControllerAgent:
             raise
         finally:
             self._shutdown()
-        return 0 if self.core.done else 1
+        # a stop is not a failure: every stopped job's `rlctl status` said `controller-0 exited 1`, and a SLURM site
+        # recorded its step FAILED
+        return 0 if self.core.done or (self.stop_requested and not self.core.failed) else 1
 
     def _stop_meant(self) -> bool:
         """Whether the job's end was asked for since this controller started, where it can tell: a `rlctl stop`

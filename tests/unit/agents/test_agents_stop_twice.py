@@ -72,3 +72,23 @@ def test_while_it_stops_a_scale_is_refused_at_once_and_the_launchers_failure_is_
         client.close()
     finally:
         h.close()
+
+
+def test_a_controller_that_ends_on_a_stop_exits_0(tmp_path: Path, monkeypatch) -> None:
+    """`rlctl stop` is not a failure: the controller exited 1 (every stopped job's `rlctl status` said
+    `controller-0 exited 1`); the launcher's `failed` is still 1."""
+    monkeypatch.setattr(controller, "BYE_WAIT_S", 0.0)
+    h = HandledController(tmp_path, small_job("stopped", iterations=6), listen="inproc://stop-exit")
+    try:
+        h.feed("client-0", make("shutdown", {}))
+        assert h.ctl.run() == 0
+        assert h.jd.read_json(h.jd.summary_json)["state"] == "stopped"
+    finally:
+        h.close()
+    h = HandledController(tmp_path / "f", small_job("failed", iterations=6), listen="inproc://stop-exit-failed")
+    try:
+        h.feed("client-0", make("shutdown", {"failed": "trainer-1 exited with 1"}))
+        assert h.ctl.run() == 1
+        assert h.jd.read_json(h.jd.summary_json)["state"].startswith("failed")
+    finally:
+        h.close()
