@@ -411,7 +411,10 @@ def register(app: typer.Typer) -> None:
                 emit(s, output, _table)
                 ended = s.get("live", {}).get("state") in ("done", "failed")
                 ended = ended or "summary" in s or "ended_without_summary" in s or "never_started" in s
-                if not watch or ended:
+                # its launcher still holds the job after the controller's end: it evaluates the final checkpoint,
+                # records the end in the index, or resumes the run (auto_resume); -w stopped at the controller's
+                # `done`, its last frame `held-out v0` and `launcher … watching`
+                if not watch or (ended and ref.jobdir.launcher_holder() is None):
                     break
                 sys.stdout.flush()
                 time.sleep(interval_s)
