@@ -403,7 +403,7 @@ class ControllerAgent:
                 # prompt: hand it the suspect once it is empty (it may end an evaluation, which pumps nothing)
                 if self.core.reserving or self.core.clearing:
                     self._send(self.core.pump())
-                self.scaler.tick(now)
+                self._send(self.scaler.tick(now))
                 agent_gauges(self.metrics, self.core, self.peers, self.sites, now=now)
                 self._watch(now)
                 if not self.core.started and now - self.t_start > START_WAIT_S:

@@ -11,6 +11,7 @@
     `replaced` goes into each controller checkpoint; a resumed run continues it (restore())
     the units per site (unit_counts()) go into it too; a resumed run, once the plan's units joined, starts
          those the checkpoint's run had beyond them ──▶ scale event "out", reason "resume"
+         and drains those beyond a site's count it had (a `scale −N`) ──▶ scale event "in", reason "resume"
     scale −N ──▶ core.drain(the newest units) ──▶ scale event "in" (the controller sends the drain)
     a unit expected UNJOINED_CHECK_S without joining (the plan's, or one asked for) ──▶ its site asked, in a thread,
          whether it still runs ──▶ post("not_joining") ──▶ not_joining(): one that exited holds no slot
@@ -410,13 +411,13 @@ class Scaler:
             return
         self.replacing[lost] = Replacement(lost, site, due=now)
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> list[Out]:
         """From the controller's loop: start replacements that are due; count a replacement that failed to
         start or exited before it joined (`not_joining`) as a failed attempt (then back off, or give up), and stop one
         not joined within `join_bound_s` (`unjoined_stopped` counts it); in a resumed run, start again the units its
-        checkpoint's run had beyond the plan (`restore`)."""
-        if self.restoring is not None:
-            self._restore_units(now)
+        checkpoint's run had beyond the plan, and drain those beyond the ones it had (`restore`). The drain messages
+        to send."""
+        outs = self._restore_units(now) if self.restoring is not None else []
         for name in _sites_by_agent(self.placement.plan):
             if name.startswith("rollout-") and name not in self.join_s and name in self.core.units:
                 self.join_s[name] = now - self.t0
@@ -444,6 +445,7 @@ class Scaler:
             since = self.join_since.get(name, self.spawn_requested[name])
             if name not in chains and name not in self.abandoned and now - since >= self.join_bound_s():
                 self._stop_unjoined_unit(name)
+        return outs
 
     def join_bound_s(self) -> float:
         """How long a replacement may take to join: JOIN_BOUND_FACTOR × the longest a unit of this run took, at
@@ -521,8 +523,8 @@ class Scaler:
         """A resumed run: the count of replaced units its checkpoint holds (status `resilience.replaced`
         continues from it), and its rollout units per site (`unit_counts`; None in a checkpoint written before
         they were kept): those beyond the plan's, which `rlctl scale` or the rebalance rule added, are started
-        again once the plan's units joined (`tick`). A site that had fewer than the plan's (`scale -N`) keeps the
-        plan's: the launcher starts every planned unit."""
+        again once the plan's units joined (`tick`); a site that had fewer than the plan's (`scale -N`) gets that
+        count back then, its newest units drained (the launcher starts every planned unit)."""
         self.replaced = replaced
         self.restoring = units
         self.restored_at = time.monotonic() if now is None else now
@@ -539,13 +541,16 @@ class Scaler:
                 counts[site] = counts.get(site, 0) + 1
         return counts
 
-    def _restore_units(self, now: float) -> None:
+    def _restore_units(self, now: float) -> list[Out]:
         """Start the units the checkpoint's run had beyond this run's on each site, as a scale-out (reason
         "resume"), once the plan's units joined (or RESTORE_WAIT_S went by): those that fit; those that do not are
-        said (`scale_failed`), and the run goes on with those it has."""
+        said (`scale_failed`), and the run goes on with those it has. A site the checkpoint's run had scaled in
+        (`scale -N`: deliberate) is scaled in again, as a scale-in (reason "resume"); before, it came back with the
+        plan's count, unsaid. The drain messages to send."""
         if len(self.core.units) < self.placement.planned_units and now - self.restored_at < RESTORE_WAIT_S:
-            return
+            return []
         want, self.restoring = self.restoring or {}, None
+        outs: list[Out] = []
         have = self.unit_counts()
         planned: dict[str, int] = {}
         for g in self.placement.plan.get("rollout", []):
@@ -554,6 +559,8 @@ class Scaler:
             # the launcher starts every planned unit (one lost is replaced, and counted): past RESTORE_WAIT_S those
             # not joined yet (queued in SLURM, loading a large model) are still the plan's, not missing
             missing = n - max(have.get(site, 0), planned.get(site, 0))
+            if missing < 0 and site in self.placement.rollout_sites:
+                outs += self._restore_scale_in(site, n)
             if missing <= 0 or site not in self.placement.rollout_sites:
                 continue
             out = self._add(missing, site, reason="resume", partial=True)  # those that fit, not none
@@ -565,6 +572,27 @@ class Scaler:
                 self.jobdir.event("scale_failed", reason="resume", site=site, units=left, error=out["error"])
                 log.warning("controller: could not start again %d of the %d unit(s) on %s the run had: %s", left,
                             missing, site, out["error"])  # fmt: skip
+        return outs
+
+    def _restore_scale_in(self, site: str, n: int) -> list[Out]:
+        """Drain the units of `site` beyond the `n` the checkpoint's run had there (its live ones: one not joined yet
+        is the plan's, and stays); the drain messages."""
+        live = [u for u in self.core.live_units if self.placement.sites.get(u.name) == site]
+        extra = min(len(live), len(live) + len(self._planned_unjoined_on(site)) - n)
+        if extra <= 0:
+            return []
+        reply, outs = self._remove(extra, site, reason="resume")
+        if "error" in reply:
+            self.jobdir.event("scale_failed", reason="resume", site=site, units=-extra, error=reply["error"])
+            log.warning("controller: could not scale %s in again to the %d unit(s) the run had: %s", site, n,
+                        reply["error"])  # fmt: skip
+        else:
+            log.info("controller: draining %s on %s again: the resumed checkpoint's run had %d unit(s) there",
+                     ", ".join(reply["removing"]), site, n)  # fmt: skip
+        return outs
+
+    def _planned_unjoined_on(self, site: str) -> list[str]:
+        return [n for n in self._planned_unjoined() if self.placement.sites.get(n) == site]
 
     def resilience(self) -> dict[str, Any]:
         """For status: replacements done, under way, given up, and what that means for the job."""

@@ -375,7 +375,7 @@ def test_a_unit_asked_for_that_exited_before_joining_is_a_failed_start_and_one_s
     scaler.spawn_requested["rollout-2"] = scaler.t0  # asked for as the controller started
     assert _asked(scaler, posted, 61.0) == []  # it still runs (queued in SLURM, loading): its slot stays taken
     assert scaler.free_slots() == {"a": 0}
-    assert scaler.tick(scaler.t0 + 62.0) is None and posted == []  # asked again only after UNJOINED_CHECK_S
+    assert scaler.tick(scaler.t0 + 62.0) == [] and posted == []  # asked again only after UNJOINED_CHECK_S
     spawner.gone = ("rollout-2",)
     assert _asked(scaler, posted, 122.0) == ["rollout-2"]
     assert scaler.free_slots() == {"a": 1} and scaler.failed_starts == {
@@ -607,3 +607,23 @@ def test_a_unit_asked_for_its_scheduler_still_queues_is_not_stopped_for_not_join
     scaler._unjoined_at = t0 + 1700.0 + 1801.0
     scaler.tick(t0 + 1700.0 + 1801.0)  # the bound passed since it was last seen queued
     assert _stop_posted(posted)[:2] == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]
+
+
+def test_a_resume_scales_in_again_a_site_the_run_had_scaled_in(tmp_path) -> None:
+    # `rlctl scale -1` (1 unit on site a, 2 planned), then a resume: it came back with the plan's 2, unsaid
+    scaler, *_ = setup(tmp_path, fail=0)
+    _, outs = scaler.scale(-1, "a", reason="manual")
+    drained = [o.to for o in outs if o.to != "trainer"]
+    assert drained == ["rollout-1"]
+    assert scaler.unit_counts() == {"a": 1}
+    resumed, core2, _, _, spawner = setup(tmp_path / "resumed", fail=0)
+    core2.units.pop("rollout-1")
+    resumed.restore(replaced=0, units=scaler.unit_counts(), now=0.0)
+    assert not resumed.tick(1.0)  # rollout-1 of the plan has not joined: the launcher's, nothing drained yet
+    core2.join("rollout-1", role="rollout", version=0)
+    outs = resumed.tick(2.0)
+    assert resumed.unit_counts() == {"a": 1} and spawner.calls == []
+    assert [o.to for o in outs if o.to != "trainer"] == drained
+    scale = [e for e in resumed.jobdir.read_lines(resumed.jobdir.events) if e["event"] == "scale"]
+    assert [(e["direction"], e["agent"], e["site"], e["reason"]) for e in scale] == [("in", "rollout-1", "a", "resume")]
+    assert resumed.tick(3.0) == []  # once
