@@ -439,11 +439,12 @@ def why_not_made(path: Path) -> str | None:
     return None
 
 
-def refuse_taken(path: Path, *, named_by: str = "--job-dir") -> None:
+def refuse_taken(path: Path, *, named_by: str = "--job-dir", resume: str | None = None) -> None:
     """Before a fresh launch into `path` (`named_by`: the --job-dir flag, or the job file's `job_dir` field): refused
     when it cannot be made (`why_not_made`), already holds a job (UsageError, one line: the launch would overwrite
-    that job's record, which `launch --resume` continues), or a launch still prepares one there (its launcher lock
-    held, its record not written yet: the new launch would put its index row over that launch's)."""
+    that job's record, which `resume` continues: `launch --resume`, by default), or a launch still prepares one there
+    (its launcher lock held, its record not written yet: the new launch would put its index row over that
+    launch's)."""
     other = f"another {named_by.rpartition(': ')[2]}"
     if not path.name:  # no name to be the job's id (W/jobs/<id> on its sites)
         raise UsageError(f"{named_by}: {path} is the filesystem's root, not a job directory", hint=f"choose {other}")
@@ -452,7 +453,7 @@ def refuse_taken(path: Path, *, named_by: str = "--job-dir") -> None:
     held = [name for name in JOB_RECORD if (path / name).exists()]
     holder = JobDir(path).launcher_holder()
     if held:
-        how = f"continue that job with `{resume_command(path)}`, or " if "job.json" in held else ""
+        how = f"continue that job with `{resume or resume_command(path)}`, or " if "job.json" in held else ""
         if holder is not None:  # a launcher watches it: a resume is refused (`has a launcher already`)
             how = f"its launcher ({holder}) runs it: watch it with `rlctl status {shlex.quote(str(path))}`, or "
         raise UsageError(

@@ -1209,6 +1209,22 @@ def launch_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> JobDir:
     return jd
 
 
+def _resume_taken(path: Path) -> str | None:
+    """The command that continues the job a fresh launch's `path` holds (None: none there, or `launch --resume`'s
+    own): a finished one's names `--iterations`, without which its resume is refused (`refuse_if_finished`); the
+    hint said `rlctl launch --resume DIR` alone."""
+    if not (path / "job.json").is_file():
+        return None
+    jobdir = JobDir(path)
+    try:
+        refuse_if_finished(jobdir, state=None)
+    except UsageError:
+        return f"{resume_command(path)} --iterations {2 * jobdir.read_job().iterations}"
+    except (RlctlError, OSError):  # a damaged record: the resume says what is wrong with it
+        return None
+    return None
+
+
 def fresh_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> Path:
     """Where a fresh launch of `job` writes (--job-dir `job_dir`, else the job file's `job_dir`, else a new
     timestamped directory); UsageError, one line, when that is a file or holds a job already (`refuse_taken`), or
@@ -1216,7 +1232,9 @@ def fresh_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> Path:
     explicit = job_dir if job_dir is not None else spec.job_dir
     path = JobDir.choose_path(spec.name, explicit=explicit)
     if explicit is not None:
-        refuse_taken(path, named_by="--job-dir" if job_dir is not None else f"{job.path}: job_dir")
+        refuse_taken(
+            path, named_by="--job-dir" if job_dir is not None else f"{job.path}: job_dir", resume=_resume_taken(path)
+        )
     elif (why := why_not_made(path)) is not None:  # a new timestamped directory, which no flag or field named
         raise UsageError(
             f"the job's new directory: {why}",

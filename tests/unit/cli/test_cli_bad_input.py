@@ -502,3 +502,19 @@ def test_scale_and_status_tables_say_per_site_figures_as_text_not_as_python() ->
     table = _table({"id": "j", "adding": ["rollout-2"], "first_sample_s": {"rollout-2": 3.004}, "wall_s": 3.2})
     assert "rollout-2 3.0 s" in table and "{" not in table, table
     assert _per_site({"local": 1, "h20": 0}) == "local 1, h20 0" and _per_site({}) == "-"
+
+
+def test_a_launch_into_the_directory_of_a_finished_job_names_a_resume_that_works(tmp_path: Path, home: Path) -> None:
+    # the hint said `rlctl launch --resume DIR`, which refuses a finished job: `nothing to resume`, exit 2
+    jd = prepared(tmp_path / "run")
+    planned = jd.read_job().iterations
+    jd.summary_json.write_text(json.dumps({"state": "done", "iterations": planned, "iterations_planned": planned}))
+    line = one_error(run_cli("launch", str(DEMO), "--job-dir", str(jd.path)))
+    assert f"continue that job with `rlctl launch --resume {jd.path} --iterations {2 * planned}`" in line, line
+    from rlctl.errors import UsageError
+    from rlctl.ops.extend import with_iterations
+    from rlctl.ops.run import refuse_if_finished
+
+    with pytest.raises(UsageError, match="nothing to resume"):  # the plain resume it named before
+        refuse_if_finished(jd, state=None)
+    assert with_iterations(jd, 2 * planned, since=None, ref=str(jd.path))[1] is not None  # the one it names now
