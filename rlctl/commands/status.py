@@ -368,7 +368,12 @@ def register(app: typer.Typer) -> None:
                         "name": r.spec.get("name"),
                         "state": r.state,
                         "job_dir": r.job_dir,
-                        "launcher": launcher_state(r.info.get("launcher"), ended=r.state not in LIVE),
+                        "launcher": launcher_state(
+                            r.info.get("launcher"),
+                            ended=r.state not in LIVE,
+                            job_dir=r.job_dir,
+                            source=r.info.get("source"),
+                        ),
                     }
                     for r in db.list()
                 ]

@@ -295,9 +295,12 @@ def launcher_running(info: Any) -> bool | None:
     return b"rlctl" in cmdline  # the pid may be another process's by now
 
 
-def launcher_state(info: Any, *, ended: bool) -> str | None:
+def launcher_state(
+    info: Any, *, ended: bool, job_dir: str | Path | None = None, source: str | None = None
+) -> str | None:
     """One line for `status`: which launcher watches the job (`ended`: the index says the job ended), and whether
-    it still runs."""
+    it still runs. One gone before it prepared the job (`job_dir` holds no job.json) left nothing to watch: it
+    names the launch anew (`source`: the job file its row recorded), which `rlctl attach` refuses to do."""
     if not isinstance(info, dict):
         return None
     where = f"pid {info.get('pid')} on {info.get('host')}"
@@ -308,4 +311,8 @@ def launcher_state(info: Any, *, ended: bool) -> str | None:
         return f"{where}, watching" if not ended else f"{where}, finishing"
     if ended:
         return f"{where}, ended"
+    if job_dir is not None and not (Path(job_dir) / "job.json").exists():
+        from rlctl.ops.run import launch_again
+
+        return f"{where}, gone before it prepared the job: nothing runs (launch it anew: `{launch_again(source)}`)"
     return f"{where}, gone: nothing watches the job (`rlctl attach` watches it again; `rlctl status` reads its end)"

@@ -164,7 +164,12 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     out: dict[str, Any] = {"id": ref.id, "job_dir": str(jd.path)}
     if ref.row is not None:
         out["index_state"] = ref.row.state
-        out["launcher"] = launcher_state(ref.row.info.get("launcher"), ended=ref.row.state not in LIVE)
+        out["launcher"] = launcher_state(
+            ref.row.info.get("launcher"),
+            ended=ref.row.state not in LIVE,
+            job_dir=jd.path,
+            source=ref.row.info.get("source"),
+        )
     t0 = time.monotonic()
     live = _with_deadline({"controller": lambda: ask_controller(ref, "status", timeout_s=timeout_s)}, timeout_s + 1)
     how, value = live["controller"]

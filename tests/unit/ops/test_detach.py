@@ -4,6 +4,7 @@ a SIGHUP that moves the output to the log, and whether a recorded launcher still
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -311,3 +312,29 @@ def test_a_detached_launchs_follow_and_stop_commands_name_the_job_as_a_shell_rea
     )
     for command in ("rlctl status -w 'my run (2)'", "rlctl logs 'my run (2)' launcher -f", "rlctl stop 'my run (2)'"):
         assert command in table, table
+
+
+def test_status_all_names_a_launch_anew_for_a_job_whose_launcher_died_before_it_prepared_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its row left `launching`, no job.json: `status --all` said `rlctl attach` watches it again, which refuses it
+    # (`nothing to watch`: never prepared)
+    from rlctl.launch.jobdir import JobDir
+    from tests.conftest import run_cli
+    from tests.unit.job_rows import indexed_row
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()  # the launcher: gone
+    jd = JobDir.create("cut", explicit=tmp_path / "cut")
+    launcher = {"pid": p.pid, "host": socket.gethostname()}
+    indexed_row("cut", jd.path, job="cut", info={"launcher": launcher, "source": "jobs/cut.yaml"})
+    r = run_cli("status", "--all", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    (row,) = json.loads(r.stdout)
+    assert row["state"] == "launching" and "rlctl attach" not in row["launcher"], row
+    assert row["launcher"].endswith(
+        "gone before it prepared the job: nothing runs (launch it anew: `rlctl launch jobs/cut.yaml`)"
+    )
+    attach = run_cli("attach", "cut")  # what it named before
+    assert attach.exit_code == 2 and "rlctl launch jobs/cut.yaml" in attach.stderr, attach.stderr
