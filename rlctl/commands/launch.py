@@ -474,6 +474,8 @@ def be_launcher(
         held.callback(db.close)
         held.enter_context(jd.launcher_lock())  # one launcher per job: no other resumes it meanwhile
         detach.survive_hangup(detach.log_path(jd.path))
+        if not detach.spawned():  # (a detached one's header was written as it was spawned)
+            detach.log_header(detach.log_path(jd.path), pid=os.getpid(), args=sys.argv[1:], detached=False)
         progress = Progress()
         runs = Runs(jd, spec, plan, db=db, say=progress.say, show=progress.show)
         stopped = True  # whether the `finally` below stopped the run without a problem (`stop_runs`)

@@ -109,6 +109,11 @@ def register(app: typer.Typer) -> None:
         found = agentlogs.locate(ref.jobdir.path, handles, name)
         if found is None:
             raise no_log
+        if name == LAUNCHER:  # the log is every launcher's: one in a terminal writes its header alone there
+            from rlctl.ops.detach import latest_in_terminal
+
+            if (note := latest_in_terminal(log_dir / f"{LAUNCHER}.log")) is not None:
+                sys.stderr.write(f"rlctl: {note}\n")
         named = shlex.quote(ref.id if ref.row is not None else str(ref.jobdir.path))
         with said_if_interrupted(
             lambda: (

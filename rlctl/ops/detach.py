@@ -32,7 +32,9 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import select
+import shlex
 import signal
 import socket
 import subprocess
@@ -155,8 +157,51 @@ def copy_on(start_log: Path, log: Path) -> None:
 
 
 def spawn(args: list[str], log: Path, *, env: dict[str, str] | None = None) -> Detached:
-    """`rlctl ARGS` in a new session (`start`)."""
-    return start([sys.executable, "-m", "rlctl", *args], log, env=env)
+    """`rlctl ARGS` in a new session (`start`), its header line in `log` (`log_header`) before any of its lines."""
+    child = start([sys.executable, "-m", "rlctl", *args], log, env=env)
+    log_header(log, pid=child.proc.pid, args=args, detached=True)
+    return child
+
+
+HEADER = re.compile(r"^(?P<t>\S+ \S+) launcher pid (?P<pid>\d+) on (?P<host>\S+) \((?P<how>detached|in a terminal)\): ")
+DETACHED = "its output follows here"
+IN_A_TERMINAL = "its output goes to that terminal, not here (here once the terminal goes away)"
+
+
+def log_header(log: Path, *, pid: int, args: list[str], detached: bool) -> None:
+    """One line in the job's launcher.log as a launcher begins (time, pid, host, what it runs, where its output
+    goes): the log is every launcher's, appended, and a foreground launcher writes nothing else to it; before, the
+    log said nothing of which launcher wrote what, and after a foreground resume `rlctl logs JOB launcher` showed an
+    earlier launcher's ending as the job's last word."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    how = "detached" if detached else "in a terminal"
+    line = f"{stamp} launcher pid {pid} on {socket.gethostname()} ({how}): rlctl {shlex.join(args)}; "
+    line += f"{DETACHED if detached else IN_A_TERMINAL}\n"
+    with contextlib.suppress(OSError):  # (a full disk: the launch goes on; its log is a convenience)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as f:
+            f.write(line)
+
+
+def latest_in_terminal(log: Path) -> str | None:
+    """When the latest launcher of `log` (its last header) ran in a terminal and its output never moved here (no
+    SIGHUP since): a line that says so, for `rlctl logs JOB launcher` (the lines before it are earlier launchers');
+    None otherwise."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    last = next((i for i in range(len(lines) - 1, -1, -1) if HEADER.match(lines[i])), None)
+    if last is None:
+        return None
+    m = HEADER.match(lines[last])
+    assert m is not None
+    if m["how"] != "in a terminal" or any("the terminal went away (SIGHUP)" in line for line in lines[last + 1 :]):
+        return None
+    return (
+        f"the job's latest launcher (pid {m['pid']} on {m['host']}, began {m['t']}) runs in a terminal and writes "
+        "its output there: the lines before its header are an earlier launcher's"
+    )
 
 
 def start(argv: list[str], log: Path, *, env: dict[str, str] | None = None) -> Detached:
@@ -190,6 +235,11 @@ def start(argv: list[str], log: Path, *, env: dict[str, str] | None = None) -> D
     finally:
         os.close(w)
     return Detached(proc, r, log, start_log)
+
+
+def spawned() -> bool:
+    """Whether this process is a launcher `spawn` started (detached) that has not said it started yet."""
+    return READY_FD_ENV in os.environ
 
 
 def say_started(info: dict[str, Any]) -> None:

@@ -549,3 +549,37 @@ def test_a_resume_ctrl_c_before_any_agent_started_says_the_job_is_as_it_was(tmp_
         "before it: continue it with `rlctl launch --resume demo-3` (and the resume's --iterations / --checkpoint, "
         "where it had them)"
     )
+
+
+def test_a_foreground_launcher_heads_the_launcher_log_and_logs_says_the_rest_is_an_earlier_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # launcher.log is every launcher's, appended with no header, and a foreground launcher wrote nothing there: after
+    # a foreground resume, `rlctl logs JOB launcher` showed an earlier detached launcher's ending as the job's last word
+    from rlctl.config import load_job
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(autoresume, "Runs", _InterruptedRuns)
+    monkeypatch.setattr(detach, "survive_hangup", lambda log: None)
+    monkeypatch.delenv(detach.READY_FD_ENV, raising=False)
+    jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
+    jd.write_job(load_job(ROOT / "jobs/demo.yaml").spec, source="jobs/demo.yaml")
+    log = detach.log_path(jd.path)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("job demo-1: failed after 3 iterations\n")  # an earlier detached launcher's end
+    with pytest.raises(KeyboardInterrupt):
+        _be_launcher(jd)
+    capsys.readouterr()
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2, lines  # its header after the earlier launcher's line
+    head = lines[-1]
+    assert (
+        detach.HEADER.match(head) and f" launcher pid {os.getpid()} on {socket.gethostname()} (in a terminal)" in head
+    )
+    r = run_cli("logs", str(jd.path), "launcher")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines() == ["job demo-1: failed after 3 iterations", head]
+    assert r.stderr == (
+        f"rlctl: the job's latest launcher (pid {os.getpid()} on {socket.gethostname()}, began {head[:19]}) runs in a "
+        "terminal and writes its output there: the lines before its header are an earlier launcher's\n"
+    )

@@ -338,3 +338,22 @@ def test_status_all_names_a_launch_anew_for_a_job_whose_launcher_died_before_it_
     )
     attach = run_cli("attach", "cut")  # what it named before
     assert attach.exit_code == 2 and "rlctl launch jobs/cut.yaml" in attach.stderr, attach.stderr
+
+
+def test_a_detached_launcher_heads_its_lines_in_the_launcher_log(tmp_path: Path) -> None:
+    # each detached launcher appended its lines to launcher.log with nothing saying whose they were
+    log = tmp_path / "logs" / detach.LOG_NAME
+    log.parent.mkdir()
+    log.write_text("an earlier launcher's line\n")
+    c = detach.spawn(["--help"], log)
+    try:
+        c.proc.wait(timeout=60)
+    finally:
+        os.close(c.ready_fd)
+    lines = log.read_text().splitlines()
+    m = detach.HEADER.match(lines[1])
+    assert lines[0] == "an earlier launcher's line" and m is not None, lines
+    assert (int(m["pid"]), m["how"]) == (c.proc.pid, "detached") and lines[1].endswith(
+        f"rlctl --help; {detach.DETACHED}"
+    )
+    assert detach.latest_in_terminal(log) is None  # its output comes here: nothing to say
