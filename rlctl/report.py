@@ -493,8 +493,6 @@ def _table(headers: list[str] | None, rows: list[list[str]], *, id_: str) -> str
 
 def _summary_rows(rec: JobRecord) -> list[list[str]]:
     s, rows = rec.summary or {}, rec.rows
-    first = s.get("reward_first", rows[0]["reward_mean"] if rows else None)
-    last = s.get("reward_last", rows[-1]["reward_mean"] if rows else None)
     # the job's first controller start to its last trained iteration, across resumes (metrics rows' wall_s)
     wall = s.get("job_wall_s", rows[-1].get("wall_s") if rows else None)
     ledger = s.get("ledger") or {}
@@ -504,7 +502,7 @@ def _summary_rows(rec: JobRecord) -> list[list[str]]:
         ["mode", rec.mode],
         ["state", rec.state],
         ["iterations", str(s.get("iterations", len(rows)))],
-        ["reward first → last", f"{_f(first)} → {_f(last)}"],
+        ["reward first → last", _reward_span(s, rows)],
         ["samples/s (every iteration, across resumes)", _f(job_rate(rows, "samples_per_s"), ".2f")],
         ["wall s (job start → last iteration)", _f(wall, ".1f")],
         [
@@ -514,6 +512,25 @@ def _summary_rows(rec: JobRecord) -> list[list[str]]:
         ],
         *([["quarantined prompts", str(ledger["quarantined"])]] if ledger.get("quarantined") else []),
     ]
+
+
+def _reward_span(s: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """The reward at the job's start and end, and over what: the summary's means over its first and last
+    `reward_window` iterations, else (no summary yet, or one without them) the first and last metrics rows' own.
+    Before, both read `0.150 → 0.700` under one label, the window unsaid."""
+    if "reward_first" in s and "reward_last" in s:
+        k = s.get("reward_window")
+        window = "iterations (how many: not recorded)"
+        if isinstance(k, int):
+            window = f"{k} iteration{'s' if k != 1 else ''}"
+        return f"{_f(s['reward_first'])} → {_f(s['reward_last'])} (means over the first and last {window})"
+    if not rows:
+        return "- → -"
+    first, last = rows[0], rows[-1]
+    return (
+        f"{_f(first.get('reward_mean'))} → {_f(last.get('reward_mean'))} (iteration {_f(first.get('iteration'), 'd')}"
+        f" → {_f(last.get('iteration'), 'd')}, one each: no summary)"
+    )
 
 
 def job_rate(rows: list[dict[str, Any]], key: str) -> float | None:

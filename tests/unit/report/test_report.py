@@ -416,3 +416,24 @@ def test_the_checkpoints_get_a_table_with_the_reward_that_made_each(tmp_path: Pa
     # metrics rows 1 … 12 (fake_jobdir): v6 is made by iterations 1 … 6, rows 0 … 5, of which rows 1 … 5 are there
     assert "<td>v6</td>" in page and "<td>1–6</td><td>0.2500</td>" in page
     assert "<td>v12 (latest)</td>" in page and "<td>7–12</td><td>0.5250</td>" in page
+
+
+def test_the_reward_first_to_last_says_over_which_iterations(tmp_path: Path) -> None:
+    # the summary's means over its first/last `reward_window` iterations and the first/last rows' own (no summary)
+    # both read `0.150 → 0.700` under one label, the window unsaid
+    d = make_job_dir(tmp_path)
+    rows = [metrics_row(i) for i in range(1, ITERATIONS + 1)]
+    write_lines(d / "metrics.jsonl", rows)
+    page = build_report(d).html.read_text().replace("\n", "")
+    first, last = _fmt(rows[0]["reward_mean"]), _fmt(rows[-1]["reward_mean"])
+    span = f"{first} → {last} (iteration 1 → {ITERATIONS}, one each: no summary)"
+    assert f"<td>reward first → last</td><td>{span}</td>" in page, page
+    summary = {"state": "done", "iterations": ITERATIONS, "reward_first": 0.15, "reward_last": 0.7, "reward_window": 2}
+    (d / "summary.json").write_text(json.dumps(summary))
+    page = build_report(d).html.read_text().replace("\n", "")
+    span = "0.150 → 0.700 (means over the first and last 2 iterations)"
+    assert f"<td>reward first → last</td><td>{span}</td>" in page, page
+
+
+def _fmt(v: float) -> str:
+    return format(v, ".3f")
