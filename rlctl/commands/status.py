@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shlex
 import sys
 import time
@@ -346,7 +347,7 @@ def register(app: typer.Typer) -> None:
         from rlctl.ops.detach import launcher_state
         from rlctl.ops.jobdb import LIVE, JobDB
         from rlctl.ops.jobref import resolve
-        from rlctl.ops.operate import job_status
+        from rlctl.ops.operate import job_status, row_now
 
         if checkpoints and (all_jobs or watch):
             raise UsageError(
@@ -409,6 +410,10 @@ def register(app: typer.Typer) -> None:
             )
         ):
             while True:
+                # read before the frame: the frame after its launcher let go of the job is the last (its index end)
+                held = watch and ref.jobdir.launcher_holder() is not None
+                if watch and ref.row is not None:  # its index row as it is now, not as it was at the first frame
+                    ref = dataclasses.replace(ref, row=row_now(ref.row))
                 s, complete = job_status(ref, timeout_s=timeout_s)
                 # (no stdout at all, `>&-`: not a terminal; emit says so)
                 if watch and output is OutputFormat.table and sys.stdout is not None and sys.stdout.isatty():
@@ -419,7 +424,7 @@ def register(app: typer.Typer) -> None:
                 # its launcher still holds the job after the controller's end: it evaluates the final checkpoint,
                 # records the end in the index, or resumes the run (auto_resume); -w stopped at the controller's
                 # `done`, its last frame `held-out v0` and `launcher … watching`
-                if not watch or (ended and ref.jobdir.launcher_holder() is None):
+                if not watch or (ended and not held):
                     break
                 sys.stdout.flush()
                 time.sleep(interval_s)

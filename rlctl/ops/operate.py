@@ -357,7 +357,7 @@ def _ended_without_summary(ref: JobRef, agents: list[dict[str, Any]], down: list
     return row is None or row.state not in LIVE or launcher_running(row.info.get("launcher")) is False
 
 
-def _row_now(row: JobRow | None) -> JobRow | None:
+def row_now(row: JobRow | None) -> JobRow | None:
     """`row` as the index holds it now (itself when the index no longer does)."""
     if row is None:
         return None
@@ -375,7 +375,7 @@ def job_end(ref: JobRef) -> str | None:
     its launcher recorded the end; else, with no launcher left to go on with it (to resume a failed run), the state
     of its latest run's summary. A job its launcher watches runs until that launcher records its end. The row is
     read again at each call (a follower asks for minutes: the `ref` it resolved is the job as it was then)."""
-    row = _row_now(ref.row)
+    row = row_now(ref.row)
     if row is not None and row.state not in LIVE:
         return row.state
     if ref.jobdir.launcher_holder() is not None:

@@ -417,15 +417,13 @@ def test_status_watch_follows_a_done_job_until_its_launcher_lets_go_of_it(
 ) -> None:
     # `status -w` stopped at the controller's `done`, while its launcher still evaluated the final checkpoint: its
     # last frame had no held-out figures of the end (and `launcher … watching`)
-    import time as time_mod
-
     from rlctl.commands import status as status_cmd
     from tests.conftest import run_cli
 
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = _job_with_controller(tmp_path, "evaluating", LOCAL, _killed_agent())
     jd.summary_json.write_text(json.dumps({"state": "done", "iterations": 4, "iterations_planned": 4}))
-    indexed_row("evaluating", jd.path, job="evaluating", state="finished")  # its launcher records the end first
+    indexed_row("evaluating", jd.path, job="evaluating", state="running")
     lock = jd.launcher_lock()
     lock.__enter__()
     slept: list[float] = []
@@ -434,10 +432,12 @@ def test_status_watch_follows_a_done_job_until_its_launcher_lets_go_of_it(
         slept.append(seconds)
         held = {"prompts": 8, "greedy_reward_first": 0.25, "greedy_reward_last": 0.75, "seconds": 1.0}
         jd.summary_json.write_text(json.dumps({"state": "done", "iterations": 4, "heldout": held}))
+        indexed_row("evaluating", jd.path, job="evaluating", state="finished")
         lock.__exit__(None, None, None)
 
     monkeypatch.setattr(status_cmd.time, "sleep", evaluated)
-    monkeypatch.setattr(time_mod, "sleep", evaluated)
     r = run_cli("status", "evaluating", "--watch", "--interval", "0.2")
     assert r.exit_code == 0, r.stderr
     assert slept == [0.2] and r.stdout.count("held-out (end)") == 1, r.stdout
+    last = r.stdout.rpartition("held-out (end)")[2]  # the last frame: the index's end, read after the launcher's
+    assert [line.split(None, 2)[2] for line in last.splitlines() if line.startswith("job index ")] == ["finished"]
