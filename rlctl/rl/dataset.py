@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from rlctl.config.job import DatasetTask
+from rlctl.config.job import BUILTIN_REWARD_NAMES, DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.rl.reward import LoadTimedOut, RewardPool, RewardResult, check_loads, copy_reward
 from rlctl.rl.tokenizer import HFTokenizer, TextTokenizer, decode_output
@@ -474,8 +474,12 @@ def _report_bad_rows(
         has = f"; the first row's fields: {one_of(fields)}" if missing and fields else ""
         rows = f"all {total} rows" if total > 1 else "its one row"
         hint = f"name the field that holds it: task.{keys[first.field]}" if missing and first.field else None
-        if first.what == NULL_ANSWER:
-            hint = "give the rows their ground truth, or set task.answer_key: null for a reward that reads none"
+        if first.what == NULL_ANSWER:  # (a built-in reward compares with it: answer_key null is refused for it)
+            hint = (
+                f"give the rows their ground truth (reward {cfg.reward!r} compares each output with it)"
+                if cfg.reward in BUILTIN_REWARD_NAMES
+                else "give the rows their ground truth, or set task.answer_key: null for a reward that reads none"
+            )
         raise ConfigError(
             str(data_path), None, f"{rows}: {str(first).removeprefix(f'{first.where}: ')}{has}", hint=hint
         )

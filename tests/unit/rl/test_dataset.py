@@ -283,6 +283,11 @@ def test_a_null_ground_truth_is_said_null_not_missing(tmp_path: Path, tok: HFTok
         f"{path}: all 3 rows: reward_model.ground_truth: null (a row's ground truth is the reward's ground_truth "
         "argument)"
     )
+    # the default reward, exact_match, compares with it: answer_key null, which the hint said to set, is refused for it
+    assert e.value.hint == "give the rows their ground truth (reward 'exact_match' compares each output with it)"
+    with pytest.raises(ConfigError) as e:
+        prepare_dataset(task(path=path.name, answer_key="reward_model.ground_truth", reward="r.py:f"), data_path=path,
+                        tokenizer=tok, out_dir=tmp_path / "o")  # fmt: skip
     assert e.value.hint == "give the rows their ground truth, or set task.answer_key: null for a reward that reads none"
     no_answers = task(path=path.name, answer_key=None, reward="r.py:f")  # (a reward of its own: the built-ins need one)
     assert prepare_dataset(no_answers, data_path=path, tokenizer=tok, out_dir=tmp_path / "n")
