@@ -186,8 +186,8 @@ class Scaler:
         self.join_s: dict[str, float] = {}  # unit → seconds it took to join (the plan's from t0; a replacement's
         # from its attempt's start): what `join_bound_s` measures the job's load time by
         self.abandoned: set[str] = set()  # units asked for (replacements too) stopped for not joining within the bound
-        # a unit asked for, not a replacement → since when its join bound counts (its request; its scheduler's queue
-        # last seen holding it)
+        # a unit asked for, not a replacement → since when its join bound counts (its start returned: `spawned`; its
+        # scheduler's queue last seen holding it). One whose start has not returned (its site being staged) has none
         self.join_since: dict[str, float] = {}
 
     def pending_units(self) -> list[str]:
@@ -442,8 +442,12 @@ class Scaler:
                 r.unit = self._spawn(r.site, "replace")
         chains = {r.unit for r in self.replacing.values()}
         for name in self.pending_units():  # a unit a scale or the rule asked for, its site saying it runs
-            since = self.join_since.get(name, self.spawn_requested[name])
-            if name not in chains and name not in self.abandoned and now - since >= self.join_bound_s():
+            # (not one whose start has not returned: a site staged first, the model copied, is no unit that hangs —
+            # stopping it stopped nothing, not recorded yet, and it started after its failed start was said)
+            since = self.join_since.get(name)
+            if since is None or name in chains or name in self.abandoned:
+                continue
+            if now - since >= self.join_bound_s():
                 self._stop_unjoined_unit(name)
         return outs
 
@@ -640,11 +644,14 @@ class Scaler:
             self.jobdir.event("scale_failed", agent=name, site=site, reason=reason, error=error)
             log.warning("controller: could not add %s on %s: %s", name, site, error)
             return
+        if name in self.spawn_requested:  # started: its join bound counts from here (`tick`)
+            self.join_since.setdefault(name, time.monotonic())
         self._scale_event("out", name, site, reason)
 
     def sampled(self, name: str) -> None:
         """`name` produced a sample: if it is a unit asked for, record how long it took to be useful."""
         t0 = self.spawn_requested.pop(name, None)
+        self.join_since.pop(name, None)
         if t0 is None:
             return
         self.unproven.pop(name, None)  # a replacement that stands

@@ -627,3 +627,34 @@ def test_a_resume_scales_in_again_a_site_the_run_had_scaled_in(tmp_path) -> None
     scale = [e for e in resumed.jobdir.read_lines(resumed.jobdir.events) if e["event"] == "scale"]
     assert [(e["direction"], e["agent"], e["site"], e["reason"]) for e in scale] == [("in", "rollout-1", "a", "resume")]
     assert resumed.tick(3.0) == []  # once
+
+
+def test_a_unit_asked_for_whose_start_has_not_returned_is_not_stopped_for_not_joining(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rollout-2's start stages its site first (the model copied over a slow link) past the join bound: it was
+    'stopped' (nothing to stop: not recorded yet) and said a failed start, its slot free, and it then started and ran
+    all the same. Its bound counts from when its start returned, as its site then says it runs."""
+    scaler, _, jd, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    scaler.tick(t0 + 1.0)  # the plan's units joined a second in: the bound is its least, 30 min
+    scaler.scale(1, None, reason="operator")
+    deadline = time.monotonic() + 5
+    while not posted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _, name, info = posted.pop()  # its start, still staging as far as the controller's loop knows
+    scaler._unjoined_at = t0 + 1801.0  # (the sites just asked)
+    scaler.tick(t0 + 1801.0)
+    time.sleep(0.2)  # (a stop runs in a thread)
+    assert posted == [] and not hasattr(spawner, "stopped") and scaler.failed_starts == {}
+    with monkeypatch.context() as m:  # its start returns 1850 s after the request
+        m.setattr(scaling.time, "monotonic", lambda: t0 + 1850.0)
+        scaler.spawned(name, info)
+    scaler._unjoined_at = t0 + 3600.0
+    scaler.tick(t0 + 3600.0)  # 29 min after its start returned
+    time.sleep(0.2)
+    assert posted == [] and not hasattr(spawner, "stopped") and scaler.free_slots() == {"a": 0}
+    scaler._unjoined_at = t0 + 3651.0
+    scaler.tick(t0 + 3651.0)  # the bound passed since its start returned
+    assert _stop_posted(posted)[:2] == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]
+    assert [e for e in jd.read_events() if e["event"] == "scale_failed"] == []  # (counted once the stop ends)
