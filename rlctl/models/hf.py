@@ -538,9 +538,11 @@ def hub_id_hint(given: str, directory: Path) -> str | None:
     local Hub cache where it is there, else how to download it."""
     if not _HUB_ID.fullmatch(given) or os.path.isdir(directory.parent):  # (a local path or its typo: `models/lama`)
         return None
-    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub"
-    )
+    # where huggingface_hub keeps it (its constants): HF_HUB_CACHE, the older HUGGINGFACE_HUB_CACHE, HF_HOME/hub,
+    # else $XDG_CACHE_HOME (~/.cache)/huggingface/hub
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    home = os.environ.get("HF_HOME") or os.path.join(cache, "huggingface")
+    hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
     repo = Path(hub) / f"models--{given.replace('/', '--')}"
     ref = repo / "refs" / "main"
     snapshots = sorted(p for p in (repo / "snapshots").glob("*") if p.is_dir())

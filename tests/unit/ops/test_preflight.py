@@ -1575,3 +1575,25 @@ def test_rollout_units_that_share_one_memory_are_refused_when_they_do_not_fit_it
     (p,) = refused(job, "rollout.max_batch_size")
     assert "the 2 embedded rollout units of site 'a' on GPU 0 of n1 (rollout-0, rollout-1)" in p.message, p.message
     assert "a H100 holds 80,000,000,000 bytes (90% usable)" in p.message
+
+
+@pytest.mark.parametrize("env", ["XDG_CACHE_HOME", "HUGGINGFACE_HUB_CACHE"])
+def test_a_hub_id_s_snapshot_is_found_where_huggingface_hub_keeps_its_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str
+) -> None:
+    """The cache huggingface_hub wrote under $XDG_CACHE_HOME/huggingface/hub (a cluster's scratch, say), or under
+    the older HUGGINGFACE_HUB_CACHE, was looked for in ~/.cache alone: the hint said to download what was there."""
+    for name in ("HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cache = tmp_path / "scratch"
+    monkeypatch.setenv(env, str(cache))
+    hub = cache / "huggingface" / "hub" if env == "XDG_CACHE_HOME" else cache
+    snapshot = hub / "models--Qwen--Qwen2.5-0.5B" / "snapshots" / "c0ffee"
+    snapshot.mkdir(parents=True)
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, model={"kind": "hf", "path": "Qwen/Qwen2.5-0.5B"})
+    assert e.value.hint == (
+        "'Qwen/Qwen2.5-0.5B' reads as a Hub id, which rlctl does not download; the local Hub cache holds it: "
+        f"{snapshot}"
+    )
