@@ -49,6 +49,7 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
     ends it by raising, in the SFT warm-up and the tokenizing too: what it leaves is rebuilt by the next launch."""
     check = check if check is not None else _go_on
     _refuse_users_model_dir(jobdir)
+    _refuse_users_dirs(jobdir, spec, job)  # before anything is built: model/init was, in the user's directory
     if not (jobdir.init_model / "config.json").exists():
         _starting_policy(jobdir, spec, check=check)
     task = spec.task
@@ -64,6 +65,28 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
             copy_reward(base / target, jobdir.path / REWARD_DIR)
         check()
         prepare_data(jobdir.path, spec, job, model_dir=jobdir.init_model, check=check)
+
+
+def _refuse_users_dirs(jobdir: JobDir, spec: JobFile, job: Job) -> None:
+    """ConfigError, one line, when the job dir's data/, data-heldout/ or reward/ is the user's (`refuse_not_ours`,
+    `refuse_replacing_theirs`: a launch into the job file's own directory), before the launch builds anything there:
+    asked only as each was built, the starting policy (model/init/, the SFT warm-up's or the user's checkpoint linked
+    or copied) and reward/ were made in the user's directory first, and left there by the refusal."""
+    task = spec.task
+    if not isinstance(task, DatasetTask):
+        return
+    from rlctl.rl.dataset import refuse_not_ours
+    from rlctl.rl.reward import refuse_replacing_theirs
+
+    base = job.path.parent
+    refuse_not_ours(base / task.path, jobdir.path / DATA_DIR)
+    if spec.evaluation.heldout_prompts and spec.evaluation.path:
+        refuse_not_ours(base / spec.evaluation.path, jobdir.path / HELDOUT_DIR)
+    original = job.spec.task
+    assert isinstance(original, DatasetTask)
+    target, sep, _ = original.reward.rpartition(":")
+    if sep and target.endswith(".py") and (base / target).is_file():  # (one that is not: refused as it is copied)
+        refuse_replacing_theirs(base / target, jobdir.path / REWARD_DIR)
 
 
 def _refuse_users_model_dir(jobdir: JobDir) -> None:

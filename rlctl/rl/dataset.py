@@ -306,7 +306,7 @@ def prepare_dataset(
 
     if not data_path.is_file():
         raise ConfigError(str(data_path), None, "no such file (task.path is relative to the job file)")
-    _refuse_not_ours(data_path, out_dir)
+    refuse_not_ours(data_path, out_dir)
     identity = _identity(cfg, data_path, tokenizer)
     kept = _kept.pop(str(data_path), None)
     manifest_path = out_dir / MANIFEST_FILE
@@ -337,7 +337,7 @@ def prepare_dataset(
     return load_dataset(out_dir, cfg)
 
 
-def _refuse_not_ours(data_path: Path, out_dir: Path) -> None:
+def refuse_not_ours(data_path: Path, out_dir: Path) -> None:
     """ConfigError, one line, when `out_dir` holds anything `prepare_dataset` does not write there (a launch into the
     job file's own directory, whose data/ is the user's, holding the data file itself): nothing of the user's is
     written over or staged to every site as the job's."""

@@ -174,31 +174,7 @@ def copy_reward(named: Path, dst: Path) -> None:
     reward file of an earlier launch); a `dst` that holds what no copy made (COPY_MARK: a reward/ of the user's in
     the directory launched into) is refused, not deleted."""
     src = named.resolve()
-    if src.is_relative_to(dst.resolve()):  # (a launch into the reward's own directory): replacing it deleted it
-        raise ConfigError(
-            str(src),
-            None,
-            f"the reward file lies in the job directory's {dst.name}/, which a launch replaces with its copy of it",
-            hint="keep it out of the job directory's reward/, or launch into another --job-dir",
-        )
-    modules = local_modules(src)  # (before `dst` is replaced: a package of the user's may be it)
-    for rel in modules:
-        if (src.parent / rel).resolve().is_relative_to(dst.resolve()):  # (a package named `reward` beside it)
-            raise ConfigError(
-                str(src.parent / rel),
-                None,
-                f"{rel}, which the reward file {named} imports, lies in the job directory's {dst.name}/, which a "
-                "launch replaces with its copy of the reward",
-                hint="launch into another --job-dir",
-            )
-    if dst.is_dir() and any(dst.iterdir()) and not (dst / COPY_MARK).is_file():  # (a directory of the user's)
-        raise ConfigError(
-            str(dst),
-            None,
-            f"holds {', '.join(sorted(p.name for p in dst.iterdir())[:3])}, which rlctl did not copy there; a launch "
-            "puts its copy of the reward there, in place of what it holds",
-            hint="launch into another --job-dir (or move that directory)",
-        )
+    modules = refuse_replacing_theirs(named, dst)
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir()
     (dst / COPY_MARK).write_text("the reward file and its modules, copied by rlctl launch: replaced at a relaunch\n")
@@ -238,6 +214,40 @@ def copy_reward(named: Path, dst: Path) -> None:
             f"{why or e}",
             hint="remove it, or make it readable: the job's sites load the reward from that copy",
         ) from e
+
+
+def refuse_replacing_theirs(named: Path, dst: Path) -> list[Path]:
+    """ConfigError, one line, where `copy_reward`'s replacement of `dst` would delete what is not its own copy: the
+    reward file, or a module it imports, lying in it, or a `dst` that holds what no copy made (no COPY_MARK: a reward/
+    of the user's in the directory launched into); else the modules the copy takes (`local_modules`). A launch asks
+    before it builds anything in the job dir (`rlctl.ops.inputs.copy_inputs`), and `copy_reward` again."""
+    src = named.resolve()
+    if src.is_relative_to(dst.resolve()):  # (a launch into the reward's own directory): replacing it deleted it
+        raise ConfigError(
+            str(src),
+            None,
+            f"the reward file lies in the job directory's {dst.name}/, which a launch replaces with its copy of it",
+            hint="keep it out of the job directory's reward/, or launch into another --job-dir",
+        )
+    modules = local_modules(src)  # (before `dst` is replaced: a package of the user's may be it)
+    for rel in modules:
+        if (src.parent / rel).resolve().is_relative_to(dst.resolve()):  # (a package named `reward` beside it)
+            raise ConfigError(
+                str(src.parent / rel),
+                None,
+                f"{rel}, which the reward file {named} imports, lies in the job directory's {dst.name}/, which a "
+                "launch replaces with its copy of the reward",
+                hint="launch into another --job-dir",
+            )
+    if dst.is_dir() and any(dst.iterdir()) and not (dst / COPY_MARK).is_file():  # (a directory of the user's)
+        raise ConfigError(
+            str(dst),
+            None,
+            f"holds {', '.join(sorted(p.name for p in dst.iterdir())[:3])}, which rlctl did not copy there; a launch "
+            "puts its copy of the reward there, in place of what it holds",
+            hint="launch into another --job-dir (or move that directory)",
+        )
+    return modules
 
 
 def _package_bytes(directory: Path) -> int:

@@ -1597,3 +1597,27 @@ def test_a_hub_id_s_snapshot_is_found_where_huggingface_hub_keeps_its_cache(
         "'Qwen/Qwen2.5-0.5B' reads as a Hub id, which rlctl does not download; the local Hub cache holds it: "
         f"{snapshot}"
     )
+
+
+@pytest.mark.parametrize("theirs", ["data", "reward"])
+def test_a_launch_into_a_directory_whose_data_or_reward_dir_is_the_users_is_refused_before_it_builds_anything(
+    tmp_path: Path, theirs: str
+) -> None:
+    """The job dir's data/ (or reward/) is the user's: the launch was refused only once it reached it, after it had
+    made the starting policy (model/init/, the user's checkpoint linked or copied) and reward/ in that directory,
+    and left them there."""
+    from rlctl.errors import ConfigError
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.ops.inputs import copy_inputs, resolve_inputs
+
+    (tmp_path / "r.py").write_text("def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    job = hf_dataset_job(
+        tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16, "reward": "r.py:f"}
+    )
+    into = tmp_path / "project"
+    (into / theirs).mkdir(parents=True)
+    (into / theirs / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"notes\.txt, which rlctl did not"):
+        copy_inputs(JobDir(into), resolve_inputs(job.spec, job), job)
+    assert sorted(p.name for p in into.iterdir()) == [theirs]
+    assert [p.name for p in (into / theirs).iterdir()] == ["notes.txt"]
