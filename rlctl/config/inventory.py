@@ -107,7 +107,7 @@ def _this_machine_path(v: str | None) -> str | None:
 HerePath = Annotated[str | None, AfterValidator(_this_machine_path)]
 
 
-RECORDED = {"recorded": True}  # the validation context of a job's own record of its sites (sites.json)
+RECORDED = {"recorded": True}  # the validation context of a job's own record (its sites.json, its job.json)
 
 
 def _here_relative(v: str | None, runs: str, info: ValidationInfo, *, named: str = "") -> None:

@@ -20,7 +20,15 @@ import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import (
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from rlctl.config.base import (
     NAME_RE,
@@ -247,8 +255,11 @@ class DatasetTask(OverlongShaping):
         return v
 
     @model_validator(mode="after")
-    def _builtin_reward_has_answers(self) -> DatasetTask:
-        if self.answer_key is None and self.reward in BUILTIN_REWARD_NAMES:  # each row's ground truth None: never met
+    def _builtin_reward_has_answers(self, info: ValidationInfo) -> DatasetTask:
+        """Not in a job's record (`RECORDED`): one an older rlctl launched so reads as launched, else no command
+        could read it back (status, pull, launch --resume)."""
+        recorded = (info.context or {}).get("recorded")
+        if self.answer_key is None and self.reward in BUILTIN_REWARD_NAMES and not recorded:  # each None: never met
             raise ValueError(
                 f"reward {self.reward!r} compares each output with its row's ground truth, and answer_key is null; "
                 "name the field that holds the answers, or a reward of your own (path/to/file.py:function)"

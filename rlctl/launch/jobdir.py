@@ -50,6 +50,7 @@ from typing import Any, TextIO
 from pydantic import ValidationError
 
 from rlctl.config.base import first_error, read_yaml
+from rlctl.config.inventory import RECORDED
 from rlctl.config.job import JobFile
 from rlctl.errors import ConfigError, LaunchError, UsageError
 
@@ -227,7 +228,7 @@ class JobDir:
         if not isinstance(data, dict) or not isinstance(data.get("job"), dict):
             raise LaunchError(f"{self.job_json}: no 'job' mapping in it", hint="was it edited?")
         try:
-            return JobFile.model_validate(data["job"])
+            return JobFile.model_validate(data["job"], context=RECORDED)  # as its launch accepted it
         except ValidationError as e:
             field, msg = first_error(e)
             raise LaunchError(f"{self.job_json}: job.{field}: {msg}", hint="was it edited?") from e

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from rlctl.config import load_job
+from rlctl.config.job import DatasetTask
 from rlctl.errors import LaunchError, UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.counts import resolve_job
@@ -44,6 +47,21 @@ def test_job_round_trips_through_job_json(tmp_path):
     jd.event("x", a=1)
     jd.event("y")
     assert [e["event"] for e in jd.read_lines(jd.events)] == ["x", "y"]
+
+
+def test_a_recorded_job_an_older_rlctl_launched_reads_back(tmp_path):
+    """A dataset task with a built-in reward and answer_key: null, which b5eb6ff refuses in a new job, launched by an
+    rlctl before it: status, pull and launch --resume read its job.json back, versus 'job.task: ... was it edited?'."""
+    job = load_job(REPO / "jobs" / "demo.yaml")
+    jd = JobDir.create("demo", explicit=tmp_path / "j")
+    jd.write_job(job.spec, source="jobs/demo.yaml")
+    record = json.loads(jd.job_json.read_text())
+    record["job"]["task"] = task = {"kind": "dataset", "path": "train.jsonl", "answer_key": None}
+    jd.job_json.write_text(json.dumps(record))
+    with pytest.raises(ValidationError, match="reward 'exact_match' compares each output"):  # a new job: refused
+        DatasetTask.model_validate(task)
+    read = jd.read_job().task
+    assert isinstance(read, DatasetTask) and read.answer_key is None and read.reward == "exact_match"
 
 
 def test_an_edited_job_json_is_one_line_naming_the_field(tmp_path):
