@@ -78,6 +78,9 @@ class Replacement:
     attempts: int = 0
     unit: str | None = None  # the unit started for the current attempt
     started: float = 0.0
+    # since when the current attempt's join bound counts: its start returned (`spawned`), its scheduler's queue last
+    # seen holding it; None while its start has not returned (its site being staged)
+    since: float | None = None
     error: str | None = None  # why the current attempt failed to start
     why: str | None = None  # why the last attempt failed (status)
     stopping: bool = False  # the current attempt's unit, not joined within the bound, is being stopped
@@ -254,7 +257,7 @@ class Scaler:
         self._asking = False
         for r in self.replacing.values():
             if r.unit in queued and r.unit not in self.core.units and not r.stopping:
-                r.started = now
+                r.started = r.since = now
         for name in queued:
             if name in self.spawn_requested and name not in self.core.units:
                 self.join_since[name] = now
@@ -434,11 +437,13 @@ class Scaler:
                 del self.replacing[r.lost]
                 if r.unit in self.spawn_requested:  # no sample yet (sampled() drops it at the first)
                     self.unproven[r.unit] = r
-            elif r.unit is not None and now - r.started >= self.join_bound_s():
+            elif r.unit is not None and r.since is not None and now - r.since >= self.join_bound_s():
+                # (not one whose start has not returned: stopping it stopped nothing, not recorded yet, and it
+                # started after its failed attempt was counted)
                 self._stop_unjoined(r, now)
             elif r.unit is None and now >= r.due and self.free_slots().get(r.site, 0) > 0:
                 r.attempts += 1
-                r.started = now
+                r.started, r.since = now, None
                 r.unit = self._spawn(r.site, "replace")
         chains = {r.unit for r in self.replacing.values()}
         for name in self.pending_units():  # a unit a scale or the rule asked for, its site saying it runs
@@ -644,6 +649,9 @@ class Scaler:
             self.jobdir.event("scale_failed", agent=name, site=site, reason=reason, error=error)
             log.warning("controller: could not add %s on %s: %s", name, site, error)
             return
+        chain = next((r for r in self.replacing.values() if r.unit == name), None)
+        if chain is not None and chain.since is None:  # a replacement started: its bound counts from here (`tick`)
+            chain.since = max(time.monotonic(), chain.started)  # (not before its attempt's start, the loop's clock)
         if name in self.spawn_requested:  # started: its join bound counts from here (`tick`)
             self.join_since.setdefault(name, time.monotonic())
         self._scale_event("out", name, site, reason)

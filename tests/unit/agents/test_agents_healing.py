@@ -658,3 +658,40 @@ def test_a_unit_asked_for_whose_start_has_not_returned_is_not_stopped_for_not_jo
     scaler.tick(t0 + 3651.0)  # the bound passed since its start returned
     assert _stop_posted(posted)[:2] == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]
     assert [e for e in jd.read_events() if e["event"] == "scale_failed"] == []  # (counted once the stop ends)
+
+
+def test_a_replacement_whose_start_has_not_returned_is_not_stopped_for_not_joining(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rollout-2 replaces rollout-1, and its start stages its site first (the model copied over a slow link) past the
+    join bound: it was 'stopped' (nothing to stop: not recorded yet) and counted a failed attempt, and it then
+    started and ran all the same. Its bound counts from when its start returned, as 9cb2735 does for a unit asked
+    for."""
+    scaler, core, jd, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    scaler.tick(t0 + 1.0)  # the plan's units joined a second in: the bound is its least, 30 min
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=t0 + 1.0)
+    scaler.tick(t0 + 1.0)
+    deadline = time.monotonic() + 5
+    while not posted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _, name, info = posted.pop()  # its start, still staging as far as the controller's loop knows
+    assert name == "rollout-2"
+    scaler._unjoined_at = t0 + 1802.0  # (the sites just asked)
+    scaler.tick(t0 + 1802.0)
+    time.sleep(0.2)  # (a stop runs in a thread)
+    assert posted == [] and not hasattr(spawner, "stopped")
+    r = scaler.replacing["rollout-1"]
+    assert (r.unit, r.attempts, r.why) == ("rollout-2", 1, None)
+    with monkeypatch.context() as m:  # its start returns 1850 s after the request
+        m.setattr(scaling.time, "monotonic", lambda: t0 + 1851.0)
+        scaler.spawned(name, info)
+    scaler._unjoined_at = t0 + 3600.0
+    scaler.tick(t0 + 3600.0)  # 29 min after its start returned
+    time.sleep(0.2)
+    assert posted == [] and not hasattr(spawner, "stopped")
+    scaler._unjoined_at = t0 + 3652.0
+    scaler.tick(t0 + 3652.0)  # the bound passed since its start returned
+    assert _stop_posted(posted)[:2] == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]
+    assert [e for e in jd.read_events() if e["event"] == "replacement_not_joined"] == []  # (counted once it ends)
