@@ -239,7 +239,10 @@ def test_a_percent_in_a_rendered_path_or_user_reaches_ssh_literally() -> None:
     assert "-o" in argv and "IdentityFile=/keys/50%%off" in argv  # not -i, which looks for `/keys/50%%off` itself
 
     def config(argv: list[str]) -> dict[str, str]:
-        out = subprocess.run([*argv[:1], "-G", *argv[1:]], capture_output=True, text=True, check=True).stdout
+        # -F /dev/null: the rendered line alone, not the machine's ~/.ssh/config or /etc/ssh/ssh_config (a `Host
+        # bastion` block's HostName, a CanonicalizeHostname there, changed what ssh -G said of the jump)
+        args = [*argv[:1], "-G", "-F", "/dev/null", *argv[1:]]
+        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
         return dict(line.partition(" ")[::2] for line in out.splitlines())
 
     outer = config(argv)
