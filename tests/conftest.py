@@ -5,9 +5,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,18 @@ def services() -> dict[str, str]:
 def _rlctl_home(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Jobs started by tests go into a throwaway index ($RLCTL_HOME), never the operator's ~/.rlctl."""
     os.environ["RLCTL_HOME"] = str(tmp_path_factory.mktemp("rlctl-home"))
+
+
+@pytest.fixture(autouse=True)
+def _own_signal_handlers() -> Iterator[None]:
+    """Each test's signal handlers its own: a launch run in the test's process (`run_cli("launch", …)`) installs the
+    launcher's SIGTERM handler (sys.exit(143)) and `survive_hangup`'s SIGHUP one (stdout and stderr moved to a job's
+    log, an xdist worker's channel to its controller with them); they stayed for every later test in the worker."""
+    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    yield
+    for s, handler in kept.items():
+        if handler is not None and signal.getsignal(s) is not handler:
+            signal.signal(s, handler)
 
 
 @pytest.fixture(autouse=True)
