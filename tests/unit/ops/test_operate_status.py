@@ -29,6 +29,11 @@ from rlctl.ops.jobref import JobRef
 from tests.conftest import ROOT
 from tests.unit.job_rows import indexed_row
 
+# job_status's bound on its answers (each site's poll and the controller's in a thread of their own): no test here
+# waits it out (every answer is there at once), so it is a bound, not a timing assertion; 2 s was one for a loaded
+# 2-core CI machine, where a thread can wait that long to run and an answer late by then reads as `unknown`
+BOUND_S = 30.0
+
 
 def _killed_agent() -> dict[str, int]:
     """A local agent's record (pid, pgid, start time) whose process was SIGKILLed (an OOM kill) and reaped by its own
@@ -83,7 +88,7 @@ def test_status_of_a_job_whose_controller_was_killed_says_so_and_shows_the_index
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = _job_with_controller(tmp_path, "killed", LOCAL, _killed_agent())
     index_row = _running_row("killed1", jd)  # its launcher died with it: nothing wrote how it ended
-    s, complete = operate.job_status(JobRef("killed1", jd, index_row), timeout_s=2.0)
+    s, complete = operate.job_status(JobRef("killed1", jd, index_row), timeout_s=BOUND_S)
     assert [(a["name"], a["state"]) for a in s["agents"]] == [("controller-0", "exited (status unknown)")]
     assert s["index_state"] == "running" and "summary" not in s and not complete
     table = _fallback_table(s)
@@ -107,7 +112,7 @@ def test_status_of_a_job_whose_site_does_not_answer_does_not_say_it_ended(
         raise LaunchError("ssh h1: cannot connect: timed out")
 
     monkeypatch.setattr(SshBackend, "poll", poll)
-    s, complete = operate.job_status(JobRef("far1", jd, _running_row("far1", jd)), timeout_s=2.0)
+    s, complete = operate.job_status(JobRef("far1", jd, _running_row("far1", jd)), timeout_s=BOUND_S)
     assert s["sites_down"] == ["s"] and [a["state"] for a in s["agents"]] == ["unknown"] and not complete
     index = next(line for line in _fallback_table(s).splitlines() if line.startswith("job index"))
     assert index.split(None, 2)[2] == "running"
@@ -121,7 +126,7 @@ def test_status_of_a_job_shows_the_agents_it_can_read_past_a_damaged_line_of_age
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = _job_with_controller(tmp_path, "cut", LOCAL, _killed_agent(), cut=True)
     for _ in range(2):  # `rlctl status -w`: said once
-        s, _complete = operate.job_status(JobRef("cut1", jd, None), timeout_s=2.0)
+        s, _complete = operate.job_status(JobRef("cut1", jd, None), timeout_s=BOUND_S)
         assert [(a["name"], a["state"]) for a in s["agents"]] == [("controller-0", "exited (status unknown)")]
     said = [r.getMessage() for r in caplog.records if "agents.jsonl: line 1 is not valid JSON" in r.getMessage()]
     assert len(said) == 1 and said[0].endswith("left out")
@@ -136,7 +141,7 @@ def test_status_of_an_ended_job_counts_its_iterations_as_its_summary_does(
     rows = [{"iteration": i, "reward_mean": 0.5, "t_gen_s": 1.0, "t_train_s": 0.5, "t": 1.0} for i in range(70)]
     jd.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     jd.summary_json.write_text(json.dumps({"state": "stopped", "iterations": 70, "iterations_planned": 300}))
-    s, _ = operate.job_status(JobRef("stopped", jd, None), timeout_s=2.0)
+    s, _ = operate.job_status(JobRef("stopped", jd, None), timeout_s=BOUND_S)
     table = _fallback_table(s).splitlines()
     ended = [line.split(None, 1)[1] for line in table if line.startswith("ended ")]
     done = [line.split(None, 2)[2] for line in table if line.startswith("iterations done ")]
@@ -147,7 +152,7 @@ def test_status_of_an_ended_job_counts_its_iterations_as_its_summary_does(
     # one's count only as `live.iteration` (a count too, where `last_iteration.iteration` is the row's index)
     live = {"iteration": 70, "iterations": 300, "figures_age_s": 0.5}
     monkeypatch.setattr(operate, "ask_controller", lambda *a, **k: live)
-    s, _ = operate.job_status(JobRef("stopped", jd, None), timeout_s=2.0)
+    s, _ = operate.job_status(JobRef("stopped", jd, None), timeout_s=BOUND_S)
     assert s["source"] == "controller" and s["iterations_done"] == 70 and "last_iteration" not in s
 
 
@@ -169,7 +174,7 @@ def test_status_of_an_ended_job_names_its_checkpoints_and_how_to_go_on_from_one(
     jd.summary_json.write_text(json.dumps(summary))
     for v in (10, 20, 30):
         jd.event("checkpoint", version=v)
-    s, _ = operate.job_status(JobRef("ended", jd, None), timeout_s=2.0)
+    s, _ = operate.job_status(JobRef("ended", jd, None), timeout_s=BOUND_S)
     assert s["checkpoints"] == {
         "versions": [10, 20, 30],
         "resume": f"rlctl launch --resume {jd.path}",
@@ -208,7 +213,7 @@ def test_status_of_a_job_whose_controller_exited_without_a_summary_is_complete_a
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = _job_with_controller(tmp_path, "killed", LOCAL, _killed_agent())
     row = _failed_row("killed1", jd, info={"controller_exit": -9})
-    s, complete = operate.job_status(JobRef("killed1", jd, row), timeout_s=2.0)
+    s, complete = operate.job_status(JobRef("killed1", jd, row), timeout_s=BOUND_S)
     assert complete and s["ended_without_summary"] == {
         "controller_exit": -9,
         "resume": "rlctl launch --resume killed1",
@@ -233,7 +238,7 @@ def test_status_of_a_job_whose_controller_exited_without_a_summary_names_where_a
     for version in completed:
         jd.event("checkpoint", version=version)
     row = _failed_row("early1", jd, info={"controller_exit": -9})
-    s, complete = operate.job_status(JobRef("early1", jd, row), timeout_s=2.0)
+    s, complete = operate.job_status(JobRef("early1", jd, row), timeout_s=BOUND_S)
     ended = [line.split(None, 1)[1] for line in _fallback_table(s).splitlines() if line.startswith("ended ")]
     start = "its latest complete checkpoint" if completed else "its start (it completed no checkpoint)"
     assert complete and ended == [
@@ -250,7 +255,7 @@ def test_status_of_a_job_whose_launcher_holds_it_is_not_said_to_have_ended(
     jd = _job_with_controller(tmp_path, "between", LOCAL, _killed_agent())
     row = _failed_row("between1", jd)
     with jd.launcher_lock():
-        s, complete = operate.job_status(JobRef("between1", jd, row), timeout_s=2.0)
+        s, complete = operate.job_status(JobRef("between1", jd, row), timeout_s=BOUND_S)
     assert not complete and "ended_without_summary" not in s
 
 
@@ -280,7 +285,7 @@ def test_status_names_the_exit_the_launcher_saw_of_an_agent_its_site_cannot_tell
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = _job_with_controller(tmp_path, "seen", LOCAL, _killed_agent())
     jd.summary_json.write_text(json.dumps({"state": "failed: x", "iterations": 3, "controller_exit": -9}))
-    s, _ = operate.job_status(JobRef("seen", jd, None), timeout_s=2.0)
+    s, _ = operate.job_status(JobRef("seen", jd, None), timeout_s=BOUND_S)
     assert [(a["name"], a["state"], a["source"]) for a in s["agents"]] == [
         ("controller-0", "exited -9 (SIGKILL)", "local (the launcher saw the exit)")
     ]
@@ -295,7 +300,7 @@ def test_status_names_the_controller_exit_the_launcher_recorded_in_its_agent_exi
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = _job_with_controller(tmp_path, "ended", LOCAL, _killed_agent())
     jd.summary_json.write_text(json.dumps({"state": "done", "iterations": 3, "agent_exits": {"controller-0": 0}}))
-    s, _ = operate.job_status(JobRef("ended", jd, None), timeout_s=2.0)
+    s, _ = operate.job_status(JobRef("ended", jd, None), timeout_s=BOUND_S)
     assert [(a["name"], a["state"]) for a in s["agents"]] == [("controller-0", "exited 0")]
 
 
@@ -309,10 +314,10 @@ def test_status_of_a_job_its_launcher_prepares_is_complete_and_says_so(
     row = indexed_row("prep1", jd.path, job="prep")
     assert row.state == "launching"
     with jd.launcher_lock():
-        s, complete = operate.job_status(JobRef("prep1", jd, row), timeout_s=2.0)
+        s, complete = operate.job_status(JobRef("prep1", jd, row), timeout_s=BOUND_S)
         assert complete and s["agents"] == [] and s["controller"] == operate.PREPARING
         assert f"controller  {operate.PREPARING}" in _fallback_table(s)
-    s, complete = operate.job_status(JobRef("prep1", jd, row), timeout_s=2.0)  # no launcher holds it: not so
+    s, complete = operate.job_status(JobRef("prep1", jd, row), timeout_s=BOUND_S)  # no launcher holds it: not so
     assert not complete and s["controller"] != operate.PREPARING
 
 
@@ -327,7 +332,7 @@ def test_status_of_a_launch_stopped_before_it_wrote_job_json_is_complete_and_say
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     jd = JobDir.create("cut", explicit=tmp_path / "cut")
     row = indexed_row("cut", jd.path, job="cut", state="stopped", info={"source": "jobs/cut.yaml"})
-    s, complete = operate.job_status(JobRef("cut", jd, row), timeout_s=2.0)
+    s, complete = operate.job_status(JobRef("cut", jd, row), timeout_s=BOUND_S)
     again = "rlctl launch jobs/cut.yaml"
     assert complete and s["agents"] == [] and s["never_started"] == {"start": again}
     assert s["controller"] == f"{operate.NEVER_PREPARED}; launch it anew with `{again}`"
@@ -335,7 +340,7 @@ def test_status_of_a_launch_stopped_before_it_wrote_job_json_is_complete_and_say
     assert r.exit_code == 0 and r.stderr == "", r.stderr
     assert "controller  never prepared: its launch was stopped or failed before it wrote" in r.stdout
     jd.write_json(jd.plan_json, {"trainer": {"site": "s", "ranks": 1}, "controller_site": "s", "rollout": []})
-    assert not operate.job_status(JobRef("cut", jd, row), timeout_s=2.0)[1]  # prepared, its job.json lost: not so
+    assert not operate.job_status(JobRef("cut", jd, row), timeout_s=BOUND_S)[1]  # prepared, its job.json lost: not so
 
 
 def test_status_of_a_launch_whose_launcher_died_before_it_wrote_job_json_is_complete_too(
@@ -348,10 +353,10 @@ def test_status_of_a_launch_whose_launcher_died_before_it_wrote_job_json_is_comp
     gone = {"launcher": {"pid": 2**22 + 1, "host": socket.gethostname()}, "source": "jobs/cut.yaml"}
     row = indexed_row("cut", jd.path, job="cut", info=gone)
     assert row.state == "launching"
-    s, complete = operate.job_status(JobRef("cut", jd, row), timeout_s=2.0)
+    s, complete = operate.job_status(JobRef("cut", jd, row), timeout_s=BOUND_S)
     assert complete and s["controller"] == f"{operate.NEVER_PREPARED}; launch it anew with `rlctl launch jobs/cut.yaml`"
     far = indexed_row("cut", jd.path, job="cut", info={"launcher": {"pid": 1, "host": "elsewhere"}})
-    assert not operate.job_status(JobRef("cut", jd, far), timeout_s=2.0)[1]
+    assert not operate.job_status(JobRef("cut", jd, far), timeout_s=BOUND_S)[1]
 
 
 def test_status_of_a_prepared_job_dir_that_never_started_is_complete_and_says_how_to_start_it(
@@ -366,7 +371,7 @@ def test_status_of_a_prepared_job_dir_that_never_started_is_complete_and_says_ho
     jd.job_json.write_text(json.dumps({"source": "job.yaml", "job": {"name": "prepared"}}))
     jd.write_json(jd.plan_json, {"trainer": {"site": "s", "ranks": 1}, "controller_site": "s", "rollout": []})
     write_sites(jd.path, {"s": Site.model_validate(LOCAL)})
-    s, complete = operate.job_status(JobRef("prepared", jd, None), timeout_s=2.0)
+    s, complete = operate.job_status(JobRef("prepared", jd, None), timeout_s=BOUND_S)
     start = f"rlctl launch --resume {jd.path}"
     assert complete and s["agents"] == [] and s["never_started"] == {"start": start}
     assert s["controller"] == f"{operate.NEVER_STARTED}; start it with `{start}`"
@@ -377,9 +382,9 @@ def test_status_of_a_prepared_job_dir_that_never_started_is_complete_and_says_ho
         in r.stdout
     )
     (jd.path / "agents.jsonl").write_text("")  # an empty record: the same
-    assert operate.job_status(JobRef("prepared", jd, None), timeout_s=2.0)[1]
+    assert operate.job_status(JobRef("prepared", jd, None), timeout_s=BOUND_S)[1]
     jd.metrics.write_text('{"iteration": 0, "reward_mean": 0.5, "t": 1}\n')  # it trained: its agents.jsonl is lost
-    assert not operate.job_status(JobRef("prepared", jd, None), timeout_s=2.0)[1]
+    assert not operate.job_status(JobRef("prepared", jd, None), timeout_s=BOUND_S)[1]
 
 
 def test_status_of_an_ended_job_lists_its_last_runs_agents_and_an_earlier_runs_that_still_runs(
@@ -401,7 +406,7 @@ def test_status_of_an_ended_job_lists_its_last_runs_agents_and_an_earlier_runs_t
             f.write(first_run)  # the resumed run: its controller and rollout-0
             f.write(json.dumps(unit | {"name": "rollout-0"}) + "\n")
         jd.summary_json.write_text(json.dumps({"state": "stopped", "iterations": 3}))
-        s, _ = operate.job_status(JobRef("resumed", jd, None), timeout_s=2.0)
+        s, _ = operate.job_status(JobRef("resumed", jd, None), timeout_s=BOUND_S)
     finally:
         orphan.kill()
         orphan.wait()
