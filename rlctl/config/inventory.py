@@ -218,6 +218,8 @@ class SshScheduler(_Scheduler):
         user, at, rest = v.rpartition("@")
         host, _, port = rest.partition(":") if rest.count(":") == 1 else (rest, "", "")
         why = "several jump hosts; rlctl connects through one" if "," in v else None
+        if why is None and "://" in v:  # ssh -J takes one; ours took `ssh://rl` for the bastion's user
+            why = f"{v!r} is a URI"
         if why is None and at and (not user or any(c.isspace() for c in user)):
             why = f"user {user!r} is empty or has a space"
         if why is None and host_problem(host) is not None:

@@ -159,6 +159,11 @@ CASES = [
         site_with("user: rl}", "user: rl, proxy_jump: 'a b@bastion'}"),
         "sites.h20.scheduler.proxy_jump: user 'a b' is empty or has a space",
     ),
+    Case(  # accepted (ssh -J's URI form), and the bastion was logged in to as user 'ssh://rl'
+        "a proxy_jump written as an ssh URI",
+        site_with("user: rl}", "user: rl, proxy_jump: 'ssh://rl@bastion:2222'}"),
+        "sites.h20.scheduler.proxy_jump: 'ssh://rl@bastion:2222' is a URI; give one jump host as [user@]host[:port]",
+    ),
     Case(  # accepted into every sbatch's --time
         "slurm time limit past a year",
         site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, time_limit_min: 2880000}"),
