@@ -114,7 +114,9 @@ def layout(plan: dict[str, Any], sites: dict[str, Site], job: JobFile) -> list[P
         for n, s in sites.items()
         if uses_slices(s)
     }
-    out = [PlannedAgent("controller", 0, plan["controller_site"], Resources(), ParallelConfig("controller"))]
+    c_site = plan["controller_site"]
+    c_res = Resources(cpus_per_task=controller_cores(job, sites[c_site]))
+    out = [PlannedAgent("controller", 0, c_site, c_res, ParallelConfig("controller"))]
     par = trainer_parallel(plan)
     if t_site in pools:
         slices = pools[t_site].take_ranks(ranks, who=f"the trainer ({ranks} ranks)", tp=par.tp)
@@ -134,6 +136,17 @@ def layout(plan: dict[str, Any], sites: dict[str, Site], job: JobFile) -> list[P
             )
             n += 1
     return out
+
+
+def controller_cores(job: JobFile, site: Site) -> int:
+    """The cores the controller asks its site for: its own loop (one thread) and each reward worker process it
+    scores with (a dataset task's `reward_workers`, and the held-out evaluations' worker during the run), at most
+    a node's. A SLURM site confines the job to them: asked for one, the workers all shared that core."""
+    workers = getattr(job.task, "reward_workers", 0)
+    ev = job.evaluation
+    held = 1 if workers and ev.every_iterations and ev.heldout_prompts else 0
+    cores = [n.cpus for n in site.nodes if n.cpus]
+    return min([1 + workers + held, *cores])
 
 
 def order_tp(plan: dict[str, Any], job: JobFile) -> int:

@@ -57,6 +57,12 @@ from rlctl.transport.ucx import ENV_RDMA
 log = logging.getLogger(__name__)
 
 
+def threads_of(a: PlannedAgent) -> int:
+    """The agent's CPU threads (OMP_NUM_THREADS): its cores, but 1 for the controller, whose other cores are its
+    reward workers' (`layout.controller_cores`)."""
+    return 1 if a.role == "controller" else a.resources.cpus_per_task
+
+
 def agent_spec(
     jobdir: JobDir, a: PlannedAgent, site: Site, *, env: dict[str, str] | None = None, controller: str | None = None
 ) -> AgentSpec:
@@ -68,7 +74,7 @@ def agent_spec(
         argv += ["--replica", str(a.replica)]
     if controller is not None and a.role != "controller":
         argv += ["--controller", controller]
-    agent_env = {ENV_SITE: a.site, ENV_PARALLEL: a.parallel.to_json(), **thread_env(a.resources.cpus_per_task)}
+    agent_env = {ENV_SITE: a.site, ENV_PARALLEL: a.parallel.to_json(), **thread_env(threads_of(a))}
     # where it computes (rlctl.devices): the GPUs its site declares; the controller computes nothing
     device = agent_env[ENV_DEVICE] = "cpu" if a.role == "controller" else kind_for(site.spec.name)
     if site.network.listen_host:

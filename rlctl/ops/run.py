@@ -310,7 +310,7 @@ class JobRun:
                     "host": backend.host_for(spec),  # None: SLURM places it
                     "cuda_visible_devices": gpus,
                     "gpu_request": backend.request_summary(spec),
-                    "threads": spec.resources.cpus_per_task,
+                    "threads": int(spec.env.get("OMP_NUM_THREADS") or spec.resources.cpus_per_task),
                     "parallel": a.parallel.short(),
                     "job_dir": str(site_dir.path),
                     "script": backend.render(spec),

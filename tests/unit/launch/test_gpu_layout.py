@@ -15,7 +15,7 @@ import yaml
 
 from rlctl.config import load_job
 from rlctl.config.inventory import Site
-from rlctl.config.job import Job
+from rlctl.config.job import DatasetTask, Job
 from rlctl.errors import ConfigError, LaunchError
 from rlctl.launch.agentenv import ENV_PARALLEL, ENV_VISIBLE, parallel_from_env, threads_for
 from rlctl.launch.backends import record_agent, recorded_agents, write_sites
@@ -23,6 +23,7 @@ from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice, LaunchBackend
 from rlctl.launch.gpus import GpuPool
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent, layout
+from rlctl.launch.slurm import SlurmBackend
 from rlctl.launch.spawn import Spawner, agent_spec
 from rlctl.ops import preflight
 from rlctl.ops.counts import plan_counts, resolve_job
@@ -400,6 +401,33 @@ def test_dry_run_on_cpu_slurm_site_requests_no_gpu(tmp_path: Path) -> None:
     assert "--gpus" not in rows["trainer-0"]["script"] and "--gres" not in rows["trainer-0"]["script"]
     assert rows["trainer-0"]["gpu_request"] == "1 node(s) × 2 task(s), no GPU request, 1 cpu(s)/task"
     assert (rows["rollout-1"]["host"], rows["rollout-1"]["cuda_visible_devices"]) == ("g1", "")  # no GPU: CPU
+
+
+@pytest.mark.parametrize(("workers", "every", "node_cpus", "cores"), [(4, 0, None, 5), (4, 10, None, 6), (4, 0, 3, 3)])
+def test_a_slurm_controller_asks_a_core_for_each_of_its_reward_workers(
+    tmp_path: Path, workers: int, every: int, node_cpus: int | None, cores: int
+) -> None:
+    """The controller scores the samples in `task.reward_workers` processes (and the held-out evaluations' one during
+    the run): its sbatch asked for --cpus-per-task=1, so SLURM confined it and every worker to one core. Its own
+    threads stay 1 (OMP_NUM_THREADS); a node's cores bound the request."""
+    nodes = [{"host": "sitea-[1-2]", "gpus": 2, **({"cpus": node_cpus} if node_cpus else {})}]
+    sites = {"train": {**local_site(2), "scheduler": {"kind": "slurm", "partition": "sitea", "submit_host": "login"},
+                       "nodes": nodes},
+             "gen": ssh_site("g1", 2)}  # fmt: skip
+    job = write_job(tmp_path, sites, at=(("train", 2), ("gen", 2)))
+    spec = resolve_job(job)
+    plan = plan_counts(job, spec)
+    task = DatasetTask.model_construct(kind="dataset", path="d.jsonl", reward_workers=workers)
+    evaluation = spec.evaluation.model_copy(update={"heldout_prompts": 8, "every_iterations": every})
+    spec = spec.model_copy(update={"task": task, "evaluation": evaluation})
+    agents = {a.name: (a, env) for a, env in planned_agents(plan, job.inventory.sites, spec, master_port=1)}
+    a, env = agents["controller-0"]
+    train = job.inventory.sites["train"]
+    script = SlurmBackend.for_site("train", train, job="j", job_dir=tmp_path / "run").render_sbatch(
+        agent_spec(JobDir(tmp_path / "run"), a, train, env=env)
+    )
+    assert f"#SBATCH --cpus-per-task={cores}\n" in script
+    assert "export OMP_NUM_THREADS=1\n" in script
 
 
 def test_scale_out_on_a_shared_site_continues_the_planners_fill_order(tmp_path: Path) -> None:
