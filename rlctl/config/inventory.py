@@ -107,6 +107,21 @@ def _this_machine_path(v: str | None) -> str | None:
 HerePath = Annotated[str | None, AfterValidator(_this_machine_path)]
 
 
+def _private_key(v: str | None) -> str | None:
+    """The key rlctl logs in with: its private half. fabric loads the file as a private key, and with a key file
+    given offers no agent's keys (`remote.connect`), so a `.pub` (which `ssh -i` pairs with an agent's key) was
+    only 'Authentication failed' at launch."""
+    if v is not None and v.endswith(".pub"):
+        raise ValueError(
+            f"{v!r} is the public half of a key pair; give the private key file ({v.removesuffix('.pub')!r}), as "
+            "ssh -i takes it"
+        )
+    return v
+
+
+KeyPath = Annotated[str | None, AfterValidator(_this_machine_path), AfterValidator(_private_key)]
+
+
 RECORDED = {"recorded": True}  # the validation context of a job's own record (its sites.json, its job.json)
 
 
@@ -158,7 +173,7 @@ class SlurmScheduler(_Scheduler):
     submit_host: str | None = Field(None, description="login node reached over SSH; None = run sbatch here")
     ssh_user: str | None = None
     ssh_port: PositiveInt = 22
-    ssh_key_file: HerePath = None
+    ssh_key_file: KeyPath = None
     ssh_known_hosts: HerePath = Field(
         None, description="known_hosts file for the submit host (default ~/.ssh/known_hosts)"
     )
@@ -197,7 +212,7 @@ class SshScheduler(_Scheduler):
     kind: Literal["ssh"]
     user: str | None = None
     port: Annotated[int, Field(ge=1, le=65535)] = 22
-    key_file: HerePath = None
+    key_file: KeyPath = None
     proxy_jump: str | None = None
     known_hosts: HerePath = Field(
         None, description="known_hosts file trusted for these hosts (default ~/.ssh/known_hosts)"

@@ -174,6 +174,17 @@ CASES = [
         site_with("user: rl}", "user: rl, key_file: keys/id_rl}"),
         "sites.h20.scheduler.key_file: 'keys/id_rl': give an absolute path or one under ~",
     ),
+    Case(  # accepted: fabric loaded it as a private key and offered no agent's, 'Authentication failed' at launch
+        "an ssh key file that is the public key",
+        site_with("user: rl}", "user: rl, key_file: ~/.ssh/id_ed25519.pub}"),
+        "sites.h20.scheduler.key_file: '~/.ssh/id_ed25519.pub' is the public half of a key pair; give the private "
+        "key file ('~/.ssh/id_ed25519')",
+    ),
+    Case(
+        "a SLURM submit host's key file that is the public key",
+        site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, submit_host: login, ssh_key_file: /k/id.pub}"),
+        "sites.h20.scheduler.ssh_key_file: '/k/id.pub' is the public half of a key pair",
+    ),
     Case(  # accepted, and every sbatch left --account out
         "empty slurm account",
         site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, account: ''}"),
