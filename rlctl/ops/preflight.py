@@ -35,6 +35,7 @@ from rlctl.launch.backends import kind_of
 from rlctl.launch.jobdir import why_not_made
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.sitefs import is_remote
+from rlctl.launch.slurm import SlurmResources, gpu_request_for
 from rlctl.models.hf import CONFIG_FILE, DTYPE_BYTES, TinyGPTConfig, read_config
 from rlctl.planner.plan import idle_gpus, searches_shared_site
 from rlctl.planner.split import split_refusals
@@ -542,10 +543,52 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     site = trainers[0].site
     out += _shared_trainer_devices(job, trainers)
     out += _shared_rollout_memory(job, agents)
+    out += _slurm_cores(job, agents)
     writers = checkpoint_writers(plan, spec)
     if (why := unshared_trainer(site, job.inventory.sites[site], trainers, writers=writers)) is not None:
         out.append(Problem("placement.trainer", *why))
     return out
+
+
+THREAD_FIELDS = {"trainer": "trainer.threads_per_rank", "rollout": "rollout.threads_per_unit"}
+
+
+def _slurm_cores(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
+    """An agent's SLURM job asking more cores of a node (its tasks on the node × its threads, sbatch's
+    --cpus-per-task) than any node of its site has (`nodes[].cpus`): sbatch refuses it ('Requested node
+    configuration is not available') once the launch has staged and started the others. Only a role's threads
+    set in the job can ask that many: its default is its GPU slots' share of the node's cores."""
+    out: list[Problem] = []
+    for a in agents:
+        site = job.inventory.sites[a.site]
+        cores = [n.cpus for n in site.nodes]
+        if a.role not in THREAD_FIELDS or kind_of(site).slices_gpus or None in cores:
+            continue
+        try:
+            res = SlurmResources.for_spec(
+                a.resources,
+                slots_per_node=site.gpus_per_node,
+                gpu_request=gpu_request_for(site),
+                node_gpus=[g for _, g in site.hosts],
+                site=a.site,
+            )
+        except LaunchError:  # no layout at all: said by `placement`
+            continue
+        most = max(c for c in cores if c is not None)
+        n, per = res.tasks_per_node, res.cpus_per_task
+        if n * per > most:
+            who = "the trainer's SLURM job" if a.role == "trainer" else "a rollout unit's SLURM job"
+            asks = "asks that many cores"
+            if n > 1:
+                asks = f"puts {n} ranks on a node and asks {per} cores for each, {n * per} in all"
+            out.append(
+                Problem(
+                    THREAD_FIELDS[a.role],
+                    f"{per}: {who} {asks} (--cpus-per-task), and site {a.site}'s nodes have {most} (nodes[].cpus): "
+                    f"sbatch refuses it; at most {max(1, most // n)}, or leave it out (its GPU slots' share of them)",
+                )
+            )
+    return list(dict.fromkeys(out))
 
 
 def _shared_trainer_devices(job: Job, trainers: list[PlannedAgent]) -> list[Problem]:

@@ -406,6 +406,31 @@ def test_a_site_too_small_for_the_plan_is_refused_by_check(tmp_path: Path) -> No
     assert "placement: site local: trainer 2 rank(s) + 3 rollout unit(s) × tp 1 need 5 GPU(s)" in line
 
 
+@pytest.mark.parametrize(("threads", "refused_too"), [(64, True), (14, False)])
+def test_slurm_threads_past_a_node_s_cores_are_refused_naming_the_field(
+    tmp_path: Path, threads: int, refused_too: bool
+) -> None:
+    """8 trainer ranks on one 112-core H800 node at trainer.threads_per_rank 64: the trainer's sbatch asked
+    --cpus-per-task=64 × 8 tasks = 512 cores, which SLURM refuses ('Requested node configuration is not available')
+    after the launch staged and started the others; check said nothing. An SSH site's threads are no request."""
+    job = gpu_job(tmp_path, trainer_gpus=8, backend="torch")
+    data = yaml.safe_load(job.path.read_text())
+    data["trainer"]["threads_per_rank"] = threads
+    data["rollout"]["threads_per_unit"] = 1000  # the H20 site is SSH: its threads are not asked of a scheduler
+    job.path.write_text(yaml.safe_dump(data))
+    job = load_job(job.path)
+    got = [p.message for p in refused(job, "trainer.threads_per_rank")]
+    if not refused_too:
+        assert got == []
+        return
+    assert got == [
+        "64: the trainer's SLURM job puts 8 ranks on a node and asks 64 cores for each, 512 in all (--cpus-per-task), "
+        "and site h800's nodes have 112 (nodes[].cpus): sbatch refuses it; at most 14, or leave it out (its GPU "
+        "slots' share of them)"
+    ]
+    assert refused(job, "rollout.threads_per_unit") == []
+
+
 def test_auto_counts_whose_planner_fails_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import rlctl.planner.plan
 
