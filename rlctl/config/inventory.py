@@ -188,6 +188,15 @@ class SlurmScheduler(_Scheduler):
         "(clusters without select/cons_tres), none = no GPU request; auto = per_task unless the site's gpu is CPU",
     )
 
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _slurm_name(cls, v: str | None) -> str | None:
+        """sbatch gets it quoted as one word: a space in it (`'gpu '`, `'high normal'`) was sbatch's 'invalid
+        partition specified' (account, qos) at launch, after staging."""
+        if v is not None and any(c.isspace() for c in v):
+            raise ValueError(f"{v!r} has whitespace, which no SLURM name has; several partitions are one 'a,b'")
+        return v
+
     @field_validator("submit_host")
     @classmethod
     def _submit_host_name(cls, v: str | None) -> str | None:

@@ -558,6 +558,16 @@ CASES = [
     ),
     Case("an empty workdir", site_with("user: rl}", "user: rl, workdir: ''}"), "scheduler.workdir: String should have"),
     Case("an empty partition", OTHER_INV.replace("partition: p", "partition: ''"), "scheduler.partition: String"),
+    Case(  # accepted, quoted into every sbatch as one word: 'invalid partition specified' at launch
+        "a partition with a trailing space",
+        OTHER_INV.replace("partition: p", "partition: 'gpu '"),
+        "sites.h800.scheduler.partition: 'gpu ' has whitespace, which no SLURM name has",
+    ),
+    Case(
+        "two qos names with a space",
+        OTHER_INV.replace("partition: p", "partition: p, qos: 'high normal'"),
+        "sites.h800.scheduler.qos: 'high normal' has whitespace",
+    ),
     # read from the directory rlctl ran in: a resume or stop from another directory looked elsewhere
     Case(
         "a local site's relative workdir",
