@@ -188,6 +188,14 @@ class SlurmScheduler(_Scheduler):
         "(clusters without select/cons_tres), none = no GPU request; auto = per_task unless the site's gpu is CPU",
     )
 
+    @field_validator("partition", mode="before")
+    @classmethod
+    def _partitions_as_sbatch_takes_them(cls, v: Any) -> Any:
+        if isinstance(v, list) and v and all(isinstance(p, str) for p in v):
+            joined = ",".join(v)
+            raise ValueError(f"{v!r} is a list; several partitions are one string, as sbatch takes them: {joined!r}")
+        return v
+
     @field_validator("partition", "account", "qos")
     @classmethod
     def _slurm_name(cls, v: str | None) -> str | None:

@@ -563,6 +563,12 @@ CASES = [
         OTHER_INV.replace("partition: p", "partition: 'gpu '"),
         "sites.h800.scheduler.partition: 'gpu ' has whitespace, which no SLURM name has",
     ),
+    Case(  # 'Input should be a valid string': not what is
+        "partitions as a list",
+        OTHER_INV.replace("partition: p", "partition: [gpu, gpu-long]"),
+        "sites.h800.scheduler.partition: ['gpu', 'gpu-long'] is a list; several partitions are one string, as sbatch "
+        "takes them: 'gpu,gpu-long'",
+    ),
     Case(
         "two qos names with a space",
         OTHER_INV.replace("partition: p", "partition: p, qos: 'high normal'"),
