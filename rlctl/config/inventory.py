@@ -159,6 +159,16 @@ class LocalScheduler(_Scheduler):
         return v
 
 
+def _login_name(v: str | None) -> str | None:
+    """The user rlctl logs in as over SSH: a name with no whitespace (as proxy_jump's user is checked)."""
+    if v is not None and (not v or any(c.isspace() for c in v)):
+        raise ValueError(f"user {v!r} is empty or has whitespace; give the login name alone, e.g. rl")
+    return v
+
+
+LoginName = Annotated[str | None, AfterValidator(_login_name)]
+
+
 SUBMIT_SSH = ("ssh_user", "ssh_port", "ssh_key_file", "ssh_known_hosts")  # how a SLURM site's submit_host is reached
 
 
@@ -171,7 +181,7 @@ class SlurmScheduler(_Scheduler):
     account: str | None = Field(None, min_length=1)  # '' left --account out: the user's default account was charged
     qos: str | None = Field(None, min_length=1)
     submit_host: str | None = Field(None, description="login node reached over SSH; None = run sbatch here")
-    ssh_user: str | None = None
+    ssh_user: LoginName = None
     ssh_port: PositiveInt = 22
     ssh_key_file: KeyPath = None
     ssh_known_hosts: HerePath = Field(
@@ -227,7 +237,7 @@ class SlurmScheduler(_Scheduler):
 
 class SshScheduler(_Scheduler):
     kind: Literal["ssh"]
-    user: str | None = None
+    user: LoginName = None
     port: Annotated[int, Field(ge=1, le=65535)] = 22
     key_file: KeyPath = None
     proxy_jump: str | None = None

@@ -164,6 +164,16 @@ CASES = [
         site_with("user: rl}", "user: rl, proxy_jump: 'ssh://rl@bastion:2222'}"),
         "sites.h20.scheduler.proxy_jump: 'ssh://rl@bastion:2222' is a URI; give one jump host as [user@]host[:port]",
     ),
+    Case(  # accepted: the ssh command line and fabric logged in as 'rl ' (proxy_jump's user was refused so)
+        "an ssh user with a trailing space",
+        site_with("user: rl}", "user: 'rl '}"),
+        "sites.h20.scheduler.user: user 'rl ' is empty or has whitespace; give the login name alone",
+    ),
+    Case(
+        "an empty submit host user",
+        site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, submit_host: login, ssh_user: ''}"),
+        "sites.h20.scheduler.ssh_user: user '' is empty or has whitespace",
+    ),
     Case(  # accepted into every sbatch's --time
         "slurm time limit past a year",
         site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, time_limit_min: 2880000}"),
