@@ -402,7 +402,9 @@ class SlurmBackend(LaunchBackend):
         lines += site_setup(self.setup)
         lines += [
             "# every rank: rank = $SLURM_PROCID, world size = $SLURM_NTASKS, hosts = $SLURM_JOB_NODELIST",
-            f"srun --label --unbuffered --kill-on-bad-exit=1 {shlex.join(spec.argv)} &",
+            # srun takes --cpus-per-task from sbatch no more (SLURM 22.05): without it each rank got one core
+            f"srun --label --unbuffered --kill-on-bad-exit=1 --cpus-per-task={res.cpus_per_task} "
+            f"{shlex.join(spec.argv)} &",
             "srun_pid=$!",
             "# a TERM to srun kills the step at once: the batch shell takes it and hands it to the agents",
             "trap 'scancel --signal=TERM \"$SLURM_JOB_ID\"' TERM",
@@ -438,7 +440,8 @@ class SlurmBackend(LaunchBackend):
             "setup": setup,
             "stderr_to_stdout": True,
             # one rank exiting non-zero ends the step (its peers would wait in the rendezvous), as the sbatch path's
-            "srun_args": ["--kill-on-bad-exit=1"],
+            # and its cores: srun takes --cpus-per-task from sbatch no more (SLURM 22.05), one core a rank without
+            "srun_args": ["--kill-on-bad-exit=1", f"--cpus-per-task={res.cpus_per_task}"],
             # TERM to the steps (the agents), not submitit's USR2 "checkpoint and requeue"
             "additional_parameters": {"signal": f"TERM@{self.grace_s}"},
         }

@@ -19,7 +19,7 @@ export NCCL_SOCKET_IFNAME=ib0
 export QUOTED='a b'"'"'c'
 export RLCTL_ROLE=trainer
 # every rank: rank = $SLURM_PROCID, world size = $SLURM_NTASKS, hosts = $SLURM_JOB_NODELIST
-srun --label --unbuffered --kill-on-bad-exit=1 python3 -m rlctl.agents trainer --job-dir /shared/runs/demo &
+srun --label --unbuffered --kill-on-bad-exit=1 --cpus-per-task=12 python3 -m rlctl.agents trainer --job-dir /shared/runs/demo &
 srun_pid=$!
 # a TERM to srun kills the step at once: the batch shell takes it and hands it to the agents
 trap 'scancel --signal=TERM "$SLURM_JOB_ID"' TERM

@@ -23,4 +23,4 @@ cd /shared/runs/demo
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /shared/runs/demo/slurm/trainer-0/%j/%j_%t_log.out --kill-on-bad-exit=1 python3 -u -m submitit.core._submit /shared/runs/demo/slurm/trainer-0/%j
+srun --unbuffered --output /shared/runs/demo/slurm/trainer-0/%j/%j_%t_log.out --kill-on-bad-exit=1 --cpus-per-task=12 python3 -u -m submitit.core._submit /shared/runs/demo/slurm/trainer-0/%j

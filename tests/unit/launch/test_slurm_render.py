@@ -66,6 +66,18 @@ def test_sbatch_script_asks_one_gpu_per_rank_on_two_nodes() -> None:
     assert "#SBATCH --gpus-per-task=1\n" in text and "--gres" not in text
 
 
+def test_the_agents_srun_asks_each_rank_its_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLURM 22.05 on: srun takes --cpus-per-task from sbatch no more, so the step's ranks ran on one core each while
+    OMP_NUM_THREADS said 12 (a plain `srun`, in our script and in submitit's). Both ask for the rank's cores."""
+    import submitit
+
+    sbatch = [ln for ln in backend(submit_host="login.h800").render(SPEC).splitlines() if ln.startswith("srun ")]
+    assert len(sbatch) == 1 and " --cpus-per-task=12 " in sbatch[0], sbatch
+    monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # srun not needed to render
+    lines = [ln for ln in backend().render(SPEC).splitlines() if ln.startswith("srun ")]
+    assert len(lines) == 1 and " --cpus-per-task=12 " in lines[0], lines
+
+
 def test_a_rank_count_nodes_do_not_divide_starts_that_many_tasks() -> None:
     spec = AgentSpec("trainer", 0, "h800", ["x"], resources=Resources(tasks=9, gpus_per_task=1, cpus_per_task=2))
     b = backend(submit_host="login.h800")
