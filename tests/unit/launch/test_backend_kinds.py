@@ -113,9 +113,9 @@ def test_probe_commands_run_where_agents_run() -> None:
     assert "--gpus-per-task" not in command and "--gres" not in command
     # charged as the agents' jobs are: a cluster that enforces accounts refused the probe's step without them, and
     # check --reach failed a site whose jobs would run
-    charged = site({"kind": "slurm", "partition": "gpu", "account": "proj rl", "qos": "high"})
+    charged = site({"kind": "slurm", "partition": "gpu", "account": "proj$rl", "qos": "high"})
     [(_, _, command)] = SlurmBackend.probe_commands(charged, "true")
-    assert command.startswith("srun --partition=gpu --account='proj rl' --qos=high --nodes=1 "), command
+    assert command.startswith("srun --partition=gpu --account='proj$rl' --qos=high --nodes=1 "), command
 
 
 def test_agent_hooks_have_defaults_and_slurm_and_ssh_say_more(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -88,13 +88,14 @@ def test_a_rank_count_nodes_do_not_divide_starts_that_many_tasks() -> None:
 def test_names_with_spaces_or_quotes_stay_one_sbatch_argument() -> None:
     b = SlurmBackend(
         "a",
-        SlurmScheduler(kind="slurm", partition="gpu large", account="it's", submit_host="login"),
+        # (a partition with a space is refused by the inventory: no SLURM name has one; a `$` is quoted as well)
+        SlurmScheduler(kind="slurm", partition="gpu$large", account="it's", submit_host="login"),
         job="my run",
         job_dir=Path("/r/50%"),
         slots_per_node=8,
     )
     text = b.render(replace(SPEC, log_path=Path("/r/50%/trainer-0.log")))
-    assert "#SBATCH --job-name='rlctl-my run-trainer'\n#SBATCH --partition='gpu large'\n" in text
+    assert "#SBATCH --job-name='rlctl-my run-trainer'\n#SBATCH --partition='gpu$large'\n" in text
     assert "#SBATCH --account='it'\"'\"'s'\n" in text and "#SBATCH --output=/r/50%%/trainer-0.log\n" in text
 
 
