@@ -182,7 +182,7 @@ class SlurmScheduler(_Scheduler):
     qos: str | None = Field(None, min_length=1)
     submit_host: str | None = Field(None, description="login node reached over SSH; None = run sbatch here")
     ssh_user: LoginName = None
-    ssh_port: PositiveInt = 22
+    ssh_port: Annotated[int, Field(ge=1, le=65535)] = 22  # as the ssh scheduler's port: 70000 reached fabric
     ssh_key_file: KeyPath = None
     ssh_known_hosts: HerePath = Field(
         None, description="known_hosts file for the submit host (default ~/.ssh/known_hosts)"

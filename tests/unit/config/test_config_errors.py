@@ -169,6 +169,11 @@ CASES = [
         site_with("user: rl}", "user: 'rl '}"),
         "sites.h20.scheduler.user: user 'rl ' is empty or has whitespace; give the login name alone",
     ),
+    Case(  # accepted (PositiveInt), where the ssh scheduler's port is refused past 65535
+        "a submit host port past 65535",
+        site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, submit_host: login, ssh_port: 70000}"),
+        "sites.h20.scheduler.ssh_port: Input should be less than or equal to 65535",
+    ),
     Case(
         "an empty submit host user",
         site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, submit_host: login, ssh_user: ''}"),
