@@ -450,6 +450,22 @@ class Site(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _no_gpus_asked_of_a_cpu_site(self, info: ValidationInfo) -> Site:
+        """`gpu: CPU` never asks SLURM for a GPU (docs/launch.md): its slots are cores and its agents compute on the
+        CPU. An explicit per_task / gres asked for as many GPUs as the site has cores, and the jobs waited for
+        them (for ever on nodes without any). Not in a job's record (`RECORDED`): one launched so stops as launched."""
+        sched = self.scheduler
+        if not isinstance(sched, SlurmScheduler) or sched.gpu_request not in ("per_task", "gres"):
+            return self
+        if self.spec.name == "CPU" and not (info.context or {}).get("recorded"):
+            raise ValueError(
+                f"scheduler.gpu_request: {sched.gpu_request!r} asks SLURM for GPUs, and the site's gpu is CPU (its "
+                "slots are cores, its agents compute on the CPU): its jobs would wait for GPUs they never use; "
+                "use 'auto' or 'none'"
+            )
+        return self
+
     @property
     def spec(self) -> GpuSpec:
         if self.gpu_spec is not None:

@@ -174,6 +174,13 @@ CASES = [
         site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, submit_host: login, ssh_port: 70000}"),
         "sites.h20.scheduler.ssh_port: Input should be less than or equal to 65535",
     ),
+    Case(  # accepted: a `gpu: CPU` site's jobs asked --gres=gpu:<its cores> and waited for them
+        "a CPU site asking SLURM for GPUs",
+        site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, gpu_request: gres}").replace(
+            "gpu: H20", "gpu: CPU"
+        ),
+        "sites.h20: scheduler.gpu_request: 'gres' asks SLURM for GPUs, and the site's gpu is CPU",
+    ),
     Case(
         "an empty submit host user",
         site_with("{kind: ssh, user: rl}", "{kind: slurm, partition: p, submit_host: login, ssh_user: ''}"),

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from rlctl.config.hostfill import placement_error, ranks_per_host, slurm_layout, trainer_slots
 from rlctl.config.inventory import Site, SlurmScheduler
@@ -247,7 +248,10 @@ def test_gpu_request_depends_on_the_inventory() -> None:
     assert gpu_request_for(_site("CPU")) == "none"  # the test clusters have no GRES: never ask there
     assert gpu_request_for(_site("H800", gpu_request="gres")) == "gres"
     assert gpu_request_for(_site("H800", gpu_request="none")) == "none"
-    assert gpu_request_for(_site("CPU", gpu_request="per_task")) == "per_task"
+    # an explicit GPU request on a CPU site asked for GPUs its agents never use (CUDA_VISIBLE_DEVICES ""), one per core
+    # slot, and its jobs waited for them: refused by the inventory (test_config_errors)
+    with pytest.raises(ValidationError, match="asks SLURM for GPUs, and the site's gpu is CPU"):
+        _site("CPU", gpu_request="per_task")
 
 
 @pytest.mark.parametrize(
