@@ -462,28 +462,16 @@ class Scaler:
         return max(JOIN_BOUND_MIN_S, JOIN_BOUND_FACTOR * max(self.join_s.values(), default=0.0))
 
     def _stop_unjoined(self, r: Replacement, now: float) -> None:
-        """Stop the replacement `r` started, not joined within the bound though its site says it runs, in a thread
-        (an SSH or scancel call takes seconds); `unjoined_stopped` counts the failed attempt once it is stopped."""
-        name, spawner = r.unit, self.spawner
-        assert name is not None and spawner is not None
+        """Stop the replacement `r` started, not joined within the bound though its site says it runs
+        (`_stop_unjoined_unit`); `unjoined_stopped` counts the failed attempt once it is stopped."""
+        assert r.unit is not None
         r.stopping = True
-        self.abandoned.add(name)
-        why = f"{name} did not join within {self.join_bound_s():.0f} s though its site said it ran (its log says why)"
-
-        def run() -> None:
-            try:
-                spawner.stop(name, grace_s=UNJOINED_STOP_GRACE_S)
-                error = why + "; stopped"
-            except Exception as e:  # noqa: BLE001 - the attempt failed either way; its slot may stay taken
-                error = f"{why}; stopping it failed: {e}"
-            self.post(("unjoined_stopped", name, error))
-
-        threading.Thread(target=run, name=f"stop-{name}", daemon=True).start()
+        self._stop_unjoined_unit(r.unit)
 
     def _stop_unjoined_unit(self, name: str) -> None:
-        """Stop `name`, a unit a scale or the rebalance rule asked for, not joined within the bound though its site
-        says it runs, in a thread, as `_stop_unjoined` does a replacement; `unjoined_stopped` counts the failed start
-        once it is stopped (its slot held until then)."""
+        """Stop `name` (a replacement, or a unit a scale or the rebalance rule asked for), not joined within the bound
+        though its site says it runs, in a thread (an SSH or scancel call takes seconds); `unjoined_stopped` counts
+        the failed attempt or start once it is stopped (its slot held until then)."""
         spawner = self.spawner
         assert spawner is not None
         self.abandoned.add(name)
@@ -493,7 +481,7 @@ class Scaler:
             try:
                 spawner.stop(name, grace_s=UNJOINED_STOP_GRACE_S)
                 error = why + "; stopped"
-            except Exception as e:  # noqa: BLE001 - the start failed either way; its slot may stay taken
+            except Exception as e:  # noqa: BLE001 - the attempt or start failed either way; its slot may stay taken
                 error = f"{why}; stopping it failed: {e}"
             self.post(("unjoined_stopped", name, error))
 
