@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops.detach import LOG_NAME
+from rlctl.ops.detach import HEADER, LOG_NAME
 
 from .conftest import REPO, job_yaml, metrics_rows, processes_mentioning, rlctl, rlctl_json, wait_for
 
@@ -108,7 +108,9 @@ def test_a_launcher_whose_terminal_goes_away_keeps_watching_its_job(tmp_path):
     wait_for("the launcher to end", launcher_ended, 300)
     assert os.WIFEXITED(ended[0]) and os.WEXITSTATUS(ended[0]) == 0, ended  # not killed by the SIGHUP
     log = (job_dir / "logs" / LOG_NAME).read_text()
-    assert "the terminal went away (SIGHUP); this launcher keeps watching the job" in log.splitlines()[0]
+    head, first = log.splitlines()[:2]  # its header (the log is every launcher's), then its first line there
+    assert (m := HEADER.match(head)) is not None and m["how"] == "in a terminal", head
+    assert "the terminal went away (SIGHUP); this launcher keeps watching the job" in first
     assert "\x1b[" not in log  # plain lines from then on, not the terminal's live frames
     assert "lost 0 duplicated 0" in log, log[-2000:]
     summary = json.loads((job_dir / "summary.json").read_text())
