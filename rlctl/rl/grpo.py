@@ -26,6 +26,7 @@ import torch.distributed as dist
 from rlctl.config.job import GrpoAlgorithm, OffPolicy
 from rlctl.devices import sync
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.rl.gradsum import sum_gradients
 from rlctl.rl.samples import (
     Sample,
     TokenBatch,
@@ -184,10 +185,7 @@ def allreduce_grads(model: torch.nn.Module) -> None:
     share of the whole batch's token mean (`batch_tokens`), so the sum is the whole batch's gradient."""
     if not _distributed():
         return
-    for p in model.parameters():
-        if p.grad is None:  # a rank whose samples reach no row of it: still in the sum
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad)
+    sum_gradients(model.parameters())  # a rank whose samples reach no row of a parameter: zeros, still in the sum
 
 
 class GrpoLearner:

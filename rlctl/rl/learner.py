@@ -46,6 +46,7 @@ import torch.distributed as dist
 from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
 from rlctl.devices import sync
 from rlctl.rl.cuts import trainable_cuts
+from rlctl.rl.gradsum import sum_gradients
 from rlctl.rl.grpo import group_advantages, policy_loss
 from rlctl.rl.ppo import PpoLearner, ValueModel
 from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, row_tokens
@@ -240,11 +241,11 @@ class StreamingLearner:
         t0 = time.monotonic()
         n = float(max(total_tokens, 1))
         several = self.dp.size > 1
+        if several and not self.dp.sharded:  # sum over data-parallel ranks: each summed the loss of its share
+            sum_gradients(self.model.parameters(), self.dp.group)  # (sharded: FSDP summed them in backward)
         for p in self.model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            if several and not self.dp.sharded:  # sum over data-parallel ranks: each summed the loss of its share
-                dist.all_reduce(p.grad, group=self.dp.group)  # (sharded: FSDP summed them in backward)
             p.grad /= n
         sums = {k: self.sums[k] for k in _SUMMED}
         if several:

@@ -35,6 +35,7 @@ from torch import nn
 
 from rlctl.config.job import PpoAlgorithm
 from rlctl.devices import sync
+from rlctl.rl.gradsum import sum_gradients
 from rlctl.rl.grpo import policy_loss
 from rlctl.rl.samples import Sample, device_of, fill_ref_logprobs, make_batch, micro_batches
 from rlctl.rl.schedule import StepLr, finite_step, policy_optimizer, set_lr
@@ -193,11 +194,8 @@ class PpoLearner:
             if self.cfg.kl_coef > 0 and batch.ref_logprobs is not None:  # the rewards' KL (`advantages`): β 0 above
                 sums["kl_ref_sum"] += float(((batch.old_logprobs - batch.ref_logprobs) * batch.mask).sum())
         if self.dp.size > 1:  # each rank summed the loss of its share: sum the gradients and figures over dp
-            for module in (self.model, self.critic):
-                for p in module.parameters():
-                    if p.grad is None:  # a share without rows, or a parameter no row reaches: still in the sum
-                        p.grad = torch.zeros_like(p)
-                    dist.all_reduce(p.grad, group=self.dp.group)
+            for module in (self.model, self.critic):  # a share without rows: zeros, still in the sum
+                sum_gradients(module.parameters(), self.dp.group)
             box = torch.tensor([sums[k] for k in _SUMMED], dtype=torch.float64)
             dist.all_reduce(box, group=self.dp.group)
             sums = defaultdict(float, zip(_SUMMED, box.tolist(), strict=True))
