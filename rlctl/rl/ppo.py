@@ -134,15 +134,17 @@ class PpoLearner:
             part = [samples[i] for i in idx]
             if self.cfg.kl_coef > 0:  # one cut at a time, as the critic: the micro-batch bounds the reference's forward
                 fill_ref_logprobs(self.ref_model, part, temperature=self.cfg.temperature, pad=self.pad)
-            batch = make_batch(part, [0.0] * len(part), pad=self.pad).to(dev)
+            # the rewards and GAE's backward scan on the host: the scan is a few small ops a token, launches and
+            # latencies on a GPU; only the critic's forward runs on its device, its values read back once a cut
+            batch = make_batch(part, [0.0] * len(part), pad=self.pad)
             mask = batch.mask
-            rewards = torch.zeros(mask.shape, device=dev)
+            rewards = torch.zeros(mask.shape)
             if self.cfg.kl_coef > 0 and batch.ref_logprobs is not None:
                 rewards -= self.cfg.kl_coef * (batch.old_logprobs - batch.ref_logprobs) * mask
             last = mask.float().cumsum(1).argmax(1)  # index of each row's last output token
-            rewards[torch.arange(len(part), device=dev), last] += torch.tensor([s.reward for s in part], device=dev)
-            a, r = gae(rewards, self.critic(batch.tokens).float(), mask, self.cfg.gamma, self.cfg.lam)
-            a, r, mask = a.cpu(), r.cpu(), mask.cpu()  # one read-back of the cut, not two a sample
+            rewards[torch.arange(len(part)), last] += torch.tensor([s.reward for s in part])
+            values = self.critic(batch.tokens.to(dev)).float().cpu()
+            a, r = gae(rewards, values, mask, self.cfg.gamma, self.cfg.lam)
             for j, i in enumerate(idx):
                 adv[i] = a[j][mask[j]]
                 ret[i] = r[j][mask[j]].tolist()

@@ -23,9 +23,11 @@ class OnDevice(torch.Tensor):
     tensor (plain)."""
 
     reads = 0
+    ops = 0  # every torch function on one: each a kernel launch on a GPU
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        cls.ops += 1
         if func in READS:
             cls.reads += 1
             with torch._C.DisableTorchFunctionSubclass():
@@ -70,8 +72,21 @@ def test_ppo_advantages_of_a_cut_are_read_back_once() -> None:
     learner = PpoLearner(model, PpoAlgorithm(kind="ppo"), critic=_DeviceCritic(TinyGPT(SMALL)))
     OnDevice.reads = 0
     adv, ret = learner.advantages(_samples(6))  # one cut (micro-batches of 32 samples)
-    assert OnDevice.reads == 2  # the cut's advantages and returns
+    assert OnDevice.reads == 1  # the critic's values (the advantages and returns were two: GAE ran on the device)
     assert [len(a) for a in adv] == [len(r) for r in ret] == [len(s.output_tokens) for s in _samples(6)]
+
+
+def test_ppo_advantages_run_no_device_op_per_token() -> None:
+    """GAE's backward scan ran on the critic's device: a few ops a token position, each a launch on a GPU."""
+    torch.manual_seed(0)
+    learner = PpoLearner(TinyGPT(SMALL), PpoAlgorithm(kind="ppo"), critic=_DeviceCritic(TinyGPT(SMALL)))
+    ops = []
+    for length in (2, 20):
+        samples = [Sample(f"p{i}", [1, 4], [5] * length, [-1.0] * length, float(i)) for i in range(4)]
+        OnDevice.ops = 0
+        learner.advantages(samples)
+        ops.append(OnDevice.ops)
+    assert ops[0] == ops[1], ops  # the same ops whatever the outputs' length
 
 
 def test_a_micro_batchs_loss_figures_are_read_back_once() -> None:
