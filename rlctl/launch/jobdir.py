@@ -43,7 +43,7 @@ import shlex
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -465,6 +465,21 @@ def refuse_taken(path: Path, *, named_by: str = "--job-dir", resume: str | None 
         raise UsageError(
             f"{named_by}: {path}: a launch is preparing a job there ({holder}); a new launch would take its place",
             hint=f"watch it with `rlctl status {shlex.quote(str(path))}`, or choose {other}",
+        )
+
+
+def refuse_theirs(directory: Path, *, ours: Collection[str], did: str, then: str, hint: str) -> None:
+    """ConfigError, one line, when `directory`, a job dir's data/, model/ or reward/, holds a name that is not one of
+    `ours` (what rlctl writes there): a launch into a directory that is no job's (the job file's own), whose data/,
+    model/ or reward/ is the user's, wrote over, linked into or deleted it, and staged it to every site as the job's.
+    The line names up to three of its names, says rlctl did not `did` them, then what a launch does there (`then`)."""
+    theirs = sorted(p.name for p in directory.iterdir() if p.name not in ours) if directory.is_dir() else []
+    if theirs:
+        raise ConfigError(
+            str(directory),
+            None,
+            f"holds {', '.join(theirs[:3])}{' …' if len(theirs) > 3 else ''}, which rlctl did not {did}; {then}",
+            hint=hint,
         )
 
 

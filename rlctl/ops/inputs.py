@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, JobFile, sft_steps
 from rlctl.errors import ConfigError, UsageError
-from rlctl.launch.jobdir import JobDir
+from rlctl.launch.jobdir import JobDir, refuse_theirs
 from rlctl.rl.reward import copy_reward
 from rlctl.rl.source import DATA_DIR, HELDOUT_DIR, REWARD_DIR, heldout_task
 
@@ -93,16 +93,14 @@ def _refuse_users_model_dir(jobdir: JobDir) -> None:
     """ConfigError, one line, when the job dir's model/ holds anything but the init/ a launch puts there (a launch
     into the job file's own directory, whose model/ is the user's: the checkpoint model.path names, say): the starting
     policy was linked into the user's directory, and all it held was staged to every site as the job's."""
-    model = jobdir.init_model.parent
-    theirs = sorted(p.name for p in model.iterdir() if p.name != jobdir.init_model.name) if model.is_dir() else []
-    if theirs:
-        raise ConfigError(
-            str(model),
-            None,
-            f"holds {', '.join(theirs[:3])}{' …' if len(theirs) > 3 else ''}, which rlctl did not put there; a launch "
-            f"puts the starting policy in its {jobdir.init_model.name}/ and stages the whole directory to every site",
-            hint="launch into another --job-dir (or move that directory, and model.path with it)",
-        )
+    refuse_theirs(
+        jobdir.init_model.parent,
+        ours={jobdir.init_model.name},
+        did="put there",
+        then=f"a launch puts the starting policy in its {jobdir.init_model.name}/ and stages the whole directory to "
+        "every site",
+        hint="launch into another --job-dir (or move that directory, and model.path with it)",
+    )
 
 
 def prepare_data(

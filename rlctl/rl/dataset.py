@@ -34,6 +34,7 @@ import numpy as np
 
 from rlctl.config.job import BUILTIN_REWARD_NAMES, DatasetTask
 from rlctl.errors import ConfigError
+from rlctl.launch.jobdir import refuse_theirs
 from rlctl.rl.reward import LoadTimedOut, RewardPool, RewardResult, check_loads, copy_reward
 from rlctl.rl.tokenizer import HFTokenizer, TextTokenizer, decode_output
 from rlctl.textutil import one_of
@@ -339,22 +340,18 @@ def prepare_dataset(
 
 def refuse_not_ours(data_path: Path, out_dir: Path) -> None:
     """ConfigError, one line, when `out_dir` holds anything `prepare_dataset` does not write there (a launch into the
-    job file's own directory, whose data/ is the user's, holding the data file itself): nothing of the user's is
-    written over or staged to every site as the job's."""
-    if not out_dir.is_dir():
-        return
+    job file's own directory, whose data/ is the user's, holding the data file itself, `refuse_theirs`): nothing of
+    the user's is written over or staged to every site as the job's."""
+    then = "a launch writes its tokenized prompts here"
+    if out_dir.is_dir() and data_path.resolve().is_relative_to(out_dir.resolve()):
+        raise ConfigError(
+            str(out_dir),
+            None,
+            f"the data file {data_path} lies in it, which rlctl did not write; {then}",
+            hint="launch into another --job-dir (or keep the data file out of that directory)",
+        )
     ours = {n + t for n in (TOKENS_FILE, ROWS_FILE, MANIFEST_FILE) for t in ("", ".tmp")}
-    theirs = sorted(p.name for p in out_dir.iterdir() if p.name not in ours)
-    inside = data_path.resolve().is_relative_to(out_dir.resolve())
-    if not theirs and not inside:
-        return
-    what = f"the data file {data_path} lies in it" if inside else f"it holds {', '.join(theirs[:3])}"
-    raise ConfigError(
-        str(out_dir),
-        None,
-        f"{what}, which rlctl did not write; a launch writes its tokenized prompts here",
-        hint="launch into another --job-dir" + (" (or keep the data file out of that directory)" if inside else ""),
-    )
+    refuse_theirs(out_dir, ours=ours, did="write", then=then, hint="launch into another --job-dir")
 
 
 def _rows(

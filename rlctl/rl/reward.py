@@ -239,12 +239,14 @@ def refuse_replacing_theirs(named: Path, dst: Path) -> list[Path]:
                 "launch replaces with its copy of the reward",
                 hint="launch into another --job-dir",
             )
-    if dst.is_dir() and any(dst.iterdir()) and not (dst / COPY_MARK).is_file():  # (a directory of the user's)
-        raise ConfigError(
-            str(dst),
-            None,
-            f"holds {', '.join(sorted(p.name for p in dst.iterdir())[:3])}, which rlctl did not copy there; a launch "
-            "puts its copy of the reward there, in place of what it holds",
+    if not (dst / COPY_MARK).is_file():  # (no copy made it: nothing in it is rlctl's)
+        from rlctl.launch.jobdir import refuse_theirs  # (here: a reward worker imports this module, and no config)
+
+        refuse_theirs(
+            dst,
+            ours=(),
+            did="copy there",
+            then="a launch puts its copy of the reward there, in place of what it holds",
             hint="launch into another --job-dir (or move that directory)",
         )
     return modules

@@ -746,6 +746,6 @@ def test_a_data_dir_of_the_users_is_refused_not_written_into(tmp_path: Path, tok
     assert sorted(p.name for p in out.iterdir()) == ["rows.jsonl"] and path.read_bytes() == before
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")
-    with pytest.raises(ConfigError, match=r"it holds notes\.txt, which rlctl did not write"):
+    with pytest.raises(ConfigError, match=r"mine: holds notes\.txt, which rlctl did not write"):
         prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "mine")
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
