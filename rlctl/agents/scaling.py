@@ -77,10 +77,7 @@ class Replacement:
     due: float  # time.monotonic() of the next attempt
     attempts: int = 0
     unit: str | None = None  # the unit started for the current attempt
-    started: float = 0.0
-    # since when the current attempt's join bound counts: its start returned (`spawned`), its scheduler's queue last
-    # seen holding it; None while its start has not returned (its site being staged)
-    since: float | None = None
+    started: float = 0.0  # when the current attempt began (its join bound counts from `Scaler.join_since`)
     error: str | None = None  # why the current attempt failed to start
     why: str | None = None  # why the last attempt failed (status)
     stopping: bool = False  # the current attempt's unit, not joined within the bound, is being stopped
@@ -189,8 +186,8 @@ class Scaler:
         self.join_s: dict[str, float] = {}  # unit → seconds it took to join (the plan's from t0; a replacement's
         # from its attempt's start): what `join_bound_s` measures the job's load time by
         self.abandoned: set[str] = set()  # units asked for (replacements too) stopped for not joining within the bound
-        # a unit asked for, not a replacement → since when its join bound counts (its start returned: `spawned`; its
-        # scheduler's queue last seen holding it). One whose start has not returned (its site being staged) has none
+        # a unit asked for (a replacement's too) → since when its join bound counts: its start returned (`spawned`),
+        # its scheduler's queue last seen holding it. One whose start has not returned (its site being staged) has none
         self.join_since: dict[str, float] = {}
 
     def pending_units(self) -> list[str]:
@@ -252,15 +249,16 @@ class Scaler:
     def not_joining(self, gone: list[str], *, now: float, queued: Sequence[str] = ()) -> None:
         """Units whose sites said they exited before they joined: they hold no slot; the plan's is replaced (as a
         unit lost), a replacement's is a failed attempt of its chain, one asked for (`rlctl scale`, the rebalance
-        rule, a resume) is a failed start. A replacement its scheduler still queues (`queued`) is not loading yet:
-        its attempt's clock (the join bound's) starts again, so a busy cluster's queue does not count against it."""
+        rule, a resume) is a failed start. A unit asked for (a replacement too) its scheduler still queues (`queued`)
+        is not loading yet: its join bound (a replacement's attempt's clock too) starts again, so a busy cluster's
+        queue does not count against it."""
         self._asking = False
-        for r in self.replacing.values():
-            if r.unit in queued and r.unit not in self.core.units and not r.stopping:
-                r.started = r.since = now
         for name in queued:
             if name in self.spawn_requested and name not in self.core.units:
                 self.join_since[name] = now
+                for r in self.replacing.values():
+                    if r.unit == name and not r.stopping:
+                        r.started = now
         planned = set(self._planned_unjoined())
         for name in gone:
             # one that joined meanwhile (its loss is core's), or whose start failed meanwhile (`spawned` said so)
@@ -437,36 +435,27 @@ class Scaler:
                 del self.replacing[r.lost]
                 if r.unit in self.spawn_requested:  # no sample yet (sampled() drops it at the first)
                     self.unproven[r.unit] = r
-            elif r.unit is not None and r.since is not None and now - r.since >= self.join_bound_s():
-                # (not one whose start has not returned: stopping it stopped nothing, not recorded yet, and it
-                # started after its failed attempt was counted)
-                self._stop_unjoined(r, now)
             elif r.unit is None and now >= r.due and self.free_slots().get(r.site, 0) > 0:
                 r.attempts += 1
-                r.started, r.since = now, None
+                r.started = now
                 r.unit = self._spawn(r.site, "replace")
-        chains = {r.unit for r in self.replacing.values()}
-        for name in self.pending_units():  # a unit a scale or the rule asked for, its site saying it runs
-            # (not one whose start has not returned: a site staged first, the model copied, is no unit that hangs —
-            # stopping it stopped nothing, not recorded yet, and it started after its failed start was said)
+        chains = {r.unit: r for r in self.replacing.values() if r.unit is not None}
+        for name in self.pending_units():  # asked for (a scale, the rule, a resume, a replacement), its site saying it
+            # runs; not one whose start has not returned (no `join_since`: a site staged first, the model copied, is
+            # no unit that hangs — stopping it stopped nothing, not recorded yet, and it started after its failed
+            # start or attempt was counted), nor one being stopped
             since = self.join_since.get(name)
-            if since is None or name in chains or name in self.abandoned:
+            if since is None or name in self.abandoned or now - since < self.join_bound_s():
                 continue
-            if now - since >= self.join_bound_s():
-                self._stop_unjoined_unit(name)
+            if name in chains:  # `unjoined_stopped` counts its failed attempt
+                chains[name].stopping = True
+            self._stop_unjoined_unit(name)
         return outs
 
     def join_bound_s(self) -> float:
         """How long a replacement may take to join: JOIN_BOUND_FACTOR × the longest a unit of this run took, at
         least JOIN_BOUND_MIN_S."""
         return max(JOIN_BOUND_MIN_S, JOIN_BOUND_FACTOR * max(self.join_s.values(), default=0.0))
-
-    def _stop_unjoined(self, r: Replacement, now: float) -> None:
-        """Stop the replacement `r` started, not joined within the bound though its site says it runs
-        (`_stop_unjoined_unit`); `unjoined_stopped` counts the failed attempt once it is stopped."""
-        assert r.unit is not None
-        r.stopping = True
-        self._stop_unjoined_unit(r.unit)
 
     def _stop_unjoined_unit(self, name: str) -> None:
         """Stop `name` (a replacement, or a unit a scale or the rebalance rule asked for), not joined within the bound
@@ -637,11 +626,10 @@ class Scaler:
             self.jobdir.event("scale_failed", agent=name, site=site, reason=reason, error=error)
             log.warning("controller: could not add %s on %s: %s", name, site, error)
             return
-        chain = next((r for r in self.replacing.values() if r.unit == name), None)
-        if chain is not None and chain.since is None:  # a replacement started: its bound counts from here (`tick`)
-            chain.since = max(time.monotonic(), chain.started)  # (not before its attempt's start, the loop's clock)
-        if name in self.spawn_requested:  # started: its join bound counts from here (`tick`)
-            self.join_since.setdefault(name, time.monotonic())
+        if name in self.spawn_requested:  # started: its join bound counts from here (`tick`); a replacement's not
+            # before its attempt's start (the loop's clock)
+            chain = next((r for r in self.replacing.values() if r.unit == name), None)
+            self.join_since.setdefault(name, max(time.monotonic(), chain.started if chain is not None else 0.0))
         self._scale_event("out", name, site, reason)
 
     def sampled(self, name: str) -> None:
