@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -177,15 +178,41 @@ class _StepByStep:
         ]
 
 
-@given(
-    st.lists(st.lists(st.integers(1, 30), min_size=1, max_size=12), min_size=2, max_size=6),
-    st.integers(1, 6),
-    st.sampled_from(["sync", "stream", "async"]),
-    st.integers(0, 2),
-    st.sampled_from(["auto", "always", "never"]),
-    st.sampled_from([None, 0.5]),
-    st.floats(0.0, 0.5),
-)
+def given_jobs(*, min_rows: int) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Jobs of 2 to 6 iterations, each of `min_rows` to 12 samples' output lengths, that the tests below share out
+    to their units; then the engine's batch cap, the mode, eta, the barrier, the compaction and the train time."""
+    return given(
+        st.lists(st.lists(st.integers(1, 30), min_size=min_rows, max_size=12), min_size=2, max_size=6),
+        st.integers(1, 6),
+        st.sampled_from(["sync", "stream", "async"]),
+        st.integers(0, 2),
+        st.sampled_from(["auto", "always", "never"]),
+        st.sampled_from([None, 0.5]),
+        st.floats(0.0, 0.5),
+    )
+
+
+def unit_works(shares: list[list[int]], eng: EngineSpec, train_s: float, *, units: int) -> list[IterationWork]:
+    """Each iteration's samples (output lengths `shares[i]`) dealt to `units` units in turn, from a unit one further
+    each iteration: each unit a part of every iteration that has as many samples as units."""
+    works = []
+    for i, ls in enumerate(shares):
+        unit_of = (np.arange(len(ls)) + i) % units
+        mine = {u: np.flatnonzero(unit_of == u) for u in range(units)}
+        works.append(
+            IterationWork(
+                np.zeros(len(ls)),
+                np.array(ls, dtype=float) + 3,
+                train_s,
+                2,
+                unit_of=unit_of,
+                shares={u: UnitShare(idx, np.array(ls)[idx], eng) for u, idx in mine.items() if len(idx)},
+            )
+        )
+    return works
+
+
+@given_jobs(min_rows=1)
 @settings(max_examples=150, deadline=None)
 def test_the_unit_engines_go_on_from_the_last_iteration_as_if_run_from_the_start(
     shares: list[list[int]], cap: int, mode: str, eta: int, barrier: str, compact: float | None, train_s: float
@@ -194,21 +221,7 @@ def test_the_unit_engines_go_on_from_the_last_iteration_as_if_run_from_the_start
     after it) instead of again from the first share: the same timeline, float for float, as the old way; and as
     the old way with the step-by-step engine loop, up to float rounding."""
     eng = EngineSpec(PTL, cap, prefill_s=0.001, compact_fraction=compact, barrier=barrier)  # type: ignore[arg-type]
-    works = []
-    for i, ls in enumerate(shares):
-        n = len(ls)
-        unit_of = (np.arange(n) + i) % 2  # two units, each a part of every iteration
-        mine = {u: np.flatnonzero(unit_of == u) for u in (0, 1)}
-        works.append(
-            IterationWork(
-                np.zeros(n),
-                np.array(ls, dtype=float) + 3,
-                train_s,
-                2,
-                unit_of=unit_of,
-                shares={u: UnitShare(idx, np.array(ls)[idx], eng) for u, idx in mine.items() if len(idx)},
-            )
-        )
+    works = unit_works(shares, eng, train_s, units=2)
     got = simulate_job(works, mode=mode, weight_sync_s=0.01, eta=eta, drain=min(eta, len(works) - 1))  # type: ignore[arg-type]
     want = {}
     for name, run in (("from_the_start", _FromTheStart), ("step_by_step", _StepByStep)):
@@ -255,15 +268,7 @@ def _by_scratch(works: list[IterationWork], *, mode: str, eta: int, drain: int, 
     return JobTimeline([], gen_end, train_end, ready, unit_gen)
 
 
-@given(
-    st.lists(st.lists(st.integers(1, 30), min_size=3, max_size=12), min_size=2, max_size=6),
-    st.integers(1, 6),
-    st.sampled_from(["sync", "stream", "async"]),
-    st.integers(0, 2),
-    st.sampled_from(["auto", "always", "never"]),
-    st.sampled_from([None, 0.5]),
-    st.floats(0.0, 0.5),
-)
+@given_jobs(min_rows=3)
 @settings(max_examples=100, deadline=None)
 def test_the_job_simulation_is_every_unit_s_engine_run_from_the_start(
     shares: list[list[int]], cap: int, mode: str, eta: int, barrier: str, compact: float | None, train_s: float
@@ -271,20 +276,7 @@ def test_the_job_simulation_is_every_unit_s_engine_run_from_the_start(
     """Three units, each a part of every iteration: the job simulator's timeline (its units' runs going on from
     the last iteration, their arrivals set in one scatter) is, float for float, each unit's run from the start."""
     eng = EngineSpec(PTL, cap, prefill_s=0.001, compact_fraction=compact, barrier=barrier)  # type: ignore[arg-type]
-    works = []
-    for i, ls in enumerate(shares):
-        unit_of = (np.arange(len(ls)) + i) % 3
-        mine = {u: np.flatnonzero(unit_of == u) for u in (0, 1, 2)}
-        works.append(
-            IterationWork(
-                np.zeros(len(ls)),
-                np.array(ls, dtype=float) + 3,
-                train_s,
-                2,
-                unit_of=unit_of,
-                shares={u: UnitShare(idx, np.array(ls)[idx], eng) for u, idx in mine.items()},
-            )
-        )
+    works = unit_works(shares, eng, train_s, units=3)  # (3 samples or more each: every unit has a share)
     kw = {"mode": mode, "eta": eta, "drain": min(eta, len(works) - 1), "weight_sync_s": 0.01}
     got = simulate_job(works, **kw)  # type: ignore[arg-type]
     want = _by_scratch(works, **kw)  # type: ignore[arg-type]
