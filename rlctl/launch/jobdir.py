@@ -472,7 +472,11 @@ def refuse_theirs(directory: Path, *, ours: Collection[str], did: str, then: str
     """ConfigError, one line, when `directory`, a job dir's data/, model/ or reward/, holds a name that is not one of
     `ours` (what rlctl writes there): a launch into a directory that is no job's (the job file's own), whose data/,
     model/ or reward/ is the user's, wrote over, linked into or deleted it, and staged it to every site as the job's.
-    The line names up to three of its names, says rlctl did not `did` them, then what a launch does there (`then`)."""
+    The line names up to three of its names, says rlctl did not `did` them, then what a launch does there (`then`).
+    A file (or a link to nothing) by that name is refused as well: making the directory there failed, a traceback."""
+    if os.path.lexists(directory) and not directory.is_dir():
+        what = "a file" if directory.exists() else "a link to nothing"
+        raise ConfigError(str(directory), None, f"is {what}, which rlctl did not {did}; {then}", hint=hint)
     theirs = sorted(p.name for p in directory.iterdir() if p.name not in ours) if directory.is_dir() else []
     if theirs:
         raise ConfigError(

@@ -1646,3 +1646,32 @@ def test_a_launch_into_a_directory_whose_data_or_reward_dir_is_the_users_is_refu
         copy_inputs(JobDir(into), resolve_inputs(job.spec, job), job)
     assert sorted(p.name for p in into.iterdir()) == [theirs]
     assert [p.name for p in (into / theirs).iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("theirs", ["data", "reward", "model"])
+@pytest.mark.parametrize("link", [False, True])
+def test_a_launch_into_a_directory_with_a_file_named_data_reward_or_model_is_refused_in_one_line(
+    tmp_path: Path, theirs: str, link: bool
+) -> None:
+    """The directory launched into holds a file (or a link to nothing) where the launch makes its data/, reward/ or
+    model/: a traceback (FileExistsError, NotADirectoryError) from making it, data/'s after the starting policy
+    was made beside it."""
+    from rlctl.errors import ConfigError
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.ops.inputs import copy_inputs, resolve_inputs
+
+    (tmp_path / "r.py").write_text("def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    job = hf_dataset_job(
+        tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16, "reward": "r.py:f"}
+    )
+    into = tmp_path / "project"
+    into.mkdir()
+    if link:
+        (into / theirs).symlink_to(tmp_path / "nothing")
+    else:
+        (into / theirs).write_text("mine")
+    what = "a link to nothing" if link else "a file"
+    with pytest.raises(ConfigError) as e:
+        copy_inputs(JobDir(into), resolve_inputs(job.spec, job), job)
+    assert str(e.value).startswith(f"{into / theirs}: is {what}, which rlctl did not ")
+    assert [p.name for p in into.iterdir()] == [theirs]  # nothing built beside it
