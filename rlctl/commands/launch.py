@@ -325,7 +325,7 @@ def register(app: typer.Typer) -> None:
             from rlctl.config.job import HfModel, sft_steps
             from rlctl.launch.jobdir import JobDir
             from rlctl.ops.counts import plan_counts, resolve_job
-            from rlctl.ops.inputs import prepare_data
+            from rlctl.ops.inputs import prepare_data, refuse_users_dirs
             from rlctl.ops.jobdb import JobDB
             from rlctl.ops.preflight import preflight, problems, refuse
             from rlctl.ops.run import JobRun, fresh_dir, launch_dir, prepare
@@ -388,6 +388,8 @@ def register(app: typer.Typer) -> None:
             if detach_:  # the same launch in the background, into the directory chosen (and, if new, made) here
                 if job_dir is None and spec.job_dir is None:  # a timestamped one: not one another launch made meanwhile
                     path = JobDir.create(spec.name).path
+                # the directory's model/, data/ or reward/ the user's: refused before the rows are written there
+                refuse_users_dirs(JobDir(path), spec, job)
                 if isinstance(spec.model, HfModel):  # a dataset's rows the check kept, prepared where the launcher's
                     # prepare finds them (its model/init holds the same tokenizer), versus read and tokenized again
                     prepare_data(path, spec, job, model_dir=Path(spec.model.path))

@@ -48,8 +48,7 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
     tokenizer or settings changed: a relaunch into the same dir reuses them). `check` (a launch's `rlctl stop`)
     ends it by raising, in the SFT warm-up and the tokenizing too: what it leaves is rebuilt by the next launch."""
     check = check if check is not None else _go_on
-    _refuse_users_model_dir(jobdir)
-    _refuse_users_dirs(jobdir, spec, job)  # before anything is built: model/init was, in the user's directory
+    refuse_users_dirs(jobdir, spec, job)  # before anything is built: model/init was, in the user's directory
     if not (jobdir.init_model / "config.json").exists():
         _starting_policy(jobdir, spec, check=check)
     task = spec.task
@@ -65,6 +64,14 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
             copy_reward(base / target, jobdir.path / REWARD_DIR)
         check()
         prepare_data(jobdir.path, spec, job, model_dir=jobdir.init_model, check=check)
+
+
+def refuse_users_dirs(jobdir: JobDir, spec: JobFile, job: Job) -> None:
+    """ConfigError, one line, when the job dir's model/, data/, data-heldout/ or reward/ is the user's (a launch into
+    the job file's own directory): asked before anything is built there, by `copy_inputs` and by `launch --detach`
+    before it writes the rows its check kept (`prepare_data`), which it wrote into the user's directory first."""
+    _refuse_users_model_dir(jobdir)
+    _refuse_users_dirs(jobdir, spec, job)
 
 
 def _refuse_users_dirs(jobdir: JobDir, spec: JobFile, job: Job) -> None:

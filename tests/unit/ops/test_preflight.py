@@ -1675,3 +1675,23 @@ def test_a_launch_into_a_directory_with_a_file_named_data_reward_or_model_is_ref
         copy_inputs(JobDir(into), resolve_inputs(job.spec, job), job)
     assert str(e.value).startswith(f"{into / theirs}: is {what}, which rlctl did not ")
     assert [p.name for p in into.iterdir()] == [theirs]  # nothing built beside it
+
+
+def test_launch_detach_into_a_directory_whose_model_dir_is_the_users_writes_nothing_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`launch --detach` into the job file's own directory, whose model/ is the user's checkpoint: the launch wrote
+    the dataset's tokenized prompts (data/) into that directory before the launcher it started refused model/, and
+    left them there (the refusal `copy_inputs` asks first came after the detached launch's `prepare_data`)."""
+    from rlctl.commands import launch
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    before = sorted(p.name for p in tmp_path.iterdir())
+    started: list[Path] = []
+    monkeypatch.setattr(launch, "run_detached", lambda args, path, output, env: started.append(path))
+    r = run_cli("launch", str(job.path), "--detach", "--job-dir", str(tmp_path))
+    assert r.exit_code == 2 and not started, r.stderr
+    assert "model: holds config.json" in r.stderr and "which rlctl did not put there" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
