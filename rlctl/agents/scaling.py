@@ -516,12 +516,14 @@ class Scaler:
         self.restored_at = time.monotonic() if now is None else now
 
     def unit_counts(self) -> dict[str, int]:
-        """Rollout units per rollout site that the job runs, is starting or is replacing (those draining left
-        out): what each checkpoint keeps, for a resumed run to start the same (`restore`)."""
+        """Rollout units per rollout site that the job runs, is starting or is replacing, or gave up replacing (those
+        draining left out): what each checkpoint keeps, for a resumed run to start the same (`restore`)."""
         counts = dict.fromkeys(self.placement.rollout_sites, 0)
         names = [u.name for u in self.core.units.values() if u.alive and not u.draining] + self.pending_units()
         sites = [self.placement.sites.get(n) for n in names]
         sites += [r.site for r in self.replacing.values() if r.unit is None]  # (its start counts, once asked)
+        # a unit given up on is a loss, not a scale-in: a resume that counted it out drained a healthy unit
+        sites += [self.placement.sites.get(n) for n in self.gave_up]
         for site in sites:
             if site is not None:
                 counts[site] = counts.get(site, 0) + 1

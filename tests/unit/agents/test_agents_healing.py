@@ -687,3 +687,25 @@ def test_a_replacement_whose_start_has_not_returned_is_not_stopped_for_not_joini
     scaler.tick(t0 + 3652.0)  # the bound passed since its start returned
     assert _stop_posted(posted)[:2] == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]
     assert [e for e in jd.read_events() if e["event"] == "replacement_not_joined"] == []  # (counted once it ends)
+
+
+def test_a_resume_does_not_scale_in_a_site_for_a_unit_its_run_gave_up_replacing(tmp_path) -> None:
+    """rollout-1 lost and every attempt to replace it failed (its node down): the checkpoint kept 1 unit for site a,
+    as though `scale -1` had removed it, and the resumed run (the node back, the plan's 2 units joined) drained the
+    healthy rollout-1 as a scale-in, reason resume. A unit given up on is a loss, not a scale-in: the plan's count."""
+    scaler, core, _, posted, _ = setup(tmp_path, fail=scaling.REPLACE_ATTEMPTS)
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=0.0)
+    now = 0.0
+    while "rollout-1" not in scaler.gave_up and now < 200.0:
+        scaler.tick(now)
+        r = scaler.replacing.get("rollout-1")
+        if r is not None and r.unit is not None and r.error is None:  # an attempt started: its spawn fails
+            deliver(scaler, posted)
+        now += 1.0
+    assert scaler.gave_up == ["rollout-1"]
+    assert scaler.unit_counts() == {"a": 2}
+    resumed, _, _, _, spawner = setup(tmp_path / "resumed", fail=0)
+    resumed.restore(replaced=0, units=scaler.unit_counts(), now=0.0)
+    assert resumed.tick(2.0) == [] and spawner.calls == []  # the plan's 2 joined: none drained, none started
+    assert not [e for e in resumed.jobdir.read_lines(resumed.jobdir.events) if e["event"] == "scale"]
