@@ -17,6 +17,7 @@ import errno
 import importlib.util
 import ipaddress
 import json
+import logging
 import math
 import os
 import socket
@@ -47,6 +48,7 @@ from rlctl.tracking import check_tracking
 from rlctl.trainers.base import megatron_available
 from rlctl.weights import manifest
 
+log = logging.getLogger(__name__)
 RUNNABLE_BUILTIN = "tiny-demo"  # the one built-in model with weights (rlctl.models.tinygpt.TinyGPT)
 # why a trainer backend does not run a split the planner chose (tp or pp > 1) when the job did not ask for one:
 # torch is data parallel only; megatron splits only as trainer.tensor_parallel / pipeline_parallel say
@@ -1120,8 +1122,10 @@ def _evaluation(job: Job) -> list[Problem]:
             out.append(
                 Problem("evaluation.path", f"no such file {str(job.path.parent / path)!r} (relative to the job file)")
             )
-        elif isinstance(spec.model, HfModel) and Path(spec.model.path).is_dir():
-            out += _heldout_rows(job, heldout_task(task, path), Path(spec.model.path))
+        else:
+            _same_as_training(job, task, path)
+            if isinstance(spec.model, HfModel) and Path(spec.model.path).is_dir():
+                out += _heldout_rows(job, heldout_task(task, path), Path(spec.model.path))
     elif spec.task.kind != "digits":
         out.append(
             Problem(
@@ -1142,6 +1146,19 @@ def _evaluation(job: Job) -> list[Problem]:
             )
         )
     return out
+
+
+def _same_as_training(job: Job, task: DatasetTask, path: str) -> None:
+    """A warning (not a refusal: a look at how well the policy fits its own prompts may be meant) where the held-out
+    file is the task's training file: the held-out figures then measure prompts the policy trained on."""
+    base = job.path.parent
+    if (base / path).resolve() == (base / task.path).resolve():
+        log.warning(
+            "%s: evaluation.path: %s is task.path's file: the held-out figures are measured on prompts the job "
+            "trains on, not held out; name a file of other rows for a held-out evaluation",
+            job.path,
+            base / path,
+        )
 
 
 def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]:

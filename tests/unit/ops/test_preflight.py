@@ -1695,3 +1695,32 @@ def test_launch_detach_into_a_directory_whose_model_dir_is_the_users_writes_noth
     assert "model: holds config.json" in r.stderr and "which rlctl did not put there" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_held_out_file_that_is_the_training_file_is_said_by_check(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """evaluation.path naming task.path's file (here by another spelling of its path): `rlctl check` passed it
+    without a word, and the 'held-out' figures were measured on the prompts the job trains on. A warning, once, exit
+    0 (a look at the training prompts may be meant); a file of its own passes without one."""
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    spec = yaml.safe_load(job.path.read_text())
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": "ho", "ground_truth": "y"}) + "\n")
+    for path, said in (("sub/../data.jsonl", True), ("held.jsonl", False)):
+        spec["evaluation"] = {"heldout_prompts": 1, "path": path}
+        job.path.write_text(yaml.safe_dump(spec))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            r = run_cli("check", str(job.path))
+        assert r.exit_code == 0, r.stderr
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert warned == (
+            [
+                f"{job.path}: evaluation.path: {tmp_path / 'sub/../data.jsonl'} is task.path's file: the held-out "
+                "figures are measured on prompts the job trains on, not held out; name a file of other rows for a "
+                "held-out evaluation"
+            ]
+            if said
+            else []
+        ), warned
