@@ -167,6 +167,17 @@ def checkpoint_eos_ids(model_dir: str | Path) -> tuple[int, ...]:
     return (int(eos),) if isinstance(eos, int) else tuple(int(t) for t in eos)
 
 
+def architecture_overrides(model_dir: str | Path) -> dict[str, Any]:
+    """vLLM's `hf_overrides` for a checkpoint whose config.json has no `architectures` (rlctl reads it by its
+    model_type, `rlctl.models.hf`): its ForCausalLM class, versus vLLM's guess from model_type, the base model
+    (Qwen2Model, a pooling model there); {} where config.json names it."""
+    from rlctl.models import hf
+
+    if "architectures" in json.loads((Path(model_dir) / hf.CONFIG_FILE).read_text()):
+        return {}
+    return {"hf_overrides": {"architectures": [hf.read_config(model_dir).architecture]}}
+
+
 @dataclass
 class _Unfinished(Generation):
     started: bool = False  # sampled a token here (vLLM runs it)
@@ -241,6 +252,7 @@ class VllmEngine(GenerationEngine):
             "distributed_executor_backend": "uni" if tensor_parallel == 1 else "mp",
             "enable_prefix_caching": True,
             "generation_config": "vllm",  # the checkpoint's sampling defaults must not override ours
+            **architecture_overrides(model_dir),
             **llm_kwargs,
         }
         if on_new_weights == "keep" and not cpu:

@@ -246,6 +246,17 @@ def _parse_config(d: Mapping[str, Any], file: str) -> TinyGPTConfig:
 
     archs = d.get("architectures")
     arch = archs[0] if isinstance(archs, list) and len(archs) == 1 and isinstance(archs[0], str) else None
+    if archs is None:  # (a config saved as `Qwen2Config()` is: its model_type names it, as AutoModelForCausalLM reads)
+        arch = next((a for a, t in MODEL_TYPES.items() if t == d.get("model_type")), None)
+        if arch is None:
+            why = "no model_type that names one"
+            if "model_type" in d:
+                why = f"model_type {d['model_type']!r} is neither's"
+            raise bad(
+                "architectures",
+                f"missing, and {why}; add "
+                f'"architectures": {json.dumps([LLAMA])} or {json.dumps([QWEN2])}, as the checkpoint\'s model is',
+            )
     if arch is None or arch not in MODEL_TYPES:
         raise bad("architectures", f"{archs!r} is not supported; supported: {', '.join(MODEL_TYPES)}")
     if d.get("model_type", MODEL_TYPES[arch]) != MODEL_TYPES[arch]:

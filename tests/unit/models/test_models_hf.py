@@ -284,3 +284,41 @@ def test_a_pytorch_model_bin_is_checked_as_a_safetensors_file_is(tmp_path: Path)
     torch.save({k: v for k, v in sd.items() if "layers.0." not in k}, tmp_path / TORCH_FILE)  # a layer short
     with pytest.raises(ConfigError, match=r"layers\.0\."):
         check_hf_dir(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["qwen2-tied-hd32", "llama-hd64-eos3"])
+def test_a_config_without_architectures_is_read_by_its_model_type(tmp_path: Path, name: str) -> None:
+    """config.json with no `architectures` (a Qwen2Config() saved as it is): refused as 'None is not supported',
+    though its model_type names the architecture as transformers' AutoModelForCausalLM reads it."""
+    write_checkpoint(name, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    arch = cfg.pop("architectures")[0]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert check_hf_dir(tmp_path).config.architecture == arch
+    assert TinyGPT.from_pretrained(tmp_path).config.architecture == arch
+
+
+def test_a_config_without_architectures_or_a_known_model_type_says_what_to_add(tmp_path: Path) -> None:
+    write_checkpoint("qwen2-tied-hd32", tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["architectures"], cfg["model_type"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as e:
+        check_hf_dir(tmp_path)
+    assert str(e.value) == (
+        f"{tmp_path / 'config.json'}: architectures: missing, and no model_type that names one; add "
+        '"architectures": ["LlamaForCausalLM"] or ["Qwen2ForCausalLM"], as the checkpoint\'s model is'
+    )
+
+
+def test_vllm_is_told_the_architecture_a_config_without_one_has(tmp_path: Path) -> None:
+    """vLLM maps a config.json without `architectures` to its model_type's base model (qwen2: Qwen2Model, a pooling
+    model there): the rollout engine names the ForCausalLM class rlctl read it as."""
+    from rlctl.engines.vllm import architecture_overrides
+
+    write_checkpoint("qwen2-tied-hd32", tmp_path)
+    assert architecture_overrides(tmp_path) == {}
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["architectures"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert architecture_overrides(tmp_path) == {"hf_overrides": {"architectures": ["Qwen2ForCausalLM"]}}
