@@ -29,6 +29,7 @@ Documented field by field in docs/profile-format.md.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -213,6 +214,10 @@ def save_profile(profile: ProfileFile, path: Path) -> None:
     }
     try:  # its folder too: a job's planning.profile names a file in one not made yet (`profiles/h800.yaml`)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=160), encoding="utf-8")
+        if path.suffix == ".json":  # (as `-o json` is JSON to the other commands; the plan reads it as YAML)
+            text = json.dumps(data, indent=2) + "\n"
+        else:
+            text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=160)
+        path.write_text(text, encoding="utf-8")
     except OSError as e:
         raise ConfigError(str(path), None, f"cannot write profile: {e}") from e

@@ -334,6 +334,17 @@ def demo_profile_edited(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) 
     return prof
 
 
+def test_a_profile_written_to_a_json_file_is_json(tmp_path: Path) -> None:
+    """`rlctl profile -o x.json` wrote YAML into x.json (a JSON reader refused it); the plan reads either."""
+    import json
+
+    made = run_cli("profile", "--job", str(DEMO), "-o", str(tmp_path / "prof.json"))
+    assert made.exit_code == 0, made.stderr
+    data = json.loads((tmp_path / "prof.json").read_text())
+    assert data["kind"] == "Profile" and "local" in data["sites"]
+    assert run_cli("plan", str(DEMO), "--profile", str(tmp_path / "prof.json")).exit_code == 0
+
+
 def test_a_profile_without_generation_entries_for_a_rollout_site_names_the_file_and_field(tmp_path: Path) -> None:
     prof = demo_profile_edited(tmp_path, lambda d: d["sites"]["local"].update(generation=[]))
     line = one_error(run_cli("plan", str(DEMO), "--profile", str(prof)))
