@@ -756,8 +756,9 @@ class JobFile(Strict):
     job_dir: str | None = Field(
         None,
         min_length=1,
-        description="where the job's directory goes (default: runs/<name>-<time>); relative to the job file, as its "
-        "other paths are; `launch --job-dir` overrides it",
+        description="where the job's directory goes, relative to the job file as its other paths are; default: "
+        "runs/<name>-<time> in the directory rlctl is run from ($RLCTL_HOME/runs/<name>-<time> when RLCTL_HOME is "
+        "set), not the job file's; `launch --job-dir` overrides it",
     )
     # below 2^32: vLLM seeds numpy's global generator with it, which takes no more
     seed: int = Field(0, ge=0, le=2**32 - 1)

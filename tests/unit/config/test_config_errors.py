@@ -937,6 +937,22 @@ def test_job_dir_is_relative_to_the_job_file_as_its_other_paths_are(
         )
 
 
+def test_job_dir_s_description_says_where_the_default_goes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its description said 'default: runs/<name>-<time>; relative to the job file': the default is under the
+    directory rlctl is run from, or $RLCTL_HOME, never the job file's."""
+    from rlctl.config.job import JobFile
+    from rlctl.launch.jobdir import JobDir
+
+    monkeypatch.delenv("RLCTL_HOME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert JobDir.choose_path("j").parent == tmp_path / "runs"
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    assert JobDir.choose_path("j").parent == tmp_path / "home" / "runs"
+    said = JobFile.model_fields["job_dir"].description or ""
+    assert "default: runs/<name>-<time> in the directory rlctl is run from ($RLCTL_HOME/runs/" in said
+    assert "not the job file's" in said
+
+
 def test_an_inventory_path_under_home_is_read_there_as_model_path_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
