@@ -585,6 +585,18 @@ CASES = [
         OTHER_INV.replace("partition: p", "partition: 'gpu '"),
         "sites.h800.scheduler.partition: 'gpu ' has whitespace, which no SLURM name has",
     ),
+    Case(  # 'Input should be a valid string (got 123)': a name of digits is one, written in quotes
+        "job: a name of digits",
+        JOB.replace("name: j1", "name: 0123"),
+        "job.yaml: name: YAML reads this value as the number 83, not a string: write it in quotes, as you mean it",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "a partition of digits",
+        OTHER_INV.replace("partition: p", "partition: 12"),
+        "sites.h800.scheduler.partition: YAML reads this value as the number 12, not a string: write it in quotes",
+    ),
     Case(  # 'Input should be a valid string': not what is
         "partitions as a list",
         OTHER_INV.replace("partition: p", "partition: [gpu, gpu-long]"),
