@@ -30,13 +30,32 @@ NAME_RE = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 # Fields whose value is a union told apart by `kind` -> the valid kinds. Pydantic puts the tag into
 # the error location (`scheduler.slurm.partition`); we drop it so paths match the file.
 _TAGGED_FIELDS: dict[str, list[str]] = {}
+_TAGGED_KEYS: dict[str, dict[str, set[str]]] = {}  # field -> kind -> its keys: a key of another kind is said so
 
 
 def register_tags(field: str, union: Any) -> None:
-    """Remember the kinds of an `Annotated[A | B, Field(discriminator="kind")]` field, for error messages."""
+    """Remember the kinds of an `Annotated[A | B, Field(discriminator="kind")]` field, and each kind's keys, for
+    error messages."""
     models = get_args(get_args(union)[0])
     kinds = {k for m in models for k in get_args(m.model_fields["kind"].annotation)}
     _TAGGED_FIELDS[field] = sorted(kinds | set(_TAGGED_FIELDS.get(field, [])))
+    for m in models:
+        keys = {f.alias or name for name, f in m.model_fields.items()}
+        for kind in get_args(m.model_fields["kind"].annotation):
+            _TAGGED_KEYS.setdefault(field, {})[kind] = keys
+
+
+def _other_kinds_key(loc: tuple[int | str, ...], key: str) -> str | None:
+    """Where `loc` is a tagged field's member (`algorithm`, `grpo`) and `key` is no key of its kind: the line saying
+    which other kinds take it (`critic_lr` is PPO's), versus 'unknown key', as if misspelt; else None."""
+    if len(loc) < 2 or not isinstance(loc[-2], str) or not isinstance(loc[-1], str):
+        return None
+    field, kind = loc[-2], loc[-1]
+    others = sorted(k for k, keys in _TAGGED_KEYS.get(field, {}).items() if k != kind and key in keys)
+    if kind not in _TAGGED_KEYS.get(field, {}) or not others:
+        return None
+    which = " or ".join(repr(k) for k in others)
+    return f"a key of {field} kind {which} only, and this {field} is kind {kind!r}: drop it, or use kind {which}"
 
 
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
@@ -202,7 +221,9 @@ def first_error(exc: ValidationError) -> tuple[str, str]:
     elif err["type"] == "bool_for_number":  # found before the field's own validation: its key and the item's path
         loc = (*loc, err["ctx"]["key"], *err["ctx"]["path"])
     msg = err["msg"]
-    if err["type"] == "missing":
+    if err["type"] == "unknown_key" and (other := _other_kinds_key(tuple(err["loc"]), err["ctx"]["key"])):
+        msg = other
+    elif err["type"] == "missing":
         msg = "required field is missing"
     elif err["type"] == "union_tag_invalid":
         msg = f"unknown kind {err['ctx'].get('tag')!r}; valid: {err['ctx'].get('expected_tags')}"

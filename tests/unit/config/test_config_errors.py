@@ -585,6 +585,19 @@ CASES = [
         OTHER_INV.replace("partition: p", "partition: 'gpu '"),
         "sites.h800.scheduler.partition: 'gpu ' has whitespace, which no SLURM name has",
     ),
+    Case(  # 'unknown key; valid keys: …', as if misspelt
+        "job: a ppo key in a grpo job",
+        JOB + "algorithm: {kind: grpo, critic_lr: 1.0e-3}\n",
+        "algorithm.critic_lr: a key of algorithm kind 'ppo' only, and this algorithm is kind 'grpo': drop it, or use "
+        "kind 'ppo'",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(
+        "a slurm key in an ssh scheduler",
+        site_with("{kind: ssh, user: rl}", "{kind: ssh, user: rl, partition: gpu}"),
+        "scheduler.partition: a key of scheduler kind 'slurm' only, and this scheduler is kind 'ssh'",
+    ),
     Case(  # 'Input should be a valid string (got 123)': a name of digits is one, written in quotes
         "job: a name of digits",
         JOB.replace("name: j1", "name: 0123"),
