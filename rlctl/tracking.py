@@ -319,7 +319,8 @@ def row_to_metrics(row: Mapping[str, Any]) -> dict[str, float]:
     """One controller metrics row as flat scalar series; only what the row has, non-numbers skipped.
 
     `staleness` ({version gap: samples}) gives staleness/max, staleness/mean and staleness/gap_<k>;
-    `agents` gives agent/<name>/busy_s; a numeric field not in SERIES lands under other/<field>.
+    `agents` gives agent/<name>/busy_s; `reward_extra` (a dict reward's other keys) reward_extra/<key>; a numeric
+    field not in SERIES lands under other/<field>.
     """
     out: dict[str, float] = {}
     for key, value in row.items():
@@ -327,6 +328,8 @@ def row_to_metrics(row: Mapping[str, Any]) -> dict[str, float]:
             continue
         if key == "staleness" and isinstance(value, Mapping):
             out.update(_staleness(value))
+        elif key == "reward_extra" and isinstance(value, Mapping):  # a dict reward's other figures
+            out.update({f"reward_extra/{k}": float(v) for k, v in value.items() if _number(v)})
         elif key == "agents" and isinstance(value, Mapping):
             for name, figures in value.items():
                 if isinstance(figures, Mapping) and _number(figures.get("busy_s")):

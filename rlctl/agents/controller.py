@@ -1067,6 +1067,8 @@ class ControllerAgent:
         if trainer is not None:
             trainer.figures.busy_s, trainer.figures.version = t.busy_s, t.version
         row = metrics_row(self.snapshot(), t, wall_time=time.time())
+        if extras := self.task.reward_extras(t.sample_ids):  # a dict reward's other figures, over what it trained
+            row["reward_extra"] = {k: round(v, 6) for k, v in extras.items()}
         if self.evaluator is not None and self.evaluator.overlapped():
             row["evaluating"] = True  # a held-out evaluation decoded beside this iteration's generation
         self.scaler.rebalance(row, stopping=self._closing)

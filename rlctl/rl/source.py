@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 import threading
 from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,7 @@ DATA_DIR = "data"  # in the job directory: the tokenized prompts (rlctl.rl.datas
 HELDOUT_DIR = "data-heldout"  # in the job directory: the tokenized held-out prompts of a dataset task (evaluation)
 REWARD_DIR = "reward"  # in the job directory: the user's reward file, copied at launch
 PROMPT_CACHE = 4096  # demo prompts kept by a DigitsSource (a few iterations' worth)
+EXTRAS_KEPT = 1 << 16  # samples whose reward's extra figures wait for their iteration's row (never trained: dropped)
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,11 @@ class TaskSource(ABC):
 
     def reward_stats(self) -> RewardStats:
         return RewardStats()
+
+    def reward_extras(self, sample_ids: Iterable[str]) -> dict[str, float]:
+        """The mean of each extra figure a dict reward returned beside 'score' (verl's reward_extra_info) over
+        `sample_ids` (an iteration's trained samples) that have it; their figures are forgotten."""
+        return {}
 
     def reward_failure(self) -> str | None:
         """Why the task's rewards cannot be scored any more (its reward pool failed, its calls cancelled), or None."""
@@ -202,6 +210,8 @@ class DatasetSource(TaskSource):
         # the held-out evaluations' calls: a worker of their own, so that they never queue ahead of the training
         # samples' (whose late rewards would hold the trainer) and stay out of the training figures
         self.heldout_pool: RewardPool | None = None
+        self._extras: OrderedDict[str, dict[str, float]] = OrderedDict()  # sample id → its reward's extra figures
+        self._extras_lock = threading.Lock()  # (set by the pool's thread, read by the controller's)
 
     def _pool(self, workers: int, *, loaded: bool = False, wait: bool = False) -> RewardPool:
         """A pool of the job's reward function; `wait`: once a worker has loaded it, else a ConfigError (one line
@@ -255,7 +265,13 @@ class DatasetSource(TaskSource):
                 out.cancel()
                 out.set_running_or_notify_cancel()
             else:
-                out.set_result(f.result().score + penalty)
+                r = f.result()
+                if r.extra:
+                    with self._extras_lock:
+                        self._extras[sample_id] = r.extra
+                        if len(self._extras) > EXTRAS_KEPT:
+                            self._extras.popitem(last=False)
+                out.set_result(r.score + penalty)
 
         result.add_done_callback(done)
         return out
@@ -263,6 +279,8 @@ class DatasetSource(TaskSource):
     def cancel_score(self, sample_id: str) -> None:
         if self.pool is not None:
             self.pool.cancel(sample_id)
+        with self._extras_lock:
+            self._extras.pop(sample_id, None)
 
     def heldout(self, n: int) -> list[RlPrompt]:
         """The first n rows of `evaluation.path`, as launch prepared them into data-heldout/."""
@@ -320,6 +338,16 @@ class DatasetSource(TaskSource):
 
     def reward_stats(self) -> RewardStats:
         return self.pool.stats if self.pool is not None else RewardStats()
+
+    def reward_extras(self, sample_ids: Iterable[str]) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        with self._extras_lock:
+            for sid in sample_ids:
+                for k, v in self._extras.pop(sid, {}).items():
+                    sums[k] = sums.get(k, 0.0) + v
+                    counts[k] = counts.get(k, 0) + 1
+        return {k: sums[k] / counts[k] for k in sorted(sums)}
 
     def reward_failure(self) -> str | None:
         """Why a reward pool stopped for good (the job then fails naming it): the training pool's, or the held-out

@@ -1,0 +1,74 @@
+"""A dict reward's other numeric keys (verl's reward_extra_info: {'score': 1.0, 'acc': 1.0, 'format': 0.5}) are
+averaged over each iteration's trained samples into its metrics row (`reward_extra`) and the trackers
+(reward_extra/<key>), versus checked, kept in RewardResult.extra and never read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlctl.config.job import DatasetTask
+from rlctl.rl.dataset import prepare_dataset
+from rlctl.rl.source import DatasetSource
+from rlctl.rl.tokenizer import load_tokenizer
+from rlctl.tracking import row_to_metrics
+from tests.unit.hf_tokenizer import SPECIALS, write_tokenizer
+from tests.unit.rl.test_dataset import write_jsonl
+
+REWARD = """\
+def f(data_source, solution_str, ground_truth):
+    right = solution_str.strip() == ground_truth
+    out = {"score": float(right), "acc": float(right), "note": "not a number"}
+    if right:
+        out["format"] = 0.5
+    return out
+"""
+
+
+def test_a_dict_rewards_other_figures_are_averaged_over_the_samples_asked(tmp_path: Path) -> None:
+    tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
+    path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "what is 1 + 2 ?", "ground_truth": "3"}])
+    (tmp_path / "r.py").write_text(REWARD)
+    cfg = DatasetTask.model_validate(
+        {"kind": "dataset", "path": "train.jsonl", "max_output_tokens": 8, "reward": "r.py:f", "reward_workers": 0}
+    )
+    prepare_dataset(cfg, data_path=path, tokenizer=tok, out_dir=tmp_path / "data")
+    source = DatasetSource(cfg, tmp_path, tmp_path / "model", scoring=True)
+    try:
+        end = SPECIALS.index("<|end|>")
+        right = [*tok.encode("3", add_special_tokens=False), end]
+        wrong = [*tok.encode("4", add_special_tokens=False), end]
+        scores = [source.score(sid, "p0", out).result() for sid, out in (("s0", right), ("s1", wrong), ("s2", right))]
+        assert scores == [1.0, 0.0, 1.0]
+        assert source.reward_extras(["s0", "s1"]) == {"acc": 0.5, "format": 0.5}  # each key over the samples with it
+        assert source.reward_extras(["s0", "s1"]) == {}  # said once
+        source.cancel_score("s2")  # a sample dropped: its figures go with it
+        assert source.reward_extras(["s2"]) == {}
+    finally:
+        source.close()
+
+
+def test_the_trackers_get_each_extra_figure_as_a_series() -> None:
+    row = {"iteration": 3, "reward_mean": 0.5, "reward_extra": {"acc": 0.25, "format": 0.5, "bad": "x"}}
+    assert row_to_metrics(row) == {"reward/mean": 0.5, "reward_extra/acc": 0.25, "reward_extra/format": 0.5}
+
+
+def test_the_controller_puts_an_iterations_extra_figures_in_its_row(tmp_path: Path) -> None:
+    """The controller asks the task for the figures of the samples the iteration trained (the digits task has none:
+    its rows have no reward_extra)."""
+    from tests.unit.agents.test_agents_gone_peers import Running
+
+    r = Running(tmp_path, "reward-extras")
+    try:
+        assert "reward_extra" not in r.train()
+        asked: list[list[str]] = []
+
+        def extras(sample_ids: list[str]) -> dict[str, float]:
+            asked.append(list(sample_ids))
+            return {"acc": 1 / 3}
+
+        r.ctl.task.reward_extras = extras  # type: ignore[method-assign]
+        row = r.train()
+        assert row["reward_extra"] == {"acc": 0.333333}
+        assert len(asked) == 1 and len(asked[0]) == 4  # the iteration's 2 prompts × 2 samples
+    finally:
+        r.close()
