@@ -84,6 +84,7 @@ from typing import Any, Literal, cast
 
 from rlctl import procfs
 from rlctl.errors import ConfigError
+from rlctl.rl.reward_scope import ImportScope
 from rlctl.textutil import did_you_mean, one_of
 
 log = logging.getLogger(__name__)
@@ -291,7 +292,7 @@ def _imported(file: Path) -> list[str]:
     return names
 
 
-def _from_file(file: Path, shown: str, fn: str) -> Any:
+def _from_file(file: Path, shown: str, fn: str, *, own_process: bool) -> Any:
     if not file.is_file():
         raise ValueError(f"{shown}: no such file (relative paths are relative to the job file)")
     digest = hashlib.sha256(str(file.resolve()).encode()).hexdigest()[:12]
@@ -302,33 +303,20 @@ def _from_file(file: Path, shown: str, fn: str) -> Any:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module  # before exec: dataclasses and pickle look the module up by name
-    beside = str(file.resolve().parent)  # a link's target's: where `python file.py` and the launch's copy look
-    with contextlib.suppress(ValueError):  # first: another reward's directory put before it has a `utils.py` too
-        sys.path.remove(beside)
-    sys.path.insert(0, beside)  # its own modules (`local_modules`), as `python file.py` finds them
-    others = _others_modules(file.resolve())
+    beside = file.resolve().parent  # a link's target's: where `python file.py` and the launch's copy look
+    if own_process:  # a worker's, which loads this reward alone: its directory on sys.path, as `python file.py`
+        sys.path.insert(0, str(beside))
+    # its own modules (`local_modules`) from its directory, at its import and in its functions' imports at call
+    # time, versus another reward's of the same name that this process loaded (workers=0); no sys.path left behind
+    scope = ImportScope(beside, {rel.name.removesuffix(".py") for rel in local_modules(file.resolve())})
+    module.__dict__["__builtins__"] = scope.builtins
     try:
-        spec.loader.exec_module(module)
+        with scope.active():
+            spec.loader.exec_module(module)
     except Exception as e:  # any error in the user's file is reported as one line
         del sys.modules[mod_name]
         raise ValueError(f"{shown}: cannot import: {type(e).__name__}: {e}{_own_package(file, fn, e)}") from e
-    finally:
-        sys.modules.update(others)  # (its own bound at its import: the name stays the first's)
     return module
-
-
-def _others_modules(file: Path) -> dict[str, Any]:
-    """The modules, out of sys.modules, of the names of the modules beside `file` that it imports (`local_modules`)
-    that came from elsewhere: another reward's helper of the same name (two jobs' `utils.py` in one process, workers
-    = 0), which `import utils` took from the cache instead of the file beside it. The caller puts them back."""
-    beside = file.parent
-    names = {rel.name.removesuffix(".py") for rel in local_modules(file)}
-    out: dict[str, Any] = {}
-    for key in [k for k in sys.modules if k.partition(".")[0] in names]:
-        where = getattr(sys.modules[key], "__file__", None) or next(iter(getattr(sys.modules[key], "__path__", [])), "")
-        if not Path(where).resolve().is_relative_to(beside):
-            out[key] = sys.modules.pop(key)
-    return out
 
 
 def _own_package(file: Path, fn: str, e: Exception) -> str:
@@ -370,11 +358,13 @@ def _from_module(name: str, fn: str, base_dir: Path) -> Any:
         raise ValueError(f"module {name!r}: cannot import: {type(e).__name__}: {e}") from e
 
 
-def load_reward(spec: str, base_dir: Path) -> RewardFn:
+def load_reward(spec: str, base_dir: Path, *, own_process: bool = False) -> RewardFn:
     """The reward function named by `spec`: a built-in name, `path/to/file.py:name` or `package.module:name`.
 
     Raises ValueError with one line naming what is missing (file, module, function) or wrong (not
-    callable, a signature that cannot take verl's arguments).
+    callable, a signature that cannot take verl's arguments). A file's own modules are imported from its directory
+    (`reward_scope`); `own_process` (a worker's, which loads it alone) also puts that directory on sys.path, as
+    `python file.py` does, where an in-process load (workers=0) leaves sys.path as it was.
     """
     target, sep, name = spec.rpartition(":")
     if not sep:
@@ -386,7 +376,7 @@ def load_reward(spec: str, base_dir: Path) -> RewardFn:
         return BUILTIN_REWARDS[spec]
     if target.endswith(".py"):
         file = Path(target) if Path(target).is_absolute() else base_dir / target
-        module, where = _from_file(file, target, name), target
+        module, where = _from_file(file, target, name, own_process=own_process), target
     else:
         module, where = _from_module(target, name, base_dir), f"module {target!r}"
     fn = getattr(module, name, None)
@@ -492,7 +482,7 @@ def _worker_main(spec: str, base_dir: str, on_error: float, conn: Connection) ->
     _adopt_orphans()
     _die_with_the_pool(conn)
     try:
-        fn = load_reward(spec, Path(base_dir))
+        fn = load_reward(spec, Path(base_dir), own_process=True)
     except ValueError as e:
         conn.send(str(e))
         return

@@ -1124,3 +1124,30 @@ def test_two_rewards_in_one_process_each_import_the_helper_beside_it(tmp_path: P
                 assert pool.score("s0", "d", "x", "y") == RewardResult(1.0), (name, file)
     finally:
         sys.modules.pop("rlctl_utils_zz", None)
+
+
+def test_two_rewards_in_one_process_import_their_own_helpers_inside_their_functions_too(tmp_path: Path) -> None:
+    """As above, the helper imported inside the function (at call time, not at the module's top), and by that helper
+    inside its own function: the second reward's call took the first's module from sys.modules. And a reward's
+    directory stayed on sys.path after its in-process load, first for every later import of the process."""
+    path = list(sys.path)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rlctl_lazy_zz.py").write_text(
+            "def name():\n    import rlctl_lazy_sib_zz\n\n    return rlctl_lazy_sib_zz.NAME\n"
+        )
+        (tmp_path / name / "rlctl_lazy_sib_zz.py").write_text(f"NAME = {name!r}\n")
+        (tmp_path / name / "r.py").write_text(
+            "def f(data_source, solution_str, ground_truth):\n    import rlctl_lazy_zz\n\n"
+            f"    return 1.0 if rlctl_lazy_zz.name() == {name!r} else 0.0\n"
+        )
+    pools = [RewardPool("r.py:f", base_dir=tmp_path / name, workers=0, timeout_s=5.0) for name in ("a", "b")]
+    try:
+        for pool in (*pools, *pools):  # each called after the other loaded and called
+            assert pool.score("s0", "d", "x", "y") == RewardResult(1.0)
+        assert sys.path == path
+    finally:
+        for pool in pools:
+            pool.close()
+        for mod in ("rlctl_lazy_zz", "rlctl_lazy_sib_zz"):
+            sys.modules.pop(mod, None)
