@@ -286,6 +286,15 @@ def _unread(job: Job) -> list[Problem]:
             "read with rebalance.auto: true only (the wait after a unit is added before the rule decides again)",
         ),
     ]
+    # decoupled and tis clip π_θ / π_prox, and π_prox is the policy being trained (one optimizer step per iteration):
+    # the ratio is 1 in value, inside any clip (rlctl.rl.grpo.policy_loss), so no clip_eps changes the gradient
+    algo = spec.algorithm
+    clip_unread = (
+        f"read with algorithm.off_policy 'clip' only (under {algo.off_policy!r} the clipped ratio is π_θ / π_prox, "
+        "1 with one optimizer step per iteration: no clip binds)"
+    )
+    for name in ("clip_eps", "clip_eps_high"):
+        cases.append(("algorithm", algo, name, algo.off_policy != "clip", clip_unread))
     # an agent listens on its site's network.listen_host, else on the job's (rlctl.agents.listen)
     sites = _job_sites(job)
     cases.append(

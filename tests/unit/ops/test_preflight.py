@@ -853,6 +853,12 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
         ({"rebalance": {"cooldown_iterations": 5}}, "rebalance.cooldown_iterations",
          "5: read with rebalance.auto: true only (the wait after a unit is added before the rule decides again); "
          "remove it (default 3)"),
+        ({"algorithm": {"kind": "grpo", "off_policy": "tis", "clip_eps": 0.1}}, "algorithm.clip_eps",
+         "0.1: read with algorithm.off_policy 'clip' only (under 'tis' the clipped ratio is π_θ / π_prox, 1 with one "
+         "optimizer step per iteration: no clip binds); remove it (default 0.2)"),
+        ({"algorithm": {"kind": "ppo", "off_policy": "decoupled", "clip_eps_high": 0.28}}, "algorithm.clip_eps_high",
+         "0.28: read with algorithm.off_policy 'clip' only (under 'decoupled' the clipped ratio is π_θ / π_prox, 1 "
+         "with one optimizer step per iteration: no clip binds); remove it (default null)"),
     ]  # fmt: skip
     for over, field, message in cases:
         (p,) = refused(load(tmp_path, **over), field)
@@ -862,6 +868,10 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
     assert refused(load(tmp_path, tracking={"backends": ["wandb"], "project": "p"}), "tracking.project") == []
     assert refused(load(tmp_path, trainer={"activation_checkpointing": True}), "trainer.activation_checkpointing") == []
     assert refused(load(tmp_path, trainer={"shard": "none"}), "trainer.shard") == []
+    clip = {"kind": "grpo", "clip_eps": 0.1, "clip_eps_high": 0.28}
+    assert refused(load(tmp_path, algorithm=clip), "algorithm.clip_eps") == []
+    assert refused(load(tmp_path, algorithm=clip), "algorithm.clip_eps_high") == []
+    assert refused(load(tmp_path, algorithm={"kind": "grpo", "off_policy": "tis"}), "algorithm.clip_eps") == []
     assert refused(load(tmp_path, checkpoint={"every_iterations": 5, "auto_resume": 2}), "checkpoint.auto_resume") == []
     assert (
         refused(load(tmp_path, rebalance={"auto": True, "cooldown_iterations": 5}), "rebalance.cooldown_iterations")
