@@ -451,6 +451,18 @@ class Site(Strict):
         return self
 
     @model_validator(mode="after")
+    def _no_devices_on_a_cpu_site(self, info: ValidationInfo) -> Site:
+        """A `gpu: CPU` site's slots are cores and its agents see no CUDA device (CUDA_VISIBLE_DEVICES '':
+        rlctl.launch.spawn): `devices` was read by nothing there. Not in a job's record (`RECORDED`)."""
+        recorded = (info.context or {}).get("recorded")
+        if self.gpu == "CPU" and any(n.devices is not None for n in self.nodes) and not recorded:
+            raise ValueError(
+                "nodes[].devices: the site's gpu is CPU: its slots are cores and its agents use no CUDA device "
+                "(devices maps the GPU slots of local and SSH GPU sites): remove it"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _no_gpus_asked_of_a_cpu_site(self, info: ValidationInfo) -> Site:
         """`gpu: CPU` never asks SLURM for a GPU (docs/launch.md): its slots are cores and its agents compute on the
         CPU. An explicit per_task / gres asked for as many GPUs as the site has cores, and the jobs waited for

@@ -351,6 +351,11 @@ CASES = [
         OTHER_INV.replace("partition: p}", "partition: p, ssh_user: rl, ssh_port: 2222}"),
         "sites.h800.scheduler: ssh_user, ssh_port: read only to reach submit_host",
     ),
+    Case(  # accepted and read by nothing: a CPU site's agents get CUDA_VISIBLE_DEVICES ''
+        "CPU site mapping devices",
+        site_with("gpus: 8}", "gpus: 8, devices: [0, 0, 1, 1, 2, 2, 3, 3]}").replace("gpu: H20", "gpu: CPU"),
+        "sites.h20: nodes[].devices: the site's gpu is CPU: its slots are cores and its agents use no CUDA device",
+    ),
     Case(
         "SLURM site mapping devices",
         OTHER_INV.replace("gpus: 8}", "gpus: 8, devices: [0, 1, 2, 3, 4, 5, 6, 7]}"),
