@@ -310,16 +310,20 @@ def _unread(job: Job) -> list[Problem]:
     # in sync and stream modes (η = 0) a round's prompts are made once the previous iteration is trained, so on a
     # unit no iteration's generation runs beside another's (no group barrier holds one back: rlctl.engines.embedded)
     # and a version arrives when only an in-run evaluation's may run (rlctl.agents.evaluation)
-    rollout, serial = spec.rollout, spec.pipeline.mode != "async"
+    # (async with staleness 0 too: the controller creates no round ahead of the trainer, `CoreConfig.rounds_ahead`)
+    rollout, serial = spec.rollout, spec.pipeline.eta == 0
     evaluating = spec.evaluation.heldout_prompts > 0 and spec.evaluation.every_iterations > 0
+    if spec.pipeline.mode == "async":
+        where, modes = "pipeline.mode 'async' with staleness > 0", "at staleness 0"
+    else:
+        where, modes = "pipeline.mode 'async'", "in sync and stream modes"
     barrier = (
-        "read in pipeline.mode 'async' only (in sync and stream modes a unit runs one iteration's generations at a "
-        "time: none waits behind another's)"
+        f"read in {where} only ({modes} a unit runs one iteration's generations at a time: none waits behind another's)"
     )
     cases.append(("rollout", rollout, "group_barrier", serial and rollout.engine == "embedded", barrier))
     on_new = (
-        "read in pipeline.mode 'async', or with an in-run evaluation (evaluation.every_iterations > 0), only (in sync "
-        "and stream modes a version arrives when no iteration's generation runs)"
+        f"read in {where}, or with an in-run evaluation (evaluation.every_iterations > 0), only ({modes} a version "
+        "arrives when no iteration's generation runs)"
     )
     refused_above = rollout.engine == "embedded" and rollout.on_new_weights == "recompute"
     cases.append(("rollout", rollout, "on_new_weights", serial and not evaluating and not refused_above, on_new))

@@ -966,6 +966,23 @@ def test_rollout_fields_of_overlapping_iterations_are_refused_in_sync_and_stream
     assert p.message.startswith("'recompute': the embedded engine keeps")
 
 
+def test_rollout_fields_of_overlapping_iterations_are_refused_in_async_mode_at_staleness_0(tmp_path: Path) -> None:
+    """Async at η = 0 creates no round ahead of the trainer (`CoreConfig.rounds_ahead`), as stream does: the same
+    fields are unread there, and said so in terms of the staleness."""
+    eta0 = {"mode": "async", "staleness": 0}
+    (p,) = refused(load(tmp_path, pipeline=eta0, rollout={"group_barrier": "never"}), "rollout.group_barrier")
+    assert p.message == (
+        "'never': read in pipeline.mode 'async' with staleness > 0 only (at staleness 0 a unit runs one iteration's "
+        "generations at a time: none waits behind another's); remove it (default 'auto')"
+    )
+    vllm = {"engine": "vllm", "on_new_weights": "keep"}
+    (p,) = refused(load(tmp_path, pipeline=eta0, rollout=vllm), "rollout.on_new_weights")
+    assert p.message.startswith("'keep': read in pipeline.mode 'async' with staleness > 0, or with an in-run")
+    eta2 = {"mode": "async", "staleness": 2}
+    assert refused(load(tmp_path, pipeline=eta2, rollout={"group_barrier": "never"}), "rollout.group_barrier") == []
+    assert refused(load(tmp_path, pipeline=eta2, rollout=vllm), "rollout.on_new_weights") == []
+
+
 def test_planning_fields_the_planner_does_not_read_are_refused(tmp_path: Path) -> None:
     """The planner reads `planning` to choose the counts that are auto: with every count fixed the plan launch writes
     is the same under every rule and ε, so both are refused; ε is rule fewest_gpus' (and seeds the simulated search of
