@@ -322,7 +322,7 @@ def register(app: typer.Typer) -> None:
         (local processes, SLURM jobs, SSH hosts). `--resume JOB` continues a stopped or failed one."""
         with said_if_interrupted(job_file, resume) as made:  # (`made`: the job dir, once made)
             from rlctl.config import load_job
-            from rlctl.config.job import HfModel, sft_steps
+            from rlctl.config.job import HfModel, Job, sft_steps
             from rlctl.launch.jobdir import JobDir
             from rlctl.ops.counts import plan_counts, resolve_job
             from rlctl.ops.inputs import prepare_data, refuse_users_dirs
@@ -344,16 +344,19 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("--dry-run starts nothing: it takes no --detach")
             job = load_job(job_file)
             spec = resolve_job(job, iterations=iterations, mode=mode.value if mode is not None else None)
+            # what check refuses, of the job as it runs: --iterations and --mode change what its fields do (a field
+            # of async mode is unread under --mode sync)
+            runs = job if spec is job.spec else Job(spec, job.inventory, job.path, mapping=job.mapping)
             # a launcher started by --detach for this very file, unchanged: the launch that started it planned and
             # checked the job, and said what they found (its stamp taken here, never passed on to the agents)
             checked = os.environ.pop(PREFLIGHT_PASSED_ENV, None) == _checked(job_file)
             try:
                 plan = plan_counts(job, spec, noted=checked)
             except ConfigError:  # a job field the planner refuses: every problem check finds, one line each, exit 2
-                preflight(job)
+                preflight(runs)
                 raise
             if dry_run:  # the scripts even of a job check refuses, under what it refuses: nothing pretends it starts
-                refused = problems(job, plan=plan)
+                refused = problems(runs, plan=plan)
                 try:
                     path = fresh_dir(job, spec, job_dir)
                 except UsageError as e:  # shown all the same: what it would run is the question here
@@ -384,7 +387,7 @@ def register(app: typer.Typer) -> None:
                 # a dataset's rows, read and tokenized by the check, are kept for this process's prepare (or, with
                 # --detach, written to the job dir below)
                 with keeping_rows():
-                    preflight(job, plan=plan)
+                    preflight(runs, plan=plan)
             if detach_:  # the same launch in the background, into the directory chosen (and, if new, made) here
                 if job_dir is None and spec.job_dir is None:  # a timestamped one: not one another launch made meanwhile
                     path = JobDir.create(spec.name).path

@@ -583,3 +583,20 @@ def test_a_foreground_launcher_heads_the_launcher_log_and_logs_says_the_rest_is_
         f"rlctl: the job's latest launcher (pid {os.getpid()} on {socket.gethostname()}, began {head[:19]}) runs in a "
         "terminal and writes its output there: the lines before its header are an earlier launcher's\n"
     )
+
+
+def test_the_launch_checks_the_job_as_its_mode_and_iterations_overrides_make_it(tmp_path) -> None:
+    """`launch --mode sync` runs the job in sync mode: a field read in async mode only is refused as `rlctl check`
+    refuses it in a sync job file, versus checked against the file's mode (async) and accepted, then ignored."""
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"apiVersion: rlctl/v1\nkind: Job\nname: over\ninventory: [{ROOT / 'clusters/local.yaml'}]\n"
+        "model: {kind: builtin, name: tiny-demo}\ntask: {kind: digits}\nwarmup: {sft_steps: 0}\n"
+        "placement: {trainer: {site: local, gpus: 1}, rollout: [{site: local, gpus: 2}]}\n"
+        "rollout: {group_barrier: always}\n"
+    )
+    res = run_cli("launch", "--dry-run", "-o", "json", str(job), "--job-dir", str(tmp_path / "run"))
+    assert res.exit_code == 0 and "rollout.group_barrier" not in res.stderr  # async: read
+    res = run_cli("launch", "--dry-run", "-o", "json", str(job), "--mode", "sync", "--job-dir", str(tmp_path / "run"))
+    assert res.exit_code == 0
+    assert "rollout.group_barrier: 'always': read in pipeline.mode 'async' only" in res.stderr, res.stderr
