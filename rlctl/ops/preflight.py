@@ -327,6 +327,14 @@ def _unread(job: Job) -> list[Problem]:
     )
     refused_above = rollout.engine == "embedded" and rollout.on_new_weights == "recompute"
     cases.append(("rollout", rollout, "on_new_weights", serial and not evaluating and not refused_above, on_new))
+    # the controller's store of partial generations is filled by a unit's reports and by the work it gives back to
+    # migrate (rlctl.agents.core: `partial`, `withdrawn`); nothing else
+    fills = rollout.partial_report_s or rollout.partial_report_steps or rollout.migrate
+    store = (
+        "read when units report their running generations (rollout.partial_report_s or partial_report_steps > 0) or "
+        "give work back (rollout.migrate: true) only (nothing else fills the store it bounds)"
+    )
+    cases.append(("rollout", rollout, "partial_store_mb", not fills, store))
     # the planner reads `planning` to choose the counts that are auto; with every count fixed the plan launch writes is
     # the same under every rule and ε (the plans it compares hold the same GPUs). Of the rules ε is fewest_gpus', and
     # seeds the simulated search of a shared site's split (`searches_shared_site`); else only `rlctl plan`'s printed

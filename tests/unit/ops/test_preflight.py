@@ -859,6 +859,10 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
         ({"algorithm": {"kind": "ppo", "off_policy": "decoupled", "clip_eps_high": 0.28}}, "algorithm.clip_eps_high",
          "0.28: read with algorithm.off_policy 'clip' only (under 'decoupled' the clipped ratio is π_θ / π_prox, 1 "
          "with one optimizer step per iteration: no clip binds); remove it (default null)"),
+        ({"rollout": {"partial_report_s": 0, "migrate": False, "partial_store_mb": 64}}, "rollout.partial_store_mb",
+         "64: read when units report their running generations (rollout.partial_report_s or partial_report_steps > "
+         "0) or give work back (rollout.migrate: true) only (nothing else fills the store it bounds); remove it "
+         "(default 256)"),
     ]  # fmt: skip
     for over, field, message in cases:
         (p,) = refused(load(tmp_path, **over), field)
@@ -872,6 +876,10 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
     assert refused(load(tmp_path, algorithm=clip), "algorithm.clip_eps") == []
     assert refused(load(tmp_path, algorithm=clip), "algorithm.clip_eps_high") == []
     assert refused(load(tmp_path, algorithm={"kind": "grpo", "off_policy": "tis"}), "algorithm.clip_eps") == []
+    # reports by time, reports by steps, or migration fill the store
+    for fills in ({"partial_report_s": 0}, {"migrate": False}, {"partial_report_s": 0, "partial_report_steps": 8}):
+        job = load(tmp_path, rollout={"partial_store_mb": 64, "migrate": "partial_report_steps" not in fills, **fills})
+        assert refused(job, "rollout.partial_store_mb") == []
     assert refused(load(tmp_path, checkpoint={"every_iterations": 5, "auto_resume": 2}), "checkpoint.auto_resume") == []
     assert (
         refused(load(tmp_path, rebalance={"auto": True, "cooldown_iterations": 5}), "rebalance.cooldown_iterations")
