@@ -138,18 +138,29 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
+def setup_first(setup: list[str], command: str) -> str:
+    """`command` after a site's `setup` lines (`module load slurm`, a virtualenv's activation), in the same shell:
+    a cluster's SLURM tools are often on PATH only after them. The lines read no stdin (sbatch's script is the
+    command's) and print to stderr (the command's stdout is parsed: a job id); one that fails does not stop the
+    command, as in the SLURM batch script."""
+    if not setup:
+        return command
+    return "\n".join(["{", *setup, "} </dev/null >&2", command])
+
+
 class LocalRunner:
-    """Runs shell commands here with an optional environment overlay (e.g. SLURM_CONF)."""
+    """Runs shell commands here with an optional environment overlay (e.g. SLURM_CONF), after `setup` lines."""
 
     where = "localhost"
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, setup: list[str] | None = None) -> None:
         self.env = {**os.environ, **(env or {})}
+        self.setup = list(setup or [])
 
     def run(self, command: str, *, timeout_s: float, stdin: str | None = None) -> CommandResult:
         try:
             proc = subprocess.run(
-                ["bash", "-c", command],
+                ["bash", "-c", setup_first(self.setup, command)],
                 input=stdin if stdin is not None else "",
                 capture_output=True,
                 text=True,
@@ -190,12 +201,13 @@ def _rename(sftp: Any, src: str, dst: str) -> None:
 
 
 class SshRunner:
-    """Runs shell commands on one SSH host over one connection, opened on first use."""
+    """Runs shell commands on one SSH host over one connection, opened on first use (each after `setup` lines)."""
 
-    def __init__(self, target: SshTarget, env: dict[str, str] | None = None) -> None:
+    def __init__(self, target: SshTarget, env: dict[str, str] | None = None, setup: list[str] | None = None) -> None:
         self.target = target
         self.where = target.label
         self.env = env or {}
+        self.setup = list(setup or [])
         self._conn: Connection | None = None
 
     def run(
@@ -222,7 +234,7 @@ class SshRunner:
             in_stream = _ChunkedInput(stdin)
         try:
             res = self._conn.run(
-                prefix + command,
+                prefix + setup_first(self.setup, command),
                 hide=True,
                 warn=True,
                 timeout=timeout_s,

@@ -41,7 +41,15 @@ from rlctl.config.hostfill import PLACEMENT_HINT, placement_error, slurm_layout
 from rlctl.config.inventory import Site, SlurmScheduler, expand_hostlist
 from rlctl.errors import LaunchError
 from rlctl.launch.base import DEFAULT_WORKDIR, AgentHandle, AgentSpec, LaunchBackend, Resources, site_setup
-from rlctl.launch.remote import CommandResult, LocalRunner, RemoteState, Runner, SshRunner, SshTarget
+from rlctl.launch.remote import (
+    CommandResult,
+    LocalRunner,
+    RemoteState,
+    Runner,
+    SshRunner,
+    SshTarget,
+    setup_first,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +109,14 @@ def _submit_target(sched: SlurmScheduler, *, known_hosts: str | None, connect_ti
     )
 
 
-def _runner(sched: SlurmScheduler, *, known_hosts: str | None, connect_timeout_s: float) -> Runner:
-    """Where the site's SLURM client tools run: its submit host over SSH, else here; with its SLURM_CONF."""
+def _runner(sched: SlurmScheduler, *, known_hosts: str | None, connect_timeout_s: float, setup: list[str]) -> Runner:
+    """Where the site's SLURM client tools run: its submit host over SSH, else here; with its SLURM_CONF, each
+    command after the site's `setup` lines (sbatch, squeue, scancel are often on PATH only after a `module load`)."""
     env = {"SLURM_CONF": sched.slurm_conf} if sched.slurm_conf else None
     if sched.submit_host:
-        return SshRunner(_submit_target(sched, known_hosts=known_hosts, connect_timeout_s=connect_timeout_s), env)
-    return LocalRunner(env)
+        target = _submit_target(sched, known_hosts=known_hosts, connect_timeout_s=connect_timeout_s)
+        return SshRunner(target, env, setup)
+    return LocalRunner(env, setup)
 
 
 def gpu_request_for(site: Site) -> GpuRequest:
@@ -246,7 +256,7 @@ class SlurmBackend(LaunchBackend):
     @classmethod
     def site_runner(cls, site: Site, host: str | None = None) -> Runner:
         sched = _sched(site)
-        return _runner(sched, known_hosts=sched.ssh_known_hosts, connect_timeout_s=10.0)
+        return _runner(sched, known_hosts=sched.ssh_known_hosts, connect_timeout_s=10.0, setup=site.setup)
 
     @classmethod
     def probe_commands(cls, site: Site, command: str, *, first: bool = False) -> list[tuple[str, str | None, str]]:
@@ -329,7 +339,9 @@ class SlurmBackend(LaunchBackend):
         self.python = shlex.quote(python or sys.executable)
         self.setup = list(setup or [])
         self.command_timeout_s = command_timeout_s
-        self.runner = _runner(sched, known_hosts=known_hosts, connect_timeout_s=min(command_timeout_s, 15.0))
+        self.runner = _runner(
+            sched, known_hosts=known_hosts, connect_timeout_s=min(command_timeout_s, 15.0), setup=self.setup
+        )
 
     @property
     def submitter(self) -> str:
@@ -359,6 +371,10 @@ class SlurmBackend(LaunchBackend):
     def _log_path(self, spec: AgentSpec) -> Path:
         return spec.log_path or self.job_dir / "logs" / f"{spec.name}.log"
 
+    def _mkdir(self, spec: AgentSpec) -> str:
+        """What makes the spec's log directory before sbatch (its --output is there)."""
+        return f"mkdir -p {shlex.quote(str(self._log_path(spec).parent))}"
+
     def _submitit_folder(self, spec: AgentSpec) -> Path:
         return self.job_dir / "slurm" / spec.name
 
@@ -372,9 +388,15 @@ class SlurmBackend(LaunchBackend):
 
     def render_sbatch(self, spec: AgentSpec) -> str:
         res, s = self._res(spec), self.sched
-        lines = [
-            "#!/bin/bash",
-            f"# rlctl job {self.job}: {spec.name} on site {self.site} (submit: sbatch --parsable < this file)",
+        head = f"# rlctl job {self.job}: {spec.name} on site {self.site}"
+        submit = f"{self._mkdir(spec)} && sbatch --parsable"
+        lines = ["#!/bin/bash"]
+        if self.setup:  # sbatch runs after them too: the command as the submit host's shell gets it
+            lines += [f"{head}, submitted on {self.runner.where} by (stdin: this file):"]
+            lines += [f"#   {line}" for line in setup_first(self.setup, submit).splitlines()]
+        else:
+            lines += [f"{head} (submit: sbatch --parsable < this file)"]
+        lines += [
             # sbatch splits an #SBATCH line as a shell would (a job dir named `my run` made two arguments)
             f"#SBATCH --job-name={shlex.quote(self.job_name(spec))}",
             f"#SBATCH --partition={shlex.quote(s.partition)}",
@@ -484,8 +506,9 @@ class SlurmBackend(LaunchBackend):
 
     def _submit_sbatch(self, spec: AgentSpec) -> str:
         script = self.render_sbatch(spec)
-        mkdir = f"mkdir -p {shlex.quote(str(self._log_path(spec).parent))}"
-        res = self.runner.run(f"{mkdir} && sbatch --parsable", timeout_s=self.command_timeout_s, stdin=script)
+        res = self.runner.run(
+            f"{self._mkdir(spec)} && sbatch --parsable", timeout_s=self.command_timeout_s, stdin=script
+        )
         job_id = res.stdout.strip().split(";")[0]
         if res.exit_code != 0 or not job_id.isdigit():
             raise LaunchError(f"site {self.site}: sbatch on {self.runner.where} refused {spec.name}: {res.tail()}")

@@ -377,3 +377,32 @@ def test_a_pending_job_is_queued_and_a_running_one_is_not(line: str, queued: boo
     b = SlurmBackend("a", SlurmScheduler(kind="slurm", partition="p"), job="j", job_dir=Path("/r"))
     b.runner = FakeRunner({"squeue": CommandResult(0, line, "")})
     assert b.queued(AgentHandle(SPEC, {"job_id": "42"}, "slurm")) is queued
+
+
+def test_the_slurm_commands_run_after_the_site_s_setup_lines(tmp_path: Path) -> None:
+    """sbatch, squeue and scancel are often on PATH only after the site's `module load`: each runs in the shell its
+    setup lines ran in (here they define the tools: this machine has none), and the dry-run's script says so.
+    Before, the setup lines reached only the batch script, and every control command was 'command not found'."""
+    from rlctl.launch.base import AgentHandle
+
+    setup = [
+        "echo loading slurm",  # output of a setup line: not read as a job id or a job's state
+        "sbatch() { cat >/dev/null; echo '42;cluster'; }",
+        "squeue() { echo 'RUNNING sitea-1 None'; }",
+    ]
+    s = SlurmScheduler(kind="slurm", partition="p")
+    b = SlurmBackend("a", s, job="j", job_dir=tmp_path, setup=setup)
+    spec = replace(SPEC, log_path=tmp_path / "logs" / "trainer-0.log", resources=Resources())
+    assert b._submit_sbatch(spec) == "42"
+    st = b.status(AgentHandle(spec, {"job_id": "42"}, "slurm"))
+    assert (st.state, st.nodes, st.source) == (RemoteState.RUNNING, ["sitea-1"], "squeue")
+    ssh = SlurmBackend(
+        "a",
+        SlurmScheduler(kind="slurm", partition="p", submit_host="login"),
+        job="j",
+        job_dir=Path("/r"),
+        setup=["module load slurm"],
+    )
+    head = ssh.render(replace(SPEC, resources=Resources())).split("#SBATCH")[0]
+    assert "submitted on login:22 by" in head and "#   module load slurm\n" in head
+    assert "#   mkdir -p /shared/runs/demo/logs && sbatch --parsable\n" in head
