@@ -80,14 +80,24 @@ class SshTarget:
         return hostkeys.known_hosts_path(self.known_hosts)
 
 
-def jump_target(spec: str, *, known_hosts: str | None) -> SshTarget:
+def jump_target(
+    spec: str, *, known_hosts: str | None, key_file: str | None = None, connect_timeout_s: float = 10.0
+) -> SshTarget:
     """The bastion of a `proxy_jump: [user@]host[:port]` (as `ssh -J` takes it): fabric refuses a port written both
-    in the host and as its own argument."""
+    in the host and as its own argument. It is logged in to with the site's `key_file` (None: the user's keys and
+    agent), as the site's hosts are: a bastion that knows only the site's key refused the user's default ones."""
     user, _, rest = spec.rpartition("@")
     host, port = rest, 22
     if rest.count(":") == 1 and (p := rest.partition(":")[2]).isdigit():  # host:port (not a bare IPv6 address)
         host, port = rest.partition(":")[0], int(p)
-    return SshTarget(host, user=user or None, port=port, known_hosts=known_hosts)
+    return SshTarget(
+        host,
+        user=user or None,
+        port=port,
+        key_file=key_file,
+        known_hosts=known_hosts,
+        connect_timeout_s=connect_timeout_s,
+    )
 
 
 def connect(target: SshTarget) -> Connection:
@@ -108,7 +118,13 @@ def connect(target: SshTarget) -> Connection:
         kwargs["key_filename"] = str(Path(target.key_file).expanduser())
     gateway = None
     if target.proxy_jump:
-        gateway = connect(jump_target(target.proxy_jump, known_hosts=target.known_hosts))
+        jump = jump_target(
+            target.proxy_jump,
+            known_hosts=target.known_hosts,
+            key_file=target.key_file,
+            connect_timeout_s=target.connect_timeout_s,
+        )
+        gateway = connect(jump)
     conn = Connection(
         target.host,
         user=target.user,

@@ -271,18 +271,21 @@ class SshBackend(LaunchBackend):
         def keys(expanded: int) -> list[str]:  # the host-key options, their path through `expanded` %-expansions
             return hostkeys.rendered_options(sh_path(_literal(t.known_hosts, expanded)) if t.known_hosts else None)
 
-        opts = [f"-p {t.port}"]
-        if t.key_file and "%" in t.key_file:  # `-i` looks for the file as written, then expands its %-tokens
-            opts += [f"-o IdentityFile={sh_path(_literal(t.key_file, 1))}"]
-        elif t.key_file:
-            opts += [f"-i {sh_path(t.key_file)}"]
-        if t.proxy_jump:  # not `-J`, whose bastion connection ignores the options given here (the host-key file)
+        def identity(expanded: int) -> list[str]:  # the key file's option, its path through `expanded` %-expansions
+            if t.key_file and "%" in t.key_file:  # `-i` looks for the file as written, then expands its %-tokens
+                return [f"-o IdentityFile={sh_path(_literal(t.key_file, expanded))}"]
+            return [f"-i {sh_path(t.key_file)}"] if t.key_file else []
+
+        opts = [f"-p {t.port}", *identity(1)]
+        if t.proxy_jump:  # not `-J`, whose bastion connection ignores the options given here (host-key and key file)
             j = jump_target(t.proxy_jump, known_hosts=t.known_hosts)
             # `[%h]:%p`, as ssh -J writes it: ssh reads `fd00::2:22` as no host and port. The rest is literal: the
-            # outer ssh expands the ProxyCommand's %-tokens, and the bastion's ssh its UserKnownHostsFile's again
+            # outer ssh expands the ProxyCommand's %-tokens, and the bastion's ssh its IdentityFile's and
+            # UserKnownHostsFile's again
             via = [
                 "ssh",
                 f"-p {j.port}",
+                *identity(2),
                 *keys(2),
                 "-W '[%h]:%p'",
                 shlex.quote(_literal(f"{j.user}@{j.host}" if j.user else j.host, 1)),

@@ -194,7 +194,10 @@ def test_a_rendered_command_line_reaches_the_bastion_with_the_sites_host_key_fil
     argv = subprocess.run(["bash", "-c", f"printf '%s\\n' {args}"], capture_output=True, text=True).stdout.splitlines()
     keys = ["-o", "UserKnownHostsFile=/etc/rl/kh", "-o", "StrictHostKeyChecking=yes"]
     assert "-J" not in argv and argv[-5:] == [*keys, "rl@h20-02"], argv
-    jump = "ssh -p 2022 -o UserKnownHostsFile=/etc/rl/kh -o StrictHostKeyChecking=yes -W '[%h]:%p' ops@bastion"
+    jump = (
+        'ssh -p 2022 -i "$HOME"/.ssh/id_rl -o UserKnownHostsFile=/etc/rl/kh -o StrictHostKeyChecking=yes '
+        "-W '[%h]:%p' ops@bastion"
+    )
     assert argv[argv.index("-o") + 1] == f"ProxyCommand={jump}", argv
 
 
@@ -254,3 +257,40 @@ def test_a_percent_in_a_rendered_path_or_user_reaches_ssh_literally() -> None:
     inner = config([a for a in via if a not in ("-W", "[h20-02]:2200")])
     assert (inner["user"], inner["hostname"], inner["port"]) == ("ops%h", "bastion", "2022")
     assert inner["userknownhostsfile"] == "/etc/rl/kh%h"
+    assert inner["identityfile"] == outer["identityfile"] == "/keys/50%%off"  # ssh -G: before its %-expansion
+
+
+def test_the_bastion_is_logged_in_to_with_the_sites_key_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site's key_file is the identity for its bastion too, on rlctl's own connections (the jump's fabric
+    Connection) and the rendered command line (the ProxyCommand's ssh; `ssh -J` would not pass `-i` on). Before,
+    the bastion was offered the user's default keys and agent only: one that knows only the site's key refused."""
+    import fabric
+
+    from rlctl.launch.remote import SshTarget, connect
+
+    made: list[dict[str, object]] = []
+
+    class Conn:  # fabric's Connection, recording what it was asked to connect with; it connects nowhere
+        def __init__(self, host: str, **kw: object) -> None:
+            import paramiko
+
+            made.append({"host": host, **kw})
+            self.client = paramiko.SSHClient()
+
+        def open(self) -> None:
+            pass
+
+    monkeypatch.setattr(fabric, "Connection", Conn)
+    connect(SshTarget("h20-02", user="rl", key_file="/keys/id_rl", proxy_jump="ops@bastion:2022"))
+    assert [c["host"] for c in made] == ["bastion", "h20-02"]
+    jump_kw = made[0]["connect_kwargs"]
+    assert jump_kw == {**made[1]["connect_kwargs"], "key_filename": "/keys/id_rl"}, jump_kw  # type: ignore[dict-item]
+    assert jump_kw["look_for_keys"] is False and jump_kw["allow_agent"] is False  # type: ignore[index]
+
+    sched = SITE.scheduler.model_copy(update={"proxy_jump": "ops@bastion", "key_file": "/keys/id_rl"})
+    line = SshBackend.for_site("h20", SITE.model_copy(update={"scheduler": sched}), job="d", job_dir=Path("/tmp"))
+    args = line.command_line("h20-02", "true\n").splitlines()[0].removesuffix(" bash -s <<'RLCTL_EOF'")
+    argv = subprocess.run(["bash", "-c", f"printf '%s\\n' {args}"], capture_output=True, text=True).stdout.splitlines()
+    proxy = next(a for a in argv if a.startswith("ProxyCommand=")).removeprefix("ProxyCommand=")
+    via = subprocess.run(["bash", "-c", f"printf '%s\\n' {proxy}"], capture_output=True, text=True).stdout.split()
+    assert via[via.index("-i") + 1] == "/keys/id_rl", via
