@@ -115,7 +115,7 @@ def layout(plan: dict[str, Any], sites: dict[str, Site], job: JobFile) -> list[P
         if uses_slices(s)
     }
     c_site = plan["controller_site"]
-    c_res = Resources(cpus_per_task=controller_cores(job, sites[c_site]))
+    c_res = controller_resources(job, sites[c_site])
     out = [PlannedAgent("controller", 0, c_site, c_res, ParallelConfig("controller"))]
     par = trainer_parallel(plan)
     if t_site in pools:
@@ -147,6 +147,20 @@ def controller_cores(job: JobFile, site: Site) -> int:
     held = 1 if workers and ev.every_iterations and ev.heldout_prompts else 0
     cores = [n.cpus for n in site.nodes if n.cpus]
     return min([1 + workers + held, *cores])
+
+
+def controller_resources(job: JobFile, site: Site) -> Resources:
+    """The controller's cores (`controller_cores`) and host memory: each core's share of a node's memory, as an
+    agent at its default threads gets it (a slot's `memory_gb` ÷ its cores), at most the smallest node's. Without a
+    memory request a SLURM cluster may give the job a node's whole memory (no DefMemPerCPU), and a GPU job
+    waits for that node while the controller runs."""
+    cores = controller_cores(job, site)
+    slot_gb = site.memory_per_slot_gb()
+    if slot_gb is None:
+        return Resources(cpus_per_task=cores)
+    node_gb = min(n.memory_gb for n in site.nodes if n.memory_gb is not None)
+    gb = min(node_gb, cores * slot_gb / (site.cpus_per_slot() or 1))
+    return Resources(cpus_per_task=cores, mem_mb_per_task=int(gb * 1e9 / 2**20))  # GB (10^9 bytes) in MiB
 
 
 def order_tp(plan: dict[str, Any], job: JobFile) -> int:

@@ -430,6 +430,42 @@ def test_a_slurm_controller_asks_a_core_for_each_of_its_reward_workers(
     assert "export OMP_NUM_THREADS=1\n" in script
 
 
+@pytest.mark.parametrize(
+    ("node", "mem_per_cpu"),
+    [
+        # 8 GPUs, 64 cores, 512 GB: 8 GB (7629 MiB) a core, as a rank at its default 8 threads gets; the controller's
+        # 5 cores (4 reward workers) ask 5 × that
+        ({"gpus": 8, "cpus": 64, "memory_gb": 512}, 7629),
+        ({"gpus": 2, "memory_gb": 10}, 1907),  # no cpus: a slot's 5 GB for each of 5 cores is 25 GB, the node 10 GB
+        ({"gpus": 2, "cpus": 16}, None),  # no memory_gb: no memory request, as for the agents
+    ],
+)
+def test_a_slurm_controller_asks_a_bounded_share_of_a_node_s_memory(
+    tmp_path: Path, node: dict[str, int], mem_per_cpu: int | None
+) -> None:
+    """The controller's sbatch asked for no memory, where the agents' ask --mem-per-cpu: on a cluster without
+    DefMemPerCPU SLURM gives such a job the whole node's memory, and a GPU job waits for that node while the
+    controller runs. It now asks each of its cores' share of a node's memory, at most a node's."""
+    sites = {"train": {**local_site(2), "scheduler": {"kind": "slurm", "partition": "sitea", "submit_host": "login"},
+                       "nodes": [{"host": "sitea-[1-2]", **node}]},
+             "gen": ssh_site("g1", 2)}  # fmt: skip
+    job = write_job(tmp_path, sites, at=(("train", 2), ("gen", 2)))
+    spec = resolve_job(job)
+    task = DatasetTask.model_construct(kind="dataset", path="d.jsonl", reward_workers=4)
+    spec = spec.model_copy(update={"task": task})
+    agents = {
+        a.name: (a, env) for a, env in planned_agents(plan_counts(job, spec), job.inventory.sites, spec, master_port=1)
+    }
+    a, env = agents["controller-0"]
+    train = job.inventory.sites["train"]
+    script = SlurmBackend.for_site("train", train, job="j", job_dir=tmp_path / "run").render_sbatch(
+        agent_spec(JobDir(tmp_path / "run"), a, train, env=env)
+    )
+    mem = [line for line in script.splitlines() if line.startswith("#SBATCH --mem")]
+    assert mem == ([f"#SBATCH --mem-per-cpu={mem_per_cpu}"] if mem_per_cpu else []), mem
+    assert "#SBATCH --cpus-per-task=5\n" in script
+
+
 def test_scale_out_on_a_shared_site_continues_the_planners_fill_order(tmp_path: Path) -> None:
     """Trainer ranks on n1, the planned units from the last host (n3), a unit `scale` adds next on n3, then n2: the
     hosts the planner's `_room` and weight-sync hops count, in the order `GpuPool.take` and layout() share."""
