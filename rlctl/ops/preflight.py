@@ -567,6 +567,7 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     out += _shared_trainer_devices(job, trainers)
     out += _shared_rollout_memory(job, agents)
     out += _slurm_cores(job, agents)
+    out += _controller_room(job, agents)
     writers = checkpoint_writers(plan, spec)
     if (why := unshared_trainer(site, job.inventory.sites[site], trainers, writers=writers)) is not None:
         out.append(Problem("placement.trainer", *why))
@@ -612,6 +613,55 @@ def _slurm_cores(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
                 )
             )
     return list(dict.fromkeys(out))
+
+
+def _controller_room(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
+    """A SLURM controller beside the job's SLURM agents on its site, its job and theirs asking more cores or memory
+    than the site's nodes have in all (`nodes[].cpus`, `memory_gb`): the controller starts first and holds its share
+    until the job ends, so an agent's job waits for it for ever (every GPU of a site at the default threads takes
+    every core and all the memory). Figures the inventory leaves out are not compared."""
+    c = next(a for a in agents if a.role == "controller")
+    site = job.inventory.sites[c.site]
+    if kind_of(site).slices_gpus or not any(a.site == c.site for a in agents if a is not c):
+        return []
+    asked = {"controller": [0, 0], "agents": [0, 0]}  # cores, MiB
+    for a in (a for a in agents if a.site == c.site):
+        try:
+            res = SlurmResources.for_spec(
+                a.resources,
+                slots_per_node=site.gpus_per_node,
+                gpu_request=gpu_request_for(site),
+                node_gpus=[g for _, g in site.hosts],
+                site=a.site,
+            )
+        except LaunchError:  # no layout at all: said by `placement`
+            return []
+        cores = res.ntasks * res.cpus_per_task
+        who = asked["controller" if a is c else "agents"]
+        who[0] += cores
+        who[1] += cores * (res.mem_per_cpu_mb or 0)
+    cpus = [(len(n.hosts), n.cpus) for n in site.nodes if n.cpus is not None]
+    mem = [(len(n.hosts), int(n.memory_gb * 1e9 / 2**20)) for n in site.nodes if n.memory_gb is not None]
+    have = [sum(k * v for k, v in given) if len(given) == len(site.nodes) else 0 for given in (cpus, mem)]
+    short = [
+        f"{what}: the controller's job asks {asked['controller'][i]}{unit} and the agents' {asked['agents'][i]}{unit}, "
+        f"the site's nodes have {have[i]}{unit} in all ({field})"
+        for i, (what, unit, field) in enumerate(
+            (("cores", "", "nodes[].cpus"), ("memory", " MiB", "nodes[].memory_gb"))
+        )
+        if have[i] and asked["controller"][i] and asked["controller"][i] + asked["agents"][i] > have[i]
+    ]
+    if not short:
+        return []
+    return [
+        Problem(
+            "placement.controller_site",
+            f"site {c.site}: {'; '.join(short)}: the controller's SLURM job starts first and holds its share until "
+            "the job ends, so an agent's job there waits for it for ever",
+            hint=f"run the controller on another site (placement.controller_site), or leave it room on {c.site}: "
+            "fewer GPUs for the agents there, or fewer threads (trainer.threads_per_rank, rollout.threads_per_unit)",
+        )
+    ]
 
 
 def _shared_trainer_devices(job: Job, trainers: list[PlannedAgent]) -> list[Problem]:

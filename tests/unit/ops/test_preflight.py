@@ -431,6 +431,36 @@ def test_slurm_threads_past_a_node_s_cores_are_refused_naming_the_field(
     assert refused(job, "rollout.threads_per_unit") == []
 
 
+@pytest.mark.parametrize(
+    ("trainer_gpus", "controller_site", "said"), [(128, None, True), (120, None, False), (128, "h20", False)]
+)
+def test_a_slurm_controller_beside_agents_that_take_every_core_is_refused_naming_the_figures(
+    tmp_path: Path, trainer_gpus: int, controller_site: str | None, said: bool
+) -> None:
+    """The trainer on all 16 H800 nodes at its default threads (14 a rank: every core) and memory (every GB), and the
+    controller's SLURM job on the same site (the default controller_site): the controller starts first and holds a
+    core, so the trainer's job waits for it for ever; check said nothing. Room left for it (a node's GPUs spared),
+    or the controller on another site, is not refused."""
+    job = gpu_job(tmp_path, trainer_gpus=trainer_gpus, backend="torch")
+    if controller_site is not None:
+        data = yaml.safe_load(job.path.read_text())
+        data["placement"]["controller_site"] = controller_site
+        job.path.write_text(yaml.safe_dump(data))
+        job = load_job(job.path)
+    got = [(p.message, p.hint) for p in refused(job, "placement.controller_site")]
+    if not said:
+        assert got == []
+        return
+    (message, hint), *more = got
+    assert not more and message == (
+        "site h800: cores: the controller's job asks 1 and the agents' 1792, the site's nodes have 1792 in all "
+        "(nodes[].cpus); memory: the controller's job asks 17438 MiB and the agents' 31248896 MiB, the site's nodes "
+        "have 31250000 MiB in all (nodes[].memory_gb): the controller's SLURM job starts first and holds its share "
+        "until the job ends, so an agent's job there waits for it for ever"
+    )
+    assert hint is not None and "placement.controller_site" in hint
+
+
 def test_auto_counts_whose_planner_fails_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import rlctl.planner.plan
 
