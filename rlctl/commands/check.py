@@ -121,6 +121,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     from rlctl.checkpoint.choose import checkpoint_bytes, checkpoints_held, checkpoints_set_aside
     from rlctl.launch.siteprobe import (
         controller_reach_problems,
+        controller_tracking_problems,
         disk_problem,
         host_problems,
         partition_problems,
@@ -167,6 +168,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
         sites = job.inventory.sites
         rollout = {r.site: sites[r.site] for r in spec.placement.rollout}
         lines += controller_reach_problems(controller, sites[controller], rollout, timeout_s=timeout_s)
+        lines += controller_tracking_problems(controller, sites[controller], spec, timeout_s=timeout_s)
         used = {n: sites[n] for n in sorted({*roles, controller})}  # the job's sites, as the controller reads them
         lines += controller_route_problems(spec, controller, used, timeout_s=timeout_s)
     return lines, answered

@@ -252,6 +252,41 @@ def disk_problem(report: HostReport, *, need_bytes: float, what: str = "the stag
     )
 
 
+# run on the controller's site by its python: the tracking backends' packages, and the W&B login the controller
+# would use there (rlctl.tracking.check_tracking, in its environment: its setup lines, its netrc)
+TRACKING_PROBE = r"""
+import json, sys
+from rlctl.config.tracking import Tracking
+from rlctl.errors import ConfigError
+from rlctl.tracking import check_tracking
+try:
+    check_tracking(Tracking.model_validate(json.loads(sys.argv[1])), source="")
+    out = {"ok": True}
+except ConfigError as e:
+    out = {"ok": False, "detail": e.detail, "hint": e.hint}
+print("RLCTL_PROBE " + json.dumps(out))
+"""
+
+
+def controller_tracking_problems(name: str, site: Site, job: JobFile, *, timeout_s: float = 60.0) -> list[str]:
+    """An online W&B job's controller on site `name` (not this machine) without a W&B login there (or without the
+    tracking packages): it logs the run with that host's login, not this machine's, which `check` asks without
+    --reach. One line, asked on the site's first host; a host that cannot be asked is left to `host_problems`."""
+    from rlctl.tracking import needs_wandb_login
+
+    if kind_of(site).on_this_machine or not needs_wandb_login(job.tracking):
+        return []
+    body = json.dumps(job.tracking.model_dump(mode="json"))
+    [report] = probe_site_hosts(name, site, timeout_s=timeout_s, script=TRACKING_PROBE, args=[body], first=True)
+    if report.error is not None or report.facts.get("ok", True):
+        return []
+    hint = report.facts.get("hint")
+    return [
+        f"site {name} host {report.host}: tracking.mode: {report.facts.get('detail')} there, where the controller "
+        "logs the run (its host's login, not this machine's)" + (f": {hint} there" if hint else "")
+    ]
+
+
 def controller_reach_problems(
     name: str, site: Site, targets: dict[str, Site], *, timeout_s: float = 60.0, reach_timeout_s: float = 10.0
 ) -> list[str]:

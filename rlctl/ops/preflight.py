@@ -209,7 +209,9 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     out += _overlong(job)
     out += _dynamic_sampling(job)
     out += _planning_only(job)
-    out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path)))
+    # the W&B login is the controller's host's: asked here only where the controller runs here (else by --reach)
+    here = kind_of(job.inventory.sites[spec.placement.controller_site or spec.placement.trainer.site]).on_this_machine
+    out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path), login=here))
     out += _planned(job, plan)
     out = _one_no_template(out)
     return list(dict.fromkeys(out))  # one line per problem: the plan's refusal of a field may be one said above

@@ -283,3 +283,52 @@ def test_a_resumed_runs_tensorboard_curves_continue_from_its_checkpoint(tmp_path
     acc.Reload()
     points = [(e.step, round(float(e.tensor_proto.float_val[0]), 3)) for e in acc.Tensors("reward/mean")]
     assert points == [(0, 0.0), (1, 0.1), (2, 0.2), (3, 1.3), (4, 1.4), (5, 1.5), (6, 1.6), (7, 1.7)]
+
+
+def _no_wandb_login(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    for var in ("HOME", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(home))
+    monkeypatch.setenv("NETRC", str(home / "no-netrc"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+
+
+def test_a_remote_controller_s_wandb_login_is_asked_where_it_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The controller logs an online W&B run with its own host's login, and `check` asked this machine's: a job
+    whose controller runs on an SSH site was refused for this machine's missing login (and passed with one here,
+    whatever its site had). `check` now leaves it to `check --reach`, which asks the controller's site."""
+    import yaml
+
+    from rlctl.config import load_job
+    from rlctl.config.inventory import Site
+    from rlctl.launch.remote import LocalRunner
+    from rlctl.launch.siteprobe import controller_tracking_problems
+    from rlctl.launch.ssh import SshBackend
+    from rlctl.ops.preflight import problems
+    from tests.conftest import ROOT
+
+    _no_wandb_login(monkeypatch, tmp_path / "home")
+    gen = {"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "CPU", "python": sys.executable,
+           "nodes": [{"host": "g1", "gpus": 2}]}  # fmt: skip
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"gen": gen}}))
+    job_file = tmp_path / "job.yaml"
+    demo = yaml.safe_load((ROOT / "jobs" / "demo.yaml").read_text())
+    demo["inventory"] = [str(ROOT / "clusters" / "local.yaml"), str(inv)]
+    demo["tracking"] = {"backends": ["wandb"], "mode": "online"}
+    for controller, refused in (("gen", False), ("local", True)):  # this machine's login: only for one here
+        demo["placement"]["controller_site"] = controller
+        job_file.write_text(yaml.safe_dump(demo))
+        found = [p for p in problems(load_job(job_file)) if p.field == "tracking.mode"]
+        assert bool(found) is refused, found
+
+    monkeypatch.setattr(SshBackend, "site_runner", classmethod(lambda cls, s, h=None: LocalRunner()))  # bash here
+    site, spec = Site.model_validate(gen), load_job(job_file).spec
+    [line] = controller_tracking_problems("gen", site, spec, timeout_s=120)
+    assert line.startswith(
+        "site gen host g1: tracking.mode: online needs a W&B login and none was found there, where the controller "
+        "logs the run (its host's login, not this machine's): run `wandb login` or set WANDB_API_KEY"
+    ), line
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # a login there (the probe's environment is the host's)
+    assert controller_tracking_problems("gen", site, spec, timeout_s=120) == []
