@@ -70,6 +70,9 @@ class SshTarget:
     known_hosts: str | None = None
     proxy_jump: str | None = None
     connect_timeout_s: float = 10.0
+    # with a key_file, the user's own keys and agent after it (a bastion, as the dry-run's ProxyCommand `ssh -i`
+    # offers them), not that key alone
+    own_keys_too: bool = False
 
     @property
     def label(self) -> str:
@@ -85,7 +88,9 @@ def jump_target(
 ) -> SshTarget:
     """The bastion of a `proxy_jump: [user@]host[:port]` (as `ssh -J` takes it): fabric refuses a port written both
     in the host and as its own argument. It is logged in to with the site's `key_file` (None: the user's keys and
-    agent), as the site's hosts are: a bastion that knows only the site's key refused the user's default ones."""
+    agent), as the site's hosts are, then the user's own keys and agent (as `ssh -i KEY` offers them): a bastion
+    that knows only the site's key refused the user's default ones, and one that knows only the user's still
+    takes those."""
     user, _, rest = spec.rpartition("@")
     host, port = rest, 22
     if rest.count(":") == 1 and (p := rest.partition(":")[2]).isdigit():  # host:port (not a bare IPv6 address)
@@ -97,6 +102,7 @@ def jump_target(
         key_file=key_file,
         known_hosts=known_hosts,
         connect_timeout_s=connect_timeout_s,
+        own_keys_too=True,
     )
 
 
@@ -108,9 +114,10 @@ def connect(target: SshTarget) -> Connection:
     except ImportError as e:  # pragma: no cover - fabric is a core dependency
         raise LaunchError(f"fabric is not installed ({e})", hint="pip install 'fabric>=3.2'") from e
 
+    own_keys = target.key_file is None or target.own_keys_too
     kwargs: dict[str, object] = {
-        "look_for_keys": target.key_file is None,
-        "allow_agent": target.key_file is None,
+        "look_for_keys": own_keys,
+        "allow_agent": own_keys,
         "banner_timeout": target.connect_timeout_s,
         "auth_timeout": target.connect_timeout_s,
     }

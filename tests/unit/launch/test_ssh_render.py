@@ -283,9 +283,11 @@ def test_the_bastion_is_logged_in_to_with_the_sites_key_file(monkeypatch: pytest
     monkeypatch.setattr(fabric, "Connection", Conn)
     connect(SshTarget("h20-02", user="rl", key_file="/keys/id_rl", proxy_jump="ops@bastion:2022"))
     assert [c["host"] for c in made] == ["bastion", "h20-02"]
-    jump_kw = made[0]["connect_kwargs"]
-    assert jump_kw == {**made[1]["connect_kwargs"], "key_filename": "/keys/id_rl"}, jump_kw  # type: ignore[dict-item]
-    assert jump_kw["look_for_keys"] is False and jump_kw["allow_agent"] is False  # type: ignore[index]
+    jump_kw, node_kw = made[0]["connect_kwargs"], made[1]["connect_kwargs"]
+    assert jump_kw["key_filename"] == node_kw["key_filename"] == "/keys/id_rl", (jump_kw, node_kw)  # type: ignore[index]
+    # the bastion: the site's key first, then the user's own keys and agent, as `ssh -i` offers them; a node: the key
+    assert (jump_kw["look_for_keys"], jump_kw["allow_agent"]) == (True, True), jump_kw  # type: ignore[index]
+    assert (node_kw["look_for_keys"], node_kw["allow_agent"]) == (False, False), node_kw  # type: ignore[index]
 
     sched = SITE.scheduler.model_copy(update={"proxy_jump": "ops@bastion", "key_file": "/keys/id_rl"})
     line = SshBackend.for_site("h20", SITE.model_copy(update={"scheduler": sched}), job="d", job_dir=Path("/tmp"))
