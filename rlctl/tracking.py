@@ -234,19 +234,14 @@ def _require(backend: Backend, *, source: str) -> list[ModuleType]:
         ) from e
 
 
-def check_tracking(cfg: Tracking, *, source: str, login: bool = True) -> None:
-    """What `rlctl check` runs: every backend's package importable, and a W&B login for online mode (`login`: the
-    controller, which logs the run, runs here; one on another site uses that site's login, which only the site can
-    tell: `siteprobe.controller_tracking_problems`, run by `check --reach`)."""
+def check_tracking(cfg: Tracking, *, source: str) -> None:
+    """What `rlctl check` runs where the controller, which logs the run, runs (here, or on its site by `check
+    --reach`: `siteprobe.controller_tracking_problems`): every backend's package importable, and a W&B login for
+    online mode."""
     for backend in cfg.backends:
         modules = _require(backend, source=source)
-        if backend == "wandb" and cfg.mode == "online" and login:
+        if backend == "wandb" and cfg.mode == "online":
             _require_wandb_login(modules[0], source=source)
-
-
-def needs_wandb_login(cfg: Tracking) -> bool:
-    """Whether the controller needs a W&B login where it runs (online mode)."""
-    return "wandb" in cfg.backends and cfg.mode == "online"
 
 
 def make_trackers(

@@ -263,18 +263,17 @@ try:
     check_tracking(Tracking.model_validate(json.loads(sys.argv[1])), source="")
     out = {"ok": True}
 except ConfigError as e:
-    out = {"ok": False, "detail": e.detail, "hint": e.hint}
+    out = {"ok": False, "field": e.field, "detail": e.detail, "hint": e.hint}
 print("RLCTL_PROBE " + json.dumps(out))
 """
 
 
 def controller_tracking_problems(name: str, site: Site, job: JobFile, *, timeout_s: float = 60.0) -> list[str]:
-    """An online W&B job's controller on site `name` (not this machine) without a W&B login there (or without the
-    tracking packages): it logs the run with that host's login, not this machine's, which `check` asks without
-    --reach. One line, asked on the site's first host; a host that cannot be asked is left to `host_problems`."""
-    from rlctl.tracking import needs_wandb_login
-
-    if kind_of(site).on_this_machine or not needs_wandb_login(job.tracking):
+    """A tracking job's controller on site `name` (not this machine) without the trackers' packages there, or, for
+    an online W&B run, without a W&B login there: it logs the run with that host's, not this machine's (`check`
+    asks this machine's only where the controller runs here). One line, asked on the site's first host; a host that
+    cannot be asked is left to `host_problems`."""
+    if kind_of(site).on_this_machine or not job.tracking.backends:
         return []
     body = json.dumps(job.tracking.model_dump(mode="json"))
     [report] = probe_site_hosts(name, site, timeout_s=timeout_s, script=TRACKING_PROBE, args=[body], first=True)
@@ -282,8 +281,9 @@ def controller_tracking_problems(name: str, site: Site, job: JobFile, *, timeout
         return []
     hint = report.facts.get("hint")
     return [
-        f"site {name} host {report.host}: tracking.mode: {report.facts.get('detail')} there, where the controller "
-        "logs the run (its host's login, not this machine's)" + (f": {hint} there" if hint else "")
+        f"site {name} host {report.host}: {report.facts.get('field') or 'tracking'}: {report.facts.get('detail')} "
+        "there, where the controller logs the run (with its host's packages and login, not this machine's)"
+        + (f": {hint} there" if hint else "")
     ]
 
 

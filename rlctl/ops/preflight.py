@@ -209,9 +209,10 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
     out += _overlong(job)
     out += _dynamic_sampling(job)
     out += _planning_only(job)
-    # the W&B login is the controller's host's: asked here only where the controller runs here (else by --reach)
-    here = kind_of(job.inventory.sites[spec.placement.controller_site or spec.placement.trainer.site]).on_this_machine
-    out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path), login=here))
+    # the trackers' packages and W&B login are the controller's host's: asked here where it runs here, else on its
+    # site by `check --reach` (siteprobe.controller_tracking_problems)
+    if kind_of(job.inventory.sites[spec.placement.controller_site or spec.placement.trainer.site]).on_this_machine:
+        out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path)))
     out += _planned(job, plan)
     out = _one_no_template(out)
     return list(dict.fromkeys(out))  # one line per problem: the plan's refusal of a field may be one said above

@@ -328,7 +328,43 @@ def test_a_remote_controller_s_wandb_login_is_asked_where_it_runs(
     [line] = controller_tracking_problems("gen", site, spec, timeout_s=120)
     assert line.startswith(
         "site gen host g1: tracking.mode: online needs a W&B login and none was found there, where the controller "
-        "logs the run (its host's login, not this machine's): run `wandb login` or set WANDB_API_KEY"
+        "logs the run (with its host's packages and login, not this machine's): run `wandb login` or set "
+        "WANDB_API_KEY"
     ), line
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # a login there (the probe's environment is the host's)
     assert controller_tracking_problems("gen", site, spec, timeout_s=120) == []
+
+
+def test_a_remote_controller_s_tracking_packages_are_asked_where_it_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The trackers run in the controller: a job whose controller runs on an SSH site was refused for a package
+    missing on this machine, which never imports it. Here it is made missing (an import that fails in this
+    process only); the controller's site (the probe, another process) has it."""
+    import yaml
+
+    from rlctl import tracking
+    from rlctl.config import load_job
+    from rlctl.config.inventory import Site
+    from rlctl.launch.remote import LocalRunner
+    from rlctl.launch.siteprobe import controller_tracking_problems
+    from rlctl.launch.ssh import SshBackend
+    from rlctl.ops.preflight import problems
+    from tests.conftest import ROOT
+
+    monkeypatch.setitem(tracking._MODULES, "tensorboard", ("rlctl_no_such_module",))
+    gen = {"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "CPU", "python": sys.executable,
+           "nodes": [{"host": "g1", "gpus": 2}]}  # fmt: skip
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"apiVersion": "rlctl/v1", "kind": "Inventory", "sites": {"gen": gen}}))
+    job_file = tmp_path / "job.yaml"
+    demo = yaml.safe_load((ROOT / "jobs" / "demo.yaml").read_text())
+    demo["inventory"] = [str(ROOT / "clusters" / "local.yaml"), str(inv)]
+    demo["tracking"] = ["tensorboard"]
+    for controller, refused in (("gen", False), ("local", True)):
+        demo["placement"]["controller_site"] = controller
+        job_file.write_text(yaml.safe_dump(demo))
+        found = [p for p in problems(load_job(job_file)) if p.field == "tracking"]
+        assert bool(found) is refused, found
+    monkeypatch.setattr(SshBackend, "site_runner", classmethod(lambda cls, s, h=None: LocalRunner()))  # bash here
+    assert controller_tracking_problems("gen", Site.model_validate(gen), load_job(job_file).spec, timeout_s=120) == []
