@@ -133,6 +133,7 @@ def prepare_data(
             tokenizer=tokenizer,
             out_dir=job_dir / HELDOUT_DIR,
             check=check,
+            heldout=True,
         )
 
 

@@ -299,10 +299,11 @@ def prepare_dataset(
     tokenizer: TextTokenizer,
     out_dir: Path,
     check: Callable[[], None] | None = None,
+    heldout: bool = False,
 ) -> PromptDataset:
     """Tokenize `data_path` into `out_dir` (kept when the file, tokenizer and settings are unchanged). `check`,
     called at each row, ends it by raising (a launch's `rlctl stop`), nothing written: the files are written once
-    every row is read, the manifest last."""
+    every row is read, the manifest last. `heldout`: the file is evaluation.path (`_scan`)."""
     from safetensors.numpy import save
 
     if not data_path.is_file():
@@ -319,7 +320,7 @@ def prepare_dataset(
         tokens, rows, bad = kept[1]
         _report_bad_rows(cfg, data_path, bad, len(rows) + len(bad), [], each=True)  # (refused by the check if so)
     else:
-        tokens, rows, bad = _rows(cfg, data_path, tokenizer, check=check)
+        tokens, rows, bad = _rows(cfg, data_path, tokenizer, check=check, heldout=heldout)
     out_dir.mkdir(parents=True, exist_ok=True)
     offsets = np.zeros(len(tokens) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(t) for t in tokens])
@@ -389,7 +390,9 @@ def _scan(
 ) -> tuple[int, list[BadRow]]:
     """Read and tokenize every row of `data_path`, one at a time (`keep` gets each good one); the number of good
     rows and the bad rows, after `task.bad_rows` had its say (refuse: ConfigError), and a ConfigError when no row
-    is usable."""
+    is usable. A held-out file (`heldout`) whose rows lack a data_source/extra_info key the job sets is not refused:
+    the training file's rows show the key is no typo, and a held-out set drawn from elsewhere may lack it (its rows
+    take the defaults, as a training row without it does)."""
     good = 0
     bad: list[BadRow] = []
     fields: list[str] = []  # the first row's: what a key that no row has could have been
@@ -410,7 +413,7 @@ def _scan(
             keep(label, parsed)
     each = keep is not None if each is None else each
     _report_bad_rows(cfg, data_path, bad, good + len(bad), fields, each=each, heldout=heldout)
-    if good and unseen and fields:  # (no row read as an object: its own refusal says why)
+    if good and unseen and fields and not heldout:  # (no row read as an object: its own refusal says why)
         setting, key = next(iter(unseen.items()))
         raise ConfigError(
             str(data_path),

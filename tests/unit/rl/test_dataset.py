@@ -320,6 +320,21 @@ def test_a_data_source_or_extra_info_key_no_row_has_is_refused(tmp_path: Path, t
     )
 
 
+def test_a_heldout_file_whose_rows_lack_the_data_source_or_extra_info_key_takes_the_defaults(
+    tmp_path: Path, tok: HFTokenizer
+) -> None:
+    """The training file's rows have the key the job sets (no typo), the held-out file's (evaluation.path, drawn from
+    elsewhere) lack it: that refused the whole job ('no row has …'); its rows take the defaults, as a training row
+    without it does."""
+    held = write_jsonl(tmp_path / "held.jsonl", [{"prompt": "hello", "ground_truth": "a"}])
+    cfg = task(path=held.name, data_source_key="source", extra_info_key="meta")
+    assert check_rows(cfg, data_path=held, tokenizer=tok, heldout=True) == 1
+    got = prepare_dataset(cfg, data_path=held, tokenizer=tok, out_dir=tmp_path / "h", heldout=True).prompt(0)
+    assert (got.data_source, got.extra_info) == ("held", None)
+    with pytest.raises(ConfigError, match="no row has 'source'"):  # (a training file's: a typo)
+        check_rows(cfg, data_path=held, tokenizer=tok)
+
+
 def test_parquet_bad_rows_name_the_row(tmp_path: Path, tok: HFTokenizer) -> None:
     path = write_parquet(tmp_path / "train.parquet", [verl_row(0), {**verl_row(1), "prompt": None}])
     with pytest.raises(ConfigError, match=r"train\.parquet: 1 of 2 rows are bad: row 1: prompt: missing"):
