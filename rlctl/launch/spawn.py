@@ -107,6 +107,7 @@ class Spawner:
         self.backends = Backends(sites, job=job, job_dir=jobdir.path)
         self._lock = threading.Lock()
         self._in_flight: dict[str, GpuSlice] = {}  # units being started: their slices are taken
+        self._was_queued: dict[str, bool] = {}  # each agent's last answer from its site's scheduler (`queued`)
 
     def first_free_replica(self) -> int:
         replicas = [h.spec.replica for h in recorded_agents(self.jobdir.path) if h.spec.role == "rollout"]
@@ -191,7 +192,8 @@ class Spawner:
 
     def queued(self, names: Iterable[str]) -> list[str]:
         """Of `names`, the agents of this run that their sites' schedulers have not started yet (SLURM: pending);
-        one whose site cannot tell is not."""
+        one whose site cannot tell (squeue timed out) is as its site last said, queued when it never said: counted
+        not queued, its join bound ran on and stopped a unit still waiting in the queue."""
         wanted = set(names)
         return [h.spec.name for h in self._this_run() if h.spec.name in wanted and self._queued(h)]
 
@@ -220,10 +222,14 @@ class Spawner:
 
     def _queued(self, h: AgentHandle) -> bool:
         try:
-            return self.backends.for_site(h.spec.site).queued(h)
-        except LaunchError as e:  # cannot tell: not queued (its join bound counts)
-            log.warning("site %s: cannot poll %s: %s", h.spec.site, h.spec.name, e)
-            return False
+            queued = self.backends.for_site(h.spec.site).queued(h)
+        except LaunchError as e:  # cannot tell: as last said (its join bound waits for an answer)
+            queued = self._was_queued.get(h.spec.name, True)
+            said = "queued" if queued else "started"
+            log.warning("site %s: cannot poll %s (taken as %s): %s", h.spec.site, h.spec.name, said, e)
+            return queued
+        self._was_queued[h.spec.name] = queued
+        return queued
 
     def close(self) -> None:
         self.backends.close()

@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rlctl.config.inventory import Site
+from rlctl.errors import LaunchError
 from rlctl.launch import local
 from rlctl.launch.backends import record_agent, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
@@ -98,3 +101,33 @@ def test_stop_ends_this_runs_agent_of_that_name_only(tmp_path: Path) -> None:
         for p in (earlier, stuck):
             p.kill()
             p.wait(timeout=10)
+
+
+class _Scheduler:
+    """A site's backend whose queue answers `answers` in turn (a LaunchError: squeue timed out)."""
+
+    def __init__(self, answers: list[bool | LaunchError]) -> None:
+        self.answers = answers
+
+    def queued(self, handle: AgentHandle) -> bool:
+        answer = self.answers.pop(0)
+        if isinstance(answer, LaunchError):
+            raise answer
+        return answer
+
+
+def test_a_unit_whose_site_cannot_say_is_as_it_last_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Spawner.queued`: squeue timing out counted a unit not queued, so its join bound ran on and the controller
+    stopped a unit still waiting in SLURM's queue; it is as its site last said (queued when it never said)."""
+    jd = JobDir.create("j", explicit=tmp_path / "j")
+    write_sites(jd.path, {"s": Site.model_validate(SITE)})
+    _record(jd, "controller", 0, {"pid": 1})
+    _record(jd, "rollout", 0, {"pid": 2})
+    sp = Spawner(jd, {"s": Site.model_validate(SITE)}, job="j")
+    timeout = LaunchError("squeue: timed out after 30 s")
+    site = _Scheduler([timeout, True, timeout, False, timeout])
+    monkeypatch.setattr(sp.backends, "for_site", lambda name: site)
+    try:
+        assert [sp.queued(["rollout-0"]) for _ in range(5)] == [["rollout-0"]] * 3 + [[]] * 2
+    finally:
+        sp.close()
