@@ -38,6 +38,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shlex
 import socket
@@ -57,6 +58,9 @@ from rlctl.errors import ConfigError, LaunchError, UsageError
 log = logging.getLogger(__name__)
 
 HOME_ENV = "RLCTL_HOME"
+# what an OS or a file system leaves in any directory, no one's files: a Mac's Finder (.DS_Store, ._name beside a
+# file on a share), Windows Explorer (Thumbs.db, desktop.ini), NFS's name for a removed file still open (.nfs<hex>)
+LITTER = re.compile(r"\.DS_Store|\._.+|Thumbs\.db|desktop\.ini|\.nfs[0-9A-Fa-f]+")
 NO_FLOCK = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)  # flock on a filesystem that has none
 # what a job dir holds once a launch prepared it: a fresh launch there would overwrite the job's record
 JOB_RECORD = ("job.json", "plan.json", "agents.jsonl", "summary.json")
@@ -473,11 +477,13 @@ def refuse_theirs(directory: Path, *, ours: Collection[str], did: str, then: str
     `ours` (what rlctl writes there): a launch into a directory that is no job's (the job file's own), whose data/,
     model/ or reward/ is the user's, wrote over, linked into or deleted it, and staged it to every site as the job's.
     The line names up to three of its names, says rlctl did not `did` them, then what a launch does there (`then`).
-    A file (or a link to nothing) by that name is refused as well: making the directory there failed, a traceback."""
+    A file (or a link to nothing) by that name is refused as well: making the directory there failed, a traceback.
+    An OS's litter (`LITTER`: .DS_Store, NFS's .nfs<hex>) is no one's: it refused a relaunch into a job dir."""
     if os.path.lexists(directory) and not directory.is_dir():
         what = "a file" if directory.exists() else "a link to nothing"
         raise ConfigError(str(directory), None, f"is {what}, which rlctl did not {did}; {then}", hint=hint)
-    theirs = sorted(p.name for p in directory.iterdir() if p.name not in ours) if directory.is_dir() else []
+    names = (p.name for p in directory.iterdir()) if directory.is_dir() else iter(())
+    theirs = sorted(n for n in names if n not in ours and not LITTER.fullmatch(n))
     if theirs:
         raise ConfigError(
             str(directory),

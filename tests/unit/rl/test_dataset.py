@@ -764,3 +764,18 @@ def test_a_data_dir_of_the_users_is_refused_not_written_into(tmp_path: Path, tok
     with pytest.raises(ConfigError, match=r"mine: holds notes\.txt, which rlctl did not write"):
         prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "mine")
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+
+
+def test_an_oss_litter_in_a_job_dirs_data_dir_is_no_ones(tmp_path: Path, tok: HFTokenizer) -> None:
+    """A Mac's .DS_Store, NFS's .nfs<hex> (a removed file still open) in the job dir's data/ were taken for the user's
+    files, and the relaunch refused ('holds .DS_Store, which rlctl did not write')."""
+    path = write_jsonl(tmp_path / "train.jsonl", [verl_row(i) for i in range(2)])
+    out = tmp_path / "run" / "data"
+    out.mkdir(parents=True)
+    litter = [".DS_Store", "._train.jsonl", ".nfs000000000123abcd00000001", "Thumbs.db"]
+    for name in litter:
+        (out / name).write_bytes(b"\0")
+    assert len(prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=out)) == 2
+    (out / ".nfsnotes").write_text("mine")  # (not NFS's: its name is hex)
+    with pytest.raises(ConfigError, match=r"data: holds \.nfsnotes, which rlctl did not write"):
+        prepare_dataset(task(shuffle=False), data_path=path, tokenizer=tok, out_dir=out)
