@@ -20,6 +20,7 @@
          ──▶ post("unjoined_stopped") ──▶ replacement_not_joined: a failed attempt of its chain (one log line)
     a unit asked for (`rlctl scale`, the rebalance rule, a resume) not joined within it ──▶ stopped the same way
          ──▶ scale_failed: a failed start (`scale --wait` told); its slot is free again
+         (one that joined as it was stopped, and whose stop failed, runs in the job: no failure)
 
 The controller owns the inbox and the sockets; this module only posts to the one and returns the
 messages for the other, so every send still happens on the controller's main loop.
@@ -190,6 +191,12 @@ class Scaler:
         # its scheduler's queue last seen holding it. One whose start has not returned (its site being staged) has none
         self.join_since: dict[str, float] = {}
 
+    def _unrequest(self, name: str) -> float | None:
+        """`name` is no unit asked for any more (it sampled, or its start failed): when it was asked for, and its join
+        bound's start gone with it (it was kept for the rest of the run)."""
+        self.join_since.pop(name, None)
+        return self.spawn_requested.pop(name, None)
+
     def pending_units(self) -> list[str]:
         """Units asked for that have not joined yet."""
         return [n for n in self.spawn_requested if n not in self.core.units]
@@ -276,7 +283,7 @@ class Scaler:
             chain = next((r for r in self.replacing.values() if r.unit == name and r.error is None), None)
             if chain is not None:  # `tick` counts it: back off and try again, or give up
                 chain.error = "exited before it joined (its log says why)"
-            elif self.spawn_requested.pop(name, None) is not None:
+            elif self._unrequest(name) is not None:
                 self.failed_starts[name] = "exited before it joined (its log says why)"
             else:
                 self.replace(name, now=now)
@@ -395,7 +402,7 @@ class Scaler:
         after joining (a bad setting, a broken node) is restarted REPLACE_ATTEMPTS times, not without end."""
         if lost in self.abandoned:  # stopped for not joining in time (it joined as it was stopped): counted already
             return
-        if self.spawn_requested.pop(lost, None) is not None:  # asked for (a scale, the rule): `scale --wait` is told
+        if self._unrequest(lost) is not None:  # asked for (a scale, the rule): `scale --wait` is told
             self.failed_starts[lost] = "lost before its first sample (its log says why); a replacement is started"
         chain = self.unproven.pop(lost, None)
         if chain is not None:
@@ -469,31 +476,39 @@ class Scaler:
         def run() -> None:
             try:
                 spawner.stop(name, grace_s=UNJOINED_STOP_GRACE_S)
-                error = why + "; stopped"
+                result = (why + "; stopped", True)
             except Exception as e:  # noqa: BLE001 - the attempt or start failed either way; its slot may stay taken
-                error = f"{why}; stopping it failed: {e}"
-            self.post(("unjoined_stopped", name, error))
+                result = (f"{why}; stopping it failed: {e}", False)
+            self.post(("unjoined_stopped", name, result))
 
         threading.Thread(target=run, name=f"stop-{name}", daemon=True).start()
 
-    def unjoined_stopped(self, name: str, why: str) -> None:
-        """The thread that stopped `name` (a replacement, or a unit asked for, not joined within the bound) finished:
-        a failed attempt of its chain (`tick` backs off, or gives up), or a failed start (`scale --wait` is told)."""
+    def unjoined_stopped(self, name: str, result: tuple[str, bool]) -> None:
+        """The thread that stopped `name` (a replacement, or a unit asked for, not joined within the bound) finished,
+        saying why and whether its site stopped it: a failed attempt of its chain (`tick` backs off, or gives up), or
+        a failed start (`scale --wait` is told). One that joined as it was stopped, and that its site could not stop,
+        runs in the job: it joined (a replacement counts replaced), versus a failed start said of a running unit."""
+        why, stopped = result
         chain = next((r for r in self.replacing.values() if r.unit == name and r.stopping), None)
+        if not stopped and name in self.core.units:
+            self.abandoned.discard(name)  # a unit of the job's like any other: replaced if lost
+            if chain is not None:
+                chain.stopping = False  # `tick` counts it replaced
+            log.warning("controller: %s joined as it was stopped for not joining, and stays: %s", name, why)
+            return
         if chain is not None:  # (its one log line is `_failed`'s)
             self.jobdir.event(
                 "replacement_not_joined", lost=chain.lost, by=name, site=chain.site, attempts=chain.attempts, error=why
             )
             chain.error = why
-        elif self.spawn_requested.pop(name, None) is not None:
-            self.join_since.pop(name, None)
+        elif self._unrequest(name) is not None:
             self.failed_starts[name] = why
             site = self.placement.sites.get(name)
             self.jobdir.event("scale_failed", agent=name, site=site, error=why)
             log.warning("controller: %s on %s: %s", name, site, why)
 
     def _failed(self, r: Replacement, why: str, now: float) -> None:
-        self.spawn_requested.pop(r.unit or "", None)
+        self._unrequest(r.unit or "")
         r.why, r.stopping = why, False
         if r.attempts >= REPLACE_ATTEMPTS:
             del self.replacing[r.lost]
@@ -623,7 +638,7 @@ class Scaler:
             r = next((r for r in self.replacing.values() if r.unit == name), None)
             if r is not None:
                 r.error = error  # tick() counts the failed attempt
-            self.spawn_requested.pop(name, None)
+            self._unrequest(name)
             self.failed_starts[name] = error
             self.jobdir.event("scale_failed", agent=name, site=site, reason=reason, error=error)
             log.warning("controller: could not add %s on %s: %s", name, site, error)
@@ -636,8 +651,7 @@ class Scaler:
 
     def sampled(self, name: str) -> None:
         """`name` produced a sample: if it is a unit asked for, record how long it took to be useful."""
-        t0 = self.spawn_requested.pop(name, None)
-        self.join_since.pop(name, None)
+        t0 = self._unrequest(name)
         if t0 is None:
             return
         self.unproven.pop(name, None)  # a replacement that stands

@@ -546,7 +546,7 @@ def test_a_replacement_its_scheduler_still_queues_is_not_stopped_for_not_joining
     assert next_post(posted)[:2] == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]
 
 
-def _stop_posted(posted: list[Any]) -> tuple[str, str, str]:
+def _stop_posted(posted: list[Any]) -> tuple[str, str, tuple[str, bool]]:
     what, name, why = next_post(posted)
     return what, name, why
 
@@ -582,6 +582,75 @@ def test_a_unit_asked_for_that_never_joins_though_it_runs_is_stopped_past_the_bo
         ("rollout-2", expected)
     ]
     assert [m.getMessage() for m in caplog.records] == [f"controller: rollout-2 on a: {expected}"]
+
+
+def _stop_fails(name: str, *, grace_s: float) -> None:
+    raise LaunchError("scancel: timed out")
+
+
+def test_a_unit_asked_for_that_joins_as_it_is_stopped_and_whose_stop_fails_is_no_failed_start(tmp_path) -> None:
+    """rollout-2, added by `rlctl scale +1`, joined while it was being stopped for not joining, and the stop failed:
+    it was said a failed start (scale_failed, `scale --wait` told so) though it ran in the job, and a replacement was
+    never started when it was lost later. It joined: no failure, its first sample counted, replaced if lost."""
+    scaler, core, jd, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    scaler.tick(t0 + 1.0)  # the bound is its least, 30 min
+    scaler.scale(1, None, reason="operator")
+    deliver(scaler, posted)
+    scaler.spawn_requested["rollout-2"] = t0
+    spawner.stop = _stop_fails  # type: ignore[method-assign]
+    scaler._unjoined_at = t0 + 1801.0
+    scaler.tick(t0 + 1801.0)
+    what, name, result = _stop_posted(posted)
+    assert what == "unjoined_stopped" and result == (
+        "rollout-2 did not join within 1800 s though its site said it ran (its log says why); stopping it failed: "
+        "scancel: timed out",
+        False,
+    )
+    core.join("rollout-2", role="rollout", version=0)  # as it was being stopped
+    scaler.unjoined_stopped(name, result)
+    assert scaler.failed_starts == {} and "scale_failed" not in [e["event"] for e in jd.read_events()]
+    scaler.sampled("rollout-2")
+    assert list(scaler.first_sample_s) == ["rollout-2"]
+    core.lost("rollout-2")
+    scaler.replace("rollout-2", now=t0 + 1900.0)
+    assert list(scaler.replacing) == ["rollout-2"]
+
+
+def test_a_replacement_that_joins_as_it_is_stopped_and_whose_stop_fails_counts_replaced(tmp_path) -> None:
+    """The chain's rollout-2 joined while it was being stopped for not joining, and the stop failed: a failed attempt
+    was counted, and another unit started beside the one that ran in the job."""
+    scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    scaler.tick(t0 + 600.0)  # the bound is 40 min
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=t0 + 600.0)
+    scaler.tick(t0 + 600.0)
+    deliver(scaler, posted)
+    spawner.stop = _stop_fails  # type: ignore[method-assign]
+    scaler._unjoined_at = t0 + 3001.0
+    scaler.tick(t0 + 3001.0)
+    _, name, result = _stop_posted(posted)
+    core.join("rollout-2", role="rollout", version=0)
+    scaler.unjoined_stopped(name, result)
+    scaler.tick(t0 + 3002.0)
+    assert scaler.resilience()["replaced"] == 1 and scaler.replacing == {} and spawner.calls == [("a", 2)]
+
+
+def test_a_unit_asked_for_whose_start_failed_or_that_exited_leaves_no_join_bound(tmp_path) -> None:
+    """`join_since` kept the entry of a unit asked for that exited before it joined, or whose start failed, for the
+    rest of the run: it goes where the unit leaves `spawn_requested`."""
+    scaler, _, _, posted, spawner = setup(tmp_path, fail=0)
+    scaler.scale(1, None, reason="operator")
+    deliver(scaler, posted)
+    assert list(scaler.join_since) == ["rollout-2"]
+    spawner.gone = ("rollout-2",)
+    assert _asked(scaler, posted, 61.0) == ["rollout-2"]
+    assert scaler.join_since == {} and scaler.spawn_requested == {}
+    scaler.join_since["rollout-3"] = scaler.t0  # (its scheduler seen queueing it) and then its start failed
+    scaler.spawn_requested["rollout-3"] = scaler.t0
+    scaler.spawned("rollout-3", ("a", "operator", "sbatch: refused"))
+    assert scaler.join_since == {}
 
 
 def test_a_unit_asked_for_its_scheduler_still_queues_is_not_stopped_for_not_joining(tmp_path) -> None:
