@@ -388,11 +388,12 @@ def register(app: typer.Typer) -> None:
                 # --detach, written to the job dir below)
                 with keeping_rows():
                     preflight(runs, plan=plan)
+            # the directory's model/, data/ or reward/ the user's: refused before anything is written there (the rows
+            # --detach writes; the job dir's lock, secret, logs/ and checkpoints/, made by `launch_dir`)
+            refuse_users_dirs(JobDir(path), spec, job)
             if detach_:  # the same launch in the background, into the directory chosen (and, if new, made) here
                 if job_dir is None and spec.job_dir is None:  # a timestamped one: not one another launch made meanwhile
                     path = JobDir.create(spec.name).path
-                # the directory's model/, data/ or reward/ the user's: refused before the rows are written there
-                refuse_users_dirs(JobDir(path), spec, job)
                 if isinstance(spec.model, HfModel):  # a dataset's rows the check kept, prepared where the launcher's
                     # prepare finds them (its model/init holds the same tokenizer), versus read and tokenized again
                     prepare_data(path, spec, job, model_dir=Path(spec.model.path))

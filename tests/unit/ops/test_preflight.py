@@ -1789,3 +1789,19 @@ def test_a_held_out_file_that_is_the_training_file_is_said_by_check(
             if said
             else []
         ), warned
+
+
+def test_launch_into_a_directory_whose_model_dir_is_the_users_writes_nothing_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`launch` (not detached) into the job file's own directory, whose model/ is the user's checkpoint: the refusal
+    `copy_inputs` asks came after the job dir was made there, and left .launcher.lock, secret, logs/ and
+    checkpoints/ in the user's directory."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    before = sorted(p.name for p in tmp_path.iterdir())
+    r = run_cli("launch", str(job.path), "--job-dir", str(tmp_path))
+    assert r.exit_code == 2, r.stderr
+    assert "model: holds config.json" in r.stderr and "which rlctl did not put there" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
