@@ -381,6 +381,10 @@ def register(app: typer.Typer) -> None:
                 emit(rows, output, lambda r: dry_table(r, staging, refused))
                 return
             path = fresh_dir(job, spec, job_dir)  # a directory holding a job already: refused, its record kept
+            # the directory's model/, data/ or reward/ the user's: refused before anything is written there (the rows
+            # --detach writes; the job dir's lock, secret, logs/ and checkpoints/, made by `launch_dir`), and before
+            # the check reads the dataset (the rows it keeps for the prepare would be left in this process)
+            refuse_users_dirs(JobDir(path), spec, job)
             # what `rlctl check` refuses, refused before anything is built or started (once: a launcher started by
             # --detach for this very file, unchanged, does not check again — a dataset's rows are read to the end)
             if not checked:
@@ -388,9 +392,6 @@ def register(app: typer.Typer) -> None:
                 # --detach, written to the job dir below)
                 with keeping_rows():
                     preflight(runs, plan=plan)
-            # the directory's model/, data/ or reward/ the user's: refused before anything is written there (the rows
-            # --detach writes; the job dir's lock, secret, logs/ and checkpoints/, made by `launch_dir`)
-            refuse_users_dirs(JobDir(path), spec, job)
             if detach_:  # the same launch in the background, into the directory chosen (and, if new, made) here
                 if job_dir is None and spec.job_dir is None:  # a timestamped one: not one another launch made meanwhile
                     path = JobDir.create(spec.name).path
