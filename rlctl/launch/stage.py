@@ -807,6 +807,13 @@ def here_root(site: Site, root: str, job_dir: Path) -> str:
     return str(job_dir) if not is_remote(site) and kind_of(site).work_root(site) is None else root
 
 
+def record_is_here(site: Site, root: str, job_dir: Path) -> bool:
+    """Whether the site job dir `root` is the operator's job dir `job_dir` itself: this machine's filesystem and the
+    same directory once links are resolved (a job dir reached through a symlink, `~/jobs` -> `/scratch/jobs`, is not
+    another site's record to fetch)."""
+    return not is_remote(site) and os.path.realpath(root) == os.path.realpath(job_dir)
+
+
 def controller_view(
     staged: dict[str, Any], sites: dict[str, Site], controller_site: str, host: str | None
 ) -> tuple[Site, str, str]:
@@ -821,7 +828,7 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
     operator's), its logs (APPENDED_LOGS: metrics, evaluations, samples, by what they grew) and the tracker files
     (TRACKER_DIRS) into the operator's job dir; nothing to do when the controller's site job dir is this one.
     Returns the names fetched."""
-    if not is_remote(site) and Path(root) == job_dir:
+    if record_is_here(site, root, job_dir):
         return []
     fs = host_files(site, host)
     fetched = []
@@ -885,7 +892,7 @@ def event_to_record(job_dir: Path, row: dict[str, Any], view: tuple[Site, str, s
     if view is None:
         return
     site, host, root = view
-    if not is_remote(site) and Path(root) == job_dir:
+    if record_is_here(site, root, job_dir):
         return
     try:
         fs = host_files(site, host)
@@ -983,7 +990,7 @@ def _merge_lines(local: Path, remote: Path) -> str:
 
 def remote_agent_lines(job_dir: Path, site: Site, host: str, root: str) -> str:
     """The controller site's agents.jsonl ('' when it is the operator's own file or missing)."""
-    if not is_remote(site) and Path(root) == job_dir:
+    if record_is_here(site, root, job_dir):
         return ""
     fs = host_files(site, host)
     try:

@@ -25,7 +25,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from rlctl import procfs
@@ -35,7 +34,6 @@ from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.jobdir import JobDir, resume_command
-from rlctl.launch.sitefs import is_remote
 from rlctl.launch.stage import (
     agents_and_latest_run,
     all_recorded_agents,
@@ -43,6 +41,7 @@ from rlctl.launch.stage import (
     fetch_record,
     readable_agents,
     readable_agents_and_run,
+    record_is_here,
     record_view,
 )
 from rlctl.ops.detach import launcher_running, launcher_state
@@ -595,7 +594,7 @@ def _events_elsewhere(jd: JobDir) -> bool:
         view = record_view(jd.path)
     except (RlctlError, OSError):
         return True
-    return view is not None and (is_remote(view[0]) or Path(view[2]) != jd.path)
+    return view is not None and not record_is_here(view[0], view[2], jd.path)
 
 
 def _stopper() -> dict[str, Any]:

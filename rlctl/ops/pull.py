@@ -29,7 +29,7 @@ from rlctl.checkpoint.files import ABANDONED, file_digest
 from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, read_sites
 from rlctl.launch.jobdir import JobDir, say_once
-from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files, is_remote
+from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
 from rlctl.launch.stage import (
     TRACKER_DIRS,
     fetch_record,
@@ -37,6 +37,7 @@ from rlctl.launch.stage import (
     plan_site,
     read_plan,
     read_staged,
+    record_is_here,
     record_view,
     root_for,
 )
@@ -268,7 +269,7 @@ def fetch_trackers(job_dir: Path) -> list[str]:
     if view is None:
         return []
     site, _, root = view
-    if not is_remote(site) and Path(root) == job_dir:  # (as `fetch_record` tells it)
+    if record_is_here(site, root, job_dir):  # (as `fetch_record` tells it)
         here = (p for tree in TRACKER_DIRS for p in sorted((job_dir / tree).rglob("*")) if p.is_file())
         return [str(p.relative_to(job_dir)) for p in here]
     try:

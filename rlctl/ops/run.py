@@ -68,6 +68,7 @@ from rlctl.launch.stage import (
     fetch_record,
     latest_run_names,
     readable_agents,
+    record_is_here,
     record_view,
     root_for,
     stage_all,
@@ -524,7 +525,7 @@ class JobRun:
         if started:  # the run's wall time counts from its start, not from this attach
             self.t_start = time.monotonic() - max(0.0, time.time() - started[-1])
         view = record_view(self.jobdir.path)
-        if view is not None and (is_remote(view[0]) or Path(view[2]) != self.jobdir.path):
+        if view is not None and not record_is_here(view[0], view[2], self.jobdir.path):
             self._record = view
         self.run_id = current_run(self.jobdir)
         if self.db is not None:

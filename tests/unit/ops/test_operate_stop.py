@@ -846,3 +846,28 @@ def test_a_gone_stops_request_is_under_way_where_the_controller_keeps_its_events
     assert operate.stop_under_way(jd)
     stage.write_staged(jd.path, {"far": {"roots": {"h": str(jd.path)}}})  # its events here: it did not take it
     assert not operate.stop_under_way(jd)
+
+
+def test_a_controller_keeping_its_events_in_the_job_dir_reached_through_a_symlink_has_them_here(
+    tmp_path: Path,
+) -> None:
+    """A local site whose workdir is the operator's job dir by another path (`~/jobs` a link to `/scratch/jobs`):
+    its paths were compared unresolved, so its events read as kept elsewhere and a stop request the controller never
+    took (its stop process gone) read as under way: a second stop waited its whole grace, and the record was
+    fetched from itself into itself."""
+    real = tmp_path / "scratch"
+    real.mkdir()
+    (tmp_path / "jobs").symlink_to(real)
+    jd = JobDir.create("far", explicit=tmp_path / "jobs" / "far")
+    far = Site.model_validate({**LOCAL_SITE, "scheduler": {"kind": "local", "workdir": str(real)}})
+    write_sites(jd.path, {"far": far})
+    jd.write_json(jd.plan_json, {"controller_site": "far", "trainer": {"site": "far", "ranks": 1}, "rollout": []})
+    stage.write_staged(jd.path, {"far": {"roots": {"h": str(real / "far")}}})
+    jd.event("agent_started", agent="controller-0", site="far", backend="local", ident={}, gpus=None, run="r1")
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stopper = {"host": socket.gethostname(), "pid": killed.pid, "start_ticks": local.start_ticks(killed.pid)}
+    killed.kill()
+    killed.wait(timeout=10)
+    jd.event(STOP_REQUESTED, stopper=stopper)
+    assert not operate.stop_under_way(jd)
+    assert stage.fetch_record(jd.path, far, "h", str(real / "far")) == []

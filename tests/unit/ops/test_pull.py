@@ -107,7 +107,9 @@ def test_a_pulled_checkpoint_is_said_when_the_controllers_site_does_not_answer(
     def unreachable(*args: object) -> list[str]:
         raise LaunchError("ssh ctl-host: connect failed: [Errno 113] No route to host")
 
-    (tmp_path / "far").symlink_to(jd.path)  # the controller's job dir, another path (its latest.json read there)
+    far = tmp_path / "far" / "checkpoints"  # the controller's job dir, another one (its latest.json read there)
+    far.mkdir(parents=True)
+    shutil.copy(jd.checkpoints / "latest.json", far)
     monkeypatch.setattr(pull_mod, "record_view", lambda job_dir: (site, "ctl-host", str(tmp_path / "far")))
     monkeypatch.setattr(pull_mod, "fetch_record", unreachable)
     got = pull(jd.path)
