@@ -501,7 +501,12 @@ class Scaler:
                 "replacement_not_joined", lost=chain.lost, by=name, site=chain.site, attempts=chain.attempts, error=why
             )
             chain.error = why
-        elif self._unrequest(name) is not None:
+        else:  # a unit asked for (`_stop_unjoined_unit` stops no other): a failed start, also when it joined, and
+            # maybe produced its first sample (`sampled` dropped its request then), as it was being stopped — said so
+            self._unrequest(name)
+            if name in self.core.units:
+                why += " (it joined as it was being stopped)"
+                self.first_sample_s.pop(name, None)  # (`scale --wait` reads the failed start, not a unit that stands)
             self.failed_starts[name] = why
             site = self.placement.sites.get(name)
             self.jobdir.event("scale_failed", agent=name, site=site, error=why)

@@ -653,6 +653,38 @@ def test_a_unit_asked_for_whose_start_failed_or_that_exited_leaves_no_join_bound
     assert scaler.join_since == {}
 
 
+def test_a_unit_asked_for_that_joins_as_it_is_stopped_for_not_joining_is_said_a_failed_start(tmp_path) -> None:
+    """rollout-2, added by `rlctl scale +1`, joins and produces its first sample just as it is stopped past the join
+    bound: its first sample dropped its request, so the stop's end found nothing to count and said nothing — no
+    event, `scale --wait` told it stood — while the unit was gone (its loss, one stopped for not joining, is not
+    replaced). It is a failed start, saying it joined as it was being stopped."""
+    scaler, core, jd, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    scaler.tick(t0 + 1.0)  # the plan's units joined a second in: the bound is its least, 30 min
+    scaler.scale(1, None, reason="operator")
+    deliver(scaler, posted)
+    scaler.spawn_requested["rollout-2"] = scaler.join_since["rollout-2"] = t0  # asked for as the controller started
+    scaler._unjoined_at = t0 + 1801.0  # (the sites just asked: it runs)
+    scaler.tick(t0 + 1801.0)
+    what, name, why = _stop_posted(posted)
+    assert (what, name) == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]
+    core.join("rollout-2", role="rollout", version=0)  # it joined as it was stopped, and sampled
+    scaler.sampled("rollout-2")
+    scaler.unjoined_stopped(name, why)
+    expected = (
+        "rollout-2 did not join within 1800 s though its site said it ran (its log says why); stopped "
+        "(it joined as it was being stopped)"
+    )
+    assert scaler.failed_starts == {"rollout-2": expected} and scaler.first_sample_s == {}
+    assert [(e["agent"], e["error"]) for e in jd.read_events() if e["event"] == "scale_failed"] == [
+        ("rollout-2", expected)
+    ]
+    core.lost("rollout-2")  # its connection ends: it is neither running nor pending, and not replaced
+    scaler.replace("rollout-2", now=t0 + 1802.0)
+    assert scaler.pending_units() == [] and [u.name for u in core.live_units] == ["rollout-0", "rollout-1"]
+    assert scaler.replacing == {} and scaler.unit_counts() == {"a": 2} and scaler.free_slots() == {"a": 1}
+
+
 def test_a_unit_asked_for_its_scheduler_still_queues_is_not_stopped_for_not_joining(tmp_path) -> None:
     scaler, _, _, posted, spawner = setup(tmp_path, fail=0)
     t0 = scaler.t0
