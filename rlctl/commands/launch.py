@@ -328,7 +328,7 @@ def register(app: typer.Typer) -> None:
             from rlctl.ops.inputs import prepare_data, refuse_users_dirs
             from rlctl.ops.jobdb import JobDB
             from rlctl.ops.preflight import preflight, problems, refuse
-            from rlctl.ops.run import JobRun, fresh_dir, launch_dir, prepare
+            from rlctl.ops.run import JobRun, fresh_dir, launch_dir, prepare, reserved
             from rlctl.rl.dataset import keeping_rows
 
             if resume is not None:
@@ -397,7 +397,13 @@ def register(app: typer.Typer) -> None:
                     path = JobDir.create(spec.name).path
                 if isinstance(spec.model, HfModel):  # a dataset's rows the check kept, prepared where the launcher's
                     # prepare finds them (its model/init holds the same tokenizer), versus read and tokenized again
-                    prepare_data(path, spec, job, model_dir=Path(spec.model.path))
+                    try:
+                        prepare_data(path, spec, job, model_dir=Path(spec.model.path))
+                    except KeyboardInterrupt:  # the job dir made here goes in the index, stopped (as a launch that
+                        # prepares it itself leaves it), versus outside it: `rlctl status` and `stop` did not find it
+                        if path.is_dir():
+                            made.append(reserved(JobDir.create(spec.name, explicit=path), spec))
+                        raise
                 over = ["--iterations", str(iterations)] if iterations is not None else []
                 over += ["--mode", mode.value] if mode is not None else []
                 args = ["launch", str(job_file.absolute()), "--job-dir", str(path), *over]

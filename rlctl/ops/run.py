@@ -1200,6 +1200,11 @@ def launch_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> JobDir:
         jd = JobDir.create(spec.name)
     else:
         jd = JobDir.create(spec.name, explicit=fresh_dir(job, spec, job_dir))
+    return reserved(jd, spec)
+
+
+def reserved(jd: JobDir, spec: JobFile) -> JobDir:
+    """`jd`, with its id and its row in the index, `launching`, this process its launcher (`JobDB.reserve`)."""
     with contextlib.closing(JobDB()) as db:
         db.reserve(
             jd.path,

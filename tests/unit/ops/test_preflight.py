@@ -593,6 +593,48 @@ def test_launch_detach_reads_and_tokenizes_a_dataset_once(tmp_path: Path, monkey
     assert len(calls) == 2
 
 
+@pytest.mark.parametrize("named", [True, False])
+def test_a_ctrl_c_as_launch_detach_tokenizes_the_dataset_leaves_its_job_dir_in_the_index_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: bool
+) -> None:
+    """`launch --detach` makes the job dir (a --job-dir, or a new timestamped one) and tokenizes the dataset into it
+    before its launcher takes it on: a Ctrl-C there said 'stopped before it started anything: nothing to stop' and
+    left that dir outside the index (`rlctl status` and `stop` did not find it). It is in the index, stopped, as a
+    launch that prepares the job itself leaves it, and the line names it."""
+    from rlctl.ops import inputs
+    from rlctl.ops.jobdb import JobDB
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+
+    def tokenizing(job_dir: Path, *args: object, **kwargs: object) -> None:
+        (job_dir / "data").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inputs, "prepare_data", tokenizing)
+    args = ["--job-dir", str(tmp_path / "run")] if named else []
+    r = run_cli("launch", str(job.path), "--detach", *args)
+    db = JobDB()
+    try:
+        (row,) = db.list()
+    finally:
+        db.close()
+    assert (row.state, Path(row.job_dir).parent) == ("stopped", tmp_path / ("." if named else "home/runs"))
+    assert (r.exit_code, r.stderr) == (
+        130,
+        f"rlctl: interrupted: job {row.name} stopped while its launch prepared it (nothing started); launch it again "
+        f"with `rlctl launch {job.path}`\n",
+    )
+    if named:  # launched there again, it goes on
+        from rlctl.commands import launch
+
+        started: list[Path] = []
+        monkeypatch.setattr(inputs, "prepare_data", lambda *args, **kwargs: None)
+        monkeypatch.setattr(launch, "run_detached", lambda args, path, output, env: started.append(path))
+        r = run_cli("launch", str(job.path), "--detach", *args)
+        assert r.exit_code == 0 and started == [tmp_path / "run"], r.stderr
+
+
 def test_a_launch_into_the_job_files_directory_whose_model_dir_is_the_users_is_refused(tmp_path: Path) -> None:
     """The job file's directory holds the checkpoint model.path names as model/: a launch there (`--job-dir .`) linked
     the starting policy into the user's checkpoint directory (model/init/) and staged both to every site."""
