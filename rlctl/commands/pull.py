@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
         """Copy a checkpoint's policy (a Hugging Face directory, every file checked against the checkpoint's
         manifest) from the trainer's site, and the job's tracker files from the controller's, to this machine."""
         from rlctl.ops.jobref import require_job_dir, resolve
+        from rlctl.ops.pull import Pulled
         from rlctl.ops.pull import pull as pull_checkpoint
         from rlctl.ops.run import refuse_if_unprepared
 
@@ -47,15 +48,26 @@ def register(app: typer.Typer) -> None:
             for a in [ref.id if ref.row is not None else str(ref.jobdir.path), "--checkpoint", checkpoint]
             + (["--to", str(to)] if to is not None else [])
         )
-        with said_if_interrupted(
-            lambda: (
-                f"the pull of job {ref.id} did not finish (the job is unchanged); `rlctl pull {again}` pulls the "
-                "checkpoint whole"
+        policy: list[Pulled] = []
+
+        def cut_short() -> str:
+            if not policy:
+                return (
+                    f"the pull of job {ref.id} did not finish (the job is unchanged); `rlctl pull {again}` pulls the "
+                    "checkpoint whole"
+                )
+            # its policy is in place: a pull again into the same --to is refused (not empty)
+            name = shlex.quote(ref.id if ref.row is not None else str(ref.jobdir.path))
+            return (
+                f"the pull of job {ref.id} stopped as it fetched the tracker files: checkpoint v{policy[0].version}'s "
+                f"policy is complete in {policy[0].to} (every file verified); `rlctl status {name} --checkpoints` "
+                "fetches the tracker files"
             )
-        ):
+
+        with said_if_interrupted(cut_short):
             # `--to=~/x`: a shell leaves a ~ after `=` as it is
             to = to.expanduser() if to is not None else None
-            got = pull_checkpoint(ref.jobdir.path, checkpoint=checkpoint, to=to)
+            got = pull_checkpoint(ref.jobdir.path, checkpoint=checkpoint, to=to, policy_in=policy.append)
         data = {
             "version": got.version,
             "to": str(got.to),

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,11 +101,19 @@ def _latest(job_dir: Path) -> int | None:
         raise LaunchError(f"{root}/checkpoints/{LATEST_POINTER}: {e}; name a version with --checkpoint N") from e
 
 
-def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -> Pulled:
+def pull(
+    job_dir: Path,
+    *,
+    checkpoint: str = "latest",
+    to: Path | None = None,
+    policy_in: Callable[[Pulled], object] = lambda pulled: None,
+) -> Pulled:
     """Copy checkpoint `checkpoint` ("latest", "best": `best_checkpoint`, or a version)'s policy to `to` (default:
     <job dir>/pulled/v<N>). A `to` given must be new or empty: a pull never mixes its files with others (the default
     one is the job's own copy of that version, replaced by a pull again). What a pull killed before it could clean up
-    left there (its staging folder) does not count, and goes."""
+    left there (its staging folder) does not count, and goes. `policy_in` is told once the policy is in place, every
+    file verified, before the tracker files are fetched (a pull cut short then has its policy: a `to` given is not
+    empty for a pull again)."""
     if to is not None:
         to = to.resolve()  # `--to .` named
         try:
@@ -152,6 +161,7 @@ def pull(job_dir: Path, *, checkpoint: str = "latest", to: Path | None = None) -
                 if version != candidates[-1]:  # the error below says the last one
                     log.warning("checkpoint v%d on site %s not pulled: %s; trying an older one", version, site, e)
                 continue
+            policy_in(got)
             return Pulled(got.version, got.to, got.files, got.bytes, got.source, fetch_trackers(job_dir))
         job_id = JobDir(job_dir).id
         raise LaunchError(f"no checkpoint of {job_id} could be pulled from site {site}: " + "; ".join(problems))

@@ -132,6 +132,29 @@ def test_pull_to_a_home_relative_directory_goes_there(tmp_path: Path, monkeypatc
     assert same(TinyGPT.from_pretrained(tmp_path / "home" / "models" / "v2"), models[2])
 
 
+def test_a_ctrl_c_as_the_pull_fetches_the_tracker_files_says_the_policy_is_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pull Ctrl-C'd as it fetched the tracker files (a long run's tensorboard/ over SSH), its policy already in
+    `--to` and verified, said the pull did not finish and hinted the same pull again — which `--to` not empty then
+    refuses. It says the policy is complete there, and what fetches the tracker files."""
+    jd, models = job_dir(tmp_path)
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "rlctl-home"))
+
+    def fetching(job_dir: Path) -> list[str]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pull_mod, "fetch_trackers", fetching)
+    to = tmp_path / "my model"
+    r = run_cli("pull", str(jd.path), "--checkpoint", "1", "--to", str(to))
+    assert r.exit_code == 130
+    assert r.stderr == (
+        f"rlctl: interrupted: the pull of job job stopped as it fetched the tracker files: checkpoint v1's policy is "
+        f"complete in {to} (every file verified); `rlctl status {jd.path} --checkpoints` fetches the tracker files\n"
+    )
+    assert same(TinyGPT.from_pretrained(to), models[1])
+
+
 def test_pull_to_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # `--to .` was a path with an empty name: every checkpoint "failed" staging beside it
     jd, models = job_dir(tmp_path)
