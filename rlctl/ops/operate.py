@@ -450,6 +450,9 @@ def stop(ref: JobRef, *, grace_s: float | None = None, say: Callable[[str], obje
     while it completes a checkpoint the trainer reached: `say` tells the operator, and `checkpoint` names it). Then
     it waits, at most LAUNCHER_END_S, for the job's launcher to let go of the job (`launcher` says it did, or not)."""
     jd = ref.jobdir
+    # its index row outlived it: said so, as status says it, versus a FileNotFoundError traceback (its stop request
+    # written into the directory that is gone); no record is left to find its agents by
+    require_job_dir(ref)
     out: dict[str, Any] = {"id": ref.id}
     under_way = stop_under_way(jd)  # (before this stop's own request is written)
     # an agent of a job that ended is stopped only when its record tells it from a process that took its pid since

@@ -466,13 +466,14 @@ def test_an_agent_recorded_on_a_site_sites_json_lacks_is_one_line_naming_sites_j
 
 
 @pytest.mark.parametrize("state", ["running", "stopped"])
-@pytest.mark.parametrize("command", ["logs", "report", "pull", "attach", "scale", "status", "launch --resume"])
+@pytest.mark.parametrize("command", ["logs", "report", "pull", "attach", "scale", "stop", "status", "launch --resume"])
 def test_a_job_whose_directory_is_gone_is_said_so_by_each_command(tmp_path: Path, command: str, state: str) -> None:
     # its index row outlived it: logs said "no logs yet: none of its agents has started", report "not a job
     # directory (no job.json)", pull and attach "cannot read the resolved job: [Errno 2] …", launch --resume
     # "never prepared"; attach of an ended one "ended (stopped): nothing to watch", hinting `rlctl status JOB` and
     # `rlctl launch --resume JOB`, which both fail on it; scale "launch it anew: `rlctl launch JOB.yaml`" (stopped) and
-    # "the controller did not answer" (running)
+    # "the controller did not answer" (running); stop a FileNotFoundError traceback (running: its stop request written
+    # into the directory that is gone)
     gone = tmp_path / "demo-1"
     db = JobDB()
     try:
