@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 import time
 from typing import TYPE_CHECKING, Annotated, Any
@@ -84,7 +83,7 @@ def _wait_for_first_samples(
                     f"job {ref.id} ended ({ended}) before {waiting} produced a sample"
                     if ended is not None
                     else f"job {ref.id}: the controller stopped answering before {waiting} produced a sample: {e}",
-                    hint=f"see `rlctl status {shlex.quote(ref.id)}`",
+                    hint=f"see `rlctl status {ref.arg}`",
                 )
                 break
             except RlctlError as e:  # a controller that does not count them: what came is printed, as for the others
@@ -98,14 +97,14 @@ def _wait_for_first_samples(
         out["first_sample_s"] = firsts
         emit(out, output, _table)
         sys.stdout.flush()
-        adding = f"the job goes on adding {', '.join(added)} (`rlctl status {shlex.quote(ref.id)}`)"
+        adding = f"the job goes on adding {', '.join(added)} (`rlctl status {ref.arg}`)"
         sys.stderr.write(f"rlctl: interrupted: stopped waiting; {adding}\n")
         raise typer.Exit(130) from None
     out["first_sample_s"] = firsts
     if error is None and failed:
         error = RlctlError(
             f"job {ref.id}: " + "; ".join(f"{n} did not start: {why}" for n, why in sorted(failed.items())),
-            hint=f"see `rlctl logs {shlex.quote(ref.id)}`",
+            hint=f"see `rlctl logs {ref.arg}`",
         )
     elif error is None and len(firsts) < len(added):
         missing = sorted(set(added) - set(firsts))
@@ -147,7 +146,7 @@ def register(app: typer.Typer) -> None:
             what = "adding" if delta > 0 else "removing"
             sys.stderr.write(
                 f"rlctl: interrupted: the controller may have the request and be {what} {abs(delta)} unit(s); "
-                f"`rlctl status {shlex.quote(ref.id)}` shows the job's units before you scale again\n"
+                f"`rlctl status {ref.arg}` shows the job's units before you scale again\n"
             )
             raise typer.Exit(130) from None
         if "error" in reply:

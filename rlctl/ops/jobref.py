@@ -32,6 +32,12 @@ class JobRef:
     jobdir: JobDir
     row: JobRow | None  # None when the job was named by its directory and is not in the index
 
+    @property
+    def arg(self) -> str:
+        """How a command names this job, quoted as a shell reads it: its id where the index holds it, else its
+        directory (the id of a job the index lacks — a moved job dir, another $RLCTL_HOME's — names no row)."""
+        return shlex.quote(self.id if self.row is not None else str(self.jobdir.path))
+
 
 def resolve(ref: str | None, *, db: JobDB | None = None) -> JobRef:
     """The job `ref` names; UsageError (exit 2) naming what is known when nothing matches."""

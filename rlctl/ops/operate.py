@@ -435,7 +435,7 @@ def scale_progress(
     if "first_sample_s" not in reply:
         raise RlctlError(
             f"job {ref.id}: its controller does not report new units' first samples (started by an older rlctl)",
-            hint=f"use `rlctl scale --no-wait` and watch `rlctl status {shlex.quote(ref.id)}`",
+            hint=f"use `rlctl scale --no-wait` and watch `rlctl status {ref.arg}`",
         )
     firsts, failed = reply["first_sample_s"], reply.get("failed_starts", {})
     return {n: float(firsts[n]) for n in names if n in firsts}, {n: str(failed[n]) for n in names if n in failed}

@@ -74,3 +74,20 @@ def test_ctrl_c_in_pull_says_how_to_pull_again(tmp_path: Path, monkeypatch: pyte
         "rlctl: interrupted: the pull of job demo-1 did not finish (the job is unchanged); `rlctl pull demo-1 "
         "--checkpoint 3` pulls the checkpoint whole\n"
     )
+
+
+def test_ctrl_c_in_scale_of_a_job_named_by_its_directory_names_it_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job the index lacks (a moved job dir, another $RLCTL_HOME's), scaled by its directory: the line said
+    `rlctl status demo-1`, its id, which names no job in the index."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    jd = JobDir.create("demo", explicit=tmp_path / "my jobs" / "demo-1")
+    jd.job_json.write_text(json.dumps({"source": "demo.yaml", "job": {"name": "demo"}}))
+    monkeypatch.setattr(operate, "scale", ctrl_c)
+    r = run_cli("scale", str(jd.path), "--rollout", "+2")
+    assert r.exit_code == 130
+    assert r.stderr == (
+        "rlctl: interrupted: the controller may have the request and be adding 2 unit(s); "
+        f"`rlctl status '{jd.path}'` shows the job's units before you scale again\n"
+    )

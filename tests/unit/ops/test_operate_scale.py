@@ -207,7 +207,8 @@ def test_ctrl_c_in_a_scale_wait_says_which_units_the_job_is_adding(
     assert json.loads(r.stdout) == {"id": "far", "adding": ["rollout-1", "rollout-2"], "sites": ["gen", "gen"],
                                     "first_sample_s": {}}  # fmt: skip
     assert r.stderr == (
-        "rlctl: interrupted: stopped waiting; the job goes on adding rollout-1, rollout-2 (`rlctl status far`)\n"
+        "rlctl: interrupted: stopped waiting; the job goes on adding rollout-1, rollout-2 "
+        f"(`rlctl status {jd.path}`)\n"  # (named by its directory, not in the index: its id names no job)
     )
 
 
@@ -226,8 +227,8 @@ def test_ctrl_c_while_the_scale_request_waits_for_its_answer_says_it_may_be_unde
     r = run_cli("scale", str(jd.path), "--rollout", "+2")
     assert (r.exit_code, r.stdout) == (130, "")
     assert r.stderr == (
-        "rlctl: interrupted: the controller may have the request and be adding 2 unit(s); `rlctl status far` shows "
-        "the job's units before you scale again\n"
+        f"rlctl: interrupted: the controller may have the request and be adding 2 unit(s); `rlctl status {jd.path}` "
+        "shows the job's units before you scale again\n"
     )
 
 
