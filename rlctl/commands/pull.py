@@ -57,17 +57,16 @@ def register(app: typer.Typer) -> None:
                     "checkpoint whole"
                 )
             # its policy is in place: a pull again into the same --to is refused (not empty)
-            name = shlex.quote(ref.id if ref.row is not None else str(ref.jobdir.path))
             return (
                 f"the pull of job {ref.id} stopped as it fetched the tracker files: checkpoint v{policy[0].version}'s "
-                f"policy is complete in {policy[0].to} (every file verified); `rlctl status {name} --checkpoints` "
+                f"policy is complete in {policy[0].to} (every file verified); `rlctl status {ref.arg} --checkpoints` "
                 "fetches the tracker files"
             )
 
         with said_if_interrupted(cut_short):
             # `--to=~/x`: a shell leaves a ~ after `=` as it is
             to = to.expanduser() if to is not None else None
-            got = pull_checkpoint(ref.jobdir.path, checkpoint=checkpoint, to=to, policy_in=policy.append)
+            got = pull_checkpoint(ref.jobdir.path, checkpoint=checkpoint, to=to, policy_in=policy.append, named=ref.arg)
         data = {
             "version": got.version,
             "to": str(got.to),

@@ -84,14 +84,16 @@ def _after(heldout: dict[str, Any], which: str) -> dict[str, Any]:
     return out | ({"prompts": heldout["prompts"]} if _number(heldout.get("prompts")) is not None else {})
 
 
-def best_checkpoint(jobdir: JobDir) -> tuple[int, dict[str, Any]]:
+def best_checkpoint(jobdir: JobDir, *, named: str | None = None) -> tuple[int, dict[str, Any]]:
     """The complete checkpoint with the highest held-out greedy reward among those the job evaluated (the newest of
-    equal ones), and its figures; UsageError naming what to do where it evaluated none."""
+    equal ones), and its figures; UsageError naming what to do where it evaluated none. `named`: how a command names
+    the job, quoted (`JobRef.arg`: its directory where the index lacks it); default its id."""
     table = checkpoint_table(jobdir)["checkpoints"]
     rows = [r for r in table if (r["heldout"] or {}).get("greedy_reward") is not None]
-    hint = f"`rlctl status {shlex.quote(jobdir.id)} --checkpoints` lists them"
+    named = named or shlex.quote(jobdir.id)
+    hint = f"`rlctl status {named} --checkpoints` lists them"
     if not table:  # (it said to set evaluation.every_iterations, of a job that sets it)
-        when = f"`rlctl status {shlex.quote(jobdir.id)} --checkpoints` says when the first comes"
+        when = f"`rlctl status {named} --checkpoints` says when the first comes"
         raise UsageError(f"--checkpoint best: job {jobdir.id} completed no checkpoint yet", hint=when)
     if not rows:
         every = jobdir.read_job().evaluation.every_iterations

@@ -107,13 +107,14 @@ def pull(
     checkpoint: str = "latest",
     to: Path | None = None,
     policy_in: Callable[[Pulled], object] = lambda pulled: None,
+    named: str | None = None,
 ) -> Pulled:
     """Copy checkpoint `checkpoint` ("latest", "best": `best_checkpoint`, or a version)'s policy to `to` (default:
     <job dir>/pulled/v<N>). A `to` given must be new or empty: a pull never mixes its files with others (the default
     one is the job's own copy of that version, replaced by a pull again). What a pull killed before it could clean up
     left there (its staging folder) does not count, and goes. `policy_in` is told once the policy is in place, every
     file verified, before the tracker files are fetched (a pull cut short then has its policy: a `to` given is not
-    empty for a pull again)."""
+    empty for a pull again). `named`: how its hints name the job (`JobRef.arg`), default its id."""
     if to is not None:
         to = to.resolve()  # `--to .` named
         try:
@@ -132,7 +133,7 @@ def pull(
         # events as the controller's site has them (a launcher gone before the run ended fetched none), as `status
         # --checkpoints` lists them
         fetch_trackers(job_dir)
-        number, figures = best_checkpoint(JobDir(job_dir))
+        number, figures = best_checkpoint(JobDir(job_dir), named=named)
         log.info("--checkpoint best: v%d (held-out greedy reward %.4f)", number, figures["greedy_reward"])
     if checkpoint == "latest":
         newest = _latest(job_dir)

@@ -155,6 +155,19 @@ def test_a_ctrl_c_as_the_pull_fetches_the_tracker_files_says_the_policy_is_in_pl
     assert same(TinyGPT.from_pretrained(to), models[1])
 
 
+def test_pull_best_of_a_job_named_by_its_directory_hints_that_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlctl pull DIR -c best` of a job the index lacks (a moved job dir): its hint named the job by its id,
+    `rlctl status job --checkpoints`, which names no job in the index."""
+    jd, _ = job_dir(tmp_path)
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "rlctl-home"))
+    monkeypatch.setattr(pull_mod, "fetch_trackers", lambda job_dir: [])
+    r = run_cli("pull", str(jd.path), "-c", "best")
+    assert r.exit_code == 2
+    assert r.stderr.endswith(f"(hint: `rlctl status {jd.path} --checkpoints` says when the first comes)\n")
+
+
 def test_pull_to_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # `--to .` was a path with an empty name: every checkpoint "failed" staging beside it
     jd, models = job_dir(tmp_path)
