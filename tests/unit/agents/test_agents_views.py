@@ -459,6 +459,21 @@ def test_scale_refusals_say_what_is_valid(tmp_path):
     assert reply == {"error": "this controller has no launch backends (no sites.json in the job directory)"}
 
 
+def test_a_scale_in_of_more_units_than_a_site_runs_says_what_the_site_runs(tmp_path):
+    # `scale --rollout -3 --site a` of a job with 2 units on a and 2 on b said "cannot remove 3 of 2 rollout unit(s)
+    # on a: at least one unit must stay in the job", of a job that would keep one
+    scaler, core, _, _ = _scaler(tmp_path, units=2)
+    for i in (2, 3):
+        core.join(f"rollout-{i}", role="rollout", version=0)
+        scaler.placement.sites[f"rollout-{i}"] = "b"
+    scaler.placement.plan["rollout"].append({"site": "b", "units": 2})
+    reply, outs = scaler.scale(-3, "a", reason="manual")
+    assert reply == {"error": "cannot remove 3 rollout unit(s) on a: it runs 2 in dispatch"}
+    assert outs == [] and len(core.live_units) == 4
+    reply, _ = scaler.scale(-4, None, reason="manual")  # the job's floor, as before
+    assert reply == {"error": "cannot remove 4 of 4 rollout unit(s): at least one unit must stay in the job"}
+
+
 def test_first_sample_of_a_requested_unit_is_recorded_once(tmp_path):
     scaler, _, jd, _ = _scaler(tmp_path, units=1)
     scaler.spawn_requested["rollout-5"] = 0.0
