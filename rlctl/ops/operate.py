@@ -196,7 +196,8 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         if isinstance(last.get("iteration"), int):  # the row's iteration counts from 0; the summary's from 1 (the
             # count, as a live job's `iterations_done`)
             out["iterations_done"] = last["iteration"] + 1
-        out["figures_age_s"] = round(time.time() - float(last.get("t", time.time())), 1) if "t" in last else None
+        # (a null time, as `_numbers_or_null` lets through, is no age: float(None) was a TypeError traceback)
+        out["figures_age_s"] = round(time.time() - float(last["t"]), 1) if last.get("t") is not None else None
     if jd.evaluations.exists():  # held-out evaluations during the run (rlctl.agents.evaluation)
         evaluations = jd.read_lines(jd.evaluations)
         for n, e in enumerate(evaluations, 1):  # sorted by version, shown

@@ -245,6 +245,16 @@ def test_status_on_a_metrics_row_whose_figure_is_not_a_number_is_one_line(
         )
 
 
+def test_status_on_a_metrics_row_whose_time_is_null_says_its_figures_age_as_none(tmp_path: Path) -> None:
+    # null passes as "no figure" for each of them: float(None) of its time was a TypeError traceback
+    jd = prepared(tmp_path / "run")
+    row = {"iteration": 4, "reward_mean": 0.5, "t_gen_s": 1.0, "t_train_s": 1.0, "delta_s": 0.0, "t": None}
+    jd.metrics.write_text(json.dumps(row) + "\n")
+    r = run_cli("status", str(jd.path))
+    assert "Traceback" not in r.stderr and "iterations done  5; the last: reward 0.500" in r.stdout, r.stderr
+    assert "T_train 1.00 s (- s ago)" in r.stdout
+
+
 @pytest.mark.parametrize(
     ("row", "says"),
     [({"version": "x"}, "'version' is 'x', not a number"), ({"version": 3, "greedy_reward": "a"}, "'greedy_reward'")],
