@@ -402,7 +402,8 @@ def register(app: typer.Typer) -> None:
                     except KeyboardInterrupt:  # the job dir made here goes in the index, stopped (as a launch that
                         # prepares it itself leaves it), versus outside it: `rlctl status` and `stop` did not find it
                         if path.is_dir():
-                            made.append(reserved(JobDir.create(spec.name, explicit=path), spec))
+                            jd = JobDir.create(spec.name, explicit=path)
+                            made.append(reserved(jd, spec, source=str(job_file.absolute())))
                         raise
                 over = ["--iterations", str(iterations)] if iterations is not None else []
                 over += ["--mode", mode.value] if mode is not None else []

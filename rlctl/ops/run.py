@@ -1203,13 +1203,14 @@ def launch_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> JobDir:
     return reserved(jd, spec)
 
 
-def reserved(jd: JobDir, spec: JobFile) -> JobDir:
-    """`jd`, with its id and its row in the index, `launching`, this process its launcher (`JobDB.reserve`)."""
+def reserved(jd: JobDir, spec: JobFile, *, source: str | None = None) -> JobDir:
+    """`jd`, with its id and its row in the index, `launching`, this process its launcher (`JobDB.reserve`), and the
+    job file `source` where given (what `status` says to launch anew)."""
     with contextlib.closing(JobDB()) as db:
         db.reserve(
             jd.path,
             spec=spec.model_dump(mode="json", by_alias=True),
-            info={"launcher": this_launcher()},
+            info={"launcher": this_launcher()} | ({"source": source} if source is not None else {}),
             record=jd.name_as,
         )
     return jd

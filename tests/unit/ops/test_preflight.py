@@ -625,6 +625,10 @@ def test_a_ctrl_c_as_launch_detach_tokenizes_the_dataset_leaves_its_job_dir_in_t
         f"rlctl: interrupted: job {row.name} stopped while its launch prepared it (nothing started); launch it again "
         f"with `rlctl launch {job.path}`\n",
     )
+    assert (
+        f"never prepared: its launch was stopped or failed before it wrote the job's job.json, no agent started; "
+        f"launch it anew with `rlctl launch {job.path}`" in run_cli("status", row.name).stdout
+    )  # its job file, named
     if named:  # launched there again, it goes on
         from rlctl.commands import launch
 
