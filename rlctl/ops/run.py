@@ -1200,7 +1200,9 @@ def launch_dir(job: Job, spec: JobFile, job_dir: str | Path | None) -> JobDir:
         jd = JobDir.create(spec.name)
     else:
         jd = JobDir.create(spec.name, explicit=fresh_dir(job, spec, job_dir))
-    return reserved(jd, spec)
+    # its job file too: a launch stopped before its launcher took it on (`Runs.preparing` records it) is launched anew
+    # from it, as `status` says (it said `rlctl launch JOB.yaml`)
+    return reserved(jd, spec, source=str(job.path.absolute()))
 
 
 def reserved(jd: JobDir, spec: JobFile, *, source: str | None = None) -> JobDir:

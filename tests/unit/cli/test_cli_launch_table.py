@@ -284,6 +284,8 @@ def test_a_launch_ctrl_c_once_its_job_dir_is_made_stops_the_job_and_says_so_once
         f"`rlctl launch {job}`\n",
     )
     assert JobDB().get("run").state == "stopped"
+    # its job file, as the line names it (status said `rlctl launch JOB.yaml`)
+    assert f"launch it anew with `rlctl launch {job}`" in run_cli("status", "run").stdout
     # a Ctrl-C the launcher said (its runs' watch interrupted) is said once
     monkeypatch.undo()
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
