@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from rlctl.commands import said_if_interrupted
 from rlctl.commands.status import JobArg
 from rlctl.render import OutputFormat, OutputOpt, emit
 
@@ -42,8 +44,15 @@ def register(app: typer.Typer) -> None:
         if not ref.jobdir.job_json.exists():
             source = ref.row.info.get("source") if ref.row is not None else None
             refuse_if_unprepared(ref.jobdir, source=source, nothing="nothing to report")
-        fetch_job_record(ref)  # the record lives with the controller; a copy here when it ran on another site
-        out = out.expanduser() if out is not None else None  # `--out=~/r.png`
-        # a run that ended without a summary (its controller killed) is said as ended, not `running`
-        files = build_report(ref.jobdir.path, out=out, ended=job_end(ref))
+        again = " ".join([ref.arg, *(["--out", shlex.quote(str(out))] if out is not None else [])])
+        with said_if_interrupted(  # (typer ended a Ctrl-C with exit 130 and no word)
+            lambda: (
+                f"the report of job {ref.id} did not finish (the job is unchanged; a report file may be cut short); "
+                f"`rlctl report {again}` writes it again"
+            )
+        ):
+            fetch_job_record(ref)  # the record lives with the controller; a copy here when it ran on another site
+            out = out.expanduser() if out is not None else None  # `--out=~/r.png`
+            # a run that ended without a summary (its controller killed) is said as ended, not `running`
+            files = build_report(ref.jobdir.path, out=out, ended=job_end(ref))
         emit({"png": str(files.png), "html": str(files.html)}, output, _table)

@@ -91,3 +91,17 @@ def test_ctrl_c_in_scale_of_a_job_named_by_its_directory_names_it_so(
         "rlctl: interrupted: the controller may have the request and be adding 2 unit(s); "
         f"`rlctl status '{jd.path}'` shows the job's units before you scale again\n"
     )
+
+
+def test_ctrl_c_in_report_says_how_to_write_it_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # exit 130 with nothing said, as typer ends a KeyboardInterrupt, while a report file may be cut short
+    import rlctl.report
+
+    _running(tmp_path, monkeypatch)
+    monkeypatch.setattr(rlctl.report, "build_report", ctrl_c)
+    r = run_cli("report", "demo-1", "--out", str(tmp_path / "my r.png"))
+    assert r.exit_code == 130
+    assert r.stderr == (
+        "rlctl: interrupted: the report of job demo-1 did not finish (the job is unchanged; a report file may be cut "
+        f"short); `rlctl report demo-1 --out '{tmp_path / 'my r.png'}'` writes it again\n"
+    )
