@@ -7,7 +7,7 @@ import shlex
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -134,7 +134,7 @@ def register(app: typer.Typer) -> None:
                 # which no site can be asked about: the job, as its record says) or Ctrl-C
                 end: list[str] = []
                 if name == LAUNCHER:
-                    ending = launcher_ended(ref.row.info.get("launcher") if ref.row is not None else None)
+                    ending = launcher_ended(ref)
                 elif found.handle is None:
                     ending = job_ended(ref, end)
                 else:
@@ -151,10 +151,15 @@ def register(app: typer.Typer) -> None:
 
 
 @contextmanager
-def launcher_ended(info: Any) -> Iterator[Callable[[], bool]]:
-    """Whether the launcher the job index records has exited (one on another machine: never, Ctrl-C stops)."""
+def launcher_ended(ref: JobRef) -> Iterator[Callable[[], bool]]:
+    """Whether the launcher the job index records has exited (one on another machine: never, Ctrl-C stops); of a job
+    the index lacks (named by its directory), whether none holds the job dir's launcher lock (it followed for ever)."""
     from rlctl.ops.detach import launcher_running
 
+    if ref.row is None:
+        yield lambda: ref.jobdir.launcher_holder() is None
+        return
+    info = ref.row.info.get("launcher")
     yield lambda: launcher_running(info) is False
 
 

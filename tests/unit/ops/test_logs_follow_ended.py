@@ -79,3 +79,19 @@ def test_a_job_not_in_the_index_ends_with_its_summary_unless_a_launcher_holds_it
     with jd.launcher_lock():  # a `launch --resume` from another machine's index, say
         assert job_end(resolve(str(jd.path))) is None
     assert job_end(resolve(str(jd.path))) == "finished"
+
+
+def test_following_the_launcher_log_of_a_job_not_in_the_index_ends_once_no_launcher_holds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlctl logs DIR launcher -f` of a job the index lacks (a moved job dir): no recorded launcher to ask about,
+    it was followed until Ctrl-C, long after the launcher ended. It ends once no launcher holds the job dir."""
+    from rlctl.commands.logs import launcher_ended
+
+    jd = job(tmp_path, monkeypatch, state=None)
+    ref = resolve(str(jd.path))
+    assert ref.row is None
+    with jd.launcher_lock(), launcher_ended(ref) as ended:
+        assert not ended()  # its launcher holds it: followed
+    with launcher_ended(ref) as ended:
+        assert ended()
