@@ -328,7 +328,7 @@ def register(app: typer.Typer) -> None:
             from rlctl.ops.inputs import prepare_data, refuse_users_dirs
             from rlctl.ops.jobdb import JobDB
             from rlctl.ops.preflight import preflight, problems, refuse
-            from rlctl.ops.run import JobRun, fresh_dir, launch_dir, prepare, reserved
+            from rlctl.ops.run import JobRun, fresh_dir, index_left, launch_dir, prepare, reserved
             from rlctl.rl.dataset import keeping_rows
 
             if resume is not None:
@@ -408,7 +408,12 @@ def register(app: typer.Typer) -> None:
                 over = ["--iterations", str(iterations)] if iterations is not None else []
                 over += ["--mode", mode.value] if mode is not None else []
                 args = ["launch", str(job_file.absolute()), "--job-dir", str(path), *over]
-                run_detached(args, path, output, env={PREFLIGHT_PASSED_ENV: _checked(job_file)})
+                try:
+                    run_detached(args, path, output, env={PREFLIGHT_PASSED_ENV: _checked(job_file)})
+                except InterruptSaid:  # its launcher, stopped as it began, may not have put the job dir made here
+                    # in the index yet: put there, stopped, versus left outside it (`status`, `stop` did not find it)
+                    index_left(path, spec, source=str(job_file.absolute()))
+                    raise
                 return
             # (a timestamped directory chosen again: `path` may be another launch's)
             jd = launch_dir(job, spec, job_dir)

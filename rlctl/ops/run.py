@@ -1218,6 +1218,23 @@ def reserved(jd: JobDir, spec: JobFile, *, source: str | None = None) -> JobDir:
     return jd
 
 
+def index_left(path: Path, spec: JobFile, *, source: str) -> str | None:
+    """A fresh launch's job dir `path` that its launcher never took on (one `launch --detach` made, its launcher in
+    the background stopped as it began, before its index row): in the index, `stopped`, as a launch stopped while it
+    prepares leaves its own, so that `rlctl status` and `stop` find it. Its id; None where a row names it already, or
+    no directory was made."""
+    if not path.is_dir():
+        return None
+    here = path.resolve()
+    with contextlib.closing(JobDB()) as db:
+        if any(Path(r.job_dir).resolve() == here for r in db.list()):
+            return None
+    jd = reserved(JobDir.create(spec.name, explicit=path), spec, source=source)
+    with contextlib.closing(JobDB()) as db:
+        db.update(jd.id, state="stopped", only_from=LIVE)
+    return jd.id
+
+
 def _resume_taken(path: Path) -> str | None:
     """The command that continues the job a fresh launch's `path` holds (None: none there, or `launch --resume`'s
     own): a finished one's names `--iterations`, without which its resume is refused (`refuse_if_finished`); the

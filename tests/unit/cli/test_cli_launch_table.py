@@ -266,6 +266,30 @@ def test_a_launch_ctrl_c_before_its_launcher_takes_over_says_nothing_started(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_launch_detach_ctrl_c_before_its_launcher_took_the_job_on_leaves_it_in_the_index_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C as the launcher in the background began (importing, before its index row): the new timestamped job dir
+    # this launch made, its launcher.log in it, was left outside the index: `rlctl status` and `stop` did not find it
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    job = _demo_job(tmp_path)
+    monkeypatch.setattr(preflight, "preflight", lambda job, plan=None: None)
+
+    def cancelled(args: list[str], path: Path, output: object, *, env: object = None) -> None:
+        detach.log_header(detach.log_path(path), pid=2**22 + 1, args=args, detached=True)  # as `spawn` writes it
+        raise launch.InterruptSaid  # (`run_detached` said its line, and cancelled the launcher before it indexed)
+
+    monkeypatch.setattr(launch, "run_detached", cancelled)
+    assert run_cli("launch", str(job), "--detach").exit_code == 130
+    db = JobDB()
+    try:
+        (row,) = db.list()
+    finally:
+        db.close()
+    assert (row.state, Path(row.job_dir).parent, row.info["source"]) == ("stopped", tmp_path / "home/runs", str(job))
+    assert f"launch it anew with `rlctl launch {job}`" in run_cli("status", row.name).stdout
+
+
 def test_a_launch_ctrl_c_once_its_job_dir_is_made_stops_the_job_and_says_so_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
