@@ -222,6 +222,10 @@ class ControllerCore:
         # unit → how many generations it may have started since its last report: its engine's free rows then, and
         # one more per row freed since (a sample it finished, a request it gave back); absent: not known
         self._admit_cap: dict[str, int] = {}
+        # sample → (the unit that may still run it, the version its generation there answers for): its work was queued
+        # again when the unit went silent or reconnected, but the unit's engine goes on with it, and answers a dispatch
+        # of it back to that unit with that generation (`rollout._admit`), as old as its first dispatch there
+        self._held: dict[str, tuple[str, int]] = {}
 
     # -- events -------------------------------------------------------------------------------------
     def join(
@@ -272,6 +276,8 @@ class ControllerCore:
         tells a late message of a unit that is gone from one it never had)."""
         for per_unit in (self._rates, self._unit_reported_at, self._admit_cap, self.unit_costs):
             per_unit.pop(name, None)
+        for sid in [sid for sid, (unit, _) in self._held.items() if unit == name]:
+            del self._held[sid]
 
     def _blame(self, name: str, sample_ids: list[str], *, evaluating: bool = False) -> None:
         """Unit `name` was lost holding `sample_ids`: every prompt among them counts one more loss. A prompt that
@@ -334,6 +340,7 @@ class ControllerCore:
             return []
         unit.reachable = False
         self.withdrawing.pop(name, None)  # its answer may never come
+        self._still_held(name)
         requeued = self.ledger.requeue_agent(name)
         self._interrupted(name, requeued)
         self._release_idle(requeued)
@@ -376,6 +383,15 @@ class ControllerCore:
             self._made_at.pop(sid, None)
             self._reported_by.pop(sid, None)
 
+    def _still_held(self, name: str) -> None:
+        """Unit `name`'s samples are about to be queued again while the unit may go on running them: a dispatch of
+        one back to it answers for the version its generation there began with (`_held`), not the unit's now."""
+        for e in self.ledger.running(name):
+            assert e.dispatch_version is not None
+            held = self._held.get(e.sample_id)
+            version = e.dispatch_version if held is None or held[0] != name else min(held[1], e.dispatch_version)
+            self._held[e.sample_id] = (name, version)
+
     def rejoin(self, name: str, *, version: int, requeue: bool) -> list[Out]:
         """An unreachable (or reconnecting) rollout unit is back at weight `version`. `requeue`: it came back on
         a new connection, so work sent on the old one may never have arrived: what it holds is queued again
@@ -387,6 +403,7 @@ class ControllerCore:
         unit.version = max(unit.version, version)
         if requeue:
             self.withdrawing.pop(name, None)  # asked on the old connection: the answer may never come
+            self._still_held(name)
             requeued = self.ledger.requeue_agent(name)
             self._interrupted(name, requeued)
             self._release_idle(requeued)
@@ -432,6 +449,8 @@ class ControllerCore:
         the dispatch its generation answers (`Ledger.finish`)."""
         if name in self._admit_cap:
             self._admit_cap[name] += 1  # its row is free again, whether the ledger takes the sample or not
+        if self._held.get(sample_id, ("", 0))[0] == name:
+            del self._held[sample_id]  # its generation there is over, whether the ledger takes it or not
         if not self.ledger.finish(sample_id, agent=name, version=version, output_tokens=output_tokens, attempt=attempt):
             return []
         self.ledger.partials.drop(sample_id)
@@ -798,6 +817,8 @@ class ControllerCore:
         moved: list[Entry] = []
         tokens_moved = 0
         for sample_id, tokens, logprobs, versions in parts:
+            if self._held.get(sample_id, ("", 0))[0] == name:
+                del self._held[sample_id]  # taken out of its engine
             e = self.ledger.dispatched_to(sample_id, name)
             if e is None:
                 continue
@@ -1002,6 +1023,8 @@ class ControllerCore:
         the controller holds what may still change, not the job's history, which goes to `on_retire` (the sample
         log)."""
         entries = self.ledger.retire(iteration)
+        for e in entries:
+            self._held.pop(e.sample_id, None)
         for prompt_id in {e.prompt_id for e in entries}:
             self.prompts.pop(prompt_id, None)
             self.pred_len.pop(prompt_id, None)
@@ -1014,7 +1037,9 @@ class ControllerCore:
         with kept output resumes from it."""
         reqs = []
         for e in entries:
-            oldest = self._reservable(e, unit.version)
+            held = self._held.get(e.sample_id)
+            version = unit.version if held is None or held[0] != unit.name else min(unit.version, held[1])
+            oldest = self._reservable(e, version)
             if oldest is None:
                 continue
             self.buffers.reserve(e.prompt_id, oldest)

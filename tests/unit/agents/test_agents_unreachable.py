@@ -96,6 +96,30 @@ def test_rejoining_on_a_new_connection_requeues_what_it_was_sent_on_the_old_one(
 # -- the controller ---------------------------------------------------------------------------------------
 
 
+def test_a_sample_handed_back_to_the_silent_unit_still_running_it_answers_for_the_version_it_began_with() -> None:
+    """A unit that went silent holding a sample goes on generating it; handed back to it once it has newer weights,
+    its own generation, begun on the old ones, answers the dispatch (`rollout._admit`). The group's reservation must
+    be due by the old version's bound: reserved at the unit's new version, a later group took the only entry the
+    sample's version allows, and the group was thrown away and generated again (`stale_requeued`)."""
+    cfg = CoreConfig(iterations=3, prompts_per_iteration=1, samples_per_prompt=1, max_new_tokens=4, mode="async", eta=1)
+    core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1, 2], 2)])
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("rollout-0", role="rollout", version=0)
+    assert dispatched(core, "rollout-0") == ["p0/0", "p1/0"]  # rounds 0 and 1, at v0
+    core.sample("rollout-0", sample_id="p0/0", version=0, output_tokens=2, payload=None, reward=1.0, attempt=1)
+    core.trained(iteration=0, version=1, sample_ids=["p0/0"], stats={})
+    core.unreachable("rollout-0")  # silent before it said it applied v1; p1/0 goes on in its engine, begun at v0
+    core.rejoin("rollout-0", version=1, requeue=False)  # it applied v1 meanwhile
+    assert dispatched(core, "rollout-0") == ["p1/0", "p2/0"]
+    assert core.ledger.entries["p1/0"].dispatch_version == 0
+    # the fresh round finishes first and takes the earliest entry the other reservation leaves it …
+    core.sample("rollout-0", sample_id="p2/0", version=1, output_tokens=2, payload=None, reward=1.0, attempt=1)
+    # … and the old generation answers the second dispatch of p1/0 with its version, 0: buffer 1 is its last
+    core.sample("rollout-0", sample_id="p1/0", version=0, output_tokens=2, payload=None, reward=1.0, attempt=2)
+    assert core.ledger.stale_requeued == 0 and core.ledger.discarded_tokens == 0
+    assert core.buffers.where == {"p1": 1, "p2": 2}
+
+
 def job(unreachable_s: float) -> JobFile:
     return JobFile.model_validate(
         {
