@@ -2,11 +2,13 @@
 is trained exactly once — proven by driving the real ControllerCore through random event orders
 (samples finishing, rewards arriving late or for an attempt since requeued, weights arriving late, units
 dying and joining with old weights, duplicates, units reporting partial output, migration asking units to give
-work back and resumed samples as old as their prefix). No group is ever generated only to be thrown away: the
-staleness buffers' reservations keep a place within the bound for every group dispatched, except a sample
-filtered out because its reward held the trainer (its group trains without it), or a group generated again when
-too few of its samples would be left (its entry goes to a later finished group, moved forward), or a group dropped
-because its rewards were all equal (dynamic sampling: a new prompt's group takes its place)."""
+work back and resumed samples as old as their prefix, units going silent — their work queued again while their
+engines go on with it — and coming back on their connection or a new one, handed back samples they still run).
+No group is ever generated only to be thrown away: the staleness buffers' reservations keep a place within the
+bound for every group dispatched, except a sample filtered out because its reward held the trainer (its group
+trains without it), or a group generated again when too few of its samples would be left (its entry goes to a
+later finished group, moved forward), or a group dropped because its rewards were all equal (dynamic sampling: a
+new prompt's group takes its place)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class FakeUnit:
     out: dict[str, list[int]] = field(default_factory=dict)  # in flight: the version of each output token so far
     reported: dict[str, int] = field(default_factory=dict)  # … and how many of them the controller has
     withdraws: list[int] = field(default_factory=list)  # the controller's `withdraw` counts not answered yet
+    reachable: bool = True  # False while silent: it goes on generating, and nothing of it reaches the controller
 
 
 @dataclass
@@ -69,10 +72,11 @@ def whole(samples: list[dict[str, Any]], prompts: int) -> bool:
     dispatch=st.sampled_from(["random", "skew_aware", "oracle"]),
     unit_batch=st.integers(1, 4),
     refills=st.integers(0, 2),
+    silences=st.integers(0, 2),
     data=st.data(),
 )
 def test_no_staleness_violation_and_exactly_once(
-    mode, extra_eta, iterations, prompts, group, num_units, dispatch, unit_batch, refills, data
+    mode, extra_eta, iterations, prompts, group, num_units, dispatch, unit_batch, refills, silences, data
 ):
     eta = extra_eta if mode == "async" else 0
     cfg = CoreConfig(
@@ -127,7 +131,7 @@ def test_no_staleness_violation_and_exactly_once(
                                 trainer.violations += 1
                         trainer.buffer.setdefault(to, []).extend(moving)
                 elif o.kind == "members":
-                    for name in o.header["rollouts"]:  # a newcomer gets the current weights, later
+                    for name in o.header["rollouts"]:  # a newcomer (or one back) gets the current weights, later
                         if units[name].version < trainer.version and trainer.version not in units[name].pending_weights:
                             units[name].pending_weights.append(trainer.version)
             elif o.kind == "generate":
@@ -152,7 +156,7 @@ def test_no_staleness_violation_and_exactly_once(
     for k in range(num_units):
         join(f"r{k}", 0)
     next_unit = num_units
-    dups_left, kills_left = 3, 2
+    dups_left, kills_left, silences_left = 3, 2, silences
     unscored: list[tuple[str, int]] = []  # (sample id, attempt) whose reward is still computing
     unstick_discarded = 0  # tokens that `unstick` threw away (filtered samples, regenerated groups)
     quarantine_discarded = 0  # … and a quarantined group's (a kill can set aside a group it killed twice)
@@ -170,7 +174,7 @@ def test_no_staleness_violation_and_exactly_once(
         if core.done:
             break
         now[0] += 0.1
-        alive = [n for n, u in units.items() if u.alive]
+        alive = [n for n, u in units.items() if u.alive and u.reachable]
         actions = [("finish", n) for n in alive if units[n].inflight]
         actions += [("report", n) for n in alive if units[n].inflight]  # partial output so far
         actions += [("answer", n) for n in alive if units[n].withdraws]  # give back what migration asked for
@@ -184,6 +188,9 @@ def test_no_staleness_violation_and_exactly_once(
             actions += [("kill", n) for n in alive]
         if next_unit < num_units + 2:
             actions.append(("join", ""))
+        if len(alive) > 1 and silences_left:  # a unit's link goes down: it goes on, unheard
+            actions += [("silent", n) for n in alive]
+        actions += [("back", n) for n, u in units.items() if u.alive and not u.reachable]
         assert actions, f"deadlock: {core.ledger.state_histogram()} trainer v{trainer.version}"
         what, name = data.draw(st.sampled_from(actions))
         if what == "report":
@@ -250,7 +257,7 @@ def test_no_staleness_violation_and_exactly_once(
             trainer.trained += ids
             trainer.version += 1
             for u in units.values():
-                if u.alive:
+                if u.alive and u.reachable:  # a silent unit is out of the broadcast
                     u.pending_weights.append(trainer.version)
             handle(core.trained(iteration=it, version=trainer.version, sample_ids=ids, stats={}))
         elif what == "kill":
@@ -260,6 +267,14 @@ def test_no_staleness_violation_and_exactly_once(
             handle(core.lost(name))
             grown = core.ledger.discarded_tokens - before - (core.ledger.partials.too_old_tokens - too_old)
             quarantine_discarded += grown
+        elif what == "silent":
+            silences_left -= 1
+            units[name].reachable = False
+            handle(core.unreachable(name))
+        elif what == "back":  # on the same connection (its engine's work goes on) or a new one (queued again)
+            u = units[name]
+            u.reachable = True
+            handle(core.rejoin(name, version=u.version, requeue=data.draw(st.booleans())))
         elif what == "join":
             join(f"r{next_unit}", 0)  # a newcomer starts from the initial weights
             next_unit += 1
