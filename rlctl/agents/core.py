@@ -1038,8 +1038,16 @@ class ControllerCore:
         reqs = []
         for e in entries:
             held = self._held.get(e.sample_id)
-            version = unit.version if held is None or held[0] != unit.name else min(unit.version, held[1])
-            oldest = self._reservable(e, version)
+            oldest = None
+            if held is not None and held[0] == unit.name and held[1] < unit.version:
+                # it may still run the sample, begun on older weights: its generation answers for those …
+                oldest = self._reservable(e, held[1])
+            if oldest is None:
+                # … unless they are too old for any buffer with room (or it never got the sample: a reconnection):
+                # then the unit's, so that it is not kept from the sample for ever; its old generation, if it
+                # answers, is as old as it says (`Ledger.finish`), and a group it leaves no room for is generated
+                # again (`_complete`)
+                oldest = self._reservable(e, unit.version)
             if oldest is None:
                 continue
             self.buffers.reserve(e.prompt_id, oldest)

@@ -120,6 +120,39 @@ def test_a_sample_handed_back_to_the_silent_unit_still_running_it_answers_for_th
     assert core.buffers.where == {"p1": 1, "p2": 2}
 
 
+def test_a_sample_whose_first_version_on_a_unit_is_too_old_for_any_buffer_still_goes_to_it_at_its_weights() -> None:
+    """The unit that went silent holding a sample comes back on a new connection (its engine may never have got the
+    sample) after the trainer passed the bound of the version it was sent the sample at: the sample goes to it at its
+    weights now, not held back for ever waiting for a unit that could answer for that old version."""
+    cfg = CoreConfig(
+        iterations=4, prompts_per_iteration=2, samples_per_prompt=1, max_new_tokens=4, mode="async", eta=1, min_units=2
+    )
+    core = ControllerCore(cfg, prompts=lambda it: [PromptSpec(f"p{it}-{k}", [1, 2], 2) for k in range(2)])
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("A", role="rollout", version=0)
+    core.join("B", role="rollout", version=0)
+    assert (dispatched(core, "A"), dispatched(core, "B")) == (["p0-0/0", "p1-0/0"], ["p0-1/0", "p1-1/0"])
+
+    def finish(unit: str, sid: str, version: int) -> None:
+        attempt = core.ledger.entries[sid].attempts
+        core.sample(unit, sample_id=sid, version=version, output_tokens=2, payload=None, reward=1.0, attempt=attempt)
+
+    finish("A", "p0-0/0", 0)
+    finish("B", "p0-1/0", 0)
+    core.trained(iteration=0, version=1, sample_ids=["p0-0/0", "p0-1/0"], stats={})
+    core.weights_applied("B", 1)
+    finish("B", "p1-1/0", 0)
+    core.drain("B")  # it takes no new work: round 2's it holds, A's p1-0/0 waits
+    core.unreachable("A")
+    assert dispatched(core, "B") == ["p2-0/0", "p2-1/0"] and dispatched(core, "A") == []
+    finish("B", "p2-0/0", 1)
+    finish("B", "p2-1/0", 1)
+    core.trained(iteration=1, version=2, sample_ids=["p1-1/0", "p2-0/0"], stats={})
+    core.rejoin("A", version=2, requeue=True)  # v0 + η is past: p1-0/0 goes to it at v2
+    assert dispatched(core, "A") == ["p1-0/0", "p3-0/0", "p3-1/0"]
+    assert core.ledger.entries["p1-0/0"].dispatch_version == 2
+
+
 def job(unreachable_s: float) -> JobFile:
     return JobFile.model_validate(
         {
