@@ -3,7 +3,8 @@ is trained exactly once — proven by driving the real ControllerCore through ra
 (samples finishing, rewards arriving late or for an attempt since requeued, weights arriving late, units
 dying and joining with old weights, duplicates, units reporting partial output, migration asking units to give
 work back and resumed samples as old as their prefix, units going silent — their work queued again while their
-engines go on with it — and coming back on their connection or a new one, handed back samples they still run).
+engines go on with it — and coming back on their connection or a new one, handed back samples they still run, units
+drained, reports lost on the way, leaving a gap, and a lost or silent unit's reports arriving late).
 No group is ever generated only to be thrown away: the staleness buffers' reservations keep a place within the
 bound for every group dispatched, except a sample filtered out because its reward held the trainer (its group
 trains without it), or a group generated again when too few of its samples would be left (its entry goes to a
@@ -147,6 +148,9 @@ def test_no_staleness_violation_and_exactly_once(
                     u.attempt[r["sample_id"]] = r["attempt"]
             elif o.kind == "withdraw":
                 units[o.to].withdraws.append(o.header["count"])
+            elif o.kind == "stop":  # drained: nothing dispatched to it is left (what it still runs went back)
+                assert all(core.ledger.dispatched_to(sid, o.to) is None for sid, _ in units[o.to].inflight)
+                units[o.to].alive = False
 
     def join(name: str, version: int) -> None:
         units[name] = FakeUnit(version=version)
@@ -156,7 +160,7 @@ def test_no_staleness_violation_and_exactly_once(
     for k in range(num_units):
         join(f"r{k}", 0)
     next_unit = num_units
-    dups_left, kills_left, silences_left = 3, 2, silences
+    dups_left, kills_left, silences_left, drains_left, lates_left = 3, 2, silences, 1, 3
     unscored: list[tuple[str, int]] = []  # (sample id, attempt) whose reward is still computing
     unstick_discarded = 0  # tokens that `unstick` threw away (filtered samples, regenerated groups)
     quarantine_discarded = 0  # … and a quarantined group's (a kill can set aside a group it killed twice)
@@ -177,6 +181,10 @@ def test_no_staleness_violation_and_exactly_once(
         alive = [n for n, u in units.items() if u.alive and u.reachable]
         actions = [("finish", n) for n in alive if units[n].inflight]
         actions += [("report", n) for n in alive if units[n].inflight]  # partial output so far
+        if lates_left:
+            actions += [("late", n) for n, u in units.items() if u.inflight and (not u.alive or not u.reachable)]
+        if drains_left and len([n for n in alive if not core.units[n].draining]) > 1:
+            actions += [("drain", n) for n in alive if not core.units[n].draining]
         actions += [("answer", n) for n in alive if units[n].withdraws]  # give back what migration asked for
         actions += [("score", ""), ("unstick", "")] if unscored else []
         actions += [("weights", n) for n in alive if units[n].pending_weights]
@@ -186,7 +194,7 @@ def test_no_staleness_violation_and_exactly_once(
             actions.append(("train", ""))
         if len(alive) > 1 and kills_left:
             actions += [("kill", n) for n in alive]
-        if next_unit < num_units + 2:
+        if next_unit < num_units + 2 or not core.live_units:  # (drained and killed, none left: a new one)
             actions.append(("join", ""))
         if len(alive) > 1 and silences_left:  # a unit's link goes down: it goes on, unheard
             actions += [("silent", n) for n in alive]
@@ -199,9 +207,19 @@ def test_no_staleness_violation_and_exactly_once(
             u.out[sid] += [u.version] * data.draw(st.integers(1, 2))
             new = u.out[sid][u.reported[sid] :]
             start, u.reported[sid] = u.reported[sid], len(u.out[sid])
-            core.partial(
-                name, sample_id=sid, start=start, tokens=[7] * len(new), logprobs=[-1.0] * len(new), versions=new
-            )
+            if data.draw(st.integers(0, 4)):  # else lost on the way, the unit none the wiser: the next leaves a gap
+                core.partial(
+                    name, sample_id=sid, start=start, tokens=[7] * len(new), logprobs=[-1.0] * len(new), versions=new
+                )
+        elif what == "late":  # a report a unit sent before it was lost (or went silent) arrives after
+            lates_left -= 1
+            u = units[name]
+            sid, _ = data.draw(st.sampled_from(u.inflight))
+            n = len(u.out[sid])
+            assert not core.partial(name, sample_id=sid, start=n, tokens=[7], logprobs=[-1.0], versions=[u.version])
+        elif what == "drain":  # scaled down: no new work, stopped once what it holds is in
+            drains_left -= 1
+            handle(core.drain(name))
         elif what == "answer":
             u = units[name]
             count = u.withdraws.pop(0)  # what it still holds of it (some may have finished meanwhile)
