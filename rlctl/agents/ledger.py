@@ -311,10 +311,12 @@ class Ledger:
 
     def quarantine(self, prompt_id: str) -> None:
         """Set the group aside: the prompt crashed or hung the units that ran it. Its samples' tokens are discarded
-        (a finished one's count, a running one's kept output); a late result of one is dropped, not refused."""
+        (a finished one's count, a running one's kept output; a filtered one's were counted when it was filtered); a
+        late result of one is dropped, not refused."""
         for e in self.by_prompt[prompt_id]:
             assert e.state not in (State.DELIVERED, State.TRAINED), f"{e.sample_id} is with the trainer already"
-            self.discarded_tokens += e.output_tokens + self.partials.drop(e.sample_id)
+            finished = e.output_tokens if e.state is not State.FILTERED else 0
+            self.discarded_tokens += finished + self.partials.drop(e.sample_id)
             self._leaves_dispatched(e)
             if e.state is State.QUEUED:
                 self._queued[e.iteration] -= 1

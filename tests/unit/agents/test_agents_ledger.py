@@ -196,3 +196,22 @@ def test_a_retired_round_of_filtered_samples_alone_counts_as_lost():
     lost = led.counts(completed_iterations=1).lost
     led.retire(0)
     assert lost == led.counts(completed_iterations=1).lost == 1
+
+
+def test_quarantining_a_group_counts_a_filtered_samples_tokens_once() -> None:
+    """A sample filtered out (its reward held the trainer) had its tokens counted as discarded then; its group,
+    generated again (no buffer within its bound had room), is set aside later: the filtered sample's tokens are not
+    counted a second time, the others' are."""
+    led = Ledger()
+    led.add_prompt(iteration=0, prompt_id="p0", num_samples=3)
+    for sid in ("p0/0", "p0/1", "p0/2"):
+        _finished(led, sid, tokens=5)
+    led.filter("p0/2")
+    assert led.discarded_tokens == 5
+    for sid in ("p0/0", "p0/1"):  # the rest of the group found no room within its bound: generated again
+        led.requeue_stale(sid)
+    assert led.discarded_tokens == 15
+    _finished(led, "p0/0", tokens=7)  # … and one of them is done again when the prompt is set aside
+    led.quarantine("p0")
+    assert led.discarded_tokens == 22
+    assert {e.state for e in led.group("p0")} == {State.QUARANTINED}
