@@ -7,11 +7,13 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import pytest
 import torch
 
 from rlctl.agents.weightbook import WeightBook
 from rlctl.agents.weights import Target, WeightPublisher, fetch_weights, holders_for, plan_version, weight_node
 from rlctl.config.job import WeightSync
+from rlctl.errors import PeerClosed
 from rlctl.transport import InprocTransport, Message
 
 
@@ -141,3 +143,26 @@ def test_the_book_delivers_a_version_when_the_unit_it_waited_on_is_lost_or_rejoi
     assert book.settle({"u0"}, 20.5) == []  # nobody has v3 yet: not delivered to an empty set of units
     assert book.reached("u0", 3, {"u0", "u3"}, 21.0) == []
     assert book.reached("u3", 3, {"u0", "u3"}, 22.0) == [2.0]  # u3 (re)joined holding v3
+
+
+def test_the_publisher_closes_its_connection_to_a_unit_that_left_its_targets():
+    """A trainer whose units are replaced for weeks holds a connection per live unit, not per unit it ever told."""
+    transport = InprocTransport(secret=b"k" * 16)
+    sync = WeightSync(mode="full", chunk_bytes=4096)
+    pub = WeightPublisher(transport, listen="inproc://", sync=sync, timeout_s=10)
+    listeners = {n: transport.listen("inproc://") for n in ("rollout-0", "rollout-1")}
+    targets = {n: Target(lst.address, f"inproc://none-{n}") for n, lst in listeners.items()}
+    pub.set_targets(targets)
+    pub.publish(1, {"a": torch.zeros(4)})
+    conns = {n: lst.accept(timeout_s=10) for n, lst in listeners.items()}
+    for conn in conns.values():
+        assert conn.recv(10).header["version"] == 1
+    pub.set_targets({"rollout-0": targets["rollout-0"]})  # rollout-1 left
+    with pytest.raises(PeerClosed):
+        conns["rollout-1"].recv(5)
+    pub.set_targets(targets)  # … and came back: told the newest version again
+    again = listeners["rollout-1"].accept(timeout_s=10)
+    assert again.recv(10).header["version"] == 1
+    pub.close()
+    for lst in listeners.values():
+        lst.close()
