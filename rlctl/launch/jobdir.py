@@ -24,6 +24,7 @@ runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_di
   samples.jsonl     one line per sample of every round the ledger retired (rlctl.agents.samplelog)
   .site-events.jsonl  the controller's site's events.jsonl as fetched, when it runs on another site (merged into
                     events.jsonl here, under the flock every append to it takes: `appending`)
+  .site-events.merged what the last merge left of both (rlctl.launch.eventtail: the next appends what the site's grew)
   summary.json      the final summary (what `rlctl launch -o json` prints)
   model/init/       the starting policy (SFT warm-up), HF-style directory
   checkpoints/iter-N/{model/, ledger.json}

@@ -40,6 +40,7 @@ from typing import Any
 
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
+from rlctl.launch import eventtail
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, kind_of, python_for, read_sites
 from rlctl.launch.base import AgentHandle, site_setup
 from rlctl.launch.jobdir import appending, json_file, replace_text, say_once
@@ -843,8 +844,15 @@ def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
             fetched.append(name)
         mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
         if fetch_appended(fs, f"{root}/{EVENTS}", mirror):
-            with appending(job_dir / EVENTS):  # an event appended here meanwhile would go with the file replaced
-                replace_text(job_dir / EVENTS, _merge_lines(job_dir / EVENTS, mirror))
+            # an event appended here meanwhile would go with the file replaced
+            with appending(job_dir / EVENTS) as events:
+                new = eventtail.tail(job_dir / EVENTS, mirror)  # the site's new lines, where they merge as such
+                if new is None:
+                    replace_text(job_dir / EVENTS, _merge_lines(job_dir / EVENTS, mirror))
+                else:
+                    events.write(new)
+                    events.flush()
+                eventtail.mark(job_dir / EVENTS, mirror)
             fetched.append(EVENTS)
         fetched += [name for name in APPENDED_LOGS if fetch_appended(fs, f"{root}/{name}", job_dir / name)]
         for tree in TRACKER_DIRS:  # after the record: a tracker file that goes away meanwhile costs only itself
