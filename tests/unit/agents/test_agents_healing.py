@@ -303,6 +303,32 @@ def test_a_replacement_lost_before_its_first_sample_is_a_failed_attempt_of_its_c
     ]
 
 
+def test_the_units_asked_for_that_were_lost_or_failed_to_start_leave_no_join_bound_behind(tmp_path) -> None:
+    """A job whose units are replaced for weeks keeps the join bounds (`join_since`) of the units it waits for, not
+    of every replacement lost before its first sample or start that failed (each stayed for the job's life)."""
+    scaler, core, _, posted, _ = setup(tmp_path, fail=0)
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=0.0)
+    now = 0.0
+    for _ in range(50):  # each replacement joins, then is lost before its first sample
+        scaler.tick(now)
+        for unit in [r.unit for r in scaler.replacing.values() if r.unit is not None and r.unit not in core.units]:
+            deliver(scaler, posted)
+            assert unit in scaler.join_since  # its start returned: its bound counts
+            core.join(unit, role="rollout", version=0)
+            scaler.tick(now)
+            core.lost(unit)
+            scaler.replace(unit, now=now)
+        now += 1.0
+    assert scaler.resilience()["gave_up"] == ["rollout-1"]
+    reply, _ = scaler.scale(+1, None, reason="operator")  # and a unit asked for, lost before its first sample
+    deliver(scaler, posted)
+    core.join(reply["adding"][0], role="rollout", version=0)
+    core.lost(reply["adding"][0])
+    scaler.replace(reply["adding"][0], now=now)
+    assert scaler.join_since == {} and scaler.spawn_requested == {}
+
+
 def test_a_replacement_that_produced_a_sample_stands(tmp_path) -> None:
     """Once a replacement has produced a sample its loss is a loss of its own, replaced by a new chain."""
     scaler, core, _, posted, spawner = setup(tmp_path, fail=0)
