@@ -140,7 +140,7 @@ def load(job_dir: Path) -> JobRecord:
         name=name,
         mode=mode,
         rows=_read_lines(job_dir / "metrics.jsonl", lacks=_row_lacks),
-        events=_read_lines(job_dir / "events.jsonl", lacks=_event_lacks, leave_out_damaged=True),
+        events=_read_lines(job_dir / "events.jsonl", lacks=_event_lacks, leave_out_damaged=True, naming=EVENTS_READ),
         summary=summary,
         evaluations=sorted(
             _read_lines(job_dir / "evaluations.jsonl", lacks=_evaluation_lacks),
@@ -172,11 +172,16 @@ def _read_json(path: Path) -> Any:
 
 
 def _read_lines(
-    path: Path, *, lacks: Callable[[dict[str, Any]], str | None], leave_out_damaged: bool = False
+    path: Path,
+    *,
+    lacks: Callable[[dict[str, Any]], str | None],
+    leave_out_damaged: bool = False,
+    naming: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """The JSON lines of `path`; one that does not parse, or lacks a field the report reads (`lacks`: what the row
     lacks, None when nothing), is an RlctlError naming the file, the line and what is wrong, or (`leave_out_damaged`:
-    the events, where a controller killed mid-write leaves a line cut short for good) left out with a warning."""
+    the events, where a controller killed mid-write leaves a line cut short for good) left out with a warning.
+    `naming`: only the lines that hold one of these strings are read (the others are not parsed)."""
     if not path.exists():
         return []
     try:
@@ -187,7 +192,7 @@ def _read_lines(
     # The job may be appending right now: a last line without its newline is unfinished, not corrupt.
     rows = []
     for n, line in enumerate(lines[:-1], start=1):
-        if not line.strip():
+        if not line.strip() or (naming and not any(name in line for name in naming)):
             continue
         try:
             row = json.loads(line)
@@ -265,6 +270,11 @@ def _evaluation_lacks(e: dict[str, Any]) -> str | None:
     if problem is None and not isinstance(e.get("versions", []), list):  # the table joins them: "6–7"
         return f"'versions' is {e['versions']!r}, not a list"
     return problem
+
+
+# the events the report reads (`JobRecord.scales`): the others are not parsed, since a job of weeks writes hundreds of
+# thousands (a `weights_applied` per unit and weight version: 64 units × 10⁴ versions, ≈ 130 MB)
+EVENTS_READ = ('"scale"', '"resumed_from"')
 
 
 def _event_lacks(e: dict[str, Any]) -> str | None:

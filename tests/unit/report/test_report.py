@@ -386,6 +386,19 @@ def test_scale_events_past_the_checkpoint_a_resume_went_back_to_are_left_out(tmp
     assert parse(build_report(d).html.read_text()).rows["scale"] == 2
 
 
+def test_the_report_parses_only_the_events_it_draws(tmp_path: Path) -> None:
+    # it parsed every line of events.jsonl and held them all: a job of weeks writes a weights_applied event per unit
+    # and weight version (64 units × 10⁴ versions: 640,000 lines, ≈ 130 MB, some 600 MB as dicts)
+    d = make_job_dir(tmp_path)
+    applied = {"event": "weights_applied", "agent": "rollout-1", "source": "trainer-0", "encoding": "delta"}
+    scale = {"t": 5.0, "event": "scale", "agent": "rollout-2", "direction": "out", "iteration": 2}
+    events = [{"t": 1.0 + v / 1000, **applied, "version": v} for v in range(500)]
+    events += [scale, {"t": 6.0, "event": "resumed_from", "version": 4}, {"t": 7.0, **applied, "version": 500}]
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert [e["event"] for e in load(d).events] == ["scale", "resumed_from"]
+    assert [e["agent"] for e in load(d).scales] == ["rollout-2"]
+
+
 @pytest.mark.parametrize(
     ("summary", "says"),
     [({"iterations": 4}, "'state' is None, not a word"), ({"state": "done", "ledger": [1]}, "'ledger' is list, not a")],
