@@ -243,7 +243,7 @@ class ControllerAgent:
         self.scaler = Scaler(
             jobdir, job.rebalance, core=self.core, placement=self.placement, metrics=self.metrics, post=self.inbox.put
         )
-        self.resumes = sum(1 for e in jobdir.read_events() if e.get("event") == "resumed_from")
+        self.resumes = len(jobdir.read_events("resumed_from"))
         self.expect_checkpoint: str | None = None  # a resumed job: the trainer part's digest it must restore
         # checkpoints whose trainer part is being written: the controller's state when its `trained` came
         self.writing: dict[int, tuple[dict[str, Any], str, int]] = {}
@@ -291,7 +291,9 @@ class ControllerAgent:
             self.checkpointed = (version, None)  # complete before this run: its age is not known here
         kept = cut_metrics(self.jobdir, version)
         self.rows = RowBook(kept, kept=len(kept))
-        self.wall_offset_s = job_start_offset(kept, self.jobdir.read_events(), now=self.t_start_wall)
+        self.wall_offset_s = job_start_offset(
+            kept, self.jobdir.read_events("controller_listening"), now=self.t_start_wall
+        )
         self.resumes += 1
         self.jobdir.event(
             "resumed_from",

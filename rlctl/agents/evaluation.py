@@ -198,7 +198,8 @@ class Evaluator:
         for r in rows:
             schedule.done.add(int(r["version"]))
             self._gauges(r)
-        self.redone = set(unwritten(jobdir.read_events(), rows, below=schedule.floor))
+        events = jobdir.read_events("evaluation_asked", "evaluation_failed")
+        self.redone = set(unwritten(events, rows, below=schedule.floor))
         schedule.redo(sorted(self.redone))
 
     def unit_at(self, unit: str, version: int) -> list[Out]:

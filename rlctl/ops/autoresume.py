@@ -45,12 +45,8 @@ RESUME_HINT = "; continue the job with "  # how the controller's reason for a fa
 def newest_checkpoint(jobdir: JobDir, *, since: float) -> int | None:
     """The newest checkpoint the controller completed at or after `since` (time.time()), from the job's events
     (a `checkpoint` event is written once both parts of it are complete); None when it completed none."""
-    done = [int(e["version"]) for e in _events(jobdir, since) if e.get("event") == "checkpoint"]
+    done = [int(e["version"]) for e in jobdir.read_events("checkpoint") if float(e.get("t", 0)) >= since]
     return max(done) if done else None
-
-
-def _events(jobdir: JobDir, since: float) -> list[dict[str, Any]]:
-    return [e for e in jobdir.read_events() if float(e.get("t", 0)) >= since]
 
 
 class Runs:

@@ -125,7 +125,7 @@ def aside_name(job_dir: Path) -> str:
 def current_run(jobdir: JobDir) -> str | None:
     """The id of the job's latest run (its controller's `agent_started` event); None before one, or for a run
     started by an rlctl that gave none."""
-    started = [e for e in jobdir.read_events() if e.get("event") == "agent_started"]
+    started = jobdir.read_events("agent_started")
     runs = [e.get("run") for e in started if str(e.get("agent", "")).startswith("controller-")]
     return str(runs[-1]) if runs and runs[-1] is not None else None
 

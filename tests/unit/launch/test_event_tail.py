@@ -14,6 +14,7 @@ from rlctl.launch import stage
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.sitefs import site_root
 from rlctl.launch.stage import fetch_record
+from rlctl.ops.run import current_run
 
 
 def _site(tmp_path: Path) -> tuple[Path, Site, Path]:
@@ -103,3 +104,24 @@ def test_the_sites_new_events_merge_as_the_whole_merge_would(tmp_path: Path, cas
     want = _whole_merge(src, root, tmp_path)
     fetch_record(src, site, "localhost", str(root))
     assert (src / "events.jsonl").read_text().splitlines() == want
+
+
+def test_a_reader_of_some_kinds_of_events_parses_only_the_lines_that_name_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the run id (`current_run`: every status of an ended job, scale, the launcher), a resume's count and start
+    # offset, the checkpoint to resume from: each parsed every event of the job, 640,000 lines after weeks
+    jd = JobDir.create("ev", explicit=tmp_path / "job")
+    _add(jd.events, {"t": 1.0, "event": "agent_started", "agent": "controller-0", "run": "r1"})
+    _add(jd.events, *_site_events(300), '{"t": 5, "ev')  # a line cut short: left out, said once
+    _add(jd.events, {"t": 6.0, "event": "agent_started", "agent": "controller-0", "run": "r2"})
+    _add(jd.events, *_site_events(300, t0=2000.0), '{"t": 7, "event": "agent_st')  # the last: being written
+    parsed: list[str] = []
+    loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda s, *a, **k: parsed.append(s) or loads(s, *a, **k))
+    assert current_run(jd) == "r2"
+    assert len(parsed) == 4  # the two agent_started, the line cut short and the last line
+    assert caplog.text.count("line 302 is not valid JSON") == 1
+    assert [e["run"] for e in jd.read_events("agent_started")] == ["r1", "r2"]
+    monkeypatch.setattr(json, "loads", loads)
+    assert len(jd.read_events()) == 602  # every kind: as before
