@@ -307,10 +307,7 @@ def _never_prepared(jd: JobDir) -> bool:
     or warmed up) that records no agent, started none (its events) and no launcher holds; the caller checks it has no
     metrics and no summary."""
     return (
-        not jd.job_json.exists()
-        and not jd.plan_json.exists()
-        and _no_agent(jd)
-        and not any(e.get("event") == "agent_started" for e in jd.read_events())
+        not jd.job_json.exists() and not jd.plan_json.exists() and _no_agent(jd) and not jd.read_events("agent_started")
     )
 
 
@@ -579,7 +576,7 @@ def stop_under_way(jd: JobDir) -> bool:
     the job then, and a second stop waited its whole grace for a controller that was not ending. Where the controller
     keeps its events on another site its word is not here yet: such a request is under way still (a second stop,
     the first Ctrl-C'd while the controller completed a checkpoint, forced it and cut the checkpoint)."""
-    events = _this_run(jd.read_events())
+    events = _this_run(jd.read_events(*RUN_STARTS, STOP_REQUESTED, "stopped_by_operator"))
     asked = [i for i, e in enumerate(events) if e.get("event") == STOP_REQUESTED]
     if not asked or any(e.get("event") == "stopped_by_operator" for e in events[asked[-1] :]):
         return False
@@ -622,7 +619,8 @@ def stop_cut_short(ref: JobRef, *, since: float) -> str:
     asked; its request written but the stop not seen through (the controller may not have it, and the launcher will
     not resume the job: a second stop finishes it); or every agent stopped while it waited for the launcher."""
     name = shlex.quote(ref.id if ref.row is not None else str(ref.jobdir.path))
-    events = [e for e in ref.jobdir.read_events() if float(e.get("t", 0)) >= since - 0.001]  # (ms in events)
+    events = ref.jobdir.read_events(STOP_REQUESTED, "stopped_by_operator")
+    events = [e for e in events if float(e.get("t", 0)) >= since - 0.001]  # (ms in events)
     if not any(e.get("event") == STOP_REQUESTED and "by" not in e for e in events):
         return f"job {ref.id} was not asked to stop (`rlctl status {name}`)"
     if any(e.get("event") == "stopped_by_operator" for e in events):
@@ -631,6 +629,9 @@ def stop_cut_short(ref: JobRef, *, since: float) -> str:
         f"the stop of job {ref.id} was asked for but not seen through (its launcher will not resume the job); "
         f"`rlctl stop {name}` again finishes it, `rlctl status {name}` says where the job stands"
     )
+
+
+RUN_STARTS = ("controller_listening", "agent_started")  # the events `_this_run` starts a run's events at
 
 
 def _this_run(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

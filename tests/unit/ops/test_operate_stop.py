@@ -766,6 +766,28 @@ def test_a_stop_of_a_run_begun_since_an_earlier_stop_request_is_not_one_under_wa
     assert operate.stop_under_way(jd)
 
 
+def test_a_stop_reads_only_the_events_that_say_where_its_run_and_stops_stand(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlctl stop` parsed every event of the job to find the run's start and its stop requests: a job of weeks
+    writes a weights_applied event per unit and weight version (640,000 lines after 10^4 versions of 64 units)."""
+    jd = JobDir(tmp_path)
+    row = {"t": 2.0, "event": "weights_applied", "agent": "rollout-0"}
+    applied = [json.dumps({**row, "version": v}) for v in range(400)]
+    jd.event("agent_started", agent="controller-0", site="h", backend="slurm", ident={}, gpus=None, run="r2")
+    with jd.events.open("a") as f:
+        f.write("".join(line + "\n" for line in applied))
+    jd.event(STOP_REQUESTED)  # this run's stop, waiting for its controller to end
+    with jd.events.open("a") as f:
+        f.write("".join(line + "\n" for line in applied))
+    parsed: list[str] = []
+    loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda s, *a, **k: parsed.append(s) or loads(s, *a, **k))
+    assert operate.stop_under_way(jd)
+    assert "not seen through" in operate.stop_cut_short(JobRef("j", jd, None), since=0.0)
+    assert len(parsed) <= 2 * 3  # each: the run's start, the stop, the last line
+
+
 def test_a_stop_whose_process_was_killed_before_the_controller_took_it_is_not_under_way(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
