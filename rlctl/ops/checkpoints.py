@@ -36,8 +36,8 @@ def checkpoint_table(jobdir: JobDir) -> dict[str, Any]:
     policy's held-out figures."""
     versions = completed_checkpoints(jobdir)
     written: dict[int, float | None] = {}
-    for e in jobdir.read_events():  # the last write of a version (a roll-back writes it again)
-        if e.get("event") == "checkpoint" and isinstance(e.get("version"), int):
+    for e in jobdir.read_events("checkpoint"):  # the last write of a version (a roll-back writes it again)
+        if isinstance(e.get("version"), int):
             written.setdefault(e["version"], None)
             if (t := _number(e.get("t"))) is not None and 0 <= t < LAST_CLOCK_S:
                 written[e["version"]] = t

@@ -76,7 +76,7 @@ def completed_checkpoints(jobdir: JobDir) -> list[int]:
     """The checkpoints the job completed, as its events say, less those a resume set aside since and those
     `checkpoint.keep` let go (its newest that many stay: `rlctl.checkpoint.files.prune`); oldest first."""
     held: set[int] = set()
-    for e in jobdir.read_events():
+    for e in jobdir.read_events("checkpoint", "resumed_from"):
         if e.get("event") == "checkpoint" and isinstance(e.get("version"), int):
             held.add(e["version"])
         elif e.get("event") == "resumed_from":
@@ -186,7 +186,7 @@ def hand_edited_from(jobdir: JobDir, data: dict[str, Any]) -> int | None:
     sealed = digests.get("iterations")
     if sealed is None or sealed == job_digests({"iterations": job["iterations"]})["iterations"]:
         return None
-    named = [e.get("version") for e in jobdir.read_events() if e.get("event") == "checkpoint"]
+    named = [e.get("version") for e in jobdir.read_events("checkpoint")]
     named.append(last_summary(jobdir).get("iterations_planned"))
     source = data.get("source_file")
     mapping = source.get("job") if isinstance(source, dict) else None

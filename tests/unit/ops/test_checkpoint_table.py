@@ -50,6 +50,23 @@ def test_each_checkpoint_has_the_reward_of_the_iterations_that_made_it_and_its_h
     assert all(abs(r["written_at"] - time.time()) < 60 for r in rows)
 
 
+def test_the_table_reads_no_event_but_the_checkpoints_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it parsed every event of the job twice: a job of weeks writes a weights_applied event per unit and weight
+    # version (640,000 lines after 10^4 versions of 64 units)
+    jd = _job(tmp_path)
+    with jd.events.open("a") as f:
+        f.write("".join(json.dumps({"t": 1.0, "event": "weights_applied", "version": v}) + "\n" for v in range(300)))
+    jd.event("checkpoint", version=40)
+    want = checkpoint_table(jd)
+    parsed: list[str] = []
+    loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda s, *a, **k: parsed.append(s) or loads(s, *a, **k))
+    assert checkpoint_table(jd) == want and [r["version"] for r in want["checkpoints"]] == [10, 20, 30, 40]
+    assert [s for s in parsed if "weights_applied" in s] == []
+
+
 def test_a_rolled_back_job_lists_what_it_holds_now_and_the_evaluation_after_it_ended(tmp_path: Path) -> None:
     # rolled back to v10 (v20, v30 set aside), then trained on to v30 again with other rewards; evaluated after the job
     jd = _job(tmp_path)
