@@ -48,7 +48,7 @@ from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.extend import completed_checkpoints
 from rlctl.ops.jobdb import LIVE, JobDB, JobRow
 from rlctl.ops.jobref import JobRef, require_job_dir
-from rlctl.ops.run import STOP_REQUESTED, connect_client, current_run, launch_again, resumes, run_summary
+from rlctl.ops.run import STOP_REQUESTED, UNSTARTED, connect_client, current_run, launch_again, resumes, run_summary
 from rlctl.rl.source import heldout_view
 from rlctl.transport import Message
 
@@ -681,7 +681,8 @@ def _checkpoint_outcome(jd: JobDir, version: int) -> str:
     had not begun that step; told to stop, it began none); or not known, when the controller ended before it could
     say (killed past the stop's grace: no `job_end`), with the checkpoint a resume takes instead (`_resume_takes`).
     Before, that last case said "not written" too, of a write the trainer had begun."""
-    events = jd.read_events()
+    ends = ("checkpoint", "checkpoint_abandoned", "job_end")
+    events = jd.read_events(STOP_REQUESTED, *ends, *RUN_STARTS, "resumed", UNSTARTED)  # (`_resume_takes`'s too)
     asked = next(
         (i for i in range(len(events) - 1, -1, -1) if events[i].get("event") == "stop_requested" and "by" in events[i]),
         None,

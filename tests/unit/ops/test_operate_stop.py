@@ -690,6 +690,26 @@ def test_a_resumed_run_that_completed_no_checkpoint_names_the_one_it_resumed_fro
     assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
 
 
+def test_what_became_of_the_checkpoint_a_stop_waited_for_is_read_from_the_events_that_say(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it parsed every event of the job: a weights_applied per unit and weight version (640,000 lines after weeks)
+    jd = JobDir(tmp_path)
+    applied = "".join(json.dumps({"t": 2.0, "event": "weights_applied", "version": v}) + "\n" for v in range(300))
+    jd.event("resumed", version=10, pointer="", skipped=[])
+    jd.event("controller_listening", address="tcp://h1:1")
+    with jd.events.open("a") as f:
+        f.write(applied)
+    jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
+    with jd.events.open("a") as f:
+        f.write(applied)
+    parsed: list[str] = []
+    loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda s, *a, **k: parsed.append(s) or loads(s, *a, **k))
+    assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
+    assert [s for s in parsed if "weights_applied" in s] == [applied.splitlines()[-1]]  # (the last line: always)
+
+
 def test_a_resume_that_never_started_is_not_the_one_a_resume_takes(tmp_path: Path) -> None:
     """A roll-back to v5 refused before any agent of it started (the job went on as it was) still left its `resumed`
     event: the stop named iter-5 as the checkpoint a resume takes, where the run it stopped had resumed from v10."""
