@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError, UsageError
-from rlctl.launch.jobdir import JobDir
+from rlctl.launch.jobdir import JobDir, event_time
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class JobRecord:
             e
             for e in self.events
             if e.get("event") == "scale"
-            and not any(float(e["t"]) < t and (e.get("iteration") or 0) > v for t, v in resumes)
+            and not any(event_time(e) < t and (e.get("iteration") or 0) > v for t, v in resumes)
         ]
 
 
@@ -555,7 +555,7 @@ def job_rate(rows: list[dict[str, Any]], key: str) -> float | None:
 def _scale_rows(rec: JobRecord) -> list[list[str]]:
     return [
         [
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(e["t"]))),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event_time(e))) if event_time(e) > 0 else "-",
             _f(e.get("iteration"), "d"),
             str(e.get("direction", "-")),
             str(e.get("agent", "-")),

@@ -86,7 +86,7 @@ from rlctl.checkpoint.files import prune, set_aside_newer
 from rlctl.config.job import DatasetTask, JobFile, refills
 from rlctl.errors import PeerClosed, RlctlError, TransportError
 from rlctl.launch.agentenv import ENV_RUN
-from rlctl.launch.jobdir import JobDir
+from rlctl.launch.jobdir import JobDir, event_time
 from rlctl.metrics import JobMetrics
 from rlctl.rl.ranker import LengthRanker, recall_at
 from rlctl.rl.source import DatasetSource, DigitsSource, RlPrompt, task_source
@@ -445,7 +445,7 @@ class ControllerAgent:
             return False
         since = self.t_start_wall - 0.001  # events' times are rounded to the millisecond
         return any(
-            float(e.get("t", 0)) >= since
+            event_time(e) >= since
             and (e.get("event") == LAUNCHER_STOP or (e.get("event") == "stop_requested" and "by" not in e))
             for e in events
         )

@@ -11,6 +11,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from rlctl.launch.jobdir import event_time
+
 # the figures summary.json averages over every iteration (views.summary)
 MEANS = ("t_gen_s", "t_train_s", "delta_s")
 PACE_ROWS = 20  # `status` estimates the time left from the pace of this many last iterations
@@ -86,5 +88,5 @@ def job_start_offset(kept: list[dict[str, Any]], events: list[dict[str, Any]], *
     for r in kept:
         if "t" in r and "wall_s" in r:
             return round(max(0.0, now - (float(r["t"]) - float(r["wall_s"]))), 3)
-    started = [float(e["t"]) for e in events if e.get("event") == "controller_listening"]
+    started = [event_time(e) for e in events if e.get("event") == "controller_listening" and event_time(e) > 0]
     return round(max(0.0, now - min(started)), 3) if started else 0.0

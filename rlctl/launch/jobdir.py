@@ -38,6 +38,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -384,6 +385,15 @@ def _ends_mid_line(path: Path) -> bool:
 
 
 _said: set[str] = set()  # the damaged lines `say_once` said in this process (`rlctl status -w` reads every poll)
+
+
+def event_time(row: dict[str, Any]) -> float:
+    """The time (time.time()) a row of events.jsonl or metrics.jsonl was written; 0 (before anything) where it has
+    none: missing, null, or edited into text or a bool (`float` raised on null and text, a traceback)."""
+    t = row.get("t")
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+        return 0.0
+    return float(t)
 
 
 def say_once(lines: list[str]) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
-from rlctl.launch.jobdir import JobDir
+from rlctl.launch.jobdir import JobDir, event_time
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.run import JobRun, StopCheck, resumes, stop_requested
@@ -45,7 +45,7 @@ RESUME_HINT = "; continue the job with "  # how the controller's reason for a fa
 def newest_checkpoint(jobdir: JobDir, *, since: float) -> int | None:
     """The newest checkpoint the controller completed at or after `since` (time.time()), from the job's events
     (a `checkpoint` event is written once both parts of it are complete); None when it completed none."""
-    done = [int(e["version"]) for e in jobdir.read_events("checkpoint") if float(e.get("t", 0)) >= since]
+    done = [int(e["version"]) for e in jobdir.read_events("checkpoint") if event_time(e) >= since]
     return max(done) if done else None
 
 
@@ -114,7 +114,7 @@ class Runs:
         run.attach()
         events = self.jobdir.read_events()
         resumed = resumes(events)
-        self._since = float(resumed[-1]["t"]) if resumed else float(events[0]["t"]) if events else 0.0
+        self._since = event_time(resumed[-1]) if resumed else event_time(events[0]) if events else 0.0
         self._from = int(resumed[-1]["version"]) if resumed else 0
         run.stop_since = self._stops_since()  # it was this attach: a stop of the run since it started was missed
         return run

@@ -33,7 +33,7 @@ from rlctl.checkpoint.choose import LATEST_POINTER
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
-from rlctl.launch.jobdir import JobDir, resume_command
+from rlctl.launch.jobdir import JobDir, event_time, resume_command
 from rlctl.launch.stage import (
     agents_and_latest_run,
     all_recorded_agents,
@@ -620,7 +620,7 @@ def stop_cut_short(ref: JobRef, *, since: float) -> str:
     not resume the job: a second stop finishes it); or every agent stopped while it waited for the launcher."""
     name = shlex.quote(ref.id if ref.row is not None else str(ref.jobdir.path))
     events = ref.jobdir.read_events(STOP_REQUESTED, "stopped_by_operator")
-    events = [e for e in events if float(e.get("t", 0)) >= since - 0.001]  # (ms in events)
+    events = [e for e in events if event_time(e) >= since - 0.001]  # (ms in events)
     if not any(e.get("event") == STOP_REQUESTED and "by" not in e for e in events):
         return f"job {ref.id} was not asked to stop (`rlctl status {name}`)"
     if any(e.get("event") == "stopped_by_operator" for e in events):

@@ -56,7 +56,16 @@ from rlctl.errors import LaunchError, RlctlError, Stopped, UsageError
 from rlctl.launch.agentenv import ENV_RESUME, ENV_RUN, ENV_VISIBLE, ParallelConfig
 from rlctl.launch.backends import AGENTS_FILE, Backends, kind_of, read_sites, record_agent, stop_agents, write_sites
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec, exit_text
-from rlctl.launch.jobdir import HOME_ENV, JobDir, json_lines, refuse_taken, resume_command, say_once, why_not_made
+from rlctl.launch.jobdir import (
+    HOME_ENV,
+    JobDir,
+    event_time,
+    json_lines,
+    refuse_taken,
+    resume_command,
+    say_once,
+    why_not_made,
+)
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, trainer_parallel, unshared_trainer
 from rlctl.launch.sitefs import HostFiles, LocalFiles, access_hosts, agent_view, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
@@ -155,7 +164,7 @@ def stop_requested(jobdir: JobDir, *, since: float) -> bool:
     skipped: list[str] = []
     rows = json_lines(jobdir.events, "\n".join(lines), skipped=skipped)
     say_once(skipped)
-    return any(e.get("event") == STOP_REQUESTED and float(e.get("t", 0)) >= since for e in rows)
+    return any(e.get("event") == STOP_REQUESTED and event_time(e) >= since for e in rows)
 
 
 def prepare(
@@ -518,9 +527,9 @@ class JobRun:
         self.controller = next(h for h in self.handles if h.spec.role == "controller")
         self._starting = False  # its trainer's start-up was the gone launcher's to watch
         started = [
-            float(e["t"])
+            event_time(e)
             for e in self.jobdir.read_events()
-            if e.get("event") == "agent_started" and e.get("agent") == self.controller.spec.name
+            if e.get("event") == "agent_started" and e.get("agent") == self.controller.spec.name and event_time(e) > 0
         ]
         if started:  # the run's wall time counts from its start, not from this attach
             self.t_start = time.monotonic() - max(0.0, time.time() - started[-1])

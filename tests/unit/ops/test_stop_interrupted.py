@@ -12,7 +12,7 @@ import pytest
 
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import operate
-from rlctl.ops.jobref import JobRef
+from rlctl.ops.jobref import JobRef, resolve
 from tests.conftest import run_cli
 from tests.unit.job_rows import indexed_row
 
@@ -59,3 +59,22 @@ def test_ctrl_c_before_the_stop_asked_anything_says_the_job_was_not_asked_to_sto
     r = run_cli("stop", "demo-1")
     assert r.exit_code == 130
     assert r.stderr == "rlctl: interrupted: job demo-1 was not asked to stop (`rlctl status demo-1`)\n"
+
+
+@pytest.mark.parametrize("t", [None, "yesterday", True])
+def test_an_event_without_a_number_for_its_time_is_read_as_before_the_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, t: Any
+) -> None:
+    """An event whose `t` is null or text (edited by hand) is older than the stop, as one without a `t` was: `float`
+    of it was a TypeError/ValueError traceback in the Ctrl-C line of stop, and in the launcher's stop check."""
+    from rlctl.ops.run import stop_requested
+
+    jd = _running(tmp_path, monkeypatch)
+    with jd.events.open("a") as f:
+        f.write(json.dumps({"t": t, "event": operate.STOP_REQUESTED}) + "\n")
+    ref = resolve("demo-1")
+    assert (
+        operate.stop_cut_short(ref, since=time.time() - 60)
+        == "job demo-1 was not asked to stop (`rlctl status demo-1`)"
+    )
+    assert stop_requested(jd, since=time.time() - 60) is False
