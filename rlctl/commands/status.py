@@ -7,6 +7,7 @@ import dataclasses
 import shlex
 import sys
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -305,9 +306,15 @@ def _checkpoints_table(c: dict[str, Any]) -> str:
     )
 
 
+GONE = " (gone: removed, or not mounted on this machine)"  # a job dir an index row outlived
+
+
 def _jobs_table(rows: list[dict[str, Any]]) -> str:
     return grid(
-        [[r["id"], r["name"], r["state"], r["job_dir"], r["launcher"] or "-"] for r in rows],
+        [
+            [r["id"], r["name"], r["state"], r["job_dir"] + (GONE if r["job_dir_gone"] else ""), r["launcher"] or "-"]
+            for r in rows
+        ],
         ["id", "job", "state", "job dir", "launcher"],
     )
 
@@ -369,6 +376,8 @@ def register(app: typer.Typer) -> None:
                         "name": r.spec.get("name"),
                         "state": r.state,
                         "job_dir": r.job_dir,
+                        # its row outlived it (removed, or on a filesystem not mounted here), as `status JOB` says
+                        "job_dir_gone": not Path(r.job_dir).is_dir(),
                         "launcher": launcher_state(
                             r.info.get("launcher"),
                             ended=r.state not in LIVE,

@@ -357,3 +357,25 @@ def test_a_detached_launcher_heads_its_lines_in_the_launcher_log(tmp_path: Path)
         f"rlctl --help; {detach.DETACHED}"
     )
     assert detach.latest_in_terminal(log) is None  # its output comes here: nothing to say
+
+
+def test_status_all_says_which_job_dirs_are_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a row whose job dir was removed (or is on a filesystem not mounted here) was listed as any other, while
+    # `rlctl status JOB` says it is gone
+    from rlctl.launch.jobdir import JobDir
+    from tests.conftest import run_cli
+    from tests.unit.job_rows import indexed_row
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    here = JobDir.create("here", explicit=tmp_path / "here")
+    indexed_row("here", here.path, job="here", state="finished")
+    indexed_row("gone", tmp_path / "gone", job="gone", state="finished")
+    r = run_cli("status", "--all", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    assert {row["id"]: row["job_dir_gone"] for row in json.loads(r.stdout)} == {"here": False, "gone": True}
+    table = run_cli("status", "--all")
+    assert table.exit_code == 0, table.stderr
+    (gone,) = [line for line in table.stdout.splitlines() if line.startswith("gone")]
+    assert f"{tmp_path / 'gone'} (gone: removed, or not mounted on this machine)" in gone
+    (kept,) = [line for line in table.stdout.splitlines() if line.startswith("here")]
+    assert "(gone" not in kept
