@@ -73,11 +73,28 @@ class JobRecord:
             and isinstance(e.get("t"), (int, float))
         ]
         return [
-            e
-            for e in self.events
+            _failed_start(i, self.events)
+            for i, e in enumerate(self.events)
             if e.get("event") == "scale"
             and not any(event_time(e) < t and (e.get("iteration") or 0) > v for t, v in resumes)
         ]
+
+
+def _failed_start(i: int, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A scale "out" of a unit that never joined (a `scale_failed` of it follows, before any later start of that
+    name: not joined within its bound, or exited first) with its error as `failed`: a failed start, not a unit the
+    job ran with; any other event as it is. `i`: the event's place in `events`."""
+    e = events[i]
+    if e.get("direction") != "out" or e.get("agent") is None:
+        return e
+    for later in events[i + 1 :]:
+        if later.get("agent") != e["agent"]:
+            continue
+        if later.get("event") == "scale_failed":
+            return {**e, "failed": str(later.get("error") or "it never joined")}
+        if later.get("event") == "scale" and later.get("direction") == "out":
+            break
+    return e
 
 
 def build_report(job_dir: Path, *, out: Path | None = None, ended: str | None = None) -> ReportFiles:
@@ -432,7 +449,7 @@ def _scale_marks(rec: JobRecord, ax_t: Any, ax_b: Any) -> None:
     """A dotted line per scale event (panels b and c); in b one label box per iteration, staggered in 3 heights."""
     by_iteration: dict[int, list[str]] = {}
     for e in rec.scales:
-        if e.get("iteration") is not None:
+        if e.get("iteration") is not None and "failed" not in e:  # a failed start changed no unit count
             by_iteration.setdefault(int(e["iteration"]), []).append(_scale_label(e))
     for k, (it, texts) in enumerate(sorted(by_iteration.items())):
         for ax in (ax_t, ax_b):
@@ -557,10 +574,10 @@ def _scale_rows(rec: JobRecord) -> list[list[str]]:
         [
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event_time(e))) if event_time(e) > 0 else "-",
             _f(e.get("iteration"), "d"),
-            str(e.get("direction", "-")),
+            str(e.get("direction", "-")) + (" (failed start)" if "failed" in e else ""),
             str(e.get("agent", "-")),
             str(e.get("site", "-")),
-            str(e.get("reason", "-")),
+            str(e.get("reason", "-")) + (f"; it never joined: {e['failed']}" if "failed" in e else ""),
             _f(e.get("delta_s"), ".2f"),
             _f(e.get("delta_prime_s"), ".2f"),
         ]

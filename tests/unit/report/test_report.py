@@ -450,3 +450,38 @@ def test_the_reward_first_to_last_says_over_which_iterations(tmp_path: Path) -> 
 
 def _fmt(v: float) -> str:
     return format(v, ".3f")
+
+
+def test_a_scale_out_of_a_unit_that_never_joined_is_a_failed_start_not_a_mark(tmp_path: Path) -> None:
+    # rollout-3 was started (its scale "out") but never joined: stopped at its join bound (`scale_failed`); the
+    # report drew it as a unit added and listed it as any other scale-out
+    from rlctl.report import _scale_marks, _scale_rows
+
+    d = make_job_dir(tmp_path)
+    scale = {"event": "scale", "site": "h20", "reason": "manual", "direction": "out"}
+    events = [
+        {"t": 1.0, **scale, "agent": "rollout-2", "iteration": 2},
+        {"t": 2.0, **scale, "agent": "rollout-3", "iteration": 3},
+        {"t": 3.0, "event": "scale_failed", "agent": "rollout-3", "site": "h20", "error": "not joined within 600 s"},
+    ]
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    rec = load(d)
+    rows = {r[3]: r for r in _scale_rows(rec)}
+    assert rows["rollout-2"][2] == "out" and rows["rollout-2"][5] == "manual"
+    assert rows["rollout-3"][2] == "out (failed start)"
+    assert rows["rollout-3"][5] == "manual; it never joined: not joined within 600 s"
+
+    class Axes:
+        def __init__(self) -> None:
+            self.lines: list[float] = []
+            self.texts: list[str] = []
+
+        def axvline(self, x: float, **_: Any) -> None:
+            self.lines.append(x)
+
+        def annotate(self, text: str, **_: Any) -> None:
+            self.texts.append(text)
+
+    top, bottom = Axes(), Axes()
+    _scale_marks(rec, top, bottom)
+    assert top.lines == bottom.lines == [2] and top.texts == ["+rollout-2 (manual)"]
