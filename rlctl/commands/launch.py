@@ -408,12 +408,15 @@ def register(app: typer.Typer) -> None:
                 over = ["--iterations", str(iterations)] if iterations is not None else []
                 over += ["--mode", mode.value] if mode is not None else []
                 args = ["launch", str(job_file.absolute()), "--job-dir", str(path), *over]
-                try:
-                    run_detached(args, path, output, env={PREFLIGHT_PASSED_ENV: _checked(job_file)})
-                except InterruptSaid:  # its launcher, stopped as it began, may not have put the job dir made here
-                    # in the index yet: put there, stopped, versus left outside it (`status`, `stop` did not find it)
-                    index_left(path, spec, source=str(job_file.absolute()))
-                    raise
+                # its launcher, stopped as it began (Ctrl-C), may not have put the job dir made here in the index
+                # yet: put there, stopped, versus left outside it (`status`, `stop` did not find it)
+                run_detached(
+                    args,
+                    path,
+                    output,
+                    env={PREFLIGHT_PASSED_ENV: _checked(job_file)},
+                    cancelled=lambda: index_left(path, spec, source=str(job_file.absolute())),
+                )
                 return
             # (a timestamped directory chosen again: `path` may be another launch's)
             jd = launch_dir(job, spec, job_dir)
@@ -626,9 +629,16 @@ def _checked(job_file: Path) -> str:
     return f"{job_file.absolute()}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def run_detached(args: list[str], job_dir: Path, output: OutputFormat, *, env: dict[str, str] | None = None) -> None:
+def run_detached(
+    args: list[str],
+    job_dir: Path,
+    output: OutputFormat,
+    *,
+    env: dict[str, str] | None = None,
+    cancelled: Callable[[], object] = lambda: None,
+) -> None:
     """`rlctl ARGS` as a launcher in the background (`detach.spawn`, with `env`); its lines shown here until the
-    job runs."""
+    job runs. A Ctrl-C stops it (`cancelled` then puts right what it left) and says in one line what is left."""
     child = detach.spawn([*_flags(), *args], detach.log_path(job_dir), env=env)
 
     def write(data: bytes) -> None:
@@ -638,13 +648,36 @@ def run_detached(args: list[str], job_dir: Path, output: OutputFormat, *, env: d
     try:
         info = child.follow(write)
     except KeyboardInterrupt as e:
-        sys.stderr.write("rlctl: interrupted: stopping the launch in the background\n")
+        sys.stderr.write("rlctl: interrupted: stopping the launch in the background... ")  # (up to a minute)
+        sys.stderr.flush()
         child.cancel()
+        cancelled()
+        sys.stderr.write(_left_by_cancel(job_dir) + "\n")
         raise InterruptSaid from e
     if info is None:  # it ended before the job ran: its error was among its lines
         code = child.proc.returncode
         raise typer.Exit(code if code else 1)
     emit(info, output, _started_table)
+
+
+def _left_by_cancel(job_dir: Path) -> str:
+    """What a launcher in the background, stopped as it began (`run_detached`), left: the job in the index and its
+    state, a job dir outside it, or nothing; and the command that looks at it. Versus 'stopping the launch in the
+    background' alone, which said neither."""
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.ops.jobdb import JobDB
+    from rlctl.ops.jobref import JobRef
+
+    if not job_dir.is_dir():
+        return "it stopped; nothing is left (no job dir)"
+    here = job_dir.resolve()
+    with contextlib.closing(JobDB()) as db:
+        row = next((r for r in db.list() if Path(r.job_dir).resolve() == here), None)
+    ref = JobRef(row.name if row is not None else JobDir(here).id, JobDir(here), row)
+    look = f"`rlctl status {ref.arg}`; its launcher's lines: `rlctl logs {ref.arg} launcher`"
+    if row is None:
+        return f"it stopped; its job dir {here} is left, outside the index ({look})"
+    return f"it stopped; job {row.name} is left in the index, {row.state}, its job dir {here} ({look})"
 
 
 def _resume(

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -275,9 +276,12 @@ def test_a_launch_detach_ctrl_c_before_its_launcher_took_the_job_on_leaves_it_in
     job = _demo_job(tmp_path)
     monkeypatch.setattr(preflight, "preflight", lambda job, plan=None: None)
 
-    def cancelled(args: list[str], path: Path, output: object, *, env: object = None) -> None:
+    def cancelled(
+        args: list[str], path: Path, output: object, *, env: object = None, cancelled: Callable[[], object]
+    ) -> None:
         detach.log_header(detach.log_path(path), pid=2**22 + 1, args=args, detached=True)  # as `spawn` writes it
-        raise launch.InterruptSaid  # (`run_detached` said its line, and cancelled the launcher before it indexed)
+        cancelled()  # (`run_detached` cancelled the launcher before it indexed, and said its line)
+        raise launch.InterruptSaid
 
     monkeypatch.setattr(launch, "run_detached", cancelled)
     assert run_cli("launch", str(job), "--detach").exit_code == 130
@@ -626,3 +630,44 @@ def test_the_launch_checks_the_job_as_its_mode_and_iterations_overrides_make_it(
     res = run_cli("launch", "--dry-run", "-o", "json", str(job), "--mode", "sync", "--job-dir", str(tmp_path / "run"))
     assert res.exit_code == 0
     assert "rollout.group_barrier: 'always': read in pipeline.mode 'async' only" in res.stderr, res.stderr
+
+
+class _CtrlCChild:
+    """A launcher in the background whose start is Ctrl-C'd while this process shows its lines."""
+
+    def follow(self, write: Callable[[bytes], None]) -> None:
+        raise KeyboardInterrupt
+
+    def cancel(self) -> int:
+        return 143
+
+
+def test_a_ctrl_c_of_a_launch_in_the_background_says_in_one_line_what_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # it said 'stopping the launch in the background' and no more: not the job it left, nor where to look at it
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(detach, "spawn", lambda *_, **__: _CtrlCChild())
+    from tests.unit.job_rows import indexed_row
+
+    jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
+    indexed_row("demo-1", jd.path, job="demo", state="stopped")
+    moved = JobDir.create("demo", explicit=tmp_path / "my run")  # a job dir the index lacks (moved)
+    for path, said in [
+        (
+            jd.path,
+            f"job demo-1 is left in the index, stopped, its job dir {jd.path} (`rlctl status demo-1`; its "
+            "launcher's lines: `rlctl logs demo-1 launcher`)",
+        ),
+        (
+            moved.path,
+            f"its job dir {moved.path} is left, outside the index (`rlctl status '{moved.path}'`; its "
+            f"launcher's lines: `rlctl logs '{moved.path}' launcher`)",
+        ),
+        (tmp_path / "none", "nothing is left (no job dir)"),
+    ]:
+        with pytest.raises(launch.InterruptSaid):
+            launch.run_detached(["attach", str(path)], path, launch.OutputFormat.table)
+        assert capsys.readouterr().err == (
+            f"rlctl: interrupted: stopping the launch in the background... it stopped; {said}\n"
+        )
