@@ -737,7 +737,7 @@ def _resume(
         spec = jd.read_job()
 
     def begin(runs: Runs, say: Callable[[str], None]) -> JobRun:
-        refuse_if_running(jd)
+        refuse_if_running(jd, arg=ref_.arg)
         # (before the count is written: one edited by hand is said as edited, unless --iterations sets another)
         changes = launch_changes(jd, count_given=counted is not None)
         # written once no run of it is left: its agents read job.json as they start; a count edited by hand is

@@ -1139,18 +1139,19 @@ def refuse_if_id_live(jobdir: JobDir, db: JobDB) -> None:
     )
 
 
-def refuse_if_running(jobdir: JobDir) -> None:
+def refuse_if_running(jobdir: JobDir, *, arg: str | None = None) -> None:
     """Before a resume (by the job's launcher, holding its lock: no other launcher watches it): refuse while the
     job's controller answers, naming `rlctl attach` (which watches it again, as its gone launcher did) before `rlctl
     stop`; stop what is left of the run that ended (an orphaned unit, a trainer rank whose peer died), so two runs
-    of one job never overlap."""
+    of one job never overlap. `arg`: the job as the hints name it (`JobRef.arg`: its directory where the index lacks
+    it: its id names no job there, `rlctl attach ID` failed), else its id."""
     try:
         conn = connect_client(jobdir, timeout_s=3.0, name="resume")
     except (RlctlError, OSError, ValueError, KeyError):  # none answers (an unreadable controller.json: none can)
         pass
     else:
         conn.close()
-        name = shlex.quote(jobdir.id)
+        name = arg if arg is not None else shlex.quote(jobdir.id)
         raise UsageError(
             f"job {jobdir.id} is running (its controller answers; no launcher watches it)",
             hint=f"`rlctl attach {name}` watches it to its end again; `rlctl stop {name}` ends it",

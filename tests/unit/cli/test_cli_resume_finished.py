@@ -426,3 +426,24 @@ def test_a_count_edited_by_hand_from_one_the_job_names_nowhere_is_said_once(
     data = launched["job_json"]
     assert data["job"]["iterations"] == 40 and data.get("iterations_before", []) == []
     assert launch_changes(jd) == []  # recorded: the next resume does not say it again
+
+
+def test_a_resume_of_a_running_job_the_index_lacks_names_its_directory_in_the_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # resumed by its directory (a moved job dir), its controller answering: the hint said `rlctl attach run` and
+    # `rlctl stop run`, an id that names no job in the index
+    from rlctl.ops import run as run_module
+
+    jd = ended(tmp_path / "my run", "failed", iterations=5, indexed=None)
+    launched_by(jd, monkeypatch)
+
+    class Answers:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(run_module, "connect_client", lambda jobdir, *, timeout_s, name: Answers())
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2, r.stderr
+    named = f"'{jd.path}'"
+    assert f"`rlctl attach {named}` watches it to its end again; `rlctl stop {named}` ends it" in r.stderr, r.stderr
