@@ -227,7 +227,9 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
         "tokens_per_s": s.rows.rate("tokens_per_s"),
         "queue_depth": len(core.ledger.in_state(State.QUEUED, iteration=core.trainer_version)),
         "staleness_violations": s.violations,
-        "elapsed_s": round(now - s.t_start, 2),
+        "elapsed_s": round(now - s.t_start, 2),  # this run's (a resumed job's controller started anew)
+        # the job's, from its first controller start, where this run is a resume whose offset is known; else None
+        "job_elapsed_s": round(now - s.t_start + s.wall_offset_s, 2) if s.wall_offset_s >= 1.0 else None,
         **progress_view(s, now=now),
         "metrics_port": s.metrics_port,
         # where Prometheus scrapes: bound where the controller listens; a port of its own only with metrics.port

@@ -271,6 +271,10 @@ def test_status_says_the_time_left_at_this_runs_pace_and_the_latest_checkpoint()
     assert time_line(resumed) == "running 10 s; time left: known after 4 iterations of this run"
     assert time_line({**resumed, "iteration": 2}) == "running 10 s; no iteration left"  # the job's 2 trained
     assert checkpoint_line(resumed["checkpoint"]) == "v1 (resumed from) (every 20 iterations)"
+    # a resumed job, its first controller started 3 d before this one: 'running 10 s' read as the job's
+    since_first = status(_snapshot(core, rows[:2], rows_kept=1, wall_offset_s=3 * 86400.0), now=110.0)
+    assert time_line(since_first).startswith("running 10 s (this run; job 3 d 00 h); ")
+    assert "(this run" not in time_line(resumed)  # a job that was never resumed (no offset): its one run
     assert (
         checkpoint_line({"version": None, "age_s": None, "every_iterations": 0})
         == "none complete yet (only at the end)"
