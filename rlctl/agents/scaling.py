@@ -184,6 +184,7 @@ class Scaler:
         self.never_joined: set[str] = set()  # units that exited before they joined: they hold no slot
         self._unjoined_at = -UNJOINED_CHECK_S  # when the sites were last asked about units not joined
         self._asking = False  # a thread asks them now
+        self._last_queued: set[str] = set()  # the units their schedulers last said they queue (`not_joining`)
         self.join_s: dict[str, float] = {}  # unit → seconds it took to join (the plan's from t0; a replacement's
         # from its attempt's start): what `join_bound_s` measures the job's load time by
         self.abandoned: set[str] = set()  # units asked for (replacements too) stopped for not joining within the bound
@@ -239,7 +240,7 @@ class Scaler:
         asked = set(self.pending_units())
 
         def run() -> None:
-            queued: list[str] = []
+            queued: list[str] | None = None  # None: unknown (the sites could not say)
             try:
                 gone = spawner.exited(names)
                 # a unit asked for (a replacement too) its scheduler still queues: its join bound counts from when it
@@ -253,13 +254,18 @@ class Scaler:
 
         threading.Thread(target=run, name="ask-unjoined", daemon=True).start()
 
-    def not_joining(self, gone: list[str], *, now: float, queued: Sequence[str] = ()) -> None:
+    def not_joining(self, gone: list[str], *, now: float, queued: Sequence[str] | None = ()) -> None:
         """Units whose sites said they exited before they joined: they hold no slot; the plan's is replaced (as a
         unit lost), a replacement's is a failed attempt of its chain, one asked for (`rlctl scale`, the rebalance
         rule, a resume) is a failed start. A unit asked for (a replacement too) its scheduler still queues (`queued`)
         is not loading yet: its join bound (a replacement's attempt's clock too) starts again, so a busy cluster's
-        queue does not count against it."""
+        queue does not count against it. `queued` None: its sites could not say (asking raised): those they last said
+        they queue are taken as queued still, as `Spawner.queued` takes a site that cannot say, versus read as none
+        queued, whose join bounds ran on and stopped units still waiting in a scheduler's queue."""
         self._asking = False
+        if queued is None:
+            queued = sorted(self._last_queued)
+        self._last_queued = set(queued)
         for name in queued:
             if name in self.spawn_requested and name not in self.core.units:
                 self.join_since[name] = now

@@ -728,6 +728,30 @@ def test_a_unit_asked_for_its_scheduler_still_queues_is_not_stopped_for_not_join
     assert _stop_posted(posted)[:2] == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]
 
 
+def test_a_unit_last_said_queued_whose_sites_cannot_say_is_not_stopped_for_not_joining(tmp_path) -> None:
+    # asking its sites raised (squeue, sacct, a damaged agents.jsonl): the answer read as "none queued", so the join
+    # bound of rollout-2, still waiting in SLURM's queue, ran on from when it was last seen queued and it was stopped
+    scaler, _, _, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    scaler.tick(t0 + 1.0)
+    scaler.scale(1, None, reason="rebalance")
+    deliver(scaler, posted)
+    scaler.spawn_requested["rollout-2"] = t0
+    spawner.waiting = ("rollout-2",)
+    assert _asked(scaler, posted, 1700.0) == []  # seen queued 28 min after the request
+
+    def cannot_say(names: list[str]) -> list[str]:
+        raise LaunchError("squeue: timed out")
+
+    spawner.exited = cannot_say  # type: ignore[method-assign]
+    scaler._unjoined_at = t0 - 1.0
+    assert _asked(scaler, posted, 3400.0) == []  # its sites could not say: queued, as they last said
+    scaler._unjoined_at = t0 + 3501.0
+    scaler.tick(t0 + 3501.0)  # the bound passed since it was seen queued, not since its sites could not say
+    assert posted == [] and not hasattr(spawner, "stopped")
+    assert "rollout-2" in scaler.pending_units()
+
+
 def test_a_resume_scales_in_again_a_site_the_run_had_scaled_in(tmp_path) -> None:
     # `rlctl scale -1` (1 unit on site a, 2 planned), then a resume: it came back with the plan's 2, unsaid
     scaler, *_ = setup(tmp_path, fail=0)
