@@ -173,7 +173,8 @@ def architecture_overrides(model_dir: str | Path) -> dict[str, Any]:
     (Qwen2Model, a pooling model there); {} where config.json names it."""
     from rlctl.models import hf
 
-    if "architectures" in json.loads((Path(model_dir) / hf.CONFIG_FILE).read_text()):
+    # (`"architectures": null` too: rlctl reads it by its model_type, as it reads one without the key)
+    if json.loads((Path(model_dir) / hf.CONFIG_FILE).read_text()).get("architectures") is not None:
         return {}
     return {"hf_overrides": {"architectures": [hf.read_config(model_dir).architecture]}}
 

@@ -322,3 +322,16 @@ def test_vllm_is_told_the_architecture_a_config_without_one_has(tmp_path: Path) 
     del cfg["architectures"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert architecture_overrides(tmp_path) == {"hf_overrides": {"architectures": ["Qwen2ForCausalLM"]}}
+
+
+def test_vllm_is_told_the_architecture_of_a_config_whose_architectures_is_null(tmp_path: Path) -> None:
+    """`"architectures": null` is read by its model_type as a config without the key is (`check_hf_dir`): vLLM,
+    which maps it to the base model as well, is told the ForCausalLM class too, versus nothing (the key is there)."""
+    from rlctl.engines.vllm import architecture_overrides
+
+    write_checkpoint("qwen2-tied-hd32", tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["architectures"] = None
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert check_hf_dir(tmp_path).config.architecture == "Qwen2ForCausalLM"
+    assert architecture_overrides(tmp_path) == {"hf_overrides": {"architectures": ["Qwen2ForCausalLM"]}}
