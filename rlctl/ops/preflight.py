@@ -656,13 +656,17 @@ def _controller_room(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
     ]
     if not short:
         return []
+    # an agent's memory is its GPU slots' share whatever its threads: fewer threads leave the controller no memory
+    fewer = "fewer GPUs for the agents there"
+    if not short[-1].startswith("memory"):
+        fewer += ", or fewer threads (trainer.threads_per_rank, rollout.threads_per_unit)"
     return [
         Problem(
             "placement.controller_site",
             f"site {c.site}: {'; '.join(short)}: the controller's SLURM job starts first and holds its share until "
             "the job ends, so an agent's job there waits for it for ever",
             hint=f"run the controller on another site (placement.controller_site), or leave it room on {c.site}: "
-            "fewer GPUs for the agents there, or fewer threads (trainer.threads_per_rank, rollout.threads_per_unit)",
+            + fewer,
         )
     ]
 
