@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
@@ -52,13 +53,18 @@ class SampleLog:
             log.warning("%s: %d bytes, shorter than the checkpoint's %d: left as it is", self.path, have, size)
         if size >= have:
             return 0
-        with self.path.open("rb+") as f:
+        with self.path.open("rb") as f:
             f.seek(size)
             rest = f.read()
+        # the lines go aside (on disk) before the log loses them: a cut that fails there (a full disk) or dies keeps
+        # them in the log, read again by the next resume, never in neither file
+        with self.path.with_name(self.path.stem + ".discarded.jsonl").open("ab") as out:
+            out.write(rest)
+            out.flush()
+            os.fsync(out.fileno())
+        with self.path.open("rb+") as f:
             f.truncate(size)
-        if rest:
-            with self.path.with_name(self.path.stem + ".discarded.jsonl").open("ab") as out:
-                out.write(rest)
+            os.fsync(f.fileno())
         return rest.count(b"\n")
 
     def close(self) -> None:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from rlctl.agents import samplelog
 from rlctl.agents.ledger import Ledger
@@ -55,3 +60,32 @@ def test_a_log_shorter_than_the_checkpoint_says_is_left_as_it_is(tmp_path: Path)
     log.write(_round(Ledger(), 0))
     size = log.size()
     assert log.cut(size + 100) == 0 and log.size() == size  # never padded
+
+
+def test_a_cut_that_cannot_set_the_lines_aside_keeps_them_in_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills as a resume moves the lines past its checkpoint to samples.discarded.jsonl: they stay in the
+    log (the next resume cuts them again), versus truncated away first and then lost with the failed write."""
+    led, log = Ledger(), SampleLog(tmp_path / "samples.jsonl")
+    log.write(_round(led, 0))
+    size = log.size()
+    log.write(_round(led, 1))
+    log.close()
+    whole = log.path.read_bytes()
+    real_open = Path.open
+
+    def full_disk(self: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if self.name == "samples.discarded.jsonl":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        SampleLog(log.path).cut(size)
+    monkeypatch.setattr(Path, "open", real_open)
+    assert log.path.read_bytes() == whole  # round 1's lines are still somewhere: here
+    resumed = SampleLog(log.path)
+    assert resumed.cut(size) == 2  # the next resume moves them
+    assert [r["sample_id"] for r in samplelog.read(tmp_path / "samples.discarded.jsonl")] == ["p1/0", "p1/1"]
+    assert [r["sample_id"] for r in samplelog.read(log.path)] == ["p0/0", "p0/1"]
