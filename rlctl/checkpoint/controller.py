@@ -20,6 +20,7 @@ launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifi
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,10 +132,17 @@ def cut_rows(jobdir: JobDir, path: Path, keep: Callable[[dict[str, Any]], bool])
         return []
     rows = jobdir.read_lines(path)
     kept = [r for r in rows if keep(r)]
+    aside = path.with_name(f"{path.stem}.discarded.jsonl")
     for r in rows:
         if not keep(r):
-            jobdir.append(path.with_name(f"{path.stem}.discarded.jsonl"), r)
+            jobdir.append(aside, r)
+    if aside.is_file():
+        fsync_tree(aside)  # the rows set aside are on disk before the file loses them
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    tmp.replace(path)
+    with tmp.open("w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in kept))
+        f.flush()
+        os.fsync(f.fileno())  # else a power loss after the rename can leave the file empty: every row before the
+    tmp.replace(path)  # checkpoint, which `sync_logs` made durable, lost for good
+    fsync_dir(path.parent)
     return kept

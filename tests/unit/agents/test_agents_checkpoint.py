@@ -508,6 +508,24 @@ def test_the_metrics_and_evaluations_a_resume_keeps_are_fsynced_before_latest_na
     assert tmp_path.stat().st_ino in before_latest
 
 
+def test_the_metrics_a_resume_keeps_are_fsynced_as_it_rewrites_them(tmp_path: Path, monkeypatch) -> None:
+    # cut_metrics rewrites metrics.jsonl (temporary file, rename) with the rows before the checkpoint: unsynced, a
+    # power loss after the rename could leave it empty, every row `sync_logs` had made durable lost for good
+    from rlctl.checkpoint.controller import cut_metrics
+    from rlctl.launch.jobdir import JobDir
+
+    jd = JobDir(tmp_path)
+    for i in range(3):
+        jd.append(jd.metrics, {"iteration": i, "reward_mean": 0.1 * i})
+    synced = _fsynced_inodes(monkeypatch)
+    assert [r["iteration"] for r in cut_metrics(jd, 2)] == [0, 1]
+    aside = tmp_path / "metrics.discarded.jsonl"
+    assert [r["iteration"] for r in jd.read_lines(aside)] == [2]
+    kept = synced.index(jd.metrics.stat().st_ino)  # the rewritten file, before its rename
+    assert aside.stat().st_ino in synced[:kept]  # the row set aside is on disk before the file loses it
+    assert tmp_path.stat().st_ino in synced[kept:]  # then the rename
+
+
 def test_a_shard_write_that_failed_leaves_no_partial_file(tmp_path: Path, monkeypatch) -> None:
     # a full disk left ranks/.rank-0.pt.tmp-PID inside the checkpoint, never counted or removed
     def full(obj: object, f: object) -> None:
