@@ -286,6 +286,7 @@ class ControllerAgent:
             self.scaler.rule.window = list(st.rebalance_window)
             # `status` counts replaced units across resumes; the units `scale` / the rebalance rule added start again
             self.scaler.restore(replaced=st.replaced, units=st.rollout_units)
+            self.core.skipped_in_a_row = list(st.skipped_in_a_row)
             self.expect_checkpoint = st.trainer_digest
             self.complete.append(version)
             self.checkpointed = (version, None)  # complete before this run: its age is not known here
@@ -339,6 +340,8 @@ class ControllerAgent:
             "rebalance_window": list(self.scaler.rule.window),
             "samples_log_bytes": self.samples.size(),  # the rounds retired so far: this ledger holds the rest
             "rollout_units": self.scaler.unit_counts(),  # a resume starts again those `scale` added
+            # skip_nonfinite bounds the steps skipped in a row across a resume (else each resume took as many more)
+            "skipped_in_a_row": list(self.core.skipped_in_a_row),
         }
         self.writing[version] = (state, json.dumps(self.core.ledger.to_json()), self.scaler.replaced)
 

@@ -2,7 +2,8 @@
 
 trained(i, v, checkpointing)  (the trainer took its snapshot of iter-v and writes it in the background)
     ─▶ the controller keeps its state as it is now: ledger (the rounds in flight), iteration, ranker history,
-       rebalance window, rollout units replaced so far and per site, the sample log's length (the rounds retired)
+       rebalance window, rollout units replaced so far and per site, the sample log's length (the rounds retired),
+       the steps skipped in a row (a gradient not finite)
 checkpoint_written(v, D)      (the trainer's part of iter-v is on disk; D = its manifest's SHA-256)
     ─▶ save_controller(iter-v): the logs fsynced (sample log, metrics, evaluations), then that state, D
     ─▶ set_latest(v)                        (only now is iter-v a checkpoint a resume may use)
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,9 @@ class ControllerState:
     replaced: int  # rollout units replaced (joined) up to this checkpoint, over every run of the job
     samples_log_bytes: int | None  # the sample log's length when the ledger was taken (None: written before it)
     rollout_units: dict[str, int] | None = None  # rollout units per site (`Scaler.unit_counts`; None: written before)
+    # the latest iterations whose optimizer step was skipped (a gradient not finite), in a row up to the checkpoint:
+    # `trainer.skip_nonfinite` bounds the run of them across resumes (written before: none)
+    skipped_in_a_row: list[int] = field(default_factory=list)
 
 
 def save_controller(
@@ -107,6 +111,7 @@ def load_controller(jobdir: JobDir, version: int) -> ControllerState:
         replaced=int(state.get("replaced", 0)),
         samples_log_bytes=state.get("samples_log_bytes"),
         rollout_units={str(k): int(v) for k, v in units.items()} if isinstance(units, dict) else None,
+        skipped_in_a_row=[int(i) for i in state.get("skipped_in_a_row", [])],
     )
 
 

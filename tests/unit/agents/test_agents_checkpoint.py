@@ -667,3 +667,39 @@ def test_a_checkpoints_rng_states_touch_only_the_cuda_device_the_rank_computes_o
     }
     ckpt.set_rng_state(old)  # a checkpoint written before: this device's entry
     assert events == [("set", 5, 3), ("set", 5, 5)]
+
+
+def test_the_steps_skipped_in_a_row_before_a_checkpoint_count_on_in_the_run_resumed_from_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`trainer.skip_nonfinite: 3`: iterations 1–3 skipped their step (a gradient not finite), then the checkpoint
+    v4 and a crash. The run resumed from v4 takes its first skipped step for the fourth in a row (and fails, naming v1,
+    whose weights it still has), versus a count started over at each resume: three more skipped steps a resume (an
+    auto-resume loop trained nothing for as long as it had resumes) and a failure naming the resume's version."""
+    import time
+
+    from rlctl.agents import views
+    from rlctl.agents.controller import ControllerAgent
+    from rlctl.agents.messages import CheckpointWritten
+    from rlctl.launch.agentenv import ENV_RESUME
+    from rlctl.transport import InprocTransport
+    from tests.unit.controller_harness import HandledController, small_job
+
+    job = small_job("skips", iterations=8)
+    h = HandledController(tmp_path, job, listen="inproc://skips-a")
+    try:
+        h.ctl.core.skipped_in_a_row = [1, 2, 3]  # as `core.trained` left it after iterations 1–3 skipped
+        h.ctl._checkpoint_due(4)
+        assert h.ctl._checkpoint(CheckpointWritten(version=4, checkpoint="d" * 64))
+    finally:
+        h.close()
+    monkeypatch.setenv(ENV_RESUME, "4")
+    ctl = ControllerAgent(h.jd, job, InprocTransport(secret=h.jd.secret()), listen="inproc://skips-b")
+    try:
+        # the next skipped step is the fourth in a row (`core.trained` fails the job past skip_nonfinite:
+        # test_agents_core's test_more_skipped_steps_in_a_row_than_the_job_takes_fail_it); status says 3 so far
+        assert ctl.core.skipped_in_a_row == [1, 2, 3]
+        assert views.status(ctl.snapshot(), now=time.monotonic())["training"]["skipped_in_a_row"] == 3
+    finally:
+        ctl.listener.close()
+        threading.Thread(target=ctl.metrics.close, daemon=True).start()
