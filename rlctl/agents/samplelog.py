@@ -45,8 +45,9 @@ class SampleLog:
 
     def cut(self, size: int) -> int:
         """Keep the first `size` bytes (whole lines: a size this log reported); the lines after them move to
-        samples.discarded.jsonl beside it. Returns how many lines moved. A log shorter than `size` (lost or cut
-        by hand) is left as it is, with a warning: the rounds it lacks are not in it."""
+        samples.discarded.jsonl beside it, each whole (a last line cut short gets its newline there). Returns how
+        many lines moved. A log shorter than `size` (lost or cut by hand) is left as it is, with a warning: the
+        rounds it lacks are not in it."""
         self.close()
         have = self.size()
         if size > have:
@@ -56,6 +57,8 @@ class SampleLog:
         with self.path.open("rb") as f:
             f.seek(size)
             rest = f.read()
+        if not rest.endswith(b"\n"):  # the last line cut short (the controller killed as it wrote): its newline, so
+            rest += b"\n"  # that the lines the next cut sets aside start lines of their own, not end this one
         # the lines go aside (on disk) before the log loses them: a cut that fails there (a full disk) or dies keeps
         # them in the log, read again by the next resume, never in neither file
         with self.path.with_name(self.path.stem + ".discarded.jsonl").open("ab") as out:

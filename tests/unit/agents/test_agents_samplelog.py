@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -89,3 +90,23 @@ def test_a_cut_that_cannot_set_the_lines_aside_keeps_them_in_the_log(
     assert resumed.cut(size) == 2  # the next resume moves them
     assert [r["sample_id"] for r in samplelog.read(tmp_path / "samples.discarded.jsonl")] == ["p1/0", "p1/1"]
     assert [r["sample_id"] for r in samplelog.read(log.path)] == ["p0/0", "p0/1"]
+
+
+def test_a_line_cut_short_by_a_crash_is_set_aside_as_a_line_of_its_own(tmp_path: Path) -> None:
+    """The controller is killed as it writes round 1's lines; the resume sets them aside, the last cut short. The
+    next resume's lines start lines of their own in samples.discarded.jsonl, versus the first glued onto that cut
+    line (one damaged line where a sample's row was)."""
+    led, log = Ledger(), SampleLog(tmp_path / "samples.jsonl")
+    log.write(_round(led, 0))
+    size = log.size()
+    log.write(_round(led, 1))
+    log.close()
+    with log.path.open("ab") as f:
+        f.write(b'{"sample_id": "p2/0", "sta')  # round 2's first line, cut short
+    assert SampleLog(log.path).cut(size) == 3
+    resumed = SampleLog(log.path)
+    resumed.write(_round(Ledger(), 1))  # the resumed run retires round 1 again, then dies before a checkpoint
+    assert resumed.cut(size) == 2
+    lines = (tmp_path / "samples.discarded.jsonl").read_text().splitlines()
+    assert lines[2] == '{"sample_id": "p2/0", "sta'
+    assert [json.loads(line)["sample_id"] for line in lines[:2] + lines[3:]] == ["p1/0", "p1/1", "p1/0", "p1/1"]
