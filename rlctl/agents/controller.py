@@ -287,6 +287,7 @@ class ControllerAgent:
             # `status` counts replaced units across resumes; the units `scale` / the rebalance rule added start again
             self.scaler.restore(replaced=st.replaced, units=st.rollout_units)
             self.core.skipped_in_a_row = list(st.skipped_in_a_row)
+            self.violations = st.violations
             self.expect_checkpoint = st.trainer_digest
             self.complete.append(version)
             self.checkpointed = (version, None)  # complete before this run: its age is not known here
@@ -342,6 +343,7 @@ class ControllerAgent:
             "rollout_units": self.scaler.unit_counts(),  # a resume starts again those `scale` added
             # skip_nonfinite bounds the steps skipped in a row across a resume (else each resume took as many more)
             "skipped_in_a_row": list(self.core.skipped_in_a_row),
+            "violations": self.violations,  # the job's, across resumes: a stale sample trained is never undone
         }
         self.writing[version] = (state, json.dumps(self.core.ledger.to_json()), self.scaler.replaced)
 

@@ -3,7 +3,7 @@
 trained(i, v, checkpointing)  (the trainer took its snapshot of iter-v and writes it in the background)
     ─▶ the controller keeps its state as it is now: ledger (the rounds in flight), iteration, ranker history,
        rebalance window, rollout units replaced so far and per site, the sample log's length (the rounds retired),
-       the steps skipped in a row (a gradient not finite)
+       the steps skipped in a row (a gradient not finite), the staleness violations the trainer reported
 checkpoint_written(v, D)      (the trainer's part of iter-v is on disk; D = its manifest's SHA-256)
     ─▶ save_controller(iter-v): the logs fsynced (sample log, metrics, evaluations), then that state, D
     ─▶ set_latest(v)                        (only now is iter-v a checkpoint a resume may use)
@@ -50,6 +50,7 @@ class ControllerState:
     # the latest iterations whose optimizer step was skipped (a gradient not finite), in a row up to the checkpoint:
     # `trainer.skip_nonfinite` bounds the run of them across resumes (written before: none)
     skipped_in_a_row: list[int] = field(default_factory=list)
+    violations: int = 0  # samples the trainer found staler than η up to the checkpoint (summary staleness_violations)
 
 
 def save_controller(
@@ -112,6 +113,7 @@ def load_controller(jobdir: JobDir, version: int) -> ControllerState:
         samples_log_bytes=state.get("samples_log_bytes"),
         rollout_units={str(k): int(v) for k, v in units.items()} if isinstance(units, dict) else None,
         skipped_in_a_row=[int(i) for i in state.get("skipped_in_a_row", [])],
+        violations=int(state.get("violations", 0)),
     )
 
 

@@ -703,3 +703,35 @@ def test_the_steps_skipped_in_a_row_before_a_checkpoint_count_on_in_the_run_resu
     finally:
         ctl.listener.close()
         threading.Thread(target=ctl.metrics.close, daemon=True).start()
+
+
+def test_the_staleness_violations_before_a_checkpoint_stay_in_the_summary_of_the_run_resumed_from_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The trainer reported a sample staler than η before checkpoint v2 (the invariant broken, in the weights for
+    good); the run resumed from v2 says so in its status and summary, versus staleness_violations 0 (each resume
+    started the count over, and a job's summary after a resume read as if the bound had held)."""
+    import time
+
+    from rlctl.agents import views
+    from rlctl.agents.controller import ControllerAgent
+    from rlctl.agents.messages import CheckpointWritten
+    from rlctl.launch.agentenv import ENV_RESUME
+    from rlctl.transport import InprocTransport
+    from tests.unit.controller_harness import HandledController, small_job
+
+    job = small_job("stale", iterations=6)
+    h = HandledController(tmp_path, job, listen="inproc://stale-a")
+    try:
+        h.ctl.violations = 1  # as `_trained` counted the trainer's `staleness_violations` of an iteration before v2
+        h.ctl._checkpoint_due(2)
+        assert h.ctl._checkpoint(CheckpointWritten(version=2, checkpoint="d" * 64))
+    finally:
+        h.close()
+    monkeypatch.setenv(ENV_RESUME, "2")
+    ctl = ControllerAgent(h.jd, job, InprocTransport(secret=h.jd.secret()), listen="inproc://stale-b")
+    try:
+        assert views.status(ctl.snapshot(), now=time.monotonic())["staleness_violations"] == 1
+    finally:
+        ctl.listener.close()
+        threading.Thread(target=ctl.metrics.close, daemon=True).start()
