@@ -35,6 +35,7 @@ from rlctl.agents import migration
 from rlctl.agents.buffers import StalenessBuffers
 from rlctl.agents.ledger import COMPLETE, Entry, Ledger, State
 from rlctl.agents.staleness import StalenessBound
+from rlctl.errors import RlctlError
 from rlctl.planner.dispatch import assign_balanced
 
 Mode = Literal["sync", "stream", "async"]
@@ -883,6 +884,15 @@ class ControllerCore:
             if self._refill is not None:  # and those drawn in place of dropped groups
                 drawn += [self._refill(r, j) for j in range(ledger.refills.get(r, 0))]
             self._register([spec for spec in drawn if spec.prompt_id in queued])
+        if missing := sorted(queued - self.prompts.keys()):
+            # (else the first dispatch of one failed the run mid-way: `controller error: KeyError: 'p8'`)
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise RlctlError(
+                f"checkpoint v{version} holds prompts to generate again that the job no longer draws for their rounds "
+                f"({', '.join(missing[:3])}{more}): its batch.prompts_per_iteration, data or task changed since "
+                "the checkpoint was written (job.json edited)",
+                hint="put job.json's batch and task back as they were at the launch, or launch the changed job anew",
+            )
 
     @property
     def created(self) -> int:

@@ -833,3 +833,26 @@ def test_a_huge_staleness_bound_creates_rounds_only_so_many_samples_ahead():
     assert wide.cfg.rounds_ahead == 3  # η below the cap: η
     huge = _core(mode="async", eta=50, prompts=64, group=16, iterations=100, max_samples_ahead=16)
     assert huge.cfg.rounds_ahead == 1  # a round larger than the cap: the next one still comes
+
+
+def test_a_restore_whose_prompts_the_job_no_longer_draws_is_refused_in_one_line() -> None:
+    """job.json edited before a resume so that a round draws other prompts (a dataset job's prompts_per_iteration:
+    its positions move): the checkpoint's queued prompts have no spec. The restore says so, naming them, versus a
+    run that started and failed at their first dispatch (`controller error: KeyError`)."""
+    from rlctl.agents.ledger import Ledger
+    from rlctl.errors import RlctlError
+
+    core = _core(mode="async", eta=1, prompts=2, iterations=4)
+    core.join("trainer-0", role="trainer", version=0)
+    for sid, _ in _generate(core.join("r0", role="rollout", version=0))["r0"]:
+        _finish(core, "r0", sid)
+    core.trained(iteration=0, version=1, sample_ids=["p0-0/0", "p0-1/0"], stats={})
+    saved = core.ledger.to_json()  # iteration 1 generated, not trained: queued again on resume
+
+    def moved(it: int) -> list[PromptSpec]:  # the data stream's positions as the edited job draws them
+        return [PromptSpec(f"p{it}-{j + 2}", [1, 2], true_len=10) for j in range(2)]
+
+    cfg = _core(mode="async", eta=1, prompts=2, iterations=4).cfg
+    again = ControllerCore(cfg, prompts=moved, predict=lambda specs: [10.0] * len(specs))
+    with pytest.raises(RlctlError, match=r"checkpoint v1 holds prompts .* \(p1-0, p1-1, p2-0 and 1 more\): its batch"):
+        again.restore(version=1, ledger=Ledger.from_json(saved))
