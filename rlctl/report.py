@@ -289,9 +289,10 @@ def _evaluation_lacks(e: dict[str, Any]) -> str | None:
     return problem
 
 
-# the events the report reads (`JobRecord.scales`): the others are not parsed, since a job of weeks writes hundreds of
-# thousands (a `weights_applied` per unit and weight version: 64 units × 10⁴ versions, ≈ 130 MB)
-EVENTS_READ = ('"scale"', '"resumed_from"')
+# the events the report reads (`JobRecord.scales`; a `scale_failed` says a scale-out was a failed start): the others
+# are not parsed, since a job of weeks writes hundreds of thousands (a `weights_applied` per unit and weight version:
+# 64 units × 10⁴ versions, ≈ 130 MB)
+EVENTS_READ = ('"scale"', '"scale_failed"', '"resumed_from"')
 
 
 def _event_lacks(e: dict[str, Any]) -> str | None:
