@@ -365,7 +365,7 @@ def test_launch_detach_says_the_planner_s_note_once(
     monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
     job = _two_datacenters(tmp_path)
     started: list[tuple[list[str], dict[str, str]]] = []
-    monkeypatch.setattr(launch, "run_detached", lambda args, path, output, env: started.append((args, env)))
+    monkeypatch.setattr(launch, "run_detached", lambda args, path, output, env, **_: started.append((args, env)))
 
     class Built(Exception):
         pass
@@ -589,7 +589,7 @@ def test_launch_detach_reads_and_tokenizes_a_dataset_once(tmp_path: Path, monkey
     real = HFTokenizer.encode
     monkeypatch.setattr(HFTokenizer, "encode", lambda self, *a, **k: calls.append("row") or real(self, *a, **k))
     started: list[Path] = []
-    monkeypatch.setattr(launch, "run_detached", lambda args, path, output, env: started.append(path))
+    monkeypatch.setattr(launch, "run_detached", lambda args, path, output, env, **_: started.append(path))
     r = run_cli("launch", str(job.path), "--detach", "--job-dir", str(tmp_path / "run"))
     assert r.exit_code == 0 and started == [tmp_path / "run"], r.stderr
     assert len(calls) == 2  # each file's one row, read by the check
@@ -638,7 +638,7 @@ def test_a_ctrl_c_as_launch_detach_tokenizes_the_dataset_leaves_its_job_dir_in_t
 
         started: list[Path] = []
         monkeypatch.setattr(inputs, "prepare_data", lambda *args, **kwargs: None)
-        monkeypatch.setattr(launch, "run_detached", lambda args, path, output, env: started.append(path))
+        monkeypatch.setattr(launch, "run_detached", lambda args, path, output, env, **_: started.append(path))
         r = run_cli("launch", str(job.path), "--detach", *args)
         assert r.exit_code == 0 and started == [tmp_path / "run"], r.stderr
 
@@ -1804,7 +1804,7 @@ def test_launch_detach_into_a_directory_whose_model_dir_is_the_users_writes_noth
     job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
     before = sorted(p.name for p in tmp_path.iterdir())
     started: list[Path] = []
-    monkeypatch.setattr(launch, "run_detached", lambda args, path, output, env: started.append(path))
+    monkeypatch.setattr(launch, "run_detached", lambda args, path, output, env, **_: started.append(path))
     r = run_cli("launch", str(job.path), "--detach", "--job-dir", str(tmp_path))
     assert r.exit_code == 2 and not started, r.stderr
     assert "model: holds config.json" in r.stderr and "which rlctl did not put there" in r.stderr, r.stderr
