@@ -7,9 +7,10 @@ last rows, so that a run of a hundred thousand iterations keeps a few MB, not ev
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 from rlctl.launch.jobdir import event_time
 
@@ -80,13 +81,20 @@ def _new_run(before: dict[str, Any], row: dict[str, Any]) -> bool:
     return was is not None and at is not None and at < was
 
 
+def _number(value: Any) -> TypeGuard[int | float]:
+    """Whether `value` is a finite number (not a bool, null or text)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
 def job_start_offset(kept: list[dict[str, Any]], events: list[dict[str, Any]], *, now: float) -> float:
     """Seconds from the job's first controller start to `now` (time.time() when a resumed run's controller started),
     which its rows' wall_s adds: from the rows the resume kept (a row's t − wall_s is when the job's first controller
     started: their wall_s continued from it too, or they are the first run's), else from the job's first
-    `controller_listening` event (a moment after that start); 0 when neither says."""
+    `controller_listening` event (a moment after that start); 0 when neither says. A row without a number for `t`
+    or `wall_s` (null, text: an edited file) is passed over, as `event_time` reads one."""
     for r in kept:
-        if "t" in r and "wall_s" in r:
-            return round(max(0.0, now - (float(r["t"]) - float(r["wall_s"]))), 3)
+        t, wall = r.get("t"), r.get("wall_s")
+        if _number(t) and _number(wall):
+            return round(max(0.0, now - (float(t) - float(wall))), 3)
     started = [event_time(e) for e in events if e.get("event") == "controller_listening" and event_time(e) > 0]
     return round(max(0.0, now - min(started)), 3) if started else 0.0

@@ -676,3 +676,13 @@ def test_the_live_status_says_how_many_reward_calls_failed_and_the_first():
     ]
     quiet = status(_snapshot(core, []), now=110.0)
     assert "reward failures" not in _table({**page, "live": quiet})
+
+
+def test_a_resume_passes_over_a_kept_row_whose_t_or_wall_s_is_null():
+    # float(r["t"]) − float(r["wall_s"]) raised TypeError on a kept row with null there, as the resumed controller
+    # started; such a row is skipped for that figure, as event_time reads one
+    rows = [{"t": None, "wall_s": 5.0}, {"t": 1000.0, "wall_s": None}, {"t": "x", "wall_s": True}]
+    assert job_start_offset(rows, [], now=1020.0) == 0.0
+    assert job_start_offset([*rows, {"t": 1000.0, "wall_s": 6.0}], [], now=1020.0) == 26.0
+    events = [{"event": "controller_listening", "t": 990.0}]
+    assert job_start_offset(rows, events, now=1020.0) == 30.0
