@@ -12,6 +12,7 @@ changed keys refused unless RLCTL_SSH_HOST_KEY_CHECKING=off.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import logging
@@ -171,6 +172,15 @@ def setup_first(setup: list[str], command: str) -> str:
     return "\n".join(["{", *setup, "} </dev/null >&2", command])
 
 
+def in_bash(script: str) -> str:
+    """`script` (bash, of any lines) as one command line that bash runs whatever the SSH user's login shell (sshd
+    hands it to that shell: a tcsh or fish one read a Bourne `{ …setup… } </dev/null >&2` or `export` as an error):
+    the script base64-encoded inside single quotes, which sh, tcsh and fish all pass on unchanged (a quoted newline
+    is not: tcsh refuses it). Bash runs it as it runs the agents' `bash -s` scripts: not a login shell."""
+    encoded = base64.b64encode(script.encode()).decode()
+    return f"bash -c 'eval \"$(echo {encoded} | base64 -d)\"'"
+
+
 class LocalRunner:
     """Runs shell commands here with an optional environment overlay (e.g. SLURM_CONF), after `setup` lines."""
 
@@ -257,7 +267,7 @@ class SshRunner:
             in_stream = _ChunkedInput(stdin)
         try:
             res = self._conn.run(
-                prefix + setup_first(self.setup, command),
+                in_bash(prefix + setup_first(self.setup, command)),
                 hide=True,
                 warn=True,
                 timeout=timeout_s,

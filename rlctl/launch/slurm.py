@@ -392,7 +392,7 @@ class SlurmBackend(LaunchBackend):
         submit = f"{self._mkdir(spec)} && sbatch --parsable"
         lines = ["#!/bin/bash"]
         if self.setup:  # sbatch runs after them too: the command as the submit host's shell gets it
-            lines += [f"{head}, submitted on {self.runner.where} by (stdin: this file):"]
+            lines += [f"{head}, submitted on {self.runner.where} by bash (stdin: this file):"]
             lines += [f"#   {line}" for line in setup_first(self.setup, submit).splitlines()]
         else:
             lines += [f"{head} (submit: sbatch --parsable < this file)"]

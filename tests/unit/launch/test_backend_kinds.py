@@ -17,7 +17,7 @@ from rlctl.errors import LaunchError
 from rlctl.launch.backends import kind_of, make_backend, python_for
 from rlctl.launch.base import AgentSpec, GpuSlice, Resources
 from rlctl.launch.local import LocalBackend
-from rlctl.launch.remote import LocalRunner, SshRunner
+from rlctl.launch.remote import LocalRunner, SshRunner, SshTarget
 from rlctl.launch.slurm import SlurmBackend
 from rlctl.launch.ssh import SshBackend
 from tests.conftest import ROOT
@@ -182,3 +182,34 @@ def test_nothing_outside_the_inventory_and_kind_of_switches_on_the_scheduler_kin
         if switch.search(line) and "assert isinstance" not in line
     ]
     assert not bad, bad
+
+
+class _Said:
+    """The fabric Connection of an SshRunner: keeps the command line sshd would hand the login shell."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def run(self, line: str, **_: Any) -> Any:
+        self.lines.append(line)
+        return type("Result", (), {"exited": 0, "stdout": "", "stderr": ""})()
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_ssh_command_after_setup_lines_is_one_bash_c_line_any_login_shell_reads() -> None:
+    # `{ …setup… } </dev/null >&2; cmd` and `export K=v; ` were sent as they are: Bourne syntax the user's login
+    # shell read, so a tcsh or fish one broke every SLURM command of a site with setup lines
+    import subprocess
+
+    runner = SshRunner(SshTarget("login1", user="rl"), env={"X": "it's"}, setup=["echo set up", "Y=1"])
+    said = _Said()
+    runner._conn = said  # type: ignore[assignment]
+    runner.run('echo "$X" $Y; cat', timeout_s=5, stdin="in\n")
+    (line,) = said.lines
+    quoted = re.fullmatch(r"bash -c '([^'\\\n]*)'", line)
+    assert quoted is not None, line  # one single-quoted word: no newline, quote or backslash a tcsh/fish reads
+    # what bash then runs: the setup lines (to stderr), then the command, with its env and stdin
+    done = subprocess.run(["sh", "-c", line], input="in\n", capture_output=True, text=True, check=True)
+    assert (done.stdout, done.stderr) == ("it's 1\nin\n", "set up\n")
