@@ -214,7 +214,7 @@ def save_profile(profile: ProfileFile, path: Path) -> None:
     }
     try:  # its folder too: a job's planning.profile names a file in one not made yet (`profiles/h800.yaml`)
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.suffix == ".json":  # (as `-o json` is JSON to the other commands; the plan reads it as YAML)
+        if path.suffix.lower() == ".json":  # (as `-o json` is JSON to the other commands; the plan reads it as YAML)
             text = json.dumps(data, indent=2) + "\n"
         else:
             text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=160)

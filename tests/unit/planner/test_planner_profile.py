@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,14 @@ def test_profile_round_trip_and_interpolation(tmp_path: Path) -> None:
     m, g = BUILTIN_MODELS["qwen2.5-7b"], CATALOG["H20"]
     assert dc.ptl(32) == pytest.approx(decode_step_s(m, g, tp=entry.tp, batch=32, context=4096))
     assert dc.max_batch == 64
+
+
+def test_a_profile_written_to_an_upper_case_json_name_is_json(tmp_path: Path) -> None:
+    # `-o FILE.JSON` was written as YAML: the suffix was compared case-sensitively
+    prof = analytical_profile(BUILTIN_MODELS["qwen2.5-7b"], {"h20": (CATALOG["H20"], 8, 1.0)})
+    path = tmp_path / "P.JSON"
+    save_profile(prof, path)
+    assert json.loads(path.read_text())["kind"] == "Profile" and load_profile(path) == prof
 
 
 def test_a_noisy_measured_grid_never_extrapolates_below_what_was_measured() -> None:
