@@ -350,6 +350,12 @@ class Scaler:
     def _remove(self, n: int, site: str | None, *, reason: str) -> tuple[dict[str, Any], list[Out]]:
         sites = self.placement.sites
         units = [u for u in self.core.live_units if site is None or sites.get(u.name) == site]
+        total = len(self.core.live_units)
+        if n > total:  # more than the whole job runs: its count, not the floor of one
+            return {
+                "error": f"cannot remove {n} rollout unit(s){' on ' + site if site else ''}: the job runs {total} "
+                "in dispatch"
+            }, []
         if site is not None and len(units) < n < len(self.core.live_units):  # the site's count, not the job's floor
             return {"error": f"cannot remove {n} rollout unit(s) on {site}: it runs {len(units)} in dispatch"}, []
         if n > len(units) or n >= len(self.core.live_units):

@@ -478,6 +478,17 @@ def test_a_scale_in_of_more_units_than_a_site_runs_says_what_the_site_runs(tmp_p
     assert reply == {"error": "cannot remove 4 of 4 rollout unit(s): at least one unit must stay in the job"}
 
 
+def test_a_scale_in_of_more_units_than_the_job_runs_says_how_many_it_runs(tmp_path):
+    # `scale --rollout -5` of a job with 2 units said "cannot remove 5 of 2 rollout unit(s): at least one unit must
+    # stay in the job", as if removing all but one were the trouble
+    scaler, core, _, _ = _scaler(tmp_path, units=2)
+    reply, outs = scaler.scale(-5, None, reason="manual")
+    assert reply == {"error": "cannot remove 5 rollout unit(s): the job runs 2 in dispatch"}
+    assert outs == [] and len(core.live_units) == 2
+    reply, _ = scaler.scale(-3, "a", reason="manual")
+    assert reply == {"error": "cannot remove 3 rollout unit(s) on a: the job runs 2 in dispatch"}
+
+
 def test_first_sample_of_a_requested_unit_is_recorded_once(tmp_path):
     scaler, _, jd, _ = _scaler(tmp_path, units=1)
     scaler.spawn_requested["rollout-5"] = 0.0
