@@ -349,8 +349,9 @@ def launcher_state(
     info: Any, *, ended: bool, job_dir: str | Path | None = None, source: str | None = None
 ) -> str | None:
     """One line for `status`: which launcher watches the job (`ended`: the index says the job ended), and whether
-    it still runs. One gone before it prepared the job (`job_dir` holds no job.json) left nothing to watch: it
-    names the launch anew (`source`: the job file its row recorded), which `rlctl attach` refuses to do."""
+    it still runs. One gone before it prepared the job (`job_dir` holds no job.json; a `job_dir` gone altogether
+    is said as such) left nothing to watch: it names the launch anew (`source`: the job file its row recorded),
+    which `rlctl attach` refuses to do."""
     if not isinstance(info, dict):
         return None
     where = f"pid {info.get('pid')} on {info.get('host')}"
@@ -361,6 +362,8 @@ def launcher_state(
         return f"{where}, watching" if not ended else f"{where}, finishing"
     if ended:
         return f"{where}, ended"
+    if job_dir is not None and not Path(job_dir).is_dir():  # its row outlived it: not a job never prepared
+        return f"{where}, gone; so is its job directory (removed, or not mounted on this machine)"
     if job_dir is not None and not (Path(job_dir) / "job.json").exists():
         from rlctl.ops.run import launch_again
 

@@ -230,6 +230,20 @@ def test_whether_a_recorded_launcher_still_runs(tmp_path):
     assert detach.launcher_state(None, ended=False) is None
 
 
+def test_a_dead_launcher_of_a_job_whose_directory_is_gone_says_the_directory_is_gone(tmp_path):
+    # `status --all` said "gone before it prepared the job: nothing runs (launch it anew …)" of a row whose job dir
+    # had been removed (or was not mounted): the missing directory read as a job never prepared
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    info = {"pid": p.pid, "host": socket.gethostname()}
+    gone = detach.launcher_state(info, ended=False, job_dir=tmp_path / "removed", source="job.yaml")
+    said = "gone; so is its job directory (removed, or not mounted on this machine)"
+    assert gone == f"pid {p.pid} on {info['host']}, {said}"
+    (tmp_path / "unprepared").mkdir()  # a directory without job.json: never prepared, as before
+    fresh = detach.launcher_state(info, ended=False, job_dir=tmp_path / "unprepared", source="job.yaml")
+    assert "gone before it prepared the job" in str(fresh)
+
+
 @pytest.mark.parametrize("text, name", [("launcher", "launcher"), ("rollout/1", "rollout-1"), ("trainer", "trainer-0")])
 def test_logs_names_the_launchers_log(text, name):
     assert agent_name(text) == name
