@@ -7,12 +7,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
-from rlctl.launch import local
+from rlctl.launch import local, spawn
 from rlctl.launch.backends import record_agent, write_sites
 from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir
@@ -129,5 +130,34 @@ def test_a_unit_whose_site_cannot_say_is_as_it_last_said(tmp_path: Path, monkeyp
     monkeypatch.setattr(sp.backends, "for_site", lambda name: site)
     try:
         assert [sp.queued(["rollout-0"]) for _ in range(5)] == [["rollout-0"]] * 3 + [[]] * 2
+    finally:
+        sp.close()
+
+
+def test_a_unit_whose_site_never_answers_is_queued_for_a_while_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site whose squeue always failed kept each unit queued for good: its join bound started again at every ask,
+    and a unit that hung loading was never stopped. Past SILENT_QUEUE_S of silence it is taken as started, said
+    once (a warning, a `queue_unanswered` event); an answer counts again."""
+    jd = JobDir.create("j", explicit=tmp_path / "j")
+    write_sites(jd.path, {"s": Site.model_validate(SITE)})
+    _record(jd, "controller", 0, {"pid": 1})
+    _record(jd, "rollout", 0, {"pid": 2})
+    sp = Spawner(jd, {"s": Site.model_validate(SITE)}, job="j")
+    timeout = LaunchError("squeue: failed")
+    site = _Scheduler([timeout] * 4 + [True])
+    monkeypatch.setattr(sp.backends, "for_site", lambda name: site)
+    clock = [1000.0]
+    monkeypatch.setattr(spawn, "time", SimpleNamespace(monotonic=lambda: clock[0]), raising=False)
+    silence = 1800.0  # spawn.SILENT_QUEUE_S
+    try:
+        said = []
+        for after in (0.0, silence, silence + 60, silence + 120, 9000.0):
+            clock[0] = 1000.0 + after  # seconds after the site's first failed answer
+            said.append(sp.queued(["rollout-0"]))
+        assert said == [["rollout-0"], ["rollout-0"], [], [], ["rollout-0"]]
+        events = jd.read_events("queue_unanswered")
+        assert [(e["agent"], e["site"]) for e in events] == [("rollout-0", "s")]
     finally:
         sp.close()
