@@ -267,7 +267,8 @@ class SshRunner:
             in_stream = _ChunkedInput(stdin)
         try:
             res = self._conn.run(
-                in_bash(prefix + setup_first(self.setup, command)),
+                # (a command of its own reaches the login shell as it is: any shell runs a plain command line)
+                in_bash(prefix + setup_first(self.setup, command)) if prefix or self.setup else command,
                 hide=True,
                 warn=True,
                 timeout=timeout_s,
