@@ -34,12 +34,25 @@ def pid_of(job_dir, agent: str) -> int:
     return [e["pid"] for e in events(job_dir) if e["event"] == "agent_joined" and e["agent"] == agent][-1]
 
 
+def held_past_checkpoint(tmp_path, job_dir, every: int, proc) -> None:
+    """Wait until the reward holds the run and checkpoint `every` is complete (its `checkpoint` event): the trainer
+    writes its model part in the background, which a loaded machine finished after the hold began — the rank killed
+    then left the checkpoint half written, and an auto-resume nothing to resume from."""
+    wait_for("the run held past its first checkpoint", (tmp_path / "held").exists, 300, alive=proc)
+    wait_for(
+        f"checkpoint v{every} complete",
+        lambda: any(e["event"] == "checkpoint" and e.get("version") == every for e in events(job_dir)),
+        120,
+        alive=proc,
+    )
+
+
 def held_then_killed(tmp_path, launcher, job, job_dir, every: int) -> int:
     """Launch `job` (an `hf_job`), SIGKILL trainer-0 where its reward holds the run (one iteration or two past
     checkpoint `every`), check that the failure names the resume command, let go of the hold; the version
     of the latest checkpoint."""
     proc = launcher(str(job), "--job-dir", str(job_dir), "-o", "json")
-    wait_for("the run held past its first checkpoint", (tmp_path / "held").exists, 300, alive=proc)
+    held_past_checkpoint(tmp_path, job_dir, every, proc)
     os.kill(pid_of(job_dir, "trainer-0"), signal.SIGKILL)
     (tmp_path / "hold").unlink()
     _, err = proc.communicate(timeout=120)
@@ -144,7 +157,7 @@ def test_a_failed_run_resumes_by_itself_with_auto_resume(tmp_path, launcher):
     spec["checkpoint"]["auto_resume"] = 1
     job.write_text(yaml.safe_dump(spec))
     proc = launcher(str(job), "--job-dir", str(job_dir), "-o", "json")
-    wait_for("the run held past its first checkpoint", (tmp_path / "held").exists, 300, alive=proc)
+    held_past_checkpoint(tmp_path, job_dir, 3, proc)
     os.kill(pid_of(job_dir, "trainer-0"), signal.SIGKILL)
     (tmp_path / "hold").unlink()
     out, err = proc.communicate(timeout=300)
