@@ -591,15 +591,8 @@ def _slurm_cores(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
         cores = [n.cpus for n in site.nodes]
         if a.role not in THREAD_FIELDS or kind_of(site).slices_gpus or None in cores:
             continue
-        try:
-            res = SlurmResources.for_spec(
-                a.resources,
-                slots_per_node=site.gpus_per_node,
-                gpu_request=gpu_request_for(site),
-                node_gpus=[g for _, g in site.hosts],
-                site=a.site,
-            )
-        except LaunchError:  # no layout at all: said by `placement`
+        res = _slurm_request(job, a)
+        if res is None:
             continue
         most = max(c for c in cores if c is not None)
         n, per = res.tasks_per_node, res.cpus_per_task
@@ -618,6 +611,21 @@ def _slurm_cores(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
     return list(dict.fromkeys(out))
 
 
+def _slurm_request(job: Job, a: PlannedAgent) -> SlurmResources | None:
+    """What agent `a` of a SLURM site asks sbatch for; None where its site has no layout for it (`placement` says)."""
+    site = job.inventory.sites[a.site]
+    try:
+        return SlurmResources.for_spec(
+            a.resources,
+            slots_per_node=site.gpus_per_node,
+            gpu_request=gpu_request_for(site),
+            node_gpus=[g for _, g in site.hosts],
+            site=a.site,
+        )
+    except LaunchError:
+        return None
+
+
 def _controller_room(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
     """A SLURM controller beside the job's SLURM agents on its site, its job and theirs asking more cores or memory
     than the site's nodes have in all (`nodes[].cpus`, `memory_gb`): the controller starts first and holds its share
@@ -629,15 +637,8 @@ def _controller_room(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
         return []
     asked = {"controller": [0, 0], "agents": [0, 0]}  # cores, MiB
     for a in (a for a in agents if a.site == c.site):
-        try:
-            res = SlurmResources.for_spec(
-                a.resources,
-                slots_per_node=site.gpus_per_node,
-                gpu_request=gpu_request_for(site),
-                node_gpus=[g for _, g in site.hosts],
-                site=a.site,
-            )
-        except LaunchError:  # no layout at all: said by `placement`
+        res = _slurm_request(job, a)
+        if res is None:
             return []
         cores = res.ntasks * res.cpus_per_task
         who = asked["controller" if a is c else "agents"]
