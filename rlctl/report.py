@@ -80,19 +80,26 @@ class JobRecord:
         ]
 
 
+# the events that say a unit started never joined, and the field that names it: a unit asked for not joined within
+# its bound (`scale_failed`), one that exited first (`unit_exited_before_joining`), a replacement's attempt not joined
+# within its bound (`replacement_not_joined`, by the unit)
+NEVER_JOINED = {"scale_failed": "agent", "unit_exited_before_joining": "agent", "replacement_not_joined": "by"}
+EXITED_FIRST = "exited before it joined (its log says why)"
+
+
 def _failed_start(i: int, events: list[dict[str, Any]]) -> dict[str, Any]:
-    """A scale "out" of a unit that never joined (a `scale_failed` of it follows, before any later start of that
-    name: not joined within its bound, or exited first) with its error as `failed`: a failed start, not a unit the
-    job ran with; any other event as it is. `i`: the event's place in `events`."""
+    """A scale "out" of a unit that never joined (one of `NEVER_JOINED` of it follows, before any later start of that
+    name) with its error as `failed`: a failed start, not a unit the job ran with; any other event as it is. `i`: the
+    event's place in `events`."""
     e = events[i]
     if e.get("direction") != "out" or e.get("agent") is None:
         return e
     for later in events[i + 1 :]:
-        if later.get("agent") != e["agent"]:
-            continue
-        if later.get("event") == "scale_failed":
-            return {**e, "failed": str(later.get("error") or "it never joined")}
-        if later.get("event") == "scale" and later.get("direction") == "out":
+        kind = later.get("event")
+        if kind in NEVER_JOINED and later.get(NEVER_JOINED[kind]) == e["agent"]:
+            why = later.get("error") or (EXITED_FIRST if kind == "unit_exited_before_joining" else "it never joined")
+            return {**e, "failed": str(why)}
+        if kind == "scale" and later.get("direction") == "out" and later.get("agent") == e["agent"]:
             break
     return e
 
@@ -289,10 +296,10 @@ def _evaluation_lacks(e: dict[str, Any]) -> str | None:
     return problem
 
 
-# the events the report reads (`JobRecord.scales`; a `scale_failed` says a scale-out was a failed start): the others
-# are not parsed, since a job of weeks writes hundreds of thousands (a `weights_applied` per unit and weight version:
-# 64 units × 10⁴ versions, ≈ 130 MB)
-EVENTS_READ = ('"scale"', '"scale_failed"', '"resumed_from"')
+# the events the report reads (`JobRecord.scales`; `NEVER_JOINED`: `_failed_start`'s): the others are not parsed,
+# since a job of weeks writes hundreds of thousands (a `weights_applied` per unit and weight version: 64 units × 10⁴
+# versions, ≈ 130 MB)
+EVENTS_READ = ('"scale"', '"resumed_from"', *(f'"{kind}"' for kind in NEVER_JOINED))
 
 
 def _event_lacks(e: dict[str, Any]) -> str | None:

@@ -485,3 +485,26 @@ def test_a_scale_out_of_a_unit_that_never_joined_is_a_failed_start_not_a_mark(tm
     top, bottom = Axes(), Axes()
     _scale_marks(rec, top, bottom)
     assert top.lines == bottom.lines == [2] and top.texts == ["+rollout-2 (manual)"]
+
+
+def test_a_scale_out_that_exited_before_it_joined_or_a_replacement_not_joined_is_a_failed_start(tmp_path: Path) -> None:
+    # the scaler says these with other events than scale_failed: a unit asked for that exited before it joined
+    # (`unit_exited_before_joining`), a replacement's attempt not joined within its bound (`replacement_not_joined`,
+    # by the unit); the report listed each as a unit added ('out') and drew it as one
+    from rlctl.report import _scale_rows
+
+    d = make_job_dir(tmp_path)
+    scale = {"event": "scale", "site": "h20", "direction": "out"}
+    events = [
+        {"t": 1.0, **scale, "reason": "manual", "agent": "rollout-3", "iteration": 2},
+        {"t": 2.0, "event": "unit_exited_before_joining", "agent": "rollout-3", "site": "h20"},
+        {"t": 3.0, **scale, "reason": "replace", "agent": "rollout-4", "iteration": 3},
+        {"t": 4.0, "event": "replacement_not_joined", "lost": "rollout-1", "by": "rollout-4", "error": "not joined"},
+        {"t": 5.0, **scale, "reason": "replace", "agent": "rollout-5", "iteration": 4},
+    ]
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    rows = {r[3]: r for r in _scale_rows(load(d))}
+    assert rows["rollout-3"][2] == rows["rollout-4"][2] == "out (failed start)"
+    assert rows["rollout-3"][5] == "manual; it never joined: exited before it joined (its log says why)"
+    assert rows["rollout-4"][5] == "replace; it never joined: not joined"
+    assert rows["rollout-5"][2] == "out"
