@@ -61,8 +61,11 @@ class SampleLog:
             rest += b"\n"  # that the lines the next cut sets aside start lines of their own, not end this one
         # the lines go aside (on disk) before the log loses them: a cut that fails there (a full disk) or dies keeps
         # them in the log, read again by the next resume, never in neither file
-        with self.path.with_name(self.path.stem + ".discarded.jsonl").open("ab") as out:
-            out.write(rest)
+        aside = self.path.with_name(self.path.stem + ".discarded.jsonl")
+        # a cut that failed as it wrote there (a full disk) left a line cut short: these start lines of their own
+        lead = b"\n" if _ends_mid_line(aside) else b""
+        with aside.open("ab") as out:
+            out.write(lead + rest)
             out.flush()
             os.fsync(out.fileno())
         with self.path.open("rb+") as f:
@@ -89,3 +92,16 @@ def rows(path: Path, ledger: dict[str, Any], size: int | None) -> list[dict[str,
     """Every sample of a checkpoint's lineage once: the log's rows up to the checkpoint's `samples_log_bytes`
     (`size`; None: a checkpoint written before the log, whose ledger holds them all) and its ledger's entries."""
     return (read(path, size) if size is not None else []) + list(ledger["entries"])
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """Whether the file `path` ends in a line without its newline (False where there is none)."""
+    try:
+        with path.open("rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            if end == 0:
+                return False
+            f.seek(end - 1)
+            return f.read(1) != b"\n"
+    except FileNotFoundError:
+        return False

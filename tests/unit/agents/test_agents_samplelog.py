@@ -110,3 +110,19 @@ def test_a_line_cut_short_by_a_crash_is_set_aside_as_a_line_of_its_own(tmp_path:
     lines = (tmp_path / "samples.discarded.jsonl").read_text().splitlines()
     assert lines[2] == '{"sample_id": "p2/0", "sta'
     assert [json.loads(line)["sample_id"] for line in lines[:2] + lines[3:]] == ["p1/0", "p1/1", "p1/0", "p1/1"]
+
+
+def test_lines_set_aside_after_a_cut_that_failed_as_it_set_them_aside_start_lines_of_their_own(tmp_path: Path) -> None:
+    """The disk filled as a resume wrote round 1's lines to samples.discarded.jsonl: part of its first line got there
+    (the log kept them all). The next resume's lines start after that part, versus p1/0's row glued onto it (one
+    damaged line where that sample's row was)."""
+    led, log = Ledger(), SampleLog(tmp_path / "samples.jsonl")
+    log.write(_round(led, 0))
+    size = log.size()
+    log.write(_round(led, 1))
+    log.close()
+    aside = tmp_path / "samples.discarded.jsonl"
+    aside.write_bytes(log.path.read_bytes()[size : size + 10])  # what the failed write left there
+    assert SampleLog(log.path).cut(size) == 2
+    lines = aside.read_text().splitlines()
+    assert [json.loads(line)["sample_id"] for line in lines[1:]] == ["p1/0", "p1/1"]
