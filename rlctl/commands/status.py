@@ -354,7 +354,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show a job's live state: stage times, δ and δ', throughput, weights, staleness, each agent's health."""
         from rlctl.launch.jobdir import resume_command
-        from rlctl.ops.detach import launcher_state
+        from rlctl.ops.detach import dir_gone, launcher_state
         from rlctl.ops.jobdb import LIVE, JobDB
         from rlctl.ops.jobref import resolve
         from rlctl.ops.operate import job_status, row_now
@@ -380,7 +380,7 @@ def register(app: typer.Typer) -> None:
                         "state": r.state,
                         "job_dir": r.job_dir,
                         # its row outlived it (removed, or on a filesystem not mounted here), as `status JOB` says
-                        "job_dir_gone": not Path(r.job_dir).is_dir(),
+                        "job_dir_gone": dir_gone(Path(r.job_dir)),
                         "launcher": launcher_state(
                             r.info.get("launcher"),
                             ended=r.state not in LIVE,

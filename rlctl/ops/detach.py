@@ -345,6 +345,15 @@ def launcher_running(info: Any) -> bool | None:
     return b"rlctl" in cmdline  # the pid may be another process's by now
 
 
+def dir_gone(path: Path) -> bool:
+    """Whether the job dir `path` is gone here: missing, or its filesystem does not answer (a stale NFS handle, a
+    mount this user may not enter: `Path.is_dir` raises on those, and `status --all` failed on one row)."""
+    try:
+        return not path.is_dir()
+    except OSError:
+        return True
+
+
 def launcher_state(
     info: Any, *, ended: bool, job_dir: str | Path | None = None, source: str | None = None
 ) -> str | None:
@@ -362,7 +371,7 @@ def launcher_state(
         return f"{where}, watching" if not ended else f"{where}, finishing"
     if ended:
         return f"{where}, ended"
-    if job_dir is not None and not Path(job_dir).is_dir():  # its row outlived it: not a job never prepared
+    if job_dir is not None and dir_gone(Path(job_dir)):  # its row outlived it: not a job never prepared
         return f"{where}, gone; so is its job directory (removed, or not mounted on this machine)"
     if job_dir is not None and not (Path(job_dir) / "job.json").exists():
         from rlctl.ops.run import launch_again

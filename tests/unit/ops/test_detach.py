@@ -393,3 +393,38 @@ def test_status_all_says_which_job_dirs_are_gone(tmp_path: Path, monkeypatch: py
     assert f"{tmp_path / 'gone'} (gone: removed, or not mounted on this machine)" in gone
     (kept,) = [line for line in table.stdout.splitlines() if line.startswith("here")]
     assert "(gone" not in kept
+
+
+def test_status_all_lists_a_row_whose_job_dirs_filesystem_does_not_answer_as_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a job dir on an NFS mount gone stale: stat raises ESTALE, which Path.is_dir passes on (it takes only a
+    # missing one for no directory): `rlctl status --all` failed with a traceback, every other row unlisted
+    import errno
+
+    from rlctl.launch.jobdir import JobDir
+    from tests.conftest import run_cli
+    from tests.unit.job_rows import indexed_row
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    here = JobDir.create("here", explicit=tmp_path / "here")
+    indexed_row("here", here.path, job="here", state="finished")
+    indexed_row("stale", tmp_path / "stale", job="stale", state="finished")
+    p = subprocess.Popen([sys.executable, "-c", "pass"])  # a launcher that died, the job not ended by its row
+    p.wait()
+    launcher = {"launcher": {"pid": p.pid, "host": socket.gethostname()}}
+    indexed_row("stale2", tmp_path / "stale", job="stale2", state="running", info=launcher)
+    stat = Path.stat
+
+    def stale(self: Path, **kwargs: Any) -> os.stat_result:
+        if self == tmp_path / "stale":
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), str(self))
+        return stat(self, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stale)
+    r = run_cli("status", "--all", "-o", "json")
+    assert r.exit_code == 0, r.stderr
+    rows = {row["id"]: row for row in json.loads(r.stdout)}
+    assert {name: row["job_dir_gone"] for name, row in rows.items()} == {"here": False, "stale": True, "stale2": True}
+    said = "gone; so is its job directory (removed, or not mounted on this machine)"
+    assert rows["stale2"]["launcher"].endswith(said)
