@@ -44,7 +44,7 @@ from rlctl.errors import RlctlError
 from rlctl.launch.backends import read_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import rollout_tp
-from rlctl.launch.spawn import Spawner
+from rlctl.launch.spawn import SILENT_QUEUE_S, Spawner
 from rlctl.metrics import JobMetrics
 from rlctl.textutil import did_you_mean
 
@@ -185,6 +185,7 @@ class Scaler:
         self._unjoined_at = -UNJOINED_CHECK_S  # when the sites were last asked about units not joined
         self._asking = False  # a thread asks them now
         self._last_queued: set[str] = set()  # the units their schedulers last said they queue (`not_joining`)
+        self._unanswered_since: float | None = None  # since when asking the sites has raised (`not_joining`)
         self.join_s: dict[str, float] = {}  # unit → seconds it took to join (the plan's from t0; a replacement's
         # from its attempt's start): what `join_bound_s` measures the job's load time by
         self.abandoned: set[str] = set()  # units asked for (replacements too) stopped for not joining within the bound
@@ -264,7 +265,18 @@ class Scaler:
         queued, whose join bounds ran on and stopped units still waiting in a scheduler's queue."""
         self._asking = False
         if queued is None:
+            since = self._unanswered_since = now if self._unanswered_since is None else self._unanswered_since
+            if self._last_queued and now - since > SILENT_QUEUE_S:  # for good: their join bounds run, as the
+                # spawner takes a site silent so long (else a unit that hung loading was never stopped)
+                log.warning(
+                    "controller: asking the sites about units not joined has failed for %.0f s: %s taken as started",
+                    now - since,
+                    ", ".join(sorted(self._last_queued)),
+                )
+                self._last_queued = set()
             queued = sorted(self._last_queued)
+        else:
+            self._unanswered_since = None
         self._last_queued = set(queued)
         for name in queued:
             if name in self.spawn_requested and name not in self.core.units:

@@ -752,6 +752,32 @@ def test_a_unit_last_said_queued_whose_sites_cannot_say_is_not_stopped_for_not_j
     assert "rollout-2" in scaler.pending_units()
 
 
+def test_a_unit_last_said_queued_whose_sites_never_say_again_is_stopped_once_its_bound_runs(tmp_path) -> None:
+    # asking its sites raised at every turn (a damaged agents.jsonl): rollout-2, last seen queued, was taken as
+    # queued for good, its join bound started again at each ask, and a unit that hung loading was never stopped
+    # (the spawner bounds a silent site so, SILENT_QUEUE_S; this fallback did not)
+    scaler, _, _, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    scaler.tick(t0 + 1.0)
+    scaler.scale(1, None, reason="rebalance")
+    deliver(scaler, posted)
+    scaler.spawn_requested["rollout-2"] = t0
+    spawner.waiting = ("rollout-2",)
+    assert _asked(scaler, posted, 1700.0) == []  # seen queued
+
+    def cannot_say(names: list[str]) -> list[str]:
+        raise LaunchError("agents.jsonl: line 3: not JSON")
+
+    spawner.exited = cannot_say  # type: ignore[method-assign]
+    for at in (1800.0, 2400.0, 3700.0):  # its sites say nothing from here on
+        scaler._unjoined_at = t0 - 1.0
+        assert _asked(scaler, posted, at) == []
+    assert scaler.join_since["rollout-2"] == t0 + 2400.0  # its bound runs from the last turn it was taken as queued
+    scaler._unjoined_at = t0 + 2400.0 + 1801.0
+    scaler.tick(t0 + 2400.0 + 1801.0)
+    assert "rollout-2" in scaler.abandoned  # stopped for not joining
+
+
 def test_a_resume_scales_in_again_a_site_the_run_had_scaled_in(tmp_path) -> None:
     # `rlctl scale -1` (1 unit on site a, 2 planned), then a resume: it came back with the plan's 2, unsaid
     scaler, *_ = setup(tmp_path, fail=0)
