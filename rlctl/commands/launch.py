@@ -650,9 +650,14 @@ def run_detached(
     except KeyboardInterrupt as e:
         sys.stderr.write("rlctl: interrupted: stopping the launch in the background... ")  # (up to a minute)
         sys.stderr.flush()
-        child.cancel()
+        try:
+            child.cancel()
+            ended = "it stopped"
+        except KeyboardInterrupt:  # a second Ctrl-C: not waited for (SIGTERMed, it stops what it started), versus
+            # 'stopped before it started anything: nothing to stop' said, and what it left not put right
+            ended = "not waited for (told to stop, it may still be stopping)"
         cancelled()
-        sys.stderr.write(_left_by_cancel(job_dir) + "\n")
+        sys.stderr.write(_left_by_cancel(job_dir, ended) + "\n")
         raise InterruptSaid from e
     if info is None:  # it ended before the job ran: its error was among its lines
         code = child.proc.returncode
@@ -660,7 +665,7 @@ def run_detached(
     emit(info, output, _started_table)
 
 
-def _left_by_cancel(job_dir: Path) -> str:
+def _left_by_cancel(job_dir: Path, ended: str = "it stopped") -> str:
     """What a launcher in the background, stopped as it began (`run_detached`), left: the job in the index and its
     state, a job dir outside it, or nothing; and the command that looks at it. Versus 'stopping the launch in the
     background' alone, which said neither."""
@@ -669,15 +674,15 @@ def _left_by_cancel(job_dir: Path) -> str:
     from rlctl.ops.jobref import JobRef
 
     if not job_dir.is_dir():
-        return "it stopped; nothing is left (no job dir)"
+        return f"{ended}; nothing is left (no job dir)"
     here = job_dir.resolve()
     with contextlib.closing(JobDB()) as db:
         row = next((r for r in db.list() if Path(r.job_dir).resolve() == here), None)
     ref = JobRef(row.name if row is not None else JobDir(here).id, JobDir(here), row)
     look = f"`rlctl status {ref.arg}`; its launcher's lines: `rlctl logs {ref.arg} launcher`"
     if row is None:
-        return f"it stopped; its job dir {here} is left, outside the index ({look})"
-    return f"it stopped; job {row.name} is left in the index, {row.state}, its job dir {here} ({look})"
+        return f"{ended}; its job dir {here} is left, outside the index ({look})"
+    return f"{ended}; job {row.name} is left in the index, {row.state}, its job dir {here} ({look})"
 
 
 def _resume(

@@ -671,3 +671,30 @@ def test_a_ctrl_c_of_a_launch_in_the_background_says_in_one_line_what_is_left(
         assert capsys.readouterr().err == (
             f"rlctl: interrupted: stopping the launch in the background... it stopped; {said}\n"
         )
+
+
+class _CtrlCTwiceChild(_CtrlCChild):
+    """… and Ctrl-C'd again while this process waits (up to a minute) for it to stop."""
+
+    def cancel(self) -> int:
+        raise KeyboardInterrupt
+
+
+def test_a_second_ctrl_c_as_a_launch_in_the_background_stops_still_says_what_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the second Ctrl-C went on as a plain KeyboardInterrupt: `cancelled` (a fresh launch's job dir put in the index)
+    # never ran, and `rlctl launch` then said the launch 'stopped before it started anything: nothing to stop'
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(detach, "spawn", lambda *_, **__: _CtrlCTwiceChild())
+    jd = JobDir.create("demo", explicit=tmp_path / "demo-1")
+    put: list[Path] = []
+    with pytest.raises(launch.InterruptSaid):
+        launch.run_detached(
+            ["attach", str(jd.path)], jd.path, launch.OutputFormat.table, cancelled=lambda: put.append(jd.path)
+        )
+    assert put == [jd.path]
+    assert capsys.readouterr().err.startswith(
+        "rlctl: interrupted: stopping the launch in the background... not waited for (told to stop, it may still be "
+        f"stopping); its job dir {jd.path} is left, outside the index"
+    )
