@@ -38,7 +38,7 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 import msgspec
@@ -89,6 +89,7 @@ from rlctl.launch.agentenv import ENV_RUN
 from rlctl.launch.jobdir import JobDir, event_time
 from rlctl.metrics import JobMetrics
 from rlctl.rl.ranker import LengthRanker, recall_at
+from rlctl.rl.reward import RewardStats
 from rlctl.rl.source import DatasetSource, DigitsSource, RlPrompt, task_source
 from rlctl.tracking import FanOut, make_trackers, row_to_metrics
 from rlctl.transport import Connection, Listener, Message, Transport
@@ -230,6 +231,8 @@ class ControllerAgent:
         self.start_waited = False  # START_WAIT_S passed without every planned unit (`start_with_fewer_units`)
         self.t_first: float | None = None
         self.violations = 0
+        # the reward pool's counts of the runs before this one, up to the checkpoint it resumed (summary `rewards`)
+        self.rewards_before = RewardStats()
         self.rows = RowBook()  # what status and the summary read of metrics.jsonl
         self._clients = itertools.count()
         self._closing = False
@@ -288,6 +291,7 @@ class ControllerAgent:
             self.scaler.restore(replaced=st.replaced, units=st.rollout_units)
             self.core.skipped_in_a_row = list(st.skipped_in_a_row)
             self.violations = st.violations
+            self.rewards_before = st.reward_stats
             self.expect_checkpoint = st.trainer_digest
             self.complete.append(version)
             self.checkpointed = (version, None)  # complete before this run: its age is not known here
@@ -344,6 +348,7 @@ class ControllerAgent:
             # skip_nonfinite bounds the steps skipped in a row across a resume (else each resume took as many more)
             "skipped_in_a_row": list(self.core.skipped_in_a_row),
             "violations": self.violations,  # the job's, across resumes: a stale sample trained is never undone
+            "reward_stats": asdict(self.rewards_before.plus(self.task.reward_stats())),  # the job's, as iterations
         }
         self.writing[version] = (state, json.dumps(self.core.ledger.to_json()), self.scaler.replaced)
 
@@ -1146,7 +1151,7 @@ class ControllerAgent:
             job_dir=str(self.jobdir.path),
             resilience={"resumes": self.resumes, **self.scaler.resilience(), "paused": self.paused},
             data=self._data_view(),
-            reward_stats=self.task.reward_stats(),
+            reward_stats=self.rewards_before.plus(self.task.reward_stats()),
             evaluations=self.evaluator.rows if self.evaluator is not None else [],
             checkpoint=self.checkpointed,
             gone=self.gone,

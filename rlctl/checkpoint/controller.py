@@ -3,7 +3,8 @@
 trained(i, v, checkpointing)  (the trainer took its snapshot of iter-v and writes it in the background)
     ─▶ the controller keeps its state as it is now: ledger (the rounds in flight), iteration, ranker history,
        rebalance window, rollout units replaced so far and per site, the sample log's length (the rounds retired),
-       the steps skipped in a row (a gradient not finite), the staleness violations the trainer reported
+       the steps skipped in a row (a gradient not finite), the staleness violations the trainer reported, the
+       reward calls' counts (those scored task.reward_on_error)
 checkpoint_written(v, D)      (the trainer's part of iter-v is on disk; D = its manifest's SHA-256)
     ─▶ save_controller(iter-v): the logs fsynced (sample log, metrics, evaluations), then that state, D
     ─▶ set_latest(v)                        (only now is iter-v a checkpoint a resume may use)
@@ -31,6 +32,7 @@ from rlctl.agents import samplelog
 from rlctl.agents.ledger import Ledger
 from rlctl.checkpoint.files import fsync_dir, fsync_tree, read_manifest, set_latest, write_part
 from rlctl.launch.jobdir import JobDir
+from rlctl.rl.reward import RewardStats
 
 PART = "controller"
 
@@ -51,6 +53,8 @@ class ControllerState:
     # `trainer.skip_nonfinite` bounds the run of them across resumes (written before: none)
     skipped_in_a_row: list[int] = field(default_factory=list)
     violations: int = 0  # samples the trainer found staler than η up to the checkpoint (summary staleness_violations)
+    # the reward calls up to the checkpoint, over every run of the job (summary `rewards`, `reward_failures`)
+    reward_stats: RewardStats = field(default_factory=RewardStats)
 
 
 def save_controller(
@@ -114,6 +118,7 @@ def load_controller(jobdir: JobDir, version: int) -> ControllerState:
         rollout_units={str(k): int(v) for k, v in units.items()} if isinstance(units, dict) else None,
         skipped_in_a_row=[int(i) for i in state.get("skipped_in_a_row", [])],
         violations=int(state.get("violations", 0)),
+        reward_stats=RewardStats(**state.get("reward_stats", {})),
     )
 
 

@@ -77,6 +77,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import ForkServerContext, SpawnContext
 from pathlib import Path
@@ -631,6 +632,13 @@ class RewardStats:
     @property
     def failures(self) -> int:
         return self.errors + self.timeouts + self.bad_type + self.died
+
+    def plus(self, later: RewardStats) -> RewardStats:
+        """The job's counts: these (the runs before a resume, up to its checkpoint) and a later run's `later`; the
+        first failure the earliest one."""
+        ints = [f.name for f in dataclass_fields(self) if f.type == "int"]
+        counts = {name: getattr(self, name) + getattr(later, name) for name in ints}
+        return RewardStats(**counts, first_failure=self.first_failure or later.first_failure)
 
 
 def load_deadline_s(timeout_s: float, load_timeout_s: float | None = None) -> float:

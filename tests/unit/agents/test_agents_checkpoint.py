@@ -735,3 +735,46 @@ def test_the_staleness_violations_before_a_checkpoint_stay_in_the_summary_of_the
     finally:
         ctl.listener.close()
         threading.Thread(target=ctl.metrics.close, daemon=True).start()
+
+
+def test_the_reward_failures_before_a_checkpoint_stay_in_the_summary_of_the_run_resumed_from_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Reward calls failed (scored task.reward_on_error) before checkpoint v2; the run resumed from v2 counts them in
+    its summary's `reward_failures` and `rewards`, as `iterations` counts the job's, versus 0 (the pool's counts are
+    the run's, and the failures before a resume disappeared from the summary and its reward-failures line)."""
+    import time
+
+    from rlctl.agents import views
+    from rlctl.agents.controller import ControllerAgent
+    from rlctl.agents.messages import CheckpointWritten
+    from rlctl.launch.agentenv import ENV_RESUME
+    from rlctl.render import reward_failures_line
+    from rlctl.rl.reward import RewardStats
+    from rlctl.transport import InprocTransport
+    from tests.unit.controller_harness import HandledController, small_job
+
+    job = small_job("rewfail", iterations=6)
+    h = HandledController(tmp_path, job, listen="inproc://rewfail-a")
+    try:
+        failed = RewardStats(calls=10, errors=2, timeouts=1, first_failure="error: s1 boom")
+        monkeypatch.setattr(h.ctl.task, "reward_stats", lambda: failed)  # the pool's counts up to v2
+        h.ctl._checkpoint_due(2)
+        assert h.ctl._checkpoint(CheckpointWritten(version=2, checkpoint="d" * 64))
+    finally:
+        h.close()
+    monkeypatch.setenv(ENV_RESUME, "2")
+    ctl = ControllerAgent(h.jd, job, InprocTransport(secret=h.jd.secret()), listen="inproc://rewfail-b")
+    try:
+        later = RewardStats(calls=4, bad_type=1, first_failure="bad_type: s9")
+        monkeypatch.setattr(ctl.task, "reward_stats", lambda: later)  # the resumed run's pool
+        snap = ctl.snapshot()
+        rewards = views.summary(snap)["rewards"]
+        assert (rewards["calls"], rewards["errors"], rewards["timeouts"], rewards["bad_type"]) == (14, 2, 1, 1)
+        assert rewards["first_failure"] == "error: s1 boom"
+        assert views.status(snap, now=time.monotonic())["rewards"]["calls"] == 14
+        line = reward_failures_line(rewards)
+        assert line is not None and line.startswith("4 of 14 calls")
+    finally:
+        ctl.listener.close()
+        threading.Thread(target=ctl.metrics.close, daemon=True).start()
