@@ -654,8 +654,8 @@ class ControllerCore:
             return
         oldest = min(e.sample_version for e in entries if e.sample_version is not None)
         b = self.buffers.occupy(group, oldest)
-        if b is None:
-            for e in entries:
+        if b is None:  # the whole group, its filtered samples too (as `abort_group`): else it trained short of them
+            for e in self.ledger.group(group):
                 self.ledger.requeue_stale(e.sample_id)
                 self.payloads.pop(e.sample_id, None)
             return

@@ -280,7 +280,14 @@ class Ledger:
         self.migrated += 1
 
     def requeue_stale(self, sample_id: str) -> None:
-        self._discard(self._move(sample_id, State.FINISHED, State.FINISHED))
+        """A sample of a group that found no buffer within its bound is generated again: a finished one (its tokens
+        discarded) or, as `abort_group` does, one filtered out of it (its tokens were counted when it was filtered)."""
+        e = self.entries.get(sample_id)
+        if e is not None and e.state is State.FILTERED:
+            self._reset(e)
+            self.requeued += 1
+        else:
+            self._discard(self._move(sample_id, State.FINISHED, State.FINISHED))
         self.stale_requeued += 1
 
     def abort_group(self, prompt_id: str) -> None:

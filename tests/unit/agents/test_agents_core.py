@@ -856,3 +856,29 @@ def test_a_restore_whose_prompts_the_job_no_longer_draws_is_refused_in_one_line(
     again = ControllerCore(cfg, prompts=moved, predict=lambda specs: [10.0] * len(specs))
     with pytest.raises(RlctlError, match=r"checkpoint v1 holds prompts .* \(p1-0, p1-1, p2-0 and 1 more\): its batch"):
         again.restore(version=1, ledger=Ledger.from_json(saved))
+
+
+def test_a_filtered_group_with_no_buffer_left_is_generated_again_whole_as_an_aborted_one_is():
+    """A group of 4 whose 4th sample was filtered out (its reward held the trainer) finds no buffer within its bound
+    once its last reward comes: all 4 are generated again (the filtered one's tokens counted once, when it was
+    filtered), as `abort_group` does, versus the 3 kept ones only, the filtered one left out for good (the group
+    later trained as a group of 3 though nothing of it was filtered any more)."""
+    now = [0.0]
+    core = _one_prompt_core(now, mode="stream", eta=0, iterations=2, stall=0.5, group=4)
+    for k in range(2):
+        _finish(core, "r0", f"p0/{k}")
+    core.sample("r0", sample_id="p0/3", version=0, output_tokens=5, payload="p0/3", reward=None)  # hangs
+    now[0] = 0.5
+    core.sample("r0", sample_id="p0/2", version=0, output_tokens=3, payload="p0/2", reward=None)  # scoring
+    attempt = core.awaiting_reward("p0/2")
+    now[0] = 0.6
+    core.unstick()
+    assert core.ledger.entries["p0/3"].state is State.FILTERED
+    # buffer 0 (the last p0's v0 samples may train in) is taken before p0's last reward comes
+    core.buffers.release("p0")
+    assert core.buffers.occupy("x", 0) == 0
+    core.scored("p0/2", attempt=attempt, reward=1.0)
+    states = {e.sample_id: e.state for e in core.ledger.group("p0")}
+    assert State.FILTERED not in states.values() and State.FINISHED not in states.values(), states
+    c = core.ledger.counts()
+    assert c.discarded_tokens == 5 + 3 * 3  # the filtered one's once, the three kept ones'
