@@ -825,8 +825,8 @@ class ControllerCore:
                 continue
             self.ledger.partials.drop(sample_id)
             self._reported_by.pop(sample_id, None)
-            if tokens:
-                self.ledger.partials.extend(sample_id, 0, tokens, logprobs, versions)
+            if tokens and not self.ledger.partials.extend(sample_id, 0, tokens, logprobs, versions):
+                self.ledger.discarded_tokens += len(tokens)  # past the store's bound: the sample starts over
             self.ledger.migrate(sample_id)
             moved.append(e)
             tokens_moved += len(tokens)
