@@ -99,7 +99,7 @@ class LedgerCounts:
     duplicated: int  # samples trained more than once (must be 0)
     refused: int  # sample messages refused (not dispatched to that agent)
     stale_requeued: int
-    discarded_tokens: int  # generated, then thrown away (their group could not be trained within the bound)
+    discarded_tokens: int  # generated, then thrown away, never trained (generated again: a requeue, a resume; filtered)
     aborted: int  # groups generated again because their reward held the trainer (ControllerCore.unstick)
     migrated: int  # samples a unit gave back to go to another (ControllerCore.migrate)
     filtered: int  # samples left out of their group's training: their reward held the trainer (unstick)
@@ -501,6 +501,8 @@ class Ledger:
         for e in entries:
             kept = e.prompt_id in trained and e.state is State.FILTERED
             if not (e.state is State.TRAINED or kept or e.prompt_id in dropped):
+                if e.state in (State.FINISHED, State.DELIVERED):  # generated, never trained: generated again
+                    led.discarded_tokens += e.output_tokens  # (a filtered one's were counted when it was filtered)
                 led._reset(e)
             led._insert(e)
         return led

@@ -215,3 +215,19 @@ def test_quarantining_a_group_counts_a_filtered_samples_tokens_once() -> None:
     led.quarantine("p0")
     assert led.discarded_tokens == 22
     assert {e.state for e in led.group("p0")} == {State.QUARANTINED}
+
+
+def test_a_resume_counts_the_finished_and_delivered_outputs_it_generates_again_as_discarded_tokens():
+    """At the checkpoint p0/0 was finished (7 tokens) and p0/1 delivered (4), neither trained, and p1/0 filtered
+    (its 3 tokens counted then): the resumed ledger queues them again and counts the 11 tokens it generates again in
+    `discarded_tokens` (generated, never trained), as a requeue does, versus the count the checkpoint had (3)."""
+    led = _ledger()
+    _finished(led, "p0/0", tokens=7)
+    _finished(led, "p0/1", tokens=4)
+    led.deliver("p0/1")
+    _finished(led, "p1/0", tokens=3)
+    led.filter("p1/0")
+    assert led.discarded_tokens == 3
+    back = Ledger.from_json(led.to_json())
+    assert {e.state for e in back.entries.values()} == {State.QUEUED}
+    assert back.counts().discarded_tokens == 3 + 7 + 4
