@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rlctl.agents.ledger import Entry, entry_row
+from rlctl.launch.jobdir import ends_mid_line
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class SampleLog:
         # them in the log, read again by the next resume, never in neither file
         aside = self.path.with_name(self.path.stem + ".discarded.jsonl")
         # a cut that failed as it wrote there (a full disk) left a line cut short: these start lines of their own
-        lead = b"\n" if _ends_mid_line(aside) else b""
+        lead = b"\n" if ends_mid_line(aside) else b""
         with aside.open("ab") as out:
             out.write(lead + rest)
             out.flush()
@@ -92,16 +93,3 @@ def rows(path: Path, ledger: dict[str, Any], size: int | None) -> list[dict[str,
     """Every sample of a checkpoint's lineage once: the log's rows up to the checkpoint's `samples_log_bytes`
     (`size`; None: a checkpoint written before the log, whose ledger holds them all) and its ledger's entries."""
     return (read(path, size) if size is not None else []) + list(ledger["entries"])
-
-
-def _ends_mid_line(path: Path) -> bool:
-    """Whether the file `path` ends in a line without its newline (False where there is none)."""
-    try:
-        with path.open("rb") as f:
-            end = f.seek(0, os.SEEK_END)
-            if end == 0:
-                return False
-            f.seek(end - 1)
-            return f.read(1) != b"\n"
-    except FileNotFoundError:
-        return False

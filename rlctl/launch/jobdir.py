@@ -371,17 +371,22 @@ def append_row(path: Path, row: dict[str, Any]) -> None:
     damaged line became this one and every reader's (`rlctl stop`'s request among them, or the record of the
     agent started next, which no stop then stopped)."""
     with appending(path) as f:
-        f.write(("\n" if _ends_mid_line(path) else "") + json.dumps(row, default=str) + "\n")
+        f.write(("\n" if ends_mid_line(path) else "") + json.dumps(row, default=str) + "\n")
 
 
-def _ends_mid_line(path: Path) -> bool:
-    """Whether the file `path` (under `appending`'s lock) ends in a line without its newline."""
-    with path.open("rb") as f:
-        end = f.seek(0, os.SEEK_END)
-        if end == 0:
-            return False
-        f.seek(end - 1)
-        return f.read(1) != b"\n"
+def ends_mid_line(path: Path) -> bool:
+    """Whether the file `path` ends in a line without its newline (False where there is none): a writer killed as
+    it appended left it so, and the next line appended starts on a line of its own (`append_event`, the sample
+    log's lines set aside)."""
+    try:
+        with path.open("rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            if end == 0:
+                return False
+            f.seek(end - 1)
+            return f.read(1) != b"\n"
+    except FileNotFoundError:
+        return False
 
 
 _said: set[str] = set()  # the damaged lines `say_once` said in this process (`rlctl status -w` reads every poll)
