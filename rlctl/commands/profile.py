@@ -93,7 +93,12 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         output: Annotated[
-            Path | None, typer.Option("--output", "-o", help="profile file to write (default: stdout)")
+            Path | None,
+            typer.Option(
+                "--output",
+                "-o",
+                help="profile file to write: YAML, or JSON where its name ends in .json (default: YAML on stdout)",
+            ),
         ] = None,
         workdir: Annotated[
             Path | None,
