@@ -217,6 +217,8 @@ class GrpoLearner:
         )
 
     def step(self, samples: list[Sample]) -> dict[str, float]:
+        """One GRPO step on `samples` (this rank's). None (a rank given no share of the batch): a step with no
+        gradient of its own, still in the sums over the ranks, as one of empty outputs."""
         t0 = time.monotonic()
         if self.cfg.kl_coef > 0:
             fill_ref_logprobs(self.ref_model, samples, temperature=self.cfg.temperature, pad=self.pad)
@@ -262,7 +264,7 @@ class GrpoLearner:
             "entropy": sums["entropy_sum"] / n,
             "grad_norm": grad_norm,
             "lr": lr,
-            "reward_mean": sum(rewards) / len(rewards),
+            "reward_mean": sum(rewards) / max(len(rewards), 1),  # none: 0, as the streaming learner's
             "samples": float(len(samples)),
             "tokens": sums["tokens"],
             "seconds": time.monotonic() - t0,

@@ -126,6 +126,8 @@ class PpoLearner:
     @torch.no_grad()
     def advantages(self, samples: list[Sample]) -> tuple[list[list[float]], list[list[float]]]:
         """Per-token (advantages, returns) of each sample, advantages whitened over all tokens."""
+        if not samples:  # (every rank has the whole batch: all return here, none waits in the gather below)
+            return [], []
         adv: list[torch.Tensor] = [torch.zeros(0)] * len(samples)
         ret: list[list[float]] = [[] for _ in samples]
         cuts = self._cuts(samples)
@@ -161,7 +163,8 @@ class PpoLearner:
         return [((a - mean) / std).tolist() for a in adv], ret
 
     def step(self, samples: list[Sample]) -> dict[str, float]:
-        """One PPO step on the whole batch `samples` (every rank passes the same), this rank training its share."""
+        """One PPO step on the whole batch `samples` (every rank passes the same), this rank training its share. No
+        samples: a step with no gradient (the weights stay, the version counts on), as one of empty outputs."""
         t0 = time.monotonic()
         adv, ret = self.advantages(samples)
         total = max(sum(len(s.output_tokens) for s in samples), 1)  # none: every output empty, a zero gradient
@@ -227,7 +230,7 @@ class PpoLearner:
             "is_capped_frac": sums["is_capped_sum"] / n,
             "grad_norm": grad_norm,
             "lr": self.cfg.lr * factor,
-            "reward_mean": sum(s.reward for s in samples) / len(samples),
+            "reward_mean": sum(s.reward for s in samples) / max(len(samples), 1),  # none: 0, as the streaming learner
             "samples": float(len(samples)),
             "tokens": sums["tokens"],
             "seconds": time.monotonic() - t0,

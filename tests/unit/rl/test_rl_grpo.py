@@ -176,3 +176,13 @@ def test_a_batch_of_empty_outputs_takes_a_zero_step_not_nan(model: TinyGPT) -> N
     stats = GrpoLearner(model, GrpoAlgorithm(kind="grpo", weight_decay=0.0), micro_batch_samples=4).step(samples)
     assert stats["grad_norm"] == 0.0 and stats["skipped"] == 0.0 and stats["tokens"] == 0
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_a_step_with_no_samples_leaves_the_weights_and_counts_the_version(model: TinyGPT) -> None:
+    # reward_mean was 0 / 0 (ZeroDivisionError), versus a step with no gradient: a rank given no share of the batch
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    learner = GrpoLearner(model, GrpoAlgorithm(kind="grpo"))
+    stats = learner.step([])
+    assert stats["samples"] == 0.0 and stats["reward_mean"] == 0.0 and stats["grad_norm"] == 0.0
+    assert stats["skipped"] == 0.0 and learner.steps == 1
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

@@ -94,3 +94,15 @@ def test_an_off_policy_ppo_step_reports_its_behaviour_weights() -> None:
     behaviour = [lp[0] - 1.0, lp[1]]  # the first token: π / μ = e ≈ 2.7, capped at 1.5; the second: 1
     stats = learner.step([Sample("p", [1, 4], [7, 8], behaviour, 1.0), Sample("p", [1, 4], [9, 10], [-3.0, -3.0], 0.0)])
     assert stats["is_capped_frac"] > 0 and 0 < stats["is_weight_mean"] < 1.5
+
+
+def test_a_step_with_no_samples_leaves_the_weights_and_counts_the_version() -> None:
+    # no samples raised (torch.cat of no advantages; reward_mean 0 / 0), versus a step with no gradient
+    torch.manual_seed(0)
+    model = TinyGPT(SMALL)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    learner = PpoLearner(model, PpoAlgorithm(kind="ppo"))
+    stats = learner.step([])
+    assert stats["samples"] == 0.0 and stats["reward_mean"] == 0.0 and stats["grad_norm"] == 0.0
+    assert stats["skipped"] == 0.0 and learner.steps == 1
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
