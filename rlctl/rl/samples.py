@@ -41,6 +41,11 @@ class Sample:
         )
 
     def __post_init__(self) -> None:
+        if not self.prompt_tokens:  # the grid's row for output token t is the position before it: none for the first
+            raise ValueError(
+                f"sample of {self.prompt_id}: an empty prompt; its first output token has no position that predicts it "
+                "(a prompt needs one token at least: a BOS)"
+            )
         if len(self.logprobs) != len(self.output_tokens):
             raise ValueError(
                 f"sample of {self.prompt_id}: {len(self.logprobs)} logprobs for {len(self.output_tokens)} output tokens"

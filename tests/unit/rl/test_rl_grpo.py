@@ -97,6 +97,13 @@ def test_sample_from_engine_result() -> None:
         Sample("p", [1], [7, 8], [0.0], 1.0)
 
 
+def test_a_sample_with_an_empty_prompt_is_refused_in_one_line() -> None:
+    # its mask span began at -1 (the grid's last position): make_batch failed on a torch shape error (its log-probs
+    # did not fit the span), or, for a one-token output, masked nothing: a token counted in the batch, never trained
+    with pytest.raises(ValueError, match=r"sample of p: an empty prompt; its first output token has no position"):
+        Sample("p", [], [7], [-0.5], 1.0)
+
+
 def test_micro_batches_cut_in_length_order_by_rows_and_padded_tokens() -> None:
     g = torch.Generator().manual_seed(3)
     lengths = [int(x) for x in torch.randint(1, 60, (50,), generator=g)] + [200]
