@@ -38,6 +38,32 @@ class FakeUnit:
     withdraws: list[int] = field(default_factory=list)  # the controller's `withdraw` counts not answered yet
     reachable: bool = True  # False while silent: it goes on generating, and nothing of it reaches the controller
 
+    def admit(self, request: dict[str, Any]) -> None:
+        """A `generate` request it does not hold: it runs from its prefix, as old as the prefix's oldest token."""
+        sid, prefix = request["sample_id"], list(request.get("prefix_versions", []))
+        self.inflight.append((sid, min([self.version, *prefix])))
+        self.out[sid], self.reported[sid] = prefix, len(prefix)
+        self.attempt[sid] = request["attempt"]
+
+    def grow(self, sid: str, tokens: int) -> tuple[int, list[int]]:
+        """`sid` generates `tokens` more at its weights: the report of what the controller does not have yet (its
+        start, its tokens' versions)."""
+        self.out[sid] += [self.version] * tokens
+        start, self.reported[sid] = self.reported[sid], len(self.out[sid])
+        return start, self.out[sid][start:]
+
+    def give_back(self, take: list[tuple[str, int]]) -> list[tuple[str, list[int]]]:
+        """Take `take` out of its engine (a `withdraw`'s answer): each sample id with its output's versions."""
+        for item in take:
+            self.inflight.remove(item)
+            self.attempt.pop(item[0])
+        return [(sid, self.out.pop(sid)) for sid, _ in take]
+
+    def catch_up(self, version: int) -> None:
+        """It is told of the trainer's `version` (a `members` message): it will get those weights, later."""
+        if self.version < version and version not in self.pending_weights:
+            self.pending_weights.append(version)
+
 
 @dataclass
 class FakeTrainer:
@@ -46,6 +72,24 @@ class FakeTrainer:
     trained: list[str] = field(default_factory=list)
     violations: int = 0
     early_deliveries: int = 0  # sample batches that reached the trainer before their iteration was complete
+
+    def hold(self, sample: dict[str, Any], bound: StalenessBound) -> bool:
+        """A delivered sample is held for its iteration (trained at that version); False: older than the bound."""
+        self.buffer.setdefault(sample["iteration"], []).append(sample)
+        return bound.may_train(trainer_version=sample["iteration"], sample_version=sample["version"])
+
+    def regroup(self, groups: list[str], to: int, bound: StalenessBound) -> list[dict[str, Any]]:
+        """The held samples of `groups` move to iteration `to`: those of them now older than the bound."""
+        stale = []
+        for it in list(self.buffer):
+            moving = [s for s in self.buffer[it] if s["prompt_id"] in groups]
+            self.buffer[it] = [s for s in self.buffer[it] if s not in moving]
+            for s in moving:
+                s["iteration"] = to
+                if not bound.may_train(trainer_version=to, sample_version=s["version"]):
+                    stale.append(s)
+            self.buffer.setdefault(to, []).extend(moving)
+        return stale
 
 
 def prompts_for(p: int):
@@ -113,9 +157,8 @@ def test_no_staleness_violation_and_exactly_once(
                         # the current iteration, or a later one within η (held until the trainer gets there)
                         assert trainer.version <= s["iteration"] <= trainer.version + eta
                         # iteration i is trained at version i
-                        if not bound.may_train(trainer_version=s["iteration"], sample_version=s["version"]):
+                        if not trainer.hold(s, bound):
                             trainer.violations += 1
-                        trainer.buffer.setdefault(s["iteration"], []).append(s)
                     its = {s["iteration"] for s in o.header["samples"]}
                     entries = [e for it in its for e in core.ledger.iteration_entries(it)]
                     if any(e.state in (State.QUEUED, State.DISPATCHED) for e in entries):
@@ -123,18 +166,10 @@ def test_no_staleness_violation_and_exactly_once(
                 elif o.kind == "regroup":  # groups held for a later iteration now belong to this one
                     to = o.header["iteration"]
                     assert to == trainer.version
-                    for it in list(trainer.buffer):
-                        moving = [s for s in trainer.buffer[it] if s["prompt_id"] in o.header["groups"]]
-                        trainer.buffer[it] = [s for s in trainer.buffer[it] if s not in moving]
-                        for s in moving:
-                            s["iteration"] = to
-                            if not bound.may_train(trainer_version=to, sample_version=s["version"]):
-                                trainer.violations += 1
-                        trainer.buffer.setdefault(to, []).extend(moving)
+                    trainer.violations += len(trainer.regroup(o.header["groups"], to, bound))
                 elif o.kind == "members":
                     for name in o.header["rollouts"]:  # a newcomer (or one back) gets the current weights, later
-                        if units[name].version < trainer.version and trainer.version not in units[name].pending_weights:
-                            units[name].pending_weights.append(trainer.version)
+                        units[name].catch_up(trainer.version)
             elif o.kind == "generate":
                 u = units[o.to]
                 assert u.alive
@@ -142,10 +177,7 @@ def test_no_staleness_violation_and_exactly_once(
                     if r["sample_id"] in u.attempt:  # held already: its own generation answers this dispatch
                         u.attempt[r["sample_id"]] = r["attempt"]
                         continue
-                    prefix = list(r.get("prefix_versions", []))
-                    u.inflight.append((r["sample_id"], min([u.version, *prefix])))
-                    u.out[r["sample_id"]], u.reported[r["sample_id"]] = prefix, len(prefix)
-                    u.attempt[r["sample_id"]] = r["attempt"]
+                    u.admit(r)
             elif o.kind == "withdraw":
                 units[o.to].withdraws.append(o.header["count"])
             elif o.kind == "stop":  # drained: nothing dispatched to it is left (what it still runs went back)
@@ -204,9 +236,7 @@ def test_no_staleness_violation_and_exactly_once(
         if what == "report":
             u = units[name]
             sid, _ = data.draw(st.sampled_from(u.inflight))
-            u.out[sid] += [u.version] * data.draw(st.integers(1, 2))
-            new = u.out[sid][u.reported[sid] :]
-            start, u.reported[sid] = u.reported[sid], len(u.out[sid])
+            start, new = u.grow(sid, data.draw(st.integers(1, 2)))
             if data.draw(st.integers(0, 4)):  # else lost on the way, the unit none the wiser: the next leaves a gap
                 core.partial(
                     name, sample_id=sid, start=start, tokens=[7] * len(new), logprobs=[-1.0] * len(new), versions=new
@@ -224,10 +254,7 @@ def test_no_staleness_violation_and_exactly_once(
             u = units[name]
             count = u.withdraws.pop(0)  # what it still holds of it (some may have finished meanwhile)
             take = data.draw(st.lists(st.sampled_from(u.inflight), unique=True, max_size=count)) if u.inflight else []
-            for item in take:
-                u.inflight.remove(item)
-                u.attempt.pop(item[0])
-            parts = [(sid, [7] * len(u.out[sid]), [-1.0] * len(u.out[sid]), u.out.pop(sid)) for sid, _ in take]
+            parts = [(sid, [7] * len(out), [-1.0] * len(out), out) for sid, out in u.give_back(take)]
             handle(core.withdrawn(name, parts))
         elif what == "finish":
             u = units[name]

@@ -69,23 +69,13 @@ def test_a_resumed_controller_trains_every_prompt_once_within_the_bound(
             if o.to == "trainer":
                 if o.kind == "samples":
                     for s in o.header["samples"]:
-                        if not bound.may_train(trainer_version=s["iteration"], sample_version=s["version"]):
+                        if not trainer.hold(s, bound):
                             violations.append(s)
-                        trainer.buffer.setdefault(s["iteration"], []).append(s)
                 elif o.kind == "regroup":
-                    to = o.header["iteration"]
-                    for it in list(trainer.buffer):
-                        moving = [s for s in trainer.buffer[it] if s["prompt_id"] in o.header["groups"]]
-                        trainer.buffer[it] = [s for s in trainer.buffer[it] if s not in moving]
-                        for s in moving:
-                            s["iteration"] = to
-                            if not bound.may_train(trainer_version=to, sample_version=s["version"]):
-                                violations.append(s)
-                        trainer.buffer.setdefault(to, []).extend(moving)
+                    violations.extend(trainer.regroup(o.header["groups"], o.header["iteration"], bound))
                 elif o.kind == "members":
                     for name in o.header["rollouts"]:
-                        if units[name].version < trainer.version and trainer.version not in units[name].pending_weights:
-                            units[name].pending_weights.append(trainer.version)
+                        units[name].catch_up(trainer.version)
             elif o.kind == "generate":
                 u = units[o.to]
                 assert u.alive
@@ -96,9 +86,7 @@ def test_a_resumed_controller_trains_every_prompt_once_within_the_bound(
                     # the checkpoint's lineage)
                     assert len(r.get("prefix_logprobs", [])) == len(r.get("prefix_tokens", [])) == len(prefix)
                     assert all(v <= trainer.version for v in prefix)
-                    u.inflight.append((r["sample_id"], min([u.version, *prefix])))
-                    u.out[r["sample_id"]], u.reported[r["sample_id"]] = prefix, len(prefix)
-                    u.attempt[r["sample_id"]] = r["attempt"]
+                    u.admit(r)
             elif o.kind == "withdraw":
                 units[o.to].withdraws.append(o.header["count"])
 
@@ -137,9 +125,7 @@ def test_a_resumed_controller_trains_every_prompt_once_within_the_bound(
         if what == "report":
             u = units[name]
             sid, _ = data.draw(st.sampled_from(u.inflight))
-            u.out[sid] += [u.version] * data.draw(st.integers(1, 2))
-            new = u.out[sid][u.reported[sid] :]
-            start_at, u.reported[sid] = u.reported[sid], len(u.out[sid])
+            start_at, new = u.grow(sid, data.draw(st.integers(1, 2)))
             core.partial(
                 name,
                 sample_id=sid,
@@ -152,12 +138,7 @@ def test_a_resumed_controller_trains_every_prompt_once_within_the_bound(
             u = units[name]
             count = u.withdraws.pop(0)
             take = data.draw(st.lists(st.sampled_from(u.inflight), unique=True, max_size=count)) if u.inflight else []
-            for item in take:
-                u.inflight.remove(item)
-                u.attempt.pop(item[0])
-            parts = [
-                (sid, [7] * len(u.out[sid]), [-float(v) - 1 for v in u.out[sid]], u.out.pop(sid)) for sid, _ in take
-            ]
+            parts = [(sid, [7] * len(out), [-float(v) - 1 for v in out], out) for sid, out in u.give_back(take)]
             handle(core.withdrawn(name, parts))
         elif what == "finish":
             u = units[name]
