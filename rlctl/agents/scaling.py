@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +44,7 @@ from rlctl.errors import RlctlError
 from rlctl.launch.backends import read_sites
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import rollout_tp
-from rlctl.launch.spawn import SILENT_QUEUE_S, Spawner
+from rlctl.launch.spawn import Spawner
 from rlctl.metrics import JobMetrics
 from rlctl.textutil import did_you_mean
 
@@ -68,6 +68,10 @@ UNJOINED_CHECK_S = 60.0
 # least JOIN_BOUND_MIN_S (a unit queued in SLURM, or loading a large model, joins well within it)
 JOIN_BOUND_MIN_S = 1800.0
 JOIN_BOUND_FACTOR = 4.0
+# a unit whose site cannot say whether its scheduler still queues it (squeue failing, agents.jsonl unreadable) is
+# taken as its site last said (queued when it never said) this long from when its site first could not say: then as
+# started, so that its join bound runs (a unit that hung loading is not kept for good); as long as the shortest bound
+SILENT_QUEUE_S = JOIN_BOUND_MIN_S
 UNJOINED_STOP_GRACE_S = 10.0
 
 
@@ -184,8 +188,8 @@ class Scaler:
         self.never_joined: set[str] = set()  # units that exited before they joined: they hold no slot
         self._unjoined_at = -UNJOINED_CHECK_S  # when the sites were last asked about units not joined
         self._asking = False  # a thread asks them now
-        self._last_queued: set[str] = set()  # the units their schedulers last said they queue (`not_joining`)
-        self._unanswered_since: float | None = None  # since when asking the sites has raised (`not_joining`)
+        self._queue_said: dict[str, bool] = {}  # unit → whether its scheduler last said it queues it (`_still_queued`)
+        self._queue_silent_since: dict[str, float] = {}  # unit → since when its site cannot say so
         self.join_s: dict[str, float] = {}  # unit → seconds it took to join (the plan's from t0; a replacement's
         # from its attempt's start): what `join_bound_s` measures the job's load time by
         self.abandoned: set[str] = set()  # units asked for (replacements too) stopped for not joining within the bound
@@ -241,45 +245,28 @@ class Scaler:
         asked = set(self.pending_units())
 
         def run() -> None:
-            queued: list[str] | None = None  # None: unknown (the sites could not say)
             try:
                 gone = spawner.exited(names)
-                # a unit asked for (a replacement too) its scheduler still queues: its join bound counts from when it
-                # leaves the queue
-                queued = spawner.queued([n for n in names if (n in chains or n in asked) and n not in gone])
             except Exception as e:  # noqa: BLE001 - asked again later: the inbox's answer resets `_asking` (a
                 # thread that ended unanswered, on a damaged agents.jsonl or a site's odd answer, left it set for good)
                 log.warning("controller: cannot tell whether %s still run: %s", ", ".join(names), e)
                 gone = []
+            # a unit asked for (a replacement too) its scheduler still queues: its join bound counts from when it leaves
+            # the queue. Never raises (None: its site cannot say), so those said gone are handled whatever it answers
+            queued = spawner.queued([n for n in names if (n in chains or n in asked) and n not in gone])
             self.post(("not_joining", "", (gone, queued)))
 
         threading.Thread(target=run, name="ask-unjoined", daemon=True).start()
 
-    def not_joining(self, gone: list[str], *, now: float, queued: Sequence[str] | None = ()) -> None:
+    def not_joining(self, gone: list[str], *, now: float, queued: Mapping[str, bool | None] | None = None) -> None:
         """Units whose sites said they exited before they joined: they hold no slot; the plan's is replaced (as a
         unit lost), a replacement's is a failed attempt of its chain, one asked for (`rlctl scale`, the rebalance
-        rule, a resume) is a failed start. A unit asked for (a replacement too) its scheduler still queues (`queued`)
-        is not loading yet: its join bound (a replacement's attempt's clock too) starts again, so a busy cluster's
-        queue does not count against it. `queued` None: its sites could not say (asking raised): those they last said
-        they queue are taken as queued still, as `Spawner.queued` takes a site that cannot say, versus read as none
-        queued, whose join bounds ran on and stopped units still waiting in a scheduler's queue."""
+        rule, a resume) is a failed start. A unit asked for (a replacement too) its scheduler still queues (`queued`:
+        unit → True, False, None where its site cannot say; `_still_queued`) is not loading yet: its join bound (a
+        replacement's attempt's clock too) starts again, so a busy cluster's queue does not count against it."""
         self._asking = False
-        if queued is None:
-            since = self._unanswered_since = now if self._unanswered_since is None else self._unanswered_since
-            if self._last_queued and now - since > SILENT_QUEUE_S:  # for good: their join bounds run, as the
-                # spawner takes a site silent so long (else a unit that hung loading was never stopped)
-                log.warning(
-                    "controller: asking the sites about units not joined has failed for %.0f s: %s taken as started",
-                    now - since,
-                    ", ".join(sorted(self._last_queued)),
-                )
-                self._last_queued = set()
-            queued = sorted(self._last_queued)
-        else:
-            self._unanswered_since = None
-        self._last_queued = set(queued)
-        for name in queued:
-            if name in self.spawn_requested and name not in self.core.units:
+        for name, said in (queued or {}).items():
+            if self._still_queued(name, said, now) and name in self.spawn_requested and name not in self.core.units:
                 self.join_since[name] = now
                 for r in self.replacing.values():
                     if r.unit == name and not r.stopping:
@@ -305,6 +292,27 @@ class Scaler:
                 self.failed_starts[name] = "exited before it joined (its log says why)"
             else:
                 self.replace(name, now=now)
+
+    def _still_queued(self, name: str, said: bool | None, now: float) -> bool:
+        """Whether `name` waits in its scheduler's queue, its site having said `said` now: one whose site cannot say
+        (None) is as its site last said, queued when it never said, for SILENT_QUEUE_S from when its site first could
+        not say (its join bound waits), and then started, said once (`queue_unanswered`), so its bound runs. One
+        layer, versus a spawner's and this scaler's each bounding its own silence (a silent site's unit kept queued
+        up to twice as long; or, never said queued, not waited for at all when asking the sites raised)."""
+        if said is not None:
+            self._queue_silent_since.pop(name, None)
+            self._queue_said[name] = said
+            return said
+        silent_s = now - self._queue_silent_since.setdefault(name, now)
+        if silent_s <= SILENT_QUEUE_S:
+            return self._queue_said.get(name, True)
+        if self._queue_said.get(name, True):  # said once
+            self._queue_said[name] = False
+            site = self.placement.sites.get(name)
+            log.warning("controller: site %s has not said whether %s is queued for %.0f s: taken as started, its join "
+                        "bound runs", site, name, silent_s)  # fmt: skip
+            self.jobdir.event("queue_unanswered", agent=name, site=site, silent_s=round(silent_s))
+        return False
 
     # -- requests -----------------------------------------------------------------------------------
     def scale(self, delta: int, site: str | None, *, reason: str) -> tuple[dict[str, Any], list[Out]]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -100,12 +99,6 @@ def agent_spec(
     )
 
 
-# how long a site that does not answer whether a unit is queued (squeue failing) is taken to queue it, as it last
-# said, before the unit is taken as started, so that its join bound runs: as long as the shortest join bound
-# (rlctl.agents.scaling.JOIN_BOUND_MIN_S)
-SILENT_QUEUE_S = 1800.0
-
-
 class Spawner:
     """Starts rollout units of a running job on their sites (used by the controller)."""
 
@@ -114,8 +107,6 @@ class Spawner:
         self.backends = Backends(sites, job=job, job_dir=jobdir.path)
         self._lock = threading.Lock()
         self._in_flight: dict[str, GpuSlice] = {}  # units being started: their slices are taken
-        self._was_queued: dict[str, bool] = {}  # each agent's last answer from its site's scheduler (`queued`)
-        self._silent_since: dict[str, float] = {}  # agents whose site has not answered (`queued`): since (monotonic)
 
     def first_free_replica(self) -> int:
         replicas = [h.spec.replica for h in recorded_agents(self.jobdir.path) if h.spec.role == "rollout"]
@@ -198,13 +189,18 @@ class Spawner:
         wanted = set(names)
         return [h.spec.name for h in self._this_run() if h.spec.name in wanted and self._exited(h)]
 
-    def queued(self, names: Iterable[str]) -> list[str]:
-        """Of `names`, the agents of this run that their sites' schedulers have not started yet (SLURM: pending);
-        one whose site cannot tell (squeue timed out) is as its site last said, queued when it never said: counted
-        not queued, its join bound ran on and stopped a unit still waiting in the queue; but started once its site
-        has not answered for SILENT_QUEUE_S (queued for good, a unit that hung loading was never stopped)."""
-        wanted = set(names)
-        return [h.spec.name for h in self._this_run() if h.spec.name in wanted and self._queued(h)]
+    def queued(self, names: Iterable[str]) -> dict[str, bool | None]:
+        """Of `names`, whether each agent of this run is still waiting in its site's scheduler's queue (SLURM:
+        pending): False once started (and for one this run has not recorded), None where that cannot be learnt (squeue
+        timed out, agents.jsonl unreadable). Never raises: the caller bounds how long an unknown counts as queued
+        (`rlctl.agents.scaling`), versus a raise that lost the rest of its caller's answer."""
+        wanted = list(dict.fromkeys(names))
+        try:
+            handles = {h.spec.name: h for h in self._this_run() if h.spec.name in wanted}
+        except Exception as e:  # noqa: BLE001 - a declared fault-tolerance point: every answer unknown
+            log.warning("controller: cannot read the agents recorded to ask whether %s queue: %s", ", ".join(wanted), e)
+            return dict.fromkeys(wanted, None)
+        return {n: self._queued(handles[n]) if n in handles else False for n in wanted}
 
     def stop(self, name: str, *, grace_s: float) -> None:
         """Stop agent `name` of this run on its site (a unit that never joined); nothing when it is not recorded (its
@@ -229,32 +225,12 @@ class Spawner:
             log.warning("site %s: cannot poll %s: %s", h.spec.site, h.spec.name, e)
             return False
 
-    def _queued(self, h: AgentHandle) -> bool:
+    def _queued(self, h: AgentHandle) -> bool | None:
         try:
-            queued = self.backends.for_site(h.spec.site).queued(h)
-        except LaunchError as e:  # cannot tell: as last said (its join bound waits for an answer), for a while
-            now = time.monotonic()
-            silent_s = now - self._silent_since.setdefault(h.spec.name, now)
-            if silent_s > SILENT_QUEUE_S:  # a site that never answers: its unit is not queued forever
-                if self._was_queued.get(h.spec.name, True):  # said once
-                    self._was_queued[h.spec.name] = False
-                    log.warning(
-                        "site %s: has not said whether %s is queued for %.0f s (%s): taken as started, its join "
-                        "bound runs",
-                        h.spec.site,
-                        h.spec.name,
-                        silent_s,
-                        e,
-                    )
-                    self.jobdir.event("queue_unanswered", agent=h.spec.name, site=h.spec.site, silent_s=round(silent_s))
-                return False
-            queued = self._was_queued.get(h.spec.name, True)
-            said = "queued" if queued else "started"
-            log.warning("site %s: cannot poll %s (taken as %s): %s", h.spec.site, h.spec.name, said, e)
-            return queued
-        self._silent_since.pop(h.spec.name, None)
-        self._was_queued[h.spec.name] = queued
-        return queued
+            return self.backends.for_site(h.spec.site).queued(h)
+        except Exception as e:  # noqa: BLE001 - cannot tell (`queued`): unknown, whatever the backend raised
+            log.warning("site %s: cannot tell whether %s is queued: %s", h.spec.site, h.spec.name, e)
+            return None
 
     def close(self) -> None:
         self.backends.close()

@@ -17,7 +17,10 @@ from rlctl.checkpoint.controller import load_controller, save_controller
 from rlctl.config.inventory import Site
 from rlctl.config.job import Rebalance
 from rlctl.errors import LaunchError
+from rlctl.launch.backends import record_agent
+from rlctl.launch.base import AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.spawn import Spawner
 from rlctl.metrics import JobMetrics
 
 
@@ -35,9 +38,10 @@ class FakeSpawner:
         return [n for n in names if n in self.gone]
 
     waiting: tuple[str, ...] = ()  # the agents their schedulers still queue
+    silent = False  # their sites cannot say whether they queue them (squeue failing, agents.jsonl unreadable)
 
-    def queued(self, names: list[str]) -> list[str]:
-        return [n for n in names if n in self.waiting]
+    def queued(self, names: list[str]) -> dict[str, bool | None]:
+        return {n: None if self.silent else n in self.waiting for n in names}
 
     def stop(self, name: str, *, grace_s: float) -> None:
         self.stopped = [*getattr(self, "stopped", []), name]
@@ -744,6 +748,7 @@ def test_a_unit_last_said_queued_whose_sites_cannot_say_is_not_stopped_for_not_j
         raise LaunchError("squeue: timed out")
 
     spawner.exited = cannot_say  # type: ignore[method-assign]
+    spawner.silent = True
     scaler._unjoined_at = t0 - 1.0
     assert _asked(scaler, posted, 3400.0) == []  # its sites could not say: queued, as they last said
     scaler._unjoined_at = t0 + 3501.0
@@ -769,6 +774,7 @@ def test_a_unit_last_said_queued_whose_sites_never_say_again_is_stopped_once_its
         raise LaunchError("agents.jsonl: line 3: not JSON")
 
     spawner.exited = cannot_say  # type: ignore[method-assign]
+    spawner.silent = True
     for at in (1800.0, 2400.0, 3700.0):  # its sites say nothing from here on
         scaler._unjoined_at = t0 - 1.0
         assert _asked(scaler, posted, at) == []
@@ -776,6 +782,81 @@ def test_a_unit_last_said_queued_whose_sites_never_say_again_is_stopped_once_its
     scaler._unjoined_at = t0 + 2400.0 + 1801.0
     scaler.tick(t0 + 2400.0 + 1801.0)
     assert "rollout-2" in scaler.abandoned  # stopped for not joining
+
+
+def test_a_unit_never_said_queued_whose_sites_cannot_say_waits_for_a_bounded_time(tmp_path) -> None:
+    """rollout-2's sites could not say anything from the start (asking raised): the scaler read that as "none
+    queued", so its join bound ran from its start and it was stopped at the bound though it may wait in SLURM's
+    queue, while a spawner whose squeue alone failed kept it queued. One rule now: a unit whose queue state cannot be
+    learnt is queued, as its site last said (never: queued), for SILENT_QUEUE_S from when it first could not say; then
+    it is taken as started (said once, `queue_unanswered`) and stopped once its bound runs, not kept for good."""
+    scaler, _, jd, posted, spawner = setup(tmp_path, fail=0)
+    t0 = scaler.t0
+    scaler.tick(t0 + 1.0)  # the plan's units joined a second in: the bound is its least, 30 min
+    scaler.scale(1, None, reason="rebalance")
+    deliver(scaler, posted)
+    scaler.spawn_requested["rollout-2"] = scaler.join_since["rollout-2"] = t0
+
+    def cannot_say(names: list[str]) -> list[str]:
+        raise LaunchError("agents.jsonl: cannot read: Input/output error")
+
+    spawner.exited = cannot_say  # type: ignore[method-assign]
+    spawner.silent = True
+    assert _asked(scaler, posted, 1700.0) == []
+    scaler._unjoined_at = t0 + 1801.0
+    scaler.tick(t0 + 1801.0)  # its bound passed since its start: its sites never said it left the queue
+    assert posted == [] and "rollout-2" not in scaler.abandoned and not hasattr(spawner, "stopped")
+    scaler._unjoined_at = t0 - 1.0
+    assert _asked(scaler, posted, 3400.0) == []  # silent 1700 s: queued still
+    assert scaler.join_since["rollout-2"] == t0 + 3400.0
+    scaler._unjoined_at = t0 - 1.0
+    assert _asked(scaler, posted, 3600.0) == []  # silent 1900 s: taken as started, its bound runs from 3400 s
+    scaler._unjoined_at = t0 - 1.0
+    assert _asked(scaler, posted, 3700.0) == []
+    assert scaler.join_since["rollout-2"] == t0 + 3400.0
+    assert [(e["agent"], e["site"], e["silent_s"]) for e in jd.read_events("queue_unanswered")] == [
+        ("rollout-2", "a", 1900)
+    ]
+    scaler._unjoined_at = t0 + 3400.0 + 1801.0
+    scaler.tick(t0 + 3400.0 + 1801.0)
+    assert _stop_posted(posted)[:2] == ("unjoined_stopped", "rollout-2") and spawner.stopped == ["rollout-2"]
+
+
+class _Site:
+    """A site's backend: rollout-1 exited, the others run; its queue cannot be asked (`queued` raises `error`)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def poll(self, handle: AgentHandle) -> int | None:
+        return 1 if handle.spec.name == "rollout-1" else None
+
+    def queued(self, handle: AgentHandle) -> bool:
+        raise self.error
+
+
+def test_a_planned_unit_said_exited_is_handled_though_the_queue_cannot_be_asked(tmp_path) -> None:
+    """The sites said the plan's rollout-1 exited before it joined, then asking whether rollout-2 (asked for) is
+    queued raised (squeue failing in a way its backend did not translate): the whole answer was thrown away, and
+    rollout-1 held its slot, never replaced, for as long as the queue could not be asked. The exited unit is handled;
+    rollout-2's queue state is unknown."""
+    scaler, core, jd, posted, _ = setup(tmp_path, fail=0)
+    joined = ControllerCore(core.cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1], 1)])
+    joined.join("rollout-0", role="rollout", version=0)
+    scaler.core = joined
+    for role, replica in (("controller", 0), ("rollout", 1), ("rollout", 2)):
+        record_agent(jd.path, AgentHandle(AgentSpec(role, replica, "a", []), {"pid": 10 + replica}, "local"))
+    spawner = Spawner(jd, scaler.placement.site_specs, job=jd.id)
+    spawner.backends.for_site = lambda name: _Site(OSError("squeue: broken pipe"))  # type: ignore[method-assign]
+    scaler.spawner = spawner
+    scaler.placement.sites["rollout-2"] = "a"
+    scaler.spawn_requested["rollout-2"] = scaler.join_since["rollout-2"] = scaler.t0
+    try:
+        assert _asked(scaler, posted, 61.0) == ["rollout-1"]
+    finally:
+        spawner.close()
+    assert [e["agent"] for e in jd.read_events("unit_exited_before_joining")] == ["rollout-1"]
+    assert list(scaler.replacing) == ["rollout-1"] and scaler.join_since["rollout-2"] == scaler.t0 + 61.0
 
 
 def test_a_resume_scales_in_again_a_site_the_run_had_scaled_in(tmp_path) -> None:
