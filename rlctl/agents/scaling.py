@@ -180,6 +180,10 @@ class Scaler:
         self.replaced = 0
         self.unproven: dict[str, Replacement] = {}  # a replacement that joined → its chain, until its first sample
         self.gave_up: list[str] = []  # lost units not replaced after every attempt
+        # site → units given up on there whose place no unit asked for since took (`unit_counts`), and the unit asked
+        # for → the site whose given-up place it takes (given back if its start fails)
+        self._unfilled: dict[str, int] = {}
+        self._filling: dict[str, str] = {}
         # a resumed run: the units per site its checkpoint's run had, to start again (restore()), and since when
         self.restoring: dict[str, int] | None = None
         self.restored_at = 0.0
@@ -288,8 +292,8 @@ class Scaler:
             chain = next((r for r in self.replacing.values() if r.unit == name and r.error is None), None)
             if chain is not None:  # `tick` counts it: back off and try again, or give up
                 chain.error = "exited before it joined (its log says why)"
-            elif self._unrequest(name) is not None:
-                self.failed_starts[name] = "exited before it joined (its log says why)"
+            elif name in self.spawn_requested:
+                self._failed_start(name, "exited before it joined (its log says why)")
             else:
                 self.replace(name, now=now)
 
@@ -541,10 +545,19 @@ class Scaler:
             if name in self.core.units:
                 why += " (it joined as it was being stopped)"
                 self.first_sample_s.pop(name, None)  # (`scale --wait` reads the failed start, not a unit that stands)
-            self.failed_starts[name] = why
+            self._failed_start(name, why)
             site = self.placement.sites.get(name)
             self.jobdir.event("scale_failed", agent=name, site=site, error=why)
             log.warning("controller: %s on %s: %s", name, site, why)
+
+    def _failed_start(self, name: str, why: str) -> None:
+        """`name`, a unit asked for, did not start (`scale --wait` is told `why`); a given-up unit's place it was to
+        take is open again (`unit_counts`)."""
+        self._unrequest(name)
+        self.failed_starts[name] = why
+        site = self._filling.pop(name, None)
+        if site is not None:
+            self._unfilled[site] += 1
 
     def _failed(self, r: Replacement, why: str, now: float) -> None:
         self._unrequest(r.unit or "")
@@ -552,6 +565,7 @@ class Scaler:
         if r.attempts >= REPLACE_ATTEMPTS:
             del self.replacing[r.lost]
             self.gave_up.append(r.lost)
+            self._unfilled[r.site] = self._unfilled.get(r.site, 0) + 1
             self.gave_up_why[r.lost] = why
             self.jobdir.event("replace_gave_up", lost=r.lost, site=r.site, attempts=r.attempts, error=why)
             log.warning("controller: gave up replacing %s on %s after %d attempts: %s", r.lost, r.site, r.attempts, why)
@@ -576,11 +590,13 @@ class Scaler:
         names = [u.name for u in self.core.units.values() if u.alive and not u.draining] + self.pending_units()
         sites = [self.placement.sites.get(n) for n in names]
         sites += [r.site for r in self.replacing.values() if r.unit is None]  # (its start counts, once asked)
-        # a unit given up on is a loss, not a scale-in: a resume that counted it out drained a healthy unit
-        sites += [self.placement.sites.get(n) for n in self.gave_up]
         for site in sites:
             if site is not None:
                 counts[site] = counts.get(site, 0) + 1
+        # a unit given up on is a loss, not a scale-in: a resume that counted it out drained a healthy unit; but not
+        # one whose place a unit asked for since took (a resume brought one more unit than the job had)
+        for site, n in self._unfilled.items():
+            counts[site] = counts.get(site, 0) + n
         return counts
 
     def _restore_units(self, now: float) -> list[Out]:
@@ -659,6 +675,9 @@ class Scaler:
         name = f"rollout-{replica}"
         self.placement.sites[name] = site
         self.spawn_requested[name] = time.monotonic()
+        if reason != "replace" and self._unfilled.get(site, 0) > 0:  # it takes a given-up unit's place
+            self._unfilled[site] -= 1
+            self._filling[name] = site
 
         def run() -> None:
             try:
@@ -677,8 +696,7 @@ class Scaler:
             r = next((r for r in self.replacing.values() if r.unit == name), None)
             if r is not None:
                 r.error = error  # tick() counts the failed attempt
-            self._unrequest(name)
-            self.failed_starts[name] = error
+            self._failed_start(name, error)
             self.jobdir.event("scale_failed", agent=name, site=site, reason=reason, error=error)
             log.warning("controller: could not add %s on %s: %s", name, site, error)
             return

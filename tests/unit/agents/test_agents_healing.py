@@ -967,3 +967,33 @@ def test_a_resume_does_not_scale_in_a_site_for_a_unit_its_run_gave_up_replacing(
     resumed.restore(replaced=0, units=scaler.unit_counts(), now=0.0)
     assert resumed.tick(2.0) == [] and spawner.calls == []  # the plan's 2 joined: none drained, none started
     assert not [e for e in resumed.jobdir.read_lines(resumed.jobdir.events) if e["event"] == "scale"]
+
+
+def test_a_resume_after_a_unit_given_up_on_and_a_scale_out_brings_the_units_the_job_had(tmp_path) -> None:
+    """rollout-1 lost and given up on (its node down), then `rlctl scale +1` started rollout-5 on the same site: the
+    job ran 2 units, but the checkpoint counted 3 (the given-up unit's name counted at every checkpoint), and a resume
+    started one more unit than the job had. A unit asked for after a give-up takes the lost unit's place; one whose
+    start fails gives it back."""
+    scaler, core, _, posted, spawner = setup(tmp_path, fail=scaling.REPLACE_ATTEMPTS)
+    core.lost("rollout-1")
+    scaler.replace("rollout-1", now=0.0)
+    now = 0.0
+    while "rollout-1" not in scaler.gave_up and now < 200.0:
+        scaler.tick(now)
+        r = scaler.replacing.get("rollout-1")
+        if r is not None and r.unit is not None and r.error is None:  # an attempt started: its spawn fails
+            deliver(scaler, posted)
+        now += 1.0
+    assert scaler.gave_up == ["rollout-1"] and scaler.unit_counts() == {"a": 2}
+    spawner.fail = len(spawner.calls) + 1  # the next start fails: the lost unit's place is open again
+    assert scaler.scale(1, None, reason="manual")[0]["adding"] == ["rollout-5"]
+    deliver(scaler, posted)
+    assert "rollout-5" in scaler.failed_starts and scaler.unit_counts() == {"a": 2}
+    assert scaler.scale(1, None, reason="manual")[0]["adding"] == ["rollout-6"]
+    assert scaler.unit_counts() == {"a": 2}  # starting: it takes rollout-1's place
+    deliver(scaler, posted)
+    core.join("rollout-6", role="rollout", version=0)
+    assert [u.name for u in core.live_units] == ["rollout-0", "rollout-6"] and scaler.unit_counts() == {"a": 2}
+    resumed, _, _, _, spawner2 = setup(tmp_path / "resumed", fail=0)
+    resumed.restore(replaced=0, units=scaler.unit_counts(), now=0.0)
+    assert resumed.tick(2.0) == [] and spawner2.calls == []  # the plan's 2 joined: the 2 the job had
