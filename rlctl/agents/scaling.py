@@ -374,19 +374,14 @@ class Scaler:
     def _remove(self, n: int, site: str | None, *, reason: str) -> tuple[dict[str, Any], list[Out]]:
         sites = self.placement.sites
         units = [u for u in self.core.live_units if site is None or sites.get(u.name) == site]
-        total = len(self.core.live_units)
-        if n > total:  # more than the whole job runs: its count, not the floor of one
-            return {
-                "error": f"cannot remove {n} rollout unit(s){' on ' + site if site else ''}: the job runs {total} "
-                "in dispatch"
-            }, []
-        if site is not None and len(units) < n < len(self.core.live_units):  # the site's count, not the job's floor
-            return {"error": f"cannot remove {n} rollout unit(s) on {site}: it runs {len(units)} in dispatch"}, []
-        if n > len(units) or n >= len(self.core.live_units):
-            return {
-                "error": f"cannot remove {n} of {len(units)} rollout unit(s)"
-                f"{' on ' + site if site else ''}: at least one unit must stay in the job"
-            }, []
+        total, here = len(self.core.live_units), len(units)
+        most = min(here, total - 1)  # at least one unit stays in the job
+        if n > most:  # one line: what the job (and the site) runs, and how many may go
+            on, there = (f" on {site}", f", {here} on {site}") if site else ("", "")
+            valid = f"at most {most} can be removed" if most > 0 else "none can be removed"
+            why = " there" if most < total - 1 else " (at least one unit must stay in the job)"
+            runs = f"the job runs {total} in dispatch{there}"
+            return {"error": f"cannot remove {n} rollout unit(s){on}: {runs}; {valid}{why}"}, []
         victims = sorted(units, key=lambda u: _ordinal(u.name), reverse=True)[:n]  # the newest first
         outs: list[Out] = []
         for u in victims:

@@ -457,7 +457,10 @@ def test_scale_refusals_say_what_is_valid(tmp_path):
         "error": "site 'A' runs no rollout units of this job; rollout sites: a (did you mean 'a'?)"
     }
     reply, outs = scaler.scale(-2, None, reason="manual")
-    assert reply == {"error": "cannot remove 2 of 2 rollout unit(s): at least one unit must stay in the job"}
+    assert reply == {
+        "error": "cannot remove 2 rollout unit(s): the job runs 2 in dispatch; at most 1 can be removed (at least one "
+        "unit must stay in the job)"
+    }
     assert outs == [] and len(core.live_units) == 2
     reply, _ = scaler.scale(1, None, reason="manual")
     assert reply == {"error": "this controller has no launch backends (no sites.json in the job directory)"}
@@ -472,21 +475,44 @@ def test_a_scale_in_of_more_units_than_a_site_runs_says_what_the_site_runs(tmp_p
         scaler.placement.sites[f"rollout-{i}"] = "b"
     scaler.placement.plan["rollout"].append({"site": "b", "units": 2})
     reply, outs = scaler.scale(-3, "a", reason="manual")
-    assert reply == {"error": "cannot remove 3 rollout unit(s) on a: it runs 2 in dispatch"}
+    assert reply == {
+        "error": "cannot remove 3 rollout unit(s) on a: the job runs 4 in dispatch, 2 on a; at most 2 can be removed "
+        "there"
+    }
     assert outs == [] and len(core.live_units) == 4
     reply, _ = scaler.scale(-4, None, reason="manual")  # the job's floor, as before
-    assert reply == {"error": "cannot remove 4 of 4 rollout unit(s): at least one unit must stay in the job"}
+    assert reply == {
+        "error": "cannot remove 4 rollout unit(s): the job runs 4 in dispatch; at most 3 can be removed (at least one "
+        "unit must stay in the job)"
+    }
 
 
-def test_a_scale_in_of_more_units_than_the_job_runs_says_how_many_it_runs(tmp_path):
+def test_a_scale_in_of_more_units_than_the_job_runs_says_how_many_it_runs_and_how_many_may_go(tmp_path):
     # `scale --rollout -5` of a job with 2 units said "cannot remove 5 of 2 rollout unit(s): at least one unit must
-    # stay in the job", as if removing all but one were the trouble
+    # stay in the job", as if removing all but one were the trouble; then "the job runs 2 in dispatch", not what was
+    # valid (three messages, by case, each saying a different half)
     scaler, core, _, _ = _scaler(tmp_path, units=2)
     reply, outs = scaler.scale(-5, None, reason="manual")
-    assert reply == {"error": "cannot remove 5 rollout unit(s): the job runs 2 in dispatch"}
+    assert reply == {
+        "error": "cannot remove 5 rollout unit(s): the job runs 2 in dispatch; at most 1 can be removed (at least one "
+        "unit must stay in the job)"
+    }
     assert outs == [] and len(core.live_units) == 2
     reply, _ = scaler.scale(-3, "a", reason="manual")
-    assert reply == {"error": "cannot remove 3 rollout unit(s) on a: the job runs 2 in dispatch"}
+    assert reply == {
+        "error": "cannot remove 3 rollout unit(s) on a: the job runs 2 in dispatch, 2 on a; at most 1 can be removed "
+        "(at least one unit must stay in the job)"
+    }
+    scaler.placement.plan["rollout"].append({"site": "b", "units": 0})
+    reply, _ = scaler.scale(-1, "b", reason="manual")
+    assert reply == {
+        "error": "cannot remove 1 rollout unit(s) on b: the job runs 2 in dispatch, 0 on b; none can be removed there"
+    }
+    reply, _ = _scaler(tmp_path / "one", units=1)[0].scale(-1, None, reason="manual")
+    assert reply == {
+        "error": "cannot remove 1 rollout unit(s): the job runs 1 in dispatch; none can be removed (at least one unit "
+        "must stay in the job)"
+    }
 
 
 def test_first_sample_of_a_requested_unit_is_recorded_once(tmp_path):
