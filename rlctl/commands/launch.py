@@ -328,7 +328,17 @@ def register(app: typer.Typer) -> None:
             from rlctl.ops.inputs import prepare_data, refuse_users_dirs
             from rlctl.ops.jobdb import JobDB
             from rlctl.ops.preflight import preflight, problems, refuse
-            from rlctl.ops.run import JobRun, fresh_dir, index_left, launch_dir, prepare, reserved
+            from rlctl.ops.run import (
+                JobRun,
+                entries,
+                fresh_dir,
+                index_left,
+                launch_dir,
+                prepare,
+                reserved,
+                unmade_left,
+                unmake,
+            )
             from rlctl.rl.dataset import keeping_rows
 
             if resume is not None:
@@ -392,6 +402,8 @@ def register(app: typer.Typer) -> None:
                 # --detach, written to the job dir below)
                 with keeping_rows():
                     preflight(runs, plan=plan)
+            # the directory as this launch found it (None: a new one), as a launch refused as it prepares leaves it
+            found = entries(path) if job_dir is not None or spec.job_dir is not None else None
             if detach_:  # the same launch in the background, into the directory chosen (and, if new, made) here
                 if job_dir is None and spec.job_dir is None:  # a timestamped one: not one another launch made meanwhile
                     path = JobDir.create(spec.name).path
@@ -416,6 +428,7 @@ def register(app: typer.Typer) -> None:
                     output,
                     env={PREFLIGHT_PASSED_ENV: _checked(job_file)},
                     cancelled=lambda: index_left(path, spec, source=str(job_file.absolute())),
+                    unstarted=lambda: unmade_left(path, found),  # refused as it prepared: what was made here, removed
                 )
                 return
             # (a timestamped directory chosen again: `path` may be another launch's)
@@ -438,7 +451,12 @@ def register(app: typer.Typer) -> None:
                 check = runs.preparing(source=str(job_file.absolute()))
                 if steps := sft_steps(spec):
                     say(f"SFT warm-up: {steps} steps (cached after the first run)")
-                prepare(jd, spec, plan, source=str(job_file), job=job, check=check)
+                try:
+                    prepare(jd, spec, plan, source=str(job_file), job=job, check=check)
+                except (ConfigError, UsageError):  # its inputs refused (`copy_inputs`): nothing left, as a check's
+                    runs.unindex()  # refusal leaves nothing (a launcher in the background: what it made)
+                    unmake(jd.path, found)
+                    raise
                 return runs.start()
 
             be_launcher(jd, spec, plan, JobDB(), begin, output)
@@ -636,9 +654,11 @@ def run_detached(
     *,
     env: dict[str, str] | None = None,
     cancelled: Callable[[], object] = lambda: None,
+    unstarted: Callable[[], object] = lambda: None,
 ) -> None:
     """`rlctl ARGS` as a launcher in the background (`detach.spawn`, with `env`); its lines shown here until the
-    job runs. A Ctrl-C stops it (`cancelled` then puts right what it left) and says in one line what is left."""
+    job runs. A Ctrl-C stops it (`cancelled` then puts right what it left) and says in one line what is left; one
+    that ended before the job ran (its error among its lines) is put right by `unstarted`."""
     child = detach.spawn([*_flags(), *args], detach.log_path(job_dir), env=env)
 
     def write(data: bytes) -> None:
@@ -660,6 +680,7 @@ def run_detached(
         sys.stderr.write(_left_by_cancel(job_dir, ended) + "\n")
         raise InterruptSaid from e
     if info is None:  # it ended before the job ran: its error was among its lines
+        unstarted()
         code = child.proc.returncode
         raise typer.Exit(code if code else 1)
     emit(info, output, _started_table)

@@ -34,6 +34,7 @@ import random
 import re
 import secrets
 import shlex
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -1243,6 +1244,37 @@ def index_left(path: Path, spec: JobFile, *, source: str) -> str | None:
     with contextlib.closing(JobDB()) as db:
         db.update(jd.id, state="stopped", only_from=LIVE)
     return jd.id
+
+
+def entries(path: Path) -> set[str] | None:
+    """The names in the directory `path`, None where there is none: what `unmake` puts it back to."""
+    return {p.name for p in path.iterdir()} if path.is_dir() else None
+
+
+def unmake(path: Path, before: set[str] | None) -> None:
+    """What a fresh launch made in `path` removed: the directory where it made it (`before` None), else the names
+    in it that `before` (`entries`, as the launch found it) lacks. One that cannot be removed is said (a warning)."""
+    for p in [path] if before is None else [p for p in path.iterdir() if p.name not in before]:
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+        except OSError as e:
+            log.warning("%s: made by the refused launch, left there: %s", p, e)
+
+
+def unmade_left(path: Path, before: set[str] | None) -> None:
+    """What `launch --detach` made in `path` (`before`: as it found it) for a launcher in the background that ended
+    before the job ran and left no job there (no index row names it, no job.json, no launcher holds it: refused as
+    it prepared, `Runs.unindex`) removed, versus left outside the index (its launcher's log alone)."""
+    if not path.is_dir() or (path / "job.json").exists() or JobDir(path).launcher_holder() is not None:
+        return
+    here = path.resolve()
+    with contextlib.closing(JobDB()) as db:
+        if any(Path(r.job_dir).resolve() == here for r in db.list()):
+            return
+    unmake(path, before)
 
 
 def _resume_taken(path: Path) -> str | None:

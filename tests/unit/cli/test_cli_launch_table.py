@@ -277,7 +277,7 @@ def test_a_launch_detach_ctrl_c_before_its_launcher_took_the_job_on_leaves_it_in
     monkeypatch.setattr(preflight, "preflight", lambda job, plan=None: None)
 
     def cancelled(
-        args: list[str], path: Path, output: object, *, env: object = None, cancelled: Callable[[], object]
+        args: list[str], path: Path, output: object, *, env: object = None, cancelled: Callable[[], object], **_: object
     ) -> None:
         detach.log_header(detach.log_path(path), pid=2**22 + 1, args=args, detached=True)  # as `spawn` writes it
         cancelled()  # (`run_detached` cancelled the launcher before it indexed, and said its line)

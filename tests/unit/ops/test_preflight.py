@@ -1855,3 +1855,86 @@ def test_launch_into_a_directory_whose_model_dir_is_the_users_writes_nothing_the
     assert "model: holds config.json" in r.stderr and "which rlctl did not put there" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_launch_refused_as_it_copies_the_inputs_leaves_no_job_dir_and_no_index_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: bool
+) -> None:
+    """A launch whose inputs are refused as they are copied (`copy_inputs`: here the reward file, gone since the
+    check that the launcher in the background of `launch --detach` does not do again) left its job dir made
+    (.launcher.lock, secret, logs/launcher.log, checkpoints/, model/init/) and its index row `failed`, a job that was
+    never one: `rlctl status` showed it as the job launched last. It is refused as a check's refusal is: nothing is
+    left, the directory as it was (a --job-dir that held files keeps those alone)."""
+    from rlctl.commands import launch
+    from rlctl.ops.jobdb import JobDB
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    (tmp_path / "r.py").write_text("def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    job = hf_dataset_job(
+        tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16, "reward": "r.py:f"}
+    )
+    (tmp_path / "r.py").unlink()
+    monkeypatch.setenv(launch.PREFLIGHT_PASSED_ENV, launch._checked(job.path))  # checked before r.py went
+    into = tmp_path / "run"
+    if named:  # a directory of the user's, with a file in it
+        into.mkdir()
+        (into / "notes.txt").write_text("mine")
+    r = run_cli("launch", str(job.path), *(["--job-dir", str(into)] if named else []))
+    assert r.exit_code == 2 and "task.reward: no such file" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert sorted(p.name for p in into.iterdir()) == ["notes.txt"] if named else not into.exists()
+    assert not (tmp_path / "home" / "runs").exists() or not any((tmp_path / "home" / "runs").iterdir())
+    db = JobDB()
+    try:
+        assert db.list() == []
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_launch_detach_whose_launcher_is_refused_as_it_copies_the_inputs_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: bool
+) -> None:
+    """`launch --detach` whose launcher in the background is refused as it copies the inputs (the reward file gone
+    since the check): the job dir it made (a timestamped one, or data/ and logs/ in a --job-dir) was left, with the
+    launcher's row `failed`, a job that never was one. Its refusal is said (its lines) and nothing is left."""
+    from types import SimpleNamespace
+
+    from rlctl.commands import launch
+    from rlctl.ops.jobdb import JobDB
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    (tmp_path / "r.py").write_text("def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    job = hf_dataset_job(
+        tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16, "reward": "r.py:f"}
+    )
+
+    class Child:  # the launcher in the background, run here once the check passed
+        def __init__(self, args: list[str], log: Path, env: dict[str, str]) -> None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.touch()
+            self.args, self.env, self.proc = args, env, SimpleNamespace(returncode=None)
+
+        def follow(self, write: Callable[[bytes], None]) -> None:
+            (tmp_path / "r.py").unlink()  # gone since the check
+            for k, v in self.env.items():
+                monkeypatch.setenv(k, v)
+            r = run_cli(*self.args)
+            said.append(r.stderr)  # (shown by the launch that waits)
+            self.proc.returncode = r.exit_code
+
+    said: list[str] = []
+    monkeypatch.setattr(launch.detach, "spawn", lambda args, log, env: Child(args, log, env))
+    into = tmp_path / "run"
+    if named:  # a directory of the user's, with a file in it
+        into.mkdir()
+        (into / "notes.txt").write_text("mine")
+    r = run_cli("launch", str(job.path), "--detach", *(["--job-dir", str(into)] if named else []))
+    assert r.exit_code == 2 and "task.reward: no such file" in said[0] and "Traceback" not in said[0], said
+    assert sorted(p.name for p in into.iterdir()) == ["notes.txt"] if named else not into.exists()
+    assert not (tmp_path / "home" / "runs").exists() or not any((tmp_path / "home" / "runs").iterdir())
+    db = JobDB()
+    try:
+        assert db.list() == []
+    finally:
+        db.close()
