@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the runtime's modules load when a command runs (`rlctl --he
     from rlctl.launch.jobdir import JobDir
     from rlctl.ops.autoresume import Runs
     from rlctl.ops.jobdb import JobDB
+    from rlctl.ops.jobref import JobRef
     from rlctl.ops.preflight import Problem
     from rlctl.ops.run import JobRun
 
@@ -702,8 +703,25 @@ def _left_by_cancel(job_dir: Path, ended: str = "it stopped") -> str:
     ref = JobRef(row.name if row is not None else JobDir(here).id, JobDir(here), row)
     look = f"`rlctl status {ref.arg}`; its launcher's lines: `rlctl logs {ref.arg} launcher`"
     if row is None:
-        return f"{ended}; its job dir {here} is left, outside the index ({look})"
-    return f"{ended}; job {row.name} is left in the index, {row.state}, its job dir {here} ({look})"
+        return f"{ended}; its job dir {here} is left, outside the index ({look}){_go_on(ref)}"
+    return f"{ended}; job {row.name} is left in the index, {row.state}, its job dir {here} ({look}){_go_on(ref)}"
+
+
+def _go_on(ref: JobRef) -> str:
+    """What `_left_by_cancel` says goes on from the job left, as an attached launch's Ctrl-C line says it: a job
+    never prepared (no job.json) launched anew from its job file, a finished one trained on (--iterations), another
+    continued; nothing for one still live (its launcher not waited for, still stopping: `status` says when)."""
+    from rlctl.launch.jobdir import resume_command
+    from rlctl.ops.jobdb import LIVE
+    from rlctl.ops.run import launch_again
+
+    if ref.row is not None and ref.row.state in LIVE:
+        return ""
+    if not ref.jobdir.job_json.is_file():
+        return f"; launch it anew with `{launch_again(ref.row.info.get('source') if ref.row is not None else None)}`"
+    if ref.row is not None and ref.row.state == "finished":
+        return f"; train it on with `rlctl launch --resume {ref.arg} --iterations N`"
+    return f"; continue it with `{resume_command(ref.id if ref.row is not None else ref.jobdir.path)}`"
 
 
 def _resume(

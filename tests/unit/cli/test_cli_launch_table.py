@@ -657,12 +657,12 @@ def test_a_ctrl_c_of_a_launch_in_the_background_says_in_one_line_what_is_left(
         (
             jd.path,
             f"job demo-1 is left in the index, stopped, its job dir {jd.path} (`rlctl status demo-1`; its "
-            "launcher's lines: `rlctl logs demo-1 launcher`)",
+            "launcher's lines: `rlctl logs demo-1 launcher`); launch it anew with `rlctl launch JOB.yaml`",
         ),
         (
             moved.path,
             f"its job dir {moved.path} is left, outside the index (`rlctl status '{moved.path}'`; its "
-            f"launcher's lines: `rlctl logs '{moved.path}' launcher`)",
+            f"launcher's lines: `rlctl logs '{moved.path}' launcher`); launch it anew with `rlctl launch JOB.yaml`",
         ),
         (tmp_path / "none", "nothing is left (no job dir)"),
     ]:
@@ -671,6 +671,33 @@ def test_a_ctrl_c_of_a_launch_in_the_background_says_in_one_line_what_is_left(
         assert capsys.readouterr().err == (
             f"rlctl: interrupted: stopping the launch in the background... it stopped; {said}\n"
         )
+
+
+def test_a_ctrl_c_of_a_launch_in_the_background_says_how_the_job_left_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The line said the job's state and `rlctl status` alone, not how to go on from it, as an attached launch's
+    Ctrl-C line does: a job stopped before it was prepared is launched anew from its job file, a prepared one
+    continued (a finished one trained on); one still live (its launcher not waited for) has `status` alone."""
+    from tests.unit.job_rows import indexed_row
+
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(detach, "spawn", lambda *_, **__: _CtrlCChild())
+    for name, state, prepared, said in [
+        ("fresh-1", "stopped", False, "; launch it anew with `rlctl launch /jobs/fresh.yaml`"),
+        ("demo-1", "stopped", True, "; continue it with `rlctl launch --resume demo-1`"),
+        ("done-1", "finished", True, "; train it on with `rlctl launch --resume done-1 --iterations N`"),
+        ("live-1", "launching", True, ""),
+    ]:
+        jd = JobDir.create(name, explicit=tmp_path / name)
+        if prepared:
+            jd.job_json.write_text("{}")
+        indexed_row(name, jd.path, job=name, state=state, info={"source": f"/jobs/{name.split('-')[0]}.yaml"})
+        with pytest.raises(launch.InterruptSaid):
+            launch.run_detached(["launch", "--resume", str(jd.path)], jd.path, launch.OutputFormat.table)
+        err = capsys.readouterr().err
+        assert err.startswith(f"rlctl: interrupted: stopping the launch in the background... it stopped; job {name} ")
+        assert err.endswith(f"launcher's lines: `rlctl logs {name} launcher`){said}\n"), err
 
 
 class _CtrlCTwiceChild(_CtrlCChild):
