@@ -201,6 +201,7 @@ class LengthsTask(Strict):
 
 
 BUILTIN_REWARD_NAMES = ("digits", "exact_match")  # rlctl.rl.reward.BUILTIN_REWARDS' (not imported by the config)
+DATA_SUFFIXES = (".jsonl", ".parquet")  # a dataset file's, in any case (rlctl.rl.dataset reads .parquet so)
 
 
 class DatasetTask(OverlongShaping):
@@ -250,7 +251,7 @@ class DatasetTask(OverlongShaping):
     @field_validator("path")
     @classmethod
     def _format(cls, v: str) -> str:
-        if not v.endswith((".jsonl", ".parquet")):
+        if not v.lower().endswith(DATA_SUFFIXES):  # (train.PARQUET: a parquet file, as dataset.py reads it)
             raise ValueError(f"unsupported file {v!r}; use a .jsonl or .parquet file")
         return v
 
@@ -679,7 +680,7 @@ class Evaluation(Strict):
     @field_validator("path")
     @classmethod
     def _format(cls, v: str | None) -> str | None:
-        if v is not None and not v.endswith((".jsonl", ".parquet")):
+        if v is not None and not v.lower().endswith(DATA_SUFFIXES):
             raise ValueError(f"unsupported file {v!r}; use a .jsonl or .parquet file")
         return v
 

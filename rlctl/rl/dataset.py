@@ -89,7 +89,7 @@ class DataPrompt:
 
 def _read_rows(path: Path) -> Iterator[tuple[str, Any]]:
     """(label, row) for each row: label `line N` (jsonl) or `row N` (parquet); a bad row is a BadRow."""
-    if path.suffix == ".parquet":
+    if path.suffix.lower() == ".parquet":  # (train.PARQUET was read as JSON lines: a decode error at its first bytes)
         import pyarrow as pa
         import pyarrow.parquet as pq
 

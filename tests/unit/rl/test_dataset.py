@@ -115,6 +115,17 @@ def test_verl_rows_with_chat_messages(tmp_path: Path, tok: HFTokenizer, fmt: str
     assert p.source_row == ("line 2" if fmt == "jsonl" else "row 1")
 
 
+def test_a_parquet_file_named_in_upper_case_is_read_as_parquet(tmp_path: Path, tok: HFTokenizer) -> None:
+    """`path: train.PARQUET` (as some exports name it) was refused as an unsupported file by the job, and read as
+    JSON lines ("cannot read: 'utf-8' codec can't decode") by the dataset reader; the held-out file's path alike."""
+    from rlctl.config.job import Evaluation
+
+    assert Evaluation.model_validate({"path": "held.Parquet"}).path == "held.Parquet"
+    path = write_parquet(tmp_path / "train.PARQUET", [verl_row(i) for i in range(2)])
+    data = prepare_dataset(task(path=path.name), data_path=path, tokenizer=tok, out_dir=tmp_path / "d")
+    assert len(data) == 2 and data.num_bad_rows == 0 and data.prompt(0).source_row.startswith("row ")
+
+
 def test_string_prompts_as_is_or_through_the_template(tmp_path: Path, tok: HFTokenizer) -> None:
     path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "what is 1 + 2 ?", "ground_truth": 3}])
     plain = prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "a")
