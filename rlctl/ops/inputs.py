@@ -49,21 +49,31 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
     ends it by raising, in the SFT warm-up and the tokenizing too: what it leaves is rebuilt by the next launch."""
     check = check if check is not None else _go_on
     refuse_users_dirs(jobdir, spec, job)  # before anything is built: model/init was, in the user's directory
+    reward = _reward_file(job)  # (a missing one was refused once the checkpoint was linked or copied)
     if not (jobdir.init_model / "config.json").exists():
         _starting_policy(jobdir, spec, check=check)
-    task = spec.task
-    if isinstance(task, DatasetTask):
-        base = job.path.parent
-        original = job.spec.task
-        assert isinstance(original, DatasetTask)
-        target, sep, _ = original.reward.rpartition(":")
-        if sep and target.endswith(".py"):
-            src = (base / target).resolve()
-            if not src.is_file():
-                raise ConfigError(str(job.path), "task.reward", f"no such file {str(src)!r} (relative to the job file)")
-            copy_reward(base / target, jobdir.path / REWARD_DIR)
+    if isinstance(spec.task, DatasetTask):
+        if reward is not None:
+            copy_reward(reward, jobdir.path / REWARD_DIR)
         check()
         prepare_data(jobdir.path, spec, job, model_dir=jobdir.init_model, check=check)
+
+
+def _reward_file(job: Job) -> Path | None:
+    """A dataset task's reward file as the job names it (None for a built-in or a module); ConfigError, one line,
+    where there is no such file."""
+    task = job.spec.task
+    if not isinstance(task, DatasetTask):
+        return None
+    target, sep, _ = task.reward.rpartition(":")
+    if not sep or not target.endswith(".py"):
+        return None
+    named = job.path.parent / target
+    if not named.resolve().is_file():
+        raise ConfigError(
+            str(job.path), "task.reward", f"no such file {str(named.resolve())!r} (relative to the job file)"
+        )
+    return named
 
 
 def refuse_users_dirs(jobdir: JobDir, spec: JobFile, job: Job) -> None:

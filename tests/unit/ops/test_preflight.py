@@ -1763,6 +1763,25 @@ def test_a_launch_into_a_directory_whose_data_or_reward_dir_is_the_users_is_refu
     assert [p.name for p in (into / theirs).iterdir()] == ["notes.txt"]
 
 
+def test_a_launch_whose_reward_file_is_missing_is_refused_before_it_builds_the_starting_policy(tmp_path: Path) -> None:
+    """A reward file that is not there (removed after the check, or a launch that skips it) was refused only once the
+    starting policy was built: the user's checkpoint linked or copied into model/init/ (minutes across filesystems)."""
+    from rlctl.errors import ConfigError
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.ops.inputs import copy_inputs, resolve_inputs
+
+    job = hf_dataset_job(
+        tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16, "reward": "gone.py:f"}
+    )
+    into = tmp_path / "run"
+    with pytest.raises(ConfigError) as e:
+        copy_inputs(JobDir(into), resolve_inputs(job.spec, job), job)
+    assert str(e.value) == (
+        f"{job.path}: task.reward: no such file {str(tmp_path / 'gone.py')!r} (relative to the job file)"
+    )
+    assert not (into / "model").exists()
+
+
 @pytest.mark.parametrize("theirs", ["data", "reward", "model"])
 @pytest.mark.parametrize("link", [False, True])
 def test_a_launch_into_a_directory_with_a_file_named_data_reward_or_model_is_refused_in_one_line(
