@@ -7,8 +7,9 @@
 
     iteration rows ──▶ window since the last change ──(≥ window and ≥ cooldown rows)──▶ δ ≥ δ'? ──▶ add
 
-What T_gen and T_train are depends on whether iterations overlap (`Scaler.rebalance` passes them). In sync and
-stream mode they are the stage times: the iteration's generation makespan and the trainer's step. In async mode a
+What T_gen and T_train are depends on whether iterations overlap (`Scaler.rebalance` passes them, by η =
+pipeline.staleness, not the mode). At η = 0 (sync and stream mode, and async with `staleness: 0`) they are the stage
+times: the iteration's generation makespan and the trainer's step. At η > 0 a
 round's samples are dispatched up to η iterations ahead and wait in the engines behind the current one, so the
 makespan counts that wait and exceeds the generation's time per iteration even when the units keep up (measured:
 with 2 units on this 2-core machine the makespan rule asked for a third in 27 of 28 windows while the trainer waited

@@ -391,7 +391,7 @@ class Scaler:
 
     def rebalance(self, row: dict[str, Any], *, stopping: bool = False) -> None:
         """StreamRL §4.2 after each trained iteration: δ ≥ δ' and a free slot → one more rollout unit
-        (see rebalance.py: in async mode it reads the period and the trainer's wait, else the stage times). Adds
+        (see rebalance.py: at η > 0 it reads the period and the trainer's wait, else the stage times). Adds
         the rule's reading to the iteration's metrics `row`. `stopping`: the job stops, no unit is started."""
         units = len(self.core.live_units) + len(self.pending_units())
         free = self.free_slots() if self.spawner is not None else {}

@@ -688,8 +688,9 @@ class Evaluation(Strict):
 class Rebalance(Strict):
     """StreamRL §4.2 dynamic adjustment: add one rollout DP unit when δ = T_gen − T_train ≥ δ'.
 
-    δ is the median over the last `window_iterations` (in async mode T_gen is the iteration's period and δ the
-    trainer's wait for samples: rlctl.agents.rebalance); after a change the rule waits
+    δ is the median over the last `window_iterations` (where iterations overlap, pipeline.staleness η > 0, T_gen is
+    the iteration's period and δ the trainer's wait for samples; at η = 0, async included, the stage times:
+    rlctl.agents.rebalance); after a change the rule waits
     `cooldown_iterations` so the new unit's effect is measured before the next decision. Units are
     only added automatically (removal is `rlctl scale -N`), so the rule cannot oscillate.
     """
