@@ -14,6 +14,7 @@ write checkpoint shards on several hosts of an SSH site that share no work root.
 from __future__ import annotations
 
 import errno
+import filecmp
 import importlib.util
 import ipaddress
 import json
@@ -1229,15 +1230,32 @@ def _evaluation(job: Job) -> list[Problem]:
 
 def _same_as_training(job: Job, task: DatasetTask, path: str) -> None:
     """A warning (not a refusal: a look at how well the policy fits its own prompts may be meant) where the held-out
-    file is the task's training file: the held-out figures then measure prompts the policy trained on."""
+    file is the task's training file, or a copy of it (the same bytes: a copy was passed unsaid): the held-out figures
+    then measure prompts the policy trained on."""
     base = job.path.parent
-    if (base / path).resolve() == (base / task.path).resolve():
-        log.warning(
-            "%s: evaluation.path: %s is task.path's file: the held-out figures are measured on prompts the job "
-            "trains on, not held out; name a file of other rows for a held-out evaluation",
-            job.path,
-            base / path,
-        )
+    held, train = base / path, base / task.path
+    if held.resolve() == train.resolve():
+        what = "is task.path's file"
+    elif _same_bytes(held, train):
+        what = f"holds the same bytes as task.path's file {train}"
+    else:
+        return
+    log.warning(
+        "%s: evaluation.path: %s %s: the held-out figures are measured on prompts the job trains on, not held out; "
+        "name a file of other rows for a held-out evaluation",
+        job.path,
+        held,
+        what,
+    )
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """Both files hold the same bytes: sizes first, then their bytes up to the first difference (check reads every
+    row of both anyway); False where either cannot be read (its own check says why)."""
+    try:
+        return a.stat().st_size == b.stat().st_size and filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False
 
 
 def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]:

@@ -1860,6 +1860,28 @@ def test_a_held_out_file_that_is_the_training_file_is_said_by_check(
         ), warned
 
 
+def test_a_held_out_file_that_is_a_copy_of_the_training_file_is_said_by_check(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """evaluation.path naming a copy of task.path's file (held.jsonl made by `cp data.jsonl held.jsonl`): only the same
+    path was warned of, and the copy passed without a word though its figures measure the training prompts."""
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    spec = yaml.safe_load(job.path.read_text())
+    train = (tmp_path / "data.jsonl").read_bytes()
+    (tmp_path / "held.jsonl").write_bytes(train)
+    spec["evaluation"] = {"heldout_prompts": 1, "path": "held.jsonl"}
+    job.path.write_text(yaml.safe_dump(spec))
+    with caplog.at_level(logging.WARNING):
+        r = run_cli("check", str(job.path))
+    assert r.exit_code == 0, r.stderr
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == [
+        f"{job.path}: evaluation.path: {tmp_path / 'held.jsonl'} holds the same bytes as task.path's file "
+        f"{tmp_path / 'data.jsonl'}: the held-out figures are measured on prompts the job trains on, not held out; "
+        "name a file of other rows for a held-out evaluation"
+    ], warned
+
+
 def test_launch_into_a_directory_whose_model_dir_is_the_users_writes_nothing_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
