@@ -609,8 +609,9 @@ class WeightSync(Strict):
     mode: Literal["full", "delta"] = "full"
     anchor_every: PositiveInt | None = Field(
         None,
-        description="delta mode: send a full anchor every K versions; unset (default) = full copies only on "
-        "demand (a unit joins, a job resumes, a verification fails), every other version as a delta",
+        description="delta mode: send a full anchor every K versions (K past the job's iterations sends none: "
+        "`rlctl check` warns of it); unset (default) = full copies only on demand (a unit joins, a job resumes, a "
+        "verification fails), every other version as a delta",
     )
     # at most a bucket (64 MiB, `rlctl.weights.versions.WeightSyncConfig`): a chunk never spans two
     chunk_bytes: int = Field(4 * 1024 * 1024, gt=0, le=64 * 1024 * 1024)

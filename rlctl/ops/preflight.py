@@ -204,6 +204,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
             )
         )
     out += _unread(job)
+    _anchor_past_the_end(job)
     out += _weight_manifest(job)
     out += _context(job)
     out += _rollout_memory(job)
@@ -237,6 +238,23 @@ def _one_no_template(found: list[Problem]) -> list[Problem]:
     hint = "; ".join(dict.fromkeys(p.hint for p in same if p.hint)) or None
     one = Problem("model.path", head + said, hint)
     return [one if p is same[0] else p for p in found if p is same[0] or p not in same]
+
+
+def _anchor_past_the_end(job: Job) -> None:
+    """A warning (not a refusal: `launch --iterations N` shortens a job for a smoke test) where delta sync's
+    `anchor_every` is more than the job's iterations: no version is that far from the first full copy, so no
+    anchor is ever sent, as without it (a typo's extra zero passed unsaid)."""
+    sync, iterations = job.spec.weight_sync, job.spec.iterations
+    if sync.mode == "delta" and sync.anchor_every is not None and sync.anchor_every > iterations:
+        log.warning(
+            "%s: weight_sync.anchor_every: %d is more than the job's %d iterations: the job ends before its first "
+            "anchor, and every version after the first full copy is a delta; use at most %d for periodic anchors, "
+            "or leave it out",
+            job.path,
+            sync.anchor_every,
+            iterations,
+            iterations,
+        )
 
 
 def _unread(job: Job) -> list[Problem]:

@@ -1005,6 +1005,29 @@ def test_fields_the_jobs_other_choices_leave_unread_are_refused(tmp_path: Path) 
     assert refused(load(tmp_path, warmup={"sft_steps": 100}), "warmup.sft_steps") == []
 
 
+def test_an_anchor_period_past_the_job_s_iterations_is_warned_of_not_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """weight_sync.anchor_every 50 in a job of 10 iterations: no version is 50 past the first full copy, so no
+    anchor is ever sent (as without it), and check passed it unsaid. A warning, not a refusal: `launch --iterations
+    N` shortens a production job for a smoke test."""
+    warned: dict[int, list[str]] = {}
+    for every in (50, 10):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="rlctl.ops.preflight"):
+            job = load(tmp_path, iterations=10, weight_sync={"mode": "delta", "anchor_every": every})
+            assert refused(job, "weight_sync.anchor_every") == []
+        warned[every] = [r.getMessage() for r in caplog.records if "anchor_every" in r.getMessage()]
+    assert warned == {
+        50: [
+            f"{tmp_path / 'job.yaml'}: weight_sync.anchor_every: 50 is more than the job's 10 iterations: the job ends "
+            "before its first anchor, and every version after the first full copy is a delta; use at most 10 for "
+            "periodic anchors, or leave it out"
+        ],
+        10: [],
+    }
+
+
 def test_relay_chains_are_refused_when_every_rollout_site_is_in_the_trainer_s_datacenter(tmp_path: Path) -> None:
     """weight_sync.chains_per_datacenter is the relay's of a datacenter without a trainer rank
     (rlctl.weights.plan.plan_broadcast): with every rollout site in the trainer's datacenter nothing reads it."""
