@@ -311,7 +311,8 @@ class Node(Strict):
     memory_gb: PositiveFloat | None = Field(
         None,
         description="host memory per host (GB): divided among its GPU slots (SLURM's --mem-per-cpu: a slot's memory ÷ "
-        "its threads; on a `gpu: CPU` site, the memory a trainer rank's replica must fit)",
+        "its threads; on a `gpu: CPU` site, the memory a trainer rank's replica must fit); refused on an SSH or "
+        "local GPU site, where nothing reads it",
     )
     devices: list[NonNegativeInt] | None = Field(
         None,
@@ -459,6 +460,23 @@ class Site(Strict):
             raise ValueError(
                 "nodes[].devices: the site's gpu is CPU: its slots are cores and its agents use no CUDA device "
                 "(devices maps the GPU slots of local and SSH GPU sites): remove it"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _no_memory_on_an_unscheduled_gpu_site(self, info: ValidationInfo) -> Site:
+        """`memory_gb` is read by SLURM sites (--mem-per-cpu) and `gpu: CPU` sites (the memory a slot's agents must
+        fit, `rlctl check`); an SSH or local GPU site's agents ask no scheduler for memory and check weighs their
+        GPU's, so it was read by nothing there (clusters/h20-rollout.yaml set it). Not in a job's record
+        (`RECORDED`)."""
+        recorded = (info.context or {}).get("recorded")
+        if self.scheduler.kind == "slurm" or self.spec.name == "CPU" or recorded:
+            return self
+        if any(n.memory_gb is not None for n in self.nodes):
+            raise ValueError(
+                f"nodes[].memory_gb: read on SLURM sites (--mem-per-cpu) and gpu: CPU sites only; this "
+                f"{self.scheduler.kind} site's agents ask no scheduler for memory and `rlctl check` measures them "
+                f"against their {self.spec.name}'s memory: remove it"
             )
         return self
 

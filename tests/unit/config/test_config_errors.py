@@ -356,6 +356,12 @@ CASES = [
         site_with("gpus: 8}", "gpus: 8, devices: [0, 0, 1, 1, 2, 2, 3, 3]}").replace("gpu: H20", "gpu: CPU"),
         "sites.h20: nodes[].devices: the site's gpu is CPU: its slots are cores and its agents use no CUDA device",
     ),
+    Case(  # accepted and read by nothing: only SLURM (--mem-per-cpu) and gpu: CPU sites (check) read it
+        "SSH GPU site giving memory_gb",
+        site_with("gpus: 8}", "gpus: 8, memory_gb: 2048}"),
+        "sites.h20: nodes[].memory_gb: read on SLURM sites (--mem-per-cpu) and gpu: CPU sites only; this ssh site's "
+        "agents ask no scheduler for memory and `rlctl check` measures them against their H20's memory: remove it",
+    ),
     Case(
         "SLURM site mapping devices",
         OTHER_INV.replace("gpus: 8}", "gpus: 8, devices: [0, 1, 2, 3, 4, 5, 6, 7]}"),
@@ -817,6 +823,22 @@ def test_bad_input_is_one_line_exit_2(case: Case, tmp_path: Path) -> None:
     named = case.field.split(": ")[0] if case.field.startswith("inv.yaml") else None
     assert any(Path(f).name in line for f in files) or named, line
     assert case.field in line, line
+
+
+def test_memory_gb_is_taken_where_it_is_read(tmp_path: Path) -> None:
+    """A SLURM GPU site (--mem-per-cpu) and an SSH `gpu: CPU` site (check's memory) take nodes[].memory_gb; an SSH
+    GPU site's is refused (`CASES`), and the shipped SSH GPU site no longer sets it."""
+    from rlctl.config.inventory import load_inventory
+
+    for inv in (
+        OTHER_INV.replace("gpus: 8}", "gpus: 8, memory_gb: 512}"),
+        site_with("gpus: 8}", "gpus: 8, memory_gb: 512}").replace("gpu: H20", "gpu: CPU"),
+    ):
+        (tmp_path / "inv.yaml").write_text(inv)
+        (site,) = load_inventory([tmp_path / "inv.yaml"]).sites.values()
+        assert site.memory_per_slot_gb() == 64
+    shipped = load_inventory([ROOT / "clusters" / "h800-trainer.yaml", ROOT / "clusters" / "h20-rollout.yaml"])
+    assert shipped.sites["h20"].memory_per_slot_gb() is None
 
 
 def test_a_week_is_the_longest_wait_and_is_accepted() -> None:
