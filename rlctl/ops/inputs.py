@@ -49,7 +49,9 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
     ends it by raising, in the SFT warm-up and the tokenizing too: what it leaves is rebuilt by the next launch."""
     check = check if check is not None else _go_on
     refuse_users_dirs(jobdir, spec, job)  # before anything is built: model/init was, in the user's directory
-    reward = _reward_file(job)  # (a missing one was refused once the checkpoint was linked or copied)
+    # (a missing file was refused once the checkpoint was linked or copied, a held-out one as task.path's)
+    _refuse_missing_data(job)
+    reward = _reward_file(job)
     if not (jobdir.init_model / "config.json").exists():
         _starting_policy(jobdir, spec, check=check)
     if isinstance(spec.task, DatasetTask):
@@ -57,6 +59,20 @@ def copy_inputs(jobdir: JobDir, spec: JobFile, job: Job, *, check: Callable[[], 
             copy_reward(reward, jobdir.path / REWARD_DIR)
         check()
         prepare_data(jobdir.path, spec, job, model_dir=jobdir.init_model, check=check)
+
+
+def _refuse_missing_data(job: Job) -> None:
+    """ConfigError, one line naming the field, where a dataset task's data file or held-out file is not there."""
+    spec = job.spec
+    if not isinstance(spec.task, DatasetTask):
+        return
+    named = {"task.path": spec.task.path}
+    if spec.evaluation.heldout_prompts and spec.evaluation.path:
+        named["evaluation.path"] = spec.evaluation.path
+    for field, path in named.items():
+        if not (job.path.parent / path).is_file():
+            where = str(job.path.parent / path)
+            raise ConfigError(str(job.path), field, f"no such file {where!r} (relative to the job file)")
 
 
 def _reward_file(job: Job) -> Path | None:

@@ -1805,6 +1805,34 @@ def test_a_launch_whose_reward_file_is_missing_is_refused_before_it_builds_the_s
     assert not (into / "model").exists()
 
 
+@pytest.mark.parametrize("field", ["task.path", "evaluation.path"])
+def test_a_launch_whose_data_file_is_missing_is_refused_before_it_builds_the_starting_policy(
+    tmp_path: Path, field: str
+) -> None:
+    """A data file that is not there was refused once the starting policy was built (model/init/: the checkpoint
+    linked or copied), and a missing held-out file's line said 'task.path is relative to the job file'."""
+    from rlctl.errors import ConfigError
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.ops.inputs import copy_inputs, resolve_inputs
+
+    job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+    spec = yaml.safe_load(job.path.read_text())
+    spec["evaluation"] = {"heldout_prompts": 1, "path": "held.jsonl"}
+    if field == "task.path":
+        spec["task"]["path"] = "gone.jsonl"
+        (tmp_path / "held.jsonl").write_text(json.dumps({"prompt": "ho", "ground_truth": "y"}) + "\n")
+        gone = tmp_path / "gone.jsonl"
+    else:
+        gone = tmp_path / "held.jsonl"
+    job.path.write_text(yaml.safe_dump(spec))
+    job = load_job(job.path)
+    into = tmp_path / "run"
+    with pytest.raises(ConfigError) as e:
+        copy_inputs(JobDir(into), resolve_inputs(job.spec, job), job)
+    assert str(e.value) == f"{job.path}: {field}: no such file {str(gone)!r} (relative to the job file)"
+    assert not (into / "model").exists()
+
+
 @pytest.mark.parametrize("theirs", ["data", "reward", "model"])
 @pytest.mark.parametrize("link", [False, True])
 def test_a_launch_into_a_directory_with_a_file_named_data_reward_or_model_is_refused_in_one_line(
