@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlctl.launch.jobdir import event_time
+
 MARK = ".site-events.merged"  # beside events.jsonl: "<inode> <size> <site copy's inode> <its size>" after a merge
 TAIL_READ_BYTES = 1 << 20  # events.jsonl is read from its end in pieces of at least this many bytes
 
@@ -67,14 +69,13 @@ def mark(local: Path, mirror: Path) -> None:
 
 
 def _time(line: str) -> float | None:
-    """A JSON event's time (0 without one, as the whole merge takes it); None when the line is not one."""
+    """A JSON event's time, as `event_time` reads it and the whole merge sorts by it (0 where it has no usable one:
+    missing, null, text); None when the line is not a JSON object."""
     try:
         row = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(row, dict) or not isinstance(row.get("t", 0), (int, float)):
-        return None
-    return float(row.get("t", 0))
+    return event_time(row) if isinstance(row, dict) else None
 
 
 def _lines_since(path: Path, since: float) -> tuple[set[str], float] | None:

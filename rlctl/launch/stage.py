@@ -43,7 +43,7 @@ from rlctl.errors import LaunchError
 from rlctl.launch import eventtail
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, kind_of, python_for, read_sites
 from rlctl.launch.base import AgentHandle, site_setup
-from rlctl.launch.jobdir import appending, json_file, replace_text, say_once
+from rlctl.launch.jobdir import appending, event_time, json_file, replace_text, say_once
 from rlctl.launch.remote import CommandResult, SshRunner, sh_path
 from rlctl.launch.sitefs import (
     FileState,
@@ -968,7 +968,8 @@ def _merge_lines(local: Path, remote: Path) -> str:
     """Both event logs as one, ordered by time, each event once (fetching twice adds nothing). A line that is not
     a JSON object (an append cut short by a full disk, the next one on the same line) is left out, with a warning
     naming the file and line, and kept in `<events>.damaged` (once: a later merge reads the site's again): the
-    merged log reads again (`rlctl status`)."""
+    merged log reads again (`rlctl status`). An object without a usable time (null, text: an older version's row or
+    an edited one) is an event all the same, at time 0 (`event_time`: before anything), as every reader takes it."""
     mine = local.read_text().splitlines() if local.exists() else []
     seen = set(mine)
     theirs = [(remote, n, line) for n, line in enumerate(remote.read_text().splitlines(), 1) if line not in seen]
@@ -980,8 +981,8 @@ def _merge_lines(local: Path, remote: Path) -> str:
             row = json.loads(line)
         except ValueError:
             row = None
-        if isinstance(row, dict) and isinstance(row.get("t", 0), (int, float)):
-            rows.append((float(row.get("t", 0)), i, line))
+        if isinstance(row, dict):
+            rows.append((event_time(row), i, line))
         else:
             bad.append((f"{path}: line {n}", line))
     damaged = local.with_name(local.name + ".damaged")

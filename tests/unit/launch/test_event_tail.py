@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rlctl.config.inventory import Site
-from rlctl.launch import stage
-from rlctl.launch.jobdir import JobDir
+from rlctl.launch import eventtail, stage
+from rlctl.launch.jobdir import JobDir, event_time
 from rlctl.launch.sitefs import site_root
 from rlctl.launch.stage import fetch_record
 from rlctl.ops.run import current_run
@@ -125,3 +125,40 @@ def test_a_reader_of_some_kinds_of_events_parses_only_the_lines_that_name_them(
     assert [e["run"] for e in jd.read_events("agent_started")] == ["r1", "r2"]
     monkeypatch.setattr(json, "loads", loads)
     assert len(jd.read_events()) == 602  # every kind: as before
+
+
+NO_TIME = ['{"t": null, "event": "launch"}', '{"t": "x", "event": "scale"}', '{"event": "note"}']
+
+
+@pytest.mark.parametrize(("t", "want"), [(None, 0.0), ("x", 0.0), (True, 0.0), (float("nan"), 0.0), (5, 5.0)])
+def test_the_one_rule_for_an_events_time(t: object, want: float) -> None:
+    # `event_time`: the rule the whole merge and the tail (below) read a row's time by, as status, stop and report do
+    assert event_time({"t": t}) == want and event_time({}) == 0.0
+    assert eventtail._time(json.dumps({"t": t})) == want and eventtail._time("[1]") is None
+
+
+def test_the_whole_merge_keeps_an_event_without_a_usable_time_as_event_time_reads_it(tmp_path: Path) -> None:
+    # every reader of an event's time (`event_time`) takes a row whose t is null or text (an older version's, an
+    # edited one) as an event at time 0; the merge set it aside in events.jsonl.damaged, out of every later reader
+    src, site, root = _site(tmp_path)
+    _add(src / "events.jsonl", {"t": 1.0, "event": "launch"})
+    _add(root / "events.jsonl", *_site_events(2), *NO_TIME)
+    fetch_record(src, site, "localhost", str(root))
+    assert (src / "events.jsonl").read_text().splitlines() == [
+        *NO_TIME, '{"t": 1.0, "event": "launch"}', *(json.dumps(e) for e in _site_events(2))
+    ]  # fmt: skip
+    assert not (src / "events.jsonl.damaged").exists()
+    assert [e["event"] for e in JobDir(src).read_events("scale", "note")] == ["scale", "note"]
+
+
+def test_the_sites_new_events_append_after_an_event_without_a_usable_time(tmp_path: Path) -> None:
+    # the tail took such a line here for one that is no JSON event, and sent every fetch after to the whole merge
+    local, mirror = tmp_path / "events.jsonl", tmp_path / ".site-events.jsonl"
+    _add(local, NO_TIME[0])
+    mirror.write_text("")
+    eventtail.mark(local, mirror)
+    _add(mirror, *_site_events(2), NO_TIME[1])
+    # appended as the whole merge orders them: at time 0 (after the one here), then by time
+    assert eventtail.tail(local, mirror) == "".join(
+        [NO_TIME[1] + "\n", *(json.dumps(e) + "\n" for e in _site_events(2))]
+    )
