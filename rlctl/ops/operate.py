@@ -693,7 +693,8 @@ def _checkpoint_outcome(jd: JobDir, version: int) -> str:
     for e in events[asked:]:
         if e.get("event") == "checkpoint" and e.get("version") == version:
             return "completed"
-        if e.get("event") == "checkpoint_abandoned" and version in e.get("versions", ()):
+        abandoned = e.get("versions")  # (null or text, from an edited row: not saying which; `in` was a TypeError)
+        if e.get("event") == "checkpoint_abandoned" and isinstance(abandoned, list) and version in abandoned:
             latest = e.get("latest")
             return f"abandoned: a resume takes {'none' if latest is None else f'iter-{latest}'}"
         ended = ended or e.get("event") == "job_end"

@@ -680,6 +680,18 @@ def test_a_checkpoint_the_stop_cannot_tell_of_names_the_one_a_resume_takes_from_
     assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
 
 
+@pytest.mark.parametrize("versions", [None, "20", 20])
+def test_an_abandoned_checkpoint_event_whose_versions_are_not_a_list_says_nothing_of_it(
+    tmp_path: Path, versions: object
+) -> None:
+    # a row edited by hand (or damaged): `20 in None`, `20 in "20"` were a TypeError traceback ending `rlctl stop`
+    jd = JobDir(tmp_path)
+    jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
+    jd.event("checkpoint_abandoned", versions=versions, latest=10)
+    jd.event("job_end", state="stopped")
+    assert operate._checkpoint_outcome(jd, 20) == NOT_BEGUN
+
+
 def test_a_resumed_run_that_completed_no_checkpoint_names_the_one_it_resumed_from(tmp_path: Path) -> None:
     # the controller on another site, its run resumed from v10 and completed none: "this job dir names none" before
     jd = JobDir(tmp_path)
