@@ -16,6 +16,7 @@ its Spawner recorded there; its record (summary, metrics, events) is fetched fro
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -34,6 +35,7 @@ from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.jobdir import JobDir, event_time, resume_command
+from rlctl.launch.sitefs import LocalFiles
 from rlctl.launch.stage import (
     agents_and_latest_run,
     all_recorded_agents,
@@ -184,9 +186,8 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     out["source"] = "job directory + site schedulers"
     read_sites(jd.path)  # a damaged one fails the status (site_view): said once here, not first as two warnings
     fetch_job_record(ref)
-    rows = jd.read_lines(jd.metrics)
-    if rows:
-        last = rows[-1]
+    last = last_row(jd)
+    if last is not None:
         _numbers_or_null(
             last, ("reward_mean", "t_gen_s", "t_train_s", "delta_s", "t"), where=f"{jd.metrics}: its last row"
         )
@@ -220,7 +221,7 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
     if not agents and _being_prepared(ref):
         out["controller"], out["agents"], out["sites_down"] = PREPARING, [], []
         return out, True
-    if not agents and not rows and summary is None and _never_started(jd):
+    if not agents and last is None and summary is None and _never_started(jd):
         # a launch ended after it prepared the job, before any agent (a copied job dir, a launcher killed while it
         # staged): complete, and how to start it, versus `partial status` (exit 3) naming no controller.json
         start = resume_command(ref.id if ref.row is not None else jd.path)
@@ -229,7 +230,7 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
         return out, True
     if (
         not agents
-        and not rows
+        and last is None
         and summary is None
         and (ref.row is None or ref.row.state not in LIVE or launcher_running(ref.row.info.get("launcher")) is False)
         and _never_prepared(jd)
@@ -267,6 +268,31 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
                 "list": f"rlctl status {shlex.quote(str(name))} --checkpoints",
             }
     return out, ended and not down
+
+
+def last_row(jd: JobDir) -> dict[str, Any] | None:
+    """The last row of the job's metrics.jsonl (None when it has none), read from its end (`last_lines`): a status
+    of an ended job parsed every row to show the last (10⁴ of them after weeks, at each poll of `status -w`). A last
+    line that does not parse yet is passed over, as `read_lines` passes it (its writer may be in the middle of it);
+    anything else (a line before it that is no JSON object, a file of blank lines) is read as `read_lines` reads the
+    whole file, with its error naming the file and the line."""
+    got = LocalFiles().last_lines(str(jd.metrics), 2)
+    if got is None:
+        return None
+    complete, pending, _ = got
+    lines = [line for line in (*complete, pending) if line.strip()][-2:]
+    for i, line in enumerate(reversed(lines)):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            if i == 0:
+                continue  # the last line, being written
+            break
+        if isinstance(row, dict):
+            return row
+        break
+    rows = jd.read_lines(jd.metrics)
+    return rows[-1] if rows else None
 
 
 def _numbers_or_null(row: dict[str, Any], keys: tuple[str, ...], *, where: str) -> None:

@@ -188,6 +188,24 @@ def test_status_reads_past_a_metrics_line_being_written(tmp_path: Path) -> None:
     assert json.loads(r.stdout)["last_iteration"]["iteration"] == 4
 
 
+def test_status_of_an_ended_job_parses_its_last_metrics_row_not_every_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it parsed every row of metrics.jsonl to show the last (10⁴ after weeks, at each poll of `status -w`); a line
+    # the job damaged long before (a controller killed mid-write, then resumed) failed every status since
+    jd = prepared(tmp_path / "run")
+    rows = [{"iteration": i, "reward_mean": 0.5, "t": 1.0} for i in range(300)]
+    jd.metrics.write_text('{"iterat\n' + "".join(json.dumps(r) + "\n" for r in rows))
+    parsed: list[object] = []
+    loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda s, *a, **k: parsed.append(s) or loads(s, *a, **k))
+    r = run_cli("status", str(jd.path), "-o", "json")
+    monkeypatch.setattr(json, "loads", loads)
+    assert r.exit_code == 3 and "Traceback" not in r.stderr, r.stderr  # no controller: partial, as before
+    assert json.loads(r.stdout)["last_iteration"]["iteration"] == 299
+    assert len([s for s in parsed if b"reward_mean" in (s if isinstance(s, bytes) else s.encode())]) == 1
+
+
 def test_status_watch_with_stdout_closed_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`rlctl status -w JOB >&-` (no stdout at all): the watch asked stdout whether it is a terminal first, a
     traceback (AttributeError: 'NoneType' object has no attribute 'isatty'), not the line every other command says."""
@@ -207,7 +225,9 @@ def test_status_watch_with_stdout_closed_is_one_line(tmp_path: Path, monkeypatch
 @pytest.mark.parametrize(
     ("name", "text", "says"),
     [
-        ("metrics.jsonl", '{"iteration": 0}\n{"iterat\n{"iteration": 1}\n', "metrics.jsonl: line 2 is not valid JSON"),
+        # (the line before the last, that one being written: status reads the last whole row, from the file's end)
+        ("metrics.jsonl", '{"iteration": 0}\n{"iterat\n{"iteration": 1', "metrics.jsonl: line 2 is not valid JSON"),
+        ("metrics.jsonl", '{"iteration": 0}\n[1, 2]\n', "metrics.jsonl: line 2 is list, not a JSON object"),
         ("sites.json", "garbage", "sites.json: not valid JSON"),
         ("sites.json", '[{"name": "local", "site": {"gpu": "CPU"}}]', "sites.json: [0].site.datacenter: "),
         ("summary.json", '{"state": "do', "summary.json: not valid JSON"),
