@@ -31,6 +31,7 @@ class RowBook:
         self.count = 0
         self.reward_curve: list[float] = []
         self.sums = dict.fromkeys(MEANS, 0.0)
+        self.counts = dict.fromkeys(MEANS, 0)  # the rows with a number for each (a kept row may have null there)
         self.staleness: dict[str, int] = {}  # samples per staleness gap (versions behind, as a string key)
         self.tail: deque[dict[str, Any]] = deque(maxlen=TAIL_ROWS)
         self.pace: deque[dict[str, Any]] = deque(maxlen=PACE_ROWS + 1)  # this run's last rows
@@ -38,17 +39,23 @@ class RowBook:
             self.add(row)
 
     def add(self, row: dict[str, Any]) -> None:
-        """Count one more row (the newest)."""
+        """Count one more row (the newest). A figure a kept row has no number for (null, text, missing: a row of an
+        older version, an edited one) is left out of its curve, mean or counts, as `event_time` passes over a time."""
         if self.count >= max(self.kept, 1) and self.tail and _new_run(self.tail[-1], row):
             self.pace.clear()  # a new run began at this row
         if self.count >= self.kept:
             self.pace.append(row)
         self.count += 1
-        self.reward_curve.append(row["reward_mean"])
+        if _number(row.get("reward_mean")):
+            self.reward_curve.append(row["reward_mean"])
         for key in MEANS:
-            self.sums[key] += row[key]
-        for gap, n in row["staleness"].items():
-            self.staleness[gap] = self.staleness.get(gap, 0) + n
+            if _number(row.get(key)):
+                self.sums[key] += row[key]
+                self.counts[key] += 1
+        staleness = row.get("staleness")
+        for gap, n in staleness.items() if isinstance(staleness, dict) else ():
+            if isinstance(n, int) and not isinstance(n, bool):  # samples: a count
+                self.staleness[gap] = self.staleness.get(gap, 0) + n
         self.tail.append(row)
 
     @property
@@ -68,8 +75,8 @@ class RowBook:
         return round(sum(float(r.get(key) or 0.0) * float(r.get("period_s") or 0.0) for r in rows) / span, 2)
 
     def mean(self, key: str) -> float | None:
-        """The mean of figure `key` (one of MEANS) over every row, None before the first."""
-        return round(self.sums[key] / self.count, 4) if self.count else None
+        """The mean of figure `key` (one of MEANS) over every row with a number for it, None before the first."""
+        return round(self.sums[key] / self.counts[key], 4) if self.counts[key] else None
 
 
 def _new_run(before: dict[str, Any], row: dict[str, Any]) -> bool:

@@ -723,3 +723,14 @@ def test_a_resume_passes_over_a_kept_row_whose_t_or_wall_s_is_null():
     assert job_start_offset([*rows, {"t": 1000.0, "wall_s": 6.0}], [], now=1020.0) == 26.0
     events = [{"event": "controller_listening", "t": 990.0}]
     assert job_start_offset(rows, events, now=1020.0) == 30.0
+
+
+def test_a_resume_counts_a_kept_row_whose_figures_are_null_without_them():
+    # RowBook(kept rows) added None to its sums (TypeError) and iterated a null staleness (AttributeError): the
+    # resumed controller died as it started; such a figure is left out of its curve, mean and counts
+    old = {"iteration": 0, "reward_mean": None, "t_gen_s": None, "t_train_s": "x", "delta_s": 1.0, "staleness": None}
+    row = {"iteration": 1, "reward_mean": 0.5, "t_gen_s": 2.0, "t_train_s": 1.0, "delta_s": 3.0, "staleness": {"0": 4}}
+    book = RowBook([old, {k: v for k, v in row.items() if k != "staleness"} | {"staleness": {"0": None}}, row], kept=3)
+    assert book.count == 3 and book.reward_curve == [0.5, 0.5]
+    assert (book.mean("t_gen_s"), book.mean("t_train_s"), book.mean("delta_s")) == (2.0, 1.0, 2.3333)
+    assert book.staleness == {"0": 4}
