@@ -33,7 +33,7 @@ import msgspec
 
 from rlctl.agents.core import Out
 from rlctl.agents.messages import EvalRequest, Evaluate, Evaluated, parse
-from rlctl.checkpoint.controller import cut_rows
+from rlctl.checkpoint.controller import cut_rows, row_count
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
 from rlctl.rl.source import HeldoutScores, RlPrompt, TaskSource
@@ -334,5 +334,13 @@ def unwritten(events: list[dict[str, Any]], rows: list[dict[str, Any]], *, below
 
 def cut_evaluations(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
     """A resumed run's rows: those decoded by versions ≤ `version` only (the checkpoint's: its weights are the same);
-    the others move to evaluations.discarded.jsonl."""
-    return cut_rows(jobdir, jobdir.evaluations, lambda r: max(int(r["version"]), *r.get("versions", [])) <= version)
+    the others move to evaluations.discarded.jsonl, as does a row without a number for its version (null, text: an
+    edited row; `int(None)` was a TypeError that killed the resumed controller). A `versions` that is no list of
+    numbers says nothing more."""
+
+    def kept(r: dict[str, Any]) -> bool:
+        v, more = row_count(r.get("version")), r.get("versions")
+        decoded = [row_count(x) for x in more] if isinstance(more, list) else []
+        return v is not None and max([v, *(d for d in decoded if d is not None)]) <= version
+
+    return cut_rows(jobdir, jobdir.evaluations, kept)

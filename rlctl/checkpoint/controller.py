@@ -22,6 +22,7 @@ launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifi
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -133,8 +134,23 @@ def sample_rows(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
 
 def cut_metrics(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
     """Keep the metrics rows of iterations before `version` (returned); move the others, which the failed
-    run trained past its last checkpoint, to metrics.discarded.jsonl."""
-    return cut_rows(jobdir, jobdir.metrics, lambda r: int(r["iteration"]) < version)
+    run trained past its last checkpoint, to metrics.discarded.jsonl. A row without a number for its iteration (null,
+    text: an older version's row, an edited one) is before no checkpoint: it moves aside too (`int(None)` was a
+    TypeError that killed the resumed controller as it started)."""
+
+    def before(r: dict[str, Any]) -> bool:
+        it = row_count(r.get("iteration"))
+        return it is not None and it < version
+
+    return cut_rows(jobdir, jobdir.metrics, before)
+
+
+def row_count(value: Any) -> int | None:
+    """A metrics or evaluations row's iteration or version as an int; None where it has no number there (missing,
+    null, text, a bool), as `event_time` reads a row's time."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return int(value)
 
 
 def cut_rows(jobdir: JobDir, path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:

@@ -526,6 +526,18 @@ def test_the_metrics_a_resume_keeps_are_fsynced_as_it_rewrites_them(tmp_path: Pa
     assert tmp_path.stat().st_ino in synced[kept:]  # then the rename
 
 
+def test_a_resume_sets_aside_a_metrics_row_without_a_number_for_its_iteration(tmp_path: Path) -> None:
+    # int(r["iteration"]) raised on null (TypeError) or text (ValueError): the resumed controller died as it started
+    from rlctl.checkpoint.controller import cut_metrics
+    from rlctl.launch.jobdir import JobDir
+
+    jd = JobDir(tmp_path)
+    for i in (None, "x", 0, True, 1.0, 2):
+        jd.append(jd.metrics, {"iteration": i, "reward_mean": 0.5})
+    assert [r["iteration"] for r in cut_metrics(jd, 2)] == [0, 1.0]
+    assert [r["iteration"] for r in jd.read_lines(tmp_path / "metrics.discarded.jsonl")] == [None, "x", True, 2]
+
+
 def test_a_shard_write_that_failed_leaves_no_partial_file(tmp_path: Path, monkeypatch) -> None:
     # a full disk left ranks/.rank-0.pt.tmp-PID inside the checkpoint, never counted or removed
     def full(obj: object, f: object) -> None:

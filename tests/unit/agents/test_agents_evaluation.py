@@ -340,3 +340,13 @@ def test_status_says_the_reward_calls_of_an_evaluation_that_failed() -> None:
     assert evaluations_line(heldout_view(rows)) == (
         "v4: greedy reward 0.000, 16 reward calls failed  (first v0: greedy reward 0.500)  over 16 prompts"
     )
+
+
+def test_a_resume_sets_aside_an_evaluation_row_without_a_number_for_its_version(tmp_path) -> None:
+    # int(r["version"]) raised on null, and *r.get("versions", []) on a null versions: the resumed controller died
+    jd = JobDir(tmp_path)
+    rows = [{"version": None}, {"version": 1, "versions": None}, {"version": 2, "versions": [1, "x"]}, {"version": 3}]
+    for r in rows:
+        jd.append(jd.evaluations, r)
+    assert cut_evaluations(jd, 2) == rows[1:3]
+    assert jd.read_lines(tmp_path / "evaluations.discarded.jsonl") == [rows[0], rows[3]]
