@@ -33,8 +33,8 @@ import msgspec
 
 from rlctl.agents.core import Out
 from rlctl.agents.messages import EvalRequest, Evaluate, Evaluated, parse
-from rlctl.checkpoint.controller import cut_rows, row_count
-from rlctl.launch.jobdir import JobDir
+from rlctl.checkpoint.controller import cut_rows
+from rlctl.launch.jobdir import JobDir, row_count
 from rlctl.metrics import JobMetrics
 from rlctl.rl.source import HeldoutScores, RlPrompt, TaskSource
 from rlctl.tracking import Tracker
@@ -307,13 +307,19 @@ class Evaluator:
             self.jobdir.event("evaluation_stopped", lost_in_a_row=n)
 
     def _gauges(self, r: dict[str, Any]) -> None:
+        """The gauges of the newest evaluation. A figure a kept row has no number for (null, text: an edited row)
+        leaves its gauge as it was (`Gauge.set(None)` was a TypeError that killed the resumed controller)."""
         if r["version"] < self.shown:
             return
         self.shown = r["version"]
-        self.metrics.eval_greedy_reward.set(r["greedy_reward"])
         self.metrics.eval_version.set(r["version"])
-        if "greedy_exact" in r:
-            self.metrics.eval_greedy_exact.set(r["greedy_exact"])
+        for gauge, key in (
+            (self.metrics.eval_greedy_reward, "greedy_reward"),
+            (self.metrics.eval_greedy_exact, "greedy_exact"),
+        ):
+            x = r.get(key)
+            if isinstance(x, int | float) and not isinstance(x, bool):
+                gauge.set(x)
 
 
 def unwritten(events: list[dict[str, Any]], rows: list[dict[str, Any]], *, below: int) -> list[int]:
@@ -323,11 +329,17 @@ def unwritten(events: list[dict[str, Any]], rows: list[dict[str, Any]], *, below
     checkpoint for done, and evaluations.jsonl lacked one (0, 4, 12, 16 for a run resumed from v10 while v8 decoded)."""
     covers: dict[int, set[int]] = {}
     answered: set[int] = {int(r["version"]) for r in rows}
-    for e in events:
+    for e in events:  # (an event without a number for a version, an edited one, says nothing of it: int(None) raised)
+        v = row_count(e.get("version"))
+        if v is None:
+            continue
         if e.get("event") == "evaluation_asked":
-            covers.setdefault(int(e["version"]), set()).update(int(d) for d in e.get("covers", [e["version"]]))
+            also = e.get("covers", [v])
+            covers.setdefault(v, set()).update(
+                d for d in (row_count(x) for x in (also if isinstance(also, list) else [v])) if d is not None
+            )
         elif e.get("event") == "evaluation_failed":
-            answered.add(int(e["version"]))
+            answered.add(v)
     settled = {d for v in answered for d in covers.get(v, set()) | {v}}
     return sorted({d for ds in covers.values() for d in ds if d < below and d not in settled})
 

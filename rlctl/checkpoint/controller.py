@@ -22,7 +22,6 @@ launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifi
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from typing import Any
 from rlctl.agents import samplelog
 from rlctl.agents.ledger import Ledger
 from rlctl.checkpoint.files import fsync_dir, fsync_tree, read_manifest, set_latest, write_part
-from rlctl.launch.jobdir import JobDir
+from rlctl.launch.jobdir import JobDir, row_count
 from rlctl.rl.reward import RewardStats
 
 PART = "controller"
@@ -143,14 +142,6 @@ def cut_metrics(jobdir: JobDir, version: int) -> list[dict[str, Any]]:
         return it is not None and it < version
 
     return cut_rows(jobdir, jobdir.metrics, before)
-
-
-def row_count(value: Any) -> int | None:
-    """A metrics or evaluations row's iteration or version as an int; None where it has no number there (missing,
-    null, text, a bool), as `event_time` reads a row's time."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return int(value)
 
 
 def cut_rows(jobdir: JobDir, path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:

@@ -401,6 +401,15 @@ def event_time(row: dict[str, Any]) -> float:
     return float(t)
 
 
+def row_count(value: Any) -> int | None:
+    """A row's iteration or version (metrics.jsonl, evaluations.jsonl, an event's) as an int; None where it has no
+    number there (missing, null, text, a bool: a row of an older version, an edited one), as `event_time` reads a
+    row's time."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return int(value)
+
+
 def say_once(lines: list[str]) -> None:
     """Log each of `lines` (what a reader of a .jsonl file left out: `json_lines`'s `skipped`) as a warning, once
     per process."""

@@ -350,3 +350,16 @@ def test_a_resume_sets_aside_an_evaluation_row_without_a_number_for_its_version(
         jd.append(jd.evaluations, r)
     assert cut_evaluations(jd, 2) == rows[1:3]
     assert jd.read_lines(tmp_path / "evaluations.discarded.jsonl") == [rows[0], rows[3]]
+
+
+def test_a_resume_passes_over_a_kept_evaluation_figure_or_an_evaluation_event_without_a_number(tmp_path) -> None:
+    # Gauge.set(None) of a kept row's null greedy_reward, int(None) of an evaluation_asked event's version or covers:
+    # a TypeError that killed the resumed controller as it started
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    jd.append(jd.evaluations, {"version": 0, "versions": [0], "greedy_reward": None, "greedy_exact": "x"})
+    jd.event("evaluation_asked", version=None, covers=[0])
+    jd.event("evaluation_asked", version=5, covers=[None, 5])
+    jd.event("evaluation_failed", version="x")
+    h = Harness(tmp_path, resumed=10)
+    assert h.ev.redone == {5}  # asked, neither answered nor failed: due again
+    assert h.metrics.eval_version._value.get() == 0 and h.metrics.eval_greedy_reward._value.get() == 0.0
