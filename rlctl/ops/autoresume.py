@@ -34,7 +34,7 @@ from typing import Any
 
 from rlctl.config.job import JobFile
 from rlctl.errors import LaunchError
-from rlctl.launch.jobdir import JobDir, event_time
+from rlctl.launch.jobdir import JobDir, event_time, row_count
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.run import JobRun, StopCheck, resumes, stop_requested
@@ -44,9 +44,11 @@ RESUME_HINT = "; continue the job with "  # how the controller's reason for a fa
 
 def newest_checkpoint(jobdir: JobDir, *, since: float) -> int | None:
     """The newest checkpoint the controller completed at or after `since` (time.time()), from the job's events
-    (a `checkpoint` event is written once both parts of it are complete); None when it completed none."""
-    done = [int(e["version"]) for e in jobdir.read_events("checkpoint") if event_time(e) >= since]
-    return max(done) if done else None
+    (a `checkpoint` event is written once both parts of it are complete); None when it completed none. An event
+    without a number for its version (null, text: an edited one) names none (int(None) was a TypeError traceback as
+    the launcher resumed the job)."""
+    done = [row_count(e.get("version")) for e in jobdir.read_events("checkpoint") if event_time(e) >= since]
+    return max((v for v in done if v is not None), default=None)
 
 
 class Runs:

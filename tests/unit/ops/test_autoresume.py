@@ -192,6 +192,16 @@ def test_checkpoints_of_earlier_runs_do_not_count(tmp_path):
     assert autoresume.newest_checkpoint(jd, since=since) == 30
 
 
+def test_a_checkpoint_event_without_a_number_for_its_version_names_none(tmp_path):
+    # int(e["version"]) of an edited event's null: a TypeError traceback as the launcher resumed the job
+    jd = JobDir.create("j", explicit=tmp_path / "job")
+    jd.event("checkpoint", version=None)
+    assert autoresume.newest_checkpoint(jd, since=0.0) is None
+    jd.event("checkpoint", version=20)
+    jd.event("checkpoint", version="x")
+    assert autoresume.newest_checkpoint(jd, since=0.0) == 20
+
+
 def test_the_summary_times_this_launcher_across_its_resumes(runs, monkeypatch):
     # the launch table's `wall` was the last run's alone (59.1 s of a job that ran 81 s with one resume)
     monkeypatch.setattr(ScriptedRun, "wait", lambda self, **_: _scripted(self) | {"wall_s": 59.1})
