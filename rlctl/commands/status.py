@@ -27,7 +27,11 @@ JobArg = Annotated[
 
 
 def _f(v: Any, spec: str = ".2f") -> str:
-    return "-" if v is None else format(v, spec)
+    """A figure formatted by `spec`; '-' for null, and one that is no number (a kept row edited by hand, the live
+    figures before a resumed run's first iteration) as it is, versus a ValueError traceback."""
+    if v is None:
+        return "-"
+    return format(v, spec) if isinstance(v, int | float) and not isinstance(v, bool) else str(v)
 
 
 def _weights_line(w: dict[str, Any]) -> str:

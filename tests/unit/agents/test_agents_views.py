@@ -734,3 +734,18 @@ def test_a_resume_counts_a_kept_row_whose_figures_are_null_without_them():
     assert book.count == 3 and book.reward_curve == [0.5, 0.5]
     assert (book.mean("t_gen_s"), book.mean("t_train_s"), book.mean("delta_s")) == (2.0, 1.0, 2.3333)
     assert book.staleness == {"0": 4}
+
+
+def test_the_live_status_of_a_resumed_run_shows_a_kept_rows_text_figure_as_it_is():
+    # before the resumed run's first iteration the figures are the kept last row's: format('x', '.3f') of an edited
+    # one was a ValueError traceback in `rlctl status`
+    from rlctl.commands.status import _table
+
+    core, _, _ = _one_iteration()
+    kept = {"iteration": 0, "reward_mean": "x", "t_gen_s": None, "t_train_s": 1.0, "delta_s": 0.0, "lr": "high"}
+    live = status(_snapshot(core, [kept], rows_kept=1), now=110.0)
+    page = {"id": "j", "source": "controller", "live": live, "controller_latency_s": 0.01, "job_dir": "/jobs/views"}
+    lines = _table(page).splitlines()
+    assert [line.split()[1:] for line in lines if line.startswith("reward ")] == [["x"]]
+    assert next(line for line in lines if "T_gen / T_train" in line).endswith("- / 1.00 s")
+    assert training_line(live["training"]).startswith("lr high  grad norm -")
