@@ -71,8 +71,8 @@ class SshTarget:
     known_hosts: str | None = None
     proxy_jump: str | None = None
     connect_timeout_s: float = 10.0
-    # with a key_file, the user's own keys and agent after it (a bastion, as the dry-run's ProxyCommand `ssh -i`
-    # offers them), not that key alone
+    # with a key_file, the user's own keys and agent after it (a bastion, as the dry-run's ProxyCommand offers
+    # its key files after the site's), not that key alone
     own_keys_too: bool = False
 
     @property
@@ -89,9 +89,9 @@ def jump_target(
 ) -> SshTarget:
     """The bastion of a `proxy_jump: [user@]host[:port]` (as `ssh -J` takes it): fabric refuses a port written both
     in the host and as its own argument. It is logged in to with the site's `key_file` (None: the user's keys and
-    agent), as the site's hosts are, then the user's own keys and agent (as `ssh -i KEY` offers them): a bastion
-    that knows only the site's key refused the user's default ones, and one that knows only the user's still
-    takes those."""
+    agent), as the site's hosts are, then the user's own keys and agent (the dry-run's ProxyCommand: the site's key,
+    then the user's default key files, agent keys of other files not offered): a bastion that knows only the
+    site's key refused the user's default ones, and one that knows only the user's still takes those."""
     user, _, rest = spec.rpartition("@")
     host, port = rest, 22
     if rest.count(":") == 1 and (p := rest.partition(":")[2]).isdigit():  # host:port (not a bare IPv6 address)

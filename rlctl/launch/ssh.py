@@ -62,6 +62,10 @@ def _sched(site: Site) -> SshScheduler:
     return site.scheduler
 
 
+# the key files ssh tries where it is given none (ssh_config's IdentityFile): a bastion's after the site's key_file
+OWN_KEY_FILES = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ecdsa_sk", "~/.ssh/id_ed25519", "~/.ssh/id_ed25519_sk")
+
+
 def _literal(text: str, expanded: int) -> str:
     """`text` as ssh reads it literally where it expands %-tokens (ProxyCommand, IdentityFile, UserKnownHostsFile),
     `expanded` times on its way: each `%` doubled per expansion (a host-key file `/etc/rl/kh%h` was read as
@@ -271,10 +275,16 @@ class SshBackend(LaunchBackend):
         def keys(expanded: int) -> list[str]:  # the host-key options, their path through `expanded` %-expansions
             return hostkeys.rendered_options(sh_path(_literal(t.known_hosts, expanded)) if t.known_hosts else None)
 
-        def identity(expanded: int) -> list[str]:  # the key file's option, its path through `expanded` %-expansions
-            if t.key_file and "%" in t.key_file:  # `-i` looks for the file as written, then expands its %-tokens
-                return [f"-o IdentityFile={sh_path(_literal(t.key_file, expanded))}"]
-            return [f"-i {sh_path(t.key_file)}"] if t.key_file else []
+        def identity(expanded: int) -> list[str]:  # the key file's options, its path through `expanded` %-expansions
+            if not t.key_file:
+                return []
+            if "%" in t.key_file:  # `-i` looks for the file as written, then expands its %-tokens
+                key = f"-o IdentityFile={sh_path(_literal(t.key_file, expanded))}"
+            else:
+                key = f"-i {sh_path(t.key_file)}"
+            # without it ssh offers every key of the user's agent before the file's, and a server that allows
+            # MaxAuthTries (6) of them closes the connection first ('Too many authentication failures')
+            return [key, "-o IdentitiesOnly=yes"]
 
         opts = [f"-p {t.port}", *identity(1)]
         if t.proxy_jump:  # not `-J`, whose bastion connection ignores the options given here (host-key and key file)
@@ -286,6 +296,8 @@ class SshBackend(LaunchBackend):
                 "ssh",
                 f"-p {j.port}",
                 *identity(2),
+                # then the user's own key files, as rlctl's connection (`jump_target`) tries them after the site's
+                *(f"-o IdentityFile={sh_path(f)}" for f in OWN_KEY_FILES if t.key_file),
                 *keys(2),
                 "-W '[%h]:%p'",
                 shlex.quote(_literal(f"{j.user}@{j.host}" if j.user else j.host, 1)),

@@ -60,7 +60,9 @@ def backend() -> SshBackend:
 def test_start_command_line_matches_golden() -> None:
     text = backend().render(SPEC)
     check_golden("ssh_start_rollout.txt", text)
-    assert text.startswith('ssh -p 2200 -i "$HOME"/.ssh/id_rl -o UserKnownHostsFile=/etc/rlctl/known_hosts')
+    assert text.startswith(
+        'ssh -p 2200 -i "$HOME"/.ssh/id_rl -o IdentitiesOnly=yes -o UserKnownHostsFile=/etc/rlctl/known_hosts'
+    )
     assert " rl@h20-02 bash -s" in text  # replica 1 → second host (round robin)
     assert "&&" not in text.split("setsid", 1)[1].split("\n")[0]  # no && chain before the detaching &
 
@@ -194,11 +196,12 @@ def test_a_rendered_command_line_reaches_the_bastion_with_the_sites_host_key_fil
     argv = subprocess.run(["bash", "-c", f"printf '%s\\n' {args}"], capture_output=True, text=True).stdout.splitlines()
     keys = ["-o", "UserKnownHostsFile=/etc/rl/kh", "-o", "StrictHostKeyChecking=yes"]
     assert "-J" not in argv and argv[-5:] == [*keys, "rl@h20-02"], argv
+    own = " ".join(f'-o IdentityFile="$HOME"/.ssh/{k}' for k in ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519"))
     jump = (
-        'ssh -p 2022 -i "$HOME"/.ssh/id_rl -o UserKnownHostsFile=/etc/rl/kh -o StrictHostKeyChecking=yes '
-        "-W '[%h]:%p' ops@bastion"
+        f'ssh -p 2022 -i "$HOME"/.ssh/id_rl -o IdentitiesOnly=yes {own} -o IdentityFile="$HOME"/.ssh/id_ed25519_sk '
+        "-o UserKnownHostsFile=/etc/rl/kh -o StrictHostKeyChecking=yes -W '[%h]:%p' ops@bastion"
     )
-    assert argv[argv.index("-o") + 1] == f"ProxyCommand={jump}", argv
+    assert next(a for a in argv if a.startswith("ProxyCommand=")) == f"ProxyCommand={jump}", argv
 
 
 def test_a_rendered_jump_to_an_ipv6_node_names_it_as_ssh_reads_it() -> None:
@@ -209,7 +212,7 @@ def test_a_rendered_jump_to_an_ipv6_node_names_it_as_ssh_reads_it() -> None:
     line = SshBackend.for_site("h20", site, job="demo", job_dir=Path("/tmp")).command_line("fd00::2", "true\n")
     args = line.splitlines()[0].removesuffix(" bash -s <<'RLCTL_EOF'")
     argv = subprocess.run(["bash", "-c", f"printf '%s\\n' {args}"], capture_output=True, text=True).stdout.splitlines()
-    proxy = argv[argv.index("-o") + 1].removeprefix("ProxyCommand=")
+    proxy = next(a for a in argv if a.startswith("ProxyCommand=")).removeprefix("ProxyCommand=")
     via = subprocess.run(["bash", "-c", f"printf '%s\\n' {proxy}"], capture_output=True, text=True).stdout.split()
     assert via[via.index("-W") + 1] == "[%h]:%p", via  # ssh puts the node's address in the brackets
 
@@ -246,7 +249,10 @@ def test_a_percent_in_a_rendered_path_or_user_reaches_ssh_literally() -> None:
         # bastion` block's HostName, a CanonicalizeHostname there, changed what ssh -G said of the jump)
         args = [*argv[:1], "-G", "-F", "/dev/null", *argv[1:]]
         out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-        return dict(line.partition(" ")[::2] for line in out.splitlines())
+        said: dict[str, str] = {}
+        for line in out.splitlines():  # a key's first value (identityfile: the first file ssh tries)
+            said.setdefault(*line.partition(" ")[::2])
+        return said
 
     outer = config(argv)
     assert outer["userknownhostsfile"] == "/etc/rl/kh%h" and outer["user"] == "rl"
@@ -296,3 +302,37 @@ def test_the_bastion_is_logged_in_to_with_the_sites_key_file(monkeypatch: pytest
     proxy = next(a for a in argv if a.startswith("ProxyCommand=")).removeprefix("ProxyCommand=")
     via = subprocess.run(["bash", "-c", f"printf '%s\\n' {proxy}"], capture_output=True, text=True).stdout.split()
     assert via[via.index("-i") + 1] == "/keys/id_rl", via
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs OpenSSH's client (ssh -G)")
+def test_a_rendered_key_file_is_the_only_identity_offered_so_an_agents_keys_do_not_end_the_login(
+    tmp_path: Path,
+) -> None:
+    """`ssh -i KEY` offers every key of the user's ssh-agent before KEY's (OpenSSH's order), and a server that
+    allows MaxAuthTries (6) closes the connection after that many ('Too many authentication failures'): an agent of
+    six keys kept the site's key from ever being tried. Now the node's ssh and the bastion's offer the key files
+    alone (IdentitiesOnly): the site's key, and at the bastion the user's default key files after it."""
+    key = tmp_path / "id_rl"  # ssh -i leaves out a file that is not there, and offers its default ones instead
+    key.write_text("")
+    sched = SITE.scheduler.model_copy(update={"proxy_jump": "ops@bastion:2022", "key_file": str(key)})
+    site = SITE.model_copy(update={"scheduler": sched})
+    line = SshBackend.for_site("h20", site, job="demo", job_dir=Path("/tmp")).command_line("h20-02", "true\n")
+    args = line.splitlines()[0].removesuffix(" bash -s <<'RLCTL_EOF'")
+    argv = subprocess.run(["bash", "-c", f"printf '%s\\n' {args}"], capture_output=True, text=True).stdout.splitlines()
+
+    def config(argv: list[str]) -> list[tuple[str, str]]:  # ssh -G's lines, as (key, value), of the line alone
+        args = [*argv[:1], "-G", "-F", "/dev/null", *argv[1:]]
+        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+        return [(k, v) for k, _, v in (line.partition(" ") for line in out.splitlines())]
+
+    outer = config(argv)
+    assert ("identitiesonly", "yes") in outer and [v for k, v in outer if k == "identityfile"] == [str(key)], outer
+    proxy = next(a for a in argv if a.startswith("ProxyCommand=")).removeprefix("ProxyCommand=")
+    via = subprocess.run(
+        ["bash", "-c", f"printf '%s\\n' {_outer_expansion(proxy, 'h20-02', 2200)}"], capture_output=True, text=True
+    ).stdout.splitlines()
+    inner = config([a for a in via if a not in ("-W", "[h20-02]:2200")])
+    home = os.environ["HOME"]
+    own = [f"{home}/.ssh/{name}" for name in ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk")]
+    assert ("identitiesonly", "yes") in inner
+    assert [v for k, v in inner if k == "identityfile"] == [str(key), *own], inner
