@@ -153,13 +153,16 @@ def controller_resources(job: JobFile, site: Site) -> Resources:
     """The controller's cores (`controller_cores`) and host memory: each core's share of a node's memory, as an
     agent at its default threads gets it (a slot's `memory_gb` ÷ its cores), at most the smallest node's. Without a
     memory request a SLURM cluster may give the job a node's whole memory (no DefMemPerCPU), and a GPU job
-    waits for that node while the controller runs."""
+    waits for that node while the controller runs. A site without `nodes[].cpus` says no core's share: the
+    controller asks one GPU slot's memory in all, as a one-slot agent there does (each of its cores asked a whole
+    slot's, a node's memory for a few reward workers, and check refused a controller that had room)."""
     cores = controller_cores(job, site)
     slot_gb = site.memory_per_slot_gb()
     if slot_gb is None:
         return Resources(cpus_per_task=cores)
     node_gb = min(n.memory_gb for n in site.nodes if n.memory_gb is not None)
-    gb = min(node_gb, cores * slot_gb / (site.cpus_per_slot() or 1))
+    cpus_per_slot = site.cpus_per_slot()
+    gb = min(node_gb, slot_gb if cpus_per_slot is None else cores * slot_gb / cpus_per_slot)
     return Resources(cpus_per_task=cores, mem_mb_per_task=int(gb * 1e9 / 2**20))  # GB (10^9 bytes) in MiB
 
 

@@ -436,7 +436,8 @@ def test_a_slurm_controller_asks_a_core_for_each_of_its_reward_workers(
         # 8 GPUs, 64 cores, 512 GB: 8 GB (7629 MiB) a core, as a rank at its default 8 threads gets; the controller's
         # 5 cores (4 reward workers) ask 5 × that
         ({"gpus": 8, "cpus": 64, "memory_gb": 512}, 7629),
-        ({"gpus": 2, "memory_gb": 10}, 1907),  # no cpus: a slot's 5 GB for each of 5 cores is 25 GB, the node 10 GB
+        # no cpus, so no core's share: one slot's 5 GB in all (each of 5 cores asked a slot's, the whole 10 GB node)
+        ({"gpus": 2, "memory_gb": 10}, 953),
         ({"gpus": 2, "cpus": 16}, None),  # no memory_gb: no memory request, as for the agents
     ],
 )

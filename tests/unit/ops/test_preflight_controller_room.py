@@ -1,0 +1,60 @@
+"""`placement.controller_site`: a SLURM controller beside its site's SLURM agents, their jobs and its own placed on
+the site's nodes as the inventory gives them (`rlctl.ops.preflight._controller_room`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlctl.config import load_job
+from rlctl.config.job import DatasetTask, Job
+from rlctl.launch.layout import layout
+from rlctl.ops import counts
+from rlctl.ops.preflight import Problem, _controller_room
+from tests.conftest import ROOT
+
+H800, H20 = ROOT / "clusters" / "h800-trainer.yaml", ROOT / "clusters" / "h20-rollout.yaml"
+
+
+def h800_job(tmp_path: Path, *, trainer_gpus: int, node: dict[str, Any]) -> Job:
+    """A 7B torch job whose trainer runs on the H800 SLURM site, its nodes' figures replaced by `node`."""
+    inv = yaml.safe_load(H800.read_text())
+    inv["sites"]["h800"]["nodes"] = [{"host": "h800-[001-016]", **node}]
+    (tmp_path / "h800.yaml").write_text(yaml.safe_dump(inv))
+    job = {
+        "apiVersion": "rlctl/v1",
+        "kind": "Job",
+        "name": "room",
+        "inventory": [str(tmp_path / "h800.yaml"), str(H20)],
+        "model": {"kind": "builtin", "name": "qwen2.5-7b"},
+        "task": {"kind": "lengths", "prompt_tokens": 512, "median_output_tokens": 2750, "max_output_tokens": 20000},
+        "batch": {"prompts_per_iteration": 128, "samples_per_prompt": 8},
+        "placement": {"trainer": {"site": "h800", "gpus": trainer_gpus}, "rollout": [{"site": "h20", "gpus": 12}]},
+        "rollout": {"engine": "vllm", "tensor_parallel": 2},
+        "trainer": {"backend": "torch"},
+        "warmup": {"sft_steps": 0},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    return load_job(tmp_path / "job.yaml")
+
+
+def room(job: Job, *, reward_workers: int) -> list[Problem]:
+    """The check's refusals for the job's agents, its controller scoring with `reward_workers` processes."""
+    task = DatasetTask.model_construct(kind="dataset", path="d.jsonl", reward_workers=reward_workers)
+    spec = job.spec.model_copy(update={"task": task})
+    return _controller_room(job, layout(counts.plan_counts(job, job.spec), job.inventory.sites, spec))
+
+
+def test_a_controller_on_a_site_without_cpus_asks_one_slots_memory_and_fits_beside_the_agents(
+    tmp_path: Path,
+) -> None:
+    """16 nodes of 8 GPUs and 2048 GB, no `cpus`; the trainer on 124 GPUs leaves half a node (1024 GB). The
+    controller's 5 cores (4 reward workers) each asked a whole slot's 256 GB, 1280 GB, and check refused it; it
+    now asks one slot's 256 GB in all, which fits there."""
+    node = {"gpus": 8, "memory_gb": 2048}
+    assert room(h800_job(tmp_path, trainer_gpus=124, node=node), reward_workers=4) == []
+    # every GPU taken: every GB too, so the controller has no room whatever it asks
+    (full,) = room(h800_job(tmp_path, trainer_gpus=128, node=node), reward_workers=4)
+    assert "memory: the controller's job asks 244140 MiB" in full.message, full.message  # 256 GB
