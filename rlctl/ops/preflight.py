@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.config.hostfill import PLACEMENT_HINT, placement_error
-from rlctl.config.inventory import Inventory
+from rlctl.config.inventory import Inventory, Site
 from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, refills
 from rlctl.devices import cuda_problem, kind_for
 from rlctl.engines.factory import vllm_problem
@@ -39,6 +39,7 @@ from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, unshar
 from rlctl.launch.sitefs import is_remote
 from rlctl.launch.slurm import SlurmResources, gpu_request_for
 from rlctl.models.hf import CONFIG_FILE, DTYPE_BYTES, TinyGPTConfig, read_config
+from rlctl.ops.noderoom import UNBOUNDED, fit, node_room, shares_of
 from rlctl.planner.plan import idle_gpus, searches_shared_site
 from rlctl.planner.split import split_refusals
 from rlctl.rl.dataset import check_task
@@ -647,18 +648,22 @@ def _slurm_request(job: Job, a: PlannedAgent) -> SlurmResources | None:
 
 def _controller_room(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
     """A SLURM controller beside the job's SLURM agents on its site, its job and theirs asking more cores or memory
-    than the site's nodes have in all (`nodes[].cpus`, `memory_gb`): the controller starts first and holds its share
-    until the job ends, so an agent's job waits for it for ever (every GPU of a site at the default threads takes
-    every core and all the memory). Figures the inventory leaves out are not compared."""
+    than the site's nodes have in all (`nodes[].cpus`, `memory_gb`), or more than fits them node by node (its one
+    task on one node, theirs each on nodes with the GPUs, cores and memory left: `rlctl.ops.noderoom`): the
+    controller starts first and holds its share until the job ends, so an agent's job waits for it for ever (every
+    GPU of a site at the default threads takes every core and all the memory). Figures the inventory leaves out are
+    not compared."""
     c = next(a for a in agents if a.role == "controller")
     site = job.inventory.sites[c.site]
     if kind_of(site).slices_gpus or not any(a.site == c.site for a in agents if a is not c):
         return []
     asked = {"controller": [0, 0], "agents": [0, 0]}  # cores, MiB
-    for a in (a for a in agents if a.site == c.site):
+    requests: list[SlurmResources] = []  # the controller's first
+    for a in sorted((a for a in agents if a.site == c.site), key=lambda a: a is not c):
         res = _slurm_request(job, a)
         if res is None:
             return []
+        requests.append(res)
         cores = res.ntasks * res.cpus_per_task
         who = asked["controller" if a is c else "agents"]
         who[0] += cores
@@ -674,11 +679,13 @@ def _controller_room(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
         )
         if have[i] and asked["controller"][i] and asked["controller"][i] + asked["agents"][i] > have[i]
     ]
+    if not short and any(have):
+        short = _node_by_node(site, requests, asked["controller"], have)
     if not short:
         return []
     # an agent's memory is its GPU slots' share whatever its threads: fewer threads leave the controller no memory
     fewer = "fewer GPUs for the agents there"
-    if not short[-1].startswith("memory"):
+    if "memory" not in short[-1].partition(":")[0]:
         fewer += ", or fewer threads (trainer.threads_per_rank, rollout.threads_per_unit)"
     return [
         Problem(
@@ -689,6 +696,31 @@ def _controller_room(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
             + fewer,
         )
     ]
+
+
+def _node_by_node(site: Site, requests: list[SlurmResources], controller: list[int], have: list[int]) -> list[str]:
+    """Why the controller's job (`requests[0]`, asking `controller` cores and MiB of one node) does not fit the
+    site's nodes beside the agents' jobs (the rest), each job's share of a node on one that has it left: the
+    figures short (cores, memory, or only the two together); [] when it fits, when the agents' jobs alone do not
+    (placement's to say), or when the search gave up. `have`: the site's cores and MiB in all (0: not given)."""
+    nodes = node_room(site)
+    shares = [s for k, res in enumerate(requests) for s in shares_of(k, res)]
+    if fit(nodes, [s for s in shares if s.job != 0]) is not True or fit(nodes, shares) is not False:
+        return []
+    names = [n for d, n in ((1, "cores"), (2, "memory")) if have[d - 1]]
+    alone = [n for d, n in ((1, "cores"), (2, "memory")) if have[d - 1] and fit(_only(nodes, d), shares) is False]
+    asks = [f"{controller[0]} cores"] * bool(have[0]) + [f"{controller[1]} MiB"] * bool(have[1] and controller[1])
+    fields = ", ".join(f for f, given in zip(("nodes[].cpus", "nodes[].memory_gb"), have, strict=True) if given)
+    return [
+        f"{' and '.join(alone or names)}: the controller's job asks {' and '.join(asks)} of one node, and no node has "
+        f"{'them' if len(asks) > 1 else 'that'} left beside the agents' jobs, though the site's nodes have "
+        f"{'them' if len(asks) > 1 else 'that'} in all ({fields})"
+    ]
+
+
+def _only(nodes: list[tuple[int, int, int]], dim: int) -> list[tuple[int, int, int]]:
+    """`nodes` with only figure `dim` (1 cores, 2 memory) compared beside the GPUs."""
+    return [(g, c if dim == 1 else UNBOUNDED, m if dim == 2 else UNBOUNDED) for g, c, m in nodes]
 
 
 def _shared_trainer_devices(job: Job, trainers: list[PlannedAgent]) -> list[Problem]:

@@ -1,0 +1,103 @@
+"""Whether SLURM jobs fit a site's nodes together: each job's share of a node (GPUs, cores, memory) on a node
+that has it left, a job's shares on distinct nodes (its `--nodes`), as SLURM must place them to run them at once.
+
+    nodes (inventory: gpus, cpus, memory_gb per host) ─┐
+    shares (one per job and node it takes)            ├─▶ fit() ─▶ True / False / None (gave up)
+
+An exact search: the largest shares first, each tried on every node with room, nodes alike (the same room left,
+the same jobs on them) tried once; it gives up (None) past a step budget rather than guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rlctl.config.inventory import Site
+from rlctl.launch.slurm import SlurmResources
+
+UNBOUNDED = 1 << 62  # a figure the inventory leaves out: not compared
+STEP_BUDGET = 20_000
+MAX_SHARES = 400  # deeper than this the search (one frame a share) is not tried
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one SLURM job (`job`) takes of one node."""
+
+    job: int
+    gpus: int
+    cores: int
+    mem_mib: int
+
+    @property
+    def size(self) -> tuple[int, int, int]:
+        return (self.gpus, self.cores, self.mem_mib)
+
+
+def node_room(site: Site) -> list[tuple[int, int, int]]:
+    """Each host's (GPUs, cores, MiB); a figure some node leaves out is unbounded on all (not compared)."""
+    cpus = all(n.cpus is not None for n in site.nodes)
+    mem = all(n.memory_gb is not None for n in site.nodes)
+    return [
+        (
+            n.gpus,
+            n.cpus if cpus and n.cpus is not None else UNBOUNDED,
+            int(n.memory_gb * 1e9 / 2**20) if mem and n.memory_gb is not None else UNBOUNDED,
+        )
+        for n in site.nodes
+        for _ in n.hosts
+    ]
+
+
+def shares_of(job: int, res: SlurmResources) -> list[Share]:
+    """The node shares of one SLURM job: `tasks_per_node` tasks on each of its nodes, the rest on the last."""
+    per, tasks = max(1, res.tasks_per_node), res.ntasks
+    counts = [per] * (tasks // per) + ([tasks % per] if tasks % per else [])
+    return [
+        Share(job, n * res.gpus_per_task, n * res.cpus_per_task, n * res.cpus_per_task * (res.mem_per_cpu_mb or 0))
+        for n in counts
+    ]
+
+
+class _GaveUp(Exception):
+    pass
+
+
+def fit(nodes: Sequence[tuple[int, int, int]], shares: Sequence[Share], *, budget: int = STEP_BUDGET) -> bool | None:
+    """Whether every share can be placed on `nodes` at once; None when the search gave up (too many shares, or
+    past `budget` steps)."""
+    if len(shares) > MAX_SHARES:
+        return None
+    order = sorted(shares, key=lambda s: s.size, reverse=True)
+    free = [list(n) for n in nodes]
+    held: list[set[int]] = [set() for _ in nodes]
+    steps = 0
+
+    def place(i: int) -> bool:
+        nonlocal steps
+        if i == len(order):
+            return True
+        s, tried = order[i], set()
+        for j, room in enumerate(free):
+            key = (tuple(room), frozenset(held[j]))
+            if s.job in held[j] or key in tried or any(r < w for r, w in zip(room, s.size, strict=True)):
+                continue
+            tried.add(key)
+            steps += 1
+            if steps > budget:
+                raise _GaveUp
+            for d, w in enumerate(s.size):
+                room[d] -= w
+            held[j].add(s.job)
+            if place(i + 1):
+                return True
+            for d, w in enumerate(s.size):
+                room[d] += w
+            held[j].discard(s.job)
+        return False
+
+    try:
+        return place(0)
+    except _GaveUp:
+        return None
