@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import hostlist
@@ -57,6 +59,8 @@ out["rdma_devices"] = sorted(os.listdir(ib)) if os.path.isdir(ib) else []
 root = os.path.expanduser(sys.argv[1])
 os.makedirs(root, exist_ok=True)
 out["workdir"] = root
+if len(sys.argv) > 2:  # a file the operator's machine made in the work root: does this host share that filesystem?
+    out["sees_here"] = os.path.exists(sys.argv[2])
 out["free_bytes"] = shutil.disk_usage(root).free
 print("RLCTL_PROBE " + json.dumps(out))
 """
@@ -106,11 +110,33 @@ def probe_site_hosts(
     kind = kind_of(site)
     python = python_for(site)
     root = kind.work_root(site) or here or os.getcwd()
-    argv = " ".join(shlex.quote(a) for a in (args if args is not None else [root]))
+    # a site whose job dir is on this machine's filesystem and its agents elsewhere (SLURM submitted from here):
+    # whether its hosts see it
+    apart = not kind.remote(site) and not kind.on_this_machine
+    marker = _marker_in(root) if args is None and apart else None
+    argv = " ".join(shlex.quote(a) for a in (args if args is not None else [root, *([marker] if marker else [])]))
     command = "\n".join([*_strict_setup(site.setup), f"{shlex.quote(python)} -c {shlex.quote(script)} {argv}"])
     asks = kind.probe_commands(site, command, first=first)
-    with ThreadPoolExecutor(max_workers=max(1, min(PROBE_WORKERS, len(asks)))) as pool:
-        return list(pool.map(lambda a: _ask(name, a[0], kind.site_runner(site, a[1]), a[2], timeout_s), asks))
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(PROBE_WORKERS, len(asks)))) as pool:
+            return list(pool.map(lambda a: _ask(name, a[0], kind.site_runner(site, a[1]), a[2], timeout_s), asks))
+    finally:
+        if marker is not None:
+            Path(marker).unlink(missing_ok=True)
+
+
+def _marker_in(root: str) -> str | None:
+    """A new empty file in `root` on this machine (in its nearest existing parent while it does not exist), for
+    the probe to look for on the site's hosts; None where none can be made there (nothing is then asked)."""
+    place = Path(root)
+    while not place.is_dir() and place != place.parent:
+        place = place.parent
+    try:
+        fd, path = tempfile.mkstemp(prefix=".rlctl-probe-", dir=place)
+    except OSError:
+        return None
+    os.close(fd)
+    return os.path.abspath(path)
 
 
 def _strict_setup(lines: list[str]) -> list[str]:
@@ -153,6 +179,12 @@ def host_problems(
     if report.error is not None:
         return [f"{where}: cannot be asked: {report.error}"]
     f, out = report.facts, []
+    if f.get("sees_here") is False:
+        out.append(
+            f"{where}: does not see {f.get('workdir')} of this machine (a file made there for the probe was not "
+            f"there), where the site's agents read and write the job's files: set sites.{report.site}.scheduler."
+            "workdir to a directory this machine and the site's nodes share, or give the site a submit_host"
+        )
     if "rlctl" not in f:
         out.append(
             f"{where}: {python} cannot import rlctl ({f.get('rlctl_error')}): install rlctl=={__version__} there, "

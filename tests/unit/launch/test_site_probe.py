@@ -11,7 +11,7 @@ import pytest
 
 from rlctl import __version__
 from rlctl.checkpoint.choose import checkpoint_bytes
-from rlctl.config.inventory import Site
+from rlctl.config.inventory import LocalScheduler, Site
 from rlctl.config.job import Checkpoint, JobFile
 from rlctl.launch import siteprobe
 from rlctl.launch.backends import python_for
@@ -441,3 +441,45 @@ def test_a_sites_hosts_are_asked_at_once_in_a_bounded_pool_and_answer_in_host_or
     hosts = [f"h{i}" for i in range(1, num_hosts + 1)]
     assert [r.host for r in reports] == hosts and [r.facts["workdir"] for r in reports] == [f"/w/{h}" for h in hosts]
     assert peak[0] == siteprobe.PROBE_WORKERS and sorted(finished) == sorted(hosts)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_probe_says_whether_a_slurm_node_sees_the_job_dir_on_this_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: bool
+) -> None:
+    """A SLURM site submitted from here runs its agents in the operator's job dir (or its `workdir`) as this
+    machine's filesystem has it; the probe made that path on its node and passed where the node shares no
+    filesystem with this machine, and every agent then lacked the job's files. The probe now looks there for a file
+    made here (and removed after): a node that does not see it is one line naming the site's workdir field. The
+    node here is this machine; one of its own filesystem is this machine with the file gone."""
+    from rlctl.launch.slurm import SlurmBackend
+
+    def on_a_node(cls: type, site: Site, command: str, *, first: bool = False) -> list[tuple[str, None, str]]:
+        own_fs = "" if shared else f"rm -f {tmp_path}/.rlctl-probe-*\n"
+        return [("a node of partition p", None, own_fs + command)]
+
+    monkeypatch.setattr(SlurmBackend, "probe_commands", classmethod(on_a_node))
+    slurm = Site.model_validate(
+        {
+            "datacenter": "dc",
+            "scheduler": {"kind": "slurm", "partition": "p", "workdir": str(tmp_path / "not-yet")},
+            "gpu": "CPU",
+            "nodes": [{"host": "n1", "gpus": 1}],
+        }
+    )
+    (report,) = probe_site_hosts("gpu", slurm, timeout_s=120)
+    assert report.error is None, report.error
+    assert report.facts["sees_here"] is shared
+    assert [p.name for p in tmp_path.iterdir()] == ["not-yet"]  # the file made in its parent is gone
+    lines = host_problems(report, slurm)
+    if shared:
+        assert lines == []
+        return
+    assert lines == [
+        f"site gpu host a node of partition p: does not see {tmp_path}/not-yet of this machine (a file made there "
+        "for the probe was not there), where the site's agents read and write the job's files: set sites.gpu."
+        "scheduler.workdir to a directory this machine and the site's nodes share, or give the site a submit_host"
+    ]
+    local = slurm.model_copy(update={"scheduler": LocalScheduler(kind="local", workdir=str(tmp_path))})
+    (report,) = probe_site_hosts("here", local, timeout_s=120)
+    assert "sees_here" not in report.facts  # a local site's agents run on this machine
