@@ -120,6 +120,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     for the roles the job places there; one line each. And what each host answered."""
     from rlctl.checkpoint.choose import checkpoint_bytes, checkpoints_held, checkpoints_set_aside
     from rlctl.launch.siteprobe import (
+        controller_cores_problems,
         controller_reach_problems,
         controller_tracking_problems,
         disk_problem,
@@ -164,6 +165,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
                     lines.append(disk)
             lines += partition_problems(name, job.inventory.sites[name], timeout_s=timeout_s)
     controller = spec.placement.controller_site or spec.placement.trainer.site
+    lines += controller_cores_problems(controller, job.inventory.sites[controller], spec, timeout_s=timeout_s)
     if all("rlctl" in r.facts for r in answered if r.site == controller):  # else: one line above says so
         sites = job.inventory.sites
         rollout = {r.site: sites[r.site] for r in spec.placement.rollout}

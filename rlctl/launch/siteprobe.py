@@ -273,6 +273,38 @@ def partition_problems(name: str, site: Site, *, timeout_s: float = 60.0) -> lis
     return out
 
 
+def controller_cores_problems(name: str, site: Site, job: JobFile, *, timeout_s: float = 60.0) -> list[str]:
+    """The controller's SLURM job on site `name` asking more cores (`controller_cores`: itself, its reward
+    workers, the held-out evaluations' one) than any node of its partition has (sinfo's CPUs), where no
+    `nodes[].cpus` caps the request: sbatch refuses it ('Requested node configuration is not available') as the
+    launch starts. One line; [] on other sites, with cpus given, or when sinfo cannot be asked or says no plain
+    figure."""
+    from rlctl.launch.layout import controller_cores
+    from rlctl.launch.slurm import SlurmBackend
+
+    sched = site.scheduler
+    if not isinstance(sched, SlurmScheduler) or any(n.cpus is not None for n in site.nodes):
+        return []
+    cores = controller_cores(job, site)
+    if cores == 1:
+        return []
+    try:
+        most = SlurmBackend.node_cpus(site, timeout_s=timeout_s)
+    except LaunchError:
+        return []
+    if most is None or cores <= most:
+        return []
+    workers = getattr(job.task, "reward_workers", 0)
+    held = cores - 1 - workers
+    return [
+        f"site {name}: the controller's SLURM job asks {cores} cores (itself and task.reward_workers {workers}"
+        + (", and the held-out evaluations' worker" if held else "")
+        + f"), and partition {sched.partition}'s nodes have at most {most} (sinfo): sbatch refuses it; set "
+        f"task.reward_workers to at most {max(0, most - 1 - held)}, or give sites.{name}.nodes their cpus (the "
+        "controller then asks at most a node's)"
+    ]
+
+
 def disk_problem(report: HostReport, *, need_bytes: float, what: str = "the staged model") -> str | None:
     """The host's work root has less free disk than `need_bytes` (`what`: of what, and how to need less)."""
     free = report.facts.get("free_bytes")

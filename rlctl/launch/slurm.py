@@ -306,6 +306,13 @@ class SlurmBackend(LaunchBackend):
         known = [t for t in limits if t is not None]
         return sorted(nodes), (max(known) if known and None not in limits else None)
 
+    @classmethod
+    def node_cpus(cls, site: Site, *, timeout_s: float) -> int | None:
+        """The most CPUs a node of the site's partition has, from sinfo where jobs are submitted (LaunchError when
+        sinfo fails); None where it says no plain figure (`32+`: nodes of several sizes, the largest not said)."""
+        said = cls._sinfo(site, "%c", timeout_s=timeout_s).split()
+        return max(int(w) for w in said) if said and all(w.isdigit() for w in said) else None
+
     def __init__(
         self,
         site_name: str,

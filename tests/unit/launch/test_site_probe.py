@@ -483,3 +483,36 @@ def test_the_probe_says_whether_a_slurm_node_sees_the_job_dir_on_this_machine(
     local = slurm.model_copy(update={"scheduler": LocalScheduler(kind="local", workdir=str(tmp_path))})
     (report,) = probe_site_hosts("here", local, timeout_s=120)
     assert "sees_here" not in report.facts  # a local site's agents run on this machine
+
+
+def test_a_slurm_controller_asking_more_cores_than_any_node_of_its_partition_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without nodes[].cpus nothing capped the controller's --cpus-per-task (1 + task.reward_workers): 16 workers
+    on a partition of 8-core nodes passed check, and sbatch refused the controller's job as the launch started
+    ('Requested node configuration is not available'). check --reach now compares it with sinfo's CPUs."""
+    from rlctl.config.job import DatasetTask
+    from rlctl.launch.slurm import SlurmBackend
+
+    said: list[str] = []
+
+    def sinfo(s: Site, fields: str, *, timeout_s: float) -> str:
+        said.append(fields)
+        return said_back.pop(0)
+
+    monkeypatch.setattr(SlurmBackend, "_sinfo", staticmethod(sinfo))
+    said_back = ["8\n", "32\n8\n", "8+\n"]
+    spec = job().model_copy(
+        update={"task": DatasetTask.model_construct(kind="dataset", path="d.jsonl", reward_workers=16)}
+    )
+    bare = site(kind="slurm", nodes=[{"host": "g-[01-02]", "gpus": 8}])
+    assert siteprobe.controller_cores_problems("h", bare, spec) == [
+        "site h: the controller's SLURM job asks 17 cores (itself and task.reward_workers 16), and partition p's "
+        "nodes have at most 8 (sinfo): sbatch refuses it; set task.reward_workers to at most 7, or give "
+        "sites.h.nodes their cpus (the controller then asks at most a node's)"
+    ]
+    assert said == ["%c"]
+    assert siteprobe.controller_cores_problems("h", bare, spec) == []  # one node of the partition has 32
+    assert siteprobe.controller_cores_problems("h", bare, spec) == []  # sizes sinfo does not say: not compared
+    sized = site(kind="slurm", nodes=[{"host": "g-[01-02]", "gpus": 8, "cpus": 8}])
+    assert siteprobe.controller_cores_problems("h", sized, spec) == [] and said_back == []  # capped: not asked
