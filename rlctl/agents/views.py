@@ -364,7 +364,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
         "state": "done" if core.done else f"failed: {core.failed}" if core.failed else "stopped",
         "scale_events": s.scale_log,
         "weights": weights_view(s),
-        "reward_failures": rows.last["reward_failures"] if rows.last else 0,
+        "reward_failures": _failures(rows.last, s.reward_stats.failures),
         "rewards": {**reward_view(core), **asdict(s.reward_stats)},
         "iterations": rows.count,
         "iterations_planned": s.job.iterations,
@@ -408,6 +408,14 @@ def summary(s: Snapshot) -> dict[str, Any]:
 
 
 # -- Prometheus gauges (declared in rlctl/metrics.py) ------------------------------------------------
+
+
+def _failures(row: dict[str, Any] | None, pool: int) -> int:
+    """The reward calls that failed as of metrics row `row`; `pool` (the reward pool's count now, what a row written
+    now would say) where there is no row or it has no count (a kept row of an older version, null or text in an
+    edited file)."""
+    n = row.get("reward_failures") if row else None
+    return n if isinstance(n, int) and not isinstance(n, bool) else pool
 
 
 def reward_view(core: ControllerCore) -> dict[str, Any]:

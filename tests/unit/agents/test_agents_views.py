@@ -749,3 +749,15 @@ def test_the_live_status_of_a_resumed_run_shows_a_kept_rows_text_figure_as_it_is
     assert [line.split()[1:] for line in lines if line.startswith("reward ")] == [["x"]]
     assert next(line for line in lines if "T_gen / T_train" in line).endswith("- / 1.00 s")
     assert training_line(live["training"]).startswith("lr high  grad norm -")
+
+
+def test_the_summary_of_a_resumed_run_whose_only_rows_are_kept_ones_without_reward_failures():
+    """A resumed run that trained no iteration yet: its only rows are kept ones from an older version, without
+    `reward_failures` (or edited to null); the summary counts the reward pool's, versus a KeyError."""
+    core, t, _ = _one_iteration()
+    old = {k: v for k, v in metrics_row(_snapshot(core, []), t, wall_time=0.0).items() if k != "reward_failures"}
+    pool = RewardStats(calls=5, errors=2)
+    assert summary(_snapshot(core, [old], rows_kept=1, reward_stats=pool))["reward_failures"] == 2
+    edited = {**old, "reward_failures": None}
+    assert summary(_snapshot(core, [edited], rows_kept=1, reward_stats=pool))["reward_failures"] == 2
+    assert summary(_snapshot(core, [{**old, "reward_failures": 1}], rows_kept=1))["reward_failures"] == 1
