@@ -25,7 +25,7 @@ from typing import Any
 from rlctl.config.job import DatasetTask, DigitsTask, JobFile
 from rlctl.errors import LaunchError
 from rlctl.launch.backends import read_sites
-from rlctl.launch.jobdir import JobDir
+from rlctl.launch.jobdir import JobDir, row_count
 from rlctl.launch.sitefs import is_remote, site_root
 from rlctl.models.hf import CONFIG_FILE
 
@@ -44,8 +44,10 @@ def final_model(jobdir: JobDir, spec: JobFile) -> Path:
 
 def from_run(jobdir: JobDir, spec: JobFile) -> dict[str, Any]:
     """The held-out figures of the run's first and last evaluations (its last version's must be there), with the
-    versions that decoded each."""
-    rows = sorted(jobdir.read_lines(jobdir.evaluations), key=lambda r: int(r["version"]))
+    versions that decoded each. A row whose version is no number (null, text: an edited file) is passed over, as
+    `row_count` reads one."""
+    numbered = [(v, r) for r in jobdir.read_lines(jobdir.evaluations) if (v := row_count(r.get("version"))) is not None]
+    rows = [r for _, r in sorted(numbered, key=lambda vr: vr[0])]
     if not rows or rows[-1]["version"] != spec.iterations:
         raise LaunchError(f"the run did not evaluate its last version v{spec.iterations} (see {jobdir.events})")
     first, last = rows[0], rows[-1]

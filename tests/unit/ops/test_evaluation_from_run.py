@@ -35,3 +35,12 @@ def test_the_first_and_last_evaluations_reward_failures_add_up(tmp_path: Path) -
     out = from_run(_run(tmp_path / "a", rows), spec)
     assert out["reward_failures"] == 4 and (out["greedy_exact_first"], out["versions_last"]) == (0.5, [4])
     assert "reward_failures" not in from_run(_run(tmp_path / "b", [_row(2), _row(4)]), spec)
+
+
+def test_a_row_whose_version_is_null_or_text_is_passed_over(tmp_path: Path) -> None:
+    """An evaluations.jsonl row whose version is null or text (an edited file) is passed over, versus int(None) or
+    int('v3') raising as the launch's held-out evaluation read the run's figures."""
+    spec = cast(JobFile, SimpleNamespace(iterations=4))
+    rows = [_row(2, greedy_exact=0.25), {**_row(3), "version": None}, {**_row(3), "version": "v3"}, _row(4)]
+    out = from_run(_run(tmp_path, rows), spec)
+    assert (out["evaluations"], out["greedy_exact_first"], out["greedy_exact_last"]) == (2, 0.25, 0.5)
