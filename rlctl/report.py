@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError, UsageError
-from rlctl.launch.jobdir import JobDir, event_time
+from rlctl.launch.jobdir import JobDir, event_time, row_count
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +65,11 @@ class JobRecord:
         """The scale events of the iterations the curves show: not those of a run past the checkpoint a later resume
         went back to (its `resumed_from` version; their rows went to metrics.discarded.jsonl), which were drawn on
         the resumed run's iterations ('-rollout-2' at 39 of a run that never had it)."""
+        # (a resume with no time or version that is a number — null, text, a bool: an edited file — says nothing)
         resumes = [
-            (float(e["t"]), e["version"])
+            (event_time(e), v)
             for e in self.events
-            if e.get("event") == "resumed_from"
-            and isinstance(e.get("version"), int)
-            and isinstance(e.get("t"), (int, float))
+            if e.get("event") == "resumed_from" and (v := row_count(e.get("version"))) is not None and event_time(e) > 0
         ]
         return [
             _failed_start(i, self.events)

@@ -386,6 +386,21 @@ def test_scale_events_past_the_checkpoint_a_resume_went_back_to_are_left_out(tmp
     assert parse(build_report(d).html.read_text()).rows["scale"] == 2
 
 
+def test_a_resume_whose_time_or_version_is_a_bool_leaves_the_scale_events_in(tmp_path: Path) -> None:
+    """A resumed_from event whose t (or version) is `true` (an edited file) says no time: the scale events stay, as
+    event_time reads such a t (0), versus t read as 1.0 and the scale-in at 0.5 past v2 left out."""
+    d = make_job_dir(tmp_path)
+    scale = {"event": "scale", "agent": "rollout-2", "site": "h20", "reason": "manual", "direction": "in"}
+    events = [
+        {"t": 0.5, **scale, "iteration": 6},
+        {"t": True, "event": "resumed_from", "version": 2},
+        {"t": 3.0, "event": "resumed_from", "version": True},
+        {"t": 2.0, **scale, "iteration": 7},
+    ]
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert [e["iteration"] for e in load(d).scales] == [6, 7]
+
+
 def test_the_report_parses_only_the_events_it_draws(tmp_path: Path) -> None:
     # it parsed every line of events.jsonl and held them all: a job of weeks writes a weights_applied event per unit
     # and weight version (64 units × 10⁴ versions: 640,000 lines, ≈ 130 MB, some 600 MB as dicts)
