@@ -307,7 +307,8 @@ def prepare_dataset(
     from safetensors.numpy import save
 
     if not data_path.is_file():
-        raise ConfigError(str(data_path), None, "no such file (task.path is relative to the job file)")
+        field = "evaluation.path" if heldout else "task.path"
+        raise ConfigError(str(data_path), None, f"no such file ({field} is relative to the job file)")
     refuse_not_ours(data_path, out_dir)
     identity = _identity(cfg, data_path, tokenizer)
     kept = _kept.pop(str(data_path), None)

@@ -126,6 +126,15 @@ def test_a_parquet_file_named_in_upper_case_is_read_as_parquet(tmp_path: Path, t
     assert len(data) == 2 and data.num_bad_rows == 0 and data.prompt(0).source_row.startswith("row ")
 
 
+def test_a_missing_file_names_the_field_that_named_it(tmp_path: Path, tok: HFTokenizer) -> None:
+    """A missing held-out file's line names evaluation.path, versus always 'task.path is relative to the job file'."""
+    gone = tmp_path / "held.jsonl"
+    with pytest.raises(ConfigError, match=r"evaluation\.path is relative"):
+        prepare_dataset(task(), data_path=gone, tokenizer=tok, out_dir=tmp_path / "h", heldout=True)
+    with pytest.raises(ConfigError, match=r"task\.path is relative"):
+        prepare_dataset(task(), data_path=gone, tokenizer=tok, out_dir=tmp_path / "d")
+
+
 def test_string_prompts_as_is_or_through_the_template(tmp_path: Path, tok: HFTokenizer) -> None:
     path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "what is 1 + 2 ?", "ground_truth": 3}])
     plain = prepare_dataset(task(), data_path=path, tokenizer=tok, out_dir=tmp_path / "a")
