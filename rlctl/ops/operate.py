@@ -34,7 +34,7 @@ from rlctl.checkpoint.choose import LATEST_POINTER
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
-from rlctl.launch.jobdir import JobDir, event_time, resume_command
+from rlctl.launch.jobdir import JobDir, event_time, resume_command, row_count
 from rlctl.launch.sitefs import LocalFiles
 from rlctl.launch.stage import (
     agents_and_latest_run,
@@ -732,16 +732,21 @@ def _checkpoint_outcome(jd: JobDir, version: int) -> str:
 def _resume_takes(jd: JobDir, events: list[dict[str, Any]]) -> str:
     """The checkpoint a resume would take, as this job dir knows it: its `latest` pointer (the controller moves it
     once a checkpoint is complete), else (the controller keeps it on another site) the newest `checkpoint` event
-    since the controller last started, else the one that run resumed from (its launcher's `resumed` event)."""
+    since the controller last started, else the one that run resumed from (its launcher's `resumed` event). An event
+    whose version is no number (null, text: an edited row) is passed over, as `row_count` reads one."""
     try:
         pointer = jd.read_json(jd.checkpoints / LATEST_POINTER)
         return f"the latest complete checkpoint (iter-{int(pointer['version'])})"
     except (OSError, LaunchError, ValueError, TypeError, KeyError):
         pass
-    done = [e.get("version") for e in _this_run(events) if e.get("event") == "checkpoint"]
+    done = [
+        v
+        for e in _this_run(events)
+        if e.get("event") == "checkpoint" and (v := row_count(e.get("version"))) is not None
+    ]
     if done:
         return f"the latest complete checkpoint (iter-{done[-1]})"
-    resumed = [e.get("version") for e in resumes(events)]
+    resumed = [v for e in resumes(events) if (v := row_count(e.get("version"))) is not None]
     if resumed and resumed[-1]:
         return f"the latest complete checkpoint (iter-{resumed[-1]})"
     return "the latest complete checkpoint (this job dir names none)"

@@ -722,6 +722,25 @@ def test_what_became_of_the_checkpoint_a_stop_waited_for_is_read_from_the_events
     assert [s for s in parsed if "weights_applied" in s] == [applied.splitlines()[-1]]  # (the last line: always)
 
 
+@pytest.mark.parametrize("version", [None, "v20"])
+def test_a_checkpoint_or_resume_event_whose_version_is_no_number_is_passed_over(
+    tmp_path: Path, version: object
+) -> None:
+    """A checkpoint or resumed event whose version is null or text (an edited row) is passed over, versus the stop
+    naming 'iter-None' (or 'iter-v20') as the checkpoint a resume takes."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    checkpointed, resumed = JobDir(tmp_path / "a"), JobDir(tmp_path / "b")
+    for jd in (checkpointed, resumed):
+        jd.event("resumed", version=10, pointer="", skipped=[])
+    resumed.event("resumed", version=version, pointer="", skipped=[])
+    for jd in (checkpointed, resumed):
+        jd.event("controller_listening", address="tcp://h1:1")
+    checkpointed.event("checkpoint", version=version)
+    for jd in (checkpointed, resumed):
+        jd.event("stop_requested", by="client-0", grace_s=3.0, checkpoint=20)
+        assert operate._checkpoint_outcome(jd, 20) == f"{NOT_KNOWN} (iter-10)"
+
+
 def test_a_resume_that_never_started_is_not_the_one_a_resume_takes(tmp_path: Path) -> None:
     """A roll-back to v5 refused before any agent of it started (the job went on as it was) still left its `resumed`
     event: the stop named iter-5 as the checkpoint a resume takes, where the run it stopped had resumed from v10."""
