@@ -677,8 +677,15 @@ def run_detached(
         except KeyboardInterrupt:  # a second Ctrl-C: not waited for (SIGTERMed, it stops what it started), versus
             # 'stopped before it started anything: nothing to stop' said, and what it left not put right
             ended = "not waited for (told to stop, it may still be stopping)"
-        cancelled()
-        sys.stderr.write(_left_by_cancel(job_dir, ended) + "\n")
+        try:
+            cancelled()
+            left = _left_by_cancel(job_dir, ended)
+        except KeyboardInterrupt:  # a third: the line said without looking, versus a plain KeyboardInterrupt that
+            # `rlctl launch` said of as 'stopped before it started anything: nothing to stop'
+            left = (
+                f"{ended}; what it left not looked at (interrupted again): `rlctl status {shlex.quote(str(job_dir))}`"
+            )
+        sys.stderr.write(left + "\n")
         raise InterruptSaid from e
     if info is None:  # it ended before the job ran: its error was among its lines
         unstarted()

@@ -725,3 +725,24 @@ def test_a_second_ctrl_c_as_a_launch_in_the_background_stops_still_says_what_is_
         "rlctl: interrupted: stopping the launch in the background... not waited for (told to stop, it may still be "
         f"stopping); its job dir {jd.path} is left, outside the index"
     )
+
+
+def test_a_third_ctrl_c_as_a_launch_in_the_background_stops_still_ends_with_the_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A third Ctrl-C while `cancelled` put right what the launcher left went on as a plain KeyboardInterrupt, the
+    line unsaid (`rlctl launch` then said the launch 'stopped before it started anything: nothing to stop')."""
+    monkeypatch.setenv("RLCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(detach, "spawn", lambda *_, **__: _CtrlCTwiceChild())
+    path = tmp_path / "my run"
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as e:  # (a plain one, not caught here, would end the test session)
+        launch.run_detached(["attach", str(path)], path, launch.OutputFormat.table, cancelled=interrupted)
+    assert isinstance(e.value, launch.InterruptSaid)
+    assert capsys.readouterr().err == (
+        "rlctl: interrupted: stopping the launch in the background... not waited for (told to stop, it may still be "
+        f"stopping); what it left not looked at (interrupted again): `rlctl status '{path}'`\n"
+    )
