@@ -56,8 +56,8 @@ def from_run(jobdir: JobDir, spec: JobFile) -> dict[str, Any]:
         if name in last:
             out |= {f"{name}_first": first[name], f"{name}_last": last[name]}
     # (a row holds `reward_failures` only where some failed: the first's too, where the last's had none; one
-    # evaluation, first and last alike, counted once)
-    if failed := sum(r.get("reward_failures", 0) for r in ([first, last] if len(rows) > 1 else [last])):
+    # evaluation, first and last alike, counted once; a null or text count, from an edited row, as none)
+    if failed := sum(row_count(r.get("reward_failures")) or 0 for r in ([first, last] if len(rows) > 1 else [last])):
         out["reward_failures"] = failed
     return out | {"versions_first": first["versions"], "versions_last": last["versions"]}
 

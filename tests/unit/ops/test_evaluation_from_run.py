@@ -44,3 +44,13 @@ def test_a_row_whose_version_is_null_or_text_is_passed_over(tmp_path: Path) -> N
     rows = [_row(2, greedy_exact=0.25), {**_row(3), "version": None}, {**_row(3), "version": "v3"}, _row(4)]
     out = from_run(_run(tmp_path, rows), spec)
     assert (out["evaluations"], out["greedy_exact_first"], out["greedy_exact_last"]) == (2, 0.25, 0.5)
+
+
+def test_a_reward_failures_count_that_is_null_or_text_counts_none(tmp_path: Path) -> None:
+    """A first or last row whose reward_failures is null or text (an edited file) counts none, versus a TypeError
+    (`0 + None`) as the launch's held-out evaluation read the run's figures."""
+    spec = cast(JobFile, SimpleNamespace(iterations=4))
+    rows = [_row(2, reward_failures=None), _row(4, reward_failures=3)]
+    assert from_run(_run(tmp_path, rows), spec)["reward_failures"] == 3
+    out = from_run(_run(tmp_path / "b", [_row(2), _row(4, reward_failures="3")]), spec)
+    assert "reward_failures" not in out
