@@ -449,7 +449,7 @@ class ControllerAgent:
         says `stopped` for it (`rlctl.ops.run.JobRun`). Events it cannot read (a damaged line, a full disk) tell
         nothing: the SIGTERM stays the run's end, as a failure."""
         try:
-            events = self.jobdir.read_events()
+            events = self.jobdir.read_events(LAUNCHER_STOP, "stop_requested")  # (only these lines are parsed)
         except (RlctlError, OSError) as e:
             log.warning("controller: cannot read the job's events to tell whether a stop was asked for: %s", e)
             return False

@@ -27,6 +27,7 @@ stopped what it started).
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from rlctl.errors import LaunchError
 from rlctl.launch.jobdir import JobDir, event_time, row_count
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.jobdb import LIVE, JobDB
-from rlctl.ops.run import JobRun, StopCheck, resumes, stop_requested
+from rlctl.ops.run import UNSTARTED, JobRun, StopCheck, resumes, stop_requested
 
 RESUME_HINT = "; continue the job with "  # how the controller's reason for a failure ends (`ControllerAgent._lose`)
 
@@ -123,9 +124,9 @@ class Runs:
         ends it as one after would (the run's wait: Stopped, index state stopped), not as a failure."""
         run = self.run = JobRun(self.jobdir, self.spec, self.plan, db=self.db, say=self.say, show=self.show)
         run.attach()
-        events = self.jobdir.read_events()
-        resumed = resumes(events)
-        self._since = event_time(resumed[-1]) if resumed else event_time(events[0]) if events else 0.0
+        # only the lines naming a resume are parsed (`JobDir.read_events`), and the first event's time where none
+        resumed = resumes(self.jobdir.read_events("resumed", UNSTARTED))
+        self._since = event_time(resumed[-1]) if resumed else first_event_time(self.jobdir)
         self._from = int(resumed[-1]["version"]) if resumed else 0
         run.stop_since = self._stops_since()  # it was this attach: a stop of the run since it started was missed
         return run
@@ -224,3 +225,19 @@ class Runs:
             ended = sys.exc_info()[0]
             interrupted = ended is not None and issubclass(ended, KeyboardInterrupt | SystemExit)
             self.db.update(self.jobdir.id, state="stopped" if interrupted else "failed", only_from=LIVE)
+
+
+def first_event_time(jobdir: JobDir) -> float:
+    """The time of the job's first event that parses (0.0 with none), read from the file's start only: a job of
+    weeks holds hundreds of thousands of events after it."""
+    if not jobdir.events.exists():
+        return 0.0
+    with jobdir.events.open() as f:
+        for line in f:
+            try:
+                row = json.loads(line) if line.strip() else None
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                return event_time(row)
+    return 0.0

@@ -529,7 +529,7 @@ class JobRun:
         self._starting = False  # its trainer's start-up was the gone launcher's to watch
         started = [
             event_time(e)
-            for e in self.jobdir.read_events()
+            for e in self.jobdir.read_events("agent_started")
             if e.get("event") == "agent_started" and e.get("agent") == self.controller.spec.name and event_time(e) > 0
         ]
         if started:  # the run's wall time counts from its start, not from this attach
