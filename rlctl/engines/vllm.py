@@ -49,6 +49,7 @@ import math
 import os
 import tempfile
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -84,6 +85,7 @@ def import_vllm() -> Any:
 ON_NEW_WEIGHTS = ("recompute", "keep")
 # one update_weights call's share of a version: bounds the shared memory of a push at tensor parallel > 1
 WEIGHT_CHUNK_BYTES = 256 << 20
+PUSH_TIMES_KEPT = 1024  # load_weights times an engine keeps (`push_s`): the latest, for their median
 
 
 @contextmanager
@@ -284,7 +286,9 @@ class VllmEngine(GenerationEngine):
         self._unfinished: dict[str, _Unfinished] = {}
         self._last_arrival = 0.0
         self.trace: list[int] | None = None  # set to [] to record how many requests sampled a token per step
-        self.push_s: list[float] = []  # seconds of each load_weights (reload + prefix-cache reset)
+        # seconds of the latest load_weights (reload + prefix-cache reset), the last PUSH_TIMES_KEPT: a unit of a job
+        # of weeks loads one per weight version, 10^5 and more, and kept every one
+        self.push_s: deque[float] = deque(maxlen=PUSH_TIMES_KEPT)
 
     def describe(self) -> str:
         """One line for the unit's log: vLLM's version, how versions reach its workers, what running requests
