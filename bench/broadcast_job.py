@@ -42,6 +42,7 @@ from typing import IO, Any
 import yaml
 
 from bench.netem import NetLab
+from rlctl.agents.appliedlog import unit_rows
 from rlctl.errors import RlctlError
 
 # one fp32 version of this model is 12.9 M parameters = 49 MiB; a training step ~1 s on one core
@@ -172,7 +173,7 @@ def per_version(events: list[dict[str, Any]], hosts: dict[str, str] | None = Non
     trained → applied); with `hosts` (agent → host), each host's pulls from another host (`into_host`: the
     copies that entered it)."""
     trained = {int(e["version"]): float(e["t"]) for e in events if e["event"] == "trained"}
-    applied = [e for e in events if e["event"] in ("weights_applied", "weights_skipped")]
+    applied = [e for e in unit_rows(events) if e["event"] in ("weights_applied", "weights_skipped")]
     out = []
     for v in sorted({int(e["version"]) for e in applied}):
         pulls = [e for e in applied if int(e["version"]) == v]

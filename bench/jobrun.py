@@ -26,6 +26,7 @@ import numpy as np
 import yaml
 
 from bench.cpuclock import DedicatedClock
+from rlctl.agents.appliedlog import unit_rows
 from rlctl.checkpoint.controller import sample_rows
 from rlctl.launch.jobdir import JobDir
 
@@ -94,7 +95,7 @@ def launch(job: dict[str, Any], *, workdir: Path, name: str) -> JobRun:
     ends = np.array([r["t"] for r in rows], dtype=float)
     # every sample, as the ledger held it: the sample log and the final checkpoint's ledger
     ledger = sample_rows(jobdir, job["iterations"])
-    events = jobdir.read_lines(jobdir.events)
+    events = unit_rows(jobdir.read_lines(jobdir.events))  # (a version's weights_applied: one row per unit)
     pids = {e["agent"]: e["ident"]["pid"] for e in events if e["event"] == "agent_started" and "pid" in e["ident"]}
     agent_cpu = {a: [clock.cpu_s(pid, t0, t1) for t0, t1 in itertools.pairwise(ends)] for a, pid in pids.items()}
     main_cpu = {

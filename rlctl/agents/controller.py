@@ -44,6 +44,7 @@ from typing import Any, cast
 import msgspec
 
 from rlctl.agents import common
+from rlctl.agents.appliedlog import AppliedLog
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
 from rlctl.agents.evaluation import EvalSchedule, Evaluator, cut_evaluations
 from rlctl.agents.flight import read_flight
@@ -197,6 +198,7 @@ class ControllerAgent:
         self.stop_requested = False
         self.stop_by = math.inf  # when `rlctl stop` kills this process if it has not ended (its grace)
         self.book = WeightBook()
+        self.applied = AppliedLog(jobdir.event)  # the units' weight-fetch reports: one event per version
         self.done_at: float | None = None  # when the last iteration was trained (the final weight sync starts)
         self.stop_at: float | None = None  # when a stop was asked for (`_stop_deadline`)
         self.core = ControllerCore(
@@ -418,6 +420,7 @@ class ControllerAgent:
                 self._send(self.scaler.tick(now))
                 agent_gauges(self.metrics, self.core, self.peers, self.sites, now=now)
                 self._watch(now)
+                self._flush_applied(now)
                 if not self.core.started and now - self.t_start > START_WAIT_S:
                     if not self.start_waited:  # (the trainer may still be on its way: this is said once)
                         self.start_waited = True
@@ -722,17 +725,16 @@ class ControllerAgent:
         elif msg.kind in ("weights_applied", "weights_skipped"):
             version = int(msg.header["version"])
             holder = self.book.nodes.get(str(msg.header.get("holder", "")), ("", ""))[0]
-            self.jobdir.event(
-                msg.kind,
-                agent=who,
-                version=version,
-                source=holder,
-                encoding=msg.header.get("encoding"),
-                base=msg.header.get("base_version"),
-                bytes=msg.header.get("wire_bytes"),
-                fetch_s=msg.header.get("fetch_s"),
-                xxh3=msg.header.get("xxh3"),
-            )
+            fields = {
+                "source": holder,
+                "encoding": msg.header.get("encoding"),
+                "base": msg.header.get("base_version"),
+                "bytes": msg.header.get("wire_bytes"),
+                "fetch_s": msg.header.get("fetch_s"),
+                "xxh3": msg.header.get("xxh3"),
+            }
+            self.applied.add(msg.kind, who, version, fields, now=heard)
+            self._flush_applied(heard)  # (the version's row, when this unit was the last live one to report it)
             self._transfer(who, version, msg.header, applied=msg.kind == "weights_applied")
             if msg.kind == "weights_applied":
                 self._send(self.core.weights_applied(who, version))
@@ -930,6 +932,10 @@ class ControllerAgent:
             self.metrics.weight_inter_dc_copies.labels(link).inc()
         if applied:
             self._holds(who, version)
+
+    def _flush_applied(self, now: float) -> None:
+        """Write the units' weight-fetch reports of each version every live unit has reported (or waited long)."""
+        self.applied.flush([u.name for u in self.core.units.values() if u.alive], now=now)
 
     def _holds(self, unit: str | None, version: int = -1) -> None:
         """`unit` holds `version` (applied, or (re)joined with it), or a unit was lost (None): the versions every
@@ -1229,6 +1235,7 @@ class ControllerAgent:
             self._checkpoint_given_up()
         # the run it ends: a launcher takes only its own run's summary (`rlctl.ops.run.run_summary`)
         end = {**summary(self.snapshot()), "run": os.environ.get(ENV_RUN)}
+        self.applied.flush_all()
         self.jobdir.write_json(self.jobdir.summary_json, end)
         self.jobdir.event("job_end", state=end["state"], iterations=end["iterations"])
         self.tracker.close()

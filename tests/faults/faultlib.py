@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from rlctl.agents.appliedlog import unit_rows
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.run import connect_client
 from rlctl.transport import Connection, Message, auth, framing
@@ -106,7 +107,8 @@ def lines(path: Path) -> list[dict[str, Any]]:
 
 
 def events(job_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
-    return [e for e in lines(job_dir / "events.jsonl") if kind is None or e["event"] == kind]
+    # (one row per unit of a version's `weights_applied` / `weights_skipped`, as the controller wrote them before)
+    return [e for e in unit_rows(lines(job_dir / "events.jsonl")) if kind is None or e["event"] == kind]
 
 
 def metrics_rows(job_dir: Path) -> list[dict[str, Any]]:

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlctl.agents.appliedlog import unit_rows
+
 from .conftest import ROOT, skip_reason
 
 pytestmark = [pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""), pytest.mark.timeout(600)]
@@ -41,7 +43,7 @@ def test_a_job_with_the_vllm_engine_runs_end_to_end(tmp_path: Path) -> None:
     s = json.loads(proc.stdout)
     assert s["state"] == "done" and s["iterations"] == 3
     assert s["ledger"]["prompts"] == s["ledger"]["trained"] == 24 and s["ledger"]["duplicated"] == 0
-    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    events = unit_rows(json.loads(line) for line in (run / "events.jsonl").read_text().splitlines())
     applied = sorted(e["version"] for e in events if e["event"] == "weights_applied")
     assert applied[-1] == 3  # the last version reached the vLLM unit, pushed in place
     log = (run / "logs" / "rollout-0.log").read_text()

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rlctl.agents.appliedlog import unit_rows
 from tests.integration.hfdemo import build_hf_demo
 
 REPO = Path(__file__).resolve().parents[3]
@@ -90,8 +91,9 @@ def metrics_rows(job_dir: Path) -> list[dict[str, Any]]:
 
 
 def events(job_dir: Path) -> list[dict[str, Any]]:
+    """The job's events, a version's `weights_applied` / `weights_skipped` as one row per unit (`unit_rows`)."""
     p = job_dir / "events.jsonl"
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+    return unit_rows(json.loads(line) for line in p.read_text().splitlines() if line.strip()) if p.exists() else []
 
 
 def why_not_done(job_dir: Path, summary: dict[str, Any]) -> str:

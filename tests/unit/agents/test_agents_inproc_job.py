@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rlctl.agents import controller, messages, samplelog
+from rlctl.agents.appliedlog import unit_rows
 from rlctl.agents.common import AgentContext
 from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.flight import read_flight
@@ -113,7 +114,9 @@ def test_inproc_job_trains_every_prompt_once(tmp_path, mode, algorithm):
     assert "rlctl_job_iteration 3.0" in scraped and "rlctl_weights_version 3.0" in scraped
     assert "rlctl_sample_staleness_versions_count 18.0" in scraped
     assert 'rlctl_ledger_samples_total{state="trained"} 18.0' in scraped
-    applied = [(e["agent"], e["version"]) for e in jd.read_lines(jd.events) if e["event"] == "weights_applied"]
+    applied = [
+        (e["agent"], e["version"]) for e in unit_rows(jd.read_lines(jd.events)) if e["event"] == "weights_applied"
+    ]
     for unit in ("rollout-0", "rollout-1"):  # the job ends with every unit on the trainer's last version
         assert max(v for a, v in applied if a == unit) == job.iterations
     flights = [read_flight(jd.flight(unit)) for unit in ("rollout-0", "rollout-1")]

@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 
+from rlctl.agents.appliedlog import unit_rows
 from rlctl.agents.common import AgentContext
 from rlctl.agents.controller import ControllerAgent
 from rlctl.agents.messages import Hello, make
@@ -201,5 +202,7 @@ def test_an_inproc_job_trains_with_the_megatron_backend(tmp_path: Path, algorith
         (shard,) = (jd.checkpoint(2) / "ranks").iterdir()
         saved_critic = torch.load(shard, weights_only=True)["module.critic"]
         assert all(torch.equal(saved_critic[k], v) for k, v in critic.state_dict().items() if v is not None)
-    applied = [(e["agent"], e["version"]) for e in jd.read_lines(jd.events) if e["event"] == "weights_applied"]
+    applied = [
+        (e["agent"], e["version"]) for e in unit_rows(jd.read_lines(jd.events)) if e["event"] == "weights_applied"
+    ]
     assert {u for u, v in applied if v == job.iterations} == {"rollout-0", "rollout-1"}
