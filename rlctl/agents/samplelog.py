@@ -7,7 +7,7 @@ it was dispatched, finished, delivered and trained (`entry_row`, the rows of a c
     launch --resume v ─▶ SampleLog.cut(v's samples_log_bytes): the lines past it (rounds retired after the
                          checkpoint, whose samples this run trains again) move to samples.discarded.jsonl
 
-The ledger keeps only the rounds in flight, since a job runs for weeks (a sample takes ≈ 370–400 bytes here on disk,
+The ledger keeps only the rounds in flight, since a job runs for weeks (a sample takes ≈ 340–370 bytes here on disk,
 instead of ≈ 1.5 kB of the controller's memory with its prompt's share: `python -m bench controller-age`); between
 them, a checkpoint's ledger.json and the log up to that checkpoint's `samples_log_bytes` hold each sample of its
 lineage once (`rows`).
@@ -27,6 +27,10 @@ from rlctl.launch.jobdir import ends_mid_line
 
 log = logging.getLogger(__name__)
 
+# no spaces after ',' and ':': 30 of a line's ≈ 400 bytes (16 fields), ≈ 150 MB over 5 million samples; every reader
+# parses the lines as JSON (`read`)
+COMPACT = (",", ":")
+
 
 class SampleLog:
     def __init__(self, path: Path) -> None:
@@ -37,7 +41,7 @@ class SampleLog:
         """Append one line per entry, flushed: `size` then covers them (a checkpoint taken next includes them)."""
         if self._file is None:
             self._file = self.path.open("a", encoding="utf-8")
-        self._file.write("".join(json.dumps(entry_row(e)) + "\n" for e in entries))
+        self._file.write("".join(json.dumps(entry_row(e), separators=COMPACT) + "\n" for e in entries))
         self._file.flush()
 
     def size(self) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rlctl.agents import samplelog
-from rlctl.agents.ledger import Ledger
+from rlctl.agents.ledger import Ledger, entry_row
 from rlctl.agents.samplelog import SampleLog
 
 
@@ -126,3 +126,16 @@ def test_lines_set_aside_after_a_cut_that_failed_as_it_set_them_aside_start_line
     assert SampleLog(log.path).cut(size) == 2
     lines = aside.read_text().splitlines()
     assert [json.loads(line)["sample_id"] for line in lines[1:]] == ["p1/0", "p1/1"]
+
+
+def test_a_sample_line_is_compact_json_that_reads_back_as_the_ledger_held_it(tmp_path: Path) -> None:
+    # it was written with json.dumps' spaces after ',' and ':': 2 bytes a field, 30 of a line's ≈ 400
+    led, log = Ledger(), SampleLog(tmp_path / "samples.jsonl")
+    entries = _round(led, 3)
+    log.write(entries)
+    log.close()
+    lines = log.path.read_text().splitlines()
+    assert len(lines) == 2 and not any(", " in line or '": ' in line for line in lines)
+    assert samplelog.read(log.path) == [entry_row(e) for e in entries]
+    row = entry_row(entries[0])
+    assert len(lines[0]) == len(json.dumps(row)) - (2 * len(row) - 1)  # a space after each ':' and each ',' less
