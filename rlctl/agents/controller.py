@@ -793,7 +793,7 @@ class ControllerAgent:
             return f"a {peer.role} does not send it (only: {', '.join(sorted(SENDERS.get(msg.kind, ())))})"
         if msg.kind in ("weights_applied", "weights_skipped"):
             version = int(msg.header["version"])
-            if peer.name not in self.core.units:
+            if not self.core.known(peer.name):
                 return "not a rollout unit of this job"
             # a unit may apply the version the trainer just published before the trainer's `trained` is here
             if version > self.core.trainer_version + 1:
@@ -958,8 +958,7 @@ class ControllerAgent:
     def _told_to_stop(self, name: str) -> bool:
         """Whether agent `name` was sent `stop`: every agent once the job ends, a unit once its drain retired it
         (or it came back after it was counted lost)."""
-        unit = self.core.units.get(name)
-        return self._closing or (unit is not None and not unit.alive)
+        return self._closing or name in self.core.left
 
     def _lose(self, name: str, why: str, *, at: float | None = None, closed: bool = False) -> None:
         """An agent stopped heartbeating or its connection broke (`at`: when its reader heard the end; `closed`:
@@ -974,6 +973,7 @@ class ControllerAgent:
         before = self.core.ledger.requeued
         unsent = self._unsent(peer) if closed else None
         evaluating = self.evaluator is not None and self.evaluator.schedule.holds(name)
+        unit = self.core.units.get(name)  # (before `lost`: a unit lost leaves `core.units`)
         self._send(self.core.lost(name, at=at, closed=closed, unsent=unsent, evaluating=evaluating))
         self._quarantines()
         self.jobdir.event(
@@ -989,7 +989,6 @@ class ControllerAgent:
             self.evaluator.lost(name)
         if peer.role == "rollout":
             self._holds(None)
-        unit = self.core.units.get(name)
         if peer.role == "rollout" and unit is not None and not unit.draining and not self.stop_requested:
             self.scaler.replace(name, now=time.monotonic())
         if peer.role == "trainer" and self.core.failed:

@@ -192,7 +192,10 @@ class ControllerCore:
         assert refill is not None or not cfg.max_refills, "dynamic sampling draws its prompts from `refill`"
         self._predict = predict
         self._rng = random.Random(cfg.seed)
-        self.units: dict[str, Unit] = {}
+        self.units: dict[str, Unit] = {}  # the rollout units that joined and are not gone for good (all alive)
+        # the names of those gone for good (lost, or stopped after a drain): their `Unit` goes (`_forget_unit`), and
+        # the name tells a late message of a unit that is gone from one the job never had (`known`)
+        self.left: set[str] = set()
         self.trainer: Unit | None = None
         self.trainer_version = 0  # = iterations committed; the trainer is working on this iteration
         self.prompts: dict[str, PromptSpec] = {}
@@ -237,6 +240,7 @@ class ControllerCore:
             self.trainer = unit
         else:
             self.units[name] = unit
+            self.left.discard(name)  # a stopped unit's name, a new agent's now
         return [self._members(), *self.pump(), *self.migrate(now=True)]
 
     def lost(
@@ -272,9 +276,11 @@ class ControllerCore:
         return [self._members(), *self.pump()]
 
     def _forget_unit(self, name: str) -> None:
-        """A rollout unit is gone for good (lost, or stopped after a drain): what was kept per unit for it goes, so
-        that a job whose units are replaced for weeks holds only its live units' (its `Unit` stays: the controller
-        tells a late message of a unit that is gone from one it never had)."""
+        """A rollout unit is gone for good (lost, or stopped after a drain): what was kept per unit for it goes, its
+        `Unit` too, so that a job whose units are replaced for weeks holds only its live units' and walks only them
+        (`live_units`, `_members`: each dispatch); its name stays in `left` (`known`)."""
+        del self.units[name]
+        self.left.add(name)
         for per_unit in (self._rates, self._unit_reported_at, self._admit_cap, self.unit_costs):
             per_unit.pop(name, None)
         for sid in [sid for sid, (unit, _) in self._held.items() if unit == name]:
@@ -418,7 +424,7 @@ class ControllerCore:
 
     def _retire_drained(self) -> list[Out]:
         out = []
-        for u in self.units.values():
+        for u in list(self.units.values()):
             if u.alive and u.draining and self.ledger.inflight(u.name) == 0:
                 u.alive = False
                 self._forget_unit(u.name)
@@ -430,8 +436,19 @@ class ControllerCore:
         """Rollout units in dispatch (alive, reachable and not draining)."""
         return [u for u in self.units.values() if u.alive and u.reachable and not u.draining]
 
+    def known(self, name: str) -> bool:
+        """Whether rollout unit `name` joined the job (it may be gone since)."""
+        return name in self.units or name in self.left
+
+    @property
+    def num_joined(self) -> int:
+        """Rollout units that joined the job, those gone since among them (by name: a name taken again counts once)."""
+        return len(self.units) + len(self.left)
+
     def weights_applied(self, name: str, version: int) -> list[Out]:
-        unit = self.units[name]
+        unit = self.units.get(name)
+        if unit is None:  # gone since it fetched the version (a late report)
+            return []
         unit.version = max(unit.version, version)
         return self.pump() + self.migrate(now=True)
 

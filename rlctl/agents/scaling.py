@@ -209,14 +209,14 @@ class Scaler:
 
     def pending_units(self) -> list[str]:
         """Units asked for that have not joined yet."""
-        return [n for n in self.spawn_requested if n not in self.core.units]
+        return [n for n in self.spawn_requested if not self.core.known(n)]
 
     def _planned_unjoined(self) -> list[str]:
         """The plan's rollout units that have not joined (the launcher starts them), less those that exited."""
         return [
             n
             for n in _sites_by_agent(self.placement.plan)
-            if n.startswith("rollout-") and n not in self.core.units and n not in self.never_joined
+            if n.startswith("rollout-") and not self.core.known(n) and n not in self.never_joined
         ]
 
     def free_slots(self) -> dict[str, int]:
@@ -239,7 +239,7 @@ class Scaler:
         expected = (
             {n: self.t0 for n in self._planned_unjoined()}
             | {n: self.spawn_requested[n] for n in self.pending_units()}
-            | {n: since for n, since in chains.items() if n not in self.core.units}
+            | {n: since for n, since in chains.items() if not self.core.known(n)}
         )
         names = sorted(n for n, since in expected.items() if now - since >= UNJOINED_CHECK_S)
         if not names:
@@ -279,7 +279,7 @@ class Scaler:
         for name in gone:
             # one that joined meanwhile (its loss is core's), or whose start failed meanwhile (`spawned` said so)
             if (
-                name in self.core.units
+                self.core.known(name)
                 or name in self.never_joined
                 or name in self.abandoned  # stopped for not joining: `unjoined_stopped` counts it, saying why
                 or not (name in planned or name in self.spawn_requested)
@@ -460,7 +460,7 @@ class Scaler:
         to send."""
         outs = self._restore_units(now) if self.restoring is not None else []
         for name in _sites_by_agent(self.placement.plan):
-            if name.startswith("rollout-") and name not in self.join_s and name in self.core.units:
+            if name.startswith("rollout-") and name not in self.join_s and self.core.known(name):
                 self.join_s[name] = now - self.t0
         self._ask_unjoined(now)
         for r in list(self.replacing.values()):
@@ -468,7 +468,7 @@ class Scaler:
                 self._failed(r, r.error, now)
             elif r.stopping:
                 continue
-            elif r.unit is not None and r.unit in self.core.units:
+            elif r.unit is not None and self.core.known(r.unit):
                 self.join_s[r.unit] = now - r.started
                 self.replaced += 1
                 self.jobdir.event("unit_replaced", lost=r.lost, by=r.unit, site=r.site, attempts=r.attempts)
@@ -523,7 +523,7 @@ class Scaler:
         runs in the job: it joined (a replacement counts replaced), versus a failed start said of a running unit."""
         why, stopped = result
         chain = next((r for r in self.replacing.values() if r.unit == name and r.stopping), None)
-        if not stopped and name in self.core.units:
+        if not stopped and self.core.known(name):
             self.abandoned.discard(name)  # a unit of the job's like any other: replaced if lost
             if chain is not None:
                 chain.stopping = False  # `tick` counts it replaced
@@ -537,7 +537,7 @@ class Scaler:
         else:  # a unit asked for (`_stop_unjoined_unit` stops no other): a failed start, also when it joined, and
             # maybe produced its first sample (`sampled` dropped its request then), as it was being stopped — said so
             self._unrequest(name)
-            if name in self.core.units:
+            if self.core.known(name):
                 why += " (it joined as it was being stopped)"
                 self.first_sample_s.pop(name, None)  # (`scale --wait` reads the failed start, not a unit that stands)
             self._failed_start(name, why)
@@ -600,7 +600,7 @@ class Scaler:
         said (`scale_failed`), and the run goes on with those it has. A site the checkpoint's run had scaled in
         (`scale -N`: deliberate) is scaled in again, as a scale-in (reason "resume"); before, it came back with the
         plan's count, unsaid. The drain messages to send."""
-        if len(self.core.units) < self.placement.planned_units and now - self.restored_at < RESTORE_WAIT_S:
+        if self.core.num_joined < self.placement.planned_units and now - self.restored_at < RESTORE_WAIT_S:
             return []
         want, self.restoring = self.restoring or {}, None
         outs: list[Out] = []

@@ -99,7 +99,7 @@ def test_a_lost_unit_leaves_the_peers_and_the_status_list_after_the_row_that_lis
     end = r.hello("rollout-1")
     assert end.recv(timeout_s=5).kind == "stop"
     assert [e["agent"] for e in r.jd.read_lines(r.jd.events) if e["event"] == "rejoin_refused"] == ["rollout-1"]
-    assert "rollout-1" not in r.ctl.peers and not r.ctl.core.units["rollout-1"].alive
+    assert "rollout-1" not in r.ctl.peers and "rollout-1" in r.ctl.core.left
     r.ctl._shutdown()
     end_summary = r.jd.read_json(r.jd.summary_json)
     assert end_summary["agents"]["rollout-1"] == {"role": "rollout", "busy_s": 2.5}  # what it lists today
@@ -111,13 +111,14 @@ def test_a_stopped_unit_leaves_the_peers_and_joins_again_under_its_name(running:
     r.train()
     r.tell("client-0", "scale", {"delta": -1})  # rollout-1 drains: told to stop once its samples are in
     r.train()
-    assert not r.ctl.core.units["rollout-1"].alive
+    assert "rollout-1" not in r.ctl.core.units and "rollout-1" in r.ctl.core.left
     r.tell("rollout-1", "bye", {"name": "rollout-1", "state": "stopped"})
     assert r.train()["agents"]["rollout-1"]["state"] == "stopped"
     assert "rollout-1" not in r.ctl.peers
     assert status(r.ctl.snapshot(), now=time.monotonic())["agents_gone"] == {"lost": 0, "stopped": 1}
     r.ends["rollout-1"] = r.hello("rollout-1")  # a unit of that name again: it joins, as when its Peer was kept
     assert r.ctl.peers["rollout-1"].state == "running" and r.ctl.core.units["rollout-1"].alive
+    assert "rollout-1" not in r.ctl.core.left
     st = status(r.ctl.snapshot(), now=time.monotonic())
     assert st["agents_gone"] == {"lost": 0, "stopped": 0}
     assert [a["name"] for a in st["agents"]] == ["trainer-0", "rollout-0", "rollout-1"]
@@ -145,3 +146,18 @@ def test_a_unit_that_joins_and_goes_between_two_rows_is_in_the_next_row_once(run
     row = r.train()
     assert row["agents"]["rollout-2"]["state"] == "lost"
     assert "rollout-2" not in r.train()["agents"]
+
+
+def test_a_lost_unit_is_replaced_and_a_late_report_of_it_is_taken_once_its_unit_is_gone(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its `Unit` leaves the core as it is lost (`ControllerCore._forget_unit`): the replacement is still asked for
+    (the controller reads whether it was draining before), and a late `weights_applied` of it is still booked."""
+    r = running
+    asked: list[str] = []
+    monkeypatch.setattr(r.ctl.scaler, "replace", lambda name, *, now: asked.append(name))
+    r.train()
+    r.lose("rollout-1")
+    assert asked == ["rollout-1"] and "rollout-1" not in r.ctl.core.units and r.ctl.core.known("rollout-1")
+    assert r.ctl._wrong(r.ctl.peers["rollout-1"], make("weights_applied", {"version": 1})) is None
+    r.ctl.core.weights_applied("rollout-1", 1)  # (a no-op, versus a KeyError)

@@ -278,7 +278,7 @@ def test_a_replacement_lost_before_its_first_sample_is_a_failed_attempt_of_its_c
     now = 0.0
     for _ in range(200):
         scaler.tick(now)
-        started = [r.unit for r in scaler.replacing.values() if r.unit is not None and r.unit not in core.units]
+        started = [r.unit for r in scaler.replacing.values() if r.unit is not None and not core.known(r.unit)]
         for unit in started:  # it joins, then crashes
             deliver(scaler, posted)
             core.join(unit, role="rollout", version=0)
@@ -316,7 +316,7 @@ def test_the_units_asked_for_that_were_lost_or_failed_to_start_leave_no_join_bou
     now = 0.0
     for _ in range(50):  # each replacement joins, then is lost before its first sample
         scaler.tick(now)
-        for unit in [r.unit for r in scaler.replacing.values() if r.unit is not None and r.unit not in core.units]:
+        for unit in [r.unit for r in scaler.replacing.values() if r.unit is not None and not core.known(r.unit)]:
             deliver(scaler, posted)
             assert unit in scaler.join_since  # its start returned: its bound counts
             core.join(unit, role="rollout", version=0)

@@ -146,3 +146,8 @@ def test_what_the_core_keeps_per_rollout_unit_is_of_the_live_units_only() -> Non
     live = {u.name for u in core.units.values() if u.alive}
     for per_unit in (core._rates, core._unit_reported_at, core._admit_cap, core.unit_costs):
         assert set(per_unit) <= live, sorted(set(per_unit) - live)[:5]
+    # their `Unit`s too (it kept every unit's for ever: `live_units` walked each at every dispatch); the names gone
+    # are still known, and counted
+    assert set(core.units) == live, sorted(set(core.units) - live)[:5]
+    assert core.num_joined == job.named == len(live) + len(core.left) and len(core.left) > 50
+    assert all(core.known(n) and n not in core.units for n in core.left) and not core.known("rollout-never")

@@ -303,5 +303,5 @@ def test_a_bye_no_stop_asked_for_is_dropped_and_the_unit_is_still_watched(
     peer = r.ctl.peers["rollout-0"]
     assert peer.state == "running"
     r.ctl._handle("closed", "rollout-0", (peer.conn, PeerClosed("closed by peer"), time.monotonic()))  # it left
-    assert peer.state == "lost" and not r.ctl.core.units["rollout-0"].alive
+    assert peer.state == "lost" and "rollout-0" not in r.ctl.core.units and "rollout-0" in r.ctl.core.left
     assert not [e for e in r.ctl.core.ledger.in_state(State.DISPATCHED) if e.agent == "rollout-0"]
