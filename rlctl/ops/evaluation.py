@@ -18,6 +18,7 @@ evaluates during the run (`evaluation.every_iterations`): then the figures are i
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,21 +46,38 @@ def final_model(jobdir: JobDir, spec: JobFile) -> Path:
 def from_run(jobdir: JobDir, spec: JobFile) -> dict[str, Any]:
     """The held-out figures of the run's first and last evaluations (its last version's must be there), with the
     versions that decoded each. A row whose version is no number (null, text: an edited file) is passed over, as
-    `row_count` reads one."""
+    `row_count` reads one; a field a first or last row lacks or has no number for (an older version's row, an edited
+    one) is left out, as are a figure's first and last where either row lacks it."""
     numbered = [(v, r) for r in jobdir.read_lines(jobdir.evaluations) if (v := row_count(r.get("version"))) is not None]
     rows = [r for _, r in sorted(numbered, key=lambda vr: vr[0])]
     if not rows or rows[-1]["version"] != spec.iterations:
         raise LaunchError(f"the run did not evaluate its last version v{spec.iterations} (see {jobdir.events})")
     first, last = rows[0], rows[-1]
-    out = {"prompts": last["prompts"], "source": "during the run", "evaluations": len(rows)}
+    out: dict[str, Any] = {"source": "during the run", "evaluations": len(rows)}
+    if (prompts := row_count(last.get("prompts"))) is not None:
+        out["prompts"] = prompts
     for name in ("greedy_exact", "greedy_reward"):
-        if name in last:
+        if _figure(first.get(name)) and _figure(last.get(name)):
             out |= {f"{name}_first": first[name], f"{name}_last": last[name]}
     # (a row holds `reward_failures` only where some failed: the first's too, where the last's had none; one
     # evaluation, first and last alike, counted once; a null or text count, from an edited row, as none)
     if failed := sum(row_count(r.get("reward_failures")) or 0 for r in ([first, last] if len(rows) > 1 else [last])):
         out["reward_failures"] = failed
-    return out | {"versions_first": first["versions"], "versions_last": last["versions"]}
+    for which, r in (("first", first), ("last", last)):
+        if versions := _versions(r.get("versions")):
+            out[f"versions_{which}"] = versions
+    return out
+
+
+def _figure(v: Any) -> bool:
+    """Whether a row's figure is a number (not missing, null, text or a bool: an older version's row, an edited one)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _versions(v: Any) -> list[int] | None:
+    """A row's `versions` (those that decoded it) as ints; None where it has none, or one of them is no number."""
+    got = [row_count(x) for x in v] if isinstance(v, list) else []
+    return [x for x in got if x is not None] if got and None not in got else None
 
 
 def heldout(jobdir: JobDir, spec: JobFile) -> dict[str, Any]:
@@ -116,16 +134,23 @@ def heldout_line(h: dict[str, Any]) -> str:
     """The summary table's row: greedy exact match and reward, starting → final policy."""
     if "error" in h:
         return f"not evaluated: {h['error']}"
-    line = f"reward {h['greedy_reward_first']:.3f} → {h['greedy_reward_last']:.3f} (greedy, {h['prompts']} prompts"
+    n = f", {h['prompts']} prompts" if "prompts" in h else ""  # (a figure the run's rows lacked: left out)
+    line = f"reward {_fig(h.get('greedy_reward_first'))} → {_fig(h.get('greedy_reward_last'))} (greedy{n}"
     if h.get("source") == "during the run":  # the rollout units' evaluations: the versions that decoded them
-        line += f", during the run: v{_span(h['versions_first'])} → v{_span(h['versions_last'])}"
+        line += ", during the run"
+        if "versions_first" in h and "versions_last" in h:
+            line += f": v{_span(h['versions_first'])} → v{_span(h['versions_last'])}"
     line += ")"
     if h.get("reward_failures"):  # else the figures read as the policies' own: `reward_on_error` is a score too
-        calls = h["prompts"] * (1 if h.get("evaluations") == 1 else 2)  # (the starting and the final policy's)
-        line += f"; {h['reward_failures']} of its {calls} reward calls failed, scored task.reward_on_error"
+        calls = f" of its {h['prompts'] * (1 if h.get('evaluations') == 1 else 2)}" if "prompts" in h else ""
+        line += f"; {h['reward_failures']}{calls} reward calls failed, scored task.reward_on_error"
     if "greedy_exact_first" not in h:  # a dataset task: its reward function's figures only
         return line
     return f"exact {h['greedy_exact_first']:.3f} → {h['greedy_exact_last']:.3f}, {line}"
+
+
+def _fig(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}"
 
 
 def _span(versions: list[int]) -> str:

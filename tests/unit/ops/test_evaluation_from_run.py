@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
-from rlctl.ops.evaluation import from_run
+from rlctl.ops.evaluation import from_run, heldout_line
 
 
 def _run(tmp_path: Path, rows: list[dict[str, Any]]) -> JobDir:
@@ -54,3 +54,27 @@ def test_a_reward_failures_count_that_is_null_or_text_counts_none(tmp_path: Path
     assert from_run(_run(tmp_path, rows), spec)["reward_failures"] == 3
     out = from_run(_run(tmp_path / "b", [_row(2), _row(4, reward_failures="3")]), spec)
     assert "reward_failures" not in out
+
+
+def test_a_row_missing_prompts_versions_or_the_last_rows_figure_is_passed_over(tmp_path: Path) -> None:
+    """A last row without prompts or versions, or a first row without the last's greedy figure (an older version's
+    row, an edited one), leaves that field out and the summary's line still reads, versus a KeyError that lost the
+    run's held-out figures as the launch ended."""
+    spec = cast(JobFile, SimpleNamespace(iterations=4))
+    first = {"version": 2, "greedy_reward": 0.25}
+    last = {"version": 4, "greedy_reward": 0.75, "greedy_exact": 0.5, "reward_failures": 2}
+    out = from_run(_run(tmp_path, [first, last]), spec)
+    assert out == {
+        "source": "during the run",
+        "evaluations": 2,
+        "greedy_reward_first": 0.25,
+        "greedy_reward_last": 0.75,
+        "reward_failures": 2,
+    }
+    assert heldout_line(out) == (
+        "reward 0.250 → 0.750 (greedy, during the run); 2 reward calls failed, scored task.reward_on_error"
+    )
+    rows = [_row(2, versions=None), _row(4, versions=[3, "4"], greedy_reward=0.5)]
+    out = from_run(_run(tmp_path / "b", rows), spec)
+    assert "versions_first" not in out and "versions_last" not in out and "greedy_reward_first" not in out
+    assert heldout_line(out) == "exact 0.500 → 0.500, reward - → - (greedy, 8 prompts, during the run)"
