@@ -127,6 +127,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
         host_problems,
         partition_problems,
         probe_site_hosts,
+        unreachable,
     )
     from rlctl.ops.preflight import problem_lines, problems
 
@@ -152,6 +153,7 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
     )
     answered: list[HostReport] = []
     here = str(job_dir_place(spec))  # a site without a work root writes the job into the operator's job dir
+    gone: set[str] = set()  # sites the probe reached no host of: one line each says so, sinfo is not asked there
     with ThreadPoolExecutor(max_workers=len(roles)) as pool:
         reports = pool.map(
             lambda name: probe_site_hosts(name, job.inventory.sites[name], timeout_s=timeout_s, here=here), roles
@@ -163,9 +165,13 @@ def job_problem_lines(job: Job, *, timeout_s: float) -> tuple[list[str], list[Ho
                 need, what = (model + held * each, checkpoints) if name == trainer_site else (model, "the staged model")
                 if (disk := disk_problem(report, need_bytes=need, what=what)) is not None:
                     lines.append(disk)
-            lines += partition_problems(name, job.inventory.sites[name], timeout_s=timeout_s)
+            if unreachable(found):
+                gone.add(name)
+            else:
+                lines += partition_problems(name, job.inventory.sites[name], timeout_s=timeout_s)
     controller = spec.placement.controller_site or spec.placement.trainer.site
-    lines += controller_cores_problems(controller, job.inventory.sites[controller], spec, timeout_s=timeout_s)
+    if controller not in gone:
+        lines += controller_cores_problems(controller, job.inventory.sites[controller], spec, timeout_s=timeout_s)
     if all("rlctl" in r.facts for r in answered if r.site == controller):  # else: one line above says so
         sites = job.inventory.sites
         rollout = {r.site: sites[r.site] for r in spec.placement.rollout}

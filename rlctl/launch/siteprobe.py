@@ -74,6 +74,7 @@ class HostReport:
     host: str
     facts: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # the host could not be asked
+    reached: bool = True  # False: the probe's command did not run to its end there (no connection, its deadline)
 
 
 # run on the controller's site by its python: can it reach each site where it would start rollout units
@@ -152,7 +153,7 @@ def _ask(name: str, host: str, runner: Runner, command: str, timeout_s: float) -
     try:
         res = runner.run(command, timeout_s=timeout_s)
     except LaunchError as e:  # with its hint: an unknown host key's is the ssh-keyscan line that adds it
-        return HostReport(name, host, error=f"{e}" + (f" (hint: {e.hint})" if e.hint else ""))
+        return HostReport(name, host, error=f"{e}" + (f" (hint: {e.hint})" if e.hint else ""), reached=False)
     finally:
         runner.close()
     out = res.stdout.splitlines()
@@ -167,6 +168,12 @@ def _ask(name: str, host: str, runner: Runner, command: str, timeout_s: float) -
     if line is None:
         return HostReport(name, host, error=f"the probe did not answer (exit {res.exit_code}): {res.tail()}")
     return HostReport(name, host, json.loads(line.removeprefix(MARK)))
+
+
+def unreachable(reports: list[HostReport]) -> bool:
+    """Whether the probe reached none of a site's hosts (`reports`: what `probe_site_hosts` answered): its reach
+    line says so, and asking the site again (sinfo) would only wait out another deadline."""
+    return bool(reports) and not any(r.reached for r in reports)
 
 
 def host_problems(

@@ -516,3 +516,45 @@ def test_a_slurm_controller_asking_more_cores_than_any_node_of_its_partition_is_
     assert siteprobe.controller_cores_problems("h", bare, spec) == []  # sizes sinfo does not say: not compared
     sized = site(kind="slurm", nodes=[{"host": "g-[01-02]", "gpus": 8, "cpus": 8}])
     assert siteprobe.controller_cores_problems("h", sized, spec) == [] and said_back == []  # capped: not asked
+
+
+def test_check_asks_no_sinfo_of_a_slurm_site_the_probe_could_not_reach(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SLURM site whose probe could not run there (its submit host down, its controller not answering) is one
+    line; its partition and the controller's cores were asked of sinfo there too, each waiting out another
+    deadline of `check --reach` to find it unreachable again."""
+    from rlctl.commands import check
+    from rlctl.config.inventory import Inventory
+    from rlctl.config.job import DatasetTask, Job, load_job
+    from rlctl.errors import LaunchError
+    from rlctl.launch.remote import CommandResult
+    from rlctl.launch.slurm import SlurmBackend
+
+    asked: list[str] = []
+
+    class Down:  # the submit host: no connection (down), or one that runs a command and says it has no python
+        def __init__(self, *, up: bool) -> None:
+            self.up = up
+
+        def run(self, command: str, *, timeout_s: float) -> CommandResult:
+            asked.append(command.split()[0])
+            if not self.up:
+                raise LaunchError("ssh login: cannot connect: timed out")
+            return CommandResult(127 if command.startswith("srun") else 0, "", "python: not found")
+
+        def close(self) -> None:
+            pass
+
+    up = False
+    monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: Down(up=up)))
+    demo = load_job(REPO / "jobs" / "demo.yaml")
+    workers = DatasetTask.model_construct(kind="dataset", path="d.jsonl", reward_workers=4)
+    slurm = site(gpu="CPU", kind="slurm", nodes=[{"host": "g-[01-02]", "gpus": 4}])
+    job = Job(demo.spec.model_copy(update={"task": workers}), Inventory({"local": slurm}, [], ["x"]), demo.path)
+    lines = check.job_problem_lines(job, timeout_s=1.0)[0]
+    assert [line for line in lines if line.startswith("site local")] == [
+        "site local host a node of partition p: cannot be asked: ssh login: cannot connect: timed out"
+    ]
+    assert asked == ["srun"]
+    up, asked[:] = True, []
+    check.job_problem_lines(job, timeout_s=1.0)
+    assert asked == ["srun", "sinfo", "sinfo"]  # reached, its python missing: sinfo is asked what it says
