@@ -688,7 +688,15 @@ def run_detached(
         sys.stderr.write(left + "\n")
         raise InterruptSaid from e
     if info is None:  # it ended before the job ran: its error was among its lines
-        unstarted()
+        try:
+            unstarted()
+        except KeyboardInterrupt as e:  # the line said without looking, versus a plain KeyboardInterrupt that
+            # `rlctl launch` said of as 'stopped before it started anything: nothing to stop'
+            sys.stderr.write(
+                "rlctl: interrupted: the launch in the background ended before the job ran (its lines above say "
+                f"why); what it made in {shlex.quote(str(job_dir))} may be left (interrupted as it was removed)\n"
+            )
+            raise InterruptSaid from e
         code = child.proc.returncode
         raise typer.Exit(code if code else 1)
     emit(info, output, _started_table)

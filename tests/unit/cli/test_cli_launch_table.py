@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import typer
 
 from rlctl.commands import launch
 from rlctl.commands.launch import be_launcher, partials_line, summary_table
@@ -746,3 +747,37 @@ def test_a_third_ctrl_c_as_a_launch_in_the_background_stops_still_ends_with_the_
         "rlctl: interrupted: stopping the launch in the background... not waited for (told to stop, it may still be "
         f"stopping); what it left not looked at (interrupted again): `rlctl status '{path}'`\n"
     )
+
+
+class _EndedChild:
+    """A launcher in the background that ended before the job ran (refused as it prepared: its error among its
+    lines)."""
+
+    proc = SimpleNamespace(returncode=2)
+
+    def follow(self, write: Callable[[bytes], None]) -> None:
+        write(b"rlctl: error: task.path: no such file\n")
+
+
+def test_a_ctrl_c_as_an_ended_background_launchers_leftovers_are_removed_ends_with_the_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C while `unstarted` removed what a launcher that ended before the job ran made went on as a plain
+    KeyboardInterrupt (`rlctl launch` then said the launch 'stopped before it started anything: nothing to stop')."""
+    monkeypatch.setattr(detach, "spawn", lambda *_, **__: _EndedChild())
+    path = tmp_path / "my run"
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as e:  # (a plain one, not caught here, would end the test session)
+        launch.run_detached(["attach", str(path)], path, launch.OutputFormat.table, unstarted=interrupted)
+    assert isinstance(e.value, launch.InterruptSaid)
+    assert capsys.readouterr().err == (
+        "rlctl: error: task.path: no such file\n"
+        "rlctl: interrupted: the launch in the background ended before the job ran (its lines above say why); what "
+        f"it made in '{path}' may be left (interrupted as it was removed)\n"
+    )
+    with pytest.raises(typer.Exit) as ended:  # not interrupted: the launcher's exit status
+        launch.run_detached(["attach", str(path)], path, launch.OutputFormat.table)
+    assert ended.value.exit_code == 2
