@@ -48,7 +48,7 @@ from rlctl.agents.appliedlog import AppliedLog
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
 from rlctl.agents.evaluation import EvalSchedule, Evaluator, cut_evaluations
 from rlctl.agents.flight import read_flight
-from rlctl.agents.ledger import State
+from rlctl.agents.ledger import Entry, State
 from rlctl.agents.listen import listen_field
 from rlctl.agents.messages import (
     LAUNCHER_STOP,
@@ -280,12 +280,17 @@ class ControllerAgent:
         # that finds no latest.json never takes one of them, nor pairs its part with one this run writes
         set_aside = set_aside_newer(self.jobdir.checkpoints, PART, resumed=version, keep=self.job.checkpoint.keep)
         st = load_controller(self.jobdir, version) if version > 0 else None
-        # before `restore` retires what the checkpoint's ledger holds trained; from no checkpoint, nothing is kept
-        discarded = self.samples.cut((st.samples_log_bytes or 0) if st is not None else 0)
         requeued = 0
+        retired: list[Entry] = []
         if st is not None:
             requeued = sum(1 for e in st.ledger.entries.values() if e.state is State.QUEUED)
-            self.core.restore(version=version, ledger=st.ledger)
+            # the rounds the checkpoint's ledger holds trained, which `restore` retires, follow the log's cut: the
+            # log of an earlier resume from this checkpoint holds them there already (not set aside, not written twice)
+            self.core.on_retire = retired.extend
+            try:
+                self.core.restore(version=version, ledger=st.ledger)
+            finally:
+                self.core.on_retire = self.samples.write
             if st.ranker_tokens:
                 self.ranker.fit(st.ranker_tokens, st.ranker_lengths)
             self.scaler.rule.window = list(st.rebalance_window)
@@ -297,6 +302,8 @@ class ControllerAgent:
             self.expect_checkpoint = st.trainer_digest
             self.complete.append(version)
             self.checkpointed = (version, None)  # complete before this run: its age is not known here
+        # from no checkpoint, nothing is kept
+        discarded = self.samples.cut((st.samples_log_bytes or 0) if st is not None else 0, then=retired)
         kept = cut_metrics(self.jobdir, version)
         self.rows = RowBook(kept, kept=len(kept))
         self.wall_offset_s = job_start_offset(

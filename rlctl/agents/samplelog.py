@@ -5,7 +5,9 @@ it was dispatched, finished, delivered and trained (`entry_row`, the rows of a c
     round complete ─▶ Ledger.retire ─▶ ControllerCore.on_retire ─▶ SampleLog.write (appended, flushed)
     checkpoint due ─▶ ledger.json (the rounds in flight) + state.json `samples_log_bytes` = SampleLog.size()
     launch --resume v ─▶ SampleLog.cut(v's samples_log_bytes): the lines past it (rounds retired after the
-                         checkpoint, whose samples this run trains again) move to samples.discarded.jsonl
+                         checkpoint, whose samples this run trains again) move to samples.discarded.jsonl; the
+                         rounds v's ledger holds trained (`ControllerCore.restore` retires them) follow the cut, kept
+                         where an earlier resume from v wrote them
 
 The ledger keeps only the rounds in flight, since a job runs for weeks (a sample takes ≈ 340–370 bytes here on disk,
 instead of ≈ 1.5 kB of the controller's memory with its prompt's share: `python -m bench controller-age`); between
@@ -41,27 +43,40 @@ class SampleLog:
         """Append one line per entry, flushed: `size` then covers them (a checkpoint taken next includes them)."""
         if self._file is None:
             self._file = self.path.open("a", encoding="utf-8")
-        self._file.write("".join(json.dumps(entry_row(e), separators=COMPACT) + "\n" for e in entries))
+        self._file.write(_lines(entries).decode())
         self._file.flush()
 
     def size(self) -> int:
         """Bytes written so far (every line whole)."""
         return self.path.stat().st_size if self.path.exists() else 0
 
-    def cut(self, size: int) -> int:
-        """Keep the first `size` bytes (whole lines: a size this log reported); the lines after them move to
-        samples.discarded.jsonl beside it, each whole (a last line cut short gets its newline there). Returns how
-        many lines moved. A log shorter than `size` (lost or cut by hand) is left as it is, with a warning: the
-        rounds it lacks are not in it."""
+    def cut(self, size: int, *, then: Iterable[Entry] = ()) -> int:
+        """Keep the first `size` bytes (whole lines: a size this log reported), then the lines of `then` (the rounds
+        the resume retires from its checkpoint's ledger); the lines after them move to samples.discarded.jsonl
+        beside it, each whole (a last line cut short gets its newline there). Returns how many lines moved. The
+        lines of `then` a log holds right after `size` already (an earlier resume from the same checkpoint retired
+        them) stay, not moved nor written twice. A log shorter than `size` (lost or cut by hand) is left as it is,
+        with a warning: the rounds it lacks are not in it."""
         self.close()
+        ours = _lines(then)
         have = self.size()
         if size > have:
             log.warning("%s: %d bytes, shorter than the checkpoint's %d: left as it is", self.path, have, size)
-        if size >= have:
-            return 0
-        with self.path.open("rb") as f:
-            f.seek(size)
-            rest = f.read()
+        rest = b""
+        if size < have:
+            with self.path.open("rb") as f:
+                f.seek(size)
+                rest = f.read()
+        if ours and rest.startswith(ours):
+            size, rest, ours = size + len(ours), rest[len(ours) :], b""
+        moved = self._aside(size, rest) if rest else 0
+        if ours:
+            with self.path.open("ab") as f:
+                f.write(ours)
+        return moved
+
+    def _aside(self, size: int, rest: bytes) -> int:
+        """Move `rest`, the log's bytes past `size`, to samples.discarded.jsonl; how many lines moved."""
         if not rest.endswith(b"\n"):  # the last line cut short (the controller killed as it wrote): its newline, so
             rest += b"\n"  # that the lines the next cut sets aside start lines of their own, not end this one
         # the lines go aside (on disk) before the log loses them: a cut that fails there (a full disk) or dies keeps
@@ -82,6 +97,11 @@ class SampleLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _lines(entries: Iterable[Entry]) -> bytes:
+    """The log's lines of `entries` (ASCII: `json.dumps` escapes the rest)."""
+    return "".join(json.dumps(entry_row(e), separators=COMPACT) + "\n" for e in entries).encode()
 
 
 def read(path: Path, size: int | None = None) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ checkpoint_written(v, D)      (the trainer's part of iter-v is on disk; D = its 
 launch --resume ─▶ RLCTL_RESUME_VERSION=v (the newest checkpoint that verifies, rlctl.checkpoint.choose.choose_resume)
     ─▶ our part of every checkpoint newer than v to checkpoints/abandoned/ (an abandoned lineage; the trainer's
        rank 0 moves its part), or removed where it was never sealed; abandoned/ keeps checkpoint.keep of them
-    ─▶ load_controller(iter-v) ─▶ the sample log cut to its length, core.restore, ranker.fit, rule.window,
+    ─▶ load_controller(iter-v) ─▶ core.restore, the sample log cut to its length, ranker.fit, rule.window,
     scaler.restore (`replaced` continues; the units `scale` / the rebalance rule added start again); metrics
     rows of iterations ≥ v move to metrics.discarded.jsonl (the curves continue from the checkpoint, as the model
     does), the sample log's lines past it to samples.discarded.jsonl; the trainer's hello must name the same

@@ -790,3 +790,49 @@ def test_the_reward_failures_before_a_checkpoint_stay_in_the_summary_of_the_run_
     finally:
         ctl.listener.close()
         threading.Thread(target=ctl.metrics.close, daemon=True).start()
+
+
+def test_a_second_resume_from_a_checkpoint_does_not_set_aside_the_rounds_the_first_retired_from_its_ledger(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Checkpoint v1's ledger holds round 0 trained, not yet retired: each resume from v1 retires it to the sample
+    log. A second resume from v1 (the first died before its next checkpoint) keeps those lines and sets aside only
+    what the first run retired itself, versus setting round 0 aside too: samples_discarded counted its 4 trained
+    samples, and samples.discarded.jsonl held them, each resume from v1 once more."""
+    from rlctl.agents.controller import ControllerAgent
+    from rlctl.agents.ledger import Entry, Ledger, State
+    from rlctl.agents.samplelog import SampleLog
+    from rlctl.checkpoint.controller import save_controller
+    from rlctl.launch.agentenv import ENV_RESUME
+    from rlctl.transport import InprocTransport
+    from tests.unit.controller_harness import HandledController, small_job
+
+    job = small_job("twice", iterations=4)
+    h = HandledController(tmp_path, job, listen="inproc://twice-a")
+    h.close()
+    jd = h.jd
+    led = Ledger()
+    for g in range(2):  # round 0: two groups of two, trained
+        for sid in led.add_prompt(iteration=0, prompt_id=f"q{g}", num_samples=2):
+            led.dispatch(sid, agent="rollout-0", version=0)
+            led.finish(sid, agent="rollout-0", version=0, output_tokens=5)
+            led.deliver(sid)
+            led.mark_trained(sid)
+    state = {"iteration": 1, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": [], "samples_log_bytes": 0}
+    save_controller(jd, 1, state=state, ledger=led, trainer_digest="d" * 64)
+    monkeypatch.setenv(ENV_RESUME, "1")
+
+    def resume(listen: str) -> None:
+        ctl = ControllerAgent(jd, job, InprocTransport(secret=jd.secret()), listen=listen)
+        ctl.samples.close()
+        ctl.listener.close()
+        threading.Thread(target=ctl.metrics.close, daemon=True).start()
+
+    resume("inproc://twice-b")
+    assert [r["sample_id"] for r in jd.read_lines(jd.samples)] == ["q0/0", "q0/1", "q1/0", "q1/1"]
+    own = Entry(sample_id="q2/0", prompt_id="q2", iteration=1, round=1, state=State.TRAINED)
+    SampleLog(jd.samples).write([own])  # a line the first resumed run retired itself
+    resume("inproc://twice-c")
+    assert [e["samples_discarded"] for e in jd.read_events("resumed_from")] == [0, 1]
+    assert [r["sample_id"] for r in jd.read_lines(jd.samples)] == ["q0/0", "q0/1", "q1/0", "q1/1"]
+    assert [r["sample_id"] for r in jd.read_lines(tmp_path / "job" / "samples.discarded.jsonl")] == ["q2/0"]
