@@ -62,9 +62,11 @@ class JobRecord:
 
     @property
     def scales(self) -> list[dict[str, Any]]:
-        """The scale events of the iterations the curves show: not those of a run past the checkpoint a later resume
-        went back to (its `resumed_from` version; their rows went to metrics.discarded.jsonl), which were drawn on
-        the resumed run's iterations ('-rollout-2' at 39 of a run that never had it)."""
+        """The scale events of the iterations the curves show: not those of a run at or past the checkpoint a later
+        resume went back to (its `resumed_from` version v; their rows, v's too, went to metrics.discarded.jsonl),
+        which were drawn on the resumed run's iterations ('-rollout-2' at 39 of a run that never had it). A scale at
+        v came after the checkpoint's state was taken, or is in its units, which the resumed run starts again with
+        its own events."""
         # (a resume with no time or version that is a number — null, text, a bool: an edited file — says nothing)
         resumes = [
             (event_time(e), v)
@@ -75,7 +77,7 @@ class JobRecord:
             _failed_start(i, self.events)
             for i, e in enumerate(self.events)
             if e.get("event") == "scale"
-            and not any(event_time(e) < t and (e.get("iteration") or 0) > v for t, v in resumes)
+            and not any(event_time(e) < t and (e.get("iteration") or 0) >= v for t, v in resumes)
         ]
 
 

@@ -402,6 +402,22 @@ def test_a_resume_whose_time_or_version_is_a_bool_leaves_the_scale_events_in(tmp
     assert [e["iteration"] for e in load(d).scales] == [6, 7]
 
 
+def test_a_scale_event_at_the_checkpoint_a_resume_went_back_to_is_left_out(tmp_path: Path) -> None:
+    # a run scaled rollout-2 out at iteration 4 (the trainer at v4, as the checkpoint v4 was taken), failed, and was
+    # resumed from v4: its row 4 went aside, the resumed run made its own (with its own units), but the '+rollout-2'
+    # at 4 was still drawn and listed there
+    d = make_job_dir(tmp_path)
+    scale = {"event": "scale", "site": "h20", "reason": "rebalance", "direction": "out"}
+    events = [
+        {"t": 1.0, **scale, "agent": "rollout-1", "iteration": 3},
+        {"t": 2.0, **scale, "agent": "rollout-2", "iteration": 4},
+        {"t": 3.0, "event": "resumed_from", "version": 4, "rows_kept": 4},
+        {"t": 4.0, **scale, "agent": "rollout-3", "reason": "resume", "iteration": 4},
+    ]
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert [(e["agent"], e["iteration"]) for e in load(d).scales] == [("rollout-1", 3), ("rollout-3", 4)]
+
+
 def test_the_report_parses_only_the_events_it_draws(tmp_path: Path) -> None:
     # it parsed every line of events.jsonl and held them all: a job of weeks writes a weights_applied event per unit
     # and weight version (64 units × 10⁴ versions: 640,000 lines, ≈ 130 MB, some 600 MB as dicts)
