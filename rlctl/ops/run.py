@@ -45,12 +45,12 @@ from rlctl.agents.messages import LAUNCHER_STOP, SIGTERM_FAILURE, STOP_GRACE_S
 from rlctl.checkpoint.choose import (
     LATEST_POINTER,
     ResumePoint,
-    checkpoint_versions,
     choose_resume,
     manifest_name,
     split_problem,
     verified_manifest,
 )
+from rlctl.checkpoint.files import PREFIX
 from rlctl.config.inventory import Site
 from rlctl.config.job import DatasetTask, Job, JobFile
 from rlctl.errors import LaunchError, RlctlError, Stopped, UsageError
@@ -85,7 +85,7 @@ from rlctl.launch.stage import (
     staging_plan,
 )
 from rlctl.ops.detach import this_launcher
-from rlctl.ops.extend import earlier_iterations, trained_iterations
+from rlctl.ops.extend import trained_iterations
 from rlctl.ops.inputs import copy_inputs, resolve_inputs
 from rlctl.ops.jobdb import LIVE, JobDB, JobRow
 from rlctl.rl.reward import load_deadline_s
@@ -597,7 +597,6 @@ class JobRun:
                 point = pick_checkpoint(
                     (c_fs, JobDir(Path(c_root))),
                     (t_fs, self.site_dir(trainer)),
-                    checkpoint_versions(self.spec, earlier=earlier_iterations(self.jobdir)),
                     split=trainer_parallel(self.plan),
                     only=only,
                 )
@@ -984,7 +983,6 @@ def first_error(log_text: str, *, ranks: int, max_chars: int = 400) -> str:
 def pick_checkpoint(
     controller: tuple[HostFiles, JobDir],
     trainer: tuple[HostFiles, JobDir],
-    versions: list[int],
     *,
     split: ParallelConfig | None = None,
     only: int | None = None,
@@ -992,15 +990,14 @@ def pick_checkpoint(
     """The checkpoint a resume continues from (choose_resume), each part read through its own site's
     view of that site's job dir: the controller's part and `latest.json` on the controller's site, the
     trainer's part on the trainer's; the trainer part must be the one the controller part names (its
-    manifest's SHA-256). `versions`: the job's checkpoint versions; those whose controller manifest exists
-    (the controller writes its part last) are tried, newest first. `split`: the trainer's tp × pp × dp, which
+    manifest's SHA-256). The checkpoints whose controller manifest is there (the controller writes its part
+    last) are tried, newest first: those on disk, not those the job's `checkpoint.every_iterations` makes now (a
+    count edited in job.json since left the ones written before out). `split`: the trainer's tp × pp × dp, which
     must be the one the checkpoint was written at (every rank restores the shard of its (tp, pp) position),
     else UsageError. `only`: that checkpoint or a UsageError saying why not (a roll-back the operator named)."""
     c_fs, c_dir = controller
     t_fs, t_dir = trainer
-    name = manifest_name("controller")
-    present = c_fs.states(str(c_dir.path / "checkpoints"), [f"{c_dir.checkpoint(v).name}/{name}" for v in versions])
-    on_disk = [v for v in versions if f"{c_dir.checkpoint(v).name}/{name}" in present]
+    on_disk = stored_checkpoints(c_fs, c_dir)
 
     def problem(version: int) -> str | None:
         try:
@@ -1031,6 +1028,18 @@ def pick_checkpoint(
         return ResumePoint(only, f"--checkpoint v{only}")
     pointer = c_fs.read_text(str(c_dir.path / "checkpoints" / LATEST_POINTER))
     return choose_resume(pointer, on_disk, problem)
+
+
+def stored_checkpoints(fs: HostFiles, jobdir: JobDir) -> list[int]:
+    """The versions whose controller part's manifest is in `jobdir`'s checkpoints/iter-N (as `fs` sees it), newest
+    first (a resume's set aside in abandoned/ are not)."""
+    name = manifest_name("controller")
+    found = set()
+    for rel in fs.list_files(str(jobdir.checkpoints)):
+        top, _, rest = rel.partition("/")
+        if rest == name and top.startswith(PREFIX) and top[len(PREFIX) :].isdigit():
+            found.add(int(top[len(PREFIX) :]))
+    return sorted(found, reverse=True)
 
 
 def refuse_unshared_trainer(

@@ -91,9 +91,9 @@ class Sites:
         if latest:
             set_latest(self.c.path / "checkpoints", version)
 
-    def pick(self, versions: list[int] | None = None) -> Any:
+    def pick(self) -> Any:
         fs = LocalFiles()
-        return pick_checkpoint((fs, self.c), (fs, self.t), versions if versions is not None else [9, 6, 3])
+        return pick_checkpoint((fs, self.c), (fs, self.t))
 
 
 def test_the_newest_checkpoint_whose_parts_verify_on_their_own_sites_is_used(tmp_path: Path) -> None:
@@ -162,7 +162,7 @@ def test_a_checkpoint_a_resume_passed_over_is_set_aside_and_a_lost_pointer_never
     for v in (3, 6, 9):
         sites.checkpoint(v)
     flaky = Flaky([sites.t.checkpoint(6), sites.t.checkpoint(9)])
-    point = pick_checkpoint((LocalFiles(), sites.c), (flaky, sites.t), [9, 6, 3])
+    point = pick_checkpoint((LocalFiles(), sites.c), (flaky, sites.t))
     assert point.version == 3 and [v for v, _ in point.skipped] == [9, 6]
     moved = [
         set_aside_newer(
@@ -258,6 +258,22 @@ def test_job_run_resume_point_logs_what_it_used_and_says_what_it_skipped_once(
     assert lines == ["job resume: resumed from checkpoint v3; v6 not used: trainer part: trainer/state.json is missing"]
 
 
+def test_a_resume_finds_the_checkpoints_on_disk_after_checkpoint_every_iterations_was_edited(tmp_path: Path) -> None:
+    # the job checkpointed v3 and v6 at every_iterations 3, then job.json said 4: `--checkpoint 3` was 'not on the
+    # controller's site' and a damaged v6 fell back to no checkpoint at all (the versions were those of 4: 9, 8, 4)
+    run, sites = job_run(tmp_path)
+    for v in (3, 6):
+        sites.checkpoint(v)
+    run.spec = spec(9, 4)
+    trainer = PlannedAgent("trainer", 0, "t", Resources(1, 1, 1), ParallelConfig("trainer"))
+    assert run.resume_point(trainer=trainer, only=3).version == 3
+    (sites.t.checkpoint(6) / "trainer" / "state.json").unlink()
+    point = run.resume_point(trainer=trainer)
+    assert point.version == 3 and [v for v, _ in point.skipped] == [6]
+    with pytest.raises(UsageError, match=r"^--checkpoint v4: not on the controller's site"):
+        run.resume_point(trainer=trainer, only=4)
+
+
 def test_a_controller_lost_without_a_summary_names_the_resume_command(tmp_path: Path) -> None:
     run, _ = job_run(tmp_path)
     run.controller = SimpleNamespace(spec=SimpleNamespace(site="c", log_path=tmp_path / "controller-0.log"))  # type: ignore[assignment]
@@ -292,9 +308,9 @@ def test_a_checkpoint_written_at_another_split_is_refused_not_skipped(tmp_path: 
     set_latest(sites.c.path / "checkpoints", 6)
     fs = LocalFiles()
     same = ParallelConfig("trainer", tp=2, pp=1, dp=1)
-    assert pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], split=same).version == 6
+    assert pick_checkpoint((fs, sites.c), (fs, sites.t), split=same).version == 6
     with pytest.raises(UsageError) as e:
-        pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], split=ParallelConfig("trainer", tp=1, pp=2, dp=1))
+        pick_checkpoint((fs, sites.c), (fs, sites.t), split=ParallelConfig("trainer", tp=1, pp=2, dp=1))
     assert str(e.value) == (
         f"{sites.t.checkpoint(6)}: written by a trainer at tp 2 pp 1 dp 1, which this trainer (tp 1 pp 2 dp 1) "
         "cannot load: each rank restores the shard of its (tp, pp) position at that split"
@@ -304,7 +320,7 @@ def test_a_checkpoint_written_at_another_split_is_refused_not_skipped(tmp_path: 
     digest = files_part(old.t.checkpoint(3), "trainer", "{}")
     files_part(old.c.checkpoint(3), "controller", "{}", meta={"trainer_digest": digest})
     with pytest.raises(UsageError, match=r"iter-3: written before checkpoints kept every trainer rank's state"):
-        pick_checkpoint((fs, old.c), (fs, old.t), [3], split=ParallelConfig("trainer"))
+        pick_checkpoint((fs, old.c), (fs, old.t), split=ParallelConfig("trainer"))
 
 
 def test_launch_resume_refuses_another_split_in_one_line_before_any_agent_starts(
@@ -388,13 +404,13 @@ def test_a_roll_back_takes_the_checkpoint_named_or_says_why_not(tmp_path: Path) 
     for v in (3, 6):
         sites.checkpoint(v)
     fs = LocalFiles()
-    point = pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], only=3)
+    point = pick_checkpoint((fs, sites.c), (fs, sites.t), only=3)
     assert (point.version, point.pointer, point.skipped) == (3, "--checkpoint v3", ())
     (sites.t.checkpoint(3) / manifest_name("trainer")).unlink()
     with pytest.raises(UsageError, match=r"^--checkpoint v3: trainer part: no MANIFEST.trainer.json"):
-        pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], only=3)
+        pick_checkpoint((fs, sites.c), (fs, sites.t), only=3)
     with pytest.raises(UsageError, match=r"^--checkpoint v9: not on the controller's site \(.*/iter-9\)$"):
-        pick_checkpoint((fs, sites.c), (fs, sites.t), [9, 6, 3], only=9)
+        pick_checkpoint((fs, sites.c), (fs, sites.t), only=9)
 
 
 def prepared(tmp_path: Path) -> JobDir:
