@@ -842,11 +842,12 @@ class ControllerCore:
                 continue
             self.ledger.partials.drop(sample_id)
             self._reported_by.pop(sample_id, None)
-            if tokens and not self.ledger.partials.extend(sample_id, 0, tokens, logprobs, versions):
+            if tokens and self.ledger.partials.extend(sample_id, 0, tokens, logprobs, versions):
+                tokens_moved += len(tokens)  # the output it resumes from (its `migrated` event's tokens)
+            else:
                 self.ledger.discarded_tokens += len(tokens)  # past the store's bound: the sample starts over
             self.ledger.migrate(sample_id)
             moved.append(e)
-            tokens_moved += len(tokens)
         out: list[Out] = []
         target = self.units.get(to)
         # not a suspect's (a loss since the ask may have made one): each runs alone, as `_isolate` sends it

@@ -884,6 +884,27 @@ def test_a_filtered_group_with_no_buffer_left_is_generated_again_whole_as_an_abo
     assert c.discarded_tokens == 5 + 3 * 3  # the filtered one's once, the three kept ones'
 
 
+def test_a_migrations_event_counts_only_the_output_it_carried_not_the_output_thrown_away_past_the_bound():
+    """r0 gives back two running samples, 1 and 4 tokens, with room in the store for 2: the first goes to r1 with
+    its token, the second starts over (its 4 in `discarded_tokens`); the `migrated` event says 1 token moved,
+    versus 5 (those thrown away counted as moved too, and twice over with `discarded_tokens`)."""
+    from rlctl.agents.trajectories import TOKEN_BYTES
+
+    core = _batch_core(8, group=2, prompts=2, min_units=2)
+    core.ledger.partials.budget_bytes = 2 * TOKEN_BYTES
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    gen = _generate(core.join("r1", role="rollout", version=0))
+    for sid, _ in gen["r1"]:
+        _finish(core, "r1", sid)
+    core.migrate(now=True)
+    r0 = [s for s, _ in gen["r0"]]
+    reqs = _requests(core.withdrawn("r0", [(r0[0], [8], [-1.0], [0]), (r0[1], [9] * 4, [-1.0] * 4, [0] * 4)]))
+    assert reqs[r0[0]]["prefix_tokens"] == [8] and "prefix_tokens" not in reqs[r0[1]]
+    assert core.ledger.counts().discarded_tokens == 4
+    assert [(m["samples"], m["tokens"]) for m in core.migrations] == [(2, 1)]
+
+
 def test_the_output_a_migration_gives_back_past_the_store_s_bound_counts_as_discarded_tokens():
     """r0 gives back a running sample with 4 tokens, but the partial store has room for 2: the output is not kept
     (the sample starts over on r1, `over_budget`), and its 4 tokens, generated and thrown away, count in the ledger's
