@@ -445,7 +445,8 @@ class Ledger:
     def forget_rounds(self, first: int) -> None:
         """Take out the groups of rounds `first` and later that are only queued, and the rounds themselves: the job's
         count was lowered to `first` iterations at a resume (`launch --resume --iterations`), so they are never
-        generated; kept, they were prompts of the job's ledger that no iteration trains."""
+        generated; kept, they were prompts of the job's ledger that no iteration trains. The output the store kept of
+        them is thrown away (`discarded_tokens`; a finished one's were counted as the checkpoint was read)."""
         groups = [es for es in self.by_prompt.values() if es[0].round is not None and es[0].round >= first]
         for es in groups:
             if any(e.state is not State.QUEUED for e in es):
@@ -454,7 +455,7 @@ class Ledger:
                 del self.entries[e.sample_id]
                 self.by_iteration[e.iteration].remove(e)
                 self._queued[e.iteration] -= 1
-                self.partials.drop(e.sample_id)
+                self.discarded_tokens += self.partials.drop(e.sample_id)
             del self.by_prompt[es[0].prompt_id]
             self.crashes.pop(es[0].prompt_id, None)
         for it in [i for i, es in self.by_iteration.items() if not es]:

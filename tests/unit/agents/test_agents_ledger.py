@@ -231,3 +231,17 @@ def test_a_resume_counts_the_finished_and_delivered_outputs_it_generates_again_a
     back = Ledger.from_json(led.to_json())
     assert {e.state for e in back.entries.values()} == {State.QUEUED}
     assert back.counts().discarded_tokens == 3 + 7 + 4
+
+
+def test_a_resume_with_fewer_iterations_counts_the_kept_output_of_the_rounds_it_forgets_as_discarded_tokens():
+    """At the checkpoint p1/0 (round 1) ran with 6 tokens kept in the store and p1/1 had finished (4); the resume
+    lowers the job to 1 iteration, so round 1 is never generated: its 4 finished tokens and the 6 kept ones were
+    generated and never trained, both in `discarded_tokens`, versus the 6 dropped from the store unsaid."""
+    led = _ledger()
+    led.dispatch("p1/0", agent="r0", version=0)
+    assert led.partials.extend("p1/0", 0, [1] * 6, [0.0] * 6, [0] * 6)
+    _finished(led, "p1/1", tokens=4)
+    back = Ledger.from_json(led.to_json())
+    back.forget_rounds(1)
+    assert "p1/0" not in back.entries and back.partials.nbytes == 0
+    assert back.counts().discarded_tokens == 4 + 6
