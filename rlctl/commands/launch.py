@@ -753,7 +753,7 @@ def _resume(
     `iterations`: the job's new total (`rlctl.ops.extend`), which a finished job trains on to; `checkpoint`: the
     one it continues from instead of the latest (a roll-back)."""
     from rlctl.ops.extend import replace_job_json, rollback_to, with_iterations, write_iterations
-    from rlctl.ops.jobchanges import launch_changes
+    from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import require_job_dir, resolve
     from rlctl.ops.operate import fetch_job_record
@@ -766,6 +766,7 @@ def _resume(
     try:
         require_job_dir(ref_)  # its index row outlived it: not "never prepared"
         refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
+        refuse_fixed_edits(jd)  # (a hand edit its checkpoints cannot run on; the others are said as the run starts)
         if checkpoint is not None or iterations is not None:  # they read its events, metrics and summary: as the
             # controller's site has them (its launcher gone before its run ended fetched none), as `status` does
             fetch_job_record(ref_)

@@ -201,6 +201,7 @@ class JobDir:
         while it prepared the job is not the launch's; else read now)."""
         job = spec.model_dump(mode="json", by_alias=True)
         data: dict[str, Any] = {"source": source, "job": job, "job_sha256": job_digests(job)}
+        data[LAUNCHED] = {name: job_field(job, name) for name in FIXED_FIELDS}  # a resume refuses an edit of one
         path = Path(source)
         if path.is_file() and mapping is not None:
             data["source_file"] = {"path": str(path.absolute()), "job": mapping}
@@ -534,6 +535,20 @@ def refuse_theirs(directory: Path, *, ours: Collection[str], did: str, then: str
             f"holds {', '.join(theirs[:3])}{' …' if len(theirs) > 3 else ''}, which rlctl did not {did}; {then}",
             hint=hint,
         )
+
+
+# the fields of a job that its checkpoints depend on, as job.json's `launched` keeps them from the launch: an edit of
+# one in job.json is refused by a resume (`rlctl.ops.jobchanges.refuse_fixed_edits`), not run on the checkpoint
+FIXED_FIELDS = ("batch.samples_per_prompt", "model", "seed", "task.kind")
+LAUNCHED = "launched"
+
+
+def job_field(job: dict[str, Any], name: str) -> Any:
+    """The value of the dotted field `name` in a job's mapping (None where it or a mapping above it is missing)."""
+    value: Any = job
+    for key in name.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 def job_digests(job: dict[str, Any]) -> dict[str, str]:

@@ -14,7 +14,9 @@ A changed job file is not taken up: the checkpoint holds the state of the job as
 its plan), and a change of one of those would fail the resume late or train something else silently. A new launch
 runs the changed job. A hand-edited job.json is used, and said: it is the only way to change a setting of a job
 that resumes (a lower `checkpoint.keep` on a disk that filled), and whoever edited it meant it. Before, both
-went unsaid: a resume after a change of `iterations` in the job file ran the old count without a word.
+went unsaid: a resume after a change of `iterations` in the job file ran the old count without a word. An edit of
+a field the checkpoints depend on (`FIXED_FIELDS`: samples per prompt, model, seed, task kind) is refused
+(`refuse_fixed_edits`, one line with the value at the launch and now), since no checkpoint of the job fits it.
 """
 
 from __future__ import annotations
@@ -29,9 +31,47 @@ from typing import Any
 
 from rlctl.config.base import read_yaml
 from rlctl.config.inventory import load_inventory
-from rlctl.errors import ConfigError, RlctlError
+from rlctl.errors import ConfigError, RlctlError, UsageError
 from rlctl.launch.backends import SITES_FILE, read_sites
-from rlctl.launch.jobdir import JobDir, job_digests
+from rlctl.launch.jobdir import FIXED_FIELDS, LAUNCHED, JobDir, job_digests, job_field
+
+# why a checkpoint cannot continue a job with another value of each of `FIXED_FIELDS`
+FIXED_WHY = {
+    "batch.samples_per_prompt": "its checkpoints' groups have the launch's samples each",
+    "model": "its checkpoints hold the weights of the model it was launched with",
+    "seed": "the prompts of the iterations after a checkpoint are those the launch's seed draws",
+    "task.kind": "its checkpoints' prompts and rewards are the launched task's",
+}
+
+
+def refuse_fixed_edits(jobdir: JobDir) -> None:
+    """UsageError, one line, when job.json was edited since the launch in a field its checkpoints depend on
+    (`FIXED_FIELDS`, as its `launched` keeps them): the field, its value at the launch and now, and why a resume
+    cannot take it. Nothing for a job.json without `launched` (an rlctl before it), or one that does not read."""
+    try:
+        data = jobdir.read_json(jobdir.job_json)
+    except (OSError, RlctlError):  # gone or not JSON: said by what reads the job next
+        return
+    launched = data.get(LAUNCHED) if isinstance(data, dict) else None
+    job = data.get("job") if isinstance(data, dict) else None
+    if not isinstance(launched, dict) or not isinstance(job, dict):
+        return
+    for name in FIXED_FIELDS:
+        if name not in launched or launched[name] == job_field(job, name):
+            continue
+        # (a mapping, the model's: the first of its fields that differs)
+        field = next(iter(changed_fields(launched[name], job_field(job, name), name)), name)
+        was = job_field(launched[name], field[len(name) + 1 :]) if field != name else launched[name]
+        now = job_field(job, field)
+        raise UsageError(
+            f"{jobdir.job_json}: job.{field} was edited since the launch ({_shown(was)} → {_shown(now)}); a resume "
+            f"cannot take it: {FIXED_WHY[name]}",
+            hint=f"put job.{field} back to {_shown(was)} in job.json, or launch the changed job anew",
+        )
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value, separators=(", ", ": "))
 
 
 def launch_changes(jobdir: JobDir, *, count_given: bool = False) -> list[str]:

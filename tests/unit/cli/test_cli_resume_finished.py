@@ -447,3 +447,24 @@ def test_a_resume_of_a_running_job_the_index_lacks_names_its_directory_in_the_hi
     assert r.exit_code == 2, r.stderr
     named = f"'{jd.path}'"
     assert f"`rlctl attach {named}` watches it to its end again; `rlctl stop {named}` ends it" in r.stderr, r.stderr
+
+
+def test_a_resume_of_a_job_json_edited_in_its_samples_per_prompt_is_refused_in_one_line_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it started, said 'job.json was edited since the launch (batch)', and ran the checkpoint's groups of the launch's
+    # size beside new ones of the edited size
+    jd = ended(tmp_path / "run", "failed: trainer trainer-0 was lost", iterations=10, indexed="failed")
+    checkpointed(jd, 5)
+    data = json.loads(jd.job_json.read_text())
+    was = data["job"]["batch"]["samples_per_prompt"]
+    data["job"]["batch"]["samples_per_prompt"] = was * 2
+    jd.job_json.write_text(json.dumps(data, indent=2))
+    before = files(jd.path)
+    launched, _ = launched_by(jd, monkeypatch)
+    r = run_cli("launch", "--resume", str(jd.path))
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(
+        f"rlctl: error: {jd.job_json}: job.batch.samples_per_prompt was edited since the launch ({was} → {was * 2})"
+    ), r.stderr
+    assert launched == {} and files(jd.path) == before

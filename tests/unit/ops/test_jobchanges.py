@@ -145,3 +145,40 @@ def test_a_reward_file_that_is_a_link_unchanged_since_the_launch_is_not_said(tmp
     assert launch_changes(jd) == []
     (tmp_path / "lib" / "impl.py").write_text("def f(*a): return 2.0\n")
     assert "changed since the launch (score.py)" in launch_changes(jd)[0]
+
+
+def test_a_job_json_edit_its_checkpoints_cannot_run_on_is_refused_naming_the_field_and_both_values(
+    tmp_path: Path,
+) -> None:
+    """batch.samples_per_prompt 2 → 4 in job.json: the resume ran the checkpoint's groups of 2 beside new ones of 4,
+    said only as 'job.json was edited (batch)'; now refused, one line. An edit that fits (checkpoint.keep) is still
+    taken and said."""
+    import pytest
+
+    from rlctl.errors import UsageError
+    from rlctl.ops.jobchanges import refuse_fixed_edits
+
+    jd, _ = _launched(tmp_path)
+    refuse_fixed_edits(jd)  # as launched
+    data = json.loads(jd.job_json.read_text())
+    data["job"]["checkpoint"]["keep"] = 1
+    jd.job_json.write_text(json.dumps(data))
+    refuse_fixed_edits(jd)
+    assert launch_changes(jd)[0].startswith(f"{jd.job_json} was edited since the launch (checkpoint)")
+    for name, edit, shown in (
+        ("batch.samples_per_prompt", lambda j: j["batch"].update(samples_per_prompt=4), "(2 → 4)"),
+        ("model.name", lambda j: j["model"].update(name="qwen2.5-7b"), '("tiny-demo" → "qwen2.5-7b")'),
+        ("seed", lambda j: j.update(seed=7), "(0 → 7)"),
+        ("task.kind", lambda j: j["task"].update(kind="lengths"), '("digits" → "lengths")'),
+    ):
+        edited = json.loads(json.dumps(data))
+        edit(edited["job"])
+        jd.job_json.write_text(json.dumps(edited))
+        with pytest.raises(UsageError) as e:
+            refuse_fixed_edits(jd)
+        assert str(e.value).startswith(f"{jd.job_json}: job.{name} was edited since the launch "), str(e.value)
+        assert shown in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 2
+    del data["launched"]  # a job.json of an rlctl before it kept the launch's values: said, not refused
+    data["job"]["seed"] = 7
+    jd.job_json.write_text(json.dumps(data))
+    refuse_fixed_edits(jd)
