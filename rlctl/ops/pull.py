@@ -135,22 +135,25 @@ def pull(
         fetch_trackers(job_dir)
         number, figures = best_checkpoint(JobDir(job_dir), named=named)
         log.info("--checkpoint best: v%d (held-out greedy reward %.4f)", number, figures["greedy_reward"])
+    newest = None
     if checkpoint == "latest":
         newest = _latest(job_dir)
         if newest is None:
             raise UsageError(f"{job_dir}: no checkpoint is complete yet (no {LATEST_POINTER})")
-        # the one latest.json names first, a version of the job or not (a count changed in job.json by hand since)
-        candidates = sorted({newest, *(v for v in versions if v <= newest)} - {0}, reverse=True)
-    elif number is not None:
-        candidates = [number]
-    else:
+    elif number is None:
         raise UsageError(
             f"--checkpoint {checkpoint!r}: 'latest', 'best' or a version, e.g. {versions[-1]} or v{versions[-1]}"
         )
     site, fs, root = _trainer_view(job_dir)
     try:
-        if number is not None:
+        if newest is not None:
+            # the one latest.json names first, a version of the job or not (a count changed in job.json by hand
+            # since), then the older ones on the site (those of an every_iterations changed since too)
+            candidates = sorted({newest, *(v for v in _stored(fs, root) if v <= newest)} - {0}, reverse=True)
+        else:
+            assert number is not None
             _have(fs, root, number, named=checkpoint)
+            candidates = [number]
         problems = []
         for version in candidates:
             ckpt = f"{root}/checkpoints/iter-{version}"
@@ -174,14 +177,12 @@ def _have(fs: HostFiles, root: str, version: int, *, named: str) -> None:
     """UsageError listing the job's checkpoints when `version` (`named` so on the command line: `v20`, `20`) is none
     of them (its folder holds no file), and naming it where a resume set it aside
     (checkpoints/abandoned/iter-N.<key>)."""
-    found: dict[int, bool] = {}  # version → complete (its trainer part's manifest is there)
+    files = fs.list_files(f"{root}/checkpoints")
+    found = _checkpoints(files)
     aside: set[str] = set()
-    for rel in fs.list_files(f"{root}/checkpoints"):
+    for rel in files:
         top, _, rest = rel.partition("/")
-        if top.startswith("iter-") and top[5:].isdigit():
-            v = int(top[5:])
-            found[v] = found.get(v, False) or rest == manifest_name("trainer")
-        elif top == ABANDONED and rest.startswith(f"iter-{version}."):
+        if top == ABANDONED and rest.startswith(f"iter-{version}."):
             aside.add(f"{root}/checkpoints/{ABANDONED}/{rest.partition('/')[0]}")
     if version in found:
         return  # an incomplete one is said by the pull itself
@@ -193,6 +194,23 @@ def _have(fs: HostFiles, root: str, version: int, *, named: str) -> None:
             f"policy, not pulled from there); {has}"
         )
     raise UsageError(f"--checkpoint {named}: no such checkpoint; {has}")
+
+
+def _checkpoints(files: list[str]) -> dict[int, bool]:
+    """The checkpoints among `files` (paths under a job dir's checkpoints/): version → complete (its trainer part's
+    manifest is there)."""
+    found: dict[int, bool] = {}
+    for rel in files:
+        top, _, rest = rel.partition("/")
+        if top.startswith("iter-") and top[5:].isdigit():
+            v = int(top[5:])
+            found[v] = found.get(v, False) or rest == manifest_name("trainer")
+    return found
+
+
+def _stored(fs: HostFiles, root: str) -> list[int]:
+    """The versions of the complete checkpoints in the site job dir `root` (as `fs` sees it)."""
+    return [v for v, complete in _checkpoints(fs.list_files(f"{root}/checkpoints")).items() if complete]
 
 
 def _pull_one(fs: HostFiles, ckpt: str, version: int, to: Path, source: str) -> Pulled:

@@ -364,6 +364,21 @@ def test_pull_takes_the_checkpoint_latest_names_though_job_json_counts_other_ver
     assert pull(jd.path, to=tmp_path / "again").version == 2
 
 
+def test_pull_falls_back_to_a_checkpoint_on_disk_that_job_jsons_every_iterations_no_longer_counts(
+    tmp_path: Path,
+) -> None:
+    """checkpoint.every_iterations edited from 1 to 2 in job.json since v1 was written; v2, the latest, damaged: the
+    pull tried v2 alone (the job's versions now) and failed, versus taking v1, on the site and complete."""
+    jd, models = job_dir(tmp_path)
+    data = json.loads(jd.job_json.read_text())
+    data["job"]["checkpoint"]["every_iterations"] = 2
+    jd.job_json.write_text(json.dumps(data))
+    shard = next(jd.checkpoint(2).glob("model/*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
+    got = pull(jd.path)
+    assert got.version == 1 and same(TinyGPT.from_pretrained(got.to), models[1])
+
+
 def test_pull_of_a_copied_job_dir_reads_the_copy(tmp_path: Path) -> None:
     # its staged.json names the dir it was launched in: the copy's pull read that dir's checkpoints
     jd, models = job_dir(tmp_path)
