@@ -283,7 +283,6 @@ class ControllerAgent:
         requeued = 0
         retired: list[Entry] = []
         if st is not None:
-            requeued = sum(1 for e in st.ledger.entries.values() if e.state is State.QUEUED)
             # the rounds the checkpoint's ledger holds trained, which `restore` retires, follow the log's cut: the
             # log of an earlier resume from this checkpoint holds them there already (not set aside, not written twice)
             self.core.on_retire = retired.extend
@@ -291,6 +290,8 @@ class ControllerAgent:
                 self.core.restore(version=version, ledger=st.ledger)
             finally:
                 self.core.on_retire = self.samples.write
+            # (after `restore`: the rounds past a count lowered since are not generated)
+            requeued = sum(1 for e in self.core.ledger.entries.values() if e.state is State.QUEUED)
             if st.ranker_tokens:
                 self.ranker.fit(st.ranker_tokens, st.ranker_lengths)
             self.scaler.rule.window = list(st.rebalance_window)

@@ -836,3 +836,37 @@ def test_a_second_resume_from_a_checkpoint_does_not_set_aside_the_rounds_the_fir
     assert [e["samples_discarded"] for e in jd.read_events("resumed_from")] == [0, 1]
     assert [r["sample_id"] for r in jd.read_lines(jd.samples)] == ["q0/0", "q0/1", "q1/0", "q1/1"]
     assert [r["sample_id"] for r in jd.read_lines(tmp_path / "job" / "samples.discarded.jsonl")] == ["q2/0"]
+
+
+def test_a_resume_that_lowers_the_iterations_counts_only_the_samples_it_generates_again(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Checkpoint v1 holds rounds 0–2 untrained (4 samples each); the resume lowers the job to 2 iterations, so round
+    2 is never generated: its `resumed_from` event says 8 samples to generate again, versus 12 (counted before the
+    rounds past the new count were taken out)."""
+    from rlctl.agents.controller import ControllerAgent
+    from rlctl.checkpoint.controller import save_controller
+    from rlctl.launch.agentenv import ENV_RESUME
+    from rlctl.transport import InprocTransport
+    from tests.unit.controller_harness import HandledController, small_job
+
+    job = small_job("lower", iterations=6)
+    h = HandledController(tmp_path, job, listen="inproc://lower-a")
+    try:
+        h.ctl.core._create(2)  # rounds 0 and 1 are out, round 2 drawn ahead
+        assert sorted({e.round for e in h.ctl.core.ledger.entries.values()}) == [0, 1, 2]
+        state = {"iteration": 1, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": []}
+        save_controller(
+            h.jd, 1, state=state | {"samples_log_bytes": 0}, ledger=h.ctl.core.ledger, trainer_digest="d" * 64
+        )
+    finally:
+        h.close()
+    monkeypatch.setenv(ENV_RESUME, "1")
+    lowered = job.model_copy(update={"iterations": 2})
+    ctl = ControllerAgent(h.jd, lowered, InprocTransport(secret=h.jd.secret()), listen="inproc://lower-b")
+    try:
+        assert len(ctl.core.ledger.entries) == 8
+        assert [e["regenerate"] for e in h.jd.read_events("resumed_from")] == [8]
+    finally:
+        ctl.listener.close()
+        threading.Thread(target=ctl.metrics.close, daemon=True).start()
