@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError, UsageError
-from rlctl.launch.jobdir import JobDir, event_time, row_count
+from rlctl.launch.jobdir import JobDir, abandoned, event_time, resume_points
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +67,11 @@ class JobRecord:
         which were drawn on the resumed run's iterations ('-rollout-2' at 39 of a run that never had it). A scale at
         v came after the checkpoint's state was taken, or is in its units, which the resumed run starts again with
         its own events."""
-        # (a resume with no time or version that is a number — null, text, a bool: an edited file — says nothing)
-        resumes = [
-            (event_time(e), v)
-            for e in self.events
-            if e.get("event") == "resumed_from" and (v := row_count(e.get("version"))) is not None and event_time(e) > 0
-        ]
+        resumes = resume_points(self.events)
         return [
             _failed_start(i, self.events)
             for i, e in enumerate(self.events)
-            if e.get("event") == "scale"
-            and not any(event_time(e) < t and (e.get("iteration") or 0) >= v for t, v in resumes)
+            if e.get("event") == "scale" and not abandoned(e, resumes)
         ]
 
 

@@ -87,7 +87,7 @@ from rlctl.checkpoint.files import prune, set_aside_newer
 from rlctl.config.job import DatasetTask, JobFile, refills
 from rlctl.errors import PeerClosed, RlctlError, TransportError
 from rlctl.launch.agentenv import ENV_RUN
-from rlctl.launch.jobdir import JobDir, event_time
+from rlctl.launch.jobdir import JobDir, abandoned, event_time, resume_points
 from rlctl.metrics import JobMetrics
 from rlctl.rl.ranker import LengthRanker, recall_at
 from rlctl.rl.reward import RewardStats
@@ -303,6 +303,14 @@ class ControllerAgent:
             self.expect_checkpoint = st.trainer_digest
             self.complete.append(version)
             self.checkpointed = (version, None)  # complete before this run: its age is not known here
+        # the scale events of the job's history this run continues (summary, status), as `rlctl report` draws them
+        before = self.jobdir.read_events("scale", "resumed_from")
+        resumes = [*resume_points(before), (math.inf, version)]
+        self.scaler.scale_log = [
+            {k: v for k, v in e.items() if k not in ("t", "event")}
+            for e in before
+            if e.get("event") == "scale" and not abandoned(e, resumes)
+        ]
         # from no checkpoint, nothing is kept
         discarded = self.samples.cut((st.samples_log_bytes or 0) if st is not None else 0, then=retired)
         kept = cut_metrics(self.jobdir, version)

@@ -393,6 +393,23 @@ def ends_mid_line(path: Path) -> bool:
 _said: set[str] = set()  # the damaged lines `say_once` said in this process (`rlctl status -w` reads every poll)
 
 
+def resume_points(events: list[dict[str, Any]]) -> list[tuple[float, int]]:
+    """(time, version) of each `resumed_from` among `events` (rows of events.jsonl) that says both (a resume with no
+    time or version that is a number — null, text, a bool: an edited file — says nothing)."""
+    return [
+        (event_time(e), v)
+        for e in events
+        if e.get("event") == "resumed_from" and (v := row_count(e.get("version"))) is not None and event_time(e) > 0
+    ]
+
+
+def abandoned(event: dict[str, Any], resumes: list[tuple[float, int]]) -> bool:
+    """Whether `event` (a row of events.jsonl that names its iteration: a scale) belongs to a run a later resume of
+    `resumes` (`resume_points`) abandoned: written before it, at or past the checkpoint it went back to (that
+    checkpoint's iteration and those after it were trained again)."""
+    return any(event_time(event) < t and (event.get("iteration") or 0) >= v for t, v in resumes)
+
+
 def event_time(row: dict[str, Any]) -> float:
     """The time (time.time()) a row of events.jsonl or metrics.jsonl was written; 0 (before anything) where it has
     none: missing, null, or edited into text or a bool (`float` raised on null and text, a traceback)."""

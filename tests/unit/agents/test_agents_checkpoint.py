@@ -870,3 +870,39 @@ def test_a_resume_that_lowers_the_iterations_counts_only_the_samples_it_generate
     finally:
         ctl.listener.close()
         threading.Thread(target=ctl.metrics.close, daemon=True).start()
+
+
+def test_the_summary_of_a_resumed_run_lists_the_scale_events_of_the_jobs_history_it_continues(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """rollout-2 was added at iteration 2 and rollout-3 at 4, then the run failed and was resumed from v4: the
+    resumed run's summary and status list rollout-2's scale-out (the job's history before v4), not rollout-3's (past
+    it, abandoned), as `rlctl report` does, versus none at all (its scale_events were the current run's only, while
+    its iterations were the job's)."""
+    import time
+
+    from rlctl.agents import views
+    from rlctl.agents.controller import ControllerAgent
+    from rlctl.agents.ledger import Ledger
+    from rlctl.checkpoint.controller import save_controller
+    from rlctl.launch.agentenv import ENV_RESUME
+    from rlctl.transport import InprocTransport
+    from tests.unit.controller_harness import HandledController, small_job
+
+    job = small_job("scaled", iterations=8)
+    h = HandledController(tmp_path, job, listen="inproc://scaled-a")
+    h.close()
+    scale = {"direction": "out", "site": "local", "reason": "manual", "delta_s": None, "delta_prime_s": None}
+    h.jd.event("scale", agent="rollout-2", iteration=2, **scale)
+    h.jd.event("scale", agent="rollout-3", iteration=4, **scale)
+    state = {"iteration": 4, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": [], "samples_log_bytes": 0}
+    save_controller(h.jd, 4, state=state, ledger=Ledger(), trainer_digest="d" * 64)
+    monkeypatch.setenv(ENV_RESUME, "4")
+    ctl = ControllerAgent(h.jd, job, InprocTransport(secret=h.jd.secret()), listen="inproc://scaled-b")
+    try:
+        snap = ctl.snapshot()
+        assert views.summary(snap)["scale_events"] == [{"agent": "rollout-2", "iteration": 2, **scale}]
+        assert [e["agent"] for e in views.status(snap, now=time.monotonic())["scale_events"]] == ["rollout-2"]
+    finally:
+        ctl.listener.close()
+        threading.Thread(target=ctl.metrics.close, daemon=True).start()
