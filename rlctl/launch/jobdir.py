@@ -556,7 +556,8 @@ def refuse_theirs(directory: Path, *, ours: Collection[str], did: str, then: str
 
 # the fields of a job that its checkpoints depend on, as job.json's `launched` keeps them from the launch: an edit of
 # one in job.json is refused by a resume (`rlctl.ops.jobchanges.refuse_fixed_edits`), not run on the checkpoint
-FIXED_FIELDS = ("batch.samples_per_prompt", "model", "seed", "task.kind")
+# (a model's path is not: a directory moved since holds the same model, and the checkpoints carry its weights)
+FIXED_FIELDS = ("batch.samples_per_prompt", "model.kind", "model.name", "seed", "task.kind")
 LAUNCHED = "launched"
 
 

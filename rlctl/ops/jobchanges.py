@@ -15,8 +15,9 @@ its plan), and a change of one of those would fail the resume late or train some
 runs the changed job. A hand-edited job.json is used, and said: it is the only way to change a setting of a job
 that resumes (a lower `checkpoint.keep` on a disk that filled), and whoever edited it meant it. Before, both
 went unsaid: a resume after a change of `iterations` in the job file ran the old count without a word. An edit of
-a field the checkpoints depend on (`FIXED_FIELDS`: samples per prompt, model, seed, task kind) is refused
-(`refuse_fixed_edits`, one line with the value at the launch and now), since no checkpoint of the job fits it.
+a field the checkpoints depend on (`FIXED_FIELDS`: samples per prompt, model kind and name, seed, task kind) is
+refused (`refuse_fixed_edits`, one line with the value at the launch and now), since no checkpoint of the job fits
+it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from rlctl.launch.jobdir import FIXED_FIELDS, LAUNCHED, JobDir, job_digests, job
 # why a checkpoint cannot continue a job with another value of each of `FIXED_FIELDS`
 FIXED_WHY = {
     "batch.samples_per_prompt": "its checkpoints' groups have the launch's samples each",
-    "model": "its checkpoints hold the weights of the model it was launched with",
+    "model.kind": "its checkpoints hold the weights of the model it was launched with",
+    "model.name": "its checkpoints hold the weights of the model it was launched with",
     "seed": "the prompts of the iterations after a checkpoint are those the launch's seed draws",
     "task.kind": "its checkpoints' prompts and rewards are the launched task's",
 }
@@ -59,14 +61,11 @@ def refuse_fixed_edits(jobdir: JobDir) -> None:
     for name in FIXED_FIELDS:
         if name not in launched or launched[name] == job_field(job, name):
             continue
-        # (a mapping, the model's: the first of its fields that differs)
-        field = next(iter(changed_fields(launched[name], job_field(job, name), name)), name)
-        was = job_field(launched[name], field[len(name) + 1 :]) if field != name else launched[name]
-        now = job_field(job, field)
+        was, now = launched[name], job_field(job, name)
         raise UsageError(
-            f"{jobdir.job_json}: job.{field} was edited since the launch ({_shown(was)} → {_shown(now)}); a resume "
+            f"{jobdir.job_json}: job.{name} was edited since the launch ({_shown(was)} → {_shown(now)}); a resume "
             f"cannot take it: {FIXED_WHY[name]}",
-            hint=f"put job.{field} back to {_shown(was)} in job.json, or launch the changed job anew",
+            hint=f"put job.{name} back to {_shown(was)} in job.json, or launch the changed job anew",
         )
 
 

@@ -182,3 +182,20 @@ def test_a_job_json_edit_its_checkpoints_cannot_run_on_is_refused_naming_the_fie
     data["job"]["seed"] = 7
     jd.job_json.write_text(json.dumps(data))
     refuse_fixed_edits(jd)
+
+
+def test_a_job_json_edit_of_an_hf_models_path_is_taken_and_said_not_refused(tmp_path: Path) -> None:
+    # the model's directory moved since the launch, its path edited to the new place: the checkpoints carry its
+    # weights, so the resume takes it (said as any edit), versus refused as another model
+    from rlctl.config.job import JobFile
+    from rlctl.ops.jobchanges import refuse_fixed_edits
+
+    job = small_job("kt", iterations=200).model_dump(mode="json", by_alias=True)
+    job["model"] = {"kind": "hf", "path": "/models/qwen-0.5b"}
+    jd = JobDir.create("kt", explicit=tmp_path / "job")
+    jd.write_job(JobFile.model_validate(job), source="test")
+    data = json.loads(jd.job_json.read_text())
+    data["job"]["model"]["path"] = "/data/models/qwen-0.5b"
+    jd.job_json.write_text(json.dumps(data))
+    refuse_fixed_edits(jd)
+    assert launch_changes(jd)[0].startswith(f"{jd.job_json} was edited since the launch (model)")
