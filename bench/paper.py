@@ -23,7 +23,8 @@ from rlctl.config.inventory import Inventory, Link, Site
 from rlctl.config.job import Job, JobFile
 from rlctl.planner.costs import TrainWorkload, decode_cost, train_time_s
 from rlctl.planner.curves import gen_curve, live_context
-from rlctl.planner.plan import PlanOptions, length_model, make_plan, profile_for
+from rlctl.planner.inputs import PlanOptions, length_model, profile_for
+from rlctl.planner.plan import make_plan
 from rlctl.planner.sim import DispatchConfig, GenEstimator, Unit, simulate_generation
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths
 from rlctl.profiler.traincost import TrainingPasses, trained_models

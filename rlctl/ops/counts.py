@@ -58,7 +58,8 @@ def plan_counts(job: Job, spec: JobFile, *, noted: bool = False) -> dict[str, An
     note = ""
     profile, profile_file = job_profile(job)  # the one the job names: a bad one is refused, not an advisory note
     try:
-        from rlctl.planner.plan import PlanOptions, make_plan
+        from rlctl.planner.inputs import PlanOptions
+        from rlctl.planner.plan import make_plan
 
         # `rlctl plan`'s options: other simulated batches choose another allocation than the one it printed
         planned = make_plan(job, profile, options=PlanOptions(curves_in_output=False), profile_file=profile_file)

@@ -124,7 +124,7 @@ def best_split(curves: Sequence[np.ndarray], budgets: Sequence[int]) -> np.ndarr
     """For every k = 0 … Σ budgets, the GPUs per site (row k) that maximise the sites' summed rate Σ 1/T_s(k_s) over
     Σ k_s = k, k_s ≤ budget_s: the combined curve's own model (`combine_rollout`), so its time at k is the least any
     split gives. Exact, by dynamic programming over the sites (O(k · budget) each); where it gains nothing over
-    filling the sites in the given order (within 1e-9), that fill: cheaper sites come first (`plan.fill_order`)."""
+    filling the sites in the given order (within 1e-9), that fill: cheaper sites come first (`search.fill_order`)."""
     rates = [_rate(np.asarray(c[: b + 1], dtype=float)) for c, b in zip(curves, budgets, strict=True)]
     best = rates[0].copy()  # best summed rate of the sites so far at k GPUs
     picks: list[np.ndarray] = []  # GPUs of site i (i ≥ 1) at each k of the best so far

@@ -22,7 +22,8 @@ from rlctl.errors import ConfigError
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops import counts, run
 from rlctl.ops.preflight import Problem, problems
-from rlctl.planner.plan import PlanOptions, make_plan
+from rlctl.planner.inputs import PlanOptions
+from rlctl.planner.plan import make_plan
 from rlctl.planner.view import plan_table
 from rlctl.rl.tasks import DigitsTask
 from rlctl.weights import chunks, manifest

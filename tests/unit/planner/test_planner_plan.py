@@ -17,9 +17,15 @@ from rlctl.config import load_job
 from rlctl.config.hostfill import trainer_slots
 from rlctl.errors import ConfigError, PlanError
 from rlctl.launch.gpus import GpuPool
+from rlctl.planner import inputs as plan_inputs
+from rlctl.planner import placement as plan_placement
 from rlctl.planner import plan as planner
+from rlctl.planner import predict as plan_predict
+from rlctl.planner import search as plan_search
+from rlctl.planner import weightsync as plan_weightsync
 from rlctl.planner.curves import units_that_fit
-from rlctl.planner.plan import PlanOptions, make_plan
+from rlctl.planner.inputs import PlanOptions
+from rlctl.planner.plan import make_plan
 from rlctl.planner.simjob import simulate_job
 from rlctl.planner.view import plan_table
 from tests.conftest import ROOT, run_cli
@@ -271,7 +277,7 @@ def test_the_split_search_finds_the_split_a_scan_of_every_one_finds(
     fixed ranks once settled on 24 rollout GPUs at 23.3 s beside 8 at 18.0 s, where the weight sync of a second
     rollout host was priced as a second copy at the intra-site rate: the iteration was not smooth in the split)."""
     plan = _async_s(tmp_path, {"site": "trn"}, "simulated", trainer_gpus=trainer_gpus)
-    monkeypatch.setattr(planner, "SEARCH_GRID", 10**6)
+    monkeypatch.setattr(plan_search, "SEARCH_GRID", 10**6)
     scan = _async_s(tmp_path, {"site": "trn"}, "simulated", trainer_gpus=trainer_gpus)
     assert len(scan["search"]["evaluated"]) > len(plan["search"]["evaluated"])
     best = min(e["iteration_s"] for e in scan["search"]["evaluated"])
@@ -329,8 +335,8 @@ def test_the_search_generates_the_batches_once_per_rollout_count(
     """The simulated batches' generation depends on the rollout units alone: a search that simulates one rollout
     count beside several trainer counts generates its batches once (and the plan: its own, and one more unit's)."""
     calls = []
-    generate = planner.simulate_generation
-    monkeypatch.setattr(planner, "simulate_generation", lambda *a, **k: (calls.append(1), generate(*a, **k))[1])
+    generate = plan_predict.simulate_generation
+    monkeypatch.setattr(plan_predict, "simulate_generation", lambda *a, **k: (calls.append(1), generate(*a, **k))[1])
     plan = make_plan(
         load_job(write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, rule="simulated")), options=OPTS
     )
@@ -447,7 +453,7 @@ def test_the_async_iteration_is_the_pipeline_s_steady_state_not_its_last_iterati
         seen.append((works, kw))
         return simulate_job(works, **kw)
 
-    monkeypatch.setattr(planner, "simulate_job", spy)
+    monkeypatch.setattr(plan_predict, "simulate_job", spy)
     plan = make_plan(job, options=PlanOptions(sim_iterations=1, curves_in_output=False))
     works, kw = next((w, kw) for w, kw in seen if kw["mode"] == "async")  # the plan's own (then rebalance's)
     ends = simulate_job([works[0]] * 17, mode="async", weight_sync_s=kw["weight_sync_s"], eta=kw["eta"]).train_end_s
@@ -526,7 +532,7 @@ def test_weight_sync_counts_a_hop_per_host_after_the_first(tmp_path: Path) -> No
     """12 GPUs of 8-GPU hosts are 2 hosts: the weights take one intra-site hop, as 16 GPUs do (⌊12 / 8⌋ − 1 = 0
     left it out); 8 GPUs are one host, no hop."""
     job = load_job(write_job(tmp_path, rollout=[{"site": "r20", "gpus": 12}], links=LINKS))
-    one, two, full = (planner._weight_sync_s(job, {"r20": x}) for x in (8, 12, 16))
+    one, two, full = (plan_weightsync._weight_sync_s(job, {"r20": x}) for x in (8, 12, 16))
     assert one < two == full
 
 
@@ -540,7 +546,7 @@ def test_weight_sync_in_another_datacenter_shares_the_relay_s_host_link_among_it
     for chains in (1, 2):
         _edit(job, lambda j: j.update(weight_sync={"chains_per_datacenter": chains}))  # noqa: B023
         loaded = load_job(job)
-        syncs[chains] = [planner._weight_sync_s(loaded, {"r20": x}) for x in (8, 16, 24)]
+        syncs[chains] = [plan_weightsync._weight_sync_s(loaded, {"r20": x}) for x in (8, 16, 24)]
     assert syncs[1][0] == syncs[2][0] < syncs[1][1] == syncs[2][1] < syncs[1][2]
     assert syncs[2][2] == pytest.approx(2 * syncs[1][2], rel=0.01)
 
@@ -557,7 +563,7 @@ def test_weight_sync_of_a_site_in_the_trainer_s_datacenter_takes_no_relay_chains
     for chains in (1, 2):
         _edit(job, lambda j: j.update(weight_sync={"chains_per_datacenter": chains}))  # noqa: B023
         loaded = load_job(job)
-        syncs[chains] = [planner._weight_sync_s(loaded, {"r20": x}) for x in (8, 16, 24)]
+        syncs[chains] = [plan_weightsync._weight_sync_s(loaded, {"r20": x}) for x in (8, 16, 24)]
     assert syncs[1] == syncs[2]
     assert syncs[1][1] < syncs[1][2]  # the third host is one more hop of the one chain
 
@@ -570,7 +576,7 @@ def test_the_dispatch_report_s_site_does_not_depend_on_the_hash_seed(tmp_path: P
     _edit(job, lambda j: j.update(rollout={"tensor_parallel": 1}))  # 8 units on each site
     code = (
         "import sys; from pathlib import Path; from rlctl.config import load_job; "
-        "from rlctl.planner.plan import PlanOptions, make_plan; "
+        "from rlctl.planner.inputs import PlanOptions; from rlctl.planner.plan import make_plan; "
         "p = make_plan(load_job(Path(sys.argv[1])), options=PlanOptions(sim_iterations=1, curves_in_output=False)); "
         "print(p['dispatch']['site'], *(a['instances'] for a in p['allocation'][1:]))"
     )
@@ -694,13 +700,13 @@ def test_a_slurm_trainer_is_priced_and_refused_as_its_sbatch_places_it(
     four 8-GPU nodes 20 ranks have no such layout (hosts filled in order would take 8 + 8 + 4), so a fixed 20 is
     refused and the curve holds no 20 or 28; 12 ranks are 3 nodes of 4, their slots the ranks."""
     seen: dict[str, Any] = {}
-    orig = planner.train_stage_curve
+    orig = plan_placement.train_stage_curve
 
     def keep(*a: Any, **k: Any) -> Any:
         seen["curve"] = orig(*a, **k)
         return seen["curve"]
 
-    monkeypatch.setattr(planner, "train_stage_curve", keep)
+    monkeypatch.setattr(plan_placement, "train_stage_curve", keep)
     make_plan(load_job(_slurm_trainer(tmp_path, trainer_gpus="auto")), options=PlanOptions(sim_iterations=1))
     assert trainer_slots([8] * 4, 12, tp=4, slurm=True) == (12, 3)
     ranks = {c.tp * c.pp * c.dp for c in seen["curve"].configs if c is not None}
@@ -800,7 +806,7 @@ def test_growing_lengths_are_planned_at_the_runs_middle_iteration(tmp_path: Path
         data["task"]["growth_per_iteration"] = growth
         path.write_text(yaml.safe_dump(data))
         job = load_job(path)
-        return planner.length_model(job), make_plan(job)
+        return plan_inputs.length_model(job), make_plan(job)
 
     (flat, flat_plan), (grown, grown_plan) = plan(0.0), plan(0.1)
     assert (flat.median, flat.cap) == (700, 5000)
@@ -818,10 +824,10 @@ def test_a_staleness_past_the_simulated_iterations_is_simulated_as_that_many(
 
     def spy(works: Any, **kw: Any) -> Any:
         seen.append((len(works), kw))
-        assert len(works) <= 4 * planner.MIN_SIM_ITERATIONS, f"{len(works)} works: minutes to simulate"
+        assert len(works) <= 4 * plan_predict.MIN_SIM_ITERATIONS, f"{len(works)} works: minutes to simulate"
         return simulate_job(works, **kw)
 
-    monkeypatch.setattr(planner, "simulate_job", spy)
+    monkeypatch.setattr(plan_predict, "simulate_job", spy)
     path = write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS)
     opts = PlanOptions(sim_iterations=1, curves_in_output=False)
     ref = make_plan(load_job(_edit(path, lambda j: j.update(pipeline={"mode": "async", "staleness": 6}))), options=opts)
@@ -829,6 +835,6 @@ def test_a_staleness_past_the_simulated_iterations_is_simulated_as_that_many(
     huge = load_job(_edit(path, lambda j: j.update(iterations=10**6, pipeline={"mode": "async", "staleness": 10**6})))
     plan = make_plan(huge, options=opts)
     n, kw = next((n, kw) for n, kw in seen if kw["mode"] == "async")
-    steady = planner.MIN_SIM_ITERATIONS
+    steady = plan_predict.MIN_SIM_ITERATIONS
     assert (n, kw["eta"], kw["drain"]) == (2 * steady, steady, steady)
     assert plan["predicted"] == ref["predicted"]

@@ -19,7 +19,8 @@ from rlctl.config.job import Batch, GrpoAlgorithm, PpoAlgorithm
 from rlctl.engines.factory import vllm_available
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.sitefs import LocalFiles
-from rlctl.planner.plan import PlanOptions, make_plan
+from rlctl.planner.inputs import PlanOptions
+from rlctl.planner.plan import make_plan
 from rlctl.profiler import build, measure_train, probe
 from rlctl.profiler.profile import GenerationEntry, load_profile, save_profile
 from rlctl.profiler.remote import stage_checkpoint

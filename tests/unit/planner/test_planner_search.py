@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from rlctl.planner.plan import search_first, search_min
+from rlctl.planner.search import search_first, search_min
 
 
 def _counted(f):  # type: ignore[no-untyped-def]

@@ -13,7 +13,10 @@ import pytest
 from bench.planner import write_cluster
 from rlctl.config import load_job
 from rlctl.planner import plan as planner
-from rlctl.planner.plan import PlanOptions, SimCache, make_plan
+from rlctl.planner import predict
+from rlctl.planner.inputs import PlanOptions
+from rlctl.planner.plan import make_plan
+from rlctl.planner.predict import SimCache
 from rlctl.planner.simjob import simulate_job
 from tests.unit.planner.test_planner_plan import LINKS, OPTS, write_job
 
@@ -67,7 +70,7 @@ def test_a_search_simulates_no_allocation_twice(tmp_path: Path, monkeypatch: pyt
         seen.append((id(w.shares), kw["weight_sync_s"], w.train_s, w.at_step_s, kw["mode"]))
         return simulate_job(works, **kw)
 
-    monkeypatch.setattr(planner, "simulate_job", spy)
+    monkeypatch.setattr(predict, "simulate_job", spy)
     plan = make_plan(
         load_job(write_job(tmp_path, rollout=[{"site": "r20"}], links=LINKS, rule="simulated")), options=OPTS
     )

@@ -23,7 +23,8 @@ from rlctl.planner.costs import (
     train_curve,
     train_time_s,
 )
-from rlctl.planner.plan import PlanOptions, make_plan, profile_for, train_cost
+from rlctl.planner.inputs import PlanOptions, profile_for, train_cost
+from rlctl.planner.plan import make_plan
 from rlctl.planner.simjob import IterationWork, simulate_job
 from rlctl.profiler.analytical import ETA_TRAIN, analytical_profile, training_entries
 from rlctl.profiler.traincost import (

@@ -1,0 +1,222 @@
+"""What a plan prices, checked once: its options, the job's length model, the profile it reads (the roofline
+with the job's trainer splits, or a file refused when it is for another job, model, site or GPU), each site's
+entries for the job's engine and trainer backend, the training passes' cost and the trainer tp classes
+`make_plan` plans one by one."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlctl.config.job import DatasetTask, Job, LengthsTask
+from rlctl.errors import ConfigError
+from rlctl.planner.split import split_refusal
+from rlctl.planner.workload import LengthModel
+from rlctl.profiler.analytical import TP_DEGREES, analytical_profile, training_entry
+from rlctl.profiler.profile import ProfileFile, SiteProfile
+from rlctl.profiler.traincost import (
+    TrainingPasses,
+    flops_per_token,
+    forward_units,
+    passes_for,
+    streamed_units,
+)
+
+DEFAULT_RECALL = 0.87  # StreamRL Table 4, 7B ranker, top 20 %
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    sim_iterations: int = 4
+    ranker_recall: float = DEFAULT_RECALL
+    curves_in_output: bool = True
+    # how the trainer runs the job's algorithm (epochs, mini-batches, recomputation, an old log-prob
+    # pass); default rlctl's trainer. `reference` always comes from the job (kl_coef > 0).
+    trainer: TrainingPasses = field(default_factory=TrainingPasses)
+    # the trainer tp whose passed-over hosts the rollout fills first on a site they share
+    # (`hostfill.rollout_host_order`); None: the job's trainer.tensor_parallel, else `make_plan` plans each tp class
+    trainer_order_tp: int | None = None
+
+
+def length_model(job: Job) -> LengthModel:
+    """The output lengths the plan sizes for. Lengths that grow (`growth_per_iteration`) are taken at the job's
+    middle iteration: one allocation serves the whole run, and with linear growth that is its mean workload."""
+    task = job.spec.task
+    middle = (job.spec.iterations - 1) / 2
+    if isinstance(task, LengthsTask):
+        return LengthModel.of(task).at_iteration(middle)
+    if isinstance(task, DatasetTask):
+        # a prior until the job measures its own lengths (the controller's ranker refits online): outputs
+        # lognormal around a quarter of the cap, prompts at half their limit
+        cap = task.max_output_tokens
+        return LengthModel(max(1.0, cap / 4), 0.8, cap, max(1, task.max_prompt_tokens // 2))
+    prompt = (task.num_digits_min + task.num_digits_max) // 2 + 1
+    lm = LengthModel(task.median_output_tokens, task.sigma, task.max_output_tokens, prompt, task.growth_per_iteration)
+    return lm.at_iteration(middle)
+
+
+def profile_for(
+    job: Job, profile: ProfileFile | None, *, profile_file: str = "profile", trainer: TrainingPasses | None = None
+) -> ProfileFile:
+    sites = {job.spec.placement.trainer.site, *(r.site for r in job.spec.placement.rollout)}
+    arch = job.spec.model.arch
+    if profile is None:
+        inv = job.inventory.sites
+        prof = analytical_profile(
+            arch,
+            {s: (inv[s].spec, inv[s].gpus_per_node, inv[s].gpu_cost_per_hour) for s in sorted(sites)},
+            algorithm=job.spec.algorithm.kind,
+            passes=passes_for(job.spec.algorithm, trainer),
+        )
+        return _with_job_splits(job, prof, trainer=trainer)
+    if profile.algorithm != job.spec.algorithm.kind:  # the trained models, hence the memory, differ
+        raise ConfigError(
+            profile_file,
+            "algorithm",
+            f"profile is for {profile.algorithm!r}, job runs {job.spec.algorithm.kind!r}",
+            hint=f"run rlctl profile --job {shlex.quote(str(job.path))}",
+        )
+    if profile.model.name != arch.name:
+        raise ConfigError(
+            profile_file,
+            "model.name",
+            f"profile is for {profile.model.name!r}, job trains {arch.name!r}",
+            # the job's model by its own name (`--model NAME` takes only built-in names; an HF model's is its folder's)
+            hint=f"run rlctl profile --job {shlex.quote(str(job.path))}",
+        )
+    missing = sorted(sites - set(profile.sites))
+    if missing:
+        raise ConfigError(
+            profile_file,
+            "sites",
+            f"no profile for site(s) {', '.join(missing)}; has {', '.join(sorted(profile.sites))}",
+            hint="profile every site the job places a role on",
+        )
+    for s in sorted(sites):  # a site whose GPUs the inventory has changed since: its costs are another GPU's
+        have, now = profile.sites[s].gpu, job.inventory.sites[s].spec.name
+        if have != now:
+            raise ConfigError(
+                profile_file,
+                f"sites.{s}.gpu",
+                f"profiled on {have!r}; the inventory ({job.inventory.origin[s]}) gives site {s!r} {now!r} now",
+                hint=f"run rlctl profile --job {shlex.quote(str(job.path))}",
+            )
+    return profile
+
+
+def _with_job_splits(job: Job, prof: ProfileFile, *, trainer: TrainingPasses | None) -> ProfileFile:
+    """The roofline with entries at the trainer splits the job may run that its grid lacks (the grid's pp are powers
+    of two), so a split the backend runs is priced rather than taken for one that does not fit: the job's own
+    (pp 3 of a 3-layer model), or, for a megatron trainer of a fixed GPU count, every tp × pp dividing that count
+    whose pp divides the layers (7 GPUs of a 28-layer model: pp 7)."""
+    spec = job.spec
+    t_site = spec.placement.trainer.site
+    mine = prof.sites[t_site]
+    have = {(e.tp, e.pp) for e in mine.training}
+    gpus = spec.placement.trainer.gpus
+    arch = spec.model.arch
+    if (split := spec.trainer.model_split) is not None:
+        splits = [split]
+    elif spec.trainer.backend == "megatron" and gpus != "auto":
+        per_node = job.inventory.sites[t_site].gpus_per_node
+        splits = [
+            (tp, pp)
+            for tp in TP_DEGREES
+            if tp <= per_node
+            for pp in range(1, arch.layers + 1)
+            if int(gpus) % (tp * pp) == 0 and split_refusal(arch, "megatron", tp=tp, pp=pp) is None
+        ]
+    else:
+        return prof
+    gpu, passes = job.inventory.sites[t_site].spec, passes_for(spec.algorithm, trainer)
+    extra = [
+        training_entry(arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
+        for tp, pp in splits
+        if (tp, pp) not in have
+    ]
+    if not extra:
+        return prof
+    only = mine.model_copy(update={"training": [*mine.training, *extra]})
+    return prof.model_copy(update={"sites": {**prof.sites, t_site: only}})
+
+
+def _for_engine(site: SiteProfile, engine: str, *, name: str, profile_file: str) -> SiteProfile:
+    """The site with the generation entries of `engine`: those measured with it, else those of any
+    engine (analytical); a site measured only with another engine is refused."""
+    mine = [e for e in site.generation if e.engine == engine]
+    mine = mine or [e for e in site.generation if e.engine is None]
+    if not mine and site.generation:
+        other = sorted({e.engine or "" for e in site.generation})
+        raise ConfigError(
+            profile_file,
+            f"sites.{name}.generation",
+            f"measured with engine {', '.join(other)}; the job rolls out with {engine!r}",
+            hint=f"run rlctl profile --source measured --engine {engine} (or --job with this job)",
+        )
+    return site.model_copy(update={"generation": mine})
+
+
+def _for_backend(site: SiteProfile, backend: str, *, name: str, profile_file: str) -> SiteProfile:
+    """The site as the job trains: its training entries measured with another trainer backend are refused
+    (analytical entries, of no backend, serve any)."""
+    other = sorted({e.backend for e in site.training if e.backend and e.backend != backend})
+    if other:
+        raise ConfigError(
+            profile_file,
+            f"sites.{name}.training",
+            f"measured with trainer backend {', '.join(other)}; the job trains with {backend!r}",
+            hint=f"run rlctl profile --source measured --trainer-backend {backend} (or --job with this job)",
+        )
+    return site
+
+
+def train_cost(job: Job, prof: ProfileFile, trainer: TrainingPasses) -> dict[str, Any]:
+    """The job's training passes against the profile's: scale of the profile's seconds per token, and
+    the share that streams (the rest waits for the whole batch)."""
+    kind = job.spec.algorithm.kind
+    passes = passes_for(job.spec.algorithm, trainer)
+    units = forward_units(kind, passes)
+    return {
+        "algorithm": kind,
+        "passes": passes.model_dump(),
+        "forward_units": units,
+        "flops_per_token": flops_per_token(kind, passes, prof.model.params),
+        "profile_passes": prof.training_passes.model_dump(),
+        "scale_of_profile": units / forward_units(prof.algorithm, prof.training_passes),
+        "streamed_fraction": streamed_units(kind, passes) / units,
+        "optimizer_steps": passes.optimizer_steps,
+        "mini_batches": passes.mini_batches,
+    }
+
+
+def _order_tp(job: Job, opts: PlanOptions) -> int:
+    """The trainer tp the rollout's host order follows: the job's trainer.tensor_parallel, else the tp class
+    `make_plan` plans (`_tp_classes`); the launch follows the plan's tp (`launch.layout.order_tp`)."""
+    if opts.trainer_order_tp is not None:
+        return opts.trainer_order_tp
+    return (job.spec.trainer.model_split or (1, 1))[0]
+
+
+def _tp_classes(job: Job, prof: ProfileFile) -> list[list[int]]:
+    """The profile's trainer tps grouped by the rollout host order each gives on a site the trainer shares
+    (`hostfill.rollout_host_order`: a host of fewer GPUs than tp is the rollout's first): where the planner chooses
+    the tp, a split is priced with its own tp's order, as the launch places it, and `make_plan` plans each order.
+    One class where the job sets trainer.tensor_parallel, the trainer has its site to itself or every host holds
+    every tp's groups."""
+    spec = job.spec
+    t_site = spec.placement.trainer.site
+    if spec.trainer.model_split is not None or t_site not in {r.site for r in spec.placement.rollout}:
+        return [[(spec.trainer.model_split or (1, 1))[0]]]
+    hosts = [g for _, g in job.inventory.sites[t_site].hosts]
+    classes: dict[tuple[bool, ...], list[int]] = {}
+    for tp in sorted({e.tp for e in prof.sites[t_site].training if e.tp <= max(hosts, default=0)}):
+        classes.setdefault(tuple(g < tp for g in hosts), []).append(tp)
+    return list(classes.values()) or [[1]]
+
+
+def _with_trainer_tps(prof: ProfileFile, site: str, tps: list[int]) -> ProfileFile:
+    """The profile with only the training entries of `site` at `tps`."""
+    mine = prof.sites[site]
+    only = mine.model_copy(update={"training": [e for e in mine.training if e.tp in tps]})
+    return prof.model_copy(update={"sites": {**prof.sites, site: only}})
