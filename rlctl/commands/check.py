@@ -248,7 +248,8 @@ def register(app: typer.Typer) -> None:
         from rlctl.config import load_inventory, load_job
         from rlctl.config.base import check_header, read_yaml
         from rlctl.launch.reach import probe_site
-        from rlctl.ops.preflight import preflight, refuse, site_problems
+        from rlctl.ops.preflight import preflight, refuse
+        from rlctl.ops.preflight.sites import site_problems
 
         what = " ".join(shlex.quote(str(f)) for f in files)
         with said_if_interrupted(lambda: f"the check of {what} did not finish (a check changes nothing); run it again"):

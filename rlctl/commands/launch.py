@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the runtime's modules load when a command runs (`rlctl --he
     from rlctl.ops.autoresume import Runs
     from rlctl.ops.jobdb import JobDB
     from rlctl.ops.jobref import JobRef
-    from rlctl.ops.preflight import Problem
+    from rlctl.ops.preflight.base import Problem
     from rlctl.ops.run import JobRun
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent, layout
 from rlctl.launch.slurm import SlurmBackend
 from rlctl.launch.spawn import Spawner, agent_spec
-from rlctl.ops import preflight
 from rlctl.ops.counts import plan_counts, resolve_job
+from rlctl.ops.preflight import backends as preflight_backends
 from rlctl.ops.run import client_hello, planned_agents
 from tests.conftest import ROOT, run_cli
 
@@ -362,7 +362,7 @@ def test_dry_run_on_gpu_sites_matches_golden(tmp_path: Path, monkeypatch: pytest
     """SLURM trainer on 8-GPU H800 nodes (GPUs per task) + SSH rollout on H20 hosts with tp=2 slices; what
     `rlctl check` refuses in this planning-scale job comes first, marked."""
     # the golden is the same with or without the optional extras installed (vLLM runs on the SSH site: not asked here)
-    monkeypatch.setattr(preflight, "megatron_available", lambda: None)  # the optional extras installed
+    monkeypatch.setattr(preflight_backends, "megatron_available", lambda: None)  # the optional extras installed
     job = {
         "apiVersion": "rlctl/v1",
         "kind": "Job",

@@ -21,7 +21,8 @@ from rlctl.config.job import Job
 from rlctl.errors import ConfigError
 from rlctl.models.tinygpt import TinyGPT
 from rlctl.ops import counts, run
-from rlctl.ops.preflight import Problem, problems
+from rlctl.ops.preflight import problems
+from rlctl.ops.preflight.base import Problem
 from rlctl.planner.inputs import PlanOptions
 from rlctl.planner.plan import make_plan
 from rlctl.planner.view import plan_table
@@ -1015,7 +1016,7 @@ def test_an_anchor_period_past_the_job_s_iterations_is_warned_of_not_refused(
     warned: dict[int, list[str]] = {}
     for every in (50, 10):
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="rlctl.ops.preflight"):
+        with caplog.at_level(logging.WARNING, logger="rlctl.ops.preflight.fields"):
             job = load(tmp_path, iterations=10, weight_sync={"mode": "delta", "anchor_every": every})
             assert refused(job, "weight_sync.anchor_every") == []
         warned[every] = [r.getMessage() for r in caplog.records if "anchor_every" in r.getMessage()]
@@ -1391,7 +1392,9 @@ def gpu_local_inventory(tmp_path: Path, *, gpus: int = 4, devices: list[int] | N
 
 
 def test_a_local_gpu_site_without_cuda_here_is_refused_for_each_role(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("rlctl.ops.preflight.cuda_problem", lambda: "torch 2.13.0+cpu (no CUDA) is a CPU build")
+    monkeypatch.setattr(
+        "rlctl.ops.preflight.backends.cuda_problem", lambda: "torch 2.13.0+cpu (no CUDA) is a CPU build"
+    )
     job = load(
         tmp_path,
         inventory=[gpu_local_inventory(tmp_path)],
@@ -1414,7 +1417,7 @@ def test_a_local_gpu_site_without_cuda_here_is_refused_for_each_role(tmp_path: P
 def test_a_local_gpu_site_needs_the_devices_its_slots_name(tmp_path: Path, monkeypatch) -> None:
     import torch
 
-    monkeypatch.setattr("rlctl.ops.preflight.cuda_problem", lambda: None)
+    monkeypatch.setattr("rlctl.ops.preflight.backends.cuda_problem", lambda: None)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     many = load(
         tmp_path,

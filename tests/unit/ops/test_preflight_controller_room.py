@@ -1,5 +1,5 @@
 """`placement.controller_site`: a SLURM controller beside its site's SLURM agents, their jobs and its own placed on
-the site's nodes as the inventory gives them (`rlctl.ops.preflight._controller_room`)."""
+the site's nodes as the inventory gives them (`rlctl.ops.preflight.placement._controller_room`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from rlctl.config import load_job
 from rlctl.config.job import DatasetTask, Job
 from rlctl.launch.layout import layout
 from rlctl.ops import counts
-from rlctl.ops.preflight import Problem, _controller_room
+from rlctl.ops.preflight.base import Problem
+from rlctl.ops.preflight.placement import _controller_room
 from tests.conftest import ROOT
 
 H800, H20 = ROOT / "clusters" / "h800-trainer.yaml", ROOT / "clusters" / "h20-rollout.yaml"

@@ -24,6 +24,7 @@ from rlctl.errors import ConfigError
 from rlctl.launch.jobdir import JobDir
 from rlctl.models.tinygpt import TinyGPT, TinyGPTConfig
 from rlctl.ops import preflight
+from rlctl.ops.preflight import backends as preflight_backends
 from rlctl.trainers.megatron.backend import MegatronBackend
 from rlctl.trainers.megatron.model import MegatronTrunk
 from rlctl.transport import InprocTransport
@@ -74,7 +75,7 @@ def test_preflight_accepts_megatron_on_a_cpu_site_and_says_what_it_cannot_do(
         placement={"trainer": {"site": "h800", "gpus": 8}, "rollout": [{"site": "local", "gpus": 2}]},
     )
     assert ["site 'h800' has H800 GPUs" in m for m in refusals(gpu_site)] == [True]
-    monkeypatch.setattr(preflight, "megatron_available", lambda: "pip install 'rlctl[megatron]'")
+    monkeypatch.setattr(preflight_backends, "megatron_available", lambda: "pip install 'rlctl[megatron]'")
     (missing,) = [p for p in preflight.problems(load(tmp_path)) if p.field == "trainer.backend"]
     assert "needs megatron-core" in missing.message and missing.hint == "pip install 'rlctl[megatron]'"
 

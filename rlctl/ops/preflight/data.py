@@ -1,0 +1,224 @@
+"""Preflight of what the job feeds the runtime: the model's context against the longest request the task sends, the
+digits task's bounds and prompt numbering, the weight manifest's chunks, and the held-out evaluation's file and rows.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import logging
+import math
+from pathlib import Path
+
+from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, refills
+from rlctl.errors import ConfigError
+from rlctl.launch.sitefs import is_remote
+from rlctl.models.hf import CONFIG_FILE, TinyGPTConfig, read_config
+from rlctl.ops.preflight.base import Problem
+from rlctl.rl.source import heldout_task
+from rlctl.rl.tasks import MAX_DIGITS, RL_STRIDE
+from rlctl.rl.tasks import DigitsTask as Digits
+from rlctl.weights import manifest
+
+log = logging.getLogger(__name__)
+
+
+RUNNABLE_BUILTIN = "tiny-demo"  # the one built-in model with weights (rlctl.models.tinygpt.TinyGPT)
+
+
+def _weight_manifest(job: Job) -> list[Problem]:
+    """A version's manifest (one checksum per chunk of the weights) travels in one message header, which a receiver
+    bounds (`framing.Limits.max_header_bytes`): chunks so small that it does not fit would fail every fetch."""
+    chunk, weights = job.spec.weight_sync.chunk_bytes, int(job.spec.model.arch.weight_bytes)
+    need = manifest.manifest_bytes(weights, chunk_bytes=chunk)
+    if need <= manifest.MANIFEST_BOUND:
+        return []
+    return [
+        Problem(
+            "weight_sync.chunk_bytes",
+            f"{chunk}: the model's {weights / 1e9:.3g} GB of weights in chunks this small make a manifest of "
+            f"{need / 2**20:.1f} MiB (a checksum per chunk), over the {manifest.MANIFEST_BOUND / 2**20:g} MiB it may "
+            f"take of a message header; use at least {manifest.least_chunk_bytes(weights)}",
+        )
+    ]
+
+
+def _overlong(job: Job) -> list[Problem]:
+    """The digits task's outputs stop at fewer tokens than max_output_tokens when its answers are shorter
+    (rlctl.rl.tasks): an overlong buffer longer than that would penalise every output."""
+    task = job.spec.task
+    if not isinstance(task, DigitsTask) or not task.overlong_buffer_tokens or task.num_digits_min > MAX_DIGITS:
+        return []
+    limit = Digits(task).max_new_tokens
+    if task.overlong_buffer_tokens < limit:
+        return []
+    return [
+        Problem(
+            "task.overlong_buffer_tokens",
+            f"{task.overlong_buffer_tokens}: the digits task's outputs stop at {limit} tokens; use < {limit}",
+        )
+    ]
+
+
+def _dynamic_sampling(job: Job) -> list[Problem]:
+    """The digits task numbers the prompts of an iteration, its own and those drawn in place of dropped groups,
+    within RL_STRIDE (the iteration is recoverable from a prompt's number)."""
+    spec = job.spec
+    extra = refills(spec)
+    drawn = spec.batch.prompts_per_iteration + extra
+    if not extra or not isinstance(spec.task, DigitsTask) or drawn <= RL_STRIDE:
+        return []
+    return [
+        Problem(
+            "algorithm.max_refills",
+            f"{drawn} prompts an iteration with batch.prompts_per_iteration; the digits task numbers at most "
+            f"{RL_STRIDE} an iteration",
+        )
+    ]
+
+
+def _model_config(job: Job) -> tuple[TinyGPTConfig, str] | None:
+    """The config of the model the agents run and where it comes from; None for a model without weights."""
+    spec = job.spec
+    if spec.model.kind == "hf":
+        return read_config(spec.model.path), f"{spec.model.path}/{CONFIG_FILE}"
+    if spec.model.kind == "builtin" and spec.model.name == RUNNABLE_BUILTIN:
+        return TinyGPTConfig(), f"built-in {RUNNABLE_BUILTIN!r}"
+    return None  # no weights: refused in `problems`
+
+
+def _longest_request(task: DigitsTask | DatasetTask) -> tuple[int, int]:
+    """(prompt, output) tokens of the longest request the task may send an engine."""
+    if isinstance(task, DatasetTask):
+        return task.max_prompt_tokens, task.max_output_tokens
+    digits = Digits(task)
+    # BOS, the digits, '=': a prompt has at most num_digits_max digits, more only when its answer needs
+    # them (9 letters per digit), never more than MAX_DIGITS (rlctl.rl.tasks.DigitsTask.prompt)
+    answer_digits = math.ceil(digits.max_answer_chars / 9)
+    return 2 + min(MAX_DIGITS, max(task.num_digits_max, answer_digits)), digits.max_new_tokens
+
+
+def _context(job: Job) -> list[Problem]:
+    """The longest prompt plus the most output tokens a request may ask for must fit the model's context:
+    the engines refuse a longer request (rlctl.engines.base.check_requests) and the trainer a longer
+    sequence, inside the agents, after launch."""
+    task = job.spec.task
+    if (model := _model_config(job)) is None:
+        return []
+    limit, where = model[0].max_position_embeddings, model[1]
+    if isinstance(task, DatasetTask):
+        valid = f"max_prompt_tokens + max_output_tokens ≤ {limit}"
+    elif isinstance(task, DigitsTask):
+        too_many = [
+            Problem(f"task.{name}", f"{value}: at most {MAX_DIGITS} (one letter per digit)")
+            for name, value in (("num_digits_min", task.num_digits_min), ("num_digits_max", task.num_digits_max))
+            if value > MAX_DIGITS
+        ]
+        if too_many:
+            return too_many
+        valid = f"max_output_tokens ≤ {limit - _longest_request(task)[0]}"
+    else:
+        return []  # kind 'lengths': refused above
+    prompt, output = _longest_request(task)
+    if prompt + output <= limit:
+        return []
+    return [
+        Problem(
+            "task.max_output_tokens",
+            f"{prompt} prompt + {output} output tokens exceed model max_position_embeddings {limit} ({where}); "
+            f"use {valid}",
+        )
+    ]
+
+
+def _evaluation(job: Job) -> list[Problem]:
+    """The held-out evaluation decodes digits prompts, or a dataset task's held-out file (read as the launch will
+    read it), and reads the final checkpoint where launch runs (rlctl.ops.evaluation)."""
+    spec, out, task = job.spec, [], job.spec.task
+    if isinstance(task, DatasetTask):
+        path = spec.evaluation.path
+        if path is None:
+            out.append(Problem("evaluation.path", "a dataset task's held-out prompts come from a file: name it"))
+        elif not (job.path.parent / path).is_file():
+            out.append(
+                Problem("evaluation.path", f"no such file {str(job.path.parent / path)!r} (relative to the job file)")
+            )
+        else:
+            _same_as_training(job, task, path)
+            if isinstance(spec.model, HfModel) and Path(spec.model.path).is_dir():
+                out += _heldout_rows(job, heldout_task(task, path), Path(spec.model.path))
+    elif spec.task.kind != "digits":
+        out.append(
+            Problem(
+                "evaluation.heldout_prompts",
+                f"held-out prompts exist for task kinds 'digits' and 'dataset', not {spec.task.kind!r}; use 0",
+            )
+        )
+    elif spec.evaluation.path is not None:
+        out.append(Problem("evaluation.path", "the digits task draws its own held-out prompts; leave path out"))
+    site = spec.placement.trainer.site
+    if site in job.inventory.sites and is_remote(job.inventory.sites[site]) and not spec.evaluation.every_iterations:
+        out.append(
+            Problem(
+                "evaluation.heldout_prompts",
+                f"launch evaluates the final checkpoint where it runs, and site {site!r} (the trainer's) is "
+                "reached over SSH; set evaluation.every_iterations (the rollout units evaluate during the run), "
+                "use 0, or a trainer site on this machine",
+            )
+        )
+    return out
+
+
+def _same_as_training(job: Job, task: DatasetTask, path: str) -> None:
+    """A warning (not a refusal: a look at how well the policy fits its own prompts may be meant) where the held-out
+    file is the task's training file, or a copy of it (the same bytes: a copy was passed unsaid): the held-out figures
+    then measure prompts the policy trained on."""
+    base = job.path.parent
+    held, train = base / path, base / task.path
+    if held.resolve() == train.resolve():
+        what = "is task.path's file"
+    elif _same_bytes(held, train):
+        what = f"holds the same bytes as task.path's file {train}"
+    else:
+        return
+    log.warning(
+        "%s: evaluation.path: %s %s: the held-out figures are measured on prompts the job trains on, not held out; "
+        "name a file of other rows for a held-out evaluation",
+        job.path,
+        held,
+        what,
+    )
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """Both files hold the same bytes: sizes first, then their bytes up to the first difference (check reads every
+    row of both anyway); False where either cannot be read (its own check says why)."""
+    try:
+        return a.stat().st_size == b.stat().st_size and filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False
+
+
+def _heldout_rows(job: Job, held: DatasetTask, model_dir: Path) -> list[Problem]:
+    """Every row of the held-out file reads and tokenizes as the launch will, and there are at least as many usable
+    rows as `heldout_prompts` asks for."""
+    from rlctl.rl.dataset import NoChatTemplate, check_rows
+    from rlctl.rl.tokenizer import load_tokenizer
+
+    data = job.path.parent / held.path
+    try:
+        tokenizer = load_tokenizer(model_dir)
+    except ConfigError as e:  # the model directory's, as check_task says it (one line, not one per file read)
+        return [Problem("model.path", str(e), e.hint)]
+    try:
+        good = check_rows(held, data_path=data, tokenizer=tokenizer, heldout=True)
+    except NoChatTemplate as e:  # the model's to fix, or the prompts' form (as check_task says it)
+        return [Problem("model.path", f"{e.file}: {e.detail}", e.hint)]
+    except ConfigError as e:
+        said = str(e).removeprefix(f"{e.file}: ")
+        return [Problem("evaluation.path", f"{data}: {said}", e.hint)]  # the data's own: a skip helps only some
+    asked = job.spec.evaluation.heldout_prompts
+    if good < asked:
+        return [
+            Problem("evaluation.heldout_prompts", f"{asked} asked, but {data} has {good} usable rows; use ≤ {good}")
+        ]
+    return []

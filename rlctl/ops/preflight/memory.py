@@ -1,0 +1,196 @@
+"""Preflight of memory: a trainer rank's weights, gradients and optimizer state against its GPU (or slot), and an
+embedded rollout unit's K/V storage plus weights against what it gets, alone or beside units sharing it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from rlctl.config.job import DatasetTask, DigitsTask, Job
+from rlctl.devices import kind_for
+from rlctl.launch.backends import kind_of
+from rlctl.launch.layout import PlannedAgent
+from rlctl.models.hf import DTYPE_BYTES
+from rlctl.ops.preflight.base import Problem
+from rlctl.ops.preflight.data import _longest_request, _model_config
+from rlctl.rl.tasks import MAX_DIGITS
+
+
+def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:
+    """A trainer placement whose ranks' memory (the planner's figure, `rlctl.planner.costs.rank_bytes`: weights,
+    gradients and the optimizer state, all divided over dp where the plan shards it with FSDP2) exceeds what a GPU
+    of its site holds — or, on a `gpu: CPU` site, the host memory its nodes give a slot (`memory_gb`; not checked
+    where the inventory does not say)."""
+    from rlctl.planner.costs import TRAIN_MEM_FRACTION, fsdp_gathered_bytes, rank_bytes
+    from rlctl.profiler.analytical import RANK_WORKING_BYTES, training_entry
+    from rlctl.profiler.traincost import passes_for
+
+    spec, t = job.spec, plan["trainer"]
+    name = str(t["site"])
+    site = job.inventory.sites[name]
+    par = t.get("parallel") or {}
+    tp, pp, dp = int(par.get("tp", 1)), int(par.get("pp", 1)), int(par.get("dp", t["ranks"]))
+    gpu = site.spec
+    if kind_for(gpu.name) == "cuda":
+        have_gb, what = gpu.hbm_gb, f"a {gpu.name} holds {gpu.hbm_gb:g} GB"
+    elif (slot := site.memory_per_slot_gb()) is not None:
+        have_gb, what = slot, f"a slot of site {name!r} gets {slot:g} GB of its nodes' memory_gb"
+    else:
+        return []
+    # with a KL term (kl_coef > 0) the reference policy's weights too, as the planner counts them
+    passes = passes_for(spec.algorithm)
+    entry = training_entry(spec.model.arch, gpu, tp=tp, pp=pp, algorithm=spec.algorithm.kind, passes=passes)
+    # only torch's FSDP2 shards a rank's state over dp here (megatron runs without its distributed optimizer):
+    # otherwise every rank holds its tp × pp shard's whole state (`rlctl.planner.costs.shards_state`)
+    shards = dp if par.get("fsdp") else 1
+    gathered = fsdp_gathered_bytes(spec.model.arch) if shards > 1 else 0.0
+    need_gb = rank_bytes(entry, shards=shards, gathered_bytes=gathered) / 1e9
+    if need_gb <= TRAIN_MEM_FRACTION * have_gb:
+        return []
+    if shards > 1:
+        state_gb = (entry.fixed_bytes_per_gpu + entry.sharded_bytes_per_gpu - RANK_WORKING_BYTES) / 1e9
+        state = "weights, gradients" + (
+            ", optimizer state and the reference policy" if passes.reference else " and optimizer state"
+        )
+        parts = f"{state} {state_gb:.1f} GB ÷ {shards} (FSDP2), layers gathered "
+        parts += f"{gathered / 1e9:.1f} GB"
+    else:
+        fixed_gb, sharded_gb = entry.fixed_bytes_per_gpu / 1e9, entry.sharded_bytes_per_gpu / 1e9
+        weights = (
+            "weights, gradients and the reference policy's weights" if passes.reference else "weights and gradients"
+        )
+        parts = f"{weights} {fixed_gb:.1f} GB, optimizer state {sharded_gb:.1f} GB"
+    return [
+        Problem(
+            "placement.trainer.gpus",
+            f"the trainer's {t['ranks']} rank(s) at tp {tp} pp {pp} dp {dp} need {need_gb:.1f} GB each ({parts}), "
+            f"and {what} ({TRAIN_MEM_FRACTION:.0%} usable)",
+            hint=(
+                "split each replica: trainer.tensor_parallel / pipeline_parallel (with more GPUs if needed)"
+                if spec.trainer.backend == "megatron"
+                else "give the trainer more GPUs and let it shard (trainer.shard: auto or fsdp), or a bigger site"
+            ),
+        )
+    ]
+
+
+ROLLOUT_MEM_FRACTION = 0.9  # of a GPU's or a slot's memory, as the trainer's (`TRAIN_MEM_FRACTION`)
+
+
+@dataclass(frozen=True)
+class _UnitMemory:
+    """What one embedded rollout unit of a site needs and gets (`_unit_memory`)."""
+
+    weights: int  # bytes of the model's weights
+    kv: int  # bytes of its K/V storage, max_batch_size rows
+    per_row: int  # bytes of one K/V row
+    capacity: int  # positions a row holds
+    have: float  # bytes of the memory it gets (a GPU, a slot, this machine)
+    what: str  # which memory that is, in words
+
+
+def _unit_memory(job: Job, site_name: str) -> _UnitMemory | None:
+    """An embedded-engine rollout unit of `site_name`: its K/V storage (allocated whole at its first admission:
+    `rlctl.engines.kvsize`, rollout.max_batch_size rows of the longest request's width), weights, and what it gets: a
+    GPU of its site, or on a `gpu: CPU` site the host memory its nodes give a slot (`memory_gb`; where the inventory
+    does not say, a `local` site's units share this machine's memory); None where that is not known or the job's
+    engine is not the embedded one."""
+    from rlctl.engines.kvsize import bytes_per_position, cache_capacity, kv_cache_bytes
+
+    spec, task = job.spec, job.spec.task
+    model = _model_config(job)
+    if spec.rollout.engine != "embedded" or model is None or not isinstance(task, DigitsTask | DatasetTask):
+        return None
+    if isinstance(task, DigitsTask) and max(task.num_digits_min, task.num_digits_max) > MAX_DIGITS:
+        return None  # refused by `_context`
+    config, rows = model[0], spec.rollout.max_batch_size
+    capacity = cache_capacity(sum(_longest_request(task)), config.max_position_embeddings)
+    site = job.inventory.sites[site_name]
+    gpu = site.spec
+    if kind_for(gpu.name) == "cuda":  # the checkpoint's dtype on a GPU, fp32 on a CPU (rlctl.devices)
+        value_bytes, have, what = DTYPE_BYTES[config.torch_dtype], gpu.hbm_gb * 1e9, f"a {gpu.name} holds"
+    elif (slot := site.memory_per_slot_gb()) is not None:
+        value_bytes, have, what = 4, slot * 1e9, f"a slot of site {site_name!r} gets (its nodes' memory_gb)"
+    elif kind_of(site).on_this_machine:
+        have = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        value_bytes, what = 4, f"this machine, where site {site_name!r} runs its units, has"
+    else:
+        return None
+    per_row = capacity * bytes_per_position(config, value_bytes=value_bytes)
+    return _UnitMemory(
+        weights=config.num_params() * value_bytes,
+        kv=kv_cache_bytes(config, rows=rows, capacity=capacity, value_bytes=value_bytes),
+        per_row=per_row,
+        capacity=capacity,
+        have=have,
+        what=what,
+    )
+
+
+def _kv_hint(job: Job, fit: int, capacity: int) -> str:
+    return (f"use max_batch_size ≤ {fit}" if fit > 0 else "place the rollout on a site with more memory") + (
+        f"; the {capacity} positions hold the longest request the task allows (task.max_prompt_tokens + "
+        "max_output_tokens): a dataset whose prompts are shorter fits more rows with a lower max_prompt_tokens"
+        if isinstance(job.spec.task, DatasetTask)
+        else ""
+    )
+
+
+def _rollout_memory(job: Job) -> list[Problem]:
+    """An embedded-engine rollout unit whose K/V storage plus the model's weights exceed what one unit gets
+    (`_unit_memory`; units that share it: `_shared_rollout_memory`). A unit that does not fit crashes at its first
+    admission, is replaced, and crashes again."""
+    rows = job.spec.rollout.max_batch_size
+    for i, role in enumerate(job.spec.placement.rollout):
+        m = _unit_memory(job, role.site)
+        if m is None or m.weights + m.kv <= ROLLOUT_MEM_FRACTION * m.have:
+            continue
+        fit = int((ROLLOUT_MEM_FRACTION * m.have - m.weights) // m.per_row)
+        return [
+            Problem(
+                "rollout.max_batch_size",
+                f"{rows}: each embedded rollout unit on site {role.site!r} (placement.rollout[{i}]) needs "
+                f"{m.weights + m.kv:,} bytes, K/V {rows} rows × {m.capacity} positions × {m.per_row // m.capacity:,} "
+                f"bytes plus weights {m.weights:,} bytes, and {m.what} {m.have:,.0f} bytes "
+                f"({ROLLOUT_MEM_FRACTION:.0%} usable)",
+                hint=_kv_hint(job, fit, m.capacity),
+            )
+        ]
+    return []
+
+
+def _shared_rollout_memory(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
+    """Rollout units that the layout puts on one GPU (a node's `devices` naming it for several slots), or a local
+    `gpu: CPU` site's units without `memory_gb` (all on this machine's memory), need that memory together: refused
+    when they do not fit together though one alone would (one alone: `_rollout_memory`)."""
+    together: dict[tuple[str, str], list[str]] = {}  # (site, GPU or machine) → the units on it
+    for a in agents:
+        if a.role != "rollout":
+            continue
+        site = job.inventory.sites[a.site]
+        if kind_for(site.spec.name) == "cuda" and a.gpu_slice is not None:
+            for device in sorted(set(site.devices_of(a.gpu_slice.host, a.gpu_slice.gpus))):
+                together.setdefault((a.site, f"GPU {device} of {a.gpu_slice.host}"), []).append(a.name)
+        elif kind_for(site.spec.name) != "cuda" and site.memory_per_slot_gb() is None and kind_of(site).on_this_machine:
+            together.setdefault((a.site, "this machine"), []).append(a.name)
+    rows = job.spec.rollout.max_batch_size
+    for (site_name, where), units in together.items():
+        m = _unit_memory(job, site_name)
+        k = len(units)
+        if m is None or k < 2 or m.weights + m.kv > ROLLOUT_MEM_FRACTION * m.have:
+            continue  # one alone, or one that does not fit alone (said by `_rollout_memory`)
+        if k * (m.weights + m.kv) <= ROLLOUT_MEM_FRACTION * m.have:
+            continue
+        fit = int((ROLLOUT_MEM_FRACTION * m.have / k - m.weights) // m.per_row)
+        return [
+            Problem(
+                "rollout.max_batch_size",
+                f"{rows}: the {k} embedded rollout units of site {site_name!r} on {where} ({', '.join(units)}) "
+                f"need {k * (m.weights + m.kv):,} bytes together, {m.weights + m.kv:,} each (K/V {rows} rows plus "
+                f"weights), and {m.what} {m.have:,.0f} bytes ({ROLLOUT_MEM_FRACTION:.0%} usable)",
+                hint=_kv_hint(job, fit, m.capacity) + "; or fewer units there",
+            )
+        ]
+    return []
