@@ -292,8 +292,8 @@ def _evaluation_lacks(e: dict[str, Any]) -> str | None:
 
 
 # the events the report reads (`JobRecord.scales`; `NEVER_JOINED`: `_failed_start`'s): the others are not parsed,
-# since a job of weeks writes hundreds of thousands (a `weights_applied` per unit and weight version: 64 units × 10⁴
-# versions, ≈ 130 MB)
+# since a job of weeks writes tens of thousands (a `weights_applied` per weight version, 10⁴ and more; a job of an
+# older rlctl wrote one per unit and version: 64 units × 10⁴ versions, ≈ 130 MB)
 EVENTS_READ = ('"scale"', '"resumed_from"', *(f'"{kind}"' for kind in NEVER_JOINED))
 
 
