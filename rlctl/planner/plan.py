@@ -425,7 +425,7 @@ def _assemble(
             _free_gpus(allocation, inv),
             _room(allocation, inv, t_site, order_tp=_order_tp(job, opts)),
             sim["predicted"],
-            one_more=one_more if spec.pipeline.mode == "async" else None,
+            one_more=one_more if spec.pipeline.eta > 0 else None,  # as the controller's rule: at η 0 the stage times
         )
         | {"auto": spec.rebalance.auto},
         "cost": {

@@ -60,11 +60,12 @@ def _rebalance(
     P_gen comes from the stage curve of the planning workload; as lengths grow the controller
     re-estimates it from recent lengths (the rule itself: add a unit when δ = T_gen − T_train ≥ δ').
 
-    In async mode (`one_more(site, tp)`: the simulated async iteration with one more unit there) a unit's next
-    iteration fills its current one's tail, so the stage makespans overstate what generation holds back: δ is
-    the simulated iteration minus T_train (the trainer's wait) and δ' what the unit saves of that iteration; a
-    unit that saves less than SAME_WITHIN of it (generation bound by its longest samples, not by units) is not
-    added. The controller's rule measures the same δ in async mode, with δ' = period / (N + 1)
+    Where iterations overlap (async at η > 0; `one_more(site, tp)`: the simulated async iteration with one more
+    unit there) a unit's next iteration fills its current one's tail, so the stage makespans overstate what
+    generation holds back: δ is the simulated iteration minus T_train (the trainer's wait) and δ' what the unit
+    saves of that iteration; a unit that saves less than SAME_WITHIN of it (generation bound by its longest
+    samples, not by units) is not added. The controller's rule measures the same δ at η > 0, with δ' = period /
+    (N + 1)
     (`rlctl.agents.rebalance`)."""
     delta = predicted["t_gen_s"] - predicted["t_train_s"]
     options = []  # (room for it, gain, site, tp): one more instance of the site's current TP

@@ -421,6 +421,21 @@ def test_in_async_the_rebalance_advice_prices_one_more_unit_on_the_simulated_ite
     assert sync["rebalance"]["basis"] == "stage_times"
 
 
+def test_in_async_at_staleness_0_the_rebalance_advice_reads_the_stage_times_as_the_controller_does(
+    tmp_path: Path,
+) -> None:
+    # the controller's rule reads the period and the trainer's wait only at η > 0 (Scaler.rebalance); the plan priced
+    # δ on the simulated async iteration whenever the mode was async, a δ the controller never measures at η = 0
+    job = _edit(write_job(tmp_path, rollout=[{"site": "r20", "gpus": 2}], links=LINKS), _staleness_0)
+    plan = make_plan(load_job(job), options=OPTS)
+    rb, pr = plan["rebalance"], plan["predicted"]
+    assert rb["basis"] == "stage_times" and rb["delta_s"] == pytest.approx(pr["t_gen_s"] - pr["t_train_s"])
+
+
+def _staleness_0(job: dict[str, Any]) -> None:
+    job["pipeline"] = {**job.get("pipeline", {}), "staleness": 0}
+
+
 def _rebalance_auto(job: dict[str, Any]) -> None:
     job["rebalance"] = {"auto": True}
 
