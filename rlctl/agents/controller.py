@@ -83,7 +83,7 @@ from rlctl.agents.watchdog import HUNG
 from rlctl.agents.weightbook import WeightBook
 from rlctl.checkpoint.choose import checkpoints_at, resume_version
 from rlctl.checkpoint.controller import PART, cut_metrics, load_controller, save_controller
-from rlctl.checkpoint.files import prune, set_aside_newer
+from rlctl.checkpoint.files import PRUNED, prune, set_aside_newer
 from rlctl.config.job import DatasetTask, JobFile, refills
 from rlctl.errors import PeerClosed, RlctlError, TransportError
 from rlctl.launch.agentenv import ENV_RUN
@@ -386,10 +386,12 @@ class ControllerAgent:
         save_controller(
             self.jobdir, w.version, state=state, ledger=ledger, trainer_digest=w.checkpoint, replaced=replaced
         )
-        self.jobdir.event("checkpoint", version=w.version)
+        keep = self.job.checkpoint.keep
+        self.jobdir.event("checkpoint", version=w.version, keep=keep)  # (keep: this rlctl says what it prunes)
         self.complete.append(w.version)
         self.checkpointed = (w.version, time.monotonic())
-        prune(self.jobdir.checkpoints, PART, complete=self.complete, keep=self.job.checkpoint.keep)
+        if pruned := prune(self.jobdir.checkpoints, PART, complete=self.complete, keep=keep):
+            self.jobdir.event(PRUNED, versions=pruned, keep=keep)  # what a resume may no longer take
         return [Out("trainer", "checkpointed", {"version": w.version})]
 
     def _prompts(self, iteration: int) -> list[PromptSpec]:

@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 PREFIX = "iter-"
 ABANDONED = "abandoned"  # in checkpoints/: the parts of checkpoints newer than the one a run resumed from
 CHUNK = 1 << 22
+PRUNED = "checkpoints_pruned"  # the controller's event: the versions `checkpoint.keep` let go (`prune`'s list)
 
 
 def manifest_path(ckpt: Path, part: str) -> Path:

@@ -35,6 +35,7 @@ import shlex
 from typing import Any
 
 from rlctl.checkpoint.choose import named_version
+from rlctl.checkpoint.files import PRUNED
 from rlctl.config.job import JobFile
 from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir, job_digests
@@ -74,14 +75,22 @@ def earlier_iterations(jobdir: JobDir) -> list[int]:
 
 def completed_checkpoints(jobdir: JobDir) -> list[int]:
     """The checkpoints the job completed, as its events say, less those a resume set aside since and those
-    `checkpoint.keep` let go (its newest that many stay: `rlctl.checkpoint.files.prune`); oldest first."""
+    `checkpoint.keep` let go (`rlctl.checkpoint.files.prune`); oldest first. Those let go are the ones its controller
+    said it pruned (`PRUNED`, with the keep in force then: its checkpoint events say it), not the ones the keep in
+    job.json would let go now: a keep lowered since (to free a full disk) prunes nothing until the next checkpoint
+    completes, and the older ones still on disk stay ones a resume may take. The events of an rlctl that said none
+    (no keep in its checkpoint events) are read with the keep job.json has."""
     held: set[int] = set()
-    for e in jobdir.read_events("checkpoint", "resumed_from"):
+    said = False  # its controller says what it prunes
+    for e in jobdir.read_events("checkpoint", "resumed_from", PRUNED):
         if e.get("event") == "checkpoint" and isinstance(e.get("version"), int):
             held.add(e["version"])
+            said = isinstance(e.get("keep"), int)
         elif e.get("event") == "resumed_from":
             held -= {v for v in e.get("set_aside") or () if isinstance(v, int)}
-    keep = jobdir.read_job().checkpoint.keep
+        elif e.get("event") == PRUNED:
+            held -= {v for v in e.get("versions") or () if isinstance(v, int)}
+    keep = 0 if said else jobdir.read_job().checkpoint.keep
     return sorted(held)[-keep:] if keep > 0 else sorted(held)
 
 

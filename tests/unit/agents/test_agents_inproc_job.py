@@ -29,6 +29,7 @@ from rlctl.config.job import GrpoAlgorithm, JobFile
 from rlctl.launch.agentenv import ENV_RESUME
 from rlctl.launch.jobdir import JobDir
 from rlctl.models.tinygpt import TinyGPT
+from rlctl.ops.extend import completed_checkpoints
 from rlctl.rl.source import DigitsSource
 from rlctl.transport import InprocTransport, Message
 
@@ -181,6 +182,11 @@ def test_checkpoint_keep_removes_the_older_parts_once_a_newer_checkpoint_is_comp
     assert latest_complete(jd.checkpoints) == 4
     assert read_manifest(jd.checkpoint(3), "trainer") is not None
     assert read_manifest(jd.checkpoint(3), "controller") is not None
+    # the controller says what it pruned: a keep lowered in job.json since (1) lets go nothing more until the next
+    # checkpoint, so v3 stays one `launch --resume --checkpoint` may take
+    assert completed_checkpoints(jd) == [3, 4]
+    jd.write_job(job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update={"keep": 1})}), source="edit")
+    assert completed_checkpoints(jd) == [3, 4]
 
 
 def test_status_api_answers_with_stage_times_and_agents(tmp_path):

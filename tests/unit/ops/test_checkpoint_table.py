@@ -14,6 +14,7 @@ from rlctl.config import load_job
 from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops.checkpoints import best_checkpoint, checkpoint_table
+from rlctl.ops.extend import completed_checkpoints, rollback_to
 from rlctl.ops.jobdb import JobDB
 from tests.conftest import ROOT, run_cli
 
@@ -88,6 +89,24 @@ def test_checkpoints_let_go_are_not_listed_and_the_next_counts_from_them(tmp_pat
     jd = _job(tmp_path, keep=2)  # checkpoint.keep 2: v10 pruned
     rows = checkpoint_table(jd)["checkpoints"]
     assert [(r["version"], r["iterations"]) for r in rows] == [(20, [11, 20]), (30, [21, 30])]
+
+
+def test_a_keep_lowered_since_lets_go_only_what_the_controller_pruned(tmp_path: Path) -> None:
+    # keep 3 when v10…v30 were written, lowered to 1 in job.json since (to free a full disk): nothing is pruned until
+    # the next checkpoint completes, so v10 is still one to go back to; the current keep listed v30 alone and
+    # `launch --resume --checkpoint 10` was refused ('no such complete checkpoint; this job has v30')
+    jd = JobDir.create("ck", explicit=tmp_path / "ck")
+    spec = load_job(ROOT / "jobs" / "demo.yaml").spec
+    jd.write_job(spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"keep": 1})}), source="x")
+    for v in (10, 20, 30):
+        jd.event("checkpoint", version=v, keep=3)
+    assert completed_checkpoints(jd) == [10, 20, 30]
+    assert rollback_to(jd, "v10") == 10
+    jd.event("checkpoint", version=40, keep=1)
+    jd.event("checkpoints_pruned", versions=[10, 20, 30], keep=1)  # as the controller says it at v40
+    assert completed_checkpoints(jd) == [40]
+    with pytest.raises(UsageError, match="no such complete checkpoint; this job has v40"):
+        rollback_to(jd, "10")
 
 
 def test_a_checkpoint_event_without_its_time_is_listed_with_none(tmp_path: Path) -> None:
