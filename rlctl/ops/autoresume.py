@@ -8,6 +8,7 @@ iterations since the last checkpoint, not the night:
     start ─▶ wait ─▶ done / stopped ─────────────────────────────────────────▶ the summary
                └─▶ failed (the controller's summary says so, or it exited without one)
                      ├─ no resumes left, or no checkpoint completed since this run started ─▶ that failure
+                     ├─ job.json edited in a field its checkpoints depend on (`refuse_fixed_edits`) ─▶ that failure
                      └─ else: stop what is left of the run, `start(resume=True)` ─▶ wait …
 
 A run that ended at its site's time limit (a SLURM job's `--time`: the site's `scheduler.time_limit_min`; SLURM's
@@ -34,9 +35,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rlctl.config.job import JobFile
-from rlctl.errors import LaunchError
+from rlctl.errors import LaunchError, UsageError
 from rlctl.launch.jobdir import JobDir, event_time, row_count
 from rlctl.ops.detach import this_launcher
+from rlctl.ops.jobchanges import refuse_fixed_edits
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.run import UNSTARTED, JobRun, StopCheck, resumes, stop_requested
 
@@ -189,6 +191,16 @@ class Runs:
                     "not resumed automatically (it would most likely fail the same way)"
                 )
             return False
+        failure = why.splitlines()[0].partition(RESUME_HINT)[0]  # the controller's hint to resume: done here
+        if not failure.startswith("failed"):  # the launcher's error (no summary), not the summary's state
+            failure = f"failed: {failure}"
+        try:  # as `launch --resume` refuses it: a field the checkpoints depend on, edited in job.json during the run
+            refuse_fixed_edits(self.jobdir)
+        except UsageError as e:
+            ended = f": time limit reached on {limit}" if limit is not None else f" {failure}"
+            self.say(f"job {name}{ended}; not resumed automatically: {e} ({e.hint})")
+            self.jobdir.event("auto_resume_refused", after=why, reason=str(e))
+            return False
         self.resumes += 1
         if limit is not None:
             self.say(
@@ -197,9 +209,6 @@ class Runs:
             )
         else:
             self.left -= 1
-            failure = why.splitlines()[0].partition(RESUME_HINT)[0]  # the controller's hint to resume: done here
-            if not failure.startswith("failed"):  # the launcher's error (no summary), not the summary's state
-                failure = f"failed: {failure}"
             self.say(
                 f"job {name} {failure}; resuming it from checkpoint v{newest} "
                 f"(checkpoint.auto_resume: {self.left} more left)"

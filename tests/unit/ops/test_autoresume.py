@@ -6,6 +6,7 @@ case (a trainer SIGKILLed, resumed, every prompt once) is
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -98,6 +99,25 @@ def test_a_run_that_completed_no_newer_checkpoint_is_not_resumed_again(runs):
         "job demo failed and completed no checkpoint past v10 in this run: not resumed automatically "
         "(it would most likely fail the same way)"
     )
+
+
+@pytest.mark.parametrize("limit", [None, "the controller's site"])
+def test_a_job_json_edit_of_a_field_its_checkpoints_depend_on_stops_the_resumes(runs, limit):
+    # seed edited in job.json during the run: `launch --resume` refuses it, and so does the automatic resume (it ran
+    # the edited job on the checkpoint), in one line, once: the failure is the job's
+    r, said = runs([(FAILED, [10]), ("done", [])], auto_resume=2)
+    r.jobdir.write_job(r.spec, source="test")  # the launch's values (`launched`)
+    ScriptedRun.limits = [limit]
+    data = r.jobdir.read_json(r.jobdir.job_json)
+    data["job"]["seed"] = data["job"]["seed"] + 1
+    r.jobdir.job_json.write_text(json.dumps(data))
+    assert r.wait()["state"] == FAILED
+    assert ScriptedRun.started == [False] and r.resumes == 0
+    ended = f" {FAILED}" if limit is None else f": time limit reached on {limit}"
+    assert said[-1].startswith(f"job demo{ended}; not resumed automatically: "), said[-1]
+    assert "job.seed was edited since the launch" in said[-1] and "\n" not in said[-1]
+    refused = [e for e in r.jobdir.read_lines(r.jobdir.events) if e["event"] == "auto_resume_refused"]
+    assert [e["after"] for e in refused] == [FAILED]
 
 
 def test_resumes_stop_when_none_are_left(runs):
