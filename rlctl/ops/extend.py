@@ -39,6 +39,7 @@ from rlctl.checkpoint.files import PRUNED
 from rlctl.config.job import JobFile
 from rlctl.errors import UsageError
 from rlctl.launch.jobdir import JobDir, job_digests
+from rlctl.launch.sitefs import LocalFiles
 
 EARLIER = "iterations_before"  # job.json: the job's iteration counts before each `--iterations` of a resume
 
@@ -54,13 +55,47 @@ def last_summary(jobdir: JobDir) -> dict[str, Any]:
 
 def trained_iterations(jobdir: JobDir) -> int:
     """How many iterations the job trained, as its metrics say, or its last run's summary where that says more (the
-    metrics of a controller on another site not fetched here); 0 before its first."""
-    rows = jobdir.read_lines(jobdir.metrics)
-    done = [r["iteration"] + 1 for r in rows if isinstance(r.get("iteration"), int)]
+    metrics of a controller on another site not fetched here); 0 before its first. Its metrics' count is their last
+    row's (`last_row`, read from the file's end): rows are appended in iteration order, and a resume cuts those
+    past its checkpoint before it appends (`cut_metrics`), so the last is the latest; before, every row was parsed
+    (10⁴ and more after weeks, at each `launch --resume`). A last row without a number for its iteration (edited) is
+    passed over as before: every row is read then."""
+    done: list[int] = []
+    last = last_row(jobdir)
+    if last is not None and isinstance(last.get("iteration"), int):
+        done.append(last["iteration"] + 1)
+    elif last is not None:
+        rows = jobdir.read_lines(jobdir.metrics)
+        done = [r["iteration"] + 1 for r in rows if isinstance(r.get("iteration"), int)]
     summary = last_summary(jobdir)
     if isinstance(summary.get("iterations"), int):
         done.append(summary["iterations"])
     return max(done, default=0)
+
+
+def last_row(jd: JobDir) -> dict[str, Any] | None:
+    """The last row of the job's metrics.jsonl (None when it has none), read from its end (`last_lines`): a status
+    of an ended job parsed every row to show the last (10⁴ of them after weeks, at each poll of `status -w`). A last
+    line that does not parse yet is passed over, as `read_lines` passes it (its writer may be in the middle of it);
+    anything else (a line before it that is no JSON object, a file of blank lines) is read as `read_lines` reads the
+    whole file, with its error naming the file and the line."""
+    got = LocalFiles().last_lines(str(jd.metrics), 2)
+    if got is None:
+        return None
+    complete, pending, _ = got
+    lines = [line for line in (*complete, pending) if line.strip()][-2:]
+    for i, line in enumerate(reversed(lines)):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            if i == 0:
+                continue  # the last line, being written
+            break
+        if isinstance(row, dict):
+            return row
+        break
+    rows = jd.read_lines(jd.metrics)
+    return rows[-1] if rows else None
 
 
 def earlier_iterations(jobdir: JobDir) -> list[int]:

@@ -16,7 +16,6 @@ its Spawner recorded there; its record (summary, metrics, events) is fetched fro
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -35,7 +34,6 @@ from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.jobdir import JobDir, event_time, resume_command, row_count
-from rlctl.launch.sitefs import LocalFiles
 from rlctl.launch.stage import (
     agents_and_latest_run,
     all_recorded_agents,
@@ -47,7 +45,7 @@ from rlctl.launch.stage import (
     record_view,
 )
 from rlctl.ops.detach import launcher_running, launcher_state
-from rlctl.ops.extend import completed_checkpoints
+from rlctl.ops.extend import completed_checkpoints, last_row
 from rlctl.ops.jobdb import LIVE, JobDB, JobRow
 from rlctl.ops.jobref import JobRef, require_job_dir
 from rlctl.ops.run import STOP_REQUESTED, UNSTARTED, connect_client, current_run, launch_again, resumes, run_summary
@@ -268,31 +266,6 @@ def job_status(ref: JobRef, *, timeout_s: float = STATUS_DEADLINE_S) -> tuple[di
                 "list": f"rlctl status {shlex.quote(str(name))} --checkpoints",
             }
     return out, ended and not down
-
-
-def last_row(jd: JobDir) -> dict[str, Any] | None:
-    """The last row of the job's metrics.jsonl (None when it has none), read from its end (`last_lines`): a status
-    of an ended job parsed every row to show the last (10⁴ of them after weeks, at each poll of `status -w`). A last
-    line that does not parse yet is passed over, as `read_lines` passes it (its writer may be in the middle of it);
-    anything else (a line before it that is no JSON object, a file of blank lines) is read as `read_lines` reads the
-    whole file, with its error naming the file and the line."""
-    got = LocalFiles().last_lines(str(jd.metrics), 2)
-    if got is None:
-        return None
-    complete, pending, _ = got
-    lines = [line for line in (*complete, pending) if line.strip()][-2:]
-    for i, line in enumerate(reversed(lines)):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            if i == 0:
-                continue  # the last line, being written
-            break
-        if isinstance(row, dict):
-            return row
-        break
-    rows = jd.read_lines(jd.metrics)
-    return rows[-1] if rows else None
 
 
 def _numbers_or_null(row: dict[str, Any], keys: tuple[str, ...], *, where: str) -> None:
