@@ -59,16 +59,28 @@ def progress_line(st: dict[str, Any]) -> str:
     )
 
 
-def summary_table(s: dict[str, Any]) -> str:
+def _heldout(s: dict[str, Any]) -> str | None:
+    """The summary's held-out row; None without figures, or where they do not read (null or text: a summary.json
+    edited, an older rlctl's), as `rlctl status` leaves it out (`outcome_rows`), versus a TypeError traceback as
+    the launch ended, its table lost."""
     from rlctl.ops.evaluation import heldout_line
 
+    if not isinstance(held := s.get("heldout"), dict):
+        return None
+    try:
+        return heldout_line(held)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def summary_table(s: dict[str, Any]) -> str:
     led = s["ledger"]
     rows = [
         ["state", s["state"]],
         ["mode (η)", f"{s['mode']} ({s['eta']})"],
         ["iterations", f"{s['iterations']}/{s['iterations_planned']}"],
         ["reward", f"{_fmt(s['reward_first'])} → {_fmt(s['reward_last'])} (mean of first/last {s['reward_window']})"],
-        *([["held-out", heldout_line(s["heldout"])]] if "heldout" in s else []),
+        *([["held-out", held]] if (held := _heldout(s)) is not None else []),
         *([["reward failures", failures]] if (failures := reward_failures_line(s.get("rewards") or {})) else []),
         ["samples/s", _fmt(s["samples_per_s"], ".1f")],
         ["tokens/s", _fmt(s["tokens_per_s"], ".0f")],

@@ -106,6 +106,20 @@ def test_the_summary_says_how_many_reward_calls_failed_and_how() -> None:
     assert "reward failures" not in summary_table(quiet)  # none failed: no row
 
 
+def test_held_out_figures_that_do_not_read_leave_the_row_out_not_the_table() -> None:
+    # null or text figures (a summary.json edited, an older rlctl's): a TypeError/ValueError lost the table as the
+    # launch ended; `rlctl status` leaves the row out (`outcome_rows`), and so does the launch now
+    good = {"prompts": 8, "greedy_exact_first": 0.25, "greedy_exact_last": 0.5}
+    good |= {"greedy_reward_first": 0.3, "greedy_reward_last": 0.6}
+    assert "held-out                  exact 0.250 → 0.500, reward 0.300 → 0.600 (greedy, 8 prompts)" in (
+        summary_table(summary() | {"heldout": good})
+    )
+    for bad in ({"greedy_exact_first": None}, {"greedy_exact_last": "0.5"}, {"greedy_reward_last": "n/a"}):
+        table = summary_table(summary() | {"heldout": good | bad})
+        assert "held-out" not in table and "job dir" in table, bad
+    assert "held-out" not in summary_table(summary() | {"heldout": None})
+
+
 def test_a_launcher_started_by_detach_does_not_check_the_job_again(tmp_path, monkeypatch) -> None:
     """`launch --detach` checks the job (preflight: a dataset's rows are read to the end), then starts the same
     launch in the background with the file's `_checked` stamp: that one skips the check, unless the file changed."""
