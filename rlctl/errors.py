@@ -7,6 +7,7 @@
     ├── PartialFailure              exit 3  some sites / agents failed, the rest answered
     ├── PlanError                   exit 1  no feasible allocation for the job
     ├── LaunchError                 exit 1  a backend could not start or stop agents
+    │   └── CommandTimeout                  a command on a host ran past its deadline (the host was reached)
     ├── Stopped                     exit 1  `rlctl stop` ended a run while its launcher started it, or killed
     │                                       its controller past the grace (no summary)
     └── TransportError              exit 1  anything on the wire
@@ -75,6 +76,11 @@ class PlanError(RlctlError):
 
 class LaunchError(RlctlError):
     pass
+
+
+class CommandTimeout(LaunchError):
+    """A command a runner started on a host (here, over SSH) did not finish within its deadline: the host was
+    reached and ran it, unlike a connection that failed (a SLURM probe's `srun` whose step waited for a node)."""
 
 
 class Stopped(RlctlError):

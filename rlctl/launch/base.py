@@ -12,8 +12,8 @@ class, so no caller switches on the kind:
 
     per agent (instance)   render(spec) · request_summary(spec) · host_for(spec) · close()
     per site (class)       for_site (construct) · work_root · remote · ssh_target · access_hosts · agent_view ·
-                           shared_work_root · site_runner · probe_commands · reach · site_problems, and the flags
-                           slices_gpus, ranks_are_tasks, on_this_machine, default_python
+                           shared_work_root · site_runner · probe_commands · probe_late · reach · site_problems, and
+                           the flags slices_gpus, ranks_are_tasks, on_this_machine, default_python
 
 What an agent needs travels with its spec: `resources` (tasks, GPUs and CPU threads per task, which
 SLURM requests) and, on `local` / `ssh` sites, `gpu_slice` (the host it runs on and the GPU ids it
@@ -226,6 +226,13 @@ class LaunchBackend(ABC):
         """Where to run a probe `command` so that it runs where agents do, as (what to call that place, host for
         `site_runner`, the command as run there); `first`: the first such place only."""
         return [("localhost", None, command)]
+
+    @classmethod
+    def probe_late(cls, site: Site, timeout_s: float) -> str | None:
+        """What a probe (`probe_commands`) past its deadline `timeout_s` says of the site, where the place that ran it
+        was reached and the probe may only have waited its turn (a scheduler's queue): the line to say, the site
+        then reached; None where a host that took the command and did not end it is as good as down."""
+        return None
 
     @classmethod
     def site_problems(cls, site: Site) -> list[SiteProblem]:

@@ -26,7 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rlctl.errors import LaunchError
+from rlctl.errors import CommandTimeout, LaunchError
 from rlctl.launch import hostkeys
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ class LocalRunner:
                 check=False,
             )
         except subprocess.TimeoutExpired as e:
-            raise LaunchError(f"{self.where}: '{_short(command)}' did not finish within {timeout_s:g} s") from e
+            raise CommandTimeout(f"{self.where}: '{_short(command)}' did not finish within {timeout_s:g} s") from e
         return CommandResult(proc.returncode, proc.stdout, proc.stderr)
 
     def close(self) -> None:
@@ -277,7 +277,7 @@ class SshRunner:
             )
         except CommandTimedOut as e:
             self.close()
-            raise LaunchError(f"ssh {self.where}: '{_short(command)}' did not finish within {timeout_s:g} s") from e
+            raise CommandTimeout(f"ssh {self.where}: '{_short(command)}' did not finish within {timeout_s:g} s") from e
         except (OSError, EOFError) as e:  # socket timeouts are OSError
             self.close()
             raise LaunchError(f"ssh {self.where}: connection lost running '{_short(command)}': {e}") from e

@@ -27,7 +27,7 @@ from rlctl.config.inventory import Site, SlurmScheduler
 from rlctl.config.job import JobFile
 from rlctl.devices import kind_for
 from rlctl.engines.factory import VLLM_DISTRIBUTIONS, VLLM_EXTRAS
-from rlctl.errors import LaunchError
+from rlctl.errors import CommandTimeout, LaunchError
 from rlctl.launch.backends import kind_of, python_for
 from rlctl.launch.base import site_setup
 from rlctl.launch.remote import Runner
@@ -74,7 +74,9 @@ class HostReport:
     host: str
     facts: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # the host could not be asked
-    reached: bool = True  # False: the probe's command did not run to its end there (no connection, its deadline)
+    reached: bool = True  # False: the probe's command did not run to its end there (no connection, its deadline;
+    # a SLURM probe's deadline is its partition's: its submit host ran srun, and answers sinfo)
+    waited: bool = False  # a SLURM probe's srun past its deadline: the partition gave it no node in time (busy)
 
 
 # run on the controller's site by its python: can it reach each site where it would start rollout units
@@ -118,9 +120,10 @@ def probe_site_hosts(
     argv = " ".join(shlex.quote(a) for a in (args if args is not None else [root, *([marker] if marker else [])]))
     command = "\n".join([*_strict_setup(site.setup), f"{shlex.quote(python)} -c {shlex.quote(script)} {argv}"])
     asks = kind.probe_commands(site, command, first=first)
+    late = kind.probe_late(site, timeout_s)
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(PROBE_WORKERS, len(asks)))) as pool:
-            return list(pool.map(lambda a: _ask(name, a[0], kind.site_runner(site, a[1]), a[2], timeout_s), asks))
+            return list(pool.map(lambda a: _ask(name, a[0], kind.site_runner(site, a[1]), a[2], timeout_s, late), asks))
     finally:
         if marker is not None:
             Path(marker).unlink(missing_ok=True)
@@ -149,9 +152,16 @@ def _strict_setup(lines: list[str]) -> list[str]:
     return [f"echo {SETUP_BEGIN}", "set -e", *site_setup(lines), "set +e", f"echo {SETUP_DONE}"]
 
 
-def _ask(name: str, host: str, runner: Runner, command: str, timeout_s: float) -> HostReport:
+def _ask(name: str, host: str, runner: Runner, command: str, timeout_s: float, late: str | None) -> HostReport:
+    """What `host` answered to the probe `command`. `late`: what the probe past its deadline says of the site where
+    it only waited its turn (`probe_late`: a SLURM srun whose step the partition gave no node in time, busy), said
+    as such and the site left reached (sinfo is asked there), versus 'cannot be asked' as for a site down."""
     try:
         res = runner.run(command, timeout_s=timeout_s)
+    except CommandTimeout as e:
+        if late is None:  # a host that took the command and did not end it: as good as down
+            return HostReport(name, host, error=f"{e}", reached=False)
+        return HostReport(name, host, error=late, waited=True)
     except LaunchError as e:  # with its hint: an unknown host key's is the ssh-keyscan line that adds it
         return HostReport(name, host, error=f"{e}" + (f" (hint: {e.hint})" if e.hint else ""), reached=False)
     finally:
@@ -183,8 +193,8 @@ def host_problems(
     (None: what any rlctl agent needs there)."""
     where = f"site {report.site} host {report.host}"
     python = report.facts.get("executable") or python_for(site)
-    if report.error is not None:
-        return [f"{where}: cannot be asked: {report.error}"]
+    if report.error is not None:  # (a busy partition's host was not asked yet: it can be)
+        return [f"{where}: {'' if report.waited else 'cannot be asked: '}{report.error}"]
     f, out = report.facts, []
     if f.get("sees_here") is False:
         out.append(

@@ -270,6 +270,17 @@ class SlurmBackend(LaunchBackend):
         return [(f"a node of partition {sched.partition}", None, srun + shlex.quote(command))]
 
     @classmethod
+    def probe_late(cls, site: Site, timeout_s: float) -> str | None:
+        """The probe's srun ran on the submit host and its step got no node in time: the partition is busy (or slow
+        to start it), not the site down; sinfo still answers there."""
+        partition = _sched(site).partition
+        return (
+            f"the probe (srun) did not start within {timeout_s:g} s: is the partition busy, its step waiting for a "
+            f"node? `squeue -p {partition}` shows what waits there; check again when it has a free node, or with a "
+            "longer --timeout"
+        )
+
+    @classmethod
     def _sinfo(cls, site: Site, fields: str, *, timeout_s: float) -> str:
         """sinfo's lines (`-o fields`) of the site's partition, where jobs are submitted (LaunchError when it fails)."""
         runner = cls.site_runner(site)

@@ -558,3 +558,55 @@ def test_check_asks_no_sinfo_of_a_slurm_site_the_probe_could_not_reach(monkeypat
     up, asked[:] = True, []
     check.job_problem_lines(job, timeout_s=1.0)
     assert asked == ["srun", "sinfo", "sinfo"]  # reached, its python missing: sinfo is asked what it says
+
+
+def test_a_slurm_probe_past_its_deadline_is_a_busy_partition_and_sinfo_is_still_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SLURM site whose submit host ran the probe's srun and whose partition gave it no node before the deadline
+    (every node taken: the step pending) was reached: said as a busy partition, and sinfo asked there; it was 'cannot
+    be asked' as a site down, and its partition never compared. A submit host with no connection still is."""
+    from rlctl.commands import check
+    from rlctl.config.inventory import Inventory
+    from rlctl.config.job import DatasetTask, Job, load_job
+    from rlctl.errors import LaunchError
+    from rlctl.launch.remote import CommandResult, LocalRunner
+    from rlctl.launch.slurm import SlurmBackend
+
+    asked: list[str] = []
+
+    class SubmitHost:  # up: srun waits for a node past the deadline (the real runner's deadline); sinfo answers
+        def __init__(self, *, up: bool) -> None:
+            self.up = up
+
+        def run(self, command: str, *, timeout_s: float) -> CommandResult:
+            asked.append(command.split()[0])
+            if not self.up:
+                raise LaunchError("ssh login: cannot connect: timed out")
+            if command.startswith("srun"):
+                return LocalRunner().run("sleep 30", timeout_s=0.2)  # the step pending
+            return CommandResult(0, "", "")
+
+        def close(self) -> None:
+            pass
+
+    up = True
+    monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: SubmitHost(up=up)))
+    demo = load_job(REPO / "jobs" / "demo.yaml")
+    workers = DatasetTask.model_construct(kind="dataset", path="d.jsonl", reward_workers=4)
+    slurm = site(gpu="CPU", kind="slurm", nodes=[{"host": "g-[01-02]", "gpus": 4}])
+    job = Job(demo.spec.model_copy(update={"task": workers}), Inventory({"local": slurm}, [], ["x"]), demo.path)
+    lines, reports = check.job_problem_lines(job, timeout_s=0.2)
+    said = [line for line in lines if line.startswith("site local")]
+    assert said == [
+        "site local host a node of partition p: the probe (srun) did not start within 0.2 s: is the partition busy, "
+        "its step waiting for a node? `squeue -p p` shows what waits there; check again when it has a free node, or "
+        "with a longer --timeout"
+    ]
+    assert asked == ["srun", "sinfo", "sinfo"] and siteprobe.unreachable(reports) is False
+    up, asked[:] = False, []
+    lines = check.job_problem_lines(job, timeout_s=0.2)[0]
+    assert [line for line in lines if line.startswith("site local")] == [
+        "site local host a node of partition p: cannot be asked: ssh login: cannot connect: timed out"
+    ]
+    assert asked == ["srun"]
