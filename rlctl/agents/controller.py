@@ -1206,6 +1206,10 @@ class ControllerAgent:
                     p.state = "lost"
 
     def _shutdown(self) -> None:
+        # the units' weight-fetch reports still held, first: none comes in from here on (the wait below books no
+        # `weights_applied`), and a controller killed while it waits (a stop's grace, a time limit's SIGKILL) or an
+        # error before the summary lost them (its events are the rows per unit readers take, `appliedlog`)
+        self.applied.flush_all()
         # an end on purpose is said on /metrics and waited for one scrape below: a /metrics that vanishes without it
         # is a controller that is gone (docs/prometheus/rlctl-alerts.yml, RlctlControllerDown)
         on_purpose = not self.core.failed and (self.core.done or self.stop_requested)
@@ -1252,7 +1256,6 @@ class ControllerAgent:
             self._checkpoint_given_up()
         # the run it ends: a launcher takes only its own run's summary (`rlctl.ops.run.run_summary`)
         end = {**summary(self.snapshot()), "run": os.environ.get(ENV_RUN)}
-        self.applied.flush_all()
         self.jobdir.write_json(self.jobdir.summary_json, end)
         self.jobdir.event("job_end", state=end["state"], iterations=end["iterations"])
         self.tracker.close()

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rlctl.agents.messages import make
 from tests.unit.controller_harness import HandledController, small_job
 
@@ -44,5 +46,28 @@ def test_the_versions_still_held_are_written_when_the_controller_ends(tmp_path: 
         assert [list(e["units"]) for e in _rows(r)] == [["rollout-0"]]
         lines = r.jd.events.read_text().splitlines()
         assert all(json.loads(line)["event"] != "weights_applied" or "units" in line for line in lines)
+    finally:
+        r.close()
+
+
+def test_the_versions_still_held_are_on_disk_before_the_ending_controller_waits_for_its_agents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_shutdown` waits for the agents' byes and a graceful stop's checkpoint (up to the stop's grace), and books no
+    weight report meanwhile: a controller killed there (the grace's end, a time limit's SIGKILL after its SIGTERM)
+    lost the reports it held, which were written only after that wait."""
+    r = HandledController(tmp_path, small_job("applied", iterations=3), listen="inproc://controller-applied-3")
+    try:
+        r.feed("rollout-0", make("weights_applied", {"version": 1, **TRANSFER}))
+        on_disk: list[list[list[str]]] = []
+
+        def waiting(**_: float) -> bool:  # (the wait's first look: what a kill now leaves behind)
+            on_disk.append([list(e["units"]) for e in _rows(r)])
+            return False
+
+        monkeypatch.setattr(r.ctl, "_waiting", waiting)
+        r.ctl._shutdown()
+        assert on_disk == [[["rollout-0"]]]  # was: [[]], the row written after the wait
+        assert [list(e["units"]) for e in _rows(r)] == [["rollout-0"]]  # once
     finally:
         r.close()
