@@ -521,7 +521,11 @@ class ControllerCore:
 
     def reported(self, name: str, *, free_rows: int | None) -> None:
         """Unit `name`'s report (its parts went to `partial`) said its engine had `free_rows` rows free (None:
-        not known): at most that many of the generations it holds may have started after it (`_interrupted`)."""
+        not known): at most that many of the generations it holds may have started after it (`_interrupted`). The
+        late report of a unit gone for good (still in the inbox as it was lost) is not kept: nothing reads it, and
+        `_forget_unit` has run (it was kept for the rest of the run)."""
+        if name not in self.units:
+            return
         if free_rows is None:
             self._admit_cap.pop(name, None)
         else:

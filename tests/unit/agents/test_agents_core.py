@@ -924,3 +924,18 @@ def test_the_output_a_migration_gives_back_past_the_store_s_bound_counts_as_disc
     assert list(reqs) == [r0[1]] and "prefix_tokens" not in reqs[r0[1]]  # starts over
     assert core.ledger.partials.over_budget == 1
     assert core.ledger.counts().discarded_tokens == 4
+
+
+def test_a_late_report_of_a_unit_gone_for_good_keeps_nothing_of_it():
+    """A unit lost (silent, its connection still up) whose reports were still in the controller's inbox: their free
+    rows were kept for the rest of the run, in the per-unit state `_forget_unit` had cleared (`core.units` holds the
+    live units only, and what is kept per unit is theirs)."""
+    core = _core(min_units=1, prompts=2)
+    core.join("trainer-0", role="trainer", version=0)
+    held = [s for s, _ in _generate(core.join("r0", role="rollout", version=0))["r0"]]
+    core.reported("r0", free_rows=3)
+    core.lost("r0")
+    assert "r0" in core.left and "r0" not in core._admit_cap
+    core.partial("r0", sample_id=held[0], start=0, tokens=[7] * 4, logprobs=[-0.1] * 4, versions=[0] * 4)
+    core.reported("r0", free_rows=2)  # (its late report: the controller books each)
+    assert "r0" not in core._admit_cap  # was: {"r0": 2}, for good
