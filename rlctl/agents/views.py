@@ -163,6 +163,14 @@ def _finite(x: float, digits: int) -> float | None:
     return round(x, digits) if math.isfinite(x) else None
 
 
+def _draining(core: ControllerCore, name: str, state: str) -> bool:
+    """Whether rollout unit `name` (its peer in `state`) is draining: in dispatch no more, its samples still coming,
+    or retired once they were in and told to stop, its bye not here yet (gone from `core.units`, its name in
+    `core.left`: a lost one's peer is "lost"), versus listed as a unit that runs."""
+    unit = core.units.get(name)
+    return unit.draining if unit is not None else name in core.left and state in LIVE_STATES
+
+
 def status(s: Snapshot, *, now: float) -> dict[str, Any]:
     """The reply to a status request (`now`: time.monotonic())."""
     core = s.core
@@ -180,7 +188,7 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
             "phase": p.figures.phase,
             "phase_s": round(p.figures.phase_s, 1),
             "inflight": core.ledger.inflight(p.name) if p.role == "rollout" else 0,
-            "draining": bool(p.role == "rollout" and p.name in core.units and core.units[p.name].draining),
+            "draining": p.role == "rollout" and _draining(core, p.name, p.state),
         }
         for p in s.peers.values()
         if p.role != "client"

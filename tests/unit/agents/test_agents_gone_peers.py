@@ -124,6 +124,21 @@ def test_a_stopped_unit_leaves_the_peers_and_joins_again_under_its_name(running:
     assert [a["name"] for a in st["agents"]] == ["trainer-0", "rollout-0", "rollout-1"]
 
 
+def test_a_drained_unit_told_to_stop_is_still_shown_draining_until_its_bye(running: Running) -> None:
+    """A unit retired by a scale-in (its samples in, told to stop) leaves `core.units`: `rlctl status` showed it as a
+    unit that runs (`running`, no "(draining)") until its bye, for good when it never says one."""
+    r = running
+    r.train()
+    r.tell("client-0", "scale", {"delta": -1})  # rollout-1 drains: told to stop once its samples are in
+    r.train()
+    assert "rollout-1" in r.ctl.core.left and r.ctl.peers["rollout-1"].state == "running"
+    draining = {a["name"]: a["draining"] for a in status(r.ctl.snapshot(), now=time.monotonic())["agents"]}
+    assert draining == {"trainer-0": False, "rollout-0": False, "rollout-1": True}  # was: rollout-1 False
+    r.lose("rollout-0")  # a unit lost is not one draining
+    (lost,) = [a for a in status(r.ctl.snapshot(), now=time.monotonic())["agents"] if a["name"] == "rollout-0"]
+    assert (lost["state"], lost["draining"]) == ("lost", False)
+
+
 def test_a_gone_unit_s_gauges_are_removed_with_it(running: Running) -> None:
     r = running
     r.train()
