@@ -939,3 +939,32 @@ def test_a_late_report_of_a_unit_gone_for_good_keeps_nothing_of_it():
     core.partial("r0", sample_id=held[0], start=0, tokens=[7] * 4, logprobs=[-0.1] * 4, versions=[0] * 4)
     core.reported("r0", free_rows=2)  # (its late report: the controller books each)
     assert "r0" not in core._admit_cap  # was: {"r0": 2}, for good
+
+
+def test_a_drained_unit_retired_before_its_withdraw_answer_leaves_its_receiver_free_to_migrate():
+    """r0 was asked to give r1 one of its two samples, then drained; both finished there, so it retired, and its
+    answer never came (the link dropped it as it stopped). The move pending for it held r1 busy for good
+    (`migration.plan`: a move each way at a time): r1 holding two beside an idle r2 was never asked to give one."""
+    core = _batch_core(8, group=2, prompts=2, min_units=2, iterations=4)
+    core.join("trainer-0", role="trainer", version=0)
+    core.join("r0", role="rollout", version=0)
+    gen = _generate(core.join("r1", role="rollout", version=0))
+    delivered: list[str] = []
+
+    def finish(unit: str, sid: str, version: int = 0) -> None:
+        outs = _finish(core, unit, sid, version=version)
+        delivered.extend(s["sample_id"] for o in outs if o.kind == "samples" for s in o.header["samples"])
+
+    for sid, _ in gen["r1"]:
+        finish("r1", sid)
+    assert _withdraws(core.migrate(now=True)) == {"r0": 1}  # r1 idle beside r0's two
+    core.drain("r0")
+    for sid, _ in gen["r0"]:  # (before it took the `withdraw` in): retired, told to stop
+        finish("r0", sid)
+    assert "r0" in core.left and "r0" not in core.withdrawing  # was: {"r0": ("r1", 1)} for good
+    core.join("r2", role="rollout", version=0)
+    core.trained(iteration=0, version=1, sample_ids=delivered, stats={})
+    gen = _generate(core.weights_applied("r1", 1) + core.weights_applied("r2", 1))
+    for sid, _ in gen["r2"]:
+        finish("r2", sid, version=1)
+    assert len(gen["r1"]) == 2 and _withdraws(core.migrate(now=True)) == {"r1": 1}  # was: {} (r1 busy)
