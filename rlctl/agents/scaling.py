@@ -670,7 +670,9 @@ class Scaler:
         name = f"rollout-{replica}"
         self.placement.sites[name] = site
         self.spawn_requested[name] = time.monotonic()
-        if reason != "replace" and self._unfilled.get(site, 0) > 0:  # it takes a given-up unit's place
+        # it takes a given-up unit's place; not a replacement, nor a resume's (`_restore_units` counted the place in
+        # what the site has: taking it too counted it out twice, and a second resume came back a unit short)
+        if reason not in ("replace", "resume") and self._unfilled.get(site, 0) > 0:
             self._unfilled[site] -= 1
             self._filling[name] = site
 

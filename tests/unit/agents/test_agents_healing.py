@@ -997,3 +997,29 @@ def test_a_resume_after_a_unit_given_up_on_and_a_scale_out_brings_the_units_the_
     resumed, _, _, _, spawner2 = setup(tmp_path / "resumed", fail=0)
     resumed.restore(replaced=0, units=scaler.unit_counts(), now=0.0)
     assert resumed.tick(2.0) == [] and spawner2.calls == []  # the plan's 2 joined: the 2 the job had
+
+
+def test_a_resume_that_starts_the_units_its_run_had_beside_a_unit_given_up_on_keeps_its_place(tmp_path) -> None:
+    """A resumed run of a checkpoint with 3 units on site a (the plan's 2 and a `scale +1`): the plan's rollout-1
+    exited before it joined and was given up on before the resume's units started, so the site counted rollout-0 and
+    the given-up place, and the resume started the 1 missing unit. That unit took the given-up place too: the
+    checkpoint then counted 2 (the place counted out twice) and a second resume came back with one unit fewer than
+    the job had. A unit the resume starts is one its checkpoint counted, beside the place."""
+    scaler, core, _, posted, _ = setup(tmp_path, fail=scaling.REPLACE_ATTEMPTS)
+    scaler.core = ControllerCore(core.cfg, prompts=lambda it: [PromptSpec(f"p{it}", [1], 1)])
+    scaler.core.join("rollout-0", role="rollout", version=0)
+    scaler._unjoined_at = 1e9  # (the sites' answer is given below, not asked in a thread)
+    scaler.restore(replaced=0, units={"a": 3}, now=0.0)
+    scaler.not_joining(["rollout-1"], now=61.0)  # its site said it exited
+    now = 61.0
+    while "rollout-1" not in scaler.gave_up and now < scaling.RESTORE_WAIT_S:
+        scaler.tick(now)
+        r = scaler.replacing.get("rollout-1")
+        if r is not None and r.unit is not None and r.error is None:  # an attempt started: its spawn fails
+            deliver(scaler, posted)
+        now += 1.0
+    assert scaler.gave_up == ["rollout-1"] and scaler.restoring is not None and scaler.unit_counts() == {"a": 2}
+    scaler.tick(scaling.RESTORE_WAIT_S + 1.0)  # rollout-1 never joined: the checkpoint's units start past the wait
+    deliver(scaler, posted)
+    assert scaler.restoring is None and scaler.pending_units() == ["rollout-5"]
+    assert scaler.unit_counts() == {"a": 3}  # rollout-0, rollout-5 and rollout-1's place
