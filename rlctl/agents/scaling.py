@@ -379,7 +379,8 @@ class Scaler:
         if n > most:  # one line: what the job (and the site) runs, and how many may go
             on, there = (f" on {site}", f", {here} on {site}") if site else ("", "")
             valid = f"at most {most} can be removed" if most > 0 else "none can be removed"
-            why = " there" if most < total - 1 else " (at least one unit must stay in the job)"
+            # the site's count holds it back when another site keeps a unit (the floor then cannot bind)
+            why = " there" if here < total else " (at least one unit must stay in the job)"
             runs = f"the job runs {total} in dispatch{there}"
             return {"error": f"cannot remove {n} rollout unit(s){on}: {runs}; {valid}{why}"}, []
         victims = sorted(units, key=lambda u: _ordinal(u.name), reverse=True)[:n]  # the newest first

@@ -515,6 +515,23 @@ def test_a_scale_in_of_more_units_than_the_job_runs_says_how_many_it_runs_and_ho
     }
 
 
+def test_a_scale_in_of_every_unit_of_a_site_beside_one_elsewhere_blames_the_site_not_the_jobs_floor(tmp_path):
+    # `scale --rollout -4 --site a` of a job with 3 units on a and 1 on b said "at most 3 can be removed (at least one
+    # unit must stay in the job)": a's 3 may all go (b's stays), so a's count is what holds it back, not the floor
+    scaler, core, _, _ = _scaler(tmp_path, units=3)
+    core.join("rollout-3", role="rollout", version=0)
+    scaler.placement.sites["rollout-3"] = "b"
+    scaler.placement.plan["rollout"].append({"site": "b", "units": 1})
+    reply, outs = scaler.scale(-4, "a", reason="manual")
+    assert reply == {
+        "error": "cannot remove 4 rollout unit(s) on a: the job runs 4 in dispatch, 3 on a; at most 3 can be removed "
+        "there"
+    }
+    assert outs == [] and len(core.live_units) == 4
+    reply, _ = scaler.scale(-3, "a", reason="manual")
+    assert reply == {"removing": ["rollout-2", "rollout-1", "rollout-0"]}
+
+
 def test_first_sample_of_a_requested_unit_is_recorded_once(tmp_path):
     scaler, _, jd, _ = _scaler(tmp_path, units=1)
     scaler.spawn_requested["rollout-5"] = 0.0
