@@ -407,8 +407,11 @@ def resume_points(events: list[dict[str, Any]]) -> list[tuple[float, int]]:
 def abandoned(event: dict[str, Any], resumes: list[tuple[float, int]]) -> bool:
     """Whether `event` (a row of events.jsonl that names its iteration: a scale) belongs to a run a later resume of
     `resumes` (`resume_points`) abandoned: written before it, at or past the checkpoint it went back to (that
-    checkpoint's iteration and those after it were trained again)."""
-    return any(event_time(event) < t and (event.get("iteration") or 0) >= v for t, v in resumes)
+    checkpoint's iteration and those after it were trained again). An iteration that is no number (null, text: an
+    edited row) is read as 0, as `row_count` reads one (text was a TypeError that killed a resumed controller as it
+    started)."""
+    iteration = row_count(event.get("iteration")) or 0
+    return any(event_time(event) < t and iteration >= v for t, v in resumes)
 
 
 def event_time(row: dict[str, Any]) -> float:

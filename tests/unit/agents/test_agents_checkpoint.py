@@ -906,3 +906,35 @@ def test_the_summary_of_a_resumed_run_lists_the_scale_events_of_the_jobs_history
     finally:
         ctl.listener.close()
         threading.Thread(target=ctl.metrics.close, daemon=True).start()
+
+
+def test_a_resume_reads_a_scale_event_whose_iteration_is_text_as_one_without_a_number(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A scale event edited by hand ('iteration': 'two') beside rollout-3's at 4, then a resume from v4: the resumed
+    controller's look for the scale events of the job's history compared 'two' >= 4, a TypeError that killed it as
+    it started (`rlctl report` leaves such an event out, naming it). An iteration that is no number is read as a
+    null one (iteration 0), as the other readers of an edited row read it (`row_count`)."""
+    from rlctl.agents import views
+    from rlctl.agents.controller import ControllerAgent
+    from rlctl.agents.ledger import Ledger
+    from rlctl.checkpoint.controller import save_controller
+    from rlctl.launch.agentenv import ENV_RESUME
+    from rlctl.transport import InprocTransport
+    from tests.unit.controller_harness import HandledController, small_job
+
+    job = small_job("edited", iterations=8)
+    h = HandledController(tmp_path, job, listen="inproc://edited-a")
+    h.close()
+    scale = {"direction": "out", "site": "local", "reason": "manual", "delta_s": None, "delta_prime_s": None}
+    h.jd.event("scale", agent="rollout-2", iteration="two", **scale)
+    h.jd.event("scale", agent="rollout-3", iteration=4, **scale)
+    state = {"iteration": 4, "ranker": {"tokens": [], "lengths": []}, "rebalance_window": [], "samples_log_bytes": 0}
+    save_controller(h.jd, 4, state=state, ledger=Ledger(), trainer_digest="d" * 64)
+    monkeypatch.setenv(ENV_RESUME, "4")
+    ctl = ControllerAgent(h.jd, job, InprocTransport(secret=h.jd.secret()), listen="inproc://edited-b")
+    try:
+        assert [e["agent"] for e in views.summary(ctl.snapshot())["scale_events"]] == ["rollout-2"]
+    finally:
+        ctl.listener.close()
+        threading.Thread(target=ctl.metrics.close, daemon=True).start()
