@@ -760,7 +760,7 @@ def test_a_unit_last_said_queued_whose_sites_cannot_say_is_not_stopped_for_not_j
 def test_a_unit_last_said_queued_whose_sites_never_say_again_is_stopped_once_its_bound_runs(tmp_path) -> None:
     # asking its sites raised at every turn (a damaged agents.jsonl): rollout-2, last seen queued, was taken as
     # queued for good, its join bound started again at each ask, and a unit that hung loading was never stopped
-    # (the spawner bounds a silent site so, SILENT_QUEUE_S; this fallback did not)
+    # (the scaler alone bounds a silent site so since Spawner.queued never raises: SILENT_QUEUE_S)
     scaler, _, _, posted, spawner = setup(tmp_path, fail=0)
     t0 = scaler.t0
     scaler.tick(t0 + 1.0)

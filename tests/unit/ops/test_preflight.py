@@ -1837,6 +1837,26 @@ def test_a_launch_whose_data_file_is_missing_is_refused_before_it_builds_the_sta
     assert not (into / "model").exists()
 
 
+def test_a_missing_file_named_by_an_absolute_path_is_said_as_written(tmp_path: Path) -> None:
+    """'(relative to the job file)' was said of an absolute path too, which is read as written."""
+    from rlctl.errors import ConfigError
+    from rlctl.launch.jobdir import JobDir
+    from rlctl.ops.inputs import copy_inputs, resolve_inputs
+
+    for task, field, gone in (
+        ({"reward": f"{tmp_path / 'gone.py'}:f"}, "task.reward", tmp_path / "gone.py"),
+        ({"path": str(tmp_path / "gone.jsonl")}, "task.path", tmp_path / "gone.jsonl"),
+    ):
+        job = hf_dataset_job(tmp_path, positions=64, task={"max_prompt_tokens": 16, "max_output_tokens": 16})
+        spec = yaml.safe_load(job.path.read_text())
+        spec["task"].update(task)
+        job.path.write_text(yaml.safe_dump(spec))
+        job = load_job(job.path)
+        with pytest.raises(ConfigError) as e:
+            copy_inputs(JobDir(tmp_path / "run"), resolve_inputs(job.spec, job), job)
+        assert str(e.value) == f"{job.path}: {field}: no such file {str(gone)!r}"
+
+
 @pytest.mark.parametrize("theirs", ["data", "reward", "model"])
 @pytest.mark.parametrize("link", [False, True])
 def test_a_launch_into_a_directory_with_a_file_named_data_reward_or_model_is_refused_in_one_line(
