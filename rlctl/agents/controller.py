@@ -90,7 +90,7 @@ from rlctl.launch.agentenv import ENV_RUN
 from rlctl.launch.jobdir import JobDir, abandoned, event_time, resume_points
 from rlctl.metrics import JobMetrics
 from rlctl.rl.ranker import LengthRanker, recall_at
-from rlctl.rl.reward import RewardStats
+from rlctl.rl.reward_pool import RewardStats
 from rlctl.rl.source import DatasetSource, DigitsSource, RlPrompt, task_source
 from rlctl.tracking import FanOut, make_trackers, row_to_metrics
 from rlctl.transport import Connection, Listener, Message, Transport

@@ -169,7 +169,7 @@ class Delivered(msgspec.Struct):
     iteration: NonNegInt
     version: NonNegInt
     output_tokens: NonNegInt
-    reward: float  # scored beside the controller (rlctl.rl.reward)
+    reward: float  # scored beside the controller (rlctl.rl.reward_pool)
     group_size: NonNegInt = 0  # the group's samples that train (fewer when some were filtered); 0: all of them
 
 

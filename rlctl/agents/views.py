@@ -25,7 +25,7 @@ from rlctl.agents.rowbook import RowBook
 from rlctl.agents.weightbook import WeightBook
 from rlctl.config.job import JobFile
 from rlctl.metrics import JobMetrics
-from rlctl.rl.reward import RewardStats
+from rlctl.rl.reward_pool import RewardStats
 from rlctl.rl.source import heldout_view
 
 

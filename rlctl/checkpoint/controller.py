@@ -32,7 +32,7 @@ from rlctl.agents import samplelog
 from rlctl.agents.ledger import Ledger
 from rlctl.checkpoint.files import fsync_dir, fsync_tree, read_manifest, set_latest, write_part
 from rlctl.launch.jobdir import JobDir, row_count
-from rlctl.rl.reward import RewardStats
+from rlctl.rl.reward_pool import RewardStats
 
 PART = "controller"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from rlctl.config.job import DatasetTask, DigitsTask, HfModel, Job, JobFile, sft_steps
 from rlctl.errors import ConfigError, UsageError
 from rlctl.launch.jobdir import JobDir, refuse_theirs
-from rlctl.rl.reward import copy_reward
+from rlctl.rl.reward_files import copy_reward
 from rlctl.rl.source import DATA_DIR, HELDOUT_DIR, REWARD_DIR, heldout_task
 
 
@@ -113,7 +113,7 @@ def _refuse_users_dirs(jobdir: JobDir, spec: JobFile, job: Job) -> None:
     if not isinstance(task, DatasetTask):
         return
     from rlctl.rl.dataset import refuse_not_ours
-    from rlctl.rl.reward import refuse_replacing_theirs
+    from rlctl.rl.reward_files import refuse_replacing_theirs
 
     base = job.path.parent
     refuse_not_ours(base / task.path, jobdir.path / DATA_DIR)

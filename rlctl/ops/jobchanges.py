@@ -115,7 +115,7 @@ def reward_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
     """One line when the reward file the job file names (`task.reward: path/to/file.py:name`), with the modules
     beside it that it imports, is not what the job's reward/ holds (copied at the launch), which the resume runs:
     the files that differ. Nothing for another reward, or one that cannot be read (moved, removed)."""
-    from rlctl.rl.reward import copy_reward
+    from rlctl.rl.reward_files import copy_reward
     from rlctl.rl.source import REWARD_DIR
 
     task = job.get("task") if isinstance(job, dict) else None
@@ -145,7 +145,7 @@ def reward_changes(jobdir: JobDir, job: Any, source: Path) -> list[str]:
 def _files(directory: Path) -> dict[str, bytes]:
     """The files under `directory` (less what `copy_reward` leaves out: bytecode, a .git a launch before it copied)
     by their path relative to it, with their bytes."""
-    from rlctl.rl.reward import NOT_COPIED
+    from rlctl.rl.reward_files import NOT_COPIED
 
     return {
         str(f.relative_to(directory)): f.read_bytes()

@@ -88,7 +88,7 @@ from rlctl.ops.detach import this_launcher
 from rlctl.ops.extend import trained_iterations
 from rlctl.ops.inputs import copy_inputs, resolve_inputs
 from rlctl.ops.jobdb import LIVE, JobDB, JobRow
-from rlctl.rl.reward import load_deadline_s
+from rlctl.rl.reward_pool import load_deadline_s
 from rlctl.transport import Connection, Message, make_transport
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,9 @@ import numpy as np
 from rlctl.config.job import BUILTIN_REWARD_NAMES, DatasetTask
 from rlctl.errors import ConfigError
 from rlctl.launch.jobdir import refuse_theirs
-from rlctl.rl.reward import LoadTimedOut, RewardPool, RewardResult, check_loads, copy_reward
+from rlctl.rl.reward import RewardResult
+from rlctl.rl.reward_files import copy_reward
+from rlctl.rl.reward_pool import LoadTimedOut, RewardPool, check_loads
 from rlctl.rl.tokenizer import HFTokenizer, TextTokenizer, decode_output
 from rlctl.textutil import one_of
 

@@ -107,7 +107,7 @@ def compare_dataset(
     job directory), as the job summary shows them. On this machine's first GPU in the checkpoint's dtype when
     it has one (the engine is the same code), else on the CPU in fp32."""
     from rlctl.rl.dataset import load_dataset, submit_reward
-    from rlctl.rl.reward import RewardPool
+    from rlctl.rl.reward_pool import RewardPool
     from rlctl.rl.tokenizer import load_tokenizer
 
     t0 = time.monotonic()

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from rlctl.config.job import DatasetTask, DigitsTask, JobFile
 from rlctl.errors import ConfigError
-from rlctl.rl.reward import RewardPool, RewardResult, RewardStats
+from rlctl.rl.reward import RewardResult
+from rlctl.rl.reward_pool import RewardPool, RewardStats
 
 if TYPE_CHECKING:
     from rlctl.rl.dataset import DataPrompt

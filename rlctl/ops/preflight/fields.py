@@ -163,7 +163,7 @@ def _unread(job: Job) -> list[Problem]:
         why = "read when task.reward_workers > 0 only (0 scores in the caller's thread, with no timeout)"
         cases.append(("task", task, "reward_timeout_s", task.reward_workers == 0, why))
         cases.append(("task", task, "reward_load_timeout_s", task.reward_workers == 0, why))
-        # a reward scored in the caller's thread is in when its sample is: none is ever late (rlctl.rl.reward)
+        # a reward scored in the caller's thread is in when its sample is: none is ever late (rlctl.rl.reward_pool)
         stall = (
             "read when task.reward_workers > 0 only (0 scores each sample in the caller's thread as it arrives: "
             "no reward is late)"

@@ -762,7 +762,7 @@ def test_the_reward_failures_before_a_checkpoint_stay_in_the_summary_of_the_run_
     from rlctl.agents.messages import CheckpointWritten
     from rlctl.launch.agentenv import ENV_RESUME
     from rlctl.render import reward_failures_line
-    from rlctl.rl.reward import RewardStats
+    from rlctl.rl.reward_pool import RewardStats
     from rlctl.transport import InprocTransport
     from tests.unit.controller_harness import HandledController, small_job
 

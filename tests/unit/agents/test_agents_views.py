@@ -23,7 +23,7 @@ from rlctl.config.inventory import Site
 from rlctl.config.job import JobFile
 from rlctl.launch.jobdir import JobDir
 from rlctl.metrics import JobMetrics
-from rlctl.rl.reward import RewardStats
+from rlctl.rl.reward_pool import RewardStats
 from rlctl.tracking import row_to_metrics
 
 

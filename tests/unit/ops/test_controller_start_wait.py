@@ -15,7 +15,7 @@ from rlctl.config.job import DatasetTask
 from rlctl.errors import LaunchError, Stopped
 from rlctl.launch.jobdir import JobDir
 from rlctl.ops import run
-from rlctl.rl.reward import load_deadline_s
+from rlctl.rl.reward_pool import load_deadline_s
 
 
 def test_the_deadline_for_a_reward_load_follows_its_timeout_unless_the_job_sets_one() -> None:

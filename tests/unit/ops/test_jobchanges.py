@@ -53,7 +53,7 @@ def test_a_hand_edited_job_json_is_said_with_its_fields(tmp_path: Path) -> None:
 def test_a_resume_names_the_files_of_the_reward_changed_since_the_launch(tmp_path: Path) -> None:
     """Before: a helper module of the reward file, edited between runs, went unsaid, and the resume scored with the
     job's copy of the one launched (its reward/)."""
-    from rlctl.rl.reward import copy_reward
+    from rlctl.rl.reward_files import copy_reward
 
     (tmp_path / "rewards").mkdir()
     (tmp_path / "rewards" / "helper.py").write_text("X = 1\n")
@@ -131,7 +131,7 @@ def test_a_reward_file_that_is_a_link_unchanged_since_the_launch_is_not_said(tmp
     """Before: the launch copies a linked reward file under the link's name (rewards/score.py), the comparison copied
     it under its target's (impl.py), so every resume said 'the reward … changed since the launch (impl.py, score.py)'
     of a reward nobody touched."""
-    from rlctl.rl.reward import copy_reward
+    from rlctl.rl.reward_files import copy_reward
 
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "impl.py").write_text("def f(*a): return 1.0\n")

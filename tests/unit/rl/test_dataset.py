@@ -10,9 +10,9 @@ import yaml
 
 from rlctl.config.job import DatasetTask
 from rlctl.errors import ConfigError
-from rlctl.rl import dataset, reward
+from rlctl.rl import dataset, reward, reward_pool
 from rlctl.rl.dataset import check_rows, check_task, keeping_rows, load_dataset, prepare_dataset, submit_reward
-from rlctl.rl.reward import RewardPool
+from rlctl.rl.reward_pool import RewardPool
 from rlctl.rl.tokenizer import HFTokenizer, load_tokenizer
 from tests.unit.hf_tokenizer import SPECIALS, write_tokenizer
 
@@ -493,7 +493,7 @@ def test_a_reward_whose_modules_cannot_be_copied_is_one_line_naming_the_file(tmp
     is, and its copy into the job (the file and the modules it imports) was made only since."""
     from rlctl.launch.jobdir import JobDir
     from rlctl.ops.jobchanges import launch_changes
-    from rlctl.rl.reward import copy_reward
+    from rlctl.rl.reward_files import copy_reward
     from tests.unit.controller_harness import small_job
 
     job = tmp_path / "job.yaml"
@@ -525,7 +525,7 @@ def test_check_task_loads_the_reward_in_a_worker_within_its_deadline(
     a start (here 1 s): a module whose import hangs is refused in one line naming the function and the deadline
     (check once imported it in its own process and hung for ever); an error inside the module is the loader's line,
     as before; the check's process imports neither."""
-    monkeypatch.setattr(reward, "LOAD_RETRY_MIN_S", 1.0)  # the pool's deadline: max(this, 6 × reward_timeout_s)
+    monkeypatch.setattr(reward_pool, "LOAD_RETRY_MIN_S", 1.0)  # the pool's deadline: max(this, 6 × reward_timeout_s)
     job = tmp_path / "job.yaml"
     ten_rows(tmp_path)
     (tmp_path / "hang.py").write_text("import threading\nthreading.Event().wait()\n")
@@ -555,7 +555,7 @@ def test_a_reward_that_loads_longer_than_its_calls_bound_takes_reward_load_timeo
     against 6 × reward_timeout_s, at least 60 s) loads with `task.reward_load_timeout_s`, without a longer timeout
     for every call; the refusal of the default bound says so (before, the only way was to raise
     reward_timeout_s)."""
-    monkeypatch.setattr(reward, "LOAD_RETRY_MIN_S", 1.0)  # the default bound: max(this, 6 × reward_timeout_s)
+    monkeypatch.setattr(reward_pool, "LOAD_RETRY_MIN_S", 1.0)  # the default bound: max(this, 6 × reward_timeout_s)
     job = tmp_path / "job.yaml"
     ten_rows(tmp_path)
     (tmp_path / "model.py").write_text(
@@ -573,7 +573,7 @@ def test_a_reward_whose_copy_only_timed_out_loading_is_said_slow_not_reading_a_f
 ) -> None:
     """A reward whose first import is slow (a cold cache) timed out from the job's copy, then loaded where it is: the
     refusal said the copy lacked a file it reads beside it, and to put that file in a package."""
-    monkeypatch.setattr(reward, "LOAD_RETRY_MIN_S", 1.0)
+    monkeypatch.setattr(reward_pool, "LOAD_RETRY_MIN_S", 1.0)
     job = tmp_path / "job.yaml"
     ten_rows(tmp_path)
     (tmp_path / "slow.py").write_text(

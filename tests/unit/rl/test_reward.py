@@ -14,19 +14,19 @@ import pytest
 
 from rlctl.config.job import DatasetTask
 from rlctl.errors import ConfigError
-from rlctl.rl import reward
+from rlctl.rl import reward_pool
 from rlctl.rl.dataset import prepare_dataset
 from rlctl.rl.reward import (
-    REAP_EVERY_S,
-    RewardPool,
     RewardResult,
     call_reward,
     check_result,
     digits,
     exact_match,
     load_reward,
-    local_modules,
 )
+from rlctl.rl.reward_files import local_modules
+from rlctl.rl.reward_pool import RewardPool
+from rlctl.rl.reward_worker import REAP_EVERY_S
 from rlctl.rl.source import DatasetSource
 from rlctl.rl.tokenizer import load_tokenizer
 from tests.unit.hf_tokenizer import write_tokenizer
@@ -172,7 +172,7 @@ def test_a_base_exception_in_the_function_is_a_failed_call_named_in_the_log(
     result = call_reward(cancelled, {}, -1.0)
     assert (result.score, result.outcome) == (-1.0, "error")
     assert result.error is not None and result.error.startswith("_Cancelled: gave up (test_reward.py:")
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward_pool")
     with RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=workers, on_error=-1.0) as pool:
         result = pool.score("s0", "src", "base", "a")
         assert (result.outcome, pool.stats.errors, pool.stats.restarts) == ("error", 1, 0)
@@ -484,7 +484,7 @@ def test_a_reward_link_named_otherwise_than_its_target_is_copied_under_the_name_
 
 def test_inline_pool_scores_and_counts(rewards_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     pool = RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=0, on_error=-1)
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward_pool")
     assert pool.score("s0", "d", "a", "a") == RewardResult(1.0)
     assert pool.score("s1", "d", "extra", "a", {"bonus": 3}).score == 3.0
     bad = pool.score("s2", "d", "raise", "a")
@@ -501,7 +501,7 @@ def test_a_failed_call_names_the_row_of_the_user_s_file_and_the_first_is_kept(
 ) -> None:
     # it named the sample by its place in the data stream alone (`sample p1/0`), which no user can find in their
     # file, and the summary kept only counts
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward_pool")
     tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
     rows = [{"prompt": f"what is {i} + 1 ?", "ground_truth": str(i + 1), "extra_info": {"i": i}} for i in range(3)]
     write_jsonl(tmp_path / "train.jsonl", rows)
@@ -534,7 +534,7 @@ def test_three_argument_functions_get_no_extra_info(rewards_dir: Path) -> None:
 
 
 def test_worker_pool_survives_exceptions_hangs_and_deaths(rewards_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward_pool")
     with RewardPool(
         "rewards/mine.py:compute_score", base_dir=rewards_dir, workers=2, timeout_s=1.0, on_error=-1.0
     ) as pool:
@@ -598,7 +598,7 @@ def test_broken_spec_fails_in_the_caller_or_the_first_start(tmp_path: Path) -> N
 def test_a_hung_call_holds_only_its_own_worker(rewards_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One worker, a call that hangs, then three ordinary calls: past the stuck limit (0.5 s here) a second
     worker starts and answers them long before the hung call's deadline; once nothing waits, it stops again."""
-    monkeypatch.setattr(reward, "STUCK_FRACTION", 0.05)  # 0.5 s of the 10 s timeout: room to start a worker
+    monkeypatch.setattr(reward_pool, "STUCK_FRACTION", 0.05)  # 0.5 s of the 10 s timeout: room to start a worker
     with RewardPool("rewards/mine.py:compute_score", base_dir=rewards_dir, workers=1, timeout_s=10.0) as pool:
         assert pool.stuck_s == 0.5
         assert pool.score("warm", "d", "a", "a").ok  # the first worker is up
@@ -725,7 +725,7 @@ def test_close_takes_a_running_call_s_child_programs_with_it(rewards_dir: Path) 
 OWNER = """
 import sys, time
 from pathlib import Path
-from rlctl.rl.reward import RewardPool
+from rlctl.rl.reward_pool import RewardPool
 
 pool = RewardPool("rewards/mine.py:compute_score", base_dir=Path(sys.argv[1]), workers=1, timeout_s=600.0)
 pool.submit("s0", "d", sys.argv[3], "a", {"pids": sys.argv[2], "marker": sys.argv[4]})
@@ -790,7 +790,7 @@ def _break_the_worker_s_next_load(pool: RewardPool, tmp_path: Path) -> None:
 def test_a_worker_that_failed_to_load_starts_again_and_scores(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A replacement's start fails (a transient import error) and the failure passes: the worker starts again
     after its backoff and the calls are scored (they once all scored `on_error` for the rest of the job)."""
-    caplog.set_level(logging.ERROR, logger="rlctl.rl.reward")
+    caplog.set_level(logging.ERROR, logger="rlctl.rl.reward_pool")
     (tmp_path / "flaky.py").write_text(FLAKY_FILE)
     with RewardPool("flaky.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=1.0, on_error=-1.0) as pool:
         assert pool.score("s0", "d", "a", "a").ok
@@ -804,7 +804,7 @@ def test_a_worker_that_failed_to_load_starts_again_and_scores(tmp_path: Path, ca
 def test_workers_that_stay_unable_to_load_fail_the_pool(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The failure does not pass: past `load_retry_s` the pool fails, saying why, and cancels its calls, those
     waiting and those to come (the controller fails the job with it) instead of scoring them `on_error`."""
-    caplog.set_level(logging.ERROR, logger="rlctl.rl.reward")
+    caplog.set_level(logging.ERROR, logger="rlctl.rl.reward_pool")
     (tmp_path / "flaky.py").write_text(FLAKY_FILE)
     with RewardPool(  # 3 s: the first start's deadline too, on a loaded CI machine
         "flaky.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=1.0, on_error=-1.0, load_retry_s=3.0
@@ -848,7 +848,7 @@ def test_the_controllers_source_refuses_a_reward_no_worker_can_load_as_it_starts
     import outlasts the pool's deadline for a start (here 1 s), is a config error there, in one line naming the
     function and why — before any prompt is dispatched (the job once ran until its first sample's reward was
     cancelled). A function that loads is scored as before."""
-    caplog.set_level(logging.ERROR, logger="rlctl.rl.reward")
+    caplog.set_level(logging.ERROR, logger="rlctl.rl.reward_pool")
     tok = load_tokenizer(write_tokenizer(tmp_path / "model"))
     write_jsonl(tmp_path / "train.jsonl", [{"prompt": "what is 1 + 2 ?", "ground_truth": "3"}])
     (tmp_path / "bad.py").write_text("raise ImportError('needs sympy')\n")
@@ -867,7 +867,7 @@ def test_the_controllers_source_refuses_a_reward_no_worker_can_load_as_it_starts
     with pytest.raises(ConfigError) as e:
         source("bad.py:f")
     assert str(e.value) == "job.json: task.reward: bad.py: cannot import: ImportError: needs sympy"
-    monkeypatch.setattr(reward, "LOAD_RETRY_MIN_S", 1.0)  # the pool's deadline: max(this, 6 × reward_timeout_s)
+    monkeypatch.setattr(reward_pool, "LOAD_RETRY_MIN_S", 1.0)  # the pool's deadline: max(this, 6 × reward_timeout_s)
     with pytest.raises(ConfigError) as e:
         source("hang.py:f")
     assert str(e.value) == (
@@ -875,7 +875,7 @@ def test_the_controllers_source_refuses_a_reward_no_worker_can_load_as_it_starts
         "a longer load: set task.reward_load_timeout_s)"
     )
     assert "reward pool failed" not in caplog.text  # the one line is the config error's
-    monkeypatch.setattr(reward, "LOAD_RETRY_MIN_S", 60.0)  # a loaded machine may take over 1 s to start a worker
+    monkeypatch.setattr(reward_pool, "LOAD_RETRY_MIN_S", 60.0)  # a loaded machine may take over 1 s to start a worker
     ok = source("ok.py:f")
     try:
         assert ok.reward_failure() is None
@@ -959,7 +959,7 @@ def test_a_replacement_that_does_not_finish_loading_is_a_failed_start(
     backoff); the calls are scored once the hang passes, and the pool fails once it has lasted `load_retry_s`
     (the replacement once held its slot for ever: the calls waited and no failure was counted). When it passes, the
     start after the backoff (1 s) loads within the 4 s left of `load_retry_s`."""
-    caplog.set_level(logging.ERROR, logger="rlctl.rl.reward")
+    caplog.set_level(logging.ERROR, logger="rlctl.rl.reward_pool")
     (tmp_path / "slow.py").write_text(HANGING_FILE)
     with RewardPool(
         "slow.py:compute_score", base_dir=tmp_path, workers=1, timeout_s=1.0, on_error=-1.0, load_retry_s=load_retry_s
@@ -1065,7 +1065,7 @@ def test_a_pool_that_waits_for_its_first_start_is_bounded_when_its_dispatcher_ne
     # the wait relied on the dispatcher thread's word: one that ended on a bug of its own hung the controller's
     # start and `rlctl check` for ever
     (tmp_path / "ok.py").write_text("def f(data_source, solution_str, ground_truth, extra_info=None):\n    return 1\n")
-    monkeypatch.setattr(reward, "WAIT_SLACK_S", 0.5)
+    monkeypatch.setattr(reward_pool, "WAIT_SLACK_S", 0.5)
     monkeypatch.setattr(RewardPool, "_dispatch", lambda self: None)
     t0 = time.monotonic()
     with pytest.raises(ValueError, match=r"^ok.py:f: no reward worker said whether it loaded within 1 s$"):
@@ -1079,7 +1079,7 @@ def test_a_large_package_beside_a_reward_file_is_said_once_and_its_junk_left_out
     """A package beside the reward file is copied whole into the job (and staged to every site): one holding a
     checkout's .git, or gigabytes of data, was copied without a word, .git and all."""
     from rlctl.ops.inputs import copy_reward
-    from rlctl.rl import reward
+    from rlctl.rl import reward_files
 
     pkg = tmp_path / "src" / "rlctl_big_zz"
     (pkg / ".git" / "objects").mkdir(parents=True)
@@ -1087,9 +1087,9 @@ def test_a_large_package_beside_a_reward_file_is_said_once_and_its_junk_left_out
     (pkg / "__init__.py").write_text("")
     (pkg / "table.bin").write_bytes(b"t" * (3 << 20))
     (tmp_path / "src" / "r.py").write_text("import rlctl_big_zz\n")
-    monkeypatch.setattr(reward, "PACKAGE_WARN_BYTES", 2 << 20)
-    monkeypatch.setattr(reward, "_said_size", set())
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
+    monkeypatch.setattr(reward_files, "PACKAGE_WARN_BYTES", 2 << 20)
+    monkeypatch.setattr(reward_files, "_said_size", set())
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward_files")
     for job in ("check", "job"):  # a launch copies it for its check, then into the job: said once
         (tmp_path / job).mkdir()
         copy_reward(tmp_path / "src" / "r.py", tmp_path / job / "reward")

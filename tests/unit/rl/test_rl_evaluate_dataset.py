@@ -95,7 +95,7 @@ def test_a_failed_reward_call_names_its_row_of_the_held_out_file(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    raise KeyError('boom')\n"
     )
     dirs, task = _one_held_out_prompt(tmp_path, reward, 0)
-    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward")
+    caplog.set_level(logging.WARNING, logger="rlctl.rl.reward_pool")
     figures = compare_dataset(dirs[0], dirs[1], task, data_dir=tmp_path / "held", reward_dir=tmp_path, num_prompts=1)
     assert figures["reward_failures"] == 2
     assert [r.getMessage() for r in caplog.records] == [
