@@ -32,7 +32,7 @@ from typing import Any
 from rlctl.config.inventory import Site
 from rlctl.config.job import load_job
 from rlctl.errors import RlctlError
-from rlctl.launch import stage
+from rlctl.launch import stage, stagecopy
 from rlctl.launch.jobdir import JobDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +111,7 @@ def _case(env: dict[str, str], model_bytes: int, python: str, lines: list[str], 
         total = sum(stage.file_state(src / n).size for n in stage.files_to_stage(src))
         try:
             sent0, rate = _tbf(env)
-            progress = stage.StagingProgress("gen", lines.append)
+            progress = stagecopy.StagingProgress("gen", lines.append)
             t0 = time.monotonic()
             entry = stage.stage_site("gen", _site(env, workdir, python), src, job_id="job", progress=progress)
             wall = time.monotonic() - t0

@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Print an agent's log: from the job directory, or over SSH from the host the agent runs on."""
-        from rlctl.launch.stage import readable_agents
+        from rlctl.launch.agentrecords import readable_agents
         from rlctl.ops import agentlogs
         from rlctl.ops.jobref import require_job_dir, resolve
 

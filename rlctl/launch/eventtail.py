@@ -1,5 +1,5 @@
 """The merge of the controller site's events into the operator's events.jsonl, by what the site's grew: its new lines
-appended, where that is what the whole merge (`stage._merge_lines`: both files read, parsed, sorted and written
+appended, where that is what the whole merge (`record._merge_lines`: both files read, parsed, sorted and written
 again) would write, so that a `rlctl status` of a job of weeks reads the events that arrived, not every event of
 the job (64 units a weight version each, 10⁴ versions: 640,000 lines, ≈ 130 MB, read twice and written again at
 each status).

@@ -4,7 +4,7 @@ There is one per site (sites share no filesystem, see rlctl.launch.sitefs): the 
 on each site a staged copy of what agents read (job.json, plan.json, sites.json, secret, model/, data/)
 where that site's agents write their logs and checkpoints; the controller's site's copy holds the
 job's record (controller.json, events, metrics, evaluations, samples, summary), fetched back here
-(rlctl.launch.stage: the logs by the bytes they grew since the last fetch).
+(rlctl.launch.record: the logs by the bytes they grew since the last fetch).
 A JobDir is path arithmetic: the same class serves every site's copy.
 
 runs/<name>-<YYYYmmdd-HHMMSS>/        ($RLCTL_HOME/runs/… when set; or `job_dir` / --job-dir)

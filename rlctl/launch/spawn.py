@@ -37,6 +37,7 @@ from rlctl.launch.agentenv import (
     ENV_VISIBLE,
     thread_env,
 )
+from rlctl.launch.agentrecords import run_names
 from rlctl.launch.backends import (
     AGENTS_FILE,
     Backends,
@@ -51,7 +52,7 @@ from rlctl.launch.base import AgentHandle, AgentSpec, GpuSlice
 from rlctl.launch.gpus import GpuPool, uses_slices
 from rlctl.launch.jobdir import JobDir
 from rlctl.launch.layout import PlannedAgent, layout, order_tp, rollout_agent, rollout_tp
-from rlctl.launch.stage import ensure_staged, root_for, run_names
+from rlctl.launch.stage import ensure_staged, root_for
 from rlctl.transport.ucx import ENV_RDMA
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,9 @@ from rlctl.errors import LaunchError, RlctlError
 from rlctl.launch.backends import Backends, read_sites
 from rlctl.launch.base import AgentHandle
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.record import here_root
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
-from rlctl.launch.stage import here_root, read_staged
+from rlctl.launch.stage import read_staged
 
 log = logging.getLogger(__name__)
 

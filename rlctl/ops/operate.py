@@ -31,19 +31,16 @@ from rlctl import procfs
 from rlctl.agents.messages import STOP_GRACE_S
 from rlctl.checkpoint.choose import LATEST_POINTER
 from rlctl.errors import LaunchError, RlctlError, TransportError, UsageError
+from rlctl.launch.agentrecords import (
+    agents_and_latest_run,
+    all_recorded_agents,
+    readable_agents,
+    readable_agents_and_run,
+)
 from rlctl.launch.backends import AGENTS_FILE, Backends, read_sites, stop_agents
 from rlctl.launch.base import LOST, AgentHandle, exit_text
 from rlctl.launch.jobdir import JobDir, event_time, resume_command, row_count
-from rlctl.launch.stage import (
-    agents_and_latest_run,
-    all_recorded_agents,
-    event_to_record,
-    fetch_record,
-    readable_agents,
-    readable_agents_and_run,
-    record_is_here,
-    record_view,
-)
+from rlctl.launch.record import event_to_record, fetch_record, record_is_here, record_view
 from rlctl.ops.detach import launcher_running, launcher_state
 from rlctl.ops.extend import completed_checkpoints, last_row
 from rlctl.ops.jobdb import LIVE, JobDB, JobRow

@@ -7,7 +7,7 @@ sites that wrote them to this machine.
         ─▶ MANIFEST.trainer.json of iter-N ─▶ each model/ file: copied (SFTP or a local copy) to a temporary
            name, its size and SHA-256 checked against the manifest, renamed into place
     controller's site ─▶ tensorboard/, wandb/ ─▶ the job dir here (also when a job ends or stops:
-                          `rlctl.launch.stage.fetch_record`)
+                          `rlctl.launch.record.fetch_record`)
 
 The pulled directory loads with `transformers` (`AutoModelForCausalLM.from_pretrained(DIR)`): it is the policy
 the trainer wrote, with the starting model's tokenizer files.
@@ -30,18 +30,9 @@ from rlctl.checkpoint.files import ABANDONED, file_digest
 from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.backends import AGENTS_FILE, SITES_FILE, agents_from_lines, read_sites
 from rlctl.launch.jobdir import JobDir, say_once
+from rlctl.launch.record import TRACKER_DIRS, fetch_record, here_root, record_is_here, record_view
 from rlctl.launch.sitefs import HostFiles, LocalFiles, agent_view, host_files
-from rlctl.launch.stage import (
-    TRACKER_DIRS,
-    fetch_record,
-    here_root,
-    plan_site,
-    read_plan,
-    read_staged,
-    record_is_here,
-    record_view,
-    root_for,
-)
+from rlctl.launch.stage import plan_site, read_plan, read_staged, root_for
 from rlctl.ops.checkpoints import best_checkpoint
 from rlctl.ops.extend import earlier_iterations
 

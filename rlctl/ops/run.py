@@ -55,6 +55,7 @@ from rlctl.config.inventory import Site
 from rlctl.config.job import DatasetTask, Job, JobFile
 from rlctl.errors import LaunchError, RlctlError, Stopped, UsageError
 from rlctl.launch.agentenv import ENV_RESUME, ENV_RUN, ENV_VISIBLE, ParallelConfig
+from rlctl.launch.agentrecords import all_recorded_agents, latest_run_names, readable_agents
 from rlctl.launch.backends import AGENTS_FILE, Backends, kind_of, read_sites, record_agent, stop_agents, write_sites
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec, exit_text
 from rlctl.launch.jobdir import (
@@ -68,22 +69,10 @@ from rlctl.launch.jobdir import (
     why_not_made,
 )
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, trainer_parallel, unshared_trainer
+from rlctl.launch.record import controller_view, event_to_record, fetch_record, record_is_here, record_view
 from rlctl.launch.sitefs import HostFiles, LocalFiles, access_hosts, agent_view, host_files, is_remote, site_root
 from rlctl.launch.spawn import agent_spec
-from rlctl.launch.stage import (
-    STAGED_FILE,
-    all_recorded_agents,
-    controller_view,
-    event_to_record,
-    fetch_record,
-    latest_run_names,
-    readable_agents,
-    record_is_here,
-    record_view,
-    root_for,
-    stage_all,
-    staging_plan,
-)
+from rlctl.launch.stage import STAGED_FILE, root_for, stage_all, staging_plan
 from rlctl.ops.detach import this_launcher
 from rlctl.ops.extend import trained_iterations
 from rlctl.ops.inputs import copy_inputs, resolve_inputs

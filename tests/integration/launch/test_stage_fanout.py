@@ -19,7 +19,7 @@ import pytest
 
 from rlctl.config.inventory import Site
 from rlctl.config.job import load_job
-from rlctl.launch import stage
+from rlctl.launch import stage, stagecopy, stagefanout
 from rlctl.launch.jobdir import JobDir
 from tests.integration.netsite import link_bytes, on_site, site_workdir, ssh_scheduler
 
@@ -77,7 +77,7 @@ def test_large_files_cross_the_link_once_and_fan_out_inside_the_site(services, t
     src = job_dir(tmp_path)
     lines: list[str] = []
     before = to_site_bytes(services)
-    progress = stage.StagingProgress("gen", lines.append, interval_s=0.0)
+    progress = stagecopy.StagingProgress("gen", lines.append, interval_s=0.0)
     entry = stage.stage_site("gen", s, src, job_id="job-1", progress=progress)
     on_link = to_site_bytes(services) - before
     progress.done()
@@ -98,7 +98,7 @@ def test_large_files_cross_the_link_once_and_fan_out_inside_the_site(services, t
 
 
 def test_in_a_chain_each_host_relays_to_the_next_as_bytes_land(services, tmp_path, monkeypatch):
-    monkeypatch.setattr(stage, "FANOUT_CHILDREN", 1)  # seed → host 2 → host 3
+    monkeypatch.setattr(stagefanout, "FANOUT_CHILDREN", 1)  # seed → host 2 → host 3
     s = site(services)
     src = job_dir(tmp_path)
     before = to_site_bytes(services)
@@ -116,20 +116,20 @@ def test_in_a_chain_each_host_relays_to_the_next_as_bytes_land(services, tmp_pat
 def test_a_changed_file_is_served_in_its_new_version_only(services, tmp_path, monkeypatch):
     """The data changed between two launches (same size): the seed and the relay hold the old version, which is
     removed before their servers start — no host fetches old bytes (no fetch fails, nothing copied from here)."""
-    monkeypatch.setattr(stage, "FANOUT_CHILDREN", 1)  # seed → host 2 → host 3: host 2 relays
+    monkeypatch.setattr(stagefanout, "FANOUT_CHILDREN", 1)  # seed → host 2 → host 3: host 2 relays
     s = site(services)
     src = job_dir(tmp_path)
     stage.stage_site("gen", s, src, job_id="job-1")
     (src / "data" / "train.jsonl").write_bytes(os.urandom(DATA_BYTES))
     hosts = services["RLCTL_TEST_NETSITE_HOSTS"].split(",")
-    copy = stage._copy
+    copy = stagefanout.copy_files
 
     def late_seed_copy(site_name, src, v, names, want, progress):  # type: ignore[no-untyped-def]
         if v.host == hosts[0] and "data/train.jsonl" in names:
             time.sleep(3)  # the fetches ask before the new version starts to land on the seed
         copy(site_name, src, v, names, want, progress)
 
-    monkeypatch.setattr(stage, "_copy", late_seed_copy)
+    monkeypatch.setattr(stagefanout, "copy_files", late_seed_copy)
     entry = stage.stage_site("gen", s, src, job_id="job-1")
     assert entry["copied"] == {h: 1 for h in hosts}
     assert entry["fanout"]["direct"] == {} and entry["fanout"]["served_by"] == {hosts[0]: DATA_BYTES,
@@ -160,7 +160,7 @@ def test_without_rlctl_on_the_site_every_host_is_copied_from_here(services, tmp_
     s = site(services, python=bare)
     src = job_dir(tmp_path)
     before = to_site_bytes(services)
-    with caplog.at_level(logging.WARNING, logger="rlctl.launch.stage"):
+    with caplog.at_level(logging.WARNING, logger="rlctl.launch.stagefanout"):
         entry = stage.stage_site("gen", s, src, job_id="job-1")
     on_link = to_site_bytes(services) - before
     hosts = services["RLCTL_TEST_NETSITE_HOSTS"].split(",")

@@ -1,5 +1,5 @@
 """The controller site's events merge into the operator's events.jsonl by what they grew (`rlctl.launch.eventtail`),
-as the whole merge (`stage._merge_lines`) would merge them."""
+as the whole merge (`record._merge_lines`) would merge them."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from rlctl.config.inventory import Site
-from rlctl.launch import eventtail, stage
+from rlctl.launch import eventtail, record
 from rlctl.launch.jobdir import JobDir, event_time
+from rlctl.launch.record import fetch_record
 from rlctl.launch.sitefs import site_root
-from rlctl.launch.stage import fetch_record
 from rlctl.ops.run import current_run
 
 
@@ -44,7 +44,7 @@ def _whole_merge(src: Path, root: Path, tmp_path: Path) -> list[str]:
     (tmp_path / "whole").mkdir(exist_ok=True)
     copy = tmp_path / "whole" / "events.jsonl"
     shutil.copy(src / "events.jsonl", copy)
-    return stage._merge_lines(copy, root / "events.jsonl").splitlines()
+    return record._merge_lines(copy, root / "events.jsonl").splitlines()
 
 
 def _site_events(n: int, *, t0: float = 1000.0) -> list[dict[str, object]]:
@@ -63,9 +63,9 @@ def test_a_fetch_appends_the_sites_new_events_and_reads_not_every_event_again(
     inode = (src / "events.jsonl").stat().st_ino
     _add(root / "events.jsonl", *_site_events(3, t0=5000.0))
     want = _whole_merge(src, root, tmp_path)
-    whole = stage._merge_lines
+    whole = record._merge_lines
     merged: list[Path] = []
-    monkeypatch.setattr(stage, "_merge_lines", lambda a, b: merged.append(a) or whole(a, b))
+    monkeypatch.setattr(record, "_merge_lines", lambda a, b: merged.append(a) or whole(a, b))
     assert "events.jsonl" in fetch_record(src, site, "localhost", str(root))
     assert (src / "events.jsonl").read_text().splitlines() == want
     assert merged == [] and (src / "events.jsonl").stat().st_ino == inode  # appended in place

@@ -17,12 +17,13 @@ import pytest
 
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError
-from rlctl.launch import sitefs, stage
+from rlctl.launch import agentrecords, record, sitefs, stage, stagecopy, stagefanout
 from rlctl.launch.backends import write_sites
 from rlctl.launch.jobdir import JobDir
+from rlctl.launch.record import fetch_record
 from rlctl.launch.remote import CommandResult
 from rlctl.launch.sitefs import FileState, LocalFiles, agent_view, site_root
-from rlctl.launch.stage import ensure_staged, fetch_record, files_to_stage, stage_all, staging_plan
+from rlctl.launch.stage import ensure_staged, files_to_stage, stage_all, staging_plan
 
 
 def local_site(workdir: Path | None = None) -> Site:
@@ -135,26 +136,26 @@ class RangeFiles(LocalFiles):
 def test_the_sample_log_is_fetched_by_what_it_grew_whole_lines_only_and_again_whole_after_a_cut(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(stage, "TAIL_MATCH_BYTES", 16)  # a small window, so the prefix check compares a line's end
+    monkeypatch.setattr(record, "TAIL_MATCH_BYTES", 16)  # a small window, so the prefix check compares a line's end
     there, here = tmp_path / "site.jsonl", tmp_path / "here.jsonl"
     fs = RangeFiles()
     lines = [json.dumps({"sample_id": f"s{i}", "reward": i / 10}) + "\n" for i in range(8)]
-    assert not stage.fetch_appended(fs, str(there), here) and not here.exists()  # nothing there yet
+    assert not record.fetch_appended(fs, str(there), here) and not here.exists()  # nothing there yet
     there.write_text("".join(lines[:3]) + lines[3][:7])  # the controller is writing its fourth line
-    assert stage.fetch_appended(fs, str(there), here)
+    assert record.fetch_appended(fs, str(there), here)
     assert here.read_text() == "".join(lines[:3])  # whole lines only
     with there.open("a") as f:
         f.write(lines[3][7:] + lines[4])
-    assert stage.fetch_appended(fs, str(there), here) and here.read_text() == "".join(lines[:5])
+    assert record.fetch_appended(fs, str(there), here) and here.read_text() == "".join(lines[:5])
     n3 = len("".join(lines[:3]))
     assert fs.ranges == [(0, n3 + 7), (n3, there.stat().st_size)]  # the second fetch copied what it lacked
-    assert not stage.fetch_appended(fs, str(there), here) and len(fs.ranges) == 2  # nothing new: nothing copied
+    assert not record.fetch_appended(fs, str(there), here) and len(fs.ranges) == 2  # nothing new: nothing copied
     # a resume cut the log back to two lines and the run wrote others past them: the copy here is no prefix
     there.write_text("".join(lines[:2]) + lines[6] + lines[7] + lines[5])
-    assert stage.fetch_appended(fs, str(there), here) and here.read_text() == there.read_text()
+    assert record.fetch_appended(fs, str(there), here) and here.read_text() == there.read_text()
     assert fs.ranges[-1] == (0, there.stat().st_size)
     there.write_text(lines[0])  # cut shorter than the copy here
-    assert stage.fetch_appended(fs, str(there), here) and here.read_text() == lines[0]
+    assert record.fetch_appended(fs, str(there), here) and here.read_text() == lines[0]
     assert not list(tmp_path.glob("*.part"))
 
 
@@ -311,7 +312,7 @@ def test_the_ssh_view_links_replaces_a_link_and_leaves_a_real_directory(tmp_path
 def test_staging_progress_says_bytes_rate_and_time_left_at_most_every_interval() -> None:
     now = [0.0]
     said: list[str] = []
-    p = stage.StagingProgress("gen", said.append, interval_s=10.0, clock=lambda: now[0])
+    p = stagecopy.StagingProgress("gen", said.append, interval_s=10.0, clock=lambda: now[0])
     p.add(3 * 10**9)
     now[0] = 5.0
     p.advance(5 * 10**8)  # within the interval: nothing said
@@ -330,7 +331,7 @@ def test_staging_progress_says_bytes_rate_and_time_left_at_most_every_interval()
 def test_staging_progress_draws_a_bar_on_the_terminal_at_most_four_times_a_second() -> None:
     now = [0.0]
     shown: list[str] = []
-    p = stage.StagingProgress("gen", lambda _: None, show=shown.append, clock=lambda: now[0])
+    p = stagecopy.StagingProgress("gen", lambda _: None, show=shown.append, clock=lambda: now[0])
     p.add(3 * 10**9)
     now[0] = 0.1
     p.advance(10**8)  # too soon after the start
@@ -390,18 +391,20 @@ def test_a_rerun_whose_relay_holds_everything_still_fans_out(monkeypatch: pytest
         {"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "nodes": [{"host": "h20-[01-04]", "gpus": 8}]}
     )
     weights = "model/init/model.safetensors"
-    want = {weights: FileState(stage.FANOUT_MIN_BYTES, "ab" * 32, 0o644)}
+    want = {weights: FileState(stagefanout.FANOUT_MIN_BYTES, "ab" * 32, 0o644)}
     todo = {"h20-01": [], "h20-02": [], "h20-03": [weights], "h20-04": [weights]}
-    views = [stage._View(h, None, "/w/jobs/j", {} if t else dict(want), t) for h, t in todo.items()]  # type: ignore[arg-type]
-    fan = stage._fanned(views, want)
+    views = [stagecopy.View(h, None, "/w/jobs/j", {} if t else dict(want), t) for h, t in todo.items()]  # type: ignore[arg-type]
+    fan = stagefanout.fanned(views, want)
     assert set(fan) == {"h20-03", "h20-04"}
     cleared: list[tuple[str, list[str]]] = []
     copied: list[tuple[str, list[str]]] = []
-    monkeypatch.setattr(stage, "_clear_stale", lambda site, v, names: cleared.append((v.host, names)))
-    monkeypatch.setattr(stage, "_copy", lambda name, src, v, names, want, progress: copied.append((v.host, names)))
+    monkeypatch.setattr(stagefanout, "_clear_stale", lambda site, v, names: cleared.append((v.host, names)))
+    monkeypatch.setattr(
+        stagefanout, "copy_files", lambda name, src, v, names, want, progress: copied.append((v.host, names))
+    )
 
     class NoServer:
-        def __init__(self, site: Site, seed: stage._View) -> None:
+        def __init__(self, site: Site, seed: stagecopy.View) -> None:
             pass
 
         def start(self) -> None:
@@ -410,8 +413,8 @@ def test_a_rerun_whose_relay_holds_everything_still_fans_out(monkeypatch: pytest
         def stop(self) -> None:
             pass
 
-    monkeypatch.setattr(stage, "_Server", NoServer)
-    stage._fan_out("h20", site, Path("/tmp"), views, fan, want, None)
+    monkeypatch.setattr(stagefanout, "_Server", NoServer)
+    stagefanout.fan_out("h20", site, Path("/tmp"), views, fan, want, None)
     assert ("h20-02", []) in cleared  # the relay clears nothing
     assert sorted(c for c in copied if c[1]) == [("h20-03", [weights]), ("h20-04", [weights])]  # straight from here
 
@@ -442,7 +445,7 @@ def test_an_event_appended_while_the_site_events_are_merged_is_kept(
     (root / "events.jsonl").write_text('{"t": 1, "event": "job_start"}\n')
     jd = JobDir(src)
     jd.event("staged")
-    merge, flock = stage._merge_lines, fcntl.flock
+    merge, flock = record._merge_lines, fcntl.flock
     reached = threading.Event()  # the append is done, or waits for the lock
 
     def append() -> None:
@@ -463,7 +466,7 @@ def test_an_event_appended_while_the_site_events_are_merged_is_kept(
         return text
 
     monkeypatch.setattr(fcntl, "flock", locking)
-    monkeypatch.setattr(stage, "_merge_lines", merge_then_an_append)
+    monkeypatch.setattr(record, "_merge_lines", merge_then_an_append)
     assert "events.jsonl" in fetch_record(src, site, "localhost", str(root))
     appender.join()
     assert [e["event"] for e in jd.read_lines(jd.events)] == ["job_start", "staged", "stop_requested"]
@@ -502,8 +505,8 @@ def test_a_damaged_plan_or_staged_record_is_one_error_naming_the_file(
     stage.write_staged(d, {"local": {"roots": {"localhost": str(d)}, "files": []}})
     (d / name).write_text(text)
     with pytest.raises(LaunchError, match=says):
-        stage.record_view(d)
-    assert stage.all_recorded_agents(d) == []  # the agents recorded here: with a warning
+        record.record_view(d)
+    assert agentrecords.all_recorded_agents(d) == []  # the agents recorded here: with a warning
     assert "agent record is unreachable" in caplog.text and name in caplog.text
 
 
@@ -646,15 +649,15 @@ def test_a_launch_stopped_while_a_host_hashes_what_it_staged_stops_the_hash_ther
     assert staged["far"]["copied"] == {"localhost": 0}  # hashed whole there: nothing copied again
 
 
-def _fanning_site(tmp_path: Path, python: Path) -> tuple[Site, list[stage._View], dict[str, FileState]]:
+def _fanning_site(tmp_path: Path, python: Path) -> tuple[Site, list[stagecopy.View], dict[str, FileState]]:
     """A 3-host SSH site whose `python` (a bash stand-in for `-m rlctl.launch.fanout serve|fetch …`) is made
     executable, its hosts' views, and the one model file the two other hosts fetch from the seed."""
     python.chmod(0o755)
     site = Site.model_validate({"datacenter": "d", "scheduler": {"kind": "ssh"}, "gpu": "H20", "python": str(python),
                                 "nodes": [{"host": "h20-[01-03]", "gpus": 8}]})  # fmt: skip
     weights = "model/init/model.safetensors"
-    want = {weights: FileState(stage.FANOUT_MIN_BYTES, "ab" * 32, 0o644)}
-    views = [stage._View(f"h20-0{i}", None, str(tmp_path / f"h{i}"), {}, [weights]) for i in (1, 2, 3)]  # type: ignore[arg-type]
+    want = {weights: FileState(stagefanout.FANOUT_MIN_BYTES, "ab" * 32, 0o644)}
+    views = [stagecopy.View(f"h20-0{i}", None, str(tmp_path / f"h{i}"), {}, [weights]) for i in (1, 2, 3)]  # type: ignore[arg-type]
     return site, views, want
 
 
@@ -676,9 +679,9 @@ def test_a_launch_stopped_while_hosts_fetch_from_the_seed_stops_the_fetches_ther
         f"  sleep 10 & s=$!; wait $s; echo fetched >> {marks} ;;\nesac\n"
     )
     site, views, want = _fanning_site(tmp_path, python)
-    monkeypatch.setattr(stage, "SshRunner", _ShellRunner)
-    monkeypatch.setattr(stage, "_clear_stale", lambda site, v, names: None)
-    monkeypatch.setattr(stage, "_copy", lambda name, src, v, names, want, progress: None)  # the seed's: done
+    monkeypatch.setattr(stagefanout, "SshRunner", _ShellRunner)
+    monkeypatch.setattr(stagefanout, "_clear_stale", lambda site, v, names: None)
+    monkeypatch.setattr(stagefanout, "copy_files", lambda name, src, v, names, want, progress: None)  # the seed's: done
     done = threading.Event()
 
     def ctrl_c_once_both_fetch() -> None:  # the operator's Ctrl-C, to the thread that waits on the fetches
@@ -691,8 +694,8 @@ def test_a_launch_stopped_while_hosts_fetch_from_the_seed_stops_the_fetches_ther
     operator.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            progress = stage.StagingProgress("h20", lambda line: None)
-            stage._fan_out("h20", site, tmp_path, views, stage._fanned(views, want), want, progress)
+            progress = stagecopy.StagingProgress("h20", lambda line: None)
+            stagefanout.fan_out("h20", site, tmp_path, views, stagefanout.fanned(views, want), want, progress)
     finally:
         done.set()
         operator.join()
@@ -726,12 +729,12 @@ def test_a_launch_stopped_during_the_seeds_copy_logs_no_failed_fetch(
             threading.Event().wait(0.01)
         raise sitefs.StagingStopped("stopped")  # the seed's copy of the model: the operator stops the launch meanwhile
 
-    monkeypatch.setattr(stage, "SshRunner", _ShellRunner)
-    monkeypatch.setattr(stage, "_clear_stale", lambda site, v, names: None)
-    monkeypatch.setattr(stage, "_copy", seed_copy)
-    progress = stage.StagingProgress("h20", lambda line: None)
-    with caplog.at_level("WARNING", logger=stage.__name__), pytest.raises(sitefs.StagingStopped):
-        stage._fan_out("h20", site, tmp_path, views, stage._fanned(views, want), want, progress)
+    monkeypatch.setattr(stagefanout, "SshRunner", _ShellRunner)
+    monkeypatch.setattr(stagefanout, "_clear_stale", lambda site, v, names: None)
+    monkeypatch.setattr(stagefanout, "copy_files", seed_copy)
+    progress = stagecopy.StagingProgress("h20", lambda line: None)
+    with caplog.at_level("WARNING", logger=stagefanout.__name__), pytest.raises(sitefs.StagingStopped):
+        stagefanout.fan_out("h20", site, tmp_path, views, stagefanout.fanned(views, want), want, progress)
     assert marks.read_text().split().count("ended") == 2
     assert [r.getMessage() for r in caplog.records] == []
 
@@ -834,7 +837,7 @@ def test_an_event_for_the_controller_goes_to_its_record_on_its_site_and_merges_b
     on another site read its own events, took the stop's SIGTERM for a failure (`failed: controller got SIGTERM`),
     and every fetch of its summary brought that back over the launcher's `stopped`."""
     from rlctl.launch.jobdir import JobDir
-    from rlctl.launch.stage import event_to_record
+    from rlctl.launch.record import event_to_record
 
     src, site, root = _controller_site(tmp_path)
     (root / "events.jsonl").write_text('{"t": 1, "event": "agent_started"}\n')
@@ -878,7 +881,7 @@ def test_a_copied_job_dir_of_a_local_site_is_its_own_record(tmp_path: Path) -> N
     stage.write_staged(d, {"local": {"roots": {"localhost": str(d)}}, "far": {"roots": {"localhost": far}}})
     copy = tmp_path / "elsewhere" / "job-1"
     shutil.copytree(d, copy)
-    assert stage.record_view(copy) == (local_site(), "localhost", str(copy))
-    assert fetch_record(copy, *stage.record_view(copy)) == []
+    assert record.record_view(copy) == (local_site(), "localhost", str(copy))
+    assert fetch_record(copy, *record.record_view(copy)) == []
     (copy / "plan.json").write_text('{"controller_site": "far"}')  # a site with a work root keeps its own dir
-    assert stage.record_view(copy) == (local_site(tmp_path / "w"), "localhost", far)
+    assert record.record_view(copy) == (local_site(tmp_path / "w"), "localhost", far)

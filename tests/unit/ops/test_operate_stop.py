@@ -21,7 +21,7 @@ from rlctl.commands import stop as stop_cli
 from rlctl.config import load_job
 from rlctl.config.inventory import Site
 from rlctl.errors import LaunchError, Stopped, UsageError
-from rlctl.launch import local, stage
+from rlctl.launch import agentrecords, local, record, stage
 from rlctl.launch.backends import record_agent, write_sites
 from rlctl.launch.base import LOST, AgentHandle, AgentSpec
 from rlctl.launch.jobdir import JobDir
@@ -510,9 +510,9 @@ def test_a_damaged_line_of_agents_jsonl_still_stops_the_units_recorded_on_the_co
     row |= {"ident": gone}
     agents.write_text('{"name": "rollout-1", "role": "roll\n' + json.dumps(row) + "\n")
     fetched: list[Path] = []  # the controller site's record: one fetch (an SSH command on a remote site) per stop
-    real = stage.remote_agent_lines
+    real = agentrecords.remote_agent_lines
     monkeypatch.setattr(
-        stage, "remote_agent_lines", lambda job_dir, *view: fetched.append(job_dir) or real(job_dir, *view)
+        agentrecords, "remote_agent_lines", lambda job_dir, *view: fetched.append(job_dir) or real(job_dir, *view)
     )
     out = operate.stop(ref, grace_s=2)
     assert len(fetched) == 1  # it read it twice: once for the agents, once for which of them are this run's
@@ -943,4 +943,4 @@ def test_a_controller_keeping_its_events_in_the_job_dir_reached_through_a_symlin
     killed.wait(timeout=10)
     jd.event(STOP_REQUESTED, stopper=stopper)
     assert not operate.stop_under_way(jd)
-    assert stage.fetch_record(jd.path, far, "h", str(real / "far")) == []
+    assert record.fetch_record(jd.path, far, "h", str(real / "far")) == []

@@ -1,0 +1,255 @@
+"""The job's record on the controller's site, and bringing it back here. The record (events, metrics, summary,
+controller.json, the sample log) is written by the controller on its site; `fetch_record` brings it to the
+operator's job dir (the logs by the bytes they grew since the last fetch: `fetch_appended`; the site's events
+merged into the operator's: `_merge_lines`, rlctl.launch.eventtail), and `event_to_record` puts an event written
+here on it too."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rlctl.config.inventory import Site
+from rlctl.errors import LaunchError
+from rlctl.launch import eventtail
+from rlctl.launch.backends import AGENTS_FILE, agents_from_lines, kind_of, read_sites
+from rlctl.launch.jobdir import appending, event_time, replace_text
+from rlctl.launch.sitefs import HostFiles, host_files, is_remote
+from rlctl.launch.stage import Roots, plan_site, read_plan, read_staged
+
+log = logging.getLogger(__name__)
+
+RECORD_FILES = ("controller.json", "summary.json")
+# what the launcher writes into its copy of a run's summary.json: the held-out figures (`add_heldout`), the exits of
+# its own agents (`JobRun._record_exits`), the first trainer rank that ended and a stop the controller did not see
+# (`state`); kept when the controller's copy of the same run is fetched again (every `rlctl status` of a job whose
+# controller ran on another site)
+LAUNCHER_SUMMARY_KEYS = ("heldout", "agent_exits", "trainer_ranks_ended", "state")
+EVENTS = "events.jsonl"  # the controller's site's and the operator's, merged here
+SITE_EVENTS = ".site-events.jsonl"  # the controller's site's events.jsonl as fetched (by what it grew)
+TRACKER_DIRS = ("tensorboard", "wandb")  # what rlctl.tracking writes under the controller's job dir
+# logs the controller appends to (cut back only by a resume), fetched by the bytes they grew since the last fetch
+APPENDED_LOGS = tuple(
+    f"{name}{cut}.jsonl" for name in ("metrics", "evaluations", "samples") for cut in ("", ".discarded")
+)
+TAIL_MATCH_BYTES = 64 << 10  # a local copy whose last bytes match the host's at the same offset is a prefix of it
+
+
+def here_root(site: Site, root: str, job_dir: Path) -> str:
+    """The site job dir `root` staged.json names, for the operator's job dir `job_dir` as it is now: a site with no
+    work root keeps the job's files in the operator's job dir, wherever that dir is now — a copied or moved job dir
+    is its own record, not the one it was copied from (its status overwrote the copy's record with the original's,
+    and its stop wrote the original's events)."""
+    return str(job_dir) if not is_remote(site) and kind_of(site).work_root(site) is None else root
+
+
+def record_is_here(site: Site, root: str, job_dir: Path) -> bool:
+    """Whether the site job dir `root` is the operator's job dir `job_dir` itself: this machine's filesystem and the
+    same directory once links are resolved (a job dir reached through a symlink, `~/jobs` -> `/scratch/jobs`, is not
+    another site's record to fetch)."""
+    return not is_remote(site) and os.path.realpath(root) == os.path.realpath(job_dir)
+
+
+def controller_view(
+    staged: dict[str, Any], sites: dict[str, Site], controller_site: str, host: str | None
+) -> tuple[Site, str, str]:
+    """(site, host view, site job dir) where the controller writes the job's record."""
+    roots: Roots = staged[controller_site]["roots"]
+    view = host if host in roots else next(iter(roots))
+    return sites[controller_site], view, roots[view]
+
+
+def fetch_record(job_dir: Path, site: Site, host: str, root: str) -> list[str]:
+    """Copy the controller's record (summary, controller.json; its events, by what they grew, merged into the
+    operator's), its logs (APPENDED_LOGS: metrics, evaluations, samples, by what they grew) and the tracker files
+    (TRACKER_DIRS) into the operator's job dir; nothing to do when the controller's site job dir is this one.
+    Returns the names fetched."""
+    if record_is_here(site, root, job_dir):
+        return []
+    fs = host_files(site, host)
+    fetched = []
+    try:
+        for name in RECORD_FILES:
+            text = fs.read_text(f"{root}/{name}")
+            if text is None:
+                continue
+            if name == "summary.json":
+                text = _with_launchers_keys(job_dir / name, text)
+            replace_text(job_dir / name, text)
+            fetched.append(name)
+        mirror = job_dir / SITE_EVENTS  # the site's events as they are there; merged into the operator's
+        if fetch_appended(fs, f"{root}/{EVENTS}", mirror):
+            # an event appended here meanwhile would go with the file replaced
+            with appending(job_dir / EVENTS) as events:
+                new = eventtail.tail(job_dir / EVENTS, mirror)  # the site's new lines, where they merge as such
+                if new is None:
+                    replace_text(job_dir / EVENTS, _merge_lines(job_dir / EVENTS, mirror))
+                else:
+                    events.write(new)
+                    events.flush()
+                eventtail.mark(job_dir / EVENTS, mirror)
+            fetched.append(EVENTS)
+        fetched += [name for name in APPENDED_LOGS if fetch_appended(fs, f"{root}/{name}", job_dir / name)]
+        for tree in TRACKER_DIRS:  # after the record: a tracker file that goes away meanwhile costs only itself
+            for rel in fs.list_files(f"{root}/{tree}"):
+                dst = job_dir / tree / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    fs.get(f"{root}/{tree}/{rel}", dst)
+                except LaunchError as e:  # a tracker's temporary file, removed since the listing
+                    log.info("tracker file %s/%s not fetched: %s", tree, rel, e)
+                    continue
+                fetched.append(f"{tree}/{rel}")
+    finally:
+        fs.close()
+    return fetched
+
+
+def _with_launchers_keys(here: Path, fetched: str) -> str:
+    """The controller's summary.json as fetched, with `LAUNCHER_SUMMARY_KEYS` of the copy `here` when that is the
+    same run's (its `run` id): before, a fetch again replaced them, so `rlctl status` of a finished job whose
+    controller ran on another site took its held-out figures out of summary.json (and `rlctl report`)."""
+    try:
+        mine, theirs = json.loads(here.read_text()), json.loads(fetched)
+    except (OSError, ValueError):
+        return fetched
+    if not (isinstance(mine, dict) and isinstance(theirs, dict)) or mine.get("run") is None:
+        return fetched
+    if mine["run"] != theirs.get("run"):
+        return fetched
+    kept = {k: mine[k] for k in LAUNCHER_SUMMARY_KEYS if k in mine}
+    return json.dumps({**theirs, **kept}, indent=2, default=str) + "\n"
+
+
+def event_to_record(job_dir: Path, row: dict[str, Any], view: tuple[Site, str, str] | None = None) -> None:
+    """The event `row`, appended here already (`JobDir.event`), appended to the controller's own record too where
+    that is on another site (`view`, else `record_view`): the controller reads only its own events, and a stop it
+    does not see there makes its SIGTERM a failure (`failed: controller got SIGTERM`) that every fetch of its record
+    brings back here. The same line as here: a fetch merges the two as one. A site that does not answer is logged
+    (the launcher then says `stopped` for the controller in the summary it fetched)."""
+    try:
+        view = view or record_view(job_dir)
+    except LaunchError as e:
+        log.warning("the %s event is not on the controller's site: %s", row.get("event"), e)
+        return
+    if view is None:
+        return
+    site, host, root = view
+    if record_is_here(site, root, job_dir):
+        return
+    try:
+        fs = host_files(site, host)
+        try:
+            fs.append(f"{root}/{EVENTS}", json.dumps(row, default=str) + "\n")
+        finally:
+            fs.close()
+    except (LaunchError, OSError) as e:
+        log.warning("the %s event is not on the controller's site (%s): %s", row.get("event"), host, e)
+
+
+def fetch_appended(fs: HostFiles, path: str, local: Path) -> bool:
+    """Bring the local copy of a log the host only appends to up to date, whole lines only: the bytes past the
+    copy where it is a prefix of the host's file (its last TAIL_MATCH_BYTES equal the host's at the same offset),
+    else the whole file (a resume cut the log back). True when lines arrived."""
+    have = local.stat().st_size if local.exists() else 0
+    probe = fs.read_from(path, max(0, have - TAIL_MATCH_BYTES), min(have, TAIL_MATCH_BYTES))
+    if probe is None:
+        return False
+    data, size = probe
+    if have and (size < have or data != _tail(local, len(data))):
+        have = 0
+    if size <= have:
+        return False
+    part = local.with_name(local.name + ".part")
+    try:
+        fs.get_range(path, part, have, size)
+        whole = _whole_lines(part)  # the controller may be writing its last line
+        if not whole:
+            return False
+        os.truncate(part, whole)
+        if have:
+            with part.open("rb") as src, local.open("ab") as dst:
+                shutil.copyfileobj(src, dst)
+        else:
+            os.replace(part, local)
+    finally:
+        part.unlink(missing_ok=True)
+    return True
+
+
+def _tail(path: Path, n: int) -> bytes:
+    """The file's last `n` bytes."""
+    with path.open("rb") as f:
+        f.seek(f.seek(0, os.SEEK_END) - n)
+        return f.read(n)
+
+
+def _whole_lines(path: Path) -> int:
+    """The length of the file's whole lines (up to and with its last newline)."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        end = size
+        while end > 0:
+            start = max(0, end - (1 << 20))
+            f.seek(start)
+            i = f.read(end - start).rfind(b"\n")
+            if i >= 0:
+                return start + i + 1
+            end = start
+    return 0
+
+
+def _merge_lines(local: Path, remote: Path) -> str:
+    """Both event logs as one, ordered by time, each event once (fetching twice adds nothing). A line that is not
+    a JSON object (an append cut short by a full disk, the next one on the same line) is left out, with a warning
+    naming the file and line, and kept in `<events>.damaged` (once: a later merge reads the site's again): the
+    merged log reads again (`rlctl status`). An object without a usable time (null, text: an older version's row or
+    an edited one) is an event all the same, at time 0 (`event_time`: before anything), as every reader takes it."""
+    mine = local.read_text().splitlines() if local.exists() else []
+    seen = set(mine)
+    theirs = [(remote, n, line) for n, line in enumerate(remote.read_text().splitlines(), 1) if line not in seen]
+    rows, bad = [], []
+    for i, (path, n, line) in enumerate([(local, n, line) for n, line in enumerate(mine, 1)] + theirs):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict):
+            rows.append((event_time(row), i, line))
+        else:
+            bad.append((f"{path}: line {n}", line))
+    damaged = local.with_name(local.name + ".damaged")
+    # the site's copy keeps its damaged lines, and every merge reads them again: each is kept and said once
+    kept = set(damaged.read_text().splitlines()) if damaged.exists() else set()
+    bad = [(where, line) for where, line in bad if line not in kept]
+    if bad:
+        with damaged.open("a") as f:
+            f.write("".join(line + "\n" for _, line in bad))
+        more = f" (and {len(bad) - 1} more)" if bad[1:] else ""
+        log.warning("%s is not a JSON event: left out of the merged events%s, kept in %s", bad[0][0], more, damaged)
+    return "".join(line + "\n" for _, _, line in sorted(rows))
+
+
+def record_view(job_dir: Path) -> tuple[Site, str, str] | None:
+    """Where the controller of the job in `job_dir` (the operator's) keeps the record; None before staging."""
+    staged = read_staged(job_dir)
+    plan = read_plan(job_dir)
+    if not staged or plan is None:
+        return None
+    cs = plan_site(job_dir, plan, "controller_site")
+    sites = read_sites(job_dir)
+    if cs not in staged or cs not in sites:
+        return None
+    local = job_dir / AGENTS_FILE
+    # only the controller's host is wanted here: a damaged line of the record is its readers' to say (the stop's,
+    # which stops every agent it can read, those recorded on the controller's site among them)
+    rows = agents_from_lines(local.read_text(), skipped=[]) if local.exists() else []
+    host = next((h.ident.get("host") for h in rows if h.spec.role == "controller"), None)
+    site, view, root = controller_view(staged, sites, cs, host)
+    return site, view, here_root(site, root, job_dir)
