@@ -46,7 +46,7 @@ import shlex
 import socket
 import tempfile
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -305,26 +305,26 @@ class JobDir:
         """The job's events, one a line; given `kinds`, those of these kinds only, and the lines that name none of
         them are not parsed (a job of weeks writes a `weights_applied` event per weight version, 10⁴ and more; one of
         an older rlctl, one per unit and version: 64 units × 10⁴ versions, 640,000 lines, seconds and some 600 MB to
-        parse each time). A line that is no JSON object is
+        parse each time); the file is read a line at a time, never held whole (its size, again, on each call). A line
+        that is no JSON object is
         left out and said once (a warning naming the file and line): events.jsonl is appended to across runs, and a
         line cut short by a controller killed mid-write stays in it for good; status, resume, stop and report act on
         the events they can read. (A last line that does not parse yet is skipped unsaid, as `read_lines` does: its
         writer may be in the middle.)"""
         if not self.events.exists():
             return []
-        text = self.events.read_text()
-        if kinds:  # the others blanked: the line numbers, the last line and a line cut short (said once) stay
-            names = tuple(f'"{k}"' for k in kinds)
-            lines = text.splitlines()
-            last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-            keep = [
-                i == last or any(n in line for n in names) or not _whole_object(line) for i, line in enumerate(lines)
-            ]
-            text = "\n".join(line if k else "" for line, k in zip(lines, keep, strict=True))
+        names = tuple(f'"{k}"' for k in kinds)
+
+        def parsed(line: str) -> bool:  # the others passed over; the last line and a line cut short (said once) not
+            return not names or any(n in line for n in names) or not _whole_object(line)
+
         skipped: list[str] = []
-        rows = json_lines(self.events, text, skipped=skipped)
+        with self.events.open() as f:  # read a line at a time, versus the whole file (and its lines) held at once
+            lines = (part for physical in f for part in physical.splitlines() or [""])  # (as str.splitlines numbers)
+            rows = _json_rows(self.events, lines, skipped=skipped, parsed=parsed)
+            out = [r for r in rows if not kinds or r.get("event") in kinds]
         say_once(skipped)
-        return [r for r in rows if r.get("event") in kinds] if kinds else rows
+        return out
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Append the event to events.jsonl; the row appended."""
@@ -466,30 +466,51 @@ def json_lines(path: Path | str, text: str, *, skipped: list[str] | None = None)
     """The JSON objects of `text`, the content of the .jsonl file `path` (see JobDir.read_lines). A line that is no
     JSON object raises LaunchError, or, given `skipped`, is left out with a line there saying which (a reader that
     must act on what it can read: `rlctl stop`)."""
-    lines = text.splitlines()
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    out = []
+    return list(_json_rows(path, text.splitlines(), skipped=skipped))
+
+
+def _json_rows(
+    path: Path | str,
+    lines: Iterable[str],
+    *,
+    skipped: list[str] | None = None,
+    parsed: Callable[[str], bool] = lambda line: True,
+) -> Iterator[dict[str, Any]]:
+    """`json_lines` of `lines` (the file's, one at a time), those before the last that are not `parsed` passed over
+    unread. The last line that is not blank, which may not parse yet, is known once the next is read: each line is
+    held back until then, so nothing but one line is held at once."""
+    held: tuple[int, str] | None = None
     for i, line in enumerate(lines):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            if i == last:
-                log.debug("%s: line %d skipped, not (yet) a whole JSON object: %s", path, i + 1, e)
-                continue
-            bad = LaunchError(f"{path}: line {i + 1} is not valid JSON ({e})", hint="was it edited?")
-            if skipped is None:
-                raise bad from e
-            skipped.append(f"{bad.args[0]}: left out")
-            continue
-        if not isinstance(row, dict):
-            if skipped is None:
-                raise LaunchError(f"{path}: line {i + 1} is {type(row).__name__}, not a JSON object")
-            skipped.append(f"{path}: line {i + 1} is {type(row).__name__}, not a JSON object: left out")
-            continue
-        out.append(row)
-    return out
+        if held is not None and parsed(held[1]):
+            yield from _json_row(path, *held, last=False, skipped=skipped)
+        held = (i, line)
+    if held is not None:
+        yield from _json_row(path, *held, last=True, skipped=skipped)
+
+
+def _json_row(
+    path: Path | str, i: int, line: str, *, last: bool, skipped: list[str] | None
+) -> Iterator[dict[str, Any]]:
+    """The JSON object of line `i` (from 0) of `path`, if it is one (`json_lines`)."""
+    try:
+        row = json.loads(line)
+    except ValueError as e:
+        if last:
+            log.debug("%s: line %d skipped, not (yet) a whole JSON object: %s", path, i + 1, e)
+            return
+        bad = LaunchError(f"{path}: line {i + 1} is not valid JSON ({e})", hint="was it edited?")
+        if skipped is None:
+            raise bad from e
+        skipped.append(f"{bad.args[0]}: left out")
+        return
+    if not isinstance(row, dict):
+        if skipped is None:
+            raise LaunchError(f"{path}: line {i + 1} is {type(row).__name__}, not a JSON object")
+        skipped.append(f"{path}: line {i + 1} is {type(row).__name__}, not a JSON object: left out")
+        return
+    yield row
 
 
 def why_not_made(path: Path) -> str | None:
