@@ -189,14 +189,23 @@ class Scaler:
         self.restored_at = 0.0
         self.gave_up_why: dict[str, str] = {}  # lost unit given up on → why its last attempt failed
         self.t0 = time.monotonic()  # the plan's units are expected from here
-        self.never_joined: set[str] = set()  # units that exited before they joined: they hold no slot
+        # units that exited before they joined: they hold no slot. A unit asked for leaves it with its request
+        # (`_unrequest`), so that a run whose units come and go for weeks holds the plan's and those asked for now
+        self.never_joined: set[str] = set()
         self._unjoined_at = -UNJOINED_CHECK_S  # when the sites were last asked about units not joined
         self._asking = False  # a thread asks them now
-        self._queue_said: dict[str, bool] = {}  # unit → whether its scheduler last said it queues it (`_still_queued`)
-        self._queue_silent_since: dict[str, float] = {}  # unit → since when its site cannot say so
-        self.join_s: dict[str, float] = {}  # unit → seconds it took to join (the plan's from t0; a replacement's
-        # from its attempt's start): what `join_bound_s` measures the job's load time by
-        self.abandoned: set[str] = set()  # units asked for (replacements too) stopped for not joining within the bound
+        # unit asked for → whether its scheduler last said it queues it (`_still_queued`), and since when its site
+        # cannot say so (both gone with its request: `_unrequest`)
+        self._queue_said: dict[str, bool] = {}
+        self._queue_silent_since: dict[str, float] = {}
+        # the longest a unit of this run took to join (the plan's from t0; a replacement's from its attempt's start):
+        # what `join_bound_s` measures the job's load time by; the plan's units already measured
+        self.join_max_s = 0.0
+        self._timed: set[str] = set()
+        # units asked for (replacements too) stopped for not joining within the bound → whether their site stopped
+        # them yet (False: stopping, or its stop failed: it may join still). One is kept until it is lost (`replace`)
+        # or, stopped before it joined, its request ends (`_unrequest`): no unit of it is left to tell
+        self.abandoned: dict[str, bool] = {}
         # a unit asked for (a replacement's too) → since when its join bound counts: its start returned (`spawned`),
         # its scheduler's queue last seen holding it. One whose start has not returned (its site being staged) has none
         self.join_since: dict[str, float] = {}
@@ -205,6 +214,12 @@ class Scaler:
         """`name` is no unit asked for any more (it sampled, or its start failed): when it was asked for, and its join
         bound's start gone with it (it was kept for the rest of the run)."""
         self.join_since.pop(name, None)
+        self._queue_said.pop(name, None)
+        self._queue_silent_since.pop(name, None)
+        if self.abandoned.get(name) and not self.core.known(name):
+            del self.abandoned[name]
+        if not name.startswith("rollout-") or name not in _sites_by_agent(self.placement.plan):  # (a plan's: its
+            self.never_joined.discard(name)  # slot stays free, `_planned_unjoined`)
         return self.spawn_requested.pop(name, None)
 
     def pending_units(self) -> list[str]:
@@ -270,7 +285,8 @@ class Scaler:
         replacement's attempt's clock too) starts again, so a busy cluster's queue does not count against it."""
         self._asking = False
         for name, said in (queued or {}).items():
-            if self._still_queued(name, said, now) and name in self.spawn_requested and name not in self.core.units:
+            # (one no longer asked for, its request ended as its sites were asked, keeps nothing: `_unrequest`)
+            if name in self.spawn_requested and self._still_queued(name, said, now) and name not in self.core.units:
                 self.join_since[name] = now
                 for r in self.replacing.values():
                     if r.unit == name and not r.stopping:
@@ -434,8 +450,8 @@ class Scaler:
         its site, up to REPLACE_ATTEMPTS times with backoff; `tick` does the work. A replacement lost before its
         first sample is a failed attempt of the chain that started it, not a new loss: a unit that crashes right
         after joining (a bad setting, a broken node) is restarted REPLACE_ATTEMPTS times, not without end."""
-        if lost in self.abandoned:  # stopped for not joining in time (it joined as it was stopped): counted already
-            return
+        if self.abandoned.pop(lost, None) is not None:  # stopped for not joining in time (it joined as it was
+            return  # stopped): counted already
         if self._unrequest(lost) is not None:  # asked for (a scale, the rule): `scale --wait` is told
             self.failed_starts[lost] = "lost before its first sample (its log says why); a replacement is started"
         chain = self.unproven.pop(lost, None)
@@ -461,8 +477,9 @@ class Scaler:
         to send."""
         outs = self._restore_units(now) if self.restoring is not None else []
         for name in _sites_by_agent(self.placement.plan):
-            if name.startswith("rollout-") and name not in self.join_s and self.core.known(name):
-                self.join_s[name] = now - self.t0
+            if name.startswith("rollout-") and name not in self._timed and self.core.known(name):
+                self._timed.add(name)
+                self.join_max_s = max(self.join_max_s, now - self.t0)
         self._ask_unjoined(now)
         for r in list(self.replacing.values()):
             if r.error is not None:
@@ -470,7 +487,7 @@ class Scaler:
             elif r.stopping:
                 continue
             elif r.unit is not None and self.core.known(r.unit):
-                self.join_s[r.unit] = now - r.started
+                self.join_max_s = max(self.join_max_s, now - r.started)
                 self.replaced += 1
                 self.jobdir.event("unit_replaced", lost=r.lost, by=r.unit, site=r.site, attempts=r.attempts)
                 del self.replacing[r.lost]
@@ -496,7 +513,7 @@ class Scaler:
     def join_bound_s(self) -> float:
         """How long a replacement may take to join: JOIN_BOUND_FACTOR × the longest a unit of this run took, at
         least JOIN_BOUND_MIN_S."""
-        return max(JOIN_BOUND_MIN_S, JOIN_BOUND_FACTOR * max(self.join_s.values(), default=0.0))
+        return max(JOIN_BOUND_MIN_S, JOIN_BOUND_FACTOR * self.join_max_s)
 
     def _stop_unjoined_unit(self, name: str) -> None:
         """Stop `name` (a replacement, or a unit a scale or the rebalance rule asked for), not joined within the bound
@@ -504,7 +521,7 @@ class Scaler:
         the failed attempt or start once it is stopped (its slot held until then)."""
         spawner = self.spawner
         assert spawner is not None
-        self.abandoned.add(name)
+        self.abandoned[name] = False
         why = f"{name} did not join within {self.join_bound_s():.0f} s though its site said it ran (its log says why)"
 
         def run() -> None:
@@ -523,9 +540,11 @@ class Scaler:
         a failed start (`scale --wait` is told). One that joined as it was stopped, and that its site could not stop,
         runs in the job: it joined (a replacement counts replaced), versus a failed start said of a running unit."""
         why, stopped = result
+        if name in self.abandoned:
+            self.abandoned[name] = stopped
         chain = next((r for r in self.replacing.values() if r.unit == name and r.stopping), None)
         if not stopped and self.core.known(name):
-            self.abandoned.discard(name)  # a unit of the job's like any other: replaced if lost
+            self.abandoned.pop(name, None)  # a unit of the job's like any other: replaced if lost
             if chain is not None:
                 chain.stopping = False  # `tick` counts it replaced
             log.warning("controller: %s joined as it was stopped for not joining, and stays: %s", name, why)
