@@ -7,6 +7,7 @@ each inter-datacenter link (for `rlctl status`, metrics and the tests that count
     a unit (re)joining at v        ──▶ reached(…)   a version is delivered when every live unit has it
     a unit lost                    ──▶ settle(…)    (the live units left may all have it)
                                                    └─▶ seconds_to_last_unit(v)
+    an agent gone (the metrics row after it written) ──▶ forget(…): its weight nodes' addresses go
 
 A transfer crosses a link when the holder it came from (a trainer rank's root or a relay unit) is in
 another datacenter than the unit: its bytes and one copy are added to that link `dc-a->dc-b`.
@@ -52,6 +53,12 @@ class WeightBook:
     def node(self, address: str, *, agent: str, datacenter: str) -> None:
         if address:
             self.nodes[address] = (agent, datacenter)
+
+    def forget(self, agent: str) -> None:
+        """`agent` is gone for good: its weight nodes' addresses go (a later transfer from one names no holder), so
+        that a run whose units come and go for weeks keeps those of the agents it has."""
+        for address in [a for a, (name, _) in self.nodes.items() if name == agent]:
+            del self.nodes[address]
 
     def _record(self, version: int) -> VersionRecord:
         rec = self.versions.get(version)
