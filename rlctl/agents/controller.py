@@ -48,6 +48,7 @@ from rlctl.agents.appliedlog import AppliedLog
 from rlctl.agents.core import ControllerCore, CoreConfig, Out, PromptSpec
 from rlctl.agents.evaluation import EvalSchedule, Evaluator, cut_evaluations
 from rlctl.agents.flight import read_flight
+from rlctl.agents.gonebook import GoneAgent, GoneBook
 from rlctl.agents.ledger import Entry, State
 from rlctl.agents.listen import listen_field
 from rlctl.agents.messages import (
@@ -70,7 +71,6 @@ from rlctl.agents.samplelog import SampleLog
 from rlctl.agents.scaling import Placement, Scaler
 from rlctl.agents.views import (
     LIVE_STATES,
-    GoneAgent,
     Snapshot,
     agent_gauges,
     forget_agent_gauges,
@@ -226,7 +226,7 @@ class ControllerAgent:
         self.core.on_retire = self.samples.write
         self.inbox: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.peers: dict[str, Peer] = {}  # the live agents and clients, and the agents gone since the last row
-        self.gone: dict[str, GoneAgent] = {}  # the agents gone before it (`_prune`)
+        self.gone = GoneBook()  # the agents gone before it (`_prune`)
         self.listener: Listener = transport.listen(listen)
         self.t_start, self.t_start_wall = time.monotonic(), time.time()
         self.wall_offset_s = 0.0  # seconds from the job's first controller start to this one's (`job_start_offset`)
@@ -861,7 +861,7 @@ class ControllerAgent:
         if old is not None and old.state in ("running", "unreachable"):
             log.warning("controller: %s joined twice; dropping the old connection", name)
             self._lose(name, "replaced")
-        self.gone.pop(name, None)  # its name is a new agent's (a stopped unit's, a trainer's): listed as that
+        self.gone.pop(name)  # its name is a new agent's (a stopped unit's, a trainer's): listed as that
         self.peers[name] = Peer(
             name, h.role, conn, time.monotonic(), Heartbeat(name=name, state="running", version=h.version), pid=h.pid
         )
@@ -1123,12 +1123,12 @@ class ControllerAgent:
         """A metrics row was written: the agents gone (lost or stopped) leave `peers`, which holds the live ones and
         those gone since the last row (that row lists them once: `views.metrics_row`), and /metrics, so that a run
         whose units are replaced for weeks holds, shows, watches and exports the agents it has. What summary.json and
-        the status reply's counts say of each is kept (`gone`), and a lost unit that says hello again is still told
-        to stop (`_hello`); its weight node's address leaves the weight book (a transfer from it was reported by
-        now)."""
+        the status reply's counts say of each is kept (`gone`: every one counted, the latest GONE_KEPT by name), and
+        a lost unit that says hello again is still told to stop (`_hello`); its weight node's address leaves the
+        weight book (a transfer from it was reported by now)."""
         for p in [p for p in self.peers.values() if p.role != "client" and p.state not in LIVE_STATES]:
             del self.peers[p.name]
-            self.gone[p.name] = GoneAgent(p.role, p.state, p.figures.busy_s)
+            self.gone.add(p.name, GoneAgent(p.role, p.state, p.figures.busy_s))
             self.book.forget(p.name)  # its weight node's address (one a unit, for weeks of units)
             forget_agent_gauges(self.metrics, p, self.sites)
             p.conn.close()  # a lost one's is closed; a stopped one said bye (its reader's end is ignored: `_handle`)

@@ -13,11 +13,13 @@ books (a `Snapshot`, or the few parts a gauge reads), so they are tested without
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from rlctl.agents.core import ControllerCore, IterationStats
+from rlctl.agents.gonebook import GoneBook
 from rlctl.agents.ledger import State
 from rlctl.agents.messages import Heartbeat, Trained
 from rlctl.agents.rebalance import Reading
@@ -42,17 +44,6 @@ class AgentRecord(Protocol):
     def last_seen(self) -> float: ...  # time.monotonic() of its last message
     @property
     def figures(self) -> Heartbeat: ...
-
-
-@dataclass(frozen=True, slots=True)
-class GoneAgent:
-    """What the controller keeps of an agent gone (lost or stopped) once the metrics row after it went is written
-    and its record left `peers` (`ControllerAgent._prune`): how it ended, for the status reply's counts and for a lost
-    unit that says hello again, and its role and last busy seconds for summary.json."""
-
-    role: str
-    state: str  # stopped | lost
-    busy_s: float
 
 
 @dataclass(frozen=True)
@@ -81,7 +72,7 @@ class Snapshot:
     checkpoint: tuple[int, float | None] | None = None  # the latest complete one: version, time.monotonic() then
     metrics_host: str = "127.0.0.1"  # where /metrics binds: the controller's listen host (transport.bind_host)
     listen_field: str = "transport.listen_host"  # the setting that host came from (rlctl.agents.listen)
-    gone: Mapping[str, GoneAgent] = field(default_factory=dict)  # agents gone before the last metrics row
+    gone: GoneBook = field(default_factory=GoneBook)  # agents gone before the last metrics row
     first_samples: Mapping[str, float] = field(default_factory=dict)  # unit asked for → seconds to its first sample
     failed_starts: Mapping[str, str] = field(default_factory=dict)  # unit asked for whose start failed → the error
     # seconds from the job's first controller start to this one's (a resumed run: `job_start_offset`), so that the
@@ -269,9 +260,9 @@ def status(s: Snapshot, *, now: float) -> dict[str, Any]:
 def gone_counts(s: Snapshot) -> dict[str, int]:
     """The agents that went, per end state: those the status reply still lists (until the metrics row after they
     went) and those it no longer does."""
-    ended = [g.state for g in s.gone.values()]
-    ended += [p.state for p in s.peers.values() if p.role != "client" and p.state not in LIVE_STATES]
-    return {state: ended.count(state) for state in GONE_STATES}
+    listed = [p.state for p in s.peers.values() if p.role != "client" and p.state not in LIVE_STATES]
+    ended = s.gone.ended + Counter(listed)
+    return {state: ended[state] for state in GONE_STATES}
 
 
 # `status` estimates the time left from the pace of this run's last PACE_ROWS iterations (`RowBook.pace`), and from
@@ -356,14 +347,17 @@ def summary(s: Snapshot) -> dict[str, Any]:
     samples = core.pruned.samples + sum(st.samples for st in ran)
     tokens = core.pruned.output_tokens + sum(st.output_tokens for st in ran)
     counts = core.ledger.counts(completed_iterations=core.trainer_version)
-    # every agent the run had: the ones gone before the last row, then the ones it still holds
-    busy = {name: (g.role, g.busy_s) for name, g in s.gone.items()}
-    busy |= {p.name: (p.role, p.figures.busy_s) for p in s.peers.values() if p.role != "client"}
-    roll = [b for role, b in busy.values() if role == "rollout"]
-    train = [b for role, b in busy.values() if role == "trainer"]
+    # every agent the run had: the ones gone before the last row (the latest by name, all counted), then the ones it
+    # still holds
+    busy = {name: (g.role, g.busy_s) for name, g in s.gone.named.items()}
+    held = {p.name: (p.role, p.figures.busy_s) for p in s.peers.values() if p.role != "client"}
+    busy |= held
 
-    def bubble(xs: list[float]) -> float | None:
-        return round(max(0.0, 1 - (sum(xs) / len(xs)) / span), 4) if xs and span > 0 else None
+    def bubble(role: str) -> float | None:
+        xs = [b for r, b in held.values() if r == role]
+        n = len(xs) + s.gone.agents[role]
+        mean = (sum(xs) + s.gone.busy_s.get(role, 0.0)) / n if n else 0.0
+        return round(max(0.0, 1 - mean / span), 4) if n and span > 0 else None
 
     return {
         "job": s.job.name,
@@ -388,7 +382,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
         "t_gen_s": rows.mean("t_gen_s"),
         "t_train_s": rows.mean("t_train_s"),
         "delta_s": rows.mean("delta_s"),
-        "bubble_fraction": {"rollout": bubble(roll), "trainer": bubble(train)},
+        "bubble_fraction": {"rollout": bubble("rollout"), "trainer": bubble("trainer")},
         "staleness": dict(rows.staleness),
         "staleness_violations": s.violations,
         "ledger": {
@@ -411,6 +405,7 @@ def summary(s: Snapshot) -> dict[str, Any]:
         "resilience": dict(s.resilience),
         "data": dict(s.data),
         "agents": {n: {"role": r, "busy_s": round(b, 3)} for n, (r, b) in busy.items()},
+        **({"agents_unlisted": s.gone.unlisted()} if s.gone.unlisted() else {}),  # gone long ago: counted above
         "job_dir": s.job_dir,
     }
 
