@@ -306,11 +306,10 @@ class JobDir:
         them are not parsed (a job of weeks writes a `weights_applied` event per weight version, 10⁴ and more; one of
         an older rlctl, one per unit and version: 64 units × 10⁴ versions, 640,000 lines, seconds and some 600 MB to
         parse each time); the file is read a line at a time, never held whole (its size, again, on each call). A line
-        that is no JSON object is
-        left out and said once (a warning naming the file and line): events.jsonl is appended to across runs, and a
-        line cut short by a controller killed mid-write stays in it for good; status, resume, stop and report act on
-        the events they can read. (A last line that does not parse yet is skipped unsaid, as `read_lines` does: its
-        writer may be in the middle.)"""
+        that is no JSON object is left out and said once (a warning naming the file and line): events.jsonl is
+        appended to across runs, and a line cut short by a controller killed mid-write stays in it for good; status,
+        resume, stop and report act on the events they can read. (A last line that does not parse yet is skipped
+        unsaid, as `read_lines` does: its writer may be in the middle.)"""
         if not self.events.exists():
             return []
         names = tuple(f'"{k}"' for k in kinds)
