@@ -10,7 +10,7 @@
 
 Both orders are `rlctl.config.hostfill`'s, the ones the planner prices (a unit on the host it assumed, one
 weight-sync hop per host the units span). `scale` takes its units from the same pool, so a unit added later
-goes where the planner's `_room` found room. Deterministic: the same inventory, plan and claims give the same
+goes where the planner's `room_for_unit` found room. Deterministic: the same inventory, plan and claims give the same
 slices, so `launch --dry-run` shows what a launch does. SLURM sites get no slices: SLURM binds the GPUs it
 allocates. A `gpu: CPU` site is sliced the same way; the ids are only labels there (no CUDA device is used).
 """

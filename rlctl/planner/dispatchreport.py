@@ -20,7 +20,7 @@ from rlctl.planner.sim import (
 from rlctl.planner.workload import LengthModel
 
 
-def _dispatch_report(
+def dispatch_report(
     lm: LengthModel,
     units: list[Unit],
     all_lengths: np.ndarray,

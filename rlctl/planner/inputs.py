@@ -141,7 +141,7 @@ def _with_job_splits(job: Job, prof: ProfileFile, *, trainer: TrainingPasses | N
     return prof.model_copy(update={"sites": {**prof.sites, t_site: only}})
 
 
-def _for_engine(site: SiteProfile, engine: str, *, name: str, profile_file: str) -> SiteProfile:
+def site_for_engine(site: SiteProfile, engine: str, *, name: str, profile_file: str) -> SiteProfile:
     """The site with the generation entries of `engine`: those measured with it, else those of any
     engine (analytical); a site measured only with another engine is refused."""
     mine = [e for e in site.generation if e.engine == engine]
@@ -157,7 +157,7 @@ def _for_engine(site: SiteProfile, engine: str, *, name: str, profile_file: str)
     return site.model_copy(update={"generation": mine})
 
 
-def _for_backend(site: SiteProfile, backend: str, *, name: str, profile_file: str) -> SiteProfile:
+def site_for_backend(site: SiteProfile, backend: str, *, name: str, profile_file: str) -> SiteProfile:
     """The site as the job trains: its training entries measured with another trainer backend are refused
     (analytical entries, of no backend, serve any)."""
     other = sorted({e.backend for e in site.training if e.backend and e.backend != backend})
@@ -190,15 +190,15 @@ def train_cost(job: Job, prof: ProfileFile, trainer: TrainingPasses) -> dict[str
     }
 
 
-def _order_tp(job: Job, opts: PlanOptions) -> int:
+def host_order_tp(job: Job, opts: PlanOptions) -> int:
     """The trainer tp the rollout's host order follows: the job's trainer.tensor_parallel, else the tp class
-    `make_plan` plans (`_tp_classes`); the launch follows the plan's tp (`launch.layout.order_tp`)."""
+    `make_plan` plans (`trainer_tp_classes`); the launch follows the plan's tp (`launch.layout.order_tp`)."""
     if opts.trainer_order_tp is not None:
         return opts.trainer_order_tp
     return (job.spec.trainer.model_split or (1, 1))[0]
 
 
-def _tp_classes(job: Job, prof: ProfileFile) -> list[list[int]]:
+def trainer_tp_classes(job: Job, prof: ProfileFile) -> list[list[int]]:
     """The profile's trainer tps grouped by the rollout host order each gives on a site the trainer shares
     (`hostfill.rollout_host_order`: a host of fewer GPUs than tp is the rollout's first): where the planner chooses
     the tp, a split is priced with its own tp's order, as the launch places it, and `make_plan` plans each order.
@@ -215,7 +215,7 @@ def _tp_classes(job: Job, prof: ProfileFile) -> list[list[int]]:
     return list(classes.values()) or [[1]]
 
 
-def _with_trainer_tps(prof: ProfileFile, site: str, tps: list[int]) -> ProfileFile:
+def with_trainer_tps(prof: ProfileFile, site: str, tps: list[int]) -> ProfileFile:
     """The profile with only the training entries of `site` at `tps`."""
     mine = prof.sites[site]
     only = mine.model_copy(update={"training": [e for e in mine.training if e.tp in tps]})

@@ -13,12 +13,12 @@ from rlctl.errors import ConfigError, PlanError
 from rlctl.launch.backends import kind_of
 from rlctl.planner.costs import TrainWorkload
 from rlctl.planner.curves import TrainCurve, train_stage_curve
-from rlctl.planner.inputs import _for_backend
+from rlctl.planner.inputs import site_for_backend
 from rlctl.planner.split import split_refusal
 from rlctl.profiler.profile import ProfileFile
 
 
-def _rollout_hosts(site: Site, *, shared: bool, trainer_tp: int = 1) -> list[int]:
+def rollout_hosts(site: Site, *, shared: bool, trainer_tp: int = 1) -> list[int]:
     """The GPUs of the site's hosts in the order x rollout GPUs fill them (`hostfill.rollout_host_order`, the order
     `GpuPool.take` places units in): inventory order, but from the last host on the site the trainer shares, whose
     ranks fill the first hosts (`GpuPool.take_ranks`), after the hosts too small for one of its `trainer_tp` groups."""
@@ -26,7 +26,7 @@ def _rollout_hosts(site: Site, *, shared: bool, trainer_tp: int = 1) -> list[int
     return rollout_host_order(gpus, shares_trainer=shared, gpus=gpus, trainer_tp=trainer_tp)
 
 
-def _hosts_spanned(host_gpus: list[int], gpus: int) -> int:
+def hosts_spanned(host_gpus: list[int], gpus: int) -> int:
     """The hosts `gpus` GPU slots fill, host by host in the order of `host_gpus` (12 GPUs of 8-GPU hosts: 2)."""
     filled = hosts = 0
     for g in host_gpus:
@@ -36,7 +36,7 @@ def _hosts_spanned(host_gpus: list[int], gpus: int) -> int:
     return hosts
 
 
-def _node_bytes_per_s(site: Site) -> float:
+def site_node_bytes_per_s(site: Site) -> float:
     return site.network.bandwidth_gbps * 1e9 / 8
 
 
@@ -45,7 +45,7 @@ PLACE_HINT = (
 )
 
 
-def _trainer_curve(
+def trainer_curve(
     job: Job, prof: ProfileFile, tw: TrainWorkload, *, t_fixed: int | None, profile_file: str, order_tp: int
 ) -> tuple[TrainCurve, int | None]:
     """The trainer's stage curve over its site's GPU slots, each tp group of a configuration on one host
@@ -80,7 +80,7 @@ def _trainer_curve(
     if (why := placement_error(t_site, host_gpus, t_fixed or tp * pp, tp=tp, slurm=slurm)) is not None:
         field = "placement.trainer.gpus" if t_fixed is not None else "trainer.tensor_parallel"  # the job's either way
         raise ConfigError(str(job.path), field, why, hint=PLACEMENT_HINT)
-    t_prof = _for_backend(prof.sites[t_site], backend, name=t_site, profile_file=profile_file)
+    t_prof = site_for_backend(prof.sites[t_site], backend, name=t_site, profile_file=profile_file)
     if split is None:  # the splits it searches: those the backend runs for this model (torch: tp 1 pp 1 only)
         runs = [e for e in t_prof.training if split_refusal(spec.model.arch, backend, tp=e.tp, pp=e.pp) is None]
         t_prof = t_prof.model_copy(update={"training": runs})
@@ -93,7 +93,7 @@ def _trainer_curve(
         slurm=slurm,
         # a host too small for one group is the rollout's on a shared site (it reaches it first)
         order_tp=order_tp if t_site in {r.site for r in spec.placement.rollout} else 1,
-        node_bytes_per_s=_node_bytes_per_s(inv.sites[t_site]),
+        node_bytes_per_s=site_node_bytes_per_s(inv.sites[t_site]),
         split=split,
     )
     if not np.isfinite(tcurve.seconds).any():

@@ -32,26 +32,26 @@ from rlctl.planner.costs import DecodeCost, TrainWorkload, fsdp_gathered_bytes, 
 from rlctl.planner.curves import GenCurve, TrainCurve, gen_curve
 from rlctl.planner.inputs import (
     PlanOptions,
-    _for_engine,
-    _order_tp,
-    _tp_classes,
-    _with_trainer_tps,
+    host_order_tp,
     length_model,
     profile_for,
+    site_for_engine,
     train_cost,
+    trainer_tp_classes,
+    with_trainer_tps,
 )
-from rlctl.planner.placement import _rollout_hosts, _trainer_curve
-from rlctl.planner.predict import SimCache, _simulate
-from rlctl.planner.rebalance import _free_gpus, _rebalance, _room
+from rlctl.planner.placement import rollout_hosts, trainer_curve
+from rlctl.planner.predict import SimCache, simulate_modes
+from rlctl.planner.rebalance import free_gpus_per_site, rebalance_advice, room_for_unit
 from rlctl.planner.search import (
     Stages,
-    _allocate,
-    _async_s,
-    _mask_fixed,
-    _simulated_cross,
-    _simulated_split,
-    _units,
+    allocate,
     fixed_total,
+    mask_fixed,
+    simulated_async_s,
+    simulated_cross,
+    simulated_split,
+    units_for,
 )
 from rlctl.planner.sim import (
     Unit,
@@ -71,7 +71,7 @@ def make_plan(
 ) -> dict[str, Any]:
     opts = options or PlanOptions()
     prof = profile_for(job, profile, profile_file=profile_file, trainer=opts.trainer)
-    classes = _tp_classes(job, prof) if opts.trainer_order_tp is None else []
+    classes = trainer_tp_classes(job, prof) if opts.trainer_order_tp is None else []
     if len(classes) <= 1:
         order = opts.trainer_order_tp or max(classes[0] if classes else [1])
         return _plan(job, prof, replace(opts, trainer_order_tp=order), profile_file=profile_file)
@@ -84,14 +84,14 @@ def make_plan(
     for tps in classes:
         sub = replace(opts, trainer_order_tp=max(tps))
         try:
-            plans.append(_plan(job, _with_trainer_tps(prof, t_site, tps), sub, profile_file=profile_file))
+            plans.append(_plan(job, with_trainer_tps(prof, t_site, tps), sub, profile_file=profile_file))
         except PlanError as e:
             failed.append(e)
             plans.append({"error": str(e)})
     done = [p for p in plans if "error" not in p]
     if not done:
         raise failed[0]
-    best = _best_plan(job, done)
+    best = best_plan(job, done)
     best["trainer_tp_classes"] = [
         {
             "tps": tps,
@@ -112,14 +112,14 @@ def make_plan(
 
 def searches_shared_site(spec: JobFile) -> bool:
     """Whether the plan is the job simulator's search of the split of a site the trainer shares with rollout
-    (`_simulated_split`), which starts from Algorithm 1's split and its fewest-GPUs alternative (`planning.epsilon`)
+    (`simulated_split`), which starts from Algorithm 1's split and its fewest-GPUs alternative (`planning.epsilon`)
     among others: rule simulated, async mode, the rollout count of the trainer's site auto."""
     t_site = spec.placement.trainer.site
     shared = [r for r in spec.placement.rollout if r.site == t_site]
     return spec.planning.rule == "simulated" and spec.pipeline.mode == "async" and any(r.gpus == "auto" for r in shared)
 
 
-def _best_plan(job: Job, plans: list[dict[str, Any]]) -> dict[str, Any]:
+def best_plan(job: Job, plans: list[dict[str, Any]]) -> dict[str, Any]:
     """Of plans of the same job (one per trainer tp class), the fastest iteration in the job's mode, of equal ones
     the fewest GPUs; under `planning.rule: fewest_gpus` the fewest GPUs within ε of the fastest."""
     mode = job.spec.pipeline.mode
@@ -149,7 +149,7 @@ def idle_gpus(gpus: int, tp: int) -> str:
 def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) -> dict[str, Any]:
     """`make_plan` with the rollout's host order at `opts.trainer_order_tp`."""
     spec = job.spec
-    order_tp = _order_tp(job, opts)
+    order_tp = host_order_tp(job, opts)
     arch = prof.model.arch
     inv = job.inventory
     lm = length_model(job)
@@ -175,14 +175,14 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
     r_fixed = {r.site: (None if r.gpus == "auto" else int(r.gpus)) for r in spec.placement.rollout}
     shared = t_site in r_sites
     t_total = inv.sites[t_site].total_gpus
-    tcurve, t_slots = _trainer_curve(job, prof, tw, t_fixed=t_fixed, profile_file=profile_file, order_tp=order_tp)
+    tcurve, t_slots = trainer_curve(job, prof, tw, t_fixed=t_fixed, profile_file=profile_file, order_tp=order_tp)
     # the trainer's GPU slots (`hostfill.trainer_slots`): its ranks, and a leftover its tp groups pass over
     n_train = t_slots if t_slots is not None else t_total
-    train_s = _mask_fixed(tcurve.seconds, t_slots)
+    train_s = mask_fixed(tcurve.seconds, t_slots)
     budgets: dict[str, int] = {s: inv.sites[s].total_gpus if (f := r_fixed[s]) is None else f for s in r_sites}
     if shared:  # x + y ≤ n on the shared site; both fixed → n is their sum
         # a fixed trainer's slots are chosen with the rollout's: a split that passes over more leftovers takes
-        # GPUs the rollout could use. Every point of the curve holds exactly the fixed ranks (`_trainer_curve`),
+        # GPUs the rollout could use. Every point of the curve holds exactly the fixed ranks (`trainer_curve`),
         # so Algorithm 1 weighs the splits' times and slots against generation as it does an `auto` trainer's;
         # beside a fixed rollout count, the fastest split that fits what it leaves
         fixed_x = r_fixed[t_site]
@@ -202,11 +202,11 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
                     )
                 t_slots = int(np.argmin(tcurve.seconds[: t_total - fixed_x + 1]))
                 n_shared = t_slots + fixed_x
-                train_s = _mask_fixed(tcurve.seconds, t_slots)
+                train_s = mask_fixed(tcurve.seconds, t_slots)
         budgets[t_site] = n_train = n_shared
     gcurves: dict[str, GenCurve] = {}
     for s in r_sites:
-        r_prof = _for_engine(prof.sites[s], spec.rollout.engine, name=s, profile_file=profile_file)
+        r_prof = site_for_engine(prof.sites[s], spec.rollout.engine, name=s, profile_file=profile_file)
         gcurves[s] = gen_curve(
             r_prof,
             plan_lengths,
@@ -214,7 +214,7 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
             engine_max_batch=spec.rollout.max_batch_size,
             max_gpus=budgets[s],
             tp=spec.rollout.tensor_parallel,
-            host_gpus=_rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=order_tp),
+            host_gpus=rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=order_tp),
         )
         priced = sorted({e.tp for e in r_prof.generation})
         tps = [t for t in priced if t <= max(budgets[s], 1)]
@@ -236,7 +236,7 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
                 hint="use a larger GPU or a smaller model",
             )
     try:
-        choice, alt, fill, base = _allocate(
+        choice, alt, fill, base = allocate(
             job, gcurves, (train_s, tcurve.seconds), budgets, r_fixed, n_train, shared, t_site
         )
     except ValueError as e:
@@ -267,13 +267,13 @@ def _plan(job: Job, prof: ProfileFile, opts: PlanOptions, *, profile_file: str) 
     search_rollout = any(f is None for f in r_fixed.values())  # the fixed sites hold their counts throughout
     stages = Stages(job, lm, gcurves, tcurve, tw, budgets, fill, opts, SimCache())
     # a fixed trainer count searches the same splits: every point of its curve holds exactly its ranks
-    # (`_trainer_curve`), the fastest within n − x is the split it runs beside x rollout GPUs
+    # (`trainer_curve`), the fastest within n − x is the split it runs beside x rollout GPUs
     if searches_shared_site(spec):
-        chosen, search = _simulated_split(
+        chosen, search = simulated_split(
             stages, t_site=t_site, streamed_fraction=tcost["streamed_fraction"], seeds=(choice.x, base.x, alt.x)
         )
     elif rule == "simulated" and spec.pipeline.mode == "async" and not shared and (search_rollout or t_fixed is None):
-        chosen, search = _simulated_cross(
+        chosen, search = simulated_cross(
             stages,
             n_train=n_train,
             search_rollout=search_rollout,
@@ -384,16 +384,18 @@ def _assemble(
                 "decode": _decode_json(gcurves[s].costs[cfg.tp]) if cfg else None,
             }
         )
-    units = _units(gcurves, per_site)
+    units = units_for(gcurves, per_site)
     if not units:
         raise PlanError("the allocation has no rollout instance")
     train_s = float(tcurve.seconds[chosen.y])
-    sim = _simulate(job, lm, units, tw, (train_s, train_s * (1 - streamed_fraction)), per_site, opts, cache=cache)
+    sim = simulate_modes(job, lm, units, tw, (train_s, train_s * (1 - streamed_fraction)), per_site, opts, cache=cache)
 
     def one_more(site: str, tp: int) -> float:  # the async iteration with one more unit of `tp` GPUs on `site`
         more = per_site | {site: per_site[site] + tp}
         plus = [*units, Unit(site, gcurves[site].costs[tp])]
-        return _async_s(job, lm, plus, tw, train_s, more, opts, streamed_fraction=streamed_fraction, cache=cache)
+        return simulated_async_s(
+            job, lm, plus, tw, train_s, more, opts, streamed_fraction=streamed_fraction, cache=cache
+        )
 
     iteration_s = sim["predicted"]["iteration_s"][spec.pipeline.mode]
     used = [(a["gpus_used"], inv.sites[a["site"]].gpu_cost_per_hour) for a in allocation]
@@ -419,11 +421,11 @@ def _assemble(
             for name, c in (("paper", paper), ("fewest_gpus", fewest))
         },
         **sim,
-        "rebalance": _rebalance(
+        "rebalance": rebalance_advice(
             gcurves,
             per_site,
-            _free_gpus(allocation, inv),
-            _room(allocation, inv, t_site, order_tp=_order_tp(job, opts)),
+            free_gpus_per_site(allocation, inv),
+            room_for_unit(allocation, inv, t_site, order_tp=host_order_tp(job, opts)),
             sim["predicted"],
             one_more=one_more if spec.pipeline.eta > 0 else None,  # as the controller's rule: at η 0 the stage times
         )

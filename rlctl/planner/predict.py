@@ -12,9 +12,9 @@ import numpy as np
 
 from rlctl.config.job import Job
 from rlctl.planner.costs import TrainWorkload
-from rlctl.planner.dispatchreport import _dispatch_report
+from rlctl.planner.dispatchreport import dispatch_report
 from rlctl.planner.engine import Barrier
-from rlctl.planner.inputs import PlanOptions, _order_tp
+from rlctl.planner.inputs import PlanOptions, host_order_tp
 from rlctl.planner.sim import (
     DispatchConfig,
     GenResult,
@@ -22,7 +22,7 @@ from rlctl.planner.sim import (
     simulate_generation,
 )
 from rlctl.planner.simjob import MODES, EngineSpec, IterationWork, Mode, UnitShare, simulate_job
-from rlctl.planner.weightsync import _weight_sync_s
+from rlctl.planner.weightsync import slowest_weight_sync_s
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths
 
 MIN_SIM_ITERATIONS = 6  # iterations simulated per mode (batches repeat when `sim_iterations` is less), 1 warm-up
@@ -33,8 +33,8 @@ UnitsKey = tuple[tuple[str, int], ...]  # rollout units by site and cost (`_unit
 
 @dataclass
 class SimCache:
-    """What `_simulate` keeps across the allocations a search simulates (the plan's own among them), each by what it
-    depends on: the simulated batches by rollout units (the same beside every trainer), and a mode's simulated
+    """What `simulate_modes` keeps across the allocations a search simulates (the plan's own among them), each by what
+    it depends on: the simulated batches by rollout units (the same beside every trainer), and a mode's simulated
     iteration by those units, their weight sync and the trainer's step, so two allocations that differ only in GPUs
     left idle (13 and 15 GPUs of tp 4 units) or a trainer count whose fastest configuration is another's are
     simulated once."""
@@ -52,7 +52,7 @@ def _noise(recall: float, sigma: float) -> float:
     return noise_for_recall(recall, sigma=sigma)
 
 
-def _simulate(
+def simulate_modes(
     job: Job,
     lm: LengthModel,
     units: list[Unit],
@@ -92,7 +92,7 @@ def _simulate(
     ]
     gens = [g for _, _, g, _ in batches]
     first_len, first_pred = batches[0][0], batches[0][1]
-    w_s = _weight_sync_s(job, per_site, order_tp=_order_tp(job, opts))
+    w_s = slowest_weight_sync_s(job, per_site, order_tp=host_order_tp(job, opts))
     # the pipeline needs a steady state: at least MIN_SIM_ITERATIONS, then η more that only follow them into the
     # engines (an async iteration's tail shares them with the next η; without those its gap is about T_train).
     # From η = steady on, no simulated iteration waits for weights (its shares reach the engines at the start) and
@@ -122,7 +122,7 @@ def _simulate(
     }
     if report:
         dcfg = DispatchConfig(spec.rollout.dispatch, spec.rollout.long_tail_fraction, spec.planning.dispatch_rule)
-        out["dispatch"] = _dispatch_report(lm, units, first_len, first_pred, dcfg, gens[0])
+        out["dispatch"] = dispatch_report(lm, units, first_len, first_pred, dcfg, gens[0])
     return out
 
 

@@ -10,21 +10,23 @@ from typing import Any
 from rlctl.config.hostfill import trainer_slots
 from rlctl.launch.backends import kind_of
 from rlctl.planner.curves import GenCurve, units_that_fit
-from rlctl.planner.placement import _rollout_hosts
+from rlctl.planner.placement import rollout_hosts
 from rlctl.planner.search import SAME_WITHIN
 
 
-def _free_gpus(allocation: list[dict[str, Any]], inv: Any) -> dict[str, int]:
+def free_gpus_per_site(allocation: list[dict[str, Any]], inv: Any) -> dict[str, int]:
     used: dict[str, int] = {}
     for a in allocation:
         used[a["site"]] = used.get(a["site"], 0) + a["gpus_used"]
     return {s: inv.sites[s].total_gpus - u for s, u in used.items()}
 
 
-def _room(allocation: list[dict[str, Any]], inv: Any, t_site: str, *, order_tp: int) -> Callable[[str, int], bool]:
+def room_for_unit(
+    allocation: list[dict[str, Any]], inv: Any, t_site: str, *, order_tp: int
+) -> Callable[[str, int], bool]:
     """Whether one more rollout unit of `tp` GPUs fits on a site: on one host (tensor parallel stays inside a
     node), in the slots the trainer leaves (its tp groups fill the first hosts: `hostfill.trainer_slots`), beside
-    the site's units, which fill the hosts in the order `GpuPool.take` does (`_rollout_hosts`)."""
+    the site's units, which fill the hosts in the order `GpuPool.take` does (`rollout_hosts`)."""
     t = allocation[0]
     site = inv.sites[t_site]
     placed = trainer_slots(
@@ -40,13 +42,13 @@ def _room(allocation: list[dict[str, Any]], inv: Any, t_site: str, *, order_tp: 
 
     def fits(site: str, tp: int) -> bool:
         slots = inv.sites[site].total_gpus - (trainer if site == t_site else 0)
-        hosts = _rollout_hosts(inv.sites[site], shared=site == t_site, trainer_tp=order_tp)
+        hosts = rollout_hosts(inv.sites[site], shared=site == t_site, trainer_tp=order_tp)
         return slots > 0 and int(units_that_fit(hosts, tp, slots)[slots]) > units[site]
 
     return fits
 
 
-def _rebalance(
+def rebalance_advice(
     gcurves: dict[str, GenCurve],
     per_site: dict[str, int],
     free: dict[str, int],

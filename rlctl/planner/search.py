@@ -1,6 +1,6 @@
 """The allocation search: Algorithm 1 over the stage curves (paper rule, fewest GPUs within ε, the baseline), the
-order rollout sites fill in, and for an async job the simulated searches (`_simulated_split` on a site both
-stages share, `_simulated_cross` across datacenters) with their bisection and unimodal minimum."""
+order rollout sites fill in, and for an async job the simulated searches (`simulated_split` on a site both
+stages share, `simulated_cross` across datacenters) with their bisection and unimodal minimum."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from rlctl.planner import alloc
 from rlctl.planner.costs import TrainWorkload
 from rlctl.planner.curves import GenCurve, TrainCurve
 from rlctl.planner.inputs import PlanOptions
-from rlctl.planner.predict import SimCache, _simulate
+from rlctl.planner.predict import SimCache, simulate_modes
 from rlctl.planner.sim import (
     Unit,
 )
 from rlctl.planner.workload import LengthModel
 
 
-def _mask_fixed(seconds: np.ndarray, fixed: int | None) -> np.ndarray:
+def mask_fixed(seconds: np.ndarray, fixed: int | None) -> np.ndarray:
     """A role with a fixed GPU count may only use exactly that many."""
     if fixed is None:
         return seconds
@@ -32,7 +32,7 @@ def _mask_fixed(seconds: np.ndarray, fixed: int | None) -> np.ndarray:
     return out
 
 
-def _allocate(
+def allocate(
     job: Job,
     gcurves: dict[str, GenCurve],
     train: tuple[np.ndarray, np.ndarray],
@@ -49,7 +49,7 @@ def _allocate(
     """
     train_s, train_raw = train
     r_sites = list(gcurves)
-    curves = [_mask_fixed(gcurves[s].seconds, r_fixed[s]) for s in r_sites]
+    curves = [mask_fixed(gcurves[s].seconds, r_fixed[s]) for s in r_sites]
     order = fill_order(job, gcurves, budgets, r_fixed, t_site if shared else None)
     # the `auto` sites the trainer does not share split what reaches them as finishes soonest: one curve of mixed
     # GPU types, filled in cost order, would put units on the cheaper site while a faster one waits
@@ -101,7 +101,7 @@ def fixed_total(r_fixed: dict[str, int | None], shared: str | None) -> int:
     return sum(f for s, f in r_fixed.items() if f is not None and s != shared)
 
 
-def _units(gcurves: dict[str, GenCurve], per_site: dict[str, int]) -> list[Unit]:
+def units_for(gcurves: dict[str, GenCurve], per_site: dict[str, int]) -> list[Unit]:
     """The rollout units of `per_site` GPUs per site: its curve's configuration at that count."""
     units: list[Unit] = []
     for s, x in per_site.items():
@@ -133,7 +133,7 @@ class Stages(NamedTuple):
     cache: SimCache
 
 
-def _simulated_split(
+def simulated_split(
     stages: Stages,
     *,
     t_site: str,
@@ -183,7 +183,7 @@ def _simulated_split(
 SAME_WITHIN = 0.01
 
 
-def _simulated_cross(
+def simulated_cross(
     stages: Stages,
     *,
     n_train: int,
@@ -266,15 +266,15 @@ def _async_iteration(stages: Stages, *, train: np.ndarray, streamed_fraction: fl
 
     def run(x: int, y: int) -> float:
         per_site = dict(zip(r_sites, alloc.split_combined(x, fill), strict=True))
-        units = _units(gcurves, per_site)
-        return _async_s(
+        units = units_for(gcurves, per_site)
+        return simulated_async_s(
             job, lm, units, tw, float(train[y]), per_site, opts, streamed_fraction=streamed_fraction, cache=cache
         )
 
     return run
 
 
-def _async_s(
+def simulated_async_s(
     job: Job,
     lm: LengthModel,
     units: list[Unit],
@@ -288,7 +288,9 @@ def _async_s(
 ) -> float:
     """The simulated async iteration (s) of `units` (GPUs `per_site`) beside a trainer step of `train_s`."""
     at_step = train_s * (1 - streamed_fraction)
-    sim = _simulate(job, lm, units, tw, (train_s, at_step), per_site, opts, modes=("async",), report=False, cache=cache)
+    sim = simulate_modes(
+        job, lm, units, tw, (train_s, at_step), per_site, opts, modes=("async",), report=False, cache=cache
+    )
     return float(sim["predicted"]["iteration_s"]["async"])
 
 

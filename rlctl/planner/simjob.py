@@ -203,7 +203,7 @@ def simulate_job(
         t = train_end[-1] if train_end else 0.0
         total = float(tokens.sum()) or 1.0
         streamed_s = w.train_s - w.at_step_s
-        t = _learner_train(
+        t = learner_train(
             arrivals,
             tokens,
             max(1, w.micro_batch_samples),
@@ -221,7 +221,7 @@ def simulate_job(
     return JobTimeline(gen_start, gen_end, train_end, ready, unit_gen)
 
 
-def _learner_train(
+def learner_train(
     arrivals: np.ndarray, tokens: np.ndarray, size: int, max_tokens: int | None, *, whole: bool, free: float, s: float
 ) -> float:
     """When the trainer, free at `free`, has trained one iteration (`s` seconds per token) as its learner cuts

@@ -7,15 +7,15 @@ from __future__ import annotations
 from rlctl.config.inventory import Inventory, Link
 from rlctl.config.job import Job
 from rlctl.errors import ConfigError
-from rlctl.planner.placement import _hosts_spanned, _node_bytes_per_s, _rollout_hosts
+from rlctl.planner.placement import hosts_spanned, rollout_hosts, site_node_bytes_per_s
 from rlctl.planner.simjob import weight_transfer_s
 
 DELTA_FRACTION = 0.1  # bytes of a lossless delta relative to full weights (DESIGN §7), between anchors
 
 
-def _weight_sync_s(job: Job, per_site: dict[str, int], *, order_tp: int = 1) -> float:
+def slowest_weight_sync_s(job: Job, per_site: dict[str, int], *, order_tp: int = 1) -> float:
     """The slowest rollout site's weight sync (s) of `per_site` rollout GPUs; `order_tp`: the trainer tp the
-    shared site's rollout host order follows (`_order_tp`)."""
+    shared site's rollout host order follows (`host_order_tp`)."""
     spec = job.spec
     inv = job.inventory
     t_site = spec.placement.trainer.site
@@ -31,11 +31,11 @@ def _weight_sync_s(job: Job, per_site: dict[str, int], *, order_tp: int = 1) -> 
     for s, x in per_site.items():
         if x == 0:
             continue
-        local = _node_bytes_per_s(inv.sites[s])
+        local = site_node_bytes_per_s(inv.sites[s])
         link_bps, lat = (local, 0.0) if s == t_site else _route(inv, t_site, s)
         # one relay per host after the first: 12 GPUs of 8-GPU hosts are 2 hosts, one hop
-        hosts = _rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=order_tp)
-        hops = _hosts_spanned(hosts, x) - 1
+        hosts = rollout_hosts(inv.sites[s], shared=s == t_site, trainer_tp=order_tp)
+        hops = hosts_spanned(hosts, x) - 1
         # another datacenter's relay heads chains_per_datacenter chains of the other hosts (`weights/plan.py`), which
         # share its host's link; in the trainer's datacenter (its site or another there) the trainer's ranks head the
         # chains, one of hosts per trainer host
@@ -68,7 +68,7 @@ def _route(inv: Inventory, a: str, b: str) -> tuple[float, float]:
         return link.bandwidth_gbps * 1e9 / 8, link.latency_ms / 1e3
     dc_a, dc_b = inv.sites[a].datacenter, inv.sites[b].datacenter
     if dc_a == dc_b:
-        return min(_node_bytes_per_s(inv.sites[a]), _node_bytes_per_s(inv.sites[b])), 0.0
+        return min(site_node_bytes_per_s(inv.sites[a]), site_node_bytes_per_s(inv.sites[b])), 0.0
     fastest: dict[frozenset[str], Link] = {}  # between each pair of datacenters
     for ln in inv.links:
         key = frozenset(inv.sites[s].datacenter for s in ln.between)

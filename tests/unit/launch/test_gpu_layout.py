@@ -111,7 +111,7 @@ def test_pool_fills_hosts_in_the_planners_order_with_contiguous_ids() -> None:
 
 def test_pool_on_a_site_the_trainer_shares_fills_units_from_the_last_host() -> None:
     """The trainer's ranks fill the first hosts, rollout units the last ones first: what the planner's
-    `_rollout_hosts` assumes for a shared site."""
+    `rollout_hosts` assumes for a shared site."""
     pool = GpuPool("s", site("ssh", "n[1-3]", 4), shares_trainer=True)
     assert pool.take_ranks(2, who="the trainer") == [GpuSlice("n1", (0,)), GpuSlice("n1", (1,))]
     assert [pool.take(2, who=f"rollout-{i}") for i in range(4)] == [
@@ -469,7 +469,7 @@ def test_a_slurm_controller_asks_a_bounded_share_of_a_node_s_memory(
 
 def test_scale_out_on_a_shared_site_continues_the_planners_fill_order(tmp_path: Path) -> None:
     """Trainer ranks on n1, the planned units from the last host (n3), a unit `scale` adds next on n3, then n2: the
-    hosts the planner's `_room` and weight-sync hops count, in the order `GpuPool.take` and layout() share."""
+    hosts the planner's `room_for_unit` and weight-sync hops count, in the order `GpuPool.take` and layout() share."""
     three = {"datacenter": "d", "scheduler": {"kind": "local"}, "gpu": "CPU", "nodes": [{"host": "n[1-3]", "gpus": 2}]}
     job = write_job(tmp_path, {"local": three}, at=(("local", 2), ("local", 1)))
     spec = resolve_job(job)
@@ -534,8 +534,8 @@ def test_layout_puts_units_first_on_hosts_too_small_for_a_trainer_group(tmp_path
 
 def test_layout_orders_the_rollout_by_the_plans_trainer_tp_where_the_job_leaves_it_out(tmp_path: Path) -> None:
     """The same hosts of 2, 8, 2, 8 GPUs with the job's trainer.tensor_parallel unset and a plan whose trainer runs
-    tp 4 (the planner chose it, pricing the 2-GPU hosts as the rollout's: `plan._tp_classes`): the pool follows the
-    plan's tp, t-3 and t-1 first, not tp 1's order from t-4."""
+    tp 4 (the planner chose it, pricing the 2-GPU hosts as the rollout's: `inputs.trainer_tp_classes`): the pool
+    follows the plan's tp, t-3 and t-1 first, not tp 1's order from t-4."""
     nodes = [{"host": f"t-{i}", "gpus": g} for i, g in enumerate([2, 8, 2, 8], 1)]
     sites = {"t": {**ssh_site("t-1", 2), "nodes": nodes}}
     job = write_job(tmp_path, sites, at=(("t", 8), ("t", 4)), rollout={"tensor_parallel": 1})

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from rlctl.planner import engine as engine_mod
 from rlctl.planner import simjob
 from rlctl.planner.engine import EPS_S, Barrier, EngineRun, EngineSpec, Group, run_groups
-from rlctl.planner.simjob import IterationWork, JobTimeline, UnitShare, _learner_train, simulate_job
+from rlctl.planner.simjob import IterationWork, JobTimeline, UnitShare, learner_train, simulate_job
 
 PTL = np.array([0.0] + [0.01 + 0.001 * b for b in range(1, 65)])
 
@@ -258,7 +258,7 @@ def _by_scratch(works: list[IterationWork], *, mode: str, eta: int, drain: int, 
         order = np.argsort(arrival, kind="stable")
         s = w.train_s / (float(w.sample_tokens.sum()) or 1.0)
         free = train_end[-1] if train_end else 0.0
-        t = _learner_train(
+        t = learner_train(
             arrival[order], w.sample_tokens[order], w.micro_batch_samples, None, whole=mode == "sync", free=free, s=s
         )
         gen_end.append(float(arrival.max()))

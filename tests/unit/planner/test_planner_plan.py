@@ -527,7 +527,7 @@ def test_a_fixed_rollout_count_below_one_unit_of_a_priced_tp_is_the_count_s_erro
 
 
 def test_fewest_gpus_does_not_choose_among_plans_of_fixed_counts(tmp_path: Path) -> None:
-    """Of the plans of the trainer's tp classes `_best_plan` takes the fastest; rule fewest_gpus the fewest GPUs within
+    """Of the plans of the trainer's tp classes `best_plan` takes the fastest; rule fewest_gpus the fewest GPUs within
     ε, and only when some count is auto: with every count fixed the plans hold the same GPUs (the ranks, the counts),
     and rule and ε are refused by check as unread (it took a slower plan that happened to use fewer GPUs before)."""
 
@@ -536,18 +536,18 @@ def test_fewest_gpus_does_not_choose_among_plans_of_fixed_counts(tmp_path: Path)
 
     fast, fewer = plan(10.0, 16), plan(10.4, 12)
     job = load_job(write_job(tmp_path, rollout=[{"site": "r20", "gpus": 8}], links=LINKS, rule="fewest_gpus"))
-    assert planner._best_plan(job, [fast, fewer]) is fewer  # the trainer's count is auto
+    assert planner.best_plan(job, [fast, fewer]) is fewer  # the trainer's count is auto
     fixed = load_job(
         write_job(tmp_path, rollout=[{"site": "r20", "gpus": 8}], links=LINKS, rule="fewest_gpus", trainer_gpus=8)
     )
-    assert planner._best_plan(fixed, [fast, fewer]) is fast
+    assert planner.best_plan(fixed, [fast, fewer]) is fast
 
 
 def test_weight_sync_counts_a_hop_per_host_after_the_first(tmp_path: Path) -> None:
     """12 GPUs of 8-GPU hosts are 2 hosts: the weights take one intra-site hop, as 16 GPUs do (⌊12 / 8⌋ − 1 = 0
     left it out); 8 GPUs are one host, no hop."""
     job = load_job(write_job(tmp_path, rollout=[{"site": "r20", "gpus": 12}], links=LINKS))
-    one, two, full = (plan_weightsync._weight_sync_s(job, {"r20": x}) for x in (8, 12, 16))
+    one, two, full = (plan_weightsync.slowest_weight_sync_s(job, {"r20": x}) for x in (8, 12, 16))
     assert one < two == full
 
 
@@ -561,7 +561,7 @@ def test_weight_sync_in_another_datacenter_shares_the_relay_s_host_link_among_it
     for chains in (1, 2):
         _edit(job, lambda j: j.update(weight_sync={"chains_per_datacenter": chains}))  # noqa: B023
         loaded = load_job(job)
-        syncs[chains] = [plan_weightsync._weight_sync_s(loaded, {"r20": x}) for x in (8, 16, 24)]
+        syncs[chains] = [plan_weightsync.slowest_weight_sync_s(loaded, {"r20": x}) for x in (8, 16, 24)]
     assert syncs[1][0] == syncs[2][0] < syncs[1][1] == syncs[2][1] < syncs[1][2]
     assert syncs[2][2] == pytest.approx(2 * syncs[1][2], rel=0.01)
 
@@ -578,7 +578,7 @@ def test_weight_sync_of_a_site_in_the_trainer_s_datacenter_takes_no_relay_chains
     for chains in (1, 2):
         _edit(job, lambda j: j.update(weight_sync={"chains_per_datacenter": chains}))  # noqa: B023
         loaded = load_job(job)
-        syncs[chains] = [plan_weightsync._weight_sync_s(loaded, {"r20": x}) for x in (8, 16, 24)]
+        syncs[chains] = [plan_weightsync.slowest_weight_sync_s(loaded, {"r20": x}) for x in (8, 16, 24)]
     assert syncs[1] == syncs[2]
     assert syncs[1][1] < syncs[1][2]  # the third host is one more hop of the one chain
 

@@ -15,7 +15,7 @@ from rlctl.planner import sim as sim_mod
 from rlctl.planner.costs import DecodeCost
 from rlctl.planner.engine import EngineSpec, Group, run_groups
 from rlctl.planner.sim import DispatchConfig, GenEstimator, Unit, run_instance, simulate_generation
-from rlctl.planner.simjob import IterationWork, UnitShare, _learner_train, simulate_job, weight_transfer_s
+from rlctl.planner.simjob import IterationWork, UnitShare, learner_train, simulate_job, weight_transfer_s
 from rlctl.planner.workload import LengthModel, noise_for_recall, predict_lengths, recall_at
 from rlctl.rl.cuts import trainable_cuts
 
@@ -169,14 +169,14 @@ def test_the_trainer_cuts_what_has_arrived_whenever_it_is_free_as_its_learner_do
     after the last arrival. 1 s per token."""
     arrivals, tokens = np.array([1.0, 1.0, 1.0, 5.0]), np.array([10.0, 10.0, 10.0, 100.0])
     # size 2: [10, 10] trains at 1 (→ 21); the third waits; at 21 the long row is in too: 10 + 100 → 131
-    assert _learner_train(arrivals, tokens, 2, 40, whole=False, free=0.0, s=1.0) == 131.0
+    assert learner_train(arrivals, tokens, 2, 40, whole=False, free=0.0, s=1.0) == 131.0
     # size 4: the three short rows are one partial cut: nothing trains before 5; then 30 + 100 → 135
-    assert _learner_train(arrivals, tokens, 4, 40, whole=False, free=0.0, s=1.0) == 135.0
+    assert learner_train(arrivals, tokens, 4, 40, whole=False, free=0.0, s=1.0) == 135.0
     # busy until 3 (the previous iteration): all three short rows are in its inbox, cut together and held
-    assert _learner_train(arrivals, tokens, 4, 40, whole=False, free=3.0, s=1.0) == 135.0
+    assert learner_train(arrivals, tokens, 4, 40, whole=False, free=3.0, s=1.0) == 135.0
     # the batch's last arrival: its partial cut trains at once
     one = np.array([1.0]), np.array([10.0])
-    assert _learner_train(*one, 2, None, whole=False, free=0.0, s=1.0) == 11.0
+    assert learner_train(*one, 2, None, whole=False, free=0.0, s=1.0) == 11.0
     w = IterationWork(arrivals, tokens, train_s=130.0, micro_batch_samples=2, micro_batch_tokens=40)
     assert simulate_job([w], mode="stream", weight_sync_s=0).train_end_s == [131.0]
     assert simulate_job([w], mode="sync", weight_sync_s=0).train_end_s == [135.0]
@@ -331,7 +331,7 @@ def test_the_learner_on_lengths_alone_trains_as_its_cuts_do(
     """The simulator's learner keeps the lengths it holds, not their rows: the same training end, float for float."""
     rows = sorted(rows, key=lambda r: r[0])
     arrivals, tokens = [float(a) for a, _ in rows], [float(n) for _, n in rows]
-    got = _learner_train(np.array(arrivals), np.array(tokens), size, max_tokens, whole=whole, free=free, s=s)
+    got = learner_train(np.array(arrivals), np.array(tokens), size, max_tokens, whole=whole, free=free, s=s)
     assert got == _reference_learner(arrivals, tokens, size, max_tokens, whole=whole, free=free, s=s)
 
 
