@@ -2,7 +2,8 @@
 valid: the `torch` trainer none (each rank holds a whole replica), the `megatron` trainer those whose tp divides
 the attention heads, the key/value heads, the MLP width and the vocabulary (column/row-parallel layers and a
 vocab-parallel embedding) and whose pp divides the layers (every stage holds as many). The planner refuses a job's
-split by it and searches only those; `rlctl check` (`rlctl.ops.preflight.backends._trainer_split`) says the same.
+split by it and searches only those; `rlctl check` (`rlctl.ops.preflight.backends.trainer_split_problems`) says the
+same.
 And where the torch trainer shards its replica over dp with FSDP2 instead (`shard_trainer`), for plan and launch alike.
 """
 

@@ -29,26 +29,26 @@ from rlctl.config.job import DatasetTask, HfModel, Job
 from rlctl.errors import ConfigError, JobProblems
 from rlctl.launch.backends import kind_of
 from rlctl.launch.jobdir import why_not_made
-from rlctl.ops.preflight.backends import _devices, _megatron, _trainer_split
+from rlctl.ops.preflight.backends import device_problems, megatron_problems, trainer_split_problems
 from rlctl.ops.preflight.base import Problem
 from rlctl.ops.preflight.data import (
     RUNNABLE_BUILTIN,
-    _context,
-    _dynamic_sampling,
-    _evaluation,
-    _overlong,
-    _weight_manifest,
+    context_problems,
+    dynamic_sampling_problems,
+    evaluation_problems,
+    overlong_problems,
+    weight_manifest_problems,
 )
-from rlctl.ops.preflight.fields import _anchor_past_the_end, _planning_only, _unread
-from rlctl.ops.preflight.memory import _rollout_memory
-from rlctl.ops.preflight.placement import _planned
+from rlctl.ops.preflight.fields import planning_only_problems, unread_field_problems, warn_anchor_past_the_end
+from rlctl.ops.preflight.memory import rollout_memory_problems
+from rlctl.ops.preflight.placement import placement_problems
 from rlctl.ops.preflight.sites import (
-    _job_sites,
-    _listen_addresses,
-    _metrics_port_taken,
-    _one_host_address,
-    _unbindable,
+    job_sites,
+    listen_address_problems,
+    metrics_port_problems,
+    one_host_address_problems,
     site_problems,
+    unbindable_problems,
 )
 from rlctl.planner.plan import idle_gpus
 from rlctl.rl.dataset import check_task
@@ -90,12 +90,12 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
         )
     if spec.job_dir is not None and (why := why_not_made(Path(spec.job_dir))) is not None:
         out.append(Problem("job_dir", why, "choose another job_dir"))
-    out += site_problems(job.inventory, _job_sites(job))
-    out += _devices(job)
-    out += _listen_addresses(job)
-    out += _one_host_address(job)
-    out += _unbindable(job)
-    out += _metrics_port_taken(job)
+    out += site_problems(job.inventory, job_sites(job))
+    out += device_problems(job)
+    out += listen_address_problems(job)
+    out += one_host_address_problems(job)
+    out += unbindable_problems(job)
+    out += metrics_port_problems(job)
     tp = spec.rollout.tensor_parallel or 1
     for i, r in enumerate(spec.placement.rollout):  # a unit holds tp GPUs: a count's remainder would sit idle
         if r.gpus != "auto" and spec.rollout.tensor_parallel is not None and int(r.gpus) % tp:
@@ -131,8 +131,8 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
             )
         )
     if spec.trainer.backend == "megatron":
-        out += _megatron(job)
-    out += _trainer_split(job)
+        out += megatron_problems(job)
+    out += trainer_split_problems(job)
     if spec.transport.streams != 1:
         out.append(
             Problem(
@@ -157,7 +157,7 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
             Problem("transport.kind", "'ucx' needs the ucxx package, which is not installed", "pip install rlctl[ucx]")
         )
     if spec.evaluation.heldout_prompts:
-        out += _evaluation(job)
+        out += evaluation_problems(job)
     else:
         out += [
             Problem(f"evaluation.{name}", "read only when evaluation.heldout_prompts > 0; set it, or leave it out")
@@ -184,19 +184,19 @@ def problems(job: Job, *, plan: dict[str, Any] | None = None) -> list[Problem]:
                 "use 0, or leave it out (default 0 here)",
             )
         )
-    out += _unread(job)
-    _anchor_past_the_end(job)
-    out += _weight_manifest(job)
-    out += _context(job)
-    out += _rollout_memory(job)
-    out += _overlong(job)
-    out += _dynamic_sampling(job)
-    out += _planning_only(job)
+    out += unread_field_problems(job)
+    warn_anchor_past_the_end(job)
+    out += weight_manifest_problems(job)
+    out += context_problems(job)
+    out += rollout_memory_problems(job)
+    out += overlong_problems(job)
+    out += dynamic_sampling_problems(job)
+    out += planning_only_problems(job)
     # the trackers' packages and W&B login are the controller's host's: asked here where it runs here, else on its
     # site by `check --reach` (siteprobe.controller_tracking_problems)
     if kind_of(job.inventory.sites[spec.placement.controller_site or spec.placement.trainer.site]).on_this_machine:
         out += _raised("tracking", lambda: check_tracking(spec.tracking, source=str(job.path)))
-    out += _planned(job, plan)
+    out += placement_problems(job, plan)
     out = _one_no_template(out)
     return list(dict.fromkeys(out))  # one line per problem: the plan's refusal of a field may be one said above
 

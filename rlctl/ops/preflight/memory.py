@@ -14,11 +14,11 @@ from rlctl.launch.backends import kind_of
 from rlctl.launch.layout import PlannedAgent
 from rlctl.models.hf import DTYPE_BYTES
 from rlctl.ops.preflight.base import Problem
-from rlctl.ops.preflight.data import _longest_request, _model_config
+from rlctl.ops.preflight.data import job_model_config, longest_request
 from rlctl.rl.tasks import MAX_DIGITS
 
 
-def _trainer_memory(job: Job, plan: dict[str, Any]) -> list[Problem]:
+def trainer_memory_problems(job: Job, plan: dict[str, Any]) -> list[Problem]:
     """A trainer placement whose ranks' memory (the planner's figure, `rlctl.planner.costs.rank_bytes`: weights,
     gradients and the optimizer state, all divided over dp where the plan shards it with FSDP2) exceeds what a GPU
     of its site holds — or, on a `gpu: CPU` site, the host memory its nodes give a slot (`memory_gb`; not checked
@@ -100,13 +100,13 @@ def _unit_memory(job: Job, site_name: str) -> _UnitMemory | None:
     from rlctl.engines.kvsize import bytes_per_position, cache_capacity, kv_cache_bytes
 
     spec, task = job.spec, job.spec.task
-    model = _model_config(job)
+    model = job_model_config(job)
     if spec.rollout.engine != "embedded" or model is None or not isinstance(task, DigitsTask | DatasetTask):
         return None
     if isinstance(task, DigitsTask) and max(task.num_digits_min, task.num_digits_max) > MAX_DIGITS:
-        return None  # refused by `_context`
+        return None  # refused by `context_problems`
     config, rows = model[0], spec.rollout.max_batch_size
-    capacity = cache_capacity(sum(_longest_request(task)), config.max_position_embeddings)
+    capacity = cache_capacity(sum(longest_request(task)), config.max_position_embeddings)
     site = job.inventory.sites[site_name]
     gpu = site.spec
     if kind_for(gpu.name) == "cuda":  # the checkpoint's dtype on a GPU, fp32 on a CPU (rlctl.devices)
@@ -138,10 +138,10 @@ def _kv_hint(job: Job, fit: int, capacity: int) -> str:
     )
 
 
-def _rollout_memory(job: Job) -> list[Problem]:
+def rollout_memory_problems(job: Job) -> list[Problem]:
     """An embedded-engine rollout unit whose K/V storage plus the model's weights exceed what one unit gets
-    (`_unit_memory`; units that share it: `_shared_rollout_memory`). A unit that does not fit crashes at its first
-    admission, is replaced, and crashes again."""
+    (`_unit_memory`; units that share it: `shared_rollout_memory_problems`). A unit that does not fit crashes at its
+    first admission, is replaced, and crashes again."""
     rows = job.spec.rollout.max_batch_size
     for i, role in enumerate(job.spec.placement.rollout):
         m = _unit_memory(job, role.site)
@@ -161,10 +161,10 @@ def _rollout_memory(job: Job) -> list[Problem]:
     return []
 
 
-def _shared_rollout_memory(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
+def shared_rollout_memory_problems(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
     """Rollout units that the layout puts on one GPU (a node's `devices` naming it for several slots), or a local
     `gpu: CPU` site's units without `memory_gb` (all on this machine's memory), need that memory together: refused
-    when they do not fit together though one alone would (one alone: `_rollout_memory`)."""
+    when they do not fit together though one alone would (one alone: `rollout_memory_problems`)."""
     together: dict[tuple[str, str], list[str]] = {}  # (site, GPU or machine) → the units on it
     for a in agents:
         if a.role != "rollout":
@@ -180,7 +180,7 @@ def _shared_rollout_memory(job: Job, agents: list[PlannedAgent]) -> list[Problem
         m = _unit_memory(job, site_name)
         k = len(units)
         if m is None or k < 2 or m.weights + m.kv > ROLLOUT_MEM_FRACTION * m.have:
-            continue  # one alone, or one that does not fit alone (said by `_rollout_memory`)
+            continue  # one alone, or one that does not fit alone (said by `rollout_memory_problems`)
         if k * (m.weights + m.kv) <= ROLLOUT_MEM_FRACTION * m.have:
             continue
         fit = int((ROLLOUT_MEM_FRACTION * m.have / k - m.weights) // m.per_row)

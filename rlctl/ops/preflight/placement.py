@@ -1,6 +1,6 @@
-"""Preflight of the plan launch runs, laid out on the sites (`_planned`): splits the runtime would ignore, SLURM
-jobs asking more cores than a node has, a SLURM controller that leaves its agents no room, two trainer ranks on
-one GPU, checkpoint writers on hosts that share no work root.
+"""Preflight of the plan launch runs, laid out on the sites (`placement_problems`): splits the runtime would ignore,
+SLURM jobs asking more cores than a node has, a SLURM controller that leaves its agents no room, two trainer ranks
+on one GPU, checkpoint writers on hosts that share no work root.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from rlctl.launch.backends import kind_of
 from rlctl.launch.layout import PlannedAgent, checkpoint_writers, layout, unshared_trainer
 from rlctl.launch.slurm import SlurmResources, gpu_request_for
 from rlctl.ops.noderoom import UNBOUNDED, fit, node_room, shares_of
-from rlctl.ops.preflight.backends import _sharding
+from rlctl.ops.preflight.backends import sharding_problems
 from rlctl.ops.preflight.base import Problem
-from rlctl.ops.preflight.memory import _shared_rollout_memory, _trainer_memory
+from rlctl.ops.preflight.memory import shared_rollout_memory_problems, trainer_memory_problems
 
 
-def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
+def placement_problems(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     """What the plan (the one launch runs) asks for and the runtime cannot give: a trainer split over tp × pp
     for the torch trainer (data parallel only; megatron runs the plan's split, or the job's
-    `trainer.tensor_parallel` / `pipeline_parallel`, checked by `_trainer_split`), a planner-chosen rollout tp the
-    embedded engine would ignore, more GPUs on a site than its inventory has (rlctl.launch.layout), the ranks that write
-    the trainer's checkpoint shards (data-parallel replica 0's) on several hosts of an SSH site that share no
+    `trainer.tensor_parallel` / `pipeline_parallel`, checked by `trainer_split_problems`), a planner-chosen rollout tp
+    the embedded engine would ignore, more GPUs on a site than its inventory has (rlctl.launch.layout), the ranks that
+    write the trainer's checkpoint shards (data-parallel replica 0's) on several hosts of an SSH site that share no
     work root (`layout.unshared_trainer`: rank 0 could not seal them)."""
     spec, out = job.spec, []
     if plan is None:
@@ -48,7 +48,7 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     t = plan["trainer"]
     par = t.get("parallel") or {}
     tp, pp = int(par.get("tp", 1)), int(par.get("pp", 1))
-    # the job's own split: `_trainer_split` judges it; megatron runs the plan's (the planner searches only the
+    # the job's own split: `trainer_split_problems` judges it; megatron runs the plan's (the planner searches only the
     # splits it runs, `rlctl.planner.split`); torch none (a plan given by hand may hold one)
     asked = spec.trainer.model_split is not None
     if (tp, pp) != (1, 1) and not asked and spec.trainer.backend != "megatron":
@@ -80,8 +80,8 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
                 "it out",
             )
         )
-    out += _sharding(job, plan)
-    out += _trainer_memory(job, plan)
+    out += sharding_problems(job, plan)
+    out += trainer_memory_problems(job, plan)
     try:
         agents = layout(plan, job.inventory.sites, spec)
     except LaunchError as e:
@@ -90,9 +90,9 @@ def _planned(job: Job, plan: dict[str, Any] | None) -> list[Problem]:
     trainers = [a for a in agents if a.role == "trainer"]
     site = trainers[0].site
     out += _shared_trainer_devices(job, trainers)
-    out += _shared_rollout_memory(job, agents)
+    out += shared_rollout_memory_problems(job, agents)
     out += _slurm_cores(job, agents)
-    out += _controller_room(job, agents)
+    out += controller_room_problems(job, agents)
     writers = checkpoint_writers(plan, spec)
     if (why := unshared_trainer(site, job.inventory.sites[site], trainers, writers=writers)) is not None:
         out.append(Problem("placement.trainer", *why))
@@ -148,7 +148,7 @@ def _slurm_request(job: Job, a: PlannedAgent) -> SlurmResources | None:
         return None
 
 
-def _controller_room(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
+def controller_room_problems(job: Job, agents: list[PlannedAgent]) -> list[Problem]:
     """A SLURM controller beside the job's SLURM agents on its site, its job and theirs asking more cores or memory
     than the site's nodes have in all (`nodes[].cpus`, `memory_gb`), or more than fits them node by node (its one
     task on one node, theirs each on nodes with the GPUs, cores and memory left: `rlctl.ops.noderoom`): the

@@ -19,7 +19,7 @@ def _job_hosts(job: Job) -> set[str]:
     """The hosts the job's agents may run on: this machine for a local site (and an SSH host that is a loopback
     address), an SSH site's hosts, a SLURM site's nodes."""
     out: set[str] = set()
-    for name in _job_sites(job):
+    for name in job_sites(job):
         site = job.inventory.sites[name]
         if kind_of(site).on_this_machine:
             out.add("this machine")
@@ -28,7 +28,7 @@ def _job_hosts(job: Job) -> set[str]:
     return out
 
 
-def _job_sites(job: Job) -> list[str]:
+def job_sites(job: Job) -> list[str]:
     """The sites the job's agents run on: the trainer's, the rollout sites, the controller's (each once)."""
     p = job.spec.placement
     return list(dict.fromkeys([p.trainer.site, *(r.site for r in p.rollout), p.controller_site or p.trainer.site]))
@@ -60,7 +60,7 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _listen_addresses(job: Job) -> list[Problem]:
+def listen_address_problems(job: Job) -> list[Problem]:
     """A loopback listen address where the job's agents run on more than one host: they could not reach it; nor an
     unspecified one (0.0.0.0, ::), which binds every interface but is what an agent then says it listens on, and a
     peer elsewhere connecting to it reaches itself. One line per field that sets it: a site's
@@ -69,7 +69,7 @@ def _listen_addresses(job: Job) -> list[Problem]:
     if len(hosts) < 2:
         return []
     by_field: dict[str, tuple[str, list[str]]] = {}
-    for name in _job_sites(job):
+    for name in job_sites(job):
         address, field = _listen_field(job, name)
         if _loopback(address) or _unspecified(address):
             by_field.setdefault(field, (address, []))[1].append(name)
@@ -89,17 +89,17 @@ def _listen_addresses(job: Job) -> list[Problem]:
     ]
 
 
-def _one_host_address(job: Job) -> list[Problem]:
+def one_host_address_problems(job: Job) -> list[Problem]:
     """An IP address as the listen address of an SSH site of several hosts: every agent there, each trainer rank and
     rollout unit, binds it, and it is one host's — those on the others failed at their start. (A SLURM site's node
     names may all be one machine, as on the test cluster: `check --reach` has the nodes.)"""
     by_field: dict[str, tuple[str, list[str]]] = {}
-    for name in _job_sites(job):
+    for name in job_sites(job):
         site = job.inventory.sites[name]
         address, field = _listen_field(job, name)
         try:
             ip = ipaddress.ip_address(address)
-            one = not (ip.is_loopback or ip.is_unspecified)  # `_listen_addresses`' line
+            one = not (ip.is_loopback or ip.is_unspecified)  # `listen_address_problems`' line
         except ValueError:
             one = False  # `auto`, or a name, which each host may resolve to itself
         placed = kind_of(site).slices_gpus and not kind_of(site).on_this_machine  # rlctl picks each agent's host
@@ -137,11 +137,11 @@ def _bind_probe(address: str, port: int, *, reuse: bool = False) -> None:
         probe.bind(where)
 
 
-def _unbindable(job: Job) -> list[Problem]:
+def unbindable_problems(job: Job) -> list[Problem]:
     """A listen address that agents on this machine (a local site's) could not bind: not one of its addresses
     (an SSH or SLURM site's hosts are asked by `check --reach`)."""
     out = []
-    for name in _job_sites(job):
+    for name in job_sites(job):
         address, field = _listen_field(job, name)
         if address == "auto" or not kind_of(job.inventory.sites[name]).on_this_machine:
             continue
@@ -159,7 +159,7 @@ def _unbindable(job: Job) -> list[Problem]:
     return out
 
 
-def _metrics_port_taken(job: Job) -> list[Problem]:
+def metrics_port_problems(job: Job) -> list[Problem]:
     """A fixed metrics.port that another server holds where the controller would serve /metrics: its listen address
     on this machine (a local site's controller). A remote controller's host is not asked, nor an `auto` address
     (the interface is chosen at its start)."""
@@ -173,7 +173,7 @@ def _metrics_port_taken(job: Job) -> list[Problem]:
         # SO_REUSEADDR as the controller's server: a port whose last run's connections are in TIME_WAIT is free to it
         _bind_probe(address, port, reuse=True)
     except OSError as e:
-        if e.errno != errno.EADDRINUSE:  # an address this machine does not have: `_unbindable`'s line
+        if e.errno != errno.EADDRINUSE:  # an address this machine does not have: `unbindable_problems`'s line
             return []
         return [
             Problem(

@@ -1524,7 +1524,8 @@ def test_a_loopback_listen_address_for_a_job_on_several_hosts_is_refused(tmp_pat
     (p,) = refused(job, "transport.listen_host")  # one line for the field both sites take
     assert p.message.startswith("127.0.0.1 is a loopback address, and this job's agents run on 3 hosts (h1, n1, n2")
     assert "sites 'r', 't' would be unreachable" in p.message
-    # `auto` first: on a site of several hosts an address of one of them is refused in its turn (`_one_host_address`)
+    # `auto` first: on a site of several hosts an address of one of them is refused in its turn
+    # (`one_host_address_problems`)
     assert str(p.hint).startswith("set sites.<site>.network.listen_host on r, t to `auto` (each agent takes its own")
     fixed = load(
         tmp_path,

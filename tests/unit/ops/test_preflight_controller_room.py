@@ -1,5 +1,5 @@
 """`placement.controller_site`: a SLURM controller beside its site's SLURM agents, their jobs and its own placed on
-the site's nodes as the inventory gives them (`rlctl.ops.preflight.placement._controller_room`)."""
+the site's nodes as the inventory gives them (`rlctl.ops.preflight.placement.controller_room_problems`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rlctl.config.job import DatasetTask, Job
 from rlctl.launch.layout import layout
 from rlctl.ops import counts
 from rlctl.ops.preflight.base import Problem
-from rlctl.ops.preflight.placement import _controller_room
+from rlctl.ops.preflight.placement import controller_room_problems
 from tests.conftest import ROOT
 
 H800, H20 = ROOT / "clusters" / "h800-trainer.yaml", ROOT / "clusters" / "h20-rollout.yaml"
@@ -58,7 +58,7 @@ def room(job: Job, *, reward_workers: int) -> list[Problem]:
     """The check's refusals for the job's agents, its controller scoring with `reward_workers` processes."""
     task = DatasetTask.model_construct(kind="dataset", path="d.jsonl", reward_workers=reward_workers)
     spec = job.spec.model_copy(update={"task": task})
-    return _controller_room(job, layout(counts.plan_counts(job, job.spec), job.inventory.sites, spec))
+    return controller_room_problems(job, layout(counts.plan_counts(job, job.spec), job.inventory.sites, spec))
 
 
 def test_a_controller_on_a_site_without_cpus_asks_one_slots_memory_and_fits_beside_the_agents(
