@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from rlctl.config.job import MAX_ITERATIONS
 from rlctl.errors import ConfigError, LaunchError, RlctlError, UsageError
 from rlctl.ops import detach
 from rlctl.render import OutputFormat, OutputOpt, emit, grid, reward_failures_line
@@ -291,6 +292,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--iterations",
                 min=1,
+                max=MAX_ITERATIONS,
                 help="override the job's iterations; with --resume, the job's new total (a finished job trains on)",
             ),
         ] = None,

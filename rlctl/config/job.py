@@ -53,6 +53,9 @@ Fraction = Annotated[float, Field(gt=0, lt=1)]
 MAX_SIGMA = 4.0
 MAX_TOKENS = 2**24  # tokens of one prompt or one output (16.8M: beyond any model's context)
 MAX_THREADS = 4096  # CPU threads of one agent (torch.set_num_threads takes an int; no node has more cores)
+# A job's iterations: a billion is decades at one a second. Past 2^64 the controller's first message failed (msgpack
+# takes no larger int: `OverflowError`, the job failed at its start), and iteration × samples must stay in an int64.
+MAX_ITERATIONS = 10**9
 Sigma = Annotated[
     float, Field(gt=0, le=MAX_SIGMA, description=f"σ of ln(output length); at most {MAX_SIGMA:g} (published: 0.5–1.5)")
 ]
@@ -742,7 +745,7 @@ class JobFile(Strict):
     task: Task
     placement: Placement
     algorithm: Algorithm = GrpoAlgorithm(kind="grpo")
-    iterations: PositiveInt = 100
+    iterations: Annotated[int, Field(gt=0, le=MAX_ITERATIONS)] = 100
     batch: Batch = Batch()
     pipeline: Pipeline = Pipeline()
     rollout: Rollout = Rollout()

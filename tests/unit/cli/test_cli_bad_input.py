@@ -402,6 +402,15 @@ def test_a_bad_key_of_a_profile_s_model_is_named(tmp_path: Path) -> None:
     ("args", "says"),
     [
         (["launch", "x.yaml", "--iterations", "abc"], "Invalid value for '--iterations': "),
+        # taken, unchecked (the job file's own count is): the launched controller failed at its start (msgpack)
+        (
+            ["launch", str(DEMO), "--dry-run", "--iterations", "100000000000000000000"],
+            "Invalid value for '--iterations': Input should be less than or equal to 1000000000",
+        ),
+        (
+            ["launch", "--resume", "myjob", "--iterations", "100000000000000000000"],
+            "Invalid value for '--iterations': Input should be less than or equal to 1000000000",
+        ),
         (["version", "-o", "xml"], "Invalid value for '--output' / '-o': 'xml' is not one of 'table', 'json'."),
         (["plan"], "Missing argument 'job'. (hint: `rlctl plan --help`)"),
         (["no-such-command"], "No such command 'no-such-command'."),

@@ -290,6 +290,13 @@ CASES = [
     Case(
         "job: unknown pipeline mode", JOB + "pipeline: {mode: streaming}\n", "pipeline.mode", kind="job", extra=GOOD_INV
     ),
+    Case(  # check passed it; the launched controller failed at its start (msgpack takes no int past 2^64)
+        "job: iterations past a billion",
+        JOB + "iterations: 100000000000000000000\n",
+        "iterations: Input should be less than or equal to 1000000000 (got 100000000000000000000)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     Case(
         "job: staleness with sync",
         JOB + "pipeline: {mode: sync, staleness: 2}\n",
