@@ -234,7 +234,9 @@ class DatasetTask(OverlongShaping):
     shuffle: bool = True
     shuffle_seed: NonNegativeInt = 0
     reward: str = "exact_match"
-    reward_workers: NonNegativeInt = Field(2, description="worker processes; 0: in the caller's thread, no timeout")
+    reward_workers: Annotated[int, Field(ge=0, le=MAX_THREADS)] = Field(
+        2, description=f"processes beside the controller, at most {MAX_THREADS}; 0: in the caller's thread, no timeout"
+    )
     reward_timeout_s: Seconds = 10.0
     reward_load_timeout_s: Seconds | None = Field(
         None,

@@ -297,6 +297,13 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    Case(  # check passed it, and the launched controller started a million reward processes on its host
+        "job: reward workers past a node's cores",
+        JOB.replace("task: {kind: lengths}", "task: {kind: dataset, path: d.jsonl, reward_workers: 1000000}"),
+        "task.reward_workers: Input should be less than or equal to 4096 (got 1000000)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
     Case(
         "job: staleness with sync",
         JOB + "pipeline: {mode: sync, staleness: 2}\n",
