@@ -114,13 +114,15 @@ def register(app: typer.Typer) -> None:
 
         from rlctl.config import load_job
         from rlctl.profiler.build import build_profile, request_from_job, request_from_options
-        from rlctl.profiler.profile import save_profile
+        from rlctl.profiler.profile import refuse_overwriting, save_profile
 
         if output is not None and str(output) in ("json", "table"):  # other commands' `-o json` is a format
             raise UsageError(
                 f"-o {output}: profile's -o is the file to write (a YAML profile), not an output format",
                 hint="`rlctl profile ... -o profile.yaml`, or no -o for the YAML on stdout",
             )
+        if output is not None:  # before a measured profile's minutes, not after them
+            refuse_overwriting(output)
         if source is Source.analytical:  # a roofline of the GPU specs: no engine runs, no step is timed, no probe
             unread = [
                 o

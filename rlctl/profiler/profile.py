@@ -38,7 +38,7 @@ import yaml
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from rlctl.config.base import API_VERSION, Strict, check_header, read_yaml, validate
-from rlctl.errors import ConfigError
+from rlctl.errors import ConfigError, UsageError
 from rlctl.models.catalog import ModelArch
 from rlctl.profiler.traincost import TrainingPasses
 
@@ -203,6 +203,28 @@ def refuse_empty_training(profile: ProfileFile, site: str, *, path: str) -> None
             "empty: the job trains on this site and the profile has no training entry for it (one per TP × PP split)",
             hint="profile it again (`rlctl profile --job JOB`), or place the job's trainer on another site",
         )
+
+
+def refuse_overwriting(path: Path, *, named_by: str = "-o") -> None:
+    """UsageError, one line, when `path` is a file that holds something other than a profile (a job file, an
+    inventory, a dataset): the profile written there replaced it, and the user's file was lost (`rlctl profile ...
+    -o jobs/demo.yaml` wrote over the job). An empty file, or an earlier profile (`kind: Profile`), is written over;
+    a directory or a path not there is `save_profile`'s to say or make."""
+    if not path.is_file():
+        return
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text) if text.strip() else None
+    except (OSError, ValueError, yaml.YAMLError):  # unreadable, no UTF-8, no YAML: no profile rlctl wrote either
+        text, data = "?", None
+    if not text.strip() or (isinstance(data, dict) and data.get("kind") == "Profile"):
+        return
+    kind = data.get("kind") if isinstance(data, dict) else None
+    what = f"a file of kind {kind!r}" if isinstance(kind, str) and kind else "a file that is no profile"
+    raise UsageError(
+        f"{named_by} {path}: holds {what}; the profile written there would replace it",
+        hint="name another file: a profile is written only over an earlier profile or an empty file",
+    )
 
 
 def save_profile(profile: ProfileFile, path: Path) -> None:

@@ -375,6 +375,35 @@ def test_a_profile_written_to_a_json_file_is_json(tmp_path: Path) -> None:
     assert run_cli("plan", str(DEMO), "--profile", str(tmp_path / "prof.json")).exit_code == 0
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "holds"),
+    [
+        ("job.yaml", DEMO.read_text(), "a file of kind 'Job'"),
+        ("local.yaml", (ROOT / "clusters" / "local.yaml").read_text(), "a file of kind 'Inventory'"),
+        ("data.jsonl", '{"prompt": "1 2 =", "ground_truth": "a b"}\n', "a file that is no profile"),
+        ("reward.py", "def f(*a):\n    return 0.0\n", "a file that is no profile"),
+    ],
+)
+def test_a_profile_is_not_written_over_a_file_that_is_no_profile(
+    tmp_path: Path, name: str, content: str, holds: str
+) -> None:
+    """`rlctl profile -o jobs/demo.yaml` wrote the profile over the job file, exit 0: the job was lost."""
+    path = tmp_path / name
+    path.write_text(content)
+    line = one_error(run_cli("profile", "--job", str(DEMO), "-o", str(path)))
+    assert line.startswith(f"rlctl: error: -o {path}: holds {holds}; the profile written there would replace it"), line
+    assert path.read_text() == content
+
+
+def test_a_profile_is_written_over_an_earlier_profile_or_an_empty_file(tmp_path: Path) -> None:
+    prof, empty = tmp_path / "prof.yaml", tmp_path / "empty.yaml"
+    empty.write_text("")
+    for path in (prof, prof, empty):
+        made = run_cli("profile", "--job", str(DEMO), "-o", str(path))
+        assert made.exit_code == 0, made.stderr
+        assert yaml.safe_load(path.read_text())["kind"] == "Profile"
+
+
 def test_a_profile_without_generation_entries_for_a_rollout_site_names_the_file_and_field(tmp_path: Path) -> None:
     prof = demo_profile_edited(tmp_path, lambda d: d["sites"]["local"].update(generation=[]))
     line = one_error(run_cli("plan", str(DEMO), "--profile", str(prof)))
