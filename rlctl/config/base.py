@@ -274,15 +274,20 @@ def read_yaml(path: Path) -> dict[str, Any]:
     ConfigError naming the file."""
     name = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError as e:
         raise ConfigError(name, None, "no such file") from e
     except IsADirectoryError as e:
         raise ConfigError(name, None, "is a directory, expected a YAML file") from e
     except OSError as e:
         raise ConfigError(name, None, f"cannot read: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise ConfigError(name, None, f"cannot read: {e}") from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:  # (an editor's Latin-1 or UTF-16: the byte's offset alone was said)
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        where = f"byte 0x{raw[e.start]:02x} at line {line}, column {column}"
+        raise ConfigError(name, None, f"cannot read: not UTF-8 text ({where}); save it as UTF-8") from e
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: plain data only
     except _DuplicateKey as e:

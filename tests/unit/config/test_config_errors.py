@@ -59,6 +59,11 @@ class Case:
 
 CASES = [
     Case("empty file", "", "file is empty"),
+    Case(  # it said "cannot read: 'utf-8' codec can't decode byte 0xe9 in position 13: invalid continuation byte"
+        "not UTF-8 (an editor's Latin-1)",
+        HEAD.encode() + "# r\u00e9sum\u00e9\n".encode("latin-1") + SITE.encode(),
+        "cannot read: not UTF-8 text (byte 0xe9 at line 3, column 4); save it as UTF-8",
+    ),
     Case("only a comment", "# nothing\n", "file is empty"),
     Case("yaml syntax error", HEAD + "sites:\n  h20: {datacenter: x\n", "line "),
     Case("top level is a list", "- a\n- b\n", "top level must be a mapping"),
