@@ -301,6 +301,8 @@ class LocalFiles(HostFiles):
                 return f.read(limit), size
         except FileNotFoundError:
             return None
+        except OSError as e:  # a directory in the file's place (`rlctl logs` printed an IsADirectoryError traceback)
+            raise LaunchError(f"cannot read {path}: {e.strerror or e}") from e
 
     def close(self) -> None:
         pass
