@@ -352,6 +352,21 @@ def test_check_reach_timeout_must_be_a_positive_number_of_seconds(value: str) ->
     assert "Invalid value for '--timeout'" in line and "is not a number of seconds ≥ 0.1" in line
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "myjob", "--timeout", "1e12"],  # it waited on a queue: OverflowError, a traceback
+        ["status", "myjob", "-w", "--interval", "1e12"],
+        ["stop", "myjob", "--grace", "1e12"],
+        ["scale", "myjob", "--rollout", "+1", "--wait", "--timeout", "1e12"],
+        ["check", str(ROOT / "clusters/local.yaml"), "--reach", "--timeout", "1e12"],
+    ],
+)
+def test_an_option_in_seconds_is_at_most_a_week(args: list[str]) -> None:
+    line = one_error(run_cli(*args))
+    assert "1e+12 s is more than a week; valid: " in line and " to 604800 s (7 days)" in line, line
+
+
 # -- 6. a profile's empty generation curve -------------------------------------------------------------------
 def demo_profile_edited(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
     """The demo job's profile, written by `rlctl profile --job`, with `edit` made to its data."""
