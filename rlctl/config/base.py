@@ -4,7 +4,7 @@ Every config model derives from `Strict`: unknown keys are refused with the clos
 so `gpuss: 8` fails as `sites.h20.gpuss: unknown key (did you mean 'gpus'?)`, and so are infinite and NaN
 numbers (YAML's `.inf`, `.nan`): no field means "unbounded" by infinity. A key written twice in one mapping
 is refused too, rather than the last one silently winning, and so is a YAML boolean where a number goes
-(pydantic reads `iterations: true` as 1).
+(pydantic reads `iterations: true` as 1), and a whole number past 2^63 - 1 in a field with no bound of its own.
 """
 
 from __future__ import annotations
@@ -160,6 +160,23 @@ def bool_for_number(annotation: Any, value: Any) -> tuple[tuple[int | str, ...],
     return None
 
 
+INT64_MAX = 2**63 - 1
+
+
+def huge_int(value: Any) -> tuple[tuple[int | str, ...], str] | None:
+    """Where in `value` (() for itself, else the path to an item) a whole number lies past ±(2^63 - 1), and what is
+    valid: no field of rlctl takes one (each reaches an int64 or msgpack, which takes none: a job with
+    `checkpoint.every_iterations: 1e30` written out passed check, and its controller failed at its start on
+    OverflowError)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+        return (), f"{value} is past the largest whole number rlctl takes, 2^63 - 1 ({INT64_MAX})"
+    pairs = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for key, v in pairs:
+        if (found := huge_int(v)) is not None:
+            return (key, *found[0]), found[1]
+    return None
+
+
 class Strict(BaseModel):
     """Base of every config model: frozen, no unknown keys, suggestions for typos, no boolean for a number."""
 
@@ -183,6 +200,16 @@ class Strict(BaseModel):
                     path, why = found
                     raise PydanticCustomError("bool_for_number", "{why}", {"key": str(key), "path": path, "why": why})
         return data
+
+    @model_validator(mode="after")
+    def _refuse_huge_ints(self) -> Strict:
+        # after each field's own bounds (`le=`), which say more where a field has one
+        for name, field in type(self).model_fields.items():
+            if (found := huge_int(getattr(self, name))) is not None:
+                path, why = found
+                key = field.alias or name
+                raise PydanticCustomError("bool_for_number", "{why}", {"key": key, "path": path, "why": why})
+        return self
 
 
 def format_loc(loc: tuple[int | str, ...]) -> str:

@@ -302,6 +302,19 @@ CASES = [
         kind="job",
         extra=GOOD_INV,
     ),
+    Case(  # check passed it, and the launched controller failed at its start (msgpack: OverflowError)
+        "job: a count past 2^63 - 1",
+        JOB + "checkpoint: {every_iterations: 1000000000000000000000000000000}\n",
+        "checkpoint.every_iterations: 1000000000000000000000000000000 is past the largest whole number rlctl takes, "
+        "2^63 - 1 (9223372036854775807)",
+        kind="job",
+        extra=GOOD_INV,
+    ),
+    Case(  # the same in a list of an inventory
+        "a device id past 2^63 - 1",
+        site_with("gpus: 8}", "gpus: 2, devices: [0, 100000000000000000000]}"),
+        "sites.h20.nodes[0].devices[1]: 100000000000000000000 is past the largest whole number rlctl takes",
+    ),
     Case(  # check passed it, and the launched controller started a million reward processes on its host
         "job: reward workers past a node's cores",
         JOB.replace("task: {kind: lengths}", "task: {kind: dataset, path: d.jsonl, reward_workers: 1000000}"),
