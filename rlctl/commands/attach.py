@@ -94,6 +94,7 @@ def register(app: typer.Typer) -> None:
             refuse_attach(ref.id, ref.row, force=force)
             # its launcher died preparing it (a reboot in the SFT warm-up): no job.json, no agent to watch
             refuse_if_unprepared(ref.jobdir, source=source, nothing="nothing to watch")
+            plan = ref.jobdir.read_plan()  # a damaged one said here, not in a detached launcher's log
         except BaseException:
             db.close()
             raise
@@ -109,4 +110,4 @@ def register(app: typer.Typer) -> None:
             say(f"job {spec.name}: attached to {run.controller.spec.name if run.controller else '?'}")
             return run
 
-        be_launcher(jd, spec, jd.read_json(jd.plan_json), db, begin, output)
+        be_launcher(jd, spec, plan, db, begin, output)

@@ -781,6 +781,7 @@ def _resume(
         require_job_dir(ref_)  # its index row outlived it: not "never prepared"
         refuse_if_unprepared(jd, source=ref_.row.info.get("source") if ref_.row is not None else None)
         refuse_fixed_edits(jd)  # (a hand edit its checkpoints cannot run on; the others are said as the run starts)
+        plan = jd.read_plan()  # a damaged one refused before a roll-back sets checkpoints aside, or a detach
         if checkpoint is not None or iterations is not None:  # they read its events, metrics and summary: as the
             # controller's site has them (its launcher gone before its run ended fetched none), as `status` does
             fetch_job_record(ref_)
@@ -828,4 +829,4 @@ def _resume(
                 replace_job_json(jd, was)  # its summary and index row (`JobRun._unstart`)
             raise
 
-    be_launcher(jd, spec, jd.read_json(jd.plan_json), db, begin, output)
+    be_launcher(jd, spec, plan, db, begin, output)

@@ -240,6 +240,44 @@ class JobDir:
             field, msg = first_error(e)
             raise LaunchError(f"{self.job_json}: job.{field}: {msg}", hint="was it edited?") from e
 
+    def read_plan(self) -> dict[str, Any]:
+        """plan.json, with what a launch places the agents by checked: `trainer` (its `site`, `ranks` ≥ 1, and its
+        `parallel` split's tp, pp, dp ≥ 1 where given), `rollout` (each group's `site`, `units` ≥ 0, `tp` ≥ 1) and
+        `controller_site`;
+        LaunchError naming the file and the field (a resume or attach of a job whose plan.json was edited into
+        another shape stopped on a KeyError, TypeError or ValueError traceback)."""
+        plan = json_file(self.plan_json)
+
+        def refuse(field: str, what: str) -> LaunchError:
+            return LaunchError(f"{self.plan_json}: {field}: {what}", hint="was it edited? put back its launch's")
+
+        def count(value: Any, field: str, least: int) -> None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise refuse(field, f"{value!r} is not a count of {least} or more")
+
+        if not isinstance(plan, dict):
+            raise refuse("(top level)", f"a JSON {type(plan).__name__}, where the plan is an object")
+        t = plan.get("trainer")
+        if not isinstance(t, dict) or not isinstance(t.get("site"), str):
+            raise refuse("trainer", "no object with a site name")
+        count(t.get("ranks"), "trainer.ranks", 1)
+        if t.get("parallel") is not None:
+            if not isinstance(t["parallel"], dict):
+                raise refuse("trainer.parallel", "not an object of tp, pp and dp")
+            for k in ("tp", "pp", "dp"):
+                count(t["parallel"].get(k), f"trainer.parallel.{k}", 1)
+        groups = plan.get("rollout")
+        if not isinstance(groups, list):
+            raise refuse("rollout", "no list of rollout groups")
+        for i, g in enumerate(groups):
+            if not isinstance(g, dict) or not isinstance(g.get("site"), str):
+                raise refuse(f"rollout[{i}]", "no object with a site name")
+            count(g.get("units"), f"rollout[{i}].units", 0)
+            count(g.get("tp", 1), f"rollout[{i}].tp", 1)
+        if not isinstance(plan.get("controller_site"), str):
+            raise refuse("controller_site", f"{plan.get('controller_site')!r} is not a site name")
+        return plan
+
     def write_json(self, path: Path, data: Any) -> None:
         replace_text(path, json.dumps(data, indent=2, default=str) + "\n")
 

@@ -345,6 +345,37 @@ def test_plan_plot_paths_are_checked_before_planning_and_the_written_one_is_name
     assert (tmp_path / "breakdown.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize(
+    ("plan", "says"),
+    [
+        ([1, 2], "(top level): a JSON list, where the plan is an object"),
+        ({"rollout": []}, "trainer: no object with a site name"),
+        ({"trainer": {"site": "local", "ranks": "x"}, "rollout": []}, "trainer.ranks: 'x' is not a count of 1 or more"),
+        ({"trainer": {"site": "local", "ranks": 1}, "rollout": {}}, "rollout: no list of rollout groups"),
+        (
+            {"trainer": {"site": "local", "ranks": 1}, "rollout": [{"site": "local", "units": -1}]},
+            "rollout[0].units: -1 is not a count of 0 or more",
+        ),
+        (
+            {"trainer": {"site": "local", "ranks": 1, "parallel": {"tp": 0, "pp": 1, "dp": 1}}, "rollout": []},
+            "trainer.parallel.tp: 0 is not a count of 1 or more",
+        ),
+        ({"trainer": {"site": "local", "ranks": 1}, "rollout": []}, "controller_site: None is not a site name"),
+    ],
+)
+def test_a_resume_of_a_job_whose_plan_json_was_edited_out_of_shape_names_the_field(
+    tmp_path: Path, plan: Any, says: str
+) -> None:
+    """It stopped on a KeyError, TypeError or ValueError traceback as it laid out the agents, after it took the job's
+    launcher lock and wrote its events."""
+    jd = prepared(tmp_path / "run")
+    jd.write_json(jd.plan_json, plan)
+    before = snapshot(jd.path)
+    line = one_error(run_cli("launch", "--resume", str(jd.path)), code=1)
+    assert line.startswith(f"rlctl: error: {jd.plan_json}: {says} (hint: was it edited?"), line
+    assert snapshot(jd.path) == before
+
+
 # -- 5. timeouts ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
 def test_check_reach_timeout_must_be_a_positive_number_of_seconds(value: str) -> None:
