@@ -207,6 +207,14 @@ def _check_counts(plan: dict[str, Any], sites: dict[str, Site]) -> None:
     for g in plan["rollout"]:
         tp = int(g.get("tp", 1))
         need.setdefault(g["site"], []).append((f"{g['units']} rollout unit(s) × tp {tp}", int(g["units"]) * tp))
+    placed = [*need.items(), (plan["controller_site"], [("the controller", 0)])]
+    for name, parts in placed:  # plan.json or sites.json edited since the launch: a KeyError traceback, before
+        if name not in sites:
+            raise LaunchError(
+                f"the plan places {' + '.join(w for w, _ in parts)} on site {name!r}, which is not among the job's "
+                f"sites ({', '.join(sorted(sites))})",
+                hint="was the job dir's plan.json or sites.json edited? put back its launch's",
+            )
     for name, parts in need.items():
         site = sites[name]
         total = sum(n for _, n in parts)

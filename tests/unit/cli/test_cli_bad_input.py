@@ -376,6 +376,27 @@ def test_a_resume_of_a_job_whose_plan_json_was_edited_out_of_shape_names_the_fie
     assert snapshot(jd.path) == before
 
 
+@pytest.mark.parametrize(
+    ("plan", "says"),
+    [
+        (
+            {"trainer": {"site": "nosuch", "ranks": 1}, "rollout": [], "controller_site": "local"},
+            "the plan places trainer 1 rank(s) on site 'nosuch', which is not among the job's sites (local)",
+        ),
+        (
+            {"trainer": {"site": "local", "ranks": 1}, "rollout": [], "controller_site": "gone"},
+            "the plan places the controller on site 'gone', which is not among the job's sites (local)",
+        ),
+    ],
+)
+def test_a_resume_whose_plan_names_a_site_the_job_lacks_says_so(tmp_path: Path, plan: Any, says: str) -> None:
+    """It stopped on a KeyError traceback as it counted the sites' GPUs."""
+    jd = prepared(tmp_path / "run")
+    jd.write_json(jd.plan_json, plan)
+    line = one_error(run_cli("launch", "--resume", str(jd.path)), code=1)
+    assert line.startswith(f"rlctl: error: {says} (hint: was the job dir's plan.json or sites.json edited?"), line
+
+
 # -- 5. timeouts ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
 def test_check_reach_timeout_must_be_a_positive_number_of_seconds(value: str) -> None:
