@@ -9,7 +9,8 @@ iterations since the last checkpoint, not the night:
                └─▶ failed (the controller's summary says so, or it exited without one)
                      ├─ no resumes left, or no checkpoint completed since this run started ─▶ that failure
                      ├─ job.json edited in a field its checkpoints depend on (`refuse_fixed_edits`) ─▶ that failure
-                     └─ else: stop what is left of the run, `start(resume=True)` ─▶ wait …
+                     └─ else: say what changed since the launch (`launch_changes`, as `launch --resume` does),
+                        stop what is left of the run, `start(resume=True)` ─▶ wait …
 
 A run that ended at its site's time limit (a SLURM job's `--time`: the site's `scheduler.time_limit_min`; SLURM's
 TERM, then the controller's `failed: controller got SIGTERM` or a trainer lost) is a planned end, not a crash: it is
@@ -35,10 +36,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rlctl.config.job import JobFile
-from rlctl.errors import LaunchError, UsageError
+from rlctl.errors import LaunchError, RlctlError, UsageError
 from rlctl.launch.jobdir import JobDir, event_time, row_count
 from rlctl.ops.detach import this_launcher
-from rlctl.ops.jobchanges import refuse_fixed_edits
+from rlctl.ops.jobchanges import launch_changes, refuse_fixed_edits
 from rlctl.ops.jobdb import LIVE, JobDB
 from rlctl.ops.run import UNSTARTED, JobRun, StopCheck, resumes, stop_requested
 
@@ -201,6 +202,7 @@ class Runs:
             self.say(f"job {name}{ended}; not resumed automatically: {e} ({e.hint})")
             self.jobdir.event("auto_resume_refused", after=why, reason=str(e))
             return False
+        changes = self._changes()
         self.resumes += 1
         if limit is not None:
             self.say(
@@ -213,11 +215,23 @@ class Runs:
                 f"job {name} {failure}; resuming it from checkpoint v{newest} "
                 f"(checkpoint.auto_resume: {self.left} more left)"
             )
+        for line in changes:  # as `launch --resume` says them: the edits the resumed run takes up, or does not
+            self.say(f"job {name}: {line}")
         self.jobdir.event("auto_resume", after=why, version=newest, left=self.left, time_limit=limit)
         assert self.run is not None
         self.run.stop()  # what is left of the failed run (a LaunchError when some of it may still run: no resume)
         self.start(resume=True)
         return True
+
+    def _changes(self) -> list[str]:
+        """What `launch --resume` says before it resumes the job (`launch_changes`): job.json edited since the
+        launch (a new learning rate: the resumed run takes it up), its job file, inventory or reward changed (it
+        does not). Before, an automatic resume said none of them. None for a job.json gone or not JSON (the run's
+        start says it)."""
+        try:
+            return launch_changes(self.jobdir)
+        except (OSError, RlctlError):
+            return []
 
     def _stops_since(self) -> float:
         """From when a `rlctl stop` ends the job for this launcher: its start, or the start of the run it attached

@@ -120,6 +120,28 @@ def test_a_job_json_edit_of_a_field_its_checkpoints_depend_on_stops_the_resumes(
     assert [e["after"] for e in refused] == [FAILED]
 
 
+def test_an_automatic_resume_says_the_changes_launch_resume_says(runs, tmp_path):
+    # a learning rate edited in job.json during the run (allowed: the resumed run takes it up) and the job file
+    # edited since the launch (not taken up): said as `launch --resume` says them, before the run starts; before,
+    # an automatic resume said neither
+    r, said = runs([(FAILED, [10]), ("done", [])], auto_resume=2)
+    source = tmp_path / "demo.yaml"
+    source.write_text((ROOT / "jobs" / "demo.yaml").read_text())
+    r.jobdir.write_job(r.spec, source=str(source))
+    data = r.jobdir.read_json(r.jobdir.job_json)
+    data["job"]["algorithm"]["lr"] = 1.0e-4
+    r.jobdir.job_json.write_text(json.dumps(data))
+    source.write_text(source.read_text().replace("iterations: 300", "iterations: 400"))
+    assert r.wait()["state"] == "done"
+    assert said[1:3] == [
+        f"job demo: {r.jobdir.job_json} was edited since the launch (algorithm): the resume runs the job as edited "
+        "there",
+        f"job demo: {source} changed since the launch (iterations); the resume runs the job as launched (its "
+        f"job.json): to run the changed job, launch it anew (`rlctl launch {source}`)",
+    ], said
+    assert said[3] == "job demo: resumed from checkpoint v10"
+
+
 def test_resumes_stop_when_none_are_left(runs):
     r, _ = runs([(FAILED, [5]), (FAILED, [10]), (FAILED, [15])], auto_resume=2)
     assert r.wait()["state"] == FAILED
