@@ -80,7 +80,13 @@ class LaunchError(RlctlError):
 
 class CommandTimeout(LaunchError):
     """A command a runner started on a host (here, over SSH) did not finish within its deadline: the host was
-    reached and ran it, unlike a connection that failed (a SLURM probe's `srun` whose step waited for a node)."""
+    reached and ran it, unlike a connection that failed (a SLURM probe's `srun` whose step waited for a node).
+    `stdout`, `stderr`: what the command printed before it was ended (srun's 'job N queued and waiting for
+    resources' or 'has been allocated resources'; a probe's first lines): what it had got to."""
+
+    def __init__(self, message: str, *, stdout: str = "", stderr: str = "", hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.stdout, self.stderr = stdout, stderr
 
 
 class Stopped(RlctlError):

@@ -202,11 +202,20 @@ class LocalRunner:
                 check=False,
             )
         except subprocess.TimeoutExpired as e:
-            raise CommandTimeout(f"{self.where}: '{_short(command)}' did not finish within {timeout_s:g} s") from e
+            raise CommandTimeout(
+                f"{self.where}: '{_short(command)}' did not finish within {timeout_s:g} s",
+                stdout=_text(e.stdout),
+                stderr=_text(e.stderr),
+            ) from e
         return CommandResult(proc.returncode, proc.stdout, proc.stderr)
 
     def close(self) -> None:
         pass
+
+
+def _text(out: bytes | str | None) -> str:
+    """What a command printed before its deadline (`TimeoutExpired` keeps it as bytes, text mode or not)."""
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
 
 
 PART_SUFFIX = ".part"  # a file being copied to a host, renamed to its name once whole
@@ -277,7 +286,11 @@ class SshRunner:
             )
         except CommandTimedOut as e:
             self.close()
-            raise CommandTimeout(f"ssh {self.where}: '{_short(command)}' did not finish within {timeout_s:g} s") from e
+            raise CommandTimeout(
+                f"ssh {self.where}: '{_short(command)}' did not finish within {timeout_s:g} s",
+                stdout=str(e.result.stdout or ""),
+                stderr=str(e.result.stderr or ""),
+            ) from e
         except (OSError, EOFError) as e:  # socket timeouts are OSError
             self.close()
             raise LaunchError(f"ssh {self.where}: connection lost running '{_short(command)}': {e}") from e

@@ -30,11 +30,13 @@ from rlctl.engines.factory import VLLM_DISTRIBUTIONS, VLLM_EXTRAS
 from rlctl.errors import CommandTimeout, LaunchError
 from rlctl.launch.backends import kind_of, python_for
 from rlctl.launch.base import site_setup
-from rlctl.launch.remote import Runner
+from rlctl.launch.remote import CommandResult, Runner
 
 MARK = "RLCTL_PROBE "
 PROBE_WORKERS = 16  # hosts of one site asked at once: a few dead ones cost one deadline, not one each
 SETUP_BEGIN, SETUP_DONE = "RLCTL_SETUP_BEGIN", "RLCTL_SETUP_DONE"  # around the site's setup lines
+STARTED = "RLCTL_PROBE_STARTED"  # the first line of a probe that may wait its turn (a SLURM step): it got its node
+QUEUED, ALLOCATED = "queued and waiting for resources", "has been allocated resources"  # srun's, on its stderr
 # run by the site's python: every answer is a field, every failure to import a field too (never an exception)
 PROBE = r"""
 import importlib.metadata as md, importlib.util as iu, json, os, shutil, sys
@@ -76,7 +78,8 @@ class HostReport:
     error: str | None = None  # the host could not be asked
     reached: bool = True  # False: the probe's command did not run to its end there (no connection, its deadline;
     # a SLURM probe's deadline is its partition's: its submit host ran srun, and answers sinfo)
-    waited: bool = False  # a SLURM probe's srun past its deadline: the partition gave it no node in time (busy)
+    waited: bool = False  # a SLURM probe's srun past its deadline: the partition gave it no node in time (busy),
+    # or the probe was slow on the one it got (`_past_deadline`): the site is up, its error says which
 
 
 # run on the controller's site by its python: can it reach each site where it would start rollout units
@@ -118,9 +121,13 @@ def probe_site_hosts(
     apart = not kind.remote(site) and not kind.on_this_machine
     marker = _marker_in(root) if args is None and apart else None
     argv = " ".join(shlex.quote(a) for a in (args if args is not None else [root, *([marker] if marker else [])]))
-    command = "\n".join([*_strict_setup(site.setup), f"{shlex.quote(python)} -c {shlex.quote(script)} {argv}"])
-    asks = kind.probe_commands(site, command, first=first)
     late = kind.probe_late(site, timeout_s)
+    # where the probe may wait for a node (`late`), its first line says it got one: past its deadline after it, it
+    # is slow there (the setup lines, python importing torch from a slow filesystem), not waiting (`_past_deadline`)
+    begin = [f"echo {STARTED}"] if late is not None else []
+    python_line = f"{shlex.quote(python)} -c {shlex.quote(script)} {argv}"
+    command = "\n".join([*begin, *_strict_setup(site.setup), python_line])
+    asks = kind.probe_commands(site, command, first=first)
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(PROBE_WORKERS, len(asks)))) as pool:
             return list(pool.map(lambda a: _ask(name, a[0], kind.site_runner(site, a[1]), a[2], timeout_s, late), asks))
@@ -155,18 +162,20 @@ def _strict_setup(lines: list[str]) -> list[str]:
 def _ask(name: str, host: str, runner: Runner, command: str, timeout_s: float, late: str | None) -> HostReport:
     """What `host` answered to the probe `command`. `late`: what the probe past its deadline says of the site where
     it only waited its turn (`probe_late`: a SLURM srun whose step the partition gave no node in time, busy), said
-    as such and the site left reached (sinfo is asked there), versus 'cannot be asked' as for a site down."""
+    as such and the site left reached (sinfo is asked there), versus 'cannot be asked' as for a site down; one that
+    got its node and was slow there is said as that (`_past_deadline`)."""
     try:
         res = runner.run(command, timeout_s=timeout_s)
     except CommandTimeout as e:
         if late is None:  # a host that took the command and did not end it: as good as down
             return HostReport(name, host, error=f"{e}", reached=False)
-        return HostReport(name, host, error=late, waited=True)
+        return HostReport(name, host, error=_past_deadline(name, e, timeout_s, late), waited=True)
     except LaunchError as e:  # with its hint: an unknown host key's is the ssh-keyscan line that adds it
         return HostReport(name, host, error=f"{e}" + (f" (hint: {e.hint})" if e.hint else ""), reached=False)
     finally:
         runner.close()
-    out = res.stdout.splitlines()
+    out = [x for x in res.stdout.splitlines() if x != STARTED]
+    res = CommandResult(res.exit_code, "\n".join(out), res.stderr)  # (its tail: what the probe said, not the mark)
     line = next((x for x in out if x.startswith(MARK)), None)
     if line is None and SETUP_BEGIN in out and SETUP_DONE not in out:
         return HostReport(
@@ -178,6 +187,30 @@ def _ask(name: str, host: str, runner: Runner, command: str, timeout_s: float, l
     if line is None:
         return HostReport(name, host, error=f"the probe did not answer (exit {res.exit_code}): {res.tail()}")
     return HostReport(name, host, json.loads(line.removeprefix(MARK)))
+
+
+def _past_deadline(name: str, e: CommandTimeout, timeout_s: float, late: str) -> str:
+    """What a probe that may wait its turn (a SLURM srun) and ran past its deadline had got to, from what it printed
+    before it was ended: its first line (`STARTED`) or srun's 'job N has been allocated resources': it got a node,
+    and was slow there — its setup lines, or its python (torch imported from a slow filesystem); else `late` (the
+    partition busy), with srun's 'queued and waiting for resources' where it said it. Before, a probe slow on the
+    node it got was said as the partition busy."""
+    out = e.stdout.splitlines()
+    said = [x.strip() for x in e.stderr.splitlines()]
+    allocated = next((x for x in said if ALLOCATED in x), None)
+    if STARTED not in out and allocated is None:
+        queued = next((x for x in said if QUEUED in x), None)
+        return late + (f" (srun said: '{queued}')" if queued else "")
+    if SETUP_BEGIN in out and SETUP_DONE not in out:
+        doing = f"the site's setup lines (sites.{name}.setup) were still running"
+    elif STARTED in out:
+        doing = "its python was still starting (importing rlctl and torch: a slow filesystem there?)"
+    else:
+        doing = f"its step was still starting there ({allocated})"
+    return (
+        f"the probe got a node but did not answer within {timeout_s:g} s: {doing}; the partition is not busy: check "
+        "again with a longer --timeout"
+    )
 
 
 def unreachable(reports: list[HostReport]) -> bool:

@@ -610,3 +610,53 @@ def test_a_slurm_probe_past_its_deadline_is_a_busy_partition_and_sinfo_is_still_
         "site local host a node of partition p: cannot be asked: ssh login: cannot connect: timed out"
     ]
     assert asked == ["srun"]
+
+
+FAKE_SRUN = """#!/bin/bash
+# srun as the submit host runs it: its own lines on stderr, then the step's command (`bash -c CMD`, its last word)
+if [ -n "$QUEUED_S" ]; then
+    echo "srun: job 7 queued and waiting for resources" >&2
+    sleep "$QUEUED_S"
+    echo "srun: job 7 has been allocated resources" >&2
+fi
+exec bash -c "${@: -1}"
+"""
+
+
+@pytest.mark.parametrize(
+    ("queued_s", "slow", "expect"),
+    [
+        ("5", "", "the probe (srun) did not start within 1.5 s: is the partition busy"),
+        ("", "python", "the probe got a node but did not answer within 1.5 s: its python was still starting"),
+        ("0", "python", "the probe got a node but did not answer within 1.5 s: its python was still starting"),
+        ("", "setup", "the probe got a node but did not answer within 1.5 s: the site's setup lines (sites.s.setup)"),
+    ],
+)
+def test_a_slurm_probe_slow_on_the_node_it_got_is_not_said_as_a_busy_partition(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, queued_s: str, slow: str, expect: str
+) -> None:
+    """srun that got its node at once (it says nothing) or after a wait ('has been allocated resources'), whose
+    probe was slow there (the setup lines, python importing torch from a slow filesystem), was said as a busy
+    partition: 'did not start … is the partition busy?'. What the probe printed before its deadline says which."""
+    from rlctl.launch.remote import LocalRunner
+    from rlctl.launch.slurm import SlurmBackend
+
+    srun = tmp_path / "bin" / "srun"
+    srun.parent.mkdir()
+    srun.write_text(FAKE_SRUN)
+    srun.chmod(0o755)
+    python = tmp_path / "python"  # the site's python: slow to start there, or at once
+    python.write_text(f'#!/bin/bash\n{"sleep 5" if slow == "python" else ""}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    env = {"PATH": f"{srun.parent}:/usr/bin:/bin", "QUEUED_S": queued_s}
+    monkeypatch.setattr(SlurmBackend, "site_runner", classmethod(lambda cls, s, h=None: LocalRunner(env=env)))
+    setup = ["sleep 5"] if slow == "setup" else []
+    slurm = site(gpu="CPU", kind="slurm", python=str(python), setup=setup)
+    (report,) = probe_site_hosts("s", slurm, timeout_s=1.5, here=str(tmp_path))
+    [line] = host_problems(report, slurm, roles={"controller"})
+    assert line.startswith(f"site s host a node of partition p: {expect}"), line
+    assert report.reached and not siteprobe.unreachable([report])  # the site is up: sinfo is asked there
+    if queued_s == "5":
+        assert line.endswith("(srun said: 'srun: job 7 queued and waiting for resources')"), line
+    if slow:
+        assert line.endswith("the partition is not busy: check again with a longer --timeout"), line
